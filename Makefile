@@ -1,0 +1,49 @@
+# estream developer entry points. `make run` and `make test` do all set-up themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+SPARK_STAMP := $(VENV)/.installed-spark
+
+.PHONY: run test test-quick bench lint typecheck clean venv spark-deps system-deps
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the test suite needs (Java for Spark local mode, iptables for fault tests).
+system-deps:
+	@bash .ci/system-deps.sh
+
+$(SPARK_STAMP): pyproject.toml | $(STAMP)
+	$(BIN)/pip install --quiet -e '.[spark,dev]'
+	touch $(SPARK_STAMP)
+
+spark-deps: system-deps $(SPARK_STAMP)
+
+run: $(STAMP)
+	$(BIN)/estream up --data-dir ./estream-data
+
+test: $(STAMP) spark-deps
+	$(BIN)/python -m pytest tests
+
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow and not spark"
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_rangeserver.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check estream pd rangeserver tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info

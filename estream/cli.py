@@ -1,0 +1,27 @@
+"""The ``estream`` command: dispatches to the server processes and the user commands.
+
+``estream rangeserver ...`` runs :mod:`rangeserver.cli`, ``estream pd ...`` runs
+:mod:`pd.cli`; everything else is a user command over the SDK.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "rangeserver":
+        from rangeserver.cli import main as rangeserver_main
+
+        return rangeserver_main(args[1:])
+    if args and args[0] == "pd":
+        from pd.cli import main as pd_main
+
+        return pd_main(args[1:])
+    print("usage: estream {rangeserver,pd} ...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Every size and time limit of estream, in one place, units last in every name.
+
+Their relationships (a batch fits in a frame, a read answer fits in a frame, ...) are
+checked by ``tests/unit/test_limits.py``.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+
+# Frames (estream/protocol.py).
+frame_header_bytes_max: Final = 1 * MiB  # the msgpack header of one frame
+frame_bytes_max: Final = 16 * MiB  # fixed prefix + header + payload of one frame
+connection_inflight_bytes_max: Final = 64 * MiB  # request bytes being served per connection
+
+# Records and batches (estream/record.py).
+batch_bytes_max: Final = 8 * MiB  # one encoded record batch
+batch_records_max: Final = 65_536
+record_value_bytes_max: Final = 4 * MiB
+record_headers_bytes_max: Final = 64 * KiB  # msgpack-encoded headers of one record
+
+# Reads.
+read_bytes_max: Final = 8 * MiB  # payload of one read answer
+read_wait_ms_max: Final = 30_000  # longest long-poll a range server holds
+
+# Writer defaults (estream SDK).
+linger_ms: Final = 1
+writer_batch_bytes: Final = 256 * KiB
+writer_inflight_batches_max: Final = 256
+writer_inflight_bytes_max: Final = 32 * MiB
+chase_backlog_bytes_max: Final = 16 * MiB  # a slow replica's backlog before it is dropped
+chase_backlog_ms_max: Final = 2_000  # a slow replica's oldest unacked batch age before drop
+range_bytes_max: Final = 1024 * MiB  # a range rolls when it passes this size
+
+# Timeouts.
+request_timeout_ms: Final = 5_000
+connect_timeout_ms: Final = 2_000
+heartbeat_interval_ms: Final = 1_000
+server_suspect_after_ms: Final = 4_000  # missed heartbeats before a server gets no new ranges
+
+# Write-ahead log (rangeserver/).
+segment_bytes_max: Final = 256 * MiB
+cache_bytes_max: Final = 256 * MiB

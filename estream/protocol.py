@@ -1,0 +1,226 @@
+"""The wire protocol: frames, opcodes and the sans-I/O frame codec.
+
+Every connection (client to range server, client or range server to placement driver)
+carries frames in both directions. A request and its response share a request id; many
+requests may be in flight on one connection and responses come back in any order.
+
+Frame layout (22-byte fixed prefix, little-endian)::
+
+    offset size field
+      0     2   magic            0xE5F1
+      2     1   version          1
+      3     1   opcode           :class:`Opcode`
+      4     2   flags            bit 0 RESPONSE, bit 1 ERROR
+      6     8   request_id       u64, chosen by the requester
+     14     4   header_bytes     u32, length of the msgpack header (a map)
+     18     4   payload_bytes    u32, length of the raw payload
+     22     .   header           msgpack map: the request arguments / response fields
+      .     .   payload          raw bytes (record batches), never re-encoded
+
+An error response has the ERROR flag and the header ``{"error": {"code", "message",
+"fields"}}`` (see :mod:`estream.errors`). The lengths are checked against the limits as
+soon as the fixed prefix is in, before any of the rest is buffered.
+
+The message schemas of every opcode are in ``docs/ARCHITECTURE.md``.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum, IntFlag
+from typing import Any, Final
+
+import msgpack
+
+from estream import limits
+from estream.errors import EstreamError, FrameTooLarge, MalformedFrame
+
+FRAME_MAGIC: Final = 0xE5F1
+FRAME_VERSION: Final = 1
+_PREFIX: Final = struct.Struct("<HBBHQII")
+FRAME_PREFIX_BYTES: Final = _PREFIX.size  # 22
+assert FRAME_PREFIX_BYTES == 22
+
+
+class Opcode(IntEnum):
+    """Operations. Range-server opcodes are 1..39, placement-driver opcodes 40..79."""
+
+    PING = 1
+    # Range server.
+    CREATE_RANGE = 10
+    APPEND = 11
+    SEAL = 12
+    READ = 13
+    DESCRIBE_RANGE = 14
+    FORCE = 15
+    CONFIRM = 16
+    LIST_RANGES = 17
+    # Placement driver.
+    PD_REGISTER_SERVER = 40
+    PD_HEARTBEAT = 41
+    PD_CREATE_STREAM = 42
+    PD_DESCRIBE_STREAM = 43
+    PD_LIST_STREAMS = 44
+    PD_DELETE_STREAM = 45
+    PD_OPEN_WRITER = 46
+    PD_SEAL_RANGE = 47
+    PD_TRIM_STREAM = 48
+    PD_LIST_SERVERS = 49
+    PD_CLUSTER = 50
+    PD_UPDATE_REPLICAS = 51
+
+
+class FrameFlags(IntFlag):
+    NONE = 0
+    RESPONSE = 1
+    ERROR = 2
+
+
+_KNOWN_FLAGS: Final = int(FrameFlags.RESPONSE | FrameFlags.ERROR)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One decoded frame. ``header_bytes`` is decoded lazily by :meth:`header`, so a bad
+    msgpack header becomes an error answer to that one request, not a broken stream."""
+
+    opcode: int
+    flags: FrameFlags
+    request_id: int
+    header_bytes: bytes
+    payload: bytes
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & FrameFlags.RESPONSE)
+
+    @property
+    def is_error(self) -> bool:
+        return bool(self.flags & FrameFlags.ERROR)
+
+    def header(self) -> dict[str, Any]:
+        """The msgpack header as a dict; raises :class:`MalformedFrame` if it is not one."""
+        if not self.header_bytes:
+            return {}
+        try:
+            value = msgpack.unpackb(self.header_bytes, strict_map_key=False)
+        except Exception as exc:  # msgpack raises many types on garbage
+            raise MalformedFrame(f"undecodable frame header: {exc}") from None
+        if not isinstance(value, dict):
+            raise MalformedFrame("frame header is not a map")
+        return value
+
+
+def encode_frame(
+    opcode: int,
+    request_id: int,
+    header: dict[str, Any] | None = None,
+    payload: bytes | memoryview = b"",
+    flags: FrameFlags = FrameFlags.NONE,
+) -> list[bytes | memoryview]:
+    """Encode one frame as a list of buffers for ``transport.writelines`` (no payload copy)."""
+    head = msgpack.packb(header) if header else b""
+    if len(head) > limits.frame_header_bytes_max:
+        raise FrameTooLarge(
+            "frame header too large", size=len(head), limit=limits.frame_header_bytes_max
+        )
+    total = FRAME_PREFIX_BYTES + len(head) + len(payload)
+    if total > limits.frame_bytes_max:
+        raise FrameTooLarge("frame too large", size=total, limit=limits.frame_bytes_max)
+    prefix = _PREFIX.pack(
+        FRAME_MAGIC, FRAME_VERSION, opcode, int(flags), request_id, len(head), len(payload)
+    )
+    return [prefix + head, payload] if payload else [prefix + head]
+
+
+def encode_frame_bytes(
+    opcode: int,
+    request_id: int,
+    header: dict[str, Any] | None = None,
+    payload: bytes = b"",
+    flags: FrameFlags = FrameFlags.NONE,
+) -> bytes:
+    """:func:`encode_frame` joined into one ``bytes`` (tests, golden bytes)."""
+    return b"".join(bytes(part) for part in encode_frame(opcode, request_id, header, payload, flags))
+
+
+def encode_error(opcode: int, request_id: int, error: EstreamError) -> list[bytes | memoryview]:
+    """An error response frame for a request."""
+    return encode_frame(
+        opcode,
+        request_id,
+        {"error": error.to_wire()},
+        flags=FrameFlags.RESPONSE | FrameFlags.ERROR,
+    )
+
+
+class FrameDecoder:
+    """Sans-I/O incremental frame decoder with a bounded buffer.
+
+    ``feed(data)`` returns the frames completed so far; a partial frame stays buffered
+    ("incomplete" is not an error). A bad prefix (magic, version, flags, lengths) raises
+    :class:`MalformedFrame` or :class:`FrameTooLarge`: the byte stream cannot be
+    resynchronised, so the connection must answer the error and close. The buffer never
+    holds more than one maximal frame.
+    """
+
+    def __init__(
+        self,
+        *,
+        frame_bytes_max: int = limits.frame_bytes_max,
+        header_bytes_max: int = limits.frame_header_bytes_max,
+    ) -> None:
+        self._buf = bytearray()
+        self._frame_bytes_max = frame_bytes_max
+        self._header_bytes_max = header_bytes_max
+        self._need: tuple[int, int, int, int, int, int] | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        self._buf += data
+        frames: list[Frame] = []
+        while True:
+            frame = self._next_frame()
+            if frame is None:
+                return frames
+            frames.append(frame)
+
+    def _next_frame(self) -> Frame | None:
+        buf = self._buf
+        if self._need is None:
+            if len(buf) < FRAME_PREFIX_BYTES:
+                return None
+            self._need = self._parse_prefix(buf)
+        opcode, flags, request_id, header_len, payload_len, total = self._need
+        if len(buf) < total:
+            return None
+        header = bytes(buf[FRAME_PREFIX_BYTES : FRAME_PREFIX_BYTES + header_len])
+        payload = bytes(buf[FRAME_PREFIX_BYTES + header_len : total])
+        del buf[:total]
+        self._need = None
+        return Frame(opcode, FrameFlags(flags), request_id, header, payload)
+
+    def _parse_prefix(self, buf: bytearray) -> tuple[int, int, int, int, int, int]:
+        magic, version, opcode, flags, request_id, header_len, payload_len = _PREFIX.unpack_from(
+            buf, 0
+        )
+        if magic != FRAME_MAGIC:
+            raise MalformedFrame(f"bad frame magic {magic:#06x}")
+        if version != FRAME_VERSION:
+            raise MalformedFrame(f"unsupported frame version {version}")
+        if flags & ~_KNOWN_FLAGS:
+            raise MalformedFrame(f"unknown frame flags {flags:#06x}")
+        if header_len > self._header_bytes_max:
+            raise FrameTooLarge(
+                "frame header too large", size=header_len, limit=self._header_bytes_max
+            )
+        total = FRAME_PREFIX_BYTES + header_len + payload_len
+        if total > self._frame_bytes_max:
+            raise FrameTooLarge("frame too large", size=total, limit=self._frame_bytes_max)
+        return opcode, flags, request_id, header_len, payload_len, total

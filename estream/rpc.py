@@ -1,0 +1,387 @@
+"""Asyncio transport for the frame protocol: a multiplexed client and a dispatching server.
+
+This is the thin shell around :mod:`estream.protocol`: bytes in, ``FrameDecoder.feed``,
+dispatch by opcode (server) or by request id (client), encoded frames out. It decides
+nothing about storage or placement.
+
+- :class:`RpcClient`: one TCP connection, many requests in flight, responses matched by
+  request id in any order, a timeout on every wait, error frames raised as the same
+  typed :class:`~estream.errors.EstreamError` the server raised.
+- :class:`RpcServer`: one task per request (answers go out in completion order), the
+  bytes of requests being served per connection bounded (reading pauses past the limit),
+  a malformed frame answered with a typed error before the connection is closed.
+- :class:`ConnectionPool`: one shared connection per address, reconnected on demand.
+
+Side effects: sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast
+
+from estream import limits
+from estream.errors import (
+    Closed,
+    EstreamError,
+    InvalidArgument,
+    MalformedFrame,
+    Timeout,
+    Unavailable,
+    UnsupportedOpcode,
+    from_wire,
+)
+from estream.protocol import (
+    Frame,
+    FrameDecoder,
+    FrameFlags,
+    encode_error,
+    encode_frame,
+)
+
+log = logging.getLogger(__name__)
+
+Header = dict[str, Any]
+Handler = Callable[[Header, bytes], Awaitable[tuple[Header | None, bytes]]]
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` to ``(host, port)``; raises :class:`InvalidArgument`."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"bad address {address!r}: expected HOST:PORT", argument="address")
+    return host.strip("[]"), int(port)
+
+
+def parse_addresses(addresses: str) -> list[str]:
+    """``"h:p,h:p"`` to a list of validated ``"h:p"`` strings."""
+    result = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not result:
+        raise InvalidArgument("no address given", argument="address")
+    for address in result:
+        parse_address(address)
+    return result
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder()
+        self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self.closed_error: EstreamError | None = None
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except EstreamError as exc:
+            self._fail_all(exc)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for frame in frames:
+            future = self.pending.pop(frame.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(Unavailable(f"connection to {self.address} lost", address=self.address))
+        self._can_write.set()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    async def wait_writable(self) -> None:
+        await self._can_write.wait()
+
+    def _fail_all(self, error: EstreamError) -> None:
+        if self.closed_error is None:
+            self.closed_error = error
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+
+class RpcClient:
+    """One multiplexed connection to an estream server."""
+
+    def __init__(self, address: str, protocol: _ClientProtocol) -> None:
+        self.address = address
+        self._protocol = protocol
+        self._ids = itertools.count(1)
+
+    @classmethod
+    async def connect(
+        cls, address: str, *, timeout_s: float = limits.connect_timeout_ms / 1000
+    ) -> RpcClient:
+        host, port = parse_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientProtocol(address), host, port),
+                timeout_s,
+            )
+        except asyncio.TimeoutError:
+            raise Timeout(f"connecting to {address} timed out", address=address) from None
+        except OSError as exc:
+            raise Unavailable(f"cannot connect to {address}: {exc}", address=address) from None
+        return cls(address, protocol)
+
+    @property
+    def closed(self) -> bool:
+        return self._protocol.closed_error is not None or self._protocol.transport is None
+
+    async def call(
+        self,
+        opcode: int,
+        header: Header | None = None,
+        payload: bytes | memoryview = b"",
+        *,
+        timeout_s: float = limits.request_timeout_ms / 1000,
+    ) -> tuple[Header, bytes]:
+        """Send a request and wait for its response: ``(header, payload)``.
+
+        Raises the server's typed error, :class:`Unavailable` when the connection fails, or
+        :class:`Timeout` (outcome unknown) after ``timeout_s``.
+        """
+        protocol = self._protocol
+        if protocol.closed_error is not None:
+            raise protocol.closed_error
+        transport = protocol.transport
+        assert transport is not None
+        request_id = next(self._ids)
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        protocol.pending[request_id] = future
+        try:
+            await protocol.wait_writable()
+            transport.writelines(encode_frame(opcode, request_id, header, payload))
+            frame = await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise Timeout(
+                f"request {opcode} to {self.address} timed out after {timeout_s}s",
+                address=self.address,
+            ) from None
+        finally:
+            protocol.pending.pop(request_id, None)
+        body = frame.header()
+        if frame.is_error:
+            raise from_wire(body.get("error"))
+        return body, frame.payload
+
+    async def close(self) -> None:
+        transport = self._protocol.transport
+        self._protocol._fail_all(Closed(f"connection to {self.address} closed"))
+        if transport is not None and not transport.is_closing():
+            transport.close()
+
+
+class ConnectionPool:
+    """One shared :class:`RpcClient` per address, reconnected when it has failed."""
+
+    def __init__(self, *, connect_timeout_s: float = limits.connect_timeout_ms / 1000) -> None:
+        self._clients: dict[str, RpcClient] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._connect_timeout_s = connect_timeout_s
+        self._closed = False
+
+    async def get(self, address: str) -> RpcClient:
+        if self._closed:
+            raise Closed("connection pool is closed")
+        client = self._clients.get(address)
+        if client is not None and not client.closed:
+            return client
+        lock = self._locks.setdefault(address, asyncio.Lock())
+        async with lock:
+            client = self._clients.get(address)
+            if client is None or client.closed:
+                client = await RpcClient.connect(address, timeout_s=self._connect_timeout_s)
+                self._clients[address] = client
+            return client
+
+    async def call(
+        self,
+        address: str,
+        opcode: int,
+        header: Header | None = None,
+        payload: bytes | memoryview = b"",
+        *,
+        timeout_s: float = limits.request_timeout_ms / 1000,
+    ) -> tuple[Header, bytes]:
+        client = await self.get(address)
+        return await client.call(opcode, header, payload, timeout_s=timeout_s)
+
+    def discard(self, address: str) -> None:
+        """Forget (and close) the connection to ``address``, e.g. after a timeout."""
+        client = self._clients.pop(address, None)
+        if client is not None:
+            asyncio.ensure_future(client.close())
+
+    async def close(self) -> None:
+        self._closed = True
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.close()
+
+
+class _ServerProtocol(asyncio.Protocol):
+    def __init__(self, server: RpcServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder()
+        self.inflight_bytes = 0
+        self.paused = False
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.server._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._connections.discard(self)
+        for task in self.tasks:
+            task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except EstreamError as exc:
+            self._reply(encode_error(0, 0, exc))
+            assert self.transport is not None
+            self.transport.close()
+            return
+        for frame in frames:
+            if frame.is_response:
+                continue  # servers take requests only; a stray response is dropped
+            size = len(frame.header_bytes) + len(frame.payload)
+            self.inflight_bytes += size
+            task = asyncio.ensure_future(self._serve(frame, size))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        if not self.paused and self.inflight_bytes > self.server.inflight_bytes_max:
+            self.paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+
+    async def _serve(self, frame: Frame, size: int) -> None:
+        try:
+            handler = self.server.handlers.get(frame.opcode)
+            if handler is None:
+                raise UnsupportedOpcode(f"unsupported opcode {frame.opcode}", opcode=frame.opcode)
+            header, payload = await handler(frame.header(), frame.payload)
+            out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
+        except EstreamError as exc:
+            out = encode_error(frame.opcode, frame.request_id, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: handler for opcode %s failed", self.server.name, frame.opcode)
+            out = encode_error(
+                frame.opcode, frame.request_id, EstreamError("internal server error")
+            )
+        finally:
+            self.inflight_bytes -= size
+            if self.paused and self.inflight_bytes <= self.server.inflight_bytes_max // 2:
+                self.paused = False
+                if self.transport is not None and not self.transport.is_closing():
+                    self.transport.resume_reading()
+        self._reply(out)
+
+    def _reply(self, parts: list[bytes | memoryview]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(parts)
+
+
+class RpcServer:
+    """Serves frames on one TCP port by dispatching each request to a handler by opcode.
+
+    A handler takes ``(header, payload)`` and returns ``(header, payload)``; raising an
+    :class:`EstreamError` answers that error; any other exception answers a generic error
+    and is logged. The server keeps serving every other request and connection.
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[int, Handler],
+        *,
+        name: str = "estream",
+        inflight_bytes_max: int = limits.connection_inflight_bytes_max,
+    ) -> None:
+        self.handlers = dict(handlers)
+        self.name = name
+        self.inflight_bytes_max = inflight_bytes_max
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[_ServerProtocol] = set()
+        self.address = ""
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen on ``host:port`` (port 0 picks a free one); returns the bound address."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerProtocol(self), host, port, reuse_address=True
+        )
+        bound = self._server.sockets[0].getsockname()
+        self.address = f"{bound[0]}:{bound[1]}"
+        return self.address
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections):
+            if connection.transport is not None:
+                connection.transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+def require(header: Header, name: str, kind: type | tuple[type, ...]) -> Any:
+    """Fetch a required header field of the given type, or raise :class:`InvalidArgument`.
+
+    ``bool`` is never accepted where ``int`` is asked for.
+    """
+    if name not in header:
+        raise InvalidArgument(f"missing field {name!r}", argument=name)
+    value = header[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise InvalidArgument(f"field {name!r} has the wrong type", argument=name)
+    return value
+
+
+def optional(header: Header, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    """Like :func:`require`, but ``default`` when the field is absent or None."""
+    if header.get(name) is None:
+        return default
+    return require(header, name, kind)
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+__all__ = [
+    "ConnectionPool",
+    "Handler",
+    "Header",
+    "MalformedFrame",
+    "RpcClient",
+    "RpcServer",
+    "optional",
+    "parse_address",
+    "parse_addresses",
+    "require",
+]

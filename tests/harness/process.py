@@ -1,0 +1,110 @@
+"""Start and always stop real estream processes in tests and benchmarks.
+
+:class:`ManagedProcess` runs a command (``estream rangeserver ...``, ``estream pd ...``)
+as a child with its output in a log file, waits until a TCP port answers, and is stopped
+by PID (SIGTERM, then SIGKILL) from a finalizer. :func:`free_port` picks an ephemeral
+port on a loopback address. Traffic stays on 127.0.0.x.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ESTREAM = [sys.executable, "-m", "estream.cli"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral TCP port free right now on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{host}:{port} did not open within {timeout_s}s")
+
+
+class ManagedProcess:
+    """A child process started by a test, always stopped by PID."""
+
+    def __init__(self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None):
+        self.args = list(args)
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = log
+        self.proc = subprocess.Popen(
+            self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_listening(self, address: str, timeout_s: float = 20.0) -> None:
+        host, _, port = address.rpartition(":")
+        assert self.proc is not None
+        try:
+            wait_for_port(host, int(port), timeout_s, self.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{exc}; log:\n{self.log_text()[-4000:]}") from None
+
+    def kill9(self) -> None:
+        """Crash the process (SIGKILL) and reap it."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+            assert self.proc is not None
+            self.proc.wait(timeout=10)
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+                os.kill(self.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        if not self._log.closed:
+            self._log.close()
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
