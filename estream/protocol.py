@@ -174,41 +174,52 @@ class FrameDecoder:
         header_bytes_max: int = limits.frame_header_bytes_max,
     ) -> None:
         self._buf = bytearray()
+        self._pos = 0  # start of the first unconsumed byte in _buf
         self._frame_bytes_max = frame_bytes_max
         self._header_bytes_max = header_bytes_max
         self._need: tuple[int, int, int, int, int, int] | None = None
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf)
+        return len(self._buf) - self._pos
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
         self._buf += data
         frames: list[Frame] = []
         while True:
             frame = self._next_frame()
             if frame is None:
-                return frames
+                break
             frames.append(frame)
+        if self._pos > len(self._buf) // 2:
+            del self._buf[: self._pos]  # compact once, not once per frame
+            self._pos = 0
+        return frames
 
     def _next_frame(self) -> Frame | None:
         buf = self._buf
+        pos = self._pos
+        available = len(buf) - pos
         if self._need is None:
-            if len(buf) < FRAME_PREFIX_BYTES:
+            if available < FRAME_PREFIX_BYTES:
                 return None
-            self._need = self._parse_prefix(buf)
+            self._need = self._parse_prefix(buf, pos)
         opcode, flags, request_id, header_len, payload_len, total = self._need
-        if len(buf) < total:
+        if available < total:
             return None
-        header = bytes(buf[FRAME_PREFIX_BYTES : FRAME_PREFIX_BYTES + header_len])
-        payload = bytes(buf[FRAME_PREFIX_BYTES + header_len : total])
-        del buf[:total]
+        body = pos + FRAME_PREFIX_BYTES
+        header = bytes(buf[body : body + header_len])
+        payload = bytes(buf[body + header_len : pos + total])
+        self._pos = pos + total
         self._need = None
         return Frame(opcode, FrameFlags(flags), request_id, header, payload)
 
-    def _parse_prefix(self, buf: bytearray) -> tuple[int, int, int, int, int, int]:
+    def _parse_prefix(self, buf: bytearray, pos: int) -> tuple[int, int, int, int, int, int]:
         magic, version, opcode, flags, request_id, header_len, payload_len = _PREFIX.unpack_from(
-            buf, 0
+            buf, pos
         )
         if magic != FRAME_MAGIC:
             raise MalformedFrame(f"bad frame magic {magic:#06x}")
