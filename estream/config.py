@@ -1,0 +1,310 @@
+"""Settings layering for the ``estream`` server commands: flag > ``ESTREAM_*`` env > TOML.
+
+Every argparse option of a command can be given three ways, in this order of precedence:
+
+1. the command-line flag (``--data-dir /var/lib/estream``);
+2. an environment variable, the prefix plus the option's dest in upper case
+   (``ESTREAM_DATA_DIR=/var/lib/estream``);
+3. a key in the TOML file named by ``--config`` (or ``ESTREAM_CONFIG``): the dest with
+   ``_`` or ``-`` (``data_dir = "/var/lib/estream"``). Top-level keys apply to every
+   command; a table named after the command (``[pd]``, ``[rangeserver]``) overrides them, so
+   one file can configure both kinds of process. Tables for other commands are ignored.
+
+:func:`parse_with_config` adds ``--config`` and ``--check-config`` (print the resolved
+settings and exit 0: the dry run that ``deploy/`` is tested with), converts env and TOML
+values with each option's own ``type`` and ``choices``, and turns every bad value into a
+one-line error with exit code 2. The value helpers (:func:`host_port`,
+:func:`host_port_list`, :func:`port_number`, :func:`positive_int`) are argparse ``type``
+callables that the server commands share.
+
+Side effects: reads the TOML file and the process environment; writes to stderr/stdout
+and exits on ``--help``, ``--check-config`` and errors (as argparse does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+CONFIG_DEST = "config"
+CHECK_DEST = "check_config"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+class ConfigError(ValueError):
+    """A setting from the environment or the TOML file that cannot be used."""
+
+
+# --- argparse value types ---------------------------------------------------------------
+
+
+def port_number(text: str) -> int:
+    """A TCP port 1..65535 (argparse ``type``)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 1..65535: {port}")
+    return port
+
+
+def host_port(text: str) -> str:
+    """``HOST:PORT`` with a non-empty host and a valid port; returned unchanged."""
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    port_number(port)
+    return f"{host}:{port}"
+
+
+def host_port_list(text: str) -> str:
+    """A comma-separated list of ``HOST:PORT`` (may be empty); normalised, no spaces."""
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    return ",".join(host_port(item) for item in items)
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+# --- one-line errors ----------------------------------------------------------------------
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` (and subparsers created later) report errors as one line, exit 2."""
+
+    def error(message: str) -> NoReturn:
+        sys.stderr.write(f"{parser.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                one_line_errors(sub)
+    return parser
+
+
+# --- layering (pure given the parser, the env mapping and the TOML dict) -----------------
+
+
+def env_name(dest: str, env_prefix: str = "ESTREAM_") -> str:
+    """The environment variable for an option: ``data_dir`` -> ``ESTREAM_DATA_DIR``."""
+    return env_prefix + dest.upper()
+
+
+def _settable(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    skip = {argparse.SUPPRESS, "help", CONFIG_DEST, CHECK_DEST}
+    return {
+        a.dest: a
+        for a in parser._actions
+        if a.dest not in skip
+        and a.option_strings
+        and not isinstance(a, argparse._HelpAction | argparse._VersionAction)
+    }
+
+
+def flatten_toml(document: Mapping[str, Any], section: str | None) -> dict[str, Any]:
+    """Top-level keys, overridden by the ``[section]`` table; keys normalised to dests."""
+    flat: dict[str, Any] = {}
+    for key, value in document.items():
+        if not isinstance(value, dict):
+            flat[key.replace("-", "_")] = value
+    table = document.get(section) if section else None
+    if isinstance(table, dict):
+        for key, value in table.items():
+            flat[key.replace("-", "_")] = value
+    return flat
+
+
+def _as_bool(value: Any, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{source}: expected true or false, got {value!r}")
+
+
+def _convert_one(action: argparse.Action, value: Any, source: str) -> Any:
+    convert: Callable[[str], Any] | None = action.type if callable(action.type) else None
+    text = value if isinstance(value, str) else str(value)
+    try:
+        result = convert(text) if convert is not None else text
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{source}: invalid value {value!r}: {exc}") from None
+    if action.choices is not None and result not in action.choices:
+        options = ", ".join(repr(c) for c in action.choices)
+        raise ConfigError(f"{source}: invalid choice {value!r} (choose from {options})")
+    return result
+
+
+def convert_value(action: argparse.Action, value: Any, source: str) -> Any:
+    """``value`` (an env string or a TOML value) as the option would have parsed it."""
+    if action.nargs == 0:  # store_true / store_false / store_const
+        flag = _as_bool(value, source)
+        if isinstance(action, argparse.BooleanOptionalAction):
+            return flag
+        if isinstance(action, argparse._StoreFalseAction):
+            return not flag
+        return action.const if flag else action.default
+    many = isinstance(action, argparse._AppendAction) or action.nargs in ("*", "+")
+    if many:
+        items = value if isinstance(value, list) else [v for v in str(value).split(",") if v]
+        return [_convert_one(action, item, source) for item in items]
+    if isinstance(value, list | dict):
+        raise ConfigError(f"{source}: expected a single value, got {value!r}")
+    return _convert_one(action, value, source)
+
+
+def layered_defaults(
+    parser: argparse.ArgumentParser,
+    environ: Mapping[str, str],
+    toml_settings: Mapping[str, Any],
+    *,
+    env_prefix: str = "ESTREAM_",
+    toml_source: str = "config",
+) -> dict[str, Any]:
+    """The defaults that env and TOML give each option (env wins); raises ConfigError."""
+    actions = _settable(parser)
+    unknown = sorted(set(toml_settings) - set(actions))
+    if unknown:
+        raise ConfigError(f"{toml_source}: unknown setting {unknown[0]!r}")
+    values: dict[str, Any] = {}
+    for dest, value in toml_settings.items():
+        values[dest] = convert_value(actions[dest], value, f"{toml_source}: {dest}")
+    for dest, action in actions.items():
+        name = env_name(dest, env_prefix)
+        if name in environ:
+            values[dest] = convert_value(action, environ[name], name)
+    return values
+
+
+# --- the entry point the server commands call ---------------------------------------------
+
+
+def add_config_options(parser: argparse.ArgumentParser, env_prefix: str = "ESTREAM_") -> None:
+    """Add ``--config`` and ``--check-config`` and note each option's env variable in --help."""
+    existing = {a.dest for a in parser._actions}
+    if CONFIG_DEST not in existing:
+        parser.add_argument(
+            "--config",
+            metavar="FILE",
+            help=f"TOML file with settings (keys = option names); env {env_prefix}CONFIG",
+        )
+    if CHECK_DEST not in existing:
+        parser.add_argument(
+            "--check-config",
+            action="store_true",
+            help="validate every setting (flags, env, TOML), print them and exit 0",
+        )
+    for dest, action in _settable(parser).items():
+        note = f"[env {env_name(dest, env_prefix)}]"
+        if action.help != argparse.SUPPRESS and note not in (action.help or ""):
+            action.help = f"{action.help or ''} {note}".strip()
+    if parser.epilog is None:
+        parser.epilog = (
+            f"Each option can also be set by the environment variable {env_prefix}<NAME> or by "
+            "a key in the --config TOML file; precedence: flag > environment > file > default."
+        )
+
+
+def _config_path(argv: Sequence[str], environ: Mapping[str, str], env_prefix: str) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(list(argv))
+    path = known.config or environ.get(f"{env_prefix}CONFIG")
+    return str(path) if path else None
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """The parsed TOML file; ConfigError (one line) if missing or malformed."""
+    try:
+        with Path(path).open("rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"bad TOML in {path}: {exc}") from None
+
+
+def render_settings(namespace: argparse.Namespace) -> str:
+    """The resolved settings as TOML-like ``key = value`` lines (for --check-config)."""
+    lines = []
+    for key, value in sorted(vars(namespace).items()):
+        if key in (CHECK_DEST,) or value is None:
+            continue
+        if isinstance(value, bool):
+            shown = "true" if value else "false"
+        elif isinstance(value, int | float):
+            shown = str(value)
+        else:
+            shown = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{key} = {shown}")
+    return "\n".join(lines)
+
+
+def parse_with_config(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    *,
+    env_prefix: str = "ESTREAM_",
+    section: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> argparse.Namespace:
+    """Parse ``argv`` with flag > env > TOML > default precedence.
+
+    ``section`` names the command's own TOML table (``"pd"``, ``"rangeserver"``); by default
+    the parser's prog's last word. Exits 2 with a one-line message on any bad value, and 0
+    after printing the settings when ``--check-config`` is given.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if environ is None else environ
+    add_config_options(parser, env_prefix)
+    one_line_errors(parser)
+    table = section if section is not None else parser.prog.split()[-1]
+    try:
+        path = _config_path(args, env, env_prefix)
+        document = load_toml(path) if path else {}
+        settings = flatten_toml(document, table)
+        defaults = layered_defaults(
+            parser, env, settings, env_prefix=env_prefix, toml_source=path or "config"
+        )
+    except ConfigError as exc:
+        parser.error(str(exc))
+    actions = _settable(parser)
+    for dest, value in defaults.items():
+        actions[dest].default = value
+        actions[dest].required = False
+    namespace = parser.parse_args(args)
+    if getattr(namespace, CHECK_DEST, False):
+        print(render_settings(namespace))
+        raise SystemExit(0)
+    return namespace
