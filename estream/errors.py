@@ -226,17 +226,19 @@ _REGISTRY: dict[int, type[EstreamError]] = {}
 
 
 def _register_all() -> None:
+    # Only this module's classes, registered at import: a subclass defined elsewhere (which
+    # may reuse a code) must never change what a code decodes to, whatever the import order.
     stack: list[type[EstreamError]] = [EstreamError]
     while stack:
         cls = stack.pop()
-        _REGISTRY.setdefault(int(cls.code), cls)
+        if cls.__module__ == __name__ and "code" in vars(cls):
+            assert int(cls.code) not in _REGISTRY, f"two classes for {cls.code!r}"
+            _REGISTRY[int(cls.code)] = cls
         stack.extend(cls.__subclasses__())
 
 
 def from_code(code: int) -> type[EstreamError]:
     """The error class for a wire code (``EstreamError`` for codes this version lacks)."""
-    if not _REGISTRY:
-        _register_all()
     return _REGISTRY.get(code, EstreamError)
 
 
@@ -251,3 +253,6 @@ def from_wire(body: Any) -> EstreamError:
     fields = raw_fields if isinstance(raw_fields, dict) else {}
     kept = {k: v for k, v in fields.items() if k in cls.field_names}
     return cls(message if isinstance(message, str) else "", **kept)
+
+
+_register_all()

@@ -124,13 +124,20 @@ class StreamMeta:
                 replicas=int(d.get("replicas", 3)),
                 ack_count=int(d.get("ack_count", 2)),
                 type=str(d.get("type", "")),
-                hints=tuple(d.get("hints", ())),
+                hints=_str_tuple(d.get("hints", ())),
                 epoch=int(d.get("epoch", 0)),
                 start_offset=int(d.get("start_offset", 0)),
                 ranges=tuple(RangeMeta.from_dict(r) for r in d.get("ranges", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None
+
+
+def _str_tuple(value: Any) -> tuple[str, ...]:
+    # A bare string would otherwise become a tuple of its characters.
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"expected a list of strings, got {value!r}")
+    return tuple(value)
 
 
 @dataclass(frozen=True, slots=True)

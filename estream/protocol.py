@@ -36,7 +36,7 @@ from typing import Any, Final
 import msgpack
 
 from estream import limits
-from estream.errors import EstreamError, FrameTooLarge, MalformedFrame
+from estream.errors import EstreamError, FrameTooLarge, InvalidArgument, MalformedFrame
 
 FRAME_MAGIC: Final = 0xE5F1
 FRAME_VERSION: Final = 1
@@ -130,9 +130,15 @@ def encode_frame(
     total = FRAME_PREFIX_BYTES + len(head) + len(payload)
     if total > limits.frame_bytes_max:
         raise FrameTooLarge("frame too large", size=total, limit=limits.frame_bytes_max)
-    prefix = _PREFIX.pack(
-        FRAME_MAGIC, FRAME_VERSION, opcode, int(flags), request_id, len(head), len(payload)
-    )
+    try:
+        prefix = _PREFIX.pack(
+            FRAME_MAGIC, FRAME_VERSION, opcode, int(flags), request_id, len(head), len(payload)
+        )
+    except struct.error:
+        raise InvalidArgument(
+            f"opcode {opcode} or request id {request_id} does not fit the frame prefix",
+            argument="request_id",
+        ) from None
     return [prefix + head, payload] if payload else [prefix + head]
 
 
@@ -144,7 +150,8 @@ def encode_frame_bytes(
     flags: FrameFlags = FrameFlags.NONE,
 ) -> bytes:
     """:func:`encode_frame` joined into one ``bytes`` (tests, golden bytes)."""
-    return b"".join(bytes(part) for part in encode_frame(opcode, request_id, header, payload, flags))
+    parts = encode_frame(opcode, request_id, header, payload, flags)
+    return b"".join(bytes(part) for part in parts)
 
 
 def encode_error(opcode: int, request_id: int, error: EstreamError) -> list[bytes | memoryview]:

@@ -129,10 +129,13 @@ def encode_records(records: Sequence[Record]) -> EncodedRecords:
         value = record.value
         if len(value) > limits.record_value_bytes_max:
             raise MalformedBatch(f"record value of {len(value)} bytes is too large")
-        headers = msgpack.packb(dict(record.headers)) if record.headers else b""
+        headers = _encode_headers(record.headers) if record.headers else b""
         if len(headers) > limits.record_headers_bytes_max:
             raise MalformedBatch(f"record headers of {len(headers)} bytes are too large")
-        parts.append(pack(record.timestamp, len(headers), len(value)))
+        try:
+            parts.append(pack(record.timestamp, len(headers), len(value)))
+        except struct.error:
+            raise MalformedBatch(f"record timestamp {record.timestamp} is out of range") from None
         if headers:
             parts.append(headers)
         parts.append(value)
@@ -144,6 +147,14 @@ def encode_records(records: Sequence[Record]) -> EncodedRecords:
     return EncodedRecords(data, len(records), records[0].timestamp, max_ts)
 
 
+def _encode_headers(headers: Mapping[str, str]) -> bytes:
+    # Decoding accepts str -> str only, so encoding must refuse anything else.
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise MalformedBatch("record headers must be a map of str to str")
+    packed: bytes = msgpack.packb(dict(headers))
+    return packed
+
+
 def wrap_records(
     section: EncodedRecords,
     *,
@@ -153,8 +164,30 @@ def wrap_records(
     base_offset: int,
     confirm_offset: int = 0,
 ) -> bytes:
-    """Put a batch header with its checksum in front of an encoded records section."""
-    head = _HEADER.pack(
+    """Put a batch header with its checksum in front of an encoded records section.
+
+    Raises :class:`MalformedBatch` when a header field does not fit its width.
+    """
+    try:
+        head = _pack_header(
+            section, stream_id, range_index, epoch, base_offset, confirm_offset
+        )
+    except struct.error as exc:
+        raise MalformedBatch(f"batch header field out of range: {exc}") from None
+    digest = xxhash.xxh3_64(head[:_CHECKSUM_AT])
+    digest.update(section.data)
+    return b"".join((head[:_CHECKSUM_AT], digest.intdigest().to_bytes(8, "little"), section.data))
+
+
+def _pack_header(
+    section: EncodedRecords,
+    stream_id: int,
+    range_index: int,
+    epoch: int,
+    base_offset: int,
+    confirm_offset: int,
+) -> bytes:
+    return _HEADER.pack(
         BATCH_MAGIC,
         BATCH_VERSION,
         0,
@@ -169,9 +202,6 @@ def wrap_records(
         len(section.data),
         0,
     )
-    digest = xxhash.xxh3_64(head[:_CHECKSUM_AT])
-    digest.update(section.data)
-    return b"".join((head[:_CHECKSUM_AT], digest.intdigest().to_bytes(8, "little"), section.data))
 
 
 def encode_batch(

@@ -133,7 +133,7 @@ class RpcClient:
                 loop.create_connection(lambda: _ClientProtocol(address), host, port),
                 timeout_s,
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Timeout(f"connecting to {address} timed out", address=address) from None
         except OSError as exc:
             raise Unavailable(f"cannot connect to {address}: {exc}", address=address) from None
@@ -168,7 +168,7 @@ class RpcClient:
             await protocol.wait_writable()
             transport.writelines(encode_frame(opcode, request_id, header, payload))
             frame = await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Timeout(
                 f"request {opcode} to {self.address} timed out after {timeout_s}s",
                 address=self.address,

@@ -1,0 +1,238 @@
+"""The frame codec: golden bytes per opcode, incremental decoding, and every bad prefix field."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+
+from estream import limits
+from estream.errors import FrameTooLarge, InvalidArgument, MalformedFrame, RangeSealed
+from estream.protocol import (
+    FRAME_PREFIX_BYTES,
+    Frame,
+    FrameDecoder,
+    FrameFlags,
+    Opcode,
+    encode_error,
+    encode_frame,
+    encode_frame_bytes,
+)
+
+_PREFIX = struct.Struct("<HBBHQII")
+REQUEST_HEADER = {"stream_id": 7}  # msgpack: 81 a9 'stream_id' 07
+REQUEST_HEADER_HEX = "81a973747265616d5f696407"
+RESPONSE_HEADER = {"end": 5}  # msgpack: 81 a3 'end' 05
+RESPONSE_HEADER_HEX = "81a3656e6405"
+
+
+def expected_hex(opcode: int, flags: int, request_id: int, header_hex: str, payload: bytes) -> str:
+    """The prefix spelled out field by field: magic, version, opcode, flags, id, lengths."""
+    return "".join(
+        [
+            "f1e5",  # magic 0xE5F1
+            "01",  # version
+            f"{opcode:02x}",
+            f"{flags:02x}00",
+            (request_id).to_bytes(8, "little").hex(),
+            (len(header_hex) // 2).to_bytes(4, "little").hex(),
+            len(payload).to_bytes(4, "little").hex(),
+            header_hex,
+            payload.hex(),
+        ]
+    )
+
+
+def test_golden_prefix_spelled_out() -> None:
+    data = encode_frame_bytes(Opcode.READ, 5, {"a": 1}, b"xy")
+    assert data.hex() == "f1e5010d00000500000000000000040000000200000081a161017879"
+
+
+@pytest.mark.parametrize("opcode", list(Opcode))
+def test_golden_request_frame_per_opcode(opcode: Opcode) -> None:
+    data = encode_frame_bytes(opcode, 0x0102030405060708, REQUEST_HEADER, b"\xe5")
+    assert data.hex() == expected_hex(opcode, 0, 0x0102030405060708, REQUEST_HEADER_HEX, b"\xe5")
+    [frame] = FrameDecoder().feed(data)
+    assert frame == Frame(opcode, FrameFlags.NONE, 0x0102030405060708,
+                          bytes.fromhex(REQUEST_HEADER_HEX), b"\xe5")
+    assert frame.header() == REQUEST_HEADER and not frame.is_response
+
+
+@pytest.mark.parametrize("opcode", list(Opcode))
+def test_golden_response_frame_per_opcode(opcode: Opcode) -> None:
+    data = encode_frame_bytes(opcode, 9, RESPONSE_HEADER, flags=FrameFlags.RESPONSE)
+    assert data.hex() == expected_hex(opcode, 1, 9, RESPONSE_HEADER_HEX, b"")
+    [frame] = FrameDecoder().feed(data)
+    assert frame.is_response and not frame.is_error
+    assert frame.header() == RESPONSE_HEADER and frame.payload == b""
+
+
+def test_opcode_numbers_are_the_documented_ones() -> None:
+    assert {op.name: int(op) for op in Opcode} == {
+        "PING": 1, "CREATE_RANGE": 10, "APPEND": 11, "SEAL": 12, "READ": 13,
+        "DESCRIBE_RANGE": 14, "FORCE": 15, "CONFIRM": 16, "LIST_RANGES": 17,
+        "PD_REGISTER_SERVER": 40, "PD_HEARTBEAT": 41, "PD_CREATE_STREAM": 42,
+        "PD_DESCRIBE_STREAM": 43, "PD_LIST_STREAMS": 44, "PD_DELETE_STREAM": 45,
+        "PD_OPEN_WRITER": 46, "PD_SEAL_RANGE": 47, "PD_TRIM_STREAM": 48,
+        "PD_LIST_SERVERS": 49, "PD_CLUSTER": 50, "PD_UPDATE_REPLICAS": 51,
+    }
+
+
+def test_error_frame_round_trip() -> None:
+    err = RangeSealed("sealed", stream_id=1, range_index=2, end_offset=30)
+    data = b"".join(bytes(p) for p in encode_error(Opcode.APPEND, 4, err))
+    [frame] = FrameDecoder().feed(data)
+    assert frame.is_response and frame.is_error and frame.request_id == 4
+    assert frame.header() == {"error": err.to_wire()}
+
+
+def test_empty_header_encodes_to_zero_bytes() -> None:
+    data = encode_frame_bytes(Opcode.PING, 1)
+    assert len(data) == FRAME_PREFIX_BYTES
+    [frame] = FrameDecoder().feed(data)
+    assert frame.header() == {}
+
+
+def test_payload_is_a_separate_buffer() -> None:
+    payload = memoryview(b"batch-bytes")
+    parts = encode_frame(Opcode.APPEND, 1, {"deferred": False}, payload)
+    assert len(parts) == 2 and parts[1] is payload
+
+
+def sample_frame(request_id: int = 3, payload: bytes = b"payload!") -> bytes:
+    return encode_frame_bytes(Opcode.APPEND, request_id, {"deferred": True}, payload)
+
+
+def test_cut_at_every_byte_is_incomplete_then_completes() -> None:
+    data = sample_frame()
+    [whole] = FrameDecoder().feed(data)
+    for cut in range(len(data)):
+        decoder = FrameDecoder()
+        assert decoder.feed(data[:cut]) == []
+        assert decoder.buffered_bytes == cut
+        assert decoder.feed(data[cut:]) == [whole]
+        assert decoder.buffered_bytes == 0
+
+
+def test_fed_byte_by_byte() -> None:
+    data = sample_frame() + sample_frame(4, b"")
+    decoder = FrameDecoder()
+    frames: list[Frame] = []
+    for i in range(len(data)):
+        frames += decoder.feed(data[i : i + 1])
+    assert [f.request_id for f in frames] == [3, 4]
+    assert [f.payload for f in frames] == [b"payload!", b""]
+
+
+def test_several_frames_in_one_feed() -> None:
+    data = b"".join(sample_frame(i, bytes([i]) * i) for i in range(1, 6))
+    decoder = FrameDecoder()
+    frames = decoder.feed(data + sample_frame(9)[:10])
+    assert [f.request_id for f in frames] == [1, 2, 3, 4, 5]
+    assert [f.payload for f in frames] == [bytes([i]) * i for i in range(1, 6)]
+    assert decoder.buffered_bytes == 10
+
+
+def prefix(**overrides: int) -> bytes:
+    fields = dict(magic=0xE5F1, version=1, opcode=11, flags=0, request_id=1,
+                  header_bytes=0, payload_bytes=0)
+    fields.update(overrides)
+    return _PREFIX.pack(*fields.values())
+
+
+def test_bad_magic() -> None:
+    with pytest.raises(MalformedFrame, match="magic"):
+        FrameDecoder().feed(prefix(magic=0xE5F2))
+
+
+def test_bad_version() -> None:
+    with pytest.raises(MalformedFrame, match="version"):
+        FrameDecoder().feed(prefix(version=2))
+
+
+def test_unknown_flags() -> None:
+    with pytest.raises(MalformedFrame, match="flags"):
+        FrameDecoder().feed(prefix(flags=4))
+
+
+def test_known_flags_accepted() -> None:
+    data = prefix(flags=int(FrameFlags.RESPONSE | FrameFlags.ERROR))
+    [frame] = FrameDecoder().feed(data)
+    assert frame.is_response and frame.is_error
+
+
+def test_header_length_over_limit_raised_from_the_prefix_alone() -> None:
+    decoder = FrameDecoder()
+    with pytest.raises(FrameTooLarge) as info:
+        decoder.feed(prefix(header_bytes=limits.frame_header_bytes_max + 1))
+    assert info.value.fields == {  # type: ignore[attr-defined]
+        "size": limits.frame_header_bytes_max + 1, "limit": limits.frame_header_bytes_max
+    }
+    assert decoder.buffered_bytes == FRAME_PREFIX_BYTES  # the body was never awaited
+
+
+def test_total_over_limit_raised_from_the_prefix_alone() -> None:
+    decoder = FrameDecoder()
+    payload = limits.frame_bytes_max - FRAME_PREFIX_BYTES + 1
+    with pytest.raises(FrameTooLarge) as info:
+        decoder.feed(prefix(payload_bytes=payload))
+    assert info.value.fields["size"] == limits.frame_bytes_max + 1
+    assert decoder.buffered_bytes == FRAME_PREFIX_BYTES
+
+
+def test_maximal_frame_prefix_is_accepted_and_waits() -> None:
+    decoder = FrameDecoder()
+    payload = limits.frame_bytes_max - FRAME_PREFIX_BYTES
+    assert decoder.feed(prefix(payload_bytes=payload)) == []
+
+
+def test_small_limits_are_honoured() -> None:
+    decoder = FrameDecoder(frame_bytes_max=64, header_bytes_max=8)
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(prefix(header_bytes=9))
+    decoder = FrameDecoder(frame_bytes_max=64, header_bytes_max=8)
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(prefix(payload_bytes=64 - FRAME_PREFIX_BYTES + 1))
+
+
+def test_bad_prefix_after_a_good_frame_in_the_same_feed() -> None:
+    decoder = FrameDecoder()
+    with pytest.raises(MalformedFrame):
+        decoder.feed(sample_frame() + prefix(magic=0))
+
+
+def test_malformed_msgpack_header_is_a_frame_error_not_a_stream_error() -> None:
+    bad = b"\xc1"  # never-used msgpack byte
+    data = prefix(header_bytes=len(bad)) + bad
+    [frame] = FrameDecoder().feed(data)
+    with pytest.raises(MalformedFrame):
+        frame.header()
+
+
+def test_truncated_msgpack_header() -> None:
+    bad = msgpack.packb({"key": "value"})[:-2]
+    [frame] = FrameDecoder().feed(prefix(header_bytes=len(bad)) + bad)
+    with pytest.raises(MalformedFrame):
+        frame.header()
+
+
+@pytest.mark.parametrize("value", [[1, 2], "text", 5, None, b"raw"])
+def test_non_map_header(value: object) -> None:
+    raw = msgpack.packb(value)
+    [frame] = FrameDecoder().feed(prefix(header_bytes=len(raw)) + raw)
+    with pytest.raises(MalformedFrame, match="not a map"):
+        frame.header()
+
+
+def test_encode_rejects_oversize_header_and_frame() -> None:
+    with pytest.raises(FrameTooLarge):
+        encode_frame(Opcode.PING, 1, {"x": b"a" * limits.frame_header_bytes_max})
+    with pytest.raises(FrameTooLarge):
+        encode_frame(Opcode.APPEND, 1, None, b"a" * limits.frame_bytes_max)
+
+
+@pytest.mark.parametrize("request_id", [-1, 2**64])
+def test_encode_rejects_out_of_range_request_id(request_id: int) -> None:
+    with pytest.raises(InvalidArgument):
+        encode_frame(Opcode.PING, request_id)
