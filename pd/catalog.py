@@ -1,0 +1,385 @@
+"""The placement driver's catalog: a deterministic state machine over :mod:`pd.commands`.
+
+Every PD node applies the same committed commands in the same order through
+:meth:`Catalog.apply` and so holds the same streams, ranges, range servers, epochs and PD
+node addresses. ``apply`` validates first and mutates only once everything checked out:
+a rejected command raises a typed :mod:`estream.errors` error and leaves the catalog
+exactly as it was.
+
+Rules it keeps:
+- names are unique (:class:`StreamExists`); unknown names raise :class:`StreamNotFound`;
+- stream types starting with "." are reserved for commands flagged ``system``;
+- ``1 <= ack_count <= replicas <= 5``; replicas are distinct registered servers;
+- the epoch only grows (``open_writer``); a seal must carry the current epoch
+  (an older one is :class:`Fenced`);
+- only the last range is open; range ``i+1`` is created by sealing range ``i`` and starts
+  at its end; a sealed range's end never changes (:class:`RangeSealed`);
+- the start offset only grows (trim).
+
+Retries after an unknown outcome are absorbed: a ``create_stream`` with the same request
+id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an offset
+already trimmed, and a ``register_*`` with the same data return the current state.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Final
+
+import msgpack
+
+from estream.errors import (
+    Conflict,
+    Fenced,
+    InvalidArgument,
+    RangeNotFound,
+    RangeSealed,
+    StreamExists,
+    StreamNotFound,
+)
+from estream.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo, StreamMeta
+from estream.rpc import parse_address
+from pd.commands import (
+    Command,
+    CreateStream,
+    DeleteStream,
+    OpenWriter,
+    RegisterPdNode,
+    RegisterServer,
+    SealRange,
+    TrimStream,
+    UpdateReplicas,
+)
+
+replicas_max: Final = 5
+stream_name_chars_max: Final = 200
+stream_type_chars_max: Final = 64
+server_id_chars_max: Final = 128
+SNAPSHOT_VERSION: Final = 1
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+@dataclass(frozen=True, slots=True)
+class PdNode:
+    """A placement-driver node's id and its three addresses."""
+
+    id: str
+    raft: str
+    rpc: str
+    http: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "raft": self.raft, "address": self.rpc, "http": self.http}
+
+
+Result = StreamMeta | ServerInfo | PdNode | None
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogView:
+    """An immutable snapshot of the catalog for readers (safe to share across threads)."""
+
+    streams: MappingProxyType[str, StreamMeta]
+    servers: MappingProxyType[str, ServerInfo]
+    pd_nodes: MappingProxyType[str, PdNode]
+    version: int
+
+    def stream(self, name: str) -> StreamMeta:
+        found = self.streams.get(name)
+        if found is None:
+            raise StreamNotFound(f"stream {name!r} not found", stream=name)
+        return found
+
+    def range_count(self) -> int:
+        return sum(len(s.ranges) for s in self.streams.values())
+
+    def open_ranges_by_server(self) -> dict[str, int]:
+        """How many open ranges each server holds (placement's load measure)."""
+        counts: dict[str, int] = {}
+        for stream in self.streams.values():
+            last = stream.last_range
+            if last is not None and not last.sealed:
+                for ref in last.replicas:
+                    counts[ref.id] = counts.get(ref.id, 0) + 1
+        return counts
+
+
+class Catalog:
+    """The catalog state and its single entry point :meth:`apply`."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, StreamMeta] = {}
+        self._request_ids: dict[str, str] = {}
+        self._servers: dict[str, ServerInfo] = {}
+        self._pd_nodes: dict[str, PdNode] = {}
+        self._next_stream_id = 1
+        self.version = 0  # number of commands accepted (a rejection changes nothing)
+
+    # -- reading -------------------------------------------------------------------
+    def view(self) -> CatalogView:
+        return CatalogView(
+            MappingProxyType(dict(self._streams)),
+            MappingProxyType(dict(self._servers)),
+            MappingProxyType(dict(self._pd_nodes)),
+            self.version,
+        )
+
+    def stream(self, name: str) -> StreamMeta:
+        found = self._streams.get(name)
+        if found is None:
+            raise StreamNotFound(f"stream {name!r} not found", stream=name)
+        return found
+
+    # -- the state machine -----------------------------------------------------------
+    def apply(self, command: Command) -> Result:
+        """Apply one committed command; raises a typed error and changes nothing if invalid."""
+        handler = _HANDLERS.get(type(command))
+        if handler is None:
+            raise InvalidArgument(f"unknown command {command!r}", argument="kind")
+        result: Result = handler(self, command)
+        self.version += 1
+        return result
+
+    def _register_server(self, cmd: RegisterServer) -> ServerInfo:
+        _check_server_id(cmd.server_id)
+        parse_address(cmd.address)
+        if cmd.storage_class not in STORAGE_CLASSES:
+            raise InvalidArgument(
+                f"storage class {cmd.storage_class!r} not in {STORAGE_CLASSES}",
+                argument="storage_class",
+            )
+        server = ServerInfo(cmd.server_id, cmd.address, cmd.storage_class)
+        old = self._servers.get(cmd.server_id)
+        self._servers[cmd.server_id] = server
+        if old is not None and old.address != cmd.address:
+            self._readdress(cmd.server_id, cmd.address)
+        return server
+
+    def _readdress(self, server_id: str, address: str) -> None:
+        def fix(r: RangeMeta) -> RangeMeta:
+            refs = tuple(ReplicaRef(x.id, address) if x.id == server_id else x for x in r.replicas)
+            return r if refs == r.replicas else replace(r, replicas=refs)
+
+        for name, stream in list(self._streams.items()):
+            ranges = tuple(fix(r) for r in stream.ranges)
+            if ranges != stream.ranges:
+                self._streams[name] = replace(stream, ranges=ranges)
+
+    def _register_pd_node(self, cmd: RegisterPdNode) -> PdNode:
+        if not cmd.node_id:
+            raise InvalidArgument("empty PD node id", argument="node_id")
+        for address in (cmd.raft, cmd.rpc, cmd.http):
+            parse_address(address)
+        node = PdNode(cmd.node_id, cmd.raft, cmd.rpc, cmd.http)
+        self._pd_nodes[cmd.node_id] = node
+        return node
+
+    def _create_stream(self, cmd: CreateStream) -> StreamMeta:
+        existing = self._streams.get(cmd.name)
+        if existing is not None:
+            if cmd.request_id and self._request_ids.get(cmd.name) == cmd.request_id:
+                return existing  # our own earlier create landed: a retry, not a duplicate
+            raise StreamExists(f"stream {cmd.name!r} already exists", stream=cmd.name)
+        _check_stream_args(cmd)
+        refs = self._replica_refs(cmd.placement, cmd.replicas)
+        stream = StreamMeta(
+            id=self._next_stream_id,
+            name=cmd.name,
+            replicas=cmd.replicas,
+            ack_count=cmd.ack_count,
+            type=cmd.type,
+            hints=tuple(dict.fromkeys(cmd.hints)),
+            epoch=0,
+            start_offset=0,
+            ranges=(RangeMeta(0, 0, None, refs),),
+        )
+        self._next_stream_id += 1
+        self._streams[cmd.name] = stream
+        if cmd.request_id:
+            self._request_ids[cmd.name] = cmd.request_id
+        return stream
+
+    def _delete_stream(self, cmd: DeleteStream) -> None:
+        self.stream(cmd.name)
+        del self._streams[cmd.name]
+        self._request_ids.pop(cmd.name, None)
+
+    def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
+        stream = replace(self.stream(cmd.name), epoch=self.stream(cmd.name).epoch + 1)
+        self._streams[cmd.name] = stream
+        return stream
+
+    def _seal_range(self, cmd: SealRange) -> StreamMeta:
+        stream = self.stream(cmd.name)
+        if cmd.epoch < stream.epoch:
+            raise Fenced(
+                f"stream {cmd.name!r}: epoch {cmd.epoch} is fenced by {stream.epoch}",
+                epoch=cmd.epoch,
+                current_epoch=stream.epoch,
+            )
+        if cmd.epoch > stream.epoch:
+            raise Conflict(f"stream {cmd.name!r}: epoch {cmd.epoch} was never issued")
+        target = _find_range(stream, cmd.range_index)
+        if target.sealed:
+            if target.end == cmd.end and _find_range_or_none(stream, cmd.range_index + 1):
+                return stream  # a retry of a seal that already landed
+            raise RangeSealed(
+                f"stream {cmd.name!r} range {cmd.range_index} is sealed at {target.end}",
+                stream_id=stream.id,
+                range_index=cmd.range_index,
+                end_offset=target.end,
+            )
+        if cmd.end < target.start:
+            raise InvalidArgument(
+                f"seal end {cmd.end} is below the range start {target.start}", argument="end"
+            )
+        refs = self._replica_refs(cmd.next_replicas, stream.replicas)
+        sealed = replace(target, end=cmd.end)
+        following = RangeMeta(target.index + 1, cmd.end, None, refs)
+        stream = replace(stream, ranges=stream.ranges[:-1] + (sealed, following))
+        self._streams[cmd.name] = stream
+        return stream
+
+    def _trim_stream(self, cmd: TrimStream) -> StreamMeta:
+        stream = self.stream(cmd.name)
+        if cmd.start_offset < 0:
+            raise InvalidArgument("start_offset must be >= 0", argument="start_offset")
+        if cmd.start_offset <= stream.start_offset:
+            return stream  # the start only grows; trimming less is already done
+        # The last range is always open (a seal creates the next), and only range
+        # servers know its end: PD cannot bound the trim point from above.
+        last = stream.ranges[-1]
+        kept = tuple(r for r in stream.ranges[:-1] if r.end is None or r.end > cmd.start_offset)
+        stream = replace(stream, start_offset=cmd.start_offset, ranges=kept + (last,))
+        self._streams[cmd.name] = stream
+        return stream
+
+    def _update_replicas(self, cmd: UpdateReplicas) -> StreamMeta:
+        stream = self.stream(cmd.name)
+        target = _find_range(stream, cmd.range_index)
+        if not target.sealed:
+            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is open; seal it first")
+        refs = self._replica_refs(cmd.replicas, None)
+        ranges = tuple(replace(r, replicas=refs) if r is target else r for r in stream.ranges)
+        stream = replace(stream, ranges=ranges)
+        self._streams[cmd.name] = stream
+        return stream
+
+    def _replica_refs(self, ids: tuple[str, ...], expected: int | None) -> tuple[ReplicaRef, ...]:
+        if expected is not None and len(ids) != expected:
+            raise InvalidArgument(
+                f"placement names {len(ids)} servers, the stream needs {expected}",
+                argument="replicas",
+            )
+        if not 1 <= len(ids) <= replicas_max or len(set(ids)) != len(ids):
+            raise InvalidArgument(
+                f"replicas must be 1..{replicas_max} distinct servers", argument="replicas"
+            )
+        unknown = [i for i in ids if i not in self._servers]
+        if unknown:
+            raise InvalidArgument(f"unknown range servers {unknown}", argument="replicas")
+        return tuple(ReplicaRef(i, self._servers[i].address) for i in ids)
+
+    # -- snapshots -------------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """The whole state as msgpack bytes (what a Raft snapshot stores)."""
+        body = {
+            "v": SNAPSHOT_VERSION,
+            "version": self.version,
+            "next_stream_id": self._next_stream_id,
+            "streams": [s.to_dict() for s in self._streams.values()],
+            "request_ids": self._request_ids,
+            "servers": [
+                {"id": s.id, "address": s.address, "storage_class": s.storage_class}
+                for s in self._servers.values()
+            ],
+            "pd_nodes": [
+                {"id": n.id, "raft": n.raft, "rpc": n.rpc, "http": n.http}
+                for n in self._pd_nodes.values()
+            ],
+        }
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def restore(cls, data: bytes) -> Catalog:
+        """The catalog saved by :meth:`snapshot`; raises :class:`InvalidArgument` if corrupt."""
+        try:
+            body = msgpack.unpackb(data, raw=False)
+            if body.get("v") != SNAPSHOT_VERSION:
+                raise InvalidArgument(f"unsupported snapshot version {body.get('v')!r}")
+            catalog = cls()
+            catalog.version = int(body["version"])
+            catalog._next_stream_id = int(body["next_stream_id"])
+            for d in body["streams"]:
+                stream = StreamMeta.from_dict(d)
+                catalog._streams[stream.name] = stream
+            catalog._request_ids = {str(k): str(v) for k, v in body["request_ids"].items()}
+            for d in body["servers"]:
+                catalog._servers[d["id"]] = ServerInfo(d["id"], d["address"], d["storage_class"])
+            for d in body["pd_nodes"]:
+                catalog._pd_nodes[d["id"]] = PdNode(d["id"], d["raft"], d["rpc"], d["http"])
+        except InvalidArgument:
+            raise
+        except Exception as exc:
+            raise InvalidArgument(f"corrupt catalog snapshot: {exc}", argument="snapshot") from None
+        return catalog
+
+
+def _check_server_id(server_id: str) -> None:
+    if not server_id or len(server_id) > server_id_chars_max:
+        raise InvalidArgument(f"bad server id {server_id!r}", argument="server_id")
+
+
+def _check_stream_args(cmd: CreateStream) -> None:
+    if len(cmd.name) > stream_name_chars_max or not _NAME_RE.fullmatch(cmd.name):
+        raise InvalidArgument(
+            f"bad stream name {cmd.name!r}: letters, digits, '.', '_', '-' "
+            f"(not starting with '.' or '-'), at most {stream_name_chars_max}",
+            argument="name",
+        )
+    if not 1 <= cmd.replicas <= replicas_max:
+        raise InvalidArgument(f"replicas must be 1..{replicas_max}", argument="replicas")
+    if not 1 <= cmd.ack_count <= cmd.replicas:
+        raise InvalidArgument("ack_count must be 1..replicas", argument="ack_count")
+    if len(cmd.type) > stream_type_chars_max:
+        raise InvalidArgument("stream type too long", argument="type")
+    if cmd.type.startswith(".") and not cmd.system:
+        raise InvalidArgument(
+            f"stream type {cmd.type!r} is reserved for the system", argument="type"
+        )
+    bad = [h for h in cmd.hints if h not in STORAGE_CLASSES]
+    if bad:
+        raise InvalidArgument(f"unknown storage hints {bad}", argument="hints")
+
+
+def _find_range_or_none(stream: StreamMeta, index: int) -> RangeMeta | None:
+    for r in stream.ranges:
+        if r.index == index:
+            return r
+    return None
+
+
+def _find_range(stream: StreamMeta, index: int) -> RangeMeta:
+    found = _find_range_or_none(stream, index)
+    if found is None:
+        raise RangeNotFound(
+            f"stream {stream.name!r} has no range {index}",
+            stream_id=stream.id,
+            range_index=index,
+        )
+    return found
+
+
+_HANDLERS: Final[dict[type[Any], Any]] = {
+    RegisterServer: Catalog._register_server,
+    RegisterPdNode: Catalog._register_pd_node,
+    CreateStream: Catalog._create_stream,
+    DeleteStream: Catalog._delete_stream,
+    OpenWriter: Catalog._open_writer,
+    SealRange: Catalog._seal_range,
+    TrimStream: Catalog._trim_stream,
+    UpdateReplicas: Catalog._update_replicas,
+}

@@ -1,0 +1,183 @@
+"""The placement driver's replicated commands: small versioned records and their codec.
+
+Every change to the catalog is one of these records. The proposing node decides
+everything nondeterministic (chosen replicas, request ids) before proposing, so that
+applying a command is a pure function of the catalog and the command on every node.
+
+Wire shape (msgpack map, never pickled classes)::
+
+    {"v": 1, "kind": "create_stream", <the command's fields>}
+
+Unknown fields are ignored (a newer proposer may add some); missing or mistyped fields
+and unknown kinds raise :class:`~estream.errors.InvalidArgument`.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+import msgpack
+
+from estream.errors import InvalidArgument
+
+COMMAND_VERSION: Final = 1
+command_bytes_max: Final = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterServer:
+    """A range server announces itself (id, RPC address, storage class)."""
+
+    kind: ClassVar[str] = "register_server"
+    server_id: str
+    address: str
+    storage_class: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterPdNode:
+    """A PD node publishes its id and addresses so every node can name the leader."""
+
+    kind: ClassVar[str] = "register_pd_node"
+    node_id: str
+    raft: str
+    rpc: str
+    http: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStream:
+    """Create a stream with range 0 ``[0, open)`` on ``placement`` (server ids)."""
+
+    kind: ClassVar[str] = "create_stream"
+    name: str
+    replicas: int
+    ack_count: int
+    type: str
+    hints: tuple[str, ...]
+    placement: tuple[str, ...]
+    request_id: str = ""
+    system: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStream:
+    kind: ClassVar[str] = "delete_stream"
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpenWriter:
+    """Give the stream a new, strictly greater epoch (fences earlier writers)."""
+
+    kind: ClassVar[str] = "open_writer"
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SealRange:
+    """Seal the last range at ``end`` and open range ``range_index + 1`` on ``next_replicas``."""
+
+    kind: ClassVar[str] = "seal_range"
+    name: str
+    epoch: int
+    range_index: int
+    end: int
+    next_replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TrimStream:
+    kind: ClassVar[str] = "trim_stream"
+    name: str
+    start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateReplicas:
+    """Repair: a sealed range's replicas become ``replicas`` (server ids)."""
+
+    kind: ClassVar[str] = "update_replicas"
+    name: str
+    range_index: int
+    replicas: tuple[str, ...]
+
+
+Command = (
+    RegisterServer
+    | RegisterPdNode
+    | CreateStream
+    | DeleteStream
+    | OpenWriter
+    | SealRange
+    | TrimStream
+    | UpdateReplicas
+)
+
+COMMAND_TYPES: Final[dict[str, type[Any]]] = {
+    cls.kind: cls
+    for cls in (
+        RegisterServer,
+        RegisterPdNode,
+        CreateStream,
+        DeleteStream,
+        OpenWriter,
+        SealRange,
+        TrimStream,
+        UpdateReplicas,
+    )
+}
+
+_KINDS: Final = {"str": str, "int": int, "bool": bool, "tuple[str, ...]": tuple}
+
+
+def encode_command(command: Command) -> bytes:
+    """The msgpack bytes of ``command`` (tuples become lists)."""
+    body: dict[str, Any] = {"v": COMMAND_VERSION, "kind": command.kind}
+    for f in dataclasses.fields(command):
+        value = getattr(command, f.name)
+        body[f.name] = list(value) if isinstance(value, tuple) else value
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode_command(data: bytes) -> Command:
+    """Parse and type-check a command; raises :class:`InvalidArgument` when malformed."""
+    if len(data) > command_bytes_max:
+        raise InvalidArgument(f"command of {len(data)} bytes is too large", argument="command")
+    try:
+        body = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise InvalidArgument(f"undecodable command: {exc}", argument="command") from None
+    if not isinstance(body, dict):
+        raise InvalidArgument("a command must be a map", argument="command")
+    version = body.get("v")
+    if version != COMMAND_VERSION:
+        raise InvalidArgument(f"unsupported command version {version!r}", argument="v")
+    cls = COMMAND_TYPES.get(body.get("kind"))  # type: ignore[arg-type]
+    if cls is None:
+        raise InvalidArgument(f"unknown command kind {body.get('kind')!r}", argument="kind")
+    kwargs = {f.name: _field(body, f) for f in dataclasses.fields(cls)}
+    command: Command = cls(**kwargs)
+    return command
+
+
+def _field(body: dict[str, Any], f: dataclasses.Field[Any]) -> Any:
+    if f.name not in body:
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        raise InvalidArgument(f"command field {f.name!r} is missing", argument=f.name)
+    value = body[f.name]
+    expected = _KINDS[str(f.type)]
+    if expected is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InvalidArgument(f"command field {f.name!r} must be a list of strings",
+                                  argument=f.name)
+        return tuple(value)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise InvalidArgument(f"command field {f.name!r} must be {expected.__name__}",
+                              argument=f.name)
+    return value

@@ -1,0 +1,57 @@
+"""Liveness of range servers from their heartbeats, as seen by one PD node.
+
+Heartbeats are not replicated: every range server sends them to every PD node, and each
+node keeps its own view. A server is alive while its last heartbeat is younger than
+``suspect_after_ms``; after that it is suspected and gets no new ranges. A server never
+heard from since this node started is given the same grace period from the node's start
+(a restarted PD node does not declare the whole cluster dead).
+
+Pure: no I/O (the caller passes ``now_ms``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from estream import limits
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """The last heartbeat of one server."""
+
+    at_ms: int
+    address: str
+    load: dict[str, Any] = field(default_factory=dict)
+
+
+class Liveness:
+    """Last heartbeat per server and the alive/suspected decision."""
+
+    def __init__(
+        self, started_ms: int, *, suspect_after_ms: int = limits.server_suspect_after_ms
+    ) -> None:
+        self.started_ms = started_ms
+        self.suspect_after_ms = suspect_after_ms
+        self._beats: dict[str, Beat] = {}
+
+    def on_heartbeat(
+        self, server_id: str, now_ms: int, address: str = "", load: dict[str, Any] | None = None
+    ) -> None:
+        self._beats[server_id] = Beat(now_ms, address, dict(load or {}))
+
+    def last(self, server_id: str) -> Beat | None:
+        return self._beats.get(server_id)
+
+    def alive(self, server_id: str, now_ms: int) -> bool:
+        beat = self._beats.get(server_id)
+        heard_ms = beat.at_ms if beat is not None else self.started_ms
+        return now_ms - heard_ms < self.suspect_after_ms
+
+    def load(self, server_id: str) -> dict[str, Any]:
+        beat = self._beats.get(server_id)
+        return dict(beat.load) if beat is not None else {}
+
+    def forget(self, server_id: str) -> None:
+        self._beats.pop(server_id, None)

@@ -1,0 +1,63 @@
+"""Placement choices and liveness from heartbeats (both pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from estream.errors import NoPlacement
+from pd.liveness import Liveness
+from pd.placement import Candidate, choose_replicas
+
+C = [
+    Candidate("a", "hdd", True, ranges=5, bytes=10),
+    Candidate("b", "ssd", True, ranges=9, bytes=0),
+    Candidate("c", "ssd", True, ranges=1, bytes=99),
+    Candidate("d", "nvme", False, ranges=0),
+    Candidate("e", "hdd", True, ranges=1, bytes=5),
+]
+
+
+@pytest.mark.parametrize(
+    ("count", "hints", "exclude", "expected"),
+    [
+        (3, (), (), ("e", "c", "a")),  # least ranges, then least bytes
+        (2, ("ssd",), (), ("c", "b")),  # the storage class first
+        (4, ("ssd",), (), ("c", "b", "e", "a")),  # then the others
+        (2, ("nvme",), (), ("e", "c")),  # nvme server is dead: never chosen
+        (3, (), ("c",), ("e", "a", "b")),  # never an excluded server
+        (1, ("hdd", "ssd"), ("e",), ("c",)),
+    ],
+)
+def test_choices(count: int, hints: tuple[str, ...], exclude: tuple[str, ...],
+                 expected: tuple[str, ...]) -> None:
+    assert choose_replicas(C, count, hints=hints, exclude=exclude) == expected
+
+
+def test_ties_break_by_id_deterministically() -> None:
+    same = [Candidate(i, "ssd", True) for i in "zyx"]
+    assert choose_replicas(same, 2) == ("x", "y")
+    assert choose_replicas(list(reversed(same)), 2) == ("x", "y")
+
+
+def test_no_placement_names_needed_and_available() -> None:
+    with pytest.raises(NoPlacement) as info:
+        choose_replicas(C, 3, exclude=("a", "b"))
+    assert (info.value.fields["needed"], info.value.fields["available"]) == (3, 2)
+    with pytest.raises(NoPlacement):
+        choose_replicas([], 1)
+
+
+def test_liveness_suspects_after_silence() -> None:
+    live = Liveness(started_ms=1_000, suspect_after_ms=4_000)
+    assert live.alive("never", 4_999)  # grace period after this node started
+    assert not live.alive("never", 5_000)
+    live.on_heartbeat("rs1", 10_000, "127.0.0.1:1", {"ranges": 3})
+    assert live.alive("rs1", 13_999)
+    assert not live.alive("rs1", 14_000)
+    assert live.load("rs1") == {"ranges": 3}
+    live.on_heartbeat("rs1", 14_500)
+    assert live.alive("rs1", 15_000)
+    beat = live.last("rs1")
+    assert beat is not None and beat.at_ms == 14_500
+    live.forget("rs1")
+    assert live.last("rs1") is None and live.load("rs1") == {}
