@@ -1,7 +1,8 @@
 """The ``estream`` command: dispatches to the server processes and the user commands.
 
 ``estream rangeserver ...`` runs :mod:`rangeserver.cli`, ``estream pd ...`` runs
-:mod:`pd.cli`; everything else is a user command over the SDK.
+:mod:`pd.cli`, ``estream up ...`` runs the local-cluster supervisor :mod:`estream.up`;
+everything else is a user command over the SDK (:mod:`estream.usercli`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ def main(argv: list[str] | None = None) -> int:
         from pd.cli import main as pd_main
 
         return pd_main(args[1:])
-    print("usage: estream {rangeserver,pd} ...", file=sys.stderr)
-    return 2
+    if args and args[0] == "up":
+        from estream.up import main as up_main
+
+        return up_main(args[1:])
+    from estream.usercli import main as user_main
+
+    return user_main(args)
 
 
 if __name__ == "__main__":

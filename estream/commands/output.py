@@ -1,0 +1,54 @@
+"""Rendering for the CLI: human tables (rich) or ``--json`` for scripts.
+
+Side effect: writes to standard output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    result = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for column in columns:
+        result.add_column(column)
+    for row in rows:
+        result.add_row(*("-" if cell is None else str(cell) for cell in row))
+    return result
+
+
+def print_tables(*tables: Table) -> None:
+    out = console()
+    for item in tables:
+        out.print(item)
+
+
+def key_values(title: str, values: Mapping[str, Any]) -> Table:
+    return table(title, ["field", "value"], [(k, v) for k, v in values.items()])
+
+
+def human_bytes(count: float | int | None) -> str:
+    """``1536`` -> ``1.5 KiB``. Pure."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

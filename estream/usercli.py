@@ -1,0 +1,120 @@
+"""The user commands of ``estream``: streams, append/read, cluster status, bench.
+
+Parses the command line (``--pd`` or ``ESTREAM_PD``, ``--json``, ``--timeout`` before or
+after the command), connects the SDK client, runs the command's handler from
+:mod:`estream.commands`, and maps every failure to a one-line message on stderr: exit 2
+for usage errors, 1 for runtime errors (unknown stream, unreachable PD...), 130 on Ctrl-C.
+No traceback reaches the user.
+
+Side effects: network calls through the SDK, standard input/output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from estream.commands import bench, cluster, records, streams
+from estream.config import host_port_list, one_line_errors
+
+DEFAULT_PD = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
+Handler = Callable[[Any, argparse.Namespace], Awaitable[int]]
+
+
+def _common(defaults: bool) -> argparse.ArgumentParser:
+    """The options every command takes; leaf copies default to SUPPRESS (top level wins)."""
+    common = argparse.ArgumentParser(add_help=False)
+    pd_default = os.environ.get("ESTREAM_PD", DEFAULT_PD) if defaults else argparse.SUPPRESS
+    common.add_argument(
+        "--pd",
+        type=host_port_list,
+        default=pd_default,
+        metavar="H:P,...",
+        help=f"PD addresses (env ESTREAM_PD; default {DEFAULT_PD})",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="machine-readable JSON output",
+    )
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0 if defaults else argparse.SUPPRESS,
+        metavar="S",
+        help="seconds to wait for PD when connecting (default 5)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="estream",
+        parents=[_common(True)],
+        description="estream: replicated stream storage. Server processes: `estream up` "
+        "(a local cluster), `estream pd`, `estream rangeserver`. User commands below.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub.add_parser("up", help="run a local cluster in the foreground (see estream up --help)")
+    sub.add_parser("pd", help="run one placement-driver node (see estream pd --help)")
+    sub.add_parser("rangeserver", help="run one range server (see estream rangeserver --help)")
+    leaf = _common(False)
+    streams.add_parsers(sub, leaf)
+    records.add_parsers(sub, leaf)
+    cluster.add_parsers(sub, leaf)
+    bench.add_parsers(sub, leaf)
+    return one_line_errors(parser)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split())
+
+
+async def _run(handler: Handler, ns: argparse.Namespace) -> int:
+    import estream
+
+    if not ns.pd:
+        raise estream.Unavailable("no PD address given (--pd or ESTREAM_PD)")
+    client = await estream.connect(ns.pd, timeout_s=ns.timeout)
+    try:
+        return await handler(client, ns)
+    finally:
+        await client.close()
+
+
+def _fail(message: str, code: int = 1) -> int:
+    sys.stderr.write(f"estream: error: {message}\n")
+    sys.stderr.flush()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    handler: Handler | None = getattr(ns, "handler", None)
+    if handler is None:
+        parser.error(f"{ns.command}: no such command")
+    from estream.errors import EstreamError, Unavailable
+
+    try:
+        return asyncio.run(_run(handler, ns))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Unavailable as exc:
+        return _fail(f"cannot reach the cluster at {ns.pd}: {_one_line(exc)}")
+    except EstreamError as exc:
+        return _fail(f"{type(exc).__name__}: {_one_line(exc)}")
+    except (OSError, TimeoutError) as exc:
+        return _fail(f"{type(exc).__name__}: {_one_line(exc)}")
+    except ValueError as exc:
+        return _fail(_one_line(exc), 2)
