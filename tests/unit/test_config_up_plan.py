@@ -1,0 +1,57 @@
+"""`estream up`'s pure parts: the cluster plan (ports, peers, dirs) and restart backoff."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from estream.up import PlanError, plan_cluster, restart_delay_s
+
+
+def test_default_plan_matches_the_default_pd_addresses() -> None:
+    plan = plan_cluster(Path("/d"), 3, 3, "127.0.0.1", 7100)
+    assert plan.pd_addresses == "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
+    assert plan.admin_urls == (
+        "http://127.0.0.1:7120",
+        "http://127.0.0.1:7121",
+        "http://127.0.0.1:7122",
+    )
+    pd1 = plan.pd[1]
+    assert pd1.args == (
+        "--id", "1", "--listen", "127.0.0.1:7101", "--raft", "127.0.0.1:7111",
+        "--peers", "127.0.0.1:7110,127.0.0.1:7112", "--http", "127.0.0.1:7121",
+        "--data-dir", "/d/pd-1",
+    )  # fmt: skip
+    rs2 = plan.range_servers[2]
+    assert rs2.args == (
+        "--listen", "127.0.0.1:7132", "--pd", plan.pd_addresses, "--data-dir", "/d/rs-2",
+    )  # fmt: skip
+
+
+def test_every_port_is_distinct() -> None:
+    plan = plan_cluster(Path("d"), 9, 70, "h", 20000)
+    ports = [c.address for c in plan.children] + [c.http for c in plan.pd]
+    ports += [c.args[c.args.index("--raft") + 1] for c in plan.pd]
+    assert len(ports) == len(set(ports)) == 9 * 3 + 70
+
+
+def test_single_pd_node_has_no_peers() -> None:
+    plan = plan_cluster(Path("d"), 1, 1, "h", 7100)
+    assert "--peers" not in plan.pd[0].args
+
+
+@pytest.mark.parametrize(
+    ("pd", "rs", "base"), [(2, 3, 7100), (0, 3, 7100), (11, 3, 7100), (3, 0, 7100),
+                           (3, 71, 7100), (3, 3, 65500)]
+)  # fmt: skip
+def test_bad_plans_rejected(pd: int, rs: int, base: int) -> None:
+    with pytest.raises(PlanError):
+        plan_cluster(Path("d"), pd, rs, "h", base)
+
+
+def test_backoff_doubles_and_caps() -> None:
+    delays = [restart_delay_s(n) for n in range(1, 10)]
+    assert delays[:4] == [0.5, 1.0, 2.0, 4.0]
+    assert max(delays) == 10.0
+    assert delays == sorted(delays)
