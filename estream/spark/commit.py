@@ -1,0 +1,137 @@
+"""Exactly-once commit of a Spark micro-batch into an estream stream: the decisions.
+
+A stream has one writer at a time (``open_writer`` fences the previous one), so Spark's
+tasks do not append: each task hands its rows to the driver in its commit message, and the
+driver's ``commit(messages, batch_id)`` appends them all through one writer. Every record
+the sink appends carries marker headers::
+
+    estream.spark.sink   the sink id (option ``sinkId``, default the checkpoint location)
+    estream.spark.batch  the micro-batch id
+    estream.spark.seq    its position in the batch, 0 .. count-1
+    estream.spark.count  the number of rows of the batch
+
+so the stream itself records how far each batch got. Before appending batch ``b`` the
+driver opens a writer (which fences any writer of an earlier, maybe killed, driver and
+fixes the stream's end), looks at the last record, and :func:`plan_commit` decides:
+
+- the tail is batch ``b`` complete (``seq == count - 1``), or a later batch: **skip**
+  (Spark is replaying a batch whose commit reached estream but not Spark's commit log);
+- the tail is batch ``b`` incomplete (the driver died while appending): **resume**: read
+  back the ``seq + 1`` records of ``b`` already there and append only the rows of the
+  replayed batch that are not among them (:func:`remaining_rows`, a multiset difference,
+  so the row order of the replay does not matter);
+- anything else: **append** the whole batch.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+HEADER_PREFIX: Final = "estream.spark."
+SINK_HEADER: Final = "estream.spark.sink"
+BATCH_HEADER: Final = "estream.spark.batch"
+SEQ_HEADER: Final = "estream.spark.seq"
+COUNT_HEADER: Final = "estream.spark.count"
+
+# A row to append: the value and the user's headers as sorted (key, value) pairs.
+Row = tuple[bytes, tuple[tuple[str, str], ...]]
+
+
+def make_row(value: bytes, headers: Mapping[str, str] | None) -> Row:
+    """A sink row; the user's headers lose any ``estream.spark.*`` keys (those of an
+    upstream sink, when a sink's output is read and written again), which the sink owns."""
+    kept = sorted(
+        (str(k), str(v)) for k, v in (headers or {}).items() if not str(k).startswith(HEADER_PREFIX)
+    )
+    return (bytes(value), tuple(kept))
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """The sink headers of one appended record."""
+
+    sink: str
+    batch: int
+    seq: int
+    count: int
+
+    @property
+    def last(self) -> bool:
+        return self.seq + 1 >= self.count
+
+
+def parse_marker(headers: Mapping[str, str]) -> Marker | None:
+    """The marker of a record, or None if the sink did not write it."""
+    try:
+        return Marker(
+            headers[SINK_HEADER],
+            int(headers[BATCH_HEADER]),
+            int(headers[SEQ_HEADER]),
+            int(headers[COUNT_HEADER]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def record_headers(row: Row, sink: str, batch: int, seq: int, count: int) -> dict[str, str]:
+    """The headers the sink stores with ``row``: the user's, then the marker."""
+    headers = dict(row[1])
+    headers[SINK_HEADER] = sink
+    headers[BATCH_HEADER] = str(batch)
+    headers[SEQ_HEADER] = str(seq)
+    headers[COUNT_HEADER] = str(count)
+    return headers
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """The batch is already in the stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Nothing of the batch is in the stream: append all of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The last ``written`` records of the stream are the start of this batch."""
+
+    written: int
+
+
+CommitPlan = Skip | Append | Resume
+
+
+def plan_commit(tail: Marker | None, sink: str, batch: int) -> CommitPlan:
+    """What to do with micro-batch ``batch`` given the marker of the stream's last record.
+
+    >>> plan_commit(Marker("q", 4, 9, 10), "q", 4)
+    Skip()
+    >>> plan_commit(Marker("q", 4, 2, 10), "q", 4)
+    Resume(written=3)
+    >>> plan_commit(Marker("q", 3, 9, 10), "q", 4)
+    Append()
+    """
+    if tail is None or tail.sink != sink or tail.batch < batch:
+        return Append()
+    if tail.batch > batch or tail.last:
+        return Skip()
+    return Resume(written=tail.seq + 1)
+
+
+def remaining_rows(rows: Sequence[Row], written: Iterable[Row]) -> list[Row]:
+    """``rows`` minus the rows already ``written`` (as multisets), in ``rows`` order."""
+    left = Counter(written)
+    out: list[Row] = []
+    for row in rows:
+        if left[row] > 0:
+            left[row] -= 1
+        else:
+            out.append(row)
+    return out

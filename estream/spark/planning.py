@@ -1,0 +1,266 @@
+"""Offset and partition planning for the Spark source: what to read in each micro-batch.
+
+Spark keeps a source's offsets as JSON text and compares them as text, so an offset here is
+a dict ``{stream name: next offset to read}`` with its keys sorted (:func:`offsets_dict`).
+The driver-side reader (``estream/spark/source.py``) asks the cluster for each stream's
+start and confirmed end, and this module decides everything else:
+
+- where a new query starts (``startingOffsets``: ``earliest``, ``latest`` or a JSON dict,
+  where ``-2`` means earliest and ``-1`` latest, as in Spark's Kafka source);
+- how far a micro-batch goes under a read limit (``maxRecordsPerTrigger``), sharing the
+  budget fairly between streams (:func:`split_budget`);
+- what to do with a start offset that was trimmed away (``failOnDataLoss``);
+- how a micro-batch's span of each stream is cut into Spark partitions: at range
+  boundaries (each partition then reads from one range's replicas) and at a size limit
+  (so several tasks read one range in parallel), rotating the preferred replica.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from estream.errors import InvalidArgument, OffsetOutOfRange
+from estream.meta import StreamMeta
+
+EARLIEST: Final = -2
+LATEST: Final = -1
+PARTITION_RECORDS_DEFAULT: Final = 50_000
+
+Offsets = dict[str, int]
+
+
+def offsets_dict(offsets: Mapping[str, int]) -> Offsets:
+    """The offsets with keys in sorted order, so that ``json.dumps`` is canonical.
+
+    >>> json.dumps(offsets_dict({"payments": 3, "orders": 7}))
+    '{"orders": 7, "payments": 3}'
+    """
+    return {name: int(offsets[name]) for name in sorted(offsets)}
+
+
+def parse_streams(value: str | None) -> tuple[str, ...]:
+    """The ``streams`` option (comma-separated names) as sorted, distinct names."""
+    names = sorted({part.strip() for part in (value or "").split(",") if part.strip()})
+    if not names:
+        raise InvalidArgument("option 'streams' must name at least one stream", argument="streams")
+    return tuple(names)
+
+
+def parse_offsets_spec(value: str | None, streams: Sequence[str], option: str) -> Offsets:
+    """``startingOffsets``/``endingOffsets`` as a per-stream spec (``EARLIEST``, ``LATEST``
+    or an explicit offset). Streams a JSON spec leaves out default to the option's default:
+    earliest for starting offsets, latest for ending offsets."""
+    default = EARLIEST if option == "startingOffsets" else LATEST
+    text = (value or "").strip()
+    if text == "" or text.lower() in ("earliest", "latest"):
+        kind = default if text == "" else (EARLIEST if text.lower() == "earliest" else LATEST)
+        return {name: kind for name in sorted(streams)}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise InvalidArgument(
+            f"option {option!r} must be 'earliest', 'latest' or a JSON object "
+            f'{{"stream": offset}}, not {text!r}',
+            argument=option,
+        )
+    unknown = sorted(set(parsed) - set(streams))
+    if unknown:
+        raise InvalidArgument(
+            f"option {option!r} names streams not in 'streams': {unknown}", argument=option
+        )
+    spec: Offsets = {}
+    for name in sorted(streams):
+        offset = parsed.get(name, default)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
+            raise InvalidArgument(
+                f"option {option!r}: offset of {name!r} must be an integer >= -2, not {offset!r}",
+                argument=option,
+            )
+        spec[name] = offset
+    return spec
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBounds:
+    """What the cluster says about one stream right now: its first readable offset (moves
+    with trim) and its confirmed end (records at or past it are not readable yet)."""
+
+    start: int
+    end: int
+
+
+def resolve_spec(spec: Mapping[str, int], bounds: Mapping[str, StreamBounds]) -> Offsets:
+    """Turn ``EARLIEST``/``LATEST`` into concrete offsets."""
+    resolved: Offsets = {}
+    for name, offset in spec.items():
+        if offset == EARLIEST:
+            resolved[name] = bounds[name].start
+        elif offset == LATEST:
+            resolved[name] = bounds[name].end
+        else:
+            resolved[name] = offset
+    return offsets_dict(resolved)
+
+
+def check_start(name: str, offset: int, bounds: StreamBounds, fail_on_data_loss: bool) -> int:
+    """The offset to read ``name`` from, given that Spark asks to continue at ``offset``.
+
+    Below the stream's start (trimmed away), or past its confirmed end (the stream was
+    deleted and created again?), records are lost: with ``fail_on_data_loss`` that raises
+    :class:`OffsetOutOfRange` naming the stream and offsets; without it the reader skips
+    to the nearest readable offset.
+    """
+    if bounds.start <= offset <= bounds.end:
+        return offset
+    if offset < bounds.start:
+        what = (
+            f"stream {name!r}: offset {offset} was trimmed away; the stream now starts at "
+            f"{bounds.start}, so records [{offset}, {bounds.start}) are lost"
+        )
+        skip_to = bounds.start
+    else:
+        what = (
+            f"stream {name!r}: offset {offset} is past the stream's confirmed end "
+            f"{bounds.end} (was the stream deleted and created again?)"
+        )
+        skip_to = bounds.end
+    if fail_on_data_loss:
+        raise OffsetOutOfRange(
+            what + ". Set option failOnDataLoss=false to skip ahead instead.",
+            offset=offset,
+            start=bounds.start,
+            end=bounds.end,
+        )
+    return skip_to
+
+
+def split_budget(available: Mapping[str, int], budget: int) -> Offsets:
+    """Share ``budget`` records between streams with ``available`` records each.
+
+    Water-filling: every stream gets an equal share, and what a stream cannot use goes to
+    the others; a remainder smaller than the number of streams goes one record each in name
+    order. The grants never exceed what is available nor, in total, the budget, and they
+    sum to ``min(budget, total available)``, so every trigger makes progress.
+
+    >>> split_budget({"a": 100, "b": 3, "c": 100}, 50)
+    {'a': 24, 'b': 3, 'c': 23}
+    """
+    if budget < 0:
+        raise InvalidArgument(f"read budget must be >= 0, not {budget}", argument="budget")
+    grant = {name: 0 for name in sorted(available)}
+    need = {name: max(0, int(available[name])) for name in sorted(available)}
+    left = budget
+    pending = [name for name in grant if need[name] > 0]
+    while pending and left > 0:
+        share = max(1, left // len(pending))
+        still: list[str] = []
+        for name in pending:
+            take = min(need[name], share, left)
+            grant[name] += take
+            need[name] -= take
+            left -= take
+            if need[name] > 0:
+                still.append(name)
+        pending = still
+    return grant
+
+
+def limit_end(start: Mapping[str, int], latest: Mapping[str, int], max_rows: int | None) -> Offsets:
+    """The end offsets of the next micro-batch: ``latest``, or under ``max_rows`` as far as
+    the budget allows (never behind ``start``)."""
+    available = {name: max(0, latest[name] - start[name]) for name in latest}
+    if max_rows is None:
+        return offsets_dict({name: start[name] + available[name] for name in latest})
+    grant = split_budget(available, max_rows)
+    return offsets_dict({name: start[name] + grant[name] for name in latest})
+
+
+def cap_offsets(latest: Mapping[str, int], target: Mapping[str, int] | None) -> Offsets:
+    """``latest`` capped at ``target`` (the ``Trigger.AvailableNow`` target fixed when the
+    query started); streams without a target are not capped."""
+    if target is None:
+        return offsets_dict(latest)
+    return offsets_dict(
+        {name: min(value, target.get(name, value)) for name, value in latest.items()}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSpec:
+    """One Spark task's work: records ``[start, end)`` of ``stream``, read preferably from
+    range server ``replica`` (None when the range has no replica listed)."""
+
+    stream: str
+    start: int
+    end: int
+    replica: str | None
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+def plan_partitions(
+    meta: StreamMeta, start: int, end: int, records_max: int = PARTITION_RECORDS_DEFAULT
+) -> list[PartitionSpec]:
+    """Cut ``[start, end)`` of one stream into partitions at range boundaries and at
+    ``records_max`` records each, rotating the preferred replica over each range's
+    replicas so that parallel tasks on one range spread over its servers.
+
+    Offsets no range covers (below the first range, or past a gap in the catalog) are
+    planned without a preferred replica: the reader then finds the range itself.
+    """
+    if records_max < 1:
+        raise InvalidArgument(
+            f"records per partition must be >= 1, not {records_max}", argument="partitionRecords"
+        )
+    specs: list[PartitionSpec] = []
+    offset = start
+    while offset < end:
+        rng = meta.range_for(offset)
+        if rng is None:
+            piece_end, replicas, turn = end, (), 0
+            nxt = [r.start for r in meta.ranges if r.start > offset]
+            if nxt:
+                piece_end = min(end, nxt[0])
+        else:
+            piece_end = end if rng.end is None else min(end, rng.end)
+            replicas = tuple(r.id for r in rng.replicas)
+            turn = rng.index
+        specs.extend(_cut(meta.name, offset, piece_end, records_max, replicas, turn))
+        offset = piece_end
+    return specs
+
+
+def _cut(
+    name: str, start: int, end: int, records_max: int, replicas: Sequence[str], turn: int
+) -> list[PartitionSpec]:
+    """``[start, end)`` in pieces of at most ``records_max``; piece ``k`` prefers replica
+    ``(turn + k) mod n`` (``turn`` shifts the rotation from range to range)."""
+    pieces: list[PartitionSpec] = []
+    for k, lo in enumerate(range(start, end, records_max)):
+        replica = replicas[(turn + k) % len(replicas)] if replicas else None
+        pieces.append(PartitionSpec(name, lo, min(end, lo + records_max), replica))
+    return pieces
+
+
+def plan_batch(
+    metas: Mapping[str, StreamMeta],
+    start: Mapping[str, int],
+    end: Mapping[str, int],
+    records_max: int = PARTITION_RECORDS_DEFAULT,
+) -> list[PartitionSpec]:
+    """Partitions of a whole micro-batch, streams in name order."""
+    specs: list[PartitionSpec] = []
+    for name in sorted(end):
+        lo, hi = start[name], end[name]
+        if hi > lo:
+            specs.extend(plan_partitions(metas[name], lo, hi, records_max))
+    return specs

@@ -1,0 +1,292 @@
+"""The ``estream`` Spark source: batch and streaming readers over PySpark's Python Data
+Source API.
+
+Driver side (a Python worker Spark keeps for the query): ``initialOffset``,
+``latestOffset``, ``partitions`` ask the cluster for stream bounds and range layout, and
+``estream/spark/planning.py`` decides. Task side: ``read()`` runs in a pickled copy of
+the reader, which holds only :class:`SourceOptions`; it creates its own event loop and
+client, reads ``[start, end)`` of one stream (never past the confirmed end: the SDK's
+reads stop there) from the partition's preferred replica, and yields Arrow record
+batches.
+
+Side effect: network calls to the estream cluster (PD and range servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+import estream
+from estream.errors import EstreamError, OffsetOutOfRange, StreamNotFound, Unavailable
+from estream.meta import StreamMeta
+from estream.record import Record
+from estream.spark.options import SourceOptions
+from estream.spark.planning import (
+    Offsets,
+    PartitionSpec,
+    StreamBounds,
+    cap_offsets,
+    check_start,
+    limit_end,
+    offsets_dict,
+    parse_offsets_spec,
+    plan_batch,
+    resolve_spec,
+)
+
+SCHEMA = "stream string, offset long, timestamp timestamp, headers map<string,string>, value binary"
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one driver-side coroutine on a fresh event loop."""
+    return asyncio.run(coro)
+
+
+@dataclass(frozen=True)
+class EstreamPartition(InputPartition):  # type: ignore[misc]
+    """A Spark task's span of one stream (plain values: it is pickled to the executor)."""
+
+    stream: str
+    start: int
+    end: int
+    replica: str | None
+
+    @classmethod
+    def of(cls, spec: PartitionSpec) -> EstreamPartition:
+        return cls(spec.stream, spec.start, spec.end, spec.replica)
+
+
+# ---------------------------------------------------------------- driver-side cluster calls
+
+
+async def _connect(opts: SourceOptions) -> estream.Client:
+    try:
+        return await estream.connect(opts.pd, timeout_s=opts.connect_timeout_s)
+    except EstreamError as exc:
+        raise Unavailable(
+            f"estream: cannot reach the placement driver at {opts.pd!r}: {exc}"
+        ) from exc
+
+
+async def _describe(client: estream.Client, pd: str, name: str) -> tuple[StreamMeta, StreamBounds]:
+    try:
+        meta = await client.describe_stream(name)
+        end = await client.end_offset(name)
+    except StreamNotFound:
+        raise StreamNotFound(
+            f"estream: stream {name!r} does not exist (placement driver {pd!r})", stream=name
+        ) from None
+    return meta, StreamBounds(start=meta.start_offset, end=max(end, meta.start_offset))
+
+
+async def _survey(opts: SourceOptions) -> tuple[dict[str, StreamMeta], dict[str, StreamBounds]]:
+    """Every stream's metadata and bounds, in one client session."""
+    client = await _connect(opts)
+    try:
+        metas: dict[str, StreamMeta] = {}
+        bounds: dict[str, StreamBounds] = {}
+        for name in opts.streams:
+            metas[name], bounds[name] = await _describe(client, opts.pd, name)
+        return metas, bounds
+    finally:
+        await client.close()
+
+
+def survey(opts: SourceOptions) -> tuple[dict[str, StreamMeta], dict[str, StreamBounds]]:
+    return run(_survey(opts))
+
+
+def effective_start(
+    opts: SourceOptions,
+    start: Mapping[str, int],
+    initial: Offsets,
+    bounds: Mapping[str, StreamBounds],
+) -> Offsets:
+    """Spark's start offsets made readable: streams new to the query start at their
+    ``startingOffsets``; trimmed ones follow ``failOnDataLoss``."""
+    out: Offsets = {}
+    for name in opts.streams:
+        offset = int(start[name]) if name in start else initial[name]
+        out[name] = check_start(name, offset, bounds[name], opts.fail_on_data_loss)
+    return offsets_dict(out)
+
+
+def plan(
+    opts: SourceOptions,
+    start: Mapping[str, int],
+    end: Mapping[str, int],
+    initial_spec: Mapping[str, int],
+) -> list[EstreamPartition]:
+    metas, bounds = survey(opts)
+    begin = effective_start(opts, start, resolve_spec(initial_spec, bounds), bounds)
+    stop = offsets_dict({name: max(begin[name], int(end.get(name, begin[name]))) for name in begin})
+    specs = plan_batch(metas, begin, stop, opts.partition_records)
+    return [EstreamPartition.of(spec) for spec in specs]
+
+
+# ---------------------------------------------------------------------- task-side reading
+
+
+def arrow_schema() -> pa.Schema:
+    """The Arrow schema Spark expects ``read()`` to yield (timestamps in UTC)."""
+    struct = StructType.fromDDL(SCHEMA)
+    return to_arrow_schema(struct, timezone="UTC")
+
+
+def to_arrow(stream: str, records: Sequence[Record], schema: pa.Schema) -> pa.RecordBatch:
+    """Records of one stream as one Arrow batch in the source's schema."""
+    n = len(records)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([stream] * n, type=schema.field("stream").type),
+            pa.array([r.offset for r in records], type=pa.int64()),
+            pa.array([r.timestamp * 1000 for r in records], type=schema.field("timestamp").type),
+            pa.array([list(r.headers.items()) for r in records], type=schema.field("headers").type),
+            pa.array([r.value for r in records], type=pa.binary()),
+        ],
+        schema=schema,
+    )
+
+
+async def _chunks(opts: SourceOptions, part: EstreamPartition) -> AsyncIterator[list[Record]]:
+    """The partition's records in lists of at most ``arrow_rows``."""
+    async with await estream.connect(opts.pd, timeout_s=opts.connect_timeout_s) as client:
+        offset = part.start
+        chunk: list[Record] = []
+        while offset < part.end:
+            try:
+                async for record in client.read(
+                    part.stream, start=offset, end=part.end, replica=part.replica
+                ):
+                    chunk.append(record)
+                    offset = record.offset + 1
+                    if len(chunk) >= opts.arrow_rows:
+                        yield chunk
+                        chunk = []
+            except OffsetOutOfRange as exc:
+                start = exc.fields.get("start")
+                if opts.fail_on_data_loss or not isinstance(start, int) or start <= offset:
+                    raise OffsetOutOfRange(
+                        f"estream: stream {part.stream!r}: offset {offset} is no longer "
+                        f"readable ({exc}); set failOnDataLoss=false to skip ahead",
+                        **exc.fields,
+                    ) from exc
+                offset = start
+                continue
+            if offset < part.end:
+                raise OffsetOutOfRange(
+                    f"estream: stream {part.stream!r}: read stopped at {offset}, "
+                    f"before the planned end {part.end}",
+                    offset=offset,
+                    end=part.end,
+                )
+        if chunk:
+            yield chunk
+
+
+def read_partition(opts: SourceOptions, part: EstreamPartition) -> Iterator[pa.RecordBatch]:
+    """Drive :func:`_chunks` on a private event loop and yield Arrow batches."""
+    schema = arrow_schema()
+    loop = asyncio.new_event_loop()
+    agen = _chunks(opts, part)
+    try:
+        while True:
+            try:
+                chunk = loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+            yield to_arrow(part.stream, chunk, schema)
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
+
+
+# ------------------------------------------------------------------------------ readers
+
+
+class EstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """``spark.readStream.format("estream")``. Offsets: ``{stream: next offset}``."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.opts = SourceOptions.parse(options)
+        self.spec = parse_offsets_spec(
+            self.opts.starting_offsets or "latest", self.opts.streams, "startingOffsets"
+        )
+        self.target: Offsets | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        _, bounds = survey(self.opts)
+        return resolve_spec(self.spec, bounds)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.opts.max_records_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, bounds = survey(self.opts)
+        self.target = offsets_dict({name: b.end for name, b in bounds.items()})
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        _, bounds = survey(self.opts)
+        begin = effective_start(self.opts, start, resolve_spec(self.spec, bounds), bounds)
+        latest = cap_offsets({name: b.end for name, b in bounds.items()}, self.target)
+        latest = {name: max(latest[name], begin[name]) for name in latest}
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return limit_end(begin, latest, max_rows)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[EstreamPartition]:
+        return plan(self.opts, start, end, self.spec)
+
+    def read(self, partition: EstreamPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.opts, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to do: reading does not consume records in estream."""
+
+
+class EstreamBatchReader(DataSourceReader):  # type: ignore[misc]
+    """``spark.read.format("estream")``: ``[startingOffsets, endingOffsets)`` of each
+    stream (defaults: earliest and the confirmed end when planned)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.opts = SourceOptions.parse(options)
+        self.start_spec = parse_offsets_spec(
+            self.opts.starting_offsets or "earliest", self.opts.streams, "startingOffsets"
+        )
+        self.end_spec = parse_offsets_spec(
+            self.opts.ending_offsets or "latest", self.opts.streams, "endingOffsets"
+        )
+
+    def partitions(self) -> list[EstreamPartition]:
+        _, bounds = survey(self.opts)
+        end = resolve_spec(self.end_spec, bounds)
+        for name, offset in end.items():
+            if offset > bounds[name].end:
+                raise OffsetOutOfRange(
+                    f"estream: stream {name!r}: endingOffsets {offset} is past the "
+                    f"confirmed end {bounds[name].end}",
+                    offset=offset,
+                    start=bounds[name].start,
+                    end=bounds[name].end,
+                )
+        return plan(self.opts, resolve_spec(self.start_spec, bounds), end, self.start_spec)
+
+    def read(self, partition: EstreamPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.opts, partition)
