@@ -242,3 +242,26 @@ class FrameDecoder:
         if total > self._frame_bytes_max:
             raise FrameTooLarge("frame too large", size=total, limit=self._frame_bytes_max)
         return opcode, flags, request_id, header_len, payload_len, total
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` to ``(host, port)``; raises :class:`InvalidArgument`.
+
+    Pure, so core modules (the PD catalog) can validate addresses without importing the
+    asyncio shell; :mod:`estream.rpc` re-exports it.
+    """
+    host, sep, port = address.strip().rpartition(":")
+    valid_port = port.isascii() and port.isdigit() and 0 < int(port) < 65536
+    if not sep or not host or not valid_port:
+        raise InvalidArgument(f"bad address {address!r}: expected HOST:PORT", argument="address")
+    return host.strip("[]"), int(port)
+
+
+def parse_addresses(addresses: str) -> list[str]:
+    """``"h:p,h:p"`` to a list of validated ``"h:p"`` strings."""
+    result = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not result:
+        raise InvalidArgument("no address given", argument="address")
+    for address in result:
+        parse_address(address)
+    return result

@@ -40,30 +40,14 @@ from estream.protocol import (
     FrameFlags,
     encode_error,
     encode_frame,
+    parse_address,
+    parse_addresses,
 )
 
 log = logging.getLogger(__name__)
 
 Header = dict[str, Any]
 Handler = Callable[[Header, bytes], Awaitable[tuple[Header | None, bytes]]]
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` to ``(host, port)``; raises :class:`InvalidArgument`."""
-    host, sep, port = address.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"bad address {address!r}: expected HOST:PORT", argument="address")
-    return host.strip("[]"), int(port)
-
-
-def parse_addresses(addresses: str) -> list[str]:
-    """``"h:p,h:p"`` to a list of validated ``"h:p"`` strings."""
-    result = [a.strip() for a in addresses.split(",") if a.strip()]
-    if not result:
-        raise InvalidArgument("no address given", argument="address")
-    for address in result:
-        parse_address(address)
-    return result
 
 
 class _ClientProtocol(asyncio.Protocol):

@@ -1,0 +1,379 @@
+"""The asyncio RPC shell over real loopback sockets, in-process.
+
+Sockets are the system under test here, so these tests use real TCP connections on
+127.0.0.1 with ephemeral ports; every server is closed in a fixture finalizer. Ordering is
+driven by events, not sleeps; the two short bounded waits are marked where they prove
+that something did *not* happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+import pytest
+
+from estream.errors import (
+    ErrorCode,
+    EstreamError,
+    InvalidArgument,
+    RangeSealed,
+    Timeout,
+    Unavailable,
+    UnsupportedOpcode,
+)
+from estream.protocol import FrameDecoder, Opcode, encode_frame_bytes
+from estream.rpc import (
+    ConnectionPool,
+    Handler,
+    Header,
+    RpcClient,
+    RpcServer,
+    optional,
+    parse_address,
+    parse_addresses,
+    require,
+)
+
+HOST = "127.0.0.1"
+StartServer = Callable[..., Awaitable[RpcServer]]
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[StartServer]:
+    servers: list[RpcServer] = []
+
+    async def start(
+        handlers: Mapping[int, Handler], *, port: int = 0, inflight_bytes_max: int | None = None
+    ) -> RpcServer:
+        kwargs = {} if inflight_bytes_max is None else {"inflight_bytes_max": inflight_bytes_max}
+        server = RpcServer(handlers, name="test", **kwargs)
+        await server.start(HOST, port)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[list[RpcClient]]:
+    opened: list[RpcClient] = []
+    yield opened
+    for client in opened:
+        await client.close()
+
+
+async def connect(clients: list[RpcClient], address: str) -> RpcClient:
+    client = await RpcClient.connect(address)
+    clients.append(client)
+    return client
+
+
+async def echo(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+    return {"echo": header}, payload
+
+
+async def test_request_and_response(start_server: StartServer, clients: list[RpcClient]) -> None:
+    server = await start_server({Opcode.PING: echo})
+    client = await connect(clients, server.address)
+    header, payload = await client.call(Opcode.PING, {"x": 1}, b"data")
+    assert header == {"echo": {"x": 1}} and payload == b"data"
+    assert server.connection_count == 1
+
+
+async def test_many_requests_answered_out_of_order_are_matched_by_id(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    count = 20
+    arrived: list[int] = []
+    finished: list[int] = []
+    gates = {i: asyncio.Event() for i in range(count)}
+    all_in = asyncio.Event()
+
+    async def handler(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        i = header["i"]
+        arrived.append(i)
+        if len(arrived) == count:
+            all_in.set()
+        await gates[i].wait()
+        finished.append(i)
+        if i > 0:
+            gates[i - 1].set()  # the highest id answers first, then down to 0
+        return {"i": i}, payload + bytes([i])
+
+    server = await start_server({Opcode.READ: handler})
+    client = await connect(clients, server.address)
+    calls = [
+        asyncio.ensure_future(client.call(Opcode.READ, {"i": i}, b"p", timeout_s=10))
+        for i in range(count)
+    ]
+    await asyncio.wait_for(all_in.wait(), 10)
+    gates[count - 1].set()
+    results = await asyncio.gather(*calls)
+    assert finished == list(reversed(range(count)))
+    assert results == [({"i": i}, b"p" + bytes([i])) for i in range(count)]
+
+
+async def test_typed_error_comes_back_as_the_same_class_with_fields(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    async def sealed(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        raise RangeSealed("range is sealed", stream_id=3, range_index=1, end_offset=42)
+
+    server = await start_server({Opcode.APPEND: sealed})
+    client = await connect(clients, server.address)
+    with pytest.raises(RangeSealed) as info:
+        await client.call(Opcode.APPEND, {})
+    err = info.value
+    assert err.message == "range is sealed"
+    assert err.fields == {"stream_id": 3, "range_index": 1, "end_offset": 42}
+    assert err.end_offset == 42  # type: ignore[attr-defined]
+
+
+async def test_unknown_opcode_then_the_connection_keeps_working(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    server = await start_server({Opcode.PING: echo})
+    client = await connect(clients, server.address)
+    with pytest.raises(UnsupportedOpcode) as info:
+        await client.call(Opcode.SEAL, {})
+    assert info.value.fields == {"opcode": int(Opcode.SEAL)}
+    with pytest.raises(UnsupportedOpcode):
+        await client.call(200, {})
+    assert await client.call(Opcode.PING, {"a": 1}) == ({"echo": {"a": 1}}, b"")
+
+
+async def test_malformed_msgpack_header_fails_only_that_request(
+    start_server: StartServer,
+) -> None:
+    server = await start_server({Opcode.PING: echo})
+    reader, writer = await asyncio.open_connection(*parse_address(server.address))
+    try:
+        bad = bytearray(encode_frame_bytes(Opcode.PING, 7, {"k": "v"}))
+        bad[22] = 0xC1  # never-used msgpack byte at the start of the header
+        writer.write(bytes(bad) + encode_frame_bytes(Opcode.PING, 8, {"k": "w"}))
+        decoder = FrameDecoder()
+        frames = []
+        while len(frames) < 2:
+            frames += decoder.feed(await asyncio.wait_for(reader.read(4096), 5))
+        by_id = {f.request_id: f for f in frames}
+        assert by_id[7].is_error
+        assert by_id[7].header()["error"]["code"] == ErrorCode.MALFORMED_FRAME
+        assert by_id[8].header() == {"echo": {"k": "w"}}
+    finally:
+        writer.close()
+
+
+async def test_garbage_prefix_gets_an_error_frame_and_only_that_connection_closes(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    server = await start_server({Opcode.PING: echo})
+    good = await connect(clients, server.address)
+    assert await good.call(Opcode.PING, {}) == ({"echo": {}}, b"")
+    reader, writer = await asyncio.open_connection(*parse_address(server.address))
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)  # until the server closes: EOF
+    finally:
+        writer.close()
+    [frame] = FrameDecoder().feed(answer)
+    assert frame.is_response and frame.is_error and frame.request_id == 0
+    assert frame.header()["error"]["code"] == ErrorCode.MALFORMED_FRAME
+    assert await good.call(Opcode.PING, {"still": True}) == ({"echo": {"still": True}}, b"")
+
+
+async def test_non_estream_exception_is_a_generic_error_and_the_server_keeps_serving(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    async def broken(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        raise ZeroDivisionError("bug")
+
+    server = await start_server({Opcode.FORCE: broken, Opcode.PING: echo})
+    client = await connect(clients, server.address)
+    with pytest.raises(EstreamError) as info:
+        await client.call(Opcode.FORCE, {})
+    assert type(info.value) is EstreamError
+    assert "bug" not in info.value.message  # internals are not leaked to the peer
+    assert await client.call(Opcode.PING, {}) == ({"echo": {}}, b"")
+
+
+async def test_call_timeout_raises_timeout_and_a_late_answer_is_dropped(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    release = asyncio.Event()
+
+    async def slow(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        await release.wait()
+        return {"late": True}, b""
+
+    server = await start_server({Opcode.READ: slow, Opcode.PING: echo})
+    client = await connect(clients, server.address)
+    with pytest.raises(Timeout) as info:
+        await client.call(Opcode.READ, {}, timeout_s=0.05)
+    assert info.value.fields == {"address": server.address}
+    release.set()
+    assert await client.call(Opcode.PING, {"n": 2}) == ({"echo": {"n": 2}}, b"")
+    assert not client.closed
+
+
+async def test_server_closing_fails_pending_calls_with_unavailable(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    entered = asyncio.Event()
+
+    async def hang(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        entered.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    server = await start_server({Opcode.READ: hang})
+    client = await connect(clients, server.address)
+    call = asyncio.ensure_future(client.call(Opcode.READ, {}, timeout_s=10))
+    await asyncio.wait_for(entered.wait(), 5)
+    await server.close()
+    with pytest.raises(Unavailable) as info:
+        await asyncio.wait_for(call, 5)
+    assert not isinstance(info.value, Timeout)
+    assert client.closed
+    with pytest.raises(Unavailable):
+        await client.call(Opcode.READ, {})
+
+
+async def test_inflight_bytes_bound_pauses_reading(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    entered: list[int] = []
+    two_in = asyncio.Event()
+    release = asyncio.Event()
+
+    async def blocked(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        entered.append(header["i"])
+        if len(entered) == 2:
+            two_in.set()
+        await release.wait()
+        return {"i": header["i"]}, b""
+
+    server = await start_server({Opcode.APPEND: blocked}, inflight_bytes_max=100)
+    client = await connect(clients, server.address)
+    payload = b"x" * 60
+    first = [
+        asyncio.ensure_future(client.call(Opcode.APPEND, {"i": i}, payload, timeout_s=10))
+        for i in range(2)
+    ]
+    await asyncio.wait_for(two_in.wait(), 5)
+    [connection] = list(server._connections)
+    assert connection.inflight_bytes > 100
+    assert connection.paused
+    assert connection.transport is not None and not connection.transport.is_reading()
+
+    third = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 2}, payload, timeout_s=10))
+    await asyncio.sleep(0.1)  # bounded: proves the paused server does not read the request
+    assert entered == [0, 1]
+
+    release.set()
+    results = await asyncio.gather(*first, third)
+    assert [h["i"] for h, _ in results] == [0, 1, 2]
+    assert sorted(entered) == [0, 1, 2]
+    assert connection.inflight_bytes == 0
+    assert not connection.paused and connection.transport.is_reading()
+
+
+async def test_connection_pool_reconnects_after_the_server_restarts(
+    start_server: StartServer,
+) -> None:
+    server = await start_server({Opcode.PING: echo})
+    port = int(server.address.rsplit(":", 1)[1])
+    pool = ConnectionPool()
+    try:
+        assert await pool.call(server.address, Opcode.PING, {"n": 1}) == ({"echo": {"n": 1}}, b"")
+        first = await pool.get(server.address)
+        assert await pool.get(server.address) is first  # shared while healthy
+        await server.close()
+        for _ in range(100):  # bounded: wait for the client to see the close
+            if first.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert first.closed
+        with pytest.raises(Unavailable):
+            await pool.call(server.address, Opcode.PING, {})  # nobody listens now
+
+        restarted = await start_server({Opcode.PING: echo}, port=port)
+        assert restarted.address == server.address
+        assert await pool.call(server.address, Opcode.PING, {"n": 2}) == ({"echo": {"n": 2}}, b"")
+        assert await pool.get(server.address) is not first
+    finally:
+        await pool.close()
+
+
+async def test_connect_to_a_closed_port_is_unavailable(start_server: StartServer) -> None:
+    server = await start_server({})
+    address = server.address
+    await server.close()
+    with pytest.raises(Unavailable):
+        await RpcClient.connect(address)
+
+
+async def test_closed_client_raises_closed(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    server = await start_server({Opcode.PING: echo})
+    client = await connect(clients, server.address)
+    await client.close()
+    assert client.closed
+    with pytest.raises(EstreamError) as info:
+        await client.call(Opcode.PING, {})
+    assert info.value.code == ErrorCode.CLOSED
+
+
+async def test_closed_pool_raises_closed() -> None:
+    pool = ConnectionPool()
+    await pool.close()
+    with pytest.raises(EstreamError) as info:
+        await pool.get("127.0.0.1:1")
+    assert info.value.code == ErrorCode.CLOSED
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("127.0.0.1:7100", ("127.0.0.1", 7100)), (" [::1]:80 ", ("::1", 80)),
+     ("host:65535", ("host", 65535))],
+)
+def test_parse_address(address: str, expected: tuple[str, int]) -> None:
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["", "host", ":80", "host:", "host:0", "host:65536",
+                                     "host:x1", "host:-1", "host:\u00b2"])
+def test_parse_address_rejects(address: str) -> None:
+    with pytest.raises(InvalidArgument):
+        parse_address(address)
+
+
+def test_parse_addresses() -> None:
+    assert parse_addresses("a:1, b:2,,") == ["a:1", "b:2"]
+    with pytest.raises(InvalidArgument):
+        parse_addresses(" , ")
+    with pytest.raises(InvalidArgument):
+        parse_addresses("a:1,b")
+
+
+def test_require_and_optional() -> None:
+    header = {"n": 3, "flag": True, "s": "x", "none": None}
+    assert require(header, "n", int) == 3
+    assert require(header, "flag", bool) is True
+    with pytest.raises(InvalidArgument) as info:
+        require(header, "flag", int)  # bool is never an int here
+    assert info.value.fields == {"argument": "flag"}
+    with pytest.raises(InvalidArgument):
+        require(header, "missing", int)
+    with pytest.raises(InvalidArgument):
+        require(header, "s", int)
+    assert require(header, "n", (int, type(None))) == 3
+    assert optional(header, "none", int, 7) == 7
+    assert optional(header, "missing", int, 7) == 7
+    assert optional(header, "n", int, 7) == 3
+    with pytest.raises(InvalidArgument):
+        optional(header, "s", int, 7)
+
