@@ -1,0 +1,146 @@
+"""``estream rangeserver``: run one range server process on uvloop.
+
+    estream rangeserver --listen H:P --data-dir DIR [--pd H:P,H:P,H:P]
+                        [--storage-class ssd] [--advertise H:P]
+
+Prints ``listening on H:P`` (the real port, also for ``--listen H:0``) to stdout once it
+serves. SIGTERM or SIGINT: stop serving, sync the log, write a checkpoint, exit 0. Bad
+flag values: a one-line error and exit code 2. The server id is generated once (uuid4)
+and kept in ``DIR/server_id``.
+
+Side effects: the data directory, the listening socket, signal handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import uvloop
+
+from estream.errors import EstreamError
+from estream.rpc import parse_addresses
+from rangeserver.server import RangeServer
+from rangeserver.store import Store
+
+log = logging.getLogger("rangeserver")
+
+STORAGE_CLASSES = ("nvme", "ssd", "hdd")
+checkpoint_interval_s = 30.0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"estream rangeserver: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _listen_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"bad address {value!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _advertise_address(value: str) -> str:
+    host, port = _listen_address(value)
+    if port == 0:
+        raise argparse.ArgumentTypeError(f"bad address {value!r}: port 0 cannot be advertised")
+    return f"{host}:{port}"
+
+
+def _pd_addresses(value: str) -> list[str]:
+    try:
+        return parse_addresses(value)
+    except EstreamError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="estream rangeserver", description="Run one estream range server.")
+    parser.add_argument("--listen", required=True, type=_listen_address, help="HOST:PORT (0 ok)")
+    parser.add_argument("--data-dir", required=True, type=Path, help="log, checkpoint, id")
+    parser.add_argument("--pd", type=_pd_addresses, default=None, help="PD H:P,H:P,H:P")
+    parser.add_argument("--storage-class", choices=STORAGE_CLASSES, default="ssd")
+    parser.add_argument("--advertise", type=_advertise_address, default=None, help="HOST:PORT")
+    return parser
+
+
+def server_id(data_dir: Path) -> str:
+    """The id kept in ``DIR/server_id``, created on first start."""
+    path = data_dir / "server_id"
+    try:
+        existing = path.read_text().strip()
+        if existing:
+            return existing
+    except FileNotFoundError:
+        pass
+    new = uuid.uuid4().hex
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(new + "\n")
+    tmp.replace(path)
+    return new
+
+
+async def serve(args: argparse.Namespace) -> int:
+    data_dir: Path = args.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(data_dir)
+    await store.open()
+    server = RangeServer(store, server_id(data_dir), storage_class=args.storage_class)
+    host, port = args.listen
+    bound = await server.start(host, port)
+    server.address = args.advertise or bound
+    print(f"listening on {bound}", flush=True)
+    log.info("range server %s serving %d replicas", server.server_id, len(store.replicas))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.ensure_future(_checkpoints(store))]
+    if args.pd:
+        from rangeserver.heartbeat import heartbeat_loop
+
+        tasks.append(
+            asyncio.ensure_future(
+                heartbeat_loop(
+                    args.pd, server.server_id, server.address, args.storage_class, server.load
+                )
+            )
+        )
+    await stop.wait()
+    log.info("stopping")
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await server.close()
+    print("stopped", flush=True)
+    return 0
+
+
+async def _checkpoints(store: Store) -> None:
+    while True:
+        await asyncio.sleep(checkpoint_interval_s)
+        try:
+            await store.checkpoint()
+        except EstreamError as exc:
+            log.error("checkpoint failed: %s", exc.message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        return uvloop.run(serve(args))
+    except OSError as exc:
+        print(f"estream rangeserver: error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,305 @@
+"""The state of one range replica on a range server, and the decisions taken on it.
+
+A :class:`ReplicaState` is an immutable value; each request is answered by a pure
+decision function (:func:`decide_append`, :func:`decide_seal`, :func:`decide_create`,
+:func:`decide_confirm`) whose outcome says what to write to the log and what to answer;
+transition functions return the next state. The shell (``rangeserver/store.py``) runs
+them and carries out the effects.
+
+Offsets of a replica::
+
+    start ........ end ........ written_end
+    |  durable     |  in the log, not yet fsynced (or DEFERRED_SYNC)
+
+- ``end``: the durable contiguous end (everything below is fsynced).
+- ``written_end``: the end of what was accepted into the log (in log order). Appends are
+  decided against it so that many batches can be in flight at once.
+- ``confirm``: the writer's confirmed end (piggybacked on batches, or CONFIRM).
+- ``epoch``: the highest writer epoch seen; older epochs are rejected (fencing).
+- ``sealed``/``sealed_end``: a sealed replica never accepts an append again.
+- ``damaged``: its stored data failed verification; it serves no reads.
+
+Append decision table (first matching row wins)::
+
+    damaged                                   -> Damaged
+    sealed                                    -> Sealed(sealed_end)
+    batch.epoch < epoch                       -> StaleEpoch
+    batch.end <= written_end                  -> Duplicate (acknowledge again, store nothing)
+    batch.base != written_end                 -> Gap (partial overlap or a hole)
+    otherwise                                 -> Accept (epoch becomes max(epoch, batch.epoch))
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from estream.record import BatchHeader
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    stream_id: int
+    range_index: int
+    start: int
+    end: int
+    written_end: int
+    epoch: int
+    confirm: int = 0
+    sealed: bool = False
+    sealed_end: int = 0
+    damaged: bool = False
+
+    @classmethod
+    def create(cls, stream_id: int, range_index: int, start: int, epoch: int) -> ReplicaState:
+        return cls(stream_id, range_index, start, start, start, epoch, confirm=start)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.stream_id, self.range_index)
+
+    def describe(self) -> dict[str, object]:
+        """The DESCRIBE_RANGE answer (``docs/ARCHITECTURE.md`` section 3.3)."""
+        return {
+            "start": self.start,
+            "end": self.end,
+            "confirm": self.confirm,
+            "epoch": self.epoch,
+            "sealed": self.sealed,
+            "sealed_end": self.sealed_end if self.sealed else None,
+            "damaged": self.damaged,
+        }
+
+
+def readable_end(state: ReplicaState, *, unconfirmed: bool = False) -> int:
+    """The end a reader may see: the sealed end once sealed; else the confirm offset
+    bounded by the durable end (or the durable end itself with ``unconfirmed``).
+
+    >>> s = ReplicaState(1, 0, 10, end=30, written_end=40, epoch=1, confirm=25)
+    >>> readable_end(s), readable_end(s, unconfirmed=True)
+    (25, 30)
+    """
+    if state.sealed:
+        return min(state.sealed_end, state.end)
+    if unconfirmed:
+        return state.end
+    return max(state.start, min(state.confirm, state.end))
+
+
+# ----------------------------------------------------------------------------- append
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    state: ReplicaState  # the state with the batch accepted (written_end, epoch, confirm)
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    durable: bool  # already fsynced: answer at once; else wait for the log to sync
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    expected: int
+    actual: int
+
+
+@dataclass(frozen=True, slots=True)
+class SealedOutcome:
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class StaleEpoch:
+    epoch: int
+    current: int
+
+
+@dataclass(frozen=True, slots=True)
+class Damaged:
+    pass
+
+
+AppendOutcome = Accept | Duplicate | Gap | SealedOutcome | StaleEpoch | Damaged
+
+
+def decide_append(state: ReplicaState, batch: BatchHeader) -> AppendOutcome:
+    """Decide one append (the table in the module docstring)."""
+    if state.damaged:
+        return Damaged()
+    if state.sealed:
+        return SealedOutcome(state.sealed_end)
+    if batch.epoch < state.epoch:
+        return StaleEpoch(batch.epoch, state.epoch)
+    batch_end = batch.base_offset + batch.count
+    if batch_end <= state.written_end:
+        return Duplicate(durable=batch_end <= state.end)
+    if batch.base_offset != state.written_end:
+        return Gap(state.written_end, batch.base_offset)
+    return Accept(
+        replace(
+            state,
+            written_end=batch_end,
+            epoch=max(state.epoch, batch.epoch),
+            confirm=max(state.confirm, batch.confirm_offset),
+        )
+    )
+
+
+def on_durable(state: ReplicaState, end: int) -> ReplicaState:
+    """The log synced everything up to a batch ending at ``end``."""
+    return state if end <= state.end else replace(state, end=end)
+
+
+# ------------------------------------------------------------------------------- seal
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Raise the epoch (log an EPOCH entry if ``log``), then answer the durable end."""
+
+    state: ReplicaState
+    log: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SealNow:
+    """Log a SEAL entry, then answer ``end``."""
+
+    state: ReplicaState
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadySealed:
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class SealConflict:
+    end: int  # the end it is already sealed at (or its start, for an end below it)
+    asked: int
+
+
+SealOutcome = Fence | SealNow | AlreadySealed | SealConflict | Gap | StaleEpoch
+
+
+def decide_seal(state: ReplicaState, epoch: int, end: int | None) -> SealOutcome:
+    """Without ``end``: fence (no appends with an older epoch from now on). With ``end``:
+    seal for good at ``end`` (idempotent; a different end is a conflict; a replica that
+    holds less than ``end`` answers a gap).
+
+    ======================  ===========================  ============================
+    state                   SEAL epoch e, end None        SEAL epoch e, end E
+    ======================  ===========================  ============================
+    e < epoch               StaleEpoch                    StaleEpoch
+    sealed at S             AlreadySealed(S)              S == E: AlreadySealed, else
+                                                          SealConflict
+    open, E < start         --                            SealConflict
+    open, written_end < E   Fence                         Gap(expected=written_end)
+    open, otherwise         Fence (log EPOCH if e raised) SealNow
+    ======================  ===========================  ============================
+    """
+    if epoch < state.epoch:
+        return StaleEpoch(epoch, state.epoch)
+    if state.sealed:
+        if end is None or end == state.sealed_end:
+            return AlreadySealed(state.sealed_end)
+        return SealConflict(state.sealed_end, end)
+    if end is None:
+        return Fence(replace(state, epoch=epoch), log=epoch > state.epoch)
+    if end < state.start:
+        return SealConflict(state.start, end)
+    if state.written_end < end:
+        return Gap(end, state.written_end)
+    return SealNow(replace(state, epoch=epoch, sealed=True, sealed_end=end))
+
+
+# ----------------------------------------------------------------------------- create
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    state: ReplicaState
+
+
+@dataclass(frozen=True, slots=True)
+class Exists:
+    """Already there; ``log`` says whether the epoch was raised (log an EPOCH entry)."""
+
+    state: ReplicaState
+    log: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StartConflict:
+    start: int
+    asked: int
+
+
+CreateOutcome = Create | Exists | StartConflict | StaleEpoch
+
+
+def decide_create(
+    existing: ReplicaState | None, stream_id: int, range_index: int, start: int, epoch: int
+) -> CreateOutcome:
+    """CREATE_RANGE is idempotent: same start answers the existing replica (raising its
+    epoch if asked with a higher one); an older epoch is fenced; another start conflicts.
+    """
+    if existing is None:
+        return Create(ReplicaState.create(stream_id, range_index, start, epoch))
+    if epoch < existing.epoch:
+        return StaleEpoch(epoch, existing.epoch)
+    if start != existing.start:
+        return StartConflict(existing.start, start)
+    if epoch > existing.epoch:
+        return Exists(replace(existing, epoch=epoch), log=True)
+    return Exists(existing, log=False)
+
+
+# ---------------------------------------------------------------------------- confirm
+
+
+def decide_confirm(state: ReplicaState, epoch: int, confirm: int) -> ReplicaState | StaleEpoch:
+    """Move the confirm offset forward (never back); an older epoch is stale."""
+    if epoch < state.epoch:
+        return StaleEpoch(epoch, state.epoch)
+    if confirm <= state.confirm or state.sealed:
+        return state
+    return replace(state, confirm=confirm)
+
+
+# ----------------------------------------------------------------------------- replay
+
+
+def replay_batch(state: ReplicaState, batch: BatchHeader) -> ReplicaState:
+    """Apply a batch found in the log at recovery. A batch that does not continue the
+    replica contiguously means data was lost in between: the replica becomes damaged.
+    """
+    if state.damaged:
+        return state
+    batch_end = batch.base_offset + batch.count
+    if batch_end <= state.end:
+        return state  # a duplicate in the log (written twice): harmless
+    if batch.base_offset != state.end:
+        return replace(state, damaged=True)
+    return replace(
+        state,
+        end=batch_end,
+        written_end=batch_end,
+        epoch=max(state.epoch, batch.epoch),
+        confirm=max(state.confirm, batch.confirm_offset),
+    )
+
+
+def replay_epoch(state: ReplicaState, epoch: int) -> ReplicaState:
+    return state if epoch <= state.epoch else replace(state, epoch=epoch)
+
+
+def replay_seal(state: ReplicaState, epoch: int, end: int) -> ReplicaState:
+    return replace(state, epoch=max(state.epoch, epoch), sealed=True, sealed_end=end)
+
+
+def mark_damaged(state: ReplicaState) -> ReplicaState:
+    return state if state.damaged else replace(state, damaged=True)

@@ -1,0 +1,131 @@
+"""The range server's RPC handlers: one thin handler per opcode over :class:`Store`.
+
+Each handler validates its arguments (``docs/ARCHITECTURE.md`` section 3.3 has the
+message schemas), calls the store, and shapes the answer. Every input error is a typed
+:class:`~estream.errors.EstreamError` answered to that request only.
+
+Side effects: none of its own (the store and the RPC server own them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from estream import limits
+from estream.errors import InvalidArgument
+from estream.protocol import Opcode
+from estream.rpc import Handler, Header, RpcServer, optional, require
+from rangeserver.store import Store
+
+log = logging.getLogger(__name__)
+
+_U64_MAX = 2**64 - 1
+_U32_MAX = 2**32 - 1
+
+
+def _uint(header: Header, name: str, limit: int = _U64_MAX) -> int:
+    value: int = require(header, name, int)
+    if not 0 <= value <= limit:
+        raise InvalidArgument(f"field {name!r} is out of bounds: {value}", argument=name)
+    return value
+
+
+def _range_key(header: Header) -> tuple[int, int]:
+    return _uint(header, "stream_id"), _uint(header, "range_index", _U32_MAX)
+
+
+class RangeServer:
+    """The range server process's service: the store behind an :class:`RpcServer`."""
+
+    def __init__(self, store: Store, server_id: str, *, storage_class: str = "ssd") -> None:
+        self.store = store
+        self.server_id = server_id
+        self.storage_class = storage_class
+        self.address = ""
+        self.rpc = RpcServer(self.handlers(), name="rangeserver")
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            Opcode.PING: self.ping,
+            Opcode.CREATE_RANGE: self.create_range,
+            Opcode.APPEND: self.append,
+            Opcode.SEAL: self.seal,
+            Opcode.READ: self.read,
+            Opcode.DESCRIBE_RANGE: self.describe_range,
+            Opcode.FORCE: self.force,
+            Opcode.CONFIRM: self.confirm,
+            Opcode.LIST_RANGES: self.list_ranges,
+        }
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen; returns the bound ``host:port``."""
+        bound = await self.rpc.start(host, port)
+        self.address = self.address or bound
+        return bound
+
+    async def close(self) -> None:
+        await self.rpc.close()
+        await asyncio.sleep(0)  # let cancelled handlers unwind before the store closes
+        await self.store.close()
+
+    def load(self) -> dict[str, Any]:
+        return {**self.store.load(), "storage_class": self.storage_class}
+
+    # ----------------------------------------------------------------------- handlers
+
+    async def ping(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        return {"server_id": self.server_id, "address": self.address}, b""
+
+    async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        stream_id, range_index = _range_key(header)
+        state = await self.store.create_range(
+            stream_id, range_index, _uint(header, "start"), _uint(header, "epoch")
+        )
+        answer = {"start": state.start, "end": state.end, "epoch": state.epoch}
+        return {**answer, "sealed": state.sealed}, b""
+
+    async def append(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        deferred = optional(header, "deferred", bool, False)
+        end = await self.store.append(payload, deferred=deferred)
+        return {"end": end}, b""
+
+    async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        stream_id, range_index = _range_key(header)
+        epoch = _uint(header, "epoch")
+        end = _uint(header, "end") if header.get("end") is not None else None
+        sealed_end, sealed = await self.store.seal(stream_id, range_index, epoch, end)
+        return {"end": sealed_end, "sealed": sealed}, b""
+
+    async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        stream_id, range_index = _range_key(header)
+        offset = _uint(header, "offset")
+        max_bytes = optional(header, "max_bytes", int, limits.read_bytes_max)
+        wait_ms = optional(header, "wait_ms", int, 0)
+        if max_bytes < 0 or wait_ms < 0:
+            raise InvalidArgument("max_bytes and wait_ms must not be negative", argument="wait_ms")
+        end, sealed, data = await self.store.read(
+            stream_id,
+            range_index,
+            offset,
+            max_bytes=min(max_bytes, limits.read_bytes_max),
+            wait_ms=min(wait_ms, limits.read_wait_ms_max),
+            unconfirmed=optional(header, "unconfirmed", bool, False),
+        )
+        return {"end": end, "sealed": sealed}, data
+
+    async def describe_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        return dict(self.store.describe(*_range_key(header))), b""
+
+    async def force(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        await self.store.force()
+        return {}, b""
+
+    async def confirm(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        stream_id, range_index = _range_key(header)
+        self.store.confirm(stream_id, range_index, _uint(header, "epoch"), _uint(header, "confirm"))
+        return {}, b""
+
+    async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        return {"ranges": self.store.list_ranges()}, b""

@@ -1,0 +1,464 @@
+"""The range server's storage: replicas, their index and cache, over the write-ahead log.
+
+:class:`Store` runs the pure decisions of ``rangeserver/replica.py`` and carries out
+their effects: log entries (``rangeserver/wal.py``), index and cache updates, waking long
+polls, and typed errors. It also recovers everything at start: checkpoint, then a scan of
+the log after it (``rangeserver/walformat.py`` decides what is a torn tail to truncate and
+what is damage to report).
+
+Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
+batch's own stream id and range index, decide, queue the log entry, await its
+fdatasync, answer. Nothing per record.
+
+Side effects: through :class:`~rangeserver.wal.Wal` and ``rangeserver/checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from estream import limits
+from estream.errors import (
+    ChecksumMismatch,
+    Conflict,
+    EstreamError,
+    Fenced,
+    OffsetGap,
+    OffsetOutOfRange,
+    RangeNotFound,
+    RangeSealed,
+    ReplicaDamaged,
+)
+from estream.record import BatchHeader, verify_batch
+from rangeserver import checkpoint as ckpt
+from rangeserver import replica as rp
+from rangeserver import walformat as wf
+from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
+from rangeserver.replica import ReplicaState, readable_end
+from rangeserver.wal import Wal
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, int]
+
+
+def _stale(outcome: rp.StaleEpoch) -> Fenced:
+    return Fenced(
+        f"epoch {outcome.epoch} is older than {outcome.current}",
+        epoch=outcome.epoch,
+        current_epoch=outcome.current,
+    )
+
+
+class Store:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        segment_bytes_max: int = limits.segment_bytes_max,
+        cache_bytes_max: int = limits.cache_bytes_max,
+    ) -> None:
+        self.data_dir = data_dir
+        self.wal = Wal(data_dir / "wal", segment_bytes_max=segment_bytes_max)
+        self.cache = BatchCache(cache_bytes_max)
+        self.replicas: dict[Key, ReplicaState] = {}
+        self.indexes: dict[Key, RangeIndex] = {}
+        self._events: dict[Key, asyncio.Event] = {}
+        self._checkpointed_at: tuple[int, int] = (-1, -1)
+        self.recovery_report: list[str] = []
+
+    # ---------------------------------------------------------------------- lifecycle
+
+    async def open(self) -> None:
+        """Recover replicas and index (checkpoint + log scan), then start the log."""
+        found = await ckpt.load(self.data_dir)
+        segments = self.wal.segments()
+        if found is not None and not self._checkpoint_fits(found, segments):
+            log.warning("checkpoint does not match the log; scanning the whole log")
+            found = None
+        if found is not None:
+            self.replicas, self.indexes = dict(found.replicas), dict(found.indexes)
+            first, position = found.segment, found.position
+            self._checkpointed_at = (found.segment, found.position)
+        else:
+            first, position = (segments[0] if segments else 0), 0
+        tail = (first, position)
+        for segment in [s for s in segments if s >= first]:
+            start = position if segment == first else 0
+            tail = self._recover_segment(segment, start, last=segment == segments[-1])
+        self.wal.start(asyncio.get_running_loop(), *tail)
+        damaged = [k for k, s in self.replicas.items() if s.damaged]
+        for key in damaged:
+            self._report(f"replica {key} is damaged")
+
+    def _checkpoint_fits(self, found: ckpt.Checkpoint, segments: list[int]) -> bool:
+        if not segments:
+            return found.segment == 0 and found.position == 0
+        return (
+            found.segment in segments
+            and self.wal.segment_size(found.segment) >= found.position
+        )
+
+    def _recover_segment(self, segment: int, start: int, *, last: bool) -> tuple[int, int]:
+        size = self.wal.segment_size(segment)
+        if start > size:
+            raise EstreamError(f"checkpoint position {start} is past segment {segment}'s end")
+        result = wf.scan(self.wal.read_segment(segment, start))
+        for entry in result.entries:
+            self._replay(segment, start, entry)
+        for damage in result.damage:
+            self._damage(segment, start + damage.start, damage)
+        valid_end = start + result.valid_end
+        if valid_end < size:
+            if last:
+                self._report(
+                    f"segment {segment}: torn tail ({result.tail_reason}) truncated at "
+                    f"{valid_end}, {size - valid_end} bytes dropped"
+                )
+                self.wal.truncate(segment, valid_end)
+            else:
+                self._damage(segment, valid_end, wf.Damage(valid_end, size, result.tail_reason))
+        return segment, valid_end
+
+    def _replay(self, segment: int, start: int, entry: wf.Entry) -> None:
+        if entry.batch is not None:
+            key = (entry.batch.stream_id, entry.batch.range_index)
+            state = self.replicas.get(key)
+            if state is None:
+                self._report(f"segment {segment}: batch for unknown range {key} ignored")
+                return
+            new = rp.replay_batch(state, entry.batch)
+            if new.end != state.end:
+                location = Location(segment, start + entry.body_position, len(entry.body))
+                self.indexes[key].add(entry.batch.base_offset, new.end, location)
+            self.replicas[key] = new
+            return
+        control = entry.control
+        if isinstance(control, wf.CreateRange):
+            key = (control.stream_id, control.range_index)
+            if key not in self.replicas:
+                self.replicas[key] = ReplicaState.create(*key, control.start, control.epoch)
+                self.indexes[key] = RangeIndex()
+            return
+        assert control is not None
+        key = (control.stream_id, control.range_index)
+        state = self.replicas.get(key)
+        if state is None:
+            return
+        if isinstance(control, wf.EpochRaised):
+            self.replicas[key] = rp.replay_epoch(state, control.epoch)
+        else:
+            assert isinstance(control, wf.Sealed)
+            self.replicas[key] = rp.replay_seal(state, control.epoch, control.end)
+
+    def _damage(self, segment: int, position: int, damage: wf.Damage) -> None:
+        """Mark the replicas that may have lost data in a damaged stretch of the log: the
+        one whose batch header is still readable there, else every open replica."""
+        if damage.batch is not None and (damage.batch.stream_id, damage.batch.range_index) in (
+            self.replicas
+        ):
+            keys = [(damage.batch.stream_id, damage.batch.range_index)]
+        else:
+            keys = [k for k, s in self.replicas.items() if not s.sealed]
+        self._report(
+            f"segment {segment}: damage at {position} ({damage.reason}, "
+            f"{damage.end - damage.start} bytes); replicas marked damaged: {keys}"
+        )
+        for key in keys:
+            self.replicas[key] = rp.mark_damaged(self.replicas[key])
+
+    def _report(self, message: str) -> None:
+        log.warning("%s", message)
+        self.recovery_report.append(message)
+
+    async def close(self) -> None:
+        """Sync, write a checkpoint, stop the log."""
+        try:
+            await self.checkpoint()
+        except EstreamError as exc:
+            log.error("no checkpoint at shutdown: %s", exc.message)
+        await self.wal.close()
+
+    async def checkpoint(self) -> bool:
+        """Write a checkpoint if the log moved since the last one; True if written."""
+        at = (self.wal.segment, self.wal.position)
+        if at == self._checkpointed_at:
+            return False
+        snapshot = ckpt.Checkpoint(at[0], at[1], dict(self.replicas), {})
+        data = ckpt.encode(replace(snapshot, indexes=self.indexes))  # copies the arrays now
+        await self.wal.force()  # everything before ``at`` is durable before the file says so
+        await ckpt.save(self.data_dir, data)
+        self._checkpointed_at = at
+        return True
+
+    # ------------------------------------------------------------------- state helpers
+
+    def _get(self, stream_id: int, range_index: int) -> ReplicaState:
+        state = self.replicas.get((stream_id, range_index))
+        if state is None:
+            raise RangeNotFound(
+                f"no replica of range {range_index} of stream {stream_id}",
+                stream_id=stream_id,
+                range_index=range_index,
+            )
+        return state
+
+    def _set(self, key: Key, new: ReplicaState) -> None:
+        old = self.replicas[key]
+        self.replicas[key] = new
+        event = self._events.get(key)
+        if event is not None and (
+            readable_end(old, unconfirmed=True) != readable_end(new, unconfirmed=True)
+            or readable_end(old) != readable_end(new)
+            or old.sealed != new.sealed
+            or old.damaged != new.damaged
+        ):
+            del self._events[key]
+            event.set()
+
+    def _on_durable(self, key: Key, end: int) -> None:
+        self._set(key, rp.on_durable(self.replicas[key], end))
+
+    def _damaged(self, key: Key) -> ReplicaDamaged:
+        self._set(key, rp.mark_damaged(self.replicas[key]))
+        self.cache.drop_range(*key)
+        return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+
+    # ------------------------------------------------------------------------- append
+
+    async def append(self, batch: bytes, *, deferred: bool = False) -> int:
+        """Store one record batch; returns the durable (deferred: written) end after it."""
+        header = verify_batch(batch)
+        key = (header.stream_id, header.range_index)
+        state = self._get(*key)
+        outcome = rp.decide_append(state, header)
+        if isinstance(outcome, rp.Accept):
+            return await self._accept(key, header, batch, outcome.state, deferred)
+        if isinstance(outcome, rp.Duplicate):
+            if not outcome.durable:
+                await self.wal.barrier(sync=not deferred)
+            return header.end_offset if deferred else self.replicas[key].end
+        raise self._append_error(key, header, outcome)
+
+    async def _accept(
+        self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
+    ) -> int:
+        end = header.end_offset
+        entry_header = wf.batch_entry_header(batch)
+        location, done = self.wal.append(
+            (entry_header, batch),
+            wf.ENTRY_HEADER_BYTES + len(batch),
+            sync=not deferred,
+            on_durable=lambda: self._on_durable(key, end),
+        )
+        body = Location(location.segment, location.position + wf.ENTRY_HEADER_BYTES, len(batch))
+        self.indexes[key].add(header.base_offset, end, body)
+        self.cache.put((key[0], key[1], header.base_offset), batch)
+        self._set(key, new)
+        await done
+        return end if deferred else self.replicas[key].end
+
+    def _append_error(self, key: Key, header: BatchHeader, outcome: object) -> EstreamError:
+        if isinstance(outcome, rp.Gap):
+            return OffsetGap(
+                f"batch at {outcome.actual} does not continue the replica's end {outcome.expected}",
+                expected=outcome.expected,
+                actual=outcome.actual,
+            )
+        if isinstance(outcome, rp.SealedOutcome):
+            return RangeSealed(
+                f"range {key[1]} of stream {key[0]} is sealed at {outcome.end}",
+                stream_id=key[0],
+                range_index=key[1],
+                end_offset=outcome.end,
+            )
+        if isinstance(outcome, rp.StaleEpoch):
+            return _stale(outcome)
+        assert isinstance(outcome, rp.Damaged)
+        return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+
+    # ------------------------------------------------------------- create, seal, confirm
+
+    async def create_range(
+        self, stream_id: int, range_index: int, start: int, epoch: int
+    ) -> ReplicaState:
+        key = (stream_id, range_index)
+        outcome = rp.decide_create(self.replicas.get(key), stream_id, range_index, start, epoch)
+        if isinstance(outcome, rp.Create):
+            self.replicas[key] = outcome.state
+            self.indexes[key] = RangeIndex()
+            await self._log_control(wf.CreateRange(stream_id, range_index, start, epoch))
+        elif isinstance(outcome, rp.Exists):
+            self._set(key, outcome.state)
+            if outcome.log:
+                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
+            else:
+                await self.wal.barrier()  # its CREATE_RANGE entry may still be in flight
+        elif isinstance(outcome, rp.StartConflict):
+            raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
+        else:
+            raise _stale(outcome)
+        return self.replicas[key]
+
+    async def _log_control(self, control: wf.Control) -> None:
+        entry = wf.encode_control(control)
+        _, done = self.wal.append((entry,), len(entry))
+        await done
+
+    async def seal(
+        self, stream_id: int, range_index: int, epoch: int, end: int | None
+    ) -> tuple[int, bool]:
+        """Fence (``end`` None) or seal; answers ``(end, sealed)``."""
+        key = (stream_id, range_index)
+        outcome = rp.decide_seal(self._get(*key), epoch, end)
+        if isinstance(outcome, rp.Fence):
+            self._set(key, outcome.state)
+            if outcome.log:
+                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
+            else:
+                await self.wal.barrier()
+            return self.replicas[key].end, False
+        if isinstance(outcome, rp.SealNow):
+            self._set(key, outcome.state)
+            state = outcome.state
+            await self._log_control(wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end))
+            return state.sealed_end, True
+        if isinstance(outcome, rp.AlreadySealed):
+            await self.wal.barrier()  # the SEAL entry may still be in flight
+            return outcome.end, True
+        if isinstance(outcome, rp.SealConflict):
+            raise Conflict(f"range {key} cannot be sealed at {outcome.asked} (at {outcome.end})")
+        if isinstance(outcome, rp.Gap):
+            raise OffsetGap(
+                f"replica holds up to {outcome.actual}, less than the seal end {outcome.expected}",
+                expected=outcome.expected,
+                actual=outcome.actual,
+            )
+        raise _stale(outcome)
+
+    def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
+        key = (stream_id, range_index)
+        outcome = rp.decide_confirm(self._get(*key), epoch, confirm)
+        if isinstance(outcome, rp.StaleEpoch):
+            raise _stale(outcome)
+        self._set(key, outcome)
+
+    def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
+        return self._get(stream_id, range_index).describe()
+
+    def list_ranges(self) -> list[dict[str, object]]:
+        return [
+            {"stream_id": s.stream_id, "range_index": s.range_index, **s.describe()}
+            for s in self.replicas.values()
+        ]
+
+    async def force(self) -> None:
+        await self.wal.force()
+
+    def load(self) -> dict[str, int]:
+        try:
+            stat = os.statvfs(self.data_dir)
+            free = stat.f_bavail * stat.f_frsize
+        except OSError:
+            free = 0
+        return {"ranges": len(self.replicas), "bytes": self.wal.bytes_total, "free_bytes": free}
+
+    # --------------------------------------------------------------------------- read
+
+    async def read(
+        self,
+        stream_id: int,
+        range_index: int,
+        offset: int,
+        *,
+        max_bytes: int = limits.read_bytes_max,
+        wait_ms: int = 0,
+        unconfirmed: bool = False,
+    ) -> tuple[int, bool, bytes]:
+        """Whole batches from the one holding ``offset`` up to the readable end: answers
+        ``(readable end, sealed, payload)``. With ``wait_ms`` and nothing readable at
+        ``offset``, waits until something is, the range is sealed, or the deadline."""
+        key = (stream_id, range_index)
+        state = self._get(*key)
+        if offset < state.start:
+            raise OffsetOutOfRange(
+                f"offset {offset} is below the range start {state.start}",
+                offset=offset,
+                start=state.start,
+                end=readable_end(state, unconfirmed=unconfirmed),
+            )
+        if wait_ms > 0 and offset >= readable_end(state, unconfirmed=unconfirmed):
+            await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
+            state = self.replicas[key]
+        if state.damaged:
+            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+        end = readable_end(state, unconfirmed=unconfirmed)
+        if state.sealed and offset > end:
+            raise OffsetOutOfRange(
+                f"offset {offset} is past the sealed end {end}",
+                offset=offset,
+                start=state.start,
+                end=end,
+            )
+        if offset >= end:
+            return end, state.sealed, b""
+        chosen = self.indexes[key].select(
+            offset, end, max(1, max_bytes), partial_last=state.sealed
+        )
+        payload = await self._load(key, chosen)
+        return end, state.sealed, payload
+
+    async def _wait(self, key: Key, offset: int, unconfirmed: bool, wait_ms: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            state = self.replicas[key]
+            if state.sealed or state.damaged or readable_end(state, unconfirmed=unconfirmed) > (
+                offset
+            ):
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            event = self._events.setdefault(key, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return
+
+    async def _load(self, key: Key, chosen: list[IndexedBatch]) -> bytes:
+        parts: list[bytes | None] = []
+        missing: list[int] = []
+        for i, batch in enumerate(chosen):
+            cached = self.cache.get((key[0], key[1], batch.base))
+            parts.append(cached)
+            if cached is None:
+                missing.append(i)
+        if missing:
+            loaded = await self.wal.read([chosen[i].location for i in missing])
+            for i, data in zip(missing, loaded, strict=True):
+                self._verify_read(key, chosen[i], data)
+                parts[i] = data
+        return b"".join(p for p in parts if p is not None)
+
+    def _verify_read(self, key: Key, batch: IndexedBatch, data: bytes) -> None:
+        """A batch read from disk is served only if it is whole, is the expected batch,
+        and its checksum verifies; otherwise the replica is marked damaged."""
+        try:
+            header = verify_batch(data)
+        except ChecksumMismatch as exc:
+            self._damaged(key)
+            log.error("replica %s: checksum mismatch at offset %s", key, batch.base)
+            raise ChecksumMismatch(
+                f"stored batch at offset {batch.base} of replica {key} failed its checksum",
+                expected=exc.fields["expected"],
+                actual=exc.fields["actual"],
+            ) from None
+        except EstreamError:
+            raise self._damaged(key) from None
+        if (header.stream_id, header.range_index, header.base_offset) != (*key, batch.base):
+            raise self._damaged(key)

@@ -1,0 +1,295 @@
+"""The write-ahead log's files: segment files, the group-commit writer thread, reads.
+
+This is the one module that touches the log's segment files (``DATA/wal/NNNNNNNNNN.wal``).
+Entries (``rangeserver/walformat.py``) are appended in the order :meth:`Wal.append` is
+called; the event loop assigns each entry its segment and position up front, so the
+index knows where a batch is before it is written.
+
+Group commit: a dedicated thread takes every entry queued so far, writes them with one
+``os.writev`` per segment and covers them with one ``os.fdatasync``; appends that arrive
+while an fdatasync runs share the next one. Completions go back to the event loop with
+``loop.call_soon_threadsafe`` (one call per group). DEFERRED_SYNC entries complete once
+written; they become durable with the next fdatasync (a synced append, :meth:`Wal.force`,
+or after ``idle_sync_ms`` without new appends).
+
+Failure: a write or fdatasync error (ENOSPC, EIO) fails every pending append with
+:class:`StorageError` and puts the log in a failed state where every later append fails
+too: after a failed fdatasync nobody can know which written bytes reached the disk
+(PostgreSQL's "fsyncgate"), so the log stops growing; reads keep being served. A restart
+re-scans the log and truncates its torn tail.
+
+Side effects: the segment files (create, write, fdatasync, read, truncate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from estream import limits
+from estream.errors import StorageError
+from rangeserver.index import Location
+
+log = logging.getLogger(__name__)
+
+_IOV_MAX = 512  # buffers per writev (the OS limit is usually 1024)
+idle_sync_ms = 50  # DEFERRED_SYNC writes are fsynced after this much idle time
+
+
+def segment_name(segment: int) -> str:
+    return f"{segment:010d}.wal"
+
+
+@dataclass(slots=True)
+class _Item:
+    segment: int
+    parts: Sequence[bytes | memoryview]
+    future: asyncio.Future[None] | None
+    sync: bool  # the future completes after fdatasync (else once written)
+    on_durable: Callable[[], None] | None
+
+
+_STOP = object()
+
+
+class Wal:
+    """Append-only segment files with a group-commit writer thread."""
+
+    def __init__(self, directory: Path, *, segment_bytes_max: int = limits.segment_bytes_max):
+        self.directory = directory
+        self.segment_bytes_max = segment_bytes_max
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.segment = 0
+        self.position = 0  # where the next entry goes in ``segment``
+        self.bytes_total = 0
+        self.failed: StorageError | None = None
+        self.syncs = 0  # fdatasync calls (statistics)
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._read_fds: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ startup (sync)
+
+    def segments(self) -> list[int]:
+        """Segment numbers on disk, in order."""
+        found = []
+        for path in self.directory.glob("*.wal"):
+            if path.stem.isdigit():
+                found.append(int(path.stem))
+        return sorted(found)
+
+    def path(self, segment: int) -> Path:
+        return self.directory / segment_name(segment)
+
+    def segment_size(self, segment: int) -> int:
+        try:
+            return self.path(segment).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def read_segment(self, segment: int, start: int = 0) -> bytes:
+        """The bytes of a segment from ``start`` (recovery only, before serving)."""
+        with open(self.path(segment), "rb") as f:
+            f.seek(start)
+            return f.read()
+
+    def truncate(self, segment: int, size: int) -> None:
+        """Cut a torn tail off (recovery only) and make the cut durable."""
+        fd = os.open(self.path(segment), os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def start(self, loop: asyncio.AbstractEventLoop, segment: int, position: int) -> None:
+        """Start appending at ``position`` of ``segment`` (created if missing)."""
+        self._loop = loop
+        self.segment = segment
+        self.position = position
+        self.bytes_total = sum(self.segment_size(s) for s in self.segments())
+        fd = self._open_append(segment)
+        self._thread = threading.Thread(
+            target=self._run, args=(fd, segment), name="wal-writer", daemon=True
+        )
+        self._thread.start()
+
+    def _open_append(self, segment: int) -> int:
+        fd = os.open(self.path(segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the new file's directory entry
+        finally:
+            os.close(dir_fd)
+        return fd
+
+    # ----------------------------------------------------------------- event-loop side
+
+    def append(
+        self,
+        parts: Sequence[bytes | memoryview],
+        size: int,
+        *,
+        sync: bool = True,
+        on_durable: Callable[[], None] | None = None,
+    ) -> tuple[Location, asyncio.Future[None]]:
+        """Queue one entry (``parts`` joined, ``size`` bytes); returns where it will be
+        and a future completed once it is durable (``sync``) or written (not ``sync``).
+        ``on_durable`` runs on the event loop once an fdatasync covers the entry."""
+        if self.failed is not None:
+            raise self.failed
+        assert self._loop is not None, "Wal.start() first"
+        if self.position > 0 and self.position + size > self.segment_bytes_max:
+            self.segment += 1
+            self.position = 0
+        location = Location(self.segment, self.position, size)
+        self.position += size
+        self.bytes_total += size
+        future = self._loop.create_future()
+        self._queue.put(_Item(location.segment, parts, future, sync, on_durable))
+        return location, future
+
+    def barrier(self, *, sync: bool = True) -> asyncio.Future[None]:
+        """A future completed once everything appended so far is durable (``sync``) or
+        written."""
+        if self.failed is not None:
+            raise self.failed
+        assert self._loop is not None, "Wal.start() first"
+        future = self._loop.create_future()
+        self._queue.put(_Item(self.segment, (), future, sync, None))
+        return future
+
+    async def force(self) -> None:
+        """Wait until everything appended so far is fsynced."""
+        await self.barrier(sync=True)
+
+    async def read(self, locations: Sequence[Location]) -> list[bytes]:
+        """The bytes at each location (read in a worker thread)."""
+        fds = [self._read_fd(loc.segment) for loc in locations]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, _pread_all, fds, locations)
+
+    def _read_fd(self, segment: int) -> int:
+        fd = self._read_fds.get(segment)
+        if fd is None:
+            fd = os.open(self.path(segment), os.O_RDONLY)
+            self._read_fds[segment] = fd
+        return fd
+
+    async def close(self) -> None:
+        """Sync and stop the writer thread; close every file."""
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._thread.join)
+            self._thread = None
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+
+    def _complete(self, items: list[_Item], durable: bool) -> None:
+        for item in items:
+            if durable and item.on_durable is not None:
+                item.on_durable()
+            if item.future is not None and not item.future.done() and (durable or not item.sync):
+                item.future.set_result(None)
+
+    def _fail(self, items: list[_Item], error: StorageError) -> None:
+        if self.failed is None:
+            log.error("write-ahead log failed, appends stop: %s", error.message)
+            self.failed = error
+        for item in items:
+            if item.future is not None and not item.future.done():
+                item.future.set_exception(error)
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _run(self, fd: int, segment: int) -> None:
+        loop = self._loop
+        assert loop is not None
+        unsynced: list[_Item] = []
+        error: StorageError | None = None
+        stop = False
+        while not stop:
+            try:
+                first = self._queue.get(timeout=idle_sync_ms / 1000 if unsynced else None)
+            except queue.Empty:
+                first = None
+            batch: list[_Item] = []
+            for obj in self._drain(first):
+                if obj is _STOP:
+                    stop = True
+                else:
+                    assert isinstance(obj, _Item)
+                    batch.append(obj)
+            if error is not None:
+                loop.call_soon_threadsafe(self._fail, batch, error)
+                continue
+            try:
+                fd, segment = self._write_group(fd, segment, batch)
+                if any(not item.sync for item in batch):
+                    loop.call_soon_threadsafe(self._complete, batch, False)
+                unsynced.extend(batch)
+                if unsynced and (stop or first is None or any(i.sync for i in batch)):
+                    os.fdatasync(fd)
+                    self.syncs += 1
+                    loop.call_soon_threadsafe(self._complete, unsynced, True)
+                    unsynced = []
+            except OSError as exc:
+                error = StorageError(f"log write failed: {exc}", errno=exc.errno)
+                loop.call_soon_threadsafe(self._fail, unsynced + batch, error)
+                unsynced = []
+        os.close(fd)
+
+    def _drain(self, first: object | None) -> list[object]:
+        objs = [] if first is None else [first]
+        while True:
+            try:
+                objs.append(self._queue.get_nowait())
+            except queue.Empty:
+                return objs
+
+    def _write_group(self, fd: int, segment: int, batch: list[_Item]) -> tuple[int, int]:
+        parts: list[bytes | memoryview] = []
+        for item in batch:
+            if item.segment != segment and item.parts:
+                _write_all(fd, parts)
+                parts = []
+                os.fdatasync(fd)  # a segment is complete and durable before the next starts
+                os.close(fd)
+                segment = item.segment
+                fd = self._open_append(segment)
+            parts.extend(item.parts)
+        _write_all(fd, parts)
+        return fd, segment
+
+
+def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
+    """``os.writev`` every buffer, resuming after partial writes."""
+    i = 0
+    while i < len(parts):
+        chunk = parts[i : i + _IOV_MAX]
+        written = os.writev(fd, chunk)
+        for part in chunk:
+            size = len(part)
+            if written >= size:
+                written -= size
+                i += 1
+                continue
+            parts[i] = memoryview(part)[written:]  # partial: resume inside this buffer
+            break
+
+
+def _pread_all(fds: list[int], locations: Sequence[Location]) -> list[bytes]:
+    out = []
+    for fd, location in zip(fds, locations, strict=True):
+        data = os.pread(fd, location.size, location.position)
+        out.append(data)
+    return out
