@@ -166,7 +166,7 @@ def test_header_length_over_limit_raised_from_the_prefix_alone() -> None:
     decoder = FrameDecoder()
     with pytest.raises(FrameTooLarge) as info:
         decoder.feed(prefix(header_bytes=limits.frame_header_bytes_max + 1))
-    assert info.value.fields == {  # type: ignore[attr-defined]
+    assert info.value.fields == {
         "size": limits.frame_header_bytes_max + 1, "limit": limits.frame_header_bytes_max
     }
     assert decoder.buffered_bytes == FRAME_PREFIX_BYTES  # the body was never awaited

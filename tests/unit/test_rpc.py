@@ -22,7 +22,7 @@ from estream.errors import (
     Unavailable,
     UnsupportedOpcode,
 )
-from estream.protocol import FrameDecoder, Opcode, encode_frame_bytes
+from estream.protocol import Frame, FrameDecoder, Opcode, encode_frame_bytes
 from estream.rpc import (
     ConnectionPool,
     Handler,
@@ -155,7 +155,7 @@ async def test_malformed_msgpack_header_fails_only_that_request(
         bad[22] = 0xC1  # never-used msgpack byte at the start of the header
         writer.write(bytes(bad) + encode_frame_bytes(Opcode.PING, 8, {"k": "w"}))
         decoder = FrameDecoder()
-        frames = []
+        frames: list[Frame] = []
         while len(frames) < 2:
             frames += decoder.feed(await asyncio.wait_for(reader.read(4096), 5))
         by_id = {f.request_id: f for f in frames}
