@@ -183,7 +183,7 @@ class Catalog:
             if cmd.request_id and self._request_ids.get(cmd.name) == cmd.request_id:
                 return existing  # our own earlier create landed: a retry, not a duplicate
             raise StreamExists(f"stream {cmd.name!r} already exists", stream=cmd.name)
-        _check_stream_args(cmd)
+        check_stream_args(cmd)
         refs = self._replica_refs(cmd.placement, cmd.replicas)
         stream = StreamMeta(
             id=self._next_stream_id,
@@ -333,7 +333,8 @@ def _check_server_id(server_id: str) -> None:
         raise InvalidArgument(f"bad server id {server_id!r}", argument="server_id")
 
 
-def _check_stream_args(cmd: CreateStream) -> None:
+def check_stream_args(cmd: CreateStream) -> None:
+    """Validate a create_stream's own arguments (not the catalog-dependent ones)."""
     if len(cmd.name) > stream_name_chars_max or not _NAME_RE.fullmatch(cmd.name):
         raise InvalidArgument(
             f"bad stream name {cmd.name!r}: letters, digits, '.', '_', '-' "

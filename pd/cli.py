@@ -1,0 +1,95 @@
+"""``estream pd``: run one placement-driver node in the foreground.
+
+    estream pd --id N --listen H:P --raft H:P --peers H:P,H:P --http H:P --data-dir DIR
+               [--password SECRET]
+
+``--peers`` lists the OTHER nodes' Raft addresses (an empty string: a one-node cluster).
+``--password`` is the shared secret of the Raft port (default: a fixed development
+secret, also read from ``ESTREAM_PD_PASSWORD``; it takes effect only when the optional
+``cryptography`` package is installed). Prints ``listening on H:P`` (the RPC address)
+once serving; SIGTERM/SIGINT stop it cleanly. A bad flag: one line on stderr, exit 2.
+
+Side effects: the process (signals, stdout, the node's sockets and files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import uvloop
+
+from estream.errors import InvalidArgument
+from estream.rpc import parse_address
+from pd.node import DEFAULT_PASSWORD, PdConfig, PlacementDriverNode
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"estream pd: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="estream pd", description="Run one placement-driver node.")
+    p.add_argument("--id", required=True, help="this node's id (unique in the cluster)")
+    p.add_argument("--listen", required=True, metavar="H:P", help="RPC address for clients")
+    p.add_argument("--raft", required=True, metavar="H:P", help="this node's Raft address")
+    p.add_argument("--peers", required=True, metavar="H:P,H:P",
+                   help="the OTHER nodes' Raft addresses ('' for a single node)")
+    p.add_argument("--http", required=True, metavar="H:P", help="admin HTTP API address")
+    p.add_argument("--data-dir", required=True, type=Path, help="Raft journal and snapshots")
+    p.add_argument("--password", default=os.environ.get("ESTREAM_PD_PASSWORD", DEFAULT_PASSWORD),
+                   help="shared secret of the Raft port (needs the 'cryptography' package)")
+    p.add_argument("--log-level", default="WARNING", help="Python logging level")
+    return p
+
+
+def parse_config(argv: list[str]) -> PdConfig:
+    args = build_parser().parse_args(argv)
+    try:
+        for address in (args.listen, args.raft, args.http):
+            parse_address(address)
+        peers = tuple(a.strip() for a in args.peers.split(",") if a.strip())
+        for peer in peers:
+            parse_address(peer)
+    except InvalidArgument as exc:
+        build_parser().error(exc.message)
+    if args.raft in peers:
+        build_parser().error("--peers must list the other nodes only, not --raft")
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return PdConfig(str(args.id), args.listen, args.raft, args.http, args.data_dir, peers,
+                    args.password or None)
+
+
+async def serve(config: PdConfig) -> int:
+    node = PlacementDriverNode(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    print(f"listening on {node.rpc_address}", flush=True)
+    print(f"http on {node.http_address}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await node.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    config = parse_config(argv)
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"estream pd: error: --data-dir: {exc}", file=sys.stderr)
+        return 2
+    return uvloop.run(serve(config))

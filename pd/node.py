@@ -1,0 +1,96 @@
+"""One placement-driver node: Raft replica + RPC port + admin HTTP port, assembled.
+
+Side effects: starts pysyncobj's thread and two listening sockets; a background task
+publishes this node's id and addresses through Raft (so every node can name the leader).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from estream.errors import EstreamError
+from estream.rpc import RpcServer, parse_address
+from pd.catalog import PdNode
+from pd.http import build_app
+from pd.raft import RaftNode
+from pd.service import PdService
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PASSWORD = "estream-dev-secret"  # the dev default; set --password in production
+register_retry_s = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class PdConfig:
+    node_id: str
+    listen: str
+    raft: str
+    http: str
+    data_dir: Path
+    peers: tuple[str, ...] = field(default_factory=tuple)
+    password: str | None = DEFAULT_PASSWORD
+
+
+class PlacementDriverNode:
+    """Starts and stops every part of one PD node."""
+
+    def __init__(self, config: PdConfig) -> None:
+        self.config = config
+        self.raft = RaftNode(config.raft, config.peers, config.data_dir,
+                             password=config.password)
+        self.rpc: RpcServer | None = None
+        self.service: PdService | None = None
+        self._http_runner: web.AppRunner | None = None
+        self._register_task: asyncio.Task[None] | None = None
+        self.rpc_address = ""
+        self.http_address = ""
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.raft.start()
+        # Bind the ports first: the service needs the bound addresses (port 0 allowed).
+        self.rpc = RpcServer({}, name=f"pd-{cfg.node_id}")
+        host, port = parse_address(cfg.listen)
+        self.rpc_address = await self.rpc.start(host, port)
+        http_host, http_port = parse_address(cfg.http)
+        me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, "")
+        self.service = PdService(self.raft, me)
+        self._http_runner = web.AppRunner(build_app(self.service), access_log=None)
+        await self._http_runner.setup()
+        site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True)
+        await site.start()
+        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        bound = sockets[0].getsockname() if sockets else (http_host, http_port)
+        self.http_address = f"{bound[0]}:{bound[1]}"
+        self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
+        self.rpc.handlers.update(self.service.handlers())
+        self._register_task = asyncio.ensure_future(self._register_self())
+
+    async def _register_self(self) -> None:
+        """Publish this node's addresses through Raft until the catalog has them."""
+        assert self.service is not None
+        me = self.service.me
+        while self.raft.view().pd_nodes.get(me.id) != me:
+            try:
+                await self.service.register_self()
+            except EstreamError as exc:
+                log.debug("registering PD node %s: %s", me.id, exc)
+                await asyncio.sleep(register_retry_s)
+
+    async def close(self) -> None:
+        if self._register_task is not None:
+            self._register_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._register_task
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self.rpc is not None:
+            await self.rpc.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.raft.close)

@@ -1,0 +1,179 @@
+"""The OpenAPI 3 document of the PD admin HTTP API (served at ``/v1/openapi.json``).
+
+Tests validate every response of the API against the schemas here.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "Bad input", 404: "Not found", 409: "Conflict",
+            503: "No leader reachable (or no range servers to place on)"}
+    return {str(c): _json(_ref("Error"), text[c]) for c in codes}
+
+
+_NULLABLE_STR: Final = {"type": ["string", "null"]}
+
+SCHEMAS: Final[dict[str, Any]] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+        }},
+    },
+    "Replica": {
+        "type": "object",
+        "required": ["id", "address"],
+        "properties": {"id": {"type": "string"}, "address": {"type": "string"}},
+    },
+    "Range": {
+        "type": "object",
+        "required": ["index", "start", "end", "state", "replicas"],
+        "properties": {
+            "index": {"type": "integer", "minimum": 0},
+            "start": {"type": "integer", "minimum": 0},
+            "end": {"type": ["integer", "null"], "minimum": 0},
+            "state": {"type": "string", "enum": ["open", "sealed"]},
+            "replicas": {"type": "array", "items": _ref("Replica")},
+        },
+    },
+    "Stream": {
+        "type": "object",
+        "required": ["id", "name", "replicas", "ack_count", "type", "hints", "epoch",
+                     "start_offset", "ranges"],
+        "properties": {
+            "id": {"type": "integer"},
+            "name": {"type": "string"},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": 5},
+            "ack_count": {"type": "integer", "minimum": 1, "maximum": 5},
+            "type": {"type": "string"},
+            "hints": {"type": "array", "items": {"type": "string"}},
+            "epoch": {"type": "integer", "minimum": 0},
+            "start_offset": {"type": "integer", "minimum": 0},
+            "ranges": {"type": "array", "items": _ref("Range")},
+        },
+    },
+    "CreateStream": {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]*$",
+                     "maxLength": 200},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": 5, "default": 3},
+            "ack_count": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
+            "type": {"type": "string", "default": ""},
+            "hints": {"type": "array",
+                      "items": {"type": "string", "enum": ["nvme", "ssd", "hdd"]}},
+        },
+    },
+    "PdNode": {
+        "type": "object",
+        "required": ["id", "address", "raft", "http", "role"],
+        "properties": {
+            "id": _NULLABLE_STR, "address": _NULLABLE_STR, "raft": {"type": "string"},
+            "http": _NULLABLE_STR,
+            "role": {"type": "string", "enum": ["leader", "follower", "candidate"]},
+            "reachable": {"type": "boolean"},
+        },
+    },
+    "Cluster": {
+        "type": "object",
+        "required": ["leader", "nodes", "term"],
+        "properties": {
+            "leader": {"oneOf": [{"type": "null"}, {
+                "type": "object",
+                "required": ["id", "address"],
+                "properties": {"id": _NULLABLE_STR, "address": _NULLABLE_STR,
+                               "raft": {"type": "string"}, "http": _NULLABLE_STR},
+            }]},
+            "self": {"type": "string"},
+            "term": {"type": "integer"},
+            "commit_index": {"type": "integer"},
+            "nodes": {"type": "array", "items": _ref("PdNode")},
+        },
+    },
+    "RangeServer": {
+        "type": "object",
+        "required": ["id", "address", "alive", "storage_class", "load"],
+        "properties": {
+            "id": {"type": "string"}, "address": {"type": "string"},
+            "alive": {"type": "boolean"},
+            "storage_class": {"type": "string"}, "load": {"type": "object"},
+        },
+    },
+}
+
+_NAME_PARAM: Final = {"name": "name", "in": "path", "required": True,
+                      "schema": {"type": "string"}}
+
+OPENAPI: Final[dict[str, Any]] = {
+    "openapi": "3.1.0",
+    "info": {"title": "estream placement driver admin API", "version": "1"},
+    "paths": {
+        "/v1/cluster": {"get": {
+            "summary": "Raft role, leader, term and nodes of the placement driver",
+            "responses": {"200": _json(_ref("Cluster"), "The cluster")},
+        }},
+        "/v1/streams": {
+            "get": {
+                "summary": "Every stream with its ranges",
+                "responses": {"200": _json({
+                    "type": "object", "required": ["streams"],
+                    "properties": {"streams": {"type": "array", "items": _ref("Stream")}},
+                }, "The streams")},
+            },
+            "post": {
+                "summary": "Create a stream (range 0 placed and open)",
+                "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": _ref("CreateStream")}}},
+                "responses": {"201": _json(_ref("Stream"), "Created"),
+                              **_errors(400, 409, 503)},
+            },
+        },
+        "/v1/streams/{name}": {
+            "parameters": [_NAME_PARAM],
+            "get": {"summary": "One stream with its ranges and replicas",
+                    "responses": {"200": _json(_ref("Stream"), "The stream"),
+                                  **_errors(404)}},
+            "delete": {"summary": "Delete a stream",
+                       "responses": {"200": _json({
+                           "type": "object", "required": ["deleted"],
+                           "properties": {"deleted": {"type": "string"}}}, "Deleted"),
+                           **_errors(404, 503)}},
+        },
+        "/v1/rangeservers": {"get": {
+            "summary": "Registered range servers with liveness and load",
+            "responses": {"200": _json({
+                "type": "object", "required": ["rangeservers"],
+                "properties": {"rangeservers": {"type": "array",
+                                                "items": _ref("RangeServer")}},
+            }, "The range servers")},
+        }},
+        "/v1/openapi.json": {"get": {"summary": "This document",
+                                     "responses": {"200": _json({"type": "object"},
+                                                                "OpenAPI 3")}}},
+        "/healthz": {"get": {"summary": "Liveness of this PD node", "responses": {
+            "200": _json({"type": "object", "required": ["status"], "properties": {
+                "status": {"type": "string"}, "role": {"type": "string"},
+                "leader": _NULLABLE_STR}}, "Serving")}}},
+        "/metrics": {"get": {"summary": "Prometheus text metrics (estream_*)", "responses": {
+            "200": {"description": "Prometheus text format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    },
+    "components": {"schemas": SCHEMAS},
+}

@@ -1,0 +1,313 @@
+"""The placement driver's operations, and one RPC handler per PD opcode.
+
+:class:`PdService` is what both front doors call (the frame protocol here, the admin
+HTTP API in :mod:`pd.http`): reads come from this node's immutable catalog view; writes
+decide everything nondeterministic here (placement from this node's liveness view, request
+ids) and go through Raft as one command. Heartbeats are not replicated: every range
+server sends them to every PD node, and each node keeps them in its own
+:class:`~pd.liveness.Liveness`.
+
+Message schemas: ``docs/ARCHITECTURE.md`` section 3.3.
+
+Side effects: none of its own (it drives :class:`~pd.raft.RaftNode`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from estream.errors import EstreamError, InvalidArgument, StreamExists
+from estream.meta import ServerInfo, StreamMeta
+from estream.protocol import Opcode
+from estream.rpc import Handler, Header, optional, require
+from pd.catalog import CatalogView, PdNode, check_stream_args
+from pd.commands import (
+    CreateStream,
+    DeleteStream,
+    OpenWriter,
+    RegisterPdNode,
+    RegisterServer,
+    SealRange,
+    TrimStream,
+    UpdateReplicas,
+)
+from pd.liveness import Liveness
+from pd.metrics import Metrics
+from pd.placement import Candidate, choose_replicas
+from pd.raft import RaftNode
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class PdService:
+    """One PD node's operations over its Raft replica of the catalog."""
+
+    def __init__(
+        self,
+        raft: RaftNode,
+        me: PdNode,
+        *,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.raft = raft
+        self.me = me
+        self.clock_ms = clock_ms
+        self.liveness = Liveness(started_ms=clock_ms())
+        self.metrics = Metrics()
+
+    # -- reads -----------------------------------------------------------------------
+    def view(self) -> CatalogView:
+        return self.raft.view()
+
+    def describe_stream(self, name: str) -> StreamMeta:
+        return self.view().stream(name)
+
+    def list_streams(self) -> list[StreamMeta]:
+        return sorted(self.view().streams.values(), key=lambda s: s.name)
+
+    def servers(self) -> list[ServerInfo]:
+        now = self.clock_ms()
+        out = []
+        for server in sorted(self.view().servers.values(), key=lambda s: s.id):
+            beat = self.liveness.last(server.id)
+            out.append(
+                ServerInfo(
+                    server.id,
+                    server.address,
+                    server.storage_class,
+                    self.liveness.alive(server.id, now) and beat is not None,
+                    self.liveness.load(server.id),
+                )
+            )
+        return out
+
+    def cluster(self) -> dict[str, Any]:
+        status = self.raft.status()
+        view = self.view()
+        by_raft = {n.raft: n for n in view.pd_nodes.values()}
+        nodes = []
+        for raft_address in [status.self_address or self.me.raft, *self.raft.peers]:
+            known = by_raft.get(raft_address)
+            if raft_address == (status.self_address or self.me.raft):
+                role, reachable = status.role, True
+            else:
+                role = "leader" if raft_address == status.leader else "follower"
+                reachable = status.peers_connected.get(raft_address, False)
+            nodes.append({
+                "id": known.id if known else None,
+                "address": known.rpc if known else None,
+                "raft": raft_address,
+                "http": known.http if known else None,
+                "role": role,
+                "reachable": reachable,
+            })
+        leader = by_raft.get(status.leader) if status.leader else None
+        return {
+            "leader": None if status.leader is None else {
+                "id": leader.id if leader else None,
+                "address": leader.rpc if leader else None,
+                "raft": status.leader,
+                "http": leader.http if leader else None,
+            },
+            "self": self.me.id,
+            "term": status.term,
+            "commit_index": status.commit_index,
+            "nodes": nodes,
+        }
+
+    # -- writes ------------------------------------------------------------------------
+    def _candidates(self, view: CatalogView) -> list[Candidate]:
+        now = self.clock_ms()
+        open_ranges = view.open_ranges_by_server()
+        out = []
+        for server in view.servers.values():
+            load = self.liveness.load(server.id)
+            load_bytes = load.get("bytes", 0)
+            out.append(Candidate(
+                server.id,
+                server.storage_class,
+                self.liveness.alive(server.id, now),
+                open_ranges.get(server.id, 0),
+                load_bytes if isinstance(load_bytes, int) else 0,
+            ))
+        return out
+
+    async def create_stream(
+        self,
+        name: str,
+        replicas: int = 3,
+        ack_count: int = 2,
+        type: str = "",
+        hints: Sequence[str] = (),
+        *,
+        request_id: str = "",
+        system: bool = False,
+    ) -> StreamMeta:
+        view = self.view()
+        command = CreateStream(name, replicas, ack_count, type, tuple(hints), (),
+                               request_id, system)
+        if name in view.streams:
+            if not request_id:
+                raise StreamExists(f"stream {name!r} already exists", stream=name)
+            # Maybe our own earlier create (same request id): the catalog decides.
+            return _stream(await self.raft.propose(command))
+        check_stream_args(command)  # bad input is reported before any placement error
+        placement = choose_replicas(self._candidates(view), replicas, hints=hints)
+        return _stream(await self.raft.propose(replace(command, placement=placement)))
+
+    async def delete_stream(self, name: str) -> None:
+        await self.raft.propose(DeleteStream(name))
+
+    async def open_writer(self, name: str) -> StreamMeta:
+        return _stream(await self.raft.propose(OpenWriter(name)))
+
+    async def seal_range(
+        self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
+    ) -> StreamMeta:
+        view = self.view()
+        stream = view.stream(name)
+        current = stream.last_range
+        if current is not None and current.index != range_index:
+            # A retry of a seal that landed (or a stale request): the catalog decides.
+            placement: tuple[str, ...] = ()
+        else:
+            placement = choose_replicas(
+                self._candidates(view), stream.replicas, hints=stream.hints, exclude=exclude
+            )
+        return _stream(await self.raft.propose(
+            SealRange(name, epoch, range_index, end, placement)))
+
+    async def trim_stream(self, name: str, start_offset: int) -> StreamMeta:
+        return _stream(await self.raft.propose(TrimStream(name, start_offset)))
+
+    async def update_replicas(
+        self, name: str, range_index: int, replicas: Sequence[str]
+    ) -> StreamMeta:
+        return _stream(await self.raft.propose(UpdateReplicas(name, range_index, tuple(replicas))))
+
+    async def register_server(self, server_id: str, address: str, storage_class: str) -> ServerInfo:
+        result = await self.raft.propose(RegisterServer(server_id, address, storage_class))
+        assert isinstance(result, ServerInfo)
+        self.liveness.on_heartbeat(server_id, self.clock_ms(), address)
+        return ServerInfo(result.id, result.address, result.storage_class, True,
+                          self.liveness.load(server_id))
+
+    async def register_self(self) -> PdNode:
+        me = self.me
+        result = await self.raft.propose(RegisterPdNode(me.id, me.raft, me.rpc, me.http))
+        assert isinstance(result, PdNode)
+        return result
+
+    def heartbeat(self, server_id: str, address: str, load: dict[str, Any]) -> bool:
+        """Record a heartbeat; False when the server is not (yet) registered here."""
+        self.liveness.on_heartbeat(server_id, self.clock_ms(), address, load)
+        return server_id in self.view().servers
+
+    # -- the RPC front door ------------------------------------------------------------
+    def handlers(self) -> dict[int, Handler]:
+        table: dict[Opcode, Callable[[Header], Awaitable[Header]]] = {
+            Opcode.PD_REGISTER_SERVER: self._rpc_register,
+            Opcode.PD_HEARTBEAT: self._rpc_heartbeat,
+            Opcode.PD_CREATE_STREAM: self._rpc_create,
+            Opcode.PD_DESCRIBE_STREAM: self._rpc_describe,
+            Opcode.PD_LIST_STREAMS: self._rpc_list,
+            Opcode.PD_DELETE_STREAM: self._rpc_delete,
+            Opcode.PD_OPEN_WRITER: self._rpc_open_writer,
+            Opcode.PD_SEAL_RANGE: self._rpc_seal,
+            Opcode.PD_TRIM_STREAM: self._rpc_trim,
+            Opcode.PD_LIST_SERVERS: self._rpc_servers,
+            Opcode.PD_CLUSTER: self._rpc_cluster,
+            Opcode.PD_UPDATE_REPLICAS: self._rpc_update_replicas,
+        }
+        return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
+
+    def _timed(self, op: str, fn: Callable[[Header], Awaitable[Header]]) -> Handler:
+        async def handler(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+            started = time.perf_counter()
+            ok = False
+            try:
+                out = await fn(header)
+                ok = True
+                return out, b""
+            finally:
+                self.metrics.observe("rpc", op, time.perf_counter() - started, ok)
+
+        return handler
+
+    async def _rpc_register(self, h: Header) -> Header:
+        server = await self.register_server(
+            require(h, "server_id", str), require(h, "address", str),
+            optional(h, "storage_class", str, "ssd"))
+        return {"server": server.to_dict()}
+
+    async def _rpc_heartbeat(self, h: Header) -> Header:
+        load = optional(h, "load", dict, {})
+        registered = self.heartbeat(require(h, "server_id", str), optional(h, "address", str, ""),
+                                    load)
+        return {"registered": registered}
+
+    async def _rpc_create(self, h: Header) -> Header:
+        stream = await self.create_stream(
+            require(h, "name", str),
+            optional(h, "replicas", int, 3),
+            optional(h, "ack_count", int, 2),
+            optional(h, "type", str, ""),
+            _str_list(h, "hints"),
+            request_id=optional(h, "request_id", str, ""),
+            system=optional(h, "system", bool, False),
+        )
+        return {"stream": stream.to_dict()}
+
+    async def _rpc_describe(self, h: Header) -> Header:
+        return {"stream": self.describe_stream(require(h, "name", str)).to_dict()}
+
+    async def _rpc_list(self, h: Header) -> Header:
+        return {"streams": [s.to_dict() for s in self.list_streams()]}
+
+    async def _rpc_delete(self, h: Header) -> Header:
+        await self.delete_stream(require(h, "name", str))
+        return {}
+
+    async def _rpc_open_writer(self, h: Header) -> Header:
+        return {"stream": (await self.open_writer(require(h, "name", str))).to_dict()}
+
+    async def _rpc_seal(self, h: Header) -> Header:
+        stream = await self.seal_range(
+            require(h, "name", str), require(h, "epoch", int), require(h, "range_index", int),
+            require(h, "end", int), _str_list(h, "exclude"))
+        return {"stream": stream.to_dict()}
+
+    async def _rpc_trim(self, h: Header) -> Header:
+        stream = await self.trim_stream(require(h, "name", str), require(h, "start_offset", int))
+        return {"stream": stream.to_dict()}
+
+    async def _rpc_servers(self, h: Header) -> Header:
+        return {"servers": [s.to_dict() for s in self.servers()]}
+
+    async def _rpc_cluster(self, h: Header) -> Header:
+        return self.cluster()
+
+    async def _rpc_update_replicas(self, h: Header) -> Header:
+        replicas = _str_list(h, "replicas")
+        stream = await self.update_replicas(
+            require(h, "name", str), require(h, "range_index", int), replicas)
+        return {"stream": stream.to_dict()}
+
+
+def _str_list(h: Header, name: str) -> tuple[str, ...]:
+    value = optional(h, name, list, [])
+    if not all(isinstance(v, str) for v in value):
+        raise InvalidArgument(f"field {name!r} must be a list of strings", argument=name)
+    return tuple(value)
+
+
+def _stream(result: object) -> StreamMeta:
+    if isinstance(result, EstreamError):  # pragma: no cover - raft raises these
+        raise result
+    assert isinstance(result, StreamMeta), f"unexpected catalog result {result!r}"
+    return result
