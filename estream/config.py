@@ -179,6 +179,8 @@ def convert_value(action: argparse.Action, value: Any, source: str) -> Any:
     if many:
         items = value if isinstance(value, list) else [v for v in str(value).split(",") if v]
         return [_convert_one(action, item, source) for item in items]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)  # pd = ["a:1", "b:2"] means "a:1,b:2"
     if isinstance(value, list | dict):
         raise ConfigError(f"{source}: expected a single value, got {value!r}")
     return _convert_one(action, value, source)
@@ -255,20 +257,29 @@ def load_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"bad TOML in {path}: {exc}") from None
 
 
+def render_value(value: Any) -> str:
+    """A parsed option value as TOML the same option accepts back. Pure.
+
+    ``("h", 1)`` (a parsed ``HOST:PORT``) -> ``"h:1"``; a list of addresses -> ``"a:1,b:2"``.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
+        value = f"{value[0]}:{value[1]}"
+    elif isinstance(value, list | tuple):
+        value = ",".join(str(v) for v in value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def render_settings(namespace: argparse.Namespace) -> str:
-    """The resolved settings as TOML-like ``key = value`` lines (for --check-config)."""
-    lines = []
-    for key, value in sorted(vars(namespace).items()):
-        if key in (CHECK_DEST,) or value is None:
-            continue
-        if isinstance(value, bool):
-            shown = "true" if value else "false"
-        elif isinstance(value, int | float):
-            shown = str(value)
-        else:
-            shown = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-        lines.append(f"{key} = {shown}")
-    return "\n".join(lines)
+    """The resolved settings as TOML ``key = value`` lines (for --check-config). Pure."""
+    return "\n".join(
+        f"{key} = {render_value(value)}"
+        for key, value in sorted(vars(namespace).items())
+        if key != CHECK_DEST and value is not None and not callable(value)
+    )
 
 
 def parse_with_config(

@@ -25,6 +25,7 @@ from typing import NoReturn
 
 import uvloop
 
+from estream.config import parse_with_config
 from estream.errors import EstreamError
 from estream.rpc import parse_addresses
 from rangeserver.server import RangeServer
@@ -135,7 +136,8 @@ async def _checkpoints(store: Store) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_with_config(build_parser(), argv, section="rangeserver")
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )

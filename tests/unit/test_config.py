@@ -135,6 +135,7 @@ def test_layered_defaults_is_pure_over_its_inputs() -> None:
     assert values == {"pd": "a:1,b:2", "cache_mb": 9}
     with pytest.raises(ConfigError):
         layered_defaults(parser, {}, {"cache_mb": [1, 2]})
+    assert layered_defaults(parser, {}, {"pd": ["a:1", "b:2"]}) == {"pd": "a:1,b:2"}
 
 
 def test_flatten_toml_and_types() -> None:
