@@ -250,7 +250,9 @@ def _batch_header_or_none(body: memoryview) -> BatchHeader | None:
         return None
 
 
-def _next_valid(raw: bytes | bytearray, view: memoryview, hint: int | None, after: int) -> int | None:
+def _next_valid(
+    raw: bytes | bytearray, view: memoryview, hint: int | None, after: int
+) -> int | None:
     """Position of the first valid entry after ``after`` (trying ``hint`` first), or None."""
     if hint is not None and hint < len(view):
         try:
@@ -286,13 +288,14 @@ def scan(buf: bytes | bytearray | memoryview) -> ScanResult:
     while pos < len(view):
         try:
             entry = _parse(view, pos)
-        except _Incomplete as exc:
-            return _finish(entries, valid_end, damage, str(exc))
-        except _Invalid as exc:
-            resume = _next_valid(raw, view, exc.next_position, pos)
+        except (_Incomplete, _Invalid) as exc:
+            # Torn only if nothing valid follows: a corrupted length field also makes an
+            # entry look incomplete, and must not cost the valid entries after it.
+            invalid = exc if isinstance(exc, _Invalid) else _Invalid(str(exc), None, None)
+            resume = _next_valid(raw, view, invalid.next_position, pos)
             if resume is None:
-                return _finish(entries, valid_end, damage, exc.reason)
-            damage.append(Damage(pos, resume, exc.reason, exc.batch))
+                return _finish(entries, valid_end, damage, invalid.reason)
+            damage.append(Damage(pos, resume, invalid.reason, invalid.batch))
             pos = resume
             continue
         entries.append(entry)
