@@ -25,6 +25,7 @@ from typing import NoReturn
 
 import uvloop
 
+from estream.config import parse_with_config
 from estream.errors import InvalidArgument
 from estream.rpc import parse_address
 from pd.node import DEFAULT_PASSWORD, PdConfig, PlacementDriverNode
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_config(argv: list[str]) -> PdConfig:
-    args = build_parser().parse_args(argv)
+    args = parse_with_config(build_parser(), argv, section="pd")
     try:
         for address in (args.listen, args.raft, args.http):
             parse_address(address)

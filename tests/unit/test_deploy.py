@@ -160,6 +160,6 @@ def test_k8s_container_commands_are_accepted(shim: Path, ordinal: int) -> None:
                 f"estream-pd-{i}.estream-pd.estream.svc.cluster.local:7110" for i in others
             )
             assert f'peers = "{peers}"' in out
-            assert f"id = {ordinal}" in out
+            assert f'id = "{ordinal}"' in out
         else:
             assert "estream-pd-2.estream-pd.estream.svc.cluster.local:7100" in out
