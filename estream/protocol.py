@@ -185,19 +185,34 @@ class FrameDecoder:
         self._frame_bytes_max = frame_bytes_max
         self._header_bytes_max = header_bytes_max
         self._need: tuple[int, int, int, int, int, int] | None = None
+        self.error: EstreamError | None = None  # a bad prefix found after good frames
 
     @property
     def buffered_bytes(self) -> int:
         return len(self._buf) - self._pos
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Buffer ``data`` and return the frames it completes.
+
+        When a bad prefix follows frames completed by the same call, those frames are
+        returned and the error is kept in :attr:`error`, to be raised by the next call:
+        the caller serves the good requests before it answers the error and closes.
+        """
+        if self.error is not None:
+            raise self.error
         if self._pos and self._pos == len(self._buf):
             self._buf.clear()
             self._pos = 0
         self._buf += data
         frames: list[Frame] = []
         while True:
-            frame = self._next_frame()
+            try:
+                frame = self._next_frame()
+            except EstreamError as exc:
+                if not frames:
+                    raise
+                self.error = exc
+                return frames
             if frame is None:
                 break
             frames.append(frame)

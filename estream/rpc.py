@@ -75,6 +75,10 @@ class _ClientProtocol(asyncio.Protocol):
             future = self.pending.pop(frame.request_id, None)
             if future is not None and not future.done():
                 future.set_result(frame)
+        if self.decoder.error is not None:
+            self._fail_all(self.decoder.error)
+            if self.transport is not None:
+                self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail_all(Unavailable(f"connection to {self.address} lost", address=self.address))
@@ -253,10 +257,23 @@ class _ServerProtocol(asyncio.Protocol):
             task = asyncio.ensure_future(self._serve(frame, size))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        if self.decoder.error is not None:
+            assert self.transport is not None
+            self.transport.pause_reading()
+            asyncio.ensure_future(self._close_after_serving(self.decoder.error))
+            return
         if not self.paused and self.inflight_bytes > self.server.inflight_bytes_max:
             self.paused = True
             assert self.transport is not None
             self.transport.pause_reading()
+
+    async def _close_after_serving(self, error: EstreamError) -> None:
+        """Answer the requests decoded before a bad prefix, then the error, then close."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks))
+        self._reply(encode_error(0, 0, error))
+        if self.transport is not None:
+            self.transport.close()
 
     async def _serve(self, frame: Frame, size: int) -> None:
         try:

@@ -196,12 +196,6 @@ def test_small_limits_are_honoured() -> None:
         decoder.feed(prefix(payload_bytes=64 - FRAME_PREFIX_BYTES + 1))
 
 
-def test_bad_prefix_after_a_good_frame_in_the_same_feed() -> None:
-    decoder = FrameDecoder()
-    with pytest.raises(MalformedFrame):
-        decoder.feed(sample_frame() + prefix(magic=0))
-
-
 def test_malformed_msgpack_header_is_a_frame_error_not_a_stream_error() -> None:
     bad = b"\xc1"  # never-used msgpack byte
     data = prefix(header_bytes=len(bad)) + bad
@@ -236,3 +230,14 @@ def test_encode_rejects_oversize_header_and_frame() -> None:
 def test_encode_rejects_out_of_range_request_id(request_id: int) -> None:
     with pytest.raises(InvalidArgument):
         encode_frame(Opcode.PING, request_id)
+
+
+def test_good_frame_before_bad_prefix_in_one_feed_is_returned_then_error_raised() -> None:
+    good = encode_frame_bytes(Opcode.PING, 1, {"a": 1})
+    bad = b"\x00" * FRAME_PREFIX_BYTES
+    decoder = FrameDecoder()
+    frames = decoder.feed(good + bad)
+    assert [f.request_id for f in frames] == [1]
+    assert isinstance(decoder.error, MalformedFrame)
+    with pytest.raises(MalformedFrame):
+        decoder.feed(b"")
