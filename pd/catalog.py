@@ -42,7 +42,7 @@ from estream.errors import (
     StreamNotFound,
 )
 from estream.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo, StreamMeta
-from estream.rpc import parse_address
+from estream.protocol import parse_address
 from pd.commands import (
     Command,
     CreateStream,
