@@ -28,7 +28,15 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 import estream
 from estream.errors import EstreamError, OffsetOutOfRange, StreamNotFound, Unavailable
@@ -49,6 +57,16 @@ from estream.spark.planning import (
 )
 
 SCHEMA = "stream string, offset long, timestamp timestamp, headers map<string,string>, value binary"
+
+SPARK_SCHEMA = StructType(
+    [
+        StructField("stream", StringType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("headers", MapType(StringType(), StringType())),
+        StructField("value", BinaryType()),
+    ]
+)
 
 T = TypeVar("T")
 
@@ -145,8 +163,7 @@ def plan(
 
 def arrow_schema() -> pa.Schema:
     """The Arrow schema Spark expects ``read()`` to yield (timestamps in UTC)."""
-    struct = StructType.fromDDL(SCHEMA)
-    return to_arrow_schema(struct, timezone="UTC")
+    return to_arrow_schema(SPARK_SCHEMA, timezone="UTC")
 
 
 def to_arrow(stream: str, records: Sequence[Record], schema: pa.Schema) -> pa.RecordBatch:

@@ -1,0 +1,174 @@
+"""Fixtures and helpers for the Spark connector's integration tests.
+
+Not a ``conftest.py`` (Spark is optional): test modules import what they use and wrap
+:func:`cluster_pd` and :func:`spark_session` in module-scoped fixtures, so one estream
+cluster (``estream up``) and one ``local[2]`` Spark session serve the whole module; both
+are stopped in their finalizers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.process import ESTREAM, ManagedProcess
+
+CLUSTER_HOST = "127.0.0.1"
+READY_LINE = "estream cluster ready"
+READY_TIMEOUT_S = 60.0
+
+
+def spark_env() -> dict[str, str]:
+    """What PySpark needs here: workers on this interpreter, the driver on loopback."""
+    return {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+
+
+def _ports_free(host: str, ports: Sequence[int]) -> bool:
+    for port in ports:
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
+def free_base_port(host: str) -> int:
+    """A base port whose ``estream up`` ports (B+0..2, +10..12, +20..22, +30..32) are free."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            base = int(sock.getsockname()[1]) // 100 * 100
+        if base + 100 > 65535 or base < 20000:
+            continue
+        offsets = [o + i for o in (0, 10, 20, 30) for i in range(3)]
+        if _ports_free(host, [base + o for o in offsets]):
+            return base
+    raise RuntimeError("no free port block for estream up")
+
+
+def start_cluster(data_dir: Path) -> tuple[ManagedProcess, str]:
+    """``estream up`` (3 PD nodes, 3 range servers); returns the process and PD addresses."""
+    base = free_base_port(CLUSTER_HOST)
+    args = [*ESTREAM, "up", "--data-dir", str(data_dir), "--host", CLUSTER_HOST]
+    args += ["--base-port", str(base)]
+    process = ManagedProcess(args, data_dir.parent / "estream-up.log").start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if READY_LINE in process.log_text():
+            pd = ",".join(f"{CLUSTER_HOST}:{base + i}" for i in range(3))
+            return process, pd
+        if not process.alive():
+            break
+        time.sleep(0.2)
+    process.stop()
+    raise RuntimeError(f"estream up did not get ready; log:\n{process.log_text()[-4000:]}")
+
+
+def cluster_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """For a module-scoped fixture: PD addresses of a running 3+3 cluster, then stop it."""
+    process, pd = start_cluster(tmp_path_factory.mktemp("cluster") / "data")
+    try:
+        yield pd
+    finally:
+        process.stop()
+
+
+def new_spark(app: str = "estream-tests") -> Any:
+    os.environ.update(spark_env())
+    from pyspark.sql import SparkSession
+
+    import estream.spark
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    estream.spark.register(spark)
+    return spark
+
+
+def spark_session() -> Iterator[Any]:
+    """For a module-scoped fixture: a ``local[2]`` session with ``estream`` registered."""
+    session = new_spark()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+# --------------------------------------------------------------------------- data helpers
+
+
+async def _create(pd: str, name: str) -> None:
+    import estream
+
+    async with await estream.connect(pd) as client:
+        await client.create_stream(name, replicas=3, ack_count=2)
+
+
+async def _append(
+    pd: str, name: str, values: Sequence[bytes], headers: dict[str, str] | None
+) -> list[int]:
+    import estream
+    from estream.record import Record
+
+    async with await estream.connect(pd) as client:
+        async with await client.open_writer(name) as writer:
+            offsets: list[int] = []
+            for lo in range(0, len(values), 1000):
+                chunk = values[lo : lo + 1000]
+                offsets += await writer.append_batch(
+                    [Record(v, headers or {}, int(time.time() * 1000)) for v in chunk]
+                )
+            await writer.flush()
+            return offsets
+
+
+async def _read(pd: str, name: str, start: int) -> list[Any]:
+    import estream
+
+    async with await estream.connect(pd) as client:
+        return [r async for r in client.read(name, start=start)]
+
+
+def create_stream(pd: str, name: str) -> None:
+    asyncio.run(_create(pd, name))
+
+
+def append(
+    pd: str, name: str, values: Sequence[bytes], headers: dict[str, str] | None = None
+) -> list[int]:
+    return asyncio.run(_append(pd, name, values, headers))
+
+
+def read_all(pd: str, name: str, start: int = 0) -> list[Any]:
+    return asyncio.run(_read(pd, name, start))
+
+
+def trim(pd: str, name: str, start_offset: int) -> None:
+    import estream
+
+    async def run() -> None:
+        async with await estream.connect(pd) as client:
+            await client.trim(name, start_offset)
+
+    asyncio.run(run())

@@ -1,0 +1,323 @@
+"""The ``estream`` Spark source and sink against a real cluster, in ``local[2]`` mode.
+
+One cluster and one Spark session for the module (see ``conftest_spark.py``); queries use
+``availableNow`` triggers so they end by themselves. The kill -9 test runs its driver in
+a child process (the script below) and kills its whole process group (Python and JVM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from estream.spark.commit import parse_marker  # noqa: E402
+from tests.integration.conftest_spark import (  # noqa: E402
+    append,
+    cluster_pd,
+    create_stream,
+    read_all,
+    spark_env,
+    spark_session,
+    trim,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[2]
+QUERY_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def estream_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from cluster_pd(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    yield from spark_session()
+
+
+def values(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}-{i:05d}".encode() for i in range(n)]
+
+
+def source(session: Any, pd: str, streams: str, **options: Any) -> Any:
+    reader = session.readStream.format("estream").option("pd", pd).option("streams", streams)
+    reader = reader.option("startingOffsets", "earliest")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def run_available_now(df: Any, fmt: str, queryName: str | None = None, **options: Any) -> Any:
+    writer = df.writeStream.format(fmt).trigger(availableNow=True)
+    if queryName:
+        writer = writer.queryName(queryName)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    query = writer.start()
+    assert query.awaitTermination(QUERY_TIMEOUT_S), "query did not finish"
+    if query.exception() is not None:
+        raise AssertionError(f"query failed: {query.exception()}")
+    return query
+
+
+def sink_values(pd: str, stream: str) -> list[bytes]:
+    return [r.value for r in read_all(pd, stream)]
+
+
+def test_backlog_is_read_exactly_then_new_records_arrive_in_the_next_trigger(
+    spark: Any, estream_pd: str
+) -> None:
+    create_stream(estream_pd, "live")
+    backlog = values("live", 500)
+    append(estream_pd, "live", backlog, {"origin": "test"})
+    df = source(spark, estream_pd, "live", partitionRecords=120)
+    query = (
+        df.writeStream.format("memory")
+        .queryName("live_rows")
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    try:
+        rows = wait_rows(spark, "live_rows", 500)
+        assert sorted(r.offset for r in rows) == list(range(500))
+        assert sorted(r.value for r in rows) == backlog
+        assert {r.stream for r in rows} == {"live"}
+        assert all(r.headers == {"origin": "test"} for r in rows)
+        assert all(r.timestamp is not None and r.timestamp.year >= 2024 for r in rows)
+
+        append(estream_pd, "live", values("more", 50))
+        rows = wait_rows(spark, "live_rows", 550)
+        assert sorted(r.offset for r in rows) == list(range(550))
+        assert sorted(r.value for r in rows) == sorted(backlog + values("more", 50))
+    finally:
+        query.stop()
+
+
+def wait_rows(session: Any, table: str, n: int) -> list[Any]:
+    deadline = time.monotonic() + QUERY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        rows = session.sql(f"select * from {table}").collect()
+        if len(rows) >= n:
+            time.sleep(1.0)  # a later trigger must not add duplicates
+            return list(session.sql(f"select * from {table}").collect())
+        time.sleep(0.3)
+    raise AssertionError(f"{table} has {len(rows)} rows, wanted {n}")
+
+
+def test_several_streams_at_once_bounded_by_max_records_per_trigger(
+    spark: Any, estream_pd: str
+) -> None:
+    create_stream(estream_pd, "multi_a")
+    create_stream(estream_pd, "multi_b")
+    append(estream_pd, "multi_a", values("a", 100))
+    append(estream_pd, "multi_b", values("b", 60))
+    df = source(spark, estream_pd, "multi_b,multi_a", maxRecordsPerTrigger=70)
+    query = run_available_now(df, "memory", queryName="multi_rows")
+    rows = spark.sql("select stream, offset, value from multi_rows").collect()
+    got = sorted((r.stream, r.offset, r.value) for r in rows)
+    want = [("multi_a", i, v) for i, v in enumerate(values("a", 100))]
+    want += [("multi_b", i, v) for i, v in enumerate(values("b", 60))]
+    assert got == sorted(want)
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
+    assert sum(batches) == 160 and len(batches) >= 3
+    assert max(batches) <= 70
+    offsets = [json.loads(p["sources"][0]["endOffset"]) for p in query.recentProgress]
+    assert all(list(o) == sorted(o) for o in offsets)  # canonical JSON: keys sorted
+
+
+def test_batch_read_with_starting_and_ending_offsets(spark: Any, estream_pd: str) -> None:
+    create_stream(estream_pd, "batch_a")
+    create_stream(estream_pd, "batch_b")
+    append(estream_pd, "batch_a", values("a", 300))
+    append(estream_pd, "batch_b", values("b", 40))
+    df = (
+        spark.read.format("estream")
+        .option("pd", estream_pd)
+        .option("streams", "batch_a,batch_b")
+        .option("startingOffsets", '{"batch_a": 10}')
+        .option("endingOffsets", '{"batch_a": 250, "batch_b": 25}')
+        .option("partitionRecords", 50)
+        .load()
+    )
+    assert df.rdd.getNumPartitions() == 6  # a: [10,50) [50,100) ... [200,250); b: [0,25)
+    rows = df.collect()
+    by_stream: dict[str, list[int]] = {}
+    for r in rows:
+        by_stream.setdefault(r.stream, []).append(r.offset)
+    assert sorted(by_stream["batch_a"]) == list(range(10, 250))
+    assert sorted(by_stream["batch_b"]) == list(range(25))
+    assert {r.value for r in rows if r.stream == "batch_a"} == set(values("a", 300)[10:250])
+
+
+def test_trimmed_start_fails_clearly_unless_fail_on_data_loss_is_false(
+    spark: Any, estream_pd: str
+) -> None:
+    create_stream(estream_pd, "trimmed")
+    append(estream_pd, "trimmed", values("t", 100))
+    trim(estream_pd, "trimmed", 30)
+
+    def batch(**options: Any) -> Any:
+        reader = spark.read.format("estream").option("pd", estream_pd)
+        reader = reader.option("streams", "trimmed").option("startingOffsets", '{"trimmed": 5}')
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load()
+
+    with pytest.raises(Exception, match=r"stream 'trimmed': offset 5 was trimmed away") as info:
+        batch().collect()
+    assert "30" in str(info.value) and "failOnDataLoss" in str(info.value)
+    rows = batch(failOnDataLoss="false").collect()
+    assert sorted(r.offset for r in rows) == list(range(30, 100))
+
+
+def test_unknown_stream_fails_the_query_with_a_clear_message(spark: Any, estream_pd: str) -> None:
+    df = source(spark, estream_pd, "no_such_stream")
+    query = df.writeStream.format("noop").trigger(availableNow=True).start()
+    with pytest.raises(Exception, match=r"stream 'no_such_stream' does not exist"):
+        query.awaitTermination(QUERY_TIMEOUT_S)
+
+
+def test_unreachable_pd_fails_the_query_with_a_clear_message(spark: Any) -> None:
+    from tests.harness.process import free_port
+
+    pd = f"127.0.0.1:{free_port()}"
+    df = source(spark, pd, "orders", connectTimeoutSeconds=1)
+    query = df.writeStream.format("noop").trigger(availableNow=True).start()
+    with pytest.raises(Exception, match=r"cannot reach the placement driver"):
+        query.awaitTermination(QUERY_TIMEOUT_S)
+
+
+# ------------------------------------------------------------------ exactly-once sink
+
+
+def copy_query(session: Any, pd: str, src: str, dst: str, ckpt: Path, max_rows: int) -> Any:
+    df = source(session, pd, src, maxRecordsPerTrigger=max_rows).select("value", "headers")
+    return (
+        df.writeStream.format("estream")
+        .option("pd", pd)
+        .option("stream", dst)
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def test_stopped_query_restarts_from_its_checkpoint_without_loss_or_repeat(
+    spark: Any, estream_pd: str, tmp_path: Path
+) -> None:
+    create_stream(estream_pd, "stop_in")
+    create_stream(estream_pd, "stop_out")
+    data = values("s", 1000)
+    append(estream_pd, "stop_in", data, {"k": "v"})
+    ckpt = tmp_path / "ckpt"
+
+    query = copy_query(spark, estream_pd, "stop_in", "stop_out", ckpt, 100)
+    deadline = time.monotonic() + QUERY_TIMEOUT_S
+    while time.monotonic() < deadline and query.lastProgress is None:
+        time.sleep(0.1)
+    query.stop()
+    first = sink_values(estream_pd, "stop_out")
+    assert 0 < len(first) < 1000, "the query should have stopped part way"
+
+    # Forget Spark's commit of the last batch: the restart replays a batch the sink has
+    # already appended, which the sink must recognise and skip.
+    commits = sorted((ckpt / "commits").iterdir(), key=lambda p: p.name)
+    last = [p for p in commits if p.name.isdigit()][-1]
+    last.unlink()
+    (ckpt / "commits" / f".{last.name}.crc").unlink(missing_ok=True)
+
+    query = copy_query(spark, estream_pd, "stop_in", "stop_out", ckpt, 100)
+    assert query.awaitTermination(QUERY_TIMEOUT_S)
+    assert query.exception() is None
+    records = read_all(estream_pd, "stop_out")
+    assert sorted(r.value for r in records) == data
+    assert all(r.headers["k"] == "v" for r in records)
+    markers = [parse_marker(r.headers) for r in records]
+    assert all(m is not None and m.sink == str(ckpt) for m in markers)
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    pd, src, dst, ckpt = sys.argv[1:5]
+    from tests.integration.conftest_spark import new_spark
+    spark = new_spark("estream-kill-test")
+    df = (spark.readStream.format("estream").option("pd", pd).option("streams", src)
+          .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", 100).load())
+    query = (df.select("value").writeStream.format("estream").option("pd", pd)
+             .option("stream", dst).option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    print("DONE", flush=True)
+    spark.stop()
+    """
+)
+
+
+def run_driver(script: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **spark_env(), "PYTHONPATH": str(ROOT)}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(script), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the driver's process group (its Python and its JVM), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+def test_killed_driver_restarts_without_loss_or_repeat(estream_pd: str, tmp_path: Path) -> None:
+    create_stream(estream_pd, "kill_in")
+    create_stream(estream_pd, "kill_out")
+    data = values("k", 3000)
+    append(estream_pd, "kill_in", data)
+    script, log = tmp_path / "driver.py", tmp_path / "driver.log"
+    script.write_text(DRIVER)
+    args = [estream_pd, "kill_in", "kill_out", str(tmp_path / "ckpt")]
+
+    proc = run_driver(script, args, log)
+    try:
+        deadline = time.monotonic() + QUERY_TIMEOUT_S
+        seen = 0
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen = len(read_all(estream_pd, "kill_out"))
+            if seen >= 300:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, f"driver exited early; log:\n{log.read_text()[-3000:]}"
+        assert 300 <= seen < 3000, f"kill should land mid-way; saw {seen}"
+    finally:
+        kill_group(proc)
+
+    proc = run_driver(script, args, log)
+    try:
+        proc.wait(timeout=120)
+    finally:
+        kill_group(proc)
+    assert "DONE" in log.read_text(), log.read_text()[-3000:]
+    assert sorted(sink_values(estream_pd, "kill_out")) == data
