@@ -4,7 +4,7 @@ Parses the command line (``--pd`` or ``ESTREAM_PD``, ``--json``, ``--timeout`` b
 after the command), connects the SDK client, runs the command's handler from
 :mod:`estream.commands`, and maps every failure to a one-line message on stderr: exit 2
 for usage errors, 1 for runtime errors (unknown stream, unreachable PD...), 130 on Ctrl-C.
-No traceback reaches the user.
+No traceback reaches the user (set ``ESTREAM_DEBUG=1`` to see one for an internal error).
 
 Side effects: network calls through the SDK, standard input/output.
 """
@@ -118,3 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{type(exc).__name__}: {_one_line(exc)}")
     except ValueError as exc:
         return _fail(_one_line(exc), 2)
+    except Exception as exc:  # a bug: still one line; ESTREAM_DEBUG=1 shows the traceback
+        if os.environ.get("ESTREAM_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(exc).__name__}: {_one_line(exc)}")

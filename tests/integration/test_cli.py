@@ -1,0 +1,110 @@
+"""CLI error paths that need no cluster: bad flags (exit 2), unreachable PD (exit 1).
+
+Every failure is one line on stderr and never a traceback. (Errors that need a running
+cluster, such as an unknown stream, are in test_up.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.process import free_port
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def estream(
+    *args: str, stdin: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "estream.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["nonsense"], "invalid choice"),
+        (["stream"], "required"),
+        (["stream", "create"], "required"),
+        (["stream", "trim", "s", "notanumber"], "invalid int"),
+        (["read", "s", "--format", "xml"], "invalid choice"),
+        (["read", "s", "--from", "x"], "invalid int"),
+        (["append", "s", "--headers", "novalue"], "KEY=VALUE"),
+        (["stream", "list", "--pd", "no-port"], "HOST:PORT"),
+        (["bench", "--records", "0"], "must be >= 1"),
+        (["up", "--pd-nodes", "2"], "must be odd"),
+        (["up", "--base-port", "70000"], "port"),
+        (["pd", "--id", "0"], "required"),
+        (["pd", "--config", "/nonexistent.toml"], "cannot read config"),
+        (["rangeserver", "--listen", "h:x", "--data-dir", "d"], "HOST:PORT"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args: list[str], needle: str) -> None:
+    line = assert_one_line_error(estream(*args), 2)
+    assert needle in line
+
+
+def test_bad_env_value_exit_2() -> None:
+    result = estream(
+        "rangeserver", "--listen", "127.0.0.1:0", env={"ESTREAM_STORAGE_CLASS": "tape"}
+    )
+    line = assert_one_line_error(result, 2)
+    assert "ESTREAM_STORAGE_CLASS" in line
+
+
+def test_unreachable_pd_exit_1_with_one_line() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    for args in (["stream", "list"], ["cluster", "status"], ["read", "x"]):
+        result = estream("--pd", dead, "--timeout", "1", *args)
+        line = assert_one_line_error(result, 1)
+        assert dead in line
+
+
+def test_unreachable_pd_from_env() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    result = estream("stream", "list", "--timeout", "1", env={"ESTREAM_PD": dead})
+    assert dead in assert_one_line_error(result, 1)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["up", "--help"],
+        ["pd", "--help"],
+        ["rangeserver", "--help"],
+        ["stream", "create", "--help"],
+        ["read", "--help"],
+        ["append", "--help"],
+        ["cluster", "status", "--help"],
+        ["bench", "--help"],
+    ],
+)
+def test_help_documents_every_command(args: list[str]) -> None:
+    result = estream(*args)
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout
+    if args[0] in ("pd", "rangeserver"):
+        assert "ESTREAM_DATA_DIR" in result.stdout and "--config" in result.stdout
