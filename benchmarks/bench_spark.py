@@ -1,0 +1,139 @@
+"""Spark source throughput: rows/s from an estream stream into a noop sink, beside the same
+query over a local Parquet copy of the same data (Spark's built-in source: the ceiling).
+
+Bounded: appends ``--records`` records of ``--value-bytes`` bytes (default 200,000 x
+1 KiB), copies them to Parquet with a Spark batch read of the ``estream`` source, then runs
+each streaming query (``availableNow``, ``local[2]``, noop sink) once to warm up and
+``--runs`` times measured, and prints the best rows/s of each and their ratio (target:
+estream >= 50% of Parquet). Starts its own cluster (``estream up``) unless ``--pd``.
+
+    python benchmarks/bench_spark.py [--records 200000] [--pd H:P,H:P,H:P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.conftest_spark import new_spark, start_cluster  # noqa: E402
+
+QUERY_TIMEOUT_S = 300
+
+
+async def fill(pd: str, stream: str, records: int, value_bytes: int) -> float:
+    """Create ``stream`` and append the records; returns the append rate (records/s)."""
+    import estream
+
+    value = os.urandom(value_bytes)
+    async with await estream.connect(pd) as client:
+        await client.create_stream(stream)
+        started = time.perf_counter()
+        async with await client.open_writer(stream) as writer:
+            for lo in range(0, records, 2_000):
+                n = min(2_000, records - lo)
+                await writer.append_batch([value] * n)
+            await writer.flush()
+        return records / (time.perf_counter() - started)
+
+
+def timed(spark: Any, df: Any, records: int) -> float:
+    """Rows/s of one availableNow run of ``df`` into the noop sink (wall time)."""
+    started = time.perf_counter()
+    query = df.writeStream.format("noop").trigger(availableNow=True).start()
+    if not query.awaitTermination(QUERY_TIMEOUT_S):
+        query.stop()
+        raise RuntimeError("query did not finish in time")
+    elapsed = time.perf_counter() - started
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    if rows != records:
+        raise RuntimeError(f"query read {rows} rows, expected {records}")
+    return rows / elapsed
+
+
+def best_of(spark: Any, make_df: Any, records: int, runs: int) -> float:
+    timed(spark, make_df(), records)  # warm-up: JIT, Python workers, caches
+    return max(timed(spark, make_df(), records) for _ in range(runs))
+
+
+def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    stream = f"bench_spark_{int(time.time())}"
+    append_rate = asyncio.run(fill(pd, stream, args.records, args.value_bytes))
+    spark = new_spark("estream-bench")
+    try:
+
+        def estream_df() -> Any:
+            return (
+                spark.readStream.format("estream")
+                .option("pd", pd)
+                .option("streams", stream)
+                .option("startingOffsets", "earliest")
+                .option("partitionRecords", args.partition_records)
+                .load()
+            )
+
+        parquet = work / "parquet"
+        batch = spark.read.format("estream").option("pd", pd).option("streams", stream)
+        batch.option("partitionRecords", args.partition_records).load().write.parquet(str(parquet))
+        schema = spark.read.parquet(str(parquet)).schema
+
+        def parquet_df() -> Any:
+            return spark.readStream.schema(schema).parquet(str(parquet))
+
+        estream_rps = best_of(spark, estream_df, args.records, args.runs)
+        parquet_rps = best_of(spark, parquet_df, args.records, args.runs)
+    finally:
+        spark.stop()
+    return {
+        "records": args.records,
+        "value_bytes": args.value_bytes,
+        "append_records_per_s": round(append_rate),
+        "estream_rows_per_s": round(estream_rps),
+        "parquet_rows_per_s": round(parquet_rps),
+        "ratio": round(estream_rps / parquet_rps, 3),
+        "target_ratio": 0.5,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pd", default=None, help="an existing cluster; default: start one")
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--value-bytes", type=int, default=1024)
+    parser.add_argument("--partition-records", type=int, default=50_000)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    cluster = None
+    try:
+        pd = args.pd
+        if pd is None:
+            cluster, pd = start_cluster(work / "data")
+        result = measure(pd, args, work)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"estream source: {result['estream_rows_per_s']:>9,} rows/s   "
+        f"parquet (ceiling): {result['parquet_rows_per_s']:>9,} rows/s   "
+        f"ratio {result['ratio']:.2f} (target >= 0.50)"
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
