@@ -1,0 +1,129 @@
+"""The history checker on hand-made histories: each rule catches what it should."""
+
+from __future__ import annotations
+
+from tests.chaos.history import History, Outcome, check
+
+
+def _good() -> History:
+    h = History()
+    for i in range(5):
+        h.ack("w1", b"v%d" % i, i)
+    h.fail("w1", b"x", "Timeout", unknown=True)
+    h.final = [(i, b"v%d" % i) for i in range(5)]
+    h.readers = {"r1": h.final[:3], "r2": h.final[2:]}
+    h.replicas = {0: {"s1": h.final[:3], "s2": h.final[:3]}}
+    return h
+
+
+def test_good_history_passes_with_figures() -> None:
+    verdict = check(_good())
+    assert verdict.ok, verdict.violations
+    assert (verdict.acknowledged, verdict.unknown, verdict.lost, verdict.duplicates) == (5, 1, 0, 0)
+    assert verdict.sealed_ranges_compared == 1
+    assert "lost=0" in verdict.summary()
+
+
+def test_lost_acknowledged_record() -> None:
+    h = _good()
+    h.final = h.final[:4]
+    h.readers = {}
+    verdict = check(h)
+    assert verdict.lost == 1
+    assert any(v.startswith("lost: b'v4'") for v in verdict.violations)
+
+
+def test_acknowledged_record_at_another_offset_is_lost() -> None:
+    h = _good()
+    h.final[1], h.final[2] = (1, b"v2"), (2, b"v1")
+    h.readers = {}
+    verdict = check(h)
+    assert verdict.lost == 2
+
+
+def test_duplicate_is_reported() -> None:
+    h = _good()
+    h.final.append((5, b"v4"))
+    verdict = check(h)
+    assert verdict.duplicates == 1
+    assert any("duplicate" in v for v in verdict.violations)
+
+
+def test_failed_write_present_once_is_fine_twice_is_not() -> None:
+    h = _good()
+    h.final.append((5, b"x"))
+    verdict = check(h)
+    assert verdict.ok and verdict.failed_present == 1
+    h.final.append((6, b"x"))
+    assert check(h).duplicates == 1
+
+
+def test_gap_in_offsets() -> None:
+    h = _good()
+    h.final = [*h.final, (7, b"x")]
+    verdict = check(h)
+    assert any("not contiguous" in v for v in verdict.violations)
+
+
+def test_final_read_must_start_at_start_offset() -> None:
+    h = _good()
+    h.start_offset = 1
+    assert any("expected 1, read 0" in v for v in check(h).violations)
+
+
+def test_reader_saw_other_order() -> None:
+    h = _good()
+    h.readers["r3"] = [(0, b"v0"), (1, b"v2")]
+    verdict = check(h)
+    assert any(v.startswith("reader r3: saw b'v2' at 1") for v in verdict.violations)
+
+
+def test_reader_skipped_or_repeated_offset() -> None:
+    h = _good()
+    h.readers["r3"] = [(0, b"v0"), (2, b"v2"), (2, b"v2")]
+    problems = check(h).violations
+    assert "reader r3: offset 2 after 0" in problems
+    assert "reader r3: offset 2 after 2" in problems
+
+
+def test_sealed_replicas_differ() -> None:
+    h = _good()
+    h.replicas[0]["s3"] = h.final[:2]
+    verdict = check(h)
+    assert verdict.violations == ("sealed range 0: replica s3 differs from s1 (2 vs 3 records)",)
+
+
+def test_single_replica_answer_is_not_compared() -> None:
+    h = _good()
+    h.replicas[1] = {"s1": [(3, b"v3")]}
+    assert check(h).sealed_ranges_compared == 1
+
+
+def test_phantom_value() -> None:
+    h = _good()
+    h.final.append((5, b"never"))
+    assert any(v.startswith("phantom") for v in check(h).violations)
+
+
+def test_offset_acknowledged_to_two_values() -> None:
+    h = _good()
+    h.ack("w2", b"other", 4)
+    assert any("acknowledged twice" in v for v in check(h).violations)
+
+
+def test_trimmed_acknowledged_records_are_not_lost() -> None:
+    h = _good()
+    h.start_offset = 2
+    h.final = h.final[2:]
+    h.readers = {}
+    h.replicas = {}
+    assert check(h).ok
+
+
+def test_outcomes_are_counted() -> None:
+    h = History()
+    h.fail("w", b"a", "Unavailable")
+    h.fail("w", b"b", "Timeout", unknown=True)
+    verdict = check(h)
+    assert (verdict.failed, verdict.unknown, verdict.acknowledged) == (1, 1, 0)
+    assert [a.outcome for a in h.appends] == [Outcome.FAILED, Outcome.UNKNOWN]
