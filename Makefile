@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 
-.PHONY: run test test-quick bench lint typecheck clean venv spark-deps system-deps
+.PHONY: run test test-quick chaos bench lint typecheck clean venv spark-deps system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ test: $(STAMP) spark-deps
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow and not spark"
+
+chaos: $(STAMP)
+	$(BIN)/python -m pytest tests/chaos -m slow
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_rangeserver.py
