@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from estream.errors import EstreamError, InvalidArgument, StreamExists
+from estream.errors import EstreamError, InvalidArgument, StreamExists, Unavailable
 from estream.meta import ServerInfo, StreamMeta
 from estream.protocol import Opcode
 from estream.rpc import Handler, Header, optional, require
@@ -137,6 +137,11 @@ class PdService:
             ))
         return out
 
+    def _require_leader(self) -> None:
+        """No leader: answer Unavailable before a (meaningless) placement error."""
+        if self.raft.leader() is None:
+            raise Unavailable("the placement driver has no leader (no majority reachable)")
+
     async def create_stream(
         self,
         name: str,
@@ -157,6 +162,7 @@ class PdService:
             # Maybe our own earlier create (same request id): the catalog decides.
             return _stream(await self.raft.propose(command))
         check_stream_args(command)  # bad input is reported before any placement error
+        self._require_leader()
         placement = choose_replicas(self._candidates(view), replicas, hints=hints)
         return _stream(await self.raft.propose(replace(command, placement=placement)))
 
@@ -176,6 +182,7 @@ class PdService:
             # A retry of a seal that landed (or a stale request): the catalog decides.
             placement: tuple[str, ...] = ()
         else:
+            self._require_leader()
             placement = choose_replicas(
                 self._candidates(view), stream.replicas, hints=stream.hints, exclude=exclude
             )

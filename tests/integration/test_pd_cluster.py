@@ -1,0 +1,190 @@
+"""Three real `estream pd` processes: writes through any node, failover, restart, minority."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from estream.errors import Fenced, StreamExists, StreamNotFound, Unavailable
+from estream.pdclient import PDClient
+from rangeserver.heartbeat import heartbeat_loop
+from tests.harness.pd import PdCluster, http_json, start_pd_cluster
+from tests.harness.process import ESTREAM, ManagedProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+SERVERS = [("rs-a", "127.0.0.1:7301"), ("rs-b", "127.0.0.1:7302"), ("rs-c", "127.0.0.1:7303"),
+           ("rs-d", "127.0.0.1:7304")]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[PdCluster]:
+    c = start_pd_cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@contextlib.asynccontextmanager
+async def range_servers(pd: str, servers: list[tuple[str, str]] = SERVERS) -> AsyncIterator[None]:
+    """The real heartbeat loop for a few range-server identities (no data path needed)."""
+    tasks = [asyncio.ensure_future(heartbeat_loop(pd.split(","), sid, addr, "ssd",
+                                                  lambda: {"ranges": 0, "bytes": 0}))
+             for sid, addr in servers]
+    try:
+        for node in pd.split(","):  # every PD node must have heard them
+            async with PDClient(node, timeout_s=10) as client:
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    alive = {s.id for s in await client.list_servers() if s.alive}
+                    if alive >= {sid for sid, _ in servers}:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise TimeoutError(f"range servers not alive on PD node {node}")
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def wait_visible(address: str, name: str, timeout_s: float = 5.0) -> None:
+    async with PDClient(address, timeout_s=timeout_s) as client:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await client.describe_stream(name)
+                return
+            except StreamNotFound:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+
+async def test_writes_through_a_follower_and_the_leader(cluster: PdCluster) -> None:
+    leader = cluster.leader()
+    follower = cluster.followers()[0]
+    async with range_servers(cluster.rpc_addresses):
+        async with PDClient(cluster.nodes[follower].rpc) as via_follower, \
+                PDClient(cluster.nodes[leader].rpc) as via_leader:
+            s1 = await via_follower.create_stream("via-follower", replicas=3, ack_count=2)
+            s2 = await via_leader.create_stream("via-leader", replicas=2, ack_count=1)
+            assert s1.ranges[0].state == "open" and len(s1.ranges[0].replicas) == 3
+            assert len(s2.ranges[0].replicas) == 2 and s2.id != s1.id
+            # read-your-writes on the node that took the write
+            assert (await via_follower.describe_stream("via-follower")).id == s1.id
+            with pytest.raises(StreamExists):
+                await via_leader.create_stream("via-follower")
+            # open a writer and seal/roll a range through the follower
+            w = await via_follower.open_writer("via-follower")
+            assert w.epoch == 1
+            rolled = await via_follower.seal_range("via-follower", 1, 0, 42, exclude=["rs-a"])
+            assert [(r.start, r.end) for r in rolled.ranges] == [(0, 42), (42, None)]
+            assert "rs-a" not in {r.id for r in rolled.ranges[1].replicas}
+            w2 = await via_leader.open_writer("via-follower")
+            with pytest.raises(Fenced):
+                await via_follower.seal_range("via-follower", w.epoch, 1, 50)
+            assert w2.epoch == 2
+        for node in cluster.nodes:
+            await wait_visible(node.rpc, "via-follower")
+            await wait_visible(node.rpc, "via-leader")
+
+
+async def test_leader_kill9_then_new_leader_keeps_committing(cluster: PdCluster) -> None:
+    async with range_servers(cluster.rpc_addresses):
+        async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
+            await client.create_stream("before")
+            old = cluster.leader()
+            cluster.kill9(old)
+            started = time.monotonic()
+            await client.create_stream("after")  # retried until a new leader commits
+            failover_s = time.monotonic() - started
+            new = cluster.leader()
+            assert new != old
+            assert failover_s < 8, failover_s
+            assert {s.name for s in await client.list_streams()} >= {"before", "after"}
+
+
+async def test_restart_all_three_keeps_the_catalog(cluster: PdCluster) -> None:
+    async with range_servers(cluster.rpc_addresses):
+        async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
+            for i in range(5):
+                await client.create_stream(f"s{i}")
+            await client.open_writer("s0")
+            await client.seal_range("s0", 1, 0, 100)
+            await client.delete_stream("s4")
+            before = {s.name: s for s in await client.list_streams()}
+    for i in range(3):
+        cluster.kill9(i)
+    for i in range(3):
+        cluster.nodes[i].start()
+    for node in cluster.nodes:
+        node.wait_serving()
+    cluster.leader()
+    for node in cluster.nodes:
+        async with PDClient(node.rpc, timeout_s=10) as client:
+            deadline = time.monotonic() + 10
+            while True:
+                after = {s.name: s for s in await client.list_streams()}
+                if after == before or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
+            assert after == before
+    async with range_servers(cluster.rpc_addresses):
+        async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
+            s5 = await client.create_stream("s5")
+            assert s5.id == 6  # ids are never reused, even across restarts
+
+
+async def test_a_single_node_refuses_writes(cluster: PdCluster) -> None:
+    survivor = cluster.leader()  # the worst case: the leader loses its majority
+    node = cluster.nodes[survivor]
+    async with range_servers(cluster.rpc_addresses):
+        async with PDClient(cluster.rpc_addresses) as client:
+            await client.create_stream("kept")
+        for i in range(3):
+            if i != survivor:
+                cluster.kill9(i)
+        async with PDClient(node.rpc, timeout_s=4) as client:
+            started = time.monotonic()
+            with pytest.raises(Unavailable) as info:
+                await client.create_stream("refused")
+            assert time.monotonic() - started < 10
+            assert node.rpc in str(info.value)
+            assert (await client.describe_stream("kept")).name == "kept"  # reads still served
+        started = time.monotonic()
+        status, body = await asyncio.to_thread(
+            http_json, node.url + "/v1/streams", "POST", {"name": "refused2"})
+        assert status == 503, body
+        assert body["error"]["code"] in ("UNAVAILABLE", "TIMEOUT")
+        assert time.monotonic() - started < 10
+        status, body = await asyncio.to_thread(http_json, node.url + "/v1/cluster")
+        assert status == 200 and body["leader"] is None
+
+
+async def test_a_real_range_server_registers_and_heartbeats(
+        cluster: PdCluster, tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    rs = ManagedProcess([*ESTREAM, "rangeserver", "--listen", address, "--pd",
+                         cluster.rpc_addresses, "--data-dir", str(tmp_path / "rs")],
+                        tmp_path / "rs.log").start()
+    try:
+        rs.wait_listening(address)
+        deadline = time.monotonic() + 15
+        seen: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            seen = [s for url in cluster.http_urls
+                    for s in http_json(url + "/v1/rangeservers")[1]["rangeservers"]]
+            if len(seen) == 3 and all(s["alive"] and s["address"] == address for s in seen):
+                break
+            await asyncio.sleep(0.2)
+        assert len(seen) == 3 and all(s["alive"] for s in seen), (seen, rs.log_text()[-2000:])
+    finally:
+        rs.stop()
