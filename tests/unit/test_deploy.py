@@ -153,7 +153,8 @@ def test_k8s_container_commands_are_accepted(shim: Path, ordinal: int) -> None:
             **{e["name"]: e["value"] for e in container.get("env", [])},
         )
         out = check(list(container["command"]), env)
-        assert f'listen = "{name}-{ordinal}.{name}.estream.svc.cluster.local:' in out
+        key = "listen" if name == "estream-pd" else "advertise"
+        assert f'{key} = "{name}-{ordinal}.{name}.estream.svc.cluster.local:' in out
         if name == "estream-pd":
             others = [i for i in range(3) if i != ordinal]
             peers = ",".join(
