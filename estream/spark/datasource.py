@@ -15,7 +15,7 @@ from estream.spark.source import SCHEMA, EstreamBatchReader, EstreamStreamReader
 NAME = "estream"
 
 
-class EstreamDataSource(DataSource):  # type: ignore[misc]
+class EstreamDataSource(DataSource):
     """The ``estream`` format. Columns: ``stream string, offset long, timestamp timestamp,
     headers map<string,string>, value binary``."""
 

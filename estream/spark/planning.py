@@ -225,8 +225,9 @@ def plan_partitions(
     offset = start
     while offset < end:
         rng = meta.range_for(offset)
+        replicas: tuple[str, ...] = ()
         if rng is None:
-            piece_end, replicas, turn = end, (), 0
+            piece_end, turn = end, 0
             nxt = [r.start for r in meta.ranges if r.start > offset]
             if nxt:
                 piece_end = min(end, nxt[0])

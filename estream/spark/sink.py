@@ -40,7 +40,7 @@ APPEND_CHUNK_ROWS = 1_000
 
 
 @dataclass(frozen=True)
-class SinkMessage(WriterCommitMessage):  # type: ignore[misc]
+class SinkMessage(WriterCommitMessage):
     """One task's rows, carried to the driver."""
 
     rows: list[Row]
@@ -75,7 +75,7 @@ def _row_of(row: Any, has_headers: bool) -> Row:
     return make_row(bytes(value), headers)
 
 
-class EstreamStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+class EstreamStreamWriter(DataSourceStreamWriter):
     """``df.writeStream.format("estream").option("stream", ...)``."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:

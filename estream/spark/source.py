@@ -15,7 +15,7 @@ Side effect: network calls to the estream cluster (PD and range servers).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -77,7 +77,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 @dataclass(frozen=True)
-class EstreamPartition(InputPartition):  # type: ignore[misc]
+class EstreamPartition(InputPartition):
     """A Spark task's span of one stream (plain values: it is pickled to the executor)."""
 
     stream: str
@@ -181,7 +181,9 @@ def to_arrow(stream: str, records: Sequence[Record], schema: pa.Schema) -> pa.Re
     )
 
 
-async def _chunks(opts: SourceOptions, part: EstreamPartition) -> AsyncIterator[list[Record]]:
+async def _chunks(
+    opts: SourceOptions, part: EstreamPartition
+) -> AsyncGenerator[list[Record], None]:
     """The partition's records in lists of at most ``arrow_rows``."""
     async with await estream.connect(opts.pd, timeout_s=opts.connect_timeout_s) as client:
         offset = part.start
@@ -237,7 +239,7 @@ def read_partition(opts: SourceOptions, part: EstreamPartition) -> Iterator[pa.R
 # ------------------------------------------------------------------------------ readers
 
 
-class EstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class EstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("estream")``. Offsets: ``{stream: next offset}``."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
@@ -271,14 +273,15 @@ class EstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[EstreamPartition]:
         return plan(self.opts, start, end, self.spec)
 
-    def read(self, partition: EstreamPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, EstreamPartition)
         return read_partition(self.opts, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to do: reading does not consume records in estream."""
 
 
-class EstreamBatchReader(DataSourceReader):  # type: ignore[misc]
+class EstreamBatchReader(DataSourceReader):
     """``spark.read.format("estream")``: ``[startingOffsets, endingOffsets)`` of each
     stream (defaults: earliest and the confirmed end when planned)."""
 
@@ -305,5 +308,6 @@ class EstreamBatchReader(DataSourceReader):  # type: ignore[misc]
                 )
         return plan(self.opts, resolve_spec(self.start_spec, bounds), end, self.start_spec)
 
-    def read(self, partition: EstreamPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, EstreamPartition)
         return read_partition(self.opts, partition)
