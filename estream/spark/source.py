@@ -14,12 +14,12 @@ Side effect: network calls to the estream cluster (PD and range servers).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import uvloop
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -72,8 +72,8 @@ T = TypeVar("T")
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run one driver-side coroutine on a fresh event loop."""
-    return asyncio.run(coro)
+    """Run one driver-side coroutine on a fresh (uv)loop."""
+    return uvloop.run(coro)
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ async def _chunks(
 def read_partition(opts: SourceOptions, part: EstreamPartition) -> Iterator[pa.RecordBatch]:
     """Drive :func:`_chunks` on a private event loop and yield Arrow batches."""
     schema = arrow_schema()
-    loop = asyncio.new_event_loop()
+    loop = uvloop.new_event_loop()
     agen = _chunks(opts, part)
     try:
         while True:
