@@ -238,8 +238,9 @@ class Supervisor:
             proc = child.proc
             if child.restart_at is not None:
                 if now >= child.restart_at:
-                    self.out(f"restarting {child.spec.name}")
                     self._start(child)
+                    assert child.proc is not None
+                    self.out(f"restarted {child.spec.name} (pid {child.proc.pid})")
                 continue
             if proc is None or proc.poll() is None:
                 continue

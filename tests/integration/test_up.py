@@ -1,0 +1,315 @@
+"""`estream up` end to end: a real local cluster in a subprocess, used through the CLI, the
+SDK and the README's own snippets.
+
+Checks: ready within 30 s; streams work through the CLI and the SDK; an unknown stream is
+a one-line error with exit code 1; a child killed with kill -9 is restarted; SIGINT stops
+every child (their PIDs are gone); a restart on the same data dir keeps the data; every
+runnable README snippet passes against the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from estream.up import plan_cluster, probe_ready
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+READY_S_MAX = 30.0
+
+
+def free_base_port() -> int:
+    """A base port whose whole 100-port block is free (below the ephemeral range)."""
+    for _ in range(50):
+        base = random.randrange(20000, 32000, 100)
+        socks = []
+        try:
+            for port in range(base, base + 100):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free 100-port block")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class UpCluster:
+    """`estream up` as a child process; its output in a file; always stopped by PID."""
+
+    def __init__(self, data_dir: Path, base_port: int, log: Path) -> None:
+        self.data_dir = data_dir
+        self.base_port = base_port
+        self.log = log
+        self.plan = plan_cluster(data_dir, 3, 3, "127.0.0.1", base_port)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_s = 0.0
+        self.seen_pids: set[int] = set()
+        self.leftover: list[int] = []
+
+    @property
+    def pd(self) -> str:
+        return self.plan.pd_addresses
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def start(self) -> UpCluster:
+        started = time.monotonic()
+        self.log.write_text("")
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "estream.cli",
+                    "up",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--base-port",
+                    str(self.base_port),
+                ],  # fmt: skip
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        while "cluster ready" not in self.output():
+            assert self.proc.poll() is None, self.output()
+            assert time.monotonic() - started < READY_S_MAX + 5, self.output() + self.child_logs()
+            time.sleep(0.1)
+        self.ready_s = time.monotonic() - started
+        self.seen_pids |= set(self.child_pids().values())
+        return self
+
+    def child_pids(self) -> dict[str, int]:
+        """The latest PID of each child, from the supervisor's output."""
+        pids: dict[str, int] = {}
+        text = self.output()
+        for line in text.splitlines():
+            if line.startswith("pids: "):
+                for item in line[6:].split(", "):
+                    name, _, pid = item.partition("=")
+                    pids[name] = int(pid)
+        for name, pid in re.findall(r"restarted (\S+) \(pid (\d+)\)", text):
+            pids[name] = int(pid)
+        self.seen_pids |= set(pids.values())
+        return pids
+
+    def child_logs(self) -> str:
+        logs = sorted((self.data_dir / "logs").glob("*.log"))
+        return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in logs)
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 25.0) -> int | None:
+        if self.proc is None:
+            return None
+        self.child_pids()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.leftover = sorted(pid for pid in self.seen_pids if pid_alive(pid))
+        for pid in self.leftover:  # never leave a child behind, even if the test failed
+            os.kill(pid, signal.SIGKILL)
+        return self.proc.returncode
+
+    def cli(
+        self, *args: str, stdin: str = "", check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "estream.cli", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env={**os.environ, "ESTREAM_PD": self.pd},
+            check=False,
+        )
+        if check:
+            assert result.returncode == 0, (args, result.stdout, result.stderr)
+        return result
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
+    tmp = tmp_path_factory.mktemp("up")
+    up = UpCluster(tmp / "data", free_base_port(), tmp / "up.out")
+    try:
+        yield up.start()
+    finally:
+        up.stop()
+
+
+def test_ready_within_30_s_and_prints_where_it_listens(cluster: UpCluster) -> None:
+    assert cluster.ready_s < READY_S_MAX
+    out = cluster.output()
+    assert cluster.pd in out
+    assert cluster.plan.admin_urls[0] in out
+    assert probe_ready(cluster.plan) is None
+
+
+def test_streams_through_the_cli(cluster: UpCluster) -> None:
+    cluster.cli("stream", "create", "cli-orders", "--replicas", "3", "--ack-count", "2")
+    appended = cluster.cli("append", "cli-orders", "--headers", "k=v", "--json", stdin="a\nb\nc\n")
+    assert json.loads(appended.stdout)["count"] == 3
+    assert cluster.cli("read", "cli-orders").stdout == "a\nb\nc\n"
+    lines = cluster.cli("read", "cli-orders", "--from", "1", "--format", "json").stdout
+    records = [json.loads(line) for line in lines.splitlines()]
+    assert [(r["offset"], r["value"], r["headers"]) for r in records] == [
+        (1, "b", {"k": "v"}),
+        (2, "c", {"k": "v"}),
+    ]
+    assert cluster.cli("read", "cli-orders", "--follow", "--max", "3").stdout == "a\nb\nc\n"
+    listed = json.loads(cluster.cli("stream", "list", "--json").stdout)
+    assert "cli-orders" in [s["name"] for s in listed["streams"]]
+    assert "cli-orders" in cluster.cli("stream", "list").stdout
+    described = json.loads(cluster.cli("stream", "describe", "cli-orders", "--json").stdout)
+    assert described["end_offset"] == 3 and len(described["ranges"][0]["replicas"]) == 3
+    status = json.loads(cluster.cli("cluster", "status", "--json").stdout)
+    assert status["cluster"]["leader"]["id"] is not None
+    assert sum(1 for s in status["rangeservers"] if s["alive"]) == 3
+    assert "alive" in cluster.cli("cluster", "status").stdout
+    cluster.cli("stream", "trim", "cli-orders", "1")
+    assert cluster.cli("read", "cli-orders", "--from", "1").stdout == "b\nc\n"
+    cluster.cli("stream", "delete", "cli-orders")
+    assert "cli-orders" not in cluster.cli("stream", "list").stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stream", "describe", "no-such-stream"],
+        ["stream", "delete", "no-such-stream"],
+        ["read", "no-such-stream"],
+        ["append", "no-such-stream"],
+    ],
+)
+def test_unknown_stream_is_a_one_line_error_exit_1(cluster: UpCluster, args: list[str]) -> None:
+    result = cluster.cli(*args, stdin="x\n", check=False)
+    assert result.returncode == 1, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "no-such-stream" in result.stderr or "StreamNotFound" in result.stderr
+
+
+def test_duplicate_stream_is_a_one_line_error(cluster: UpCluster) -> None:
+    cluster.cli("stream", "create", "dup")
+    result = cluster.cli("stream", "create", "dup", check=False)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+
+
+async def test_streams_through_the_sdk(cluster: UpCluster) -> None:
+    import estream
+
+    async with await estream.connect(cluster.pd) as client:
+        await client.create_stream("sdk-orders", replicas=3, ack_count=2)
+        async with await client.open_writer("sdk-orders") as writer:
+            offsets = [
+                await writer.append(f"r{i}".encode(), headers={"i": str(i)}) for i in range(5)
+            ]
+        assert offsets == [0, 1, 2, 3, 4]
+        values = [r.value async for r in client.read("sdk-orders", start=0)]
+        assert values == [f"r{i}".encode() for i in range(5)]
+    assert cluster.cli("read", "sdk-orders", "--from", "3").stdout == "r3\nr4\n"
+    cluster.cli("append", "sdk-orders", stdin="from-cli\n")
+    async with await estream.connect(cluster.pd) as client:
+        last = [r async for r in client.read("sdk-orders", start=5)]
+        assert [(r.offset, r.value) for r in last] == [(5, b"from-cli")]
+
+
+def readme_snippets() -> list[tuple[str, str]]:
+    """(kind, code) of every README block marked ``<!-- test: run|python -->``."""
+    text = (ROOT / "README.md").read_text()
+    pattern = re.compile(r"<!-- test: (run|python) -->\n```\w*\n(.*?)```", re.S)
+    return [(m.group(1), m.group(2)) for m in pattern.finditer(text)]
+
+
+def localize(code: str, cluster: UpCluster, tmp: Path) -> str:
+    """The README's default ports (71NN) moved to the test cluster's; /tmp to ``tmp``."""
+    code = re.sub(
+        r"127\.0\.0\.1:71(\d\d)", lambda m: f"127.0.0.1:{cluster.base_port + int(m.group(1))}", code
+    )
+    return code.replace("/tmp/", f"{tmp}/")
+
+
+def test_readme_snippets_run_against_the_cluster(cluster: UpCluster, tmp_path: Path) -> None:
+    snippets = readme_snippets()
+    assert sum(1 for kind, _ in snippets if kind == "run") >= 4
+    assert any(kind == "python" for kind, _ in snippets)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for kind, code in snippets:
+        code = localize(code, cluster, tmp_path)
+        if kind == "python":
+            argv = [sys.executable, "-c", code]
+        else:
+            argv = ["bash", "-c", "set -euo pipefail\n" + code]
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False
+        )
+        assert result.returncode == 0, f"{code}\nstdout:{result.stdout}\nstderr:{result.stderr}"
+
+
+def test_child_killed_with_kill9_is_restarted(cluster: UpCluster) -> None:
+    victim = cluster.child_pids()["rs-1"]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while cluster.child_pids()["rs-1"] == victim:
+        assert time.monotonic() < deadline, cluster.output()
+        time.sleep(0.1)
+    assert f"(pid {victim}) exited with code -9" in cluster.output()
+    assert not pid_alive(victim) and pid_alive(cluster.child_pids()["rs-1"])
+    while probe_ready(cluster.plan) is not None:
+        assert time.monotonic() < deadline + 20, probe_ready(cluster.plan)
+        time.sleep(0.2)
+    cluster.cli("stream", "create", "after-restart")
+    cluster.cli("append", "after-restart", stdin="x\ny\n")
+    assert cluster.cli("read", "after-restart").stdout == "x\ny\n"
+
+
+def test_sigint_stops_every_child_and_a_restart_keeps_the_data(tmp_path: Path) -> None:
+    up = UpCluster(tmp_path / "data", free_base_port(), tmp_path / "up.out")
+    try:
+        up.start()
+        up.cli("stream", "create", "durable")
+        up.cli("append", "durable", stdin="".join(f"rec-{i}\n" for i in range(20)))
+        pids = up.child_pids()
+        assert len(pids) == 6 and all(pid_alive(p) for p in pids.values())
+        assert up.stop(signal.SIGINT) == 0
+        assert "stopped every process" in up.output()
+        assert up.leftover == [] and not any(pid_alive(p) for p in pids.values())
+        up.start()
+        assert up.cli("read", "durable").stdout == "".join(f"rec-{i}\n" for i in range(20))
+        up.cli("append", "durable", stdin="after\n")
+        assert up.cli("read", "durable", "--from", "20").stdout == "after\n"
+        new_pids = up.child_pids()
+        assert set(new_pids.values()).isdisjoint(pids.values())
+        assert up.stop(signal.SIGTERM) == 0
+        assert up.leftover == [] and not any(pid_alive(p) for p in new_pids.values())
+    finally:
+        up.stop()
