@@ -105,6 +105,22 @@ class PdCluster:
         raise TimeoutError(f"no single leader within {timeout_s}s: "
                            f"{[self.role(i) for i in range(len(self.nodes))]}")
 
+    def wait_ready(self, timeout_s: float = 15.0) -> None:
+        """Wait until every live node names every node (ids and addresses) and a leader."""
+        deadline = time.monotonic() + timeout_s
+        for node in self.nodes:
+            while node.alive():
+                try:
+                    status, body = http_json(node.url + "/v1/cluster", timeout_s=1.0)
+                except OSError:
+                    status, body = 0, {}
+                if status == 200 and body.get("leader") and body["leader"].get("address") \
+                        and all(n.get("address") for n in body["nodes"]):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"PD node {node.id} not ready: {body}")
+                time.sleep(0.1)
+
     def followers(self) -> list[int]:
         leader = self.leader()
         return [i for i in range(len(self.nodes)) if i != leader and self.nodes[i].alive()]
@@ -145,6 +161,7 @@ def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1") -> PdC
         for node in nodes:
             node.wait_serving()
         cluster.leader()
+        cluster.wait_ready()
     except BaseException:
         cluster.stop()
         raise

@@ -1,0 +1,220 @@
+"""The PD admin HTTP API on a real 3-node cluster: endpoints, error codes, OpenAPI."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+
+from rangeserver.heartbeat import heartbeat_loop
+from tests.harness.pd import PdCluster, http_json, start_pd_cluster
+
+pytestmark = pytest.mark.integration
+
+SERVER_IDS = ["h-a", "h-b", "h-c"]
+
+
+class HeartbeatThread:
+    """Runs the real heartbeat loop of a few range-server identities on its own loop."""
+
+    def __init__(self, pd: str) -> None:
+        self.pd = pd
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: uvloop.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        tasks = [asyncio.ensure_future(heartbeat_loop(self.pd.split(","), sid,
+                                                      f"127.0.0.1:{7400 + i}", "ssd", dict))
+                 for i, sid in enumerate(SERVER_IDS)]
+        while not self.stop.is_set():
+            await asyncio.sleep(0.05)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdCluster]:
+    c = start_pd_cluster(Path(tmp_path_factory.mktemp("pd-http")))
+    beats = HeartbeatThread(c.rpc_addresses)
+    beats.thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        for url in c.http_urls:
+            while True:
+                servers = http_json(url + "/v1/rangeservers")[1]["rangeservers"]
+                if sum(1 for s in servers if s["alive"]) == 3:
+                    break
+                assert time.monotonic() < deadline, servers
+                time.sleep(0.1)
+        yield c
+    finally:
+        beats.stop.set()
+        beats.thread.join(10)
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def url(cluster: PdCluster) -> str:
+    return cluster.http_urls[cluster.followers()[0]]  # a follower: writes are forwarded
+
+
+def validate(path: str, method: str, status: int, body: Any) -> None:
+    """Check ``body`` against the schema the OpenAPI document gives for this response.
+
+    Without the ``jsonschema`` package only the status is checked to be documented
+    (``test_openapi_document`` then reports the skip).
+    """
+    from pd.openapi import OPENAPI
+
+    operation = OPENAPI["paths"][path][method.lower()]
+    response = operation["responses"][str(status)]
+    schema = response["content"]["application/json"]["schema"]
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    jsonschema.validate(body, {**schema, "components": OPENAPI["components"]})
+
+
+def call(url: str, path: str, method: str = "GET", body: Any = None, *,
+         raw: bytes | None = None, spec_path: str | None = None) -> tuple[int, Any]:
+    status, answer = http_json(url + path, method, body, raw=raw)
+    if spec_path is not None:
+        validate(spec_path, method, status, answer)
+    return status, answer
+
+
+def test_cluster_view(cluster: PdCluster, url: str) -> None:
+    status, body = call(url, "/v1/cluster", spec_path="/v1/cluster")
+    assert status == 200
+    leader = cluster.nodes[cluster.leader()]
+    assert body["leader"]["address"] == leader.rpc and body["leader"]["id"] == leader.id
+    assert sorted(n["address"] for n in body["nodes"]) == sorted(n.rpc for n in cluster.nodes)
+    assert [n["role"] for n in body["nodes"]].count("leader") == 1
+    assert body["term"] >= 1
+
+
+def test_create_describe_list_delete(url: str, cluster: PdCluster) -> None:
+    status, stream = call(url, "/v1/streams", "POST", {"name": "orders", "replicas": 3,
+                                                       "ack_count": 2}, spec_path="/v1/streams")
+    assert status == 201, stream
+    assert stream["name"] == "orders" and stream["ranges"][0]["state"] == "open"
+    assert stream["ranges"][0]["end"] is None and len(stream["ranges"][0]["replicas"]) == 3
+    status, same = call(url, "/v1/streams/orders", spec_path="/v1/streams/{name}")
+    assert status == 200 and same == stream
+    status, listing = call(url, "/v1/streams", spec_path="/v1/streams")
+    assert status == 200 and "orders" in [s["name"] for s in listing["streams"]]
+    status, body = call(url, "/v1/streams", "POST", {"name": "orders"}, spec_path="/v1/streams")
+    assert status == 409 and body["error"]["code"] == "STREAM_EXISTS"
+    status, body = call(url, "/v1/streams", "POST", {"name": "defaults"},
+                        spec_path="/v1/streams")
+    assert status == 201 and (body["replicas"], body["ack_count"]) == (3, 2)
+    status, body = call(url, "/v1/streams/orders", "DELETE", spec_path="/v1/streams/{name}")
+    assert status == 200 and body == {"deleted": "orders"}
+    status, body = call(url, "/v1/streams/orders", spec_path="/v1/streams/{name}")
+    assert status == 404 and body["error"]["code"] == "STREAM_NOT_FOUND"
+    status, body = call(url, "/v1/streams/orders", "DELETE", spec_path="/v1/streams/{name}")
+    assert status == 404
+
+
+@pytest.mark.parametrize(
+    ("raw", "argument"),
+    [
+        (b"{not json", "body"),
+        (b"\xff\xfe", "body"),
+        (b"", "body"),
+        (b"[1, 2]", "body"),
+        (b'"orders"', "body"),
+        (b"{}", "name"),
+        (b'{"name": 5}', "name"),
+        (b'{"name": "x", "replicas": "3"}', "replicas"),
+        (b'{"name": "x", "replicas": true}', "replicas"),
+        (b'{"name": "x", "replicas": 2.5}', "replicas"),
+        (b'{"name": "x", "ack_count": null}', "ack_count"),
+        (b'{"name": "x", "hints": "ssd"}', "hints"),
+        (b'{"name": "x", "hints": [1]}', "hints"),
+        (b'{"name": "x", "hints": ["floppy"]}', "hints"),
+        (b'{"name": "x", "replicas": 2, "ack_count": 3}', "ack_count"),
+        (b'{"name": "x", "replicas": 9}', "replicas"),
+        (b'{"name": ".hidden"}', "name"),
+        (b'{"name": "a/b"}', "name"),
+        (b'{"name": "x", "type": ".system"}', "type"),
+    ],
+)
+def test_bad_input_is_400(url: str, raw: bytes, argument: str) -> None:
+    status, body = call(url, "/v1/streams", "POST", raw=raw, spec_path="/v1/streams")
+    assert status == 400, body
+    assert body["error"]["code"] == "INVALID_ARGUMENT" and body["error"]["message"]
+    status, listing = call(url, "/v1/streams")
+    assert "x" not in [s["name"] for s in listing["streams"]]  # nothing was created
+
+
+def test_unknown_fields_are_ignored(url: str) -> None:
+    status, body = call(url, "/v1/streams", "POST", {"name": "extra", "colour": "blue"},
+                        spec_path="/v1/streams")
+    assert status == 201 and "colour" not in body
+
+
+def test_unknown_paths_and_methods_answer_json_errors(url: str) -> None:
+    status, body = call(url, "/v1/nothing")
+    assert status == 404 and body["error"]["code"] == "NOT_FOUND"
+    status, body = call(url, "/v1/cluster", "POST", {})
+    assert status == 405 and "error" in body
+
+
+def test_rangeservers(url: str) -> None:
+    status, body = call(url, "/v1/rangeservers", spec_path="/v1/rangeservers")
+    assert status == 200
+    assert sorted(s["id"] for s in body["rangeservers"]) == SERVER_IDS
+    assert all(s["alive"] and s["storage_class"] == "ssd" for s in body["rangeservers"])
+
+
+def test_healthz_and_metrics(cluster: PdCluster, url: str) -> None:
+    status, body = call(url, "/healthz", spec_path="/healthz")
+    assert status == 200 and body["status"] == "ok" and body["role"] == "follower"
+    call(url, "/v1/streams", "POST", {"name": "metered"})
+    status, text = call(url, "/metrics")
+    assert status == 200 and isinstance(text, str)
+    metrics = {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1] for line in text.splitlines()
+               if line and not line.startswith("#")}
+    assert metrics["estream_pd_raft_role"] == "0"
+    assert int(metrics["estream_pd_raft_commit_index"]) > 0
+    assert int(metrics["estream_pd_streams"]) >= 1
+    assert metrics["estream_pd_rangeservers_live"] == "3"
+    assert any(k.startswith('estream_pd_requests_total{api="http",op="POST /v1/streams"')
+               for k in metrics)
+    assert all(k.startswith("estream_") for k in metrics)
+    leader_url = cluster.http_urls[cluster.leader()]
+    _, text = call(leader_url, "/metrics")
+    assert "estream_pd_raft_role 2" in text
+
+
+def test_openapi_document(url: str) -> None:
+    status, doc = call(url, "/v1/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.")
+    assert set(doc["paths"]) == {"/v1/cluster", "/v1/streams", "/v1/streams/{name}",
+                                 "/v1/rangeservers", "/v1/openapi.json", "/healthz", "/metrics"}
+    jsonschema = pytest.importorskip("jsonschema")
+    for name, schema in doc["components"]["schemas"].items():
+        jsonschema.Draft202012Validator.check_schema(schema), name
+    validate("/v1/openapi.json", "GET", 200, doc)
+
+
+def test_every_node_answers_reads(cluster: PdCluster) -> None:
+    call(cluster.http_urls[cluster.leader()], "/v1/streams", "POST", {"name": "everywhere"})
+    for node_url in cluster.http_urls:
+        deadline = time.monotonic() + 5
+        while True:
+            status, body = call(node_url, "/v1/streams/everywhere")
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert status == 200, body
+        validate("/v1/streams/{name}", "GET", 200, body)
