@@ -79,13 +79,15 @@ class Hosts:
         p = self.pd_port
         for i, host in enumerate(PD_HOSTS):
             peers = ",".join(f"{h}:{p + 10}" for h in PD_HOSTS if h != host)
+            data = str(self.tmp / host / "pd")
             args = [*ESTREAM, "pd", "--id", str(i), "--listen", f"{host}:{p}",
                     "--raft", f"{host}:{p + 10}", "--peers", peers,
-                    "--http", f"{host}:{p + 20}", "--data-dir", str(self.tmp / host / "pd")]  # fmt: skip
+                    "--http", f"{host}:{p + 20}", "--data-dir", data]  # fmt: skip
             self.pd[host] = ManagedProcess(args, self.tmp / host / "pd.log").start()
         for host in RS_HOSTS:
+            data = str(self.tmp / host / "rs")
             args = [*ESTREAM, "rangeserver", "--listen", f"{host}:{self.rs_port}",
-                    "--pd", self.pd_addresses, "--data-dir", str(self.tmp / host / "rs")]  # fmt: skip
+                    "--pd", self.pd_addresses, "--data-dir", data]  # fmt: skip
             self.rs[host] = ManagedProcess(args, self.tmp / host / "rs.log").start()
         for host, proc in self.pd.items():
             proc.wait_listening(f"{host}:{p}")
