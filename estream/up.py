@@ -135,7 +135,7 @@ def restart_delay_s(failures: int) -> float:
     >>> [restart_delay_s(n) for n in (1, 2, 3, 6)]
     [0.5, 1.0, 2.0, 10.0]
     """
-    return min(RESTART_DELAY_S_MIN * 2 ** max(failures - 1, 0), RESTART_DELAY_S_MAX)
+    return min(RESTART_DELAY_S_MIN * 2.0 ** max(failures - 1, 0), RESTART_DELAY_S_MAX)
 
 
 # --- readiness probe (HTTP to the PD admin API) ---------------------------------------------
