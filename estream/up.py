@@ -51,6 +51,7 @@ STABLE_RUN_S = 30.0
 STOP_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.2
+READY_REPORT_S = 5.0
 
 
 # --- the plan (pure) ------------------------------------------------------------------------
@@ -348,6 +349,7 @@ class _Readiness:
         self.ready = False
         self.warned = False
         self.next_probe = 0.0
+        self.last_report = self.started
 
     def __call__(self) -> None:
         now = time.monotonic()
@@ -361,6 +363,9 @@ class _Readiness:
         elif not self.warned and now - self.started > self.timeout_s:
             self.warned = True
             _say(f"still not ready after {self.timeout_s:.0f}s: waiting for {waiting}")
+        elif now - self.last_report >= READY_REPORT_S:
+            self.last_report = now
+            _say(f"waiting for {waiting} ({now - self.started:.0f}s)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

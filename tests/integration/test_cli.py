@@ -108,3 +108,21 @@ def test_help_documents_every_command(args: list[str]) -> None:
     assert "usage:" in result.stdout
     if args[0] in ("pd", "rangeserver"):
         assert "ESTREAM_DATA_DIR" in result.stdout and "--config" in result.stdout
+
+
+def test_pure_cli_helpers() -> None:
+    from estream.commands.bench import percentile
+    from estream.commands.output import human_bytes
+    from estream.commands.records import parse_headers, record_json
+    from estream.record import Record
+
+    assert parse_headers(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
+    with pytest.raises(ValueError):
+        parse_headers(["=v"])
+    line = record_json(Record(b"hi", {"k": "v"}, 5, 7))
+    assert line == '{"headers": {"k": "v"}, "offset": 7, "timestamp": 5, "value": "hi"}'
+    assert '"value_b64": "/w=="' in record_json(Record(b"\xff", {}, 0, 0))
+    assert (human_bytes(0), human_bytes(1536), human_bytes(None)) == ("0 B", "1.5 KiB", "-")
+    assert percentile([], 0.5) == 0.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
