@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgpack
+import pysyncobj.journal as _journal_module
 import pysyncobj.syncobj as _syncobj_module
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal, MetaStorer
 from pysyncobj.pickle import dumps as _pickle_dumps
+from pysyncobj.pickle import loads as _pickle_loads
 
 from estream.errors import EstreamError, Overloaded, Timeout, Unavailable
 from pd.catalog import Catalog, CatalogView, Result
@@ -62,6 +64,13 @@ except ImportError:  # pragma: no cover
 class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
     """pysyncobj's term/vote store, with an fsync before the atomic rename."""
 
+    def getMeta(self) -> Any:  # noqa: N802 - pysyncobj's name
+        try:
+            with open(self.getPath(), "rb") as f:
+                return _pickle_loads(f.read())
+        except (OSError, EOFError, ValueError):
+            return {}
+
     def storeMeta(self, meta: Any) -> None:  # noqa: N802 - pysyncobj's name
         path = self.getPath()
         with open(path + ".tmp", "wb") as f:
@@ -76,8 +85,7 @@ class DurableFileJournal(FileJournal):  # type: ignore[misc]
     """pysyncobj's FileJournal with every change synced to disk before it returns."""
 
     def __init__(self, journal_file: str) -> None:
-        super().__init__(journal_file)
-        self._FileJournal__metaStorer = _DurableMetaStorer(journal_file + ".meta")
+        super().__init__(journal_file)  # builds a _DurableMetaStorer (patched below)
         self._batching = False
         _fsync_dir(os.path.dirname(journal_file) or ".")
 
@@ -114,8 +122,10 @@ def _create_journal(journal_file: str | None = None) -> Any:
     return DurableFileJournal(journal_file)
 
 
-# pysyncobj builds its journal with a module-level factory; point it at the durable one.
+# pysyncobj builds its journal and meta store through module-level names; point them at
+# the durable versions (this module is the only user of pysyncobj in the process).
 _syncobj_module.createJournal = _create_journal
+_journal_module.MetaStorer = _DurableMetaStorer
 
 
 def _fsync_dir(path: str) -> None:
@@ -226,12 +236,14 @@ class RaftNode:
         *,
         password: str | None = None,
         propose_timeout_s: float = propose_timeout_s,
+        compaction_entries: int = log_compaction_entries,
     ) -> None:
         self.self_address = self_address
         self.peers = list(peers)
         self.data_dir = data_dir
         self.password = password
         self.propose_timeout_s = propose_timeout_s
+        self.compaction_entries = compaction_entries
         self._obj: _CatalogSyncObj | None = None
         self._view: CatalogView | None = None
         self.proposals = 0
@@ -251,6 +263,7 @@ class RaftNode:
             journalFile=str(self.data_dir / "raft.journal"),
             fullDumpFile=str(self.data_dir / "raft.dump"),
             appendEntriesUseBatch=False,
+            autoTickPeriod=0.01,  # a one-node group commits on the tick after the append
             commandsWaitLeader=False,
             leaderFallbackTimeout=2.5,
             connectionRetryTime=1.0,
@@ -259,7 +272,7 @@ class RaftNode:
             raftMaxTimeout=1.2,
             appendEntriesPeriod=0.1,
             useFork=False,
-            logCompactionMinEntries=log_compaction_entries,
+            logCompactionMinEntries=self.compaction_entries,
             logCompactionMinTime=600,
             password=password,
             dynamicMembershipChange=False,

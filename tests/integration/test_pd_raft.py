@@ -1,0 +1,86 @@
+"""The pysyncobj adapter in-process: durable journal, snapshots, restart, rejections."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from estream.errors import InvalidArgument, StreamExists
+from estream.meta import StreamMeta
+from pd.commands import CreateStream, OpenWriter, RegisterServer
+from pd.raft import DurableFileJournal, RaftNode
+from tests.harness.process import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def test_durable_journal_survives_reopen(tmp_path: Path) -> None:
+    path = str(tmp_path / "j")
+    journal = DurableFileJournal(path)
+    for i in range(1, 51):
+        journal.add(b"cmd%d" % i, i, 1)
+    journal.deleteEntriesFrom(40)  # drop entries 41..50
+    journal.setCurrentTerm(3, "node-b")
+    journal._destroy()
+    again = DurableFileJournal(path)
+    assert len(again) == 40 and again[39] == (b"cmd40", 40, 1)
+    assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (3, "node-b")
+    again.deleteEntriesTo(30)  # compaction keeps the tail
+    again._destroy()
+    third = DurableFileJournal(path)
+    assert [e[1] for e in third] == list(range(31, 41))
+    third._destroy()
+
+
+async def _wait_leader(node: RaftNode, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while node.leader() is None:
+        assert time.monotonic() < deadline, "no leader"
+        await asyncio.sleep(0.05)
+
+
+async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    node = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
+    node.start()
+    try:
+        await _wait_leader(node)
+        await node.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        for i in range(60):  # past the compaction threshold: a dump is written
+            result = await node.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",), f"r{i}"))
+            assert isinstance(result, StreamMeta) and result.id == i + 1
+        with pytest.raises(StreamExists):
+            await node.propose(CreateStream("s0", 1, 1, "", (), ("rs1",), "other"))
+        with pytest.raises(InvalidArgument):  # a rejection is returned, the node keeps going
+            await node.propose(CreateStream("bad", 1, 1, ".sys", (), ("rs1",)))
+        epoch = await node.propose(OpenWriter("s5"))
+        assert isinstance(epoch, StreamMeta) and epoch.epoch == 1
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "raft.dump").exists():
+            assert time.monotonic() < deadline, "no snapshot was written"
+            await node.propose(OpenWriter("s5"))
+        assert node.status().log_entries < 60  # the journal was compacted
+        before = node.view().streams
+    finally:
+        await asyncio.to_thread(node.close)
+    again = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
+    again.start()
+    try:
+        await _wait_leader(again)
+        deadline = time.monotonic() + 10
+        while again.view().streams != before:
+            assert time.monotonic() < deadline, "catalog not restored"
+            await asyncio.sleep(0.05)
+        created = await again.propose(CreateStream("next", 1, 1, "", (), ("rs1",)))
+        assert isinstance(created, StreamMeta) and created.id == 61
+        times = []
+        for _ in range(50):
+            started = time.perf_counter()
+            await again.propose(OpenWriter("next"))
+            times.append(time.perf_counter() - started)
+        assert sorted(times)[25] < 0.03  # not waiting on pysyncobj's 100 ms batching tick
+    finally:
+        await asyncio.to_thread(again.close)
