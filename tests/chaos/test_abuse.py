@@ -15,7 +15,6 @@ import random
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
