@@ -2,7 +2,8 @@
 
 schemathesis generates requests for every documented operation of a real PD node with
 range servers behind it: positive cases (valid by the schema) and negative ones (bodies
-and path parameters that break it). Every response must match the documented schema and be no 5xx, except
+and path parameters that break it). Every response must match the documented schema
+and be no 5xx, except
 503 with the error shape (the contract's answer when no leader or too few live range
 servers can serve it). (schemathesis's own pytest plugin, ``from_fixture``, does not run on
 pytest 9 yet, so the operations are driven with hypothesis's ``given`` directly.)
