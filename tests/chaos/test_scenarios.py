@@ -1,0 +1,182 @@
+"""Fault scenarios under load on a real cluster (3 PD + 4 range servers, 127.0.0.x).
+
+Each scenario runs appending writers and tailing readers (:mod:`tests.chaos.workload`),
+injects its faults, reads everything back, checks the history
+(:mod:`tests.chaos.history`) and prints one ``[chaos]`` line of figures. Quick variants
+run in ``make test``; the long ones are ``@pytest.mark.slow`` (``make chaos``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.harness import ChaosCluster
+from tests.chaos.history import Verdict
+from tests.chaos.workload import Workload, report
+
+pytest.importorskip("estream.client", reason="the SDK (estream/client.py) has not landed yet")
+
+pytestmark = pytest.mark.integration
+
+acks_after_fault = 20
+fault_recovery_s = 15.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
+    c = ChaosCluster(tmp_path).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def open_range_replicas(cluster: ChaosCluster, stream: str) -> list[str]:
+    last = cluster.describe(stream)["ranges"][-1]
+    assert last["end"] is None, last
+    return [ref["address"] for ref in last["replicas"]]
+
+
+async def run_with_faults(cluster: ChaosCluster, name: str, faults, *,  # type: ignore[no-untyped-def]
+                          writers: int = 1, readers: int = 2) -> tuple[Workload, Verdict, object]:
+    """Create the stream, run the workload while ``faults(workload)`` runs, then judge."""
+    import estream
+
+    async with await estream.connect(cluster.pd, timeout_s=10.0) as client:
+        await client.create_stream(name, replicas=3, ack_count=2)
+        work = Workload(cluster, name)
+        reader_tasks = [asyncio.ensure_future(work.reader(client, f"r{i}"))
+                        for i in range(readers)]
+        writer_tasks = [asyncio.ensure_future(work.writer(client, f"w{i}", 1_000_000))
+                        for i in range(writers)]
+        try:
+            await work.acks_after(0.0, acks_after_fault, fault_recovery_s)
+            result = await faults(work)
+        finally:
+            work.stop()
+            await asyncio.wait_for(asyncio.gather(*writer_tasks, return_exceptions=True), 30)
+            await asyncio.sleep(0.5)  # let the tails catch up with the last records
+            for task in reader_tasks:
+                task.cancel()
+            await asyncio.gather(*reader_tasks, return_exceptions=True)
+        verdict = await work.finish(client)
+    assert verdict.ok, verdict.violations[:20]
+    assert verdict.lost == 0 and verdict.duplicates == 0
+    return work, verdict, result
+
+
+async def kill_open_range_server(cluster: ChaosCluster, name: str, cycles: int) -> None:
+    async def faults(work: Workload) -> list[float]:
+        delays: list[float] = []
+        for _ in range(cycles):
+            victim = cluster.server(open_range_replicas(cluster, name)[0])
+            victim.kill9()
+            killed_at = time.monotonic()
+            await work.acks_after(killed_at, acks_after_fault, fault_recovery_s)
+            delay = work.next_ack_after(killed_at)
+            assert delay is not None
+            delays.append(delay)
+            victim.start()
+            await asyncio.to_thread(cluster.wait_servers_alive)
+        return delays
+
+    _, verdict, delays = await run_with_faults(cluster, name, faults)
+    assert isinstance(delays, list)
+    report(f"kill9-open-range-server x{cycles}", verdict, faults=cycles,
+           kill_to_ack_p50_s=f"{statistics.median(delays):.3f}",
+           kill_to_ack_max_s=f"{max(delays):.3f}")
+
+
+async def test_kill9_range_server_holding_open_range_quick(cluster: ChaosCluster) -> None:
+    await kill_open_range_server(cluster, "kill9-quick", cycles=3)
+
+
+@pytest.mark.slow
+async def test_kill9_range_server_holding_open_range_25_cycles(cluster: ChaosCluster) -> None:
+    await kill_open_range_server(cluster, "kill9-slow", cycles=25)
+
+
+async def test_racing_writers_exactly_one_wins(cluster: ChaosCluster) -> None:
+    import estream
+
+    rounds = 5
+    async with await estream.connect(cluster.pd) as a, await estream.connect(cluster.pd) as b:
+        await a.create_stream("race", replicas=3, ack_count=2)
+        winners = []
+        for i in range(rounds):
+            wa, wb = await asyncio.gather(a.open_writer("race"), b.open_writer("race"))
+            assert wa.epoch != wb.epoch
+            results = await asyncio.gather(wa.append(b"a%d" % i), wb.append(b"b%d" % i),
+                                           return_exceptions=True)
+            wins = [r for r in results if isinstance(r, int)]
+            losses = [r for r in results if isinstance(r, estream.Fenced)]
+            assert len(wins) == 1 and len(losses) == 1, results
+            winner = wa if isinstance(results[0], int) else wb
+            assert winner.epoch == max(wa.epoch, wb.epoch), "the newest epoch wins"
+            winners.append(winner)
+            for w in (wa, wb):
+                try:
+                    await w.close()
+                except estream.EstreamError:
+                    pass
+        values = [r.value async for r in a.read("race", 0)]
+        assert len(values) == rounds, values
+    print(f"[chaos] racing-writers: rounds={rounds} exactly_one_winner=all lost=0 duplicates=0")
+
+
+async def test_sigstop_replica_and_return(cluster: ChaosCluster) -> None:
+    async def faults(work: Workload) -> float:
+        victim = cluster.server(open_range_replicas(cluster, "sigstop")[1])
+        victim.pause()
+        stopped_at = time.monotonic()
+        try:
+            await work.acks_after(stopped_at, acks_after_fault, fault_recovery_s)
+            await asyncio.sleep(2.0)
+        finally:
+            victim.resume()
+        resumed_at = time.monotonic()
+        await work.acks_after(resumed_at, acks_after_fault, fault_recovery_s)
+        delay = work.next_ack_after(stopped_at)
+        assert delay is not None
+        return delay
+
+    _, verdict, delay = await run_with_faults(cluster, "sigstop", faults)
+    report("sigstop-replica", verdict, faults=1, stop_to_ack_s=f"{delay:.3f}")
+
+
+async def test_kill9_pd_leader_and_all_pd_nodes_under_load(cluster: ChaosCluster) -> None:
+    from estream.pdclient import PDClient
+
+    async def faults(work: Workload) -> dict[str, float]:
+        pd = cluster.pd_cluster
+        leader = await asyncio.to_thread(pd.leader)
+        pd.kill9(leader)
+        killed_at = time.monotonic()
+        async with PDClient(cluster.pd, timeout_s=10) as client:
+            await client.create_stream("after-leader-kill", replicas=3, ack_count=2)
+        failover = time.monotonic() - killed_at
+        await work.acks_after(killed_at, acks_after_fault, fault_recovery_s)
+        pd.nodes[leader].start()
+        await asyncio.to_thread(pd.nodes[leader].wait_serving)
+        for i in range(len(pd.nodes)):  # all at once
+            pd.kill9(i)
+        all_killed_at = time.monotonic()
+        await work.acks_after(all_killed_at, acks_after_fault, fault_recovery_s)
+        for node in pd.nodes:
+            node.start()
+        for node in pd.nodes:
+            await asyncio.to_thread(node.wait_serving)
+        await asyncio.to_thread(pd.leader)
+        return {"pd_failover_s": failover}
+
+    _, verdict, figures = await run_with_faults(cluster, "pd-kill", faults)
+    assert isinstance(figures, dict)
+    report("kill9-pd-leader-and-all-pd", verdict, faults=4,
+           pd_failover_s=f"{figures['pd_failover_s']:.3f}")
+    assert figures["pd_failover_s"] < 5.0
