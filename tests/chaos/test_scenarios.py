@@ -180,3 +180,52 @@ async def test_kill9_pd_leader_and_all_pd_nodes_under_load(cluster: ChaosCluster
     report("kill9-pd-leader-and-all-pd", verdict, faults=4,
            pd_failover_s=f"{figures['pd_failover_s']:.3f}")
     assert figures["pd_failover_s"] < 5.0
+
+
+async def test_range_server_cut_off_by_iptables_while_writing(cluster: ChaosCluster) -> None:
+    from tests.chaos.test_node_faults import cut_off, iptables
+
+    if iptables("-L", "OUTPUT", "-n").returncode != 0:
+        pytest.skip("iptables cannot work in this sandbox")
+    rules: list[list[str]] = []
+
+    async def faults(work: Workload) -> float:
+        victim = cluster.server(open_range_replicas(cluster, "cutoff")[0])
+        try:
+            cut_off(rules, victim.host)
+            cut_at = time.monotonic()
+            await work.acks_after(cut_at, acks_after_fault, fault_recovery_s)
+        finally:
+            for rule in rules:
+                iptables("-D", *rule)
+        delay = work.next_ack_after(cut_at)
+        assert delay is not None
+        return delay
+
+    try:
+        _, verdict, delay = await run_with_faults(cluster, "cutoff", faults)
+    finally:
+        for rule in rules:
+            iptables("-D", *rule)
+    report("iptables-cut-off-while-writing", verdict, faults=1, cut_to_ack_s=f"{delay:.3f}")
+
+
+async def test_flipped_byte_and_torn_tail_while_down(cluster: ChaosCluster) -> None:
+    """Damage a sealed range's replica file while its server is down: reads fail over."""
+
+    async def faults(work: Workload) -> int:
+        victim = cluster.server(open_range_replicas(cluster, "damage")[0])
+        victim.kill9()  # the writer rolls: the range it held is sealed
+        killed_at = time.monotonic()
+        await work.acks_after(killed_at, acks_after_fault, fault_recovery_s)
+        segments = sorted((victim.data_dir / "wal").glob("*.wal"))
+        assert segments
+        data = bytearray(segments[0].read_bytes())
+        data[len(data) // 2] ^= 0x40  # a flipped byte in the middle
+        segments[0].write_bytes(bytes(data[:-5]))  # and a torn tail
+        victim.start()
+        await asyncio.to_thread(cluster.wait_servers_alive)
+        return 2
+
+    _, verdict, faults_done = await run_with_faults(cluster, "damage", faults)
+    report("flipped-byte-and-torn-tail", verdict, faults=faults_done)
