@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +230,62 @@ async def test_flipped_byte_and_torn_tail_while_down(cluster: ChaosCluster) -> N
 
     _, verdict, faults_done = await run_with_faults(cluster, "damage", faults)
     report("flipped-byte-and-torn-tail", verdict, faults=faults_done)
+
+
+def history_from_writer_log(history, name: str, text: str) -> int:  # type: ignore[no-untyped-def]
+    """Fold one writer process's log into ``history``; returns its acknowledgements."""
+    attempted: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if parts[0] == "A" and len(parts) == 2:
+            attempted[parts[1]] = "unknown"
+        elif parts[0] == "K" and len(parts) == 3:
+            history.ack(name, parts[1].encode(), int(parts[2]))
+            attempted.pop(parts[1], None)
+        elif parts[0] == "F" and len(parts) == 3:
+            history.fail(name, parts[1].encode(), parts[2])
+            attempted.pop(parts[1], None)
+    for value in attempted:  # killed mid-append: stored once or not at all
+        history.fail(name, value.encode(), "killed", unknown=True)
+    return sum(1 for a in history.appends if a.writer == name and a.offset is not None)
+
+
+async def test_kill9_writer_process_and_recovery_by_a_new_writer(
+    cluster: ChaosCluster, tmp_path: Path
+) -> None:
+    import estream
+    from tests.chaos.history import History, check
+    from tests.harness.process import ManagedProcess
+
+    generations = 3
+    history = History()
+    async with await estream.connect(cluster.pd, timeout_s=10.0) as client:
+        await client.create_stream("writer-kill", replicas=3, ack_count=2)
+        for g in range(generations):
+            log = tmp_path / f"writer{g}.log"
+            proc = ManagedProcess(
+                [sys.executable, "-m", "tests.chaos.writer_proc", cluster.pd, "writer-kill",
+                 f"g{g}", str(log)], tmp_path / f"writer{g}.out",
+                env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])}).start()
+            try:
+                deadline = time.monotonic() + fault_recovery_s
+                while time.monotonic() < deadline:
+                    text = log.read_text() if log.exists() else ""
+                    if text.count("\nK ") >= 50:
+                        break
+                    assert proc.alive(), proc.log_text()[-2000:]
+                    await asyncio.sleep(0.05)
+                proc.kill9()
+            finally:
+                proc.stop()
+            acked = history_from_writer_log(history, f"g{g}", log.read_text())
+            assert acked >= 50, f"generation {g} acknowledged only {acked}"
+        # A final writer recovers the last one's range and closes it.
+        writer = await client.open_writer("writer-kill")
+        await writer.close()
+        history.start_offset = (await client.describe_stream("writer-kill")).start_offset
+        history.final = [(r.offset, r.value) async for r in client.read("writer-kill", 0)]
+        history.replicas = await cluster.sealed_replicas("writer-kill")
+    verdict = check(history)
+    report("kill9-writer-process", verdict, faults=generations)
+    assert verdict.ok, verdict.violations[:20]
