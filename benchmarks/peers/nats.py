@@ -69,13 +69,23 @@ def nats_cluster(work: Path, *, sync_always: bool) -> Iterator[NatsCluster]:
 
 
 @contextlib.asynccontextmanager
-async def connect(cluster: NatsCluster) -> AsyncIterator[tuple[nats.NATS, JetStreamContext]]:
-    nc = await nats.connect(servers=cluster.urls, connect_timeout=5, max_reconnect_attempts=60,
+async def connect(cluster: NatsCluster, exclude: str = ""
+                  ) -> AsyncIterator[tuple[nats.NATS, JetStreamContext]]:
+    """A nats-py connection (to any node but ``exclude``) and its JetStream context."""
+    urls = [u for u, n in zip(cluster.urls, cluster.names, strict=True) if n != exclude]
+    nc = await nats.connect(servers=urls, connect_timeout=5, max_reconnect_attempts=60,
                             reconnect_time_wait=0.1)
     try:
         yield nc, nc.jetstream(timeout=10.0)
     finally:
         await nc.close()
+
+
+def connected_name(cluster: NatsCluster, nc: nats.NATS) -> str:
+    """The name of the node ``nc`` is connected to right now."""
+    url = nc.connected_url
+    assert url is not None
+    return cluster.names[cluster.urls.index(f"nats://{url.hostname}:{url.port}")]
 
 
 async def create_stream(js: JetStreamContext, name: str, replicas: int = NODES) -> str:

@@ -1,0 +1,434 @@
+"""estream beside the systems a user would pick instead, on this machine, in one run.
+
+Scenarios (issue 8), each printing estream's figure, each peer's, and the ratio:
+  1. append throughput, many in flight, 1 KiB and 100 B records;
+  2. append latency, one in flight: p50, p99, p99.9;
+  3. catch-up read of N records (1,000,000 at full scale); tail latency (append -> visible);
+  4. a replica killed mid-run: worst and p99.9 latency in the 5 s around the kill, failures;
+  5. placement-driver commits: estream PD beside etcd (reusing ``bench_pd.py``);
+  6. scaling: 1, 2, 4 and 8 writers on different streams.
+Plus the machine's ceiling (fdatasync loop, loopback bandwidth).
+
+Peers: NATS JetStream 3 nodes R3 file storage ``sync_interval: always`` (and its default
+sync as a non-durable row), Redis 7 ``appendfsync always`` (one node), etcd 3.4 x3.
+Each system's servers are started for its block of scenarios and stopped by PID in a
+``finally``; every load loop is bounded in count and time.
+
+    python -m benchmarks.compare [--scale full|quick|smoke] [--only estream,nats,...]
+
+Writes ``benchmarks/results/compare.json`` (figures + latency samples for the charts),
+``benchmarks/results/compare.md`` and the comparison section of ``benchmarks/RESULTS.md``.
+
+Side effects: child processes, files under a temporary work dir and ``benchmarks/results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks import bench_pd, drivers, report
+from benchmarks.peers import estream as pe
+from benchmarks.peers import machine
+from benchmarks.peers import nats as pn
+from benchmarks.peers import redis as pr
+from benchmarks.peers.load import run_ops
+from benchmarks.peers.stats import Measurement
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SAMPLES_KEPT = 20_000
+KIB = 1024
+SMALL = 100
+RETRY_S = 10.0
+
+ESTREAM = "estream R3 ack2 fsync"
+NATS = "NATS JetStream R3 sync always"
+NATS_DEFAULT = "NATS JetStream R3 default sync (not durable)"
+REDIS = "Redis 7 appendfsync always (1 node)"
+MACHINE = "machine"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much each scenario does; every loop also stops at its time bound."""
+
+    inflight: int = 256
+    burst_count: int = 200_000
+    burst_s: float = 10.0
+    one_count: int = 5_000
+    one_s: float = 8.0
+    read_count: int = 1_000_000
+    fill_s: float = 75.0
+    read_s: float = 60.0
+    tail_count: int = 1_000
+    tail_s: float = 8.0
+    kill_run_s: float = 10.0
+    kill_at_s: float = 4.0
+    kill_rate: float = 1_000.0
+    pd_ops: int = 1_000
+    pd_failovers: int = 2
+    writers: tuple[int, ...] = (1, 2, 4, 8)
+    scale_s: float = 5.0
+    fsync_count: int = 20_000
+    fsync_s: float = 3.0
+
+
+SCALES = {
+    "full": Scale(),
+    "quick": Scale(burst_count=20_000, burst_s=3.0, one_count=1_000, one_s=2.0,
+                   read_count=50_000, fill_s=10.0, read_s=10.0, tail_count=200, tail_s=2.0,
+                   kill_run_s=6.0, kill_at_s=2.5, pd_ops=200, pd_failovers=1, writers=(1, 4),
+                   scale_s=2.0, fsync_s=1.0),
+    "smoke": Scale(inflight=32, burst_count=500, burst_s=2.0, one_count=100, one_s=1.0,
+                   read_count=2_000, fill_s=5.0, read_s=5.0, tail_count=20, tail_s=1.0,
+                   kill_run_s=4.0, kill_at_s=1.5, kill_rate=200.0, pd_ops=30,
+                   pd_failovers=0, writers=(1, 2), scale_s=1.0,
+                   fsync_count=200, fsync_s=0.5),
+}
+
+
+class Run:
+    """Every measurement of this run, in order."""
+
+    def __init__(self, scale_name: str, scale: Scale) -> None:
+        self.scale_name, self.scale = scale_name, scale
+        self.measurements: list[Measurement] = []
+
+    def add(self, m: Measurement) -> Measurement:
+        self.measurements.append(m)
+        print(report.line(m), flush=True)
+        return m
+
+    def pending(self, scenario: str, system: str, reason: str) -> None:
+        self.add(Measurement(scenario, system, pending=reason))
+
+
+# --- scenarios, each against one driver -------------------------------------------------------
+
+
+async def burst(run: Run, drv: Any, scenario: str, size: int, inflight: int) -> Measurement:
+    log = await drv.new_log(f"burst{size}x{inflight}")
+    op, workers = drv.append_op(log, size, inflight)
+    m = Measurement(scenario, drv.name, extra={"inflight": inflight, "record_bytes": size})
+    s = run.scale
+    return run.add(await run_ops(m, op, count=s.burst_count // max(1, inflight // workers),
+                                 inflight=workers, time_s=s.burst_s))
+
+
+async def one_in_flight(run: Run, drv: Any) -> Measurement:
+    log = await drv.new_log("one")
+    op, _ = drv.append_op(log, KIB, 1)
+    m = Measurement("2 append one in flight 1KiB", drv.name)
+    return run.add(await run_ops(m, op, count=run.scale.one_count, inflight=1,
+                                 time_s=run.scale.one_s))
+
+
+async def catch_up_and_tail(run: Run, drv: Any) -> None:
+    s = run.scale
+    log = await drv.new_log("catchup")
+    t0 = time.perf_counter()
+    filled = await drv.fill(log, s.read_count, KIB, s.fill_s)
+    fill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    read = await drv.catch_up(log, filled, s.read_s)
+    m = Measurement("3 catch-up read 1KiB", drv.name, ops=read,
+                    seconds=time.perf_counter() - t0,
+                    extra={"written": filled, "fill_rate": filled / fill_s})
+    if read < filled:
+        m.note = f"read {read} of {filled} within {s.read_s}s"
+    run.add(m)
+    lat = await drv.tail(f"tail{int(time.time())}", s.tail_count, KIB, s.tail_s)
+    run.add(Measurement("3 tail latency 1KiB", drv.name, ops=len(lat), latencies_ms=lat,
+                        seconds=math.nan))
+
+
+async def scaling(run: Run, drv: Any) -> None:
+    s = run.scale
+    per_writer = max(1, s.inflight // max(s.writers))
+    for n in s.writers:
+        logs = [await drv.new_log(f"scale{n}w{k}") for k in range(n)]
+        parts = [Measurement("6 scaling", drv.name) for _ in logs]
+        ops = [drv.append_op(log, KIB, per_writer) for log in logs]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(
+            run_ops(p, op, count=s.burst_count // max(1, per_writer // w) // n, inflight=w,
+                    time_s=s.scale_s) for p, (op, w) in zip(parts, ops, strict=True)))
+        m = Measurement("6 scaling", drv.name, ops=sum(p.ops for p in parts),
+                        seconds=time.perf_counter() - t0, failed=sum(p.failed for p in parts),
+                        extra={"writers": n, "inflight": per_writer * n})
+        m.latencies_ms = [x for p in parts for x in p.latencies_ms]
+        run.add(m)
+
+
+async def kill_one(run: Run, drv: Any, log: Any, kill: Callable[[], None],
+                   system: str, retry_s: float = 0.0) -> None:
+    """Paced appends; ``kill()`` one server at ``kill_at_s``; latency over time.
+
+    ``retry_s`` > 0: the client retries a failed append for up to that long (what a NATS
+    user writes to survive an election); a failure is counted only once that runs out.
+    """
+    s = run.scale
+    op, _ = drv.append_op(log, KIB, 1)
+    if retry_s:
+        op = retrying(op, retry_s)
+    m = Measurement("4 replica killed", system, extra={"rate_per_s": s.kill_rate},
+                    note=f"client retries a failed append for up to {retry_s:g} s"
+                    if retry_s else "")
+
+    async def killer() -> None:
+        await asyncio.sleep(s.kill_at_s)
+        m.events["kill_s"] = s.kill_at_s
+        await asyncio.to_thread(kill)
+
+    task = asyncio.ensure_future(killer())
+    await run_ops(m, op, count=int(s.kill_rate * s.kill_run_s) + 1, inflight=64,
+                  time_s=s.kill_run_s, rate_per_s=s.kill_rate, timeline=True)
+    await task
+    kill_s = m.events["kill_s"]
+    around = sorted(lat for t, lat in m.timeline if kill_s - 2.5 <= t < kill_s + 2.5)
+    m.extra.update(report.window_figures(around))
+    run.add(m)
+
+
+def retrying(op: Any, retry_s: float) -> Any:
+    async def again(i: int) -> int:
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                return int(await op(i))
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.02)
+
+    return again
+
+
+# --- one block per system ---------------------------------------------------------------------
+
+
+async def common_scenarios(run: Run, drv: Any, *, full: bool = True) -> None:
+    await burst(run, drv, "1 append many in flight 1KiB", KIB, run.scale.inflight)
+    await burst(run, drv, "1 append many in flight 100B", SMALL, run.scale.inflight)
+    await one_in_flight(run, drv)
+    if full:
+        await catch_up_and_tail(run, drv)
+        await scaling(run, drv)
+
+
+async def estream_block(run: Run, work: Path) -> None:
+    reason = pe.sdk_missing()
+    if reason:
+        for scenario in report.ESTREAM_SCENARIOS:
+            run.pending(scenario, ESTREAM, reason)
+        return
+    with pe.estream_cluster(work / "estream") as cluster:
+        async with pe.connect(cluster) as client:
+            drv = drivers.EstreamDriver(ESTREAM, client)
+            try:
+                await common_scenarios(run, drv)
+                name, _ = log = await drv.new_log("kill")
+                victim = (await pe.open_range_replicas(client, name))[0]
+                await kill_one(run, drv, log, lambda: cluster.kill9(victim),
+                               f"{ESTREAM} (replica killed)")
+            finally:
+                await drv.close()
+
+
+async def nats_block(run: Run, work: Path, *, sync_always: bool) -> None:
+    system = NATS if sync_always else NATS_DEFAULT
+    with pn.nats_cluster(work / "cluster", sync_always=sync_always) as cluster:
+        async with pn.connect(cluster) as (nc, js):
+            drv = drivers.NatsDriver(system, js)
+            await common_scenarios(run, drv, full=sync_always)
+            if not sync_always:
+                return
+            log = await drv.new_log("kill")
+            # a stream follower that is not the node this client is connected to, so that
+            # the event is "a replica died" (like estream's), not also "my server died"
+            spared = {await pn.stream_leader(js, "kill"), pn.connected_name(cluster, nc)}
+            victim = next(n for n in cluster.names if n not in spared)
+            await kill_one(run, drv, log, lambda: cluster.kill9(victim),
+                           f"{NATS} (follower killed)", retry_s=RETRY_S)
+    with pn.nats_cluster(work / "leader-kill", sync_always=True) as cluster:
+        async with pn.connect(cluster) as (_nc, js):
+            log = await drivers.NatsDriver(system, js).new_log("killleader")
+            leader = await pn.stream_leader(js, "killleader")
+        async with pn.connect(cluster, exclude=leader) as (_nc, js):
+            await kill_one(run, drivers.NatsDriver(system, js), log,
+                           lambda: cluster.kill9(leader), f"{NATS} (stream leader killed)",
+                           retry_s=RETRY_S)
+
+
+async def redis_block(run: Run, work: Path) -> None:
+    with pr.redis_server(work) as server:
+        async with pr.connect(server) as client, pr.connect(server) as reader:
+            await common_scenarios(run, drivers.RedisDriver(REDIS, client, reader))
+
+
+async def pd_block(run: Run, work: Path) -> None:
+    """Scenario 5 through ``benchmarks/bench_pd.py`` (estream PD and etcd 3.4 x3)."""
+    s = run.scale
+    pd = await bench_pd.bench_pd(work, s.pd_ops, s.inflight, s.pd_failovers)
+    add_pd_rows(run, "estream PD x3", pd, ("create_stream", "seal and roll"))
+    etcd = await bench_pd.bench_etcd(work, s.pd_ops, s.inflight, s.pd_failovers)
+    add_pd_rows(run, "etcd 3.4 x3", etcd, ("put", "compare-and-put txn"))
+
+
+def add_pd_rows(run: Run, system: str, figures: dict[str, Any], labels: tuple[str, str]
+                ) -> None:
+    s = run.scale
+    for key, label in zip(("create", "seal"), labels, strict=True):
+        for mode, count in (("seq", s.pd_ops), ("inflight", s.pd_ops * 4)):
+            f = figures[f"{key}_{mode}"]
+            scenario = f"5 PD commits in flight {'1' if mode == 'seq' else 'many'}"
+            run.add(Measurement(scenario, f"{system} ({label})", ops=count,
+                                seconds=count / f["ops_s"],
+                                extra={"p50_ms": f["p50_ms"], "p99_ms": f["p99_ms"],
+                                       "inflight": 1 if mode == "seq" else s.inflight}))
+    failover = figures.get("failover_s") or []
+    if failover:
+        run.add(Measurement("5 PD leader kill -9 until next commit", system,
+                            latencies_ms=[x * 1000.0 for x in failover], seconds=math.nan))
+
+
+def machine_block(run: Run, work: Path) -> None:
+    s = run.scale
+    for group in (1, 64):
+        m = machine.fdatasync_loop(work, KIB, s.fsync_count * group, s.fsync_s, group=group)
+        m.scenario, m.extra = "0 machine ceiling", {"record_bytes": KIB}
+        run.add(m)
+    m = machine.loopback_bandwidth(4 << 30, s.fsync_s * 2)
+    m.scenario = "0 machine ceiling"
+    run.add(m)
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+BLOCKS: dict[str, Callable[[Run, Path], Any]] = {
+    "machine": lambda run, work: asyncio.to_thread(machine_block, run, work),
+    "estream": estream_block,
+    "nats": lambda run, work: nats_block(run, work, sync_always=True),
+    "nats-default": lambda run, work: nats_block(run, work, sync_always=False),
+    "redis": redis_block,
+    "pd": pd_block,
+}
+
+
+async def run_blocks(run: Run, names: list[str], work: Path) -> None:
+    for name in names:
+        print(f"--- {name} ---", flush=True)
+        t0 = time.perf_counter()
+        (work / name).mkdir(parents=True, exist_ok=True)
+        try:
+            await BLOCKS[name](run, work / name)
+        except Exception as exc:  # noqa: BLE001 - one broken system must not hide the others
+            reason = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"!!! {name} failed: {reason}", flush=True)
+            run.pending("(block)", name, f"failed: {reason}")
+        print(f"--- {name}: {time.perf_counter() - t0:.1f}s ---", flush=True)
+
+
+def machine_facts() -> dict[str, str]:
+    mem_kib = 0
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        mem_kib = int(f.readline().split()[1])
+    disk = subprocess.run(["df", "-h", "--output=source,size,avail", str(RESULTS)],
+                          capture_output=True, text=True, check=False).stdout.strip()
+    cpu = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name")), "")
+    return {"nproc": str(os.cpu_count()), "cpu": cpu, "memory_gib": f"{mem_kib / 2**20:.1f}",
+            "disk": " | ".join(disk.splitlines()[1:]), "python": platform.python_version(),
+            "kernel": platform.release(), "load_at_start": " ".join(
+                f"{x:.2f}" for x in os.getloadavg())}
+
+
+def save(run: Run, facts: dict[str, str], command: str, elapsed_s: float) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    data = {
+        "command": command, "scale": run.scale_name, "elapsed_s": round(elapsed_s, 1),
+        "machine": facts, "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "measurements": [_kept(m) for m in run.measurements],
+    }
+    path = RESULTS / "compare.json"
+    path.write_text(json.dumps(data, indent=1, default=_json_default))
+    return path
+
+
+def _kept(m: Measurement) -> dict[str, Any]:
+    """Figures plus at most SAMPLES_KEPT latency samples (evenly thinned) for the charts."""
+    step = max(1, len(m.latencies_ms) // SAMPLES_KEPT)
+    tstep = max(1, len(m.timeline) // SAMPLES_KEPT)
+    thin = replace(m, latencies_ms=m.latencies_ms[::step], timeline=m.timeline[::tstep])
+    return {"summary": m.summary(), "latencies_ms": thin.latencies_ms,
+            "timeline": thin.timeline, "events": m.events}
+
+
+def _json_default(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else str(value)
+
+
+@contextlib.contextmanager
+def work_dir(keep: bool) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="estream-compare-", dir=os.environ.get("BENCH_TMP")))
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full")
+    parser.add_argument("--only", default=",".join(BLOCKS),
+                        help=f"comma-separated blocks, of: {','.join(BLOCKS)}")
+    parser.add_argument("--keep-work", action="store_true", help="keep the servers' data dirs")
+    parser.add_argument("--no-results-md", action="store_true",
+                        help="do not rewrite the comparison section of RESULTS.md")
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in BLOCKS]
+    if unknown:
+        parser.error(f"unknown blocks: {unknown}")
+    run = Run(args.scale, SCALES[args.scale])
+    command = "python -m benchmarks.compare " + " ".join(argv if argv is not None else sys.argv[1:])
+    facts = machine_facts()
+    t0 = time.perf_counter()
+    with work_dir(args.keep_work) as work:
+        try:
+            import uvloop
+
+            uvloop.run(run_blocks(run, names, work))
+        except ImportError:
+            asyncio.run(run_blocks(run, names, work))
+    elapsed = time.perf_counter() - t0
+    path = save(run, facts, command.strip(), elapsed)
+    markdown = report.render(json.loads(path.read_text()))
+    (RESULTS / "compare.md").write_text(markdown)
+    print(markdown)
+    if not args.no_results_md:
+        report.write_section(Path(__file__).resolve().parent / "RESULTS.md", markdown)
+    print(f"wrote {path} and {RESULTS / 'compare.md'} in {elapsed:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
