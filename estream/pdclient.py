@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
-from estream.errors import EstreamError, NotLeader, Overloaded, Unavailable
+from estream.errors import Closed, EstreamError, NotLeader, Overloaded, Unavailable
 from estream.meta import ServerInfo, StreamMeta
 from estream.protocol import Opcode
 from estream.rpc import ConnectionPool, Header, parse_addresses
@@ -30,7 +30,8 @@ from estream.rpc import ConnectionPool, Header, parse_addresses
 call_timeout_s_max: Final = 4.0  # one attempt (a PD commit gives up after 3 s)
 backoff_s_min: Final = 0.05
 backoff_s_max: Final = 0.5
-_RETRIABLE: Final = (Unavailable, NotLeader, Overloaded)  # Timeout is an Unavailable
+# Timeout is an Unavailable; Closed here means a shared connection was dropped under us.
+_RETRIABLE: Final = (Unavailable, NotLeader, Overloaded, Closed)
 
 
 class PDClient:
@@ -52,6 +53,7 @@ class PDClient:
         self._own_pool = pool is None
         self._preferred: str | None = None
         self._leader_checked = False
+        self._closed = False
 
     # -- transport ---------------------------------------------------------------------
     def _order(self) -> list[str]:
@@ -61,6 +63,8 @@ class PDClient:
 
     async def call(self, opcode: Opcode, header: Header | None = None) -> Header:
         """Send one request to the best PD node, failing over and retrying until timeout."""
+        if self._closed:
+            raise Closed("the PD client is closed")
         deadline = time.monotonic() + self.timeout_s
         if not self._leader_checked and opcode != Opcode.PD_CLUSTER:
             await self._find_leader(deadline)
@@ -209,6 +213,7 @@ class PDClient:
         return len(answered), sum(1 for a in answered if a)
 
     async def close(self) -> None:
+        self._closed = True
         if self._own_pool:
             await self._pool.close()
 

@@ -86,6 +86,7 @@ class CatalogView:
     servers: MappingProxyType[str, ServerInfo]
     pd_nodes: MappingProxyType[str, PdNode]
     version: int
+    open_ranges: MappingProxyType[str, int]  # server id -> open ranges it holds
 
     def stream(self, name: str) -> StreamMeta:
         found = self.streams.get(name)
@@ -98,13 +99,7 @@ class CatalogView:
 
     def open_ranges_by_server(self) -> dict[str, int]:
         """How many open ranges each server holds (placement's load measure)."""
-        counts: dict[str, int] = {}
-        for stream in self.streams.values():
-            last = stream.last_range
-            if last is not None and not last.sealed:
-                for ref in last.replicas:
-                    counts[ref.id] = counts.get(ref.id, 0) + 1
-        return counts
+        return {k: v for k, v in self.open_ranges.items() if v}
 
 
 class Catalog:
@@ -116,6 +111,7 @@ class Catalog:
         self._servers: dict[str, ServerInfo] = {}
         self._pd_nodes: dict[str, PdNode] = {}
         self._next_stream_id = 1
+        self._open_ranges: dict[str, int] = {}  # derived from _streams, kept incrementally
         self.version = 0  # number of commands accepted (a rejection changes nothing)
 
     # -- reading -------------------------------------------------------------------
@@ -125,7 +121,19 @@ class Catalog:
             MappingProxyType(dict(self._servers)),
             MappingProxyType(dict(self._pd_nodes)),
             self.version,
+            MappingProxyType(dict(self._open_ranges)),
         )
+
+    def _put(self, name: str, stream: StreamMeta | None) -> None:
+        """Store (or with None remove) a stream, keeping the open-range counts in step."""
+        old = self._streams.pop(name, None)
+        for s, step in ((old, -1), (stream, 1)):
+            last = s.ranges[-1] if s is not None and s.ranges else None
+            if last is not None and not last.sealed:
+                for ref in last.replicas:
+                    self._open_ranges[ref.id] = self._open_ranges.get(ref.id, 0) + step
+        if stream is not None:
+            self._streams[name] = stream
 
     def stream(self, name: str) -> StreamMeta:
         found = self._streams.get(name)
@@ -166,7 +174,7 @@ class Catalog:
         for name, stream in list(self._streams.items()):
             ranges = tuple(fix(r) for r in stream.ranges)
             if ranges != stream.ranges:
-                self._streams[name] = replace(stream, ranges=ranges)
+                self._put(name, replace(stream, ranges=ranges))
 
     def _register_pd_node(self, cmd: RegisterPdNode) -> PdNode:
         if not cmd.node_id:
@@ -197,19 +205,19 @@ class Catalog:
             ranges=(RangeMeta(0, 0, None, refs),),
         )
         self._next_stream_id += 1
-        self._streams[cmd.name] = stream
+        self._put(cmd.name, stream)
         if cmd.request_id:
             self._request_ids[cmd.name] = cmd.request_id
         return stream
 
     def _delete_stream(self, cmd: DeleteStream) -> None:
         self.stream(cmd.name)
-        del self._streams[cmd.name]
+        self._put(cmd.name, None)
         self._request_ids.pop(cmd.name, None)
 
     def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
         stream = replace(self.stream(cmd.name), epoch=self.stream(cmd.name).epoch + 1)
-        self._streams[cmd.name] = stream
+        self._put(cmd.name, stream)
         return stream
 
     def _seal_range(self, cmd: SealRange) -> StreamMeta:
@@ -240,7 +248,7 @@ class Catalog:
         sealed = replace(target, end=cmd.end)
         following = RangeMeta(target.index + 1, cmd.end, None, refs)
         stream = replace(stream, ranges=stream.ranges[:-1] + (sealed, following))
-        self._streams[cmd.name] = stream
+        self._put(cmd.name, stream)
         return stream
 
     def _trim_stream(self, cmd: TrimStream) -> StreamMeta:
@@ -254,7 +262,7 @@ class Catalog:
         last = stream.ranges[-1]
         kept = tuple(r for r in stream.ranges[:-1] if r.end is None or r.end > cmd.start_offset)
         stream = replace(stream, start_offset=cmd.start_offset, ranges=kept + (last,))
-        self._streams[cmd.name] = stream
+        self._put(cmd.name, stream)
         return stream
 
     def _update_replicas(self, cmd: UpdateReplicas) -> StreamMeta:
@@ -265,7 +273,7 @@ class Catalog:
         refs = self._replica_refs(cmd.replicas, None)
         ranges = tuple(replace(r, replicas=refs) if r is target else r for r in stream.ranges)
         stream = replace(stream, ranges=ranges)
-        self._streams[cmd.name] = stream
+        self._put(cmd.name, stream)
         return stream
 
     def _replica_refs(self, ids: tuple[str, ...], expected: int | None) -> tuple[ReplicaRef, ...]:
@@ -315,7 +323,7 @@ class Catalog:
             catalog._next_stream_id = int(body["next_stream_id"])
             for d in body["streams"]:
                 stream = StreamMeta.from_dict(d)
-                catalog._streams[stream.name] = stream
+                catalog._put(stream.name, stream)
             catalog._request_ids = {str(k): str(v) for k, v in body["request_ids"].items()}
             for d in body["servers"]:
                 catalog._servers[d["id"]] = ServerInfo(d["id"], d["address"], d["storage_class"])

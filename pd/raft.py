@@ -2,11 +2,14 @@
 
 This is the only module that knows pysyncobj. What it adds to pysyncobj 0.3.17:
 
-- **A durable log.** pysyncobj writes its journal through an mmap and never syncs it
-  (its issue #84). :class:`DurableFileJournal` msyncs (``MS_SYNC``, which on Linux also
-  syncs the file's size) every appended entry before ``add`` returns, so a leader counts
-  its own entry and a follower acknowledges ``append_entries`` only once the entry is on
-  disk; the term and vote metadata is fsynced before it is renamed into place.
+- **A durable log, with group commit.** pysyncobj writes its journal through an mmap
+  and never syncs it (its issue #84). Here every message a node sends during a tick
+  waits in an outbox; at the end of the tick the journal is synced once
+  (:meth:`DurableFileJournal.sync`) and the messages leave. So a follower acknowledges
+  ``append_entries`` only once the entries are on disk, the leader's own entry is on
+  disk before any follower can acknowledge it (and so before it counts), and one sync
+  covers every entry of a tick. The term and vote metadata is fsynced before it is
+  renamed into place.
 - **Snapshots without pickle.** Log compaction writes the catalog's own msgpack snapshot
   (plus the two log entries pysyncobj keeps around it), fsynced and renamed; they keep the
   journal bounded (``logCompactionMinEntries``).
@@ -82,36 +85,48 @@ class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
 
 
 class DurableFileJournal(FileJournal):  # type: ignore[misc]
-    """pysyncobj's FileJournal with every change synced to disk before it returns."""
+    """pysyncobj's FileJournal, synced to disk by :meth:`sync` (group commit).
+
+    Every change marks the journal dirty; :meth:`sync` makes all of them durable with one
+    ``fdatasync`` (on Linux that also writes back pages dirtied through the journal's
+    shared mmap, as ``msync(MS_SYNC)`` does, and it releases the GIL). The Raft object
+    calls it before any message leaves the node and at the end of every tick, so an
+    entry is on disk before a follower acknowledges it, before the leader's entry can
+    count towards a commit, and before anything is applied.
+    """
 
     def __init__(self, journal_file: str) -> None:
         super().__init__(journal_file)  # builds a _DurableMetaStorer (patched below)
-        self._batching = False
+        self.dirty = False
+        self.syncs = 0
         _fsync_dir(os.path.dirname(journal_file) or ".")
 
-    def _sync(self) -> None:
-        if not self._batching:
-            self.flush()  # mmap.flush(): msync(MS_SYNC) of the mapping
+    def sync(self) -> None:
+        if self.dirty:
+            resizable = self._FileJournal__journalFile
+            os.fdatasync(resizable._ResizableFile__f.fileno())
+            self.dirty = False
+            self.syncs += 1
 
     def add(self, command: Any, idx: int, term: int) -> None:
         super().add(command, idx, term)
-        self._sync()
+        self.dirty = True
 
     def clear(self) -> None:
         super().clear()
-        self._sync()
+        self.dirty = True
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803
         super().deleteEntriesFrom(entryFrom)
-        self._sync()
+        self.dirty = True
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803
-        self._batching = True
-        try:
-            super().deleteEntriesTo(entryTo)
-        finally:
-            self._batching = False
-        self._sync()
+        super().deleteEntriesTo(entryTo)
+        self.dirty = True
+
+    def _destroy(self) -> None:
+        self.sync()
+        super()._destroy()
 
 
 def _create_journal(journal_file: str | None = None) -> Any:
@@ -163,8 +178,43 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._status_at = 0.0
         conf.serializer = self._write_dump
         conf.deserializer = self._read_dump
+        self._outbox: list[tuple[Any, Any]] = []
+        self._deferring = False
+        self._send_direct: Any = None
         super().__init__(self_address, list(peers), conf)
         self.addOnTickCallback(self._refresh_status)
+
+    # Group commit: during a tick, messages wait in an outbox; at the end of the tick the
+    # journal is synced once and then they leave. Runs on the tick thread only.
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803
+        if self._send_direct is None:
+            transport = self._SyncObj__transport
+            self._send_direct = transport.send
+            transport.send = self._send_after_sync
+        self._deferring = True
+        try:
+            super()._onTick(timeToWait)
+        finally:
+            self._deferring = False
+            self._flush_outbox()
+
+    def _send_after_sync(self, node: Any, message: Any) -> bool:
+        if self._deferring:
+            self._outbox.append((node, message))
+            return True
+        self._journal_sync()
+        return bool(self._send_direct(node, message))
+
+    def _flush_outbox(self) -> None:
+        self._journal_sync()
+        outbox, self._outbox = self._outbox, []
+        for node, message in outbox:
+            self._send_direct(node, message)
+
+    def _journal_sync(self) -> None:
+        journal = self._SyncObj__raftLog
+        if isinstance(journal, DurableFileJournal):
+            journal.sync()
 
     @replicated  # type: ignore[misc]
     def apply_command(self, data: bytes) -> Result | EstreamError:

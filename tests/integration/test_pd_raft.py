@@ -63,6 +63,8 @@ async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> Non
             assert time.monotonic() < deadline, "no snapshot was written"
             await node.propose(OpenWriter("s5"))
         assert node.status().log_entries < 60  # the journal was compacted
+        journal = node._sync._SyncObj__raftLog
+        assert isinstance(journal, DurableFileJournal) and journal.syncs > 0
         before = node.view().streams
     finally:
         await asyncio.to_thread(node.close)

@@ -252,3 +252,28 @@ def test_views_are_immutable_snapshots(catalog: Catalog) -> None:
     v = catalog.view()
     assert v.range_count() == 1
     assert v.open_ranges_by_server() == {"rs1": 1, "rs2": 1, "rs3": 1}
+
+
+def naive_open_ranges(catalog: Catalog) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in catalog.view().streams.values():
+        if s.ranges[-1].end is None:
+            for ref in s.ranges[-1].replicas:
+                counts[ref.id] = counts.get(ref.id, 0) + 1
+    return counts
+
+
+def test_open_range_counts_follow_every_change(catalog: Catalog) -> None:
+    steps: list[Command] = [
+        create("a"), create("b", placement=("rs2", "rs3", "rs4")), OpenWriter("a"),
+        seal(10, name="a"), RegisterServer("rs2", "127.0.0.9:1", "hdd"),
+        UpdateReplicas("a", 0, ("rs1",)), DeleteStream("b"), create("c", replicas=1,
+                                                                    ack_count=1,
+                                                                    placement=("rs4",)),
+        TrimStream("a", 10),
+    ]
+    for step in steps:
+        catalog.apply(step)
+        assert catalog.view().open_ranges_by_server() == naive_open_ranges(catalog)
+    restored = Catalog.restore(catalog.snapshot())
+    assert restored.view().open_ranges_by_server() == naive_open_ranges(catalog)
