@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 
-.PHONY: run test test-quick chaos bench lint typecheck clean venv spark-deps system-deps
+.PHONY: run test test-quick chaos bench bench-quick lint typecheck clean venv spark-deps system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,18 @@ test-quick: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/python -m pytest tests/chaos -m slow
 
+# estream beside NATS JetStream, Redis and etcd (benchmarks/compare.py); peers installed by
+# benchmarks/setup.sh; figures to benchmarks/RESULTS.md, charts to benchmarks/results/.
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_rangeserver.py
+	bash benchmarks/setup.sh
+	$(BIN)/python -m benchmarks.compare --scale full
+	$(BIN)/python -m benchmarks.charts
+
+bench-quick: $(STAMP)
+	bash benchmarks/setup.sh
+	$(BIN)/python -m benchmarks.compare --scale quick --only machine,estream,nats,redis,pd \
+		--out benchmarks/results/quick --no-results-md
+	$(BIN)/python -m benchmarks.charts --input benchmarks/results/quick/compare.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check estream pd rangeserver tests benchmarks

@@ -360,14 +360,14 @@ def machine_facts() -> dict[str, str]:
                 f"{x:.2f}" for x in os.getloadavg())}
 
 
-def save(run: Run, facts: dict[str, str], command: str, elapsed_s: float) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def save(run: Run, facts: dict[str, str], command: str, elapsed_s: float, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
     data = {
         "command": command, "scale": run.scale_name, "elapsed_s": round(elapsed_s, 1),
         "machine": facts, "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "measurements": [_kept(m) for m in run.measurements],
     }
-    path = RESULTS / "compare.json"
+    path = out / "compare.json"
     path.write_text(json.dumps(data, indent=1, default=_json_default))
     return path
 
@@ -400,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", choices=sorted(SCALES), default="full")
     parser.add_argument("--only", default=",".join(BLOCKS),
                         help=f"comma-separated blocks, of: {','.join(BLOCKS)}")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="where compare.json and compare.md go")
     parser.add_argument("--keep-work", action="store_true", help="keep the servers' data dirs")
     parser.add_argument("--no-results-md", action="store_true",
                         help="do not rewrite the comparison section of RESULTS.md")
@@ -420,13 +422,13 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             asyncio.run(run_blocks(run, names, work))
     elapsed = time.perf_counter() - t0
-    path = save(run, facts, command.strip(), elapsed)
+    path = save(run, facts, command.strip(), elapsed, args.out)
     markdown = report.render(json.loads(path.read_text()))
-    (RESULTS / "compare.md").write_text(markdown)
+    (args.out / "compare.md").write_text(markdown)
     print(markdown)
     if not args.no_results_md:
         report.write_section(Path(__file__).resolve().parent / "RESULTS.md", markdown)
-    print(f"wrote {path} and {RESULTS / 'compare.md'} in {elapsed:.0f}s")
+    print(f"wrote {path} and {args.out / 'compare.md'} in {elapsed:.0f}s")
     return 0
 
 
