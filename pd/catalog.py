@@ -309,7 +309,8 @@ class Catalog:
                 for n in self._pd_nodes.values()
             ],
         }
-        return msgpack.packb(body, use_bin_type=True)
+        data: bytes = msgpack.packb(body, use_bin_type=True)
+        return data
 
     @classmethod
     def restore(cls, data: bytes) -> Catalog:

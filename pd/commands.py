@@ -141,7 +141,8 @@ def encode_command(command: Command) -> bytes:
     for f in dataclasses.fields(command):
         value = getattr(command, f.name)
         body[f.name] = list(value) if isinstance(value, tuple) else value
-    return msgpack.packb(body, use_bin_type=True)
+    data: bytes = msgpack.packb(body, use_bin_type=True)
+    return data
 
 
 def decode_command(data: bytes) -> Command:

@@ -11,6 +11,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -66,7 +67,8 @@ class PlacementDriverNode:
         await self._http_runner.setup()
         site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True)
         await site.start()
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+        server: Any = site._server
+        sockets = server.sockets if server is not None else []
         bound = sockets[0].getsockname() if sockets else (http_host, http_port)
         self.http_address = f"{bound[0]}:{bound[1]}"
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)

@@ -216,7 +216,7 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         if isinstance(journal, DurableFileJournal):
             journal.sync()
 
-    @replicated  # type: ignore[misc]
+    @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> Result | EstreamError:
         try:
             command = decode_command(data)
