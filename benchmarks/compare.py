@@ -317,6 +317,79 @@ def machine_block(run: Run, work: Path) -> None:
     run.add(m)
 
 
+# --- profiles of estream where a target is missed -------------------------------------------
+
+
+PROFILE_S = 8.0
+
+
+def py_spy(pid: int, out: Path, seconds: float, fmt: str) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of ``pid`` for ``seconds`` into ``out`` (``flamegraph`` SVG or
+    ``raw`` collapsed stacks)."""
+    binary = Path(sys.executable).parent / "py-spy"
+    return subprocess.Popen(
+        [str(binary), "record", "--pid", str(pid), "--duration", str(int(seconds)),
+         "--rate", "100", "--nonblocking", "--output", str(out), "--format", fmt],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def profile_block(run: Run, work: Path, out: Path, modes: list[str]) -> list[Path]:
+    """Re-run the missed estream scenarios under py-spy (client and one range server)."""
+    written: list[Path] = []
+    with pe.estream_cluster(work) as cluster:
+        async with pe.connect(cluster) as client:
+            drv = drivers.EstreamDriver(ESTREAM, client)
+            try:
+                for mode in modes:
+                    written += await _profile_one(run, drv, cluster, out, mode)
+            finally:
+                await drv.close()
+    return written
+
+
+async def _profile_one(run: Run, drv: Any, cluster: Any, out: Path, mode: str) -> list[Path]:
+    log = await drv.new_log(f"profile{mode}")
+    if mode == "read":
+        await drv.fill(log, run.scale.read_count, KIB, run.scale.fill_s)
+    replica = (await pe.open_range_replicas(drv.client, log[0]))[0]
+    targets = {"client": os.getpid(), "rangeserver": cluster.range_servers[replica].pid}
+    paths = {who: out / f"profile-{mode}-{who}.svg" for who in targets}
+    raws = {who: out / f"profile-{mode}-{who}.txt" for who in targets}
+    spies = [py_spy(pid, paths[who], PROFILE_S, "flamegraph") for who, pid in targets.items()]
+    spies += [py_spy(pid, raws[who], PROFILE_S, "raw") for who, pid in targets.items()]
+    m = Measurement(f"profile {mode}", ESTREAM, note="under py-spy (slower than unprofiled)")
+    if mode == "read":
+        t0 = time.perf_counter()
+        m.ops = await drv.catch_up(log, run.scale.read_count, PROFILE_S)
+        m.seconds = time.perf_counter() - t0
+    else:
+        size, inflight = (KIB, run.scale.inflight) if mode == "burst" else (KIB, 1)
+        op, workers = drv.append_op(log, size, inflight)
+        await run_ops(m, op, count=10_000_000, inflight=workers, time_s=PROFILE_S)
+    run.add(m)
+    for spy in spies:
+        try:
+            await asyncio.to_thread(spy.wait, PROFILE_S + 30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
+    return [p for p in (*paths.values(), *raws.values()) if p.exists()]
+
+
+def profile_modes(run: Run) -> list[str]:
+    """Which estream scenarios missed a target (and so get a flame graph)."""
+    verdicts = report.targets([m.summary() for m in run.measurements])
+    missed = {t for t, _, _, v in verdicts if v.startswith("MISSED")}
+    modes = []
+    if any(t.startswith("appends many in flight") for t in missed):
+        modes.append("burst")
+    if any(t.startswith("one in flight") for t in missed):
+        modes.append("one")
+    if any(t.startswith("catch-up") for t in missed):
+        modes.append("read")
+    return modes
+
+
 # --- the run --------------------------------------------------------------------------------
 
 
@@ -330,7 +403,20 @@ BLOCKS: dict[str, Callable[[Run, Path], Any]] = {
 }
 
 
-async def run_blocks(run: Run, names: list[str], work: Path) -> None:
+async def run_blocks(run: Run, names: list[str], work: Path, out: Path,
+                     profile: bool) -> None:
+    await run_named_blocks(run, names, work)
+    modes = profile_modes(run) if profile and not pe.sdk_missing() else []
+    if modes:
+        print(f"--- profiles of missed targets: {modes} ---", flush=True)
+        try:
+            for path in await profile_block(run, work / "profile", out, modes):
+                print(f"wrote {path}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - the figures are already measured
+            print(f"!!! profile failed: {type(exc).__name__}: {exc}", flush=True)
+
+
+async def run_named_blocks(run: Run, names: list[str], work: Path) -> None:
     for name in names:
         print(f"--- {name} ---", flush=True)
         t0 = time.perf_counter()
@@ -366,6 +452,8 @@ def save(run: Run, facts: dict[str, str], command: str, elapsed_s: float, out: P
         "command": command, "scale": run.scale_name, "elapsed_s": round(elapsed_s, 1),
         "machine": facts, "finished_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "measurements": [_kept(m) for m in run.measurements],
+        "profiles": {p.stem: report.hot_frames(p.read_text())
+                     for p in sorted(out.glob("profile-*.txt"))},
     }
     path = out / "compare.json"
     path.write_text(json.dumps(data, indent=1, default=_json_default))
@@ -402,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated blocks, of: {','.join(BLOCKS)}")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="where compare.json and compare.md go")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="no py-spy flame graphs for estream's missed targets")
     parser.add_argument("--keep-work", action="store_true", help="keep the servers' data dirs")
     parser.add_argument("--no-results-md", action="store_true",
                         help="do not rewrite the comparison section of RESULTS.md")
@@ -411,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown blocks: {unknown}")
     run = Run(args.scale, SCALES[args.scale])
+    args.out.mkdir(parents=True, exist_ok=True)
+    for stale in (*args.out.glob("profile-*.svg"), *args.out.glob("profile-*.txt")):
+        stale.unlink()
     command = "python -m benchmarks.compare " + " ".join(argv if argv is not None else sys.argv[1:])
     facts = machine_facts()
     t0 = time.perf_counter()
@@ -418,9 +511,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import uvloop
 
-            uvloop.run(run_blocks(run, names, work))
+            runner: Callable[[Any], Any] = uvloop.run
         except ImportError:
-            asyncio.run(run_blocks(run, names, work))
+            runner = asyncio.run
+        (work / "profile").mkdir()
+        runner(run_blocks(run, names, work, args.out, not args.no_profile))
     elapsed = time.perf_counter() - t0
     path = save(run, facts, command.strip(), elapsed, args.out)
     markdown = report.render(json.loads(path.read_text()))

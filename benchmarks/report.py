@@ -50,6 +50,45 @@ def window_figures(sorted_latencies: list[float]) -> dict[str, float]:
             "kill_window_worst_ms": sorted_latencies[-1] if sorted_latencies else math.nan}
 
 
+def hot_frames(collapsed: str, top: int = 8) -> dict[str, list[tuple[str, float]]]:
+    """The top frames of py-spy's raw (collapsed) stacks: share of samples spent in each
+    function itself ("self") and under it ("total")."""
+    self_count: dict[str, int] = {}
+    total_count: dict[str, int] = {}
+    samples = 0
+    for row in collapsed.splitlines():
+        stack, _, count_text = row.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [f for f in stack.split(";") if f and not f.startswith("process ")
+                  and not f.startswith("thread ")]
+        if not frames:
+            continue
+        samples += count
+        self_count[frames[-1]] = self_count.get(frames[-1], 0) + count
+        for frame in set(frames):
+            total_count[frame] = total_count.get(frame, 0) + count
+
+    def share(counts: dict[str, int]) -> list[tuple[str, float]]:
+        best = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [(frame, count / samples) for frame, count in best]
+
+    return {"self": share(self_count), "total": share(total_count)} if samples else {}
+
+
+def _profiles(profiles: dict[str, Any]) -> list[str]:
+    out = ["### Profiles of the missed targets (py-spy)", "",
+           "Flame graphs: `benchmarks/results/<name>.svg`; collapsed stacks: `<name>.txt`.", ""]
+    for name, hot in profiles.items():
+        if not hot:
+            continue
+        out += [f"`{name}`: most samples in (self time):", ""]
+        out += [f"- {share:.0%} {frame}" for frame, share in hot["self"]]
+        out.append("")
+    return out
+
+
 # --- the Markdown section ---------------------------------------------------------------------
 
 
@@ -171,6 +210,8 @@ def render(data: dict[str, Any]) -> str:
     out.append("")
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
         out += _scenario_section(scenario, [r for r in rows if r["scenario"] == scenario])
+    if data.get("profiles"):
+        out += _profiles(data["profiles"])
     out.append(END)
     return "\n".join(out) + "\n"
 
