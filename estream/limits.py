@@ -17,6 +17,7 @@ MiB: Final = 1024 * KiB
 frame_header_bytes_max: Final = 1 * MiB  # the msgpack header of one frame
 frame_bytes_max: Final = 16 * MiB  # fixed prefix + header + payload of one frame
 connection_inflight_bytes_max: Final = 64 * MiB  # request bytes being served per connection
+connection_write_buffer_bytes_max: Final = 1 * MiB  # unsent answers before a server stops reading
 
 # Records and batches (estream/record.py).
 batch_bytes_max: Final = 8 * MiB  # one encoded record batch

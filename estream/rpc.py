@@ -230,11 +230,40 @@ class _ServerProtocol(asyncio.Protocol):
         self.decoder = FrameDecoder()
         self.inflight_bytes = 0
         self.paused = False
+        self.writable = asyncio.Event()
+        self.writable.set()
         self.tasks: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.transport.set_write_buffer_limits(high=self.server.write_buffer_bytes_max)
         self.server._connections.add(self)
+
+    def pause_writing(self) -> None:
+        # The peer is not reading its answers: stop taking requests and producing answers.
+        self.writable.clear()
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read only while the requests being served and the unsent answers are bounded."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        should_pause = (
+            self.inflight_bytes > self.server.inflight_bytes_max or not self.writable.is_set()
+        )
+        if should_pause and not self.paused:
+            self.paused = True
+            transport.pause_reading()
+        elif self.paused and not should_pause and (
+            self.inflight_bytes <= self.server.inflight_bytes_max // 2
+        ):
+            self.paused = False
+            transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._connections.discard(self)
@@ -262,10 +291,7 @@ class _ServerProtocol(asyncio.Protocol):
             self.transport.pause_reading()
             asyncio.ensure_future(self._close_after_serving(self.decoder.error))
             return
-        if not self.paused and self.inflight_bytes > self.server.inflight_bytes_max:
-            self.paused = True
-            assert self.transport is not None
-            self.transport.pause_reading()
+        self._update_reading()
 
     async def _close_after_serving(self, error: EstreamError) -> None:
         """Answer the requests decoded before a bad prefix, then the error, then close."""
@@ -277,6 +303,8 @@ class _ServerProtocol(asyncio.Protocol):
 
     async def _serve(self, frame: Frame, size: int) -> None:
         try:
+            if not self.writable.is_set():
+                await self.writable.wait()  # answers wait until the peer reads earlier ones
             handler = self.server.handlers.get(frame.opcode)
             if handler is None:
                 raise UnsupportedOpcode(f"unsupported opcode {frame.opcode}", opcode=frame.opcode)
@@ -293,10 +321,7 @@ class _ServerProtocol(asyncio.Protocol):
             )
         finally:
             self.inflight_bytes -= size
-            if self.paused and self.inflight_bytes <= self.server.inflight_bytes_max // 2:
-                self.paused = False
-                if self.transport is not None and not self.transport.is_closing():
-                    self.transport.resume_reading()
+            self._update_reading()
         self._reply(out)
 
     def _reply(self, parts: list[bytes | memoryview]) -> None:
@@ -318,10 +343,12 @@ class RpcServer:
         *,
         name: str = "estream",
         inflight_bytes_max: int = limits.connection_inflight_bytes_max,
+        write_buffer_bytes_max: int = limits.connection_write_buffer_bytes_max,
     ) -> None:
         self.handlers = dict(handlers)
         self.name = name
         self.inflight_bytes_max = inflight_bytes_max
+        self.write_buffer_bytes_max = write_buffer_bytes_max
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_ServerProtocol] = set()
         self.address = ""
