@@ -188,3 +188,54 @@ async def test_a_real_range_server_registers_and_heartbeats(
         assert len(seen) == 3 and all(s["alive"] for s in seen), (seen, rs.log_text()[-2000:])
     finally:
         rs.stop()
+
+
+async def test_malformed_rpc_requests_get_typed_errors(cluster: PdCluster) -> None:
+    from estream.errors import InvalidArgument, RangeNotFound
+    from estream.protocol import Opcode
+    from estream.rpc import RpcClient
+
+    node = cluster.nodes[cluster.followers()[0]]
+    rpc = await RpcClient.connect(node.rpc)
+    try:
+        bad = [
+            (Opcode.PD_CREATE_STREAM, {}),
+            (Opcode.PD_CREATE_STREAM, {"name": 5}),
+            (Opcode.PD_CREATE_STREAM, {"name": "x", "replicas": "3"}),
+            (Opcode.PD_CREATE_STREAM, {"name": "x", "hints": [1]}),
+            (Opcode.PD_CREATE_STREAM, {"name": "x", "replicas": 0}),
+            (Opcode.PD_SEAL_RANGE, {"name": "x", "epoch": True, "range_index": 0, "end": 1}),
+            (Opcode.PD_SEAL_RANGE, {"name": "x"}),
+            (Opcode.PD_HEARTBEAT, {"server_id": "a", "load": [1]}),
+            (Opcode.PD_REGISTER_SERVER, {"server_id": "a", "address": "nope"}),
+            (Opcode.PD_REGISTER_SERVER, {"server_id": "a", "address": "127.0.0.1:1",
+                                         "storage_class": "tape"}),
+            (Opcode.PD_UPDATE_REPLICAS, {"name": "x", "range_index": 0, "replicas": "a"}),
+        ]
+        for opcode, header in bad:
+            with pytest.raises(InvalidArgument):
+                await rpc.call(opcode, header)
+        with pytest.raises(StreamNotFound):
+            await rpc.call(Opcode.PD_DESCRIBE_STREAM, {"name": "missing"})
+        with pytest.raises(StreamNotFound):
+            await rpc.call(Opcode.PD_OPEN_WRITER, {"name": "missing"})
+        async with range_servers(cluster.rpc_addresses):
+            await rpc.call(Opcode.PD_CREATE_STREAM, {"name": "x"})
+            with pytest.raises(RangeNotFound):
+                await rpc.call(Opcode.PD_SEAL_RANGE,
+                               {"name": "x", "epoch": 0, "range_index": 3, "end": 1})
+        body, _ = await rpc.call(Opcode.PD_LIST_STREAMS, {})  # still serving
+        assert [s["name"] for s in body["streams"]] == ["x"]
+    finally:
+        await rpc.close()
+
+
+def test_sigterm_stops_a_node_cleanly(cluster: PdCluster) -> None:
+    import signal
+
+    node = cluster.nodes[cluster.followers()[0]]
+    assert node.process is not None
+    node.process.signal(signal.SIGTERM)
+    assert node.process.proc is not None
+    assert node.process.proc.wait(timeout=15) == 0
+    assert "listening on " + node.rpc in node.process.log_text()
