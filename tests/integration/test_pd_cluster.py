@@ -221,11 +221,17 @@ async def test_malformed_rpc_requests_get_typed_errors(cluster: PdCluster) -> No
             await rpc.call(Opcode.PD_OPEN_WRITER, {"name": "missing"})
         async with range_servers(cluster.rpc_addresses):
             await rpc.call(Opcode.PD_CREATE_STREAM, {"name": "x"})
+            # A retry after an unknown outcome carries the same request id: same stream.
+            first, _ = await rpc.call(Opcode.PD_CREATE_STREAM, {"name": "y", "request_id": "r1"})
+            again, _ = await rpc.call(Opcode.PD_CREATE_STREAM, {"name": "y", "request_id": "r1"})
+            assert again == first
+            with pytest.raises(StreamExists):
+                await rpc.call(Opcode.PD_CREATE_STREAM, {"name": "y", "request_id": "r2"})
             with pytest.raises(RangeNotFound):
                 await rpc.call(Opcode.PD_SEAL_RANGE,
                                {"name": "x", "epoch": 0, "range_index": 3, "end": 1})
         body, _ = await rpc.call(Opcode.PD_LIST_STREAMS, {})  # still serving
-        assert [s["name"] for s in body["streams"]] == ["x"]
+        assert [s["name"] for s in body["streams"]] == ["x", "y"]
     finally:
         await rpc.close()
 
