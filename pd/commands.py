@@ -158,7 +158,8 @@ def decode_command(data: bytes) -> Command:
     version = body.get("v")
     if version != COMMAND_VERSION:
         raise InvalidArgument(f"unsupported command version {version!r}", argument="v")
-    cls = COMMAND_TYPES.get(body.get("kind"))  # type: ignore[arg-type]
+    kind = body.get("kind")
+    cls = COMMAND_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise InvalidArgument(f"unknown command kind {body.get('kind')!r}", argument="kind")
     kwargs = {f.name: _field(body, f) for f in dataclasses.fields(cls)}

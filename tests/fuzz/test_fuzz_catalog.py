@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import Any
 
 import msgpack
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,13 +27,6 @@ from pd.commands import (
     SealRange,
     decode_command,
     encode_command,
-)
-
-KIND_NOT_HASHABLE = pytest.mark.xfail(
-    raises=TypeError, strict=False,
-    reason="bug in pd/commands.py decode_command: a 'kind' that is a list or map "
-    "(msgpack {'v': 1, 'kind': []}) raises TypeError (unhashable) from COMMAND_TYPES.get "
-    "instead of InvalidArgument",
 )
 
 FUZZ = settings(
@@ -98,7 +90,6 @@ def test_arbitrary_bytes(data: bytes) -> None:
     apply_checked(seeded_catalog(), data)
 
 
-@KIND_NOT_HASHABLE
 @FUZZ
 @given(body=st.dictionaries(st.sampled_from(["v", "kind", "name", "epoch", "end",
                                              "range_index", "replicas", "placement"]),
@@ -107,7 +98,6 @@ def test_arbitrary_maps(body: dict[str, Any]) -> None:
     apply_checked(seeded_catalog(), msgpack.packb(body, use_bin_type=True))
 
 
-@KIND_NOT_HASHABLE
 @FUZZ
 @given(
     index=st.integers(0, len(VALID) - 1),
@@ -153,7 +143,6 @@ def test_seeded_catalog_accepts_every_valid_command() -> None:
         assert catalog.version == version + 1
 
 
-@KIND_NOT_HASHABLE
 def test_kind_of_the_wrong_type_is_invalid_argument() -> None:
     """Found by the fuzz above: the smallest reproduction."""
     catalog = seeded_catalog()
