@@ -27,6 +27,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DPI = 110
@@ -61,7 +62,7 @@ def _bars(ax: Axes, rows: list[dict[str, Any]], key: str, title: str, unit: str)
     _pending_note(ax, rows)
 
 
-def throughput(data: dict[str, Any], out: Path) -> Path:
+def throughput(data: dict[str, Any], out: Path, stamp: str) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     _bars(axes[0], _by_scenario(data, "1 append many in flight 1KiB"), "rate",
           "appends, many in flight, 1 KiB", "records/s")
@@ -69,7 +70,7 @@ def throughput(data: dict[str, Any], out: Path) -> Path:
           "appends, many in flight, 100 B", "records/s")
     _bars(axes[2], _by_scenario(data, "3 catch-up read"), "rate",
           "catch-up read, 1 KiB", "records/s")
-    return _save(fig, out / "throughput.png")
+    return _save(fig, out / "throughput.png", stamp)
 
 
 def _cdf(ax: Axes, rows: list[dict[str, Any]], title: str) -> None:
@@ -81,6 +82,8 @@ def _cdf(ax: Axes, rows: list[dict[str, Any]], title: str) -> None:
         style = "-" if m["summary"]["system"].startswith("estream") else "--"
         ax.plot(lat, ys, style, label=m["summary"]["system"], linewidth=1.2)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("latency, ms (log)")
     ax.set_ylabel("fraction of ops")
     ax.set_title(title, fontsize=9)
@@ -89,16 +92,16 @@ def _cdf(ax: Axes, rows: list[dict[str, Any]], title: str) -> None:
     _pending_note(ax, rows)
 
 
-def latency_cdf(data: dict[str, Any], out: Path) -> Path:
+def latency_cdf(data: dict[str, Any], out: Path, stamp: str) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     _cdf(axes[0], _by_scenario(data, "2 append one in flight"), "append, one in flight, 1 KiB")
     _cdf(axes[1], _by_scenario(data, "1 append many in flight 1KiB"),
          "append, many in flight, 1 KiB")
     _cdf(axes[2], _by_scenario(data, "3 tail latency"), "tail: append -> visible to a reader")
-    return _save(fig, out / "latency_cdf.png")
+    return _save(fig, out / "latency_cdf.png", stamp)
 
 
-def kill_timeline(data: dict[str, Any], out: Path) -> Path:
+def kill_timeline(data: dict[str, Any], out: Path, stamp: str) -> Path:
     rows = _by_scenario(data, "4 replica killed")
     done = [m for m in rows if m["timeline"]]
     fig, axes = plt.subplots(max(1, len(done)), 1, figsize=(12, 3 * max(1, len(done))),
@@ -113,16 +116,17 @@ def kill_timeline(data: dict[str, Any], out: Path) -> Path:
             ax.axvspan(kill_s - 2.5, kill_s + 2.5, color="firebrick", alpha=0.07)
         s = m["summary"]
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax.set_ylabel("append latency, ms")
         ax.set_title(f"{s['system']}: failed {s['failed']}, worst around kill "
                      f"{s.get('kill_window_worst_ms') or 0:.1f} ms", fontsize=9)
         ax.legend(fontsize=7)
     axes[-1, 0].set_xlabel("time since start, s")
     _pending_note(axes[0, 0], rows)
-    return _save(fig, out / "kill_timeline.png")
+    return _save(fig, out / "kill_timeline.png", stamp)
 
 
-def scaling(data: dict[str, Any], out: Path) -> Path:
+def scaling(data: dict[str, Any], out: Path, stamp: str) -> Path:
     rows = _by_scenario(data, "6 scaling")
     fig, ax = plt.subplots(figsize=(8, 5))
     systems = dict.fromkeys(m["summary"]["system"] for m in rows
@@ -137,19 +141,20 @@ def scaling(data: dict[str, Any], out: Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     _pending_note(ax, rows)
-    return _save(fig, out / "scaling.png")
+    return _save(fig, out / "scaling.png", stamp)
 
 
-def pd_commits(data: dict[str, Any], out: Path) -> Path:
+def pd_commits(data: dict[str, Any], out: Path, stamp: str) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     _bars(axes[0], _by_scenario(data, "5 PD commits in flight 1"), "rate",
           "placement commits, one at a time", "commits/s")
     _bars(axes[1], _by_scenario(data, "5 PD commits in flight many"), "rate",
           "placement commits, many in flight", "commits/s")
-    return _save(fig, out / "pd_commits.png")
+    return _save(fig, out / "pd_commits.png", stamp)
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path, stamp: str) -> Path:
+    fig.suptitle(stamp, fontsize=8, color="dimgray", x=0.99, ha="right")
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -162,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = json.loads(args.input.read_text())
     out = args.input.parent
+    stamp = f"run {data['finished_utc']} UTC, scale {data['scale']}"
+    if data["scale"] != "full":
+        stamp += ": a smoke/quick run, NOT the benchmark's figures"
     for chart in (throughput, latency_cdf, kill_timeline, scaling, pd_commits):
-        print(f"wrote {chart(data, out)}")
+        print(f"wrote {chart(data, out, stamp)}")
     return 0
 
 

@@ -72,8 +72,8 @@ class Scale:
     one_count: int = 5_000
     one_s: float = 8.0
     read_count: int = 1_000_000
-    fill_s: float = 75.0
-    read_s: float = 60.0
+    fill_s: float = 60.0
+    read_s: float = 45.0
     tail_count: int = 1_000
     tail_s: float = 8.0
     kill_run_s: float = 10.0
@@ -85,14 +85,19 @@ class Scale:
     scale_s: float = 5.0
     fsync_count: int = 20_000
     fsync_s: float = 3.0
+    small_records: bool = True  # scenario 1 with 100 B records too
+    catch_up: bool = True  # scenario 3
+    scaling: bool = True  # scenario 6
+    leader_kill: bool = True  # scenario 4 also with NATS's stream leader killed
 
 
 SCALES = {
     "full": Scale(),
+    # about a minute: scenarios 1 (1 KiB), 2, 4 and 5, short
     "quick": Scale(burst_count=20_000, burst_s=3.0, one_count=1_000, one_s=2.0,
-                   read_count=50_000, fill_s=10.0, read_s=10.0, tail_count=200, tail_s=2.0,
-                   kill_run_s=6.0, kill_at_s=2.5, pd_ops=200, pd_failovers=1, writers=(1, 4),
-                   scale_s=2.0, fsync_s=1.0),
+                   kill_run_s=5.0, kill_at_s=2.0, pd_ops=100, pd_failovers=0,
+                   fsync_s=1.0, small_records=False, catch_up=False, scaling=False,
+                   leader_kill=False),
     "smoke": Scale(inflight=32, burst_count=500, burst_s=2.0, one_count=100, one_s=1.0,
                    read_count=2_000, fill_s=5.0, read_s=5.0, tail_count=20, tail_s=1.0,
                    kill_run_s=4.0, kill_at_s=1.5, kill_rate=200.0, pd_ops=30,
@@ -222,11 +227,14 @@ def retrying(op: Any, retry_s: float) -> Any:
 
 
 async def common_scenarios(run: Run, drv: Any, *, full: bool = True) -> None:
-    await burst(run, drv, "1 append many in flight 1KiB", KIB, run.scale.inflight)
-    await burst(run, drv, "1 append many in flight 100B", SMALL, run.scale.inflight)
+    s = run.scale
+    await burst(run, drv, "1 append many in flight 1KiB", KIB, s.inflight)
+    if s.small_records:
+        await burst(run, drv, "1 append many in flight 100B", SMALL, s.inflight)
     await one_in_flight(run, drv)
-    if full:
+    if full and s.catch_up:
         await catch_up_and_tail(run, drv)
+    if full and s.scaling:
         await scaling(run, drv)
 
 
@@ -264,6 +272,8 @@ async def nats_block(run: Run, work: Path, *, sync_always: bool) -> None:
             victim = next(n for n in cluster.names if n not in spared)
             await kill_one(run, drv, log, lambda: cluster.kill9(victim),
                            f"{NATS} (follower killed)", retry_s=RETRY_S)
+    if not run.scale.leader_kill:
+        return
     with pn.nats_cluster(work / "leader-kill", sync_always=True) as cluster:
         async with pn.connect(cluster) as (_nc, js):
             log = await drivers.NatsDriver(system, js).new_log("killleader")

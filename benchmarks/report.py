@@ -135,7 +135,7 @@ def _scenario_section(title: str, rows: list[dict[str, Any]]) -> list[str]:
                 continue
             out.append(f"| {r['system']} | {r['failed']} | {fmt(r.get('kill_window_worst_ms'))}"
                        f" | {fmt(r.get('kill_window_p999_ms'))} | "
-                       f"{fmt(r.get('kill_window_ops'))} | {fmt(r['p999_ms'])} |")
+                       f"{int(r.get('kill_window_ops') or 0)} | {fmt(r['p999_ms'])} |")
     elif title.startswith("6"):
         for n in sorted({r.get("writers") for r in rows if r.get("writers")}):
             group = [r for r in rows if r.get("writers") == n or r.get("pending")]
@@ -201,6 +201,9 @@ def render(data: dict[str, Any]) -> str:
            f"Machine: {facts['nproc']} cores ({facts['cpu']}), {facts['memory_gib']} GiB "
            f"memory, disk `{facts['disk']}`, Python {facts['python']}, kernel "
            f"{facts['kernel']}, load average at start {facts['load_at_start']}.", "",
+           *([f"**Scale `{data['scale']}`: tiny or short runs that prove the code works; "
+               "their figures are noise, not the benchmark (`make bench` runs the full "
+               "scale).**", ""] if data["scale"] != "full" else []),
            "Same record sizes, fsync before ack (except the row marked not durable), "
            "3 replicas where the system has replication, Python asyncio clients for all. "
            "Charts: `benchmarks/results/*.png` (`python -m benchmarks.charts`).", "",
