@@ -14,7 +14,7 @@ def percentile(sorted_values: list[float], p: float) -> float:
     """The ``p``-th percentile (0..100) of already sorted values, nearest-rank; NaN if empty."""
     if not sorted_values:
         return math.nan
-    rank = max(1, math.ceil(p / 100.0 * len(sorted_values)))
+    rank = max(1, math.ceil(p * len(sorted_values) / 100.0 - 1e-9))  # no float overshoot
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 

@@ -1,0 +1,88 @@
+"""The comparison benchmark's pure parts: percentiles, the bounded load loop, the target
+verdicts, py-spy hot frames and the RESULTS.md section rewrite."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import report
+from benchmarks.peers.load import run_ops
+from benchmarks.peers.stats import Measurement, percentile, window
+
+
+@pytest.mark.parametrize(
+    ("values", "p", "expected"),
+    [([1.0], 50, 1.0), ([1.0, 2.0, 3.0, 4.0], 50, 2.0), ([1.0, 2.0, 3.0, 4.0], 99, 4.0),
+     ([float(i) for i in range(1, 1001)], 99.9, 999.0), ([5.0, 6.0], 0, 5.0)],
+)
+def test_percentile_nearest_rank(values: list[float], p: float, expected: float) -> None:
+    assert percentile(values, p) == expected
+
+
+def test_percentile_of_nothing_is_nan() -> None:
+    assert math.isnan(percentile([], 50))
+
+
+def test_window_keeps_ops_started_inside() -> None:
+    timeline = [(0.5, 1.0), (1.0, 9.0), (1.9, 3.0), (2.0, 7.0)]
+    assert window(timeline, 1.0, 2.0) == [3.0, 9.0]
+
+
+async def test_run_ops_stops_at_count_and_counts_failures() -> None:
+    calls: list[int] = []
+
+    async def op(i: int) -> int:
+        calls.append(i)
+        if i % 10 == 3:
+            raise RuntimeError("boom")
+        return 2
+
+    m = await run_ops(Measurement("s", "x"), op, count=50, inflight=4, time_s=30.0,
+                      timeline=True)
+    assert sorted(calls) == list(range(50))
+    assert m.failed == 5 and m.ops == 45 * 2
+    assert len(m.latencies_ms) == 90 and len(m.timeline) == 50
+    assert "RuntimeError: boom" in m.note
+
+
+def _row(scenario: str, system: str, **figures: float) -> dict[str, object]:
+    base: dict[str, object] = {"scenario": scenario, "system": system, "rate": math.nan,
+                               "p50_ms": math.nan, "p99_ms": math.nan, "failed": 0,
+                               "pending": ""}
+    return {**base, **figures}
+
+
+def test_targets_met_missed_and_pending() -> None:
+    sc = "1 append many in flight 1KiB"
+    rows = [_row(sc, "estream R3", rate=90_000.0),
+            _row(sc, "NATS JetStream R3 sync always", rate=30_000.0),
+            _row(sc, "Redis 7", rate=100_000.0)]
+    verdicts = {t: v for t, _, _, v in report.targets(rows)}
+    assert verdicts["appends many in flight 1KiB >= 3x NATS R3 sync always"].startswith("met")
+    assert verdicts["appends many in flight 1KiB >= 1x Redis fsync always"].startswith("MISSED")
+    assert verdicts["catch-up reads >= 1x Redis XRANGE"] == "pending"
+
+
+def test_hot_frames_self_and_total_shares() -> None:
+    collapsed = ("process 1;main (a.py:1);loop (a.py:5);write (b.py:9) 6\n"
+                 "process 1;main (a.py:1);loop (a.py:5) 2\n"
+                 "process 1;main (a.py:1);encode (c.py:3) 2\n")
+    hot = report.hot_frames(collapsed)
+    assert hot["self"][0] == ("write (b.py:9)", 0.6)
+    assert dict(hot["total"])["loop (a.py:5)"] == pytest.approx(0.8)
+    assert report.hot_frames("") == {}
+
+
+def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Results\n\n## Faults\nkeep me\n")
+    report.write_section(path, f"{report.BEGIN}\nfirst\n{report.END}\n")
+    path.write_text(path.read_text() + "\n## Later\nkeep me too\n")
+    report.write_section(path, f"{report.BEGIN}\nsecond\n{report.END}\n")
+    text = path.read_text()
+    assert "keep me\n" in text and "keep me too" in text
+    assert "second" in text and "first" not in text
+    assert text.count(report.BEGIN) == 1
