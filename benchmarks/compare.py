@@ -244,15 +244,23 @@ async def estream_block(run: Run, work: Path) -> None:
         for scenario in report.ESTREAM_SCENARIOS:
             run.pending(scenario, ESTREAM, reason)
         return
-    with pe.estream_cluster(work / "estream") as cluster:
+    with pe.estream_cluster(work / "cluster") as cluster:
         async with pe.connect(cluster) as client:
             drv = drivers.EstreamDriver(ESTREAM, client)
             try:
                 await common_scenarios(run, drv)
+            finally:
+                await drv.close()
+    # a spare (4th) range server, so that the writer can seal the damaged range and roll
+    # the next one onto 3 live servers, as estream is designed to
+    with pe.estream_cluster(work / "kill", range_servers=4) as cluster:
+        async with pe.connect(cluster) as client:
+            drv = drivers.EstreamDriver(ESTREAM, client)
+            try:
                 name, _ = log = await drv.new_log("kill")
                 victim = (await pe.open_range_replicas(client, name))[0]
                 await kill_one(run, drv, log, lambda: cluster.kill9(victim),
-                               f"{ESTREAM} (replica killed)")
+                               f"{ESTREAM} (replica killed; 4 range servers)")
             finally:
                 await drv.close()
 

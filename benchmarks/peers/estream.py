@@ -50,15 +50,17 @@ class EstreamCluster:
 
 
 @contextlib.contextmanager
-def estream_cluster(work: Path) -> Iterator[EstreamCluster]:
-    """Start 3 PD nodes and 3 range servers; stop every process by PID on exit."""
+def estream_cluster(work: Path, range_servers: int = RANGE_SERVERS
+                    ) -> Iterator[EstreamCluster]:
+    """Start 3 PD nodes and ``range_servers`` range servers; stop every process by PID on
+    exit."""
     from tests.harness.pd import start_pd_cluster
     from tests.harness.rangeserver import start_rangeserver
 
     pd = start_pd_cluster(work / "estream-pd", 3)
     cluster = EstreamCluster(pd.rpc_addresses)
     try:
-        for j in range(RANGE_SERVERS):
+        for j in range(range_servers):
             process, address = start_rangeserver(work / "estream-rs" / f"rs{j}", pd=cluster.pd)
             cluster.range_servers[address] = process
         yield cluster
@@ -78,7 +80,7 @@ async def connect(cluster: EstreamCluster) -> AsyncIterator[Any]:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             servers = await client.list_servers()
-            if sum(1 for s in servers if s.alive) >= RANGE_SERVERS:
+            if sum(1 for s in servers if s.alive) >= len(cluster.range_servers):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"range servers not all alive: {servers}")
