@@ -28,7 +28,9 @@ The rules (DESIGN.md section 2):
   (so the sealed range keeps ``ack_count`` copies where it can), then :class:`BeginSeal`.
   Acks arriving after the freeze never complete anything: batches past the end are
   re-sent, restamped, to the next range, with their offsets unchanged.
-- A range also rolls once ``range_bytes_max`` bytes were sent into it.
+- A range also rolls once ``range_bytes_max`` bytes were sent into it: nothing more is
+  sent to it, and it is sealed once what was sent completes (so every range takes at
+  least one batch, and a roll always makes progress).
 
 Pure: no I/O.
 """
@@ -138,6 +140,7 @@ class _Range:
     failed: set[str] = field(default_factory=set)
     sent_bytes: int = 0
     seal_end: int | None = None  # frozen end once sealing began
+    full: bool = False  # range_bytes_max sent: no more batches; seal once they complete
     seal_sent: bool = False
 
     def live(self) -> tuple[str, ...]:
@@ -387,7 +390,8 @@ class RangeWriter:
             if batch.range_index == rng.index:
                 continue
             if rng.sent_bytes >= self.config.range_bytes_max:
-                self._begin_roll(effects)  # size limit: seal after what was sent
+                rng.full = True  # size limit: seal once what was sent completes
+                self._roll_if_full(effects)
                 return
             self._send(batch, now_ms, effects)
 
@@ -429,6 +433,7 @@ class RangeWriter:
             # The writer went idle: tell tailing readers now rather than on the next batch.
             if self.visible_confirm > self._confirm_sent:
                 self._send_confirm(effects)
+        self._roll_if_full(effects)
 
     def _sent_end(self) -> int:
         ends = [b.end for b in self._batches if b.range_index == self._range.index]
@@ -457,11 +462,11 @@ class RangeWriter:
         self._release()
         self._maybe_seal(effects)
 
-    def _begin_roll(self, effects: list[Effect]) -> None:
+    def _roll_if_full(self, effects: list[Effect]) -> None:
         rng = self._range
-        if rng.seal_end is None:
+        if rng.full and rng.seal_end is None and self.completed == self._sent_end():
             rng.seal_end = self.completed
-        self._maybe_seal(effects)
+            self._maybe_seal(effects)
 
     def _maybe_seal(self, effects: list[Effect]) -> None:
         """Emit :class:`BeginSeal` once every live replica reached the frozen end."""
@@ -478,10 +483,15 @@ class RangeWriter:
         return any(b.end > self.completed for b in self._batches)
 
     def _oldest_unacked_ms(self) -> int | None:
+        """When the oldest batch some live replica still owes was sent (chase deadline)."""
         rng = self._range
+        if rng.seal_sent:
+            return None
         oldest: int | None = None
         for batch in self._batches:
             if batch.range_index != rng.index:
+                continue
+            if rng.seal_end is not None and batch.end > rng.seal_end:
                 continue
             if any(r not in batch.acked_by for r in rng.live()):
                 oldest = batch.sent_ms if oldest is None else min(oldest, batch.sent_ms)

@@ -5,7 +5,9 @@ cut off) must seal it before writing, at an end that keeps every acknowledged re
 (DESIGN.md section 2, "Recovery"):
 
 1. **Fence**: SEAL without an end, carrying the new epoch, to every replica. Each replica
-   stops accepting the old writer's appends and answers its durable contiguous end.
+   stops accepting the old writer's appends and answers its durable contiguous end. A
+   replica that does not have the range (the old writer died between PD's seal_range and
+   CREATE_RANGE) gets CREATE_RANGE at the new epoch instead, which fences it as well.
 2. **Choose the end** from at least :func:`~estream.quorum.seal_quorum` answers:
    :func:`~estream.quorum.seal_end_offset` (the largest answered end).
 3. **Copy** the records below the end from a replica that has them to the answered
@@ -26,13 +28,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from estream.errors import EstreamError, Fenced, Unavailable
+from estream.errors import EstreamError, Fenced, RangeNotFound, Unavailable
 from estream.quorum import copy_targets, seal_end_offset, seal_quorum
 
 
 @dataclass(frozen=True, slots=True)
 class SendFence:
     """SEAL ``{"end": None}`` with the recovering writer's epoch to ``replica``."""
+
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
+class FenceByCreate:
+    """CREATE_RANGE with the recovering writer's epoch on ``replica``, which answered that
+    it has no such range (the dead writer placed it in PD but never created it there):
+    creating it at the new epoch fences any late CREATE_RANGE or APPEND of the old writer.
+    Its answer's ``end`` is reported to ``on_fence_answer``."""
 
     replica: str
 
@@ -63,7 +75,7 @@ class RecoveryFailed:
     error: EstreamError
 
 
-RecoveryEffect = SendFence | CopyRecords | CommitSeal | RecoveryFailed
+RecoveryEffect = SendFence | FenceByCreate | CopyRecords | CommitSeal | RecoveryFailed
 
 
 @dataclass(slots=True)
@@ -78,6 +90,7 @@ class RangeRecovery:
     copying: set[str] = field(default_factory=set)
     copied: set[str] = field(default_factory=set)
     done: bool = False
+    _created: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, replicas: Sequence[str], ack_count: int) -> RangeRecovery:
@@ -104,6 +117,9 @@ class RangeRecovery:
             return [RecoveryFailed(error)]
         if self.end is not None:
             return []
+        if isinstance(error, RangeNotFound) and replica not in self._created:
+            self._created.add(replica)
+            return [FenceByCreate(replica)]
         self.errors[replica] = error
         return self._decide_if_all_answered()
 
@@ -167,6 +183,7 @@ class RangeRecovery:
 __all__ = [
     "CommitSeal",
     "CopyRecords",
+    "FenceByCreate",
     "RangeRecovery",
     "RecoveryEffect",
     "RecoveryFailed",

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from estream.errors import Fenced, Unavailable
-from estream.seal import CommitSeal, CopyRecords, RangeRecovery, RecoveryFailed, SendFence
+from estream.errors import Fenced, RangeNotFound, Unavailable
+from estream.seal import (
+    CommitSeal,
+    CopyRecords,
+    FenceByCreate,
+    RangeRecovery,
+    RecoveryFailed,
+    SendFence,
+)
 
 
 def test_fences_every_replica() -> None:
@@ -57,3 +64,16 @@ def test_a_newer_writer_wins() -> None:
     effects = rec.on_fence_error("a", Fenced("newer", epoch=4, current_epoch=5))
     assert len(effects) == 1 and isinstance(effects[0], RecoveryFailed)
     assert rec.on_fence_answer("b", 1) == []
+
+
+def test_a_replica_without_the_range_is_fenced_by_creating_it() -> None:
+    rec = RangeRecovery.of(("a", "b", "c"), 2)
+    assert rec.on_fence_error("a", RangeNotFound("none")) == [FenceByCreate("a")]
+    rec.on_fence_answer("b", 0)
+    assert rec.on_fence_answer("c", 0) == []
+    assert rec.on_fence_answer("a", 0) == [CommitSeal(0, ("a", "b", "c"), ())]
+    # A second RangeNotFound from the same replica counts as an error.
+    rec2 = RangeRecovery.of(("a", "b", "c"), 2)
+    rec2.on_fence_error("a", RangeNotFound())
+    assert rec2.on_fence_error("a", RangeNotFound()) == []
+    assert "a" in rec2.errors
