@@ -1,0 +1,167 @@
+"""The estream client: the SDK's entry point.
+
+``client = await estream.connect("h:p,h:p,h:p")`` gives a :class:`Client` that talks to
+the placement driver through :class:`~estream.pdclient.PDClient` (any node; it follows the
+leader), caches stream metadata, and keeps one multiplexed connection per range server
+(:class:`~estream.rpc.ConnectionPool`) shared by its writers and readers. Every network
+wait has a timeout; errors are the typed :mod:`estream.errors` classes, with ``retriable``.
+
+Side effects: network connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from estream import limits
+from estream.errors import Closed, EstreamError, Unavailable
+from estream.meta import ServerInfo, StreamMeta
+from estream.pdclient import PDClient
+from estream.rangewriter import WriterConfig
+from estream.reader import read_stream, stream_end_offset
+from estream.record import Record
+from estream.rpc import ConnectionPool
+from estream.writer import Writer
+
+
+class Client:
+    """A connection to an estream cluster. Also ``async with estream.Client(pd) as c``."""
+
+    def __init__(self, pd: str | Sequence[str], *, timeout_s: float = 5.0) -> None:
+        self.pd = PDClient(pd, timeout_s=timeout_s)
+        self.pool = ConnectionPool()
+        self.timeout_s = timeout_s
+        self._streams: dict[str, StreamMeta] = {}
+        self._writers: list[Writer] = []
+        self._closed = False
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- streams --------------------------------------------------------------------------
+
+    async def create_stream(
+        self,
+        name: str,
+        replicas: int = 3,
+        ack_count: int = 2,
+        *,
+        type: str = "",
+        hints: Sequence[str] = (),
+    ) -> StreamMeta:
+        meta = await self.pd.create_stream(name, replicas, ack_count, type, hints)
+        self._streams[name] = meta
+        return meta
+
+    async def describe_stream(self, name: str) -> StreamMeta:
+        return await self.stream_meta(name, refresh=True)
+
+    async def list_streams(self) -> list[StreamMeta]:
+        return await self.pd.list_streams()
+
+    async def delete_stream(self, name: str) -> None:
+        self._streams.pop(name, None)
+        await self.pd.delete_stream(name)
+
+    async def trim(self, name: str, start_offset: int) -> StreamMeta:
+        meta = await self.pd.trim_stream(name, start_offset)
+        self._streams[name] = meta
+        return meta
+
+    async def stream_meta(self, name: str, *, refresh: bool = False) -> StreamMeta:
+        """The stream's metadata, from the cache unless ``refresh`` (raises StreamNotFound)."""
+        self._check_open()
+        meta = None if refresh else self._streams.get(name)
+        if meta is None:
+            meta = await self.pd.describe_stream(name)
+            self._streams[name] = meta
+        return meta
+
+    # -- writing and reading --------------------------------------------------------------
+
+    async def open_writer(
+        self,
+        name: str,
+        *,
+        deferred_sync: bool = False,
+        linger_ms: int = limits.linger_ms,
+        batch_bytes: int = limits.writer_batch_bytes,
+    ) -> Writer:
+        """A writer for ``name`` with a new epoch: every earlier writer is fenced. A last
+        range left open by a dead writer is recovered first (DESIGN.md section 2)."""
+        self._check_open()
+        config = WriterConfig(
+            linger_ms=linger_ms,
+            batch_bytes=batch_bytes,
+            confirm_idle_ms=max(1, linger_ms),
+            deferred=deferred_sync,
+        )
+        writer = await Writer.open(self, name, config)
+        self._streams[name] = writer.stream
+        self._writers.append(writer)
+        return writer
+
+    def read(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        follow: bool = False,
+        *,
+        replica: str | None = None,
+    ) -> AsyncIterator[Record]:
+        """Records with offsets in ``[start, end)``; see :mod:`estream.reader`."""
+        self._check_open()
+        return read_stream(self, name, start, end, follow, replica)
+
+    async def end_offset(self, name: str) -> int:
+        """The confirmed (readable) end of the stream right now."""
+        self._check_open()
+        return await stream_end_offset(self, name)
+
+    # -- cluster --------------------------------------------------------------------------
+
+    async def list_servers(self) -> list[ServerInfo]:
+        return await self.pd.list_servers()
+
+    async def cluster(self) -> dict:  # type: ignore[type-arg]
+        return await self.pd.cluster()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for writer in self._writers:
+            try:
+                await asyncio.wait_for(writer.close(), self.timeout_s)
+            except (TimeoutError, EstreamError):
+                pass
+        await self.pool.close()
+        await self.pd.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed("the client is closed")
+
+
+async def connect(pd: str | Sequence[str], *, timeout_s: float = 5.0) -> Client:
+    """Connect to the placement driver at ``pd`` ("h:p,h:p,h:p" or a list).
+
+    Raises :class:`Unavailable` if no PD node answers within ``timeout_s``.
+    """
+    client = Client(pd, timeout_s=timeout_s)
+    try:
+        await client.pd.cluster()
+    except EstreamError as exc:
+        await client.close()
+        if isinstance(exc, Unavailable):
+            raise
+        raise Unavailable(f"cannot reach the placement driver at {pd}: {exc}") from exc
+    return client
+
+
+__all__ = ["Client", "connect"]

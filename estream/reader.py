@@ -1,0 +1,224 @@
+"""Reading a stream by offset, across its ranges, with replica failover and tailing.
+
+:func:`read_stream` yields the records with offsets in ``[start, end)``:
+
+- the range holding each offset comes from the stream's metadata (refreshed from PD when
+  the read passes the known ranges);
+- each range is read from any of its replicas, the preferred one first; an error, a
+  timeout or a checksum mismatch (every batch is verified with
+  :func:`estream.record.decode_batch`) moves the read to the next replica;
+- on the open range, replicas serve only up to the writer's confirm offset, so an empty
+  answer means "nothing more is confirmed yet": the read ends there, or with
+  ``follow=True`` it long-polls (READ ``wait_ms``) and moves on to the next range when the
+  current one is sealed;
+- offsets below the stream's start (trimmed) raise :class:`OffsetOutOfRange`.
+
+:func:`stream_end_offset` is the readable end of a stream right now.
+
+Side effects: network requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from estream import limits
+from estream.errors import EstreamError, OffsetOutOfRange, Unavailable
+from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.protocol import Opcode
+from estream.record import Record, decode_batch, iter_batches
+
+if TYPE_CHECKING:
+    from estream.client import Client
+
+follow_wait_ms: Final = 1_000  # one long poll at the range server
+read_rounds_max: Final = 5  # rounds over every replica (metadata refreshed between)
+sealed_wait_s: Final = 0.02  # replicas sealed, PD not yet: wait before asking again
+
+
+def replica_order(rng: RangeMeta, preferred: str | None) -> list[ReplicaRef]:
+    """The replicas to try, the preferred one first.
+
+    >>> r = RangeMeta(0, 0, None, (ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2")))
+    >>> [x.id for x in replica_order(r, "b")]
+    ['b', 'a']
+    """
+    first = [r for r in rng.replicas if r.id == preferred]
+    return first + [r for r in rng.replicas if r.id != preferred]
+
+
+def decode_answer(payload: bytes, offset: int, end: int | None) -> list[Record]:
+    """The records at or past ``offset`` (and below ``end``) in a READ answer's batches;
+    raises :class:`ChecksumMismatch` or :class:`MalformedBatch` on bad bytes."""
+    records: list[Record] = []
+    for header, raw in iter_batches(payload):
+        if header.end_offset <= offset:
+            continue
+        batch = decode_batch(raw)
+        for record in batch.records:
+            if record.offset < offset:
+                continue
+            if end is not None and record.offset >= end:
+                return records
+            records.append(record)
+    return records
+
+
+class _RangeRead:
+    """One READ answer: the records, and whether the replica says the range is sealed."""
+
+    __slots__ = ("records", "sealed", "sealed_end")
+
+    def __init__(self, records: list[Record], sealed: bool, sealed_end: int | None) -> None:
+        self.records = records
+        self.sealed = sealed
+        self.sealed_end = sealed_end
+
+
+async def _read_range(
+    client: Client,
+    meta: StreamMeta,
+    rng: RangeMeta,
+    offset: int,
+    end: int | None,
+    wait_ms: int,
+    preferred: str | None,
+) -> _RangeRead:
+    """Read from the first replica that answers well."""
+    last: EstreamError | None = None
+    header = {
+        "stream_id": meta.id,
+        "range_index": rng.index,
+        "offset": offset,
+        "max_bytes": limits.read_bytes_max,
+        "wait_ms": wait_ms,
+        "unconfirmed": False,
+    }
+    timeout_s = wait_ms / 1000 + limits.request_timeout_ms / 1000
+    for ref in replica_order(rng, preferred):
+        try:
+            body, payload = await client.pool.call(
+                ref.address, Opcode.READ, header, timeout_s=timeout_s
+            )
+            records = decode_answer(payload, offset, end)
+        except OffsetOutOfRange:
+            raise
+        except EstreamError as exc:
+            last = exc
+            continue
+        if not records and rng.end is not None and offset < rng.end:
+            last = Unavailable(f"replica {ref.id} has nothing at {offset} of sealed range")
+            continue  # a short replica of a sealed range: another one has it
+        sealed = bool(body.get("sealed"))
+        sealed_end = body.get("end") if sealed else None
+        return _RangeRead(records, sealed, None if sealed_end is None else int(sealed_end))
+    raise last or Unavailable(f"range {rng.index} has no replica")
+
+
+async def read_stream(
+    client: Client,
+    name: str,
+    start: int = 0,
+    end: int | None = None,
+    follow: bool = False,
+    preferred: str | None = None,
+) -> AsyncIterator[Record]:
+    """Yield the records of ``name`` with offsets in ``[start, end)`` (see the module)."""
+    meta = await client.stream_meta(name)
+    if start < meta.start_offset:
+        raise OffsetOutOfRange(
+            f"offset {start} of {name!r} is trimmed", offset=start, start=meta.start_offset
+        )
+    offset = start
+    failures = 0
+    while end is None or offset < end:
+        rng = meta.range_for(offset)
+        if rng is None:
+            meta = await client.stream_meta(name, refresh=True)
+            rng = meta.range_for(offset)
+            if rng is None:
+                if offset < meta.start_offset:
+                    raise OffsetOutOfRange(
+                        f"offset {offset} of {name!r} is trimmed",
+                        offset=offset,
+                        start=meta.start_offset,
+                    )
+                return
+        wait_ms = follow_wait_ms if follow and not rng.sealed else 0
+        asked_s = time.monotonic()
+        try:
+            answer = await _read_range(client, meta, rng, offset, end, wait_ms, preferred)
+        except OffsetOutOfRange:
+            meta = await client.stream_meta(name, refresh=True)
+            if offset < meta.start_offset:
+                raise
+            answer = _RangeRead([], False, None)
+        except EstreamError:
+            failures += 1
+            if failures >= read_rounds_max:
+                raise
+            await asyncio.sleep(0.05 * failures)
+            meta = await client.stream_meta(name, refresh=True)
+            continue
+        failures = 0
+        for record in answer.records:
+            yield record
+            offset = record.offset + 1
+        if answer.records:
+            continue
+        if rng.sealed:
+            if rng.end is not None and offset >= rng.end:
+                continue  # range_for moves to the next range
+            return  # a sealed range answered nothing below its end: nothing to read
+        if answer.sealed:
+            # Sealed on the replica: a roll or a recovery is under way; PD names the next.
+            meta = await client.stream_meta(name, refresh=True)
+            current = meta.range_for(offset)
+            if current is not None and current.index == rng.index and not follow:
+                return  # not sealed in PD yet: nothing more is readable now
+            if current is not None and current.index == rng.index:
+                await asyncio.sleep(sealed_wait_s)
+            continue
+        if follow:
+            if time.monotonic() - asked_s < wait_ms / 2000:
+                await asyncio.sleep(0.005)  # the server did not hold the poll: do not spin
+            continue  # long-poll again
+        return  # the open range has nothing more confirmed
+
+
+async def stream_end_offset(client: Client, name: str) -> int:
+    """The readable end now: the sealed end of the last range, or for an open last range
+    the highest confirm offset its replicas report."""
+    meta = await client.stream_meta(name, refresh=True)
+    last = meta.last_range
+    if last is None:
+        return meta.start_offset
+    if last.end is not None:
+        return last.end
+    answers = await asyncio.gather(
+        *(_describe(client, meta, last, ref) for ref in last.replicas), return_exceptions=True
+    )
+    confirms = [a for a in answers if isinstance(a, int)]
+    if not confirms and last.start > 0:
+        return last.start
+    return max([last.start, *confirms])
+
+
+async def _describe(client: Client, meta: StreamMeta, rng: RangeMeta, ref: ReplicaRef) -> int:
+    body, _ = await client.pool.call(
+        ref.address,
+        Opcode.DESCRIBE_RANGE,
+        {"stream_id": meta.id, "range_index": rng.index},
+        timeout_s=limits.request_timeout_ms / 1000,
+    )
+    if body.get("sealed") and body.get("sealed_end") is not None:
+        return int(body["sealed_end"])
+    confirm: Any = body.get("confirm", rng.start)
+    end: Any = body.get("end", confirm)
+    return min(int(confirm), int(end))
+
+
+__all__: Sequence[str] = ["read_stream", "replica_order", "stream_end_offset", "decode_answer"]
