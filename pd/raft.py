@@ -30,8 +30,10 @@ Side effects: a background thread (pysyncobj's), files in ``data_dir``, TCP sock
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
+import pickle
 import threading
 import time
 from collections.abc import Sequence
@@ -41,11 +43,11 @@ from typing import Any, Final
 
 import msgpack
 import pysyncobj.journal as _journal_module
+import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _syncobj_module
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal, MetaStorer
 from pysyncobj.pickle import dumps as _pickle_dumps
-from pysyncobj.pickle import loads as _pickle_loads
 
 from estream.errors import EstreamError, Overloaded, Timeout, Unavailable
 from pd.catalog import Catalog, CatalogView, Result
@@ -70,7 +72,7 @@ class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
     def getMeta(self) -> Any:  # noqa: N802 - pysyncobj's name
         try:
             with open(self.getPath(), "rb") as f:
-                return _pickle_loads(f.read())
+                return _primitive_loads(f.read())
         except (OSError, EOFError, ValueError):
             return {}
 
@@ -141,6 +143,32 @@ def _create_journal(journal_file: str | None = None) -> Any:
 # the durable versions (this module is the only user of pysyncobj in the process).
 _syncobj_module.createJournal = _create_journal
 _journal_module.MetaStorer = _DurableMetaStorer
+
+# pysyncobj unpickles every message from its Raft port (and every journal entry). Without
+# the optional `cryptography` package there is no password, and an unrestricted unpickler
+# would let anyone who reaches the port run code. Its messages hold only primitives (bytes
+# pickled by protocol 2 go through `_codecs.encode`), so no other global is allowed.
+_PICKLE_GLOBALS_ALLOWED: Final = frozenset({
+    (module, name)
+    for module in ("_codecs", "builtins", "__builtin__")  # protocol 2 names Python 2's
+    for name in ("encode", "set", "frozenset", "bytearray")
+    if (module == "_codecs") == (name == "encode")
+})
+
+
+class _PrimitiveUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _PICKLE_GLOBALS_ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to unpickle global {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _primitive_loads(data: bytes | str) -> Any:
+    raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    return _PrimitiveUnpickler(io.BytesIO(raw)).load()
+
+
+_pysyncobj_pickle.loads = _primitive_loads
 
 
 def _fsync_dir(path: str) -> None:

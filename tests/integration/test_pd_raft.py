@@ -86,3 +86,24 @@ async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> Non
         assert sorted(times)[25] < 0.03  # not waiting on pysyncobj's 100 ms batching tick
     finally:
         await asyncio.to_thread(again.close)
+
+
+def test_raft_messages_unpickle_primitives_only() -> None:
+    import pickle
+    import zlib
+
+    import pysyncobj.pickle as pysyncobj_pickle
+
+    import pd.raft  # noqa: F401 - installs the restricted unpickler
+
+    message = {"type": "append_entries", "entries": [(b"\x00cmd", 5, 2)], "ids": {1, 2},
+               "commit_index": 4, "serialized": None, "text": "x"}
+    assert pysyncobj_pickle.loads(pysyncobj_pickle.dumps(message)) == message
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (print, ("owned",))
+
+    crafted = zlib.decompress(zlib.compress(pickle.dumps(Evil(), 2)))
+    with pytest.raises(pickle.UnpicklingError):
+        pysyncobj_pickle.loads(crafted)
