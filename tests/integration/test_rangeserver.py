@@ -1,0 +1,402 @@
+"""A real ``estream rangeserver`` process: append, read, long poll, crashes, damage, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from estream.errors import (
+    ChecksumMismatch,
+    Fenced,
+    FrameTooLarge,
+    InvalidArgument,
+    MalformedBatch,
+    MalformedFrame,
+    OffsetGap,
+    RangeNotFound,
+    RangeSealed,
+    ReplicaDamaged,
+    UnsupportedOpcode,
+    from_wire,
+)
+from estream.protocol import FrameDecoder, Opcode, encode_frame_bytes
+from estream.record import Record, encode_batch, iter_batches
+from estream.rpc import RpcClient
+from tests.harness.process import ManagedProcess
+from tests.harness.rangeserver import start_rangeserver
+
+pytestmark = pytest.mark.integration
+
+STREAM = 42
+
+
+class Server:
+    """One range server process on a data dir, restartable."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.process: ManagedProcess | None = None
+        self.address = ""
+
+    def start(self) -> Server:
+        self.process, self.address = start_rangeserver(self.data_dir)
+        return self
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.kill9()
+        self.process.stop()  # reaped already; closes its log file
+
+    def stop(self) -> None:
+        if self.process is not None:
+            assert self.process.stop() == 0 or not self.process.alive()
+
+    def segment(self) -> Path:
+        (path,) = sorted((self.data_dir / "wal").glob("*.wal"))
+        return path
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path / "rs").start()
+    yield srv
+    if srv.process is not None:
+        srv.process.stop()
+
+
+Connect = Callable[[str], Awaitable[RpcClient]]
+
+
+@pytest.fixture(name="connect")
+async def connect_fixture() -> AsyncIterator[Connect]:
+    """Open clients that are closed at teardown even when the test fails (an open
+    transport left behind stalls the event loop's shutdown)."""
+    opened: list[RpcClient] = []
+
+    async def open_client(address: str) -> RpcClient:
+        client = await RpcClient.connect(address)
+        opened.append(client)
+        return client
+
+    yield open_client
+    for client in opened:
+        await client.close()
+
+
+def batch(
+    base: int, n: int = 4, *, epoch: int = 1, range_index: int = 0, confirm: int = 0
+) -> bytes:
+    records = [
+        Record(f"value-{base + i}".encode() * 8, {"i": str(base + i)}, 1000) for i in range(n)
+    ]
+    return encode_batch(
+        records,
+        stream_id=STREAM,
+        range_index=range_index,
+        epoch=epoch,
+        base_offset=base,
+        confirm_offset=confirm,
+    )
+
+
+async def create(client: RpcClient, start: int = 0, epoch: int = 1, range_index: int = 0) -> dict:
+    header, _ = await client.call(
+        Opcode.CREATE_RANGE,
+        {"stream_id": STREAM, "range_index": range_index, "start": start, "epoch": epoch},
+    )
+    return header
+
+
+async def read(client: RpcClient, offset: int, **kw: object) -> tuple[dict, bytes]:
+    args = {"stream_id": STREAM, "range_index": 0, "offset": offset, "unconfirmed": True}
+    return await client.call(Opcode.READ, {**args, **kw})
+
+
+async def describe(client: RpcClient) -> dict:
+    header, _ = await client.call(Opcode.DESCRIBE_RANGE, {"stream_id": STREAM, "range_index": 0})
+    return header
+
+
+async def test_append_and_read_back(server: Server, connect: Connect) -> None:
+    client = await connect(server.address)
+    ping, _ = await client.call(Opcode.PING)
+    assert ping["address"] == server.address and len(ping["server_id"]) == 32
+    assert await create(client) == {"start": 0, "end": 0, "epoch": 1, "sealed": False}
+    assert await create(client) == {"start": 0, "end": 0, "epoch": 1, "sealed": False}
+    sent = [batch(i * 4, confirm=i * 4) for i in range(10)]
+    for i, data in enumerate(sent):
+        header, _ = await client.call(Opcode.APPEND, {"deferred": False}, data)
+        assert header == {"end": (i + 1) * 4}
+    header, payload = await read(client, 0)
+    assert header == {"end": 40, "sealed": False}
+    assert payload == b"".join(sent)
+    header, payload = await read(client, 0, unconfirmed=False)
+    assert header["end"] == 36 and payload == b"".join(sent[:9]), "only up to the confirm"
+    _, payload = await read(client, 13, max_bytes=1)
+    assert payload == sent[3], "from the batch holding the offset, at least one batch"
+    assert (await describe(client))["confirm"] == 36
+    listed, _ = await client.call(Opcode.LIST_RANGES)
+    assert [(r["stream_id"], r["range_index"], r["end"]) for r in listed["ranges"]] == [
+        (STREAM, 0, 40)
+    ]
+    await client.close()
+
+
+async def test_append_decisions_over_the_wire(server: Server, connect: Connect) -> None:
+    client = await connect(server.address)
+    with pytest.raises(RangeNotFound):
+        await client.call(Opcode.APPEND, {}, batch(0))
+    await create(client, epoch=2)
+    await client.call(Opcode.APPEND, {}, batch(0, epoch=2))
+    header, _ = await client.call(Opcode.APPEND, {}, batch(0, epoch=2))
+    assert header == {"end": 4}, "a duplicate is acknowledged again"
+    with pytest.raises(OffsetGap) as gap:
+        await client.call(Opcode.APPEND, {}, batch(6, epoch=2))
+    assert (gap.value.expected, gap.value.actual) == (4, 6)
+    with pytest.raises(OffsetGap):
+        await client.call(Opcode.APPEND, {}, batch(2, n=4, epoch=2))
+    with pytest.raises(Fenced):
+        await client.call(Opcode.APPEND, {}, batch(4, epoch=1))
+    corrupt = bytearray(batch(4, epoch=2))
+    corrupt[-1] ^= 1
+    with pytest.raises(ChecksumMismatch):
+        await client.call(Opcode.APPEND, {}, bytes(corrupt))
+    with pytest.raises(MalformedBatch):
+        await client.call(Opcode.APPEND, {}, b"not a batch")
+    with pytest.raises(RangeNotFound):
+        await client.call(Opcode.APPEND, {}, batch(4, epoch=2, range_index=9))
+    with pytest.raises(InvalidArgument):
+        await client.call(Opcode.READ, {"stream_id": STREAM, "range_index": 0, "offset": -1})
+    sealed, _ = await client.call(
+        Opcode.SEAL, {"stream_id": STREAM, "range_index": 0, "epoch": 2, "end": 4}
+    )
+    assert sealed == {"end": 4, "sealed": True}
+    with pytest.raises(RangeSealed) as err:
+        await client.call(Opcode.APPEND, {}, batch(4, epoch=2))
+    assert err.value.end_offset == 4
+    assert (await describe(client))["end"] == 4, "nothing stored was touched"
+    await client.close()
+
+
+async def test_long_poll_read_wakes_on_append_and_on_confirm(
+    server: Server, connect: Connect
+) -> None:
+    client = await connect(server.address)
+    await create(client)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    waiting = asyncio.ensure_future(read(client, 0, wait_ms=10_000))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await client.call(Opcode.APPEND, {}, batch(0))
+    header, payload = await asyncio.wait_for(waiting, 5)
+    assert header["end"] == 4 and payload == batch(0)
+    assert loop.time() - started < 5
+    confirmed = asyncio.ensure_future(read(client, 0, wait_ms=10_000, unconfirmed=False))
+    await asyncio.sleep(0.2)
+    assert not confirmed.done(), "nothing confirmed yet"
+    await client.call(
+        Opcode.CONFIRM, {"stream_id": STREAM, "range_index": 0, "epoch": 1, "confirm": 4}
+    )
+    header, payload = await asyncio.wait_for(confirmed, 5)
+    assert header["end"] == 4 and payload == batch(0)
+    header, payload = await read(client, 4, wait_ms=200)
+    assert header == {"end": 4, "sealed": False} and payload == b"", "deadline: empty answer"
+    await client.close()
+
+
+async def test_kill9_with_appends_in_flight_loses_no_acknowledged_batch(
+    server: Server, connect: Connect
+) -> None:
+    client = await connect(server.address)
+    await create(client)
+    sent = [batch(i * 4, n=4) for i in range(3000)]
+    acked: list[int] = []
+
+    async def append(i: int) -> None:
+        await client.call(Opcode.APPEND, {}, sent[i])
+        acked.append(i)
+
+    tasks = [asyncio.ensure_future(append(i)) for i in range(len(sent))]
+    while len(acked) < 300:
+        await asyncio.sleep(0.005)
+    server.kill9()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client.close()
+    assert len(acked) >= 300
+    server.start()
+    client = await connect(server.address)
+    end = (await describe(client))["end"]
+    assert end >= (max(acked) + 1) * 4, "every acknowledged batch is durable"
+    stored = bytearray()
+    offset = 0
+    while offset < end:
+        header, payload = await read(client, offset)
+        stored += payload
+        offset = list(iter_batches(payload))[-1][0].end_offset
+    assert bytes(stored) == b"".join(sent[: end // 4]), "byte for byte"
+    await client.close()
+
+
+async def fill(server: Server, connect: Connect, count: int) -> list[bytes]:
+    client = await connect(server.address)
+    await create(client)
+    sent = [batch(i * 4, confirm=i * 4) for i in range(count)]
+    await asyncio.gather(*(client.call(Opcode.APPEND, {}, data) for data in sent))
+    await client.close()
+    return sent
+
+
+def flip_byte_in(path: Path, needle: bytes, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    where = data.find(needle)
+    assert where >= 0
+    data[where + at] ^= 0x20
+    path.write_bytes(bytes(data))
+
+
+async def test_flipped_byte_after_a_clean_stop_is_a_checksum_error_on_read(
+    server: Server, connect: Connect
+) -> None:
+    sent = await fill(server, connect, 20)
+    server.stop()  # checkpoint written: the restart does not rescan the log
+    flip_byte_in(server.segment(), sent[5], 100)
+    server.start()
+    client = await connect(server.address)
+    _, payload = await read(client, 0, max_bytes=sum(map(len, sent[:5])))
+    assert payload == b"".join(sent[:5]), "batches before the damage are served"
+    with pytest.raises(ChecksumMismatch):
+        await read(client, 20)
+    with pytest.raises((ChecksumMismatch, ReplicaDamaged)):
+        await read(client, 0)
+    assert (await describe(client))["damaged"] is True
+    await client.close()
+
+
+async def test_flipped_byte_found_by_the_recovery_scan_marks_the_replica_damaged(
+    server: Server, connect: Connect
+) -> None:
+    sent = await fill(server, connect, 20)
+    server.kill9()  # no checkpoint: the restart scans the whole log
+    flip_byte_in(server.segment(), sent[5], 100)
+    server.start()
+    client = await connect(server.address)
+    with pytest.raises(ReplicaDamaged):
+        await read(client, 0)
+    assert (await describe(client))["damaged"] is True
+    assert "damage" in server.process.log_text() if server.process else False
+    await client.close()
+
+
+async def test_torn_tail_is_truncated_on_restart(server: Server, connect: Connect) -> None:
+    sent = await fill(server, connect, 10)
+    server.kill9()
+    segment = server.segment()
+    data = segment.read_bytes()
+    segment.write_bytes(data[:-7])  # the last entry is torn
+    server.start()
+    client = await connect(server.address)
+    assert (await describe(client))["end"] == 36
+    _, payload = await read(client, 0)
+    assert payload == b"".join(sent[:9])
+    header, _ = await client.call(Opcode.APPEND, {}, sent[9])
+    assert header == {"end": 40}, "appends continue where the log was cut"
+    assert "torn tail" in (server.process.log_text() if server.process else "")
+    await client.close()
+
+
+async def test_seal_and_epoch_survive_restart(server: Server, connect: Connect) -> None:
+    client = await connect(server.address)
+    await create(client)
+    await client.call(Opcode.APPEND, {}, batch(0))
+    fence, _ = await client.call(
+        Opcode.SEAL, {"stream_id": STREAM, "range_index": 0, "epoch": 3, "end": None}
+    )
+    assert fence == {"end": 4, "sealed": False}
+    await client.close()
+    server.kill9()
+    server.start()
+    client = await connect(server.address)
+    with pytest.raises(Fenced):
+        await client.call(Opcode.APPEND, {}, batch(4, epoch=1))
+    await client.call(Opcode.APPEND, {}, batch(4, epoch=3))
+    await client.call(Opcode.SEAL, {"stream_id": STREAM, "range_index": 0, "epoch": 3, "end": 8})
+    await client.close()
+    server.kill9()
+    server.start()
+    client = await connect(server.address)
+    described = await describe(client)
+    assert described["sealed"] is True and described["sealed_end"] == 8
+    assert described["epoch"] == 3
+    with pytest.raises(RangeSealed):
+        await client.call(Opcode.APPEND, {}, batch(8, epoch=3))
+    again, _ = await client.call(
+        Opcode.SEAL, {"stream_id": STREAM, "range_index": 0, "epoch": 3, "end": 8}
+    )
+    assert again == {"end": 8, "sealed": True}
+    header, _ = await read(client, 8)
+    assert header == {"end": 8, "sealed": True}
+    await client.close()
+
+
+def raw_exchange(address: str, data: bytes, *, half_close: bool = False) -> bytes:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def error_of(answer: bytes) -> Exception:
+    (frame,) = FrameDecoder().feed(answer)
+    assert frame.is_error
+    return from_wire(frame.header()["error"])
+
+
+async def test_bad_frames_get_errors_and_the_server_keeps_serving(
+    server: Server, connect: Connect
+) -> None:
+    other = await connect(server.address)
+    assert isinstance(error_of(raw_exchange(server.address, b"\x00garbage" * 5)), MalformedFrame)
+    huge = struct.pack("<HBBHQII", 0xE5F1, 1, Opcode.APPEND, 0, 7, 0, 2**31)
+    assert isinstance(error_of(raw_exchange(server.address, huge)), FrameTooLarge)
+    frame = encode_frame_bytes(Opcode.APPEND, 3, {"deferred": False}, batch(0))
+    assert raw_exchange(server.address, frame[:40], half_close=True) == b""
+    unknown = encode_frame_bytes(39, 5, {}) + encode_frame_bytes(Opcode.PING, 6, {})
+    frames = FrameDecoder().feed(raw_exchange_n(server.address, unknown, 2))
+    assert isinstance(from_wire(frames[0].header()["error"]), UnsupportedOpcode)
+    assert frames[1].request_id == 6 and not frames[1].is_error, "the connection goes on"
+    ping, _ = await other.call(Opcode.PING)
+    assert ping["address"] == server.address
+    await other.close()
+
+
+def raw_exchange_n(address: str, data: bytes, frames: int) -> bytes:
+    """Send ``data`` and read until ``frames`` whole frames came back."""
+    host, _, port = address.rpartition(":")
+    decoder = FrameDecoder()
+    received = bytearray()
+    count = 0
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(data)
+        while count < frames:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed early"
+            received += chunk
+            count += len(decoder.feed(chunk))
+    return bytes(received)
