@@ -262,7 +262,9 @@ def test_readme_snippets_run_against_the_cluster(cluster: UpCluster, tmp_path: P
     snippets = readme_snippets()
     assert sum(1 for kind, _ in snippets if kind == "run") >= 4
     assert any(kind == "python" for kind, _ in snippets)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    # ESTREAM_PD stands for the default addresses (7100..7102), moved like every README port
+    env = {**os.environ, "PATH": path, "ESTREAM_PD": cluster.pd}
     for kind, code in snippets:
         code = localize(code, cluster, tmp_path)
         if kind == "python":
