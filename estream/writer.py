@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 request_timeout_s = limits.request_timeout_ms / 1000
 roll_retry_s = 0.05
+close_wait_s = 1.0
 
 
 def _now_ms() -> int:
@@ -82,6 +83,7 @@ class Writer:
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._space: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._confirms: set[asyncio.Task[Any]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._error: EstreamError | None = None
@@ -270,12 +272,14 @@ class Writer:
     async def flush(self) -> None:
         """Wait until everything appended so far is acknowledged."""
         core = self._check_open()
-        if core.completed >= core.next_offset:
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((core.next_offset, future))
-        self._run(core.on_tick(_now_ms()))
-        await future
+        if core.completed < core.next_offset:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append((core.next_offset, future))
+            self._run(core.on_tick(_now_ms()))
+            await future
+        if self._confirms:
+            # Readers see what was flushed once the CONFIRM landed: wait for it, briefly.
+            await asyncio.wait(list(self._confirms), timeout=close_wait_s)
 
     async def force(self) -> None:
         """Make everything appended so far durable (``DEFERRED_SYNC`` writers): FORCE on
@@ -300,6 +304,9 @@ class Writer:
         try:
             if self._error is None and self._core is not None:
                 await self.flush()
+            if self._tasks:
+                # Let the last CONFIRM (and answers in flight) go out, briefly.
+                await asyncio.wait(list(self._tasks), timeout=close_wait_s)
         finally:
             self._closed = True
             if self._timer is not None:
@@ -360,18 +367,24 @@ class Writer:
         """Carry out the core's effects, then re-arm the timer."""
         core = self._core
         assert core is not None
+        complete_upto = -1
         for effect in effects:
             if isinstance(effect, SendAppend):
                 self._spawn(self._send_append(effect))
             elif isinstance(effect, CompleteAppends):
-                self._complete(effect.upto)
+                complete_upto = max(complete_upto, effect.upto)
             elif isinstance(effect, SendConfirm):
-                self._spawn(self._send_confirm(effect))
+                task = self._spawn(self._send_confirm(effect))
+                self._confirms.add(task)
+                task.add_done_callback(self._confirms.discard)
             elif isinstance(effect, BeginSeal):
                 self._spawn(self._roll(effect))
             elif isinstance(effect, FailAppends):
                 self._error = effect.error
                 self._fail_all(effect.error)
+        if complete_upto >= 0:
+            # After the sends: a CONFIRM goes out before the user's next request does.
+            self._complete(complete_upto)
         if self._space and core.can_accept(1):
             space, self._space = self._space, []
             for future in space:
@@ -396,10 +409,11 @@ class Writer:
             if not future.done():
                 future.set_exception(error)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

@@ -53,9 +53,7 @@ class Cluster:
         server = self.server_by_address(address)
         server.process.stop()
         host, _, port = address.rpartition(":")
-        process, bound = start_rangeserver(
-            server.data_dir, host, self.pd_addresses, port=int(port)
-        )
+        process, bound = start_rangeserver(server.data_dir, host, self.pd_addresses, port=int(port))
         server.process, server.address = process, bound
 
     def alive_servers(self) -> list[dict[str, object]]:

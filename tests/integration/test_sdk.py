@@ -1,0 +1,150 @@
+"""The SDK against a real cluster (3 PD nodes, 4 range servers as processes): round trip,
+fencing, a follower tailing a writer, and recovery after a writer process is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import estream
+from tests.harness.cluster import Cluster, start_cluster
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("sdk-cluster"), pd_nodes=3, range_servers=4)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_append_then_read_back_across_ranges(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("roundtrip", replicas=3, ack_count=2)
+        async with await client.open_writer("roundtrip") as writer:
+            first = await writer.append(b"one", headers={"k": "v"}, timestamp=1234)
+            offsets = await asyncio.gather(*(writer.append(b"v%d" % i) for i in range(500)))
+            batch = await writer.append_batch([b"x", b"y", b"z"])
+        assert first == 0 and list(offsets) == list(range(1, 501)) and batch == [501, 502, 503]
+        records = [r async for r in client.read("roundtrip")]
+        assert [r.offset for r in records] == list(range(504))
+        assert (records[0].value, dict(records[0].headers), records[0].timestamp) == (
+            b"one",
+            {"k": "v"},
+            1234,
+        )
+        assert [r.value for r in records[1:501]] == [b"v%d" % i for i in range(500)]
+        assert await client.end_offset("roundtrip") == 504
+        window = [r.offset async for r in client.read("roundtrip", start=100, end=110)]
+        assert window == list(range(100, 110))
+        # A second writer recovers the range the first closed and continues the offsets.
+        async with await client.open_writer("roundtrip") as writer2:
+            assert await writer2.append(b"after") == 504
+        meta = await client.describe_stream("roundtrip")
+        assert meta.epoch == 2
+
+
+async def test_second_writer_fences_the_first(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("fencing")
+        first = await client.open_writer("fencing")
+        assert await first.append(b"a") == 0
+        second = await client.open_writer("fencing")
+        assert second.epoch > first.epoch
+        with pytest.raises(estream.Fenced):
+            await asyncio.wait_for(first.append(b"zombie"), 10)
+        with pytest.raises(estream.Fenced):
+            await first.append(b"again")
+        assert await second.append(b"b") == 1
+        await second.flush()
+        values = [r.value async for r in client.read("fencing")]
+        assert values == [b"a", b"b"]
+
+
+async def test_follower_reads_while_the_writer_appends(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("tail")
+        writer = await client.open_writer("tail")
+        total = 300
+        seen: list[bytes] = []
+
+        async def follow() -> None:
+            async for record in client.read("tail", start=0, follow=True):
+                seen.append(record.value)
+                if len(seen) == total:
+                    return
+
+        follower = asyncio.ensure_future(follow())
+        for i in range(0, total, 10):
+            await asyncio.gather(*(writer.append(b"t%d" % (i + k)) for k in range(10)))
+            await asyncio.sleep(0.005)
+            if i == total // 2:
+                # Mid-way the follower has seen records already: it reads as they come.
+                deadline = time.monotonic() + 5
+                while not seen and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert seen, "the follower saw nothing while the writer appended"
+        await asyncio.wait_for(follower, 20)
+        assert seen == [b"t%d" % i for i in range(total)]
+        await writer.close()
+
+
+async def test_killed_writer_process_then_recovery_keeps_every_acknowledged_record(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("recovery")
+        out = tmp_path / "writer.out"
+        with open(out, "wb") as sink:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "tests/integration/sdk_writer_script.py"),
+                    cluster.pd_addresses,
+                    "recovery",
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            try:
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    if out.read_bytes().count(b"ACK ") >= 2000 or proc.poll() is not None:
+                        break
+                    await asyncio.sleep(0.02)
+                os.kill(proc.pid, signal.SIGKILL)
+            finally:
+                if proc.poll() is None:
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        acked: dict[int, bytes] = {}
+        for line in out.read_text().splitlines():
+            if line.startswith("ACK "):
+                _, offset, value = line.split(" ", 2)
+                acked[int(offset)] = value.encode()
+        assert len(acked) >= 2000, out.read_text()[-2000:]
+        writer = await client.open_writer("recovery")  # fences and recovers the range
+        end = await client.end_offset("recovery")
+        assert end > max(acked)
+        after = await writer.append(b"new-writer")
+        assert after == end
+        stored = {r.offset: r.value async for r in client.read("recovery")}
+        missing = [o for o in acked if stored.get(o) != acked[o]]
+        assert not missing, f"{len(missing)} acknowledged records lost, e.g. {missing[:5]}"
+        assert sorted(stored) == list(range(end + 1))
+        await writer.close()
