@@ -18,7 +18,7 @@ def _ranges_table(stream: dict[str, Any]) -> Any:
             r.get("start"),
             r.get("end"),
             r.get("state"),
-            ", ".join(f"{x.get('id')}@{x.get('address')}" for x in r.get("replicas", [])),
+            ", ".join(str(x.get("address")) for x in r.get("replicas", [])),
         )
         for r in stream.get("ranges", [])
     ]
@@ -33,6 +33,8 @@ def show_stream(stream: dict[str, Any], as_json: bool) -> None:
     fields["start_offset"] = stream.get("start_offset")
     fields["type"] = stream.get("type") or "-"
     fields["hints"] = ", ".join(stream.get("hints") or ()) or "-"
+    if "end_offset" in stream:
+        fields["end_offset"] = stream["end_offset"]
     print_tables(key_values(f"stream {stream.get('name')}", fields), _ranges_table(stream))
 
 
@@ -72,8 +74,6 @@ async def describe(client: Any, ns: argparse.Namespace) -> int:
     stream = meta.to_dict()
     stream["end_offset"] = await client.end_offset(ns.name)
     show_stream(stream, ns.json)
-    if not ns.json:
-        print(f"end offset: {stream['end_offset']}")
     return 0
 
 
