@@ -340,6 +340,7 @@ class RaftNode:
         conf = SyncObjConf(
             journalFile=str(self.data_dir / "raft.journal"),
             fullDumpFile=str(self.data_dir / "raft.dump"),
+            bindAddress=self.self_address,  # not pysyncobj's default 0.0.0.0: one host, one address
             appendEntriesUseBatch=False,
             autoTickPeriod=0.01,  # a one-node group commits on the tick after the append
             commandsWaitLeader=False,
