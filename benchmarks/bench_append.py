@@ -1,0 +1,226 @@
+"""End-to-end append benchmark through the SDK against a local cluster of real processes.
+
+Starts 3 PD nodes and 3 range servers (4 with ``--kill-replica``: a roll needs three live
+servers for a 3-replica range), creates a stream (replicas 3, ack 2, fsync on), and
+measures with 1 KiB records:
+
+1. throughput with many appends in flight: records/s and MB/s;
+2. latency with one append in flight: p50 / p99 / p99.9;
+3. append-to-visible latency: from the call to ``append`` until a tailing reader
+   (``follow=True``) yields the record;
+4. ``--kill-replica``: appends with a window in flight while a range server holding a
+   replica of the open range is killed (SIGKILL) mid-run: failed appends, worst latency
+   overall and in the second around the kill.
+
+Every phase is bounded in count and time. Usage::
+
+    .venv/bin/python benchmarks/bench_append.py [--records 50000] [--latency-samples 2000]
+        [--kill-replica] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import estream  # noqa: E402
+from tests.harness.cluster import Cluster, start_cluster  # noqa: E402
+
+RECORD = b"x" * 1024
+PHASE_TIMEOUT_S = 120.0
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100])."""
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+async def throughput(client: estream.Client, records: int, window: int) -> dict[str, Any]:
+    await client.create_stream("bench-throughput", replicas=3, ack_count=2)
+    writer = await client.open_writer("bench-throughput")
+    started = time.perf_counter()
+    for wave in range(0, records, window):
+        count = min(window, records - wave)
+        await asyncio.gather(*(writer.append(RECORD) for _ in range(count)))
+    elapsed = time.perf_counter() - started
+    await writer.close()
+    return {
+        "records": records,
+        "in_flight": window,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(records / elapsed),
+        "mb_per_s": round(records * len(RECORD) / elapsed / 1e6, 1),
+    }
+
+
+async def one_in_flight(client: estream.Client, samples: int) -> dict[str, Any]:
+    await client.create_stream("bench-latency", replicas=3, ack_count=2)
+    writer = await client.open_writer("bench-latency")
+    for _ in range(min(200, samples)):  # warm up connections and caches
+        await writer.append(RECORD)
+    latencies: list[float] = []
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    for _ in range(samples):
+        started = time.perf_counter()
+        await writer.append(RECORD)
+        latencies.append((time.perf_counter() - started) * 1000)
+        if time.monotonic() > deadline:
+            break
+    await writer.close()
+    return {
+        "samples": len(latencies),
+        "p50_ms": round(percentile(latencies, 50), 3),
+        "p99_ms": round(percentile(latencies, 99), 3),
+        "p99_9_ms": round(percentile(latencies, 99.9), 3),
+        "max_ms": round(max(latencies), 3),
+    }
+
+
+async def append_to_visible(client: estream.Client, samples: int) -> dict[str, Any]:
+    await client.create_stream("bench-visible", replicas=3, ack_count=2)
+    writer = await client.open_writer("bench-visible")
+    sent: dict[int, float] = {}
+    seen: list[float] = []
+
+    async def follow() -> None:
+        async for record in client.read("bench-visible", follow=True):
+            seen.append((time.perf_counter() - sent[record.offset]) * 1000)
+            if len(seen) == samples:
+                return
+
+    follower = asyncio.ensure_future(follow())
+    await asyncio.sleep(0.1)
+    for i in range(samples):
+        sent[i] = time.perf_counter()
+        await writer.append(RECORD)
+        await asyncio.sleep(0.001)
+    await asyncio.wait_for(follower, 30)
+    await writer.close()
+    return {
+        "samples": len(seen),
+        "p50_ms": round(percentile(seen, 50), 3),
+        "p99_ms": round(percentile(seen, 99), 3),
+        "max_ms": round(max(seen), 3),
+    }
+
+
+async def kill_replica(
+    client: estream.Client, cluster: Cluster, records: int, window: int
+) -> dict[str, Any]:
+    await client.create_stream("bench-kill", replicas=3, ack_count=2)
+    writer = await client.open_writer("bench-kill")
+    victim = writer.stream.ranges[-1].replicas[0].address
+    latencies: list[tuple[float, float]] = []  # (start, latency ms)
+    failures = 0
+    killed_at = [0.0]
+
+    async def one() -> None:
+        nonlocal failures
+        started = time.perf_counter()
+        try:
+            await writer.append(RECORD)
+        except estream.EstreamError:
+            failures += 1
+            return
+        latencies.append((started, (time.perf_counter() - started) * 1000))
+
+    async def killer() -> None:
+        while writer.statistics()["completed"] < records // 2:
+            await asyncio.sleep(0.001)
+        killed_at[0] = time.perf_counter()
+        await asyncio.to_thread(cluster.kill9, victim)
+
+    kill_task = asyncio.ensure_future(killer())
+    started = time.perf_counter()
+    for wave in range(0, records, window):
+        await asyncio.gather(*(one() for _ in range(min(window, records - wave))))
+    elapsed = time.perf_counter() - started
+    await asyncio.wait_for(kill_task, 10)
+    rolls = writer.rolls
+    await writer.close()
+    around = [lat for t, lat in latencies if abs(t - killed_at[0]) < 1.0]
+    return {
+        "records": records,
+        "in_flight": window,
+        "failed_appends": failures,
+        "rolls": rolls,
+        "records_per_s": round(records / elapsed),
+        "worst_ms": round(max(lat for _, lat in latencies), 1),
+        "worst_within_1s_of_kill_ms": round(max(around), 1) if around else None,
+        "p99_ms": round(percentile([lat for _, lat in latencies], 99), 2),
+    }
+
+
+async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    async with await estream.connect(cluster.pd_addresses) as client:
+        results["throughput"] = await asyncio.wait_for(
+            throughput(client, args.records, args.window), PHASE_TIMEOUT_S
+        )
+        print("throughput", results["throughput"], flush=True)
+        results["one_in_flight"] = await asyncio.wait_for(
+            one_in_flight(client, args.latency_samples), PHASE_TIMEOUT_S
+        )
+        print("one in flight", results["one_in_flight"], flush=True)
+        results["append_to_visible"] = await asyncio.wait_for(
+            append_to_visible(client, args.visible_samples), PHASE_TIMEOUT_S
+        )
+        print("append to visible", results["append_to_visible"], flush=True)
+        if args.kill_replica:
+            results["kill_replica"] = await asyncio.wait_for(
+                kill_replica(client, cluster, args.kill_records, args.kill_window),
+                PHASE_TIMEOUT_S,
+            )
+            print("kill replica", results["kill_replica"], flush=True)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--window", type=int, default=2_000, help="appends in flight")
+    parser.add_argument("--latency-samples", type=int, default=2_000)
+    parser.add_argument("--visible-samples", type=int, default=500)
+    parser.add_argument("--kill-replica", action="store_true")
+    parser.add_argument("--kill-records", type=int, default=40_000)
+    parser.add_argument("--kill-window", type=int, default=200)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    import uvloop
+
+    with tempfile.TemporaryDirectory(prefix="bench-append-") as tmp:
+        servers = 4 if args.kill_replica else 3
+        cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=servers)
+        try:
+            results = uvloop.run(run(args, cluster))
+        finally:
+            cluster.stop()
+    results["setup"] = {
+        "pd_nodes": 3,
+        "range_servers": servers,
+        "replicas": 3,
+        "ack_count": 2,
+        "record_bytes": len(RECORD),
+        "fsync": True,
+    }
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
