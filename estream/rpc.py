@@ -153,8 +153,10 @@ class RpcClient:
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         protocol.pending[request_id] = future
         try:
-            await protocol.wait_writable()
+            # Write first, then wait for the buffer to drain: waiting before writing would
+            # let a later call overtake callers woken by resume_writing (reordering).
             transport.writelines(encode_frame(opcode, request_id, header, payload))
+            await protocol.wait_writable()
             frame = await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise Timeout(
