@@ -1,0 +1,227 @@
+"""Benchmark one real range server: append throughput and latency against the disk's ceiling.
+
+    .venv/bin/python benchmarks/bench_rangeserver.py [--seconds 8] [--records-per-batch 64]
+
+1. Peak: one client, 1 KiB records in batches, many batches in flight: records/s, MB/s,
+   append latency p50/p99/p99.9 (send to acknowledgement, i.e. fsynced).
+2. Ceiling: a raw loop of ``os.write`` + ``os.fdatasync`` of the same batch bytes on the
+   same filesystem, and the ratio of the server's bytes/s to it.
+3. Half load: appends sent at half the peak rate (open loop): latency p50/p99/p99.9.
+
+Targets (issue 2): >= 60% of the raw ceiling's bytes/s; p99 < 2 ms at half the peak.
+Prints the figures and writes them to ``benchmarks/RESULTS.md`` (its "Range server"
+section). Bounded to about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from estream.protocol import Opcode  # noqa: E402
+from estream.record import EncodedRecords, Record, encode_records, wrap_records  # noqa: E402
+from estream.rpc import RpcClient  # noqa: E402
+from tests.harness.rangeserver import start_rangeserver  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+SECTION = "## Range server (benchmarks/bench_rangeserver.py)"
+RECORD_BYTES = 1024
+STREAM = 1
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def section_records(n: int) -> EncodedRecords:
+    value = os.urandom(RECORD_BYTES)
+    return encode_records([Record(value, {}, 1_700_000_000_000) for _ in range(n)])
+
+
+class Appender:
+    def __init__(self, client: RpcClient, records: EncodedRecords) -> None:
+        self.client = client
+        self.records = records
+        self.next_offset = 0
+        self.latencies_ms: list[float] = []
+
+    def next_batch(self) -> bytes:
+        base = self.next_offset
+        self.next_offset += self.records.count
+        return wrap_records(
+            self.records,
+            stream_id=STREAM,
+            range_index=0,
+            epoch=1,
+            base_offset=base,
+            confirm_offset=base,
+        )
+
+    async def append(self, batch: bytes) -> None:
+        started = time.perf_counter()
+        await self.client.call(Opcode.APPEND, {}, batch)
+        self.latencies_ms.append((time.perf_counter() - started) * 1000)
+
+
+async def peak(appender: Appender, seconds: float, inflight: int) -> tuple[float, int]:
+    """Closed loop with ``inflight`` appends outstanding; returns (elapsed s, batches)."""
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await appender.append(appender.next_batch())
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    return time.perf_counter() - started, done
+
+
+async def paced(appender: Appender, seconds: float, batches_per_s: float) -> tuple[float, int]:
+    """Open loop: one append every 1/rate seconds regardless of answers."""
+    interval = 1.0 / batches_per_s
+    tasks: list[asyncio.Task[None]] = []
+    started = time.perf_counter()
+    count = int(seconds * batches_per_s)
+    for i in range(count):
+        delay = started + i * interval - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(appender.append(appender.next_batch())))
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - started, count
+
+
+def raw_ceiling(
+    directory: Path, batch: bytes, seconds: float, latencies_ms: list[float]
+) -> tuple[float, int]:
+    """os.write + os.fdatasync of ``batch`` in a loop; returns (elapsed s, batches)."""
+    path = directory / "raw.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    count = 0
+    started = time.perf_counter()
+    try:
+        while time.perf_counter() - started < seconds:
+            t0 = time.perf_counter()
+            os.write(fd, batch)
+            os.fdatasync(fd)
+            latencies_ms.append((time.perf_counter() - t0) * 1000)
+            count += 1
+    finally:
+        os.close(fd)
+        path.unlink()
+    return time.perf_counter() - started, count
+
+
+def latency_line(samples: list[float]) -> str:
+    return (
+        f"p50 {percentile(samples, 0.5):.3f} ms, p99 {percentile(samples, 0.99):.3f} ms, "
+        f"p99.9 {percentile(samples, 0.999):.3f} ms (n={len(samples)})"
+    )
+
+
+async def run(args: argparse.Namespace) -> list[str]:
+    work = Path(tempfile.mkdtemp(prefix="bench-rs-", dir=args.dir))
+    process, address = start_rangeserver(work / "rs")
+    lines: list[str] = []
+    try:
+        client = await RpcClient.connect(address)
+        await client.call(
+            Opcode.CREATE_RANGE, {"stream_id": STREAM, "range_index": 0, "start": 0, "epoch": 1}
+        )
+        records = section_records(args.records_per_batch)
+        appender = Appender(client, records)
+        batch_bytes = len(appender.next_batch())
+        appender.next_offset = 0
+        await peak(appender, 1.0, args.inflight)  # warm up
+        appender.latencies_ms.clear()
+        elapsed, batches = await peak(appender, args.seconds, args.inflight)
+        peak_batches_s = batches / elapsed
+        peak_mb_s = peak_batches_s * batch_bytes / 1e6
+        peak_latency = list(appender.latencies_ms)
+
+        raw_latency: list[float] = []
+        raw_elapsed, raw_batches = raw_ceiling(
+            work,
+            wrap_records(records, stream_id=STREAM, range_index=0, epoch=1, base_offset=0),
+            args.raw_seconds,
+            raw_latency,
+        )
+        raw_mb_s = raw_batches * batch_bytes / raw_elapsed / 1e6
+
+        appender.latencies_ms.clear()
+        half_rate = peak_batches_s / 2
+        await paced(appender, args.seconds, half_rate)
+        half_latency = list(appender.latencies_ms)
+        await client.close()
+    finally:
+        process.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    ratio = peak_mb_s / raw_mb_s
+    half_p99 = percentile(half_latency, 0.99)
+    lines += [
+        f"- setup: 1 range server process, 1 client, {args.records_per_batch} records of "
+        f"{RECORD_BYTES} B per batch ({batch_bytes} B), {args.inflight} batches in flight, "
+        f"{args.seconds:g} s per phase, {os.cpu_count()} CPUs shared by client and server",
+        f"- peak: {peak_batches_s * args.records_per_batch:,.0f} records/s, "
+        f"{peak_mb_s:,.1f} MB/s, {peak_batches_s:,.0f} batches/s; latency "
+        + latency_line(peak_latency),
+        f"- raw ceiling (os.write + os.fdatasync per {batch_bytes} B batch, same filesystem): "
+        f"{raw_mb_s:,.1f} MB/s ({raw_batches / raw_elapsed:,.0f} fsyncs/s); one write+fdatasync: "
+        + latency_line(raw_latency),
+        f"- ratio to the ceiling: {ratio:.0%} (target >= 60%: "
+        f"{'met' if ratio >= 0.6 else 'MISSED'})",
+        f"- half of the peak ({half_rate * args.records_per_batch:,.0f} records/s, open loop): "
+        + latency_line(half_latency)
+        + f" (target p99 < 2 ms: {'met' if half_p99 < 2 else 'MISSED'})",
+    ]
+    return lines
+
+
+def write_results(command: str, lines: list[str], notes: str) -> None:
+    body = "\n".join([SECTION, "", f"Command: `{command}`", "", *lines, "", notes]).rstrip()
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    pattern = re.compile(re.escape(SECTION) + r".*?(?=\n## |\Z)", re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: body + "\n", text)
+    else:
+        text = text.rstrip() + "\n\n" + body + "\n"
+    RESULTS.write_text(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--raw-seconds", type=float, default=4.0)
+    parser.add_argument("--records-per-batch", type=int, default=64)
+    parser.add_argument("--inflight", type=int, default=32)
+    parser.add_argument("--dir", default=None, help="where the data goes (default: $TMPDIR)")
+    parser.add_argument("--notes", default="", help="a paragraph added under the figures")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    lines = uvloop.run(run(args))
+    print("\n".join(lines))
+    if not args.no_write:
+        command = ".venv/bin/python benchmarks/bench_rangeserver.py " + " ".join(sys.argv[1:])
+        write_results(command.strip(), lines, args.notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
