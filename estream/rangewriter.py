@@ -182,6 +182,7 @@ class RangeWriter:
         self._batch_bytes = 0
         self._confirm_sent = range_start
         self._last_send_ms = 0
+        self._completed_ms = 0
         self.error: EstreamError | None = None
 
     # -- observation ---------------------------------------------------------------------
@@ -240,7 +241,7 @@ class RangeWriter:
         if oldest is not None:
             deadlines.append(oldest + self.config.chase_backlog_ms_max + 1)
         if self.visible_confirm > self._confirm_sent and not self.sealing:
-            deadlines.append(self._last_send_ms + self.config.confirm_idle_ms)
+            deadlines.append(self._confirm_due_ms())
         return min(deadlines) if deadlines else None
 
     # -- events --------------------------------------------------------------------------
@@ -319,10 +320,22 @@ class RangeWriter:
         if (
             not self.sealing
             and self.visible_confirm > self._confirm_sent
-            and now_ms >= self._last_send_ms + self.config.confirm_idle_ms
+            and now_ms >= self._confirm_due_ms()
         ):
             self._send_confirm(effects)
         return effects
+
+    def confirm_now(self) -> list[Effect]:
+        """Send the confirm offset now if readers do not have it yet (flush, close)."""
+        effects: list[Effect] = []
+        if not self.sealing and self.error is None and self.visible_confirm > self._confirm_sent:
+            self._send_confirm(effects)
+        return effects
+
+    def _confirm_due_ms(self) -> int:
+        """An idle writer sends CONFIRM ``confirm_idle_ms`` after its last batch or
+        completion; a batch sent before then carries the confirm offset instead."""
+        return max(self._last_send_ms, self._completed_ms) + self.config.confirm_idle_ms
 
     def on_range_opened(
         self, range_index: int, start: int, replicas: Sequence[str], now_ms: int
@@ -428,11 +441,8 @@ class RangeWriter:
         if confirmed <= self.completed:
             return
         self.completed = confirmed
+        self._completed_ms = now_ms
         effects.append(CompleteAppends(confirmed))
-        if not self._pending and confirmed == self._sent_end():
-            # The writer went idle: tell tailing readers now rather than on the next batch.
-            if self.visible_confirm > self._confirm_sent:
-                self._send_confirm(effects)
         self._roll_if_full(effects)
 
     def _sent_end(self) -> int:

@@ -277,6 +277,7 @@ class Writer:
             self._waiters.append((core.next_offset, future))
             self._run(core.on_tick(_now_ms()))
             await future
+        self._run(core.confirm_now())
         if self._confirms:
             # Readers see what was flushed once the CONFIRM landed: wait for it, briefly.
             await asyncio.wait(list(self._confirms), timeout=close_wait_s)

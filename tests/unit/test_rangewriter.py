@@ -94,13 +94,27 @@ def test_one_ack_is_not_enough() -> None:
 
 
 def test_confirm_offset_is_piggybacked_and_sent_when_idle() -> None:
-    w = make(linger_ms=0)
+    w = make(linger_ms=0, confirm_idle_ms=2)
     w.submit([rec(0)], 0)
     effects = w.on_append_ack("a", 0, 1, 1) + w.on_append_ack("b", 0, 1, 1)
-    confirms = [e for e in effects if isinstance(e, SendConfirm)]
+    assert not [e for e in effects if isinstance(e, SendConfirm)]  # not yet: maybe a batch
+    assert w.next_deadline_ms() == 3
+    assert not [e for e in w.on_tick(2) if isinstance(e, SendConfirm)]
+    confirms = [e for e in w.on_tick(3) if isinstance(e, SendConfirm)]
     assert {(c.replica, c.confirm) for c in confirms} == {("a", 1), ("b", 1), ("c", 1)}
+    _, effects = w.submit([rec(1)], 4)
+    assert decode_batch(sends(effects)[0].payload).header.confirm_offset == 1
+
+
+def test_a_batch_sent_before_the_idle_deadline_carries_the_confirm_instead() -> None:
+    w = make(linger_ms=0, confirm_idle_ms=5)
+    w.submit([rec(0)], 0)
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)
     _, effects = w.submit([rec(1)], 2)
     assert decode_batch(sends(effects)[0].payload).header.confirm_offset == 1
+    assert not [e for e in w.on_tick(10) if isinstance(e, SendConfirm)]
+    assert w.confirm_now() == []
 
 
 def test_slow_replica_chases_without_delaying_appends_and_batches_wait_for_it() -> None:
