@@ -72,9 +72,9 @@ class RangeIndex:
         location = Location(self._segments[i], self._positions[i], self._sizes[i])
         return IndexedBatch(self._bases[i], self._ends[i], location)
 
-    def select(self, offset: int, end_max: int, bytes_max: int, *, partial_last: bool) -> list[
-        IndexedBatch
-    ]:
+    def select(
+        self, offset: int, end_max: int, bytes_max: int, *, partial_last: bool
+    ) -> list[IndexedBatch]:
         """The batches from the one holding ``offset`` whose end is at most ``end_max`` (or,
         with ``partial_last``, that start below it), until ``bytes_max`` is passed; at least
         one batch when any qualifies."""

@@ -98,10 +98,7 @@ class Store:
     def _checkpoint_fits(self, found: ckpt.Checkpoint, segments: list[int]) -> bool:
         if not segments:
             return found.segment == 0 and found.position == 0
-        return (
-            found.segment in segments
-            and self.wal.segment_size(found.segment) >= found.position
-        )
+        return found.segment in segments and self.wal.segment_size(found.segment) >= found.position
 
     def _recover_segment(self, segment: int, start: int, *, last: bool) -> tuple[int, int]:
         size = self.wal.segment_size(segment)
@@ -325,7 +322,9 @@ class Store:
         if isinstance(outcome, rp.SealNow):
             self._set(key, outcome.state)
             state = outcome.state
-            await self._log_control(wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end))
+            await self._log_control(
+                wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end)
+            )
             return state.sealed_end, True
         if isinstance(outcome, rp.AlreadySealed):
             await self.wal.barrier()  # the SEAL entry may still be in flight
@@ -406,9 +405,7 @@ class Store:
             )
         if offset >= end:
             return end, state.sealed, b""
-        chosen = self.indexes[key].select(
-            offset, end, max(1, max_bytes), partial_last=state.sealed
-        )
+        chosen = self.indexes[key].select(offset, end, max(1, max_bytes), partial_last=state.sealed)
         payload = await self._load(key, chosen)
         return end, state.sealed, payload
 
@@ -417,8 +414,10 @@ class Store:
         deadline = loop.time() + wait_ms / 1000
         while True:
             state = self.replicas[key]
-            if state.sealed or state.damaged or readable_end(state, unconfirmed=unconfirmed) > (
-                offset
+            if (
+                state.sealed
+                or state.damaged
+                or readable_end(state, unconfirmed=unconfirmed) > (offset)
             ):
                 return
             remaining = deadline - loop.time()
