@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_pd, drivers, report
+from benchmarks import bench_append, bench_pd, drivers, report
 from benchmarks.peers import estream as pe
 from benchmarks.peers import machine
 from benchmarks.peers import nats as pn
@@ -249,6 +249,7 @@ async def estream_block(run: Run, work: Path) -> None:
             drv = drivers.EstreamDriver(ESTREAM, client)
             try:
                 await common_scenarios(run, drv)
+                await bench_append_cross_check(run, client)
             finally:
                 await drv.close()
     # a spare (4th) range server, so that the writer can seal the damaged range and roll
@@ -263,6 +264,19 @@ async def estream_block(run: Run, work: Path) -> None:
                                f"{ESTREAM} (replica killed; 4 range servers)")
             finally:
                 await drv.close()
+
+
+async def bench_append_cross_check(run: Run, client: Any) -> None:
+    """estream's scenario 1 once more through ``bench_append.py``'s own loop (waves of
+    appends gathered together), as a check on the shared load loop."""
+    s = run.scale
+    records = min(s.burst_count, 50_000)
+    figures = await asyncio.wait_for(bench_append.throughput(client, records, s.inflight),
+                                     s.burst_s * 6)
+    run.add(Measurement("1 append many in flight 1KiB", f"{ESTREAM} (bench_append.py loop)",
+                        ops=figures["records"], seconds=figures["seconds"],
+                        extra={"inflight": s.inflight, "record_bytes": KIB},
+                        note="cross-check: waves of appends, bench_append.throughput()"))
 
 
 async def nats_block(run: Run, work: Path, *, sync_always: bool) -> None:
@@ -342,12 +356,14 @@ PROFILE_S = 8.0
 
 
 def py_spy(pid: int, out: Path, seconds: float, fmt: str) -> subprocess.Popen[bytes]:
-    """``py-spy record`` of ``pid`` for ``seconds`` into ``out`` (``flamegraph`` SVG or
-    ``raw`` collapsed stacks)."""
+    """``py-spy record`` of ``pid`` for ``seconds`` into ``out``: a wall-clock
+    ``flamegraph`` SVG, or ``raw`` collapsed stacks of the samples that hold the GIL (where
+    the CPU goes)."""
     binary = Path(sys.executable).parent / "py-spy"
     return subprocess.Popen(
         [str(binary), "record", "--pid", str(pid), "--duration", str(int(seconds)),
-         "--rate", "100", "--nonblocking", "--output", str(out), "--format", fmt],
+         "--rate", "100", "--nonblocking", "--output", str(out), "--format", fmt,
+         *(["--gil"] if fmt == "raw" else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -79,11 +79,13 @@ def hot_frames(collapsed: str, top: int = 8) -> dict[str, list[tuple[str, float]
 
 def _profiles(profiles: dict[str, Any]) -> list[str]:
     out = ["### Profiles of the missed targets (py-spy)", "",
-           "Flame graphs: `benchmarks/results/<name>.svg`; collapsed stacks: `<name>.txt`.", ""]
+           "Wall-clock flame graphs: `benchmarks/results/<name>.svg`; the lists below come "
+           "from `<name>.txt`, py-spy's collapsed stacks of the samples holding the GIL "
+           "(where the CPU goes; waits in fdatasync or epoll are not in them).", ""]
     for name, hot in profiles.items():
         if not hot:
             continue
-        out += [f"`{name}`: most samples in (self time):", ""]
+        out += [f"`{name}`: most GIL-holding samples in (self time):", ""]
         out += [f"- {share:.0%} {frame}" for frame, share in hot["self"]]
         out.append("")
     return out
