@@ -49,7 +49,7 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	bash benchmarks/setup.sh
 	$(BIN)/python -m benchmarks.compare --scale quick --only machine,estream,nats,redis,pd \
-		--out benchmarks/results/quick --no-results-md
+		--out benchmarks/results/quick --no-results-md --no-profile
 	$(BIN)/python -m benchmarks.charts --input benchmarks/results/quick/compare.json
 
 lint: $(STAMP)

@@ -50,7 +50,8 @@ from benchmarks.peers.load import run_ops
 from benchmarks.peers.stats import Measurement
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SAMPLES_KEPT = 20_000
+SAMPLES_KEPT = 5_000
+TIMELINE_KEPT = 20_000
 KIB = 1024
 SMALL = 100
 RETRY_S = 10.0
@@ -353,6 +354,7 @@ def machine_block(run: Run, work: Path) -> None:
 
 
 PROFILE_S = 8.0
+PROFILE_READ_RECORDS = 300_000
 
 
 def py_spy(pid: int, out: Path, seconds: float, fmt: str) -> subprocess.Popen[bytes]:
@@ -384,7 +386,8 @@ async def profile_block(run: Run, work: Path, out: Path, modes: list[str]) -> li
 async def _profile_one(run: Run, drv: Any, cluster: Any, out: Path, mode: str) -> list[Path]:
     log = await drv.new_log(f"profile{mode}")
     if mode == "read":
-        await drv.fill(log, run.scale.read_count, KIB, run.scale.fill_s)
+        await drv.fill(log, min(run.scale.read_count, PROFILE_READ_RECORDS), KIB,
+                       run.scale.fill_s)
     replica = (await pe.open_range_replicas(drv.client, log[0]))[0]
     targets = {"client": os.getpid(), "rangeserver": cluster.range_servers[replica].pid}
     paths = {who: out / f"profile-{mode}-{who}.svg" for who in targets}
@@ -394,7 +397,8 @@ async def _profile_one(run: Run, drv: Any, cluster: Any, out: Path, mode: str) -
     m = Measurement(f"profile {mode}", ESTREAM, note="under py-spy (slower than unprofiled)")
     if mode == "read":
         t0 = time.perf_counter()
-        m.ops = await drv.catch_up(log, run.scale.read_count, PROFILE_S)
+        m.ops = await drv.catch_up(log, min(run.scale.read_count, PROFILE_READ_RECORDS),
+                                   PROFILE_S)
         m.seconds = time.perf_counter() - t0
     else:
         size, inflight = (KIB, run.scale.inflight) if mode == "burst" else (KIB, 1)
@@ -495,12 +499,14 @@ def save(run: Run, facts: dict[str, str], command: str, elapsed_s: float, out: P
 
 
 def _kept(m: Measurement) -> dict[str, Any]:
-    """Figures plus at most SAMPLES_KEPT latency samples (evenly thinned) for the charts."""
+    """Figures plus at most SAMPLES_KEPT latency samples and TIMELINE_KEPT timeline points
+    (evenly thinned, rounded to 0.1 us) for the charts."""
     step = max(1, len(m.latencies_ms) // SAMPLES_KEPT)
-    tstep = max(1, len(m.timeline) // SAMPLES_KEPT)
+    tstep = max(1, len(m.timeline) // TIMELINE_KEPT)
     thin = replace(m, latencies_ms=m.latencies_ms[::step], timeline=m.timeline[::tstep])
-    return {"summary": m.summary(), "latencies_ms": thin.latencies_ms,
-            "timeline": thin.timeline, "events": m.events}
+    return {"summary": m.summary(), "latencies_ms": [round(x, 4) for x in thin.latencies_ms],
+            "timeline": [(round(t, 4), round(x, 4)) for t, x in thin.timeline],
+            "events": m.events}
 
 
 def _json_default(value: Any) -> Any:
