@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -320,6 +321,22 @@ def _lock_data_dir(data_dir: Path) -> Any:
         yield
 
 
+def busy_addresses(plan: ClusterPlan) -> list[str]:
+    """The plan's listening addresses that something else holds right now."""
+    addresses = [c.address for c in plan.children] + [c.http for c in plan.pd if c.http]
+    addresses += [c.args[c.args.index("--raft") + 1] for c in plan.pd]
+    busy = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, int(port)))
+            except OSError:
+                busy.append(address)
+    return busy
+
+
 def _say(text: str) -> None:
     print(text, flush=True)
 
@@ -330,7 +347,12 @@ def _banner(plan: ClusterPlan, elapsed_s: float) -> str:
         [
             f"estream cluster ready in {elapsed_s:.1f}s",
             f"  PD addresses:  {plan.pd_addresses}",
-            f"  admin API:     {admin[0]}  (every PD node: {', '.join(admin)})",
+            f"  admin API:     {admin[0]}"
+            + (
+                f"  (also {', '.join(':' + a.rpartition(':')[2] for a in admin[1:])})"
+                if admin[1:]
+                else ""
+            ),
             f"  range servers: {', '.join(c.address for c in plan.range_servers)}",
             f"  data dir:      {plan.data_dir}   logs: {plan.data_dir / 'logs'}",
             f"  try:           ESTREAM_PD={plan.pd_addresses} estream cluster status",
@@ -377,6 +399,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         with _lock_data_dir(plan.data_dir):
+            busy = busy_addresses(plan)
+            if busy:
+                raise PlanError(
+                    f"{busy[0]} is already in use (another cluster? try --base-port); "
+                    f"{len(busy)} of the cluster's addresses are taken"
+                )
             return _run(plan, ns.ready_timeout)
     except PlanError as exc:
         print(f"estream up: error: {exc}", file=sys.stderr)

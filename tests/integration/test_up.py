@@ -315,3 +315,31 @@ def test_sigint_stops_every_child_and_a_restart_keeps_the_data(tmp_path: Path) -
         assert up.leftover == [] and not any(pid_alive(p) for p in new_pids.values())
     finally:
         up.stop()
+
+
+def run_up(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "estream.cli", "up", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_busy_port_and_busy_data_dir_are_one_line_errors(
+    cluster: UpCluster, tmp_path: Path
+) -> None:
+    base = free_base_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base + 1))
+        holder.listen()
+        result = run_up("--data-dir", str(tmp_path / "d"), "--base-port", str(base))
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert f"127.0.0.1:{base + 1} is already in use" in result.stderr
+    result = run_up("--data-dir", str(cluster.data_dir), "--base-port", str(free_base_port()))
+    assert result.returncode == 1
+    assert "another `estream up` is running" in result.stderr
+    assert result.stderr.strip().count("\n") == 0
