@@ -32,6 +32,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,8 +136,8 @@ async def burst(run: Run, drv: Any, scenario: str, size: int, inflight: int) -> 
                                  inflight=workers, time_s=s.burst_s))
 
 
-async def one_in_flight(run: Run, drv: Any) -> Measurement:
-    log = await drv.new_log("one")
+async def one_in_flight(run: Run, drv: Any, log_name: str = "one") -> Measurement:
+    log = await drv.new_log(log_name)
     op, _ = drv.append_op(log, KIB, 1)
     m = Measurement("2 append one in flight 1KiB", drv.name)
     return run.add(await run_ops(m, op, count=run.scale.one_count, inflight=1,
@@ -250,6 +251,12 @@ async def estream_block(run: Run, work: Path) -> None:
             drv = drivers.EstreamDriver(ESTREAM, client)
             try:
                 await common_scenarios(run, drv)
+                # the SDK lingers 1 ms by default to batch; a latency-minded user sets 0
+                no_linger = drivers.EstreamDriver(f"{ESTREAM} linger_ms=0", client, linger_ms=0)
+                try:
+                    await one_in_flight(run, no_linger, "no_linger_one")
+                finally:
+                    await no_linger.close()
                 await bench_append_cross_check(run, client)
             finally:
                 await drv.close()
@@ -540,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in BLOCKS]
     if unknown:
         parser.error(f"unknown blocks: {unknown}")
+    # SIGTERM unwinds like Ctrl-C, so every ``finally`` stops the servers it started
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))
     run = Run(args.scale, SCALES[args.scale])
     args.out.mkdir(parents=True, exist_ok=True)
     for stale in (*args.out.glob("profile-*.svg"), *args.out.glob("profile-*.txt")):

@@ -35,13 +35,14 @@ class Driver(Protocol):
 class EstreamDriver:
     """estream through its SDK: one writer per stream, 3 replicas, ack 2, fsync."""
 
-    def __init__(self, name: str, client: Any) -> None:
+    def __init__(self, name: str, client: Any, **writer_options: Any) -> None:
         self.name, self.client = name, client
+        self.writer_options = writer_options  # open_writer keywords (linger_ms, ...)
         self.writers: list[Any] = []
 
     async def new_log(self, name: str) -> tuple[str, Any]:
         await self.client.create_stream(name, replicas=3, ack_count=2)
-        writer = await self.client.open_writer(name)
+        writer = await self.client.open_writer(name, **self.writer_options)
         self.writers.append(writer)
         return name, writer
 
