@@ -126,3 +126,22 @@ def test_pure_cli_helpers() -> None:
     assert percentile([], 0.5) == 0.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
+
+
+def test_readme_links_and_make_targets_exist() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    for link in re.findall(r"\]\(([^)#:]+)\)", readme):
+        assert (ROOT / link).exists(), link
+    makefile = (ROOT / "Makefile").read_text()
+    for target in set(re.findall(r"^make ([\w-]+)", readme, re.M)):
+        assert re.search(rf"^{re.escape(target)}:", makefile, re.M), target
+    for command in re.findall(r"^\| `estream ([a-z]+(?: [a-z]+)?)", readme, re.M):
+        words = command.split()
+        if words[0] == "stream":
+            words = words[:2]
+        elif words[0] not in ("cluster",):
+            words = words[:1]
+        result = estream(*words, "--help")
+        assert result.returncode == 0, (command, result.stderr)
