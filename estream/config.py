@@ -27,7 +27,7 @@ import argparse
 import os
 import sys
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -131,17 +131,30 @@ def _settable(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     }
 
 
-def flatten_toml(document: Mapping[str, Any], section: str | None) -> dict[str, Any]:
-    """Top-level keys, overridden by the ``[section]`` table; keys normalised to dests."""
+def flatten_toml(
+    document: Mapping[str, Any], section: str | None, known: Collection[str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Top-level keys overridden by the ``[section]`` table, keys normalised to dests. Pure.
+
+    Returns the settings and the top-level keys left out because they are not in ``known``
+    (settings of another command sharing the file). Unknown keys in the command's own table
+    stay in, so that they are reported as errors.
+    """
     flat: dict[str, Any] = {}
+    ignored: list[str] = []
     for key, value in document.items():
-        if not isinstance(value, dict):
-            flat[key.replace("-", "_")] = value
+        if isinstance(value, dict):
+            continue
+        dest = key.replace("-", "_")
+        if known is not None and dest not in known:
+            ignored.append(key)
+        else:
+            flat[dest] = value
     table = document.get(section) if section else None
     if isinstance(table, dict):
         for key, value in table.items():
             flat[key.replace("-", "_")] = value
-    return flat
+    return flat, ignored
 
 
 def _as_bool(value: Any, source: str) -> bool:
@@ -306,7 +319,11 @@ def parse_with_config(
     try:
         path = _config_path(args, env, env_prefix)
         document = load_toml(path) if path else {}
-        settings = flatten_toml(document, table)
+        settings, ignored = flatten_toml(document, table, set(_settable(parser)))
+        for key in ignored:
+            sys.stderr.write(
+                f"{parser.prog}: note: {path}: {key!r} is not a setting of this command; ignored\n"
+            )
         defaults = layered_defaults(
             parser, env, settings, env_prefix=env_prefix, toml_source=path or "config"
         )

@@ -102,7 +102,7 @@ def test_unknown_and_malformed_toml_rejected(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for text, needle in (
-        ('listen = "h:1"\nbogus = 1\n', "unknown setting 'bogus'"),
+        ('listen = "h:1"\n[rangeserver]\nbogus = 1\n', "unknown setting 'bogus'"),
         ("listen = [", "bad TOML"),
     ):
         cfg = write(tmp_path, text)
@@ -139,7 +139,18 @@ def test_layered_defaults_is_pure_over_its_inputs() -> None:
 
 
 def test_flatten_toml_and_types() -> None:
-    assert flatten_toml({"a-b": 1, "pd": {"a_b": 2}, "rs": {"c": 3}}, "pd") == {"a_b": 2}
+    assert flatten_toml({"a-b": 1, "pd": {"a_b": 2}, "rs": {"c": 3}}, "pd") == ({"a_b": 2}, [])
+    doc = {"a": 1, "other": 2, "pd": {"typo": 3}}
+    assert flatten_toml(doc, "pd", {"a"}) == ({"a": 1, "typo": 3}, ["other"])
     assert host_port_list(" a:1 ,b:2,") == "a:1,b:2"
     with pytest.raises(argparse.ArgumentTypeError):
         port_number("0")
+
+
+def test_top_level_settings_of_another_command_are_ignored_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write(tmp_path, 'listen = "h:1"\nraft = "h:2"\n')
+    ns = parse_with_config(make_parser(), ["--config", cfg], environ={})
+    assert ns.listen == "h:1"
+    assert "'raft' is not a setting of this command" in capsys.readouterr().err
