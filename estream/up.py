@@ -120,7 +120,7 @@ def plan_cluster(
         http = f"{host}:{base_port + HTTP_OFFSET + i}"
         peers = ",".join(r for k, r in enumerate(raft) if k != i)
         args = ["--id", str(i), "--listen", rpc[i], "--raft", raft[i]]
-        args += ["--peers", peers] if peers else []
+        args += ["--peers", peers]  # "" for a one-node PD
         args += ["--http", http, "--data-dir", str(data_dir / f"pd-{i}")]
         pds.append(ChildSpec(f"pd-{i}", "pd", tuple(args), rpc[i], http))
     servers = []
@@ -423,9 +423,10 @@ def _run(plan: ClusterPlan, ready_timeout_s: float) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        pds, servers = len(plan.pd), len(plan.range_servers)
         _say(
-            f"starting {len(plan.pd)} PD nodes and {len(plan.range_servers)} range servers "
-            f"(data in {plan.data_dir})"
+            f"starting {pds} PD node{'s' * (pds > 1)} and {servers} range "
+            f"server{'s' * (servers > 1)} (data in {plan.data_dir})"
         )
         supervisor.start_all()
         _say("pids: " + ", ".join(f"{n}={p}" for n, p in supervisor.pids().items()))

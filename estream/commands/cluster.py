@@ -28,7 +28,7 @@ async def status(client: Any, ns: argparse.Namespace) -> int:
         for n in cluster.get("nodes", [])
     ]
     server_rows = []
-    for s in servers:
+    for s in sorted(servers, key=lambda s: str(s.get("address"))):
         load = s.get("load") or {}
         server_rows.append(
             (

@@ -28,6 +28,7 @@ from estream.up import plan_cluster, probe_ready
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 READY_S_MAX = 30.0
+UP = [sys.executable, "-m", "estream.cli", "up"]
 
 
 def free_base_port() -> int:
@@ -60,11 +61,13 @@ def pid_alive(pid: int) -> bool:
 class UpCluster:
     """`estream up` as a child process; its output in a file; always stopped by PID."""
 
-    def __init__(self, data_dir: Path, base_port: int, log: Path) -> None:
+    def __init__(
+        self, data_dir: Path, base_port: int, log: Path, pd_nodes: int = 3, servers: int = 3
+    ) -> None:
         self.data_dir = data_dir
         self.base_port = base_port
         self.log = log
-        self.plan = plan_cluster(data_dir, 3, 3, "127.0.0.1", base_port)
+        self.plan = plan_cluster(data_dir, pd_nodes, servers, "127.0.0.1", base_port)
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_s = 0.0
         self.seen_pids: set[int] = set()
@@ -82,16 +85,9 @@ class UpCluster:
         self.log.write_text("")
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "estream.cli",
-                    "up",
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--base-port",
-                    str(self.base_port),
-                ],  # fmt: skip
+                [*UP, "--data-dir", str(self.data_dir), "--base-port", str(self.base_port),
+                 "--pd-nodes", str(len(self.plan.pd)),
+                 "--range-servers", str(len(self.plan.range_servers))],  # fmt: skip
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
@@ -343,3 +339,18 @@ def test_busy_port_and_busy_data_dir_are_one_line_errors(
     assert result.returncode == 1
     assert "another `estream up` is running" in result.stderr
     assert result.stderr.strip().count("\n") == 0
+
+
+def test_one_pd_node_and_four_range_servers(tmp_path: Path) -> None:
+    up = UpCluster(tmp_path / "data", free_base_port(), tmp_path / "up.out", 1, 4)
+    try:
+        up.start()
+        status = json.loads(up.cli("cluster", "status", "--json").stdout)
+        assert len(status["cluster"]["nodes"]) == 1
+        assert sum(1 for s in status["rangeservers"] if s["alive"]) == 4
+        up.cli("stream", "create", "small")
+        up.cli("append", "small", stdin="1\n2\n")
+        assert up.cli("read", "small").stdout == "1\n2\n"
+        assert up.stop() == 0 and up.leftover == []
+    finally:
+        up.stop()
