@@ -209,6 +209,28 @@ def render(data: dict[str, Any]) -> str:
            "Same record sizes, fsync before ack (except the row marked not durable), "
            "3 replicas where the system has replication, Python asyncio clients for all. "
            "Charts: `benchmarks/results/*.png` (`python -m benchmarks.charts`).", "",
+           "How each figure is taken (`benchmarks/compare.py`, `benchmarks/drivers.py`, "
+           "`benchmarks/peers/`):", "",
+           "- Many in flight: 256 concurrent appends through one client (estream: one "
+           "writer; NATS: `js.publish` awaiting each PubAck; Redis: 8 concurrent pipelines "
+           "of 32 XADDs, a record's latency being its pipeline's). The same bounded loop "
+           "drives every system; `bench_append.py`'s own loop is a cross-check row.",
+           "- One in flight: the next append starts when the previous one is acknowledged.",
+           "- Catch-up: write N records of 1 KiB, then read them from offset 0 (estream "
+           "`Client.read`, NATS ordered push consumer, Redis XRANGE by 1,000). Tail: one "
+           "append at a time, time from the append call until a tailing reader has it "
+           "(estream `follow=True`, NATS ordered consumer, Redis XREAD BLOCK).",
+           "- Kill: appends paced open-loop (latency from each append's due time, so a "
+           "stall also counts against the appends queued behind it), `kill -9` of one "
+           "replica's server; worst and p99.9 over the appends due within 2.5 s of the "
+           "kill. estream kills a replica of the open range (4 range servers, so the "
+           "writer can roll onto 3 live ones); NATS kills a stream follower that is not the "
+           "client's server, and, in a second cluster, the stream leader; the NATS client "
+           "retries a failed publish for up to 10 s (the estream client gets no help).",
+           "- PD commits: `benchmarks/bench_pd.py` (create_stream / seal-and-roll beside "
+           "etcd put / compare-and-put txn through etcd's JSON gateway).",
+           "- Ratios are estream ÷ the row's system (records/s: above 1 is estream faster).",
+           "",
            "### Targets (issue 8)", "", "| target | estream | peer | verdict |",
            "| --- | --- | --- | --- |"]
     out += [f"| {t} | {e} | {p} | {v} |" for t, e, p, v in targets(rows)]
