@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,7 @@ def _by_scenario(data: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
 
 
 def _label(system: str) -> str:
-    return system.replace(" (", "\n(").replace(" sync", "\nsync").replace(" appendfsync",
-                                                                          "\nappendfsync")
+    return textwrap.fill(system, 16)
 
 
 def _pending_note(ax: Axes, rows: list[dict[str, Any]]) -> None:

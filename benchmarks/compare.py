@@ -486,9 +486,17 @@ def machine_facts() -> dict[str, str]:
         cpu = next((line.split(":", 1)[1].strip() for line in f
                     if line.startswith("model name")), "")
     return {"nproc": str(os.cpu_count()), "cpu": cpu, "memory_gib": f"{mem_kib / 2**20:.1f}",
-            "disk": " | ".join(disk.splitlines()[1:]), "python": platform.python_version(),
+            "disk": _disk_line(disk), "python": platform.python_version(),
             "kernel": platform.release(), "load_at_start": " ".join(
                 f"{x:.2f}" for x in os.getloadavg())}
+
+
+def _disk_line(df_output: str) -> str:
+    rows = df_output.splitlines()[1:]
+    if not rows or len(rows[0].split()) < 3:
+        return df_output
+    source, size, avail = rows[0].split()[:3]
+    return f"{source}, {size} total, {avail} free"
 
 
 def save(run: Run, facts: dict[str, str], command: str, elapsed_s: float, out: Path) -> Path:
