@@ -56,6 +56,7 @@ TIMELINE_KEPT = 20_000
 KIB = 1024
 SMALL = 100
 RETRY_S = 10.0
+BLOCK_TIMEOUT_S = 420.0  # one system's block; a hang is reported, not waited out
 
 ESTREAM = "estream R3 ack2 fsync"
 NATS = "NATS JetStream R3 sync always"
@@ -455,7 +456,8 @@ async def run_blocks(run: Run, names: list[str], work: Path, out: Path,
     if modes:
         print(f"--- profiles of missed targets: {modes} ---", flush=True)
         try:
-            for path in await profile_block(run, work / "profile", out, modes):
+            for path in await asyncio.wait_for(profile_block(run, work / "profile", out, modes),
+                                               BLOCK_TIMEOUT_S):
                 print(f"wrote {path}", flush=True)
         except Exception as exc:  # noqa: BLE001 - the figures are already measured
             print(f"!!! profile failed: {type(exc).__name__}: {exc}", flush=True)
@@ -467,9 +469,9 @@ async def run_named_blocks(run: Run, names: list[str], work: Path) -> None:
         t0 = time.perf_counter()
         (work / name).mkdir(parents=True, exist_ok=True)
         try:
-            await BLOCKS[name](run, work / name)
+            await asyncio.wait_for(BLOCKS[name](run, work / name), BLOCK_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - one broken system must not hide the others
-            reason = f"{type(exc).__name__}: {exc}"[:300]
+            reason = f"{type(exc).__name__}: {exc or f'over {BLOCK_TIMEOUT_S:g} s'}"[:300]
             print(f"!!! {name} failed: {reason}", flush=True)
             run.pending("(block)", name, f"failed: {reason}")
         print(f"--- {name}: {time.perf_counter() - t0:.1f}s ---", flush=True)
