@@ -183,7 +183,7 @@ async def scaling(run: Run, drv: Any) -> None:
 
 
 async def kill_one(run: Run, drv: Any, log: Any, kill: Callable[[], None],
-                   system: str, retry_s: float = 0.0) -> None:
+                   system: str, retry_s: float = 0.0) -> Measurement:
     """Paced appends; ``kill()`` one server at ``kill_at_s``; latency over time.
 
     ``retry_s`` > 0: the client retries a failed append for up to that long (what a NATS
@@ -209,7 +209,7 @@ async def kill_one(run: Run, drv: Any, log: Any, kill: Callable[[], None],
     kill_s = m.events["kill_s"]
     around = sorted(lat for t, lat in m.timeline if kill_s - 2.5 <= t < kill_s + 2.5)
     m.extra.update(report.window_figures(around))
-    run.add(m)
+    return run.add(m)
 
 
 def retrying(op: Any, retry_s: float) -> Any:
@@ -269,8 +269,9 @@ async def estream_block(run: Run, work: Path) -> None:
             try:
                 name, _ = log = await drv.new_log("kill")
                 victim = (await pe.open_range_replicas(client, name))[0]
-                await kill_one(run, drv, log, lambda: cluster.kill9(victim),
-                               f"{ESTREAM} (replica killed; 4 range servers)")
+                m = await kill_one(run, drv, log, lambda: cluster.kill9(victim),
+                                   f"{ESTREAM} (replica killed; 4 range servers)")
+                m.extra["rolls"] = float(getattr(log[1], "rolls", math.nan))
             finally:
                 await drv.close()
 

@@ -130,14 +130,17 @@ def _scenario_section(title: str, rows: list[dict[str, Any]]) -> list[str]:
     out = [f"### {title}", ""]
     if title.startswith("4"):
         out += ["| system | failed | worst ms (±2.5 s of kill) | p99.9 ms (±2.5 s) | "
-                "ops in window | p99.9 ms whole run |", "|" + " --- |" * 6]
+                "ops in window | p99.9 ms whole run | note |", "|" + " --- |" * 7]
         for r in rows:
             if r.get("pending"):
-                out.append(f"| {r['system']} | pending: {r['pending']} | | | | |")
+                out.append(f"| {r['system']} | pending: {r['pending']} | | | | | |")
                 continue
             out.append(f"| {r['system']} | {r['failed']} | {fmt(r.get('kill_window_worst_ms'))}"
                        f" | {fmt(r.get('kill_window_p999_ms'))} | "
-                       f"{int(r.get('kill_window_ops') or 0)} | {fmt(r['p999_ms'])} |")
+                       f"{int(r.get('kill_window_ops') or 0)} | {fmt(r['p999_ms'])} | "
+                       + "; ".join(x for x in (f"rolls={int(r['rolls'])}" if r.get("rolls")
+                                               is not None and not math.isnan(r["rolls"])
+                                               else "", r.get("note", "")) if x) + " |")
     elif title.startswith("6"):
         for n in sorted({r.get("writers") for r in rows if r.get("writers")}):
             group = [r for r in rows if r.get("writers") == n or r.get("pending")]
