@@ -147,7 +147,10 @@ async def _read(pd: str, name: str, start: int) -> list[Any]:
     import estream
 
     async with await estream.connect(pd) as client:
-        return [r async for r in client.read(name, start=start)]
+        end = await client.end_offset(name)
+        if end <= start:  # (reading a never-written stream raises RangeNotFound)
+            return []
+        return [r async for r in client.read(name, start=start, end=end)]
 
 
 def create_stream(pd: str, name: str) -> None:

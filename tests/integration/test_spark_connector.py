@@ -1,8 +1,9 @@
 """The ``estream`` Spark source and sink against a real cluster, in ``local[2]`` mode.
 
 One cluster and one Spark session for the module (see ``conftest_spark.py``); queries use
-``availableNow`` triggers so they end by themselves. The kill -9 test runs its driver in
-a child process (the script below) and kills its whole process group (Python and JVM).
+``availableNow`` triggers so they end by themselves. The kill -9 test runs its first driver
+in a child process (the script below), kills its whole process group (Python and JVM)
+mid-way, and restarts the query from that checkpoint in the test's own session.
 """
 
 from __future__ import annotations
@@ -266,12 +267,11 @@ DRIVER = textwrap.dedent(
     from tests.integration.conftest_spark import new_spark
     spark = new_spark("estream-kill-test")
     df = (spark.readStream.format("estream").option("pd", pd).option("streams", src)
-          .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", 100).load())
-    query = (df.select("value").writeStream.format("estream").option("pd", pd)
+          .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", 250).load())
+    query = (df.select("value", "headers").writeStream.format("estream").option("pd", pd)
              .option("stream", dst).option("checkpointLocation", ckpt)
              .trigger(availableNow=True).start())
     query.awaitTermination()
-    print("DONE", flush=True)
     spark.stop()
     """
 )
@@ -299,10 +299,12 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
-def test_killed_driver_restarts_without_loss_or_repeat(estream_pd: str, tmp_path: Path) -> None:
+def test_killed_driver_restarts_without_loss_or_repeat(
+    spark: Any, estream_pd: str, tmp_path: Path
+) -> None:
     create_stream(estream_pd, "kill_in")
     create_stream(estream_pd, "kill_out")
-    data = values("k", 3000)
+    data = values("k", 2000)
     append(estream_pd, "kill_in", data)
     script, log = tmp_path / "driver.py", tmp_path / "driver.log"
     script.write_text(DRIVER)
@@ -310,22 +312,20 @@ def test_killed_driver_restarts_without_loss_or_repeat(estream_pd: str, tmp_path
 
     proc = run_driver(script, args, log)
     try:
-        deadline = time.monotonic() + QUERY_TIMEOUT_S
+        deadline = time.monotonic() + 90  # a fresh JVM on a loaded machine: 20 to 40 s
         seen = 0
         while time.monotonic() < deadline and proc.poll() is None:
             seen = len(read_all(estream_pd, "kill_out"))
-            if seen >= 300:
+            if seen >= 250:
                 break
             time.sleep(0.2)
         assert proc.poll() is None, f"driver exited early; log:\n{log.read_text()[-3000:]}"
-        assert 300 <= seen < 3000, f"kill should land mid-way; saw {seen}"
+        assert 250 <= seen < 2000, f"kill should land mid-way; saw {seen}"
     finally:
         kill_group(proc)
 
-    proc = run_driver(script, args, log)
-    try:
-        proc.wait(timeout=120)
-    finally:
-        kill_group(proc)
-    assert "DONE" in log.read_text(), log.read_text()[-3000:]
+    # Restart the query from the dead driver's checkpoint, in this (warm) driver.
+    query = copy_query(spark, estream_pd, "kill_in", "kill_out", tmp_path / "ckpt", 250)
+    assert query.awaitTermination(QUERY_TIMEOUT_S)
+    assert query.exception() is None
     assert sorted(sink_values(estream_pd, "kill_out")) == data
