@@ -26,6 +26,7 @@ from estream.errors import (
     Fenced,
     InvalidArgument,
     NoPlacement,
+    RangeNotFound,
     RangeSealed,
     Timeout,
 )
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 request_timeout_s = limits.request_timeout_ms / 1000
 roll_retry_s = 0.05
 close_wait_s = 1.0
+heal_window_s = 120.0  # how long a writer keeps trying to bring a left-out replica back
+heal_interval_s = 0.5
 
 
 def _now_ms() -> int:
@@ -84,6 +87,7 @@ class Writer:
         self._space: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._confirms: set[asyncio.Task[Any]] = set()
+        self._heals: set[asyncio.Task[Any]] = set()  # background, cancelled on close
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._error: EstreamError | None = None
@@ -97,7 +101,12 @@ class Writer:
     async def open(cls, client: Client, name: str, config: WriterConfig) -> Writer:
         meta = await client.pd.open_writer(name)
         writer = cls(client, meta, config)
-        await writer._recover(meta)
+        try:
+            await writer._recover(meta)
+        except (Fenced, RangeSealed) as exc:
+            # A newer writer overtook this one while it recovered: like any fenced writer,
+            # it exists, and its appends fail with Fenced.
+            writer._error = exc if isinstance(exc, Fenced) else Fenced(str(exc))
         return writer
 
     async def _recover(self, meta: StreamMeta) -> None:
@@ -161,14 +170,14 @@ class Writer:
             return recovery.on_fence_answer(replica, int(end if end is not None else rng.start))
         if isinstance(effect, CopyRecords):
             try:
-                await self._copy(meta, rng, effect)
+                await self._copy(meta.id, rng.index, effect)
             except EstreamError as exc:
                 log.warning("recovery copy to %s failed: %r", effect.target, exc)
                 return recovery.on_copy_failed(effect.target)
             return recovery.on_copy_done(effect.target)
         return []
 
-    async def _copy(self, meta: StreamMeta, rng: RangeMeta, copy: CopyRecords) -> None:
+    async def _copy(self, stream_id: int, range_index: int, copy: CopyRecords) -> None:
         """Read ``[start, end)`` (unconfirmed) from the source and append it to the target."""
         offset = copy.start
         while offset < copy.end:
@@ -176,8 +185,8 @@ class Writer:
                 copy.source,
                 Opcode.READ,
                 {
-                    "stream_id": meta.id,
-                    "range_index": rng.index,
+                    "stream_id": stream_id,
+                    "range_index": range_index,
                     "offset": offset,
                     "max_bytes": limits.read_bytes_max,
                     "wait_ms": 0,
@@ -193,7 +202,7 @@ class Writer:
                     break
                 batch = restamp(
                     raw,
-                    range_index=rng.index,
+                    range_index=range_index,
                     epoch=self.epoch,
                     confirm_offset=header.confirm_offset,
                 )
@@ -218,6 +227,9 @@ class Writer:
         errors = await self._create_range(new_meta, nxt)
         self._start_core(new_meta, nxt)
         self._report_create_errors(nxt, errors)
+        short = tuple(r.id for r in rng.replicas if r.id not in commit.holders)
+        if short and commit.holders and commit.end > rng.start:
+            self._background(self._heal(meta.id, rng.index, commit.end, short, commit.holders))
 
     def _start_core(self, meta: StreamMeta, rng: RangeMeta) -> None:
         self.stream = meta
@@ -305,9 +317,10 @@ class Writer:
         try:
             if self._error is None and self._core is not None:
                 await self.flush()
-            if self._tasks:
+            busy = [t for t in self._tasks if t not in self._heals]
+            if busy:
                 # Let the last CONFIRM (and answers in flight) go out, briefly.
-                await asyncio.wait(list(self._tasks), timeout=close_wait_s)
+                await asyncio.wait(busy, timeout=close_wait_s)
         finally:
             self._closed = True
             if self._timer is not None:
@@ -411,10 +424,16 @@ class Writer:
                 future.set_exception(error)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
+
+    def _background(self, coro: Any) -> None:
+        """A long task that close() does not wait for (it is cancelled)."""
+        task = self._spawn(coro)
+        self._heals.add(task)
+        task.add_done_callback(self._heals.discard)
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -495,13 +514,72 @@ class Writer:
             return
         except Closed:
             return
+        except EstreamError as exc:
+            # Not retriable (PD refused the seal for another reason): fail loudly, not hang.
+            log.error("seal and roll of range %s failed: %r", seal.range_index, exc)
+            self._run(core.on_fenced(exc))
+            return
         self.stream = meta
         self.rolls += 1
         self._learn(nxt)
         self._run(
             core.on_range_opened(nxt.index, nxt.start, [r.id for r in nxt.replicas], _now_ms())
         )
+        if seal.failed and seal.live:
+            self._background(
+                self._heal(meta.id, seal.range_index, seal.end, seal.failed, seal.live)
+            )
         self._report_create_errors(nxt, errors)
+
+    async def _heal(
+        self,
+        stream_id: int,
+        range_index: int,
+        end: int,
+        short: Sequence[str],
+        holders: Sequence[str],
+    ) -> None:
+        """Best effort, bounded in time: when a replica left out of a seal (dead, cut off,
+        short) answers again, copy it the records it lacks below ``end`` from a holder and
+        seal it there, so that every replica of the sealed range serves the same records.
+        (Placement-level repair of replicas that never return is PD's job.)"""
+        pending = set(short)
+        deadline = time.monotonic() + heal_window_s
+        while pending and not self._closed and time.monotonic() < deadline:
+            await asyncio.sleep(heal_interval_s)
+            for replica in sorted(pending):
+                try:
+                    await self._heal_one(stream_id, range_index, end, replica, holders)
+                except EstreamError:
+                    continue  # not back yet
+                pending.discard(replica)
+
+    async def _heal_one(
+        self, stream_id: int, range_index: int, end: int, replica: str, holders: Sequence[str]
+    ) -> None:
+        ids = {"stream_id": stream_id, "range_index": range_index}
+        try:
+            body = await self._rpc(replica, Opcode.DESCRIBE_RANGE, ids, timeout_s=1.0)
+        except RangeNotFound:
+            return  # it never had the range: nothing stale to serve
+        if body.get("sealed"):
+            return
+        have = int(body.get("end", end))
+        if have < end:
+            last: EstreamError | None = None
+            for source in holders:
+                try:
+                    await self._copy(
+                        stream_id, range_index, CopyRecords(source, replica, have, end)
+                    )
+                    break
+                except EstreamError as exc:
+                    last = exc
+            else:
+                raise last or Timeout("no holder to copy from")
+        await self._rpc(
+            replica, Opcode.SEAL, {**ids, "epoch": self.epoch, "end": end}, timeout_s=1.0
+        )
 
     def _report_create_errors(self, rng: RangeMeta, errors: dict[str, EstreamError]) -> None:
         core = self._core

@@ -143,6 +143,7 @@ async def test_killed_writer_process_then_recovery_keeps_every_acknowledged_reco
         assert end > max(acked)
         after = await writer.append(b"new-writer")
         assert after == end
+        await writer.flush()  # readers see it once its CONFIRM landed
         stored = {r.offset: r.value async for r in client.read("recovery")}
         missing = [o for o in acked if stored.get(o) != acked[o]]
         assert not missing, f"{len(missing)} acknowledged records lost, e.g. {missing[:5]}"
