@@ -75,7 +75,7 @@ class Scale:
     one_count: int = 5_000
     one_s: float = 8.0
     read_count: int = 1_000_000
-    fill_s: float = 60.0
+    fill_s: float = 90.0
     read_s: float = 45.0
     tail_count: int = 1_000
     tail_s: float = 8.0

@@ -56,7 +56,7 @@ class EstreamDriver:
         return op, inflight
 
     async def fill(self, log: tuple[str, Any], count: int, size: int, time_s: float) -> int:
-        return await pe.fill(log[1], count, size, 256, time_s)
+        return await pe.fill(log[1], count, size, 4, time_s)
 
     async def catch_up(self, log: tuple[str, Any], count: int, time_s: float) -> int:
         return await pe.catch_up(self.client, log[0], count, time_s)
@@ -90,7 +90,7 @@ class NatsDriver:
         return op, inflight
 
     async def fill(self, log: str, count: int, size: int, time_s: float) -> int:
-        return await pn.fill(self.js, log, count, size, 256, time_s)
+        return await pn.fill(self.js, log, count, size, time_s)
 
     async def catch_up(self, log: str, count: int, time_s: float) -> int:
         return await pn.catch_up(self.js, log, count, time_s)

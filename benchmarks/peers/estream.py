@@ -25,6 +25,7 @@ from tests.harness.process import ManagedProcess
 
 RANGE_SERVERS = 3
 READY_TIMEOUT_S = 60.0
+FILL_BATCH = 500
 
 
 def sdk_missing() -> str:
@@ -97,15 +98,17 @@ async def open_range_replicas(client: Any, name: str) -> list[str]:
 
 
 async def fill(writer: Any, count: int, size: int, inflight: int, time_s: float) -> int:
-    """Append ``count`` records as fast as possible (bounded by ``time_s``); returns how many."""
+    """Write ``count`` records fast (bounded by ``time_s``) to set up a read: batches of
+    FILL_BATCH through ``append_batch``, ``inflight`` batches at a time; returns how many."""
     done = 0
     deadline = time.monotonic() + time_s
 
     async def worker() -> None:
         nonlocal done
         while done < count and time.monotonic() < deadline:
-            done += 1
-            await writer.append(payload(size, done))
+            first, n = done, min(FILL_BATCH, count - done)
+            done += n
+            await writer.append_batch([payload(size, first + j) for j in range(n)])
 
     await asyncio.gather(*(worker() for _ in range(inflight)))
     await writer.flush()

@@ -27,6 +27,7 @@ from tests.harness.process import ManagedProcess
 HOST = "127.0.0.1"
 NODES = 3
 READY_TIMEOUT_S = 30.0
+FILL_CHUNK = 2_000
 
 
 @dataclass
@@ -108,19 +109,16 @@ async def stream_leader(js: JetStreamContext, name: str) -> str:
     return str(info.cluster.leader)
 
 
-async def fill(js: JetStreamContext, subject: str, count: int, size: int, inflight: int,
-               time_s: float) -> int:
-    """Publish ``count`` records as fast as possible (bounded by ``time_s``); returns how many."""
+async def fill(js: JetStreamContext, subject: str, count: int, size: int, time_s: float) -> int:
+    """Publish ``count`` records fast (bounded by ``time_s``) to set up a read, with
+    ``publish_async`` (nats-py keeps at most 4,000 pending); returns how many were acked."""
     done = 0
     deadline = time.monotonic() + time_s
-
-    async def worker() -> None:
-        nonlocal done
-        while done < count and time.monotonic() < deadline:
-            done += 1
-            await js.publish(subject, payload(size, done))
-
-    await asyncio.gather(*(worker() for _ in range(inflight)))
+    while done < count and time.monotonic() < deadline:
+        n = min(FILL_CHUNK, count - done)
+        futures = [await js.publish_async(subject, payload(size, done + j)) for j in range(n)]
+        await asyncio.gather(*futures)
+        done += n
     return done
 
 
