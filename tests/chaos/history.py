@@ -12,7 +12,9 @@ answers to a direct READ. :func:`check` then states what went wrong, if anything
 - the offsets of the final read are not contiguous from the stream's start;
 - a reader saw a record at an offset where the final read has another one, or skipped or
   repeated an offset (every reader sees the same order);
-- two replicas of a sealed range answer different records;
+- two replicas of a sealed range disagree: each must hold a prefix of the longest copy
+  (a replica that failed mid-range stops short until repair copies the rest), and at
+  least ``complete_copies_min`` of them must hold the whole range;
 - a value is read that no writer ever attempted (phantom).
 
 Pure: no I/O.
@@ -177,11 +179,19 @@ def _check_reader(name: str, seen: Sequence[Entry], final: Sequence[Entry],
     return problems
 
 
+complete_copies_min = 2  # ack_count of the scenarios' streams
+
+
 def _check_replicas(index: int, answers: Mapping[str, Sequence[Entry]]) -> list[str]:
     if len(answers) < 2:
         return []
-    reference_id, reference = sorted(answers.items())[0]
-    return [f"sealed range {index}: replica {sid} differs from {reference_id} "
-            f"({len(entries)} vs {len(reference)} records)"
-            for sid, entries in sorted(answers.items())
-            if list(entries) != list(reference)]
+    reference_id, reference = max(sorted(answers.items()), key=lambda item: len(item[1]))
+    problems = [f"sealed range {index}: replica {sid} differs from {reference_id} "
+                f"({len(entries)} vs {len(reference)} records)"
+                for sid, entries in sorted(answers.items())
+                if list(entries) != list(reference)[: len(entries)]]
+    complete = sum(1 for entries in answers.values() if len(entries) == len(reference))
+    if complete < complete_copies_min:
+        problems.append(f"sealed range {index}: only {complete} complete copies "
+                        f"({len(reference)} records), expected {complete_copies_min}")
+    return problems

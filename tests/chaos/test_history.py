@@ -88,9 +88,19 @@ def test_reader_skipped_or_repeated_offset() -> None:
 
 def test_sealed_replicas_differ() -> None:
     h = _good()
-    h.replicas[0]["s3"] = h.final[:2]
+    h.replicas[0]["s3"] = [(0, b"v0"), (1, b"other")]
     verdict = check(h)
     assert verdict.violations == ("sealed range 0: replica s3 differs from s1 (2 vs 3 records)",)
+
+
+def test_short_replica_is_a_prefix_but_two_complete_copies_are_needed() -> None:
+    h = _good()
+    h.replicas[0]["s3"] = h.final[:2]
+    assert check(h).ok
+    h.replicas[0]["s2"] = h.final[:1]
+    assert check(h).violations == (
+        "sealed range 0: only 1 complete copies (3 records), expected 2",
+    )
 
 
 def test_single_replica_answer_is_not_compared() -> None:
