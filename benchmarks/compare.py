@@ -71,7 +71,7 @@ class Scale:
 
     inflight: int = 256
     burst_count: int = 200_000
-    burst_s: float = 10.0
+    burst_s: float = 8.0
     one_count: int = 5_000
     one_s: float = 8.0
     read_count: int = 1_000_000
@@ -229,11 +229,16 @@ def retrying(op: Any, retry_s: float) -> Any:
 # --- one block per system ---------------------------------------------------------------------
 
 
-async def common_scenarios(run: Run, drv: Any, *, full: bool = True) -> None:
+async def common_scenarios(run: Run, drv: Any, *, full: bool = True,
+                           batched: str = "") -> None:
+    """Scenarios 1, 2, 3 and 6; ``batched`` (a label) adds scenario 1 rows in batches."""
     s = run.scale
-    await burst(run, drv, "1 append many in flight 1KiB", KIB, s.inflight)
+    variants = [drv, *([drivers.Batched(drv, batched)] if batched else [])]
+    for variant in variants:
+        await burst(run, variant, "1 append many in flight 1KiB", KIB, s.inflight)
     if s.small_records:
-        await burst(run, drv, "1 append many in flight 100B", SMALL, s.inflight)
+        for variant in variants:
+            await burst(run, variant, "1 append many in flight 100B", SMALL, s.inflight)
     await one_in_flight(run, drv)
     if full and s.catch_up:
         await catch_up_and_tail(run, drv)
@@ -251,7 +256,7 @@ async def estream_block(run: Run, work: Path) -> None:
         async with pe.connect(cluster) as client:
             drv = drivers.EstreamDriver(ESTREAM, client)
             try:
-                await common_scenarios(run, drv)
+                await common_scenarios(run, drv, batched="append_batch of 32")
                 # the SDK lingers 1 ms by default to batch; a latency-minded user sets 0
                 no_linger = drivers.EstreamDriver(f"{ESTREAM} linger_ms=0", client, linger_ms=0)
                 try:
@@ -294,7 +299,9 @@ async def nats_block(run: Run, work: Path, *, sync_always: bool) -> None:
     with pn.nats_cluster(work / "cluster", sync_always=sync_always) as cluster:
         async with pn.connect(cluster) as (nc, js):
             drv = drivers.NatsDriver(system, js)
-            await common_scenarios(run, drv, full=sync_always)
+            await common_scenarios(run, drv, full=sync_always,
+                                   batched="publish_async, acks awaited per 32"
+                                   if sync_always else "")
             if not sync_always:
                 return
             log = await drv.new_log("kill")

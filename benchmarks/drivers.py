@@ -11,6 +11,7 @@ Side effects: sockets (each driver owns its client connection).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ from benchmarks.peers import redis as pr
 from benchmarks.peers.load import Op, payload
 
 REDIS_BATCH = 32
+BATCH = 32  # records per batch for the batched rows (as Redis's pipelines)
 
 
 class Driver(Protocol):
@@ -55,6 +57,10 @@ class EstreamDriver:
 
         return op, inflight
 
+    async def append_many(self, log: tuple[str, Any], values: list[bytes]) -> int:
+        await log[1].append_batch(values)
+        return len(values)
+
     async def fill(self, log: tuple[str, Any], count: int, size: int, time_s: float) -> int:
         return await pe.fill(log[1], count, size, 4, time_s)
 
@@ -88,6 +94,11 @@ class NatsDriver:
             return 1
 
         return op, inflight
+
+    async def append_many(self, log: str, values: list[bytes]) -> int:
+        futures = [await self.js.publish_async(log, value) for value in values]
+        await asyncio.gather(*futures)
+        return len(values)
 
     async def fill(self, log: str, count: int, size: int, time_s: float) -> int:
         return await pn.fill(self.js, log, count, size, time_s)
@@ -134,3 +145,25 @@ class RedisDriver:
 
     async def close(self) -> None:
         return None
+
+
+class Batched:
+    """Another driver's appends in batches of BATCH records, ``inflight // BATCH`` batches
+    in flight: estream ``Writer.append_batch``, NATS ``publish_async`` then wait for the
+    batch's acks. Each record's latency is its batch's."""
+
+    def __init__(self, inner: Any, label: str) -> None:
+        self.inner, self.name = inner, f"{inner.name} ({label})"
+
+    async def new_log(self, name: str) -> Any:
+        return await self.inner.new_log(name + "b")
+
+    def append_op(self, log: Any, size: int, inflight: int) -> tuple[Op, int]:
+        batch = min(BATCH, inflight)
+        append_many = self.inner.append_many
+
+        async def op(i: int) -> int:
+            return int(await append_many(log, [payload(size, i * batch + j)
+                                               for j in range(batch)]))
+
+        return op, max(1, inflight // batch)

@@ -86,3 +86,16 @@ def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
     assert "keep me\n" in text and "keep me too" in text
     assert "second" in text and "first" not in text
     assert text.count(report.BEGIN) == 1
+
+
+def test_targets_compare_best_variant_with_best_variant() -> None:
+    sc = "1 append many in flight 1KiB"
+    rows = [_row(sc, "estream R3", rate=20_000.0),
+            _row(sc, "estream R3 (append_batch of 32)", rate=95_000.0),
+            _row(sc, "NATS JetStream R3 sync always", rate=10_000.0),
+            _row(sc, "NATS JetStream R3 sync always (publish_async)", rate=30_000.0),
+            _row(sc, "estream R3 (pending)", pending="not measured")]
+    found = {t: (e, p, v) for t, e, p, v in report.targets(rows)}
+    est, peer, verdict = found["appends many in flight 1KiB >= 3x NATS R3 sync always"]
+    assert "append_batch" in est and "publish_async" in peer
+    assert verdict.startswith("met (ratio 3.17)")
