@@ -221,15 +221,13 @@ class Writer:
             # Nothing was ever written and every replica is fenced at our epoch: keep it.
             self._start_core(meta, rng)
             return
-        await self._seal_replicas(meta.id, rng.index, commit.end, commit.holders)
+        sealed = await self._seal_replicas(meta.id, rng.index, commit.end, commit.holders)
         new_meta = await self._pd_seal(rng.index, commit.end, commit.exclude)
         nxt = self._range(new_meta, rng.index + 1)
         errors = await self._create_range(new_meta, nxt)
         self._start_core(new_meta, nxt)
         self._report_create_errors(nxt, errors)
-        short = tuple(r.id for r in rng.replicas if r.id not in commit.holders)
-        if short and commit.holders and commit.end > rng.start:
-            self._background(self._heal(meta.id, rng.index, commit.end, short, commit.holders))
+        self._heal_later(meta.id, rng, commit.end, sealed)
 
     def _start_core(self, meta: StreamMeta, rng: RangeMeta) -> None:
         self.stream = meta
@@ -317,10 +315,9 @@ class Writer:
         try:
             if self._error is None and self._core is not None:
                 await self.flush()
-            busy = [t for t in self._tasks if t not in self._heals]
-            if busy:
-                # Let the last CONFIRM (and answers in flight) go out, briefly.
-                await asyncio.wait(busy, timeout=close_wait_s)
+            if self._tasks:
+                # Let the last CONFIRM, answers in flight and replica heals finish, briefly.
+                await asyncio.wait(list(self._tasks), timeout=close_wait_s)
         finally:
             self._closed = True
             if self._timer is not None:
@@ -504,7 +501,9 @@ class Writer:
         core = self._core
         assert core is not None
         try:
-            await self._seal_replicas(core.stream_id, seal.range_index, seal.end, seal.live)
+            sealed = await self._seal_replicas(
+                core.stream_id, seal.range_index, seal.end, seal.live
+            )
             meta = await self._pd_seal(seal.range_index, seal.end, seal.failed)
             nxt = self._range(meta, seal.range_index + 1)
             errors = await self._create_range(meta, nxt)
@@ -525,11 +524,15 @@ class Writer:
         self._run(
             core.on_range_opened(nxt.index, nxt.start, [r.id for r in nxt.replicas], _now_ms())
         )
-        if seal.failed and seal.live:
-            self._background(
-                self._heal(meta.id, seal.range_index, seal.end, seal.failed, seal.live)
-            )
+        self._heal_later(meta.id, self._range(meta, seal.range_index), seal.end, sealed)
         self._report_create_errors(nxt, errors)
+
+    def _heal_later(self, stream_id: int, rng: RangeMeta, end: int, sealed: Sequence[str]) -> None:
+        """Bring the replicas of a just-sealed range that did not confirm the seal (dead,
+        cut off, slow) to the same records and seal, in the background."""
+        short = tuple(r.id for r in rng.replicas if r.id not in sealed)
+        if short and sealed:
+            self._background(self._heal(stream_id, rng.index, end, short, tuple(sealed)))
 
     async def _heal(
         self,
@@ -546,13 +549,14 @@ class Writer:
         pending = set(short)
         deadline = time.monotonic() + heal_window_s
         while pending and not self._closed and time.monotonic() < deadline:
-            await asyncio.sleep(heal_interval_s)
             for replica in sorted(pending):
                 try:
                     await self._heal_one(stream_id, range_index, end, replica, holders)
                 except EstreamError:
                     continue  # not back yet
                 pending.discard(replica)
+            if pending:
+                await asyncio.sleep(heal_interval_s)
 
     async def _heal_one(
         self, stream_id: int, range_index: int, end: int, replica: str, holders: Sequence[str]
@@ -589,25 +593,15 @@ class Writer:
 
     async def _seal_replicas(
         self, stream_id: int, range_index: int, end: int, replicas: Sequence[str]
-    ) -> None:
-        """SEAL with the end on each replica, best effort (PD's record is what counts)."""
-        await asyncio.gather(
-            *(
-                self._rpc(
-                    r,
-                    Opcode.SEAL,
-                    {
-                        "stream_id": stream_id,
-                        "range_index": range_index,
-                        "epoch": self.epoch,
-                        "end": end,
-                    },
-                    timeout_s=1.0,
-                )
-                for r in replicas
-            ),
+    ) -> tuple[str, ...]:
+        """SEAL with the end on each replica, best effort (PD's record is what counts);
+        returns the replicas that confirmed it."""
+        header = {"stream_id": stream_id, "range_index": range_index, "epoch": self.epoch}
+        results = await asyncio.gather(
+            *(self._rpc(r, Opcode.SEAL, {**header, "end": end}, timeout_s=1.0) for r in replicas),
             return_exceptions=True,
         )
+        return tuple(r for r, res in zip(replicas, results, strict=True) if isinstance(res, dict))
 
     async def _pd_seal(self, range_index: int, end: int, exclude: Sequence[str]) -> StreamMeta:
         """PD seal_range, retried until it lands (the writer never gives up while PD lives);
