@@ -110,7 +110,7 @@ def _ratio(a: Any, b: Any) -> float:
 
 def _table(rows: list[dict[str, Any]], ref: dict[str, Any] | None, key: str) -> list[str]:
     out = ["| system | records/s | p50 ms | p99 ms | p99.9 ms | max ms | failed | "
-           "estream ÷ this (records/s) | note |", "|" + " --- |" * 9]
+           "estream (first row) ÷ this, records/s | note |", "|" + " --- |" * 9]
     for r in rows:
         if r.get("pending"):
             out.append(f"| {r['system']} | pending | | | | | | | {r['pending']} |")
