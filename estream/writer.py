@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 request_timeout_s = limits.request_timeout_ms / 1000
 roll_retry_s = 0.05
 close_wait_s = 1.0
+timer_min_s = 0.0003
 heal_window_s = 120.0  # how long a writer keeps trying to bring a left-out replica back
 heal_interval_s = 0.5
 
@@ -444,15 +445,15 @@ class Writer:
         deadline = core.next_deadline_ms()
         if deadline is None:
             return
-        deadline = max(deadline, _now_ms() + 1)
         if self._timer is not None and not self._timer.cancelled() and self._timer_at <= deadline:
             return
         if self._timer is not None:
             self._timer.cancel()
         loop = asyncio.get_running_loop()
-        delay_s = (deadline - _now_ms()) / 1000
+        delay_s = deadline / 1000 - time.monotonic()
         self._timer_at = deadline
-        self._timer = loop.call_later(max(delay_s, 0.0005), self._on_timer)
+        # Never sooner than timer_min_s: a deadline already due runs on the next turn.
+        self._timer = loop.call_later(max(delay_s, timer_min_s), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
