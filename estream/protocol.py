@@ -49,6 +49,7 @@ class Opcode(IntEnum):
     """Operations. Range-server opcodes are 1..39, placement-driver opcodes 40..79."""
 
     PING = 1
+    AUTH = 2  # any server: {"token"} -> {}; see estream/security.py
     # Range server.
     CREATE_RANGE = 10
     APPEND = 11

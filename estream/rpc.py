@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from ssl import SSLContext
 from typing import Any, cast
 
 from estream import limits
@@ -30,6 +31,7 @@ from estream.errors import (
     InvalidArgument,
     MalformedFrame,
     Timeout,
+    Unauthenticated,
     Unavailable,
     UnsupportedOpcode,
     from_wire,
@@ -38,11 +40,13 @@ from estream.protocol import (
     Frame,
     FrameDecoder,
     FrameFlags,
+    Opcode,
     encode_error,
     encode_frame,
     parse_address,
     parse_addresses,
 )
+from estream.security import has_verified_peer_cert, token_matches
 
 log = logging.getLogger(__name__)
 
@@ -112,20 +116,37 @@ class RpcClient:
 
     @classmethod
     async def connect(
-        cls, address: str, *, timeout_s: float = limits.connect_timeout_ms / 1000
+        cls,
+        address: str,
+        *,
+        timeout_s: float = limits.connect_timeout_ms / 1000,
+        ssl: SSLContext | None = None,
+        token: str | None = None,
     ) -> RpcClient:
+        """Connect (over TLS with ``ssl``); with ``token``, authenticate (AUTH) first.
+
+        A refused TLS handshake raises :class:`Unavailable`; a refused token
+        :class:`Unauthenticated` (the connection is closed).
+        """
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientProtocol(address), host, port),
+                loop.create_connection(lambda: _ClientProtocol(address), host, port, ssl=ssl),
                 timeout_s,
             )
         except TimeoutError:
             raise Timeout(f"connecting to {address} timed out", address=address) from None
         except OSError as exc:
             raise Unavailable(f"cannot connect to {address}: {exc}", address=address) from None
-        return cls(address, protocol)
+        client = cls(address, protocol)
+        if token is not None:
+            try:
+                await client.call(Opcode.AUTH, {"token": token}, timeout_s=timeout_s)
+            except EstreamError:
+                await client.close()
+                raise
+        return client
 
     @property
     def closed(self) -> bool:
@@ -180,10 +201,18 @@ class RpcClient:
 class ConnectionPool:
     """One shared :class:`RpcClient` per address, reconnected when it has failed."""
 
-    def __init__(self, *, connect_timeout_s: float = limits.connect_timeout_ms / 1000) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = limits.connect_timeout_ms / 1000,
+        ssl: SSLContext | None = None,
+        token: str | None = None,
+    ) -> None:
         self._clients: dict[str, RpcClient] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._connect_timeout_s = connect_timeout_s
+        self._ssl = ssl
+        self._token = token
         self._closed = False
 
     async def get(self, address: str) -> RpcClient:
@@ -196,7 +225,9 @@ class ConnectionPool:
         async with lock:
             client = self._clients.get(address)
             if client is None or client.closed:
-                client = await RpcClient.connect(address, timeout_s=self._connect_timeout_s)
+                client = await RpcClient.connect(
+                    address, timeout_s=self._connect_timeout_s, ssl=self._ssl, token=self._token
+                )
                 self._clients[address] = client
             return client
 
@@ -235,10 +266,13 @@ class _ServerProtocol(asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.authenticated = not server.tokens  # without tokens every connection is served
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.transport.set_write_buffer_limits(high=self.server.write_buffer_bytes_max)
+        if not self.authenticated and has_verified_peer_cert(self.transport):
+            self.authenticated = True  # a cluster member: its certificate verified (mTLS)
         self.server._connections.add(self)
 
     def pause_writing(self) -> None:
@@ -283,6 +317,10 @@ class _ServerProtocol(asyncio.Protocol):
         for frame in frames:
             if frame.is_response:
                 continue  # servers take requests only; a stray response is dropped
+            if frame.opcode == Opcode.AUTH or not self.authenticated:
+                if self._authenticate(frame):
+                    continue
+                return  # a refused token: the connection is closing
             size = len(frame.header_bytes) + len(frame.payload)
             self.inflight_bytes += size
             task = asyncio.ensure_future(self._serve(frame, size))
@@ -294,6 +332,28 @@ class _ServerProtocol(asyncio.Protocol):
             asyncio.ensure_future(self._close_after_serving(self.decoder.error))
             return
         self._update_reading()
+
+    def _authenticate(self, frame: Frame) -> bool:
+        """Answer AUTH, or refuse a request before authentication; False: closing."""
+        if frame.opcode != Opcode.AUTH:
+            error = Unauthenticated(
+                "not authenticated: send AUTH with a token first, or connect with a client "
+                "certificate signed by the cluster CA"
+            )
+            self._reply(encode_error(frame.opcode, frame.request_id, error))
+            return True
+        try:
+            token = frame.header().get("token")
+        except EstreamError:
+            token = None
+        if not self.server.tokens or token_matches(self.server.tokens, token):
+            self.authenticated = True
+            self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
+            return True
+        self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated("bad token")))
+        assert self.transport is not None
+        self.transport.close()
+        return False
 
     async def _close_after_serving(self, error: EstreamError) -> None:
         """Answer the requests decoded before a bad prefix, then the error, then close."""
@@ -346,8 +406,14 @@ class RpcServer:
         name: str = "estream",
         inflight_bytes_max: int = limits.connection_inflight_bytes_max,
         write_buffer_bytes_max: int = limits.connection_write_buffer_bytes_max,
+        ssl: SSLContext | None = None,
+        tokens: Collection[str] = (),
     ) -> None:
+        """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
+        (AUTH with one of them, or a client certificate verified by ``ssl``'s CA)."""
         self.handlers = dict(handlers)
+        self.ssl = ssl
+        self.tokens = frozenset(tokens)
         self.name = name
         self.inflight_bytes_max = inflight_bytes_max
         self.write_buffer_bytes_max = write_buffer_bytes_max
@@ -359,7 +425,7 @@ class RpcServer:
         """Listen on ``host:port`` (port 0 picks a free one); returns the bound address."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _ServerProtocol(self), host, port, reuse_address=True
+            lambda: _ServerProtocol(self), host, port, reuse_address=True, ssl=self.ssl
         )
         bound = self._server.sockets[0].getsockname()
         self.address = f"{bound[0]}:{bound[1]}"
