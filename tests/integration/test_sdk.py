@@ -149,3 +149,37 @@ async def test_killed_writer_process_then_recovery_keeps_every_acknowledged_reco
         assert not missing, f"{len(missing)} acknowledged records lost, e.g. {missing[:5]}"
         assert sorted(stored) == list(range(end + 1))
         await writer.close()
+
+
+async def test_deferred_sync_writer_forces_then_readers_see_it(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("deferred")
+        writer = await client.open_writer("deferred", deferred_sync=True)
+        offsets = await asyncio.gather(*(writer.append(b"d%d" % i) for i in range(50)))
+        assert list(offsets) == list(range(50))
+        await writer.force()
+        assert await client.end_offset("deferred") == 50
+        values = [r.value async for r in client.read("deferred")]
+        assert values == [b"d%d" % i for i in range(50)]
+        await writer.close()
+
+
+async def test_trimmed_offsets_raise_offset_out_of_range(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("trimmed")
+        async with await client.open_writer("trimmed") as writer:
+            await writer.append_batch([b"%d" % i for i in range(20)])
+        meta = await client.trim("trimmed", 5)
+        assert meta.start_offset == 5
+        with pytest.raises(estream.OffsetOutOfRange):
+            _ = [r async for r in client.read("trimmed", start=2)]
+        assert [r.offset async for r in client.read("trimmed", start=5)] == list(range(5, 20))
+
+
+async def test_connect_to_nothing_is_unavailable_within_the_timeout() -> None:
+    from tests.harness.process import free_port
+
+    started = time.monotonic()
+    with pytest.raises(estream.Unavailable):
+        await estream.connect(f"127.0.0.1:{free_port()}", timeout_s=1.0)
+    assert time.monotonic() - started < 5
