@@ -38,7 +38,7 @@ def seeds() -> list[int]:
     one = os.environ.get("ESTREAM_SIM_SEED")
     if one is not None:
         return [int(one)]
-    return list(range(int(os.environ.get("ESTREAM_SIM_SEEDS", "200"))))
+    return list(range(int(os.environ.get("ESTREAM_SIM_SEEDS", "250"))))
 
 
 class Sim:
