@@ -18,6 +18,11 @@ frame_header_bytes_max: Final = 1 * MiB  # the msgpack header of one frame
 frame_bytes_max: Final = 16 * MiB  # fixed prefix + header + payload of one frame
 connection_inflight_bytes_max: Final = 64 * MiB  # request bytes being served per connection
 connection_write_buffer_bytes_max: Final = 1 * MiB  # unsent answers before a server stops reading
+connection_answer_bytes_max: Final = 4 * MiB  # unsent + in-production answers per connection
+answer_grant_bytes_min: Final = 64 * KiB  # smallest answer allowance worth producing
+server_answer_bytes_max: Final = 32 * MiB  # the same, summed over a server's connections
+connection_stalled_ms_max: Final = 5_000  # a consumer not reading for this long, when the
+#   answer budget is short, is disconnected
 
 # Records and batches (estream/record.py).
 batch_bytes_max: Final = 8 * MiB  # one encoded record batch
@@ -47,3 +52,9 @@ server_suspect_after_ms: Final = 4_000  # missed heartbeats before a server gets
 # Write-ahead log (rangeserver/).
 segment_bytes_max: Final = 256 * MiB
 cache_bytes_max: Final = 256 * MiB
+
+# Repair (pd/repair.py, pd/repairer.py): sealed ranges short of replicas are re-replicated.
+repair_after_ms: Final = 10_000  # a replica dead (or reported short) this long is replaced
+repair_interval_ms: Final = 2_000  # how often the PD leader plans a repair round
+repair_tasks_per_round_max: Final = 4  # ranges copied at once by one round
+heartbeat_problem_replicas_max: Final = 256  # damaged/short/open replicas in one heartbeat

@@ -20,6 +20,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from ssl import SSLContext
 from typing import Any, Final
 
 from estream.errors import Closed, EstreamError, NotLeader, Overloaded, Unavailable
@@ -43,13 +44,17 @@ class PDClient:
         *,
         timeout_s: float = 5.0,
         pool: ConnectionPool | None = None,
+        ssl: SSLContext | None = None,
+        token: str | None = None,
     ) -> None:
+        """``ssl``/``token``: TLS and the AUTH token of the pool created here (see
+        :mod:`estream.security`); ignored when a ``pool`` is given."""
         self.addresses = (
             parse_addresses(addresses) if isinstance(addresses, str)
             else parse_addresses(",".join(addresses))
         )
         self.timeout_s = timeout_s
-        self._pool = pool if pool is not None else ConnectionPool()
+        self._pool = pool if pool is not None else ConnectionPool(ssl=ssl, token=token)
         self._own_pool = pool is None
         self._preferred: str | None = None
         self._leader_checked = False
@@ -167,10 +172,14 @@ class PDClient:
         return StreamMeta.from_dict(body["stream"])
 
     async def update_replicas(
-        self, name: str, range_index: int, replica_ids: Sequence[str]
+        self, name: str, range_index: int, replica_ids: Sequence[str],
+        expected: Sequence[str] = (),
     ) -> StreamMeta:
-        body = await self.call(Opcode.PD_UPDATE_REPLICAS, {
-            "name": name, "range_index": range_index, "replicas": list(replica_ids)})
+        header: dict[str, Any] = {
+            "name": name, "range_index": range_index, "replicas": list(replica_ids)}
+        if expected:
+            header["expected"] = list(expected)  # compare-and-set (repair)
+        body = await self.call(Opcode.PD_UPDATE_REPLICAS, header)
         return StreamMeta.from_dict(body["stream"])
 
     # -- servers and cluster -----------------------------------------------------------

@@ -270,6 +270,14 @@ class Catalog:
         target = _find_range(stream, cmd.range_index)
         if not target.sealed:
             raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is open; seal it first")
+        current = tuple(r.id for r in target.replicas)
+        if cmd.expected and current != cmd.expected:
+            if current == cmd.replicas:
+                return stream  # a retry of an update that already landed
+            raise Conflict(
+                f"stream {cmd.name!r} range {cmd.range_index} has replicas {list(current)}, "
+                f"not the expected {list(cmd.expected)}"
+            )
         refs = self._replica_refs(cmd.replicas, None)
         ranges = tuple(replace(r, replicas=refs) if r is target else r for r in stream.ranges)
         stream = replace(stream, ranges=ranges)

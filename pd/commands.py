@@ -99,12 +99,15 @@ class TrimStream:
 
 @dataclass(frozen=True, slots=True)
 class UpdateReplicas:
-    """Repair: a sealed range's replicas become ``replicas`` (server ids)."""
+    """Repair: a sealed range's replicas become ``replicas`` (server ids). With
+    ``expected`` (optional), only if the range's replicas are still exactly those
+    (compare-and-set: two repairers can never overwrite each other's work)."""
 
     kind: ClassVar[str] = "update_replicas"
     name: str
     range_index: int
     replicas: tuple[str, ...]
+    expected: tuple[str, ...] = ()
 
 
 Command = (

@@ -27,6 +27,17 @@ class Metrics:
 
     def __init__(self) -> None:
         self._series: dict[tuple[str, str], _Series] = {}
+        self._counters: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], int]]] = {}
+
+    def count(self, name: str, help_text: str, amount: int = 1, **labels: str) -> None:
+        """Add ``amount`` to the counter ``name`` with ``labels`` (e.g. repairs done)."""
+        _, series = self._counters.setdefault(name, (help_text, {}))
+        key = tuple(sorted(labels.items()))
+        series[key] = series.get(key, 0) + amount
+
+    def counter(self, name: str, **labels: str) -> int:
+        series = self._counters.get(name, ("", {}))[1]
+        return series.get(tuple(sorted(labels.items())), 0)
 
     def observe(self, api: str, op: str, seconds: float, ok: bool) -> None:
         series = self._series.setdefault((api, op), _Series())
@@ -46,6 +57,11 @@ class Metrics:
         lines: list[str] = []
         for name, (help_text, value) in sorted(gauges.items()):
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value:g}"]
+        for name, (help_text, series) in sorted(self._counters.items()):
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            for key, value in sorted(series.items()):
+                labels = ",".join(f'{k}="{v}"' for k, v in key)
+                lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
         lines += ["# HELP estream_pd_requests_total PD requests served, by API, operation "
                   "and outcome.", "# TYPE estream_pd_requests_total counter"]
         for (api, op), s in sorted(self._series.items()):

@@ -1,7 +1,8 @@
 """One placement-driver node: Raft replica + RPC port + admin HTTP port, assembled.
 
 Side effects: starts pysyncobj's thread and two listening sockets; a background task
-publishes this node's id and addresses through Raft (so every node can name the leader).
+publishes this node's id and addresses through Raft (so every node can name the leader),
+another runs repair rounds while this node leads (:mod:`pd.repairer`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,22 @@ from typing import Any
 from aiohttp import web
 
 from estream.errors import EstreamError
-from estream.rpc import RpcServer, parse_address
+from estream.rpc import ConnectionPool, RpcServer, parse_address
+from estream.security import (
+    DEV_RAFT_PASSWORD,
+    SecurityConfig,
+    member_client_context,
+    server_context,
+)
 from pd.catalog import PdNode
 from pd.http import build_app
 from pd.raft import RaftNode
+from pd.repairer import Repairer
 from pd.service import PdService
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PASSWORD = "estream-dev-secret"  # the dev default; set --password in production
+DEFAULT_PASSWORD = DEV_RAFT_PASSWORD  # the dev default; set --password in production
 register_retry_s = 0.5
 
 
@@ -37,6 +45,7 @@ class PdConfig:
     data_dir: Path
     peers: tuple[str, ...] = field(default_factory=tuple)
     password: str | None = DEFAULT_PASSWORD
+    security: SecurityConfig = field(default_factory=SecurityConfig)  # TLS, tokens
 
 
 class PlacementDriverNode:
@@ -50,6 +59,8 @@ class PlacementDriverNode:
         self.service: PdService | None = None
         self._http_runner: web.AppRunner | None = None
         self._register_task: asyncio.Task[None] | None = None
+        self.repairer: Repairer | None = None
+        self._repair_task: asyncio.Task[None] | None = None
         self.rpc_address = ""
         self.http_address = ""
 
@@ -57,15 +68,19 @@ class PlacementDriverNode:
         cfg = self.config
         self.raft.start()
         # Bind the ports first: the service needs the bound addresses (port 0 allowed).
-        self.rpc = RpcServer({}, name=f"pd-{cfg.node_id}")
+        tls = server_context(cfg.security)
+        self.rpc = RpcServer({}, name=f"pd-{cfg.node_id}", ssl=tls, tokens=cfg.security.tokens)
         host, port = parse_address(cfg.listen)
         self.rpc_address = await self.rpc.start(host, port)
         http_host, http_port = parse_address(cfg.http)
         me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, "")
         self.service = PdService(self.raft, me)
-        self._http_runner = web.AppRunner(build_app(self.service), access_log=None)
+        app = build_app(self.service, tokens=cfg.security.tokens,
+                        protect_reads=cfg.security.protect_reads)
+        self._http_runner = web.AppRunner(app, access_log=None)
         await self._http_runner.setup()
-        site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True)
+        site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True,
+                           ssl_context=tls)
         await site.start()
         server: Any = site._server
         sockets = server.sockets if server is not None else []
@@ -74,6 +89,14 @@ class PlacementDriverNode:
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
         self.rpc.handlers.update(self.service.handlers())
         self._register_task = asyncio.ensure_future(self._register_self())
+        self.repairer = Repairer(self.service)
+        self._repair_task = asyncio.ensure_future(self.repairer.run())
+
+    def member_pool(self) -> ConnectionPool:
+        """A pool for calls to other cluster members (range servers): this node's
+        certificate (mutual TLS) and the cluster token (the first of its token file)."""
+        sec = self.config.security
+        return ConnectionPool(ssl=member_client_context(sec), token=sec.token)
 
     async def _register_self(self) -> None:
         """Publish this node's addresses through Raft until the catalog has them."""
@@ -87,10 +110,11 @@ class PlacementDriverNode:
                 await asyncio.sleep(register_retry_s)
 
     async def close(self) -> None:
-        if self._register_task is not None:
-            self._register_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._register_task
+        for task in (self._register_task, self._repair_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._http_runner is not None:
             await self._http_runner.cleanup()
         if self.rpc is not None:

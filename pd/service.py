@@ -193,9 +193,12 @@ class PdService:
         return _stream(await self.raft.propose(TrimStream(name, start_offset)))
 
     async def update_replicas(
-        self, name: str, range_index: int, replicas: Sequence[str]
+        self, name: str, range_index: int, replicas: Sequence[str], expected: Sequence[str] = ()
     ) -> StreamMeta:
-        return _stream(await self.raft.propose(UpdateReplicas(name, range_index, tuple(replicas))))
+        """Replace a sealed range's replicas (repair); with ``expected``, only if they are
+        still exactly those (compare-and-set)."""
+        command = UpdateReplicas(name, range_index, tuple(replicas), tuple(expected))
+        return _stream(await self.raft.propose(command))
 
     async def register_server(self, server_id: str, address: str, storage_class: str) -> ServerInfo:
         result = await self.raft.propose(RegisterServer(server_id, address, storage_class))
@@ -302,7 +305,8 @@ class PdService:
     async def _rpc_update_replicas(self, h: Header) -> Header:
         replicas = _str_list(h, "replicas")
         stream = await self.update_replicas(
-            require(h, "name", str), require(h, "range_index", int), replicas)
+            require(h, "name", str), require(h, "range_index", int), replicas,
+            _str_list(h, "expected"))
         return {"stream": stream.to_dict()}
 
 

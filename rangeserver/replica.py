@@ -33,6 +33,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from estream.record import BatchHeader
@@ -303,3 +304,39 @@ def replay_seal(state: ReplicaState, epoch: int, end: int) -> ReplicaState:
 
 def mark_damaged(state: ReplicaState) -> ReplicaState:
     return state if state.damaged else replace(state, damaged=True)
+
+
+# ----------------------------------------------------------------------- repair report
+
+
+def problem_replicas(states: Iterable[ReplicaState], limit: int) -> list[dict[str, object]]:
+    """The replicas PD's repair must hear about, for the heartbeat load: damaged ones,
+    sealed ones holding less than their sealed end, and open ones (PD knows which of
+    those belong to ranges it has sealed: short replicas a seal left behind). At most
+    ``limit``, the most urgent first (damaged, sealed-short, then open by range).
+
+    >>> ok = ReplicaState(1, 0, 0, end=10, written_end=10, epoch=1, sealed=True, sealed_end=10)
+    >>> bad = replace(ok, range_index=1, damaged=True)
+    >>> left = ReplicaState(1, 2, 10, end=15, written_end=15, epoch=1)
+    >>> [(p["range_index"], p["damaged"], p["sealed"], p["end"])
+    ...  for p in problem_replicas([ok, left, bad], 8)]
+    [(1, True, True, 10), (2, False, False, 15)]
+    """
+
+    def urgency(s: ReplicaState) -> tuple[int, int, int]:
+        rank = 0 if s.damaged else (1 if s.sealed else 2)
+        return (rank, s.range_index, s.stream_id)
+
+    found = [
+        s for s in states if s.damaged or not s.sealed or s.end < s.sealed_end
+    ]
+    return [
+        {
+            "stream_id": s.stream_id,
+            "range_index": s.range_index,
+            "damaged": s.damaged,
+            "sealed": s.sealed,
+            "end": readable_end(s, unconfirmed=True),
+        }
+        for s in sorted(found, key=urgency)[: max(0, limit)]
+    ]

@@ -16,7 +16,8 @@ from typing import Any
 from estream import limits
 from estream.errors import InvalidArgument
 from estream.protocol import Opcode
-from estream.rpc import Handler, Header, RpcServer, optional, require
+from estream.rpc import Handler, Header, RpcServer, answer_allowance, optional, require
+from rangeserver.replica import problem_replicas
 from rangeserver.store import Store
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,14 @@ class RangeServer:
         await self.store.close()
 
     def load(self) -> dict[str, Any]:
-        return {**self.store.load(), "storage_class": self.storage_class}
+        """The heartbeat load; ``problem_replicas`` feeds PD's repair (``pd/repair.py``)."""
+        problems = problem_replicas(
+            self.store.replicas.values(), limits.heartbeat_problem_replicas_max)
+        return {
+            **self.store.load(),
+            "storage_class": self.storage_class,
+            "problem_replicas": problems,
+        }
 
     # ----------------------------------------------------------------------- handlers
 
@@ -112,6 +120,7 @@ class RangeServer:
             max_bytes=min(max_bytes, limits.read_bytes_max),
             wait_ms=min(wait_ms, limits.read_wait_ms_max),
             unconfirmed=optional(header, "unconfirmed", bool, False),
+            allowance=answer_allowance,
         )
         return {"end": end, "sealed": sealed}, data
 

@@ -29,6 +29,7 @@ CORE_MODULES = [
     "pd/placement.py",
     "pd/commands.py",
     "pd/liveness.py",
+    "pd/repair.py",
     "rangeserver/replica.py",
     "rangeserver/walformat.py",
 ]

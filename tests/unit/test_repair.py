@@ -1,0 +1,220 @@
+"""Repair planning (pd/repair.py): every row of the health table, sources, targets, the
+per-round cap; the heartbeat report (rangeserver/replica.py); update_replicas'
+compare-and-set (pd/catalog.py); the repair counters in /metrics (pd/metrics.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from estream.errors import Conflict
+from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from pd.catalog import Catalog
+from pd.commands import CreateStream, RegisterServer, SealRange, UpdateReplicas
+from pd.metrics import Metrics
+from pd.repair import (
+    ReplicaReport,
+    ServerState,
+    parse_reports,
+    plan_repairs,
+    track_short,
+)
+from rangeserver.replica import ReplicaState, problem_replicas
+
+GRACE = 10_000
+NOW = 100_000
+
+
+def refs(*ids: str) -> tuple[ReplicaRef, ...]:
+    return tuple(ReplicaRef(i, f"{i}:1") for i in ids)
+
+
+def stream(*ranges: RangeMeta, sid: int = 1, name: str = "s", hints: tuple[str, ...] = ()
+           ) -> StreamMeta:
+    return StreamMeta(sid, name, 3, 2, "", hints, 5, 0, ranges)
+
+
+SEALED = RangeMeta(0, 0, 100, refs("a", "b", "c"))
+OPEN = RangeMeta(1, 100, None, refs("a", "b", "d"))
+
+
+def up(i: str, **kw: object) -> ServerState:
+    return ServerState(i, **kw)  # type: ignore[arg-type]
+
+
+def dead(i: str, silent_ms: int) -> ServerState:
+    return ServerState(i, alive=False, silent_ms=silent_ms)
+
+
+def report(end: int, *, damaged: bool = False, sealed: bool = False, index: int = 0
+           ) -> dict[tuple[int, int], ReplicaReport]:
+    return {(1, index): ReplicaReport(1, index, damaged, sealed, end)}
+
+
+def cluster(**changes: ServerState) -> dict[str, ServerState]:
+    servers = {i: up(i) for i in "abcd"}
+    servers.update(changes)
+    return servers
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    servers: dict[str, ServerState]
+    short_since: dict[tuple[str, int, int], int]
+    # (missing, reasons, targets) of each task
+    want: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]
+    skipped: list[str]
+
+
+CASES = [
+    Case("all healthy", cluster(), {}, [], []),
+    Case("dead past the grace period", cluster(c=dead("c", GRACE)), {},
+         [(("c",), ("dead",), ("d",))], []),
+    Case("dead within the grace period (a restart)", cluster(c=dead("c", GRACE - 1)), {},
+         [], []),
+    Case("alive, reported damaged: no grace", cluster(b=up("b", reports=report(100, damaged=True))),
+         {}, [(("b",), ("damaged",), ("d",))], []),
+    Case("short for longer than the grace period", cluster(c=up("c", reports=report(60))),
+         {("c", 1, 0): NOW - GRACE}, [(("c",), ("short",), ("d",))], []),
+    Case("short only recently (the writer may heal it)", cluster(c=up("c", reports=report(60))),
+         {("c", 1, 0): NOW - 1}, [], []),
+    Case("sealed short counts too", cluster(c=up("c", reports=report(60, sealed=True))),
+         {("c", 1, 0): NOW - GRACE}, [(("c",), ("short",), ("d",))], []),
+    Case("open but holding the whole range is a source, not missing",
+         cluster(c=up("c", reports=report(100))), {}, [], []),
+    Case("two missing: two targets, damaged first",
+         {**cluster(b=dead("b", GRACE), c=up("c", reports=report(5, damaged=True))),
+          "e": up("e")}, {}, [(("c", "b"), ("damaged", "dead"), ("d", "e"))], []),
+    Case("no healthy source", cluster(a=dead("a", GRACE), b=dead("b", 1),
+                                      c=up("c", reports=report(100, damaged=True))),
+         {}, [], ["no healthy source"]),
+    Case("no target available", {**cluster(c=dead("c", GRACE)), "d": dead("d", 1)}, {}, [],
+         ["no target"]),
+    Case("fewer targets than missing: repair what can be", cluster(b=dead("b", GRACE),
+                                                                   c=dead("c", GRACE)),
+         {}, [(("b",), ("dead",), ("d",))], []),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_plan_table(case: Case) -> None:
+    plan = plan_repairs([stream(SEALED, OPEN)], case.servers, NOW, short_since=case.short_since,
+                        repair_after_ms=GRACE)
+    got = [(t.missing, t.reasons, t.targets) for t in plan.tasks]
+    assert got == case.want
+    assert [s.reason for s in plan.skipped] == case.skipped
+    for t in plan.tasks:
+        assert set(t.targets).isdisjoint(r.id for r in SEALED.replicas)
+        assert set(t.sources).isdisjoint(t.missing)
+        assert len(set(t.new_replicas)) == len(t.new_replicas) == 3
+        assert (t.start, t.end, t.epoch, t.replicas) == (0, 100, 5, ("a", "b", "c"))
+
+
+def test_sources_are_only_healthy_replicas() -> None:
+    servers = cluster(a=dead("a", 1), c=dead("c", GRACE))  # a suspected: not a source
+    plan = plan_repairs([stream(SEALED)], servers, NOW, repair_after_ms=GRACE)
+    assert [t.sources for t in plan.tasks] == [("b",)]
+
+
+def test_open_and_empty_ranges_are_never_repaired() -> None:
+    empty = RangeMeta(0, 0, 0, refs("a", "b", "c"))
+    opened = RangeMeta(1, 0, None, refs("a", "b", "c"))
+    plan = plan_repairs([stream(empty, opened)], cluster(c=dead("c", GRACE)), NOW,
+                        repair_after_ms=GRACE)
+    assert plan.tasks == () and plan.skipped == ()
+
+
+def test_concurrency_cap_takes_the_most_endangered_first() -> None:
+    streams = [stream(replace(SEALED, replicas=refs("a", "b", "c")), sid=i, name=f"s{i}")
+               for i in range(1, 6)]
+    at_risk = stream(replace(SEALED, replicas=refs("b", "c", "e")), sid=9, name="z")
+    servers = {**cluster(c=dead("c", GRACE)), "e": dead("e", GRACE), "f": up("f")}
+    plan = plan_repairs([*streams, at_risk], servers, NOW, repair_after_ms=GRACE, tasks_max=2)
+    assert [t.stream for t in plan.tasks] == ["z", "s1"]  # one healthy copy first
+    assert plan.deferred == 4
+    # Targets are spread over the servers within a round: z took a and d, so s1 gets f
+    # (otherwise d, the smallest id among the least loaded, would take it again).
+    assert plan.tasks[0].targets == ("a", "d") and plan.tasks[1].targets == ("f",)
+
+
+def test_busy_ranges_and_avoided_targets() -> None:
+    servers = {**cluster(c=dead("c", GRACE)), "e": up("e", ranges=5)}
+    assert plan_repairs([stream(SEALED)], servers, NOW, busy={(1, 0)}).tasks == ()
+    plan = plan_repairs([stream(SEALED)], servers, NOW, avoid={(1, 0): {"d"}})
+    assert [t.targets for t in plan.tasks] == [("e",)]
+
+
+def test_hints_prefer_a_target_of_that_storage_class() -> None:
+    servers = {**cluster(c=dead("c", GRACE)), "e": up("e", storage_class="hdd", ranges=9)}
+    plan = plan_repairs([stream(SEALED, hints=("hdd",))], servers, NOW)
+    assert [t.targets for t in plan.tasks] == [("e",)]
+
+
+def test_track_short_keeps_the_first_time_and_forgets_healed_replicas() -> None:
+    s = [stream(SEALED, OPEN)]
+    short = cluster(c=up("c", reports=report(60)))
+    first = track_short({}, s, short, 1_000)
+    assert first == {("c", 1, 0): 1_000}
+    assert track_short(first, s, short, 5_000) == first
+    assert track_short(first, s, cluster(), 6_000) == {}  # healed (the writer sealed it)
+    # A short open replica of the OPEN range is normal: never tracked.
+    open_short = cluster(d=up("d", reports=report(100, index=1)))
+    assert track_short({}, s, open_short, 1_000) == {}
+    # A damaged one is repaired without grace, so it is not tracked as short.
+    assert track_short({}, s, cluster(c=up("c", reports=report(10, damaged=True))), 1) == {}
+
+
+def test_parse_reports_ignores_malformed_entries() -> None:
+    load = {"problem_replicas": [
+        {"stream_id": 3, "range_index": 2, "damaged": False, "sealed": False, "end": 9},
+        {"stream_id": True, "range_index": 0, "end": 1}, "junk", {"range_index": 1}]}
+    assert parse_reports(load) == {(3, 2): ReplicaReport(3, 2, False, False, 9)}
+    assert parse_reports({}) == {} and parse_reports({"problem_replicas": 7}) == {}
+
+
+def test_range_server_reports_only_problem_replicas_most_urgent_first() -> None:
+    whole = ReplicaState(1, 0, 0, end=10, written_end=10, epoch=1, sealed=True, sealed_end=10)
+    short = replace(whole, range_index=1, end=4, written_end=4)
+    damaged = replace(whole, range_index=2, damaged=True)
+    opened = ReplicaState(1, 3, 10, end=12, written_end=12, epoch=1)
+    found = problem_replicas([opened, whole, short, damaged], 10)
+    assert [(p["range_index"], p["end"]) for p in found] == [(2, 10), (1, 4), (3, 12)]
+    assert [p["range_index"] for p in problem_replicas([opened, short, damaged], 2)] == [2, 1]
+
+
+def _catalog() -> Catalog:
+    c = Catalog()
+    for i in "abcd":
+        c.apply(RegisterServer(i, f"127.0.0.1:{ord(i)}", "ssd"))
+    c.apply(CreateStream("s", 3, 2, "", (), ("a", "b", "c")))
+    c.apply(SealRange("s", 0, 0, 10, ("a", "b", "c")))
+    return c
+
+
+def test_update_replicas_compare_and_set() -> None:
+    c = _catalog()
+    done = c.apply(UpdateReplicas("s", 0, ("a", "b", "d"), ("a", "b", "c")))
+    assert isinstance(done, StreamMeta)
+    assert [r.id for r in done.ranges[0].replicas] == ["a", "b", "d"]
+    again = c.apply(UpdateReplicas("s", 0, ("a", "b", "d"), ("a", "b", "c")))  # a retry
+    assert again == c.stream("s")
+    before = c.snapshot()
+    with pytest.raises(Conflict):  # someone else changed it meanwhile
+        c.apply(UpdateReplicas("s", 0, ("d", "b", "c"), ("a", "b", "c")))
+    assert c.snapshot() == before
+
+
+def test_repair_counters_render_as_prometheus_counters() -> None:
+    m = Metrics()
+    m.count("estream_repairs_total", "Repairs.", outcome="done")
+    m.count("estream_repairs_total", "Repairs.", outcome="done")
+    m.count("estream_repairs_total", "Repairs.", outcome="failed")
+    m.count("estream_repair_bytes_total", "Bytes.", 123)
+    text = m.render({})
+    assert 'estream_repairs_total{outcome="done"} 2' in text
+    assert 'estream_repairs_total{outcome="failed"} 1' in text
+    assert "# TYPE estream_repairs_total counter" in text
+    assert "estream_repair_bytes_total 123" in text
+    assert m.counter("estream_repairs_total", outcome="done") == 2
