@@ -38,212 +38,39 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_append, bench_pd, drivers, report
+from benchmarks import bench_append, bench_pd, drivers, profiling, report
 from benchmarks.peers import estream as pe
 from benchmarks.peers import machine
 from benchmarks.peers import nats as pn
 from benchmarks.peers import redis as pr
-from benchmarks.peers.load import run_ops
 from benchmarks.peers.stats import Measurement
+from benchmarks.scenarios import (
+    KIB,
+    RETRY_S,
+    SCALES,
+    Run,
+    common_scenarios,
+    kill_one,
+    one_in_flight,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLES_KEPT = 5_000
 TIMELINE_KEPT = 20_000
-KIB = 1024
-SMALL = 100
-RETRY_S = 10.0
 BLOCK_TIMEOUT_S = 420.0  # one system's block; a hang is reported, not waited out
 
-ESTREAM = "estream R3 ack2 fsync"
+ESTREAM = profiling.ESTREAM
 NATS = "NATS JetStream R3 sync always"
 NATS_DEFAULT = "NATS JetStream R3 default sync (not durable)"
 REDIS = "Redis 7 appendfsync always (1 node)"
 MACHINE = "machine"
 
 
-@dataclass(frozen=True)
-class Scale:
-    """How much each scenario does; every loop also stops at its time bound."""
-
-    inflight: int = 256
-    burst_count: int = 200_000
-    burst_s: float = 8.0
-    one_count: int = 5_000
-    one_s: float = 8.0
-    read_count: int = 1_000_000
-    fill_s: float = 90.0
-    read_s: float = 45.0
-    tail_count: int = 1_000
-    tail_s: float = 8.0
-    kill_run_s: float = 10.0
-    kill_at_s: float = 4.0
-    kill_rate: float = 1_000.0
-    pd_ops: int = 1_000
-    pd_failovers: int = 2
-    writers: tuple[int, ...] = (1, 2, 4, 8)
-    scale_s: float = 5.0
-    fsync_count: int = 20_000
-    fsync_s: float = 3.0
-    small_records: bool = True  # scenario 1 with 100 B records too
-    catch_up: bool = True  # scenario 3
-    scaling: bool = True  # scenario 6
-    leader_kill: bool = True  # scenario 4 also with NATS's stream leader killed
-
-
-SCALES = {
-    "full": Scale(),
-    # about a minute: scenarios 1 (1 KiB), 2, 4 and 5, short
-    "quick": Scale(burst_count=20_000, burst_s=3.0, one_count=1_000, one_s=2.0,
-                   kill_run_s=5.0, kill_at_s=2.0, pd_ops=100, pd_failovers=0,
-                   fsync_s=1.0, small_records=False, catch_up=False, scaling=False,
-                   leader_kill=False),
-    "smoke": Scale(inflight=32, burst_count=500, burst_s=2.0, one_count=100, one_s=1.0,
-                   read_count=2_000, fill_s=5.0, read_s=5.0, tail_count=20, tail_s=1.0,
-                   kill_run_s=4.0, kill_at_s=1.5, kill_rate=200.0, pd_ops=30,
-                   pd_failovers=0, writers=(1, 2), scale_s=1.0,
-                   fsync_count=200, fsync_s=0.5),
-}
-
-
-class Run:
-    """Every measurement of this run, in order."""
-
-    def __init__(self, scale_name: str, scale: Scale) -> None:
-        self.scale_name, self.scale = scale_name, scale
-        self.measurements: list[Measurement] = []
-
-    def add(self, m: Measurement) -> Measurement:
-        self.measurements.append(m)
-        print(report.line(m), flush=True)
-        return m
-
-    def pending(self, scenario: str, system: str, reason: str) -> None:
-        self.add(Measurement(scenario, system, pending=reason))
-
-
-# --- scenarios, each against one driver -------------------------------------------------------
-
-
-async def burst(run: Run, drv: Any, scenario: str, size: int, inflight: int) -> Measurement:
-    log = await drv.new_log(f"burst{size}x{inflight}")
-    op, workers = drv.append_op(log, size, inflight)
-    m = Measurement(scenario, drv.name, extra={"inflight": inflight, "record_bytes": size})
-    s = run.scale
-    return run.add(await run_ops(m, op, count=s.burst_count // max(1, inflight // workers),
-                                 inflight=workers, time_s=s.burst_s))
-
-
-async def one_in_flight(run: Run, drv: Any, log_name: str = "one") -> Measurement:
-    log = await drv.new_log(log_name)
-    op, _ = drv.append_op(log, KIB, 1)
-    m = Measurement("2 append one in flight 1KiB", drv.name)
-    return run.add(await run_ops(m, op, count=run.scale.one_count, inflight=1,
-                                 time_s=run.scale.one_s))
-
-
-async def catch_up_and_tail(run: Run, drv: Any) -> None:
-    s = run.scale
-    log = await drv.new_log("catchup")
-    t0 = time.perf_counter()
-    filled = await drv.fill(log, s.read_count, KIB, s.fill_s)
-    fill_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    read = await drv.catch_up(log, filled, s.read_s)
-    m = Measurement("3 catch-up read 1KiB", drv.name, ops=read,
-                    seconds=time.perf_counter() - t0,
-                    extra={"written": filled, "fill_rate": filled / fill_s})
-    if read < filled:
-        m.note = f"read {read} of {filled} within {s.read_s}s"
-    run.add(m)
-    lat = await drv.tail(f"tail{int(time.time())}", s.tail_count, KIB, s.tail_s)
-    run.add(Measurement("3 tail latency 1KiB", drv.name, ops=len(lat), latencies_ms=lat,
-                        seconds=math.nan))
-
-
-async def scaling(run: Run, drv: Any) -> None:
-    s = run.scale
-    per_writer = max(1, s.inflight // max(s.writers))
-    for n in s.writers:
-        logs = [await drv.new_log(f"scale{n}w{k}") for k in range(n)]
-        parts = [Measurement("6 scaling", drv.name) for _ in logs]
-        ops = [drv.append_op(log, KIB, per_writer) for log in logs]
-        t0 = time.perf_counter()
-        await asyncio.gather(*(
-            run_ops(p, op, count=s.burst_count // max(1, per_writer // w) // n, inflight=w,
-                    time_s=s.scale_s) for p, (op, w) in zip(parts, ops, strict=True)))
-        m = Measurement("6 scaling", drv.name, ops=sum(p.ops for p in parts),
-                        seconds=time.perf_counter() - t0, failed=sum(p.failed for p in parts),
-                        extra={"writers": n, "inflight": per_writer * n})
-        m.latencies_ms = [x for p in parts for x in p.latencies_ms]
-        run.add(m)
-
-
-async def kill_one(run: Run, drv: Any, log: Any, kill: Callable[[], None],
-                   system: str, retry_s: float = 0.0) -> Measurement:
-    """Paced appends; ``kill()`` one server at ``kill_at_s``; latency over time.
-
-    ``retry_s`` > 0: the client retries a failed append for up to that long (what a NATS
-    user writes to survive an election); a failure is counted only once that runs out.
-    """
-    s = run.scale
-    op, _ = drv.append_op(log, KIB, 1)
-    if retry_s:
-        op = retrying(op, retry_s)
-    m = Measurement("4 replica killed", system, extra={"rate_per_s": s.kill_rate},
-                    note=f"client retries a failed append for up to {retry_s:g} s"
-                    if retry_s else "")
-
-    async def killer() -> None:
-        await asyncio.sleep(s.kill_at_s)
-        m.events["kill_s"] = s.kill_at_s
-        await asyncio.to_thread(kill)
-
-    task = asyncio.ensure_future(killer())
-    await run_ops(m, op, count=int(s.kill_rate * s.kill_run_s) + 1, inflight=64,
-                  time_s=s.kill_run_s, rate_per_s=s.kill_rate, timeline=True)
-    await task
-    kill_s = m.events["kill_s"]
-    around = sorted(lat for t, lat in m.timeline if kill_s - 2.5 <= t < kill_s + 2.5)
-    m.extra.update(report.window_figures(around))
-    return run.add(m)
-
-
-def retrying(op: Any, retry_s: float) -> Any:
-    async def again(i: int) -> int:
-        deadline = time.monotonic() + retry_s
-        while True:
-            try:
-                return int(await op(i))
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.02)
-
-    return again
-
-
 # --- one block per system ---------------------------------------------------------------------
-
-
-async def common_scenarios(run: Run, drv: Any, *, full: bool = True,
-                           batched: str = "") -> None:
-    """Scenarios 1, 2, 3 and 6; ``batched`` (a label) adds scenario 1 rows in batches."""
-    s = run.scale
-    variants = [drv, *([drivers.Batched(drv, batched)] if batched else [])]
-    for variant in variants:
-        await burst(run, variant, "1 append many in flight 1KiB", KIB, s.inflight)
-    if s.small_records:
-        for variant in variants:
-            await burst(run, variant, "1 append many in flight 100B", SMALL, s.inflight)
-    await one_in_flight(run, drv)
-    if full and s.catch_up:
-        await catch_up_and_tail(run, drv)
-    if full and s.scaling:
-        await scaling(run, drv)
 
 
 async def estream_block(run: Run, work: Path) -> None:
@@ -366,84 +193,6 @@ def machine_block(run: Run, work: Path) -> None:
     run.add(m)
 
 
-# --- profiles of estream where a target is missed -------------------------------------------
-
-
-PROFILE_S = 8.0
-PROFILE_READ_RECORDS = 300_000
-
-
-def py_spy(pid: int, out: Path, seconds: float, fmt: str) -> subprocess.Popen[bytes]:
-    """``py-spy record`` of ``pid`` for ``seconds`` into ``out``: a wall-clock
-    ``flamegraph`` SVG, or ``raw`` collapsed stacks of the samples that hold the GIL (where
-    the CPU goes)."""
-    binary = Path(sys.executable).parent / "py-spy"
-    return subprocess.Popen(
-        [str(binary), "record", "--pid", str(pid), "--duration", str(int(seconds)),
-         "--rate", "100", "--nonblocking", "--output", str(out), "--format", fmt,
-         *(["--gil"] if fmt == "raw" else [])],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def profile_block(run: Run, work: Path, out: Path, modes: list[str]) -> list[Path]:
-    """Re-run the missed estream scenarios under py-spy (client and one range server)."""
-    written: list[Path] = []
-    with pe.estream_cluster(work) as cluster:
-        async with pe.connect(cluster) as client:
-            drv = drivers.EstreamDriver(ESTREAM, client)
-            try:
-                for mode in modes:
-                    written += await _profile_one(run, drv, cluster, out, mode)
-            finally:
-                await drv.close()
-    return written
-
-
-async def _profile_one(run: Run, drv: Any, cluster: Any, out: Path, mode: str) -> list[Path]:
-    log = await drv.new_log(f"profile{mode}")
-    if mode == "read":
-        await drv.fill(log, min(run.scale.read_count, PROFILE_READ_RECORDS), KIB,
-                       run.scale.fill_s)
-    replica = (await pe.open_range_replicas(drv.client, log[0]))[0]
-    targets = {"client": os.getpid(), "rangeserver": cluster.range_servers[replica].pid}
-    paths = {who: out / f"profile-{mode}-{who}.svg" for who in targets}
-    raws = {who: out / f"profile-{mode}-{who}.txt" for who in targets}
-    spies = [py_spy(pid, paths[who], PROFILE_S, "flamegraph") for who, pid in targets.items()]
-    spies += [py_spy(pid, raws[who], PROFILE_S, "raw") for who, pid in targets.items()]
-    m = Measurement(f"profile {mode}", ESTREAM, note="under py-spy (slower than unprofiled)")
-    if mode == "read":
-        t0 = time.perf_counter()
-        m.ops = await drv.catch_up(log, min(run.scale.read_count, PROFILE_READ_RECORDS),
-                                   PROFILE_S)
-        m.seconds = time.perf_counter() - t0
-    else:
-        size, inflight = (KIB, run.scale.inflight) if mode == "burst" else (KIB, 1)
-        op, workers = drv.append_op(log, size, inflight)
-        await run_ops(m, op, count=10_000_000, inflight=workers, time_s=PROFILE_S)
-    run.add(m)
-    for spy in spies:
-        try:
-            await asyncio.to_thread(spy.wait, PROFILE_S + 30)
-        except subprocess.TimeoutExpired:
-            spy.kill()
-            spy.wait()
-    return [p for p in (*paths.values(), *raws.values()) if p.exists()]
-
-
-def profile_modes(run: Run) -> list[str]:
-    """Which estream scenarios missed a target (and so get a flame graph)."""
-    verdicts = report.targets([m.summary() for m in run.measurements])
-    missed = {t for t, _, _, v in verdicts if v.startswith("MISSED")}
-    modes = []
-    if any(t.startswith("appends many in flight") for t in missed):
-        modes.append("burst")
-    if any(t.startswith("one in flight") for t in missed):
-        modes.append("one")
-    if any(t.startswith("catch-up") for t in missed):
-        modes.append("read")
-    return modes
-
-
 # --- the run --------------------------------------------------------------------------------
 
 
@@ -460,12 +209,12 @@ BLOCKS: dict[str, Callable[[Run, Path], Any]] = {
 async def run_blocks(run: Run, names: list[str], work: Path, out: Path,
                      profile: bool) -> None:
     await run_named_blocks(run, names, work)
-    modes = profile_modes(run) if profile and not pe.sdk_missing() else []
+    modes = profiling.profile_modes(run) if profile and not pe.sdk_missing() else []
     if modes:
         print(f"--- profiles of missed targets: {modes} ---", flush=True)
         try:
-            for path in await asyncio.wait_for(profile_block(run, work / "profile", out, modes),
-                                               BLOCK_TIMEOUT_S):
+            profiles = profiling.profile_block(run, work / "profile", out, modes)
+            for path in await asyncio.wait_for(profiles, BLOCK_TIMEOUT_S):
                 print(f"wrote {path}", flush=True)
         except Exception as exc:  # noqa: BLE001 - the figures are already measured
             print(f"!!! profile failed: {type(exc).__name__}: {exc}", flush=True)
