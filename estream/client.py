@@ -15,22 +15,35 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from estream import limits
-from estream.errors import Closed, EstreamError, Unavailable
+from estream.errors import Closed, EstreamError, Unauthenticated, Unavailable
 from estream.meta import ServerInfo, StreamMeta
 from estream.pdclient import PDClient
 from estream.rangewriter import WriterConfig
 from estream.reader import read_stream, stream_end_offset
 from estream.record import Record
 from estream.rpc import ConnectionPool
+from estream.security import client_context
 from estream.writer import Writer
 
 
 class Client:
     """A connection to an estream cluster. Also ``async with estream.Client(pd) as c``."""
 
-    def __init__(self, pd: str | Sequence[str], *, timeout_s: float = 5.0) -> None:
-        self.pd = PDClient(pd, timeout_s=timeout_s)
-        self.pool = ConnectionPool()
+    def __init__(
+        self,
+        pd: str | Sequence[str],
+        *,
+        timeout_s: float = 5.0,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        # TLS when a CA or a client certificate is given (estream.security); ``token`` is
+        # sent (AUTH) on every new connection, to PD and to range servers alike.
+        tls = client_context(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token)
+        self.pool = ConnectionPool(ssl=tls, token=token)
         self.timeout_s = timeout_s
         self._streams: dict[str, StreamMeta] = {}
         self._writers: list[Writer] = []
@@ -148,17 +161,29 @@ class Client:
             raise Closed("the client is closed")
 
 
-async def connect(pd: str | Sequence[str], *, timeout_s: float = 5.0) -> Client:
+async def connect(
+    pd: str | Sequence[str],
+    *,
+    timeout_s: float = 5.0,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    token: str | None = None,
+) -> Client:
     """Connect to the placement driver at ``pd`` ("h:p,h:p,h:p" or a list).
 
-    Raises :class:`Unavailable` if no PD node answers within ``timeout_s``.
+    ``tls_ca`` (PEM file) turns TLS on and verifies the servers against that CA;
+    ``tls_cert``/``tls_key`` present a client certificate; ``token`` authenticates every
+    connection. Raises :class:`Unavailable` if no PD node answers within ``timeout_s``,
+    :class:`Unauthenticated` if the cluster refuses the token (or its absence).
     """
-    client = Client(pd, timeout_s=timeout_s)
+    client = Client(pd, timeout_s=timeout_s, tls_ca=tls_ca, tls_cert=tls_cert,
+                    tls_key=tls_key, token=token)
     try:
         await client.pd.cluster()
     except EstreamError as exc:
         await client.close()
-        if isinstance(exc, Unavailable):
+        if isinstance(exc, Unavailable | Unauthenticated):
             raise
         raise Unavailable(f"cannot reach the placement driver at {pd}: {exc}") from exc
     return client

@@ -4,9 +4,13 @@
                [--password SECRET]
 
 ``--peers`` lists the OTHER nodes' Raft addresses (an empty string: a one-node cluster).
-``--password`` is the shared secret of the Raft port (default: a fixed development
-secret, also read from ``ESTREAM_PD_PASSWORD``; it takes effect only when the optional
-``cryptography`` package is installed). Prints ``listening on H:P`` (the RPC address)
+``--password`` (or ``--password-file``, ``ESTREAM_PD_PASSWORD``) is the shared secret of
+the Raft port (pysyncobj encrypts and authenticates with it; needs ``cryptography``).
+Without one, a one-node cluster generates a random secret, and a multi-node cluster
+uses the public development secret (logged: a warning when Raft listens beyond
+loopback). TLS and tokens: ``--tls-cert``, ``--tls-key``, ``--tls-ca``,
+``--tls-require-client-cert``, ``--token-file``, ``--admin-protect-reads``
+(:mod:`estream.security`). Prints ``listening on H:P`` (the RPC address)
 once serving; SIGTERM/SIGINT stop it cleanly. A bad flag: one line on stderr, exit 2.
 
 Side effects: the process (signals, stdout, the node's sockets and files).
@@ -28,7 +32,8 @@ import uvloop
 from estream.config import parse_with_config
 from estream.errors import InvalidArgument
 from estream.rpc import parse_address
-from pd.node import DEFAULT_PASSWORD, PdConfig, PlacementDriverNode
+from estream.security import add_server_options, config_from_args, raft_password
+from pd.node import PdConfig, PlacementDriverNode
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,8 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the OTHER nodes' Raft addresses ('' for a single node)")
     p.add_argument("--http", required=True, metavar="H:P", help="admin HTTP API address")
     p.add_argument("--data-dir", required=True, type=Path, help="Raft journal and snapshots")
-    p.add_argument("--password", default=os.environ.get("ESTREAM_PD_PASSWORD", DEFAULT_PASSWORD),
-                   help="shared secret of the Raft port (needs the 'cryptography' package)")
+    p.add_argument("--password", default=None,
+                   help="shared secret of the Raft port (also ESTREAM_PD_PASSWORD; default: "
+                        "generated for one node, the public development secret for several)")
+    p.add_argument("--password-file", default=None, metavar="FILE",
+                   help="read the Raft secret from this file (first line)")
+    add_server_options(p, admin=True)
     p.add_argument("--log-level", default="WARNING", help="Python logging level")
     return p
 
@@ -64,10 +73,43 @@ def parse_config(argv: list[str]) -> PdConfig:
         build_parser().error(exc.message)
     if args.raft in peers:
         build_parser().error("--peers must list the other nodes only, not --raft")
+    try:
+        security = config_from_args(args)
+        configured = args.password or os.environ.get("ESTREAM_PD_PASSWORD") or _read_secret(
+            args.password_file)
+    except InvalidArgument as exc:
+        build_parser().error(exc.message)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    password, source = raft_password(configured, args.raft, peers)
+    _log_password_source(source)
     return PdConfig(str(args.id), args.listen, args.raft, args.http, args.data_dir, peers,
-                    args.password or None)
+                    password, security)
+
+
+def _read_secret(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"--password-file: {exc}", argument="password_file") from None
+    secret = lines[0].strip() if lines else ""
+    if not secret:
+        raise InvalidArgument(f"--password-file {path} is empty", argument="password_file")
+    return secret
+
+
+def _log_password_source(source: str) -> None:
+    log = logging.getLogger("pd.cli")
+    if source == "development-exposed":
+        log.warning("no --password: the Raft port uses the PUBLIC development secret while "
+                    "listening beyond loopback; anyone who reaches it can join the cluster's "
+                    "Raft traffic. Set --password, --password-file or ESTREAM_PD_PASSWORD")
+    elif source == "development-loopback":
+        log.info("no --password: the Raft port (loopback only) uses the development secret")
+    elif source == "generated":
+        log.info("no --password: one-node cluster, the Raft port uses a generated secret")
 
 
 async def serve(config: PdConfig) -> int:

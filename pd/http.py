@@ -5,6 +5,11 @@ same :class:`~pd.service.PdService` as the RPC port (so through Raft: any node a
 them). Errors are ``{"error": {"code", "message"}}`` with 400 (bad input), 404 (unknown),
 409 (conflict) or 503 (no leader reachable, no range servers to place on).
 
+With tokens configured, the write endpoints (POST, DELETE) need ``Authorization: Bearer
+<token>`` (or a client certificate verified against the cluster CA) and answer 401
+``UNAUTHENTICATED`` without; reads stay open unless ``protect_reads`` (``/healthz``
+always stays open, for load balancers and supervisors).
+
 Side effects: an HTTP listening socket.
 """
 
@@ -12,8 +17,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -30,6 +35,7 @@ from estream.errors import (
     StreamNotFound,
     Unavailable,
 )
+from estream.security import bearer_token, has_verified_peer_cert, token_matches
 from pd.openapi import OPENAPI
 from pd.service import PdService
 
@@ -62,8 +68,40 @@ def _status_of(exc: EstreamError) -> int:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_app(service: PdService) -> web.Application:
-    """The aiohttp application serving the admin API of one PD node."""
+_READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+_ALWAYS_OPEN: Final = frozenset({"/healthz"})
+
+
+def needs_token(method: str, path: str, protect_reads: bool) -> bool:
+    """Whether a request must authenticate when tokens are configured. Pure."""
+    if path in _ALWAYS_OPEN:
+        return False
+    return protect_reads or method.upper() not in _READ_METHODS
+
+
+def build_app(
+    service: PdService, *, tokens: Collection[str] = (), protect_reads: bool = False
+) -> web.Application:
+    """The aiohttp application serving the admin API of one PD node.
+
+    ``tokens``: bearer tokens the write endpoints (and with ``protect_reads`` the reads)
+    need; none: the API is open (the default, as before).
+    """
+    accepted = frozenset(tokens)
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if accepted and needs_token(request.method, request.path, protect_reads):
+            presented = bearer_token(request.headers.get("Authorization"))
+            if not token_matches(accepted, presented) and not has_verified_peer_cert(
+                    request.transport):
+                response = error_response(
+                    401, "UNAUTHENTICATED",
+                    "this endpoint needs 'Authorization: Bearer <token>'"
+                    + (" (a token was given but is not valid)" if presented else ""))
+                response.headers["WWW-Authenticate"] = 'Bearer realm="estream"'
+                return response
+        return await handler(request)
 
     @web.middleware
     async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -84,7 +122,7 @@ def build_app(service: PdService) -> web.Application:
         finally:
             service.metrics.observe("http", op, time.perf_counter() - started, ok)
 
-    app = web.Application(middlewares=[errors], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[errors, authenticate], client_max_size=1024 * 1024)
     views = _Views(service)
     app.router.add_get("/v1/cluster", views.cluster)
     app.router.add_get("/v1/streams", views.list_streams)

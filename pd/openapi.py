@@ -20,6 +20,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "Bad input", 404: "Not found", 409: "Conflict",
+            401: "Missing or invalid bearer token (only when the node has tokens)",
             503: "No leader reachable (or no range servers to place on)"}
     return {str(c): _json(_ref("Error"), text[c]) for c in codes}
 
@@ -118,6 +119,9 @@ SCHEMAS: Final[dict[str, Any]] = {
     },
 }
 
+# Writes need a bearer token when the node has tokens (the empty alternative: it has none).
+_WRITE_SECURITY: Final[list[dict[str, list[str]]]] = [{"bearerToken": []}, {}]
+
 _NAME_PARAM: Final = {"name": "name", "in": "path", "required": True,
                       "schema": {"type": "string"}}
 
@@ -142,7 +146,8 @@ OPENAPI: Final[dict[str, Any]] = {
                 "requestBody": {"required": True, "content": {
                     "application/json": {"schema": _ref("CreateStream")}}},
                 "responses": {"201": _json(_ref("Stream"), "Created"),
-                              **_errors(400, 409, 503)},
+                              **_errors(400, 401, 409, 503)},
+                "security": _WRITE_SECURITY,
             },
         },
         "/v1/streams/{name}": {
@@ -154,7 +159,8 @@ OPENAPI: Final[dict[str, Any]] = {
                        "responses": {"200": _json({
                            "type": "object", "required": ["deleted"],
                            "properties": {"deleted": {"type": "string"}}}, "Deleted"),
-                           **_errors(404, 503)}},
+                           **_errors(401, 404, 503)},
+                       "security": _WRITE_SECURITY},
         },
         "/v1/rangeservers": {"get": {
             "summary": "Registered range servers with liveness and load",
@@ -175,5 +181,10 @@ OPENAPI: Final[dict[str, Any]] = {
             "200": {"description": "Prometheus text format",
                     "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
     },
-    "components": {"schemas": SCHEMAS},
+    "components": {"schemas": SCHEMAS, "securitySchemes": {
+        "bearerToken": {"type": "http", "scheme": "bearer",
+                        "description": "A token from the node's --token-file; needed by "
+                                       "the write endpoints (and with --admin-protect-reads "
+                                       "by the reads too, which then may answer 401) when "
+                                       "the node has tokens"}}},
 }

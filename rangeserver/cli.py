@@ -2,11 +2,15 @@
 
     estream rangeserver --listen H:P --data-dir DIR [--pd H:P,H:P,H:P]
                         [--storage-class ssd] [--advertise H:P]
+                        [--tls-cert PEM --tls-key PEM [--tls-ca PEM]
+                         [--tls-require-client-cert]] [--token-file FILE]
 
 Prints ``listening on H:P`` (the real port, also for ``--listen H:0``) to stdout once it
 serves. SIGTERM or SIGINT: stop serving, sync the log, write a checkpoint, exit 0. Bad
 flag values: a one-line error and exit code 2. The server id is generated once (uuid4)
-and kept in ``DIR/server_id``.
+and kept in ``DIR/server_id``. With ``--tls-cert`` it serves TLS only, and presents the
+same certificate (and the first token of ``--token-file``) to PD as a cluster member;
+with ``--token-file`` clients must authenticate (:mod:`estream.security`).
 
 Side effects: the data directory, the listening socket, signal handlers.
 """
@@ -26,8 +30,15 @@ from typing import NoReturn
 import uvloop
 
 from estream.config import parse_with_config
-from estream.errors import EstreamError
+from estream.errors import EstreamError, InvalidArgument
 from estream.rpc import parse_addresses
+from estream.security import (
+    SecurityConfig,
+    add_server_options,
+    config_from_args,
+    member_client_context,
+    server_context,
+)
 from rangeserver.server import RangeServer
 from rangeserver.store import Store
 
@@ -71,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pd", type=_pd_addresses, default=None, help="PD H:P,H:P,H:P")
     parser.add_argument("--storage-class", choices=STORAGE_CLASSES, default="ssd")
     parser.add_argument("--advertise", type=_advertise_address, default=None, help="HOST:PORT")
+    add_server_options(parser)
     return parser
 
 
@@ -96,6 +108,9 @@ async def serve(args: argparse.Namespace) -> int:
     store = Store(data_dir)
     await store.open()
     server = RangeServer(store, server_id(data_dir), storage_class=args.storage_class)
+    security: SecurityConfig = args.security
+    server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
+    server.rpc.tokens = security.tokens
     host, port = args.listen
     bound = await server.start(host, port)
     server.address = args.advertise or bound
@@ -112,7 +127,8 @@ async def serve(args: argparse.Namespace) -> int:
         tasks.append(
             asyncio.ensure_future(
                 heartbeat_loop(
-                    args.pd, server.server_id, server.address, args.storage_class, server.load
+                    args.pd, server.server_id, server.address, args.storage_class, server.load,
+                    ssl=member_client_context(security), token=security.token,
                 )
             )
         )
@@ -137,7 +153,12 @@ async def _checkpoints(store: Store) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_with_config(build_parser(), argv, section="rangeserver")
+    parser = build_parser()
+    args = parse_with_config(parser, argv, section="rangeserver")
+    try:
+        args.security = config_from_args(args)
+    except InvalidArgument as exc:
+        parser.error(exc.message)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from ssl import SSLContext
 from typing import Any
 
 from estream import limits
@@ -45,10 +46,14 @@ async def heartbeat_loop(
     address: str,
     storage_class: str,
     load: Callable[[], dict[str, Any]],
+    *,
+    ssl: SSLContext | None = None,
+    token: str | None = None,
 ) -> None:
-    """Register, then heartbeat forever (until cancelled)."""
+    """Register, then heartbeat forever (until cancelled). ``ssl``/``token``: how this
+    member connects to PD (its certificate for mutual TLS, the cluster token)."""
     interval_s = limits.heartbeat_interval_ms / 1000
-    client = PDClient(pd_addresses, timeout_s=5.0)
+    client = PDClient(pd_addresses, timeout_s=5.0, ssl=ssl, token=token)
     try:
         await register(client, server_id, address, storage_class)
         first = True
