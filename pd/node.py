@@ -90,6 +90,7 @@ class PlacementDriverNode:
         self.rpc.handlers.update(self.service.handlers())
         self._register_task = asyncio.ensure_future(self._register_self())
         self.repairer = Repairer(self.service)
+        self.repairer.pool = self.member_pool()  # range servers may require TLS / a token
         self._repair_task = asyncio.ensure_future(self.repairer.run())
 
     def member_pool(self) -> ConnectionPool:
