@@ -181,7 +181,7 @@ class Repairer:
     async def repair(self, task: RepairTask) -> StreamMeta:
         """Copy ``task``'s range to its targets, then update PD (compare-and-set)."""
         metrics = self.service.metrics
-        log.info(
+        log.warning(
             "repairing stream %r range %d [%d, %d): replacing %s (%s) with %s",
             task.stream, task.range_index, task.start, task.end, list(task.missing),
             ", ".join(task.reasons), list(task.targets),
