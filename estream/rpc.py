@@ -18,6 +18,7 @@ Side effects: sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -49,6 +50,7 @@ from estream.protocol import (
 from estream.security import has_verified_peer_cert, token_matches
 
 log = logging.getLogger(__name__)
+tls_close_wait_s = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
 
 Header = dict[str, Any]
 Handler = Callable[[Header, bytes], Awaitable[tuple[Header | None, bytes]]]
@@ -61,6 +63,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.decoder = FrameDecoder()
         self.pending: dict[int, asyncio.Future[Frame]] = {}
         self.closed_error: EstreamError | None = None
+        self.lost = asyncio.Event()
         self._can_write = asyncio.Event()
         self._can_write.set()
 
@@ -87,6 +90,7 @@ class _ClientProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail_all(Unavailable(f"connection to {self.address} lost", address=self.address))
         self._can_write.set()
+        self.lost.set()
 
     def pause_writing(self) -> None:
         self._can_write.clear()
@@ -113,6 +117,7 @@ class RpcClient:
         self.address = address
         self._protocol = protocol
         self._ids = itertools.count(1)
+        self._tls = False
 
     @classmethod
     async def connect(
@@ -140,6 +145,7 @@ class RpcClient:
         except OSError as exc:
             raise Unavailable(f"cannot connect to {address}: {exc}", address=address) from None
         client = cls(address, protocol)
+        client._tls = ssl is not None
         if token is not None:
             try:
                 await client.call(Opcode.AUTH, {"token": token}, timeout_s=timeout_s)
@@ -196,6 +202,9 @@ class RpcClient:
         self._protocol._fail_all(Closed(f"connection to {self.address} closed"))
         if transport is not None and not transport.is_closing():
             transport.close()
+        if self._tls and transport is not None:  # let the TLS shutdown finish (bounded)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._protocol.lost.wait(), tls_close_wait_s)
 
 
 class ConnectionPool:

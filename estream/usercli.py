@@ -49,7 +49,34 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
         metavar="S",
         help="seconds to wait for PD when connecting (default 5)",
     )
+    _tls_options(common, defaults)
     return common
+
+
+def _tls_options(common: argparse.ArgumentParser, defaults: bool) -> None:
+    """--tls-ca, --tls-cert, --tls-key, --token-file (env ESTREAM_TLS_CA, ESTREAM_TLS_CERT,
+    ESTREAM_TLS_KEY, ESTREAM_TOKEN_FILE; the token itself also from ESTREAM_TOKEN)."""
+    for flag, metavar, text in (
+        ("--tls-ca", "PEM", "CA to verify the cluster with (turns TLS on)"),
+        ("--tls-cert", "PEM", "client certificate (mutual TLS)"),
+        ("--tls-key", "PEM", "its private key"),
+        ("--token-file", "FILE", "file whose first line is the token (or env ESTREAM_TOKEN)"),
+    ):
+        env = "ESTREAM_" + flag[2:].upper().replace("-", "_")
+        default = os.environ.get(env) if defaults else argparse.SUPPRESS
+        common.add_argument(flag, default=default, metavar=metavar, help=f"{text} (env {env})")
+
+
+def _security_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    """The SDK's security keyword arguments from the parsed options and ESTREAM_TOKEN."""
+    from estream.security import load_token_file
+
+    token = os.environ.get("ESTREAM_TOKEN") or None
+    token_file = getattr(ns, "token_file", None)
+    if token_file:
+        token = load_token_file(token_file)[0]
+    return {"tls_ca": getattr(ns, "tls_ca", None), "tls_cert": getattr(ns, "tls_cert", None),
+            "tls_key": getattr(ns, "tls_key", None), "token": token}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +108,7 @@ async def _run(handler: Handler, ns: argparse.Namespace) -> int:
 
     if not ns.pd:
         raise estream.Unavailable("no PD address given (--pd or ESTREAM_PD)")
-    client = await estream.connect(ns.pd, timeout_s=ns.timeout)
+    client = await estream.connect(ns.pd, timeout_s=ns.timeout, **_security_kwargs(ns))
     try:
         return await handler(client, ns)
     finally:

@@ -28,11 +28,13 @@ import pytest
 
 import estream
 from estream.errors import Unauthenticated, Unavailable
+from estream.pdclient import PDClient
 from estream.protocol import Opcode
 from estream.rpc import ConnectionPool, Header, RpcClient, RpcServer
 from estream.security import SecurityConfig, client_context, server_context
 from tests.harness.certs import Pki, make_pki
-from tests.harness.process import ManagedProcess, free_port
+from tests.harness.pd import PD_COMMAND
+from tests.harness.process import ESTREAM, ManagedProcess, free_port
 from tests.harness.rangeserver import start_rangeserver
 
 pytestmark = pytest.mark.integration
@@ -172,3 +174,174 @@ async def test_auth_on_an_open_server_is_accepted(pki: Pki) -> None:
         await client.close()
     finally:
         await server.close()
+
+
+# --- a real cluster: 3 PD nodes and 2 range servers, TLS only, tokens for clients ----------
+
+
+@dataclass
+class SecureCluster:
+    pki: Pki
+    pd: str  # RPC addresses, comma-separated
+    http: list[str]
+    servers: list[str]
+    processes: list[ManagedProcess]
+    token_file: Path
+
+
+def _https(url: str, pki: Pki, method: str = "GET", body: Any = None,
+           token: str | None = None) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    context = client_context(tls_ca=str(pki.ca))
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} within {timeout_s}s")
+
+
+@pytest.fixture(scope="module")
+def cluster(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
+    root = tmp_path_factory.mktemp("secure")
+    token_file = root / "tokens"
+    token_file.write_text(f"# first line: the members' cluster token\n{CLUSTER_TOKEN}\n{TOKEN}\n")
+    ports = [(free_port(HOST), free_port(HOST), free_port(HOST)) for _ in range(3)]
+    rafts = [f"{HOST}:{p[1]}" for p in ports]
+    # PD nodes take their security settings from the environment (flag > env > TOML).
+    env = {"ESTREAM_TLS_CERT": str(pki.server_cert), "ESTREAM_TLS_KEY": str(pki.server_key),
+           "ESTREAM_TLS_CA": str(pki.ca), "ESTREAM_TOKEN_FILE": str(token_file),
+           "ESTREAM_PD_PASSWORD": "raft-shared-secret"}
+    processes: list[ManagedProcess] = []
+    try:
+        for i, (rpc, _, http) in enumerate(ports):
+            args = [*PD_COMMAND, "--id", str(i + 1), "--listen", f"{HOST}:{rpc}",
+                    "--raft", rafts[i], "--peers", ",".join(r for r in rafts if r != rafts[i]),
+                    "--http", f"{HOST}:{http}", "--data-dir", str(root / f"pd{i + 1}")]
+            processes.append(ManagedProcess(args, root / f"pd{i + 1}.log", env=env).start())
+        pd = ",".join(f"{HOST}:{p[0]}" for p in ports)
+        http_urls = [f"https://{HOST}:{p[2]}" for p in ports]
+        # Range servers take theirs from flags.
+        flags = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
+                 "--tls-ca", str(pki.ca), "--token-file", str(token_file)]
+        servers = []
+        for i in range(2):
+            process, address = start_rangeserver(root / f"rs{i}", HOST, pd, extra_args=flags)
+            processes.append(process)
+            servers.append(address)
+        for i, (rpc, _, _) in enumerate(ports):
+            processes[i].wait_listening(f"{HOST}:{rpc}")
+
+        def registered() -> bool:
+            status, body = _https(http_urls[0] + "/v1/rangeservers", pki)
+            return status == 200 and sum(s["alive"] for s in body["rangeservers"]) == 2
+
+        _wait_for(registered, 30, "range servers did not register over mutual TLS")
+        yield SecureCluster(pki, pd, http_urls, servers, processes, token_file)
+    finally:
+        for process in processes:
+            process.stop()
+
+
+async def test_sdk_with_ca_and_token_appends_and_reads(cluster: SecureCluster) -> None:
+    async with await estream.connect(cluster.pd, tls_ca=str(cluster.pki.ca),
+                                     token=TOKEN) as client:
+        await client.create_stream("secure", replicas=2, ack_count=2)
+        async with await client.open_writer("secure") as writer:
+            offsets = [await writer.append(f"r{i}".encode()) for i in range(5)]
+        assert offsets == list(range(5))
+        values = [r.value async for r in client.read("secure", 0, 5)]
+        assert values == [f"r{i}".encode() for i in range(5)]
+        assert {s.address for s in await client.list_servers()} == set(cluster.servers)
+
+
+async def test_client_without_tls_is_refused(cluster: SecureCluster) -> None:
+    with pytest.raises(Unavailable):
+        await estream.connect(cluster.pd, timeout_s=1.5, token=TOKEN)
+    client = await RpcClient.connect(cluster.servers[0])
+    with pytest.raises(Unavailable):
+        await client.call(Opcode.LIST_RANGES, {}, timeout_s=3)
+    await client.close()
+
+
+async def test_client_without_or_with_a_wrong_token_gets_unauthenticated(
+        cluster: SecureCluster) -> None:
+    ca = str(cluster.pki.ca)
+    with pytest.raises(Unauthenticated):
+        await estream.connect(cluster.pd, tls_ca=ca, timeout_s=3)
+    with pytest.raises(Unauthenticated):
+        await estream.connect(cluster.pd, tls_ca=ca, token="wrong", timeout_s=3)
+    client = await RpcClient.connect(cluster.servers[0], ssl=client_context(tls_ca=ca))
+    try:
+        with pytest.raises(Unauthenticated):  # no ranges, no data
+            await client.call(Opcode.LIST_RANGES, {})
+        with pytest.raises(Unauthenticated):
+            await client.call(Opcode.READ, {"stream_id": 1, "range_index": 0, "offset": 0})
+    finally:
+        await client.close()
+
+
+async def test_members_authenticate_by_certificate_and_other_cas_are_refused(
+        cluster: SecureCluster) -> None:
+    pki = cluster.pki
+    member = client_context(tls_ca=str(pki.ca), tls_cert=str(pki.server_cert),
+                            tls_key=str(pki.server_key))
+    async with PDClient(cluster.pd, ssl=member, timeout_s=5) as pd:  # no token
+        assert len(await pd.list_servers()) == 2
+    impostor = client_context(tls_ca=str(pki.ca), tls_cert=str(pki.other_cert),
+                              tls_key=str(pki.other_key))
+    for address in [cluster.pd.split(",")[0], cluster.servers[0]]:
+        with pytest.raises(Unavailable):
+            client = await RpcClient.connect(address, ssl=impostor, timeout_s=3)
+            await client.call(Opcode.PD_REGISTER_SERVER, {"server_id": "evil", "address":
+                              "127.0.0.9:1", "storage_class": "ssd"}, timeout_s=3)
+    async with PDClient(cluster.pd, ssl=member) as pd:
+        assert "evil" not in {s.id for s in await pd.list_servers()}
+
+
+def test_admin_api_reads_are_open_writes_need_the_token(cluster: SecureCluster) -> None:
+    url = cluster.http[1]
+    pki = cluster.pki
+    assert _https(url + "/v1/streams", pki)[0] == 200
+    status, body = _https(url + "/v1/streams", pki, "POST", {"name": "admin-made"})
+    assert status == 401 and body["error"]["code"] == "UNAUTHENTICATED"
+    status, body = _https(url + "/v1/streams", pki, "POST", {"name": "admin-made"}, token="bad")
+    assert status == 401 and body["error"]["code"] == "UNAUTHENTICATED"
+    status, body = _https(url + "/v1/streams/admin-made", pki, "DELETE")
+    assert status == 401
+    status, body = _https(url + "/v1/streams", pki, "POST",
+                          {"name": "admin-made", "replicas": 2}, token=TOKEN)
+    assert status == 201 and body["name"] == "admin-made"
+    status, body = _https(url + "/v1/streams/admin-made", pki, "DELETE", token=TOKEN)
+    assert status == 200 and body == {"deleted": "admin-made"}
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: refused
+        urllib.request.urlopen(url.replace("https", "http") + "/v1/streams", timeout=5)
+
+
+def test_cli_uses_env_ca_and_token(cluster: SecureCluster) -> None:
+    import subprocess
+
+    env = {**os.environ, "ESTREAM_PD": cluster.pd, "ESTREAM_TLS_CA": str(cluster.pki.ca)}
+    env.pop("ESTREAM_TOKEN", None)
+    refused = subprocess.run([*ESTREAM, "stream", "list"], env=env, capture_output=True,
+                             text=True, timeout=30)
+    assert refused.returncode == 1 and "Unauthenticated" in refused.stderr
+    env["ESTREAM_TOKEN"] = TOKEN
+    ok = subprocess.run([*ESTREAM, "stream", "create", "from-cli", "--replicas", "2"], env=env,
+                        capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
