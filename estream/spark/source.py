@@ -14,6 +14,8 @@ Side effect: network calls to the estream cluster (PD and range servers).
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -167,18 +169,47 @@ def arrow_schema() -> pa.Schema:
 
 
 def to_arrow(stream: str, records: Sequence[Record], schema: pa.Schema) -> pa.RecordBatch:
-    """Records of one stream as one Arrow batch in the source's schema."""
+    """Records of one stream as one Arrow batch in the source's schema.
+
+    Column-wise and vectorised where Arrow allows it: this runs once per record read, and
+    converting nested Python lists (the headers map) is the slow part otherwise.
+    """
     n = len(records)
+    first = records[0].offset if n else 0
+    if n and records[-1].offset - first == n - 1:  # contiguous, as reads return them
+        offsets = pa.array(range(first, first + n), type=pa.int64())
+    else:
+        offsets = pa.array([r.offset for r in records], type=pa.int64())
+    millis = pa.array([r.timestamp for r in records], type=pa.int64())
+    timestamps = millis.cast(pa.timestamp("ms", tz="UTC")).cast(schema.field("timestamp").type)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([stream] * n, type=schema.field("stream").type),
-            pa.array([r.offset for r in records], type=pa.int64()),
-            pa.array([r.timestamp * 1000 for r in records], type=schema.field("timestamp").type),
-            pa.array([list(r.headers.items()) for r in records], type=schema.field("headers").type),
+            offsets,
+            timestamps,
+            headers_array(records, schema.field("headers").type),
             pa.array([r.value for r in records], type=pa.binary()),
         ],
         schema=schema,
     )
+
+
+def headers_array(records: Sequence[Record], map_type: pa.DataType) -> pa.Array:
+    """The headers column as a map array built from flat key and item lists."""
+    ends = [0]
+    keys: list[str] = []
+    items: list[str] = []
+    for record in records:
+        if record.headers:
+            keys.extend(record.headers.keys())
+            items.extend(record.headers.values())
+        ends.append(len(keys))
+    array = pa.MapArray.from_arrays(
+        pa.array(ends, type=pa.int32()),
+        pa.array(keys, type=pa.string()),
+        pa.array(items, type=pa.string()),
+    )
+    return array.cast(map_type)
 
 
 async def _chunks(
@@ -219,21 +250,61 @@ async def _chunks(
             yield chunk
 
 
+PREFETCH_BATCHES = 2  # Arrow batches read ahead while Spark consumes the current one
+_END = object()
+
+
 def read_partition(opts: SourceOptions, part: EstreamPartition) -> Iterator[pa.RecordBatch]:
-    """Drive :func:`_chunks` on a private event loop and yield Arrow batches."""
-    schema = arrow_schema()
-    loop = uvloop.new_event_loop()
-    agen = _chunks(opts, part)
+    """Yield the partition's records as Arrow batches, reading ahead.
+
+    A thread runs :func:`_chunks` on a private event loop and converts each chunk to
+    Arrow, at most ``PREFETCH_BATCHES`` ahead, so the range servers' work and the network
+    overlap with Spark consuming the batch already yielded. Errors are re-raised here.
+    """
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=PREFETCH_BATCHES)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        schema = arrow_schema()
+        loop = uvloop.new_event_loop()
+        agen = _chunks(opts, part)
+        try:
+            while True:
+                try:
+                    chunk = loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    break
+                if not put(to_arrow(part.stream, chunk, schema)):
+                    break
+            put(_END)
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            put(exc)
+        finally:
+            loop.run_until_complete(agen.aclose())
+            loop.close()
+
+    thread = threading.Thread(target=produce, name=f"estream-read-{part.stream}", daemon=True)
+    thread.start()
     try:
         while True:
-            try:
-                chunk = loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
+            item = ahead.get()
+            if item is _END:
                 return
-            yield to_arrow(part.stream, chunk, schema)
+            if isinstance(item, BaseException):
+                raise item
+            yield item
     finally:
-        loop.run_until_complete(agen.aclose())
-        loop.close()
+        stop.set()
+        thread.join(timeout=10)
 
 
 # ------------------------------------------------------------------------------ readers

@@ -96,6 +96,7 @@ def new_spark(app: str = "estream-tests") -> Any:
         SparkSession.builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
