@@ -9,7 +9,9 @@ cut off) must seal it before writing, at an end that keeps every acknowledged re
    replica that does not have the range (the old writer died between PD's seal_range and
    CREATE_RANGE) gets CREATE_RANGE at the new epoch instead, which fences it as well.
 2. **Choose the end** from at least :func:`~estream.quorum.seal_quorum` answers:
-   :func:`~estream.quorum.seal_end_offset` (the largest answered end).
+   :func:`~estream.quorum.seal_end_offset` (the largest answered end), unless a replica
+   answers that it is already sealed for good: then its end is final (the writer that
+   sealed it froze the end at its confirmed end before dying between SEAL and PD).
 3. **Copy** the records below the end from a replica that has them to the answered
    replicas that are short, until at least ``ack_count`` hold them
    (:func:`~estream.quorum.copy_targets`).
@@ -90,6 +92,7 @@ class RangeRecovery:
     copying: set[str] = field(default_factory=set)
     copied: set[str] = field(default_factory=set)
     done: bool = False
+    sealed_end: int | None = None
     _created: set[str] = field(default_factory=set)
 
     @classmethod
@@ -103,10 +106,14 @@ class RangeRecovery:
     def start(self) -> list[RecoveryEffect]:
         return [SendFence(r) for r in self.replicas]
 
-    def on_fence_answer(self, replica: str, end: int) -> list[RecoveryEffect]:
+    def on_fence_answer(self, replica: str, end: int, sealed: bool = False) -> list[RecoveryEffect]:
+        """``replica`` holds everything below ``end``; ``sealed``: it is already sealed for
+        good at ``end`` (a writer sealed it before dying, or an earlier recovery did)."""
         if self.end is not None or self.done:
             return []
         self.answers[replica] = end
+        if sealed:
+            self.sealed_end = end
         return self._decide_if_all_answered()
 
     def on_fence_error(self, replica: str, error: EstreamError) -> list[RecoveryEffect]:
@@ -154,8 +161,13 @@ class RangeRecovery:
                     )
                 )
             ]
+        if self.sealed_end is not None:
+            # A replica sealed for good is final: the writer that sealed it had frozen the
+            # end at its confirmed end, so every acknowledged record lies below it, and what
+            # other replicas hold beyond it was never acknowledged.
+            end = self.sealed_end
         self.end = end
-        source = max(self.answers, key=lambda r: (self.answers[r], r))
+        source = max(self.answers, key=lambda r: (min(self.answers[r], end), r))
         targets = copy_targets(self.answers, end, self.ack_count)
         self.copying = set(targets)
         if not targets:

@@ -163,12 +163,10 @@ class Writer:
                     )
             except EstreamError as exc:
                 return recovery.on_fence_error(replica, exc)
-            if body.get("sealed"):
-                # Already sealed for good (an earlier recovery got that far): its end is final.
-                end = body.get("end")
-            else:
-                end = body.get("end")
-            return recovery.on_fence_answer(replica, int(end if end is not None else rng.start))
+            end = body.get("end")
+            return recovery.on_fence_answer(
+                replica, int(end if end is not None else rng.start), bool(body.get("sealed"))
+            )
         if isinstance(effect, CopyRecords):
             try:
                 await self._copy(meta.id, rng.index, effect)

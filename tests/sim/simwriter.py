@@ -124,9 +124,9 @@ class SimWriter:
             if isinstance(e, SendFence):
                 self._call(
                     e.replica,
-                    lambda s, i=rng.index: s.seal(meta.id, i, self.epoch, None),
-                    lambda end, r=e.replica: self._recovery_effects(
-                        rec.on_fence_answer(r, end), meta, rng
+                    lambda s, i=rng.index: s.fence(meta.id, i, self.epoch),
+                    lambda answer, r=e.replica: self._recovery_effects(
+                        rec.on_fence_answer(r, *answer), meta, rng
                     ),
                     lambda err, r=e.replica: self._recovery_effects(
                         rec.on_fence_error(r, err), meta, rng

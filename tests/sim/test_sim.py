@@ -9,7 +9,8 @@ recovers the stream. After every step the invariants hold:
   catalog range covering it, held with its value by at least ``ack_count`` of its replicas
   (so a sealed range's end is at or beyond every acknowledged offset in it);
 - at most one writable (open) range per stream;
-- replicas of a range agree below their confirm offsets.
+- replicas of a range agree below their confirm offsets, and a replica sealed for good
+  is sealed at the end PD recorded.
 
 At the end, once faults heal, the surviving writer's appends all complete (liveness).
 
@@ -178,6 +179,10 @@ class Sim:
                 rep = self.servers[ref.id].replicas.get((meta.id, r.index))
                 if rep is None:
                     continue
+                if rep.sealed_end is not None and r.end is not None:
+                    assert rep.sealed_end == r.end, (
+                        f"range {r.index} sealed at {r.end} in PD, at {rep.sealed_end} on {ref.id}"
+                    )
                 upto = min(rep.confirm, rep.end, r.end if r.end is not None else rep.end)
                 prefixes.append(rep.values[: max(0, upto - rep.start)])
             if prefixes:

@@ -234,6 +234,11 @@ class SimRangeServer:
         rep.sealed_end = end
         return end
 
+    def fence(self, stream_id: int, range_index: int, epoch: int) -> tuple[int, bool]:
+        """SEAL without an end: ``(end, sealed)`` as the SEAL answer carries them."""
+        end = self.seal(stream_id, range_index, epoch, None)
+        return end, self._get(stream_id, range_index).sealed_end is not None
+
     def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
         rep = self._get(stream_id, range_index)
         if epoch < rep.epoch:

@@ -77,3 +77,19 @@ def test_a_replica_without_the_range_is_fenced_by_creating_it() -> None:
     rec2.on_fence_error("a", RangeNotFound())
     assert rec2.on_fence_error("a", RangeNotFound()) == []
     assert "a" in rec2.errors
+
+
+def test_a_replica_already_sealed_fixes_the_end() -> None:
+    # A writer froze the end at 52, sealed one replica and died before PD; another replica
+    # holds unacknowledged records up to 66: the end stays 52.
+    rec = RangeRecovery.of(("a", "b", "c"), 2)
+    rec.on_fence_answer("a", 52, sealed=True)
+    rec.on_fence_answer("b", 66)
+    # a and b hold [.., 52): ack_count copies, no copying needed; b is sealed at 52 too.
+    assert rec.on_fence_answer("c", 40) == [CommitSeal(52, ("a", "b"), ())]
+    # With the longer replica gone, the short one gets the tail from the sealed one.
+    rec = RangeRecovery.of(("a", "b", "c"), 2)
+    rec.on_fence_answer("a", 52, sealed=True)
+    rec.on_fence_error("b", Unavailable())
+    assert rec.on_fence_answer("c", 40) == [CopyRecords("a", "c", 40, 52)]
+    assert rec.on_copy_done("c") == [CommitSeal(52, ("a", "c"), ("b",))]
