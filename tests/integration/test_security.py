@@ -10,15 +10,17 @@ in-process over real loopback sockets; the cluster tests run real ``estream pd``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pickle
 import socket
 import ssl
-import sys
+import struct
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ from estream.pdclient import PDClient
 from estream.protocol import Opcode
 from estream.rpc import ConnectionPool, Header, RpcClient, RpcServer
 from estream.security import SecurityConfig, client_context, server_context
+from pd.commands import RegisterServer
+from pd.raft import RaftNode
 from tests.harness.certs import Pki, make_pki
 from tests.harness.pd import PD_COMMAND
 from tests.harness.process import ESTREAM, ManagedProcess, free_port
@@ -345,3 +349,67 @@ def test_cli_uses_env_ca_and_token(cluster: SecureCluster) -> None:
     ok = subprocess.run([*ESTREAM, "stream", "create", "from-cli", "--replicas", "2"], env=env,
                         capture_output=True, text=True, timeout=30)
     assert ok.returncode == 0, ok.stderr
+
+
+# --- the Raft port: pysyncobj's shared secret ------------------------------------------------
+
+
+def _raft_pair(tmp_path: Path, passwords: tuple[str, str]) -> list[RaftNode]:
+    addresses = [f"{HOST}:{free_port(HOST)}" for _ in range(2)]
+    return [RaftNode(addresses[i], [addresses[1 - i]], tmp_path / f"raft{i}",
+                     password=passwords[i]) for i in range(2)]
+
+
+async def _leader_within(nodes: list[RaftNode], timeout_s: float) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        leaders = {node.leader() for node in nodes} - {None}
+        if leaders:
+            return leaders.pop()
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def test_raft_peers_with_different_passwords_never_form_a_cluster(tmp_path: Path) -> None:
+    strangers = _raft_pair(tmp_path / "strangers", ("alpha-secret", "beta-secret"))
+    friends = _raft_pair(tmp_path / "friends", ("shared-secret", "shared-secret"))
+    try:
+        started = time.monotonic()
+        for node in [*strangers, *friends]:
+            node.start()
+        assert await _leader_within(friends, 8.0) is not None  # the control group
+        # At least 3 s (2+ election timeouts of at most 1.2 s) without a leader.
+        waited = time.monotonic() - started
+        assert await _leader_within(strangers, max(0.5, 3.0 - waited)) is None
+        assert all(node.status().role != "leader" for node in strangers)
+    finally:
+        for node in [*strangers, *friends]:
+            await asyncio.to_thread(node.close)
+
+
+async def test_raw_pickle_sent_to_the_raft_port_executes_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "owned"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str, str]]:
+            return (open, (str(marker), "w"))
+
+    address = f"{HOST}:{free_port(HOST)}"
+    node = RaftNode(address, [], tmp_path / "raft", password="the-cluster-secret")
+    node.start()
+    try:
+        await _leader_within([node], 8.0)
+        evil = pickle.dumps({"type": "append_entries", "entries": [Evil()]}, 2)
+        compressed = zlib.compress(evil)
+        for data in (evil, compressed, struct.pack("i", len(evil)) + evil,
+                     struct.pack("i", len(compressed)) + compressed):
+            with socket.create_connection(("127.0.0.1", int(address.rsplit(":", 1)[1])), 2) as s:
+                s.sendall(data)
+                s.settimeout(1.0)
+                with contextlib.suppress(OSError):
+                    s.recv(1024)  # the node drops the connection (or stays silent)
+        assert not marker.exists()
+        served = await node.propose(RegisterServer("rs-after", "127.0.0.1:1", "ssd"))
+        assert served is not None and not marker.exists()
+    finally:
+        await asyncio.to_thread(node.close)
