@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 follow_wait_ms: Final = 1_000  # one long poll at the range server
 read_rounds_max: Final = 5  # rounds over every replica (metadata refreshed between)
+follow_rounds_max: Final = 60  # a tailing reader waits out a roll or a restart (~30 s)
 sealed_wait_s: Final = 0.02  # replicas sealed, PD not yet: wait before asking again
 
 
@@ -158,9 +159,9 @@ async def read_stream(
             answer = _RangeRead([], False, None)
         except EstreamError:
             failures += 1
-            if failures >= read_rounds_max:
+            if failures >= (follow_rounds_max if follow else read_rounds_max):
                 raise
-            await asyncio.sleep(0.05 * failures)
+            await asyncio.sleep(min(0.05 * failures, 0.5))
             meta = await client.stream_meta(name, refresh=True)
             continue
         failures = 0
