@@ -329,3 +329,42 @@ def test_killed_driver_restarts_without_loss_or_repeat(
     assert query.awaitTermination(QUERY_TIMEOUT_S)
     assert query.exception() is None
     assert sorted(sink_values(estream_pd, "kill_out")) == data
+
+
+def test_sink_commit_resumes_a_half_appended_batch_and_skips_a_committed_one(
+    estream_pd: str,
+) -> None:
+    """The driver-side commit against a real stream, without Spark: a driver that died
+    after appending part of batch 7 (its records are in the stream, with markers), then
+    the replay of batch 7 (rows in another order), then a second replay."""
+    import asyncio
+
+    from estream.spark.commit import make_row, record_headers
+    from estream.spark.options import SinkOptions
+    from estream.spark.sink import commit_rows
+
+    create_stream(estream_pd, "resume_out")
+    opts = SinkOptions.parse({"pd": estream_pd, "stream": "resume_out", "sinkId": "q"})
+    rows = [make_row(v, {"n": str(i % 3)}) for i, v in enumerate(values("r", 10))]
+    prefix = rows[:4]
+    append(estream_pd, "resume_out", [b"before"])  # someone else's record, earlier
+    import estream
+    from estream.record import Record
+
+    async def half_append() -> None:
+        async with await estream.connect(estream_pd) as client:
+            async with await client.open_writer("resume_out") as writer:
+                await writer.append_batch(
+                    [Record(r[0], record_headers(r, "q", 7, i, 10)) for i, r in enumerate(prefix)]
+                )
+
+    asyncio.run(half_append())
+    assert asyncio.run(commit_rows(opts, 7, list(reversed(rows)))) == 6
+    assert asyncio.run(commit_rows(opts, 7, rows)) == 0  # committed: a replay is skipped
+    assert asyncio.run(commit_rows(opts, 6, rows)) == 0  # an older batch is skipped too
+    records = read_all(estream_pd, "resume_out")
+    assert records[0].value == b"before"
+    assert sorted(make_row(r.value, r.headers) for r in records[1:]) == sorted(rows)
+    markers = [parse_marker(r.headers) for r in records[1:]]
+    assert [m.seq for m in markers if m] == list(range(10))
+    assert asyncio.run(commit_rows(opts, 8, rows[:2])) == 2
