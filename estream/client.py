@@ -115,6 +115,7 @@ class Client:
         )
         writer = await Writer.open(self, name, config)
         self._streams[name] = writer.stream
+        self._writers = [w for w in self._writers if not w.closed]
         self._writers.append(writer)
         return writer
 

@@ -325,6 +325,10 @@ class Writer:
                 task.cancel()
             self._fail_all(Closed("the writer is closed"))
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def __aenter__(self) -> Writer:
         return self
 
