@@ -696,7 +696,8 @@ class Writer:
         try:
             return await pool.call(address, opcode, header, payload, timeout_s=timeout_s)
         except Timeout:
-            pool.discard(address)
+            if opcode == Opcode.APPEND:
+                pool.discard(address)  # a stuck connection: reconnect for the next range
             raise
 
     async def _rpc_address(self, address: str, opcode: Opcode, header: dict[str, Any]) -> None:
