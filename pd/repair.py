@@ -16,6 +16,10 @@ alive, reports it short for less (the writer that      UNAVAILABLE  neither
 alive, reports nothing about it                        HEALTHY      a copy source
 ====================================================  ===========  =================
 
+A short, open replica on a live server is healed in place first (target = its own server: the
+missing tail is copied and it is sealed; placement does not change); only if that failed
+(``avoid``) is it replaced like the others.
+
 Range servers report only problem replicas in their heartbeat load (``problem_replicas``:
 damaged, sealed short, or open; see ``rangeserver/replica.py``), so "reports nothing" means
 it holds the replica sealed and whole. A range with MISSING replicas gets one
@@ -266,6 +270,15 @@ def _needs(
     return out
 
 
+def _open_report(
+    servers: Mapping[str, ServerState], server_id: str, stream: StreamMeta, rng: RangeMeta
+) -> bool:
+    """The server reports its replica open (a sealed one accepts no appends)."""
+    server = servers.get(server_id)
+    report = server.reports.get((stream.id, rng.index)) if server is not None else None
+    return report is not None and not report.sealed
+
+
 def _candidates(servers: Mapping[str, ServerState]) -> dict[str, Candidate]:
     return {
         s.id: Candidate(s.id, s.storage_class, s.alive, s.ranges, s.bytes)
@@ -321,18 +334,28 @@ def plan_repairs(
         if not need.healthy:
             skipped.append(Skipped(stream.name, stream.id, rng.index, "no healthy source"))
             continue
-        excluded = {r.id for r in rng.replicas} | set(avoid.get((stream.id, rng.index), ()))
+        avoided = set(avoid.get((stream.id, rng.index), ()))
+        # A short replica on a live server is healed in place (its tail copied, then
+        # sealed): cheaper, no placement change, and possible with no spare server.
+        in_place = [
+            (m, r) for m, r in zip(need.missing, need.reasons, strict=True)
+            if r == REASON_SHORT and m not in avoided and _open_report(servers, m, stream, rng)
+        ]
+        moved = [(m, r) for m, r in zip(need.missing, need.reasons, strict=True)
+                 if (m, r) not in in_place]
+        excluded = {r.id for r in rng.replicas} | avoided
         eligible = [c for c in candidates.values() if c.alive and c.id not in excluded]
-        count = min(len(need.missing), len(eligible))
-        if count == 0:
+        count = min(len(moved), len(eligible))
+        if count + len(in_place) == 0:
             skipped.append(Skipped(stream.name, stream.id, rng.index, "no target"))
             continue
-        targets = choose_replicas(eligible, count, hints=stream.hints)
+        targets = choose_replicas(eligible, count, hints=stream.hints) if count else ()
         for t in targets:  # spread this round's copies over the servers
             candidates[t] = replace(candidates[t], ranges=candidates[t].ranges + 1)
+        chosen = moved[:count] + in_place
         tasks.append(RepairTask(
             stream.name, stream.id, rng.index, rng.start, rng.end or rng.start, stream.epoch,
-            tuple(r.id for r in rng.replicas), need.missing[:count], need.reasons[:count],
-            targets, need.healthy,
+            tuple(r.id for r in rng.replicas), tuple(m for m, _ in chosen),
+            tuple(r for _, r in chosen), targets + tuple(m for m, _ in in_place), need.healthy,
         ))
     return RepairPlan(tuple(tasks), tuple(skipped), deferred)

@@ -14,7 +14,10 @@ overwrite a newer placement). Copying one range to one target::
         CREATE_RANGE target (start, first batch's epoch) once, APPEND each batch as is
         (same range index and epoch; duplicates are acknowledged, so a retry after a
         crash midway resumes), next source on any source error or short answer
+        (an existing replica fenced at a newer epoch gets the batches restamped to it)
     SEAL target (stream epoch, end)
+
+A short open replica healed in place is its own target; its placement does not change.
 
 Side effects: network (range servers through a :class:`ConnectionPool`, PD through Raft).
 """
@@ -32,7 +35,7 @@ from estream import limits
 from estream.errors import Conflict, EstreamError, OffsetGap, RangeNotFound, Timeout
 from estream.meta import StreamMeta
 from estream.protocol import Opcode
-from estream.record import BatchHeader, iter_batches, verify_batch
+from estream.record import BatchHeader, iter_batches, restamp, verify_batch
 from estream.rpc import ConnectionPool, Header
 from pd.repair import (
     RangeKey,
@@ -77,6 +80,7 @@ class _Copy:
     target: str  # address
     offset: int
     created: bool
+    epoch: int = 0  # the target replica's epoch: older batches are restamped up to it
     copied_bytes: int = 0
 
     @property
@@ -191,8 +195,11 @@ class Repairer:
             for target in task.targets:
                 copied = await self.copy(task, target)
                 metrics.count(REPAIR_BYTES_TOTAL, REPAIR_BYTES_HELP, copied)
-            stream = await self.service.update_replicas(
-                task.stream, task.range_index, task.new_replicas, expected=task.replicas)
+            if task.new_replicas == task.replicas:  # healed in place: placement unchanged
+                stream = self.service.view().stream(task.stream)
+            else:
+                stream = await self.service.update_replicas(
+                    task.stream, task.range_index, task.new_replicas, expected=task.replicas)
         except _TargetFailed as exc:
             self.avoid.setdefault(task.key, set()).add(target)
             return self._failed(task, exc.cause, f"target {target}")
@@ -224,7 +231,8 @@ class Repairer:
         if state is not None and state.get("sealed"):
             return 0  # an earlier attempt finished the copy
         have = int(state["end"]) if state is not None else task.start
-        copy = _Copy(task, target, have, created=state is not None)
+        copy = _Copy(task, target, have, created=state is not None,
+                     epoch=int(state.get("epoch", 0)) if state is not None else 0)
         last: EstreamError = Timeout("no source to copy from")
         for source_id in task.sources:
             if copy.offset >= task.end:
@@ -305,7 +313,12 @@ class Repairer:
             # The replica's epoch must not exceed the batches' (older epochs are stale).
             await self._target(copy, Opcode.CREATE_RANGE,
                                {**copy.ids, "start": copy.task.start, "epoch": header.epoch})
-            copy.created = True
+            copy.created, copy.epoch = True, header.epoch
+        if header.epoch < copy.epoch:
+            # Healing in place a replica a recovery fenced at a newer epoch: the same
+            # records under its epoch (as the writer's own heal does).
+            batch = memoryview(restamp(batch, range_index=header.range_index,
+                                       epoch=copy.epoch, confirm_offset=header.confirm_offset))
         await self._target(copy, Opcode.APPEND, {"deferred": False}, batch)
         copy.offset = header.end_offset
         copy.copied_bytes += len(batch)

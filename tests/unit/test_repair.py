@@ -76,8 +76,12 @@ CASES = [
          [], []),
     Case("alive, reported damaged: no grace", cluster(b=up("b", reports=report(100, damaged=True))),
          {}, [(("b",), ("damaged",), ("d",))], []),
-    Case("short for longer than the grace period", cluster(c=up("c", reports=report(60))),
-         {("c", 1, 0): NOW - GRACE}, [(("c",), ("short",), ("d",))], []),
+    Case("short for longer than the grace period: healed in place",
+         cluster(c=up("c", reports=report(60))),
+         {("c", 1, 0): NOW - GRACE}, [(("c",), ("short",), ("c",))], []),
+    Case("short, no spare server: still healed in place",
+         {**cluster(c=up("c", reports=report(60))), "d": dead("d", 1)},
+         {("c", 1, 0): NOW - GRACE}, [(("c",), ("short",), ("c",))], []),
     Case("short only recently (the writer may heal it)", cluster(c=up("c", reports=report(60))),
          {("c", 1, 0): NOW - 1}, [], []),
     Case("sealed short counts too", cluster(c=up("c", reports=report(60, sealed=True))),
@@ -106,7 +110,8 @@ def test_plan_table(case: Case) -> None:
     assert got == case.want
     assert [s.reason for s in plan.skipped] == case.skipped
     for t in plan.tasks:
-        assert set(t.targets).isdisjoint(r.id for r in SEALED.replicas)
+        moved = [g for m, g in zip(t.missing, t.targets, strict=True) if m != g]
+        assert set(moved).isdisjoint(r.id for r in SEALED.replicas)
         assert set(t.sources).isdisjoint(t.missing)
         assert len(set(t.new_replicas)) == len(t.new_replicas) == 3
         assert (t.start, t.end, t.epoch, t.replicas) == (0, 100, 5, ("a", "b", "c"))
@@ -144,6 +149,14 @@ def test_busy_ranges_and_avoided_targets() -> None:
     assert plan_repairs([stream(SEALED)], servers, NOW, busy={(1, 0)}).tasks == ()
     plan = plan_repairs([stream(SEALED)], servers, NOW, avoid={(1, 0): {"d"}})
     assert [t.targets for t in plan.tasks] == [("e",)]
+
+
+def test_short_replica_whose_heal_in_place_failed_is_replaced() -> None:
+    servers = cluster(c=up("c", reports=report(60)))
+    plan = plan_repairs([stream(SEALED)], servers, NOW, short_since={("c", 1, 0): 0},
+                        avoid={(1, 0): {"c"}})
+    assert [(t.missing, t.targets, t.new_replicas) for t in plan.tasks] == [
+        (("c",), ("d",), ("a", "b", "d"))]
 
 
 def test_hints_prefer_a_target_of_that_storage_class() -> None:
