@@ -32,6 +32,9 @@ CORE_MODULES = [
     "pd/repair.py",
     "rangeserver/replica.py",
     "rangeserver/walformat.py",
+    "estream/spark/planning.py",
+    "estream/spark/commit.py",
+    "estream/spark/options.py",
 ]
 
 FORBIDDEN = {
