@@ -6,6 +6,8 @@
    (READ opcode, directly), while ``/metrics`` counts the repair.
 2. A flipped byte in a stopped server's segment file: on restart its replica is damaged
    (found by the log scan, or by the first read of it), and PD repairs it elsewhere.
+3. A replica left short and open by a seal (paused, then killed, back after its writer
+   closed) is healed in place: its tail copied and sealed, placement unchanged.
 """
 
 from __future__ import annotations
@@ -145,3 +147,38 @@ async def test_flipped_byte_replica_is_damaged_and_repaired(cluster: ChaosCluste
         assert await wait_fully_replicated(cluster.pd_url(), "repair-flip", 10.0) == []
         values = [r.value async for r in client.read("repair-flip", 0)]
         assert values[:records_per_phase] == [v for _, v in copied]
+
+
+async def test_short_replica_left_by_a_seal_is_healed_in_place(cluster: ChaosCluster) -> None:
+    import estream
+    from tests.harness.repair import describe_replica
+
+    async with await estream.connect(cluster.pd, timeout_s=10.0) as client:
+        await client.create_stream("repair-short", replicas=3, ack_count=2)
+        async with await client.open_writer("repair-short") as writer:
+            for i in range(records_per_phase):
+                await writer.append(b"s%05d" % i)
+            first = cluster.describe("repair-short")["ranges"][0]
+            victim = cluster.server(first["replicas"][0]["address"])
+            victim.pause()  # misses what follows; past the chase bound the writer seals
+            for i in range(records_per_phase):  # range 0 at its confirmed end and rolls
+                await writer.append(b"t%05d" % i)
+            await writer.flush()
+            victim.kill9()
+        # The writer is gone (its own heal with it): the victim returns short and open.
+        stream = cluster.describe("repair-short")
+        r0 = stream["ranges"][0]
+        victim.start()
+        await asyncio.to_thread(cluster.wait_servers_alive)
+        before = await describe_replica(victim.address, stream["id"], 0)
+        assert not before["sealed"] and before["end"] < r0["end"], (before, r0)
+        left = await wait_fully_replicated(cluster.pd_url(), "repair-short", repair_timeout_s)
+        assert left == [], left
+        after = cluster.describe("repair-short")["ranges"][0]
+        assert after["replicas"] == r0["replicas"]  # healed in place: placement unchanged
+        healed = await describe_replica(victim.address, stream["id"], 0)
+        assert healed["sealed"] and healed["sealed_end"] == r0["end"], healed
+        copied = await cluster.replica_entries(victim.address, stream["id"], 0, 0)
+        assert [o for o, _ in copied] == list(range(r0["end"]))
+        assert [v for _, v in copied] == [
+            r.value async for r in client.read("repair-short", 0, r0["end"])]
