@@ -184,8 +184,12 @@ def client_context(
 
 
 def member_client_context(config: SecurityConfig) -> ssl.SSLContext | None:
-    """The context a cluster member (a range server calling PD) connects with."""
-    if config.tls_ca is None and config.tls_cert is None:
+    """The context a cluster member (a range server calling PD) connects with.
+
+    A member that serves plain TCP calls plain TCP too (a cluster is TLS or not), so a
+    stray ``ESTREAM_TLS_CA`` in the environment does not make it speak TLS to plain peers.
+    """
+    if config.tls_cert is None:
         return None
     return client_context(tls_ca=config.tls_ca, tls_cert=config.tls_cert,
                           tls_key=config.tls_key)

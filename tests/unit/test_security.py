@@ -14,6 +14,7 @@ from estream.security import (
     client_context,
     is_loopback,
     load_token_file,
+    member_client_context,
     parse_tokens,
     raft_password,
     token_matches,
@@ -21,6 +22,7 @@ from estream.security import (
 from pd.cli import parse_config
 from pd.http import needs_token
 from pd.openapi import OPENAPI
+from rangeserver.cli import main as rangeserver_main
 
 
 def test_parse_tokens_skips_blanks_and_comments() -> None:
@@ -148,3 +150,22 @@ def test_pd_bad_security_flags_exit_2_with_one_line(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("estream pd: error: ")
+
+
+def test_member_context_follows_the_member_s_own_tls(tmp_path: Path) -> None:
+    assert member_client_context(SecurityConfig(tls_ca=str(tmp_path / "ca.pem"))) is None
+
+
+@pytest.mark.parametrize("extra", [
+    ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"],
+    ["--tls-key", "/nonexistent.key"],
+    ["--token-file", "/nonexistent-tokens"],
+])
+def test_rangeserver_bad_security_flags_exit_2_with_one_line(
+        extra: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        rangeserver_main(["--listen", "127.0.0.1:0", "--data-dir", str(tmp_path), *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("estream rangeserver: error: ")
+    assert not any(tmp_path.iterdir())  # refused before touching the data dir
