@@ -206,7 +206,8 @@ def test_partitions_cover_the_span_exactly_once() -> None:
     st.integers(1, 50),
 )
 def test_partitions_property(sizes: list[int], a: int, b: int, records_max: int) -> None:
-    bounds, lo = [], 0
+    bounds: list[tuple[int, int | None, tuple[str, ...]]] = []
+    lo = 0
     for size in sizes:
         bounds.append((lo, lo + size, ("x", "y", "z")))
         lo += size
