@@ -70,6 +70,9 @@ class SimWriter:
         err: Callable[[EstreamError], None],
         timeout_ms: int = 300,
     ) -> None:
+        if self.dead:
+            return  # a crashed writer sends nothing more (scheduled retries included)
+
         def guard_ok(result: Any) -> None:
             if not self.dead:
                 ok(result)
