@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from contextvars import ContextVar
 from ssl import SSLContext
 from typing import Any, cast
 
@@ -265,6 +266,28 @@ class ConnectionPool:
             await client.close()
 
 
+_serving: ContextVar[_ServerProtocol | None] = ContextVar("estream_rpc_serving", default=None)
+_granted: ContextVar[int] = ContextVar("estream_rpc_granted", default=0)
+_answer_poll_s = 0.01  # how often a waiting answer re-checks buffers that drain silently
+
+
+async def answer_allowance(wanted: int) -> int:
+    """Bytes a handler may put in its answer now (at most ``wanted``), for handlers whose
+    answers are large (READ). Call it after any long poll, before loading data.
+
+    While the peer does not read its earlier answers, this waits: the unsent and granted
+    answer bytes stay within ``answer_bytes_max`` per connection and
+    ``server_answer_bytes_max`` per server, so stalled consumers cannot grow the server's
+    memory; a consumer that stopped reading is disconnected once it holds the server's
+    budget (see :meth:`RpcServer.evict_stalled`). Outside a server request it grants
+    ``wanted``.
+    """
+    connection = _serving.get()
+    if connection is None:
+        return wanted
+    return await connection.reserve_answer(wanted)
+
+
 class _ServerProtocol(asyncio.Protocol):
     def __init__(self, server: RpcServer) -> None:
         self.server = server
@@ -275,6 +298,10 @@ class _ServerProtocol(asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.reserved_bytes = 0  # answer bytes granted and not yet written
+        self.room = asyncio.Event()
+        self._unsent_seen = 0
+        self._progress_at = 0.0
         self.authenticated = not server.tokens  # without tokens every connection is served
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -291,7 +318,58 @@ class _ServerProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writable.set()
+        self.room.set()
         self._update_reading()
+
+    async def reserve_answer(self, wanted: int) -> int:
+        """See :func:`answer_allowance`."""
+        smallest = min(wanted, limits.answer_grant_bytes_min)
+        while True:
+            transport = self.transport
+            if transport is None or transport.is_closing():
+                raise Closed("connection closed")
+            room = min(
+                self.server.answer_bytes_max - self.answer_bytes(),
+                self.server.answer_room(),
+            )
+            if self.writable.is_set() and room >= smallest:
+                grant = min(wanted, room)
+                self.reserved_bytes += grant
+                self.server.reserved_bytes += grant
+                _granted.set(_granted.get() + grant)
+                return grant
+            if self.writable.is_set():
+                self.server.evict_stalled(now=asyncio.get_running_loop().time())
+            self.room.clear()
+            try:
+                await asyncio.wait_for(self.room.wait(), _answer_poll_s)
+            except TimeoutError:
+                pass
+
+    def answer_bytes(self) -> int:
+        """Answer bytes granted, or written and not yet sent, on this connection."""
+        transport = self.transport
+        unsent = 0 if transport is None else transport.get_write_buffer_size()
+        return unsent + self.reserved_bytes
+
+    def stalled_since(self, now: float) -> float | None:
+        """When this connection's unsent answers last shrank (None: nothing unsent)."""
+        unsent = self.answer_bytes() - self.reserved_bytes
+        if unsent == 0:
+            self._unsent_seen, self._progress_at = 0, now
+            return None
+        if unsent < self._unsent_seen or self._unsent_seen == 0:
+            self._progress_at = now
+        self._unsent_seen = unsent
+        return self._progress_at
+
+    def _release_answer(self) -> None:
+        granted = _granted.get()
+        if granted:
+            self.reserved_bytes -= granted
+            self.server.reserved_bytes -= granted
+            _granted.set(0)
+            self.room.set()
 
     def _update_reading(self) -> None:
         """Read only while the requests being served and the unsent answers are bounded."""
@@ -373,6 +451,7 @@ class _ServerProtocol(asyncio.Protocol):
             self.transport.close()
 
     async def _serve(self, frame: Frame, size: int) -> None:
+        _serving.set(self)
         try:
             if not self.writable.is_set():
                 await self.writable.wait()  # answers wait until the peer reads earlier ones
@@ -394,6 +473,7 @@ class _ServerProtocol(asyncio.Protocol):
             self.inflight_bytes -= size
             self._update_reading()
         self._reply(out)
+        self._release_answer()
 
     def _reply(self, parts: list[bytes | memoryview]) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -415,6 +495,9 @@ class RpcServer:
         name: str = "estream",
         inflight_bytes_max: int = limits.connection_inflight_bytes_max,
         write_buffer_bytes_max: int = limits.connection_write_buffer_bytes_max,
+        answer_bytes_max: int = limits.connection_answer_bytes_max,
+        server_answer_bytes_max: int = limits.server_answer_bytes_max,
+        stalled_ms_max: int = limits.connection_stalled_ms_max,
         ssl: SSLContext | None = None,
         tokens: Collection[str] = (),
     ) -> None:
@@ -426,6 +509,10 @@ class RpcServer:
         self.name = name
         self.inflight_bytes_max = inflight_bytes_max
         self.write_buffer_bytes_max = write_buffer_bytes_max
+        self.answer_bytes_max = answer_bytes_max
+        self.server_answer_bytes_max = server_answer_bytes_max
+        self.stalled_ms_max = stalled_ms_max
+        self.reserved_bytes = 0  # answer bytes granted on every connection
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_ServerProtocol] = set()
         self.address = ""
@@ -443,6 +530,21 @@ class RpcServer:
     @property
     def connection_count(self) -> int:
         return len(self._connections)
+
+    def answer_room(self) -> int:
+        """Answer bytes the whole server may still grant (unsent + granted is bounded)."""
+        unsent = sum(c.answer_bytes() - c.reserved_bytes for c in self._connections)
+        return self.server_answer_bytes_max - unsent - self.reserved_bytes
+
+    def evict_stalled(self, now: float) -> None:
+        """Disconnect consumers whose unsent answers made no progress for
+        ``stalled_ms_max``: one that stopped reading must not hold the answer budget."""
+        for connection in list(self._connections):
+            since = connection.stalled_since(now)
+            if since is not None and (now - since) * 1000 > self.stalled_ms_max:
+                log.warning("%s: disconnecting a consumer that stopped reading", self.name)
+                if connection.transport is not None:
+                    connection.transport.abort()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -480,6 +582,7 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 __all__ = [
     "ConnectionPool",
+    "answer_allowance",
     "Handler",
     "Header",
     "MalformedFrame",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -377,10 +378,13 @@ class Store:
         max_bytes: int = limits.read_bytes_max,
         wait_ms: int = 0,
         unconfirmed: bool = False,
+        allowance: Callable[[int], Awaitable[int]] | None = None,
     ) -> tuple[int, bool, bytes]:
         """Whole batches from the one holding ``offset`` up to the readable end: answers
         ``(readable end, sealed, payload)``. With ``wait_ms`` and nothing readable at
-        ``offset``, waits until something is, the range is sealed, or the deadline."""
+        ``offset``, waits until something is, the range is sealed, or the deadline.
+        ``allowance`` (the connection's answer budget) may lower ``max_bytes`` once there
+        is something to answer; at least one batch is always answered."""
         key = (stream_id, range_index)
         state = self._get(*key)
         if offset < state.start:
@@ -405,6 +409,8 @@ class Store:
             )
         if offset >= end:
             return end, state.sealed, b""
+        if allowance is not None:
+            max_bytes = await allowance(max_bytes)
         chosen = self.indexes[key].select(offset, end, max(1, max_bytes), partial_last=state.sealed)
         payload = await self._load(key, chosen)
         return end, state.sealed, payload

@@ -29,6 +29,7 @@ from estream.rpc import (
     Header,
     RpcClient,
     RpcServer,
+    answer_allowance,
     optional,
     parse_address,
     parse_addresses,
@@ -377,3 +378,56 @@ def test_require_and_optional() -> None:
     with pytest.raises(InvalidArgument):
         optional(header, "s", int, 7)
 
+
+
+async def test_stalled_consumer_is_bounded_then_evicted_when_others_need_the_budget(
+    clients: list[RpcClient],
+) -> None:
+    """A peer that pipelines requests and never reads its answers gets at most the
+    connection's answer budget produced for it; once another connection needs the
+    server's budget, the stalled one is disconnected and the other is answered."""
+    granted: list[int] = []
+
+    async def big(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        n = await answer_allowance(1 << 20)
+        granted.append(n)
+        return {}, b"x" * n
+
+    server = RpcServer(
+        {Opcode.READ: big},
+        name="test",
+        answer_bytes_max=256 << 10,
+        server_answer_bytes_max=512 << 10,
+        stalled_ms_max=300,
+    )
+    address = await server.start(HOST, 0)
+    try:
+        import socket
+
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(parse_address(address))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
+        for i in range(1, 200):
+            writer.write(encode_frame_bytes(Opcode.READ, i))
+        await writer.drain()
+        await asyncio.sleep(0.5)  # the server produces what the budget allows, then waits
+        assert granted and max(granted) <= 256 << 10
+        assert len(granted) < 199, "answers must stop while the peer does not read"
+        healthy = await connect(clients, address)
+        _, answer = await healthy.call(Opcode.READ, {}, timeout_s=10.0)
+        assert 0 < len(answer) <= 256 << 10
+        eof = await asyncio.wait_for(_drain_until_eof(reader), 10.0)
+        assert eof, "the stalled consumer is disconnected"
+        writer.close()
+    finally:
+        await server.close()
+
+
+async def _drain_until_eof(reader: asyncio.StreamReader) -> bool:
+    try:
+        while await reader.read(1 << 16):
+            pass
+    except ConnectionError:
+        pass
+    return True
