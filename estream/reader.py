@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from estream import limits
-from estream.errors import EstreamError, OffsetOutOfRange, Unavailable
+from estream.errors import EstreamError, OffsetOutOfRange, RangeNotFound, Unavailable
 from estream.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.protocol import Opcode
 from estream.record import Record, decode_batch, iter_batches
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from estream.client import Client
 
 follow_wait_ms: Final = 1_000  # one long poll at the range server
+unheld_poll_pause_s: Final = 0.05  # pause when a follow poll came back at once and empty
 read_rounds_max: Final = 5  # rounds over every replica (metadata refreshed between)
 follow_rounds_max: Final = 60  # a tailing reader waits out a roll or a restart (~30 s)
 sealed_wait_s: Final = 0.02  # replicas sealed, PD not yet: wait before asking again
@@ -99,6 +100,7 @@ async def _read_range(
         "unconfirmed": False,
     }
     timeout_s = wait_ms / 1000 + limits.request_timeout_ms / 1000
+    not_created = 0
     for ref in replica_order(rng, preferred):
         try:
             body, payload = await client.pool.call(
@@ -107,6 +109,10 @@ async def _read_range(
             records = decode_answer(payload, offset, end)
         except OffsetOutOfRange:
             raise
+        except RangeNotFound as exc:
+            not_created += 1  # no writer has created this replica yet: it holds nothing
+            last = exc
+            continue
         except EstreamError as exc:
             last = exc
             continue
@@ -116,6 +122,8 @@ async def _read_range(
         sealed = bool(body.get("sealed"))
         sealed_end = body.get("end") if sealed else None
         return _RangeRead(records, sealed, None if sealed_end is None else int(sealed_end))
+    if rng.end is None and not_created == len(rng.replicas) and rng.replicas:
+        return _RangeRead([], False, None)  # an open range never written to: empty
     raise last or Unavailable(f"range {rng.index} has no replica")
 
 
@@ -185,7 +193,7 @@ async def read_stream(
             continue
         if follow:
             if time.monotonic() - asked_s < wait_ms / 2000:
-                await asyncio.sleep(0.005)  # the server did not hold the poll: do not spin
+                await asyncio.sleep(unheld_poll_pause_s)  # the server did not hold the poll
             continue  # long-poll again
         return  # the open range has nothing more confirmed
 

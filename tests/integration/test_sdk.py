@@ -102,6 +102,29 @@ async def test_follower_reads_while_the_writer_appends(cluster: Cluster) -> None
         await writer.close()
 
 
+async def test_never_written_stream_reads_empty_and_a_follower_waits_for_the_writer(
+    cluster: Cluster,
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("fresh")
+        assert [r async for r in client.read("fresh")] == []
+        assert await client.end_offset("fresh") == 0
+        seen: list[bytes] = []
+
+        async def follow() -> None:
+            async for record in client.read("fresh", follow=True):
+                seen.append(record.value)
+                return
+
+        follower = asyncio.ensure_future(follow())
+        await asyncio.sleep(0.3)  # the follower polls a range no writer created yet
+        assert not follower.done()
+        async with await client.open_writer("fresh") as writer:
+            await writer.append(b"first")
+        await asyncio.wait_for(follower, 10)
+        assert seen == [b"first"]
+
+
 async def test_killed_writer_process_then_recovery_keeps_every_acknowledged_record(
     cluster: Cluster, tmp_path: Path
 ) -> None:
