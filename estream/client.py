@@ -19,8 +19,8 @@ from estream.errors import Closed, EstreamError, Unauthenticated, Unavailable
 from estream.meta import ServerInfo, StreamMeta
 from estream.pdclient import PDClient
 from estream.rangewriter import WriterConfig
-from estream.reader import read_stream, stream_end_offset
-from estream.record import Record
+from estream.reader import read_stream, read_stream_batches, stream_end_offset
+from estream.record import BatchColumns, Record
 from estream.rpc import ConnectionPool
 from estream.security import client_context
 from estream.writer import Writer
@@ -131,6 +131,21 @@ class Client:
         """Records with offsets in ``[start, end)``; see :mod:`estream.reader`."""
         self._check_open()
         return read_stream(self, name, start, end, follow, replica)
+
+    def read_batches(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        follow: bool = False,
+        *,
+        replica: str | None = None,
+    ) -> AsyncIterator[BatchColumns]:
+        """:meth:`read` by batch: the same records as :class:`BatchColumns` (offsets,
+        timestamps, values in one buffer, headers), one per stored batch, the first and
+        last trimmed to ``[start, end)``. Same failover, confirm-offset and range rules."""
+        self._check_open()
+        return read_stream_batches(self, name, start, end, follow, replica)
 
     async def end_offset(self, name: str) -> int:
         """The confirmed (readable) end of the stream right now."""

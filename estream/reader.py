@@ -13,6 +13,8 @@
   current one is sealed;
 - offsets below the stream's start (trimmed) raise :class:`OffsetOutOfRange`.
 
+:func:`read_stream_batches` is the same read by batch: :class:`BatchColumns` (columns,
+no object per record) for batch consumers such as the Spark source.
 :func:`stream_end_offset` is the readable end of a stream right now.
 
 Side effects: network requests.
@@ -22,14 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from estream import limits
 from estream.errors import EstreamError, OffsetOutOfRange, RangeNotFound, Unavailable
 from estream.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.protocol import Opcode
-from estream.record import Record, decode_batch, iter_batches
+from estream.record import BatchColumns, Record, decode_batch, decode_columns, iter_batches
 
 if TYPE_CHECKING:
     from estream.client import Client
@@ -69,13 +71,57 @@ def decode_answer(payload: bytes, offset: int, end: int | None) -> list[Record]:
     return records
 
 
-class _RangeRead:
-    """One READ answer: the records, and whether the replica says the range is sealed."""
+def decode_answer_columns(payload: bytes, offset: int, end: int | None) -> list[BatchColumns]:
+    """:func:`decode_answer` as columns: one :class:`BatchColumns` per batch, trimmed to
+    ``[offset, end)``, without a :class:`Record` per record."""
+    batches: list[BatchColumns] = []
+    for header, raw in iter_batches(payload):
+        if header.end_offset <= offset:
+            continue
+        if end is not None and header.base_offset >= end:
+            break
+        columns = decode_columns(raw, start=offset, end=end)
+        if columns.count:
+            batches.append(columns)
+    return batches
 
-    __slots__ = ("records", "sealed", "sealed_end")
 
-    def __init__(self, records: list[Record], sealed: bool, sealed_end: int | None) -> None:
-        self.records = records
+def _records_end(records: list[Record], offset: int) -> int:
+    return records[-1].offset + 1 if records else offset
+
+
+def _columns_end(batches: list[BatchColumns], offset: int) -> int:
+    return batches[-1].end_offset if batches else offset
+
+
+T = TypeVar("T")
+
+
+class _Decoding(Generic[T]):
+    """How a read turns READ answers into items: records, or batch columns."""
+
+    __slots__ = ("decode", "next_offset")
+
+    def __init__(
+        self,
+        decode: Callable[[bytes, int, int | None], list[T]],
+        next_offset: Callable[[list[T], int], int],
+    ) -> None:
+        self.decode = decode  # (payload, offset, end) -> items at or past offset, below end
+        self.next_offset = next_offset  # (items, offset) -> the offset after the items
+
+
+RECORDS: Final = _Decoding(decode_answer, _records_end)
+COLUMNS: Final = _Decoding(decode_answer_columns, _columns_end)
+
+
+class _RangeRead(Generic[T]):
+    """One READ answer: the items, and whether the replica says the range is sealed."""
+
+    __slots__ = ("items", "sealed", "sealed_end")
+
+    def __init__(self, items: list[T], sealed: bool, sealed_end: int | None) -> None:
+        self.items = items
         self.sealed = sealed
         self.sealed_end = sealed_end
 
@@ -88,7 +134,8 @@ async def _read_range(
     end: int | None,
     wait_ms: int,
     preferred: str | None,
-) -> _RangeRead:
+    decoding: _Decoding[T],
+) -> _RangeRead[T]:
     """Read from the first replica that answers well."""
     last: EstreamError | None = None
     header = {
@@ -106,7 +153,7 @@ async def _read_range(
             body, payload = await client.pool.call(
                 ref.address, Opcode.READ, header, timeout_s=timeout_s
             )
-            records = decode_answer(payload, offset, end)
+            items = decoding.decode(payload, offset, end)
         except OffsetOutOfRange:
             raise
         except RangeNotFound as exc:
@@ -116,12 +163,12 @@ async def _read_range(
         except EstreamError as exc:
             last = exc
             continue
-        if not records and rng.end is not None and offset < rng.end:
+        if not items and rng.end is not None and offset < rng.end:
             last = Unavailable(f"replica {ref.id} has nothing at {offset} of sealed range")
             continue  # a short replica of a sealed range: another one has it
         sealed = bool(body.get("sealed"))
         sealed_end = body.get("end") if sealed else None
-        return _RangeRead(records, sealed, None if sealed_end is None else int(sealed_end))
+        return _RangeRead(items, sealed, None if sealed_end is None else int(sealed_end))
     if rng.end is None and not_created == len(rng.replicas) and rng.replicas:
         return _RangeRead([], False, None)  # an open range never written to: empty
     raise last or Unavailable(f"range {rng.index} has no replica")
@@ -136,6 +183,37 @@ async def read_stream(
     preferred: str | None = None,
 ) -> AsyncIterator[Record]:
     """Yield the records of ``name`` with offsets in ``[start, end)`` (see the module)."""
+    async for records in _read_answers(client, name, start, end, follow, preferred, RECORDS):
+        for record in records:
+            yield record
+
+
+async def read_stream_batches(
+    client: Client,
+    name: str,
+    start: int = 0,
+    end: int | None = None,
+    follow: bool = False,
+    preferred: str | None = None,
+) -> AsyncIterator[BatchColumns]:
+    """:func:`read_stream` by batch: the same records, as :class:`BatchColumns` (one per
+    stored batch, the first and last trimmed to ``[start, end)``; never empty)."""
+    async for batches in _read_answers(client, name, start, end, follow, preferred, COLUMNS):
+        for columns in batches:
+            yield columns
+
+
+async def _read_answers(
+    client: Client,
+    name: str,
+    start: int,
+    end: int | None,
+    follow: bool,
+    preferred: str | None,
+    decoding: _Decoding[T],
+) -> AsyncIterator[list[T]]:
+    """The decoded READ answers covering ``[start, end)`` of ``name``, in offset order
+    (the read loop shared by :func:`read_stream` and :func:`read_stream_batches`)."""
     meta = await client.stream_meta(name)
     if start < meta.start_offset:
         raise OffsetOutOfRange(
@@ -159,7 +237,7 @@ async def read_stream(
         wait_ms = follow_wait_ms if follow and not rng.sealed else 0
         asked_s = time.monotonic()
         try:
-            answer = await _read_range(client, meta, rng, offset, end, wait_ms, preferred)
+            answer = await _read_range(client, meta, rng, offset, end, wait_ms, preferred, decoding)
         except OffsetOutOfRange:
             meta = await client.stream_meta(name, refresh=True)
             if offset < meta.start_offset:
@@ -173,10 +251,9 @@ async def read_stream(
             meta = await client.stream_meta(name, refresh=True)
             continue
         failures = 0
-        for record in answer.records:
-            yield record
-            offset = record.offset + 1
-        if answer.records:
+        if answer.items:
+            yield answer.items
+            offset = decoding.next_offset(answer.items, offset)
             continue
         if rng.sealed:
             if rng.end is not None and offset >= rng.end:
@@ -230,4 +307,11 @@ async def _describe(client: Client, meta: StreamMeta, rng: RangeMeta, ref: Repli
     return min(int(confirm), int(end))
 
 
-__all__: Sequence[str] = ["read_stream", "replica_order", "stream_end_offset", "decode_answer"]
+__all__: Sequence[str] = [
+    "decode_answer",
+    "decode_answer_columns",
+    "read_stream",
+    "read_stream_batches",
+    "replica_order",
+    "stream_end_offset",
+]

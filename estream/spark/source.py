@@ -15,7 +15,9 @@ Side effect: network calls to the estream cluster (PD and range servers).
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+from array import array
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -43,7 +45,7 @@ from pyspark.sql.types import (
 import estream
 from estream.errors import EstreamError, OffsetOutOfRange, StreamNotFound, Unavailable
 from estream.meta import StreamMeta
-from estream.record import Record
+from estream.record import BatchColumns
 from estream.spark.options import SourceOptions
 from estream.spark.planning import (
     Offsets,
@@ -168,67 +170,91 @@ def arrow_schema() -> pa.Schema:
     return to_arrow_schema(SPARK_SCHEMA, timezone="UTC")
 
 
-def to_arrow(stream: str, records: Sequence[Record], schema: pa.Schema) -> pa.RecordBatch:
-    """Records of one stream as one Arrow batch in the source's schema.
+def columns_to_arrow(
+    stream: str, batches: Sequence[BatchColumns], schema: pa.Schema
+) -> pa.RecordBatch:
+    """Consecutive batch columns of one stream as one Arrow batch in the source's schema.
 
-    Column-wise and vectorised where Arrow allows it: this runs once per record read, and
-    converting nested Python lists (the headers map) is the slow part otherwise.
+    Built from the columns' buffers (values, their int32 offsets, int64 timestamps) with no
+    Python work per record, except for the headers of records that have some.
     """
-    n = len(records)
-    first = records[0].offset if n else 0
-    if n and records[-1].offset - first == n - 1:  # contiguous, as reads return them
-        offsets = pa.array(range(first, first + n), type=pa.int64())
-    else:
-        offsets = pa.array([r.offset for r in records], type=pa.int64())
-    millis = pa.array([r.timestamp for r in records], type=pa.int64())
-    timestamps = millis.cast(pa.timestamp("ms", tz="UTC")).cast(schema.field("timestamp").type)
+    n = sum(c.count for c in batches)
+    offsets = array("q")
+    millis = array("q")
+    for c in batches:
+        offsets.extend(range(c.base_offset, c.end_offset))
+        millis.extend(c.timestamps)
+    if sys.byteorder != "little":  # Arrow buffers are little-endian
+        offsets.byteswap()
+        millis.byteswap()
+    values = [
+        pa.Array.from_buffers(
+            pa.binary(), c.count, [None, pa.py_buffer(c.value_offsets), pa.py_buffer(c.data)]
+        )
+        for c in batches
+    ]
+    timestamps = pa.Array.from_buffers(
+        pa.timestamp("ms", tz="UTC"), n, [None, pa.py_buffer(millis)]
+    ).cast(schema.field("timestamp").type)
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([stream] * n, type=schema.field("stream").type),
-            offsets,
+            pa.repeat(pa.scalar(stream, type=schema.field("stream").type), n),
+            pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
             timestamps,
-            headers_array(records, schema.field("headers").type),
-            pa.array([r.value for r in records], type=pa.binary()),
+            columns_headers_array(batches, n, schema.field("headers").type),
+            values[0] if len(values) == 1 else pa.concat_arrays(values),
         ],
         schema=schema,
     )
 
 
-def headers_array(records: Sequence[Record], map_type: pa.DataType) -> pa.Array:
-    """The headers column as a map array built from flat key and item lists."""
-    ends = [0]
+def columns_headers_array(
+    batches: Sequence[BatchColumns], n: int, map_type: pa.DataType
+) -> pa.Array:
+    """The headers column: empty maps straight from a zero offsets buffer when no record
+    has headers, else a map array built from flat key and item lists."""
     keys: list[str] = []
     items: list[str] = []
-    for record in records:
-        if record.headers:
-            keys.extend(record.headers.keys())
-            items.extend(record.headers.values())
-        ends.append(len(keys))
-    array = pa.MapArray.from_arrays(
-        pa.array(ends, type=pa.int32()),
-        pa.array(keys, type=pa.string()),
-        pa.array(items, type=pa.string()),
+    if all(c.headers is None for c in batches):
+        ends = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])
+    else:
+        flat = array("i", [0])
+        for c in batches:
+            if c.headers is None:
+                flat.extend([len(keys)] * c.count)
+                continue
+            for headers in c.headers:
+                if headers:
+                    keys.extend(headers.keys())
+                    items.extend(headers.values())
+                flat.append(len(keys))
+        ends = pa.array(flat, type=pa.int32())
+    array_ = pa.MapArray.from_arrays(
+        ends, pa.array(keys, type=pa.string()), pa.array(items, type=pa.string())
     )
-    return array.cast(map_type)
+    return array_.cast(map_type)
 
 
 async def _chunks(
     opts: SourceOptions, part: EstreamPartition
-) -> AsyncGenerator[list[Record], None]:
-    """The partition's records in lists of at most ``arrow_rows``."""
+) -> AsyncGenerator[list[BatchColumns], None]:
+    """The partition's batch columns, in lists of at least ``arrow_rows`` records (the
+    last one: what is left)."""
     async with await estream.connect(opts.pd, timeout_s=opts.connect_timeout_s) as client:
         offset = part.start
-        chunk: list[Record] = []
+        chunk: list[BatchColumns] = []
+        rows = 0
         while offset < part.end:
             try:
-                async for record in client.read(
+                async for columns in client.read_batches(
                     part.stream, start=offset, end=part.end, replica=part.replica
                 ):
-                    chunk.append(record)
-                    offset = record.offset + 1
-                    if len(chunk) >= opts.arrow_rows:
+                    chunk.append(columns)
+                    rows += columns.count
+                    offset = columns.end_offset
+                    if rows >= opts.arrow_rows:
                         yield chunk
-                        chunk = []
+                        chunk, rows = [], 0
             except OffsetOutOfRange as exc:
                 start = exc.fields.get("start")
                 if opts.fail_on_data_loss or not isinstance(start, int) or start <= offset:
@@ -248,6 +274,18 @@ async def _chunks(
                 )
         if chunk:
             yield chunk
+
+
+def arrow_pieces(
+    carry: pa.RecordBatch | None, batch: pa.RecordBatch, rows: int
+) -> tuple[list[pa.RecordBatch], pa.RecordBatch | None]:
+    """``carry`` then ``batch`` cut into batches of exactly ``rows`` rows (zero-copy
+    slices), and what is left over (None: nothing)."""
+    if carry is not None and carry.num_rows:
+        batch = pa.concat_batches([carry, batch])
+    pieces = [batch.slice(lo, rows) for lo in range(0, batch.num_rows - rows + 1, rows)]
+    left = batch.num_rows - len(pieces) * rows
+    return pieces, batch.slice(batch.num_rows - left) if left else None
 
 
 PREFETCH_BATCHES = 2  # Arrow batches read ahead while Spark consumes the current one
@@ -277,15 +315,19 @@ def read_partition(opts: SourceOptions, part: EstreamPartition) -> Iterator[pa.R
         schema = arrow_schema()
         loop = uvloop.new_event_loop()
         agen = _chunks(opts, part)
+        carry: pa.RecordBatch | None = None
         try:
             while True:
                 try:
                     chunk = loop.run_until_complete(agen.__anext__())
                 except StopAsyncIteration:
                     break
-                if not put(to_arrow(part.stream, chunk, schema)):
-                    break
-            put(_END)
+                batch = columns_to_arrow(part.stream, chunk, schema)
+                pieces, carry = arrow_pieces(carry, batch, opts.arrow_rows)
+                if not all(put(piece) for piece in pieces):
+                    return
+            if carry is None or put(carry):
+                put(_END)
         except BaseException as exc:  # handed to the consumer, which re-raises it
             put(exc)
         finally:
