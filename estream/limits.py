@@ -20,7 +20,7 @@ connection_inflight_bytes_max: Final = 64 * MiB  # request bytes being served pe
 connection_write_buffer_bytes_max: Final = 1 * MiB  # unsent answers before a server stops reading
 connection_answer_bytes_max: Final = 4 * MiB  # unsent + in-production answers per connection
 answer_grant_bytes_min: Final = 64 * KiB  # smallest answer allowance worth producing
-server_answer_bytes_max: Final = 32 * MiB  # the same, summed over a server's connections
+server_answer_bytes_max: Final = 16 * MiB  # the same, summed over a server's connections
 connection_stalled_ms_max: Final = 5_000  # a consumer not reading for this long, when the
 #   answer budget is short, is disconnected
 

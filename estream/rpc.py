@@ -299,6 +299,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.writable.set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.reserved_bytes = 0  # answer bytes granted and not yet written
+        self.held_bytes = 0  # answer bytes written and not yet wholly sent
         self.room = asyncio.Event()
         self._unsent_seen = 0
         self._progress_at = 0.0
@@ -347,14 +348,23 @@ class _ServerProtocol(asyncio.Protocol):
                 pass
 
     def answer_bytes(self) -> int:
-        """Answer bytes granted, or written and not yet sent, on this connection."""
+        """Answer bytes granted, or written and not yet wholly sent, on this connection.
+
+        A partly sent answer stays alive whole in the transport (it keeps a view of it)
+        while ``get_write_buffer_size`` reports only its unsent tail, so written answers
+        count in full until the buffer is seen empty.
+        """
+        return self._held_bytes() + self.reserved_bytes
+
+    def _held_bytes(self) -> int:
         transport = self.transport
-        unsent = 0 if transport is None else transport.get_write_buffer_size()
-        return unsent + self.reserved_bytes
+        if transport is None or transport.get_write_buffer_size() == 0:
+            self.held_bytes = 0
+        return self.held_bytes
 
     def stalled_since(self, now: float) -> float | None:
         """When this connection's unsent answers last shrank (None: nothing unsent)."""
-        unsent = self.answer_bytes() - self.reserved_bytes
+        unsent = 0 if self.transport is None else self.transport.get_write_buffer_size()
         if unsent == 0:
             self._unsent_seen, self._progress_at = 0, now
             return None
@@ -476,8 +486,11 @@ class _ServerProtocol(asyncio.Protocol):
         self._release_answer()
 
     def _reply(self, parts: list[bytes | memoryview]) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(parts)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(parts)
+            if transport.get_write_buffer_size():
+                self.held_bytes += sum(len(part) for part in parts)
 
 
 class RpcServer:
@@ -533,8 +546,8 @@ class RpcServer:
 
     def answer_room(self) -> int:
         """Answer bytes the whole server may still grant (unsent + granted is bounded)."""
-        unsent = sum(c.answer_bytes() - c.reserved_bytes for c in self._connections)
-        return self.server_answer_bytes_max - unsent - self.reserved_bytes
+        held = sum(c._held_bytes() for c in self._connections)
+        return self.server_answer_bytes_max - held - self.reserved_bytes
 
     def evict_stalled(self, now: float) -> None:
         """Disconnect consumers whose unsent answers made no progress for

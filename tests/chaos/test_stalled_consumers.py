@@ -93,13 +93,6 @@ async def consumer(address: str, index: int, stop: asyncio.Event) -> None:
         writer.close()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open: the range server's RSS grows ~70 MiB (x4 pipelined 1 MiB READs) to ~200 MiB "
-    "(x8) under 100 consumers, although answers are now bounded by the RPC answer budget "
-    "(estream.rpc.answer_allowance: 4 MiB per connection, 32 MiB per server, stalled "
-    "consumers evicted; proven in tests/unit/test_rpc.py). The growth is elsewhere "
-    "(suspects: disk-read copies in rangeserver/store.py _load, allocator high-water); "
-    "not yet found"))
 async def test_stalled_consumers_keep_server_memory_bounded(server: RangeServerNode) -> None:
     await fill(server.address)
     assert server.process is not None
