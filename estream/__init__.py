@@ -10,10 +10,11 @@ from estream.client import Client, connect
 from estream.errors import *  # noqa: F403
 from estream.errors import EstreamError
 from estream.meta import RangeMeta, ServerInfo, StreamMeta
-from estream.record import Record
+from estream.record import BatchColumns, Record
 from estream.writer import Writer
 
 __all__ = [
+    "BatchColumns",
     "Client",
     "EstreamError",
     "RangeMeta",
