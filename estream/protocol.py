@@ -234,8 +234,9 @@ class FrameDecoder:
         if available < total:
             return None
         body = pos + FRAME_PREFIX_BYTES
-        header = bytes(buf[body : body + header_len])
-        payload = bytes(buf[body + header_len : pos + total])
+        with memoryview(buf) as view:  # one copy per field (a bytearray slice is a second)
+            header = bytes(view[body : body + header_len])
+            payload = bytes(view[body + header_len : pos + total])
         self._pos = pos + total
         self._need = None
         return Frame(opcode, FrameFlags(flags), request_id, header, payload)
