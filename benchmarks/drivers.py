@@ -67,6 +67,12 @@ class EstreamDriver:
     async def catch_up(self, log: tuple[str, Any], count: int, time_s: float) -> int:
         return await pe.catch_up(self.client, log[0], count, time_s)
 
+    async def catch_up_batches(self, log: tuple[str, Any], count: int, time_s: float) -> int:
+        """The batch-level read API, when this SDK has it (else -1)."""
+        if not hasattr(self.client, "read_batches"):
+            return -1
+        return await pe.catch_up_batches(self.client, log[0], count, time_s)
+
     async def tail(self, name: str, count: int, size: int, time_s: float) -> list[float]:
         _, writer = await self.new_log(name)
         return await pe.tail_latencies(self.client, writer, name, count, size, time_s)

@@ -248,7 +248,9 @@ def render(data: dict[str, Any]) -> str:
            "- Catch-up: write N records of 1 KiB, then read them from offset 0 (estream "
            "`Client.read`, NATS ordered push consumer, Redis XRANGE by 1,000). Tail: one "
            "append at a time, time from the append call until a tailing reader has it "
-           "(estream `follow=True`, NATS ordered consumer, Redis XREAD BLOCK).",
+           "(estream `follow=True`, NATS ordered consumer, Redis XREAD BLOCK). estream also "
+           "reads with `Client.read_batches` (the batch-level API: per stored batch, the "
+           "values in one buffer with their offsets).",
            "- Kill: appends paced open-loop (latency from each append's due time, so a "
            "stall also counts against the appends queued behind it), `kill -9` of one "
            "replica's server; worst and p99.9 over the appends due within 2.5 s of the "

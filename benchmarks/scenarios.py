@@ -121,6 +121,13 @@ async def catch_up_and_tail(run: Run, drv: Any) -> None:
     if read < filled:
         m.note = f"read {read} of {filled} within {s.read_s}s"
     run.add(m)
+    if hasattr(drv, "catch_up_batches"):
+        t0 = time.perf_counter()
+        read = await drv.catch_up_batches(log, filled, s.read_s)
+        if read >= 0:
+            run.add(Measurement("3 catch-up read 1KiB", f"{drv.name} (read_batches)", ops=read,
+                                seconds=time.perf_counter() - t0, extra={"written": filled},
+                                note="" if read >= filled else f"read {read} of {filled}"))
     lat = await drv.tail(f"tail{int(time.time())}", s.tail_count, KIB, s.tail_s)
     run.add(Measurement("3 tail latency 1KiB", drv.name, ops=len(lat), latencies_ms=lat,
                         seconds=math.nan))

@@ -126,6 +126,18 @@ async def catch_up(client: Any, name: str, count: int, time_s: float) -> int:
     return received
 
 
+async def catch_up_batches(client: Any, name: str, count: int, time_s: float) -> int:
+    """Read records ``[0, count)`` with the batch-level API (``Client.read_batches``: one
+    column set per stored batch); returns how many records arrived within ``time_s``."""
+    received = 0
+    deadline = time.monotonic() + time_s
+    async for batch in client.read_batches(name, start=0, end=count):
+        received += batch.count
+        if time.monotonic() > deadline:
+            break
+    return received
+
+
 async def tail_latencies(client: Any, writer: Any, name: str, count: int, size: int,
                          time_s: float) -> list[float]:
     """Append one record at a time; ms from the append call to its arrival in a tailing
