@@ -379,6 +379,16 @@ class RaftNode:
             return RaftStatus(self.self_address, "follower", None, 0, 0, 0, 0, {})
         return status
 
+    def caught_up(self) -> bool:
+        """Whether this node heard a leader's commit index and applied up to it (read
+        fresh, not from the periodic :meth:`status`). A restarted node that has not heard
+        from a leader yet, or is still replaying its log, is not."""
+        # pysyncobj keeps the leader's commit index private; None until a leader spoke.
+        leader_commit = getattr(self._sync, "_SyncObj__leaderCommitIndex", None)
+        if leader_commit is None:
+            return False
+        return bool(self._sync.raftLastApplied >= leader_commit)
+
     def leader(self) -> str | None:
         leader = self._sync._getLeader()
         return None if leader is None else str(getattr(leader, "address", leader))

@@ -14,6 +14,7 @@ Side effects: none of its own (it drives :class:`~pd.raft.RaftNode`).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -38,6 +39,9 @@ from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.placement import Candidate, choose_replicas
 from pd.raft import RaftNode
+
+catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
+catch_up_poll_s = 0.005
 
 
 def _now_ms() -> int:
@@ -142,6 +146,17 @@ class PdService:
         if self.raft.leader() is None:
             raise Unavailable("the placement driver has no leader (no majority reachable)")
 
+    async def _decision_view(self) -> CatalogView:
+        """The catalog to decide from (placement, existence checks): this node's, once it
+        applied every entry it knows committed. A restarted node replaying its log would
+        otherwise place ranges from a catalog that lacks the servers, or miss a stream."""
+        deadline = time.monotonic() + catch_up_wait_s
+        while not self.raft.caught_up():
+            if time.monotonic() > deadline:
+                raise Unavailable("this placement-driver node is still catching up")
+            await asyncio.sleep(catch_up_poll_s)
+        return self.view()
+
     async def create_stream(
         self,
         name: str,
@@ -153,7 +168,7 @@ class PdService:
         request_id: str = "",
         system: bool = False,
     ) -> StreamMeta:
-        view = self.view()
+        view = await self._decision_view()
         command = CreateStream(name, replicas, ack_count, type, tuple(hints), (),
                                request_id, system)
         if name in view.streams:
@@ -175,7 +190,7 @@ class PdService:
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
     ) -> StreamMeta:
-        view = self.view()
+        view = await self._decision_view()
         stream = view.stream(name)
         current = stream.last_range
         if current is not None and current.index != range_index:
