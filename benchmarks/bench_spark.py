@@ -5,9 +5,12 @@ Bounded: appends ``--records`` records of ``--value-bytes`` bytes (default 200,0
 1 KiB), copies them to Parquet with a Spark batch read of the ``estream`` source, then runs
 each streaming query (``availableNow``, ``local[2]``, noop sink) once to warm up and
 ``--runs`` times measured, and prints the best rows/s of each and their ratio (target:
-estream >= 50% of Parquet). Starts its own cluster (``estream up``) unless ``--pd``.
+estream >= 50% of Parquet). ``--variants P:A,P:A`` measures several
+``partitionRecords:arrowRows`` settings in one session, each beside its own Parquet runs.
+Starts its own cluster (``estream up``) unless ``--pd``.
 
     python benchmarks/bench_spark.py [--records 200000] [--pd H:P,H:P,H:P]
+    python benchmarks/bench_spark.py --runs 3 --variants 50000:8192,100000:8192
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from estream.spark.options import ARROW_ROWS_DEFAULT  # noqa: E402
+from estream.spark.planning import PARTITION_RECORDS_DEFAULT  # noqa: E402
 from tests.integration.conftest_spark import new_spark, start_cluster  # noqa: E402
 
 QUERY_TIMEOUT_S = 300
+PARQUET_FILES = 4
 
 
 async def fill(pd: str, stream: str, records: int, value_bytes: int) -> float:
@@ -81,40 +87,71 @@ def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     spark = new_spark("estream-bench")
     try:
 
-        def estream_df() -> Any:
+        def estream_df(partition_records: int, arrow_rows: int) -> Any:
             return (
                 spark.readStream.format("estream")
                 .option("pd", pd)
                 .option("streams", stream)
                 .option("startingOffsets", "earliest")
-                .option("partitionRecords", args.partition_records)
+                .option("partitionRecords", partition_records)
+                .option("arrowRows", arrow_rows)
                 .load()
             )
 
         parquet = work / "parquet"
         batch = spark.read.format("estream").option("pd", pd).option("streams", stream)
-        batch.option("partitionRecords", args.partition_records).load().write.parquet(str(parquet))
+        # 4 files whatever the variant; Spark's file source packs them into one split per
+        # core (local[2]: 2 tasks), as the estream source's default partitioning does here
+        copy_records = max(1, args.records // PARQUET_FILES)
+        batch.option("partitionRecords", copy_records).load().write.parquet(str(parquet))
         schema = spark.read.parquet(str(parquet)).schema
+        if os.environ.get("BENCH_VERBOSE"):
+            splits = spark.read.parquet(str(parquet)).rdd.getNumPartitions()
+            print(f"parquet copy: {len(list(parquet.glob('*.parquet')))} files, {splits} splits")
 
         def parquet_df() -> Any:
             return spark.readStream.schema(schema).parquet(str(parquet))
 
-        estream_rps, estream_steady = best_of(spark, estream_df, args.records, args.runs)
-        parquet_rps, parquet_steady = best_of(spark, parquet_df, args.records, args.runs)
+        results = []
+        for partition_records, arrow_rows in variants(args):
+            estream_rps, estream_steady = best_of(
+                spark,
+                lambda: estream_df(partition_records, arrow_rows),  # noqa: B023
+                args.records,
+                args.runs,
+            )
+            parquet_rps, parquet_steady = best_of(spark, parquet_df, args.records, args.runs)
+            results.append(
+                {
+                    "records": args.records,
+                    "value_bytes": args.value_bytes,
+                    "partition_records": partition_records,
+                    "arrow_rows": arrow_rows,
+                    "append_records_per_s": round(append_rate),
+                    "estream_rows_per_s": round(estream_rps),
+                    "parquet_rows_per_s": round(parquet_rps),
+                    "ratio": round(estream_rps / parquet_rps, 3),
+                    "estream_batch_rows_per_s": round(estream_steady),
+                    "parquet_batch_rows_per_s": round(parquet_steady),
+                    "batch_ratio": round(estream_steady / parquet_steady, 3),
+                    "target_ratio": 0.5,
+                }
+            )
     finally:
         spark.stop()
-    return {
-        "records": args.records,
-        "value_bytes": args.value_bytes,
-        "append_records_per_s": round(append_rate),
-        "estream_rows_per_s": round(estream_rps),
-        "parquet_rows_per_s": round(parquet_rps),
-        "ratio": round(estream_rps / parquet_rps, 3),
-        "estream_batch_rows_per_s": round(estream_steady),
-        "parquet_batch_rows_per_s": round(parquet_steady),
-        "batch_ratio": round(estream_steady / parquet_steady, 3),
-        "target_ratio": 0.5,
-    }
+    return results
+
+
+def variants(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """The (partitionRecords, arrowRows) pairs to measure: ``--variants P:A,P:A`` or the
+    single pair given by ``--partition-records`` and ``--arrow-rows``."""
+    if not args.variants:
+        return [(args.partition_records, args.arrow_rows)]
+    pairs = []
+    for item in args.variants.split(","):
+        records, _, rows = item.partition(":")
+        pairs.append((int(records), int(rows or args.arrow_rows)))
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pd", default=None, help="an existing cluster; default: start one")
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--value-bytes", type=int, default=1024)
-    parser.add_argument("--partition-records", type=int, default=50_000)
+    parser.add_argument("--partition-records", type=int, default=PARTITION_RECORDS_DEFAULT)
+    parser.add_argument("--arrow-rows", type=int, default=ARROW_ROWS_DEFAULT)
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="several partitionRecords:arrowRows pairs, each measured beside Parquet",
+    )
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
@@ -131,11 +174,20 @@ def main(argv: list[str] | None = None) -> int:
         pd = args.pd
         if pd is None:
             cluster, pd = start_cluster(work / "data")
-        result = measure(pd, args, work)
+        results = measure(pd, args, work)
     finally:
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
+    for result in results:
+        report(result)
+    return 0
+
+
+def report(result: dict[str, Any]) -> None:
+    print(
+        f"partitionRecords {result['partition_records']:,}, arrowRows {result['arrow_rows']:,}"
+    )
     print(
         f"estream source: {result['estream_rows_per_s']:>9,} rows/s   "
         f"parquet (ceiling): {result['parquet_rows_per_s']:>9,} rows/s   "
@@ -147,7 +199,6 @@ def main(argv: list[str] | None = None) -> int:
         f"ratio {result['batch_ratio']:.2f}"
     )
     print(json.dumps(result))
-    return 0
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from estream.meta import StreamMeta
 
 EARLIEST: Final = -2
 LATEST: Final = -1
-PARTITION_RECORDS_DEFAULT: Final = 50_000
+PARTITION_RECORDS_DEFAULT: Final = 100_000
 
 Offsets = dict[str, int]
 

@@ -259,7 +259,7 @@ def test_source_options_parse_spark_strings() -> None:
     )
     assert opts.pd == "127.0.0.1:7100" and opts.streams == ("a", "b")
     assert opts.max_records_per_trigger == 100 and opts.fail_on_data_loss is False
-    assert opts.partition_records == 50_000
+    assert opts.partition_records == 100_000
 
 
 @pytest.mark.parametrize(
