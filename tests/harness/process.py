@@ -4,10 +4,17 @@
 as a child with its output in a log file, waits until a TCP port answers, and is stopped
 by PID (SIGTERM, then SIGKILL) from a finalizer. :func:`free_port` picks an ephemeral
 port on a loopback address. Traffic stays on 127.0.0.x.
+
+Children run in their own session (a test's Ctrl-C does not hit them), so a safety net
+reaps whatever a test did not stop: every child started here, or handed to
+:func:`track`, is killed by :func:`reap_all`, which runs at interpreter exit and at the
+end of the pytest session (``tests/conftest.py``, which also turns SIGTERM into an
+interrupt so that finalizers run).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -18,6 +25,41 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ESTREAM = [sys.executable, "-m", "estream.cli"]
+
+_tracked: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def track(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """Put a child started elsewhere under the safety net of :func:`reap_all`."""
+    _tracked[proc.pid] = proc
+    return proc
+
+
+def reap_all() -> list[int]:
+    """SIGKILL (with its process group) every tracked child still running; returns PIDs."""
+    reaped = []
+    for pid, proc in list(_tracked.items()):
+        if proc.poll() is None:
+            _kill(pid)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            reaped.append(pid)
+        _tracked.pop(pid, None)
+    return reaped
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL the process group a child leads (its own session), then the child."""
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):
+        try:
+            kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+atexit.register(reap_all)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,9 +95,9 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log = log
-        self.proc = subprocess.Popen(
+        self.proc = track(subprocess.Popen(
             self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
+        ))
         return self
 
     @property

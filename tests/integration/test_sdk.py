@@ -16,6 +16,7 @@ import pytest
 
 import estream
 from tests.harness.cluster import Cluster, start_cluster
+from tests.harness.process import track
 
 pytestmark = pytest.mark.integration
 
@@ -144,6 +145,7 @@ async def test_killed_writer_process_then_recovery_keeps_every_acknowledged_reco
                 cwd=ROOT,
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
             )
+            track(proc)
             try:
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline:

@@ -25,6 +25,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from estream.spark.commit import parse_marker  # noqa: E402
+from tests.harness.process import track  # noqa: E402
 from tests.integration.conftest_spark import (  # noqa: E402
     append,
     cluster_pd,
@@ -280,14 +281,14 @@ DRIVER = textwrap.dedent(
 def run_driver(script: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, **spark_env(), "PYTHONPATH": str(ROOT)}
     with open(log, "ab") as out:
-        return subprocess.Popen(
+        return track(subprocess.Popen(
             [sys.executable, str(script), *args],
             cwd=ROOT,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )
+        ))
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from estream.up import plan_cluster, probe_ready
+from tests.harness.process import track
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +93,7 @@ class UpCluster:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
             )
+            track(self.proc)
         while "cluster ready" not in self.output():
             assert self.proc.poll() is None, self.output()
             assert time.monotonic() - started < READY_S_MAX + 5, self.output() + self.child_logs()
