@@ -53,7 +53,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.charts --input benchmarks/results/quick/compare.json
 
 lint: $(STAMP)
-	$(BIN)/ruff check estream pd rangeserver tests benchmarks
+	$(BIN)/ruff check estream pd rangeserver tests benchmarks examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
