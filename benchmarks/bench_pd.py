@@ -292,6 +292,8 @@ def report(pd: dict[str, Any], etcd: dict[str, Any] | None) -> str:
             + (f"{e['p50_ms']:.2f} | {e['p99_ms']:.2f} | {e['ops_s']:.0f} | "
                f"{p['ops_s'] / e['ops_s']:.2f} |" if e else "- | - | - | - |"))
     pf = pd["failover_s"]
+    if not pf:  # --failovers 0
+        return "\n".join(lines)
     lines.append(f"| leader kill -9 until next commit | PD median {pct(pf, 0.5):.2f} s "
                  f"(max {max(pf):.2f} s, n={len(pf)}) | | | "
                  + (f"etcd median {pct(etcd['failover_s'], 0.5):.2f} s "
