@@ -407,9 +407,7 @@ class _ServerProtocol(asyncio.Protocol):
         try:
             frames = self.decoder.feed(data)
         except EstreamError as exc:
-            self._reply(encode_error(0, 0, exc))
-            assert self.transport is not None
-            self.transport.close()
+            self._close_on_bad_prefix(exc)
             return
         for frame in frames:
             if frame.is_response:
@@ -424,11 +422,16 @@ class _ServerProtocol(asyncio.Protocol):
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         if self.decoder.error is not None:
-            assert self.transport is not None
-            self.transport.pause_reading()
-            asyncio.ensure_future(self._close_after_serving(self.decoder.error))
+            self._close_on_bad_prefix(self.decoder.error)
             return
         self._update_reading()
+
+    def _close_on_bad_prefix(self, error: EstreamError) -> None:
+        """The byte stream cannot be resynchronised: stop reading, answer the requests
+        already taken, then the error, then close."""
+        assert self.transport is not None
+        self.transport.pause_reading()
+        asyncio.ensure_future(self._close_after_serving(error))
 
     def _authenticate(self, frame: Frame) -> bool:
         """Answer AUTH, or refuse a request before authentication; False: closing."""
