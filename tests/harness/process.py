@@ -2,8 +2,8 @@
 
 :class:`ManagedProcess` runs a command (``estream rangeserver ...``, ``estream pd ...``)
 as a child with its output in a log file, waits until a TCP port answers, and is stopped
-by PID (SIGTERM, then SIGKILL) from a finalizer. :func:`free_port` picks an ephemeral
-port on a loopback address. Traffic stays on 127.0.0.x.
+by PID (SIGTERM, then SIGKILL) from a finalizer. :func:`free_port` picks a free port
+(never the same twice) on a loopback address. Traffic stays on 127.0.0.x.
 
 Children run in their own session (a test's Ctrl-C does not hit them), so a safety net
 reaps whatever a test did not stop: every child started here, or handed to
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 ESTREAM = [sys.executable, "-m", "estream.cli"]
 
@@ -62,11 +64,30 @@ def _kill(pid: int) -> None:
 atexit.register(reap_all)
 
 
+# Ports for test servers come from below the kernel's ephemeral range (32768+ on Linux),
+# so an outgoing connection's source port can never take one between our check and the
+# server's bind, and each is handed out once per test session: asking the kernel for
+# port 0 twice in a row can return the same port (seen in CI: a PD node's RPC and HTTP
+# ports collided).
+_port_range: Final = (20000, 32000)
+_handed_out: set[int] = set()
+_port_rng = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """An ephemeral TCP port free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free right now on ``host`` and never handed out before in this process."""
+    for _ in range(1000):
+        port = _port_rng.randrange(*_port_range)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free TCP port in {_port_range} on {host}")
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
