@@ -5,7 +5,9 @@ node through :class:`~estream.rpc.ConnectionPool`). It prefers the leader (learn
 ``PD_CLUSTER`` and remembered), so a read after a write sees that write; when a node fails
 it tries the others, retrying retriable errors (:class:`Unavailable`, :class:`Timeout`,
 :class:`NotLeader`, :class:`Overloaded`) with a short backoff until ``timeout_s``, then
-raises :class:`Unavailable` naming the addresses it tried.
+raises :class:`Unavailable` naming the addresses it tried. A read (describe, list,
+cluster) gives each node one second before trying the next: a hung node costs a second,
+not the whole budget.
 
 A write whose outcome is unknown (a timeout) may be retried: every PD command is
 idempotent or epoch-checked, and ``create_stream`` carries a request id so that our own
@@ -29,6 +31,11 @@ from estream.protocol import Opcode
 from estream.rpc import ConnectionPool, Header, parse_addresses
 
 call_timeout_s_max: Final = 4.0  # one attempt (a PD commit gives up after 3 s)
+# One attempt of a read, answered from the node's memory: a node that does not answer in
+# a second is hung or overloaded, and another node can answer instead.
+read_timeout_s_max: Final = 1.0
+_READS: Final = frozenset({Opcode.PD_DESCRIBE_STREAM, Opcode.PD_LIST_STREAMS,
+                           Opcode.PD_LIST_SERVERS, Opcode.PD_CLUSTER})
 backoff_s_min: Final = 0.05
 backoff_s_max: Final = 0.5
 # Timeout is an Unavailable; Closed here means a shared connection was dropped under us.
@@ -74,6 +81,7 @@ class PDClient:
         if not self._leader_checked and opcode != Opcode.PD_CLUSTER:
             await self._find_leader(deadline)
         backoff = backoff_s_min
+        attempt_s_max = read_timeout_s_max if opcode in _READS else call_timeout_s_max
         last: EstreamError | None = None
         while True:
             for address in self._order():
@@ -83,7 +91,7 @@ class PDClient:
                 try:
                     body, _ = await self._pool.call(
                         address, opcode, header or {},
-                        timeout_s=min(remaining, call_timeout_s_max))
+                        timeout_s=min(remaining, attempt_s_max))
                 except _RETRIABLE as exc:
                     last = exc
                     if isinstance(exc, Unavailable):
@@ -114,7 +122,8 @@ class PDClient:
                 return
             try:
                 body, _ = await self._pool.call(
-                    address, Opcode.PD_CLUSTER, {}, timeout_s=min(remaining, 1.0))
+                    address, Opcode.PD_CLUSTER, {},
+                    timeout_s=min(remaining, read_timeout_s_max))
             except EstreamError:
                 continue
             leader = body.get("leader") or {}

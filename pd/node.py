@@ -67,14 +67,17 @@ class PlacementDriverNode:
     async def start(self) -> None:
         cfg = self.config
         self.raft.start()
-        # Bind the ports first: the service needs the bound addresses (port 0 allowed).
+        # The handlers are in place before the port opens (a request arriving in between
+        # would be refused as an unknown opcode); the service learns the bound addresses
+        # (port 0 allowed) once they are known, before it publishes them.
         tls = server_context(cfg.security)
-        self.rpc = RpcServer({}, name=f"pd-{cfg.node_id}", ssl=tls, tokens=cfg.security.tokens)
+        self.service = PdService(self.raft, PdNode(cfg.node_id, cfg.raft, "", ""))
+        self.rpc = RpcServer(self.service.handlers(), name=f"pd-{cfg.node_id}", ssl=tls,
+                             tokens=cfg.security.tokens)
         host, port = parse_address(cfg.listen)
         self.rpc_address = await self.rpc.start(host, port)
         http_host, http_port = parse_address(cfg.http)
-        me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, "")
-        self.service = PdService(self.raft, me)
+        self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, "")
         app = build_app(self.service, tokens=cfg.security.tokens,
                         protect_reads=cfg.security.protect_reads)
         self._http_runner = web.AppRunner(app, access_log=None)
@@ -87,7 +90,6 @@ class PlacementDriverNode:
         bound = sockets[0].getsockname() if sockets else (http_host, http_port)
         self.http_address = f"{bound[0]}:{bound[1]}"
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
-        self.rpc.handlers.update(self.service.handlers())
         self._register_task = asyncio.ensure_future(self._register_self())
         self.repairer = Repairer(self.service)
         self.repairer.pool = self.member_pool()  # range servers may require TLS / a token

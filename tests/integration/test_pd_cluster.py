@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -110,6 +112,28 @@ async def test_leader_kill9_then_new_leader_keeps_committing(cluster: PdCluster)
             assert new != old
             assert failover_s < 8, failover_s
             assert {s.name for s in await client.list_streams()} >= {"before", "after"}
+
+
+async def test_a_hung_leader_does_not_block_reads(cluster: PdCluster) -> None:
+    """A frozen node (SIGSTOP: connections accepted, nothing answered) costs a read one
+    short attempt, not the client's whole budget: another node answers."""
+    async with range_servers(cluster.rpc_addresses):
+        async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
+            await client.create_stream("seen")
+    leader = cluster.nodes[cluster.leader()]
+    assert leader.process is not None and leader.process.proc is not None
+    pid = leader.process.proc.pid
+    async with PDClient(cluster.rpc_addresses, timeout_s=4) as client:
+        await client.describe_stream("seen")  # the client now prefers the leader
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            meta = await client.describe_stream("seen")
+            elapsed = time.monotonic() - started
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert meta.name == "seen"
+    assert elapsed < 3.0, elapsed
 
 
 async def test_restart_all_three_keeps_the_catalog(cluster: PdCluster) -> None:
