@@ -1,15 +1,19 @@
 """Spark source throughput: rows/s from an estream stream into a noop sink, beside the same
 query over a local Parquet copy of the same data (Spark's built-in source: the ceiling).
 
-Bounded: appends ``--records`` records of ``--value-bytes`` bytes (default 200,000 x
-1 KiB), copies them to Parquet with a Spark batch read of the ``estream`` source, then runs
-each streaming query (``availableNow``, ``local[2]``, noop sink) once to warm up and
-``--runs`` times measured, and prints the best rows/s of each and their ratio (target:
-estream >= 50% of Parquet). ``--variants P:A,P:A`` measures several
-``partitionRecords:arrowRows`` settings in one session, each beside its own Parquet runs.
+Bounded: appends ``--records`` records of ``--value-bytes`` bytes (default 1,000,000 x
+1 KiB = 1 GiB: enough for both queries to reach their steady state, so the fixed start-up
+of a query does not decide the ratio; about 1 to 2 min), each a distinct random value
+(``--values same`` repeats one value: Parquet then stores the column as one dictionary
+entry and its reader never touches the bytes, which no real stream looks like). Copies
+them to Parquet with a Spark batch read of the ``estream`` source, then runs each
+streaming query (``availableNow``, ``local[2]``, noop sink) once to warm up and ``--runs``
+times measured, and prints the best rows/s of each and their ratio (target: estream >=
+50% of Parquet). ``--variants P:A,P:A`` measures several ``partitionRecords:arrowRows``
+settings in one session, each beside its own Parquet runs.
 Starts its own cluster (``estream up``) unless ``--pd``.
 
-    python benchmarks/bench_spark.py [--records 200000] [--pd H:P,H:P,H:P]
+    python benchmarks/bench_spark.py [--records 1000000] [--values distinct|same] [--pd H:P,...]
     python benchmarks/bench_spark.py --runs 3 --variants 50000:8192,100000:8192
 """
 
@@ -37,18 +41,27 @@ QUERY_TIMEOUT_S = 300
 PARQUET_FILES = 4
 
 
-async def fill(pd: str, stream: str, records: int, value_bytes: int) -> float:
+def values(n: int, value_bytes: int, distinct: bool) -> list[bytes]:
+    """``n`` random values of ``value_bytes`` bytes: all different, or one repeated."""
+    if not distinct:
+        return [os.urandom(value_bytes)] * n
+    block = os.urandom(n * value_bytes)
+    return [block[i : i + value_bytes] for i in range(0, n * value_bytes, value_bytes)]
+
+
+async def fill(
+    pd: str, stream: str, records: int, value_bytes: int, distinct: bool = True
+) -> float:
     """Create ``stream`` and append the records; returns the append rate (records/s)."""
     import estream
 
-    value = os.urandom(value_bytes)
     async with await estream.connect(pd) as client:
         await client.create_stream(stream)
         started = time.perf_counter()
         async with await client.open_writer(stream) as writer:
             for lo in range(0, records, 2_000):
                 n = min(2_000, records - lo)
-                await writer.append_batch([value] * n)
+                await writer.append_batch(values(n, value_bytes, distinct))
             await writer.flush()
         return records / (time.perf_counter() - started)
 
@@ -83,7 +96,9 @@ def best_of(spark: Any, make_df: Any, records: int, runs: int) -> tuple[float, f
 
 def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     stream = f"bench_spark_{int(time.time())}"
-    append_rate = asyncio.run(fill(pd, stream, args.records, args.value_bytes))
+    append_rate = asyncio.run(
+        fill(pd, stream, args.records, args.value_bytes, args.values == "distinct")
+    )
     spark = new_spark("estream-bench")
     try:
 
@@ -107,7 +122,9 @@ def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         schema = spark.read.parquet(str(parquet)).schema
         if os.environ.get("BENCH_VERBOSE"):
             splits = spark.read.parquet(str(parquet)).rdd.getNumPartitions()
-            print(f"parquet copy: {len(list(parquet.glob('*.parquet')))} files, {splits} splits")
+            files = list(parquet.glob("*.parquet"))
+            size = sum(f.stat().st_size for f in files)
+            print(f"parquet copy: {len(files)} files, {size:,} bytes, {splits} splits")
 
         def parquet_df() -> Any:
             return spark.readStream.schema(schema).parquet(str(parquet))
@@ -125,6 +142,7 @@ def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 {
                     "records": args.records,
                     "value_bytes": args.value_bytes,
+                    "values": args.values,
                     "partition_records": partition_records,
                     "arrow_rows": arrow_rows,
                     "append_records_per_s": round(append_rate),
@@ -157,8 +175,14 @@ def variants(args: argparse.Namespace) -> list[tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pd", default=None, help="an existing cluster; default: start one")
-    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--value-bytes", type=int, default=1024)
+    parser.add_argument(
+        "--values",
+        choices=("distinct", "same"),
+        default="distinct",
+        help="distinct random values (default), or one value repeated (the old benchmark)",
+    )
     parser.add_argument("--partition-records", type=int, default=PARTITION_RECORDS_DEFAULT)
     parser.add_argument("--arrow-rows", type=int, default=ARROW_ROWS_DEFAULT)
     parser.add_argument(
@@ -186,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(result: dict[str, Any]) -> None:
     print(
-        f"partitionRecords {result['partition_records']:,}, arrowRows {result['arrow_rows']:,}"
+        f"{result['records']:,} records of {result['value_bytes']:,} bytes ({result['values']} "
+        f"values), partitionRecords {result['partition_records']:,}, "
+        f"arrowRows {result['arrow_rows']:,}"
     )
     print(
         f"estream source: {result['estream_rows_per_s']:>9,} rows/s   "
