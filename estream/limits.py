@@ -16,6 +16,7 @@ MiB: Final = 1024 * KiB
 # Frames (estream/protocol.py).
 frame_header_bytes_max: Final = 1 * MiB  # the msgpack header of one frame
 frame_bytes_max: Final = 16 * MiB  # fixed prefix + header + payload of one frame
+frame_direct_bytes_min: Final = 64 * KiB  # a client receives frames this large in place
 connection_inflight_bytes_max: Final = 64 * MiB  # request bytes being served per connection
 connection_write_buffer_bytes_max: Final = 1 * MiB  # unsent answers before a server stops reading
 connection_answer_bytes_max: Final = 4 * MiB  # unsent + in-production answers per connection

@@ -42,6 +42,7 @@ FRAME_MAGIC: Final = 0xE5F1
 FRAME_VERSION: Final = 1
 _PREFIX: Final = struct.Struct("<HBBHQII")
 FRAME_PREFIX_BYTES: Final = _PREFIX.size  # 22
+RECEIVE_BYTES: Final = 256 * 1024  # FrameDecoder.get_buffer's scratch buffer
 assert FRAME_PREFIX_BYTES == 22
 
 
@@ -92,7 +93,7 @@ class Frame:
     flags: FrameFlags
     request_id: int
     header_bytes: bytes
-    payload: bytes
+    payload: bytes | memoryview  # a read-only view for a frame decoded in direct mode
 
     @property
     def is_response(self) -> bool:
@@ -180,6 +181,7 @@ class FrameDecoder:
         *,
         frame_bytes_max: int = limits.frame_bytes_max,
         header_bytes_max: int = limits.frame_header_bytes_max,
+        direct_bytes_min: int | None = None,
     ) -> None:
         self._buf = bytearray()
         self._pos = 0  # start of the first unconsumed byte in _buf
@@ -187,10 +189,36 @@ class FrameDecoder:
         self._header_bytes_max = header_bytes_max
         self._need: tuple[int, int, int, int, int, int] | None = None
         self.error: EstreamError | None = None  # a bad prefix found after good frames
+        # Direct mode (None: off): a frame of at least this many bytes that is not yet
+        # whole gets a buffer of its own, its exact size; what follows is copied (or, with
+        # get_buffer, received) straight into it, and its payload is a read-only view of
+        # it: no growing, compacting and slicing of the shared buffer for large answers.
+        self._direct_bytes_min = direct_bytes_min
+        self._frame: bytearray | None = None  # the frame being received in direct mode
+        self._frame_fill = 0
+        self._scratch = bytearray(RECEIVE_BYTES) if direct_bytes_min is not None else None
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._frame_fill
+
+    def get_buffer(self) -> memoryview:
+        """Where the next received bytes go (``asyncio.BufferedProtocol``): the rest of a
+        direct-mode frame, else a scratch buffer. Then call :meth:`buffer_updated`."""
+        if self._frame is not None:
+            return memoryview(self._frame)[self._frame_fill :]
+        if self._scratch is None:
+            self._scratch = bytearray(RECEIVE_BYTES)
+        return memoryview(self._scratch)
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        """The frames completed by ``nbytes`` received into :meth:`get_buffer`'s buffer."""
+        if self._frame is not None:
+            self._frame_fill += nbytes
+            return [self._finish_direct()] if self._frame_fill == len(self._frame) else []
+        assert self._scratch is not None
+        with memoryview(self._scratch) as view:
+            return self.feed(view[:nbytes])
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Buffer ``data`` and return the frames it completes.
@@ -201,11 +229,20 @@ class FrameDecoder:
         """
         if self.error is not None:
             raise self.error
+        frames: list[Frame] = []
+        if self._frame is not None:
+            view = memoryview(data)
+            take = min(len(view), len(self._frame) - self._frame_fill)
+            self._frame[self._frame_fill : self._frame_fill + take] = view[:take]
+            self._frame_fill += take
+            if self._frame_fill < len(self._frame):
+                return frames
+            frames.append(self._finish_direct())
+            data = view[take:]
         if self._pos and self._pos == len(self._buf):
             self._buf.clear()
             self._pos = 0
         self._buf += data
-        frames: list[Frame] = []
         while True:
             try:
                 frame = self._next_frame()
@@ -232,6 +269,11 @@ class FrameDecoder:
             self._need = self._parse_prefix(buf, pos)
         opcode, flags, request_id, header_len, payload_len, total = self._need
         if available < total:
+            if self._direct_bytes_min is not None and total >= self._direct_bytes_min:
+                self._frame = bytearray(total)
+                self._frame[:available] = buf[pos:]
+                self._frame_fill = available
+                self._pos = len(buf)
             return None
         body = pos + FRAME_PREFIX_BYTES
         with memoryview(buf) as view:  # one copy per field (a bytearray slice is a second)
@@ -239,6 +281,17 @@ class FrameDecoder:
             payload = bytes(view[body + header_len : pos + total])
         self._pos = pos + total
         self._need = None
+        return Frame(opcode, FrameFlags(flags), request_id, header, payload)
+
+    def _finish_direct(self) -> Frame:
+        """The direct-mode frame, now whole; its payload a read-only view of its buffer."""
+        buf, need = self._frame, self._need
+        assert buf is not None and need is not None
+        opcode, flags, request_id, header_len, _, _ = need
+        self._frame, self._frame_fill, self._need = None, 0, None
+        body = FRAME_PREFIX_BYTES + header_len
+        header = bytes(buf[FRAME_PREFIX_BYTES:body])
+        payload = memoryview(buf).toreadonly()[body:]
         return Frame(opcode, FrameFlags(flags), request_id, header, payload)
 
     def _parse_prefix(self, buf: bytearray, pos: int) -> tuple[int, int, int, int, int, int]:

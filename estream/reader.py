@@ -54,7 +54,7 @@ def replica_order(rng: RangeMeta, preferred: str | None) -> list[ReplicaRef]:
     return first + [r for r in rng.replicas if r.id != preferred]
 
 
-def decode_answer(payload: bytes, offset: int, end: int | None) -> list[Record]:
+def decode_answer(payload: bytes | memoryview, offset: int, end: int | None) -> list[Record]:
     """The records at or past ``offset`` (and below ``end``) in a READ answer's batches;
     raises :class:`ChecksumMismatch` or :class:`MalformedBatch` on bad bytes."""
     records: list[Record] = []
@@ -71,7 +71,9 @@ def decode_answer(payload: bytes, offset: int, end: int | None) -> list[Record]:
     return records
 
 
-def decode_answer_columns(payload: bytes, offset: int, end: int | None) -> list[BatchColumns]:
+def decode_answer_columns(
+    payload: bytes | memoryview, offset: int, end: int | None
+) -> list[BatchColumns]:
     """:func:`decode_answer` as columns: one :class:`BatchColumns` per batch, trimmed to
     ``[offset, end)``, without a :class:`Record` per record."""
     batches: list[BatchColumns] = []
@@ -104,7 +106,7 @@ class _Decoding(Generic[T]):
 
     def __init__(
         self,
-        decode: Callable[[bytes, int, int | None], list[T]],
+        decode: Callable[[bytes | memoryview, int, int | None], list[T]],
         next_offset: Callable[[list[T], int], int],
     ) -> None:
         self.decode = decode  # (payload, offset, end) -> items at or past offset, below end

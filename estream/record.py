@@ -390,7 +390,7 @@ def decode_columns(
     total = header.total_bytes
     if len(batch) < total:
         raise MalformedBatch("truncated batch")
-    section = bytes(memoryview(batch)[BATCH_HEADER_BYTES:total])
+    section = memoryview(batch)[BATCH_HEADER_BYTES:total]  # values are copied once, below
     count = header.count
     base = header.base_offset
     lo = 0 if start is None else min(count, max(0, start - base))
@@ -405,14 +405,14 @@ def decode_columns(
 _Columns = tuple["array[int]", bytes, "array[int]", "list[dict[str, str]] | None"]
 
 
-def _uniform_columns(section: bytes, count: int, lo: int, hi: int) -> _Columns | None:
+def _uniform_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns | None:
     """The fast path: every record has no headers and the same value length. Returns None
     when the section is not like that (the general walk then decodes it)."""
     _, headers_bytes, value_bytes = _RECORD.unpack_from(section, 0)
     stride = RECORD_PREFIX_BYTES + value_bytes
     if headers_bytes or stride * count != len(section):
         return None
-    lengths = section[8:RECORD_PREFIX_BYTES]
+    lengths = bytes(section[8:RECORD_PREFIX_BYTES])
     for j in range(8):  # every prefix's length fields equal the first one's, byte by byte
         if section[8 + j :: stride] != lengths[j : j + 1] * count:
             return None
@@ -425,20 +425,17 @@ def _uniform_columns(section: bytes, count: int, lo: int, hi: int) -> _Columns |
     if sys.byteorder != "little":
         timestamps.byteswap()
     pos = first + RECORD_PREFIX_BYTES
-    if n == count:
-        data = b"".join([section[p : p + value_bytes] for p in range(pos, len(section), stride)])
-    else:
-        view = memoryview(section)
-        data = b"".join([view[p : p + value_bytes] for p in range(pos, hi * stride, stride)])
+    # one copy of each value, straight from the answer into the column (views, no slices)
+    data = b"".join([section[p : p + value_bytes] for p in range(pos, hi * stride, stride)])
     ends = array(
         "i", range(0, (n + 1) * value_bytes, value_bytes) if value_bytes else [0] * (n + 1)
     )
     return timestamps, data, ends, None
 
 
-def _walk_columns(section: bytes, count: int, lo: int, hi: int) -> _Columns:
+def _walk_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns:
     """The general path: walk the record prefixes one by one."""
-    view = memoryview(section)
+    view = section
     end = len(section)
     unpack = _RECORD.unpack_from
     timestamps = array("q")

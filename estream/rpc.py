@@ -57,11 +57,14 @@ Header = dict[str, Any]
 Handler = Callable[[Header, bytes], Awaitable[tuple[Header | None, bytes]]]
 
 
-class _ClientProtocol(asyncio.Protocol):
+class _ClientProtocol(asyncio.BufferedProtocol):
+    """Receives into the decoder's buffers: a large answer (READ) lands straight in a
+    buffer of its own and is handed on as a view, with no copy on the client's side."""
+
     def __init__(self, address: str) -> None:
         self.address = address
         self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder()
+        self.decoder = FrameDecoder(direct_bytes_min=limits.frame_direct_bytes_min)
         self.pending: dict[int, asyncio.Future[Frame]] = {}
         self.closed_error: EstreamError | None = None
         self.lost = asyncio.Event()
@@ -71,9 +74,12 @@ class _ClientProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            frames = self.decoder.feed(data)
+            frames = self.decoder.buffer_updated(nbytes)
         except EstreamError as exc:
             self._fail_all(exc)
             if self.transport is not None:
@@ -166,8 +172,9 @@ class RpcClient:
         payload: bytes | memoryview = b"",
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
-    ) -> tuple[Header, bytes]:
-        """Send a request and wait for its response: ``(header, payload)``.
+    ) -> tuple[Header, bytes | memoryview]:
+        """Send a request and wait for its response: ``(header, payload)``; a large
+        payload is a read-only view (see :class:`FrameDecoder`'s direct mode).
 
         Raises the server's typed error, :class:`Unavailable` when the connection fails, or
         :class:`Timeout` (outcome unknown) after ``timeout_s``.
@@ -249,7 +256,7 @@ class ConnectionPool:
         payload: bytes | memoryview = b"",
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
-    ) -> tuple[Header, bytes]:
+    ) -> tuple[Header, bytes | memoryview]:
         client = await self.get(address)
         return await client.call(opcode, header, payload, timeout_s=timeout_s)
 
@@ -471,6 +478,7 @@ class _ServerProtocol(asyncio.Protocol):
             handler = self.server.handlers.get(frame.opcode)
             if handler is None:
                 raise UnsupportedOpcode(f"unsupported opcode {frame.opcode}", opcode=frame.opcode)
+            assert isinstance(frame.payload, bytes)  # the server's decoder has no direct mode
             header, payload = await handler(frame.header(), frame.payload)
             out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
         except EstreamError as exc:

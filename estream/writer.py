@@ -688,7 +688,7 @@ class Writer:
         payload: bytes = b"",
         *,
         timeout_s: float = request_timeout_s,
-    ) -> tuple[dict[str, Any], bytes]:
+    ) -> tuple[dict[str, Any], bytes | memoryview]:
         address = self._addresses[replica]
         if opcode == Opcode.APPEND:
             self._touched.add(address)

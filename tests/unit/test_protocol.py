@@ -241,3 +241,71 @@ def test_good_frame_before_bad_prefix_in_one_feed_is_returned_then_error_raised(
     assert isinstance(decoder.error, MalformedFrame)
     with pytest.raises(MalformedFrame):
         decoder.feed(b"")
+
+
+# ------------------------------------------------- direct mode (large answers, in place)
+
+
+def _stream_of_frames() -> tuple[bytes, list[tuple[int, bytes]]]:
+    """A small frame, a large one, a small one, a large one: bytes and (id, payload)."""
+    frames = [(1, b"small"), (2, bytes(range(256)) * 40), (3, b""), (4, b"\xab" * 9_000)]
+    wire = b"".join(
+        encode_frame_bytes(Opcode.READ, rid, {"end": rid}, payload, FrameFlags.RESPONSE)
+        for rid, payload in frames
+    )
+    return wire, frames
+
+
+def _summary(frames: list[Frame]) -> list[tuple[int, dict[str, object], bytes]]:
+    return [(f.request_id, f.header(), bytes(f.payload)) for f in frames]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000, 4096, 100_000])
+def test_direct_mode_feed_gives_the_same_frames_and_views_for_large_ones(chunk: int) -> None:
+    wire, frames = _stream_of_frames()
+    decoder = FrameDecoder(direct_bytes_min=1024)
+    out: list[Frame] = []
+    for pos in range(0, len(wire), chunk):
+        out += decoder.feed(wire[pos : pos + chunk])
+    assert _summary(out) == [(rid, {"end": rid}, payload) for rid, payload in frames]
+    assert decoder.buffered_bytes == 0
+    for frame in out:
+        if len(frame.payload) >= 1024 and chunk < len(wire):
+            assert isinstance(frame.payload, memoryview) and frame.payload.readonly
+
+
+@pytest.mark.parametrize("sizes", [[1], [5, 3000, 17], [65536], [22, 1, 10_240, 2]])
+def test_direct_mode_receive_into_get_buffer(sizes: list[int]) -> None:
+    """The BufferedProtocol path: bytes land in get_buffer's buffer, up to its size."""
+    wire, frames = _stream_of_frames()
+    decoder = FrameDecoder(direct_bytes_min=1024)
+    out: list[Frame] = []
+    pos = turn = 0
+    while pos < len(wire):
+        buffer = decoder.get_buffer()
+        n = min(len(buffer), sizes[turn % len(sizes)], len(wire) - pos)
+        buffer[:n] = wire[pos : pos + n]
+        out += decoder.buffer_updated(n)
+        pos, turn = pos + n, turn + 1
+    assert _summary(out) == [(rid, {"end": rid}, payload) for rid, payload in frames]
+    direct = [f.request_id for f in out if isinstance(f.payload, memoryview)]
+    assert set(direct) <= {2, 4}  # a large frame received whole is decoded as usual
+    if max(sizes) < 1024:
+        assert direct == [2, 4]
+
+
+def test_direct_mode_keeps_checking_the_prefix_after_a_direct_frame() -> None:
+    big = encode_frame_bytes(Opcode.READ, 1, {}, b"x" * 5000, FrameFlags.RESPONSE)
+    decoder = FrameDecoder(direct_bytes_min=1024)
+    assert decoder.feed(big[:100]) == []
+    frames = decoder.feed(big[100:] + b"\x00" * FRAME_PREFIX_BYTES)
+    assert [bytes(f.payload) for f in frames] == [b"x" * 5000]
+    with pytest.raises(MalformedFrame):
+        decoder.feed(b"")
+
+
+def test_without_direct_mode_payloads_stay_bytes() -> None:
+    wire, _ = _stream_of_frames()
+    decoder = FrameDecoder()
+    out = [f for pos in range(0, len(wire), 100) for f in decoder.feed(wire[pos : pos + 100])]
+    assert all(isinstance(f.payload, bytes) for f in out) and len(out) == 4
