@@ -19,8 +19,8 @@ from estream.errors import Closed, EstreamError, Unauthenticated, Unavailable
 from estream.meta import ServerInfo, StreamMeta
 from estream.pdclient import PDClient
 from estream.rangewriter import WriterConfig
-from estream.reader import read_stream, read_stream_batches, stream_end_offset
-from estream.record import BatchColumns, Record
+from estream.reader import read_stream, read_stream_batches, read_stream_views, stream_end_offset
+from estream.record import BatchColumns, BatchView, Record
 from estream.rpc import ConnectionPool
 from estream.security import client_context
 from estream.writer import Writer
@@ -146,6 +146,22 @@ class Client:
         last trimmed to ``[start, end)``. Same failover, confirm-offset and range rules."""
         self._check_open()
         return read_stream_batches(self, name, start, end, follow, replica)
+
+    def read_batch_views(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        follow: bool = False,
+        *,
+        replica: str | None = None,
+    ) -> AsyncIterator[list[BatchView]]:
+        """:meth:`read_batches` undecoded: per READ answer, its batches (checksums
+        verified) as :class:`BatchView` windows of the answer's bytes, to be decoded many
+        at once with :func:`estream.record.decode_views` (one copy of the values). Same
+        failover, confirm-offset and range rules."""
+        self._check_open()
+        return read_stream_views(self, name, start, end, follow, replica)
 
     async def end_offset(self, name: str) -> int:
         """The confirmed (readable) end of the stream right now."""

@@ -14,7 +14,9 @@
 - offsets below the stream's start (trimmed) raise :class:`OffsetOutOfRange`.
 
 :func:`read_stream_batches` is the same read by batch: :class:`BatchColumns` (columns,
-no object per record) for batch consumers such as the Spark source.
+no object per record) for batch consumers; :func:`read_stream_views` hands over the
+verified batches undecoded (views of the READ answers), for consumers such as the Spark
+source that decode many at once.
 :func:`stream_end_offset` is the readable end of a stream right now.
 
 Side effects: network requests.
@@ -31,7 +33,15 @@ from estream import limits
 from estream.errors import EstreamError, OffsetOutOfRange, RangeNotFound, Unavailable
 from estream.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.protocol import Opcode
-from estream.record import BatchColumns, Record, decode_batch, decode_columns, iter_batches
+from estream.record import (
+    BatchColumns,
+    BatchView,
+    Record,
+    decode_batch,
+    decode_columns,
+    iter_batches,
+    view_batch,
+)
 
 if TYPE_CHECKING:
     from estream.client import Client
@@ -88,12 +98,33 @@ def decode_answer_columns(
     return batches
 
 
+def decode_answer_views(
+    payload: bytes | memoryview, offset: int, end: int | None
+) -> list[BatchView]:
+    """:func:`decode_answer_columns` without decoding: each batch checksum-verified and
+    kept as a view of the answer, windowed to ``[offset, end)``."""
+    views: list[BatchView] = []
+    for header, raw in iter_batches(payload):
+        if header.end_offset <= offset:
+            continue
+        if end is not None and header.base_offset >= end:
+            break
+        view = view_batch(raw, start=offset, end=end)
+        if view.count:
+            views.append(view)
+    return views
+
+
 def _records_end(records: list[Record], offset: int) -> int:
     return records[-1].offset + 1 if records else offset
 
 
 def _columns_end(batches: list[BatchColumns], offset: int) -> int:
     return batches[-1].end_offset if batches else offset
+
+
+def _views_end(views: list[BatchView], offset: int) -> int:
+    return views[-1].end if views else offset
 
 
 T = TypeVar("T")
@@ -115,6 +146,7 @@ class _Decoding(Generic[T]):
 
 RECORDS: Final = _Decoding(decode_answer, _records_end)
 COLUMNS: Final = _Decoding(decode_answer_columns, _columns_end)
+VIEWS: Final = _Decoding(decode_answer_views, _views_end)
 
 
 class _RangeRead(Generic[T]):
@@ -203,6 +235,21 @@ async def read_stream_batches(
     async for batches in _read_answers(client, name, start, end, follow, preferred, COLUMNS):
         for columns in batches:
             yield columns
+
+
+async def read_stream_views(
+    client: Client,
+    name: str,
+    start: int = 0,
+    end: int | None = None,
+    follow: bool = False,
+    preferred: str | None = None,
+) -> AsyncIterator[list[BatchView]]:
+    """:func:`read_stream_batches` undecoded: per READ answer, its verified batches as
+    :class:`BatchView` windows (never an empty list), for consumers that decode many
+    batches at once (:func:`estream.record.decode_views`)."""
+    async for views in _read_answers(client, name, start, end, follow, preferred, VIEWS):
+        yield views
 
 
 async def _read_answers(
@@ -312,8 +359,10 @@ async def _describe(client: Client, meta: StreamMeta, rng: RangeMeta, ref: Repli
 __all__: Sequence[str] = [
     "decode_answer",
     "decode_answer_columns",
+    "decode_answer_views",
     "read_stream",
     "read_stream_batches",
+    "read_stream_views",
     "replica_order",
     "stream_end_offset",
 ]

@@ -370,6 +370,51 @@ class BatchColumns:
         ]
 
 
+@dataclass(frozen=True, slots=True)
+class BatchView:
+    """A verified batch kept as a view of the bytes it arrived in (a READ answer), and
+    the window ``[start, end)`` of its offsets to decode: what a reader holds between
+    receiving batches and decoding many of them at once with :func:`decode_views`.
+    Cutting a window (:meth:`head`, :meth:`tail`) copies nothing."""
+
+    header: BatchHeader
+    batch: memoryview  # the whole batch, checksum verified
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+    def head(self, n: int) -> BatchView:
+        """The window's first ``n`` records."""
+        return BatchView(self.header, self.batch, self.start, min(self.end, self.start + n))
+
+    def tail(self, n: int) -> BatchView:
+        """The window without its first ``n`` records."""
+        return BatchView(self.header, self.batch, min(self.end, self.start + n), self.end)
+
+
+def view_batch(
+    batch: bytes | memoryview,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    verify: bool = True,
+) -> BatchView:
+    """One batch as a :class:`BatchView` of its records with offsets in ``[start, end)``
+    (None: no bound); verifies the checksum first. Copies nothing."""
+    header = verify_batch(batch) if verify else decode_header(batch)
+    total = header.total_bytes
+    if len(batch) < total:
+        raise MalformedBatch("truncated batch")
+    count = header.count
+    base = header.base_offset
+    lo = 0 if start is None else min(count, max(0, start - base))
+    hi = count if end is None else max(lo, min(count, end - base))
+    return BatchView(header, memoryview(batch)[:total], base + lo, base + hi)
+
+
 def decode_columns(
     batch: bytes | memoryview,
     *,
@@ -386,28 +431,70 @@ def decode_columns(
     value length and no headers (the common case) are checked and split with strided
     byte slices, in C.
     """
-    header = verify_batch(batch) if verify else decode_header(batch)
-    total = header.total_bytes
-    if len(batch) < total:
-        raise MalformedBatch("truncated batch")
-    section = memoryview(batch)[BATCH_HEADER_BYTES:total]  # values are copied once, below
-    count = header.count
-    base = header.base_offset
-    lo = 0 if start is None else min(count, max(0, start - base))
-    hi = count if end is None else max(lo, min(count, end - base))
-    columns = _uniform_columns(section, count, lo, hi)
-    if columns is None:
-        columns = _walk_columns(section, count, lo, hi)
-    timestamps, data, value_offsets, headers = columns
-    return BatchColumns(base + lo, timestamps, data, value_offsets, headers, header.confirm_offset)
+    return decode_views([view_batch(batch, start=start, end=end, verify=verify)])
 
 
-_Columns = tuple["array[int]", bytes, "array[int]", "list[dict[str, str]] | None"]
+def decode_views(views: Sequence[BatchView]) -> BatchColumns:
+    """The windows of consecutive views (each starting where the previous one ends) as
+    one :class:`BatchColumns`, as :func:`decode_columns` decodes each (whole records
+    section checked): every value is copied once, from the views straight into the one
+    values buffer, so a batch consumer gets its column in a single copy."""
+    timestamps = array("q")
+    parts: list[memoryview] = []
+    ends = array("i", [0])
+    headers: list[dict[str, str]] = []
+    any_headers = False
+    for i, view in enumerate(views):
+        if i and view.start != views[i - 1].end:
+            raise ValueError(f"views are not consecutive at offset {view.start}")
+        section = view.batch[BATCH_HEADER_BYTES:]
+        base, count = view.header.base_offset, view.header.count
+        lo, hi = view.start - base, view.end - base
+        size = ends[-1]
+        uniform = _uniform_columns(section, count, lo, hi)
+        if uniform is not None:
+            stamps, values, value_bytes = uniform
+            timestamps.extend(_int64s_le(stamps))
+            n = hi - lo
+            if value_bytes:
+                ends.extend(range(size + value_bytes, size + n * value_bytes + 1, value_bytes))
+            else:
+                ends.extend([size] * n)
+            if any_headers:
+                headers.extend({} for _ in range(n))
+        else:
+            stamps_w, values, ends_w, headers_w = _walk_columns(section, count, lo, hi)
+            if headers_w is not None and not any_headers:
+                headers = [{} for _ in range(len(timestamps))]
+                any_headers = True
+            timestamps.extend(stamps_w)
+            ends.extend(size + e for e in ends_w[1:])
+            if any_headers:
+                headers.extend(headers_w or ({} for _ in stamps_w))
+        parts.extend(values)
+    first = views[0].start if views else 0
+    confirm = views[-1].header.confirm_offset if views else 0
+    data = b"".join(parts)
+    return BatchColumns(first, timestamps, data, ends, headers if any_headers else None, confirm)
 
 
-def _uniform_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns | None:
-    """The fast path: every record has no headers and the same value length. Returns None
-    when the section is not like that (the general walk then decodes it)."""
+def _int64s_le(data: bytes) -> array[int]:
+    """Little-endian int64s as an array in this machine's order."""
+    values = array("q", data)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
+
+
+_Columns = tuple["array[int]", list[memoryview], "array[int]", "list[dict[str, str]] | None"]
+
+
+def _uniform_columns(
+    section: memoryview, count: int, lo: int, hi: int
+) -> tuple[bytes, list[memoryview], int] | None:
+    """The fast path: every record has no headers and the same value length. Returns the
+    window's timestamps (little-endian int64 bytes), its values (views) and the value
+    length, or None when the section is not like that (the general walk then decodes)."""
     _, headers_bytes, value_bytes = _RECORD.unpack_from(section, 0)
     stride = RECORD_PREFIX_BYTES + value_bytes
     if headers_bytes or stride * count != len(section):
@@ -421,16 +508,9 @@ def _uniform_columns(section: memoryview, count: int, lo: int, hi: int) -> _Colu
     stamps = bytearray(8 * n)
     for j in range(8):  # gather the timestamps' bytes: the prefixes are `stride` apart
         stamps[j::8] = section[first + j : hi * stride : stride]
-    timestamps = array("q", stamps)
-    if sys.byteorder != "little":
-        timestamps.byteswap()
     pos = first + RECORD_PREFIX_BYTES
-    # one copy of each value, straight from the answer into the column (views, no slices)
-    data = b"".join([section[p : p + value_bytes] for p in range(pos, hi * stride, stride)])
-    ends = array(
-        "i", range(0, (n + 1) * value_bytes, value_bytes) if value_bytes else [0] * (n + 1)
-    )
-    return timestamps, data, ends, None
+    values = [section[p : p + value_bytes] for p in range(pos, hi * stride, stride)]
+    return bytes(stamps), values, value_bytes
 
 
 def _walk_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns:
@@ -466,7 +546,7 @@ def _walk_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns
         pos = stop
     if pos != end:
         raise MalformedBatch(f"{end - pos} trailing bytes after the last record")
-    return timestamps, b"".join(parts), ends, headers if any_headers else None
+    return timestamps, parts, ends, headers if any_headers else None
 
 
 def _decode_headers(raw: memoryview) -> dict[str, str]:

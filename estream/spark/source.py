@@ -45,7 +45,7 @@ from pyspark.sql.types import (
 import estream
 from estream.errors import EstreamError, OffsetOutOfRange, StreamNotFound, Unavailable
 from estream.meta import StreamMeta
-from estream.record import BatchColumns
+from estream.record import BatchColumns, BatchView, decode_views
 from estream.spark.options import SourceOptions
 from estream.spark.planning import (
     Offsets,
@@ -235,26 +235,41 @@ def columns_headers_array(
     return array_.cast(map_type)
 
 
+def take_rows(views: list[BatchView], rows: int) -> tuple[list[BatchView], list[BatchView]]:
+    """The first ``rows`` records of ``views`` (the last view taken cut to fit: views are
+    windows, cutting copies nothing) and the rest."""
+    taken: list[BatchView] = []
+    for i, view in enumerate(views):
+        if rows <= 0:
+            return taken, views[i:]
+        if view.count > rows:
+            return [*taken, view.head(rows)], [view.tail(rows), *views[i + 1 :]]
+        taken.append(view)
+        rows -= view.count
+    return taken, []
+
+
 async def _chunks(
     opts: SourceOptions, part: EstreamPartition
-) -> AsyncGenerator[list[BatchColumns], None]:
-    """The partition's batch columns, in lists of at least ``arrow_rows`` records (the
-    last one: what is left)."""
+) -> AsyncGenerator[list[BatchView], None]:
+    """The partition's batches, undecoded, in lists of exactly ``arrow_rows`` records
+    (the last one: what is left)."""
     async with await estream.connect(opts.pd, timeout_s=opts.connect_timeout_s) as client:
         offset = part.start
-        chunk: list[BatchColumns] = []
+        pending: list[BatchView] = []
         rows = 0
         while offset < part.end:
             try:
-                async for columns in client.read_batches(
+                async for views in client.read_batch_views(
                     part.stream, start=offset, end=part.end, replica=part.replica
                 ):
-                    chunk.append(columns)
-                    rows += columns.count
-                    offset = columns.end_offset
-                    if rows >= opts.arrow_rows:
+                    pending.extend(views)
+                    rows += sum(view.count for view in views)
+                    offset = views[-1].end
+                    while rows >= opts.arrow_rows:
+                        chunk, pending = take_rows(pending, opts.arrow_rows)
+                        rows -= opts.arrow_rows
                         yield chunk
-                        chunk, rows = [], 0
             except OffsetOutOfRange as exc:
                 start = exc.fields.get("start")
                 if opts.fail_on_data_loss or not isinstance(start, int) or start <= offset:
@@ -272,20 +287,8 @@ async def _chunks(
                     offset=offset,
                     end=part.end,
                 )
-        if chunk:
-            yield chunk
-
-
-def arrow_pieces(
-    carry: pa.RecordBatch | None, batch: pa.RecordBatch, rows: int
-) -> tuple[list[pa.RecordBatch], pa.RecordBatch | None]:
-    """``carry`` then ``batch`` cut into batches of exactly ``rows`` rows (zero-copy
-    slices), and what is left over (None: nothing)."""
-    if carry is not None and carry.num_rows:
-        batch = pa.concat_batches([carry, batch])
-    pieces = [batch.slice(lo, rows) for lo in range(0, batch.num_rows - rows + 1, rows)]
-    left = batch.num_rows - len(pieces) * rows
-    return pieces, batch.slice(batch.num_rows - left) if left else None
+        if pending:
+            yield pending
 
 
 PREFETCH_BATCHES = 2  # Arrow batches read ahead while Spark consumes the current one
@@ -315,19 +318,16 @@ def read_partition(opts: SourceOptions, part: EstreamPartition) -> Iterator[pa.R
         schema = arrow_schema()
         loop = uvloop.new_event_loop()
         agen = _chunks(opts, part)
-        carry: pa.RecordBatch | None = None
         try:
             while True:
                 try:
                     chunk = loop.run_until_complete(agen.__anext__())
                 except StopAsyncIteration:
                     break
-                batch = columns_to_arrow(part.stream, chunk, schema)
-                pieces, carry = arrow_pieces(carry, batch, opts.arrow_rows)
-                if not all(put(piece) for piece in pieces):
+                # one copy of the values: from the READ answers into the Arrow buffer
+                if not put(columns_to_arrow(part.stream, [decode_views(chunk)], schema)):
                     return
-            if carry is None or put(carry):
-                put(_END)
+            put(_END)
         except BaseException as exc:  # handed to the consumer, which re-raises it
             put(exc)
         finally:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 import estream
-from estream.record import Record
+from estream.record import Record, decode_views
 from tests.harness.cluster import Cluster, start_cluster
 
 pytestmark = pytest.mark.integration
@@ -32,6 +32,18 @@ async def by_batches(
         assert columns.count > 0
         assert not records or columns.base_offset == records[-1].offset + 1
         records.extend(columns.records())
+    return records
+
+
+async def by_views(
+    client: estream.Client, name: str, start: int = 0, end: int | None = None
+) -> list[Record]:
+    """``read_batch_views``, every answer's views decoded at once."""
+    records: list[Record] = []
+    async for views in client.read_batch_views(name, start, end):
+        assert views and all(view.count > 0 for view in views)
+        assert not records or views[0].start == records[-1].offset + 1
+        records.extend(decode_views(views).records())
     return records
 
 
@@ -63,6 +75,7 @@ async def test_read_batches_equals_read_across_ranges_and_windows(cluster: Clust
             everything = [r async for r in client.read(name)]
             assert [r.offset for r in everything] == list(range(confirmed))
             assert await by_batches(client, name) == everything
+            assert await by_views(client, name) == everything
             assert everything[151] == Record(b"h", {"i": "1"}, 1001, 151)
 
             sealed_end = meta.ranges[0].end
@@ -84,6 +97,7 @@ async def test_read_batches_equals_read_across_ranges_and_windows(cluster: Clust
                 want = [r async for r in client.read(name, start, end)]
                 got = await by_batches(client, name, start, end)
                 assert got == want, (start, end)
+                assert await by_views(client, name, start, end) == want, (start, end)
                 stop = confirmed if end is None else end
                 assert [r.offset for r in got] == list(range(start, stop)), (start, end)
         finally:

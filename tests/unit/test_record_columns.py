@@ -16,7 +16,9 @@ from estream.record import (
     Record,
     decode_batch,
     decode_columns,
+    decode_views,
     encode_batch,
+    view_batch,
     wrap_records,
 )
 
@@ -151,3 +153,58 @@ def test_bad_layout_under_a_valid_checksum_is_malformed() -> None:
         decode_batch(bad)
     with pytest.raises(MalformedBatch):
         decode_columns(bad)
+
+
+# ------------------------------------------------- many views decoded at once (decode_views)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    batches=st.lists(st.one_of(general_st, uniform_st()), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(0, 25), max_size=6),
+)
+def test_views_decode_like_the_concatenated_records(
+    batches: list[list[Record]], cuts: list[int]
+) -> None:
+    """Consecutive batches (uniform, general, with headers or not), their windows cut
+    anywhere as a reader cuts them into Arrow batches: the same records, in order."""
+    views, want, base = [], [], 100
+    for records in batches:
+        data = encode(records, base)
+        want += decode_batch(data).records
+        views.append(view_batch(memoryview(data)))
+        base += len(records)
+    pieces = []
+    for cut in cuts:  # cut the first remaining view: head becomes its own piece
+        if views and 0 < cut < views[0].count:
+            pieces.append(views[0].head(cut))
+            views[0] = views[0].tail(cut)
+    views = pieces + views
+    columns = decode_views(views)
+    assert columns.records() == want
+    assert columns.value_offsets[-1] == len(columns.data)
+    assert (columns.headers is None) == all(not r.headers for r in want)
+    assert columns.base_offset == 100 and columns.end_offset == base
+
+
+def test_views_must_be_consecutive() -> None:
+    first = view_batch(encode([Record(b"a", {}, 1)] * 3, 0))
+    second = view_batch(encode([Record(b"b", {}, 1)] * 3, 3))
+    with pytest.raises(ValueError):
+        decode_views([first, second.tail(1)])
+    assert decode_views([]).count == 0
+
+
+def test_a_corrupt_batch_is_refused_when_viewed() -> None:
+    data = bytearray(encode([Record(b"abc", {}, 1)] * 3, 0))
+    data[-1] ^= 0xFF
+    with pytest.raises(ChecksumMismatch):
+        view_batch(bytes(data))
+
+
+def test_a_view_keeps_its_window() -> None:
+    view = view_batch(encode([Record(b"%d" % i, {}, i) for i in range(10)], 50), start=52, end=58)
+    assert (view.start, view.end, view.count) == (52, 58, 6)
+    assert [r.value for r in decode_views([view.head(2), view.tail(2)]).records()] == [
+        b"2", b"3", b"4", b"5", b"6", b"7"
+    ]

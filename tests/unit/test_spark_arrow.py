@@ -1,12 +1,20 @@
-"""The Spark source's Arrow conversion of batch columns (``columns_to_arrow``,
-``arrow_pieces``): the same rows as the records, exact batch sizes."""
+"""The Spark source's Arrow conversion of batch columns (``columns_to_arrow``) and its
+cutting of undecoded batches into Arrow batches (``take_rows``): the same rows as the
+records, exact batch sizes."""
 
 from __future__ import annotations
 
 import os
 
-from estream.record import Record, decode_batch, decode_columns, encode_batch
-from estream.spark.source import arrow_pieces, arrow_schema, columns_to_arrow
+from estream.record import (
+    Record,
+    decode_batch,
+    decode_columns,
+    decode_views,
+    encode_batch,
+    view_batch,
+)
+from estream.spark.source import arrow_schema, columns_to_arrow, take_rows
 
 
 def encode(records: list[Record], base: int) -> bytes:
@@ -54,12 +62,21 @@ def test_batches_without_headers_have_empty_maps() -> None:
     assert batch.column("value").to_pylist() == [b"ab"] * 4
 
 
-def test_arrow_pieces_cut_exact_sizes_and_carry_the_rest() -> None:
-    columns = [decode_columns(encode([Record(b"%d" % i, {}, i) for i in range(70)], 0))]
-    batch = columns_to_arrow("s", columns, arrow_schema())
-    pieces, carry = arrow_pieces(None, batch, 30)
-    assert [p.num_rows for p in pieces] == [30, 30] and carry is not None and carry.num_rows == 10
-    pieces2, carry2 = arrow_pieces(carry, batch, 40)
-    assert [p.num_rows for p in pieces2] == [40, 40] and carry2 is None
-    offsets = [o for p in pieces + pieces2 for o in p.column("offset").to_pylist()]
-    assert offsets == list(range(70)) + list(range(70))
+def test_take_rows_cuts_exact_sizes_across_batches() -> None:
+    views = [
+        view_batch(encode([Record(b"%d" % i, {}, i) for i in range(lo, lo + 25)], lo))
+        for lo in range(0, 100, 25)
+    ]
+    pending, chunks = views, []
+    while pending:
+        chunk, pending = take_rows(pending, 30)
+        chunks.append(chunk)
+    assert [sum(v.count for v in chunk) for chunk in chunks] == [30, 30, 30, 10]
+    batches = [columns_to_arrow("s", [decode_views(c)], arrow_schema()) for c in chunks]
+    for batch in batches:
+        batch.validate(full=True)
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(100))
+    assert [v for b in batches for v in b.column("value").to_pylist()] == [
+        b"%d" % i for i in range(100)
+    ]
+    assert take_rows(views, 0) == ([], views) and take_rows([], 5) == ([], [])
