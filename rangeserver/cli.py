@@ -47,6 +47,7 @@ log = logging.getLogger("rangeserver")
 
 STORAGE_CLASSES = ("nvme", "ssd", "hdd")
 checkpoint_interval_s = 30.0
+switch_interval_s = 0.0005  # GIL hand-over (CPython default: 0.005)
 gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
 
 
@@ -115,12 +116,21 @@ def tune_gc() -> None:
     gc.set_threshold(gc_gen0_threshold, 50, 1000)
 
 
+def tune_thread_switching() -> None:
+    """Hand the GIL over every 0.5 ms instead of CPython's 5 ms. The log's writer thread
+    needs the GIL back after each write and fdatasync; while the event loop is busy
+    decoding appends, each of those waits lasted up to a whole switch interval, which
+    made a group commit of 0.4 ms take several milliseconds at the tail."""
+    sys.setswitchinterval(switch_interval_s)
+
+
 async def serve(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(data_dir)
     await store.open()
     tune_gc()
+    tune_thread_switching()
     server = RangeServer(store, server_id(data_dir), storage_class=args.storage_class)
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set

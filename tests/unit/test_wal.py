@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from pathlib import Path
+
+import pytest
 
 from rangeserver import walformat as wf
 from rangeserver.wal import Wal
@@ -68,3 +72,84 @@ async def test_truncate_cuts_a_torn_tail(tmp_path: Path) -> None:
     assert result.verdict is wf.Verdict.TORN_TAIL
     wal.truncate(0, result.valid_end)
     assert wal.read_segment(0) == entry(1)
+
+
+class _Calls:
+    """Counts the log's write and sync system calls (wrapping the real ones)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, refuse_dsync: bool = False) -> None:
+        self.dsync_writes = 0
+        self.fdatasyncs = 0
+        real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
+
+        def pwritev(fd: int, parts: list[bytes], offset: int, flags: int = 0) -> int:
+            if flags & os.RWF_DSYNC:
+                if refuse_dsync:
+                    raise OSError(errno.EOPNOTSUPP, "RWF_DSYNC not supported")
+                self.dsync_writes += 1
+            return real_pwritev(fd, parts, offset, flags)
+
+        def fdatasync(fd: int) -> None:
+            self.fdatasyncs += 1
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "pwritev", pwritev)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+
+needs_dsync = pytest.mark.skipif(not hasattr(os, "RWF_DSYNC"), reason="no RWF_DSYNC here")
+
+
+@needs_dsync
+async def test_a_group_with_nothing_unsynced_before_it_is_one_dsync_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _Calls(monkeypatch)
+    wal = Wal(tmp_path)
+    wal.start(asyncio.get_running_loop(), 0, 0)
+    data = entry(1)
+    _, done = wal.append((data,), len(data))
+    await done
+    assert (calls.dsync_writes, calls.fdatasyncs) == (1, 0)
+    await wal.close()
+    assert wal.read_segment(0) == data
+
+
+@needs_dsync
+async def test_deferred_writes_before_a_synced_append_are_covered_by_fdatasync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RWF_DSYNC syncs only its own write: a group after unsynced DEFERRED_SYNC writes
+    must fdatasync the file, or those earlier writes would be acknowledged as durable."""
+    calls = _Calls(monkeypatch)
+    wal = Wal(tmp_path)
+    wal.start(asyncio.get_running_loop(), 0, 0)
+    durable: list[int] = []
+    first, second = entry(1), entry(2)
+    _, written = wal.append((first,), len(first), sync=False,
+                            on_durable=lambda: durable.append(1))
+    await written
+    assert durable == []
+    _, done = wal.append((second,), len(second))
+    await done
+    assert durable == [1]
+    assert calls.fdatasyncs == 1 and calls.dsync_writes == 0
+    await wal.close()
+    assert wal.read_segment(0) == first + second
+
+
+@needs_dsync
+async def test_a_filesystem_refusing_rwf_dsync_falls_back_to_fdatasync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _Calls(monkeypatch, refuse_dsync=True)
+    wal = Wal(tmp_path)
+    wal.start(asyncio.get_running_loop(), 0, 0)
+    for i in range(3):
+        data = entry(i)
+        _, done = wal.append((data,), len(data))
+        await done
+    assert calls.fdatasyncs == 3
+    assert wal.failed is None
+    await wal.close()
+    assert wal.read_segment(0) == b"".join(entry(i) for i in range(3))  # each written once
