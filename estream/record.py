@@ -489,12 +489,17 @@ def _int64s_le(data: bytes) -> array[int]:
 _Columns = tuple["array[int]", list[memoryview], "array[int]", "list[dict[str, str]] | None"]
 
 
-def _uniform_columns(
-    section: memoryview, count: int, lo: int, hi: int
-) -> tuple[bytes, list[memoryview], int] | None:
-    """The fast path: every record has no headers and the same value length. Returns the
-    window's timestamps (little-endian int64 bytes), its values (views) and the value
-    length, or None when the section is not like that (the general walk then decodes)."""
+def uniform_value_bytes(view: BatchView) -> int | None:
+    """The value length of every record of the view's batch when all have that length and
+    no headers (records then lie ``RECORD_PREFIX_BYTES + value_bytes`` apart, each a
+    16-byte prefix and its value), else None. Checks the whole records section, as
+    :func:`decode_columns` does, so a consumer may gather such a batch by strides."""
+    return _uniform_value_bytes(view.batch[BATCH_HEADER_BYTES:], view.header.count)
+
+
+def _uniform_value_bytes(section: memoryview, count: int) -> int | None:
+    if len(section) < RECORD_PREFIX_BYTES:
+        return None
     _, headers_bytes, value_bytes = _RECORD.unpack_from(section, 0)
     stride = RECORD_PREFIX_BYTES + value_bytes
     if headers_bytes or stride * count != len(section):
@@ -503,6 +508,19 @@ def _uniform_columns(
     for j in range(8):  # every prefix's length fields equal the first one's, byte by byte
         if section[8 + j :: stride] != lengths[j : j + 1] * count:
             return None
+    return int(value_bytes)
+
+
+def _uniform_columns(
+    section: memoryview, count: int, lo: int, hi: int
+) -> tuple[bytes, list[memoryview], int] | None:
+    """The fast path: every record has no headers and the same value length. Returns the
+    window's timestamps (little-endian int64 bytes), its values (views) and the value
+    length, or None when the section is not like that (the general walk then decodes)."""
+    value_bytes = _uniform_value_bytes(section, count)
+    if value_bytes is None:
+        return None
+    stride = RECORD_PREFIX_BYTES + value_bytes
     n = hi - lo
     first = lo * stride
     stamps = bytearray(8 * n)

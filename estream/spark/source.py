@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequen
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import uvloop
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -45,7 +46,14 @@ from pyspark.sql.types import (
 import estream
 from estream.errors import EstreamError, OffsetOutOfRange, StreamNotFound, Unavailable
 from estream.meta import StreamMeta
-from estream.record import BatchColumns, BatchView, decode_views
+from estream.record import (
+    BATCH_HEADER_BYTES,
+    RECORD_PREFIX_BYTES,
+    BatchColumns,
+    BatchView,
+    decode_views,
+    uniform_value_bytes,
+)
 from estream.spark.options import SourceOptions
 from estream.spark.planning import (
     Offsets,
@@ -179,13 +187,10 @@ def columns_to_arrow(
     Python work per record, except for the headers of records that have some.
     """
     n = sum(c.count for c in batches)
-    offsets = array("q")
     millis = array("q")
     for c in batches:
-        offsets.extend(range(c.base_offset, c.end_offset))
         millis.extend(c.timestamps)
     if sys.byteorder != "little":  # Arrow buffers are little-endian
-        offsets.byteswap()
         millis.byteswap()
     values = [
         pa.Array.from_buffers(
@@ -193,19 +198,86 @@ def columns_to_arrow(
         )
         for c in batches
     ]
-    timestamps = pa.Array.from_buffers(
-        pa.timestamp("ms", tz="UTC"), n, [None, pa.py_buffer(millis)]
-    ).cast(schema.field("timestamp").type)
+    return _record_batch(
+        stream,
+        batches[0].base_offset if batches else 0,
+        n,
+        pa.py_buffer(millis),
+        columns_headers_array(batches, n, schema.field("headers").type),
+        values[0] if len(values) == 1 else pa.concat_arrays(values),
+        schema,
+    )
+
+
+def views_to_arrow(stream: str, views: Sequence[BatchView], schema: pa.Schema) -> pa.RecordBatch:
+    """Consecutive batch views of one stream as one Arrow batch (the read path).
+
+    When every batch has the uniform layout (same value length, no headers: what writers
+    of fixed-size records produce), its records are a 2-D array of ``stride`` bytes each:
+    numpy copies the value and timestamp columns out of every view straight into the
+    Arrow buffers, one copy and no Python per record. Otherwise :func:`decode_views`."""
+    sizes = {uniform_value_bytes(view) for view in views}
+    if len(sizes) != 1 or None in sizes:
+        return columns_to_arrow(stream, [decode_views(views)], schema)
+    value_bytes = sizes.pop()
+    assert value_bytes is not None
+    stride = RECORD_PREFIX_BYTES + value_bytes
+    n = sum(view.count for view in views)
+    if n * value_bytes > VALUES_BYTES_MAX:
+        raise ValueError(f"{n} values of {value_bytes} bytes do not fit one Arrow batch")
+    data = np.empty((n, value_bytes), np.uint8)
+    millis = np.empty((n, 8), np.uint8)  # little-endian int64 timestamps, byte by byte
+    row = 0
+    for view in views:
+        lo = view.start - view.header.base_offset
+        records = np.frombuffer(
+            view.batch, np.uint8, view.header.count * stride, BATCH_HEADER_BYTES
+        ).reshape(-1, stride)[lo : lo + view.count]
+        data[row : row + view.count] = records[:, RECORD_PREFIX_BYTES:]
+        millis[row : row + view.count] = records[:, :8]
+        row += view.count
+    ends = np.arange(n + 1, dtype="<i8") * value_bytes
+    values = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(ends.astype("<i4")), pa.py_buffer(data)]
+    )
+    headers = empty_maps(n, schema.field("headers").type)
+    first = views[0].start if views else 0
+    return _record_batch(stream, first, n, pa.py_buffer(millis), headers, values, schema)
+
+
+VALUES_BYTES_MAX = 2**31 - 1  # Arrow binary arrays have int32 offsets
+
+
+def _record_batch(
+    stream: str,
+    first_offset: int,
+    n: int,
+    millis: pa.Buffer,
+    headers: pa.Array,
+    values: pa.Array,
+    schema: pa.Schema,
+) -> pa.RecordBatch:
+    """The source's five columns; ``millis``: the records' little-endian int64
+    timestamps (ms), offsets ``first_offset`` onwards."""
+    timestamps = pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, millis])
+    offsets = np.arange(first_offset, first_offset + n, dtype="<i8")
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(stream, type=schema.field("stream").type), n),
             pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
-            timestamps,
-            columns_headers_array(batches, n, schema.field("headers").type),
-            values[0] if len(values) == 1 else pa.concat_arrays(values),
+            timestamps.cast(schema.field("timestamp").type),
+            headers,
+            values,
         ],
         schema=schema,
     )
+
+
+def empty_maps(n: int, map_type: pa.DataType) -> pa.Array:
+    """``n`` empty maps: a zero offsets buffer, no keys, no items."""
+    ends = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])
+    empty = pa.array([], type=pa.string())
+    return pa.MapArray.from_arrays(ends, empty, empty).cast(map_type)
 
 
 def columns_headers_array(
@@ -216,19 +288,18 @@ def columns_headers_array(
     keys: list[str] = []
     items: list[str] = []
     if all(c.headers is None for c in batches):
-        ends = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])
-    else:
-        flat = array("i", [0])
-        for c in batches:
-            if c.headers is None:
-                flat.extend([len(keys)] * c.count)
-                continue
-            for headers in c.headers:
-                if headers:
-                    keys.extend(headers.keys())
-                    items.extend(headers.values())
-                flat.append(len(keys))
-        ends = pa.array(flat, type=pa.int32())
+        return empty_maps(n, map_type)
+    flat = array("i", [0])
+    for c in batches:
+        if c.headers is None:
+            flat.extend([len(keys)] * c.count)
+            continue
+        for headers in c.headers:
+            if headers:
+                keys.extend(headers.keys())
+                items.extend(headers.values())
+            flat.append(len(keys))
+    ends = pa.array(flat, type=pa.int32())
     array_ = pa.MapArray.from_arrays(
         ends, pa.array(keys, type=pa.string()), pa.array(items, type=pa.string())
     )
@@ -325,7 +396,7 @@ def read_partition(opts: SourceOptions, part: EstreamPartition) -> Iterator[pa.R
                 except StopAsyncIteration:
                     break
                 # one copy of the values: from the READ answers into the Arrow buffer
-                if not put(columns_to_arrow(part.stream, [decode_views(chunk)], schema)):
+                if not put(views_to_arrow(part.stream, chunk, schema)):
                     return
             put(_END)
         except BaseException as exc:  # handed to the consumer, which re-raises it

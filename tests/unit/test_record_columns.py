@@ -18,6 +18,7 @@ from estream.record import (
     decode_columns,
     decode_views,
     encode_batch,
+    uniform_value_bytes,
     view_batch,
     wrap_records,
 )
@@ -208,3 +209,11 @@ def test_a_view_keeps_its_window() -> None:
     assert [r.value for r in decode_views([view.head(2), view.tail(2)]).records()] == [
         b"2", b"3", b"4", b"5", b"6", b"7"
     ]
+
+
+def test_uniform_value_bytes_names_only_the_fast_layout() -> None:
+    assert uniform_value_bytes(view_batch(encode([Record(b"abc", {}, 1)] * 4))) == 3
+    assert uniform_value_bytes(view_batch(encode([Record(b"", {}, 1)] * 4))) == 0
+    two_sizes = [Record(b"a", {}, 1), Record(b"bc", {}, 1)]
+    assert uniform_value_bytes(view_batch(encode(two_sizes))) is None
+    assert uniform_value_bytes(view_batch(encode([Record(b"a", {"k": "v"}, 1)] * 2))) is None

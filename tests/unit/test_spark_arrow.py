@@ -14,7 +14,7 @@ from estream.record import (
     encode_batch,
     view_batch,
 )
-from estream.spark.source import arrow_schema, columns_to_arrow, take_rows
+from estream.spark.source import arrow_schema, columns_to_arrow, take_rows, views_to_arrow
 
 
 def encode(records: list[Record], base: int) -> bytes:
@@ -80,3 +80,24 @@ def test_take_rows_cuts_exact_sizes_across_batches() -> None:
         b"%d" % i for i in range(100)
     ]
     assert take_rows(views, 0) == ([], views) and take_rows([], 5) == ([], [])
+
+
+def test_views_become_the_same_rows_on_both_paths() -> None:
+    """Uniform batches (numpy strided gather) and mixed ones (decode_views) give exactly
+    the rows the columnar decoder gives, windows cut anywhere."""
+    value = os.urandom(300)
+    uniform = [
+        encode([Record(value[i : i + 40], {}, 1_000 + lo + i) for i in range(60)], lo)
+        for lo in range(0, 180, 60)
+    ]
+    empty = [encode([Record(b"", {}, 7)] * 5, 0)]
+    mixed = [*uniform[:1], encode([Record(b"x" * (i % 5), {"k": "v"}, i) for i in range(60)], 60)]
+    for batches in (uniform, empty, mixed):
+        views = [view_batch(b) for b in batches]
+        views[0] = views[0].tail(3)
+        views[-1] = views[-1].head(views[-1].count - 2)
+        got = views_to_arrow("s", views, arrow_schema())
+        got.validate(full=True)
+        want = columns_to_arrow("s", [decode_views(views)], arrow_schema())
+        assert got.equals(want)
+        assert got.num_rows == sum(v.count for v in views)
