@@ -4,6 +4,7 @@ records, exact batch sizes."""
 
 from __future__ import annotations
 
+import gc
 import os
 
 from estream.record import (
@@ -14,6 +15,7 @@ from estream.record import (
     encode_batch,
     view_batch,
 )
+from estream.spark import source
 from estream.spark.source import arrow_schema, columns_to_arrow, take_rows, views_to_arrow
 
 
@@ -101,3 +103,18 @@ def test_views_become_the_same_rows_on_both_paths() -> None:
         want = columns_to_arrow("s", [decode_views(views)], arrow_schema())
         assert got.equals(want)
         assert got.num_rows == sum(v.count for v in views)
+
+
+def test_the_worker_heap_is_frozen_once() -> None:
+    saved = dict(source._heap)
+    try:
+        source._heap["frozen"] = False
+        source.freeze_worker_heap()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0 and source._heap["frozen"]
+        later = [[i] for i in range(10)]  # tracked objects made after the freeze
+        source.freeze_worker_heap()  # no second freeze: later objects stay collectable
+        assert gc.get_freeze_count() == frozen and len(later) == 10
+    finally:
+        gc.unfreeze()
+        source._heap.update(saved)
