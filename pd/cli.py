@@ -30,7 +30,7 @@ from typing import NoReturn
 import uvloop
 
 from estream.config import parse_with_config
-from estream.errors import InvalidArgument
+from estream.errors import ChecksumMismatch, InvalidArgument
 from estream.rpc import parse_address
 from estream.security import add_server_options, config_from_args, raft_password
 from pd.node import PdConfig, PlacementDriverNode
@@ -138,4 +138,11 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"estream pd: error: --data-dir: {exc}", file=sys.stderr)
         return 2
-    return uvloop.run(serve(config))
+    try:
+        return uvloop.run(serve(config))
+    except ChecksumMismatch as exc:
+        print(f"estream pd: error: {exc.message}. This node's copy of the catalog cannot be "
+              "trusted, so it does not start: move its --data-dir aside and start it empty "
+              "to copy the catalog from the other nodes (a one-node cluster: restore the "
+              "directory from a backup)", file=sys.stderr)
+        return 2

@@ -1,18 +1,22 @@
 """The pysyncobj adapter: replicates catalog commands with Raft and bridges to asyncio.
 
-This is the only module that knows pysyncobj. What it adds to pysyncobj 0.3.17:
+This module and `pd/journal.py` (its journal) are the only ones that know pysyncobj.
+What they add to pysyncobj 0.3.17:
 
-- **A durable log, with group commit.** pysyncobj writes its journal through an mmap
-  and never syncs it (its issue #84). Here every message a node sends during a tick
-  waits in an outbox; at the end of the tick the journal is synced once
-  (:meth:`DurableFileJournal.sync`) and the messages leave. So a follower acknowledges
+- **A durable, checksummed log, with group commit.** pysyncobj's own file journal has no
+  checksum and is never synced (its issue #84); here the journal is
+  :class:`pd.journal.ChecksummedJournal` (a damaged file stops the node instead of being
+  replayed), and every message a node sends during a tick waits in an outbox; before
+  the tick's poll and at its end the journal is synced once
+  (:meth:`ChecksummedJournal.sync`) and the messages leave. So a follower acknowledges
   ``append_entries`` only once the entries are on disk, the leader's own entry is on
   disk before any follower can acknowledge it (and so before it counts), and one sync
   covers every entry of a tick. The term and vote metadata is fsynced before it is
   renamed into place.
 - **Snapshots without pickle.** Log compaction writes the catalog's own msgpack snapshot
-  (plus the two log entries pysyncobj keeps around it), fsynced and renamed; they keep the
-  journal bounded (``logCompactionMinEntries``).
+  (plus the two log entries pysyncobj keeps around it) with an xxh3-64, fsynced and
+  renamed; they keep the journal bounded (``logCompactionMinEntries``). A damaged
+  snapshot stops the node at start (pysyncobj would log it and start without it).
 - **Fast commits.** ``appendEntriesUseBatch=False``: a proposal is sent at once instead of on
   the next 100 ms tick (see DEPENDENCIES.md: p50 ~100 ms otherwise).
 - **A bridge to asyncio.** pysyncobj runs its own tick thread and calls back on it;
@@ -41,17 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import msgpack
-import pysyncobj.journal as _journal_module
 import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _syncobj_module
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
-from pysyncobj.journal import FileJournal, MetaStorer
-from pysyncobj.pickle import dumps as _pickle_dumps
 
-from estream.errors import EstreamError, Overloaded, Timeout, Unavailable
+from estream.errors import ChecksumMismatch, EstreamError, Overloaded, Timeout, Unavailable
 from pd.catalog import Catalog, CatalogView, Result
 from pd.commands import Command, decode_command, encode_command
+from pd.journal import ChecksummedJournal, decode_checked, encode_checked
 
 log = logging.getLogger(__name__)
 
@@ -66,83 +67,17 @@ except ImportError:  # pragma: no cover
     _HAS_CRYPTO = False
 
 
-class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
-    """pysyncobj's term/vote store, with an fsync before the atomic rename."""
-
-    def getMeta(self) -> Any:  # noqa: N802 - pysyncobj's name
-        try:
-            with open(self.getPath(), "rb") as f:
-                return _primitive_loads(f.read())
-        except (OSError, EOFError, ValueError):
-            return {}
-
-    def storeMeta(self, meta: Any) -> None:  # noqa: N802 - pysyncobj's name
-        path = self.getPath()
-        with open(path + ".tmp", "wb") as f:
-            f.write(_pickle_dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
-        _fsync_dir(os.path.dirname(path) or ".")
-
-
-class DurableFileJournal(FileJournal):  # type: ignore[misc]
-    """pysyncobj's FileJournal, synced to disk by :meth:`sync` (group commit).
-
-    Every change marks the journal dirty; :meth:`sync` makes all of them durable with one
-    ``fdatasync`` (on Linux that also writes back pages dirtied through the journal's
-    shared mmap, as ``msync(MS_SYNC)`` does, and it releases the GIL). The Raft object
-    calls it before any message leaves the node and at the end of every tick, so an
-    entry is on disk before a follower acknowledges it, before the leader's entry can
-    count towards a commit, and before anything is applied.
-    """
-
-    def __init__(self, journal_file: str) -> None:
-        super().__init__(journal_file)  # builds a _DurableMetaStorer (patched below)
-        self.dirty = False
-        self.syncs = 0
-        _fsync_dir(os.path.dirname(journal_file) or ".")
-
-    def sync(self) -> None:
-        if self.dirty:
-            resizable = self._FileJournal__journalFile
-            os.fdatasync(resizable._ResizableFile__f.fileno())
-            self.dirty = False
-            self.syncs += 1
-
-    def add(self, command: Any, idx: int, term: int) -> None:
-        super().add(command, idx, term)
-        self.dirty = True
-
-    def clear(self) -> None:
-        super().clear()
-        self.dirty = True
-
-    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803
-        super().deleteEntriesFrom(entryFrom)
-        self.dirty = True
-
-    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803
-        super().deleteEntriesTo(entryTo)
-        self.dirty = True
-
-    def _destroy(self) -> None:
-        self.sync()
-        super()._destroy()
-
-
 def _create_journal(journal_file: str | None = None) -> Any:
     if journal_file is None:
         from pysyncobj.journal import MemoryJournal
 
         return MemoryJournal()
-    return DurableFileJournal(journal_file)
+    return ChecksummedJournal(journal_file)
 
 
-# pysyncobj builds its journal and meta store through module-level names; point them at
-# the durable versions (this module is the only user of pysyncobj in the process).
+# pysyncobj builds its journal through a module-level name; point it at ours (this module
+# is the only user of pysyncobj in the process).
 _syncobj_module.createJournal = _create_journal
-_journal_module.MetaStorer = _DurableMetaStorer
 
 # pysyncobj unpickles every message from its Raft port (and every journal entry). Without
 # the optional `cryptography` package there is no password, and an unrestricted unpickler
@@ -171,14 +106,6 @@ def _primitive_loads(data: bytes | str) -> Any:
 _pysyncobj_pickle.loads = _primitive_loads
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @dataclass(frozen=True, slots=True)
 class RaftStatus:
     """What this node knows of the Raft group right now."""
@@ -194,6 +121,15 @@ class RaftStatus:
 
 
 _ROLES: Final = {0: "follower", 1: "candidate", 2: "leader"}
+
+
+def read_dump(path: str | Path) -> dict[str, Any]:
+    """The snapshot file's map; raises :class:`ChecksumMismatch` if it is damaged."""
+    with open(path, "rb") as f:
+        body = decode_checked(f.read(), str(path))
+    if body.get("v") != DUMP_VERSION:
+        raise ChecksumMismatch(f"{path}: unknown snapshot version {body.get('v')!r}")
+    return body
 
 
 class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
@@ -252,7 +188,7 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
 
     def _journal_sync(self) -> None:
         journal = self._SyncObj__raftLog
-        if isinstance(journal, DurableFileJournal):
+        if isinstance(journal, ChecksummedJournal):
             journal.sync()
 
     @replicated  # type: ignore[untyped-decorator]
@@ -275,15 +211,13 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
             "entries": [list(entry1), list(entry0)],
             "cluster": sorted(str(getattr(n, "address", n)) for n in cluster),
         }
-        with open(path, "wb") as f:
-            f.write(msgpack.packb(body, use_bin_type=True))
+        with open(path, "wb") as f:  # pysyncobj renames it into place
+            f.write(encode_checked(body))
             f.flush()
             os.fsync(f.fileno())
 
     def _read_dump(self, path: str) -> tuple[Any, ...]:
-        with open(path, "rb") as f:
-            body = msgpack.unpackb(f.read(), raw=False)
-        assert body["v"] == DUMP_VERSION, f"unknown dump version {body['v']}"
+        body = read_dump(path)
         catalog = Catalog.restore(body["catalog"])
         with self.lock:
             self.catalog = catalog
@@ -348,6 +282,9 @@ class RaftNode:
                 "(install it to use --password); listen on loopback or a private network only"
             )
             password = None
+        dump = self.data_dir / "raft.dump"
+        if dump.exists():
+            read_dump(dump)  # pysyncobj would log a damaged snapshot and start without it
         conf = SyncObjConf(
             journalFile=str(self.data_dir / "raft.journal"),
             fullDumpFile=str(self.data_dir / "raft.dump"),
@@ -368,6 +305,9 @@ class RaftNode:
             dynamicMembershipChange=False,
         )
         self._obj = _CatalogSyncObj(self.self_address, self.peers, conf)
+        journal = self._obj._SyncObj__raftLog
+        if isinstance(journal, ChecksummedJournal) and journal.recovery_note:
+            log.warning("Raft journal: %s", journal.recovery_note)
 
     @property
     def _sync(self) -> _CatalogSyncObj:

@@ -11,7 +11,8 @@ import pytest
 from estream.errors import InvalidArgument, StreamExists
 from estream.meta import StreamMeta
 from pd.commands import CreateStream, OpenWriter, RegisterServer
-from pd.raft import DurableFileJournal, RaftNode
+from pd.journal import ChecksummedJournal
+from pd.raft import RaftNode
 from tests.harness.process import free_port
 
 pytestmark = pytest.mark.integration
@@ -19,18 +20,18 @@ pytestmark = pytest.mark.integration
 
 def test_durable_journal_survives_reopen(tmp_path: Path) -> None:
     path = str(tmp_path / "j")
-    journal = DurableFileJournal(path)
+    journal = ChecksummedJournal(path)
     for i in range(1, 51):
         journal.add(b"cmd%d" % i, i, 1)
     journal.deleteEntriesFrom(40)  # drop entries 41..50
     journal.setCurrentTerm(3, "node-b")
     journal._destroy()
-    again = DurableFileJournal(path)
+    again = ChecksummedJournal(path)
     assert len(again) == 40 and again[39] == (b"cmd40", 40, 1)
     assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (3, "node-b")
     again.deleteEntriesTo(30)  # compaction keeps the tail
     again._destroy()
-    third = DurableFileJournal(path)
+    third = ChecksummedJournal(path)
     assert [e[1] for e in third] == list(range(31, 41))
     third._destroy()
 
@@ -64,7 +65,7 @@ async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> Non
             await node.propose(OpenWriter("s5"))
         assert node.status().log_entries < 60  # the journal was compacted
         journal = node._sync._SyncObj__raftLog
-        assert isinstance(journal, DurableFileJournal) and journal.syncs > 0
+        assert isinstance(journal, ChecksummedJournal) and journal.syncs > 0
         before = node.view().streams
     finally:
         await asyncio.to_thread(node.close)
