@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from estream import limits
-from estream.errors import Closed, EstreamError, Unauthenticated, Unavailable
+from estream.errors import Closed, EstreamError, OffsetOutOfRange, Unauthenticated, Unavailable
 from estream.meta import ServerInfo, StreamMeta
 from estream.pdclient import PDClient
 from estream.rangewriter import WriterConfig
@@ -81,6 +81,17 @@ class Client:
         await self.pd.delete_stream(name)
 
     async def trim(self, name: str, start_offset: int) -> StreamMeta:
+        """Drop the records below ``start_offset``: reads start there from now on.
+
+        Raises :class:`OffsetOutOfRange` when ``start_offset`` is past the stream's
+        confirmed end (it would drop records not written yet; PD alone cannot tell, as
+        only the range servers know where the open range ends)."""
+        end = await self.end_offset(name)
+        if start_offset > end:
+            raise OffsetOutOfRange(
+                f"cannot trim stream {name!r} to {start_offset}: its end is {end}",
+                offset=start_offset, start=(await self.stream_meta(name)).start_offset, end=end,
+            )
         meta = await self.pd.trim_stream(name, start_offset)
         self._streams[name] = meta
         return meta

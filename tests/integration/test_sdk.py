@@ -199,6 +199,10 @@ async def test_trimmed_offsets_raise_offset_out_of_range(cluster: Cluster) -> No
         with pytest.raises(estream.OffsetOutOfRange):
             _ = [r async for r in client.read("trimmed", start=2)]
         assert [r.offset async for r in client.read("trimmed", start=5)] == list(range(5, 20))
+        with pytest.raises(estream.OffsetOutOfRange, match="its end is 20"):
+            await client.trim("trimmed", 21)  # would drop records not written yet
+        assert (await client.describe_stream("trimmed")).start_offset == 5
+        assert (await client.trim("trimmed", 20)).start_offset == 20  # up to the end: all
 
 
 async def test_connect_to_nothing_is_unavailable_within_the_timeout() -> None:
