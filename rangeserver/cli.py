@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
+import re
 import signal
 import sys
 import uuid
@@ -31,7 +33,7 @@ from typing import NoReturn
 import uvloop
 
 from estream.config import parse_with_config
-from estream.errors import EstreamError, InvalidArgument
+from estream.errors import EstreamError, InvalidArgument, StorageError
 from estream.rpc import parse_addresses
 from estream.security import (
     SecurityConfig,
@@ -47,6 +49,7 @@ log = logging.getLogger("rangeserver")
 
 STORAGE_CLASSES = ("nvme", "ssd", "hdd")
 checkpoint_interval_s = 30.0
+_SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what PD accepts as a server id
 switch_interval_s = 0.0005  # GIL hand-over (CPython default: 0.005)
 gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
 
@@ -90,19 +93,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def server_id(data_dir: Path) -> str:
-    """The id kept in ``DIR/server_id``, created on first start."""
+    """The id kept in ``DIR/server_id``, created (and fsynced) on first start.
+
+    Raises :class:`StorageError` when the file exists but does not hold an id: starting
+    under a new identity would orphan every replica in the directory."""
     path = data_dir / "server_id"
     try:
-        existing = path.read_text().strip()
-        if existing:
-            return existing
+        raw = path.read_bytes()
     except FileNotFoundError:
-        pass
-    new = uuid.uuid4().hex
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(new + "\n")
-    tmp.replace(path)
-    return new
+        new = uuid.uuid4().hex
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(new + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+        dir_fd = os.open(data_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the name survives a crash too
+        finally:
+            os.close(dir_fd)
+        return new
+    text = raw.decode("ascii", errors="replace").strip()
+    if not _SERVER_ID_RE.fullmatch(text):
+        raise StorageError(
+            f"{path} is damaged (it should hold this server's id, found {raw[:40]!r}); "
+            "restore it, or move the data directory aside to start as a new, empty server"
+        )
+    return text
 
 
 def tune_gc() -> None:
@@ -127,11 +145,12 @@ def tune_thread_switching() -> None:
 async def serve(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
+    identity = server_id(data_dir)  # a damaged id stops us before recovery touches anything
     store = Store(data_dir)
     await store.open()
     tune_gc()
     tune_thread_switching()
-    server = RangeServer(store, server_id(data_dir), storage_class=args.storage_class)
+    server = RangeServer(store, identity, storage_class=args.storage_class)
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
     server.rpc.tokens = security.tokens
@@ -193,3 +212,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"estream rangeserver: error: {exc}", file=sys.stderr)
         return 1
+    except EstreamError as exc:  # a damaged data directory found at start
+        print(f"estream rangeserver: error: {exc.message}", file=sys.stderr)
+        return 2

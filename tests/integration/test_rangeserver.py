@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from estream.errors import (
 from estream.protocol import FrameDecoder, Opcode, encode_frame_bytes
 from estream.record import Record, encode_batch, iter_batches
 from estream.rpc import RpcClient
-from tests.harness.process import ManagedProcess
+from tests.harness.process import ESTREAM, ManagedProcess
 from tests.harness.rangeserver import start_rangeserver
 
 pytestmark = pytest.mark.integration
@@ -400,3 +401,25 @@ def raw_exchange_n(address: str, data: bytes, frames: int) -> bytes:
             received += chunk
             count += len(decoder.feed(chunk))
     return bytes(received)
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00garbage", b"a" * 200])
+def test_a_damaged_server_id_stops_the_server_with_one_line(
+    server: Server, content: bytes
+) -> None:
+    """Starting under a new identity would orphan every replica in the directory."""
+    server.stop()
+    id_file = server.data_dir / "server_id"
+    kept = id_file.read_text().strip()
+    assert len(kept) == 32
+    id_file.write_bytes(content)
+    done = subprocess.run(
+        [*ESTREAM, "rangeserver", "--listen", "127.0.0.1:0", "--data-dir", str(server.data_dir)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "server_id is damaged" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    id_file.write_text(kept + "\n")
+    server.start()  # the restored id: the same server again
+    assert (server.data_dir / "server_id").read_text().strip() == kept
