@@ -99,7 +99,7 @@ def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     append_rate = asyncio.run(
         fill(pd, stream, args.records, args.value_bytes, args.values == "distinct")
     )
-    spark = new_spark("estream-bench")
+    spark = new_spark("estream-bench", dict(c.split("=", 1) for c in args.conf))
     try:
 
         def estream_df(partition_records: int, arrow_rows: int) -> Any:
@@ -153,6 +153,7 @@ def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     "parquet_batch_rows_per_s": round(parquet_steady),
                     "batch_ratio": round(estream_steady / parquet_steady, 3),
                     "target_ratio": 0.5,
+                    "conf": args.conf,
                 }
             )
     finally:
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         help="several partitionRecords:arrowRows pairs, each measured beside Parquet",
     )
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument(
+        "--conf", action="append", default=[], help="a Spark setting K=V (repeatable)"
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     cluster = None

@@ -86,13 +86,13 @@ def cluster_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         process.stop()
 
 
-def new_spark(app: str = "estream-tests") -> Any:
+def new_spark(app: str = "estream-tests", conf: dict[str, str] | None = None) -> Any:
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
 
     import estream.spark
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
@@ -100,8 +100,10 @@ def new_spark(app: str = "estream-tests") -> Any:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     estream.spark.register(spark)
     return spark
