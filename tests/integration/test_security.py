@@ -86,6 +86,26 @@ async def test_tls_and_token_serve_data(pki: Pki, tls_server: RpcServer) -> None
         await client.close()
 
 
+async def test_large_answers_arrive_whole_over_tls(pki: Pki) -> None:
+    blob = bytes(range(256)) * 8192  # 2 MiB: received in place, through the TLS layer
+
+    async def big(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        return {}, blob[: header["size"]]
+
+    server = RpcServer({Opcode.READ: big}, name="test", ssl=_server_ctx(pki), tokens=[TOKEN])
+    await server.start(HOST, 0)
+    client = await RpcClient.connect(server.address, ssl=client_context(tls_ca=str(pki.ca)),
+                                     token=TOKEN)
+    try:
+        sizes = [len(blob), 5, 100_000, len(blob) - 1]
+        answers = await asyncio.gather(
+            *(client.call(Opcode.READ, {"size": size}) for size in sizes))
+        assert [bytes(payload) for _, payload in answers] == [blob[:size] for size in sizes]
+    finally:
+        await client.close()
+        await server.close()
+
+
 async def test_plain_tcp_client_is_refused_with_no_data(tls_server: RpcServer) -> None:
     client = await RpcClient.connect(tls_server.address, timeout_s=2)  # TCP connects...
     with pytest.raises(Unavailable):  # ...but the server's TLS layer drops the connection

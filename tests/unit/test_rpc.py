@@ -84,6 +84,31 @@ async def test_request_and_response(start_server: StartServer, clients: list[Rpc
     assert server.connection_count == 1
 
 
+async def test_large_answers_arrive_whole_in_place_among_small_ones(
+    start_server: StartServer, clients: list[RpcClient]
+) -> None:
+    """Answers of every size, many in flight: the client's in-place receive (a buffer of
+    its own per large frame) hands back exactly the bytes sent, large ones as views."""
+    blob = bytes(range(256)) * (3 * 4096)  # 3 MiB
+
+    async def handler(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        size = header["size"]
+        return {"size": size}, blob[header["at"] : header["at"] + size]
+
+    server = await start_server({Opcode.READ: handler})
+    client = await connect(clients, server.address)
+    sizes = [0, 1, 70_000, 3 * 1024 * 1024 - 5, 65_535, 65_536, 1_000_000, 17] * 3
+    calls = [
+        client.call(Opcode.READ, {"size": size, "at": i % 5}, timeout_s=10)
+        for i, size in enumerate(sizes)
+    ]
+    results = await asyncio.gather(*calls)
+    for i, (size, (header, payload)) in enumerate(zip(sizes, results, strict=True)):
+        assert header == {"size": size} and bytes(payload) == blob[i % 5 : i % 5 + size]
+        if isinstance(payload, memoryview):
+            assert payload.readonly and size >= 64 * 1024
+
+
 async def test_many_requests_answered_out_of_order_are_matched_by_id(
     start_server: StartServer, clients: list[RpcClient]
 ) -> None:
