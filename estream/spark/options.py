@@ -13,7 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from estream.errors import InvalidArgument
-from estream.spark.planning import PARTITION_RECORDS_DEFAULT, parse_streams
+from estream.spark.planning import (
+    MIN_PARTITIONS_DEFAULT,
+    PARTITION_RECORDS_DEFAULT,
+    parse_streams,
+)
 
 ARROW_ROWS_DEFAULT = 8_192
 CONNECT_TIMEOUT_S_DEFAULT = 10.0
@@ -76,6 +80,7 @@ class SourceOptions:
     partition_records: int
     arrow_rows: int
     connect_timeout_s: float
+    min_partitions: int = MIN_PARTITIONS_DEFAULT
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -91,6 +96,8 @@ class SourceOptions:
             or PARTITION_RECORDS_DEFAULT,
             arrow_rows=_int(options, "arrowRows", ARROW_ROWS_DEFAULT, 1) or ARROW_ROWS_DEFAULT,
             connect_timeout_s=float(timeout) if timeout else CONNECT_TIMEOUT_S_DEFAULT,
+            min_partitions=_int(options, "minPartitions", MIN_PARTITIONS_DEFAULT, 1)
+            or MIN_PARTITIONS_DEFAULT,
         )
 
 

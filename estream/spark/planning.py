@@ -29,7 +29,8 @@ from estream.meta import StreamMeta
 
 EARLIEST: Final = -2
 LATEST: Final = -1
-PARTITION_RECORDS_DEFAULT: Final = 100_000
+PARTITION_RECORDS_DEFAULT: Final = 250_000
+MIN_PARTITIONS_DEFAULT: Final = 2
 
 Offsets = dict[str, int]
 
@@ -252,16 +253,32 @@ def _cut(
     return pieces
 
 
+def partition_size(total: int, records_max: int, partitions_min: int) -> int:
+    """Records per partition for a micro-batch of ``total`` records: at most
+    ``records_max``, and small enough for at least ``partitions_min`` partitions (so a
+    small batch still keeps that many tasks busy), never below one record.
+
+    >>> partition_size(1_000_000, 250_000, 2), partition_size(200_000, 250_000, 2)
+    (250000, 100000)
+    >>> partition_size(3, 250_000, 2), partition_size(0, 250_000, 2)
+    (2, 1)
+    """
+    return max(1, min(records_max, -(-total // max(1, partitions_min))))
+
+
 def plan_batch(
     metas: Mapping[str, StreamMeta],
     start: Mapping[str, int],
     end: Mapping[str, int],
     records_max: int = PARTITION_RECORDS_DEFAULT,
+    partitions_min: int = 1,
 ) -> list[PartitionSpec]:
-    """Partitions of a whole micro-batch, streams in name order."""
+    """Partitions of a whole micro-batch, streams in name order, each of at most
+    :func:`partition_size` records."""
+    spans = {name: (start[name], end[name]) for name in sorted(end) if end[name] > start[name]}
+    total = sum(hi - lo for lo, hi in spans.values())
+    size = partition_size(total, records_max, partitions_min)
     specs: list[PartitionSpec] = []
-    for name in sorted(end):
-        lo, hi = start[name], end[name]
-        if hi > lo:
-            specs.extend(plan_partitions(metas[name], lo, hi, records_max))
+    for name, (lo, hi) in spans.items():
+        specs.extend(plan_partitions(metas[name], lo, hi, size))
     return specs

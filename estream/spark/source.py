@@ -167,7 +167,7 @@ def plan(
     metas, bounds = survey(opts)
     begin = effective_start(opts, start, resolve_spec(initial_spec, bounds), bounds)
     stop = offsets_dict({name: max(begin[name], int(end.get(name, begin[name]))) for name in begin})
-    specs = plan_batch(metas, begin, stop, opts.partition_records)
+    specs = plan_batch(metas, begin, stop, opts.partition_records, opts.min_partitions)
     return [EstreamPartition.of(spec) for spec in specs]
 
 

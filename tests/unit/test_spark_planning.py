@@ -22,6 +22,7 @@ from estream.spark.planning import (
     offsets_dict,
     parse_offsets_spec,
     parse_streams,
+    partition_size,
     plan_batch,
     plan_partitions,
     resolve_spec,
@@ -230,6 +231,34 @@ def test_offsets_no_range_covers_get_no_preferred_replica() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("total", "records_max", "partitions_min", "expected"),
+    [
+        (1_000_000, 250_000, 2, 250_000),  # a large batch: records_max decides
+        (200_000, 250_000, 2, 100_000),  # a small one still gets 2 partitions
+        (200_000, 250_000, 1, 200_000),
+        (7, 250_000, 2, 4),  # rounded up: 4 + 3
+        (1, 250_000, 4, 1),
+        (0, 250_000, 2, 1),
+        (10, 3, 2, 3),
+    ],
+)
+def test_partition_size(total: int, records_max: int, partitions_min: int, expected: int) -> None:
+    assert partition_size(total, records_max, partitions_min) == expected
+
+
+def test_plan_batch_keeps_min_partitions_over_all_streams() -> None:
+    metas = {n: stream(n, (0, None, ("r1", "r2"))) for n in ("a", "b")}
+    specs = plan_batch(metas, {"a": 0, "b": 0}, {"a": 300, "b": 100}, 1000, partitions_min=4)
+    assert [(s.stream, s.start, s.end) for s in specs] == [
+        ("a", 0, 100),
+        ("a", 100, 200),
+        ("a", 200, 300),
+        ("b", 0, 100),
+    ]
+    assert len(plan_batch(metas, {"a": 0, "b": 0}, {"a": 300, "b": 100}, 1000)) == 2
+
+
 def test_plan_batch_skips_empty_spans_and_orders_streams() -> None:
     metas = {
         "b": stream("b", (0, None, ("r1",))),
@@ -259,7 +288,9 @@ def test_source_options_parse_spark_strings() -> None:
     )
     assert opts.pd == "127.0.0.1:7100" and opts.streams == ("a", "b")
     assert opts.max_records_per_trigger == 100 and opts.fail_on_data_loss is False
-    assert opts.partition_records == 100_000
+    assert opts.partition_records == 250_000 and opts.min_partitions == 2
+    eight = SourceOptions.parse({"pd": "h:1", "streams": "a", "minPartitions": "8"})
+    assert eight.min_partitions == 8
 
 
 @pytest.mark.parametrize(
