@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from estream import limits
 from estream.errors import EstreamError, OffsetOutOfRange, RangeNotFound, Unavailable
@@ -86,16 +86,7 @@ def decode_answer_columns(
 ) -> list[BatchColumns]:
     """:func:`decode_answer` as columns: one :class:`BatchColumns` per batch, trimmed to
     ``[offset, end)``, without a :class:`Record` per record."""
-    batches: list[BatchColumns] = []
-    for header, raw in iter_batches(payload):
-        if header.end_offset <= offset:
-            continue
-        if end is not None and header.base_offset >= end:
-            break
-        columns = decode_columns(raw, start=offset, end=end)
-        if columns.count:
-            batches.append(columns)
-    return batches
+    return _windowed(payload, offset, end, decode_columns)
 
 
 def decode_answer_views(
@@ -103,16 +94,35 @@ def decode_answer_views(
 ) -> list[BatchView]:
     """:func:`decode_answer_columns` without decoding: each batch checksum-verified and
     kept as a view of the answer, windowed to ``[offset, end)``."""
-    views: list[BatchView] = []
+    return _windowed(payload, offset, end, view_batch)
+
+
+class _Counted(Protocol):
+    @property
+    def count(self) -> int: ...
+
+
+_C = TypeVar("_C", bound=_Counted)
+
+
+def _windowed(
+    payload: bytes | memoryview,
+    offset: int,
+    end: int | None,
+    cut: Callable[..., _C],
+) -> list[_C]:
+    """``cut(batch, start=offset, end=end)`` of every batch of the answer that overlaps
+    ``[offset, end)``, the empty ones left out."""
+    out: list[_C] = []
     for header, raw in iter_batches(payload):
         if header.end_offset <= offset:
             continue
         if end is not None and header.base_offset >= end:
             break
-        view = view_batch(raw, start=offset, end=end)
-        if view.count:
-            views.append(view)
-    return views
+        item = cut(raw, start=offset, end=end)
+        if item.count:
+            out.append(item)
+    return out
 
 
 def _records_end(records: list[Record], offset: int) -> int:
