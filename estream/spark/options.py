@@ -68,6 +68,34 @@ def _pd(options: Mapping[str, str]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Security:
+    """TLS and authentication towards a secured cluster: options ``tlsCa`` (PEM of the CA
+    that signs the cluster's certificates; turns TLS on), ``tlsCert`` and ``tlsKey`` (a
+    client certificate, for mutual TLS) and ``tokenFile`` (a file whose first line is the
+    token). Paths, not secrets, travel in the query's options: each must be readable where
+    the driver and every executor run."""
+
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    token_file: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> Security:
+        def path(key: str) -> str | None:
+            return (_get(options, key) or "").strip() or None
+
+        found = cls(path("tlsCa"), path("tlsCert"), path("tlsKey"), path("tokenFile"))
+        if (found.tls_cert is None) != (found.tls_key is None):
+            raise InvalidArgument("options 'tlsCert' and 'tlsKey' go together",
+                                  argument="tlsCert")
+        if found.tls_cert is not None and found.tls_ca is None:
+            raise InvalidArgument("option 'tlsCert' needs 'tlsCa' (TLS is on only with a CA)",
+                                  argument="tlsCa")
+        return found
+
+
+@dataclass(frozen=True, slots=True)
 class SourceOptions:
     """Options of ``spark.readStream.format("estream")`` and ``spark.read.format(...)``."""
 
@@ -81,6 +109,7 @@ class SourceOptions:
     arrow_rows: int
     connect_timeout_s: float
     min_partitions: int = MIN_PARTITIONS_DEFAULT
+    security: Security = Security()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -98,6 +127,7 @@ class SourceOptions:
             connect_timeout_s=float(timeout) if timeout else CONNECT_TIMEOUT_S_DEFAULT,
             min_partitions=_int(options, "minPartitions", MIN_PARTITIONS_DEFAULT, 1)
             or MIN_PARTITIONS_DEFAULT,
+            security=Security.parse(options),
         )
 
 
@@ -113,6 +143,7 @@ class SinkOptions:
     stream: str
     sink_id: str
     connect_timeout_s: float
+    security: Security = Security()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -128,4 +159,5 @@ class SinkOptions:
             stream=stream,
             sink_id=sink_id or "default",
             connect_timeout_s=float(timeout) if timeout else CONNECT_TIMEOUT_S_DEFAULT,
+            security=Security.parse(options),
         )

@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 import estream
-from estream.errors import EstreamError, InvalidArgument, StreamNotFound, Unavailable
+from estream.errors import InvalidArgument, StreamNotFound
 from estream.record import Record
 from estream.spark.commit import (
     Append,
@@ -33,6 +33,7 @@ from estream.spark.commit import (
     record_headers,
     remaining_rows,
 )
+from estream.spark.connection import connect
 from estream.spark.options import SinkOptions
 from estream.spark.source import run
 
@@ -101,12 +102,7 @@ async def _tail(client: estream.Client, stream: str, end: int, count: int) -> li
 
 async def commit_rows(opts: SinkOptions, batch: int, rows: list[Row]) -> int:
     """Append micro-batch ``batch`` exactly once; the number of records appended now."""
-    try:
-        client = await estream.connect(opts.pd, timeout_s=opts.connect_timeout_s)
-    except EstreamError as exc:
-        raise Unavailable(
-            f"estream sink: cannot reach the placement driver at {opts.pd!r}: {exc}"
-        ) from exc
+    client = await connect(opts, "estream sink")
     try:
         try:
             writer = await client.open_writer(opts.stream)

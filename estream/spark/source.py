@@ -45,7 +45,7 @@ from pyspark.sql.types import (
 )
 
 import estream
-from estream.errors import EstreamError, OffsetOutOfRange, StreamNotFound, Unavailable
+from estream.errors import OffsetOutOfRange, StreamNotFound
 from estream.meta import StreamMeta
 from estream.record import (
     BATCH_HEADER_BYTES,
@@ -55,6 +55,7 @@ from estream.record import (
     decode_views,
     uniform_value_bytes,
 )
+from estream.spark.connection import connect
 from estream.spark.options import SourceOptions
 from estream.spark.planning import (
     Offsets,
@@ -106,15 +107,6 @@ class EstreamPartition(InputPartition):
 # ---------------------------------------------------------------- driver-side cluster calls
 
 
-async def _connect(opts: SourceOptions) -> estream.Client:
-    try:
-        return await estream.connect(opts.pd, timeout_s=opts.connect_timeout_s)
-    except EstreamError as exc:
-        raise Unavailable(
-            f"estream: cannot reach the placement driver at {opts.pd!r}: {exc}"
-        ) from exc
-
-
 async def _describe(client: estream.Client, pd: str, name: str) -> tuple[StreamMeta, StreamBounds]:
     try:
         meta = await client.describe_stream(name)
@@ -128,7 +120,7 @@ async def _describe(client: estream.Client, pd: str, name: str) -> tuple[StreamM
 
 async def _survey(opts: SourceOptions) -> tuple[dict[str, StreamMeta], dict[str, StreamBounds]]:
     """Every stream's metadata and bounds, in one client session."""
-    client = await _connect(opts)
+    client = await connect(opts)
     try:
         metas: dict[str, StreamMeta] = {}
         bounds: dict[str, StreamBounds] = {}
@@ -326,7 +318,7 @@ async def _chunks(
 ) -> AsyncGenerator[list[BatchView], None]:
     """The partition's batches, undecoded, in lists of exactly ``arrow_rows`` records
     (the last one: what is left)."""
-    async with await estream.connect(opts.pd, timeout_s=opts.connect_timeout_s) as client:
+    async with await connect(opts) as client:
         offset = part.start
         pending: list[BatchView] = []
         rows = 0

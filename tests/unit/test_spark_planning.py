@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from estream.errors import InvalidArgument, OffsetOutOfRange
 from estream.meta import RangeMeta, ReplicaRef, StreamMeta
-from estream.spark.options import SinkOptions, SourceOptions
+from estream.spark.options import Security, SinkOptions, SourceOptions
 from estream.spark.planning import (
     EARLIEST,
     LATEST,
@@ -314,3 +314,21 @@ def test_sink_id_defaults_to_the_checkpoint_location() -> None:
     assert SinkOptions.parse({"pd": "h:1", "stream": "o", "sinkId": "q1"}).sink_id == "q1"
     with pytest.raises(InvalidArgument, match="stream"):
         SinkOptions.parse({"pd": "h:1"})
+
+
+def test_security_options_are_paths_parsed_case_insensitively() -> None:
+    plain = SourceOptions.parse({"pd": "h:1", "streams": "a"})
+    assert plain.security == Security()
+    opts = SinkOptions.parse({"pd": "h:1", "stream": "out", "TLSCA": " /ca.pem ",
+                              "tlscert": "/c.pem", "tlsKey": "/k.pem", "tokenfile": "/t"})
+    assert opts.security == Security("/ca.pem", "/c.pem", "/k.pem", "/t")
+
+
+@pytest.mark.parametrize("options", [
+    {"tlsCert": "/c.pem"},  # no key
+    {"tlsKey": "/k.pem"},  # no certificate
+    {"tlsCert": "/c.pem", "tlsKey": "/k.pem"},  # a client certificate, but TLS is off
+])
+def test_incomplete_tls_options_are_refused(options: dict[str, str]) -> None:
+    with pytest.raises(InvalidArgument, match="tls"):
+        SourceOptions.parse({"pd": "h:1", "streams": "a", **options})
