@@ -90,6 +90,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free TCP port in {_port_range} on {host}")
 
 
+def free_port_block(host: str = "127.0.0.1", size: int = 100) -> int:
+    """The first port of ``size`` consecutive ports, all free on ``host`` right now and
+    never handed out before in this process (``estream up --base-port``: its ports are
+    B+0..2, +10..12, +20..22, +30...); from below the ephemeral range, as :func:`free_port`."""
+    low, high = _port_range
+    for _ in range(200):
+        base = _port_rng.randrange(low, high - size, size)
+        ports = range(base, base + size)
+        if any(port in _handed_out for port in ports) or not _all_free(host, ports):
+            continue
+        _handed_out.update(ports)
+        return base
+    raise RuntimeError(f"no free block of {size} TCP ports in {_port_range} on {host}")
+
+
+def _all_free(host: str, ports: Sequence[int]) -> bool:
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

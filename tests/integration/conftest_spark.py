@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.process import ESTREAM, ManagedProcess
+from tests.harness.process import ESTREAM, ManagedProcess, free_port_block
 
 CLUSTER_HOST = "127.0.0.1"
 READY_LINE = "estream cluster ready"
@@ -35,33 +34,9 @@ def spark_env() -> dict[str, str]:
     }
 
 
-def _ports_free(host: str, ports: Sequence[int]) -> bool:
-    for port in ports:
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                return False
-    return True
-
-
-def free_base_port(host: str) -> int:
-    """A base port whose ``estream up`` ports (B+0..2, +10..12, +20..22, +30..32) are free."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            base = int(sock.getsockname()[1]) // 100 * 100
-        if base + 100 > 65535 or base < 20000:
-            continue
-        offsets = [o + i for o in (0, 10, 20, 30) for i in range(3)]
-        if _ports_free(host, [base + o for o in offsets]):
-            return base
-    raise RuntimeError("no free port block for estream up")
-
-
 def start_cluster(data_dir: Path) -> tuple[ManagedProcess, str]:
     """``estream up`` (3 PD nodes, 3 range servers); returns the process and PD addresses."""
-    base = free_base_port(CLUSTER_HOST)
+    base = free_port_block(CLUSTER_HOST)
     args = [*ESTREAM, "up", "--data-dir", str(data_dir), "--host", CLUSTER_HOST]
     args += ["--base-port", str(base)]
     process = ManagedProcess(args, data_dir.parent / "estream-up.log").start()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -24,31 +23,12 @@ from pathlib import Path
 import pytest
 
 from estream.up import plan_cluster, probe_ready
-from tests.harness.process import track
+from tests.harness.process import free_port_block, track
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 READY_S_MAX = 30.0
 UP = [sys.executable, "-m", "estream.cli", "up"]
-
-
-def free_base_port() -> int:
-    """A base port whose whole 100-port block is free (below the ephemeral range)."""
-    for _ in range(50):
-        base = random.randrange(20000, 32000, 100)
-        socks = []
-        try:
-            for port in range(base, base + 100):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no free 100-port block")
 
 
 def pid_alive(pid: int) -> bool:
@@ -157,7 +137,7 @@ class UpCluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
     tmp = tmp_path_factory.mktemp("up")
-    up = UpCluster(tmp / "data", free_base_port(), tmp / "up.out")
+    up = UpCluster(tmp / "data", free_port_block(), tmp / "up.out")
     try:
         yield up.start()
     finally:
@@ -293,7 +273,7 @@ def test_child_killed_with_kill9_is_restarted(cluster: UpCluster) -> None:
 
 
 def test_sigint_stops_every_child_and_a_restart_keeps_the_data(tmp_path: Path) -> None:
-    up = UpCluster(tmp_path / "data", free_base_port(), tmp_path / "up.out")
+    up = UpCluster(tmp_path / "data", free_port_block(), tmp_path / "up.out")
     try:
         up.start()
         up.cli("stream", "create", "durable")
@@ -329,7 +309,7 @@ def run_up(*args: str) -> subprocess.CompletedProcess[str]:
 def test_busy_port_and_busy_data_dir_are_one_line_errors(
     cluster: UpCluster, tmp_path: Path
 ) -> None:
-    base = free_base_port()
+    base = free_port_block()
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", base + 1))
         holder.listen()
@@ -337,14 +317,14 @@ def test_busy_port_and_busy_data_dir_are_one_line_errors(
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert f"127.0.0.1:{base + 1} is already in use" in result.stderr
-    result = run_up("--data-dir", str(cluster.data_dir), "--base-port", str(free_base_port()))
+    result = run_up("--data-dir", str(cluster.data_dir), "--base-port", str(free_port_block()))
     assert result.returncode == 1
     assert "another `estream up` is running" in result.stderr
     assert result.stderr.strip().count("\n") == 0
 
 
 def test_one_pd_node_and_four_range_servers(tmp_path: Path) -> None:
-    up = UpCluster(tmp_path / "data", free_base_port(), tmp_path / "up.out", 1, 4)
+    up = UpCluster(tmp_path / "data", free_port_block(), tmp_path / "up.out", 1, 4)
     try:
         up.start()
         status = json.loads(up.cli("cluster", "status", "--json").stdout)
