@@ -208,6 +208,8 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         self.syncs = 0
         self.recovery_note = ""  # what was cut at open (a torn tail), for the log
         data = self.path.read_bytes() if self.path.exists() else b""
+        if len(data) < len(HEADER) and HEADER.startswith(data):
+            data = b""  # a crash while the new file's header was being written
         if data:
             found = scan(data, str(self.path))
         else:
@@ -216,6 +218,7 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         self._offsets = found.offsets
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         if not data:
+            os.ftruncate(self._fd, 0)
             os.write(self._fd, HEADER)
             os.fsync(self._fd)
         elif found.valid_end < len(data):

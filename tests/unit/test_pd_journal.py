@@ -136,3 +136,14 @@ def test_a_damaged_length_field_does_not_hide_the_records_after_it(byte: int) ->
     data[start + byte] ^= 0x10
     with pytest.raises(ChecksumMismatch, match="a valid record at byte"):
         scan(bytes(data))
+
+
+@pytest.mark.parametrize("cut", [0, 1, 8, 15])
+def test_a_new_journal_cut_inside_its_header_starts_empty(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / "raft.journal"
+    path.write_bytes(HEADER[:cut])
+    journal = ChecksummedJournal(str(path))
+    assert len(journal) == 0
+    journal.add(b"first", 1, 1)
+    journal._destroy()
+    assert scan(path.read_bytes()).entries == [(b"first", 1, 1)]
