@@ -10,8 +10,8 @@ Group commit: a dedicated thread takes every entry queued so far, writes them wi
 while an fdatasync runs share the next one. When nothing written before the group is
 still unsynced (the usual case), the write and the sync are one call,
 ``pwritev(RWF_DSYNC)``: the thread then waits for the GIL once per group instead of twice,
-which matters while the event loop is busy (falls back to writev + fdatasync where the
-flag is refused). Completions go back to the event loop with
+which matters while the event loop is busy (where a probe at start finds the flag refused:
+writev + fdatasync). Completions go back to the event loop with
 ``loop.call_soon_threadsafe`` (one call per group). DEFERRED_SYNC entries complete once
 written; they become durable with the next fdatasync (a synced append, :meth:`Wal.force`,
 or after ``idle_sync_ms`` without new appends).
@@ -81,7 +81,7 @@ class Wal:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_fds: dict[int, int] = {}
-        self._dsync = bool(_DSYNC_FLAGS)  # cleared if the filesystem refuses RWF_DSYNC
+        self._dsync = False  # RWF_DSYNC writes: probed by start()
 
     # ------------------------------------------------------------------ startup (sync)
 
@@ -124,6 +124,7 @@ class Wal:
         self.position = position
         self.bytes_total = sum(self.segment_size(s) for s in self.segments())
         fd = self._open_append(segment)
+        self._dsync = _dsync_supported(fd)
         self._thread = threading.Thread(
             target=self._run, args=(fd, segment), name="wal-writer", daemon=True
         )
@@ -284,20 +285,23 @@ class Wal:
                 segment = item.segment
                 fd = self._open_append(segment)
             parts.extend(item.parts)
-        if dsync:
-            try:
-                _write_all(fd, parts, _DSYNC_FLAGS)
-                return fd, segment
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                    raise
-                log.info("RWF_DSYNC writes unsupported here (%s): writev + fdatasync", exc)
-                self._dsync = False  # nothing was written: the same group, the other way
-                _write_all(fd, parts)
-                os.fdatasync(fd)
-                return fd, segment
-        _write_all(fd, parts)
+        _write_all(fd, parts, _DSYNC_FLAGS if dsync else 0)
         return fd, segment
+
+
+def _dsync_supported(fd: int) -> bool:
+    """Whether this kernel and filesystem take ``RWF_DSYNC`` (probed with an empty write,
+    before any data, so that a refusal never leaves half a group written)."""
+    if not _DSYNC_FLAGS:
+        return False
+    try:
+        os.pwritev(fd, [b""], -1, _DSYNC_FLAGS)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        log.info("RWF_DSYNC writes unsupported here (%s): writev + fdatasync", exc)
+        return False
+    return True
 
 
 def _write_all(fd: int, parts: list[bytes | memoryview], flags: int = 0) -> None:

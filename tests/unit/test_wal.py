@@ -86,7 +86,7 @@ class _Calls:
             if flags & os.RWF_DSYNC:
                 if refuse_dsync:
                     raise OSError(errno.EOPNOTSUPP, "RWF_DSYNC not supported")
-                self.dsync_writes += 1
+                self.dsync_writes += any(len(part) for part in parts)  # not the probe
             return real_pwritev(fd, parts, offset, flags)
 
         def fdatasync(fd: int) -> None:
