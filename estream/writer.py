@@ -5,7 +5,9 @@ replica answers, timer ticks, the next range after a seal) and carries out the e
 core returns: APPEND and CONFIRM to range servers, completing the user's appends, and the
 seal-and-roll sequence (SEAL with the end to live replicas, PD ``seal_range``, then
 CREATE_RANGE on the next range's replicas). On open it runs the recovery core
-(:class:`~estream.seal.RangeRecovery`) over the last range when it is still open.
+(:class:`~estream.seal.RangeRecovery`) over the last range when it is still open. The
+requests themselves, and the copy and heal jobs, are
+:class:`~estream.replicas.ReplicaClient`'s.
 
 Side effects: network requests (through the client's connection pool) and timers.
 """
@@ -26,7 +28,6 @@ from estream.errors import (
     Fenced,
     InvalidArgument,
     NoPlacement,
-    RangeNotFound,
     RangeSealed,
     Timeout,
 )
@@ -43,7 +44,8 @@ from estream.rangewriter import (
     WriterConfig,
     record_size,
 )
-from estream.record import Record, iter_batches, restamp, verify_batch
+from estream.record import Record
+from estream.replicas import ReplicaClient
 from estream.seal import (
     CommitSeal,
     CopyRecords,
@@ -59,12 +61,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-request_timeout_s = limits.request_timeout_ms / 1000
 roll_retry_s = 0.05
 close_wait_s = 1.0
 timer_min_s = 0.0003
-heal_window_s = 120.0  # how long a writer keeps trying to bring a left-out replica back
-heal_interval_s = 0.5
 
 
 def _now_ms() -> int:
@@ -83,7 +82,7 @@ class Writer:
         self.epoch = meta.epoch
         self.config = config
         self._core: RangeWriter | None = None
-        self._addresses: dict[str, str] = {}
+        self._replicas = ReplicaClient(client.pool, meta.epoch)
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._space: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -93,7 +92,6 @@ class Writer:
         self._timer_at = 0
         self._error: EstreamError | None = None
         self._closed = False
-        self._touched: set[str] = set()  # servers written since the last force()
         self.rolls = 0
 
     # -- opening and recovery -------------------------------------------------------------
@@ -114,7 +112,7 @@ class Writer:
         last = meta.last_range
         if last is None or last.sealed:
             raise InvalidArgument(f"stream {meta.name!r} has no open range")
-        self._learn(last)
+        self._replicas.learn(last)
         recovery = RangeRecovery.of([r.id for r in last.replicas], meta.ack_count)
         effects: list[RecoveryEffect] = recovery.start()
         while True:
@@ -140,7 +138,7 @@ class Writer:
             replica = effect.replica
             try:
                 if isinstance(effect, SendFence):
-                    body = await self._rpc(
+                    body = await self._replicas.rpc(
                         replica,
                         Opcode.SEAL,
                         {
@@ -151,7 +149,7 @@ class Writer:
                         },
                     )
                 else:
-                    body = await self._rpc(
+                    body = await self._replicas.rpc(
                         replica,
                         Opcode.CREATE_RANGE,
                         {
@@ -169,47 +167,12 @@ class Writer:
             )
         if isinstance(effect, CopyRecords):
             try:
-                await self._copy(meta.id, rng.index, effect)
+                await self._replicas.copy(meta.id, rng.index, effect)
             except EstreamError as exc:
                 log.warning("recovery copy to %s failed: %r", effect.target, exc)
                 return recovery.on_copy_failed(effect.target)
             return recovery.on_copy_done(effect.target)
         return []
-
-    async def _copy(self, stream_id: int, range_index: int, copy: CopyRecords) -> None:
-        """Read ``[start, end)`` (unconfirmed) from the source and append it to the target."""
-        offset = copy.start
-        while offset < copy.end:
-            body, payload = await self._rpc_payload(
-                copy.source,
-                Opcode.READ,
-                {
-                    "stream_id": stream_id,
-                    "range_index": range_index,
-                    "offset": offset,
-                    "max_bytes": limits.read_bytes_max,
-                    "wait_ms": 0,
-                    "unconfirmed": True,
-                },
-            )
-            progressed = False
-            for header, raw in iter_batches(payload):
-                verify_batch(raw)
-                if header.end_offset <= offset:
-                    continue
-                if header.base_offset >= copy.end:
-                    break
-                batch = restamp(
-                    raw,
-                    range_index=range_index,
-                    epoch=self.epoch,
-                    confirm_offset=header.confirm_offset,
-                )
-                await self._rpc_payload(copy.target, Opcode.APPEND, {"deferred": False}, batch)
-                offset = header.end_offset
-                progressed = True
-            if not progressed:
-                raise Timeout(f"copy from {copy.source} made no progress at {offset}")
 
     async def _commit_recovery(self, meta: StreamMeta, rng: RangeMeta, commit: CommitSeal) -> None:
         if (
@@ -220,17 +183,17 @@ class Writer:
             # Nothing was ever written and every replica is fenced at our epoch: keep it.
             self._start_core(meta, rng)
             return
-        sealed = await self._seal_replicas(meta.id, rng.index, commit.end, commit.holders)
+        sealed = await self._replicas.seal(meta.id, rng.index, commit.end, commit.holders)
         new_meta = await self._pd_seal(rng.index, commit.end, commit.exclude)
         nxt = self._range(new_meta, rng.index + 1)
-        errors = await self._create_range(new_meta, nxt)
+        errors = await self._replicas.create_range(new_meta.id, nxt)
         self._start_core(new_meta, nxt)
         self._report_create_errors(nxt, errors)
         self._heal_later(meta.id, rng, commit.end, sealed)
 
     def _start_core(self, meta: StreamMeta, rng: RangeMeta) -> None:
         self.stream = meta
-        self._learn(rng)
+        self._replicas.learn(rng)
         self._core = RangeWriter(
             stream_id=meta.id,
             epoch=self.epoch,
@@ -297,13 +260,14 @@ class Writer:
         await self.flush()
         core = self._check_open()
         upto = core.completed
-        touched, self._touched = self._touched, set()
+        touched, self._replicas.touched = self._replicas.touched, set()
         results = await asyncio.gather(
-            *(self._rpc_address(a, Opcode.FORCE, {}) for a in touched), return_exceptions=True
+            *(self._replicas.rpc_address(a, Opcode.FORCE, {}) for a in touched),
+            return_exceptions=True,
         )
         failed = [r for r in results if isinstance(r, BaseException)]
         if len(failed) == len(results) and failed:
-            self._touched |= touched
+            self._replicas.touched |= touched
             raise failed[0]
         self._run(core.on_forced(upto))
 
@@ -467,7 +431,7 @@ class Writer:
         core = self._core
         assert core is not None
         try:
-            body, _ = await self._rpc_payload(
+            body, _ = await self._replicas.rpc_payload(
                 effect.replica, Opcode.APPEND, {"deferred": self.config.deferred}, effect.payload
             )
         except EstreamError as exc:
@@ -483,7 +447,7 @@ class Writer:
         core = self._core
         assert core is not None
         try:
-            await self._rpc(
+            await self._replicas.rpc(
                 effect.replica,
                 Opcode.CONFIRM,
                 {
@@ -504,12 +468,12 @@ class Writer:
         core = self._core
         assert core is not None
         try:
-            sealed = await self._seal_replicas(
+            sealed = await self._replicas.seal(
                 core.stream_id, seal.range_index, seal.end, seal.live
             )
             meta = await self._pd_seal(seal.range_index, seal.end, seal.failed)
             nxt = self._range(meta, seal.range_index + 1)
-            errors = await self._create_range(meta, nxt)
+            errors = await self._replicas.create_range(meta.id, nxt)
         except (Fenced, RangeSealed) as exc:
             fenced = exc if isinstance(exc, Fenced) else Fenced(f"range sealed by another: {exc}")
             self._run(core.on_fenced(fenced))
@@ -523,7 +487,7 @@ class Writer:
             return
         self.stream = meta
         self.rolls += 1
-        self._learn(nxt)
+        self._replicas.learn(nxt)
         self._run(
             core.on_range_opened(nxt.index, nxt.start, [r.id for r in nxt.replicas], _now_ms())
         )
@@ -535,76 +499,14 @@ class Writer:
         cut off, slow) to the same records and seal, in the background."""
         short = tuple(r.id for r in rng.replicas if r.id not in sealed)
         if short and sealed:
-            self._background(self._heal(stream_id, rng.index, end, short, tuple(sealed)))
-
-    async def _heal(
-        self,
-        stream_id: int,
-        range_index: int,
-        end: int,
-        short: Sequence[str],
-        holders: Sequence[str],
-    ) -> None:
-        """Best effort, bounded in time: when a replica left out of a seal (dead, cut off,
-        short) answers again, copy it the records it lacks below ``end`` from a holder and
-        seal it there, so that every replica of the sealed range serves the same records.
-        (Placement-level repair of replicas that never return is PD's job.)"""
-        pending = set(short)
-        deadline = time.monotonic() + heal_window_s
-        while pending and not self._closed and time.monotonic() < deadline:
-            for replica in sorted(pending):
-                try:
-                    await self._heal_one(stream_id, range_index, end, replica, holders)
-                except EstreamError:
-                    continue  # not back yet
-                pending.discard(replica)
-            if pending:
-                await asyncio.sleep(heal_interval_s)
-
-    async def _heal_one(
-        self, stream_id: int, range_index: int, end: int, replica: str, holders: Sequence[str]
-    ) -> None:
-        ids = {"stream_id": stream_id, "range_index": range_index}
-        try:
-            body = await self._rpc(replica, Opcode.DESCRIBE_RANGE, ids, timeout_s=1.0)
-        except RangeNotFound:
-            return  # it never had the range: nothing stale to serve
-        if body.get("sealed"):
-            return
-        have = int(body.get("end", end))
-        if have < end:
-            last: EstreamError | None = None
-            for source in holders:
-                try:
-                    await self._copy(
-                        stream_id, range_index, CopyRecords(source, replica, have, end)
-                    )
-                    break
-                except EstreamError as exc:
-                    last = exc
-            else:
-                raise last or Timeout("no holder to copy from")
-        await self._rpc(
-            replica, Opcode.SEAL, {**ids, "epoch": self.epoch, "end": end}, timeout_s=1.0
-        )
+            self._background(self._replicas.heal(
+                stream_id, rng.index, end, short, tuple(sealed), lambda: not self._closed))
 
     def _report_create_errors(self, rng: RangeMeta, errors: dict[str, EstreamError]) -> None:
         core = self._core
         assert core is not None
         for replica, error in errors.items():
             self._run(core.on_append_error(replica, rng.index, error, _now_ms()))
-
-    async def _seal_replicas(
-        self, stream_id: int, range_index: int, end: int, replicas: Sequence[str]
-    ) -> tuple[str, ...]:
-        """SEAL with the end on each replica, best effort (PD's record is what counts);
-        returns the replicas that confirmed it."""
-        header = {"stream_id": stream_id, "range_index": range_index, "epoch": self.epoch}
-        results = await asyncio.gather(
-            *(self._rpc(r, Opcode.SEAL, {**header, "end": end}, timeout_s=1.0) for r in replicas),
-            return_exceptions=True,
-        )
-        return tuple(r for r, res in zip(replicas, results, strict=True) if isinstance(res, dict))
 
     async def _pd_seal(self, range_index: int, end: int, exclude: Sequence[str]) -> StreamMeta:
         """PD seal_range, retried until it lands (the writer never gives up while PD lives);
@@ -627,81 +529,12 @@ class Writer:
                     raise
                 await asyncio.sleep(roll_retry_s)
 
-    async def _create_range(self, meta: StreamMeta, rng: RangeMeta) -> dict[str, EstreamError]:
-        self._learn(rng)
-        results = await asyncio.gather(
-            *(
-                self._rpc(
-                    r.id,
-                    Opcode.CREATE_RANGE,
-                    {
-                        "stream_id": meta.id,
-                        "range_index": rng.index,
-                        "start": rng.start,
-                        "epoch": self.epoch,
-                    },
-                    timeout_s=2.0,
-                )
-                for r in rng.replicas
-            ),
-            return_exceptions=True,
-        )
-        errors: dict[str, EstreamError] = {}
-        for ref, result in zip(rng.replicas, results, strict=True):
-            if isinstance(result, Fenced):
-                raise result
-            if isinstance(result, EstreamError):
-                errors[ref.id] = result
-            elif isinstance(result, BaseException):
-                raise result
-        return errors
-
     @staticmethod
     def _range(meta: StreamMeta, index: int) -> RangeMeta:
         for r in meta.ranges:
             if r.index == index:
                 return r
         raise InvalidArgument(f"PD answered without range {index}")
-
-    def _learn(self, rng: RangeMeta) -> None:
-        for ref in rng.replicas:
-            self._addresses[ref.id] = ref.address
-
-    # -- internals: transport -------------------------------------------------------------
-
-    async def _rpc(
-        self,
-        replica: str,
-        opcode: Opcode,
-        header: dict[str, Any],
-        *,
-        timeout_s: float = request_timeout_s,
-    ) -> dict[str, Any]:
-        body, _ = await self._rpc_payload(replica, opcode, header, timeout_s=timeout_s)
-        return body
-
-    async def _rpc_payload(
-        self,
-        replica: str,
-        opcode: Opcode,
-        header: dict[str, Any],
-        payload: bytes = b"",
-        *,
-        timeout_s: float = request_timeout_s,
-    ) -> tuple[dict[str, Any], bytes | memoryview]:
-        address = self._addresses[replica]
-        if opcode == Opcode.APPEND:
-            self._touched.add(address)
-        pool = self._client.pool
-        try:
-            return await pool.call(address, opcode, header, payload, timeout_s=timeout_s)
-        except Timeout:
-            if opcode == Opcode.APPEND:
-                pool.discard(address)  # a stuck connection: reconnect for the next range
-            raise
-
-    async def _rpc_address(self, address: str, opcode: Opcode, header: dict[str, Any]) -> None:
-        await self._client.pool.call(address, opcode, header, timeout_s=request_timeout_s)
 
 
 __all__ = ["Writer", "WriterConfig"]
