@@ -44,6 +44,7 @@ import msgpack
 import xxhash
 from pysyncobj.journal import Journal
 
+from estream.durable import fsync_dir, write_atomically
 from estream.errors import ChecksumMismatch
 
 MAGIC: Final = b"ESPDJRNL"
@@ -171,25 +172,6 @@ def decode_checked(data: bytes, name: str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ChecksumMismatch(f"{name}: damaged (not a map)")
     return meta
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path``: temporary file, fsync, rename, directory fsync."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class ChecksummedJournal(Journal):  # type: ignore[misc]

@@ -29,6 +29,7 @@ import aiofiles.os
 import msgpack
 import xxhash
 
+from estream.durable import fsync_dir
 from rangeserver.index import RangeIndex
 from rangeserver.replica import ReplicaState
 
@@ -115,11 +116,7 @@ async def save(directory: Path, data: bytes) -> None:
         await f.flush()
         await aiofiles.os.wrap(os.fsync)(f.fileno())
     await aiofiles.os.replace(tmp, path)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        await aiofiles.os.wrap(os.fsync)(dir_fd)
-    finally:
-        os.close(dir_fd)
+    await aiofiles.os.wrap(fsync_dir)(directory)
 
 
 async def load(directory: Path) -> Checkpoint | None:

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import gc
 import logging
-import os
 import re
 import signal
 import sys
@@ -33,6 +32,7 @@ from typing import NoReturn
 import uvloop
 
 from estream.config import parse_with_config
+from estream.durable import write_atomically
 from estream.errors import EstreamError, InvalidArgument, StorageError
 from estream.rpc import parse_addresses
 from estream.security import (
@@ -102,17 +102,7 @@ def server_id(data_dir: Path) -> str:
         raw = path.read_bytes()
     except FileNotFoundError:
         new = uuid.uuid4().hex
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(new + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-        dir_fd = os.open(data_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the name survives a crash too
-        finally:
-            os.close(dir_fd)
+        write_atomically(path, (new + "\n").encode("ascii"))
         return new
     text = raw.decode("ascii", errors="replace").strip()
     if not _SERVER_ID_RE.fullmatch(text):

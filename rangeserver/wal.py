@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from estream import limits
+from estream.durable import fsync_dir
 from estream.errors import StorageError
 from rangeserver.index import Location
 
@@ -132,11 +133,7 @@ class Wal:
 
     def _open_append(self, segment: int) -> int:
         fd = os.open(self.path(segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the new file's directory entry
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self.directory)  # the new file's directory entry
         return fd
 
     # ----------------------------------------------------------------- event-loop side
