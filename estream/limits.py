@@ -59,3 +59,8 @@ repair_after_ms: Final = 10_000  # a replica dead (or reported short) this long 
 repair_interval_ms: Final = 2_000  # how often the PD leader plans a repair round
 repair_tasks_per_round_max: Final = 4  # ranges copied at once by one round
 heartbeat_problem_replicas_max: Final = 256  # damaged/short/open replicas in one heartbeat
+
+# Processes with two busy threads under one GIL (PD: asyncio + pysyncobj's tick thread;
+# range server: asyncio + the log's writer thread) hand the GIL over this often, not every
+# 5 ms (CPython's default): each hand-off between them could otherwise cost up to 5 ms.
+gil_switch_interval_s: Final = 0.0005

@@ -29,6 +29,7 @@ from typing import NoReturn
 
 import uvloop
 
+from estream import limits
 from estream.config import parse_with_config
 from estream.errors import ChecksumMismatch, InvalidArgument
 from estream.rpc import parse_address
@@ -130,9 +131,7 @@ async def serve(config: PdConfig) -> int:
 
 def main(argv: list[str]) -> int:
     config = parse_config(argv)
-    # Two busy threads share the GIL here (asyncio and pysyncobj's tick thread): with the
-    # default 5 ms switch interval every hand-off between them can cost up to 5 ms.
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(limits.gil_switch_interval_s)  # asyncio + pysyncobj's tick thread
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -275,9 +275,6 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         self._store_meta()
         os.close(self._fd)
 
-    def flush(self) -> None:
-        self.sync()
-
     # -- term, vote and commit index -------------------------------------------------------
     def _load_meta(self) -> dict[str, Any]:
         if not self.meta_path.exists():

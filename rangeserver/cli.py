@@ -31,6 +31,7 @@ from typing import NoReturn
 
 import uvloop
 
+from estream import limits
 from estream.config import parse_with_config
 from estream.durable import write_atomically
 from estream.errors import EstreamError, InvalidArgument, StorageError
@@ -50,7 +51,6 @@ log = logging.getLogger("rangeserver")
 STORAGE_CLASSES = ("nvme", "ssd", "hdd")
 checkpoint_interval_s = 30.0
 _SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what PD accepts as a server id
-switch_interval_s = 0.0005  # GIL hand-over (CPython default: 0.005)
 gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
 
 
@@ -129,7 +129,7 @@ def tune_thread_switching() -> None:
     needs the GIL back after each write and fdatasync; while the event loop is busy
     decoding appends, each of those waits lasted up to a whole switch interval, which
     made a group commit of 0.4 ms take several milliseconds at the tail."""
-    sys.setswitchinterval(switch_interval_s)
+    sys.setswitchinterval(limits.gil_switch_interval_s)
 
 
 async def serve(args: argparse.Namespace) -> int:

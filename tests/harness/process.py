@@ -76,24 +76,13 @@ _port_rng = random.Random(os.getpid() ^ time.monotonic_ns())
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free right now on ``host`` and never handed out before in this process."""
-    for _ in range(1000):
-        port = _port_rng.randrange(*_port_range)
-        if port in _handed_out:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError(f"no free TCP port in {_port_range} on {host}")
+    return free_port_block(host, size=1)
 
 
 def free_port_block(host: str = "127.0.0.1", size: int = 100) -> int:
     """The first port of ``size`` consecutive ports, all free on ``host`` right now and
     never handed out before in this process (``estream up --base-port``: its ports are
-    B+0..2, +10..12, +20..22, +30...); from below the ephemeral range, as :func:`free_port`."""
+    B+0..2, +10..12, +20..22, +30...); from below the ephemeral range (see above)."""
     low, high = _port_range
     for _ in range(200):
         base = _port_rng.randrange(low, high - size, size)
