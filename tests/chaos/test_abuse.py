@@ -62,17 +62,23 @@ async def exchange(address: str, data: bytes, *, half_close: bool = True) -> byt
     host, _, port = address.rpartition(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     received = b""
+    # A server may reset the connection at any point of the abuse (an OSError here: a
+    # reset, or ENOTCONN once the socket is gone); what the caller checks is the answer
+    # received before that, and that the server keeps serving.
     try:
-        writer.write(data)
-        await writer.drain()
-        if half_close:
-            writer.write_eof()
+        try:
+            writer.write(data)
+            await writer.drain()
+            if half_close:
+                writer.write_eof()
+        except OSError:
+            return received
         deadline = time.monotonic() + answer_wait_s
         while time.monotonic() < deadline:
             try:
                 chunk = await asyncio.wait_for(reader.read(65536),
                                                deadline - time.monotonic())
-            except (TimeoutError, ConnectionError):
+            except (TimeoutError, OSError):
                 break
             if not chunk:
                 break
@@ -81,7 +87,7 @@ async def exchange(address: str, data: bytes, *, half_close: bool = True) -> byt
         writer.close()
         try:
             await writer.wait_closed()
-        except ConnectionError:
+        except OSError:
             pass
     return received
 
