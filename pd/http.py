@@ -164,7 +164,7 @@ class _Views:
 
     async def rangeservers(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"rangeservers": [s.to_dict() for s in self.service.servers()]})
+            {"rangeservers": [s.to_dict() for s in self.service.list_servers()]})
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(OPENAPI)

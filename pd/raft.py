@@ -269,6 +269,7 @@ class RaftNode:
         self.compaction_entries = compaction_entries
         self._obj: _CatalogSyncObj | None = None
         self._view: CatalogView | None = None
+        self._ready = False
         self.proposals = 0
         self.commit_latency_ms: list[float] = []  # recent commit latencies (bounded)
 
@@ -339,6 +340,14 @@ class RaftNode:
         if leader_commit is None:
             return False
         return bool(self._sync.raftLastApplied >= leader_commit)
+
+    def ready(self) -> bool:
+        """Whether this node has, once since it started, applied everything a leader told
+        it was committed. From then on its catalog is at most a moment behind the leader's;
+        before, a restarted node may still be replaying its log (latched: one check)."""
+        if not self._ready:
+            self._ready = self.caught_up()
+        return self._ready
 
     def leader(self) -> str | None:
         leader = self._sync._getLeader()

@@ -68,11 +68,26 @@ class PdService:
     def view(self) -> CatalogView:
         return self.raft.view()
 
+    def read_view(self) -> CatalogView:
+        """The catalog clients read (streams, servers): this node's, once it has caught up
+        since its start. A node restarted a moment ago may not have replayed its log yet and
+        would answer "not found" for a stream that exists: it answers Unavailable instead,
+        which clients retry on another node (HTTP 503)."""
+        if not self.raft.ready():
+            raise Unavailable("this placement-driver node is still catching up after its "
+                              "start; ask another node")
+        return self.view()
+
     def describe_stream(self, name: str) -> StreamMeta:
-        return self.view().stream(name)
+        return self.read_view().stream(name)
 
     def list_streams(self) -> list[StreamMeta]:
-        return sorted(self.view().streams.values(), key=lambda s: s.name)
+        return sorted(self.read_view().streams.values(), key=lambda s: s.name)
+
+    def list_servers(self) -> list[ServerInfo]:
+        """:meth:`servers` for clients: Unavailable until this node has caught up."""
+        self.read_view()
+        return self.servers()
 
     def servers(self) -> list[ServerInfo]:
         now = self.clock_ms()
@@ -312,7 +327,7 @@ class PdService:
         return {"stream": stream.to_dict()}
 
     async def _rpc_servers(self, h: Header) -> Header:
-        return {"servers": [s.to_dict() for s in self.servers()]}
+        return {"servers": [s.to_dict() for s in self.list_servers()]}
 
     async def _rpc_cluster(self, h: Header) -> Header:
         return self.cluster()

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import InvalidArgument, StreamExists
+from estream.errors import InvalidArgument, StreamExists, StreamNotFound, Unavailable
 from estream.meta import StreamMeta
+from pd.catalog import PdNode
 from pd.commands import CreateStream, OpenWriter, RegisterServer
 from pd.journal import ChecksummedJournal
 from pd.raft import RaftNode
+from pd.service import PdService
 from tests.harness.process import free_port
 
 pytestmark = pytest.mark.integration
@@ -108,3 +110,36 @@ def test_raft_messages_unpickle_primitives_only() -> None:
     crafted = zlib.decompress(zlib.compress(pickle.dumps(Evil(), 2)))
     with pytest.raises(pickle.UnpicklingError):
         pysyncobj_pickle.loads(crafted)
+
+
+async def test_a_node_answers_reads_only_once_it_has_caught_up(tmp_path: Path) -> None:
+    """A node that has not yet applied what a leader says is committed (here: it never
+    heard a leader, its peers are down) answers Unavailable, never "not found" from a
+    half-replayed catalog; once caught up it answers from its catalog."""
+    alone = RaftNode(f"127.0.0.1:{free_port()}",
+                     [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
+                     tmp_path / "alone", password=None)
+    alone.start()
+    try:
+        service = PdService(alone, PdNode("a", alone.self_address, "", ""))
+        await asyncio.sleep(0.3)
+        for read in (lambda: service.describe_stream("s"), service.list_streams,
+                     service.list_servers):
+            with pytest.raises(Unavailable, match="catching up"):
+                read()
+    finally:
+        await asyncio.to_thread(alone.close)
+    single = RaftNode(f"127.0.0.1:{free_port()}", [], tmp_path / "single", password=None)
+    single.start()
+    try:
+        await _wait_leader(single)
+        service = PdService(single, PdNode("s", single.self_address, "", ""))
+        deadline = time.monotonic() + 10
+        while not single.ready():
+            assert time.monotonic() < deadline, "a lone leader never caught up"
+            await asyncio.sleep(0.02)
+        with pytest.raises(StreamNotFound):
+            service.describe_stream("missing")
+        assert service.list_streams() == []
+    finally:
+        await asyncio.to_thread(single.close)
