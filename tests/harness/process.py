@@ -69,29 +69,36 @@ atexit.register(reap_all)
 # server's bind, and each is handed out once per test session: asking the kernel for
 # port 0 twice in a row can return the same port (seen in CI: a PD node's RPC and HTTP
 # ports collided).
-_port_range: Final = (20000, 32000)
+# Single ports and blocks come from separate halves: hundreds of single ports scattered
+# over one range left no whole free block of 100 late in a session (seen in CI).
+_single_ports: Final = (20000, 26000)
+_port_blocks: Final = (26000, 32000)
 _handed_out: set[int] = set()
 _port_rng = random.Random(os.getpid() ^ time.monotonic_ns())
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free right now on ``host`` and never handed out before in this process."""
-    return free_port_block(host, size=1)
+    return _free_ports(host, 1, _single_ports)
 
 
 def free_port_block(host: str = "127.0.0.1", size: int = 100) -> int:
     """The first port of ``size`` consecutive ports, all free on ``host`` right now and
     never handed out before in this process (``estream up --base-port``: its ports are
     B+0..2, +10..12, +20..22, +30...); from below the ephemeral range (see above)."""
-    low, high = _port_range
+    return _free_ports(host, size, _port_blocks)
+
+
+def _free_ports(host: str, size: int, where: tuple[int, int]) -> int:
+    low, high = where
     for _ in range(200):
-        base = _port_rng.randrange(low, high - size, size)
+        base = _port_rng.randrange(low, high - size + 1, size)
         ports = range(base, base + size)
         if any(port in _handed_out for port in ports) or not _all_free(host, ports):
             continue
         _handed_out.update(ports)
         return base
-    raise RuntimeError(f"no free block of {size} TCP ports in {_port_range} on {host}")
+    raise RuntimeError(f"no free block of {size} TCP ports in {where} on {host}")
 
 
 def _all_free(host: str, ports: Sequence[int]) -> bool:
