@@ -12,6 +12,7 @@ from typing import Final
 
 KiB: Final = 1024
 MiB: Final = 1024 * KiB
+GiB: Final = 1024 * MiB
 
 # Frames (estream/protocol.py).
 frame_header_bytes_max: Final = 1 * MiB  # the msgpack header of one frame

@@ -84,7 +84,8 @@ class RangeServer:
     # ----------------------------------------------------------------------- handlers
 
     async def ping(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        return {"server_id": self.server_id, "address": self.address}, b""
+        spares = self.store.wal.spares.ready()
+        return {"server_id": self.server_id, "address": self.address, "wal_spares": spares}, b""
 
     async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)

@@ -62,9 +62,10 @@ class Store:
         *,
         segment_bytes_max: int = limits.segment_bytes_max,
         cache_bytes_max: int = limits.cache_bytes_max,
+        wal_spares: int = 0,
     ) -> None:
         self.data_dir = data_dir
-        self.wal = Wal(data_dir / "wal", segment_bytes_max=segment_bytes_max)
+        self.wal = Wal(data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares)
         self.cache = BatchCache(cache_bytes_max)
         self.replicas: dict[Key, ReplicaState] = {}
         self.indexes: dict[Key, RangeIndex] = {}
@@ -105,13 +106,15 @@ class Store:
         size = self.wal.segment_size(segment)
         if start > size:
             raise EstreamError(f"checkpoint position {start} is past segment {segment}'s end")
-        result = wf.scan(self.wal.read_segment(segment, start))
+        data = self.wal.read_segment(segment, start)
+        result = wf.scan(data)
         for entry in result.entries:
             self._replay(segment, start, entry)
         for damage in result.damage:
             self._damage(segment, start + damage.start, damage)
         valid_end = start + result.valid_end
-        if valid_end < size:
+        # A segment made from a spare ends in unused zeros (rangeserver/spares.py).
+        if valid_end < size and not wf.all_zero(data, result.valid_end):
             if last:
                 self._report(
                     f"segment {segment}: torn tail ({result.tail_reason}) truncated at "

@@ -3,10 +3,13 @@
 This is the one module that touches the log's segment files (``DATA/wal/NNNNNNNNNN.wal``).
 Entries (``rangeserver/walformat.py``) are appended in the order :meth:`Wal.append` is
 called; the event loop assigns each entry its segment and position up front, so the
-index knows where a batch is before it is written.
+index knows where a batch is before it is written, and the writer thread writes each
+entry at that position (``pwritev`` with an offset). A new segment is a spare when one
+is ready (a file already full of zeros: ``rangeserver/spares.py``), whose fdatasyncs then
+need no filesystem metadata; otherwise an empty file that the writes grow.
 
 Group commit: a dedicated thread takes every entry queued so far, writes them with one
-``os.writev`` per segment and covers them with one ``os.fdatasync``; appends that arrive
+``os.pwritev`` per segment and covers them with one ``os.fdatasync``; appends that arrive
 while an fdatasync runs share the next one. When nothing written before the group is
 still unsynced (the usual case), the write and the sync are one call,
 ``pwritev(RWF_DSYNC)``: the thread then waits for the GIL once per group instead of twice,
@@ -33,6 +36,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +45,7 @@ from estream import limits
 from estream.durable import fsync_dir
 from estream.errors import StorageError
 from rangeserver.index import Location
+from rangeserver.spares import SparePool
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,7 @@ def segment_name(segment: int) -> str:
 @dataclass(slots=True)
 class _Item:
     segment: int
+    position: int  # where ``parts`` go in ``segment``
     parts: Sequence[bytes | memoryview]
     future: asyncio.Future[None] | None
     sync: bool  # the future completes after fdatasync (else once written)
@@ -69,10 +75,20 @@ _STOP = object()
 class Wal:
     """Append-only segment files with a group-commit writer thread."""
 
-    def __init__(self, directory: Path, *, segment_bytes_max: int = limits.segment_bytes_max):
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes_max: int = limits.segment_bytes_max,
+        spares: int = 0,
+    ):
         self.directory = directory
         self.segment_bytes_max = segment_bytes_max
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.last_append = 0.0  # time.monotonic() of the latest append (the spares' idleness)
+        self.spares = SparePool(
+            directory, segment_bytes_max, spares, last_activity=lambda: self.last_append
+        )
         self.segment = 0
         self.position = 0  # where the next entry goes in ``segment``
         self.bytes_total = 0
@@ -123,17 +139,27 @@ class Wal:
         self._loop = loop
         self.segment = segment
         self.position = position
-        self.bytes_total = sum(self.segment_size(s) for s in self.segments())
-        fd = self._open_append(segment)
+        earlier = sum(self.segment_size(s) for s in self.segments() if s < segment)
+        self.bytes_total = earlier + position
+        self.spares.open()
+        fd = self._open_segment(segment)
         self._dsync = _dsync_supported(fd)
         self._thread = threading.Thread(
             target=self._run, args=(fd, segment), name="wal-writer", daemon=True
         )
         self._thread.start()
+        self.spares.start()
 
-    def _open_append(self, segment: int) -> int:
-        fd = os.open(self.path(segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        fsync_dir(self.directory)  # the new file's directory entry
+    def _open_segment(self, segment: int) -> int:
+        """Open ``segment`` for writing: as it is when it exists, else made from a spare
+        when one is ready, else created empty; its directory entry is durable."""
+        path = self.path(segment)
+        if not path.exists():
+            spare = self.spares.take()
+            if spare is not None:
+                os.rename(spare, path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        fsync_dir(self.directory)  # the new (or renamed) file's directory entry
         return fd
 
     # ----------------------------------------------------------------- event-loop side
@@ -158,8 +184,9 @@ class Wal:
         location = Location(self.segment, self.position, size)
         self.position += size
         self.bytes_total += size
+        self.last_append = time.monotonic()
         future = self._loop.create_future()
-        self._queue.put(_Item(location.segment, parts, future, sync, on_durable))
+        self._queue.put(_Item(location.segment, location.position, parts, future, sync, on_durable))
         return location, future
 
     def barrier(self, *, sync: bool = True) -> asyncio.Future[None]:
@@ -169,7 +196,7 @@ class Wal:
             raise self.failed
         assert self._loop is not None, "Wal.start() first"
         future = self._loop.create_future()
-        self._queue.put(_Item(self.segment, (), future, sync, None))
+        self._queue.put(_Item(self.segment, self.position, (), future, sync, None))
         return future
 
     async def force(self) -> None:
@@ -191,6 +218,7 @@ class Wal:
 
     async def close(self) -> None:
         """Sync and stop the writer thread; close every file."""
+        self.spares.stop()
         if self._thread is not None:
             self._queue.put(_STOP)
             loop = asyncio.get_running_loop()
@@ -270,19 +298,25 @@ class Wal:
     def _write_group(
         self, fd: int, segment: int, batch: list[_Item], *, dsync: bool
     ) -> tuple[int, int]:
-        """Write the group's entries (switching segments where they say), the last
-        segment's part with ``RWF_DSYNC`` when ``dsync``."""
+        """Write the group's entries at their positions (switching segments where they
+        say), the last segment's part with ``RWF_DSYNC`` when ``dsync``. Entries of one
+        segment are contiguous: the event loop assigned their positions in order."""
         parts: list[bytes | memoryview] = []
+        start = -1
         for item in batch:
-            if item.segment != segment and item.parts:
-                _write_all(fd, parts)
-                parts = []
+            if not item.parts:
+                continue
+            if item.segment != segment:
+                _write_all(fd, parts, start)
+                parts, start = [], -1
                 os.fdatasync(fd)  # a segment is complete and durable before the next starts
                 os.close(fd)
                 segment = item.segment
-                fd = self._open_append(segment)
+                fd = self._open_segment(segment)
+            if start < 0:
+                start = item.position
             parts.extend(item.parts)
-        _write_all(fd, parts, _DSYNC_FLAGS if dsync else 0)
+        _write_all(fd, parts, start, _DSYNC_FLAGS if dsync else 0)
         return fd, segment
 
 
@@ -301,14 +335,15 @@ def _dsync_supported(fd: int) -> bool:
     return True
 
 
-def _write_all(fd: int, parts: list[bytes | memoryview], flags: int = 0) -> None:
-    """Write every buffer at the end of the file (``O_APPEND``), resuming after partial
-    writes; with ``flags`` (``RWF_DSYNC``) each call is also synced before it returns."""
+def _write_all(fd: int, parts: list[bytes | memoryview], position: int, flags: int = 0) -> None:
+    """Write every buffer, one after the other, from ``position`` on, resuming after
+    partial writes; with ``flags`` (``RWF_DSYNC``) each call is also synced before it
+    returns."""
     i = 0
     while i < len(parts):
         chunk = parts[i : i + _IOV_MAX]
-        # Offset -1: the file's own position (with O_APPEND: its end), as writev.
-        written = os.pwritev(fd, chunk, -1, flags) if flags else os.writev(fd, chunk)
+        written = os.pwritev(fd, chunk, position, flags)
+        position += written
         for part in chunk:
             size = len(part)
             if written >= size:

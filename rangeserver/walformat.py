@@ -313,6 +313,13 @@ def _finish(entries: list[Entry], valid_end: int, damage: list[Damage], tail: st
     return ScanResult(entries, valid_end, verdict, damage, tail)
 
 
+def all_zero(buf: bytes, start: int = 0) -> bool:
+    """Whether every byte of ``buf`` from ``start`` on is zero: a segment made from a spare
+    (``rangeserver/spares.py``) ends in unused, zero-filled space, which is not a torn
+    tail."""
+    return buf.count(0, start) == len(buf) - start
+
+
 def iter_entries(buf: bytes | bytearray | memoryview) -> Iterator[Entry]:
     """The valid entries of ``buf`` in order (a convenience over :func:`scan`)."""
     yield from scan(buf).entries

@@ -39,13 +39,14 @@ STREAM = 42
 class Server:
     """One range server process on a data dir, restartable."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, extra_args: list[str] | None = None) -> None:
         self.data_dir = data_dir
+        self.extra_args = extra_args
         self.process: ManagedProcess | None = None
         self.address = ""
 
     def start(self) -> Server:
-        self.process, self.address = start_rangeserver(self.data_dir)
+        self.process, self.address = start_rangeserver(self.data_dir, extra_args=self.extra_args)
         return self
 
     def kill9(self) -> None:
@@ -214,9 +215,41 @@ async def test_long_poll_read_wakes_on_append_and_on_confirm(
 async def test_kill9_with_appends_in_flight_loses_no_acknowledged_batch(
     server: Server, connect: Connect
 ) -> None:
+    await kill9_with_appends_in_flight(server, connect)
+
+
+@pytest.fixture
+def spare_server(tmp_path: Path) -> Iterator[Server]:
+    """A server whose 1 MiB log segments come from 2 spares prepared ahead of time."""
+    srv = Server(tmp_path / "rs", ["--wal-segment-mib", "1", "--wal-spares", "2"]).start()
+    yield srv
+    if srv.process is not None:
+        srv.process.stop()
+
+
+async def test_kill9_while_appending_into_spare_segments_loses_no_acknowledged_batch(
+    spare_server: Server, connect: Connect
+) -> None:
+    client = await connect(spare_server.address)
+    for _ in range(500):
+        if (await client.call(Opcode.PING))[0]["wal_spares"] == 2:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the server prepared no spares")
+    await kill9_with_appends_in_flight(spare_server, connect, count=8000, kill_after=4000)
+    sizes = [p.stat().st_size for p in sorted((spare_server.data_dir / "wal").glob("*.wal"))]
+    assert len(sizes) >= 2 and sizes[1] == 1 << 20, "later segments were spares, in place"
+    log = spare_server.process.log_text() if spare_server.process else ""
+    assert "torn tail" not in log and "damage" not in log, "a spare's zeros are not a tail"
+
+
+async def kill9_with_appends_in_flight(
+    server: Server, connect: Connect, *, count: int = 3000, kill_after: int = 300
+) -> None:
     client = await connect(server.address)
     await create(client)
-    sent = [batch(i * 4, n=4) for i in range(3000)]
+    sent = [batch(i * 4, n=4) for i in range(count)]
     acked: list[int] = []
 
     async def append(i: int) -> None:
@@ -224,12 +257,12 @@ async def test_kill9_with_appends_in_flight_loses_no_acknowledged_batch(
         acked.append(i)
 
     tasks = [asyncio.ensure_future(append(i)) for i in range(len(sent))]
-    while len(acked) < 300:
+    while len(acked) < kill_after:
         await asyncio.sleep(0.005)
     server.kill9()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.close()
-    assert len(acked) >= 300
+    assert len(acked) >= kill_after
     server.start()
     client = await connect(server.address)
     end = (await describe(client))["end"]
