@@ -9,7 +9,10 @@ nothing about storage or placement.
   typed :class:`~estream.errors.EstreamError` the server raised.
 - :class:`RpcServer`: one task per request (answers go out in completion order), the
   bytes of requests being served per connection bounded (reading pauses past the limit),
-  a malformed frame answered with a typed error before the connection is closed.
+  a malformed frame answered with a typed error before the connection is closed. A
+  *quick* handler (the range server's APPEND) runs at once as frames are decoded and
+  returns the future to wait for: its answer goes out from that future's callback, with
+  no task and no coroutine per request.
 - :class:`ConnectionPool`: one shared connection per address, reconnected on demand.
 
 Side effects: sockets.
@@ -54,7 +57,10 @@ log = logging.getLogger(__name__)
 tls_close_wait_s = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
 
 Header = dict[str, Any]
-Handler = Callable[[Header, bytes], Awaitable[tuple[Header | None, bytes]]]
+Answer = tuple[Header | None, bytes]
+Handler = Callable[[Header, bytes], Awaitable[Answer]]
+# A quick handler: (the future to wait for, or None; what to answer once it is done).
+QuickHandler = Callable[[Header, bytes], tuple["asyncio.Future[Any] | None", Callable[[], Answer]]]
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -115,6 +121,11 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
+
+
+def _expire(future: asyncio.Future[Frame]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 class RpcClient:
@@ -185,20 +196,25 @@ class RpcClient:
         transport = protocol.transport
         assert transport is not None
         request_id = next(self._ids)
-        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Frame] = loop.create_future()
         protocol.pending[request_id] = future
+        # A timer fails the future itself: ``asyncio.wait_for`` would add a future and a
+        # callback hop through the event loop to every answer.
+        timer = loop.call_later(timeout_s, _expire, future)
         try:
             # Write first, then wait for the buffer to drain: waiting before writing would
             # let a later call overtake callers woken by resume_writing (reordering).
             transport.writelines(encode_frame(opcode, request_id, header, payload))
             await protocol.wait_writable()
-            frame = await asyncio.wait_for(future, timeout_s)
+            frame = await future
         except TimeoutError:
             raise Timeout(
                 f"request {opcode} to {self.address} timed out after {timeout_s}s",
                 address=self.address,
             ) from None
         finally:
+            timer.cancel()
             protocol.pending.pop(request_id, None)
         body = frame.header()
         if frame.is_error:
@@ -304,7 +320,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.paused = False
         self.writable = asyncio.Event()
         self.writable.set()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Future[Any]] = set()  # requests being served
         self.reserved_bytes = 0  # answer bytes granted and not yet written
         self.held_bytes = 0  # answer bytes written and not yet wholly sent
         self.room = asyncio.Event()
@@ -425,6 +441,10 @@ class _ServerProtocol(asyncio.Protocol):
                 return  # a refused token: the connection is closing
             size = len(frame.header_bytes) + len(frame.payload)
             self.inflight_bytes += size
+            quick = self.server.quick_handlers.get(frame.opcode)
+            if quick is not None and self.writable.is_set():
+                self._serve_quick(quick, frame, size)
+                continue
             task = asyncio.ensure_future(self._serve(frame, size))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -481,20 +501,67 @@ class _ServerProtocol(asyncio.Protocol):
             assert isinstance(frame.payload, bytes)  # the server's decoder has no direct mode
             header, payload = await handler(frame.header(), frame.payload)
             out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
-        except EstreamError as exc:
-            out = encode_error(frame.opcode, frame.request_id, exc)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("%s: handler for opcode %s failed", self.server.name, frame.opcode)
-            out = encode_error(
-                frame.opcode, frame.request_id, EstreamError("internal server error")
-            )
+        except Exception as exc:
+            out = self._encode_failure(frame, exc)
         finally:
-            self.inflight_bytes -= size
-            self._update_reading()
+            self._served(size)
         self._reply(out)
         self._release_answer()
+
+    def _serve_quick(self, quick: QuickHandler, frame: Frame, size: int) -> None:
+        """Start a quick handler now; answer now or from its future's callback."""
+        try:
+            assert isinstance(frame.payload, bytes)
+            pending, answer = quick(frame.header(), frame.payload)
+        except Exception as exc:
+            self._served(size)
+            self._reply(self._encode_failure(frame, exc))
+            return
+        if pending is None:
+            self._answer_quick(frame, size, answer, None)
+            return
+        self.tasks.add(pending)
+        pending.add_done_callback(
+            lambda done: self._answer_quick(frame, size, answer, done)
+        )
+
+    def _answer_quick(
+        self,
+        frame: Frame,
+        size: int,
+        answer: Callable[[], Answer],
+        done: asyncio.Future[Any] | None,
+    ) -> None:
+        if done is not None:
+            self.tasks.discard(done)
+            if done.cancelled():  # the connection is gone
+                self._served(size)
+                return
+        try:
+            if done is not None and done.exception() is not None:
+                raise cast(BaseException, done.exception())
+            header, payload = answer()
+            out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
+        except Exception as exc:
+            out = self._encode_failure(frame, exc)
+        self._served(size)
+        self._reply(out)
+
+    def _encode_failure(self, frame: Frame, exc: Exception) -> list[bytes | memoryview]:
+        """A typed error answers itself; anything else is logged and answered as an
+        internal error (the server keeps serving)."""
+        if isinstance(exc, EstreamError):
+            return encode_error(frame.opcode, frame.request_id, exc)
+        log.error(
+            "%s: handler for opcode %s failed", self.server.name, frame.opcode, exc_info=exc
+        )
+        return encode_error(frame.opcode, frame.request_id, EstreamError("internal server error"))
+
+    def _served(self, size: int) -> None:
+        self.inflight_bytes -= size
+        self._update_reading()
 
     def _reply(self, parts: list[bytes | memoryview]) -> None:
         transport = self.transport
@@ -510,12 +577,16 @@ class RpcServer:
     A handler takes ``(header, payload)`` and returns ``(header, payload)``; raising an
     :class:`EstreamError` answers that error; any other exception answers a generic error
     and is logged. The server keeps serving every other request and connection.
+    ``quick_handlers`` are plain functions returning ``(future or None, answer)``: run as
+    the frame is decoded, answered (``answer()``) once the future completes, with the same
+    error handling; a connection whose peer is not reading its answers takes the task path.
     """
 
     def __init__(
         self,
         handlers: Mapping[int, Handler],
         *,
+        quick_handlers: Mapping[int, QuickHandler] | None = None,
         name: str = "estream",
         inflight_bytes_max: int = limits.connection_inflight_bytes_max,
         write_buffer_bytes_max: int = limits.connection_write_buffer_bytes_max,
@@ -528,6 +599,7 @@ class RpcServer:
         """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
         (AUTH with one of them, or a client certificate verified by ``ssl``'s CA)."""
         self.handlers = dict(handlers)
+        self.quick_handlers = dict(quick_handlers or {})
         self.ssl = ssl
         self.tokens = frozenset(tokens)
         self.name = name

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from estream import limits
@@ -45,7 +46,9 @@ class RangeServer:
         self.server_id = server_id
         self.storage_class = storage_class
         self.address = ""
-        self.rpc = RpcServer(self.handlers(), name="rangeserver")
+        self.rpc = RpcServer(
+            self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver"
+        )
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -96,9 +99,18 @@ class RangeServer:
         return {**answer, "sealed": state.sealed}, b""
 
     async def append(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        pending, answer = self.append_now(header, payload)
+        if pending is not None:
+            await pending
+        return answer()
+
+    def append_now(
+        self, header: Header, payload: bytes
+    ) -> tuple[asyncio.Future[None] | None, Callable[[], tuple[Header, bytes]]]:
+        """APPEND as a quick handler (``estream/rpc.py``): no task per append."""
         deferred = optional(header, "deferred", bool, False)
-        end = await self.store.append(payload, deferred=deferred)
-        return {"end": end}, b""
+        pending, end = self.store.begin_append(payload, deferred=deferred)
+        return pending, lambda: ({"end": end()}, b"")
 
     async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)

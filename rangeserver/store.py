@@ -233,21 +233,37 @@ class Store:
 
     async def append(self, batch: bytes, *, deferred: bool = False) -> int:
         """Store one record batch; returns the durable (deferred: written) end after it."""
+        pending, answer = self.begin_append(batch, deferred=deferred)
+        if pending is not None:
+            await pending
+        return answer()
+
+    def begin_append(
+        self, batch: bytes, *, deferred: bool = False
+    ) -> tuple[asyncio.Future[None] | None, Callable[[], int]]:
+        """:meth:`append` without a coroutine (the server's quick path): decide and queue
+        the log entry now; returns the future to wait for (None: nothing to wait for) and
+        what gives the end to answer once it is done."""
         header = verify_batch(batch)
         key = (header.stream_id, header.range_index)
         state = self._get(*key)
         outcome = rp.decide_append(state, header)
         if isinstance(outcome, rp.Accept):
-            return await self._accept(key, header, batch, outcome.state, deferred)
-        if isinstance(outcome, rp.Duplicate):
-            if not outcome.durable:
-                await self.wal.barrier(sync=not deferred)
-            return header.end_offset if deferred else self.replicas[key].end
-        raise self._append_error(key, header, outcome)
+            pending: asyncio.Future[None] | None = self._accept(
+                key, header, batch, outcome.state, deferred
+            )
+        elif isinstance(outcome, rp.Duplicate):
+            pending = None if outcome.durable else self.wal.barrier(sync=not deferred)
+        else:
+            raise self._append_error(key, header, outcome)
+        if deferred:
+            end = header.end_offset
+            return pending, lambda: end
+        return pending, lambda: self.replicas[key].end
 
-    async def _accept(
+    def _accept(
         self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
-    ) -> int:
+    ) -> asyncio.Future[None]:
         end = header.end_offset
         entry_header = wf.batch_entry_header(batch)
         location, done = self.wal.append(
@@ -260,8 +276,7 @@ class Store:
         self.indexes[key].add(header.base_offset, end, body)
         self.cache.put((key[0], key[1], header.base_offset), batch)
         self._set(key, new)
-        await done
-        return end if deferred else self.replicas[key].end
+        return done
 
     def _append_error(self, key: Key, header: BatchHeader, outcome: object) -> EstreamError:
         if isinstance(outcome, rp.Gap):

@@ -150,14 +150,17 @@ class Wal:
         self._thread.start()
         self.spares.start()
 
-    def _open_segment(self, segment: int) -> int:
-        """Open ``segment`` for writing: as it is when it exists, else made from a spare
-        when one is ready, else created empty; its directory entry is durable."""
+    def _open_segment(self, segment: int, fd: int | None = None) -> int:
+        """Open ``segment`` for writing (closing ``fd``, its earlier opening): made from a
+        spare when it is missing or empty and one is ready, else as it is, or created
+        empty; its directory entry is durable."""
         path = self.path(segment)
-        if not path.exists():
+        if not path.exists() or path.stat().st_size == 0:
             spare = self.spares.take()
             if spare is not None:
-                os.rename(spare, path)
+                os.rename(spare, path)  # replaces an empty file in one step
+        if fd is not None:
+            os.close(fd)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         fsync_dir(self.directory)  # the new (or renamed) file's directory entry
         return fd
@@ -310,9 +313,10 @@ class Wal:
                 _write_all(fd, parts, start)
                 parts, start = [], -1
                 os.fdatasync(fd)  # a segment is complete and durable before the next starts
-                os.close(fd)
                 segment = item.segment
-                fd = self._open_segment(segment)
+                fd = self._open_segment(segment, fd)
+            elif start < 0 and item.position == 0 and self.spares.ready():
+                fd = self._open_segment(segment, fd)  # created empty at start: a spare now
             if start < 0:
                 start = item.position
             parts.extend(item.parts)

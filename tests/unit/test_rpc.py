@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from estream.rpc import (
     ConnectionPool,
     Handler,
     Header,
+    QuickHandler,
     RpcClient,
     RpcServer,
     answer_allowance,
@@ -45,10 +47,15 @@ async def start_server() -> AsyncIterator[StartServer]:
     servers: list[RpcServer] = []
 
     async def start(
-        handlers: Mapping[int, Handler], *, port: int = 0, inflight_bytes_max: int | None = None
+        handlers: Mapping[int, Handler],
+        *,
+        port: int = 0,
+        inflight_bytes_max: int | None = None,
+        quick_handlers: Mapping[int, QuickHandler] | None = None,
     ) -> RpcServer:
-        kwargs = {} if inflight_bytes_max is None else {"inflight_bytes_max": inflight_bytes_max}
-        server = RpcServer(handlers, name="test", **kwargs)
+        server = RpcServer(handlers, name="test", quick_handlers=quick_handlers)
+        if inflight_bytes_max is not None:
+            server.inflight_bytes_max = inflight_bytes_max
         await server.start(HOST, port)
         servers.append(server)
         return server
@@ -456,3 +463,42 @@ async def _drain_until_eof(reader: asyncio.StreamReader) -> bool:
     except ConnectionError:
         pass
     return True
+
+
+async def test_quick_handlers_answer_from_their_future_in_completion_order(
+    start_server: StartServer,
+) -> None:
+    """A quick handler (the range server's APPEND) starts as its frame is decoded and is
+    answered when the future it returned completes; errors are typed as with tasks."""
+    loop = asyncio.get_running_loop()
+    waiting: dict[int, asyncio.Future[None]] = {}
+
+    def quick(header: Header, payload: bytes) -> tuple[asyncio.Future[None] | None, Any]:
+        i = require(header, "i", int)
+        if i == 2:
+            raise RangeSealed("sealed", stream_id=1, range_index=0, end_offset=5)
+        if i == 3:
+            raise ValueError("a bug")
+        if i == 4:
+            return None, lambda: ({"now": True}, payload)
+        waiting[i] = loop.create_future()
+        return waiting[i], lambda: ({"i": i}, payload)
+
+    server = await start_server({}, quick_handlers={Opcode.APPEND: quick})
+    client = await RpcClient.connect(server.address)
+    try:
+        first = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 0}, b"a"))
+        second = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 1}, b"b"))
+        assert await client.call(Opcode.APPEND, {"i": 4}, b"c") == ({"now": True}, b"c")
+        with pytest.raises(RangeSealed):
+            await client.call(Opcode.APPEND, {"i": 2})
+        with pytest.raises(EstreamError, match="internal server error"):
+            await client.call(Opcode.APPEND, {"i": 3})
+        waiting[1].set_result(None)
+        assert await second == ({"i": 1}, b"b")
+        assert not first.done(), "answered only once its future completes"
+        waiting[0].set_exception(InvalidArgument("late", argument="x"))
+        with pytest.raises(InvalidArgument):
+            await first
+    finally:
+        await client.close()

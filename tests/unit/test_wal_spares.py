@@ -82,17 +82,17 @@ def entry(i: int) -> bytes:
 async def test_rotation_takes_a_spare_and_writes_it_in_place(tmp_path: Path) -> None:
     size = len(entry(0))
     segment_bytes = size * 4
-    wal = Wal(tmp_path, segment_bytes_max=segment_bytes, spares=1)
+    wal = Wal(tmp_path, segment_bytes_max=segment_bytes, spares=2)
     wal.spares.reserve_bytes = 0
     wal.start(asyncio.get_running_loop(), 0, 0)
-    await wait_for(lambda: wal.spares.ready() == 1)
+    await wait_for(lambda: wal.spares.ready() == 2)
     locations = []
     for i in range(5):
         location, done = wal.append((entry(i),), size)
         locations.append(location)
         await done
     assert [loc.segment for loc in locations] == [0, 0, 0, 0, 1]
-    assert wal.segment_size(1) == segment_bytes, "segment 1 is the spare, written in place"
+    assert wal.segment_size(0) == wal.segment_size(1) == segment_bytes, "spares, in place"
     assert await wal.read(locations) == [entry(i) for i in range(5)]
     await wal.close()
     assert wal.read_segment(1) == entry(4) + bytes(segment_bytes - size)
@@ -177,3 +177,19 @@ async def test_a_torn_entry_in_a_spare_is_cut_and_reported(tmp_path: Path) -> No
         assert await read_all(store) == b"".join(sent) + torn
     finally:
         await store.close()
+
+
+async def test_a_segment_created_empty_at_start_becomes_a_spare_at_its_first_write(
+    tmp_path: Path,
+) -> None:
+    wal = Wal(tmp_path, segment_bytes_max=SEGMENT, spares=1)
+    wal.spares.reserve_bytes = 0
+    wal.start(asyncio.get_running_loop(), 0, 0)  # no spare yet: segment 0 is created empty
+    assert wal.segment_size(0) == 0
+    await wait_for(lambda: wal.spares.ready() == 1)
+    _, done = wal.append((entry(0),), len(entry(0)))
+    await done
+    await wal.close()
+    assert wal.segment_size(0) == SEGMENT, "the spare replaced the empty file"
+    assert wal.read_segment(0) == entry(0) + bytes(SEGMENT - len(entry(0)))
+    assert wal.spares.ready() == 0
