@@ -79,6 +79,7 @@ def test_rangeserver_config_is_accepted_and_env_overrides(shim: Path) -> None:
     config = DEPLOY / "config" / "rangeserver.toml"
     out = check([str(shim / "estream"), "rangeserver", "--config", str(config)])
     assert 'listen = "rs-0.estream.internal:7130"' in out
+    assert "wal_spares = 4" in out, "production keeps spare log segments"
     env = clean_env(ESTREAM_LISTEN="rs-9.estream.internal:7130")
     out = check([str(shim / "estream"), "rangeserver", "--config", str(config)], env)
     assert 'listen = "rs-9.estream.internal:7130"' in out
