@@ -12,18 +12,24 @@
    overwrite them in place); the benchmark waits until they are ready before each phase.
    Beside it, the disk alone at the same rate (a thread doing ``pwritev(RWF_DSYNC)`` of
    whatever is queued, no server, no network), overwriting a zero-filled file and
-   growing one: the physical references for that tail. Last, the same half load on a
-   server without spares (``--wal-spares 0``, the default: appends grow the files).
+   growing one: the physical references for that tail. Last, the same half load on two
+   fresh servers: one whose log writes through its writer thread (``--wal-io thread``;
+   the measured server uses ``--wal-io auto``, direct writes here), and one without
+   spares (``--wal-spares 0``, the default: appends grow the files).
+
+The client pauses its own cyclic GC while it measures (``client_gc_paused``).
 
 Targets (issue 2): >= 60% of the raw ceiling's bytes/s; p99 < 2 ms at half the peak.
 Prints the figures and writes them to ``benchmarks/RESULTS.md`` (its "Range server"
-section). Bounded to about two minutes; needs ``--wal-spares`` x 256 MiB + 4 GiB free.
+section). Bounded to about two and a half minutes; needs ``--wal-spares`` x 256 MiB + 4 GiB free.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import os
 import queue
 import re
@@ -32,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvloop
@@ -39,6 +46,7 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import timerfd  # noqa: E402
 from estream import limits  # noqa: E402
 from estream.protocol import Opcode  # noqa: E402
 from estream.record import EncodedRecords, Record, encode_records, wrap_records  # noqa: E402
@@ -50,6 +58,21 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Range server (benchmarks/bench_rangeserver.py)"
 RECORD_BYTES = 1024
 STREAM = 1
+
+
+@contextlib.contextmanager
+def client_gc_paused() -> Iterator[None]:
+    """The client's cyclic GC off while it measures (as ``timeit`` does): a full
+    collection walking the client's own tasks and samples stalled its event loop for
+    20-30 ms, which it then counted as append latency."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -104,17 +127,33 @@ async def peak(appender: Appender, seconds: float, inflight: int) -> tuple[float
 
 
 async def paced(appender: Appender, seconds: float, batches_per_s: float) -> tuple[float, int]:
-    """Open loop: one append every 1/rate seconds regardless of answers."""
-    interval = 1.0 / batches_per_s
-    tasks: list[asyncio.Task[None]] = []
-    started = time.perf_counter()
+    """Open loop: one append every 1/rate seconds regardless of answers, evenly spaced
+    (a timerfd: the event loop's own timers have a resolution of 1 ms)."""
+    loop = asyncio.get_running_loop()
     count = int(seconds * batches_per_s)
-    for i in range(count):
-        delay = started + i * interval - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(appender.append(appender.next_batch())))
-    await asyncio.gather(*tasks)
+    sent = 0
+    running: set[asyncio.Task[None]] = set()  # only those not answered yet
+    finished = loop.create_future()
+    fd = timerfd.periodic(1.0 / batches_per_s)
+
+    def tick() -> None:
+        nonlocal sent
+        for _ in range(min(timerfd.expirations(fd), count - sent)):
+            task = asyncio.ensure_future(appender.append(appender.next_batch()))
+            running.add(task)
+            task.add_done_callback(running.discard)
+            sent += 1
+        if sent >= count and not finished.done():
+            finished.set_result(None)
+
+    started = time.perf_counter()
+    loop.add_reader(fd, tick)
+    try:
+        await finished
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    await asyncio.gather(*running)
     return time.perf_counter() - started, count
 
 
@@ -207,14 +246,41 @@ async def wait_for_spares(client: RpcClient, wanted: int, timeout_s: float = 120
 
 
 async def start_server(
-    directory: Path, spares: int
+    directory: Path, spares: int, io: str
 ) -> tuple[ManagedProcess, RpcClient]:
-    process, address = start_rangeserver(directory, extra_args=["--wal-spares", str(spares)])
+    process, address = start_rangeserver(
+        directory, extra_args=["--wal-spares", str(spares), "--wal-io", io]
+    )
     client = await RpcClient.connect(address)
     await client.call(
         Opcode.CREATE_RANGE, {"stream_id": STREAM, "range_index": 0, "start": 0, "epoch": 1}
     )
     return process, client
+
+
+async def half_load(
+    directory: Path,
+    spares: int,
+    io: str,
+    records: EncodedRecords,
+    rate: float,
+    args: argparse.Namespace,
+) -> list[float]:
+    """Append latencies of a fresh server (``--wal-spares spares --wal-io io``, its
+    spares ready) under the open-loop load ``rate`` batches/s."""
+    process, client = await start_server(directory, spares, io)
+    try:
+        await wait_for_spares(client, spares)
+        appender = Appender(client, records)
+        await peak(appender, 1.0, args.inflight)  # warm up
+        await wait_for_spares(client, spares)
+        appender.latencies_ms.clear()
+        with client_gc_paused():
+            await paced(appender, args.seconds, rate)
+        await client.close()
+        return list(appender.latencies_ms)
+    finally:
+        process.stop()
 
 
 async def run(args: argparse.Namespace) -> list[str]:
@@ -228,13 +294,15 @@ async def run(args: argparse.Namespace) -> list[str]:
         raw_elapsed, raw_batches = raw_ceiling(work, one_batch, args.raw_seconds, raw_latency)
         raw_mb_s = raw_batches * batch_bytes / raw_elapsed / 1e6
 
-        process, client = await start_server(work / "rs", args.spares)
+        process, client = await start_server(work / "rs", args.spares, args.wal_io)
         processes.append(process)
+        mode = (await client.call(Opcode.PING))[0]["wal_io"]
         spares_before_peak = await wait_for_spares(client, args.spares)
         appender = Appender(client, records)
         await peak(appender, 1.0, args.inflight)  # warm up
         appender.latencies_ms.clear()
-        elapsed, batches = await peak(appender, args.seconds, args.inflight)
+        with client_gc_paused():
+            elapsed, batches = await peak(appender, args.seconds, args.inflight)
         peak_batches_s = batches / elapsed
         peak_mb_s = peak_batches_s * batch_bytes / 1e6
         peak_latency = list(appender.latencies_ms)
@@ -242,7 +310,8 @@ async def run(args: argparse.Namespace) -> list[str]:
         half_rate = peak_batches_s / 2
         spares_before_half = await wait_for_spares(client, args.spares)
         appender.latencies_ms.clear()
-        await paced(appender, args.seconds, half_rate)
+        with client_gc_paused():
+            await paced(appender, args.seconds, half_rate)
         half_latency = list(appender.latencies_ms)
         await client.close()
         process.stop()
@@ -254,14 +323,12 @@ async def run(args: argparse.Namespace) -> list[str]:
             work, one_batch, half_rate, args.seconds, in_place=False
         )
 
-        process, client = await start_server(work / "rs-no-spares", 0)
-        processes.append(process)
-        appender = Appender(client, records)
-        await peak(appender, 1.0, args.inflight)  # warm up
-        appender.latencies_ms.clear()
-        await paced(appender, args.seconds, half_rate)
-        growing_latency = list(appender.latencies_ms)
-        await client.close()
+        on_thread = await half_load(
+            work / "rs-thread", args.spares, "thread", records, half_rate, args
+        )
+        growing_latency = await half_load(
+            work / "rs-no-spares", 0, args.wal_io, records, half_rate, args
+        )
     finally:
         for process in processes:
             process.stop()
@@ -274,7 +341,8 @@ async def run(args: argparse.Namespace) -> list[str]:
         f"- setup: 1 range server process, 1 client, {args.records_per_batch} records of "
         f"{RECORD_BYTES} B per batch ({batch_bytes} B), {args.inflight} batches in flight, "
         f"{args.seconds:g} s per phase, {os.cpu_count()} CPUs shared by client and server; "
-        f"server with --wal-spares {args.spares} ({spare_mib} MiB each; ready: "
+        f"server with --wal-io {args.wal_io} ({mode}), "
+        f"--wal-spares {args.spares} ({spare_mib} MiB each; ready: "
         f"{spares_before_peak} before the peak, {spares_before_half} before half load)",
         f"- peak: {peak_batches_s * args.records_per_batch:,.0f} records/s, "
         f"{peak_mb_s:,.1f} MB/s, {peak_batches_s:,.0f} batches/s; latency "
@@ -292,8 +360,11 @@ async def run(args: argparse.Namespace) -> list[str]:
         "zero-filled file: " + latency_line(disk_in_place)
         + f", max {max(disk_in_place):.3f} ms; growing a file: "
         + latency_line(disk_growing) + f", max {max(disk_growing):.3f} ms",
-        "- half of the peak on a server without spares (--wal-spares 0, the default: "
-        "appends grow the segment files): " + latency_line(growing_latency),
+        "- half of the peak with the log's writer thread (--wal-io thread, the same "
+        "spares): " + latency_line(on_thread),
+        f"- half of the peak on a server without spares (--wal-spares 0, the default, "
+        f"--wal-io {args.wal_io}: appends grow the segment files): "
+        + latency_line(growing_latency),
     ]
 
 
@@ -316,6 +387,9 @@ def main() -> int:
     parser.add_argument("--inflight", type=int, default=32)
     parser.add_argument("--spares", type=int, default=12,
                         help="the server's --wal-spares: enough for one phase at half load")
+    parser.add_argument("--wal-io", default="auto", choices=("auto", "direct", "thread"),
+                        help="the measured server's --wal-io (a thread-writer server is "
+                        "measured at half load beside it)")
     parser.add_argument("--dir", default=None, help="where the data goes (default: $TMPDIR)")
     parser.add_argument("--notes", default="", help="a paragraph added under the figures")
     parser.add_argument("--no-write", action="store_true", help="print only")

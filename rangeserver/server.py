@@ -87,8 +87,9 @@ class RangeServer:
     # ----------------------------------------------------------------------- handlers
 
     async def ping(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        spares = self.store.wal.spares.ready()
-        return {"server_id": self.server_id, "address": self.address, "wal_spares": spares}, b""
+        wal = self.store.wal
+        answer = {"server_id": self.server_id, "address": self.address}
+        return {**answer, "wal_spares": wal.spares.ready(), "wal_io": wal.mode}, b""
 
     async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)

@@ -63,9 +63,12 @@ class Store:
         segment_bytes_max: int = limits.segment_bytes_max,
         cache_bytes_max: int = limits.cache_bytes_max,
         wal_spares: int = 0,
+        wal_io: str = "auto",
     ) -> None:
         self.data_dir = data_dir
-        self.wal = Wal(data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares)
+        self.wal = Wal(
+            data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io
+        )
         self.cache = BatchCache(cache_bytes_max)
         self.replicas: dict[Key, ReplicaState] = {}
         self.indexes: dict[Key, RangeIndex] = {}

@@ -1,23 +1,29 @@
-"""The write-ahead log's files: segment files, the group-commit writer thread, reads.
+"""The write-ahead log's files: segments and positions, the two group-commit writers, reads.
 
-This is the one module that touches the log's segment files (``DATA/wal/NNNNNNNNNN.wal``).
+This is the one module that opens the log's segment files (``DATA/wal/NNNNNNNNNN.wal``).
 Entries (``rangeserver/walformat.py``) are appended in the order :meth:`Wal.append` is
 called; the event loop assigns each entry its segment and position up front, so the
-index knows where a batch is before it is written, and the writer thread writes each
-entry at that position (``pwritev`` with an offset). A new segment is a spare when one
-is ready (a file already full of zeros: ``rangeserver/spares.py``), whose fdatasyncs then
-need no filesystem metadata; otherwise an empty file that the writes grow.
+index knows where a batch is before it is written, and the writer writes each entry at
+that position. A new segment is a spare when one is ready (a file already full of zeros:
+``rangeserver/spares.py``), whose syncs then need no filesystem metadata; otherwise an
+empty file that the writes grow.
 
-Group commit: a dedicated thread takes every entry queued so far, writes them with one
-``os.pwritev`` per segment and covers them with one ``os.fdatasync``; appends that arrive
-while an fdatasync runs share the next one. When nothing written before the group is
-still unsynced (the usual case), the write and the sync are one call,
-``pwritev(RWF_DSYNC)``: the thread then waits for the GIL once per group instead of twice,
-which matters while the event loop is busy (where a probe at start finds the flag refused:
-writev + fdatasync). Completions go back to the event loop with
-``loop.call_soon_threadsafe`` (one call per group). DEFERRED_SYNC entries complete once
-written; they become durable with the next fdatasync (a synced append, :meth:`Wal.force`,
-or after ``idle_sync_ms`` without new appends).
+Two writers, chosen at :meth:`Wal.start` (``io``: "auto" takes the first that works):
+
+- **direct** (``rangeserver/directwriter.py``): O_DIRECT writes submitted from the event
+  loop with Linux native AIO, one in flight, completions on an eventfd: no thread, so no
+  GIL hand-over per group commit (why: ``rangeserver/linuxaio.py``).
+- **thread** (here): a dedicated thread takes every entry queued so far, writes them
+  with one ``os.pwritev`` per segment and covers them with one ``os.fdatasync``; appends
+  that arrive while an fdatasync runs share the next one. When nothing written before
+  the group is still unsynced (the usual case), the write and the sync are one call,
+  ``pwritev(RWF_DSYNC)``: the thread then waits for the GIL once per group instead of
+  twice (where a probe at start finds the flag refused: writev + fdatasync). Completions
+  go back to the event loop with ``loop.call_soon_threadsafe`` (one call per group).
+
+With either, DEFERRED_SYNC entries complete once written; they become durable with the
+next fdatasync (a synced append, :meth:`Wal.force`, or after ``idle_sync_ms`` without
+new appends).
 
 Failure: a write or fdatasync error (ENOSPC, EIO) fails every pending append with
 :class:`StorageError` and puts the log in a failed state where every later append fails
@@ -38,12 +44,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from estream import limits
 from estream.durable import fsync_dir
 from estream.errors import StorageError
+from rangeserver import linuxaio
+from rangeserver.directwriter import DirectWriter, WalItem, block_floor
 from rangeserver.index import Location
 from rangeserver.spares import SparePool
 
@@ -59,17 +66,8 @@ def segment_name(segment: int) -> str:
     return f"{segment:010d}.wal"
 
 
-@dataclass(slots=True)
-class _Item:
-    segment: int
-    position: int  # where ``parts`` go in ``segment``
-    parts: Sequence[bytes | memoryview]
-    future: asyncio.Future[None] | None
-    sync: bool  # the future completes after fdatasync (else once written)
-    on_durable: Callable[[], None] | None
-
-
 _STOP = object()
+IO_MODES = ("auto", "direct", "thread")
 
 
 class Wal:
@@ -81,8 +79,12 @@ class Wal:
         *,
         segment_bytes_max: int = limits.segment_bytes_max,
         spares: int = 0,
+        io: str = "auto",
     ):
+        if io not in IO_MODES:
+            raise ValueError(f"io must be one of {IO_MODES}, not {io!r}")
         self.directory = directory
+        self.io = io  # asked for; ``mode`` is what start() chose
         self.segment_bytes_max = segment_bytes_max
         self.directory.mkdir(parents=True, exist_ok=True)
         self.last_append = 0.0  # time.monotonic() of the latest append (the spares' idleness)
@@ -93,7 +95,9 @@ class Wal:
         self.position = 0  # where the next entry goes in ``segment``
         self.bytes_total = 0
         self.failed: StorageError | None = None
-        self.syncs = 0  # fdatasync calls (statistics)
+        self._syncs = 0  # fdatasync calls of the writer thread (statistics)
+        self.mode = ""  # "direct" or "thread", once started
+        self._direct: DirectWriter | None = None
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -135,13 +139,19 @@ class Wal:
             os.close(fd)
 
     def start(self, loop: asyncio.AbstractEventLoop, segment: int, position: int) -> None:
-        """Start appending at ``position`` of ``segment`` (created if missing)."""
+        """Start appending at ``position`` of ``segment`` (created if missing), with direct
+        writes where they work (``io`` "auto"), else with the writer thread."""
         self._loop = loop
         self.segment = segment
         self.position = position
         earlier = sum(self.segment_size(s) for s in self.segments() if s < segment)
         self.bytes_total = earlier + position
         self.spares.open()
+        self.mode = self._choose_mode()
+        if self.mode == "direct":
+            self._start_direct(loop, segment, position)
+            self.spares.start()
+            return
         fd = self._open_segment(segment)
         self._dsync = _dsync_supported(fd)
         self._thread = threading.Thread(
@@ -149,6 +159,40 @@ class Wal:
         )
         self._thread.start()
         self.spares.start()
+
+    def _choose_mode(self) -> str:
+        if self.io == "thread":
+            return "thread"
+        why_not = linuxaio.probe(str(self.directory))
+        if why_not is None:
+            return "direct"
+        if self.io == "direct":
+            raise StorageError(f"direct log writes are unavailable in {self.directory}: {why_not}")
+        log.info("direct log writes unavailable (%s): writer thread", why_not)
+        return "thread"
+
+    def _start_direct(self, loop: asyncio.AbstractEventLoop, segment: int, position: int) -> None:
+        fd = self._open_segment(segment)
+        tail = b""
+        if position % linuxaio.BLOCK_BYTES:
+            with open(self.path(segment), "rb") as f:
+                f.seek(block_floor(position))
+                tail = f.read(position - block_floor(position))
+        self._direct = DirectWriter(
+            loop,
+            segment=segment,
+            fd=fd,
+            tail=tail,
+            open_segment=self._open_segment,
+            spare_ready=lambda: self.spares.ready() > 0,
+            complete=self._complete,
+            fail=self._fail,
+        )
+
+    @property
+    def syncs(self) -> int:
+        """Durable writes and fdatasyncs so far (statistics)."""
+        return self._direct.syncs if self._direct is not None else self._syncs
 
     def _open_segment(self, segment: int, fd: int | None = None) -> int:
         """Open ``segment`` for writing (closing ``fd``, its earlier opening): made from a
@@ -161,7 +205,8 @@ class Wal:
                 os.rename(spare, path)  # replaces an empty file in one step
         if fd is not None:
             os.close(fd)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if self.mode == "direct" else 0)
+        fd = os.open(path, flags, 0o644)
         fsync_dir(self.directory)  # the new (or renamed) file's directory entry
         return fd
 
@@ -189,8 +234,15 @@ class Wal:
         self.bytes_total += size
         self.last_append = time.monotonic()
         future = self._loop.create_future()
-        self._queue.put(_Item(location.segment, location.position, parts, future, sync, on_durable))
+        segment, position = location.segment, location.position
+        self._put(WalItem(segment, position, parts, size, future, sync, on_durable))
         return location, future
+
+    def _put(self, item: WalItem) -> None:
+        if self._direct is not None:
+            self._direct.put(item)
+        else:
+            self._queue.put(item)
 
     def barrier(self, *, sync: bool = True) -> asyncio.Future[None]:
         """A future completed once everything appended so far is durable (``sync``) or
@@ -199,7 +251,7 @@ class Wal:
             raise self.failed
         assert self._loop is not None, "Wal.start() first"
         future = self._loop.create_future()
-        self._queue.put(_Item(self.segment, self.position, (), future, sync, None))
+        self._put(WalItem(self.segment, self.position, (), 0, future, sync, None))
         return future
 
     async def force(self) -> None:
@@ -222,6 +274,9 @@ class Wal:
     async def close(self) -> None:
         """Sync and stop the writer thread; close every file."""
         self.spares.stop()
+        if self._direct is not None:
+            await self._direct.close()
+            self._direct = None
         if self._thread is not None:
             self._queue.put(_STOP)
             loop = asyncio.get_running_loop()
@@ -231,14 +286,14 @@ class Wal:
             os.close(fd)
         self._read_fds.clear()
 
-    def _complete(self, items: list[_Item], durable: bool) -> None:
+    def _complete(self, items: list[WalItem], durable: bool) -> None:
         for item in items:
             if durable and item.on_durable is not None:
                 item.on_durable()
             if item.future is not None and not item.future.done() and (durable or not item.sync):
                 item.future.set_result(None)
 
-    def _fail(self, items: list[_Item], error: StorageError) -> None:
+    def _fail(self, items: list[WalItem], error: StorageError) -> None:
         if self.failed is None:
             log.error("write-ahead log failed, appends stop: %s", error.message)
             self.failed = error
@@ -251,7 +306,7 @@ class Wal:
     def _run(self, fd: int, segment: int) -> None:
         loop = self._loop
         assert loop is not None
-        unsynced: list[_Item] = []
+        unsynced: list[WalItem] = []
         error: StorageError | None = None
         stop = False
         while not stop:
@@ -259,12 +314,12 @@ class Wal:
                 first = self._queue.get(timeout=idle_sync_ms / 1000 if unsynced else None)
             except queue.Empty:
                 first = None
-            batch: list[_Item] = []
+            batch: list[WalItem] = []
             for obj in self._drain(first):
                 if obj is _STOP:
                     stop = True
                 else:
-                    assert isinstance(obj, _Item)
+                    assert isinstance(obj, WalItem)
                     batch.append(obj)
             if error is not None:
                 loop.call_soon_threadsafe(self._fail, batch, error)
@@ -281,7 +336,7 @@ class Wal:
                 if unsynced and want_sync:
                     if not dsync:
                         os.fdatasync(fd)
-                    self.syncs += 1
+                    self._syncs += 1
                     loop.call_soon_threadsafe(self._complete, unsynced, True)
                     unsynced = []
             except OSError as exc:
@@ -299,7 +354,7 @@ class Wal:
                 return objs
 
     def _write_group(
-        self, fd: int, segment: int, batch: list[_Item], *, dsync: bool
+        self, fd: int, segment: int, batch: list[WalItem], *, dsync: bool
     ) -> tuple[int, int]:
         """Write the group's entries at their positions (switching segments where they
         say), the last segment's part with ``RWF_DSYNC`` when ``dsync``. Entries of one

@@ -28,6 +28,7 @@ from estream.errors import (
 from estream.protocol import FrameDecoder, Opcode, encode_frame_bytes
 from estream.record import Record, encode_batch, iter_batches
 from estream.rpc import RpcClient
+from rangeserver import walformat as wf
 from tests.harness.process import ESTREAM, ManagedProcess
 from tests.harness.rangeserver import start_rangeserver
 
@@ -215,7 +216,23 @@ async def test_long_poll_read_wakes_on_append_and_on_confirm(
 async def test_kill9_with_appends_in_flight_loses_no_acknowledged_batch(
     server: Server, connect: Connect
 ) -> None:
+    client = await connect(server.address)
+    assert (await client.call(Opcode.PING))[0]["wal_io"] in ("direct", "thread")
     await kill9_with_appends_in_flight(server, connect)
+
+
+async def test_kill9_with_the_log_writer_thread_loses_no_acknowledged_batch(
+    tmp_path: Path, connect: Connect
+) -> None:
+    """The same with ``--wal-io thread``, the writer used where direct writes are not."""
+    server = Server(tmp_path / "rs", ["--wal-io", "thread"]).start()
+    try:
+        client = await connect(server.address)
+        assert (await client.call(Opcode.PING))[0]["wal_io"] == "thread"
+        await kill9_with_appends_in_flight(server, connect)
+    finally:
+        if server.process is not None:
+            server.process.stop()
 
 
 @pytest.fixture
@@ -332,7 +349,8 @@ async def test_torn_tail_is_truncated_on_restart(server: Server, connect: Connec
     server.kill9()
     segment = server.segment()
     data = segment.read_bytes()
-    segment.write_bytes(data[:-7])  # the last entry is torn
+    valid_end = wf.scan(data).valid_end  # direct writes pad the file with zeros after it
+    segment.write_bytes(data[: valid_end - 7])  # the last entry is torn
     server.start()
     client = await connect(server.address)
     assert (await describe(client))["end"] == 36

@@ -1,24 +1,48 @@
-"""The WAL file shell on a real temporary directory: group commit, rotation, reads."""
+"""The WAL file shell on a real temporary directory: group commit, rotation, reads.
+
+The behaviour every writer must have runs against both: direct writes (O_DIRECT, native
+AIO on the event loop, ``rangeserver/directwriter.py``) and the writer thread. The
+system-call tests at the end are the writer thread's own."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from rangeserver import linuxaio
 from rangeserver import walformat as wf
 from rangeserver.wal import Wal
+
+DIRECT_UNAVAILABLE = linuxaio.probe(tempfile.gettempdir())
 
 
 def entry(i: int) -> bytes:
     return wf.encode_control(wf.EpochRaised(1, 0, i))
 
 
-async def test_appends_in_flight_share_fsyncs_and_land_in_order(tmp_path: Path) -> None:
-    wal = Wal(tmp_path)
+@pytest.fixture(params=["direct", "thread"])
+def io(request: pytest.FixtureRequest) -> str:
+    if request.param == "direct" and DIRECT_UNAVAILABLE:
+        pytest.skip(f"no direct writes here: {DIRECT_UNAVAILABLE}")
+    mode: str = request.param
+    return mode
+
+
+def assert_clean(data: bytes) -> wf.ScanResult:
+    """Every entry whole, nothing after them but zeros (direct writes pad to a block)."""
+    result = wf.scan(data)
+    assert result.verdict is wf.Verdict.CLEAN or wf.all_zero(data, result.valid_end)
+    assert not result.damage
+    return result
+
+
+async def test_appends_in_flight_share_fsyncs_and_land_in_order(tmp_path: Path, io: str) -> None:
+    wal = Wal(tmp_path, io=io)
     wal.start(asyncio.get_running_loop(), 0, 0)
     durable: list[int] = []
     futures = []
@@ -30,14 +54,14 @@ async def test_appends_in_flight_share_fsyncs_and_land_in_order(tmp_path: Path) 
     await wal.close()
     assert durable == list(range(200)), "completions in log order"
     assert wal.syncs < 200, "group commit: fewer fsyncs than appends"
-    result = wf.scan(wal.read_segment(0))
-    assert result.verdict is wf.Verdict.CLEAN
+    assert wal.mode == io
+    result = assert_clean(wal.read_segment(0))
     assert [e.control.epoch for e in result.entries] == list(range(200))  # type: ignore[union-attr]
 
 
-async def test_rotation_and_reads_by_location(tmp_path: Path) -> None:
+async def test_rotation_and_reads_by_location(tmp_path: Path, io: str) -> None:
     size = len(entry(0))
-    wal = Wal(tmp_path, segment_bytes_max=size * 3)
+    wal = Wal(tmp_path, segment_bytes_max=size * 3, io=io)
     wal.start(asyncio.get_running_loop(), 0, 0)
     locations = []
     for i in range(7):
@@ -52,9 +76,9 @@ async def test_rotation_and_reads_by_location(tmp_path: Path) -> None:
 
 
 async def test_deferred_appends_complete_before_sync_and_force_covers_them(
-    tmp_path: Path,
+    tmp_path: Path, io: str
 ) -> None:
-    wal = Wal(tmp_path)
+    wal = Wal(tmp_path, io=io)
     wal.start(asyncio.get_running_loop(), 0, 0)
     durable: list[int] = []
     data = entry(1)
@@ -105,7 +129,7 @@ async def test_a_group_with_nothing_unsynced_before_it_is_one_dsync_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = _Calls(monkeypatch)
-    wal = Wal(tmp_path)
+    wal = Wal(tmp_path, io="thread")
     wal.start(asyncio.get_running_loop(), 0, 0)
     data = entry(1)
     _, done = wal.append((data,), len(data))
@@ -122,7 +146,7 @@ async def test_deferred_writes_before_a_synced_append_are_covered_by_fdatasync(
     """RWF_DSYNC syncs only its own write: a group after unsynced DEFERRED_SYNC writes
     must fdatasync the file, or those earlier writes would be acknowledged as durable."""
     calls = _Calls(monkeypatch)
-    wal = Wal(tmp_path)
+    wal = Wal(tmp_path, io="thread")
     wal.start(asyncio.get_running_loop(), 0, 0)
     durable: list[int] = []
     first, second = entry(1), entry(2)
@@ -143,7 +167,7 @@ async def test_a_filesystem_refusing_rwf_dsync_falls_back_to_fdatasync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = _Calls(monkeypatch, refuse_dsync=True)
-    wal = Wal(tmp_path)
+    wal = Wal(tmp_path, io="thread")
     wal.start(asyncio.get_running_loop(), 0, 0)
     for i in range(3):
         data = entry(i)

@@ -81,21 +81,22 @@ def entry(i: int) -> bytes:
 
 async def test_rotation_takes_a_spare_and_writes_it_in_place(tmp_path: Path) -> None:
     size = len(entry(0))
-    segment_bytes = size * 4
+    segment_bytes = 4096  # one block: direct writes (whole blocks) stay inside it too
+    per_segment = segment_bytes // size
     wal = Wal(tmp_path, segment_bytes_max=segment_bytes, spares=2)
     wal.spares.reserve_bytes = 0
     wal.start(asyncio.get_running_loop(), 0, 0)
     await wait_for(lambda: wal.spares.ready() == 2)
     locations = []
-    for i in range(5):
+    for i in range(per_segment + 1):
         location, done = wal.append((entry(i),), size)
         locations.append(location)
         await done
-    assert [loc.segment for loc in locations] == [0, 0, 0, 0, 1]
+    assert [loc.segment for loc in locations] == [0] * per_segment + [1]
     assert wal.segment_size(0) == wal.segment_size(1) == segment_bytes, "spares, in place"
-    assert await wal.read(locations) == [entry(i) for i in range(5)]
+    assert await wal.read(locations) == [entry(i) for i in range(per_segment + 1)]
     await wal.close()
-    assert wal.read_segment(1) == entry(4) + bytes(segment_bytes - size)
+    assert wal.read_segment(1) == entry(per_segment) + bytes(segment_bytes - size)
 
 
 def batch(base: int, n: int = 4) -> bytes:
