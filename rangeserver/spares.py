@@ -18,6 +18,11 @@ segment's name; ``rangeserver/wal.py``); with none ready, it creates an empty fi
 before. The pool never grows past ``wanted`` spares and never takes the disk below
 ``reserve_free_bytes`` free.
 
+The zeros are dropped from the page cache once synced (``POSIX_FADV_DONTNEED``): appends
+never read them, and a host that reclaims cold page cache on its own (this project's
+machines run DAMON's ``pageout``) would otherwise do it while appends are writing into the
+same files, and stall them (benchmarks/RESULTS.md, "Range server").
+
 A crash leaves either a complete spare (kept) or a ``PREPARING`` file (deleted at start).
 A segment made from a spare ends in zeros after its last entry: recovery treats an
 all-zero remainder as unused space, not as a torn tail (``rangeserver/store.py``).
@@ -135,8 +140,10 @@ class SparePool:
                 if self._stop.is_set() or not self._idle():
                     return
                 size = min(chunk_bytes, self.segment_bytes - done)
-                done += os.pwrite(fd, zeros[:size] if size < chunk_bytes else zeros, done)
+                written = os.pwrite(fd, zeros[:size] if size < chunk_bytes else zeros, done)
                 os.fdatasync(fd)
+                os.posix_fadvise(fd, done, written, os.POSIX_FADV_DONTNEED)  # see below
+                done += written
         finally:
             os.close(fd)
         spare = self.directory / f"spare-{self._next_name:06d}{SUFFIX}"
