@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import mmap
 import os
 import queue
 import re
@@ -51,6 +52,7 @@ from estream import limits  # noqa: E402
 from estream.protocol import Opcode  # noqa: E402
 from estream.record import EncodedRecords, Record, encode_records, wrap_records  # noqa: E402
 from estream.rpc import RpcClient  # noqa: E402
+from rangeserver import linuxaio  # noqa: E402
 from tests.harness.process import ManagedProcess  # noqa: E402
 from tests.harness.rangeserver import start_rangeserver  # noqa: E402
 
@@ -179,19 +181,37 @@ def raw_ceiling(
 
 
 def raw_group_commit(
-    directory: Path, batch: bytes, batches_per_s: float, seconds: float, *, in_place: bool
+    directory: Path,
+    batch: bytes,
+    batches_per_s: float,
+    seconds: float,
+    *,
+    in_place: bool,
+    direct: bool = False,
 ) -> list[float]:
     """The disk alone at a given rate: ``batch`` queued open loop at ``batches_per_s``; a
     writer thread writes whatever is queued with one ``pwritev(RWF_DSYNC)`` (group commit,
     no server, no network), overwriting a file zero-filled beforehand (``in_place``, as
-    the range server's spare segments) or growing one; latency per batch in ms."""
+    the range server's spare segments) or growing one; with ``direct``, through
+    ``O_DIRECT`` from an aligned buffer, each batch padded to whole blocks (as the range
+    server's direct writes); latency per batch in ms."""
     path = directory / "raw-group.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    block = linuxaio.BLOCK_BYTES
+    slot = -(-len(batch) // block) * block if direct else len(batch)
+    data: bytes | mmap.mmap = batch
+    if direct:
+        data = linuxaio.aligned_buffer(slot)
+        data[: len(batch)] = batch
     if in_place:
         zeros = bytes(limits.MiB)
-        for at in range(0, int(seconds * batches_per_s + 1) * len(batch), len(zeros)):
+        for at in range(0, int(seconds * batches_per_s + 1) * slot, len(zeros)):
             os.pwrite(fd, zeros, at)
         os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # as the range server's spares
+    if direct:
+        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
     waiting: queue.SimpleQueue[float | None] = queue.SimpleQueue()
     latencies_ms: list[float] = []
 
@@ -206,7 +226,7 @@ def raw_group_commit(
                 queued.pop()
                 done = True
             if queued:
-                position += os.pwritev(fd, [batch] * len(queued), position, os.RWF_DSYNC)
+                position += os.pwritev(fd, [data] * len(queued), position, os.RWF_DSYNC)
                 now = time.perf_counter()
                 latencies_ms.extend((now - t) * 1000 for t in queued if t is not None)
 
@@ -317,7 +337,7 @@ async def run(args: argparse.Namespace) -> list[str]:
         process.stop()
 
         disk_in_place = raw_group_commit(
-            work, one_batch, half_rate, args.seconds, in_place=True
+            work, one_batch, half_rate, args.seconds, in_place=True, direct=mode == "direct"
         )
         disk_growing = raw_group_commit(
             work, one_batch, half_rate, args.seconds, in_place=False
@@ -357,7 +377,8 @@ async def run(args: argparse.Namespace) -> list[str]:
         + f" (target p99 < 2 ms: {'met' if half_p99 < 2 else 'MISSED'})",
         "- the disk alone at the same rate (open loop, a thread doing pwritev(RWF_DSYNC) of "
         "whatever is queued: group commit without server or network), overwriting a "
-        "zero-filled file: " + latency_line(disk_in_place)
+        f"zero-filled file{' with O_DIRECT, as the server' if mode == 'direct' else ''}: "
+        + latency_line(disk_in_place)
         + f", max {max(disk_in_place):.3f} ms; growing a file: "
         + latency_line(disk_growing) + f", max {max(disk_growing):.3f} ms",
         "- half of the peak with the log's writer thread (--wal-io thread, the same "

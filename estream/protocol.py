@@ -242,6 +242,18 @@ class FrameDecoder:
         if self._pos and self._pos == len(self._buf):
             self._buf.clear()
             self._pos = 0
+        if not self._buf and self._need is None:  # nothing buffered: decode in place
+            view = memoryview(data)
+            try:
+                used = self._decode_whole(view, frames)
+            except EstreamError as exc:
+                if not frames:
+                    raise
+                self.error = exc
+                return frames
+            data = view[used:]
+            if not data:
+                return frames
         self._buf += data
         while True:
             try:
@@ -269,19 +281,41 @@ class FrameDecoder:
             self._need = self._parse_prefix(buf, pos)
         opcode, flags, request_id, header_len, payload_len, total = self._need
         if available < total:
-            if self._direct_bytes_min is not None and total >= self._direct_bytes_min:
-                self._frame = bytearray(total)
-                self._frame[:available] = buf[pos:]
-                self._frame_fill = available
+            if self._takes_direct(total):
+                self._start_direct(memoryview(buf)[pos:], self._need)
                 self._pos = len(buf)
             return None
-        body = pos + FRAME_PREFIX_BYTES
         with memoryview(buf) as view:  # one copy per field (a bytearray slice is a second)
-            header = bytes(view[body : body + header_len])
-            payload = bytes(view[body + header_len : pos + total])
+            frame = _frame_at(view, pos, self._need)
         self._pos = pos + total
         self._need = None
-        return Frame(opcode, FrameFlags(flags), request_id, header, payload)
+        return frame
+
+    def _decode_whole(self, view: memoryview, frames: list[Frame]) -> int:
+        """Append the whole frames at the start of ``view`` to ``frames`` without
+        buffering them (one copy per field); returns how many bytes they took."""
+        pos = 0
+        while len(view) - pos >= FRAME_PREFIX_BYTES:
+            need = self._parse_prefix(view, pos)
+            if len(view) - pos < need[5]:
+                if self._takes_direct(need[5]):
+                    self._start_direct(view[pos:], need)  # the rest is received into it
+                    return len(view)
+                break
+            frames.append(_frame_at(view, pos, need))
+            pos += need[5]
+        return pos
+
+    def _takes_direct(self, total: int) -> bool:
+        """Whether a frame of ``total`` bytes gets a buffer of its own."""
+        return self._direct_bytes_min is not None and total >= self._direct_bytes_min
+
+    def _start_direct(self, start: memoryview, need: tuple[int, int, int, int, int, int]) -> None:
+        """Give the frame whose first bytes are ``start`` a buffer of its own."""
+        self._need = need
+        self._frame = bytearray(need[5])
+        self._frame[: len(start)] = start
+        self._frame_fill = len(start)
 
     def _finish_direct(self) -> Frame:
         """The direct-mode frame, now whole; its payload a read-only view of its buffer."""
@@ -294,7 +328,9 @@ class FrameDecoder:
         payload = memoryview(buf).toreadonly()[body:]
         return Frame(opcode, FrameFlags(flags), request_id, header, payload)
 
-    def _parse_prefix(self, buf: bytearray, pos: int) -> tuple[int, int, int, int, int, int]:
+    def _parse_prefix(
+        self, buf: bytearray | memoryview, pos: int
+    ) -> tuple[int, int, int, int, int, int]:
         magic, version, opcode, flags, request_id, header_len, payload_len = _PREFIX.unpack_from(
             buf, pos
         )
@@ -312,6 +348,16 @@ class FrameDecoder:
         if total > self._frame_bytes_max:
             raise FrameTooLarge("frame too large", size=total, limit=self._frame_bytes_max)
         return opcode, flags, request_id, header_len, payload_len, total
+
+
+def _frame_at(view: memoryview, pos: int, need: tuple[int, int, int, int, int, int]) -> Frame:
+    """The whole frame at ``pos`` of ``view`` whose prefix parsed as ``need``; its header
+    and payload copied out as ``bytes``."""
+    opcode, flags, request_id, header_len, _, total = need
+    body = pos + FRAME_PREFIX_BYTES
+    header = bytes(view[body : body + header_len])
+    payload = bytes(view[body + header_len : pos + total])
+    return Frame(opcode, FrameFlags(flags), request_id, header, payload)
 
 
 def parse_address(address: str) -> tuple[str, int]:
