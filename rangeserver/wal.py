@@ -336,6 +336,7 @@ class Wal:
                 if unsynced and want_sync:
                     if not dsync:
                         os.fdatasync(fd)
+                    _drop_cached(fd, unsynced, segment)
                     self._syncs += 1
                     loop.call_soon_threadsafe(self._complete, unsynced, True)
                     unsynced = []
@@ -377,6 +378,18 @@ class Wal:
             parts.extend(item.parts)
         _write_all(fd, parts, start, _DSYNC_FLAGS if dsync else 0)
         return fd, segment
+
+
+def _drop_cached(fd: int, items: list[WalItem], segment: int) -> None:
+    """Drop what ``items`` wrote to ``segment`` from the page cache, now that it is
+    synced (clean): reads of recent batches come from the store's own cache, and a host
+    that reclaims cold page cache itself (DAMON ``pageout``) otherwise does it while
+    appends write into the same file, and stalls them (see ``rangeserver/spares.py``)."""
+    written = [item for item in items if item.parts and item.segment == segment]
+    if written:
+        start = written[0].position
+        os.posix_fadvise(fd, start, written[-1].position + written[-1].size - start,
+                         os.POSIX_FADV_DONTNEED)
 
 
 def _dsync_supported(fd: int) -> bool:
