@@ -148,15 +148,7 @@ class AioContext:
             os.read(self.eventfd, 8)
         except BlockingIOError:
             pass
-        done: list[Completion] = []
-        while self._inflight:
-            count = _syscall(self._getevents, self._context, 0, self.depth, self._events, None)
-            if count == 0:
-                break
-            for event in self._events[:count]:
-                self._inflight.pop(event.data, None)
-                done.append(Completion(event.data, event.res))
-        return done
+        return self._reap(wait=False)
 
     @property
     def inflight(self) -> int:
@@ -164,9 +156,17 @@ class AioContext:
 
     def wait_all(self) -> list[Completion]:
         """Block until every write in flight has finished (shutdown only)."""
+        return self._reap(wait=True)
+
+    def _reap(self, *, wait: bool) -> list[Completion]:
+        """Collect finished writes; with ``wait``, until none is in flight."""
         done: list[Completion] = []
         while self._inflight:
-            count = _syscall(self._getevents, self._context, 1, self.depth, self._events, None)
+            count = _syscall(
+                self._getevents, self._context, 1 if wait else 0, self.depth, self._events, None
+            )
+            if count == 0:
+                break
             for event in self._events[:count]:
                 self._inflight.pop(event.data, None)
                 done.append(Completion(event.data, event.res))
