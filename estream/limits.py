@@ -54,6 +54,7 @@ server_suspect_after_ms: Final = 4_000  # missed heartbeats before a server gets
 # Write-ahead log (rangeserver/).
 segment_bytes_max: Final = 256 * MiB
 cache_bytes_max: Final = 256 * MiB
+wal_write_bytes_max: Final = 16 * MiB  # one direct log write (a group); two such buffers
 
 # Repair (pd/repair.py, pd/repairer.py): sealed ranges short of replicas are re-replicated.
 repair_after_ms: Final = 10_000  # a replica dead (or reported short) this long is replaced

@@ -48,7 +48,7 @@ from rangeserver.linuxaio import BLOCK_BYTES, AioContext, aligned_buffer, buffer
 
 log = logging.getLogger(__name__)
 
-group_bytes_max = 16 * limits.MiB  # one write; a batch (at most 8 MiB) always fits
+group_bytes_max = limits.wal_write_bytes_max  # one write; a whole batch always fits
 idle_sync_ms = 50  # DEFERRED_SYNC writes are fsynced after this much idle time
 
 

@@ -7,6 +7,8 @@ from typing import Final
 from estream import limits
 from estream.protocol import FRAME_PREFIX_BYTES
 from estream.record import BATCH_HEADER_BYTES, RECORD_PREFIX_BYTES
+from rangeserver.linuxaio import BLOCK_BYTES
+from rangeserver.walformat import ENTRY_HEADER_BYTES
 
 # The largest msgpack header a batch-carrying request or response needs in practice.
 CONTROL_HEADER_BYTES_MAX: Final = 4 * limits.KiB
@@ -30,6 +32,13 @@ def test_a_maximal_batch_fits_in_a_frame_with_its_header() -> None:
         FRAME_PREFIX_BYTES + CONTROL_HEADER_BYTES_MAX + limits.batch_bytes_max
         <= limits.frame_bytes_max
     )
+
+
+def test_a_maximal_batch_fits_in_one_direct_log_write() -> None:
+    """After the log's last partial block and padded to whole blocks
+    (``rangeserver/directwriter.py``)."""
+    block = BLOCK_BYTES
+    assert ENTRY_HEADER_BYTES + limits.batch_bytes_max + 2 * block <= limits.wal_write_bytes_max
 
 
 def test_a_read_answer_fits_in_a_frame() -> None:
