@@ -10,8 +10,9 @@ an ``eventfd`` that the loop watches. No thread, no GIL hand-over.
 
 What it needs: buffers, file offsets and lengths aligned to :data:`BLOCK_BYTES` (the
 caller stages entries in an aligned buffer), a filesystem with ``O_DIRECT`` (tmpfs has
-none), and the ``io_setup`` system call (a sandbox may refuse it). :func:`probe` says
-whether all of it works here; callers fall back to a writer thread when it does not.
+it only since Linux 6.6), and the ``io_setup`` system call (a sandbox may refuse it).
+:func:`probe` says whether all of it works here; callers fall back to a writer thread
+when it does not.
 
 Only the kernel ABI is used (``struct iocb``, ``struct io_event`` from
 ``linux/aio_abi.h``, x86-64 and arm64 system call numbers), not libaio.
