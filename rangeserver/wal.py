@@ -124,10 +124,13 @@ class Wal:
             return 0
 
     def read_segment(self, segment: int, start: int = 0) -> bytes:
-        """The bytes of a segment from ``start`` (recovery only, before serving)."""
+        """The bytes of a segment from ``start`` (recovery only, before serving), up to
+        where only a hole follows (a segment that direct writes gave its full size is
+        mostly hole: reading it would make up hundreds of MiB of zeros)."""
         with open(self.path(segment), "rb") as f:
+            end = _data_end(f.fileno(), start)
             f.seek(start)
-            return f.read()
+            return f.read(max(0, end - start))
 
     def truncate(self, segment: int, size: int) -> None:
         """Cut a torn tail off (recovery only) and make the cut durable."""
@@ -196,10 +199,11 @@ class Wal:
 
     def _open_segment(self, segment: int, fd: int | None = None) -> int:
         """Open ``segment`` for writing (closing ``fd``, its earlier opening): made from a
-        spare when it is missing or empty and one is ready, else as it is, or created
-        empty; its directory entry is durable."""
+        spare when it is missing or holds no data and one is ready, else as it is, or
+        created (empty; for direct writes, a hole of the segment's size); its directory
+        entry is durable."""
         path = self.path(segment)
-        if not path.exists() or path.stat().st_size == 0:
+        if not path.exists() or path.stat().st_blocks == 0:  # missing, empty or all hole
             spare = self.spares.take()
             if spare is not None:
                 os.rename(spare, path)  # replaces an empty file in one step
@@ -207,6 +211,12 @@ class Wal:
             os.close(fd)
         flags = os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if self.mode == "direct" else 0)
         fd = os.open(path, flags, 0o644)
+        if self.mode == "direct" and os.fstat(fd).st_size < self.segment_bytes_max:
+            # No spare: give the file its full size at once (a hole, no blocks). A direct
+            # write past the end of a file completes inside io_submit on ext4 (it waits
+            # to update the size), which would block the event loop for the write and
+            # its journal commit; a write inside the size stays asynchronous.
+            os.ftruncate(fd, self.segment_bytes_max)
         fsync_dir(self.directory)  # the new (or renamed) file's directory entry
         return fd
 
@@ -390,6 +400,25 @@ def _drop_cached(fd: int, items: list[WalItem], segment: int) -> None:
         start = written[0].position
         os.posix_fadvise(fd, start, written[-1].position + written[-1].size - start,
                          os.POSIX_FADV_DONTNEED)
+
+
+def _data_end(fd: int, start: int) -> int:
+    """Where a file's data ends from ``start`` on: its size, or the start of a hole after
+    which there is no data (where the filesystem says, with SEEK_HOLE and SEEK_DATA)."""
+    size = os.fstat(fd).st_size
+    try:
+        hole = os.lseek(fd, min(start, size), os.SEEK_HOLE)
+    except OSError:
+        return size  # no SEEK_HOLE here: all of it
+    if hole >= size:
+        return size
+    try:
+        os.lseek(fd, hole, os.SEEK_DATA)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return hole  # nothing but the hole after it
+        return size
+    return size  # more data after the hole: all of it
 
 
 def _dsync_supported(fd: int) -> bool:

@@ -177,3 +177,23 @@ async def test_a_filesystem_refusing_rwf_dsync_falls_back_to_fdatasync(
     assert wal.failed is None
     await wal.close()
     assert wal.read_segment(0) == b"".join(entry(i) for i in range(3))  # each written once
+
+
+def test_reading_a_segment_for_recovery_stops_where_only_a_hole_follows(tmp_path: Path) -> None:
+    """A segment that direct writes gave its full size is mostly hole: recovery reads its
+    data, not hundreds of MiB of made-up zeros; data after a hole is still read."""
+    wal = Wal(tmp_path)
+    data = b"".join(entry(i) for i in range(10))
+    path = wal.path(0)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.truncate(4 * 1024 * 1024)
+    got = wal.read_segment(0)
+    assert got.startswith(data) and wf.all_zero(got, len(data))
+    assert len(got) < 1024 * 1024, "the hole was not read"
+    assert wal.read_segment(0, 7) == got[7:]
+    with open(path, "r+b") as f:
+        f.seek(2 * 1024 * 1024)
+        f.write(data)  # data after the hole
+    got = wal.read_segment(0)
+    assert len(got) == 4 * 1024 * 1024 and got[2 * 1024 * 1024 :].startswith(data)
