@@ -20,6 +20,7 @@ import pytest
 from tests.chaos.harness import ChaosCluster
 from tests.chaos.history import Verdict
 from tests.chaos.workload import Workload, report
+from tests.harness.walfiles import flip_byte, tear, valid_end
 
 pytest.importorskip("estream.client", reason="the SDK (estream/client.py) has not landed yet")
 
@@ -228,9 +229,9 @@ async def test_flipped_byte_and_torn_tail_while_down(cluster: ChaosCluster) -> N
         await work.acks_after(killed_at, acks_after_fault, fault_recovery_s)
         segments = sorted((victim.data_dir / "wal").glob("*.wal"))
         assert segments
-        data = bytearray(segments[0].read_bytes())
-        data[len(data) // 2] ^= 0x40  # a flipped byte in the middle
-        segments[0].write_bytes(bytes(data[:-5]))  # and a torn tail
+        end = valid_end(segments[0])
+        flip_byte(segments[0], end // 2)  # a flipped byte in the middle of the entries
+        tear(segments[0], end - 5)  # and a torn tail
         victim.start()
         await asyncio.to_thread(cluster.wait_servers_alive)
         return 2

@@ -28,9 +28,9 @@ from estream.errors import (
 from estream.protocol import FrameDecoder, Opcode, encode_frame_bytes
 from estream.record import Record, encode_batch, iter_batches
 from estream.rpc import RpcClient
-from rangeserver import walformat as wf
 from tests.harness.process import ESTREAM, ManagedProcess
 from tests.harness.rangeserver import start_rangeserver
+from tests.harness.walfiles import flip_byte, tear, valid_end
 
 pytestmark = pytest.mark.integration
 
@@ -304,11 +304,9 @@ async def fill(server: Server, connect: Connect, count: int) -> list[bytes]:
 
 
 def flip_byte_in(path: Path, needle: bytes, at: int) -> None:
-    data = bytearray(path.read_bytes())
-    where = data.find(needle)
+    where = path.read_bytes().find(needle)
     assert where >= 0
-    data[where + at] ^= 0x20
-    path.write_bytes(bytes(data))
+    flip_byte(path, where + at, 0x20)
 
 
 async def test_flipped_byte_after_a_clean_stop_is_a_checksum_error_on_read(
@@ -348,9 +346,7 @@ async def test_torn_tail_is_truncated_on_restart(server: Server, connect: Connec
     sent = await fill(server, connect, 10)
     server.kill9()
     segment = server.segment()
-    data = segment.read_bytes()
-    valid_end = wf.scan(data).valid_end  # direct writes pad the file with zeros after it
-    segment.write_bytes(data[: valid_end - 7])  # the last entry is torn
+    tear(segment, valid_end(segment) - 7)  # the last entry is torn
     server.start()
     client = await connect(server.address)
     assert (await describe(client))["end"] == 36

@@ -22,6 +22,7 @@ import pytest
 from tests.chaos.harness import ChaosCluster
 from tests.harness.pd import http_json
 from tests.harness.repair import wait_fully_replicated
+from tests.harness.walfiles import flip_byte, valid_end
 
 pytestmark = pytest.mark.integration
 
@@ -126,9 +127,7 @@ async def test_flipped_byte_replica_is_damaged_and_repaired(cluster: ChaosCluste
         victim = cluster.server(r0["replicas"][0]["address"])
         victim.kill9()
         segment = sorted((victim.data_dir / "wal").glob("*.wal"))[0]
-        data = bytearray(segment.read_bytes())
-        data[len(data) // 2] ^= 0x40  # in the middle: inside one of range 0's batches
-        segment.write_bytes(bytes(data))
+        flip_byte(segment, valid_end(segment) // 2)  # inside one of range 0's batches
         victim.start()
         await asyncio.to_thread(cluster.wait_servers_alive)
         # The log scan marks it damaged, unless a checkpoint covered that byte: then the
