@@ -15,7 +15,7 @@
    growing one: the physical references for that tail. Last, the same half load on two
    fresh servers: one whose log writes through its writer thread (``--wal-io thread``;
    the measured server uses ``--wal-io auto``, direct writes here), and one without
-   spares (``--wal-spares 0``, the default: appends grow the files).
+   spares (``--wal-spares 0``, the default: segments not zero-filled ahead).
 
 The client pauses its own cyclic GC while it measures (``client_gc_paused``).
 
@@ -384,7 +384,8 @@ async def run(args: argparse.Namespace) -> list[str]:
         "- half of the peak with the log's writer thread (--wal-io thread, the same "
         "spares): " + latency_line(on_thread),
         f"- half of the peak on a server without spares (--wal-spares 0, the default, "
-        f"--wal-io {args.wal_io}: appends grow the segment files): "
+        f"--wal-io {args.wal_io}: segments not zero-filled ahead; direct writes create "
+        f"them as holes, the writer thread grows them): "
         + latency_line(growing_latency),
     ]
 
