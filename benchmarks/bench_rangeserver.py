@@ -1,6 +1,7 @@
 """Benchmark one real range server: append throughput and latency against the disk's ceiling.
 
     .venv/bin/python benchmarks/bench_rangeserver.py [--seconds 8] [--records-per-batch 64]
+    .venv/bin/python benchmarks/bench_rangeserver.py --rate 5100   # the open loop only
 
 1. Ceiling: a raw loop of ``os.write`` + ``os.fdatasync`` of the batch bytes on the same
    filesystem (measured first, while no server runs).
@@ -390,6 +391,19 @@ async def run(args: argparse.Namespace) -> list[str]:
     ]
 
 
+async def at_rate(args: argparse.Namespace) -> str:
+    """``--rate``: one fresh server (``--wal-io``, ``--spares``), the open loop only."""
+    work = Path(tempfile.mkdtemp(prefix="bench-rs-", dir=args.dir))
+    try:
+        records = section_records(args.records_per_batch)
+        samples = await half_load(work / "rs", args.spares, args.wal_io, records, args.rate, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return f"- {args.rate:,.0f} batches/s, open loop, --wal-io {args.wal_io}: " + latency_line(
+        samples
+    )
+
+
 def write_results(command: str, lines: list[str], notes: str) -> None:
     body = "\n".join([SECTION, "", f"Command: `{command}`", "", *lines, "", notes]).rstrip()
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
@@ -412,10 +426,16 @@ def main() -> int:
     parser.add_argument("--wal-io", default="auto", choices=("auto", "direct", "thread"),
                         help="the measured server's --wal-io (a thread-writer server is "
                         "measured at half load beside it)")
+    parser.add_argument("--rate", type=float, default=None, metavar="BATCHES_PER_S",
+                        help="only the open loop at this rate on one fresh server (after a "
+                        "1 s warm-up), printed, not written: a quick look at the tail")
     parser.add_argument("--dir", default=None, help="where the data goes (default: $TMPDIR)")
     parser.add_argument("--notes", default="", help="a paragraph added under the figures")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
+    if args.rate is not None:
+        print(uvloop.run(at_rate(args)))
+        return 0
     lines = uvloop.run(run(args))
     print("\n".join(lines))
     if not args.no_write:
