@@ -55,6 +55,7 @@ server_suspect_after_ms: Final = 4_000  # missed heartbeats before a server gets
 segment_bytes_max: Final = 256 * MiB
 cache_bytes_max: Final = 256 * MiB
 wal_write_bytes_max: Final = 16 * MiB  # one direct log write (a group); two such buffers
+wal_idle_sync_ms: Final = 50  # DEFERRED_SYNC writes are fsynced after this much idle time
 
 # Repair (pd/repair.py, pd/repairer.py): sealed ranges short of replicas are re-replicated.
 repair_after_ms: Final = 10_000  # a replica dead (or reported short) this long is replaced

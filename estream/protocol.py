@@ -166,6 +166,9 @@ def encode_error(opcode: int, request_id: int, error: EstreamError) -> list[byte
     )
 
 
+_Prefix = tuple[int, int, int, int, int, int]  # opcode, flags, id, header, payload, total
+
+
 class FrameDecoder:
     """Sans-I/O incremental frame decoder with a bounded buffer.
 
@@ -187,7 +190,7 @@ class FrameDecoder:
         self._pos = 0  # start of the first unconsumed byte in _buf
         self._frame_bytes_max = frame_bytes_max
         self._header_bytes_max = header_bytes_max
-        self._need: tuple[int, int, int, int, int, int] | None = None
+        self._need: _Prefix | None = None
         self.error: EstreamError | None = None  # a bad prefix found after good frames
         # Direct mode (None: off): a frame of at least this many bytes that is not yet
         # whole gets a buffer of its own, its exact size; what follows is copied (or, with
@@ -279,7 +282,7 @@ class FrameDecoder:
             if available < FRAME_PREFIX_BYTES:
                 return None
             self._need = self._parse_prefix(buf, pos)
-        opcode, flags, request_id, header_len, payload_len, total = self._need
+        total = self._need[5]
         if available < total:
             if self._takes_direct(total):
                 self._start_direct(memoryview(buf)[pos:], self._need)
@@ -310,7 +313,7 @@ class FrameDecoder:
         """Whether a frame of ``total`` bytes gets a buffer of its own."""
         return self._direct_bytes_min is not None and total >= self._direct_bytes_min
 
-    def _start_direct(self, start: memoryview, need: tuple[int, int, int, int, int, int]) -> None:
+    def _start_direct(self, start: memoryview, need: _Prefix) -> None:
         """Give the frame whose first bytes are ``start`` a buffer of its own."""
         self._need = need
         self._frame = bytearray(need[5])
@@ -330,7 +333,7 @@ class FrameDecoder:
 
     def _parse_prefix(
         self, buf: bytearray | memoryview, pos: int
-    ) -> tuple[int, int, int, int, int, int]:
+    ) -> _Prefix:
         magic, version, opcode, flags, request_id, header_len, payload_len = _PREFIX.unpack_from(
             buf, pos
         )
@@ -350,7 +353,7 @@ class FrameDecoder:
         return opcode, flags, request_id, header_len, payload_len, total
 
 
-def _frame_at(view: memoryview, pos: int, need: tuple[int, int, int, int, int, int]) -> Frame:
+def _frame_at(view: memoryview, pos: int, need: _Prefix) -> Frame:
     """The whole frame at ``pos`` of ``view`` whose prefix parsed as ``need``; its header
     and payload copied out as ``bytes``."""
     opcode, flags, request_id, header_len, _, total = need

@@ -17,7 +17,8 @@ How a group commit goes:
 - A group holding a synced entry is written with ``RWF_DSYNC`` and its entries complete
   when the kernel says the write is durable. A group of ``DEFERRED_SYNC`` entries only
   is written without it; its entries complete once written and become durable with the
-  next synced group, a barrier, or after ``idle_sync_ms`` (an ``fdatasync``).
+  next synced group, a barrier, or after ``limits.wal_idle_sync_ms`` of idleness (an
+  ``fdatasync``).
 - A group never spans segments; before the first write to a new segment the previous
   one is synced and closed (a segment is complete and durable before the next starts).
 - Two buffers: one in flight, one filling; entries that fit in neither wait in order.
@@ -49,7 +50,6 @@ from rangeserver.linuxaio import BLOCK_BYTES, AioContext, aligned_buffer, buffer
 log = logging.getLogger(__name__)
 
 group_bytes_max = limits.wal_write_bytes_max  # one write; a whole batch always fits
-idle_sync_ms = 50  # DEFERRED_SYNC writes are fsynced after this much idle time
 
 
 def block_floor(position: int) -> int:
@@ -208,8 +208,8 @@ class DirectWriter:
             else:
                 self._finish_barriers(group)
             self._fill()
-        if self._idle is not None and self._drained() and not self._idle.done():
-            self._idle.set_result(None)
+        if self._drained():
+            self._wake_closer()
 
     def _submit(self, group: _Group) -> None:
         """Write ``group`` (the only write in flight)."""
@@ -244,19 +244,25 @@ class DirectWriter:
 
     def _finish_barriers(self, group: _Group) -> None:
         self._release(group.buffer)
-        if group.sync and self._unsynced:
-            try:
-                self._fdatasync()
-            except OSError as exc:
-                self._broken(exc, group.items)
-                return
-        self._complete(group.items, group.sync)
+        if not group.sync or self._sync_unsynced(group.items):
+            self._complete(group.items, group.sync)
 
     def _fdatasync(self) -> None:
         os.fdatasync(self._fd)
         self.syncs += 1
         unsynced, self._unsynced = self._unsynced, []
         self._complete(unsynced, True)
+
+    def _sync_unsynced(self, items: list[WalItem]) -> bool:
+        """Make the writes done without RWF_DSYNC durable (one fdatasync), if any; False
+        if it failed (the log is then broken, ``items`` failed with everything pending)."""
+        if self._unsynced:
+            try:
+                self._fdatasync()
+            except OSError as exc:
+                self._broken(exc, items)
+                return False
+        return True
 
     def _on_completions(self) -> None:
         for done in self._aio.completions():
@@ -279,17 +285,13 @@ class DirectWriter:
             self._arm_idle_sync()
             return
         self.syncs += 1
-        if self._unsynced:  # earlier writes without RWF_DSYNC: one fdatasync covers them
-            try:
-                self._fdatasync()
-            except OSError as exc:
-                self._broken(exc, group.items)
-                return
-        self._complete(group.items, True)
+        if self._sync_unsynced(group.items):  # RWF_DSYNC made only this write durable
+            self._complete(group.items, True)
 
     def _arm_idle_sync(self) -> None:
         if self._idle_timer is None:
-            self._idle_timer = self._loop.call_later(idle_sync_ms / 1000, self._idle_sync)
+            delay_s = limits.wal_idle_sync_ms / 1000
+            self._idle_timer = self._loop.call_later(delay_s, self._idle_sync)
 
     def _idle_sync(self) -> None:
         self._idle_timer = None
@@ -298,10 +300,7 @@ class DirectWriter:
         if not self._drained():
             self._arm_idle_sync()  # busy: look again later
             return
-        try:
-            self._fdatasync()
-        except OSError as exc:
-            self._broken(exc, [])
+        self._sync_unsynced([])
 
     def _drained(self) -> bool:
         return self._inflight is None and self._filling is None and not self._waiting
@@ -317,6 +316,10 @@ class DirectWriter:
         self._unsynced, self._filling = [], None
         self._waiting.clear()
         self._fail(pending, error)
+        self._wake_closer()
+
+    def _wake_closer(self) -> None:
+        """Nothing more will be written: let a waiting :meth:`close` go on."""
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
 
@@ -332,9 +335,6 @@ class DirectWriter:
             self._idle_timer.cancel()
         self._loop.remove_reader(self._aio.eventfd)
         self._aio.close()
-        if self._unsynced and self.failed is None:
-            try:
-                self._fdatasync()
-            except OSError as exc:
-                self._broken(exc, [])
+        if self.failed is None:
+            self._sync_unsynced([])
         os.close(self._fd)

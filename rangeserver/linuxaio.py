@@ -151,10 +151,6 @@ class AioContext:
             pass
         return self._reap(wait=False)
 
-    @property
-    def inflight(self) -> int:
-        return len(self._inflight)
-
     def wait_all(self) -> list[Completion]:
         """Block until every write in flight has finished (shutdown only)."""
         return self._reap(wait=True)

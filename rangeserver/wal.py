@@ -22,8 +22,8 @@ Two writers, chosen at :meth:`Wal.start` (``io``: "auto" takes the first that wo
   go back to the event loop with ``loop.call_soon_threadsafe`` (one call per group).
 
 With either, DEFERRED_SYNC entries complete once written; they become durable with the
-next fdatasync (a synced append, :meth:`Wal.force`, or after ``idle_sync_ms`` without
-new appends).
+next fdatasync (a synced append, :meth:`Wal.force`, or after ``limits.wal_idle_sync_ms``
+without new appends).
 
 Failure: a write or fdatasync error (ENOSPC, EIO) fails every pending append with
 :class:`StorageError` and puts the log in a failed state where every later append fails
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 _IOV_MAX = 512  # buffers per writev (the OS limit is usually 1024)
 # pwritev2 with RWF_DSYNC (Linux 4.7+): write and fdatasync in one call; 0 where missing.
 _DSYNC_FLAGS: int = getattr(os, "RWF_DSYNC", 0)
-idle_sync_ms = 50  # DEFERRED_SYNC writes are fsynced after this much idle time
 
 
 def segment_name(segment: int) -> str:
@@ -321,7 +320,8 @@ class Wal:
         stop = False
         while not stop:
             try:
-                first = self._queue.get(timeout=idle_sync_ms / 1000 if unsynced else None)
+                idle_s = limits.wal_idle_sync_ms / 1000 if unsynced else None
+                first = self._queue.get(timeout=idle_s)
             except queue.Empty:
                 first = None
             batch: list[WalItem] = []

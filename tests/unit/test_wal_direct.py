@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from estream import limits
 from estream.errors import StorageError
 from rangeserver import directwriter, linuxaio
 from rangeserver import walformat as wf
@@ -90,7 +91,7 @@ async def test_deferred_writes_are_synced_when_the_log_goes_idle(tmp_path: Path)
     _, written = wal.append((entry,), len(entry), sync=False, on_durable=durable.set)
     await written
     assert not durable.is_set(), "written, not yet synced"
-    await asyncio.wait_for(durable.wait(), 10 * directwriter.idle_sync_ms / 1000)
+    await asyncio.wait_for(durable.wait(), 10 * limits.wal_idle_sync_ms / 1000)
     await wal.close()
     assert scan_entries(wal.read_segment(0)) == [1]
 
