@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_rangeserver.py [--seconds 8] [--records-per-batch 64]
     .venv/bin/python benchmarks/bench_rangeserver.py --rate 5100   # the open loop only
+    .venv/bin/python benchmarks/bench_rangeserver.py --no-pin      # client and server share CPUs
 
 1. Ceiling: a raw loop of ``os.write`` + ``os.fdatasync`` of the batch bytes on the same
    filesystem (measured first, while no server runs).
@@ -16,9 +17,13 @@
    growing one: the physical references for that tail. Last, the same half load on two
    fresh servers: one whose log writes through its writer thread (``--wal-io thread``;
    the measured server uses ``--wal-io auto``, direct writes here), and one without
-   spares (``--wal-spares 0``, the default: segments not zero-filled ahead).
+   spares (``--wal-spares 0``, the default: segments not zero-filled ahead), and one
+   whose CPUs the client shares (without ``--pin``).
 
-The client pauses its own cyclic GC while it measures (``client_gc_paused``).
+With ``--pin`` (the default, on two CPUs or more) the server runs on the last CPU
+(``estream rangeserver --cpus``) and the client on the others, as a range server would
+run on a host of its own; the raw references run on the client's CPUs. The client pauses
+its own cyclic GC while it measures (``client_gc_paused``).
 
 Targets (issue 2): >= 60% of the raw ceiling's bytes/s; p99 < 2 ms at half the peak.
 Prints the figures and writes them to ``benchmarks/RESULTS.md`` (its "Range server"
@@ -41,6 +46,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvloop
@@ -61,6 +67,47 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Range server (benchmarks/bench_rangeserver.py)"
 RECORD_BYTES = 1024
 STREAM = 1
+
+
+@dataclass(frozen=True)
+class Cpus:
+    """Where the client runs, and the server (``None``: on any CPU, the client's too)."""
+
+    server: frozenset[int] | None
+    client: frozenset[int]
+
+    @classmethod
+    def split(cls, pin: bool) -> Cpus:
+        """The last CPU for the server, the others for the client (when ``pin`` and this
+        process may run on two or more); else both anywhere."""
+        available = sorted(os.sched_getaffinity(0))
+        if not pin or len(available) < 2:
+            return cls(None, frozenset(available))
+        return cls(frozenset(available[-1:]), frozenset(available[:-1]))
+
+    def shared(self) -> Cpus:
+        """Both anywhere."""
+        return Cpus(None, self.client | (self.server or frozenset()))
+
+    def server_args(self) -> list[str]:
+        return ["--cpus", ",".join(map(str, sorted(self.server)))] if self.server else []
+
+    def describe(self) -> str:
+        if not self.server:
+            return f"{len(self.client)} CPUs shared by client and server"
+        return (f"server on CPU {','.join(map(str, sorted(self.server)))} (--cpus), client "
+                f"on CPU {','.join(map(str, sorted(self.client)))}")
+
+
+@contextlib.contextmanager
+def client_on(cpus: Cpus) -> Iterator[None]:
+    """This process (the client, and the raw references' threads) on ``cpus.client``."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus.client)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 @contextlib.contextmanager
@@ -267,10 +314,10 @@ async def wait_for_spares(client: RpcClient, wanted: int, timeout_s: float = 120
 
 
 async def start_server(
-    directory: Path, spares: int, io: str
+    directory: Path, spares: int, io: str, cpus: Cpus
 ) -> tuple[ManagedProcess, RpcClient]:
     process, address = start_rangeserver(
-        directory, extra_args=["--wal-spares", str(spares), "--wal-io", io]
+        directory, extra_args=["--wal-spares", str(spares), "--wal-io", io, *cpus.server_args()]
     )
     client = await RpcClient.connect(address)
     await client.call(
@@ -286,10 +333,11 @@ async def half_load(
     records: EncodedRecords,
     rate: float,
     args: argparse.Namespace,
+    cpus: Cpus,
 ) -> list[float]:
     """Append latencies of a fresh server (``--wal-spares spares --wal-io io``, its
-    spares ready) under the open-loop load ``rate`` batches/s."""
-    process, client = await start_server(directory, spares, io)
+    spares ready, on ``cpus``) under the open-loop load ``rate`` batches/s."""
+    process, client = await start_server(directory, spares, io, cpus)
     try:
         await wait_for_spares(client, spares)
         appender = Appender(client, records)
@@ -304,7 +352,7 @@ async def half_load(
         process.stop()
 
 
-async def run(args: argparse.Namespace) -> list[str]:
+async def run(args: argparse.Namespace, cpus: Cpus) -> list[str]:
     work = Path(tempfile.mkdtemp(prefix="bench-rs-", dir=args.dir))
     records = section_records(args.records_per_batch)
     one_batch = wrap_records(records, stream_id=STREAM, range_index=0, epoch=1, base_offset=0)
@@ -315,7 +363,7 @@ async def run(args: argparse.Namespace) -> list[str]:
         raw_elapsed, raw_batches = raw_ceiling(work, one_batch, args.raw_seconds, raw_latency)
         raw_mb_s = raw_batches * batch_bytes / raw_elapsed / 1e6
 
-        process, client = await start_server(work / "rs", args.spares, args.wal_io)
+        process, client = await start_server(work / "rs", args.spares, args.wal_io, cpus)
         processes.append(process)
         mode = (await client.call(Opcode.PING))[0]["wal_io"]
         spares_before_peak = await wait_for_spares(client, args.spares)
@@ -345,11 +393,18 @@ async def run(args: argparse.Namespace) -> list[str]:
         )
 
         on_thread = await half_load(
-            work / "rs-thread", args.spares, "thread", records, half_rate, args
+            work / "rs-thread", args.spares, "thread", records, half_rate, args, cpus
         )
         growing_latency = await half_load(
-            work / "rs-no-spares", 0, args.wal_io, records, half_rate, args
+            work / "rs-no-spares", 0, args.wal_io, records, half_rate, args, cpus
         )
+        shared_latency: list[float] = []
+        if cpus.server:
+            with client_on(cpus.shared()):
+                shared_latency = await half_load(
+                    work / "rs-shared", args.spares, args.wal_io, records, half_rate, args,
+                    cpus.shared(),
+                )
     finally:
         for process in processes:
             process.stop()
@@ -361,7 +416,7 @@ async def run(args: argparse.Namespace) -> list[str]:
     return [
         f"- setup: 1 range server process, 1 client, {args.records_per_batch} records of "
         f"{RECORD_BYTES} B per batch ({batch_bytes} B), {args.inflight} batches in flight, "
-        f"{args.seconds:g} s per phase, {os.cpu_count()} CPUs shared by client and server; "
+        f"{args.seconds:g} s per phase, {cpus.describe()}; "
         f"server with --wal-io {args.wal_io} ({mode}), "
         f"--wal-spares {args.spares} ({spare_mib} MiB each; ready: "
         f"{spares_before_peak} before the peak, {spares_before_half} before half load)",
@@ -388,19 +443,25 @@ async def run(args: argparse.Namespace) -> list[str]:
         f"--wal-io {args.wal_io}: segments not zero-filled ahead; direct writes create "
         f"them as holes, the writer thread grows them): "
         + latency_line(growing_latency),
-    ]
+    ] + ([
+        f"- half of the peak, client and server sharing all {len(cpus.shared().client)} CPUs "
+        f"(no --cpus, as without --pin; the same spares): " + latency_line(shared_latency)
+    ] if shared_latency else [])
 
 
-async def at_rate(args: argparse.Namespace) -> str:
+async def at_rate(args: argparse.Namespace, cpus: Cpus) -> str:
     """``--rate``: one fresh server (``--wal-io``, ``--spares``), the open loop only."""
     work = Path(tempfile.mkdtemp(prefix="bench-rs-", dir=args.dir))
     try:
         records = section_records(args.records_per_batch)
-        samples = await half_load(work / "rs", args.spares, args.wal_io, records, args.rate, args)
+        samples = await half_load(
+            work / "rs", args.spares, args.wal_io, records, args.rate, args, cpus
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return f"- {args.rate:,.0f} batches/s, open loop, --wal-io {args.wal_io}: " + latency_line(
-        samples
+    return (
+        f"- {args.rate:,.0f} batches/s, open loop, --wal-io {args.wal_io}, "
+        f"{cpus.describe()}: " + latency_line(samples)
     )
 
 
@@ -429,14 +490,19 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=None, metavar="BATCHES_PER_S",
                         help="only the open loop at this rate on one fresh server (after a "
                         "1 s warm-up), printed, not written: a quick look at the tail")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="the server on the last CPU (--cpus), the client on the others "
+                        "(default; --no-pin: both anywhere)")
     parser.add_argument("--dir", default=None, help="where the data goes (default: $TMPDIR)")
     parser.add_argument("--notes", default="", help="a paragraph added under the figures")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    if args.rate is not None:
-        print(uvloop.run(at_rate(args)))
-        return 0
-    lines = uvloop.run(run(args))
+    cpus = Cpus.split(args.pin)
+    with client_on(cpus):
+        if args.rate is not None:
+            print(uvloop.run(at_rate(args, cpus)))
+            return 0
+        lines = uvloop.run(run(args, cpus))
     print("\n".join(lines))
     if not args.no_write:
         shown = [a for a, before in zip(sys.argv[1:], [""] + sys.argv[1:], strict=False)

@@ -1,7 +1,7 @@
 """``estream rangeserver``: run one range server process on uvloop.
 
     estream rangeserver --listen H:P --data-dir DIR [--pd H:P,H:P,H:P]
-                        [--storage-class ssd] [--advertise H:P]
+                        [--storage-class ssd] [--advertise H:P] [--cpus LIST]
                         [--tls-cert PEM --tls-key PEM [--tls-ca PEM]
                          [--tls-require-client-cert]] [--token-file FILE]
 
@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import re
 import signal
 import sys
@@ -52,6 +53,7 @@ log = logging.getLogger("rangeserver")
 STORAGE_CLASSES = ("nvme", "ssd", "hdd")
 checkpoint_interval_s = 30.0
 _SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what PD accepts as a server id
+_CPU_MAX = 4095  # a CPU list names no CPU above this (Linux's default NR_CPUS limit)
 gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
 
 
@@ -95,6 +97,40 @@ def _count(low: int, high: int, unit: str) -> Callable[[str], int]:
     return parse
 
 
+def cpu_list(text: str) -> frozenset[int]:
+    """``"0,2-3"`` -> ``{0, 2, 3}`` (the list format of ``taskset -c``). Pure; an argparse
+    type: bad text raises ``ArgumentTypeError``."""
+    cpus: set[int] = set()
+    for item in text.replace(" ", "").split(","):
+        low, dash, high = item.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise argparse.ArgumentTypeError(
+                f"bad CPU list {text!r}: expected numbers and ranges such as 1 or 0,2-3")
+        first, last = int(low), int(high) if dash else int(low)
+        if not first <= last <= _CPU_MAX:
+            raise argparse.ArgumentTypeError(
+                f"bad CPU range {item!r} in {text!r}: expected 0 <= first <= last <= {_CPU_MAX}")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
+def pin_to_cpus(cpus: frozenset[int]) -> None:
+    """Run this process on ``cpus`` only, before any thread starts (threads inherit it).
+
+    Raises :class:`InvalidArgument` when one of them is offline or outside this
+    process's cpuset: the kernel would silently leave it out."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        pass  # none of them is usable: reported below
+    missing = sorted(cpus - os.sched_getaffinity(0))
+    if missing:
+        online = Path("/sys/devices/system/cpu/online")
+        known = online.read_text().strip() if online.exists() else "?"
+        raise InvalidArgument(
+            f"--cpus: CPU {missing[0]} is not available to this process (online: {known})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="estream rangeserver", description="Run one estream range server.")
     parser.add_argument("--listen", required=True, type=_listen_address, help="HOST:PORT (0 ok)")
@@ -117,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--wal-segment-mib", type=_count(1, 4096, "MiB"), metavar="MIB",
         default=limits.segment_bytes_max // limits.MiB,
         help="size of a log segment file (default %(default)s)")
+    parser.add_argument(
+        "--cpus", type=cpu_list, default=None, metavar="LIST",
+        help="run the server's threads on these CPUs only, e.g. 1 or 2-3 (default: all): "
+        "a range server that does not share its cores with clients or other servers has a "
+        "much lower latency tail")
     add_server_options(parser)
     return parser
 
@@ -183,8 +224,9 @@ async def serve(args: argparse.Namespace) -> int:
     server.address = args.advertise or bound
     print(f"listening on {bound}", flush=True)
     log.info(
-        "range server %s serving %d replicas (log writes: %s)",
+        "range server %s serving %d replicas (log writes: %s; CPUs: %s)",
         server.server_id, len(store.replicas), store.wal.mode,
+        ",".join(map(str, sorted(os.sched_getaffinity(0)))),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -234,6 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    if args.cpus:
+        try:
+            pin_to_cpus(args.cpus)
+        except InvalidArgument as exc:
+            parser.error(exc.message)
     try:
         return uvloop.run(serve(args))
     except OSError as exc:

@@ -470,3 +470,56 @@ def test_a_damaged_server_id_stops_the_server_with_one_line(
     id_file.write_text(kept + "\n")
     server.start()  # the restored id: the same server again
     assert (server.data_dir / "server_id").read_text().strip() == kept
+
+
+def cpus_allowed(pid: int) -> dict[int, str]:
+    """Each thread of ``pid`` -> the CPUs it may run on (``/proc``'s list format)."""
+    allowed = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                allowed[int(task.name)] = line.split(":", 1)[1].strip()
+    return allowed
+
+
+async def test_cpus_pins_every_thread_of_the_server(tmp_path: Path, connect: Connect) -> None:
+    """``--cpus`` applies before any thread starts, so the spares' and the writer's threads
+    run on the same CPUs as the event loop; the server serves as before."""
+    pinned = Server(tmp_path / "rs", ["--cpus", "0", "--wal-io", "thread", "--wal-spares", "1"])
+    pinned.start()
+    try:
+        assert pinned.process is not None
+        client = await connect(pinned.address)
+        await create(client)
+        await client.call(Opcode.APPEND, {}, batch(0))
+        allowed = cpus_allowed(pinned.process.pid)
+        assert len(allowed) >= 2, "the writer thread runs too"
+        assert set(allowed.values()) == {"0"}, allowed
+        assert "CPUs: 0)" in pinned.process.log_text()
+        header, payload = await read(client, 0)
+        assert payload == batch(0)
+    finally:
+        pinned.stop()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("4095", "CPU 4095 is not available to this process"),
+        ("0,4095", "CPU 4095 is not available to this process"),
+        ("1-0", "bad CPU range '1-0'"),
+        ("one", "bad CPU list 'one'"),
+    ],
+)
+def test_a_bad_cpu_list_is_refused_with_one_line(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    done = subprocess.run(
+        [*ESTREAM, "rangeserver", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path),
+         "--cpus", value],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "server_id").exists(), "refused before touching the data dir"

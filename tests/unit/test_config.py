@@ -154,3 +154,17 @@ def test_top_level_settings_of_another_command_are_ignored_with_a_note(
     ns = parse_with_config(make_parser(), ["--config", cfg], environ={})
     assert ns.listen == "h:1"
     assert "'raft' is not a setting of this command" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("toml_value", ['"0"', "0", '"0-0"'])
+def test_the_range_servers_cpus_come_from_flag_env_or_toml(
+    tmp_path: Path, toml_value: str
+) -> None:
+    from rangeserver.cli import build_parser
+
+    base = ["--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)]
+    cfg = write(tmp_path, f"cpus = {toml_value}\n")
+    assert parse_with_config(build_parser(), base, environ={}).cpus is None, "default: all"
+    from_toml = parse_with_config(build_parser(), [*base, "--config", cfg], environ={})
+    from_env = parse_with_config(build_parser(), base, environ={"ESTREAM_CPUS": "0"})
+    assert from_toml.cpus == from_env.cpus == frozenset({0})
