@@ -275,7 +275,8 @@ def load_toml(path: str) -> dict[str, Any]:
 def render_value(value: Any) -> str:
     """A parsed option value as TOML the same option accepts back. Pure.
 
-    ``("h", 1)`` (a parsed ``HOST:PORT``) -> ``"h:1"``; a list of addresses -> ``"a:1,b:2"``.
+    ``("h", 1)`` (a parsed ``HOST:PORT``) -> ``"h:1"``; a list of addresses -> ``"a:1,b:2"``;
+    a set of CPUs -> ``"0,2,3"``.
     """
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -285,6 +286,8 @@ def render_value(value: Any) -> str:
         value = f"{value[0]}:{value[1]}"
     elif isinstance(value, list | tuple):
         value = ",".join(str(v) for v in value)
+    elif isinstance(value, frozenset | set):  # a CPU list
+        value = ",".join(str(v) for v in sorted(value))
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

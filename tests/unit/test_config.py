@@ -15,6 +15,7 @@ from estream.config import (
     layered_defaults,
     parse_with_config,
     port_number,
+    render_settings,
 )
 
 
@@ -168,3 +169,4 @@ def test_the_range_servers_cpus_come_from_flag_env_or_toml(
     from_toml = parse_with_config(build_parser(), [*base, "--config", cfg], environ={})
     from_env = parse_with_config(build_parser(), base, environ={"ESTREAM_CPUS": "0"})
     assert from_toml.cpus == from_env.cpus == frozenset({0})
+    assert 'cpus = "0"' in render_settings(from_toml).splitlines(), "read back as it was set"
