@@ -63,6 +63,11 @@ repair_interval_ms: Final = 2_000  # how often the PD leader plans a repair roun
 repair_tasks_per_round_max: Final = 4  # ranges copied at once by one round
 heartbeat_problem_replicas_max: Final = 256  # damaged/short/open replicas in one heartbeat
 
+# Reclaim (pd/reclaim.py, pd/reclaimer.py): replicas of deleted streams and trimmed ranges
+# are dropped on their range servers, which then delete the log segments only they used.
+reclaim_interval_ms: Final = 5_000  # how often the PD leader lists each server's replicas
+reclaim_drops_per_round_max: Final = 1_000  # DROP_RANGE calls of one round (all servers)
+
 # Processes with two busy threads under one GIL (PD: asyncio + pysyncobj's tick thread;
 # range server: asyncio + the log's writer thread) hand the GIL over this often, not every
 # 5 ms (CPython's default): each hand-off between them could otherwise cost up to 5 ms.

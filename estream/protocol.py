@@ -60,6 +60,7 @@ class Opcode(IntEnum):
     FORCE = 15
     CONFIRM = 16
     LIST_RANGES = 17
+    DROP_RANGE = 18
     # Placement driver.
     PD_REGISTER_SERVER = 40
     PD_HEARTBEAT = 41

@@ -87,6 +87,7 @@ class CatalogView:
     pd_nodes: MappingProxyType[str, PdNode]
     version: int
     open_ranges: MappingProxyType[str, int]  # server id -> open ranges it holds
+    next_stream_id: int = 1  # every id below it was given to a stream (maybe deleted since)
 
     def stream(self, name: str) -> StreamMeta:
         found = self.streams.get(name)
@@ -122,6 +123,7 @@ class Catalog:
             MappingProxyType(dict(self._pd_nodes)),
             self.version,
             MappingProxyType(dict(self._open_ranges)),
+            self._next_stream_id,
         )
 
     def _put(self, name: str, stream: StreamMeta | None) -> None:

@@ -2,7 +2,8 @@
 
 Side effects: starts pysyncobj's thread and two listening sockets; a background task
 publishes this node's id and addresses through Raft (so every node can name the leader),
-another runs repair rounds while this node leads (:mod:`pd.repairer`).
+another runs repair rounds while this node leads (:mod:`pd.repairer`), and another tells
+range servers to drop replicas of deleted streams and trimmed ranges (:mod:`pd.reclaimer`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from estream.security import (
 from pd.catalog import PdNode
 from pd.http import build_app
 from pd.raft import RaftNode
+from pd.reclaimer import Reclaimer
 from pd.repairer import Repairer
 from pd.service import PdService
 
@@ -61,6 +63,7 @@ class PlacementDriverNode:
         self._register_task: asyncio.Task[None] | None = None
         self.repairer: Repairer | None = None
         self._repair_task: asyncio.Task[None] | None = None
+        self._reclaim_task: asyncio.Task[None] | None = None
         self.rpc_address = ""
         self.http_address = ""
 
@@ -94,6 +97,9 @@ class PlacementDriverNode:
         self.repairer = Repairer(self.service)
         self.repairer.pool = self.member_pool()  # range servers may require TLS / a token
         self._repair_task = asyncio.ensure_future(self.repairer.run())
+        reclaimer = Reclaimer(self.service)
+        reclaimer.pool = self.member_pool()
+        self._reclaim_task = asyncio.ensure_future(reclaimer.run())
 
     def member_pool(self) -> ConnectionPool:
         """A pool for calls to other cluster members (range servers): this node's
@@ -113,7 +119,7 @@ class PlacementDriverNode:
                 await asyncio.sleep(register_retry_s)
 
     async def close(self) -> None:
-        for task in (self._register_task, self._repair_task):
+        for task in (self._register_task, self._repair_task, self._reclaim_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

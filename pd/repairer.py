@@ -47,6 +47,7 @@ from pd.repair import (
     plan_repairs,
     track_short,
 )
+from pd.rounds import leader_rounds
 from pd.service import PdService
 
 log = logging.getLogger(__name__)
@@ -112,21 +113,14 @@ class Repairer:
         self._logged_skips: frozenset[tuple[str, int, str]] = frozenset()
 
     # ------------------------------------------------------------------------- loop
-    def is_leader(self) -> bool:
-        return self.service.raft.status().role == "leader"
-
     async def run(self) -> None:
         """Forever (until cancelled): a round every ``interval_ms`` while leader."""
         try:
-            while True:
-                await asyncio.sleep(self.interval_ms / 1000)
-                if not self.is_leader():
-                    self.short_since.clear()  # a new leader starts its own grace periods
-                    continue
-                try:
-                    await self.round()
-                except Exception:  # noqa: BLE001 - one bad round must not stop repair
-                    log.exception("repair round failed")
+            await leader_rounds(
+                self.service, self.interval_ms, self.round, name="repair",
+                # a new leader starts its own grace periods
+                on_follower=lambda: self.short_since.clear(),
+            )
         finally:
             await self.pool.close()
 

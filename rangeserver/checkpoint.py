@@ -9,9 +9,15 @@ enough to rebuild everything, the checkpoint only makes start faster.
 
 File layout: msgpack map, then its xxh3-64 (8 bytes, little-endian)::
 
-    {"version": 1, "segment": int, "position": int,
+    {"version": 2, "segment": int, "position": int,
      "replicas": [{"stream_id", "range_index", "start", "end", "epoch", "confirm",
-                   "sealed", "sealed_end", "damaged", "index": {column: bytes}}]}
+                   "sealed", "sealed_end", "damaged", "index": {column: bytes},
+                   "span": [first segment, last segment]}],
+     "dropped": [[first segment, last segment], ...]}
+
+``span`` and ``dropped`` are what the log's retention needs (``rangeserver/retention.py``).
+A version 1 checkpoint (without them) is ignored like an invalid one: the whole log is
+scanned once.
 
 Side effects: the checkpoint file (written with aiofiles: a cold path).
 """
@@ -32,10 +38,11 @@ import xxhash
 from estream.durable import fsync_dir
 from rangeserver.index import RangeIndex
 from rangeserver.replica import ReplicaState
+from rangeserver.retention import Span
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION: Final = 1
+CHECKPOINT_VERSION: Final = 2
 CHECKPOINT_NAME: Final = "checkpoint.msgpack"
 
 
@@ -45,6 +52,8 @@ class Checkpoint:
     position: int
     replicas: dict[tuple[int, int], ReplicaState]
     indexes: dict[tuple[int, int], RangeIndex]
+    spans: dict[tuple[int, int], Span]
+    dropped: list[Span]
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
@@ -64,6 +73,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
                 "sealed_end": state.sealed_end,
                 "damaged": state.damaged,
                 "index": checkpoint.indexes[key].to_wire(),
+                "span": [checkpoint.spans[key].first, checkpoint.spans[key].last],
             }
         )
     body: bytes = msgpack.packb(
@@ -72,6 +82,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
             "segment": checkpoint.segment,
             "position": checkpoint.position,
             "replicas": replicas,
+            "dropped": [[span.first, span.last] for span in checkpoint.dropped],
         }
     )
     return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
@@ -89,6 +100,7 @@ def decode(data: bytes) -> Checkpoint:
         raise ValueError("unknown checkpoint version")
     replicas: dict[tuple[int, int], ReplicaState] = {}
     indexes: dict[tuple[int, int], RangeIndex] = {}
+    spans: dict[tuple[int, int], Span] = {}
     for item in raw["replicas"]:
         state = ReplicaState(
             stream_id=item["stream_id"],
@@ -104,7 +116,11 @@ def decode(data: bytes) -> Checkpoint:
         )
         replicas[state.key] = state
         indexes[state.key] = RangeIndex.from_wire(item["index"])
-    return Checkpoint(int(raw["segment"]), int(raw["position"]), replicas, indexes)
+        spans[state.key] = Span(int(item["span"][0]), int(item["span"][1]))
+    dropped = [Span(int(first), int(last)) for first, last in raw["dropped"]]
+    return Checkpoint(
+        int(raw["segment"]), int(raw["position"]), replicas, indexes, spans, dropped
+    )
 
 
 async def save(directory: Path, data: bytes) -> None:

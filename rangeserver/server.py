@@ -61,6 +61,7 @@ class RangeServer:
             Opcode.FORCE: self.force,
             Opcode.CONFIRM: self.confirm,
             Opcode.LIST_RANGES: self.list_ranges,
+            Opcode.DROP_RANGE: self.drop_range,
         }
 
     async def start(self, host: str, port: int) -> str:
@@ -152,3 +153,6 @@ class RangeServer:
 
     async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         return {"ranges": self.store.list_ranges()}, b""
+
+    async def drop_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        return {"dropped": await self.store.drop(*_range_key(header))}, b""

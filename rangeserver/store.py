@@ -4,7 +4,8 @@
 their effects: log entries (``rangeserver/wal.py``), index and cache updates, waking long
 polls, and typed errors. It also recovers everything at start: checkpoint, then a scan of
 the log after it (``rangeserver/walformat.py`` decides what is a torn tail to truncate and
-what is damage to report).
+what is damage to report). Dropping a replica logs a DROP entry, forgets the replica,
+and then deletes the log segments nothing needs any more (``rangeserver/retention.py``).
 
 Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
 batch's own stream id and range index, decide, queue the log entry, await its
@@ -37,14 +38,17 @@ from estream.errors import (
 from estream.record import BatchHeader, verify_batch
 from rangeserver import checkpoint as ckpt
 from rangeserver import replica as rp
+from rangeserver import retention
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
 from rangeserver.replica import ReplicaState, readable_end
+from rangeserver.retention import Span
 from rangeserver.wal import Wal
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]
+reclaim_delay_s = 0.2  # after a drop, before the checkpoint that deletes its segments
 
 
 def _stale(outcome: rp.StaleEpoch) -> Fenced:
@@ -72,8 +76,13 @@ class Store:
         self.cache = BatchCache(cache_bytes_max)
         self.replicas: dict[Key, ReplicaState] = {}
         self.indexes: dict[Key, RangeIndex] = {}
+        self.spans: dict[Key, Span] = {}  # the log segments holding each replica's entries
+        self.dropped: list[Span] = []  # dropped replicas' spans whose DROP entry is on disk
         self._events: dict[Key, asyncio.Event] = {}
         self._checkpointed_at: tuple[int, int] = (-1, -1)
+        self._orphans: dict[Key, tuple[int, int]] = {}  # recovery: (first segment, batches)
+        self._reclaimer: asyncio.Task[None] | None = None
+        self._reclaim_again = False
         self.recovery_report: list[str] = []
 
     # ---------------------------------------------------------------------- lifecycle
@@ -87,6 +96,7 @@ class Store:
             found = None
         if found is not None:
             self.replicas, self.indexes = dict(found.replicas), dict(found.indexes)
+            self.spans, self.dropped = dict(found.spans), list(found.dropped)
             first, position = found.segment, found.position
             self._checkpointed_at = (found.segment, found.position)
         else:
@@ -96,6 +106,9 @@ class Store:
             start = position if segment == first else 0
             tail = self._recover_segment(segment, start, last=segment == segments[-1])
         self.wal.start(asyncio.get_running_loop(), *tail)
+        for key, (segment, count) in self._orphans.items():
+            self._report(f"segment {segment}: {count} batches of unknown range {key} ignored")
+        self._orphans.clear()
         damaged = [k for k, s in self.replicas.items() if s.damaged]
         for key in damaged:
             self._report(f"replica {key} is damaged")
@@ -132,27 +145,33 @@ class Store:
         if entry.batch is not None:
             key = (entry.batch.stream_id, entry.batch.range_index)
             state = self.replicas.get(key)
-            if state is None:
-                self._report(f"segment {segment}: batch for unknown range {key} ignored")
+            if state is None:  # its CREATE_RANGE entry went with a reclaimed segment
+                first, count = self._orphans.get(key, (segment, 0))
+                self._orphans[key] = (first, count + 1)
                 return
             new = rp.replay_batch(state, entry.batch)
             if new.end != state.end:
                 location = Location(segment, start + entry.body_position, len(entry.body))
                 self.indexes[key].add(entry.batch.base_offset, new.end, location)
             self.replicas[key] = new
+            self._extend_span(key, segment)
             return
         control = entry.control
+        assert control is not None
+        key = (control.stream_id, control.range_index)
         if isinstance(control, wf.CreateRange):
-            key = (control.stream_id, control.range_index)
             if key not in self.replicas:
                 self.replicas[key] = ReplicaState.create(*key, control.start, control.epoch)
                 self.indexes[key] = RangeIndex()
+                self.spans[key] = Span(segment, segment)
             return
-        assert control is not None
-        key = (control.stream_id, control.range_index)
+        if isinstance(control, wf.Dropped):
+            self._forget(key, segment)
+            return
         state = self.replicas.get(key)
         if state is None:
             return
+        self._extend_span(key, segment)
         if isinstance(control, wf.EpochRaised):
             self.replicas[key] = rp.replay_epoch(state, control.epoch)
         else:
@@ -181,6 +200,9 @@ class Store:
 
     async def close(self) -> None:
         """Sync, write a checkpoint, stop the log."""
+        if self._reclaimer is not None:
+            self._reclaimer.cancel()
+            await asyncio.gather(self._reclaimer, return_exceptions=True)
         try:
             await self.checkpoint()
         except EstreamError as exc:
@@ -188,16 +210,32 @@ class Store:
         await self.wal.close()
 
     async def checkpoint(self) -> bool:
-        """Write a checkpoint if the log moved since the last one; True if written."""
+        """Write a checkpoint if the log moved since the last one, then delete the log
+        segments nothing needs any more; True if written."""
         at = (self.wal.segment, self.wal.position)
         if at == self._checkpointed_at:
             return False
-        snapshot = ckpt.Checkpoint(at[0], at[1], dict(self.replicas), {})
+        snapshot = ckpt.Checkpoint(
+            at[0], at[1], dict(self.replicas), {}, dict(self.spans), list(self.dropped)
+        )
         data = ckpt.encode(replace(snapshot, indexes=self.indexes))  # copies the arrays now
         await self.wal.force()  # everything before ``at`` is durable before the file says so
         await ckpt.save(self.data_dir, data)
         self._checkpointed_at = at
+        await self._reclaim()
         return True
+
+    async def _reclaim(self) -> None:
+        """Delete the segments no live replica and no needed DROP entry is in
+        (``rangeserver/retention.py``); only before the checkpoint just saved."""
+        segments = self.wal.segments()
+        keep_from = min(self.wal.segment, self._checkpointed_at[0])
+        doomed = retention.reclaimable(segments, keep_from, self.spans.values(), self.dropped)
+        if not doomed:
+            return
+        freed = await self.wal.delete_segments(doomed)
+        self.dropped = retention.still_needed(self.dropped, self.wal.segments())
+        log.info("deleted %d log segments of dropped replicas (%d bytes)", len(doomed), freed)
 
     # ------------------------------------------------------------------- state helpers
 
@@ -225,10 +263,34 @@ class Store:
             event.set()
 
     def _on_durable(self, key: Key, end: int) -> None:
-        self._set(key, rp.on_durable(self.replicas[key], end))
+        state = self.replicas.get(key)
+        if state is not None:  # else dropped meanwhile
+            self._set(key, rp.on_durable(state, end))
+
+    def _extend_span(self, key: Key, segment: int) -> None:
+        span = self.spans[key]
+        if segment > span.last:
+            self.spans[key] = Span(span.first, segment)
+
+    def _forget(self, key: Key, segment: int) -> None:
+        """A replica dropped by a DROP entry in ``segment``: its span becomes a dropped
+        span, and long polls on it wake (to find it gone)."""
+        span = self.spans.pop(key, None)
+        orphan = self._orphans.pop(key, None)
+        if span is not None:
+            first = span.first
+        else:
+            first = orphan[0] if orphan is not None else segment
+        self.replicas.pop(key, None)
+        self.indexes.pop(key, None)
+        self.cache.drop_range(*key)
+        self.dropped.append(Span(first, segment))
+        event = self._events.pop(key, None)
+        if event is not None:
+            event.set()
 
     def _damaged(self, key: Key) -> ReplicaDamaged:
-        self._set(key, rp.mark_damaged(self.replicas[key]))
+        self._set(key, rp.mark_damaged(self._get(*key)))
         self.cache.drop_range(*key)
         return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
 
@@ -262,7 +324,7 @@ class Store:
         if deferred:
             end = header.end_offset
             return pending, lambda: end
-        return pending, lambda: self.replicas[key].end
+        return pending, lambda: self._get(*key).end
 
     def _accept(
         self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
@@ -277,6 +339,7 @@ class Store:
         )
         body = Location(location.segment, location.position + wf.ENTRY_HEADER_BYTES, len(batch))
         self.indexes[key].add(header.base_offset, end, body)
+        self._extend_span(key, location.segment)
         self.cache.put((key[0], key[1], header.base_offset), batch)
         self._set(key, new)
         return done
@@ -321,12 +384,53 @@ class Store:
             raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
         else:
             raise _stale(outcome)
-        return self.replicas[key]
+        return self._get(*key)
 
     async def _log_control(self, control: wf.Control) -> None:
+        await self._queue_control(control)
+
+    def _queue_control(self, control: wf.Control) -> asyncio.Future[None]:
+        """Queue a control entry (its replica's span grows to cover it); returns the
+        future of its fdatasync."""
         entry = wf.encode_control(control)
-        _, done = self.wal.append((entry,), len(entry))
-        await done
+        location, done = self.wal.append((entry,), len(entry))
+        key = (control.stream_id, control.range_index)
+        if isinstance(control, wf.Dropped):
+            self._forget(key, location.segment)
+        elif key in self.spans:
+            self._extend_span(key, location.segment)
+        else:
+            self.spans[key] = Span(location.segment, location.segment)
+        return done
+
+    async def drop(self, stream_id: int, range_index: int) -> bool:
+        """Forget a replica for good (its stream was deleted or trimmed past it): a DROP
+        entry, durable before this returns; its log segments are deleted once nothing
+        else needs them. False when there is no such replica (dropped already)."""
+        key = (stream_id, range_index)
+        if key not in self.replicas:
+            await self.wal.barrier()  # its DROP entry may still be in flight
+            return False
+        await self._queue_control(wf.Dropped(stream_id, range_index))
+        self._schedule_reclaim()
+        return True
+
+    def _schedule_reclaim(self) -> None:
+        """Checkpoint and reclaim soon, in the background (one task for many drops)."""
+        if self._reclaimer is not None and not self._reclaimer.done():
+            self._reclaim_again = True
+            return
+        self._reclaimer = asyncio.ensure_future(self._reclaim_soon())
+
+    async def _reclaim_soon(self) -> None:
+        self._reclaim_again = True
+        while self._reclaim_again:
+            self._reclaim_again = False
+            await asyncio.sleep(reclaim_delay_s)  # drops come in bunches: one pass for all
+            try:
+                await self.checkpoint()
+            except EstreamError as exc:
+                log.error("checkpoint after dropping replicas failed: %s", exc.message)
 
     async def seal(
         self, stream_id: int, range_index: int, epoch: int, end: int | None
@@ -340,7 +444,7 @@ class Store:
                 await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
             else:
                 await self.wal.barrier()
-            return self.replicas[key].end, False
+            return self._get(*key).end, False
         if isinstance(outcome, rp.SealNow):
             self._set(key, outcome.state)
             state = outcome.state
@@ -417,7 +521,7 @@ class Store:
             )
         if wait_ms > 0 and offset >= readable_end(state, unconfirmed=unconfirmed):
             await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
-            state = self.replicas[key]
+            state = self._get(*key)
         if state.damaged:
             raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
         end = readable_end(state, unconfirmed=unconfirmed)
@@ -432,6 +536,7 @@ class Store:
             return end, state.sealed, b""
         if allowance is not None:
             max_bytes = await allowance(max_bytes)
+            self._get(*key)  # RangeNotFound if dropped meanwhile
         chosen = self.indexes[key].select(offset, end, max(1, max_bytes), partial_last=state.sealed)
         payload = await self._load(key, chosen)
         return end, state.sealed, payload
@@ -440,9 +545,10 @@ class Store:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
-            state = self.replicas[key]
+            state = self.replicas.get(key)
             if (
-                state.sealed
+                state is None  # dropped
+                or state.sealed
                 or state.damaged
                 or readable_end(state, unconfirmed=unconfirmed) > (offset)
             ):
@@ -465,7 +571,11 @@ class Store:
             if cached is None:
                 missing.append(i)
         if missing:
-            loaded = await self.wal.read([chosen[i].location for i in missing])
+            try:
+                loaded = await self.wal.read([chosen[i].location for i in missing])
+            except OSError:
+                self._get(*key)  # dropped meanwhile, its segments deleted: RangeNotFound
+                raise
             for i, data in zip(missing, loaded, strict=True):
                 self._verify_read(key, chosen[i], data)
                 parts[i] = data

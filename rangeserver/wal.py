@@ -101,6 +101,7 @@ class Wal:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_fds: dict[int, int] = {}
+        self._retired_fds: list[int] = []  # of deleted segments: closed on the next delete
         self._dsync = False  # RWF_DSYNC writes: probed by start()
 
     # ------------------------------------------------------------------ startup (sync)
@@ -280,6 +281,24 @@ class Wal:
             self._read_fds[segment] = fd
         return fd
 
+    async def delete_segments(self, segments: Sequence[int]) -> int:
+        """Delete these segments (never the one being written), durably (the directory
+        is synced); returns the bytes freed. Their read descriptors are closed on the next
+        call, not now: a read that picked one up may still be using it."""
+        assert self.segment not in segments, "the segment being written stays"
+        for fd in self._retired_fds:
+            os.close(fd)
+        self._retired_fds = [self._read_fds.pop(s) for s in segments if s in self._read_fds]
+        sizes = [self.segment_size(s) for s in segments]
+        paths = [self.path(s) for s in segments]
+        try:
+            await asyncio.to_thread(_delete_files, paths, self.directory)
+        except OSError as exc:
+            raise StorageError(f"deleting log segments failed: {exc}") from None
+        freed = sum(sizes)
+        self.bytes_total -= freed
+        return freed
+
     async def close(self) -> None:
         """Sync and stop the writer thread; close every file."""
         self.spares.stop()
@@ -291,9 +310,10 @@ class Wal:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, self._thread.join)
             self._thread = None
-        for fd in self._read_fds.values():
+        for fd in [*self._read_fds.values(), *self._retired_fds]:
             os.close(fd)
         self._read_fds.clear()
+        self._retired_fds.clear()
 
     def _complete(self, items: list[WalItem], durable: bool) -> None:
         for item in items:
@@ -453,6 +473,12 @@ def _write_all(fd: int, parts: list[bytes | memoryview], position: int, flags: i
                 continue
             parts[i] = memoryview(part)[written:]  # partial: resume inside this buffer
             break
+
+
+def _delete_files(paths: Sequence[Path], directory: Path) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+    fsync_dir(directory)
 
 
 def _pread_all(fds: list[int], locations: Sequence[Location]) -> list[bytes]:

@@ -8,7 +8,7 @@ Entry layout (16-byte header, then ``length`` body bytes)::
     offset size field      meaning
     ------ ---- ---------- -------------------------------------------------------------
       0     2   magic      0xE5A1
-      2     1   type       1 BATCH, 2 CREATE_RANGE, 3 EPOCH, 4 SEAL
+      2     1   type       1 BATCH, 2 CREATE_RANGE, 3 EPOCH, 4 SEAL, 5 DROP
       3     1   reserved   0
       4     4   length     u32, body bytes
       8     8   checksum   xxh3-64 of bytes [0, 8) followed by the covered body bytes
@@ -26,6 +26,8 @@ Control bodies (fixed, little-endian):
 - EPOCH: stream_id u64, range_index u32, epoch u64 (the highest epoch seen, raised by a
   fence or a create)
 - SEAL: stream_id u64, range_index u32, epoch u64, end u64
+- DROP: stream_id u64, range_index u32 (the replica is gone: its data may be reclaimed,
+  ``rangeserver/retention.py``)
 
 Recovery (:func:`scan`) classifies a segment's bytes:
 
@@ -61,6 +63,7 @@ _MAGIC_BYTES: Final = ENTRY_MAGIC.to_bytes(2, "little")
 _CREATE: Final = struct.Struct("<QIQQ")
 _EPOCH: Final = struct.Struct("<QIQ")
 _SEAL: Final = struct.Struct("<QIQQ")
+_DROP: Final = struct.Struct("<QI")
 entry_body_bytes_max: Final = limits.batch_bytes_max
 assert ENTRY_HEADER_BYTES == 16
 
@@ -70,6 +73,7 @@ class EntryType(IntEnum):
     CREATE_RANGE = 2
     EPOCH = 3
     SEAL = 4
+    DROP = 5
 
 
 class Verdict(Enum):
@@ -101,7 +105,13 @@ class Sealed:
     end: int
 
 
-Control = CreateRange | EpochRaised | Sealed
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    stream_id: int
+    range_index: int
+
+
+Control = CreateRange | EpochRaised | Sealed | Dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +179,12 @@ def encode_control(control: Control) -> bytes:
     elif isinstance(control, EpochRaised):
         entry_type = EntryType.EPOCH
         body = _EPOCH.pack(control.stream_id, control.range_index, control.epoch)
-    else:
+    elif isinstance(control, Sealed):
         entry_type = EntryType.SEAL
         body = _SEAL.pack(control.stream_id, control.range_index, control.epoch, control.end)
+    else:
+        entry_type = EntryType.DROP
+        body = _DROP.pack(control.stream_id, control.range_index)
     return _entry_header(entry_type, body, len(body)) + body
 
 
@@ -182,6 +195,8 @@ def _decode_control(entry_type: EntryType, body: memoryview) -> Control:
         return EpochRaised(*_EPOCH.unpack(body))
     if entry_type == EntryType.SEAL and len(body) == _SEAL.size:
         return Sealed(*_SEAL.unpack(body))
+    if entry_type == EntryType.DROP and len(body) == _DROP.size:
+        return Dropped(*_DROP.unpack(body))
     raise ValueError(f"{entry_type.name} body of {len(body)} bytes")
 
 

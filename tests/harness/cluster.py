@@ -31,6 +31,7 @@ class RangeServerProcess:
 @dataclass
 class Cluster:
     pd: PdCluster
+    extra_args: list[str] | None = None  # every range server's extra flags
     servers: list[RangeServerProcess] = field(default_factory=list)
 
     @property
@@ -53,7 +54,9 @@ class Cluster:
         server = self.server_by_address(address)
         server.process.stop()
         host, _, port = address.rpartition(":")
-        process, bound = start_rangeserver(server.data_dir, host, self.pd_addresses, port=int(port))
+        process, bound = start_rangeserver(
+            server.data_dir, host, self.pd_addresses, port=int(port), extra_args=self.extra_args
+        )
         server.process, server.address = process, bound
 
     def alive_servers(self) -> list[dict[str, object]]:
@@ -81,14 +84,22 @@ class Cluster:
 
 
 def start_cluster(
-    tmp_path: Path, *, pd_nodes: int = 3, range_servers: int = 4, host: str = "127.0.0.1"
+    tmp_path: Path,
+    *,
+    pd_nodes: int = 3,
+    range_servers: int = 4,
+    host: str = "127.0.0.1",
+    rangeserver_args: list[str] | None = None,
 ) -> Cluster:
-    """Start PD nodes and range servers; the caller must ``stop()`` the cluster."""
-    cluster = Cluster(start_pd_cluster(tmp_path, n=pd_nodes, host=host))
+    """Start PD nodes and range servers (with ``rangeserver_args``); the caller must
+    ``stop()`` the cluster."""
+    cluster = Cluster(start_pd_cluster(tmp_path, n=pd_nodes, host=host), rangeserver_args)
     try:
         for i in range(range_servers):
             data_dir = tmp_path / f"rs{i + 1}"
-            process, address = start_rangeserver(data_dir, host, cluster.pd_addresses)
+            process, address = start_rangeserver(
+                data_dir, host, cluster.pd_addresses, extra_args=rangeserver_args
+            )
             cluster.servers.append(RangeServerProcess(data_dir, address, process))
         cluster.wait_servers(range_servers)
     except BaseException:

@@ -523,3 +523,55 @@ def test_a_bad_cpu_list_is_refused_with_one_line(
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "server_id").exists(), "refused before touching the data dir"
+
+
+@pytest.mark.parametrize("checkpoint_lost", [False, True])
+async def test_drop_range_frees_segments_and_a_kill9_after_it_loses_nothing_else(
+    tmp_path: Path, connect: Connect, checkpoint_lost: bool
+) -> None:
+    """DROP_RANGE over the wire: range 1 fills 1 MiB segments alone, range 0 shares a
+    few; dropping range 1 deletes the segments only it used, and a kill -9 afterwards
+    (with or without the checkpoint) brings back range 0 byte for byte and not range 1."""
+    srv = Server(tmp_path / "rs", ["--wal-segment-mib", "1"]).start()
+    try:
+        client = await connect(srv.address)
+        await create(client, range_index=1)
+        doomed = [batch(i * 64, 64, range_index=1) for i in range(600)]  # ~3.6 MB
+        await asyncio.gather(*(client.call(Opcode.APPEND, {}, b) for b in doomed[:300]))
+        await create(client, range_index=0)
+        kept = [batch(i * 4, 4, confirm=i * 4) for i in range(50)]
+        await asyncio.gather(*(client.call(Opcode.APPEND, {}, b) for b in kept))
+        await asyncio.gather(*(client.call(Opcode.APPEND, {}, b) for b in doomed[300:]))
+        wal = srv.data_dir / "wal"
+        before = sorted(wal.glob("*.wal"))
+        assert len(before) >= 3
+        header, _ = await client.call(Opcode.DROP_RANGE, {"stream_id": STREAM, "range_index": 1})
+        assert header == {"dropped": True}
+        again, _ = await client.call(Opcode.DROP_RANGE, {"stream_id": STREAM, "range_index": 1})
+        assert again == {"dropped": False}
+        with pytest.raises(RangeNotFound):
+            await read(client, 0, range_index=1)
+        for _ in range(100):
+            if len(list(wal.glob("*.wal"))) < len(before):
+                break
+            await asyncio.sleep(0.05)
+        assert before[0] not in set(wal.glob("*.wal")), "its first segments are deleted"
+        srv.kill9()
+        if checkpoint_lost:
+            (srv.data_dir / "checkpoint.msgpack").unlink()
+        srv.start()
+        client = await connect(srv.address)
+        with pytest.raises(RangeNotFound):
+            await describe_range(client, 1)
+        header, payload = await read(client, 0)
+        assert payload == b"".join(kept)
+        assert "damage" not in (srv.process.log_text() if srv.process else "")
+    finally:
+        srv.stop()
+
+
+async def describe_range(client: RpcClient, range_index: int) -> dict:
+    header, _ = await client.call(
+        Opcode.DESCRIBE_RANGE, {"stream_id": STREAM, "range_index": range_index}
+    )
+    return header

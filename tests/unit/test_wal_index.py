@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
+import xxhash
 
 from rangeserver import checkpoint as ckpt
 from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.replica import ReplicaState
+from rangeserver.retention import Span
 
 
 def index_of(*batches: tuple[int, int]) -> RangeIndex:
@@ -82,18 +85,28 @@ def test_checkpoint_round_trip_stores_written_end_as_end() -> None:
     sealed = ReplicaState(3, 0, 0, 50, 50, 4, confirm=50, sealed=True, sealed_end=50)
     replicas = {state.key: state, sealed.key: sealed}
     indexes = {state.key: index_of((50, 60), (60, 70)), sealed.key: index_of((0, 50))}
-    data = ckpt.encode(ckpt.Checkpoint(2, 4096, replicas, indexes))
+    spans = {state.key: Span(1, 2), sealed.key: Span(0, 1)}
+    dropped = [Span(0, 2)]
+    data = ckpt.encode(ckpt.Checkpoint(2, 4096, replicas, indexes, spans, dropped))
     back = ckpt.decode(data)
     assert (back.segment, back.position) == (2, 4096)
+    assert back.spans == spans and back.dropped == dropped
     assert back.replicas[state.key] == ReplicaState(3, 1, 50, 70, 70, 4, confirm=65)
     assert back.replicas[sealed.key] == sealed
     assert len(back.indexes[state.key]) == 2
 
 
 def test_corrupt_checkpoint_is_rejected() -> None:
-    data = bytearray(ckpt.encode(ckpt.Checkpoint(0, 0, {}, {})))
+    data = bytearray(ckpt.encode(ckpt.Checkpoint(0, 0, {}, {}, {}, [])))
     data[3] ^= 1
     with pytest.raises(ValueError):
         ckpt.decode(bytes(data))
     with pytest.raises(ValueError):
         ckpt.decode(b"short")
+
+
+def test_a_version_1_checkpoint_is_rejected() -> None:
+    """Version 1 had no spans: ignored, the whole log is scanned (once) instead."""
+    body = msgpack.packb({"version": 1, "segment": 0, "position": 0, "replicas": []})
+    with pytest.raises(ValueError, match="version"):
+        ckpt.decode(body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"))

@@ -1,0 +1,99 @@
+"""Which log segments may be deleted once replicas are dropped: the log's retention. Pure.
+
+Every replica a range server stores shares one log (``rangeserver/wal.py``), so a
+segment holds entries of many replicas. A replica's *span* is the segments from the one
+holding its CREATE_RANGE entry to the one holding its latest entry (batches, epochs, its
+seal). When the placement driver drops a replica (its stream was deleted, or trimmed past
+it), the server logs a DROP entry and forgets the replica; its span becomes a *dropped
+span*, ending at the segment that holds the DROP entry.
+
+A segment can be deleted when nothing in it is needed any more, either to serve data or
+to rebuild the live replicas from the log alone (recovery without a checkpoint):
+
+1. it comes before ``keep_from``: the segment being written, and the checkpoint's (a
+   checkpoint's scan starts there);
+2. no live replica's span covers it;
+3. it holds no DROP entry that is still needed. A DROP entry stays while any other
+   segment of its replica's span stays: replaying what is left of the log must never
+   bring a dropped replica back.
+
+Deleting the dropped replicas' segments cannot lose a live replica's data (rule 2) nor
+revive a dropped one (rule 3), whatever else is deleted and in any order.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Segments ``first`` to ``last`` (both included) hold a replica's entries; a dropped
+    replica's DROP entry is in ``last``."""
+
+    first: int
+    last: int
+
+    def extended(self, segment: int) -> Span:
+        """The span once an entry in ``segment`` (at or after the log's end) is added."""
+        return Span(self.first, max(self.last, segment))
+
+
+def reclaimable(
+    segments: Sequence[int], keep_from: int, live: Iterable[Span], dropped: Iterable[Span]
+) -> list[int]:
+    """The segments (of ``segments``, those on disk) that may be deleted, in order."""
+    ordered = sorted(segments)
+    kept = [s >= keep_from for s in ordered]
+    _mark(ordered, kept, live)
+    waiting = [d for d in dropped if _index(ordered, d.last) is not None]
+    changed = True
+    while changed:  # keeping a DROP entry's segment may keep another DROP entry: repeat
+        changed = False
+        counts = _prefix_counts(kept)
+        for span in waiting:
+            at = _index(ordered, span.last)
+            assert at is not None
+            if kept[at]:
+                continue
+            lo = bisect.bisect_left(ordered, span.first)
+            if counts[at] - counts[lo] > 0:  # a segment of its span before the DROP stays
+                kept[at] = True
+                changed = True
+    return [s for s, keep in zip(ordered, kept, strict=True) if not keep]
+
+
+def still_needed(dropped: Iterable[Span], segments: Sequence[int]) -> list[Span]:
+    """The dropped spans whose DROP entry is still on disk (the others are forgotten)."""
+    on_disk = set(segments)
+    return [span for span in dropped if span.last in on_disk]
+
+
+def _mark(ordered: list[int], kept: list[bool], spans: Iterable[Span]) -> None:
+    """Keep every segment a span covers (a difference array: each span costs O(log n))."""
+    delta = [0] * (len(ordered) + 1)
+    for span in spans:
+        lo = bisect.bisect_left(ordered, span.first)
+        hi = bisect.bisect_right(ordered, span.last)
+        if lo < hi:
+            delta[lo] += 1
+            delta[hi] -= 1
+    running = 0
+    for i in range(len(ordered)):
+        running += delta[i]
+        if running > 0:
+            kept[i] = True
+
+
+def _prefix_counts(kept: list[bool]) -> list[int]:
+    counts = [0]
+    for keep in kept:
+        counts.append(counts[-1] + keep)
+    return counts
+
+
+def _index(ordered: list[int], segment: int) -> int | None:
+    at = bisect.bisect_left(ordered, segment)
+    return at if at < len(ordered) and ordered[at] == segment else None

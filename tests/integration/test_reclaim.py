@@ -1,0 +1,116 @@
+"""Disk space comes back: deleting or trimming a stream makes PD's reclaimer drop its
+replicas on the range servers, which delete the log segments only those replicas used.
+
+A real cluster (3 PD nodes, 3 range servers with 1 MiB log segments, as processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import estream
+from estream import limits
+from estream.protocol import Opcode
+from estream.rpc import RpcClient
+from tests.harness.cluster import Cluster, start_cluster
+
+pytestmark = pytest.mark.integration
+
+VALUE = bytes(range(256)) * 16  # 4 KiB records
+reclaimed_within_s = limits.reclaim_interval_ms / 1000 * 2 + 5
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(
+        tmp_path_factory.mktemp("reclaim"), pd_nodes=3, range_servers=3,
+        rangeserver_args=["--wal-segment-mib", "1"],
+    )
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def replicas_of(cluster: Cluster, stream_id: int) -> dict[str, set[int]]:
+    """Each range server's address -> the range indexes of ``stream_id`` it holds."""
+    held: dict[str, set[int]] = {}
+    for server in cluster.servers:
+        client = await RpcClient.connect(server.address)
+        try:
+            answer, _ = await client.call(Opcode.LIST_RANGES)
+        finally:
+            await client.close()
+        held[server.address] = {
+            r["range_index"] for r in answer["ranges"] if r["stream_id"] == stream_id
+        }
+    return held
+
+
+def segment_files(cluster: Cluster) -> int:
+    return sum(len(list((s.data_dir / "wal").glob("*.wal"))) for s in cluster.servers)
+
+
+async def wait_until_dropped(cluster: Cluster, stream_id: int, ranges: set[int]) -> None:
+    deadline = time.monotonic() + reclaimed_within_s
+    while time.monotonic() < deadline:
+        held = await replicas_of(cluster, stream_id)
+        if not any(indexes & ranges for indexes in held.values()):
+            return
+        await asyncio.sleep(0.2)
+    pytest.fail(f"ranges {ranges} of stream {stream_id} still held: {held}")
+
+
+async def test_deleting_a_stream_drops_its_replicas_and_frees_their_segments(
+    cluster: Cluster,
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        doomed = await client.create_stream("doomed", replicas=3, ack_count=2)
+        kept = await client.create_stream("kept", replicas=3, ack_count=2)
+        async with await client.open_writer("doomed") as writer:
+            for _ in range(16):  # 4 MiB on each server: several 1 MiB segments
+                await writer.append_batch([VALUE] * 64)
+        async with await client.open_writer("kept") as writer:
+            await writer.append_batch([b"kept-%d" % i for i in range(100)])
+        before = segment_files(cluster)
+        assert before >= 3 * 4
+        assert all(held == {0} for held in (await replicas_of(cluster, doomed.id)).values())
+
+        await client.delete_stream("doomed")
+        await wait_until_dropped(cluster, doomed.id, {0})
+        deadline = time.monotonic() + 5
+        while segment_files(cluster) > before - 3 * 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert segment_files(cluster) <= before - 3 * 3, "at least 3 segments freed a server"
+        values = [r.value async for r in client.read("kept")]
+        assert values == [b"kept-%d" % i for i in range(100)]
+        assert all(held == {0} for held in (await replicas_of(cluster, kept.id)).values())
+
+    restarted = cluster.servers[0]
+    cluster.restart(restarted.address)
+    assert (await replicas_of(cluster, doomed.id))[restarted.address] == set(), "stays dropped"
+    assert (await replicas_of(cluster, kept.id))[restarted.address] == {0}
+
+
+async def test_trimming_drops_the_ranges_it_removed_and_keeps_the_rest(
+    cluster: Cluster,
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("trimmed-away", replicas=3, ack_count=2)
+        for round_ in range(3):  # each new writer seals the range and opens the next
+            async with await client.open_writer("trimmed-away") as writer:
+                await writer.append_batch([b"%d-%d" % (round_, i) for i in range(50)])
+        ranges = (await client.describe_stream("trimmed-away")).ranges
+        assert len(ranges) >= 3
+        cut = ranges[-2].start  # drops every range that ends at or before it
+        gone = {r.index for r in ranges if r.end is not None and r.end <= cut}
+        assert gone
+        await client.trim("trimmed-away", cut)
+        await wait_until_dropped(cluster, meta.id, gone)
+        held = await replicas_of(cluster, meta.id)
+        assert set().union(*held.values()) == {r.index for r in ranges} - gone
+        offsets = [r.offset async for r in client.read("trimmed-away", start=cut)]
+        assert offsets == list(range(cut, 150))
