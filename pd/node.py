@@ -94,10 +94,11 @@ class PlacementDriverNode:
         self.http_address = f"{bound[0]}:{bound[1]}"
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
         self._register_task = asyncio.ensure_future(self._register_self())
-        self.repairer = Repairer(self.service)
+        busy: set[tuple[int, int]] = set()  # ranges repair or reclaim is working on
+        self.repairer = Repairer(self.service, busy=busy)
         self.repairer.pool = self.member_pool()  # range servers may require TLS / a token
         self._repair_task = asyncio.ensure_future(self.repairer.run())
-        reclaimer = Reclaimer(self.service)
+        reclaimer = Reclaimer(self.service, busy=busy)
         reclaimer.pool = self.member_pool()
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
 

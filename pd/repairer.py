@@ -100,6 +100,7 @@ class Repairer:
         repair_after_ms: int = limits.repair_after_ms,
         tasks_max: int = limits.repair_tasks_per_round_max,
         clock_ms: Callable[[], int] = _now_ms,
+        busy: set[RangeKey] | None = None,
     ) -> None:
         self.service = service
         self.interval_ms = interval_ms
@@ -109,6 +110,7 @@ class Repairer:
         self.pool = ConnectionPool()
         self.short_since: dict[ShortKey, int] = {}
         self.avoid: dict[RangeKey, set[str]] = {}
+        self.busy: set[RangeKey] = set() if busy is None else busy  # shared with the reclaimer
         self.last_plan = RepairPlan()
         self._logged_skips: frozenset[tuple[str, int, str]] = frozenset()
 
@@ -172,8 +174,14 @@ class Repairer:
         self._logged_skips = skips
 
     async def _repair_logged(self, task: RepairTask) -> None:
-        with contextlib.suppress(EstreamError):
-            await self.repair(task)
+        if task.key in self.busy:  # being dropped (pd/reclaimer.py): next round
+            return
+        self.busy.add(task.key)  # no await since the check: the reclaimer cannot slip in
+        try:
+            with contextlib.suppress(EstreamError):
+                await self.repair(task)
+        finally:
+            self.busy.discard(task.key)
 
     # ----------------------------------------------------------------------- repair
     async def repair(self, task: RepairTask) -> StreamMeta:

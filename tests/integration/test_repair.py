@@ -5,7 +5,8 @@
    lists it in ``/v1/streams/{name}``, and that replica serves exactly the same records
    (READ opcode, directly), while ``/metrics`` counts the repair.
 2. A flipped byte in a stopped server's segment file: on restart its replica is damaged
-   (found by the log scan, or by the first read of it), and PD repairs it elsewhere.
+   (found by the log scan, or by the first read of it), and PD repairs it elsewhere; the
+   damaged replica left behind is then dropped by PD's reclaimer.
 3. A replica left short and open by a seal (paused, then killed, back after its writer
    closed) is healed in place: its tail copied and sealed, placement unchanged.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from estream import limits
 from tests.chaos.harness import ChaosCluster
 from tests.harness.pd import http_json
 from tests.harness.repair import wait_fully_replicated
@@ -27,6 +29,7 @@ from tests.harness.walfiles import flip_byte, valid_end
 pytestmark = pytest.mark.integration
 
 repair_timeout_s = 30.0
+reclaim_timeout_s = limits.reclaim_interval_ms / 1000 * 3 + 5  # two rounds agree, then drop
 records_per_phase = 150
 
 
@@ -146,6 +149,37 @@ async def test_flipped_byte_replica_is_damaged_and_repaired(cluster: ChaosCluste
         assert await wait_fully_replicated(cluster.pd_url(), "repair-flip", 10.0) == []
         values = [r.value async for r in client.read("repair-flip", 0)]
         assert values[:records_per_phase] == [v for _, v in copied]
+        # The damaged replica left on the victim is garbage now: the reclaimer drops it
+        # (suspected in one round, dropped in the next).
+        await wait_dropped(victim.address, stream["id"], 0, reclaim_timeout_s)
+        assert dropped_total(cluster, "moved") >= 1
+
+
+async def wait_dropped(address: str, stream_id: int, index: int, timeout_s: float) -> None:
+    from estream.protocol import Opcode
+    from estream.rpc import RpcClient
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        client = await RpcClient.connect(address)
+        try:
+            answer, _ = await client.call(Opcode.LIST_RANGES)
+        finally:
+            await client.close()
+        if not any((r["stream_id"], r["range_index"]) == (stream_id, index)
+                   for r in answer["ranges"]):
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{address} still holds range {index} of stream {stream_id}")
+
+
+def dropped_total(cluster: ChaosCluster, reason: str) -> int:
+    status, text = http_json(cluster.pd_url() + "/metrics")
+    assert status == 200
+    for line in str(text).splitlines():
+        if line.startswith(f'estream_replicas_dropped_total{{reason="{reason}"}}'):
+            return int(float(line.split()[-1]))
+    return 0
 
 
 async def test_short_replica_left_by_a_seal_is_healed_in_place(cluster: ChaosCluster) -> None:

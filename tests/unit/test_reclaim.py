@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from estream.meta import RangeMeta, StreamMeta
-from pd.reclaim import Drop, droppable
+from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from pd.reclaim import Drop, confirmed, droppable
 
 
 def stream(stream_id: int, *indexes: int) -> StreamMeta:
@@ -41,3 +41,37 @@ def test_malformed_entries_are_left_alone() -> None:
         {"stream_id": 2, "range_index": None},
     ]
     assert droppable(held, [], next_stream_id=10) == []
+
+
+def placed(stream_id: int, *replicas_per_range: tuple[str, ...]) -> StreamMeta:
+    """Ranges 0.. sealed (the last open) on the given servers."""
+    last = len(replicas_per_range) - 1
+    ranges = tuple(
+        RangeMeta(i, i * 10, None if i == last else i * 10 + 10,
+                  tuple(ReplicaRef(s, f"{s}:1") for s in servers))
+        for i, servers in enumerate(replicas_per_range)
+    )
+    return StreamMeta(id=stream_id, name=f"s{stream_id}", ranges=ranges)
+
+
+def test_a_sealed_range_placed_elsewhere_is_a_moved_suspect_unless_busy() -> None:
+    streams = [placed(1, ("a", "b", "c"), ("b", "c", "d"), ("a", "b", "c"))]
+    held = listed((1, 0), (1, 1), (1, 2))
+    assert droppable(held, streams, 2, "d") == [Drop(1, 0, "moved", ("a", "b", "c"))]
+    assert droppable(held, streams, 2, "a") == [Drop(1, 1, "moved", ("b", "c", "d"))], (
+        "range 2 is open: the writer's business, never dropped"
+    )
+    assert droppable(held, streams, 2, "d", busy={(1, 0)}) == [], "a repair is copying it"
+    assert droppable(held, streams, 2, "b") == []
+
+
+def test_a_moved_replica_is_dropped_once_two_rounds_agree() -> None:
+    first = [Drop(1, 0, "moved", ("a", "b")), Drop(2, 0, "deleted")]
+    now, suspects = confirmed("d", first, {})
+    assert now == [Drop(2, 0, "deleted")] and suspects == {("d", 1, 0): ("a", "b")}
+    again, _ = confirmed("d", [Drop(1, 0, "moved", ("a", "b"))], suspects)
+    assert again == [Drop(1, 0, "moved", ("a", "b"))]
+    replaced, later = confirmed("d", [Drop(1, 0, "moved", ("a", "c"))], suspects)
+    assert replaced == [] and later == {("d", 1, 0): ("a", "c")}, "placement changed: wait"
+    elsewhere, _ = confirmed("e", [Drop(1, 0, "moved", ("a", "b"))], suspects)
+    assert elsewhere == [], "suspected on another server"
