@@ -15,7 +15,8 @@ them are garbage:
   its target *before* the catalog names it, and a new leader may not have applied the
   latest ``update_replicas`` yet. So ranges that a repair or a drop is working on
   (``busy``) are left alone, and a suspect is dropped only when the previous round of the
-  same leader suspected it too, with the same placement (:func:`confirmed`).
+  same leader (same Raft term, everything committed applied) suspected it too, with the
+  same placement (:func:`confirmed`).
 
 Anything else stays, including replicas PD does not know yet (a stream or range being
 created: its id or index is past what the catalog holds). For deletions and trims, a

@@ -55,6 +55,7 @@ class Reclaimer:
         self.drops_max = drops_max
         self.busy: set[RangeKey] = set() if busy is None else busy
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
+        self.suspects_term = -1  # the Raft term they were suspected in
         self.pool = ConnectionPool()
 
     async def run(self) -> None:
@@ -76,6 +77,10 @@ class Reclaimer:
         budget = self.drops_max
         dropped = 0
         suspects: dict[tuple[str, int, int], tuple[str, ...]] = {}
+        term = self.service.raft.status().term
+        if term != self.suspects_term or not self.service.raft.caught_up():
+            self.suspects = {}  # another leadership since, or catalog not applied yet
+        self.suspects_term = term
         for server in self.service.view().servers.values():
             if budget <= 0 or not self.service.liveness.alive(server.id, now):
                 continue
