@@ -549,6 +549,8 @@ async def test_drop_range_frees_segments_and_a_kill9_after_it_loses_nothing_else
         assert header == {"dropped": True}
         again, _ = await client.call(Opcode.DROP_RANGE, {"stream_id": STREAM, "range_index": 1})
         assert again == {"dropped": False}
+        with pytest.raises(InvalidArgument):
+            await client.call(Opcode.DROP_RANGE, {"stream_id": -1, "range_index": 1})
         with pytest.raises(RangeNotFound):
             await read(client, 0, range_index=1)
         for _ in range(100):
