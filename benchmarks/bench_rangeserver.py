@@ -60,6 +60,7 @@ from estream.protocol import Opcode  # noqa: E402
 from estream.record import EncodedRecords, Record, encode_records, wrap_records  # noqa: E402
 from estream.rpc import RpcClient  # noqa: E402
 from rangeserver import linuxaio  # noqa: E402
+from rangeserver.cli import cpu_list_text  # noqa: E402
 from tests.harness.process import ManagedProcess  # noqa: E402
 from tests.harness.rangeserver import start_rangeserver  # noqa: E402
 
@@ -90,13 +91,13 @@ class Cpus:
         return Cpus(None, self.client | (self.server or frozenset()))
 
     def server_args(self) -> list[str]:
-        return ["--cpus", ",".join(map(str, sorted(self.server)))] if self.server else []
+        return ["--cpus", cpu_list_text(self.server)] if self.server else []
 
     def describe(self) -> str:
         if not self.server:
             return f"{len(self.client)} CPUs shared by client and server"
-        return (f"server on CPU {','.join(map(str, sorted(self.server)))} (--cpus), client "
-                f"on CPU {','.join(map(str, sorted(self.client)))}")
+        return (f"server on CPU {cpu_list_text(self.server)} (--cpus), client "
+                f"on CPU {cpu_list_text(self.client)}")
 
 
 @contextlib.contextmanager

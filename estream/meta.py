@@ -93,6 +93,14 @@ class StreamMeta:
     def last_range(self) -> RangeMeta | None:
         return self.ranges[-1] if self.ranges else None
 
+    def range_at(self, index: int) -> RangeMeta | None:
+        """The range with this index, if the stream still has it. Ranges are contiguous
+        from the first one kept, so this is a lookup, not a scan."""
+        at = index - self.ranges[0].index if self.ranges else -1
+        if 0 <= at < len(self.ranges) and self.ranges[at].index == index:
+            return self.ranges[at]
+        return None
+
     def range_for(self, offset: int) -> RangeMeta | None:
         """The range holding ``offset`` (the open range for offsets at or past its start)."""
         for r in reversed(self.ranges):

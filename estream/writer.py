@@ -531,10 +531,10 @@ class Writer:
 
     @staticmethod
     def _range(meta: StreamMeta, index: int) -> RangeMeta:
-        for r in meta.ranges:
-            if r.index == index:
-                return r
-        raise InvalidArgument(f"PD answered without range {index}")
+        found = meta.range_at(index)
+        if found is None:
+            raise InvalidArgument(f"PD answered without range {index}")
+        return found
 
 
 __all__ = ["Writer", "WriterConfig"]

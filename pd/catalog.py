@@ -234,7 +234,7 @@ class Catalog:
             raise Conflict(f"stream {cmd.name!r}: epoch {cmd.epoch} was never issued")
         target = _find_range(stream, cmd.range_index)
         if target.sealed:
-            if target.end == cmd.end and _find_range_or_none(stream, cmd.range_index + 1):
+            if target.end == cmd.end and stream.range_at(cmd.range_index + 1):
                 return stream  # a retry of a seal that already landed
             raise RangeSealed(
                 f"stream {cmd.name!r} range {cmd.range_index} is sealed at {target.end}",
@@ -375,15 +375,8 @@ def check_stream_args(cmd: CreateStream) -> None:
         raise InvalidArgument(f"unknown storage hints {bad}", argument="hints")
 
 
-def _find_range_or_none(stream: StreamMeta, index: int) -> RangeMeta | None:
-    for r in stream.ranges:
-        if r.index == index:
-            return r
-    return None
-
-
 def _find_range(stream: StreamMeta, index: int) -> RangeMeta:
-    found = _find_range_or_none(stream, index)
+    found = stream.range_at(index)
     if found is None:
         raise RangeNotFound(
             f"stream {stream.name!r} has no range {index}",

@@ -29,7 +29,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from estream.meta import RangeMeta, StreamMeta
+from estream.meta import StreamMeta
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,22 +69,13 @@ def droppable(
         if stream.ranges and range_index < stream.ranges[0].index:
             drops.append(Drop(stream_id, range_index, "trimmed"))
             continue
-        held = range_at(stream, range_index)
+        held = stream.range_at(range_index)
         if held is None or not held.sealed or (stream_id, range_index) in busy:
             continue
         placement = tuple(ref.id for ref in held.replicas)
         if server_id and server_id not in placement:
             drops.append(Drop(stream_id, range_index, "moved", placement))
     return drops
-
-
-def range_at(stream: StreamMeta, index: int) -> RangeMeta | None:
-    """The stream's range with this index, if the catalog still has it (indexes are
-    contiguous from the first range kept)."""
-    at = index - stream.ranges[0].index if stream.ranges else -1
-    if 0 <= at < len(stream.ranges) and stream.ranges[at].index == index:
-        return stream.ranges[at]
-    return None
 
 
 def confirmed(

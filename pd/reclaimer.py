@@ -25,7 +25,7 @@ from estream import limits
 from estream.errors import EstreamError
 from estream.protocol import Opcode
 from estream.rpc import ConnectionPool
-from pd.reclaim import Drop, Suspects, confirmed, droppable, range_at
+from pd.reclaim import Drop, Suspects, confirmed, droppable
 from pd.repair import RangeKey
 from pd.rounds import leader_rounds
 from pd.service import PdService
@@ -108,7 +108,7 @@ class Reclaimer:
         before the drop: earlier drops of the round awaited)."""
         stream = next(
             (s for s in self.service.view().streams.values() if s.id == drop.stream_id), None)
-        held = None if stream is None else range_at(stream, drop.range_index)
+        held = None if stream is None else stream.range_at(drop.range_index)
         return held is not None and tuple(ref.id for ref in held.replicas) == drop.placement
 
     async def _drop(self, address: str, drop: Drop) -> int:

@@ -26,7 +26,7 @@ import re
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -112,6 +112,11 @@ def cpu_list(text: str) -> frozenset[int]:
                 f"bad CPU range {item!r} in {text!r}: expected 0 <= first <= last <= {_CPU_MAX}")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
+
+
+def cpu_list_text(cpus: Iterable[int]) -> str:
+    """``{0, 2, 3}`` -> ``"0,2,3"``: what :func:`cpu_list` reads back."""
+    return ",".join(map(str, sorted(cpus)))
 
 
 def pin_to_cpus(cpus: frozenset[int]) -> None:
@@ -226,7 +231,7 @@ async def serve(args: argparse.Namespace) -> int:
     log.info(
         "range server %s serving %d replicas (log writes: %s; CPUs: %s)",
         server.server_id, len(store.replicas), store.wal.mode,
-        ",".join(map(str, sorted(os.sched_getaffinity(0)))),
+        cpu_list_text(os.sched_getaffinity(0)),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -234,6 +234,7 @@ class Store:
         if not doomed:
             return
         freed = await self.wal.delete_segments(doomed)
+        # Listed again: the log may have rolled, and replicas been dropped, meanwhile.
         self.dropped = retention.still_needed(self.dropped, self.wal.segments())
         log.info("deleted %d log segments of dropped replicas (%d bytes)", len(doomed), freed)
 
@@ -386,10 +387,7 @@ class Store:
             raise _stale(outcome)
         return self._get(*key)
 
-    async def _log_control(self, control: wf.Control) -> None:
-        await self._queue_control(control)
-
-    def _queue_control(self, control: wf.Control) -> asyncio.Future[None]:
+    def _log_control(self, control: wf.Control) -> asyncio.Future[None]:
         """Queue a control entry (its replica's span grows to cover it); returns the
         future of its fdatasync."""
         entry = wf.encode_control(control)
@@ -411,7 +409,7 @@ class Store:
         if key not in self.replicas:
             await self.wal.barrier()  # its DROP entry may still be in flight
             return False
-        await self._queue_control(wf.Dropped(stream_id, range_index))
+        await self._log_control(wf.Dropped(stream_id, range_index))
         self._schedule_reclaim()
         return True
 

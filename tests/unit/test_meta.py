@@ -109,3 +109,11 @@ def test_last_range_and_state() -> None:
     assert STREAM.last_range is not None and STREAM.last_range.index == 3
     assert not STREAM.last_range.sealed and STREAM.last_range.state == "open"
     assert StreamMeta(1, "s").last_range is None
+
+
+def test_range_at_finds_a_range_by_index_after_a_trim() -> None:
+    trimmed = StreamMeta(id=1, name="s", ranges=tuple(
+        RangeMeta(i, i * 10, i * 10 + 10 if i < 5 else None, ()) for i in range(3, 6)))
+    assert [trimmed.range_at(i) for i in (3, 5)] == [trimmed.ranges[0], trimmed.ranges[2]]
+    assert [trimmed.range_at(i) for i in (0, 2, 6, -1)] == [None] * 4
+    assert StreamMeta(id=2, name="empty").range_at(0) is None
