@@ -41,6 +41,7 @@ class ErrorCode(IntEnum):
     OVERLOADED = 27
     CLOSED = 28
     UNAUTHENTICATED = 29
+    WRONG_SERVER = 30
 
 
 class EstreamError(Exception):
@@ -193,10 +194,21 @@ class Unavailable(EstreamError):
     field_names = ("address",)
 
 
-class Timeout(Unavailable):
-    """A network wait passed its deadline; the outcome of the request is unknown."""
+class Timeout(Unavailable, TimeoutError):
+    """A wait passed its deadline; the outcome of the request is unknown. Also a built-in
+    :class:`TimeoutError`, so ``except TimeoutError`` catches it too."""
 
     code = ErrorCode.TIMEOUT
+
+
+class WrongServer(EstreamError):
+    """The request named a replica on server ``expected``, but the server at that address
+    is ``actual`` (its disk was wiped or replaced: a new identity, BookKeeper's cookie).
+    It cannot answer for the old server's replicas: its answer is "unknown", never "empty".
+    """
+
+    code = ErrorCode.WRONG_SERVER
+    field_names = ("expected", "actual")
 
 
 class NoPlacement(EstreamError):

@@ -44,6 +44,14 @@ writer_inflight_bytes_max: Final = 32 * MiB
 chase_backlog_bytes_max: Final = 16 * MiB  # a slow replica's backlog before it is dropped
 chase_backlog_ms_max: Final = 2_000  # a slow replica's oldest unacked batch age before drop
 range_bytes_max: Final = 1024 * MiB  # a range rolls when it passes this size
+delivery_timeout_ms: Final = 30_000  # an append not acknowledged by then raises Timeout
+roll_backoff_ms_min: Final = 500  # degraded writer: first wait before trying a roll again
+roll_backoff_ms_max: Final = 4_000  # ... doubling up to this (a few ranges per outage)
+
+# Writer lease (pd/): a writer keeps its stream's lease alive; the PD leader recovers an
+# open range whose writer's lease ran out (a dead writer's acknowledged tail gets visible).
+writer_keepalive_ms: Final = 1_000
+writer_lease_ms: Final = 4_000
 
 # Timeouts.
 request_timeout_ms: Final = 5_000

@@ -74,6 +74,7 @@ class Opcode(IntEnum):
     PD_LIST_SERVERS = 49
     PD_CLUSTER = 50
     PD_UPDATE_REPLICAS = 51
+    PD_WRITER_KEEPALIVE = 52
 
 
 class FrameFlags(IntFlag):

@@ -144,3 +144,14 @@ def test_a_foreign_subclass_reusing_a_code_does_not_change_decoding() -> None:
 @pytest.mark.parametrize("code", [2**16, -1])
 def test_codes_not_in_registry(code: int) -> None:
     assert type(from_wire({"code": code, "message": "m"})) is EstreamError
+
+
+def test_timeout_is_also_the_builtin_timeout_error() -> None:
+    with pytest.raises(TimeoutError):
+        raise errors.Timeout("append not acknowledged in time")
+
+
+def test_wrong_server_carries_both_identities() -> None:
+    err = from_wire(errors.WrongServer("wiped", expected="a", actual="b").to_wire())
+    assert isinstance(err, errors.WrongServer) and (err.expected, err.actual) == ("a", "b")
+    assert not err.retriable

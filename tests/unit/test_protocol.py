@@ -76,6 +76,7 @@ def test_opcode_numbers_are_the_documented_ones() -> None:
         "PD_DESCRIBE_STREAM": 43, "PD_LIST_STREAMS": 44, "PD_DELETE_STREAM": 45,
         "PD_OPEN_WRITER": 46, "PD_SEAL_RANGE": 47, "PD_TRIM_STREAM": 48,
         "PD_LIST_SERVERS": 49, "PD_CLUSTER": 50, "PD_UPDATE_REPLICAS": 51,
+        "PD_WRITER_KEEPALIVE": 52,
     }
 
 
