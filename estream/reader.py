@@ -5,12 +5,17 @@
 - the range holding each offset comes from the stream's metadata (refreshed from PD when
   the read passes the known ranges);
 - each range is read from any of its replicas, the preferred one first; an error, a
-  timeout or a checksum mismatch (every batch is verified with
-  :func:`estream.record.decode_batch`) moves the read to the next replica;
+  timeout, a checksum mismatch (every batch is verified with
+  :func:`estream.record.decode_batch`), a damaged replica, another server at the replica's
+  address (``WrongServer``: requests name the server they expect) or a replica that has
+  nothing at the offset moves the read to the next replica;
+- a sealed range is read up to the catalog's end and never past it, whether or not a
+  replica has learnt the seal (its records below the end are all acknowledged): replicas
+  are asked for their durable records and the answer is clipped;
 - on the open range, replicas serve only up to the writer's confirm offset, so an empty
-  answer means "nothing more is confirmed yet": the read ends there, or with
-  ``follow=True`` it long-polls (READ ``wait_ms``) and moves on to the next range when the
-  current one is sealed;
+  answer means "nothing more is confirmed yet" once no replica has more: the read ends
+  there, or with ``follow=True`` it long-polls (READ ``wait_ms``, each empty poll on the
+  next replica) and moves on to the next range when the current one is sealed;
 - offsets below the stream's start (trimmed) raise :class:`OffsetOutOfRange`.
 
 :func:`read_stream_batches` is the same read by batch: :class:`BatchColumns` (columns,
@@ -30,7 +35,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from estream import limits
-from estream.errors import EstreamError, OffsetOutOfRange, RangeNotFound, Unavailable
+from estream.errors import (
+    EstreamError,
+    OffsetOutOfRange,
+    RangeNotFound,
+    ReplicaDamaged,
+    Unavailable,
+)
 from estream.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.protocol import Opcode
 from estream.record import (
@@ -180,40 +191,64 @@ async def _read_range(
     preferred: str | None,
     decoding: _Decoding[T],
 ) -> _RangeRead[T]:
-    """Read from the first replica that answers well."""
+    """Read from the first replica that answers well.
+
+    Every replica is tried, the preferred one first, until one answers records. Errors
+    move on to the next replica; a sealed range's replica with nothing at ``offset`` (short)
+    too. On the open range, an empty answer ends the read only when no replica has more
+    confirmed (a long poll's empty answer is returned as it is)."""
     last: EstreamError | None = None
+    sealed_range = rng.end is not None
+    if rng.end is not None:
+        # The catalog's end is the range's end: every record below it is acknowledged (on
+        # ack_count replicas), so it is read whether or not a replica has learnt the seal or
+        # the confirm offset, and nothing a replica holds beyond it is ever returned.
+        end = rng.end if end is None else min(end, rng.end)
     header = {
         "stream_id": meta.id,
         "range_index": rng.index,
         "offset": offset,
         "max_bytes": limits.read_bytes_max,
         "wait_ms": wait_ms,
-        "unconfirmed": False,
+        "unconfirmed": sealed_range,
     }
     timeout_s = wait_ms / 1000 + limits.request_timeout_ms / 1000
     not_created = 0
+    empty: _RangeRead[T] | None = None
     for ref in replica_order(rng, preferred):
         try:
             body, payload = await client.pool.call(
-                ref.address, Opcode.READ, header, timeout_s=timeout_s
+                ref.address, Opcode.READ, {**header, "server_id": ref.id}, timeout_s=timeout_s
             )
             items = decoding.decode(payload, offset, end)
-        except OffsetOutOfRange:
-            raise
         except RangeNotFound as exc:
-            not_created += 1  # no writer has created this replica yet: it holds nothing
+            # The server's identity was checked: it never had this replica (no writer has
+            # created it yet), or dropped it.
+            not_created += 1
             last = exc
             continue
         except EstreamError as exc:
+            # An error, a timeout, a damaged replica, another server at the address
+            # (WrongServer), a replica sealed below this offset (OffsetOutOfRange): another
+            # replica may have the records.
             last = exc
             continue
-        if not items and rng.end is not None and offset < rng.end:
+        sealed = bool(body.get("sealed"))
+        answer = _RangeRead(items, sealed, int(body["end"]) if sealed else None)
+        if items:
+            return answer
+        if sealed_range:
             last = Unavailable(f"replica {ref.id} has nothing at {offset} of sealed range")
             continue  # a short replica of a sealed range: another one has it
-        sealed = bool(body.get("sealed"))
-        sealed_end = body.get("end") if sealed else None
-        return _RangeRead(items, sealed, None if sealed_end is None else int(sealed_end))
-    if rng.end is None and not_created == len(rng.replicas) and rng.replicas:
+        if wait_ms > 0 and not sealed:
+            return answer  # a long poll that found nothing new
+        # The open range, nothing readable at ``offset`` on this replica: another one may
+        # have heard a later confirm offset (this one was down, or restarted), or this one
+        # may be sealed short of what the others hold.
+        empty = empty or answer
+    if empty is not None:
+        return empty
+    if not sealed_range and not_created == len(rng.replicas) and rng.replicas:
         return _RangeRead([], False, None)  # an open range never written to: empty
     raise last or Unavailable(f"range {rng.index} has no replica")
 
@@ -280,6 +315,8 @@ async def _read_answers(
         )
     offset = start
     failures = 0
+    polls = 0
+    poll_from: str | None = None  # after an empty long poll: the replica to poll next
     while end is None or offset < end:
         rng = meta.range_for(offset)
         if rng is None:
@@ -296,13 +333,14 @@ async def _read_answers(
         wait_ms = follow_wait_ms if follow and not rng.sealed else 0
         asked_s = time.monotonic()
         try:
-            answer = await _read_range(client, meta, rng, offset, end, wait_ms, preferred, decoding)
-        except OffsetOutOfRange:
-            meta = await client.stream_meta(name, refresh=True)
-            if offset < meta.start_offset:
-                raise
-            answer = _RangeRead([], False, None)
-        except EstreamError:
+            answer = await _read_range(
+                client, meta, rng, offset, end, wait_ms, poll_from or preferred, decoding
+            )
+        except EstreamError as exc:
+            if isinstance(exc, OffsetOutOfRange):
+                meta = await client.stream_meta(name, refresh=True)
+                if offset < meta.start_offset:
+                    raise  # trimmed meanwhile
             failures += 1
             if failures >= (follow_rounds_max if follow else read_rounds_max):
                 raise
@@ -314,10 +352,6 @@ async def _read_answers(
             yield answer.items
             offset = decoding.next_offset(answer.items, offset)
             continue
-        if rng.sealed:
-            if rng.end is not None and offset >= rng.end:
-                continue  # range_for moves to the next range
-            return  # a sealed range answered nothing below its end: nothing to read
         if answer.sealed:
             # Sealed on the replica: a roll or a recovery is under way; PD names the next.
             meta = await client.stream_meta(name, refresh=True)
@@ -330,8 +364,12 @@ async def _read_answers(
         if follow:
             if time.monotonic() - asked_s < wait_ms / 2000:
                 await asyncio.sleep(unheld_poll_pause_s)  # the server did not hold the poll
-            continue  # long-poll again
-        return  # the open range has nothing more confirmed
+            # The next long poll goes to the next replica: the one polled may have missed
+            # the writer's later confirms (it was down, or the writer left it behind).
+            polls += 1
+            poll_from = rng.replicas[polls % len(rng.replicas)].id if rng.replicas else None
+            continue
+        return  # the open range has nothing more confirmed on any replica
 
 
 async def stream_end_offset(client: Client, name: str) -> int:
@@ -356,9 +394,12 @@ async def _describe(client: Client, meta: StreamMeta, rng: RangeMeta, ref: Repli
     body, _ = await client.pool.call(
         ref.address,
         Opcode.DESCRIBE_RANGE,
-        {"stream_id": meta.id, "range_index": rng.index},
+        {"stream_id": meta.id, "range_index": rng.index, "server_id": ref.id},
         timeout_s=limits.request_timeout_ms / 1000,
     )
+    if body.get("damaged"):
+        raise ReplicaDamaged(f"replica {ref.id} is damaged", stream_id=meta.id,
+                             range_index=rng.index)
     if body.get("sealed") and body.get("sealed_end") is not None:
         return int(body["sealed_end"])
     confirm: Any = body.get("confirm", rng.start)
