@@ -11,7 +11,8 @@ Rules it keeps:
 - stream types starting with "." are reserved for commands flagged ``system``;
 - ``1 <= ack_count <= replicas <= 5``; replicas are distinct registered servers;
 - the epoch only grows (``open_writer``); a seal must carry the current epoch
-  (an older one is :class:`Fenced`);
+  (an older one is :class:`Fenced`); ``open_writer`` and ``delete_stream`` may name the
+  epoch they expect (compare-and-set: :class:`Conflict` if it moved);
 - only the last range is open; range ``i+1`` is created by sealing range ``i`` and starts
   at its end; a sealed range's end never changes (:class:`RangeSealed`);
 - the start offset only grows (trim).
@@ -213,12 +214,14 @@ class Catalog:
         return stream
 
     def _delete_stream(self, cmd: DeleteStream) -> None:
-        self.stream(cmd.name)
+        _check_epoch(self.stream(cmd.name), cmd.expected_epoch)
         self._put(cmd.name, None)
         self._request_ids.pop(cmd.name, None)
 
     def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
-        stream = replace(self.stream(cmd.name), epoch=self.stream(cmd.name).epoch + 1)
+        current = self.stream(cmd.name)
+        _check_epoch(current, cmd.expected_epoch)
+        stream = replace(current, epoch=current.epoch + 1)
         self._put(cmd.name, stream)
         return stream
 
@@ -373,6 +376,15 @@ def check_stream_args(cmd: CreateStream) -> None:
     bad = [h for h in cmd.hints if h not in STORAGE_CLASSES]
     if bad:
         raise InvalidArgument(f"unknown storage hints {bad}", argument="hints")
+
+
+def _check_epoch(stream: StreamMeta, expected: int) -> None:
+    """Compare-and-set on the epoch (``expected`` < 0: no check)."""
+    if expected >= 0 and stream.epoch != expected:
+        raise Conflict(
+            f"stream {stream.name!r} is at epoch {stream.epoch}, not the expected {expected} "
+            "(a writer opened meanwhile)"
+        )
 
 
 def _find_range(stream: StreamMeta, index: int) -> RangeMeta:

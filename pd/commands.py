@@ -66,16 +66,24 @@ class CreateStream:
 
 @dataclass(frozen=True, slots=True)
 class DeleteStream:
+    """Forget a stream. With ``expected_epoch`` (>= 0), only if its epoch is still that
+    one (PD fenced the writers of that epoch first; a writer opened since could not be)."""
+
     kind: ClassVar[str] = "delete_stream"
     name: str
+    expected_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
 class OpenWriter:
-    """Give the stream a new, strictly greater epoch (fences earlier writers)."""
+    """Give the stream a new, strictly greater epoch (fences earlier writers). With
+    ``expected_epoch`` (>= 0), only if its epoch is still that one (compare-and-set: PD's
+    own recovery of a dead writer's range must not fence a writer that opened meanwhile).
+    """
 
     kind: ClassVar[str] = "open_writer"
     name: str
+    expected_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)

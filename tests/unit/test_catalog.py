@@ -155,6 +155,18 @@ def test_open_writer_grows_epoch(catalog: Catalog) -> None:
     rejects(catalog, OpenWriter("missing"), StreamNotFound)
 
 
+def test_open_writer_and_delete_compare_and_set_the_epoch(catalog: Catalog) -> None:
+    """PD's own recovery (and delete) name the epoch they decided on: a writer that
+    opened meanwhile (epoch moved) makes them a Conflict, and nothing changes."""
+    catalog.apply(create())
+    assert stream(catalog.apply(OpenWriter("orders", expected_epoch=0))).epoch == 1
+    rejects(catalog, OpenWriter("orders", expected_epoch=0), Conflict)
+    rejects(catalog, DeleteStream("orders", expected_epoch=0), Conflict)
+    assert stream(catalog.apply(OpenWriter("orders", expected_epoch=1))).epoch == 2
+    assert catalog.apply(DeleteStream("orders", expected_epoch=2)) is None
+    assert "orders" not in catalog.view().streams
+
+
 def seal(end: int, epoch: int = 1, index: int = 0, nxt: tuple[str, ...] = ("rs2", "rs3", "rs4"),
          name: str = "orders") -> SealRange:
     return SealRange(name, epoch, index, end, nxt)
