@@ -30,6 +30,7 @@ CORE_MODULES = [
     "pd/commands.py",
     "pd/liveness.py",
     "pd/repair.py",
+    "pd/lease.py",
     "rangeserver/replica.py",
     "rangeserver/walformat.py",
     "estream/spark/planning.py",

@@ -1,0 +1,218 @@
+"""Writer leases, and when the PD leader must recover a stream's open range itself.
+
+A live writer renews its stream's lease (``PD_WRITER_KEEPALIVE`` every
+``limits.writer_keepalive_ms``; ``PD_OPEN_WRITER`` counts as one). The lease table lives on
+the Raft leader only, in memory: it is not replicated, so a node that becomes leader (a new
+Raft term) starts every lease afresh at that moment. A writer that died holding its lease
+therefore loses it ``limits.writer_lease_ms`` after its last renewal, or after a new leader
+took over, whichever is later.
+
+Why PD recovers at all: a writer that dies leaves the open range's replicas with records
+acknowledged to it but not yet visible to readers (the replicas' confirm offsets lag their
+durable ends until the next batch or CONFIRM, which never comes). Nobody else would ever
+seal that range if no new writer opens the stream, so those records stay hidden.
+
+The leader's round asks :meth:`LeaseTable.due` which streams to look at (open last range,
+lease run out, not found clean a moment ago), asks each one's replicas ``DESCRIBE_RANGE``,
+and :func:`needs_recovery` decides from the sound answers. A stream found clean is looked
+at again later, each time twice as late (up to ``recheck_ms_max``): an idle stream costs a
+few requests a minute, not three a round.
+
+Pure: no I/O (the caller passes the clock and the replicas' answers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from estream import limits
+from estream.meta import StreamMeta
+
+recheck_ms_min: Final = 1_000  # a stream found clean is looked at again after this ...
+recheck_ms_max: Final = 16_000  # ... doubling up to this while it stays clean
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The newest epoch that renewed a stream's lease, and when (this leader's clock)."""
+
+    epoch: int
+    renewed_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaAnswer:
+    """A sound replica's ``DESCRIBE_RANGE`` answer (damaged ones never count)."""
+
+    end: int  # durable contiguous end
+    confirm: int
+    sealed: bool = False
+    sealed_end: int | None = None
+
+    @property
+    def readable(self) -> int:
+        """What a reader gets from it: up to its sealed end, else up to its confirm."""
+        if self.sealed and self.sealed_end is not None:
+            return min(self.end, self.sealed_end)
+        return min(self.end, self.confirm)
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> ReplicaAnswer | None:
+        """From a DESCRIBE_RANGE answer; None for a damaged or malformed one."""
+        end, confirm, sealed_end = body.get("end"), body.get("confirm"), body.get("sealed_end")
+        if body.get("damaged") or not isinstance(end, int) or not isinstance(confirm, int):
+            return None
+        return cls(end, confirm, bool(body.get("sealed")),
+                   sealed_end if isinstance(sealed_end, int) else None)
+
+
+def needs_recovery(answers: Iterable[ReplicaAnswer]) -> bool:
+    """Whether a reader could miss durable records of an open range whose writer's lease
+    ran out: some sound replica serves less than the most any sound replica holds.
+
+    An acknowledged record is durable on ``ack_count`` replicas but becomes readable only
+    when the writer's confirm offset reaches it (piggybacked on a later batch, or CONFIRM).
+    A replica holding more than another one serves, or more than it serves itself, is a
+    tail readers may not see; sealing the range (recovery) makes every replica serve it.
+
+    A dead writer's last records: durable on a and b, confirmed nowhere yet.
+
+    >>> needs_recovery([ReplicaAnswer(10, 8), ReplicaAnswer(10, 8), ReplicaAnswer(9, 8)])
+    True
+
+    A writer that closed cleanly (its last CONFIRM is durable everywhere): nothing to do.
+
+    >>> needs_recovery([ReplicaAnswer(10, 10), ReplicaAnswer(10, 10), ReplicaAnswer(10, 10)])
+    False
+
+    Confirmed on a and b, but c lagged behind (a reader reading c would stop at 5):
+
+    >>> needs_recovery([ReplicaAnswer(10, 10), ReplicaAnswer(10, 10), ReplicaAnswer(5, 5)])
+    True
+
+    Nothing written, or nobody answered: nothing to recover.
+
+    >>> needs_recovery([ReplicaAnswer(0, 0), ReplicaAnswer(0, 0)]), needs_recovery([])
+    (False, False)
+    """
+    found = list(answers)
+    if not found:
+        return False
+    return max(a.end for a in found) > min(a.readable for a in found)
+
+
+@dataclass(frozen=True, slots=True)
+class _Recheck:
+    epoch: int
+    range_index: int
+    due_ms: int
+    delay_ms: int
+
+
+class LeaseTable:
+    """The leader's writer leases, and when each stream is due for a look.
+
+    >>> t = LeaseTable(lease_ms=4_000)
+    >>> t.lead(term=3, now_ms=0)
+    >>> from estream.meta import RangeMeta
+    >>> s = StreamMeta(1, "s", epoch=2, ranges=(RangeMeta(0, 0, None, ()),))
+    >>> t.due([s], now_ms=0)   # first seen: its lease starts now
+    []
+    >>> t.renew("s", 2, now_ms=3_000)
+    >>> t.due([s], now_ms=6_000), len(t.due([s], now_ms=7_000))
+    ([], 1)
+    >>> t.checked_clean(s, now_ms=7_000)
+    >>> t.due([s], now_ms=7_500), len(t.due([s], now_ms=8_000))
+    ([], 1)
+    >>> t.lead(term=4, now_ms=9_000)   # a new leadership: every lease afresh
+    >>> t.due([s], now_ms=9_000), t.due([s], now_ms=12_999), len(t.due([s], now_ms=13_000))
+    ([], [], 1)
+    """
+
+    def __init__(
+        self,
+        *,
+        lease_ms: int = limits.writer_lease_ms,
+        recheck_min_ms: int = recheck_ms_min,
+        recheck_max_ms: int = recheck_ms_max,
+    ) -> None:
+        self.lease_ms = lease_ms
+        self.recheck_min_ms = recheck_min_ms
+        self.recheck_max_ms = recheck_max_ms
+        self.term: int | None = None  # the Raft term this node leads in (None: not leader)
+        self._leases: dict[str, Lease] = {}
+        self._rechecks: dict[str, _Recheck] = {}
+
+    def lead(self, term: int, now_ms: int) -> None:
+        """This node is the leader in ``term``. A new term starts every lease afresh:
+        they are not replicated, so a new leader cannot know when a writer last renewed."""
+        if term != self.term:
+            self.term = term
+            self._leases.clear()
+            self._rechecks.clear()
+
+    def step_down(self) -> None:
+        """This node is no longer the leader: forget everything."""
+        self.term = None
+        self._leases.clear()
+        self._rechecks.clear()
+
+    def renew(self, name: str, epoch: int, now_ms: int) -> None:
+        """The writer of ``epoch`` is alive (a keepalive, or the open itself). A renewal
+        by an older epoch than the lease's changes nothing."""
+        lease = self._leases.get(name)
+        if lease is None or epoch >= lease.epoch:
+            self._leases[name] = Lease(epoch, now_ms)
+            self._rechecks.pop(name, None)
+
+    def lease(self, name: str) -> Lease | None:
+        return self._leases.get(name)
+
+    def expired(self, stream: StreamMeta, now_ms: int) -> bool:
+        """Whether the lease of ``stream``'s current epoch ran out. An epoch this leader
+        has not seen renewed yet (opened through another node, or before this leadership)
+        is given a whole lease from the first time it is asked about."""
+        lease = self._leases.get(stream.name)
+        if lease is None or lease.epoch < stream.epoch:
+            self._leases[stream.name] = Lease(stream.epoch, now_ms)
+            return False
+        return now_ms - lease.renewed_ms >= self.lease_ms
+
+    def due(self, streams: Iterable[StreamMeta], now_ms: int) -> list[StreamMeta]:
+        """The streams to look at now: last range open, lease run out, and not found
+        clean at this epoch and range within the back-off. Forgets streams that are gone."""
+        out: list[StreamMeta] = []
+        present: set[str] = set()
+        for stream in streams:
+            present.add(stream.name)
+            last = stream.last_range
+            if last is None or last.sealed or not self.expired(stream, now_ms):
+                continue
+            recheck = self._rechecks.get(stream.name)
+            if (recheck is not None and (recheck.epoch, recheck.range_index)
+                    == (stream.epoch, last.index) and now_ms < recheck.due_ms):
+                continue
+            out.append(stream)
+        for name in [n for n in self._leases if n not in present]:
+            del self._leases[name]
+            self._rechecks.pop(name, None)
+        return out
+
+    def checked_clean(self, stream: StreamMeta, now_ms: int) -> None:
+        """``stream`` needed nothing: look again later, twice as late as last time."""
+        last = stream.last_range
+        index = last.index if last is not None else -1
+        old = self._rechecks.get(stream.name)
+        delay = self.recheck_min_ms
+        if old is not None and (old.epoch, old.range_index) == (stream.epoch, index):
+            delay = min(self.recheck_max_ms, old.delay_ms * 2)
+        self._rechecks[stream.name] = _Recheck(stream.epoch, index, now_ms + delay, delay)
+
+    def hold(self, stream: StreamMeta, epoch: int) -> None:
+        """PD itself took ``epoch`` to recover ``stream``: no writer will renew it, so its
+        lease is over at once (a recovery that could not finish is tried again next
+        round, and a recovered stream is looked at like any other)."""
+        self._leases[stream.name] = Lease(epoch, -self.lease_ms)
+        self._rechecks.pop(stream.name, None)

@@ -1,0 +1,154 @@
+"""Writer leases on the PD leader (pd/lease.py): when a lease runs out, when a new leader
+starts them afresh, the back-off of streams found clean, and when an open range's
+replicas hide records from readers (needs_recovery)."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from pd import lease as lease_module
+from pd.lease import LeaseTable, ReplicaAnswer, needs_recovery
+
+LEASE = 4_000
+
+
+def stream(name: str = "s", epoch: int = 1, index: int = 0, sealed_last: bool = False
+           ) -> StreamMeta:
+    refs = tuple(ReplicaRef(i, f"{i}:1") for i in "abc")
+    last = RangeMeta(index, 10 * index, 10 * index + 5 if sealed_last else None, refs)
+    return StreamMeta(1, name, epoch=epoch, ranges=(last,))
+
+
+def table(now: int = 0, term: int = 1) -> LeaseTable:
+    t = LeaseTable(lease_ms=LEASE, recheck_min_ms=1_000, recheck_max_ms=4_000)
+    t.lead(term, now)
+    return t
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(lease_module, verbose=False).failed == 0
+
+
+def test_a_renewed_lease_is_never_due() -> None:
+    t, s = table(), stream()
+    assert t.due([s], 0) == []
+    for now in range(1_000, 30_000, 1_000):  # a keepalive every second
+        t.renew("s", 1, now)
+        assert t.due([s], now + 999) == []
+
+
+def test_a_lease_runs_out_lease_ms_after_the_last_renewal() -> None:
+    t, s = table(), stream()
+    t.renew("s", 1, 500)
+    assert t.due([s], 4_499) == []
+    assert t.due([s], 4_500) == [s]
+
+
+def test_a_new_epoch_gets_a_whole_lease_from_when_it_is_first_seen() -> None:
+    """A writer opened through a follower (its open never renewed here): the old
+    epoch's expired lease must not count against it."""
+    t = table()
+    t.renew("s", 1, 0)
+    assert t.due([stream(epoch=1)], 5_000) == [stream(epoch=1)]
+    newer = stream(epoch=2)
+    assert t.due([newer], 5_000) == []
+    assert t.due([newer], 8_999) == []
+    assert t.due([newer], 9_000) == [newer]
+
+
+def test_an_older_epoch_does_not_renew_the_lease_of_a_newer_one() -> None:
+    t, s = table(), stream(epoch=3)
+    t.renew("s", 3, 0)
+    t.renew("s", 2, 3_000)  # a fenced writer's late keepalive (PD answers it Fenced)
+    assert t.due([s], 4_000) == [s]
+
+
+def test_a_new_leader_starts_every_lease_afresh() -> None:
+    t, s = table(), stream()
+    t.renew("s", 1, 0)
+    assert t.due([s], 10_000) == [s]
+    t.lead(2, 10_000)  # deposed and elected again in a new term: nothing carried over
+    assert t.due([s], 10_000) == []
+    assert t.due([s], 13_999) == []
+    assert t.due([s], 14_000) == [s]
+    t.lead(2, 20_000)  # same term: nothing changes
+    assert t.due([s], 20_000) == [s]
+    t.step_down()
+    assert t.term is None and t.lease("s") is None
+
+
+@pytest.mark.parametrize("s", [stream(sealed_last=True), StreamMeta(1, "s")])
+def test_streams_without_an_open_last_range_are_never_due(s: StreamMeta) -> None:
+    t = table()
+    assert t.due([s], 0) == [] and t.due([s], 100_000) == []
+
+
+def test_streams_found_clean_are_looked_at_again_later_and_later() -> None:
+    t, s = table(), stream()
+    assert t.due([s], 0) == []
+    seen = []
+    for now in range(4_000, 30_000, 500):  # a round every 0.5 s
+        if t.due([s], now):
+            seen.append(now)
+            t.checked_clean(s, now)
+    assert seen[:5] == [4_000, 5_000, 7_000, 11_000, 15_000]  # 1, 2, 4, then 4 s (max)
+
+
+def test_a_new_range_or_epoch_resets_the_back_off() -> None:
+    t, s = table(), stream()
+    t.due([s], 0)
+    t.checked_clean(s, 4_000)
+    t.checked_clean(s, 5_000)  # next look in 2 s
+    rolled = stream(index=1)
+    assert t.due([rolled], 5_000) == [rolled]  # another range: looked at at once
+    t.renew("s", 1, 6_000)  # a renewal (a live writer again) clears the back-off too
+    assert t.due([s], 10_000) == [s]
+
+
+def test_hold_ends_the_lease_of_pds_own_epoch_at_once() -> None:
+    t = table()
+    t.renew("s", 1, 0)
+    recovering = stream(epoch=2)
+    t.hold(recovering, 2)
+    assert t.due([recovering], 5) == [recovering]
+
+
+def test_deleted_streams_are_forgotten() -> None:
+    t = table()
+    t.renew("gone", 1, 0)
+    t.due([], 0)
+    assert t.lease("gone") is None
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        ([(10, 8), (10, 8), (9, 8)], True),  # a dead writer's unconfirmed tail
+        ([(10, 10), (10, 10), (10, 10)], False),  # closed cleanly
+        ([(10, 10), (10, 10), (5, 5)], True),  # c lagged: a reader of c stops at 5
+        ([(10, 10), (10, 9)], True),  # b missed the last CONFIRM
+        ([(7, 7)], False),  # one answer, consistent
+        ([(0, 0), (0, 0), (0, 0)], False),  # nothing written
+        ([], False),  # nobody answered: nothing to do (and nothing could be done)
+    ],
+)
+def test_needs_recovery(answers: list[tuple[int, int]], expected: bool) -> None:
+    assert needs_recovery(ReplicaAnswer(e, c) for e, c in answers) is expected
+
+
+def test_a_sealed_replica_serves_up_to_its_sealed_end() -> None:
+    sealed = ReplicaAnswer(12, 0, sealed=True, sealed_end=10)
+    assert sealed.readable == 10
+    assert needs_recovery([sealed, ReplicaAnswer(10, 10)]) is True  # holds 12 > 10 served
+    assert needs_recovery([ReplicaAnswer(10, 0, True, 10), ReplicaAnswer(10, 10)]) is False
+
+
+def test_parse_ignores_damaged_and_malformed_answers() -> None:
+    assert ReplicaAnswer.parse({"end": 5, "confirm": 3, "damaged": True}) is None
+    assert ReplicaAnswer.parse({"end": "5", "confirm": 3}) is None
+    assert ReplicaAnswer.parse({"start": 0, "end": 5, "confirm": 3, "epoch": 1,
+                                "sealed": True, "sealed_end": 4, "damaged": False}
+                               ) == ReplicaAnswer(5, 3, True, 4)
