@@ -1,0 +1,215 @@
+"""The fault proxy (tests/harness/faultproxy.py) in front of a real range server.
+
+The server listens on its own port and advertises the proxy's address; every request here
+goes through the proxy. A dropped SEAL answer: the client gets Timeout while the server did
+seal. A partition: every request times out, and the connection stays open; heal: the held
+requests are served and new ones work. Delays keep order; a reset closes the connection;
+frames are counted by opcode and direction, and a test can wait for a count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from estream.errors import RangeSealed, Timeout, Unavailable
+from estream.protocol import Opcode
+from estream.record import Record, encode_batch
+from estream.rpc import RpcClient
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.process import ManagedProcess, free_port
+from tests.harness.rangeserver import start_rangeserver
+
+pytestmark = pytest.mark.integration
+
+STREAM = 41
+short_timeout_s = 0.5
+
+
+@dataclass
+class Proxied:
+    proxy: FaultProxy
+    server: ManagedProcess
+    listen: str
+
+
+@pytest.fixture
+def proxied(tmp_path: Path) -> Iterator[Proxied]:
+    host = "127.0.0.1"
+    port = free_port(host)
+    proxy = FaultProxy(f"{host}:{port}", host).start()
+    try:
+        server, listen = start_rangeserver(
+            tmp_path / "rs", host, port=port, extra_args=["--advertise", proxy.address])
+        try:
+            yield Proxied(proxy, server, listen)
+        finally:
+            server.stop()
+    finally:
+        proxy.close()
+
+
+def batch(base: int, n: int = 1, epoch: int = 1) -> bytes:
+    return encode_batch([Record(b"v%d" % (base + i), {}, 1) for i in range(n)],
+                        stream_id=STREAM, range_index=0, epoch=epoch, base_offset=base)
+
+
+async def create_and_fill(client: RpcClient, count: int) -> None:
+    await client.call(Opcode.CREATE_RANGE,
+                      {"stream_id": STREAM, "range_index": 0, "start": 0, "epoch": 1})
+    for i in range(count):
+        await client.call(Opcode.APPEND, {}, batch(i))
+
+
+async def describe(client: RpcClient) -> dict[str, object]:
+    header, _ = await client.call(Opcode.DESCRIBE_RANGE,
+                                  {"stream_id": STREAM, "range_index": 0})
+    return dict(header)
+
+
+async def test_server_advertises_the_proxy(proxied: Proxied) -> None:
+    assert proxied.proxy.address != proxied.listen
+    client = await RpcClient.connect(proxied.proxy.address)
+    try:
+        header, _ = await client.call(Opcode.PING)
+        assert header["address"] == proxied.proxy.address
+        assert proxied.proxy.passed(Opcode.PING, "request") == 1
+        assert proxied.proxy.passed(Opcode.PING, "answer") == 1
+    finally:
+        await client.close()
+
+
+async def test_dropped_seal_answer_times_out_but_the_server_sealed(proxied: Proxied) -> None:
+    proxy = proxied.proxy
+    client = await RpcClient.connect(proxy.address)
+    try:
+        await create_and_fill(client, 3)
+        proxy.drop(Opcode.SEAL, "answer", count=1)
+        with pytest.raises(Timeout):
+            await client.call(Opcode.SEAL, {"stream_id": STREAM, "range_index": 0,
+                                            "epoch": 1, "end": 3}, timeout_s=short_timeout_s)
+        assert proxy.seen(Opcode.SEAL, "answer") == 1  # the server did answer
+        assert proxy.dropped(Opcode.SEAL, "answer") == 1
+        assert proxy.passed(Opcode.SEAL, "answer") == 0
+        d = await describe(client)  # the same connection still works: one frame was lost
+        assert (d["sealed"], d["sealed_end"]) == (True, 3)
+        with pytest.raises(RangeSealed):
+            await client.call(Opcode.APPEND, {}, batch(3))
+    finally:
+        await client.close()
+
+
+async def test_partition_times_out_every_request_and_heal_restores(proxied: Proxied) -> None:
+    proxy = proxied.proxy
+    client = await RpcClient.connect(proxy.address)
+    try:
+        await create_and_fill(client, 2)
+        proxy.partition()
+        assert proxy.partitioned
+        for opcode, header in [(Opcode.PING, {}),
+                               (Opcode.DESCRIBE_RANGE, {"stream_id": STREAM, "range_index": 0})]:
+            with pytest.raises(Timeout):
+                await client.call(opcode, header, timeout_s=short_timeout_s)
+        with pytest.raises(Timeout):
+            await client.call(Opcode.APPEND, {}, batch(2), timeout_s=short_timeout_s)
+        fresh = await RpcClient.connect(proxy.address)  # a new connection is accepted...
+        try:
+            with pytest.raises(Timeout):  # ...and hangs as well
+                await fresh.call(Opcode.PING, timeout_s=short_timeout_s)
+        finally:
+            await fresh.close()
+        assert not client.closed, "a partition keeps the sockets open"
+        assert proxy.passed(Opcode.APPEND, "request") == 2  # the third is held
+        proxy.heal()
+        # The held APPEND reaches the server once healed, in order.
+        await proxy.wait_passed_async(Opcode.APPEND, "answer", 3, timeout_s=5.0)
+        assert (await describe(client))["end"] == 3
+        header, _ = await client.call(Opcode.APPEND, {}, batch(3))
+        assert header["end"] == 4
+    finally:
+        await client.close()
+
+
+async def test_blackhole_holds_from_the_matching_frame_on(proxied: Proxied) -> None:
+    proxy = proxied.proxy
+    client = await RpcClient.connect(proxy.address)
+    try:
+        await create_and_fill(client, 1)
+        proxy.blackhole(Opcode.APPEND, "request", skip=1)
+        await client.call(Opcode.APPEND, {}, batch(1))  # skipped: passes
+        with pytest.raises(Timeout):
+            await client.call(Opcode.APPEND, {}, batch(2), timeout_s=short_timeout_s)
+        with pytest.raises(Timeout):  # everything after it is held too
+            await client.call(Opcode.PING, timeout_s=short_timeout_s)
+        assert proxy.partitioned
+        assert proxy.seen(Opcode.APPEND, "answer") == 2
+        proxy.heal()
+        # Held, not lost: the APPEND is served once healed (its answer comes after fsync).
+        await proxy.wait_passed_async(Opcode.APPEND, "answer", 3, timeout_s=5.0)
+        assert (await describe(client))["end"] == 3
+    finally:
+        await client.close()
+
+
+async def test_delay_keeps_order_and_counts_can_be_awaited(proxied: Proxied) -> None:
+    proxy = proxied.proxy
+    client = await RpcClient.connect(proxy.address)
+    try:
+        await create_and_fill(client, 0)
+        delay_ms = 300
+        proxy.delay(Opcode.APPEND, "request", delay_ms, count=1)
+        started = time.monotonic()
+        # The first APPEND is delayed; the next ones are sent right after it and must not
+        # overtake it (an overtaking APPEND would be an offset gap).
+        results = await asyncio.gather(*(client.call(Opcode.APPEND, {}, batch(i))
+                                         for i in range(5)))
+        elapsed = time.monotonic() - started
+        ends = [h["end"] for h, _ in results]  # a durable end after each (group commit)
+        assert all(end >= i + 1 for i, end in enumerate(ends)) and ends == sorted(ends)
+        assert (await describe(client))["end"] == 5
+        assert elapsed >= delay_ms / 1000
+        assert proxy.wait_passed(Opcode.APPEND, "answer", 5, timeout_s=1.0) == 5
+        with pytest.raises(TimeoutError):
+            await proxy.wait_passed_async(Opcode.APPEND, "answer", 6, timeout_s=0.2)
+    finally:
+        await client.close()
+
+
+async def test_reset_closes_connections_and_the_next_one_works(proxied: Proxied) -> None:
+    proxy = proxied.proxy
+    client = await RpcClient.connect(proxy.address)
+    try:
+        await client.call(Opcode.PING)
+        assert proxy.reset() == 1
+        with pytest.raises(Unavailable):
+            await client.call(Opcode.PING, timeout_s=2.0)
+    finally:
+        await client.close()
+    again = await RpcClient.connect(proxy.address)
+    try:
+        proxy.reset_on(Opcode.PING, "request")
+        with pytest.raises(Unavailable):
+            await again.call(Opcode.PING, timeout_s=2.0)
+    finally:
+        await again.close()
+    last = await RpcClient.connect(proxy.address)
+    try:
+        header, _ = await last.call(Opcode.PING)
+        assert header["address"] == proxy.address
+    finally:
+        await last.close()
+
+
+async def test_a_dead_server_behind_the_proxy_fails_connections(proxied: Proxied) -> None:
+    proxied.server.kill9()
+    client = await RpcClient.connect(proxied.proxy.address)  # the proxy accepts...
+    try:
+        with pytest.raises(Unavailable):  # ...and closes it: nothing listens behind it
+            await client.call(Opcode.PING, timeout_s=2.0)
+    finally:
+        await client.close()
