@@ -8,7 +8,8 @@ Entry layout (16-byte header, then ``length`` body bytes)::
     offset size field      meaning
     ------ ---- ---------- -------------------------------------------------------------
       0     2   magic      0xE5A1
-      2     1   type       1 BATCH, 2 CREATE_RANGE, 3 EPOCH, 4 SEAL, 5 DROP
+      2     1   type       1 BATCH, 2 CREATE_RANGE, 3 EPOCH, 4 SEAL, 5 DROP, 6 CONFIRM,
+                           7 DAMAGED
       3     1   reserved   0
       4     4   length     u32, body bytes
       8     8   checksum   xxh3-64 of bytes [0, 8) followed by the covered body bytes
@@ -28,16 +29,33 @@ Control bodies (fixed, little-endian):
 - SEAL: stream_id u64, range_index u32, epoch u64, end u64
 - DROP: stream_id u64, range_index u32 (the replica is gone: its data may be reclaimed,
   ``rangeserver/retention.py``)
+- CONFIRM: stream_id u64, range_index u32, epoch u64, confirm u64 (a CONFIRM request
+  raised the replica's confirm offset; logged so that an idle or closed writer's last
+  confirm survives a crash: readers see the same records after a restart)
+- DAMAGED: stream_id u64, range_index u32 (the replica lost acknowledged data: found by
+  a read or by the recovery scan; logged so that the mark outlives the evidence, e.g. a
+  damaged last entry that recovery cuts off)
 
 Recovery (:func:`scan`) classifies a segment's bytes:
 
 - ``CLEAN``: entries up to the last byte.
-- ``TORN_TAIL``: after the last valid entry comes an incomplete entry, zeros or garbage,
-  and nothing valid after it: a write interrupted by a crash. Truncate at ``valid_end``.
+- ``TORN_TAIL``: after the last valid entry comes a torn write and nothing valid after
+  it: an entry that runs past the data, zeros (unused space: a spare's zero fill, a
+  direct write's padding, the hole of a full-size segment; the caller keeps those), an
+  entry with a whole unwritten (all-zero) sector, or garbage with no sane entry header.
+  A write interrupted by a crash. Truncate at ``valid_end``.
 - ``DAMAGED``: an invalid entry (bad checksum, bad header) *followed by valid entries*.
   A crash cannot do that (the log is written in order and each group is synced before it
   is acknowledged): the medium corrupted acknowledged data. Nothing is truncated; the
-  replicas that lost data are marked damaged and reported.
+  replicas that lost data are marked damaged and reported. Also ``DAMAGED`` (with
+  :attr:`ScanResult.tail_damage`, nothing valid after it) is a *last* entry that cannot
+  be a torn write: it is complete (sane header, every byte present, no all-zero sector)
+  yet fails its checksum, or its header is broken but the whole record batch after the
+  header verifies. Unwritten space in a segment always reads as zeros (spares are
+  zero-filled, a full-size segment is a hole, a truncated tail grows back as zeros), and
+  a crash tears a write at sector boundaries, so a torn entry always shows an all-zero
+  sector or ends early; a complete entry without one was written whole and then changed.
+  The caller truncates it like a torn tail but marks its replica damaged, durably.
 
 Pure: no I/O.
 """
@@ -64,6 +82,10 @@ _CREATE: Final = struct.Struct("<QIQQ")
 _EPOCH: Final = struct.Struct("<QIQ")
 _SEAL: Final = struct.Struct("<QIQQ")
 _DROP: Final = struct.Struct("<QI")
+_CONFIRM: Final = struct.Struct("<QIQQ")
+_DAMAGED: Final = struct.Struct("<QI")
+# The unit a disk writes whole: a torn write leaves whole sectors unwritten (zeros here).
+torn_sector_bytes: Final = 512
 entry_body_bytes_max: Final = limits.batch_bytes_max
 assert ENTRY_HEADER_BYTES == 16
 
@@ -74,6 +96,8 @@ class EntryType(IntEnum):
     EPOCH = 3
     SEAL = 4
     DROP = 5
+    CONFIRM = 6
+    DAMAGED = 7
 
 
 class Verdict(Enum):
@@ -111,7 +135,21 @@ class Dropped:
     range_index: int
 
 
-Control = CreateRange | EpochRaised | Sealed | Dropped
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    stream_id: int
+    range_index: int
+    epoch: int
+    confirm: int
+
+
+@dataclass(frozen=True, slots=True)
+class DamageMarked:
+    stream_id: int
+    range_index: int
+
+
+Control = CreateRange | EpochRaised | Sealed | Dropped | Confirmed | DamageMarked
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,16 +173,28 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Damage:
-    """Bytes ``[start, end)`` that hold no valid entry, with valid entries after them.
+    """Bytes ``[start, end)`` that hold no valid entry, with valid entries after them
+    (or, as :attr:`ScanResult.tail_damage`, a last entry that is damaged, not torn).
 
     ``batch`` is the header of the batch the damaged bytes seem to hold, when it could
-    still be read (it names the replica that lost data), else None.
+    still be read (it names the replica that lost data), else None. ``control`` is the
+    body of a damaged control entry at the tail, when it still decodes.
     """
 
     start: int
     end: int
     reason: str
     batch: BatchHeader | None = None
+    control: Control | None = None
+
+    @property
+    def names(self) -> tuple[int, int] | None:
+        """The (stream_id, range_index) the damaged entry seems to belong to, if any."""
+        if self.batch is not None:
+            return (self.batch.stream_id, self.batch.range_index)
+        if self.control is not None:
+            return (self.control.stream_id, self.control.range_index)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +203,8 @@ class ScanResult:
     valid_end: int  # end of the last valid entry: a torn tail is truncated here
     verdict: Verdict
     damage: list[Damage] = field(default_factory=list)
-    tail_reason: str = ""  # why the bytes after valid_end were rejected (torn tail)
+    tail_reason: str = ""  # why the bytes after valid_end were rejected (torn or damaged)
+    tail_damage: Damage | None = None  # the last entry is damaged, not torn (see above)
 
 
 # ----------------------------------------------------------------------------- encode
@@ -182,9 +233,17 @@ def encode_control(control: Control) -> bytes:
     elif isinstance(control, Sealed):
         entry_type = EntryType.SEAL
         body = _SEAL.pack(control.stream_id, control.range_index, control.epoch, control.end)
-    else:
+    elif isinstance(control, Dropped):
         entry_type = EntryType.DROP
         body = _DROP.pack(control.stream_id, control.range_index)
+    elif isinstance(control, Confirmed):
+        entry_type = EntryType.CONFIRM
+        body = _CONFIRM.pack(
+            control.stream_id, control.range_index, control.epoch, control.confirm
+        )
+    else:
+        entry_type = EntryType.DAMAGED
+        body = _DAMAGED.pack(control.stream_id, control.range_index)
     return _entry_header(entry_type, body, len(body)) + body
 
 
@@ -197,6 +256,10 @@ def _decode_control(entry_type: EntryType, body: memoryview) -> Control:
         return Sealed(*_SEAL.unpack(body))
     if entry_type == EntryType.DROP and len(body) == _DROP.size:
         return Dropped(*_DROP.unpack(body))
+    if entry_type == EntryType.CONFIRM and len(body) == _CONFIRM.size:
+        return Confirmed(*_CONFIRM.unpack(body))
+    if entry_type == EntryType.DAMAGED and len(body) == _DAMAGED.size:
+        return DamageMarked(*_DAMAGED.unpack(body))
     raise ValueError(f"{entry_type.name} body of {len(body)} bytes")
 
 
@@ -210,11 +273,20 @@ class _Incomplete(Exception):
 class _Invalid(Exception):
     """The bytes at this position are not a valid entry."""
 
-    def __init__(self, reason: str, next_position: int | None, batch: BatchHeader | None):
+    def __init__(
+        self,
+        reason: str,
+        next_position: int | None,
+        batch: BatchHeader | None,
+        control: Control | None = None,
+    ):
         super().__init__(reason)
         self.reason = reason
-        self.next_position = next_position  # where the next entry would be, if the header held
+        # Where the next entry would be: set only for an entry whose header is sane and
+        # whose bytes are all there (it failed its checksum or its body check).
+        self.next_position = next_position
         self.batch = batch
+        self.control = control
 
 
 def _parse(view: memoryview, pos: int) -> Entry:
@@ -241,7 +313,7 @@ def _parse(view: memoryview, pos: int) -> Entry:
     digest.update(body[:covered])
     batch = _batch_header_or_none(body) if entry_type == EntryType.BATCH else None
     if digest.intdigest() != checksum:
-        raise _Invalid("entry checksum mismatch", end, batch)
+        raise _Invalid("entry checksum mismatch", end, batch, _control_or_none(entry_type, body))
     if entry_type == EntryType.BATCH:
         try:
             header = verify_batch(body)
@@ -263,6 +335,60 @@ def _batch_header_or_none(body: memoryview) -> BatchHeader | None:
         return decode_header(body)
     except EstreamError:
         return None
+
+
+def _control_or_none(entry_type: EntryType, body: memoryview) -> Control | None:
+    if entry_type == EntryType.BATCH:
+        return None
+    try:
+        return _decode_control(entry_type, body)
+    except ValueError:
+        return None
+
+
+def _intact_batch(view: memoryview, at: int) -> BatchHeader | None:
+    """The header of a whole record batch at ``at`` whose own checksum verifies, if any."""
+    if at + BATCH_HEADER_BYTES > len(view):
+        return None
+    header = _batch_header_or_none(view[at:])
+    if header is None or at + header.total_bytes > len(view):
+        return None
+    try:
+        return verify_batch(view[at : at + header.total_bytes])
+    except EstreamError:
+        return None
+
+
+def _has_zero_sector(raw: bytes | bytearray, start: int, end: int, base: int) -> bool:
+    """Whether the bytes ``[start, end)`` hold an all-zero piece of a disk sector
+    (``base`` is the file offset of ``raw[0]``: sectors are aligned in the file)."""
+    pos = start
+    while pos < end:
+        upto = min(end, pos + torn_sector_bytes - (base + pos) % torn_sector_bytes)
+        if raw.count(0, pos, upto) == upto - pos:
+            return True
+        pos = upto
+    return False
+
+
+def _tail_damage(
+    raw: bytes | bytearray, view: memoryview, pos: int, invalid: _Invalid, base: int
+) -> Damage | None:
+    """Whether the invalid bytes at ``pos``, with nothing valid after them, are a last
+    entry that was written whole and then damaged (not a torn write): see the module
+    docstring. None: torn (or unused zeros)."""
+    if not any(view[pos : pos + ENTRY_HEADER_BYTES]):
+        return None  # zeros: unused space, or a write that never reached the disk
+    end = invalid.next_position
+    if end is not None:  # sane header, every byte present
+        if _has_zero_sector(raw, pos, end, base):
+            return None
+        return Damage(pos, end, invalid.reason, invalid.batch, invalid.control)
+    header = _intact_batch(view, pos + ENTRY_HEADER_BYTES)
+    if header is None:
+        return None
+    end = pos + ENTRY_HEADER_BYTES + header.total_bytes
+    return Damage(pos, end, f"{invalid.reason}, but its record batch is whole", header)
 
 
 def _next_valid(
@@ -287,12 +413,13 @@ def _next_valid(
             pos += 1
 
 
-def scan(buf: bytes | bytearray | memoryview) -> ScanResult:
+def scan(buf: bytes | bytearray | memoryview, base: int = 0) -> ScanResult:
     """Every valid entry of one segment's bytes, and the verdict on what is not valid.
 
-    See the module docstring for the verdicts. After damage, scanning resumes at the next
-    valid entry (found where the damaged entry's length says it ends, else by searching
-    for the next entry that verifies).
+    ``base`` is where ``buf`` starts in the segment file (sectors are aligned in the
+    file). See the module docstring for the verdicts. After damage, scanning resumes at
+    the next valid entry (found where the damaged entry's length says it ends, else by
+    searching for the next entry that verifies).
     """
     raw = buf if isinstance(buf, bytes | bytearray) else bytes(buf)
     view = memoryview(raw)
@@ -309,7 +436,8 @@ def scan(buf: bytes | bytearray | memoryview) -> ScanResult:
             invalid = exc if isinstance(exc, _Invalid) else _Invalid(str(exc), None, None)
             resume = _next_valid(raw, view, invalid.next_position, pos)
             if resume is None:
-                return _finish(entries, valid_end, damage, invalid.reason)
+                tail = _tail_damage(raw, view, pos, invalid, base)
+                return _finish(entries, valid_end, damage, invalid.reason, tail)
             damage.append(Damage(pos, resume, invalid.reason, invalid.batch))
             pos = resume
             continue
@@ -318,14 +446,20 @@ def scan(buf: bytes | bytearray | memoryview) -> ScanResult:
     return _finish(entries, valid_end, damage, "")
 
 
-def _finish(entries: list[Entry], valid_end: int, damage: list[Damage], tail: str) -> ScanResult:
-    if damage:
+def _finish(
+    entries: list[Entry],
+    valid_end: int,
+    damage: list[Damage],
+    tail: str,
+    tail_damage: Damage | None = None,
+) -> ScanResult:
+    if damage or tail_damage is not None:
         verdict = Verdict.DAMAGED
     elif tail:
         verdict = Verdict.TORN_TAIL
     else:
         verdict = Verdict.CLEAN
-    return ScanResult(entries, valid_end, verdict, damage, tail)
+    return ScanResult(entries, valid_end, verdict, damage, tail, tail_damage)
 
 
 def all_zero(buf: bytes, start: int = 0) -> bool:
