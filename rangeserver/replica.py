@@ -33,7 +33,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from estream.record import BatchHeader
@@ -183,17 +183,19 @@ class SealConflict:
     asked: int
 
 
-SealOutcome = Fence | SealNow | AlreadySealed | SealConflict | Gap | StaleEpoch
+SealOutcome = Fence | SealNow | AlreadySealed | SealConflict | Gap | StaleEpoch | Damaged
 
 
 def decide_seal(state: ReplicaState, epoch: int, end: int | None) -> SealOutcome:
     """Without ``end``: fence (no appends with an older epoch from now on). With ``end``:
     seal for good at ``end`` (idempotent; a different end is a conflict; a replica that
-    holds less than ``end`` answers a gap).
+    holds less than ``end`` answers a gap). A damaged replica answers neither: its end
+    is not what it acknowledged, so it must never count as a copy in a recovery.
 
     ======================  ===========================  ============================
     state                   SEAL epoch e, end None        SEAL epoch e, end E
     ======================  ===========================  ============================
+    damaged                 Damaged                       Damaged
     e < epoch               StaleEpoch                    StaleEpoch
     sealed at S             AlreadySealed(S)              S == E: AlreadySealed, else
                                                           SealConflict
@@ -202,6 +204,8 @@ def decide_seal(state: ReplicaState, epoch: int, end: int | None) -> SealOutcome
     open, otherwise         Fence (log EPOCH if e raised) SealNow
     ======================  ===========================  ============================
     """
+    if state.damaged:
+        return Damaged()
     if epoch < state.epoch:
         return StaleEpoch(epoch, state.epoch)
     if state.sealed:
@@ -239,17 +243,21 @@ class StartConflict:
     asked: int
 
 
-CreateOutcome = Create | Exists | StartConflict | StaleEpoch
+CreateOutcome = Create | Exists | StartConflict | StaleEpoch | Damaged
 
 
 def decide_create(
     existing: ReplicaState | None, stream_id: int, range_index: int, start: int, epoch: int
 ) -> CreateOutcome:
     """CREATE_RANGE is idempotent: same start answers the existing replica (raising its
-    epoch if asked with a higher one); an older epoch is fenced; another start conflicts.
+    epoch if asked with a higher one); an older epoch is fenced; another start conflicts;
+    a damaged replica answers Damaged (it is no copy, and no empty one either: DROP_RANGE
+    it first to place a new one here).
     """
     if existing is None:
         return Create(ReplicaState.create(stream_id, range_index, start, epoch))
+    if existing.damaged:
+        return Damaged()
     if epoch < existing.epoch:
         return StaleEpoch(epoch, existing.epoch)
     if start != existing.start:
@@ -263,12 +271,13 @@ def decide_create(
 
 
 def decide_confirm(state: ReplicaState, epoch: int, confirm: int) -> ReplicaState | StaleEpoch:
-    """Move the confirm offset forward (never back); an older epoch is stale."""
+    """Move the confirm offset forward (never back); an older epoch is stale. When the
+    answer's ``confirm`` is above the state's, the shell logs a CONFIRM entry and answers
+    once it is durable (:func:`replay_confirm` restores it); otherwise it answers after a
+    log barrier (an earlier CONFIRM that raised it may still be in flight)."""
     if epoch < state.epoch:
         return StaleEpoch(epoch, state.epoch)
-    if confirm <= state.confirm or state.sealed:
-        return state
-    return replace(state, confirm=confirm)
+    return replay_confirm(state, confirm)
 
 
 # ----------------------------------------------------------------------------- replay
@@ -302,6 +311,13 @@ def replay_seal(state: ReplicaState, epoch: int, end: int) -> ReplicaState:
     return replace(state, epoch=max(state.epoch, epoch), sealed=True, sealed_end=end)
 
 
+def replay_confirm(state: ReplicaState, confirm: int) -> ReplicaState:
+    """A confirm offset moves forward only, and not once sealed (the seal bounds reads)."""
+    if confirm <= state.confirm or state.sealed:
+        return state
+    return replace(state, confirm=confirm)
+
+
 def mark_damaged(state: ReplicaState) -> ReplicaState:
     return state if state.damaged else replace(state, damaged=True)
 
@@ -309,34 +325,61 @@ def mark_damaged(state: ReplicaState) -> ReplicaState:
 # ----------------------------------------------------------------------- repair report
 
 
-def problem_replicas(states: Iterable[ReplicaState], limit: int) -> list[dict[str, object]]:
-    """The replicas PD's repair must hear about, for the heartbeat load: damaged ones,
-    sealed ones holding less than their sealed end, and open ones (PD knows which of
-    those belong to ranges it has sealed: short replicas a seal left behind). At most
-    ``limit``, the most urgent first (damaged, sealed-short, then open by range).
+def problem_replicas(
+    states: Sequence[ReplicaState], limit: int, *, rotation: int = 0
+) -> tuple[list[dict[str, object]], int]:
+    """The replicas PD's repair must hear about, for the heartbeat load, and the
+    ``rotation`` to pass next time. At most ``limit`` entries, the most urgent first:
+
+    1. damaged ones;
+    2. sealed ones holding less than their sealed end;
+    3. open ones, by range (PD knows which of those belong to ranges it has sealed:
+       replicas a seal left behind, short or not);
+    4. with what room is left, sealed whole ones, from a window of ``states`` that
+       moves on by the room used at every call (``rotation``), so that over successive
+       heartbeats every sealed replica is reported: PD compares each ``sealed_end`` with
+       the catalog's end (a replica sealed at another end must be brought to it).
+
+    Each entry: ``stream_id, range_index, damaged, sealed, end`` (what it holds:
+    :func:`readable_end` with ``unconfirmed``) and ``sealed_end`` (None while open).
 
     >>> ok = ReplicaState(1, 0, 0, end=10, written_end=10, epoch=1, sealed=True, sealed_end=10)
     >>> bad = replace(ok, range_index=1, damaged=True)
     >>> left = ReplicaState(1, 2, 10, end=15, written_end=15, epoch=1)
-    >>> [(p["range_index"], p["damaged"], p["sealed"], p["end"])
-    ...  for p in problem_replicas([ok, left, bad], 8)]
-    [(1, True, True, 10), (2, False, False, 15)]
+    >>> short = replace(ok, range_index=3, sealed_end=12)
+    >>> found, rotation = problem_replicas([ok, left, bad, short], 3)
+    >>> [(p["range_index"], p["damaged"], p["sealed"], p["end"], p["sealed_end"])
+    ...  for p in found], rotation
+    ([(1, True, True, 10, 10), (3, False, True, 10, 12), (2, False, False, 15, None)], 0)
+    >>> found, rotation = problem_replicas([ok, left, bad, short], 4)
+    >>> [(p["range_index"], p["sealed_end"]) for p in found][3:], rotation
+    ([(0, 10)], 1)
     """
 
     def urgency(s: ReplicaState) -> tuple[int, int, int]:
         rank = 0 if s.damaged else (1 if s.sealed else 2)
         return (rank, s.range_index, s.stream_id)
 
-    found = [
-        s for s in states if s.damaged or not s.sealed or s.end < s.sealed_end
-    ]
-    return [
-        {
-            "stream_id": s.stream_id,
-            "range_index": s.range_index,
-            "damaged": s.damaged,
-            "sealed": s.sealed,
-            "end": readable_end(s, unconfirmed=True),
-        }
-        for s in sorted(found, key=urgency)[: max(0, limit)]
-    ]
+    def urgent(s: ReplicaState) -> bool:
+        return s.damaged or not s.sealed or s.end < s.sealed_end
+
+    chosen = sorted((s for s in states if urgent(s)), key=urgency)[: max(0, limit)]
+    room = max(0, limit - len(chosen))
+    count = len(states)
+    if count and room:
+        first = rotation % count
+        window = [states[(first + i) % count] for i in range(min(room, count))]
+        chosen += [s for s in window if not urgent(s)]
+        rotation = (first + room) % count
+    return [_problem(s) for s in chosen], rotation
+
+
+def _problem(s: ReplicaState) -> dict[str, object]:
+    return {
+        "stream_id": s.stream_id,
+        "range_index": s.range_index,
+        "damaged": s.damaged,
+        "sealed": s.sealed,
+        "end": readable_end(s, unconfirmed=True),
+        "sealed_end": s.sealed_end if s.sealed else None,
+    }

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import doctest
+from dataclasses import replace
+
 import pytest
 
 from estream.record import BatchHeader
@@ -80,6 +83,10 @@ def test_on_durable_only_moves_forward() -> None:
 # -------------------------------------------------------------------------------- seal
 
 SEAL_ROWS = [
+    ({"damaged": True}, 6, None, rp.Damaged),  # a damaged replica is never fenced: no copy
+    ({"damaged": True}, 6, 125, rp.Damaged),
+    ({"damaged": True}, 4, None, rp.Damaged),  # damaged first, before the epoch
+    ({"damaged": True, "sealed": True, "sealed_end": 125}, 5, 125, rp.Damaged),
     ({}, 4, None, rp.StaleEpoch),
     ({}, 4, 125, rp.StaleEpoch),
     ({"sealed": True, "sealed_end": 125}, 5, None, rp.AlreadySealed),
@@ -136,6 +143,13 @@ def test_decide_create_rows() -> None:
     assert rp.decide_create(existing, 7, 2, 100, 4) == rp.StaleEpoch(4, 5)
 
 
+@pytest.mark.parametrize(("start", "epoch"), [(100, 5), (100, 9), (101, 5), (100, 4)])
+def test_decide_create_on_a_damaged_replica_answers_damaged(start: int, epoch: int) -> None:
+    """Not Exists (it would count as a copy) and not a new empty replica either."""
+    damaged = state(damaged=True)
+    assert rp.decide_create(damaged, 7, 2, start, epoch) == rp.Damaged()
+
+
 # ----------------------------------------------------------------------------- confirm
 
 
@@ -145,6 +159,14 @@ def test_decide_confirm_rows() -> None:
     assert rp.decide_confirm(state(), 4, 118) == rp.StaleEpoch(4, 5)
     sealed = state(sealed=True, sealed_end=125)
     assert rp.decide_confirm(sealed, 5, 125) == sealed
+    assert rp.decide_confirm(state(), 9, 118) == state(confirm=118), "the epoch is not raised"
+
+
+def test_replay_confirm_restores_a_logged_confirm() -> None:
+    assert rp.replay_confirm(state(), 126) == state(confirm=126)
+    assert rp.replay_confirm(state(), 90) == state(), "never back"
+    sealed = state(sealed=True, sealed_end=125)
+    assert rp.replay_confirm(sealed, 126) == sealed
 
 
 # ----------------------------------------------------------------------- readable end
@@ -183,3 +205,63 @@ def test_replay_control_entries() -> None:
     assert rp.replay_epoch(state(), 3).epoch == 5
     sealed = rp.replay_seal(state(), 6, 118)
     assert sealed.sealed and sealed.sealed_end == 118 and sealed.epoch == 6
+
+
+def test_mark_damaged() -> None:
+    assert rp.mark_damaged(state()).damaged
+    damaged = state(damaged=True)
+    assert rp.mark_damaged(damaged) is damaged
+
+
+# ----------------------------------------------------------------------- repair report
+
+
+def sealed(index: int, end: int = 10, **changes: object) -> ReplicaState:
+    base = ReplicaState(1, index, 0, end=end, written_end=end, epoch=1, sealed=True,
+                        sealed_end=end)
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_problem_replicas_order_and_fields() -> None:
+    damaged = sealed(5, damaged=True)
+    short = sealed(4, sealed_end=12)
+    open_ = ReplicaState(1, 3, 10, end=15, written_end=18, epoch=1)
+    whole = sealed(0)
+    found, _ = rp.problem_replicas([whole, open_, short, damaged], 3)
+    assert found == [
+        {"stream_id": 1, "range_index": 5, "damaged": True, "sealed": True, "end": 10,
+         "sealed_end": 10},
+        {"stream_id": 1, "range_index": 4, "damaged": False, "sealed": True, "end": 10,
+         "sealed_end": 12},
+        {"stream_id": 1, "range_index": 3, "damaged": False, "sealed": False, "end": 15,
+         "sealed_end": None},
+    ], "damaged, sealed short, open; a full report leaves whole sealed ones out"
+
+
+def test_problem_replicas_is_bounded_most_urgent_first() -> None:
+    opens = [ReplicaState(1, i, 0, end=1, written_end=1, epoch=1) for i in range(10)]
+    found, rotation = rp.problem_replicas([*opens, sealed(99, damaged=True)], 4)
+    assert [p["range_index"] for p in found] == [99, 0, 1, 2]
+    assert rotation == 0, "no room left: the window does not move"
+    assert rp.problem_replicas(opens, 0) == ([], 0)
+
+
+def test_every_sealed_replica_is_reported_over_successive_heartbeats() -> None:
+    """PD compares each sealed end with the catalog's: a replica sealed at another end
+    (above or below) is reported within a few heartbeats, however many there are."""
+    states = [sealed(i) for i in range(23)]
+    states[7] = ReplicaState(1, 7, 0, end=3, written_end=3, epoch=1)  # open: always there
+    seen: dict[int, int] = {}
+    rotation = 0
+    for beat in range(6):
+        found, rotation = rp.problem_replicas(states, 5, rotation=rotation)
+        assert len(found) <= 5
+        assert found[0]["range_index"] == 7, "the open one comes first, every time"
+        for p in found[1:]:
+            assert p["sealed"] and p["sealed_end"] == 10
+            seen.setdefault(int(p["range_index"]), beat)  # type: ignore[call-overload]
+    assert set(seen) == set(range(23)) - {7}, "every sealed replica within 6 beats"
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(rp, verbose=False).failed == 0
