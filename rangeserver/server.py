@@ -4,6 +4,12 @@ Each handler validates its arguments (``docs/ARCHITECTURE.md`` section 3.3 has t
 message schemas), calls the store, and shapes the answer. Every input error is a typed
 :class:`~estream.errors.EstreamError` answered to that request only.
 
+Identity: every request but PING may carry ``"server_id"``, the id the caller believes
+serves this address (the replica's id in the catalog). When it is not this server's own,
+the request answers :class:`~estream.errors.WrongServer` before anything else is done:
+a server whose disk was wiped or replaced has a new id, and its "no such range" must
+never be taken for "an empty copy" of the old server's replica (BookKeeper's cookie).
+
 Side effects: none of its own (the store and the RPC server own them).
 """
 
@@ -15,9 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from estream import limits
-from estream.errors import InvalidArgument
+from estream.errors import InvalidArgument, WrongServer
 from estream.protocol import Opcode
-from estream.rpc import Handler, Header, RpcServer, answer_allowance, optional, require
+from estream.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional, require
 from rangeserver.replica import problem_replicas
 from rangeserver.store import Store
 
@@ -38,6 +44,14 @@ def _range_key(header: Header) -> tuple[int, int]:
     return _uint(header, "stream_id"), _uint(header, "range_index", _U32_MAX)
 
 
+def _wrong_server(asked: object, actual: str) -> WrongServer:
+    return WrongServer(
+        f"this range server is {actual}, not {asked}: its data directory was replaced",
+        expected=asked,
+        actual=actual,
+    )
+
+
 class RangeServer:
     """The range server process's service: the store behind an :class:`RpcServer`."""
 
@@ -46,13 +60,13 @@ class RangeServer:
         self.server_id = server_id
         self.storage_class = storage_class
         self.address = ""
+        self._rotation = 0  # where the heartbeat's window of sealed replicas is
         self.rpc = RpcServer(
             self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver"
         )
 
     def handlers(self) -> dict[int, Handler]:
-        return {
-            Opcode.PING: self.ping,
+        checked = {
             Opcode.CREATE_RANGE: self.create_range,
             Opcode.APPEND: self.append,
             Opcode.SEAL: self.seal,
@@ -63,6 +77,21 @@ class RangeServer:
             Opcode.LIST_RANGES: self.list_ranges,
             Opcode.DROP_RANGE: self.drop_range,
         }
+        return {
+            Opcode.PING: self.ping,
+            **{op: self._identified(handler) for op, handler in checked.items()},
+        }
+
+    def _identified(self, handler: Handler) -> Handler:
+        """``handler`` behind the identity check (module docstring)."""
+
+        async def checked(header: Header, payload: bytes) -> Answer:
+            asked = header.get("server_id")
+            if asked is not None and asked != self.server_id:
+                raise _wrong_server(asked, self.server_id)
+            return await handler(header, payload)
+
+        return checked
 
     async def start(self, host: str, port: int) -> str:
         """Listen; returns the bound ``host:port``."""
@@ -77,8 +106,11 @@ class RangeServer:
 
     def load(self) -> dict[str, Any]:
         """The heartbeat load; ``problem_replicas`` feeds PD's repair (``pd/repair.py``)."""
-        problems = problem_replicas(
-            self.store.replicas.values(), limits.heartbeat_problem_replicas_max)
+        problems, self._rotation = problem_replicas(
+            list(self.store.replicas.values()),
+            limits.heartbeat_problem_replicas_max,
+            rotation=self._rotation,
+        )
         return {
             **self.store.load(),
             "storage_class": self.storage_class,
@@ -101,6 +133,7 @@ class RangeServer:
         return {**answer, "sealed": state.sealed}, b""
 
     async def append(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        """APPEND when the quick path cannot take it (the connection's answers wait)."""
         pending, answer = self.append_now(header, payload)
         if pending is not None:
             await pending
@@ -110,6 +143,9 @@ class RangeServer:
         self, header: Header, payload: bytes
     ) -> tuple[asyncio.Future[None] | None, Callable[[], tuple[Header, bytes]]]:
         """APPEND as a quick handler (``estream/rpc.py``): no task per append."""
+        asked = header.get("server_id")  # the identity check: one lookup, one compare
+        if asked is not None and asked != self.server_id:
+            raise _wrong_server(asked, self.server_id)
         deferred = optional(header, "deferred", bool, False)
         pending, end = self.store.begin_append(payload, deferred=deferred)
         return pending, lambda: ({"end": end()}, b"")
@@ -148,7 +184,9 @@ class RangeServer:
 
     async def confirm(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)
-        self.store.confirm(stream_id, range_index, _uint(header, "epoch"), _uint(header, "confirm"))
+        await self.store.confirm(
+            stream_id, range_index, _uint(header, "epoch"), _uint(header, "confirm")
+        )
         return {}, b""
 
     async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:

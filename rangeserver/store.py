@@ -3,9 +3,12 @@
 :class:`Store` runs the pure decisions of ``rangeserver/replica.py`` and carries out
 their effects: log entries (``rangeserver/wal.py``), index and cache updates, waking long
 polls, and typed errors. It also recovers everything at start: checkpoint, then a scan of
-the log after it (``rangeserver/walformat.py`` decides what is a torn tail to truncate and
-what is damage to report). Dropping a replica logs a DROP entry, forgets the replica,
-and then deletes the log segments nothing needs any more (``rangeserver/retention.py``).
+the log after it (``rangeserver/replay.py`` decides what is a torn tail to truncate and
+what is damage to mark, durably). Dropping a replica logs a DROP entry, forgets the
+replica, and then deletes the log segments nothing needs any more
+(``rangeserver/retention.py``). Every entry that changes what a replica answers (create,
+epoch, seal, confirm, damage, drop) is durable before the request that caused it is
+answered.
 
 Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
 batch's own stream id and range index, decide, queue the log entry, await its
@@ -41,6 +44,7 @@ from rangeserver import replica as rp
 from rangeserver import retention
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
+from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
 from rangeserver.wal import Wal
@@ -57,6 +61,10 @@ def _stale(outcome: rp.StaleEpoch) -> Fenced:
         epoch=outcome.epoch,
         current_epoch=outcome.current,
     )
+
+
+def _damaged(key: tuple[int, int]) -> ReplicaDamaged:
+    return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
 
 
 class Store:
@@ -80,7 +88,6 @@ class Store:
         self.dropped: list[Span] = []  # dropped replicas' spans whose DROP entry is on disk
         self._events: dict[Key, asyncio.Event] = {}
         self._checkpointed_at: tuple[int, int] = (-1, -1)
-        self._orphans: dict[Key, tuple[int, int]] = {}  # recovery: (first segment, batches)
         self._reclaimer: asyncio.Task[None] | None = None
         self._reclaim_again = False
         self.recovery_report: list[str] = []
@@ -88,111 +95,44 @@ class Store:
     # ---------------------------------------------------------------------- lifecycle
 
     async def open(self) -> None:
-        """Recover replicas and index (checkpoint + log scan), then start the log."""
+        """Recover replicas and index (checkpoint + log scan, ``rangeserver/replay.py``),
+        carry out the cuts it decides, then start the log."""
         found = await ckpt.load(self.data_dir)
         segments = self.wal.segments()
         if found is not None and not self._checkpoint_fits(found, segments):
             log.warning("checkpoint does not match the log; scanning the whole log")
             found = None
         if found is not None:
-            self.replicas, self.indexes = dict(found.replicas), dict(found.indexes)
-            self.spans, self.dropped = dict(found.spans), list(found.dropped)
+            replay = Replay(found.replicas, found.indexes, found.spans, found.dropped)
             first, position = found.segment, found.position
             self._checkpointed_at = (found.segment, found.position)
         else:
+            replay = Replay()
             first, position = (segments[0] if segments else 0), 0
         tail = (first, position)
         for segment in [s for s in segments if s >= first]:
             start = position if segment == first else 0
-            tail = self._recover_segment(segment, start, last=segment == segments[-1])
+            size = self.wal.segment_size(segment)
+            if start > size:
+                raise EstreamError(f"checkpoint position {start} is past segment {segment}'s end")
+            data = self.wal.read_segment(segment, start)
+            end, cut = replay.segment(segment, start, data, size, last=segment == segments[-1])
+            if cut is not None:
+                # The DAMAGED marks go where the cut is, before it: never a moment when
+                # neither the damaged entry nor the mark is in the file.
+                self.wal.truncate(segment, cut.position, cut.marks)
+            tail = (segment, end)
+        replay.finish()
+        self.replicas, self.indexes = replay.replicas, replay.indexes
+        self.spans, self.dropped = replay.spans, replay.dropped
+        for message in replay.report:
+            self._report(message)
         self.wal.start(asyncio.get_running_loop(), *tail)
-        for key, (segment, count) in self._orphans.items():
-            self._report(f"segment {segment}: {count} batches of unknown range {key} ignored")
-        self._orphans.clear()
-        damaged = [k for k, s in self.replicas.items() if s.damaged]
-        for key in damaged:
-            self._report(f"replica {key} is damaged")
 
     def _checkpoint_fits(self, found: ckpt.Checkpoint, segments: list[int]) -> bool:
         if not segments:
             return found.segment == 0 and found.position == 0
         return found.segment in segments and self.wal.segment_size(found.segment) >= found.position
-
-    def _recover_segment(self, segment: int, start: int, *, last: bool) -> tuple[int, int]:
-        size = self.wal.segment_size(segment)
-        if start > size:
-            raise EstreamError(f"checkpoint position {start} is past segment {segment}'s end")
-        data = self.wal.read_segment(segment, start)
-        result = wf.scan(data)
-        for entry in result.entries:
-            self._replay(segment, start, entry)
-        for damage in result.damage:
-            self._damage(segment, start + damage.start, damage)
-        valid_end = start + result.valid_end
-        # A segment made from a spare ends in unused zeros (rangeserver/spares.py).
-        if valid_end < size and not wf.all_zero(data, result.valid_end):
-            if last:
-                self._report(
-                    f"segment {segment}: torn tail ({result.tail_reason}) truncated at "
-                    f"{valid_end}, {size - valid_end} bytes dropped"
-                )
-                self.wal.truncate(segment, valid_end)
-            else:
-                self._damage(segment, valid_end, wf.Damage(valid_end, size, result.tail_reason))
-        return segment, valid_end
-
-    def _replay(self, segment: int, start: int, entry: wf.Entry) -> None:
-        if entry.batch is not None:
-            key = (entry.batch.stream_id, entry.batch.range_index)
-            state = self.replicas.get(key)
-            if state is None:  # its CREATE_RANGE entry went with a reclaimed segment
-                first, count = self._orphans.get(key, (segment, 0))
-                self._orphans[key] = (first, count + 1)
-                return
-            new = rp.replay_batch(state, entry.batch)
-            if new.end != state.end:
-                location = Location(segment, start + entry.body_position, len(entry.body))
-                self.indexes[key].add(entry.batch.base_offset, new.end, location)
-            self.replicas[key] = new
-            self._extend_span(key, segment)
-            return
-        control = entry.control
-        assert control is not None
-        key = (control.stream_id, control.range_index)
-        if isinstance(control, wf.CreateRange):
-            if key not in self.replicas:
-                self.replicas[key] = ReplicaState.create(*key, control.start, control.epoch)
-                self.indexes[key] = RangeIndex()
-                self.spans[key] = Span(segment, segment)
-            return
-        if isinstance(control, wf.Dropped):
-            self._forget(key, segment)
-            return
-        state = self.replicas.get(key)
-        if state is None:
-            return
-        self._extend_span(key, segment)
-        if isinstance(control, wf.EpochRaised):
-            self.replicas[key] = rp.replay_epoch(state, control.epoch)
-        else:
-            assert isinstance(control, wf.Sealed)
-            self.replicas[key] = rp.replay_seal(state, control.epoch, control.end)
-
-    def _damage(self, segment: int, position: int, damage: wf.Damage) -> None:
-        """Mark the replicas that may have lost data in a damaged stretch of the log: the
-        one whose batch header is still readable there, else every open replica."""
-        if damage.batch is not None and (damage.batch.stream_id, damage.batch.range_index) in (
-            self.replicas
-        ):
-            keys = [(damage.batch.stream_id, damage.batch.range_index)]
-        else:
-            keys = [k for k, s in self.replicas.items() if not s.sealed]
-        self._report(
-            f"segment {segment}: damage at {position} ({damage.reason}, "
-            f"{damage.end - damage.start} bytes); replicas marked damaged: {keys}"
-        )
-        for key in keys:
-            self.replicas[key] = rp.mark_damaged(self.replicas[key])
 
     def _report(self, message: str) -> None:
         log.warning("%s", message)
@@ -277,11 +217,7 @@ class Store:
         """A replica dropped by a DROP entry in ``segment``: its span becomes a dropped
         span, and long polls on it wake (to find it gone)."""
         span = self.spans.pop(key, None)
-        orphan = self._orphans.pop(key, None)
-        if span is not None:
-            first = span.first
-        else:
-            first = orphan[0] if orphan is not None else segment
+        first = span.first if span is not None else segment
         self.replicas.pop(key, None)
         self.indexes.pop(key, None)
         self.cache.drop_range(*key)
@@ -290,10 +226,20 @@ class Store:
         if event is not None:
             event.set()
 
-    def _damaged(self, key: Key) -> ReplicaDamaged:
-        self._set(key, rp.mark_damaged(self._get(*key)))
+    async def _mark_damaged(self, key: Key) -> None:
+        """A read found the replica's stored data damaged: it serves no more reads and
+        never counts as a copy again, also after a restart (a DAMAGED entry, durable
+        before this returns: the checkpoint may already cover the damaged bytes, and
+        recovery would not scan them again)."""
+        state = self.replicas.get(key)
+        if state is None or state.damaged:
+            return
+        self._set(key, rp.mark_damaged(state))
         self.cache.drop_range(*key)
-        return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+        try:
+            await self._log_control(wf.DamageMarked(*key))
+        except EstreamError as exc:
+            log.error("replica %s: the damage mark was not logged: %s", key, exc.message)
 
     # ------------------------------------------------------------------------- append
 
@@ -362,7 +308,7 @@ class Store:
         if isinstance(outcome, rp.StaleEpoch):
             return _stale(outcome)
         assert isinstance(outcome, rp.Damaged)
-        return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+        return _damaged(key)
 
     # ------------------------------------------------------------- create, seal, confirm
 
@@ -383,6 +329,8 @@ class Store:
                 await self.wal.barrier()  # its CREATE_RANGE entry may still be in flight
         elif isinstance(outcome, rp.StartConflict):
             raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
+        elif isinstance(outcome, rp.Damaged):
+            raise _damaged(key)
         else:
             raise _stale(outcome)
         return self._get(*key)
@@ -461,14 +409,24 @@ class Store:
                 expected=outcome.expected,
                 actual=outcome.actual,
             )
+        if isinstance(outcome, rp.Damaged):
+            raise _damaged(key)
         raise _stale(outcome)
 
-    def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
+    async def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
+        """Move the confirm offset forward; returns once it is durable (a CONFIRM entry
+        when this raised it; else a barrier: one that did may still be in flight), so an
+        idle or closed writer's last confirm survives a crash of this server."""
         key = (stream_id, range_index)
-        outcome = rp.decide_confirm(self._get(*key), epoch, confirm)
+        state = self._get(*key)
+        outcome = rp.decide_confirm(state, epoch, confirm)
         if isinstance(outcome, rp.StaleEpoch):
             raise _stale(outcome)
-        self._set(key, outcome)
+        if outcome.confirm > state.confirm:
+            self._set(key, outcome)  # readers may see it now: those records are acknowledged
+            await self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm))
+        else:
+            await self.wal.barrier()
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
         return self._get(stream_id, range_index).describe()
@@ -575,24 +533,28 @@ class Store:
                 self._get(*key)  # dropped meanwhile, its segments deleted: RangeNotFound
                 raise
             for i, data in zip(missing, loaded, strict=True):
-                self._verify_read(key, chosen[i], data)
+                error = self._verify_read(key, chosen[i], data)
+                if error is not None:
+                    await self._mark_damaged(key)
+                    raise error
                 parts[i] = data
         return b"".join(p for p in parts if p is not None)
 
-    def _verify_read(self, key: Key, batch: IndexedBatch, data: bytes) -> None:
+    def _verify_read(self, key: Key, batch: IndexedBatch, data: bytes) -> EstreamError | None:
         """A batch read from disk is served only if it is whole, is the expected batch,
-        and its checksum verifies; otherwise the replica is marked damaged."""
+        and its checksum verifies; otherwise the error to answer (and the replica is to
+        be marked damaged)."""
         try:
             header = verify_batch(data)
         except ChecksumMismatch as exc:
-            self._damaged(key)
             log.error("replica %s: checksum mismatch at offset %s", key, batch.base)
-            raise ChecksumMismatch(
+            return ChecksumMismatch(
                 f"stored batch at offset {batch.base} of replica {key} failed its checksum",
                 expected=exc.fields["expected"],
                 actual=exc.fields["actual"],
-            ) from None
+            )
         except EstreamError:
-            raise self._damaged(key) from None
+            return _damaged(key)
         if (header.stream_id, header.range_index, header.base_offset) != (*key, batch.base):
-            raise self._damaged(key)
+            return _damaged(key)
+        return None

@@ -132,11 +132,16 @@ class Wal:
             f.seek(start)
             return f.read(max(0, end - start))
 
-    def truncate(self, segment: int, size: int) -> None:
-        """Cut a torn tail off (recovery only) and make the cut durable."""
+    def truncate(self, segment: int, size: int, tail: bytes = b"") -> None:
+        """Cut a torn tail off (recovery only) and make the cut durable. With ``tail``,
+        those bytes are written at ``size`` first and the file is cut after them: they
+        replace what is cut off (entries that record why, ``rangeserver/replay.py``)."""
         fd = os.open(self.path(segment), os.O_WRONLY)
         try:
-            os.ftruncate(fd, size)
+            written = 0
+            while written < len(tail):
+                written += os.pwrite(fd, memoryview(tail)[written:], size + written)
+            os.ftruncate(fd, size + len(tail))
             os.fdatasync(fd)
         finally:
             os.close(fd)
