@@ -27,8 +27,6 @@ from estream.protocol import Opcode
 from estream.record import Record, decode_batch, encode_batch, iter_batches
 from estream.rpc import RpcClient
 from tests.chaos.harness import RS_HOSTS, ChaosCluster, RangeServerNode
-from tests.harness.process import free_port
-from tests.harness.rangeserver import start_rangeserver
 
 pytestmark = pytest.mark.integration
 
@@ -80,8 +78,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 async def test_disk_full_is_a_clear_error_and_the_server_survives(small_disk: Path) -> None:
     host = RS_HOSTS[3]
-    node = RangeServerNode(host, free_port(host), small_disk / "rs", pd="")
-    node.process, _ = start_rangeserver(node.data_dir, host, None, port=node.port)
+    node = RangeServerNode(small_disk / "rs", "", host=host)
+    node.start()
     stored: list[bytes] = []
     error: EstreamError | None = None
     try:

@@ -21,8 +21,6 @@ from estream.protocol import Opcode, encode_frame_bytes
 from estream.record import Record, encode_batch
 from estream.rpc import RpcClient
 from tests.chaos.harness import RS_HOSTS, RangeServerNode
-from tests.harness.process import free_port
-from tests.harness.rangeserver import start_rangeserver
 
 pytestmark = pytest.mark.integration
 
@@ -47,8 +45,8 @@ def rss_bytes(pid: int) -> int:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RangeServerNode]:
     host = RS_HOSTS[0]
-    node = RangeServerNode(host, free_port(host), tmp_path / "rs", pd="")
-    node.process, _ = start_rangeserver(node.data_dir, host, None, port=node.port)
+    node = RangeServerNode(tmp_path / "rs", "", host=host)
+    node.start()
     try:
         yield node
     finally:

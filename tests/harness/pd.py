@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,13 +143,17 @@ class PdCluster:
                 node.process.stop()
 
 
-def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1") -> PdCluster:
-    """Start ``n`` PD nodes and wait for a leader. The caller must ``stop()`` it."""
-    ports = [(free_port(host), free_port(host), free_port(host)) for _ in range(n)]
-    rafts = [f"{host}:{p[1]}" for p in ports]
+def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
+                     hosts: Sequence[str] | None = None) -> PdCluster:
+    """Start ``n`` PD nodes (node ``i`` on ``hosts[i]`` if given, else all on ``host``) and
+    wait for a leader. The caller must ``stop()`` it."""
+    node_hosts = list(hosts) if hosts is not None else [host] * n
+    ports = [(free_port(h), free_port(h), free_port(h)) for h in node_hosts]
+    rafts = [f"{h}:{p[1]}" for h, p in zip(node_hosts, ports, strict=True)]
     nodes = [
         PdNodeProcess(
-            id=str(i + 1), rpc=f"{host}:{p[0]}", raft=rafts[i], http=f"{host}:{p[2]}",
+            id=str(i + 1), rpc=f"{node_hosts[i]}:{p[0]}", raft=rafts[i],
+            http=f"{node_hosts[i]}:{p[2]}",
             data_dir=tmp_path / f"pd{i + 1}", peers=[r for r in rafts if r != rafts[i]],
             log_path=tmp_path / f"pd{i + 1}.log",
         )

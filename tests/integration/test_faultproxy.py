@@ -21,6 +21,7 @@ from estream.errors import RangeSealed, Timeout, Unavailable
 from estream.protocol import Opcode
 from estream.record import Record, encode_batch
 from estream.rpc import RpcClient
+from tests.harness.cluster import Cluster, start_cluster
 from tests.harness.faultproxy import FaultProxy
 from tests.harness.process import ManagedProcess, free_port
 from tests.harness.rangeserver import start_rangeserver
@@ -213,3 +214,81 @@ async def test_a_dead_server_behind_the_proxy_fails_connections(proxied: Proxied
             await client.call(Opcode.PING, timeout_s=2.0)
     finally:
         await client.close()
+
+
+# -- the proxied cluster and its fault helpers (tests/harness/cluster.py) -------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path, pd_nodes=3, range_servers=3, proxied=True)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_proxied_cluster_and_its_faults(cluster: Cluster) -> None:
+    import estream
+
+    for server in cluster.servers:  # PD knows every server by its proxy's address
+        assert server.proxy is not None and server.address == server.proxy.address
+        assert server.listen != server.address
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        await client.create_stream("proxied", replicas=3, ack_count=2)
+        async with await client.open_writer("proxied") as writer:
+            for i in range(20):
+                await writer.append(b"p%d" % i)
+        meta = await client.describe_stream("proxied")
+        first = meta.ranges[0]
+        addresses = [ref.address for ref in first.replicas]
+        assert {cluster.server(a).address for a in addresses} == set(addresses)
+        appends = sum(cluster.proxy(a).passed(Opcode.APPEND, "answer") for a in addresses)
+        assert appends >= 3 * 20 / 2, "the appends went through the proxies"
+
+        # A flipped byte in an acknowledged batch: the replica is damaged after restart.
+        victim = cluster.server(addresses[0])
+        damaged = cluster.damage_replica(victim.address, meta.id, 0, below=20)
+        assert damaged is not None and damaged.base_offset + damaged.count <= 20
+        await asyncio.to_thread(cluster.wait_servers_alive)
+        rpc = await RpcClient.connect(victim.address)
+        try:
+            header, _ = await rpc.call(Opcode.DESCRIBE_RANGE,
+                                       {"stream_id": meta.id, "range_index": 0})
+        finally:
+            await rpc.close()
+        assert not damaged.last_in_segment, damaged  # mid-log: a scan cannot call it torn
+        assert header["damaged"] is True, header
+
+        # A wiped data dir: a new identity at the same address (and the same proxy).
+        other = cluster.server(addresses[1])
+        old_id, old_proxy = other.server_id, other.proxy
+        new_id = await asyncio.to_thread(cluster.wipe, other.address)
+        assert new_id != old_id and other.address == addresses[1] and other.proxy is old_proxy
+        assert new_id in {s["id"] for s in cluster.alive_servers()}
+
+        # A whole-cluster crash: every process killed at once and started again.
+        pids = [s.process.pid for s in cluster.servers if s.process is not None]
+        await asyncio.to_thread(cluster.crash_all)
+        assert all(s.alive() for s in cluster.servers)
+        assert not {s.process.pid for s in cluster.servers if s.process} & set(pids)
+        assert [s.server_id for s in cluster.servers if s.address == other.address] == [new_id]
+
+        # The PD leader killed and restarted: a new leader is elected.
+        leader = await asyncio.to_thread(cluster.kill_pd_leader)
+        assert await asyncio.to_thread(cluster.pd.leader) != leader
+        await asyncio.to_thread(cluster.restart_pd, leader)
+        assert cluster.pd.nodes[leader].alive()
+
+        # Paused: the process stops answering; resumed: it answers again.
+        third = cluster.server(addresses[2])
+        cluster.pause(third.address)
+        rpc = await RpcClient.connect(third.address)
+        try:
+            with pytest.raises(Timeout):
+                await rpc.call(Opcode.PING, timeout_s=short_timeout_s)
+            cluster.resume(third.address)
+            header, _ = await rpc.call(Opcode.PING, timeout_s=5.0)
+            assert header["server_id"] == third.server_id
+        finally:
+            await rpc.close()
