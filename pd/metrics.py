@@ -10,6 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+WRITER_RECOVERIES_TOTAL: Final = "estream_writer_recoveries_total"
+WRITER_RECOVERIES_HELP: Final = (
+    "Open ranges the PD leader recovered after their writer's lease ran out, by outcome "
+    "(sealed, kept, unavailable, superseded, failed).")
+
 LATENCY_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                             1.0, 2.5, 5.0)
 

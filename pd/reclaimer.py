@@ -9,9 +9,16 @@ the log segments nothing else needs (``rangeserver/retention.py``), so deleting 
 trimming a stream frees disk space on every server that held it. A server that does not
 answer is tried again next round; a drop is idempotent.
 
-``busy`` is shared with the :class:`~pd.repairer.Repairer`: the ranges one of them is
-working on. A repair does not start on a range being dropped, and a moved replica is not
-dropped while its range is being repaired; both check and mark it without an ``await``
+Each listing also tells repair which replicas are sealed, and where
+(:class:`~pd.repair.SealedReports`): one sealed whole at an end other than the catalog's
+is seen here (and in heartbeats, a window at a time). Requests name the server they are
+meant for (``"server_id"``): a server with another identity at that address answers
+WrongServer, and nothing is dropped there.
+
+``busy`` is shared with the :class:`~pd.repairer.Repairer` (and the writer-lease
+:class:`~pd.recoverer.Recoverer`): the ranges one of them is working on. A repair does
+not start on a range being dropped, and a moved replica is not dropped while its range
+is being repaired; both check and mark it without an ``await``
 in between, so the two never interleave on one range.
 
 Side effects: network (range servers through a :class:`ConnectionPool`).
@@ -26,7 +33,7 @@ from estream.errors import EstreamError
 from estream.protocol import Opcode
 from estream.rpc import ConnectionPool
 from pd.reclaim import Drop, Suspects, confirmed, droppable
-from pd.repair import RangeKey
+from pd.repair import RangeKey, parse_listing
 from pd.rounds import leader_rounds
 from pd.service import PdService
 
@@ -86,16 +93,18 @@ class Reclaimer:
                 continue
             try:
                 answer, _ = await self.pool.call(
-                    server.address, Opcode.LIST_RANGES, {}, timeout_s=rpc_timeout_s)
-                listed = answer.get("ranges")
+                    server.address, Opcode.LIST_RANGES, {"server_id": server.id},
+                    timeout_s=rpc_timeout_s)
+                raw = answer.get("ranges")
+                listed = raw if isinstance(raw, list) else []
+                self.service.sealed_reports.observe(server.id, parse_listing(listed))
                 view = self.service.view()  # after the listing: what the catalog says now
                 drops, suspected = confirmed(server.id, droppable(
-                    listed if isinstance(listed, list) else [],
-                    view.streams.values(), view.next_stream_id, server.id, self.busy,
+                    listed, view.streams.values(), view.next_stream_id, server.id, self.busy,
                 ), self.suspects)
                 suspects.update(suspected)
                 for drop in drops[:budget]:
-                    dropped += await self._drop(server.address, drop)
+                    dropped += await self._drop(server.address, server.id, drop)
                     budget -= 1
             except EstreamError as exc:
                 log.warning("reclaiming on range server %s failed: %s", server.id, exc)
@@ -111,14 +120,15 @@ class Reclaimer:
         held = None if stream is None else stream.range_at(drop.range_index)
         return held is not None and tuple(ref.id for ref in held.replicas) == drop.placement
 
-    async def _drop(self, address: str, drop: Drop) -> int:
+    async def _drop(self, address: str, server_id: str, drop: Drop) -> int:
         """Drop one replica; returns 1, or 0 when it was left alone after all."""
         key = (drop.stream_id, drop.range_index)
         if key in self.busy or (drop.reason == "moved" and not self._still_moved(drop)):
             return 0
         self.busy.add(key)
         try:
-            header = {"stream_id": drop.stream_id, "range_index": drop.range_index}
+            header = {"stream_id": drop.stream_id, "range_index": drop.range_index,
+                      "server_id": server_id}
             await self.pool.call(address, Opcode.DROP_RANGE, header, timeout_s=rpc_timeout_s)
         finally:
             self.busy.discard(key)

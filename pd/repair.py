@@ -1,34 +1,60 @@
-"""Repair planning (BookKeeper's autorecovery): which sealed ranges lack live replicas,
-where to copy them from, and where to.
+"""Repair planning (BookKeeper's autorecovery): which sealed ranges lack sound replicas,
+or have replicas that do not end where the catalog says, where to copy from, and where to.
 
-A replica of a sealed range (as the catalog lists it) is, for repair, one of:
+A replica of a sealed range ``[start, end)`` (as the catalog lists it) is, for repair, one
+of (first matching row):
 
-====================================================  ===========  =================
-what PD knows of the replica's server                  health       role
-====================================================  ===========  =================
-no heartbeat for ``repair_after_ms`` or more           MISSING      replaced ("dead")
-no heartbeat for less (suspected: maybe a restart)     UNAVAILABLE  neither
-alive, reports the replica damaged                     MISSING      replaced ("damaged")
-alive, reports it short (end below the range's end)    MISSING      replaced ("short")
-  for ``repair_after_ms`` or more
-alive, reports it short for less (the writer that      UNAVAILABLE  neither
-  sealed the range may still be healing it)
-alive, reports nothing about it                        HEALTHY      a copy source
-====================================================  ===========  =================
+======================================================  ===========  =====================
+what PD knows of the replica                              health       what repair does
+======================================================  ===========  =====================
+no heartbeat for ``repair_after_ms`` or more              MISSING      replaced ("dead")
+no heartbeat for less (suspected: maybe a restart)        UNAVAILABLE  nothing yet
+reported damaged                                          MISSING      replaced ("damaged")
+reported sealed at another end (below or above)           MISSING      replaced ("missealed")
+reported short (holds less than ``end``) for              MISSING      "short": an open one
+  ``repair_after_ms`` or more                                          healed in place, a
+                                                                       sealed one replaced
+reported short for less (the writer that sealed the      UNAVAILABLE  nothing yet
+  range may still be healing it)
+reported open, holding the whole range                    HEALTHY      a source; SEALed at
+                                                                       ``end`` in place
+                                                                       ("unsealed")
+reported nothing, or sealed at ``end`` and whole          HEALTHY      a source
+======================================================  ===========  =====================
 
-A short, open replica on a live server is healed in place first (target = its own server: the
-missing tail is copied and it is sealed; placement does not change); only if that failed
-(``avoid``) is it replaced like the others.
+Where it is done:
 
-Range servers report only problem replicas in their heartbeat load (``problem_replicas``:
-damaged, sealed short, or open; see ``rangeserver/replica.py``), so "reports nothing" means
-it holds the replica sealed and whole. A range with MISSING replicas gets one
-:class:`RepairTask`: its HEALTHY replicas as sources (best first), and as many new targets
-as there are missing replicas (chosen by ``pd/placement.py`` among live servers, never a
-current replica), at most ``tasks_max`` per round, the ranges with the fewest healthy
-copies first. Empty sealed ranges (``start == end``) hold nothing to lose and are skipped.
+- *in place* (its own server is the target; placement does not change): an open short
+  replica is healed (the missing tail copied, then SEAL at ``end``); an open whole one is
+  just SEALed at ``end`` (a SEAL below what it holds is accepted: what lies past ``end``
+  was never acknowledged). The writer and recovery record a seal in PD *before* they SEAL
+  the replicas, and may die in between: this finishes their work.
+- *replaced* (a new server, chosen by ``pd/placement.py`` among live servers that are not
+  replicas of the range, nor targets that failed for it): dead, damaged, sealed at another
+  end, sealed short, or an in-place heal that failed (``avoid``).
+- *dropped and copied again in place* (``RepairTask.drop_first``): a replica sealed at
+  another end or sealed short when no spare server is left (a cluster of exactly
+  ``replica_count`` servers): ``DROP_RANGE``, then a whole copy from a healthy source.
+  Only with a healthy source (every task needs one); a dead or damaged replica never is.
 
-Pure: no I/O (the caller passes the clock, the catalog and the servers' heartbeats).
+Damaged replicas, replicas on a server with another identity (answering ``WrongServer``;
+a wiped server registers a new id, so the old one falls silent and counts as dead), and
+replicas sealed at another end are never sources. Copies stop at ``end``: nothing past the
+catalog's end is copied.
+
+What PD knows of a replica comes from the heartbeat load's ``problem_replicas`` (damaged,
+open and sealed-short replicas every time, sealed whole ones a window at a time, each with
+``sealed_end``) and the reclaimer's periodic ``LIST_RANGES`` of every live server
+(:func:`parse_listing`). Sealed replicas are remembered across both
+(:class:`SealedReports`); the last heartbeat wins where it speaks. A replica a server
+does not mention at all counts as sealed whole.
+
+A range with something to do gets one :class:`RepairTask`: its HEALTHY replicas as sources
+(best first) and one target per replica to fix, at most ``tasks_max`` per round, the
+ranges with the fewest healthy copies first. Empty sealed ranges (``start == end``) hold
+nothing to lose and are skipped.
+
+Pure: no I/O (the caller passes the clock, the catalog and the servers' reports).
 """
 
 from __future__ import annotations
@@ -48,7 +74,10 @@ ShortKey = tuple[str, int, int]  # (server_id, stream_id, range_index)
 REASON_DEAD: Final = "dead"
 REASON_DAMAGED: Final = "damaged"
 REASON_SHORT: Final = "short"
-_REASON_ORDER: Final = {REASON_DAMAGED: 0, REASON_DEAD: 1, REASON_SHORT: 2}
+REASON_MISSEALED: Final = "missealed"
+REASON_UNSEALED: Final = "unsealed"
+_REASON_ORDER: Final = {REASON_DAMAGED: 0, REASON_DEAD: 1, REASON_MISSEALED: 2,
+                        REASON_SHORT: 3, REASON_UNSEALED: 4}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +88,12 @@ class ReplicaReport:
     range_index: int
     damaged: bool
     sealed: bool
-    end: int  # what it holds: its durable end (sealed: min(end, sealed end))
+    end: int  # what it serves: its durable end (sealed: min(end, sealed end))
+    sealed_end: int | None = None  # where it is sealed (None: open, or not reported)
+
+    def sealed_elsewhere(self, end: int) -> bool:
+        """Sealed at an end other than ``end`` (the catalog's)."""
+        return self.sealed and self.sealed_end is not None and self.sealed_end != end
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +117,10 @@ class Health(Enum):
 
 @dataclass(frozen=True, slots=True)
 class RepairTask:
-    """Copy one sealed range to ``targets`` (one per ``missing`` replica, same order),
-    then set its replicas to :attr:`new_replicas` if they are still ``replicas``."""
+    """Bring one sealed range's ``missing`` replicas back: copy (or just SEAL) it to
+    ``targets`` (one per ``missing`` replica, same order; a target equal to its missing
+    replica is in place, and those in ``drop_first`` are dropped before the copy), then
+    set its replicas to :attr:`new_replicas` if they are still ``replicas``."""
 
     stream: str
     stream_id: int
@@ -97,6 +133,7 @@ class RepairTask:
     reasons: tuple[str, ...]  # why each missing replica is replaced
     targets: tuple[str, ...]
     sources: tuple[str, ...]  # healthy replicas, best first
+    drop_first: tuple[str, ...] = ()  # in-place targets to DROP_RANGE before copying
 
     @property
     def key(self) -> RangeKey:
@@ -128,39 +165,112 @@ class RepairPlan:
 # -------------------------------------------------------------------------- reports
 
 
+def _report(item: object, *, listed: bool) -> ReplicaReport | None:
+    if not isinstance(item, Mapping):
+        return None
+    sid, idx, end = item.get("stream_id"), item.get("range_index"), item.get("end")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (sid, idx, end)):
+        return None
+    assert isinstance(sid, int) and isinstance(idx, int) and isinstance(end, int)
+    sealed = bool(item.get("sealed", False))
+    raw_sealed_end = item.get("sealed_end")
+    sealed_end = raw_sealed_end if isinstance(raw_sealed_end, int) and sealed else None
+    if listed and sealed_end is not None:
+        end = min(end, sealed_end)  # a listing gives the durable end; a report what it serves
+    return ReplicaReport(sid, idx, bool(item.get("damaged", False)), sealed, end, sealed_end)
+
+
 def parse_reports(load: Mapping[str, Any]) -> dict[RangeKey, ReplicaReport]:
     """The ``problem_replicas`` of a heartbeat load, keyed by range; malformed entries
     (an older or buggy server) are ignored.
 
     >>> parse_reports({"problem_replicas": [
-    ...     {"stream_id": 1, "range_index": 0, "damaged": True, "sealed": True, "end": 7},
-    ...     {"stream_id": "x"}]})
-    {(1, 0): ReplicaReport(stream_id=1, range_index=0, damaged=True, sealed=True, end=7)}
+    ...     {"stream_id": 1, "range_index": 0, "damaged": True, "sealed": True, "end": 7,
+    ...      "sealed_end": 9},
+    ...     {"stream_id": "x"}]})[(1, 0)]
+    ReplicaReport(stream_id=1, range_index=0, damaged=True, sealed=True, end=7, sealed_end=9)
     """
     found: dict[RangeKey, ReplicaReport] = {}
     raw = load.get("problem_replicas")
     if not isinstance(raw, list):
         return found
     for item in raw:
-        if not isinstance(item, Mapping):
-            continue
-        sid, idx, end = item.get("stream_id"), item.get("range_index"), item.get("end")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (sid, idx, end)):
-            continue
-        assert isinstance(sid, int) and isinstance(idx, int) and isinstance(end, int)
-        found[(sid, idx)] = ReplicaReport(
-            sid, idx, bool(item.get("damaged", False)), bool(item.get("sealed", False)), end
-        )
+        report = _report(item, listed=False)
+        if report is not None:
+            found[(report.stream_id, report.range_index)] = report
     return found
+
+
+def parse_listing(listed: Iterable[object]) -> list[ReplicaReport]:
+    """The well-formed entries of a server's ``LIST_RANGES`` answer as reports (its
+    ``end`` is the durable end: a report's is what it serves, so a sealed one's is cut at
+    its sealed end).
+
+    >>> parse_listing([{"stream_id": 1, "range_index": 0, "end": 12, "sealed": True,
+    ...                 "sealed_end": 10}, "junk"])
+    [ReplicaReport(stream_id=1, range_index=0, damaged=False, sealed=True, end=10, sealed_end=10)]
+    """
+    found = (_report(item, listed=True) for item in listed)
+    return [r for r in found if r is not None]
+
+
+class SealedReports:
+    """The last report of every sealed replica, per server, across heartbeats and
+    listings. Range servers report sealed whole replicas a window at a time (and
+    ``LIST_RANGES`` every few seconds), while repair plans from one moment: a replica
+    sealed at another end must not be forgotten because the last heartbeat spoke of
+    others. A sealed replica's end never changes; a report of the same replica open again
+    (dropped and created anew) replaces it. Repair checks a replica with DESCRIBE_RANGE
+    before it drops one, so a stale report costs a request, never a copy.
+
+    >>> m = SealedReports()
+    >>> m.observe("a", [ReplicaReport(1, 0, False, True, 9, 9),
+    ...                 ReplicaReport(1, 1, False, False, 3)])
+    >>> m.observe("a", [ReplicaReport(1, 2, False, True, 5, 5)])
+    >>> sorted(m.reports("a"))
+    [(1, 0), (1, 2)]
+    >>> m.observe("a", [ReplicaReport(1, 0, False, False, 0)])  # created anew, open
+    >>> sorted(m.reports("a")), m.reports("b")
+    ([(1, 2)], {})
+    """
+
+    def __init__(self) -> None:
+        self._by_server: dict[str, dict[RangeKey, ReplicaReport]] = {}
+
+    def observe(self, server_id: str, reports: Iterable[ReplicaReport]) -> None:
+        known = self._by_server.setdefault(server_id, {})
+        for report in reports:
+            key = (report.stream_id, report.range_index)
+            if report.sealed and report.sealed_end is not None:
+                known[key] = report
+            else:
+                known.pop(key, None)
+
+    def forget(self, server_id: str, key: RangeKey) -> None:
+        self._by_server.get(server_id, {}).pop(key, None)
+
+    def reports(self, server_id: str) -> dict[RangeKey, ReplicaReport]:
+        return dict(self._by_server.get(server_id, {}))
+
+    def prune(self, streams: Iterable[StreamMeta]) -> None:
+        """Forget replicas of ranges the catalog no longer places on their server."""
+        placed = {(ref.id, (s.id, r.index)) for s in streams for r in s.ranges
+                  for ref in r.replicas}
+        for server_id, known in self._by_server.items():
+            for key in [k for k in known if (server_id, k) not in placed]:
+                del known[key]
+
+
+def _short(report: ReplicaReport | None, rng: RangeMeta) -> bool:
+    """Holds less than the range (and is neither damaged nor sealed at another end)."""
+    return (report is not None and not report.damaged and rng.end is not None
+            and not report.sealed_elsewhere(rng.end) and report.end < rng.end)
 
 
 def _short_report(server: ServerState | None, stream_id: int, rng: RangeMeta) -> bool:
     if server is None or not server.alive:
         return False
-    report = server.reports.get((stream_id, rng.index))
-    return report is not None and not report.damaged and rng.end is not None and (
-        report.end < rng.end
-    )
+    return _short(server.reports.get((stream_id, rng.index)), rng)
 
 
 def track_short(
@@ -206,7 +316,8 @@ def replica_health(
     now_ms: int,
     repair_after_ms: int,
 ) -> tuple[Health, str]:
-    """The table of the module docstring, for one replica of a sealed range."""
+    """The table of the module docstring, for one replica of a sealed range: its health,
+    and for MISSING ones (and HEALTHY ones to SEAL in place, "unsealed") the reason."""
     server = servers.get(server_id)
     if server is None:
         return Health.MISSING, REASON_DEAD  # no longer registered: nothing will serve it
@@ -217,14 +328,19 @@ def replica_health(
     report = server.reports.get((stream_id, rng.index))
     if report is None:
         return Health.HEALTHY, ""
+    assert rng.end is not None
     if report.damaged:
         return Health.MISSING, REASON_DAMAGED
-    if _short_report(server, stream_id, rng):
+    if report.sealed_elsewhere(rng.end):
+        return Health.MISSING, REASON_MISSEALED
+    if _short(report, rng):
         since = short_since.get((server_id, stream_id, rng.index), now_ms)
         if now_ms - since >= repair_after_ms:
             return Health.MISSING, REASON_SHORT
         return Health.UNAVAILABLE, ""
-    return Health.HEALTHY, ""  # open but already holding the whole range
+    if not report.sealed:
+        return Health.HEALTHY, REASON_UNSEALED  # whole but open: SEAL it at the end
+    return Health.HEALTHY, ""
 
 
 # ------------------------------------------------------------------------- planning
@@ -234,7 +350,7 @@ def replica_health(
 class _Need:
     stream: StreamMeta
     rng: RangeMeta
-    missing: tuple[str, ...]
+    missing: tuple[str, ...]  # MISSING replicas, and HEALTHY ones to seal in place
     reasons: tuple[str, ...]
     healthy: tuple[str, ...]
 
@@ -258,10 +374,10 @@ def _needs(
                 health, reason = replica_health(
                     ref.id, stream.id, rng, servers, short_since, now_ms, repair_after_ms
                 )
-                if health is Health.MISSING:
-                    missing.append((ref.id, reason))
-                elif health is Health.HEALTHY:
+                if health is Health.HEALTHY:
                     healthy.append(ref.id)
+                if reason:
+                    missing.append((ref.id, reason))
             if missing:
                 missing.sort(key=lambda m: _REASON_ORDER[m[1]])
                 out.append(_Need(stream, rng, tuple(m[0] for m in missing),
@@ -270,13 +386,11 @@ def _needs(
     return out
 
 
-def _open_report(
+def _report_of(
     servers: Mapping[str, ServerState], server_id: str, stream: StreamMeta, rng: RangeMeta
-) -> bool:
-    """The server reports its replica open (a sealed one accepts no appends)."""
+) -> ReplicaReport | None:
     server = servers.get(server_id)
-    report = server.reports.get((stream.id, rng.index)) if server is not None else None
-    return report is not None and not report.sealed
+    return server.reports.get((stream.id, rng.index)) if server is not None else None
 
 
 def _candidates(servers: Mapping[str, ServerState]) -> dict[str, Candidate]:
@@ -284,6 +398,32 @@ def _candidates(servers: Mapping[str, ServerState]) -> dict[str, Candidate]:
         s.id: Candidate(s.id, s.storage_class, s.alive, s.ranges, s.bytes)
         for s in servers.values()
     }
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where each replica of one need is brought back."""
+
+    in_place: list[tuple[str, str]]  # SEAL, or heal then SEAL, on its own server
+    moved: list[tuple[str, str]]  # to a new server if one is free, else ...
+    droppable: list[tuple[str, str]]  # ... dropped and copied again in place
+
+
+def _where(need: _Need, servers: Mapping[str, ServerState], avoided: Collection[str]) -> _Where:
+    where = _Where([], [], [])
+    for m, r in zip(need.missing, need.reasons, strict=True):
+        report = _report_of(servers, m, need.stream, need.rng)
+        opened = report is not None and not report.sealed
+        if m in avoided:
+            if r != REASON_UNSEALED:  # a healthy replica that would not take the SEAL
+                where.moved.append((m, r))  # stays a source; anything else is replaced
+        elif r == REASON_UNSEALED or (r == REASON_SHORT and opened):
+            where.in_place.append((m, r))
+        elif r == REASON_MISSEALED or (r == REASON_SHORT and not opened):
+            where.droppable.append((m, r))
+        else:
+            where.moved.append((m, r))
+    return where
 
 
 def plan_repairs(
@@ -298,7 +438,7 @@ def plan_repairs(
     avoid: Mapping[RangeKey, Collection[str]] | None = None,
 ) -> RepairPlan:
     """The repairs to run now (at most ``tasks_max``; ranges in ``busy`` are being
-    repaired already; ``avoid`` names targets that failed for a range).
+    worked on already; ``avoid`` names targets that failed for a range).
 
     Worked example: range 0 of "s" ``[0, 10)`` on a, b, c; c has been silent for 12 s;
     d is alive and free. With the default 10 s grace, c is replaced by d, copied from a:
@@ -319,6 +459,18 @@ def plan_repairs(
     >>> servers["c"] = ServerState("c", alive=False, silent_ms=3_000)
     >>> plan_repairs([s], servers, now_ms=50_000).tasks
     ()
+
+    No spare server (only a, b, c): b is sealed at 12 (above the catalog's 10), c is
+    open holding 11 (a seal recorded in PD, then the sealer died). c is SEALed at 10 in
+    place; b is dropped and copied again in place, from a or c:
+
+    >>> def rep(end, sealed_end=None):
+    ...     return {(7, 0): ReplicaReport(7, 0, False, sealed_end is not None, end, sealed_end)}
+    >>> servers = {"a": ServerState("a"), "b": ServerState("b", reports=rep(12, 12)),
+    ...            "c": ServerState("c", reports=rep(11))}
+    >>> [(t.missing, t.reasons, t.targets, t.drop_first, t.sources, t.new_replicas)
+    ...  for t in plan_repairs([s], servers, now_ms=50_000).tasks]
+    [(('c', 'b'), ('unsealed', 'missealed'), ('c', 'b'), ('b',), ('a', 'c'), ('a', 'b', 'c'))]
     """
     short_since = short_since or {}
     avoid = avoid or {}
@@ -335,27 +487,32 @@ def plan_repairs(
             skipped.append(Skipped(stream.name, stream.id, rng.index, "no healthy source"))
             continue
         avoided = set(avoid.get((stream.id, rng.index), ()))
-        # A short replica on a live server is healed in place (its tail copied, then
-        # sealed): cheaper, no placement change, and possible with no spare server.
-        in_place = [
-            (m, r) for m, r in zip(need.missing, need.reasons, strict=True)
-            if r == REASON_SHORT and m not in avoided and _open_report(servers, m, stream, rng)
-        ]
-        moved = [(m, r) for m, r in zip(need.missing, need.reasons, strict=True)
-                 if (m, r) not in in_place]
+        where = _where(need, servers, avoided)
+        # Replicas that must move get the free servers first; those that can be dropped
+        # and copied again in place take what is left, and stay in place without.
         excluded = {r.id for r in rng.replicas} | avoided
         eligible = [c for c in candidates.values() if c.alive and c.id not in excluded]
-        count = min(len(moved), len(eligible))
-        if count + len(in_place) == 0:
+        wanting = where.moved + where.droppable
+        count = min(len(wanting), len(eligible))
+        dropped = where.droppable[max(0, count - len(where.moved)):]
+        if count + len(where.in_place) + len(dropped) == 0:
             skipped.append(Skipped(stream.name, stream.id, rng.index, "no target"))
             continue
         targets = choose_replicas(eligible, count, hints=stream.hints) if count else ()
         for t in targets:  # spread this round's copies over the servers
             candidates[t] = replace(candidates[t], ranges=candidates[t].ranges + 1)
-        chosen = moved[:count] + in_place
+        here = where.in_place + dropped
+        chosen = wanting[:count] + here
         tasks.append(RepairTask(
             stream.name, stream.id, rng.index, rng.start, rng.end or rng.start, stream.epoch,
             tuple(r.id for r in rng.replicas), tuple(m for m, _ in chosen),
-            tuple(r for _, r in chosen), targets + tuple(m for m, _ in in_place), need.healthy,
+            tuple(r for _, r in chosen), targets + tuple(m for m, _ in here),
+            _sources(need, here), tuple(m for m, _ in dropped),
         ))
     return RepairPlan(tuple(tasks), tuple(skipped), deferred)
+
+
+def _sources(need: _Need, here: list[tuple[str, str]]) -> tuple[str, ...]:
+    """Healthy replicas, those already sealed (not SEALed in place this round) first."""
+    sealing = {m for m, r in here if r == REASON_UNSEALED}
+    return tuple(sorted(need.healthy, key=lambda h: h in sealing))

@@ -7,6 +7,9 @@ sealed range to every target, then proposes ``update_replicas`` with the old rep
 ``expected`` (compare-and-set through Raft, so a deposed leader finishing late cannot
 overwrite a newer placement). Copying one range to one target::
 
+    (drop first)            DESCRIBE_RANGE target: sealed at the end and whole -> done;
+                            sealed elsewhere or short -> DESCRIBE a source (sound, holding
+                            the range), then DROP_RANGE target
     DESCRIBE_RANGE target   absent -> create later; damaged / other start / sealed at
                             another end -> this target is avoided for the range
                             sealed at the end -> already copied (a retry): done
@@ -14,10 +17,15 @@ overwrite a newer placement). Copying one range to one target::
         CREATE_RANGE target (start, first batch's epoch) once, APPEND each batch as is
         (same range index and epoch; duplicates are acknowledged, so a retry after a
         crash midway resumes), next source on any source error or short answer
-        (an existing replica fenced at a newer epoch gets the batches restamped to it)
+        (an existing replica fenced at a newer epoch gets the batches restamped to it);
+        nothing at or past the range's end is ever copied
     SEAL target (stream epoch, end)
 
-A short open replica healed in place is its own target; its placement does not change.
+A replica kept in place (a short open one healed, a whole open one just SEALed at the
+end, one sealed elsewhere dropped and copied again) is its own target; its placement does
+not change. Every request names the server it is meant for (``"server_id"``): a server
+with another identity at that address (a wiped disk) answers WrongServer, so it is never
+a source, and a target there fails (and is avoided).
 
 Side effects: network (range servers through a :class:`ConnectionPool`, PD through Raft).
 """
@@ -32,7 +40,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from estream import limits
-from estream.errors import Conflict, EstreamError, OffsetGap, RangeNotFound, Timeout
+from estream.errors import (
+    Conflict,
+    EstreamError,
+    OffsetGap,
+    RangeNotFound,
+    Timeout,
+    Unavailable,
+)
 from estream.meta import StreamMeta
 from estream.protocol import Opcode
 from estream.record import BatchHeader, iter_batches, restamp, verify_batch
@@ -79,6 +94,7 @@ class _Copy:
 
     task: RepairTask
     target: str  # address
+    target_id: str
     offset: int
     created: bool
     epoch: int = 0  # the target replica's epoch: older batches are restamped up to it
@@ -86,7 +102,13 @@ class _Copy:
 
     @property
     def ids(self) -> Header:
-        return {"stream_id": self.task.stream_id, "range_index": self.task.range_index}
+        return _ids(self.task, self.target_id)
+
+
+def _ids(task: RepairTask, server_id: str) -> Header:
+    """The header naming ``task``'s replica on ``server_id`` (checked by that server)."""
+    return {"stream_id": task.stream_id, "range_index": task.range_index,
+            "server_id": server_id}
 
 
 class Repairer:
@@ -132,6 +154,7 @@ class Repairer:
         view = service.view()
         open_ranges = view.open_ranges_by_server()
         out: dict[str, ServerState] = {}
+        memory = service.sealed_reports
         for server in view.servers.values():
             beat = service.liveness.last(server.id)
             heard_ms = beat.at_ms if beat is not None else service.liveness.started_ms
@@ -144,7 +167,8 @@ class Repairer:
                 max(0, now - heard_ms),
                 open_ranges.get(server.id, 0),
                 load_bytes if isinstance(load_bytes, int) else 0,
-                parse_reports(load),
+                # sealed replicas heard of before, then the last heartbeat's reports
+                {**memory.reports(server.id), **parse_reports(load)},
             )
         return out
 
@@ -152,6 +176,7 @@ class Repairer:
         """Plan once and run the round's tasks; returns the plan."""
         now = self.clock_ms()
         streams = list(self.service.view().streams.values())
+        self.service.sealed_reports.prune(streams)
         servers = self.servers()
         self.short_since = track_short(self.short_since, streams, servers, now)
         plan = plan_repairs(
@@ -228,19 +253,23 @@ class Repairer:
     async def copy(self, task: RepairTask, target_id: str) -> int:
         """Make ``target_id`` hold the whole range, sealed; returns the bytes copied."""
         target = self._address(target_id)
-        ids = {"stream_id": task.stream_id, "range_index": task.range_index}
+        ids = _ids(task, target_id)
+        if target_id in task.drop_first and await self._drop_in_place(task, target, ids):
+            return 0
         state = await self._describe_target(task, target, ids)
         if state is not None and state.get("sealed"):
             return 0  # an earlier attempt finished the copy
         have = int(state["end"]) if state is not None else task.start
-        copy = _Copy(task, target, have, created=state is not None,
+        copy = _Copy(task, target, target_id, have, created=state is not None,
                      epoch=int(state.get("epoch", 0)) if state is not None else 0)
         last: EstreamError = Timeout("no source to copy from")
         for source_id in task.sources:
             if copy.offset >= task.end:
                 break
+            if source_id == target_id:
+                continue
             try:
-                await self._copy_from(copy, self._address(source_id))
+                await self._copy_from(copy, self._address(source_id), source_id)
             except EstreamError as exc:
                 log.info("repair source %s of stream %r range %d: %s",
                          source_id, task.stream, task.range_index, exc)
@@ -251,7 +280,56 @@ class Repairer:
             await self._target(copy, Opcode.CREATE_RANGE,
                                {**ids, "start": task.start, "epoch": task.epoch})
         await self._target(copy, Opcode.SEAL, {**ids, "epoch": task.epoch, "end": task.end})
+        self.service.sealed_reports.forget(target_id, task.key)  # heard of again, sealed
         return copy.copied_bytes
+
+    async def _drop_in_place(self, task: RepairTask, target: str, ids: Header) -> bool:
+        """A replica sealed at another end (or sealed short) with no spare server to
+        replace it: drop it so that the copy makes it anew. True when it turns out right
+        already (a stale report). Only once a source has answered that it holds the range
+        soundly: the replica is never dropped with nothing to copy from."""
+        try:
+            state, _ = await self.pool.call(target, Opcode.DESCRIBE_RANGE, ids,
+                                            timeout_s=rpc_timeout_s)
+        except RangeNotFound:
+            return False  # gone already (a drop that landed before a crash): copy it anew
+        except EstreamError as exc:
+            raise _TargetFailed(exc) from None
+        sealed_end = state.get("sealed_end")
+        if not state.get("sealed") or state.get("damaged"):
+            return False  # open: healed or sealed in place; damaged: _describe_target fails
+        if sealed_end == task.end and int(state.get("end", -1)) >= task.end:
+            self.service.sealed_reports.forget(ids["server_id"], task.key)
+            return True
+        await self._sound_source(task, exclude=ids["server_id"])
+        log.warning("stream %r range %d: dropping the replica on %s (sealed at %s, holding "
+                    "%s; the catalog's end is %d) to copy it again in place", task.stream,
+                    task.range_index, ids["server_id"], sealed_end, state.get("end"), task.end)
+        try:
+            await self.pool.call(target, Opcode.DROP_RANGE, ids, timeout_s=rpc_timeout_s)
+        except EstreamError as exc:
+            raise _TargetFailed(exc) from None
+        self.service.sealed_reports.forget(ids["server_id"], task.key)
+        return False
+
+    async def _sound_source(self, task: RepairTask, exclude: str) -> str:
+        """A source that answers (with its identity checked) that it holds the whole
+        range soundly; raises Unavailable when none does."""
+        for source_id in task.sources:
+            if source_id == exclude:
+                continue
+            try:
+                state, _ = await self.pool.call(
+                    self._address(source_id), Opcode.DESCRIBE_RANGE, _ids(task, source_id),
+                    timeout_s=rpc_timeout_s)
+            except EstreamError:
+                continue
+            sealed_end = state.get("sealed_end")
+            if (not state.get("damaged") and int(state.get("end", -1)) >= task.end
+                    and (not state.get("sealed") or sealed_end == task.end)):
+                return source_id
+        raise Unavailable(f"no sound source holds stream {task.stream!r} range "
+                          f"{task.range_index} [{task.start}, {task.end}) now")
 
     async def _describe_target(
         self, task: RepairTask, target: str, ids: Header
@@ -284,18 +362,21 @@ class Repairer:
             raise _TargetFailed(exc) from None
         return answer
 
-    async def _copy_from(self, copy: _Copy, source: str) -> None:
-        """Copy batches from ``source`` until the target holds the whole range."""
+    async def _copy_from(self, copy: _Copy, source: str, source_id: str) -> None:
+        """Copy batches from ``source`` until the target holds the whole range; never a
+        batch at or past the range's end (a source may hold more: an open replica)."""
         task = copy.task
         for _ in range(read_calls_max):
             if copy.offset >= task.end:
                 return
             _, payload = await self.pool.call(source, Opcode.READ, {
-                **copy.ids, "offset": copy.offset, "max_bytes": limits.read_bytes_max,
-                "wait_ms": 0, "unconfirmed": True,
+                **_ids(task, source_id), "offset": copy.offset,
+                "max_bytes": limits.read_bytes_max, "wait_ms": 0, "unconfirmed": True,
             }, timeout_s=rpc_timeout_s)
             progressed = False
             for header, raw in iter_batches(payload):
+                if copy.offset >= task.end:
+                    return
                 verify_batch(raw)  # ChecksumMismatch: never copy a bad batch; next source
                 if header.end_offset <= copy.offset:
                     continue
@@ -321,6 +402,7 @@ class Repairer:
             # records under its epoch (as the writer's own heal does).
             batch = memoryview(restamp(batch, range_index=header.range_index,
                                        epoch=copy.epoch, confirm_offset=header.confirm_offset))
-        await self._target(copy, Opcode.APPEND, {"deferred": False}, batch)
+        await self._target(copy, Opcode.APPEND,
+                           {"deferred": False, "server_id": copy.target_id}, batch)
         copy.offset = header.end_offset
         copy.copied_bytes += len(batch)

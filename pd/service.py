@@ -5,11 +5,19 @@ HTTP API in :mod:`pd.http`): reads come from this node's immutable catalog view;
 decide everything nondeterministic here (placement from this node's liveness view, request
 ids) and go through Raft as one command. Heartbeats are not replicated: every range
 server sends them to every PD node, and each node keeps them in its own
-:class:`~pd.liveness.Liveness`.
+:class:`~pd.liveness.Liveness` (and the sealed replicas they report in
+:class:`~pd.repair.SealedReports`). Writer leases are not replicated either: the leader
+keeps them in its :class:`~pd.lease.LeaseTable` (``PD_WRITER_KEEPALIVE``, ``PD_OPEN_WRITER``).
+
+Two operations also talk to range servers (:mod:`pd.rangeops`): ``delete_stream`` takes a
+new epoch and fences the open range's replicas at it before the stream is forgotten (so
+no append of an earlier writer can be acknowledged once the delete returned), and
+``trim_stream`` refuses a start past what readers can read.
 
 Message schemas: ``docs/ARCHITECTURE.md`` section 3.3.
 
-Side effects: none of its own (it drives :class:`~pd.raft.RaftNode`).
+Side effects: network to range servers (delete, trim), through :attr:`PdService.pool`;
+otherwise none of its own (it drives :class:`~pd.raft.RaftNode`).
 """
 
 from __future__ import annotations
@@ -20,10 +28,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from estream.errors import EstreamError, InvalidArgument, StreamExists, Unavailable
+from estream.errors import (
+    Conflict,
+    EstreamError,
+    Fenced,
+    InvalidArgument,
+    NotLeader,
+    StreamExists,
+    Unavailable,
+)
 from estream.meta import ServerInfo, StreamMeta
 from estream.protocol import Opcode
-from estream.rpc import Handler, Header, optional, require
+from estream.quorum import seal_quorum
+from estream.rpc import ConnectionPool, Handler, Header, optional, require
+from pd import rangeops
 from pd.catalog import CatalogView, PdNode, check_stream_args
 from pd.commands import (
     CreateStream,
@@ -35,13 +53,16 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
+from pd.lease import LeaseTable
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.placement import Candidate, choose_replicas
 from pd.raft import RaftNode
+from pd.repair import SealedReports, parse_reports
 
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
 catch_up_poll_s = 0.005
+delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
 
 
 def _now_ms() -> int:
@@ -63,6 +84,9 @@ class PdService:
         self.clock_ms = clock_ms
         self.liveness = Liveness(started_ms=clock_ms())
         self.metrics = Metrics()
+        self.sealed_reports = SealedReports()  # sealed replicas heard of (repair)
+        self.leases = LeaseTable()  # writer leases, while this node leads
+        self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
 
     # -- reads -----------------------------------------------------------------------
     def view(self) -> CatalogView:
@@ -197,10 +221,70 @@ class PdService:
         return _stream(await self.raft.propose(replace(command, placement=placement)))
 
     async def delete_stream(self, name: str) -> None:
-        await self.raft.propose(DeleteStream(name))
+        """Forget ``name``, once no writer can have an append acknowledged any more: a
+        new epoch through Raft (PD refuses the older writers' seals and rolls from then
+        on), the open range's replicas fenced at it (a quorum, so that no older append can
+        gather ``ack_count`` acknowledgements), then the delete, compare-and-set on that
+        epoch (a writer that opened meanwhile was not fenced: start over). A stream no
+        writer ever opened (epoch 0) has nothing to fence. Raises Unavailable, deleting
+        nothing, when too few replicas answer the fence."""
+        for _ in range(delete_attempts_max):
+            stream = (await self._decision_view()).stream(name)
+            try:
+                if stream.epoch > 0:
+                    stream = await self.open_writer(name, expected_epoch=stream.epoch)
+                    await self._fence_open_range(stream)
+                await self.raft.propose(DeleteStream(name, stream.epoch))
+                return
+            except Conflict:
+                continue  # a writer opened meanwhile: fence it too
+        raise Unavailable(f"stream {name!r} not deleted: writers kept opening it")
 
-    async def open_writer(self, name: str) -> StreamMeta:
-        return _stream(await self.raft.propose(OpenWriter(name)))
+    async def _fence_open_range(self, stream: StreamMeta) -> None:
+        last = stream.last_range
+        if last is None or last.sealed:
+            return
+        results = await rangeops.fence(self.pool, stream, last, stream.epoch)
+        fenced = [r for r, error in results.items() if error is None]
+        needed = seal_quorum(len(last.replicas), stream.ack_count)
+        if len(fenced) < needed:
+            failures = "; ".join(f"{r}: {type(e).__name__}" for r, e in results.items() if e)
+            raise Unavailable(
+                f"stream {stream.name!r} not deleted: only {len(fenced)} of "
+                f"{len(last.replicas)} replicas of its open range {last.index} could be "
+                f"fenced ({needed} needed, so that no earlier writer's append can still be "
+                f"acknowledged); {failures}")
+
+    async def open_writer(self, name: str, *, expected_epoch: int = -1) -> StreamMeta:
+        """A new epoch for ``name`` (with ``expected_epoch``: only if it is still that
+        one). On the leader, the new epoch's writer lease starts now."""
+        stream = _stream(await self.raft.propose(OpenWriter(name, expected_epoch)))
+        status = self.raft.status()
+        if status.role == "leader":
+            now = self.clock_ms()
+            self.leases.lead(status.term, now)
+            self.leases.renew(name, stream.epoch, now)
+        return stream
+
+    async def keepalive_writer(self, name: str, epoch: int) -> None:
+        """The writer of ``epoch`` is alive: renew its lease (leader only; the table is
+        not replicated). Fenced when a newer epoch exists, StreamNotFound once deleted."""
+        status = self.raft.status()
+        if status.role != "leader":
+            if status.leader is None:
+                raise Unavailable("the placement driver has no leader (no majority reachable)")
+            by_raft = {n.raft: n.rpc for n in self.view().pd_nodes.values()}
+            raise NotLeader("writer leases are kept by the leader",
+                            leader_hint=by_raft.get(status.leader))
+        # Caught up first: a new leader still applying the log could miss the stream
+        # (and StreamNotFound fences the writer).
+        stream = (await self._decision_view()).stream(name)
+        if epoch < stream.epoch:
+            raise Fenced(f"stream {name!r}: epoch {epoch} is fenced by {stream.epoch}",
+                         epoch=epoch, current_epoch=stream.epoch)
+        now = self.clock_ms()
+        self.leases.lead(status.term, now)
+        self.leases.renew(name, epoch, now)
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
@@ -220,6 +304,19 @@ class PdService:
             SealRange(name, epoch, range_index, end, placement)))
 
     async def trim_stream(self, name: str, start_offset: int) -> StreamMeta:
+        """Move the stream's start to ``start_offset``; never past what readers can read
+        (the sealed end of the last range, or the most a sound replica of the open one
+        serves): records below the start are gone for readers, so an acknowledged record
+        must never land there. Past it: InvalidArgument, nothing changes."""
+        stream = (await self._decision_view()).stream(name)
+        last = stream.last_range
+        if start_offset > stream.start_offset and last is not None:
+            answers = {} if last.sealed else await rangeops.describe(self.pool, stream, last)
+            end = rangeops.readable_end(last, answers)
+            if start_offset > end:
+                raise InvalidArgument(
+                    f"cannot trim stream {name!r} to {start_offset}: readers can read up to "
+                    f"{end} only", argument="start_offset")
         return _stream(await self.raft.propose(TrimStream(name, start_offset)))
 
     async def update_replicas(
@@ -246,6 +343,7 @@ class PdService:
     def heartbeat(self, server_id: str, address: str, load: dict[str, Any]) -> bool:
         """Record a heartbeat; False when the server is not (yet) registered here."""
         self.liveness.on_heartbeat(server_id, self.clock_ms(), address, load)
+        self.sealed_reports.observe(server_id, parse_reports(load).values())
         return server_id in self.view().servers
 
     # -- the RPC front door ------------------------------------------------------------
@@ -263,6 +361,7 @@ class PdService:
             Opcode.PD_LIST_SERVERS: self._rpc_servers,
             Opcode.PD_CLUSTER: self._rpc_cluster,
             Opcode.PD_UPDATE_REPLICAS: self._rpc_update_replicas,
+            Opcode.PD_WRITER_KEEPALIVE: self._rpc_keepalive,
         }
         return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
 
@@ -331,6 +430,10 @@ class PdService:
 
     async def _rpc_cluster(self, h: Header) -> Header:
         return self.cluster()
+
+    async def _rpc_keepalive(self, h: Header) -> Header:
+        await self.keepalive_writer(require(h, "name", str), require(h, "epoch", int))
+        return {}
 
     async def _rpc_update_replicas(self, h: Header) -> Header:
         replicas = _str_list(h, "replicas")

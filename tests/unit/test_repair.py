@@ -1,26 +1,31 @@
-"""Repair planning (pd/repair.py): every row of the health table, sources, targets, the
-per-round cap; the heartbeat report (rangeserver/replica.py); update_replicas'
-compare-and-set (pd/catalog.py); the repair counters in /metrics (pd/metrics.py)."""
+"""Repair planning (pd/repair.py): every row of the health table (replicas dead, damaged,
+short, sealed at another end, left open), sources, targets, in place or replaced or
+dropped and copied again, the per-round cap; heartbeat reports, listings and their
+memory; update_replicas' compare-and-set (pd/catalog.py); the repair counters in
+/metrics (pd/metrics.py)."""
 
 from __future__ import annotations
 
+import doctest
 from dataclasses import dataclass, replace
 
 import pytest
 
 from estream.errors import Conflict
 from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from pd import repair as repair_module
 from pd.catalog import Catalog
 from pd.commands import CreateStream, RegisterServer, SealRange, UpdateReplicas
 from pd.metrics import Metrics
 from pd.repair import (
     ReplicaReport,
+    SealedReports,
     ServerState,
+    parse_listing,
     parse_reports,
     plan_repairs,
     track_short,
 )
-from rangeserver.replica import ReplicaState, problem_replicas
 
 GRACE = 10_000
 NOW = 100_000
@@ -39,6 +44,10 @@ SEALED = RangeMeta(0, 0, 100, refs("a", "b", "c"))
 OPEN = RangeMeta(1, 100, None, refs("a", "b", "d"))
 
 
+def test_doctests() -> None:
+    assert doctest.testmod(repair_module, verbose=False).failed == 0
+
+
 def up(i: str, **kw: object) -> ServerState:
     return ServerState(i, **kw)  # type: ignore[arg-type]
 
@@ -47,9 +56,14 @@ def dead(i: str, silent_ms: int) -> ServerState:
     return ServerState(i, alive=False, silent_ms=silent_ms)
 
 
-def report(end: int, *, damaged: bool = False, sealed: bool = False, index: int = 0
-           ) -> dict[tuple[int, int], ReplicaReport]:
-    return {(1, index): ReplicaReport(1, index, damaged, sealed, end)}
+def report(end: int, *, damaged: bool = False, sealed: bool = False, index: int = 0,
+           sealed_end: int | None = None) -> dict[tuple[int, int], ReplicaReport]:
+    if sealed_end is not None:
+        sealed, end = True, min(end, sealed_end)
+    return {(1, index): ReplicaReport(1, index, damaged, sealed, end, sealed_end)}
+
+
+NO_SPARE = {"d": dead("d", 1)}  # d is suspected: a, b, c are all there is
 
 
 def cluster(**changes: ServerState) -> dict[str, ServerState]:
@@ -86,8 +100,37 @@ CASES = [
          {("c", 1, 0): NOW - 1}, [], []),
     Case("sealed short counts too", cluster(c=up("c", reports=report(60, sealed=True))),
          {("c", 1, 0): NOW - GRACE}, [(("c",), ("short",), ("d",))], []),
-    Case("open but holding the whole range is a source, not missing",
-         cluster(c=up("c", reports=report(100))), {}, [], []),
+    Case("open, holding the whole range: a source, SEALed at the end in place, at once",
+         cluster(c=up("c", reports=report(100))), {}, [(("c",), ("unsealed",), ("c",))], []),
+    Case("open, holding more than the range: SEALed at the catalog's end in place",
+         cluster(c=up("c", reports=report(130))), {}, [(("c",), ("unsealed",), ("c",))], []),
+    Case("sealed at the catalog's end and whole (a heartbeat window): healthy",
+         cluster(c=up("c", reports=report(100, sealed_end=100))), {}, [], []),
+    Case("sealed below the catalog's end: replaced at once (no grace)",
+         cluster(c=up("c", reports=report(100, sealed_end=90))), {},
+         [(("c",), ("missealed",), ("d",))], []),
+    Case("sealed above the catalog's end: replaced at once",
+         cluster(c=up("c", reports=report(120, sealed_end=120))), {},
+         [(("c",), ("missealed",), ("d",))], []),
+    Case("sealed above, no spare server: dropped and copied again in place",
+         {**cluster(c=up("c", reports=report(120, sealed_end=120))), **NO_SPARE}, {},
+         [(("c",), ("missealed",), ("c",))], []),
+    Case("sealed short, no spare server: dropped and copied again in place",
+         {**cluster(c=up("c", reports=report(60, sealed=True))), **NO_SPARE},
+         {("c", 1, 0): NOW - GRACE}, [(("c",), ("short",), ("c",))], []),
+    Case("one spare for two sealed elsewhere: one moves, one is redone in place",
+         cluster(b=up("b", reports=report(90, sealed_end=90)),
+                 c=up("c", reports=report(120, sealed_end=120))), {},
+         [(("b", "c"), ("missealed", "missealed"), ("d", "c"))], []),
+    Case("dead and sealed elsewhere, one spare: the dead one gets it",
+         cluster(b=up("b", reports=report(120, sealed_end=120)), c=dead("c", GRACE)), {},
+         [(("c", "b"), ("dead", "missealed"), ("d", "b"))], []),
+    Case("every replica sealed elsewhere: no healthy source, nothing dropped",
+         cluster(**{i: up(i, reports=report(90, sealed_end=90)) for i in "abc"}), {}, [],
+         ["no healthy source"]),
+    Case("a damaged replica with no spare stays (never dropped in place)",
+         {**cluster(b=up("b", reports=report(100, damaged=True))), **NO_SPARE}, {}, [],
+         ["no target"]),
     Case("two missing: two targets, damaged first",
          {**cluster(b=dead("b", GRACE), c=up("c", reports=report(5, damaged=True))),
           "e": up("e")}, {}, [(("c", "b"), ("damaged", "dead"), ("d", "e"))], []),
@@ -112,7 +155,13 @@ def test_plan_table(case: Case) -> None:
     for t in plan.tasks:
         moved = [g for m, g in zip(t.missing, t.targets, strict=True) if m != g]
         assert set(moved).isdisjoint(r.id for r in SEALED.replicas)
-        assert set(t.sources).isdisjoint(t.missing)
+        fixed = [m for m, r in zip(t.missing, t.reasons, strict=True) if r != "unsealed"]
+        assert t.sources and set(t.sources).isdisjoint(fixed)
+        # Only replicas kept in place and neither dead nor damaged are ever dropped.
+        in_place = {m for m, g in zip(t.missing, t.targets, strict=True) if m == g}
+        assert set(t.drop_first) <= in_place
+        assert all(r in ("missealed", "short") for m, r in zip(t.missing, t.reasons,
+                                                                strict=True) if m in t.drop_first)
         assert len(set(t.new_replicas)) == len(t.new_replicas) == 3
         assert (t.start, t.end, t.epoch, t.replicas) == (0, 100, 5, ("a", "b", "c"))
 
@@ -159,6 +208,57 @@ def test_short_replica_whose_heal_in_place_failed_is_replaced() -> None:
         (("c",), ("d",), ("a", "b", "d"))]
 
 
+def test_only_sealed_replicas_redone_in_place_are_dropped_first() -> None:
+    sealed_above = {**cluster(c=up("c", reports=report(120, sealed_end=120))), **NO_SPARE}
+    [task] = plan_repairs([stream(SEALED)], sealed_above, NOW).tasks
+    assert (task.drop_first, task.sources, task.new_replicas) == (("c",), ("a", "b"),
+                                                                  ("a", "b", "c"))
+    open_short = {**cluster(c=up("c", reports=report(60))), **NO_SPARE}
+    [task] = plan_repairs([stream(SEALED)], open_short, NOW,
+                          short_since={("c", 1, 0): 0}).tasks
+    assert task.drop_first == ()  # healed in place: its records are kept
+    moved = cluster(c=up("c", reports=report(120, sealed_end=120)))
+    [task] = plan_repairs([stream(SEALED)], moved, NOW).tasks
+    assert (task.targets, task.drop_first) == (("d",), ())  # a spare: nothing dropped
+
+
+def test_a_replica_that_failed_in_place_is_only_replaced() -> None:
+    servers = {**cluster(c=up("c", reports=report(120, sealed_end=120))), **NO_SPARE}
+    plan = plan_repairs([stream(SEALED)], servers, NOW, avoid={(1, 0): {"c"}})
+    assert plan.tasks == () and [s.reason for s in plan.skipped] == ["no target"]
+    servers = cluster(c=up("c", reports=report(100)))  # open whole, the SEAL failed
+    plan = plan_repairs([stream(SEALED)], servers, NOW, avoid={(1, 0): {"c"}})
+    # Still a source, never replaced for that; "no target" lets the repairer try again.
+    assert plan.tasks == () and [s.reason for s in plan.skipped] == ["no target"]
+
+
+def test_sources_put_replicas_sealed_in_place_this_round_last() -> None:
+    servers = cluster(a=up("a", reports=report(100)), b=dead("b", GRACE))
+    [task] = plan_repairs([stream(SEALED)], servers, NOW).tasks
+    assert (task.missing, task.targets, task.sources) == (("b", "a"), ("d", "a"), ("c", "a"))
+
+
+def test_listing_and_sealed_reports_memory() -> None:
+    listed = [{"stream_id": 1, "range_index": 0, "end": 120, "sealed": True,
+               "sealed_end": 120, "damaged": False, "start": 0, "confirm": 0, "epoch": 5},
+              {"stream_id": 1, "range_index": 1, "end": 130, "sealed": False,
+               "sealed_end": None, "damaged": False}, {"stream_id": "x"}]
+    reports = parse_listing(listed)
+    assert [(r.range_index, r.sealed, r.end, r.sealed_end) for r in reports] == [
+        (0, True, 120, 120), (1, False, 130, None)]
+    memory = SealedReports()
+    memory.observe("c", reports)
+    assert list(memory.reports("c")) == [(1, 0)]  # only sealed replicas are remembered
+    servers = cluster(c=up("c", reports=memory.reports("c")))
+    assert [t.reasons for t in plan_repairs([stream(SEALED)], servers, NOW).tasks] == [
+        ("missealed",)]
+    memory.prune([stream(replace(SEALED, replicas=refs("a", "b", "d")))])  # c moved away
+    assert memory.reports("c") == {}
+    memory.observe("c", reports)
+    memory.forget("c", (1, 0))
+    assert memory.reports("c") == {}
+
+
 def test_hints_prefer_a_target_of_that_storage_class() -> None:
     servers = {**cluster(c=dead("c", GRACE)), "e": up("e", storage_class="hdd", ranges=9)}
     plan = plan_repairs([stream(SEALED, hints=("hdd",))], servers, NOW)
@@ -184,17 +284,10 @@ def test_parse_reports_ignores_malformed_entries() -> None:
         {"stream_id": 3, "range_index": 2, "damaged": False, "sealed": False, "end": 9},
         {"stream_id": True, "range_index": 0, "end": 1}, "junk", {"range_index": 1}]}
     assert parse_reports(load) == {(3, 2): ReplicaReport(3, 2, False, False, 9)}
+    load = {"problem_replicas": [{"stream_id": 3, "range_index": 2, "damaged": False,
+                                  "sealed": True, "end": 9, "sealed_end": 12}]}
+    assert parse_reports(load) == {(3, 2): ReplicaReport(3, 2, False, True, 9, 12)}
     assert parse_reports({}) == {} and parse_reports({"problem_replicas": 7}) == {}
-
-
-def test_range_server_reports_only_problem_replicas_most_urgent_first() -> None:
-    whole = ReplicaState(1, 0, 0, end=10, written_end=10, epoch=1, sealed=True, sealed_end=10)
-    short = replace(whole, range_index=1, end=4, written_end=4)
-    damaged = replace(whole, range_index=2, damaged=True)
-    opened = ReplicaState(1, 3, 10, end=12, written_end=12, epoch=1)
-    found = problem_replicas([opened, whole, short, damaged], 10)
-    assert [(p["range_index"], p["end"]) for p in found] == [(2, 10), (1, 4), (3, 12)]
-    assert [p["range_index"] for p in problem_replicas([opened, short, damaged], 2)] == [2, 1]
 
 
 def _catalog() -> Catalog:
