@@ -106,6 +106,20 @@ async def estream_block(run: Run, work: Path) -> None:
                 m.extra["rolls"] = float(getattr(log[1], "rolls", math.nan))
             finally:
                 await drv.close()
+    # exactly replica_count range servers and one of them hung: no healthy placement for a
+    # new range exists, so the writer keeps appending to the open range with the other two
+    with pe.estream_cluster(work / "hung", range_servers=3) as cluster:
+        async with pe.connect(cluster) as client:
+            drv = drivers.EstreamDriver(ESTREAM, client)
+            name, _ = log = await drv.new_log("hung")
+            victim = (await pe.open_range_replicas(client, name))[0]
+            try:
+                m = await kill_one(run, drv, log, lambda: cluster.pause(victim),
+                                   f"{ESTREAM} (replica hung by SIGSTOP; 3 range servers)")
+                m.extra["rolls"] = float(getattr(log[1], "rolls", math.nan))
+            finally:
+                cluster.resume(victim)
+                await drv.close()
 
 
 async def bench_append_cross_check(run: Run, client: Any) -> None:

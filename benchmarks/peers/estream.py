@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,13 @@ class EstreamCluster:
 
     def kill9(self, address: str) -> None:
         self.range_servers[address].kill9()
+
+    def pause(self, address: str) -> None:
+        """Hang the range server (SIGSTOP): it keeps its sockets and answers nothing."""
+        self.range_servers[address].signal(signal.SIGSTOP)
+
+    def resume(self, address: str) -> None:
+        self.range_servers[address].signal(signal.SIGCONT)
 
 
 @contextlib.contextmanager
