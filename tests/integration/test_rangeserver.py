@@ -28,6 +28,7 @@ from estream.errors import (
 from estream.protocol import FrameDecoder, Opcode, encode_frame_bytes
 from estream.record import Record, encode_batch, iter_batches
 from estream.rpc import RpcClient
+from rangeserver import walformat as wf
 from tests.harness.process import ESTREAM, ManagedProcess
 from tests.harness.rangeserver import start_rangeserver
 from tests.harness.walfiles import flip_byte, tear, valid_end
@@ -339,6 +340,63 @@ async def test_flipped_byte_found_by_the_recovery_scan_marks_the_replica_damaged
         await read(client, 0)
     assert (await describe(client))["damaged"] is True
     assert "damage" in server.process.log_text() if server.process else False
+    await client.close()
+
+
+async def test_a_flipped_byte_in_the_last_batch_is_damage_that_survives_restarts(
+    server: Server, connect: Connect
+) -> None:
+    """Not a torn tail: the last batch was acknowledged whole. Cutting it silently would
+    leave a replica short of what it acknowledged, answering a fence with that short end.
+    The mark outlives the cut: it is a DAMAGED log entry (no checkpoint here: kill -9)."""
+    sent = await fill(server, connect, 10)
+    server.kill9()
+    segment = server.segment()
+    entries = wf.scan(segment.read_bytes()).entries
+    last = entries[-1]
+    assert last.batch is not None and last.batch.base_offset == 36
+    flip_byte(segment, last.body_position + 72 + 20)  # inside its records
+    for restart in ("scan finds the damage", "the DAMAGED entry keeps it", "and again"):
+        server.start()
+        client = await connect(server.address)
+        described = await describe(client)
+        assert described["damaged"] is True, restart
+        with pytest.raises(ReplicaDamaged):
+            await client.call(
+                Opcode.SEAL, {"stream_id": STREAM, "range_index": 0, "epoch": 2, "end": None}
+            )
+        with pytest.raises(ReplicaDamaged):
+            await client.call(
+                Opcode.SEAL, {"stream_id": STREAM, "range_index": 0, "epoch": 2, "end": 36}
+            )
+        with pytest.raises(ReplicaDamaged):
+            await create(client, epoch=2)
+        with pytest.raises(ReplicaDamaged):
+            await client.call(Opcode.APPEND, {}, sent[9])
+        await client.close()
+        server.kill9()
+    log = server.process.log_text() if server.process else ""
+    assert "damaged last entry" in log and "torn tail" not in log
+
+
+async def test_a_confirm_survives_kill9(server: Server, connect: Connect) -> None:
+    """An idle writer's last CONFIRM: answered once durable, replayed after a crash, so
+    readers of confirmed records see the same records after the restart."""
+    client = await connect(server.address)
+    await create(client)
+    sent = [batch(i * 4) for i in range(10)]  # piggybacked confirm 0: nothing readable
+    for data in sent:
+        await client.call(Opcode.APPEND, {}, data)
+    key = {"stream_id": STREAM, "range_index": 0, "epoch": 1}
+    assert await client.call(Opcode.CONFIRM, {**key, "confirm": 40}) == ({}, b"")
+    assert await client.call(Opcode.CONFIRM, {**key, "confirm": 20}) == ({}, b""), "not back"
+    await client.close()
+    server.kill9()
+    server.start()
+    client = await connect(server.address)
+    assert (await describe(client))["confirm"] == 40
+    header, payload = await read(client, 0, unconfirmed=False)
+    assert header == {"end": 40, "sealed": False} and payload == b"".join(sent)
     await client.close()
 
 
