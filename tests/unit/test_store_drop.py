@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import RangeNotFound
+from estream.errors import ChecksumMismatch, Fenced, RangeNotFound, ReplicaDamaged
 from estream.record import Record, encode_batch
 from rangeserver import checkpoint as ckpt
 from rangeserver.store import Store
+from tests.harness.walfiles import flip_byte
 
 SEGMENT = 64 * 1024
 GONE, KEPT = (7, 0), (8, 0)  # the replica dropped, the one that stays
@@ -121,3 +122,54 @@ async def test_a_long_poll_on_a_dropped_replica_answers_range_not_found(tmp_path
     with pytest.raises(RangeNotFound):
         await asyncio.wait_for(waiting, 1.0)
     await store.close()
+
+
+# ------------------------------------------- durable marks: damage found by a read, CONFIRM
+
+
+async def test_damage_found_by_a_read_survives_a_crash_after_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint already covers the damaged batch, so the restart's scan never sees
+    it again: the DAMAGED entry the read logged is what keeps the replica damaged."""
+    store = await open_store(tmp_path)
+    await store.create_range(*KEPT, 0, 1)
+    for i in range(5):
+        await store.append(batch(KEPT, i * 4))
+    assert await store.checkpoint() is True
+    (chosen,) = store.indexes[KEPT].select(8, 20, 1, partial_last=False)
+    location = chosen.location
+    flip_byte(store.wal.path(location.segment), location.position + location.size - 3)
+    store.cache.drop_range(*KEPT)
+    with pytest.raises(ChecksumMismatch):
+        await store.read(*KEPT, 8, unconfirmed=True)
+    assert store.describe(*KEPT)["damaged"] is True
+    await store.wal.close()  # a crash: no checkpoint at the end
+
+    restarted = await open_store(tmp_path)
+    assert restarted.describe(*KEPT)["damaged"] is True
+    with pytest.raises(ReplicaDamaged):
+        await restarted.seal(*KEPT, 2, None)
+    await restarted.close()
+
+
+@pytest.mark.parametrize("checkpoint_lost", [False, True])
+async def test_a_confirm_is_durable_when_it_returns(tmp_path: Path, checkpoint_lost: bool) -> None:
+    store = await open_store(tmp_path)
+    await store.create_range(*KEPT, 0, 1)
+    await store.checkpoint()
+    for i in range(3):
+        await store.append(batch(KEPT, i * 4))
+    await store.confirm(*KEPT, 1, 12)
+    await store.confirm(*KEPT, 1, 8)  # raises nothing
+    with pytest.raises(Fenced):
+        await store.confirm(*KEPT, 0, 12)
+    await store.wal.close()  # a crash
+    if checkpoint_lost:
+        (tmp_path / ckpt.CHECKPOINT_NAME).unlink()
+
+    restarted = await open_store(tmp_path)
+    assert restarted.describe(*KEPT)["confirm"] == 12
+    end, _, payload = await restarted.read(*KEPT, 0)
+    assert end == 12 and payload == b"".join(batch(KEPT, i * 4) for i in range(3))
+    await restarted.close()
