@@ -33,6 +33,7 @@ CORE_MODULES = [
     "pd/lease.py",
     "rangeserver/replica.py",
     "rangeserver/walformat.py",
+    "rangeserver/replay.py",
     "estream/spark/planning.py",
     "estream/spark/commit.py",
     "estream/spark/options.py",
