@@ -1,0 +1,92 @@
+"""PD's repair brings every replica of a sealed range to the catalog's end (real
+processes: 3 PD nodes and exactly 3 range servers, so no spare server to copy to).
+
+The catalog seals range 0 at 20 while its three replicas hold 30 records; then, with
+direct SEAL requests, one replica is sealed below the catalog's end (15), one above it
+(30), and one stays open (a sealer that recorded the seal in PD and died before sealing
+the replicas). Repair SEALs the open one at 20 in place, and drops and copies again in
+place the two sealed elsewhere (no spare server): every replica ends sealed at 20,
+serving exactly records 0..19, and a reader never gets an offset past the catalog's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import estream
+from estream.protocol import Opcode
+from estream.rpc import RpcClient
+from tests.harness.cluster import Cluster, start_cluster
+
+pytestmark = pytest.mark.integration
+
+written = 30
+catalog_end = 20
+repaired_within_s = 40.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path, pd_nodes=3, range_servers=3)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def call(address: str, opcode: Opcode, header: dict[str, Any]) -> dict[str, Any]:
+    client = await RpcClient.connect(address, timeout_s=2.0)
+    try:
+        answer, _ = await client.call(opcode, header, timeout_s=5.0)
+        return dict(answer)
+    finally:
+        await client.close()
+
+
+async def states(replicas: list[tuple[str, str]], stream_id: int) -> list[dict[str, Any]]:
+    return [await call(address, Opcode.DESCRIBE_RANGE,
+                       {"stream_id": stream_id, "range_index": 0, "server_id": sid})
+            for sid, address in replicas]
+
+
+async def test_replicas_sealed_below_above_or_left_open_end_at_the_catalogs_end(
+    cluster: Cluster,
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("ends", replicas=3, ack_count=2)
+        async with await client.open_writer("ends") as writer:
+            for i in range(written):  # one batch each: a seal end may fall anywhere
+                await writer.append(b"e%02d" % i)
+            epoch = writer.epoch
+        sealed = await client.pd.seal_range("ends", epoch, 0, catalog_end)
+        assert sealed.ranges[0].end == catalog_end
+        replicas = [(ref.id, ref.address) for ref in meta.ranges[0].replicas]
+        (below_id, below), (above_id, above), _ = replicas
+        ids = {"stream_id": meta.id, "range_index": 0, "epoch": epoch}
+        await call(below, Opcode.SEAL, {**ids, "end": 15, "server_id": below_id})
+        await call(above, Opcode.SEAL, {**ids, "end": written, "server_id": above_id})
+        before = await states(replicas, meta.id)
+        assert [(s["sealed"], s["sealed_end"]) for s in before] == [
+            (True, 15), (True, written), (False, None)]
+
+        started = time.monotonic()
+        while True:
+            after = await states(replicas, meta.id)
+            if all(s["sealed"] and s["sealed_end"] == catalog_end for s in after):
+                break
+            assert time.monotonic() - started < repaired_within_s, after
+            await asyncio.sleep(0.5)
+        print(f"[repair-ends] every replica sealed at {catalog_end} after "
+              f"{time.monotonic() - started:.1f}s: {after}")
+        stream = await client.describe_stream("ends")
+        assert [r.id for r in stream.ranges[0].replicas] == [sid for sid, _ in replicas]
+        want = [(i, b"e%02d" % i) for i in range(catalog_end)]
+        for sid, address in replicas:
+            assert await cluster.replica_entries(address, meta.id, 0, 0, server_id=sid) == want
+        assert [(r.offset, r.value) async for r in client.read("ends")] == want
