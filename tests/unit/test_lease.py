@@ -10,6 +10,7 @@ import pytest
 
 from estream.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd import lease as lease_module
+from pd import rangeops
 from pd.lease import LeaseTable, ReplicaAnswer, needs_recovery
 
 LEASE = 4_000
@@ -30,6 +31,7 @@ def table(now: int = 0, term: int = 1) -> LeaseTable:
 
 def test_doctests() -> None:
     assert doctest.testmod(lease_module, verbose=False).failed == 0
+    assert doctest.testmod(rangeops, verbose=False).failed == 0  # readable_end (pure)
 
 
 def test_a_renewed_lease_is_never_due() -> None:
