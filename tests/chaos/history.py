@@ -15,7 +15,10 @@ answers to a direct READ. :func:`check` then states what went wrong, if anything
 - two replicas of a sealed range disagree: each must hold a prefix of the longest copy
   (a replica that failed mid-range stops short until repair copies the rest), and at
   least ``complete_copies_min`` of them must hold the whole range;
-- a value is read that no writer ever attempted (phantom).
+- a value is read that no writer ever attempted (phantom);
+- with ``delivery_deadline_s`` set: an append that took longer than that to complete or
+  fail (the writer's delivery timeout plus a grace), or that failed with an error that is
+  not a typed estream error.
 
 Pure: no I/O.
 """
@@ -47,6 +50,8 @@ class Append:
     outcome: Outcome
     offset: int | None = None
     error: str = ""
+    elapsed_s: float | None = None  # from the append call to its outcome (None: unknown)
+    typed: bool = True  # the error, if any, was an estream error
 
 
 @dataclass(slots=True)
@@ -59,13 +64,16 @@ class History:
     start_offset: int = 0
     # sealed range index -> server id -> entries that replica answered for the range
     replicas: dict[int, dict[str, list[Entry]]] = field(default_factory=dict)
+    delivery_deadline_s: float | None = None  # every append must end within this
 
-    def ack(self, writer: str, value: bytes, offset: int) -> None:
-        self.appends.append(Append(writer, value, Outcome.OK, offset))
+    def ack(self, writer: str, value: bytes, offset: int, *,
+            elapsed_s: float | None = None) -> None:
+        self.appends.append(Append(writer, value, Outcome.OK, offset, elapsed_s=elapsed_s))
 
-    def fail(self, writer: str, value: bytes, error: str, *, unknown: bool = False) -> None:
+    def fail(self, writer: str, value: bytes, error: str, *, unknown: bool = False,
+             elapsed_s: float | None = None, typed: bool = True) -> None:
         outcome = Outcome.UNKNOWN if unknown else Outcome.FAILED
-        self.appends.append(Append(writer, value, outcome, None, error))
+        self.appends.append(Append(writer, value, outcome, None, error, elapsed_s, typed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,7 @@ class Verdict:
     readers: int
     sealed_ranges_compared: int
     violations: tuple[str, ...]
+    late: int = 0  # appends past the delivery deadline, or failed with an untyped error
 
     @property
     def ok(self) -> bool:
@@ -92,7 +101,7 @@ class Verdict:
             f"acknowledged={self.acknowledged} failed={self.failed} unknown={self.unknown} "
             f"failed_but_stored={self.failed_present} stored={self.stored} lost={self.lost} "
             f"duplicates={self.duplicates} readers={self.readers} "
-            f"sealed_ranges_compared={self.sealed_ranges_compared} "
+            f"sealed_ranges_compared={self.sealed_ranges_compared} late={self.late} "
             f"violations={len(self.violations)}"
         )
 
@@ -116,6 +125,8 @@ def check(history: History) -> Verdict:
         problems += _check_reader(name, seen, history.final, history.start_offset)
     for index, answers in sorted(history.replicas.items()):
         problems += _check_replicas(index, answers)
+    late = _check_delivery(history.appends, history.delivery_deadline_s)
+    problems += late
     stored = set(counts)
     not_ok = [a for a in history.appends if a.outcome is not Outcome.OK]
     return Verdict(
@@ -129,6 +140,7 @@ def check(history: History) -> Verdict:
         readers=len(history.readers),
         sealed_ranges_compared=sum(1 for a in history.replicas.values() if len(a) > 1),
         violations=tuple(problems),
+        late=len(late),
     )
 
 
@@ -176,6 +188,19 @@ def _check_reader(name: str, seen: Sequence[Entry], final: Sequence[Entry],
         if offset >= start and by_offset.get(offset) != value:
             problems.append(f"reader {name}: saw {value!r} at {offset}, "
                             f"final read has {by_offset.get(offset)!r}")
+    return problems
+
+
+def _check_delivery(appends: Iterable[Append], deadline_s: float | None) -> list[str]:
+    if deadline_s is None:
+        return []
+    problems = []
+    for a in appends:
+        if a.elapsed_s is not None and a.elapsed_s > deadline_s:
+            problems.append(f"late: {a.value!r} by {a.writer} ended ({a.outcome.value} "
+                            f"{a.error}) after {a.elapsed_s:.1f}s, deadline {deadline_s}s")
+        elif not a.typed:
+            problems.append(f"untyped error: {a.value!r} by {a.writer} failed with {a.error}")
     return problems
 
 

@@ -137,3 +137,25 @@ def test_outcomes_are_counted() -> None:
     verdict = check(h)
     assert (verdict.failed, verdict.unknown, verdict.acknowledged) == (1, 1, 0)
     assert [a.outcome for a in h.appends] == [Outcome.FAILED, Outcome.UNKNOWN]
+
+
+def test_delivery_deadline_flags_late_and_untyped_appends() -> None:
+    h = _good()
+    h.delivery_deadline_s = 13.0
+    h.ack("w1", b"v5", 5, elapsed_s=2.0)
+    h.final.append((5, b"v5"))
+    h.readers = {}
+    assert check(h).ok
+    h.fail("w1", b"slow", "Timeout", unknown=True, elapsed_s=13.5)
+    h.fail("w1", b"odd", "KeyError", elapsed_s=0.1, typed=False)
+    verdict = check(h)
+    assert verdict.late == 2
+    assert any(v.startswith("late: b'slow'") for v in verdict.violations)
+    assert any(v.startswith("untyped error: b'odd'") for v in verdict.violations)
+    assert "late=2" in verdict.summary()
+
+
+def test_no_delivery_deadline_no_delivery_check() -> None:
+    h = _good()
+    h.fail("w1", b"slow", "Timeout", unknown=True, elapsed_s=600.0)
+    assert check(h).ok

@@ -275,15 +275,17 @@ class Cluster:
         return body
 
     async def replica_entries(self, address: str, stream_id: int, range_index: int,
-                              start: int, *, server_id: str | None = None) -> Entries:
+                              start: int, *, server_id: str | None = None,
+                              unconfirmed: bool = False, end: int | None = None) -> Entries:
         """Every record ``address`` serves for the range (READ; with ``server_id``, only if
-        the server there still has that identity)."""
+        the server there still has that identity; with ``unconfirmed``, every durable
+        record, not only confirmed ones; below ``end`` if given)."""
         client = await RpcClient.connect(address, timeout_s=2.0)
         entries: Entries = []
         offset = start
         request: dict[str, Any] = {
             "stream_id": stream_id, "range_index": range_index, "max_bytes":
-            replica_read_bytes_max, "wait_ms": 0, "unconfirmed": False}
+            replica_read_bytes_max, "wait_ms": 0, "unconfirmed": unconfirmed}
         if server_id is not None:
             request["server_id"] = server_id
         try:
@@ -298,13 +300,16 @@ class Cluster:
                     offset = entries[-1][0] + 1
                 if not payload or offset >= int(header["end"]):
                     break
+                if end is not None and offset >= end:
+                    break
         finally:
             await client.close()
-        return entries
+        return [e for e in entries if end is None or e[0] < end]
 
     async def sealed_replicas(self, name: str) -> dict[int, dict[str, Entries]]:
-        """For each non-empty sealed range: what each of its replicas that answers (with
-        the identity PD lists for it) serves."""
+        """For each non-empty sealed range: the records below the catalog's end that each
+        of its replicas that answers (with the identity PD lists for it) holds durably,
+        whether or not the replica has learnt the seal yet (a copy is a copy)."""
         stream = await asyncio.to_thread(self.describe, name)
         found: dict[int, dict[str, Entries]] = {}
         for r in stream["ranges"]:
@@ -315,7 +320,7 @@ class Cluster:
                 try:
                     answers[ref["id"]] = await self.replica_entries(
                         ref["address"], stream["id"], r["index"], r["start"],
-                        server_id=ref["id"])
+                        server_id=ref["id"], unconfirmed=True, end=r["end"])
                 except EstreamError:
                     continue  # dead, damaged or another identity: does not hold it now
             found[r["index"]] = answers

@@ -1,0 +1,165 @@
+"""A writer process for the nemesis: appends unique values at a steady rate, a few in
+flight, logging every outcome and how long it took, and keeps going through faults.
+
+``python -m tests.chaos.nemesis_writer PD STREAM NAME LOG DELIVERY_TIMEOUT_S`` opens a
+writer with ``delivery_timeout_s`` and appends ``NAME-SEQ`` values. One flushed line per
+event, so a ``kill -9`` leaves a log the history can be rebuilt from:
+
+    CONNECTFAIL error elapsed_ms     no PD answered estream.connect (tried again)
+    OPEN epoch elapsed_ms            a writer opened (OPENFAIL error elapsed_ms: it did not)
+    A value                          before the append is called
+    K value offset elapsed_ms        acknowledged
+    F value error elapsed_ms         failed with a typed estream error (not Timeout)
+    T value error elapsed_ms         estream.Timeout: outcome unknown
+    U value error elapsed_ms         an exception that is not an estream error
+    H value elapsed_ms               no outcome within the delivery timeout + grace: hung
+    CLOSED elapsed_ms | CLOSEFAIL error elapsed_ms   after SIGTERM
+
+After any error it stops appending, lets the appends in flight end, and opens a new
+writer (which recovers the stream: the fault path the nemesis wants exercised). SIGTERM:
+stop appending, wait for the appends in flight, close the writer, exit 0.
+
+Side effects: network calls to the cluster, the log file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from typing import Any, TextIO
+
+import uvloop
+
+appends_per_s = 100
+in_flight_max = 8
+grace_s = 3.0  # beyond the delivery timeout before an append counts as hung
+reopen_pause_s = 0.2
+connect_timeout_s = 10.0
+
+
+def ms_since(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+class NemesisWriter:
+    def __init__(self, pd: str, stream: str, name: str, log: TextIO, delivery_s: float):
+        self.pd, self.stream, self.name, self.log = pd, stream, name, log
+        self.delivery_s = delivery_s
+        self.stop = asyncio.Event()
+        self.seq = 0
+        self.pending: set[asyncio.Task[None]] = set()
+
+    def line(self, text: str) -> None:
+        self.log.write(text + "\n")
+
+    async def run(self) -> None:
+        import estream
+
+        client = None
+        while client is None and not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                client = await estream.connect(self.pd, timeout_s=connect_timeout_s)
+            except estream.EstreamError as exc:  # PD down (a whole-cluster crash)
+                self.line(f"CONNECTFAIL {type(exc).__name__} {ms_since(started)}")
+                await self.pause(reopen_pause_s)
+        if client is None:
+            return
+        try:
+            while not self.stop.is_set():
+                writer = await self.open(client)
+                if writer is None:
+                    await self.pause(reopen_pause_s)
+                    continue
+                await self.append_until_error(writer)
+                await self.close(writer)
+        finally:
+            await client.close()
+
+    async def open(self, client: Any) -> Any:
+        import estream
+
+        started = time.monotonic()
+        try:
+            try:
+                opening = client.open_writer(self.stream, delivery_timeout_s=self.delivery_s)
+            except TypeError:  # an SDK without delivery timeouts: the H lines judge it
+                opening = client.open_writer(self.stream)
+            writer = await asyncio.wait_for(opening, self.delivery_s + grace_s)
+        except (estream.EstreamError, TimeoutError) as exc:
+            self.line(f"OPENFAIL {type(exc).__name__} {ms_since(started)}")
+            return None
+        self.line(f"OPEN {writer.epoch} {ms_since(started)}")
+        return writer
+
+    async def append_until_error(self, writer: Any) -> None:
+        gate = asyncio.Semaphore(in_flight_max)
+        broken = asyncio.Event()
+        period_s = 1.0 / appends_per_s
+        next_at = time.monotonic()
+        while not self.stop.is_set() and not broken.is_set():
+            await gate.acquire()
+            value = f"{self.name}-{self.seq}"
+            self.seq += 1
+            self.line(f"A {value}")
+            task = asyncio.ensure_future(self.one(writer, value, gate, broken))
+            self.pending.add(task)
+            task.add_done_callback(self.pending.discard)
+            next_at += period_s
+            await self.pause(max(0.0, next_at - time.monotonic()))
+            next_at = max(next_at, time.monotonic() - 1.0)  # no burst after a stall
+        await asyncio.gather(*self.pending, return_exceptions=True)
+
+    async def one(self, writer: Any, value: str, gate: asyncio.Semaphore,
+                  broken: asyncio.Event) -> None:
+        import estream
+
+        started = time.monotonic()
+        try:
+            offset = await asyncio.wait_for(writer.append(value.encode()),
+                                            self.delivery_s + grace_s)
+        except estream.Timeout as exc:
+            self.line(f"T {value} {type(exc).__name__} {ms_since(started)}")
+            broken.set()
+        except estream.EstreamError as exc:
+            self.line(f"F {value} {type(exc).__name__} {ms_since(started)}")
+            broken.set()
+        except TimeoutError:
+            self.line(f"H {value} {ms_since(started)}")
+            broken.set()
+        except Exception as exc:
+            self.line(f"U {value} {type(exc).__name__} {ms_since(started)}")
+            broken.set()
+        else:
+            self.line(f"K {value} {offset} {ms_since(started)}")
+        finally:
+            gate.release()
+
+    async def close(self, writer: Any) -> None:
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(writer.close(), self.delivery_s + grace_s)
+        except Exception as exc:
+            self.line(f"CLOSEFAIL {type(exc).__name__} {ms_since(started)}")
+        else:
+            self.line(f"CLOSED {ms_since(started)}")
+
+    async def pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stop.wait(), seconds)
+        except TimeoutError:
+            pass
+
+
+async def main(pd: str, stream: str, name: str, log_path: str, delivery_s: str) -> None:
+    with open(log_path, "a", buffering=1) as log:
+        writer = NemesisWriter(pd, stream, name, log, float(delivery_s))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, writer.stop.set)
+        await writer.run()
+        log.write("EXIT\n")
+
+
+if __name__ == "__main__":
+    uvloop.run(main(*sys.argv[1:6]))
