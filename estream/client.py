@@ -15,7 +15,14 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from estream import limits
-from estream.errors import Closed, EstreamError, OffsetOutOfRange, Unauthenticated, Unavailable
+from estream.errors import (
+    Closed,
+    EstreamError,
+    InvalidArgument,
+    OffsetOutOfRange,
+    Unauthenticated,
+    Unavailable,
+)
 from estream.meta import ServerInfo, StreamMeta
 from estream.pdclient import PDClient
 from estream.rangewriter import WriterConfig
@@ -114,15 +121,23 @@ class Client:
         deferred_sync: bool = False,
         linger_ms: int = limits.linger_ms,
         batch_bytes: int = limits.writer_batch_bytes,
+        delivery_timeout_s: float = limits.delivery_timeout_ms / 1000,
     ) -> Writer:
         """A writer for ``name`` with a new epoch: every earlier writer is fenced. A last
-        range left open by a dead writer is recovered first (DESIGN.md section 2)."""
+        range left open by a dead writer is recovered first (DESIGN.md section 2).
+
+        ``delivery_timeout_s`` bounds every append (one not acknowledged in time raises
+        :class:`estream.Timeout`, and the writer takes no more appends) and this call's
+        recovery (:class:`estream.Unavailable` when it cannot be done safely in time)."""
         self._check_open()
+        if delivery_timeout_s <= 0:
+            raise InvalidArgument("delivery_timeout_s must be > 0", argument="delivery_timeout_s")
         config = WriterConfig(
             linger_ms=linger_ms,
             batch_bytes=batch_bytes,
             confirm_idle_ms=max(1, linger_ms),
             deferred=deferred_sync,
+            delivery_timeout_ms=max(1, round(delivery_timeout_s * 1000)),
         )
         writer = await Writer.open(self, name, config)
         self._streams[name] = writer.stream

@@ -166,6 +166,12 @@ class PDClient:
         body = await self.call(Opcode.PD_OPEN_WRITER, {"name": name})
         return StreamMeta.from_dict(body["stream"])
 
+    async def keepalive_writer(self, name: str, epoch: int) -> None:
+        """Keep the writer lease of ``name`` at ``epoch`` alive (the PD leader recovers the
+        open range of a stream whose writer stopped sending this). Raises ``Fenced`` when
+        a newer epoch exists, ``StreamNotFound`` for a deleted stream."""
+        await self.call(Opcode.PD_WRITER_KEEPALIVE, {"name": name, "epoch": epoch})
+
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
     ) -> StreamMeta:

@@ -7,13 +7,16 @@ the effects it returns:
 - ``submit(records, now_ms)`` assigns offsets and batches records (linger time, batch
   bytes); ``on_tick(now_ms)`` cuts lingering batches, drops replicas past their chase
   bound and sends an idle CONFIRM; ``on_append_ack`` / ``on_append_error`` report replica
-  answers; ``on_range_opened`` reports that the next range exists after a seal;
-  ``on_forced`` moves the visible confirm offset of a ``DEFERRED_SYNC`` writer;
-  ``on_fenced`` stops everything.
+  answers; ``begin_roll`` starts a roll the core asked for; ``on_roll_postponed`` reports
+  that PD could not place the next range (nothing was sealed); ``on_range_opened``
+  reports that the next range exists after a seal; ``on_forced`` moves the visible
+  confirm offset of a ``DEFERRED_SYNC`` writer; ``on_fenced`` stops everything.
 - Effects: :class:`SendAppend` (one batch to one replica), :class:`SendConfirm`,
   :class:`CompleteAppends` (every offset below ``upto`` is acknowledged),
-  :class:`BeginSeal` (seal the range at ``end``, record it in PD excluding ``failed``,
-  create the next range), :class:`FailAppends` (a newer writer fenced this one).
+  :class:`RequestRoll` (the range runs degraded: roll when a placement exists),
+  :class:`BeginSeal` (record the seal at ``end`` in PD excluding ``failed``, then seal
+  the live replicas, create the next range), :class:`FailAppends` (a newer writer fenced
+  this one).
 
 The rules (DESIGN.md section 2):
 
@@ -23,14 +26,30 @@ The rules (DESIGN.md section 2):
 - A slow replica keeps receiving ("chases"); its backlog (bytes and age of its oldest
   unacknowledged batch) is bounded. A batch stays in memory until every live replica has
   it, so a slow replica costs in-flight budget, and the budget gives backpressure.
-- A replica that fails or passes its bound makes the writer seal: the end is frozen at
-  the confirmed end, the live replicas are given the time of the chase bound to reach it
-  (so the sealed range keeps ``ack_count`` copies where it can), then :class:`BeginSeal`.
-  Acks arriving after the freeze never complete anything: batches past the end are
-  re-sent, restamped, to the next range, with their offsets unchanged.
+- A replica that fails (an error, a timeout, its chase bound) is dropped from the range.
+  While at least ``ack_count`` replicas remain live the range keeps taking appends,
+  **degraded**: appends complete at ``ack_count`` among the live ones, and
+  :class:`RequestRoll` asks the driver to roll once PD can place a new range without the
+  failed servers. The driver calls :meth:`RangeWriter.begin_roll`; if PD then cannot
+  place (``NoPlacement``: it sealed nothing, since PD is asked before any replica is
+  sealed), :meth:`RangeWriter.on_roll_postponed` lets the range go on, degraded, and the
+  driver tries again later. (With exactly ``replica_count`` servers and one of them dead
+  or hung, freezing would stop every append until it came back.)
+- With fewer than ``ack_count`` live replicas nothing can complete: the range must roll.
+- To roll, the end is frozen at the confirmed end, the live replicas are given the time of
+  the chase bound to reach it (so the sealed range keeps ``ack_count`` copies where it
+  can), then :class:`BeginSeal`. Acks arriving after the freeze never complete anything:
+  batches past the end are re-sent, restamped, to the next range, with their offsets
+  unchanged.
 - A range also rolls once ``range_bytes_max`` bytes were sent into it: nothing more is
   sent to it, and it is sealed once what was sent completes (so every range takes at
   least one batch, and a roll always makes progress).
+
+Worked example (replicas a, b, c; ack_count 2): appends complete on a and b; c times out:
+c is failed, the range goes on with a and b (``RequestRoll``). The driver finds no server
+to replace c (three servers in all): nothing is frozen, appends keep completing on a and
+b. Later b fails too: one live replica, fewer than ack_count: the end is frozen at the
+confirmed end and :class:`BeginSeal` follows as soon as a holds it.
 
 Pure: no I/O.
 """
@@ -67,6 +86,7 @@ class WriterConfig:
     range_bytes_max: int = limits.range_bytes_max
     confirm_idle_ms: int = limits.linger_ms
     deferred: bool = False
+    delivery_timeout_ms: int = limits.delivery_timeout_ms  # the driver's: append deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +116,21 @@ class CompleteAppends:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestRoll:
+    """``range_index`` runs degraded (``failed`` replicas dropped, at least ``ack_count``
+    live): roll it when PD can place a new range; call :meth:`RangeWriter.begin_roll`
+    then. Emitted once per range."""
+
+    range_index: int
+    failed: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class BeginSeal:
-    """Seal ``range_index`` at ``end``: SEAL with the end to ``live`` replicas (best
-    effort), PD seal_range excluding ``failed``, CREATE_RANGE on the next range's replicas,
-    then call :meth:`RangeWriter.on_range_opened`."""
+    """Seal ``range_index`` at ``end``: PD seal_range excluding ``failed`` first, then
+    SEAL with the end to ``live`` replicas (best effort), CREATE_RANGE on the next range's
+    replicas, then call :meth:`RangeWriter.on_range_opened`. If PD cannot place the next
+    range, call :meth:`RangeWriter.on_roll_postponed` instead."""
 
     range_index: int
     end: int
@@ -114,7 +145,7 @@ class FailAppends:
     error: EstreamError
 
 
-Effect = SendAppend | SendConfirm | CompleteAppends | BeginSeal | FailAppends
+Effect = SendAppend | SendConfirm | CompleteAppends | RequestRoll | BeginSeal | FailAppends
 
 
 @dataclass(slots=True)
@@ -142,6 +173,7 @@ class _Range:
     seal_end: int | None = None  # frozen end once sealing began
     full: bool = False  # range_bytes_max sent: no more batches; seal once they complete
     seal_sent: bool = False
+    roll_requested: bool = False  # RequestRoll emitted (the range runs degraded)
 
     def live(self) -> tuple[str, ...]:
         return tuple(r for r in self.replicas if r not in self.failed)
@@ -202,6 +234,27 @@ class RangeWriter:
     @property
     def sealing(self) -> bool:
         return self._range.seal_end is not None
+
+    @property
+    def failed(self) -> tuple[str, ...]:
+        """The replicas of the open range dropped so far."""
+        return tuple(sorted(self._range.failed))
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        """The replicas of the open range still written to."""
+        return self._range.live()
+
+    @property
+    def degraded(self) -> bool:
+        """The open range takes appends with fewer replicas than it has."""
+        return bool(self._range.failed) and self._range.seal_end is None
+
+    @property
+    def roll_wanted(self) -> bool:
+        """The open range runs degraded and asked for a roll that has not begun."""
+        rng = self._range
+        return rng.roll_requested and rng.seal_end is None and self.error is None
 
     @property
     def visible_confirm(self) -> int:
@@ -325,10 +378,15 @@ class RangeWriter:
             self._send_confirm(effects)
         return effects
 
-    def confirm_now(self) -> list[Effect]:
-        """Send the confirm offset now if readers do not have it yet (flush, close)."""
+    def confirm_now(self, *, again: bool = False) -> list[Effect]:
+        """Send the confirm offset now if readers do not have it yet (flush, close);
+        ``again``: send it even if a batch or an earlier CONFIRM carried it (a flush that
+        wants ``ack_count`` answers to a CONFIRM)."""
         effects: list[Effect] = []
-        if not self.sealing and self.error is None and self.visible_confirm > self._confirm_sent:
+        if self.sealing or self.error is not None:
+            return effects
+        confirm = self.visible_confirm
+        if confirm > self._confirm_sent or (again and confirm > self._range.start):
             self._send_confirm(effects)
         return effects
 
@@ -355,6 +413,38 @@ class RangeWriter:
             assert batch.base >= start, (batch.base, start)
             batch.range_index = -1
             batch.acked_by.clear()
+        self._send_unsent(now_ms, effects)
+        return effects
+
+    def begin_roll(self, now_ms: int) -> list[Effect]:
+        """The driver starts the roll :class:`RequestRoll` asked for: freeze the end at the
+        confirmed end; :class:`BeginSeal` follows once the live replicas hold it."""
+        effects: list[Effect] = []
+        rng = self._range
+        if self.error is not None or rng.seal_end is not None:
+            return effects
+        rng.seal_end = self.completed
+        self._release()
+        self._maybe_seal(effects)
+        return effects
+
+    def on_roll_postponed(self, range_index: int, now_ms: int) -> list[Effect]:
+        """PD could not place the next range for the :class:`BeginSeal` of
+        ``range_index`` and sealed nothing. A degraded range with ``ack_count`` live
+        replicas goes on taking appends (the driver tries the roll again later); a range
+        that must roll (too few live replicas, or full) stays frozen, and the driver
+        retries the seal after a backoff (with :attr:`live` and :attr:`failed` as they are
+        then): nothing is emitted, so this cannot loop."""
+        effects: list[Effect] = []
+        rng = self._range
+        if self.error is not None or range_index != rng.index or rng.seal_end is None:
+            return effects
+        if rng.full or len(rng.live()) < self.ack_count:
+            return effects
+        rng.seal_end = None
+        rng.seal_sent = False
+        self._advance(now_ms, effects)
+        self._release()
         self._send_unsent(now_ms, effects)
         return effects
 
@@ -468,7 +558,14 @@ class RangeWriter:
         rng = self._range
         rng.failed.add(replica)
         if rng.seal_end is None:
-            rng.seal_end = self.completed
+            if len(rng.live()) >= self.ack_count:
+                # Degraded: keep appending to the live replicas; roll when PD can place.
+                if not rng.roll_requested:
+                    rng.roll_requested = True
+                    effects.append(RequestRoll(rng.index, tuple(sorted(rng.failed))))
+                self._release()
+                return
+            rng.seal_end = self.completed  # too few to complete anything: must roll
         self._release()
         self._maybe_seal(effects)
 
@@ -528,6 +625,7 @@ __all__ = [
     "Effect",
     "FailAppends",
     "RangeWriter",
+    "RequestRoll",
     "SendAppend",
     "SendConfirm",
     "WriterConfig",

@@ -3,7 +3,12 @@
 :class:`ReplicaClient` carries out what the writer's cores decide against range servers:
 APPEND, CONFIRM, SEAL, CREATE_RANGE, FORCE, and the two multi-step jobs, copying records
 from one replica to another (recovery, healing) and healing a replica left out of a seal.
-It decides nothing; ``estream/writer.py`` drives it.
+It decides nothing; ``estream/writer.py`` and ``estream/recovery.py`` drive it.
+
+Every request names the replica's server: the header carries ``"server_id"`` (the
+``ReplicaRef.id`` the catalog lists for that address), so a server with another identity
+at the same address (a wiped disk) answers ``WrongServer`` instead of "range not found",
+and its answer is never taken for an empty copy.
 
 Side effects: network requests (through the client's connection pool).
 """
@@ -16,7 +21,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from estream import limits
-from estream.errors import EstreamError, Fenced, RangeNotFound, Timeout
+from estream.errors import (
+    EstreamError,
+    Fenced,
+    RangeNotFound,
+    ReplicaDamaged,
+    Timeout,
+    WrongServer,
+)
 from estream.meta import RangeMeta
 from estream.protocol import Opcode
 from estream.record import iter_batches, restamp, verify_batch
@@ -26,6 +38,15 @@ from estream.seal import CopyRecords
 request_timeout_s = limits.request_timeout_ms / 1000
 heal_window_s = 120.0  # how long a writer keeps trying to bring a left-out replica back
 heal_interval_s = 0.5
+seal_timeout_s = 1.0
+create_timeout_s = 2.0
+
+
+class SourceFailed(EstreamError):
+    """A copy failed at its source (an error or a checksum mismatch reading it); the
+    underlying error is ``__cause__``. Local to the SDK, never on the wire."""
+
+    field_names = ("source",)
 
 
 class ReplicaClient:
@@ -35,12 +56,14 @@ class ReplicaClient:
         self.pool = pool
         self.epoch = epoch
         self.addresses: dict[str, str] = {}
-        self.touched: set[str] = set()  # servers appended to since the last FORCE
+        # The APPEND header per replica, built once: the hot path sends it as it is.
+        self._append_headers: dict[tuple[str, bool], dict[str, Any]] = {}
 
     def learn(self, rng: RangeMeta) -> None:
         """Remember the addresses of ``rng``'s replicas."""
         for ref in rng.replicas:
-            self.addresses[ref.id] = ref.address
+            if self.addresses.get(ref.id) != ref.address:
+                self.addresses[ref.id] = ref.address
 
     async def rpc(
         self,
@@ -50,6 +73,7 @@ class ReplicaClient:
         *,
         timeout_s: float = request_timeout_s,
     ) -> dict[str, Any]:
+        """One request to ``replica`` (a server id), naming it in ``"server_id"``."""
         body, _ = await self.rpc_payload(replica, opcode, header, timeout_s=timeout_s)
         return body
 
@@ -63,38 +87,72 @@ class ReplicaClient:
         timeout_s: float = request_timeout_s,
     ) -> tuple[dict[str, Any], bytes | memoryview]:
         address = self.addresses[replica]
-        if opcode == Opcode.APPEND:
-            self.touched.add(address)
-        pool = self.pool
+        named = {**header, "server_id": replica}
         try:
-            return await pool.call(address, opcode, header, payload, timeout_s=timeout_s)
+            return await self.pool.call(address, opcode, named, payload, timeout_s=timeout_s)
         except Timeout:
             if opcode == Opcode.APPEND:
-                pool.discard(address)  # a stuck connection: reconnect for the next range
+                self.pool.discard(address)  # a stuck connection: reconnect for the next range
             raise
 
-    async def rpc_address(self, address: str, opcode: Opcode, header: dict[str, Any]) -> None:
-        await self.pool.call(address, opcode, header, timeout_s=request_timeout_s)
+    async def append(self, replica: str, payload: bytes, deferred: bool) -> int:
+        """APPEND one encoded batch to ``replica``; its durable (or written) end after it.
+        The writer's hot path: the header is built once per replica."""
+        key = (replica, deferred)
+        header = self._append_headers.get(key)
+        if header is None:
+            header = self._append_headers[key] = {"deferred": deferred, "server_id": replica}
+        address = self.addresses[replica]
+        try:
+            body, _ = await self.pool.call(
+                address, Opcode.APPEND, header, payload, timeout_s=request_timeout_s
+            )
+        except Timeout:
+            self.pool.discard(address)  # a stuck connection: reconnect for the next range
+            raise
+        return int(body["end"])
+
+    async def ping(self, replica: str, *, timeout_s: float = 1.0) -> bool:
+        """Whether the server at ``replica``'s address answers now, as ``replica``."""
+        address = self.addresses.get(replica)
+        if address is None:
+            return False
+        try:
+            body, _ = await self.pool.call(address, Opcode.PING, {}, timeout_s=timeout_s)
+        except EstreamError:
+            self.pool.discard(address)
+            return False
+        return body.get("server_id") == replica
 
     async def copy(self, stream_id: int, range_index: int, copy: CopyRecords) -> None:
-        """Read ``[start, end)`` (unconfirmed) from the source and append it to the target."""
+        """Read ``[start, end)`` (unconfirmed) from the source and append it, restamped
+        with our epoch, to the target. A failure at the source (an error, a checksum
+        mismatch, no progress) raises :class:`SourceFailed`; the target's errors are
+        raised as they are."""
         offset = copy.start
         while offset < copy.end:
-            body, payload = await self.rpc_payload(
-                copy.source,
-                Opcode.READ,
-                {
-                    "stream_id": stream_id,
-                    "range_index": range_index,
-                    "offset": offset,
-                    "max_bytes": limits.read_bytes_max,
-                    "wait_ms": 0,
-                    "unconfirmed": True,
-                },
-            )
+            try:
+                _, payload = await self.rpc_payload(
+                    copy.source,
+                    Opcode.READ,
+                    {
+                        "stream_id": stream_id,
+                        "range_index": range_index,
+                        "offset": offset,
+                        "max_bytes": limits.read_bytes_max,
+                        "wait_ms": 0,
+                        "unconfirmed": True,
+                    },
+                )
+                batches = list(iter_batches(payload))
+                for _, raw in batches:
+                    verify_batch(raw)
+            except EstreamError as exc:
+                raise SourceFailed(
+                    f"reading {copy.source} at {offset} failed: {exc!r}", source=copy.source
+                ) from exc
             progressed = False
-            for header, raw in iter_batches(payload):
-                verify_batch(raw)
+            for header, raw in batches:
                 if header.end_offset <= offset:
                     continue
                 if header.base_offset >= copy.end:
@@ -109,19 +167,32 @@ class ReplicaClient:
                 offset = header.end_offset
                 progressed = True
             if not progressed:
-                raise Timeout(f"copy from {copy.source} made no progress at {offset}")
+                raise SourceFailed(
+                    f"copy from {copy.source} made no progress at {offset}", source=copy.source
+                )
 
     async def seal(
         self, stream_id: int, range_index: int, end: int, replicas: Sequence[str]
     ) -> tuple[str, ...]:
-        """SEAL with the end on each replica, best effort (PD's record is what counts);
-        returns the replicas that confirmed it."""
+        """SEAL with the end on each replica, best effort (PD's record is what counts, and
+        it is made first); returns the replicas that confirmed it."""
         header = {"stream_id": stream_id, "range_index": range_index, "epoch": self.epoch}
         results = await asyncio.gather(
-            *(self.rpc(r, Opcode.SEAL, {**header, "end": end}, timeout_s=1.0) for r in replicas),
+            *(
+                self.rpc(r, Opcode.SEAL, {**header, "end": end}, timeout_s=seal_timeout_s)
+                for r in replicas
+            ),
             return_exceptions=True,
         )
         return tuple(r for r, res in zip(replicas, results, strict=True) if isinstance(res, dict))
+
+    async def force(self, replicas: Sequence[str]) -> set[str]:
+        """FORCE on each replica's server (everything written there so far is fsynced);
+        returns the replicas whose server answered."""
+        results = await asyncio.gather(
+            *(self.rpc(r, Opcode.FORCE, {}) for r in replicas), return_exceptions=True
+        )
+        return {r for r, res in zip(replicas, results, strict=True) if isinstance(res, dict)}
 
     async def create_range(self, stream_id: int, rng: RangeMeta) -> dict[str, EstreamError]:
         """CREATE_RANGE on every replica of ``rng`` at our epoch; the replicas that failed,
@@ -138,7 +209,7 @@ class ReplicaClient:
                         "start": rng.start,
                         "epoch": self.epoch,
                     },
-                    timeout_s=2.0,
+                    timeout_s=create_timeout_s,
                 )
                 for r in rng.replicas
             ),
@@ -185,9 +256,11 @@ class ReplicaClient:
         ids = {"stream_id": stream_id, "range_index": range_index}
         try:
             body = await self.rpc(replica, Opcode.DESCRIBE_RANGE, ids, timeout_s=1.0)
-        except RangeNotFound:
-            return  # it never had the range: nothing stale to serve
-        if body.get("sealed"):
+        except (RangeNotFound, WrongServer, ReplicaDamaged):
+            # It never had the range (nothing stale to serve), or it is another server now,
+            # or its data is damaged: nothing to heal in place (PD's repair replaces it).
+            return
+        if body.get("sealed") or body.get("damaged"):
             return
         have = int(body.get("end", end))
         if have < end:

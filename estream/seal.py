@@ -1,26 +1,52 @@
 """Recovery of an abandoned open range: the fail-over seal, as a pure state machine.
 
-A new writer that finds the last range of its stream open (its predecessor died or was
-cut off) must seal it before writing, at an end that keeps every acknowledged record
+A new writer (or the PD leader, once a dead writer's lease ran out) that finds the last
+range of a stream open must seal it at an end that keeps every acknowledged record
 (DESIGN.md section 2, "Recovery"):
 
 1. **Fence**: SEAL without an end, carrying the new epoch, to every replica. Each replica
    stops accepting the old writer's appends and answers its durable contiguous end. A
    replica that does not have the range (the old writer died between PD's seal_range and
    CREATE_RANGE) gets CREATE_RANGE at the new epoch instead, which fences it as well.
-2. **Choose the end** from at least :func:`~estream.quorum.seal_quorum` answers:
+   Only a *sound* answer counts: the request names the server id the catalog lists, so a
+   server with another identity (a wiped disk) answers ``WrongServer``, and a damaged
+   replica answers ``ReplicaDamaged``; both, like any other error, are errors, never an
+   "empty" answer. ``RangeNotFound`` comes only from the server the catalog names, so it
+   truly never had the replica: it is fenced by creating it (once).
+2. **Choose the end** from at least :func:`~estream.quorum.seal_quorum` sound answers:
    :func:`~estream.quorum.seal_end_offset` (the largest answered end), unless a replica
    answers that it is already sealed for good: then its end is final (the writer that
-   sealed it froze the end at its confirmed end before dying between SEAL and PD).
-3. **Copy** the records below the end from a replica that has them to the answered
-   replicas that are short, until at least ``ack_count`` hold them
-   (:func:`~estream.quorum.copy_targets`).
-4. **Commit**: SEAL with the end to the replicas that hold it, then PD ``seal_range`` at
-   the end (which places the next range), excluding replicas that did not answer.
+   sealed it froze the end at its confirmed end).
+3. **Copy** the records below the end to answered replicas that are short, until at least
+   ``ack_count`` sound replicas hold everything below it. A source is an answered replica
+   whose end is at or past the end. A copy that fails because its *source* failed (an
+   error reading it, a checksum mismatch) drops that source (it is no longer a holder
+   either) and tries another source; one that fails at its *target* tries another short
+   target. When ``ack_count`` holders cannot be had, recovery fails with ``Unavailable``:
+   it never commits short (the caller retries later, when a replica is back).
+4. **Commit**: PD ``seal_range`` at the end first (excluding the replicas that are not
+   holders or sound answers), and only then SEAL with the end to the holders (the driver,
+   :mod:`estream.recovery`, does both).
+
+Worked examples (replicas a, b, c; ack_count 2; so 2 sound answers are needed):
+
+=========================================  ===========================================
+fence answers                              outcome
+=========================================  ===========================================
+a=10, b=10, c=10                           commit 10, holders a b c
+a=12, b=9, c down                          copy a->b [9, 12); then commit 12, holders a b
+a=12, b=9, c=3, copy a->b fails at b       copy a->c [3, 12); then commit 12, holders a c
+a=12, b=9, c down, copy a->b fails         Unavailable (one holder; never commit short)
+a damaged, b down, c=7                     Unavailable (one sound answer of 2 needed)
+a WrongServer, b down, c=7                 Unavailable (the same: a wiped disk is no copy)
+a=52 sealed, b=66, c=40                    commit 52, holders a b (a's seal is final)
+a=0, b=0, c=0 (range start 0)              commit 0 (the driver keeps the range open)
+=========================================  ===========================================
 
 :class:`RangeRecovery` takes the answers and returns effects (:class:`SendFence`,
-:class:`CopyRecords`, :class:`CommitSeal`, :class:`RecoveryFailed`); the asyncio driver
-(:mod:`estream.writer`) and the simulation carry them out.
+:class:`FenceByCreate`, :class:`CopyRecords`, :class:`CommitSeal`,
+:class:`RecoveryFailed`); the asyncio driver (:mod:`estream.recovery`) and the simulation
+carry them out.
 
 Pure: no I/O.
 """
@@ -31,7 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from estream.errors import EstreamError, Fenced, RangeNotFound, Unavailable
-from estream.quorum import copy_targets, seal_end_offset, seal_quorum
+from estream.quorum import seal_end_offset, seal_quorum
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +80,8 @@ class FenceByCreate:
 @dataclass(frozen=True, slots=True)
 class CopyRecords:
     """Read ``[start, end)`` (unconfirmed) from ``source`` and append it, restamped with
-    the recovering writer's epoch, to ``target``; then report ``on_copy_done``."""
+    the recovering writer's epoch, to ``target``; then report ``on_copy_done`` or
+    ``on_copy_failed``."""
 
     source: str
     target: str
@@ -64,8 +91,10 @@ class CopyRecords:
 
 @dataclass(frozen=True, slots=True)
 class CommitSeal:
-    """SEAL with ``end`` to ``holders`` (best effort), then PD ``seal_range`` at ``end``
-    excluding ``exclude`` from the next range's placement."""
+    """PD ``seal_range`` at ``end`` excluding ``exclude`` from the next range's placement,
+    then SEAL with ``end`` to ``holders`` (best effort). Every holder holds everything
+    below ``end``; there are at least ``ack_count`` of them unless ``end`` is the range's
+    start (nothing to hold)."""
 
     end: int
     holders: tuple[str, ...]
@@ -74,6 +103,8 @@ class CommitSeal:
 
 @dataclass(frozen=True, slots=True)
 class RecoveryFailed:
+    """Recovery cannot finish safely now: ``Unavailable`` (retry later) or ``Fenced``."""
+
     error: EstreamError
 
 
@@ -86,43 +117,61 @@ class RangeRecovery:
 
     replicas: tuple[str, ...]
     ack_count: int
-    answers: dict[str, int] = field(default_factory=dict)
+    start_offset: int = 0  # the range's first offset
+    answers: dict[str, int] = field(default_factory=dict)  # sound fence answers: their ends
     errors: dict[str, EstreamError] = field(default_factory=dict)
     end: int | None = None
-    copying: set[str] = field(default_factory=set)
-    copied: set[str] = field(default_factory=set)
-    done: bool = False
     sealed_end: int | None = None
+    copying: dict[str, str] = field(default_factory=dict)  # target -> source, in progress
+    copied: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)  # answered, but reading from it failed
+    bad_targets: set[str] = field(default_factory=set)  # a copy to it failed at it
+    tried: dict[str, set[str]] = field(default_factory=dict)  # target -> sources tried
+    done: bool = False
     _created: set[str] = field(default_factory=set)
 
     @classmethod
-    def of(cls, replicas: Sequence[str], ack_count: int) -> RangeRecovery:
-        return cls(tuple(replicas), ack_count)
+    def of(cls, replicas: Sequence[str], ack_count: int, start: int = 0) -> RangeRecovery:
+        return cls(tuple(replicas), ack_count, start)
 
     @property
     def quorum(self) -> int:
         return seal_quorum(len(self.replicas), self.ack_count)
 
+    def holders(self) -> set[str]:
+        """The sound replicas known to hold everything below the chosen end."""
+        if self.end is None:
+            return set()
+        end = self.end
+        full = {r for r, e in self.answers.items() if e >= end and r not in self.lost}
+        return full | self.copied
+
     def start(self) -> list[RecoveryEffect]:
         return [SendFence(r) for r in self.replicas]
 
+    # -- events --------------------------------------------------------------------------
+
     def on_fence_answer(self, replica: str, end: int, sealed: bool = False) -> list[RecoveryEffect]:
         """``replica`` holds everything below ``end``; ``sealed``: it is already sealed for
-        good at ``end`` (a writer sealed it before dying, or an earlier recovery did)."""
-        if self.end is not None or self.done:
+        good at ``end`` (an earlier writer or recovery sealed it)."""
+        if self.end is not None or self.done or replica not in self.replicas:
             return []
         self.answers[replica] = end
+        self.errors.pop(replica, None)
         if sealed:
             self.sealed_end = end
         return self._decide_if_all_answered()
 
     def on_fence_error(self, replica: str, error: EstreamError) -> list[RecoveryEffect]:
+        """The fence (or the create) failed. Only ``Fenced`` (a newer epoch) ends the
+        recovery and only ``RangeNotFound`` (once) is not an error: every other answer,
+        ``WrongServer`` and ``ReplicaDamaged`` included, leaves the replica out."""
         if self.done:
             return []
         if isinstance(error, Fenced):
             self.done = True  # an even newer writer is recovering: give way
             return [RecoveryFailed(error)]
-        if self.end is not None:
+        if self.end is not None or replica not in self.replicas:
             return []
         if isinstance(error, RangeNotFound) and replica not in self._created:
             self._created.add(replica)
@@ -137,10 +186,24 @@ class RangeRecovery:
         return self._decide()
 
     def on_copy_done(self, target: str) -> list[RecoveryEffect]:
-        return self._copy_finished(target, ok=True)
+        if self.done or target not in self.copying:
+            return []
+        del self.copying[target]
+        self.copied.add(target)
+        return self._next_copies()
 
-    def on_copy_failed(self, target: str) -> list[RecoveryEffect]:
-        return self._copy_finished(target, ok=False)
+    def on_copy_failed(self, target: str, *, source_failed: bool = False) -> list[RecoveryEffect]:
+        """The copy to ``target`` failed: at its source (``source_failed``: reading it
+        failed, so it is neither a source nor a holder any more) or at the target."""
+        if self.done or target not in self.copying:
+            return []
+        source = self.copying.pop(target)
+        self.tried.setdefault(target, set()).add(source)
+        if source_failed:
+            self.lost.add(source)
+        else:
+            self.bad_targets.add(target)
+        return self._next_copies()
 
     # -- internals -----------------------------------------------------------------------
 
@@ -152,44 +215,98 @@ class RangeRecovery:
     def _decide(self) -> list[RecoveryEffect]:
         end = seal_end_offset(self.answers, len(self.replicas), self.ack_count)
         if end is None:
-            self.done = True
-            return [
-                RecoveryFailed(
-                    Unavailable(
-                        f"only {len(self.answers)} of {len(self.replicas)} replicas answered "
-                        f"the fencing seal; {self.quorum} are needed"
-                    )
-                )
-            ]
+            return self._fail(
+                f"only {len(self.answers)} of {len(self.replicas)} replicas answered the "
+                f"fencing seal soundly; {self.quorum} are needed "
+                f"(errors: {self._error_text()})"
+            )
         if self.sealed_end is not None:
             # A replica sealed for good is final: the writer that sealed it had frozen the
             # end at its confirmed end, so every acknowledged record lies below it, and what
             # other replicas hold beyond it was never acknowledged.
             end = self.sealed_end
         self.end = end
-        source = max(self.answers, key=lambda r: (min(self.answers[r], end), r))
-        targets = copy_targets(self.answers, end, self.ack_count)
-        self.copying = set(targets)
-        if not targets:
-            return self._commit()
-        return [CopyRecords(source, t, self.answers[t], end) for t in targets]
+        return self._next_copies()
 
-    def _copy_finished(self, target: str, *, ok: bool) -> list[RecoveryEffect]:
-        if self.done or target not in self.copying:
-            return []
-        self.copying.discard(target)
-        if ok:
-            self.copied.add(target)
-        return [] if self.copying else self._commit()
+    def _next_copies(self) -> list[RecoveryEffect]:
+        """Commit once ``ack_count`` holders exist; else start copies to short targets from
+        untried sources, enough to reach ``ack_count``; else fail."""
+        assert self.end is not None
+        holders = self.holders()
+        if self.end <= self.start_offset or len(holders) >= self.ack_count:
+            if self.copying:
+                return []  # let the copies in flight finish first (they add holders)
+            return self._commit(holders)
+        effects: list[RecoveryEffect] = []
+        missing = self.ack_count - len(holders) - len(self.copying)
+        for target in self._short_targets():
+            if missing <= 0:
+                break
+            source = self._source_for(target)
+            if source is None:
+                continue
+            self.copying[target] = source
+            effects.append(CopyRecords(source, target, self.answers[target], self.end))
+            missing -= 1
+        if effects or self.copying:
+            return effects
+        return self._fail(
+            f"only {len(holders)} sound replicas can hold [{self.start_offset}, {self.end}); "
+            f"{self.ack_count} are needed (errors: {self._error_text()})"
+        )
 
-    def _commit(self) -> list[RecoveryEffect]:
+    def _short_targets(self) -> list[str]:
+        """Answered replicas short of the end, not holding, not busy, not failed as a
+        target; the longest first (least to copy)."""
+        assert self.end is not None
+        end = self.end
+        short = [
+            r
+            for r, e in self.answers.items()
+            if e < end
+            and r not in self.copied
+            and r not in self.copying
+            and r not in self.bad_targets
+            and r not in self.lost
+        ]
+        return sorted(short, key=lambda r: (-self.answers[r], r))
+
+    def _source_for(self, target: str) -> str | None:
+        """A sound answered replica holding everything below the end that was not tried
+        for ``target`` yet (copied replicas are not used as sources)."""
+        assert self.end is not None
+        tried = self.tried.get(target, set())
+        sources = sorted(
+            r
+            for r, e in self.answers.items()
+            if e >= self.end and r not in self.lost and r not in tried
+        )
+        return sources[0] if sources else None
+
+    def _commit(self, holders: set[str]) -> list[RecoveryEffect]:
         assert self.end is not None
         self.done = True
-        holders = tuple(
-            sorted(r for r, e in self.answers.items() if e >= self.end or r in self.copied)
+        held = tuple(sorted(holders))
+        if self.end <= self.start_offset:
+            # Nothing to hold: every sound answer is as good as any.
+            held = tuple(sorted(r for r in self.answers if r not in self.lost))
+        exclude = tuple(
+            sorted(
+                r
+                for r in self.replicas
+                if r not in self.answers or r in self.lost or r in self.bad_targets
+            )
         )
-        exclude = tuple(sorted(r for r in self.replicas if r not in self.answers))
-        return [CommitSeal(self.end, holders, exclude)]
+        return [CommitSeal(self.end, held, exclude)]
+
+    def _fail(self, message: str) -> list[RecoveryEffect]:
+        self.done = True
+        return [RecoveryFailed(Unavailable(message))]
+
+    def _error_text(self) -> str:
+        if not self.errors:
+            return "none"
+        return ", ".join(f"{r}: {type(e).__name__}" for r, e in sorted(self.errors.items()))
 
 
 __all__ = [

@@ -3,11 +3,30 @@
 The driver decides nothing. It feeds the pure core events (appends from the user,
 replica answers, timer ticks, the next range after a seal) and carries out the effects the
 core returns: APPEND and CONFIRM to range servers, completing the user's appends, and the
-seal-and-roll sequence (SEAL with the end to live replicas, PD ``seal_range``, then
-CREATE_RANGE on the next range's replicas). On open it runs the recovery core
-(:class:`~estream.seal.RangeRecovery`) over the last range when it is still open. The
-requests themselves, and the copy and heal jobs, are
-:class:`~estream.replicas.ReplicaClient`'s.
+roll (PD ``seal_range`` first, then SEAL with the end to the live replicas, then
+CREATE_RANGE on the next range's replicas). On open it recovers the last range when it is
+still open (:func:`estream.recovery.recover_range`). The requests themselves, and the
+copy and heal jobs, are :class:`~estream.replicas.ReplicaClient`'s.
+
+What the driver adds around the core, all bounded in time:
+
+- **Degraded rolls.** When the core asks for a roll (:class:`RequestRoll`: a replica
+  failed, enough remain), the driver first checks that PD could place a range without
+  the failed servers (PD's live servers, minus the servers this writer saw fail that do
+  not answer a PING as themselves). Only then does it let the core freeze the end; if PD
+  still answers ``NoPlacement`` (it sealed nothing: PD is asked before any replica is
+  sealed) the core goes on, degraded. Attempts back off from
+  ``limits.roll_backoff_ms_min`` to ``roll_backoff_ms_max``; a range that must roll (too
+  few live replicas) retries its seal with the same backoff, never in a hot loop.
+- **Delivery timeout.** An append not acknowledged within ``delivery_timeout_ms`` fails
+  the writer as a whole: that append, every pending one and every later one raise
+  :class:`estream.Timeout` (open a new writer; its recovery decides what was kept).
+- **Durable visibility.** ``flush()`` and ``close()`` wait (bounded) until ``ack_count``
+  live replicas answered a CONFIRM carrying the final confirm offset (range servers log it
+  durably before answering), so a closed writer's last records stay visible after a
+  whole-cluster crash.
+- **Writer lease.** A background task sends PD ``keepalive_writer`` every
+  ``limits.writer_keepalive_ms``; ``Fenced`` or ``StreamNotFound`` fences the writer.
 
 Side effects: network requests (through the client's connection pool) and timers.
 """
@@ -29,7 +48,9 @@ from estream.errors import (
     InvalidArgument,
     NoPlacement,
     RangeSealed,
+    StreamNotFound,
     Timeout,
+    Unavailable,
 )
 from estream.meta import RangeMeta, StreamMeta
 from estream.protocol import Opcode
@@ -39,31 +60,27 @@ from estream.rangewriter import (
     Effect,
     FailAppends,
     RangeWriter,
+    RequestRoll,
     SendAppend,
     SendConfirm,
     WriterConfig,
     record_size,
 )
 from estream.record import Record
+from estream.recovery import recover_range
 from estream.replicas import ReplicaClient
-from estream.seal import (
-    CommitSeal,
-    CopyRecords,
-    FenceByCreate,
-    RangeRecovery,
-    RecoveryEffect,
-    RecoveryFailed,
-    SendFence,
-)
 
 if TYPE_CHECKING:
     from estream.client import Client
 
 log = logging.getLogger(__name__)
 
-roll_retry_s = 0.05
-close_wait_s = 1.0
+close_wait_s = 1.0  # close(): how long background answers and heals may still finish
+confirm_wait_s = limits.request_timeout_ms / 1000  # flush(): the durable CONFIRM's bound
 timer_min_s = 0.0003
+pd_retry_s = 0.05  # a retriable PD error during a roll: first wait before trying again
+recovery_backoff_s_min = 0.1
+recovery_backoff_s_max = 2.0
 
 
 def _now_ms() -> int:
@@ -83,113 +100,118 @@ class Writer:
         self.config = config
         self._core: RangeWriter | None = None
         self._replicas = ReplicaClient(client.pool, meta.epoch)
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        # (end offset, future, submitted at ms): completed in offset order, oldest first.
+        self._waiters: deque[tuple[int, asyncio.Future[None], int]] = deque()
         self._space: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._confirms: set[asyncio.Task[Any]] = set()
         self._heals: set[asyncio.Task[Any]] = set()  # background, cancelled on close
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
+        self._watchdog: asyncio.TimerHandle | None = None
         self._error: EstreamError | None = None
         self._closed = False
+        # Servers this writer saw fail: excluded from placements until they answer a PING.
+        self._suspects: set[str] = set()
+        self._roll_attempts: asyncio.Task[None] | None = None
+        self._roll_backoff_s = limits.roll_backoff_ms_min / 1000
+        self._last_roll_at = -1e9
+        self._keepalive: asyncio.Task[None] | None = None
+        # Durable confirms of the open range: replica -> highest CONFIRM it answered.
+        self._confirmed: dict[str, int] = {}
+        self._confirm_asked = 0  # highest confirm sent to the open range
+        self._confirm_changed = asyncio.Event()
+        # Ranges written since the last force(): index -> replicas that must answer FORCE.
+        self._unforced: dict[int, tuple[str, ...]] = {}
+        self._warned = False  # one warning per degraded episode...
+        self._warned_postponed = False  # ... and one when its roll cannot be placed
         self.rolls = 0
+        self.rolls_postponed = 0
+        self.degraded_ranges = 0
+        self.recovery_retries = 0
 
     # -- opening and recovery -------------------------------------------------------------
 
     @classmethod
     async def open(cls, client: Client, name: str, config: WriterConfig) -> Writer:
+        deadline = time.monotonic() + config.delivery_timeout_ms / 1000
         meta = await client.pd.open_writer(name)
         writer = cls(client, meta, config)
         try:
-            await writer._recover(meta)
+            await writer._recover(meta, deadline)
         except (Fenced, RangeSealed) as exc:
             # A newer writer overtook this one while it recovered: like any fenced writer,
             # it exists, and its appends fail with Fenced.
             writer._error = exc if isinstance(exc, Fenced) else Fenced(str(exc))
+            return writer
+        writer._keepalive = asyncio.ensure_future(writer._keep_lease())
         return writer
 
-    async def _recover(self, meta: StreamMeta) -> None:
-        last = meta.last_range
-        if last is None or last.sealed:
-            raise InvalidArgument(f"stream {meta.name!r} has no open range")
-        self._replicas.learn(last)
-        recovery = RangeRecovery.of([r.id for r in last.replicas], meta.ack_count)
-        effects: list[RecoveryEffect] = recovery.start()
+    async def _recover(self, meta: StreamMeta, deadline: float) -> None:
+        """Recover the open last range (retrying while it cannot be done safely, until
+        ``deadline``), then start the core on the range to write."""
+        backoff = recovery_backoff_s_min
         while True:
-            for effect in effects:
-                if isinstance(effect, RecoveryFailed):
-                    raise effect.error
-                if isinstance(effect, CommitSeal):
-                    await self._commit_recovery(meta, last, effect)
-                    return
-            results = await asyncio.gather(
-                *(self._recovery_step(meta, last, recovery, e) for e in effects)
-            )
-            effects = [e for batch in results for e in batch]
-            if not effects:
-                effects = recovery.on_deadline()
-                if not effects:
-                    raise Timeout(f"recovery of stream {meta.name!r} made no progress")
-
-    async def _recovery_step(
-        self, meta: StreamMeta, rng: RangeMeta, recovery: RangeRecovery, effect: RecoveryEffect
-    ) -> list[RecoveryEffect]:
-        if isinstance(effect, SendFence | FenceByCreate):
-            replica = effect.replica
+            remaining = deadline - time.monotonic()
             try:
-                if isinstance(effect, SendFence):
-                    body = await self._replicas.rpc(
-                        replica,
-                        Opcode.SEAL,
-                        {
-                            "stream_id": meta.id,
-                            "range_index": rng.index,
-                            "epoch": self.epoch,
-                            "end": None,
-                        },
+                if meta.epoch > self.epoch:
+                    raise Fenced(
+                        f"stream {meta.name!r}: epoch {self.epoch} is fenced by {meta.epoch}",
+                        epoch=self.epoch, current_epoch=meta.epoch,
                     )
-                else:
-                    body = await self._replicas.rpc(
-                        replica,
-                        Opcode.CREATE_RANGE,
-                        {
-                            "stream_id": meta.id,
-                            "range_index": rng.index,
-                            "start": rng.start,
-                            "epoch": self.epoch,
-                        },
-                    )
-            except EstreamError as exc:
-                return recovery.on_fence_error(replica, exc)
-            end = body.get("end")
-            return recovery.on_fence_answer(
-                replica, int(end if end is not None else rng.start), bool(body.get("sealed"))
-            )
-        if isinstance(effect, CopyRecords):
-            try:
-                await self._replicas.copy(meta.id, rng.index, effect)
-            except EstreamError as exc:
-                log.warning("recovery copy to %s failed: %r", effect.target, exc)
-                return recovery.on_copy_failed(effect.target)
-            return recovery.on_copy_done(effect.target)
-        return []
-
-    async def _commit_recovery(self, meta: StreamMeta, rng: RangeMeta, commit: CommitSeal) -> None:
-        if (
-            commit.end == rng.start
-            and not commit.exclude
-            and len(commit.holders) == len(rng.replicas)
-        ):
-            # Nothing was ever written and every replica is fenced at our epoch: keep it.
-            self._start_core(meta, rng)
+                result = await asyncio.wait_for(
+                    recover_range(self._replicas, meta, self._recovery_seal), max(remaining, 0)
+                )
+                break
+            except (Unavailable, TimeoutError) as exc:
+                # Not safe now (too few sound replicas, a failed copy, PD unreachable):
+                # fence again later; fencing at the same epoch is idempotent.
+                if time.monotonic() + backoff >= deadline:
+                    raise Unavailable(
+                        f"cannot recover stream {meta.name!r} within "
+                        f"{self.config.delivery_timeout_ms / 1000:g}s: {exc}"
+                    ) from exc
+                if not self.recovery_retries:
+                    log.warning("recovery of stream %r must wait: %s", meta.name, exc)
+                self.recovery_retries += 1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, recovery_backoff_s_max)
+                try:
+                    meta = await self._client.pd.describe_stream(meta.name)
+                except Unavailable:
+                    pass  # PD down: try with what we have
+        last = meta.last_range
+        assert last is not None
+        if result.kept:
+            self._start_core(meta, last)
             return
-        sealed = await self._replicas.seal(meta.id, rng.index, commit.end, commit.holders)
-        new_meta = await self._pd_seal(rng.index, commit.end, commit.exclude)
-        nxt = self._range(new_meta, rng.index + 1)
-        errors = await self._replicas.create_range(new_meta.id, nxt)
-        self._start_core(new_meta, nxt)
+        nxt = self._range(result.meta, last.index + 1)
+        errors = await self._replicas.create_range(result.meta.id, nxt)
+        self._start_core(result.meta, nxt)
         self._report_create_errors(nxt, errors)
-        self._heal_later(meta.id, rng, commit.end, sealed)
+        self._heal_later(
+            result.meta.id, self._range(result.meta, last.index), result.end, result.holders
+        )
+
+    async def _recovery_seal(
+        self, range_index: int, end: int, exclude: tuple[str, ...]
+    ) -> StreamMeta:
+        """Recovery's ``seal_in_pd``. Without a placement avoiding ``exclude``, the next
+        range is placed among every live server (the writer then runs it degraded)."""
+        pd = self._client.pd
+        try:
+            try:
+                return await pd.seal_range(self.stream.name, self.epoch, range_index, end, exclude)
+            except NoPlacement:
+                if not exclude:
+                    raise
+            return await pd.seal_range(self.stream.name, self.epoch, range_index, end, ())
+        except NoPlacement as exc:
+            raise Unavailable(f"no placement for the next range: {exc}") from exc
+        except RangeSealed as exc:
+            # PD checks the epoch first, so only this writer can have sealed it: an earlier
+            # attempt whose answer was lost, with ack_count holders below its end. Go on
+            # from the next range (the retry reads the stream again).
+            raise Unavailable(f"sealed by an earlier attempt: {exc}") from exc
 
     def _start_core(self, meta: StreamMeta, rng: RangeMeta) -> None:
         self.stream = meta
@@ -203,6 +225,14 @@ class Writer:
             replicas=[r.id for r in rng.replicas],
             config=self.config,
         )
+        self._new_range()
+
+    def _new_range(self) -> None:
+        core = self._core
+        assert core is not None
+        self._confirmed = {}
+        self._confirm_asked = core.range_start
+        self._unforced[core.range_index] = core.replicas
 
     # -- the public API -------------------------------------------------------------------
 
@@ -213,12 +243,14 @@ class Writer:
         timestamp: int | None = None,
     ) -> int:
         """Append one record; returns its offset once it is durable on ``ack_count``
-        replicas (and every earlier append is)."""
+        replicas (and every earlier append is). Raises :class:`estream.Timeout` when it
+        is not acknowledged within the delivery timeout (the writer fails as a whole)."""
         record = self._record(value, headers, timestamp)
         core = await self._wait_space(record_size(record))
-        base, effects = core.submit([record], _now_ms())
+        now = _now_ms()
+        base, effects = core.submit([record], now)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((base + 1, future))
+        self._add_waiter(base + 1, future, now)
         self._run(effects)
         await future
         return base
@@ -234,60 +266,75 @@ class Writer:
             for v in values
         ]
         core = await self._wait_space(sum(record_size(r) for r in records))
-        base, effects = core.submit(records, _now_ms())
+        now = _now_ms()
+        base, effects = core.submit(records, now)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((base + len(records), future))
+        self._add_waiter(base + len(records), future, now)
         self._run(effects)
         await future
         return list(range(base, base + len(records)))
 
     async def flush(self) -> None:
-        """Wait until everything appended so far is acknowledged."""
+        """Wait until everything appended so far is acknowledged, then (bounded) until
+        ``ack_count`` live replicas answered the CONFIRM that makes it visible to readers
+        (range servers log it durably before answering)."""
         core = self._check_open()
         if core.completed < core.next_offset:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append((core.next_offset, future))
+            self._add_waiter(core.next_offset, future, _now_ms())
             self._run(core.on_tick(_now_ms()))
             await future
-        self._run(core.confirm_now())
-        if self._confirms:
-            # Readers see what was flushed once the CONFIRM landed: wait for it, briefly.
-            await asyncio.wait(list(self._confirms), timeout=close_wait_s)
+        await self._confirm_durably(confirm_wait_s)
 
     async def force(self) -> None:
         """Make everything appended so far durable (``DEFERRED_SYNC`` writers): FORCE on
-        every server written to since the last force, then move the confirm offset."""
+        the replicas of every range written since the last force, then move the confirm
+        offset. Returns only when, for each such range, at least ``ack_count`` of its
+        replicas answered; otherwise raises :class:`Unavailable` (what is owed stays owed
+        for the next force)."""
         await self.flush()
         core = self._check_open()
         upto = core.completed
-        touched, self._replicas.touched = self._replicas.touched, set()
-        results = await asyncio.gather(
-            *(self._replicas.rpc_address(a, Opcode.FORCE, {}) for a in touched),
-            return_exceptions=True,
-        )
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if len(failed) == len(results) and failed:
-            self._replicas.touched |= touched
-            raise failed[0]
+        owed = dict(self._unforced)
+        owed[core.range_index] = core.live
+        replicas = sorted({r for rs in owed.values() for r in rs})
+        answered = await self._replicas.force(replicas)
+        acks = core.ack_count
+        short = sorted(i for i, rs in owed.items() if len(answered.intersection(rs)) < acks)
+        if short:
+            raise Unavailable(
+                f"FORCE was answered by fewer than {core.ack_count} replicas of range(s) "
+                f"{', '.join(map(str, short))} (answered: {', '.join(sorted(answered)) or 'none'})"
+            )
+        for index in owed:
+            if index != core.range_index:
+                self._unforced.pop(index, None)
         self._run(core.on_forced(upto))
+        await self._confirm_durably(confirm_wait_s)
 
     async def close(self) -> None:
-        """Flush, then stop. Appends after close raise :class:`Closed`."""
+        """Flush, then stop. Appends after close raise :class:`Closed`. Bounded: pending
+        appends are answered within the delivery timeout, the final CONFIRM waits at most
+        a request timeout."""
         if self._closed:
             return
         try:
             if self._error is None and self._core is not None:
                 await self.flush()
-            if self._tasks:
-                # Let the last CONFIRM, answers in flight and replica heals finish, briefly.
-                await asyncio.wait(list(self._tasks), timeout=close_wait_s)
         finally:
-            self._closed = True
-            if self._timer is not None:
-                self._timer.cancel()
-            for task in list(self._tasks):
-                task.cancel()
-            self._fail_all(Closed("the writer is closed"))
+            self._stop_background()
+            try:
+                if self._tasks:
+                    # Let answers in flight and replica heals finish, briefly.
+                    await asyncio.wait(list(self._tasks), timeout=close_wait_s)
+            finally:
+                self._closed = True
+                for handle in (self._timer, self._watchdog):
+                    if handle is not None:
+                        handle.cancel()
+                for task in list(self._tasks):
+                    task.cancel()
+                self._fail_all(Closed("the writer is closed"))
 
     @property
     def closed(self) -> bool:
@@ -300,6 +347,10 @@ class Writer:
         await self.close()
 
     def statistics(self) -> dict[str, int]:
+        """Counters: ``degraded`` is 1 while the open range runs without some replicas;
+        ``degraded_ranges`` counts ranges that ran degraded; ``rolls_postponed`` counts
+        roll attempts that found no placement; ``recovery_retries`` counts open's
+        recoveries that had to wait."""
         core = self._core
         return {
             "next_offset": core.next_offset if core else 0,
@@ -308,6 +359,10 @@ class Writer:
             "inflight_batches": core.inflight_batches if core else 0,
             "inflight_bytes": core.inflight_bytes if core else 0,
             "rolls": self.rolls,
+            "degraded": int(bool(core and core.failed)),
+            "degraded_ranges": self.degraded_ranges,
+            "rolls_postponed": self.rolls_postponed,
+            "recovery_retries": self.recovery_retries,
         }
 
     # -- internals: appends ---------------------------------------------------------------
@@ -341,6 +396,47 @@ class Writer:
             core = self._check_open()
         return core
 
+    def _add_waiter(self, end: int, future: asyncio.Future[None], now_ms: int) -> None:
+        self._waiters.append((end, future, now_ms))
+        if self._watchdog is None:
+            self._arm_watchdog(now_ms)
+
+    def _arm_watchdog(self, submitted_ms: int) -> None:
+        """One timer for the oldest pending append's delivery deadline."""
+        delay_s = (submitted_ms + self.config.delivery_timeout_ms) / 1000 - time.monotonic()
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(max(delay_s, timer_min_s), self._on_watchdog)
+
+    def _on_watchdog(self) -> None:
+        self._watchdog = None
+        if self._closed or self._error is not None or not self._waiters:
+            return
+        submitted_ms = self._waiters[0][2]
+        if _now_ms() < submitted_ms + self.config.delivery_timeout_ms:
+            self._arm_watchdog(submitted_ms)
+            return
+        error = Timeout(
+            f"an append to stream {self.stream.name!r} was not acknowledged within "
+            f"{self.config.delivery_timeout_ms / 1000:g}s; the writer is closed for appends "
+            "(open a new writer: its recovery keeps every acknowledged record)"
+        )
+        log.warning("%s", error.message)
+        self._fail_writer(error)
+
+    def _fail_writer(self, error: EstreamError) -> None:
+        core = self._core
+        if core is not None:
+            self._run(core.on_fenced(error))
+        if self._error is None:
+            self._error = error
+            self._fail_all(error)
+        self._stop_background()
+
+    def _stop_background(self) -> None:
+        for task in (self._keepalive, self._roll_attempts):
+            if task is not None and not task.done():
+                task.cancel()
+
     def _run(self, effects: list[Effect]) -> None:
         """Carry out the core's effects, then re-arm the timer."""
         core = self._core
@@ -352,9 +448,11 @@ class Writer:
             elif isinstance(effect, CompleteAppends):
                 complete_upto = max(complete_upto, effect.upto)
             elif isinstance(effect, SendConfirm):
-                task = self._spawn(self._send_confirm(effect))
-                self._confirms.add(task)
-                task.add_done_callback(self._confirms.discard)
+                if effect.range_index == core.range_index:
+                    self._confirm_asked = max(self._confirm_asked, effect.confirm)
+                self._spawn(self._send_confirm(effect))
+            elif isinstance(effect, RequestRoll):
+                self._on_degraded(effect)
             elif isinstance(effect, BeginSeal):
                 self._spawn(self._roll(effect))
             elif isinstance(effect, FailAppends):
@@ -373,19 +471,20 @@ class Writer:
     def _complete(self, upto: int) -> None:
         waiters = self._waiters
         while waiters and waiters[0][0] <= upto:
-            _, future = waiters.popleft()
+            _, future, _ = waiters.popleft()
             if not future.done():
                 future.set_result(None)
 
     def _fail_all(self, error: EstreamError) -> None:
         waiters, self._waiters = self._waiters, deque()
-        for _, future in waiters:
+        for _, future, _ in waiters:
             if not future.done():
                 future.set_exception(error)
         space, self._space = self._space, []
         for future in space:
             if not future.done():
                 future.set_exception(error)
+        self._confirm_changed.set()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -431,17 +530,13 @@ class Writer:
         core = self._core
         assert core is not None
         try:
-            body, _ = await self._replicas.rpc_payload(
-                effect.replica, Opcode.APPEND, {"deferred": self.config.deferred}, effect.payload
-            )
+            end = await self._replicas.append(effect.replica, effect.payload, self.config.deferred)
         except EstreamError as exc:
             if self._core is core and not self._closed:
                 self._run(core.on_append_error(effect.replica, effect.range_index, exc, _now_ms()))
             return
         if self._core is core and not self._closed:
-            self._run(
-                core.on_append_ack(effect.replica, effect.range_index, int(body["end"]), _now_ms())
-            )
+            self._run(core.on_append_ack(effect.replica, effect.range_index, end, _now_ms()))
 
     async def _send_confirm(self, effect: SendConfirm) -> None:
         core = self._core
@@ -459,19 +554,134 @@ class Writer:
             )
         except Fenced as exc:
             self._run(core.on_fenced(exc))
+            return
         except EstreamError:
-            pass  # best effort: the next batch carries the confirm offset too
+            return  # best effort: the next batch carries the confirm offset too
+        if effect.range_index == core.range_index:
+            have = self._confirmed.get(effect.replica, -1)
+            if effect.confirm > have:
+                self._confirmed[effect.replica] = effect.confirm
+                self._confirm_changed.set()
 
-    # -- internals: seal and roll ---------------------------------------------------------
+    async def _confirm_durably(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until ``ack_count`` live replicas of the open range
+        answered a CONFIRM at or past the visible confirm offset."""
+        core = self._core
+        if core is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        target = core.visible_confirm
+        while self._core is core and self._error is None and not core.sealing:
+            if target <= core.range_start or self._confirms_at(core, target) >= core.ack_count:
+                return
+            if self._confirm_asked < target:
+                self._run(core.confirm_now(again=True))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.info(
+                    "stream %r: the CONFIRM of %d was answered by %d replicas, not %d",
+                    self.stream.name, target, self._confirms_at(core, target), core.ack_count,
+                )
+                return
+            self._confirm_changed.clear()
+            try:
+                await asyncio.wait_for(self._confirm_changed.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    def _confirms_at(self, core: RangeWriter, target: int) -> int:
+        live = core.live
+        return sum(1 for r, c in self._confirmed.items() if c >= target and r in live)
+
+    # -- internals: degraded ranges, seal and roll ----------------------------------------
+
+    def _on_degraded(self, request: RequestRoll) -> None:
+        self.degraded_ranges += 1
+        self._suspects.update(request.failed)
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "stream %r: range %d runs degraded without %s; appends continue on the "
+                "other replicas, the range rolls once a replacement can be placed",
+                self.stream.name, request.range_index, ", ".join(request.failed),
+            )
+        recent = time.monotonic() - self._last_roll_at < limits.roll_backoff_ms_max / 1000
+        if not recent:
+            self._roll_backoff_s = limits.roll_backoff_ms_min / 1000
+        # After a recent roll, no faster than the backoff: a stream grows by a few ranges
+        # per outage, not one per failed attempt.
+        self._start_roll_attempts(request.range_index, wait_first=recent)
+
+    def _start_roll_attempts(self, range_index: int, *, wait_first: bool) -> None:
+        if self._roll_attempts is None or self._roll_attempts.done():
+            self._roll_attempts = asyncio.ensure_future(self._try_rolls(range_index, wait_first))
+
+    async def _try_rolls(self, range_index: int, wait_first: bool) -> None:
+        """Roll a degraded range once PD can place a range without the failed servers;
+        until then the range goes on taking appends, and the attempts back off."""
+        core = self._core
+        if wait_first:
+            await self._sleep_backoff()
+        while (
+            self._core is core and core is not None and core.range_index == range_index
+            and core.roll_wanted and not self._closed and self._error is None
+        ):
+            if await self._placement_possible(core.failed):
+                self._run(core.begin_roll(_now_ms()))
+                return
+            self._postponed(range_index)
+            await self._sleep_backoff()
+
+    async def _sleep_backoff(self) -> None:
+        await asyncio.sleep(self._roll_backoff_s)
+        self._roll_backoff_s = min(self._roll_backoff_s * 2, limits.roll_backoff_ms_max / 1000)
+
+    def _postponed(self, range_index: int) -> None:
+        self.rolls_postponed += 1
+        if not self._warned_postponed:
+            self._warned_postponed = True
+            log.warning(
+                "stream %r: range %d cannot roll yet (no placement without %s); retrying "
+                "every %g-%gs", self.stream.name, range_index, ", ".join(sorted(self._suspects)),
+                limits.roll_backoff_ms_min / 1000, limits.roll_backoff_ms_max / 1000,
+            )
+
+    async def _exclusions(self, failed: Sequence[str], *, probe: bool = True) -> tuple[str, ...]:
+        """The servers to keep out of the next placement: the failed replicas and every
+        server this writer saw fail, except (``probe``) those that answer a PING as
+        themselves now."""
+        self._suspects.update(failed)
+        if not probe:
+            return tuple(sorted(self._suspects))
+        suspects = sorted(self._suspects)
+        answers = await asyncio.gather(*(self._replicas.ping(s) for s in suspects))
+        for server, alive in zip(suspects, answers, strict=True):
+            if alive:
+                self._suspects.discard(server)
+        return tuple(sorted(self._suspects))
+
+    async def _placement_possible(self, failed: Sequence[str]) -> bool:
+        exclude = set(await self._exclusions(failed))
+        try:
+            servers = await self._client.pd.list_servers()
+        except EstreamError:
+            return False  # PD unreachable: no roll can happen now anyway
+        candidates = [s for s in servers if s.alive and s.id not in exclude]
+        return len(candidates) >= self.stream.replicas
 
     async def _roll(self, seal: BeginSeal) -> None:
+        """PD seal_range first (retried; ``NoPlacement`` sealed nothing: a degraded range
+        goes on, one that must roll retries after a backoff), then SEAL the live replicas
+        at the end, then CREATE_RANGE on the next range."""
         core = self._core
         assert core is not None
         try:
+            meta = await self._seal_in_pd(core, seal)
+            if meta is None:
+                return  # postponed (the range goes on degraded) or the writer stopped
             sealed = await self._replicas.seal(
-                core.stream_id, seal.range_index, seal.end, seal.live
+                core.stream_id, seal.range_index, seal.end, core.live
             )
-            meta = await self._pd_seal(seal.range_index, seal.end, seal.failed)
             nxt = self._range(meta, seal.range_index + 1)
             errors = await self._replicas.create_range(meta.id, nxt)
         except (Fenced, RangeSealed) as exc:
@@ -483,51 +693,90 @@ class Writer:
         except EstreamError as exc:
             # Not retriable (PD refused the seal for another reason): fail loudly, not hang.
             log.error("seal and roll of range %s failed: %r", seal.range_index, exc)
-            self._run(core.on_fenced(exc))
+            self._fail_writer(exc)
+            return
+        if self._core is not core or self._error is not None:
             return
         self.stream = meta
         self.rolls += 1
+        self._last_roll_at = time.monotonic()
+        self._unforced[seal.range_index] = core.live
         self._replicas.learn(nxt)
         self._run(
             core.on_range_opened(nxt.index, nxt.start, [r.id for r in nxt.replicas], _now_ms())
         )
+        self._new_range()
         self._heal_later(meta.id, self._range(meta, seal.range_index), seal.end, sealed)
         self._report_create_errors(nxt, errors)
+        if not core.failed:
+            self._warned = self._warned_postponed = False  # healthy: the next episode warns
 
-    def _heal_later(self, stream_id: int, rng: RangeMeta, end: int, sealed: Sequence[str]) -> None:
+    async def _seal_in_pd(self, core: RangeWriter, seal: BeginSeal) -> StreamMeta | None:
+        """PD seal_range at the frozen end, retried until it lands. ``None`` when PD could
+        not place the next range and the core went back to degraded appending, or when the
+        writer stopped."""
+        pd = self._client.pd
+        retry_s = pd_retry_s
+        probe = False  # the servers were just probed (a degraded roll) or just failed
+        while self._core is core and not self._closed and self._error is None:
+            exclude = await self._exclusions(core.failed, probe=probe)
+            probe = True
+            try:
+                return await pd.seal_range(
+                    self.stream.name, self.epoch, seal.range_index, seal.end, exclude
+                )
+            except NoPlacement:
+                # Nothing was sealed (PD first): the range may go on, degraded.
+                self._postponed(seal.range_index)
+                self._run(core.on_roll_postponed(seal.range_index, _now_ms()))
+                if not core.sealing:
+                    self._start_roll_attempts(seal.range_index, wait_first=True)
+                    return None
+                await self._sleep_backoff()
+            except EstreamError as exc:
+                if isinstance(exc, Fenced | RangeSealed | Closed) or not exc.retriable:
+                    raise
+                await asyncio.sleep(retry_s)
+                retry_s = min(retry_s * 2, limits.roll_backoff_ms_max / 1000)
+        return None
+
+    def _heal_later(
+        self, stream_id: int, rng: RangeMeta, end: int, holders: Sequence[str]
+    ) -> None:
         """Bring the replicas of a just-sealed range that did not confirm the seal (dead,
         cut off, slow) to the same records and seal, in the background."""
-        short = tuple(r.id for r in rng.replicas if r.id not in sealed)
-        if short and sealed:
+        short = tuple(r.id for r in rng.replicas if r.id not in holders)
+        if short and holders:
             self._background(self._replicas.heal(
-                stream_id, rng.index, end, short, tuple(sealed), lambda: not self._closed))
+                stream_id, rng.index, end, short, tuple(holders), lambda: not self._closed))
 
     def _report_create_errors(self, rng: RangeMeta, errors: dict[str, EstreamError]) -> None:
         core = self._core
         assert core is not None
         for replica, error in errors.items():
+            log.info("stream %r range %d: CREATE_RANGE on %s failed: %r",
+                     self.stream.name, rng.index, replica, error)
             self._run(core.on_append_error(replica, rng.index, error, _now_ms()))
 
-    async def _pd_seal(self, range_index: int, end: int, exclude: Sequence[str]) -> StreamMeta:
-        """PD seal_range, retried until it lands (the writer never gives up while PD lives);
-        ``exclude`` is dropped if it leaves too few servers."""
+    # -- internals: the writer lease ------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        """PD keepalive every ``limits.writer_keepalive_ms``. ``Fenced`` or
+        ``StreamNotFound`` fences the writer; other errors are ignored (PD may be down:
+        appends do not need it)."""
         pd = self._client.pd
-        while True:
-            if self._closed:
-                raise Closed("the writer is closed")
+        name = self.stream.name
+        while not self._closed and self._error is None:
+            await asyncio.sleep(limits.writer_keepalive_ms / 1000)
             try:
-                return await pd.seal_range(self.stream.name, self.epoch, range_index, end, exclude)
-            except NoPlacement:
-                if exclude:
-                    exclude = ()
-                    continue
-                await asyncio.sleep(roll_retry_s * 10)
-            except (Fenced, RangeSealed):
-                raise
-            except EstreamError as exc:
-                if not exc.retriable:
-                    raise
-                await asyncio.sleep(roll_retry_s)
+                await pd.keepalive_writer(name, self.epoch)
+            except (Fenced, StreamNotFound) as exc:
+                fenced = exc if isinstance(exc, Fenced) else Fenced(f"stream {name!r}: {exc}")
+                log.warning("writer of stream %r fenced by PD: %s", name, exc)
+                self._fail_writer(fenced)
+                return
+            except EstreamError:
+                continue
 
     @staticmethod
     def _range(meta: StreamMeta, index: int) -> RangeMeta:

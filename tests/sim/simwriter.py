@@ -17,6 +17,7 @@ from estream.rangewriter import (
     Effect,
     FailAppends,
     RangeWriter,
+    RequestRoll,
     SendAppend,
     SendConfirm,
     WriterConfig,
@@ -115,7 +116,9 @@ class SimWriter:
         self._meta = meta
         last = meta.last_range
         assert last is not None and not last.sealed
-        self.recovery = RangeRecovery.of([r.id for r in last.replicas], meta.ack_count)
+        self.recovery = RangeRecovery.of(
+            [r.id for r in last.replicas], meta.ack_count, last.start
+        )
         self._recovery_effects(self.recovery.start(), meta, last)
 
     def _recovery_effects(
@@ -335,6 +338,10 @@ class SimWriter:
                         self.stream, self.epoch, i, end, ()
                     ),
                 )
+            elif isinstance(e, RequestRoll):
+                # Five servers: a placement without the failed one exists; roll at once.
+                self.world.after(1, lambda: self._effects(
+                    core.begin_roll(self.world.now_ms) if core.roll_wanted else []))
             elif isinstance(e, FailAppends):
                 self.fenced = True
         self._schedule_tick()

@@ -1,5 +1,5 @@
-"""The writer's pure state machine: batching, ordered completion, chasing, seal and roll,
-fencing, deferred sync. Scenario tests: events in, effects out."""
+"""The writer's pure state machine: batching, ordered completion, chasing, degraded ranges,
+seal and roll, fencing, deferred sync. Scenario tests: events in, effects out."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from estream.rangewriter import (
     Effect,
     FailAppends,
     RangeWriter,
+    RequestRoll,
     SendAppend,
     SendConfirm,
     WriterConfig,
@@ -126,25 +127,37 @@ def test_slow_replica_chases_without_delaying_appends_and_batches_wait_for_it() 
     assert w.inflight_batches == 0
 
 
-def test_replica_past_its_time_bound_triggers_a_seal_at_the_confirmed_end() -> None:
+def rolls(effects: list[Effect]) -> list[RequestRoll]:
+    return [e for e in effects if isinstance(e, RequestRoll)]
+
+
+def seals(effects: list[Effect]) -> list[BeginSeal]:
+    return [e for e in effects if isinstance(e, BeginSeal)]
+
+
+def test_replica_past_its_time_bound_is_dropped_and_a_roll_requested() -> None:
     w = make(chase_backlog_ms_max=100)
     w.submit([rec(0)], 0)
     w.on_append_ack("a", 0, 1, 1)
     w.on_append_ack("b", 0, 1, 1)
-    assert [e for e in w.on_tick(100) if isinstance(e, BeginSeal)] == []
-    seals = [e for e in w.on_tick(101) if isinstance(e, BeginSeal)]
-    assert seals == [BeginSeal(0, 1, ("c",), ("a", "b"))]
+    assert rolls(w.on_tick(100)) == []
+    effects = w.on_tick(101)
+    assert rolls(effects) == [RequestRoll(0, ("c",))] and seals(effects) == []
+    assert w.degraded and w.live == ("a", "b") and not w.sealing
+    # The driver found a placement: the end freezes at the confirmed end, a and b hold it.
+    assert seals(w.begin_roll(102)) == [BeginSeal(0, 1, ("c",), ("a", "b"))]
 
 
-def test_replica_past_its_byte_bound_triggers_a_seal() -> None:
+def test_replica_past_its_byte_bound_is_dropped() -> None:
     w = make(chase_backlog_bytes_max=300, linger_ms=0)  # a batch here is 138 bytes
-    seals: list[BeginSeal] = []
+    requests: list[RequestRoll] = []
     for i in range(6):
         w.submit([Record(b"x" * 50)], i)
         w.on_append_ack("a", 0, i + 1, i)
         w.on_append_ack("b", 0, i + 1, i)
-        seals += [e for e in w.on_tick(i) if isinstance(e, BeginSeal)]
-    assert seals == [BeginSeal(0, 3, ("c",), ("a", "b"))]  # 3 batches = 414 bytes behind
+        requests += rolls(w.on_tick(i))
+    assert requests == [RequestRoll(0, ("c",))]  # after 3 batches = 414 bytes behind
+    assert w.completed == 6 and w.inflight_batches == 0  # nothing kept for c any more
 
 
 def test_failure_seals_resends_unconfirmed_batches_and_completes_them_once() -> None:
@@ -155,9 +168,9 @@ def test_failure_seals_resends_unconfirmed_batches_and_completes_them_once() -> 
     w.on_append_ack("a", 0, 1, 1)
     w.on_append_ack("b", 0, 1, 1)  # [0,1) complete
     w.on_append_ack("a", 0, 3, 1)  # [1,3) on "a" only
-    effects = w.on_append_error("c", 0, Unavailable("gone"), 2)
-    # "b" has not reached the frozen end 1? it has: the seal starts right away.
-    assert [e for e in effects if isinstance(e, BeginSeal)] == [BeginSeal(0, 1, ("c",), ("a", "b"))]
+    assert rolls(w.on_append_error("c", 0, Unavailable("gone"), 2)) == [RequestRoll(0, ("c",))]
+    # The roll begins; "b" has reached the frozen end 1: the seal starts right away.
+    assert seals(w.begin_roll(2)) == [BeginSeal(0, 1, ("c",), ("a", "b"))]
     # An ack for the old range after the freeze completes nothing.
     assert completes(w.on_append_ack("b", 0, 3, 3)) == []
     # The new range [1, ...) on d, a, b: the unconfirmed batch is resent, restamped.
@@ -176,12 +189,12 @@ def test_seal_waits_for_live_replicas_to_reach_the_end() -> None:
     w.submit([rec(0)], 0)
     w.on_append_ack("a", 0, 1, 1)
     w.on_append_ack("c", 0, 1, 1)  # complete with a and c; b still chasing
-    assert not [e for e in w.on_append_error("c", 0, Unavailable(), 2) if isinstance(e, BeginSeal)]
+    assert rolls(w.on_append_error("c", 0, Unavailable(), 2)) == [RequestRoll(0, ("c",))]
+    assert seals(w.begin_roll(2)) == []  # b has not reached the frozen end 1 yet
     # Appends submitted while sealing are held back.
     _, held = w.submit([rec(1)], 3)
     assert sends(held) == []
-    seals = [e for e in w.on_append_ack("b", 0, 1, 4) if isinstance(e, BeginSeal)]
-    assert seals == [BeginSeal(0, 1, ("c",), ("a", "b"))]
+    assert seals(w.on_append_ack("b", 0, 1, 4)) == [BeginSeal(0, 1, ("c",), ("a", "b"))]
     out = sends(w.on_range_opened(1, 1, ("a", "b", "d"), 5))
     assert len(out) == 3 and decode_batch(out[0].payload).header.base_offset == 1
 
@@ -189,9 +202,11 @@ def test_seal_waits_for_live_replicas_to_reach_the_end() -> None:
 def test_appends_wait_when_fewer_than_ack_count_replicas_remain() -> None:
     w = make()
     w.submit([rec(0)], 0)
-    effects = w.on_append_error("a", 0, Unavailable(), 1)
-    assert [e for e in effects if isinstance(e, BeginSeal)] == [BeginSeal(0, 0, ("a",), ("b", "c"))]
-    assert w.on_append_error("b", 0, Unavailable(), 1) == []  # the seal is under way
+    assert rolls(w.on_append_error("a", 0, Unavailable(), 1)) == [RequestRoll(0, ("a",))]
+    # A second failure leaves one live replica: it must roll, without waiting for anyone.
+    effects = w.on_append_error("b", 0, Unavailable(), 1)
+    assert seals(effects) == [BeginSeal(0, 0, ("a", "b"), ("c",))] and rolls(effects) == []
+    assert w.on_append_error("c", 0, Unavailable(), 1) == []  # the seal is under way
     assert w.completed == 0  # nothing failed, nothing completed: it waits for the roll
     w.on_range_opened(1, 0, ("c", "d", "e"), 2)
     assert completes(w.on_append_ack("d", 1, 1, 3) + w.on_append_ack("e", 1, 1, 3)) == [1]
@@ -242,3 +257,121 @@ def test_deferred_writer_confirms_only_forced_records() -> None:
     assert not [e for e in effects if isinstance(e, SendConfirm)]
     confirms = [e for e in w.on_forced(1) if isinstance(e, SendConfirm)]
     assert {c.confirm for c in confirms} == {1}
+
+
+# -- degraded ranges: exactly replica_count servers, one of them dead or hung -----------------
+
+
+def test_a_degraded_range_keeps_completing_appends_on_the_live_replicas() -> None:
+    # Worked example: a, b, c; c fails; appends go on with a and b, acknowledged at 2.
+    w = make(linger_ms=0)
+    w.submit([rec(0)], 0)
+    assert rolls(w.on_append_error("c", 0, Unavailable("hung"), 1)) == [RequestRoll(0, ("c",))]
+    assert completes(w.on_append_ack("a", 0, 1, 2) + w.on_append_ack("b", 0, 1, 2)) == [1]
+    _, effects = w.submit([rec(1)], 3)
+    assert [s.replica for s in sends(effects)] == ["a", "b"]  # nothing more for c
+    assert completes(w.on_append_ack("a", 0, 2, 4) + w.on_append_ack("b", 0, 2, 4)) == [2]
+    assert w.inflight_batches == 0  # batches are not kept for c
+    # A third failure of the same replica, or a second request, asks nothing more.
+    assert w.on_append_error("c", 0, Unavailable(), 5) == []
+    assert w.roll_wanted and not w.sealing
+
+
+def test_a_postponed_roll_unfreezes_and_sends_what_waited() -> None:
+    w = make(linger_ms=0)
+    w.submit([rec(0)], 0)
+    w.on_append_error("c", 0, Unavailable(), 1)
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)
+    assert seals(w.begin_roll(2)) == [BeginSeal(0, 1, ("c",), ("a", "b"))]
+    _, held = w.submit([rec(1)], 3)
+    assert sends(held) == [] and w.sealing
+    # PD answered NoPlacement: nothing was sealed; the range goes on, degraded.
+    effects = w.on_roll_postponed(0, 4)
+    assert not w.sealing and w.roll_wanted
+    out = sends(effects)
+    assert [s.replica for s in out] == ["a", "b"]
+    assert decode_batch(out[0].payload).header.range_index == 0
+    assert completes(w.on_append_ack("a", 0, 2, 5) + w.on_append_ack("b", 0, 2, 5)) == [2]
+    # The next attempt freezes at the new confirmed end.
+    assert seals(w.begin_roll(6)) == [BeginSeal(0, 2, ("c",), ("a", "b"))]
+
+
+def test_acks_during_a_postponed_roll_complete_once_it_unfreezes() -> None:
+    w = make(linger_ms=0)
+    w.submit([rec(0)], 0)
+    w.submit([rec(1)], 0)
+    w.on_tick(0)
+    w.on_append_error("c", 0, Unavailable(), 1)
+    w.begin_roll(1)  # frozen at 0; batches [0,1) and [1,2) sent
+    assert completes(w.on_append_ack("a", 0, 2, 2) + w.on_append_ack("b", 0, 2, 2)) == []
+    assert completes(w.on_roll_postponed(0, 3)) == [2]
+
+
+def test_a_range_that_must_roll_stays_frozen_when_postponed() -> None:
+    w = make()
+    w.submit([rec(0)], 0)
+    w.on_append_error("a", 0, Unavailable(), 1)
+    effects = w.on_append_error("b", 0, Unavailable(), 1)
+    assert seals(effects) == [BeginSeal(0, 0, ("a", "b"), ("c",))]
+    # No placement: one live replica cannot acknowledge anything; the driver retries the
+    # seal after a backoff (the core emits nothing, so it cannot loop).
+    assert w.on_roll_postponed(0, 2) == []
+    assert w.sealing
+    _, held = w.submit([rec(1)], 3)
+    assert sends(held) == []
+
+
+def test_a_full_range_stays_frozen_when_postponed() -> None:
+    w = make(range_bytes_max=150, linger_ms=0)
+    w.submit([Record(b"x" * 100)], 0)
+    for r in "abc":
+        w.on_append_ack(r, 0, 1, 0)
+    _, effects = w.submit([Record(b"y" * 10)], 1)
+    assert seals(effects) == [BeginSeal(0, 1, (), ("a", "b", "c"))]
+    assert w.on_roll_postponed(0, 2) == [] and w.sealing
+
+
+def test_a_failed_create_on_the_new_range_runs_it_degraded_not_sealed() -> None:
+    w = make(linger_ms=0)
+    w.submit([rec(0)], 0)
+    w.on_append_error("c", 0, Unavailable(), 1)
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)
+    w.begin_roll(1)
+    w.submit([rec(1)], 2)
+    w.on_range_opened(1, 1, ("a", "b", "d"), 3)
+    # CREATE_RANGE on d failed: d is a failed replica of range 1, which goes on with a, b.
+    effects = w.on_append_error("d", 1, Unavailable("create failed"), 4)
+    assert rolls(effects) == [RequestRoll(1, ("d",))] and seals(effects) == []
+    assert completes(w.on_append_ack("a", 1, 2, 5) + w.on_append_ack("b", 1, 2, 5)) == [2]
+
+
+def test_begin_roll_does_nothing_once_fenced_or_frozen() -> None:
+    w = make()
+    w.submit([rec(0)], 0)
+    w.on_append_error("c", 0, Unavailable(), 1)
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)
+    assert seals(w.begin_roll(2)) and w.begin_roll(3) == []
+    w.on_fenced(Fenced("newer"))
+    assert w.on_roll_postponed(0, 4) == [] and not w.roll_wanted
+
+
+def test_confirm_now_again_resends_the_confirm_a_batch_carried() -> None:
+    w = make(linger_ms=0, confirm_idle_ms=5)
+    w.submit([rec(0)], 0)
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)
+    w.submit([rec(1)], 2)  # carries confirm 1
+    w.on_append_ack("a", 0, 2, 3)
+    w.on_append_ack("b", 0, 2, 3)
+    first = [e for e in w.confirm_now() if isinstance(e, SendConfirm)]
+    assert {(c.replica, c.confirm) for c in first} == {("a", 2), ("b", 2), ("c", 2)}
+    assert w.confirm_now() == []
+    again = [e for e in w.confirm_now(again=True) if isinstance(e, SendConfirm)]
+    assert {c.confirm for c in again} == {2}
+    # A degraded range confirms to its live replicas only.
+    w.on_append_error("c", 0, Unavailable(), 4)
+    again = [e for e in w.confirm_now(again=True) if isinstance(e, SendConfirm)]
+    assert sorted(c.replica for c in again) == ["a", "b"]
