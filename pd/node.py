@@ -2,8 +2,9 @@
 
 Side effects: starts pysyncobj's thread and two listening sockets; a background task
 publishes this node's id and addresses through Raft (so every node can name the leader),
-another runs repair rounds while this node leads (:mod:`pd.repairer`), and another tells
-range servers to drop replicas of deleted streams and trimmed ranges (:mod:`pd.reclaimer`).
+another runs repair rounds while this node leads (:mod:`pd.repairer`), another tells
+range servers to drop replicas of deleted streams and trimmed ranges (:mod:`pd.reclaimer`),
+and another recovers open ranges whose writer's lease ran out (:mod:`pd.recoverer`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pd.catalog import PdNode
 from pd.http import build_app
 from pd.raft import RaftNode
 from pd.reclaimer import Reclaimer
+from pd.recoverer import Recoverer
 from pd.repairer import Repairer
 from pd.service import PdService
 
@@ -64,6 +66,7 @@ class PlacementDriverNode:
         self.repairer: Repairer | None = None
         self._repair_task: asyncio.Task[None] | None = None
         self._reclaim_task: asyncio.Task[None] | None = None
+        self._recover_task: asyncio.Task[None] | None = None
         self.rpc_address = ""
         self.http_address = ""
 
@@ -75,6 +78,7 @@ class PlacementDriverNode:
         # (port 0 allowed) once they are known, before it publishes them.
         tls = server_context(cfg.security)
         self.service = PdService(self.raft, PdNode(cfg.node_id, cfg.raft, "", ""))
+        self.service.pool = self.member_pool()  # delete fences, trim asks range servers
         self.rpc = RpcServer(self.service.handlers(), name=f"pd-{cfg.node_id}", ssl=tls,
                              tokens=cfg.security.tokens)
         host, port = parse_address(cfg.listen)
@@ -94,13 +98,16 @@ class PlacementDriverNode:
         self.http_address = f"{bound[0]}:{bound[1]}"
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
         self._register_task = asyncio.ensure_future(self._register_self())
-        busy: set[tuple[int, int]] = set()  # ranges repair or reclaim is working on
+        busy: set[tuple[int, int]] = set()  # ranges repair, reclaim or recovery work on
         self.repairer = Repairer(self.service, busy=busy)
         self.repairer.pool = self.member_pool()  # range servers may require TLS / a token
         self._repair_task = asyncio.ensure_future(self.repairer.run())
         reclaimer = Reclaimer(self.service, busy=busy)
         reclaimer.pool = self.member_pool()
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
+        recoverer = Recoverer(self.service, busy=busy)
+        recoverer.pool = self.member_pool()
+        self._recover_task = asyncio.ensure_future(recoverer.run())
 
     def member_pool(self) -> ConnectionPool:
         """A pool for calls to other cluster members (range servers): this node's
@@ -120,11 +127,14 @@ class PlacementDriverNode:
                 await asyncio.sleep(register_retry_s)
 
     async def close(self) -> None:
-        for task in (self._register_task, self._repair_task, self._reclaim_task):
+        for task in (self._register_task, self._repair_task, self._reclaim_task,
+                     self._recover_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.service is not None:
+            await self.service.pool.close()
         if self._http_runner is not None:
             await self._http_runner.cleanup()
         if self.rpc is not None:

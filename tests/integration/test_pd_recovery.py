@@ -1,0 +1,233 @@
+"""Acknowledged records become readable without any writer: the PD leader recovers an
+open range whose writer's lease ran out (real processes: 3 PD nodes, 3 range servers).
+
+1. A writer process appends, printing every acknowledged offset, and is killed (-9): a
+   plain reader (follow=False) sees every acknowledged record within 10 s, because PD
+   sealed the range (the writer's CONFIRMs are dropped by the fault proxies, so the tail
+   is hidden until then, deterministically).
+2. One stream whose writer closed cleanly, one whose writer was killed (-9) with a hidden
+   tail; then kill -9 of every PD node and range server and a restart on the same dirs:
+   within 10 s of the restart a reader sees every acknowledged record of both.
+3. PD_WRITER_KEEPALIVE: the leader renews (and its lease keeps PD off a live, idle
+   writer's range), answers Fenced to an older epoch and StreamNotFound once deleted;
+   followers answer NotLeader naming the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import estream
+from estream import limits
+from estream.errors import Fenced, NotLeader, StreamNotFound
+from estream.protocol import Opcode
+from estream.rpc import RpcClient
+from tests.harness.cluster import Cluster, start_cluster
+from tests.harness.pd import http_json
+from tests.harness.process import track
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+visible_within_s = 10.0
+acks_before_kill = 300
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path / "cluster", pd_nodes=3, range_servers=3, proxied=True)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def hide_confirms(cluster: Cluster) -> None:
+    """Drop every CONFIRM on its way to the range servers: a writer's confirm offset then
+    moves only with its next batch, so its last records stay hidden from readers."""
+    for server in cluster.servers:
+        cluster.proxy(server.address).drop(Opcode.CONFIRM, "request", count=None)
+
+
+def show_confirms(cluster: Cluster) -> None:
+    for server in cluster.servers:
+        cluster.proxy(server.address).clear_rules()
+
+
+async def run_and_kill_writer(cluster: Cluster, name: str, out: Path) -> dict[int, bytes]:
+    """A writer process appends to ``name`` until it printed ``acks_before_kill``
+    acknowledgements, then gets SIGKILL; returns what it saw acknowledged."""
+    with open(out, "wb") as sink:
+        proc = track(subprocess.Popen(
+            [sys.executable, str(ROOT / "tests/integration/sdk_writer_script.py"),
+             cluster.pd_addresses, name],
+            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}))
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and proc.poll() is None:
+                if out.read_bytes().count(b"ACK ") >= acks_before_kill:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    acked: dict[int, bytes] = {}
+    for line in out.read_text().splitlines():
+        if line.startswith("ACK "):
+            _, offset, value = line.split(" ", 2)
+            acked[int(offset)] = value.encode()
+    assert len(acked) >= acks_before_kill, out.read_text()[-2000:]
+    return acked
+
+
+async def visible(client: estream.Client, name: str) -> dict[int, bytes]:
+    return {r.offset: r.value async for r in client.read(name, follow=False)}
+
+
+async def wait_visible(client: estream.Client, name: str, acked: dict[int, bytes],
+                       deadline: float) -> float:
+    """Poll a plain reader until it sees every acknowledged record (checked values too);
+    returns when, or fails at ``deadline`` naming what is missing."""
+    while True:
+        stored = await visible(client, name)
+        missing = [o for o in acked if stored.get(o) != acked[o]]
+        if not missing:
+            assert sorted(stored) == list(range(len(stored))), "offsets not contiguous"
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name}: {len(missing)} acknowledged records not visible, e.g. "
+                        f"{sorted(missing)[:5]}; reader sees {len(stored)}")
+        await asyncio.sleep(0.2)
+
+
+async def wait_sealed(client: estream.Client, name: str, deadline: float) -> float:
+    """Poll PD until the stream's first range is sealed; returns when."""
+    while True:
+        if (await client.describe_stream(name)).ranges[0].end is not None:
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name}: PD did not recover the dead writer's range in time")
+        await asyncio.sleep(0.2)
+
+
+def recoveries(cluster: Cluster, outcome: str) -> int:
+    """``estream_writer_recoveries_total{outcome}`` summed over the PD nodes."""
+    total = 0
+    for url in cluster.pd.http_urls:
+        try:
+            status, text = http_json(url + "/metrics", timeout_s=2.0)
+        except OSError:
+            continue
+        prefix = f'estream_writer_recoveries_total{{outcome="{outcome}"}}'
+        total += sum(int(float(line.split()[-1])) for line in str(text).splitlines()
+                     if status == 200 and line.startswith(prefix))
+    return total
+
+
+async def test_a_killed_writers_hidden_tail_is_visible_within_10_s(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("dead-writer", replicas=3, ack_count=2)
+        hide_confirms(cluster)
+        acked = await run_and_kill_writer(cluster, "dead-writer", tmp_path / "writer.out")
+        killed = time.monotonic()
+        show_confirms(cluster)  # changes nothing for the dead writer: nobody confirms now
+        before = len(await visible(client, "dead-writer"))  # its last batch is unconfirmed
+        sealed_at = await wait_sealed(client, "dead-writer", killed + visible_within_s)
+        seen = await wait_visible(client, "dead-writer", acked, killed + visible_within_s)
+        print(f"[pd-recovery] {len(acked)} acknowledged, {before} visible at the kill; "
+              f"sealed by PD {sealed_at - killed:.1f}s after it")
+        assert seen <= killed + visible_within_s
+        meta = await client.describe_stream("dead-writer")
+        sealed = meta.ranges[0]
+        assert sealed.end is not None and sealed.end > max(acked)  # PD sealed it past them
+        assert sealed.end > before  # the hidden tail (at least the last batch) came to light
+        assert len(await visible(client, "dead-writer")) == sealed.end
+        assert recoveries(cluster, "sealed") >= 1
+        # A new writer carries on after the recovered range.
+        async with await client.open_writer("dead-writer") as writer:
+            offset = await writer.append(b"next")
+        assert offset >= sealed.end
+        assert (await visible(client, "dead-writer")).get(offset) == b"next"
+
+
+async def test_after_a_whole_cluster_crash_every_acknowledged_record_is_visible_within_10_s(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("closed", replicas=3, ack_count=2)
+        await client.create_stream("killed", replicas=3, ack_count=2)
+        closed: dict[int, bytes] = {}
+        async with await client.open_writer("closed") as writer:
+            for i in range(200):  # one batch at a time: many CONFIRMs, the last one counts
+                closed[await writer.append(b"c%d" % i)] = b"c%d" % i
+        hide_confirms(cluster)
+        killed = await run_and_kill_writer(cluster, "killed", tmp_path / "writer.out")
+        show_confirms(cluster)
+    await asyncio.to_thread(cluster.crash_all)  # PD before its lease ran out, and the rest
+    restarted = time.monotonic()
+    deadline = restarted + visible_within_s
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        seen_closed = await wait_visible(client, "closed", closed, deadline)
+        # The killed writer's last batch was never confirmed: the new leader seals it.
+        sealed_at = await wait_sealed(client, "killed", deadline)
+        seen_killed = await wait_visible(client, "killed", killed, deadline)
+        end = (await client.describe_stream("killed")).ranges[0].end
+        assert end is not None and len(await visible(client, "killed")) == end > max(killed)
+    print(f"[pd-recovery] after the crash: closed stream visible in "
+          f"{seen_closed - restarted:.1f}s, killed writer's in {seen_killed - restarted:.1f}s "
+          f"(sealed by PD in {sealed_at - restarted:.1f}s)")
+    assert recoveries(cluster, "sealed") >= 1  # the killed writer's range, by the new leader
+
+
+async def call_pd(address: str, opcode: Opcode, header: dict[str, object]) -> dict[str, object]:
+    client = await RpcClient.connect(address, timeout_s=2.0)
+    try:
+        answer, _ = await client.call(opcode, header, timeout_s=5.0)
+        return dict(answer)
+    finally:
+        await client.close()
+
+
+async def test_writer_keepalive_renews_the_lease_on_the_leader_only(cluster: Cluster) -> None:
+    leader = cluster.pd.nodes[cluster.pd.leader()]
+    followers = [n for n in cluster.pd.nodes if n is not leader]
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("leased", replicas=3, ack_count=2)
+        writer = await client.open_writer("leased")  # keeps its lease alive by itself
+        for i in range(20):
+            await writer.append(b"l%d" % i)
+        hide_confirms(cluster)  # its last batch stays unconfirmed: a tail PD would seal
+        await writer.append(b"last")
+        await asyncio.sleep(limits.writer_lease_ms / 1000 + 2)
+        assert (await client.describe_stream("leased")).ranges[-1].end is None, \
+            "a live writer's range must never be recovered by PD"
+        assert recoveries(cluster, "sealed") == 0
+        show_confirms(cluster)
+        epoch = writer.epoch
+        assert await call_pd(leader.rpc, Opcode.PD_WRITER_KEEPALIVE,
+                             {"name": "leased", "epoch": epoch}) == {}
+        with pytest.raises(Fenced):
+            await call_pd(leader.rpc, Opcode.PD_WRITER_KEEPALIVE,
+                          {"name": "leased", "epoch": epoch - 1})
+        with pytest.raises(NotLeader) as info:
+            await call_pd(followers[0].rpc, Opcode.PD_WRITER_KEEPALIVE,
+                          {"name": "leased", "epoch": epoch})
+        assert info.value.fields["leader_hint"] == leader.rpc
+        await writer.close()
+        await client.delete_stream("leased")
+        with pytest.raises(StreamNotFound):
+            await call_pd(leader.rpc, Opcode.PD_WRITER_KEEPALIVE,
+                          {"name": "leased", "epoch": epoch + 1})
