@@ -197,6 +197,11 @@ async def test_short_replica_left_by_a_seal_is_healed_in_place(cluster: ChaosClu
             for i in range(records_per_phase):  # range 0 at its confirmed end and rolls
                 await writer.append(b"t%05d" % i)
             await writer.flush()
+            # The writer keeps appending degraded and rolls once a replacement is placed.
+            deadline = time.monotonic() + 20
+            while cluster.describe("repair-short")["ranges"][0]["end"] is None:
+                assert time.monotonic() < deadline, "the writer never rolled range 0"
+                await asyncio.sleep(0.2)
             victim.kill9()
         # The writer is gone (its own heal with it): the victim returns short and open.
         stream = cluster.describe("repair-short")
