@@ -36,8 +36,10 @@ test: $(STAMP) spark-deps
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow and not spark"
 
+# The long fault runs (tests/chaos, @pytest.mark.slow), among them the 25-cycle nemesis
+# (tests/chaos/test_nemesis.py); it prints its seed: ESTREAM_CHAOS_SEED=N make chaos replays it.
 chaos: $(STAMP)
-	$(BIN)/python -m pytest tests/chaos -m slow
+	$(BIN)/python -m pytest tests/chaos -m slow -s
 
 # estream beside NATS JetStream, Redis and etcd (benchmarks/compare.py); peers installed by
 # benchmarks/setup.sh; figures to benchmarks/RESULTS.md, charts to benchmarks/results/.

@@ -68,6 +68,7 @@ class NemesisConfig:
     visible_within_s: float = 10.0  # DESIGN.md: a reader sees every acknowledged record
     repair_wait_s: float = 45.0  # repair_after_ms (10 s), then rounds of a few ranges
     destroy_wait_s: float = 5.0  # for every replica to be whole before wiping or flipping
+    cycles_budget_s: float | None = None  # no cycle starts after this long (None: no limit)
     poll_s: float = 0.1
 
     @property
@@ -112,6 +113,7 @@ class Nemesis:
         self.writers: dict[str, tuple[ManagedProcess, Path]] = {}
         self.logs: list[tuple[str, str, Path]] = []  # (stream, writer name, log) folded
         self.max_acked: dict[str, int] = dict.fromkeys(STREAMS, -1)
+        self.verified: dict[str, int] = dict.fromkeys(STREAMS, 0)  # all seen below this
         self._stop_readers = asyncio.Event()
         self._down: set[str] = set()
         self._paused: set[str] = set()
@@ -130,8 +132,14 @@ class Nemesis:
             for name in STREAMS:
                 await client.create_stream(name, replicas=3, ack_count=2)
         readers = [asyncio.ensure_future(self.tail(name)) for name in STREAMS]
+        started = time.monotonic()
+        budget_s = self.config.cycles_budget_s
         try:
             for i, cycle in enumerate(self.plan.cycles):
+                if budget_s is not None and time.monotonic() - started > budget_s:
+                    self.line(f"cycles {i}..{len(self.plan.cycles) - 1} skipped: the run's "
+                              f"{budget_s}s for cycles are used up")
+                    break
                 await self.cycle(i, cycle)
         finally:
             await self.stop_writers(kill=True)
@@ -149,9 +157,10 @@ class Nemesis:
             self.find(f"cycle {index}: stalled before the faults: fewer than "
                       f"{self.config.warmup_acks} acknowledgements per stream in "
                       f"{self.config.progress_timeout_s}s ({self.acks_now()})")
+        targeted: set[str] = set()
         for injection in plan.injections:
             if not injection.idle:
-                notes.append(await self.inject(injection))
+                notes.append(await self.inject(injection, targeted))
         await asyncio.sleep(plan.hold_s)
         await self.heal()
         if not await self.wait_acks(self.config.progress_acks):
@@ -161,7 +170,7 @@ class Nemesis:
         await self.stop_writers(kill=plan.kill_writers)
         for injection in plan.injections:
             if injection.idle:
-                notes.append(await self.inject(injection))
+                notes.append(await self.inject(injection, targeted))
         visible_s = await self.check_visible(index)
         acked = sum(1 for h in self.histories.values() for a in h.appends if a.offset is not None)
         self.line(f"cycle {index} ({time.monotonic() - started:.1f}s): {'; '.join(notes)}; "
@@ -198,21 +207,27 @@ class Nemesis:
         return False
 
     async def stop_writers(self, *, kill: bool) -> None:
+        """kill -9 the writer processes, or SIGTERM them (each closes its writer) and wait
+        for them to exit; fold their logs into the histories."""
         writers, self.writers = self.writers, {}
-        for name, (process, log) in writers.items():
+        for process, _ in writers.values():
             if kill:
                 process.kill9()
             else:
-                process.signal(signal.SIGTERM)  # the writer closes
-                if not await asyncio.to_thread(_exited, process, 2 * self.config.deadline_s):
-                    self.find(f"{name}: the writer process did not close within "
-                              f"{2 * self.config.deadline_s}s of SIGTERM (kill -9 instead)")
-                    process.kill9()
+                process.signal(signal.SIGTERM)
+        bound_s = 2 * self.config.deadline_s  # the appends in flight, then close()
+        exited = await asyncio.gather(*(asyncio.to_thread(_exited, process, bound_s)
+                                        for process, _ in writers.values()))
+        for (name, (process, log)), done in zip(writers.items(), exited, strict=True):
+            if not done:
+                self.find(f"{name}: the writer process did not exit within {bound_s}s of "
+                          "SIGTERM (killed)")
+            process.kill9()
             process.stop()
             summary = self.fold(name, log)
-            if not kill and not summary.closed:
-                self.find(f"{name}: writer.close() did not succeed: "
-                          f"{summary.close_failure or 'no CLOSED line'}")
+            if summary.close_failure.startswith("TimeoutError"):  # our bound: close hung
+                self.find(f"{log.stem}: writer.close() ended neither way within "
+                          f"{self.config.deadline_s}s")
 
     def fold(self, name: str, log: Path) -> WriterLog:
         lines = log.read_text().splitlines() if log.exists() else []
@@ -225,7 +240,9 @@ class Nemesis:
         return summary
 
     # -- faults ----------------------------------------------------------------------------
-    async def inject(self, injection: Injection) -> str:
+    async def inject(self, injection: Injection, targeted: set[str]) -> str:
+        """Inject one fault; a server fault never hits a server another fault of the cycle
+        hit (the next server in the cluster's order instead)."""
         fault = injection.fault
         if fault is Fault.PD_LEADER:
             self._pd_down.append(await asyncio.to_thread(self.cluster.kill_pd_leader))
@@ -238,6 +255,10 @@ class Nemesis:
             return str(injection)
         assert injection.target is not None
         address = await self.resolve(injection.target)
+        servers = [s.address for s in self.cluster.servers]
+        while address in targeted:
+            address = servers[(servers.index(address) + 1) % len(servers)]
+        targeted.add(address)
         where = f"{injection}={address}"
         if fault in DESTRUCTIVE:
             problems = await self.unsound()
@@ -373,45 +394,58 @@ class Nemesis:
             task.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
 
-    async def read_all(self, name: str, timeout_s: float) -> list[tuple[int, bytes]]:
+    async def read_all(self, name: str, timeout_s: float,
+                       start: int | None = None) -> list[tuple[int, bytes]]:
+        """The stream read with ``follow=False`` by a new client, from ``start`` (None: the
+        stream's start offset, which the history learns)."""
         import estream
 
         async def read() -> list[tuple[int, bytes]]:
             async with await estream.connect(self.cluster.pd_addresses,
                                              timeout_s=min(5.0, timeout_s)) as client:
-                meta = await client.describe_stream(name)
-                self.histories[name].start_offset = meta.start_offset
+                first = start
+                if first is None:
+                    first = (await client.describe_stream(name)).start_offset
+                    self.histories[name].start_offset = first
                 return [(r.offset, r.value)
-                        async for r in client.read(name, meta.start_offset, follow=False)]
+                        async for r in client.read(name, first, follow=False)]
 
         return await asyncio.wait_for(read(), timeout_s)
 
     async def check_visible(self, cycle: int) -> str:
         """With no writer alive, a plain reader must see every acknowledged record within
-        ``visible_within_s``; returns how long it took (or what was missing)."""
+        ``visible_within_s`` (each stream read from its first acknowledged offset not seen
+        by an earlier cycle's check); returns how long it took, or "never"."""
         started = time.monotonic()
         deadline = started + self.config.visible_within_s
-        missing: dict[str, list[str]] = {}
-        for name, history in self.histories.items():
-            acked = {a.offset: a.value for a in history.appends if a.offset is not None}
-            while True:
-                remaining = deadline - time.monotonic()
-                try:
-                    read = dict(await self.read_all(name, max(0.5, remaining)))
-                    missing[name] = [f"{v!r}@{o}" for o, v in sorted(acked.items())
-                                     if read.get(o) != v]
-                except (EstreamError, TimeoutError) as exc:
-                    missing[name] = [f"read failed: {type(exc).__name__}: {exc}"]
-                if not missing[name] or time.monotonic() >= deadline:
-                    break
-                await asyncio.sleep(0.25)
-        took = time.monotonic() - started
-        for name, lost in missing.items():
-            if lost:
-                self.find(f"cycle {cycle}: hidden: {len(lost)} acknowledged records of {name} "
-                          f"not readable {self.config.visible_within_s}s after the writers "
-                          f"stopped (first: {', '.join(lost[:3])})")
-        return f"{took:.1f}s" if not any(missing.values()) else "never"
+        missing = await asyncio.gather(*(self.unseen(name, deadline) for name in STREAMS))
+        for name, unseen in zip(STREAMS, missing, strict=True):
+            if unseen:
+                self.find(f"cycle {cycle}: hidden: {len(unseen)} acknowledged records of "
+                          f"{name} not readable {self.config.visible_within_s}s after the "
+                          f"writers stopped (first: {', '.join(unseen[:3])})")
+        return "never" if any(missing) else f"{time.monotonic() - started:.1f}s"
+
+    async def unseen(self, name: str, deadline: float) -> list[str]:
+        """The acknowledged records of ``name`` a reader still cannot see at ``deadline``
+        (it reads again until then)."""
+        acked = {a.offset: a.value for a in self.histories[name].appends
+                 if a.offset is not None and a.offset >= self.verified[name]}
+        if not acked:
+            return []
+        while True:
+            try:
+                read = dict(await self.read_all(name, max(0.5, deadline - time.monotonic()),
+                                                start=min(acked)))
+                unseen = [f"{v!r}@{o}" for o, v in sorted(acked.items()) if read.get(o) != v]
+            except (EstreamError, TimeoutError) as exc:
+                unseen = [f"(read failed: {type(exc).__name__}: {exc})"]
+            if not unseen:
+                self.verified[name] = max(acked) + 1
+                return []
+            if time.monotonic() >= deadline:
+                return unseen
+            await asyncio.sleep(0.25)
 
     async def judge(self) -> None:
         for name, history in self.histories.items():

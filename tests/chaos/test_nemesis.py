@@ -33,11 +33,13 @@ from tests.chaos.nemesis import (
     fold_writer_log,
     plan_run,
 )
-from tests.chaos.nemesis_driver import STREAMS, Nemesis
+from tests.chaos.nemesis_driver import STREAMS, Nemesis, NemesisConfig
 from tests.harness.cluster import Cluster, start_cluster
 
 quick_cycles = 3
+quick_budget_s = 50.0  # for the cycles (one that is slow to heal can take ~30 s)
 slow_cycles = 25
+slow_budget_s = 25 * 40.0
 StartCluster = Callable[[int], Cluster]
 
 
@@ -122,11 +124,12 @@ def start_nemesis_cluster(tmp_path: Path) -> Iterator[StartCluster]:
             cluster.stop()
 
 
-async def run_nemesis(start: StartCluster, root: Path, cycles: int) -> None:
+async def run_nemesis(start: StartCluster, root: Path, cycles: int, budget_s: float) -> None:
     plan: RunPlan = plan_run(chaos_seed(), cycles, len(STREAMS))
     print(f"[nemesis] seed {plan.seed} (replay: ESTREAM_CHAOS_SEED={plan.seed})", flush=True)
     cluster = start(plan.range_servers)
-    outcome = await Nemesis(cluster, plan, root).run()
+    config = NemesisConfig(cycles_budget_s=budget_s)
+    outcome = await Nemesis(cluster, plan, root, config).run()
     print(outcome.report(), flush=True)
     assert outcome.ok, (f"nemesis seed {plan.seed} (replay: ESTREAM_CHAOS_SEED={plan.seed}):\n"
                         + "\n".join(outcome.violations()) + "\n" + outcome.report())
@@ -139,10 +142,10 @@ async def run_nemesis(start: StartCluster, root: Path, cycles: int) -> None:
     "crash (an idle writer's CONFIRM lives only in range-server memory) and leaves replicas "
     "of sealed ranges open or short; remove this mark once the fixes land"))
 async def test_nemesis_3_cycles(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
-    await run_nemesis(start_nemesis_cluster, tmp_path, quick_cycles)
+    await run_nemesis(start_nemesis_cluster, tmp_path, quick_cycles, quick_budget_s)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_nemesis_25_cycles(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
-    await run_nemesis(start_nemesis_cluster, tmp_path, slow_cycles)
+    await run_nemesis(start_nemesis_cluster, tmp_path, slow_cycles, slow_budget_s)
