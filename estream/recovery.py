@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from estream.errors import EstreamError, InvalidArgument, Unavailable
+from estream.errors import EstreamError, InvalidArgument, RangeNotFound, Unavailable
 from estream.meta import RangeMeta, StreamMeta
 from estream.protocol import Opcode
 from estream.replicas import ReplicaClient, SourceFailed
@@ -144,7 +144,7 @@ async def _fence_one(
         else:
             body = await replicas.rpc(replica, Opcode.CREATE_RANGE, {**ids, "start": rng.start})
     except EstreamError as exc:
-        if not isinstance(exc, Unavailable):
+        if not isinstance(exc, Unavailable | RangeNotFound):
             log.info("recovery of %s range %d: %s answered %r", meta.name, rng.index, replica, exc)
         return recovery.on_fence_error(replica, exc)
     end = body.get("end")

@@ -81,6 +81,7 @@ timer_min_s = 0.0003
 pd_retry_s = 0.05  # a retriable PD error during a roll: first wait before trying again
 recovery_backoff_s_min = 0.1
 recovery_backoff_s_max = 2.0
+suspect_cleared_s = 5.0  # a server that answered a PING this recently is not suspected
 
 
 def _now_ms() -> int:
@@ -112,6 +113,7 @@ class Writer:
         self._closed = False
         # Servers this writer saw fail: excluded from placements until they answer a PING.
         self._suspects: set[str] = set()
+        self._alive_at: dict[str, float] = {}  # when a suspect last answered a PING
         self._roll_attempts: asyncio.Task[None] | None = None
         self._roll_backoff_s = limits.roll_backoff_ms_min / 1000
         self._last_roll_at = -1e9
@@ -597,7 +599,7 @@ class Writer:
 
     def _on_degraded(self, request: RequestRoll) -> None:
         self.degraded_ranges += 1
-        self._suspects.update(request.failed)
+        self._suspect(request.failed)
         if not self._warned:
             self._warned = True
             log.warning(
@@ -646,11 +648,19 @@ class Writer:
                 limits.roll_backoff_ms_min / 1000, limits.roll_backoff_ms_max / 1000,
             )
 
+    def _suspect(self, servers: Sequence[str]) -> None:
+        """Servers seen failing become suspects, unless one answered a PING just now (a
+        replica that failed in this range but is back is fit for the next one)."""
+        now = time.monotonic()
+        for server in servers:
+            if now - self._alive_at.get(server, -1e9) > suspect_cleared_s:
+                self._suspects.add(server)
+
     async def _exclusions(self, failed: Sequence[str], *, probe: bool = True) -> tuple[str, ...]:
         """The servers to keep out of the next placement: the failed replicas and every
         server this writer saw fail, except (``probe``) those that answer a PING as
         themselves now."""
-        self._suspects.update(failed)
+        self._suspect(failed)
         if not probe:
             return tuple(sorted(self._suspects))
         suspects = sorted(self._suspects)
@@ -658,6 +668,7 @@ class Writer:
         for server, alive in zip(suspects, answers, strict=True):
             if alive:
                 self._suspects.discard(server)
+                self._alive_at[server] = time.monotonic()
         return tuple(sorted(self._suspects))
 
     async def _placement_possible(self, failed: Sequence[str]) -> bool:
@@ -667,6 +678,8 @@ class Writer:
         except EstreamError:
             return False  # PD unreachable: no roll can happen now anyway
         candidates = [s for s in servers if s.alive and s.id not in exclude]
+        log.debug("stream %r: placement candidates %s (excluding %s)", self.stream.name,
+                  [s.id for s in candidates], sorted(exclude))
         return len(candidates) >= self.stream.replicas
 
     async def _roll(self, seal: BeginSeal) -> None:
