@@ -11,9 +11,10 @@ answer is tried again next round; a drop is idempotent.
 
 Each listing also tells repair which replicas are sealed, and where
 (:class:`~pd.repair.SealedReports`): one sealed whole at an end other than the catalog's
-is seen here (and in heartbeats, a window at a time). Requests name the server they are
-meant for (``"server_id"``): a server with another identity at that address answers
-WrongServer, and nothing is dropped there.
+is seen here (and in heartbeats, a window at a time); and which replicas the server does
+not have at all (:class:`~pd.repair.ServerListing`: "absent", copied in place).
+Requests name the server they are meant for (``"server_id"``): a server with another
+identity at that address answers WrongServer, and nothing is dropped there.
 
 ``busy`` is shared with the :class:`~pd.repairer.Repairer` (and the writer-lease
 :class:`~pd.recoverer.Recoverer`): the ranges one of them is working on. A repair does
@@ -33,7 +34,7 @@ from estream.errors import EstreamError
 from estream.protocol import Opcode
 from estream.rpc import ConnectionPool
 from pd.reclaim import Drop, Suspects, confirmed, droppable
-from pd.repair import RangeKey, parse_listing
+from pd.repair import RangeKey, ServerListing, parse_listing
 from pd.rounds import leader_rounds
 from pd.service import PdService
 
@@ -92,12 +93,16 @@ class Reclaimer:
             if budget <= 0 or not self.service.liveness.alive(server.id, now):
                 continue
             try:
+                asked_ms = self.service.clock_ms()
                 answer, _ = await self.pool.call(
                     server.address, Opcode.LIST_RANGES, {"server_id": server.id},
                     timeout_s=rpc_timeout_s)
                 raw = answer.get("ranges")
                 listed = raw if isinstance(raw, list) else []
-                self.service.sealed_reports.observe(server.id, parse_listing(listed))
+                reports = parse_listing(listed)
+                self.service.sealed_reports.observe(server.id, reports, complete=True)
+                self.service.listings[server.id] = ServerListing(asked_ms, frozenset(
+                    (r.stream_id, r.range_index) for r in reports))
                 view = self.service.view()  # after the listing: what the catalog says now
                 drops, suspected = confirmed(server.id, droppable(
                     listed, view.streams.values(), view.next_stream_id, server.id, self.busy,

@@ -16,6 +16,8 @@ reported short (holds less than ``end``) for              MISSING      "short": 
                                                                        sealed one replaced
 reported short for less (the writer that sealed the      UNAVAILABLE  nothing yet
   range may still be healing it)
+not in its server's last listing (never created: a       MISSING      copied in place
+  degraded writer's CREATE_RANGE failed; or lost)                      ("absent")
 reported open, holding the whole range                    HEALTHY      a source; SEALed at
                                                                        ``end`` in place
                                                                        ("unsealed")
@@ -25,9 +27,10 @@ reported nothing, or sealed at ``end`` and whole          HEALTHY      a source
 Where it is done:
 
 - *in place* (its own server is the target; placement does not change): an open short
-  replica is healed (the missing tail copied, then SEAL at ``end``); an open whole one is
-  just SEALed at ``end`` (a SEAL below what it holds is accepted: what lies past ``end``
-  was never acknowledged). The writer and recovery record a seal in PD *before* they SEAL
+  replica is healed (the missing tail copied, then SEAL at ``end``), an absent one copied
+  whole (a wrong guess costs one DESCRIBE_RANGE: the copy finds it there); an open whole
+  one is just SEALed at ``end`` (a SEAL below what it holds is accepted: what lies past
+  ``end`` was never acknowledged). The writer and recovery record a seal in PD *before* they SEAL
   the replicas, and may die in between: this finishes their work.
 - *replaced* (a new server, chosen by ``pd/placement.py`` among live servers that are not
   replicas of the range, nor targets that failed for it): dead, damaged, sealed at another
@@ -76,8 +79,9 @@ REASON_DAMAGED: Final = "damaged"
 REASON_SHORT: Final = "short"
 REASON_MISSEALED: Final = "missealed"
 REASON_UNSEALED: Final = "unsealed"
+REASON_ABSENT: Final = "absent"
 _REASON_ORDER: Final = {REASON_DAMAGED: 0, REASON_DEAD: 1, REASON_MISSEALED: 2,
-                        REASON_SHORT: 3, REASON_UNSEALED: 4}
+                        REASON_SHORT: 3, REASON_ABSENT: 4, REASON_UNSEALED: 5}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,9 @@ class ServerState:
     ranges: int = 0  # open ranges it holds (placement's load measure)
     bytes: int = 0
     reports: Mapping[RangeKey, ReplicaReport] = field(default_factory=dict)
+    # The replicas its last LIST_RANGES named, when one was taken since the ranges
+    # concerned last changed hands (None: no such listing; nothing counts as absent).
+    listed: Collection[RangeKey] | None = None
 
 
 class Health(Enum):
@@ -214,6 +221,33 @@ def parse_listing(listed: Iterable[object]) -> list[ReplicaReport]:
     return [r for r in found if r is not None]
 
 
+@dataclass(frozen=True, slots=True)
+class ServerListing:
+    """The replicas a server's ``LIST_RANGES`` named, and when it was asked."""
+
+    at_ms: int
+    keys: frozenset[RangeKey]
+
+
+def listed_now(
+    listing: ServerListing | None, now_ms: int, max_age_ms: int,
+    changed_at: Mapping[RangeKey, int],
+) -> frozenset[RangeKey] | None:
+    """What counts as listed on a server now: None without a listing younger than
+    ``max_age_ms`` (nothing is then called absent); a range repair worked on since the
+    listing was asked for (``changed_at``) counts as listed (the listing cannot know).
+
+    >>> seen = ServerListing(1_000, frozenset({(1, 0)}))
+    >>> sorted(listed_now(seen, 2_000, 15_000, {(1, 1): 1_500, (1, 2): 900}))
+    [(1, 0), (1, 1)]
+    >>> listed_now(seen, 20_000, 15_000, {}) is None
+    True
+    """
+    if listing is None or now_ms - listing.at_ms > max_age_ms:
+        return None
+    return listing.keys | {k for k, at in changed_at.items() if at >= listing.at_ms}
+
+
 class SealedReports:
     """The last report of every sealed replica, per server, across heartbeats and
     listings. Range servers report sealed whole replicas a window at a time (and
@@ -232,12 +266,21 @@ class SealedReports:
     >>> m.observe("a", [ReplicaReport(1, 0, False, False, 0)])  # created anew, open
     >>> sorted(m.reports("a")), m.reports("b")
     ([(1, 2)], {})
+    >>> m.observe("a", [], complete=True)  # a listing naming nothing: it holds nothing
+    >>> m.reports("a")
+    {}
     """
 
     def __init__(self) -> None:
         self._by_server: dict[str, dict[RangeKey, ReplicaReport]] = {}
 
-    def observe(self, server_id: str, reports: Iterable[ReplicaReport]) -> None:
+    def observe(
+        self, server_id: str, reports: Iterable[ReplicaReport], *, complete: bool = False
+    ) -> None:
+        """Remember the sealed ones among ``reports``; ``complete`` (a listing: every
+        replica the server has) also forgets those it does not name."""
+        if complete:
+            self._by_server.pop(server_id, None)
         known = self._by_server.setdefault(server_id, {})
         for report in reports:
             key = (report.stream_id, report.range_index)
@@ -327,6 +370,8 @@ def replica_health(
         return Health.UNAVAILABLE, ""
     report = server.reports.get((stream_id, rng.index))
     if report is None:
+        if server.listed is not None and (stream_id, rng.index) not in server.listed:
+            return Health.MISSING, REASON_ABSENT  # it never had it, or lost it
         return Health.HEALTHY, ""
     assert rng.end is not None
     if report.damaged:
@@ -417,7 +462,7 @@ def _where(need: _Need, servers: Mapping[str, ServerState], avoided: Collection[
         if m in avoided:
             if r != REASON_UNSEALED:  # a healthy replica that would not take the SEAL
                 where.moved.append((m, r))  # stays a source; anything else is replaced
-        elif r == REASON_UNSEALED or (r == REASON_SHORT and opened):
+        elif r in (REASON_UNSEALED, REASON_ABSENT) or (r == REASON_SHORT and opened):
             where.in_place.append((m, r))
         elif r == REASON_MISSEALED or (r == REASON_SHORT and not opened):
             where.droppable.append((m, r))

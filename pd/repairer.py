@@ -58,6 +58,7 @@ from pd.repair import (
     RepairTask,
     ServerState,
     ShortKey,
+    listed_now,
     parse_reports,
     plan_repairs,
     track_short,
@@ -133,6 +134,7 @@ class Repairer:
         self.short_since: dict[ShortKey, int] = {}
         self.avoid: dict[RangeKey, set[str]] = {}
         self.busy: set[RangeKey] = set() if busy is None else busy  # shared with the reclaimer
+        self.changed_at: dict[RangeKey, int] = {}  # when a repair last worked on a range
         self.last_plan = RepairPlan()
         self._logged_skips: frozenset[tuple[str, int, str]] = frozenset()
 
@@ -155,6 +157,9 @@ class Repairer:
         open_ranges = view.open_ranges_by_server()
         out: dict[str, ServerState] = {}
         memory = service.sealed_reports
+        listing_age_ms = 3 * limits.reclaim_interval_ms
+        self.changed_at = {k: t for k, t in self.changed_at.items()
+                           if now - t <= listing_age_ms}
         for server in view.servers.values():
             beat = service.liveness.last(server.id)
             heard_ms = beat.at_ms if beat is not None else service.liveness.started_ms
@@ -169,6 +174,8 @@ class Repairer:
                 load_bytes if isinstance(load_bytes, int) else 0,
                 # sealed replicas heard of before, then the last heartbeat's reports
                 {**memory.reports(server.id), **parse_reports(load)},
+                listed_now(service.listings.get(server.id), now, listing_age_ms,
+                           self.changed_at),
             )
         return out
 
@@ -207,6 +214,8 @@ class Repairer:
                 await self.repair(task)
         finally:
             self.busy.discard(task.key)
+            # Listings asked for before now may not show what this repair made.
+            self.changed_at[task.key] = self.clock_ms()
 
     # ----------------------------------------------------------------------- repair
     async def repair(self, task: RepairTask) -> StreamMeta:

@@ -58,7 +58,7 @@ from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.placement import Candidate, choose_replicas
 from pd.raft import RaftNode
-from pd.repair import SealedReports, parse_reports
+from pd.repair import SealedReports, ServerListing, parse_reports
 
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
 catch_up_poll_s = 0.005
@@ -85,6 +85,7 @@ class PdService:
         self.liveness = Liveness(started_ms=clock_ms())
         self.metrics = Metrics()
         self.sealed_reports = SealedReports()  # sealed replicas heard of (repair)
+        self.listings: dict[str, ServerListing] = {}  # the reclaimer's, for repair
         self.leases = LeaseTable()  # writer leases, while this node leads
         self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
 

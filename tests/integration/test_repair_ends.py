@@ -7,6 +7,10 @@ direct SEAL requests, one replica is sealed below the catalog's end (15), one ab
 the replicas). Repair SEALs the open one at 20 in place, and drops and copies again in
 place the two sealed elsewhere (no spare server): every replica ends sealed at 20,
 serving exactly records 0..19, and a reader never gets an offset past the catalog's end.
+
+Then one replica is dropped outright (DROP_RANGE, same server identity: a server that
+lost it, or never created it): its server's next listing lacks it, and repair copies it
+back in place.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import pytest
 
 import estream
+from estream.errors import EstreamError
 from estream.protocol import Opcode
 from estream.rpc import RpcClient
 from tests.harness.cluster import Cluster, start_cluster
@@ -90,3 +95,22 @@ async def test_replicas_sealed_below_above_or_left_open_end_at_the_catalogs_end(
         for sid, address in replicas:
             assert await cluster.replica_entries(address, meta.id, 0, 0, server_id=sid) == want
         assert [(r.offset, r.value) async for r in client.read("ends")] == want
+
+        # A replica its server no longer has at all ("reports nothing" is not "whole"):
+        lost_id, lost = replicas[2]
+        await call(lost, Opcode.DROP_RANGE,
+                   {"stream_id": meta.id, "range_index": 0, "server_id": lost_id})
+        started = time.monotonic()
+        while True:
+            try:
+                again = await cluster.replica_entries(lost, meta.id, 0, 0, server_id=lost_id)
+            except EstreamError:
+                again = []
+            if again == want:
+                break
+            assert time.monotonic() - started < repaired_within_s, again
+            await asyncio.sleep(0.5)
+        print(f"[repair-ends] a dropped replica copied back in place after "
+              f"{time.monotonic() - started:.1f}s")
+        state = (await states([(lost_id, lost)], meta.id))[0]
+        assert state["sealed"] and state["sealed_end"] == catalog_end
