@@ -56,8 +56,10 @@ class ReplicaClient:
         self.pool = pool
         self.epoch = epoch
         self.addresses: dict[str, str] = {}
-        # The APPEND header per replica, built once: the hot path sends it as it is.
-        self._append_headers: dict[tuple[str, bool], dict[str, Any]] = {}
+        # The APPEND header per replica (and durability), built once: the hot path sends
+        # it as it is.
+        self._append_headers: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] = (
+            {}, {})
 
     def learn(self, rng: RangeMeta) -> None:
         """Remember the addresses of ``rng``'s replicas."""
@@ -98,10 +100,10 @@ class ReplicaClient:
     async def append(self, replica: str, payload: bytes, deferred: bool) -> int:
         """APPEND one encoded batch to ``replica``; its durable (or written) end after it.
         The writer's hot path: the header is built once per replica."""
-        key = (replica, deferred)
-        header = self._append_headers.get(key)
+        headers = self._append_headers[deferred]
+        header = headers.get(replica)
         if header is None:
-            header = self._append_headers[key] = {"deferred": deferred, "server_id": replica}
+            header = headers[replica] = {"deferred": deferred, "server_id": replica}
         address = self.addresses[replica]
         try:
             body, _ = await self.pool.call(

@@ -352,7 +352,8 @@ class Writer:
         """Counters: ``degraded`` is 1 while the open range runs without some replicas;
         ``degraded_ranges`` counts ranges that ran degraded; ``rolls_postponed`` counts
         roll attempts that found no placement; ``recovery_retries`` counts open's
-        recoveries that had to wait."""
+        recoveries that had to wait; ``failed`` is 1 once the writer takes no more appends
+        (fenced, its stream deleted, or a delivery timeout)."""
         core = self._core
         return {
             "next_offset": core.next_offset if core else 0,
@@ -365,6 +366,7 @@ class Writer:
             "degraded_ranges": self.degraded_ranges,
             "rolls_postponed": self.rolls_postponed,
             "recovery_retries": self.recovery_retries,
+            "failed": int(self._error is not None),
         }
 
     # -- internals: appends ---------------------------------------------------------------

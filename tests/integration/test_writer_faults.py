@@ -14,7 +14,10 @@ PD node, three range servers):
    server id at the same address, or a byte flipped inside an acknowledged batch), one
    down, the third lagging: ``open_writer`` waits and raises ``Unavailable`` rather than
    sealing below acknowledged records; once the down server is back, a new writer keeps
-   every acknowledged record.
+   every acknowledged record;
+6. ``close()`` returns once ``ack_count`` replicas answered the final CONFIRM: after kill -9
+   of every range server, two replicas still report the confirm offset;
+7. the writer lease: an idle writer of a deleted stream is fenced by its next keepalive.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from pathlib import Path
 import pytest
 
 import estream
+from estream import limits
+from estream.protocol import Opcode
+from estream.rpc import RpcClient
 from tests.harness.cluster import Cluster, start_cluster
 
 pytestmark = pytest.mark.integration
@@ -256,3 +262,45 @@ async def test_recovery_waits_rather_than_sealing_short(
         assert sealed.ranges[0].end == 100
         got = await wait_read_all(client, name, acked)
         assert got == sorted(acked.items())
+
+
+async def test_close_leaves_the_final_confirm_durable_on_ack_count_replicas(
+    cluster: Cluster,
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("closed-then-crashed", replicas=3, ack_count=2)
+        writer = await client.open_writer("closed-then-crashed")
+        await asyncio.gather(*(writer.append(b"c%d" % i) for i in range(40)))
+        rng = writer.stream.ranges[-1]
+        await writer.close()  # returns once ack_count replicas answered CONFIRM 40
+        # Every range server crashes right away; readers must still see all 40 records,
+        # so the confirm offset must have been durable on at least two replicas.
+        for server in cluster.servers:
+            await asyncio.to_thread(cluster.kill9, server.address)
+        await asyncio.to_thread(heal, cluster)
+        confirms = []
+        for ref in rng.replicas:
+            rpc = await RpcClient.connect(ref.address, timeout_s=2.0)
+            try:
+                body, _ = await rpc.call(Opcode.DESCRIBE_RANGE, {
+                    "stream_id": meta.id, "range_index": rng.index, "server_id": ref.id})
+            finally:
+                await rpc.close()
+            confirms.append(int(body["confirm"]))
+        assert sum(1 for c in confirms if c >= 40) >= 2, confirms
+
+
+async def test_the_lease_fences_an_idle_writer_of_a_deleted_stream(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("leased", replicas=3, ack_count=2)
+        writer = await client.open_writer("leased")
+        assert await writer.append(b"x") == 0
+        await client.delete_stream("leased")
+        # No append is needed: the next keepalive answers StreamNotFound.
+        deadline = time.monotonic() + 3 * limits.writer_keepalive_ms / 1000 + 5
+        while not writer.statistics()["failed"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert writer.statistics()["failed"] == 1
+        with pytest.raises(estream.Fenced):
+            await writer.append(b"after delete")
+        await writer.close()
