@@ -32,6 +32,7 @@ from estream.meta import StreamMeta
 
 recheck_ms_min: Final = 1_000  # a stream found clean is looked at again after this ...
 recheck_ms_max: Final = 16_000  # ... doubling up to this while it stays clean
+retry_ms_max: Final = 4_000  # a recovery that could not finish now: retried this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,14 +201,16 @@ class LeaseTable:
             self._rechecks.pop(name, None)
         return out
 
-    def checked_clean(self, stream: StreamMeta, now_ms: int) -> None:
-        """``stream`` needed nothing: look again later, twice as late as last time."""
+    def checked_clean(self, stream: StreamMeta, now_ms: int, *, max_ms: int | None = None
+                      ) -> None:
+        """``stream`` needed nothing (or could not be recovered now): look again later,
+        twice as late as last time, up to ``max_ms`` (default ``recheck_max_ms``)."""
         last = stream.last_range
         index = last.index if last is not None else -1
         old = self._rechecks.get(stream.name)
         delay = self.recheck_min_ms
         if old is not None and (old.epoch, old.range_index) == (stream.epoch, index):
-            delay = min(self.recheck_max_ms, old.delay_ms * 2)
+            delay = min(self.recheck_max_ms if max_ms is None else max_ms, old.delay_ms * 2)
         self._rechecks[stream.name] = _Recheck(stream.epoch, index, now_ms + delay, delay)
 
     def hold(self, stream: StreamMeta, epoch: int) -> None:
@@ -215,4 +218,3 @@ class LeaseTable:
         lease is over at once (a recovery that could not finish is tried again next
         round, and a recovered stream is looked at like any other)."""
         self._leases[stream.name] = Lease(epoch, -self.lease_ms)
-        self._rechecks.pop(stream.name, None)

@@ -17,7 +17,8 @@ streams whose writer lease ran out, asks their open range's replicas ``DESCRIBE_
    SEAL the holders.
 
 ``Unavailable`` (too few sound replicas now, a copy failed) leaves the range fenced at
-PD's epoch; the next round tries again with the same epoch. The range being recovered is
+PD's epoch; it is tried again with the same epoch after a back-off (1 s doubling up to
+``pd.lease.retry_ms_max``, 4 s). The range being recovered is
 marked in the ``busy`` set the repairer and the reclaimer share, so the three never work
 on one range at once. Outcomes are counted in ``estream_writer_recoveries_total{outcome}``
 (``sealed``, ``kept``, ``unavailable``, ``superseded``, ``failed``).
@@ -43,7 +44,7 @@ from estream.recovery import RecoveryResult, SealInPd, recover_range
 from estream.replicas import ReplicaClient
 from estream.rpc import ConnectionPool
 from pd import rangeops
-from pd.lease import needs_recovery
+from pd.lease import needs_recovery, retry_ms_max
 from pd.metrics import WRITER_RECOVERIES_HELP, WRITER_RECOVERIES_TOTAL
 from pd.repair import RangeKey
 from pd.rounds import leader_rounds
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 recovery_interval_ms = 500  # how often the leader looks for expired leases
 checks_per_round_max = 256  # streams looked at in one round (the rest wait a round)
+describe_timeout_s = 1.0  # DESCRIBE_RANGE is answered from memory: a hung server is skipped
 
 
 def _now_ms() -> int:
@@ -104,7 +106,7 @@ class Recoverer:
         last = stream.last_range
         if last is None or last.sealed or (stream.id, last.index) in self.busy:
             return None
-        answers = await rangeops.describe(self.pool, stream, last)
+        answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
         if not needs_recovery(answers.values()):
             self.service.leases.checked_clean(stream, self.clock_ms())
             return None
@@ -149,11 +151,13 @@ class Recoverer:
             return None
         except (Unavailable, NoPlacement) as exc:
             self._count("unavailable")
-            log.warning("stream %r: cannot recover open range %d now (next round): %s",
+            self._retry_later(name)
+            log.warning("stream %r: cannot recover open range %d now (tried again soon): %s",
                         name, last.index, exc)
             return None
         except EstreamError as exc:
             self._count("failed")
+            self._retry_later(name)
             log.warning("stream %r: recovery of open range %d failed: %s", name, last.index,
                         exc)
             return None
@@ -164,6 +168,13 @@ class Recoverer:
         log.warning("stream %r: open range %d recovered (%s at %d, held by %s)", name,
                     last.index, outcome, result.end, list(result.holders))
         return result
+
+    def _retry_later(self, name: str) -> None:
+        """Try again after a back-off (1 s doubling up to ``retry_ms_max``), not every
+        round: the replicas may take a while to come back."""
+        current = self.service.view().streams.get(name)
+        if current is not None:
+            self.service.leases.checked_clean(current, self.clock_ms(), max_ms=retry_ms_max)
 
     def _count(self, outcome: str) -> None:
         self.service.metrics.count(WRITER_RECOVERIES_TOTAL, WRITER_RECOVERIES_HELP,

@@ -35,10 +35,11 @@ Where it is done:
 - *replaced* (a new server, chosen by ``pd/placement.py`` among live servers that are not
   replicas of the range, nor targets that failed for it): dead, damaged, sealed at another
   end, sealed short, or an in-place heal that failed (``avoid``).
-- *dropped and copied again in place* (``RepairTask.drop_first``): a replica sealed at
-  another end or sealed short when no spare server is left (a cluster of exactly
-  ``replica_count`` servers): ``DROP_RANGE``, then a whole copy from a healthy source.
-  Only with a healthy source (every task needs one); a dead or damaged replica never is.
+- *dropped and copied again in place* (``RepairTask.drop_first``): a replica damaged,
+  sealed at another end or sealed short when no spare server is left (a cluster of
+  exactly ``replica_count`` servers): ``DROP_RANGE``, then a whole copy from a healthy
+  source. Only once a healthy source answered that it holds the range (every task needs
+  one); a dead replica's server cannot be asked, so it waits for a spare.
 
 Damaged replicas, replicas on a server with another identity (answering ``WrongServer``;
 a wiped server registers a new id, so the old one falls silent and counts as dead), and
@@ -464,7 +465,7 @@ def _where(need: _Need, servers: Mapping[str, ServerState], avoided: Collection[
                 where.moved.append((m, r))  # stays a source; anything else is replaced
         elif r in (REASON_UNSEALED, REASON_ABSENT) or (r == REASON_SHORT and opened):
             where.in_place.append((m, r))
-        elif r == REASON_MISSEALED or (r == REASON_SHORT and not opened):
+        elif r in (REASON_MISSEALED, REASON_DAMAGED) or (r == REASON_SHORT and not opened):
             where.droppable.append((m, r))
         else:
             where.moved.append((m, r))

@@ -8,8 +8,8 @@ sealed range to every target, then proposes ``update_replicas`` with the old rep
 overwrite a newer placement). Copying one range to one target::
 
     (drop first)            DESCRIBE_RANGE target: sealed at the end and whole -> done;
-                            sealed elsewhere or short -> DESCRIBE a source (sound, holding
-                            the range), then DROP_RANGE target
+                            damaged, sealed elsewhere or short -> DESCRIBE a source (sound,
+                            holding the range), then DROP_RANGE target
     DESCRIBE_RANGE target   absent -> create later; damaged / other start / sealed at
                             another end -> this target is avoided for the range
                             sealed at the end -> already copied (a retry): done
@@ -293,8 +293,8 @@ class Repairer:
         return copy.copied_bytes
 
     async def _drop_in_place(self, task: RepairTask, target: str, ids: Header) -> bool:
-        """A replica sealed at another end (or sealed short) with no spare server to
-        replace it: drop it so that the copy makes it anew. True when it turns out right
+        """A replica damaged, sealed at another end or sealed short, with no spare server
+        to replace it: drop it so that the copy makes it anew. True when it turns out right
         already (a stale report). Only once a source has answered that it holds the range
         soundly: the replica is never dropped with nothing to copy from."""
         try:
@@ -305,15 +305,17 @@ class Repairer:
         except EstreamError as exc:
             raise _TargetFailed(exc) from None
         sealed_end = state.get("sealed_end")
-        if not state.get("sealed") or state.get("damaged"):
-            return False  # open: healed or sealed in place; damaged: _describe_target fails
-        if sealed_end == task.end and int(state.get("end", -1)) >= task.end:
+        damaged = bool(state.get("damaged"))
+        if not state.get("sealed") and not damaged:
+            return False  # open: healed or sealed in place
+        if not damaged and sealed_end == task.end and int(state.get("end", -1)) >= task.end:
             self.service.sealed_reports.forget(ids["server_id"], task.key)
             return True
         await self._sound_source(task, exclude=ids["server_id"])
-        log.warning("stream %r range %d: dropping the replica on %s (sealed at %s, holding "
-                    "%s; the catalog's end is %d) to copy it again in place", task.stream,
-                    task.range_index, ids["server_id"], sealed_end, state.get("end"), task.end)
+        log.warning("stream %r range %d: dropping the replica on %s (%s, sealed at %s, "
+                    "holding %s; the catalog's end is %d) to copy it again in place",
+                    task.stream, task.range_index, ids["server_id"],
+                    "damaged" if damaged else "sound", sealed_end, state.get("end"), task.end)
         try:
             await self.pool.call(target, Opcode.DROP_RANGE, ids, timeout_s=rpc_timeout_s)
         except EstreamError as exc:

@@ -28,6 +28,7 @@ from estream.errors import EstreamError
 from estream.protocol import Opcode
 from estream.rpc import RpcClient
 from tests.harness.cluster import Cluster, start_cluster
+from tests.harness.pd import http_json
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +115,50 @@ async def test_replicas_sealed_below_above_or_left_open_end_at_the_catalogs_end(
               f"{time.monotonic() - started:.1f}s")
         state = (await states([(lost_id, lost)], meta.id))[0]
         assert state["sealed"] and state["sealed_end"] == catalog_end
+
+
+async def test_a_damaged_replica_with_no_spare_server_is_dropped_and_copied_again(
+    cluster: Cluster,
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("damaged", replicas=3, ack_count=2)
+        async with await client.open_writer("damaged") as writer:
+            for i in range(written):
+                await writer.append(b"d%02d" % i)
+        async with await client.open_writer("damaged") as writer:  # recovery seals range 0
+            await writer.append(b"next")
+        r0 = (await client.describe_stream("damaged")).ranges[0]
+        assert r0.end == written
+        victim = r0.replicas[0]
+        flipped = await asyncio.to_thread(
+            cluster.damage_replica, victim.address, meta.id, 0, below=written)
+        assert flipped is not None
+        await asyncio.to_thread(cluster.wait_servers_alive)
+        want = [(i, b"d%02d" % i) for i in range(written)]
+        started = time.monotonic()
+        while True:
+            try:
+                served = await cluster.replica_entries(victim.address, meta.id, 0, 0,
+                                                       server_id=victim.id)
+            except EstreamError:
+                served = []  # damaged (ReplicaDamaged), or dropped and not back yet
+            if served == want:
+                break
+            assert time.monotonic() - started < repaired_within_s, served[-3:]
+            await asyncio.sleep(0.5)
+        print(f"[repair-ends] a damaged replica redone in place after "
+              f"{time.monotonic() - started:.1f}s")
+        state = (await states([(victim.id, victim.address)], meta.id))[0]
+        assert state["sealed"] and state["sealed_end"] == written and not state["damaged"]
+        assert [r.id for r in (await client.describe_stream("damaged")).ranges[0].replicas] \
+            == [r.id for r in r0.replicas]
+        assert repairs_done(cluster) >= 1  # PD redid it (not a replica that was never hurt)
+
+
+def repairs_done(cluster: Cluster) -> int:
+    total = 0
+    for url in cluster.pd.http_urls:
+        status, text = http_json(url + "/metrics", timeout_s=2.0)
+        total += sum(int(float(line.split()[-1])) for line in str(text).splitlines()
+                     if status == 200 and line.startswith('estream_repairs_total{outcome="done"}'))
+    return total

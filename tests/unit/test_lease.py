@@ -118,6 +118,18 @@ def test_hold_ends_the_lease_of_pds_own_epoch_at_once() -> None:
     assert t.due([recovering], 5) == [recovering]
 
 
+def test_a_recovery_that_could_not_finish_is_retried_with_a_shorter_back_off() -> None:
+    t = table()
+    recovering = stream(epoch=2)
+    seen = []
+    for now in range(0, 20_000, 500):
+        t.hold(recovering, 2)  # each attempt holds PD's epoch again: the back-off stays
+        if t.due([recovering], now):
+            seen.append(now)
+            t.checked_clean(recovering, now, max_ms=2_000)
+    assert seen[:5] == [0, 1_000, 3_000, 5_000, 7_000]  # 1 s, 2 s, then 2 s (the max)
+
+
 def test_deleted_streams_are_forgotten() -> None:
     t = table()
     t.renew("gone", 1, 0)

@@ -133,12 +133,17 @@ CASES = [
          [(("c",), ("absent",), ("c",))], []),
     Case("in its server's last listing and reported nothing: healthy",
          cluster(c=up("c", listed=frozenset({(1, 0)}))), {}, [], []),
-    Case("a damaged replica with no spare stays (never dropped in place)",
-         {**cluster(b=up("b", reports=report(100, damaged=True))), **NO_SPARE}, {}, [],
-         ["no target"]),
-    Case("two missing: two targets, damaged first",
+    Case("a damaged replica with no spare: dropped and copied again in place",
+         {**cluster(b=up("b", reports=report(100, damaged=True))), **NO_SPARE}, {},
+         [(("b",), ("damaged",), ("b",))], []),
+    Case("a dead replica with no spare waits (its server cannot be asked)",
+         {**cluster(c=dead("c", GRACE)), **NO_SPARE}, {}, [], ["no target"]),
+    Case("two missing: two targets, the dead one first (a damaged one can be redone here)",
          {**cluster(b=dead("b", GRACE), c=up("c", reports=report(5, damaged=True))),
-          "e": up("e")}, {}, [(("c", "b"), ("damaged", "dead"), ("d", "e"))], []),
+          "e": up("e")}, {}, [(("b", "c"), ("dead", "damaged"), ("d", "e"))], []),
+    Case("dead and damaged, one spare: the dead one gets it, the damaged one is redone",
+         cluster(b=dead("b", GRACE), c=up("c", reports=report(5, damaged=True))), {},
+         [(("b", "c"), ("dead", "damaged"), ("d", "c"))], []),
     Case("no healthy source", cluster(a=dead("a", GRACE), b=dead("b", 1),
                                       c=up("c", reports=report(100, damaged=True))),
          {}, [], ["no healthy source"]),
@@ -165,7 +170,7 @@ def test_plan_table(case: Case) -> None:
         # Only replicas kept in place and neither dead nor damaged are ever dropped.
         in_place = {m for m, g in zip(t.missing, t.targets, strict=True) if m == g}
         assert set(t.drop_first) <= in_place
-        assert all(r in ("missealed", "short") for m, r in zip(t.missing, t.reasons,
+        assert all(r in ("missealed", "short", "damaged") for m, r in zip(t.missing, t.reasons,
                                                                 strict=True) if m in t.drop_first)
         assert len(set(t.new_replicas)) == len(t.new_replicas) == 3
         assert (t.start, t.end, t.epoch, t.replicas) == (0, 100, 5, ("a", "b", "c"))
