@@ -614,26 +614,26 @@ class Writer:
             self._roll_backoff_s = limits.roll_backoff_ms_min / 1000
         # After a recent roll, no faster than the backoff: a stream grows by a few ranges
         # per outage, not one per failed attempt.
-        self._start_roll_attempts(request.range_index, wait_first=recent)
+        self._start_roll_attempts(wait_first=recent)
 
-    def _start_roll_attempts(self, range_index: int, *, wait_first: bool) -> None:
+    def _start_roll_attempts(self, *, wait_first: bool) -> None:
         if self._roll_attempts is None or self._roll_attempts.done():
-            self._roll_attempts = asyncio.ensure_future(self._try_rolls(range_index, wait_first))
+            self._roll_attempts = asyncio.ensure_future(self._try_rolls(wait_first))
 
-    async def _try_rolls(self, range_index: int, wait_first: bool) -> None:
-        """Roll a degraded range once PD can place a range without the failed servers;
-        until then the range goes on taking appends, and the attempts back off."""
+    async def _try_rolls(self, wait_first: bool) -> None:
+        """Roll the degraded open range once PD can place a range without the failed
+        servers; until then it goes on taking appends, and the attempts back off. (One
+        task at a time: it serves whichever range is open, so a range that turns degraded
+        while it sleeps is not missed.)"""
         core = self._core
+        assert core is not None
         if wait_first:
             await self._sleep_backoff()
-        while (
-            self._core is core and core is not None and core.range_index == range_index
-            and core.roll_wanted and not self._closed and self._error is None
-        ):
+        while core.roll_wanted and not self._closed and self._error is None:
             if await self._placement_possible(core.failed):
                 self._run(core.begin_roll(_now_ms()))
                 return
-            self._postponed(range_index)
+            self._postponed(core.range_index)
             await self._sleep_backoff()
 
     async def _sleep_backoff(self) -> None:
@@ -745,7 +745,7 @@ class Writer:
                 self._postponed(seal.range_index)
                 self._run(core.on_roll_postponed(seal.range_index, _now_ms()))
                 if not core.sealing:
-                    self._start_roll_attempts(seal.range_index, wait_first=True)
+                    self._start_roll_attempts(wait_first=True)
                     return None
                 await self._sleep_backoff()
             except EstreamError as exc:

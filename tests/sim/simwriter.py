@@ -194,19 +194,28 @@ class SimWriter:
             self._start(meta, rng, rng.start)  # nothing was written: keep the range
             return
         self.log.append(f"t={self.world.now_ms} recovery seals range {rng.index} at {e.end}")
-        for r in e.holders:
-            self._call(
-                r,
-                lambda s, i=rng.index: s.seal(meta.id, i, self.epoch, e.end),
-                lambda _: None,
-                lambda _: None,
-            )
+        # PD first, then the holders (estream/recovery.py): a replica is never sealed at an
+        # end PD has not recorded.
         self._pd(
             lambda pd: pd.seal_range(self.stream, self.epoch, rng.index, e.end, e.exclude),
-            lambda m: self._create_next(m, rng.index + 1),
+            lambda m: self._sealed_in_pd(m, rng.index, e.end, e.holders),
             self._fenced,
             lambda pd: pd.seal_range(self.stream, self.epoch, rng.index, e.end, ()),
         )
+
+    def _sealed_in_pd(
+        self, meta: StreamMeta, index: int, end: int, replicas: tuple[str, ...]
+    ) -> None:
+        """PD recorded the seal: SEAL the replicas at the end (best effort), then create
+        the next range."""
+        for r in replicas:
+            self._call(
+                r,
+                lambda s: s.seal(meta.id, index, self.epoch, end),
+                lambda _: None,
+                lambda _: None,
+            )
+        self._create_next(meta, index + 1)
 
     def _fenced(self, error: EstreamError) -> None:
         if isinstance(error, RangeSealed):
@@ -319,20 +328,14 @@ class SimWriter:
                 self.acked_end = e.upto
             elif isinstance(e, BeginSeal):
                 self.log.append(f"t={now} seal range {e.range_index} at {e.end} failed={e.failed}")
-                for r in e.live:
-                    self._call(
-                        r,
-                        lambda s, i=e.range_index, end=e.end: s.seal(
-                            core.stream_id, i, self.epoch, end
-                        ),
-                        lambda _: None,
-                        lambda _: None,
-                    )
+                # PD first, then the live replicas (estream/writer.py _roll).
                 self._pd(
                     lambda pd, i=e.range_index, end=e.end, x=e.failed: pd.seal_range(
                         self.stream, self.epoch, i, end, x
                     ),
-                    lambda m, i=e.range_index: self._create_next(m, i + 1),
+                    lambda m, i=e.range_index, end=e.end, live=e.live: self._sealed_in_pd(
+                        m, i, end, live
+                    ),
                     self._fenced,
                     lambda pd, i=e.range_index, end=e.end: pd.seal_range(
                         self.stream, self.epoch, i, end, ()
