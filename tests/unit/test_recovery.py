@@ -1,0 +1,147 @@
+"""The recovery driver (estream/recovery.py) over a fake replica client: the order of its
+requests (PD records the seal before any replica is sealed at the end), the empty range
+kept open, waiting instead of sealing short, a hung replica, a failed copy source."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from estream import recovery
+from estream.errors import (
+    ChecksumMismatch,
+    EstreamError,
+    RangeNotFound,
+    ReplicaDamaged,
+    Unavailable,
+    WrongServer,
+)
+from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.protocol import Opcode
+from estream.recovery import recover_range
+from estream.replicas import SourceFailed
+from estream.seal import CopyRecords
+
+RANGE = RangeMeta(0, 0, None, tuple(ReplicaRef(r, f"127.0.0.1:{i + 1}") for i, r in
+                                    enumerate("abc")))
+META = StreamMeta(7, "orders", epoch=5, ranges=(RANGE,))
+SEALED = StreamMeta(7, "orders", epoch=5, ranges=(
+    RangeMeta(0, 0, 10, RANGE.replicas), RangeMeta(1, 10, None, RANGE.replicas)))
+
+Answer = int | EstreamError | None  # a fence's end, its error, or None: never answers
+
+
+class FakeReplicas:
+    """Answers fences from ``answers``; records every request in ``log``."""
+
+    def __init__(self, answers: dict[str, Answer], bad_sources: frozenset[str] = frozenset()
+                 ) -> None:
+        self.epoch = 5
+        self.answers = answers
+        self.bad_sources = bad_sources
+        self.log: list[tuple[Any, ...]] = []
+
+    def learn(self, rng: RangeMeta) -> None:
+        pass
+
+    async def rpc(self, replica: str, opcode: Opcode, header: dict[str, Any],
+                  **_: Any) -> dict[str, Any]:
+        self.log.append((opcode.name, replica, header.get("end")))
+        answer = self.answers[replica]
+        if answer is None:
+            await asyncio.Event().wait()  # hung
+        if isinstance(answer, EstreamError):
+            if isinstance(answer, RangeNotFound) and opcode == Opcode.CREATE_RANGE:
+                return {"end": header["start"], "sealed": False}
+            raise answer
+        assert isinstance(answer, int)
+        return {"end": answer, "sealed": False}
+
+    async def copy(self, stream_id: int, range_index: int, copy: CopyRecords) -> None:
+        self.log.append(("copy", copy.source, copy.target))
+        if copy.source in self.bad_sources:
+            raise SourceFailed("bad", source=copy.source) from ChecksumMismatch("flip")
+
+    async def seal(self, stream_id: int, range_index: int, end: int,
+                   replicas: tuple[str, ...]) -> tuple[str, ...]:
+        self.log.append(("seal", replicas, end))
+        return replicas
+
+
+def pd_log(log: list[tuple[Any, ...]]) -> Any:
+    async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...]) -> StreamMeta:
+        log.append(("pd", index, end, exclude))
+        return SEALED
+
+    return seal_in_pd
+
+
+async def run(fake: FakeReplicas) -> recovery.RecoveryResult:
+    return await recover_range(fake, META, pd_log(fake.log))  # type: ignore[arg-type]
+
+
+async def test_pd_records_the_seal_before_any_replica_is_sealed() -> None:
+    fake = FakeReplicas({"a": 10, "b": 10, "c": Unavailable("down")})
+    result = await run(fake)
+    assert result == recovery.RecoveryResult(SEALED, False, 10, ("a", "b"))
+    tail = [e for e in fake.log if e[0] in ("pd", "seal")]
+    assert tail == [("pd", 0, 10, ("c",)), ("seal", ("a", "b"), 10)]
+    # Every SEAL before PD's was a fence (no end).
+    first_pd = fake.log.index(("pd", 0, 10, ("c",)))
+    assert all(e[2] is None for e in fake.log[:first_pd] if e[0] == "SEAL")
+
+
+async def test_an_empty_range_is_kept_open_fenced() -> None:
+    fake = FakeReplicas({"a": 0, "b": RangeNotFound("never created"), "c": 0})
+    result = await run(fake)
+    assert result.kept and result.end == 0 and result.meta is META
+    assert ("CREATE_RANGE", "b", None) in fake.log
+    assert not [e for e in fake.log if e[0] in ("pd", "seal")]
+
+
+@pytest.mark.parametrize("unusable", [
+    WrongServer("wiped", expected="a", actual="a2"), ReplicaDamaged("damaged")])
+async def test_unusable_down_and_lagging_wait_rather_than_seal_short(
+    unusable: EstreamError,
+) -> None:
+    fake = FakeReplicas({"a": unusable, "b": Unavailable("down"), "c": 40})
+    with pytest.raises(Unavailable):
+        await run(fake)
+    assert not [e for e in fake.log if e[0] in ("pd", "seal", "copy")]
+
+
+async def test_a_hung_replica_costs_the_grace_period_not_a_request_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(recovery, "fence_grace_s", 0.01)
+    fake = FakeReplicas({"a": 10, "b": 7, "c": None})
+    result = await asyncio.wait_for(run(fake), 5)
+    assert (result.end, result.holders) == (10, ("a", "b"))
+    assert ("copy", "a", "b") in fake.log
+    assert [e for e in fake.log if e[0] == "pd"] == [("pd", 0, 10, ("c",))]
+
+
+async def test_a_failed_copy_source_is_replaced_by_another() -> None:
+    five = RangeMeta(0, 0, None, tuple(ReplicaRef(r, f"127.0.0.1:{i + 1}") for i, r in
+                                       enumerate("abcde")))
+    meta = StreamMeta(7, "orders", replicas=5, ack_count=3, epoch=5, ranges=(five,))
+    fake = FakeReplicas({"a": 10, "b": 10, "c": 4, "d": 4, "e": Unavailable("down")},
+                        bad_sources=frozenset("a"))
+    result = await recover_range(fake, meta, pd_log(fake.log))  # type: ignore[arg-type]
+    # Reading a failed: a is neither source nor holder; b copies to c and d instead.
+    copies = [e for e in fake.log if e[0] == "copy"]
+    assert copies[0] == ("copy", "a", "c") and sorted(copies[1:]) == [
+        ("copy", "b", "c"), ("copy", "b", "d")]
+    assert result.holders == ("b", "c", "d") and result.end == 10
+    assert [e for e in fake.log if e[0] == "pd"] == [("pd", 0, 10, ("a", "e"))]
+
+
+async def test_a_failed_copy_source_never_commits_short() -> None:
+    fake = FakeReplicas({"a": 10, "b": 10, "c": 4}, bad_sources=frozenset("a"))
+    meta = StreamMeta(7, "orders", replicas=3, ack_count=3, epoch=5, ranges=(RANGE,))
+    with pytest.raises(Unavailable):
+        await recover_range(fake, meta, pd_log(fake.log))  # type: ignore[arg-type]
+    assert [e for e in fake.log if e[0] == "copy"] == [("copy", "a", "c"), ("copy", "b", "c")]
+    assert not [e for e in fake.log if e[0] in ("pd", "seal")]
