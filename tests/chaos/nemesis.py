@@ -13,6 +13,9 @@ at the same address), a byte flipped inside an acknowledged batch of a replica, 
 leader ``kill -9``, a whole-cluster ``kill -9`` and restart (under load, or ``idle``: after
 the writers stopped, the case where only durable confirms can show the last records).
 
+:func:`one_server_down` says whether a cycle leaves exactly one range server out of service
+at a time (the contract then promises that no append waits more than 5 s).
+
 Safety of the plan: at most one fault that destroys a copy (wipe, flip) per cycle, so
 with ``replicas=3, ack_count=2`` every acknowledged record keeps an intact copy; the
 driver also injects one only while every replica PD lists is whole and sound (otherwise a
@@ -133,6 +136,21 @@ def plan_cycle(rng: random.Random, range_servers: int, streams: int) -> CyclePla
                      kill_writers=rng.random() < 0.5)
 
 
+def one_server_down(plan: CyclePlan) -> bool:
+    """Whether the cycle's faults take exactly one range server out under load and nothing
+    else: DESIGN.md's "one of them dead or hung: no append waits more than 5 s for a seal
+    or roll" applies (a wipe or flip restarts its server at once: a short outage too).
+
+    >>> from tests.chaos.nemesis import Target as T
+    >>> one_server_down(CyclePlan((Injection(Fault.SIGSTOP, T(0, 1)),), 2.0, False))
+    True
+    >>> one_server_down(CyclePlan((Injection(Fault.KILL9, T(0, 1)),
+    ...                            Injection(Fault.PD_LEADER)), 2.0, False))
+    False
+    """
+    return len(plan.injections) == 1 and plan.injections[0].fault not in CLUSTER_WIDE
+
+
 def _weighted(rng: random.Random) -> Fault:
     faults = list(WEIGHTS)
     return rng.choices(faults, weights=[WEIGHTS[f] for f in faults])[0]
@@ -169,6 +187,8 @@ class WriterLog:
     closed: bool = False  # CLOSED after SIGTERM
     close_failure: str = ""
     max_acked_offset: int = -1
+    slowest_s: float = 0.0  # the longest an append took to end, either way
+    slowest: str = ""  # that append's line
 
 
 def fold_writer_log(history: History, writer: str, lines: Iterable[str]) -> WriterLog:
@@ -215,6 +235,9 @@ def fold_writer_log(history: History, writer: str, lines: Iterable[str]) -> Writ
             continue
         if kind in ("K", "F", "T", "U", "H"):
             attempted.pop(parts[0], None)
+            elapsed_s = int(parts[-1]) / 1000
+            if elapsed_s > log.slowest_s:
+                log.slowest_s, log.slowest = elapsed_s, line
     for value in attempted:  # killed mid-append: stored once or not at all
         history.fail(writer, value.encode(), "killed", unknown=True)
         log.unknown += 1

@@ -11,7 +11,8 @@
 2. inject the cycle's faults (a destroying one only while every replica PD lists is whole
    and sound, else ``kill -9`` of that target), hold them under load, heal everything
    (resume, heal proxies, restart what was killed) and wait for acknowledgements again
-   (none within ``progress_timeout_s``: "stalled");
+   (none within ``progress_timeout_s``: "stalled"); with one server out and nothing else,
+   no append may take longer than ``one_down_append_s_max`` ("slow");
 3. stop the writers (SIGTERM: a clean close, or ``kill -9``), inject an idle whole-cluster
    crash if planned, then read each stream with ``follow=False`` until every record
    acknowledged so far is there ("hidden" if not within ``visible_within_s``).
@@ -50,6 +51,7 @@ from tests.chaos.nemesis import (
     Target,
     WriterLog,
     fold_writer_log,
+    one_server_down,
 )
 from tests.harness.cluster import Cluster
 from tests.harness.process import ManagedProcess
@@ -67,6 +69,7 @@ class NemesisConfig:
     progress_timeout_s: float = 15.0
     visible_within_s: float = 10.0  # DESIGN.md: a reader sees every acknowledged record
     repair_wait_s: float = 45.0  # repair_after_ms (10 s), then rounds of a few ranges
+    one_down_append_s_max: float = 6.0  # DESIGN.md's 5 s for a seal or roll, + 1 s grace
     destroy_wait_s: float = 5.0  # for every replica to be whole before wiping or flipping
     cycles_budget_s: float | None = None  # no cycle starts after this long (None: no limit)
     poll_s: float = 0.1
@@ -167,7 +170,12 @@ class Nemesis:
             self.find(f"cycle {index}: stalled after healing {plan}: fewer than "
                       f"{self.config.progress_acks} new acknowledgements per stream in "
                       f"{self.config.progress_timeout_s}s ({self.acks_now()})")
-        await self.stop_writers(kill=plan.kill_writers)
+        logs = await self.stop_writers(kill=plan.kill_writers)
+        if one_server_down(plan):
+            for log in logs:
+                if log.slowest_s > self.config.one_down_append_s_max:
+                    self.find(f"cycle {index}: slow with one server out ({plan}): an append "
+                              f"took {log.slowest_s:.1f}s ({log.slowest})")
         for injection in plan.injections:
             if injection.idle:
                 notes.append(await self.inject(injection, targeted))
@@ -206,10 +214,11 @@ class Nemesis:
             await asyncio.sleep(self.config.poll_s)
         return False
 
-    async def stop_writers(self, *, kill: bool) -> None:
+    async def stop_writers(self, *, kill: bool) -> list[WriterLog]:
         """kill -9 the writer processes, or SIGTERM them (each closes its writer) and wait
         for them to exit; fold their logs into the histories."""
         writers, self.writers = self.writers, {}
+        logs = []
         for process, _ in writers.values():
             if kill:
                 process.kill9()
@@ -225,9 +234,11 @@ class Nemesis:
             process.kill9()
             process.stop()
             summary = self.fold(name, log)
+            logs.append(summary)
             if summary.close_failure.startswith("TimeoutError"):  # our bound: close hung
                 self.find(f"{log.stem}: writer.close() ended neither way within "
                           f"{self.config.deadline_s}s")
+        return logs
 
     def fold(self, name: str, log: Path) -> WriterLog:
         lines = log.read_text().splitlines() if log.exists() else []
