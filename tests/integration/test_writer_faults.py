@@ -166,13 +166,13 @@ async def run_degraded(
 
 
 async def test_one_hung_server_of_three_delays_no_append(cluster: Cluster) -> None:
-    # 9 s hung: past the chase bound (2 s) and PD's suspicion (4 s); then resumed, the
+    # 7 s hung: past the chase bound (2 s) and PD's suspicion (4 s); then resumed, the
     # writer's next attempt finds a placement again and rolls onto all three.
-    await run_degraded(cluster, "hung-one", "pause", fault_s=9.0, after_s=6.0)
+    await run_degraded(cluster, "hung-one", "pause", fault_s=7.0, after_s=6.0)
 
 
 async def test_one_killed_server_of_three_delays_no_append(cluster: Cluster) -> None:
-    await run_degraded(cluster, "killed-one", "kill9", fault_s=6.0, after_s=6.0)
+    await run_degraded(cluster, "killed-one", "kill9", fault_s=5.0, after_s=6.0)
 
 
 async def test_two_hung_servers_time_appends_out(cluster: Cluster) -> None:
