@@ -114,7 +114,6 @@ class Nemesis:
                           for name in STREAMS}
         self.outcome = Outcome(plan.seed)
         self.writers: dict[str, tuple[ManagedProcess, Path]] = {}
-        self.logs: list[tuple[str, str, Path]] = []  # (stream, writer name, log) folded
         self.max_acked: dict[str, int] = dict.fromkeys(STREAMS, -1)
         self.verified: dict[str, int] = dict.fromkeys(STREAMS, 0)  # all seen below this
         self._stop_readers = asyncio.Event()
