@@ -398,7 +398,7 @@ class Nemesis:
                 self.find(f"{name} tailing reader: untyped error {type(exc).__name__}: {exc}")
             await asyncio.sleep(0.2)
 
-    async def finish_readers(self, readers: list[asyncio.Future[None]]) -> None:
+    async def finish_readers(self, readers: list[asyncio.Task[None]]) -> None:
         await asyncio.sleep(1.0)  # let the tails reach the last confirmed records
         for task in readers:
             task.cancel()
