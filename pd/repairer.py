@@ -165,11 +165,12 @@ class Repairer:
             heard_ms = beat.at_ms if beat is not None else service.liveness.started_ms
             load = service.liveness.load(server.id)
             load_bytes = load.get("bytes", 0)
+            gone = service.liveness.superseded(server.id)  # another id at its address
             out[server.id] = ServerState(
                 server.id,
                 server.storage_class,
                 service.liveness.alive(server.id, now),
-                max(0, now - heard_ms),
+                self.repair_after_ms if gone else max(0, now - heard_ms),
                 open_ranges.get(server.id, 0),
                 load_bytes if isinstance(load_bytes, int) else 0,
                 # sealed replicas heard of before, then the last heartbeat's reports

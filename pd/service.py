@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -332,6 +332,7 @@ class PdService:
         result = await self.raft.propose(RegisterServer(server_id, address, storage_class))
         assert isinstance(result, ServerInfo)
         self.liveness.on_heartbeat(server_id, self.clock_ms(), address)
+        self._supersede_others(server_id, address, self.view().servers.values())
         return ServerInfo(result.id, result.address, result.storage_class, True,
                           self.liveness.load(server_id))
 
@@ -345,7 +346,21 @@ class PdService:
         """Record a heartbeat; False when the server is not (yet) registered here."""
         self.liveness.on_heartbeat(server_id, self.clock_ms(), address, load)
         self.sealed_reports.observe(server_id, parse_reports(load).values())
-        return server_id in self.view().servers
+        servers = self.view().servers
+        self._supersede_others(server_id, address, servers.values())
+        return server_id in servers
+
+    def _supersede_others(
+        self, server_id: str, address: str, servers: Iterable[ServerInfo]
+    ) -> None:
+        """Registered servers at ``address`` other than ``server_id`` are gone (a wiped
+        server came back with a new id there): no grace, no placement, repaired now."""
+        if not address:
+            return
+        for other in servers:
+            if other.address == address and other.id != server_id \
+                    and not self.liveness.superseded(other.id):
+                self.liveness.supersede(other.id)
 
     # -- the RPC front door ------------------------------------------------------------
     def handlers(self) -> dict[int, Handler]:

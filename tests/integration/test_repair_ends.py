@@ -162,3 +162,37 @@ def repairs_done(cluster: Cluster) -> int:
         total += sum(int(float(line.split()[-1])) for line in str(text).splitlines()
                      if status == 200 and line.startswith('estream_repairs_total{outcome="done"}'))
     return total
+
+
+async def test_a_wiped_servers_replicas_are_copied_to_its_new_identity_at_once(
+    cluster: Cluster,
+) -> None:
+    """A server whose disk was wiped comes back at the same address with a new id: the
+    old id is gone at once (not alive, no grace), and with no spare server its sealed
+    replicas are copied onto the new identity."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("wiped", replicas=3, ack_count=2)
+        async with await client.open_writer("wiped") as writer:
+            for i in range(written):
+                await writer.append(b"w%02d" % i)
+        async with await client.open_writer("wiped") as writer:  # recovery seals range 0
+            await writer.append(b"next")
+        r0 = (await client.describe_stream("wiped")).ranges[0]
+        assert r0.end == written
+        victim = r0.replicas[0]
+        new_id = await asyncio.to_thread(cluster.wipe, victim.address)
+        servers = {s.id: s for s in await client.list_servers()}
+        assert not servers[victim.id].alive and servers[new_id].alive
+        want = [(i, b"w%02d" % i) for i in range(written)]
+        started = time.monotonic()
+        while True:
+            replicas = (await client.describe_stream("wiped")).ranges[0].replicas
+            if new_id in [r.id for r in replicas]:
+                break
+            assert time.monotonic() - started < repaired_within_s, replicas
+            await asyncio.sleep(0.5)
+        print(f"[repair-ends] a wiped server's replica re-copied to its new id after "
+              f"{time.monotonic() - started:.1f}s")
+        assert victim.id not in [r.id for r in replicas]
+        assert await cluster.replica_entries(victim.address, meta.id, 0, 0,
+                                             server_id=new_id) == want

@@ -13,6 +13,7 @@ import pytest
 
 from estream.errors import Conflict
 from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from pd import liveness
 from pd import repair as repair_module
 from pd.catalog import Catalog
 from pd.commands import CreateStream, RegisterServer, SealRange, UpdateReplicas
@@ -46,6 +47,7 @@ OPEN = RangeMeta(1, 100, None, refs("a", "b", "d"))
 
 def test_doctests() -> None:
     assert doctest.testmod(repair_module, verbose=False).failed == 0
+    assert doctest.testmod(liveness, verbose=False).failed == 0  # superseded servers
 
 
 def up(i: str, **kw: object) -> ServerState:
