@@ -43,7 +43,9 @@ The rules (DESIGN.md section 2):
   unchanged.
 - A range also rolls once ``range_bytes_max`` bytes were sent into it: nothing more is
   sent to it, and it is sealed once what was sent completes (so every range takes at
-  least one batch, and a roll always makes progress).
+  least one batch, and a roll always makes progress). If PD then cannot place the next
+  range, the limit is lifted: the range goes on (with ``ack_count`` live replicas) and
+  rolls once a placement exists, rather than stalling every append until then.
 
 Worked example (replicas a, b, c; ack_count 2): appends complete on a and b; c times out:
 c is failed, the range goes on with a and b (``RequestRoll``). The driver finds no server
@@ -174,6 +176,7 @@ class _Range:
     full: bool = False  # range_bytes_max sent: no more batches; seal once they complete
     seal_sent: bool = False
     roll_requested: bool = False  # RequestRoll emitted (the range runs degraded)
+    size_limit_lifted: bool = False  # full, but no next range could be placed: goes on
 
     def live(self) -> tuple[str, ...]:
         return tuple(r for r in self.replicas if r not in self.failed)
@@ -431,16 +434,22 @@ class RangeWriter:
     def on_roll_postponed(self, range_index: int, now_ms: int) -> list[Effect]:
         """PD could not place the next range for the :class:`BeginSeal` of
         ``range_index`` and sealed nothing. A degraded range with ``ack_count`` live
-        replicas goes on taking appends (the driver tries the roll again later); a range
-        that must roll (too few live replicas, or full) stays frozen, and the driver
+        replicas goes on taking appends (the driver tries the roll again later), and so
+        does a full one, past its size limit (:attr:`roll_wanted`: with exactly
+        ``replicas`` servers and one out, freezing would stall every append until it came
+        back); a range that must roll (too few live replicas) stays frozen, and the driver
         retries the seal after a backoff (with :attr:`live` and :attr:`failed` as they are
         then): nothing is emitted, so this cannot loop."""
         effects: list[Effect] = []
         rng = self._range
         if self.error is not None or range_index != rng.index or rng.seal_end is None:
             return effects
-        if rng.full or len(rng.live()) < self.ack_count:
+        if len(rng.live()) < self.ack_count:
             return effects
+        if rng.full:
+            rng.full = False
+            rng.size_limit_lifted = True
+            rng.roll_requested = True
         rng.seal_end = None
         rng.seal_sent = False
         self._advance(now_ms, effects)
@@ -492,7 +501,7 @@ class RangeWriter:
         for batch in self._batches:
             if batch.range_index == rng.index:
                 continue
-            if rng.sent_bytes >= self.config.range_bytes_max:
+            if rng.sent_bytes >= self.config.range_bytes_max and not rng.size_limit_lifted:
                 rng.full = True  # size limit: seal once what was sent completes
                 self._roll_if_full(effects)
                 return
@@ -615,7 +624,11 @@ class RangeWriter:
                 continue
             if now_ms - batch.sent_ms > self.config.chase_backlog_ms_max:
                 return True
-            backlog += batch.size
+            if batch.end <= self.completed:
+                # Bytes count once a quorum has them: how far the replica is behind the
+                # others. (Counting every unacked byte failed every replica at once when more
+                # than the bound was in flight, e.g. resent after a roll: a roll loop.)
+                backlog += batch.size
         return backlog > self.config.chase_backlog_bytes_max
 
 

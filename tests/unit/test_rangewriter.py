@@ -160,6 +160,16 @@ def test_replica_past_its_byte_bound_is_dropped() -> None:
     assert w.completed == 6 and w.inflight_batches == 0  # nothing kept for c any more
 
 
+def test_bytes_every_replica_still_owes_fail_no_replica() -> None:
+    # More than the byte bound in flight, acknowledged by nobody yet (a fast writer, or the
+    # batches resent after a roll): no replica is behind the others, none is dropped.
+    w = make(chase_backlog_bytes_max=300, linger_ms=0)
+    for i in range(5):
+        w.submit([Record(b"x" * 50)], i)
+    effects = w.on_tick(5)
+    assert rolls(effects) == [] and seals(effects) == [] and w.live == ("a", "b", "c")
+
+
 def test_failure_seals_resends_unconfirmed_batches_and_completes_them_once() -> None:
     w = make(linger_ms=0)
     w.submit([rec(0)], 0)
@@ -322,14 +332,24 @@ def test_a_range_that_must_roll_stays_frozen_when_postponed() -> None:
     assert sends(held) == []
 
 
-def test_a_full_range_stays_frozen_when_postponed() -> None:
+def test_a_full_range_goes_on_past_its_limit_when_postponed() -> None:
     w = make(range_bytes_max=150, linger_ms=0)
     w.submit([Record(b"x" * 100)], 0)
     for r in "abc":
         w.on_append_ack(r, 0, 1, 0)
     _, effects = w.submit([Record(b"y" * 10)], 1)
     assert seals(effects) == [BeginSeal(0, 1, (), ("a", "b", "c"))]
-    assert w.on_roll_postponed(0, 2) == [] and w.sealing
+    # No placement for the next range: rather than stall every append until there is
+    # one, the range takes appends past its limit and asks for a roll.
+    out = sends(w.on_roll_postponed(0, 2))
+    assert [s.replica for s in out] == ["a", "b", "c"] and not w.sealing and w.roll_wanted
+    assert completes(sum((w.on_append_ack(r, 0, 2, 3) for r in "abc"), [])) == [2]
+    _, more = w.submit([Record(b"z" * 10)], 3)
+    assert [s.replica for s in sends(more)] == ["a", "b", "c"]
+    # The next attempt freezes it at the confirmed end.
+    for r in "abc":
+        w.on_append_ack(r, 0, 3, 4)
+    assert seals(w.begin_roll(5)) == [BeginSeal(0, 3, (), ("a", "b", "c"))]
 
 
 def test_a_failed_create_on_the_new_range_runs_it_degraded_not_sealed() -> None:
