@@ -1,15 +1,31 @@
-"""The writer's cores (:class:`RangeWriter`, :class:`RangeRecovery`) driven through the
-simulated network, the way ``estream/writer.py`` drives them over real sockets.
+"""The writer's cores driven through the simulated network, the way ``estream/writer.py``
+drives them over real sockets: :class:`~estream.rangewriter.RangeWriter` (appends),
+:class:`~estream.roll.Roller` (the roll: PD seal first, SEAL, CREATE_RANGE, the degraded
+attempts with their backoff) and :class:`~estream.seal.RangeRecovery` (open), the last
+one with the order of ``estream/recovery.py`` (fence with a grace period after a quorum,
+copy round by round, record the seal in PD, then seal the holders) and the retries of
+``Writer._recover`` (the same epoch again after a backoff, with the stream read again).
+
+Every request names the server id the catalog lists for its replica, at the address the
+catalog gives (``WrongServer`` from a server with another identity).
 
 Pure: no I/O (tests only).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from estream.errors import EstreamError, Fenced, NoPlacement, RangeSealed
+from estream.errors import (
+    EstreamError,
+    Fenced,
+    NoPlacement,
+    RangeSealed,
+    Unavailable,
+)
 from estream.meta import RangeMeta, StreamMeta
 from estream.rangewriter import (
     BeginSeal,
@@ -23,6 +39,24 @@ from estream.rangewriter import (
     WriterConfig,
 )
 from estream.record import Record, encode_batch
+from estream.roll import (
+    Apply,
+    CreateRange,
+    FailWriter,
+    ListServers,
+    NextRange,
+    Ping,
+    Postponed,
+    RollConfig,
+    Rolled,
+    Roller,
+    SealInPd,
+    SealReplicas,
+    Sleep,
+    StartAttempts,
+    Step,
+    Steps,
+)
 from estream.seal import (
     CommitSeal,
     CopyRecords,
@@ -32,9 +66,29 @@ from estream.seal import (
     RecoveryFailed,
     SendFence,
 )
-from tests.sim.world import Net, World
+from tests.sim.world import Net, World, node_of
 
 PD = "pd"
+FENCE_GRACE_MS = 100  # recovery.fence_grace_s, scaled like the other timeouts
+RECOVERY_BACKOFF_MS = (20, 400)  # writer.recovery_backoff_s_min/max, scaled
+SEAL_TIMEOUT_MS = 100  # replicas.seal_timeout_s, scaled
+CREATE_TIMEOUT_MS = 200  # replicas.create_timeout_s, scaled
+PING_TIMEOUT_MS = 100
+
+
+def roll_config(replicas: int) -> RollConfig:
+    """The roll's timings at the simulation's scale (request timeout 300 ms)."""
+    return RollConfig(
+        replicas, backoff_ms_min=50, backoff_ms_max=400, pd_retry_ms=20, suspect_cleared_ms=500
+    )
+
+
+@dataclass
+class _Process:
+    """A roll process being driven (see :meth:`SimWriter._drive`)."""
+
+    steps: Steps
+    done: bool = False
 
 
 class SimWriter:
@@ -48,17 +102,28 @@ class SimWriter:
         self.stream = stream
         self.config = config
         self.core: RangeWriter | None = None
-        self.recovery: RangeRecovery | None = None
+        self.roller: Roller | None = None
         self.epoch = 0
         self.start = -1  # the first offset this writer assigns
         self.assigned: list[bytes] = []
         self.acked_end = -1
         self.fenced = False
         self.dead = False
-        self.ready = False
+        self.addresses: dict[str, str] = {}  # replica id -> node, from the catalog
         self._tick_at: int | None = None
         self._meta: StreamMeta | None = None
+        self._attempts: _Process | None = None
+        self._recovery_backoff_ms = RECOVERY_BACKOFF_MS[0]
+        self._submitted: deque[tuple[int, int]] = deque()  # (end, submitted at ms)
+        self.max_wait_ms = 0  # the longest an append waited for its acknowledgement
         self.rolls = 0
+        self.rolls_postponed = 0
+        self.recoveries = 0  # recovery attempts (retries included)
+        self._recovery_sealing = False  # recovery asked PD to seal (its answer may be lost)
+        self.closing = False
+        # Called when PD recorded a recovery's seal: (meta, range index, end, holders).
+        self.on_recovered: Callable[[StreamMeta, int, int, tuple[str, ...]], None] | None = None
+        self._confirmed: dict[tuple[int, str], int] = {}  # (range, replica) -> CONFIRM answered
         self.log: list[str] = []
 
     # -- plumbing -------------------------------------------------------------------------
@@ -84,29 +149,68 @@ class SimWriter:
 
         self.net.call(self.id, dst, handler, guard_ok, guard_err, timeout_ms=timeout_ms)
 
+    def _rcall(
+        self,
+        replica: str,
+        request: Callable[[Any, str], Any],
+        ok: Callable[[Any], None],
+        err: Callable[[EstreamError], None],
+        timeout_ms: int = 300,
+    ) -> None:
+        """A request to ``replica`` at the address the catalog gives, naming its id."""
+        self._call(self.addresses[replica], lambda s: request(s, replica), ok, err, timeout_ms)
+
+    def _learn(self, rng: RangeMeta) -> None:
+        for ref in rng.replicas:
+            self.addresses[ref.id] = node_of(ref.address)
+
     def _pd(
         self,
         handler: Callable[[Any], Any],
         ok: Callable[[Any], None],
-        on_fenced: Callable[[EstreamError], None] | None = None,
-        relaxed: Callable[[Any], Any] | None = None,
+        on_error: Callable[[EstreamError], None] | None = None,
     ) -> None:
-        """A PD call retried on retriable errors and timeouts (commands are idempotent)."""
+        """A PD call retried on retriable errors and timeouts (PdClient retries too)."""
 
         def err(error: EstreamError) -> None:
-            if isinstance(error, NoPlacement) and relaxed is not None:
-                # Too many servers excluded: let PD choose among every live server.
-                self.world.after(20, lambda: self._pd(relaxed, ok, on_fenced))
-            elif error.retriable:
-                self.world.after(20, lambda: self._pd(handler, ok, on_fenced, relaxed))
-            elif on_fenced is not None:
-                on_fenced(error)
+            if error.retriable:
+                self.world.after(20, lambda: self._pd(handler, ok, on_error))
+            elif on_error is not None:
+                on_error(error)
             else:
                 raise AssertionError(f"unexpected PD error {error!r}")
 
         self._call(PD, handler, ok, err)
 
-    # -- open and recovery ----------------------------------------------------------------
+    def _gather(
+        self,
+        replicas: tuple[str, ...],
+        request: Callable[[Any, str], Any],
+        done: Callable[[dict[str, tuple[Any, EstreamError | None]]], None],
+        timeout_ms: int,
+    ) -> None:
+        """``request`` on every replica at once; ``done`` with each one's answer and error
+        (None: it answered), once all are in (or timed out)."""
+        answers: dict[str, tuple[Any, EstreamError | None]] = {}
+        if not replicas:
+            done(answers)
+            return
+
+        def settle(replica: str, result: Any, error: EstreamError | None) -> None:
+            answers[replica] = (result, error)
+            if len(answers) == len(replicas):
+                done(answers)
+
+        for r in replicas:
+            self._rcall(
+                r,
+                request,
+                lambda res, r=r: settle(r, res, None),
+                lambda e, r=r: settle(r, None, e),
+                timeout_ms,
+            )
+
+    # -- open and recovery (estream/recovery.py, Writer._recover) --------------------------
 
     def open(self) -> None:
         self._pd(lambda pd: pd.open_writer(self.stream), self._opened)
@@ -114,172 +218,99 @@ class SimWriter:
     def _opened(self, meta: StreamMeta) -> None:
         self.epoch = meta.epoch
         self._meta = meta
+        self.roller = Roller(roll_config(meta.replicas), lambda: self.world.now_ms)
+        self._recover(meta)
+
+    def _recover(self, meta: StreamMeta) -> None:
+        if meta.epoch > self.epoch:
+            self._fenced(Fenced("a newer writer opened the stream"))
+            return
         last = meta.last_range
         assert last is not None and not last.sealed
-        self.recovery = RangeRecovery.of(
-            [r.id for r in last.replicas], meta.ack_count, last.start
-        )
-        self._recovery_effects(self.recovery.start(), meta, last)
+        self.recoveries += 1
+        self._learn(last)
+        rec = RangeRecovery.of([r.id for r in last.replicas], meta.ack_count, last.start)
+        _Recovery(self, meta, last, rec).start()
 
-    def _recovery_effects(
-        self, effects: list[RecoveryEffect], meta: StreamMeta, rng: RangeMeta
-    ) -> None:
-        rec = self.recovery
-        assert rec is not None
-        for e in effects:
-            if isinstance(e, SendFence):
-                self._call(
-                    e.replica,
-                    lambda s, i=rng.index: s.fence(meta.id, i, self.epoch),
-                    lambda answer, r=e.replica: self._recovery_effects(
-                        rec.on_fence_answer(r, *answer), meta, rng
-                    ),
-                    lambda err, r=e.replica: self._recovery_effects(
-                        rec.on_fence_error(r, err), meta, rng
-                    ),
-                )
-            elif isinstance(e, FenceByCreate):
-                self._call(
-                    e.replica,
-                    lambda s, i=rng.index: s.create_range(meta.id, i, rng.start, self.epoch),
-                    lambda end, r=e.replica: self._recovery_effects(
-                        rec.on_fence_answer(r, end), meta, rng
-                    ),
-                    lambda err, r=e.replica: self._recovery_effects(
-                        rec.on_fence_error(r, err), meta, rng
-                    ),
-                )
-            elif isinstance(e, CopyRecords):
-                self._copy(e, meta, rng)
-            elif isinstance(e, CommitSeal):
-                self._commit(e, meta, rng)
-            elif isinstance(e, RecoveryFailed):
-                if isinstance(e.error, Fenced):
-                    self.fenced = True
-                else:
-                    self.world.after(50, self.open)  # retry with a new epoch
-
-    def _copy(self, e: CopyRecords, meta: StreamMeta, rng: RangeMeta) -> None:
-        rec = self.recovery
-        assert rec is not None
-
-        def failed(_: EstreamError) -> None:
-            self._recovery_effects(rec.on_copy_failed(e.target), meta, rng)
-
-        def got(values: list[bytes]) -> None:
-            payload = encode_batch(
-                [Record(v) for v in values],
-                stream_id=meta.id,
-                range_index=rng.index,
-                epoch=self.epoch,
-                base_offset=e.start,
-            )
-            self._call(
-                e.target,
-                lambda s: s.append(payload),
-                lambda _: self._recovery_effects(rec.on_copy_done(e.target), meta, rng),
-                failed,
-            )
-
-        self._call(
-            e.source,
-            lambda s: s.read_unconfirmed(meta.id, rng.index, e.start, e.end),
-            got,
-            failed,
-        )
-
-    def _commit(self, e: CommitSeal, meta: StreamMeta, rng: RangeMeta) -> None:
-        if e.end == rng.start and not e.exclude and len(e.holders) == len(rng.replicas):
-            self.log.append(f"t={self.world.now_ms} keep empty range {rng.index}")
-            self._start(meta, rng, rng.start)  # nothing was written: keep the range
+    def _recovery_failed(self, meta: StreamMeta, error: EstreamError) -> None:
+        """Not safe now (Unavailable): fence again later at the same epoch, with the stream
+        read again; Fenced or RangeSealed: a newer writer exists."""
+        if isinstance(error, Fenced | RangeSealed):
+            self._fenced(error)
             return
-        self.log.append(f"t={self.world.now_ms} recovery seals range {rng.index} at {e.end}")
-        # PD first, then the holders (estream/recovery.py): a replica is never sealed at an
-        # end PD has not recorded.
-        self._pd(
-            lambda pd: pd.seal_range(self.stream, self.epoch, rng.index, e.end, e.exclude),
-            lambda m: self._sealed_in_pd(m, rng.index, e.end, e.holders),
-            self._fenced,
-            lambda pd: pd.seal_range(self.stream, self.epoch, rng.index, e.end, ()),
+        assert isinstance(error, Unavailable), error
+        self.log.append(f"t={self.world.now_ms} recovery must wait: {error}")
+        delay = self._recovery_backoff_ms
+        self._recovery_backoff_ms = min(delay * 2, RECOVERY_BACKOFF_MS[1])
+
+        def stale(error: EstreamError) -> None:
+            if self._recovery_sealing:
+                # An earlier attempt may have sealed the range in PD (its answer lost):
+                # never recover it, let alone keep it, from an old view.
+                self._recovery_failed(meta, Unavailable(f"describe: {error}"))
+            else:
+                self._recover(meta)  # PD unreachable: try with what we have
+
+        def again() -> None:
+            self._call(PD, lambda pd: pd.describe(self.stream), self._recover, stale)
+
+        self.world.after(delay, again)
+
+    def _recovered(self, meta: StreamMeta, last: RangeMeta, kept: bool, end: int) -> None:
+        if kept:
+            self.log.append(f"t={self.world.now_ms} keep empty range {last.index}")
+            self._start(meta, last)
+            return
+        nxt = meta.range_at(last.index + 1)
+        assert nxt is not None
+        self._learn(nxt)
+
+        def created(answers: dict[str, tuple[Any, EstreamError | None]]) -> None:
+            failed = {r: e for r, (_, e) in answers.items() if e is not None}
+            fenced = [e for e in failed.values() if isinstance(e, Fenced)]
+            if fenced:
+                self._fenced(fenced[0])
+                return
+            self._start(meta, nxt)
+            core = self.core
+            assert core is not None
+            for replica, error in failed.items():
+                self._effects(core.on_append_error(replica, nxt.index, error, self.world.now_ms))
+
+        self._gather(
+            tuple(r.id for r in nxt.replicas),
+            lambda s, sid: s.create_range(meta.id, nxt.index, nxt.start, self.epoch, server_id=sid),
+            created,
+            CREATE_TIMEOUT_MS,
         )
 
-    def _sealed_in_pd(
-        self, meta: StreamMeta, index: int, end: int, replicas: tuple[str, ...]
-    ) -> None:
-        """PD recorded the seal: SEAL the replicas at the end (best effort), then create
-        the next range."""
-        for r in replicas:
-            self._call(
-                r,
-                lambda s: s.seal(meta.id, index, self.epoch, end),
-                lambda _: None,
-                lambda _: None,
-            )
-        self._create_next(meta, index + 1)
-
-    def _fenced(self, error: EstreamError) -> None:
-        if isinstance(error, RangeSealed):
-            # Someone else sealed it: only a newer writer can have. We are fenced.
-            error = Fenced(str(error))
-        assert isinstance(error, Fenced), error
-        self.fenced = True
-        if self.core is not None:
-            self._effects(self.core.on_fenced(error))
-
-    def _create_next(self, meta: StreamMeta, index: int) -> None:
+    def _start(self, meta: StreamMeta, rng: RangeMeta) -> None:
         self._meta = meta
-        rng = next(r for r in meta.ranges if r.index == index)
-        answers: dict[str, EstreamError | None] = {}
-
-        def done(replica: str, error: EstreamError | None) -> None:
-            answers[replica] = error
-            if len(answers) == len(rng.replicas):
-                self._range_ready(meta, rng, answers)
-
-        for ref in rng.replicas:
-            self._call(
-                ref.id,
-                lambda s: s.create_range(meta.id, rng.index, rng.start, self.epoch),
-                lambda _, r=ref.id: done(r, None),
-                lambda err, r=ref.id: done(r, err),
-            )
-
-    def _range_ready(
-        self, meta: StreamMeta, rng: RangeMeta, errors: dict[str, EstreamError | None]
-    ) -> None:
-        if self.core is None:
-            self._start(meta, rng, rng.start)
-        else:
-            self.rolls += 1
-            self._effects(
-                self.core.on_range_opened(
-                    rng.index, rng.start, [r.id for r in rng.replicas], self.world.now_ms
-                )
-            )
-        assert self.core is not None
-        for replica, error in errors.items():
-            if error is not None:
-                self._effects(
-                    self.core.on_append_error(replica, rng.index, error, self.world.now_ms)
-                )
-
-    def _start(self, meta: StreamMeta, rng: RangeMeta, start: int) -> None:
+        self._learn(rng)
         self.core = RangeWriter(
             stream_id=meta.id,
             epoch=self.epoch,
             ack_count=meta.ack_count,
             range_index=rng.index,
-            range_start=start,
+            range_start=rng.start,
             replicas=[r.id for r in rng.replicas],
             config=self.config,
         )
-        self.start = start
-        self.acked_end = start
-        self.ready = True
+        self.start = rng.start
+        self.acked_end = rng.start
         self.log.append(
             f"t={self.world.now_ms} epoch {self.epoch} writes range {rng.index} "
-            f"from {start} on {[r.id for r in rng.replicas]}"
+            f"from {rng.start} on {[r.id for r in rng.replicas]}"
         )
+
+    def _fenced(self, error: EstreamError) -> None:
+        if isinstance(error, RangeSealed):
+            error = Fenced(str(error))  # someone else sealed it: only a newer writer can
+        assert isinstance(error, Fenced), error
+        self.fenced = True
+        self.log.append(f"t={self.world.now_ms} fenced: {error}")
+        if self.core is not None:
+            self._effects(self.core.on_fenced(error))
 
     # -- appends --------------------------------------------------------------------------
 
@@ -295,18 +326,18 @@ class SimWriter:
         base, effects = core.submit(records, self.world.now_ms)
         assert base == self.start + len(self.assigned)
         self.assigned.extend(r.value for r in records)
+        self._submitted.append((base + count, self.world.now_ms))
         self._effects(effects)
         return True
 
     def _effects(self, effects: list[Effect]) -> None:
         core = self.core
         assert core is not None
-        now = self.world.now_ms
         for e in effects:
             if isinstance(e, SendAppend):
-                self._call(
+                self._rcall(
                     e.replica,
-                    lambda s, p=e.payload: s.append(p),
+                    lambda s, sid, p=e.payload: s.append(p, server_id=sid),
                     lambda end, r=e.replica, i=e.range_index: self._effects(
                         core.on_append_ack(r, i, end, self.world.now_ms)
                     ),
@@ -315,39 +346,68 @@ class SimWriter:
                     ),
                 )
             elif isinstance(e, SendConfirm):
-                self._call(
+                self._rcall(
                     e.replica,
-                    lambda s, i=e.range_index, c=e.confirm: s.confirm(
-                        core.stream_id, i, self.epoch, c
+                    lambda s, sid, i=e.range_index, c=e.confirm: s.confirm(
+                        core.stream_id, i, self.epoch, c, server_id=sid
                     ),
-                    lambda _: None,
+                    lambda _, r=e.replica, i=e.range_index, c=e.confirm: self._confirm_answered(
+                        i, r, c
+                    ),
                     lambda _: None,
                 )
             elif isinstance(e, CompleteAppends):
                 assert e.upto >= self.acked_end
                 self.acked_end = e.upto
+                while self._submitted and self._submitted[0][0] <= e.upto:
+                    _, at = self._submitted.popleft()
+                    self.max_wait_ms = max(self.max_wait_ms, self.world.now_ms - at)
             elif isinstance(e, BeginSeal):
-                self.log.append(f"t={now} seal range {e.range_index} at {e.end} failed={e.failed}")
-                # PD first, then the live replicas (estream/writer.py _roll).
-                self._pd(
-                    lambda pd, i=e.range_index, end=e.end, x=e.failed: pd.seal_range(
-                        self.stream, self.epoch, i, end, x
-                    ),
-                    lambda m, i=e.range_index, end=e.end, live=e.live: self._sealed_in_pd(
-                        m, i, end, live
-                    ),
-                    self._fenced,
-                    lambda pd, i=e.range_index, end=e.end: pd.seal_range(
-                        self.stream, self.epoch, i, end, ()
-                    ),
+                self.log.append(
+                    f"t={self.world.now_ms} seal range {e.range_index} at {e.end} failed={e.failed}"
                 )
+                assert self.roller is not None
+                self._drive(self.roller.roll(core, e))
             elif isinstance(e, RequestRoll):
-                # Five servers: a placement without the failed one exists; roll at once.
-                self.world.after(1, lambda: self._effects(
-                    core.begin_roll(self.world.now_ms) if core.roll_wanted else []))
+                assert self.roller is not None
+                self._start_attempts(self.roller.on_degraded(e))
             elif isinstance(e, FailAppends):
                 self.fenced = True
         self._schedule_tick()
+
+    def _confirm_answered(self, range_index: int, replica: str, confirm: int) -> None:
+        key = (range_index, replica)
+        self._confirmed[key] = max(self._confirmed.get(key, -1), confirm)
+
+    def close(self) -> None:
+        """``Writer.close``: once every append is acknowledged, CONFIRM the visible confirm
+        offset again (every 100 ms) until ``ack_count`` live replicas of the open range
+        answered it (range servers log it durably before answering): :attr:`closed`."""
+        self.closing = True
+        self._close_step()
+
+    @property
+    def closed(self) -> bool:
+        core = self.core
+        if core is None or not self.closing or core.sealing or not core.idle():
+            return False
+        target = core.visible_confirm
+        answered = sum(
+            1 for r in core.live if self._confirmed.get((core.range_index, r), -1) >= target
+        )
+        return target <= core.range_start or answered >= core.ack_count
+
+    def _close_step(self) -> None:
+        core = self.core
+        if self.dead or core is None or self.closed:
+            return
+        if not core.sealing:
+            self._effects(core.confirm_now(again=True))
+        self.world.after(100, self._close_step)
+
+    def oldest_wait_ms(self) -> int:
+        """How long the oldest unacknowledged append has waited so far."""
+        return self.world.now_ms - self._submitted[0][1] if self._submitted else 0
 
     def _schedule_tick(self) -> None:
         core = self.core
@@ -365,3 +425,260 @@ class SimWriter:
         if self.dead or self.core is None:
             return
         self._effects(self.core.on_tick(self.world.now_ms))
+
+    # -- the roll (estream/roll.py), driven like Writer._drive ----------------------------
+
+    def _start_attempts(self, wait_first: bool) -> None:
+        if self._attempts is None or self._attempts.done:
+            assert self.core is not None and self.roller is not None
+            self._attempts = self._drive(self.roller.attempts(self.core, wait_first))
+
+    def _drive(self, steps: Steps) -> _Process:
+        """Carry out a roll process's steps, feeding each answer (or error) back."""
+        process = _Process(steps)
+
+        def advance(answer: Any = None, error: EstreamError | None = None) -> None:
+            if self.dead:
+                process.done = True
+                steps.close()
+                return
+            try:
+                step = steps.throw(error) if error is not None else steps.send(answer)
+            except StopIteration:
+                process.done = True
+                return
+            self._step(step, advance)
+
+        advance()
+        return process
+
+    def _step(self, step: Step, advance: Callable[..., None]) -> None:
+        core = self.core
+        assert core is not None
+        fail: Callable[[EstreamError], None] = lambda e: advance(error=e)  # noqa: E731
+        if isinstance(step, Sleep):
+            self.world.after(step.ms, advance)
+        elif isinstance(step, Ping):
+            self._gather(
+                step.servers,
+                lambda s, sid: s.ping(),
+                lambda answers: advance(tuple(r for r, (a, _) in answers.items() if a == r)),
+                PING_TIMEOUT_MS,
+            )
+        elif isinstance(step, ListServers):
+            self._call(PD, lambda pd: pd.list_servers(), advance, fail)
+        elif isinstance(step, SealInPd):
+            self._call(
+                PD,
+                lambda pd: pd.seal_range(
+                    self.stream, self.epoch, step.range_index, step.end, step.exclude
+                ),
+                advance,
+                fail,
+            )
+        elif isinstance(step, SealReplicas):
+            self._gather(
+                step.replicas,
+                lambda s, sid: s.seal(
+                    core.stream_id, step.range_index, self.epoch, step.end, server_id=sid
+                ),
+                lambda answers: advance(tuple(r for r, (_, e) in answers.items() if e is None)),
+                SEAL_TIMEOUT_MS,
+            )
+        elif isinstance(step, CreateRange):
+            rng = step.range
+            self._learn(rng)
+
+            def created(answers: dict[str, tuple[Any, EstreamError | None]]) -> None:
+                errors = {r.id: e for r in rng.replicas if (e := answers[r.id][1]) is not None}
+                fenced = [e for e in errors.values() if isinstance(e, Fenced)]
+                if fenced:
+                    advance(error=fenced[0])
+                else:
+                    advance(errors)
+
+            self._gather(
+                tuple(r.id for r in rng.replicas),
+                lambda s, sid: s.create_range(
+                    core.stream_id, rng.index, rng.start, self.epoch, server_id=sid
+                ),
+                created,
+                CREATE_TIMEOUT_MS,
+            )
+        elif isinstance(step, Apply):
+            self._effects(step.effects)
+            advance()
+        elif isinstance(step, Postponed):
+            self.rolls_postponed += 1
+            advance()
+        elif isinstance(step, StartAttempts):
+            self._start_attempts(step.wait_first)
+            advance()
+        elif isinstance(step, NextRange):
+            self._meta = step.meta
+            self.rolls += 1
+            self._learn(step.next)
+            advance()
+        elif isinstance(step, Rolled):
+            self.log.append(
+                f"t={self.world.now_ms} rolled: range {step.sealed} sealed at {step.end} "
+                f"(holders {list(step.holders)}), range {step.next.index} on "
+                f"{[r.id for r in step.next.replicas]}"
+            )
+            advance()
+        else:
+            assert isinstance(step, FailWriter)
+            raise AssertionError(f"the roll failed: {step.error!r}")
+
+
+class _Recovery:
+    """One attempt of ``recover_range`` (estream/recovery.py) over the simulated network."""
+
+    def __init__(
+        self, writer: SimWriter, meta: StreamMeta, rng: RangeMeta, rec: RangeRecovery
+    ) -> None:
+        self.w = writer
+        self.meta = meta
+        self.rng = rng
+        self.rec = rec
+        self.decided = False  # the fence phase is over
+        self.grace = False
+        self.round: list[CopyRecords] = []
+        self.round_effects: list[RecoveryEffect] = []
+        self.round_left = 0
+
+    def start(self) -> None:
+        self._fence_effects(self.rec.start())
+
+    # -- fence: every replica; after a quorum of answers, the others get a grace period --
+
+    def _fence_effects(self, effects: list[RecoveryEffect]) -> None:
+        decided: list[RecoveryEffect] = []
+        for e in effects:
+            if isinstance(e, SendFence | FenceByCreate):
+                self._fence(e)
+            else:
+                decided.append(e)
+        if self.decided:
+            return
+        if decided:
+            self.decided = True
+            self._effects(decided)
+            return
+        if not self.grace and len(self.rec.answers) >= self.rec.quorum:
+            self.grace = True
+            self.w.world.after(FENCE_GRACE_MS, self._deadline)
+
+    def _deadline(self) -> None:
+        if not self.decided and not self.w.dead:
+            self.decided = True
+            self._effects(self.rec.on_deadline())
+
+    def _fence(self, e: SendFence | FenceByCreate) -> None:
+        w, meta, rng, rec, r = self.w, self.meta, self.rng, self.rec, e.replica
+        if isinstance(e, SendFence):
+            w._rcall(
+                r,
+                lambda s, sid: s.seal(meta.id, rng.index, w.epoch, None, server_id=sid),
+                lambda answer: self._fence_effects(rec.on_fence_answer(r, *answer)),
+                lambda err: self._fence_effects(rec.on_fence_error(r, err)),
+            )
+        else:
+            w._rcall(
+                r,
+                lambda s, sid: s.create_range(
+                    meta.id, rng.index, rng.start, w.epoch, server_id=sid
+                ),
+                lambda end: self._fence_effects(rec.on_fence_answer(r, end)),
+                lambda err: self._fence_effects(rec.on_fence_error(r, err)),
+            )
+
+    # -- decide, copy round by round, commit ---------------------------------------------
+
+    def _effects(self, effects: list[RecoveryEffect]) -> None:
+        for e in effects:
+            if isinstance(e, RecoveryFailed):
+                self.w._recovery_failed(self.meta, e.error)
+                return
+            if isinstance(e, CommitSeal):
+                self._commit(e)
+                return
+        copies = [e for e in effects if isinstance(e, CopyRecords)]
+        if not copies:
+            self.w._recovery_failed(self.meta, Unavailable("recovery made no progress"))
+            return
+        self.round_left = len(copies)
+        self.round_effects = []
+        for c in copies:
+            self._copy(c)
+
+    def _copied(self, effects: list[RecoveryEffect]) -> None:
+        self.round_effects += effects
+        self.round_left -= 1
+        if self.round_left == 0:
+            self._effects(self.round_effects)
+
+    def _copy(self, c: CopyRecords) -> None:
+        w, meta, rng, rec = self.w, self.meta, self.rng, self.rec
+
+        def got(values: list[bytes]) -> None:
+            payload = encode_batch(
+                [Record(v) for v in values],
+                stream_id=meta.id,
+                range_index=rng.index,
+                epoch=w.epoch,
+                base_offset=c.start,
+            )
+            w._rcall(
+                c.target,
+                lambda s, sid: s.append(payload, server_id=sid),
+                lambda _: self._copied(rec.on_copy_done(c.target)),
+                lambda _: self._copied(rec.on_copy_failed(c.target)),
+            )
+
+        w._rcall(
+            c.source,
+            lambda s, sid: s.read(meta.id, rng.index, c.start, c.end, server_id=sid),
+            got,
+            lambda _: self._copied(rec.on_copy_failed(c.target, source_failed=True)),
+        )
+
+    def _commit(self, c: CommitSeal) -> None:
+        w, meta, rng = self.w, self.meta, self.rng
+        if c.end == rng.start and not c.exclude and len(c.holders) == len(rng.replicas):
+            w._recovered(meta, rng, True, rng.start)  # nothing was written: keep it
+            return
+        w.log.append(f"t={w.world.now_ms} recovery seals range {rng.index} at {c.end}")
+        w._recovery_sealing = True
+
+        def sealed_in_pd(new_meta: StreamMeta) -> None:
+            if w.on_recovered is not None:
+                w.on_recovered(new_meta, rng.index, c.end, c.holders)
+            # Only then SEAL the holders (best effort), then go on.
+            w._gather(
+                c.holders,
+                lambda s, sid: s.seal(meta.id, rng.index, w.epoch, c.end, server_id=sid),
+                lambda _: w._recovered(new_meta, rng, False, c.end),
+                SEAL_TIMEOUT_MS,
+            )
+
+        def pd_error(error: EstreamError, relaxed: bool) -> None:
+            # Writer._recovery_seal: without a placement avoiding the excluded replicas,
+            # place among every live server; no placement at all, or sealed by an earlier
+            # attempt whose answer was lost: Unavailable (retry, reading the stream again).
+            if isinstance(error, NoPlacement) and c.exclude and not relaxed:
+                seal((), True)
+            elif isinstance(error, NoPlacement | RangeSealed) or error.retriable:
+                w._recovery_failed(meta, Unavailable(f"seal in PD: {error}"))
+            else:
+                w._recovery_failed(meta, error)
+
+        def seal(exclude: tuple[str, ...], relaxed: bool) -> None:
+            w._call(
+                PD,
+                lambda pd: pd.seal_range(w.stream, w.epoch, rng.index, c.end, exclude),
+                sealed_in_pd,
+                lambda e: pd_error(e, relaxed),
+            )
+
+        seal(c.exclude, False)

@@ -1,18 +1,33 @@
-"""A seeded discrete-event world for the writer's cores: fake clock, network, range servers
-and a placement driver.
+"""A seeded discrete-event world for the writer's cores: fake clock, network, disks, range
+servers and a placement driver.
 
 - :class:`World`: the clock (integer ms) and the event queue; every random choice comes
   from one ``random.Random(seed)``, so a seed replays exactly.
 - :class:`Net`: request/response between nodes with per-link FIFO delivery (TCP keeps
   order on a connection), random delays (links reorder against each other), drops of
-  requests or responses, partitions between two nodes, crashed nodes, and request
-  timeouts (an unknown outcome).
-- :class:`SimRangeServer`: range replicas following the range server's rules
-  (docs/ARCHITECTURE.md 3.3): contiguous appends, epoch fencing, seal with and without an
-  end, idempotent CREATE_RANGE, confirm offsets. Appends are durable when accepted; a
-  crash loses nothing but availability.
+  requests or responses, partitions between two nodes, crashed nodes, hung nodes (their
+  requests wait, unanswered, until they resume) and request timeouts (an unknown outcome).
+  A handler answers at once or with a :class:`Later` (the range server answers once its
+  log entry is durable).
+- :class:`SimRangeServer`: a range server. Every request is decided by the real replica
+  decisions (``rangeserver/replica.py``: ``decide_append``, ``decide_seal``,
+  ``decide_create``, ``decide_confirm``, ``on_durable``, ``readable_end``), and the
+  outcomes map to the typed errors ``rangeserver/store.py`` raises; the record values are
+  kept beside the states. Its disk is a log: an accepted append is *written*, becomes
+  durable (``on_durable``) once a simulated fsync covering it completes, and is answered
+  only then; control entries (CREATE_RANGE, EPOCH, SEAL, CONFIRM, DAMAGED) are durable
+  before their answer too. A crash drops what was written but not synced (a random prefix
+  of it may have reached the disk anyway; the last, torn, one never does) and rebuilds
+  every replica from the log with the real replay rules (``replay_batch``,
+  ``replay_epoch``, ``replay_seal``, ``replay_confirm``, ``mark_damaged``). Requests name
+  the server id they expect (``WrongServer`` otherwise): a wiped server has a new id at
+  the same address and no replicas. A damaged record (a flipped byte on disk) is found by
+  a read (or a replay) and makes the replica damaged: ``ReplicaDamaged`` to SEAL, CREATE,
+  APPEND and READ, for good.
 - :class:`SimPD`: the real catalog core (``pd.catalog.Catalog.apply``) behind the network,
-  with the placement decided (seeded) before each command, like the PD does.
+  with the placement decided by the real placement core (``pd.placement``) before each
+  command, like the PD does; a server is suspected (no new ranges) once it has been
+  unreachable for ``suspect_after_ms``.
 
 Pure: no I/O (tests only).
 """
@@ -29,20 +44,37 @@ from estream.errors import (
     Conflict,
     EstreamError,
     Fenced,
-    NoPlacement,
     OffsetGap,
     RangeNotFound,
     RangeSealed,
+    ReplicaDamaged,
     Timeout,
     Unavailable,
+    WrongServer,
 )
-from estream.meta import StreamMeta
-from estream.record import decode_batch
+from estream.meta import ServerInfo, StreamMeta
+from estream.record import BatchHeader, decode_batch
 from pd.catalog import Catalog
 from pd.commands import CreateStream, OpenWriter, RegisterServer, SealRange
+from pd.placement import Candidate, choose_replicas
+from rangeserver import replica as rp
+from rangeserver import walformat as wf
+from rangeserver.replica import ReplicaState, readable_end
 
 OnOk = Callable[[Any], None]
 OnErr = Callable[[EstreamError], None]
+Key = tuple[int, int]
+
+SYNC_MS = (1, 3)  # a simulated fsync takes this long (sometimes much longer)
+SUSPECT_AFTER_MS = 200  # PD stops placing on a server unreachable this long
+
+
+def address_of(node: str) -> str:
+    return f"127.0.0.1:{7200 + int(node[1:])}"
+
+
+def node_of(address: str) -> str:
+    return f"s{int(address.rsplit(':', 1)[1]) - 7200}"
 
 
 class World:
@@ -82,6 +114,34 @@ class Faults:
     spike: float = 0.0  # probability of a 20..80 ms delay
     partitions: set[frozenset[str]] = field(default_factory=set)
     down: set[str] = field(default_factory=set)
+    out_since: dict[str, int] = field(default_factory=dict)  # node -> down or hung since
+
+
+class Later:
+    """An answer that comes later (once a log entry is durable); settled once."""
+
+    __slots__ = ("_callback", "_outcome")
+
+    def __init__(self) -> None:
+        self._callback: Callable[[Any, EstreamError | None], None] | None = None
+        self._outcome: tuple[Any, EstreamError | None] | None = None
+
+    def resolve(self, value: Any) -> None:
+        self._settle((value, None))
+
+    def fail(self, error: EstreamError) -> None:
+        self._settle((None, error))
+
+    def _settle(self, outcome: tuple[Any, EstreamError | None]) -> None:
+        if self._outcome is None:
+            self._outcome = outcome
+            if self._callback is not None:
+                self._callback(*outcome)
+
+    def then(self, fn: Callable[[Any, EstreamError | None], None]) -> None:
+        self._callback = fn
+        if self._outcome is not None:
+            fn(*self._outcome)
 
 
 class Net:
@@ -117,8 +177,9 @@ class Net:
         *,
         timeout_ms: int = 300,
     ) -> None:
-        """Run ``handler(node)`` at ``dst``; its result (or typed error) comes back to
-        ``on_ok``/``on_err`` once, or :class:`Timeout` after ``timeout_ms``."""
+        """Run ``handler(node)`` at ``dst``; its result (or typed error, or what its
+        :class:`Later` settles with) comes back to ``on_ok``/``on_err`` once, or
+        :class:`Timeout` after ``timeout_ms``."""
         settled = [False]
 
         def settle(fn: Callable[[], None]) -> None:
@@ -134,16 +195,27 @@ class Net:
             else:
                 settle(lambda: on_ok(result))
 
-        def deliver() -> None:
-            if dst in self.faults.down:
-                return
-            try:
-                result, error = handler(self.nodes[dst]), None
-            except EstreamError as exc:
-                result, error = None, exc
+        def reply(result: Any, error: EstreamError | None) -> None:
             when = self._delay(dst, src)
             if when is not None:
                 self.world.at(when, lambda: deliver_reply(result, error))
+
+        def deliver() -> None:
+            if dst in self.faults.down:
+                return
+            node = self.nodes[dst]
+            if getattr(node, "hung", False):
+                node.stalled.append(deliver)  # the kernel took it; the process is stopped
+                return
+            try:
+                result = handler(node)
+            except EstreamError as exc:
+                reply(None, exc)
+                return
+            if isinstance(result, Later):
+                result.then(reply)
+            else:
+                reply(result, None)
 
         when = self._delay(src, dst)
         if when is not None:
@@ -154,123 +226,424 @@ class Net:
         self.world.after(timeout_ms, lambda: settle(lambda: on_err(Timeout(f"{dst} timed out"))))
 
 
-@dataclass
-class SimReplica:
-    start: int
-    epoch: int
-    values: list[bytes] = field(default_factory=list)
-    confirm: int = 0
-    sealed_end: int | None = None
+# ------------------------------------------------------------------------- range server
 
-    @property
-    def end(self) -> int:
-        return self.start + len(self.values)
+
+@dataclass(slots=True)
+class Entry:
+    """One log entry: a batch (``header`` and its values) or a control entry."""
+
+    key: Key
+    control: wf.Control | None = None
+    header: BatchHeader | None = None
+    values: tuple[bytes, ...] = ()
+    corrupt: int | None = None  # the record whose byte flipped on disk (not found yet)
+    waiters: list[Callable[[], None]] = field(default_factory=list)  # answers once durable
+
+
+def _stale(outcome: rp.StaleEpoch) -> Fenced:
+    return Fenced(
+        f"epoch {outcome.epoch} is older than {outcome.current}",
+        epoch=outcome.epoch,
+        current_epoch=outcome.current,
+    )
+
+
+def _damaged(key: Key) -> ReplicaDamaged:
+    return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
 
 
 class SimRangeServer:
-    """A range server's replicas of ranges (keyed by stream id and range index)."""
+    """A range server at ``node`` (see the module docstring)."""
 
-    def __init__(self, server_id: str, dirty: set[tuple[int, int]] | None = None) -> None:
+    def __init__(self, world: World, node: str, server_id: str, dirty: set[Key]) -> None:
+        self.world = world
+        self.node = node
         self.id = server_id
-        self.replicas: dict[tuple[int, int], SimReplica] = {}
-        self.dirty = dirty if dirty is not None else set()  # ranges changed since a check
+        self.dirty = dirty  # ranges changed since the checker last looked
+        self.replicas: dict[Key, ReplicaState] = {}
+        self.values: dict[Key, list[bytes]] = {}  # from start up to written_end
+        self.corrupt: dict[Key, set[int]] = {}  # offsets damaged on disk, not found yet
+        self.durable: list[Entry] = []
+        self.unsynced: list[Entry] = []
+        self.hung = False
+        self.stalled: list[Callable[[], None]] = []  # requests that came in while hung
+        self._syncing = 0  # how many unsynced entries the fsync in flight covers
+        self._sync_due = False  # an fsync completed while hung
+        self._generation = 0  # a crash or wipe makes older timers and answers void
+        self.crashes = 0
+        self.lost_unsynced = 0  # entries a crash dropped
 
-    def _get(self, stream_id: int, range_index: int) -> SimReplica:
-        rep = self.replicas.get((stream_id, range_index))
-        if rep is None:
-            raise RangeNotFound("no such range", stream_id=stream_id, range_index=range_index)
-        return rep
+    # -- the log --------------------------------------------------------------------------
 
-    def create_range(self, stream_id: int, range_index: int, start: int, epoch: int) -> int:
-        rep = self.replicas.get((stream_id, range_index))
-        self.dirty.add((stream_id, range_index))
-        if rep is None:
-            self.replicas[(stream_id, range_index)] = SimReplica(start, epoch, confirm=start)
-            return start
-        if epoch < rep.epoch:
-            raise Fenced("stale epoch", epoch=epoch, current_epoch=rep.epoch)
-        if rep.start != start:
-            raise Conflict("different start")
-        rep.epoch = epoch
-        return rep.end
+    def _log(self, entry: Entry) -> None:
+        self.unsynced.append(entry)
+        self.dirty.add(entry.key)
+        if not self._syncing:
+            self._start_sync()
 
-    def append(self, payload: bytes) -> int:
+    def _start_sync(self) -> None:
+        self._syncing = len(self.unsynced)
+        rng = self.world.rng
+        delay = rng.randint(*SYNC_MS) + (rng.randint(10, 40) if rng.random() < 0.02 else 0)
+        generation = self._generation
+        self.world.after(delay, lambda: self._synced(generation))
+
+    def _synced(self, generation: int) -> None:
+        if generation != self._generation:
+            return  # crashed meanwhile: that fsync never completed
+        if self.hung:
+            self._sync_due = True
+            return
+        done, self.unsynced = self.unsynced[: self._syncing], self.unsynced[self._syncing :]
+        self._syncing = 0
+        self.durable.extend(done)
+        for entry in done:
+            state = self.replicas.get(entry.key)
+            if entry.header is not None and state is not None:
+                self.replicas[entry.key] = rp.on_durable(state, entry.header.end_offset)
+                self.dirty.add(entry.key)
+        for entry in done:
+            waiters, entry.waiters = entry.waiters, []
+            for waiter in waiters:
+                waiter()
+        if self.unsynced:
+            self._start_sync()
+
+    def _later(self, answer: Callable[[], Any]) -> Later:
+        """Answer ``answer()`` once everything logged so far is durable (a barrier)."""
+        later = Later()
+        if self.unsynced:
+            self.unsynced[-1].waiters.append(lambda: later.resolve(answer()))
+        else:
+            later.resolve(answer())
+        return later
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _check(self, server_id: str | None) -> None:
+        if server_id is not None and server_id != self.id:
+            raise WrongServer(
+                f"this range server is {self.id}, not {server_id}",
+                expected=server_id,
+                actual=self.id,
+            )
+
+    def _get(self, key: Key) -> ReplicaState:
+        state = self.replicas.get(key)
+        if state is None:
+            raise RangeNotFound("no such range", stream_id=key[0], range_index=key[1])
+        return state
+
+    def ping(self) -> str:
+        return self.id
+
+    def append(self, payload: bytes, *, server_id: str | None = None) -> Later | int:
+        self._check(server_id)
         batch = decode_batch(payload)
         h = batch.header
-        rep = self._get(h.stream_id, h.range_index)
-        if rep.sealed_end is not None:
+        key = (h.stream_id, h.range_index)
+        state = self._get(key)
+        outcome = rp.decide_append(state, h)
+        if isinstance(outcome, rp.Accept):
+            values = tuple(r.value for r in batch.records)
+            self.replicas[key] = outcome.state
+            self.values[key].extend(values)
+            self._log(Entry(key, header=h, values=values))
+            return self._later(lambda: self._get(key).end)
+        if isinstance(outcome, rp.Duplicate):
+            return state.end if outcome.durable else self._later(lambda: self._get(key).end)
+        if isinstance(outcome, rp.Gap):
+            raise OffsetGap("gap", expected=outcome.expected, actual=outcome.actual)
+        if isinstance(outcome, rp.SealedOutcome):
             raise RangeSealed(
-                "sealed",
-                stream_id=h.stream_id,
-                range_index=h.range_index,
-                end_offset=rep.sealed_end,
+                "sealed", stream_id=key[0], range_index=key[1], end_offset=outcome.end
             )
-        if h.epoch < rep.epoch:
-            raise Fenced("stale epoch", epoch=h.epoch, current_epoch=rep.epoch)
-        if h.end_offset <= rep.end:
-            return rep.end  # a duplicate: acknowledged again
-        if h.base_offset != rep.end:
-            raise OffsetGap("gap", expected=rep.end, actual=h.base_offset)
-        rep.epoch = h.epoch
-        self.dirty.add((h.stream_id, h.range_index))
-        rep.values.extend(r.value for r in batch.records)
-        rep.confirm = max(rep.confirm, min(h.confirm_offset, rep.end))
-        return rep.end
+        if isinstance(outcome, rp.StaleEpoch):
+            raise _stale(outcome)
+        raise _damaged(key)
 
-    def seal(self, stream_id: int, range_index: int, epoch: int, end: int | None) -> int:
-        rep = self._get(stream_id, range_index)
-        if epoch < rep.epoch:
-            raise Fenced("stale epoch", epoch=epoch, current_epoch=rep.epoch)
-        if rep.sealed_end is not None:
-            if end is None or end == rep.sealed_end:
-                return rep.sealed_end
-            raise Conflict("sealed at another end")
-        rep.epoch = epoch
-        self.dirty.add((stream_id, range_index))
-        if end is None:
-            return rep.end
-        if rep.end < end:
-            raise OffsetGap("short of the seal end", expected=end, actual=rep.end)
-        rep.sealed_end = end
-        return end
+    def create_range(
+        self,
+        stream_id: int,
+        range_index: int,
+        start: int,
+        epoch: int,
+        *,
+        server_id: str | None = None,
+    ) -> Later:
+        """Answers the replica's end (as CREATE_RANGE's ``"end"``)."""
+        self._check(server_id)
+        key = (stream_id, range_index)
+        outcome = rp.decide_create(self.replicas.get(key), stream_id, range_index, start, epoch)
+        if isinstance(outcome, rp.Create):
+            self.replicas[key] = outcome.state
+            self.values[key] = []
+            self._log(Entry(key, control=wf.CreateRange(stream_id, range_index, start, epoch)))
+        elif isinstance(outcome, rp.Exists):
+            self.replicas[key] = outcome.state
+            if outcome.log:
+                self._log(Entry(key, control=wf.EpochRaised(stream_id, range_index, epoch)))
+        elif isinstance(outcome, rp.StartConflict):
+            raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
+        elif isinstance(outcome, rp.Damaged):
+            raise _damaged(key)
+        else:
+            raise _stale(outcome)
+        return self._later(lambda: self._get(key).end)
 
-    def fence(self, stream_id: int, range_index: int, epoch: int) -> tuple[int, bool]:
-        """SEAL without an end: ``(end, sealed)`` as the SEAL answer carries them."""
-        end = self.seal(stream_id, range_index, epoch, None)
-        return end, self._get(stream_id, range_index).sealed_end is not None
+    def seal(
+        self,
+        stream_id: int,
+        range_index: int,
+        epoch: int,
+        end: int | None,
+        *,
+        server_id: str | None = None,
+    ) -> Later:
+        """Fence (``end`` None) or seal; answers ``(end, sealed)`` as SEAL does."""
+        self._check(server_id)
+        key = (stream_id, range_index)
+        outcome = rp.decide_seal(self._get(key), epoch, end)
+        if isinstance(outcome, rp.Fence):
+            self.replicas[key] = outcome.state
+            if outcome.log:
+                self._log(Entry(key, control=wf.EpochRaised(stream_id, range_index, epoch)))
+            return self._later(lambda: (self._get(key).end, False))
+        if isinstance(outcome, rp.SealNow):
+            state = outcome.state
+            self.replicas[key] = state
+            control = wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end)
+            self._log(Entry(key, control=control))
+            return self._later(lambda: (state.sealed_end, True))
+        if isinstance(outcome, rp.AlreadySealed):
+            sealed_end = outcome.end
+            return self._later(lambda: (sealed_end, True))
+        if isinstance(outcome, rp.SealConflict):
+            raise Conflict(f"range {key} cannot be sealed at {outcome.asked} (at {outcome.end})")
+        if isinstance(outcome, rp.Gap):
+            raise OffsetGap("short of the end", expected=outcome.expected, actual=outcome.actual)
+        if isinstance(outcome, rp.Damaged):
+            raise _damaged(key)
+        raise _stale(outcome)
 
-    def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
-        rep = self._get(stream_id, range_index)
-        if epoch < rep.epoch:
-            raise Fenced("stale epoch", epoch=epoch, current_epoch=rep.epoch)
-        if rep.sealed_end is None:
-            rep.confirm = max(rep.confirm, min(confirm, rep.end))
-            self.dirty.add((stream_id, range_index))
+    def confirm(
+        self,
+        stream_id: int,
+        range_index: int,
+        epoch: int,
+        confirm: int,
+        *,
+        server_id: str | None = None,
+    ) -> Later:
+        self._check(server_id)
+        key = (stream_id, range_index)
+        state = self._get(key)
+        outcome = rp.decide_confirm(state, epoch, confirm)
+        if isinstance(outcome, rp.StaleEpoch):
+            raise _stale(outcome)
+        if outcome.confirm > state.confirm:
+            self.replicas[key] = outcome
+            self._log(Entry(key, control=wf.Confirmed(stream_id, range_index, epoch, confirm)))
+        return self._later(lambda: None)
 
-    def read_unconfirmed(
-        self, stream_id: int, range_index: int, start: int, end: int
+    def read(
+        self,
+        stream_id: int,
+        range_index: int,
+        start: int,
+        end: int,
+        *,
+        server_id: str | None = None,
     ) -> list[bytes]:
-        rep = self._get(stream_id, range_index)
-        if rep.end < end or start < rep.start:
-            raise OffsetGap("cannot serve", expected=end, actual=rep.end)
-        return rep.values[start - rep.start : end - rep.start]
+        """READ ``"unconfirmed": true`` of ``[start, end)`` whole (a copy's source). A damaged
+        record found on the way marks the replica damaged for good (a DAMAGED entry)."""
+        self._check(server_id)
+        key = (stream_id, range_index)
+        state = self._get(key)
+        if state.damaged:
+            raise _damaged(key)
+        have = readable_end(state, unconfirmed=True)
+        if start < state.start or have < end:
+            raise OffsetGap("cannot serve", expected=end, actual=have)
+        corrupt = self.corrupt.get(key)
+        if corrupt and any(start <= o < end for o in corrupt):
+            self.replicas[key] = rp.mark_damaged(state)
+            self._log(Entry(key, control=wf.DamageMarked(stream_id, range_index)))
+            raise _damaged(key)
+        return self.values[key][start - state.start : end - state.start]
+
+    def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
+        return self._get((stream_id, range_index)).describe()
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def crash(self, *, lose_all: bool = False) -> None:
+        """kill -9 (or a power cut): what was not synced is gone, but (unless
+        ``lose_all``) a prefix of it may have reached the disk; the last written entry is
+        torn (never kept). Every replica is rebuilt from the log."""
+        self._generation += 1
+        rng = self.world.rng
+        kept: list[Entry] = []
+        if self.unsynced and not lose_all and rng.random() < 0.5:
+            kept = self.unsynced[: rng.randint(0, len(self.unsynced) - 1)]
+        self.lost_unsynced += len(self.unsynced) - len(kept)
+        for entry in kept:
+            entry.waiters = []
+        for entry in self.durable:
+            entry.waiters = []
+        self.durable.extend(kept)
+        self.unsynced = []
+        self._syncing = 0
+        self._sync_due = False
+        self.stalled.clear()
+        self.hung = False
+        self.crashes += 1
+        self._replay()
+
+    def _replay(self) -> None:
+        """Rebuild every replica from the log, as ``rangeserver/replay.py`` does."""
+        self.replicas, self.values, self.corrupt = {}, {}, {}
+        for entry in self.durable:
+            key = entry.key
+            state = self.replicas.get(key)
+            control = entry.control
+            if isinstance(control, wf.CreateRange):
+                if state is None:
+                    self.replicas[key] = ReplicaState.create(*key, control.start, control.epoch)
+                    self.values[key] = []
+                continue
+            if state is None:
+                continue
+            if entry.header is not None:
+                new = rp.replay_batch(state, entry.header)
+                if new.end > state.end:
+                    self.values[key].extend(entry.values)
+                if entry.corrupt is not None:  # a bad checksum in the log: damaged
+                    new = rp.mark_damaged(new)
+                    self.corrupt.setdefault(key, set()).add(entry.corrupt)
+                self.replicas[key] = new
+            elif isinstance(control, wf.EpochRaised):
+                self.replicas[key] = rp.replay_epoch(state, control.epoch)
+            elif isinstance(control, wf.Sealed):
+                self.replicas[key] = rp.replay_seal(state, control.epoch, control.end)
+            elif isinstance(control, wf.Confirmed):
+                self.replicas[key] = rp.replay_confirm(state, control.confirm)
+            elif isinstance(control, wf.DamageMarked):
+                self.replicas[key] = rp.mark_damaged(state)
+        self.dirty.update(self.replicas)
+
+    def wipe(self, server_id: str) -> None:
+        """The data directory was replaced: a new server id, no replicas, an empty log."""
+        self._generation += 1
+        self.id = server_id
+        self.replicas, self.values, self.corrupt = {}, {}, {}
+        self.durable, self.unsynced = [], []
+        self._syncing = 0
+        self._sync_due = False
+        self.stalled.clear()
+        self.hung = False
+
+    def damage(self, key: Key, at_or_after: int = 0) -> int | None:
+        """Flip a byte inside one durable record of ``key`` at or after ``at_or_after`` if
+        it has one (else anywhere; nobody notices until a read or a replay checks it);
+        returns its offset, or None when it holds no durable record."""
+        state = self.replicas.get(key)
+        if state is None or state.damaged:
+            return None
+        entries = [
+            e for e in self.durable
+            if e.key == key and e.header is not None and e.header.base_offset < state.end
+        ]
+        late = [e for e in entries if e.header is not None and e.header.end_offset > at_or_after]
+        entries = late or entries
+        if not entries:
+            return None
+        entry = self.world.rng.choice(entries)
+        assert entry.header is not None
+        first = max(0, at_or_after - entry.header.base_offset) if late else 0
+        i = self.world.rng.randrange(first, len(entry.values))
+        offset = entry.header.base_offset + i
+        flipped = b"\xff" + entry.values[i][1:]
+        entry.values = entry.values[:i] + (flipped,) + entry.values[i + 1 :]
+        entry.corrupt = offset
+        if state.start <= offset < state.start + len(self.values[key]):
+            self.values[key][offset - state.start] = flipped
+        self.corrupt.setdefault(key, set()).add(offset)
+        self.dirty.add(key)
+        return offset
+
+    def hang(self) -> None:
+        """SIGSTOP: requests are taken in but nothing runs, nothing is answered."""
+        self.hung = True
+
+    def resume(self) -> None:
+        """SIGCONT: the fsync that completed meanwhile, then the requests, in order."""
+        self.hung = False
+        if self._sync_due:
+            self._sync_due = False
+            self._synced(self._generation)
+        stalled, self.stalled = self.stalled, []
+        for deliver in stalled:
+            deliver()
+
+    def holds(self, key: Key, lo: int, hi: int, truth: list[bytes]) -> bool:
+        """Whether this server durably holds ``truth`` as the records ``[lo, hi)`` of
+        ``key``, soundly (not damaged, no damaged record among them)."""
+        state = self.replicas.get(key)
+        if state is None or state.damaged or state.end < hi or lo < state.start:
+            return False
+        corrupt = self.corrupt.get(key)
+        if corrupt and any(lo <= o < hi for o in corrupt):
+            return False
+        return self.values[key][lo - state.start : hi - state.start] == truth
+
+
+# ------------------------------------------------------------------- placement driver
 
 
 class SimPD:
     """The catalog core behind the network; placement is decided before proposing."""
 
-    def __init__(self, world: World, servers: list[str]) -> None:
+    def __init__(
+        self, world: World, faults: Faults, servers: dict[str, SimRangeServer]
+    ) -> None:
         self.world = world
-        self.servers = servers
+        self.faults = faults
+        self.servers = servers  # by node
         self.catalog = Catalog()
-        for s in servers:
-            self.catalog.apply(RegisterServer(s, f"127.0.0.1:{7200 + servers.index(s)}", "ssd"))
+        self.nodes: dict[str, str] = {}  # server id -> node
+        for node, server in servers.items():
+            self.register(server.id, node)
+
+    def register(self, server_id: str, node: str) -> None:
+        self.nodes[server_id] = node
+        self.catalog.apply(RegisterServer(server_id, address_of(node), "ssd"))
+
+    def alive(self, server_id: str) -> bool:
+        """Heartbeats: a server is alive unless it has been unreachable (down or hung)
+        for ``SUSPECT_AFTER_MS``; a wiped server's old id is never heard from again."""
+        node = self.nodes[server_id]
+        server = self.servers[node]
+        if server.id != server_id:
+            return False
+        out = node in self.faults.down or server.hung
+        since = self.faults.out_since.get(node, 0)
+        return not out or self.world.now_ms - since < SUSPECT_AFTER_MS
+
+    def list_servers(self) -> list[ServerInfo]:
+        return [
+            ServerInfo(sid, address_of(node), "ssd", self.alive(sid))
+            for sid, node in sorted(self.nodes.items())
+        ]
 
     def _place(self, count: int, exclude: tuple[str, ...]) -> tuple[str, ...]:
-        pool = [s for s in self.servers if s not in exclude]
-        if len(pool) < count:
-            raise NoPlacement("not enough servers", needed=count, available=len(pool))
-        return tuple(self.world.rng.sample(pool, count))
+        rng = self.world.rng
+        candidates = [
+            Candidate(sid, "ssd", self.alive(sid), rng.randint(0, 2))
+            for sid in sorted(self.nodes)
+        ]
+        return choose_replicas(candidates, count, exclude=exclude)
 
     def create_stream(self, name: str, replicas: int, ack_count: int) -> StreamMeta:
         placement = self._place(replicas, ())
@@ -287,7 +660,11 @@ class SimPD:
         self, name: str, epoch: int, range_index: int, end: int, exclude: tuple[str, ...]
     ) -> StreamMeta:
         stream = self.catalog.stream(name)
-        placement = self._place(stream.replicas, exclude)
+        last = stream.last_range
+        if last is not None and last.index != range_index:
+            placement: tuple[str, ...] = ()  # a retry of a landed seal, or a stale one
+        else:
+            placement = self._place(stream.replicas, exclude)
         result = self.catalog.apply(SealRange(name, epoch, range_index, end, placement))
         assert isinstance(result, StreamMeta)
         return result

@@ -25,6 +25,7 @@ CORE_MODULES = [
     "estream/quorum.py",
     "estream/rangewriter.py",
     "estream/seal.py",
+    "estream/roll.py",
     "pd/catalog.py",
     "pd/placement.py",
     "pd/commands.py",
