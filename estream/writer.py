@@ -130,6 +130,7 @@ class Writer:
         self.rolls_postponed = 0
         self.degraded_ranges = 0
         self.recovery_retries = 0
+        self._recovery_sealing = False  # recovery asked PD to seal (its answer may be lost)
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -152,9 +153,20 @@ class Writer:
         """Recover the open last range (retrying while it cannot be done safely, until
         ``deadline``), then start the core on the range to write."""
         backoff = recovery_backoff_s_min
+        stale = False
         while True:
             remaining = deadline - time.monotonic()
             try:
+                if stale:
+                    try:
+                        meta = await self._client.pd.describe_stream(meta.name)
+                    except Unavailable:
+                        if self._recovery_sealing:
+                            # An earlier attempt may have sealed the range in PD (its answer
+                            # lost): never recover it, let alone keep it, from an old view.
+                            raise
+                        # PD down: try with what we have.
+                    stale = False
                 if meta.epoch > self.epoch:
                     raise Fenced(
                         f"stream {meta.name!r}: epoch {self.epoch} is fenced by {meta.epoch}",
@@ -177,10 +189,7 @@ class Writer:
                 self.recovery_retries += 1
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, recovery_backoff_s_max)
-                try:
-                    meta = await self._client.pd.describe_stream(meta.name)
-                except Unavailable:
-                    pass  # PD down: try with what we have
+                stale = True  # read the stream again first
         last = meta.last_range
         assert last is not None
         if result.kept:
@@ -200,6 +209,7 @@ class Writer:
         """Recovery's ``seal_in_pd``. Without a placement avoiding ``exclude``, the next
         range is placed among every live server (the writer then runs it degraded)."""
         pd = self._client.pd
+        self._recovery_sealing = True
         try:
             try:
                 return await pd.seal_range(self.stream.name, self.epoch, range_index, end, exclude)
