@@ -138,12 +138,6 @@ async def run_nemesis(start: StartCluster, root: Path, cycles: int,
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(strict=False, reason=(
-    "#14 is being fixed: repair leaves some sealed ranges short of a replica for good: a "
-    "replica PD lists on a live server that never created it (the server was hung when the "
-    "range was placed there) answers RangeNotFound and is never re-copied, and with 3 range "
-    "servers (no spare) a replica damaged by a flipped byte stays damaged; the end of the "
-    "run finds them. Remove this mark once the fixes land"))
 async def test_nemesis_3_cycles(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
     await run_nemesis(start_nemesis_cluster, tmp_path, quick_cycles, NemesisConfig(
         cycles_budget_s=quick_budget_s, repair_wait_s=quick_repair_wait_s))
