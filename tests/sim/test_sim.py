@@ -64,6 +64,7 @@ class Sim:
         self.world = World(seed)
         rng = self.world.rng
         self.faults = Faults(drop=rng.choice([0.0, 0.0, 0.003, 0.01]), spike=0.02)
+        self.lossy = self.faults.drop > 0  # lost messages fail replicas: rolls beyond faults
         self.net = Net(self.world, self.faults)
         self.dirty: set[Key] = set()
         self.nodes = [f"s{i}" for i in range(servers)]
@@ -82,7 +83,7 @@ class Sim:
             linger_ms=rng.choice([0, 1, 3]),
             batch_bytes=rng.choice([60, 200, 1000]),
             inflight_bytes_max=6000,
-            chase_backlog_bytes_max=rng.choice([1500, 3000]),
+            chase_backlog_bytes_max=rng.choice([500, 1500, 3000]),
             chase_backlog_ms_max=rng.choice([60, 150]),
             range_bytes_max=rng.choice([1500, 5000, 1 << 30]),
             confirm_idle_ms=2,
@@ -376,8 +377,8 @@ class Sim:
 
     def check_range_count(self) -> None:
         """No roll loop: a stream gains at most a few ranges per fault and per writer
-        (size rolls aside)."""
-        if self.config.range_bytes_max < 1 << 30:
+        (size rolls, and the rolls a lost message causes, aside)."""
+        if self.config.range_bytes_max < 1 << 30 or self.lossy:
             return
         ranges = len(self.pd.describe(STREAM).ranges)
         bound = 1 + RANGES_PER_FAULT_MAX * (self.fault_count + len(self.writers))

@@ -155,7 +155,9 @@ class Net:
 
     def _cut(self, a: str, b: str) -> bool:
         f = self.faults
-        return frozenset((a, b)) in f.partitions or a in f.down or b in f.down
+        if f.down and (a in f.down or b in f.down):
+            return True
+        return bool(f.partitions) and frozenset((a, b)) in f.partitions
 
     def _delay(self, src: str, dst: str) -> int | None:
         """Delivery time on the FIFO link src->dst, or None when the message is lost."""
