@@ -1,0 +1,66 @@
+"""Recovery whose copy fails never commits with fewer than ack_count holders (real processes,
+fault proxies in front of the range servers).
+
+rs3 lags (down while half the records were acknowledged by rs1 and rs2), then rs2 goes down
+and rs3 comes back short. A new writer's recovery must copy the missing records from rs1 to
+rs3 before it may seal; the proxy in front of rs3 resets every connection carrying an
+APPEND, so that copy fails. The writer must answer Unavailable and leave the range open
+(before, the seal was committed with rs1 alone holding the tail: one more fault lost it).
+Once the copy can go through, recovery seals the range with every record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+import estream
+from estream.protocol import Opcode
+from tests.harness.cluster import Cluster, start_cluster
+from tests.integration.test_writer_faults import wait_read_all
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("recovery-copy"), pd_nodes=1, range_servers=3,
+                      proxied=True)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_a_failed_recovery_copy_leaves_the_range_open_until_it_can_succeed(
+    cluster: Cluster,
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("copy", replicas=3, ack_count=2)
+        rs1, rs2, rs3 = (r.address for r in meta.ranges[0].replicas)
+        acked: dict[int, bytes] = {}
+        async with await client.open_writer("copy") as writer:
+            for i in range(20):
+                acked[await writer.append(b"c%d" % i)] = b"c%d" % i
+            await asyncio.to_thread(cluster.kill9, rs3)  # rs3 lags from here
+            for i in range(20, 40):
+                acked[await writer.append(b"c%d" % i)] = b"c%d" % i
+        assert sorted(acked) == list(range(40))
+        await asyncio.to_thread(cluster.kill9, rs2)
+        await asyncio.to_thread(cluster.restart, rs3)
+        cluster.proxy(rs3).reset_on(Opcode.APPEND, "request", count=None)
+
+        with pytest.raises(estream.Unavailable):
+            await client.open_writer("copy", delivery_timeout_s=3.0)
+        assert cluster.proxy(rs3).seen(Opcode.APPEND, "request") > 0  # the copy was tried
+        still = await client.describe_stream("copy")
+        assert still.ranges[0].end is None, "sealed with fewer than ack_count holders"
+
+        cluster.proxy(rs3).clear_rules()
+        async with await client.open_writer("copy") as again:
+            acked[await again.append(b"after")] = b"after"
+        sealed = await client.describe_stream("copy")
+        assert sealed.ranges[0].end == 40
+        assert await wait_read_all(client, "copy", acked) == sorted(acked.items())
