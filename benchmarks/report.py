@@ -77,18 +77,15 @@ def hot_frames(collapsed: str, top: int = 8) -> dict[str, list[tuple[str, float]
     return {"self": share(self_count), "total": share(total_count)} if samples else {}
 
 
-def _profiles(profiles: dict[str, Any]) -> list[str]:
-    out = ["### Profiles of the missed targets (py-spy)", "",
-           "Wall-clock flame graphs: `benchmarks/results/<name>.svg`; the lists below come "
-           "from `<name>.txt`, py-spy's collapsed stacks of the samples holding the GIL "
-           "(where the CPU goes; waits in fdatasync or epoll are not in them).", ""]
+def _profiles(profiles: dict[str, Any], top: int = 4) -> list[str]:
+    out = ["Profiles of estream's missed targets (py-spy; share of the GIL-holding samples "
+           "in each function itself; flame graphs `results/profile-*.svg`, generated, not "
+           "committed):"]
     for name, hot in profiles.items():
-        if not hot:
-            continue
-        out += [f"`{name}`: most GIL-holding samples in (self time):", ""]
-        out += [f"- {share:.0%} {frame}" for frame, share in hot["self"]]
-        out.append("")
-    return out
+        if hot:
+            out.append(f"- `{name}`: " + ", ".join(f"{share:.0%} {frame}"
+                                                   for frame, share in hot["self"][:top]))
+    return [*out, ""]
 
 
 # --- the Markdown section ---------------------------------------------------------------------
@@ -108,49 +105,66 @@ def _ratio(a: Any, b: Any) -> float:
     return float(a) / float(b)
 
 
-def _table(rows: list[dict[str, Any]], ref: dict[str, Any] | None, key: str) -> list[str]:
-    out = ["| system | records/s | p50 ms | p99 ms | p99.9 ms | max ms | failed | "
-           "estream (first row) ÷ this, records/s | note |", "|" + " --- |" * 9]
-    for r in rows:
-        if r.get("pending"):
-            out.append(f"| {r['system']} | pending | | | | | | | {r['pending']} |")
-            continue
-        ratio = _ratio(ref[key], r[key]) if ref and not ref.get("pending") else math.nan
-        extra = ", ".join(f"{k}={fmt(r[k])}" for k in ("writers", "inflight", "written",
-                                                          "fill_rate") if k in r)
-        note = "; ".join(x for x in (extra, r.get("note", "")) if x)
-        out.append(f"| {r['system']} | {fmt(r['rate'])} | {fmt(r['p50_ms'], 3)} | "
-                   f"{fmt(r['p99_ms'], 3)} | {fmt(r['p999_ms'], 3)} | {fmt(r['max_ms'], 3)} | "
-                   f"{r['failed']} | {fmt(ratio)}x | {note} |")
-    return out
+def _group(row: dict[str, Any]) -> str:
+    """The table's scenario cell: the scaling rows are one group per writer count."""
+    writers = row.get("writers")
+    if not writers:
+        return str(row["scenario"])
+    return f"{row['scenario']}, {int(writers)} writer{'s' if writers > 1 else ''}"
 
 
-def _scenario_section(title: str, rows: list[dict[str, Any]]) -> list[str]:
-    ref = next((r for r in rows if _is_estream(r)), None)
-    out = [f"### {title}", ""]
-    if title.startswith("4"):
-        out += ["| system | failed | worst ms (±2.5 s of kill) | p99.9 ms (±2.5 s) | "
-                "ops in window | p99.9 ms whole run | note |", "|" + " --- |" * 7]
-        for r in rows:
-            if r.get("pending"):
-                out.append(f"| {r['system']} | pending: {r['pending']} | | | | | |")
-                continue
-            out.append(f"| {r['system']} | {r['failed']} | {fmt(r.get('kill_window_worst_ms'))}"
-                       f" | {fmt(r.get('kill_window_p999_ms'))} | "
-                       f"{int(r.get('kill_window_ops') or 0)} | {fmt(r['p999_ms'])} | "
-                       + "; ".join(x for x in (f"rolls={int(r['rolls'])}" if r.get("rolls")
-                                               is not None and not math.isnan(r["rolls"])
-                                               else "", r.get("note", "")) if x) + " |")
-    elif title.startswith("6"):
-        for n in sorted({r.get("writers") for r in rows if r.get("writers")}):
-            group = [r for r in rows if r.get("writers") == n or r.get("pending")]
-            sub = next((r for r in group if _is_estream(r)), None)
-            out += [f"{n} writer(s):", "", *_table(group, sub, "rate"), ""]
-        if not any(r.get("writers") for r in rows):
-            out += _table(rows, ref, "rate")
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value)
+
+
+def _ratio_cell(ref: dict[str, Any] | None, row: dict[str, Any]) -> str:
+    """estream's first row of the group ÷ this row: records/s where the group has a rate,
+    else the worst latency around the kill, else p50 (named in the cell)."""
+    if ref is None or ref.get("pending") or row.get("pending"):
+        return "-"
+    if "kill_window_worst_ms" in ref:
+        key, label = "kill_window_worst_ms", " (worst)"
+    elif _finite(ref.get("rate")):
+        key, label = "rate", ""
     else:
-        out += _table(rows, ref, "rate")
-    return [*out, ""]
+        key, label = "p50_ms", " (p50)"
+    ratio = _ratio(ref.get(key), row.get(key))
+    if math.isnan(ratio):
+        return "-"
+    return f"{ratio:.2f}x{label}" if ratio >= 0.1 else f"{ratio:.3f}x{label}"
+
+
+def _note(row: dict[str, Any]) -> str:
+    parts = [f"{k}={fmt(row[k])}" for k in ("inflight", "written", "fill_rate") if k in row]
+    if "kill_window_worst_ms" in row:
+        parts.append(f"±2.5 s of the kill: worst {fmt(row['kill_window_worst_ms'])} ms, "
+                     f"p99.9 {fmt(row.get('kill_window_p999_ms'))} ms, "
+                     f"{int(row.get('kill_window_ops') or 0)} ops")
+    if _finite(row.get("rolls")):
+        parts.append(f"rolls={int(row['rolls'])}")
+    parts += dict.fromkeys(p for p in str(row.get("note", "")).split("; ") if p)
+    return "; ".join(parts)
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    """One table for every scenario, ordered by scenario; the ratio column compares each
+    row with the first estream row of its group."""
+    out = ["| scenario | system | records/s | p50 ms | p99 ms | p99.9 ms | max ms | failed | "
+           "estream ÷ this | note |", "|" + " --- |" * 10]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: (str(r["scenario"]), r.get("writers") or 0)):
+        groups.setdefault(_group(r), []).append(r)
+    for name, group in groups.items():
+        ref = next((r for r in group if _is_estream(r) and not r.get("pending")), None)
+        for r in group:
+            if r.get("pending"):
+                out.append(f"| {name} | {r['system']} | {r['pending']} | | | | | | - | |")
+                continue
+            out.append(f"| {name} | {r['system']} | {fmt(r['rate'])} | {fmt(r['p50_ms'], 3)} "
+                       f"| {fmt(r['p99_ms'], 3)} | {fmt(r['p999_ms'], 3)} | "
+                       f"{fmt(r['max_ms'], 3)} | {r['failed']} | {_ratio_cell(ref, r)} | "
+                       f"{_note(r)} |")
+    return out
 
 
 def _find(rows: list[dict[str, Any]], scenario: str, system: str) -> dict[str, Any] | None:
@@ -220,54 +234,53 @@ def targets(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+METHOD = (
+    "Same record sizes, fsync before ack (except the row marked not durable), 3 replicas "
+    "where the system has replication, Python asyncio clients for all (`benchmarks/"
+    "compare.py`, `drivers.py`, `scenarios.py`, `peers/`). Charts (`python -m "
+    "benchmarks.charts`): [throughput](results/throughput.png), [latency CDFs]"
+    "(results/latency_cdf.png), [kill timeline](results/kill_timeline.png), [scaling]"
+    "(results/scaling.png), [PD commits](results/pd_commits.png). The ratio column is "
+    "estream's first row of the scenario divided by the row: in records/s (above 1: estream "
+    "faster), else in the latency named (above 1: estream slower).",
+    "- Many in flight: 256 concurrent appends through one client (estream one writer; NATS "
+    "`js.publish` awaiting each PubAck; Redis 8 pipelines of 32 XADDs). Batched rows: 8 "
+    "batches of 32 in flight (estream `append_batch`, NATS `publish_async`). One in flight: "
+    "the next append starts when the previous one is acknowledged.",
+    "- Catch-up: write N records of 1 KiB, read them from offset 0 (estream `Client.read` "
+    "and `read_batches`, NATS ordered consumer, Redis XRANGE by 1,000). Tail: append call "
+    "until a tailing reader has it.",
+    "- Replica killed: appends paced open-loop at 1,000/s, latency from each append's due "
+    "time. estream: `kill -9` of a replica of the open range (4 range servers), and a replica "
+    "hung by SIGSTOP on exactly 3 range servers (no healthy placement for a new range); NATS: "
+    "a stream follower, then the stream leader, the client retrying a failed publish for up "
+    "to 10 s.",
+    "- PD: `bench_pd.py`'s create_stream and seal-and-roll beside etcd put and "
+    "compare-and-put through its JSON gateway. Scaling: 1 to 8 writers on different streams, "
+    "32 in flight each.",
+)
+
+
 def render(data: dict[str, Any]) -> str:
     rows = _rows(data)
     facts = data["machine"]
-    out = [BEGIN, "## Comparison with the systems a user would pick instead", "",
-           f"Command: `{data['command']}` (scale `{data['scale']}`, {data['elapsed_s']} s, "
-           f"finished {data['finished_utc']} UTC).", "",
+    out = [BEGIN, "## Comparison with the systems a user would pick instead "
+           "(`make bench`)", "",
+           f"Command: `{data['command']}` (`make bench`; scale `{data['scale']}`, "
+           f"{data['elapsed_s']} s, finished {data['finished_utc']} UTC). `make bench-quick` "
+           "runs a one-minute subset into `benchmarks/results/quick/` and leaves this file "
+           "alone. Raw output (`results/compare.json`, `compare.md`, `profile-*`) is "
+           "generated, not committed.",
            f"Machine: {facts['nproc']} cores ({facts['cpu']}), {facts['memory_gib']} GiB "
            f"memory, disk `{facts['disk']}`, Python {facts['python']}, kernel "
-           f"{facts['kernel']}, load average at start {facts['load_at_start']}.", "",
+           f"{facts['kernel']}, load average at start {facts['load_at_start']}.",
            *([f"**Scale `{data['scale']}`: tiny or short runs that prove the code works; "
                "their figures are noise, not the benchmark (`make bench` runs the full "
-               "scale).**", ""] if data["scale"] != "full" else []),
-           "Same record sizes, fsync before ack (except the row marked not durable), "
-           "3 replicas where the system has replication, Python asyncio clients for all. "
-           "Charts: `benchmarks/results/*.png` (`python -m benchmarks.charts`).", "",
-           "How each figure is taken (`benchmarks/compare.py`, `benchmarks/drivers.py`, "
-           "`benchmarks/peers/`):", "",
-           "- Many in flight: 256 concurrent appends through one client (estream: one "
-           "writer; NATS: `js.publish` awaiting each PubAck; Redis: 8 concurrent pipelines "
-           "of 32 XADDs, a record's latency being its pipeline's). Batched rows do the same "
-           "as 8 batches of 32 in flight: estream `append_batch`, NATS `publish_async` then "
-           "the batch's acks. The same bounded loop drives every system; "
-           "`bench_append.py`'s own loop is a cross-check row. A target compares each "
-           "system's best row (named beside the figure).",
-           "- One in flight: the next append starts when the previous one is acknowledged.",
-           "- Catch-up: write N records of 1 KiB, then read them from offset 0 (estream "
-           "`Client.read`, NATS ordered push consumer, Redis XRANGE by 1,000). Tail: one "
-           "append at a time, time from the append call until a tailing reader has it "
-           "(estream `follow=True`, NATS ordered consumer, Redis XREAD BLOCK). estream also "
-           "reads with `Client.read_batches` (the batch-level API: per stored batch, the "
-           "values in one buffer with their offsets).",
-           "- Kill: appends paced open-loop (latency from each append's due time, so a "
-           "stall also counts against the appends queued behind it), `kill -9` of one "
-           "replica's server; worst and p99.9 over the appends due within 2.5 s of the "
-           "kill. estream kills a replica of the open range (4 range servers, so the "
-           "writer can roll onto 3 live ones); NATS kills a stream follower that is not the "
-           "client's server, and, in a second cluster, the stream leader; the NATS client "
-           "retries a failed publish for up to 10 s (the estream client gets no help).",
-           "- PD commits: `benchmarks/bench_pd.py` (create_stream / seal-and-roll beside "
-           "etcd put / compare-and-put txn through etcd's JSON gateway).",
-           "- Ratios are estream ÷ the row's system (records/s: above 1 is estream faster).",
-           "",
-           "### Targets (issue 8)", "", "| target | estream | peer | verdict |",
-           "| --- | --- | --- | --- |"]
-    out += [f"| {t} | {e} | {p} | {v} |" for t, e, p, v in targets(rows)]
+               "scale).**"] if data["scale"] != "full" else []),
+           "", *METHOD, "", *_table(rows), "",
+           "Targets (issue 8; each system's best row):"]
+    out += [f"- {v}: {t}; estream {e}, peer {p}" for t, e, p, v in targets(rows)]
     out.append("")
-    for scenario in dict.fromkeys(r["scenario"] for r in rows):
-        out += _scenario_section(scenario, [r for r in rows if r["scenario"] == scenario])
     if data.get("profiles"):
         out += _profiles(data["profiles"])
     out.append(END)
