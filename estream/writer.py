@@ -3,21 +3,24 @@
 The driver decides nothing. It feeds the pure core events (appends from the user,
 replica answers, timer ticks, the next range after a seal) and carries out the effects the
 core returns: APPEND and CONFIRM to range servers, completing the user's appends, and the
-roll (PD ``seal_range`` first, then SEAL with the end to the live replicas, then
-CREATE_RANGE on the next range's replicas). On open it recovers the last range when it is
-still open (:func:`estream.recovery.recover_range`). The requests themselves, and the
-copy and heal jobs, are :class:`~estream.replicas.ReplicaClient`'s.
+roll, whose steps the pure :class:`~estream.roll.Roller` decides (PD ``seal_range``
+first, then SEAL with the end to the live replicas, then CREATE_RANGE on the next range's
+replicas; the degraded attempts and their backoff): :meth:`Writer._drive` carries them
+out. On open it recovers the last range when it is still open
+(:func:`estream.recovery.recover_range`). The requests themselves, and the copy and heal
+jobs, are :class:`~estream.replicas.ReplicaClient`'s.
 
 What the driver adds around the core, all bounded in time:
 
-- **Degraded rolls.** When the core asks for a roll (:class:`RequestRoll`: a replica
-  failed, enough remain), the driver first checks that PD could place a range without
-  the failed servers (PD's live servers, minus the servers this writer saw fail that do
-  not answer a PING as themselves). Only then does it let the core freeze the end; if PD
-  still answers ``NoPlacement`` (it sealed nothing: PD is asked before any replica is
-  sealed) the core goes on, degraded. Attempts back off from
-  ``limits.roll_backoff_ms_min`` to ``roll_backoff_ms_max``; a range that must roll (too
-  few live replicas) retries its seal with the same backoff, never in a hot loop.
+- **Degraded rolls** (``estream/roll.py``). When the core asks for a roll
+  (:class:`RequestRoll`: a replica failed, enough remain), the roller first checks that
+  PD could place a range without the failed servers (PD's live servers, minus the servers
+  this writer saw fail that do not answer a PING as themselves). Only then does it let
+  the core freeze the end; if PD still answers ``NoPlacement`` (it sealed nothing: PD is
+  asked before any replica is sealed) the core goes on, degraded (a full range too, past
+  its size limit). Attempts back off from ``limits.roll_backoff_ms_min`` to
+  ``roll_backoff_ms_max``; a range that must roll (too few live replicas) retries its
+  seal with the same backoff, never in a hot loop.
 - **Delivery timeout.** An append not acknowledged within ``delivery_timeout_ms`` fails
   the writer as a whole: that append, every pending one and every later one raise
   :class:`estream.Timeout` (open a new writer; its recovery decides what was kept).
@@ -69,6 +72,24 @@ from estream.rangewriter import (
 from estream.record import Record
 from estream.recovery import recover_range
 from estream.replicas import ReplicaClient
+from estream.roll import (
+    Apply,
+    CreateRange,
+    FailWriter,
+    ListServers,
+    NextRange,
+    Ping,
+    Postponed,
+    RollConfig,
+    Rolled,
+    Roller,
+    SealInPd,
+    SealReplicas,
+    Sleep,
+    StartAttempts,
+    Step,
+    Steps,
+)
 
 if TYPE_CHECKING:
     from estream.client import Client
@@ -78,10 +99,8 @@ log = logging.getLogger(__name__)
 close_wait_s = 1.0  # close(): how long background answers and heals may still finish
 confirm_wait_s = limits.request_timeout_ms / 1000  # flush(): the durable CONFIRM's bound
 timer_min_s = 0.0003
-pd_retry_s = 0.05  # a retriable PD error during a roll: first wait before trying again
 recovery_backoff_s_min = 0.1
 recovery_backoff_s_max = 2.0
-suspect_cleared_s = 5.0  # a server that answered a PING this recently is not suspected
 
 
 def _now_ms() -> int:
@@ -111,12 +130,9 @@ class Writer:
         self._watchdog: asyncio.TimerHandle | None = None
         self._error: EstreamError | None = None
         self._closed = False
-        # Servers this writer saw fail: excluded from placements until they answer a PING.
-        self._suspects: set[str] = set()
-        self._alive_at: dict[str, float] = {}  # when a suspect last answered a PING
+        # The roll's decisions: suspects, backoff, the sequence (estream/roll.py).
+        self._roller = Roller(RollConfig(meta.replicas), _now_ms)
         self._roll_attempts: asyncio.Task[None] | None = None
-        self._roll_backoff_s = limits.roll_backoff_ms_min / 1000
-        self._last_roll_at = -1e9
         self._keepalive: asyncio.Task[None] | None = None
         # Durable confirms of the open range: replica -> highest CONFIRM it answered.
         self._confirmed: dict[str, int] = {}
@@ -468,7 +484,7 @@ class Writer:
             elif isinstance(effect, RequestRoll):
                 self._on_degraded(effect)
             elif isinstance(effect, BeginSeal):
-                self._spawn(self._roll(effect))
+                self._spawn(self._drive(self._roller.roll(core, effect)))
             elif isinstance(effect, FailAppends):
                 self._error = effect.error
                 self._fail_all(effect.error)
@@ -611,7 +627,7 @@ class Writer:
 
     def _on_degraded(self, request: RequestRoll) -> None:
         self.degraded_ranges += 1
-        self._suspect(request.failed)
+        wait_first = self._roller.on_degraded(request)
         if not self._warned:
             self._warned = True
             log.warning(
@@ -619,36 +635,17 @@ class Writer:
                 "other replicas, the range rolls once a replacement can be placed",
                 self.stream.name, request.range_index, ", ".join(request.failed),
             )
-        recent = time.monotonic() - self._last_roll_at < limits.roll_backoff_ms_max / 1000
-        if not recent:
-            self._roll_backoff_s = limits.roll_backoff_ms_min / 1000
-        # After a recent roll, no faster than the backoff: a stream grows by a few ranges
-        # per outage, not one per failed attempt.
-        self._start_roll_attempts(wait_first=recent)
+        self._start_roll_attempts(wait_first=wait_first)
 
     def _start_roll_attempts(self, *, wait_first: bool) -> None:
+        """One attempts process at a time: it serves whichever range is open, so a range
+        that turns degraded while it sleeps is not missed."""
         if self._roll_attempts is None or self._roll_attempts.done():
-            self._roll_attempts = asyncio.ensure_future(self._try_rolls(wait_first))
-
-    async def _try_rolls(self, wait_first: bool) -> None:
-        """Roll the degraded open range once PD can place a range without the failed
-        servers; until then it goes on taking appends, and the attempts back off. (One
-        task at a time: it serves whichever range is open, so a range that turns degraded
-        while it sleeps is not missed.)"""
-        core = self._core
-        assert core is not None
-        if wait_first:
-            await self._sleep_backoff()
-        while core.roll_wanted and not self._closed and self._error is None:
-            if await self._placement_possible(core.failed):
-                self._run(core.begin_roll(_now_ms()))
-                return
-            self._postponed(core.range_index)
-            await self._sleep_backoff()
-
-    async def _sleep_backoff(self) -> None:
-        await asyncio.sleep(self._roll_backoff_s)
-        self._roll_backoff_s = min(self._roll_backoff_s * 2, limits.roll_backoff_ms_max / 1000)
+            core = self._core
+            assert core is not None
+            self._roll_attempts = asyncio.ensure_future(
+                self._drive(self._roller.attempts(core, wait_first))
+            )
 
     def _postponed(self, range_index: int) -> None:
         self.rolls_postponed += 1
@@ -656,113 +653,75 @@ class Writer:
             self._warned_postponed = True
             log.warning(
                 "stream %r: range %d cannot roll yet (no placement without %s); retrying "
-                "every %g-%gs", self.stream.name, range_index, ", ".join(sorted(self._suspects)),
+                "every %g-%gs", self.stream.name, range_index,
+                ", ".join(sorted(self._roller.suspects)),
                 limits.roll_backoff_ms_min / 1000, limits.roll_backoff_ms_max / 1000,
             )
 
-    def _suspect(self, servers: Sequence[str]) -> None:
-        """Servers seen failing become suspects, unless one answered a PING just now (a
-        replica that failed in this range but is back is fit for the next one)."""
-        now = time.monotonic()
-        for server in servers:
-            if now - self._alive_at.get(server, -1e9) > suspect_cleared_s:
-                self._suspects.add(server)
-
-    async def _exclusions(self, failed: Sequence[str], *, probe: bool = True) -> tuple[str, ...]:
-        """The servers to keep out of the next placement: the failed replicas and every
-        server this writer saw fail, except (``probe``) those that answer a PING as
-        themselves now."""
-        self._suspect(failed)
-        if not probe:
-            return tuple(sorted(self._suspects))
-        suspects = sorted(self._suspects)
-        answers = await asyncio.gather(*(self._replicas.ping(s) for s in suspects))
-        for server, alive in zip(suspects, answers, strict=True):
-            if alive:
-                self._suspects.discard(server)
-                self._alive_at[server] = time.monotonic()
-        return tuple(sorted(self._suspects))
-
-    async def _placement_possible(self, failed: Sequence[str]) -> bool:
-        exclude = set(await self._exclusions(failed))
+    async def _drive(self, steps: Steps) -> None:
+        """Carry out the steps of a roll process (``estream/roll.py``), feeding each
+        answer, or error, back to it."""
+        answer: Any = None
+        error: EstreamError | None = None
         try:
-            servers = await self._client.pd.list_servers()
-        except EstreamError:
-            return False  # PD unreachable: no roll can happen now anyway
-        candidates = [s for s in servers if s.alive and s.id not in exclude]
-        log.debug("stream %r: placement candidates %s (excluding %s)", self.stream.name,
-                  [s.id for s in candidates], sorted(exclude))
-        return len(candidates) >= self.stream.replicas
+            while True:
+                try:
+                    step = steps.throw(error) if error is not None else steps.send(answer)
+                except StopIteration:
+                    return
+                answer, error = None, None
+                try:
+                    answer = await self._step(step)
+                except EstreamError as exc:
+                    error = exc
+        finally:
+            steps.close()
 
-    async def _roll(self, seal: BeginSeal) -> None:
-        """PD seal_range first (retried; ``NoPlacement`` sealed nothing: a degraded range
-        goes on, one that must roll retries after a backoff), then SEAL the live replicas
-        at the end, then CREATE_RANGE on the next range."""
+    async def _step(self, step: Step) -> Any:
+        """One step of a roll process: a request (its answer), or effects and notices."""
         core = self._core
         assert core is not None
-        try:
-            meta = await self._seal_in_pd(core, seal)
-            if meta is None:
-                return  # postponed (the range goes on degraded) or the writer stopped
-            sealed = await self._replicas.seal(
-                core.stream_id, seal.range_index, seal.end, core.live
+        if isinstance(step, Apply):
+            self._run(step.effects)
+        elif isinstance(step, Sleep):
+            await asyncio.sleep(step.ms / 1000)
+        elif isinstance(step, Ping):
+            alive = await asyncio.gather(*(self._replicas.ping(s) for s in step.servers))
+            return tuple(s for s, ok in zip(step.servers, alive, strict=True) if ok)
+        elif isinstance(step, ListServers):
+            return await self._client.pd.list_servers()
+        elif isinstance(step, SealInPd):
+            return await self._client.pd.seal_range(
+                self.stream.name, self.epoch, step.range_index, step.end, step.exclude
             )
-            nxt = self._range(meta, seal.range_index + 1)
-            errors = await self._replicas.create_range(meta.id, nxt)
-        except (Fenced, RangeSealed) as exc:
-            fenced = exc if isinstance(exc, Fenced) else Fenced(f"range sealed by another: {exc}")
-            self._run(core.on_fenced(fenced))
-            return
-        except Closed:
-            return
-        except EstreamError as exc:
+        elif isinstance(step, SealReplicas):
+            return await self._replicas.seal(
+                core.stream_id, step.range_index, step.end, step.replicas
+            )
+        elif isinstance(step, CreateRange):
+            return await self._replicas.create_range(core.stream_id, step.range)
+        elif isinstance(step, Postponed):
+            self._postponed(step.range_index)
+        elif isinstance(step, StartAttempts):
+            self._start_roll_attempts(wait_first=step.wait_first)
+        elif isinstance(step, NextRange):
+            self.stream = step.meta
+            self.rolls += 1
+            self._unforced[step.sealed] = step.live
+            self._replicas.learn(step.next)
+        elif isinstance(step, Rolled):
+            self._new_range()
+            sealed = self._range(step.meta, step.sealed)
+            self._heal_later(step.meta.id, sealed, step.end, step.holders)
+            for replica, error in step.errors.items():
+                log.info("stream %r range %d: CREATE_RANGE on %s failed: %r",
+                         self.stream.name, step.next.index, replica, error)
+            if not core.failed:
+                self._warned = self._warned_postponed = False  # the next episode warns
+        elif isinstance(step, FailWriter):
             # Not retriable (PD refused the seal for another reason): fail loudly, not hang.
-            log.error("seal and roll of range %s failed: %r", seal.range_index, exc)
-            self._fail_writer(exc)
-            return
-        if self._core is not core or self._error is not None:
-            return
-        self.stream = meta
-        self.rolls += 1
-        self._last_roll_at = time.monotonic()
-        self._unforced[seal.range_index] = core.live
-        self._replicas.learn(nxt)
-        self._run(
-            core.on_range_opened(nxt.index, nxt.start, [r.id for r in nxt.replicas], _now_ms())
-        )
-        self._new_range()
-        self._heal_later(meta.id, self._range(meta, seal.range_index), seal.end, sealed)
-        self._report_create_errors(nxt, errors)
-        if not core.failed:
-            self._warned = self._warned_postponed = False  # healthy: the next episode warns
-
-    async def _seal_in_pd(self, core: RangeWriter, seal: BeginSeal) -> StreamMeta | None:
-        """PD seal_range at the frozen end, retried until it lands. ``None`` when PD could
-        not place the next range and the core went back to degraded appending, or when the
-        writer stopped."""
-        pd = self._client.pd
-        retry_s = pd_retry_s
-        probe = False  # the servers were just probed (a degraded roll) or just failed
-        while self._core is core and not self._closed and self._error is None:
-            exclude = await self._exclusions(core.failed, probe=probe)
-            probe = True
-            try:
-                return await pd.seal_range(
-                    self.stream.name, self.epoch, seal.range_index, seal.end, exclude
-                )
-            except NoPlacement:
-                # Nothing was sealed (PD first): the range may go on, degraded.
-                self._postponed(seal.range_index)
-                self._run(core.on_roll_postponed(seal.range_index, _now_ms()))
-                if not core.sealing:
-                    self._start_roll_attempts(wait_first=True)
-                    return None
-                await self._sleep_backoff()
-            except EstreamError as exc:
-                if isinstance(exc, Fenced | RangeSealed | Closed) or not exc.retriable:
-                    raise
-                await asyncio.sleep(retry_s)
-                retry_s = min(retry_s * 2, limits.roll_backoff_ms_max / 1000)
+            log.error("seal and roll of the open range failed: %r", step.error)
+            self._fail_writer(step.error)
         return None
 
     def _heal_later(
