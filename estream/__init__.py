@@ -3,15 +3,51 @@
 The public SDK (``estream.connect``, :class:`Client`, :class:`Writer`), the model
 (:class:`Record`, :class:`StreamMeta`, :class:`RangeMeta`) and the typed errors live here;
 see README.md.
+
+The SDK's names load lazily (PEP 562): ``import estream.errors`` or a pure core such as
+``pd.catalog`` loads no asyncio, ssl or SDK module; ``estream.connect`` loads the SDK on
+first use.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from estream import errors as _errors
-from estream.client import Client, connect
 from estream.errors import *  # noqa: F403
 from estream.errors import EstreamError
-from estream.meta import RangeMeta, ServerInfo, StreamMeta
-from estream.record import BatchColumns, Record
-from estream.writer import Writer
+
+if TYPE_CHECKING:
+    from estream.client import Client, connect
+    from estream.meta import RangeMeta, ServerInfo, StreamMeta
+    from estream.record import BatchColumns, Record
+    from estream.writer import Writer
+
+_LAZY: dict[str, str] = {
+    "BatchColumns": "estream.record",
+    "Client": "estream.client",
+    "RangeMeta": "estream.meta",
+    "Record": "estream.record",
+    "ServerInfo": "estream.meta",
+    "StreamMeta": "estream.meta",
+    "Writer": "estream.writer",
+    "connect": "estream.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'estream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BatchColumns",
