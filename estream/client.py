@@ -124,7 +124,7 @@ class Client:
         delivery_timeout_s: float = limits.delivery_timeout_ms / 1000,
     ) -> Writer:
         """A writer for ``name`` with a new epoch: every earlier writer is fenced. A last
-        range left open by a dead writer is recovered first (DESIGN.md section 2).
+        range left open by a dead writer is recovered first (``docs/ARCHITECTURE.md`` 2.7).
 
         ``delivery_timeout_s`` bounds every append (one not acknowledged in time raises
         :class:`estream.Timeout`, and the writer takes no more appends) and this call's

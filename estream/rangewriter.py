@@ -18,7 +18,7 @@ the effects it returns:
   the live replicas, create the next range), :class:`FailAppends` (a newer writer fenced
   this one).
 
-The rules (DESIGN.md section 2):
+The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
 
 - Every batch goes to every live replica of the open range. The confirmed end is the
   ``ack_count``-th highest acknowledged end (:func:`estream.quorum.confirm_offset`), so

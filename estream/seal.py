@@ -2,7 +2,7 @@
 
 A new writer (or the PD leader, once a dead writer's lease ran out) that finds the last
 range of a stream open must seal it at an end that keeps every acknowledged record
-(DESIGN.md section 2, "Recovery"):
+(``docs/ARCHITECTURE.md`` section 2.7):
 
 1. **Fence**: SEAL without an end, carrying the new epoch, to every replica. Each replica
    stops accepting the old writer's appends and answers its durable contiguous end. A

@@ -138,8 +138,9 @@ def plan_cycle(rng: random.Random, range_servers: int, streams: int) -> CyclePla
 
 def one_server_down(plan: CyclePlan) -> bool:
     """Whether the cycle's faults take exactly one range server out under load and nothing
-    else: DESIGN.md's "one of them dead or hung: no append waits more than 5 s for a seal
-    or roll" applies (a wipe or flip restarts its server at once: a short outage too).
+    else: the rule "with exactly replica_count servers and one of them dead or hung, no
+    append waits more than 5 s for a seal or roll" applies (a wipe or flip restarts its
+    server at once: a short outage too).
 
     >>> from tests.chaos.nemesis import Target as T
     >>> one_server_down(CyclePlan((Injection(Fault.SIGSTOP, T(0, 1)),), 2.0, False))

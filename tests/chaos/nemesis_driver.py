@@ -67,9 +67,9 @@ class NemesisConfig:
     warmup_acks: int = 10  # per stream, before the faults
     progress_acks: int = 5  # per stream, after healing
     progress_timeout_s: float = 15.0
-    visible_within_s: float = 10.0  # DESIGN.md: a reader sees every acknowledged record
+    visible_within_s: float = 10.0  # no writer alive: every acknowledged record is seen
     repair_wait_s: float = 45.0  # repair_after_ms (10 s), then rounds of a few ranges
-    one_down_append_s_max: float = 6.0  # DESIGN.md's 5 s for a seal or roll, + 1 s grace
+    one_down_append_s_max: float = 6.0  # one server out: no append waits > 5 s, + 1 s grace
     destroy_wait_s: float = 5.0  # for every replica to be whole before wiping or flipping
     cycles_budget_s: float | None = None  # no cycle starts after this long (None: no limit)
     poll_s: float = 0.1
