@@ -26,7 +26,9 @@ The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
 - A slow replica keeps receiving ("chases"); its backlog (bytes and age of its oldest
   unacknowledged batch) is bounded. A batch stays in memory until every live replica has
   it, so a slow replica costs in-flight budget, and the budget gives backpressure.
-- A replica that fails (an error, a timeout, its chase bound) is dropped from the range.
+- A replica that fails (an error, a timeout, its chase bound) is dropped from the range
+  (for its chase bound only while more than ``ack_count`` replicas are live: one of the
+  last ``ack_count`` is waited for, since dropping it would stop every append).
   While at least ``ack_count`` replicas remain live the range keeps taking appends,
   **degraded**: appends complete at ``ack_count`` among the live ones, and
   :class:`RequestRoll` asks the driver to roll once PD can place a new range without the
@@ -294,7 +296,7 @@ class RangeWriter:
         if self._pending:
             deadlines.append(self._pending_since_ms + self.config.linger_ms)
         oldest = self._oldest_unacked_ms()
-        if oldest is not None:
+        if oldest is not None and self._may_drop_slow():
             deadlines.append(oldest + self.config.chase_backlog_ms_max + 1)
         if self.visible_confirm > self._confirm_sent and not self.sealing:
             deadlines.append(self._confirm_due_ms())
@@ -371,7 +373,7 @@ class RangeWriter:
             self._cut(now_ms, effects)
         if not self._range.seal_sent:
             for replica in self._range.live():
-                if self._past_chase_bound(replica, now_ms):
+                if self._may_drop_slow() and self._past_chase_bound(replica, now_ms):
                     self._fail_replica(replica, effects)
         if (
             not self.sealing
@@ -612,6 +614,15 @@ class RangeWriter:
             if any(r not in batch.acked_by for r in rng.live()):
                 oldest = batch.sent_ms if oldest is None else min(oldest, batch.sent_ms)
         return oldest
+
+    def _may_drop_slow(self) -> bool:
+        """Whether a replica past its chase bound is dropped: while appending, only if
+        more than ``ack_count`` are live (dropping one of the last ``ack_count`` would stop
+        every append until a roll: with exactly ``replicas`` servers and one out, until it
+        is back; waiting for a slow one is better, and an error or a request timeout still
+        fails it); while draining for a seal, always."""
+        rng = self._range
+        return rng.seal_end is not None or len(rng.replicas) - len(rng.failed) > self.ack_count
 
     def _past_chase_bound(self, replica: str, now_ms: int) -> bool:
         rng = self._range

@@ -160,6 +160,24 @@ def test_replica_past_its_byte_bound_is_dropped() -> None:
     assert w.completed == 6 and w.inflight_batches == 0  # nothing kept for c any more
 
 
+def test_one_of_the_last_ack_count_live_replicas_is_waited_for_not_dropped() -> None:
+    w = make(chase_backlog_ms_max=100)
+    w.submit([rec(0)], 0)
+    w.on_append_ack("a", 0, 1, 1)
+    # b and c are both slow: b is dropped (the range runs degraded on a and c), c is
+    # waited for (dropping it too would stop every append until a roll).
+    effects = w.on_tick(101)
+    assert rolls(effects) == [RequestRoll(0, ("b",))] and seals(effects) == []
+    assert w.live == ("a", "c")
+    assert w.next_deadline_ms() is None  # no chase deadline: nothing to drop any more
+    assert completes(w.on_append_ack("c", 0, 1, 500)) == [1]
+    # An error still fails it: then the range must roll.
+    w.submit([rec(1)], 501)
+    assert seals(w.on_append_error("c", 0, Unavailable("timeout"), 600)) == [
+        BeginSeal(0, 1, ("b", "c"), ("a",))
+    ]
+
+
 def test_bytes_every_replica_still_owes_fail_no_replica() -> None:
     # More than the byte bound in flight, acknowledged by nobody yet (a fast writer, or the
     # batches resent after a roll): no replica is behind the others, none is dropped.
