@@ -12,22 +12,29 @@ a new writer recovers the stream. After every step the invariants hold:
   ``ack_count`` of its replicas, less the copies of that range a wipe or a flipped byte
   destroyed (so a sealed range's end is at or beyond every acknowledged offset in it);
 - at most one writable (open) range per stream, and it is the last;
-- replicas of a range agree below their confirm offsets (a replica with a flipped byte
-  excepted: readers find it by its checksum), and every replica of a sealed range that
-  is sealed is sealed at the end PD recorded.
+- replicas of a range agree on what readers may read of them: below the catalog's end
+  once it is sealed, below their confirm offsets while open (a replica with a flipped
+  byte excepted: readers find it by its checksum); every replica of a sealed range that
+  is sealed is sealed at the end PD recorded;
+- when PD records a recovery's seal, every holder it names holds everything below the
+  end, durably and soundly, and there are ``ack_count`` of them (unless empty).
 
 At the end, once faults heal: the writer with the highest epoch has all its appends
-acknowledged (liveness); the stream has at most a few ranges per fault (no roll loop);
-it closes (its final CONFIRM durable on ``ack_count`` replicas), every range server is
-killed and restarted, and readers still see everything it had acknowledged.
+acknowledged (liveness); the stream has at most a few ranges per fault and per writer
+(no roll loop; size rolls and lossy networks aside); the writer closes (its final CONFIRM
+durable on ``ack_count`` replicas), every range server is killed and restarted, and
+readers still see everything it had acknowledged.
 
-Fixed rows (``SCENARIOS``) script the double faults of issue #14 on top of a seed:
-a wiped server, a down one and a lagging one; the same with a flipped byte instead of the
-wipe; one hung server of exactly three (no append may wait long, few ranges); a crash
-losing unsynced writes while a recovery copies.
+Fixed rows (``SCENARIOS``, the double faults of issue #14 scripted on top of a seed; each
+also asserts that it exercised what it is about): a wiped server, a down one and a lagging
+one; the same with a flipped byte inside a record only the lost copy and the down server
+hold; one hung server of exactly three (no append waits more than 700 ms); a crash losing
+a recovery's unsynced copy; a recovery whose PD seal answer is lost while PD stays out of
+reach.
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
-``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``. A failure prints its seed and the trace.
+``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; one row: ``pytest
+'tests/sim/test_sim.py::test_issue_14[hung-of-three-5]'``. A failure prints its trace.
 """
 
 from __future__ import annotations
