@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from estream import limits
 from estream.errors import (
     ErrorCode,
     EstreamError,
@@ -113,7 +114,9 @@ async def test_large_answers_arrive_whole_in_place_among_small_ones(
     for i, (size, (header, payload)) in enumerate(zip(sizes, results, strict=True)):
         assert header == {"size": size} and bytes(payload) == blob[i % 5 : i % 5 + size]
         if isinstance(payload, memoryview):
-            assert payload.readonly and size >= 64 * 1024
+            # In place once the whole frame (prefix + header + payload) is 64 KiB or more
+            # and was not whole when it began arriving.
+            assert payload.readonly and size + 64 >= limits.frame_direct_bytes_min
 
 
 async def test_many_requests_answered_out_of_order_are_matched_by_id(
