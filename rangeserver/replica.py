@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from estream.errors import EstreamError, Fenced, OffsetGap, RangeSealed, ReplicaDamaged
 from estream.record import BatchHeader
 
 
@@ -147,6 +148,41 @@ def decide_append(state: ReplicaState, batch: BatchHeader) -> AppendOutcome:
             confirm=max(state.confirm, batch.confirm_offset),
         )
     )
+
+
+def stale_error(outcome: StaleEpoch) -> Fenced:
+    """The typed error for a request carrying an epoch older than the replica's."""
+    return Fenced(
+        f"epoch {outcome.epoch} is older than {outcome.current}",
+        epoch=outcome.epoch,
+        current_epoch=outcome.current,
+    )
+
+
+def damaged_error(key: tuple[int, int]) -> ReplicaDamaged:
+    return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+
+
+def append_refusal(
+    key: tuple[int, int], outcome: Gap | SealedOutcome | StaleEpoch | Damaged
+) -> EstreamError:
+    """The typed error answering an append that :func:`decide_append` refused."""
+    if isinstance(outcome, Gap):
+        return OffsetGap(
+            f"batch at {outcome.actual} does not continue the replica's end {outcome.expected}",
+            expected=outcome.expected,
+            actual=outcome.actual,
+        )
+    if isinstance(outcome, SealedOutcome):
+        return RangeSealed(
+            f"range {key[1]} of stream {key[0]} is sealed at {outcome.end}",
+            stream_id=key[0],
+            range_index=key[1],
+            end_offset=outcome.end,
+        )
+    if isinstance(outcome, StaleEpoch):
+        return stale_error(outcome)
+    return damaged_error(key)
 
 
 def on_durable(state: ReplicaState, end: int) -> ReplicaState:

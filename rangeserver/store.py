@@ -31,11 +31,9 @@ from estream.errors import (
     ChecksumMismatch,
     Conflict,
     EstreamError,
-    Fenced,
     OffsetGap,
     OffsetOutOfRange,
     RangeNotFound,
-    RangeSealed,
     ReplicaDamaged,
 )
 from estream.record import BatchHeader, verify_batch
@@ -53,18 +51,6 @@ log = logging.getLogger(__name__)
 
 Key = tuple[int, int]
 reclaim_delay_s = 0.2  # after a drop, before the checkpoint that deletes its segments
-
-
-def _stale(outcome: rp.StaleEpoch) -> Fenced:
-    return Fenced(
-        f"epoch {outcome.epoch} is older than {outcome.current}",
-        epoch=outcome.epoch,
-        current_epoch=outcome.current,
-    )
-
-
-def _damaged(key: tuple[int, int]) -> ReplicaDamaged:
-    return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
 
 
 class Store:
@@ -267,7 +253,7 @@ class Store:
         elif isinstance(outcome, rp.Duplicate):
             pending = None if outcome.durable else self.wal.barrier(sync=not deferred)
         else:
-            raise self._append_error(key, header, outcome)
+            raise rp.append_refusal(key, outcome)
         if deferred:
             end = header.end_offset
             return pending, lambda: end
@@ -291,25 +277,6 @@ class Store:
         self._set(key, new)
         return done
 
-    def _append_error(self, key: Key, header: BatchHeader, outcome: object) -> EstreamError:
-        if isinstance(outcome, rp.Gap):
-            return OffsetGap(
-                f"batch at {outcome.actual} does not continue the replica's end {outcome.expected}",
-                expected=outcome.expected,
-                actual=outcome.actual,
-            )
-        if isinstance(outcome, rp.SealedOutcome):
-            return RangeSealed(
-                f"range {key[1]} of stream {key[0]} is sealed at {outcome.end}",
-                stream_id=key[0],
-                range_index=key[1],
-                end_offset=outcome.end,
-            )
-        if isinstance(outcome, rp.StaleEpoch):
-            return _stale(outcome)
-        assert isinstance(outcome, rp.Damaged)
-        return _damaged(key)
-
     # ------------------------------------------------------------- create, seal, confirm
 
     async def create_range(
@@ -330,9 +297,9 @@ class Store:
         elif isinstance(outcome, rp.StartConflict):
             raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
         elif isinstance(outcome, rp.Damaged):
-            raise _damaged(key)
+            raise rp.damaged_error(key)
         else:
-            raise _stale(outcome)
+            raise rp.stale_error(outcome)
         return self._get(*key)
 
     def _log_control(self, control: wf.Control) -> asyncio.Future[None]:
@@ -410,8 +377,8 @@ class Store:
                 actual=outcome.actual,
             )
         if isinstance(outcome, rp.Damaged):
-            raise _damaged(key)
-        raise _stale(outcome)
+            raise rp.damaged_error(key)
+        raise rp.stale_error(outcome)
 
     async def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
         """Move the confirm offset forward; returns once it is durable (a CONFIRM entry
@@ -421,7 +388,7 @@ class Store:
         state = self._get(*key)
         outcome = rp.decide_confirm(state, epoch, confirm)
         if isinstance(outcome, rp.StaleEpoch):
-            raise _stale(outcome)
+            raise rp.stale_error(outcome)
         if outcome.confirm > state.confirm:
             self._set(key, outcome)  # readers may see it now: those records are acknowledged
             await self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm))
@@ -554,7 +521,7 @@ class Store:
                 actual=exc.fields["actual"],
             )
         except EstreamError:
-            return _damaged(key)
+            return rp.damaged_error(key)
         if (header.stream_id, header.range_index, header.base_offset) != (*key, batch.base):
-            return _damaged(key)
+            return rp.damaged_error(key)
         return None

@@ -43,11 +43,8 @@ from typing import Any
 from estream.errors import (
     Conflict,
     EstreamError,
-    Fenced,
     OffsetGap,
     RangeNotFound,
-    RangeSealed,
-    ReplicaDamaged,
     Timeout,
     Unavailable,
     WrongServer,
@@ -243,18 +240,6 @@ class Entry:
     waiters: list[Callable[[], None]] = field(default_factory=list)  # answers once durable
 
 
-def _stale(outcome: rp.StaleEpoch) -> Fenced:
-    return Fenced(
-        f"epoch {outcome.epoch} is older than {outcome.current}",
-        epoch=outcome.epoch,
-        current_epoch=outcome.current,
-    )
-
-
-def _damaged(key: Key) -> ReplicaDamaged:
-    return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
-
-
 class SimRangeServer:
     """A range server at ``node`` (see the module docstring)."""
 
@@ -355,15 +340,7 @@ class SimRangeServer:
             return self._later(lambda: self._get(key).end)
         if isinstance(outcome, rp.Duplicate):
             return state.end if outcome.durable else self._later(lambda: self._get(key).end)
-        if isinstance(outcome, rp.Gap):
-            raise OffsetGap("gap", expected=outcome.expected, actual=outcome.actual)
-        if isinstance(outcome, rp.SealedOutcome):
-            raise RangeSealed(
-                "sealed", stream_id=key[0], range_index=key[1], end_offset=outcome.end
-            )
-        if isinstance(outcome, rp.StaleEpoch):
-            raise _stale(outcome)
-        raise _damaged(key)
+        raise rp.append_refusal(key, outcome)
 
     def create_range(
         self,
@@ -389,9 +366,9 @@ class SimRangeServer:
         elif isinstance(outcome, rp.StartConflict):
             raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
         elif isinstance(outcome, rp.Damaged):
-            raise _damaged(key)
+            raise rp.damaged_error(key)
         else:
-            raise _stale(outcome)
+            raise rp.stale_error(outcome)
         return self._later(lambda: self._get(key).end)
 
     def seal(
@@ -426,8 +403,8 @@ class SimRangeServer:
         if isinstance(outcome, rp.Gap):
             raise OffsetGap("short of the end", expected=outcome.expected, actual=outcome.actual)
         if isinstance(outcome, rp.Damaged):
-            raise _damaged(key)
-        raise _stale(outcome)
+            raise rp.damaged_error(key)
+        raise rp.stale_error(outcome)
 
     def confirm(
         self,
@@ -443,7 +420,7 @@ class SimRangeServer:
         state = self._get(key)
         outcome = rp.decide_confirm(state, epoch, confirm)
         if isinstance(outcome, rp.StaleEpoch):
-            raise _stale(outcome)
+            raise rp.stale_error(outcome)
         if outcome.confirm > state.confirm:
             self.replicas[key] = outcome
             self._log(Entry(key, control=wf.Confirmed(stream_id, range_index, epoch, confirm)))
@@ -464,7 +441,7 @@ class SimRangeServer:
         key = (stream_id, range_index)
         state = self._get(key)
         if state.damaged:
-            raise _damaged(key)
+            raise rp.damaged_error(key)
         have = readable_end(state, unconfirmed=True)
         if start < state.start or have < end:
             raise OffsetGap("cannot serve", expected=end, actual=have)
@@ -472,7 +449,7 @@ class SimRangeServer:
         if corrupt and any(start <= o < end for o in corrupt):
             self.replicas[key] = rp.mark_damaged(state)
             self._log(Entry(key, control=wf.DamageMarked(stream_id, range_index)))
-            raise _damaged(key)
+            raise rp.damaged_error(key)
         return self.values[key][start - state.start : end - state.start]
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
