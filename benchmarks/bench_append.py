@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import estream  # noqa: E402
-from tests.harness.cluster import Cluster, start_cluster  # noqa: E402
+from estream.devcluster.cluster import Cluster, start_cluster  # noqa: E402
 
 RECORD = b"x" * 1024
 PHASE_TIMEOUT_S = 120.0

@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 import uvloop  # noqa: E402
 
-from estream.pdclient import PDClient  # noqa: E402
-from rangeserver.heartbeat import heartbeat_loop  # noqa: E402
-from tests.harness.pd import PdCluster, start_pd_cluster  # noqa: E402
-from tests.harness.process import ManagedProcess, free_port  # noqa: E402
+from estream.devcluster.pd import PdCluster, start_pd_cluster  # noqa: E402
+from estream.devcluster.process import ManagedProcess, free_port  # noqa: E402
+from estream.net.pdclient import PDClient  # noqa: E402
+from rangeserver.shell.heartbeat import heartbeat_loop  # noqa: E402
 
 Op = Callable[[int], Awaitable[Any]]
 

@@ -55,14 +55,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import timerfd  # noqa: E402
-from estream import limits  # noqa: E402
-from estream.protocol import Opcode  # noqa: E402
-from estream.record import EncodedRecords, Record, encode_records, wrap_records  # noqa: E402
-from estream.rpc import RpcClient  # noqa: E402
-from rangeserver import linuxaio  # noqa: E402
-from rangeserver.cli import cpu_list_text  # noqa: E402
-from tests.harness.process import ManagedProcess  # noqa: E402
-from tests.harness.rangeserver import start_rangeserver  # noqa: E402
+from estream.devcluster.process import ManagedProcess  # noqa: E402
+from estream.devcluster.rangeserver import start_rangeserver  # noqa: E402
+from estream.net.rpc import RpcClient  # noqa: E402
+from estream.wire import limits  # noqa: E402
+from estream.wire.protocol import Opcode  # noqa: E402
+from estream.wire.record import EncodedRecords, Record, encode_records, wrap_records  # noqa: E402
+from rangeserver.shell import linuxaio  # noqa: E402
+from rangeserver.shell.cli import cpu_list_text  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Range server (benchmarks/bench_rangeserver.py)"

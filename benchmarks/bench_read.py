@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import estream  # noqa: E402
-from tests.harness.cluster import start_cluster  # noqa: E402
+from estream.devcluster.cluster import start_cluster  # noqa: E402
 
 PHASE_TIMEOUT_S = 120.0
 STREAM = "bench-read"

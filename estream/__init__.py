@@ -4,7 +4,7 @@ The public SDK (``estream.connect``, :class:`Client`, :class:`Writer`), the mode
 (:class:`Record`, :class:`StreamMeta`, :class:`RangeMeta`) and the typed errors live here;
 see README.md.
 
-The SDK's names load lazily (PEP 562): ``import estream.errors`` or a pure core such as
+The SDK's names load lazily (PEP 562): ``import estream.wire.errors`` or a pure core such as
 ``pd.catalog`` loads no asyncio, ssl or SDK module; ``estream.connect`` loads the SDK on
 first use.
 """
@@ -14,25 +14,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from estream import errors as _errors
-from estream.errors import *  # noqa: F403
-from estream.errors import EstreamError
+from estream.wire import errors as _errors
+from estream.wire.errors import *  # noqa: F403
+from estream.wire.errors import EstreamError
 
 if TYPE_CHECKING:
-    from estream.client import Client, connect
-    from estream.meta import RangeMeta, ServerInfo, StreamMeta
-    from estream.record import BatchColumns, Record
-    from estream.writer import Writer
+    from estream.sdk.client import Client, connect
+    from estream.sdk.writer import Writer
+    from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
+    from estream.wire.record import BatchColumns, Record
 
 _LAZY: dict[str, str] = {
-    "BatchColumns": "estream.record",
-    "Client": "estream.client",
-    "RangeMeta": "estream.meta",
-    "Record": "estream.record",
-    "ServerInfo": "estream.meta",
-    "StreamMeta": "estream.meta",
-    "Writer": "estream.writer",
-    "connect": "estream.client",
+    "BatchColumns": "estream.wire.record",
+    "Client": "estream.sdk.client",
+    "RangeMeta": "estream.wire.meta",
+    "Record": "estream.wire.record",
+    "ServerInfo": "estream.wire.meta",
+    "StreamMeta": "estream.wire.meta",
+    "Writer": "estream.sdk.writer",
+    "connect": "estream.sdk.client",
 }
 
 

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import estream
-from estream.errors import StreamExists
+from estream.wire.errors import StreamExists
 
 ORDERS_DEFAULT = 2_000
 MINUTE_MS = 60_000

@@ -3,7 +3,7 @@
 Every PD node applies the same committed commands in the same order through
 :meth:`Catalog.apply` and so holds the same streams, ranges, range servers, epochs and PD
 node addresses. ``apply`` validates first and mutates only once everything checked out:
-a rejected command raises a typed :mod:`estream.errors` error and leaves the catalog
+a rejected command raises a typed :mod:`estream.wire.errors` error and leaves the catalog
 exactly as it was.
 
 Rules it keeps:
@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import msgpack
 
-from estream.errors import (
+from estream.wire.errors import (
     Conflict,
     Fenced,
     InvalidArgument,
@@ -42,8 +42,8 @@ from estream.errors import (
     StreamExists,
     StreamNotFound,
 )
-from estream.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo, StreamMeta
-from estream.protocol import parse_address
+from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo, StreamMeta
+from estream.wire.protocol import parse_address
 from pd.commands import (
     Command,
     CreateStream,

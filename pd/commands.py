@@ -9,7 +9,7 @@ Wire shape (msgpack map, never pickled classes)::
     {"v": 1, "kind": "create_stream", <the command's fields>}
 
 Unknown fields are ignored (a newer proposer may add some); missing or mistyped fields
-and unknown kinds raise :class:`~estream.errors.InvalidArgument`.
+and unknown kinds raise :class:`~estream.wire.errors.InvalidArgument`.
 
 Pure: no I/O.
 """
@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Final
 
 import msgpack
 
-from estream.errors import InvalidArgument
+from estream.wire.errors import InvalidArgument
 
 COMMAND_VERSION: Final = 1
 command_bytes_max: Final = 64 * 1024

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from estream import limits
-from estream.meta import StreamMeta
+from estream.wire import limits
+from estream.wire.meta import StreamMeta
 
 recheck_ms_min: Final = 1_000  # a stream found clean is looked at again after this ...
 recheck_ms_max: Final = 16_000  # ... doubling up to this while it stays clean
@@ -117,7 +117,7 @@ class LeaseTable:
 
     >>> t = LeaseTable(lease_ms=4_000)
     >>> t.lead(term=3, now_ms=0)
-    >>> from estream.meta import RangeMeta
+    >>> from estream.wire.meta import RangeMeta
     >>> s = StreamMeta(1, "s", epoch=2, ranges=(RangeMeta(0, 0, None, ()),))
     >>> t.due([s], now_ms=0)   # first seen: its lease starts now
     []

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from estream import limits
+from estream.wire import limits
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from estream.errors import NoPlacement
+from estream.wire.errors import NoPlacement
 
 
 @dataclass(frozen=True, slots=True)

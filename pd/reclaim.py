@@ -2,7 +2,7 @@
 
 A range server keeps a replica until told to drop it (``DROP_RANGE``), and only then can
 it reclaim the disk space (``rangeserver/retention.py``). The PD leader's reclaimer
-(:mod:`pd.reclaimer`) lists each live server's replicas and asks this module which of
+(:mod:`pd.shell.reclaimer`) lists each live server's replicas and asks this module which of
 them are garbage:
 
 - the stream was deleted: its id is below the catalog's next stream id (it was given
@@ -29,7 +29,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from estream.meta import StreamMeta
+from estream.wire.meta import StreamMeta
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,8 +68,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Final
 
-from estream import limits
-from estream.meta import RangeMeta, StreamMeta
+from estream.wire import limits
+from estream.wire.meta import RangeMeta, StreamMeta
 from pd.placement import Candidate, choose_replicas
 
 RangeKey = tuple[int, int]  # (stream_id, range_index)
@@ -326,7 +326,7 @@ def track_short(
     """Since when each replica of a sealed range has been reported short, continuously
     (a replica no longer reported short, or whose server went silent, is dropped).
 
-    >>> from estream.meta import ReplicaRef
+    >>> from estream.wire.meta import ReplicaRef
     >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 10, (ReplicaRef("a", "h:1"),)),))
     >>> short = {(1, 0): ReplicaReport(1, 0, False, False, 4)}
     >>> track_short({}, [s], {"a": ServerState("a", reports=short)}, 100)
@@ -489,7 +489,7 @@ def plan_repairs(
     Worked example: range 0 of "s" ``[0, 10)`` on a, b, c; c has been silent for 12 s;
     d is alive and free. With the default 10 s grace, c is replaced by d, copied from a:
 
-    >>> from estream.meta import ReplicaRef
+    >>> from estream.wire.meta import ReplicaRef
     >>> refs = tuple(ReplicaRef(i, f"{i}:1") for i in "abc")
     >>> s = StreamMeta(7, "s", 3, 2, "", (), 2, 0,
     ...                (RangeMeta(0, 0, 10, refs), RangeMeta(1, 10, None, refs[:2])))

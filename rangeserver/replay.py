@@ -26,7 +26,7 @@ decides what the other bytes mean:
   replica whose CREATE_RANGE went with a reclaimed segment are not that: its DROP entry
   is kept as long as they are (``rangeserver/retention.py``).
 
-Pure: no I/O (``rangeserver/store.py`` reads the segments and carries out the cuts).
+Pure: no I/O (``rangeserver/shell/store.py`` reads the segments and carries out the cuts).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from estream.record import BatchHeader
+from estream.wire.record import BatchHeader
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import Location, RangeIndex

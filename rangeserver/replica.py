@@ -3,7 +3,7 @@
 A :class:`ReplicaState` is an immutable value; each request is answered by a pure
 decision function (:func:`decide_append`, :func:`decide_seal`, :func:`decide_create`,
 :func:`decide_confirm`) whose outcome says what to write to the log and what to answer;
-transition functions return the next state. The shell (``rangeserver/store.py``) runs
+transition functions return the next state. The shell (``rangeserver/shell/store.py``) runs
 them and carries out the effects.
 
 Offsets of a replica::
@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from estream.errors import EstreamError, Fenced, OffsetGap, RangeSealed, ReplicaDamaged
-from estream.record import BatchHeader
+from estream.wire.errors import EstreamError, Fenced, OffsetGap, RangeSealed, ReplicaDamaged
+from estream.wire.record import BatchHeader
 
 
 @dataclass(frozen=True, slots=True)

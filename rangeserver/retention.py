@@ -1,6 +1,6 @@
 """Which log segments may be deleted once replicas are dropped: the log's retention. Pure.
 
-Every replica a range server stores shares one log (``rangeserver/wal.py``), so a
+Every replica a range server stores shares one log (``rangeserver/shell/wal.py``), so a
 segment holds entries of many replicas. A replica's *span* is the segments from the one
 holding its CREATE_RANGE entry to the one holding its latest entry (batches, epochs, its
 seal). When the placement driver drops a replica (its stream was deleted, or trimmed past

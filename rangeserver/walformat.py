@@ -70,9 +70,9 @@ from typing import Final
 
 import xxhash
 
-from estream import limits
-from estream.errors import EstreamError
-from estream.record import BATCH_HEADER_BYTES, BatchHeader, decode_header, verify_batch
+from estream.wire import limits
+from estream.wire.errors import EstreamError
+from estream.wire.record import BATCH_HEADER_BYTES, BatchHeader, decode_header, verify_batch
 
 ENTRY_MAGIC: Final = 0xE5A1
 _ENTRY: Final = struct.Struct("<HBBIQ")
@@ -464,7 +464,7 @@ def _finish(
 
 def all_zero(buf: bytes, start: int = 0) -> bool:
     """Whether every byte of ``buf`` from ``start`` on is zero: a segment made from a spare
-    (``rangeserver/spares.py``) ends in unused, zero-filled space, which is not a torn
+    (``rangeserver/shell/spares.py``) ends in unused, zero-filled space, which is not a torn
     tail."""
     return buf.count(0, start) == len(buf) - start
 

@@ -1,5 +1,5 @@
 """Suite-wide pytest set-up: every asyncio test runs on uvloop, as the servers do, and no
-process a test started outlives the session (see ``tests/harness/process.py``)."""
+process a test started outlives the session (see ``estream/devcluster/process.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import uvloop
 
-from tests.harness.process import reap_all
+from estream.devcluster.process import reap_all
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], Any]]:

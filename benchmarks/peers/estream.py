@@ -1,7 +1,7 @@
 """estream itself, measured like a peer: 3 PD nodes and 3 range servers on 127.0.0.1
 (started with the test harness, so each range server can be killed by PID), driven through
 the public SDK (``estream.connect``, ``Client.open_writer``, ``Writer.append``,
-``Client.read``) and, for placement-driver commits, :class:`estream.pdclient.PDClient`.
+``Client.read``) and, for placement-driver commits, :class:`estream.net.pdclient.PDClient`.
 
 :func:`sdk_missing` says why the SDK cannot be used yet (empty when it can); the
 comparison then marks estream's rows "pending" instead of measuring anything else.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.load import payload
-from tests.harness.process import ManagedProcess
+from estream.devcluster.process import ManagedProcess
 
 RANGE_SERVERS = 3
 READY_TIMEOUT_S = 60.0
@@ -33,8 +33,8 @@ def sdk_missing() -> str:
     """Why estream's SDK cannot be driven yet ("" when it can)."""
     try:
         module = importlib.import_module("estream")
-        importlib.import_module("estream.client")
-        importlib.import_module("estream.writer")
+        importlib.import_module("estream.sdk.client")
+        importlib.import_module("estream.sdk.writer")
     except ImportError as exc:
         return f"SDK not importable yet ({exc})"
     if not hasattr(module, "connect"):
@@ -63,8 +63,8 @@ def estream_cluster(work: Path, range_servers: int = RANGE_SERVERS
                     ) -> Iterator[EstreamCluster]:
     """Start 3 PD nodes and ``range_servers`` range servers; stop every process by PID on
     exit."""
-    from tests.harness.pd import start_pd_cluster
-    from tests.harness.rangeserver import start_rangeserver
+    from estream.devcluster.pd import start_pd_cluster
+    from estream.devcluster.rangeserver import start_rangeserver
 
     pd = start_pd_cluster(work / "estream-pd", 3)
     cluster = EstreamCluster(pd.rpc_addresses)

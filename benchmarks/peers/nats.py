@@ -22,7 +22,7 @@ from nats.js import JetStreamContext, api
 
 from benchmarks.peers.load import payload
 from benchmarks.peers.procs import ProcessGroup, find_binary, free_port
-from tests.harness.process import ManagedProcess
+from estream.devcluster.process import ManagedProcess
 
 HOST = "127.0.0.1"
 NODES = 3

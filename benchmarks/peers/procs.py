@@ -1,6 +1,6 @@
 """Start a peer's server processes on 127.0.0.1 and always stop them by PID.
 
-Reuses the test harness's :class:`~tests.harness.process.ManagedProcess` (log file,
+Reuses the test harness's :class:`~estream.devcluster.process.ManagedProcess` (log file,
 wait for the port, SIGTERM then SIGKILL by PID). :class:`ProcessGroup` stops every process
 it started, in reverse order, from ``__exit__`` (so from a ``with`` block's ``finally``).
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from tests.harness.process import ManagedProcess, free_port
+from estream.devcluster.process import ManagedProcess, free_port
 
 __all__ = ["ProcessGroup", "free_port", "find_binary"]
 

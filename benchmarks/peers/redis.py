@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 
 from benchmarks.peers.load import payload
 from benchmarks.peers.procs import ProcessGroup, find_binary, free_port
-from tests.harness.process import ManagedProcess
+from estream.devcluster.process import ManagedProcess
 
 HOST = "127.0.0.1"
 READ_CHUNK = 1000

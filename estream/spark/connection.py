@@ -7,15 +7,15 @@ Side effects: reads the token file, opens connections.
 from __future__ import annotations
 
 import estream
-from estream.errors import Unavailable
-from estream.security import load_token_file
+from estream.net.security import load_token_file
 from estream.spark.options import SinkOptions, SourceOptions
+from estream.wire.errors import Unavailable
 
 
 async def connect(opts: SourceOptions | SinkOptions, who: str = "estream") -> estream.Client:
     """A client of the cluster the options name; :class:`Unavailable` naming the PD
     addresses when it cannot be reached (``who`` starts the message: source or sink),
-    :class:`~estream.errors.Unauthenticated` when the cluster refuses the token."""
+    :class:`~estream.wire.errors.Unauthenticated` when the cluster refuses the token."""
     sec = opts.security
     token = load_token_file(sec.token_file)[0] if sec.token_file else None
     try:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from estream.errors import InvalidArgument
 from estream.spark.planning import (
     MIN_PARTITIONS_DEFAULT,
     PARTITION_RECORDS_DEFAULT,
     parse_streams,
 )
+from estream.wire.errors import InvalidArgument
 
 ARROW_ROWS_DEFAULT = 8_192
 CONNECT_TIMEOUT_S_DEFAULT = 10.0

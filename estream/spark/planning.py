@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from estream.errors import InvalidArgument, OffsetOutOfRange
-from estream.meta import StreamMeta
+from estream.wire.errors import InvalidArgument, OffsetOutOfRange
+from estream.wire.meta import StreamMeta
 
 EARLIEST: Final = -2
 LATEST: Final = -1

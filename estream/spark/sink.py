@@ -20,8 +20,6 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 import estream
-from estream.errors import InvalidArgument, StreamNotFound
-from estream.record import Record
 from estream.spark.commit import (
     Append,
     Resume,
@@ -36,6 +34,8 @@ from estream.spark.commit import (
 from estream.spark.connection import connect
 from estream.spark.options import SinkOptions
 from estream.spark.source import run
+from estream.wire.errors import InvalidArgument, StreamNotFound
+from estream.wire.record import Record
 
 APPEND_CHUNK_ROWS = 1_000
 

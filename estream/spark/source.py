@@ -45,16 +45,6 @@ from pyspark.sql.types import (
 )
 
 import estream
-from estream.errors import OffsetOutOfRange, StreamNotFound
-from estream.meta import StreamMeta
-from estream.record import (
-    BATCH_HEADER_BYTES,
-    RECORD_PREFIX_BYTES,
-    BatchColumns,
-    BatchView,
-    decode_views,
-    uniform_value_bytes,
-)
 from estream.spark.connection import connect
 from estream.spark.options import SourceOptions
 from estream.spark.planning import (
@@ -68,6 +58,16 @@ from estream.spark.planning import (
     parse_offsets_spec,
     plan_batch,
     resolve_spec,
+)
+from estream.wire.errors import OffsetOutOfRange, StreamNotFound
+from estream.wire.meta import StreamMeta
+from estream.wire.record import (
+    BATCH_HEADER_BYTES,
+    RECORD_PREFIX_BYTES,
+    BatchColumns,
+    BatchView,
+    decode_views,
+    uniform_value_bytes,
 )
 
 SCHEMA = "stream string, offset long, timestamp timestamp, headers map<string,string>, value binary"

@@ -1,9 +1,9 @@
 """The chaos suite's cluster: 3 PD nodes and 4 range servers, each on its own loopback
-address, started by the one cluster launcher, :func:`tests.harness.cluster.start_cluster`.
+address, started by the one cluster launcher, :func:`estream.devcluster.cluster.start_cluster`.
 
 PD node ``i`` listens on ``127.0.0.1{i}`` and range server ``j`` on ``127.0.0.2{j}``, with
 fixed ports, so a restarted server comes back at the same address. :class:`ChaosCluster` is
-that :class:`~tests.harness.cluster.Cluster` under the names the scenarios use (``pd`` is
+that :class:`~estream.devcluster.cluster.Cluster` under the names the scenarios use (``pd`` is
 the PD address list, ``pd_cluster`` the PD processes); its ``cluster`` has every fault
 (``kill9``, ``pause``, ``wipe``, ``damage_replica``, ``crash_all``, ``kill_pd_leader``,
 the fault proxies with ``proxied=True``) and the direct per-replica READs that compare what
@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.harness.cluster import Cluster, Entries, RangeServerProcess, start_cluster
-from tests.harness.pd import PdCluster
+from estream.devcluster.cluster import Cluster, Entries, RangeServerProcess, start_cluster
+from estream.devcluster.pd import PdCluster
 
 PD_HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 RS_HOSTS = ("127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24")

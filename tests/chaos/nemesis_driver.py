@@ -1,6 +1,6 @@
 """The nemesis run: faults under load on a proxied cluster, then the history checker.
 
-:class:`Nemesis` drives a :class:`~tests.harness.cluster.Cluster` started with
+:class:`Nemesis` drives a :class:`~estream.devcluster.cluster.Cluster` started with
 ``proxied=True`` through a :class:`~tests.chaos.nemesis.RunPlan`. Two streams
 (``replicas=3, ack_count=2``), each with a writer process
 (:mod:`tests.chaos.nemesis_writer`, opened with ``delivery_timeout_s``) and a tailing reader
@@ -37,9 +37,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from estream.errors import EstreamError
-from estream.protocol import Opcode
-from estream.rpc import RpcClient
+from estream.devcluster.cluster import Cluster
+from estream.devcluster.process import ManagedProcess
+from estream.net.rpc import RpcClient
+from estream.wire.errors import EstreamError
+from estream.wire.protocol import Opcode
 from tests.chaos import nemesis_writer
 from tests.chaos.history import History, Verdict, check
 from tests.chaos.nemesis import (
@@ -53,8 +55,6 @@ from tests.chaos.nemesis import (
     fold_writer_log,
     one_server_down,
 )
-from tests.harness.cluster import Cluster
-from tests.harness.process import ManagedProcess
 from tests.harness.repair import wait_fully_replicated
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from estream.pdclient import PDClient
-from estream.protocol import Opcode, encode_frame_bytes
-from estream.record import Record, decode_batch, encode_batch, iter_batches
-from estream.rpc import RpcClient
+from estream.net.pdclient import PDClient
+from estream.net.rpc import RpcClient
+from estream.wire.protocol import Opcode, encode_frame_bytes
+from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from tests.chaos.harness import ChaosCluster
 
 pytestmark = pytest.mark.integration

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from estream.devcluster.cluster import Cluster, start_cluster
 from tests.chaos import nemesis
 from tests.chaos.harness import PD_HOSTS, RS_HOSTS
 from tests.chaos.history import History, Outcome
@@ -34,7 +35,6 @@ from tests.chaos.nemesis import (
     plan_run,
 )
 from tests.chaos.nemesis_driver import STREAMS, Nemesis, NemesisConfig
-from tests.harness.cluster import Cluster, start_cluster
 
 quick_cycles = 3
 quick_budget_s = 50.0  # for the cycles (one that is slow to heal can take ~30 s)

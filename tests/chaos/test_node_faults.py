@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import EstreamError, StorageError
-from estream.pdclient import PDClient
-from estream.protocol import Opcode
-from estream.record import Record, decode_batch, encode_batch, iter_batches
-from estream.rpc import RpcClient
+from estream.net.pdclient import PDClient
+from estream.net.rpc import RpcClient
+from estream.wire.errors import EstreamError, StorageError
+from estream.wire.protocol import Opcode
+from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from tests.chaos.harness import RS_HOSTS, ChaosCluster, RangeServerNode
 
 pytestmark = pytest.mark.integration

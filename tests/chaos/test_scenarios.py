@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from estream.devcluster.walfiles import flip_byte, tear, valid_end
 from tests.chaos.harness import ChaosCluster
 from tests.chaos.history import Verdict
 from tests.chaos.workload import Workload, report
-from tests.harness.walfiles import flip_byte, tear, valid_end
-
-pytest.importorskip("estream.client", reason="the SDK (estream/client.py) has not landed yet")
 
 pytestmark = pytest.mark.integration
 
@@ -160,7 +158,7 @@ async def test_sigstop_replica_and_return(cluster: ChaosCluster) -> None:
 
 
 async def test_kill9_pd_leader_and_all_pd_nodes_under_load(cluster: ChaosCluster) -> None:
-    from estream.pdclient import PDClient
+    from estream.net.pdclient import PDClient
 
     async def faults(work: Workload) -> dict[str, float]:
         pd = cluster.pd_cluster
@@ -238,7 +236,7 @@ async def test_flipped_byte_and_torn_tail_while_down(cluster: ChaosCluster) -> N
 
     _, verdict, faults_done = await run_with_faults(cluster, "damage", faults)
     # PD's repair brings every sealed range back to whole, sound replicas: the damaged
-    # (or short) copy on the victim is replaced, or healed by the writer (pd/repairer.py).
+    # (or short) copy on the victim is replaced, or healed by the writer (pd/shell/repairer.py).
     from tests.harness.repair import wait_fully_replicated
 
     repair_started = time.monotonic()
@@ -270,8 +268,8 @@ async def test_kill9_writer_process_and_recovery_by_a_new_writer(
     cluster: ChaosCluster, tmp_path: Path
 ) -> None:
     import estream
+    from estream.devcluster.process import ManagedProcess
     from tests.chaos.history import History, check
-    from tests.harness.process import ManagedProcess
 
     generations = 3
     history = History()

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from estream.protocol import Opcode, encode_frame_bytes
-from estream.record import Record, encode_batch
-from estream.rpc import RpcClient
+from estream.net.rpc import RpcClient
+from estream.wire.protocol import Opcode, encode_frame_bytes
+from estream.wire.record import Record, encode_batch
 from tests.chaos.harness import RS_HOSTS, RangeServerNode
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
-from estream.errors import EstreamError, Timeout
+from estream.wire.errors import EstreamError, Timeout
 from tests.chaos.harness import ChaosCluster
 from tests.chaos.history import History, Verdict, check
 

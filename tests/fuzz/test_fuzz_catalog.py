@@ -16,7 +16,7 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from estream.errors import EstreamError
+from estream.wire.errors import EstreamError
 from pd.catalog import Catalog
 from pd.commands import (
     COMMAND_TYPES,

@@ -12,8 +12,8 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from estream.errors import ChecksumMismatch, EstreamError, MalformedBatch
-from estream.protocol import (
+from estream.wire.errors import ChecksumMismatch, EstreamError, MalformedBatch
+from estream.wire.protocol import (
     FRAME_PREFIX_BYTES,
     Frame,
     FrameDecoder,
@@ -21,7 +21,7 @@ from estream.protocol import (
     Opcode,
     encode_frame_bytes,
 )
-from estream.record import Record, decode_batch, encode_batch, iter_batches
+from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 
 FUZZ = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]

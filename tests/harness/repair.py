@@ -13,10 +13,10 @@ import asyncio
 import time
 from typing import Any
 
-from estream.errors import EstreamError
-from estream.protocol import Opcode
-from estream.rpc import RpcClient
-from tests.harness.pd import http_json
+from estream.devcluster.pd import http_json
+from estream.net.rpc import RpcClient
+from estream.wire.errors import EstreamError
+from estream.wire.protocol import Opcode
 
 poll_s = 0.5
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.process import ESTREAM, ManagedProcess, free_port_block
+from estream.devcluster.process import ESTREAM, ManagedProcess, free_port_block
 
 CLUSTER_HOST = "127.0.0.1"
 READY_LINE = "estream cluster ready"
@@ -107,7 +107,7 @@ async def _append(
     pd: str, name: str, values: Sequence[bytes], headers: dict[str, str] | None
 ) -> list[int]:
     import estream
-    from estream.record import Record
+    from estream.wire.record import Record
 
     async with await estream.connect(pd) as client:
         async with await client.open_writer(name) as writer:

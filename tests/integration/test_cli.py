@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.process import free_port
+from estream.devcluster.process import free_port
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ def estream(
     *args: str, stdin: str = "", env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "estream.cli", *args],
+        [sys.executable, "-m", "estream.cli.main", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -111,10 +111,10 @@ def test_help_documents_every_command(args: list[str]) -> None:
 
 
 def test_pure_cli_helpers() -> None:
-    from estream.commands.bench import percentile
-    from estream.commands.output import human_bytes
-    from estream.commands.records import parse_headers, record_json
-    from estream.record import Record
+    from estream.cli.bench import percentile
+    from estream.cli.output import human_bytes
+    from estream.cli.records import parse_headers, record_json
+    from estream.wire.record import Record
 
     assert parse_headers(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
     with pytest.raises(ValueError):

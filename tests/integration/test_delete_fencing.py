@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pytest
 
 import estream
-from estream.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound, Unavailable
-from tests.harness.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound, Unavailable
 
 pytestmark = pytest.mark.integration
 

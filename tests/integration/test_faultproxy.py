@@ -1,4 +1,4 @@
-"""The fault proxy (tests/harness/faultproxy.py) in front of a real range server.
+"""The fault proxy (estream/devcluster/faultproxy.py) in front of a real range server.
 
 The server listens on its own port and advertises the proxy's address; every request here
 goes through the proxy. A dropped SEAL answer: the client gets Timeout while the server did
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import RangeSealed, Timeout, Unavailable
-from estream.protocol import Opcode
-from estream.record import Record, encode_batch
-from estream.rpc import RpcClient
-from tests.harness.cluster import Cluster, start_cluster
-from tests.harness.faultproxy import FaultProxy
-from tests.harness.process import ManagedProcess, free_port
-from tests.harness.rangeserver import start_rangeserver
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.faultproxy import FaultProxy
+from estream.devcluster.process import ManagedProcess, free_port
+from estream.devcluster.rangeserver import start_rangeserver
+from estream.net.rpc import RpcClient
+from estream.wire.errors import RangeSealed, Timeout, Unavailable
+from estream.wire.protocol import Opcode
+from estream.wire.record import Record, encode_batch
 
 pytestmark = pytest.mark.integration
 
@@ -216,7 +216,7 @@ async def test_a_dead_server_behind_the_proxy_fails_connections(proxied: Proxied
         await client.close()
 
 
-# -- the proxied cluster and its fault helpers (tests/harness/cluster.py) -------------------
+# -- the proxied cluster and its fault helpers (estream/devcluster/cluster.py) -------------------
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.process import ESTREAM, ManagedProcess
+from estream.devcluster.process import ESTREAM, ManagedProcess
 
 pytestmark = pytest.mark.integration
 

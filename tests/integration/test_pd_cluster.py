@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import Fenced, StreamExists, StreamNotFound, Unavailable
-from estream.pdclient import PDClient
-from rangeserver.heartbeat import heartbeat_loop
-from tests.harness.pd import PdCluster, http_json, start_pd_cluster
-from tests.harness.process import ESTREAM, ManagedProcess, free_port
+from estream.devcluster.pd import PdCluster, http_json, start_pd_cluster
+from estream.devcluster.process import ESTREAM, ManagedProcess, free_port
+from estream.net.pdclient import PDClient
+from estream.wire.errors import Fenced, StreamExists, StreamNotFound, Unavailable
+from rangeserver.shell.heartbeat import heartbeat_loop
 
 pytestmark = pytest.mark.integration
 
@@ -217,9 +217,9 @@ async def test_a_real_range_server_registers_and_heartbeats(
 
 
 async def test_malformed_rpc_requests_get_typed_errors(cluster: PdCluster) -> None:
-    from estream.errors import InvalidArgument, RangeNotFound
-    from estream.protocol import Opcode
-    from estream.rpc import RpcClient
+    from estream.net.rpc import RpcClient
+    from estream.wire.errors import InvalidArgument, RangeNotFound
+    from estream.wire.protocol import Opcode
 
     node = cluster.nodes[cluster.followers()[0]]
     rpc = await RpcClient.connect(node.rpc)

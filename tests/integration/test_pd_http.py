@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import uvloop
 
-from rangeserver.heartbeat import heartbeat_loop
-from tests.harness.pd import PdCluster, http_json, start_pd_cluster
+from estream.devcluster.pd import PdCluster, http_json, start_pd_cluster
+from rangeserver.shell.heartbeat import heartbeat_loop
 
 pytestmark = pytest.mark.integration
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import InvalidArgument, StreamExists, StreamNotFound, Unavailable
-from estream.meta import StreamMeta
+from estream.devcluster.process import free_port
+from estream.wire.errors import InvalidArgument, StreamExists, StreamNotFound, Unavailable
+from estream.wire.meta import StreamMeta
 from pd.catalog import PdNode
 from pd.commands import CreateStream, OpenWriter, RegisterServer
-from pd.journal import ChecksummedJournal
-from pd.raft import RaftNode
-from pd.service import PdService
-from tests.harness.process import free_port
+from pd.shell.journal import ChecksummedJournal
+from pd.shell.raft import RaftNode
+from pd.shell.service import PdService
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +97,7 @@ def test_raft_messages_unpickle_primitives_only() -> None:
 
     import pysyncobj.pickle as pysyncobj_pickle
 
-    import pd.raft  # noqa: F401 - installs the restricted unpickler
+    import pd.shell.raft  # noqa: F401 - installs the restricted unpickler
 
     message = {"type": "append_entries", "entries": [(b"\x00cmd", 5, 2)], "ids": {1, 2},
                "commit_index": 4, "serialized": None, "text": "x"}

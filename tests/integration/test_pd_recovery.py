@@ -27,13 +27,13 @@ from pathlib import Path
 import pytest
 
 import estream
-from estream import limits
-from estream.errors import Fenced, NotLeader, StreamNotFound
-from estream.protocol import Opcode
-from estream.rpc import RpcClient
-from tests.harness.cluster import Cluster, start_cluster
-from tests.harness.pd import http_json
-from tests.harness.process import track
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.pd import http_json
+from estream.devcluster.process import track
+from estream.net.rpc import RpcClient
+from estream.wire import limits
+from estream.wire.errors import Fenced, NotLeader, StreamNotFound
+from estream.wire.protocol import Opcode
 
 pytestmark = pytest.mark.integration
 

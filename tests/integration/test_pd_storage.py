@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from estream.pdclient import PDClient
-from pd.journal import scan
-from tests.harness.pd import PdCluster, start_pd_cluster
+from estream.devcluster.pd import PdCluster, start_pd_cluster
+from estream.net.pdclient import PDClient
+from pd.shell.journal import scan
 
 pytestmark = pytest.mark.integration
 

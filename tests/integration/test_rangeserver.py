@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import (
+from estream.devcluster.process import ESTREAM, ManagedProcess
+from estream.devcluster.rangeserver import start_rangeserver
+from estream.devcluster.walfiles import flip_byte, tear, valid_end
+from estream.net.rpc import RpcClient
+from estream.wire.errors import (
     ChecksumMismatch,
     Fenced,
     FrameTooLarge,
@@ -25,13 +29,9 @@ from estream.errors import (
     UnsupportedOpcode,
     from_wire,
 )
-from estream.protocol import FrameDecoder, Opcode, encode_frame_bytes
-from estream.record import Record, encode_batch, iter_batches
-from estream.rpc import RpcClient
+from estream.wire.protocol import FrameDecoder, Opcode, encode_frame_bytes
+from estream.wire.record import Record, encode_batch, iter_batches
 from rangeserver import walformat as wf
-from tests.harness.process import ESTREAM, ManagedProcess
-from tests.harness.rangeserver import start_rangeserver
-from tests.harness.walfiles import flip_byte, tear, valid_end
 
 pytestmark = pytest.mark.integration
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from estream.errors import RangeNotFound, WrongServer
-from estream.protocol import Opcode
-from estream.record import Record, encode_batch
-from estream.rpc import RpcClient
-from tests.harness.process import ManagedProcess
-from tests.harness.rangeserver import start_rangeserver
+from estream.devcluster.process import ManagedProcess
+from estream.devcluster.rangeserver import start_rangeserver
+from estream.net.rpc import RpcClient
+from estream.wire.errors import RangeNotFound, WrongServer
+from estream.wire.protocol import Opcode
+from estream.wire.record import Record, encode_batch
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 import estream
-from estream.protocol import Opcode
-from estream.record import Record, encode_records, wrap_records
-from tests.harness.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.wire.protocol import Opcode
+from estream.wire.record import Record, encode_records, wrap_records
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,7 @@ async def test_a_sealed_range_reads_to_the_catalog_end_and_never_past_it(
                 confirm_offset=COUNT,
             )
 
-        async def append(ref: estream.meta.ReplicaRef, payload: bytes) -> int:
+        async def append(ref: estream.wire.meta.ReplicaRef, payload: bytes) -> int:
             body, _ = await client.pool.call(
                 ref.address, Opcode.APPEND, {"deferred": False, "server_id": ref.id}, payload
             )

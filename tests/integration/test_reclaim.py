@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 import estream
-from estream import limits
-from estream.protocol import Opcode
-from estream.rpc import RpcClient
-from tests.harness.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.net.rpc import RpcClient
+from estream.wire import limits
+from estream.wire.protocol import Opcode
 
 pytestmark = pytest.mark.integration
 

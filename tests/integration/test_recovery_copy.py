@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 import estream
-from estream.protocol import Opcode
-from tests.harness.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.wire.protocol import Opcode
 from tests.integration.test_writer_faults import wait_read_all
 
 pytestmark = pytest.mark.integration

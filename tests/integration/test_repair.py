@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from estream import limits
+from estream.devcluster.pd import http_json
+from estream.devcluster.walfiles import flip_byte, valid_end
+from estream.wire import limits
 from tests.chaos.harness import ChaosCluster
-from tests.harness.pd import http_json
 from tests.harness.repair import wait_fully_replicated
-from tests.harness.walfiles import flip_byte, valid_end
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +114,7 @@ async def test_dead_server_sealed_range_is_repaired_onto_the_fourth(
 
 async def test_flipped_byte_replica_is_damaged_and_repaired(cluster: ChaosCluster) -> None:
     import estream
-    from estream.errors import EstreamError
+    from estream.wire.errors import EstreamError
 
     async with await estream.connect(cluster.pd, timeout_s=10.0) as client:
         await client.create_stream("repair-flip", replicas=3, ack_count=2)
@@ -156,8 +156,8 @@ async def test_flipped_byte_replica_is_damaged_and_repaired(cluster: ChaosCluste
 
 
 async def wait_dropped(address: str, stream_id: int, index: int, timeout_s: float) -> None:
-    from estream.protocol import Opcode
-    from estream.rpc import RpcClient
+    from estream.net.rpc import RpcClient
+    from estream.wire.protocol import Opcode
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

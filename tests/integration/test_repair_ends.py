@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 import estream
-from estream.errors import EstreamError
-from estream.protocol import Opcode
-from estream.rpc import RpcClient
-from tests.harness.cluster import Cluster, start_cluster
-from tests.harness.pd import http_json
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.pd import http_json
+from estream.net.rpc import RpcClient
+from estream.wire.errors import EstreamError
+from estream.wire.protocol import Opcode
 
 pytestmark = pytest.mark.integration
 

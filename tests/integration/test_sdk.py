@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import estream
-from tests.harness.cluster import Cluster, start_cluster
-from tests.harness.process import track
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.process import track
 
 pytestmark = pytest.mark.integration
 
@@ -206,7 +206,7 @@ async def test_trimmed_offsets_raise_offset_out_of_range(cluster: Cluster) -> No
 
 
 async def test_connect_to_nothing_is_unavailable_within_the_timeout() -> None:
-    from tests.harness.process import free_port
+    from estream.devcluster.process import free_port
 
     started = time.monotonic()
     with pytest.raises(estream.Unavailable):

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 import estream
-from tests.harness.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster, start_cluster
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 import estream
-from estream.record import Record, decode_views
-from tests.harness.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.wire.record import Record, decode_views
 
 pytestmark = pytest.mark.integration
 

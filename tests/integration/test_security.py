@@ -29,17 +29,17 @@ from typing import Any
 import pytest
 
 import estream
-from estream.errors import Unauthenticated, Unavailable
-from estream.pdclient import PDClient
-from estream.protocol import Opcode
-from estream.rpc import ConnectionPool, Header, RpcClient, RpcServer
-from estream.security import SecurityConfig, client_context, server_context
+from estream.devcluster.pd import PD_COMMAND
+from estream.devcluster.process import ESTREAM, ManagedProcess, free_port
+from estream.devcluster.rangeserver import start_rangeserver
+from estream.net.pdclient import PDClient
+from estream.net.rpc import ConnectionPool, Header, RpcClient, RpcServer
+from estream.net.security import SecurityConfig, client_context, server_context
+from estream.wire.errors import Unauthenticated, Unavailable
+from estream.wire.protocol import Opcode
 from pd.commands import RegisterServer
-from pd.raft import RaftNode
+from pd.shell.raft import RaftNode
 from tests.harness.certs import Pki, make_pki
-from tests.harness.pd import PD_COMMAND
-from tests.harness.process import ESTREAM, ManagedProcess, free_port
-from tests.harness.rangeserver import start_rangeserver
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+from estream.devcluster.process import track  # noqa: E402
 from estream.spark.commit import parse_marker  # noqa: E402
-from tests.harness.process import track  # noqa: E402
 from tests.integration.conftest_spark import (  # noqa: E402
     append,
     cluster_pd,
@@ -195,7 +195,7 @@ def test_unknown_stream_fails_the_query_with_a_clear_message(spark: Any, estream
 
 
 def test_unreachable_pd_fails_the_query_with_a_clear_message(spark: Any) -> None:
-    from tests.harness.process import free_port
+    from estream.devcluster.process import free_port
 
     pd = f"127.0.0.1:{free_port()}"
     df = source(spark, pd, "orders", connectTimeoutSeconds=1)
@@ -350,7 +350,7 @@ def test_sink_commit_resumes_a_half_appended_batch_and_skips_a_committed_one(
     prefix = rows[:4]
     append(estream_pd, "resume_out", [b"before"])  # someone else's record, earlier
     import estream
-    from estream.record import Record
+    from estream.wire.record import Record
 
     async def half_append() -> None:
         async with await estream.connect(estream_pd) as client:

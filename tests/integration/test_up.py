@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from estream.up import plan_cluster, probe_ready
-from tests.harness.process import free_port_block, track
+from estream.devcluster.process import free_port_block, track
+from estream.devcluster.up import plan_cluster, probe_ready
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 READY_S_MAX = 30.0
-UP = [sys.executable, "-m", "estream.cli", "up"]
+UP = [sys.executable, "-m", "estream.cli.main", "up"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -120,7 +120,7 @@ class UpCluster:
         self, *args: str, stdin: str = "", check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [sys.executable, "-m", "estream.cli", *args],
+            [sys.executable, "-m", "estream.cli.main", *args],
             input=stdin,
             capture_output=True,
             text=True,
@@ -297,7 +297,7 @@ def test_sigint_stops_every_child_and_a_restart_keeps_the_data(tmp_path: Path) -
 
 def run_up(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "estream.cli", "up", *args],
+        [sys.executable, "-m", "estream.cli.main", "up", *args],
         capture_output=True,
         text=True,
         timeout=30,

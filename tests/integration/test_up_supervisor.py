@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from estream.up import ChildSpec, Supervisor
+from estream.devcluster.up import ChildSpec, Supervisor
 
 pytestmark = pytest.mark.integration
 

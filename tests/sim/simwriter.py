@@ -1,8 +1,8 @@
-"""The writer's cores driven through the simulated network, the way ``estream/writer.py``
-drives them over real sockets: :class:`~estream.rangewriter.RangeWriter` (appends),
-:class:`~estream.roll.Roller` (the roll: PD seal first, SEAL, CREATE_RANGE, the degraded
-attempts with their backoff) and :class:`~estream.seal.RangeRecovery` (open), the last
-one with the order of ``estream/recovery.py`` (fence with a grace period after a quorum,
+"""The writer's cores driven through the simulated network, the way ``estream/sdk/writer.py``
+drives them over real sockets: :class:`~estream.core.rangewriter.RangeWriter` (appends),
+:class:`~estream.core.roll.Roller` (the roll: PD seal first, SEAL, CREATE_RANGE, the degraded
+attempts with their backoff) and :class:`~estream.core.seal.RangeRecovery` (open), the last
+one with the order of ``estream/net/recovery.py`` (fence with a grace period after a quorum,
 copy round by round, record the seal in PD, then seal the holders) and the retries of
 ``Writer._recover`` (the same epoch again after a backoff, with the stream read again).
 
@@ -19,15 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from estream.errors import (
-    EstreamError,
-    Fenced,
-    NoPlacement,
-    RangeSealed,
-    Unavailable,
-)
-from estream.meta import RangeMeta, StreamMeta
-from estream.rangewriter import (
+from estream.core.rangewriter import (
     BeginSeal,
     CompleteAppends,
     Effect,
@@ -38,8 +30,7 @@ from estream.rangewriter import (
     SendConfirm,
     WriterConfig,
 )
-from estream.record import Record, encode_batch
-from estream.roll import (
+from estream.core.roll import (
     Apply,
     CreateRange,
     FailWriter,
@@ -57,7 +48,7 @@ from estream.roll import (
     Step,
     Steps,
 )
-from estream.seal import (
+from estream.core.seal import (
     CommitSeal,
     CopyRecords,
     FenceByCreate,
@@ -66,6 +57,15 @@ from estream.seal import (
     RecoveryFailed,
     SendFence,
 )
+from estream.wire.errors import (
+    EstreamError,
+    Fenced,
+    NoPlacement,
+    RangeSealed,
+    Unavailable,
+)
+from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.record import Record, encode_batch
 from tests.sim.world import Net, World, node_of
 
 PD = "pd"
@@ -210,7 +210,7 @@ class SimWriter:
                 timeout_ms,
             )
 
-    # -- open and recovery (estream/recovery.py, Writer._recover) --------------------------
+    # -- open and recovery (estream/net/recovery.py, Writer._recover) --------------------------
 
     def open(self) -> None:
         self._pd(lambda pd: pd.open_writer(self.stream), self._opened)
@@ -426,7 +426,7 @@ class SimWriter:
             return
         self._effects(self.core.on_tick(self.world.now_ms))
 
-    # -- the roll (estream/roll.py), driven like Writer._drive ----------------------------
+    # -- the roll (estream/core/roll.py), driven like Writer._drive ----------------------------
 
     def _start_attempts(self, wait_first: bool) -> None:
         if self._attempts is None or self._attempts.done:
@@ -532,7 +532,7 @@ class SimWriter:
 
 
 class _Recovery:
-    """One attempt of ``recover_range`` (estream/recovery.py) over the simulated network."""
+    """One attempt of ``recover_range`` (estream/net/recovery.py) over the simulated network."""
 
     def __init__(
         self, writer: SimWriter, meta: StreamMeta, rng: RangeMeta, rec: RangeRecovery

@@ -46,8 +46,8 @@ from typing import Any
 
 import pytest
 
-from estream.meta import RangeMeta, StreamMeta
-from estream.rangewriter import WriterConfig
+from estream.core.rangewriter import WriterConfig
+from estream.wire.meta import RangeMeta, StreamMeta
 from rangeserver.replica import readable_end
 from tests.sim.simwriter import PD, SimWriter
 from tests.sim.world import Faults, Key, Net, SimPD, SimRangeServer, World

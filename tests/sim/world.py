@@ -12,7 +12,7 @@ servers and a placement driver.
 - :class:`SimRangeServer`: a range server. Every request is decided by the real replica
   decisions (``rangeserver/replica.py``: ``decide_append``, ``decide_seal``,
   ``decide_create``, ``decide_confirm``, ``on_durable``, ``readable_end``), and the
-  outcomes map to the typed errors ``rangeserver/store.py`` raises; the record values are
+  outcomes map to the typed errors ``rangeserver/shell/store.py`` raises; the record values are
   kept beside the states. Its disk is a log: an accepted append is *written*, becomes
   durable (``on_durable``) once a simulated fsync covering it completes, and is answered
   only then; control entries (CREATE_RANGE, EPOCH, SEAL, CONFIRM, DAMAGED) are durable
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from estream.errors import (
+from estream.wire.errors import (
     Conflict,
     EstreamError,
     OffsetGap,
@@ -49,8 +49,8 @@ from estream.errors import (
     Unavailable,
     WrongServer,
 )
-from estream.meta import ServerInfo, StreamMeta
-from estream.record import BatchHeader, decode_batch
+from estream.wire.meta import ServerInfo, StreamMeta
+from estream.wire.record import BatchHeader, decode_batch
 from pd.catalog import Catalog
 from pd.commands import CreateStream, OpenWriter, RegisterServer, SealRange
 from pd.placement import Candidate, choose_replicas

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from estream.errors import (
+from estream.wire.errors import (
     Conflict,
     EstreamError,
     Fenced,
@@ -14,7 +14,7 @@ from estream.errors import (
     StreamExists,
     StreamNotFound,
 )
-from estream.meta import ReplicaRef, ServerInfo, StreamMeta
+from estream.wire.meta import ReplicaRef, ServerInfo, StreamMeta
 from pd.catalog import Catalog, PdNode
 from pd.commands import (
     Command,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estream.errors import EstreamError
-from estream.meta import StreamMeta
+from estream.wire.errors import EstreamError
+from estream.wire.meta import StreamMeta
 from pd.catalog import Catalog
 from pd.commands import (
     Command,

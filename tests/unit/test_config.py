@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from estream.config import (
+from estream.server.config import (
     ConfigError,
     flatten_toml,
     host_port,
@@ -161,7 +161,7 @@ def test_top_level_settings_of_another_command_are_ignored_with_a_note(
 def test_the_range_servers_cpus_come_from_flag_env_or_toml(
     tmp_path: Path, toml_value: str
 ) -> None:
-    from rangeserver.cli import build_parser
+    from rangeserver.shell.cli import build_parser
 
     base = ["--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)]
     cfg = write(tmp_path, f"cpus = {toml_value}\n")

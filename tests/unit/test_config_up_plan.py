@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from estream.up import PlanError, plan_cluster, restart_delay_s
+from estream.devcluster.up import PlanError, plan_cluster, restart_delay_s
 
 
 def test_default_plan_matches_the_default_pd_addresses() -> None:

@@ -31,7 +31,7 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = bin_dir / "estream"
     script.write_text(
         f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n"
-        f'exec {shlex.quote(sys.executable)} -m estream.cli "$@" --check-config\n'
+        f'exec {shlex.quote(sys.executable)} -m estream.cli.main "$@" --check-config\n'
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return bin_dir

@@ -7,8 +7,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from estream import errors
-from estream.errors import ErrorCode, EstreamError, from_code, from_wire
+from estream.wire import errors
+from estream.wire.errors import ErrorCode, EstreamError, from_code, from_wire
 
 
 def all_classes() -> list[type[EstreamError]]:

@@ -1,14 +1,39 @@
-"""The layering rule: core modules are pure, so none may import an I/O or clock module.
+"""The layering rule, in one place: which ring may import which, and which modules are pure.
 
-Walks each core module's imports statically (``ast``; nothing is imported), following
-imports of other project modules, and fails with the chain that reaches a forbidden
-module. Imports under ``if TYPE_CHECKING:`` do not run and are ignored. A package's
-``__init__`` is followed only when a name is imported from the package itself.
+The rings, innermost first (a ring may import itself and the rings listed for it):
+
+=====================  ==========================================================
+``estream.wire``       nothing else of the project (errors, limits, model, codecs)
+``estream.core``       wire (the replication protocol's pure decisions)
+``estream.net``        wire, core (asyncio transport, typed PD and range-server clients)
+``estream.sdk``        wire, core, net (the SDK's shell)
+``estream.spark``      wire, core, net, sdk (via ``estream.connect``)
+``estream.server``     wire (what only servers share: durable files, config)
+``pd``                 wire, core, pd (the placement driver's pure decisions)
+``pd.shell``           wire, core, net, server, pd
+``rangeserver``        wire, rangeserver (the range server's pure decisions)
+``rangeserver.shell``  wire, core, net, server, rangeserver
+``estream.cli``,       anything (they assemble processes)
+``estream.devcluster``
+=====================  ==========================================================
+
+Every ring may import ``estream`` itself, the package face that Python runs first (it loads
+the SDK lazily). So no server imports the SDK, and the SDK imports no server. Pure modules
+(every module of wire, core, ``pd`` and ``rangeserver`` outside their shells, and Spark's
+planning) import no I/O or clock module, directly or through any project module they load,
+including the package ``__init__`` files that Python runs first.
+
+The walk is static (``ast``; nothing is imported); imports under ``if TYPE_CHECKING:`` do
+not run and are ignored. A last check imports pure modules in a fresh interpreter and looks
+at ``sys.modules``, so a lazy ``__getattr__`` or a dynamic import cannot hide a load.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -16,34 +41,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_PACKAGES = ("estream", "pd", "rangeserver")
 
-CORE_MODULES = [
-    "estream/record.py",
-    "estream/protocol.py",
-    "estream/errors.py",
-    "estream/limits.py",
-    "estream/meta.py",
-    "estream/quorum.py",
-    "estream/rangewriter.py",
-    "estream/seal.py",
-    "estream/roll.py",
-    "pd/catalog.py",
-    "pd/placement.py",
-    "pd/commands.py",
-    "pd/liveness.py",
-    "pd/repair.py",
-    "pd/lease.py",
-    "rangeserver/replica.py",
-    "rangeserver/walformat.py",
-    "rangeserver/replay.py",
-    "estream/spark/planning.py",
-    "estream/spark/commit.py",
-    "estream/spark/options.py",
-]
-
-FORBIDDEN = {
-    "asyncio", "socket", "os", "time", "threading", "subprocess", "aiohttp", "pysyncobj",
-    "aiofiles", "uvloop", "random",
+# ring -> the rings it may import (besides itself)
+ALLOWED: dict[str, frozenset[str]] = {
+    "estream": frozenset({"estream.wire"}),  # the package face; the SDK loads lazily
+    "estream.wire": frozenset(),
+    "estream.core": frozenset({"estream.wire"}),
+    "estream.net": frozenset({"estream.wire", "estream.core"}),
+    "estream.sdk": frozenset({"estream.wire", "estream.core", "estream.net"}),
+    "estream.spark": frozenset({"estream", "estream.wire", "estream.core", "estream.net",
+                                "estream.sdk"}),
+    "estream.server": frozenset({"estream.wire"}),
+    "pd": frozenset({"estream.wire", "estream.core"}),
+    "pd.shell": frozenset({"estream.wire", "estream.core", "estream.net", "estream.server",
+                           "pd"}),
+    "rangeserver": frozenset({"estream.wire"}),
+    "rangeserver.shell": frozenset({"estream.wire", "estream.core", "estream.net",
+                                    "estream.server", "rangeserver"}),
 }
+ASSEMBLERS = ("estream.cli", "estream.devcluster")
+
+PURE_RINGS = ("estream.wire", "estream.core", "pd", "rangeserver")
+PURE_EXTRA = ("estream", "estream.spark.planning", "estream.spark.commit", "estream.spark.options")
+FORBIDDEN = frozenset({
+    "asyncio", "socket", "ssl", "os", "time", "threading", "subprocess", "aiohttp",
+    "pysyncobj", "aiofiles", "uvloop", "random", "mmap", "ctypes", "signal",
+})
 
 
 def module_file(name: str) -> Path | None:
@@ -62,14 +84,22 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def ring_of(module: str) -> str:
+    """The ring a project module belongs to: its longest matching prefix."""
+    rings = [*ALLOWED, *ASSEMBLERS]
+    matches = [r for r in rings if module == r or module.startswith(r + ".")]
+    return max(matches, key=len)
+
+
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
     )
 
 
-def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node except those under ``if TYPE_CHECKING:``."""
+def _runtime_nodes(tree: ast.AST, *, eager: bool) -> list[ast.AST]:
+    """Every node except those under ``if TYPE_CHECKING:`` (and, when ``eager``, those in
+    function bodies, which run only when called)."""
     found: list[ast.AST] = []
     stack: list[ast.AST] = [tree]
     while stack:
@@ -78,71 +108,123 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
             stack.extend(node.orelse)
             continue
+        if eager and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
         stack.extend(ast.iter_child_nodes(node))
     return found
 
 
-def imported_names(path: Path) -> set[str]:
-    """Absolute names of what ``path`` imports at run time."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = module_name(path)  # a package's own name; a module's parent package below
-    if path.name != "__init__.py":
-        package = package.rpartition(".")[0]
-    names: set[str] = set()
-    for node in _runtime_nodes(tree):
+def _with_parents(name: str) -> list[str]:
+    """``a.b.c`` runs ``a``, ``a.b`` and ``a.b.c``: importing a module runs its packages."""
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+@cache
+def imports_of(module: str, *, eager: bool = False) -> frozenset[str]:
+    """Every module (project or not) that ``module`` imports directly (``eager``: only those
+    that importing it runs, not those its functions import when called)."""
+    path = module_file(module)
+    assert path is not None, module
+    found: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path)), eager=eager):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                names.add(sub if module_file(sub) is not None else base)
-    return names
+                found.update(_with_parents(alias.name))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(_with_parents(node.module))
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if module_file(sub) is not None:
+                    found.add(sub)
+    found.update(_with_parents(module)[:-1])
+    found.discard(module)
+    return frozenset(found)
 
 
-def forbidden_chain(start: Path) -> list[str] | None:
-    """The import chain from ``start`` to a forbidden module, or None if there is none."""
-    seen: set[Path] = set()
-    stack: list[tuple[Path, list[str]]] = [(start, [module_name(start)])]
+def project_modules() -> list[str]:
+    return sorted(
+        module_name(p)
+        for pkg in PROJECT_PACKAGES
+        for p in (ROOT / pkg).rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+
+
+def test_every_project_module_has_a_ring() -> None:
+    for module in project_modules():
+        assert ring_of(module), module
+
+
+@pytest.mark.parametrize("module", project_modules())
+def test_imports_follow_the_rings(module: str) -> None:
+    ring = ring_of(module)
+    if ring in ASSEMBLERS:
+        return
+    allowed = ALLOWED[ring] | {ring}
+    wrong = sorted(
+        imp for imp in imports_of(module)
+        if module_file(imp) is not None and imp not in _with_parents(module)
+        and imp != "estream" and ring_of(imp) not in allowed
+    )
+    assert not wrong, f"{module} (ring {ring}) imports {wrong}; allowed rings: {sorted(allowed)}"
+
+
+def pure_modules() -> list[str]:
+    return [
+        m for m in project_modules()
+        if ring_of(m) in PURE_RINGS or m in PURE_EXTRA
+    ]
+
+
+def forbidden_chain(module: str) -> list[str] | None:
+    """The import chain from ``module`` to a forbidden module, if any (depth first): every
+    import of a pure module counts, and whatever importing the modules it loads runs."""
+    pure = set(pure_modules())
+    seen: set[str] = set()
+    stack: list[tuple[str, list[str]]] = [(module, [module])]
     while stack:
-        path, chain = stack.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for name in sorted(imported_names(path)):
-            if name.split(".")[0] in FORBIDDEN:
-                return [*chain, name]
-            target = module_file(name)
-            if target is not None:
-                stack.append((target, [*chain, name]))
+        current, chain = stack.pop()
+        for imp in sorted(imports_of(current, eager=current not in pure)):
+            if imp.split(".")[0] in FORBIDDEN:
+                return [*chain, imp]
+            if module_file(imp) is not None and imp not in seen:
+                seen.add(imp)
+                stack.append((imp, [*chain, imp]))
     return None
 
 
-@pytest.mark.parametrize("relpath", CORE_MODULES)
-def test_core_module_imports_no_io(relpath: str) -> None:
-    path = ROOT / relpath
-    if not path.is_file():
-        pytest.skip(f"{relpath} does not exist yet")
-    chain = forbidden_chain(path)
-    assert chain is None, f"core module {relpath} imports I/O: {' -> '.join(chain or [])}"
+@pytest.mark.parametrize("module", pure_modules())
+def test_pure_modules_load_no_io_or_clock(module: str) -> None:
+    chain = forbidden_chain(module)
+    assert chain is None, " -> ".join(chain or [])
 
 
-def test_the_checker_catches_a_shell_module() -> None:
-    # The shell module really does import asyncio, so a core module importing it is caught.
-    assert forbidden_chain(ROOT / "estream/rpc.py") == ["estream.rpc", "asyncio"]
-    assert "asyncio" in imported_names(ROOT / "estream/rpc.py")
+def test_the_walk_sees_package_inits(tmp_path: Path) -> None:
+    """The rule catches a forbidden import reached only through a package ``__init__``."""
+    assert "estream" in imports_of("estream.wire.record")
+    assert "estream.wire" in imports_of("estream.wire.record")
+    assert forbidden_chain("estream.sdk.writer") is not None
 
 
-def test_type_checking_imports_are_ignored() -> None:
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import asyncio\n")
-    runtime = {
-        alias.name
-        for node in _runtime_nodes(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    }
-    assert "asyncio" not in runtime
+HEAVY = ("asyncio", "ssl", "estream.sdk.client", "estream.net.rpc", "estream.sdk.writer")
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["estream.wire.record", "estream.wire.errors", "estream.core.rangewriter", "pd.catalog",
+     "pd.repair", "rangeserver.replica", "rangeserver.walformat"],
+)
+def test_importing_a_pure_module_loads_nothing_heavy(module: str) -> None:
+    probe = (f"import sys; import {module}; "
+             f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True, timeout=60, cwd=ROOT)
+    assert result.stdout.strip() == "", f"import {module} loaded {result.stdout.strip()}"
+
+
+def test_the_sdk_face_still_loads_on_use() -> None:
+    probe = "import estream, sys; estream.connect; print('estream.sdk.client' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True, timeout=60, cwd=ROOT)
+    assert result.stdout.strip() == "True"

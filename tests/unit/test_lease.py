@@ -8,10 +8,10 @@ import doctest
 
 import pytest
 
-from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd import lease as lease_module
-from pd import rangeops
 from pd.lease import LeaseTable, ReplicaAnswer, needs_recovery
+from pd.shell import rangeops
 
 LEASE = 4_000
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from estream import limits
-from estream.protocol import FRAME_PREFIX_BYTES
-from estream.record import BATCH_HEADER_BYTES, RECORD_PREFIX_BYTES
-from rangeserver.linuxaio import BLOCK_BYTES
+from estream.wire import limits
+from estream.wire.protocol import FRAME_PREFIX_BYTES
+from estream.wire.record import BATCH_HEADER_BYTES, RECORD_PREFIX_BYTES
+from rangeserver.shell.linuxaio import BLOCK_BYTES
 from rangeserver.walformat import ENTRY_HEADER_BYTES
 
 # The largest msgpack header a batch-carrying request or response needs in practice.
@@ -36,7 +36,7 @@ def test_a_maximal_batch_fits_in_a_frame_with_its_header() -> None:
 
 def test_a_maximal_batch_fits_in_one_direct_log_write() -> None:
     """After the log's last partial block and padded to whole blocks
-    (``rangeserver/directwriter.py``)."""
+    (``rangeserver/shell/directwriter.py``)."""
     block = BLOCK_BYTES
     assert ENTRY_HEADER_BYTES + limits.batch_bytes_max + 2 * block <= limits.wal_write_bytes_max
 

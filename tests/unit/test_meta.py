@@ -7,8 +7,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from estream.errors import InvalidArgument
-from estream.meta import RangeMeta, ReplicaRef, ServerInfo, StreamMeta
+from estream.wire.errors import InvalidArgument
+from estream.wire.meta import RangeMeta, ReplicaRef, ServerInfo, StreamMeta
 
 A = ReplicaRef("rs-a", "127.0.0.1:7201")
 B = ReplicaRef("rs-b", "127.0.0.1:7202")

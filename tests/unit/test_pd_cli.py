@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pd.cli import build_parser, main, parse_config
-from pd.node import DEFAULT_PASSWORD
+from pd.shell.cli import build_parser, main, parse_config
+from pd.shell.node import DEFAULT_PASSWORD
 
 GOOD = ["--id", "1", "--listen", "127.0.0.1:7100", "--raft", "127.0.0.1:7200",
         "--peers", "127.0.0.1:7201,127.0.0.1:7202", "--http", "127.0.0.1:7300",

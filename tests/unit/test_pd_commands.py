@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from estream.errors import InvalidArgument
+from estream.wire.errors import InvalidArgument
 from pd.commands import (
     Command,
     CreateStream,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import ChecksumMismatch
-from pd.journal import (
+from estream.wire.errors import ChecksumMismatch
+from pd.shell.journal import (
     HEADER,
     ChecksummedJournal,
     decode_checked,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from estream.errors import NoPlacement
+from estream.wire.errors import NoPlacement
 from pd.liveness import Liveness
 from pd.placement import Candidate, choose_replicas
 

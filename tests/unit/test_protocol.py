@@ -7,9 +7,9 @@ import struct
 import msgpack
 import pytest
 
-from estream import limits
-from estream.errors import FrameTooLarge, InvalidArgument, MalformedFrame, RangeSealed
-from estream.protocol import (
+from estream.wire import limits
+from estream.wire.errors import FrameTooLarge, InvalidArgument, MalformedFrame, RangeSealed
+from estream.wire.protocol import (
     FRAME_PREFIX_BYTES,
     Frame,
     FrameDecoder,

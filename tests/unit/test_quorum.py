@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from estream import quorum
-from estream.quorum import confirm_offset, copy_targets, seal_end_offset, seal_quorum
+from estream.core import quorum
+from estream.core.quorum import confirm_offset, copy_targets, seal_end_offset, seal_quorum
 
 
 @pytest.mark.parametrize(

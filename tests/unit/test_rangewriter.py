@@ -3,8 +3,7 @@ seal and roll, fencing, deferred sync. Scenario tests: events in, effects out.""
 
 from __future__ import annotations
 
-from estream.errors import Fenced, Unavailable
-from estream.rangewriter import (
+from estream.core.rangewriter import (
     BeginSeal,
     CompleteAppends,
     Effect,
@@ -15,7 +14,8 @@ from estream.rangewriter import (
     SendConfirm,
     WriterConfig,
 )
-from estream.record import Record, decode_batch
+from estream.wire.errors import Fenced, Unavailable
+from estream.wire.record import Record, decode_batch
 
 
 def make(**config: object) -> RangeWriter:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from estream.errors import ChecksumMismatch
-from estream.meta import RangeMeta, ReplicaRef
-from estream.reader import decode_answer, replica_order
-from estream.record import Record, encode_batch
+from estream.sdk.reader import decode_answer, replica_order
+from estream.wire.errors import ChecksumMismatch
+from estream.wire.meta import RangeMeta, ReplicaRef
+from estream.wire.record import Record, encode_batch
 
 
 def answer() -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.reclaim import Drop, confirmed, droppable
 
 

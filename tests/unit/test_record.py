@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estream import limits
-from estream.errors import ChecksumMismatch, MalformedBatch
-from estream.record import (
+from estream.wire import limits
+from estream.wire.errors import ChecksumMismatch, MalformedBatch
+from estream.wire.record import (
     BATCH_HEADER_BYTES,
     Record,
     compute_checksum,
@@ -27,7 +27,7 @@ GOLDEN_RECORDS = [
     Record(b"", {}, 1_700_000_000_005),
 ]
 GOLDEN_ARGS = dict(stream_id=7, range_index=2, epoch=3, base_offset=100, confirm_offset=90)
-# Field by field, as drawn in estream/record.py; any format change must update this on purpose.
+# Field by field, as drawn in estream/wire/record.py; any format change must update this on purpose.
 GOLDEN_HEX = "".join(
     [
         "b7e5",  # magic 0xE5B7

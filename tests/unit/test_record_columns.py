@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estream.errors import ChecksumMismatch, MalformedBatch
-from estream.record import (
+from estream.wire.errors import ChecksumMismatch, MalformedBatch
+from estream.wire.record import (
     BATCH_HEADER_BYTES,
     RECORD_PREFIX_BYTES,
     EncodedRecords,

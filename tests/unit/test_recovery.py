@@ -1,4 +1,4 @@
-"""The recovery driver (estream/recovery.py) over a fake replica client: the order of its
+"""The recovery driver (estream/net/recovery.py) over a fake replica client: the order of its
 requests (PD records the seal before any replica is sealed at the end), the empty range
 kept open, waiting instead of sealing short, a hung replica, a failed copy source."""
 
@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
-from estream import recovery
-from estream.errors import (
+from estream.core.seal import CopyRecords
+from estream.net import recovery
+from estream.net.rangeclient import SourceFailed
+from estream.net.recovery import recover_range
+from estream.wire.errors import (
     ChecksumMismatch,
     EstreamError,
     RangeNotFound,
@@ -18,11 +21,8 @@ from estream.errors import (
     Unavailable,
     WrongServer,
 )
-from estream.meta import RangeMeta, ReplicaRef, StreamMeta
-from estream.protocol import Opcode
-from estream.recovery import recover_range
-from estream.replicas import SourceFailed
-from estream.seal import CopyRecords
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.protocol import Opcode
 
 RANGE = RangeMeta(0, 0, None, tuple(ReplicaRef(r, f"127.0.0.1:{i + 1}") for i, r in
                                     enumerate("abc")))

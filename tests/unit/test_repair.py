@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from estream.errors import Conflict
-from estream.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.errors import Conflict
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd import liveness
 from pd import repair as repair_module
 from pd.catalog import Catalog

@@ -3,7 +3,7 @@ replayed, what is cut, and which replicas come back damaged."""
 
 from __future__ import annotations
 
-from estream.record import Record, encode_batch
+from estream.wire.record import Record, encode_batch
 from rangeserver import walformat as wf
 from rangeserver.replay import Cut, Replay
 from rangeserver.replica import ReplicaState

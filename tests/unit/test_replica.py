@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from estream.record import BatchHeader
+from estream.wire.record import BatchHeader
 from rangeserver import replica as rp
 from rangeserver.replica import ReplicaState, readable_end
 

@@ -1,14 +1,11 @@
-"""The roll's pure state machine (``estream/roll.py``): scripts of steps out, answers in."""
+"""The roll's pure state machine (``estream/core/roll.py``): scripts of steps out, answers in."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from estream.errors import Fenced, NoPlacement, Unavailable
-from estream.meta import RangeMeta, ReplicaRef, ServerInfo, StreamMeta
-from estream.rangewriter import BeginSeal, RangeWriter, RequestRoll, SendAppend, WriterConfig
-from estream.record import Record
-from estream.roll import (
+from estream.core.rangewriter import BeginSeal, RangeWriter, RequestRoll, SendAppend, WriterConfig
+from estream.core.roll import (
     Apply,
     CreateRange,
     ListServers,
@@ -25,6 +22,9 @@ from estream.roll import (
     Step,
     Steps,
 )
+from estream.wire.errors import Fenced, NoPlacement, Unavailable
+from estream.wire.meta import RangeMeta, ReplicaRef, ServerInfo, StreamMeta
+from estream.wire.record import Record
 
 
 class Clock:

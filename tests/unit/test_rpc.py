@@ -14,18 +14,7 @@ from typing import Any
 
 import pytest
 
-from estream import limits
-from estream.errors import (
-    ErrorCode,
-    EstreamError,
-    InvalidArgument,
-    RangeSealed,
-    Timeout,
-    Unavailable,
-    UnsupportedOpcode,
-)
-from estream.protocol import Frame, FrameDecoder, Opcode, encode_frame_bytes
-from estream.rpc import (
+from estream.net.rpc import (
     ConnectionPool,
     Handler,
     Header,
@@ -38,6 +27,17 @@ from estream.rpc import (
     parse_addresses,
     require,
 )
+from estream.wire import limits
+from estream.wire.errors import (
+    ErrorCode,
+    EstreamError,
+    InvalidArgument,
+    RangeSealed,
+    Timeout,
+    Unavailable,
+    UnsupportedOpcode,
+)
+from estream.wire.protocol import Frame, FrameDecoder, Opcode, encode_frame_bytes
 
 HOST = "127.0.0.1"
 StartServer = Callable[..., Awaitable[RpcServer]]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from estream.errors import (
+from estream.core.seal import (
+    CommitSeal,
+    CopyRecords,
+    FenceByCreate,
+    RangeRecovery,
+    RecoveryFailed,
+    SendFence,
+)
+from estream.wire.errors import (
     ChecksumMismatch,
     EstreamError,
     Fenced,
@@ -14,14 +22,6 @@ from estream.errors import (
     StorageError,
     Unavailable,
     WrongServer,
-)
-from estream.seal import (
-    CommitSeal,
-    CopyRecords,
-    FenceByCreate,
-    RangeRecovery,
-    RecoveryFailed,
-    SendFence,
 )
 
 

@@ -1,4 +1,4 @@
-"""The pure parts of estream.security, the admin API's token rule, and the CLI options."""
+"""The pure parts of estream.net.security, the admin API's token rule, and the CLI options."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from estream.errors import InvalidArgument
-from estream.security import (
+from estream.net.security import (
     DEV_RAFT_PASSWORD,
     SecurityConfig,
     bearer_token,
@@ -19,10 +18,11 @@ from estream.security import (
     raft_password,
     token_matches,
 )
-from pd.cli import parse_config
-from pd.http import needs_token
+from estream.wire.errors import InvalidArgument
 from pd.openapi import OPENAPI
-from rangeserver.cli import main as rangeserver_main
+from pd.shell.cli import parse_config
+from pd.shell.http import needs_token
+from rangeserver.shell.cli import main as rangeserver_main
 
 
 def test_parse_tokens_skips_blanks_and_comments() -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import gc
 import os
 
-from estream.record import (
+from estream.spark import source
+from estream.spark.source import arrow_schema, columns_to_arrow, take_rows, views_to_arrow
+from estream.wire.record import (
     Record,
     decode_batch,
     decode_columns,
@@ -15,8 +17,6 @@ from estream.record import (
     encode_batch,
     view_batch,
 )
-from estream.spark import source
-from estream.spark.source import arrow_schema, columns_to_arrow, take_rows, views_to_arrow
 
 
 def encode(records: list[Record], base: int) -> bytes:

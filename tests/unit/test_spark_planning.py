@@ -8,8 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from estream.errors import InvalidArgument, OffsetOutOfRange
-from estream.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.spark.options import Security, SinkOptions, SourceOptions
 from estream.spark.planning import (
     EARLIEST,
@@ -28,6 +26,8 @@ from estream.spark.planning import (
     resolve_spec,
     split_budget,
 )
+from estream.wire.errors import InvalidArgument, OffsetOutOfRange
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 
 
 def replicas(*ids: str) -> tuple[ReplicaRef, ...]:

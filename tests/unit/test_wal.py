@@ -1,7 +1,7 @@
 """The WAL file shell on a real temporary directory: group commit, rotation, reads.
 
 The behaviour every writer must have runs against both: direct writes (O_DIRECT, native
-AIO on the event loop, ``rangeserver/directwriter.py``) and the writer thread. The
+AIO on the event loop, ``rangeserver/shell/directwriter.py``) and the writer thread. The
 system-call tests at the end are the writer thread's own."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rangeserver import linuxaio
 from rangeserver import walformat as wf
-from rangeserver.wal import Wal
+from rangeserver.shell import linuxaio
+from rangeserver.shell.wal import Wal
 
 DIRECT_UNAVAILABLE = linuxaio.probe(tempfile.gettempdir())
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from estream import limits
-from estream.errors import StorageError
-from rangeserver import directwriter, linuxaio
+from estream.wire import limits
+from estream.wire.errors import StorageError
 from rangeserver import walformat as wf
-from rangeserver.wal import Wal
+from rangeserver.shell import directwriter, linuxaio
+from rangeserver.shell.wal import Wal
 
 DIRECT_UNAVAILABLE = linuxaio.probe(tempfile.gettempdir())
 pytestmark = pytest.mark.skipif(

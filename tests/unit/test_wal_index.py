@@ -6,10 +6,10 @@ import msgpack
 import pytest
 import xxhash
 
-from rangeserver import checkpoint as ckpt
 from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
+from rangeserver.shell import checkpoint as ckpt
 
 
 def index_of(*batches: tuple[int, int]) -> RangeIndex:

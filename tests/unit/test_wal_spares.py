@@ -8,12 +8,12 @@ import os
 import time
 from pathlib import Path
 
-from estream.record import Record, encode_batch, iter_batches
-from rangeserver import spares as sp
+from estream.wire.record import Record, encode_batch, iter_batches
 from rangeserver import walformat as wf
-from rangeserver.spares import SparePool
-from rangeserver.store import Store
-from rangeserver.wal import Wal
+from rangeserver.shell import spares as sp
+from rangeserver.shell.spares import SparePool
+from rangeserver.shell.store import Store
+from rangeserver.shell.wal import Wal
 
 SEGMENT = 64 * 1024
 STREAM = 7

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from estream.record import Record, encode_batch
+from estream.wire.record import Record, encode_batch
 from rangeserver import walformat as wf
 from rangeserver.walformat import Verdict
 

@@ -1,0 +1,34 @@
+"""The ``estream`` command: dispatches to the server processes and the user commands.
+
+``estream rangeserver ...`` runs :mod:`rangeserver.shell.cli`, ``estream pd ...`` runs
+:mod:`pd.shell.cli`, ``estream up ...`` runs the local-cluster supervisor
+:mod:`estream.devcluster.up`; everything else is a user command over the SDK
+(:mod:`estream.cli.user`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "rangeserver":
+        from rangeserver.shell.cli import main as rangeserver_main
+
+        return rangeserver_main(args[1:])
+    if args and args[0] == "pd":
+        from pd.shell.cli import main as pd_main
+
+        return pd_main(args[1:])
+    if args and args[0] == "up":
+        from estream.devcluster.up import main as up_main
+
+        return up_main(args[1:])
+    from estream.cli.user import main as user_main
+
+    return user_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

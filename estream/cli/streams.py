@@ -1,0 +1,117 @@
+"""``estream stream create|list|describe|delete|trim``.
+
+Side effects: PD calls through the SDK client; output on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from estream.cli.output import emit_json, key_values, print_tables, table
+
+
+def _ranges_table(stream: dict[str, Any]) -> Any:
+    rows = [
+        (
+            r.get("index"),
+            r.get("start"),
+            r.get("end"),
+            r.get("state"),
+            ", ".join(str(x.get("address")) for x in r.get("replicas", [])),
+        )
+        for r in stream.get("ranges", [])
+    ]
+    return table("ranges", ["index", "start", "end", "state", "replicas"], rows)
+
+
+def show_stream(stream: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(stream)
+        return
+    fields = {k: stream.get(k) for k in ("name", "id", "replicas", "ack_count", "epoch")}
+    fields["start_offset"] = stream.get("start_offset")
+    fields["type"] = stream.get("type") or "-"
+    fields["hints"] = ", ".join(stream.get("hints") or ()) or "-"
+    if "end_offset" in stream:
+        fields["end_offset"] = stream["end_offset"]
+    print_tables(key_values(f"stream {stream.get('name')}", fields), _ranges_table(stream))
+
+
+async def create(client: Any, ns: argparse.Namespace) -> int:
+    meta = await client.create_stream(ns.name, replicas=ns.replicas, ack_count=ns.ack_count)
+    show_stream(meta.to_dict(), ns.json)
+    return 0
+
+
+async def list_(client: Any, ns: argparse.Namespace) -> int:
+    streams = [s.to_dict() for s in await client.list_streams()]
+    if ns.json:
+        emit_json({"streams": streams})
+        return 0
+    rows = []
+    for s in sorted(streams, key=lambda s: str(s.get("name"))):
+        ranges = s.get("ranges") or []
+        last = ranges[-1] if ranges else {}
+        rows.append(
+            (
+                s.get("name"),
+                s.get("replicas"),
+                s.get("ack_count"),
+                s.get("epoch"),
+                s.get("start_offset"),
+                len(ranges),
+                last.get("start"),
+            )
+        )
+    columns = ["name", "replicas", "acks", "epoch", "start", "ranges", "open range start"]
+    print_tables(table(f"{len(rows)} streams", columns, rows))
+    return 0
+
+
+async def describe(client: Any, ns: argparse.Namespace) -> int:
+    meta = await client.describe_stream(ns.name)
+    stream = meta.to_dict()
+    stream["end_offset"] = await client.end_offset(ns.name)
+    show_stream(stream, ns.json)
+    return 0
+
+
+async def delete(client: Any, ns: argparse.Namespace) -> int:
+    await client.delete_stream(ns.name)
+    if ns.json:
+        emit_json({"deleted": ns.name})
+    else:
+        print(f"deleted stream {ns.name}")
+    return 0
+
+
+async def trim(client: Any, ns: argparse.Namespace) -> int:
+    meta = await client.trim(ns.name, ns.offset)
+    if ns.json:
+        emit_json(meta.to_dict())
+    else:
+        print(f"trimmed stream {ns.name}: start offset now {meta.start_offset}")
+    return 0
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    stream = sub.add_parser("stream", help="create, list, describe, delete, trim streams")
+    ssub = stream.add_subparsers(dest="stream_command", metavar="COMMAND", required=True)
+    p = ssub.add_parser("create", parents=[common], help="create a stream")
+    p.add_argument("name")
+    p.add_argument("--replicas", type=int, default=3, help="replica count (default 3)")
+    p.add_argument("--ack-count", type=int, default=2, help="acks per append (default 2)")
+    p.set_defaults(handler=create)
+    p = ssub.add_parser("list", parents=[common], help="list streams")
+    p.set_defaults(handler=list_)
+    p = ssub.add_parser("describe", parents=[common], help="a stream's settings and ranges")
+    p.add_argument("name")
+    p.set_defaults(handler=describe)
+    p = ssub.add_parser("delete", parents=[common], help="delete a stream")
+    p.add_argument("name")
+    p.set_defaults(handler=delete)
+    p = ssub.add_parser("trim", parents=[common], help="drop records below OFFSET")
+    p.add_argument("name")
+    p.add_argument("offset", type=int)
+    p.set_defaults(handler=trim)

@@ -1,0 +1,151 @@
+"""The user commands of ``estream``: streams, append/read, cluster status, bench.
+
+Parses the command line (``--pd`` or ``ESTREAM_PD``, ``--json``, ``--timeout`` before or
+after the command), connects the SDK client, runs the command's handler from
+:mod:`estream.cli`, and maps every failure to a one-line message on stderr: exit 2
+for usage errors, 1 for runtime errors (unknown stream, unreachable PD...), 130 on Ctrl-C.
+No traceback reaches the user (set ``ESTREAM_DEBUG=1`` to see one for an internal error).
+
+Side effects: network calls through the SDK, standard input/output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from estream.cli import bench, cluster, records, streams
+from estream.server.config import host_port_list, one_line_errors
+
+DEFAULT_PD = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
+Handler = Callable[[Any, argparse.Namespace], Awaitable[int]]
+
+
+def _common(defaults: bool) -> argparse.ArgumentParser:
+    """The options every command takes; leaf copies default to SUPPRESS (top level wins)."""
+    common = argparse.ArgumentParser(add_help=False)
+    pd_default = os.environ.get("ESTREAM_PD", DEFAULT_PD) if defaults else argparse.SUPPRESS
+    common.add_argument(
+        "--pd",
+        type=host_port_list,
+        default=pd_default,
+        metavar="H:P,...",
+        help=f"PD addresses (env ESTREAM_PD; default {DEFAULT_PD})",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="machine-readable JSON output",
+    )
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0 if defaults else argparse.SUPPRESS,
+        metavar="S",
+        help="seconds to wait for PD when connecting (default 5)",
+    )
+    _tls_options(common, defaults)
+    return common
+
+
+def _tls_options(common: argparse.ArgumentParser, defaults: bool) -> None:
+    """--tls-ca, --tls-cert, --tls-key, --token-file (env ESTREAM_TLS_CA, ESTREAM_TLS_CERT,
+    ESTREAM_TLS_KEY, ESTREAM_TOKEN_FILE; the token itself also from ESTREAM_TOKEN)."""
+    for flag, metavar, text in (
+        ("--tls-ca", "PEM", "CA to verify the cluster with (turns TLS on)"),
+        ("--tls-cert", "PEM", "client certificate (mutual TLS)"),
+        ("--tls-key", "PEM", "its private key"),
+        ("--token-file", "FILE", "file whose first line is the token (or env ESTREAM_TOKEN)"),
+    ):
+        env = "ESTREAM_" + flag[2:].upper().replace("-", "_")
+        default = os.environ.get(env) if defaults else argparse.SUPPRESS
+        common.add_argument(flag, default=default, metavar=metavar, help=f"{text} (env {env})")
+
+
+def _security_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    """The SDK's security keyword arguments from the parsed options and ESTREAM_TOKEN."""
+    from estream.net.security import load_token_file
+
+    token = os.environ.get("ESTREAM_TOKEN") or None
+    token_file = getattr(ns, "token_file", None)
+    if token_file:
+        token = load_token_file(token_file)[0]
+    return {"tls_ca": getattr(ns, "tls_ca", None), "tls_cert": getattr(ns, "tls_cert", None),
+            "tls_key": getattr(ns, "tls_key", None), "token": token}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="estream",
+        parents=[_common(True)],
+        description="estream: replicated stream storage. Server processes: `estream up` "
+        "(a local cluster), `estream pd`, `estream rangeserver`. User commands below.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub.add_parser("up", help="run a local cluster in the foreground (see estream up --help)")
+    sub.add_parser("pd", help="run one placement-driver node (see estream pd --help)")
+    sub.add_parser("rangeserver", help="run one range server (see estream rangeserver --help)")
+    leaf = _common(False)
+    streams.add_parsers(sub, leaf)
+    records.add_parsers(sub, leaf)
+    cluster.add_parsers(sub, leaf)
+    bench.add_parsers(sub, leaf)
+    return one_line_errors(parser)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split())
+
+
+async def _run(handler: Handler, ns: argparse.Namespace) -> int:
+    import estream
+
+    if not ns.pd:
+        raise estream.Unavailable("no PD address given (--pd or ESTREAM_PD)")
+    client = await estream.connect(ns.pd, timeout_s=ns.timeout, **_security_kwargs(ns))
+    try:
+        return await handler(client, ns)
+    finally:
+        await client.close()
+
+
+def _fail(message: str, code: int = 1) -> int:
+    sys.stderr.write(f"estream: error: {message}\n")
+    sys.stderr.flush()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    handler: Handler | None = getattr(ns, "handler", None)
+    if handler is None:
+        parser.error(f"{ns.command}: no such command")
+    from estream.wire.errors import EstreamError, Unavailable
+
+    try:
+        return asyncio.run(_run(handler, ns))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Unavailable as exc:
+        return _fail(f"cannot reach the cluster at {ns.pd}: {_one_line(exc)}")
+    except EstreamError as exc:
+        return _fail(f"{type(exc).__name__}: {_one_line(exc)}")
+    except (OSError, TimeoutError) as exc:
+        return _fail(f"{type(exc).__name__}: {_one_line(exc)}")
+    except ValueError as exc:
+        return _fail(_one_line(exc), 2)
+    except Exception as exc:  # a bug: still one line; ESTREAM_DEBUG=1 shows the traceback
+        if os.environ.get("ESTREAM_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(exc).__name__}: {_one_line(exc)}")

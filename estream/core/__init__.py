@@ -1,0 +1,8 @@
+"""The replication protocol's decisions, as pure state machines shared by the SDK and PD.
+
+Quorum math (:mod:`quorum`), the 2/3 chasing write (:mod:`rangewriter`), the roll to a new
+range (:mod:`roll`) and the fail-over seal of an abandoned range (:mod:`seal`). They import
+only :mod:`estream.wire`; the asyncio drivers in :mod:`estream.net` and :mod:`estream.sdk`
+feed them events and carry out their effects, and the simulator (``tests/sim``) drives the
+same classes with a seeded clock.
+"""

@@ -1,0 +1,657 @@
+"""The writer's core: the 2/3 chasing write, as a pure event-driven state machine.
+
+:class:`RangeWriter` owns everything a stream writer decides; the asyncio driver
+(:mod:`estream.sdk.writer`) and the simulation (``tests/sim``) feed it events and carry out
+the effects it returns:
+
+- ``submit(records, now_ms)`` assigns offsets and batches records (linger time, batch
+  bytes); ``on_tick(now_ms)`` cuts lingering batches, drops replicas past their chase
+  bound and sends an idle CONFIRM; ``on_append_ack`` / ``on_append_error`` report replica
+  answers; ``begin_roll`` starts a roll the core asked for; ``on_roll_postponed`` reports
+  that PD could not place the next range (nothing was sealed); ``on_range_opened``
+  reports that the next range exists after a seal; ``on_forced`` moves the visible
+  confirm offset of a ``DEFERRED_SYNC`` writer; ``on_fenced`` stops everything.
+- Effects: :class:`SendAppend` (one batch to one replica), :class:`SendConfirm`,
+  :class:`CompleteAppends` (every offset below ``upto`` is acknowledged),
+  :class:`RequestRoll` (the range runs degraded: roll when a placement exists),
+  :class:`BeginSeal` (record the seal at ``end`` in PD excluding ``failed``, then seal
+  the live replicas, create the next range), :class:`FailAppends` (a newer writer fenced
+  this one).
+
+The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
+
+- Every batch goes to every live replica of the open range. The confirmed end is the
+  ``ack_count``-th highest acknowledged end (:func:`estream.core.quorum.confirm_offset`), so
+  appends complete at ``ack_count`` durable copies and in offset order.
+- A slow replica keeps receiving ("chases"); its backlog (bytes and age of its oldest
+  unacknowledged batch) is bounded. A batch stays in memory until every live replica has
+  it, so a slow replica costs in-flight budget, and the budget gives backpressure.
+- A replica that fails (an error, a timeout, its chase bound) is dropped from the range
+  (for its chase bound only while more than ``ack_count`` replicas are live: one of the
+  last ``ack_count`` is waited for, since dropping it would stop every append).
+  While at least ``ack_count`` replicas remain live the range keeps taking appends,
+  **degraded**: appends complete at ``ack_count`` among the live ones, and
+  :class:`RequestRoll` asks the driver to roll once PD can place a new range without the
+  failed servers. The driver calls :meth:`RangeWriter.begin_roll`; if PD then cannot
+  place (``NoPlacement``: it sealed nothing, since PD is asked before any replica is
+  sealed), :meth:`RangeWriter.on_roll_postponed` lets the range go on, degraded, and the
+  driver tries again later. (With exactly ``replica_count`` servers and one of them dead
+  or hung, freezing would stop every append until it came back.)
+- With fewer than ``ack_count`` live replicas nothing can complete: the range must roll.
+- To roll, the end is frozen at the confirmed end, the live replicas are given the time of
+  the chase bound to reach it (so the sealed range keeps ``ack_count`` copies where it
+  can), then :class:`BeginSeal`. Acks arriving after the freeze never complete anything:
+  batches past the end are re-sent, restamped, to the next range, with their offsets
+  unchanged.
+- A range also rolls once ``range_bytes_max`` bytes were sent into it: nothing more is
+  sent to it, and it is sealed once what was sent completes (so every range takes at
+  least one batch, and a roll always makes progress). If PD then cannot place the next
+  range, the limit is lifted: the range goes on (with ``ack_count`` live replicas) and
+  rolls once a placement exists, rather than stalling every append until then.
+
+Worked example (replicas a, b, c; ack_count 2): appends complete on a and b; c times out:
+c is failed, the range goes on with a and b (``RequestRoll``). The driver finds no server
+to replace c (three servers in all): nothing is frozen, appends keep completing on a and
+b. Later b fails too: one live replica, fewer than ack_count: the end is frozen at the
+confirmed end and :class:`BeginSeal` follows as soon as a holds it.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from estream.core.quorum import confirm_offset
+from estream.wire import limits
+from estream.wire.errors import EstreamError, Fenced, MalformedBatch
+from estream.wire.record import (
+    BATCH_HEADER_BYTES,
+    RECORD_PREFIX_BYTES,
+    EncodedRecords,
+    Record,
+    encode_records,
+    wrap_records,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WriterConfig:
+    """The writer's limits (defaults from :mod:`estream.wire.limits`)."""
+
+    linger_ms: int = limits.linger_ms
+    batch_bytes: int = limits.writer_batch_bytes
+    inflight_batches_max: int = limits.writer_inflight_batches_max
+    inflight_bytes_max: int = limits.writer_inflight_bytes_max
+    chase_backlog_bytes_max: int = limits.chase_backlog_bytes_max
+    chase_backlog_ms_max: int = limits.chase_backlog_ms_max
+    range_bytes_max: int = limits.range_bytes_max
+    confirm_idle_ms: int = limits.linger_ms
+    deferred: bool = False
+    delivery_timeout_ms: int = limits.delivery_timeout_ms  # the driver's: append deadline
+
+
+@dataclass(frozen=True, slots=True)
+class SendAppend:
+    """Send ``payload`` (one encoded batch) as APPEND to ``replica`` of ``range_index``."""
+
+    replica: str
+    range_index: int
+    end: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SendConfirm:
+    """Send CONFIRM ``confirm`` to ``replica``, so tailing readers see the last records."""
+
+    replica: str
+    range_index: int
+    confirm: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteAppends:
+    """Every append with an offset below ``upto`` is acknowledged."""
+
+    upto: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRoll:
+    """``range_index`` runs degraded (``failed`` replicas dropped, at least ``ack_count``
+    live): roll it when PD can place a new range; call :meth:`RangeWriter.begin_roll`
+    then. Emitted once per range."""
+
+    range_index: int
+    failed: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BeginSeal:
+    """Seal ``range_index`` at ``end``: PD seal_range excluding ``failed`` first, then
+    SEAL with the end to ``live`` replicas (best effort), CREATE_RANGE on the next range's
+    replicas, then call :meth:`RangeWriter.on_range_opened`. If PD cannot place the next
+    range, call :meth:`RangeWriter.on_roll_postponed` instead."""
+
+    range_index: int
+    end: int
+    failed: tuple[str, ...]
+    live: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FailAppends:
+    """Every pending and future append fails with ``error``."""
+
+    error: EstreamError
+
+
+Effect = SendAppend | SendConfirm | CompleteAppends | RequestRoll | BeginSeal | FailAppends
+
+
+@dataclass(slots=True)
+class _Batch:
+    base: int
+    section: EncodedRecords
+    size: int
+    range_index: int = -1  # the range it was last sent to; -1 = not sent yet
+    sent_ms: int = 0
+    acked_by: set[str] = field(default_factory=set)
+
+    @property
+    def end(self) -> int:
+        return self.base + self.section.count
+
+
+@dataclass(slots=True)
+class _Range:
+    index: int
+    start: int
+    replicas: tuple[str, ...]
+    acked: dict[str, int] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    sent_bytes: int = 0
+    seal_end: int | None = None  # frozen end once sealing began
+    full: bool = False  # range_bytes_max sent: no more batches; seal once they complete
+    seal_sent: bool = False
+    roll_requested: bool = False  # RequestRoll emitted (the range runs degraded)
+    size_limit_lifted: bool = False  # full, but no next range could be placed: goes on
+
+    def live(self) -> tuple[str, ...]:
+        return tuple(r for r in self.replicas if r not in self.failed)
+
+
+def record_size(record: Record) -> int:
+    """Estimated encoded size of one record (exact but for the msgpack headers)."""
+    headers = sum(len(k) + len(v) + 4 for k, v in record.headers.items()) if record.headers else 0
+    return RECORD_PREFIX_BYTES + len(record.value) + headers
+
+
+class RangeWriter:
+    """The state of one stream writer: offsets, batches, acks, confirm offset, seals."""
+
+    def __init__(
+        self,
+        *,
+        stream_id: int,
+        epoch: int,
+        ack_count: int,
+        range_index: int,
+        range_start: int,
+        replicas: Sequence[str],
+        config: WriterConfig = WriterConfig(),
+    ) -> None:
+        self.stream_id = stream_id
+        self.epoch = epoch
+        self.ack_count = ack_count
+        self.config = config
+        self._range = _Range(range_index, range_start, tuple(replicas))
+        self.next_offset = range_start
+        self.completed = range_start  # every offset below is acknowledged
+        self.forced = range_start  # DEFERRED_SYNC: everything below is fsynced
+        self._pending: list[Record] = []
+        self._pending_bytes = 0
+        self._pending_since_ms = 0
+        self._batches: deque[_Batch] = deque()
+        self._batch_bytes = 0
+        self._confirm_sent = range_start
+        self._last_send_ms = 0
+        self._completed_ms = 0
+        self.error: EstreamError | None = None
+
+    # -- observation ---------------------------------------------------------------------
+
+    @property
+    def range_index(self) -> int:
+        return self._range.index
+
+    @property
+    def range_start(self) -> int:
+        return self._range.start
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self._range.replicas
+
+    @property
+    def sealing(self) -> bool:
+        return self._range.seal_end is not None
+
+    @property
+    def failed(self) -> tuple[str, ...]:
+        """The replicas of the open range dropped so far."""
+        return tuple(sorted(self._range.failed))
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        """The replicas of the open range still written to."""
+        return self._range.live()
+
+    @property
+    def degraded(self) -> bool:
+        """The open range takes appends with fewer replicas than it has."""
+        return bool(self._range.failed) and self._range.seal_end is None
+
+    @property
+    def roll_wanted(self) -> bool:
+        """The open range runs degraded and asked for a roll that has not begun."""
+        rng = self._range
+        return rng.roll_requested and rng.seal_end is None and self.error is None
+
+    @property
+    def visible_confirm(self) -> int:
+        """The confirm offset readers may see: acknowledged (and forced, if deferred)."""
+        return min(self.completed, self.forced) if self.config.deferred else self.completed
+
+    @property
+    def inflight_batches(self) -> int:
+        return len(self._batches)
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self._batch_bytes + self._pending_bytes
+
+    def can_accept(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit in the in-flight budget (backpressure otherwise).
+
+        An empty writer always accepts, so one oversized append cannot wait forever.
+        """
+        if self.inflight_bytes == 0:
+            return True
+        return (
+            self.inflight_bytes + nbytes <= self.config.inflight_bytes_max
+            and len(self._batches) < self.config.inflight_batches_max
+        )
+
+    def idle(self) -> bool:
+        """Nothing pending, nothing unacknowledged."""
+        return not self._pending and self.completed == self.next_offset
+
+    def next_deadline_ms(self) -> int | None:
+        """When :meth:`on_tick` has work next (None: only events can create work)."""
+        deadlines: list[int] = []
+        if self._pending:
+            deadlines.append(self._pending_since_ms + self.config.linger_ms)
+        oldest = self._oldest_unacked_ms()
+        if oldest is not None and self._may_drop_slow():
+            deadlines.append(oldest + self.config.chase_backlog_ms_max + 1)
+        if self.visible_confirm > self._confirm_sent and not self.sealing:
+            deadlines.append(self._confirm_due_ms())
+        return min(deadlines) if deadlines else None
+
+    # -- events --------------------------------------------------------------------------
+
+    def submit(self, records: Sequence[Record], now_ms: int) -> tuple[int, list[Effect]]:
+        """Take records to append; returns the first one's offset and the effects.
+
+        Offsets are assigned now and never change; the appends complete (in offset order)
+        when a :class:`CompleteAppends` passes them.
+        """
+        if self.error is not None:
+            raise self.error
+        base = self.next_offset
+        effects: list[Effect] = []
+        for record in records:
+            size = record_size(record)
+            if self._pending and self._pending_bytes + size > self.config.batch_bytes:
+                self._cut(now_ms, effects)
+            if not self._pending:
+                self._pending_since_ms = now_ms
+            self._pending.append(record)
+            self._pending_bytes += size
+            self.next_offset += 1
+            if len(self._pending) >= limits.batch_records_max:
+                self._cut(now_ms, effects)
+        # Cut at once when nothing is in flight (waiting buys nothing) or the batch is full.
+        if self._pending and (
+            not self._unacked_sent() or self._pending_bytes >= self.config.batch_bytes
+        ):
+            self._cut(now_ms, effects)
+        return base, effects
+
+    def on_append_ack(self, replica: str, range_index: int, end: int, now_ms: int) -> list[Effect]:
+        """``replica`` of ``range_index`` holds every offset below ``end``."""
+        rng = self._range
+        effects: list[Effect] = []
+        if range_index != rng.index or replica in rng.failed or self.error is not None:
+            return effects
+        if end > rng.acked.get(replica, rng.start):
+            rng.acked[replica] = end
+        for batch in self._batches:
+            if batch.range_index == rng.index and batch.end <= end:
+                batch.acked_by.add(replica)
+        if rng.seal_end is None:
+            self._advance(now_ms, effects)
+        self._release()
+        self._maybe_seal(effects)
+        return effects
+
+    def on_append_error(
+        self, replica: str, range_index: int, error: EstreamError, now_ms: int
+    ) -> list[Effect]:
+        """An APPEND (or CREATE_RANGE) to ``replica`` failed: fenced, or the replica is out."""
+        effects: list[Effect] = []
+        rng = self._range
+        if self.error is not None or range_index != rng.index:
+            return effects
+        if isinstance(error, Fenced):
+            return self.on_fenced(error)
+        if replica in rng.replicas and replica not in rng.failed:
+            self._fail_replica(replica, effects)
+        return effects
+
+    def on_tick(self, now_ms: int) -> list[Effect]:
+        """Time passed: cut lingering batches, drop replicas past their chase bound, send an
+        idle CONFIRM."""
+        effects: list[Effect] = []
+        if self.error is not None:
+            return effects
+        if self._pending and now_ms >= self._pending_since_ms + self.config.linger_ms:
+            self._cut(now_ms, effects)
+        if not self._range.seal_sent:
+            for replica in self._range.live():
+                if self._may_drop_slow() and self._past_chase_bound(replica, now_ms):
+                    self._fail_replica(replica, effects)
+        if (
+            not self.sealing
+            and self.visible_confirm > self._confirm_sent
+            and now_ms >= self._confirm_due_ms()
+        ):
+            self._send_confirm(effects)
+        return effects
+
+    def confirm_now(self, *, again: bool = False) -> list[Effect]:
+        """Send the confirm offset now if readers do not have it yet (flush, close);
+        ``again``: send it even if a batch or an earlier CONFIRM carried it (a flush that
+        wants ``ack_count`` answers to a CONFIRM)."""
+        effects: list[Effect] = []
+        if self.sealing or self.error is not None:
+            return effects
+        confirm = self.visible_confirm
+        if confirm > self._confirm_sent or (again and confirm > self._range.start):
+            self._send_confirm(effects)
+        return effects
+
+    def _confirm_due_ms(self) -> int:
+        """An idle writer sends CONFIRM ``confirm_idle_ms`` after its last batch or
+        completion; a batch sent before then carries the confirm offset instead."""
+        return max(self._last_send_ms, self._completed_ms) + self.config.confirm_idle_ms
+
+    def on_range_opened(
+        self, range_index: int, start: int, replicas: Sequence[str], now_ms: int
+    ) -> list[Effect]:
+        """The sealed range's successor exists on ``replicas``: resend what is unconfirmed."""
+        effects: list[Effect] = []
+        old = self._range
+        if self.error is not None:
+            return effects
+        assert old.seal_end is not None and start == old.seal_end, (start, old.seal_end)
+        assert range_index > old.index
+        self._range = _Range(range_index, start, tuple(replicas))
+        self._confirm_sent = start
+        while self._batches and self._batches[0].end <= start:
+            self._drop_front()
+        for batch in self._batches:
+            assert batch.base >= start, (batch.base, start)
+            batch.range_index = -1
+            batch.acked_by.clear()
+        self._send_unsent(now_ms, effects)
+        return effects
+
+    def begin_roll(self, now_ms: int) -> list[Effect]:
+        """The driver starts the roll :class:`RequestRoll` asked for: freeze the end at the
+        confirmed end; :class:`BeginSeal` follows once the live replicas hold it."""
+        effects: list[Effect] = []
+        rng = self._range
+        if self.error is not None or rng.seal_end is not None:
+            return effects
+        rng.seal_end = self.completed
+        self._release()
+        self._maybe_seal(effects)
+        return effects
+
+    def on_roll_postponed(self, range_index: int, now_ms: int) -> list[Effect]:
+        """PD could not place the next range for the :class:`BeginSeal` of
+        ``range_index`` and sealed nothing. A degraded range with ``ack_count`` live
+        replicas goes on taking appends (the driver tries the roll again later), and so
+        does a full one, past its size limit (:attr:`roll_wanted`: with exactly
+        ``replicas`` servers and one out, freezing would stall every append until it came
+        back); a range that must roll (too few live replicas) stays frozen, and the driver
+        retries the seal after a backoff (with :attr:`live` and :attr:`failed` as they are
+        then): nothing is emitted, so this cannot loop."""
+        effects: list[Effect] = []
+        rng = self._range
+        if self.error is not None or range_index != rng.index or rng.seal_end is None:
+            return effects
+        if len(rng.live()) < self.ack_count:
+            return effects
+        if rng.full:
+            rng.full = False
+            rng.size_limit_lifted = True
+            rng.roll_requested = True
+        rng.seal_end = None
+        rng.seal_sent = False
+        self._advance(now_ms, effects)
+        self._release()
+        self._send_unsent(now_ms, effects)
+        return effects
+
+    def on_forced(self, upto: int) -> list[Effect]:
+        """DEFERRED_SYNC: every offset below ``upto`` is fsynced on ``ack_count`` replicas."""
+        effects: list[Effect] = []
+        if upto > self.forced:
+            self.forced = upto
+            if not self.sealing and self.error is None:
+                self._send_confirm(effects)
+        return effects
+
+    def on_fenced(self, error: EstreamError) -> list[Effect]:
+        """A newer writer exists: fail everything pending, refuse new appends."""
+        if self.error is not None:
+            return []
+        self.error = error
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._batches.clear()
+        self._batch_bytes = 0
+        return [FailAppends(error)]
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _cut(self, now_ms: int, effects: list[Effect]) -> None:
+        records, self._pending = self._pending, []
+        self._pending_bytes = 0
+        try:
+            section = encode_records(records)
+        except MalformedBatch as exc:
+            # Oversized input: fail loudly rather than stall (the driver checks sizes first).
+            effects.extend(self.on_fenced(exc))
+            return
+        base = self.next_offset - len(records)
+        batch = _Batch(base, section, BATCH_HEADER_BYTES + len(section.data))
+        self._batches.append(batch)
+        self._batch_bytes += batch.size
+        self._send_unsent(now_ms, effects)
+
+    def _send_unsent(self, now_ms: int, effects: list[Effect]) -> None:
+        rng = self._range
+        if rng.seal_end is not None:
+            return
+        for batch in self._batches:
+            if batch.range_index == rng.index:
+                continue
+            if rng.sent_bytes >= self.config.range_bytes_max and not rng.size_limit_lifted:
+                rng.full = True  # size limit: seal once what was sent completes
+                self._roll_if_full(effects)
+                return
+            self._send(batch, now_ms, effects)
+
+    def _send(self, batch: _Batch, now_ms: int, effects: list[Effect]) -> None:
+        rng = self._range
+        confirm = self.visible_confirm
+        payload = wrap_records(
+            batch.section,
+            stream_id=self.stream_id,
+            range_index=rng.index,
+            epoch=self.epoch,
+            base_offset=batch.base,
+            confirm_offset=confirm,
+        )
+        batch.range_index = rng.index
+        batch.sent_ms = now_ms
+        batch.acked_by.clear()
+        rng.sent_bytes += batch.size
+        self._confirm_sent = max(self._confirm_sent, confirm)
+        self._last_send_ms = now_ms
+        for replica in rng.live():
+            effects.append(SendAppend(replica, rng.index, batch.end, payload))
+
+    def _send_confirm(self, effects: list[Effect]) -> None:
+        rng = self._range
+        confirm = self.visible_confirm
+        self._confirm_sent = confirm
+        for replica in rng.live():
+            effects.append(SendConfirm(replica, rng.index, confirm))
+
+    def _advance(self, now_ms: int, effects: list[Effect]) -> None:
+        rng = self._range
+        confirmed = confirm_offset(rng.acked.values(), self.ack_count, start=rng.start)
+        if confirmed <= self.completed:
+            return
+        self.completed = confirmed
+        self._completed_ms = now_ms
+        effects.append(CompleteAppends(confirmed))
+        self._roll_if_full(effects)
+
+    def _sent_end(self) -> int:
+        ends = [b.end for b in self._batches if b.range_index == self._range.index]
+        return max(ends) if ends else self.completed
+
+    def _release(self) -> None:
+        """Drop batches that are acknowledged and held by every live replica."""
+        live = self._range.live()
+        while self._batches:
+            batch = self._batches[0]
+            if batch.end > self.completed or batch.range_index != self._range.index:
+                return
+            if self._range.seal_end is None and not all(r in batch.acked_by for r in live):
+                return
+            self._drop_front()
+
+    def _drop_front(self) -> None:
+        batch = self._batches.popleft()
+        self._batch_bytes -= batch.size
+
+    def _fail_replica(self, replica: str, effects: list[Effect]) -> None:
+        rng = self._range
+        rng.failed.add(replica)
+        if rng.seal_end is None:
+            if len(rng.live()) >= self.ack_count:
+                # Degraded: keep appending to the live replicas; roll when PD can place.
+                if not rng.roll_requested:
+                    rng.roll_requested = True
+                    effects.append(RequestRoll(rng.index, tuple(sorted(rng.failed))))
+                self._release()
+                return
+            rng.seal_end = self.completed  # too few to complete anything: must roll
+        self._release()
+        self._maybe_seal(effects)
+
+    def _roll_if_full(self, effects: list[Effect]) -> None:
+        rng = self._range
+        if rng.full and rng.seal_end is None and self.completed == self._sent_end():
+            rng.seal_end = self.completed
+            self._maybe_seal(effects)
+
+    def _maybe_seal(self, effects: list[Effect]) -> None:
+        """Emit :class:`BeginSeal` once every live replica reached the frozen end."""
+        rng = self._range
+        if rng.seal_end is None or rng.seal_sent:
+            return
+        live = rng.live()
+        if any(rng.acked.get(r, rng.start) < rng.seal_end for r in live):
+            return  # still draining; on_tick drops a replica that does not catch up
+        rng.seal_sent = True
+        effects.append(BeginSeal(rng.index, rng.seal_end, tuple(sorted(rng.failed)), live))
+
+    def _unacked_sent(self) -> bool:
+        return any(b.end > self.completed for b in self._batches)
+
+    def _oldest_unacked_ms(self) -> int | None:
+        """When the oldest batch some live replica still owes was sent (chase deadline)."""
+        rng = self._range
+        if rng.seal_sent:
+            return None
+        oldest: int | None = None
+        for batch in self._batches:
+            if batch.range_index != rng.index:
+                continue
+            if rng.seal_end is not None and batch.end > rng.seal_end:
+                continue
+            if any(r not in batch.acked_by for r in rng.live()):
+                oldest = batch.sent_ms if oldest is None else min(oldest, batch.sent_ms)
+        return oldest
+
+    def _may_drop_slow(self) -> bool:
+        """Whether a replica past its chase bound is dropped: while appending, only if
+        more than ``ack_count`` are live (dropping one of the last ``ack_count`` would stop
+        every append until a roll: with exactly ``replicas`` servers and one out, until it
+        is back; waiting for a slow one is better, and an error or a request timeout still
+        fails it); while draining for a seal, always."""
+        rng = self._range
+        return rng.seal_end is not None or len(rng.replicas) - len(rng.failed) > self.ack_count
+
+    def _past_chase_bound(self, replica: str, now_ms: int) -> bool:
+        rng = self._range
+        backlog = 0
+        horizon = rng.seal_end  # while draining, only what the seal needs counts
+        for batch in self._batches:
+            if batch.range_index != rng.index or replica in batch.acked_by:
+                continue
+            if horizon is not None and batch.end > horizon:
+                continue
+            if now_ms - batch.sent_ms > self.config.chase_backlog_ms_max:
+                return True
+            if batch.end <= self.completed:
+                # Bytes count once a quorum has them: how far the replica is behind the
+                # others. (Counting every unacked byte failed every replica at once when more
+                # than the bound was in flight, e.g. resent after a roll: a roll loop.)
+                backlog += batch.size
+        return backlog > self.config.chase_backlog_bytes_max
+
+
+__all__ = [
+    "BeginSeal",
+    "CompleteAppends",
+    "Effect",
+    "FailAppends",
+    "RangeWriter",
+    "RequestRoll",
+    "SendAppend",
+    "SendConfirm",
+    "WriterConfig",
+    "record_size",
+]

@@ -1,0 +1,396 @@
+"""A whole local estream cluster of real processes for SDK, fault and chaos tests and
+benchmarks: the one way tests start one.
+
+``start_cluster(tmp_path, pd_nodes=3, range_servers=4)`` starts the PD nodes
+(:mod:`estream.devcluster.pd`), then the range servers (:mod:`estream.devcluster.rangeserver`)
+pointed at them, and waits until PD lists every range server as alive. ``pd_hosts`` and
+``rs_hosts`` put each process on its own 127.0.0.x address (the chaos suite does). With
+``proxied=True`` a :class:`~estream.devcluster.faultproxy.FaultProxy` stands in front of every
+range server: the server listens on its own port and advertises the proxy's address, so
+PD places replicas there and every client goes through it; ``cluster.proxy(address)``
+returns it, and a restarted server keeps its proxy and addresses.
+
+Faults (every range server is named by the address PD knows it by, its id, or the address
+it listens on): ``kill9`` / ``restart``, ``pause`` / ``resume`` (SIGSTOP / SIGCONT),
+``wipe`` (its data dir replaced by an empty one: a new identity at the same address),
+``damage_replica`` (a byte flipped inside an acknowledged batch of one replica's log, the
+server down meanwhile), ``crash_all`` (kill -9 of every PD node and range server at once,
+then all restarted on the same dirs), ``kill_pd_leader`` / ``restart_pd``. And what
+the cluster holds: ``describe`` (PD's view of a stream), ``replica_entries`` /
+``sealed_replicas`` (what each replica serves, by direct READs).
+
+Every process is stopped by PID in ``stop()``; call it from a fixture finalizer.
+
+Side effects: processes, files under the test's tmp dir, loopback sockets, proxy threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from estream.devcluster.faultproxy import FaultProxy
+from estream.devcluster.pd import PdCluster, http_json, start_pd_cluster
+from estream.devcluster.process import ManagedProcess, free_port
+from estream.devcluster.rangeserver import start_rangeserver
+from estream.devcluster.walfiles import flip_byte
+from estream.net.rpc import RpcClient
+from estream.wire.errors import EstreamError
+from estream.wire.protocol import Opcode
+from estream.wire.record import BATCH_HEADER_BYTES, decode_batch, iter_batches
+from rangeserver import walformat as wf
+
+replica_read_bytes_max = 1 << 20
+replica_read_calls_max = 10_000
+Entries = list[tuple[int, bytes]]  # (offset, value) as a replica serves them
+
+
+@dataclass
+class RangeServerProcess:
+    """One range server: where PD and clients reach it (``address``: its proxy's when
+    proxied), where it listens (``host:port``, kept across restarts), its data dir, its id
+    (``DIR/server_id``) and its current process."""
+
+    data_dir: Path
+    address: str
+    process: ManagedProcess | None = None
+    host: str = "127.0.0.1"
+    port: int = 0  # where the server itself listens (0: not started yet)
+    pd: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    proxy: FaultProxy | None = None
+    server_id: str = ""
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> None:
+        """Start (or restart) the server on its data dir, its port and its proxy."""
+        if self.port == 0:
+            self.port = free_port(self.host)
+        args = list(self.extra_args)
+        if self.proxy is not None:
+            args += ["--advertise", self.proxy.address]
+        self.process, bound = start_rangeserver(
+            self.data_dir, self.host, self.pd, port=self.port, extra_args=args)
+        assert bound == self.listen, (bound, self.listen)
+        self.address = self.proxy.address if self.proxy is not None else bound
+        self.server_id = (self.data_dir / "server_id").read_text().strip()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def kill9(self) -> None:
+        if self.process is not None:
+            self.process.kill9()
+            self.process.stop()
+
+    def pause(self) -> None:
+        if self.process is not None:
+            self.process.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedBatch:
+    """Where :meth:`Cluster.damage_replica` flipped a byte."""
+
+    server_id: str
+    segment: Path
+    position: int  # of the flipped byte in the segment file
+    base_offset: int
+    count: int
+    last_in_segment: bool  # the last entry of its segment (a tail, not mid-log damage)
+
+
+@dataclass
+class Cluster:
+    pd: PdCluster
+    extra_args: list[str] | None = None  # every range server's extra flags
+    servers: list[RangeServerProcess] = field(default_factory=list)
+
+    @property
+    def pd_addresses(self) -> str:
+        return self.pd.rpc_addresses
+
+    # -- range servers -------------------------------------------------------------------
+    def server(self, key: str) -> RangeServerProcess:
+        """The range server with this id, PD-known address or listening address."""
+        for server in self.servers:
+            if key in (server.address, server.server_id, server.listen):
+                return server
+        raise KeyError(key)
+
+    def server_by_address(self, address: str) -> RangeServerProcess:
+        return self.server(address)
+
+    def proxy(self, address: str) -> FaultProxy:
+        """The fault proxy in front of a range server (``start_cluster(proxied=True)``)."""
+        proxy = self.server(address).proxy
+        if proxy is None:
+            raise KeyError(f"{address} has no proxy: start the cluster with proxied=True")
+        return proxy
+
+    def kill9(self, address: str) -> None:
+        """Crash the range server at ``address`` (SIGKILL)."""
+        self.server(address).kill9()
+
+    def restart(self, address: str) -> None:
+        """Stop (if running) and start the range server again: same dir, same addresses."""
+        server = self.server(address)
+        server.stop()
+        server.start()
+
+    def pause(self, address: str) -> None:
+        """Hang the range server (SIGSTOP): connections open, nothing answered."""
+        self.server(address).pause()
+
+    def resume(self, address: str) -> None:
+        self.server(address).resume()
+
+    def wipe(self, address: str) -> str:
+        """Crash the range server, replace its data dir by an empty one and start it again
+        at the same address: a server that lost its disk (a new server id). Returns the
+        new id (PD lists it alive when this returns)."""
+        server = self.server(address)
+        old = server.server_id
+        server.kill9()
+        shutil.rmtree(server.data_dir)
+        server.start()
+        assert server.server_id != old, "a wiped data dir must give a new identity"
+        self.wait_servers_alive()
+        return server.server_id
+
+    def damage_replica(self, address: str, stream_id: int, range_index: int, *,
+                       below: int | None = None, rng: random.Random | None = None,
+                       restart: bool = True) -> DamagedBatch | None:
+        """Crash the range server, flip one byte inside the records of one batch of the
+        replica ``(stream_id, range_index)`` (one ending at or below ``below``: an
+        acknowledged one, when the caller passes the acknowledged end), and start it again.
+        Batches followed by another entry in their segment are preferred (mid-log damage,
+        which a log scan cannot take for a torn write). None: no such batch was found
+        (nothing was flipped)."""
+        server = self.server(address)
+        server.kill9()
+        try:
+            return _flip_in_batch(server, stream_id, range_index, below, rng or random.Random(0))
+        finally:
+            if restart:
+                server.start()
+
+    def crash_all(self) -> None:
+        """kill -9 every PD node and range server at once, then start them all again on
+        the same dirs and addresses (a whole-cluster crash: a power cut)."""
+        processes = [s.process for s in self.servers if s.process is not None]
+        processes += [n.process for n in self.pd.nodes if n.process is not None]
+        for process in processes:
+            process.signal(signal.SIGKILL)
+        for process in processes:
+            process.stop()
+        self.restart_all()
+
+    def restart_all(self) -> None:
+        """Start every PD node and range server that is not running; wait for a leader and
+        for PD to list every range server alive."""
+        for node in self.pd.nodes:
+            if not node.alive():
+                node.start()
+        for node in self.pd.nodes:
+            node.wait_serving()
+        self.pd.leader(timeout_s=30.0)
+        for server in self.servers:
+            server.resume()
+            if not server.alive():
+                server.start()
+        self.wait_servers_alive(timeout_s=30.0)
+
+    # -- PD ------------------------------------------------------------------------------
+    def kill_pd_leader(self) -> int:
+        """kill -9 the PD leader; returns its index for :meth:`restart_pd`."""
+        leader = self.pd.leader()
+        self.pd.kill9(leader)
+        return leader
+
+    def restart_pd(self, index: int) -> None:
+        node = self.pd.nodes[index]
+        if not node.alive():
+            node.start()
+        node.wait_serving()
+
+    def pd_url(self) -> str:
+        """The admin URL of the PD leader (waits for one)."""
+        return self.pd.nodes[self.pd.leader()].url
+
+    def alive_servers(self) -> list[dict[str, Any]]:
+        for url in self.pd.http_urls:
+            try:
+                status, body = http_json(url + "/v1/rangeservers", timeout_s=2.0)
+            except OSError:
+                continue
+            if status == 200 and isinstance(body, dict):
+                return [s for s in body.get("rangeservers", []) if s.get("alive")]
+        return []
+
+    def wait_servers(self, count: int, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len(self.alive_servers()) >= count:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"PD did not list {count} live range servers: {self.alive_servers()}")
+
+    def wait_servers_alive(self, timeout_s: float = 20.0) -> None:
+        """Until PD lists every running range server alive, by its current id and address."""
+        want = {(s.server_id, s.address) for s in self.servers if s.alive()}
+        deadline = time.monotonic() + timeout_s
+        alive: set[tuple[str, str]] = set()
+        while time.monotonic() < deadline:
+            alive = {(s["id"], s["address"]) for s in self.alive_servers()}
+            if want <= alive:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"range servers {sorted(want - alive)} not alive in PD")
+
+    # -- what the cluster holds ------------------------------------------------------------
+    def describe(self, name: str) -> dict[str, Any]:
+        """The stream as PD's admin API shows it."""
+        status, body = http_json(self.pd_url() + f"/v1/streams/{name}")
+        assert status == 200, body
+        assert isinstance(body, dict)
+        return body
+
+    async def replica_entries(self, address: str, stream_id: int, range_index: int,
+                              start: int, *, server_id: str | None = None,
+                              unconfirmed: bool = False, end: int | None = None) -> Entries:
+        """Every record ``address`` serves for the range (READ; with ``server_id``, only if
+        the server there still has that identity; with ``unconfirmed``, every durable
+        record, not only confirmed ones; below ``end`` if given)."""
+        client = await RpcClient.connect(address, timeout_s=2.0)
+        entries: Entries = []
+        offset = start
+        request: dict[str, Any] = {
+            "stream_id": stream_id, "range_index": range_index, "max_bytes":
+            replica_read_bytes_max, "wait_ms": 0, "unconfirmed": unconfirmed}
+        if server_id is not None:
+            request["server_id"] = server_id
+        try:
+            for _ in range(replica_read_calls_max):
+                header, payload = await client.call(
+                    Opcode.READ, {**request, "offset": offset}, timeout_s=5.0)
+                for _, raw in iter_batches(payload):
+                    batch = decode_batch(raw)
+                    for i, record in enumerate(batch.records):
+                        entries.append((batch.header.base_offset + i, record.value))
+                if entries:
+                    offset = entries[-1][0] + 1
+                if not payload or offset >= int(header["end"]):
+                    break
+                if end is not None and offset >= end:
+                    break
+        finally:
+            await client.close()
+        return [e for e in entries if end is None or e[0] < end]
+
+    async def sealed_replicas(self, name: str) -> dict[int, dict[str, Entries]]:
+        """For each non-empty sealed range: the records below the catalog's end that each
+        of its replicas that answers (with the identity PD lists for it) holds durably,
+        whether or not the replica has learnt the seal yet (a copy is a copy)."""
+        stream = await asyncio.to_thread(self.describe, name)
+        found: dict[int, dict[str, Entries]] = {}
+        for r in stream["ranges"]:
+            if r["end"] is None or r["end"] == r["start"]:
+                continue
+            answers: dict[str, Entries] = {}
+            for ref in r["replicas"]:
+                try:
+                    answers[ref["id"]] = await self.replica_entries(
+                        ref["address"], stream["id"], r["index"], r["start"],
+                        server_id=ref["id"], unconfirmed=True, end=r["end"])
+                except EstreamError:
+                    continue  # dead, damaged or another identity: does not hold it now
+            found[r["index"]] = answers
+        return found
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        for server in self.servers:
+            if server.proxy is not None:
+                server.proxy.close()
+        self.pd.stop()
+
+
+def start_cluster(
+    tmp_path: Path,
+    *,
+    pd_nodes: int = 3,
+    range_servers: int = 4,
+    host: str = "127.0.0.1",
+    rangeserver_args: list[str] | None = None,
+    pd_hosts: Sequence[str] | None = None,
+    rs_hosts: Sequence[str] | None = None,
+    proxied: bool = False,
+) -> Cluster:
+    """Start PD nodes and range servers (with ``rangeserver_args``; PD node ``i`` on
+    ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on ``host``; with
+    ``proxied``, each range server behind a fault proxy on its host). The caller must
+    ``stop()`` the cluster."""
+    pd = start_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts)
+    cluster = Cluster(pd, rangeserver_args)
+    hosts = list(rs_hosts) if rs_hosts is not None else [host] * range_servers
+    try:
+        for i, rs_host in enumerate(hosts[:range_servers]):
+            server = RangeServerProcess(
+                tmp_path / f"rs{i + 1}", "", host=rs_host, port=free_port(rs_host),
+                pd=cluster.pd_addresses, extra_args=list(rangeserver_args or []))
+            cluster.servers.append(server)
+            if proxied:
+                server.proxy = FaultProxy(server.listen, rs_host).start()
+            server.start()
+        cluster.wait_servers_alive()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _flip_in_batch(server: RangeServerProcess, stream_id: int, range_index: int,
+                   below: int | None, rng: random.Random) -> DamagedBatch | None:
+    """Flip one byte in the records of a batch of the replica in ``server``'s log."""
+    found: list[tuple[Path, wf.Entry, bool]] = []
+    for segment in sorted((server.data_dir / "wal").glob("*.wal")):
+        entries = wf.scan(segment.read_bytes()).entries
+        for i, entry in enumerate(entries):
+            header = entry.batch
+            if header is None or (header.stream_id, header.range_index) != (stream_id,
+                                                                            range_index):
+                continue
+            if below is not None and header.end_offset > below:
+                continue
+            if len(entry.body) > BATCH_HEADER_BYTES:
+                found.append((segment, entry, i == len(entries) - 1))
+    if not found:
+        return None
+    mid_log = [f for f in found if not f[2]]
+    segment, entry, last = rng.choice(mid_log or found)
+    records_bytes = len(entry.body) - BATCH_HEADER_BYTES
+    at = entry.body_position + BATCH_HEADER_BYTES + rng.randrange(records_bytes)
+    flip_byte(segment, at)
+    assert entry.batch is not None
+    return DamagedBatch(server.server_id, segment, at, entry.batch.base_offset,
+                        entry.batch.count, last)

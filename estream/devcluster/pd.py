@@ -1,0 +1,173 @@
+"""Start and stop a real placement-driver cluster (``estream pd`` processes) in tests.
+
+``start_pd_cluster(tmp_path, n=3)`` starts ``n`` nodes on free loopback ports, waits until
+each serves and a leader is elected, and returns a :class:`PdCluster` to find the leader,
+``kill9``/``restart`` nodes and ``stop`` them all (always by PID).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from estream.devcluster.process import ManagedProcess, free_port
+
+PD_COMMAND = [sys.executable, "-m", "estream.cli.main", "pd"]
+
+
+@dataclass
+class PdNodeProcess:
+    """One ``estream pd`` node: its addresses and its process."""
+
+    id: str
+    rpc: str
+    raft: str
+    http: str
+    data_dir: Path
+    peers: list[str]
+    log_path: Path
+    process: ManagedProcess | None = None
+
+    def args(self) -> list[str]:
+        return [*PD_COMMAND, "--id", self.id, "--listen", self.rpc, "--raft", self.raft,
+                "--peers", ",".join(self.peers), "--http", self.http,
+                "--data-dir", str(self.data_dir)]
+
+    def start(self) -> None:
+        self.process = ManagedProcess(self.args(), self.log_path).start()
+
+    def wait_serving(self, timeout_s: float = 20.0) -> None:
+        assert self.process is not None
+        self.process.wait_listening(self.rpc, timeout_s)
+        self.process.wait_listening(self.http, timeout_s)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.http}"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+
+def http_json(url: str, method: str = "GET", body: Any = None, *,
+              raw: bytes | None = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+    """A blocking HTTP request; returns ``(status, parsed JSON or text)``."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status, text = response.status, response.read().decode()
+            ctype = response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read().decode()
+        ctype = exc.headers.get("Content-Type", "")
+    return status, json.loads(text) if "json" in ctype else text
+
+
+class PdCluster:
+    """A running PD cluster of real processes."""
+
+    def __init__(self, nodes: list[PdNodeProcess]) -> None:
+        self.nodes = nodes
+
+    @property
+    def rpc_addresses(self) -> str:
+        return ",".join(n.rpc for n in self.nodes)
+
+    @property
+    def http_urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    def role(self, i: int) -> str | None:
+        if not self.nodes[i].alive():
+            return None
+        try:
+            status, body = http_json(self.nodes[i].url + "/healthz", timeout_s=1.0)
+        except OSError:
+            return None
+        return body.get("role") if status == 200 and isinstance(body, dict) else None
+
+    def leader(self, timeout_s: float = 15.0) -> int:
+        """The index of the node that reports itself leader (waits for an election)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            leaders = [i for i in range(len(self.nodes)) if self.role(i) == "leader"]
+            if len(leaders) == 1:
+                return leaders[0]
+            time.sleep(0.1)
+        raise TimeoutError(f"no single leader within {timeout_s}s: "
+                           f"{[self.role(i) for i in range(len(self.nodes))]}")
+
+    def wait_ready(self, timeout_s: float = 15.0) -> None:
+        """Wait until every live node names every node (ids and addresses) and a leader."""
+        deadline = time.monotonic() + timeout_s
+        for node in self.nodes:
+            while node.alive():
+                try:
+                    status, body = http_json(node.url + "/v1/cluster", timeout_s=1.0)
+                except OSError:
+                    status, body = 0, {}
+                if status == 200 and body.get("leader") and body["leader"].get("address") \
+                        and all(n.get("address") for n in body["nodes"]):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"PD node {node.id} not ready: {body}")
+                time.sleep(0.1)
+
+    def followers(self) -> list[int]:
+        leader = self.leader()
+        return [i for i in range(len(self.nodes)) if i != leader and self.nodes[i].alive()]
+
+    def kill9(self, i: int) -> None:
+        process = self.nodes[i].process
+        if process is not None:
+            process.kill9()
+            process.stop()
+
+    def restart(self, i: int) -> None:
+        self.kill9(i)
+        self.nodes[i].start()
+        self.nodes[i].wait_serving()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.process is not None:
+                node.process.stop()
+
+
+def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
+                     hosts: Sequence[str] | None = None) -> PdCluster:
+    """Start ``n`` PD nodes (node ``i`` on ``hosts[i]`` if given, else all on ``host``) and
+    wait for a leader. The caller must ``stop()`` it."""
+    node_hosts = list(hosts) if hosts is not None else [host] * n
+    ports = [(free_port(h), free_port(h), free_port(h)) for h in node_hosts]
+    rafts = [f"{h}:{p[1]}" for h, p in zip(node_hosts, ports, strict=True)]
+    nodes = [
+        PdNodeProcess(
+            id=str(i + 1), rpc=f"{node_hosts[i]}:{p[0]}", raft=rafts[i],
+            http=f"{node_hosts[i]}:{p[2]}",
+            data_dir=tmp_path / f"pd{i + 1}", peers=[r for r in rafts if r != rafts[i]],
+            log_path=tmp_path / f"pd{i + 1}.log",
+        )
+        for i, p in enumerate(ports)
+    ]
+    cluster = PdCluster(nodes)
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            node.wait_serving()
+        cluster.leader()
+        cluster.wait_ready()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster

@@ -1,0 +1,456 @@
+"""``estream up``: a whole local cluster (PD nodes + range servers) in the foreground.
+
+The port scheme, from ``--base-port B`` (default 7100), for PD node ``i`` (0-based) and
+range server ``j`` (0-based)::
+
+    PD rpc     B + i        7100, 7101, 7102   (the default ESTREAM_PD)
+    PD raft    B + 10 + i   7110, 7111, 7112
+    PD http    B + 20 + i   7120, 7121, 7122   (admin API: http://HOST:7120)
+    RS rpc     B + 30 + j   7130, 7131, 7132
+
+Data lives in ``DATA_DIR/pd-i`` and ``DATA_DIR/rs-j``, logs in ``DATA_DIR/logs``. The
+supervisor starts every child (``python -m estream.cli.main pd|rangeserver ...``), reports and
+restarts a child that dies (exponential backoff, reset once it has run for a while),
+prints readiness (every PD answers, a leader exists, every range server is registered and
+alive), forwards SIGINT/SIGTERM to all children and waits for them, escalating to SIGKILL
+after a timeout. Restarting on the same data dir keeps all data.
+
+:func:`plan_cluster` and :func:`restart_delay_s` are pure; :class:`Supervisor` owns the
+side effects (child processes, signals, HTTP probes, the data-dir lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from estream.server.config import one_line_errors, port_number, positive_int
+
+RAFT_OFFSET = 10
+HTTP_OFFSET = 20
+RS_OFFSET = 30
+PORT_SPAN = 100
+PD_NODES_MAX = 9
+RESTART_DELAY_S_MIN = 0.5
+RESTART_DELAY_S_MAX = 10.0
+STABLE_RUN_S = 30.0
+STOP_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 60.0
+POLL_S = 0.2
+READY_REPORT_S = 5.0
+
+
+# --- the plan (pure) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    """One process of the cluster: its name, its command line after ``estream`` and ports."""
+
+    name: str
+    kind: str  # "pd" | "rangeserver"
+    args: tuple[str, ...]
+    address: str
+    http: str | None = None
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "estream.cli.main", self.kind, *self.args]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPlan:
+    host: str
+    data_dir: Path
+    pd: tuple[ChildSpec, ...]
+    range_servers: tuple[ChildSpec, ...]
+
+    @property
+    def pd_addresses(self) -> str:
+        return ",".join(c.address for c in self.pd)
+
+    @property
+    def admin_urls(self) -> tuple[str, ...]:
+        return tuple(f"http://{c.http}" for c in self.pd if c.http)
+
+    @property
+    def children(self) -> tuple[ChildSpec, ...]:
+        return self.pd + self.range_servers
+
+
+class PlanError(ValueError):
+    """Cluster options that cannot make a cluster (even PD count, ports past 65535...)."""
+
+
+def plan_cluster(
+    data_dir: Path, pd_nodes: int, range_servers: int, host: str, base_port: int
+) -> ClusterPlan:
+    """The processes, ports and data dirs of a local cluster. Pure.
+
+    >>> p = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100)
+    >>> p.pd_addresses
+    '127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102'
+    >>> p.admin_urls[0], p.range_servers[2].address
+    ('http://127.0.0.1:7120', '127.0.0.1:7132')
+    """
+    if pd_nodes < 1 or pd_nodes % 2 == 0 or pd_nodes > PD_NODES_MAX:
+        raise PlanError(f"--pd-nodes must be odd and 1..{PD_NODES_MAX}, got {pd_nodes}")
+    if range_servers < 1 or range_servers > PORT_SPAN - RS_OFFSET:
+        raise PlanError(f"--range-servers must be 1..{PORT_SPAN - RS_OFFSET}, got {range_servers}")
+    if base_port < 1 or base_port + PORT_SPAN - 1 > 65535:
+        raise PlanError(f"--base-port must leave {PORT_SPAN} ports below 65536, got {base_port}")
+    rpc = [f"{host}:{base_port + i}" for i in range(pd_nodes)]
+    raft = [f"{host}:{base_port + RAFT_OFFSET + i}" for i in range(pd_nodes)]
+    pds = []
+    for i in range(pd_nodes):
+        http = f"{host}:{base_port + HTTP_OFFSET + i}"
+        peers = ",".join(r for k, r in enumerate(raft) if k != i)
+        args = ["--id", str(i), "--listen", rpc[i], "--raft", raft[i]]
+        args += ["--peers", peers]  # "" for a one-node PD
+        args += ["--http", http, "--data-dir", str(data_dir / f"pd-{i}")]
+        pds.append(ChildSpec(f"pd-{i}", "pd", tuple(args), rpc[i], http))
+    servers = []
+    for j in range(range_servers):
+        address = f"{host}:{base_port + RS_OFFSET + j}"
+        args = ["--listen", address, "--pd", ",".join(rpc), "--data-dir", str(data_dir / f"rs-{j}")]
+        servers.append(ChildSpec(f"rs-{j}", "rangeserver", tuple(args), address))
+    return ClusterPlan(host, data_dir, tuple(pds), tuple(servers))
+
+
+def restart_delay_s(failures: int) -> float:
+    """Backoff before restarting a child that died ``failures`` times in a row. Pure.
+
+    >>> [restart_delay_s(n) for n in (1, 2, 3, 6)]
+    [0.5, 1.0, 2.0, 10.0]
+    """
+    return min(RESTART_DELAY_S_MIN * 2.0 ** max(failures - 1, 0), RESTART_DELAY_S_MAX)
+
+
+# --- readiness probe (HTTP to the PD admin API) ---------------------------------------------
+
+
+def _get_json(url: str, timeout_s: float = 1.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - loopback
+        return json.loads(response.read().decode())
+
+
+def probe_ready(plan: ClusterPlan) -> str | None:
+    """None when the cluster is ready, else what it still waits for (one phrase)."""
+    leader: Any = None
+    for child in plan.pd:
+        try:
+            cluster = _get_json(f"http://{child.http}/v1/cluster")
+        except (OSError, ValueError):
+            return f"{child.name} admin API"
+        leader = leader or (cluster.get("leader") if isinstance(cluster, dict) else None)
+    if not leader or leader.get("id") is None:
+        return "a PD leader"
+    try:
+        listing = _get_json(f"{plan.admin_urls[0]}/v1/rangeservers")
+    except (OSError, ValueError):
+        return "the range server list"
+    alive = {s.get("address") for s in listing.get("rangeservers", []) if s.get("alive")}
+    missing = [c.name for c in plan.range_servers if c.address not in alive]
+    return f"range servers {', '.join(missing)} to register" if missing else None
+
+
+# --- the supervisor (side effects: processes, signals) --------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the supervisor dies (Linux prctl)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Child:
+    spec: ChildSpec
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart_at: float | None = None
+    log: IO[bytes] | None = field(default=None, repr=False)
+
+
+class Supervisor:
+    """Runs children, restarts the ones that die, stops them all on request."""
+
+    def __init__(
+        self,
+        children: Sequence[tuple[ChildSpec, list[str]]],
+        log_dir: Path,
+        *,
+        out: Callable[[str], None] = print,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
+    ) -> None:
+        self.children = [Child(spec, argv, log_dir / f"{spec.name}.log") for spec, argv in children]
+        self.out = out
+        self.stop_timeout_s = stop_timeout_s
+        self._stop = threading.Event()
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def pids(self) -> dict[str, int]:
+        return {c.spec.name: c.proc.pid for c in self.children if c.proc and c.proc.poll() is None}
+
+    def _start(self, child: Child) -> None:
+        if child.log is None or child.log.closed:
+            child.log = child.log_path.open("ab")
+        child.proc = subprocess.Popen(
+            child.argv,
+            stdout=child.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads fork here
+        )
+        child.started_at = time.monotonic()
+        child.restart_at = None
+
+    def start_all(self) -> None:
+        for child in self.children:
+            self._start(child)
+
+    def tick(self, now: float) -> None:
+        """Notice dead children, schedule and carry out their restarts."""
+        for child in self.children:
+            proc = child.proc
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._start(child)
+                    assert child.proc is not None
+                    self.out(f"restarted {child.spec.name} (pid {child.proc.pid})")
+                continue
+            if proc is None or proc.poll() is None:
+                continue
+            ran_s = now - child.started_at
+            child.failures = 1 if ran_s >= STABLE_RUN_S else child.failures + 1
+            delay = restart_delay_s(child.failures)
+            self.out(
+                f"{child.spec.name} (pid {proc.pid}) exited with code {proc.returncode} "
+                f"after {ran_s:.1f}s; restarting in {delay:.1f}s (log: {child.log_path})"
+            )
+            child.restart_at = now + delay
+
+    def run(self, on_poll: Callable[[], None] | None = None) -> None:
+        """Supervise until :meth:`request_stop`, then stop every child."""
+        try:
+            while not self._stop.wait(POLL_S):
+                self.tick(time.monotonic())
+                if on_poll is not None:
+                    on_poll()
+        finally:
+            self.stop_all()
+
+    def stop_all(self) -> None:
+        """SIGTERM every child, wait, SIGKILL those still alive after the timeout; reap."""
+        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for child in reversed(live):  # range servers first, then PD
+            assert child.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        for child in live:
+            assert child.proc is not None
+            try:
+                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                self.out(f"{child.spec.name} did not stop in {self.stop_timeout_s:.0f}s: SIGKILL")
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.kill()
+                child.proc.wait(timeout=10)
+        for child in self.children:
+            if child.log is not None:
+                child.log.close()
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="estream up",
+        description="Run a local estream cluster (PD nodes + range servers) in the foreground. "
+        "Ports from --base-port B: PD rpc B+i, raft B+10+i, admin http B+20+i; "
+        "range servers B+30+j. Ctrl-C stops every process; data persists in --data-dir.",
+    )
+    parser.add_argument("--data-dir", type=Path, default=Path("./estream-data"))
+    parser.add_argument("--pd-nodes", type=positive_int, default=3, help="odd, default 3")
+    parser.add_argument("--range-servers", type=positive_int, default=3)
+    parser.add_argument("--host", default="127.0.0.1", help="address every process binds")
+    parser.add_argument("--base-port", type=port_number, default=7100)
+    parser.add_argument(
+        "--ready-timeout", type=float, default=READY_TIMEOUT_S, help="seconds; then warn"
+    )
+    return one_line_errors(parser)
+
+
+@contextlib.contextmanager
+def _lock_data_dir(data_dir: Path) -> Any:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with (data_dir / ".up.lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PlanError(f"another `estream up` is running on {data_dir}") from None
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+
+
+def busy_addresses(plan: ClusterPlan) -> list[str]:
+    """The plan's listening addresses that something else holds right now."""
+    addresses = [c.address for c in plan.children] + [c.http for c in plan.pd if c.http]
+    addresses += [c.args[c.args.index("--raft") + 1] for c in plan.pd]
+    busy = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, int(port)))
+            except OSError:
+                busy.append(address)
+    return busy
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _banner(plan: ClusterPlan, elapsed_s: float) -> str:
+    admin = plan.admin_urls
+    return "\n".join(
+        [
+            f"estream cluster ready in {elapsed_s:.1f}s",
+            f"  PD addresses:  {plan.pd_addresses}",
+            f"  admin API:     {admin[0]}"
+            + (
+                f"  (also {', '.join(':' + a.rpartition(':')[2] for a in admin[1:])})"
+                if admin[1:]
+                else ""
+            ),
+            f"  range servers: {', '.join(c.address for c in plan.range_servers)}",
+            f"  data dir:      {plan.data_dir}   logs: {plan.data_dir / 'logs'}",
+            f"  try:           ESTREAM_PD={plan.pd_addresses} estream cluster status",
+            "Press Ctrl-C to stop.",
+        ]
+    )
+
+
+class _Readiness:
+    """Probes the cluster each poll (at most every 0.5 s) until ready; prints once."""
+
+    def __init__(self, plan: ClusterPlan, timeout_s: float) -> None:
+        self.plan = plan
+        self.started = time.monotonic()
+        self.timeout_s = timeout_s
+        self.ready = False
+        self.warned = False
+        self.next_probe = 0.0
+        self.last_report = self.started
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if self.ready or now < self.next_probe:
+            return
+        self.next_probe = now + 0.5
+        waiting = probe_ready(self.plan)
+        if waiting is None:
+            self.ready = True
+            _say(_banner(self.plan, now - self.started))
+        elif not self.warned and now - self.started > self.timeout_s:
+            self.warned = True
+            _say(f"still not ready after {self.timeout_s:.0f}s: waiting for {waiting}")
+        elif now - self.last_report >= READY_REPORT_S:
+            self.last_report = now
+            _say(f"waiting for {waiting} ({now - self.started:.0f}s)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host, ns.base_port)
+    except PlanError as exc:
+        parser.error(str(exc))
+    try:
+        with _lock_data_dir(plan.data_dir):
+            busy = busy_addresses(plan)
+            if busy:
+                raise PlanError(
+                    f"{busy[0]} is already in use (another cluster? try --base-port); "
+                    f"{len(busy)} of the cluster's addresses are taken"
+                )
+            return _run(plan, ns.ready_timeout)
+    except PlanError as exc:
+        print(f"estream up: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(plan: ClusterPlan, ready_timeout_s: float) -> int:
+    supervisor = Supervisor(
+        [(c, c.argv()) for c in plan.children], plan.data_dir / "logs", out=_say
+    )
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        supervisor.request_stop()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        pds, servers = len(plan.pd), len(plan.range_servers)
+        _say(
+            f"starting {pds} PD node{'s' * (pds > 1)} and {servers} range "
+            f"server{'s' * (servers > 1)} (data in {plan.data_dir})"
+        )
+        supervisor.start_all()
+        _say("pids: " + ", ".join(f"{n}={p}" for n, p in supervisor.pids().items()))
+        supervisor.run(on_poll=_Readiness(plan, ready_timeout_s))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    name = signal.Signals(received[0]).name if received else "request"
+    _say(f"stopped every process ({name})")
+    return 0
+
+
+__all__ = [
+    "ChildSpec",
+    "ClusterPlan",
+    "PlanError",
+    "Supervisor",
+    "build_parser",
+    "main",
+    "plan_cluster",
+    "probe_ready",
+    "restart_delay_s",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The placement-driver client: every PD opcode as a typed method, with failover.
+
+:class:`PDClient` talks to the PD nodes over the frame protocol (one shared connection per
+node through :class:`~estream.net.rpc.ConnectionPool`). It prefers the leader (learned from
+``PD_CLUSTER`` and remembered), so a read after a write sees that write; when a node fails
+it tries the others, retrying retriable errors (:class:`Unavailable`, :class:`Timeout`,
+:class:`NotLeader`, :class:`Overloaded`) with a short backoff until ``timeout_s``, then
+raises :class:`Unavailable` naming the addresses it tried. A read (describe, list,
+cluster) gives each node one second before trying the next: a hung node costs a second,
+not the whole budget.
+
+A write whose outcome is unknown (a timeout) may be retried: every PD command is
+idempotent or epoch-checked, and ``create_stream`` carries a request id so that our own
+create landing before a retry is not reported as :class:`StreamExists`.
+
+Side effects: sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from ssl import SSLContext
+from typing import Any, Final
+
+from estream.net.rpc import ConnectionPool, Header, parse_addresses
+from estream.wire.errors import Closed, EstreamError, NotLeader, Overloaded, Unavailable
+from estream.wire.meta import ServerInfo, StreamMeta
+from estream.wire.protocol import Opcode
+
+call_timeout_s_max: Final = 4.0  # one attempt (a PD commit gives up after 3 s)
+# One attempt of a read, answered from the node's memory: a node that does not answer in
+# a second is hung or overloaded, and another node can answer instead.
+read_timeout_s_max: Final = 1.0
+_READS: Final = frozenset({Opcode.PD_DESCRIBE_STREAM, Opcode.PD_LIST_STREAMS,
+                           Opcode.PD_LIST_SERVERS, Opcode.PD_CLUSTER})
+backoff_s_min: Final = 0.05
+backoff_s_max: Final = 0.5
+# Timeout is an Unavailable; Closed here means a shared connection was dropped under us.
+_RETRIABLE: Final = (Unavailable, NotLeader, Overloaded, Closed)
+
+
+class PDClient:
+    """A client of the placement driver (any number of nodes)."""
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        timeout_s: float = 5.0,
+        pool: ConnectionPool | None = None,
+        ssl: SSLContext | None = None,
+        token: str | None = None,
+    ) -> None:
+        """``ssl``/``token``: TLS and the AUTH token of the pool created here (see
+        :mod:`estream.net.security`); ignored when a ``pool`` is given."""
+        self.addresses = (
+            parse_addresses(addresses) if isinstance(addresses, str)
+            else parse_addresses(",".join(addresses))
+        )
+        self.timeout_s = timeout_s
+        self._pool = pool if pool is not None else ConnectionPool(ssl=ssl, token=token)
+        self._own_pool = pool is None
+        self._preferred: str | None = None
+        self._leader_checked = False
+        self._closed = False
+
+    # -- transport ---------------------------------------------------------------------
+    def _order(self) -> list[str]:
+        first = self._preferred
+        rest = [a for a in self.addresses if a != first]
+        return ([first] if first else []) + rest
+
+    async def call(self, opcode: Opcode, header: Header | None = None) -> Header:
+        """Send one request to the best PD node, failing over and retrying until timeout."""
+        if self._closed:
+            raise Closed("the PD client is closed")
+        deadline = time.monotonic() + self.timeout_s
+        if not self._leader_checked and opcode != Opcode.PD_CLUSTER:
+            await self._find_leader(deadline)
+        backoff = backoff_s_min
+        attempt_s_max = read_timeout_s_max if opcode in _READS else call_timeout_s_max
+        last: EstreamError | None = None
+        while True:
+            for address in self._order():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    body, _ = await self._pool.call(
+                        address, opcode, header or {},
+                        timeout_s=min(remaining, attempt_s_max))
+                except _RETRIABLE as exc:
+                    last = exc
+                    if isinstance(exc, Unavailable):
+                        self._pool.discard(address)
+                    if self._preferred == address:
+                        self._preferred = None
+                        self._leader_checked = False
+                    continue
+                if self._preferred is None:
+                    self._preferred = address
+                return body
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Unavailable(
+                    f"no placement-driver node answered within {self.timeout_s}s "
+                    f"(tried {', '.join(self.addresses)}); last error: "
+                    f"{last.message if last else 'none'}"
+                )
+            await asyncio.sleep(min(backoff, remaining))
+            backoff = min(backoff * 2, backoff_s_max)
+
+    async def _find_leader(self, deadline: float) -> None:
+        """Point ``_preferred`` at the leader's RPC address when a node can name it."""
+        self._leader_checked = True  # once per failover, not on every call
+        for address in self.addresses:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                body, _ = await self._pool.call(
+                    address, Opcode.PD_CLUSTER, {},
+                    timeout_s=min(remaining, read_timeout_s_max))
+            except EstreamError:
+                continue
+            leader = body.get("leader") or {}
+            leader_address = leader.get("address") if isinstance(leader, dict) else None
+            if leader_address in self.addresses:
+                self._preferred = leader_address
+                return
+            if leader_address is None and leader:
+                self._preferred = address  # a leader exists but is not yet registered
+            return
+
+    # -- streams -----------------------------------------------------------------------
+    async def create_stream(
+        self,
+        name: str,
+        replicas: int = 3,
+        ack_count: int = 2,
+        type: str = "",
+        hints: Sequence[str] = (),
+    ) -> StreamMeta:
+        body = await self.call(Opcode.PD_CREATE_STREAM, {
+            "name": name, "replicas": replicas, "ack_count": ack_count, "type": type,
+            "hints": list(hints), "request_id": uuid.uuid4().hex,
+        })
+        return StreamMeta.from_dict(body["stream"])
+
+    async def describe_stream(self, name: str) -> StreamMeta:
+        body = await self.call(Opcode.PD_DESCRIBE_STREAM, {"name": name})
+        return StreamMeta.from_dict(body["stream"])
+
+    async def list_streams(self) -> list[StreamMeta]:
+        body = await self.call(Opcode.PD_LIST_STREAMS, {})
+        return [StreamMeta.from_dict(s) for s in body["streams"]]
+
+    async def delete_stream(self, name: str) -> None:
+        await self.call(Opcode.PD_DELETE_STREAM, {"name": name})
+
+    async def open_writer(self, name: str) -> StreamMeta:
+        """A new epoch for ``name`` (fences every earlier writer)."""
+        body = await self.call(Opcode.PD_OPEN_WRITER, {"name": name})
+        return StreamMeta.from_dict(body["stream"])
+
+    async def keepalive_writer(self, name: str, epoch: int) -> None:
+        """Keep the writer lease of ``name`` at ``epoch`` alive (the PD leader recovers the
+        open range of a stream whose writer stopped sending this). Raises ``Fenced`` when
+        a newer epoch exists, ``StreamNotFound`` for a deleted stream."""
+        await self.call(Opcode.PD_WRITER_KEEPALIVE, {"name": name, "epoch": epoch})
+
+    async def seal_range(
+        self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
+    ) -> StreamMeta:
+        """Seal range ``range_index`` at ``end`` and open the next (avoiding ``exclude``)."""
+        body = await self.call(Opcode.PD_SEAL_RANGE, {
+            "name": name, "epoch": epoch, "range_index": range_index, "end": end,
+            "exclude": list(exclude),
+        })
+        return StreamMeta.from_dict(body["stream"])
+
+    async def trim_stream(self, name: str, start_offset: int) -> StreamMeta:
+        body = await self.call(Opcode.PD_TRIM_STREAM, {"name": name, "start_offset": start_offset})
+        return StreamMeta.from_dict(body["stream"])
+
+    async def update_replicas(
+        self, name: str, range_index: int, replica_ids: Sequence[str],
+        expected: Sequence[str] = (),
+    ) -> StreamMeta:
+        header: dict[str, Any] = {
+            "name": name, "range_index": range_index, "replicas": list(replica_ids)}
+        if expected:
+            header["expected"] = list(expected)  # compare-and-set (repair)
+        body = await self.call(Opcode.PD_UPDATE_REPLICAS, header)
+        return StreamMeta.from_dict(body["stream"])
+
+    # -- servers and cluster -----------------------------------------------------------
+    async def list_servers(self) -> list[ServerInfo]:
+        body = await self.call(Opcode.PD_LIST_SERVERS, {})
+        return [ServerInfo.from_dict(s) for s in body["servers"]]
+
+    async def cluster(self) -> dict[str, Any]:
+        return await self.call(Opcode.PD_CLUSTER, {})
+
+    async def register_server(
+        self, server_id: str, address: str, storage_class: str = "ssd"
+    ) -> ServerInfo:
+        body = await self.call(Opcode.PD_REGISTER_SERVER, {
+            "server_id": server_id, "address": address, "storage_class": storage_class})
+        return ServerInfo.from_dict(body["server"])
+
+    async def heartbeat(
+        self, server_id: str, address: str, load: dict[str, Any], *, timeout_s: float = 1.0
+    ) -> tuple[int, int]:
+        """Send one heartbeat to EVERY PD node (each keeps its own liveness view).
+
+        Returns ``(answered, registered)``: how many nodes answered, and how many of them
+        know the server as registered. Never raises for unreachable nodes.
+        """
+        header = {"server_id": server_id, "address": address, "load": load}
+
+        async def one(node: str) -> bool | None:
+            try:
+                body, _ = await self._pool.call(node, Opcode.PD_HEARTBEAT, header,
+                                                timeout_s=timeout_s)
+            except EstreamError as exc:
+                if isinstance(exc, Unavailable):
+                    self._pool.discard(node)
+                return None
+            return bool(body.get("registered", True))
+
+        answers = await asyncio.gather(*(one(a) for a in self.addresses))
+        answered = [a for a in answers if a is not None]
+        return len(answered), sum(1 for a in answered if a)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._own_pool:
+            await self._pool.close()
+
+    async def __aenter__(self) -> PDClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,691 @@
+"""Asyncio transport for the frame protocol: a multiplexed client and a dispatching server.
+
+This is the thin shell around :mod:`estream.wire.protocol`: bytes in, ``FrameDecoder.feed``,
+dispatch by opcode (server) or by request id (client), encoded frames out. It decides
+nothing about storage or placement.
+
+- :class:`RpcClient`: one TCP connection, many requests in flight, responses matched by
+  request id in any order, a timeout on every wait, error frames raised as the same
+  typed :class:`~estream.wire.errors.EstreamError` the server raised.
+- :class:`RpcServer`: one task per request (answers go out in completion order), the
+  bytes of requests being served per connection bounded (reading pauses past the limit),
+  a malformed frame answered with a typed error before the connection is closed. A
+  *quick* handler (the range server's APPEND) runs at once as frames are decoded and
+  returns the future to wait for: its answer goes out from that future's callback, with
+  no task and no coroutine per request.
+- :class:`ConnectionPool`: one shared connection per address, reconnected on demand.
+
+Side effects: sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from contextvars import ContextVar
+from ssl import SSLContext
+from typing import Any, cast
+
+from estream.net.security import has_verified_peer_cert, token_matches
+from estream.wire import limits
+from estream.wire.errors import (
+    Closed,
+    EstreamError,
+    InvalidArgument,
+    MalformedFrame,
+    Timeout,
+    Unauthenticated,
+    Unavailable,
+    UnsupportedOpcode,
+    from_wire,
+)
+from estream.wire.protocol import (
+    Frame,
+    FrameDecoder,
+    FrameFlags,
+    Opcode,
+    encode_error,
+    encode_frame,
+    parse_address,
+    parse_addresses,
+)
+
+log = logging.getLogger(__name__)
+tls_close_wait_s = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
+
+Header = dict[str, Any]
+Answer = tuple[Header | None, bytes]
+Handler = Callable[[Header, bytes], Awaitable[Answer]]
+# A quick handler: (the future to wait for, or None; what to answer once it is done).
+QuickHandler = Callable[[Header, bytes], tuple["asyncio.Future[Any] | None", Callable[[], Answer]]]
+
+
+class _ClientProtocol(asyncio.BufferedProtocol):
+    """Receives into the decoder's buffers: a large answer (READ) lands straight in a
+    buffer of its own and is handed on as a view, with no copy on the client's side."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder(direct_bytes_min=limits.frame_direct_bytes_min)
+        self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self.closed_error: EstreamError | None = None
+        self.lost = asyncio.Event()
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self.decoder.buffer_updated(nbytes)
+        except EstreamError as exc:
+            self._fail_all(exc)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for frame in frames:
+            future = self.pending.pop(frame.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(frame)
+        if self.decoder.error is not None:
+            self._fail_all(self.decoder.error)
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(Unavailable(f"connection to {self.address} lost", address=self.address))
+        self._can_write.set()
+        self.lost.set()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    async def wait_writable(self) -> None:
+        await self._can_write.wait()
+
+    def _fail_all(self, error: EstreamError) -> None:
+        if self.closed_error is None:
+            self.closed_error = error
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+
+def _expire(future: asyncio.Future[Frame]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+class RpcClient:
+    """One multiplexed connection to an estream server."""
+
+    def __init__(self, address: str, protocol: _ClientProtocol) -> None:
+        self.address = address
+        self._protocol = protocol
+        self._ids = itertools.count(1)
+        self._tls = False
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str,
+        *,
+        timeout_s: float = limits.connect_timeout_ms / 1000,
+        ssl: SSLContext | None = None,
+        token: str | None = None,
+    ) -> RpcClient:
+        """Connect (over TLS with ``ssl``); with ``token``, authenticate (AUTH) first.
+
+        A refused TLS handshake raises :class:`Unavailable`; a refused token
+        :class:`Unauthenticated` (the connection is closed).
+        """
+        host, port = parse_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientProtocol(address), host, port, ssl=ssl),
+                timeout_s,
+            )
+        except TimeoutError:
+            raise Timeout(f"connecting to {address} timed out", address=address) from None
+        except OSError as exc:
+            raise Unavailable(f"cannot connect to {address}: {exc}", address=address) from None
+        client = cls(address, protocol)
+        client._tls = ssl is not None
+        if token is not None:
+            try:
+                await client.call(Opcode.AUTH, {"token": token}, timeout_s=timeout_s)
+            except EstreamError:
+                await client.close()
+                raise
+        return client
+
+    @property
+    def closed(self) -> bool:
+        return self._protocol.closed_error is not None or self._protocol.transport is None
+
+    async def call(
+        self,
+        opcode: int,
+        header: Header | None = None,
+        payload: bytes | memoryview = b"",
+        *,
+        timeout_s: float = limits.request_timeout_ms / 1000,
+    ) -> tuple[Header, bytes | memoryview]:
+        """Send a request and wait for its response: ``(header, payload)``; a large
+        payload is a read-only view (see :class:`FrameDecoder`'s direct mode).
+
+        Raises the server's typed error, :class:`Unavailable` when the connection fails, or
+        :class:`Timeout` (outcome unknown) after ``timeout_s``.
+        """
+        protocol = self._protocol
+        if protocol.closed_error is not None:
+            raise protocol.closed_error
+        transport = protocol.transport
+        assert transport is not None
+        request_id = next(self._ids)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Frame] = loop.create_future()
+        protocol.pending[request_id] = future
+        # A timer fails the future itself: ``asyncio.wait_for`` would add a future and a
+        # callback hop through the event loop to every answer.
+        timer = loop.call_later(timeout_s, _expire, future)
+        try:
+            # Write first, then wait for the buffer to drain: waiting before writing would
+            # let a later call overtake callers woken by resume_writing (reordering).
+            transport.writelines(encode_frame(opcode, request_id, header, payload))
+            await protocol.wait_writable()
+            frame = await future
+        except TimeoutError:
+            raise Timeout(
+                f"request {opcode} to {self.address} timed out after {timeout_s}s",
+                address=self.address,
+            ) from None
+        finally:
+            timer.cancel()
+            protocol.pending.pop(request_id, None)
+        body = frame.header()
+        if frame.is_error:
+            raise from_wire(body.get("error"))
+        return body, frame.payload
+
+    async def close(self) -> None:
+        transport = self._protocol.transport
+        self._protocol._fail_all(Closed(f"connection to {self.address} closed"))
+        if transport is not None and not transport.is_closing():
+            transport.close()
+        if self._tls and transport is not None:  # let the TLS shutdown finish (bounded)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._protocol.lost.wait(), tls_close_wait_s)
+
+
+class ConnectionPool:
+    """One shared :class:`RpcClient` per address, reconnected when it has failed."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = limits.connect_timeout_ms / 1000,
+        ssl: SSLContext | None = None,
+        token: str | None = None,
+    ) -> None:
+        self._clients: dict[str, RpcClient] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._connect_timeout_s = connect_timeout_s
+        self._ssl = ssl
+        self._token = token
+        self._closed = False
+
+    async def get(self, address: str) -> RpcClient:
+        if self._closed:
+            raise Closed("connection pool is closed")
+        client = self._clients.get(address)
+        if client is not None and not client.closed:
+            return client
+        lock = self._locks.setdefault(address, asyncio.Lock())
+        async with lock:
+            client = self._clients.get(address)
+            if client is None or client.closed:
+                client = await RpcClient.connect(
+                    address, timeout_s=self._connect_timeout_s, ssl=self._ssl, token=self._token
+                )
+                self._clients[address] = client
+            return client
+
+    async def call(
+        self,
+        address: str,
+        opcode: int,
+        header: Header | None = None,
+        payload: bytes | memoryview = b"",
+        *,
+        timeout_s: float = limits.request_timeout_ms / 1000,
+    ) -> tuple[Header, bytes | memoryview]:
+        client = await self.get(address)
+        return await client.call(opcode, header, payload, timeout_s=timeout_s)
+
+    def discard(self, address: str) -> None:
+        """Forget (and close) the connection to ``address``, e.g. after a timeout."""
+        client = self._clients.pop(address, None)
+        if client is not None:
+            asyncio.ensure_future(client.close())
+
+    async def close(self) -> None:
+        self._closed = True
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.close()
+
+
+_serving: ContextVar[_ServerProtocol | None] = ContextVar("estream_rpc_serving", default=None)
+_granted: ContextVar[int] = ContextVar("estream_rpc_granted", default=0)
+_answer_poll_s = 0.01  # how often a waiting answer re-checks buffers that drain silently
+
+
+async def answer_allowance(wanted: int) -> int:
+    """Bytes a handler may put in its answer now (at most ``wanted``), for handlers whose
+    answers are large (READ). Call it after any long poll, before loading data.
+
+    While the peer does not read its earlier answers, this waits: the unsent and granted
+    answer bytes stay within ``answer_bytes_max`` per connection and
+    ``server_answer_bytes_max`` per server, so stalled consumers cannot grow the server's
+    memory; a consumer that stopped reading is disconnected once it holds the server's
+    budget (see :meth:`RpcServer.evict_stalled`). Outside a server request it grants
+    ``wanted``.
+    """
+    connection = _serving.get()
+    if connection is None:
+        return wanted
+    return await connection.reserve_answer(wanted)
+
+
+class _ServerProtocol(asyncio.Protocol):
+    def __init__(self, server: RpcServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder()
+        self.inflight_bytes = 0
+        self.paused = False
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.tasks: set[asyncio.Future[Any]] = set()  # requests being served
+        self.reserved_bytes = 0  # answer bytes granted and not yet written
+        self.held_bytes = 0  # answer bytes written and not yet wholly sent
+        self.room = asyncio.Event()
+        self._unsent_seen = 0
+        self._progress_at = 0.0
+        self.authenticated = not server.tokens  # without tokens every connection is served
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.transport.set_write_buffer_limits(high=self.server.write_buffer_bytes_max)
+        if not self.authenticated and has_verified_peer_cert(self.transport):
+            self.authenticated = True  # a cluster member: its certificate verified (mTLS)
+        self.server._connections.add(self)
+
+    def pause_writing(self) -> None:
+        # The peer is not reading its answers: stop taking requests and producing answers.
+        self.writable.clear()
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+        self.room.set()
+        self._update_reading()
+
+    async def reserve_answer(self, wanted: int) -> int:
+        """See :func:`answer_allowance`."""
+        smallest = min(wanted, limits.answer_grant_bytes_min)
+        while True:
+            transport = self.transport
+            if transport is None or transport.is_closing():
+                raise Closed("connection closed")
+            room = min(
+                self.server.answer_bytes_max - self.answer_bytes(),
+                self.server.answer_room(),
+            )
+            if self.writable.is_set() and room >= smallest:
+                grant = min(wanted, room)
+                self.reserved_bytes += grant
+                self.server.reserved_bytes += grant
+                _granted.set(_granted.get() + grant)
+                return grant
+            if self.writable.is_set():
+                self.server.evict_stalled(now=asyncio.get_running_loop().time())
+            self.room.clear()
+            try:
+                await asyncio.wait_for(self.room.wait(), _answer_poll_s)
+            except TimeoutError:
+                pass
+
+    def answer_bytes(self) -> int:
+        """Answer bytes granted, or written and not yet wholly sent, on this connection.
+
+        A partly sent answer stays alive whole in the transport (it keeps a view of it)
+        while ``get_write_buffer_size`` reports only its unsent tail, so written answers
+        count in full until the buffer is seen empty.
+        """
+        return self._held_bytes() + self.reserved_bytes
+
+    def _held_bytes(self) -> int:
+        transport = self.transport
+        if transport is None or transport.get_write_buffer_size() == 0:
+            self.held_bytes = 0
+        return self.held_bytes
+
+    def stalled_since(self, now: float) -> float | None:
+        """When this connection's unsent answers last shrank (None: nothing unsent)."""
+        unsent = 0 if self.transport is None else self.transport.get_write_buffer_size()
+        if unsent == 0:
+            self._unsent_seen, self._progress_at = 0, now
+            return None
+        if unsent < self._unsent_seen or self._unsent_seen == 0:
+            self._progress_at = now
+        self._unsent_seen = unsent
+        return self._progress_at
+
+    def _release_answer(self) -> None:
+        granted = _granted.get()
+        if granted:
+            self.reserved_bytes -= granted
+            self.server.reserved_bytes -= granted
+            _granted.set(0)
+            self.room.set()
+
+    def _update_reading(self) -> None:
+        """Read only while the requests being served and the unsent answers are bounded."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        should_pause = (
+            self.inflight_bytes > self.server.inflight_bytes_max or not self.writable.is_set()
+        )
+        if should_pause and not self.paused:
+            self.paused = True
+            transport.pause_reading()
+        elif self.paused and not should_pause and (
+            self.inflight_bytes <= self.server.inflight_bytes_max // 2
+        ):
+            self.paused = False
+            transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._connections.discard(self)
+        for task in self.tasks:
+            task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except EstreamError as exc:
+            self._close_on_bad_prefix(exc)
+            return
+        for frame in frames:
+            if frame.is_response:
+                continue  # servers take requests only; a stray response is dropped
+            if frame.opcode == Opcode.AUTH or not self.authenticated:
+                if self._authenticate(frame):
+                    continue
+                return  # a refused token: the connection is closing
+            size = len(frame.header_bytes) + len(frame.payload)
+            self.inflight_bytes += size
+            quick = self.server.quick_handlers.get(frame.opcode)
+            if quick is not None and self.writable.is_set():
+                self._serve_quick(quick, frame, size)
+                continue
+            task = asyncio.ensure_future(self._serve(frame, size))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        if self.decoder.error is not None:
+            self._close_on_bad_prefix(self.decoder.error)
+            return
+        self._update_reading()
+
+    def _close_on_bad_prefix(self, error: EstreamError) -> None:
+        """The byte stream cannot be resynchronised: stop reading, answer the requests
+        already taken, then the error, then close."""
+        assert self.transport is not None
+        self.transport.pause_reading()
+        asyncio.ensure_future(self._close_after_serving(error))
+
+    def _authenticate(self, frame: Frame) -> bool:
+        """Answer AUTH, or refuse a request before authentication; False: closing."""
+        if frame.opcode != Opcode.AUTH:
+            error = Unauthenticated(
+                "not authenticated: send AUTH with a token first, or connect with a client "
+                "certificate signed by the cluster CA"
+            )
+            self._reply(encode_error(frame.opcode, frame.request_id, error))
+            return True
+        try:
+            token = frame.header().get("token")
+        except EstreamError:
+            token = None
+        if not self.server.tokens or token_matches(self.server.tokens, token):
+            self.authenticated = True
+            self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
+            return True
+        self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated("bad token")))
+        assert self.transport is not None
+        self.transport.close()
+        return False
+
+    async def _close_after_serving(self, error: EstreamError) -> None:
+        """Answer the requests decoded before a bad prefix, then the error, then close."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks))
+        self._reply(encode_error(0, 0, error))
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _serve(self, frame: Frame, size: int) -> None:
+        _serving.set(self)
+        try:
+            if not self.writable.is_set():
+                await self.writable.wait()  # answers wait until the peer reads earlier ones
+            handler = self.server.handlers.get(frame.opcode)
+            if handler is None:
+                raise UnsupportedOpcode(f"unsupported opcode {frame.opcode}", opcode=frame.opcode)
+            assert isinstance(frame.payload, bytes)  # the server's decoder has no direct mode
+            header, payload = await handler(frame.header(), frame.payload)
+            out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            out = self._encode_failure(frame, exc)
+        finally:
+            self._served(size)
+        self._reply(out)
+        self._release_answer()
+
+    def _serve_quick(self, quick: QuickHandler, frame: Frame, size: int) -> None:
+        """Start a quick handler now; answer now or from its future's callback."""
+        try:
+            assert isinstance(frame.payload, bytes)
+            pending, answer = quick(frame.header(), frame.payload)
+        except Exception as exc:
+            self._served(size)
+            self._reply(self._encode_failure(frame, exc))
+            return
+        if pending is None:
+            self._answer_quick(frame, size, answer, None)
+            return
+        self.tasks.add(pending)
+        pending.add_done_callback(
+            lambda done: self._answer_quick(frame, size, answer, done)
+        )
+
+    def _answer_quick(
+        self,
+        frame: Frame,
+        size: int,
+        answer: Callable[[], Answer],
+        done: asyncio.Future[Any] | None,
+    ) -> None:
+        if done is not None:
+            self.tasks.discard(done)
+            if done.cancelled():  # the connection is gone
+                self._served(size)
+                return
+        try:
+            if done is not None and done.exception() is not None:
+                raise cast(BaseException, done.exception())
+            header, payload = answer()
+            out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
+        except Exception as exc:
+            out = self._encode_failure(frame, exc)
+        self._served(size)
+        self._reply(out)
+
+    def _encode_failure(self, frame: Frame, exc: Exception) -> list[bytes | memoryview]:
+        """A typed error answers itself; anything else is logged and answered as an
+        internal error (the server keeps serving)."""
+        if isinstance(exc, EstreamError):
+            return encode_error(frame.opcode, frame.request_id, exc)
+        log.error(
+            "%s: handler for opcode %s failed", self.server.name, frame.opcode, exc_info=exc
+        )
+        return encode_error(frame.opcode, frame.request_id, EstreamError("internal server error"))
+
+    def _served(self, size: int) -> None:
+        self.inflight_bytes -= size
+        self._update_reading()
+
+    def _reply(self, parts: list[bytes | memoryview]) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(parts)
+            if transport.get_write_buffer_size():
+                self.held_bytes += sum(len(part) for part in parts)
+
+
+class RpcServer:
+    """Serves frames on one TCP port by dispatching each request to a handler by opcode.
+
+    A handler takes ``(header, payload)`` and returns ``(header, payload)``; raising an
+    :class:`EstreamError` answers that error; any other exception answers a generic error
+    and is logged. The server keeps serving every other request and connection.
+    ``quick_handlers`` are plain functions returning ``(future or None, answer)``: run as
+    the frame is decoded, answered (``answer()``) once the future completes, with the same
+    error handling; a connection whose peer is not reading its answers takes the task path.
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[int, Handler],
+        *,
+        quick_handlers: Mapping[int, QuickHandler] | None = None,
+        name: str = "estream",
+        inflight_bytes_max: int = limits.connection_inflight_bytes_max,
+        write_buffer_bytes_max: int = limits.connection_write_buffer_bytes_max,
+        answer_bytes_max: int = limits.connection_answer_bytes_max,
+        server_answer_bytes_max: int = limits.server_answer_bytes_max,
+        stalled_ms_max: int = limits.connection_stalled_ms_max,
+        ssl: SSLContext | None = None,
+        tokens: Collection[str] = (),
+    ) -> None:
+        """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
+        (AUTH with one of them, or a client certificate verified by ``ssl``'s CA)."""
+        self.handlers = dict(handlers)
+        self.quick_handlers = dict(quick_handlers or {})
+        self.ssl = ssl
+        self.tokens = frozenset(tokens)
+        self.name = name
+        self.inflight_bytes_max = inflight_bytes_max
+        self.write_buffer_bytes_max = write_buffer_bytes_max
+        self.answer_bytes_max = answer_bytes_max
+        self.server_answer_bytes_max = server_answer_bytes_max
+        self.stalled_ms_max = stalled_ms_max
+        self.reserved_bytes = 0  # answer bytes granted on every connection
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[_ServerProtocol] = set()
+        self.address = ""
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen on ``host:port`` (port 0 picks a free one); returns the bound address."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerProtocol(self), host, port, reuse_address=True, ssl=self.ssl
+        )
+        bound = self._server.sockets[0].getsockname()
+        self.address = f"{bound[0]}:{bound[1]}"
+        return self.address
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    def answer_room(self) -> int:
+        """Answer bytes the whole server may still grant (unsent + granted is bounded)."""
+        held = sum(c._held_bytes() for c in self._connections)
+        return self.server_answer_bytes_max - held - self.reserved_bytes
+
+    def evict_stalled(self, now: float) -> None:
+        """Disconnect consumers whose unsent answers made no progress for
+        ``stalled_ms_max``: one that stopped reading must not hold the answer budget."""
+        for connection in list(self._connections):
+            since = connection.stalled_since(now)
+            if since is not None and (now - since) * 1000 > self.stalled_ms_max:
+                log.warning("%s: disconnecting a consumer that stopped reading", self.name)
+                if connection.transport is not None:
+                    connection.transport.abort()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections):
+            if connection.transport is not None:
+                connection.transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+def require(header: Header, name: str, kind: type | tuple[type, ...]) -> Any:
+    """Fetch a required header field of the given type, or raise :class:`InvalidArgument`.
+
+    ``bool`` is never accepted where ``int`` is asked for.
+    """
+    if name not in header:
+        raise InvalidArgument(f"missing field {name!r}", argument=name)
+    value = header[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise InvalidArgument(f"field {name!r} has the wrong type", argument=name)
+    return value
+
+
+def optional(header: Header, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    """Like :func:`require`, but ``default`` when the field is absent or None."""
+    if header.get(name) is None:
+        return default
+    return require(header, name, kind)
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+__all__ = [
+    "ConnectionPool",
+    "answer_allowance",
+    "Handler",
+    "Header",
+    "MalformedFrame",
+    "RpcClient",
+    "RpcServer",
+    "optional",
+    "parse_address",
+    "parse_addresses",
+    "require",
+]

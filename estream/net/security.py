@@ -1,0 +1,277 @@
+"""Transport security settings: TLS contexts, token checks, the Raft secret's defaults.
+
+One frozen :class:`SecurityConfig` describes what a process offers and expects:
+
+- **TLS** (``tls_cert`` + ``tls_key``, ``tls_ca``): a server with a certificate serves
+  TLS 1.2+ only. With a CA it also asks clients for a certificate and verifies any one
+  presented against that CA (a certificate from another CA fails the handshake); with
+  ``require_client_cert`` a connection without one is refused (mutual TLS for everyone).
+  A client verifies the server against ``tls_ca`` (or the system store) with hostname
+  checking ON: an address given as an IP must be in the certificate's IP SANs.
+- **Tokens** (``tokens``): a server with tokens serves a connection only once it has
+  authenticated, either by presenting a client certificate verified against the CA (a
+  cluster member) or with an ``AUTH`` frame carrying one of the tokens. ``token`` is the
+  one a process presents as a client (cluster members: the first line of their token file).
+
+:func:`server_context`, :func:`client_context` build :class:`ssl.SSLContext` objects (they
+read the certificate files); everything else here is pure. Tokens are compared with
+:func:`hmac.compare_digest`.
+
+Side effects: :func:`server_context`, :func:`client_context` and :func:`load_token_file`
+read files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import secrets
+import ssl
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from estream.wire.errors import InvalidArgument
+
+TLS_MIN_VERSION: Final = ssl.TLSVersion.TLSv1_2
+token_bytes_max: Final = 4096  # a longer AUTH token is refused before it is compared
+DEV_RAFT_PASSWORD: Final = "estream-dev-secret"  # public: loopback development only
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """What one process offers (as a server) and presents (as a client)."""
+
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    require_client_cert: bool = False
+    tokens: frozenset[str] = frozenset()
+    token: str | None = None
+    protect_reads: bool = False  # admin API: reads need a token too (healthz stays open)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("--tls-cert and --tls-key go together", argument="tls_cert")
+        if self.require_client_cert and (self.tls_ca is None or self.tls_cert is None):
+            raise InvalidArgument(
+                "--tls-require-client-cert needs --tls-cert, --tls-key and --tls-ca",
+                argument="tls_require_client_cert")
+
+    def __repr__(self) -> str:  # never print tokens
+        return (f"SecurityConfig(tls_cert={self.tls_cert!r}, tls_ca={self.tls_ca!r}, "
+                f"require_client_cert={self.require_client_cert}, "
+                f"tokens={len(self.tokens)}, token={'***' if self.token else None})")
+
+
+# --- tokens (pure) ----------------------------------------------------------------------
+
+
+def parse_tokens(text: str) -> tuple[str, ...]:
+    """Tokens from a token file's text: one per line; blank lines and ``#`` comments skipped.
+
+    >>> parse_tokens("# cluster\\nabc\\n\\n  def  \\n")
+    ('abc', 'def')
+    """
+    out = []
+    for line in text.splitlines():
+        token = line.strip()
+        if token and not token.startswith("#"):
+            out.append(token)
+    return tuple(out)
+
+
+def token_matches(tokens: Collection[str], presented: object) -> bool:
+    """Whether ``presented`` is one of ``tokens``, in time independent of where they differ.
+
+    Every token is compared (no early exit on a match), so timing tells nothing about
+    which one matched or how much of one did.
+    """
+    if not isinstance(presented, str) or not presented or len(presented) > token_bytes_max:
+        return False
+    given = presented.encode()
+    matched = False
+    for token in tokens:
+        matched |= hmac.compare_digest(token.encode(), given)
+    return matched
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``host:port`` names a loopback address (127.0.0.0/8, ::1, localhost)."""
+    host = address.rpartition(":")[0].strip("[]") or address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def raft_password(configured: str | None, self_address: str,
+                  peers: Iterable[str]) -> tuple[str, str]:
+    """The Raft shared secret to use and why: ``(password, source)``.
+
+    A configured secret wins. Without one, a one-node cluster gets a fresh random secret
+    (no peer needs to know it, and the Raft port then refuses everyone); a multi-node
+    cluster falls back to the public development secret, which authenticates nothing
+    (``source`` says whether every Raft address is loopback, so the caller can warn).
+    """
+    if configured:
+        return configured, "configured"
+    peer_list = list(peers)
+    if not peer_list:
+        return secrets.token_urlsafe(32), "generated"
+    if all(is_loopback(a) for a in [self_address, *peer_list]):
+        return DEV_RAFT_PASSWORD, "development-loopback"
+    return DEV_RAFT_PASSWORD, "development-exposed"
+
+
+# --- TLS contexts (read the certificate files) ------------------------------------------
+
+
+def server_context(config: SecurityConfig) -> ssl.SSLContext | None:
+    """The server side's TLS context, or None without a certificate (plain TCP)."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLS_MIN_VERSION
+    _load(context.load_cert_chain, config.tls_cert, config.tls_key)
+    if config.tls_ca is not None:
+        _load(context.load_verify_locations, config.tls_ca)
+        context.verify_mode = (ssl.CERT_REQUIRED if config.require_client_cert
+                               else ssl.CERT_OPTIONAL)
+    return context
+
+
+def client_context(
+    *, tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+    tls: bool = False,
+) -> ssl.SSLContext | None:
+    """The client side's TLS context, or None when no TLS setting is given.
+
+    ``tls_ca`` verifies the server (the system store without it; ``tls=True`` asks for TLS
+    with the system store only); ``tls_cert``/``tls_key`` is the client certificate a
+    cluster member presents. Hostname (or IP SAN) checking stays on.
+    """
+    if tls_ca is None and tls_cert is None and not tls:
+        return None
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidArgument("tls_cert and tls_key go together", argument="tls_cert")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, check_hostname
+    context.minimum_version = TLS_MIN_VERSION
+    if tls_ca is not None:
+        _load(context.load_verify_locations, tls_ca)
+    else:
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if tls_cert is not None:
+        _load(context.load_cert_chain, tls_cert, tls_key)
+    return context
+
+
+def member_client_context(config: SecurityConfig) -> ssl.SSLContext | None:
+    """The context a cluster member (a range server calling PD) connects with.
+
+    A member that serves plain TCP calls plain TCP too (a cluster is TLS or not), so a
+    stray ``ESTREAM_TLS_CA`` in the environment does not make it speak TLS to plain peers.
+    """
+    if config.tls_cert is None:
+        return None
+    return client_context(tls_ca=config.tls_ca, tls_cert=config.tls_cert,
+                          tls_key=config.tls_key)
+
+
+def has_verified_peer_cert(transport: Any) -> bool:
+    """Whether the TLS peer presented a certificate that verified against our CA."""
+    try:
+        return bool(transport.get_extra_info("peercert"))
+    except (AttributeError, ssl.SSLError):
+        return False
+
+
+def _load(method: Any, *paths: str | None) -> None:
+    try:
+        method(*paths)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidArgument(f"cannot load TLS file {paths[0]}: {exc}",
+                              argument="tls") from None
+
+
+def load_token_file(path: str | Path) -> tuple[str, ...]:
+    """The tokens of a token file (see :func:`parse_tokens`); InvalidArgument if unusable."""
+    try:
+        tokens = parse_tokens(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"cannot read token file {path}: {exc}",
+                              argument="token_file") from None
+    if not tokens:
+        raise InvalidArgument(f"token file {path} holds no token", argument="token_file")
+    return tokens
+
+
+# --- command-line options shared by `estream pd` and `estream rangeserver` ---------------
+
+
+def add_server_options(parser: argparse.ArgumentParser, *, admin: bool = False) -> None:
+    """Add --tls-cert, --tls-key, --tls-ca, --tls-require-client-cert, --token-file."""
+    parser.add_argument("--tls-cert", default=None, metavar="PEM",
+                        help="serve TLS with this certificate (chain); also the member cert")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="its private key")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM",
+                        help="CA that signs cluster members' certificates (verifies peers)")
+    parser.add_argument("--tls-require-client-cert", action="store_true", default=False,
+                        help="refuse connections without a certificate signed by --tls-ca")
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="accepted client tokens, one per line; the first one is "
+                             "presented to other members")
+    if admin:
+        parser.add_argument("--admin-protect-reads", action="store_true", default=False,
+                            help="the admin API's GET endpoints need a token too")
+
+
+def config_from_args(args: argparse.Namespace) -> SecurityConfig:
+    """The :class:`SecurityConfig` of parsed server options; InvalidArgument if unusable."""
+    tokens: tuple[str, ...] = ()
+    if args.token_file:
+        tokens = load_token_file(args.token_file)
+    config = SecurityConfig(
+        tls_cert=args.tls_cert or None, tls_key=args.tls_key or None,
+        tls_ca=args.tls_ca or None, require_client_cert=bool(args.tls_require_client_cert),
+        tokens=frozenset(tokens), token=tokens[0] if tokens else None,
+        protect_reads=bool(getattr(args, "admin_protect_reads", False)),
+    )
+    server_context(config)  # fail at start, with one line, on unreadable or bad files
+    member_client_context(config)
+    return config
+
+
+__all__ = [
+    "DEV_RAFT_PASSWORD",
+    "SecurityConfig",
+    "add_server_options",
+    "bearer_token",
+    "client_context",
+    "config_from_args",
+    "has_verified_peer_cert",
+    "is_loopback",
+    "load_token_file",
+    "member_client_context",
+    "parse_tokens",
+    "raft_password",
+    "server_context",
+    "token_matches",
+]

@@ -1,0 +1,255 @@
+"""The estream client: the SDK's entry point.
+
+``client = await estream.connect("h:p,h:p,h:p")`` gives a :class:`Client` that talks to
+the placement driver through :class:`~estream.net.pdclient.PDClient` (any node; it follows the
+leader), caches stream metadata, and keeps one multiplexed connection per range server
+(:class:`~estream.net.rpc.ConnectionPool`) shared by its writers and readers. Every network
+wait has a timeout; errors are the typed :mod:`estream.wire.errors` classes, with ``retriable``.
+
+Side effects: network connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from estream.core.rangewriter import WriterConfig
+from estream.net.pdclient import PDClient
+from estream.net.rpc import ConnectionPool
+from estream.net.security import client_context
+from estream.sdk.reader import (
+    read_stream,
+    read_stream_batches,
+    read_stream_views,
+    stream_end_offset,
+)
+from estream.sdk.writer import Writer
+from estream.wire import limits
+from estream.wire.errors import (
+    Closed,
+    EstreamError,
+    InvalidArgument,
+    OffsetOutOfRange,
+    Unauthenticated,
+    Unavailable,
+)
+from estream.wire.meta import ServerInfo, StreamMeta
+from estream.wire.record import BatchColumns, BatchView, Record
+
+
+class Client:
+    """A connection to an estream cluster. Also ``async with estream.Client(pd) as c``."""
+
+    def __init__(
+        self,
+        pd: str | Sequence[str],
+        *,
+        timeout_s: float = 5.0,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        # TLS when a CA or a client certificate is given (estream.net.security); ``token`` is
+        # sent (AUTH) on every new connection, to PD and to range servers alike.
+        tls = client_context(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token)
+        self.pool = ConnectionPool(ssl=tls, token=token)
+        self.timeout_s = timeout_s
+        self._streams: dict[str, StreamMeta] = {}
+        self._writers: list[Writer] = []
+        self._closed = False
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- streams --------------------------------------------------------------------------
+
+    async def create_stream(
+        self,
+        name: str,
+        replicas: int = 3,
+        ack_count: int = 2,
+        *,
+        type: str = "",
+        hints: Sequence[str] = (),
+    ) -> StreamMeta:
+        meta = await self.pd.create_stream(name, replicas, ack_count, type, hints)
+        self._streams[name] = meta
+        return meta
+
+    async def describe_stream(self, name: str) -> StreamMeta:
+        return await self.stream_meta(name, refresh=True)
+
+    async def list_streams(self) -> list[StreamMeta]:
+        return await self.pd.list_streams()
+
+    async def delete_stream(self, name: str) -> None:
+        self._streams.pop(name, None)
+        await self.pd.delete_stream(name)
+
+    async def trim(self, name: str, start_offset: int) -> StreamMeta:
+        """Drop the records below ``start_offset``: reads start there from now on.
+
+        Raises :class:`OffsetOutOfRange` when ``start_offset`` is past the stream's
+        confirmed end (it would drop records not written yet; PD alone cannot tell, as
+        only the range servers know where the open range ends)."""
+        end = await self.end_offset(name)
+        if start_offset > end:
+            raise OffsetOutOfRange(
+                f"cannot trim stream {name!r} to {start_offset}: its end is {end}",
+                offset=start_offset, start=(await self.stream_meta(name)).start_offset, end=end,
+            )
+        meta = await self.pd.trim_stream(name, start_offset)
+        self._streams[name] = meta
+        return meta
+
+    async def stream_meta(self, name: str, *, refresh: bool = False) -> StreamMeta:
+        """The stream's metadata, from the cache unless ``refresh`` (raises StreamNotFound)."""
+        self._check_open()
+        meta = None if refresh else self._streams.get(name)
+        if meta is None:
+            meta = await self.pd.describe_stream(name)
+            self._streams[name] = meta
+        return meta
+
+    # -- writing and reading --------------------------------------------------------------
+
+    async def open_writer(
+        self,
+        name: str,
+        *,
+        deferred_sync: bool = False,
+        linger_ms: int = limits.linger_ms,
+        batch_bytes: int = limits.writer_batch_bytes,
+        delivery_timeout_s: float = limits.delivery_timeout_ms / 1000,
+    ) -> Writer:
+        """A writer for ``name`` with a new epoch: every earlier writer is fenced. A last
+        range left open by a dead writer is recovered first (``docs/ARCHITECTURE.md`` 2.7).
+
+        ``delivery_timeout_s`` bounds every append (one not acknowledged in time raises
+        :class:`estream.Timeout`, and the writer takes no more appends) and this call's
+        recovery (:class:`estream.Unavailable` when it cannot be done safely in time)."""
+        self._check_open()
+        if delivery_timeout_s <= 0:
+            raise InvalidArgument("delivery_timeout_s must be > 0", argument="delivery_timeout_s")
+        config = WriterConfig(
+            linger_ms=linger_ms,
+            batch_bytes=batch_bytes,
+            confirm_idle_ms=max(1, linger_ms),
+            deferred=deferred_sync,
+            delivery_timeout_ms=max(1, round(delivery_timeout_s * 1000)),
+        )
+        writer = await Writer.open(self, name, config)
+        self._streams[name] = writer.stream
+        self._writers = [w for w in self._writers if not w.closed]
+        self._writers.append(writer)
+        return writer
+
+    def read(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        follow: bool = False,
+        *,
+        replica: str | None = None,
+    ) -> AsyncIterator[Record]:
+        """Records with offsets in ``[start, end)``; see :mod:`estream.sdk.reader`."""
+        self._check_open()
+        return read_stream(self, name, start, end, follow, replica)
+
+    def read_batches(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        follow: bool = False,
+        *,
+        replica: str | None = None,
+    ) -> AsyncIterator[BatchColumns]:
+        """:meth:`read` by batch: the same records as :class:`BatchColumns` (offsets,
+        timestamps, values in one buffer, headers), one per stored batch, the first and
+        last trimmed to ``[start, end)``. Same failover, confirm-offset and range rules."""
+        self._check_open()
+        return read_stream_batches(self, name, start, end, follow, replica)
+
+    def read_batch_views(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        follow: bool = False,
+        *,
+        replica: str | None = None,
+    ) -> AsyncIterator[list[BatchView]]:
+        """:meth:`read_batches` undecoded: per READ answer, its batches (checksums
+        verified) as :class:`BatchView` windows of the answer's bytes, to be decoded many
+        at once with :func:`estream.wire.record.decode_views` (one copy of the values). Same
+        failover, confirm-offset and range rules."""
+        self._check_open()
+        return read_stream_views(self, name, start, end, follow, replica)
+
+    async def end_offset(self, name: str) -> int:
+        """The confirmed (readable) end of the stream right now."""
+        self._check_open()
+        return await stream_end_offset(self, name)
+
+    # -- cluster --------------------------------------------------------------------------
+
+    async def list_servers(self) -> list[ServerInfo]:
+        return await self.pd.list_servers()
+
+    async def cluster(self) -> dict:  # type: ignore[type-arg]
+        return await self.pd.cluster()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for writer in self._writers:
+            try:
+                await asyncio.wait_for(writer.close(), self.timeout_s)
+            except (TimeoutError, EstreamError):
+                pass
+        await self.pool.close()
+        await self.pd.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed("the client is closed")
+
+
+async def connect(
+    pd: str | Sequence[str],
+    *,
+    timeout_s: float = 5.0,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    token: str | None = None,
+) -> Client:
+    """Connect to the placement driver at ``pd`` ("h:p,h:p,h:p" or a list).
+
+    ``tls_ca`` (PEM file) turns TLS on and verifies the servers against that CA;
+    ``tls_cert``/``tls_key`` present a client certificate; ``token`` authenticates every
+    connection. Raises :class:`Unavailable` if no PD node answers within ``timeout_s``,
+    :class:`Unauthenticated` if the cluster refuses the token (or its absence).
+    """
+    client = Client(pd, timeout_s=timeout_s, tls_ca=tls_ca, tls_cert=tls_cert,
+                    tls_key=tls_key, token=token)
+    try:
+        await client.pd.cluster()
+    except EstreamError as exc:
+        await client.close()
+        if isinstance(exc, Unavailable | Unauthenticated):
+            raise
+        raise Unavailable(f"cannot reach the placement driver at {pd}: {exc}") from exc
+    return client
+
+
+__all__ = ["Client", "connect"]

@@ -1,0 +1,773 @@
+"""The stream writer: the asyncio driver of :class:`~estream.core.rangewriter.RangeWriter`.
+
+The driver decides nothing. It feeds the pure core events (appends from the user,
+replica answers, timer ticks, the next range after a seal) and carries out the effects the
+core returns: APPEND and CONFIRM to range servers, completing the user's appends, and the
+roll, whose steps the pure :class:`~estream.core.roll.Roller` decides (PD ``seal_range``
+first, then SEAL with the end to the live replicas, then CREATE_RANGE on the next range's
+replicas; the degraded attempts and their backoff): :meth:`Writer._drive` carries them
+out. On open it recovers the last range when it is still open
+(:func:`estream.net.recovery.recover_range`). The requests themselves, and the copy and heal
+jobs, are :class:`~estream.net.rangeclient.ReplicaClient`'s.
+
+What the driver adds around the core, all bounded in time:
+
+- **Degraded rolls** (``estream/core/roll.py``). When the core asks for a roll
+  (:class:`RequestRoll`: a replica failed, enough remain), the roller first checks that
+  PD could place a range without the failed servers (PD's live servers, minus the servers
+  this writer saw fail that do not answer a PING as themselves). Only then does it let
+  the core freeze the end; if PD still answers ``NoPlacement`` (it sealed nothing: PD is
+  asked before any replica is sealed) the core goes on, degraded (a full range too, past
+  its size limit). Attempts back off from ``limits.roll_backoff_ms_min`` to
+  ``roll_backoff_ms_max``; a range that must roll (too few live replicas) retries its
+  seal with the same backoff, never in a hot loop.
+- **Delivery timeout.** An append not acknowledged within ``delivery_timeout_ms`` fails
+  the writer as a whole: that append, every pending one and every later one raise
+  :class:`estream.Timeout` (open a new writer; its recovery decides what was kept).
+- **Durable visibility.** ``flush()`` and ``close()`` wait (bounded) until ``ack_count``
+  live replicas answered a CONFIRM carrying the final confirm offset (range servers log it
+  durably before answering), so a closed writer's last records stay visible after a
+  whole-cluster crash.
+- **Writer lease.** A background task sends PD ``keepalive_writer`` every
+  ``limits.writer_keepalive_ms``; ``Fenced`` or ``StreamNotFound`` fences the writer.
+
+Side effects: network requests (through the client's connection pool) and timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from estream.core.rangewriter import (
+    BeginSeal,
+    CompleteAppends,
+    Effect,
+    FailAppends,
+    RangeWriter,
+    RequestRoll,
+    SendAppend,
+    SendConfirm,
+    WriterConfig,
+    record_size,
+)
+from estream.core.roll import (
+    Apply,
+    CreateRange,
+    FailWriter,
+    ListServers,
+    NextRange,
+    Ping,
+    Postponed,
+    RollConfig,
+    Rolled,
+    Roller,
+    SealInPd,
+    SealReplicas,
+    Sleep,
+    StartAttempts,
+    Step,
+    Steps,
+)
+from estream.net.rangeclient import ReplicaClient
+from estream.net.recovery import recover_range
+from estream.wire import limits
+from estream.wire.errors import (
+    Closed,
+    EstreamError,
+    Fenced,
+    InvalidArgument,
+    NoPlacement,
+    RangeSealed,
+    StreamNotFound,
+    Timeout,
+    Unavailable,
+)
+from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.protocol import Opcode
+from estream.wire.record import Record
+
+if TYPE_CHECKING:
+    from estream.sdk.client import Client
+
+log = logging.getLogger(__name__)
+
+close_wait_s = 1.0  # close(): how long background answers and heals may still finish
+confirm_wait_s = limits.request_timeout_ms / 1000  # flush(): the durable CONFIRM's bound
+timer_min_s = 0.0003
+recovery_backoff_s_min = 0.1
+recovery_backoff_s_max = 2.0
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Writer:
+    """Appends to one stream; see ``estream/core/rangewriter.py`` for the rules it follows.
+
+    Use ``await client.open_writer(name)``; the writer is an async context manager.
+    """
+
+    def __init__(self, client: Client, meta: StreamMeta, config: WriterConfig) -> None:
+        self._client = client
+        self.stream = meta
+        self.epoch = meta.epoch
+        self.config = config
+        self._core: RangeWriter | None = None
+        self._replicas = ReplicaClient(client.pool, meta.epoch)
+        # (end offset, future, submitted at ms): completed in offset order, oldest first.
+        self._waiters: deque[tuple[int, asyncio.Future[None], int]] = deque()
+        self._space: list[asyncio.Future[None]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._heals: set[asyncio.Task[Any]] = set()  # background, cancelled on close
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._error: EstreamError | None = None
+        self._closed = False
+        # The roll's decisions: suspects, backoff, the sequence (estream/core/roll.py).
+        self._roller = Roller(RollConfig(meta.replicas), _now_ms)
+        self._roll_attempts: asyncio.Task[None] | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+        # Durable confirms of the open range: replica -> highest CONFIRM it answered.
+        self._confirmed: dict[str, int] = {}
+        self._confirm_asked = 0  # highest confirm sent to the open range
+        self._confirm_changed = asyncio.Event()
+        # Ranges written since the last force(): index -> replicas that must answer FORCE.
+        self._unforced: dict[int, tuple[str, ...]] = {}
+        self._warned = False  # one warning per degraded episode...
+        self._warned_postponed = False  # ... and one when its roll cannot be placed
+        self.rolls = 0
+        self.rolls_postponed = 0
+        self.degraded_ranges = 0
+        self.recovery_retries = 0
+        self._recovery_sealing = False  # recovery asked PD to seal (its answer may be lost)
+
+    # -- opening and recovery -------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, client: Client, name: str, config: WriterConfig) -> Writer:
+        deadline = time.monotonic() + config.delivery_timeout_ms / 1000
+        meta = await client.pd.open_writer(name)
+        writer = cls(client, meta, config)
+        try:
+            await writer._recover(meta, deadline)
+        except (Fenced, RangeSealed) as exc:
+            # A newer writer overtook this one while it recovered: like any fenced writer,
+            # it exists, and its appends fail with Fenced.
+            writer._error = exc if isinstance(exc, Fenced) else Fenced(str(exc))
+            return writer
+        writer._keepalive = asyncio.ensure_future(writer._keep_lease())
+        return writer
+
+    async def _recover(self, meta: StreamMeta, deadline: float) -> None:
+        """Recover the open last range (retrying while it cannot be done safely, until
+        ``deadline``), then start the core on the range to write."""
+        backoff = recovery_backoff_s_min
+        stale = False
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if stale:
+                    try:
+                        meta = await self._client.pd.describe_stream(meta.name)
+                    except Unavailable:
+                        if self._recovery_sealing:
+                            # An earlier attempt may have sealed the range in PD (its answer
+                            # lost): never recover it, let alone keep it, from an old view.
+                            raise
+                        # PD down: try with what we have.
+                    stale = False
+                if meta.epoch > self.epoch:
+                    raise Fenced(
+                        f"stream {meta.name!r}: epoch {self.epoch} is fenced by {meta.epoch}",
+                        epoch=self.epoch, current_epoch=meta.epoch,
+                    )
+                result = await asyncio.wait_for(
+                    recover_range(self._replicas, meta, self._recovery_seal), max(remaining, 0)
+                )
+                break
+            except (Unavailable, TimeoutError) as exc:
+                # Not safe now (too few sound replicas, a failed copy, PD unreachable):
+                # fence again later; fencing at the same epoch is idempotent.
+                if time.monotonic() + backoff >= deadline:
+                    raise Unavailable(
+                        f"cannot recover stream {meta.name!r} within "
+                        f"{self.config.delivery_timeout_ms / 1000:g}s: {exc}"
+                    ) from exc
+                if not self.recovery_retries:
+                    log.warning("recovery of stream %r must wait: %s", meta.name, exc)
+                self.recovery_retries += 1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, recovery_backoff_s_max)
+                stale = True  # read the stream again first
+        last = meta.last_range
+        assert last is not None
+        if result.kept:
+            self._start_core(meta, last)
+            return
+        nxt = self._range(result.meta, last.index + 1)
+        errors = await self._replicas.create_range(result.meta.id, nxt)
+        self._start_core(result.meta, nxt)
+        self._report_create_errors(nxt, errors)
+        self._heal_later(
+            result.meta.id, self._range(result.meta, last.index), result.end, result.holders
+        )
+
+    async def _recovery_seal(
+        self, range_index: int, end: int, exclude: tuple[str, ...]
+    ) -> StreamMeta:
+        """Recovery's ``seal_in_pd``. Without a placement avoiding ``exclude``, the next
+        range is placed among every live server (the writer then runs it degraded)."""
+        pd = self._client.pd
+        self._recovery_sealing = True
+        try:
+            try:
+                return await pd.seal_range(self.stream.name, self.epoch, range_index, end, exclude)
+            except NoPlacement:
+                if not exclude:
+                    raise
+            return await pd.seal_range(self.stream.name, self.epoch, range_index, end, ())
+        except NoPlacement as exc:
+            raise Unavailable(f"no placement for the next range: {exc}") from exc
+        except RangeSealed as exc:
+            # PD checks the epoch first, so only this writer can have sealed it: an earlier
+            # attempt whose answer was lost, with ack_count holders below its end. Go on
+            # from the next range (the retry reads the stream again).
+            raise Unavailable(f"sealed by an earlier attempt: {exc}") from exc
+
+    def _start_core(self, meta: StreamMeta, rng: RangeMeta) -> None:
+        self.stream = meta
+        self._replicas.learn(rng)
+        self._core = RangeWriter(
+            stream_id=meta.id,
+            epoch=self.epoch,
+            ack_count=meta.ack_count,
+            range_index=rng.index,
+            range_start=rng.start,
+            replicas=[r.id for r in rng.replicas],
+            config=self.config,
+        )
+        self._new_range()
+
+    def _new_range(self) -> None:
+        core = self._core
+        assert core is not None
+        self._confirmed = {}
+        self._confirm_asked = core.range_start
+        self._unforced[core.range_index] = core.replicas
+
+    # -- the public API -------------------------------------------------------------------
+
+    async def append(
+        self,
+        value: bytes,
+        headers: Mapping[str, str] | None = None,
+        timestamp: int | None = None,
+    ) -> int:
+        """Append one record; returns its offset once it is durable on ``ack_count``
+        replicas (and every earlier append is). Raises :class:`estream.Timeout` when it
+        is not acknowledged within the delivery timeout (the writer fails as a whole)."""
+        record = self._record(value, headers, timestamp)
+        core = await self._wait_space(record_size(record))
+        now = _now_ms()
+        base, effects = core.submit([record], now)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._add_waiter(base + 1, future, now)
+        self._run(effects)
+        await future
+        return base
+
+    async def append_batch(self, values: Sequence[bytes | Record]) -> list[int]:
+        """Append many records at once; returns their offsets (consecutive)."""
+        if not values:
+            return []
+        records = [
+            self._record(v.value, v.headers, v.timestamp or None)
+            if isinstance(v, Record)
+            else self._record(v, None, None)
+            for v in values
+        ]
+        core = await self._wait_space(sum(record_size(r) for r in records))
+        now = _now_ms()
+        base, effects = core.submit(records, now)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._add_waiter(base + len(records), future, now)
+        self._run(effects)
+        await future
+        return list(range(base, base + len(records)))
+
+    async def flush(self) -> None:
+        """Wait until everything appended so far is acknowledged, then (bounded) until
+        ``ack_count`` live replicas answered the CONFIRM that makes it visible to readers
+        (range servers log it durably before answering)."""
+        core = self._check_open()
+        if core.completed < core.next_offset:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._add_waiter(core.next_offset, future, _now_ms())
+            self._run(core.on_tick(_now_ms()))
+            await future
+        await self._confirm_durably(confirm_wait_s)
+
+    async def force(self) -> None:
+        """Make everything appended so far durable (``DEFERRED_SYNC`` writers): FORCE on
+        the replicas of every range written since the last force, then move the confirm
+        offset. Returns only when, for each such range, at least ``ack_count`` of its
+        replicas answered; otherwise raises :class:`Unavailable` (what is owed stays owed
+        for the next force)."""
+        await self.flush()
+        core = self._check_open()
+        upto = core.completed
+        owed = dict(self._unforced)
+        owed[core.range_index] = core.live
+        replicas = sorted({r for rs in owed.values() for r in rs})
+        answered = await self._replicas.force(replicas)
+        acks = core.ack_count
+        short = sorted(i for i, rs in owed.items() if len(answered.intersection(rs)) < acks)
+        if short:
+            raise Unavailable(
+                f"FORCE was answered by fewer than {core.ack_count} replicas of range(s) "
+                f"{', '.join(map(str, short))} (answered: {', '.join(sorted(answered)) or 'none'})"
+            )
+        for index in owed:
+            if index != core.range_index:
+                self._unforced.pop(index, None)
+        self._run(core.on_forced(upto))
+        await self._confirm_durably(confirm_wait_s)
+
+    async def close(self) -> None:
+        """Flush, then stop. Appends after close raise :class:`Closed`. Bounded: pending
+        appends are answered within the delivery timeout, the final CONFIRM waits at most
+        a request timeout."""
+        if self._closed:
+            return
+        try:
+            if self._error is None and self._core is not None:
+                await self.flush()
+        finally:
+            self._stop_background()
+            try:
+                if self._tasks:
+                    # Let answers in flight and replica heals finish, briefly.
+                    await asyncio.wait(list(self._tasks), timeout=close_wait_s)
+            finally:
+                self._closed = True
+                for handle in (self._timer, self._watchdog):
+                    if handle is not None:
+                        handle.cancel()
+                for task in list(self._tasks):
+                    task.cancel()
+                self._fail_all(Closed("the writer is closed"))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> Writer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: ``degraded`` is 1 while the open range runs without some replicas;
+        ``degraded_ranges`` counts ranges that ran degraded; ``rolls_postponed`` counts
+        roll attempts that found no placement; ``recovery_retries`` counts open's
+        recoveries that had to wait; ``failed`` is 1 once the writer takes no more appends
+        (fenced, its stream deleted, or a delivery timeout)."""
+        core = self._core
+        return {
+            "next_offset": core.next_offset if core else 0,
+            "completed": core.completed if core else 0,
+            "range_index": core.range_index if core else 0,
+            "inflight_batches": core.inflight_batches if core else 0,
+            "inflight_bytes": core.inflight_bytes if core else 0,
+            "rolls": self.rolls,
+            "degraded": int(bool(core and core.failed)),
+            "degraded_ranges": self.degraded_ranges,
+            "rolls_postponed": self.rolls_postponed,
+            "recovery_retries": self.recovery_retries,
+            "failed": int(self._error is not None),
+        }
+
+    # -- internals: appends ---------------------------------------------------------------
+
+    def _check_open(self) -> RangeWriter:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise Closed("the writer is closed")
+        assert self._core is not None
+        return self._core
+
+    @staticmethod
+    def _record(value: bytes, headers: Mapping[str, str] | None, timestamp: int | None) -> Record:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidArgument("a record value must be bytes", argument="value")
+        if len(value) > limits.record_value_bytes_max:
+            raise InvalidArgument(
+                f"record value of {len(value)} bytes exceeds {limits.record_value_bytes_max}",
+                argument="value",
+            )
+        ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
+        return Record(bytes(value), dict(headers) if headers else {}, ts)
+
+    async def _wait_space(self, size: int) -> RangeWriter:
+        core = self._check_open()
+        while not core.can_accept(size):
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._space.append(future)
+            await future
+            core = self._check_open()
+        return core
+
+    def _add_waiter(self, end: int, future: asyncio.Future[None], now_ms: int) -> None:
+        self._waiters.append((end, future, now_ms))
+        if self._watchdog is None:
+            self._arm_watchdog(now_ms)
+
+    def _arm_watchdog(self, submitted_ms: int) -> None:
+        """One timer for the oldest pending append's delivery deadline."""
+        delay_s = (submitted_ms + self.config.delivery_timeout_ms) / 1000 - time.monotonic()
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(max(delay_s, timer_min_s), self._on_watchdog)
+
+    def _on_watchdog(self) -> None:
+        self._watchdog = None
+        if self._closed or self._error is not None or not self._waiters:
+            return
+        submitted_ms = self._waiters[0][2]
+        if _now_ms() < submitted_ms + self.config.delivery_timeout_ms:
+            self._arm_watchdog(submitted_ms)
+            return
+        error = Timeout(
+            f"an append to stream {self.stream.name!r} was not acknowledged within "
+            f"{self.config.delivery_timeout_ms / 1000:g}s; the writer is closed for appends "
+            "(open a new writer: its recovery keeps every acknowledged record)"
+        )
+        log.warning("%s", error.message)
+        self._fail_writer(error)
+
+    def _fail_writer(self, error: EstreamError) -> None:
+        core = self._core
+        if core is not None:
+            self._run(core.on_fenced(error))
+        if self._error is None:
+            self._error = error
+            self._fail_all(error)
+        self._stop_background()
+
+    def _stop_background(self) -> None:
+        for task in (self._keepalive, self._roll_attempts):
+            if task is not None and not task.done():
+                task.cancel()
+
+    def _run(self, effects: list[Effect]) -> None:
+        """Carry out the core's effects, then re-arm the timer."""
+        core = self._core
+        assert core is not None
+        complete_upto = -1
+        for effect in effects:
+            if isinstance(effect, SendAppend):
+                self._spawn(self._send_append(effect))
+            elif isinstance(effect, CompleteAppends):
+                complete_upto = max(complete_upto, effect.upto)
+            elif isinstance(effect, SendConfirm):
+                if effect.range_index == core.range_index:
+                    self._confirm_asked = max(self._confirm_asked, effect.confirm)
+                self._spawn(self._send_confirm(effect))
+            elif isinstance(effect, RequestRoll):
+                self._on_degraded(effect)
+            elif isinstance(effect, BeginSeal):
+                self._spawn(self._drive(self._roller.roll(core, effect)))
+            elif isinstance(effect, FailAppends):
+                self._error = effect.error
+                self._fail_all(effect.error)
+        if complete_upto >= 0:
+            # After the sends: a CONFIRM goes out before the user's next request does.
+            self._complete(complete_upto)
+        if self._space and core.can_accept(1):
+            space, self._space = self._space, []
+            for future in space:
+                if not future.done():
+                    future.set_result(None)
+        self._arm_timer()
+
+    def _complete(self, upto: int) -> None:
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= upto:
+            _, future, _ = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    def _fail_all(self, error: EstreamError) -> None:
+        waiters, self._waiters = self._waiters, deque()
+        for _, future, _ in waiters:
+            if not future.done():
+                future.set_exception(error)
+        space, self._space = self._space, []
+        for future in space:
+            if not future.done():
+                future.set_exception(error)
+        self._confirm_changed.set()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _background(self, coro: Any) -> None:
+        """A long task that close() does not wait for (it is cancelled)."""
+        task = self._spawn(coro)
+        self._heals.add(task)
+        task.add_done_callback(self._heals.discard)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("writer task failed", exc_info=task.exception())
+
+    def _arm_timer(self) -> None:
+        core = self._core
+        if core is None or self._closed or self._error is not None:
+            return
+        deadline = core.next_deadline_ms()
+        if deadline is None:
+            return
+        if self._timer is not None and not self._timer.cancelled() and self._timer_at <= deadline:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        delay_s = deadline / 1000 - time.monotonic()
+        self._timer_at = deadline
+        # Never sooner than timer_min_s: a deadline already due runs on the next turn.
+        self._timer = loop.call_later(max(delay_s, timer_min_s), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._core is None or self._closed:
+            return
+        self._run(self._core.on_tick(_now_ms()))
+
+    async def _send_append(self, effect: SendAppend) -> None:
+        core = self._core
+        assert core is not None
+        try:
+            end = await self._replicas.append(effect.replica, effect.payload, self.config.deferred)
+        except EstreamError as exc:
+            if self._core is core and not self._closed:
+                self._run(core.on_append_error(effect.replica, effect.range_index, exc, _now_ms()))
+            return
+        if self._core is core and not self._closed:
+            self._run(core.on_append_ack(effect.replica, effect.range_index, end, _now_ms()))
+
+    async def _send_confirm(self, effect: SendConfirm) -> None:
+        core = self._core
+        assert core is not None
+        try:
+            await self._replicas.rpc(
+                effect.replica,
+                Opcode.CONFIRM,
+                {
+                    "stream_id": core.stream_id,
+                    "range_index": effect.range_index,
+                    "epoch": self.epoch,
+                    "confirm": effect.confirm,
+                },
+            )
+        except Fenced as exc:
+            self._run(core.on_fenced(exc))
+            return
+        except EstreamError:
+            return  # best effort: the next batch carries the confirm offset too
+        if effect.range_index == core.range_index:
+            have = self._confirmed.get(effect.replica, -1)
+            if effect.confirm > have:
+                self._confirmed[effect.replica] = effect.confirm
+                self._confirm_changed.set()
+
+    async def _confirm_durably(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until ``ack_count`` live replicas of the open range
+        answered a CONFIRM at or past the visible confirm offset."""
+        core = self._core
+        if core is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        target = core.visible_confirm
+        while self._core is core and self._error is None and not core.sealing:
+            if target <= core.range_start or self._confirms_at(core, target) >= core.ack_count:
+                return
+            if self._confirm_asked < target:
+                self._run(core.confirm_now(again=True))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.info(
+                    "stream %r: the CONFIRM of %d was answered by %d replicas, not %d",
+                    self.stream.name, target, self._confirms_at(core, target), core.ack_count,
+                )
+                return
+            self._confirm_changed.clear()
+            try:
+                await asyncio.wait_for(self._confirm_changed.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    def _confirms_at(self, core: RangeWriter, target: int) -> int:
+        live = core.live
+        return sum(1 for r, c in self._confirmed.items() if c >= target and r in live)
+
+    # -- internals: degraded ranges, seal and roll ----------------------------------------
+
+    def _on_degraded(self, request: RequestRoll) -> None:
+        self.degraded_ranges += 1
+        wait_first = self._roller.on_degraded(request)
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "stream %r: range %d runs degraded without %s; appends continue on the "
+                "other replicas, the range rolls once a replacement can be placed",
+                self.stream.name, request.range_index, ", ".join(request.failed),
+            )
+        self._start_roll_attempts(wait_first=wait_first)
+
+    def _start_roll_attempts(self, *, wait_first: bool) -> None:
+        """One attempts process at a time: it serves whichever range is open, so a range
+        that turns degraded while it sleeps is not missed."""
+        if self._roll_attempts is None or self._roll_attempts.done():
+            core = self._core
+            assert core is not None
+            self._roll_attempts = asyncio.ensure_future(
+                self._drive(self._roller.attempts(core, wait_first))
+            )
+
+    def _postponed(self, range_index: int) -> None:
+        self.rolls_postponed += 1
+        if not self._warned_postponed:
+            self._warned_postponed = True
+            log.warning(
+                "stream %r: range %d cannot roll yet (no placement without %s); retrying "
+                "every %g-%gs", self.stream.name, range_index,
+                ", ".join(sorted(self._roller.suspects)),
+                limits.roll_backoff_ms_min / 1000, limits.roll_backoff_ms_max / 1000,
+            )
+
+    async def _drive(self, steps: Steps) -> None:
+        """Carry out the steps of a roll process (``estream/core/roll.py``), feeding each
+        answer, or error, back to it."""
+        answer: Any = None
+        error: EstreamError | None = None
+        try:
+            while True:
+                try:
+                    step = steps.throw(error) if error is not None else steps.send(answer)
+                except StopIteration:
+                    return
+                answer, error = None, None
+                try:
+                    answer = await self._step(step)
+                except EstreamError as exc:
+                    error = exc
+        finally:
+            steps.close()
+
+    async def _step(self, step: Step) -> Any:
+        """One step of a roll process: a request (its answer), or effects and notices."""
+        core = self._core
+        assert core is not None
+        if isinstance(step, Apply):
+            self._run(step.effects)
+        elif isinstance(step, Sleep):
+            await asyncio.sleep(step.ms / 1000)
+        elif isinstance(step, Ping):
+            alive = await asyncio.gather(*(self._replicas.ping(s) for s in step.servers))
+            return tuple(s for s, ok in zip(step.servers, alive, strict=True) if ok)
+        elif isinstance(step, ListServers):
+            return await self._client.pd.list_servers()
+        elif isinstance(step, SealInPd):
+            return await self._client.pd.seal_range(
+                self.stream.name, self.epoch, step.range_index, step.end, step.exclude
+            )
+        elif isinstance(step, SealReplicas):
+            return await self._replicas.seal(
+                core.stream_id, step.range_index, step.end, step.replicas
+            )
+        elif isinstance(step, CreateRange):
+            return await self._replicas.create_range(core.stream_id, step.range)
+        elif isinstance(step, Postponed):
+            self._postponed(step.range_index)
+        elif isinstance(step, StartAttempts):
+            self._start_roll_attempts(wait_first=step.wait_first)
+        elif isinstance(step, NextRange):
+            self.stream = step.meta
+            self.rolls += 1
+            self._unforced[step.sealed] = step.live
+            self._replicas.learn(step.next)
+        elif isinstance(step, Rolled):
+            self._new_range()
+            sealed = self._range(step.meta, step.sealed)
+            self._heal_later(step.meta.id, sealed, step.end, step.holders)
+            for replica, error in step.errors.items():
+                log.info("stream %r range %d: CREATE_RANGE on %s failed: %r",
+                         self.stream.name, step.next.index, replica, error)
+            if not core.failed:
+                self._warned = self._warned_postponed = False  # the next episode warns
+        elif isinstance(step, FailWriter):
+            # Not retriable (PD refused the seal for another reason): fail loudly, not hang.
+            log.error("seal and roll of the open range failed: %r", step.error)
+            self._fail_writer(step.error)
+        return None
+
+    def _heal_later(
+        self, stream_id: int, rng: RangeMeta, end: int, holders: Sequence[str]
+    ) -> None:
+        """Bring the replicas of a just-sealed range that did not confirm the seal (dead,
+        cut off, slow) to the same records and seal, in the background."""
+        short = tuple(r.id for r in rng.replicas if r.id not in holders)
+        if short and holders:
+            self._background(self._replicas.heal(
+                stream_id, rng.index, end, short, tuple(holders), lambda: not self._closed))
+
+    def _report_create_errors(self, rng: RangeMeta, errors: dict[str, EstreamError]) -> None:
+        core = self._core
+        assert core is not None
+        for replica, error in errors.items():
+            log.info("stream %r range %d: CREATE_RANGE on %s failed: %r",
+                     self.stream.name, rng.index, replica, error)
+            self._run(core.on_append_error(replica, rng.index, error, _now_ms()))
+
+    # -- internals: the writer lease ------------------------------------------------------
+
+    async def _keep_lease(self) -> None:
+        """PD keepalive every ``limits.writer_keepalive_ms``. ``Fenced`` or
+        ``StreamNotFound`` fences the writer; other errors are ignored (PD may be down:
+        appends do not need it)."""
+        pd = self._client.pd
+        name = self.stream.name
+        while not self._closed and self._error is None:
+            await asyncio.sleep(limits.writer_keepalive_ms / 1000)
+            try:
+                await pd.keepalive_writer(name, self.epoch)
+            except (Fenced, StreamNotFound) as exc:
+                fenced = exc if isinstance(exc, Fenced) else Fenced(f"stream {name!r}: {exc}")
+                log.warning("writer of stream %r fenced by PD: %s", name, exc)
+                self._fail_writer(fenced)
+                return
+            except EstreamError:
+                continue
+
+    @staticmethod
+    def _range(meta: StreamMeta, index: int) -> RangeMeta:
+        found = meta.range_at(index)
+        if found is None:
+            raise InvalidArgument(f"PD answered without range {index}")
+        return found
+
+
+__all__ = ["Writer", "WriterConfig"]

@@ -1,0 +1,82 @@
+"""Every size and time limit of estream, in one place, units last in every name.
+
+Their relationships (a batch fits in a frame, a read answer fits in a frame, ...) are
+checked by ``tests/unit/test_limits.py``.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+GiB: Final = 1024 * MiB
+
+# Frames (estream/wire/protocol.py).
+frame_header_bytes_max: Final = 1 * MiB  # the msgpack header of one frame
+frame_bytes_max: Final = 16 * MiB  # fixed prefix + header + payload of one frame
+frame_direct_bytes_min: Final = 64 * KiB  # a client receives frames this large in place
+connection_inflight_bytes_max: Final = 64 * MiB  # request bytes being served per connection
+connection_write_buffer_bytes_max: Final = 1 * MiB  # unsent answers before a server stops reading
+connection_answer_bytes_max: Final = 4 * MiB  # unsent + in-production answers per connection
+answer_grant_bytes_min: Final = 64 * KiB  # smallest answer allowance worth producing
+server_answer_bytes_max: Final = 16 * MiB  # the same, summed over a server's connections
+connection_stalled_ms_max: Final = 5_000  # a consumer not reading for this long, when the
+#   answer budget is short, is disconnected
+
+# Records and batches (estream/wire/record.py).
+batch_bytes_max: Final = 8 * MiB  # one encoded record batch
+batch_records_max: Final = 65_536
+record_value_bytes_max: Final = 4 * MiB
+record_headers_bytes_max: Final = 64 * KiB  # msgpack-encoded headers of one record
+
+# Reads.
+read_bytes_max: Final = 8 * MiB  # payload of one read answer
+read_wait_ms_max: Final = 30_000  # longest long-poll a range server holds
+
+# Writer defaults (estream SDK).
+linger_ms: Final = 1
+writer_batch_bytes: Final = 256 * KiB
+writer_inflight_batches_max: Final = 256
+writer_inflight_bytes_max: Final = 32 * MiB
+chase_backlog_bytes_max: Final = 16 * MiB  # a slow replica's backlog before it is dropped
+chase_backlog_ms_max: Final = 2_000  # a slow replica's oldest unacked batch age before drop
+range_bytes_max: Final = 1024 * MiB  # a range rolls when it passes this size
+delivery_timeout_ms: Final = 30_000  # an append not acknowledged by then raises Timeout
+roll_backoff_ms_min: Final = 500  # degraded writer: first wait before trying a roll again
+roll_backoff_ms_max: Final = 4_000  # ... doubling up to this (a few ranges per outage)
+
+# Writer lease (pd/): a writer keeps its stream's lease alive; the PD leader recovers an
+# open range whose writer's lease ran out (a dead writer's acknowledged tail gets visible).
+writer_keepalive_ms: Final = 1_000
+writer_lease_ms: Final = 4_000
+
+# Timeouts.
+request_timeout_ms: Final = 5_000
+connect_timeout_ms: Final = 2_000
+heartbeat_interval_ms: Final = 1_000
+server_suspect_after_ms: Final = 4_000  # missed heartbeats before a server gets no new ranges
+
+# Write-ahead log (rangeserver/).
+segment_bytes_max: Final = 256 * MiB
+cache_bytes_max: Final = 256 * MiB
+wal_write_bytes_max: Final = 16 * MiB  # one direct log write (a group); two such buffers
+wal_idle_sync_ms: Final = 50  # DEFERRED_SYNC writes are fsynced after this much idle time
+
+# Repair (pd/repair.py, pd/shell/repairer.py): sealed ranges short of replicas are re-replicated.
+repair_after_ms: Final = 10_000  # a replica dead (or reported short) this long is replaced
+repair_interval_ms: Final = 2_000  # how often the PD leader plans a repair round
+repair_tasks_per_round_max: Final = 4  # ranges copied at once by one round
+heartbeat_problem_replicas_max: Final = 256  # damaged/short/open replicas in one heartbeat
+
+# Reclaim (pd/reclaim.py, pd/shell/reclaimer.py): replicas of deleted streams and trimmed ranges
+# are dropped on their range servers, which then delete the log segments only they used.
+reclaim_interval_ms: Final = 5_000  # how often the PD leader lists each server's replicas
+reclaim_drops_per_round_max: Final = 1_000  # DROP_RANGE calls of one round (all servers)
+
+# Processes with two busy threads under one GIL (PD: asyncio + pysyncobj's tick thread;
+# range server: asyncio + the log's writer thread) hand the GIL over this often, not every
+# 5 ms (CPython's default): each hand-off between them could otherwise cost up to 5 ms.
+gil_switch_interval_s: Final = 0.0005

@@ -1,0 +1,178 @@
+"""The catalog's model: streams, ranges, range servers, as frozen dataclasses.
+
+The placement driver keeps these in its catalog; the SDK receives them in PD responses.
+``to_dict``/``from_dict`` give the wire and admin-API shape documented in
+``docs/ARCHITECTURE.md`` (section 3.3), the same the admin HTTP API returns::
+
+    {"id", "name", "replicas", "ack_count", "type", "hints", "epoch", "start_offset",
+     "ranges": [{"index", "start", "end" (None while open), "state": "open"|"sealed",
+                 "replicas": [{"id", "address"}]}]}
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from estream.wire.errors import InvalidArgument
+
+STORAGE_CLASSES = ("nvme", "ssd", "hdd")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRef:
+    """A range server holding a replica: its id and its RPC address."""
+
+    id: str
+    address: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "address": self.address}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReplicaRef:
+        return cls(str(d["id"]), str(d["address"]))
+
+
+@dataclass(frozen=True, slots=True)
+class RangeMeta:
+    """Offsets ``[start, end)`` of a stream on ``replicas``; ``end`` is None while open."""
+
+    index: int
+    start: int
+    end: int | None
+    replicas: tuple[ReplicaRef, ...]
+
+    @property
+    def sealed(self) -> bool:
+        return self.end is not None
+
+    @property
+    def state(self) -> str:
+        return "sealed" if self.sealed else "open"
+
+    def contains(self, offset: int) -> bool:
+        return self.start <= offset and (self.end is None or offset < self.end)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "start": self.start,
+            "end": self.end,
+            "state": self.state,
+            "replicas": [r.to_dict() for r in self.replicas],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RangeMeta:
+        return cls(
+            int(d["index"]),
+            int(d["start"]),
+            None if d.get("end") is None else int(d["end"]),
+            tuple(ReplicaRef.from_dict(r) for r in d.get("replicas", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMeta:
+    """A stream as the catalog knows it."""
+
+    id: int
+    name: str
+    replicas: int = 3
+    ack_count: int = 2
+    type: str = ""
+    hints: tuple[str, ...] = ()
+    epoch: int = 0
+    start_offset: int = 0
+    ranges: tuple[RangeMeta, ...] = field(default_factory=tuple)
+
+    @property
+    def last_range(self) -> RangeMeta | None:
+        return self.ranges[-1] if self.ranges else None
+
+    def range_at(self, index: int) -> RangeMeta | None:
+        """The range with this index, if the stream still has it. Ranges are contiguous
+        from the first one kept, so this is a lookup, not a scan."""
+        at = index - self.ranges[0].index if self.ranges else -1
+        if 0 <= at < len(self.ranges) and self.ranges[at].index == index:
+            return self.ranges[at]
+        return None
+
+    def range_for(self, offset: int) -> RangeMeta | None:
+        """The range holding ``offset`` (the open range for offsets at or past its start)."""
+        for r in reversed(self.ranges):
+            if r.start <= offset and (r.end is None or offset < r.end):
+                return r
+            if r.end is not None and offset >= r.end:
+                return None
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "replicas": self.replicas,
+            "ack_count": self.ack_count,
+            "type": self.type,
+            "hints": list(self.hints),
+            "epoch": self.epoch,
+            "start_offset": self.start_offset,
+            "ranges": [r.to_dict() for r in self.ranges],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StreamMeta:
+        try:
+            return cls(
+                id=int(d["id"]),
+                name=str(d["name"]),
+                replicas=int(d.get("replicas", 3)),
+                ack_count=int(d.get("ack_count", 2)),
+                type=str(d.get("type", "")),
+                hints=_str_tuple(d.get("hints", ())),
+                epoch=int(d.get("epoch", 0)),
+                start_offset=int(d.get("start_offset", 0)),
+                ranges=tuple(RangeMeta.from_dict(r) for r in d.get("ranges", ())),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument(f"malformed stream metadata: {exc}") from None
+
+
+def _str_tuple(value: Any) -> tuple[str, ...]:
+    # A bare string would otherwise become a tuple of its characters.
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """A registered range server. ``alive`` and ``load`` come from heartbeats."""
+
+    id: str
+    address: str
+    storage_class: str = "ssd"
+    alive: bool = True
+    load: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "address": self.address,
+            "storage_class": self.storage_class,
+            "alive": self.alive,
+            "load": dict(self.load),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServerInfo:
+        return cls(
+            str(d["id"]),
+            str(d["address"]),
+            str(d.get("storage_class", "ssd")),
+            bool(d.get("alive", True)),
+            dict(d.get("load") or {}),
+        )

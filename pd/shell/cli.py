@@ -1,0 +1,147 @@
+"""``estream pd``: run one placement-driver node in the foreground.
+
+    estream pd --id N --listen H:P --raft H:P --peers H:P,H:P --http H:P --data-dir DIR
+               [--password SECRET]
+
+``--peers`` lists the OTHER nodes' Raft addresses (an empty string: a one-node cluster).
+``--password`` (or ``--password-file``, ``ESTREAM_PD_PASSWORD``) is the shared secret of
+the Raft port (pysyncobj encrypts and authenticates with it; needs ``cryptography``).
+Without one, a one-node cluster generates a random secret, and a multi-node cluster
+uses the public development secret (logged: a warning when Raft listens beyond
+loopback). TLS and tokens: ``--tls-cert``, ``--tls-key``, ``--tls-ca``,
+``--tls-require-client-cert``, ``--token-file``, ``--admin-protect-reads``
+(:mod:`estream.net.security`). Prints ``listening on H:P`` (the RPC address)
+once serving; SIGTERM/SIGINT stop it cleanly. A bad flag: one line on stderr, exit 2.
+
+Side effects: the process (signals, stdout, the node's sockets and files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import uvloop
+
+from estream.net.rpc import parse_address
+from estream.net.security import add_server_options, config_from_args, raft_password
+from estream.server.config import parse_with_config
+from estream.wire import limits
+from estream.wire.errors import ChecksumMismatch, InvalidArgument
+from pd.shell.node import PdConfig, PlacementDriverNode
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"estream pd: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="estream pd", description="Run one placement-driver node.")
+    p.add_argument("--id", required=True, help="this node's id (unique in the cluster)")
+    p.add_argument("--listen", required=True, metavar="H:P", help="RPC address for clients")
+    p.add_argument("--raft", required=True, metavar="H:P", help="this node's Raft address")
+    p.add_argument("--peers", required=True, metavar="H:P,H:P",
+                   help="the OTHER nodes' Raft addresses ('' for a single node)")
+    p.add_argument("--http", required=True, metavar="H:P", help="admin HTTP API address")
+    p.add_argument("--data-dir", required=True, type=Path, help="Raft journal and snapshots")
+    p.add_argument("--password", default=None,
+                   help="shared secret of the Raft port (also ESTREAM_PD_PASSWORD; default: "
+                        "generated for one node, the public development secret for several)")
+    p.add_argument("--password-file", default=None, metavar="FILE",
+                   help="read the Raft secret from this file (first line)")
+    add_server_options(p, admin=True)
+    p.add_argument("--log-level", default="WARNING", help="Python logging level")
+    return p
+
+
+def parse_config(argv: list[str]) -> PdConfig:
+    args = parse_with_config(build_parser(), argv, section="pd")
+    try:
+        for address in (args.listen, args.raft, args.http):
+            parse_address(address)
+        peers = tuple(a.strip() for a in args.peers.split(",") if a.strip())
+        for peer in peers:
+            parse_address(peer)
+    except InvalidArgument as exc:
+        build_parser().error(exc.message)
+    if args.raft in peers:
+        build_parser().error("--peers must list the other nodes only, not --raft")
+    try:
+        security = config_from_args(args)
+        configured = args.password or os.environ.get("ESTREAM_PD_PASSWORD") or _read_secret(
+            args.password_file)
+    except InvalidArgument as exc:
+        build_parser().error(exc.message)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    password, source = raft_password(configured, args.raft, peers)
+    _log_password_source(source)
+    return PdConfig(str(args.id), args.listen, args.raft, args.http, args.data_dir, peers,
+                    password, security)
+
+
+def _read_secret(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"--password-file: {exc}", argument="password_file") from None
+    secret = lines[0].strip() if lines else ""
+    if not secret:
+        raise InvalidArgument(f"--password-file {path} is empty", argument="password_file")
+    return secret
+
+
+def _log_password_source(source: str) -> None:
+    log = logging.getLogger("pd.shell.cli")
+    if source == "development-exposed":
+        log.warning("no --password: the Raft port uses the PUBLIC development secret while "
+                    "listening beyond loopback; anyone who reaches it can join the cluster's "
+                    "Raft traffic. Set --password, --password-file or ESTREAM_PD_PASSWORD")
+    elif source == "development-loopback":
+        log.info("no --password: the Raft port (loopback only) uses the development secret")
+    elif source == "generated":
+        log.info("no --password: one-node cluster, the Raft port uses a generated secret")
+
+
+async def serve(config: PdConfig) -> int:
+    node = PlacementDriverNode(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    print(f"listening on {node.rpc_address}", flush=True)
+    print(f"http on {node.http_address}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await node.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    config = parse_config(argv)
+    sys.setswitchinterval(limits.gil_switch_interval_s)  # asyncio + pysyncobj's tick thread
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"estream pd: error: --data-dir: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return uvloop.run(serve(config))
+    except ChecksumMismatch as exc:
+        print(f"estream pd: error: {exc.message}. This node's copy of the catalog cannot be "
+              "trusted, so it does not start: move its --data-dir aside and start it empty "
+              "to copy the catalog from the other nodes (a one-node cluster: restore the "
+              "directory from a backup)", file=sys.stderr)
+        return 2

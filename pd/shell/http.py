@@ -1,0 +1,220 @@
+"""The PD admin HTTP API (aiohttp): JSON views of the catalog, create/delete streams.
+
+Endpoints and shapes: :mod:`pd.openapi` and ``docs/ARCHITECTURE.md`` 3.3. Writes go through the
+same :class:`~pd.shell.service.PdService` as the RPC port (so through Raft: any node accepts
+them). Errors are ``{"error": {"code", "message"}}`` with 400 (bad input), 404 (unknown),
+409 (conflict) or 503 (no leader reachable, no range servers to place on).
+
+With tokens configured, the write endpoints (POST, DELETE) need ``Authorization: Bearer
+<token>`` (or a client certificate verified against the cluster CA) and answer 401
+``UNAUTHENTICATED`` without; reads stay open unless ``protect_reads`` (``/healthz``
+always stays open, for load balancers and supervisors).
+
+Side effects: an HTTP listening socket.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Final
+
+from aiohttp import web
+
+from estream.net.security import bearer_token, has_verified_peer_cert, token_matches
+from estream.wire.errors import (
+    Conflict,
+    ErrorCode,
+    EstreamError,
+    Fenced,
+    InvalidArgument,
+    NoPlacement,
+    RangeNotFound,
+    RangeSealed,
+    StreamExists,
+    StreamNotFound,
+    Unavailable,
+)
+from pd.openapi import OPENAPI
+from pd.shell.service import PdService
+
+_STATUS: dict[type[EstreamError], int] = {
+    InvalidArgument: 400,
+    StreamNotFound: 404,
+    RangeNotFound: 404,
+    StreamExists: 409,
+    Conflict: 409,
+    Fenced: 409,
+    RangeSealed: 409,
+    NoPlacement: 503,
+    Unavailable: 503,  # includes Timeout
+}
+_CREATE_FIELDS: dict[str, type] = {"name": str, "replicas": int, "ack_count": int, "type": str,
+                                   "hints": list}
+
+
+def error_response(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def _status_of(exc: EstreamError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]
+    return 500
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+_READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+_ALWAYS_OPEN: Final = frozenset({"/healthz"})
+
+
+def needs_token(method: str, path: str, protect_reads: bool) -> bool:
+    """Whether a request must authenticate when tokens are configured. Pure."""
+    if path in _ALWAYS_OPEN:
+        return False
+    return protect_reads or method.upper() not in _READ_METHODS
+
+
+def build_app(
+    service: PdService, *, tokens: Collection[str] = (), protect_reads: bool = False
+) -> web.Application:
+    """The aiohttp application serving the admin API of one PD node.
+
+    ``tokens``: bearer tokens the write endpoints (and with ``protect_reads`` the reads)
+    need; none: the API is open (the default, as before).
+    """
+    accepted = frozenset(tokens)
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if accepted and needs_token(request.method, request.path, protect_reads):
+            presented = bearer_token(request.headers.get("Authorization"))
+            if not token_matches(accepted, presented) and not has_verified_peer_cert(
+                    request.transport):
+                response = error_response(
+                    401, "UNAUTHENTICATED",
+                    "this endpoint needs 'Authorization: Bearer <token>'"
+                    + (" (a token was given but is not valid)" if presented else ""))
+                response.headers["WWW-Authenticate"] = 'Bearer realm="estream"'
+                return response
+        return await handler(request)
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        ok = False
+        route = request.match_info.route.resource
+        op = f"{request.method} {route.canonical if route is not None else 'unmatched'}"
+        try:
+            response = await handler(request)
+            ok = response.status < 400
+            return response
+        except EstreamError as exc:
+            return error_response(_status_of(exc), ErrorCode(exc.code).name, exc.message)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return error_response(exc.status, exc.reason.upper().replace(" ", "_"), exc.reason)
+        finally:
+            service.metrics.observe("http", op, time.perf_counter() - started, ok)
+
+    app = web.Application(middlewares=[errors, authenticate], client_max_size=1024 * 1024)
+    views = _Views(service)
+    app.router.add_get("/v1/cluster", views.cluster)
+    app.router.add_get("/v1/streams", views.list_streams)
+    app.router.add_post("/v1/streams", views.create_stream)
+    app.router.add_get("/v1/streams/{name}", views.describe_stream)
+    app.router.add_delete("/v1/streams/{name}", views.delete_stream)
+    app.router.add_get("/v1/rangeservers", views.rangeservers)
+    app.router.add_get("/v1/openapi.json", views.openapi)
+    app.router.add_get("/healthz", views.healthz)
+    app.router.add_get("/metrics", views.metrics)
+    return app
+
+
+class _Views:
+    def __init__(self, service: PdService) -> None:
+        self.service = service
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        return web.json_response(self.service.cluster())
+
+    async def list_streams(self, request: web.Request) -> web.Response:
+        return web.json_response({"streams": [s.to_dict() for s in self.service.list_streams()]})
+
+    async def create_stream(self, request: web.Request) -> web.Response:
+        body = _parse_create(await request.read())
+        stream = await self.service.create_stream(
+            body["name"], body.get("replicas", 3), body.get("ack_count", 2),
+            body.get("type", ""), tuple(body.get("hints", ())))
+        return web.json_response(stream.to_dict(), status=201)
+
+    async def describe_stream(self, request: web.Request) -> web.Response:
+        return web.json_response(self.service.describe_stream(request.match_info["name"]).to_dict())
+
+    async def delete_stream(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.service.describe_stream(name)  # 404 without a Raft round for unknown names
+        await self.service.delete_stream(name)
+        return web.json_response({"deleted": name})
+
+    async def rangeservers(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"rangeservers": [s.to_dict() for s in self.service.list_servers()]})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(OPENAPI)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        status = self.service.raft.status()
+        return web.json_response({"status": "ok", "role": status.role, "leader": status.leader})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.service.metrics.render(self._gauges()),
+                            content_type="text/plain", charset="utf-8")
+
+    def _gauges(self) -> dict[str, tuple[str, float]]:
+        status = self.service.raft.status()
+        view = self.service.view()
+        servers = self.service.servers()
+        latencies = sorted(self.service.raft.commit_latency_ms[-1024:])
+        p50 = latencies[len(latencies) // 2] / 1000 if latencies else 0.0
+        roles = {"follower": 0, "candidate": 1, "leader": 2}
+        return {
+            "estream_pd_raft_role": ("Raft role: 0 follower, 1 candidate, 2 leader.",
+                                     roles.get(status.role, 0)),
+            "estream_pd_raft_is_leader": ("1 on the leader.", float(status.role == "leader")),
+            "estream_pd_raft_term": ("Current Raft term.", status.term),
+            "estream_pd_raft_commit_index": ("Raft commit index.", status.commit_index),
+            "estream_pd_raft_last_applied": ("Last applied Raft index.", status.last_applied),
+            "estream_pd_raft_log_entries": ("Entries in the Raft journal.", status.log_entries),
+            "estream_pd_raft_proposals_total": ("Commands proposed by this node.",
+                                                self.service.raft.proposals),
+            "estream_pd_raft_commit_seconds_p50": ("Median commit latency (recent).", p50),
+            "estream_pd_streams": ("Streams in the catalog.", len(view.streams)),
+            "estream_pd_ranges": ("Ranges in the catalog.", view.range_count()),
+            "estream_pd_rangeservers": ("Registered range servers.", len(servers)),
+            "estream_pd_rangeservers_live": ("Range servers alive (per this node).",
+                                             sum(1 for s in servers if s.alive)),
+        }
+
+
+def _parse_create(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"request body is not JSON: {exc}", argument="body") from None
+    if not isinstance(body, dict):
+        raise InvalidArgument("request body must be a JSON object", argument="body")
+    if "name" not in body:
+        raise InvalidArgument("missing field 'name'", argument="name")
+    for field, kind in _CREATE_FIELDS.items():
+        if field in body and (not isinstance(body[field], kind) or isinstance(body[field], bool)):
+            raise InvalidArgument(f"field {field!r} must be a {kind.__name__}", argument=field)
+    if not all(isinstance(h, str) for h in body.get("hints", ())):
+        raise InvalidArgument("field 'hints' must be a list of strings", argument="hints")
+    return {k: v for k, v in body.items() if k in _CREATE_FIELDS}

@@ -1,0 +1,312 @@
+"""The placement driver's Raft journal on disk: checksummed records, torn tail vs damage.
+
+pysyncobj keeps its Raft log in a journal object (``add``, ``deleteEntriesFrom``,
+``deleteEntriesTo``, indexing) and its term and vote in a metadata file. Its own file
+journal has no checksum: a flipped byte was replayed as a different command (or crashed
+the tick thread on every tick, forever). This module replaces both with files whose
+every record is covered by an xxh3-64, so that damage stops the node with a clear error
+instead of diverging from its peers.
+
+Journal file (``raft.journal``), little-endian::
+
+    header  b"ESPDJRNL" | u32 version (1) | u32 reserved (0)           16 bytes
+    record  u32 body length | u64 xxh3-64 of the body | body
+    body    u64 index | u64 term | the command (pysyncobj's bytes, opaque here)
+
+Recovery (:func:`scan`, pure), as in the range server's log:
+
+- a record cut short, or a last record whose checksum fails with nothing but zeros after
+  it, is a **torn tail**: a write interrupted by a crash, never acknowledged (the journal
+  is synced before any message leaves the node). It is cut off.
+- a record whose checksum fails with more records after it is **damage**: the medium
+  changed bytes the node already acknowledged. :class:`ChecksumMismatch` is raised and the
+  node does not start (a Raft member must not vote or lead with a log it cannot trust).
+
+Metadata file (``raft.journal.meta``): msgpack ``{"term", "voted_for", "commit_index"}``
+then its xxh3-64 (8 bytes); written to a temporary file, fsynced, renamed, directory
+fsynced. A missing file is a fresh node; a damaged one raises :class:`ChecksumMismatch`
+(forgetting a vote could let the node vote twice in one term).
+
+Side effects: the two files (:class:`ChecksummedJournal`); :func:`scan` and the codecs
+are pure.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import msgpack
+import xxhash
+from pysyncobj.journal import Journal
+
+from estream.server.durable import fsync_dir, write_atomically
+from estream.wire.errors import ChecksumMismatch
+
+MAGIC: Final = b"ESPDJRNL"
+VERSION: Final = 1
+HEADER: Final = MAGIC + struct.pack("<II", VERSION, 0)
+_RECORD: Final = struct.Struct("<IQ")  # body length, checksum
+_BODY: Final = struct.Struct("<QQ")  # index, term
+record_body_bytes_max: Final = 64 * 1024 * 1024  # far above any catalog command
+_DIGEST_BYTES: Final = 8
+
+
+Entry = tuple[bytes, int, int]  # (command, index, term): pysyncobj's journal entry
+
+
+def encode_record(command: bytes, index: int, term: int) -> bytes:
+    body = _BODY.pack(index, term) + command
+    return _RECORD.pack(len(body), xxhash.xxh3_64_intdigest(body)) + body
+
+
+@dataclass(slots=True)
+class ScanResult:
+    entries: list[Entry] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)  # where each entry's record starts
+    valid_end: int = len(HEADER)  # a torn tail is cut here
+    torn: str = ""  # why the bytes after valid_end were dropped ("" = none)
+
+
+def scan(data: bytes | memoryview, name: str = "journal") -> ScanResult:
+    """Every valid record of a journal file's bytes; raises :class:`ChecksumMismatch` on
+    damage (see the module docstring) or on a header that is not ours."""
+    view = memoryview(data)
+    if len(view) < len(HEADER) or bytes(view[: len(MAGIC)]) != MAGIC:
+        raise ChecksumMismatch(f"{name}: not an estream PD journal (bad header)")
+    (version,) = struct.unpack_from("<I", view, len(MAGIC))
+    if version != VERSION:
+        raise ChecksumMismatch(f"{name}: journal format version {version} is not {VERSION}")
+    result = ScanResult()
+    pos = len(HEADER)
+    while pos < len(view):
+        problem = _record_problem(view, pos)
+        if problem is None:
+            length, _ = _RECORD.unpack_from(view, pos)
+            body = view[pos + _RECORD.size : pos + _RECORD.size + length]
+            index, term = _BODY.unpack_from(body)
+            result.entries.append((bytes(body[_BODY.size :]), index, term))
+            result.offsets.append(pos)
+            pos += _RECORD.size + length
+            result.valid_end = pos
+            continue
+        end = _claimed_end(view, pos)
+        last = result.entries[-1][1] if result.entries else None
+        later = _valid_record_after(view, pos, last)
+        if later is None and (end >= len(view) or not any(view[end:])):
+            result.torn = problem
+            return result
+        after = f"a valid record at byte {later}" if later is not None else "records"
+        raise ChecksumMismatch(
+            f"{name}: damaged record at byte {pos} ({problem}) with {after} after it"
+        )
+    return result
+
+
+def _valid_record_after(view: memoryview, pos: int, last_index: int | None) -> int | None:
+    """The position of a valid record after ``pos``, found by the index it must carry
+    (Raft indexes are consecutive): a damaged length field makes a record look like it
+    runs to the end of the file, and must not cost the records after it."""
+    if last_index is None:
+        return None
+    raw = view.obj if isinstance(view.obj, bytes) else bytes(view)
+    offset = _RECORD.size  # the index is the body's first field
+    for index in (last_index + 1, last_index + 2):
+        pattern = struct.pack("<Q", index)
+        at = raw.find(pattern, pos + 1 + offset)
+        while at >= 0:
+            start = at - offset
+            if _record_problem(view, start) is None:
+                return start
+            at = raw.find(pattern, at + 1)
+    return None
+
+
+def _record_problem(view: memoryview, pos: int) -> str | None:
+    """Why the record at ``pos`` is not valid, or None."""
+    if len(view) - pos < _RECORD.size:
+        return "partial record header"
+    length, checksum = _RECORD.unpack_from(view, pos)
+    if length == 0 and checksum == 0:
+        return "zero fill"
+    if length < _BODY.size or length > record_body_bytes_max:
+        return f"bad record length {length}"
+    end = pos + _RECORD.size + length
+    if end > len(view):
+        return "record runs past the end of the file"
+    if xxhash.xxh3_64_intdigest(view[pos + _RECORD.size : end]) != checksum:
+        return "checksum mismatch"
+    return None
+
+
+def _claimed_end(view: memoryview, pos: int) -> int:
+    """Where the record at ``pos`` ends if its length field holds (else right after its
+    header)."""
+    if len(view) - pos < _RECORD.size:
+        return len(view)
+    length = int(_RECORD.unpack_from(view, pos)[0])
+    if length > record_body_bytes_max:
+        return pos + _RECORD.size
+    return pos + _RECORD.size + length
+
+
+def encode_checked(meta: dict[str, Any]) -> bytes:
+    """A msgpack map followed by its xxh3-64 (the metadata file, the PD's snapshot)."""
+    body: bytes = msgpack.packb(meta, use_bin_type=True)
+    return body + xxhash.xxh3_64_digest(body)
+
+
+def decode_checked(data: bytes, name: str) -> dict[str, Any]:
+    """The map of :func:`encode_checked`; raises :class:`ChecksumMismatch` if damaged."""
+    body, digest = data[:-_DIGEST_BYTES], data[-_DIGEST_BYTES:]
+    if len(data) < _DIGEST_BYTES or xxhash.xxh3_64_digest(body) != digest:
+        raise ChecksumMismatch(f"{name}: damaged (checksum mismatch)")
+    try:
+        meta = msgpack.unpackb(body, raw=False)
+    except ValueError as exc:  # msgpack's errors are ValueErrors
+        raise ChecksumMismatch(f"{name}: damaged ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ChecksumMismatch(f"{name}: damaged (not a map)")
+    return meta
+
+
+class ChecksummedJournal(Journal):  # type: ignore[misc]
+    """pysyncobj's journal interface over the checksummed file, synced by :meth:`sync`.
+
+    Every change marks the journal dirty; :meth:`sync` makes all of them durable with one
+    ``fdatasync`` (group commit: the Raft object calls it before any message leaves the
+    node and at the end of every tick). Entries are also kept in memory, as pysyncobj's
+    own journals do. Raises :class:`ChecksumMismatch` when opened on a damaged file.
+    """
+
+    def __init__(self, journal_file: str) -> None:
+        self.path = Path(journal_file)
+        self.meta_path = Path(journal_file + ".meta")
+        self.dirty = False
+        self.syncs = 0
+        self.recovery_note = ""  # what was cut at open (a torn tail), for the log
+        data = self.path.read_bytes() if self.path.exists() else b""
+        if len(data) < len(HEADER) and HEADER.startswith(data):
+            data = b""  # a crash while the new file's header was being written
+        if data:
+            found = scan(data, str(self.path))
+        else:
+            found = ScanResult()
+        self._entries = found.entries
+        self._offsets = found.offsets
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not data:
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, HEADER)
+            os.fsync(self._fd)
+        elif found.valid_end < len(data):
+            self.recovery_note = (f"{self.path}: torn tail ({found.torn}) cut at byte "
+                                  f"{found.valid_end}, {len(data) - found.valid_end} bytes")
+            os.ftruncate(self._fd, found.valid_end)
+            os.fsync(self._fd)
+        self._end = found.valid_end
+        fsync_dir(self.path.parent)
+        self._meta = self._load_meta()
+        self._meta_dirty = False
+
+    # -- the log ---------------------------------------------------------------------
+    def add(self, command: bytes | str, idx: int, term: int) -> None:
+        raw = command if isinstance(command, bytes) else command.encode("utf-8")
+        record = encode_record(raw, idx, term)
+        os.pwrite(self._fd, record, self._end)
+        self._entries.append((raw, idx, term))
+        self._offsets.append(self._end)
+        self._end += len(record)
+        self.dirty = True
+
+    def clear(self) -> None:
+        self._truncate(0)
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803 - pysyncobj's
+        self._truncate(entryFrom)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803 - pysyncobj's
+        """Drop the entries before ``entryTo`` (log compaction after a snapshot): the
+        kept tail is written to a new file that replaces the old one atomically."""
+        kept = self._entries[entryTo:]
+        records = [encode_record(*entry) for entry in kept]
+        self.sync()
+        write_atomically(self.path, HEADER + b"".join(records))
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._entries = list(kept)
+        self._offsets = []
+        pos = len(HEADER)
+        for record in records:
+            self._offsets.append(pos)
+            pos += len(record)
+        self._end = pos
+
+    def _truncate(self, keep: int) -> None:
+        if keep >= len(self._entries):
+            return
+        self._end = self._offsets[keep]
+        del self._entries[keep:]
+        del self._offsets[keep:]
+        os.ftruncate(self._fd, self._end)
+        self.dirty = True
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries)
+
+    def sync(self) -> None:
+        if self.dirty:
+            os.fdatasync(self._fd)
+            self.dirty = False
+            self.syncs += 1
+
+    def _destroy(self) -> None:
+        self.sync()
+        self._store_meta()
+        os.close(self._fd)
+
+    # -- term, vote and commit index -------------------------------------------------------
+    def _load_meta(self) -> dict[str, Any]:
+        if not self.meta_path.exists():
+            return {}
+        return decode_checked(self.meta_path.read_bytes(), str(self.meta_path))
+
+    def _store_meta(self) -> None:
+        write_atomically(self.meta_path, encode_checked(self._meta))
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
+        # Not needed for safety (a restarted node learns the commit index from the
+        # leader): stored with the next term change, once a second, or at close.
+        self._meta["commit_index"] = raftCommitIndex
+        self._meta_dirty = True
+
+    def getRaftCommitIndex(self) -> int:  # noqa: N802
+        return int(self._meta.get("commit_index", 1))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803
+        # Raft: the term and vote are durable before any message that reflects them.
+        self._meta["term"] = term
+        self._meta["voted_for"] = None if votedForNodeId is None else str(votedForNodeId)
+        self._store_meta()
+        self._meta_dirty = False
+
+    def getCurrentTerm(self) -> int:  # noqa: N802
+        return int(self._meta.get("term", 0))
+
+    def getVotedForNodeId(self) -> Any:  # noqa: N802
+        return self._meta.get("voted_for")
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802
+        if self._meta_dirty:
+            self._store_meta()
+            self._meta_dirty = False

@@ -1,0 +1,142 @@
+"""One placement-driver node: Raft replica + RPC port + admin HTTP port, assembled.
+
+Side effects: starts pysyncobj's thread and two listening sockets; a background task
+publishes this node's id and addresses through Raft (so every node can name the leader),
+another runs repair rounds while this node leads (:mod:`pd.shell.repairer`), another tells
+range servers to drop replicas of deleted streams and trimmed ranges (:mod:`pd.shell.reclaimer`),
+and another recovers open ranges whose writer's lease ran out (:mod:`pd.shell.recoverer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from estream.net.rpc import ConnectionPool, RpcServer, parse_address
+from estream.net.security import (
+    DEV_RAFT_PASSWORD,
+    SecurityConfig,
+    member_client_context,
+    server_context,
+)
+from estream.wire.errors import EstreamError
+from pd.catalog import PdNode
+from pd.shell.http import build_app
+from pd.shell.raft import RaftNode
+from pd.shell.reclaimer import Reclaimer
+from pd.shell.recoverer import Recoverer
+from pd.shell.repairer import Repairer
+from pd.shell.service import PdService
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PASSWORD = DEV_RAFT_PASSWORD  # the dev default; set --password in production
+register_retry_s = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class PdConfig:
+    node_id: str
+    listen: str
+    raft: str
+    http: str
+    data_dir: Path
+    peers: tuple[str, ...] = field(default_factory=tuple)
+    password: str | None = DEFAULT_PASSWORD
+    security: SecurityConfig = field(default_factory=SecurityConfig)  # TLS, tokens
+
+
+class PlacementDriverNode:
+    """Starts and stops every part of one PD node."""
+
+    def __init__(self, config: PdConfig) -> None:
+        self.config = config
+        self.raft = RaftNode(config.raft, config.peers, config.data_dir,
+                             password=config.password)
+        self.rpc: RpcServer | None = None
+        self.service: PdService | None = None
+        self._http_runner: web.AppRunner | None = None
+        self._register_task: asyncio.Task[None] | None = None
+        self.repairer: Repairer | None = None
+        self._repair_task: asyncio.Task[None] | None = None
+        self._reclaim_task: asyncio.Task[None] | None = None
+        self._recover_task: asyncio.Task[None] | None = None
+        self.rpc_address = ""
+        self.http_address = ""
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.raft.start()
+        # The handlers are in place before the port opens (a request arriving in between
+        # would be refused as an unknown opcode); the service learns the bound addresses
+        # (port 0 allowed) once they are known, before it publishes them.
+        tls = server_context(cfg.security)
+        self.service = PdService(self.raft, PdNode(cfg.node_id, cfg.raft, "", ""))
+        self.service.pool = self.member_pool()  # delete fences, trim asks range servers
+        self.rpc = RpcServer(self.service.handlers(), name=f"pd-{cfg.node_id}", ssl=tls,
+                             tokens=cfg.security.tokens)
+        host, port = parse_address(cfg.listen)
+        self.rpc_address = await self.rpc.start(host, port)
+        http_host, http_port = parse_address(cfg.http)
+        self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, "")
+        app = build_app(self.service, tokens=cfg.security.tokens,
+                        protect_reads=cfg.security.protect_reads)
+        self._http_runner = web.AppRunner(app, access_log=None)
+        await self._http_runner.setup()
+        site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True,
+                           ssl_context=tls)
+        await site.start()
+        server: Any = site._server
+        sockets = server.sockets if server is not None else []
+        bound = sockets[0].getsockname() if sockets else (http_host, http_port)
+        self.http_address = f"{bound[0]}:{bound[1]}"
+        self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
+        self._register_task = asyncio.ensure_future(self._register_self())
+        busy: set[tuple[int, int]] = set()  # ranges repair, reclaim or recovery work on
+        self.repairer = Repairer(self.service, busy=busy)
+        self.repairer.pool = self.member_pool()  # range servers may require TLS / a token
+        self._repair_task = asyncio.ensure_future(self.repairer.run())
+        reclaimer = Reclaimer(self.service, busy=busy)
+        reclaimer.pool = self.member_pool()
+        self._reclaim_task = asyncio.ensure_future(reclaimer.run())
+        recoverer = Recoverer(self.service, busy=busy)
+        recoverer.pool = self.member_pool()
+        self._recover_task = asyncio.ensure_future(recoverer.run())
+
+    def member_pool(self) -> ConnectionPool:
+        """A pool for calls to other cluster members (range servers): this node's
+        certificate (mutual TLS) and the cluster token (the first of its token file)."""
+        sec = self.config.security
+        return ConnectionPool(ssl=member_client_context(sec), token=sec.token)
+
+    async def _register_self(self) -> None:
+        """Publish this node's addresses through Raft until the catalog has them."""
+        assert self.service is not None
+        me = self.service.me
+        while self.raft.view().pd_nodes.get(me.id) != me:
+            try:
+                await self.service.register_self()
+            except EstreamError as exc:
+                log.debug("registering PD node %s: %s", me.id, exc)
+                await asyncio.sleep(register_retry_s)
+
+    async def close(self) -> None:
+        for task in (self._register_task, self._repair_task, self._reclaim_task,
+                     self._recover_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.service is not None:
+            await self.service.pool.close()
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self.rpc is not None:
+            await self.rpc.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.raft.close)

@@ -1,0 +1,94 @@
+"""PD's own requests to the replicas of one range: describe them, fence them.
+
+Used by ``delete_stream`` (fence the open range before the stream is forgotten), ``trim``
+(the readable end) and the writer-lease recoverer (:mod:`pd.shell.recoverer`: which replicas
+hide records). Every request names the server it is meant for (``"server_id"``, the
+replica's id in the catalog): a server with another identity at that address (its disk
+was wiped) answers ``WrongServer`` and never counts, and a ``RangeNotFound`` from a server
+whose identity was checked means it really never had the replica.
+
+Side effects: network (range servers through a :class:`ConnectionPool`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from estream.net.rpc import ConnectionPool, Header
+from estream.wire import limits
+from estream.wire.errors import EstreamError, RangeNotFound
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.protocol import Opcode
+from pd.lease import ReplicaAnswer
+
+rpc_timeout_s = limits.request_timeout_ms / 1000
+fence_timeout_s = 2.0  # one fence request: a hung replica must not hold a delete long
+
+
+def replica_ids(stream: StreamMeta, rng: RangeMeta, ref: ReplicaRef) -> Header:
+    """The header naming ``rng``'s replica on ``ref`` (checked by that server)."""
+    return {"stream_id": stream.id, "range_index": rng.index, "server_id": ref.id}
+
+
+async def describe(
+    pool: ConnectionPool, stream: StreamMeta, rng: RangeMeta, *,
+    timeout_s: float = rpc_timeout_s,
+) -> dict[str, ReplicaAnswer]:
+    """The sound answers of ``rng``'s replicas to DESCRIBE_RANGE, by replica id. Errors
+    (down, WrongServer, RangeNotFound) and damaged replicas are left out."""
+
+    async def one(ref: ReplicaRef) -> ReplicaAnswer | None:
+        try:
+            body, _ = await pool.call(ref.address, Opcode.DESCRIBE_RANGE,
+                                      replica_ids(stream, rng, ref), timeout_s=timeout_s)
+        except EstreamError:
+            return None
+        return ReplicaAnswer.parse(body)
+
+    answers = await asyncio.gather(*(one(ref) for ref in rng.replicas))
+    return {ref.id: a for ref, a in zip(rng.replicas, answers, strict=True) if a is not None}
+
+
+def readable_end(rng: RangeMeta, answers: Mapping[str, ReplicaAnswer]) -> int:
+    """What readers can read of a stream whose last range is ``rng``: its sealed end, or
+    for an open one the most any sound replica serves (its start if none answered).
+
+    >>> r = RangeMeta(2, 100, None, ())
+    >>> readable_end(r, {"a": ReplicaAnswer(130, 120), "b": ReplicaAnswer(125, 125)})
+    125
+    >>> readable_end(r, {}), readable_end(RangeMeta(2, 100, 140, ()), {})
+    (100, 140)
+    """
+    if rng.end is not None:
+        return rng.end
+    return max([rng.start, *(a.readable for a in answers.values())])
+
+
+async def fence(
+    pool: ConnectionPool, stream: StreamMeta, rng: RangeMeta, epoch: int, *,
+    timeout_s: float = fence_timeout_s,
+) -> dict[str, EstreamError | None]:
+    """SEAL without an end at ``epoch`` on every replica of ``rng`` (a replica that never
+    had the range gets CREATE_RANGE at ``epoch`` instead, which fences it as well: a late
+    CREATE_RANGE or APPEND of an older writer is refused from then on). Returns each
+    replica's error, or None for a replica now fenced."""
+
+    async def one(ref: ReplicaRef) -> EstreamError | None:
+        ids = replica_ids(stream, rng, ref)
+        try:
+            await pool.call(ref.address, Opcode.SEAL, {**ids, "epoch": epoch, "end": None},
+                            timeout_s=timeout_s)
+        except RangeNotFound:
+            try:
+                await pool.call(ref.address, Opcode.CREATE_RANGE,
+                                {**ids, "start": rng.start, "epoch": epoch},
+                                timeout_s=timeout_s)
+            except EstreamError as exc:
+                return exc
+        except EstreamError as exc:
+            return exc
+        return None
+
+    results = await asyncio.gather(*(one(ref) for ref in rng.replicas))
+    return {ref.id: r for ref, r in zip(rng.replicas, results, strict=True)}

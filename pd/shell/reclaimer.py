@@ -1,0 +1,143 @@
+"""The PD leader's reclaimer: tells range servers to drop replicas nothing can read.
+
+Every ``limits.reclaim_interval_ms``, while this node is the Raft leader, it asks each
+live range server for its replicas (``LIST_RANGES``), decides with :func:`pd.reclaim.droppable`
+which belong to deleted streams, to ranges trimmed away, or to ranges repair moved
+elsewhere (those confirmed over two rounds), and sends ``DROP_RANGE`` for each (at most
+``limits.reclaim_drops_per_round_max`` a round). The server logs the drop and deletes
+the log segments nothing else needs (``rangeserver/retention.py``), so deleting or
+trimming a stream frees disk space on every server that held it. A server that does not
+answer is tried again next round; a drop is idempotent.
+
+Each listing also tells repair which replicas are sealed, and where
+(:class:`~pd.repair.SealedReports`): one sealed whole at an end other than the catalog's
+is seen here (and in heartbeats, a window at a time); and which replicas the server does
+not have at all (:class:`~pd.repair.ServerListing`: "absent", copied in place).
+Requests name the server they are meant for (``"server_id"``): a server with another
+identity at that address answers WrongServer, and nothing is dropped there.
+
+``busy`` is shared with the :class:`~pd.shell.repairer.Repairer` (and the writer-lease
+:class:`~pd.shell.recoverer.Recoverer`): the ranges one of them is working on. A repair does
+not start on a range being dropped, and a moved replica is not dropped while its range
+is being repaired; both check and mark it without an ``await``
+in between, so the two never interleave on one range.
+
+Side effects: network (range servers through a :class:`ConnectionPool`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from estream.net.rpc import ConnectionPool
+from estream.wire import limits
+from estream.wire.errors import EstreamError
+from estream.wire.protocol import Opcode
+from pd.reclaim import Drop, Suspects, confirmed, droppable
+from pd.repair import RangeKey, ServerListing, parse_listing
+from pd.shell.rounds import leader_rounds
+from pd.shell.service import PdService
+
+log = logging.getLogger(__name__)
+
+rpc_timeout_s = 10.0
+DROPS_TOTAL = "estream_replicas_dropped_total"
+DROPS_HELP = (
+    "Replicas dropped on range servers by the reclaimer, by reason (deleted, trimmed, moved)."
+)
+
+
+class Reclaimer:
+    """Runs reclaim rounds on the PD leader (see the module docstring)."""
+
+    def __init__(
+        self,
+        service: PdService,
+        *,
+        interval_ms: int = limits.reclaim_interval_ms,
+        drops_max: int = limits.reclaim_drops_per_round_max,
+        busy: set[RangeKey] | None = None,
+    ) -> None:
+        self.service = service
+        self.interval_ms = interval_ms
+        self.drops_max = drops_max
+        self.busy: set[RangeKey] = set() if busy is None else busy
+        self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
+        self.suspects_term = -1  # the Raft term they were suspected in
+        self.pool = ConnectionPool()
+
+    async def run(self) -> None:
+        """Forever (until cancelled): a round every ``interval_ms`` while leader."""
+        try:
+            await leader_rounds(
+                self.service, self.interval_ms, self.round, name="reclaim",
+                on_follower=self._forget_suspects,  # a new leader confirms its own
+            )
+        finally:
+            await self.pool.close()
+
+    def _forget_suspects(self) -> None:
+        self.suspects = {}
+
+    async def round(self) -> int:
+        """One pass over the live servers; returns how many replicas were dropped."""
+        now = self.service.clock_ms()
+        budget = self.drops_max
+        dropped = 0
+        suspects: dict[tuple[str, int, int], tuple[str, ...]] = {}
+        term = self.service.raft.status().term
+        if term != self.suspects_term or not self.service.raft.caught_up():
+            self.suspects = {}  # another leadership since, or catalog not applied yet
+        self.suspects_term = term
+        for server in self.service.view().servers.values():
+            if budget <= 0 or not self.service.liveness.alive(server.id, now):
+                continue
+            try:
+                asked_ms = self.service.clock_ms()
+                answer, _ = await self.pool.call(
+                    server.address, Opcode.LIST_RANGES, {"server_id": server.id},
+                    timeout_s=rpc_timeout_s)
+                raw = answer.get("ranges")
+                listed = raw if isinstance(raw, list) else []
+                reports = parse_listing(listed)
+                self.service.sealed_reports.observe(server.id, reports, complete=True)
+                self.service.listings[server.id] = ServerListing(asked_ms, frozenset(
+                    (r.stream_id, r.range_index) for r in reports))
+                view = self.service.view()  # after the listing: what the catalog says now
+                drops, suspected = confirmed(server.id, droppable(
+                    listed, view.streams.values(), view.next_stream_id, server.id, self.busy,
+                ), self.suspects)
+                suspects.update(suspected)
+                for drop in drops[:budget]:
+                    dropped += await self._drop(server.address, server.id, drop)
+                    budget -= 1
+            except EstreamError as exc:
+                log.warning("reclaiming on range server %s failed: %s", server.id, exc)
+                self.pool.discard(server.address)
+        self.suspects = suspects
+        return dropped
+
+    def _still_moved(self, drop: Drop) -> bool:
+        """A moved replica is still not in its range's placement (checked again right
+        before the drop: earlier drops of the round awaited)."""
+        stream = next(
+            (s for s in self.service.view().streams.values() if s.id == drop.stream_id), None)
+        held = None if stream is None else stream.range_at(drop.range_index)
+        return held is not None and tuple(ref.id for ref in held.replicas) == drop.placement
+
+    async def _drop(self, address: str, server_id: str, drop: Drop) -> int:
+        """Drop one replica; returns 1, or 0 when it was left alone after all."""
+        key = (drop.stream_id, drop.range_index)
+        if key in self.busy or (drop.reason == "moved" and not self._still_moved(drop)):
+            return 0
+        self.busy.add(key)
+        try:
+            header = {"stream_id": drop.stream_id, "range_index": drop.range_index,
+                      "server_id": server_id}
+            await self.pool.call(address, Opcode.DROP_RANGE, header, timeout_s=rpc_timeout_s)
+        finally:
+            self.busy.discard(key)
+        self.service.metrics.count(DROPS_TOTAL, DROPS_HELP, reason=drop.reason)
+        log.info("dropped replica of range %d of stream %d (%s) on %s",
+                 drop.range_index, drop.stream_id, drop.reason, address)
+        return 1

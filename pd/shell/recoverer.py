@@ -1,0 +1,201 @@
+"""The PD leader recovers open ranges whose writer's lease ran out (a dead writer's tail).
+
+A writer that dies (``kill -9``, a lost machine) leaves its records acknowledged but
+hidden: readers see an open range only up to the confirm offset, which only the writer
+moves. Every ``recovery_interval_ms``, while this node is the Raft leader and has applied
+everything committed, the :class:`Recoverer` asks :meth:`pd.lease.LeaseTable.due` for the
+streams whose writer lease ran out, asks their open range's replicas ``DESCRIBE_RANGE``
+(:func:`pd.shell.rangeops.describe`, naming each server id), and when
+:func:`pd.lease.needs_recovery` says a reader could miss durable records, recovers it:
+
+1. a new epoch through Raft, compare-and-set on the epoch it decided from (a writer that
+   opened meanwhile makes it a Conflict: nothing is done). This fences the dead writer at
+   PD (its seals and rolls are refused) and, through the fence, on the replicas;
+2. :func:`estream.net.recovery.recover_range` at that epoch, the same driver a new writer
+   runs: fence a quorum, choose the end, copy until ``ack_count`` sound replicas hold it,
+   record the seal in PD (``seal_range`` of this service, placing the next range), then
+   SEAL the holders.
+
+``Unavailable`` (too few sound replicas now, a copy failed) leaves the range fenced at
+PD's epoch; it is tried again with the same epoch after a back-off (1 s doubling up to
+``pd.lease.retry_ms_max``, 4 s). The range being recovered is
+marked in the ``busy`` set the repairer and the reclaimer share, so the three never work
+on one range at once. Outcomes are counted in ``estream_writer_recoveries_total{outcome}``
+(``sealed``, ``kept``, ``unavailable``, ``superseded``, ``failed``).
+
+Timing: a writer renews every ``limits.writer_keepalive_ms`` (1 s); its lease runs out
+``limits.writer_lease_ms`` (4 s) after the last renewal; a round runs every 0.5 s: a dead
+writer's tail is visible about 5 s after its death. After a whole-cluster restart: the
+election, then 4 s of lease from the moment this node became leader, then a round.
+
+Side effects: network (range servers through a :class:`ConnectionPool`, PD through Raft).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from estream.net.rangeclient import ReplicaClient
+from estream.net.recovery import RecoveryResult, SealInPd, recover_range
+from estream.net.rpc import ConnectionPool
+from estream.wire.errors import (
+    Conflict,
+    EstreamError,
+    Fenced,
+    NoPlacement,
+    RangeSealed,
+    Unavailable,
+)
+from estream.wire.meta import StreamMeta
+from pd.lease import needs_recovery, retry_ms_max
+from pd.metrics import WRITER_RECOVERIES_HELP, WRITER_RECOVERIES_TOTAL
+from pd.repair import RangeKey
+from pd.shell import rangeops
+from pd.shell.rounds import leader_rounds
+from pd.shell.service import PdService
+
+log = logging.getLogger(__name__)
+
+recovery_interval_ms = 500  # how often the leader looks for expired leases
+checks_per_round_max = 256  # streams looked at in one round (the rest wait a round)
+describe_timeout_s = 1.0  # DESCRIBE_RANGE is answered from memory: a hung server is skipped
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Recoverer:
+    """Runs lease-recovery rounds on the PD leader (see the module docstring)."""
+
+    def __init__(
+        self,
+        service: PdService,
+        *,
+        interval_ms: int = recovery_interval_ms,
+        clock_ms: Callable[[], int] = _now_ms,
+        busy: set[RangeKey] | None = None,
+    ) -> None:
+        self.service = service
+        self.interval_ms = interval_ms
+        self.clock_ms = clock_ms
+        self.busy: set[RangeKey] = set() if busy is None else busy  # shared (repair, reclaim)
+        self.pool = ConnectionPool()
+        self.pd_epochs: dict[str, int] = {}  # the epoch this leader took to recover a stream
+
+    async def run(self) -> None:
+        """Forever (until cancelled): a round every ``interval_ms`` while leader."""
+        try:
+            await leader_rounds(self.service, self.interval_ms, self.round,
+                                name="writer recovery", on_follower=self._step_down)
+        finally:
+            await self.pool.close()
+
+    def _step_down(self) -> None:
+        self.service.leases.step_down()
+        self.pd_epochs.clear()
+
+    async def round(self) -> list[RecoveryResult]:
+        """Look at every stream whose lease ran out; returns the recoveries done."""
+        service = self.service
+        service.leases.lead(service.raft.status().term, self.clock_ms())
+        if not service.raft.caught_up():
+            return []  # a new leader still applying the log: its catalog may be behind
+        due = service.leases.due(service.view().streams.values(), self.clock_ms())
+        looked = await asyncio.gather(*(self.look(s) for s in due[:checks_per_round_max]))
+        return [r for r in looked if r is not None]
+
+    async def look(self, stream: StreamMeta) -> RecoveryResult | None:
+        """Recover ``stream``'s open range if its replicas hide records from readers."""
+        last = stream.last_range
+        if last is None or last.sealed or (stream.id, last.index) in self.busy:
+            return None
+        answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
+        if not needs_recovery(answers.values()):
+            self.service.leases.checked_clean(stream, self.clock_ms())
+            return None
+        return await self.recover(stream)
+
+    async def recover(self, stream: StreamMeta) -> RecoveryResult | None:
+        """Recover the open last range of ``stream`` as it was looked at, unless it has
+        changed since (another epoch or range), its lease is alive again, or another
+        task works on it."""
+        current = self.service.view().streams.get(stream.name)
+        last = stream.last_range
+        if (current is None or last is None or current.epoch != stream.epoch
+                or current.last_range != last
+                or not self.service.leases.expired(current, self.clock_ms())):
+            return None
+        key = (current.id, last.index)
+        if key in self.busy:
+            return None
+        self.busy.add(key)  # no await since the check: repair and reclaim stay off it
+        try:
+            return await self._recover(current)
+        finally:
+            self.busy.discard(key)
+
+    async def _recover(self, stream: StreamMeta) -> RecoveryResult | None:
+        service, name = self.service, stream.name
+        last = stream.last_range
+        assert last is not None
+        try:
+            meta = stream
+            if self.pd_epochs.get(name) != stream.epoch:
+                meta = await service.open_writer(name, expected_epoch=stream.epoch)
+                self.pd_epochs[name] = meta.epoch
+            service.leases.hold(meta, meta.epoch)  # no writer renews PD's own epoch
+            log.warning("stream %r: the writer's lease ran out with records hidden in open "
+                        "range %d; recovering it at epoch %d", name, last.index, meta.epoch)
+            result = await recover_range(ReplicaClient(self.pool, meta.epoch), meta,
+                                         self._sealer(name, meta.epoch))
+        except (Conflict, Fenced, RangeSealed) as exc:
+            self._count("superseded")  # a writer opened (or sealed) meanwhile: its business
+            log.info("stream %r: recovery not needed any more: %s", name, exc)
+            return None
+        except (Unavailable, NoPlacement) as exc:
+            self._count("unavailable")
+            self._retry_later(name)
+            log.warning("stream %r: cannot recover open range %d now (tried again soon): %s",
+                        name, last.index, exc)
+            return None
+        except EstreamError as exc:
+            self._count("failed")
+            self._retry_later(name)
+            log.warning("stream %r: recovery of open range %d failed: %s", name, last.index,
+                        exc)
+            return None
+        outcome = "kept" if result.kept else "sealed"
+        self._count(outcome)
+        self.pd_epochs.pop(name, None)
+        service.leases.checked_clean(result.meta, self.clock_ms())
+        log.warning("stream %r: open range %d recovered (%s at %d, held by %s)", name,
+                    last.index, outcome, result.end, list(result.holders))
+        return result
+
+    def _retry_later(self, name: str) -> None:
+        """Try again after a back-off (1 s doubling up to ``retry_ms_max``), not every
+        round: the replicas may take a while to come back."""
+        current = self.service.view().streams.get(name)
+        if current is not None:
+            self.service.leases.checked_clean(current, self.clock_ms(), max_ms=retry_ms_max)
+
+    def _count(self, outcome: str) -> None:
+        self.service.metrics.count(WRITER_RECOVERIES_TOTAL, WRITER_RECOVERIES_HELP,
+                                   outcome=outcome)
+
+    def _sealer(self, name: str, epoch: int) -> SealInPd:
+        async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...]) -> StreamMeta:
+            try:
+                return await self.service.seal_range(name, epoch, index, end, exclude)
+            except NoPlacement:
+                if not exclude:
+                    raise
+                # Too few servers besides the excluded ones: place the next range anyway
+                # (the writer of the next epoch rolls it if a replica is really gone).
+                return await self.service.seal_range(name, epoch, index, end, ())
+
+        return seal_in_pd

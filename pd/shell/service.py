@@ -1,0 +1,473 @@
+"""The placement driver's operations, and one RPC handler per PD opcode.
+
+:class:`PdService` is what both front doors call (the frame protocol here, the admin
+HTTP API in :mod:`pd.shell.http`): reads come from this node's immutable catalog view; writes
+decide everything nondeterministic here (placement from this node's liveness view, request
+ids) and go through Raft as one command. Heartbeats are not replicated: every range
+server sends them to every PD node, and each node keeps them in its own
+:class:`~pd.liveness.Liveness` (and the sealed replicas they report in
+:class:`~pd.repair.SealedReports`). Writer leases are not replicated either: the leader
+keeps them in its :class:`~pd.lease.LeaseTable` (``PD_WRITER_KEEPALIVE``, ``PD_OPEN_WRITER``).
+
+Two operations also talk to range servers (:mod:`pd.shell.rangeops`): ``delete_stream`` takes a
+new epoch and fences the open range's replicas at it before the stream is forgotten (so
+no append of an earlier writer can be acknowledged once the delete returned), and
+``trim_stream`` refuses a start past what readers can read.
+
+Message schemas: ``docs/ARCHITECTURE.md`` section 3.3.
+
+Side effects: network to range servers (delete, trim), through :attr:`PdService.pool`;
+otherwise none of its own (it drives :class:`~pd.shell.raft.RaftNode`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from estream.core.quorum import seal_quorum
+from estream.net.rpc import ConnectionPool, Handler, Header, optional, require
+from estream.wire.errors import (
+    Conflict,
+    EstreamError,
+    Fenced,
+    InvalidArgument,
+    NotLeader,
+    StreamExists,
+    Unavailable,
+)
+from estream.wire.meta import ServerInfo, StreamMeta
+from estream.wire.protocol import Opcode
+from pd.catalog import CatalogView, PdNode, check_stream_args
+from pd.commands import (
+    CreateStream,
+    DeleteStream,
+    OpenWriter,
+    RegisterPdNode,
+    RegisterServer,
+    SealRange,
+    TrimStream,
+    UpdateReplicas,
+)
+from pd.lease import LeaseTable
+from pd.liveness import Liveness
+from pd.metrics import Metrics
+from pd.placement import Candidate, choose_replicas
+from pd.repair import SealedReports, ServerListing, parse_reports
+from pd.shell import rangeops
+from pd.shell.raft import RaftNode
+
+catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
+catch_up_poll_s = 0.005
+delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class PdService:
+    """One PD node's operations over its Raft replica of the catalog."""
+
+    def __init__(
+        self,
+        raft: RaftNode,
+        me: PdNode,
+        *,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.raft = raft
+        self.me = me
+        self.clock_ms = clock_ms
+        self.liveness = Liveness(started_ms=clock_ms())
+        self.metrics = Metrics()
+        self.sealed_reports = SealedReports()  # sealed replicas heard of (repair)
+        self.listings: dict[str, ServerListing] = {}  # the reclaimer's, for repair
+        self.leases = LeaseTable()  # writer leases, while this node leads
+        self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
+
+    # -- reads -----------------------------------------------------------------------
+    def view(self) -> CatalogView:
+        return self.raft.view()
+
+    def read_view(self) -> CatalogView:
+        """The catalog clients read (streams, servers): this node's, once it has caught up
+        since its start. A node restarted a moment ago may not have replayed its log yet and
+        would answer "not found" for a stream that exists: it answers Unavailable instead,
+        which clients retry on another node (HTTP 503)."""
+        if not self.raft.ready():
+            raise Unavailable("this placement-driver node is still catching up after its "
+                              "start; ask another node")
+        return self.view()
+
+    def describe_stream(self, name: str) -> StreamMeta:
+        return self.read_view().stream(name)
+
+    def list_streams(self) -> list[StreamMeta]:
+        return sorted(self.read_view().streams.values(), key=lambda s: s.name)
+
+    def list_servers(self) -> list[ServerInfo]:
+        """:meth:`servers` for clients: Unavailable until this node has caught up."""
+        self.read_view()
+        return self.servers()
+
+    def servers(self) -> list[ServerInfo]:
+        now = self.clock_ms()
+        out = []
+        for server in sorted(self.view().servers.values(), key=lambda s: s.id):
+            beat = self.liveness.last(server.id)
+            out.append(
+                ServerInfo(
+                    server.id,
+                    server.address,
+                    server.storage_class,
+                    self.liveness.alive(server.id, now) and beat is not None,
+                    self.liveness.load(server.id),
+                )
+            )
+        return out
+
+    def cluster(self) -> dict[str, Any]:
+        status = self.raft.status()
+        view = self.view()
+        by_raft = {n.raft: n for n in view.pd_nodes.values()}
+        nodes = []
+        for raft_address in [status.self_address or self.me.raft, *self.raft.peers]:
+            known = by_raft.get(raft_address)
+            if raft_address == (status.self_address or self.me.raft):
+                role, reachable = status.role, True
+            else:
+                role = "leader" if raft_address == status.leader else "follower"
+                reachable = status.peers_connected.get(raft_address, False)
+            nodes.append({
+                "id": known.id if known else None,
+                "address": known.rpc if known else None,
+                "raft": raft_address,
+                "http": known.http if known else None,
+                "role": role,
+                "reachable": reachable,
+            })
+        leader = by_raft.get(status.leader) if status.leader else None
+        return {
+            "leader": None if status.leader is None else {
+                "id": leader.id if leader else None,
+                "address": leader.rpc if leader else None,
+                "raft": status.leader,
+                "http": leader.http if leader else None,
+            },
+            "self": self.me.id,
+            "term": status.term,
+            "commit_index": status.commit_index,
+            "nodes": nodes,
+        }
+
+    # -- writes ------------------------------------------------------------------------
+    def _candidates(self, view: CatalogView) -> list[Candidate]:
+        now = self.clock_ms()
+        open_ranges = view.open_ranges_by_server()
+        out = []
+        for server in view.servers.values():
+            load = self.liveness.load(server.id)
+            load_bytes = load.get("bytes", 0)
+            out.append(Candidate(
+                server.id,
+                server.storage_class,
+                self.liveness.alive(server.id, now),
+                open_ranges.get(server.id, 0),
+                load_bytes if isinstance(load_bytes, int) else 0,
+            ))
+        return out
+
+    def _require_leader(self) -> None:
+        """No leader: answer Unavailable before a (meaningless) placement error."""
+        if self.raft.leader() is None:
+            raise Unavailable("the placement driver has no leader (no majority reachable)")
+
+    async def _decision_view(self) -> CatalogView:
+        """The catalog to decide from (placement, existence checks): this node's, once it
+        applied every entry it knows committed. A restarted node replaying its log would
+        otherwise place ranges from a catalog that lacks the servers, or miss a stream."""
+        deadline = time.monotonic() + catch_up_wait_s
+        while not self.raft.caught_up():
+            if time.monotonic() > deadline:
+                raise Unavailable("this placement-driver node is still catching up")
+            await asyncio.sleep(catch_up_poll_s)
+        return self.view()
+
+    async def create_stream(
+        self,
+        name: str,
+        replicas: int = 3,
+        ack_count: int = 2,
+        type: str = "",
+        hints: Sequence[str] = (),
+        *,
+        request_id: str = "",
+        system: bool = False,
+    ) -> StreamMeta:
+        view = await self._decision_view()
+        command = CreateStream(name, replicas, ack_count, type, tuple(hints), (),
+                               request_id, system)
+        if name in view.streams:
+            if not request_id:
+                raise StreamExists(f"stream {name!r} already exists", stream=name)
+            # Maybe our own earlier create (same request id): the catalog decides.
+            return _stream(await self.raft.propose(command))
+        check_stream_args(command)  # bad input is reported before any placement error
+        self._require_leader()
+        placement = choose_replicas(self._candidates(view), replicas, hints=hints)
+        return _stream(await self.raft.propose(replace(command, placement=placement)))
+
+    async def delete_stream(self, name: str) -> None:
+        """Forget ``name``, once no writer can have an append acknowledged any more: a
+        new epoch through Raft (PD refuses the older writers' seals and rolls from then
+        on), the open range's replicas fenced at it (a quorum, so that no older append can
+        gather ``ack_count`` acknowledgements), then the delete, compare-and-set on that
+        epoch (a writer that opened meanwhile was not fenced: start over). A stream no
+        writer ever opened (epoch 0) has nothing to fence. Raises Unavailable, deleting
+        nothing, when too few replicas answer the fence."""
+        for _ in range(delete_attempts_max):
+            stream = (await self._decision_view()).stream(name)
+            try:
+                if stream.epoch > 0:
+                    stream = await self.open_writer(name, expected_epoch=stream.epoch)
+                    await self._fence_open_range(stream)
+                await self.raft.propose(DeleteStream(name, stream.epoch))
+                return
+            except Conflict:
+                continue  # a writer opened meanwhile: fence it too
+        raise Unavailable(f"stream {name!r} not deleted: writers kept opening it")
+
+    async def _fence_open_range(self, stream: StreamMeta) -> None:
+        last = stream.last_range
+        if last is None or last.sealed:
+            return
+        results = await rangeops.fence(self.pool, stream, last, stream.epoch)
+        fenced = [r for r, error in results.items() if error is None]
+        needed = seal_quorum(len(last.replicas), stream.ack_count)
+        if len(fenced) < needed:
+            failures = "; ".join(f"{r}: {type(e).__name__}" for r, e in results.items() if e)
+            raise Unavailable(
+                f"stream {stream.name!r} not deleted: only {len(fenced)} of "
+                f"{len(last.replicas)} replicas of its open range {last.index} could be "
+                f"fenced ({needed} needed, so that no earlier writer's append can still be "
+                f"acknowledged); {failures}")
+
+    async def open_writer(self, name: str, *, expected_epoch: int = -1) -> StreamMeta:
+        """A new epoch for ``name`` (with ``expected_epoch``: only if it is still that
+        one). On the leader, the new epoch's writer lease starts now."""
+        stream = _stream(await self.raft.propose(OpenWriter(name, expected_epoch)))
+        status = self.raft.status()
+        if status.role == "leader":
+            now = self.clock_ms()
+            self.leases.lead(status.term, now)
+            self.leases.renew(name, stream.epoch, now)
+        return stream
+
+    async def keepalive_writer(self, name: str, epoch: int) -> None:
+        """The writer of ``epoch`` is alive: renew its lease (leader only; the table is
+        not replicated). Fenced when a newer epoch exists, StreamNotFound once deleted."""
+        status = self.raft.status()
+        if status.role != "leader":
+            if status.leader is None:
+                raise Unavailable("the placement driver has no leader (no majority reachable)")
+            by_raft = {n.raft: n.rpc for n in self.view().pd_nodes.values()}
+            raise NotLeader("writer leases are kept by the leader",
+                            leader_hint=by_raft.get(status.leader))
+        # Caught up first: a new leader still applying the log could miss the stream
+        # (and StreamNotFound fences the writer).
+        stream = (await self._decision_view()).stream(name)
+        if epoch < stream.epoch:
+            raise Fenced(f"stream {name!r}: epoch {epoch} is fenced by {stream.epoch}",
+                         epoch=epoch, current_epoch=stream.epoch)
+        now = self.clock_ms()
+        self.leases.lead(status.term, now)
+        self.leases.renew(name, epoch, now)
+
+    async def seal_range(
+        self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
+    ) -> StreamMeta:
+        view = await self._decision_view()
+        stream = view.stream(name)
+        current = stream.last_range
+        if current is not None and current.index != range_index:
+            # A retry of a seal that landed (or a stale request): the catalog decides.
+            placement: tuple[str, ...] = ()
+        else:
+            self._require_leader()
+            placement = choose_replicas(
+                self._candidates(view), stream.replicas, hints=stream.hints, exclude=exclude
+            )
+        return _stream(await self.raft.propose(
+            SealRange(name, epoch, range_index, end, placement)))
+
+    async def trim_stream(self, name: str, start_offset: int) -> StreamMeta:
+        """Move the stream's start to ``start_offset``; never past what readers can read
+        (the sealed end of the last range, or the most a sound replica of the open one
+        serves): records below the start are gone for readers, so an acknowledged record
+        must never land there. Past it: InvalidArgument, nothing changes."""
+        stream = (await self._decision_view()).stream(name)
+        last = stream.last_range
+        if start_offset > stream.start_offset and last is not None:
+            answers = {} if last.sealed else await rangeops.describe(self.pool, stream, last)
+            end = rangeops.readable_end(last, answers)
+            if start_offset > end:
+                raise InvalidArgument(
+                    f"cannot trim stream {name!r} to {start_offset}: readers can read up to "
+                    f"{end} only", argument="start_offset")
+        return _stream(await self.raft.propose(TrimStream(name, start_offset)))
+
+    async def update_replicas(
+        self, name: str, range_index: int, replicas: Sequence[str], expected: Sequence[str] = ()
+    ) -> StreamMeta:
+        """Replace a sealed range's replicas (repair); with ``expected``, only if they are
+        still exactly those (compare-and-set)."""
+        command = UpdateReplicas(name, range_index, tuple(replicas), tuple(expected))
+        return _stream(await self.raft.propose(command))
+
+    async def register_server(self, server_id: str, address: str, storage_class: str) -> ServerInfo:
+        result = await self.raft.propose(RegisterServer(server_id, address, storage_class))
+        assert isinstance(result, ServerInfo)
+        self.liveness.on_heartbeat(server_id, self.clock_ms(), address)
+        self._supersede_others(server_id, address, self.view().servers.values())
+        return ServerInfo(result.id, result.address, result.storage_class, True,
+                          self.liveness.load(server_id))
+
+    async def register_self(self) -> PdNode:
+        me = self.me
+        result = await self.raft.propose(RegisterPdNode(me.id, me.raft, me.rpc, me.http))
+        assert isinstance(result, PdNode)
+        return result
+
+    def heartbeat(self, server_id: str, address: str, load: dict[str, Any]) -> bool:
+        """Record a heartbeat; False when the server is not (yet) registered here."""
+        self.liveness.on_heartbeat(server_id, self.clock_ms(), address, load)
+        self.sealed_reports.observe(server_id, parse_reports(load).values())
+        servers = self.view().servers
+        self._supersede_others(server_id, address, servers.values())
+        return server_id in servers
+
+    def _supersede_others(
+        self, server_id: str, address: str, servers: Iterable[ServerInfo]
+    ) -> None:
+        """Registered servers at ``address`` other than ``server_id`` are gone (a wiped
+        server came back with a new id there): no grace, no placement, repaired now."""
+        if not address:
+            return
+        for other in servers:
+            if other.address == address and other.id != server_id \
+                    and not self.liveness.superseded(other.id):
+                self.liveness.supersede(other.id)
+
+    # -- the RPC front door ------------------------------------------------------------
+    def handlers(self) -> dict[int, Handler]:
+        table: dict[Opcode, Callable[[Header], Awaitable[Header]]] = {
+            Opcode.PD_REGISTER_SERVER: self._rpc_register,
+            Opcode.PD_HEARTBEAT: self._rpc_heartbeat,
+            Opcode.PD_CREATE_STREAM: self._rpc_create,
+            Opcode.PD_DESCRIBE_STREAM: self._rpc_describe,
+            Opcode.PD_LIST_STREAMS: self._rpc_list,
+            Opcode.PD_DELETE_STREAM: self._rpc_delete,
+            Opcode.PD_OPEN_WRITER: self._rpc_open_writer,
+            Opcode.PD_SEAL_RANGE: self._rpc_seal,
+            Opcode.PD_TRIM_STREAM: self._rpc_trim,
+            Opcode.PD_LIST_SERVERS: self._rpc_servers,
+            Opcode.PD_CLUSTER: self._rpc_cluster,
+            Opcode.PD_UPDATE_REPLICAS: self._rpc_update_replicas,
+            Opcode.PD_WRITER_KEEPALIVE: self._rpc_keepalive,
+        }
+        return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
+
+    def _timed(self, op: str, fn: Callable[[Header], Awaitable[Header]]) -> Handler:
+        async def handler(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+            started = time.perf_counter()
+            ok = False
+            try:
+                out = await fn(header)
+                ok = True
+                return out, b""
+            finally:
+                self.metrics.observe("rpc", op, time.perf_counter() - started, ok)
+
+        return handler
+
+    async def _rpc_register(self, h: Header) -> Header:
+        server = await self.register_server(
+            require(h, "server_id", str), require(h, "address", str),
+            optional(h, "storage_class", str, "ssd"))
+        return {"server": server.to_dict()}
+
+    async def _rpc_heartbeat(self, h: Header) -> Header:
+        load = optional(h, "load", dict, {})
+        registered = self.heartbeat(require(h, "server_id", str), optional(h, "address", str, ""),
+                                    load)
+        return {"registered": registered}
+
+    async def _rpc_create(self, h: Header) -> Header:
+        stream = await self.create_stream(
+            require(h, "name", str),
+            optional(h, "replicas", int, 3),
+            optional(h, "ack_count", int, 2),
+            optional(h, "type", str, ""),
+            _str_list(h, "hints"),
+            request_id=optional(h, "request_id", str, ""),
+            system=optional(h, "system", bool, False),
+        )
+        return {"stream": stream.to_dict()}
+
+    async def _rpc_describe(self, h: Header) -> Header:
+        return {"stream": self.describe_stream(require(h, "name", str)).to_dict()}
+
+    async def _rpc_list(self, h: Header) -> Header:
+        return {"streams": [s.to_dict() for s in self.list_streams()]}
+
+    async def _rpc_delete(self, h: Header) -> Header:
+        await self.delete_stream(require(h, "name", str))
+        return {}
+
+    async def _rpc_open_writer(self, h: Header) -> Header:
+        return {"stream": (await self.open_writer(require(h, "name", str))).to_dict()}
+
+    async def _rpc_seal(self, h: Header) -> Header:
+        stream = await self.seal_range(
+            require(h, "name", str), require(h, "epoch", int), require(h, "range_index", int),
+            require(h, "end", int), _str_list(h, "exclude"))
+        return {"stream": stream.to_dict()}
+
+    async def _rpc_trim(self, h: Header) -> Header:
+        stream = await self.trim_stream(require(h, "name", str), require(h, "start_offset", int))
+        return {"stream": stream.to_dict()}
+
+    async def _rpc_servers(self, h: Header) -> Header:
+        return {"servers": [s.to_dict() for s in self.list_servers()]}
+
+    async def _rpc_cluster(self, h: Header) -> Header:
+        return self.cluster()
+
+    async def _rpc_keepalive(self, h: Header) -> Header:
+        await self.keepalive_writer(require(h, "name", str), require(h, "epoch", int))
+        return {}
+
+    async def _rpc_update_replicas(self, h: Header) -> Header:
+        replicas = _str_list(h, "replicas")
+        stream = await self.update_replicas(
+            require(h, "name", str), require(h, "range_index", int), replicas,
+            _str_list(h, "expected"))
+        return {"stream": stream.to_dict()}
+
+
+def _str_list(h: Header, name: str) -> tuple[str, ...]:
+    value = optional(h, name, list, [])
+    if not all(isinstance(v, str) for v in value):
+        raise InvalidArgument(f"field {name!r} must be a list of strings", argument=name)
+    return tuple(value)
+
+
+def _stream(result: object) -> StreamMeta:
+    if isinstance(result, EstreamError):  # pragma: no cover - raft raises these
+        raise result
+    assert isinstance(result, StreamMeta), f"unexpected catalog result {result!r}"
+    return result

@@ -1,0 +1,150 @@
+"""The checkpoint: every replica's state and index as of a log position.
+
+At start the range server loads the checkpoint and scans only the log after its
+position, instead of the whole log. A checkpoint is taken as a snapshot of the state on
+the event loop (covering every entry before the log's current position), written only
+after an fdatasync covers that position, to a temporary file renamed over the old one
+(atomic). A missing, unreadable or inconsistent checkpoint is ignored: the log alone is
+enough to rebuild everything, the checkpoint only makes start faster.
+
+File layout: msgpack map, then its xxh3-64 (8 bytes, little-endian)::
+
+    {"version": 2, "segment": int, "position": int,
+     "replicas": [{"stream_id", "range_index", "start", "end", "epoch", "confirm",
+                   "sealed", "sealed_end", "damaged", "index": {column: bytes},
+                   "span": [first segment, last segment]}],
+     "dropped": [[first segment, last segment], ...]}
+
+``span`` and ``dropped`` are what the log's retention needs (``rangeserver/retention.py``).
+A version 1 checkpoint (without them) is ignored like an invalid one: the whole log is
+scanned once.
+
+Side effects: the checkpoint file (written with aiofiles: a cold path).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import aiofiles
+import aiofiles.os
+import msgpack
+import xxhash
+
+from estream.server.durable import fsync_dir
+from rangeserver.index import RangeIndex
+from rangeserver.replica import ReplicaState
+from rangeserver.retention import Span
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION: Final = 2
+CHECKPOINT_NAME: Final = "checkpoint.msgpack"
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    segment: int
+    position: int
+    replicas: dict[tuple[int, int], ReplicaState]
+    indexes: dict[tuple[int, int], RangeIndex]
+    spans: dict[tuple[int, int], Span]
+    dropped: list[Span]
+
+
+def encode(checkpoint: Checkpoint) -> bytes:
+    """Pure: the checkpoint's bytes. Replicas are stored with ``end = written_end``: the
+    file is written only once everything before ``position`` is durable."""
+    replicas = []
+    for key, state in checkpoint.replicas.items():
+        replicas.append(
+            {
+                "stream_id": state.stream_id,
+                "range_index": state.range_index,
+                "start": state.start,
+                "end": state.written_end,
+                "epoch": state.epoch,
+                "confirm": state.confirm,
+                "sealed": state.sealed,
+                "sealed_end": state.sealed_end,
+                "damaged": state.damaged,
+                "index": checkpoint.indexes[key].to_wire(),
+                "span": [checkpoint.spans[key].first, checkpoint.spans[key].last],
+            }
+        )
+    body: bytes = msgpack.packb(
+        {
+            "version": CHECKPOINT_VERSION,
+            "segment": checkpoint.segment,
+            "position": checkpoint.position,
+            "replicas": replicas,
+            "dropped": [[span.first, span.last] for span in checkpoint.dropped],
+        }
+    )
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+
+
+def decode(data: bytes) -> Checkpoint:
+    """Pure: parse a checkpoint; raises ValueError when it is not a valid one."""
+    if len(data) < 8:
+        raise ValueError("checkpoint too short")
+    body, digest = data[:-8], int.from_bytes(data[-8:], "little")
+    if xxhash.xxh3_64_intdigest(body) != digest:
+        raise ValueError("checkpoint checksum mismatch")
+    raw: Any = msgpack.unpackb(body, strict_map_key=False)
+    if not isinstance(raw, dict) or raw.get("version") != CHECKPOINT_VERSION:
+        raise ValueError("unknown checkpoint version")
+    replicas: dict[tuple[int, int], ReplicaState] = {}
+    indexes: dict[tuple[int, int], RangeIndex] = {}
+    spans: dict[tuple[int, int], Span] = {}
+    for item in raw["replicas"]:
+        state = ReplicaState(
+            stream_id=item["stream_id"],
+            range_index=item["range_index"],
+            start=item["start"],
+            end=item["end"],
+            written_end=item["end"],
+            epoch=item["epoch"],
+            confirm=item["confirm"],
+            sealed=item["sealed"],
+            sealed_end=item["sealed_end"],
+            damaged=item["damaged"],
+        )
+        replicas[state.key] = state
+        indexes[state.key] = RangeIndex.from_wire(item["index"])
+        spans[state.key] = Span(int(item["span"][0]), int(item["span"][1]))
+    dropped = [Span(int(first), int(last)) for first, last in raw["dropped"]]
+    return Checkpoint(
+        int(raw["segment"]), int(raw["position"]), replicas, indexes, spans, dropped
+    )
+
+
+async def save(directory: Path, data: bytes) -> None:
+    """Write the checkpoint atomically: temporary file, fsync, rename, fsync the dir."""
+    path = directory / CHECKPOINT_NAME
+    tmp = path.with_suffix(".tmp")
+    async with aiofiles.open(tmp, "wb") as f:
+        await f.write(data)
+        await f.flush()
+        await aiofiles.os.wrap(os.fsync)(f.fileno())
+    await aiofiles.os.replace(tmp, path)
+    await aiofiles.os.wrap(fsync_dir)(directory)
+
+
+async def load(directory: Path) -> Checkpoint | None:
+    """The checkpoint in ``directory``, or None when missing or invalid (logged)."""
+    path = directory / CHECKPOINT_NAME
+    try:
+        async with aiofiles.open(path, "rb") as f:
+            data = await f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return decode(data)
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+        log.warning("ignoring invalid checkpoint %s: %s", path, exc)
+        return None

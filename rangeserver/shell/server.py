@@ -1,0 +1,196 @@
+"""The range server's RPC handlers: one thin handler per opcode over :class:`Store`.
+
+Each handler validates its arguments (``docs/ARCHITECTURE.md`` section 3.3 has the
+message schemas), calls the store, and shapes the answer. Every input error is a typed
+:class:`~estream.wire.errors.EstreamError` answered to that request only.
+
+Identity: every request but PING may carry ``"server_id"``, the id the caller believes
+serves this address (the replica's id in the catalog). When it is not this server's own,
+the request answers :class:`~estream.wire.errors.WrongServer` before anything else is done:
+a server whose disk was wiped or replaced has a new id, and its "no such range" must
+never be taken for "an empty copy" of the old server's replica (BookKeeper's cookie).
+
+Side effects: none of its own (the store and the RPC server own them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional, require
+from estream.wire import limits
+from estream.wire.errors import InvalidArgument, WrongServer
+from estream.wire.protocol import Opcode
+from rangeserver.replica import problem_replicas
+from rangeserver.shell.store import Store
+
+log = logging.getLogger(__name__)
+
+_U64_MAX = 2**64 - 1
+_U32_MAX = 2**32 - 1
+
+
+def _uint(header: Header, name: str, limit: int = _U64_MAX) -> int:
+    value: int = require(header, name, int)
+    if not 0 <= value <= limit:
+        raise InvalidArgument(f"field {name!r} is out of bounds: {value}", argument=name)
+    return value
+
+
+def _range_key(header: Header) -> tuple[int, int]:
+    return _uint(header, "stream_id"), _uint(header, "range_index", _U32_MAX)
+
+
+def _wrong_server(asked: object, actual: str) -> WrongServer:
+    return WrongServer(
+        f"this range server is {actual}, not {asked}: its data directory was replaced",
+        expected=asked,
+        actual=actual,
+    )
+
+
+class RangeServer:
+    """The range server process's service: the store behind an :class:`RpcServer`."""
+
+    def __init__(self, store: Store, server_id: str, *, storage_class: str = "ssd") -> None:
+        self.store = store
+        self.server_id = server_id
+        self.storage_class = storage_class
+        self.address = ""
+        self._rotation = 0  # where the heartbeat's window of sealed replicas is
+        self.rpc = RpcServer(
+            self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver"
+        )
+
+    def handlers(self) -> dict[int, Handler]:
+        checked = {
+            Opcode.CREATE_RANGE: self.create_range,
+            Opcode.APPEND: self.append,
+            Opcode.SEAL: self.seal,
+            Opcode.READ: self.read,
+            Opcode.DESCRIBE_RANGE: self.describe_range,
+            Opcode.FORCE: self.force,
+            Opcode.CONFIRM: self.confirm,
+            Opcode.LIST_RANGES: self.list_ranges,
+            Opcode.DROP_RANGE: self.drop_range,
+        }
+        return {
+            Opcode.PING: self.ping,
+            **{op: self._identified(handler) for op, handler in checked.items()},
+        }
+
+    def _identified(self, handler: Handler) -> Handler:
+        """``handler`` behind the identity check (module docstring)."""
+
+        async def checked(header: Header, payload: bytes) -> Answer:
+            asked = header.get("server_id")
+            if asked is not None and asked != self.server_id:
+                raise _wrong_server(asked, self.server_id)
+            return await handler(header, payload)
+
+        return checked
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen; returns the bound ``host:port``."""
+        bound = await self.rpc.start(host, port)
+        self.address = self.address or bound
+        return bound
+
+    async def close(self) -> None:
+        await self.rpc.close()
+        await asyncio.sleep(0)  # let cancelled handlers unwind before the store closes
+        await self.store.close()
+
+    def load(self) -> dict[str, Any]:
+        """The heartbeat load; ``problem_replicas`` feeds PD's repair (``pd/repair.py``)."""
+        problems, self._rotation = problem_replicas(
+            list(self.store.replicas.values()),
+            limits.heartbeat_problem_replicas_max,
+            rotation=self._rotation,
+        )
+        return {
+            **self.store.load(),
+            "storage_class": self.storage_class,
+            "problem_replicas": problems,
+        }
+
+    # ----------------------------------------------------------------------- handlers
+
+    async def ping(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        wal = self.store.wal
+        answer = {"server_id": self.server_id, "address": self.address}
+        return {**answer, "wal_spares": wal.spares.ready(), "wal_io": wal.mode}, b""
+
+    async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        stream_id, range_index = _range_key(header)
+        state = await self.store.create_range(
+            stream_id, range_index, _uint(header, "start"), _uint(header, "epoch")
+        )
+        answer = {"start": state.start, "end": state.end, "epoch": state.epoch}
+        return {**answer, "sealed": state.sealed}, b""
+
+    async def append(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        """APPEND when the quick path cannot take it (the connection's answers wait)."""
+        pending, answer = self.append_now(header, payload)
+        if pending is not None:
+            await pending
+        return answer()
+
+    def append_now(
+        self, header: Header, payload: bytes
+    ) -> tuple[asyncio.Future[None] | None, Callable[[], tuple[Header, bytes]]]:
+        """APPEND as a quick handler (``estream/net/rpc.py``): no task per append."""
+        asked = header.get("server_id")  # the identity check: one lookup, one compare
+        if asked is not None and asked != self.server_id:
+            raise _wrong_server(asked, self.server_id)
+        deferred = optional(header, "deferred", bool, False)
+        pending, end = self.store.begin_append(payload, deferred=deferred)
+        return pending, lambda: ({"end": end()}, b"")
+
+    async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        stream_id, range_index = _range_key(header)
+        epoch = _uint(header, "epoch")
+        end = _uint(header, "end") if header.get("end") is not None else None
+        sealed_end, sealed = await self.store.seal(stream_id, range_index, epoch, end)
+        return {"end": sealed_end, "sealed": sealed}, b""
+
+    async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        stream_id, range_index = _range_key(header)
+        offset = _uint(header, "offset")
+        max_bytes = optional(header, "max_bytes", int, limits.read_bytes_max)
+        wait_ms = optional(header, "wait_ms", int, 0)
+        if max_bytes < 0 or wait_ms < 0:
+            raise InvalidArgument("max_bytes and wait_ms must not be negative", argument="wait_ms")
+        end, sealed, data = await self.store.read(
+            stream_id,
+            range_index,
+            offset,
+            max_bytes=min(max_bytes, limits.read_bytes_max),
+            wait_ms=min(wait_ms, limits.read_wait_ms_max),
+            unconfirmed=optional(header, "unconfirmed", bool, False),
+            allowance=answer_allowance,
+        )
+        return {"end": end, "sealed": sealed}, data
+
+    async def describe_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        return dict(self.store.describe(*_range_key(header))), b""
+
+    async def force(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        await self.store.force()
+        return {}, b""
+
+    async def confirm(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        stream_id, range_index = _range_key(header)
+        await self.store.confirm(
+            stream_id, range_index, _uint(header, "epoch"), _uint(header, "confirm")
+        )
+        return {}, b""
+
+    async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        return {"ranges": self.store.list_ranges()}, b""
+
+    async def drop_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        return {"dropped": await self.store.drop(*_range_key(header))}, b""

@@ -1,0 +1,527 @@
+"""The range server's storage: replicas, their index and cache, over the write-ahead log.
+
+:class:`Store` runs the pure decisions of ``rangeserver/replica.py`` and carries out
+their effects: log entries (``rangeserver/shell/wal.py``), index and cache updates, waking long
+polls, and typed errors. It also recovers everything at start: checkpoint, then a scan of
+the log after it (``rangeserver/replay.py`` decides what is a torn tail to truncate and
+what is damage to mark, durably). Dropping a replica logs a DROP entry, forgets the
+replica, and then deletes the log segments nothing needs any more
+(``rangeserver/retention.py``). Every entry that changes what a replica answers (create,
+epoch, seal, confirm, damage, drop) is durable before the request that caused it is
+answered.
+
+Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
+batch's own stream id and range index, decide, queue the log entry, await its
+fdatasync, answer. Nothing per record.
+
+Side effects: through :class:`~rangeserver.shell.wal.Wal` and ``rangeserver/shell/checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+from estream.wire import limits
+from estream.wire.errors import (
+    ChecksumMismatch,
+    Conflict,
+    EstreamError,
+    OffsetGap,
+    OffsetOutOfRange,
+    RangeNotFound,
+    ReplicaDamaged,
+)
+from estream.wire.record import BatchHeader, verify_batch
+from rangeserver import replica as rp
+from rangeserver import retention
+from rangeserver import walformat as wf
+from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
+from rangeserver.replay import Replay
+from rangeserver.replica import ReplicaState, readable_end
+from rangeserver.retention import Span
+from rangeserver.shell import checkpoint as ckpt
+from rangeserver.shell.wal import Wal
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, int]
+reclaim_delay_s = 0.2  # after a drop, before the checkpoint that deletes its segments
+
+
+class Store:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        segment_bytes_max: int = limits.segment_bytes_max,
+        cache_bytes_max: int = limits.cache_bytes_max,
+        wal_spares: int = 0,
+        wal_io: str = "auto",
+    ) -> None:
+        self.data_dir = data_dir
+        self.wal = Wal(
+            data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io
+        )
+        self.cache = BatchCache(cache_bytes_max)
+        self.replicas: dict[Key, ReplicaState] = {}
+        self.indexes: dict[Key, RangeIndex] = {}
+        self.spans: dict[Key, Span] = {}  # the log segments holding each replica's entries
+        self.dropped: list[Span] = []  # dropped replicas' spans whose DROP entry is on disk
+        self._events: dict[Key, asyncio.Event] = {}
+        self._checkpointed_at: tuple[int, int] = (-1, -1)
+        self._reclaimer: asyncio.Task[None] | None = None
+        self._reclaim_again = False
+        self.recovery_report: list[str] = []
+
+    # ---------------------------------------------------------------------- lifecycle
+
+    async def open(self) -> None:
+        """Recover replicas and index (checkpoint + log scan, ``rangeserver/replay.py``),
+        carry out the cuts it decides, then start the log."""
+        found = await ckpt.load(self.data_dir)
+        segments = self.wal.segments()
+        if found is not None and not self._checkpoint_fits(found, segments):
+            log.warning("checkpoint does not match the log; scanning the whole log")
+            found = None
+        if found is not None:
+            replay = Replay(found.replicas, found.indexes, found.spans, found.dropped)
+            first, position = found.segment, found.position
+            self._checkpointed_at = (found.segment, found.position)
+        else:
+            replay = Replay()
+            first, position = (segments[0] if segments else 0), 0
+        tail = (first, position)
+        for segment in [s for s in segments if s >= first]:
+            start = position if segment == first else 0
+            size = self.wal.segment_size(segment)
+            if start > size:
+                raise EstreamError(f"checkpoint position {start} is past segment {segment}'s end")
+            data = self.wal.read_segment(segment, start)
+            end, cut = replay.segment(segment, start, data, size, last=segment == segments[-1])
+            if cut is not None:
+                # The DAMAGED marks go where the cut is, before it: never a moment when
+                # neither the damaged entry nor the mark is in the file.
+                self.wal.truncate(segment, cut.position, cut.marks)
+            tail = (segment, end)
+        replay.finish()
+        self.replicas, self.indexes = replay.replicas, replay.indexes
+        self.spans, self.dropped = replay.spans, replay.dropped
+        for message in replay.report:
+            self._report(message)
+        self.wal.start(asyncio.get_running_loop(), *tail)
+
+    def _checkpoint_fits(self, found: ckpt.Checkpoint, segments: list[int]) -> bool:
+        if not segments:
+            return found.segment == 0 and found.position == 0
+        return found.segment in segments and self.wal.segment_size(found.segment) >= found.position
+
+    def _report(self, message: str) -> None:
+        log.warning("%s", message)
+        self.recovery_report.append(message)
+
+    async def close(self) -> None:
+        """Sync, write a checkpoint, stop the log."""
+        if self._reclaimer is not None:
+            self._reclaimer.cancel()
+            await asyncio.gather(self._reclaimer, return_exceptions=True)
+        try:
+            await self.checkpoint()
+        except EstreamError as exc:
+            log.error("no checkpoint at shutdown: %s", exc.message)
+        await self.wal.close()
+
+    async def checkpoint(self) -> bool:
+        """Write a checkpoint if the log moved since the last one, then delete the log
+        segments nothing needs any more; True if written."""
+        at = (self.wal.segment, self.wal.position)
+        if at == self._checkpointed_at:
+            return False
+        snapshot = ckpt.Checkpoint(
+            at[0], at[1], dict(self.replicas), {}, dict(self.spans), list(self.dropped)
+        )
+        data = ckpt.encode(replace(snapshot, indexes=self.indexes))  # copies the arrays now
+        await self.wal.force()  # everything before ``at`` is durable before the file says so
+        await ckpt.save(self.data_dir, data)
+        self._checkpointed_at = at
+        await self._reclaim()
+        return True
+
+    async def _reclaim(self) -> None:
+        """Delete the segments no live replica and no needed DROP entry is in
+        (``rangeserver/retention.py``); only before the checkpoint just saved."""
+        segments = self.wal.segments()
+        keep_from = min(self.wal.segment, self._checkpointed_at[0])
+        doomed = retention.reclaimable(segments, keep_from, self.spans.values(), self.dropped)
+        if not doomed:
+            return
+        freed = await self.wal.delete_segments(doomed)
+        # Listed again: the log may have rolled, and replicas been dropped, meanwhile.
+        self.dropped = retention.still_needed(self.dropped, self.wal.segments())
+        log.info("deleted %d log segments of dropped replicas (%d bytes)", len(doomed), freed)
+
+    # ------------------------------------------------------------------- state helpers
+
+    def _get(self, stream_id: int, range_index: int) -> ReplicaState:
+        state = self.replicas.get((stream_id, range_index))
+        if state is None:
+            raise RangeNotFound(
+                f"no replica of range {range_index} of stream {stream_id}",
+                stream_id=stream_id,
+                range_index=range_index,
+            )
+        return state
+
+    def _set(self, key: Key, new: ReplicaState) -> None:
+        old = self.replicas[key]
+        self.replicas[key] = new
+        event = self._events.get(key)
+        if event is not None and (
+            readable_end(old, unconfirmed=True) != readable_end(new, unconfirmed=True)
+            or readable_end(old) != readable_end(new)
+            or old.sealed != new.sealed
+            or old.damaged != new.damaged
+        ):
+            del self._events[key]
+            event.set()
+
+    def _on_durable(self, key: Key, end: int) -> None:
+        state = self.replicas.get(key)
+        if state is not None:  # else dropped meanwhile
+            self._set(key, rp.on_durable(state, end))
+
+    def _extend_span(self, key: Key, segment: int) -> None:
+        span = self.spans[key]
+        if segment > span.last:
+            self.spans[key] = Span(span.first, segment)
+
+    def _forget(self, key: Key, segment: int) -> None:
+        """A replica dropped by a DROP entry in ``segment``: its span becomes a dropped
+        span, and long polls on it wake (to find it gone)."""
+        span = self.spans.pop(key, None)
+        first = span.first if span is not None else segment
+        self.replicas.pop(key, None)
+        self.indexes.pop(key, None)
+        self.cache.drop_range(*key)
+        self.dropped.append(Span(first, segment))
+        event = self._events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    async def _mark_damaged(self, key: Key) -> None:
+        """A read found the replica's stored data damaged: it serves no more reads and
+        never counts as a copy again, also after a restart (a DAMAGED entry, durable
+        before this returns: the checkpoint may already cover the damaged bytes, and
+        recovery would not scan them again)."""
+        state = self.replicas.get(key)
+        if state is None or state.damaged:
+            return
+        self._set(key, rp.mark_damaged(state))
+        self.cache.drop_range(*key)
+        try:
+            await self._log_control(wf.DamageMarked(*key))
+        except EstreamError as exc:
+            log.error("replica %s: the damage mark was not logged: %s", key, exc.message)
+
+    # ------------------------------------------------------------------------- append
+
+    async def append(self, batch: bytes, *, deferred: bool = False) -> int:
+        """Store one record batch; returns the durable (deferred: written) end after it."""
+        pending, answer = self.begin_append(batch, deferred=deferred)
+        if pending is not None:
+            await pending
+        return answer()
+
+    def begin_append(
+        self, batch: bytes, *, deferred: bool = False
+    ) -> tuple[asyncio.Future[None] | None, Callable[[], int]]:
+        """:meth:`append` without a coroutine (the server's quick path): decide and queue
+        the log entry now; returns the future to wait for (None: nothing to wait for) and
+        what gives the end to answer once it is done."""
+        header = verify_batch(batch)
+        key = (header.stream_id, header.range_index)
+        state = self._get(*key)
+        outcome = rp.decide_append(state, header)
+        if isinstance(outcome, rp.Accept):
+            pending: asyncio.Future[None] | None = self._accept(
+                key, header, batch, outcome.state, deferred
+            )
+        elif isinstance(outcome, rp.Duplicate):
+            pending = None if outcome.durable else self.wal.barrier(sync=not deferred)
+        else:
+            raise rp.append_refusal(key, outcome)
+        if deferred:
+            end = header.end_offset
+            return pending, lambda: end
+        return pending, lambda: self._get(*key).end
+
+    def _accept(
+        self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
+    ) -> asyncio.Future[None]:
+        end = header.end_offset
+        entry_header = wf.batch_entry_header(batch)
+        location, done = self.wal.append(
+            (entry_header, batch),
+            wf.ENTRY_HEADER_BYTES + len(batch),
+            sync=not deferred,
+            on_durable=lambda: self._on_durable(key, end),
+        )
+        body = Location(location.segment, location.position + wf.ENTRY_HEADER_BYTES, len(batch))
+        self.indexes[key].add(header.base_offset, end, body)
+        self._extend_span(key, location.segment)
+        self.cache.put((key[0], key[1], header.base_offset), batch)
+        self._set(key, new)
+        return done
+
+    # ------------------------------------------------------------- create, seal, confirm
+
+    async def create_range(
+        self, stream_id: int, range_index: int, start: int, epoch: int
+    ) -> ReplicaState:
+        key = (stream_id, range_index)
+        outcome = rp.decide_create(self.replicas.get(key), stream_id, range_index, start, epoch)
+        if isinstance(outcome, rp.Create):
+            self.replicas[key] = outcome.state
+            self.indexes[key] = RangeIndex()
+            await self._log_control(wf.CreateRange(stream_id, range_index, start, epoch))
+        elif isinstance(outcome, rp.Exists):
+            self._set(key, outcome.state)
+            if outcome.log:
+                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
+            else:
+                await self.wal.barrier()  # its CREATE_RANGE entry may still be in flight
+        elif isinstance(outcome, rp.StartConflict):
+            raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
+        elif isinstance(outcome, rp.Damaged):
+            raise rp.damaged_error(key)
+        else:
+            raise rp.stale_error(outcome)
+        return self._get(*key)
+
+    def _log_control(self, control: wf.Control) -> asyncio.Future[None]:
+        """Queue a control entry (its replica's span grows to cover it); returns the
+        future of its fdatasync."""
+        entry = wf.encode_control(control)
+        location, done = self.wal.append((entry,), len(entry))
+        key = (control.stream_id, control.range_index)
+        if isinstance(control, wf.Dropped):
+            self._forget(key, location.segment)
+        elif key in self.spans:
+            self._extend_span(key, location.segment)
+        else:
+            self.spans[key] = Span(location.segment, location.segment)
+        return done
+
+    async def drop(self, stream_id: int, range_index: int) -> bool:
+        """Forget a replica for good (its stream was deleted or trimmed past it): a DROP
+        entry, durable before this returns; its log segments are deleted once nothing
+        else needs them. False when there is no such replica (dropped already)."""
+        key = (stream_id, range_index)
+        if key not in self.replicas:
+            await self.wal.barrier()  # its DROP entry may still be in flight
+            return False
+        await self._log_control(wf.Dropped(stream_id, range_index))
+        self._schedule_reclaim()
+        return True
+
+    def _schedule_reclaim(self) -> None:
+        """Checkpoint and reclaim soon, in the background (one task for many drops)."""
+        if self._reclaimer is not None and not self._reclaimer.done():
+            self._reclaim_again = True
+            return
+        self._reclaimer = asyncio.ensure_future(self._reclaim_soon())
+
+    async def _reclaim_soon(self) -> None:
+        self._reclaim_again = True
+        while self._reclaim_again:
+            self._reclaim_again = False
+            await asyncio.sleep(reclaim_delay_s)  # drops come in bunches: one pass for all
+            try:
+                await self.checkpoint()
+            except EstreamError as exc:
+                log.error("checkpoint after dropping replicas failed: %s", exc.message)
+
+    async def seal(
+        self, stream_id: int, range_index: int, epoch: int, end: int | None
+    ) -> tuple[int, bool]:
+        """Fence (``end`` None) or seal; answers ``(end, sealed)``."""
+        key = (stream_id, range_index)
+        outcome = rp.decide_seal(self._get(*key), epoch, end)
+        if isinstance(outcome, rp.Fence):
+            self._set(key, outcome.state)
+            if outcome.log:
+                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
+            else:
+                await self.wal.barrier()
+            return self._get(*key).end, False
+        if isinstance(outcome, rp.SealNow):
+            self._set(key, outcome.state)
+            state = outcome.state
+            await self._log_control(
+                wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end)
+            )
+            return state.sealed_end, True
+        if isinstance(outcome, rp.AlreadySealed):
+            await self.wal.barrier()  # the SEAL entry may still be in flight
+            return outcome.end, True
+        if isinstance(outcome, rp.SealConflict):
+            raise Conflict(f"range {key} cannot be sealed at {outcome.asked} (at {outcome.end})")
+        if isinstance(outcome, rp.Gap):
+            raise OffsetGap(
+                f"replica holds up to {outcome.actual}, less than the seal end {outcome.expected}",
+                expected=outcome.expected,
+                actual=outcome.actual,
+            )
+        if isinstance(outcome, rp.Damaged):
+            raise rp.damaged_error(key)
+        raise rp.stale_error(outcome)
+
+    async def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
+        """Move the confirm offset forward; returns once it is durable (a CONFIRM entry
+        when this raised it; else a barrier: one that did may still be in flight), so an
+        idle or closed writer's last confirm survives a crash of this server."""
+        key = (stream_id, range_index)
+        state = self._get(*key)
+        outcome = rp.decide_confirm(state, epoch, confirm)
+        if isinstance(outcome, rp.StaleEpoch):
+            raise rp.stale_error(outcome)
+        if outcome.confirm > state.confirm:
+            self._set(key, outcome)  # readers may see it now: those records are acknowledged
+            await self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm))
+        else:
+            await self.wal.barrier()
+
+    def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
+        return self._get(stream_id, range_index).describe()
+
+    def list_ranges(self) -> list[dict[str, object]]:
+        return [
+            {"stream_id": s.stream_id, "range_index": s.range_index, **s.describe()}
+            for s in self.replicas.values()
+        ]
+
+    async def force(self) -> None:
+        await self.wal.force()
+
+    def load(self) -> dict[str, int]:
+        try:
+            stat = os.statvfs(self.data_dir)
+            free = stat.f_bavail * stat.f_frsize
+        except OSError:
+            free = 0
+        return {"ranges": len(self.replicas), "bytes": self.wal.bytes_total, "free_bytes": free}
+
+    # --------------------------------------------------------------------------- read
+
+    async def read(
+        self,
+        stream_id: int,
+        range_index: int,
+        offset: int,
+        *,
+        max_bytes: int = limits.read_bytes_max,
+        wait_ms: int = 0,
+        unconfirmed: bool = False,
+        allowance: Callable[[int], Awaitable[int]] | None = None,
+    ) -> tuple[int, bool, bytes]:
+        """Whole batches from the one holding ``offset`` up to the readable end: answers
+        ``(readable end, sealed, payload)``. With ``wait_ms`` and nothing readable at
+        ``offset``, waits until something is, the range is sealed, or the deadline.
+        ``allowance`` (the connection's answer budget) may lower ``max_bytes`` once there
+        is something to answer; at least one batch is always answered."""
+        key = (stream_id, range_index)
+        state = self._get(*key)
+        if offset < state.start:
+            raise OffsetOutOfRange(
+                f"offset {offset} is below the range start {state.start}",
+                offset=offset,
+                start=state.start,
+                end=readable_end(state, unconfirmed=unconfirmed),
+            )
+        if wait_ms > 0 and offset >= readable_end(state, unconfirmed=unconfirmed):
+            await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
+            state = self._get(*key)
+        if state.damaged:
+            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+        end = readable_end(state, unconfirmed=unconfirmed)
+        if state.sealed and offset > end:
+            raise OffsetOutOfRange(
+                f"offset {offset} is past the sealed end {end}",
+                offset=offset,
+                start=state.start,
+                end=end,
+            )
+        if offset >= end:
+            return end, state.sealed, b""
+        if allowance is not None:
+            max_bytes = await allowance(max_bytes)
+            self._get(*key)  # RangeNotFound if dropped meanwhile
+        chosen = self.indexes[key].select(offset, end, max(1, max_bytes), partial_last=state.sealed)
+        payload = await self._load(key, chosen)
+        return end, state.sealed, payload
+
+    async def _wait(self, key: Key, offset: int, unconfirmed: bool, wait_ms: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            state = self.replicas.get(key)
+            if (
+                state is None  # dropped
+                or state.sealed
+                or state.damaged
+                or readable_end(state, unconfirmed=unconfirmed) > (offset)
+            ):
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            event = self._events.setdefault(key, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return
+
+    async def _load(self, key: Key, chosen: list[IndexedBatch]) -> bytes:
+        parts: list[bytes | None] = []
+        missing: list[int] = []
+        for i, batch in enumerate(chosen):
+            cached = self.cache.get((key[0], key[1], batch.base))
+            parts.append(cached)
+            if cached is None:
+                missing.append(i)
+        if missing:
+            try:
+                loaded = await self.wal.read([chosen[i].location for i in missing])
+            except OSError:
+                self._get(*key)  # dropped meanwhile, its segments deleted: RangeNotFound
+                raise
+            for i, data in zip(missing, loaded, strict=True):
+                error = self._verify_read(key, chosen[i], data)
+                if error is not None:
+                    await self._mark_damaged(key)
+                    raise error
+                parts[i] = data
+        return b"".join(p for p in parts if p is not None)
+
+    def _verify_read(self, key: Key, batch: IndexedBatch, data: bytes) -> EstreamError | None:
+        """A batch read from disk is served only if it is whole, is the expected batch,
+        and its checksum verifies; otherwise the error to answer (and the replica is to
+        be marked damaged)."""
+        try:
+            header = verify_batch(data)
+        except ChecksumMismatch as exc:
+            log.error("replica %s: checksum mismatch at offset %s", key, batch.base)
+            return ChecksumMismatch(
+                f"stored batch at offset {batch.base} of replica {key} failed its checksum",
+                expected=exc.fields["expected"],
+                actual=exc.fields["actual"],
+            )
+        except EstreamError:
+            return rp.damaged_error(key)
+        if (header.stream_id, header.range_index, header.base_offset) != (*key, batch.base):
+            return rp.damaged_error(key)
+        return None

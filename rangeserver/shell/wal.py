@@ -1,0 +1,494 @@
+"""The write-ahead log's files: segments and positions, the two group-commit writers, reads.
+
+This is the one module that opens the log's segment files (``DATA/wal/NNNNNNNNNN.wal``).
+Entries (``rangeserver/walformat.py``) are appended in the order :meth:`Wal.append` is
+called; the event loop assigns each entry its segment and position up front, so the
+index knows where a batch is before it is written, and the writer writes each entry at
+that position. A new segment is a spare when one is ready (a file already full of zeros:
+``rangeserver/shell/spares.py``), whose syncs then need no filesystem metadata; otherwise an
+empty file that the writes grow.
+
+Two writers, chosen at :meth:`Wal.start` (``io``: "auto" takes the first that works):
+
+- **direct** (``rangeserver/shell/directwriter.py``): O_DIRECT writes submitted from the event
+  loop with Linux native AIO, one in flight, completions on an eventfd: no thread, so no
+  GIL hand-over per group commit (why: ``rangeserver/shell/linuxaio.py``).
+- **thread** (here): a dedicated thread takes every entry queued so far, writes them
+  with one ``os.pwritev`` per segment and covers them with one ``os.fdatasync``; appends
+  that arrive while an fdatasync runs share the next one. When nothing written before
+  the group is still unsynced (the usual case), the write and the sync are one call,
+  ``pwritev(RWF_DSYNC)``: the thread then waits for the GIL once per group instead of
+  twice (where a probe at start finds the flag refused: writev + fdatasync). Completions
+  go back to the event loop with ``loop.call_soon_threadsafe`` (one call per group).
+
+With either, DEFERRED_SYNC entries complete once written; they become durable with the
+next fdatasync (a synced append, :meth:`Wal.force`, or after ``limits.wal_idle_sync_ms``
+without new appends).
+
+Failure: a write or fdatasync error (ENOSPC, EIO) fails every pending append with
+:class:`StorageError` and puts the log in a failed state where every later append fails
+too: after a failed fdatasync nobody can know which written bytes reached the disk
+(PostgreSQL's "fsyncgate"), so the log stops growing; reads keep being served. A restart
+re-scans the log and truncates its torn tail.
+
+Side effects: the segment files (create, write, fdatasync, read, truncate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from estream.server.durable import fsync_dir
+from estream.wire import limits
+from estream.wire.errors import StorageError
+from rangeserver.index import Location
+from rangeserver.shell import linuxaio
+from rangeserver.shell.directwriter import DirectWriter, WalItem, block_floor
+from rangeserver.shell.spares import SparePool
+
+log = logging.getLogger(__name__)
+
+_IOV_MAX = 512  # buffers per writev (the OS limit is usually 1024)
+# pwritev2 with RWF_DSYNC (Linux 4.7+): write and fdatasync in one call; 0 where missing.
+_DSYNC_FLAGS: int = getattr(os, "RWF_DSYNC", 0)
+
+
+def segment_name(segment: int) -> str:
+    return f"{segment:010d}.wal"
+
+
+_STOP = object()
+IO_MODES = ("auto", "direct", "thread")
+
+
+class Wal:
+    """Append-only segment files with a group-commit writer thread."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes_max: int = limits.segment_bytes_max,
+        spares: int = 0,
+        io: str = "auto",
+    ):
+        if io not in IO_MODES:
+            raise ValueError(f"io must be one of {IO_MODES}, not {io!r}")
+        self.directory = directory
+        self.io = io  # asked for; ``mode`` is what start() chose
+        self.segment_bytes_max = segment_bytes_max
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.last_append = 0.0  # time.monotonic() of the latest append (the spares' idleness)
+        self.spares = SparePool(
+            directory, segment_bytes_max, spares, last_activity=lambda: self.last_append
+        )
+        self.segment = 0
+        self.position = 0  # where the next entry goes in ``segment``
+        self.bytes_total = 0
+        self.failed: StorageError | None = None
+        self._syncs = 0  # fdatasync calls of the writer thread (statistics)
+        self.mode = ""  # "direct" or "thread", once started
+        self._direct: DirectWriter | None = None
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._read_fds: dict[int, int] = {}
+        self._retired_fds: list[int] = []  # of deleted segments: closed on the next delete
+        self._dsync = False  # RWF_DSYNC writes: probed by start()
+
+    # ------------------------------------------------------------------ startup (sync)
+
+    def segments(self) -> list[int]:
+        """Segment numbers on disk, in order."""
+        found = []
+        for path in self.directory.glob("*.wal"):
+            if path.stem.isdigit():
+                found.append(int(path.stem))
+        return sorted(found)
+
+    def path(self, segment: int) -> Path:
+        return self.directory / segment_name(segment)
+
+    def segment_size(self, segment: int) -> int:
+        try:
+            return self.path(segment).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def read_segment(self, segment: int, start: int = 0) -> bytes:
+        """The bytes of a segment from ``start`` (recovery only, before serving), up to
+        where only a hole follows (a segment that direct writes gave its full size is
+        mostly hole: reading it would make up hundreds of MiB of zeros)."""
+        with open(self.path(segment), "rb") as f:
+            end = _data_end(f.fileno(), start)
+            f.seek(start)
+            return f.read(max(0, end - start))
+
+    def truncate(self, segment: int, size: int, tail: bytes = b"") -> None:
+        """Cut a torn tail off (recovery only) and make the cut durable. With ``tail``,
+        those bytes are written at ``size`` first and the file is cut after them: they
+        replace what is cut off (entries that record why, ``rangeserver/replay.py``)."""
+        fd = os.open(self.path(segment), os.O_WRONLY)
+        try:
+            written = 0
+            while written < len(tail):
+                written += os.pwrite(fd, memoryview(tail)[written:], size + written)
+            os.ftruncate(fd, size + len(tail))
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def start(self, loop: asyncio.AbstractEventLoop, segment: int, position: int) -> None:
+        """Start appending at ``position`` of ``segment`` (created if missing), with direct
+        writes where they work (``io`` "auto"), else with the writer thread."""
+        self._loop = loop
+        self.segment = segment
+        self.position = position
+        earlier = sum(self.segment_size(s) for s in self.segments() if s < segment)
+        self.bytes_total = earlier + position
+        self.spares.open()
+        self.mode = self._choose_mode()
+        if self.mode == "direct":
+            self._start_direct(loop, segment, position)
+            self.spares.start()
+            return
+        fd = self._open_segment(segment)
+        self._dsync = _dsync_supported(fd)
+        self._thread = threading.Thread(
+            target=self._run, args=(fd, segment), name="wal-writer", daemon=True
+        )
+        self._thread.start()
+        self.spares.start()
+
+    def _choose_mode(self) -> str:
+        if self.io == "thread":
+            return "thread"
+        why_not = linuxaio.probe(str(self.directory))
+        if why_not is None:
+            return "direct"
+        if self.io == "direct":
+            raise StorageError(f"direct log writes are unavailable in {self.directory}: {why_not}")
+        log.info("direct log writes unavailable (%s): writer thread", why_not)
+        return "thread"
+
+    def _start_direct(self, loop: asyncio.AbstractEventLoop, segment: int, position: int) -> None:
+        fd = self._open_segment(segment)
+        tail = b""
+        if position % linuxaio.BLOCK_BYTES:
+            with open(self.path(segment), "rb") as f:
+                f.seek(block_floor(position))
+                tail = f.read(position - block_floor(position))
+        self._direct = DirectWriter(
+            loop,
+            segment=segment,
+            fd=fd,
+            tail=tail,
+            open_segment=self._open_segment,
+            spare_ready=lambda: self.spares.ready() > 0,
+            complete=self._complete,
+            fail=self._fail,
+        )
+
+    @property
+    def syncs(self) -> int:
+        """Durable writes and fdatasyncs so far (statistics)."""
+        return self._direct.syncs if self._direct is not None else self._syncs
+
+    def _open_segment(self, segment: int, fd: int | None = None) -> int:
+        """Open ``segment`` for writing (closing ``fd``, its earlier opening): made from a
+        spare when it is missing or holds no data and one is ready, else as it is, or
+        created (empty; for direct writes, a hole of the segment's size); its directory
+        entry is durable."""
+        path = self.path(segment)
+        if not path.exists() or path.stat().st_blocks == 0:  # missing, empty or all hole
+            spare = self.spares.take()
+            if spare is not None:
+                os.rename(spare, path)  # replaces an empty file in one step
+        if fd is not None:
+            os.close(fd)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if self.mode == "direct" else 0)
+        fd = os.open(path, flags, 0o644)
+        if self.mode == "direct" and os.fstat(fd).st_size < self.segment_bytes_max:
+            # No spare: give the file its full size at once (a hole, no blocks). A direct
+            # write past the end of a file completes inside io_submit on ext4 (it waits
+            # to update the size), which would block the event loop for the write and
+            # its journal commit; a write inside the size stays asynchronous.
+            os.ftruncate(fd, self.segment_bytes_max)
+        fsync_dir(self.directory)  # the new (or renamed) file's directory entry
+        return fd
+
+    # ----------------------------------------------------------------- event-loop side
+
+    def append(
+        self,
+        parts: Sequence[bytes | memoryview],
+        size: int,
+        *,
+        sync: bool = True,
+        on_durable: Callable[[], None] | None = None,
+    ) -> tuple[Location, asyncio.Future[None]]:
+        """Queue one entry (``parts`` joined, ``size`` bytes); returns where it will be
+        and a future completed once it is durable (``sync``) or written (not ``sync``).
+        ``on_durable`` runs on the event loop once an fdatasync covers the entry."""
+        if self.failed is not None:
+            raise self.failed
+        assert self._loop is not None, "Wal.start() first"
+        if self.position > 0 and self.position + size > self.segment_bytes_max:
+            self.segment += 1
+            self.position = 0
+        location = Location(self.segment, self.position, size)
+        self.position += size
+        self.bytes_total += size
+        self.last_append = time.monotonic()
+        future = self._loop.create_future()
+        segment, position = location.segment, location.position
+        self._put(WalItem(segment, position, parts, size, future, sync, on_durable))
+        return location, future
+
+    def _put(self, item: WalItem) -> None:
+        if self._direct is not None:
+            self._direct.put(item)
+        else:
+            self._queue.put(item)
+
+    def barrier(self, *, sync: bool = True) -> asyncio.Future[None]:
+        """A future completed once everything appended so far is durable (``sync``) or
+        written."""
+        if self.failed is not None:
+            raise self.failed
+        assert self._loop is not None, "Wal.start() first"
+        future = self._loop.create_future()
+        self._put(WalItem(self.segment, self.position, (), 0, future, sync, None))
+        return future
+
+    async def force(self) -> None:
+        """Wait until everything appended so far is fsynced."""
+        await self.barrier(sync=True)
+
+    async def read(self, locations: Sequence[Location]) -> list[bytes]:
+        """The bytes at each location (read in a worker thread)."""
+        fds = [self._read_fd(loc.segment) for loc in locations]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, _pread_all, fds, locations)
+
+    def _read_fd(self, segment: int) -> int:
+        fd = self._read_fds.get(segment)
+        if fd is None:
+            fd = os.open(self.path(segment), os.O_RDONLY)
+            self._read_fds[segment] = fd
+        return fd
+
+    async def delete_segments(self, segments: Sequence[int]) -> int:
+        """Delete these segments (never the one being written), durably (the directory
+        is synced); returns the bytes freed. Their read descriptors are closed on the next
+        call, not now: a read that picked one up may still be using it."""
+        assert self.segment not in segments, "the segment being written stays"
+        for fd in self._retired_fds:
+            os.close(fd)
+        self._retired_fds = [self._read_fds.pop(s) for s in segments if s in self._read_fds]
+        sizes = [self.segment_size(s) for s in segments]
+        paths = [self.path(s) for s in segments]
+        try:
+            await asyncio.to_thread(_delete_files, paths, self.directory)
+        except OSError as exc:
+            raise StorageError(f"deleting log segments failed: {exc}") from None
+        freed = sum(sizes)
+        self.bytes_total -= freed
+        return freed
+
+    async def close(self) -> None:
+        """Sync and stop the writer thread; close every file."""
+        self.spares.stop()
+        if self._direct is not None:
+            await self._direct.close()
+            self._direct = None
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._thread.join)
+            self._thread = None
+        for fd in [*self._read_fds.values(), *self._retired_fds]:
+            os.close(fd)
+        self._read_fds.clear()
+        self._retired_fds.clear()
+
+    def _complete(self, items: list[WalItem], durable: bool) -> None:
+        for item in items:
+            if durable and item.on_durable is not None:
+                item.on_durable()
+            if item.future is not None and not item.future.done() and (durable or not item.sync):
+                item.future.set_result(None)
+
+    def _fail(self, items: list[WalItem], error: StorageError) -> None:
+        if self.failed is None:
+            log.error("write-ahead log failed, appends stop: %s", error.message)
+            self.failed = error
+        for item in items:
+            if item.future is not None and not item.future.done():
+                item.future.set_exception(error)
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _run(self, fd: int, segment: int) -> None:
+        loop = self._loop
+        assert loop is not None
+        unsynced: list[WalItem] = []
+        error: StorageError | None = None
+        stop = False
+        while not stop:
+            try:
+                idle_s = limits.wal_idle_sync_ms / 1000 if unsynced else None
+                first = self._queue.get(timeout=idle_s)
+            except queue.Empty:
+                first = None
+            batch: list[WalItem] = []
+            for obj in self._drain(first):
+                if obj is _STOP:
+                    stop = True
+                else:
+                    assert isinstance(obj, WalItem)
+                    batch.append(obj)
+            if error is not None:
+                loop.call_soon_threadsafe(self._fail, batch, error)
+                continue
+            want_sync = stop or first is None or any(item.sync for item in batch)
+            # Nothing written and unsynced before this group: one pwritev(RWF_DSYNC) both
+            # writes and syncs it (one system call, one wait for the GIL after it).
+            dsync = want_sync and not unsynced and self._dsync
+            try:
+                fd, segment = self._write_group(fd, segment, batch, dsync=dsync)
+                if any(not item.sync for item in batch):
+                    loop.call_soon_threadsafe(self._complete, batch, False)
+                unsynced.extend(batch)
+                if unsynced and want_sync:
+                    if not dsync:
+                        os.fdatasync(fd)
+                    _drop_cached(fd, unsynced, segment)
+                    self._syncs += 1
+                    loop.call_soon_threadsafe(self._complete, unsynced, True)
+                    unsynced = []
+            except OSError as exc:
+                error = StorageError(f"log write failed: {exc}", errno=exc.errno)
+                loop.call_soon_threadsafe(self._fail, unsynced + batch, error)
+                unsynced = []
+        os.close(fd)
+
+    def _drain(self, first: object | None) -> list[object]:
+        objs = [] if first is None else [first]
+        while True:
+            try:
+                objs.append(self._queue.get_nowait())
+            except queue.Empty:
+                return objs
+
+    def _write_group(
+        self, fd: int, segment: int, batch: list[WalItem], *, dsync: bool
+    ) -> tuple[int, int]:
+        """Write the group's entries at their positions (switching segments where they
+        say), the last segment's part with ``RWF_DSYNC`` when ``dsync``. Entries of one
+        segment are contiguous: the event loop assigned their positions in order."""
+        parts: list[bytes | memoryview] = []
+        start = -1
+        for item in batch:
+            if not item.parts:
+                continue
+            if item.segment != segment:
+                _write_all(fd, parts, start)
+                parts, start = [], -1
+                os.fdatasync(fd)  # a segment is complete and durable before the next starts
+                segment = item.segment
+                fd = self._open_segment(segment, fd)
+            elif start < 0 and item.position == 0 and self.spares.ready():
+                fd = self._open_segment(segment, fd)  # created empty at start: a spare now
+            if start < 0:
+                start = item.position
+            parts.extend(item.parts)
+        _write_all(fd, parts, start, _DSYNC_FLAGS if dsync else 0)
+        return fd, segment
+
+
+def _drop_cached(fd: int, items: list[WalItem], segment: int) -> None:
+    """Drop what ``items`` wrote to ``segment`` from the page cache, now that it is
+    synced (clean): reads of recent batches come from the store's own cache, and a host
+    that reclaims cold page cache itself (DAMON ``pageout``) otherwise does it while
+    appends write into the same file, and stalls them (see ``rangeserver/shell/spares.py``)."""
+    written = [item for item in items if item.parts and item.segment == segment]
+    if written:
+        start = written[0].position
+        os.posix_fadvise(fd, start, written[-1].position + written[-1].size - start,
+                         os.POSIX_FADV_DONTNEED)
+
+
+def _data_end(fd: int, start: int) -> int:
+    """Where a file's data ends from ``start`` on: its size, or the start of a hole after
+    which there is no data (where the filesystem says, with SEEK_HOLE and SEEK_DATA)."""
+    size = os.fstat(fd).st_size
+    try:
+        hole = os.lseek(fd, min(start, size), os.SEEK_HOLE)
+    except OSError:
+        return size  # no SEEK_HOLE here: all of it
+    if hole >= size:
+        return size
+    try:
+        os.lseek(fd, hole, os.SEEK_DATA)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return hole  # nothing but the hole after it
+        return size
+    return size  # more data after the hole: all of it
+
+
+def _dsync_supported(fd: int) -> bool:
+    """Whether this kernel and filesystem take ``RWF_DSYNC`` (probed with an empty write,
+    before any data, so that a refusal never leaves half a group written)."""
+    if not _DSYNC_FLAGS:
+        return False
+    try:
+        os.pwritev(fd, [b""], -1, _DSYNC_FLAGS)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        log.info("RWF_DSYNC writes unsupported here (%s): writev + fdatasync", exc)
+        return False
+    return True
+
+
+def _write_all(fd: int, parts: list[bytes | memoryview], position: int, flags: int = 0) -> None:
+    """Write every buffer, one after the other, from ``position`` on, resuming after
+    partial writes; with ``flags`` (``RWF_DSYNC``) each call is also synced before it
+    returns."""
+    i = 0
+    while i < len(parts):
+        chunk = parts[i : i + _IOV_MAX]
+        written = os.pwritev(fd, chunk, position, flags)
+        position += written
+        for part in chunk:
+            size = len(part)
+            if written >= size:
+                written -= size
+                i += 1
+                continue
+            parts[i] = memoryview(part)[written:]  # partial: resume inside this buffer
+            break
+
+
+def _delete_files(paths: Sequence[Path], directory: Path) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+    fsync_dir(directory)
+
+
+def _pread_all(fds: list[int], locations: Sequence[Location]) -> list[bytes]:
+    out = []
+    for fd, location in zip(fds, locations, strict=True):
+        data = os.pread(fd, location.size, location.position)
+        out.append(data)
+    return out
