@@ -18,7 +18,7 @@ What they add to pysyncobj 0.3.17:
   renamed; they keep the journal bounded (``logCompactionMinEntries``). A damaged
   snapshot stops the node at start (pysyncobj would log it and start without it).
 - **Fast commits.** ``appendEntriesUseBatch=False``: a proposal is sent at once instead of on
-  the next 100 ms tick (see DEPENDENCIES.md: p50 ~100 ms otherwise).
+  the next 100 ms tick (pysyncobj batches appends per tick otherwise).
 - **A bridge to asyncio.** pysyncobj runs its own tick thread and calls back on it;
   :meth:`RaftNode.propose` resolves an asyncio future with ``loop.call_soon_threadsafe``.
   A proposal made on a follower is forwarded to the leader by pysyncobj itself, and its
