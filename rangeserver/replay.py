@@ -40,6 +40,7 @@ from rangeserver import walformat as wf
 from rangeserver.index import Location, RangeIndex
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
+from rangeserver.timeindex import TimeIndex
 
 Key = tuple[int, int]
 
@@ -78,9 +79,15 @@ class Replay:
         indexes: Mapping[Key, RangeIndex] | None = None,
         spans: Mapping[Key, Span] | None = None,
         dropped: Sequence[Span] = (),
+        time_indexes: Mapping[Key, TimeIndex] | None = None,
     ) -> None:
         self.replicas: dict[Key, ReplicaState] = dict(replicas or {})
         self.indexes: dict[Key, RangeIndex] = dict(indexes or {})
+        # A checkpoint without a replica's time index: lookups scan it (timeindex.py).
+        self.time_indexes: dict[Key, TimeIndex] = {
+            key: (time_indexes or {}).get(key) or TimeIndex(partial=True)
+            for key in self.replicas
+        }
         self.spans: dict[Key, Span] = dict(spans or {})
         self.dropped: list[Span] = list(dropped)
         self.report: list[str] = []  # what recovery found that an operator should know
@@ -141,6 +148,7 @@ class Replay:
             state = ReplicaState(*key, orphan.start, orphan.start, orphan.start, orphan.epoch)
             self.replicas[key] = rp.mark_damaged(state)
             self.indexes[key] = RangeIndex()
+            self.time_indexes[key] = TimeIndex()
             self.spans[key] = Span(orphan.first, orphan.last)
         self._orphans.clear()
         for key, state in self.replicas.items():
@@ -160,6 +168,7 @@ class Replay:
             if key not in self.replicas:
                 self.replicas[key] = ReplicaState.create(*key, control.start, control.epoch)
                 self.indexes[key] = RangeIndex()
+                self.time_indexes[key] = TimeIndex()
                 self.spans[key] = Span(segment, segment)
             return
         if isinstance(control, wf.Dropped):
@@ -196,6 +205,8 @@ class Replay:
         if new.end != state.end:
             location = Location(segment, start + entry.body_position, len(entry.body))
             self.indexes[key].add(batch.base_offset, new.end, location)
+            self.time_indexes[key].observe(
+                new.end, batch.first_timestamp, batch.max_timestamp, len(entry.body))
         self.replicas[key] = new
         self._extend_span(key, segment)
 
@@ -209,6 +220,7 @@ class Replay:
             first = orphan.first if orphan is not None else segment
         self.replicas.pop(key, None)
         self.indexes.pop(key, None)
+        self.time_indexes.pop(key, None)
         self.dropped.append(Span(first, segment))
 
     def _extend_span(self, key: Key, segment: int) -> None:

@@ -61,6 +61,7 @@ class Opcode(IntEnum):
     CONFIRM = 16
     LIST_RANGES = 17
     DROP_RANGE = 18
+    TIME_INDEX = 19  # first offset at or after a timestamp; a replica's time statistics
     # Placement driver.
     PD_REGISTER_SERVER = 40
     PD_HEARTBEAT = 41
@@ -75,6 +76,11 @@ class Opcode(IntEnum):
     PD_CLUSTER = 50
     PD_UPDATE_REPLICAS = 51
     PD_WRITER_KEEPALIVE = 52
+    PD_DRAIN_SERVER = 65  # {"server_id", "cancel"} -> {"server"}: see pd/drain.py
+    PD_FORGET_SERVER = 66  # {"server_id"} -> {"forgotten"}
+    PD_DESCRIBE_SERVERS = 67  # {"server_id"?} -> {"servers": [server + state, replicas]}
+    PD_COMMIT_CURSOR = 70  # {"name", "cursor", "offset"} -> {"cursor", "offset"}
+    PD_LIST_CURSORS = 71  # {"name"} -> {"cursors": [{"cursor", "offset", "lag"}], "end"}
 
 
 class FrameFlags(IntFlag):

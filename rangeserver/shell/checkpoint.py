@@ -12,7 +12,8 @@ File layout: msgpack map, then its xxh3-64 (8 bytes, little-endian)::
     {"version": 2, "segment": int, "position": int,
      "replicas": [{"stream_id", "range_index", "start", "end", "epoch", "confirm",
                    "sealed", "sealed_end", "damaged", "index": {column: bytes},
-                   "span": [first segment, last segment]}],
+                   "span": [first segment, last segment],
+                   "time_index": {...} (optional, ``rangeserver/timeindex.py``)}],
      "dropped": [[first segment, last segment], ...]}
 
 ``span`` and ``dropped`` are what the log's retention needs (``rangeserver/retention.py``).
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -39,6 +40,7 @@ from estream.server.durable import fsync_dir
 from rangeserver.index import RangeIndex
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
+from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ class Checkpoint:
     indexes: dict[tuple[int, int], RangeIndex]
     spans: dict[tuple[int, int], Span]
     dropped: list[Span]
+    time_indexes: dict[tuple[int, int], TimeIndex] = field(default_factory=dict)
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
@@ -76,6 +79,8 @@ def encode(checkpoint: Checkpoint) -> bytes:
                 "span": [checkpoint.spans[key].first, checkpoint.spans[key].last],
             }
         )
+        if key in checkpoint.time_indexes:
+            replicas[-1]["time_index"] = checkpoint.time_indexes[key].to_wire()
     body: bytes = msgpack.packb(
         {
             "version": CHECKPOINT_VERSION,
@@ -101,6 +106,7 @@ def decode(data: bytes) -> Checkpoint:
     replicas: dict[tuple[int, int], ReplicaState] = {}
     indexes: dict[tuple[int, int], RangeIndex] = {}
     spans: dict[tuple[int, int], Span] = {}
+    time_indexes: dict[tuple[int, int], TimeIndex] = {}
     for item in raw["replicas"]:
         state = ReplicaState(
             stream_id=item["stream_id"],
@@ -117,9 +123,12 @@ def decode(data: bytes) -> Checkpoint:
         replicas[state.key] = state
         indexes[state.key] = RangeIndex.from_wire(item["index"])
         spans[state.key] = Span(int(item["span"][0]), int(item["span"][1]))
+        if "time_index" in item:
+            time_indexes[state.key] = TimeIndex.from_wire(item["time_index"])
     dropped = [Span(int(first), int(last)) for first, last in raw["dropped"]]
     return Checkpoint(
-        int(raw["segment"]), int(raw["position"]), replicas, indexes, spans, dropped
+        int(raw["segment"]), int(raw["position"]), replicas, indexes, spans, dropped,
+        time_indexes,
     )
 
 

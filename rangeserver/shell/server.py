@@ -76,6 +76,7 @@ class RangeServer:
             Opcode.CONFIRM: self.confirm,
             Opcode.LIST_RANGES: self.list_ranges,
             Opcode.DROP_RANGE: self.drop_range,
+            Opcode.TIME_INDEX: self.time_index,
         }
         return {
             Opcode.PING: self.ping,
@@ -194,3 +195,17 @@ class RangeServer:
 
     async def drop_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         return {"dropped": await self.store.drop(*_range_key(header))}, b""
+
+    async def time_index(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        """TIME_INDEX: the replica's time statistics and, with ``"timestamp"``, the first
+        offset at or after it below ``"end"`` (unconfirmed, a sealed range's catalog end)
+        or else the confirm offset (``Store.offset_for_time``)."""
+        stream_id, range_index = _range_key(header)
+        answer: dict[str, Any] = dict(self.store.time_stats(stream_id, range_index))
+        if header.get("timestamp") is not None:
+            timestamp = require(header, "timestamp", int)
+            end = _uint(header, "end") if header.get("end") is not None else None
+            offset, searched = await self.store.offset_for_time(
+                stream_id, range_index, timestamp, end)
+            answer.update(offset=offset, searched_end=searched)
+        return answer, b""

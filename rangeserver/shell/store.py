@@ -36,7 +36,7 @@ from estream.wire.errors import (
     RangeNotFound,
     ReplicaDamaged,
 )
-from estream.wire.record import BatchHeader, verify_batch
+from estream.wire.record import BatchHeader, decode_batch, iter_batches, verify_batch
 from rangeserver import replica as rp
 from rangeserver import retention
 from rangeserver import walformat as wf
@@ -46,11 +46,13 @@ from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.wal import Wal
+from rangeserver.timeindex import TimeIndex, first_at_or_after
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]
 reclaim_delay_s = 0.2  # after a drop, before the checkpoint that deletes its segments
+time_scan_bytes = 1024 * 1024  # batches read at once by a time lookup's scan
 
 
 class Store:
@@ -70,6 +72,7 @@ class Store:
         self.cache = BatchCache(cache_bytes_max)
         self.replicas: dict[Key, ReplicaState] = {}
         self.indexes: dict[Key, RangeIndex] = {}
+        self.time_indexes: dict[Key, TimeIndex] = {}  # rangeserver/timeindex.py
         self.spans: dict[Key, Span] = {}  # the log segments holding each replica's entries
         self.dropped: list[Span] = []  # dropped replicas' spans whose DROP entry is on disk
         self._events: dict[Key, asyncio.Event] = {}
@@ -89,7 +92,8 @@ class Store:
             log.warning("checkpoint does not match the log; scanning the whole log")
             found = None
         if found is not None:
-            replay = Replay(found.replicas, found.indexes, found.spans, found.dropped)
+            replay = Replay(found.replicas, found.indexes, found.spans, found.dropped,
+                            found.time_indexes)
             first, position = found.segment, found.position
             self._checkpointed_at = (found.segment, found.position)
         else:
@@ -110,6 +114,7 @@ class Store:
             tail = (segment, end)
         replay.finish()
         self.replicas, self.indexes = replay.replicas, replay.indexes
+        self.time_indexes = replay.time_indexes
         self.spans, self.dropped = replay.spans, replay.dropped
         for message in replay.report:
             self._report(message)
@@ -144,7 +149,8 @@ class Store:
         snapshot = ckpt.Checkpoint(
             at[0], at[1], dict(self.replicas), {}, dict(self.spans), list(self.dropped)
         )
-        data = ckpt.encode(replace(snapshot, indexes=self.indexes))  # copies the arrays now
+        data = ckpt.encode(replace(snapshot, indexes=self.indexes,
+                                   time_indexes=self.time_indexes))  # copies the arrays now
         await self.wal.force()  # everything before ``at`` is durable before the file says so
         await ckpt.save(self.data_dir, data)
         self._checkpointed_at = at
@@ -206,6 +212,7 @@ class Store:
         first = span.first if span is not None else segment
         self.replicas.pop(key, None)
         self.indexes.pop(key, None)
+        self.time_indexes.pop(key, None)
         self.cache.drop_range(*key)
         self.dropped.append(Span(first, segment))
         event = self._events.pop(key, None)
@@ -272,6 +279,8 @@ class Store:
         )
         body = Location(location.segment, location.position + wf.ENTRY_HEADER_BYTES, len(batch))
         self.indexes[key].add(header.base_offset, end, body)
+        self.time_indexes[key].observe(end, header.first_timestamp, header.max_timestamp,
+                                       len(batch))
         self._extend_span(key, location.segment)
         self.cache.put((key[0], key[1], header.base_offset), batch)
         self._set(key, new)
@@ -287,6 +296,7 @@ class Store:
         if isinstance(outcome, rp.Create):
             self.replicas[key] = outcome.state
             self.indexes[key] = RangeIndex()
+            self.time_indexes[key] = TimeIndex()
             await self._log_control(wf.CreateRange(stream_id, range_index, start, epoch))
         elif isinstance(outcome, rp.Exists):
             self._set(key, outcome.state)
@@ -463,6 +473,47 @@ class Store:
         chosen = self.indexes[key].select(offset, end, max(1, max_bytes), partial_last=state.sealed)
         payload = await self._load(key, chosen)
         return end, state.sealed, payload
+
+    async def offset_for_time(
+        self, stream_id: int, range_index: int, timestamp_ms: int, end: int | None = None
+    ) -> tuple[int | None, int]:
+        """The first offset whose record timestamp is at or after ``timestamp_ms`` among
+        the records this replica serves (below ``end`` read unconfirmed, as for a sealed
+        range, else below the confirm offset), or None; and the end it searched up to
+        (less than ``end`` when this replica is short: the caller asks another). The time
+        index (``rangeserver/timeindex.py``) says where to start; batches are read from
+        there until one's ``max_timestamp`` reaches the timestamp."""
+        key = (stream_id, range_index)
+        state = self._get(*key)
+        if state.damaged:
+            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+        limit = readable_end(state, unconfirmed=end is not None)
+        if end is not None:
+            limit = min(limit, end)
+        index = self.time_indexes[key]
+        if not index.may_hold(timestamp_ms):
+            return None, limit
+        offset = index.scan_start(timestamp_ms, state.start)
+        while offset < limit:
+            chosen = self.indexes[key].select(offset, limit, time_scan_bytes, partial_last=True)
+            if not chosen:
+                break
+            payload = await self._load(key, chosen)
+            for header, view in iter_batches(payload):
+                if header.max_timestamp >= timestamp_ms:
+                    stamps = [r.timestamp for r in decode_batch(view, verify=False).records]
+                    found = first_at_or_after(stamps, header.base_offset, timestamp_ms)
+                    if found is not None:
+                        return (found if found < limit else None), limit
+            offset = chosen[-1].end
+            self._get(*key)  # RangeNotFound if dropped meanwhile
+        return None, limit
+
+    def time_stats(self, stream_id: int, range_index: int) -> dict[str, object]:
+        """The replica's ``{"min_timestamp", "max_timestamp", "bytes"}`` (timeindex.py)."""
+        key = (stream_id, range_index)
+        self._get(*key)
+        return self.time_indexes[key].stats()
 
     async def _wait(self, key: Key, offset: int, unconfirmed: bool, wait_ms: int) -> None:
         loop = asyncio.get_running_loop()
