@@ -39,6 +39,7 @@ from estream.wire.errors import (
     InvalidArgument,
     RangeNotFound,
     RangeSealed,
+    ServerNotFound,
     StreamExists,
     StreamNotFound,
 )
@@ -48,6 +49,8 @@ from pd.commands import (
     Command,
     CreateStream,
     DeleteStream,
+    DrainForget,
+    DrainServer,
     OpenWriter,
     RegisterPdNode,
     RegisterServer,
@@ -89,6 +92,7 @@ class CatalogView:
     version: int
     open_ranges: MappingProxyType[str, int]  # server id -> open ranges it holds
     next_stream_id: int = 1  # every id below it was given to a stream (maybe deleted since)
+    draining: frozenset[str] = frozenset()  # servers being drained (pd/drain.py)
 
     def stream(self, name: str) -> StreamMeta:
         found = self.streams.get(name)
@@ -114,6 +118,7 @@ class Catalog:
         self._pd_nodes: dict[str, PdNode] = {}
         self._next_stream_id = 1
         self._open_ranges: dict[str, int] = {}  # derived from _streams, kept incrementally
+        self._draining: set[str] = set()  # servers flagged by drain_server
         self.version = 0  # number of commands accepted (a rejection changes nothing)
 
     # -- reading -------------------------------------------------------------------
@@ -125,6 +130,7 @@ class Catalog:
             self.version,
             MappingProxyType(dict(self._open_ranges)),
             self._next_stream_id,
+            frozenset(self._draining),
         )
 
     def _put(self, name: str, stream: StreamMeta | None) -> None:
@@ -289,6 +295,36 @@ class Catalog:
         self._put(cmd.name, stream)
         return stream
 
+    def _drain_server(self, cmd: DrainServer) -> ServerInfo:
+        server = self._server(cmd.server_id)
+        if cmd.cancel:
+            self._draining.discard(cmd.server_id)
+        else:
+            self._draining.add(cmd.server_id)
+        return server
+
+    def _drain_forget(self, cmd: DrainForget) -> None:
+        """Remove a server from the catalog. Ranges naming it keep naming it (repair
+        replaces it as dead); refused while a range has no other registered replica (the
+        shell also refuses while it is alive, which only it can know)."""
+        self._server(cmd.server_id)
+        for stream in self._streams.values():
+            for rng in stream.ranges:
+                ids = [r.id for r in rng.replicas]
+                if cmd.server_id in ids and (not rng.sealed or rng.end != rng.start) and not any(
+                        i != cmd.server_id and i in self._servers for i in ids):
+                    raise Conflict(f"range server {cmd.server_id} is the only registered "
+                                   f"replica of stream {stream.name!r} range {rng.index}")
+        del self._servers[cmd.server_id]
+        self._draining.discard(cmd.server_id)
+
+    def _server(self, server_id: str) -> ServerInfo:
+        found = self._servers.get(server_id)
+        if found is None:
+            raise ServerNotFound(f"no range server {server_id!r} is registered",
+                                 server_id=server_id)
+        return found
+
     def _replica_refs(self, ids: tuple[str, ...], expected: int | None) -> tuple[ReplicaRef, ...]:
         if expected is not None and len(ids) != expected:
             raise InvalidArgument(
@@ -321,6 +357,7 @@ class Catalog:
                 {"id": n.id, "raft": n.raft, "rpc": n.rpc, "http": n.http}
                 for n in self._pd_nodes.values()
             ],
+            "draining": sorted(self._draining),
         }
         data: bytes = msgpack.packb(body, use_bin_type=True)
         return data
@@ -343,6 +380,7 @@ class Catalog:
                 catalog._servers[d["id"]] = ServerInfo(d["id"], d["address"], d["storage_class"])
             for d in body["pd_nodes"]:
                 catalog._pd_nodes[d["id"]] = PdNode(d["id"], d["raft"], d["rpc"], d["http"])
+            catalog._draining = {str(i) for i in body.get("draining", ())}
         except InvalidArgument:
             raise
         except Exception as exc:
@@ -407,4 +445,6 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     SealRange: Catalog._seal_range,
     TrimStream: Catalog._trim_stream,
     UpdateReplicas: Catalog._update_replicas,
+    DrainServer: Catalog._drain_server,
+    DrainForget: Catalog._drain_forget,
 }

@@ -118,6 +118,24 @@ class UpdateReplicas:
     expected: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class DrainServer:
+    """Operator: move every replica off ``server_id`` (it gets no new ones); with
+    ``cancel``, the server is active again (see :mod:`pd.drain`)."""
+
+    kind: ClassVar[str] = "drain_server"
+    server_id: str
+    cancel: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DrainForget:
+    """Operator: remove a dead range server from the catalog (see :mod:`pd.drain`)."""
+
+    kind: ClassVar[str] = "drain_forget"
+    server_id: str
+
+
 Command = (
     RegisterServer
     | RegisterPdNode
@@ -127,6 +145,8 @@ Command = (
     | SealRange
     | TrimStream
     | UpdateReplicas
+    | DrainServer
+    | DrainForget
 )
 
 COMMAND_TYPES: Final[dict[str, type[Any]]] = {
@@ -140,6 +160,8 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
         SealRange,
         TrimStream,
         UpdateReplicas,
+        DrainServer,
+        DrainForget,
     )
 }
 

@@ -81,8 +81,10 @@ REASON_SHORT: Final = "short"
 REASON_MISSEALED: Final = "missealed"
 REASON_UNSEALED: Final = "unsealed"
 REASON_ABSENT: Final = "absent"
+REASON_DRAIN: Final = "drain"  # on a draining server (pd/drain.py): moved, never in place
 _REASON_ORDER: Final = {REASON_DAMAGED: 0, REASON_DEAD: 1, REASON_MISSEALED: 2,
-                        REASON_SHORT: 3, REASON_ABSENT: 4, REASON_UNSEALED: 5}
+                        REASON_SHORT: 3, REASON_ABSENT: 4, REASON_UNSEALED: 5,
+                        REASON_DRAIN: 6}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,7 @@ class ServerState:
     # The replicas its last LIST_RANGES named, when one was taken since the ranges
     # concerned last changed hands (None: no such listing; nothing counts as absent).
     listed: Collection[RangeKey] | None = None
+    draining: bool = False  # an operator drains it: no target, its replicas move away
 
 
 class Health(Enum):
@@ -373,7 +376,7 @@ def replica_health(
     if report is None:
         if server.listed is not None and (stream_id, rng.index) not in server.listed:
             return Health.MISSING, REASON_ABSENT  # it never had it, or lost it
-        return Health.HEALTHY, ""
+        return Health.HEALTHY, REASON_DRAIN if server.draining else ""
     assert rng.end is not None
     if report.damaged:
         return Health.MISSING, REASON_DAMAGED
@@ -384,6 +387,8 @@ def replica_health(
         if now_ms - since >= repair_after_ms:
             return Health.MISSING, REASON_SHORT
         return Health.UNAVAILABLE, ""
+    if server.draining:
+        return Health.HEALTHY, REASON_DRAIN  # a source until its copy elsewhere is done
     if not report.sealed:
         return Health.HEALTHY, REASON_UNSEALED  # whole but open: SEAL it at the end
     return Health.HEALTHY, ""
@@ -412,8 +417,10 @@ def _needs(
     out: list[_Need] = []
     for stream in streams:
         for rng in stream.ranges:
-            if not rng.sealed or rng.end == rng.start or (stream.id, rng.index) in busy:
+            if not rng.sealed or (stream.id, rng.index) in busy:
                 continue
+            if rng.end == rng.start and not _on_draining(rng, servers):
+                continue  # empty: nothing to lose (but a draining server must let go)
             missing: list[tuple[str, str]] = []
             healthy: list[str] = []
             for ref in rng.replicas:
@@ -432,6 +439,10 @@ def _needs(
     return out
 
 
+def _on_draining(rng: RangeMeta, servers: Mapping[str, ServerState]) -> bool:
+    return any((s := servers.get(ref.id)) is not None and s.draining for ref in rng.replicas)
+
+
 def _report_of(
     servers: Mapping[str, ServerState], server_id: str, stream: StreamMeta, rng: RangeMeta
 ) -> ReplicaReport | None:
@@ -441,7 +452,7 @@ def _report_of(
 
 def _candidates(servers: Mapping[str, ServerState]) -> dict[str, Candidate]:
     return {
-        s.id: Candidate(s.id, s.storage_class, s.alive, s.ranges, s.bytes)
+        s.id: Candidate(s.id, s.storage_class, s.alive and not s.draining, s.ranges, s.bytes)
         for s in servers.values()
     }
 
@@ -460,7 +471,10 @@ def _where(need: _Need, servers: Mapping[str, ServerState], avoided: Collection[
     for m, r in zip(need.missing, need.reasons, strict=True):
         report = _report_of(servers, m, need.stream, need.rng)
         opened = report is not None and not report.sealed
-        if m in avoided:
+        server = servers.get(m)
+        if server is not None and server.draining:
+            where.moved.append((m, r))  # never in place on a server that is leaving
+        elif m in avoided:
             if r != REASON_UNSEALED:  # a healthy replica that would not take the SEAL
                 where.moved.append((m, r))  # stays a source; anything else is replaced
         elif r in (REASON_UNSEALED, REASON_ABSENT) or (r == REASON_SHORT and opened):

@@ -42,6 +42,9 @@ class ErrorCode(IntEnum):
     CLOSED = 28
     UNAUTHENTICATED = 29
     WRONG_SERVER = 30
+    SERVER_NOT_FOUND = 33
+    DIGEST_MISMATCH = 37
+    DIGEST_KEY_MISSING = 38
 
 
 class EstreamError(Exception):
@@ -211,6 +214,13 @@ class WrongServer(EstreamError):
     field_names = ("expected", "actual")
 
 
+class ServerNotFound(EstreamError):
+    """No range server with this id is registered (or it was forgotten)."""
+
+    code = ErrorCode.SERVER_NOT_FOUND
+    field_names = ("server_id",)
+
+
 class NoPlacement(EstreamError):
     """Not enough live range servers to place a range."""
 
@@ -232,6 +242,25 @@ class Closed(EstreamError):
 
 class Unauthenticated(EstreamError):
     code = ErrorCode.UNAUTHENTICATED
+
+
+class DigestMismatch(EstreamError):
+    """A batch whose entry digest does not verify under its stream's digest: a wrong or
+    missing MAC (``hmac-sha256``: forged, or replayed from another stream, range or
+    offsets), or a digest kind other than the stream's. Never served to a reader, which
+    tries the next replica."""
+
+    code = ErrorCode.DIGEST_MISMATCH
+    retriable = True
+    field_names = ("stream_id", "range_index", "base_offset")
+
+
+class DigestKeyMissing(EstreamError):
+    """The stream's digest needs a key (``hmac-sha256``) and this client has none: connect
+    with ``secret=`` (or ``ESTREAM_SECRET``) holding the cluster secret."""
+
+    code = ErrorCode.DIGEST_KEY_MISSING
+    field_names = ("stream",)
 
 
 _REGISTRY: dict[int, type[EstreamError]] = {}

@@ -1,0 +1,150 @@
+"""Draining and forgetting range servers: the operator's decisions, from the catalog.
+
+A server an operator *drains* stays registered and serving, but gets no new replicas
+(placement skips it) and loses the ones it has:
+
+- a **sealed** range's replica on it is copied to another server by repair's machinery
+  (:mod:`pd.repair`, reason ``"drain"``: the draining replica stays a healthy source, a
+  new server is the target), then ``update_replicas`` (compare-and-set) swaps it out of
+  the range's replica list; an empty sealed range gets an empty sealed replica;
+- the **open** range of a stream is rolled away from it: a live writer learns from its
+  keepalive answer (``"leave"``: :func:`leave_servers`) that the server is leaving, counts
+  that replica as failed (the range runs on its other replicas, at least ``ack_count``)
+  and rolls, placing the next range elsewhere; a stream with no live writer is rolled by
+  the PD leader itself (a new epoch, the recovery that a new writer runs, the seal
+  recorded in PD avoiding the server: :func:`open_ranges_leaving`).
+
+Its state (:func:`server_state`) is ``"active"``, ``"draining"`` (flagged, still named by
+some range) or ``"drained"`` (flagged, named by none): only the flag is in the catalog
+(``drain_server``, replicated through Raft, so a new leader goes on with the drain),
+the rest is derived.
+
+*Forgetting* (``drain_forget``) removes a dead server from the catalog: refused while it
+is alive, or while some range has no other replica on a registered live server
+(:func:`forget_refusal`); ranges that still name it then count it as dead, and repair
+replaces it.
+
+Double faults: the PD leader lost mid-drain (the flag is in Raft; the next leader's
+repair and drain rounds start again from the catalog; a copy half done is resumed or
+redone, its ``update_replicas`` is compare-and-set); the target dies during a copy
+(repair's rules: the target is avoided and another chosen); the draining server dies
+(its replicas become plain under-replicated ranges, replaced as dead); a writer dies
+while its range is leaving (its lease runs out and PD rolls the range).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from estream.wire.meta import RangeMeta, StreamMeta
+
+STATE_ACTIVE: Final = "active"
+STATE_DRAINING: Final = "draining"
+STATE_DRAINED: Final = "drained"
+
+
+def replica_counts(streams: Iterable[StreamMeta]) -> dict[str, int]:
+    """How many ranges (open or sealed) name each server as a replica.
+
+    >>> from estream.wire.meta import ReplicaRef
+    >>> a, b = ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2")
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, (a, b)), RangeMeta(1, 5, None, (a,))))
+    >>> replica_counts([s])
+    {'a': 2, 'b': 1}
+    """
+    counts: dict[str, int] = {}
+    for stream in streams:
+        for rng in stream.ranges:
+            for ref in rng.replicas:
+                counts[ref.id] = counts.get(ref.id, 0) + 1
+    return counts
+
+
+def server_state(draining: bool, replicas: int) -> str:
+    """``"active"``, ``"draining"`` (flagged, still holding replicas) or ``"drained"``.
+
+    >>> server_state(False, 4), server_state(True, 4), server_state(True, 0)
+    ('active', 'draining', 'drained')
+    """
+    if not draining:
+        return STATE_ACTIVE
+    return STATE_DRAINING if replicas else STATE_DRAINED
+
+
+def leave_servers(stream: StreamMeta, draining: Collection[str]) -> tuple[str, ...]:
+    """The draining servers among the replicas of ``stream``'s open last range (what a
+    live writer is told to roll away from).
+
+    >>> from estream.wire.meta import ReplicaRef
+    >>> refs = tuple(ReplicaRef(i, "h:1") for i in "abc")
+    >>> leave_servers(StreamMeta(1, "s", ranges=(RangeMeta(0, 0, None, refs),)), {"b", "x"})
+    ('b',)
+    """
+    last = stream.last_range
+    if last is None or last.sealed:
+        return ()
+    return tuple(ref.id for ref in last.replicas if ref.id in draining)
+
+
+def open_ranges_leaving(
+    streams: Iterable[StreamMeta], draining: Collection[str]
+) -> list[StreamMeta]:
+    """The streams whose open last range has a replica on a draining server, by name."""
+    found = [s for s in streams if leave_servers(s, draining)]
+    return sorted(found, key=lambda s: s.name)
+
+
+def forget_refusal(
+    server_id: str,
+    streams: Iterable[StreamMeta],
+    registered: Collection[str],
+    alive: Collection[str],
+) -> str | None:
+    """Why ``server_id`` cannot be forgotten now (None: it can): it is alive, or some
+    range has no other replica on a registered, live server (it may hold the only copy).
+
+    >>> from estream.wire.meta import ReplicaRef
+    >>> refs = (ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2"))
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 9, refs),))
+    >>> forget_refusal("a", [s], {"a", "b"}, {"b"}) is None
+    True
+    >>> forget_refusal("a", [s], {"a", "b"}, {"a", "b"})
+    'range server a is alive: drain it, stop it, then forget it'
+    >>> forget_refusal("a", [s], {"a", "b"}, set())
+    "stream 's' range 0 has no replica on a live server but a: it may hold the only copy"
+    """
+    if server_id in alive:
+        return f"range server {server_id} is alive: drain it, stop it, then forget it"
+    for stream in streams:
+        for rng in stream.ranges:
+            ids = [ref.id for ref in rng.replicas]
+            if server_id not in ids or (rng.sealed and rng.end == rng.start):
+                continue
+            others = [i for i in ids if i != server_id and i in registered and i in alive]
+            if not others:
+                return (f"stream {stream.name!r} range {rng.index} has no replica on a live "
+                        f"server but {server_id}: it may hold the only copy")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RangeHealth:
+    """One range as the operator sees it: how many of its replicas are healthy."""
+
+    stream: str
+    stream_id: int
+    range: RangeMeta
+    wanted: int  # the stream's replica count
+    healthy: int  # replicas counted healthy (repair's rules; open ranges: alive)
+    replicas: tuple[tuple[str, str], ...]  # (server id, "healthy" | "unavailable" | "missing")
+    reasons: Mapping[str, str]  # server id -> why it is (to be) replaced
+
+    @property
+    def under_replicated(self) -> bool:
+        """Fewer healthy replicas than wanted, or some replica to replace (dead, damaged,
+        short, on a draining server)."""
+        return self.healthy < self.wanted or bool(self.reasons)
