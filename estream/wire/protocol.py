@@ -79,9 +79,6 @@ class Opcode(IntEnum):
     PD_DRAIN_SERVER = 65  # {"server_id", "cancel"} -> {"server"}: see pd/drain.py
     PD_FORGET_SERVER = 66  # {"server_id"} -> {"forgotten"}
     PD_DESCRIBE_SERVERS = 67  # {"server_id"?} -> {"servers": [server + state, replicas]}
-    PD_DRAIN_SERVER = 65  # {"server_id", "cancel"} -> {"server"}: see pd/drain.py
-    PD_FORGET_SERVER = 66  # {"server_id"} -> {"forgotten"}
-    PD_DESCRIBE_SERVERS = 67  # {"server_id"?} -> {"servers": [server + state, replicas]}
     PD_COMMIT_CURSOR = 70  # {"name", "cursor", "offset"} -> {"cursor", "offset"}
     PD_LIST_CURSORS = 71  # {"name"} -> {"cursors": [{"cursor", "offset", "lag"}], "end"}
 
