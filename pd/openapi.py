@@ -51,6 +51,8 @@ SCHEMAS: Final[dict[str, Any]] = {
             "end": {"type": ["integer", "null"], "minimum": 0},
             "state": {"type": "string", "enum": ["open", "sealed"]},
             "replicas": {"type": "array", "items": _ref("Replica")},
+            "tier": {"type": "string", "enum": ["local", "object"]},
+            "object_key": _NULLABLE_STR,
         },
     },
     "Stream": {
@@ -106,6 +108,10 @@ SCHEMAS: Final[dict[str, Any]] = {
             "term": {"type": "integer"},
             "commit_index": {"type": "integer"},
             "nodes": {"type": "array", "items": _ref("PdNode")},
+            "object_store": {"oneOf": [{"type": "null"}, {
+                "type": "object", "required": ["url", "endpoint"],
+                "properties": {"url": {"type": "string"}, "endpoint": _NULLABLE_STR},
+            }]},
         },
     },
     "RangeServer": {

@@ -42,6 +42,8 @@ class ErrorCode(IntEnum):
     CLOSED = 28
     UNAUTHENTICATED = 29
     WRONG_SERVER = 30
+    MALFORMED_OBJECT = 31
+    OBJECT_STORE_ERROR = 32
     SERVER_NOT_FOUND = 33
     DIGEST_MISMATCH = 37
     DIGEST_KEY_MISSING = 38
@@ -219,6 +221,23 @@ class ServerNotFound(EstreamError):
 
     code = ErrorCode.SERVER_NOT_FOUND
     field_names = ("server_id",)
+
+
+class MalformedObject(EstreamError):
+    """An object of the object-storage tier whose footer, index or layout is invalid, or
+    that does not hold what the catalog says (estream/wire/objectformat.py)."""
+
+    code = ErrorCode.MALFORMED_OBJECT
+    field_names = ("key",)
+
+
+class ObjectStoreError(EstreamError):
+    """The object store failed a request (unreachable, timed out, refused, or the object
+    is missing: ``not_found``); ``key`` names the object."""
+
+    code = ErrorCode.OBJECT_STORE_ERROR
+    retriable = True
+    field_names = ("key", "not_found")
 
 
 class NoPlacement(EstreamError):

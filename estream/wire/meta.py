@@ -6,7 +6,8 @@ The placement driver keeps these in its catalog; the SDK receives them in PD res
 
     {"id", "name", "replicas", "ack_count", "type", "hints", "epoch", "start_offset",
      "ranges": [{"index", "start", "end" (None while open), "state": "open"|"sealed",
-                 "replicas": [{"id", "address"}]}]}
+                 "replicas": [{"id", "address"}], "tier": "local"|"object",
+                 "object_key" (None until the range's object is committed)}]}
 
 Pure: no I/O.
 """
@@ -38,12 +39,20 @@ class ReplicaRef:
 
 @dataclass(frozen=True, slots=True)
 class RangeMeta:
-    """Offsets ``[start, end)`` of a stream on ``replicas``; ``end`` is None while open."""
+    """Offsets ``[start, end)`` of a stream on ``replicas``; ``end`` is None while open.
+
+    ``tier`` is ``"local"`` (readable from its replicas only) or ``"object"`` (a sealed
+    range whose object ``object_key`` in the object store is committed in the catalog;
+    its replicas may still exist until they are dropped after the local retention, and
+    ``replicas`` is empty once they are).
+    """
 
     index: int
     start: int
     end: int | None
     replicas: tuple[ReplicaRef, ...]
+    tier: str = "local"
+    object_key: str | None = None
 
     @property
     def sealed(self) -> bool:
@@ -63,15 +72,21 @@ class RangeMeta:
             "end": self.end,
             "state": self.state,
             "replicas": [r.to_dict() for r in self.replicas],
+            "tier": self.tier,
+            "object_key": self.object_key,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RangeMeta:
+        index = int(d["index"])  # first: a non-map fails here with TypeError
+        key = d.get("object_key")
         return cls(
-            int(d["index"]),
+            index,
             int(d["start"]),
             None if d.get("end") is None else int(d["end"]),
             tuple(ReplicaRef.from_dict(r) for r in d.get("replicas", ())),
+            str(d.get("tier", "local")),
+            None if key is None else str(key),
         )
 
 

@@ -88,6 +88,9 @@ class PdService:
         self.listings: dict[str, ServerListing] = {}  # the reclaimer's, for repair
         self.leases = LeaseTable()  # writer leases, while this node leads
         self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
+        # The object-storage tier's store, published in the cluster answer so that range
+        # servers and clients learn it from PD: {"url", "endpoint"}, or None (no tier).
+        self.object_store: dict[str, str | None] | None = None
 
     # -- reads -----------------------------------------------------------------------
     def view(self) -> CatalogView:
@@ -162,6 +165,7 @@ class PdService:
             "term": status.term,
             "commit_index": status.commit_index,
             "nodes": nodes,
+            "object_store": self.object_store,
         }
 
     # -- writes ------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def test_from_wire_drops_unknown_fields_and_keeps_known_ones() -> None:
 RETRIABLE = {
     "ChecksumMismatch", "ReplicaDamaged", "StorageError", "NotLeader", "Unavailable",
     "DigestMismatch",
-    "Timeout", "NoPlacement", "Overloaded",
+    "Timeout", "NoPlacement", "Overloaded", "ObjectStoreError",
 }
 
 

@@ -41,6 +41,7 @@ def test_stream_dict_shape() -> None:
         "replicas": [{"id": "rs-c", "address": "127.0.0.1:7203"},
                      {"id": "rs-a", "address": "127.0.0.1:7201"},
                      {"id": "rs-b", "address": "127.0.0.1:7202"}],
+        "tier": "local", "object_key": None,
     }
     assert d["ranges"][0]["state"] == "sealed" and d["ranges"][0]["end"] == 10
 

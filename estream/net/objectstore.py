@@ -1,0 +1,212 @@
+"""The object store behind the object-storage tier: one small async client over obstore.
+
+:class:`ObjectStore` is what the PD offloader writes through and what readers (the SDK,
+Spark executors) read through. ``ObjectStore.from_url(url, endpoint=None)`` accepts
+
+- ``file:///abs/dir``: objects are files under that directory (created if missing);
+- ``s3://bucket/prefix``: any S3-compatible store; ``endpoint`` (``http://H:P`` or
+  ``https://...``) names it (AWS's own endpoint when None). Credentials come from
+  ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (both required: obstore's default
+  credential chain would otherwise probe a cloud metadata address), optional
+  ``AWS_SESSION_TOKEN``, and the region from ``AWS_REGION`` (default ``us-east-1``).
+  Plain http is allowed only when the endpoint says ``http://`` explicitly; requests
+  use path-style addressing (``endpoint/bucket/key``), which every S3-compatible store
+  understands.
+
+Keys are relative to the URL's directory or prefix. Every call has a deadline
+(``timeout_s``, also given to obstore's own HTTP client, whose retries are bounded below
+it), so no call waits forever. obstore's errors become typed estream errors:
+:class:`~estream.wire.errors.ObjectStoreError` (``not_found`` True for a missing object,
+retriable otherwise) and :class:`~estream.wire.errors.Timeout`; a bad URL or missing
+credentials raise :class:`~estream.wire.errors.InvalidArgument` at construction.
+
+Side effects: network (S3) or files (``file://``), through obstore's Rust runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
+
+import obstore
+from obstore.exceptions import NotFoundError
+from obstore.store import LocalStore, S3Store
+
+from estream.wire.errors import InvalidArgument, ObjectStoreError, Timeout
+
+request_timeout_s: Final = 30.0  # one PUT/GET/HEAD/DELETE/LIST page, retries included
+list_objects_max: Final = 10_000  # keys one list() call returns at most
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object of a listing: its key (relative to the store's prefix), size and age."""
+
+    key: str
+    size: int
+    modified_s: float  # seconds since the Unix epoch
+
+
+class ObjectStore:
+    """Async put/get/get_range/head/delete/list with deadlines and typed errors."""
+
+    def __init__(self, store: Any, url: str, endpoint: str | None, timeout_s: float) -> None:
+        self._store = store
+        self.url = url
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        endpoint: str | None = None,
+        *,
+        timeout_s: float = request_timeout_s,
+        env: Mapping[str, str] | None = None,
+    ) -> ObjectStore:
+        """A client for ``url`` (see the module docstring); ``env`` defaults to the
+        process environment (the AWS credential variables)."""
+        parts = urlsplit(url)
+        if parts.scheme == "file":
+            if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+                raise InvalidArgument(f"object store URL {url!r}: use file:///absolute/dir",
+                                      argument="object_store")
+            Path(parts.path).mkdir(parents=True, exist_ok=True)
+            return cls(LocalStore(parts.path, mkdir=True), url, None, timeout_s)
+        if parts.scheme == "s3":
+            return cls(_s3_store(url, endpoint, timeout_s, os.environ if env is None else env),
+                       url, endpoint, timeout_s)
+        raise InvalidArgument(f"object store URL {url!r}: expected file:// or s3://",
+                              argument="object_store")
+
+    def describe(self) -> dict[str, str | None]:
+        """What PD publishes to range servers and clients: ``{"url", "endpoint"}``."""
+        return {"url": self.url, "endpoint": self.endpoint}
+
+    async def _call(self, key: str, work: Awaitable[_T]) -> _T:
+        try:
+            return await asyncio.wait_for(work, self.timeout_s)
+        except TimeoutError:
+            raise Timeout(f"object store request for {key!r} took over {self.timeout_s} s",
+                          address=self.url) from None
+        except (NotFoundError, FileNotFoundError):
+            raise ObjectStoreError(f"object {key!r} not found in {self.url}", key=key,
+                                   not_found=True) from None
+        except (obstore.exceptions.BaseError, OSError, ValueError) as exc:
+            raise ObjectStoreError(f"object store {self.url}: {type(exc).__name__}: "
+                                   f"{_first_line(exc)}", key=key, not_found=False) from None
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        """Store ``data`` under ``key`` (replacing what was there)."""
+        await self._call(key, obstore.put_async(self._store, key, bytes(data)))
+
+    async def get(self, key: str) -> bytes:
+        """The whole object."""
+        async def work() -> bytes:
+            result = await obstore.get_async(self._store, key)
+            return bytes(await result.bytes_async())
+        return await self._call(key, work())
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object (ObjectStoreError past its end)."""
+        if not 0 <= start < end:
+            raise InvalidArgument(f"bad byte range [{start}, {end})", argument="range")
+        data = await self._call(key, obstore.get_range_async(self._store, key, start=start,
+                                                             end=end))
+        out = bytes(data)
+        if len(out) != end - start:
+            raise ObjectStoreError(f"object {key!r}: asked bytes [{start}, {end}), got "
+                                   f"{len(out)}", key=key, not_found=False)
+        return out
+
+    async def get_ranges(self, key: str, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Several byte ranges of one object in one call (obstore coalesces near ones)."""
+        if not spans:
+            return []
+        for start, end in spans:
+            if not 0 <= start < end:
+                raise InvalidArgument(f"bad byte range [{start}, {end})", argument="range")
+        data = await self._call(key, obstore.get_ranges_async(
+            self._store, key, starts=[s for s, _ in spans], ends=[e for _, e in spans]))
+        return [bytes(d) for d in data]
+
+    async def head(self, key: str) -> int:
+        """The object's size in bytes (ObjectStoreError with ``not_found`` if missing)."""
+        meta = await self._call(key, obstore.head_async(self._store, key))
+        return int(meta["size"])
+
+    size = head
+
+    async def delete(self, key: str) -> None:
+        """Delete the object; a missing one is not an error (deletes are retried)."""
+        try:
+            await self._call(key, obstore.delete_async(self._store, key))
+        except ObjectStoreError as exc:
+            if not exc.fields.get("not_found"):
+                raise
+
+    async def list(self, prefix: str = "", *, limit: int = list_objects_max) -> list[ObjectInfo]:
+        """Up to ``limit`` objects whose keys start with ``prefix`` (a directory-like
+        prefix: ``"a/b"`` lists ``a/b/...``), in no particular order."""
+        async def work() -> list[ObjectInfo]:
+            out: list[ObjectInfo] = []
+            stream = obstore.list(self._store, prefix or None, chunk_size=1000)
+            async for chunk in stream:
+                for meta in chunk:
+                    out.append(ObjectInfo(str(meta["path"]), int(meta["size"]),
+                                          meta["last_modified"].timestamp()))
+                if len(out) >= limit:
+                    break
+            return out[:limit]
+        return await self._call(prefix, work())
+
+
+def _s3_store(url: str, endpoint: str | None, timeout_s: float,
+              env: Mapping[str, str]) -> S3Store:
+    parts = urlsplit(url)
+    bucket, prefix = parts.netloc, parts.path.strip("/")
+    if not bucket:
+        raise InvalidArgument(f"object store URL {url!r}: no bucket", argument="object_store")
+    key_id, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if not key_id or not secret:
+        raise InvalidArgument("an s3:// object store needs AWS_ACCESS_KEY_ID and "
+                              "AWS_SECRET_ACCESS_KEY", argument="object_store")
+    config: dict[str, Any] = {
+        "access_key_id": key_id,
+        "secret_access_key": secret,
+        "region": env.get("AWS_REGION") or "us-east-1",
+        "virtual_hosted_style_request": False,
+    }
+    if env.get("AWS_SESSION_TOKEN"):
+        config["session_token"] = env["AWS_SESSION_TOKEN"]
+    if endpoint:
+        scheme = urlsplit(endpoint).scheme
+        if scheme not in ("http", "https"):
+            raise InvalidArgument(f"object store endpoint {endpoint!r}: expected http(s)://H:P",
+                                  argument="object_store_endpoint")
+        config["endpoint"] = endpoint.rstrip("/")
+    client = {
+        "allow_http": bool(endpoint) and endpoint.startswith("http://"),  # type: ignore[union-attr]
+        "timeout": timedelta(seconds=timeout_s),
+        "connect_timeout": timedelta(seconds=min(timeout_s, 5.0)),
+    }
+    retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=timeout_s / 2)}
+    try:
+        return S3Store(bucket, prefix=prefix or None, config=config,  # type: ignore[arg-type]
+                       client_options=client, retry_config=retry)  # type: ignore[arg-type]
+    except (obstore.exceptions.BaseError, ValueError) as exc:
+        raise InvalidArgument(f"object store {url!r}: {_first_line(exc)}",
+                              argument="object_store") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

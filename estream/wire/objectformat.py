@@ -1,0 +1,337 @@
+"""The object-tier format: one object per sealed range, its index and its footer.
+
+A sealed range offloaded to the object store becomes one object holding the range's record
+batches exactly as the range servers store them (the batch format of
+``estream/wire/record.py``, xxh3 checksums kept, so every reader verifies every batch as it
+would from a replica), then an index block with one entry per batch, then a fixed 64-byte
+footer. A reader needs two small ranged GETs to learn where everything is (the footer, then
+the index; or one GET of the object's tail when the index is small) and one ranged GET per
+window of batches (:meth:`ObjectIndex.locate`). All integers are little-endian.
+
+Object layout::
+
+    [batch 0][batch 1]...[batch n-1]   data: the batches back to back, from byte 0
+    [index entry 0]...[index entry n-1] index: n entries of 40 bytes, at index_position
+    [footer]                            64 bytes, the object's last bytes
+
+Index entry (40 bytes)::
+
+    offset size field          meaning
+      0     8   base_offset    u64, offset of the batch's first record
+      8     4   count          u32, records in the batch
+     12     8   position       u64, byte position of the batch in the object
+     20     4   length         u32, byte length of the whole batch (header + records)
+     24     8   min_timestamp  i64 ms, smallest record timestamp of the batch
+     32     8   max_timestamp  i64 ms, largest record timestamp of the batch
+
+Footer (64 bytes)::
+
+      0     4   magic          0xE50B1EC7
+      4     2   version        1
+      6     2   flags          0 (reserved)
+      8     8   stream_id      u64
+     16     4   range_index    u32
+     20     4   batch_count    u32, index entries
+     24     8   start_offset   u64, the range's start (first batch's base offset)
+     32     8   end_offset     u64, the range's end (last batch's end); start for no batch
+     40     8   index_position u64, where the index starts (= bytes of data)
+     48     8   index_bytes    u64, 40 * batch_count
+     56     8   checksum       xxh3-64 of the index block followed by footer bytes [0, 56)
+
+Rules checked on encode and on decode: batches are contiguous from ``start_offset`` to
+``end_offset`` (the object holds exactly the catalog's ``[start, end)``, never a short or
+long copy), each batch belongs to ``stream_id``, index entries lie back to back from byte 0
+up to ``index_position``. Malformed input raises only :class:`MalformedObject`; a footer or
+index whose checksum fails raises :class:`ChecksumMismatch` (a batch's own checksum is
+verified when it is read, by ``estream/wire/record.py``).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import xxhash
+
+from estream.wire.errors import ChecksumMismatch, EstreamError, MalformedObject
+from estream.wire.record import decode_columns, iter_batches, verify_batch
+
+OBJECT_MAGIC: Final = 0xE50B1EC7
+OBJECT_VERSION: Final = 1
+_ENTRY: Final = struct.Struct("<QIQIqq")
+_FOOTER: Final = struct.Struct("<IHHQIIQQQQQ")
+INDEX_ENTRY_BYTES: Final = _ENTRY.size  # 40
+FOOTER_BYTES: Final = _FOOTER.size  # 64
+_FOOTER_CHECKSUM_AT: Final = FOOTER_BYTES - 8
+assert INDEX_ENTRY_BYTES == 40 and FOOTER_BYTES == 64
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """Where one batch lies in the object and what it holds."""
+
+    base_offset: int
+    count: int
+    position: int
+    length: int
+    min_timestamp: int
+    max_timestamp: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectFooter:
+    """The fixed footer: what the object holds and where its index is."""
+
+    stream_id: int
+    range_index: int
+    batch_count: int
+    start_offset: int
+    end_offset: int
+    index_position: int
+    index_bytes: int
+    checksum: int
+    version: int = OBJECT_VERSION
+
+    @property
+    def object_bytes(self) -> int:
+        """The whole object's size this footer implies."""
+        return self.index_position + self.index_bytes + FOOTER_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectIndex:
+    """The decoded index of one object: its footer and an entry per batch, in order."""
+
+    footer: ObjectFooter
+    entries: tuple[IndexEntry, ...]
+
+    def locate(self, start_offset: int, end_offset: int) -> tuple[int, int]:
+        """The byte span ``[byte_start, byte_end)`` of the batches holding any offset of
+        ``[start_offset, end_offset)``, for one ranged GET. The span starts at a batch
+        boundary (the first batch may hold offsets below ``start_offset``: readers skip
+        them). Raises :class:`MalformedObject` when the window is empty or outside the
+        object's offsets.
+
+        >>> # batches [0,10) at 0..100, [10,20) at 100..250: offsets 12..15 -> (100, 250)
+        """
+        f = self.footer
+        if not f.start_offset <= start_offset < end_offset <= f.end_offset:
+            raise MalformedObject(
+                f"window [{start_offset}, {end_offset}) is outside the object's "
+                f"[{f.start_offset}, {f.end_offset})"
+            )
+        first = self.entry_index(start_offset)
+        last = self.entry_index(end_offset - 1)
+        lo, hi = self.entries[first], self.entries[last]
+        return lo.position, hi.position + hi.length
+
+    def entry_index(self, offset: int) -> int:
+        """The position in :attr:`entries` of the batch holding ``offset``."""
+        at = bisect.bisect_right(self.entries, offset, key=_base_offset) - 1
+        if at < 0 or offset >= self.entries[at].end_offset:
+            raise MalformedObject(f"offset {offset} is not in the object")
+        return at
+
+    def first_at_or_after(self, timestamp_ms: int) -> int | None:
+        """The base offset of the first batch whose max timestamp is at or after
+        ``timestamp_ms`` (records before it are all older), or None."""
+        for entry in self.entries:
+            if entry.max_timestamp >= timestamp_ms:
+                return entry.base_offset
+        return None
+
+
+def _base_offset(entry: IndexEntry) -> int:
+    return entry.base_offset
+
+
+def encode_object(
+    batches: Sequence[bytes | memoryview],
+    *,
+    stream_id: int,
+    range_index: int,
+    start_offset: int,
+    end_offset: int,
+) -> bytes:
+    """The object for a sealed range ``[start_offset, end_offset)`` from its batches in
+    offset order (each verified). Raises :class:`MalformedObject` unless the batches cover
+    the range exactly, and :class:`~estream.wire.errors.ChecksumMismatch` /
+    :class:`~estream.wire.errors.MalformedBatch` for a bad batch."""
+    entries: list[bytes] = []
+    position = 0
+    expected = start_offset
+    for raw in batches:
+        header = verify_batch(raw)
+        if header.stream_id != stream_id:
+            raise MalformedObject(
+                f"batch of stream {header.stream_id} in an object of stream {stream_id}"
+            )
+        if header.base_offset != expected:
+            raise MalformedObject(
+                f"batch at offset {header.base_offset} where {expected} was expected"
+            )
+        min_ts = min(decode_columns(raw, verify=False).timestamps)
+        entries.append(
+            _ENTRY.pack(
+                header.base_offset,
+                header.count,
+                position,
+                header.total_bytes,
+                min_ts,
+                header.max_timestamp,
+            )
+        )
+        position += header.total_bytes
+        expected = header.end_offset
+    if expected != end_offset:
+        raise MalformedObject(f"batches end at offset {expected}, the range at {end_offset}")
+    index = b"".join(entries)
+    head = _FOOTER.pack(
+        OBJECT_MAGIC,
+        OBJECT_VERSION,
+        0,
+        stream_id,
+        range_index,
+        len(entries),
+        start_offset,
+        end_offset,
+        position,
+        len(index),
+        0,
+    )[:_FOOTER_CHECKSUM_AT]
+    digest = xxhash.xxh3_64(index)
+    digest.update(head)
+    footer = head + digest.intdigest().to_bytes(8, "little")
+    return b"".join([*(bytes(b) for b in batches), index, footer])
+
+
+def decode_footer(tail: bytes | memoryview) -> ObjectFooter:
+    """The footer from the last :data:`FOOTER_BYTES` of ``tail`` (any suffix of the
+    object at least that long). Checks its fields; the checksum needs the index too and
+    is checked by :func:`decode_index`."""
+    if len(tail) < FOOTER_BYTES:
+        raise MalformedObject(f"{len(tail)} bytes is shorter than an object footer")
+    (
+        magic,
+        version,
+        flags,
+        stream_id,
+        range_index,
+        batch_count,
+        start_offset,
+        end_offset,
+        index_position,
+        index_bytes,
+        checksum,
+    ) = _FOOTER.unpack_from(tail, len(tail) - FOOTER_BYTES)
+    if magic != OBJECT_MAGIC:
+        raise MalformedObject(f"bad object magic {magic:#010x}")
+    if version != OBJECT_VERSION:
+        raise MalformedObject(f"unsupported object format version {version}")
+    if flags != 0:
+        raise MalformedObject(f"unsupported object flags {flags:#06x}")
+    if index_bytes != batch_count * INDEX_ENTRY_BYTES:
+        raise MalformedObject(f"index of {index_bytes} bytes for {batch_count} batches")
+    if end_offset < start_offset or (batch_count == 0) != (end_offset == start_offset):
+        raise MalformedObject(f"bad offsets [{start_offset}, {end_offset}) for the object")
+    return ObjectFooter(
+        stream_id,
+        range_index,
+        batch_count,
+        start_offset,
+        end_offset,
+        index_position,
+        index_bytes,
+        checksum,
+        version,
+    )
+
+
+def decode_index(index: bytes | memoryview, footer: ObjectFooter) -> ObjectIndex:
+    """The index block (exactly ``footer.index_bytes`` long) decoded and checked against
+    the footer's checksum and offsets."""
+    if len(index) != footer.index_bytes:
+        raise MalformedObject(f"index is {len(index)} bytes, footer says {footer.index_bytes}")
+    head = _FOOTER.pack(
+        OBJECT_MAGIC,
+        footer.version,
+        0,
+        footer.stream_id,
+        footer.range_index,
+        footer.batch_count,
+        footer.start_offset,
+        footer.end_offset,
+        footer.index_position,
+        footer.index_bytes,
+        0,
+    )[:_FOOTER_CHECKSUM_AT]
+    digest = xxhash.xxh3_64(index)
+    digest.update(head)
+    if digest.intdigest() != footer.checksum:
+        raise ChecksumMismatch(
+            "object index checksum mismatch", expected=footer.checksum,
+            actual=digest.intdigest(),
+        )
+    entries = tuple(IndexEntry(*fields) for fields in _ENTRY.iter_unpack(index))
+    _check_entries(entries, footer)
+    return ObjectIndex(footer, entries)
+
+
+def _check_entries(entries: Sequence[IndexEntry], footer: ObjectFooter) -> None:
+    position, offset = 0, footer.start_offset
+    for e in entries:
+        if e.position != position or e.base_offset != offset or e.count == 0 or e.length == 0:
+            raise MalformedObject(f"index entry at offset {e.base_offset} is out of place")
+        position += e.length
+        offset += e.count
+    if position != footer.index_position or offset != footer.end_offset:
+        raise MalformedObject("index entries do not cover the object's data and offsets")
+
+
+def decode_tail(tail: bytes | memoryview) -> ObjectIndex | None:
+    """The index from a suffix of the object (one GET of its last bytes), or None when the
+    suffix is too short to hold the whole index (then GET ``footer.index_position``
+    onwards)."""
+    footer = decode_footer(tail)
+    need = footer.index_bytes + FOOTER_BYTES
+    if len(tail) < need:
+        return None
+    end = len(tail) - FOOTER_BYTES
+    return decode_index(memoryview(tail)[end - footer.index_bytes : end], footer)
+
+
+def decode_object(data: bytes | memoryview) -> ObjectIndex:
+    """A whole object checked end to end: footer, index, size, and every batch's checksum
+    and place (what an uploader runs before committing an object it read back)."""
+    index = decode_tail(data)
+    if index is None or len(data) != index.footer.object_bytes:
+        raise MalformedObject(f"object of {len(data)} bytes does not match its footer")
+    view = memoryview(data)
+    for entry in index.entries:
+        raw = view[entry.position : entry.position + entry.length]
+        header = verify_batch(raw)
+        if (header.base_offset, header.count) != (entry.base_offset, entry.count):
+            raise MalformedObject(f"batch at {entry.position} does not match its index entry")
+        if header.stream_id != index.footer.stream_id:
+            raise MalformedObject(f"batch at {entry.position} is of another stream")
+    return index
+
+
+def iter_object_batches(data: bytes | memoryview) -> Iterator[tuple[int, memoryview]]:
+    """The batches of a span read from an object (a :meth:`ObjectIndex.locate` span starts
+    and ends at batch boundaries), as ``(base_offset, batch)``; each batch still has to be
+    verified (``verify_batch``/``view_batch``) before its records are used."""
+    try:
+        for header, raw in iter_batches(data):
+            yield header.base_offset, raw
+    except EstreamError as exc:
+        raise MalformedObject(f"object span does not hold whole batches: {exc}") from None
