@@ -48,7 +48,6 @@ from estream.core.seal import (
 from estream.net.rangeclient import ReplicaClient, SourceFailed
 from estream.wire.errors import EstreamError, InvalidArgument, RangeNotFound, Unavailable
 from estream.wire.meta import RangeMeta, StreamMeta
-from estream.wire.protocol import Opcode
 
 log = logging.getLogger(__name__)
 
@@ -137,20 +136,18 @@ async def _fence_one(
     effect: SendFence | FenceByCreate,
 ) -> list[RecoveryEffect]:
     replica = effect.replica
-    ids = {"stream_id": meta.id, "range_index": rng.index, "epoch": replicas.epoch}
     try:
         if isinstance(effect, SendFence):
-            body = await replicas.rpc(replica, Opcode.SEAL, {**ids, "end": None})
+            fenced = await replicas.fence(replica, meta.id, rng.index)
+            end, sealed = fenced.end, fenced.sealed
         else:
-            body = await replicas.rpc(replica, Opcode.CREATE_RANGE, {**ids, "start": rng.start})
+            created = await replicas.create(replica, meta.id, rng.index, rng.start)
+            end, sealed = created.end, created.sealed
     except EstreamError as exc:
         if not isinstance(exc, Unavailable | RangeNotFound):
             log.info("recovery of %s range %d: %s answered %r", meta.name, rng.index, replica, exc)
         return recovery.on_fence_error(replica, exc)
-    end = body.get("end")
-    return recovery.on_fence_answer(
-        replica, int(end if end is not None else rng.start), bool(body.get("sealed"))
-    )
+    return recovery.on_fence_answer(replica, end, sealed)
 
 
 async def _copy(

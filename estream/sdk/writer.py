@@ -88,7 +88,6 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, StreamMeta
-from estream.wire.protocol import Opcode
 from estream.wire.record import Record
 
 if TYPE_CHECKING:
@@ -572,15 +571,8 @@ class Writer:
         core = self._core
         assert core is not None
         try:
-            await self._replicas.rpc(
-                effect.replica,
-                Opcode.CONFIRM,
-                {
-                    "stream_id": core.stream_id,
-                    "range_index": effect.range_index,
-                    "epoch": self.epoch,
-                    "confirm": effect.confirm,
-                },
+            await self._replicas.confirm(
+                effect.replica, core.stream_id, effect.range_index, effect.confirm
             )
         except Fenced as exc:
             self._run(core.on_fenced(exc))

@@ -11,7 +11,7 @@ import pytest
 
 from estream.core.seal import CopyRecords
 from estream.net import recovery
-from estream.net.rangeclient import SourceFailed
+from estream.net.rangeclient import Created, SealAnswer, SourceFailed
 from estream.net.recovery import recover_range
 from estream.wire.errors import (
     ChecksumMismatch,
@@ -22,7 +22,6 @@ from estream.wire.errors import (
     WrongServer,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
-from estream.wire.protocol import Opcode
 
 RANGE = RangeMeta(0, 0, None, tuple(ReplicaRef(r, f"127.0.0.1:{i + 1}") for i, r in
                                     enumerate("abc")))
@@ -46,18 +45,26 @@ class FakeReplicas:
     def learn(self, rng: RangeMeta) -> None:
         pass
 
-    async def rpc(self, replica: str, opcode: Opcode, header: dict[str, Any],
-                  **_: Any) -> dict[str, Any]:
-        self.log.append((opcode.name, replica, header.get("end")))
+    async def _fence_answer(self, opcode: str, replica: str, end: int | None,
+                            start: int) -> tuple[int, bool]:
+        self.log.append((opcode, replica, end))
         answer = self.answers[replica]
         if answer is None:
             await asyncio.Event().wait()  # hung
         if isinstance(answer, EstreamError):
-            if isinstance(answer, RangeNotFound) and opcode == Opcode.CREATE_RANGE:
-                return {"end": header["start"], "sealed": False}
+            if isinstance(answer, RangeNotFound) and opcode == "CREATE_RANGE":
+                return start, False
             raise answer
         assert isinstance(answer, int)
-        return {"end": answer, "sealed": False}
+        return answer, False
+
+    async def fence(self, replica: str, stream_id: int, range_index: int) -> SealAnswer:
+        return SealAnswer(*await self._fence_answer("SEAL", replica, None, 0))
+
+    async def create(self, replica: str, stream_id: int, range_index: int, start: int,
+                     **_: Any) -> Created:
+        end, sealed = await self._fence_answer("CREATE_RANGE", replica, None, start)
+        return Created(start, end, self.epoch, sealed)
 
     async def copy(self, stream_id: int, range_index: int, copy: CopyRecords) -> None:
         self.log.append(("copy", copy.source, copy.target))
