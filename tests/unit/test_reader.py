@@ -1,12 +1,14 @@
-"""The reader's pure helpers: replica order and decoding a READ answer."""
+"""The reader's decoding of a READ answer: the window ``[offset, end)``, verified batches.
+
+(The reader's decisions are the read cursor's: tests/unit/test_readcursor.py.)
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from estream.sdk.reader import decode_answer, replica_order
+from estream.sdk.reader import decode_answer, decode_answer_columns, decode_answer_views
 from estream.wire.errors import ChecksumMismatch
-from estream.wire.meta import RangeMeta, ReplicaRef
 from estream.wire.record import Record, encode_batch
 
 
@@ -33,10 +35,9 @@ def test_decode_answer_rejects_a_flipped_byte() -> None:
         decode_answer(bytes(raw), 10, None)
 
 
-def test_replica_order_puts_the_preferred_first() -> None:
-    rng = RangeMeta(
-        0, 0, None, (ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2"), ReplicaRef("c", "h:3"))
-    )
-    assert [r.id for r in replica_order(rng, "c")] == ["c", "a", "b"]
-    assert [r.id for r in replica_order(rng, None)] == ["a", "b", "c"]
-    assert [r.id for r in replica_order(rng, "zz")] == ["a", "b", "c"]
+def test_the_batch_forms_window_the_same_records() -> None:
+    columns = decode_answer_columns(answer(), 11, 13)
+    assert [(c.base_offset, c.count) for c in columns] == [(11, 1), (12, 1)]
+    views = decode_answer_views(answer(), 11, 13)
+    assert [(v.start, v.end) for v in views] == [(11, 12), (12, 13)]
+    assert decode_answer_views(answer(), 14, None) == []

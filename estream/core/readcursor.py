@@ -1,0 +1,357 @@
+"""The reader's cursor: every decision of a read by offset, as a pure state machine.
+
+A read of ``[start, end)`` of a stream (``client.read``, ``read_batches``, the CLI, the
+Spark source) walks the stream's ranges in offset order. :class:`ReadCursor` decides, from
+the stream's metadata and the answers it is given, what to ask next; the asyncio driver
+(``estream/sdk/reader.py``) carries out its steps and sends back their answers:
+
+- the range holding the next offset comes from the stream's metadata; past the known
+  ranges the metadata is refreshed from PD, and if no range holds the offset then, the
+  read ends (or raises :class:`OffsetOutOfRange` if the offset was trimmed);
+- a range is read from its replicas one at a time, the preferred one first. An error, a
+  timeout, a checksum mismatch, a damaged replica, another server at the replica's address
+  (``WrongServer``) or a replica that has nothing at the offset moves the read to the next
+  replica. A round over every replica that yields nothing is retried after a pause
+  (``retry_pause_ms_step`` times the failures so far, at most ``retry_pause_ms_max``) with
+  refreshed metadata, ``read_rounds_max`` rounds in all (``follow_rounds_max`` when
+  tailing: a tailing reader waits out a roll or a restart); the last error is then raised;
+- a **sealed** range is read up to the catalog's end and never past it: replicas are asked
+  for their durable records (``unconfirmed``) and the answer is clipped at the end. Every
+  record below the catalog's end is acknowledged, whether or not a replica has learnt the
+  seal; a replica that is short there (sealed short, or behind) is skipped;
+- on the **open** range replicas serve only up to the writer's confirm offset: an empty
+  answer ends a plain read once no replica has more; with ``follow`` each read is a long
+  poll (``follow_wait_ms``), each empty poll goes to the next replica (the one polled may
+  have missed later confirms), and a poll the server did not hold is followed by a short
+  pause; a replica that answers "sealed" with nothing more means a roll or a recovery is
+  under way: the metadata is refreshed to find the next range (a plain read ends if PD does
+  not show the seal yet: nothing more is readable now);
+- a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the object
+  store first (:class:`ReadObject`, clipped at the range's end like a sealed range); if
+  that fails, from any replica still listed. A range whose replicas all fail is looked up
+  again in fresh metadata, so a range that moved to the object tier meanwhile is read from
+  there.
+
+Steps and the answers sent back (an error of the step is thrown in instead):
+
+====================  =============================================================
+step                  answer sent back
+====================  =============================================================
+:class:`Describe`     the stream's ``StreamMeta`` (errors end the read)
+:class:`ReadReplica`  an :class:`Answer` (records decoded and verified by the driver)
+:class:`ReadObject`   an :class:`Answer`
+:class:`Sleep`        None, after ``ms``
+:class:`Deliver`      None, once the last answer's items were handed to the caller
+====================  =============================================================
+
+The driver keeps the items of the last answer; :class:`Deliver` tells it to hand them
+over. The read is over when the generator returns; an exception raised from it is the
+read's error.
+
+Double faults: the cursor holds no state a crash could lose (a reader that dies simply
+stops); a replica wiped, damaged or hung costs one failed step (every step the driver runs
+has a timeout) and the next replica is asked; a PD leader change costs a retried
+:class:`Describe` inside the PD client. Nothing past a sealed range's catalog end or an open
+range's confirm offset is ever delivered, and offsets only move forward from one delivered
+answer's end, so no record is delivered twice or skipped.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from estream.wire.errors import EstreamError, OffsetOutOfRange, RangeNotFound, Unavailable
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+
+follow_wait_ms: Final = 1_000  # one long poll at the range server
+unheld_poll_pause_ms: Final = 50  # pause when a follow poll came back at once and empty
+read_rounds_max: Final = 5  # rounds over every replica (metadata refreshed between)
+follow_rounds_max: Final = 60  # a tailing reader waits out a roll or a restart (~30 s)
+retry_pause_ms_step: Final = 50  # pause after the n-th failed round: n times this...
+retry_pause_ms_max: Final = 500  # ...at most this
+sealed_wait_ms: Final = 20  # replicas sealed, PD not yet: wait before asking again
+
+
+@dataclass(frozen=True, slots=True)
+class CursorConfig:
+    """The cursor's waits and bounds (defaults: the module's constants)."""
+
+    follow_wait_ms: int = follow_wait_ms
+    unheld_poll_pause_ms: int = unheld_poll_pause_ms
+    read_rounds_max: int = read_rounds_max
+    follow_rounds_max: int = follow_rounds_max
+    retry_pause_ms_step: int = retry_pause_ms_step
+    retry_pause_ms_max: int = retry_pause_ms_max
+    sealed_wait_ms: int = sealed_wait_ms
+
+
+# -- steps ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Describe:
+    """The stream's metadata: cached unless ``refresh`` (then from PD)."""
+
+    refresh: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReadReplica:
+    """READ ``range`` at ``offset`` from ``replica`` (naming its server id), the records
+    decoded, verified and kept below ``end``; ``wait_ms`` > 0: a long poll;
+    ``unconfirmed``: durable records past the confirm offset too (sealed ranges)."""
+
+    stream_id: int
+    range: RangeMeta
+    replica: ReplicaRef
+    offset: int
+    end: int | None
+    wait_ms: int
+    unconfirmed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReadObject:
+    """Read ``range`` at ``offset`` from the object store (its object's index, then the
+    batches needed), each batch's checksum verified, the records kept below ``end``."""
+
+    stream_id: int
+    range: RangeMeta
+    offset: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Hand the last answer's items (offsets ``[offset, next_offset)``) to the caller."""
+
+    offset: int
+    next_offset: int
+
+
+Step = Describe | ReadReplica | ReadObject | Sleep | Deliver
+Steps = Generator[Step, Any, None]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a read step found: ``count`` items (records, batches...) covering offsets up
+    to ``next_offset``; whether the replica says the range is sealed (and at which end);
+    how long the server took (``elapsed_ms``: whether a long poll was held)."""
+
+    count: int
+    next_offset: int
+    sealed: bool = False
+    sealed_end: int | None = None
+    elapsed_ms: int = 0
+
+
+def replica_order(rng: RangeMeta, preferred: str | None) -> list[ReplicaRef]:
+    """The replicas to try, the preferred one first.
+
+    >>> r = RangeMeta(0, 0, None, (ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2")))
+    >>> [x.id for x in replica_order(r, "b")]
+    ['b', 'a']
+    """
+    first = [r for r in rng.replicas if r.id == preferred]
+    return first + [r for r in rng.replicas if r.id != preferred]
+
+
+def clip_end(rng: RangeMeta, end: int | None) -> int | None:
+    """The end of what may be read from ``rng``: a sealed range's catalog end (every record
+    below it is acknowledged, nothing a replica holds past it ever is), or ``end``.
+
+    >>> clip_end(RangeMeta(0, 0, 10, ()), None), clip_end(RangeMeta(0, 0, 10, ()), 7)
+    (10, 7)
+    >>> clip_end(RangeMeta(0, 0, None, ()), 7), clip_end(RangeMeta(0, 0, None, ()), None)
+    (7, None)
+    """
+    if rng.end is None:
+        return end
+    return rng.end if end is None else min(end, rng.end)
+
+
+def in_object_tier(rng: RangeMeta) -> bool:
+    """Whether the catalog says ``rng`` is in the object store (sealed and committed)."""
+    return rng.end is not None and getattr(rng, "tier", "local") == "object"
+
+
+def trimmed(name: str, offset: int, start: int) -> OffsetOutOfRange:
+    return OffsetOutOfRange(f"offset {offset} of {name!r} is trimmed", offset=offset, start=start)
+
+
+class ReadCursor:
+    """One read of ``[start, end)`` of stream ``name``: :meth:`steps` is its process."""
+
+    def __init__(
+        self,
+        name: str,
+        start: int = 0,
+        end: int | None = None,
+        follow: bool = False,
+        preferred: str | None = None,
+        config: CursorConfig | None = None,
+    ) -> None:
+        self.name = name
+        self.start = start
+        self.end = end
+        self.follow = follow
+        self.preferred = preferred
+        self.config = config or CursorConfig()
+        self.offset = start  # the next offset to deliver
+        self.failures = 0  # failed rounds in a row
+        self.polls = 0  # empty long polls so far (rotates the replica polled)
+        self.poll_from: str | None = None  # after an empty long poll: the replica to ask
+
+    @property
+    def rounds_max(self) -> int:
+        return self.config.follow_rounds_max if self.follow else self.config.read_rounds_max
+
+    def steps(self) -> Steps:
+        """The read, step by step (module docstring)."""
+        meta: StreamMeta = yield Describe(refresh=False)
+        if self.start < meta.start_offset:
+            raise trimmed(self.name, self.start, meta.start_offset)
+        while self.end is None or self.offset < self.end:
+            rng = meta.range_for(self.offset)
+            if rng is None:
+                meta = yield Describe(refresh=True)
+                rng = meta.range_for(self.offset)
+                if rng is None:
+                    if self.offset < meta.start_offset:
+                        raise trimmed(self.name, self.offset, meta.start_offset)
+                    return  # past the last range: the end of the stream
+            wait_ms = self.config.follow_wait_ms if self.follow and not rng.sealed else 0
+            try:
+                answer = yield from self._read_range(meta.id, rng, wait_ms)
+            except EstreamError as exc:
+                meta = yield from self._after_failure(exc)
+                continue
+            self.failures = 0
+            if answer.count:
+                yield Deliver(self.offset, answer.next_offset)
+                self.offset = answer.next_offset
+                continue
+            if answer.sealed:
+                # Sealed on the replica: a roll or a recovery is under way; PD names the next.
+                meta = yield Describe(refresh=True)
+                current = meta.range_for(self.offset)
+                if current is not None and current.index == rng.index:
+                    if not self.follow:
+                        return  # not sealed in PD yet: nothing more is readable now
+                    yield Sleep(self.config.sealed_wait_ms)
+                continue
+            if self.follow:
+                yield from self._next_poll(rng, wait_ms, answer)
+                continue
+            return  # the open range has nothing more confirmed on any replica
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _after_failure(self, exc: EstreamError) -> Generator[Step, Any, StreamMeta]:
+        """A round over the range's sources found nothing: raise once trimmed or out of
+        rounds, else pause and look the stream up again."""
+        if isinstance(exc, OffsetOutOfRange):
+            meta: StreamMeta = yield Describe(refresh=True)
+            if self.offset < meta.start_offset:
+                raise exc  # trimmed meanwhile
+        self.failures += 1
+        if self.failures >= self.rounds_max:
+            raise exc
+        step, most = self.config.retry_pause_ms_step, self.config.retry_pause_ms_max
+        yield Sleep(min(step * self.failures, most))
+        meta = yield Describe(refresh=True)
+        return meta
+
+    def _next_poll(self, rng: RangeMeta, wait_ms: int, answer: Answer) -> Steps:
+        """After an empty long poll: pause if the server did not hold it, and poll the next
+        replica (the one polled may have missed the writer's later confirms: it was down,
+        or the writer left it behind)."""
+        if answer.elapsed_ms < wait_ms // 2:
+            yield Sleep(self.config.unheld_poll_pause_ms)
+        self.polls += 1
+        self.poll_from = rng.replicas[self.polls % len(rng.replicas)].id if rng.replicas else None
+
+    def _read_range(
+        self, stream_id: int, rng: RangeMeta, wait_ms: int
+    ) -> Generator[Step, Any, Answer]:
+        """The first good answer from the range's sources (the object store first for a
+        range in the object tier, then every replica, the preferred one first).
+
+        Errors move on to the next source; a sealed range's source with nothing at the
+        offset (short) too. On the open range an empty answer is returned once no replica
+        has more confirmed (a long poll's empty answer at once)."""
+        offset = self.offset
+        end = clip_end(rng, self.end)
+        sealed_range = rng.end is not None
+        last: EstreamError | None = None
+        if in_object_tier(rng) and end is not None:
+            try:
+                found: Answer = yield ReadObject(stream_id, rng, offset, end)
+            except EstreamError as exc:
+                last = exc
+            else:
+                if found.count:
+                    return found
+                last = Unavailable(f"the object of range {rng.index} has nothing at {offset}")
+        not_created = 0
+        empty: Answer | None = None
+        for ref in replica_order(rng, self.poll_from or self.preferred):
+            try:
+                answer: Answer = yield ReadReplica(
+                    stream_id, rng, ref, offset, end, wait_ms, unconfirmed=sealed_range
+                )
+            except RangeNotFound as exc:
+                # The server's identity was checked: it never had this replica (no writer
+                # has created it yet), or dropped it.
+                not_created += 1
+                last = exc
+                continue
+            except EstreamError as exc:
+                # An error, a timeout, a damaged replica, another server at the address
+                # (WrongServer), a replica sealed below this offset (OffsetOutOfRange), a
+                # checksum mismatch: another replica may have the records.
+                last = exc
+                continue
+            if answer.count:
+                return answer
+            if sealed_range:
+                last = Unavailable(f"replica {ref.id} has nothing at {offset} of sealed range")
+                continue  # a short replica of a sealed range: another one has it
+            if wait_ms > 0 and not answer.sealed:
+                return answer  # a long poll that found nothing new
+            # The open range, nothing readable at the offset on this replica: another one
+            # may have heard a later confirm offset (this one was down, or restarted), or
+            # this one may be sealed short of what the others hold.
+            empty = empty or answer
+        if empty is not None:
+            return empty
+        if not sealed_range and rng.replicas and not_created == len(rng.replicas):
+            return Answer(0, offset)  # an open range never written to: empty
+        raise last or Unavailable(f"range {rng.index} has no replica")
+
+
+__all__ = [
+    "Answer",
+    "CursorConfig",
+    "Deliver",
+    "Describe",
+    "ReadCursor",
+    "ReadObject",
+    "ReadReplica",
+    "Sleep",
+    "Step",
+    "Steps",
+    "clip_end",
+    "in_object_tier",
+    "replica_order",
+]

@@ -1,0 +1,432 @@
+"""The read cursor's decisions, driven without sockets: a scripted world answers each step.
+
+Every branch of :class:`estream.core.readcursor.ReadCursor`: failover on each error kind,
+the sealed-range clip, follow and long polls, moving between ranges, a trimmed start, the
+end reached, retry rounds and their pauses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from estream.core.readcursor import (
+    Answer,
+    CursorConfig,
+    Deliver,
+    Describe,
+    ReadCursor,
+    ReadObject,
+    ReadReplica,
+    Sleep,
+    Step,
+    clip_end,
+    replica_order,
+)
+from estream.wire.errors import (
+    ChecksumMismatch,
+    EstreamError,
+    MalformedBatch,
+    OffsetOutOfRange,
+    RangeNotFound,
+    ReplicaDamaged,
+    Timeout,
+    Unavailable,
+    WrongServer,
+)
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+
+A, B, C = ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2"), ReplicaRef("c", "h:3")
+ABC = (A, B, C)
+
+
+def meta(*ranges: RangeMeta, start_offset: int = 0) -> StreamMeta:
+    return StreamMeta(7, "s", start_offset=start_offset, ranges=tuple(ranges))
+
+
+@dataclass
+class World:
+    """Replicas serving ``held[(replica, range)]`` records (up to that offset), sealed or
+    not; scripted errors per replica (consumed in order, then the replica serves); the
+    metadata PD answers, one per refresh (the last one repeats)."""
+
+    metas: list[StreamMeta]
+    held: dict[tuple[str, int], int] = field(default_factory=dict)
+    sealed: set[tuple[str, int]] = field(default_factory=set)
+    errors: dict[str, list[EstreamError]] = field(default_factory=dict)
+    elapsed_ms: int = 1_000
+    on_step: Callable[[World, Step], None] | None = None
+    described: int = 0
+
+    def answer(self, step: Step) -> Any:
+        if self.on_step is not None:
+            self.on_step(self, step)
+        if isinstance(step, Describe):
+            if step.refresh:
+                self.described = min(self.described + 1, len(self.metas) - 1)
+            return self.metas[self.described]
+        if isinstance(step, Sleep | Deliver):
+            return None
+        assert isinstance(step, ReadReplica)
+        pending = self.errors.get(step.replica.id)
+        if pending:
+            raise pending.pop(0)
+        key = (step.replica.id, step.range.index)
+        if key not in self.held:
+            raise RangeNotFound("no such replica")
+        top = self.held[key] if step.end is None else min(self.held[key], step.end)
+        sealed = key in self.sealed
+        count = max(0, top - step.offset)
+        return Answer(
+            count,
+            step.offset + count,
+            sealed=sealed,
+            sealed_end=self.held[key] if sealed else None,
+            elapsed_ms=self.elapsed_ms if step.wait_ms and not count else 0,
+        )
+
+
+def drive(cursor: ReadCursor, world: World, steps_max: int = 1_000) -> tuple[list[Step], Any]:
+    """Run the cursor against the world: the steps, and the error it raised (or None)."""
+    trace: list[Step] = []
+    steps = cursor.steps()
+    reply: Any = None
+    error: EstreamError | None = None
+    while len(trace) < steps_max:
+        try:
+            step = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration:
+            return trace, None
+        except EstreamError as exc:
+            return trace, exc
+        trace.append(step)
+        reply, error = None, None
+        try:
+            reply = world.answer(step)
+        except EstreamError as exc:
+            error = exc
+    raise AssertionError(f"the cursor did not stop: {trace[-10:]}")
+
+
+def delivered(trace: list[Step]) -> list[tuple[int, int]]:
+    return [(s.offset, s.next_offset) for s in trace if isinstance(s, Deliver)]
+
+
+def reads(trace: list[Step]) -> list[str]:
+    return [s.replica.id for s in trace if isinstance(s, ReadReplica)]
+
+
+def sleeps(trace: list[Step]) -> list[int]:
+    return [s.ms for s in trace if isinstance(s, Sleep)]
+
+
+SEALED0 = RangeMeta(0, 0, 10, ABC)
+OPEN1 = RangeMeta(1, 10, None, ABC)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def test_replica_order_puts_the_preferred_first() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    assert [r.id for r in replica_order(rng, "c")] == ["c", "a", "b"]
+    assert [r.id for r in replica_order(rng, None)] == ["a", "b", "c"]
+    assert [r.id for r in replica_order(rng, "zz")] == ["a", "b", "c"]
+
+
+def test_clip_end_is_the_catalog_end_of_a_sealed_range() -> None:
+    assert clip_end(SEALED0, None) == 10
+    assert clip_end(SEALED0, 12) == 10
+    assert clip_end(SEALED0, 4) == 4
+    assert clip_end(OPEN1, None) is None
+    assert clip_end(OPEN1, 12) == 12
+
+
+# -- moving through ranges ----------------------------------------------------------------
+
+
+def test_reads_every_range_in_order_sealed_unconfirmed_open_confirmed() -> None:
+    held = {(r.id, 0): 10 for r in ABC} | {(r.id, 1): 15 for r in ABC}
+    world = World([meta(SEALED0, OPEN1)], held=held)
+    trace, error = drive(ReadCursor("s", preferred="b"), world)
+    assert error is None
+    assert delivered(trace) == [(0, 10), (10, 15)]
+    first, second = [s for s in trace if isinstance(s, ReadReplica)][:2]
+    assert (first.replica.id, first.range.index, first.unconfirmed, first.end) == ("b", 0, True, 10)
+    assert (second.replica.id, second.range.index, second.unconfirmed) == ("b", 1, False)
+    assert second.end is None and second.wait_ms == 0
+    # nothing more confirmed on b: the others are asked before the read ends
+    assert reads(trace) == ["b", "b", "b", "a", "c"]
+    assert sleeps(trace) == []
+
+
+def test_an_offset_past_the_known_ranges_refreshes_the_metadata() -> None:
+    held = {(r.id, 0): 10 for r in ABC} | {(r.id, 1): 12 for r in ABC}
+    world = World([meta(SEALED0), meta(SEALED0, OPEN1)], held=held)
+    trace, error = drive(ReadCursor("s", end=12), world)
+    assert error is None
+    assert delivered(trace) == [(0, 10), (10, 12)]
+    assert Describe(refresh=True) in trace
+
+
+def test_no_range_after_a_refresh_ends_the_read() -> None:
+    world = World([meta(SEALED0)], held={(r.id, 0): 10 for r in ABC})
+    trace, error = drive(ReadCursor("s"), world)
+    assert error is None
+    assert delivered(trace) == [(0, 10)]
+    assert trace[-1] == Describe(refresh=True)
+
+
+def test_the_end_reached_stops_without_another_request() -> None:
+    world = World([meta(SEALED0, OPEN1)], held={(r.id, 0): 10 for r in ABC})
+    trace, error = drive(ReadCursor("s", start=0, end=10), world)
+    assert error is None
+    assert delivered(trace) == [(0, 10)]
+    assert isinstance(trace[-1], Deliver)
+    trace, error = drive(ReadCursor("s", start=5, end=5), world)
+    assert (trace, error) == ([Describe(refresh=False)], None)
+
+
+def test_a_trimmed_start_raises_offset_out_of_range_before_any_read() -> None:
+    world = World([meta(SEALED0, OPEN1, start_offset=4)])
+    trace, error = drive(ReadCursor("s", start=3), world)
+    assert isinstance(error, OffsetOutOfRange)
+    assert error.fields["offset"] == 3 and error.fields["start"] == 4
+    assert trace == [Describe(refresh=False)]
+
+
+def test_trimmed_while_reading_raises_at_once() -> None:
+    later = meta(RangeMeta(1, 10, None, ABC), start_offset=12)
+    world = World(
+        [meta(SEALED0, OPEN1), later],
+        held={(r.id, 0): 10 for r in ABC},
+        errors={r.id: [OffsetOutOfRange("gone", offset=0)] for r in ABC},
+    )
+    trace, error = drive(ReadCursor("s"), world)
+    assert isinstance(error, OffsetOutOfRange)
+    assert sleeps(trace) == []  # no retry round: the records are gone for good
+
+
+def test_no_range_holds_a_trimmed_offset_after_a_refresh() -> None:
+    # range 0 left the catalog between two reads: the offset is below the new start
+    world = World([meta(RangeMeta(0, 0, 5, ABC)), meta(OPEN1, start_offset=10)],
+                  held={(r.id, 0): 5 for r in ABC})
+    trace, error = drive(ReadCursor("s"), world)
+    assert delivered(trace) == [(0, 5)]
+    assert isinstance(error, OffsetOutOfRange) and error.fields["start"] == 10
+
+
+# -- failover -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Timeout("t"),
+        ChecksumMismatch("c"),
+        MalformedBatch("m"),
+        ReplicaDamaged("d"),
+        WrongServer("w"),
+        OffsetOutOfRange("sealed short", offset=0),
+        Unavailable("u"),
+        RangeNotFound("r"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+@pytest.mark.parametrize("rng", [SEALED0, RangeMeta(0, 0, None, ABC)], ids=["sealed", "open"])
+def test_an_error_moves_the_read_to_the_next_replica(error: EstreamError, rng: RangeMeta) -> None:
+    world = World([meta(rng)], held={(r.id, 0): 10 for r in ABC}, errors={"a": [error]})
+    trace, failed = drive(ReadCursor("s", end=10), world)
+    assert failed is None
+    assert reads(trace) == ["a", "b"]
+    assert delivered(trace) == [(0, 10)]
+    assert sleeps(trace) == []
+
+
+def test_the_preferred_replica_failing_goes_to_the_others_in_order() -> None:
+    world = World([meta(SEALED0)], held={(r.id, 0): 10 for r in ABC},
+                  errors={"c": [Timeout("t")], "a": [ReplicaDamaged("d")]})
+    trace, _ = drive(ReadCursor("s", end=10, preferred="c"), world)
+    assert reads(trace) == ["c", "a", "b"]
+
+
+def test_a_short_replica_of_a_sealed_range_is_skipped() -> None:
+    held = {("a", 0): 5, ("b", 0): 10, ("c", 0): 10}
+    world = World([meta(SEALED0)], held=held, sealed={("a", 0)})
+    trace, error = drive(ReadCursor("s", start=5, end=10), world)
+    assert error is None
+    assert reads(trace) == ["a", "b"]
+    assert delivered(trace) == [(5, 10)]
+
+
+def test_a_sealed_range_is_clipped_at_the_catalog_end() -> None:
+    held = {(r.id, 0): 17 for r in ABC} | {(r.id, 1): 12 for r in ABC}  # past the seal
+    world = World([meta(SEALED0, OPEN1)], held=held)
+    trace, error = drive(ReadCursor("s", end=12), world)
+    assert error is None
+    assert delivered(trace) == [(0, 10), (10, 12)]
+    ranged = [s for s in trace if isinstance(s, ReadReplica)]
+    assert [(s.range.index, s.end) for s in ranged] == [(0, 10), (1, 12)]
+    trace, _ = drive(ReadCursor("s", end=4), World([meta(SEALED0)], held=held))
+    assert [s.end for s in trace if isinstance(s, ReadReplica)] == [4]
+
+
+def test_failed_rounds_pause_longer_refresh_and_raise_the_last_error() -> None:
+    world = World([meta(SEALED0)], errors={r.id: [Timeout("t")] * 99 for r in ABC})
+    trace, error = drive(ReadCursor("s"), world)
+    assert isinstance(error, Timeout)
+    assert sleeps(trace) == [50, 100, 150, 200]
+    assert len(reads(trace)) == 5 * 3
+    assert trace.count(Describe(refresh=True)) == 4
+
+
+def test_a_tailing_reader_retries_longer_with_the_pause_capped() -> None:
+    world = World([meta(SEALED0)], errors={r.id: [Timeout("t")] * 999 for r in ABC})
+    trace, error = drive(ReadCursor("s", follow=True), world, steps_max=10_000)
+    assert isinstance(error, Timeout)
+    assert len(sleeps(trace)) == 59
+    assert max(sleeps(trace)) == 500
+
+
+def test_a_success_resets_the_failed_rounds() -> None:
+    errors: dict[str, list[EstreamError]] = {r.id: [Timeout("t")] for r in ABC}
+    held = {(r.id, 0): 10 for r in ABC} | {(r.id, 1): 20 for r in ABC}
+    world = World([meta(SEALED0, OPEN1)], held=held, errors=errors)
+    cursor = ReadCursor("s", end=20)
+    trace, error = drive(cursor, world)
+    assert error is None and cursor.failures == 0
+    assert sleeps(trace) == [50]
+
+
+def test_every_replica_short_of_a_sealed_range_is_unavailable() -> None:
+    world = World([meta(SEALED0)], held={(r.id, 0): 5 for r in ABC})
+    trace, error = drive(ReadCursor("s", start=5), world)
+    assert isinstance(error, Unavailable)
+    assert delivered(trace) == []
+
+
+# -- the open range -----------------------------------------------------------------------
+
+
+def test_an_empty_open_replica_is_followed_by_one_that_heard_a_later_confirm() -> None:
+    held = {("a", 0): 3, ("b", 0): 8, ("c", 0): 8}
+    world = World([meta(RangeMeta(0, 0, None, ABC))], held=held)
+    trace, error = drive(ReadCursor("s", start=3), world)
+    assert error is None
+    assert delivered(trace) == [(3, 8)]
+    assert reads(trace) == ["a", "b", "a", "b", "c"]
+
+
+def test_an_open_range_no_replica_created_reads_as_empty() -> None:
+    world = World([meta(SEALED0, OPEN1)], held={(r.id, 0): 10 for r in ABC})
+    trace, error = drive(ReadCursor("s"), world)
+    assert error is None
+    assert delivered(trace) == [(0, 10)]
+    assert sleeps(trace) == []
+
+
+def test_an_open_range_some_not_created_some_failing_is_an_error() -> None:
+    world = World([meta(RangeMeta(0, 0, None, ABC))],
+                  errors={"a": [Timeout("t")] * 9})
+    trace, error = drive(ReadCursor("s"), world)
+    assert isinstance(error, RangeNotFound | Timeout)
+    assert len(sleeps(trace)) == 4
+
+
+def test_a_replica_sealed_with_nothing_more_ends_a_plain_read_until_pd_shows_it() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    held = {(r.id, 0): 6 for r in ABC}
+    sealed = {(r.id, 0) for r in ABC}
+    trace, error = drive(ReadCursor("s"), World([meta(rng)], held=held, sealed=sealed))
+    assert error is None
+    assert delivered(trace) == [(0, 6)]
+    assert trace[-1] == Describe(refresh=True)
+
+
+def test_a_replica_sealed_moves_a_plain_read_on_once_pd_shows_the_seal() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    held = {(r.id, 0): 6 for r in ABC} | {(r.id, 1): 9 for r in ABC}
+    sealed = {(r.id, 0) for r in ABC}
+    later = meta(RangeMeta(0, 0, 6, ABC), RangeMeta(1, 6, None, ABC))
+    trace, error = drive(ReadCursor("s"), World([meta(rng), later], held=held, sealed=sealed))
+    assert error is None
+    assert delivered(trace) == [(0, 6), (6, 9)]
+
+
+# -- follow -------------------------------------------------------------------------------
+
+
+def test_follow_long_polls_the_open_range_rotating_replicas() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    held = {(r.id, 0): 2 for r in ABC}
+
+    world = World([meta(rng)], held=held)
+    polled: list[str] = []
+
+    def on_step(w: World, step: Step) -> None:
+        if isinstance(step, ReadReplica) and step.offset == 2:
+            polled.append(step.replica.id)
+            if len(polled) == 3:
+                w.held[("c", 0)] = 5
+
+    world.on_step = on_step
+    trace, error = drive(ReadCursor("s", end=5, follow=True), world)
+    assert error is None
+    assert delivered(trace) == [(0, 2), (2, 5)]
+    assert all(s.wait_ms == 1_000 for s in trace if isinstance(s, ReadReplica))
+    # each empty poll on the next replica; the polls were held: no pause
+    assert polled == ["a", "b", "c"]
+    assert sleeps(trace) == []
+
+
+def test_follow_pauses_after_a_poll_the_server_did_not_hold() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    world = World([meta(rng)], held={(r.id, 0): 0 for r in ABC}, elapsed_ms=10)
+
+    def on_step(w: World, step: Step) -> None:
+        if isinstance(step, Sleep):
+            w.held[("b", 0)] = 1
+
+    world.on_step = on_step
+    trace, error = drive(ReadCursor("s", end=1, follow=True), world)
+    assert error is None
+    assert sleeps(trace) == [50]
+    assert reads(trace) == ["a", "b"]
+
+
+def test_follow_does_not_long_poll_a_sealed_range() -> None:
+    world = World([meta(SEALED0)], held={(r.id, 0): 10 for r in ABC})
+    trace, _ = drive(ReadCursor("s", end=10, follow=True), world)
+    assert [s.wait_ms for s in trace if isinstance(s, ReadReplica)] == [0]
+
+
+def test_follow_waits_for_pd_to_show_a_seal_then_crosses_into_the_next_range() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    held = {(r.id, 0): 6 for r in ABC} | {(r.id, 1): 8 for r in ABC}
+    sealed = {(r.id, 0) for r in ABC}
+    later = meta(RangeMeta(0, 0, 6, ABC), RangeMeta(1, 6, None, ABC))
+    world = World([meta(rng), meta(rng), later], held=held, sealed=sealed)
+    trace, error = drive(ReadCursor("s", end=8, follow=True), world)
+    assert error is None
+    assert delivered(trace) == [(0, 6), (6, 8)]
+    assert sleeps(trace) == [20]  # once, while PD did not show the seal yet
+
+
+# -- the object tier ------------------------------------------------------------------------
+
+
+def test_a_local_range_never_asks_the_object_store() -> None:
+    world = World([meta(SEALED0)], held={(r.id, 0): 10 for r in ABC})
+    trace, _ = drive(ReadCursor("s"), world)
+    assert not any(isinstance(s, ReadObject) for s in trace)
+
+
+def test_config_bounds_are_used() -> None:
+    config = CursorConfig(read_rounds_max=2, retry_pause_ms_step=7)
+    world = World([meta(SEALED0)], errors={r.id: [Timeout("t")] * 9 for r in ABC})
+    trace, error = drive(ReadCursor("s", config=config), world)
+    assert isinstance(error, Timeout)
+    assert sleeps(trace) == [7]
