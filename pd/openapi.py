@@ -116,11 +116,60 @@ SCHEMAS: Final[dict[str, Any]] = {
     },
     "RangeServer": {
         "type": "object",
-        "required": ["id", "address", "alive", "storage_class", "load"],
+        "required": ["id", "address", "alive", "storage_class", "load", "state", "replicas"],
         "properties": {
             "id": {"type": "string"}, "address": {"type": "string"},
             "alive": {"type": "boolean"},
             "storage_class": {"type": "string"}, "load": {"type": "object"},
+            # drain (pd/drain.py): "drained" once no range names it any more
+            "state": {"type": "string", "enum": ["active", "draining", "drained"]},
+            "replicas": {"type": "integer", "minimum": 0},
+            "open_ranges": {"type": "integer", "minimum": 0},
+        },
+    },
+    "RangeHealth": {
+        "type": "object",
+        "required": ["stream", "stream_id", "index", "start", "end", "state", "wanted",
+                     "healthy", "under_replicated", "repairing", "replicas"],
+        "properties": {
+            "stream": {"type": "string"}, "stream_id": {"type": "integer"},
+            "index": {"type": "integer", "minimum": 0},
+            "start": {"type": "integer", "minimum": 0},
+            "end": {"type": ["integer", "null"], "minimum": 0},
+            "state": {"type": "string", "enum": ["open", "sealed"]},
+            "wanted": {"type": "integer", "minimum": 1},
+            "healthy": {"type": "integer", "minimum": 0},
+            "under_replicated": {"type": "boolean"},
+            "repairing": {"type": "boolean"},
+            "replicas": {"type": "array", "items": {
+                "type": "object", "required": ["id", "health", "reason"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "health": {"type": "string",
+                               "enum": ["healthy", "unavailable", "missing"]},
+                    "reason": _NULLABLE_STR}}},
+        },
+    },
+    "RangesReport": {
+        "type": "object",
+        "required": ["ranges", "repair"],
+        "properties": {
+            "ranges": {"type": "array", "items": _ref("RangeHealth")},
+            "repair": {
+                "type": "object",
+                "required": ["leader", "under_replicated", "in_progress", "planned",
+                             "deferred", "skipped", "draining"],
+                "properties": {
+                    "leader": {"type": "boolean"},
+                    "under_replicated": {"type": "integer", "minimum": 0},
+                    "in_progress": {"type": "integer", "minimum": 0},
+                    "planned": {"type": "integer", "minimum": 0},
+                    "deferred": {"type": "integer", "minimum": 0},
+                    "skipped": {"type": "array", "items": {"type": "object"}},
+                    "draining": {"type": "array", "items": {"type": "string"}},
+                    "open_ranges_rolled": {"type": "integer", "minimum": 0},
+                },
+            },
         },
     },
 }
@@ -130,6 +179,10 @@ _WRITE_SECURITY: Final[list[dict[str, list[str]]]] = [{"bearerToken": []}, {}]
 
 _NAME_PARAM: Final = {"name": "name", "in": "path", "required": True,
                       "schema": {"type": "string"}}
+_SERVER_PARAM: Final = {"name": "id", "in": "path", "required": True,
+                        "schema": {"type": "string"}}
+_FORGOTTEN: Final = {"type": "object", "required": ["forgotten"],
+                     "properties": {"forgotten": {"type": "string"}}}
 
 OPENAPI: Final[dict[str, Any]] = {
     "openapi": "3.1.0",
@@ -176,6 +229,47 @@ OPENAPI: Final[dict[str, Any]] = {
                                                 "items": _ref("RangeServer")}},
             }, "The range servers")},
         }},
+        "/v1/rangeservers/{id}": {
+            "parameters": [_SERVER_PARAM],
+            "get": {"summary": "One range server with its drain state and replica count",
+                    "responses": {"200": _json(_ref("RangeServer"), "The range server"),
+                                  **_errors(404)}},
+            "delete": {"summary": "Forget a dead range server (as POST .../forget)",
+                       "responses": {"200": _json(_FORGOTTEN, "Forgotten"),
+                                     **_errors(401, 404, 409, 503)},
+                       "security": _WRITE_SECURITY},
+        },
+        "/v1/rangeservers/{id}/drain": {
+            "parameters": [_SERVER_PARAM],
+            "post": {"summary": "Drain a range server: every replica moves off it, its open "
+                                "ranges roll away, it gets no new ones",
+                     "responses": {"200": _json(_ref("RangeServer"), "Draining"),
+                                   **_errors(401, 404, 503)},
+                     "security": _WRITE_SECURITY},
+            "delete": {"summary": "Stop draining: the range server is active again",
+                       "responses": {"200": _json(_ref("RangeServer"), "Active"),
+                                     **_errors(401, 404, 503)},
+                       "security": _WRITE_SECURITY},
+        },
+        "/v1/rangeservers/{id}/forget": {
+            "parameters": [_SERVER_PARAM],
+            "post": {"summary": "Remove a dead range server from the catalog (409 while it "
+                                "is alive or may hold the only copy of a range)",
+                     "responses": {"200": _json(_FORGOTTEN, "Forgotten"),
+                                   **_errors(401, 404, 409, 503)},
+                     "security": _WRITE_SECURITY},
+        },
+        "/v1/ranges": {"get": {
+            "summary": "Ranges with their replicas' health (repair's rules) and repair "
+                       "progress; under_replicated=1: only ranges needing repair",
+            "parameters": [{"name": "under_replicated", "in": "query", "required": False,
+                            "schema": {"type": "string", "enum": ["0", "1", "true", "false"]}}],
+            "responses": {"200": _json(_ref("RangesReport"), "The ranges"),
+                          **_errors(400, 503)},
+        }},
+        "/ui": {"get": {"summary": "The web console (one HTML page over this API)",
+                        "responses": {"200": {"description": "HTML", "content": {
+                            "text/html": {"schema": {"type": "string"}}}}}}},
         "/v1/openapi.json": {"get": {"summary": "This document",
                                      "responses": {"200": _json({"type": "object"},
                                                                 "OpenAPI 3")}}},

@@ -32,17 +32,20 @@ from estream.wire.errors import (
     NoPlacement,
     RangeNotFound,
     RangeSealed,
+    ServerNotFound,
     StreamExists,
     StreamNotFound,
     Unavailable,
 )
 from pd.openapi import OPENAPI
+from pd.shell.console import RangesReport, add_operator_routes
 from pd.shell.service import PdService
 
 _STATUS: dict[type[EstreamError], int] = {
     InvalidArgument: 400,
     StreamNotFound: 404,
     RangeNotFound: 404,
+    ServerNotFound: 404,
     StreamExists: 409,
     Conflict: 409,
     Fenced: 409,
@@ -80,7 +83,8 @@ def needs_token(method: str, path: str, protect_reads: bool) -> bool:
 
 
 def build_app(
-    service: PdService, *, tokens: Collection[str] = (), protect_reads: bool = False
+    service: PdService, *, tokens: Collection[str] = (), protect_reads: bool = False,
+    ranges_report: RangesReport | None = None,
 ) -> web.Application:
     """The aiohttp application serving the admin API of one PD node.
 
@@ -130,6 +134,7 @@ def build_app(
     app.router.add_get("/v1/streams/{name}", views.describe_stream)
     app.router.add_delete("/v1/streams/{name}", views.delete_stream)
     app.router.add_get("/v1/rangeservers", views.rangeservers)
+    add_operator_routes(app, service, ranges_report)  # drain, forget, /v1/ranges, /ui
     app.router.add_get("/v1/openapi.json", views.openapi)
     app.router.add_get("/healthz", views.healthz)
     app.router.add_get("/metrics", views.metrics)
@@ -163,8 +168,7 @@ class _Views:
         return web.json_response({"deleted": name})
 
     async def rangeservers(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"rangeservers": [s.to_dict() for s in self.service.list_servers()]})
+        return web.json_response({"rangeservers": self.service.server_details()})
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(OPENAPI)

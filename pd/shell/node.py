@@ -27,6 +27,7 @@ from estream.net.security import (
 )
 from estream.wire.errors import EstreamError
 from pd.catalog import PdNode
+from pd.shell.drainer import Drainer
 from pd.shell.http import build_app
 from pd.shell.raft import RaftNode
 from pd.shell.reclaimer import Reclaimer
@@ -67,6 +68,7 @@ class PlacementDriverNode:
         self._repair_task: asyncio.Task[None] | None = None
         self._reclaim_task: asyncio.Task[None] | None = None
         self._recover_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
         self.rpc_address = ""
         self.http_address = ""
 
@@ -85,8 +87,15 @@ class PlacementDriverNode:
         self.rpc_address = await self.rpc.start(host, port)
         http_host, http_port = parse_address(cfg.http)
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, "")
+        busy: set[tuple[int, int]] = set()  # ranges repair, reclaim or recovery work on
+        self.repairer = Repairer(self.service, busy=busy)
+        self.repairer.pool = self.member_pool()  # range servers may require TLS / a token
+        recoverer = Recoverer(self.service, busy=busy)
+        recoverer.pool = self.member_pool()
+        drainer = Drainer(self.service, self.repairer, recoverer)
         app = build_app(self.service, tokens=cfg.security.tokens,
-                        protect_reads=cfg.security.protect_reads)
+                        protect_reads=cfg.security.protect_reads,
+                        ranges_report=drainer.ranges_report)
         self._http_runner = web.AppRunner(app, access_log=None)
         await self._http_runner.setup()
         site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True,
@@ -98,16 +107,12 @@ class PlacementDriverNode:
         self.http_address = f"{bound[0]}:{bound[1]}"
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
         self._register_task = asyncio.ensure_future(self._register_self())
-        busy: set[tuple[int, int]] = set()  # ranges repair, reclaim or recovery work on
-        self.repairer = Repairer(self.service, busy=busy)
-        self.repairer.pool = self.member_pool()  # range servers may require TLS / a token
         self._repair_task = asyncio.ensure_future(self.repairer.run())
         reclaimer = Reclaimer(self.service, busy=busy)
         reclaimer.pool = self.member_pool()
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
-        recoverer = Recoverer(self.service, busy=busy)
-        recoverer.pool = self.member_pool()
         self._recover_task = asyncio.ensure_future(recoverer.run())
+        self._drain_task = asyncio.ensure_future(drainer.run())
 
     def member_pool(self) -> ConnectionPool:
         """A pool for calls to other cluster members (range servers): this node's
@@ -128,7 +133,7 @@ class PlacementDriverNode:
 
     async def close(self) -> None:
         for task in (self._register_task, self._repair_task, self._reclaim_task,
-                     self._recover_task):
+                     self._recover_task, self._drain_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

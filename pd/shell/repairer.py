@@ -177,6 +177,7 @@ class Repairer:
                 {**memory.reports(server.id), **parse_reports(load)},
                 listed_now(service.listings.get(server.id), now, listing_age_ms,
                            self.changed_at),
+                draining=server.id in view.draining,  # its replicas move (pd/drain.py)
             )
         return out
 

@@ -36,6 +36,7 @@ from estream.wire.errors import (
     Fenced,
     InvalidArgument,
     NotLeader,
+    ServerNotFound,
     StreamExists,
     Unavailable,
 )
@@ -45,6 +46,8 @@ from pd.catalog import CatalogView, PdNode, check_stream_args
 from pd.commands import (
     CreateStream,
     DeleteStream,
+    DrainForget,
+    DrainServer,
     OpenWriter,
     RegisterPdNode,
     RegisterServer,
@@ -52,6 +55,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
+from pd.drain import forget_refusal, leave_servers, replica_counts, server_state
 from pd.lease import LeaseTable
 from pd.liveness import Liveness
 from pd.metrics import Metrics
@@ -179,7 +183,8 @@ class PdService:
             out.append(Candidate(
                 server.id,
                 server.storage_class,
-                self.liveness.alive(server.id, now),
+                # a draining server gets no new replicas (pd/drain.py)
+                self.liveness.alive(server.id, now) and server.id not in view.draining,
                 open_ranges.get(server.id, 0),
                 load_bytes if isinstance(load_bytes, int) else 0,
             ))
@@ -271,9 +276,12 @@ class PdService:
             self.leases.renew(name, stream.epoch, now)
         return stream
 
-    async def keepalive_writer(self, name: str, epoch: int) -> None:
+    async def keepalive_writer(self, name: str, epoch: int) -> tuple[str, ...]:
         """The writer of ``epoch`` is alive: renew its lease (leader only; the table is
-        not replicated). Fenced when a newer epoch exists, StreamNotFound once deleted."""
+        not replicated). Fenced when a newer epoch exists, StreamNotFound once deleted.
+        Returns the draining servers its open range should roll away from
+        (:func:`pd.drain.leave_servers`), only when a range could be placed without them
+        (else the writer would run degraded for nothing)."""
         status = self.raft.status()
         if status.role != "leader":
             if status.leader is None:
@@ -290,6 +298,11 @@ class PdService:
         now = self.clock_ms()
         self.leases.lead(status.term, now)
         self.leases.renew(name, epoch, now)
+        view = self.view()
+        leave = leave_servers(stream, view.draining)
+        if leave and sum(1 for c in self._candidates(view) if c.alive) < stream.replicas:
+            return ()
+        return leave
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
@@ -340,6 +353,50 @@ class PdService:
         return ServerInfo(result.id, result.address, result.storage_class, True,
                           self.liveness.load(server_id))
 
+    # -- operators: drain and forget range servers (pd/drain.py) ------------------------
+    def server_details(self, server_id: str | None = None) -> list[dict[str, Any]]:
+        """Every registered server (or the one named) as :meth:`servers` has it, with its
+        drain ``state`` and how many ranges name it (``replicas``); ServerNotFound."""
+        view = self.read_view()
+        counts = replica_counts(view.streams.values())
+        out = []
+        for server in self.servers():
+            if server_id is not None and server.id != server_id:
+                continue
+            replicas = counts.get(server.id, 0)
+            out.append({**server.to_dict(), "replicas": replicas,
+                        "open_ranges": view.open_ranges.get(server.id, 0),
+                        "state": server_state(server.id in view.draining, replicas)})
+        if server_id is not None and not out:
+            raise ServerNotFound(f"no range server {server_id!r} is registered",
+                                 server_id=server_id)
+        return out
+
+    async def drain_server(self, server_id: str, *, cancel: bool = False) -> dict[str, Any]:
+        """Flag ``server_id`` as draining (through Raft: a new leader goes on with it), or
+        active again with ``cancel``; returns its details."""
+        if server_id not in (await self._decision_view()).servers:
+            raise ServerNotFound(f"no range server {server_id!r} is registered",
+                                 server_id=server_id)
+        await self.raft.propose(DrainServer(server_id, cancel))
+        return self.server_details(server_id)[0]
+
+    async def forget_server(self, server_id: str) -> None:
+        """Remove a dead server from the catalog; Conflict while it is alive (heard from
+        on this node) or holds what may be the only copy of a range."""
+        view = await self._decision_view()
+        if server_id not in view.servers:
+            raise ServerNotFound(f"no range server {server_id!r} is registered",
+                                 server_id=server_id)
+        now = self.clock_ms()
+        alive = {s for s in view.servers if self.liveness.alive(s, now)
+                 and self.liveness.last(s) is not None}
+        refusal = forget_refusal(server_id, view.streams.values(), set(view.servers), alive)
+        if refusal is not None:
+            raise Conflict(f"cannot forget range server {server_id}: {refusal}")
+        await self.raft.propose(DrainForget(server_id))
+        self.liveness.forget(server_id)
+
     async def register_self(self) -> PdNode:
         me = self.me
         result = await self.raft.propose(RegisterPdNode(me.id, me.raft, me.rpc, me.http))
@@ -382,6 +439,9 @@ class PdService:
             Opcode.PD_CLUSTER: self._rpc_cluster,
             Opcode.PD_UPDATE_REPLICAS: self._rpc_update_replicas,
             Opcode.PD_WRITER_KEEPALIVE: self._rpc_keepalive,
+            Opcode.PD_DRAIN_SERVER: self._rpc_drain,
+            Opcode.PD_FORGET_SERVER: self._rpc_forget,
+            Opcode.PD_DESCRIBE_SERVERS: self._rpc_describe_servers,
         }
         return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
 
@@ -452,8 +512,22 @@ class PdService:
         return self.cluster()
 
     async def _rpc_keepalive(self, h: Header) -> Header:
-        await self.keepalive_writer(require(h, "name", str), require(h, "epoch", int))
-        return {}
+        leave = await self.keepalive_writer(require(h, "name", str), require(h, "epoch", int))
+        return {"leave": list(leave)} if leave else {}
+
+    async def _rpc_drain(self, h: Header) -> Header:
+        server = await self.drain_server(require(h, "server_id", str),
+                                         cancel=optional(h, "cancel", bool, False))
+        return {"server": server}
+
+    async def _rpc_forget(self, h: Header) -> Header:
+        server_id = require(h, "server_id", str)
+        await self.forget_server(server_id)
+        return {"forgotten": server_id}
+
+    async def _rpc_describe_servers(self, h: Header) -> Header:
+        server_id = optional(h, "server_id", str, "")
+        return {"servers": self.server_details(server_id or None)}
 
     async def _rpc_update_replicas(self, h: Header) -> Header:
         replicas = _str_list(h, "replicas")

@@ -1,0 +1,178 @@
+"""The PD leader's drain loop, and the operator's view of ranges and repairs.
+
+Draining (decisions in :mod:`pd.drain`) needs three movers, two of which exist already:
+
+- sealed ranges: :class:`~pd.shell.repairer.Repairer` plans a replica on a draining server
+  as one to move (reason ``"drain"``), copies it to a server that is not draining and
+  swaps it out of the range with ``update_replicas`` (compare-and-set);
+- the open range of a stream with a live writer: the writer's keepalive answer names the
+  draining servers (:meth:`PdService.keepalive_writer`) and the writer rolls away;
+- the open range of a stream with no live writer (its lease ran out, or it never had
+  one): this loop, every ``drain_interval_ms`` on the caught-up leader, has the
+  :class:`~pd.shell.recoverer.Recoverer` recover it (a new epoch, fence, copy, the seal
+  recorded in PD, the next range placed on servers that are not draining). A range that
+  recovery keeps open because it is empty is sealed at its start here (every replica was
+  fenced at PD's epoch holding nothing, so no record can be below it).
+
+Double faults: a leader lost mid-drain leaves the flag in the catalog and the next
+leader's rounds go on; a writer opening meanwhile wins (compare-and-set on the epoch;
+our seal is then ``Fenced``) and gets the ``leave`` answer itself; the draining server
+dying turns its replicas into dead ones for repair; the range is ``busy`` for repair and
+reclaim while it is recovered, as in lease recovery.
+
+:meth:`Drainer.ranges_report` is ``GET /v1/ranges``: every range's replica health by
+repair's rules (from this node's heartbeats and listings: any node can answer) and the
+repair progress of this node (the leader's is the one that runs).
+
+Side effects: network (through the recoverer and PD's Raft).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from estream.wire.errors import EstreamError, Fenced, RangeSealed
+from estream.wire.meta import RangeMeta, StreamMeta
+from pd.drain import RangeHealth, open_ranges_leaving
+from pd.repair import Health, ServerState, replica_health
+from pd.shell.recoverer import Recoverer
+from pd.shell.repairer import Repairer
+from pd.shell.rounds import leader_rounds
+from pd.shell.service import PdService
+
+log = logging.getLogger(__name__)
+
+drain_interval_ms = 1_000  # how often the leader rolls writer-less open ranges away
+ranges_report_max = 10_000  # ranges listed in one GET /v1/ranges answer
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Drainer:
+    """Rolls writer-less open ranges off draining servers; reports range health."""
+
+    def __init__(
+        self,
+        service: PdService,
+        repairer: Repairer,
+        recoverer: Recoverer,
+        *,
+        interval_ms: int = drain_interval_ms,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.service = service
+        self.repairer = repairer
+        self.recoverer = recoverer
+        self.interval_ms = interval_ms
+        self.clock_ms = clock_ms
+        self.rolled = 0  # open ranges this node rolled away from draining servers
+
+    async def run(self) -> None:
+        """Forever (until cancelled): a round every ``interval_ms`` while leader."""
+        await leader_rounds(self.service, self.interval_ms, self.round, name="drain")
+
+    async def round(self) -> int:
+        """Roll away the open ranges without a live writer; returns how many."""
+        service = self.service
+        if not service.raft.caught_up():
+            return 0
+        view = service.view()
+        if not view.draining:
+            return 0
+        rolled = 0
+        service.leases.lead(service.raft.status().term, self.clock_ms())
+        for stream in open_ranges_leaving(view.streams.values(), view.draining):
+            if service.leases.expired(stream, self.clock_ms()):
+                rolled += await self._roll(stream)
+        return rolled
+
+    async def _roll(self, stream: StreamMeta) -> int:
+        last = stream.last_range
+        assert last is not None
+        log.warning("stream %r: open range %d is on a draining server and has no live "
+                    "writer: PD rolls it", stream.name, last.index)
+        result = await self.recoverer.recover(stream)
+        if result is None:
+            return 0
+        if result.kept:  # empty, fenced at PD's epoch: seal it at its start
+            try:
+                await self.service.seal_range(stream.name, result.meta.epoch, last.index,
+                                              last.start, ())
+            except (Fenced, RangeSealed) as exc:
+                log.info("stream %r: not sealed, a writer came: %s", stream.name, exc)
+                return 0
+            except EstreamError as exc:
+                log.warning("stream %r: sealing empty range %d failed: %s", stream.name,
+                            last.index, exc)
+                return 0
+        self.rolled += 1
+        return 1
+
+    # ------------------------------------------------------------------------ report
+    def health(self, stream: StreamMeta, rng: RangeMeta, servers: dict[str, ServerState],
+               now: int) -> RangeHealth:
+        """One range's replicas by repair's rules (an open range: alive or not)."""
+        rows: list[tuple[str, str]] = []
+        reasons: dict[str, str] = {}
+        for ref in rng.replicas:
+            server = servers.get(ref.id)
+            if rng.sealed:
+                health, reason = replica_health(
+                    ref.id, stream.id, rng, servers, self.repairer.short_since, now,
+                    self.repairer.repair_after_ms)
+            elif server is None or not server.alive:
+                dead = server is None or server.silent_ms >= self.repairer.repair_after_ms
+                health, reason = ((Health.MISSING, "dead") if dead
+                                  else (Health.UNAVAILABLE, ""))
+            else:
+                health, reason = Health.HEALTHY, "drain" if server.draining else ""
+            rows.append((ref.id, health.value))
+            if reason and reason != "unsealed":
+                reasons[ref.id] = reason
+        healthy = sum(1 for _, h in rows if h == Health.HEALTHY.value)
+        return RangeHealth(stream.name, stream.id, rng, stream.replicas, healthy,
+                           tuple(rows), reasons)
+
+    def ranges_report(self, under_replicated_only: bool) -> dict[str, Any]:
+        """``GET /v1/ranges``: ranges (all, or only the under-replicated ones) and the
+        repair progress of this node."""
+        now = self.clock_ms()
+        view = self.service.read_view()
+        servers = self.repairer.servers()
+        busy = self.repairer.busy
+        out: list[dict[str, Any]] = []
+        under = 0
+        for stream in sorted(view.streams.values(), key=lambda s: s.name):
+            for rng in stream.ranges:
+                item = self.health(stream, rng, servers, now)
+                under += item.under_replicated
+                if (under_replicated_only and not item.under_replicated) \
+                        or len(out) >= ranges_report_max:
+                    continue
+                out.append({
+                    "stream": stream.name, "stream_id": stream.id, "index": rng.index,
+                    "start": rng.start, "end": rng.end, "state": rng.state,
+                    "wanted": item.wanted, "healthy": item.healthy,
+                    "under_replicated": item.under_replicated,
+                    "repairing": (stream.id, rng.index) in busy,
+                    "replicas": [{"id": sid, "health": health,
+                                  "reason": item.reasons.get(sid)}
+                                 for sid, health in item.replicas],
+                })
+        plan = self.repairer.last_plan
+        return {"ranges": out, "repair": {
+            "leader": self.service.raft.status().role == "leader",
+            "under_replicated": under,
+            "in_progress": len(busy),
+            "planned": len(plan.tasks),
+            "deferred": plan.deferred,
+            "skipped": [{"stream": s.stream, "index": s.range_index, "reason": s.reason}
+                        for s in plan.skipped],
+            "draining": sorted(view.draining),
+            "open_ranges_rolled": self.rolled,
+        }}
