@@ -47,10 +47,12 @@ from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo
 from estream.wire.protocol import parse_address
 from pd.commands import (
     Command,
+    CommitObject,
     CreateStream,
     DeleteStream,
     DrainForget,
     DrainServer,
+    DropLocalReplicas,
     OpenWriter,
     RegisterPdNode,
     RegisterServer,
@@ -281,6 +283,9 @@ class Catalog:
         target = _find_range(stream, cmd.range_index)
         if not target.sealed:
             raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is open; seal it first")
+        if target.tier == "object" and not target.replicas:
+            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is in the object tier "
+                           "without local replicas: nothing to repair")
         current = tuple(r.id for r in target.replicas)
         if cmd.expected and current != cmd.expected:
             if current == cmd.replicas:
@@ -324,6 +329,44 @@ class Catalog:
             raise ServerNotFound(f"no range server {server_id!r} is registered",
                                  server_id=server_id)
         return found
+
+    def _commit_object(self, cmd: CommitObject) -> StreamMeta:
+        stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
+        if not target.sealed or (target.start, target.end) != (cmd.start, cmd.end):
+            raise Conflict(
+                f"stream {cmd.name!r} range {cmd.range_index} is [{target.start}, "
+                f"{target.end}), not a sealed [{cmd.start}, {cmd.end})")
+        if not cmd.object_key:
+            raise InvalidArgument("empty object key", argument="object_key")
+        if target.tier == "object":
+            if target.object_key == cmd.object_key:
+                return stream  # a retry of a commit that landed
+            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is already in "
+                           f"the object tier as {target.object_key!r}")
+        tiered = replace(target, tier="object", object_key=cmd.object_key)
+        stream = replace(stream, ranges=tuple(
+            tiered if r is target else r for r in stream.ranges))
+        self._put(cmd.name, stream)
+        return stream
+
+    def _drop_local_replicas(self, cmd: DropLocalReplicas) -> StreamMeta:
+        stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
+        if target.tier != "object" or target.object_key != cmd.object_key:
+            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is not in the "
+                           f"object tier as {cmd.object_key!r}")
+        if not target.replicas:
+            return stream  # a retry
+        dropped = replace(target, replicas=())
+        stream = replace(stream, ranges=tuple(
+            dropped if r is target else r for r in stream.ranges))
+        self._put(cmd.name, stream)
+        return stream
+
+    def _object_range(self, name: str, stream_id: int, index: int) -> tuple[StreamMeta, RangeMeta]:
+        stream = self.stream(name)
+        if stream.id != stream_id:
+            raise Conflict(f"stream {name!r} is id {stream.id} now, not {stream_id}")
+        return stream, _find_range(stream, index)
 
     def _replica_refs(self, ids: tuple[str, ...], expected: int | None) -> tuple[ReplicaRef, ...]:
         if expected is not None and len(ids) != expected:
@@ -445,6 +488,8 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     SealRange: Catalog._seal_range,
     TrimStream: Catalog._trim_stream,
     UpdateReplicas: Catalog._update_replicas,
+    CommitObject: Catalog._commit_object,
+    DropLocalReplicas: Catalog._drop_local_replicas,
     DrainServer: Catalog._drain_server,
     DrainForget: Catalog._drain_forget,
 }

@@ -136,6 +136,37 @@ class DrainForget:
     server_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class CommitObject:
+    """Object tier: sealed range ``range_index`` of stream ``name`` (id ``stream_id``,
+    offsets ``[start, end)``) is stored, verified, as ``object_key`` in the object store;
+    its tier becomes "object". The same key again is a retry (no change); another key once
+    one is committed, an open range, or another stream id or offsets are a Conflict (the
+    stream was recreated, or the upload holds something else)."""
+
+    kind: ClassVar[str] = "commit_object"
+    name: str
+    stream_id: int
+    range_index: int
+    start: int
+    end: int
+    object_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class DropLocalReplicas:
+    """Object tier: the range-server replicas of "object" range ``range_index`` (committed
+    as ``object_key``) are released: the catalog lists none from now on (readers use the
+    object, repair leaves the range alone, the reclaimer drops the copies on the servers).
+    A retry is no change; another key or a local range are a Conflict."""
+
+    kind: ClassVar[str] = "drop_local_replicas"
+    name: str
+    stream_id: int
+    range_index: int
+    object_key: str
+
+
 Command = (
     RegisterServer
     | RegisterPdNode
@@ -145,6 +176,8 @@ Command = (
     | SealRange
     | TrimStream
     | UpdateReplicas
+    | CommitObject
+    | DropLocalReplicas
     | DrainServer
     | DrainForget
 )
@@ -152,6 +185,8 @@ Command = (
 COMMAND_TYPES: Final[dict[str, type[Any]]] = {
     cls.kind: cls
     for cls in (
+        CommitObject,
+        DropLocalReplicas,
         RegisterServer,
         RegisterPdNode,
         CreateStream,

@@ -31,6 +31,7 @@ batch_bytes_max: Final = 8 * MiB  # one encoded record batch
 batch_records_max: Final = 65_536
 record_value_bytes_max: Final = 4 * MiB
 record_headers_bytes_max: Final = 64 * KiB  # msgpack-encoded headers of one record
+producer_id_bytes_max: Final = 255  # utf-8 producer id in a batch's system block (u8)
 
 # Reads.
 read_bytes_max: Final = 8 * MiB  # payload of one read answer

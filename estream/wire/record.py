@@ -10,7 +10,8 @@ Batch layout (72-byte fixed header, then ``count`` records)::
     ------ ---- ---------------- -------------------------------------------------------
       0     2   magic            0xE5B7
       2     1   version          format version, 1
-      3     1   flags            reserved for compression etc.; must be 0 in version 1
+      3     1   flags            bit 0 SYSTEM: a system block starts the records section;
+                                 bits 1-2 digest: 0 xxh3, 1 crc32c, 2 hmac-sha256
       4     8   stream_id        u64
      12     4   range_index      u32
      16     8   epoch            u64, the writer's epoch
@@ -20,8 +21,27 @@ Batch layout (72-byte fixed header, then ``count`` records)::
      44     8   first_timestamp  i64 ms since epoch, of the first record
      52     8   max_timestamp    i64 ms, largest record timestamp
      60     4   records_bytes    u32, length of the records section
-     64     8   checksum         xxh3-64 of bytes [0, 64) followed by the records section
-     72     .   records          ``count`` records, back to back
+     64     8   checksum         xxh3-64 (digest 1: crc32c) of bytes [0, 64) followed by the
+                                 records section
+     72     .   records          [system block] then ``count`` records, back to back
+
+System block (flags bit 0; its bytes count in ``records_bytes`` and in the checksum)::
+
+      0     4   system_bytes     u32, the block's length, these 4 bytes included
+      4     1   producer_bytes   u8, length of the producer id (0: none)
+      5     1   sequence_kind    u8: 0 none, 1 consecutive (record i has first + i),
+                                 2 listed (``count`` i64 after the producer id)
+      6     1   mac_bytes        u8: 0, or 32 (hmac-sha256, the block's last bytes)
+      7     1   reserved         0
+      8     8   first_sequence   i64, record 0's producer sequence (-1: none)
+     16     8   last_sequence    i64, the last record's
+     24     .   producer_id      utf-8; then the listed sequences; then the MAC
+
+The MAC (digest 2) is HMAC-SHA256 under the stream's key of stream_id, range_index,
+base_offset, count and flags, then the system block up to the MAC, then the records: a
+range server (which has no key) or the network cannot forge an entry, nor move one to
+another stream, range or offset. Epoch and confirm offset are not covered: recovery and
+repair restamp them (same range) without the key.
 
 Record layout (16-byte fixed prefix)::
 
@@ -32,13 +52,17 @@ Record layout (16-byte fixed prefix)::
       .     .   value            raw bytes
 
 The checksum covers every byte but itself, so any single corrupted byte is detected.
-Decoding untrusted bytes raises only :class:`MalformedBatch` or :class:`ChecksumMismatch`.
+Decoding untrusted bytes raises only :class:`MalformedBatch` or :class:`ChecksumMismatch`
+(:func:`verify_digest`: :class:`DigestMismatch`). Batches without flags (every batch
+before system blocks existed) read as before.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 import sys
 from array import array
@@ -46,11 +70,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+import crc32c
 import msgpack
 import xxhash
 
 from estream.wire import limits
-from estream.wire.errors import ChecksumMismatch, MalformedBatch
+from estream.wire.errors import (
+    ChecksumMismatch,
+    DigestKeyMissing,
+    DigestMismatch,
+    MalformedBatch,
+)
 
 BATCH_MAGIC: Final = 0xE5B7
 BATCH_VERSION: Final = 1
@@ -60,6 +90,24 @@ _CHECKSUM_AT: Final = BATCH_HEADER_BYTES - 8
 _RECORD: Final = struct.Struct("<qII")
 RECORD_PREFIX_BYTES: Final = _RECORD.size  # 16
 assert BATCH_HEADER_BYTES == 72 and RECORD_PREFIX_BYTES == 16
+
+FLAG_SYSTEM: Final = 0x01  # a system block starts the records section
+_DIGEST_SHIFT: Final = 1
+_FLAGS_KNOWN: Final = 0x07
+DIGEST_XXH3: Final = 0
+DIGEST_CRC32C: Final = 1
+DIGEST_HMAC_SHA256: Final = 2
+DIGESTS: Final = {"xxh3": DIGEST_XXH3, "crc32c": DIGEST_CRC32C, "hmac-sha256": DIGEST_HMAC_SHA256}
+DIGEST_NAMES: Final = {v: k for k, v in DIGESTS.items()}
+MAC_BYTES: Final = 32
+SEQUENCE_NONE: Final = 0
+SEQUENCE_CONSECUTIVE: Final = 1
+SEQUENCE_LISTED: Final = 2
+_SYSTEM: Final = struct.Struct("<IBBBBqq")
+SYSTEM_PREFIX_BYTES: Final = _SYSTEM.size  # 24
+_MAC_FIELDS: Final = struct.Struct("<QIQIB")
+_SEQ: Final = struct.Struct("<q")
+assert SYSTEM_PREFIX_BYTES == 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +164,102 @@ class EncodedRecords:
     count: int
     first_timestamp: int
     max_timestamp: int
+    flags: int = 0
+    system: bytes = b""  # the system block (a MAC's place zeroed until wrapped)
+
+    @property
+    def records_bytes(self) -> int:
+        """The records section's length in a batch: system block and records."""
+        return len(self.system) + len(self.data)
 
 
-def encode_records(records: Sequence[Record]) -> EncodedRecords:
-    """Encode the records section. Raises :class:`MalformedBatch` on oversize input."""
+@dataclass(frozen=True, slots=True)
+class BatchSystem:
+    """A batch's system properties (its system block): the producer and the producer
+    sequence of each record, and the MAC of an ``hmac-sha256`` stream's batch."""
+
+    producer_id: str
+    first_sequence: int
+    last_sequence: int
+    sequences: tuple[int, ...] | None  # listed; None: consecutive from first_sequence
+    mac: bytes
+    size: int  # the block's bytes
+
+    def sequence(self, i: int) -> int:
+        """Record ``i``'s sequence (-1 when the batch has none)."""
+        if self.first_sequence < 0:
+            return -1
+        return self.sequences[i] if self.sequences is not None else self.first_sequence + i
+
+
+def encode_system(
+    count: int,
+    *,
+    producer_id: str = "",
+    sequences: Sequence[int] | None = None,
+    digest: int = DIGEST_XXH3,
+) -> bytes:
+    """A system block for ``count`` records (b"" when there is nothing to say). Sequences
+    must be strictly increasing, one per record; consecutive ones are stored as a range."""
+    mac_bytes = MAC_BYTES if digest == DIGEST_HMAC_SHA256 else 0
+    if not producer_id and sequences is None and not mac_bytes:
+        return b""
+    pid = producer_id.encode()
+    if len(pid) > limits.producer_id_bytes_max:
+        raise MalformedBatch(f"producer id of {len(pid)} bytes is too long")
+    kind, first, last, listed = SEQUENCE_NONE, -1, -1, b""
+    if sequences is not None:
+        if len(sequences) != count:
+            raise MalformedBatch(f"{len(sequences)} sequences for {count} records")
+        first, last = int(sequences[0]), int(sequences[-1])
+        if first < 0:
+            raise MalformedBatch(f"sequence {first} is negative")
+        if last - first + 1 == count and _increasing(sequences):
+            kind = SEQUENCE_CONSECUTIVE
+        else:
+            if not _increasing(sequences):
+                raise MalformedBatch("sequences of a batch must increase strictly")
+            kind = SEQUENCE_LISTED
+            listed = struct.pack(f"<{count}q", *sequences)
+    size = SYSTEM_PREFIX_BYTES + len(pid) + len(listed) + mac_bytes
+    try:
+        prefix = _SYSTEM.pack(size, len(pid), kind, mac_bytes, 0, first, last)
+    except struct.error:
+        raise MalformedBatch("sequence out of range") from None
+    return b"".join((prefix, pid, listed, bytes(mac_bytes)))
+
+
+def _increasing(values: Sequence[int]) -> bool:
+    return all(a < b for a, b in zip(values, values[1:], strict=False))
+
+
+def encode_records(
+    records: Sequence[Record],
+    *,
+    producer_id: str = "",
+    sequences: Sequence[int] | None = None,
+    digest: int = DIGEST_XXH3,
+) -> EncodedRecords:
+    """Encode the records section (with a system block for a producer's records or an
+    ``hmac-sha256`` stream). Raises :class:`MalformedBatch` on oversize input."""
+    section = _encode_records(records)
+    if digest not in DIGEST_NAMES:
+        raise MalformedBatch(f"unknown digest {digest}")
+    system = encode_system(
+        section.count, producer_id=producer_id, sequences=sequences, digest=digest
+    )
+    flags = (digest << _DIGEST_SHIFT) | (FLAG_SYSTEM if system else 0)
+    if not flags:
+        return section
+    if len(system) + len(section.data) + BATCH_HEADER_BYTES > limits.batch_bytes_max:
+        raise MalformedBatch("batch with its system block is too large")
+    return EncodedRecords(
+        section.data, section.count, section.first_timestamp, section.max_timestamp,
+        flags, system,
+    )
+
+
+def _encode_records(records: Sequence[Record]) -> EncodedRecords:
     if not records:
         raise MalformedBatch("a batch needs at least one record")
     if len(records) > limits.batch_records_max:
@@ -165,8 +305,10 @@ def wrap_records(
     epoch: int,
     base_offset: int,
     confirm_offset: int = 0,
+    key: bytes | None = None,
 ) -> bytes:
-    """Put a batch header with its checksum in front of an encoded records section.
+    """Put a batch header with its checksum in front of an encoded records section
+    (``key``: the stream's MAC key, for a section encoded with ``hmac-sha256``).
 
     Raises :class:`MalformedBatch` when a header field does not fit its width.
     """
@@ -176,9 +318,58 @@ def wrap_records(
         )
     except struct.error as exc:
         raise MalformedBatch(f"batch header field out of range: {exc}") from None
-    digest = xxhash.xxh3_64(head[:_CHECKSUM_AT])
-    digest.update(section.data)
-    return b"".join((head[:_CHECKSUM_AT], digest.intdigest().to_bytes(8, "little"), section.data))
+    if not section.flags:
+        digest = xxhash.xxh3_64(head[:_CHECKSUM_AT])
+        digest.update(section.data)
+        return b"".join(
+            (head[:_CHECKSUM_AT], digest.intdigest().to_bytes(8, "little"), section.data)
+        )
+    system = section.system
+    if (section.flags >> _DIGEST_SHIFT) == DIGEST_HMAC_SHA256:
+        if key is None:
+            raise DigestKeyMissing("an hmac-sha256 batch needs its stream's key")
+        body = system[:-MAC_BYTES]
+        mac = _mac(key, stream_id, range_index, base_offset, section.count, section.flags,
+                   body, section.data)
+        system = body + mac
+    checksum = _checksum(section.flags, head[:_CHECKSUM_AT], system, section.data)
+    return b"".join((head[:_CHECKSUM_AT], checksum.to_bytes(8, "little"), system, section.data))
+
+
+def _checksum(flags: int, head: bytes | memoryview, *rest: bytes | memoryview) -> int:
+    if (flags >> _DIGEST_SHIFT) == DIGEST_CRC32C:
+        value = crc32c.crc32c(head)
+        for part in rest:
+            value = crc32c.crc32c(part, value)
+        return int(value)
+    digest = xxhash.xxh3_64(head)
+    for part in rest:
+        digest.update(part)
+    return digest.intdigest()
+
+
+def _mac(
+    key: bytes,
+    stream_id: int,
+    range_index: int,
+    base_offset: int,
+    count: int,
+    flags: int,
+    system_body: bytes | memoryview,
+    data: bytes | memoryview,
+) -> bytes:
+    mac = hmac.new(key, _MAC_FIELDS.pack(stream_id, range_index, base_offset, count, flags),
+                   hashlib.sha256)
+    mac.update(system_body)
+    mac.update(data)
+    return mac.digest()
+
+
+def stream_key(secret: bytes, stream_id: int) -> bytes:
+    """The MAC key of one stream (``hmac-sha256`` digest): derived from the cluster secret
+    and the stream's id (ids are never reused), so a key opens one stream only."""
+    return hmac.new(secret, b"estream-stream-key/v1" + stream_id.to_bytes(8, "little"),
+                    hashlib.sha256).digest()
 
 
 def _pack_header(
@@ -192,7 +383,7 @@ def _pack_header(
     return _HEADER.pack(
         BATCH_MAGIC,
         BATCH_VERSION,
-        0,
+        section.flags,
         stream_id,
         range_index,
         epoch,
@@ -201,7 +392,7 @@ def _pack_header(
         confirm_offset,
         section.first_timestamp,
         section.max_timestamp,
-        len(section.data),
+        len(section.system) + len(section.data),
         0,
     )
 
@@ -252,8 +443,10 @@ def decode_header(buf: bytes | memoryview) -> BatchHeader:
         raise MalformedBatch(f"bad batch magic {magic:#06x}")
     if version != BATCH_VERSION:
         raise MalformedBatch(f"unsupported batch format version {version}")
-    if flags != 0:
+    if flags & ~_FLAGS_KNOWN or (flags >> _DIGEST_SHIFT) not in DIGEST_NAMES:
         raise MalformedBatch(f"unsupported batch flags {flags:#04x}")
+    if (flags >> _DIGEST_SHIFT) == DIGEST_HMAC_SHA256 and not flags & FLAG_SYSTEM:
+        raise MalformedBatch("an hmac-sha256 batch without its system block")
     if count == 0 or count > limits.batch_records_max:
         raise MalformedBatch(f"bad record count {count}")
     if records_bytes < count * RECORD_PREFIX_BYTES:
@@ -276,11 +469,98 @@ def decode_header(buf: bytes | memoryview) -> BatchHeader:
 
 
 def compute_checksum(batch: bytes | memoryview) -> int:
-    """xxh3-64 over every byte of an encoded batch except its checksum field."""
+    """xxh3-64 (flags' digest 1: crc32c) over every byte of an encoded batch except its
+    checksum field."""
     view = memoryview(batch)
-    digest = xxhash.xxh3_64(view[:_CHECKSUM_AT])
-    digest.update(view[BATCH_HEADER_BYTES:])
-    return digest.intdigest()
+    flags = view[3] if len(view) > 3 else 0
+    if not flags:
+        digest = xxhash.xxh3_64(view[:_CHECKSUM_AT])
+        digest.update(view[BATCH_HEADER_BYTES:])
+        return digest.intdigest()
+    return _checksum(flags, view[:_CHECKSUM_AT], view[BATCH_HEADER_BYTES:])
+
+
+def records_at(batch: bytes | memoryview, header: BatchHeader) -> int:
+    """Where the records start in a whole batch: after the header and its system block."""
+    if not header.flags & FLAG_SYSTEM:
+        return BATCH_HEADER_BYTES
+    if len(batch) < BATCH_HEADER_BYTES + SYSTEM_PREFIX_BYTES:
+        raise MalformedBatch("batch too short for its system block")
+    size = int.from_bytes(batch[BATCH_HEADER_BYTES : BATCH_HEADER_BYTES + 4], "little")
+    if size < SYSTEM_PREFIX_BYTES or size + header.count * RECORD_PREFIX_BYTES > (
+        header.records_bytes
+    ):
+        raise MalformedBatch(f"bad system block length {size}")
+    return BATCH_HEADER_BYTES + size
+
+
+def decode_system(
+    batch: bytes | memoryview, header: BatchHeader | None = None
+) -> BatchSystem | None:
+    """The system block of a whole batch (None when it has none). Checks its structure
+    only: verify the batch (and its digest) first."""
+    header = decode_header(batch) if header is None else header
+    if not header.flags & FLAG_SYSTEM:
+        return None
+    view = memoryview(batch)
+    end = records_at(view, header)
+    size, pid_bytes, kind, mac_bytes, _, first, last = _SYSTEM.unpack_from(view, BATCH_HEADER_BYTES)
+    pos = BATCH_HEADER_BYTES + SYSTEM_PREFIX_BYTES
+    listed_bytes = header.count * 8 if kind == SEQUENCE_LISTED else 0
+    if kind > SEQUENCE_LISTED or mac_bytes not in (0, MAC_BYTES):
+        raise MalformedBatch("bad system block")
+    if pos + pid_bytes + listed_bytes + mac_bytes != end:
+        raise MalformedBatch("system block fields do not add up to its length")
+    try:
+        producer = bytes(view[pos : pos + pid_bytes]).decode()
+    except UnicodeDecodeError:
+        raise MalformedBatch("producer id is not utf-8") from None
+    pos += pid_bytes
+    sequences: tuple[int, ...] | None = None
+    if kind == SEQUENCE_LISTED:
+        sequences = struct.unpack_from(f"<{header.count}q", view, pos)
+    elif kind == SEQUENCE_NONE:
+        first = last = -1
+    mac = bytes(view[end - mac_bytes : end]) if mac_bytes else b""
+    return BatchSystem(producer, first, last, sequences, mac, size)
+
+
+def verify_digest(
+    batch: bytes | memoryview,
+    *,
+    digest: int,
+    key: bytes | None,
+    stream_id: int,
+    range_index: int,
+    header: BatchHeader | None = None,
+) -> None:
+    """Check a (checksum-verified) batch against its stream's digest: the same digest
+    kind, and for ``hmac-sha256`` a MAC that verifies under ``key`` for the stream and
+    range it was read from. Raises :class:`DigestMismatch`, or
+    :class:`DigestKeyMissing` when ``key`` is None for an ``hmac-sha256`` stream."""
+    header = decode_header(batch) if header is None else header
+    kind = header.flags >> _DIGEST_SHIFT
+    where = {"stream_id": header.stream_id, "range_index": header.range_index,
+             "base_offset": header.base_offset}
+    if kind != digest:
+        raise DigestMismatch(
+            f"batch digest {DIGEST_NAMES.get(kind, kind)}, stream digest "
+            f"{DIGEST_NAMES.get(digest, digest)}", **where)
+    if digest != DIGEST_HMAC_SHA256:
+        return
+    if key is None:
+        raise DigestKeyMissing("this stream's entries are MACed (hmac-sha256): no key")
+    if header.stream_id != stream_id or header.range_index != range_index:
+        raise DigestMismatch(
+            f"batch of stream {header.stream_id} range {header.range_index} served for "
+            f"stream {stream_id} range {range_index}", **where)
+    view = memoryview(batch)
+    end = records_at(view, header)
+    mac = _mac(key, header.stream_id, header.range_index, header.base_offset, header.count,
+               header.flags, view[BATCH_HEADER_BYTES : end - MAC_BYTES],
+               view[end : BATCH_HEADER_BYTES + header.records_bytes])
+    if not hmac.compare_digest(mac, bytes(view[end - MAC_BYTES : end])):
+        raise DigestMismatch("batch MAC does not verify", **where)
 
 
 def verify_batch(batch: bytes | memoryview) -> BatchHeader:
@@ -301,10 +581,10 @@ def decode_batch(batch: bytes | memoryview, *, verify: bool = True) -> RecordBat
     header = verify_batch(batch) if verify else decode_header(batch)
     view = memoryview(batch)
     records: list[Record] = []
-    pos = BATCH_HEADER_BYTES
     end = header.total_bytes
     if len(view) < end:
         raise MalformedBatch("truncated batch")
+    pos = records_at(view, header)
     unpack = _RECORD.unpack_from
     offset = header.base_offset
     for _ in range(header.count):
@@ -447,7 +727,7 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
     for i, view in enumerate(views):
         if i and view.start != views[i - 1].end:
             raise ValueError(f"views are not consecutive at offset {view.start}")
-        section = view.batch[BATCH_HEADER_BYTES:]
+        section = view.batch[records_at(view.batch, view.header) :]
         base, count = view.header.base_offset, view.header.count
         lo, hi = view.start - base, view.end - base
         size = ends[-1]
@@ -493,7 +773,10 @@ def uniform_value_bytes(view: BatchView) -> int | None:
     """The value length of every record of the view's batch when all have that length and
     no headers (records then lie ``RECORD_PREFIX_BYTES + value_bytes`` apart, each a
     16-byte prefix and its value), else None. Checks the whole records section, as
-    :func:`decode_columns` does, so a consumer may gather such a batch by strides."""
+    :func:`decode_columns` does, so a consumer may gather such a batch by strides from
+    ``BATCH_HEADER_BYTES`` (a batch with a system block: None)."""
+    if view.header.flags & FLAG_SYSTEM:
+        return None
     return _uniform_value_bytes(view.batch[BATCH_HEADER_BYTES:], view.header.count)
 
 
@@ -604,12 +887,27 @@ def restamp(
     """
     header = verify_batch(batch)
     view = memoryview(batch)
+    at = records_at(view, header)
     section = EncodedRecords(
-        bytes(view[BATCH_HEADER_BYTES:]),
+        bytes(view[at:]),
         header.count,
         header.first_timestamp,
         header.max_timestamp,
+        header.flags,
+        bytes(view[BATCH_HEADER_BYTES:at]),
     )
+    if header.flags:
+        # The system block (and its MAC, which covers the range index, not the epoch or
+        # confirm) is kept as it is: restamping needs no key.
+        if range_index != header.range_index and (
+            header.flags >> _DIGEST_SHIFT
+        ) == DIGEST_HMAC_SHA256:
+            raise MalformedBatch("an hmac-sha256 batch cannot move to another range")
+        head = _pack_header(section, header.stream_id, range_index, epoch,
+                            header.base_offset, confirm_offset)
+        checksum = _checksum(header.flags, head[:_CHECKSUM_AT], section.system, section.data)
+        return b"".join((head[:_CHECKSUM_AT], checksum.to_bytes(8, "little"),
+                         section.system, section.data))
     return wrap_records(
         section,
         stream_id=header.stream_id,

@@ -1,0 +1,84 @@
+"""The object-tier catalog commands: commit_object and drop_local_replicas (pd/catalog.py),
+their retries, every rejection (catalog untouched), their codec and snapshot round trip,
+and repair's update_replicas refused once a range's replicas are dropped."""
+
+from __future__ import annotations
+
+import pytest
+
+from estream.wire.errors import Conflict, EstreamError, InvalidArgument, RangeNotFound
+from estream.wire.meta import StreamMeta
+from pd.catalog import Catalog
+from pd.commands import (
+    Command,
+    CommitObject,
+    CreateStream,
+    DropLocalReplicas,
+    OpenWriter,
+    RegisterServer,
+    SealRange,
+    UpdateReplicas,
+    decode_command,
+    encode_command,
+)
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    c = Catalog()
+    for i, sid in enumerate(("rs1", "rs2", "rs3", "rs4")):
+        c.apply(RegisterServer(sid, f"127.0.0.1:{7200 + i}", "ssd"))
+    c.apply(CreateStream("orders", 3, 2, "", (), ("rs1", "rs2", "rs3")))
+    c.apply(OpenWriter("orders"))
+    c.apply(SealRange("orders", 1, 0, 10, ("rs1", "rs2", "rs3")))
+    return c
+
+
+def rejects(catalog: Catalog, command: Command, error: type[EstreamError]) -> None:
+    before = catalog.snapshot()
+    with pytest.raises(error):
+        catalog.apply(command)
+    assert catalog.snapshot() == before
+
+
+def stream(result: object) -> StreamMeta:
+    assert isinstance(result, StreamMeta)
+    return result
+
+
+def test_commit_then_drop_and_their_retries(catalog: Catalog) -> None:
+    sid = catalog.stream("orders").id
+    commit = CommitObject("orders", sid, 0, 0, 10, "aa/1/0/t1-x.eso")
+    s = stream(catalog.apply(commit))
+    assert (s.ranges[0].tier, s.ranges[0].object_key) == ("object", "aa/1/0/t1-x.eso")
+    assert len(s.ranges[0].replicas) == 3 and s.ranges[1].tier == "local"
+    assert s.to_dict()["ranges"][0]["tier"] == "object"
+    assert stream(catalog.apply(commit)) == s  # a retry
+    rejects(catalog, CommitObject("orders", sid, 0, 0, 10, "aa/1/0/t2-y.eso"), Conflict)
+    drop = DropLocalReplicas("orders", sid, 0, "aa/1/0/t1-x.eso")
+    s = stream(catalog.apply(drop))
+    assert s.ranges[0].replicas == () and s.ranges[0].tier == "object"
+    assert stream(catalog.apply(drop)) == s
+    # repair cannot put replicas back on a range the object holds
+    rejects(catalog, UpdateReplicas("orders", 0, ("rs4", "rs2", "rs3")), Conflict)
+    restored = Catalog.restore(catalog.snapshot())
+    assert restored.stream("orders") == s
+
+
+def test_commit_rejections(catalog: Catalog) -> None:
+    sid = catalog.stream("orders").id
+    rejects(catalog, CommitObject("orders", sid, 1, 10, 10, "k.eso"), Conflict)  # open
+    rejects(catalog, CommitObject("orders", sid, 0, 0, 9, "k.eso"), Conflict)  # short
+    rejects(catalog, CommitObject("orders", sid, 0, 1, 10, "k.eso"), Conflict)
+    rejects(catalog, CommitObject("orders", sid + 1, 0, 0, 10, "k.eso"), Conflict)  # recreated
+    rejects(catalog, CommitObject("orders", sid, 7, 0, 10, "k.eso"), RangeNotFound)
+    rejects(catalog, CommitObject("orders", sid, 0, 0, 10, ""), InvalidArgument)
+    rejects(catalog, DropLocalReplicas("orders", sid, 0, "k.eso"), Conflict)  # still local
+    catalog.apply(CommitObject("orders", sid, 0, 0, 10, "k.eso"))
+    rejects(catalog, DropLocalReplicas("orders", sid, 0, "other.eso"), Conflict)
+
+
+def test_commands_round_trip_through_the_codec() -> None:
+    for command in (CommitObject("s", 3, 2, 10, 20, "ab/3/2/t.eso"),
+                    DropLocalReplicas("s", 3, 2, "ab/3/2/t.eso")):
+        assert decode_command(encode_command(command)) == command
