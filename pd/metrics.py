@@ -1,4 +1,16 @@
-"""Request counters and latency histograms of a PD node, rendered as Prometheus text.
+"""What a PD node measures: request counts, latency histograms, named counters and gauges.
+
+:class:`Metrics` records; :meth:`Metrics.families` describes everything recorded as
+metric families (name, type, help, samples) that the shell hands to ``prometheus-client``
+for the text exposition (``estream/server/metrics.py``), beside the ``process_*``
+metrics. Recording here keeps the PD's decisions testable without a registry, a clock
+or a lock: the event loop is the only writer.
+
+Registration API for other parts of PD (repair, reclaim, recovery, offload):
+``count(name, help, amount, **labels)`` adds to a counter (its name ends in ``_total``),
+``set_gauge(name, help, value, **labels)`` sets a gauge, ``observe_seconds(name, help,
+seconds, **labels)`` adds to a latency histogram (its name ends in ``_seconds``). A name
+is one type for good; labels are short strings.
 
 Pure: no I/O (the caller measures durations and serves the text).
 """
@@ -6,7 +18,7 @@ Pure: no I/O (the caller measures durations and serves the text).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -14,76 +26,152 @@ WRITER_RECOVERIES_TOTAL: Final = "estream_writer_recoveries_total"
 WRITER_RECOVERIES_HELP: Final = (
     "Open ranges the PD leader recovered after their writer's lease ran out, by outcome "
     "(sealed, kept, unavailable, superseded, failed).")
+REQUESTS_TOTAL: Final = "estream_pd_requests_total"
+REQUEST_SECONDS: Final = "estream_pd_request_seconds"
+COMMIT_SECONDS: Final = "estream_pd_raft_commit_seconds"
+COMMIT_HELP: Final = "Raft commit latency of the commands this node proposed."
 
 LATENCY_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                             1.0, 2.5, 5.0)
 
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One line of a family: ``suffix`` is ``""``, ``"_total"``, ``"_bucket"``, ``"_sum"``
+    or ``"_count"`` after the family's name."""
+
+    suffix: str
+    labels: Labels
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A metric family: ``name`` without ``_total`` for counters; ``kind`` is
+    ``"counter"``, ``"gauge"`` or ``"histogram"``."""
+
+    name: str
+    kind: str
+    help: str
+    samples: tuple[Sample, ...]
+
+
+class Histogram:
+    """Cumulative latency buckets (seconds), their sum and count."""
+
+    __slots__ = ("bounds", "counts", "sum_s")
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound
+        self.sum_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum_s += seconds
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def samples(self, labels: Labels = ()) -> list[Sample]:
+        """``_bucket`` lines (cumulative, ``le`` last among the labels), ``_sum``, ``_count``."""
+        out = []
+        cumulative = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            cumulative += count
+            le = "+Inf" if bound == float("inf") else repr(float(bound))
+            out.append(Sample("_bucket", (*labels, ("le", le)), cumulative))
+        return [*out, Sample("_sum", labels, self.sum_s), Sample("_count", labels, cumulative)]
+
 
 @dataclass(slots=True)
-class _Series:
-    ok: int = 0
-    errors: int = 0
-    sum_s: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+class _Named:
+    kind: str
+    help: str
+    values: dict[Labels, float] = field(default_factory=dict)
+    histograms: dict[Labels, Histogram] = field(default_factory=dict)
+
+
+def _key(labels: Mapping[str, str]) -> Labels:
+    return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+def _base(name: str, kind: str) -> str:
+    return name.removesuffix("_total") if kind == "counter" else name
 
 
 class Metrics:
-    """Per-operation request counts (ok / error) and latency histograms."""
+    """Per-operation request counts (ok / error) and latency histograms, plus the
+    counters, gauges and histograms other parts of PD register by name."""
 
     def __init__(self) -> None:
-        self._series: dict[tuple[str, str], _Series] = {}
-        self._counters: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], int]]] = {}
+        self._named: dict[str, _Named] = {}
+
+    def _family(self, name: str, kind: str, help_text: str) -> _Named:
+        named = self._named.setdefault(name, _Named(kind, help_text))
+        if named.kind != kind:
+            raise ValueError(f"metric {name} is a {named.kind}, not a {kind}")
+        return named
 
     def count(self, name: str, help_text: str, amount: int = 1, **labels: str) -> None:
-        """Add ``amount`` to the counter ``name`` with ``labels`` (e.g. repairs done)."""
-        _, series = self._counters.setdefault(name, (help_text, {}))
-        key = tuple(sorted(labels.items()))
-        series[key] = series.get(key, 0) + amount
+        """Add ``amount`` to the counter ``name`` (ending in ``_total``) with ``labels``."""
+        values = self._family(name, "counter", help_text).values
+        key = _key(labels)
+        values[key] = values.get(key, 0) + amount
 
     def counter(self, name: str, **labels: str) -> int:
-        series = self._counters.get(name, ("", {}))[1]
-        return series.get(tuple(sorted(labels.items())), 0)
+        named = self._named.get(name)
+        return 0 if named is None else int(named.values.get(_key(labels), 0))
+
+    def set_gauge(self, name: str, help_text: str, value: float, **labels: str) -> None:
+        self._family(name, "gauge", help_text).values[_key(labels)] = value
+
+    def observe_seconds(self, name: str, help_text: str, seconds: float, **labels: str) -> None:
+        """Add one duration to the histogram ``name`` (ending in ``_seconds``)."""
+        histograms = self._family(name, "histogram", help_text).histograms
+        histograms.setdefault(_key(labels), Histogram()).observe(seconds)
+
+    def histogram(self, name: str, **labels: str) -> Histogram | None:
+        named = self._named.get(name)
+        return None if named is None else named.histograms.get(_key(labels))
 
     def observe(self, api: str, op: str, seconds: float, ok: bool) -> None:
-        series = self._series.setdefault((api, op), _Series())
-        if ok:
-            series.ok += 1
-        else:
-            series.errors += 1
-        series.sum_s += seconds
-        series.buckets[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        """One request served by ``api`` ("rpc", "http") for ``op``, and how long it took."""
+        self.count(REQUESTS_TOTAL, "PD requests served, by API, operation and outcome.",
+                   api=api, op=op, outcome="ok" if ok else "error")
+        self.observe_seconds(REQUEST_SECONDS, "PD request latency, by API and operation.",
+                             seconds, api=api, op=op)
 
     def requests(self, api: str, op: str) -> int:
-        series = self._series.get((api, op))
-        return 0 if series is None else series.ok + series.errors
+        return (self.counter(REQUESTS_TOTAL, api=api, op=op, outcome="ok")
+                + self.counter(REQUESTS_TOTAL, api=api, op=op, outcome="error"))
 
-    def render(self, gauges: Mapping[str, tuple[str, float]]) -> str:
-        """Prometheus text exposition: ``gauges`` maps name -> (help, value)."""
-        lines: list[str] = []
-        for name, (help_text, value) in sorted(gauges.items()):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value:g}"]
-        for name, (help_text, series) in sorted(self._counters.items()):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-            for key, value in sorted(series.items()):
-                labels = ",".join(f'{k}="{v}"' for k, v in key)
-                lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
-        lines += ["# HELP estream_pd_requests_total PD requests served, by API, operation "
-                  "and outcome.", "# TYPE estream_pd_requests_total counter"]
-        for (api, op), s in sorted(self._series.items()):
-            labels = f'api="{api}",op="{op}"'
-            lines.append(f'estream_pd_requests_total{{{labels},outcome="ok"}} {s.ok}')
-            lines.append(f'estream_pd_requests_total{{{labels},outcome="error"}} {s.errors}')
-        lines += ["# HELP estream_pd_request_seconds PD request latency.",
-                  "# TYPE estream_pd_request_seconds histogram"]
-        for (api, op), s in sorted(self._series.items()):
-            labels = f'api="{api}",op="{op}"'
-            cumulative = 0
-            for bound, count in zip(LATENCY_BUCKETS_S, s.buckets, strict=False):
-                cumulative += count
-                lines.append(f'estream_pd_request_seconds_bucket{{{labels},le="{bound}"}} '
-                             f"{cumulative}")
-            total = s.ok + s.errors
-            lines.append(f'estream_pd_request_seconds_bucket{{{labels},le="+Inf"}} {total}')
-            lines.append(f"estream_pd_request_seconds_sum{{{labels}}} {s.sum_s:.6f}")
-            lines.append(f"estream_pd_request_seconds_count{{{labels}}} {total}")
-        return "\n".join(lines) + "\n"
+    def families(self, gauges: Mapping[str, tuple[str, float]] | None = None,
+                 extra: Iterable[Family] = ()) -> list[Family]:
+        """Everything recorded, plus ``gauges`` (name -> (help, value)) and ``extra``
+        families measured by the caller at scrape time; sorted by name."""
+        out = [Family(name, "gauge", help_text, (Sample("", (), value),))
+               for name, (help_text, value) in (gauges or {}).items()]
+        for name, named in self._named.items():
+            if named.kind == "histogram":
+                samples = [s for key, h in sorted(named.histograms.items())
+                           for s in h.samples(key)]
+            else:
+                suffix = "_total" if named.kind == "counter" else ""
+                samples = [Sample(suffix, key, value)
+                           for key, value in sorted(named.values.items())]
+            out.append(Family(_base(name, named.kind), named.kind, named.help, tuple(samples)))
+        return sorted([*out, *extra], key=lambda f: f.name)
+
+
+def histogram_family(name: str, help_text: str, histogram: Histogram) -> Family:
+    """One unlabelled histogram as a family (e.g. Raft's commit latency)."""
+    return Family(name, "histogram", help_text, tuple(histogram.samples()))
+
+
+def counter_family(name: str, help_text: str, value: float) -> Family:
+    """One unlabelled counter (``name`` ends in ``_total``) as a family."""
+    return Family(_base(name, "counter"), "counter", help_text, (Sample("_total", (), value),))

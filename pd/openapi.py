@@ -277,6 +277,13 @@ OPENAPI: Final[dict[str, Any]] = {
             "200": _json({"type": "object", "required": ["status"], "properties": {
                 "status": {"type": "string"}, "role": {"type": "string"},
                 "leader": _NULLABLE_STR}}, "Serving")}}},
+        "/readyz": {"get": {"summary": "Readiness: a leader known and caught up (else 503)",
+                            "responses": {"200": _json({
+                                "type": "object", "required": ["status", "role", "leader"],
+                                "properties": {"status": {"type": "string"},
+                                               "role": {"type": "string"},
+                                               "leader": {"type": "string"}}}, "Ready"),
+                                **_errors(503)}}},
         "/metrics": {"get": {"summary": "Prometheus text metrics (estream_*)", "responses": {
             "200": {"description": "Prometheus text format",
                     "content": {"text/plain": {"schema": {"type": "string"}}}}}}},

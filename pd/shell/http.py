@@ -7,8 +7,15 @@ them). Errors are ``{"error": {"code", "message"}}`` with 400 (bad input), 404 (
 
 With tokens configured, the write endpoints (POST, DELETE) need ``Authorization: Bearer
 <token>`` (or a client certificate verified against the cluster CA) and answer 401
-``UNAUTHENTICATED`` without; reads stay open unless ``protect_reads`` (``/healthz``
-always stays open, for load balancers and supervisors).
+``UNAUTHENTICATED`` without; reads stay open unless ``protect_reads`` (``/healthz`` and
+``/readyz`` always stay open, for load balancers, probes and supervisors).
+
+Health: ``/healthz`` is liveness (200 while the process serves HTTP, whatever Raft says);
+``/readyz`` is 200 only while this node knows a leader and has applied everything a leader
+told it was committed since it started, else 503 (a probe then takes it out of a load
+balancer: a leaderless or replaying node can neither commit nor answer reads).
+``/metrics`` is the Prometheus text of ``prometheus-client`` (``pd/metrics.py`` records,
+``estream/server/metrics.py`` exposes), ``process_*`` metrics included.
 
 Side effects: an HTTP listening socket.
 """
@@ -23,6 +30,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from estream.net.security import bearer_token, has_verified_peer_cert, token_matches
+from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
 from estream.wire.errors import (
     Conflict,
     ErrorCode,
@@ -37,6 +45,8 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
+from pd.catalog import CatalogView
+from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
 from pd.shell.console import RangesReport, add_operator_routes
 from pd.shell.service import PdService
@@ -72,7 +82,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 _READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-_ALWAYS_OPEN: Final = frozenset({"/healthz"})
+_ALWAYS_OPEN: Final = frozenset({"/healthz", "/readyz"})
 
 
 def needs_token(method: str, path: str, protect_reads: bool) -> bool:
@@ -137,6 +147,7 @@ def build_app(
     add_operator_routes(app, service, ranges_report)  # drain, forget, /v1/ranges, /ui
     app.router.add_get("/v1/openapi.json", views.openapi)
     app.router.add_get("/healthz", views.healthz)
+    app.router.add_get("/readyz", views.readyz)
     app.router.add_get("/metrics", views.metrics)
     return app
 
@@ -144,6 +155,8 @@ def build_app(
 class _Views:
     def __init__(self, service: PdService) -> None:
         self.service = service
+        self.registry = new_registry()
+        self.registry.register(FamiliesCollector(self._families))
 
     async def cluster(self, request: web.Request) -> web.Response:
         return web.json_response(self.service.cluster())
@@ -177,9 +190,30 @@ class _Views:
         status = self.service.raft.status()
         return web.json_response({"status": "ok", "role": status.role, "leader": status.leader})
 
+    async def readyz(self, request: web.Request) -> web.Response:
+        raft = self.service.raft
+        leader = raft.leader()
+        if leader is None:
+            problem = "this PD node knows no leader (no majority reachable, or an election)"
+        elif not raft.ready():
+            problem = "this PD node has not applied everything committed yet (catching up)"
+        else:
+            return web.json_response({"status": "ready", "role": raft.status().role,
+                                      "leader": leader})
+        response = error_response(503, "UNAVAILABLE", problem)
+        response.headers["Retry-After"] = "1"
+        return response
+
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.service.metrics.render(self._gauges()),
-                            content_type="text/plain", charset="utf-8")
+        return metrics_response(self.registry)
+
+    def _families(self) -> list[Family]:
+        raft = self.service.raft
+        return self.service.metrics.families(self._gauges(), [
+            counter_family("estream_pd_raft_proposals_total",
+                           "Commands proposed by this node.", raft.proposals),
+            histogram_family(COMMIT_SECONDS, COMMIT_HELP, raft.commit_seconds),
+        ])
 
     def _gauges(self) -> dict[str, tuple[str, float]]:
         status = self.service.raft.status()
@@ -196,15 +230,29 @@ class _Views:
             "estream_pd_raft_commit_index": ("Raft commit index.", status.commit_index),
             "estream_pd_raft_last_applied": ("Last applied Raft index.", status.last_applied),
             "estream_pd_raft_log_entries": ("Entries in the Raft journal.", status.log_entries),
-            "estream_pd_raft_proposals_total": ("Commands proposed by this node.",
-                                                self.service.raft.proposals),
             "estream_pd_raft_commit_seconds_p50": ("Median commit latency (recent).", p50),
             "estream_pd_streams": ("Streams in the catalog.", len(view.streams)),
             "estream_pd_ranges": ("Ranges in the catalog.", view.range_count()),
             "estream_pd_rangeservers": ("Registered range servers.", len(servers)),
             "estream_pd_rangeservers_live": ("Range servers alive (per this node).",
                                              sum(1 for s in servers if s.alive)),
+            "estream_pd_raft_has_leader": ("1 while this node knows a leader.",
+                                           float(status.leader is not None)),
+            "estream_pd_ready": ("1 while /readyz answers 200 (a leader known, caught up).",
+                                 float(status.leader is not None and self.service.raft.ready())),
+            "estream_pd_ranges_under_replicated": (
+                "Ranges kept on range servers with fewer live replicas than the stream's "
+                "replica count (per this node's liveness view).",
+                under_replicated(view, {s.id for s in servers if s.alive})),
         }
+
+
+def under_replicated(view: CatalogView, alive: Collection[str]) -> int:
+    """Ranges of the local tier with fewer live replicas than their stream asks for. Pure."""
+    return sum(
+        1 for stream in view.streams.values() for rng in stream.ranges
+        if getattr(rng, "tier", "local") == "local"
+        and sum(1 for r in rng.replicas if r.id in alive) < stream.replicas)
 
 
 def _parse_create(raw: bytes) -> dict[str, Any]:

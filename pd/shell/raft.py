@@ -52,6 +52,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from estream.wire.errors import ChecksumMismatch, EstreamError, Overloaded, Timeout, Unavailable
 from pd.catalog import Catalog, CatalogView, Result
 from pd.commands import Command, decode_command, encode_command
+from pd.metrics import Histogram
 from pd.shell.journal import ChecksummedJournal, decode_checked, encode_checked
 
 log = logging.getLogger(__name__)
@@ -272,6 +273,7 @@ class RaftNode:
         self._ready = False
         self.proposals = 0
         self.commit_latency_ms: list[float] = []  # recent commit latencies (bounded)
+        self.commit_seconds = Histogram()  # every commit latency (the /metrics histogram)
 
     def start(self) -> None:
         """Open the journal and start pysyncobj's thread (call from the event-loop thread)."""
@@ -384,6 +386,7 @@ class RaftNode:
 
     def _record_latency(self, ms: float) -> None:
         self.commit_latency_ms.append(ms)
+        self.commit_seconds.observe(ms / 1000)
         if len(self.commit_latency_ms) > 4096:
             del self.commit_latency_ms[:2048]
 

@@ -184,16 +184,20 @@ def test_healthz_and_metrics(cluster: PdCluster, url: str) -> None:
     assert status == 200 and isinstance(text, str)
     metrics = {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1] for line in text.splitlines()
                if line and not line.startswith("#")}
-    assert metrics["estream_pd_raft_role"] == "0"
-    assert int(metrics["estream_pd_raft_commit_index"]) > 0
-    assert int(metrics["estream_pd_streams"]) >= 1
-    assert metrics["estream_pd_rangeservers_live"] == "3"
+    assert float(metrics["estream_pd_raft_role"]) == 0
+    assert float(metrics["estream_pd_raft_commit_index"]) > 0
+    assert float(metrics["estream_pd_streams"]) >= 1
+    assert float(metrics["estream_pd_rangeservers_live"]) == 3
+    assert float(metrics["estream_pd_ready"]) == 1
     assert any(k.startswith('estream_pd_requests_total{api="http",op="POST /v1/streams"')
                for k in metrics)
-    assert all(k.startswith("estream_") for k in metrics)
+    assert all(k.startswith(("estream_", "process_", "python_")) for k in metrics)
     leader_url = cluster.http_urls[cluster.leader()]
     _, text = call(leader_url, "/metrics")
-    assert "estream_pd_raft_role 2" in text
+    assert "estream_pd_raft_role 2.0" in text
+    assert float(text.split("estream_pd_raft_commit_seconds_count ")[1].split()[0]) >= 1
+    status, body = call(url, "/readyz", spec_path="/readyz")
+    assert status == 200 and body["status"] == "ready" and body["leader"]
 
 
 def test_openapi_document(url: str) -> None:
@@ -202,7 +206,8 @@ def test_openapi_document(url: str) -> None:
     assert set(doc["paths"]) == {"/v1/cluster", "/v1/streams", "/v1/streams/{name}",
                                  "/v1/rangeservers", "/v1/rangeservers/{id}",
                                  "/v1/rangeservers/{id}/drain", "/v1/rangeservers/{id}/forget",
-                                 "/v1/ranges", "/ui", "/v1/openapi.json", "/healthz", "/metrics"}
+                                 "/v1/ranges", "/ui", "/v1/openapi.json", "/healthz", "/readyz",
+                                 "/metrics"}
     jsonschema = pytest.importorskip("jsonschema")
     for name, schema in doc["components"]["schemas"].items():
         jsonschema.Draft202012Validator.check_schema(schema), name

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from estream.server.metrics import FamiliesCollector, exposition, new_registry
 from estream.wire.errors import Conflict
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd import liveness
@@ -330,9 +331,11 @@ def test_repair_counters_render_as_prometheus_counters() -> None:
     m.count("estream_repairs_total", "Repairs.", outcome="done")
     m.count("estream_repairs_total", "Repairs.", outcome="failed")
     m.count("estream_repair_bytes_total", "Bytes.", 123)
-    text = m.render({})
-    assert 'estream_repairs_total{outcome="done"} 2' in text
-    assert 'estream_repairs_total{outcome="failed"} 1' in text
+    registry = new_registry()
+    registry.register(FamiliesCollector(m.families))
+    text = exposition(registry).decode()
+    assert 'estream_repairs_total{outcome="done"} 2.0' in text
+    assert 'estream_repairs_total{outcome="failed"} 1.0' in text
     assert "# TYPE estream_repairs_total counter" in text
-    assert "estream_repair_bytes_total 123" in text
+    assert "estream_repair_bytes_total 123.0" in text
     assert m.counter("estream_repairs_total", outcome="done") == 2
