@@ -15,7 +15,11 @@ Rules it keeps:
   epoch they expect (compare-and-set: :class:`Conflict` if it moved);
 - only the last range is open; range ``i+1`` is created by sealing range ``i`` and starts
   at its end; a sealed range's end never changes (:class:`RangeSealed`);
-- the start offset only grows (trim).
+- the start offset only grows (trim);
+- named cursors (``commit_cursor``) belong to an existing stream, have valid names and
+  non-negative offsets (``pd/retention.py``), and go with their stream's delete;
+- a range's statistics (``record_range_stats``) are recorded only while it is sealed at
+  the end the command names (else :class:`Conflict`).
 
 Retries after an unknown outcome are absorbed: a ``create_stream`` with the same request
 id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an offset
@@ -27,7 +31,8 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -47,6 +52,7 @@ from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo
 from estream.wire.protocol import parse_address
 from pd.commands import (
     Command,
+    CommitCursor,
     CommitObject,
     CreateStream,
     DeleteStream,
@@ -54,12 +60,14 @@ from pd.commands import (
     DrainServer,
     DropLocalReplicas,
     OpenWriter,
+    RecordRangeStats,
     RegisterPdNode,
     RegisterServer,
     SealRange,
     TrimStream,
     UpdateReplicas,
 )
+from pd.retention import check_cursor, check_retention, cursors_per_stream_max
 
 replicas_max: Final = 5
 stream_name_chars_max: Final = 200
@@ -94,6 +102,8 @@ class CatalogView:
     version: int
     open_ranges: MappingProxyType[str, int]  # server id -> open ranges it holds
     next_stream_id: int = 1  # every id below it was given to a stream (maybe deleted since)
+    cursors: Mapping[str, Mapping[str, int]] = field(  # stream -> cursor -> offset
+        default_factory=lambda: MappingProxyType({}), kw_only=True)
     draining: frozenset[str] = frozenset()  # servers being drained (pd/drain.py)
 
     def stream(self, name: str) -> StreamMeta:
@@ -116,6 +126,7 @@ class Catalog:
     def __init__(self) -> None:
         self._streams: dict[str, StreamMeta] = {}
         self._request_ids: dict[str, str] = {}
+        self._cursors: dict[str, dict[str, int]] = {}  # copy-on-write per stream (views)
         self._servers: dict[str, ServerInfo] = {}
         self._pd_nodes: dict[str, PdNode] = {}
         self._next_stream_id = 1
@@ -125,6 +136,9 @@ class Catalog:
 
     # -- reading -------------------------------------------------------------------
     def view(self) -> CatalogView:
+        return replace(self._view(), cursors=MappingProxyType(dict(self._cursors)))
+
+    def _view(self) -> CatalogView:
         return CatalogView(
             MappingProxyType(dict(self._streams)),
             MappingProxyType(dict(self._servers)),
@@ -214,6 +228,8 @@ class Catalog:
             epoch=0,
             start_offset=0,
             ranges=(RangeMeta(0, 0, None, refs),),
+            retention_ms=cmd.retention_ms or None,
+            retention_bytes=cmd.retention_bytes or None,
         )
         self._next_stream_id += 1
         self._put(cmd.name, stream)
@@ -225,6 +241,7 @@ class Catalog:
         _check_epoch(self.stream(cmd.name), cmd.expected_epoch)
         self._put(cmd.name, None)
         self._request_ids.pop(cmd.name, None)
+        self._cursors.pop(cmd.name, None)
 
     def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
         current = self.stream(cmd.name)
@@ -275,6 +292,32 @@ class Catalog:
         last = stream.ranges[-1]
         kept = tuple(r for r in stream.ranges[:-1] if r.end is None or r.end > cmd.start_offset)
         stream = replace(stream, start_offset=cmd.start_offset, ranges=kept + (last,))
+        self._put(cmd.name, stream)
+        return stream
+
+    def _commit_cursor(self, cmd: CommitCursor) -> StreamMeta:
+        stream = self.stream(cmd.name)
+        check_cursor(cmd.cursor, cmd.offset)
+        current = self._cursors.get(cmd.name, {})
+        if cmd.cursor not in current and len(current) >= cursors_per_stream_max:
+            raise InvalidArgument(
+                f"stream {cmd.name!r} has {len(current)} cursors, the most it may have",
+                argument="cursor")
+        self._cursors[cmd.name] = {**current, cmd.cursor: cmd.offset}
+        return stream
+
+    def _record_range_stats(self, cmd: RecordRangeStats) -> StreamMeta:
+        stream = self.stream(cmd.name)
+        target = _find_range(stream, cmd.range_index)
+        if target.end != cmd.end:
+            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is not sealed at "
+                           f"{cmd.end}")
+        if cmd.size_bytes < 0:
+            raise InvalidArgument("size_bytes must be >= 0", argument="size_bytes")
+        recorded = replace(target, min_timestamp=cmd.min_timestamp,
+                           max_timestamp=cmd.max_timestamp, size_bytes=cmd.size_bytes)
+        ranges = tuple(recorded if r is target else r for r in stream.ranges)
+        stream = replace(stream, ranges=ranges)
         self._put(cmd.name, stream)
         return stream
 
@@ -392,6 +435,7 @@ class Catalog:
             "next_stream_id": self._next_stream_id,
             "streams": [s.to_dict() for s in self._streams.values()],
             "request_ids": self._request_ids,
+            "cursors": self._cursors,
             "servers": [
                 {"id": s.id, "address": s.address, "storage_class": s.storage_class}
                 for s in self._servers.values()
@@ -419,6 +463,8 @@ class Catalog:
                 stream = StreamMeta.from_dict(d)
                 catalog._put(stream.name, stream)
             catalog._request_ids = {str(k): str(v) for k, v in body["request_ids"].items()}
+            catalog._cursors = {str(s): {str(c): int(o) for c, o in cs.items()}
+                                for s, cs in body.get("cursors", {}).items()}
             for d in body["servers"]:
                 catalog._servers[d["id"]] = ServerInfo(d["id"], d["address"], d["storage_class"])
             for d in body["pd_nodes"]:
@@ -457,6 +503,7 @@ def check_stream_args(cmd: CreateStream) -> None:
     bad = [h for h in cmd.hints if h not in STORAGE_CLASSES]
     if bad:
         raise InvalidArgument(f"unknown storage hints {bad}", argument="hints")
+    check_retention(cmd.retention_ms or None, cmd.retention_bytes or None)
 
 
 def _check_epoch(stream: StreamMeta, expected: int) -> None:
@@ -487,6 +534,8 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     OpenWriter: Catalog._open_writer,
     SealRange: Catalog._seal_range,
     TrimStream: Catalog._trim_stream,
+    CommitCursor: Catalog._commit_cursor,
+    RecordRangeStats: Catalog._record_range_stats,
     UpdateReplicas: Catalog._update_replicas,
     CommitObject: Catalog._commit_object,
     DropLocalReplicas: Catalog._drop_local_replicas,

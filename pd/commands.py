@@ -62,6 +62,8 @@ class CreateStream:
     placement: tuple[str, ...]
     request_id: str = ""
     system: bool = False
+    retention_ms: int = 0  # 0: no limit (pd/retention.py)
+    retention_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,32 @@ class DropLocalReplicas:
     object_key: str
 
 
+@dataclass(frozen=True, slots=True)
+class CommitCursor:
+    """A consumer's named position in a stream: the next offset it will read. The
+    proposer checked that ``offset`` is not past the stream's readable end."""
+
+    kind: ClassVar[str] = "commit_cursor"
+    name: str
+    cursor: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRangeStats:
+    """A sealed range's record statistics, read from a replica's time index after the
+    seal (``pd/shell/retainer.py``); applied only while the range is still sealed at
+    ``end``."""
+
+    kind: ClassVar[str] = "record_range_stats"
+    name: str
+    range_index: int
+    end: int
+    min_timestamp: int
+    max_timestamp: int
+    size_bytes: int
+
+
 Command = (
     RegisterServer
     | RegisterPdNode
@@ -175,6 +203,8 @@ Command = (
     | OpenWriter
     | SealRange
     | TrimStream
+    | CommitCursor
+    | RecordRangeStats
     | UpdateReplicas
     | CommitObject
     | DropLocalReplicas
@@ -194,6 +224,8 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
         OpenWriter,
         SealRange,
         TrimStream,
+        CommitCursor,
+        RecordRangeStats,
         UpdateReplicas,
         DrainServer,
         DrainForget,

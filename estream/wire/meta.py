@@ -9,12 +9,17 @@ The placement driver keeps these in its catalog; the SDK receives them in PD res
                  "replicas": [{"id", "address"}], "tier": "local"|"object",
                  "object_key" (None until the range's object is committed)}]}
 
+A sealed range may also carry ``"min_timestamp"``, ``"max_timestamp"`` and
+``"size_bytes"`` (recorded by the PD leader after its seal, from a replica's time index:
+``pd/shell/retainer.py``), and a stream ``"retention_ms"``/``"retention_bytes"`` (only
+when set: ``pd/retention.py``).
+
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from estream.wire.errors import InvalidArgument
@@ -51,6 +56,12 @@ class RangeMeta:
     start: int
     end: int | None
     replicas: tuple[ReplicaRef, ...]
+    # A sealed range's record statistics, recorded after its seal (None until then):
+    # the running-maximum timestamp (lookups by time skip ranges below it), the smallest
+    # first-record timestamp of its batches (informational), its batches' bytes.
+    min_timestamp: int | None = field(default=None, kw_only=True)
+    max_timestamp: int | None = field(default=None, kw_only=True)
+    size_bytes: int | None = field(default=None, kw_only=True)
     tier: str = "local"
     object_key: str | None = None
 
@@ -65,8 +76,15 @@ class RangeMeta:
     def contains(self, offset: int) -> bool:
         return self.start <= offset and (self.end is None or offset < self.end)
 
+    def stats_dict(self) -> dict[str, Any]:
+        """The recorded statistics (empty until recorded)."""
+        if self.max_timestamp is None and self.size_bytes is None:
+            return {}
+        return {"min_timestamp": self.min_timestamp, "max_timestamp": self.max_timestamp,
+                "size_bytes": self.size_bytes}
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return self.stats_dict() | {
             "index": self.index,
             "start": self.start,
             "end": self.end,
@@ -78,6 +96,15 @@ class RangeMeta:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RangeMeta:
+        base = cls._from_dict(d)
+        if all(d.get(k) is None for k in _RANGE_STATS):
+            return base
+        return replace(base, min_timestamp=_opt_int(d.get("min_timestamp")),
+                       max_timestamp=_opt_int(d.get("max_timestamp")),
+                       size_bytes=_opt_int(d.get("size_bytes")))
+
+    @classmethod
+    def _from_dict(cls, d: dict[str, Any]) -> RangeMeta:
         index = int(d["index"])  # first: a non-map fails here with TypeError
         key = d.get("object_key")
         return cls(
@@ -103,6 +130,8 @@ class StreamMeta:
     epoch: int = 0
     start_offset: int = 0
     ranges: tuple[RangeMeta, ...] = field(default_factory=tuple)
+    retention_ms: int | None = None  # pd/retention.py; None: no limit
+    retention_bytes: int | None = None
 
     @property
     def last_range(self) -> RangeMeta | None:
@@ -136,7 +165,8 @@ class StreamMeta:
             "epoch": self.epoch,
             "start_offset": self.start_offset,
             "ranges": [r.to_dict() for r in self.ranges],
-        }
+        } | {k: v for k, v in (("retention_ms", self.retention_ms),
+                               ("retention_bytes", self.retention_bytes)) if v is not None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StreamMeta:
@@ -151,9 +181,18 @@ class StreamMeta:
                 epoch=int(d.get("epoch", 0)),
                 start_offset=int(d.get("start_offset", 0)),
                 ranges=tuple(RangeMeta.from_dict(r) for r in d.get("ranges", ())),
+                retention_ms=_opt_int(d.get("retention_ms")),
+                retention_bytes=_opt_int(d.get("retention_bytes")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None
+
+
+_RANGE_STATS = ("min_timestamp", "max_timestamp", "size_bytes")
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _str_tuple(value: Any) -> tuple[str, ...]:

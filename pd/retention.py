@@ -1,0 +1,140 @@
+"""Retention and cursors: which whole ranges a stream's limits let PD trim, cursor names
+and lags.
+
+A stream may have ``retention_ms`` (records older than this, by their timestamps, go)
+and ``retention_bytes`` (the stream keeps about this many bytes). The PD leader's
+retainer (``pd/shell/retainer.py``) asks :func:`plan_trim` every round and proposes one
+``trim_stream`` command with the answer; the reclaimer then drops the trimmed ranges'
+replicas. Rules, in order, for the stream's ranges from its first:
+
+1. Only **sealed** ranges are trimmed, whole: the open last range never is, and a sealed
+   range's end is at or below the confirmed end (a trim never hides an acknowledged
+   record that is not past the limit).
+2. A range is **past the limit** when ``retention_ms`` is set and its ``max_timestamp``
+   (recorded in the catalog after its seal) is below ``now_ms - retention_ms``, or when
+   ``retention_bytes`` is set and the ranges after it (sealed ones with a recorded size)
+   still hold at least ``retention_bytes`` (Kafka's rule: the stream never drops below
+   the limit). A range whose statistics are not recorded yet is not past any limit.
+3. Trimming stops at the first range not past the limit: only a prefix goes.
+4. **Cursors hold**: a range whose end is above the lowest committed cursor offset holds
+   records that cursor's consumer has not read; it is kept (and every later one), and
+   counted as ``held`` (the ``estream_retention_held_ranges`` gauge), never trimmed
+   silently. Why hold rather than trim: a named cursor is a consumer's durable position
+   (BookKeeper's managed-ledger cursors, Pulsar's subscriptions keep their backlog too);
+   an operator who wants the space moves or deletes the cursor's consumer on purpose.
+
+Pure: no I/O, no clock (the caller passes ``now_ms``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from estream.wire.errors import InvalidArgument
+from estream.wire.meta import StreamMeta
+
+cursor_name_chars_max: Final = 200
+cursors_per_stream_max: Final = 1000
+_CURSOR_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def check_cursor(cursor: str, offset: int) -> None:
+    """Raise :class:`InvalidArgument` for a bad cursor name or a negative offset.
+
+    >>> check_cursor("billing-1", 0)
+    """
+    if len(cursor) > cursor_name_chars_max or not _CURSOR_RE.fullmatch(cursor):
+        raise InvalidArgument(
+            f"bad cursor name {cursor[:40]!r}{'...' if len(cursor) > 40 else ''}: cursor "
+            f"name letters, digits, '.', '_', '-' (not starting with '.' or '-'), at most "
+            f"{cursor_name_chars_max} characters", argument="cursor")
+    if offset < 0:
+        raise InvalidArgument(f"cursor offset {offset} is negative", argument="offset")
+
+
+def check_retention(retention_ms: int | None, retention_bytes: int | None) -> None:
+    """Both limits are None (none) or positive."""
+    for name, value in (("retention_ms", retention_ms), ("retention_bytes", retention_bytes)):
+        if value is not None and (isinstance(value, bool) or value <= 0):
+            raise InvalidArgument(f"{name} must be a positive integer (or absent)",
+                                  argument=name)
+
+
+@dataclass(frozen=True, slots=True)
+class TrimPlan:
+    """``start_offset``: the stream's new start (None: trim nothing); ``trimmed``: how many
+    ranges go; ``held``: ranges past the limit kept because a cursor is in or before them."""
+
+    start_offset: int | None
+    trimmed: int
+    held: int
+
+
+def plan_trim(stream: StreamMeta, cursors: Mapping[str, int], now_ms: int) -> TrimPlan:
+    """What the stream's retention trims now (module docstring).
+
+    >>> from estream.wire.meta import RangeMeta
+    >>> r = [RangeMeta(0, 0, 10, (), max_timestamp=100, size_bytes=50),
+    ...      RangeMeta(1, 10, 20, (), max_timestamp=200, size_bytes=50),
+    ...      RangeMeta(2, 20, None, ())]
+    >>> s = StreamMeta(1, "s", ranges=tuple(r), retention_ms=1000)
+    >>> plan_trim(s, {}, now_ms=1150)
+    TrimPlan(start_offset=10, trimmed=1, held=0)
+    >>> plan_trim(s, {"c": 5}, now_ms=1150)
+    TrimPlan(start_offset=None, trimmed=0, held=1)
+    >>> plan_trim(s, {"c": 10}, now_ms=5000)
+    TrimPlan(start_offset=10, trimmed=1, held=1)
+    """
+    if stream.retention_ms is None and stream.retention_bytes is None:
+        return TrimPlan(None, 0, 0)
+    sealed = [r for r in stream.ranges if r.sealed]
+    after = sum(r.size_bytes or 0 for r in sealed)  # recorded bytes from this range on
+    lowest = min(cursors.values(), default=None)
+    start: int | None = None
+    trimmed = held = 0
+    for rng in sealed:
+        after -= rng.size_bytes or 0
+        by_time = (stream.retention_ms is not None and rng.max_timestamp is not None
+                   and rng.max_timestamp < now_ms - stream.retention_ms)
+        by_bytes = (stream.retention_bytes is not None and rng.size_bytes is not None
+                    and after >= stream.retention_bytes)
+        if not (by_time or by_bytes):
+            break
+        assert rng.end is not None
+        if held or (lowest is not None and rng.end > lowest):
+            held += 1
+            continue
+        start, trimmed = rng.end, trimmed + 1
+    if start is not None and start <= stream.start_offset:
+        start = None
+    return TrimPlan(start, trimmed if start is not None else 0, held)
+
+
+def cursor_lags(end: int, cursors: Mapping[str, int]) -> dict[str, int]:
+    """Each cursor's lag: the stream's readable end minus its offset (0 at or past it).
+
+    >>> cursor_lags(100, {"a": 40, "b": 100})
+    {'a': 60, 'b': 0}
+    """
+    return {name: max(0, end - offset) for name, offset in sorted(cursors.items())}
+
+
+def render_lags(lags: Mapping[tuple[str, str], int], held: Mapping[str, int]) -> str:
+    """Prometheus text of ``estream_cursor_lag{stream,cursor}`` and
+    ``estream_retention_held_ranges{stream}`` ('' when there is nothing to show)."""
+    lines: list[str] = []
+    if lags:
+        lines += ["# HELP estream_cursor_lag Records between a named cursor and its "
+                  "stream's readable end (PD leader).", "# TYPE estream_cursor_lag gauge"]
+        for (stream, cursor), lag in sorted(lags.items()):
+            lines.append(f'estream_cursor_lag{{stream="{stream}",cursor="{cursor}"}} {lag}')
+    if held:
+        lines += ["# HELP estream_retention_held_ranges Ranges past their stream's retention "
+                  "limit kept because a cursor has not read them (PD leader).",
+                  "# TYPE estream_retention_held_ranges gauge"]
+        for stream, count in sorted(held.items()):
+            lines.append(f'estream_retention_held_ranges{{stream="{stream}"}} {count}')
+    return "\n".join(lines) + "\n" if lines else ""

@@ -1,0 +1,149 @@
+"""Retention plans (pd/retention.py), cursors and range statistics in the catalog
+(pd/catalog.py): every rule of the module docstrings, and snapshots keeping them."""
+
+from __future__ import annotations
+
+import pytest
+
+from estream.wire.errors import Conflict, InvalidArgument, StreamNotFound
+from estream.wire.meta import RangeMeta, StreamMeta
+from pd.catalog import Catalog
+from pd.commands import (
+    CommitCursor,
+    CreateStream,
+    DeleteStream,
+    OpenWriter,
+    RecordRangeStats,
+    RegisterServer,
+    SealRange,
+    decode_command,
+    encode_command,
+)
+from pd.retention import TrimPlan, check_cursor, check_retention, cursor_lags, plan_trim
+
+SERVERS = ("a", "b", "c")
+
+
+def ranges(*sealed: tuple[int | None, int | None], open_end: bool = True) -> tuple[RangeMeta, ...]:
+    """Sealed ranges of 10 offsets each with (max_timestamp, size_bytes), then an open one."""
+    out = [RangeMeta(i, i * 10, i * 10 + 10, (), max_timestamp=ts, size_bytes=size)
+           for i, (ts, size) in enumerate(sealed)]
+    if open_end:
+        out.append(RangeMeta(len(sealed), len(sealed) * 10, None, ()))
+    return tuple(out)
+
+
+def stream(rs: tuple[RangeMeta, ...], **kw: int | None) -> StreamMeta:
+    return StreamMeta(1, "s", ranges=rs, **kw)  # type: ignore[arg-type]
+
+
+def test_no_limit_trims_nothing() -> None:
+    assert plan_trim(stream(ranges((1, 1))), {}, 10**9) == TrimPlan(None, 0, 0)
+
+
+def test_time_limit_trims_a_prefix_of_sealed_ranges_only() -> None:
+    s = stream(ranges((100, 5), (300, 5), (200, 5), (900, 5)), retention_ms=500)
+    # now 1000: ranges with max < 500 are past the limit; range 3 (900) stops the trim
+    assert plan_trim(s, {}, 1000) == TrimPlan(30, 3, 0)
+    # a range in the middle not past the limit stops the prefix
+    s = stream(ranges((100, 5), (700, 5), (200, 5)), retention_ms=500)
+    assert plan_trim(s, {}, 1000) == TrimPlan(10, 1, 0)
+    # the open range is never trimmed, however old
+    s = stream(ranges((100, 5)), retention_ms=1)
+    assert plan_trim(s, {}, 10**9).start_offset == 10
+
+
+def test_unknown_statistics_are_not_past_any_limit() -> None:
+    s = stream(ranges((None, None), (100, 5)), retention_ms=1, retention_bytes=1)
+    assert plan_trim(s, {}, 10**9) == TrimPlan(None, 0, 0)
+
+
+def test_bytes_limit_keeps_at_least_the_limit() -> None:
+    s = stream(ranges((0, 100), (0, 100), (0, 100), (0, 100)), retention_bytes=250)
+    # dropping range 0 leaves 300 >= 250; dropping range 1 would leave 200 < 250
+    assert plan_trim(s, {}, 0) == TrimPlan(10, 1, 0)
+    s = stream(ranges((0, 100), (0, 100), (0, 100), (0, 100)), retention_bytes=100)
+    assert plan_trim(s, {}, 0) == TrimPlan(30, 3, 0)
+
+
+def test_cursors_hold_ranges_they_have_not_read() -> None:
+    s = stream(ranges((1, 5), (1, 5), (1, 5)), retention_ms=10)
+    assert plan_trim(s, {"slow": 15, "fast": 30}, 1000) == TrimPlan(10, 1, 2)
+    assert plan_trim(s, {"slow": 0}, 1000) == TrimPlan(None, 0, 3)
+    assert plan_trim(s, {"done": 30}, 1000) == TrimPlan(30, 3, 0)
+
+
+def test_nothing_below_the_current_start() -> None:
+    s = replace_start(stream(ranges((1, 5), (1, 5)), retention_ms=10), 20)
+    assert plan_trim(s, {}, 1000).start_offset is None
+
+
+def replace_start(s: StreamMeta, start: int) -> StreamMeta:
+    from dataclasses import replace
+    return replace(s, start_offset=start)
+
+
+def test_checks_and_lags() -> None:
+    check_cursor("a.b_c-1", 0)
+    for bad in ("", ".x", "-x", "a b", "x" * 201):
+        with pytest.raises(InvalidArgument):
+            check_cursor(bad, 0)
+    with pytest.raises(InvalidArgument):
+        check_cursor("ok", -1)
+    check_retention(None, None)
+    for bad_ms, bad_bytes in ((0, None), (None, -5), (-1, 1)):
+        with pytest.raises(InvalidArgument):
+            check_retention(bad_ms, bad_bytes)
+    assert cursor_lags(50, {"b": 60, "a": 10}) == {"a": 40, "b": 0}
+
+
+def catalog_with_stream(**retention: int) -> Catalog:
+    catalog = Catalog()
+    for s in SERVERS:
+        catalog.apply(RegisterServer(s, f"127.0.0.1:{7000 + ord(s)}", "ssd"))
+    catalog.apply(CreateStream("s", 3, 2, "", (), SERVERS, **retention))
+    return catalog
+
+
+def test_catalog_keeps_retention_cursors_and_stats_through_snapshots() -> None:
+    catalog = catalog_with_stream(retention_ms=60_000, retention_bytes=1 << 30)
+    meta = catalog.stream("s")
+    assert (meta.retention_ms, meta.retention_bytes) == (60_000, 1 << 30)
+    assert meta.to_dict()["retention_ms"] == 60_000
+    catalog.apply(OpenWriter("s"))
+    catalog.apply(SealRange("s", 1, 0, 40, SERVERS))
+    catalog.apply(CommitCursor("s", "billing", 12))
+    catalog.apply(CommitCursor("s", "billing", 30))  # moves (also backwards: a rewind)
+    catalog.apply(RecordRangeStats("s", 0, 40, 5, 99, 4096))
+    rng = catalog.stream("s").ranges[0]
+    assert (rng.min_timestamp, rng.max_timestamp, rng.size_bytes) == (5, 99, 4096)
+    assert rng.to_dict()["max_timestamp"] == 99
+    assert RangeMeta.from_dict(rng.to_dict()) == rng
+    assert catalog.view().cursors["s"] == {"billing": 30}
+    restored = Catalog.restore(catalog.snapshot())
+    assert restored.view().cursors == catalog.view().cursors
+    assert restored.stream("s") == catalog.stream("s")
+    catalog.apply(DeleteStream("s"))
+    assert "s" not in catalog.view().cursors
+
+
+def test_catalog_refusals_change_nothing() -> None:
+    catalog = catalog_with_stream()
+    before = catalog.snapshot()
+    with pytest.raises(StreamNotFound):
+        catalog.apply(CommitCursor("nope", "c", 1))
+    with pytest.raises(InvalidArgument):
+        catalog.apply(CommitCursor("s", "c", -1))
+    with pytest.raises(InvalidArgument):
+        catalog.apply(CommitCursor("s", "x" * 201, 1))
+    with pytest.raises(Conflict):  # range 0 is open
+        catalog.apply(RecordRangeStats("s", 0, 10, 1, 2, 3))
+    with pytest.raises(InvalidArgument):
+        catalog.apply(CreateStream("t", 3, 2, "", (), SERVERS, retention_ms=-5))
+    assert catalog.snapshot() == before
+
+
+def test_new_commands_round_trip_the_codec() -> None:
+    for command in (CommitCursor("s", "c", 7), RecordRangeStats("s", 1, 9, -3, 4, 5),
+                    CreateStream("s", 3, 2, "", (), SERVERS, retention_ms=5)):
+        assert decode_command(encode_command(command)) == command
