@@ -29,11 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import estream  # noqa: E402
-from estream.devcluster.cluster import Cluster, start_cluster  # noqa: E402
+import estream
+from estream.devcluster.cluster import Cluster, start_cluster
 
 RECORD = b"x" * 1024
 PHASE_TIMEOUT_S = 120.0

@@ -35,16 +35,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import aiohttp
+import uvloop
 
-import aiohttp  # noqa: E402
-import uvloop  # noqa: E402
-
-from estream.devcluster.pd import PdCluster, start_pd_cluster  # noqa: E402
-from estream.devcluster.process import ManagedProcess, free_port  # noqa: E402
-from estream.net.pdclient import PDClient  # noqa: E402
-from rangeserver.shell.heartbeat import heartbeat_loop  # noqa: E402
+from estream.devcluster.pd import PdCluster, start_pd_cluster
+from estream.devcluster.process import ManagedProcess, free_port
+from estream.net.pdclient import PDClient
+from rangeserver.shell.heartbeat import heartbeat_loop
 
 Op = Callable[[int], Awaitable[Any]]
 

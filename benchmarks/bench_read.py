@@ -23,18 +23,14 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import estream  # noqa: E402
-from estream.devcluster.cluster import start_cluster  # noqa: E402
+import estream
+from estream.devcluster.cluster import start_cluster
 
 PHASE_TIMEOUT_S = 120.0
 STREAM = "bench-read"

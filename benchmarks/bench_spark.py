@@ -24,18 +24,15 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from estream.spark.options import ARROW_ROWS_DEFAULT  # noqa: E402
-from estream.spark.planning import PARTITION_RECORDS_DEFAULT  # noqa: E402
-from tests.integration.conftest_spark import new_spark, start_cluster  # noqa: E402
+from estream.devcluster.spark import new_spark
+from estream.devcluster.upcluster import UpCluster
+from estream.spark.options import ARROW_ROWS_DEFAULT
+from estream.spark.planning import PARTITION_RECORDS_DEFAULT
 
 QUERY_TIMEOUT_S = 300
 PARQUET_FILES = 4
@@ -201,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pd = args.pd
         if pd is None:
-            cluster, pd = start_cluster(work / "data")
+            cluster = UpCluster(work / "data", work / "estream-up.log").start()
+            pd = cluster.pd
         results = measure(pd, args, work)
     finally:
         if cluster is not None:

@@ -61,7 +61,7 @@ async def _profile_one(run: Run, drv: Any, cluster: Any, out: Path, mode: str) -
         await drv.fill(log, min(run.scale.read_count, PROFILE_READ_RECORDS), KIB,
                        run.scale.fill_s)
     replica = (await pe.open_range_replicas(drv.client, log[0]))[0]
-    targets = {"client": os.getpid(), "rangeserver": cluster.range_servers[replica].pid}
+    targets = {"client": os.getpid(), "rangeserver": cluster.server(replica).process.pid}
     paths = {who: out / f"profile-{mode}-{who}.svg" for who in targets}
     raws = {who: out / f"profile-{mode}-{who}.txt" for who in targets}
     spies = [py_spy(pid, paths[who], PROFILE_S, "flamegraph") for who, pid in targets.items()]

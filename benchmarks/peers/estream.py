@@ -1,5 +1,6 @@
 """estream itself, measured like a peer: 3 PD nodes and 3 range servers on 127.0.0.1
-(started with the test harness, so each range server can be killed by PID), driven through
+(started by the one launcher, :mod:`estream.devcluster`, so each range server can be killed
+or hung by PID), driven through
 the public SDK (``estream.connect``, ``Client.open_writer``, ``Writer.append``,
 ``Client.read``) and, for placement-driver commits, :class:`estream.net.pdclient.PDClient`.
 
@@ -14,15 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import signal
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.load import payload
-from estream.devcluster.process import ManagedProcess
+from estream.devcluster.cluster import Cluster, start_cluster
 
 RANGE_SERVERS = 3
 READY_TIMEOUT_S = 60.0
@@ -42,54 +41,26 @@ def sdk_missing() -> str:
     return ""
 
 
-@dataclass
-class EstreamCluster:
-    pd: str
-    range_servers: dict[str, ManagedProcess] = field(default_factory=dict)  # address -> proc
-
-    def kill9(self, address: str) -> None:
-        self.range_servers[address].kill9()
-
-    def pause(self, address: str) -> None:
-        """Hang the range server (SIGSTOP): it keeps its sockets and answers nothing."""
-        self.range_servers[address].signal(signal.SIGSTOP)
-
-    def resume(self, address: str) -> None:
-        self.range_servers[address].signal(signal.SIGCONT)
-
-
 @contextlib.contextmanager
-def estream_cluster(work: Path, range_servers: int = RANGE_SERVERS
-                    ) -> Iterator[EstreamCluster]:
-    """Start 3 PD nodes and ``range_servers`` range servers; stop every process by PID on
-    exit."""
-    from estream.devcluster.pd import start_pd_cluster
-    from estream.devcluster.rangeserver import start_rangeserver
-
-    pd = start_pd_cluster(work / "estream-pd", 3)
-    cluster = EstreamCluster(pd.rpc_addresses)
-    try:
-        for j in range(range_servers):
-            process, address = start_rangeserver(work / "estream-rs" / f"rs{j}", pd=cluster.pd)
-            cluster.range_servers[address] = process
+def estream_cluster(work: Path, range_servers: int = RANGE_SERVERS) -> Iterator[Cluster]:
+    """3 PD nodes and ``range_servers`` range servers from the one launcher
+    (:func:`~estream.devcluster.cluster.start_cluster`: ``pd_addresses``, ``kill9``,
+    ``pause`` (SIGSTOP), ``resume``); every process stopped by PID on exit."""
+    with start_cluster(work, pd_nodes=3, range_servers=range_servers) as cluster:
         yield cluster
-    finally:
-        for process in cluster.range_servers.values():
-            process.stop()
-        pd.stop()
 
 
 @contextlib.asynccontextmanager
-async def connect(cluster: EstreamCluster) -> AsyncIterator[Any]:
+async def connect(cluster: Cluster) -> AsyncIterator[Any]:
     """An SDK client, once every range server is registered and alive."""
     import estream
 
-    client = await estream.connect(cluster.pd, timeout_s=10.0)
+    client = await estream.connect(cluster.pd_addresses, timeout_s=10.0)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             servers = await client.list_servers()
-            if sum(1 for s in servers if s.alive) >= len(cluster.range_servers):
+            if sum(1 for s in servers if s.alive) >= len(cluster.servers):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"range servers not all alive: {servers}")

@@ -1,6 +1,6 @@
 """Start a peer's server processes on 127.0.0.1 and always stop them by PID.
 
-Reuses the test harness's :class:`~estream.devcluster.process.ManagedProcess` (log file,
+Uses the one launcher's :class:`~estream.devcluster.process.ManagedProcess` (log file,
 wait for the port, SIGTERM then SIGKILL by PID). :class:`ProcessGroup` stops every process
 it started, in reverse order, from ``__exit__`` (so from a ``with`` block's ``finally``).
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from estream.devcluster.process import ManagedProcess, free_port
+from estream.devcluster.process import ManagedProcess, free_port, stop_processes
 
 __all__ = ["ProcessGroup", "free_port", "find_binary"]
 
@@ -46,8 +46,7 @@ class ProcessGroup:
         return process
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop(timeout_s=10.0)
+        stop_processes(reversed(self.processes), timeout_s=10.0)
 
     def __enter__(self) -> ProcessGroup:
         return self

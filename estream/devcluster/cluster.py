@@ -19,7 +19,8 @@ then all restarted on the same dirs), ``kill_pd_leader`` / ``restart_pd``. And w
 the cluster holds: ``describe`` (PD's view of a stream), ``replica_entries`` /
 ``sealed_replicas`` (what each replica serves, by direct READs).
 
-Every process is stopped by PID in ``stop()``; call it from a fixture finalizer.
+Every process is stopped by PID in ``stop()`` (or on leaving ``with start_cluster(...) as
+cluster:``); call it from a fixture finalizer.
 
 Side effects: processes, files under the test's tmp dir, loopback sockets, proxy threads.
 """
@@ -30,15 +31,14 @@ import asyncio
 import random
 import shutil
 import signal
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from estream.devcluster.faultproxy import FaultProxy
-from estream.devcluster.pd import PdCluster, http_json, start_pd_cluster
-from estream.devcluster.process import ManagedProcess, free_port
+from estream.devcluster.pd import PdCluster, alive_rangeservers, http_json, start_pd_cluster
+from estream.devcluster.process import ManagedProcess, free_port, poll_until, stop_processes
 from estream.devcluster.rangeserver import start_rangeserver
 from estream.devcluster.walfiles import flip_byte
 from estream.net.rpc import RpcClient
@@ -198,10 +198,7 @@ class Cluster:
         the same dirs and addresses (a whole-cluster crash: a power cut)."""
         processes = [s.process for s in self.servers if s.process is not None]
         processes += [n.process for n in self.pd.nodes if n.process is not None]
-        for process in processes:
-            process.signal(signal.SIGKILL)
-        for process in processes:
-            process.stop()
+        stop_processes(processes, sig=signal.SIGKILL)
         self.restart_all()
 
     def restart_all(self) -> None:
@@ -237,34 +234,27 @@ class Cluster:
         return self.pd.nodes[self.pd.leader()].url
 
     def alive_servers(self) -> list[dict[str, Any]]:
-        for url in self.pd.http_urls:
-            try:
-                status, body = http_json(url + "/v1/rangeservers", timeout_s=2.0)
-            except OSError:
-                continue
-            if status == 200 and isinstance(body, dict):
-                return [s for s in body.get("rangeservers", []) if s.get("alive")]
-        return []
+        return alive_rangeservers(self.pd.http_urls)
 
     def wait_servers(self, count: int, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if len(self.alive_servers()) >= count:
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"PD did not list {count} live range servers: {self.alive_servers()}")
+        try:
+            poll_until(lambda: True if len(self.alive_servers()) >= count else None,
+                       timeout_s, f"{count} live range servers in PD", interval_s=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {self.alive_servers()}") from None
 
     def wait_servers_alive(self, timeout_s: float = 20.0) -> None:
         """Until PD lists every running range server alive, by its current id and address."""
         want = {(s.server_id, s.address) for s in self.servers if s.alive()}
-        deadline = time.monotonic() + timeout_s
-        alive: set[tuple[str, str]] = set()
-        while time.monotonic() < deadline:
-            alive = {(s["id"], s["address"]) for s in self.alive_servers()}
-            if want <= alive:
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"range servers {sorted(want - alive)} not alive in PD")
+
+        def missing() -> set[tuple[str, str]]:
+            return want - {(s["id"], s["address"]) for s in self.alive_servers()}
+
+        try:
+            poll_until(lambda: True if not missing() else None, timeout_s,
+                       "every running range server alive in PD", interval_s=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {sorted(missing())} missing") from None
 
     # -- what the cluster holds ------------------------------------------------------------
     def describe(self, name: str) -> dict[str, Any]:
@@ -327,12 +317,18 @@ class Cluster:
         return found
 
     def stop(self) -> None:
-        for server in self.servers:
-            server.stop()
+        """Stop every process by PID (range servers together, then PD) and every proxy."""
+        stop_processes(s.process for s in self.servers if s.process is not None)
         for server in self.servers:
             if server.proxy is not None:
                 server.proxy.close()
         self.pd.stop()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def start_cluster(

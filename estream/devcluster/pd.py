@@ -8,18 +8,15 @@ each serves and a leader is elected, and returns a :class:`PdCluster` to find th
 from __future__ import annotations
 
 import json
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from estream.devcluster.process import ManagedProcess, free_port
-
-PD_COMMAND = [sys.executable, "-m", "estream.cli.main", "pd"]
+from estream.devcluster.cmdline import estream_argv, pd_args
+from estream.devcluster.process import ManagedProcess, free_port, poll_until, stop_processes
 
 
 @dataclass
@@ -35,13 +32,16 @@ class PdNodeProcess:
     log_path: Path
     process: ManagedProcess | None = None
 
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
     def args(self) -> list[str]:
-        return [*PD_COMMAND, "--id", self.id, "--listen", self.rpc, "--raft", self.raft,
-                "--peers", ",".join(self.peers), "--http", self.http,
-                "--data-dir", str(self.data_dir)]
+        return estream_argv("pd", pd_args(self.id, self.rpc, self.raft, self.peers, self.http,
+                                          self.data_dir, self.extra_args))
 
     def start(self) -> None:
-        self.process = ManagedProcess(self.args(), self.log_path).start()
+        self.process = ManagedProcess(self.args(), self.log_path, self.env,
+                                      name=f"pd{self.id}").start()
 
     def wait_serving(self, timeout_s: float = 20.0) -> None:
         assert self.process is not None
@@ -72,6 +72,29 @@ def http_json(url: str, method: str = "GET", body: Any = None, *,
     return status, json.loads(text) if "json" in ctype else text
 
 
+def node_ready(url: str) -> bool:
+    """Whether the PD node at admin ``url`` names a leader and every node's address."""
+    try:
+        status, body = http_json(url + "/v1/cluster", timeout_s=1.0)
+    except OSError:
+        return False
+    return status == 200 and isinstance(body, dict) and bool(body.get("leader")) and bool(
+        body["leader"].get("address")) and all(n.get("address") for n in body["nodes"])
+
+
+def alive_rangeservers(urls: Sequence[str]) -> list[dict[str, Any]]:
+    """The range servers PD lists alive, from the first admin URL that answers ([] if
+    none does)."""
+    for url in urls:
+        try:
+            status, body = http_json(url + "/v1/rangeservers", timeout_s=2.0)
+        except OSError:
+            continue
+        if status == 200 and isinstance(body, dict):
+            return [s for s in body.get("rangeservers", []) if s.get("alive")]
+    return []
+
+
 class PdCluster:
     """A running PD cluster of real processes."""
 
@@ -97,30 +120,22 @@ class PdCluster:
 
     def leader(self, timeout_s: float = 15.0) -> int:
         """The index of the node that reports itself leader (waits for an election)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def single_leader() -> int | None:
             leaders = [i for i in range(len(self.nodes)) if self.role(i) == "leader"]
-            if len(leaders) == 1:
-                return leaders[0]
-            time.sleep(0.1)
-        raise TimeoutError(f"no single leader within {timeout_s}s: "
-                           f"{[self.role(i) for i in range(len(self.nodes))]}")
+            return leaders[0] if len(leaders) == 1 else None
+
+        try:
+            return poll_until(single_leader, timeout_s, "a single PD leader", interval_s=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {[self.role(i) for i in range(len(self.nodes))]}") \
+                from None
 
     def wait_ready(self, timeout_s: float = 15.0) -> None:
         """Wait until every live node names every node (ids and addresses) and a leader."""
-        deadline = time.monotonic() + timeout_s
-        for node in self.nodes:
-            while node.alive():
-                try:
-                    status, body = http_json(node.url + "/v1/cluster", timeout_s=1.0)
-                except OSError:
-                    status, body = 0, {}
-                if status == 200 and body.get("leader") and body["leader"].get("address") \
-                        and all(n.get("address") for n in body["nodes"]):
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"PD node {node.id} not ready: {body}")
-                time.sleep(0.1)
+        def ready() -> bool | None:
+            return True if all(node_ready(n.url) for n in self.nodes if n.alive()) else None
+
+        poll_until(ready, timeout_s, "every PD node naming a leader", interval_s=0.1)
 
     def followers(self) -> list[int]:
         leader = self.leader()
@@ -138,15 +153,14 @@ class PdCluster:
         self.nodes[i].wait_serving()
 
     def stop(self) -> None:
-        for node in self.nodes:
-            if node.process is not None:
-                node.process.stop()
+        stop_processes(n.process for n in self.nodes if n.process is not None)
 
 
 def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
-                     hosts: Sequence[str] | None = None) -> PdCluster:
-    """Start ``n`` PD nodes (node ``i`` on ``hosts[i]`` if given, else all on ``host``) and
-    wait for a leader. The caller must ``stop()`` it."""
+                     hosts: Sequence[str] | None = None, *, extra_args: Sequence[str] = (),
+                     env: dict[str, str] | None = None) -> PdCluster:
+    """Start ``n`` PD nodes (node ``i`` on ``hosts[i]`` if given, else all on ``host``; each
+    with ``extra_args`` and ``env``) and wait for a leader. The caller must ``stop()`` it."""
     node_hosts = list(hosts) if hosts is not None else [host] * n
     ports = [(free_port(h), free_port(h), free_port(h)) for h in node_hosts]
     rafts = [f"{h}:{p[1]}" for h, p in zip(node_hosts, ports, strict=True)]
@@ -155,7 +169,8 @@ def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
             id=str(i + 1), rpc=f"{node_hosts[i]}:{p[0]}", raft=rafts[i],
             http=f"{node_hosts[i]}:{p[2]}",
             data_dir=tmp_path / f"pd{i + 1}", peers=[r for r in rafts if r != rafts[i]],
-            log_path=tmp_path / f"pd{i + 1}.log",
+            log_path=tmp_path / f"pd{i + 1}.log", extra_args=list(extra_args),
+            env=dict(env or {}),
         )
         for i, p in enumerate(ports)
     ]

@@ -1,9 +1,14 @@
-"""Start and always stop real estream processes in tests and benchmarks.
+"""Start and always stop real processes: the one way ``estream up``, the tests and the
+benchmarks run a child.
 
-:class:`ManagedProcess` runs a command (``estream rangeserver ...``, ``estream pd ...``)
-as a child with its output in a log file, waits until a TCP port answers, and is stopped
-by PID (SIGTERM, then SIGKILL) from a finalizer. :func:`free_port` picks a free port
-(never the same twice) on a loopback address. Traffic stays on 127.0.0.x.
+:class:`ManagedProcess` runs a command (built by :mod:`estream.devcluster.cmdline`) as a
+child with its output in a log file; readiness is waited for one way, :func:`poll_until`
+(a bounded poll), on which :meth:`ManagedProcess.wait_listening` (a TCP port answers) and
+:meth:`ManagedProcess.wait_log` (a line appears in its log) are built; it is stopped by
+PID: :func:`stop_processes` sends SIGTERM (or another signal) to a group of children at
+once, waits for them under one deadline and SIGKILLs the ones still running.
+:func:`free_port` picks a free port (never the same twice) on a loopback address. Traffic
+stays on 127.0.0.x.
 
 Children run in their own session (a test's Ctrl-C does not hit them), so a safety net
 reaps whatever a test did not stop: every child started here, or handed to
@@ -15,18 +20,27 @@ interrupt so that finalizers run).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import IO, Final, TypeVar
 
-ESTREAM = [sys.executable, "-m", "estream.cli.main"]
+from estream.devcluster.cmdline import ESTREAM
+
+__all__ = ["ESTREAM", "ManagedProcess", "free_port", "free_port_block", "poll_until",
+           "reap_all", "stop_processes", "track", "wait_for_port"]
+
+T = TypeVar("T")
+_SIGTERM: Final = signal.SIGTERM
+poll_interval_s: Final = 0.05
 
 _tracked: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -111,41 +125,111 @@ def _all_free(host: str, ports: Sequence[int]) -> bool:
     return True
 
 
-def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+def poll_until(check: Callable[[], T | None], timeout_s: float, what: str,
+               interval_s: float = poll_interval_s) -> T:
+    """Call ``check`` until it returns something other than None (returned) or until
+    ``timeout_s`` passes (TimeoutError naming ``what``). ``check`` may raise to give up
+    early (a child that exited). The one way to wait for readiness here."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
+        found = check()
+        if found is not None:
+            return found
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} not within {timeout_s:g}s")
+        time.sleep(interval_s)
+
+
+def _answers(host: str, port: int) -> bool | None:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return None
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    def check() -> bool | None:
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before listening")
+        return _answers(host, port)
+
+    poll_until(check, timeout_s, f"{host}:{port} open")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the parent dies (Linux prctl)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def stop_processes(processes: Iterable[ManagedProcess], timeout_s: float = 10.0, *,
+                   sig: int = signal.SIGTERM,
+                   on_kill: Callable[[ManagedProcess], None] | None = None) -> None:
+    """Stop children by PID: ``sig`` (after SIGCONT, so a paused one can act on it) to
+    each in the given order, then wait for all under one deadline; SIGKILL (after calling
+    ``on_kill``) each still running then; reap every one and close its log."""
+    started = [p for p in processes if p.proc is not None]
+    live = [p for p in started if p.alive()]
+    signals = (sig,) if sig == signal.SIGKILL else (signal.SIGCONT, sig)
+    for process in live:
+        for s in signals:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, s)
+    deadline = time.monotonic() + timeout_s
+    for process in live:
+        assert process.proc is not None
         try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"{host}:{port} did not open within {timeout_s}s")
+            process.proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            if on_kill is not None:
+                on_kill(process)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            process.proc.wait(timeout=10)
+    for process in started:
+        process.close_log()
 
 
 class ManagedProcess:
-    """A child process started by a test, always stopped by PID."""
+    """A child process (an estream server, ``estream up``, a peer's server), always
+    stopped by PID. ``start`` again after it exited restarts it (same command, same log)."""
 
-    def __init__(self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None):
+    def __init__(self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
+                 *, name: str = "", cwd: Path | None = None,
+                 die_with_parent: bool = False) -> None:
         self.args = list(args)
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
+        self.name = name or Path(self.args[0]).name
+        self.cwd = cwd
+        self.die_with_parent = die_with_parent  # only from a thread that outlives the child
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0  # time.monotonic() of the last start
+        self._log: IO[bytes] | None = None
 
     def start(self) -> ManagedProcess:
+        self.close_log()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log = log
         self.proc = track(subprocess.Popen(
-            self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self.env, cwd=self.cwd, start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
         ))
+        self.started_at = time.monotonic()
         return self
 
     @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """None while running (or never started), else its exit code."""
+        return None if self.proc is None else self.proc.poll()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -158,6 +242,32 @@ class ManagedProcess:
         except (RuntimeError, TimeoutError) as exc:
             raise RuntimeError(f"{exc}; log:\n{self.log_text()[-4000:]}") from None
 
+    def log_size(self) -> int:
+        """Where its log ends now (for :meth:`wait_log` ``since``)."""
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def wait_log(self, pattern: bytes, timeout_s: float = 20.0, since: int = 0) -> re.Match[bytes]:
+        """The first match of ``pattern`` in its log after byte ``since``, waiting for it
+        (RuntimeError with the log's tail if the child exits or the time passes first)."""
+        compiled = re.compile(pattern)
+
+        def check() -> re.Match[bytes] | None:
+            with open(self.log_path, "rb") as f:
+                f.seek(since)
+                found = compiled.search(f.read())
+            if found is None and not self.alive():
+                raise RuntimeError(f"exited with {self.returncode}")
+            return found
+
+        try:
+            return poll_until(check, timeout_s, f"{pattern!r} in {self.log_path.name}",
+                              interval_s=0.02)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{self.name}: {exc}; log:\n{self.log_text()[-4000:]}") from None
+
     def kill9(self) -> None:
         """Crash the process (SIGKILL) and reap it."""
         if self.alive():
@@ -169,23 +279,14 @@ class ManagedProcess:
         if self.alive():
             os.kill(self.pid, sig)
 
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGCONT)
-                os.kill(self.pid, signal.SIGTERM)
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-        if not self._log.closed:
+    def stop(self, timeout_s: float = 10.0, sig: int | None = None) -> int | None:
+        """``sig`` (SIGTERM), then SIGKILL after ``timeout_s``; returns the exit code."""
+        stop_processes([self], timeout_s, sig=_SIGTERM if sig is None else sig)
+        return self.returncode
+
+    def close_log(self) -> None:
+        if self._log is not None and not self._log.closed:
             self._log.close()
-        return self.proc.returncode
 
     def log_text(self) -> str:
         try:

@@ -9,11 +9,14 @@ range server ``j`` (0-based)::
     RS rpc     B + 30 + j   7130, 7131, 7132
 
 Data lives in ``DATA_DIR/pd-i`` and ``DATA_DIR/rs-j``, logs in ``DATA_DIR/logs``. The
-supervisor starts every child (``python -m estream.cli.main pd|rangeserver ...``), reports and
-restarts a child that dies (exponential backoff, reset once it has run for a while),
-prints readiness (every PD answers, a leader exists, every range server is registered and
-alive), forwards SIGINT/SIGTERM to all children and waits for them, escalating to SIGKILL
-after a timeout. Restarting on the same data dir keeps all data.
+supervisor starts every child through the one launcher (command lines from
+:mod:`estream.devcluster.cmdline`, each child a :class:`~estream.devcluster.process.
+ManagedProcess` that gets SIGTERM if the supervisor dies), reports and restarts a child
+that dies (exponential backoff, reset once it has run for a while), prints readiness
+(every PD answers, a leader exists, every range server is registered and alive), forwards
+SIGINT/SIGTERM to all children and waits for them
+(:func:`~estream.devcluster.process.stop_processes`: SIGKILL after a timeout).
+Restarting on the same data dir keeps all data.
 
 :func:`plan_cluster` and :func:`restart_delay_s` are pure; :class:`Supervisor` owns the
 side effects (child processes, signals, HTTP probes, the data-dir lock).
@@ -23,22 +26,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import fcntl
-import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from estream.devcluster.cmdline import estream_argv, pd_args, rangeserver_args
+from estream.devcluster.pd import alive_rangeservers, http_json
+from estream.devcluster.process import ManagedProcess, stop_processes
 from estream.server.config import one_line_errors, port_number, positive_int
 
 RAFT_OFFSET = 10
@@ -69,7 +71,7 @@ class ChildSpec:
     http: str | None = None
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "estream.cli.main", self.kind, *self.args]
+        return estream_argv(self.kind, self.args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +120,14 @@ def plan_cluster(
     pds = []
     for i in range(pd_nodes):
         http = f"{host}:{base_port + HTTP_OFFSET + i}"
-        peers = ",".join(r for k, r in enumerate(raft) if k != i)
-        args = ["--id", str(i), "--listen", rpc[i], "--raft", raft[i]]
-        args += ["--peers", peers]  # "" for a one-node PD
-        args += ["--http", http, "--data-dir", str(data_dir / f"pd-{i}")]
-        pds.append(ChildSpec(f"pd-{i}", "pd", tuple(args), rpc[i], http))
+        peers = [r for k, r in enumerate(raft) if k != i]  # none for a one-node PD
+        args = pd_args(str(i), rpc[i], raft[i], peers, http, data_dir / f"pd-{i}")
+        pds.append(ChildSpec(f"pd-{i}", "pd", args, rpc[i], http))
     servers = []
     for j in range(range_servers):
         address = f"{host}:{base_port + RS_OFFSET + j}"
-        args = ["--listen", address, "--pd", ",".join(rpc), "--data-dir", str(data_dir / f"rs-{j}")]
-        servers.append(ChildSpec(f"rs-{j}", "rangeserver", tuple(args), address))
+        args = rangeserver_args(address, data_dir / f"rs-{j}", ",".join(rpc))
+        servers.append(ChildSpec(f"rs-{j}", "rangeserver", args, address))
     return ClusterPlan(host, data_dir, tuple(pds), tuple(servers))
 
 
@@ -143,27 +143,20 @@ def restart_delay_s(failures: int) -> float:
 # --- readiness probe (HTTP to the PD admin API) ---------------------------------------------
 
 
-def _get_json(url: str, timeout_s: float = 1.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - loopback
-        return json.loads(response.read().decode())
-
-
 def probe_ready(plan: ClusterPlan) -> str | None:
     """None when the cluster is ready, else what it still waits for (one phrase)."""
     leader: Any = None
     for child in plan.pd:
         try:
-            cluster = _get_json(f"http://{child.http}/v1/cluster")
+            status, cluster = http_json(f"http://{child.http}/v1/cluster", timeout_s=1.0)
         except (OSError, ValueError):
+            return f"{child.name} admin API"
+        if status != 200:
             return f"{child.name} admin API"
         leader = leader or (cluster.get("leader") if isinstance(cluster, dict) else None)
     if not leader or leader.get("id") is None:
         return "a PD leader"
-    try:
-        listing = _get_json(f"{plan.admin_urls[0]}/v1/rangeservers")
-    except (OSError, ValueError):
-        return "the range server list"
-    alive = {s.get("address") for s in listing.get("rangeservers", []) if s.get("alive")}
+    alive = {s.get("address") for s in alive_rangeservers(plan.admin_urls[:1])}
     missing = [c.name for c in plan.range_servers if c.address not in alive]
     return f"range servers {', '.join(missing)} to register" if missing else None
 
@@ -171,22 +164,12 @@ def probe_ready(plan: ClusterPlan) -> str | None:
 # --- the supervisor (side effects: processes, signals) --------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the supervisor dies (Linux prctl)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class Child:
     spec: ChildSpec
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
+    process: ManagedProcess
     failures: int = 0
     restart_at: float | None = None
-    log: IO[bytes] | None = field(default=None, repr=False)
 
 
 class Supervisor:
@@ -200,7 +183,11 @@ class Supervisor:
         out: Callable[[str], None] = print,
         stop_timeout_s: float = STOP_TIMEOUT_S,
     ) -> None:
-        self.children = [Child(spec, argv, log_dir / f"{spec.name}.log") for spec, argv in children]
+        self.children = [
+            Child(spec, ManagedProcess(argv, log_dir / f"{spec.name}.log", name=spec.name,
+                                       die_with_parent=True))
+            for spec, argv in children
+        ]
         self.out = out
         self.stop_timeout_s = stop_timeout_s
         self._stop = threading.Event()
@@ -214,20 +201,10 @@ class Supervisor:
         return self._stop.is_set()
 
     def pids(self) -> dict[str, int]:
-        return {c.spec.name: c.proc.pid for c in self.children if c.proc and c.proc.poll() is None}
+        return {c.spec.name: c.process.pid for c in self.children if c.process.alive()}
 
     def _start(self, child: Child) -> None:
-        if child.log is None or child.log.closed:
-            child.log = child.log_path.open("ab")
-        child.proc = subprocess.Popen(
-            child.argv,
-            stdout=child.log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads fork here
-        )
-        child.started_at = time.monotonic()
+        child.process.start()
         child.restart_at = None
 
     def start_all(self) -> None:
@@ -237,21 +214,20 @@ class Supervisor:
     def tick(self, now: float) -> None:
         """Notice dead children, schedule and carry out their restarts."""
         for child in self.children:
-            proc = child.proc
+            process = child.process
             if child.restart_at is not None:
                 if now >= child.restart_at:
                     self._start(child)
-                    assert child.proc is not None
-                    self.out(f"restarted {child.spec.name} (pid {child.proc.pid})")
+                    self.out(f"restarted {child.spec.name} (pid {process.pid})")
                 continue
-            if proc is None or proc.poll() is None:
+            if process.proc is None or process.alive():
                 continue
-            ran_s = now - child.started_at
+            ran_s = now - process.started_at
             child.failures = 1 if ran_s >= STABLE_RUN_S else child.failures + 1
             delay = restart_delay_s(child.failures)
             self.out(
-                f"{child.spec.name} (pid {proc.pid}) exited with code {proc.returncode} "
-                f"after {ran_s:.1f}s; restarting in {delay:.1f}s (log: {child.log_path})"
+                f"{child.spec.name} (pid {process.pid}) exited with code {process.returncode} "
+                f"after {ran_s:.1f}s; restarting in {delay:.1f}s (log: {process.log_path})"
             )
             child.restart_at = now + delay
 
@@ -267,24 +243,11 @@ class Supervisor:
 
     def stop_all(self) -> None:
         """SIGTERM every child, wait, SIGKILL those still alive after the timeout; reap."""
-        live = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
-        for child in reversed(live):  # range servers first, then PD
-            assert child.proc is not None
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout_s
-        for child in live:
-            assert child.proc is not None
-            try:
-                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                self.out(f"{child.spec.name} did not stop in {self.stop_timeout_s:.0f}s: SIGKILL")
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.kill()
-                child.proc.wait(timeout=10)
-        for child in self.children:
-            if child.log is not None:
-                child.log.close()
+        def report(process: ManagedProcess) -> None:
+            self.out(f"{process.name} did not stop in {self.stop_timeout_s:.0f}s: SIGKILL")
+
+        stop_processes(reversed([c.process for c in self.children]),  # range servers first
+                       self.stop_timeout_s, on_kill=report)
 
 
 # --- the command ----------------------------------------------------------------------------

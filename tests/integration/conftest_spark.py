@@ -2,86 +2,35 @@
 
 Not a ``conftest.py`` (Spark is optional): test modules import what they use and wrap
 :func:`cluster_pd` and :func:`spark_session` in module-scoped fixtures, so one estream
-cluster (``estream up``) and one ``local[2]`` Spark session serve the whole module; both
-are stopped in their finalizers.
+cluster (``estream up``, :class:`~estream.devcluster.upcluster.UpCluster`) and one
+``local[2]`` Spark session (:func:`~estream.devcluster.spark.new_spark`) serve the whole
+module; both are stopped in their finalizers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from estream.devcluster.process import ESTREAM, ManagedProcess, free_port_block
+from estream.devcluster.spark import new_spark, spark_env
+from estream.devcluster.upcluster import UpCluster
 
-CLUSTER_HOST = "127.0.0.1"
-READY_LINE = "estream cluster ready"
-READY_TIMEOUT_S = 60.0
-
-
-def spark_env() -> dict[str, str]:
-    """What PySpark needs here: workers on this interpreter, the driver on loopback."""
-    return {
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-
-
-def start_cluster(data_dir: Path) -> tuple[ManagedProcess, str]:
-    """``estream up`` (3 PD nodes, 3 range servers); returns the process and PD addresses."""
-    base = free_port_block(CLUSTER_HOST)
-    args = [*ESTREAM, "up", "--data-dir", str(data_dir), "--host", CLUSTER_HOST]
-    args += ["--base-port", str(base)]
-    process = ManagedProcess(args, data_dir.parent / "estream-up.log").start()
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if READY_LINE in process.log_text():
-            pd = ",".join(f"{CLUSTER_HOST}:{base + i}" for i in range(3))
-            return process, pd
-        if not process.alive():
-            break
-        time.sleep(0.2)
-    process.stop()
-    raise RuntimeError(f"estream up did not get ready; log:\n{process.log_text()[-4000:]}")
+__all__ = ["append", "cluster_pd", "create_stream", "new_spark", "read_all", "spark_env",
+           "spark_session", "trim"]
 
 
 def cluster_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """For a module-scoped fixture: PD addresses of a running 3+3 cluster, then stop it."""
-    process, pd = start_cluster(tmp_path_factory.mktemp("cluster") / "data")
+    tmp = tmp_path_factory.mktemp("cluster")
+    up = UpCluster(tmp / "data", tmp / "estream-up.log").start()
     try:
-        yield pd
+        yield up.pd
     finally:
-        process.stop()
-
-
-def new_spark(app: str = "estream-tests", conf: dict[str, str] | None = None) -> Any:
-    os.environ.update(spark_env())
-    from pyspark.sql import SparkSession
-
-    import estream.spark
-
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(app)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.session.timeZone", "UTC")
-    )
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    estream.spark.register(spark)
-    return spark
+        up.stop()
 
 
 def spark_session() -> Iterator[Any]:

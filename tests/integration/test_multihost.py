@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from estream.devcluster.process import ESTREAM, ManagedProcess
+from estream.devcluster.cmdline import estream_argv, pd_args, rangeserver_args
+from estream.devcluster.process import ManagedProcess
 
 pytestmark = pytest.mark.integration
 
@@ -78,16 +79,13 @@ class Hosts:
     def start(self) -> None:
         p = self.pd_port
         for i, host in enumerate(PD_HOSTS):
-            peers = ",".join(f"{h}:{p + 10}" for h in PD_HOSTS if h != host)
-            data = str(self.tmp / host / "pd")
-            args = [*ESTREAM, "pd", "--id", str(i), "--listen", f"{host}:{p}",
-                    "--raft", f"{host}:{p + 10}", "--peers", peers,
-                    "--http", f"{host}:{p + 20}", "--data-dir", data]  # fmt: skip
+            peers = [f"{h}:{p + 10}" for h in PD_HOSTS if h != host]
+            args = estream_argv("pd", pd_args(str(i), f"{host}:{p}", f"{host}:{p + 10}", peers,
+                                              f"{host}:{p + 20}", self.tmp / host / "pd"))
             self.pd[host] = ManagedProcess(args, self.tmp / host / "pd.log").start()
         for host in RS_HOSTS:
-            data = str(self.tmp / host / "rs")
-            args = [*ESTREAM, "rangeserver", "--listen", f"{host}:{self.rs_port}",
-                    "--pd", self.pd_addresses, "--data-dir", data]  # fmt: skip
+            args = estream_argv("rangeserver", rangeserver_args(
+                f"{host}:{self.rs_port}", self.tmp / host / "rs", self.pd_addresses))
             self.rs[host] = ManagedProcess(args, self.tmp / host / "rs.log").start()
         for host, proc in self.pd.items():
             proc.wait_listening(f"{host}:{p}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from estream.devcluster.pd import PdCluster, http_json, start_pd_cluster
-from estream.devcluster.process import ESTREAM, ManagedProcess, free_port
+from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.pdclient import PDClient
 from estream.wire.errors import Fenced, StreamExists, StreamNotFound, Unavailable
 from rangeserver.shell.heartbeat import heartbeat_loop
@@ -195,12 +195,8 @@ async def test_a_single_node_refuses_writes(cluster: PdCluster) -> None:
 
 async def test_a_real_range_server_registers_and_heartbeats(
         cluster: PdCluster, tmp_path: Path) -> None:
-    address = f"127.0.0.1:{free_port()}"
-    rs = ManagedProcess([*ESTREAM, "rangeserver", "--listen", address, "--pd",
-                         cluster.rpc_addresses, "--data-dir", str(tmp_path / "rs")],
-                        tmp_path / "rs.log").start()
+    rs, address = start_rangeserver(tmp_path / "rs", pd=cluster.rpc_addresses)
     try:
-        rs.wait_listening(address)
         deadline = time.monotonic() + 15
         seen: list[dict[str, object]] = []
         while time.monotonic() < deadline:

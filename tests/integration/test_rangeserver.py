@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from estream.devcluster.process import ESTREAM, ManagedProcess
+from estream.devcluster.cmdline import estream_argv, rangeserver_args
+from estream.devcluster.process import ManagedProcess
 from estream.devcluster.rangeserver import start_rangeserver
 from estream.devcluster.walfiles import flip_byte, tear, valid_end
 from estream.net.rpc import RpcClient
@@ -519,7 +520,7 @@ def test_a_damaged_server_id_stops_the_server_with_one_line(
     assert len(kept) == 32
     id_file.write_bytes(content)
     done = subprocess.run(
-        [*ESTREAM, "rangeserver", "--listen", "127.0.0.1:0", "--data-dir", str(server.data_dir)],
+        estream_argv("rangeserver", rangeserver_args("127.0.0.1:0", server.data_dir)),
         capture_output=True, text=True, timeout=30,
     )
     assert done.returncode == 2, done.stderr
@@ -573,8 +574,8 @@ def test_a_bad_cpu_list_is_refused_with_one_line(
     tmp_path: Path, value: str, message: str
 ) -> None:
     done = subprocess.run(
-        [*ESTREAM, "rangeserver", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path),
-         "--cpus", value],
+        estream_argv("rangeserver", rangeserver_args("127.0.0.1:0", tmp_path,
+                                                     extra=["--cpus", value])),
         capture_output=True, text=True, timeout=30,
     )
     assert done.returncode == 2, done.stderr

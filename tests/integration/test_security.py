@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 import estream
-from estream.devcluster.pd import PD_COMMAND
-from estream.devcluster.process import ESTREAM, ManagedProcess, free_port
+from estream.devcluster.cmdline import ESTREAM, estream_argv, pd_args
+from estream.devcluster.process import ManagedProcess, free_port
 from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.pdclient import PDClient
 from estream.net.rpc import ConnectionPool, Header, RpcClient, RpcServer
@@ -254,9 +254,9 @@ def cluster(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secu
     processes: list[ManagedProcess] = []
     try:
         for i, (rpc, _, http) in enumerate(ports):
-            args = [*PD_COMMAND, "--id", str(i + 1), "--listen", f"{HOST}:{rpc}",
-                    "--raft", rafts[i], "--peers", ",".join(r for r in rafts if r != rafts[i]),
-                    "--http", f"{HOST}:{http}", "--data-dir", str(root / f"pd{i + 1}")]
+            args = estream_argv("pd", pd_args(
+                str(i + 1), f"{HOST}:{rpc}", rafts[i], [r for r in rafts if r != rafts[i]],
+                f"{HOST}:{http}", root / f"pd{i + 1}"))
             processes.append(ManagedProcess(args, root / f"pd{i + 1}.log", env=env).start())
         pd = ",".join(f"{HOST}:{p[0]}" for p in ports)
         http_urls = [f"https://{HOST}:{p[2]}" for p in ports]

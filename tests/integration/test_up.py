@@ -22,99 +22,24 @@ from pathlib import Path
 
 import pytest
 
-from estream.devcluster.process import free_port_block, track
-from estream.devcluster.up import plan_cluster, probe_ready
+from estream.devcluster import upcluster as devcluster
+from estream.devcluster.process import free_port_block
+from estream.devcluster.up import probe_ready
+from estream.devcluster.upcluster import pid_alive
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 READY_S_MAX = 30.0
-UP = [sys.executable, "-m", "estream.cli.main", "up"]
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-class UpCluster:
-    """`estream up` as a child process; its output in a file; always stopped by PID."""
+class UpCluster(devcluster.UpCluster):
+    """`estream up` as a child process (the one launcher's), driven through the CLI."""
 
     def __init__(
         self, data_dir: Path, base_port: int, log: Path, pd_nodes: int = 3, servers: int = 3
     ) -> None:
-        self.data_dir = data_dir
-        self.base_port = base_port
-        self.log = log
-        self.plan = plan_cluster(data_dir, pd_nodes, servers, "127.0.0.1", base_port)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ready_s = 0.0
-        self.seen_pids: set[int] = set()
-        self.leftover: list[int] = []
-
-    @property
-    def pd(self) -> str:
-        return self.plan.pd_addresses
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def start(self) -> UpCluster:
-        started = time.monotonic()
-        self.log.write_text("")
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [*UP, "--data-dir", str(self.data_dir), "--base-port", str(self.base_port),
-                 "--pd-nodes", str(len(self.plan.pd)),
-                 "--range-servers", str(len(self.plan.range_servers))],  # fmt: skip
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-            track(self.proc)
-        while "cluster ready" not in self.output():
-            assert self.proc.poll() is None, self.output()
-            assert time.monotonic() - started < READY_S_MAX + 5, self.output() + self.child_logs()
-            time.sleep(0.1)
-        self.ready_s = time.monotonic() - started
-        self.seen_pids |= set(self.child_pids().values())
-        return self
-
-    def child_pids(self) -> dict[str, int]:
-        """The latest PID of each child, from the supervisor's output."""
-        pids: dict[str, int] = {}
-        text = self.output()
-        for line in text.splitlines():
-            if line.startswith("pids: "):
-                for item in line[6:].split(", "):
-                    name, _, pid = item.partition("=")
-                    pids[name] = int(pid)
-        for name, pid in re.findall(r"restarted (\S+) \(pid (\d+)\)", text):
-            pids[name] = int(pid)
-        self.seen_pids |= set(pids.values())
-        return pids
-
-    def child_logs(self) -> str:
-        logs = sorted((self.data_dir / "logs").glob("*.log"))
-        return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in logs)
-
-    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 25.0) -> int | None:
-        if self.proc is None:
-            return None
-        self.child_pids()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.leftover = sorted(pid for pid in self.seen_pids if pid_alive(pid))
-        for pid in self.leftover:  # never leave a child behind, even if the test failed
-            os.kill(pid, signal.SIGKILL)
-        return self.proc.returncode
+        super().__init__(data_dir, log, base_port=base_port, pd_nodes=pd_nodes,
+                         range_servers=servers, cwd=ROOT)  # fmt: skip
 
     def cli(
         self, *args: str, stdin: str = "", check: bool = True

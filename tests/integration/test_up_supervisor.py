@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from estream.devcluster.up import ChildSpec, Supervisor
+from estream.devcluster.upcluster import pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +27,6 @@ STUBBORN = [
     "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "print('ready', flush=True)\nfor _ in range(600): time.sleep(0.1)",
 ]
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def wait_until(predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
@@ -73,7 +66,7 @@ def test_child_killed_with_sigkill_is_reported_and_restarted(supervisor: Supervi
     os.kill(first, signal.SIGKILL)
     assert wait_until(lambda: supervisor.pids().get("a", first) != first, 10.0)
     assert any("a (pid" in m and "exited with code -9" in m for m in supervisor.messages)  # type: ignore[attr-defined]
-    assert pid_gone(first)
+    assert not pid_alive(first)
     assert set(supervisor.pids()) == {"a", "b", "c"}
 
 
@@ -95,6 +88,6 @@ def test_stop_terminates_every_child_escalating_to_sigkill(tmp_path: Path) -> No
     thread.join(timeout=15)
     assert not thread.is_alive()
     assert time.monotonic() - started < 8.0
-    assert all(pid_gone(pid) for pid in pids.values())
+    assert not any(pid_alive(pid) for pid in pids.values())
     assert any("c did not stop" in m and "SIGKILL" in m for m in messages)
     assert sup.pids() == {}
