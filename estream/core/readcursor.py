@@ -64,8 +64,16 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from estream.wire.errors import EstreamError, OffsetOutOfRange, RangeNotFound, Unavailable
+from estream.wire import limits
+from estream.wire.errors import (
+    EstreamError,
+    MalformedObject,
+    OffsetOutOfRange,
+    RangeNotFound,
+    Unavailable,
+)
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.objectformat import ObjectFooter, ObjectIndex
 
 follow_wait_ms: Final = 1_000  # one long poll at the range server
 unheld_poll_pause_ms: Final = 50  # pause when a follow poll came back at once and empty
@@ -74,6 +82,8 @@ follow_rounds_max: Final = 60  # a tailing reader waits out a roll or a restart 
 retry_pause_ms_step: Final = 50  # pause after the n-th failed round: n times this...
 retry_pause_ms_max: Final = 500  # ...at most this
 sealed_wait_ms: Final = 20  # replicas sealed, PD not yet: wait before asking again
+object_read_bytes_max: Final = 4 * limits.read_bytes_max  # one ReadObject's batches, at most
+object_part_bytes_max: Final = limits.read_bytes_max  # one ranged GET of them (in parallel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +192,66 @@ def clip_end(rng: RangeMeta, end: int | None) -> int | None:
 
 def in_object_tier(rng: RangeMeta) -> bool:
     """Whether the catalog says ``rng`` is in the object store (sealed and committed)."""
-    return rng.end is not None and getattr(rng, "tier", "local") == "object"
+    return rng.end is not None and rng.tier == "object" and rng.object_key is not None
+
+
+# -- object reads --------------------------------------------------------------------------
+
+
+def check_footer(footer: ObjectFooter, stream_id: int, rng: RangeMeta) -> None:
+    """Raise :class:`MalformedObject` unless the object holds exactly what the catalog says
+    of ``rng``: its stream, its index, ``[start, end)`` (an object named by the catalog
+    but holding something else is never read).
+
+    >>> f = ObjectFooter(7, 2, 1, 10, 20, 99, 40, 0)
+    >>> check_footer(f, 7, RangeMeta(2, 10, 20, (), "object", "k"))
+    >>> check_footer(f, 7, RangeMeta(2, 10, 21, (), "object", "k"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    estream.wire.errors.MalformedObject: object 'k' holds ... [10, 20), the catalog says ...
+    """
+    held = (footer.stream_id, footer.range_index, footer.start_offset, footer.end_offset)
+    want = (stream_id, rng.index, rng.start, rng.end)
+    if held != want:
+        raise MalformedObject(
+            f"object {rng.object_key!r} holds stream {held[0]} range {held[1]} "
+            f"[{held[2]}, {held[3]}), the catalog says stream {want[0]} range {want[1]} "
+            f"[{want[2]}, {want[3]})",
+            key=rng.object_key,
+        )
+
+
+def object_spans(
+    index: ObjectIndex,
+    offset: int,
+    end: int,
+    bytes_max: int = object_read_bytes_max,
+    part_bytes_max: int = object_part_bytes_max,
+) -> list[tuple[int, int]]:
+    """The byte spans to GET (in parallel) for the batches holding ``[offset, end)``: from
+    the batch holding ``offset`` on, at most ``bytes_max`` bytes in all, each span at most
+    ``part_bytes_max`` and on batch boundaries, back to back (at least one batch, and one
+    batch per span, whatever its size). Raises :class:`MalformedObject` for an offset the
+    object does not hold.
+
+    Worked example: batches of 100 bytes at offsets 0, 10, 20, 30, 40 (10 records each),
+    ``[15, 45)`` with ``bytes_max`` 300 and ``part_bytes_max`` 200: the batches at 10, 20
+    and 30 (300 bytes; 40 would pass ``bytes_max``) in spans ``(100, 300), (300, 400)``.
+    """
+    first = index.entry_index(offset)
+    spans: list[tuple[int, int]] = []
+    total = 0
+    lo = hi = index.entries[first].position
+    for entry in index.entries[first:]:
+        if entry.base_offset >= end or (total and total + entry.length > bytes_max):
+            break
+        if hi > lo and hi - lo + entry.length > part_bytes_max:
+            spans.append((lo, hi))
+            lo = hi
+        hi = entry.position + entry.length
+        total += entry.length
+    spans.append((lo, hi))
+    return spans
 
 
 def trimmed(name: str, offset: int, start: int) -> OffsetOutOfRange:
@@ -351,7 +420,9 @@ __all__ = [
     "Sleep",
     "Step",
     "Steps",
+    "check_footer",
     "clip_end",
     "in_object_tier",
+    "object_spans",
     "replica_order",
 ]

@@ -15,10 +15,12 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from estream.core.rangewriter import WriterConfig
+from estream.net.objectstore import ObjectStore
 from estream.net.pdclient import PDClient
 from estream.net.rpc import ConnectionPool
 from estream.net.security import client_context
 from estream.sdk.reader import (
+    ObjectReads,
     read_stream,
     read_stream_batches,
     read_stream_views,
@@ -60,6 +62,7 @@ class Client:
         self._streams: dict[str, StreamMeta] = {}
         self._writers: list[Writer] = []
         self._closed = False
+        self._object_reads: ObjectReads | None = None  # once PD named an object store
 
     async def __aenter__(self) -> Client:
         return self
@@ -206,6 +209,18 @@ class Client:
 
     async def cluster(self) -> dict:  # type: ignore[type-arg]
         return await self.pd.cluster()
+
+    async def object_reads(self) -> ObjectReads | None:
+        """Reads from the object tier's store, the one PD's cluster answer names (asked
+        until it names one: a tier may be configured later); None without a tier.
+        Credentials for ``s3://`` come from this process's ``AWS_*`` variables."""
+        if self._object_reads is None:
+            named = (await self.pd.cluster()).get("object_store")
+            if isinstance(named, dict) and named.get("url"):
+                endpoint = named.get("endpoint")
+                store = ObjectStore.from_url(str(named["url"]), str(endpoint) if endpoint else None)
+                self._object_reads = ObjectReads(store)
+        return self._object_reads
 
     async def close(self) -> None:
         if self._closed:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
@@ -33,12 +34,21 @@ from estream.core.readcursor import (
     ReadObject,
     ReadReplica,
     Sleep,
+    check_footer,
+    object_spans,
     replica_order,
 )
-from estream.wire import limits
-from estream.wire.errors import EstreamError, ReplicaDamaged, Unavailable
+from estream.net.objectstore import ObjectStore
+from estream.net.rangeclient import RangeClient
+from estream.wire.errors import EstreamError, MalformedObject, ReplicaDamaged, Unavailable
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
-from estream.wire.protocol import Opcode
+from estream.wire.objectformat import (
+    FOOTER_BYTES,
+    ObjectIndex,
+    decode_footer,
+    decode_index,
+    decode_tail,
+)
 from estream.wire.record import (
     BatchColumns,
     BatchView,
@@ -51,6 +61,9 @@ from estream.wire.record import (
 
 if TYPE_CHECKING:
     from estream.sdk.client import Client
+
+object_tail_bytes: Final = 64 * 1024  # the first GET of an object: its footer and index
+index_entries_max: Final = 262_144  # cached index entries of all objects (~40 MB at most)
 
 
 def decode_answer(payload: bytes | memoryview, offset: int, end: int | None) -> list[Record]:
@@ -235,38 +248,117 @@ async def _read_replica(
     client: Client, step: ReadReplica, decoding: _Decoding[T]
 ) -> tuple[list[T], Answer]:
     """One READ of a replica (naming its server), decoded and verified."""
-    header = {
-        "stream_id": step.stream_id,
-        "range_index": step.range.index,
-        "offset": step.offset,
-        "max_bytes": limits.read_bytes_max,
-        "wait_ms": step.wait_ms,
-        "unconfirmed": step.unconfirmed,
-        "server_id": step.replica.id,
-    }
-    timeout_s = step.wait_ms / 1000 + limits.request_timeout_ms / 1000
     asked_s = time.monotonic()
-    body, payload = await client.pool.call(
-        step.replica.address, Opcode.READ, header, timeout_s=timeout_s
+    answer = await RangeClient(client.pool).read(
+        step.replica.address,
+        server_id=step.replica.id,
+        stream_id=step.stream_id,
+        range_index=step.range.index,
+        offset=step.offset,
+        wait_ms=step.wait_ms,
+        unconfirmed=step.unconfirmed,
     )
     elapsed_ms = round((time.monotonic() - asked_s) * 1000)
-    items = decoding.decode(payload, step.offset, step.end)
-    sealed = bool(body.get("sealed"))
-    answer = Answer(
+    items = decoding.decode(answer.payload, step.offset, step.end)
+    return items, Answer(
         count=len(items),
         next_offset=decoding.next_offset(items, step.offset),
-        sealed=sealed,
-        sealed_end=int(body["end"]) if sealed else None,
+        sealed=answer.sealed,
+        sealed_end=answer.end if answer.sealed else None,
         elapsed_ms=elapsed_ms,
     )
-    return items, answer
 
 
 async def _read_object(
     client: Client, step: ReadObject, decoding: _Decoding[T]
 ) -> tuple[list[T], Answer]:
-    """A range in the object tier, from the object store."""
-    raise Unavailable(f"range {step.range.index} is in the object tier: no object store client")
+    """A range in the object tier, from the object store (checksums verified as the
+    batches are decoded)."""
+    objects = await client.object_reads()
+    if objects is None:
+        raise Unavailable(f"range {step.range.index} is in the object tier, and PD names "
+                          "no object store")
+    payload = await objects.read(step.stream_id, step.range, step.offset, step.end)
+    try:
+        items = decoding.decode(payload, step.offset, step.end)
+    except EstreamError:
+        objects.forget(step.range)  # a damaged object: its index is read afresh next time
+        raise
+    return items, Answer(
+        count=len(items),
+        next_offset=decoding.next_offset(items, step.offset),
+        sealed=True,
+        sealed_end=step.range.end,
+    )
+
+
+class ObjectReads:
+    """Reads of sealed ranges from the object store: each object's footer and index read
+    once and kept (bounded: ``index_entries_max`` entries in all, least recently used
+    dropped first), then ranged GETs of just the batches a read needs, in parallel
+    (:func:`~estream.core.readcursor.object_spans`).
+
+    Every request has the store's deadline. An object that does not hold what the catalog
+    says (another stream, range or offsets) is :class:`MalformedObject`; a missing one is
+    :class:`ObjectStoreError` (``not_found``); a failing index or batch checksum is
+    :class:`ChecksumMismatch`. Any of them drops the cached index, and the read cursor
+    moves on to the range's replicas if it still has any."""
+
+    def __init__(self, store: ObjectStore, index_entries_max: int = index_entries_max) -> None:
+        self.store = store
+        self.index_entries_max = index_entries_max
+        self._indexes: OrderedDict[str, ObjectIndex] = OrderedDict()
+        self._entries = 0
+
+    async def read(self, stream_id: int, rng: RangeMeta, offset: int, end: int) -> bytes:
+        """Whole batches of ``rng`` from the one holding ``offset`` on, towards ``end``
+        (unverified: the caller decodes them, which verifies each checksum)."""
+        key = rng.object_key
+        if key is None:
+            raise MalformedObject(f"range {rng.index} has no object", key=None)
+        try:
+            index = await self.index(key)
+            check_footer(index.footer, stream_id, rng)
+            parts = await self.store.get_ranges(key, object_spans(index, offset, end))
+        except EstreamError:
+            self.forget(rng)
+            raise
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def index(self, key: str) -> ObjectIndex:
+        """The object's index: cached, else its tail (one GET after a HEAD for the size;
+        a second GET only for an index longer than the tail)."""
+        cached = self._indexes.get(key)
+        if cached is not None:
+            self._indexes.move_to_end(key)
+            return cached
+        size = await self.store.head(key)
+        if size < FOOTER_BYTES:
+            raise MalformedObject(f"object {key!r} is {size} bytes: no footer", key=key)
+        tail = await self.store.get_range(key, max(0, size - object_tail_bytes), size)
+        index = decode_tail(tail)
+        if index is None:
+            footer = decode_footer(tail)
+            body = await self.store.get_range(
+                key, footer.index_position, footer.index_position + footer.index_bytes
+            )
+            index = decode_index(body, footer)
+        if index.footer.object_bytes != size:
+            raise MalformedObject(f"object {key!r} is {size} bytes, its footer says "
+                                  f"{index.footer.object_bytes}", key=key)
+        self._remember(key, index)
+        return index
+
+    def forget(self, rng: RangeMeta) -> None:
+        if rng.object_key is not None and rng.object_key in self._indexes:
+            self._entries -= len(self._indexes.pop(rng.object_key).entries)
+
+    def _remember(self, key: str, index: ObjectIndex) -> None:
+        self._indexes[key] = index
+        self._entries += len(index.entries)
+        while self._entries > self.index_entries_max and len(self._indexes) > 1:
+            _, dropped = self._indexes.popitem(last=False)
+            self._entries -= len(dropped.entries)
 
 
 async def stream_end_offset(client: Client, name: str) -> int:
@@ -288,23 +380,19 @@ async def stream_end_offset(client: Client, name: str) -> int:
 
 
 async def _describe(client: Client, meta: StreamMeta, rng: RangeMeta, ref: ReplicaRef) -> int:
-    body, _ = await client.pool.call(
-        ref.address,
-        Opcode.DESCRIBE_RANGE,
-        {"stream_id": meta.id, "range_index": rng.index, "server_id": ref.id},
-        timeout_s=limits.request_timeout_ms / 1000,
+    state = await RangeClient(client.pool).describe_range(
+        ref.address, server_id=ref.id, stream_id=meta.id, range_index=rng.index
     )
-    if body.get("damaged"):
+    if state.damaged:
         raise ReplicaDamaged(f"replica {ref.id} is damaged", stream_id=meta.id,
                              range_index=rng.index)
-    if body.get("sealed") and body.get("sealed_end") is not None:
-        return int(body["sealed_end"])
-    confirm: Any = body.get("confirm", rng.start)
-    end: Any = body.get("end", confirm)
-    return min(int(confirm), int(end))
+    if state.sealed and state.sealed_end is not None:
+        return state.sealed_end
+    return min(state.confirm, state.end)
 
 
 __all__: Sequence[str] = [
+    "ObjectReads",
     "decode_answer",
     "decode_answer_columns",
     "decode_answer_views",

@@ -23,13 +23,17 @@ from estream.core.readcursor import (
     ReadReplica,
     Sleep,
     Step,
+    check_footer,
     clip_end,
+    object_spans,
     replica_order,
 )
 from estream.wire.errors import (
     ChecksumMismatch,
     EstreamError,
     MalformedBatch,
+    MalformedObject,
+    ObjectStoreError,
     OffsetOutOfRange,
     RangeNotFound,
     ReplicaDamaged,
@@ -38,6 +42,7 @@ from estream.wire.errors import (
     WrongServer,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.objectformat import IndexEntry, ObjectFooter, ObjectIndex
 
 A, B, C = ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2"), ReplicaRef("c", "h:3")
 ABC = (A, B, C)
@@ -57,6 +62,7 @@ class World:
     held: dict[tuple[str, int], int] = field(default_factory=dict)
     sealed: set[tuple[str, int]] = field(default_factory=set)
     errors: dict[str, list[EstreamError]] = field(default_factory=dict)
+    objects: dict[int, int] = field(default_factory=dict)  # range index -> object holds to
     elapsed_ms: int = 1_000
     on_step: Callable[[World, Step], None] | None = None
     described: int = 0
@@ -70,7 +76,12 @@ class World:
             return self.metas[self.described]
         if isinstance(step, Sleep | Deliver):
             return None
-        assert isinstance(step, ReadReplica)
+        if isinstance(step, ReadObject):
+            pending = self.errors.get("object")
+            if pending:
+                raise pending.pop(0)
+            top = min(self.objects[step.range.index], step.end)
+            return Answer(max(0, top - step.offset), max(top, step.offset), True, step.end)
         pending = self.errors.get(step.replica.id)
         if pending:
             raise pending.pop(0)
@@ -422,6 +433,137 @@ def test_a_local_range_never_asks_the_object_store() -> None:
     world = World([meta(SEALED0)], held={(r.id, 0): 10 for r in ABC})
     trace, _ = drive(ReadCursor("s"), world)
     assert not any(isinstance(s, ReadObject) for s in trace)
+
+
+TIERED0 = RangeMeta(0, 0, 10, ABC, "object", "k0")
+OFFLOADED0 = RangeMeta(0, 0, 10, (), "object", "k0")
+
+
+def test_a_range_in_the_object_tier_is_read_from_the_object_store() -> None:
+    world = World([meta(TIERED0, OPEN1)], held={(r.id, 1): 12 for r in ABC}, objects={0: 10})
+    trace, error = drive(ReadCursor("s", start=2, end=12), world)
+    assert error is None
+    assert delivered(trace) == [(2, 10), (10, 12)]
+    objects = [s for s in trace if isinstance(s, ReadObject)]
+    assert [(s.stream_id, s.range.index, s.offset, s.end) for s in objects] == [(7, 0, 2, 10)]
+    assert [s.range.index for s in trace if isinstance(s, ReadReplica)] == [1]
+
+
+def test_an_object_read_is_clipped_at_the_range_end_and_the_read_end() -> None:
+    world = World([meta(TIERED0)], objects={0: 10})
+    trace, _ = drive(ReadCursor("s", end=4), world)
+    assert [s.end for s in trace if isinstance(s, ReadObject)] == [4]
+    assert delivered(trace) == [(0, 4)]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ObjectStoreError("missing", key="k0", not_found=True), MalformedObject("bad", key="k0"),
+     ChecksumMismatch("flipped"), Timeout("slow")],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_failed_object_read_falls_back_to_replicas_still_listed(error: EstreamError) -> None:
+    world = World([meta(TIERED0)], held={(r.id, 0): 10 for r in ABC}, objects={0: 10},
+                  errors={"object": [error]})
+    trace, failed = drive(ReadCursor("s", end=10), world)
+    assert failed is None
+    assert delivered(trace) == [(0, 10)]
+    assert reads(trace) == ["a"]
+
+
+def test_an_object_with_nothing_at_the_offset_falls_back_to_replicas() -> None:
+    world = World([meta(TIERED0)], held={(r.id, 0): 10 for r in ABC}, objects={0: 0})
+    trace, failed = drive(ReadCursor("s", end=10), world)
+    assert failed is None and reads(trace) == ["a"]
+
+
+def test_an_offloaded_range_with_no_replica_retries_then_raises_the_object_error() -> None:
+    errors: dict[str, list[EstreamError]] = {
+        "object": [ObjectStoreError("down", key="k0", not_found=False)] * 9}
+    world = World([meta(OFFLOADED0)], objects={0: 10}, errors=errors)
+    trace, failed = drive(ReadCursor("s"), world)
+    assert isinstance(failed, ObjectStoreError)
+    assert sleeps(trace) == [50, 100, 150, 200]
+    assert reads(trace) == []
+
+
+def test_an_offloaded_range_reads_once_the_store_is_back() -> None:
+    errors: dict[str, list[EstreamError]] = {
+        "object": [ObjectStoreError("down", key="k0", not_found=False)] * 2}
+    world = World([meta(OFFLOADED0)], objects={0: 10}, errors=errors)
+    trace, failed = drive(ReadCursor("s"), world)
+    assert failed is None and delivered(trace) == [(0, 10)]
+
+
+def test_replicas_gone_from_a_stale_view_the_fresh_one_names_the_object() -> None:
+    world = World([meta(SEALED0), meta(OFFLOADED0)], objects={0: 10},
+                  errors={r.id: [WrongServer("wiped")] for r in ABC})
+    trace, failed = drive(ReadCursor("s", end=10), world)
+    assert failed is None
+    assert reads(trace) == ["a", "b", "c"]
+    assert delivered(trace) == [(0, 10)]
+    assert isinstance(trace[-2], ReadObject)
+
+
+def test_an_open_range_is_never_read_from_the_object_store() -> None:
+    rng = RangeMeta(0, 0, None, ABC, "object", "k0")  # not a catalog state; still no object
+    world = World([meta(rng)], held={(r.id, 0): 3 for r in ABC})
+    trace, _ = drive(ReadCursor("s"), world)
+    assert not any(isinstance(s, ReadObject) for s in trace)
+
+
+# -- object spans ---------------------------------------------------------------------------
+
+
+def index_of(*batches: tuple[int, int, int]) -> ObjectIndex:
+    """An object index of batches (base offset, count, bytes), back to back."""
+    entries, position = [], 0
+    for base, count, length in batches:
+        entries.append(IndexEntry(base, count, position, length, 0, 0))
+        position += length
+    first, last = batches[0], batches[-1]
+    footer = ObjectFooter(7, 0, len(batches), first[0], last[0] + last[1], position,
+                          40 * len(batches), 0)
+    return ObjectIndex(footer, tuple(entries))
+
+
+FIVE = index_of(*[(i * 10, 10, 100) for i in range(5)])
+
+
+def test_object_spans_worked_example() -> None:
+    assert object_spans(FIVE, 15, 45, bytes_max=300, part_bytes_max=200) == [(100, 300),
+                                                                              (300, 400)]
+
+
+def test_object_spans_stop_at_the_end_and_take_at_least_one_batch() -> None:
+    assert object_spans(FIVE, 0, 10, bytes_max=1_000, part_bytes_max=1_000) == [(0, 100)]
+    assert object_spans(FIVE, 0, 50, bytes_max=1, part_bytes_max=1) == [(0, 100)]
+    assert object_spans(FIVE, 0, 50, bytes_max=1_000, part_bytes_max=1) == [
+        (0, 100), (100, 200), (200, 300), (300, 400), (400, 500)]
+    assert object_spans(FIVE, 49, 50) == [(400, 500)]
+    with pytest.raises(MalformedObject):
+        object_spans(FIVE, 50, 60)
+
+
+def test_object_spans_cover_every_needed_batch_back_to_back() -> None:
+    index = index_of(*[(i * 3, 3, 10 + i) for i in range(40)])
+    for offset in range(0, 120, 7):
+        for end in range(offset + 1, 121, 11):
+            spans = object_spans(index, offset, end, bytes_max=100, part_bytes_max=30)
+            assert all(lo < hi for lo, hi in spans)
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+            first = index.entries[index.entry_index(offset)]
+            assert spans[0][0] == first.position
+            assert spans[-1][1] - spans[0][0] <= max(100, first.length)
+
+
+def test_check_footer_refuses_an_object_holding_something_else() -> None:
+    footer = FIVE.footer
+    check_footer(footer, 7, RangeMeta(0, 0, 50, (), "object", "k"))
+    for stream_id, rng in [(8, RangeMeta(0, 0, 50, ())), (7, RangeMeta(1, 0, 50, ())),
+                           (7, RangeMeta(0, 0, 49, ())), (7, RangeMeta(0, 1, 50, ()))]:
+        with pytest.raises(MalformedObject):
+            check_footer(footer, stream_id, rng)
 
 
 def test_config_bounds_are_used() -> None:
