@@ -7,7 +7,8 @@ replica's id in the catalog): a server with another identity at that address (it
 was wiped) answers ``WrongServer`` and never counts, and a ``RangeNotFound`` from a server
 whose identity was checked means it really never had the replica.
 
-Side effects: network (range servers through a :class:`ConnectionPool`).
+Side effects: network (range servers through a
+:class:`~estream.net.rangeclient.RangeClient` over the caller's :class:`ConnectionPool`).
 """
 
 from __future__ import annotations
@@ -15,36 +16,31 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from estream.net.rpc import ConnectionPool, Header
-from estream.wire import limits
+from estream.net.rangeclient import RangeClient
+from estream.net.rpc import ConnectionPool
 from estream.wire.errors import EstreamError, RangeNotFound
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
-from estream.wire.protocol import Opcode
 from pd.lease import ReplicaAnswer
 
-rpc_timeout_s = limits.request_timeout_ms / 1000
 fence_timeout_s = 2.0  # one fence request: a hung replica must not hold a delete long
-
-
-def replica_ids(stream: StreamMeta, rng: RangeMeta, ref: ReplicaRef) -> Header:
-    """The header naming ``rng``'s replica on ``ref`` (checked by that server)."""
-    return {"stream_id": stream.id, "range_index": rng.index, "server_id": ref.id}
 
 
 async def describe(
     pool: ConnectionPool, stream: StreamMeta, rng: RangeMeta, *,
-    timeout_s: float = rpc_timeout_s,
+    timeout_s: float | None = None,
 ) -> dict[str, ReplicaAnswer]:
     """The sound answers of ``rng``'s replicas to DESCRIBE_RANGE, by replica id. Errors
     (down, WrongServer, RangeNotFound) and damaged replicas are left out."""
+    client = RangeClient(pool)
 
     async def one(ref: ReplicaRef) -> ReplicaAnswer | None:
         try:
-            body, _ = await pool.call(ref.address, Opcode.DESCRIBE_RANGE,
-                                      replica_ids(stream, rng, ref), timeout_s=timeout_s)
+            state = await client.describe_range(
+                ref.address, server_id=ref.id, stream_id=stream.id, range_index=rng.index,
+                timeout_s=timeout_s)
         except EstreamError:
             return None
-        return ReplicaAnswer.parse(body)
+        return ReplicaAnswer.parse(state.to_dict())
 
     answers = await asyncio.gather(*(one(ref) for ref in rng.replicas))
     return {ref.id: a for ref, a in zip(rng.replicas, answers, strict=True) if a is not None}
@@ -73,17 +69,18 @@ async def fence(
     had the range gets CREATE_RANGE at ``epoch`` instead, which fences it as well: a late
     CREATE_RANGE or APPEND of an older writer is refused from then on). Returns each
     replica's error, or None for a replica now fenced."""
+    client = RangeClient(pool)
 
     async def one(ref: ReplicaRef) -> EstreamError | None:
-        ids = replica_ids(stream, rng, ref)
         try:
-            await pool.call(ref.address, Opcode.SEAL, {**ids, "epoch": epoch, "end": None},
-                            timeout_s=timeout_s)
+            await client.seal(ref.address, server_id=ref.id, stream_id=stream.id,
+                              range_index=rng.index, epoch=epoch, end=None,
+                              timeout_s=timeout_s)
         except RangeNotFound:
             try:
-                await pool.call(ref.address, Opcode.CREATE_RANGE,
-                                {**ids, "start": rng.start, "epoch": epoch},
-                                timeout_s=timeout_s)
+                await client.create_range(ref.address, server_id=ref.id, stream_id=stream.id,
+                                          range_index=rng.index, start=rng.start,
+                                          epoch=epoch, timeout_s=timeout_s)
             except EstreamError as exc:
                 return exc
         except EstreamError as exc:

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import logging
 
+from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import EstreamError
-from estream.wire.protocol import Opcode
 from pd.reclaim import Drop, Suspects, confirmed, droppable
 from pd.repair import RangeKey, ServerListing, parse_listing
 from pd.shell.rounds import leader_rounds
@@ -65,6 +65,7 @@ class Reclaimer:
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
         self.suspects_term = -1  # the Raft term they were suspected in
         self.pool = ConnectionPool()
+        self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
 
     async def run(self) -> None:
         """Forever (until cancelled): a round every ``interval_ms`` while leader."""
@@ -94,11 +95,8 @@ class Reclaimer:
                 continue
             try:
                 asked_ms = self.service.clock_ms()
-                answer, _ = await self.pool.call(
-                    server.address, Opcode.LIST_RANGES, {"server_id": server.id},
-                    timeout_s=rpc_timeout_s)
-                raw = answer.get("ranges")
-                listed = raw if isinstance(raw, list) else []
+                listing = await self.client.list_ranges(server.address, server_id=server.id)
+                listed = [entry.to_dict() for entry in listing]
                 reports = parse_listing(listed)
                 self.service.sealed_reports.observe(server.id, reports, complete=True)
                 self.service.listings[server.id] = ServerListing(asked_ms, frozenset(
@@ -132,9 +130,8 @@ class Reclaimer:
             return 0
         self.busy.add(key)
         try:
-            header = {"stream_id": drop.stream_id, "range_index": drop.range_index,
-                      "server_id": server_id}
-            await self.pool.call(address, Opcode.DROP_RANGE, header, timeout_s=rpc_timeout_s)
+            await self.client.drop_range(address, server_id=server_id,
+                                         stream_id=drop.stream_id, range_index=drop.range_index)
         finally:
             self.busy.discard(key)
         self.service.metrics.count(DROPS_TOTAL, DROPS_HELP, reason=drop.reason)

@@ -13,13 +13,20 @@ overwrite a newer placement). Copying one range to one target::
     DESCRIBE_RANGE target   absent -> create later; damaged / other start / sealed at
                             another end -> this target is avoided for the range
                             sealed at the end -> already copied (a retry): done
-    READ source (unconfirmed) from the target's end, verify_batch on every batch,
-        CREATE_RANGE target (start, first batch's epoch) once, APPEND each batch as is
-        (same range index and epoch; duplicates are acknowledged, so a retry after a
-        crash midway resumes), next source on any source error or short answer
-        (an existing replica fenced at a newer epoch gets the batches restamped to it);
-        nothing at or past the range's end is ever copied
+    copy_range (estream/net/rangeclient.py, the loop a writer's recovery runs too) from
+        the target's end: READ source unconfirmed, verify every batch, CREATE_RANGE a new
+        target at the first batch's epoch, APPEND each batch as is (an existing replica
+        fenced at a newer epoch gets them restamped up to it; duplicates are
+        acknowledged, so a retry after a crash midway resumes); the next source on any
+        source failure, resuming where the last stopped; nothing at or past the range's
+        end is ever copied
     SEAL target (stream epoch, end)
+
+What a failure means: a target's error (or a Conflict found describing it) avoids that
+target for the range; a source's error moves to the next source; when none is left the
+repair fails and the next round plans it again. A PD leader that dies midway leaves a
+target created, partly copied and open, not in the placement: the next leader's plan
+finds it short or absent and copies on (or reclaim drops it once it is not placed).
 
 A replica kept in place (a short open one healed, a whole open one just SEALed at the
 end, one sealed elsewhere dropped and copied again) is its own target; its placement does
@@ -36,22 +43,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from estream.net.rpc import ConnectionPool, Header
-from estream.wire import limits
-from estream.wire.errors import (
-    Conflict,
-    EstreamError,
-    OffsetGap,
-    RangeNotFound,
-    Timeout,
-    Unavailable,
+from estream.net.rangeclient import (
+    CopyProgress,
+    Endpoint,
+    RangeClient,
+    RangeState,
+    SourceFailed,
+    copy_range,
 )
+from estream.net.rpc import ConnectionPool
+from estream.wire import limits
+from estream.wire.errors import Conflict, EstreamError, RangeNotFound, Timeout, Unavailable
 from estream.wire.meta import StreamMeta
-from estream.wire.protocol import Opcode
-from estream.wire.record import BatchHeader, iter_batches, restamp, verify_batch
 from pd.repair import (
     RangeKey,
     RepairPlan,
@@ -70,6 +76,7 @@ log = logging.getLogger(__name__)
 
 rpc_timeout_s = 10.0
 read_calls_max = 1_000_000  # bounds one copy loop (a 1 GiB range is ~130 reads of 8 MiB)
+T = TypeVar("T")
 
 REPAIRS_TOTAL = "estream_repairs_total"
 REPAIRS_HELP = "Sealed-range repairs by outcome (done, failed)."
@@ -87,29 +94,6 @@ class _TargetFailed(Exception):
     def __init__(self, cause: EstreamError) -> None:
         super().__init__(str(cause))
         self.cause = cause
-
-
-@dataclass(slots=True)
-class _Copy:
-    """Progress of copying one range to one target."""
-
-    task: RepairTask
-    target: str  # address
-    target_id: str
-    offset: int
-    created: bool
-    epoch: int = 0  # the target replica's epoch: older batches are restamped up to it
-    copied_bytes: int = 0
-
-    @property
-    def ids(self) -> Header:
-        return _ids(self.task, self.target_id)
-
-
-def _ids(task: RepairTask, server_id: str) -> Header:
-    """The header naming ``task``'s replica on ``server_id`` (checked by that server)."""
-    return {"stream_id": task.stream_id, "range_index": task.range_index,
-            "server_id": server_id}
 
 
 class Repairer:
@@ -131,6 +115,7 @@ class Repairer:
         self.tasks_max = tasks_max
         self.clock_ms = clock_ms
         self.pool = ConnectionPool()
+        self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
         self.short_since: dict[ShortKey, int] = {}
         self.avoid: dict[RangeKey, set[str]] = {}
         self.busy: set[RangeKey] = set() if busy is None else busy  # shared with the reclaimer
@@ -255,74 +240,88 @@ class Repairer:
                     f" at {where}" if where else "", exc)
         raise exc
 
-    def _address(self, server_id: str) -> str:
+    def _endpoint(self, server_id: str) -> Endpoint:
         server = self.service.view().servers.get(server_id)
         if server is None:
             raise Conflict(f"range server {server_id} is not registered")
-        return server.address
+        return Endpoint(server.address, server_id)
 
     async def copy(self, task: RepairTask, target_id: str) -> int:
         """Make ``target_id`` hold the whole range, sealed; returns the bytes copied."""
-        target = self._address(target_id)
-        ids = _ids(task, target_id)
-        if target_id in task.drop_first and await self._drop_in_place(task, target, ids):
+        target = self._endpoint(target_id)
+        if target_id in task.drop_first and await self._drop_in_place(task, target):
             return 0
-        state = await self._describe_target(task, target, ids)
-        if state is not None and state.get("sealed"):
+        state = await self._describe_target(task, target)
+        if state is not None and state.sealed:
             return 0  # an earlier attempt finished the copy
-        have = int(state["end"]) if state is not None else task.start
-        copy = _Copy(task, target, target_id, have, created=state is not None,
-                     epoch=int(state.get("epoch", 0)) if state is not None else 0)
+        if state is None:  # created at the first batch's epoch (never above the batches')
+            progress = CopyProgress(task.start, 0, create_start=task.start)
+        else:
+            progress = CopyProgress(state.end, state.epoch)
         last: EstreamError = Timeout("no source to copy from")
         for source_id in task.sources:
-            if copy.offset >= task.end:
+            if progress.offset >= task.end:
                 break
             if source_id == target_id:
                 continue
             try:
-                await self._copy_from(copy, self._address(source_id), source_id)
-            except EstreamError as exc:
+                source = self._endpoint(source_id)
+                try:
+                    await copy_range(
+                        self.client, stream_id=task.stream_id, range_index=task.range_index,
+                        source=source, target=target, end=task.end, progress=progress,
+                        reads_max=read_calls_max)
+                except SourceFailed:
+                    raise
+                except EstreamError as exc:
+                    raise _TargetFailed(exc) from None
+            except EstreamError as exc:  # the source failed, or is not registered
                 log.info("repair source %s of stream %r range %d: %s",
                          source_id, task.stream, task.range_index, exc)
                 last = exc
-        if copy.offset < task.end:
+        if progress.offset < task.end:
             raise last
-        if not copy.created:  # nothing to copy (cannot happen for a non-empty range)
-            await self._target(copy, Opcode.CREATE_RANGE,
-                               {**ids, "start": task.start, "epoch": task.epoch})
-        await self._target(copy, Opcode.SEAL, {**ids, "epoch": task.epoch, "end": task.end})
+        if progress.create_start is not None:  # nothing copied (not for a non-empty range)
+            await _at_target(self.client.create_range(
+                target.address, server_id=target_id, stream_id=task.stream_id,
+                range_index=task.range_index, start=task.start, epoch=task.epoch))
+        await _at_target(self.client.seal(
+            target.address, server_id=target_id, stream_id=task.stream_id,
+            range_index=task.range_index, epoch=task.epoch, end=task.end))
         self.service.sealed_reports.forget(target_id, task.key)  # heard of again, sealed
-        return copy.copied_bytes
+        return progress.copied_bytes
 
-    async def _drop_in_place(self, task: RepairTask, target: str, ids: Header) -> bool:
+    async def _describe(self, task: RepairTask, replica: Endpoint) -> RangeState:
+        return await self.client.describe_range(
+            replica.address, server_id=replica.server_id, stream_id=task.stream_id,
+            range_index=task.range_index)
+
+    async def _drop_in_place(self, task: RepairTask, target: Endpoint) -> bool:
         """A replica damaged, sealed at another end or sealed short, with no spare server
         to replace it: drop it so that the copy makes it anew. True when it turns out right
         already (a stale report). Only once a source has answered that it holds the range
         soundly: the replica is never dropped with nothing to copy from."""
         try:
-            state, _ = await self.pool.call(target, Opcode.DESCRIBE_RANGE, ids,
-                                            timeout_s=rpc_timeout_s)
+            state = await self._describe(task, target)
         except RangeNotFound:
             return False  # gone already (a drop that landed before a crash): copy it anew
         except EstreamError as exc:
             raise _TargetFailed(exc) from None
-        sealed_end = state.get("sealed_end")
-        damaged = bool(state.get("damaged"))
-        if not state.get("sealed") and not damaged:
+        if not state.sealed and not state.damaged:
             return False  # open: healed or sealed in place
-        if not damaged and sealed_end == task.end and int(state.get("end", -1)) >= task.end:
-            self.service.sealed_reports.forget(ids["server_id"], task.key)
+        if not state.damaged and state.sealed_end == task.end and state.end >= task.end:
+            self.service.sealed_reports.forget(target.server_id, task.key)
             return True
-        await self._sound_source(task, exclude=ids["server_id"])
+        await self._sound_source(task, exclude=target.server_id)
         log.warning("stream %r range %d: dropping the replica on %s (%s, sealed at %s, "
                     "holding %s; the catalog's end is %d) to copy it again in place",
-                    task.stream, task.range_index, ids["server_id"],
-                    "damaged" if damaged else "sound", sealed_end, state.get("end"), task.end)
-        try:
-            await self.pool.call(target, Opcode.DROP_RANGE, ids, timeout_s=rpc_timeout_s)
-        except EstreamError as exc:
-            raise _TargetFailed(exc) from None
-        self.service.sealed_reports.forget(ids["server_id"], task.key)
+                    task.stream, task.range_index, target.server_id,
+                    "damaged" if state.damaged else "sound", state.sealed_end, state.end,
+                    task.end)
+        await _at_target(self.client.drop_range(
+            target.address, server_id=target.server_id, stream_id=task.stream_id,
+            range_index=task.range_index))
+        self.service.sealed_reports.forget(target.server_id, task.key)
         return False
 
     async def _sound_source(self, task: RepairTask, exclude: str) -> str:
@@ -332,90 +331,38 @@ class Repairer:
             if source_id == exclude:
                 continue
             try:
-                state, _ = await self.pool.call(
-                    self._address(source_id), Opcode.DESCRIBE_RANGE, _ids(task, source_id),
-                    timeout_s=rpc_timeout_s)
+                state = await self._describe(task, self._endpoint(source_id))
             except EstreamError:
                 continue
-            sealed_end = state.get("sealed_end")
-            if (not state.get("damaged") and int(state.get("end", -1)) >= task.end
-                    and (not state.get("sealed") or sealed_end == task.end)):
+            if (not state.damaged and state.end >= task.end
+                    and (not state.sealed or state.sealed_end == task.end)):
                 return source_id
         raise Unavailable(f"no sound source holds stream {task.stream!r} range "
                           f"{task.range_index} [{task.start}, {task.end}) now")
 
-    async def _describe_target(
-        self, task: RepairTask, target: str, ids: Header
-    ) -> Header | None:
+    async def _describe_target(self, task: RepairTask, target: Endpoint) -> RangeState | None:
         try:
-            state, _ = await self.pool.call(target, Opcode.DESCRIBE_RANGE, ids,
-                                            timeout_s=rpc_timeout_s)
+            state = await self._describe(task, target)
         except RangeNotFound:
             return None
         except EstreamError as exc:
             raise _TargetFailed(exc) from None
         problem = ""
-        if state.get("damaged"):
+        if state.damaged:
             problem = "holds a damaged copy"
-        elif state.get("start") != task.start:
-            problem = f"holds the range from {state.get('start')}"
-        elif state.get("sealed") and state.get("sealed_end") != task.end:
-            problem = f"holds it sealed at {state.get('sealed_end')}"
+        elif state.start != task.start:
+            problem = f"holds the range from {state.start}"
+        elif state.sealed and state.sealed_end != task.end:
+            problem = f"holds it sealed at {state.sealed_end}"
         if problem:
-            raise _TargetFailed(Conflict(f"target {target} {problem}, not [{task.start}, "
-                                         f"{task.end})"))
+            raise _TargetFailed(Conflict(f"target {target.address} {problem}, not "
+                                         f"[{task.start}, {task.end})"))
         return state
 
-    async def _target(self, copy: _Copy, opcode: Opcode, header: Header,
-                      payload: bytes | memoryview = b"") -> Header:
-        try:
-            answer, _ = await self.pool.call(copy.target, opcode, header, payload,
-                                             timeout_s=rpc_timeout_s)
-        except EstreamError as exc:
-            raise _TargetFailed(exc) from None
-        return answer
 
-    async def _copy_from(self, copy: _Copy, source: str, source_id: str) -> None:
-        """Copy batches from ``source`` until the target holds the whole range; never a
-        batch at or past the range's end (a source may hold more: an open replica)."""
-        task = copy.task
-        for _ in range(read_calls_max):
-            if copy.offset >= task.end:
-                return
-            _, payload = await self.pool.call(source, Opcode.READ, {
-                **_ids(task, source_id), "offset": copy.offset,
-                "max_bytes": limits.read_bytes_max, "wait_ms": 0, "unconfirmed": True,
-            }, timeout_s=rpc_timeout_s)
-            progressed = False
-            for header, raw in iter_batches(payload):
-                if copy.offset >= task.end:
-                    return
-                verify_batch(raw)  # ChecksumMismatch: never copy a bad batch; next source
-                if header.end_offset <= copy.offset:
-                    continue
-                if header.base_offset != copy.offset or header.end_offset > task.end:
-                    raise OffsetGap(
-                        f"source batch [{header.base_offset}, {header.end_offset}) does not "
-                        f"continue the copy at {copy.offset} within [{task.start}, {task.end})",
-                        expected=copy.offset, actual=header.base_offset)
-                await self._append(copy, header, raw)
-                progressed = True
-            if not progressed:
-                raise OffsetGap(f"source {source} serves nothing at {copy.offset}",
-                                expected=copy.offset, actual=copy.offset)
-
-    async def _append(self, copy: _Copy, header: BatchHeader, batch: memoryview) -> None:
-        if not copy.created:
-            # The replica's epoch must not exceed the batches' (older epochs are stale).
-            await self._target(copy, Opcode.CREATE_RANGE,
-                               {**copy.ids, "start": copy.task.start, "epoch": header.epoch})
-            copy.created, copy.epoch = True, header.epoch
-        if header.epoch < copy.epoch:
-            # Healing in place a replica a recovery fenced at a newer epoch: the same
-            # records under its epoch (as the writer's own heal does).
-            batch = memoryview(restamp(batch, range_index=header.range_index,
-                                       epoch=copy.epoch, confirm_offset=header.confirm_offset))
-        await self._target(copy, Opcode.APPEND,
-                           {"deferred": False, "server_id": copy.target_id}, batch)
-        copy.offset = header.end_offset
-        copy.copied_bytes += len(batch)
+async def _at_target(request: Awaitable[T]) -> T:
+    """A request to the copy's target: its error fails the target, not the source."""
+    try:
+        return await request
+    except EstreamError as exc:
+        raise _TargetFailed(exc) from None
