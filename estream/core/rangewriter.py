@@ -49,6 +49,11 @@ The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
   range, the limit is lifted: the range goes on (with ``ack_count`` live replicas) and
   rolls once a placement exists, rather than stalling every append until then.
 
+- A producer's writer (``producer_id``) stamps each batch with the producer id and its
+  records' sequences, and every batch with the stream's digest (``hmac-sha256``: a MAC
+  under ``key``, recomputed when a batch is re-sent to the next range): see
+  :mod:`estream.core.producer` and :mod:`estream.wire.record`.
+
 Worked example (replicas a, b, c; ack_count 2): appends complete on a and b; c times out:
 c is failed, the range goes on with a and b (``RequestRoll``). The driver finds no server
 to replace c (three servers in all): nothing is frozen, appends keep completing on a and
@@ -69,6 +74,7 @@ from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, MalformedBatch
 from estream.wire.record import (
     BATCH_HEADER_BYTES,
+    DIGEST_XXH3,
     RECORD_PREFIX_BYTES,
     EncodedRecords,
     Record,
@@ -203,8 +209,16 @@ class RangeWriter:
         range_start: int,
         replicas: Sequence[str],
         config: WriterConfig = WriterConfig(),
+        producer_id: str = "",
+        digest: int = DIGEST_XXH3,
+        key: bytes | None = None,
     ) -> None:
         self.stream_id = stream_id
+        # Every batch carries the producer id and its records' sequences (system block);
+        # ``digest`` is the stream's entry digest, ``key`` its MAC key (hmac-sha256).
+        self.producer_id = producer_id
+        self.digest = digest
+        self.key = key
         self.epoch = epoch
         self.ack_count = ack_count
         self.config = config
@@ -213,6 +227,7 @@ class RangeWriter:
         self.completed = range_start  # every offset below is acknowledged
         self.forced = range_start  # DEFERRED_SYNC: everything below is fsynced
         self._pending: list[Record] = []
+        self._pending_sequences: list[int] = []  # a producer's, one per pending record
         self._pending_bytes = 0
         self._pending_since_ms = 0
         self._batches: deque[_Batch] = deque()
@@ -304,23 +319,31 @@ class RangeWriter:
 
     # -- events --------------------------------------------------------------------------
 
-    def submit(self, records: Sequence[Record], now_ms: int) -> tuple[int, list[Effect]]:
+    def submit(
+        self, records: Sequence[Record], now_ms: int, sequences: Sequence[int] | None = None
+    ) -> tuple[int, list[Effect]]:
         """Take records to append; returns the first one's offset and the effects.
 
         Offsets are assigned now and never change; the appends complete (in offset order)
-        when a :class:`CompleteAppends` passes them.
+        when a :class:`CompleteAppends` passes them. A producer's writer gives each
+        record's sequence (increasing: :mod:`estream.core.producer` decides duplicates).
         """
         if self.error is not None:
             raise self.error
         base = self.next_offset
         effects: list[Effect] = []
-        for record in records:
+        if self.producer_id:
+            assert sequences is not None and len(sequences) == len(records)
+            seqs = self._pending_sequences
+        for i, record in enumerate(records):
             size = record_size(record)
             if self._pending and self._pending_bytes + size > self.config.batch_bytes:
                 self._cut(now_ms, effects)
             if not self._pending:
                 self._pending_since_ms = now_ms
             self._pending.append(record)
+            if self.producer_id:
+                seqs.append(sequences[i])  # type: ignore[index]
             self._pending_bytes += size
             self.next_offset += 1
             if len(self._pending) >= limits.batch_records_max:
@@ -474,6 +497,7 @@ class RangeWriter:
             return []
         self.error = error
         self._pending.clear()
+        self._pending_sequences.clear()
         self._pending_bytes = 0
         self._batches.clear()
         self._batch_bytes = 0
@@ -485,13 +509,22 @@ class RangeWriter:
         records, self._pending = self._pending, []
         self._pending_bytes = 0
         try:
-            section = encode_records(records)
+            if self.producer_id or self.digest:
+                sequences, self._pending_sequences = self._pending_sequences, []
+                section = encode_records(
+                    records,
+                    producer_id=self.producer_id,
+                    sequences=sequences if self.producer_id else None,
+                    digest=self.digest,
+                )
+            else:
+                section = encode_records(records)
         except MalformedBatch as exc:
             # Oversized input: fail loudly rather than stall (the driver checks sizes first).
             effects.extend(self.on_fenced(exc))
             return
         base = self.next_offset - len(records)
-        batch = _Batch(base, section, BATCH_HEADER_BYTES + len(section.data))
+        batch = _Batch(base, section, BATCH_HEADER_BYTES + section.records_bytes)
         self._batches.append(batch)
         self._batch_bytes += batch.size
         self._send_unsent(now_ms, effects)
@@ -519,6 +552,7 @@ class RangeWriter:
             epoch=self.epoch,
             base_offset=batch.base,
             confirm_offset=confirm,
+            key=self.key,
         )
         batch.range_index = rng.index
         batch.sent_ms = now_ms
