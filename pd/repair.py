@@ -56,7 +56,8 @@ does not mention at all counts as sealed whole.
 A range with something to do gets one :class:`RepairTask`: its HEALTHY replicas as sources
 (best first) and one target per replica to fix, at most ``tasks_max`` per round, the
 ranges with the fewest healthy copies first. Empty sealed ranges (``start == end``) hold
-nothing to lose and are skipped.
+nothing to lose and are skipped, and so are ranges in the object tier (``tier ==
+"object"``): the object store holds them, and their replicas are released anyway.
 
 Pure: no I/O (the caller passes the clock, the catalog and the servers' reports).
 """
@@ -419,6 +420,9 @@ def _needs(
         for rng in stream.ranges:
             if not rng.sealed or (stream.id, rng.index) in busy:
                 continue
+            if rng.tier == "object":
+                continue  # the object store holds it; its local copies are only kept
+                # until the local retention runs out, then released (pd/offload.py)
             if rng.end == rng.start and not _on_draining(rng, servers):
                 continue  # empty: nothing to lose (but a draining server must let go)
             missing: list[tuple[str, str]] = []

@@ -18,11 +18,12 @@ def _ranges_table(stream: dict[str, Any]) -> Any:
             r.get("start"),
             r.get("end"),
             r.get("state"),
-            ", ".join(str(x.get("address")) for x in r.get("replicas", [])),
+            r.get("tier", "local"),
+            ", ".join(str(x.get("address")) for x in r.get("replicas", [])) or "-",
         )
         for r in stream.get("ranges", [])
     ]
-    return table("ranges", ["index", "start", "end", "state", "replicas"], rows)
+    return table("ranges", ["index", "start", "end", "state", "tier", "replicas"], rows)
 
 
 def show_stream(stream: dict[str, Any], as_json: bool) -> None:

@@ -29,6 +29,7 @@ from typing import NoReturn
 
 import uvloop
 
+from estream.net.objectstore import ObjectStore
 from estream.net.rpc import parse_address
 from estream.net.security import add_server_options, config_from_args, raft_password
 from estream.server.config import parse_with_config
@@ -58,8 +59,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password-file", default=None, metavar="FILE",
                    help="read the Raft secret from this file (first line)")
     add_server_options(p, admin=True)
+    p.add_argument("--object-store", default=None, metavar="URL",
+                   help="object-storage tier: file:///abs/dir or s3://bucket/prefix (also "
+                        "ESTREAM_OBJECT_STORE; S3 credentials from AWS_ACCESS_KEY_ID, "
+                        "AWS_SECRET_ACCESS_KEY, AWS_REGION); default: no tier")
+    p.add_argument("--object-store-endpoint", default=None, metavar="URL",
+                   help="the S3 endpoint, e.g. http://127.0.0.1:8333")
+    p.add_argument("--offload-delay-s", type=_seconds, default=60.0, metavar="S",
+                   help="upload a sealed range S seconds after its seal (default 60)")
+    p.add_argument("--local-retention-s", type=_seconds, default=600.0, metavar="S",
+                   help="drop a range's range-server replicas S seconds after its upload "
+                        "is committed (default 600)")
+    p.add_argument("--object-orphan-grace-s", type=_seconds, default=600.0, metavar="S",
+                   help="delete objects no range names (abandoned uploads, trimmed or "
+                        "deleted streams) once they are S seconds old (default 600)")
     p.add_argument("--log-level", default="WARNING", help="Python logging level")
     return p
+
+
+def _seconds(text: str) -> float:
+    """A duration in seconds, >= 0 (argparse ``type``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < 10**9:
+        raise argparse.ArgumentTypeError(f"seconds out of range: {text!r}")
+    return value
+
+
+def _check_object_store(url: str | None, endpoint: str | None) -> None:
+    if url:
+        ObjectStore.from_url(url, endpoint)  # InvalidArgument: bad URL or credentials
 
 
 def parse_config(argv: list[str]) -> PdConfig:
@@ -76,6 +107,7 @@ def parse_config(argv: list[str]) -> PdConfig:
         build_parser().error("--peers must list the other nodes only, not --raft")
     try:
         security = config_from_args(args)
+        _check_object_store(args.object_store, args.object_store_endpoint)
         configured = args.password or os.environ.get("ESTREAM_PD_PASSWORD") or _read_secret(
             args.password_file)
     except InvalidArgument as exc:
@@ -85,7 +117,11 @@ def parse_config(argv: list[str]) -> PdConfig:
     password, source = raft_password(configured, args.raft, peers)
     _log_password_source(source)
     return PdConfig(str(args.id), args.listen, args.raft, args.http, args.data_dir, peers,
-                    password, security)
+                    password, security, object_store=args.object_store or None,
+                    object_store_endpoint=args.object_store_endpoint or None,
+                    offload_delay_s=args.offload_delay_s,
+                    local_retention_s=args.local_retention_s,
+                    object_orphan_grace_s=args.object_orphan_grace_s)
 
 
 def _read_secret(path: str | None) -> str | None:

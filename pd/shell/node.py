@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from estream.net.objectstore import ObjectStore
 from estream.net.rpc import ConnectionPool, RpcServer, parse_address
 from estream.net.security import (
     DEV_RAFT_PASSWORD,
@@ -29,6 +30,7 @@ from estream.wire.errors import EstreamError
 from pd.catalog import PdNode
 from pd.shell.drainer import Drainer
 from pd.shell.http import build_app
+from pd.shell.offloader import Offloader
 from pd.shell.raft import RaftNode
 from pd.shell.reclaimer import Reclaimer
 from pd.shell.recoverer import Recoverer
@@ -51,6 +53,12 @@ class PdConfig:
     peers: tuple[str, ...] = field(default_factory=tuple)
     password: str | None = DEFAULT_PASSWORD
     security: SecurityConfig = field(default_factory=SecurityConfig)  # TLS, tokens
+    # The object-storage tier (pd/shell/offloader.py); None: no tier.
+    object_store: str | None = None
+    object_store_endpoint: str | None = None
+    offload_delay_s: float = 60.0
+    local_retention_s: float = 600.0
+    object_orphan_grace_s: float = 600.0
 
 
 class PlacementDriverNode:
@@ -69,6 +77,8 @@ class PlacementDriverNode:
         self._reclaim_task: asyncio.Task[None] | None = None
         self._recover_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
+        self._offload_task: asyncio.Task[None] | None = None
+        self.offloader: Offloader | None = None
         self.rpc_address = ""
         self.http_address = ""
 
@@ -80,6 +90,10 @@ class PlacementDriverNode:
         # (port 0 allowed) once they are known, before it publishes them.
         tls = server_context(cfg.security)
         self.service = PdService(self.raft, PdNode(cfg.node_id, cfg.raft, "", ""))
+        store = None if not cfg.object_store else ObjectStore.from_url(
+            cfg.object_store, cfg.object_store_endpoint)
+        if store is not None:
+            self.service.object_store = store.describe()  # published in PD_CLUSTER
         self.service.pool = self.member_pool()  # delete fences, trim asks range servers
         self.rpc = RpcServer(self.service.handlers(), name=f"pd-{cfg.node_id}", ssl=tls,
                              tokens=cfg.security.tokens)
@@ -113,6 +127,13 @@ class PlacementDriverNode:
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
         self._recover_task = asyncio.ensure_future(recoverer.run())
         self._drain_task = asyncio.ensure_future(drainer.run())
+        if store is not None:
+            self.offloader = Offloader(
+                self.service, store, offload_delay_ms=int(cfg.offload_delay_s * 1000),
+                local_retention_ms=int(cfg.local_retention_s * 1000),
+                orphan_grace_ms=int(cfg.object_orphan_grace_s * 1000), busy=busy)
+            self.offloader.pool = self.member_pool()
+            self._offload_task = asyncio.ensure_future(self.offloader.run())
 
     def member_pool(self) -> ConnectionPool:
         """A pool for calls to other cluster members (range servers): this node's
@@ -133,7 +154,7 @@ class PlacementDriverNode:
 
     async def close(self) -> None:
         for task in (self._register_task, self._repair_task, self._reclaim_task,
-                     self._recover_task, self._drain_task):
+                     self._recover_task, self._drain_task, self._offload_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

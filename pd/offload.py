@@ -1,0 +1,242 @@
+"""Offload planning for the object-storage tier: which sealed ranges are due for upload,
+which committed ones may drop their range-server replicas, which objects are garbage.
+
+The PD leader's offloader (:mod:`pd.shell.offloader`) runs a round every second or so and
+asks this module what to do; it carries the answers out and feeds back what it saw.
+
+A range's life in the tiers::
+
+    open -> sealed, tier "local"  --(offload_delay after PD first saw it sealed)-->  upload:
+    read [start, end) from a replica, build the object, PUT it under a fresh key, read its
+    size and index back  --> commit_object (Raft): tier "object", object_key
+    --(local_retention after PD first saw it committed)-->  drop_local_replicas (Raft):
+    the catalog lists no replicas; DROP_RANGE on each server (the reclaimer's "moved"
+    rule drops any it missed)
+
+Times are "first seen" by this leader (:func:`track`), kept in its memory: a new leader
+starts the clocks again, so after a leader change an upload or a drop comes later, never
+earlier, than configured.
+
+Object keys (:func:`object_key`) are ``HH/STREAM_ID/RANGE_INDEX/ATTEMPT.eso``: ``HH`` two
+hex digits of a hash of stream and range (spreads keys over an S3 bucket's partitions),
+``ATTEMPT`` unique per upload attempt (the leader's Raft term and a random token). A new
+key per attempt means a retried or abandoned upload (a PD leader lost mid-upload, a PUT
+that timed out but landed) never overwrites the object a commit names; what it leaves
+behind is an orphan, deleted by :func:`garbage` once it is older than a grace period.
+
+:func:`garbage` also deletes the objects of deleted streams and trimmed ranges (their
+stream id no longer in the catalog, or their range index below the stream's first range):
+the object store never keeps what the catalog forgot, and never loses what it names (a
+committed key is never garbage, whatever its age).
+
+Double faults: a leader lost mid-upload leaves an uncommitted object (garbage after the
+grace) and the new leader uploads again under another key; a commit whose outcome is
+unknown is either in the catalog (the range is "object": nothing more to do) or not
+(uploaded again); a commit refused because another key won (Conflict) deletes its own
+object at once. Each step is idempotent.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import xxhash
+
+from estream.wire.meta import ReplicaRef, StreamMeta
+
+RangeKey = tuple[int, int]  # (stream_id, range_index)
+
+OBJECT_SUFFIX: Final = ".eso"
+retry_backoff_ms_min: Final = 1_000  # an upload that failed waits this long, doubling
+retry_backoff_ms_max: Final = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """Upload sealed range ``range_index`` of stream ``name`` (``[start, end)``), reading
+    it from ``sources`` (its replicas, live ones first)."""
+
+    name: str
+    stream_id: int
+    range_index: int
+    start: int
+    end: int
+    sources: tuple[ReplicaRef, ...]
+
+    @property
+    def key(self) -> RangeKey:
+        return (self.stream_id, self.range_index)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalDrop:
+    """Release the replicas of an "object" range: the catalog first, then each server."""
+
+    name: str
+    stream_id: int
+    range_index: int
+    object_key: str
+    replicas: tuple[ReplicaRef, ...]
+
+    @property
+    def key(self) -> RangeKey:
+        return (self.stream_id, self.range_index)
+
+
+def track(
+    previous: Mapping[RangeKey, int], present: Iterable[RangeKey], now_ms: int
+) -> dict[RangeKey, int]:
+    """Since when each of ``present`` was seen: its time in ``previous``, else ``now_ms``;
+    keys no longer present are forgotten.
+
+    >>> track({(1, 0): 5}, [(1, 0), (1, 1)], 9)
+    {(1, 0): 5, (1, 1): 9}
+    """
+    return {key: previous.get(key, now_ms) for key in present}
+
+
+def sealed_local(streams: Iterable[StreamMeta]) -> list[RangeKey]:
+    """Every sealed range still in the local tier."""
+    return [(s.id, r.index) for s in streams for r in s.ranges
+            if r.sealed and r.tier == "local"]
+
+
+def tiered_with_replicas(streams: Iterable[StreamMeta]) -> list[RangeKey]:
+    """Every "object" range whose replicas the catalog still lists."""
+    return [(s.id, r.index) for s in streams for r in s.ranges
+            if r.tier == "object" and r.replicas]
+
+
+def uploads_due(
+    streams: Iterable[StreamMeta],
+    sealed_since: Mapping[RangeKey, int],
+    now_ms: int,
+    delay_ms: int,
+    *,
+    alive: Collection[str],
+    busy: Collection[RangeKey] = (),
+    retry_at: Mapping[RangeKey, int] | None = None,
+) -> list[Upload]:
+    """Sealed local ranges seen sealed for ``delay_ms`` or more, not ``busy``, not waiting
+    for a retry, with at least one live replica (or empty: nothing to read), oldest
+    first. Sources list live replicas first (the others are tried last)."""
+    retry_at = retry_at or {}
+    due: list[tuple[int, Upload]] = []
+    for stream in streams:
+        for rng in stream.ranges:
+            key = (stream.id, rng.index)
+            since = sealed_since.get(key)
+            if rng.end is None or rng.tier != "local" or since is None:
+                continue
+            if now_ms - since < delay_ms or key in busy or retry_at.get(key, 0) > now_ms:
+                continue
+            live = tuple(r for r in rng.replicas if r.id in alive)
+            if not live and rng.end > rng.start:
+                continue
+            rest = tuple(r for r in rng.replicas if r.id not in alive)
+            due.append((since, Upload(stream.name, stream.id, rng.index, rng.start, rng.end,
+                                      live + rest)))
+    due.sort(key=lambda item: (item[0], item[1].key))
+    return [upload for _, upload in due]
+
+
+def drops_due(
+    streams: Iterable[StreamMeta],
+    committed_since: Mapping[RangeKey, int],
+    now_ms: int,
+    retention_ms: int,
+    *,
+    busy: Collection[RangeKey] = (),
+) -> list[LocalDrop]:
+    """"object" ranges that still list replicas, seen committed ``retention_ms`` or more
+    ago, not ``busy``."""
+    out = []
+    for stream in streams:
+        for rng in stream.ranges:
+            key = (stream.id, rng.index)
+            since = committed_since.get(key)
+            if rng.tier != "object" or not rng.replicas or rng.object_key is None:
+                continue
+            if since is None or now_ms - since < retention_ms or key in busy:
+                continue
+            out.append(LocalDrop(stream.name, stream.id, rng.index, rng.object_key,
+                                 rng.replicas))
+    return out
+
+
+def offload_lag_ms(sealed_since: Mapping[RangeKey, int], now_ms: int) -> int:
+    """How long the oldest sealed range still in the local tier has waited (0: none)."""
+    return max((now_ms - since for since in sealed_since.values()), default=0)
+
+
+def retry_delay_ms(failures: int) -> int:
+    """The wait before upload attempt ``failures + 1`` (``failures`` >= 1): doubling from
+    ``retry_backoff_ms_min`` up to ``retry_backoff_ms_max``.
+
+    >>> [retry_delay_ms(n) for n in (1, 2, 3, 10)]
+    [1000, 2000, 4000, 60000]
+    """
+    return min(retry_backoff_ms_max, retry_backoff_ms_min << min(max(failures - 1, 0), 16))
+
+
+def key_hash(stream_id: int, range_index: int) -> str:
+    """The two hex digits that start a range's object keys."""
+    return f"{xxhash.xxh3_64_intdigest(f'{stream_id}/{range_index}'.encode()) & 0xFF:02x}"
+
+
+def object_key(stream_id: int, range_index: int, attempt: str) -> str:
+    """The key of one upload attempt of a range (see the module docstring).
+
+    >>> object_key(3, 7, "t2-ab12")
+    '05/3/7/t2-ab12.eso'
+    """
+    if not attempt or "/" in attempt:
+        raise ValueError(f"bad attempt token {attempt!r}")
+    return f"{key_hash(stream_id, range_index)}/{stream_id}/{range_index}/{attempt}{OBJECT_SUFFIX}"
+
+
+def parse_object_key(key: str) -> RangeKey | None:
+    """``(stream_id, range_index)`` of a key made by :func:`object_key`, else None (a key
+    of something else: never touched)."""
+    parts = key.split("/")
+    if len(parts) != 4 or not parts[3].endswith(OBJECT_SUFFIX) or len(parts[3]) <= 4:
+        return None
+    if not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    stream_id, range_index = int(parts[1]), int(parts[2])
+    if parts[0] != key_hash(stream_id, range_index):
+        return None
+    return stream_id, range_index
+
+
+def garbage(
+    listed: Iterable[tuple[str, int]],
+    streams: Iterable[StreamMeta],
+    next_stream_id: int,
+    now_ms: int,
+    grace_ms: int,
+) -> list[str]:
+    """The keys among ``listed`` (key, last-modified ms) to delete: objects made by
+    :func:`object_key` and older than ``grace_ms`` that no range of the catalog names
+    (uploads that were never committed, or lost to another key; ranges trimmed away;
+    streams deleted). A committed key is never garbage; keys of ranges or streams the
+    catalog does not know yet (ids past it) are left alone."""
+    committed: set[str] = set()
+    known: set[int] = set()
+    for stream in streams:
+        known.add(stream.id)
+        committed.update(r.object_key for r in stream.ranges if r.object_key)
+    out = []
+    for key, modified_ms in listed:
+        parsed = parse_object_key(key)
+        if parsed is None or key in committed or now_ms - modified_ms < grace_ms:
+            continue
+        stream_id, _ = parsed
+        if stream_id not in known and not 0 < stream_id < next_stream_id:
+            continue  # a stream this catalog does not know yet
+        out.append(key)
+    return sorted(out)

@@ -1,0 +1,352 @@
+"""The PD leader's offloader: sealed ranges into the object store, local copies released.
+
+Every ``interval_ms``, while this node is the Raft leader and has applied everything
+committed, one round (the decisions are :mod:`pd.offload`'s):
+
+1. **Upload** each sealed "local" range seen sealed for ``offload_delay`` (a few per
+   round, oldest first): read ``[start, end)`` from one of its replicas (live ones first;
+   every batch's checksum verified; a replica that errs, is damaged, holds less, or holds
+   batches that do not line up is skipped for the next one), build the object
+   (:mod:`estream.wire.objectformat`; it refuses anything but exactly the catalog's
+   ``[start, end)``), PUT it under a key unique to this attempt, read back its size and
+   its index (HEAD, then a ranged GET of its tail) and compare, then propose
+   ``commit_object``. Only then is the range "object".
+2. **Release** each "object" range committed ``local_retention`` ago: propose
+   ``drop_local_replicas`` (the catalog lists no replicas any more), then ``DROP_RANGE``
+   on each server (best effort: the reclaimer drops any left, as replicas "moved" away).
+3. **Sweep** (every ``sweep_interval_ms``): list the store and delete objects no range
+   names, older than ``orphan_grace``: abandoned attempts, and the objects of trimmed
+   ranges and deleted streams.
+
+Faults: a failed upload (a store that is down or slow, no sound replica) is retried with a
+doubling backoff (:func:`pd.offload.retry_delay_ms`); local copies stay until an upload
+is committed, appends never wait for any of this. A leader lost mid-upload: the new
+leader's clocks start again and it uploads under its own key; the old attempt's object is
+an orphan for the sweep. A commit refused (another key won, the stream was deleted or
+recreated, the range trimmed) deletes its own object at once; a commit whose outcome is
+unknown (timeout, leader change) keeps it: either the catalog names it, or the sweep
+deletes it after the grace. Every store call has a deadline (``ObjectStore``), every
+range-server call a timeout.
+
+Side effects: network (the object store, range servers), Raft proposals.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from typing import Final, TypeVar
+
+from estream.net.objectstore import ObjectStore
+from estream.net.rangeclient import RangeClient
+from estream.net.rpc import ConnectionPool
+from estream.wire import limits
+from estream.wire.errors import (
+    Conflict,
+    EstreamError,
+    MalformedObject,
+    RangeNotFound,
+    StreamNotFound,
+    Unavailable,
+)
+from estream.wire.meta import ReplicaRef
+from estream.wire.objectformat import FOOTER_BYTES, decode_tail, encode_object
+from estream.wire.record import iter_batches, verify_batch
+from pd.commands import CommitObject, DropLocalReplicas
+from pd.offload import (
+    LocalDrop,
+    RangeKey,
+    Upload,
+    drops_due,
+    garbage,
+    object_key,
+    offload_lag_ms,
+    retry_delay_ms,
+    sealed_local,
+    tiered_with_replicas,
+    track,
+    uploads_due,
+)
+from pd.shell.rounds import leader_rounds
+from pd.shell.service import PdService
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+interval_ms_default: Final = 1_000
+sweep_interval_ms_default: Final = 60_000
+uploads_per_round_max: Final = 2
+drops_per_round_max: Final = 64
+sweep_deletes_max: Final = 1_000
+rpc_timeout_s: Final = 10.0
+
+OFFLOADED_BYTES = "estream_offload_bytes_total"
+OFFLOADED_RANGES = "estream_offload_ranges_total"
+OFFLOAD_ERRORS = "estream_offload_errors_total"
+OFFLOAD_LAG = "estream_offload_lag_seconds"
+OBJECT_REQUESTS = "estream_object_requests_total"
+RECLAIMED_BYTES = "estream_offload_reclaimed_bytes_total"
+RELEASED_RANGES = "estream_offload_released_ranges_total"
+OBJECTS_DELETED = "estream_objects_deleted_total"
+_HELP: Final = {
+    OFFLOADED_BYTES: "Bytes of sealed ranges uploaded to the object store and committed.",
+    OFFLOADED_RANGES: "Sealed ranges uploaded to the object store and committed.",
+    OFFLOAD_ERRORS: "Failed offload steps, by stage (read, put, verify, commit, release, sweep).",
+    OFFLOAD_LAG: "How long the oldest sealed range still in the local tier has waited.",
+    OBJECT_REQUESTS: "Object-store requests of the offloader, by operation and outcome.",
+    RECLAIMED_BYTES: "Range-server bytes released (object size times replicas dropped).",
+    RELEASED_RANGES: "Object-tier ranges whose range-server replicas were released.",
+    OBJECTS_DELETED: "Objects deleted by the sweep (uncommitted, trimmed or deleted).",
+}
+
+
+class Offloader:
+    """Runs offload rounds on the PD leader (see the module docstring)."""
+
+    def __init__(
+        self,
+        service: PdService,
+        store: ObjectStore,
+        *,
+        offload_delay_ms: int,
+        local_retention_ms: int,
+        orphan_grace_ms: int,
+        interval_ms: int = interval_ms_default,
+        sweep_interval_ms: int = sweep_interval_ms_default,
+        busy: set[RangeKey] | None = None,
+    ) -> None:
+        self.service = service
+        self.store = store
+        self.offload_delay_ms = offload_delay_ms
+        self.local_retention_ms = local_retention_ms
+        self.orphan_grace_ms = orphan_grace_ms
+        self.interval_ms = interval_ms
+        self.sweep_interval_ms = sweep_interval_ms
+        self.busy: set[RangeKey] = set() if busy is None else busy
+        self.pool = ConnectionPool()
+        self.sealed_since: dict[RangeKey, int] = {}
+        self.committed_since: dict[RangeKey, int] = {}
+        self.failures: dict[RangeKey, int] = {}
+        self.retry_at: dict[RangeKey, int] = {}
+        self.next_sweep_ms = 0
+        self.term = -1
+
+    async def run(self) -> None:
+        """Forever (until cancelled): a round every ``interval_ms`` while leader."""
+        try:
+            await leader_rounds(self.service, self.interval_ms, self.round, name="offload",
+                                on_follower=self._forget)
+        finally:
+            await self.pool.close()
+
+    def _forget(self) -> None:
+        """Not the leader (or a new term): every clock starts again when leading."""
+        self.sealed_since.clear()
+        self.committed_since.clear()
+        self.failures.clear()
+        self.retry_at.clear()
+        self.next_sweep_ms = 0
+
+    def _count(self, name: str, amount: int = 1, **labels: str) -> None:
+        self.service.metrics.count(name, _HELP[name], amount, **labels)
+
+    async def round(self) -> None:
+        """One pass: uploads due, releases due, and a sweep when its time has come."""
+        term = self.service.raft.status().term
+        if term != self.term:
+            self._forget()
+            self.term = term
+        if not self.service.raft.caught_up():
+            return
+        now = self.service.clock_ms()
+        view = self.service.view()
+        streams = list(view.streams.values())
+        self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
+        self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
+        self.service.metrics.set_gauge(OFFLOAD_LAG, _HELP[OFFLOAD_LAG],
+                                       offload_lag_ms(self.sealed_since, now) / 1000)
+        alive = {s for s in view.servers if self.service.liveness.alive(s, now)}
+        for upload in uploads_due(streams, self.sealed_since, now, self.offload_delay_ms,
+                                  alive=alive, busy=self.busy,
+                                  retry_at=self.retry_at)[:uploads_per_round_max]:
+            await self._offload(upload)
+        for drop in drops_due(streams, self.committed_since, now, self.local_retention_ms,
+                              busy=self.busy)[:drops_per_round_max]:
+            await self._release(drop)
+        if now >= self.next_sweep_ms:
+            self.next_sweep_ms = now + self.sweep_interval_ms
+            await self._sweep()
+
+    # -- upload ------------------------------------------------------------------------
+    async def _offload(self, upload: Upload) -> None:
+        key = upload.key
+        self.busy.add(key)
+        try:
+            await self._offload_once(upload)
+            self.failures.pop(key, None)
+            self.retry_at.pop(key, None)
+        except EstreamError as exc:
+            failures = self.failures.get(key, 0) + 1
+            self.failures[key] = failures
+            delay = retry_delay_ms(failures)
+            self.retry_at[key] = self.service.clock_ms() + delay
+            log.warning("offloading range %d of stream %r failed (attempt %d, next in %d ms, "
+                        "local copies kept): %s", upload.range_index, upload.name, failures,
+                        delay, exc)
+        finally:
+            self.busy.discard(key)
+
+    async def _offload_once(self, upload: Upload) -> None:
+        data = await self._build(upload)
+        attempt = f"t{max(self.term, 0)}-{secrets.token_hex(6)}"
+        key = object_key(upload.stream_id, upload.range_index, attempt)
+        await self._store("put", self.store.put(key, data), stage="put")
+        await self._verify(key, data)
+        command = CommitObject(upload.name, upload.stream_id, upload.range_index,
+                               upload.start, upload.end, key)
+        try:
+            await self.service.raft.propose(command)
+        except (Conflict, StreamNotFound, RangeNotFound) as exc:
+            # Refused for good: another key won, or the range or stream is gone. Ours is
+            # named by nothing: delete it now (the sweep would, later).
+            log.info("offload of range %d of stream %r not committed (%s); deleting %s",
+                     upload.range_index, upload.name, exc, key)
+            await self._store("delete", self.store.delete(key), stage="commit")
+            return
+        except EstreamError:
+            self._count(OFFLOAD_ERRORS, stage="commit")
+            raise  # outcome unknown: the object stays (committed, or swept later)
+        self._count(OFFLOADED_BYTES, len(data))
+        self._count(OFFLOADED_RANGES)
+        log.info("range %d of stream %r [%d, %d) is in the object tier as %s (%d bytes)",
+                 upload.range_index, upload.name, upload.start, upload.end, key, len(data))
+
+    async def _build(self, upload: Upload) -> bytes:
+        """The object of ``upload``, read from the first replica that gives the whole
+        range, every batch verified."""
+        if upload.end == upload.start:
+            return encode_object([], stream_id=upload.stream_id,
+                                 range_index=upload.range_index, start_offset=upload.start,
+                                 end_offset=upload.end)
+        last: EstreamError = Unavailable(f"range {upload.range_index} of stream "
+                                         f"{upload.name!r} has no replica to read")
+        for source in upload.sources:
+            try:
+                batches = await self._read_range(source, upload)
+                return encode_object(batches, stream_id=upload.stream_id,
+                                     range_index=upload.range_index,
+                                     start_offset=upload.start, end_offset=upload.end)
+            except EstreamError as exc:
+                self._count(OFFLOAD_ERRORS, stage="read")
+                log.info("offload: replica %s of range %d of stream %r cannot be read whole "
+                         "(%s); trying the next", source.id, upload.range_index, upload.name,
+                         exc)
+                self.pool.discard(source.address)
+                last = exc
+        raise last
+
+    async def _read_range(self, source: ReplicaRef, upload: Upload) -> list[bytes]:
+        client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
+        out: list[bytes] = []
+        offset = upload.start
+        while offset < upload.end:
+            answer = await client.read(source.address, server_id=source.id,
+                                       stream_id=upload.stream_id,
+                                       range_index=upload.range_index, offset=offset,
+                                       max_bytes=limits.read_bytes_max)
+            progressed = False
+            for header, raw in iter_batches(answer.payload):
+                if header.end_offset <= offset:
+                    continue
+                if header.base_offset != offset or header.base_offset >= upload.end:
+                    raise MalformedObject(f"replica {source.id} has a batch at "
+                                          f"{header.base_offset} where {offset} was expected")
+                verify_batch(raw)
+                out.append(bytes(raw))
+                offset = header.end_offset
+                progressed = True
+            if not progressed:
+                raise Unavailable(f"replica {source.id} serves range {upload.range_index} "
+                                  f"only up to {answer.end}, not {upload.end}")
+        return out
+
+    async def _verify(self, key: str, data: bytes) -> None:
+        """The stored object has the size and the index of what was put."""
+        size = await self._store("head", self.store.head(key), stage="verify")
+        expected = decode_tail(data)
+        assert expected is not None  # a whole object holds its index
+        if size != len(data):
+            self._count(OFFLOAD_ERRORS, stage="verify")
+            raise MalformedObject(f"object {key} is {size} bytes, {len(data)} were put",
+                                  key=key)
+        tail_bytes = expected.footer.index_bytes + FOOTER_BYTES
+        tail = await self._store("get", self.store.get_range(key, size - tail_bytes, size),
+                                 stage="verify")
+        if decode_tail(tail) != expected:
+            self._count(OFFLOAD_ERRORS, stage="verify")
+            raise MalformedObject(f"object {key} does not read back as written", key=key)
+
+    # -- release -----------------------------------------------------------------------
+    async def _release(self, drop: LocalDrop) -> None:
+        key = drop.key
+        self.busy.add(key)
+        try:
+            await self.service.raft.propose(DropLocalReplicas(
+                drop.name, drop.stream_id, drop.range_index, drop.object_key))
+            try:
+                size = await self._store("head", self.store.head(drop.object_key),
+                                         stage="release")
+            except EstreamError:
+                size = 0
+            client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
+            for ref in drop.replicas:
+                try:
+                    await client.drop_range(ref.address, server_id=ref.id,
+                                            stream_id=drop.stream_id,
+                                            range_index=drop.range_index)
+                    self._count(RECLAIMED_BYTES, size)
+                except EstreamError as exc:  # the reclaimer drops it later ("moved")
+                    log.info("offload: dropping range %d of stream %r on %s failed: %s",
+                             drop.range_index, drop.name, ref.id, exc)
+                    self.pool.discard(ref.address)
+            self._count(RELEASED_RANGES)
+            log.info("range %d of stream %r: local replicas released (object %s)",
+                     drop.range_index, drop.name, drop.object_key)
+        except EstreamError as exc:
+            self._count(OFFLOAD_ERRORS, stage="release")
+            log.warning("releasing the local replicas of range %d of stream %r failed: %s",
+                        drop.range_index, drop.name, exc)
+        finally:
+            self.busy.discard(key)
+
+    # -- sweep ---------------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        try:
+            listed = await self._store("list", self.store.list(""), stage="sweep")
+        except EstreamError as exc:
+            log.warning("offload sweep: listing the object store failed: %s", exc)
+            return
+        view = self.service.view()  # after the listing: a commit seen then is named now
+        wall_ms = int(time.time() * 1000)
+        doomed = garbage([(o.key, int(o.modified_s * 1000)) for o in listed],
+                         view.streams.values(), view.next_stream_id, wall_ms,
+                         self.orphan_grace_ms)
+        for key in doomed[:sweep_deletes_max]:
+            try:
+                await self._store("delete", self.store.delete(key), stage="sweep")
+                self._count(OBJECTS_DELETED)
+                log.info("offload sweep: deleted %s (no range names it)", key)
+            except EstreamError as exc:
+                log.warning("offload sweep: deleting %s failed: %s", key, exc)
+
+    async def _store(self, op: str, work: Awaitable[_T], *, stage: str) -> _T:
+        try:
+            result = await work
+        except EstreamError:
+            self._count(OBJECT_REQUESTS, op=op, outcome="error")
+            self._count(OFFLOAD_ERRORS, stage=stage)
+            raise
+        self._count(OBJECT_REQUESTS, op=op, outcome="ok")
+        return result

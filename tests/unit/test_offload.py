@@ -1,0 +1,128 @@
+"""Offload planning (pd/offload.py): which sealed ranges are due for upload, which
+committed ones may release their replicas, which objects are garbage, object keys; and
+repair leaving object-tier ranges alone (pd/repair.py)."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import pd.offload
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from pd.offload import (
+    drops_due,
+    garbage,
+    object_key,
+    offload_lag_ms,
+    parse_object_key,
+    retry_delay_ms,
+    sealed_local,
+    tiered_with_replicas,
+    track,
+    uploads_due,
+)
+from pd.repair import ServerState, plan_repairs
+
+REFS = tuple(ReplicaRef(i, f"127.0.0.1:{n}") for n, i in enumerate("abc", 7001))
+
+
+def stream(*ranges: RangeMeta, sid: int = 1, name: str = "s") -> StreamMeta:
+    return StreamMeta(sid, name, 3, 2, "", (), 1, ranges[0].start, tuple(ranges))
+
+
+S = stream(
+    RangeMeta(0, 0, 10, REFS, "object", "k0.eso"),
+    RangeMeta(1, 10, 20, REFS),
+    RangeMeta(2, 20, 20, REFS),  # empty
+    RangeMeta(3, 20, 35, REFS[1:] + REFS[:1]),
+    RangeMeta(4, 35, None, REFS),
+)
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(pd.offload).failed == 0
+
+
+def test_sealed_local_and_tiered() -> None:
+    assert sealed_local([S]) == [(1, 1), (1, 2), (1, 3)]
+    assert tiered_with_replicas([S]) == [(1, 0)]
+    dropped = stream(RangeMeta(0, 0, 10, (), "object", "k0.eso"), RangeMeta(1, 10, None, REFS))
+    assert tiered_with_replicas([dropped]) == [] and sealed_local([dropped]) == []
+
+
+def test_uploads_due_after_the_delay_oldest_first() -> None:
+    since = track({}, sealed_local([S]), 1_000)
+    since[(1, 3)] = 500
+    assert uploads_due([S], since, 1_499, 1_000, alive={"a", "b", "c"}) == []
+    assert len(uploads_due([S], since, 1_999, 1_000, alive={"a", "b", "c"})) == 1
+    due = uploads_due([S], since, 2_000, 1_000, alive={"a", "b", "c"})
+    assert [u.range_index for u in due] == [3, 1, 2]
+    assert (due[0].start, due[0].end, due[0].sources) == (20, 35, REFS[1:] + REFS[:1])
+    # live replicas first; busy and backing-off ranges wait; no live replica: not due
+    due = uploads_due([S], since, 2_000, 1_000, alive={"c"}, busy={(1, 3)},
+                      retry_at={(1, 2): 2_001})
+    assert [(u.range_index, [r.id for r in u.sources]) for u in due] == [(1, ["c", "a", "b"])]
+    due = uploads_due([S], since, 2_000, 1_000, alive=set())
+    assert [u.range_index for u in due] == [2]  # empty: nothing to read
+    assert offload_lag_ms(since, 2_000) == 1_500 and offload_lag_ms({}, 5) == 0
+
+
+def test_drops_due_after_the_retention() -> None:
+    since = track({}, tiered_with_replicas([S]), 1_000)
+    assert drops_due([S], since, 1_500, 600) == []
+    (drop,) = drops_due([S], since, 1_600, 600)
+    assert (drop.range_index, drop.object_key, drop.replicas) == (0, "k0.eso", REFS)
+    assert drops_due([S], since, 1_600, 600, busy={(1, 0)}) == []
+    assert drops_due([S], {}, 1_600, 600) == []  # not seen committed by this leader yet
+
+
+def test_track_keeps_first_times_and_forgets() -> None:
+    assert track({(1, 0): 5, (1, 9): 1}, [(1, 0), (1, 1)], 9) == {(1, 0): 5, (1, 1): 9}
+
+
+def test_retry_backoff_doubles_to_a_cap() -> None:
+    delays = [retry_delay_ms(n) for n in range(1, 12)]
+    assert delays[:3] == [1_000, 2_000, 4_000] and delays[-1] == 60_000
+    assert delays == sorted(delays)
+
+
+def test_object_keys() -> None:
+    key = object_key(12, 3, "t4-abc")
+    assert key.endswith("/12/3/t4-abc.eso") and len(key.split("/")[0]) == 2
+    assert parse_object_key(key) == (12, 3)
+    assert object_key(12, 3, "t4-abc") != object_key(12, 3, "t4-abd")
+    for bad in ("x/12/3/a.eso", "zz/12/3/a.eso", key.replace(".eso", ".bin"),
+                key + "/more", "12/3/a.eso", key.replace("/12/", "/1x/")):
+        assert parse_object_key(bad) is None
+    with pytest.raises(ValueError):
+        object_key(1, 1, "a/b")
+
+
+def test_garbage() -> None:
+    live = object_key(1, 1, "t1-new")
+    committed = "k0.eso"
+    lost = object_key(1, 1, "t1-old")  # an attempt that was never committed
+    trimmed = object_key(1, 0, "t1-a")  # no longer range 0's key, range kept
+    deleted = object_key(5, 0, "t1-a")  # stream 5 deleted (id given out, gone)
+    future = object_key(9, 0, "t1-a")  # a stream this catalog does not know yet
+    foreign = "some/other/file.txt"
+    listed = [(live, 9_000), (committed, 0), (lost, 0), (trimmed, 0), (deleted, 0),
+              (future, 0), (foreign, 0)]
+    assert garbage(listed, [S], 8, 10_000, 5_000) == sorted([lost, trimmed, deleted])
+    committed_key = object_key(1, 0, "t0-x")
+    s = stream(RangeMeta(0, 0, 10, (), "object", committed_key), RangeMeta(1, 10, None, REFS))
+    assert garbage([(committed_key, 0)], [s], 8, 10**12, 1) == []
+
+
+def test_repair_leaves_object_tier_ranges_alone() -> None:
+    servers = {"a": ServerState("a"), "b": ServerState("b"), "d": ServerState("d"),
+               "c": ServerState("c", alive=False, silent_ms=60_000)}
+    local = stream(RangeMeta(0, 0, 10, REFS), RangeMeta(1, 10, None, REFS[:2]))
+    assert [t.range_index for t in plan_repairs([local], servers, 100_000).tasks] == [0]
+    tiered = stream(RangeMeta(0, 0, 10, REFS, "object", "k.eso"),
+                    RangeMeta(1, 10, None, REFS[:2]))
+    assert plan_repairs([tiered], servers, 100_000).tasks == ()
+    released = stream(RangeMeta(0, 0, 10, (), "object", "k.eso"),
+                      RangeMeta(1, 10, None, REFS[:2]))
+    assert plan_repairs([released], servers, 100_000).tasks == ()
