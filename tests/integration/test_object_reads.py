@@ -104,15 +104,20 @@ async def test_a_read_gets_the_batches_from_the_one_holding_the_offset(store: Ob
     assert len(payload) == index.footer.index_position - first.position
 
 
+def flip(tmp_path: Path, rng: RangeMeta, at: int) -> str:
+    """Flip one bit of byte ``at`` of the range's object file behind the store's back."""
+    assert rng.object_key is not None
+    path = tmp_path / "objects" / rng.object_key
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    return rng.object_key
+
+
 async def test_a_flipped_byte_in_a_batch_is_a_checksum_mismatch(store: ObjectStore,
                                                                 tmp_path: Path) -> None:
     meta = await two_ranges(store)
-    key = meta.ranges[0].object_key
-    assert key is not None
-    path = tmp_path / "objects" / key
-    data = bytearray(path.read_bytes())
-    data[80] ^= 0x01  # inside the first batch's records (its header is 72 bytes)
-    path.write_bytes(bytes(data))
+    flip(tmp_path, meta.ranges[0], 80)  # in the first batch's records (its header: 72 bytes)
     client = client_of(meta, ObjectReads(store))
     with pytest.raises(ChecksumMismatch):
         [r async for r in read_stream(client, "s", 0, 10)]
@@ -123,12 +128,7 @@ async def test_a_flipped_byte_in_a_batch_is_a_checksum_mismatch(store: ObjectSto
 async def test_a_flipped_byte_in_the_index_is_a_checksum_mismatch(store: ObjectStore,
                                                                   tmp_path: Path) -> None:
     meta = await two_ranges(store)
-    key = meta.ranges[0].object_key
-    assert key is not None
-    path = tmp_path / "objects" / key
-    data = bytearray(path.read_bytes())
-    data[-70] ^= 0x01  # inside the index block
-    path.write_bytes(bytes(data))
+    key = flip(tmp_path, meta.ranges[0], -70)  # in the index block
     with pytest.raises(ChecksumMismatch):
         await ObjectReads(store).index(key)
 
