@@ -341,12 +341,13 @@ def start_cluster(
     pd_hosts: Sequence[str] | None = None,
     rs_hosts: Sequence[str] | None = None,
     proxied: bool = False,
+    pd_args: Sequence[str] = (),
 ) -> Cluster:
-    """Start PD nodes and range servers (with ``rangeserver_args``; PD node ``i`` on
-    ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on ``host``; with
-    ``proxied``, each range server behind a fault proxy on its host). The caller must
-    ``stop()`` the cluster."""
-    pd = start_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts)
+    """Start PD nodes (each with ``pd_args``) and range servers (with ``rangeserver_args``;
+    PD node ``i`` on ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on
+    ``host``; with ``proxied``, each range server behind a fault proxy on its host). The
+    caller must ``stop()`` the cluster."""
+    pd = start_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts, extra_args=pd_args)
     cluster = Cluster(pd, rangeserver_args)
     hosts = list(rs_hosts) if rs_hosts is not None else [host] * range_servers
     try:
