@@ -49,6 +49,7 @@ from pd.catalog import CatalogView
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
 from pd.shell.console import RangesReport, add_operator_routes
+from pd.shell.raft import RaftStatus
 from pd.shell.service import PdService
 
 _STATUS: dict[type[EstreamError], int] = {
@@ -192,14 +193,11 @@ class _Views:
 
     async def readyz(self, request: web.Request) -> web.Response:
         raft = self.service.raft
-        leader = raft.leader()
-        if leader is None:
-            problem = "this PD node knows no leader (no majority reachable, or an election)"
-        elif not raft.ready():
-            problem = "this PD node has not applied everything committed yet (catching up)"
-        else:
-            return web.json_response({"status": "ready", "role": raft.status().role,
-                                      "leader": leader})
+        status = raft.status()
+        problem = not_ready_reason(status, raft.ready())
+        if problem is None:
+            return web.json_response({"status": "ready", "role": status.role,
+                                      "leader": status.leader})
         response = error_response(503, "UNAVAILABLE", problem)
         response.headers["Retry-After"] = "1"
         return response
@@ -239,12 +237,28 @@ class _Views:
             "estream_pd_raft_has_leader": ("1 while this node knows a leader.",
                                            float(status.leader is not None)),
             "estream_pd_ready": ("1 while /readyz answers 200 (a leader known, caught up).",
-                                 float(status.leader is not None and self.service.raft.ready())),
+                                 float(not_ready_reason(status, self.service.raft.ready())
+                                       is None)),
             "estream_pd_ranges_under_replicated": (
                 "Ranges kept on range servers with fewer live replicas than the stream's "
                 "replica count (per this node's liveness view).",
                 under_replicated(view, {s.id for s in servers if s.alive})),
         }
+
+
+def not_ready_reason(status: RaftStatus, caught_up: bool) -> str | None:
+    """Why this node is not ready, or None. Pure.
+
+    A follower that lost every peer keeps naming its last leader (pysyncobj starts an
+    election only while connected to someone), so a leader counts only while this node is
+    it or is connected to it; a leader without a majority steps down by itself."""
+    if status.leader is None:
+        return "this PD node knows no leader (no majority reachable, or an election)"
+    if status.leader != status.self_address and not status.peers_connected.get(status.leader):
+        return f"this PD node is not connected to its last known leader {status.leader}"
+    if not caught_up:
+        return "this PD node has not applied everything committed yet (catching up)"
+    return None
 
 
 def under_replicated(view: CatalogView, alive: Collection[str]) -> int:

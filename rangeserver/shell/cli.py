@@ -3,7 +3,7 @@
     estream rangeserver --listen H:P --data-dir DIR [--pd H:P,H:P,H:P]
                         [--storage-class ssd] [--advertise H:P] [--cpus LIST]
                         [--tls-cert PEM --tls-key PEM [--tls-ca PEM]
-                         [--tls-require-client-cert]] [--token-file FILE]
+                         [--tls-require-client-cert]] [--token-file FILE] [--http H:P]
 
 Prints ``listening on H:P`` (the real port, also for ``--listen H:0``) to stdout once it
 serves. SIGTERM or SIGINT: stop serving, sync the log, write a checkpoint, exit 0. Bad
@@ -11,6 +11,8 @@ flag values: a one-line error and exit code 2. The server id is generated once (
 and kept in ``DIR/server_id``. With ``--tls-cert`` it serves TLS only, and presents the
 same certificate (and the first token of ``--token-file``) to PD as a cluster member;
 with ``--token-file`` clients must authenticate (:mod:`estream.net.security`).
+``--http H:P`` (off unless given; port 0 picks one) serves ``/metrics``, ``/healthz`` and
+``/readyz`` (``rangeserver/shell/http.py``) and prints ``http on H:P`` once it listens.
 
 Side effects: the data directory, the listening socket, signal handlers.
 """
@@ -44,6 +46,8 @@ from estream.server.config import parse_with_config
 from estream.server.durable import write_atomically
 from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument, StorageError
+from rangeserver.shell.http import build_app, start_http
+from rangeserver.shell.metrics import RangeServerMetrics
 from rangeserver.shell.server import RangeServer
 from rangeserver.shell.store import Store
 from rangeserver.shell.wal import IO_MODES
@@ -163,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the server's threads on these CPUs only, e.g. 1 or 2-3 (default: all): "
         "a range server that does not share its cores with clients or other servers has a "
         "much lower latency tail")
+    parser.add_argument(
+        "--http", type=_listen_address, default=None, metavar="HOST:PORT",
+        help="serve /metrics (Prometheus), /healthz and /readyz on this address (0 ok; "
+        "default: off)")
     add_server_options(parser)
     return parser
 
@@ -224,10 +232,21 @@ async def serve(args: argparse.Namespace) -> int:
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
     server.rpc.tokens = security.tokens
+    metrics: RangeServerMetrics | None = None
+    if args.http is not None:
+        metrics = RangeServerMetrics(store, server.rpc, data_dir=str(data_dir))
+        metrics.instrument()
     host, port = args.listen
     bound = await server.start(host, port)
     server.address = args.advertise or bound
     print(f"listening on {bound}", flush=True)
+    http_runner = None
+    if metrics is not None:
+        app = build_app(metrics, server.server_id, needs_registration=bool(args.pd))
+        http_host, http_port = args.http
+        http_runner, http_bound = await start_http(app, http_host, http_port,
+                                                   ssl=server.rpc.ssl)
+        print(f"http on {http_bound}", flush=True)
     log.info(
         "range server %s serving %d replicas (log writes: %s; CPUs: %s)",
         server.server_id, len(store.replicas), store.wal.mode,
@@ -246,6 +265,7 @@ async def serve(args: argparse.Namespace) -> int:
                 heartbeat_loop(
                     args.pd, server.server_id, server.address, args.storage_class, server.load,
                     ssl=member_client_context(security), token=security.token,
+                    on_registered=None if metrics is None else metrics.set_registered,
                 )
             )
         )
@@ -254,6 +274,8 @@ async def serve(args: argparse.Namespace) -> int:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if http_runner is not None:
+        await http_runner.cleanup()
     await server.close()
     print("stopped", flush=True)
     return 0

@@ -39,6 +39,7 @@ import itertools
 import logging
 import mmap
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ class _Group:
     items: list[WalItem] = field(default_factory=list)
     sync: bool = False  # written with RWF_DSYNC
     has_data: bool = False  # False: barriers only, nothing to write
+    submitted: float = 0.0  # time.perf_counter() of the write's submission (statistics)
 
     @property
     def end(self) -> int:
@@ -110,6 +112,7 @@ class DirectWriter:
         spare_ready: Callable[[], bool],
         complete: Callable[[list[WalItem], bool], None],
         fail: Callable[[list[WalItem], StorageError], None],
+        on_sync: Callable[[float], None] | None = None,
     ) -> None:
         self._loop = loop
         self._segment = segment
@@ -119,6 +122,7 @@ class DirectWriter:
         self._spare_ready = spare_ready
         self._complete = complete
         self._fail = fail
+        self._on_sync = on_sync  # seconds each durable write or fdatasync took (statistics)
         self._aio = AioContext(depth=1)
         self._free: list[mmap.mmap] = [aligned_buffer(group_bytes_max) for _ in range(2)]
         self._buffer_bytes = len(self._free[0])
@@ -220,6 +224,7 @@ class DirectWriter:
                 self._fd = self._open_segment(group.segment, self._fd)  # created empty at start
             size = block_ceil(group.used)
             group.buffer[group.used : size] = bytes(size - group.used)
+            group.submitted = time.perf_counter()
             self._aio.submit_write(
                 next(self._tokens), self._fd, group.address, size, group.base, dsync=group.sync
             )
@@ -248,7 +253,10 @@ class DirectWriter:
             self._complete(group.items, group.sync)
 
     def _fdatasync(self) -> None:
+        started = time.perf_counter()
         os.fdatasync(self._fd)
+        if self._on_sync is not None:
+            self._on_sync(time.perf_counter() - started)
         self.syncs += 1
         unsynced, self._unsynced = self._unsynced, []
         self._complete(unsynced, True)
@@ -285,6 +293,8 @@ class DirectWriter:
             self._arm_idle_sync()
             return
         self.syncs += 1
+        if self._on_sync is not None:
+            self._on_sync(time.perf_counter() - group.submitted)
         if self._sync_unsynced(group.items):  # RWF_DSYNC made only this write durable
             self._complete(group.items, True)
 

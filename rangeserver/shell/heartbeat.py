@@ -49,13 +49,17 @@ async def heartbeat_loop(
     *,
     ssl: SSLContext | None = None,
     token: str | None = None,
+    on_registered: Callable[[], None] | None = None,
 ) -> None:
     """Register, then heartbeat forever (until cancelled). ``ssl``/``token``: how this
-    member connects to PD (its certificate for mutual TLS, the cluster token)."""
+    member connects to PD (its certificate for mutual TLS, the cluster token).
+    ``on_registered`` runs once the first registration is committed (readiness)."""
     interval_s = limits.heartbeat_interval_ms / 1000
     client = PDClient(pd_addresses, timeout_s=5.0, ssl=ssl, token=token)
     try:
         await register(client, server_id, address, storage_class)
+        if on_registered is not None:
+            on_registered()
         first = True
         while True:
             if not first:  # beat at once after registering: every node learns we are alive

@@ -95,6 +95,9 @@ class Wal:
         self.bytes_total = 0
         self.failed: StorageError | None = None
         self._syncs = 0  # fdatasync calls of the writer thread (statistics)
+        # Seconds each durable write (write + fdatasync, or one RWF_DSYNC write) took; called
+        # on the writer thread in thread mode, on the event loop in direct mode (statistics).
+        self.on_sync: Callable[[float], None] | None = None
         self.mode = ""  # "direct" or "thread", once started
         self._direct: DirectWriter | None = None
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -195,7 +198,12 @@ class Wal:
             spare_ready=lambda: self.spares.ready() > 0,
             complete=self._complete,
             fail=self._fail,
+            on_sync=self._synced,
         )
+
+    def _synced(self, seconds: float) -> None:
+        if self.on_sync is not None:
+            self.on_sync(seconds)
 
     @property
     def syncs(self) -> int:
@@ -363,6 +371,7 @@ class Wal:
             # Nothing written and unsynced before this group: one pwritev(RWF_DSYNC) both
             # writes and syncs it (one system call, one wait for the GIL after it).
             dsync = want_sync and not unsynced and self._dsync
+            started = time.perf_counter()
             try:
                 fd, segment = self._write_group(fd, segment, batch, dsync=dsync)
                 if any(not item.sync for item in batch):
@@ -371,6 +380,7 @@ class Wal:
                 if unsynced and want_sync:
                     if not dsync:
                         os.fdatasync(fd)
+                    self._synced(time.perf_counter() - started)
                     _drop_cached(fd, unsynced, segment)
                     self._syncs += 1
                     loop.call_soon_threadsafe(self._complete, unsynced, True)
