@@ -295,3 +295,42 @@ OPENAPI: Final[dict[str, Any]] = {
                                        "by the reads too, which then may answer 401) when "
                                        "the node has tokens"}}},
 }
+
+
+def _add_time_cursors_retention() -> None:
+    """Reading by time, named cursors, retention (``pd/retention.py``)."""
+    nullable_int = {"type": ["integer", "null"]}
+    SCHEMAS["Range"]["properties"].update(
+        min_timestamp=nullable_int, max_timestamp=nullable_int, size_bytes=nullable_int)
+    limits = {"retention_ms": {"type": "integer", "minimum": 1},
+              "retention_bytes": {"type": "integer", "minimum": 1}}
+    SCHEMAS["Stream"]["properties"].update(limits)
+    SCHEMAS["CreateStream"]["properties"].update(limits)
+    SCHEMAS["Cursor"] = {
+        "type": "object", "required": ["cursor", "offset", "lag"],
+        "properties": {"cursor": {"type": "string", "maxLength": 200},
+                       "offset": {"type": "integer", "minimum": 0},
+                       "lag": {"type": "integer", "minimum": 0}}}
+    commit = {"type": "object", "required": ["cursor", "offset"],
+              "properties": {"cursor": {"type": "string", "maxLength": 200},
+                             "offset": {"type": "integer", "minimum": 0}}}
+    OPENAPI["paths"]["/v1/streams/{name}/cursors"] = {
+        "parameters": [_NAME_PARAM],
+        "get": {"summary": "The stream's named cursors with their lag behind its readable end",
+                "responses": {"200": _json({
+                    "type": "object", "required": ["stream", "end", "cursors"],
+                    "properties": {"stream": {"type": "string"},
+                                   "end": {"type": "integer", "minimum": 0},
+                                   "cursors": {"type": "array", "items": _ref("Cursor")}},
+                }, "The cursors"), **_errors(404, 503)}},
+        "post": {"summary": "Commit a named cursor (400: negative, past the readable end, "
+                            "or a bad name)",
+                 "requestBody": {"required": True,
+                                 "content": {"application/json": {"schema": commit}}},
+                 "responses": {"200": _json(commit, "Committed"),
+                               **_errors(400, 401, 404, 503)},
+                 "security": _WRITE_SECURITY},
+    }
+
+
+_add_time_cursors_retention()

@@ -10,18 +10,19 @@ replicas. Rules, in order, for the stream's ranges from its first:
 1. Only **sealed** ranges are trimmed, whole: the open last range never is, and a sealed
    range's end is at or below the confirmed end (a trim never hides an acknowledged
    record that is not past the limit).
-2. A range is **past the limit** when ``retention_ms`` is set and its ``max_timestamp``
-   (recorded in the catalog after its seal) is below ``now_ms - retention_ms``, or when
-   ``retention_bytes`` is set and the ranges after it (sealed ones with a recorded size)
-   still hold at least ``retention_bytes`` (Kafka's rule: the stream never drops below
-   the limit). A range whose statistics are not recorded yet is not past any limit.
+2. A range is **past the limit** when it is empty; when ``retention_ms`` is set and its
+   ``max_timestamp`` (recorded in the catalog after its seal) is below
+   ``now_ms - retention_ms``; or when ``retention_bytes`` is set and the ranges after it
+   (sealed ones with a recorded size) still hold at least ``retention_bytes`` (Kafka's
+   rule: the stream never drops below the limit). A range whose statistics are not
+   recorded yet is not past any limit.
 3. Trimming stops at the first range not past the limit: only a prefix goes.
 4. **Cursors hold**: a range whose end is above the lowest committed cursor offset holds
    records that cursor's consumer has not read; it is kept (and every later one), and
    counted as ``held`` (the ``estream_retention_held_ranges`` gauge), never trimmed
    silently. Why hold rather than trim: a named cursor is a consumer's durable position
    (BookKeeper's managed-ledger cursors, Pulsar's subscriptions keep their backlog too);
-   an operator who wants the space moves or deletes the cursor's consumer on purpose.
+   an operator who wants the space moves the cursor (``commit_cursor``) on purpose.
 
 Pure: no I/O, no clock (the caller passes ``now_ms``).
 """
@@ -101,7 +102,7 @@ def plan_trim(stream: StreamMeta, cursors: Mapping[str, int], now_ms: int) -> Tr
                    and rng.max_timestamp < now_ms - stream.retention_ms)
         by_bytes = (stream.retention_bytes is not None and rng.size_bytes is not None
                     and after >= stream.retention_bytes)
-        if not (by_time or by_bytes):
+        if not (by_time or by_bytes or rng.end == rng.start):  # an empty range holds nothing
             break
         assert rng.end is not None
         if held or (lowest is not None and rng.end > lowest):
@@ -121,20 +122,3 @@ def cursor_lags(end: int, cursors: Mapping[str, int]) -> dict[str, int]:
     """
     return {name: max(0, end - offset) for name, offset in sorted(cursors.items())}
 
-
-def render_lags(lags: Mapping[tuple[str, str], int], held: Mapping[str, int]) -> str:
-    """Prometheus text of ``estream_cursor_lag{stream,cursor}`` and
-    ``estream_retention_held_ranges{stream}`` ('' when there is nothing to show)."""
-    lines: list[str] = []
-    if lags:
-        lines += ["# HELP estream_cursor_lag Records between a named cursor and its "
-                  "stream's readable end (PD leader).", "# TYPE estream_cursor_lag gauge"]
-        for (stream, cursor), lag in sorted(lags.items()):
-            lines.append(f'estream_cursor_lag{{stream="{stream}",cursor="{cursor}"}} {lag}')
-    if held:
-        lines += ["# HELP estream_retention_held_ranges Ranges past their stream's retention "
-                  "limit kept because a cursor has not read them (PD leader).",
-                  "# TYPE estream_retention_held_ranges gauge"]
-        for stream, count in sorted(held.items()):
-            lines.append(f'estream_retention_held_ranges{{stream="{stream}"}} {count}')
-    return "\n".join(lines) + "\n" if lines else ""

@@ -143,12 +143,30 @@ class PDClient:
         ack_count: int = 2,
         type: str = "",
         hints: Sequence[str] = (),
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
     ) -> StreamMeta:
-        body = await self.call(Opcode.PD_CREATE_STREAM, {
+        header: dict[str, Any] = {
             "name": name, "replicas": replicas, "ack_count": ack_count, "type": type,
             "hints": list(hints), "request_id": uuid.uuid4().hex,
-        })
+        }
+        if retention_ms is not None:
+            header["retention_ms"] = retention_ms
+        if retention_bytes is not None:
+            header["retention_bytes"] = retention_bytes
+        body = await self.call(Opcode.PD_CREATE_STREAM, header)
         return StreamMeta.from_dict(body["stream"])
+
+    async def commit_cursor(self, name: str, cursor: str, offset: int) -> None:
+        """Set a named cursor (kept in the catalog, through Raft)."""
+        await self.call(Opcode.PD_COMMIT_CURSOR, {"name": name, "cursor": cursor,
+                                                  "offset": offset})
+
+    async def list_cursors(self, name: str) -> tuple[int, list[dict[str, Any]]]:
+        """The stream's readable end and its cursors ``[{"cursor", "offset", "lag"}]``."""
+        body = await self.call(Opcode.PD_LIST_CURSORS, {"name": name})
+        return int(body["end"]), list(body["cursors"])
 
     async def describe_stream(self, name: str) -> StreamMeta:
         body = await self.call(Opcode.PD_DESCRIBE_STREAM, {"name": name})

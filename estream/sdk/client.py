@@ -26,6 +26,7 @@ from estream.sdk.reader import (
     read_stream_views,
     stream_end_offset,
 )
+from estream.sdk.timelookup import offset_for_time
 from estream.sdk.writer import Writer
 from estream.wire import limits
 from estream.wire.errors import (
@@ -80,8 +81,15 @@ class Client:
         *,
         type: str = "",
         hints: Sequence[str] = (),
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
     ) -> StreamMeta:
-        meta = await self.pd.create_stream(name, replicas, ack_count, type, hints)
+        """Create ``name``. ``retention_ms``/``retention_bytes``: the PD leader trims whole
+        sealed ranges older or beyond the limit (``pd/retention.py``; a range a named cursor
+        has not read is held); None: kept until trimmed or deleted."""
+        meta = await self.pd.create_stream(name, replicas, ack_count, type, hints,
+                                           retention_ms=retention_ms,
+                                           retention_bytes=retention_bytes)
         self._streams[name] = meta
         return meta
 
@@ -110,6 +118,35 @@ class Client:
         meta = await self.pd.trim_stream(name, start_offset)
         self._streams[name] = meta
         return meta
+
+    async def offset_for_time(self, name: str, timestamp_ms: int) -> int:
+        """The first offset whose record timestamp is at or after ``timestamp_ms`` (ms
+        since the epoch), the stream's end offset if none (``estream/sdk/timelookup.py``:
+        exact also when writers' clocks went backwards)."""
+        self._check_open()
+        return await offset_for_time(self, name, timestamp_ms)
+
+    async def commit_cursor(self, name: str, cursor: str, offset: int) -> None:
+        """Store the named ``cursor`` of stream ``name`` at ``offset`` (the next offset its
+        consumer reads) in the catalog: it survives PD leader changes. Raises
+        ``StreamNotFound``, ``InvalidArgument`` (negative offset, a bad or too long name:
+        letters, digits, '.', '_', '-', at most 200) or ``OffsetOutOfRange`` (past the
+        stream's readable end)."""
+        self._check_open()
+        await self.pd.commit_cursor(name, cursor, offset)
+
+    async def cursor_offset(self, name: str, cursor: str) -> int | None:
+        """The committed offset of ``cursor`` on stream ``name``; None if never committed."""
+        self._check_open()
+        _, cursors = await self.pd.list_cursors(name)
+        found = [c["offset"] for c in cursors if c.get("cursor") == cursor]
+        return int(found[0]) if found else None
+
+    async def list_cursors(self, name: str) -> list[dict[str, int | str]]:
+        """Every cursor of ``name``: ``[{"cursor", "offset", "lag"}]`` (lag: the stream's
+        readable end minus the offset)."""
+        self._check_open()
+        return (await self.pd.list_cursors(name))[1]
 
     async def stream_meta(self, name: str, *, refresh: bool = False) -> StreamMeta:
         """The stream's metadata, from the cache unless ``refresh`` (raises StreamNotFound)."""

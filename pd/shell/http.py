@@ -38,6 +38,7 @@ from estream.wire.errors import (
     Fenced,
     InvalidArgument,
     NoPlacement,
+    OffsetOutOfRange,
     RangeNotFound,
     RangeSealed,
     ServerNotFound,
@@ -50,7 +51,7 @@ from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, hist
 from pd.openapi import OPENAPI
 from pd.shell.console import RangesReport, add_operator_routes
 from pd.shell.raft import RaftStatus
-from pd.shell.service import PdService
+from pd.shell.service import PdService, cursor_rows
 
 _STATUS: dict[type[EstreamError], int] = {
     InvalidArgument: 400,
@@ -64,8 +65,10 @@ _STATUS: dict[type[EstreamError], int] = {
     NoPlacement: 503,
     Unavailable: 503,  # includes Timeout
 }
+_STATUS[OffsetOutOfRange] = 400  # a cursor past the readable end
 _CREATE_FIELDS: dict[str, type] = {"name": str, "replicas": int, "ack_count": int, "type": str,
                                    "hints": list}
+_CREATE_FIELDS.update({"retention_ms": int, "retention_bytes": int})  # pd/retention.py
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
@@ -143,6 +146,8 @@ def build_app(
     app.router.add_get("/v1/streams", views.list_streams)
     app.router.add_post("/v1/streams", views.create_stream)
     app.router.add_get("/v1/streams/{name}", views.describe_stream)
+    app.router.add_get("/v1/streams/{name}/cursors", views.list_cursors)
+    app.router.add_post("/v1/streams/{name}/cursors", views.commit_cursor)
     app.router.add_delete("/v1/streams/{name}", views.delete_stream)
     app.router.add_get("/v1/rangeservers", views.rangeservers)
     add_operator_routes(app, service, ranges_report)  # drain, forget, /v1/ranges, /ui
@@ -169,8 +174,25 @@ class _Views:
         body = _parse_create(await request.read())
         stream = await self.service.create_stream(
             body["name"], body.get("replicas", 3), body.get("ack_count", 2),
-            body.get("type", ""), tuple(body.get("hints", ())))
+            body.get("type", ""), tuple(body.get("hints", ())),
+            retention_ms=body.get("retention_ms"), retention_bytes=body.get("retention_bytes"))
         return web.json_response(stream.to_dict(), status=201)
+
+    async def list_cursors(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        end, cursors = await self.service.list_cursors(name)
+        return web.json_response({"stream": name, "end": end,
+                                  "cursors": cursor_rows(end, cursors)})
+
+    async def commit_cursor(self, request: web.Request) -> web.Response:
+        body = _json_object(await request.read())
+        cursor, offset = body.get("cursor"), body.get("offset")
+        if not isinstance(cursor, str):
+            raise InvalidArgument("field 'cursor' must be a string", argument="cursor")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise InvalidArgument("field 'offset' must be an integer", argument="offset")
+        await self.service.commit_cursor(request.match_info["name"], cursor, offset)
+        return web.json_response({"cursor": cursor, "offset": offset})
 
     async def describe_stream(self, request: web.Request) -> web.Response:
         return web.json_response(self.service.describe_stream(request.match_info["name"]).to_dict())
@@ -267,6 +289,16 @@ def under_replicated(view: CatalogView, alive: Collection[str]) -> int:
         1 for stream in view.streams.values() for rng in stream.ranges
         if getattr(rng, "tier", "local") == "local"
         and sum(1 for r in rng.replicas if r.id in alive) < stream.replicas)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"request body is not JSON: {exc}", argument="body") from None
+    if not isinstance(body, dict):
+        raise InvalidArgument("request body must be a JSON object", argument="body")
+    return body
 
 
 def _parse_create(raw: bytes) -> dict[str, Any]:

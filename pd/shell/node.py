@@ -35,6 +35,7 @@ from pd.shell.raft import RaftNode
 from pd.shell.reclaimer import Reclaimer
 from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
+from pd.shell.retainer import Retainer
 from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class PlacementDriverNode:
         self._reclaim_task: asyncio.Task[None] | None = None
         self._recover_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
+        self._retain_task: asyncio.Task[None] | None = None  # pd/shell/retainer.py
         self._offload_task: asyncio.Task[None] | None = None
         self.offloader: Offloader | None = None
         self.rpc_address = ""
@@ -127,6 +129,9 @@ class PlacementDriverNode:
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
         self._recover_task = asyncio.ensure_future(recoverer.run())
         self._drain_task = asyncio.ensure_future(drainer.run())
+        retainer = Retainer(self.service)
+        retainer.pool = self.member_pool()
+        self._retain_task = asyncio.ensure_future(retainer.run())
         if store is not None:
             self.offloader = Offloader(
                 self.service, store, offload_delay_ms=int(cfg.offload_delay_s * 1000),
@@ -153,6 +158,10 @@ class PlacementDriverNode:
                 await asyncio.sleep(register_retry_s)
 
     async def close(self) -> None:
+        if self._retain_task is not None:
+            self._retain_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retain_task
         for task in (self._register_task, self._repair_task, self._reclaim_task,
                      self._recover_task, self._drain_task, self._offload_task):
             if task is not None:

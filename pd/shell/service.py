@@ -36,6 +36,7 @@ from estream.wire.errors import (
     Fenced,
     InvalidArgument,
     NotLeader,
+    OffsetOutOfRange,
     ServerNotFound,
     StreamExists,
     Unavailable,
@@ -44,6 +45,7 @@ from estream.wire.meta import ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
 from pd.catalog import CatalogView, PdNode, check_stream_args
 from pd.commands import (
+    CommitCursor,
     CreateStream,
     DeleteStream,
     DrainForget,
@@ -61,6 +63,7 @@ from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.placement import Candidate, choose_replicas
 from pd.repair import SealedReports, ServerListing, parse_reports
+from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
 from pd.shell.raft import RaftNode
 
@@ -216,10 +219,14 @@ class PdService:
         *,
         request_id: str = "",
         system: bool = False,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
     ) -> StreamMeta:
+        check_retention(retention_ms, retention_bytes)  # 0 is refused, not "no limit"
         view = await self._decision_view()
         command = CreateStream(name, replicas, ack_count, type, tuple(hints), (),
-                               request_id, system)
+                               request_id, system, retention_ms=retention_ms or 0,
+                               retention_bytes=retention_bytes or 0)
         if name in view.streams:
             if not request_id:
                 raise StreamExists(f"stream {name!r} already exists", stream=name)
@@ -337,6 +344,41 @@ class PdService:
                     f"{end} only", argument="start_offset")
         return _stream(await self.raft.propose(TrimStream(name, start_offset)))
 
+    async def readable_end(self, stream: StreamMeta, *, timeout_s: float = 1.0) -> int:
+        """What readers can read of ``stream`` now: its last range's sealed end, or the
+        most a sound replica of its open range serves (DESCRIBE_RANGE, ``timeout_s``;
+        the range's start when none answers)."""
+        last = stream.last_range
+        if last is None:
+            return stream.start_offset
+        answers = {} if last.sealed else await rangeops.describe(
+            self.pool, stream, last, timeout_s=timeout_s)
+        return max(stream.start_offset, rangeops.readable_end(last, answers))
+
+    async def commit_cursor(self, name: str, cursor: str, offset: int) -> int:
+        """Set the named cursor of ``name`` to ``offset`` (the next offset its consumer
+        reads), through Raft: it survives the loss of the leader. ``InvalidArgument`` for a
+        bad name or a negative offset, ``StreamNotFound``, ``OffsetOutOfRange`` past what
+        readers can read (nobody can have consumed records not readable yet)."""
+        check_cursor(cursor, offset)
+        stream = (await self._decision_view()).stream(name)
+        if offset > stream.start_offset:
+            end = await self.readable_end(stream)
+            if offset > end:
+                raise OffsetOutOfRange(
+                    f"cannot commit cursor {cursor!r} of stream {name!r} at {offset}: "
+                    f"readers can read up to {end} only",
+                    offset=offset, start=stream.start_offset, end=end)
+        await self.raft.propose(CommitCursor(name, cursor, offset))
+        return offset
+
+    async def list_cursors(self, name: str) -> tuple[int, dict[str, int]]:
+        """The stream's readable end and its cursors (``StreamNotFound`` if unknown)."""
+        view = self.read_view()
+        stream = view.stream(name)
+        cursors = dict(view.cursors.get(name, {}))
+        return await self.readable_end(stream), cursors
+
     async def update_replicas(
         self, name: str, range_index: int, replicas: Sequence[str], expected: Sequence[str] = ()
     ) -> StreamMeta:
@@ -439,6 +481,8 @@ class PdService:
             Opcode.PD_CLUSTER: self._rpc_cluster,
             Opcode.PD_UPDATE_REPLICAS: self._rpc_update_replicas,
             Opcode.PD_WRITER_KEEPALIVE: self._rpc_keepalive,
+            Opcode.PD_COMMIT_CURSOR: self._rpc_commit_cursor,
+            Opcode.PD_LIST_CURSORS: self._rpc_list_cursors,
             Opcode.PD_DRAIN_SERVER: self._rpc_drain,
             Opcode.PD_FORGET_SERVER: self._rpc_forget,
             Opcode.PD_DESCRIBE_SERVERS: self._rpc_describe_servers,
@@ -479,6 +523,8 @@ class PdService:
             _str_list(h, "hints"),
             request_id=optional(h, "request_id", str, ""),
             system=optional(h, "system", bool, False),
+            retention_ms=_opt_int(h, "retention_ms"),
+            retention_bytes=_opt_int(h, "retention_bytes"),
         )
         return {"stream": stream.to_dict()}
 
@@ -529,12 +575,35 @@ class PdService:
         server_id = optional(h, "server_id", str, "")
         return {"servers": self.server_details(server_id or None)}
 
+    async def _rpc_commit_cursor(self, h: Header) -> Header:
+        cursor = require(h, "cursor", str)
+        offset = await self.commit_cursor(require(h, "name", str), cursor,
+                                          require(h, "offset", int))
+        return {"cursor": cursor, "offset": offset}
+
+    async def _rpc_list_cursors(self, h: Header) -> Header:
+        end, cursors = await self.list_cursors(require(h, "name", str))
+        return {"end": end, "cursors": cursor_rows(end, cursors)}
+
     async def _rpc_update_replicas(self, h: Header) -> Header:
         replicas = _str_list(h, "replicas")
         stream = await self.update_replicas(
             require(h, "name", str), require(h, "range_index", int), replicas,
             _str_list(h, "expected"))
         return {"stream": stream.to_dict()}
+
+
+def cursor_rows(end: int, cursors: dict[str, int]) -> list[dict[str, Any]]:
+    """``[{"cursor", "offset", "lag"}]`` by name (the RPC and HTTP answers)."""
+    lags = cursor_lags(end, cursors)
+    return [{"cursor": c, "offset": cursors[c], "lag": lag} for c, lag in lags.items()]
+
+
+def _opt_int(h: Header, name: str) -> int | None:
+    value = h.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise InvalidArgument(f"field {name!r} must be an integer", argument=name)
+    return value
 
 
 def _str_list(h: Header, name: str) -> tuple[str, ...]:

@@ -510,10 +510,15 @@ class Store:
         return None, limit
 
     def time_stats(self, stream_id: int, range_index: int) -> dict[str, object]:
-        """The replica's ``{"min_timestamp", "max_timestamp", "bytes"}`` (timeindex.py)."""
+        """The replica's ``{"min_timestamp", "max_timestamp", "bytes"}`` (timeindex.py),
+        with ``"end"`` (what it holds: the statistics cover every batch below it, maybe
+        past a sealed range's end) and ``"sealed"``; ``ReplicaDamaged`` if damaged."""
         key = (stream_id, range_index)
-        self._get(*key)
-        return self.time_indexes[key].stats()
+        state = self._get(*key)
+        if state.damaged:
+            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+        return {**self.time_indexes[key].stats(), "end": state.end,
+                "sealed": state.sealed}
 
     async def _wait(self, key: Key, offset: int, unconfirmed: bool, wait_ms: int) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,129 @@
+"""``client.offset_for_time``: the first offset whose record timestamp is at or after a
+time, over a stream's ranges.
+
+Semantics (exact, whatever writers' clocks did): among the records readers can read
+(from the stream's start offset up to its confirmed end), the first one in offset order
+whose timestamp is at or after ``timestamp_ms``; the stream's end offset (the confirmed
+end of its open range) when there is none. Timestamps may go backwards between records:
+the answer is still the first such record, found through the running maximum (an offset
+answers ``t`` exactly when the largest timestamp up to it reaches ``t``), so a later
+``t`` never gives an earlier offset.
+
+How: the catalog records each sealed range's ``max_timestamp`` after its seal
+(``pd/shell/retainer.py``), so :func:`candidate_ranges` skips every range whose records
+are all older; the first candidate's replicas answer ``TIME_INDEX`` from their sparse
+time index (``rangeserver/timeindex.py``), one replica at a time (the next on an error, a
+timeout or a short replica), and a candidate with no such record (its maximum counts
+records past its end) passes to the next. A range whose replicas cannot answer (all
+down, or an object-tier range whose replicas were dropped) is scanned through
+``client.read_batches``, which has its own failover and reads the object tier.
+
+Side effects: network (PD and range servers through the client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from estream.wire import limits
+from estream.wire.errors import EstreamError, InvalidArgument
+from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.protocol import Opcode
+
+if TYPE_CHECKING:
+    from estream.sdk.client import Client
+
+request_timeout_s = limits.request_timeout_ms / 1000
+
+
+def candidate_ranges(stream: StreamMeta, timestamp_ms: int) -> list[RangeMeta]:
+    """The ranges that may hold a readable record at or after ``timestamp_ms``, in order:
+    from the one holding the start offset on, without empty ranges and sealed ranges whose
+    recorded ``max_timestamp`` is older. Pure.
+
+    >>> r = (RangeMeta(0, 0, 10, (), max_timestamp=50), RangeMeta(1, 10, 10, ()),
+    ...      RangeMeta(2, 10, 20, ()), RangeMeta(3, 20, None, ()))
+    >>> [c.index for c in candidate_ranges(StreamMeta(1, "s", ranges=r), 60)]
+    [2, 3]
+    >>> [c.index for c in candidate_ranges(StreamMeta(1, "s", ranges=r), 50)]
+    [0, 2, 3]
+    """
+    out = []
+    for rng in stream.ranges:
+        if rng.end is not None and (rng.end <= max(rng.start, stream.start_offset)):
+            continue  # empty, or trimmed away
+        if rng.end is not None and rng.max_timestamp is not None \
+                and rng.max_timestamp < timestamp_ms:
+            continue
+        out.append(rng)
+    return out
+
+
+def first_at_or_after(timestamps: Iterable[int], base_offset: int, timestamp_ms: int) -> int | None:
+    for i, stamp in enumerate(timestamps):
+        if stamp >= timestamp_ms:
+            return base_offset + i
+    return None
+
+
+async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
+    """See the module docstring."""
+    if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
+        raise InvalidArgument("timestamp_ms must be an integer (ms since the epoch)",
+                              argument="timestamp_ms")
+    stream = await client.stream_meta(name, refresh=True)
+    for rng in candidate_ranges(stream, timestamp_ms):
+        start = max(rng.start, stream.start_offset)
+        found, searched = await _ask_replicas(client, stream, rng, timestamp_ms)
+        if found is not None and found < start:
+            found = None  # the answer was trimmed away: scan what is left of the range
+            searched = None
+        if searched is None:  # no replica could answer: read the range itself
+            end = rng.end if rng.end is not None else await client.end_offset(name)
+            found = await _scan(client, name, start, end, timestamp_ms)
+            searched = end
+        if found is not None:
+            return found
+        if rng.end is None:
+            return searched  # the open range's confirmed end: nothing at or after it
+    return await client.end_offset(name)
+
+
+async def _ask_replicas(
+    client: Client, stream: StreamMeta, rng: RangeMeta, timestamp_ms: int
+) -> tuple[int | None, int | None]:
+    """TIME_INDEX on ``rng``'s replicas in turn: ``(offset or None, end searched)``, or
+    ``(None, None)`` when none answered for the whole range."""
+    if getattr(rng, "tier", "local") == "object":
+        return None, None  # its replicas may be gone or dropping: the tier's reader scans
+    header: dict[str, Any] = {"stream_id": stream.id, "range_index": rng.index,
+                              "timestamp": timestamp_ms}
+    if rng.end is not None:
+        header["end"] = rng.end  # sealed: everything below the catalog's end, unconfirmed
+    for ref in rng.replicas:
+        try:
+            body, _ = await client.pool.call(
+                ref.address, Opcode.TIME_INDEX, {**header, "server_id": ref.id},
+                timeout_s=request_timeout_s)
+        except EstreamError:
+            continue
+        offset, searched = body.get("offset"), body.get("searched_end")
+        if not isinstance(searched, int):
+            continue
+        if isinstance(offset, int):
+            return offset, searched
+        if rng.end is None or searched >= rng.end:
+            return None, searched
+        # a replica short of the sealed end: another may hold the rest
+    return None, None
+
+
+async def _scan(client: Client, name: str, start: int, end: int, timestamp_ms: int) -> int | None:
+    if start >= end:
+        return None
+    async for columns in client.read_batches(name, start, end):
+        found = first_at_or_after(columns.timestamps, columns.base_offset, timestamp_ms)
+        if found is not None:
+            return found
+    return None

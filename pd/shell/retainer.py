@@ -1,0 +1,163 @@
+"""The PD leader's retainer: range statistics, retention trims and cursor lags.
+
+Every ``interval_ms``, while this node is the caught-up Raft leader, one round:
+
+1. **Statistics.** Sealed, non-empty ranges without recorded statistics (at most
+   ``stats_per_round_max``, oldest first) get them from one replica's time index
+   (``TIME_INDEX`` without a timestamp, naming the server: a wiped server answers
+   ``WrongServer``). Only a sound replica holding the whole range counts (its ``end`` at or
+   past the catalog's, not damaged, its index not partial): its maximum is then at least
+   the maximum of every readable record, so a lookup that skips a range below it never
+   skips an answer. The result is one ``record_range_stats`` command, applied only while
+   the range is still sealed at that end.
+2. **Retention.** Each stream with ``retention_ms``/``retention_bytes`` gets
+   :func:`pd.retention.plan_trim` (now = this node's wall clock) and, if it trims, one
+   ``trim_stream`` command. Trimmed ranges' replicas are dropped later by the reclaimer.
+   ``estream_retention_trimmed_ranges_total{stream}`` counts trimmed ranges and
+   ``estream_retention_held_ranges{stream}`` shows those a cursor holds.
+3. **Lags.** Each stream with cursors: its readable end (``PdService.readable_end``: one
+   DESCRIBE_RANGE per replica of the open range, 1 s) and ``estream_cursor_lag{stream,
+   cursor}`` (end minus the cursor's offset) on this node's ``/metrics``.
+
+Double faults: the leader dying mid-round loses nothing: each decision is one Raft
+command, committed or not, and the next leader decides again from the catalog (a trim to
+an offset already trimmed and stats already recorded are no-ops or skipped). A range
+server down or hung: its stats come from another replica (1 s timeout each); its trimmed
+replicas are dropped by the reclaimer once it is back. A trim never passes a sealed
+range's end, which is at or below the confirmed end, and never a cursor's unread range.
+
+Side effects: network (range servers through a :class:`ConnectionPool`), Raft proposals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Final
+
+from estream.net.rpc import ConnectionPool
+from estream.wire.errors import Conflict, EstreamError, RangeNotFound, StreamNotFound
+from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.protocol import Opcode
+from pd.catalog import CatalogView
+from pd.commands import RecordRangeStats, TrimStream
+from pd.retention import cursor_lags, plan_trim
+from pd.shell.rounds import leader_rounds
+from pd.shell.service import PdService
+
+log = logging.getLogger(__name__)
+
+retention_interval_ms: Final = 1_000
+stats_per_round_max: Final = 256
+stats_concurrency: Final = 32
+lag_streams_per_round_max: Final = 256
+stats_timeout_s: Final = 1.0
+
+TRIMMED_TOTAL: Final = "estream_retention_trimmed_ranges_total"
+TRIMMED_HELP: Final = "Whole ranges trimmed by stream retention (retention_ms/_bytes)."
+HELD: Final = "estream_retention_held_ranges"
+HELD_HELP: Final = ("Ranges past their stream's retention limit kept because a named "
+                    "cursor has not read them (PD leader).")
+LAG: Final = "estream_cursor_lag"
+LAG_HELP: Final = ("Records between a named cursor and its stream's readable end "
+                   "(PD leader).")
+
+
+class Retainer:
+    """Runs retainer rounds on the PD leader (module docstring)."""
+
+    def __init__(self, service: PdService, *, interval_ms: int = retention_interval_ms) -> None:
+        self.service = service
+        self.interval_ms = interval_ms
+        self.pool = ConnectionPool()
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)  # record timestamps are writers' wall clocks
+
+    async def run(self) -> None:
+        """Forever (until cancelled): a round every ``interval_ms`` while leader."""
+        try:
+            await leader_rounds(self.service, self.interval_ms, self.round, name="retention")
+        finally:
+            await self.pool.close()
+
+    async def round(self) -> None:
+        if not self.service.raft.caught_up():
+            return  # a new leader still applying the log decides from a stale catalog
+        await self.record_stats(self.service.view())
+        await self.retain(self.service.view())
+        await self.measure_lags(self.service.view())
+
+    # -- 1. statistics -----------------------------------------------------------------
+    async def record_stats(self, view: CatalogView) -> int:
+        """Record the statistics of ranges that lack them; returns how many."""
+        todo = [(s, r) for s in view.streams.values() for r in s.ranges
+                if r.sealed and r.end != r.start and r.max_timestamp is None and r.replicas]
+        todo = todo[:stats_per_round_max]
+        gate = asyncio.Semaphore(stats_concurrency)
+
+        async def one(stream: StreamMeta, rng: RangeMeta) -> bool:
+            async with gate:
+                return await self._record_one(stream, rng)
+
+        done = await asyncio.gather(*(one(s, r) for s, r in todo))
+        return sum(done)
+
+    async def _record_one(self, stream: StreamMeta, rng: RangeMeta) -> bool:
+        for ref in rng.replicas:
+            ids = {"stream_id": stream.id, "range_index": rng.index, "server_id": ref.id}
+            try:
+                body, _ = await self.pool.call(ref.address, Opcode.TIME_INDEX, ids,
+                                               timeout_s=stats_timeout_s)
+            except EstreamError:
+                continue
+            low, high, size, end = (body.get(k) for k in
+                                    ("min_timestamp", "max_timestamp", "bytes", "end"))
+            if not (isinstance(low, int) and isinstance(high, int) and isinstance(size, int)
+                    and isinstance(end, int) and rng.end is not None and end >= rng.end):
+                continue  # a partial index, or a replica short of the range
+            try:
+                await self.service.raft.propose(
+                    RecordRangeStats(stream.name, rng.index, rng.end, low, high, size))
+            except (Conflict, RangeNotFound, StreamNotFound):
+                return False  # trimmed, deleted or changed meanwhile
+            return True
+        return False
+
+    # -- 2. retention ------------------------------------------------------------------
+    async def retain(self, view: CatalogView) -> int:
+        """Trim every stream its retention allows; returns the ranges trimmed."""
+        trimmed = 0
+        now = self.now_ms()
+        for stream in view.streams.values():
+            if stream.retention_ms is None and stream.retention_bytes is None:
+                continue
+            plan = plan_trim(stream, view.cursors.get(stream.name, {}), now)
+            self.service.metrics.set_gauge(HELD, HELD_HELP, plan.held, stream=stream.name)
+            if plan.start_offset is None:
+                continue
+            try:
+                await self.service.raft.propose(TrimStream(stream.name, plan.start_offset))
+            except StreamNotFound:
+                continue
+            log.info("retention trimmed %d ranges of stream %r (start %d -> %d)%s",
+                     plan.trimmed, stream.name, stream.start_offset, plan.start_offset,
+                     f"; {plan.held} held by cursors" if plan.held else "")
+            self.service.metrics.count(TRIMMED_TOTAL, TRIMMED_HELP, plan.trimmed,
+                                       stream=stream.name)
+            trimmed += plan.trimmed
+        return trimmed
+
+    # -- 3. cursor lags ----------------------------------------------------------------
+    async def measure_lags(self, view: CatalogView) -> None:
+        names = [n for n, c in view.cursors.items() if c and n in view.streams]
+        names = names[:lag_streams_per_round_max]
+        ends = await asyncio.gather(
+            *(self.service.readable_end(view.streams[n]) for n in names),
+            return_exceptions=True)
+        for name, end in zip(names, ends, strict=True):
+            if not isinstance(end, int):
+                continue
+            for cursor, lag in cursor_lags(end, view.cursors[name]).items():
+                self.service.metrics.set_gauge(LAG, LAG_HELP, lag, stream=name, cursor=cursor)

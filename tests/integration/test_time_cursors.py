@@ -1,0 +1,182 @@
+"""Reading by time, named cursors and retention on real processes (issue #18).
+
+- ``offset_for_time`` at every boundary (each timestamp, one below, one above, before the
+  first and after the last) across sealed ranges and the open one, with timestamps that
+  go backwards, before and after PD recorded the sealed ranges' statistics, equals the
+  naive "first offset whose timestamp is at or after t" (the end offset if none).
+- Named cursors: commit, read back, list with lag over HTTP, every bad input typed, and
+  the committed offset survives a kill -9 of the PD leader.
+- Retention: a stream with old records and ``retention_ms`` is trimmed by whole sealed
+  ranges, never past the confirmed end and never the open range; a cursor holds ranges it
+  has not read (shown in ``/metrics``) until it moves; ``retention_bytes`` keeps at least
+  the limit; every record at or after the new start is still there, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import estream
+from estream.devcluster.cluster import Cluster
+from estream.devcluster.pd import http_json
+from estream.wire.errors import InvalidArgument, OffsetOutOfRange, StreamNotFound
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
+
+T0 = 1_700_000_000_000
+
+
+async def write_ranges(client: estream.Client, name: str,
+                       groups: list[list[int]]) -> list[int]:
+    """One writer per group of timestamps: each opens a range (the previous writer's range
+    is recovered and sealed); the last one stays open. Returns every timestamp by offset."""
+    stamps: list[int] = []
+    for group in groups:
+        writer = await client.open_writer(name)
+        for ts in group:
+            await writer.append(b"%d" % len(stamps), timestamp=ts)
+            stamps.append(ts)
+        await writer.close()
+    return stamps
+
+
+def naive(stamps: list[int], t: int) -> int:
+    return next((i for i, s in enumerate(stamps) if s >= t), len(stamps))
+
+
+async def wait_for(predicate: object, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError("condition not reached in time")
+
+
+async def test_offset_for_time_at_every_boundary(cluster: Cluster) -> None:
+    groups = [
+        [T0 + 10, T0 + 20, T0 + 15, T0 + 30],  # a clock going back inside a range
+        [T0 + 25, T0 + 40, T0 + 40, T0 + 35],  # below the previous range's maximum
+        [],  # an empty range (a writer that wrote nothing)
+        [T0 + 50, T0 + 45, T0 + 60],
+        [T0 + 55, T0 + 70, T0 + 65],  # the open range
+    ]
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("times")
+        stamps = await write_ranges(client, "times", groups)
+        probes = sorted({p for s in stamps for p in (s - 1, s, s + 1)} | {0, T0 * 2})
+
+        async def check() -> None:
+            for t in probes:
+                assert await client.offset_for_time("times", t) == naive(stamps, t), t
+
+        await check()  # before PD recorded the sealed ranges' statistics
+
+        async def recorded() -> bool:
+            meta = await client.describe_stream("times")
+            return all(r.max_timestamp is not None for r in meta.ranges
+                       if r.sealed and r.end != r.start)
+
+        await wait_for(recorded)
+        meta = await client.describe_stream("times")
+        first = meta.ranges[0]
+        assert (first.min_timestamp, first.max_timestamp) == (T0 + 10, T0 + 30)
+        assert first.size_bytes and first.size_bytes > 0
+        assert cluster.describe("times")["ranges"][0]["max_timestamp"] == T0 + 30
+        await check()
+        with pytest.raises(StreamNotFound):
+            await client.offset_for_time("nope", T0)
+
+
+async def test_cursors_typed_errors_http_and_leader_loss(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("cur")
+        await write_ranges(client, "cur", [[T0] * 5, [T0] * 5])
+        await client.commit_cursor("cur", "billing", 3)
+        await client.commit_cursor("cur", "audit", 10)
+        assert await client.cursor_offset("cur", "billing") == 3
+        assert await client.cursor_offset("cur", "never") is None
+        status, body = http_json(cluster.pd_url() + "/v1/streams/cur/cursors")
+        assert status == 200, body
+        assert body["end"] == 10
+        assert body["cursors"] == [{"cursor": "audit", "offset": 10, "lag": 0},
+                                   {"cursor": "billing", "offset": 3, "lag": 7}]
+        with pytest.raises(StreamNotFound):
+            await client.commit_cursor("nope", "c", 0)
+        with pytest.raises(InvalidArgument):
+            await client.commit_cursor("cur", "c", -1)
+        with pytest.raises(InvalidArgument):
+            await client.commit_cursor("cur", "c" * 201, 0)
+        with pytest.raises(OffsetOutOfRange):
+            await client.commit_cursor("cur", "c", 11)
+        url = cluster.pd_url()
+        assert http_json(url + "/v1/streams/nope/cursors")[0] == 404
+        status, body = http_json(url + "/v1/streams/cur/cursors", "POST",
+                                 {"cursor": "c", "offset": 99})
+        assert status == 400 and body["error"]["code"] == "OFFSET_OUT_OF_RANGE"
+        status, body = http_json(url + "/v1/streams/cur/cursors", "POST",
+                                 {"cursor": "web", "offset": 4})
+        assert status == 200
+        killed = cluster.kill_pd_leader()
+        try:
+            assert await client.cursor_offset("cur", "billing") == 3
+            assert await client.cursor_offset("cur", "web") == 4
+            await client.commit_cursor("cur", "billing", 8)  # the new leader commits
+            assert await client.cursor_offset("cur", "billing") == 8
+        finally:
+            cluster.restart_pd(killed)
+        status, body = http_json(cluster.pd_url() + "/metrics")
+
+        async def lag_shown() -> bool:
+            text = http_json(cluster.pd_url() + "/metrics")[1]
+            return 'estream_cursor_lag{cursor="billing",stream="cur"} 2' in text
+
+        await wait_for(lag_shown)
+
+
+async def test_retention_trims_whole_ranges_and_cursors_hold(cluster: Cluster) -> None:
+    old = int(time.time() * 1000) - 3_600_000  # an hour ago: past a one-minute limit
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("ret", retention_ms=60_000)
+        assert meta.retention_ms == 60_000
+        stamps = await write_ranges(client, "ret", [[old] * 4, [old] * 4, [old] * 4])
+        await client.commit_cursor("ret", "slow", 2)  # inside range 0: holds everything
+
+        async def held_shown() -> bool:
+            text = http_json(cluster.pd_url() + "/metrics")[1]
+            return 'estream_retention_held_ranges{stream="ret"} 2' in text
+
+        await wait_for(held_shown)
+        assert (await client.describe_stream("ret")).start_offset == 0
+        await client.commit_cursor("ret", "slow", 8)
+
+        async def trimmed() -> bool:
+            return (await client.describe_stream("ret")).start_offset == 8
+
+        await wait_for(trimmed)
+        meta = await client.describe_stream("ret")
+        assert [r.start for r in meta.ranges] == [8]  # the open range stays, whole
+        values = [r.value async for r in client.read("ret", start=8)]
+        assert values == [b"%d" % i for i in range(8, len(stamps))]
+
+        await client.create_stream("ret-bytes", retention_bytes=1)
+        await write_ranges(client, "ret-bytes", [[old] * 3] * 4)
+
+        async def bytes_trimmed() -> bool:
+            return (await client.describe_stream("ret-bytes")).start_offset == 6
+
+        # every sealed range but the last goes: the last one alone still holds >= 1 byte
+        await wait_for(bytes_trimmed)
+        values = [r.value async for r in client.read("ret-bytes", start=6)]
+        assert values == [b"%d" % i for i in range(6, 12)]
+        with pytest.raises(InvalidArgument):
+            await client.create_stream("ret-bad", retention_ms=0)
+        status, body = http_json(cluster.pd_url() + "/v1/streams", "POST",
+                                 {"name": "ret-http", "retention_bytes": 1024})
+        assert status == 201 and body["retention_bytes"] == 1024
+        status, _ = http_json(cluster.pd_url() + "/v1/streams", "POST",
+                              {"name": "ret-http2", "retention_ms": "soon"})
+        assert status == 400
