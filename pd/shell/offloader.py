@@ -114,7 +114,7 @@ class Offloader:
         local_retention_ms: int,
         orphan_grace_ms: int,
         interval_ms: int = interval_ms_default,
-        sweep_interval_ms: int = sweep_interval_ms_default,
+        sweep_interval_ms: int | None = None,
         busy: set[RangeKey] | None = None,
     ) -> None:
         self.service = service
@@ -123,7 +123,9 @@ class Offloader:
         self.local_retention_ms = local_retention_ms
         self.orphan_grace_ms = orphan_grace_ms
         self.interval_ms = interval_ms
-        self.sweep_interval_ms = sweep_interval_ms
+        # A sweep every minute, or every half grace when that is shorter (tests).
+        self.sweep_interval_ms = sweep_interval_ms if sweep_interval_ms is not None else max(
+            interval_ms, min(sweep_interval_ms_default, orphan_grace_ms // 2))
         self.busy: set[RangeKey] = set() if busy is None else busy
         self.pool = ConnectionPool()
         self.sealed_since: dict[RangeKey, int] = {}

@@ -1,0 +1,200 @@
+"""The object-storage tier's write side against real processes and a ``file://`` store.
+
+One module-scoped cluster (1 PD, 3 range servers); PD gets its tier settings from the
+environment (``ESTREAM_OBJECT_STORE``, ``ESTREAM_OFFLOAD_DELAY_S=1``,
+``ESTREAM_LOCAL_RETENTION_S=1``, ``ESTREAM_OBJECT_ORPHAN_GRACE_S=2``: the settings
+layering of ``estream pd``). Ranges are sealed by rolling: a writer appends and closes, the
+next writer's recovery seals the range and opens the next one.
+
+1. Sealed ranges become "object" (``GET /v1/streams/{name}``), each object holds exactly
+   the range's records (decoded from the object file), then the catalog lists no replicas
+   (local retention), PD's cluster answer names the store, and ``/metrics`` counts it.
+2. A replica damaged before the upload is never the source: the object still holds the
+   whole range.
+3. Deleting the stream deletes its objects; an uncommitted object of a live stream (an
+   abandoned attempt) is deleted after the grace; a file that is not an estream object is
+   left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import estream
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.pd import http_json
+from estream.wire.objectformat import decode_object, iter_object_batches
+from estream.wire.record import decode_batch
+from pd.offload import object_key
+
+pytestmark = [pytest.mark.integration]
+
+tier_timeout_s = 45.0
+
+
+def tier_env(url: str) -> dict[str, str]:
+    return {"ESTREAM_OBJECT_STORE": url, "ESTREAM_OFFLOAD_DELAY_S": "1",
+            "ESTREAM_LOCAL_RETENTION_S": "1", "ESTREAM_OBJECT_ORPHAN_GRACE_S": "2"}
+
+
+def start_tiered_cluster(tmp: Path, env: dict[str, str], **kw: Any) -> Cluster:
+    """A cluster whose PD runs with ``env`` (the processes copy the environment when they
+    are created; it is restored right after)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return start_cluster(tmp, **kw)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def objects_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("objects")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, objects_dir: Path) -> Iterator[Cluster]:
+    c = start_tiered_cluster(tmp_path_factory.mktemp("tier"), tier_env(f"file://{objects_dir}"),
+                             pd_nodes=1, range_servers=3)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def write_ranges(client: Any, name: str, counts: list[int]) -> list[bytes]:
+    """Append ``counts[i]`` records then roll, for each i; the last range is left open
+    (and empty). Returns every value written, in offset order."""
+    values: list[bytes] = []
+    for n in counts:
+        async with await client.open_writer(name) as writer:
+            for _ in range(n):
+                value = f"{name}-{len(values)}".encode()
+                await writer.append(value, headers={"i": str(len(values))})
+                values.append(value)
+    async with await client.open_writer(name):
+        pass  # its recovery sealed the last range with records
+    return values
+
+
+async def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.3)
+
+
+def sealed_ranges(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    return [r for r in cluster.describe(name)["ranges"] if r["end"] is not None]
+
+
+def all_tiered(cluster: Cluster, name: str, released: bool) -> list[dict[str, Any]] | None:
+    ranges = sealed_ranges(cluster, name)
+    ok = all(r["tier"] == "object" and r["object_key"] and (not released or not r["replicas"])
+             for r in ranges)
+    return ranges if ok and ranges else None
+
+
+def object_values(path: Path, start: int, end: int) -> list[bytes]:
+    data = path.read_bytes()
+    index = decode_object(data)
+    assert (index.footer.start_offset, index.footer.end_offset) == (start, end)
+    lo, hi = index.locate(start, end) if end > start else (0, 0)
+    records = [r for _, raw in iter_object_batches(data[lo:hi]) for r in decode_batch(raw).records]
+    assert [r.offset for r in records] == list(range(start, end))
+    return [r.value for r in records]
+
+
+def metric(cluster: Cluster, prefix: str) -> float:
+    status, text = http_json(cluster.pd_url() + "/metrics")
+    assert status == 200
+    return sum(float(line.split()[-1]) for line in str(text).splitlines()
+               if line.startswith(prefix))
+
+
+async def test_sealed_ranges_go_to_the_object_tier_and_release_replicas(
+    cluster: Cluster, objects_dir: Path
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("tiered", replicas=3, ack_count=2)
+        values = await write_ranges(client, "tiered", [120, 45])
+    ranges = await wait_for(lambda: all_tiered(cluster, "tiered", released=False),
+                            tier_timeout_s, "both sealed ranges in the object tier")
+    assert [(r["start"], r["end"]) for r in ranges] == [(0, 120), (120, 165)]
+    got: list[bytes] = []
+    for r in ranges:
+        got += object_values(objects_dir / r["object_key"], r["start"], r["end"])
+    assert got == values
+    released = await wait_for(lambda: all_tiered(cluster, "tiered", released=True),
+                              tier_timeout_s, "the local replicas released")
+    assert [r["object_key"] for r in released] == [r["object_key"] for r in ranges]
+    last = cluster.describe("tiered")["ranges"][-1]
+    assert last["end"] is None and last["tier"] == "local" and len(last["replicas"]) == 3
+    status, answer = http_json(cluster.pd_url() + "/v1/cluster")
+    assert status == 200 and answer["object_store"] == {
+        "url": f"file://{objects_dir}", "endpoint": None}
+    assert metric(cluster, "estream_offload_ranges_total") >= 2
+    assert metric(cluster, "estream_offload_bytes_total") >= sum(
+        (objects_dir / r["object_key"]).stat().st_size for r in ranges)
+    assert metric(cluster, 'estream_offload_released_ranges_total') >= 2
+
+
+async def test_a_damaged_replica_is_never_the_source(cluster: Cluster, objects_dir: Path) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("damaged", replicas=3, ack_count=2)
+        async with await client.open_writer("damaged") as writer:
+            values = [f"d-{i}".encode() for i in range(200)]
+            for v in values:
+                await writer.append(v)
+        stream_id = (await client.describe_stream("damaged")).id
+        first = cluster.describe("damaged")["ranges"][0]["replicas"][0]["address"]
+        # Damage the first listed replica (the offloader's first choice) while range 0 is
+        # still open, then seal it by rolling.
+        assert cluster.damage_replica(first, stream_id, 0) is not None
+        cluster.wait_servers_alive()
+        async with await client.open_writer("damaged"):
+            pass
+    (r,) = await wait_for(lambda: all_tiered(cluster, "damaged", released=False),
+                          tier_timeout_s, "range 0 in the object tier")
+    assert object_values(objects_dir / r["object_key"], 0, r["end"]) == values[: r["end"]]
+    assert r["end"] == 200
+
+
+async def test_deleted_streams_and_abandoned_uploads_are_swept(
+    cluster: Cluster, objects_dir: Path
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("doomed", replicas=3, ack_count=2)
+        await write_ranges(client, "doomed", [30])
+        await client.create_stream("kept", replicas=3, ack_count=2)
+        kept_id = (await client.describe_stream("kept")).id
+        (r,) = await wait_for(lambda: all_tiered(cluster, "doomed", released=False),
+                              tier_timeout_s, "doomed's range in the object tier")
+        doomed_object = objects_dir / r["object_key"]
+        assert doomed_object.exists()
+        abandoned = objects_dir / object_key(kept_id, 0, "t0-abandoned")
+        abandoned.parent.mkdir(parents=True, exist_ok=True)
+        abandoned.write_bytes(b"an upload that was never committed")
+        foreign = objects_dir / "not-estream.txt"
+        foreign.write_bytes(b"someone else's file")
+        await client.delete_stream("doomed")
+    await wait_for(lambda: not doomed_object.exists() and not abandoned.exists(),
+                   tier_timeout_s, "the deleted stream's object and the orphan swept")
+    assert foreign.read_bytes() == b"someone else's file"
+    assert metric(cluster, "estream_objects_deleted_total") >= 2
