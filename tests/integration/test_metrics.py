@@ -1,0 +1,159 @@
+"""Metrics and health of real processes: every /metrics passes ``promtool check metrics``,
+range servers' /healthz and /readyz, PD's /readyz flipping with its majority, and a
+stalled writer showing up in a range server's metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import estream
+from estream.devcluster.cluster import Cluster, RangeServerProcess, start_cluster
+from estream.devcluster.pd import http_json
+
+pytestmark = pytest.mark.integration
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is missing: `make system-deps` installs Debian's "
+    "prometheus package, which has it (apt was not available here)")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(Path(tmp_path_factory.mktemp("metrics")), pd_nodes=3, range_servers=2,
+                      rangeserver_args=["--http", "127.0.0.1:0"], proxied=True)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def http_url(server: RangeServerProcess) -> str:
+    assert server.process is not None
+    return "http://" + server.process.wait_log(rb"http on (\S+:\d+)", 10).group(1).decode()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of ``url``/metrics: ``name{labels}`` (sorted) -> value."""
+    status, text = http_json(url + "/metrics")
+    assert status == 200 and isinstance(text, str)
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def promtool_check(url: str) -> None:
+    assert PROMTOOL is not None
+    _, text = http_json(url + "/metrics")
+    result = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def wait_for(check: object, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+async def test_rangeserver_health_metrics_and_promtool(cluster: Cluster) -> None:
+    urls = [http_url(s) for s in cluster.servers]
+    for url in urls:
+        assert http_json(url + "/healthz")[0] == 200
+        wait_for(lambda url=url: http_json(url + "/readyz")[0] == 200)
+        assert http_json(url + "/nothing")[1]["error"]["code"] == "NOT_FOUND"
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("metered", replicas=2, ack_count=2)
+        async with await client.open_writer("metered") as writer:
+            for i in range(20):
+                await writer.append(b"x" * 100 + str(i).encode())
+        read = [r.offset async for r in client.read("metered", start=0)]
+        assert read == list(range(20))
+    for url in urls:
+        seen = scrape(url)
+        assert seen["estream_rangeserver_append_records_total"] >= 20
+        assert seen["estream_rangeserver_append_bytes_total"] >= 20 * 100
+        assert seen['estream_rangeserver_request_seconds_count{op="APPEND"}'] >= 1
+        assert seen["estream_rangeserver_fsync_seconds_count"] >= 1
+        assert seen['estream_rangeserver_replicas{state="open"}'] >= 1
+        assert seen["estream_rangeserver_disk_free_bytes"] > 0
+        assert seen["estream_rangeserver_registered"] == 1
+        assert seen["estream_rangeserver_log_failed"] == 0
+        assert "process_resident_memory_bytes" in seen
+        if PROMTOOL is not None:
+            promtool_check(url)
+    assert sum(scrape(u).get("estream_rangeserver_read_bytes_total", 0) for u in urls) > 0
+
+
+@needs_promtool
+def test_pd_metrics_pass_promtool(cluster: Cluster) -> None:
+    for url in cluster.pd.http_urls:
+        promtool_check(url)
+        seen = scrape(url)
+        assert seen["estream_pd_raft_proposals_total"] >= 0
+        assert "process_cpu_seconds_total" in seen
+
+
+async def test_a_stalled_writer_shows_in_range_server_metrics(cluster: Cluster) -> None:
+    """Stream on both servers, ack_count 2: one replica hangs (its proxy holds every
+    frame), so the writer can neither acknowledge nor roll (no third server). The other
+    replica holds records past its confirm offset, and the age of that grows."""
+    hung, healthy = cluster.servers
+    url = http_url(healthy)
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("stalls", replicas=2, ack_count=2)
+        writer = await client.open_writer("stalls", delivery_timeout_s=30.0)
+        await writer.append(b"before")
+        assert scrape(url)["estream_rangeserver_unconfirmed_age_seconds"] == 0
+        hung.proxy.partition()  # type: ignore[union-attr]
+        try:
+            pending = [asyncio.ensure_future(writer.append(b"stalled %d" % i))
+                       for i in range(5)]
+            await asyncio.sleep(1.0)
+            assert not any(p.done() for p in pending), "nothing can be acknowledged"
+            first = scrape(url)
+            assert first["estream_rangeserver_unconfirmed_records"] >= 1
+            await asyncio.sleep(1.5)
+            second = scrape(url)
+            assert second["estream_rangeserver_unconfirmed_records"] >= 1
+            assert second["estream_rangeserver_unconfirmed_age_seconds"] >= 1.0
+        finally:
+            hung.proxy.heal()  # type: ignore[union-attr]
+            for p in pending:
+                p.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.wait_for(asyncio.shield(writer.close()), 40)
+
+
+def test_pd_readyz_flips_when_two_nodes_die_and_come_back(cluster: Cluster) -> None:
+    """Last in this module: it takes the module's PD majority away for a while."""
+    pd = cluster.pd
+    leader = pd.leader()
+    survivor = next(i for i in range(3) if i != leader)
+    url = pd.http_urls[survivor]
+    wait_for(lambda: http_json(url + "/readyz")[0] == 200)
+    for i in range(3):
+        if i != survivor:
+            pd.kill9(i)
+    wait_for(lambda: http_json(url + "/readyz")[0] == 503)
+    status, body = http_json(url + "/readyz")
+    assert body["error"]["code"] == "UNAVAILABLE" and "leader" in body["error"]["message"]
+    assert http_json(url + "/healthz")[0] == 200, "liveness is not readiness"
+    assert scrape(url)["estream_pd_ready"] == 0
+    for i in range(3):
+        if i != survivor:
+            pd.restart(i)
+    wait_for(lambda: http_json(url + "/readyz")[0] == 200, timeout_s=30)
+    assert http_json(url + "/readyz")[1]["status"] == "ready"
