@@ -116,8 +116,11 @@ class ProducerState:
         # Runs (first sequence, first offset, count), sequences increasing.
         self._runs: deque[tuple[int, int, int]] = deque()
         self._firsts: list[int] | None = None  # bisect cache of the runs' first sequences
+        self._forgotten = -1  # the highest stored sequence no longer in the runs
         if tail is not None and tail.offset >= 0:
             self._runs.append((tail.sequence, tail.offset, 1))
+        elif tail is not None:
+            self._forgotten = tail.sequence
 
     def next_sequences(self, n: int) -> list[int]:
         """``n`` sequences after the last one (appends that gave none)."""
@@ -160,9 +163,18 @@ class ProducerState:
             runs.append((seq, offset, 1))
             offset += 1
             if len(runs) > runs_max:
-                runs.popleft()
+                first, _, count = runs.popleft()
+                self._forgotten = first + count - 1
         self._firsts = None
         self.last_sequence = sequences[-1]
+
+    def stored_sequence(self, completed: int) -> int:
+        """The highest sequence at an offset below ``completed`` (the acknowledged end):
+        what is durably stored of this producer."""
+        for first, first_offset, count in reversed(self._runs):
+            if first_offset < completed:
+                return first + min(count, completed - first_offset) - 1
+        return self._forgotten
 
     def offset_of(self, sequence: int) -> int:
         """The offset holding ``sequence`` if this writer knows it, else -1."""

@@ -12,6 +12,7 @@ Side effects: network connections.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Sequence
 
 from estream.core.rangewriter import WriterConfig
@@ -31,6 +32,7 @@ from estream.sdk.writer import Writer
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
+    DigestKeyMissing,
     EstreamError,
     InvalidArgument,
     OffsetOutOfRange,
@@ -38,7 +40,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import ServerInfo, StreamMeta
-from estream.wire.record import BatchColumns, BatchView, Record
+from estream.wire.record import DIGEST_XXH3, DIGESTS, BatchColumns, BatchView, Record, stream_key
 
 
 class Client:
@@ -53,6 +55,7 @@ class Client:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         token: str | None = None,
+        secret: str | bytes | None = None,
     ) -> None:
         # TLS when a CA or a client certificate is given (estream.net.security); ``token`` is
         # sent (AUTH) on every new connection, to PD and to range servers alike.
@@ -63,6 +66,11 @@ class Client:
         self._streams: dict[str, StreamMeta] = {}
         self._writers: list[Writer] = []
         self._closed = False
+        # The cluster secret that per-stream MAC keys derive from (hmac-sha256 digests);
+        # never sent anywhere. Default: the ESTREAM_SECRET environment variable.
+        if secret is None:
+            secret = os.environ.get("ESTREAM_SECRET") or None
+        self._secret = secret.encode() if isinstance(secret, str) else secret
         self._object_reads: ObjectReads | None = None  # once PD named an object store
 
     async def __aenter__(self) -> Client:
@@ -167,13 +175,19 @@ class Client:
         linger_ms: int = limits.linger_ms,
         batch_bytes: int = limits.writer_batch_bytes,
         delivery_timeout_s: float = limits.delivery_timeout_ms / 1000,
+        producer_id: str | None = None,
     ) -> Writer:
         """A writer for ``name`` with a new epoch: every earlier writer is fenced. A last
         range left open by a dead writer is recovered first (``docs/ARCHITECTURE.md`` 2.7).
 
         ``delivery_timeout_s`` bounds every append (one not acknowledged in time raises
         :class:`estream.Timeout`, and the writer takes no more appends) and this call's
-        recovery (:class:`estream.Unavailable` when it cannot be done safely in time)."""
+        recovery (:class:`estream.Unavailable` when it cannot be done safely in time).
+
+        ``producer_id``: an idempotent producer (``estream/core/producer.py``): its
+        appends carry sequences, ``writer.last_sequence`` is its highest one durably
+        stored (found at open), and an append whose sequence is not above it is not
+        stored again."""
         self._check_open()
         if delivery_timeout_s <= 0:
             raise InvalidArgument("delivery_timeout_s must be > 0", argument="delivery_timeout_s")
@@ -184,7 +198,7 @@ class Client:
             deferred=deferred_sync,
             delivery_timeout_ms=max(1, round(delivery_timeout_s * 1000)),
         )
-        writer = await Writer.open(self, name, config)
+        writer = await Writer.open(self, name, config, producer_id)
         self._streams[name] = writer.stream
         self._writers = [w for w in self._writers if not w.closed]
         self._writers.append(writer)
@@ -275,6 +289,30 @@ class Client:
         if self._closed:
             raise Closed("the client is closed")
 
+    def stream_key(self, meta: StreamMeta) -> bytes | None:
+        """The MAC key of a stream whose digest is ``hmac-sha256`` (None for other
+        digests), derived from this client's cluster secret; :class:`DigestKeyMissing`
+        when the client has none."""
+        if getattr(meta, "digest", "xxh3") != "hmac-sha256":
+            return None
+        if not self._secret:
+            raise DigestKeyMissing(
+                f"stream {meta.name!r} is MACed (hmac-sha256): connect with secret= (or "
+                "set ESTREAM_SECRET) to the cluster secret", stream=meta.name)
+        return stream_key(self._secret, meta.id)
+
+    def entry_digest(self, stream_id: int) -> tuple[int, bytes | None] | None:
+        """The digest kind and MAC key of a cached stream, by id (None if not cached):
+        what a reader checks every batch against."""
+        for meta in self._streams.values():
+            if meta.id == stream_id:
+                digest = DIGESTS.get(getattr(meta, "digest", "xxh3"), DIGEST_XXH3)
+                try:
+                    return digest, self.stream_key(meta)
+                except DigestKeyMissing:
+                    return digest, None
+        return None
+
 
 async def connect(
     pd: str | Sequence[str],
@@ -284,16 +322,19 @@ async def connect(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     token: str | None = None,
+    secret: str | bytes | None = None,
 ) -> Client:
     """Connect to the placement driver at ``pd`` ("h:p,h:p,h:p" or a list).
 
     ``tls_ca`` (PEM file) turns TLS on and verifies the servers against that CA;
     ``tls_cert``/``tls_key`` present a client certificate; ``token`` authenticates every
-    connection. Raises :class:`Unavailable` if no PD node answers within ``timeout_s``,
+    connection; ``secret`` is the cluster secret that MAC keys of ``hmac-sha256`` streams
+    derive from (default ``ESTREAM_SECRET``). Raises :class:`Unavailable` if no PD node
+    answers within ``timeout_s``,
     :class:`Unauthenticated` if the cluster refuses the token (or its absence).
     """
     client = Client(pd, timeout_s=timeout_s, tls_ca=tls_ca, tls_cert=tls_cert,
-                    tls_key=tls_key, token=token)
+                    tls_key=tls_key, token=token, secret=secret)
     try:
         await client.pd.cluster()
     except EstreamError as exc:

@@ -43,6 +43,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from estream.core.producer import (
+    ProducerState,
+    ProducerTail,
+    check_producer_id,
+    check_sequence,
+    last_in_range,
+)
 from estream.core.rangewriter import (
     BeginSeal,
     CompleteAppends,
@@ -88,7 +95,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, StreamMeta
-from estream.wire.record import Record
+from estream.wire.record import DIGESTS, Record, decode_system
 
 if TYPE_CHECKING:
     from estream.sdk.client import Client
@@ -146,14 +153,22 @@ class Writer:
         self.degraded_ranges = 0
         self.recovery_retries = 0
         self._recovery_sealing = False  # recovery asked PD to seal (its answer may be lost)
+        # Idempotent producer (estream/core/producer.py): its id, then its state once open.
+        self._producer_id = ""
+        self.producer: ProducerState | None = None
 
     # -- opening and recovery -------------------------------------------------------------
 
     @classmethod
-    async def open(cls, client: Client, name: str, config: WriterConfig) -> Writer:
+    async def open(
+        cls, client: Client, name: str, config: WriterConfig, producer_id: str | None = None
+    ) -> Writer:
         deadline = time.monotonic() + config.delivery_timeout_ms / 1000
+        if producer_id is not None:
+            check_producer_id(producer_id)
         meta = await client.pd.open_writer(name)
         writer = cls(client, meta, config)
+        writer._producer_id = producer_id or ""
         try:
             await writer._recover(meta, deadline)
         except (Fenced, RangeSealed) as exc:
@@ -161,8 +176,48 @@ class Writer:
             # it exists, and its appends fail with Fenced.
             writer._error = exc if isinstance(exc, Fenced) else Fenced(str(exc))
             return writer
+        if producer_id is not None:
+            try:
+                await writer._recover_producer(producer_id, deadline)
+            except BaseException:
+                await writer.close()
+                raise
         writer._keepalive = asyncio.ensure_future(writer._keep_lease())
         return writer
+
+    async def _recover_producer(self, producer_id: str, deadline: float) -> None:
+        """The producer's last stored sequence (``estream/core/producer.py``): every range
+        but an empty open last one is sealed now, so walk the sealed ranges from the last
+        one back, reading the batch that holds each one's last offset, until one written
+        by this producer (bounded by ``deadline``)."""
+        meta = self.stream
+        self._client._streams[meta.name] = meta  # reads below see the sealed ends
+        tail: ProducerTail | None = None
+        for rng in reversed(meta.ranges):
+            if rng.end is None or rng.end <= rng.start:
+                continue
+            if rng.end <= meta.start_offset:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Unavailable(
+                    f"stream {meta.name!r}: cannot read producer {producer_id!r}'s last "
+                    "sequence in time")
+            views = await asyncio.wait_for(self._last_views(meta.name, rng.end), remaining)
+            if not views:
+                raise Unavailable(f"stream {meta.name!r}: range {rng.index} read empty")
+            view = views[-1]
+            system = decode_system(view.batch, view.header)
+            tail = last_in_range(system, view.header.base_offset, rng.end, producer_id)
+            if tail is not None:
+                break
+        self.producer = ProducerState(producer_id, tail)
+
+    async def _last_views(self, name: str, end: int) -> list[Any]:
+        views: list[Any] = []
+        async for answer in self._client.read_batch_views(name, end - 1, end):
+            views.extend(answer)
+        return views
 
     async def _recover(self, meta: StreamMeta, deadline: float) -> None:
         """Recover the open last range (retrying while it cannot be done safely, until
@@ -251,6 +306,9 @@ class Writer:
             range_start=rng.start,
             replicas=[r.id for r in rng.replicas],
             config=self.config,
+            producer_id=self._producer_id,
+            digest=DIGESTS.get(getattr(meta, "digest", "xxh3"), 0),
+            key=self._client.stream_key(meta),
         )
         self._new_range()
 
@@ -268,11 +326,20 @@ class Writer:
         value: bytes,
         headers: Mapping[str, str] | None = None,
         timestamp: int | None = None,
+        *,
+        sequence: int | None = None,
     ) -> int:
         """Append one record; returns its offset once it is durable on ``ack_count``
         replicas (and every earlier append is). Raises :class:`estream.Timeout` when it
-        is not acknowledged within the delivery timeout (the writer fails as a whole)."""
+        is not acknowledged within the delivery timeout (the writer fails as a whole).
+
+        A producer's writer (``open_writer(..., producer_id=...)``) takes ``sequence``
+        (default: one above the last): one not above :attr:`last_sequence` (or an
+        earlier append's) is not stored again, and the offset holding it is returned once
+        durable, or -1 when this writer does not know it."""
         record = self._record(value, headers, timestamp)
+        if self.producer is not None or sequence is not None:
+            return (await self._append_produced([record], [sequence]))[0]
         core = await self._wait_space(record_size(record))
         now = _now_ms()
         base, effects = core.submit([record], now)
@@ -282,8 +349,11 @@ class Writer:
         await future
         return base
 
-    async def append_batch(self, values: Sequence[bytes | Record]) -> list[int]:
-        """Append many records at once; returns their offsets (consecutive)."""
+    async def append_batch(
+        self, values: Sequence[bytes | Record], *, sequences: Sequence[int] | None = None
+    ) -> list[int]:
+        """Append many records at once; returns their offsets (consecutive). A
+        producer's writer takes one sequence per record (as :meth:`append`)."""
         if not values:
             return []
         records = [
@@ -292,6 +362,11 @@ class Writer:
             else self._record(v, None, None)
             for v in values
         ]
+        if self.producer is not None or sequences is not None:
+            if sequences is not None and len(sequences) != len(records):
+                raise InvalidArgument("one sequence per record", argument="sequences")
+            return await self._append_produced(
+                records, list(sequences) if sequences is not None else [None] * len(records))
         core = await self._wait_space(sum(record_size(r) for r in records))
         now = _now_ms()
         base, effects = core.submit(records, now)
@@ -367,6 +442,61 @@ class Writer:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def last_sequence(self) -> int:
+        """The highest sequence of this writer's producer durably stored (acknowledged, or
+        found at open): -1 if none, or for a writer without a producer id."""
+        producer, core = self.producer, self._core
+        if producer is None or core is None:
+            return -1
+        return producer.stored_sequence(core.completed)
+
+    async def _append_produced(
+        self, records: list[Record], sequences: Sequence[int | None]
+    ) -> list[int]:
+        """A producer's appends: duplicates are answered with the offset holding them
+        (once durable; -1 if unknown), the rest submitted with their sequences."""
+        producer = self.producer
+        if producer is None:
+            raise InvalidArgument(
+                "sequence needs a writer opened with producer_id", argument="sequence")
+        for seq in sequences:
+            if seq is not None:
+                check_sequence(seq)
+        core = await self._wait_space(sum(record_size(r) for r in records))
+        # No await from here to submit: the sequences are decided against the current last.
+        last = producer.last_sequence
+        chosen: list[int] = []
+        for seq in sequences:
+            chosen.append(last + 1 if seq is None else seq)
+            last = max(last, chosen[-1])
+        new, dup = producer.split(chosen)
+        offsets = [-1] * len(records)
+        waits: list[int] = []
+        for i in dup:
+            offsets[i] = producer.offset_of(chosen[i])
+            producer.duplicates += 1
+        effects: list[Effect] = []
+        now = _now_ms()
+        if new:
+            fresh = [chosen[i] for i in new]
+            base, effects = core.submit([records[i] for i in new], now, fresh)
+            producer.taken(fresh, base)
+            for k, i in enumerate(new):
+                offsets[i] = base + k
+        for i in dup:
+            if offsets[i] >= core.completed:
+                waits.append(offsets[i] + 1)  # the duplicate of a record in flight
+        end = max([offsets[i] + 1 for i in new] + waits, default=0)
+        future: asyncio.Future[None] | None = None
+        if end > core.completed:
+            future = asyncio.get_running_loop().create_future()
+            self._add_waiter(end, future, now)
+        self._run(effects)
+        if future is not None:
+            await future
+        return offsets
+
     async def __aenter__(self) -> Writer:
         return self
 
@@ -392,6 +522,8 @@ class Writer:
             "rolls_postponed": self.rolls_postponed,
             "recovery_retries": self.recovery_retries,
             "failed": int(self._error is not None),
+            "last_sequence": self.last_sequence,
+            "duplicates": self.producer.duplicates if self.producer else 0,
         }
 
     # -- internals: appends ---------------------------------------------------------------

@@ -103,3 +103,12 @@ def test_range_writer_stamps_producer_batches_and_resends_them_unchanged() -> No
                   range_index=1)
     again = decode_system(resent[0].payload)
     assert again is not None and again.sequences == (6, 9) and again.producer_id == "p1"
+
+
+def test_stored_sequence_follows_the_acknowledged_end() -> None:
+    p = ProducerState("p", ProducerTail(4, 20))
+    assert p.stored_sequence(21) == 4
+    p.taken([7, 8, 9], 21)
+    p.taken([12], 24)
+    assert [p.stored_sequence(c) for c in (21, 22, 23, 24, 25)] == [4, 7, 8, 9, 12]
+    assert ProducerState("q").stored_sequence(100) == -1
