@@ -26,7 +26,14 @@ from ssl import SSLContext
 from typing import Any, Final
 
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
-from estream.wire.errors import Closed, EstreamError, NotLeader, Overloaded, Unavailable
+from estream.wire.errors import (
+    Closed,
+    EstreamError,
+    NotLeader,
+    Overloaded,
+    Timeout,
+    Unavailable,
+)
 from estream.wire.meta import ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
 
@@ -222,6 +229,19 @@ class PDClient:
 
     async def cluster(self) -> dict[str, Any]:
         return await self.call(Opcode.PD_CLUSTER, {})
+
+    async def cluster_of(self, address: str, *, timeout_s: float = 1.0) -> dict[str, Any]:
+        """PD_CLUSTER answered by the node at ``address`` itself (one attempt, no
+        failover): what that node knows. Raises its error, or :class:`Unavailable` /
+        :class:`Timeout` when it does not answer within ``timeout_s``."""
+        try:
+            body, _ = await asyncio.wait_for(
+                self._pool.call(address, Opcode.PD_CLUSTER, {}, timeout_s=timeout_s),
+                timeout_s)
+        except TimeoutError:
+            self._pool.discard(address)
+            raise Timeout(f"PD node {address} did not answer within {timeout_s}s") from None
+        return body
 
     async def register_server(
         self, server_id: str, address: str, storage_class: str = "ssd"

@@ -5,8 +5,11 @@ stalled writer showing up in a range server's metrics."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +62,13 @@ def promtool_check(url: str) -> None:
     result = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
                             text=True, timeout=30, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def cluster_status(pd: str) -> tuple[int, dict[str, object], str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "estream.cli.main", "cluster", "status", "--json", "--pd", pd],
+        capture_output=True, text=True, timeout=60, check=False)
+    return result.returncode, json.loads(result.stdout), result.stderr
 
 
 def wait_for(check: object, timeout_s: float = 15.0) -> None:
@@ -137,6 +147,24 @@ async def test_a_stalled_writer_shows_in_range_server_metrics(cluster: Cluster) 
             await asyncio.wait_for(asyncio.shield(writer.close()), 40)
 
 
+def test_cluster_status_shows_a_paused_pd_node_as_unreachable(cluster: Cluster) -> None:
+    code, status, _ = cluster_status(cluster.pd_addresses)
+    assert code == 0 and status["healthy"] is True, status
+    paused = cluster.pd.followers()[0]
+    process = cluster.pd.nodes[paused].process
+    assert process is not None
+    process.signal(signal.SIGSTOP)
+    try:
+        code, status, stderr = cluster_status(cluster.pd_addresses)
+    finally:
+        process.signal(signal.SIGCONT)
+    assert code == 1 and status["healthy"] is False
+    nodes = {n["id"]: n for n in status["nodes"]}  # type: ignore[attr-defined]
+    assert nodes[cluster.pd.nodes[paused].id]["role"] == "unreachable"
+    assert sum(1 for n in nodes.values() if n["role"] == "leader") == 1
+    assert "unreachable" in stderr
+
+
 def test_pd_readyz_flips_when_two_nodes_die_and_come_back(cluster: Cluster) -> None:
     """Last in this module: it takes the module's PD majority away for a while."""
     pd = cluster.pd
@@ -152,6 +180,8 @@ def test_pd_readyz_flips_when_two_nodes_die_and_come_back(cluster: Cluster) -> N
     assert body["error"]["code"] == "UNAVAILABLE" and "leader" in body["error"]["message"]
     assert http_json(url + "/healthz")[0] == 200, "liveness is not readiness"
     assert scrape(url)["estream_pd_ready"] == 0
+    code, status, stderr = cluster_status(pd.nodes[survivor].rpc)
+    assert code == 1 and "no leader" in stderr, (status, stderr)
     for i in range(3):
         if i != survivor:
             pd.restart(i)
