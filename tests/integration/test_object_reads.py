@@ -4,15 +4,28 @@ Against a ``file://`` store, without processes: the SDK's reader (``read_stream`
 batch forms) over a client that knows only PD metadata and the store reads every record of
 offloaded ranges, clipped at the range's end; a flipped byte, a missing object, an object
 holding another range, or no store at all are typed errors; the index cache stays bounded.
+
+Against a real cluster (one module-scoped cluster whose PD offloads at once and drops local
+copies after a second): a stream written in two ranges, both offloaded and their replicas
+dropped, then every range server stopped, reads back whole through ``client.read``,
+``read_batches`` and ``estream read``; the Spark source reads it too, its executors going
+to the object store (no range server is running).
 """
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
+import estream
+from estream.devcluster.cluster import Cluster, start_cluster
 from estream.net.objectstore import ObjectStore
 from estream.sdk.client import Client
 from estream.sdk.reader import ObjectReads, read_stream, read_stream_batches, read_stream_views
@@ -26,6 +39,8 @@ from estream.wire.errors import (
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import encode_object
 from estream.wire.record import Record, decode_views, encode_batch
+
+pytestmark = pytest.mark.integration
 
 STREAM_ID = 7
 
@@ -183,3 +198,126 @@ async def test_errors_are_typed_estream_errors(store: ObjectStore) -> None:
     with pytest.raises(MalformedObject):
         await objects.index("tiny.eso")
 
+
+
+# -- a real cluster: offloaded by PD, read back with every range server stopped ----------
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRST, SECOND = 300, 200  # records in range 0 and range 1
+TOTAL = FIRST + SECOND
+TIER_WAIT_S = 60.0
+
+
+def expected_value(i: int) -> bytes:
+    return b"rec-%05d" % i
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("object-reads")
+    c = start_cluster(tmp, pd_nodes=1, range_servers=3, pd_args=[
+        "--object-store", f"file://{tmp}/objects", "--offload-delay-s", "0",
+        "--local-retention-s", "1"])
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def _append(client: estream.Client, name: str, lo: int, hi: int) -> None:
+    """A writer appending ``[lo, hi)``; a new writer first seals the open range (recovery)."""
+    async with await client.open_writer(name) as writer:
+        offsets = await asyncio.gather(
+            *(writer.append(expected_value(i), headers={"i": str(i)}) for i in range(lo, hi)))
+        assert offsets == list(range(lo, hi))
+
+
+async def _offloaded(pd: str, name: str) -> StreamMeta:
+    """Two ranges written and sealed, then waited for: in the object tier, replicas dropped."""
+    async with await estream.connect(pd) as client:
+        await client.create_stream(name, replicas=3, ack_count=2)
+        await _append(client, name, 0, FIRST)
+        await _append(client, name, FIRST, TOTAL)  # seals range 0 at FIRST
+        async with await client.open_writer(name):  # seals range 1 at TOTAL
+            pass
+        deadline = time.monotonic() + TIER_WAIT_S
+        while True:
+            meta = await client.describe_stream(name)
+            sealed = [r for r in meta.ranges if r.sealed]
+            if len(sealed) == 2 and all(r.tier == "object" and not r.replicas for r in sealed):
+                return meta
+            assert time.monotonic() < deadline, f"not offloaded in time: {meta}"
+            await asyncio.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def offloaded(cluster: Cluster) -> StreamMeta:
+    """Stream "tiered": ranges 0 and 1 only in the object store; then every range server
+    is stopped (the open range 2 has no reachable replica)."""
+    meta = asyncio.run(_offloaded(cluster.pd_addresses, "tiered"))
+    for server in cluster.servers:
+        server.stop()
+    return meta
+
+
+async def test_client_read_with_every_range_server_stopped(
+    cluster: Cluster, offloaded: StreamMeta
+) -> None:
+    assert [(r.start, r.end, r.tier) for r in offloaded.ranges[:2]] == [
+        (0, FIRST, "object"), (FIRST, TOTAL, "object")]
+    async with await estream.connect(cluster.pd_addresses) as client:
+        records = [r async for r in client.read("tiered", 0, TOTAL)]
+        assert [r.offset for r in records] == list(range(TOTAL))
+        assert [r.value for r in records] == [expected_value(i) for i in range(TOTAL)]
+        assert records[FIRST].headers == {"i": str(FIRST)}
+        middle = [r.offset async for r in client.read("tiered", FIRST - 3, FIRST + 3)]
+        assert middle == list(range(FIRST - 3, FIRST + 3))
+        columns = [c async for c in client.read_batches("tiered", 10, TOTAL - 10)]
+        assert sum(c.count for c in columns) == TOTAL - 20
+        assert await client.end_offset("tiered") == TOTAL
+        # past the object tier, the open range has no reachable replica: an error, in
+        # bounded time, after every offloaded record (never an end that hides records)
+        seen: list[int] = []
+        with pytest.raises(estream.EstreamError):
+            async with asyncio.timeout(60):
+                async for record in client.read("tiered"):
+                    seen.append(record.offset)
+        assert seen == list(range(TOTAL))
+
+
+def test_cli_read_with_every_range_server_stopped(cluster: Cluster,
+                                                  offloaded: StreamMeta) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "estream.cli.main", "read", "tiered", "--from", "5",
+         "--to", str(TOTAL), "--pd", cluster.pd_addresses],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [expected_value(i).decode() for i in range(5, TOTAL)]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pyarrow")
+    from tests.integration.conftest_spark import spark_session
+
+    yield from spark_session()
+
+
+@pytest.mark.spark
+def test_spark_source_reads_offloaded_ranges_from_the_object_store(
+    cluster: Cluster, offloaded: StreamMeta, spark: Any
+) -> None:
+    df = (
+        spark.read.format("estream")
+        .option("pd", cluster.pd_addresses)
+        .option("streams", "tiered")
+        .option("partitionRecords", 120)
+        .load()
+    )
+    # [0, 300) and [300, 500) cut at the range boundary and every 120 records
+    assert df.rdd.getNumPartitions() == 5
+    rows = sorted(df.select("offset", "value", "headers").collect(), key=lambda r: r.offset)
+    assert [r.offset for r in rows] == list(range(TOTAL))
+    assert [bytes(r.value) for r in rows] == [expected_value(i) for i in range(TOTAL)]
+    assert rows[7].headers == {"i": "7"}

@@ -495,14 +495,20 @@ def test_an_offloaded_range_reads_once_the_store_is_back() -> None:
     assert failed is None and delivered(trace) == [(0, 10)]
 
 
-def test_replicas_gone_from_a_stale_view_the_fresh_one_names_the_object() -> None:
+@pytest.mark.parametrize("error", [WrongServer("wiped"), RangeNotFound("dropped")],
+                         ids=lambda e: type(e).__name__)
+def test_replicas_gone_from_a_stale_view_the_fresh_one_names_the_object(
+    error: EstreamError,
+) -> None:
+    # a reader whose cached view still lists the replicas the reclaimer just dropped
     world = World([meta(SEALED0), meta(OFFLOADED0)], objects={0: 10},
-                  errors={r.id: [WrongServer("wiped")] for r in ABC})
-    trace, failed = drive(ReadCursor("s", end=10), world)
+                  errors={r.id: [error] for r in ABC})
+    trace, failed = drive(ReadCursor("s", start=4, end=10), world)
     assert failed is None
     assert reads(trace) == ["a", "b", "c"]
-    assert delivered(trace) == [(0, 10)]
+    assert delivered(trace) == [(4, 10)]
     assert isinstance(trace[-2], ReadObject)
+    assert sleeps(trace) == [50]
 
 
 def test_an_open_range_is_never_read_from_the_object_store() -> None:
