@@ -1,5 +1,16 @@
 """``estream append NAME`` (stdin lines -> records) and ``estream read NAME``.
 
+``append`` reads standard input on a thread of its own, so the event loop (and the
+writer's linger and acknowledgements) runs while it waits for a line: ``tail -f log |
+estream append s`` sends each line when it comes, and whenever standard input has nothing
+more ready it waits for what was sent and flushes (the records are then acknowledged and
+visible to readers), rather than holding lines until ``APPEND_WINDOW`` of them came.
+
+``read`` starts at the stream's first kept offset (``start_offset``: records below it were
+trimmed) unless ``--from`` says otherwise: an offset, ``start``, ``end`` (only what comes
+next, with ``--follow``) or ``-N`` (the last N records). An offset below the first kept
+one is refused with an explanation (``OffsetOutOfRange``), not silently moved.
+
 Side effects: reads standard input, writes standard output, talks to the cluster through
 the SDK.
 """
@@ -11,12 +22,14 @@ import asyncio
 import base64
 import json
 import sys
+import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import IO, Any
 
 from estream.cli.output import emit_json
 
 APPEND_WINDOW = 256  # appends in flight at once
+stdin_queue_lines_max = 4 * APPEND_WINDOW  # lines read ahead of the writer
 
 
 def parse_headers(items: Iterable[str]) -> dict[str, str]:
@@ -43,12 +56,45 @@ def stdin_lines(stream: Any) -> Iterator[bytes]:
         yield line[:-1] if line.endswith(b"\n") else line
 
 
+def start_reader(stream: IO[bytes], loop: asyncio.AbstractEventLoop
+                 ) -> asyncio.Queue[bytes | None]:
+    """Lines of ``stream`` into a bounded queue, read by a daemon thread (None at EOF)."""
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(stdin_queue_lines_max)
+
+    def put(item: bytes | None) -> None:
+        asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+
+    def run() -> None:
+        try:
+            for line in stdin_lines(stream):
+                put(line)
+        except RuntimeError:
+            return  # the event loop is gone (the command ended early)
+        finally:
+            try:
+                put(None)
+            except RuntimeError:
+                pass
+
+    threading.Thread(target=run, name="estream-stdin", daemon=True).start()
+    return queue
+
+
 async def append(client: Any, ns: argparse.Namespace) -> int:
     headers = parse_headers(ns.headers or [])
     offsets: list[int] = []
+    lines = start_reader(sys.stdin.buffer, asyncio.get_running_loop())
     async with await client.open_writer(ns.name) as writer:
         pending: list[asyncio.Future[int]] = []
-        for value in stdin_lines(sys.stdin.buffer):
+        while True:
+            if pending and lines.empty():
+                # Nothing more ready on stdin: wait for what was sent, make it visible.
+                offsets += await asyncio.gather(*pending)
+                pending = []
+                await writer.flush()
+            value = await lines.get()
+            if value is None:
+                break
             pending.append(asyncio.ensure_future(writer.append(value, headers=headers or None)))
             if len(pending) >= APPEND_WINDOW:
                 offsets += await asyncio.gather(*pending)
@@ -83,12 +129,49 @@ def record_json(record: Any) -> str:
     return json.dumps(line, sort_keys=True)
 
 
+def from_arg(text: str) -> str:
+    """``--from``: an offset, ``start``, ``end`` or ``-N``. Pure."""
+    if text in ("start", "end") or text.lstrip("-").isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"--from expects OFFSET, start, end or -N, got {text!r}")
+
+
+def start_offset(spec: str | None, first: int, end: int) -> int:
+    """Where ``read`` starts: ``first`` is the stream's first kept offset, ``end`` its
+    readable end. Raises OffsetOutOfRange below ``first``. Pure.
+
+    >>> start_offset(None, 10, 50), start_offset("end", 10, 50), start_offset("-5", 10, 50)
+    (10, 50, 45)
+    >>> start_offset("-100", 10, 50), start_offset("12", 10, 50)
+    (10, 12)
+    """
+    from estream.wire.errors import OffsetOutOfRange
+
+    if spec is None or spec == "start":
+        return first
+    if spec == "end":
+        return end
+    if spec.startswith("-"):
+        return max(first, end - int(spec[1:]))
+    offset = int(spec)
+    if offset < first:
+        raise OffsetOutOfRange(
+            f"offset {offset} was trimmed: the stream's first kept offset is {first} "
+            f"(omit --from to start there)", offset=offset, start=first, end=end)
+    return offset
+
+
 async def read(client: Any, ns: argparse.Namespace) -> int:
     as_json = ns.format == "json" or ns.json
     out = sys.stdout.buffer
     count = 0
     end = ns.to
-    async for record in client.read(ns.name, start=ns.from_, end=end, follow=ns.follow):
+    meta = await client.describe_stream(ns.name)
+    readable = 0
+    if ns.from_ is not None and (ns.from_ == "end" or ns.from_.startswith("-")):
+        readable = await client.end_offset(ns.name)
+    start = start_offset(ns.from_, meta.start_offset, readable)
+    async for record in client.read(ns.name, start=start, end=end, follow=ns.follow):
         if as_json:
             out.write(record_json(record).encode() + b"\n")
         else:
@@ -100,6 +183,42 @@ async def read(client: Any, ns: argparse.Namespace) -> int:
             break
     out.flush()
     return 0
+
+
+def time_arg(text: str) -> int:
+    """``--from-time``: milliseconds since the epoch, or an ISO 8601 time (without a zone:
+    UTC). Pure.
+
+    >>> time_arg("1700000000000"), time_arg("2023-11-14T22:13:20Z")
+    (1700000000000, 1700000000000)
+    >>> time_arg("2023-11-14T23:13:20+01:00"), time_arg("2023-11-14 22:13:20.5")
+    (1700000000000, 1700000000500)
+    """
+    import datetime
+
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--from-time expects milliseconds since the epoch or an ISO 8601 time "
+            f"(e.g. 2024-05-01T09:00:00Z), got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return round(when.timestamp() * 1000)
+
+
+async def read_from_time(client: Any, ns: argparse.Namespace) -> int:
+    """``read`` from the first record at or after ``--from-time`` (``offset_for_time``:
+    the first offset whose timestamp is at or after it; nothing but new records when none
+    is), else as ``read``."""
+    if getattr(ns, "from_time", None) is not None:
+        if ns.from_ not in (None, 0):
+            raise ValueError("give either --from or --from-time, not both")
+        offset = await client.offset_for_time(ns.name, ns.from_time)
+        ns.from_ = offset if isinstance(ns.from_, int) else str(offset)
+    return await read(client, ns)
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -117,9 +236,14 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=append)
     p = sub.add_parser("read", parents=[common], help="print records (to the end, or --follow)")
     p.add_argument("name")
-    p.add_argument("--from", dest="from_", type=int, default=0, metavar="OFFSET")
+    p.add_argument("--from", dest="from_", type=from_arg, default=None, metavar="OFFSET",
+                   help="OFFSET, start (default: the first kept offset), end, or -N "
+                        "(the last N records)")
     p.add_argument("--to", type=int, default=None, metavar="OFFSET", help="stop before OFFSET")
+    p.add_argument("--from-time", type=time_arg, default=None, metavar="ISO8601|MS",
+                   help="start at the first record whose timestamp is at or after this "
+                        "time (ms since the epoch, or ISO 8601; no zone: UTC)")
     p.add_argument("--follow", action="store_true", help="keep reading new records")
     p.add_argument("--format", choices=["raw", "json"], default="raw")
     p.add_argument("--max", type=int, default=None, help="stop after this many records")
-    p.set_defaults(handler=read)
+    p.set_defaults(handler=read_from_time)

@@ -1,9 +1,12 @@
-"""The user commands of ``estream``: streams, append/read, cluster status, bench.
+"""The user commands of ``estream``: streams, append/read, servers, cluster status, bench.
 
 Parses the command line (``--pd`` or ``ESTREAM_PD``, ``--json``, ``--timeout`` before or
 after the command), connects the SDK client, runs the command's handler from
 :mod:`estream.cli`, and maps every failure to a one-line message on stderr: exit 2
 for usage errors, 1 for runtime errors (unknown stream, unreachable PD...), 130 on Ctrl-C.
+With ``--json`` that message is a JSON object on stderr, ``{"error": {"code",
+"message"}}`` (``code``: the error class, or ``USAGE``), as the admin API's errors.
+An address that answers HTTP (PD's admin port given as ``--pd``) is named as such.
 No traceback reaches the user (set ``ESTREAM_DEBUG=1`` to see one for an internal error).
 
 Side effects: network calls through the SDK, standard input/output.
@@ -13,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from estream.cli import bench, cluster, records, streams
+from estream.cli import bench, cluster, records, servers, streams
 from estream.server.config import host_port_list, one_line_errors
 
 DEFAULT_PD = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
@@ -94,8 +98,24 @@ def build_parser() -> argparse.ArgumentParser:
     streams.add_parsers(sub, leaf)
     records.add_parsers(sub, leaf)
     cluster.add_parsers(sub, leaf)
+    servers.add_parsers(sub, leaf)
     bench.add_parsers(sub, leaf)
     return one_line_errors(parser)
+
+
+def json_usage_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` and its subparsers report usage errors as JSON on stderr, exit 2."""
+
+    def error(message: str) -> NoReturn:
+        _write_error("USAGE", f"{message} (see --help)")
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                json_usage_errors(sub)
+    return parser
 
 
 def _one_line(exc: BaseException) -> str:
@@ -115,15 +135,39 @@ async def _run(handler: Handler, ns: argparse.Namespace) -> int:
         await client.close()
 
 
-def _fail(message: str, code: int = 1) -> int:
-    sys.stderr.write(f"estream: error: {message}\n")
+_as_json = False  # --json given: errors go out as JSON objects
+
+
+def _write_error(code: str, message: str) -> None:
+    if _as_json:
+        sys.stderr.write(json.dumps({"error": {"code": code, "message": message}}) + "\n")
+    else:
+        sys.stderr.write(f"estream: error: {message}\n")
     sys.stderr.flush()
+
+
+def _fail(message: str, code: int = 1, kind: str = "ERROR") -> int:
+    _write_error(kind, message)
     return code
 
 
+def wrong_protocol(pd: str, exc: BaseException) -> str | None:
+    """A clear sentence when the ``--pd`` address answered in HTTP (its first bytes "HT"
+    read as the frame magic 0x5448), else None. Pure."""
+    if "0x5448" not in str(getattr(exc, "message", "") or exc):
+        return None
+    return (f"{pd} answers HTTP, not estream's RPC protocol: that is an admin (HTTP) port; "
+            "give --pd the placement driver's RPC addresses (estream up prints them)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global _as_json
+    args = list(sys.argv[1:] if argv is None else argv)
+    _as_json = "--json" in args
     parser = build_parser()
-    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if _as_json:
+        json_usage_errors(parser)
+    ns = parser.parse_args(args)
     handler: Handler | None = getattr(ns, "handler", None)
     if handler is None:
         parser.error(f"{ns.command}: no such command")
@@ -138,14 +182,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Unavailable as exc:
-        return _fail(f"cannot reach the cluster at {ns.pd}: {_one_line(exc)}")
+        http = wrong_protocol(ns.pd, exc)
+        if http is not None:
+            return _fail(http, kind="WRONG_PROTOCOL")
+        return _fail(f"cannot reach the cluster at {ns.pd}: {_one_line(exc)}",
+                     kind=type(exc).__name__)
     except EstreamError as exc:
-        return _fail(f"{type(exc).__name__}: {_one_line(exc)}")
+        http = wrong_protocol(ns.pd, exc)
+        if http is not None:
+            return _fail(http, kind="WRONG_PROTOCOL")
+        return _fail(f"{type(exc).__name__}: {_one_line(exc)}", kind=type(exc).__name__)
     except (OSError, TimeoutError) as exc:
-        return _fail(f"{type(exc).__name__}: {_one_line(exc)}")
+        return _fail(f"{type(exc).__name__}: {_one_line(exc)}", kind=type(exc).__name__)
     except ValueError as exc:
-        return _fail(_one_line(exc), 2)
+        return _fail(_one_line(exc), 2, kind="USAGE")
     except Exception as exc:  # a bug: still one line; ESTREAM_DEBUG=1 shows the traceback
         if os.environ.get("ESTREAM_DEBUG"):
             raise
-        return _fail(f"internal error: {type(exc).__name__}: {_one_line(exc)}")
+        return _fail(f"internal error: {type(exc).__name__}: {_one_line(exc)}",
+                     kind="INTERNAL")

@@ -42,7 +42,8 @@ call_timeout_s_max: Final = 4.0  # one attempt (a PD commit gives up after 3 s)
 # a second is hung or overloaded, and another node can answer instead.
 read_timeout_s_max: Final = 1.0
 _READS: Final = frozenset({Opcode.PD_DESCRIBE_STREAM, Opcode.PD_LIST_STREAMS,
-                           Opcode.PD_LIST_SERVERS, Opcode.PD_CLUSTER})
+                           Opcode.PD_LIST_SERVERS, Opcode.PD_CLUSTER,
+                           Opcode.PD_DESCRIBE_SERVERS})
 backoff_s_min: Final = 0.05
 backoff_s_max: Final = 0.5
 # Timeout is an Unavailable; Closed here means a shared connection was dropped under us.
@@ -191,11 +192,34 @@ class PDClient:
         body = await self.call(Opcode.PD_OPEN_WRITER, {"name": name})
         return StreamMeta.from_dict(body["stream"])
 
-    async def keepalive_writer(self, name: str, epoch: int) -> None:
+    async def keepalive_writer(self, name: str, epoch: int) -> tuple[str, ...]:
         """Keep the writer lease of ``name`` at ``epoch`` alive (the PD leader recovers the
         open range of a stream whose writer stopped sending this). Raises ``Fenced`` when
-        a newer epoch exists, ``StreamNotFound`` for a deleted stream."""
-        await self.call(Opcode.PD_WRITER_KEEPALIVE, {"name": name, "epoch": epoch})
+        a newer epoch exists, ``StreamNotFound`` for a deleted stream. Returns the draining
+        range servers the open range should roll away from (``"leave"``; pd/drain.py)."""
+        body = await self.call(Opcode.PD_WRITER_KEEPALIVE, {"name": name, "epoch": epoch})
+        leave = body.get("leave") or ()
+        return tuple(s for s in leave if isinstance(s, str))
+
+    # -- operators: drain and forget range servers (pd/drain.py) -------------------------
+    async def describe_servers(self, server_id: str | None = None) -> list[dict[str, Any]]:
+        """Every range server (or the one named: ``ServerNotFound`` if unknown) with its
+        drain ``state``, ``replicas`` (ranges naming it) and ``open_ranges``."""
+        header = {"server_id": server_id} if server_id else {}
+        body = await self.call(Opcode.PD_DESCRIBE_SERVERS, header)
+        return list(body["servers"])
+
+    async def drain_server(self, server_id: str, *, cancel: bool = False) -> dict[str, Any]:
+        """Drain ``server_id`` (``cancel``: active again); returns the server."""
+        body = await self.call(Opcode.PD_DRAIN_SERVER, {"server_id": server_id,
+                                                        "cancel": cancel})
+        server: dict[str, Any] = body["server"]
+        return server
+
+    async def forget_server(self, server_id: str) -> None:
+        """Remove a dead range server from the catalog (``Conflict`` while it is alive or
+        may hold the only copy of a range)."""
+        await self.call(Opcode.PD_FORGET_SERVER, {"server_id": server_id})
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()

@@ -877,7 +877,7 @@ class Writer:
         while not self._closed and self._error is None:
             await asyncio.sleep(limits.writer_keepalive_ms / 1000)
             try:
-                await pd.keepalive_writer(name, self.epoch)
+                leave = await pd.keepalive_writer(name, self.epoch)
             except (Fenced, StreamNotFound) as exc:
                 fenced = exc if isinstance(exc, Fenced) else Fenced(f"stream {name!r}: {exc}")
                 log.warning("writer of stream %r fenced by PD: %s", name, exc)
@@ -885,6 +885,25 @@ class Writer:
                 return
             except EstreamError:
                 continue
+            if leave:
+                self._leave(leave)
+
+    def _leave(self, servers: Sequence[str]) -> None:
+        """PD drains ``servers`` (pd/drain.py): the open range rolls away from them. Each
+        live replica there counts as failed, as long as ``ack_count`` others stay live: the
+        range runs degraded on those and the roller places the next range (PD only asks
+        when it can place one without the draining servers). A range that has no replica
+        to spare keeps them; its next roll places elsewhere anyway."""
+        core = self._core
+        if core is None or core.sealing or self._closed or self._error is not None:
+            return
+        for server in servers:
+            if server in core.live and len(core.live) > core.ack_count:
+                log.info("stream %r: range %d rolls away from draining range server %s",
+                         self.stream.name, core.range_index, server)
+                self._run(core.on_append_error(
+                    server, core.range_index,
+                    Unavailable(f"range server {server} is draining"), _now_ms()))
 
     @staticmethod
     def _range(meta: StreamMeta, index: int) -> RangeMeta:

@@ -50,7 +50,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -
         (["stream", "create"], "required"),
         (["stream", "trim", "s", "notanumber"], "invalid int"),
         (["read", "s", "--format", "xml"], "invalid choice"),
-        (["read", "s", "--from", "x"], "invalid int"),
+        (["read", "s", "--from", "x"], "--from expects"),
         (["append", "s", "--headers", "novalue"], "KEY=VALUE"),
         (["stream", "list", "--pd", "no-port"], "HOST:PORT"),
         (["bench", "--records", "0"], "must be >= 1"),
@@ -99,6 +99,7 @@ def test_unreachable_pd_from_env() -> None:
         ["read", "--help"],
         ["append", "--help"],
         ["cluster", "status", "--help"],
+        ["server", "drain", "--help"],
         ["bench", "--help"],
     ],
 )

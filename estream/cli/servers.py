@@ -1,0 +1,106 @@
+"""``estream server list|describe|drain|forget``: range servers for operators.
+
+``drain ID`` moves every replica off a range server (sealed ranges are copied elsewhere by
+PD's repair, open ranges roll away, nothing new is placed there; ``--cancel`` makes it
+active again, ``--wait`` waits until it is drained); ``forget ID`` removes a dead server
+from the catalog (refused while it is alive or may hold the only copy of a range).
+Decisions and double faults: ``pd/drain.py``.
+
+Side effects: PD calls through the SDK client's PD client; output on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from estream.cli.output import emit_json, human_bytes, key_values, print_tables, table
+
+wait_poll_s = 1.0
+
+
+def _row(s: dict[str, Any]) -> tuple[Any, ...]:
+    load = s.get("load") or {}
+    return (s.get("id"), s.get("address"), "alive" if s.get("alive") else "DOWN",
+            s.get("state"), s.get("replicas"), s.get("open_ranges"), s.get("storage_class"),
+            human_bytes(load.get("bytes")), human_bytes(load.get("free_bytes")))
+
+
+_COLUMNS = ["id", "address", "alive", "state", "replicas", "open ranges", "class", "stored",
+            "free"]
+
+
+async def list_(client: Any, ns: argparse.Namespace) -> int:
+    servers = await client.pd.describe_servers()
+    if ns.json:
+        emit_json({"rangeservers": servers})
+        return 0
+    rows = [_row(s) for s in sorted(servers, key=lambda s: str(s.get("address")))]
+    alive = sum(1 for s in servers if s.get("alive"))
+    print_tables(table(f"{len(servers)} range servers, {alive} alive", _COLUMNS, rows))
+    return 0
+
+
+def _show(server: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(server)
+        return
+    print_tables(key_values(f"range server {server.get('id')}",
+                            dict(zip(_COLUMNS, _row(server), strict=True))))
+
+
+async def describe(client: Any, ns: argparse.Namespace) -> int:
+    (server,) = await client.pd.describe_servers(ns.id)
+    _show(server, ns.json)
+    return 0
+
+
+async def drain(client: Any, ns: argparse.Namespace) -> int:
+    server = await client.pd.drain_server(ns.id, cancel=ns.cancel)
+    if ns.wait and not ns.cancel:
+        deadline = time.monotonic() + ns.wait
+        while server.get("state") != "drained" and time.monotonic() < deadline:
+            await asyncio.sleep(wait_poll_s)
+            (server,) = await client.pd.describe_servers(ns.id)
+    if ns.json:
+        emit_json(server)
+    elif ns.cancel:
+        print(f"range server {ns.id} is active again")
+    else:
+        print(f"range server {ns.id} is {server.get('state')} "
+              f"({server.get('replicas')} replicas left)")
+    if ns.wait and not ns.cancel and server.get("state") != "drained":
+        return 1  # not drained in time
+    return 0
+
+
+async def forget(client: Any, ns: argparse.Namespace) -> int:
+    await client.pd.forget_server(ns.id)
+    if ns.json:
+        emit_json({"forgotten": ns.id})
+    else:
+        print(f"forgot range server {ns.id}")
+    return 0
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    server = sub.add_parser("server", help="list, describe, drain, forget range servers")
+    ssub = server.add_subparsers(dest="server_command", metavar="COMMAND", required=True)
+    p = ssub.add_parser("list", parents=[common], help="range servers: state, replicas, load")
+    p.set_defaults(handler=list_)
+    p = ssub.add_parser("describe", parents=[common], help="one range server")
+    p.add_argument("id")
+    p.set_defaults(handler=describe)
+    p = ssub.add_parser("drain", parents=[common],
+                        help="move every replica off a range server")
+    p.add_argument("id")
+    p.add_argument("--cancel", action="store_true", help="stop draining: active again")
+    p.add_argument("--wait", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds until it is drained (exit 1 if not)")
+    p.set_defaults(handler=drain)
+    p = ssub.add_parser("forget", parents=[common],
+                        help="remove a dead range server from the catalog")
+    p.add_argument("id")
+    p.set_defaults(handler=forget)

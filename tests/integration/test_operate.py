@@ -1,0 +1,270 @@
+"""Operating a real cluster (3 PD nodes, 4 range servers): drain, forget, range health,
+the web console in headless Chromium, and the CLI's operator commands and fixes.
+
+1. A range server is drained while a writer appends without pause: every sealed replica
+   on it is copied elsewhere, the live writer's open range rolls away (keepalive
+   ``leave``), the open ranges of a writer-less stream and of a never-written stream are
+   rolled by PD; it ends ``drained`` with 0 replicas, no append failed, every
+   acknowledged record reads back; GET /v1/ranges matches its OpenAPI schema.
+2. Forget: 409 while it is alive, 200 once it is dead, then 404.
+3. ``/ui`` in Chromium (``--dump-dom`` after its JavaScript ran) shows the leader, every
+   range server with its state, the streams.
+4. CLI: ``server list|describe|drain|forget`` with ``--json``; ``append`` sends a line
+   while standard input stays open; ``read`` starts at the first kept offset of a trimmed
+   stream, explains an offset below it, takes ``--from -N``; ``--json`` errors are JSON;
+   an HTTP port given as ``--pd`` is named as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.pd import http_json
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+drain_timeout_s = 90.0
+load_records_max = 50_000  # the load loop stops at this count or when told
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("operate"), range_servers=4)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def validate(path: str, method: str, status: int, body: Any) -> None:
+    import jsonschema
+
+    from pd.openapi import OPENAPI
+
+    response = OPENAPI["paths"][path][method.lower()]["responses"][str(status)]
+    schema = response["content"]["application/json"]["schema"]
+    jsonschema.validate(body, {**schema, "components": OPENAPI["components"]})
+
+
+def server(cluster: Cluster, server_id: str) -> dict[str, Any]:
+    status, body = http_json(cluster.pd_url() + f"/v1/rangeservers/{server_id}")
+    assert status == 200, body
+    validate("/v1/rangeservers/{id}", "GET", 200, body)
+    return body  # type: ignore[no-any-return]
+
+
+def cli(cluster: Cluster, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "estream.cli.main", "--pd", cluster.pd_addresses, *args],
+        input=stdin, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+        env={**os.environ, "COLUMNS": "300"})  # rich tables: no wrapped ids
+
+
+async def test_drain_under_load_loses_nothing_and_ends_drained(cluster: Cluster) -> None:
+    import estream
+
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        await client.create_stream("drain-load", replicas=3, ack_count=2)
+        await client.create_stream("drain-idle", replicas=3, ack_count=2)
+        await client.create_stream("drain-empty", replicas=3, ack_count=2)
+        async with await client.open_writer("drain-load") as first:
+            for i in range(100):
+                await first.append(b"load-%06d" % i)
+        async with await client.open_writer("drain-idle") as idle:
+            for i in range(20):
+                await idle.append(b"idle-%03d" % i)
+        writer = await client.open_writer("drain-load")  # recovers: range 0 sealed
+        assert (await client.describe_stream("drain-load")).ranges[0].sealed
+        open_range = writer.stream.ranges[-1]
+        target = open_range.replicas[0].id
+        acked: dict[int, bytes] = {}
+        failures: list[BaseException] = []
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            for i in range(100, 100 + load_records_max):
+                if stop.is_set():
+                    return
+                value = b"load-%06d" % i
+                try:
+                    acked[await writer.append(value)] = value
+                except Exception as exc:  # noqa: BLE001 - counted: must stay empty
+                    failures.append(exc)
+                    return
+
+        task = asyncio.ensure_future(load())
+        await asyncio.sleep(1.0)
+        status, body = http_json(cluster.pd_url() + f"/v1/rangeservers/{target}/drain", "POST")
+        assert status == 200 and body["state"] in ("draining", "drained"), body
+        validate("/v1/rangeservers/{id}/drain", "POST", 200, body)
+        deadline = time.monotonic() + drain_timeout_s
+        while server(cluster, target)["state"] != "drained":
+            assert time.monotonic() < deadline, (server(cluster, target), http_json(
+                cluster.pd_url() + "/v1/ranges?under_replicated=1")[1])
+            assert not failures, failures
+            await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # appends go on after the drain too
+        stop.set()
+        await task
+        await writer.close()
+        assert not failures, failures
+        assert len(acked) > 100 and writer.statistics()["failed"] == 0
+        detail = server(cluster, target)
+        assert detail["replicas"] == 0 and detail["alive"] is True
+        for name in ("drain-load", "drain-idle", "drain-empty"):
+            meta = await client.describe_stream(name)
+            assert all(target not in [r.id for r in rng.replicas] for rng in meta.ranges), meta
+        end = max(acked) + 1
+        got = {r.offset: bytes(r.value) async for r in client.read("drain-load", 100, end)}
+        assert got == acked
+        idle_values = [bytes(r.value) async for r in client.read("drain-idle")]
+        assert idle_values == [b"idle-%03d" % i for i in range(20)]
+        # New ranges avoid the drained server.
+        await client.create_stream("after-drain", replicas=3, ack_count=2)
+        placed = (await client.describe_stream("after-drain")).ranges[0].replicas
+        assert target not in [r.id for r in placed]
+    status, report = http_json(cluster.pd_url() + "/v1/ranges?under_replicated=0")
+    assert status == 200
+    validate("/v1/ranges", "GET", 200, report)
+    assert target in report["repair"]["draining"]
+    assert all(target not in [p["id"] for p in r["replicas"]] for r in report["ranges"])
+    status, body = http_json(cluster.pd_url() + "/v1/ranges?under_replicated=maybe")
+    assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT"
+
+
+def test_server_cli_commands(cluster: Cluster) -> None:
+    listing = cli(cluster, "server", "list", "--json")
+    assert listing.returncode == 0, listing.stderr
+    servers = json.loads(listing.stdout)["rangeservers"]
+    assert len(servers) == 4 and all(s["state"] in ("active", "drained") for s in servers)
+    table = cli(cluster, "server", "list")
+    assert table.returncode == 0 and servers[0]["id"] in table.stdout
+    sid = next(s["id"] for s in servers if s["state"] == "active")
+    described = cli(cluster, "server", "describe", sid, "--json")
+    assert json.loads(described.stdout)["id"] == sid
+    drained = cli(cluster, "server", "drain", sid, "--json")
+    assert json.loads(drained.stdout)["state"] in ("draining", "drained")
+    back = cli(cluster, "server", "drain", sid, "--cancel", "--json")
+    assert back.returncode == 0 and json.loads(back.stdout)["state"] == "active"
+    missing = cli(cluster, "server", "describe", "no-such-server", "--json")
+    assert missing.returncode == 1
+    error = json.loads(missing.stderr)["error"]
+    assert error["code"] == "ServerNotFound" and "no-such-server" in error["message"]
+    refused = cli(cluster, "server", "forget", sid)
+    assert refused.returncode == 1 and "alive" in refused.stderr, refused.stderr
+
+
+def test_forget_a_dead_server(cluster: Cluster) -> None:
+    drained = [s for s in http_json(cluster.pd_url() + "/v1/rangeservers")[1]["rangeservers"]
+               if s["state"] == "drained"]
+    assert drained, "the drain test leaves one drained server"
+    sid = drained[0]["id"]
+    status, body = http_json(cluster.pd_url() + f"/v1/rangeservers/{sid}/forget", "POST")
+    assert status == 409 and "alive" in body["error"]["message"], body
+    cluster.kill9(sid)
+    deadline = time.monotonic() + 20
+    while server(cluster, sid)["alive"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    status, body = http_json(cluster.pd_url() + f"/v1/rangeservers/{sid}", "DELETE")
+    assert status == 200 and body == {"forgotten": sid}, body
+    status, body = http_json(cluster.pd_url() + f"/v1/rangeservers/{sid}")
+    assert status == 404 and body["error"]["code"] == "SERVER_NOT_FOUND"
+    ids = [s["id"] for s in http_json(cluster.pd_url() + "/v1/rangeservers")[1]["rangeservers"]]
+    assert sid not in ids
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def test_console_in_headless_chromium(cluster: Cluster, tmp_path: Path) -> None:
+    browser = chromium()
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed (make system-deps installs it)")
+    url = cluster.pd_url()
+    status, page = http_json(url + "/ui")
+    assert status == 200 and "<script>" in page and "http://" not in page.split("<body>")[1]
+    result = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000",
+         "--dump-dom", url + "/ui"],
+        capture_output=True, text=True, timeout=120, check=False)
+    dom = result.stdout
+    assert "<table" in dom, (result.returncode, result.stderr[-2000:])
+    leader = http_json(url + "/v1/cluster")[1]["leader"]["id"]
+    servers = http_json(url + "/v1/rangeservers")[1]["rangeservers"]
+    assert f"<b>{leader}</b>" in dom
+    for s in servers:
+        assert s["id"] in dom
+    assert "drain-load" in dom and "after-drain" in dom
+    assert 'id="updated"' in dom  # every request answered (no error line)
+
+
+def test_append_sends_each_line_while_stdin_stays_open(cluster: Cluster) -> None:
+    assert cli(cluster, "stream", "create", "tail-f").returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "estream.cli.main", "--pd", cluster.pd_addresses, "append",
+         "tail-f", "--json"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+        env={**os.environ})
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"first line\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 15
+        while True:
+            seen = cli(cluster, "read", "tail-f")
+            if seen.stdout == "first line\n":
+                break
+            assert time.monotonic() < deadline, (seen.stdout, seen.stderr)
+            time.sleep(0.3)
+        out, err = proc.communicate(b"second line\n", timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["count"] == 2
+
+
+def test_read_a_trimmed_stream(cluster: Cluster) -> None:
+    stdin = "".join(f"r{i}\n" for i in range(10))
+    assert cli(cluster, "stream", "create", "trimmed").returncode == 0
+    assert cli(cluster, "append", "trimmed", stdin=stdin).returncode == 0
+    trim = cli(cluster, "stream", "trim", "trimmed", "6")
+    assert trim.returncode == 0, trim.stderr
+    assert cli(cluster, "read", "trimmed").stdout == "r6\nr7\nr8\nr9\n"
+    assert cli(cluster, "read", "trimmed", "--from", "-2").stdout == "r8\nr9\n"
+    assert cli(cluster, "read", "trimmed", "--from", "end").stdout == ""
+    below = cli(cluster, "read", "trimmed", "--from", "2")
+    assert below.returncode == 1 and "trimmed" in below.stderr and "6" in below.stderr
+    as_json = cli(cluster, "read", "trimmed", "--from", "2", "--json")
+    assert json.loads(as_json.stderr)["error"]["code"] == "OffsetOutOfRange"
+    usage = cli(cluster, "read", "trimmed", "--from", "x", "--json")
+    assert usage.returncode == 2 and json.loads(usage.stderr)["error"]["code"] == "USAGE"
+
+
+def test_an_http_port_is_named_as_such(cluster: Cluster) -> None:
+    http = cluster.pd_url().split("://")[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "estream.cli.main", "--pd", http, "--timeout", "3", "stream",
+         "list"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert result.returncode == 1
+    assert "answers HTTP" in result.stderr and "0x5448" not in result.stderr, result.stderr

@@ -1,0 +1,49 @@
+"""Pure helpers of the CLI's operator commands and fixes: where ``read`` starts
+(``--from``), the HTTP-port sentence, JSON errors (estream/cli/records.py, user.py)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+
+import pytest
+
+from estream.cli import records, user
+from estream.wire.errors import MalformedFrame, OffsetOutOfRange, Unavailable
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(records, verbose=False).failed == 0
+
+
+def test_start_offset_refuses_a_trimmed_offset_with_an_explanation() -> None:
+    with pytest.raises(OffsetOutOfRange, match="trimmed.*first kept offset is 10"):
+        records.start_offset("3", 10, 50)
+    assert records.start_offset("10", 10, 50) == 10
+
+
+@pytest.mark.parametrize("text", ["0", "12", "start", "end", "-3"])
+def test_from_arg_accepts(text: str) -> None:
+    assert records.from_arg(text) == text
+
+
+def test_from_arg_refuses() -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        records.from_arg("yesterday")
+
+
+def test_an_http_answer_is_named() -> None:
+    exc = Unavailable("cannot reach the placement driver at h:1: bad frame magic 0x5448")
+    sentence = user.wrong_protocol("h:1", exc)
+    assert sentence is not None and "answers HTTP" in sentence and "0x5448" not in sentence
+    assert user.wrong_protocol("h:1", MalformedFrame("bad frame magic 0x1234")) is None
+
+
+def test_json_errors_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        user.main(["read", "s", "--from", "nope", "--json"])
+    assert stop.value.code == 2
+    error = json.loads(capsys.readouterr().err)["error"]
+    assert error["code"] == "USAGE" and "--from expects" in error["message"]
