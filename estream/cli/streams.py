@@ -1,4 +1,5 @@
-"""``estream stream create|list|describe|delete|trim``.
+"""``estream stream create|list|describe|delete|trim`` and ``estream cursor
+list|describe|commit`` (named cursors: a consumer's committed position, kept by PD).
 
 Side effects: PD calls through the SDK client; output on stdout.
 """
@@ -36,11 +37,17 @@ def show_stream(stream: dict[str, Any], as_json: bool) -> None:
     fields["hints"] = ", ".join(stream.get("hints") or ()) or "-"
     if "end_offset" in stream:
         fields["end_offset"] = stream["end_offset"]
+    for limit in ("retention_ms", "retention_bytes"):
+        if stream.get(limit) is not None:
+            fields[limit] = stream[limit]
     print_tables(key_values(f"stream {stream.get('name')}", fields), _ranges_table(stream))
 
 
 async def create(client: Any, ns: argparse.Namespace) -> int:
-    meta = await client.create_stream(ns.name, replicas=ns.replicas, ack_count=ns.ack_count)
+    retention = {k: v for k, v in (("retention_ms", ns.retention_ms),
+                                   ("retention_bytes", ns.retention_bytes)) if v is not None}
+    meta = await client.create_stream(ns.name, replicas=ns.replicas, ack_count=ns.ack_count,
+                                      **retention)
     show_stream(meta.to_dict(), ns.json)
     return 0
 
@@ -103,6 +110,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--replicas", type=int, default=3, help="replica count (default 3)")
     p.add_argument("--ack-count", type=int, default=2, help="acks per append (default 2)")
+    p.add_argument("--retention-ms", type=_positive, default=None, metavar="MS",
+                   help="trim whole sealed ranges whose records are all older than this")
+    p.add_argument("--retention-bytes", type=_positive, default=None, metavar="BYTES",
+                   help="trim the oldest sealed ranges while the rest hold at least this")
     p.set_defaults(handler=create)
     p = ssub.add_parser("list", parents=[common], help="list streams")
     p.set_defaults(handler=list_)
@@ -116,3 +127,68 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("offset", type=int)
     p.set_defaults(handler=trim)
+    _add_cursor_parsers(sub, common)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _offset(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an offset (an integer >= 0), got {text!r}")
+    return int(text)
+
+
+async def cursor_list(client: Any, ns: argparse.Namespace) -> int:
+    cursors = await client.list_cursors(ns.name)
+    if ns.json:
+        emit_json({"stream": ns.name, "cursors": cursors})
+        return 0
+    rows = [(c["cursor"], c["offset"], c["lag"]) for c in cursors]
+    print_tables(table(f"{len(rows)} cursors of {ns.name}", ["cursor", "offset", "lag"], rows))
+    return 0
+
+
+async def cursor_describe(client: Any, ns: argparse.Namespace) -> int:
+    found = [c for c in await client.list_cursors(ns.name) if c["cursor"] == ns.cursor]
+    if not found:
+        from estream.wire.errors import InvalidArgument
+
+        raise InvalidArgument(f"stream {ns.name!r} has no cursor {ns.cursor!r}",
+                              argument="cursor")
+    if ns.json:
+        emit_json({"stream": ns.name, **found[0]})
+    else:
+        print_tables(key_values(f"cursor {ns.cursor} of {ns.name}", dict(found[0])))
+    return 0
+
+
+async def cursor_commit(client: Any, ns: argparse.Namespace) -> int:
+    await client.commit_cursor(ns.name, ns.cursor, ns.offset)
+    if ns.json:
+        emit_json({"stream": ns.name, "cursor": ns.cursor, "offset": ns.offset})
+    else:
+        print(f"cursor {ns.cursor} of stream {ns.name} committed at {ns.offset}")
+    return 0
+
+
+def _add_cursor_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    cursor = sub.add_parser("cursor", help="list, describe, commit named cursors")
+    csub = cursor.add_subparsers(dest="cursor_command", metavar="COMMAND", required=True)
+    p = csub.add_parser("list", parents=[common],
+                        help="a stream's cursors with their lag (readable end - offset)")
+    p.add_argument("name")
+    p.set_defaults(handler=cursor_list)
+    p = csub.add_parser("describe", parents=[common], help="one cursor's offset and lag")
+    p.add_argument("name")
+    p.add_argument("cursor")
+    p.set_defaults(handler=cursor_describe)
+    p = csub.add_parser("commit", parents=[common],
+                        help="store CURSOR at OFFSET (the next offset its consumer reads)")
+    p.add_argument("name")
+    p.add_argument("cursor")
+    p.add_argument("offset", type=_offset)
+    p.set_defaults(handler=cursor_commit)

@@ -15,7 +15,12 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +185,35 @@ async def test_retention_trims_whole_ranges_and_cursors_hold(cluster: Cluster) -
         status, _ = http_json(cluster.pd_url() + "/v1/streams", "POST",
                               {"name": "ret-http2", "retention_ms": "soon"})
         assert status == 400
+
+
+def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "estream.cli.main", *args, "--pd", cluster.pd_addresses],
+        capture_output=True, text=True, timeout=60, check=False,
+        cwd=Path(__file__).resolve().parents[2])
+
+
+async def test_cli_from_time_retention_and_cursors(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("cli-times")
+        stamps = await write_ranges(client, "cli-times", [[T0, T0 + 1000], [T0 + 500, T0 + 2000]])
+    iso = datetime.datetime.fromtimestamp((T0 + 1000) / 1000, datetime.UTC).isoformat()
+    for when in (iso, str(T0 + 1000)):
+        result = cli(cluster, "read", "cli-times", "--from-time", when, "--format", "json")
+        assert result.returncode == 0, result.stderr
+        offsets = [json.loads(line)["offset"] for line in result.stdout.splitlines()]
+        assert offsets == list(range(naive(stamps, T0 + 1000), len(stamps)))
+    bad = cli(cluster, "read", "cli-times", "--from-time", "yesterday-ish")
+    assert bad.returncode == 2 and "ISO 8601" in bad.stderr
+    made = cli(cluster, "stream", "create", "cli-ret", "--retention-ms", "60000", "--json")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["retention_ms"] == 60000
+    assert cli(cluster, "stream", "create", "cli-ret0", "--retention-ms", "0").returncode == 2
+    assert cli(cluster, "cursor", "commit", "cli-times", "etl", "2").returncode == 0
+    listed = cli(cluster, "cursor", "list", "cli-times", "--json")
+    assert json.loads(listed.stdout)["cursors"] == [{"cursor": "etl", "offset": 2, "lag": 2}]
+    described = cli(cluster, "cursor", "describe", "cli-times", "etl")
+    assert described.returncode == 0 and "lag" in described.stdout
+    past = cli(cluster, "cursor", "commit", "cli-times", "etl", "99")
+    assert past.returncode == 1 and "OffsetOutOfRange" in past.stderr
