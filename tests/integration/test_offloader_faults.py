@@ -1,0 +1,338 @@
+"""The PD offloader (pd/shell/offloader.py) under faults, step by step, with a real catalog,
+a real ``file://`` object store and scripted range servers and Raft (no processes: every
+fault lands exactly where the test puts it).
+
+- Sources: a damaged replica, then one that holds less than the range, are skipped; the
+  object comes from the sound one and holds exactly the catalog's ``[start, end)``.
+- The store down: the upload backs off, the range stays local with its replicas, and it
+  is offloaded once the store answers again.
+- A commit whose outcome is unknown (leader lost): not applied, the next attempt uploads
+  under a new key and commits it, and the sweep deletes the first object; applied, nothing
+  is uploaded again and the named object is never swept.
+- A commit refused (another key won; the stream deleted meanwhile) deletes its own object.
+- Release after the retention: the catalog lists no replicas, DROP_RANGE reaches every
+  server that answers (one that fails is left to the reclaimer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from estream.net.objectstore import ObjectStore
+from estream.wire.errors import (
+    EstreamError,
+    ObjectStoreError,
+    ReplicaDamaged,
+    Timeout,
+    Unavailable,
+)
+from estream.wire.meta import StreamMeta
+from estream.wire.objectformat import decode_object, iter_object_batches
+from estream.wire.protocol import Opcode
+from estream.wire.record import Record, decode_batch, encode_batch
+from pd.catalog import Catalog
+from pd.commands import (
+    Command,
+    CommitObject,
+    CreateStream,
+    DeleteStream,
+    OpenWriter,
+    RegisterServer,
+    SealRange,
+)
+from pd.metrics import Metrics
+from pd.offload import Upload
+from pd.shell.offloader import Offloader
+
+SERVERS = ("rs1", "rs2", "rs3")
+
+
+def batches(start: int, end: int, stream_id: int) -> list[bytes]:
+    out = []
+    for base in range(start, end, 10):
+        n = min(10, end - base)
+        out.append(encode_batch([Record(f"v{base + i}".encode(), {}, 1000 + base + i)
+                                 for i in range(n)], stream_id=stream_id, range_index=0,
+                                epoch=1, base_offset=base))
+    return out
+
+
+@dataclass
+class Status:
+    term: int = 3
+    role: str = "leader"
+
+
+class FakeRaft:
+    """A catalog behind a scripted propose: ``fail`` maps a command kind to the errors
+    its next proposals raise; ``apply_then_fail`` applies the command, then raises."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.fail: dict[str, list[EstreamError]] = {}
+        self.apply_then_fail: dict[str, EstreamError] = {}
+        self.proposed: list[Command] = []
+
+    def status(self) -> Status:
+        return Status()
+
+    def caught_up(self) -> bool:
+        return True
+
+    async def propose(self, command: Command) -> Any:
+        self.proposed.append(command)
+        errors = self.fail.get(command.kind)
+        if errors:
+            raise errors.pop(0)
+        result = self.catalog.apply(command)
+        late = self.apply_then_fail.pop(command.kind, None)
+        if late is not None:
+            raise late
+        return result
+
+
+class Liveness:
+    def alive(self, server_id: str, now_ms: int) -> bool:
+        return True
+
+
+@dataclass
+class FakeService:
+    raft: FakeRaft
+    now_ms: int = 1_000_000
+    metrics: Metrics = field(default_factory=Metrics)
+    liveness: Liveness = field(default_factory=Liveness)
+
+    def clock_ms(self) -> int:
+        return self.now_ms
+
+    def view(self) -> Any:
+        return self.raft.catalog.view()
+
+
+class FakePool:
+    """Range servers by address: ``replies[address]`` is what READ answers (a payload of
+    batches, or an error); DROP_RANGE succeeds unless the address is in ``drop_fails``."""
+
+    def __init__(self) -> None:
+        self.replies: dict[str, bytes | EstreamError] = {}
+        self.reads: list[str] = []
+        self.drops: list[str] = []
+        self.drop_fails: set[str] = set()
+        self.end = 0
+
+    async def call(self, address: str, opcode: int, header: Any = None, payload: Any = b"",
+                   *, timeout_s: float = 5.0) -> tuple[dict[str, Any], bytes]:
+        if opcode == Opcode.READ:
+            self.reads.append(address)
+            reply = self.replies[address]
+            if isinstance(reply, EstreamError):
+                raise reply
+            return {"end": self.end, "sealed": True}, reply if header["offset"] == 0 else b""
+        if opcode == Opcode.DROP_RANGE:
+            if address in self.drop_fails:
+                raise Timeout("no answer", address=address)
+            self.drops.append(address)
+            return {"dropped": True}, b""
+        raise AssertionError(f"unexpected opcode {opcode}")
+
+    def discard(self, address: str) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class FlakyStore(ObjectStore):
+    """A ``file://`` store whose next ``put_failures`` PUTs fail as if it were down."""
+
+    put_failures = 0
+
+    async def put(self, key: str, data: bytes | memoryview) -> None:
+        if self.put_failures:
+            self.put_failures -= 1
+            raise ObjectStoreError("connection refused", key=key, not_found=False)
+        await super().put(key, data)
+
+
+@dataclass
+class Rig:
+    service: FakeService
+    pool: FakePool
+    store: FlakyStore
+    offloader: Offloader
+    root: Path
+    stream: StreamMeta
+    data: list[bytes]
+
+    @property
+    def raft(self) -> FakeRaft:
+        return self.service.raft
+
+    def range0(self) -> Any:
+        return self.raft.catalog.stream("s").ranges[0]
+
+    def objects(self) -> set[str]:
+        return {str(p.relative_to(self.root)) for p in self.root.rglob("*.eso")}
+
+    async def round_at(self, ms: int) -> None:
+        self.service.now_ms += ms
+        await self.offloader.round()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    catalog = Catalog()
+    for i, sid in enumerate(SERVERS):
+        catalog.apply(RegisterServer(sid, f"127.0.0.1:{7001 + i}", "ssd"))
+    catalog.apply(CreateStream("s", 3, 2, "", (), SERVERS))
+    catalog.apply(OpenWriter("s"))
+    catalog.apply(SealRange("s", 1, 0, 35, SERVERS))
+    stream = catalog.stream("s")
+    data = batches(0, 35, stream.id)
+    service = FakeService(FakeRaft(catalog))
+    pool = FakePool()
+    pool.end = 35
+    for i in range(3):
+        pool.replies[f"127.0.0.1:{7001 + i}"] = b"".join(data)
+    root = tmp_path / "objects"
+    store = FlakyStore.from_url(f"file://{root}")
+    assert isinstance(store, FlakyStore)
+    offloader = Offloader(service, store,  # type: ignore[arg-type]
+                          offload_delay_ms=1_000, local_retention_ms=5_000,
+                          orphan_grace_ms=0, sweep_interval_ms=10**9)  # sweeps: by hand
+    offloader.pool = pool  # type: ignore[assignment]
+    offloader.term = Status().term  # leading in this term, range 0 seen sealed now
+    offloader.sealed_since = {(stream.id, 0): service.now_ms}
+    offloader.next_sweep_ms = 10**12
+    return Rig(service, pool, store, offloader, root, stream, data)
+
+
+def values_of(rig: Rig, key: str) -> list[bytes]:
+    data = (rig.root / key).read_bytes()
+    index = decode_object(data)
+    assert (index.footer.start_offset, index.footer.end_offset) == (0, 35)
+    return [r.value for _, raw in iter_object_batches(data[: index.footer.index_position])
+            for r in decode_batch(raw).records]
+
+
+EXPECTED = [f"v{i}".encode() for i in range(35)]
+
+
+async def test_damaged_and_short_replicas_are_skipped(rig: Rig) -> None:
+    rig.pool.replies["127.0.0.1:7001"] = ReplicaDamaged("damaged", stream_id=1, range_index=0)
+    rig.pool.replies["127.0.0.1:7002"] = rig.data[0]  # holds [0, 10) only
+    await rig.round_at(0)
+    assert rig.range0().tier == "local"  # sealed just now: not due yet
+    await rig.round_at(1_000)
+    r = rig.range0()
+    assert r.tier == "object" and r.object_key is not None
+    assert rig.pool.reads[:2] == ["127.0.0.1:7001", "127.0.0.1:7002"]
+    assert rig.pool.reads[-1] == "127.0.0.1:7003"
+    assert values_of(rig, r.object_key) == EXPECTED
+    assert rig.service.metrics.counter("estream_offload_errors_total", stage="read") == 2
+
+
+async def test_no_sound_replica_keeps_the_range_local(rig: Rig) -> None:
+    for address in list(rig.pool.replies):
+        rig.pool.replies[address] = rig.data[0] + rig.data[2]  # a gap
+    await rig.round_at(1_000)
+    assert rig.range0().tier == "local" and rig.objects() == set()
+
+
+async def test_store_down_backs_off_and_keeps_local_copies(rig: Rig) -> None:
+    rig.store.put_failures = 2
+    await rig.round_at(1_000)
+    assert rig.range0().tier == "local" and len(rig.range0().replicas) == 3
+    await rig.round_at(500)  # inside the 1 s backoff: not tried
+    assert rig.store.put_failures == 1
+    await rig.round_at(600)  # second failure: 2 s backoff now
+    await rig.round_at(1_500)
+    assert rig.range0().tier == "local" and rig.store.put_failures == 0
+    await rig.round_at(600)
+    assert rig.range0().tier == "object"
+    assert rig.service.metrics.counter("estream_object_requests_total", op="put",
+                                       outcome="error") == 2
+
+
+async def test_commit_outcome_unknown_not_applied(rig: Rig) -> None:
+    rig.raft.fail["commit_object"] = [Timeout("leader lost")]
+    await rig.round_at(1_000)
+    assert rig.range0().tier == "local"
+    (first,) = rig.objects()  # kept: its commit may have landed
+    await rig.round_at(1_000)  # the retry: a new key, committed
+    r = rig.range0()
+    assert r.tier == "object" and r.object_key != first
+    assert rig.objects() == {first, r.object_key}
+    await rig.offloader._sweep()  # the first is named by nothing: deleted
+    assert rig.objects() == {r.object_key}
+    assert values_of(rig, r.object_key) == EXPECTED
+
+
+async def test_commit_outcome_unknown_but_applied(rig: Rig) -> None:
+    rig.raft.apply_then_fail["commit_object"] = Timeout("answer lost")
+    await rig.round_at(1_000)
+    r = rig.range0()
+    assert r.tier == "object" and rig.objects() == {r.object_key}
+    await rig.round_at(1_000)
+    await rig.round_at(1_000)
+    assert [c.kind for c in rig.raft.proposed].count("commit_object") == 1
+    await rig.offloader._sweep()
+    assert rig.objects() == {r.object_key}  # named: never swept
+
+
+async def test_refused_commits_delete_their_own_object(rig: Rig) -> None:
+    # Another key won (a previous leader's upload committed meanwhile).
+    rig.raft.catalog.apply(CommitObject("s", rig.stream.id, 0, 0, 35, "elsewhere.eso"))
+    # (an upload the planner would no longer start, forced: as if it began before)
+    await rig.offloader._offload(
+        Upload("s", rig.stream.id, 0, 0, 35, rig.stream.ranges[0].replicas))
+    assert rig.objects() == set() and rig.range0().object_key == "elsewhere.eso"
+
+
+async def test_stream_deleted_during_the_upload(rig: Rig) -> None:
+    real_propose = rig.raft.propose
+
+    async def delete_first(command: Command) -> Any:
+        if command.kind == "commit_object":
+            rig.raft.catalog.apply(DeleteStream("s"))
+        return await real_propose(command)
+
+    rig.raft.propose = delete_first  # type: ignore[method-assign]
+    await rig.round_at(1_000)
+    assert rig.objects() == set()
+    assert "s" not in rig.raft.catalog.view().streams
+
+
+async def test_release_after_the_retention(rig: Rig) -> None:
+    await rig.round_at(1_000)
+    key = rig.range0().object_key
+    assert key is not None and len(rig.range0().replicas) == 3
+    rig.pool.drop_fails = {"127.0.0.1:7002"}
+    await rig.round_at(100)  # seen committed now
+    await rig.round_at(4_800)
+    assert len(rig.range0().replicas) == 3  # not yet
+    await rig.round_at(200)
+    assert rig.range0().replicas == () and rig.range0().object_key == key
+    assert sorted(rig.pool.drops) == ["127.0.0.1:7001", "127.0.0.1:7003"]
+    assert rig.objects() == {key}
+    assert rig.service.metrics.counter("estream_offload_released_ranges_total") == 1
+    await rig.round_at(10_000)  # released once: nothing more to do
+    assert [c.kind for c in rig.raft.proposed].count("drop_local_replicas") == 1
+
+
+async def test_a_new_term_starts_the_clocks_again(rig: Rig) -> None:
+    await rig.round_at(500)
+    rig.offloader.term = 2  # as if this node just became leader in term 3
+    await rig.round_at(600)
+    assert rig.range0().tier == "local"  # its clock restarted at the new term
+    await rig.round_at(1_000)
+    assert rig.range0().tier == "object"
+
+
+def test_unavailable_is_retriable() -> None:
+    assert Unavailable.retriable and ObjectStoreError.retriable
