@@ -121,7 +121,9 @@ def plan_cluster(
     for i in range(pd_nodes):
         http = f"{host}:{base_port + HTTP_OFFSET + i}"
         peers = [r for k, r in enumerate(raft) if k != i]  # none for a one-node PD
-        args = pd_args(str(i), rpc[i], raft[i], peers, http, data_dir / f"pd-{i}")
+        # The object-storage tier: sealed ranges go to DATA_DIR/objects (estream pd).
+        tier = ("--object-store", f"file://{(data_dir / 'objects').absolute()}")
+        args = pd_args(str(i), rpc[i], raft[i], peers, http, data_dir / f"pd-{i}", tier)
         pds.append(ChildSpec(f"pd-{i}", "pd", args, rpc[i], http))
     servers = []
     for j in range(range_servers):

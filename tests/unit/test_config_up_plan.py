@@ -21,7 +21,7 @@ def test_default_plan_matches_the_default_pd_addresses() -> None:
     assert pd1.args == (
         "--id", "1", "--listen", "127.0.0.1:7101", "--raft", "127.0.0.1:7111",
         "--peers", "127.0.0.1:7110,127.0.0.1:7112", "--http", "127.0.0.1:7121",
-        "--data-dir", "/d/pd-1",
+        "--data-dir", "/d/pd-1", "--object-store", "file:///d/objects",
     )  # fmt: skip
     rs2 = plan.range_servers[2]
     assert rs2.args == (
