@@ -11,9 +11,9 @@ next writer's recovery seals the range and opens the next one.
    (local retention), PD's cluster answer names the store, and ``/metrics`` counts it.
 2. A replica damaged before the upload is never the source: the object still holds the
    whole range.
-3. Deleting the stream deletes its objects; an uncommitted object of a live stream (an
-   abandoned attempt) is deleted after the grace; a file that is not an estream object is
-   left alone.
+3. Deleting a stream deletes its objects, trimming one deletes the trimmed ranges'
+   objects (not the others); an uncommitted object of a live stream (an abandoned attempt)
+   is deleted after the grace; a file that is not an estream object is left alone.
 """
 
 from __future__ import annotations
@@ -182,19 +182,29 @@ async def test_deleted_streams_and_abandoned_uploads_are_swept(
     async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream("doomed", replicas=3, ack_count=2)
         await write_ranges(client, "doomed", [30])
+        await client.create_stream("trimmed", replicas=3, ack_count=2)
+        await write_ranges(client, "trimmed", [20, 20])
         await client.create_stream("kept", replicas=3, ack_count=2)
         kept_id = (await client.describe_stream("kept")).id
         (r,) = await wait_for(lambda: all_tiered(cluster, "doomed", released=False),
                               tier_timeout_s, "doomed's range in the object tier")
         doomed_object = objects_dir / r["object_key"]
         assert doomed_object.exists()
+        t0, t1 = await wait_for(lambda: all_tiered(cluster, "trimmed", released=False),
+                                tier_timeout_s, "trimmed's ranges in the object tier")
+        trimmed_object, kept_object = (objects_dir / t0["object_key"],
+                                       objects_dir / t1["object_key"])
+        await client.trim("trimmed", 20)  # range 0 [0, 20) is gone from the catalog
         abandoned = objects_dir / object_key(kept_id, 0, "t0-abandoned")
         abandoned.parent.mkdir(parents=True, exist_ok=True)
         abandoned.write_bytes(b"an upload that was never committed")
         foreign = objects_dir / "not-estream.txt"
         foreign.write_bytes(b"someone else's file")
         await client.delete_stream("doomed")
-    await wait_for(lambda: not doomed_object.exists() and not abandoned.exists(),
-                   tier_timeout_s, "the deleted stream's object and the orphan swept")
+    await wait_for(lambda: not (doomed_object.exists() or abandoned.exists()
+                                or trimmed_object.exists()),
+                   tier_timeout_s, "the deleted stream's, the trimmed range's and the "
+                   "abandoned objects swept")
     assert foreign.read_bytes() == b"someone else's file"
-    assert metric(cluster, "estream_objects_deleted_total") >= 2
+    assert kept_object.exists()  # still named by range 1
+    assert metric(cluster, "estream_objects_deleted_total") >= 3
