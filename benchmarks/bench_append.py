@@ -10,12 +10,16 @@ measures with 1 KiB records:
    (``follow=True``) yields the record;
 4. ``--kill-replica``: appends with a window in flight while a range server holding a
    replica of the open range is killed (SIGKILL) mid-run: failed appends, worst latency
-   overall and in the second around the kill.
+   overall and in the second around the kill;
+5. ``--exactly-once``: throughput 1 again beside the same with an idempotent producer
+   (``producer_id`` set, every append with its ``sequence``) and with the ``crc32c`` and
+   ``hmac-sha256`` entry digests, alternated ``--repeat`` times (the median of each, and
+   its ratio to plain xxh3 appends without a producer).
 
 Every phase is bounded in count and time. Usage::
 
     .venv/bin/python benchmarks/bench_append.py [--records 50000] [--latency-samples 2000]
-        [--kill-replica] [--json out.json]
+        [--kill-replica] [--exactly-once [--repeat 3]] [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,13 +49,28 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-async def throughput(client: estream.Client, records: int, window: int) -> dict[str, Any]:
-    await client.create_stream("bench-throughput", replicas=3, ack_count=2)
-    writer = await client.open_writer("bench-throughput")
+async def throughput(
+    client: estream.Client,
+    records: int,
+    window: int,
+    *,
+    name: str = "bench-throughput",
+    producer_id: str | None = None,
+    digest: str | None = None,
+) -> dict[str, Any]:
+    if digest is None:
+        await client.create_stream(name, replicas=3, ack_count=2)
+    else:
+        await client.create_stream(name, replicas=3, ack_count=2, digest=digest)
+    writer = await client.open_writer(name, producer_id=producer_id)
     started = time.perf_counter()
     for wave in range(0, records, window):
         count = min(window, records - wave)
-        await asyncio.gather(*(writer.append(RECORD) for _ in range(count)))
+        if producer_id is None:
+            await asyncio.gather(*(writer.append(RECORD) for _ in range(count)))
+        else:
+            await asyncio.gather(
+                *(writer.append(RECORD, sequence=wave + i) for i in range(count)))
     elapsed = time.perf_counter() - started
     await writer.close()
     return {
@@ -161,9 +180,44 @@ async def kill_replica(
     }
 
 
+EXACTLY_ONCE_ROWS = {
+    "plain": {},
+    "producer_id": {"producer_id": "bench"},
+    "crc32c": {"digest": "crc32c"},
+    "hmac_sha256": {"digest": "hmac-sha256"},
+}
+
+
+async def exactly_once(
+    client: estream.Client, records: int, window: int, repeat: int
+) -> dict[str, Any]:
+    """Each row's throughput, rows alternated ``repeat`` times (a shared machine drifts):
+    the median records/s of each and its ratio to the plain row's."""
+    runs: dict[str, list[int]] = {row: [] for row in EXACTLY_ONCE_ROWS}
+    for i in range(repeat):
+        for row, options in EXACTLY_ONCE_ROWS.items():
+            result = await throughput(
+                client, records, window, name=f"bench-eo-{row.replace('_', '-')}-{i}",
+                **options)
+            runs[row].append(result["records_per_s"])
+    medians = {row: sorted(v)[len(v) // 2] for row, v in runs.items()}
+    return {
+        row: {"records_per_s": medians[row], "runs": runs[row],
+              "ratio_to_plain": round(medians[row] / medians["plain"], 3)}
+        for row in EXACTLY_ONCE_ROWS
+    }
+
+
 async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    async with await estream.connect(cluster.pd_addresses) as client:
+    async with await estream.connect(cluster.pd_addresses, secret="bench-secret") as client:
+        if args.exactly_once:
+            results["exactly_once"] = await asyncio.wait_for(
+                exactly_once(client, args.records, args.window, args.repeat),
+                PHASE_TIMEOUT_S * 4 * args.repeat,
+            )
+            print("exactly once", results["exactly_once"], flush=True)
+            return results
         results["throughput"] = await asyncio.wait_for(
             throughput(client, args.records, args.window), PHASE_TIMEOUT_S
         )
@@ -194,6 +248,9 @@ def main() -> int:
     parser.add_argument("--kill-replica", action="store_true")
     parser.add_argument("--kill-records", type=int, default=40_000)
     parser.add_argument("--kill-window", type=int, default=200)
+    parser.add_argument("--exactly-once", action="store_true",
+                        help="only the producer and digest rows beside plain appends")
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     import uvloop

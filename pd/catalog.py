@@ -50,6 +50,7 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo, StreamMeta
 from estream.wire.protocol import parse_address
+from estream.wire.record import DIGESTS
 from pd.commands import (
     Command,
     CommitCursor,
@@ -230,6 +231,7 @@ class Catalog:
             ranges=(RangeMeta(0, 0, None, refs),),
             retention_ms=cmd.retention_ms or None,
             retention_bytes=cmd.retention_bytes or None,
+            digest=cmd.digest,
         )
         self._next_stream_id += 1
         self._put(cmd.name, stream)
@@ -504,6 +506,9 @@ def check_stream_args(cmd: CreateStream) -> None:
     if bad:
         raise InvalidArgument(f"unknown storage hints {bad}", argument="hints")
     check_retention(cmd.retention_ms or None, cmd.retention_bytes or None)
+    if cmd.digest not in DIGESTS:
+        raise InvalidArgument(
+            f"unknown digest {cmd.digest!r}: one of {', '.join(DIGESTS)}", argument="digest")
 
 
 def _check_epoch(stream: StreamMeta, expected: int) -> None:

@@ -64,6 +64,7 @@ class CreateStream:
     system: bool = False
     retention_ms: int = 0  # 0: no limit (pd/retention.py)
     retention_bytes: int = 0
+    digest: str = "xxh3"  # the stream's entry digest (estream/wire/record.py DIGESTS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -334,3 +334,15 @@ def _add_time_cursors_retention() -> None:
 
 
 _add_time_cursors_retention()
+
+
+def _add_digest() -> None:
+    """Per-stream entry digests (``estream/wire/record.py``)."""
+    digest = {"type": "string", "enum": ["xxh3", "crc32c", "hmac-sha256"],
+              "description": "entry digest; hmac-sha256: a MAC keyed per stream from the "
+                             "cluster secret, verified by every reader"}
+    SCHEMAS["Stream"]["properties"]["digest"] = digest
+    SCHEMAS["CreateStream"]["properties"]["digest"] = digest
+
+
+_add_digest()

@@ -40,12 +40,15 @@ def show_stream(stream: dict[str, Any], as_json: bool) -> None:
     for limit in ("retention_ms", "retention_bytes"):
         if stream.get(limit) is not None:
             fields[limit] = stream[limit]
+    fields["digest"] = stream.get("digest", "xxh3")
     print_tables(key_values(f"stream {stream.get('name')}", fields), _ranges_table(stream))
 
 
 async def create(client: Any, ns: argparse.Namespace) -> int:
     retention = {k: v for k, v in (("retention_ms", ns.retention_ms),
                                    ("retention_bytes", ns.retention_bytes)) if v is not None}
+    if ns.digest is not None:
+        retention["digest"] = ns.digest  # the entry digest (estream/wire/record.py)
     meta = await client.create_stream(ns.name, replicas=ns.replicas, ack_count=ns.ack_count,
                                       **retention)
     show_stream(meta.to_dict(), ns.json)
@@ -114,6 +117,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="trim whole sealed ranges whose records are all older than this")
     p.add_argument("--retention-bytes", type=_positive, default=None, metavar="BYTES",
                    help="trim the oldest sealed ranges while the rest hold at least this")
+    p.add_argument("--digest", choices=("xxh3", "crc32c", "hmac-sha256"), default=None,
+                   help="entry digest (default xxh3); hmac-sha256: a MAC keyed per stream "
+                        "from the cluster secret (ESTREAM_SECRET), checked by every reader")
     p.set_defaults(handler=create)
     p = ssub.add_parser("list", parents=[common], help="list streams")
     p.set_defaults(handler=list_)

@@ -154,6 +154,7 @@ class PDClient:
         *,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        digest: str | None = None,
     ) -> StreamMeta:
         header: dict[str, Any] = {
             "name": name, "replicas": replicas, "ack_count": ack_count, "type": type,
@@ -163,6 +164,8 @@ class PDClient:
             header["retention_ms"] = retention_ms
         if retention_bytes is not None:
             header["retention_bytes"] = retention_bytes
+        if digest is not None:
+            header["digest"] = digest
         body = await self.call(Opcode.PD_CREATE_STREAM, header)
         return StreamMeta.from_dict(body["stream"])
 

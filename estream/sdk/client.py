@@ -91,13 +91,17 @@ class Client:
         hints: Sequence[str] = (),
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        digest: str | None = None,
     ) -> StreamMeta:
         """Create ``name``. ``retention_ms``/``retention_bytes``: the PD leader trims whole
         sealed ranges older or beyond the limit (``pd/retention.py``; a range a named cursor
-        has not read is held); None: kept until trimmed or deleted."""
+        has not read is held); None: kept until trimmed or deleted. ``digest``: the entry
+        digest, ``"xxh3"`` (default), ``"crc32c"`` or ``"hmac-sha256"`` (a MAC keyed per
+        stream from the cluster secret, ``connect(secret=)``, verified by every reader)."""
         meta = await self.pd.create_stream(name, replicas, ack_count, type, hints,
                                            retention_ms=retention_ms,
-                                           retention_bytes=retention_bytes)
+                                           retention_bytes=retention_bytes,
+                                           digest=digest)
         self._streams[name] = meta
         return meta
 
@@ -198,6 +202,7 @@ class Client:
             deferred=deferred_sync,
             delivery_timeout_ms=max(1, round(delivery_timeout_s * 1000)),
         )
+        self.stream_key(await self.stream_meta(name))  # DigestKeyMissing before fencing
         writer = await Writer.open(self, name, config, producer_id)
         self._streams[name] = writer.stream
         self._writers = [w for w in self._writers if not w.closed]

@@ -40,7 +40,13 @@ from estream.core.readcursor import (
 )
 from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient
-from estream.wire.errors import EstreamError, MalformedObject, ReplicaDamaged, Unavailable
+from estream.wire.errors import (
+    DigestKeyMissing,
+    EstreamError,
+    MalformedObject,
+    ReplicaDamaged,
+    Unavailable,
+)
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.objectformat import (
     FOOTER_BYTES,
@@ -50,12 +56,14 @@ from estream.wire.objectformat import (
     decode_tail,
 )
 from estream.wire.record import (
+    DIGEST_HMAC_SHA256,
     BatchColumns,
     BatchView,
     Record,
     decode_batch,
     decode_columns,
     iter_batches,
+    verify_digest,
     view_batch,
 )
 
@@ -234,6 +242,7 @@ async def _read_answers(
         try:
             if isinstance(step, Describe):
                 reply = await client.stream_meta(name, refresh=step.refresh)
+                client.stream_key(reply)  # DigestKeyMissing at once, not after retries
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.ms / 1000)
             elif isinstance(step, ReadReplica):
@@ -242,6 +251,26 @@ async def _read_answers(
                 items, reply = await _read_object(client, step, decoding)
         except EstreamError as exc:
             error = exc
+
+
+def check_digests(
+    client: Client, stream_id: int, range_index: int, payload: bytes | memoryview
+) -> None:
+    """Every batch of an answer against its stream's entry digest (``hmac-sha256``: the
+    MAC under the stream's key, for this stream and range; nothing to do for the others,
+    whose checksums the decoding verifies). Raises :class:`DigestMismatch` (the cursor
+    tries the next replica) or :class:`DigestKeyMissing` (this client has no secret)."""
+    check = client.entry_digest(stream_id)
+    if check is None or check[0] != DIGEST_HMAC_SHA256:
+        return
+    digest, key = check
+    if key is None:
+        raise DigestKeyMissing(
+            f"stream {stream_id} is MACed (hmac-sha256): connect with secret= (or set "
+            "ESTREAM_SECRET) to read it")
+    for header, raw in iter_batches(payload):
+        verify_digest(raw, digest=digest, key=key, stream_id=stream_id,
+                      range_index=range_index, header=header)
 
 
 async def _read_replica(
@@ -259,6 +288,7 @@ async def _read_replica(
         unconfirmed=step.unconfirmed,
     )
     elapsed_ms = round((time.monotonic() - asked_s) * 1000)
+    check_digests(client, step.stream_id, step.range.index, answer.payload)
     items = decoding.decode(answer.payload, step.offset, step.end)
     return items, Answer(
         count=len(items),
@@ -279,6 +309,7 @@ async def _read_object(
         raise Unavailable(f"range {step.range.index} is in the object tier, and PD names "
                           "no object store")
     payload = await objects.read(step.stream_id, step.range, step.offset, step.end)
+    check_digests(client, step.stream_id, step.range.index, payload)
     try:
         items = decoding.decode(payload, step.offset, step.end)
     except EstreamError:

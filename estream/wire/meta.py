@@ -132,6 +132,7 @@ class StreamMeta:
     ranges: tuple[RangeMeta, ...] = field(default_factory=tuple)
     retention_ms: int | None = None  # pd/retention.py; None: no limit
     retention_bytes: int | None = None
+    digest: str = "xxh3"  # entry digest: "xxh3", "crc32c" or "hmac-sha256" (record.py)
 
     @property
     def last_range(self) -> RangeMeta | None:
@@ -166,7 +167,8 @@ class StreamMeta:
             "start_offset": self.start_offset,
             "ranges": [r.to_dict() for r in self.ranges],
         } | {k: v for k, v in (("retention_ms", self.retention_ms),
-                               ("retention_bytes", self.retention_bytes)) if v is not None}
+                               ("retention_bytes", self.retention_bytes)) if v is not None
+        } | ({"digest": self.digest} if self.digest != "xxh3" else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StreamMeta:
@@ -183,6 +185,7 @@ class StreamMeta:
                 ranges=tuple(RangeMeta.from_dict(r) for r in d.get("ranges", ())),
                 retention_ms=_opt_int(d.get("retention_ms")),
                 retention_bytes=_opt_int(d.get("retention_bytes")),
+                digest=str(d.get("digest", "xxh3")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None

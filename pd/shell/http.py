@@ -69,6 +69,7 @@ _STATUS[OffsetOutOfRange] = 400  # a cursor past the readable end
 _CREATE_FIELDS: dict[str, type] = {"name": str, "replicas": int, "ack_count": int, "type": str,
                                    "hints": list}
 _CREATE_FIELDS.update({"retention_ms": int, "retention_bytes": int})  # pd/retention.py
+_CREATE_FIELDS.update({"digest": str})  # the entry digest (estream/wire/record.py)
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
@@ -175,7 +176,8 @@ class _Views:
         stream = await self.service.create_stream(
             body["name"], body.get("replicas", 3), body.get("ack_count", 2),
             body.get("type", ""), tuple(body.get("hints", ())),
-            retention_ms=body.get("retention_ms"), retention_bytes=body.get("retention_bytes"))
+            retention_ms=body.get("retention_ms"), retention_bytes=body.get("retention_bytes"),
+            digest=body.get("digest", "xxh3"))
         return web.json_response(stream.to_dict(), status=201)
 
     async def list_cursors(self, request: web.Request) -> web.Response:

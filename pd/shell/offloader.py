@@ -260,11 +260,15 @@ class Offloader:
                                        max_bytes=limits.read_bytes_max)
             progressed = False
             for header, raw in iter_batches(answer.payload):
+                if offset >= upload.end:
+                    break  # what a replica holds past the catalog's end is not the range's
                 if header.end_offset <= offset:
                     continue
-                if header.base_offset != offset or header.base_offset >= upload.end:
-                    raise MalformedObject(f"replica {source.id} has a batch at "
-                                          f"{header.base_offset} where {offset} was expected")
+                if header.base_offset != offset or header.end_offset > upload.end:
+                    raise MalformedObject(
+                        f"replica {source.id} has a batch [{header.base_offset}, "
+                        f"{header.end_offset}) where one from {offset} up to {upload.end} "
+                        "was expected")
                 verify_batch(raw)
                 out.append(bytes(raw))
                 offset = header.end_offset

@@ -221,12 +221,13 @@ class PdService:
         system: bool = False,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        digest: str = "xxh3",
     ) -> StreamMeta:
         check_retention(retention_ms, retention_bytes)  # 0 is refused, not "no limit"
         view = await self._decision_view()
         command = CreateStream(name, replicas, ack_count, type, tuple(hints), (),
                                request_id, system, retention_ms=retention_ms or 0,
-                               retention_bytes=retention_bytes or 0)
+                               retention_bytes=retention_bytes or 0, digest=digest)
         if name in view.streams:
             if not request_id:
                 raise StreamExists(f"stream {name!r} already exists", stream=name)
@@ -525,6 +526,7 @@ class PdService:
             system=optional(h, "system", bool, False),
             retention_ms=_opt_int(h, "retention_ms"),
             retention_bytes=_opt_int(h, "retention_bytes"),
+            digest=optional(h, "digest", str, "xxh3"),
         )
         return {"stream": stream.to_dict()}
 

@@ -3,7 +3,8 @@ a real ``file://`` object store and scripted range servers and Raft (no processe
 fault lands exactly where the test puts it).
 
 - Sources: a damaged replica, then one that holds less than the range, are skipped; the
-  object comes from the sound one and holds exactly the catalog's ``[start, end)``.
+  object comes from the sound one (which holds a batch past the catalog's end, left out)
+  and holds exactly the catalog's ``[start, end)``.
 - The store down: the upload backs off, the range stays local with its replicas, and it
   is offloaded once the store answers again.
 - A commit whose outcome is unknown (leader lost): not applied, the next attempt uploads
@@ -226,6 +227,8 @@ EXPECTED = [f"v{i}".encode() for i in range(35)]
 async def test_damaged_and_short_replicas_are_skipped(rig: Rig) -> None:
     rig.pool.replies["127.0.0.1:7001"] = ReplicaDamaged("damaged", stream_id=1, range_index=0)
     rig.pool.replies["127.0.0.1:7002"] = rig.data[0]  # holds [0, 10) only
+    past_end = batches(35, 45, rig.stream.id)[0]  # never acknowledged: not the range's
+    rig.pool.replies["127.0.0.1:7003"] = b"".join([*rig.data, past_end])
     await rig.round_at(0)
     assert rig.range0().tier == "local"  # sealed just now: not due yet
     await rig.round_at(1_000)
