@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 venv: $(STAMP)
 
-# Debian packages the test suite needs (Java for Spark local mode, iptables for fault tests).
+# Debian packages the test suite needs (Java for Spark local mode, iptables for fault tests,
+# chromium for the web console's test).
 system-deps:
 	@bash .ci/system-deps.sh
 

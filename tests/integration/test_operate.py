@@ -1,4 +1,4 @@
-"""Operating a real cluster (3 PD nodes, 4 range servers): drain, forget, range health,
+"""Operating a real cluster (3 PD nodes, 5 range servers): drain, forget, range health,
 the web console in headless Chromium, and the CLI's operator commands and fixes.
 
 1. A range server is drained while a writer appends without pause: every sealed replica
@@ -7,6 +7,8 @@ the web console in headless Chromium, and the CLI's operator commands and fixes.
    rolled by PD; it ends ``drained`` with 0 replicas, no append failed, every
    acknowledged record reads back; GET /v1/ranges matches its OpenAPI schema.
 2. Forget: 409 while it is alive, 200 once it is dead, then 404.
+   The PD leader is killed just after a second drain starts: the new leader finishes it
+   (the flag is in the Raft catalog) and every record reads back.
 3. ``/ui`` in Chromium (``--dump-dom`` after its JavaScript ran) shows the leader, every
    range server with its state, the streams.
 4. CLI: ``server list|describe|drain|forget`` with ``--json``; ``append`` sends a line
@@ -41,7 +43,7 @@ load_records_max = 50_000  # the load loop stops at this count or when told
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("operate"), range_servers=4)
+    c = start_cluster(tmp_path_factory.mktemp("operate"), range_servers=5)
     try:
         yield c
     finally:
@@ -148,7 +150,7 @@ def test_server_cli_commands(cluster: Cluster) -> None:
     listing = cli(cluster, "server", "list", "--json")
     assert listing.returncode == 0, listing.stderr
     servers = json.loads(listing.stdout)["rangeservers"]
-    assert len(servers) == 4 and all(s["state"] in ("active", "drained") for s in servers)
+    assert len(servers) == 5 and all(s["state"] in ("active", "drained") for s in servers)
     table = cli(cluster, "server", "list")
     assert table.returncode == 0 and servers[0]["id"] in table.stdout
     sid = next(s["id"] for s in servers if s["state"] == "active")
@@ -184,6 +186,45 @@ def test_forget_a_dead_server(cluster: Cluster) -> None:
     assert status == 404 and body["error"]["code"] == "SERVER_NOT_FOUND"
     ids = [s["id"] for s in http_json(cluster.pd_url() + "/v1/rangeservers")[1]["rangeservers"]]
     assert sid not in ids
+
+
+async def wait_drained(cluster: Cluster, server_id: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            status, body = http_json(cluster.pd_url() + f"/v1/rangeservers/{server_id}")
+        except OSError:
+            status, body = 0, None  # the node we asked just died
+        if status == 200 and body["state"] == "drained":
+            return body  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, body
+        await asyncio.sleep(1.0)
+
+
+async def test_a_drain_goes_on_after_the_pd_leader_dies(cluster: Cluster) -> None:
+    import estream
+
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        await client.create_stream("drain-failover", replicas=3, ack_count=2)
+        for part in range(2):  # two writers: range 0 sealed by the second one's recovery
+            async with await client.open_writer("drain-failover") as writer:
+                for i in range(50):
+                    await writer.append(b"f-%d-%03d" % (part, i))
+        meta = await client.describe_stream("drain-failover")
+        target = meta.ranges[0].replicas[0].id
+        status, body = http_json(cluster.pd_url() + f"/v1/rangeservers/{target}/drain",
+                                 "POST")
+        assert status == 200, body
+        killed = cluster.kill_pd_leader()
+        try:
+            drained = await wait_drained(cluster, target, drain_timeout_s)
+        finally:
+            cluster.restart_pd(killed)
+        assert drained["replicas"] == 0
+        meta = await client.describe_stream("drain-failover")
+        assert all(target not in [r.id for r in rng.replicas] for rng in meta.ranges)
+        values = [bytes(r.value) async for r in client.read("drain-failover")]
+        assert values == [b"f-%d-%03d" % (p, i) for p in range(2) for i in range(50)]
 
 
 def chromium() -> str | None:
