@@ -153,12 +153,15 @@ class ObjectStore:
             if not exc.fields.get("not_found"):
                 raise
 
-    async def list(self, prefix: str = "", *, limit: int = list_objects_max) -> list[ObjectInfo]:
+    async def list(self, prefix: str = "", *, limit: int = list_objects_max,
+                   after: str | None = None) -> list[ObjectInfo]:
         """Up to ``limit`` objects whose keys start with ``prefix`` (a directory-like
-        prefix: ``"a/b"`` lists ``a/b/...``), in no particular order."""
+        prefix: ``"a/b"`` lists ``a/b/...``), with ``after``: only keys sorting after it
+        (to page through a large store; S3 lists in key order, a ``file://`` store may
+        not)."""
         async def work() -> list[ObjectInfo]:
             out: list[ObjectInfo] = []
-            stream = obstore.list(self._store, prefix or None, chunk_size=1000)
+            stream = obstore.list(self._store, prefix or None, offset=after, chunk_size=1000)
             async for chunk in stream:
                 for meta in chunk:
                     out.append(ObjectInfo(str(meta["path"]), int(meta["size"]),

@@ -80,6 +80,7 @@ sweep_interval_ms_default: Final = 60_000
 uploads_per_round_max: Final = 2
 drops_per_round_max: Final = 64
 sweep_deletes_max: Final = 1_000
+sweep_list_max: Final = 10_000  # keys one sweep lists (the next sweep lists the next ones)
 rpc_timeout_s: Final = 10.0
 
 OFFLOADED_BYTES = "estream_offload_bytes_total"
@@ -133,6 +134,7 @@ class Offloader:
         self.failures: dict[RangeKey, int] = {}
         self.retry_at: dict[RangeKey, int] = {}
         self.next_sweep_ms = 0
+        self.sweep_after: str | None = None  # the listing's page to sweep next
         self.term = -1
 
     async def run(self) -> None:
@@ -330,10 +332,13 @@ class Offloader:
     # -- sweep ---------------------------------------------------------------------------
     async def _sweep(self) -> None:
         try:
-            listed = await self._store("list", self.store.list(""), stage="sweep")
+            listed = await self._store("list", self.store.list(
+                "", limit=sweep_list_max, after=self.sweep_after), stage="sweep")
         except EstreamError as exc:
             log.warning("offload sweep: listing the object store failed: %s", exc)
             return
+        # A store with more objects than one listing holds is swept a page per sweep.
+        self.sweep_after = max(o.key for o in listed) if len(listed) >= sweep_list_max else None
         view = self.service.view()  # after the listing: a commit seen then is named now
         wall_ms = int(time.time() * 1000)
         doomed = garbage([(o.key, int(o.modified_s * 1000)) for o in listed],

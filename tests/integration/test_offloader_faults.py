@@ -46,7 +46,7 @@ from pd.commands import (
     SealRange,
 )
 from pd.metrics import Metrics
-from pd.offload import Upload
+from pd.offload import Upload, object_key
 from pd.shell.offloader import Offloader
 
 SERVERS = ("rs1", "rs2", "rs3")
@@ -339,3 +339,21 @@ async def test_a_new_term_starts_the_clocks_again(rig: Rig) -> None:
 
 def test_unavailable_is_retriable() -> None:
     assert Unavailable.retriable and ObjectStoreError.retriable
+
+
+async def test_the_sweep_pages_through_a_large_store(rig: Rig,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import pd.shell.offloader as offloader_module
+    monkeypatch.setattr(offloader_module, "sweep_list_max", 2)
+    orphans = {object_key(rig.stream.id, 0, f"t1-{i}") for i in range(3)}
+    for key in orphans:
+        await rig.store.put(key, b"abandoned")
+    for i in range(20):  # kept forever: without paging, a sweep could see only these
+        await rig.store.put(f"foreign/{i:02d}", b"not estream's")
+    for _ in range(40):  # 2 keys a sweep, wrapping around at the end
+        if not rig.objects():
+            break
+        await rig.offloader._sweep()
+    assert rig.objects() == set()
+    assert rig.service.metrics.counter("estream_objects_deleted_total") == 3
+    assert len(await rig.store.list("foreign")) == 20
