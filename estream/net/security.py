@@ -141,6 +141,24 @@ def raft_password(configured: str | None, self_address: str,
     return DEV_RAFT_PASSWORD, "development-exposed"
 
 
+def exposure_warnings(addresses: Iterable[str], config: SecurityConfig,
+                      raft_source: str | None = None) -> list[str]:
+    """What ``--check-config`` warns about (the process would still start). Pure.
+
+    ``addresses``: where the process listens; ``raft_source``: :func:`raft_password`'s
+    source for a PD node."""
+    found = []
+    if raft_source == "development-exposed":
+        found.append("no --password: Raft beyond loopback uses the PUBLIC development secret "
+                     "(anyone who reaches the Raft port can join); set --password-file or "
+                     "ESTREAM_PD_PASSWORD, e.g. from a Kubernetes Secret")
+    exposed = [a for a in addresses if a and not is_loopback(a)]
+    if exposed and not config.tokens and not config.require_client_cert:
+        found.append(f"listening beyond loopback ({', '.join(exposed)}) with no --token-file "
+                     "or --tls-require-client-cert: anyone who reaches the port is served")
+    return found
+
+
 # --- TLS contexts (read the certificate files) ------------------------------------------
 
 

@@ -307,8 +307,12 @@ def parse_with_config(
     env_prefix: str = "ESTREAM_",
     section: str | None = None,
     environ: Mapping[str, str] | None = None,
+    warnings: Callable[[argparse.Namespace], list[str]] | None = None,
 ) -> argparse.Namespace:
     """Parse ``argv`` with flag > env > TOML > default precedence.
+
+    ``warnings(namespace)``: what ``--check-config`` prints to stderr after the settings
+    (``PROG: warning: ...``, one line each; the exit code stays 0).
 
     ``section`` names the command's own TOML table (``"pd"``, ``"rangeserver"``); by default
     the parser's prog's last word. Exits 2 with a one-line message on any bad value, and 0
@@ -339,5 +343,7 @@ def parse_with_config(
     namespace = parser.parse_args(args)
     if getattr(namespace, CHECK_DEST, False):
         print(render_settings(namespace))
+        for warning in warnings(namespace) if warnings is not None else ():
+            sys.stderr.write(f"{parser.prog}: warning: {warning}\n")
         raise SystemExit(0)
     return namespace

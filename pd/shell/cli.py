@@ -31,7 +31,12 @@ import uvloop
 
 from estream.net.objectstore import ObjectStore
 from estream.net.rpc import parse_address
-from estream.net.security import add_server_options, config_from_args, raft_password
+from estream.net.security import (
+    add_server_options,
+    config_from_args,
+    exposure_warnings,
+    raft_password,
+)
 from estream.server.config import parse_with_config
 from estream.wire import limits
 from estream.wire.errors import ChecksumMismatch, InvalidArgument
@@ -94,7 +99,7 @@ def _check_object_store(url: str | None, endpoint: str | None) -> None:
 
 
 def parse_config(argv: list[str]) -> PdConfig:
-    args = parse_with_config(build_parser(), argv, section="pd")
+    args = parse_with_config(build_parser(), argv, section="pd", warnings=_config_warnings)
     try:
         for address in (args.listen, args.raft, args.http):
             parse_address(address)
@@ -122,6 +127,19 @@ def parse_config(argv: list[str]) -> PdConfig:
                     offload_delay_s=args.offload_delay_s,
                     local_retention_s=args.local_retention_s,
                     object_orphan_grace_s=args.object_orphan_grace_s)
+
+
+def _config_warnings(args: argparse.Namespace) -> list[str]:
+    """``--check-config``'s warnings: the public Raft secret beyond loopback, ports open to
+    anyone (:func:`estream.net.security.exposure_warnings`)."""
+    try:
+        peers = [a.strip() for a in (args.peers or "").split(",") if a.strip()]
+        configured = args.password or os.environ.get("ESTREAM_PD_PASSWORD") or _read_secret(
+            args.password_file)
+        _, source = raft_password(configured, args.raft, peers)
+        return exposure_warnings([args.listen, args.http], config_from_args(args), source)
+    except InvalidArgument as exc:
+        return [exc.message]
 
 
 def _read_secret(path: str | None) -> str | None:

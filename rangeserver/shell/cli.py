@@ -39,6 +39,7 @@ from estream.net.security import (
     SecurityConfig,
     add_server_options,
     config_from_args,
+    exposure_warnings,
     member_client_context,
     server_context,
 )
@@ -290,10 +291,22 @@ async def _checkpoints(store: Store) -> None:
             log.error("checkpoint failed: %s", exc.message)
 
 
+def _config_warnings(args: argparse.Namespace) -> list[str]:
+    """``--check-config``'s warnings: ports open to anyone beyond loopback."""
+    try:
+        security = config_from_args(args)
+    except InvalidArgument as exc:
+        return [exc.message]
+    listen = [f"{args.listen[0]}:{args.listen[1]}"]
+    if args.http is not None:
+        listen.append(f"{args.http[0]}:{args.http[1]}")
+    return exposure_warnings(listen, security)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parse_with_config(parser, argv, section="rangeserver")
+    args = parse_with_config(parser, argv, section="rangeserver", warnings=_config_warnings)
     try:
         args.security = config_from_args(args)
     except InvalidArgument as exc:

@@ -1,18 +1,17 @@
-"""deploy/: every manifest parses, and every command line in it is accepted by the real CLI.
+"""deploy/: every file parses, and says what an operator relies on (no process started).
 
-There is no container engine or systemd here, so each command (systemd ExecStart, compose
-command, Kubernetes container script, the TOML configs) is run through ``estream ...
---check-config``: the CLI parses every flag, env variable and config key and exits 0.
+Kubernetes: PodDisruptionBudgets, one pod per host and zone spread, the Secret's files on
+the command lines, startup/liveness on /healthz and readiness on /readyz, requests and
+limits. systemd: no restart loop on exit 2, hardening. Monitoring: every metric the alert
+rules and the Grafana dashboard name is one the code exports. Running the command lines,
+promtool and systemd-analyze: tests/integration/test_deploy_commands.py.
 """
 
 from __future__ import annotations
 
 import configparser
-import os
-import shlex
-import stat
-import subprocess
-import sys
+import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -24,144 +23,149 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
 
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory whose ``estream`` runs the real CLI with ``--check-config`` appended."""
-    bin_dir = tmp_path_factory.mktemp("bin")
-    script = bin_dir / "estream"
-    script.write_text(
-        f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n"
-        f'exec {shlex.quote(sys.executable)} -m estream.cli.main "$@" --check-config\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return bin_dir
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ESTREAM_")}
-    env.update(extra)
-    return env
-
-
-def check(argv: list[str], env: dict[str, str] | None = None) -> str:
-    result = subprocess.run(
-        argv, capture_output=True, text=True, timeout=30, env=env or clean_env(), check=False
-    )
-    assert result.returncode == 0, f"{argv}: {result.stderr}"
-    assert "Traceback" not in result.stderr
-    return result.stdout
-
-
 def load_yaml(path: Path) -> list[Any]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
 
 
-def test_every_toml_and_yaml_parses() -> None:
+def k8s_docs() -> list[dict[str, Any]]:
+    return [d for p in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in load_yaml(p)]
+
+
+def statefulsets() -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in k8s_docs() if d["kind"] == "StatefulSet"}
+
+
+def systemd_unit(name: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
+    parser.read(DEPLOY / "systemd" / name)
+    return parser
+
+
+def test_every_toml_yaml_and_json_parses() -> None:
     tomls = sorted(DEPLOY.rglob("*.toml"))
     yamls = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
-    assert len(tomls) >= 4 and len(yamls) >= 4
+    jsons = sorted(DEPLOY.rglob("*.json"))
+    assert len(tomls) >= 4 and len(yamls) >= 7 and jsons
     for path in tomls:
         assert tomllib.loads(path.read_text()), path
     for path in yamls:
         assert load_yaml(path), path
-
-
-@pytest.mark.parametrize("name", ["pd-0.toml", "pd-1.toml", "pd-2.toml"])
-def test_pd_configs_are_accepted(shim: Path, name: str) -> None:
-    config = DEPLOY / "config" / name
-    out = check([str(shim / "estream"), "pd", "--config", str(config)])
-    doc = tomllib.loads(config.read_text())
-    assert f'listen = "{doc["listen"]}"' in out
-    assert f'peers = "{doc["peers"]}"' in out
-
-
-def test_rangeserver_config_is_accepted_and_env_overrides(shim: Path) -> None:
-    config = DEPLOY / "config" / "rangeserver.toml"
-    out = check([str(shim / "estream"), "rangeserver", "--config", str(config)])
-    assert 'listen = "rs-0.estream.internal:7130"' in out
-    assert "wal_spares = 4" in out, "production keeps spare log segments"
-    env = clean_env(ESTREAM_LISTEN="rs-9.estream.internal:7130")
-    out = check([str(shim / "estream"), "rangeserver", "--config", str(config)], env)
-    assert 'listen = "rs-9.estream.internal:7130"' in out
-
-
-@pytest.mark.parametrize(
-    ("unit", "config"),
-    [("estream-pd.service", "pd-0.toml"), ("estream-rangeserver.service", "rangeserver.toml")],
-)
-def test_systemd_units(shim: Path, unit: str, config: str) -> None:
-    parser = configparser.ConfigParser(strict=False, interpolation=None)
-    parser.read(DEPLOY / "systemd" / unit)
-    assert {"Unit", "Service", "Install"} <= set(parser.sections())
-    assert parser["Service"]["Restart"] == "on-failure"
-    argv = shlex.split(parser["Service"]["ExecStart"])
-    assert argv[0] == "/opt/estream/bin/estream"
-    argv[0] = str(shim / "estream")
-    argv = [str(DEPLOY / "config" / config) if a.startswith("/etc/estream/") else a for a in argv]
-    check(argv)
-
-
-def test_compose_runs_three_pd_and_three_range_servers(shim: Path) -> None:
-    (compose,) = load_yaml(DEPLOY / "docker" / "docker-compose.yml")
-    services = compose["services"]
-    pds = [s for s in services.values() if s["command"][0] == "pd"]
-    servers = [s for s in services.values() if s["command"][0] == "rangeserver"]
-    assert len(pds) == 3 and len(servers) == 3
-    for service in pds + servers:
-        assert service["volumes"], service
-        out = check([str(shim / "estream"), *service["command"]])
-        assert "data_dir" in out
-    dockerfile = (DEPLOY / "docker" / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["estream"]' in dockerfile
-    for line in dockerfile.splitlines():
-        if line.startswith("COPY "):
-            for source in line.split()[1:-1]:
-                assert (ROOT / source).exists(), source
-
-
-def _k8s_docs() -> list[dict[str, Any]]:
-    return [d for p in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in load_yaml(p)]
+    for path in jsons:
+        assert json.loads(path.read_text()), path
 
 
 def test_k8s_statefulsets_have_pvcs_headless_services_and_probes() -> None:
-    docs = _k8s_docs()
-    headless = {
-        d["metadata"]["name"]
-        for d in docs
-        if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"
-    }
-    sets = [d for d in docs if d["kind"] == "StatefulSet"]
-    assert {s["metadata"]["name"] for s in sets} == {"estream-pd", "estream-rs"}
-    for sts in sets:
+    docs = k8s_docs()
+    headless = {d["metadata"]["name"] for d in docs
+                if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"}
+    sets = statefulsets()
+    assert set(sets) == {"estream-pd", "estream-rs"}
+    for sts in sets.values():
         assert sts["spec"]["serviceName"] in headless
         assert sts["spec"]["replicas"] == 3
         assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
         container = sts["spec"]["template"]["spec"]["containers"][0]
-        assert "readinessProbe" in container
-    pd = next(s for s in sets if s["metadata"]["name"] == "estream-pd")
-    probe = pd["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
-    assert probe["httpGet"]["path"] == "/healthz"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        startup = container["startupProbe"]
+        assert startup["httpGet"]["path"] == "/healthz"
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, "replay time"
+        assert "http" in ports
+        for kind in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(container["resources"][kind]), kind
+    rs = sets["estream-rs"]["spec"]["template"]["spec"]["containers"][0]
+    port = {p["name"]: p["containerPort"] for p in rs["ports"]}["http"]
+    assert f"--http 0.0.0.0:{port}" in rs["command"][-1]
 
 
-@pytest.mark.parametrize("ordinal", [0, 1, 2])
-def test_k8s_container_commands_are_accepted(shim: Path, ordinal: int) -> None:
-    for sts in (d for d in _k8s_docs() if d["kind"] == "StatefulSet"):
-        container = sts["spec"]["template"]["spec"]["containers"][0]
-        name = sts["metadata"]["name"]
-        env = clean_env(
-            HOSTNAME=f"{name}-{ordinal}",
-            PATH=f"{shim}{os.pathsep}{os.environ['PATH']}",
-            **{e["name"]: e["value"] for e in container.get("env", [])},
-        )
-        out = check(list(container["command"]), env)
-        key = "listen" if name == "estream-pd" else "advertise"
-        assert f'{key} = "{name}-{ordinal}.{name}.estream.svc.cluster.local:' in out
-        if name == "estream-pd":
-            others = [i for i in range(3) if i != ordinal]
-            peers = ",".join(
-                f"estream-pd-{i}.estream-pd.estream.svc.cluster.local:7110" for i in others
-            )
-            assert f'peers = "{peers}"' in out
-            assert f'id = "{ordinal}"' in out
-        else:
-            assert "estream-pd-2.estream-pd.estream.svc.cluster.local:7100" in out
+@pytest.mark.parametrize("name", ["estream-pd", "estream-rs"])
+def test_k8s_pods_spread_over_hosts_and_zones_with_a_disruption_budget(name: str) -> None:
+    spec = statefulsets()[name]["spec"]["template"]["spec"]
+    (rule,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert rule["topologyKey"] == "kubernetes.io/hostname"
+    assert rule["labelSelector"]["matchLabels"] == {"app": name}
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone" and spread["maxSkew"] == 1
+    budgets = [d for d in k8s_docs() if d["kind"] == "PodDisruptionBudget"
+               and d["spec"]["selector"]["matchLabels"] == {"app": name}]
+    assert len(budgets) == 1 and budgets[0]["spec"]["maxUnavailable"] == 1
+
+
+def test_k8s_secret_is_mounted_and_used_for_the_raft_password_and_tokens() -> None:
+    (secret,) = [d for d in k8s_docs() if d["kind"] == "Secret"]
+    assert set(secret["stringData"]) == {"raft-password", "tokens"}
+    name = secret["metadata"]["name"]
+    for sts_name, sts in statefulsets().items():
+        spec = sts["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        container = spec["containers"][0]
+        (mount,) = [m for m in container["volumeMounts"]
+                    if volumes.get(m["name"], {}).get("secret", {}).get("secretName") == name]
+        assert mount["readOnly"] is True
+        command = container["command"][-1]
+        assert f"--token-file {mount['mountPath']}/tokens" in command
+        if sts_name == "estream-pd":
+            assert f"--password-file {mount['mountPath']}/raft-password" in command
+
+
+@pytest.mark.parametrize("unit", ["estream-pd.service", "estream-rangeserver.service"])
+def test_systemd_units_do_not_restart_on_damage_and_are_hardened(unit: str) -> None:
+    service = systemd_unit(unit)["Service"]
+    assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"] == "2", "damaged data: exit 2, no restart loop"
+    assert service["ExecStart"].startswith("/opt/estream/bin/estream ")
+    for key, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict",
+                       "ReadWritePaths": "/var/lib/estream", "PrivateTmp": "yes",
+                       "ProtectHome": "yes", "CapabilityBoundingSet": ""}.items():
+        assert service[key] == value, key
+
+
+@pytest.mark.parametrize("name", ["pd-0.toml", "pd-1.toml", "pd-2.toml", "rangeserver.toml"])
+def test_configs_name_their_secret_files(name: str) -> None:
+    doc = tomllib.loads((DEPLOY / "config" / name).read_text())
+    assert doc["token_file"] == "/etc/estream/tokens"
+    if name.startswith("pd"):
+        assert doc["password_file"] == "/etc/estream/raft-password"
+    else:
+        assert doc["http"].endswith(":7140")
+
+
+def exported_metric_names() -> set[str]:
+    """Every ``estream_*`` name the code registers (as written in the source), with the
+    suffixes a counter or histogram adds."""
+    names: set[str] = set()
+    sources = [*ROOT.glob("pd/**/*.py"), *ROOT.glob("rangeserver/**/*.py"),
+               *ROOT.glob("estream/**/*.py")]
+    for path in sources:
+        for name in re.findall(r'"(estream_[a-z0-9_]+)"', path.read_text()):
+            base = name.removesuffix("_total")
+            names |= {name, base + "_total", base + "_bucket", base + "_sum", base + "_count"}
+    return names
+
+
+def referenced_metric_names(text: str) -> set[str]:
+    return set(re.findall(r"\b(estream_[a-z0-9_]+)\b", text)) - {"estream_pd", "estream_rs"}
+
+
+def test_alert_rules_and_dashboard_name_only_exported_metrics() -> None:
+    exported = exported_metric_names()
+    rules = (DEPLOY / "prometheus" / "alerts.yml").read_text()
+    dashboard = (DEPLOY / "grafana" / "estream-dashboard.json").read_text()
+    for text in (rules, dashboard):
+        missing = referenced_metric_names(text) - exported
+        assert not missing, missing
+    alerts = {r["alert"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"]}
+    assert {"EstreamPDNoLeader", "EstreamRangeServerDown", "EstreamUnderReplicatedRanges",
+            "EstreamStuckWriter", "EstreamDiskNearlyFull"} <= alerts
+
+
+def test_the_dashboard_has_a_datasource_variable_and_queries_in_every_panel() -> None:
+    doc = json.loads((DEPLOY / "grafana" / "estream-dashboard.json").read_text())
+    assert doc["uid"] and doc["title"] == "estream"
+    assert [v["type"] for v in doc["templating"]["list"]] == ["datasource"]
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids)) >= 10
+    for panel in doc["panels"]:
+        assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
