@@ -334,7 +334,6 @@ class RangeWriter:
         effects: list[Effect] = []
         if self.producer_id:
             assert sequences is not None and len(sequences) == len(records)
-            seqs = self._pending_sequences
         for i, record in enumerate(records):
             size = record_size(record)
             if self._pending and self._pending_bytes + size > self.config.batch_bytes:
@@ -343,7 +342,8 @@ class RangeWriter:
                 self._pending_since_ms = now_ms
             self._pending.append(record)
             if self.producer_id:
-                seqs.append(sequences[i])  # type: ignore[index]
+                # Not a local alias: a cut above swaps the list for a new one.
+                self._pending_sequences.append(sequences[i])  # type: ignore[index]
             self._pending_bytes += size
             self.next_offset += 1
             if len(self._pending) >= limits.batch_records_max:

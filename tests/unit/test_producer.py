@@ -112,3 +112,20 @@ def test_stored_sequence_follows_the_acknowledged_end() -> None:
     p.taken([12], 24)
     assert [p.stored_sequence(c) for c in (21, 22, 23, 24, 25)] == [4, 7, 8, 9, 12]
     assert ProducerState("q").stored_sequence(100) == -1
+
+
+def test_a_cut_in_the_middle_of_one_submit_keeps_each_record_with_its_sequence() -> None:
+    w = RangeWriter(stream_id=7, epoch=3, ack_count=2, range_index=0, range_start=0,
+                    replicas=("a",), config=WriterConfig(linger_ms=5, batch_bytes=100),
+                    producer_id="p")
+    w.submit([Record(b"first", {}, 1)], 0, [0])  # in flight: later records linger
+    records = [Record(b"x" * 30, {}, 1) for _ in range(10)]
+    _, effects = w.submit(records, 1, list(range(1, 11)))  # cut every 3 records
+    effects += w.on_tick(100)
+    seen = []
+    for e in effects:
+        if isinstance(e, SendAppend):
+            system = decode_system(e.payload)
+            assert system is not None
+            seen += [system.sequence(i) for i in range(verify_batch(e.payload).count)]
+    assert seen == list(range(1, 11))
