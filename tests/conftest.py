@@ -1,14 +1,38 @@
-"""Suite-wide pytest set-up: every asyncio test runs on uvloop, as the servers do, and no
-process a test started outlives the session (see ``estream/devcluster/process.py``)."""
+"""Suite-wide pytest set-up: every asyncio test runs on uvloop, as the servers do; no
+process a test started outlives the session (see ``estream/devcluster/process.py``); and
+the one cluster fixture, ``cluster``.
+
+``cluster``: real PD nodes and range servers on loopback, started by
+:func:`estream.devcluster.cluster.start_cluster` and stopped by PID at the end. A test
+module says which cluster it wants with the ``cluster`` marker, whose keywords are
+``start_cluster``'s (none: 3 PD nodes and 4 range servers)::
+
+    pytestmark = [pytest.mark.integration,
+                  pytest.mark.cluster(pd_nodes=1, range_servers=3, proxied=True)]
+
+By default one cluster serves every test of the module (``module_cluster``: starting one
+costs seconds), so its tests use their own stream names and leave no fault behind.
+``fresh=True`` (on the module, or on one test) gives each such test a cluster of its own,
+for tests that wipe disks, crash everything or count what the whole cluster holds.
+``chaos=True`` gives the chaos suite's :class:`~tests.chaos.harness.ChaosCluster` (every
+process on its own 127.0.0.x address) instead. A module that heals its faults between
+tests can wrap ``module_cluster`` in its own ``cluster`` fixture.
+
+Double faults: a test that dies mid-way still runs the finalizer (every process stopped by
+PID; the session's reaper kills any survivor); every wait in the launcher is bounded.
+"""
 
 from __future__ import annotations
 
+import re
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import pytest
 import uvloop
 
+from estream.devcluster.cluster import start_cluster
 from estream.devcluster.process import reap_all
 
 
@@ -17,6 +41,10 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
 
 
 def pytest_configure(config: Any) -> None:
+    config.addinivalue_line(
+        "markers", "cluster(fresh=False, chaos=False, **start_cluster_options): the cluster "
+        "the `cluster` fixture gives (tests/conftest.py); fresh: one per test")
+
     # SIGTERM (a CI time-out, `timeout`) becomes an interrupt: fixtures' finalizers run.
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -28,3 +56,49 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     leftover = reap_all()
     if leftover:
         print(f"\nreaped {len(leftover)} test processes left running: {leftover}")
+
+
+# -- the one cluster fixture -----------------------------------------------------------------
+
+
+def cluster_options(node: pytest.Item | pytest.Collector) -> tuple[dict[str, Any], bool]:
+    """The ``cluster`` marker closest to ``node``: (its keywords but fresh, fresh)."""
+    marker = node.get_closest_marker("cluster")
+    options = dict(marker.kwargs) if marker is not None else {}
+    fresh = bool(options.pop("fresh", False))
+    return options, fresh
+
+
+def _running(root: Any, options: dict[str, Any]) -> Any:
+    """A context manager: the cluster the options describe, stopped on leaving it."""
+    if options.pop("chaos", False):
+        from tests.chaos.harness import ChaosCluster
+
+        return ChaosCluster(root, **options).start()
+    return start_cluster(root, **options)
+
+
+def _dir_name(name: str) -> str:
+    return re.sub(r"\W+", "-", name)[:40]
+
+
+@pytest.fixture(scope="module")
+def module_cluster(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One cluster for the whole module, shaped by the module's ``cluster`` marker."""
+    options, _ = cluster_options(request.node)
+    root = tmp_path_factory.mktemp(_dir_name(request.module.__name__.rpartition(".")[2]))
+    with _running(root, options) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Any]:
+    """The module's cluster, or with ``cluster(fresh=True)`` one for this test alone."""
+    options, fresh = cluster_options(request.node)
+    if not fresh:
+        yield request.getfixturevalue("module_cluster")
+        return
+    with _running(tmp_path_factory.mktemp(_dir_name(request.node.name)), options) as cluster:
+        yield cluster

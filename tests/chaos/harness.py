@@ -45,6 +45,12 @@ class ChaosCluster:
         if self._cluster is not None:
             self._cluster.stop()
 
+    def __enter__(self) -> ChaosCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     @property
     def cluster(self) -> Cluster:
         assert self._cluster is not None, "start() the cluster first"

@@ -28,19 +28,10 @@ from estream.wire.protocol import Opcode
 from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from tests.chaos.harness import RS_HOSTS, ChaosCluster, RangeServerNode
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(chaos=True, fresh=True)]
 
 tmpfs_bytes = 24 << 20
 fill_batches_max = 4_000
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
-    c = ChaosCluster(tmp_path).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 async def test_kill9_pd_leader_failover_time(cluster: ChaosCluster) -> None:

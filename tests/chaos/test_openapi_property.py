@@ -11,7 +11,6 @@ pytest 9 yet, so the operations are driven with hypothesis's ``given`` directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,18 +22,9 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance
 
 from tests.chaos.harness import ChaosCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(chaos=True, range_servers=3)]
 
 examples_per_operation = 25
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosCluster]:
-    c = ChaosCluster(tmp_path_factory.mktemp("openapi"), range_servers=3).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def exercise(operation: Any, mode: GenerationMode, url: str) -> int:

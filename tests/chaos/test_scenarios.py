@@ -12,7 +12,6 @@ import asyncio
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,20 +21,11 @@ from tests.chaos.harness import ChaosCluster
 from tests.chaos.history import Verdict
 from tests.chaos.workload import Workload, report
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(chaos=True, fresh=True)]
 
 acks_after_fault = 20
 fault_recovery_s = 15.0
 repair_timeout_s = 40.0  # limits.repair_after_ms (10 s) for a short replica, plus copying
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
-    c = ChaosCluster(tmp_path).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def open_range_replicas(cluster: ChaosCluster, stream: str) -> list[str]:

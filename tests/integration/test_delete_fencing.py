@@ -15,27 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound, Unavailable
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
 
 appenders = 8
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("delete-fencing"), pd_nodes=3, range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.devcluster.faultproxy import FaultProxy
 from estream.devcluster.process import ManagedProcess, free_port
 from estream.devcluster.rangeserver import start_rangeserver
@@ -26,7 +26,8 @@ from estream.wire.errors import RangeSealed, Timeout, Unavailable
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, proxied=True)]
 
 STREAM = 41
 short_timeout_s = 0.5
@@ -217,15 +218,6 @@ async def test_a_dead_server_behind_the_proxy_fails_connections(proxied: Proxied
 
 
 # -- the proxied cluster and its fault helpers (estream/devcluster/cluster.py) -------------------
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path, pd_nodes=3, range_servers=3, proxied=True)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 async def test_proxied_cluster_and_its_faults(cluster: Cluster) -> None:

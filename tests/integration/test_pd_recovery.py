@@ -21,13 +21,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from estream.devcluster.process import track
 from estream.net.rpc import RpcClient
@@ -35,20 +34,12 @@ from estream.wire import limits
 from estream.wire.errors import Fenced, NotLeader, StreamNotFound
 from estream.wire.protocol import Opcode
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, proxied=True, fresh=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 visible_within_s = 10.0
 acks_before_kill = 300
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path / "cluster", pd_nodes=3, range_servers=3, proxied=True)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def hide_confirms(cluster: Cluster) -> None:

@@ -9,27 +9,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_records, wrap_records
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
 
 COUNT = 20
-
-
-@pytest.fixture
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("reader-clip"), pd_nodes=1, range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 async def _write(client: estream.Client, name: str) -> estream.StreamMeta:

@@ -7,32 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.net.rpc import RpcClient
 from estream.wire import limits
 from estream.wire.protocol import Opcode
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3,
+                                   rangeserver_args=["--wal-segment-mib", "1"])]
 
 VALUE = bytes(range(256)) * 16  # 4 KiB records
 reclaimed_within_s = limits.reclaim_interval_ms / 1000 * 2 + 5
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(
-        tmp_path_factory.mktemp("reclaim"), pd_nodes=3, range_servers=3,
-        rangeserver_args=["--wal-segment-mib", "1"],
-    )
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 async def replicas_of(cluster: Cluster, stream_id: int) -> dict[str, set[int]]:

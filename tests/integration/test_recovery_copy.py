@@ -12,26 +12,16 @@ Once the copy can go through, recovery seals the range with every record.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.wire.protocol import Opcode
 from tests.integration.test_writer_faults import wait_read_all
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("recovery-copy"), pd_nodes=1, range_servers=3,
-                      proxied=True)
-    try:
-        yield c
-    finally:
-        c.stop()
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, proxied=True)]
 
 
 async def test_a_failed_recovery_copy_leaves_the_range_open_until_it_can_succeed(

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -26,20 +24,11 @@ from estream.wire import limits
 from tests.chaos.harness import ChaosCluster
 from tests.harness.repair import wait_fully_replicated
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(chaos=True, fresh=True)]
 
 repair_timeout_s = 30.0
 reclaim_timeout_s = limits.reclaim_interval_ms / 1000 * 3 + 5  # two rounds agree, then drop
 records_per_phase = 150
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
-    c = ChaosCluster(tmp_path).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def sealed_range(cluster: ChaosCluster, name: str, index: int) -> dict:  # type: ignore[type-arg]

@@ -17,33 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from estream.net.rpc import RpcClient
 from estream.wire.errors import EstreamError
 from estream.wire.protocol import Opcode
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3, fresh=True)]
 
 written = 30
 catalog_end = 20
 repaired_within_s = 40.0
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path, pd_nodes=3, range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 async def call(address: str, opcode: Opcode, header: dict[str, Any]) -> dict[str, Any]:

@@ -9,27 +9,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.devcluster.process import track
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=4)]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("sdk-cluster"), pd_nodes=3, range_servers=4)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 async def test_append_then_read_back_across_ranges(cluster: Cluster) -> None:

@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=4)]
 
 TOTAL = 100_000
 WAVE = 5_000  # appends in flight at once
-
-
-@pytest.fixture
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("sdk-failover"), pd_nodes=3, range_servers=4)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 async def test_kill9_of_a_replica_mid_stream_fails_no_append(cluster: Cluster) -> None:

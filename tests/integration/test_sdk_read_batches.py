@@ -4,24 +4,13 @@ processes): the same records as ``Client.read`` over sealed ranges and the open 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.wire.record import Record, decode_views
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("read-batches"), pd_nodes=1, range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
 
 
 async def by_batches(

@@ -24,39 +24,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.net.rpc import RpcClient
 from estream.wire import limits
 from estream.wire.protocol import Opcode
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
 
 append_wait_s_max = 5.0
 appenders = 16
 
 
-@pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("writer-faults"), pd_nodes=1, range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
 @pytest.fixture
-async def cluster(three: Cluster) -> AsyncIterator[Cluster]:
+async def cluster(module_cluster: Cluster) -> AsyncIterator[Cluster]:
     """The module's cluster, healed after each test: every server resumed and running."""
     try:
-        yield three
+        yield module_cluster
     finally:
-        await asyncio.to_thread(heal, three)
+        await asyncio.to_thread(heal, module_cluster)
 
 
 def heal(cluster: Cluster) -> None:
