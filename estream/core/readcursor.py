@@ -60,6 +60,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -73,7 +74,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
-from estream.wire.objectformat import ObjectFooter, ObjectIndex
+from estream.wire.objectformat import IndexEntry, ObjectFooter, ObjectIndex
 
 follow_wait_ms: Final = 1_000  # one long poll at the range server
 unheld_poll_pause_ms: Final = 50  # pause when a follow poll came back at once and empty
@@ -254,6 +255,24 @@ def object_spans(
     return spans
 
 
+def offset_at(index: ObjectIndex, position: int) -> int:
+    """The first offset of the batch starting at byte ``position`` (where a read that got
+    the bytes before it goes on); the object's end offset at its data's end.
+
+    >>> offset_at(ObjectIndex(ObjectFooter(7, 0, 1, 5, 9, 80, 40, 0),
+    ...                       (IndexEntry(5, 4, 0, 80, 0, 0),)), 80)
+    9
+    """
+    at = bisect.bisect_left(index.entries, position, key=_position)
+    if at < len(index.entries):
+        return index.entries[at].base_offset
+    return index.footer.end_offset
+
+
+def _position(entry: IndexEntry) -> int:
+    return entry.position
+
+
 def trimmed(name: str, offset: int, start: int) -> OffsetOutOfRange:
     return OffsetOutOfRange(f"offset {offset} of {name!r} is trimmed", offset=offset, start=start)
 
@@ -424,5 +443,6 @@ __all__ = [
     "clip_end",
     "in_object_tier",
     "object_spans",
+    "offset_at",
     "replica_order",
 ]

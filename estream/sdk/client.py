@@ -287,6 +287,8 @@ class Client:
                 await asyncio.wait_for(writer.close(), self.timeout_s)
             except (TimeoutError, EstreamError):
                 pass
+        if self._object_reads is not None:
+            self._object_reads.close()  # windows read ahead that nobody took
         await self.pool.close()
         await self.pd.close()
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from estream.core.readcursor import (
@@ -35,7 +35,10 @@ from estream.core.readcursor import (
     ReadReplica,
     Sleep,
     check_footer,
+    object_part_bytes_max,
+    object_read_bytes_max,
     object_spans,
+    offset_at,
     replica_order,
 )
 from estream.net.objectstore import ObjectStore
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
 
 object_tail_bytes: Final = 64 * 1024  # the first GET of an object: its footer and index
 index_entries_max: Final = 262_144  # cached index entries of all objects (~40 MB at most)
+read_ahead_max: Final = 2  # windows of object reads fetched ahead, pending at once
 
 
 def decode_answer(payload: bytes | memoryview, offset: int, end: int | None) -> list[Record]:
@@ -329,17 +333,34 @@ class ObjectReads:
     dropped first), then ranged GETs of just the batches a read needs, in parallel
     (:func:`~estream.core.readcursor.object_spans`).
 
+    Read-ahead: a read that wants more of the object than one window gets (a catch-up
+    read) starts the GETs of the next window at once, while its caller works through this
+    one; the next read at that offset takes them (at most ``read_ahead_max`` windows
+    pending in all, the oldest cancelled first; a failed one is simply fetched again).
+    :meth:`close` cancels what is pending.
+
     Every request has the store's deadline. An object that does not hold what the catalog
     says (another stream, range or offsets) is :class:`MalformedObject`; a missing one is
     :class:`ObjectStoreError` (``not_found``); a failing index or batch checksum is
     :class:`ChecksumMismatch`. Any of them drops the cached index, and the read cursor
     moves on to the range's replicas if it still has any."""
 
-    def __init__(self, store: ObjectStore, index_entries_max: int = index_entries_max) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        index_entries_max: int = index_entries_max,
+        read_ahead_max: int = read_ahead_max,
+        window_bytes_max: int = object_read_bytes_max,
+        part_bytes_max: int = object_part_bytes_max,
+    ) -> None:
         self.store = store
         self.index_entries_max = index_entries_max
+        self.read_ahead_max = read_ahead_max
+        self.window_bytes_max = window_bytes_max  # one read's batches, at most
+        self.part_bytes_max = part_bytes_max  # one GET of them (the GETs run in parallel)
         self._indexes: OrderedDict[str, ObjectIndex] = OrderedDict()
         self._entries = 0
+        self._ahead: OrderedDict[tuple[str, int, int], asyncio.Task[bytes]] = OrderedDict()
 
     async def read(self, stream_id: int, rng: RangeMeta, offset: int, end: int) -> bytes:
         """Whole batches of ``rng`` from the one holding ``offset`` on, towards ``end``
@@ -350,11 +371,51 @@ class ObjectReads:
         try:
             index = await self.index(key)
             check_footer(index.footer, stream_id, rng)
-            parts = await self.store.get_ranges(key, object_spans(index, offset, end))
+            spans = self._spans(index, offset, end)
+            payload = await self._taken_ahead((key, offset, end))
+            if payload is None:
+                payload = await self._get(key, spans)
         except EstreamError:
             self.forget(rng)
             raise
+        after = offset_at(index, spans[-1][1])
+        if after < end:
+            self._read_ahead((key, after, end), self._get(key, self._spans(index, after, end)))
+        return payload
+
+    def _spans(self, index: ObjectIndex, offset: int, end: int) -> list[tuple[int, int]]:
+        return object_spans(index, offset, end, self.window_bytes_max, self.part_bytes_max)
+
+    async def _get(self, key: str, spans: list[tuple[int, int]]) -> bytes:
+        parts = await self.store.get_ranges(key, spans)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _read_ahead(
+        self, window: tuple[str, int, int], fetch: Coroutine[Any, Any, bytes]
+    ) -> None:
+        task = asyncio.ensure_future(fetch)
+        task.add_done_callback(_retrieve)
+        self._ahead[window] = task
+        while len(self._ahead) > self.read_ahead_max:
+            _, oldest = self._ahead.popitem(last=False)
+            oldest.cancel()
+
+    async def _taken_ahead(self, window: tuple[str, int, int]) -> bytes | None:
+        """The window ``(key, offset, end)`` read ahead, if any and it went well (once
+        popped, nothing else can cancel it)."""
+        task = self._ahead.pop(window, None)
+        if task is None:
+            return None
+        try:
+            return await task
+        except EstreamError:
+            return None  # fetched again, and its error (if it lasts) raised then
+
+    def close(self) -> None:
+        """Cancel the windows read ahead that nobody took."""
+        for task in self._ahead.values():
+            task.cancel()
+        self._ahead.clear()
 
     async def index(self, key: str) -> ObjectIndex:
         """The object's index: cached, else its tail (one GET after a HEAD for the size;
@@ -381,8 +442,11 @@ class ObjectReads:
         return index
 
     def forget(self, rng: RangeMeta) -> None:
+        """Drop what is kept of ``rng``'s object (its index, windows read ahead)."""
         if rng.object_key is not None and rng.object_key in self._indexes:
             self._entries -= len(self._indexes.pop(rng.object_key).entries)
+        for ahead in [k for k in self._ahead if k[0] == rng.object_key]:
+            self._ahead.pop(ahead).cancel()
 
     def _remember(self, key: str, index: ObjectIndex) -> None:
         self._indexes[key] = index
@@ -390,6 +454,13 @@ class ObjectReads:
         while self._entries > self.index_entries_max and len(self._indexes) > 1:
             _, dropped = self._indexes.popitem(last=False)
             self._entries -= len(dropped.entries)
+
+
+def _retrieve(task: asyncio.Task[bytes]) -> None:
+    """A window read ahead that failed or was cancelled: its error is not news (the read
+    that wanted it fetches again)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def stream_end_offset(client: Client, name: str) -> int:

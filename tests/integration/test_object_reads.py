@@ -28,7 +28,13 @@ import estream
 from estream.devcluster.cluster import Cluster, start_cluster
 from estream.net.objectstore import ObjectStore
 from estream.sdk.client import Client
-from estream.sdk.reader import ObjectReads, read_stream, read_stream_batches, read_stream_views
+from estream.sdk.reader import (
+    ObjectReads,
+    decode_answer,
+    read_stream,
+    read_stream_batches,
+    read_stream_views,
+)
 from estream.wire.errors import (
     ChecksumMismatch,
     EstreamError,
@@ -78,6 +84,12 @@ class ObjectOnlyClient:
 
     async def object_reads(self) -> ObjectReads | None:
         return self.objects
+
+    def stream_key(self, meta: StreamMeta) -> bytes | None:
+        return None  # the stream's digest is xxh3: no MAC key
+
+    def entry_digest(self, stream_id: int) -> tuple[int, bytes | None] | None:
+        return None
 
 
 def client_of(meta: StreamMeta, objects: ObjectReads | None) -> Client:
@@ -187,6 +199,44 @@ async def test_the_index_cache_is_bounded(store: ObjectStore) -> None:
     assert list(objects._indexes) == [keys[1]]  # the older, larger one was dropped
     await objects.index(cast(str, keys[0]))
     assert list(objects._indexes) == [keys[0]]  # one index is always kept
+
+
+async def test_catch_up_reads_take_the_window_read_ahead(store: ObjectStore) -> None:
+    meta = await two_ranges(store)  # range 0: 15 batches of 7 records (the last of 2)
+    rng = meta.ranges[0]
+    objects = ObjectReads(store, window_bytes_max=1, part_bytes_max=1)  # a batch per read
+    index = await objects.index(cast(str, rng.object_key))
+    first = await objects.read(STREAM_ID, rng, 0, 100)
+    assert len(first) == index.entries[0].length
+    key = cast(str, rng.object_key)
+    assert list(objects._ahead) == [(key, 7, 100)]
+    ahead = objects._ahead[(key, 7, 100)]
+    second = await objects.read(STREAM_ID, rng, 7, 100)
+    assert ahead.done() and second == ahead.result()
+    assert list(objects._ahead) == [(key, 14, 100)]
+    # a read that ends within its window reads nothing ahead
+    await objects.read(STREAM_ID, rng, 14, 21)
+    assert (key, 21, 21) not in objects._ahead
+    objects.close()
+    assert objects._ahead == {}
+    # every record, in order, through windows read ahead; at most read_ahead_max pending
+    client = client_of(meta, ObjectReads(store, window_bytes_max=300, part_bytes_max=100))
+    records = [r.offset async for r in read_stream(client, "s")]
+    assert records == list(range(250))
+
+
+async def test_a_window_read_ahead_that_failed_is_fetched_again(store: ObjectStore,
+                                                                tmp_path: Path) -> None:
+    meta = await two_ranges(store)
+    rng = meta.ranges[0]
+    objects = ObjectReads(store, window_bytes_max=1, part_bytes_max=1)
+    await objects.read(STREAM_ID, rng, 0, 100)
+    window = (cast(str, rng.object_key), 7, 100)
+    failed = asyncio.get_running_loop().create_future()
+    failed.set_exception(ObjectStoreError("down", key=window[0], not_found=False))
+    objects._ahead[window] = cast("asyncio.Task[bytes]", failed)
+    again = await objects.read(STREAM_ID, rng, 7, 100)
+    assert [r.offset for r in decode_answer(again, 7, 14)] == list(range(7, 14))
 
 
 async def test_errors_are_typed_estream_errors(store: ObjectStore) -> None:
