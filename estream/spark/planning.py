@@ -11,8 +11,9 @@ start and confirmed end, and this module decides everything else:
   budget fairly between streams (:func:`split_budget`);
 - what to do with a start offset that was trimmed away (``failOnDataLoss``);
 - how a micro-batch's span of each stream is cut into Spark partitions: at range
-  boundaries (each partition then reads from one range's replicas) and at a size limit
-  (so several tasks read one range in parallel), rotating the preferred replica.
+  boundaries (each partition then reads from one range's replicas, or its object) and at
+  a size limit (so several tasks read one range in parallel), rotating the preferred
+  replica (none once an offloaded range's replicas are dropped: its object is read).
 
 Pure: no I/O.
 """
