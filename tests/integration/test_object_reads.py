@@ -9,7 +9,9 @@ Against a real cluster (one module-scoped cluster whose PD offloads at once and 
 copies after a second): a stream written in two ranges, both offloaded and their replicas
 dropped, then every range server stopped, reads back whole through ``client.read``,
 ``read_batches`` and ``estream read``; the Spark source reads it too, its executors going
-to the object store (no range server is running).
+to the object store (no range server is running). Then against SeaweedFS S3 (a client
+with the AWS variables): the same read with every range server stopped, and a byte flipped
+in a stored object behind estream's back is a ``ChecksumMismatch``, never wrong records.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.seaweed import SeaweedS3, start_seaweed
 from estream.net.objectstore import ObjectStore
 from estream.sdk.client import Client
 from estream.sdk.reader import (
@@ -45,6 +48,14 @@ from estream.wire.errors import (
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import encode_object
 from estream.wire.record import Record, decode_views, encode_batch
+from tests.integration.test_object_tier import (
+    all_tiered,
+    start_tiered_cluster,
+    tier_env,
+    tier_timeout_s,
+    wait_for,
+    write_ranges,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -263,7 +274,8 @@ def expected_value(i: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def tiered_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Its own cluster (not the shared fixture): PD's object store is in its tmp dir."""
     tmp = tmp_path_factory.mktemp("object-reads")
     c = start_cluster(tmp, pd_nodes=1, range_servers=3, pd_args=[
         "--object-store", f"file://{tmp}/objects", "--offload-delay-s", "0",
@@ -301,21 +313,21 @@ async def _offloaded(pd: str, name: str) -> StreamMeta:
 
 
 @pytest.fixture(scope="module")
-def offloaded(cluster: Cluster) -> StreamMeta:
+def offloaded(tiered_cluster: Cluster) -> StreamMeta:
     """Stream "tiered": ranges 0 and 1 only in the object store; then every range server
     is stopped (the open range 2 has no reachable replica)."""
-    meta = asyncio.run(_offloaded(cluster.pd_addresses, "tiered"))
-    for server in cluster.servers:
+    meta = asyncio.run(_offloaded(tiered_cluster.pd_addresses, "tiered"))
+    for server in tiered_cluster.servers:
         server.stop()
     return meta
 
 
 async def test_client_read_with_every_range_server_stopped(
-    cluster: Cluster, offloaded: StreamMeta
+    tiered_cluster: Cluster, offloaded: StreamMeta
 ) -> None:
     assert [(r.start, r.end, r.tier) for r in offloaded.ranges[:2]] == [
         (0, FIRST, "object"), (FIRST, TOTAL, "object")]
-    async with await estream.connect(cluster.pd_addresses) as client:
+    async with await estream.connect(tiered_cluster.pd_addresses) as client:
         records = [r async for r in client.read("tiered", 0, TOTAL)]
         assert [r.offset for r in records] == list(range(TOTAL))
         assert [r.value for r in records] == [expected_value(i) for i in range(TOTAL)]
@@ -335,11 +347,11 @@ async def test_client_read_with_every_range_server_stopped(
         assert seen == list(range(TOTAL))
 
 
-def test_cli_read_with_every_range_server_stopped(cluster: Cluster,
+def test_cli_read_with_every_range_server_stopped(tiered_cluster: Cluster,
                                                   offloaded: StreamMeta) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "estream.cli.main", "read", "tiered", "--from", "5",
-         "--to", str(TOTAL), "--pd", cluster.pd_addresses],
+         "--to", str(TOTAL), "--pd", tiered_cluster.pd_addresses],
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [expected_value(i).decode() for i in range(5, TOTAL)]
@@ -356,11 +368,11 @@ def spark() -> Iterator[Any]:
 
 @pytest.mark.spark
 def test_spark_source_reads_offloaded_ranges_from_the_object_store(
-    cluster: Cluster, offloaded: StreamMeta, spark: Any
+    tiered_cluster: Cluster, offloaded: StreamMeta, spark: Any
 ) -> None:
     df = (
         spark.read.format("estream")
-        .option("pd", cluster.pd_addresses)
+        .option("pd", tiered_cluster.pd_addresses)
         .option("streams", "tiered")
         .option("partitionRecords", 120)
         .load()
@@ -371,3 +383,54 @@ def test_spark_source_reads_offloaded_ranges_from_the_object_store(
     assert [r.offset for r in rows] == list(range(TOTAL))
     assert [bytes(r.value) for r in rows] == [expected_value(i) for i in range(TOTAL)]
     assert rows[7].headers == {"i": "7"}
+
+
+# -- the same against SeaweedFS S3 ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    server = start_seaweed(tmp_path_factory.mktemp("seaweed-reads"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_cluster(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedS3) -> Iterator[Cluster]:
+    env = {**tier_env(seaweed.url("reads")), **seaweed.env,
+           "ESTREAM_OBJECT_STORE_ENDPOINT": seaweed.endpoint}
+    c = start_tiered_cluster(tmp_path_factory.mktemp("reads-s3"), env, pd_nodes=1,
+                             range_servers=3)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_s3_reads_with_every_range_server_stopped_and_a_byte_flipped_behind_our_back(
+    s3_cluster: Cluster, seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)  # a client reads an s3:// tier with these
+    async with await estream.connect(s3_cluster.pd_addresses) as client:
+        await client.create_stream("s3reads", replicas=3, ack_count=2)
+        values = await write_ranges(client, "s3reads", [90, 40])
+    ranges = await wait_for(lambda: all_tiered(s3_cluster, "s3reads", released=True),
+                            tier_timeout_s, "both ranges in the object tier, released")
+    for server in s3_cluster.servers:
+        server.stop()
+    async with await estream.connect(s3_cluster.pd_addresses) as client:
+        records = [r async for r in client.read("s3reads", 0, len(values))]
+        assert [r.value for r in records] == values
+        assert [r.offset async for r in client.read("s3reads", 85, 95)] == list(range(85, 95))
+    # one byte of the second object's first batch flipped in the store itself
+    store, key = seaweed.store("reads"), ranges[1]["object_key"]
+    data = bytearray(await store.get(key))
+    data[80] ^= 0x01
+    await store.put(key, bytes(data))
+    async with await estream.connect(s3_cluster.pd_addresses) as client:
+        assert len([r async for r in client.read("s3reads", 0, 90)]) == 90
+        with pytest.raises(ChecksumMismatch):
+            [r async for r in client.read("s3reads", 90, len(values))]
