@@ -104,9 +104,12 @@ class ObjectStore:
             raise ObjectStoreError(f"object store {self.url}: {type(exc).__name__}: "
                                    f"{_first_line(exc)}", key=key, not_found=False) from None
 
-    async def put(self, key: str, data: bytes | memoryview) -> None:
-        """Store ``data`` under ``key`` (replacing what was there)."""
-        await self._call(key, obstore.put_async(self._store, key, bytes(data)))
+    async def put(self, key: str, data: bytes | memoryview | Sequence[bytes | memoryview]
+                  ) -> None:
+        """Store ``data`` (bytes, or parts to concatenate: streamed, a multipart upload
+        where the store has one) under ``key``, replacing what was there."""
+        body: Any = data if isinstance(data, bytes | memoryview) else iter(data)
+        await self._call(key, obstore.put_async(self._store, key, body))
 
     async def get(self, key: str) -> bytes:
         """The whole object."""

@@ -166,6 +166,21 @@ def encode_object(
     offset order (each verified). Raises :class:`MalformedObject` unless the batches cover
     the range exactly, and :class:`~estream.wire.errors.ChecksumMismatch` /
     :class:`~estream.wire.errors.MalformedBatch` for a bad batch."""
+    return b"".join(encode_object_parts(batches, stream_id=stream_id, range_index=range_index,
+                                        start_offset=start_offset, end_offset=end_offset))
+
+
+def encode_object_parts(
+    batches: Sequence[bytes | memoryview],
+    *,
+    stream_id: int,
+    range_index: int,
+    start_offset: int,
+    end_offset: int,
+) -> list[bytes | memoryview]:
+    """:func:`encode_object` as the object's parts in order, without joining them: the
+    batches as given, then one last part holding the index block and the footer (so an
+    uploader streams the parts and never holds the object twice)."""
     entries: list[bytes] = []
     position = 0
     expected = start_offset
@@ -211,7 +226,7 @@ def encode_object(
     digest = xxhash.xxh3_64(index)
     digest.update(head)
     footer = head + digest.intdigest().to_bytes(8, "little")
-    return b"".join([*(bytes(b) for b in batches), index, footer])
+    return [*batches, index + footer]
 
 
 def decode_footer(tail: bytes | memoryview) -> ObjectFooter:

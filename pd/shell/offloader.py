@@ -52,7 +52,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import ReplicaRef
-from estream.wire.objectformat import FOOTER_BYTES, decode_tail, encode_object
+from estream.wire.objectformat import FOOTER_BYTES, decode_tail, encode_object_parts
 from estream.wire.record import iter_batches, verify_batch
 from pd.commands import CommitObject, DropLocalReplicas
 from pd.offload import (
@@ -203,11 +203,12 @@ class Offloader:
             self.busy.discard(key)
 
     async def _offload_once(self, upload: Upload) -> None:
-        data = await self._build(upload)
+        parts = await self._build(upload)
+        size = sum(len(p) for p in parts)
         attempt = f"t{max(self.term, 0)}-{secrets.token_hex(6)}"
         key = object_key(upload.stream_id, upload.range_index, attempt)
-        await self._store("put", self.store.put(key, data), stage="put")
-        await self._verify(key, data)
+        await self._store("put", self.store.put(key, parts), stage="put")
+        await self._verify(key, size, parts[-1])
         command = CommitObject(upload.name, upload.stream_id, upload.range_index,
                                upload.start, upload.end, key)
         try:
@@ -222,26 +223,26 @@ class Offloader:
         except EstreamError:
             self._count(OFFLOAD_ERRORS, stage="commit")
             raise  # outcome unknown: the object stays (committed, or swept later)
-        self._count(OFFLOADED_BYTES, len(data))
+        self._count(OFFLOADED_BYTES, size)
         self._count(OFFLOADED_RANGES)
         log.info("range %d of stream %r [%d, %d) is in the object tier as %s (%d bytes)",
-                 upload.range_index, upload.name, upload.start, upload.end, key, len(data))
+                 upload.range_index, upload.name, upload.start, upload.end, key, size)
 
-    async def _build(self, upload: Upload) -> bytes:
-        """The object of ``upload``, read from the first replica that gives the whole
-        range, every batch verified."""
+    async def _build(self, upload: Upload) -> list[bytes | memoryview]:
+        """The object of ``upload`` as its parts (the batches, then index and footer),
+        read from the first replica that gives the whole range, every batch verified."""
         if upload.end == upload.start:
-            return encode_object([], stream_id=upload.stream_id,
-                                 range_index=upload.range_index, start_offset=upload.start,
-                                 end_offset=upload.end)
+            return encode_object_parts([], stream_id=upload.stream_id,
+                                       range_index=upload.range_index,
+                                       start_offset=upload.start, end_offset=upload.end)
         last: EstreamError = Unavailable(f"range {upload.range_index} of stream "
                                          f"{upload.name!r} has no replica to read")
         for source in upload.sources:
             try:
                 batches = await self._read_range(source, upload)
-                return encode_object(batches, stream_id=upload.stream_id,
-                                     range_index=upload.range_index,
-                                     start_offset=upload.start, end_offset=upload.end)
+                return encode_object_parts(batches, stream_id=upload.stream_id,
+                                           range_index=upload.range_index,
+                                           start_offset=upload.start, end_offset=upload.end)
             except EstreamError as exc:
                 self._count(OFFLOAD_ERRORS, stage="read")
                 log.info("offload: replica %s of range %d of stream %r cannot be read whole "
@@ -280,19 +281,20 @@ class Offloader:
                                   f"only up to {answer.end}, not {upload.end}")
         return out
 
-    async def _verify(self, key: str, data: bytes) -> None:
-        """The stored object has the size and the index of what was put."""
+    async def _verify(self, key: str, put_bytes: int, tail: bytes | memoryview) -> None:
+        """The stored object has the size and the index of what was put (``tail``: the
+        index block and footer put last)."""
         size = await self._store("head", self.store.head(key), stage="verify")
-        expected = decode_tail(data)
-        assert expected is not None  # a whole object holds its index
-        if size != len(data):
+        expected = decode_tail(tail)
+        assert expected is not None  # the last part holds the whole index
+        if size != put_bytes:
             self._count(OFFLOAD_ERRORS, stage="verify")
-            raise MalformedObject(f"object {key} is {size} bytes, {len(data)} were put",
+            raise MalformedObject(f"object {key} is {size} bytes, {put_bytes} were put",
                                   key=key)
         tail_bytes = expected.footer.index_bytes + FOOTER_BYTES
-        tail = await self._store("get", self.store.get_range(key, size - tail_bytes, size),
-                                 stage="verify")
-        if decode_tail(tail) != expected:
+        stored = await self._store("get", self.store.get_range(key, size - tail_bytes, size),
+                                   stage="verify")
+        if decode_tail(stored) != expected:
             self._count(OFFLOAD_ERRORS, stage="verify")
             raise MalformedObject(f"object {key} does not read back as written", key=key)
 

@@ -17,6 +17,7 @@ fault lands exactly where the test puts it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from pd.offload import Upload, object_key
 from pd.shell.offloader import Offloader
 
 SERVERS = ("rs1", "rs2", "rs3")
+Body = bytes | memoryview | Sequence[bytes | memoryview]
 
 
 def batches(start: int, end: int, stream_id: int) -> list[bytes]:
@@ -153,7 +155,7 @@ class FlakyStore(ObjectStore):
 
     put_failures = 0
 
-    async def put(self, key: str, data: bytes | memoryview) -> None:
+    async def put(self, key: str, data: Body) -> None:
         if self.put_failures:
             self.put_failures -= 1
             raise ObjectStoreError("connection refused", key=key, not_found=False)

@@ -16,6 +16,7 @@ from estream.wire.objectformat import (
     decode_object,
     decode_tail,
     encode_object,
+    encode_object_parts,
     iter_object_batches,
 )
 from estream.wire.record import Record, decode_batch, encode_batch
@@ -123,3 +124,13 @@ def test_locate_outside_the_object() -> None:
     for start, end in [(99, 101), (108, 110), (105, 105), (106, 104)]:
         with pytest.raises(MalformedObject):
             index.locate(start, end)
+
+
+def test_parts_are_the_batches_then_index_and_footer() -> None:
+    raw = batches()
+    parts = encode_object_parts(raw, stream_id=7, range_index=2, start_offset=100,
+                                end_offset=109)
+    assert parts[:-1] == raw and b"".join(parts) == encode_object(
+        raw, stream_id=7, range_index=2, start_offset=100, end_offset=109)
+    tail = decode_tail(parts[-1])
+    assert tail is not None and len(parts[-1]) == tail.footer.index_bytes + FOOTER_BYTES
