@@ -8,6 +8,7 @@ each serves and a leader is elected, and returns a :class:`PdCluster` to find th
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -57,13 +58,15 @@ class PdNodeProcess:
 
 
 def http_json(url: str, method: str = "GET", body: Any = None, *,
-              raw: bytes | None = None, timeout_s: float = 10.0) -> tuple[int, Any]:
-    """A blocking HTTP request; returns ``(status, parsed JSON or text)``."""
+              raw: bytes | None = None, timeout_s: float = 10.0,
+              context: ssl.SSLContext | None = None) -> tuple[int, Any]:
+    """A blocking HTTP request; returns ``(status, parsed JSON or text)`` (``context``:
+    TLS settings for an https URL, e.g. the cluster CA of ``estream up --tls``)."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     request = urllib.request.Request(url, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             status, text = response.status, response.read().decode()
             ctype = response.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
@@ -82,12 +85,13 @@ def node_ready(url: str) -> bool:
         body["leader"].get("address")) and all(n.get("address") for n in body["nodes"])
 
 
-def alive_rangeservers(urls: Sequence[str]) -> list[dict[str, Any]]:
+def alive_rangeservers(urls: Sequence[str], context: ssl.SSLContext | None = None
+                       ) -> list[dict[str, Any]]:
     """The range servers PD lists alive, from the first admin URL that answers ([] if
     none does)."""
     for url in urls:
         try:
-            status, body = http_json(url + "/v1/rangeservers", timeout_s=2.0)
+            status, body = http_json(url + "/v1/rangeservers", timeout_s=2.0, context=context)
         except OSError:
             continue
         if status == 200 and isinstance(body, dict):

@@ -18,6 +18,11 @@ SIGINT/SIGTERM to all children and waits for them
 (:func:`~estream.devcluster.process.stop_processes`: SIGKILL after a timeout).
 Restarting on the same data dir keeps all data.
 
+``--tls``: every PD node and range server serves TLS only, with a member certificate from
+a cluster CA and a token (:mod:`estream.devcluster.certs`, made once in ``DATA_DIR/tls``
+and kept), the admin API is https, and clients need the CA and the token
+(``ESTREAM_TLS_CA``, ``ESTREAM_TOKEN_FILE``: the banner prints them).
+
 :func:`plan_cluster` and :func:`restart_delay_s` are pure; :class:`Supervisor` owns the
 side effects (child processes, signals, HTTP probes, the data-dir lock).
 """
@@ -30,6 +35,7 @@ import fcntl
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -38,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from estream.devcluster.certs import ClusterTls, ensure_cluster_tls
 from estream.devcluster.cmdline import estream_argv, pd_args, rangeserver_args
 from estream.devcluster.pd import alive_rangeservers, http_json
 from estream.devcluster.process import ManagedProcess, stop_processes
@@ -80,6 +87,7 @@ class ClusterPlan:
     data_dir: Path
     pd: tuple[ChildSpec, ...]
     range_servers: tuple[ChildSpec, ...]
+    tls: ClusterTls | None = None  # --tls: the certificates and token every child uses
 
     @property
     def pd_addresses(self) -> str:
@@ -87,7 +95,8 @@ class ClusterPlan:
 
     @property
     def admin_urls(self) -> tuple[str, ...]:
-        return tuple(f"http://{c.http}" for c in self.pd if c.http)
+        scheme = "https" if self.tls is not None else "http"
+        return tuple(f"{scheme}://{c.http}" for c in self.pd if c.http)
 
     @property
     def children(self) -> tuple[ChildSpec, ...]:
@@ -99,7 +108,8 @@ class PlanError(ValueError):
 
 
 def plan_cluster(
-    data_dir: Path, pd_nodes: int, range_servers: int, host: str, base_port: int
+    data_dir: Path, pd_nodes: int, range_servers: int, host: str, base_port: int,
+    *, tls: ClusterTls | None = None,
 ) -> ClusterPlan:
     """The processes, ports and data dirs of a local cluster. Pure.
 
@@ -123,14 +133,17 @@ def plan_cluster(
         peers = [r for k, r in enumerate(raft) if k != i]  # none for a one-node PD
         # The object-storage tier: sealed ranges go to DATA_DIR/objects (estream pd).
         tier = ("--object-store", f"file://{(data_dir / 'objects').absolute()}")
-        args = pd_args(str(i), rpc[i], raft[i], peers, http, data_dir / f"pd-{i}", tier)
+        member = tls.member_args() if tls is not None else ()
+        args = pd_args(str(i), rpc[i], raft[i], peers, http, data_dir / f"pd-{i}",
+                       (*tier, *member))
         pds.append(ChildSpec(f"pd-{i}", "pd", args, rpc[i], http))
     servers = []
     for j in range(range_servers):
         address = f"{host}:{base_port + RS_OFFSET + j}"
-        args = rangeserver_args(address, data_dir / f"rs-{j}", ",".join(rpc))
+        args = rangeserver_args(address, data_dir / f"rs-{j}", ",".join(rpc),
+                                tls.member_args() if tls is not None else ())
         servers.append(ChildSpec(f"rs-{j}", "rangeserver", args, address))
-    return ClusterPlan(host, data_dir, tuple(pds), tuple(servers))
+    return ClusterPlan(host, data_dir, tuple(pds), tuple(servers), tls)
 
 
 def restart_delay_s(failures: int) -> float:
@@ -148,9 +161,10 @@ def restart_delay_s(failures: int) -> float:
 def probe_ready(plan: ClusterPlan) -> str | None:
     """None when the cluster is ready, else what it still waits for (one phrase)."""
     leader: Any = None
-    for child in plan.pd:
+    context = _probe_context(plan)
+    for url, child in zip(plan.admin_urls, plan.pd, strict=True):
         try:
-            status, cluster = http_json(f"http://{child.http}/v1/cluster", timeout_s=1.0)
+            status, cluster = http_json(f"{url}/v1/cluster", timeout_s=1.0, context=context)
         except (OSError, ValueError):
             return f"{child.name} admin API"
         if status != 200:
@@ -158,9 +172,16 @@ def probe_ready(plan: ClusterPlan) -> str | None:
         leader = leader or (cluster.get("leader") if isinstance(cluster, dict) else None)
     if not leader or leader.get("id") is None:
         return "a PD leader"
-    alive = {s.get("address") for s in alive_rangeservers(plan.admin_urls[:1])}
+    alive = {s.get("address") for s in alive_rangeservers(plan.admin_urls[:1], context)}
     missing = [c.name for c in plan.range_servers if c.address not in alive]
     return f"range servers {', '.join(missing)} to register" if missing else None
+
+
+def _probe_context(plan: ClusterPlan) -> ssl.SSLContext | None:
+    """TLS for the admin API probes with ``--tls``: the cluster CA, hostname checked."""
+    if plan.tls is None:
+        return None
+    return ssl.create_default_context(cafile=str(plan.tls.ca))
 
 
 # --- the supervisor (side effects: processes, signals) --------------------------------------
@@ -270,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ready-timeout", type=float, default=READY_TIMEOUT_S, help="seconds; then warn"
     )
+    parser.add_argument(
+        "--tls", action="store_true",
+        help="TLS on every port, with a token: a CA, certificates and the token are made "
+        "once in DATA_DIR/tls (clients: ESTREAM_TLS_CA, ESTREAM_TOKEN_FILE)")
     return one_line_errors(parser)
 
 
@@ -320,10 +345,24 @@ def _banner(plan: ClusterPlan, elapsed_s: float) -> str:
             ),
             f"  range servers: {', '.join(c.address for c in plan.range_servers)}",
             f"  data dir:      {plan.data_dir}   logs: {plan.data_dir / 'logs'}",
-            f"  try:           ESTREAM_PD={plan.pd_addresses} estream cluster status",
+            *_tls_lines(plan),
+            f"  try:           {_client_env(plan)}ESTREAM_PD={plan.pd_addresses} "
+            "estream cluster status",
             "Press Ctrl-C to stop.",
         ]
     )
+
+
+def _client_env(plan: ClusterPlan) -> str:
+    env = plan.tls.client_env() if plan.tls is not None else {}
+    return "".join(f"{k}={v} " for k, v in env.items())
+
+
+def _tls_lines(plan: ClusterPlan) -> list[str]:
+    if plan.tls is None:
+        return []
+    return [f"  TLS:           CA {plan.tls.ca}, token file {plan.tls.token} "
+            f"(client certificate {plan.tls.client_cert})"]
 
 
 class _Readiness:
@@ -364,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         with _lock_data_dir(plan.data_dir):
+            if ns.tls:
+                tls = ensure_cluster_tls(plan.data_dir / "tls", [plan.host])
+                plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host,
+                                    ns.base_port, tls=tls)
             busy = busy_addresses(plan)
             if busy:
                 raise PlanError(

@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from estream.devcluster.cmdline import estream_argv, up_args
@@ -45,13 +46,13 @@ class UpCluster:
 
     def __init__(self, data_dir: Path, log: Path, *, base_port: int | None = None,
                  host: str = "127.0.0.1", pd_nodes: int = 3, range_servers: int = 3,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, extra_args: Sequence[str] = ()) -> None:
         self.data_dir = data_dir
         self.log = log
         self.base_port = free_port_block(host) if base_port is None else base_port
         self.plan: ClusterPlan = plan_cluster(data_dir, pd_nodes, range_servers, host,
                                               self.base_port)
-        args = up_args(data_dir, host, self.base_port, pd_nodes, range_servers)
+        args = up_args(data_dir, host, self.base_port, pd_nodes, range_servers, extra_args)
         self.process = ManagedProcess(estream_argv("up", args), log, name="estream up", cwd=cwd)
         self.ready_s = 0.0
         self.seen_pids: set[int] = set()

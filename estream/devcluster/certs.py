@@ -1,0 +1,154 @@
+"""Certificates and a token for a local cluster: what ``estream up --tls`` runs with.
+
+:func:`ensure_cluster_tls` makes, once, in one directory (``DATA_DIR/tls`` for
+``estream up``): a cluster CA (``ca.pem``, its key ``ca.key``), a member certificate for
+every PD node and range server (``member.pem``/``member.key``: server and client usages,
+SANs for the cluster's host, ``localhost`` and ``127.0.0.1``, so clients keep hostname
+checking when they connect by IP), a client certificate (``client.pem``/``client.key``)
+and a random token (``token``). Keys are EC P-256, private files mode 0600. A directory
+that already holds them is reused as it is, so a restarted ``estream up --tls`` keeps its
+identities and clients keep their CA.
+
+Side effects: writes PEM and token files.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+validity_days: Final = 825  # what browsers accept at most for a leaf; a CA gets the same
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTls:
+    """The files of a local cluster's TLS and token."""
+
+    directory: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.directory / "ca.pem"
+
+    @property
+    def member_cert(self) -> Path:
+        return self.directory / "member.pem"
+
+    @property
+    def member_key(self) -> Path:
+        return self.directory / "member.key"
+
+    @property
+    def client_cert(self) -> Path:
+        return self.directory / "client.pem"
+
+    @property
+    def client_key(self) -> Path:
+        return self.directory / "client.key"
+
+    @property
+    def token(self) -> Path:
+        return self.directory / "token"
+
+    def member_args(self) -> tuple[str, ...]:
+        """The flags of every PD node and range server."""
+        return ("--tls-cert", str(self.member_cert), "--tls-key", str(self.member_key),
+                "--tls-ca", str(self.ca), "--token-file", str(self.token))
+
+    def client_env(self) -> dict[str, str]:
+        """What a client (the CLI, the SDK's users) needs, as environment variables."""
+        return {"ESTREAM_TLS_CA": str(self.ca), "ESTREAM_TOKEN_FILE": str(self.token)}
+
+    def complete(self) -> bool:
+        return all(p.is_file() for p in (self.ca, self.member_cert, self.member_key,
+                                         self.client_cert, self.client_key, self.token))
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _key_bytes(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _sans(hosts: list[str]) -> list[x509.GeneralName]:
+    out: list[x509.GeneralName] = []
+    for host in dict.fromkeys([*hosts, "127.0.0.1", "localhost"]):
+        try:
+            out.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            out.append(x509.DNSName(host))
+    return out
+
+
+def _builder(subject: str, issuer: x509.Name, public: ec.EllipticCurvePublicKey
+             ) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
+            .public_key(public).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=validity_days)))
+
+
+def _leaf(subject: str, ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate,
+          sans: list[x509.GeneralName] | None) -> tuple[ec.EllipticCurvePrivateKey,
+                                                        x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    builder = (_builder(subject, ca.subject, key.public_key())
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                   ca_key.public_key()), critical=False))
+    if sans is not None:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def ensure_cluster_tls(directory: Path, hosts: list[str]) -> ClusterTls:
+    """The cluster's CA, member and client certificates and token in ``directory``, made
+    now unless they are all there already (see the module docstring)."""
+    tls = ClusterTls(directory)
+    if tls.complete():
+        return tls
+    directory.mkdir(parents=True, exist_ok=True)
+    pem = serialization.Encoding.PEM
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (_builder("estream local cluster CA", _name("estream local cluster CA"),
+                   ca_key.public_key())
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                       crl_sign=True, content_commitment=False,
+                                       key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False,
+                                       decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    _write_private(directory / "ca.key", _key_bytes(ca_key))
+    for label, sans in (("member", _sans(hosts)), ("client", None)):
+        key, cert = _leaf(f"estream {label}", ca_key, ca, sans)
+        _write_private(directory / f"{label}.key", _key_bytes(key))
+        (directory / f"{label}.pem").write_bytes(cert.public_bytes(pem))
+    _write_private(tls.token, (secrets.token_urlsafe(32) + "\n").encode())
+    tls.ca.write_bytes(ca.public_bytes(pem))  # last: complete() is true only after it
+    return tls
