@@ -4,13 +4,29 @@ Spark hands a data source its options as a case-insensitive dict of strings; the
 dataclasses are what the driver-side planner and the pickled task-side readers carry
 (plain values only, so they pickle).
 
+Options the source does not know are an error naming the option, the closest known one
+and every known one (Spark's Kafka source would ignore a misspelled ``startingOffset``
+and quietly start at ``latest``). Kafka-source options estream does not implement
+(``minOffsetsPerTrigger``, ``maxTriggerDelay``, ``subscribePattern``...) are refused by
+name too. ``maxOffsetsPerTrigger`` is the Kafka name of ``maxRecordsPerTrigger``.
+
+Starting by time (Kafka's precedence): ``startingTimestamp`` (ms since the epoch, every
+stream) wins over ``startingOffsetsByTimestamp`` (JSON ``{"stream": ms}``; streams it
+leaves out follow ``startingOffsets``), which wins over ``startingOffsets``. Each stream
+then starts at ``client.offset_for_time``: its first record at or after that time, or its
+end when there is none (``estream/spark/timestarts.py``, resolved once when the query
+starts; a restarted query goes on from its checkpoint).
+
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from estream.spark.planning import (
     MIN_PARTITIONS_DEFAULT,
@@ -21,6 +37,42 @@ from estream.wire.errors import InvalidArgument
 
 ARROW_ROWS_DEFAULT = 8_192
 CONNECT_TIMEOUT_S_DEFAULT = 10.0
+
+_SECURITY_OPTIONS: Final = ("tlsCa", "tlsCert", "tlsKey", "tokenFile")
+SOURCE_OPTIONS: Final = (
+    "pd", "streams", "startingOffsets", "endingOffsets", "startingTimestamp",
+    "startingOffsetsByTimestamp", "maxRecordsPerTrigger", "maxOffsetsPerTrigger",
+    "failOnDataLoss", "partitionRecords", "arrowRows", "connectTimeoutSeconds",
+    "minPartitions", *_SECURITY_OPTIONS,
+    "path",  # Spark's own, from load(path): ignored
+)
+# Options of Spark's Kafka source that estream's source does not implement.
+KAFKA_ONLY_OPTIONS: Final = (
+    "minOffsetsPerTrigger", "maxTriggerDelay", "subscribe", "subscribePattern", "assign",
+    "streamPattern", "startingOffsetsByTimestampStrategy", "kafka.bootstrap.servers",
+    "includeHeaders", "groupIdPrefix",
+)
+
+
+def check_known(options: Mapping[str, str], known: tuple[str, ...], what: str) -> None:
+    """Raise :class:`InvalidArgument` naming the first option not in ``known``
+    (case-insensitively), with the closest known name and the list of known ones.
+
+    >>> check_known({"PD": "h:1"}, ("pd",), "source")
+    """
+    lowered = {k.lower(): k for k in known}
+    for name in options:
+        if name.lower() in lowered:
+            continue
+        if name.lower() in {k.lower() for k in KAFKA_ONLY_OPTIONS}:
+            raise InvalidArgument(
+                f"option {name!r} of Spark's Kafka source is not supported by the estream "
+                f"{what}; its options are: {', '.join(known)}", argument=name)
+        close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+        hint = f" (did you mean {lowered[close[0]]!r}?)" if close else ""
+        raise InvalidArgument(
+            f"unknown option {name!r} for the estream {what}{hint}; its options are: "
+            f"{', '.join(known)}", argument=name)
 
 
 def _get(options: Mapping[str, str], key: str) -> str | None:
@@ -110,16 +162,26 @@ class SourceOptions:
     connect_timeout_s: float
     min_partitions: int = MIN_PARTITIONS_DEFAULT
     security: Security = Security()
+    starting_timestamp: int | None = None  # ms; every stream (wins over the next)
+    starting_offsets_by_timestamp: tuple[tuple[str, int], ...] = ()  # (stream, ms)
+
+    def starting_times(self) -> dict[str, int]:
+        """The streams that start by time, with their time (ms; module docstring)."""
+        if self.starting_timestamp is not None:
+            return {name: self.starting_timestamp for name in self.streams}
+        return dict(self.starting_offsets_by_timestamp)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        check_known(options, SOURCE_OPTIONS, "source")
         timeout = _int(options, "connectTimeoutSeconds", None, 1)
+        streams = parse_streams(_get(options, "streams"))
         return cls(
             pd=_pd(options),
-            streams=parse_streams(_get(options, "streams")),
+            streams=streams,
             starting_offsets=_get(options, "startingOffsets"),
             ending_offsets=_get(options, "endingOffsets"),
-            max_records_per_trigger=_int(options, "maxRecordsPerTrigger", None, 1),
+            max_records_per_trigger=_max_records(options),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             partition_records=_int(options, "partitionRecords", PARTITION_RECORDS_DEFAULT, 1)
             or PARTITION_RECORDS_DEFAULT,
@@ -128,7 +190,41 @@ class SourceOptions:
             min_partitions=_int(options, "minPartitions", MIN_PARTITIONS_DEFAULT, 1)
             or MIN_PARTITIONS_DEFAULT,
             security=Security.parse(options),
+            starting_timestamp=_int(options, "startingTimestamp", None, -(2**63)),
+            starting_offsets_by_timestamp=_by_timestamp(options, streams),
         )
+
+
+def _max_records(options: Mapping[str, str]) -> int | None:
+    """``maxRecordsPerTrigger``, or its Kafka name ``maxOffsetsPerTrigger``."""
+    ours = _int(options, "maxRecordsPerTrigger", None, 1)
+    kafka = _int(options, "maxOffsetsPerTrigger", None, 1)
+    if ours is not None and kafka is not None and ours != kafka:
+        raise InvalidArgument("options 'maxRecordsPerTrigger' and 'maxOffsetsPerTrigger' "
+                              "(its Kafka name) disagree", argument="maxOffsetsPerTrigger")
+    return ours if ours is not None else kafka
+
+
+def _by_timestamp(options: Mapping[str, str], streams: tuple[str, ...]
+                  ) -> tuple[tuple[str, int], ...]:
+    """``startingOffsetsByTimestamp``: a JSON object ``{"stream": ms}`` over ``streams``."""
+    key = "startingOffsetsByTimestamp"
+    text = (_get(options, key) or "").strip()
+    if not text:
+        return ()
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in parsed.values()):
+        raise InvalidArgument(f"option {key!r} must be a JSON object {{\"stream\": "
+                              f"milliseconds since the epoch}}, not {text!r}", argument=key)
+    unknown = sorted(set(parsed) - set(streams))
+    if unknown:
+        raise InvalidArgument(f"option {key!r} names streams not in 'streams': {unknown}",
+                              argument=key)
+    return tuple(sorted(parsed.items()))
 
 
 @dataclass(frozen=True, slots=True)

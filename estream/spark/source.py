@@ -62,6 +62,7 @@ from estream.spark.planning import (
     plan_batch,
     resolve_spec,
 )
+from estream.spark.timestarts import apply_starting_times
 from estream.wire.errors import OffsetOutOfRange, StreamNotFound
 from estream.wire.meta import StreamMeta
 from estream.wire.record import (
@@ -444,6 +445,7 @@ class EstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: Offsets | None = None
 
     def initialOffset(self) -> dict[str, int]:
+        self.spec = apply_starting_times(self.opts, self.spec)  # startingTimestamp...
         _, bounds = survey(self.opts)
         return resolve_spec(self.spec, bounds)
 
@@ -490,6 +492,7 @@ class EstreamBatchReader(DataSourceReader):
         )
 
     def partitions(self) -> list[EstreamPartition]:
+        self.start_spec = apply_starting_times(self.opts, self.start_spec)
         _, bounds = survey(self.opts)
         end = resolve_spec(self.end_spec, bounds)
         for name, offset in end.items():
