@@ -26,11 +26,12 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   pause; a replica that answers "sealed" with nothing more means a roll or a recovery is
   under way: the metadata is refreshed to find the next range (a plain read ends if PD does
   not show the seal yet: nothing more is readable now);
-- a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the object
-  store first (:class:`ReadObject`, clipped at the range's end like a sealed range); if
-  that fails, from any replica still listed. A range whose replicas all fail is looked up
-  again in fresh metadata, so a range that moved to the object tier meanwhile is read from
-  there.
+- a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the
+  replicas it still lists (kept for a while after the upload: the hot tail stays on range
+  servers), and when every one of them fails, or none is left, from the object store
+  (:class:`ReadObject`, clipped at the range's end like any sealed range). A range whose
+  replicas all fail is looked up again in fresh metadata, so a range that moved to the
+  object tier meanwhile (and lost its replicas) is read from there.
 
 Steps and the answers sent back (an error of the step is thrown in instead):
 
@@ -372,8 +373,10 @@ class ReadCursor:
     def _read_range(
         self, stream_id: int, rng: RangeMeta, wait_ms: int
     ) -> Generator[Step, Any, Answer]:
-        """The first good answer from the range's sources (the object store first for a
-        range in the object tier, then every replica, the preferred one first).
+        """The first good answer from the range's sources: every replica, the preferred one
+        first, then for a range in the object tier its object (the replicas a range keeps
+        for a while after its upload serve the hot tail; once they are dropped, the
+        object is the only source).
 
         Errors move on to the next source; a sealed range's source with nothing at the
         offset (short) too. On the open range an empty answer is returned once no replica
@@ -382,15 +385,6 @@ class ReadCursor:
         end = clip_end(rng, self.end)
         sealed_range = rng.end is not None
         last: EstreamError | None = None
-        if in_object_tier(rng) and end is not None:
-            try:
-                found: Answer = yield ReadObject(stream_id, rng, offset, end)
-            except EstreamError as exc:
-                last = exc
-            else:
-                if found.count:
-                    return found
-                last = Unavailable(f"the object of range {rng.index} has nothing at {offset}")
         not_created = 0
         empty: Answer | None = None
         for ref in replica_order(rng, self.poll_from or self.preferred):
@@ -425,6 +419,15 @@ class ReadCursor:
             return empty
         if not sealed_range and rng.replicas and not_created == len(rng.replicas):
             return Answer(0, offset)  # an open range never written to: empty
+        if in_object_tier(rng) and end is not None:
+            try:
+                found: Answer = yield ReadObject(stream_id, rng, offset, end)
+            except EstreamError as exc:
+                last = exc
+            else:
+                if found.count:
+                    return found
+                last = Unavailable(f"the object of range {rng.index} has nothing at {offset}")
         raise last or Unavailable(f"range {rng.index} has no replica")
 
 

@@ -439,8 +439,8 @@ TIERED0 = RangeMeta(0, 0, 10, ABC, "object", "k0")
 OFFLOADED0 = RangeMeta(0, 0, 10, (), "object", "k0")
 
 
-def test_a_range_in_the_object_tier_is_read_from_the_object_store() -> None:
-    world = World([meta(TIERED0, OPEN1)], held={(r.id, 1): 12 for r in ABC}, objects={0: 10})
+def test_an_offloaded_range_is_read_from_the_object_store() -> None:
+    world = World([meta(OFFLOADED0, OPEN1)], held={(r.id, 1): 12 for r in ABC}, objects={0: 10})
     trace, error = drive(ReadCursor("s", start=2, end=12), world)
     assert error is None
     assert delivered(trace) == [(2, 10), (10, 12)]
@@ -450,10 +450,32 @@ def test_a_range_in_the_object_tier_is_read_from_the_object_store() -> None:
 
 
 def test_an_object_read_is_clipped_at_the_range_end_and_the_read_end() -> None:
-    world = World([meta(TIERED0)], objects={0: 10})
+    world = World([meta(OFFLOADED0)], objects={0: 10})
     trace, _ = drive(ReadCursor("s", end=4), world)
     assert [s.end for s in trace if isinstance(s, ReadObject)] == [4]
     assert delivered(trace) == [(0, 4)]
+
+
+def test_replicas_kept_after_the_upload_serve_the_range() -> None:
+    world = World([meta(TIERED0)], held={(r.id, 0): 10 for r in ABC}, objects={0: 10})
+    trace, failed = drive(ReadCursor("s", end=10, preferred="b"), world)
+    assert failed is None
+    assert reads(trace) == ["b"]
+    assert not any(isinstance(s, ReadObject) for s in trace)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [Timeout("t"), WrongServer("wiped"), RangeNotFound("dropped"), ReplicaDamaged("d")],
+    ids=lambda e: type(e).__name__,
+)
+def test_every_replica_kept_failing_falls_back_to_the_object_at_once(error: EstreamError) -> None:
+    world = World([meta(TIERED0)], objects={0: 10}, errors={r.id: [error] for r in ABC})
+    trace, failed = drive(ReadCursor("s", end=10), world)
+    assert failed is None
+    assert reads(trace) == ["a", "b", "c"]
+    assert isinstance(trace[-2], ReadObject) and delivered(trace) == [(0, 10)]
+    assert sleeps(trace) == []  # in the same round
 
 
 @pytest.mark.parametrize(
@@ -462,19 +484,22 @@ def test_an_object_read_is_clipped_at_the_range_end_and_the_read_end() -> None:
      ChecksumMismatch("flipped"), Timeout("slow")],
     ids=lambda e: type(e).__name__,
 )
-def test_a_failed_object_read_falls_back_to_replicas_still_listed(error: EstreamError) -> None:
+def test_a_failed_object_read_is_retried_with_the_replicas_first(error: EstreamError) -> None:
+    errors: dict[str, list[EstreamError]] = {r.id: [Timeout("t")] for r in ABC}
+    errors["object"] = [error]
     world = World([meta(TIERED0)], held={(r.id, 0): 10 for r in ABC}, objects={0: 10},
-                  errors={"object": [error]})
+                  errors=errors)
     trace, failed = drive(ReadCursor("s", end=10), world)
     assert failed is None
     assert delivered(trace) == [(0, 10)]
-    assert reads(trace) == ["a"]
+    assert reads(trace) == ["a", "b", "c", "a"]  # the next round: a answers again
+    assert sleeps(trace) == [50]
 
 
-def test_an_object_with_nothing_at_the_offset_falls_back_to_replicas() -> None:
-    world = World([meta(TIERED0)], held={(r.id, 0): 10 for r in ABC}, objects={0: 0})
+def test_an_object_with_nothing_at_the_offset_is_unavailable() -> None:
+    world = World([meta(OFFLOADED0)], objects={0: 0})
     trace, failed = drive(ReadCursor("s", end=10), world)
-    assert failed is None and reads(trace) == ["a"]
+    assert isinstance(failed, Unavailable) and delivered(trace) == []
 
 
 def test_an_offloaded_range_with_no_replica_retries_then_raises_the_object_error() -> None:
