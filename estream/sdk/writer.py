@@ -246,9 +246,10 @@ class Writer:
                     recover_range(self._replicas, meta, self._recovery_seal), max(remaining, 0)
                 )
                 break
-            except (Unavailable, TimeoutError) as exc:
-                # Not safe now (too few sound replicas, a failed copy, PD unreachable):
-                # fence again later; fencing at the same epoch is idempotent.
+            except (Unavailable, NoPlacement, TimeoutError) as exc:
+                # Not safe now (too few sound replicas, a failed copy, PD unreachable, no
+                # placement for the next range): fence again later; fencing at the same
+                # epoch is idempotent.
                 if time.monotonic() + backoff >= deadline:
                     raise Unavailable(
                         f"cannot recover stream {meta.name!r} within "
@@ -276,19 +277,12 @@ class Writer:
     async def _recovery_seal(
         self, range_index: int, end: int, exclude: tuple[str, ...]
     ) -> StreamMeta:
-        """Recovery's ``seal_in_pd``. Without a placement avoiding ``exclude``, the next
-        range is placed among every live server (the writer then runs it degraded)."""
-        pd = self._client.pd
+        """Recovery's ``seal_in_pd`` (without a placement avoiding ``exclude``, the recovery
+        asks once more without it, and the writer then runs the next range degraded)."""
         self._recovery_sealing = True
         try:
-            try:
-                return await pd.seal_range(self.stream.name, self.epoch, range_index, end, exclude)
-            except NoPlacement:
-                if not exclude:
-                    raise
-            return await pd.seal_range(self.stream.name, self.epoch, range_index, end, ())
-        except NoPlacement as exc:
-            raise Unavailable(f"no placement for the next range: {exc}") from exc
+            return await self._client.pd.seal_range(
+                self.stream.name, self.epoch, range_index, end, exclude)
         except RangeSealed as exc:
             # PD checks the epoch first, so only this writer can have sealed it: an earlier
             # attempt whose answer was lost, with ack_count holders below its end. Go on

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 from estream.net.rangeclient import ReplicaClient
-from estream.net.recovery import RecoveryResult, SealInPd, recover_range
+from estream.net.recovery import RecoveryResult, SealInPdCall, recover_range
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import (
     Conflict,
@@ -187,15 +187,10 @@ class Recoverer:
         self.service.metrics.count(WRITER_RECOVERIES_TOTAL, WRITER_RECOVERIES_HELP,
                                    outcome=outcome)
 
-    def _sealer(self, name: str, epoch: int) -> SealInPd:
+    def _sealer(self, name: str, epoch: int) -> SealInPdCall:
         async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...]) -> StreamMeta:
-            try:
-                return await self.service.seal_range(name, epoch, index, end, exclude)
-            except NoPlacement:
-                if not exclude:
-                    raise
-                # Too few servers besides the excluded ones: place the next range anyway
-                # (the writer of the next epoch rolls it if a replica is really gone).
-                return await self.service.seal_range(name, epoch, index, end, ())
+            # Without a placement avoiding ``exclude`` the recovery asks once more without
+            # exclusions (estream/core/recovery.py): the next writer runs it degraded.
+            return await self.service.seal_range(name, epoch, index, end, exclude)
 
         return seal_in_pd

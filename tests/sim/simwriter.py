@@ -1,10 +1,13 @@
 """The writer's cores driven through the simulated network, the way ``estream/sdk/writer.py``
 drives them over real sockets: :class:`~estream.core.rangewriter.RangeWriter` (appends),
 :class:`~estream.core.roll.Roller` (the roll: PD seal first, SEAL, CREATE_RANGE, the degraded
-attempts with their backoff) and :class:`~estream.core.seal.RangeRecovery` (open), the last
-one with the order of ``estream/net/recovery.py`` (fence with a grace period after a quorum,
-copy round by round, record the seal in PD, then seal the holders) and the retries of
-``Writer._recover`` (the same epoch again after a backoff, with the stream read again).
+attempts with their backoff) and, on open, the recovery sequence
+:func:`estream.core.recovery.recover` (fence with a grace period after a quorum, copy round by
+round, record the seal in PD, once more without exclusions on ``NoPlacement``, then seal the
+holders; its decisions are :class:`~estream.core.seal.RangeRecovery`'s), the one
+``estream/net/recovery.py`` runs, with the retries of ``Writer._recover`` (the same epoch
+again after a backoff, with the stream read again). Each is a generator or a state machine
+this module only carries out: the sequences themselves are never written twice.
 
 Every request names the server id the catalog lists for its replica, at the address the
 catalog gives (``WrongServer`` from a server with another identity).
@@ -30,6 +33,16 @@ from estream.core.rangewriter import (
     SendConfirm,
     WriterConfig,
 )
+from estream.core.recovery import (
+    AwaitFence,
+    CopyOutcome,
+    CopyRound,
+    Fence,
+    FenceAnswer,
+    RecoveryResult,
+    RecoveryStep,
+    recover,
+)
 from estream.core.roll import (
     Apply,
     CreateRange,
@@ -48,15 +61,7 @@ from estream.core.roll import (
     Step,
     Steps,
 )
-from estream.core.seal import (
-    CommitSeal,
-    CopyRecords,
-    FenceByCreate,
-    RangeRecovery,
-    RecoveryEffect,
-    RecoveryFailed,
-    SendFence,
-)
+from estream.core.seal import CopyRecords, FenceByCreate, SendFence
 from estream.wire.errors import (
     EstreamError,
     Fenced,
@@ -229,8 +234,7 @@ class SimWriter:
         assert last is not None and not last.sealed
         self.recoveries += 1
         self._learn(last)
-        rec = RangeRecovery.of([r.id for r in last.replicas], meta.ack_count, last.start)
-        _Recovery(self, meta, last, rec).start()
+        _Recovery(self, meta).start()
 
     def _recovery_failed(self, meta: StreamMeta, error: EstreamError) -> None:
         """Not safe now (Unavailable): fence again later at the same epoch, with the stream
@@ -532,56 +536,98 @@ class SimWriter:
 
 
 class _Recovery:
-    """One attempt of ``recover_range`` (estream/net/recovery.py) over the simulated network."""
+    """One attempt of the real recovery sequence (:func:`estream.core.recovery.recover`,
+    which ``estream/net/recovery.py`` runs over sockets) over the simulated network: this
+    class only carries out its steps and feeds the answers back."""
 
-    def __init__(
-        self, writer: SimWriter, meta: StreamMeta, rng: RangeMeta, rec: RangeRecovery
-    ) -> None:
+    def __init__(self, writer: SimWriter, meta: StreamMeta) -> None:
         self.w = writer
         self.meta = meta
+        rng = meta.last_range
+        assert rng is not None
         self.rng = rng
-        self.rec = rec
-        self.decided = False  # the fence phase is over
-        self.grace = False
-        self.round: list[CopyRecords] = []
-        self.round_effects: list[RecoveryEffect] = []
-        self.round_left = 0
+        self.steps = recover(meta, lambda: writer.world.now_ms, grace_ms=FENCE_GRACE_MS)
+        self.fencing = True  # the fence phase: answers are queued for AwaitFence
+        self.in_flight = 0
+        self.answers: list[FenceAnswer] = []
+        self.waiting: Callable[[FenceAnswer | None], None] | None = None
+        self.waits = 0  # AwaitFence steps so far (a deadline is for its own wait only)
+        self.sealed_in_pd: StreamMeta | None = None
 
     def start(self) -> None:
-        self._fence_effects(self.rec.start())
+        self._advance()
 
-    # -- fence: every replica; after a quorum of answers, the others get a grace period --
-
-    def _fence_effects(self, effects: list[RecoveryEffect]) -> None:
-        decided: list[RecoveryEffect] = []
-        for e in effects:
-            if isinstance(e, SendFence | FenceByCreate):
-                self._fence(e)
-            else:
-                decided.append(e)
-        if self.decided:
+    def _advance(self, answer: Any = None, error: EstreamError | None = None) -> None:
+        w = self.w
+        if w.dead:
+            self.steps.close()
             return
-        if decided:
-            self.decided = True
-            self._effects(decided)
+        try:
+            step = self.steps.throw(error) if error is not None else self.steps.send(answer)
+        except StopIteration as done:
+            result: RecoveryResult = done.value
+            w._recovered(result.meta, self.rng, result.kept, result.end)
             return
-        if not self.grace and len(self.rec.answers) >= self.rec.quorum:
-            self.grace = True
-            self.w.world.after(FENCE_GRACE_MS, self._deadline)
+        except EstreamError as exc:
+            # Writer._recover's mapping: no placement, a seal an earlier attempt made whose
+            # answer was lost, PD out of reach: Unavailable (retry, reading the stream again).
+            if isinstance(exc, NoPlacement | RangeSealed) or (
+                exc.retriable and not isinstance(exc, Unavailable)
+            ):
+                exc = Unavailable(f"seal in PD: {exc}")
+            w._recovery_failed(self.meta, exc)
+            return
+        if not isinstance(step, Fence | AwaitFence):
+            self.fencing = False  # a late fence answer changes nothing
+        self._step(step)
 
-    def _deadline(self) -> None:
-        if not self.decided and not self.w.dead:
-            self.decided = True
-            self._effects(self.rec.on_deadline())
+    def _step(self, step: RecoveryStep) -> None:
+        w, meta, rng = self.w, self.meta, self.rng
+        if isinstance(step, Fence):
+            for request in step.requests:
+                self._fence(request)
+            self._advance()
+        elif isinstance(step, AwaitFence):
+            self._await(step.deadline_ms)
+        elif isinstance(step, CopyRound):
+            self._copies(step.copies)
+        elif isinstance(step, SealInPd):
+            w.log.append(f"t={w.world.now_ms} recovery seals range {rng.index} at {step.end}")
+            w._recovery_sealing = True
 
-    def _fence(self, e: SendFence | FenceByCreate) -> None:
-        w, meta, rng, rec, r = self.w, self.meta, self.rng, self.rec, e.replica
-        if isinstance(e, SendFence):
+            def sealed(new_meta: StreamMeta) -> None:
+                self.sealed_in_pd = new_meta
+                self._advance(new_meta)
+
+            w._call(
+                PD,
+                lambda pd: pd.seal_range(w.stream, w.epoch, rng.index, step.end, step.exclude),
+                sealed,
+                lambda e: self._advance(error=e),
+            )
+        else:
+            assert isinstance(step, SealReplicas) and self.sealed_in_pd is not None
+            if w.on_recovered is not None:
+                w.on_recovered(self.sealed_in_pd, rng.index, step.end, step.replicas)
+            w._gather(
+                step.replicas,
+                lambda s, sid: s.seal(meta.id, rng.index, w.epoch, step.end, server_id=sid),
+                lambda answers: self._advance(tuple(r for r, (_, e) in answers.items()
+                                                    if e is None)),
+                SEAL_TIMEOUT_MS,
+            )
+
+    # -- fence: requests in flight, their answers queued for AwaitFence -----------------
+
+    def _fence(self, request: SendFence | FenceByCreate) -> None:
+        w, meta, rng, r = self.w, self.meta, self.rng, request.replica
+        self.in_flight += 1
+        if isinstance(request, SendFence):
             w._rcall(
                 r,
                 lambda s, sid: s.seal(meta.id, rng.index, w.epoch, None, server_id=sid),
-                lambda answer: self._fence_effects(rec.on_fence_answer(r, *answer)),
-                lambda err: self._fence_effects(rec.on_fence_error(r, err)),
+                lambda answer: self._fenced(FenceAnswer(r, *answer)),
+                lambda err: self._fenced(FenceAnswer(r, error=err)),
             )
         else:
             w._rcall(
@@ -589,37 +635,64 @@ class _Recovery:
                 lambda s, sid: s.create_range(
                     meta.id, rng.index, rng.start, w.epoch, server_id=sid
                 ),
-                lambda end: self._fence_effects(rec.on_fence_answer(r, end)),
-                lambda err: self._fence_effects(rec.on_fence_error(r, err)),
+                lambda end: self._fenced(FenceAnswer(r, end)),
+                lambda err: self._fenced(FenceAnswer(r, error=err)),
             )
 
-    # -- decide, copy round by round, commit ---------------------------------------------
-
-    def _effects(self, effects: list[RecoveryEffect]) -> None:
-        for e in effects:
-            if isinstance(e, RecoveryFailed):
-                self.w._recovery_failed(self.meta, e.error)
-                return
-            if isinstance(e, CommitSeal):
-                self._commit(e)
-                return
-        copies = [e for e in effects if isinstance(e, CopyRecords)]
-        if not copies:
-            self.w._recovery_failed(self.meta, Unavailable("recovery made no progress"))
+    def _fenced(self, answer: FenceAnswer) -> None:
+        if not self.fencing:
             return
-        self.round_left = len(copies)
-        self.round_effects = []
-        for c in copies:
-            self._copy(c)
+        self.in_flight -= 1
+        self.answers.append(answer)
+        self._deliver()
 
-    def _copied(self, effects: list[RecoveryEffect]) -> None:
-        self.round_effects += effects
-        self.round_left -= 1
-        if self.round_left == 0:
-            self._effects(self.round_effects)
+    def _await(self, deadline_ms: int | None) -> None:
+        self.waits += 1
+        wait = self.waits
+        self.waiting = self._advance
+        if self.answers or not self.in_flight:
+            self._deliver()
+            return
+        if deadline_ms is not None:
 
-    def _copy(self, c: CopyRecords) -> None:
-        w, meta, rng, rec = self.w, self.meta, self.rng, self.rec
+            def deadline() -> None:
+                if self.waiting is not None and self.waits == wait:
+                    self.waiting = None
+                    self._advance(None)  # the grace period ran out
+
+            self.w.world.at(deadline_ms, deadline)
+
+    def _deliver(self) -> None:
+        waiting = self.waiting
+        if waiting is None:
+            return
+        if self.answers:
+            self.waiting = None
+            waiting(self.answers.pop(0))
+        elif not self.in_flight:
+            self.waiting = None
+            waiting(None)
+
+    # -- copies: a round at once, the outcomes in order -----------------------------------
+
+    def _copies(self, copies: tuple[CopyRecords, ...]) -> None:
+        outcomes: list[CopyOutcome | None] = [None] * len(copies)
+
+        def settle(i: int, outcome: CopyOutcome) -> None:
+            outcomes[i] = outcome
+            if all(o is not None for o in outcomes):
+                self._advance(tuple(outcomes))
+
+        def settler(i: int) -> Callable[[CopyOutcome], None]:
+            return lambda outcome: settle(i, outcome)
+
+        for i, c in enumerate(copies):
+            self._copy(c, settler(i))
+
+    def _copy(self, c: CopyRecords, done: Callable[[CopyOutcome], None]) -> None:
+        """A copy as :func:`~estream.net.rangeclient.copy_range` makes it, in one read and
+        one append (the simulated server keeps values, not batches)."""
+        w, meta, rng = self.w, self.meta, self.rng
 
         def got(values: list[bytes]) -> None:
             payload = encode_batch(
@@ -632,53 +705,13 @@ class _Recovery:
             w._rcall(
                 c.target,
                 lambda s, sid: s.append(payload, server_id=sid),
-                lambda _: self._copied(rec.on_copy_done(c.target)),
-                lambda _: self._copied(rec.on_copy_failed(c.target)),
+                lambda _: done("done"),
+                lambda _: done("target failed"),
             )
 
         w._rcall(
             c.source,
             lambda s, sid: s.read(meta.id, rng.index, c.start, c.end, server_id=sid),
             got,
-            lambda _: self._copied(rec.on_copy_failed(c.target, source_failed=True)),
+            lambda _: done("source failed"),
         )
-
-    def _commit(self, c: CommitSeal) -> None:
-        w, meta, rng = self.w, self.meta, self.rng
-        if c.end == rng.start and not c.exclude and len(c.holders) == len(rng.replicas):
-            w._recovered(meta, rng, True, rng.start)  # nothing was written: keep it
-            return
-        w.log.append(f"t={w.world.now_ms} recovery seals range {rng.index} at {c.end}")
-        w._recovery_sealing = True
-
-        def sealed_in_pd(new_meta: StreamMeta) -> None:
-            if w.on_recovered is not None:
-                w.on_recovered(new_meta, rng.index, c.end, c.holders)
-            # Only then SEAL the holders (best effort), then go on.
-            w._gather(
-                c.holders,
-                lambda s, sid: s.seal(meta.id, rng.index, w.epoch, c.end, server_id=sid),
-                lambda _: w._recovered(new_meta, rng, False, c.end),
-                SEAL_TIMEOUT_MS,
-            )
-
-        def pd_error(error: EstreamError, relaxed: bool) -> None:
-            # Writer._recovery_seal: without a placement avoiding the excluded replicas,
-            # place among every live server; no placement at all, or sealed by an earlier
-            # attempt whose answer was lost: Unavailable (retry, reading the stream again).
-            if isinstance(error, NoPlacement) and c.exclude and not relaxed:
-                seal((), True)
-            elif isinstance(error, NoPlacement | RangeSealed) or error.retriable:
-                w._recovery_failed(meta, Unavailable(f"seal in PD: {error}"))
-            else:
-                w._recovery_failed(meta, error)
-
-        def seal(exclude: tuple[str, ...], relaxed: bool) -> None:
-            w._call(
-                PD,
-                lambda pd: pd.seal_range(w.stream, w.epoch, rng.index, c.end, exclude),
-                sealed_in_pd,
-                lambda e: pd_error(e, relaxed),
-            )
-
-        seal(c.exclude, False)

@@ -9,13 +9,16 @@ from typing import Any
 
 import pytest
 
-from estream.core.seal import CopyRecords
+from estream.core import recovery as core_recovery
+from estream.core.roll import SealInPd, SealReplicas
+from estream.core.seal import CopyRecords, FenceByCreate, SendFence
 from estream.net import recovery
 from estream.net.rangeclient import Created, SealAnswer, SourceFailed
 from estream.net.recovery import recover_range
 from estream.wire.errors import (
     ChecksumMismatch,
     EstreamError,
+    NoPlacement,
     RangeNotFound,
     ReplicaDamaged,
     Unavailable,
@@ -152,3 +155,77 @@ async def test_a_failed_copy_source_never_commits_short() -> None:
         await recover_range(fake, meta, pd_log(fake.log))  # type: ignore[arg-type]
     assert [e for e in fake.log if e[0] == "copy"] == [("copy", "a", "c"), ("copy", "b", "c")]
     assert not [e for e in fake.log if e[0] in ("pd", "seal")]
+
+
+# -- the sequence itself (estream/core/recovery.py), step by step -------------------------
+
+
+class Steps:
+    """Drive :func:`estream.core.recovery.recover` on a fake clock: ``answer``/``fail``
+    return the next step; ``result`` is the generator's value once it ended."""
+
+    def __init__(self, meta: StreamMeta = META) -> None:
+        self.now_ms = 1_000
+        self.steps = core_recovery.recover(meta, lambda: self.now_ms, grace_ms=500)
+        self.result: recovery.RecoveryResult | None = None
+        self.current: Any = next(self.steps)
+
+    def answer(self, value: Any = None) -> Any:
+        return self._go(lambda: self.steps.send(value))
+
+    def fail(self, error: Exception) -> Any:
+        return self._go(lambda: self.steps.throw(error))
+
+    def _go(self, fn: Any) -> Any:
+        try:
+            self.current = fn()
+        except StopIteration as done:
+            self.result, self.current = done.value, None
+        return self.current
+
+
+def test_steps_fence_all_wait_a_grace_period_after_a_quorum_then_decide() -> None:
+    s = Steps()
+    assert s.current == core_recovery.Fence((SendFence("a"), SendFence("b"), SendFence("c")))
+    assert s.answer() == core_recovery.AwaitFence(None)  # no quorum yet: no deadline
+    assert s.answer(core_recovery.FenceAnswer("a", 10)) == core_recovery.AwaitFence(None)
+    s.now_ms = 1_200
+    # b answers: a quorum (2 of 3): c gets the grace period, on the caller's clock.
+    assert s.answer(core_recovery.FenceAnswer("b", 7)) == core_recovery.AwaitFence(1_700)
+    step = s.answer(None)  # the grace period ran out: decide with a and b
+    assert step == core_recovery.CopyRound((CopyRecords("a", "b", 7, 10),))
+    assert s.answer(("done",)) == SealInPd(0, 10, ("c",))
+    assert s.answer(SEALED) == SealReplicas(0, 10, ("a", "b"))
+    assert s.answer(("a", "b")) is None
+    assert s.result == recovery.RecoveryResult(SEALED, False, 10, ("a", "b"))
+
+
+def test_steps_range_not_found_is_fenced_by_create() -> None:
+    s = Steps()
+    s.answer()
+    step = s.answer(core_recovery.FenceAnswer("b", error=RangeNotFound("never created")))
+    assert step == core_recovery.Fence((FenceByCreate("b"),))
+    assert s.answer() == core_recovery.AwaitFence(None)
+
+
+def test_steps_no_placement_is_asked_once_more_without_exclusions() -> None:
+    s = Steps()
+    s.answer()
+    s.answer(core_recovery.FenceAnswer("a", 10))
+    s.answer(core_recovery.FenceAnswer("b", 10))
+    assert s.answer(core_recovery.FenceAnswer("c", error=Unavailable("down"))) == SealInPd(
+        0, 10, ("c",))
+    assert s.fail(NoPlacement("two servers")) == SealInPd(0, 10, ())
+    with pytest.raises(NoPlacement):
+        s.fail(NoPlacement("still two servers"))
+
+
+def test_steps_a_failed_copy_round_never_commits_short() -> None:
+    s = Steps()
+    s.answer()
+    s.answer(core_recovery.FenceAnswer("a", 10))
+    s.answer(core_recovery.FenceAnswer("b", 4))
+    step = s.answer(core_recovery.FenceAnswer("c", error=Unavailable("down")))
+    assert step == core_recovery.CopyRound((CopyRecords("a", "b", 4, 10),))
+    with pytest.raises(Unavailable):
+        s.answer(("source failed",))
