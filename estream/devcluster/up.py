@@ -7,6 +7,7 @@ range server ``j`` (0-based)::
     PD raft    B + 10 + i   7110, 7111, 7112
     PD http    B + 20 + i   7120, 7121, 7122   (admin API: http://HOST:7120)
     RS rpc     B + 30 + j   7130, 7131, 7132
+    RS http    B + 100 + j  7200, 7201, 7202   (/metrics, /healthz, /readyz)
 
 Data lives in ``DATA_DIR/pd-i`` and ``DATA_DIR/rs-j``, logs in ``DATA_DIR/logs``. The
 supervisor starts every child through the one launcher (command lines from
@@ -53,7 +54,8 @@ from estream.server.config import one_line_errors, port_number, positive_int
 RAFT_OFFSET = 10
 HTTP_OFFSET = 20
 RS_OFFSET = 30
-PORT_SPAN = 100
+RS_HTTP_OFFSET = 100  # range servers' --http ports: after every other port of the scheme
+PORT_SPAN = RS_HTTP_OFFSET + (RS_HTTP_OFFSET - RS_OFFSET)
 PD_NODES_MAX = 9
 RESTART_DELAY_S_MIN = 0.5
 RESTART_DELAY_S_MAX = 10.0
@@ -121,8 +123,9 @@ def plan_cluster(
     """
     if pd_nodes < 1 or pd_nodes % 2 == 0 or pd_nodes > PD_NODES_MAX:
         raise PlanError(f"--pd-nodes must be odd and 1..{PD_NODES_MAX}, got {pd_nodes}")
-    if range_servers < 1 or range_servers > PORT_SPAN - RS_OFFSET:
-        raise PlanError(f"--range-servers must be 1..{PORT_SPAN - RS_OFFSET}, got {range_servers}")
+    if range_servers < 1 or range_servers > RS_HTTP_OFFSET - RS_OFFSET:
+        raise PlanError(
+            f"--range-servers must be 1..{RS_HTTP_OFFSET - RS_OFFSET}, got {range_servers}")
     if base_port < 1 or base_port + PORT_SPAN - 1 > 65535:
         raise PlanError(f"--base-port must leave {PORT_SPAN} ports below 65536, got {base_port}")
     rpc = [f"{host}:{base_port + i}" for i in range(pd_nodes)]
@@ -142,7 +145,9 @@ def plan_cluster(
         address = f"{host}:{base_port + RS_OFFSET + j}"
         args = rangeserver_args(address, data_dir / f"rs-{j}", ",".join(rpc),
                                 tls.member_args() if tls is not None else ())
-        servers.append(ChildSpec(f"rs-{j}", "rangeserver", args, address))
+        http = f"{host}:{base_port + RS_HTTP_OFFSET + j}"
+        servers.append(ChildSpec(f"rs-{j}", "rangeserver", (*args, "--http", http), address,
+                                 http))
     return ClusterPlan(host, data_dir, tuple(pds), tuple(servers), tls)
 
 
@@ -313,7 +318,7 @@ def _lock_data_dir(data_dir: Path) -> Any:
 
 def busy_addresses(plan: ClusterPlan) -> list[str]:
     """The plan's listening addresses that something else holds right now."""
-    addresses = [c.address for c in plan.children] + [c.http for c in plan.pd if c.http]
+    addresses = [c.address for c in plan.children] + [c.http for c in plan.children if c.http]
     addresses += [c.args[c.args.index("--raft") + 1] for c in plan.pd]
     busy = []
     for address in addresses:
@@ -344,6 +349,7 @@ def _banner(plan: ClusterPlan, elapsed_s: float) -> str:
                 else ""
             ),
             f"  range servers: {', '.join(c.address for c in plan.range_servers)}",
+            f"  metrics:       {_metrics_urls(plan)}",
             f"  data dir:      {plan.data_dir}   logs: {plan.data_dir / 'logs'}",
             *_tls_lines(plan),
             f"  try:           {_client_env(plan)}ESTREAM_PD={plan.pd_addresses} "
@@ -363,6 +369,13 @@ def _tls_lines(plan: ClusterPlan) -> list[str]:
         return []
     return [f"  TLS:           CA {plan.tls.ca}, token file {plan.tls.token} "
             f"(client certificate {plan.tls.client_cert})"]
+
+
+def _metrics_urls(plan: ClusterPlan) -> str:
+    """Every process's /metrics: the PD admin ports and the range servers' --http ports."""
+    scheme = "https" if getattr(plan, "tls", None) is not None else "http"
+    ports = [c.http.rpartition(":")[2] for c in plan.children if c.http]
+    return f"{scheme}://{plan.host}:{{{','.join(ports)}}}/metrics"
 
 
 class _Readiness:

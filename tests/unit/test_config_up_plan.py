@@ -26,14 +26,15 @@ def test_default_plan_matches_the_default_pd_addresses() -> None:
     rs2 = plan.range_servers[2]
     assert rs2.args == (
         "--listen", "127.0.0.1:7132", "--pd", plan.pd_addresses, "--data-dir", "/d/rs-2",
+        "--http", "127.0.0.1:7202",
     )  # fmt: skip
 
 
 def test_every_port_is_distinct() -> None:
     plan = plan_cluster(Path("d"), 9, 70, "h", 20000)
-    ports = [c.address for c in plan.children] + [c.http for c in plan.pd]
+    ports = [c.address for c in plan.children] + [c.http for c in plan.children]
     ports += [c.args[c.args.index("--raft") + 1] for c in plan.pd]
-    assert len(ports) == len(set(ports)) == 9 * 3 + 70
+    assert len(ports) == len(set(ports)) == 9 * 3 + 70 * 2
 
 
 def test_single_pd_node_has_no_peers() -> None:
