@@ -1,6 +1,7 @@
 """Suite-wide pytest set-up: every asyncio test runs on uvloop, as the servers do; no
-process a test started outlives the session (see ``estream/devcluster/process.py``); and
-the one cluster fixture, ``cluster``.
+process a test started outlives the session (see ``estream/devcluster/process.py``);
+tests/unit stays pure (a unit test asking for a temp dir fails); and the one cluster
+fixture, ``cluster``.
 
 ``cluster``: real PD nodes and range servers on loopback, started by
 :func:`estream.devcluster.cluster.start_cluster` and stopped by PID at the end. A test
@@ -27,13 +28,17 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import pytest
 import uvloop
 
 from estream.devcluster.cluster import start_cluster
 from estream.devcluster.process import reap_all
+
+UNIT: Final = Path(__file__).resolve().parent / "unit"
+FILE_FIXTURES: Final = frozenset({"tmp_path", "tmp_path_factory", "tmpdir", "tmpdir_factory"})
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], Any]]:
@@ -50,6 +55,15 @@ def pytest_configure(config: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """tests/unit stays pure: a unit test asking for a temp dir fails, pointing at
+    tests/integration (where tests with files, sockets or processes live)."""
+    if Path(str(item.path)).is_relative_to(UNIT) and FILE_FIXTURES & set(
+            getattr(item, "fixturenames", ())):
+        pytest.fail(f"{item.nodeid}: tests/unit is pure (no files, sockets or processes); "
+                    "a test that needs a temp dir belongs in tests/integration", pytrace=False)
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:

@@ -4,7 +4,6 @@ verdicts, py-spy hot frames and the RESULTS.md section rewrite."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -74,18 +73,6 @@ def test_hot_frames_self_and_total_shares() -> None:
     assert hot["self"][0] == ("write (b.py:9)", 0.6)
     assert dict(hot["total"])["loop (a.py:5)"] == pytest.approx(0.8)
     assert report.hot_frames("") == {}
-
-
-def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
-    path = tmp_path / "RESULTS.md"
-    path.write_text("# Results\n\n## Faults\nkeep me\n")
-    report.write_section(path, f"{report.BEGIN}\nfirst\n{report.END}\n")
-    path.write_text(path.read_text() + "\n## Later\nkeep me too\n")
-    report.write_section(path, f"{report.BEGIN}\nsecond\n{report.END}\n")
-    text = path.read_text()
-    assert "keep me\n" in text and "keep me too" in text
-    assert "second" in text and "first" not in text
-    assert text.count(report.BEGIN) == 1
 
 
 def test_targets_compare_best_variant_with_best_variant() -> None:

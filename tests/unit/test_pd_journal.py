@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from estream.wire.errors import ChecksumMismatch
 from pd.shell.journal import (
     HEADER,
-    ChecksummedJournal,
     decode_checked,
     encode_checked,
     encode_record,
@@ -80,53 +77,6 @@ def test_checked_maps_detect_every_changed_byte() -> None:
         decode_checked(b"", "meta")
 
 
-def test_the_file_survives_reopen_truncation_and_compaction(tmp_path: Path) -> None:
-    path = str(tmp_path / "raft.journal")
-    journal = ChecksummedJournal(path)
-    for i in range(1, 51):
-        journal.add(b"cmd%d" % i, i, 1)
-    journal.deleteEntriesFrom(40)  # a conflicting suffix: entries 41..50 go
-    journal.setCurrentTerm(3, "node-b")
-    journal.setRaftCommitIndex(39)
-    journal._destroy()
-    again = ChecksummedJournal(path)
-    assert len(again) == 40 and again[39] == (b"cmd40", 40, 1)
-    assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (3, "node-b")
-    assert again.getRaftCommitIndex() == 39
-    again.deleteEntriesTo(30)  # compaction keeps the tail
-    again.add(b"cmd41", 41, 2)
-    again._destroy()
-    third = ChecksummedJournal(path)
-    assert [e[1] for e in third] == list(range(31, 42))
-    third._destroy()
-
-
-def test_a_torn_tail_is_cut_at_open_and_appends_follow_it(tmp_path: Path) -> None:
-    path = tmp_path / "raft.journal"
-    path.write_bytes(journal_bytes()[:-3])
-    journal = ChecksummedJournal(str(path))
-    assert list(journal) == ENTRIES[:-1] and "torn tail" in journal.recovery_note
-    journal.add(b"after", 99, 5)
-    journal._destroy()
-    assert scan(path.read_bytes()).entries == [*ENTRIES[:-1], (b"after", 99, 5)]
-
-
-def test_a_damaged_file_or_vote_refuses_to_open(tmp_path: Path) -> None:
-    path = tmp_path / "raft.journal"
-    data = bytearray(journal_bytes())
-    data[len(HEADER) + 20] ^= 0x01
-    path.write_bytes(bytes(data))
-    with pytest.raises(ChecksumMismatch):
-        ChecksummedJournal(str(path))
-    path.write_bytes(journal_bytes())
-    meta = tmp_path / "raft.journal.meta"
-    checked = bytearray(encode_checked({"term": 4, "voted_for": None}))
-    checked[-1] ^= 0x01
-    meta.write_bytes(bytes(checked))
-    with pytest.raises(ChecksumMismatch, match="meta"):
-        ChecksummedJournal(str(path))
-
-
 @pytest.mark.parametrize("byte", [1, 2, 3])
 def test_a_damaged_length_field_does_not_hide_the_records_after_it(byte: int) -> None:
     """A length made larger runs past the end of the file, like a torn write; the valid
@@ -136,14 +86,3 @@ def test_a_damaged_length_field_does_not_hide_the_records_after_it(byte: int) ->
     data[start + byte] ^= 0x10
     with pytest.raises(ChecksumMismatch, match="a valid record at byte"):
         scan(bytes(data))
-
-
-@pytest.mark.parametrize("cut", [0, 1, 8, 15])
-def test_a_new_journal_cut_inside_its_header_starts_empty(tmp_path: Path, cut: int) -> None:
-    path = tmp_path / "raft.journal"
-    path.write_bytes(HEADER[:cut])
-    journal = ChecksummedJournal(str(path))
-    assert len(journal) == 0
-    journal.add(b"first", 1, 1)
-    journal._destroy()
-    assert scan(path.read_bytes()).entries == [(b"first", 1, 1)]
