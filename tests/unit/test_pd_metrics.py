@@ -1,4 +1,5 @@
-"""pd/metrics.py: what PD records, and how the families read through prometheus-client.
+"""pd/metrics.py: what PD records, and how the families read through prometheus-client;
+PD's readiness rule (pd/shell/http.py).
 
 The text itself is the library's (``estream/server/metrics.py``); promtool checks it on real
 processes in tests/integration/test_metrics.py.
@@ -17,6 +18,8 @@ from pd.metrics import (
     counter_family,
     histogram_family,
 )
+from pd.shell.http import needs_token, not_ready_reason
+from pd.shell.raft import RaftStatus
 
 
 def scrape(m: Metrics, **kwargs: object) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -81,3 +84,30 @@ def test_a_name_keeps_its_type() -> None:
     m.count("estream_x_total", "X.")
     with pytest.raises(ValueError, match="counter"):
         m.set_gauge("estream_x_total", "X.", 1)
+
+
+def status(leader: str | None, connected: bool, me: str = "n1:7110") -> RaftStatus:
+    peers = {"n2:7110": connected, "n3:7110": connected}
+    return RaftStatus(me, "leader" if leader == me else "follower", leader, 3, 10, 10, 10, peers)
+
+
+@pytest.mark.parametrize(
+    ("raft", "caught_up", "reason"),
+    [
+        (status("n1:7110", False), True, None),  # the leader itself
+        (status("n2:7110", True), True, None),
+        (status(None, True), True, "knows no leader"),
+        # every peer gone: pysyncobj still names its last leader
+        (status("n2:7110", False), True, "not connected to its last known leader"),
+        (status("n2:7110", True), False, "catching up"),
+    ],
+)
+def test_pd_readiness(raft: RaftStatus, caught_up: bool, reason: str | None) -> None:
+    found = not_ready_reason(raft, caught_up)
+    assert found is None if reason is None else reason in (found or "")
+
+
+def test_readyz_and_healthz_need_no_token() -> None:
+    assert not needs_token("GET", "/readyz", protect_reads=True)
+    assert not needs_token("GET", "/healthz", protect_reads=True)
+    assert needs_token("GET", "/metrics", protect_reads=True)
