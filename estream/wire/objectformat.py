@@ -53,7 +53,7 @@ from __future__ import annotations
 import bisect
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import xxhash
@@ -210,23 +210,10 @@ def encode_object_parts(
     if expected != end_offset:
         raise MalformedObject(f"batches end at offset {expected}, the range at {end_offset}")
     index = b"".join(entries)
-    head = _FOOTER.pack(
-        OBJECT_MAGIC,
-        OBJECT_VERSION,
-        0,
-        stream_id,
-        range_index,
-        len(entries),
-        start_offset,
-        end_offset,
-        position,
-        len(index),
-        0,
-    )[:_FOOTER_CHECKSUM_AT]
-    digest = xxhash.xxh3_64(index)
-    digest.update(head)
-    footer = head + digest.intdigest().to_bytes(8, "little")
-    return [*batches, index + footer]
+    footer = ObjectFooter(stream_id, range_index, len(entries), start_offset, end_offset,
+                          position, len(index), 0)
+    footer = replace(footer, checksum=_checksum(index, footer))
+    return [*batches, index + _pack_footer(footer)]
 
 
 def decode_footer(tail: bytes | memoryview) -> ObjectFooter:
@@ -276,29 +263,26 @@ def decode_index(index: bytes | memoryview, footer: ObjectFooter) -> ObjectIndex
     the footer's checksum and offsets."""
     if len(index) != footer.index_bytes:
         raise MalformedObject(f"index is {len(index)} bytes, footer says {footer.index_bytes}")
-    head = _FOOTER.pack(
-        OBJECT_MAGIC,
-        footer.version,
-        0,
-        footer.stream_id,
-        footer.range_index,
-        footer.batch_count,
-        footer.start_offset,
-        footer.end_offset,
-        footer.index_position,
-        footer.index_bytes,
-        0,
-    )[:_FOOTER_CHECKSUM_AT]
-    digest = xxhash.xxh3_64(index)
-    digest.update(head)
-    if digest.intdigest() != footer.checksum:
-        raise ChecksumMismatch(
-            "object index checksum mismatch", expected=footer.checksum,
-            actual=digest.intdigest(),
-        )
+    actual = _checksum(index, footer)
+    if actual != footer.checksum:
+        raise ChecksumMismatch("object index checksum mismatch", expected=footer.checksum,
+                               actual=actual)
     entries = tuple(IndexEntry(*fields) for fields in _ENTRY.iter_unpack(index))
     _check_entries(entries, footer)
     return ObjectIndex(footer, entries)
+
+
+def _pack_footer(f: ObjectFooter) -> bytes:
+    return _FOOTER.pack(OBJECT_MAGIC, f.version, 0, f.stream_id, f.range_index, f.batch_count,
+                        f.start_offset, f.end_offset, f.index_position, f.index_bytes,
+                        f.checksum)
+
+
+def _checksum(index: bytes | memoryview, footer: ObjectFooter) -> int:
+    """xxh3-64 of the index block followed by the footer's bytes before its checksum."""
+    digest = xxhash.xxh3_64(index)
+    digest.update(_pack_footer(footer)[:_FOOTER_CHECKSUM_AT])
+    return digest.intdigest()
 
 
 def _check_entries(entries: Sequence[IndexEntry], footer: ObjectFooter) -> None:

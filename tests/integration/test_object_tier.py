@@ -59,6 +59,17 @@ def start_tiered_cluster(tmp: Path, env: dict[str, str], **kw: Any) -> Cluster:
                 os.environ[k] = v
 
 
+def file_tier_cluster(tmp_path_factory: pytest.TempPathFactory, objects_dir: Path,
+                      pd_nodes: int) -> Iterator[Cluster]:
+    """A module's cluster (3 range servers) offloading to ``objects_dir``."""
+    c = start_tiered_cluster(tmp_path_factory.mktemp("tier"), tier_env(f"file://{objects_dir}"),
+                             pd_nodes=pd_nodes, range_servers=3)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
 @pytest.fixture(scope="module")
 def objects_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("objects")
@@ -66,12 +77,7 @@ def objects_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, objects_dir: Path) -> Iterator[Cluster]:
-    c = start_tiered_cluster(tmp_path_factory.mktemp("tier"), tier_env(f"file://{objects_dir}"),
-                             pd_nodes=1, range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from file_tier_cluster(tmp_path_factory, objects_dir, pd_nodes=1)
 
 
 async def write_ranges(client: Any, name: str, counts: list[int]) -> list[bytes]:

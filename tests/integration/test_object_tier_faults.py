@@ -19,30 +19,22 @@ import estream
 from estream.devcluster.cluster import Cluster
 from tests.integration.test_object_tier import (
     all_tiered,
+    file_tier_cluster,
     object_values,
-    start_tiered_cluster,
-    tier_env,
+    objects_dir,
     tier_timeout_s,
     wait_for,
     write_ranges,
 )
 
+__all__ = ["objects_dir"]  # the module-scoped fixture, shared
+
 pytestmark = [pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
-def objects_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("objects")
-
-
-@pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, objects_dir: Path) -> Iterator[Cluster]:
-    c = start_tiered_cluster(tmp_path_factory.mktemp("tier3"), tier_env(f"file://{objects_dir}"),
-                             pd_nodes=3, range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from file_tier_cluster(tmp_path_factory, objects_dir, pd_nodes=3)
 
 
 def stored(objects_dir: Path) -> set[str]:
