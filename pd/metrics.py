@@ -26,6 +26,25 @@ WRITER_RECOVERIES_TOTAL: Final = "estream_writer_recoveries_total"
 WRITER_RECOVERIES_HELP: Final = (
     "Open ranges the PD leader recovered after their writer's lease ran out, by outcome "
     "(sealed, kept, unavailable, superseded, failed).")
+# The object-storage tier's offloader (pd/shell/offloader.py): name -> help.
+OFFLOADED_BYTES: Final = "estream_offload_bytes_total"
+OFFLOADED_RANGES: Final = "estream_offload_ranges_total"
+OFFLOAD_ERRORS: Final = "estream_offload_errors_total"
+OFFLOAD_LAG: Final = "estream_offload_lag_seconds"
+OBJECT_REQUESTS: Final = "estream_object_requests_total"
+RECLAIMED_BYTES: Final = "estream_offload_reclaimed_bytes_total"
+RELEASED_RANGES: Final = "estream_offload_released_ranges_total"
+OBJECTS_DELETED: Final = "estream_objects_deleted_total"
+OFFLOAD_HELP: Final = {
+    OFFLOADED_BYTES: "Bytes of sealed ranges uploaded to the object store and committed.",
+    OFFLOADED_RANGES: "Sealed ranges uploaded to the object store and committed.",
+    OFFLOAD_ERRORS: "Failed offload steps, by stage (read, put, verify, commit, release, sweep).",
+    OFFLOAD_LAG: "How long the oldest sealed range still in the local tier has waited.",
+    OBJECT_REQUESTS: "Object-store requests of the offloader, by operation and outcome.",
+    RECLAIMED_BYTES: "Range-server bytes released (object size times replicas dropped).",
+    RELEASED_RANGES: "Object-tier ranges whose range-server replicas were released.",
+    OBJECTS_DELETED: "Objects deleted by the sweep (uncommitted, trimmed or deleted).",
+}
 REQUESTS_TOTAL: Final = "estream_pd_requests_total"
 REQUEST_SECONDS: Final = "estream_pd_request_seconds"
 COMMIT_SECONDS: Final = "estream_pd_raft_commit_seconds"

@@ -55,6 +55,17 @@ from estream.wire.meta import ReplicaRef
 from estream.wire.objectformat import FOOTER_BYTES, decode_tail, encode_object_parts
 from estream.wire.record import iter_batches, verify_batch
 from pd.commands import CommitObject, DropLocalReplicas
+from pd.metrics import (
+    OBJECT_REQUESTS,
+    OBJECTS_DELETED,
+    OFFLOAD_ERRORS,
+    OFFLOAD_HELP,
+    OFFLOAD_LAG,
+    OFFLOADED_BYTES,
+    OFFLOADED_RANGES,
+    RECLAIMED_BYTES,
+    RELEASED_RANGES,
+)
 from pd.offload import (
     LocalDrop,
     RangeKey,
@@ -83,24 +94,7 @@ sweep_deletes_max: Final = 1_000
 sweep_list_max: Final = 10_000  # keys one sweep lists (the next sweep lists the next ones)
 rpc_timeout_s: Final = 10.0
 
-OFFLOADED_BYTES = "estream_offload_bytes_total"
-OFFLOADED_RANGES = "estream_offload_ranges_total"
-OFFLOAD_ERRORS = "estream_offload_errors_total"
-OFFLOAD_LAG = "estream_offload_lag_seconds"
-OBJECT_REQUESTS = "estream_object_requests_total"
-RECLAIMED_BYTES = "estream_offload_reclaimed_bytes_total"
-RELEASED_RANGES = "estream_offload_released_ranges_total"
-OBJECTS_DELETED = "estream_objects_deleted_total"
-_HELP: Final = {
-    OFFLOADED_BYTES: "Bytes of sealed ranges uploaded to the object store and committed.",
-    OFFLOADED_RANGES: "Sealed ranges uploaded to the object store and committed.",
-    OFFLOAD_ERRORS: "Failed offload steps, by stage (read, put, verify, commit, release, sweep).",
-    OFFLOAD_LAG: "How long the oldest sealed range still in the local tier has waited.",
-    OBJECT_REQUESTS: "Object-store requests of the offloader, by operation and outcome.",
-    RECLAIMED_BYTES: "Range-server bytes released (object size times replicas dropped).",
-    RELEASED_RANGES: "Object-tier ranges whose range-server replicas were released.",
-    OBJECTS_DELETED: "Objects deleted by the sweep (uncommitted, trimmed or deleted).",
-}
+_HELP: Final = OFFLOAD_HELP
 
 
 class Offloader:
