@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
         from pd.shell.cli import main as pd_main
 
         return pd_main(args[1:])
+    if args and args[0] == "certs":
+        from estream.devcluster.certs import main as certs_main
+
+        return certs_main(args[1:])
     if args and args[0] == "up":
         from estream.devcluster.up import main as up_main
 

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("up", help="run a local cluster in the foreground (see estream up --help)")
     sub.add_parser("pd", help="run one placement-driver node (see estream pd --help)")
     sub.add_parser("rangeserver", help="run one range server (see estream rangeserver --help)")
+    sub.add_parser("certs", help="make a cluster CA, certificates and a token (see estream "
+                   "certs --help)")
     leaf = _common(False)
     streams.add_parsers(sub, leaf)
     records.add_parsers(sub, leaf)

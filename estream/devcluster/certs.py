@@ -9,15 +9,21 @@ and a random token (``token``). Keys are EC P-256, private files mode 0600. A di
 that already holds them is reused as it is, so a restarted ``estream up --tls`` keeps its
 identities and clients keep their CA.
 
+``estream certs DIR [--host H ...]`` (:func:`main`) makes the same files for a cluster run
+by hand: give every server's address with ``--host`` (IP addresses or names).
+
 Side effects: writes PEM and token files.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import ipaddress
 import os
 import secrets
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -152,3 +158,24 @@ def ensure_cluster_tls(directory: Path, hosts: list[str]) -> ClusterTls:
     _write_private(tls.token, (secrets.token_urlsafe(32) + "\n").encode())
     tls.ca.write_bytes(ca.public_bytes(pem))  # last: complete() is true only after it
     return tls
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``estream certs DIR [--host H ...]``: make (or keep) a cluster's certificates."""
+    from estream.server.config import one_line_errors
+
+    parser = one_line_errors(argparse.ArgumentParser(
+        prog="estream certs",
+        description="Make a cluster CA, a member certificate (every PD node and range "
+        "server), a client certificate and a token in DIR; files already there are kept."))
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--host", action="append", default=[], metavar="H",
+                        help="an address or name the servers are reached by (repeatable; "
+                        "127.0.0.1 and localhost are always in)")
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    tls = ensure_cluster_tls(ns.dir, list(ns.host))
+    print(f"CA:       {tls.ca}")
+    print(f"members:  {' '.join(tls.member_args())}")
+    print(f"clients:  ESTREAM_TLS_CA={tls.ca} ESTREAM_TOKEN_FILE={tls.token} "
+          f"(client certificate: --tls-cert {tls.client_cert} --tls-key {tls.client_key})")
+    return 0
