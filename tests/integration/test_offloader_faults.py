@@ -359,3 +359,30 @@ async def test_the_sweep_pages_through_a_large_store(rig: Rig,
     assert rig.objects() == set()
     assert rig.service.metrics.counter("estream_objects_deleted_total") == 3
     assert len(await rig.store.list("foreign")) == 20
+
+
+async def test_offload_metrics_pass_promtool(rig: Rig) -> None:
+    import shutil
+    import subprocess
+
+    from estream.server.metrics import FamiliesCollector, exposition, new_registry
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (make system-deps)")
+    rig.store.put_failures = 1
+    await rig.round_at(1_000)  # a failed PUT
+    await rig.round_at(1_100)  # offloaded
+    await rig.round_at(100)
+    await rig.round_at(5_000)  # released
+    await rig.offloader._sweep()
+    registry = new_registry()
+    registry.register(FamiliesCollector(rig.service.metrics.families))
+    text = exposition(registry)
+    for name in ("estream_offload_bytes_total", "estream_offload_ranges_total",
+                 "estream_offload_lag_seconds", "estream_object_requests_total",
+                 "estream_offload_errors_total", "estream_offload_released_ranges_total"):
+        assert name.encode() in text, name
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                             timeout=30)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
