@@ -143,3 +143,24 @@ def test_an_empty_sealed_range_on_a_draining_server_moves_too() -> None:
     servers["a"] = ServerState("a", draining=True)
     (task,) = plan_repairs([s], servers, NOW).tasks
     assert (task.start, task.end, task.missing, task.targets) == (5, 5, ("a",), ("d",))
+
+
+def test_a_draining_server_that_dies_is_just_a_dead_replica() -> None:
+    s = StreamMeta(7, "s", 3, 2, "", (), 2, 0, (RangeMeta(0, 0, 10, refs("a", "b", "c")),))
+    servers = {i: ServerState(i) for i in "abde"}
+    servers["c"] = ServerState("c", alive=False, silent_ms=60_000, draining=True)
+    (task,) = plan_repairs([s], servers, NOW).tasks
+    assert task.reasons == ("dead",) and task.sources == ("a", "b")
+    # Silent for a moment only: neither moved nor a source until it is back or dead.
+    servers["c"] = ServerState("c", alive=False, silent_ms=2_000, draining=True)
+    assert plan_repairs([s], servers, NOW).tasks == ()
+
+
+def test_a_drain_target_that_failed_is_avoided_next_round() -> None:
+    s = StreamMeta(7, "s", 3, 2, "", (), 2, 0, (RangeMeta(0, 0, 10, refs("a", "b", "c")),))
+    servers = {i: ServerState(i) for i in "abcde"}
+    servers["c"] = ServerState("c", draining=True)
+    (first,) = plan_repairs([s], servers, NOW).tasks
+    (second,) = plan_repairs([s], servers, NOW, avoid={(7, 0): {first.targets[0]}}).tasks
+    assert second.missing == ("c",) and second.targets != first.targets
+    assert second.targets[0] in "de"
