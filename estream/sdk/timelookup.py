@@ -14,9 +14,11 @@ How: the catalog records each sealed range's ``max_timestamp`` after its seal
 are all older; the first candidate's replicas answer ``TIME_INDEX`` from their sparse
 time index (``rangeserver/timeindex.py``), one replica at a time (the next on an error, a
 timeout or a short replica), and a candidate with no such record (its maximum counts
-records past its end) passes to the next. A range whose replicas cannot answer (all
-down, or an object-tier range whose replicas were dropped) is scanned through
-``client.read_batches``, which has its own failover and reads the object tier.
+records past its end) passes to the next. A range in the object tier is looked up in its
+object's index (per-batch min and max timestamps, ``estream/wire/objectformat.py``): the
+first batch whose maximum reaches the time is read and its records checked. A range
+whose replicas cannot answer (all down) is scanned through ``client.read_batches``, which
+has its own failover and reads the object tier.
 
 Side effects: network (PD and range servers through the client).
 """
@@ -75,6 +77,14 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
     stream = await client.stream_meta(name, refresh=True)
     for rng in candidate_ranges(stream, timestamp_ms):
         start = max(rng.start, stream.start_offset)
+        if rng.tier == "object" and rng.object_key is not None and rng.end is not None:
+            base = await _object_start(client, rng, timestamp_ms)
+            if base is None:
+                continue  # no record of the range is at or after the time
+            found = await _scan(client, name, max(base, start), rng.end, timestamp_ms)
+            if found is not None:
+                return found
+            continue
         found, searched = await _ask_replicas(client, stream, rng, timestamp_ms)
         if found is not None and found < start:
             found = None  # the answer was trimmed away: scan what is left of the range
@@ -95,8 +105,6 @@ async def _ask_replicas(
 ) -> tuple[int | None, int | None]:
     """TIME_INDEX on ``rng``'s replicas in turn: ``(offset or None, end searched)``, or
     ``(None, None)`` when none answered for the whole range."""
-    if getattr(rng, "tier", "local") == "object":
-        return None, None  # its replicas may be gone or dropping: the tier's reader scans
     header: dict[str, Any] = {"stream_id": stream.id, "range_index": rng.index,
                               "timestamp": timestamp_ms}
     if rng.end is not None:
@@ -117,6 +125,20 @@ async def _ask_replicas(
             return None, searched
         # a replica short of the sealed end: another may hold the rest
     return None, None
+
+
+async def _object_start(client: Client, rng: RangeMeta, timestamp_ms: int) -> int | None:
+    """The base offset of the first batch of an object-tier range whose maximum timestamp
+    reaches ``timestamp_ms`` (None: no record does); the range's start when the index
+    cannot be read (the scan then reads the range, with the reader's failover)."""
+    reads = await client.object_reads()
+    if reads is None or rng.object_key is None:
+        return rng.start
+    try:
+        index = await reads.index(rng.object_key)
+    except EstreamError:
+        return rng.start
+    return index.first_at_or_after(timestamp_ms)
 
 
 async def _scan(client: Client, name: str, start: int, end: int, timestamp_ms: int) -> int | None:
