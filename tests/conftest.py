@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,6 +36,7 @@ import uvloop
 
 from estream.devcluster.cluster import start_cluster
 from estream.devcluster.process import reap_all
+from estream.net.rpc import RpcClient
 
 UNIT: Final = Path(__file__).resolve().parent / "unit"
 FILE_FIXTURES: Final = frozenset({"tmp_path", "tmp_path_factory", "tmpdir", "tmpdir_factory"})
@@ -116,3 +117,24 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         return
     with _running(tmp_path_factory.mktemp(_dir_name(request.node.name)), options) as cluster:
         yield cluster
+
+
+# -- RPC clients closed at teardown ------------------------------------------------------------
+
+Connect = Callable[[str], Awaitable[RpcClient]]
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Connect]:
+    """``await connect(address)``: an RPC client, closed at teardown even when the test
+    fails (an open transport left behind stalls the event loop's shutdown)."""
+    opened: list[RpcClient] = []
+
+    async def open_client(address: str) -> RpcClient:
+        client = await RpcClient.connect(address)
+        opened.append(client)
+        return client
+
+    yield open_client
+    for client in opened:
+        await client.close()

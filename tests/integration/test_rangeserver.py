@@ -6,7 +6,7 @@ import asyncio
 import socket
 import struct
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,7 @@ from estream.wire.errors import (
 from estream.wire.protocol import FrameDecoder, Opcode, encode_frame_bytes
 from estream.wire.record import Record, encode_batch, iter_batches
 from rangeserver import walformat as wf
+from tests.conftest import Connect
 
 pytestmark = pytest.mark.integration
 
@@ -72,25 +73,6 @@ def server(tmp_path: Path) -> Iterator[Server]:
     yield srv
     if srv.process is not None:
         srv.process.stop()
-
-
-Connect = Callable[[str], Awaitable[RpcClient]]
-
-
-@pytest.fixture(name="connect")
-async def connect_fixture() -> AsyncIterator[Connect]:
-    """Open clients that are closed at teardown even when the test fails (an open
-    transport left behind stalls the event loop's shutdown)."""
-    opened: list[RpcClient] = []
-
-    async def open_client(address: str) -> RpcClient:
-        client = await RpcClient.connect(address)
-        opened.append(client)
-        return client
-
-    yield open_client
-    for client in opened:
-        await client.close()
 
 
 def batch(

@@ -8,7 +8,7 @@ answers WrongServer to every request naming the old one, even on the old address
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,10 @@ import pytest
 
 from estream.devcluster.process import ManagedProcess
 from estream.devcluster.rangeserver import start_rangeserver
-from estream.net.rpc import RpcClient
 from estream.wire.errors import RangeNotFound, WrongServer
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
+from tests.conftest import Connect
 
 pytestmark = pytest.mark.integration
 
@@ -55,20 +55,6 @@ def server(tmp_path: Path) -> Iterator[Server]:
     srv.stop()
 
 
-@pytest.fixture
-async def clients() -> AsyncIterator[list[RpcClient]]:
-    opened: list[RpcClient] = []
-    yield opened
-    for client in opened:
-        await client.close()
-
-
-async def connect(clients: list[RpcClient], address: str) -> RpcClient:
-    client = await RpcClient.connect(address)
-    clients.append(client)
-    return client
-
-
 def requests(server_id: str | None) -> list[tuple[int, dict[str, Any], bytes]]:
     """One request of every opcode that names a replica (and FORCE, LIST_RANGES)."""
     key: dict[str, Any] = {"stream_id": STREAM, "range_index": 0}
@@ -88,9 +74,9 @@ def requests(server_id: str | None) -> list[tuple[int, dict[str, Any], bytes]]:
 
 
 async def test_a_wrong_server_id_answers_wrong_server_and_changes_nothing(
-    server: Server, clients: list[RpcClient]
+    server: Server, connect: Connect
 ) -> None:
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     own = (await client.call(Opcode.PING))[0]["server_id"]
     for opcode, header, payload in requests(OTHER):
         with pytest.raises(WrongServer) as err:
@@ -125,9 +111,9 @@ async def test_a_wrong_server_id_answers_wrong_server_and_changes_nothing(
 
 
 async def test_a_wiped_server_answers_wrong_server_to_its_old_id(
-    server: Server, clients: list[RpcClient]
+    server: Server, connect: Connect
 ) -> None:
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     old = (await client.call(Opcode.PING))[0]["server_id"]
     key = {"stream_id": STREAM, "range_index": 0, "server_id": old}
     await client.call(Opcode.CREATE_RANGE, {**key, "start": 0, "epoch": 1})
@@ -138,7 +124,7 @@ async def test_a_wiped_server_answers_wrong_server_to_its_old_id(
     shutil.rmtree(server.data_dir)  # the disk is replaced: same address, nothing on it
     server.start(port=port)
     assert server.address.endswith(f":{port}")
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     new = (await client.call(Opcode.PING))[0]["server_id"]
     assert new != old
     for opcode, header, payload in [

@@ -38,6 +38,7 @@ from estream.wire.errors import (
     UnsupportedOpcode,
 )
 from estream.wire.protocol import Frame, FrameDecoder, Opcode, encode_frame_bytes
+from tests.conftest import Connect
 
 HOST = "127.0.0.1"
 StartServer = Callable[..., Awaitable[RpcServer]]
@@ -66,34 +67,20 @@ async def start_server() -> AsyncIterator[StartServer]:
         await server.close()
 
 
-@pytest.fixture
-async def clients() -> AsyncIterator[list[RpcClient]]:
-    opened: list[RpcClient] = []
-    yield opened
-    for client in opened:
-        await client.close()
-
-
-async def connect(clients: list[RpcClient], address: str) -> RpcClient:
-    client = await RpcClient.connect(address)
-    clients.append(client)
-    return client
-
-
 async def echo(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
     return {"echo": header}, payload
 
 
-async def test_request_and_response(start_server: StartServer, clients: list[RpcClient]) -> None:
+async def test_request_and_response(start_server: StartServer, connect: Connect) -> None:
     server = await start_server({Opcode.PING: echo})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     header, payload = await client.call(Opcode.PING, {"x": 1}, b"data")
     assert header == {"echo": {"x": 1}} and payload == b"data"
     assert server.connection_count == 1
 
 
 async def test_large_answers_arrive_whole_in_place_among_small_ones(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     """Answers of every size, many in flight: the client's in-place receive (a buffer of
     its own per large frame) hands back exactly the bytes sent, large ones as views."""
@@ -104,7 +91,7 @@ async def test_large_answers_arrive_whole_in_place_among_small_ones(
         return {"size": size}, blob[header["at"] : header["at"] + size]
 
     server = await start_server({Opcode.READ: handler})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     sizes = [0, 1, 70_000, 3 * 1024 * 1024 - 5, 65_535, 65_536, 1_000_000, 17] * 3
     calls = [
         client.call(Opcode.READ, {"size": size, "at": i % 5}, timeout_s=10)
@@ -120,7 +107,7 @@ async def test_large_answers_arrive_whole_in_place_among_small_ones(
 
 
 async def test_many_requests_answered_out_of_order_are_matched_by_id(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     count = 20
     arrived: list[int] = []
@@ -140,7 +127,7 @@ async def test_many_requests_answered_out_of_order_are_matched_by_id(
         return {"i": i}, payload + bytes([i])
 
     server = await start_server({Opcode.READ: handler})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     calls = [
         asyncio.ensure_future(client.call(Opcode.READ, {"i": i}, b"p", timeout_s=10))
         for i in range(count)
@@ -153,13 +140,13 @@ async def test_many_requests_answered_out_of_order_are_matched_by_id(
 
 
 async def test_typed_error_comes_back_as_the_same_class_with_fields(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     async def sealed(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
         raise RangeSealed("range is sealed", stream_id=3, range_index=1, end_offset=42)
 
     server = await start_server({Opcode.APPEND: sealed})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     with pytest.raises(RangeSealed) as info:
         await client.call(Opcode.APPEND, {})
     err = info.value
@@ -169,10 +156,10 @@ async def test_typed_error_comes_back_as_the_same_class_with_fields(
 
 
 async def test_unknown_opcode_then_the_connection_keeps_working(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     server = await start_server({Opcode.PING: echo})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     with pytest.raises(UnsupportedOpcode) as info:
         await client.call(Opcode.SEAL, {})
     assert info.value.fields == {"opcode": int(Opcode.SEAL)}
@@ -203,10 +190,10 @@ async def test_malformed_msgpack_header_fails_only_that_request(
 
 
 async def test_garbage_prefix_gets_an_error_frame_and_only_that_connection_closes(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     server = await start_server({Opcode.PING: echo})
-    good = await connect(clients, server.address)
+    good = await connect(server.address)
     assert await good.call(Opcode.PING, {}) == ({"echo": {}}, b"")
     reader, writer = await asyncio.open_connection(*parse_address(server.address))
     try:
@@ -221,13 +208,13 @@ async def test_garbage_prefix_gets_an_error_frame_and_only_that_connection_close
 
 
 async def test_non_estream_exception_is_a_generic_error_and_the_server_keeps_serving(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     async def broken(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
         raise ZeroDivisionError("bug")
 
     server = await start_server({Opcode.FORCE: broken, Opcode.PING: echo})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     with pytest.raises(EstreamError) as info:
         await client.call(Opcode.FORCE, {})
     assert type(info.value) is EstreamError
@@ -236,7 +223,7 @@ async def test_non_estream_exception_is_a_generic_error_and_the_server_keeps_ser
 
 
 async def test_call_timeout_raises_timeout_and_a_late_answer_is_dropped(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     release = asyncio.Event()
 
@@ -245,7 +232,7 @@ async def test_call_timeout_raises_timeout_and_a_late_answer_is_dropped(
         return {"late": True}, b""
 
     server = await start_server({Opcode.READ: slow, Opcode.PING: echo})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     with pytest.raises(Timeout) as info:
         await client.call(Opcode.READ, {}, timeout_s=0.05)
     assert info.value.fields == {"address": server.address}
@@ -255,7 +242,7 @@ async def test_call_timeout_raises_timeout_and_a_late_answer_is_dropped(
 
 
 async def test_server_closing_fails_pending_calls_with_unavailable(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     entered = asyncio.Event()
 
@@ -265,7 +252,7 @@ async def test_server_closing_fails_pending_calls_with_unavailable(
         raise AssertionError("unreachable")
 
     server = await start_server({Opcode.READ: hang})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     call = asyncio.ensure_future(client.call(Opcode.READ, {}, timeout_s=10))
     await asyncio.wait_for(entered.wait(), 5)
     await server.close()
@@ -278,7 +265,7 @@ async def test_server_closing_fails_pending_calls_with_unavailable(
 
 
 async def test_inflight_bytes_bound_pauses_reading(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     entered: list[int] = []
     two_in = asyncio.Event()
@@ -292,7 +279,7 @@ async def test_inflight_bytes_bound_pauses_reading(
         return {"i": header["i"]}, b""
 
     server = await start_server({Opcode.APPEND: blocked}, inflight_bytes_max=100)
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     payload = b"x" * 60
     first = [
         asyncio.ensure_future(client.call(Opcode.APPEND, {"i": i}, payload, timeout_s=10))
@@ -352,10 +339,10 @@ async def test_connect_to_a_closed_port_is_unavailable(start_server: StartServer
 
 
 async def test_closed_client_raises_closed(
-    start_server: StartServer, clients: list[RpcClient]
+    start_server: StartServer, connect: Connect
 ) -> None:
     server = await start_server({Opcode.PING: echo})
-    client = await connect(clients, server.address)
+    client = await connect(server.address)
     await client.close()
     assert client.closed
     with pytest.raises(EstreamError) as info:
@@ -416,7 +403,7 @@ def test_require_and_optional() -> None:
 
 
 async def test_stalled_consumer_is_bounded_then_evicted_when_others_need_the_budget(
-    clients: list[RpcClient],
+    connect: Connect,
 ) -> None:
     """A peer that pipelines requests and never reads its answers gets at most the
     connection's answer budget produced for it; once another connection needs the
@@ -449,7 +436,7 @@ async def test_stalled_consumer_is_bounded_then_evicted_when_others_need_the_bud
         await asyncio.sleep(0.5)  # the server produces what the budget allows, then waits
         assert granted and max(granted) <= 256 << 10
         assert len(granted) < 199, "answers must stop while the peer does not read"
-        healthy = await connect(clients, address)
+        healthy = await connect(address)
         _, answer = await healthy.call(Opcode.READ, {}, timeout_s=10.0)
         assert 0 < len(answer) <= 256 << 10
         eof = await asyncio.wait_for(_drain_until_eof(reader), 10.0)
