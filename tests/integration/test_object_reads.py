@@ -28,7 +28,7 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster, start_cluster
-from estream.devcluster.seaweed import SeaweedS3, start_seaweed
+from estream.devcluster.seaweed import SeaweedS3
 from estream.net.objectstore import ObjectStore
 from estream.sdk.client import Client
 from estream.sdk.reader import (
@@ -48,14 +48,8 @@ from estream.wire.errors import (
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import encode_object
 from estream.wire.record import Record, decode_views, encode_batch
-from tests.integration.test_object_tier import (
-    all_tiered,
-    start_tiered_cluster,
-    tier_env,
-    tier_timeout_s,
-    wait_for,
-    write_ranges,
-)
+from tests.integration import test_object_tier_s3 as object_tier_s3
+from tests.integration.test_object_tier import all_tiered, tier_timeout_s, wait_for, write_ranges
 
 pytestmark = pytest.mark.integration
 
@@ -388,49 +382,34 @@ def test_spark_source_reads_offloaded_ranges_from_the_object_store(
 # -- the same against SeaweedFS S3 ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
-    server = start_seaweed(tmp_path_factory.mktemp("seaweed-reads"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def s3_cluster(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedS3) -> Iterator[Cluster]:
-    env = {**tier_env(seaweed.url("reads")), **seaweed.env,
-           "ESTREAM_OBJECT_STORE_ENDPOINT": seaweed.endpoint}
-    c = start_tiered_cluster(tmp_path_factory.mktemp("reads-s3"), env, pd_nodes=1,
-                             range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
+# SeaweedFS, and a cluster whose PD offloads to it: test_object_tier_s3's fixtures (module
+# scoped here too: one SeaweedFS and one cluster for this module).
+seaweed = object_tier_s3.seaweed
+cluster = object_tier_s3.cluster
 
 
 async def test_s3_reads_with_every_range_server_stopped_and_a_byte_flipped_behind_our_back(
-    s3_cluster: Cluster, seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name, value in seaweed.env.items():
         monkeypatch.setenv(name, value)  # a client reads an s3:// tier with these
-    async with await estream.connect(s3_cluster.pd_addresses) as client:
+    async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream("s3reads", replicas=3, ack_count=2)
         values = await write_ranges(client, "s3reads", [90, 40])
-    ranges = await wait_for(lambda: all_tiered(s3_cluster, "s3reads", released=True),
+    ranges = await wait_for(lambda: all_tiered(cluster, "s3reads", released=True),
                             tier_timeout_s, "both ranges in the object tier, released")
-    for server in s3_cluster.servers:
+    for server in cluster.servers:
         server.stop()
-    async with await estream.connect(s3_cluster.pd_addresses) as client:
+    async with await estream.connect(cluster.pd_addresses) as client:
         records = [r async for r in client.read("s3reads", 0, len(values))]
         assert [r.value for r in records] == values
         assert [r.offset async for r in client.read("s3reads", 85, 95)] == list(range(85, 95))
     # one byte of the second object's first batch flipped in the store itself
-    store, key = seaweed.store("reads"), ranges[1]["object_key"]
+    store, key = seaweed.store("tier"), ranges[1]["object_key"]  # the fixture's prefix
     data = bytearray(await store.get(key))
     data[80] ^= 0x01
     await store.put(key, bytes(data))
-    async with await estream.connect(s3_cluster.pd_addresses) as client:
+    async with await estream.connect(cluster.pd_addresses) as client:
         assert len([r async for r in client.read("s3reads", 0, 90)]) == 90
         with pytest.raises(ChecksumMismatch):
             [r async for r in client.read("s3reads", 90, len(values))]
