@@ -26,6 +26,7 @@ import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 import uvloop
 
@@ -64,11 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password-file", default=None, metavar="FILE",
                    help="read the Raft secret from this file (first line)")
     add_server_options(p, admin=True)
-    p.add_argument("--object-store", default=None, metavar="URL",
+    p.add_argument("--object-store", type=_object_store_url, default=None, metavar="URL",
                    help="object-storage tier: file:///abs/dir or s3://bucket/prefix (also "
                         "ESTREAM_OBJECT_STORE; S3 credentials from AWS_ACCESS_KEY_ID, "
                         "AWS_SECRET_ACCESS_KEY, AWS_REGION); default: no tier")
-    p.add_argument("--object-store-endpoint", default=None, metavar="URL",
+    p.add_argument("--object-store-endpoint", type=_endpoint_url, default=None, metavar="URL",
                    help="the S3 endpoint, e.g. http://127.0.0.1:8333")
     p.add_argument("--offload-delay-s", type=_seconds, default=60.0, metavar="S",
                    help="upload a sealed range S seconds after its seal (default 60)")
@@ -91,6 +92,26 @@ def _seconds(text: str) -> float:
     if not 0 <= value < 10**9:
         raise argparse.ArgumentTypeError(f"seconds out of range: {text!r}")
     return value
+
+
+def _object_store_url(text: str) -> str:
+    """``file:///abs/dir`` or ``s3://bucket[/prefix]`` (argparse ``type``; credentials are
+    checked when the node starts)."""
+    parts = urlsplit(text)
+    if parts.scheme == "file" and parts.netloc in ("", "localhost") and parts.path[:1] == "/":
+        return text
+    if parts.scheme == "s3" and parts.netloc:
+        return text
+    raise argparse.ArgumentTypeError(f"expected file:///abs/dir or s3://bucket/prefix, "
+                                     f"got {text!r}")
+
+
+def _endpoint_url(text: str) -> str:
+    """``http(s)://HOST[:PORT]`` (argparse ``type``)."""
+    parts = urlsplit(text)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return text
+    raise argparse.ArgumentTypeError(f"expected http(s)://HOST:PORT, got {text!r}")
 
 
 def _check_object_store(url: str | None, endpoint: str | None) -> None:

@@ -126,3 +126,31 @@ def test_repair_leaves_object_tier_ranges_alone() -> None:
     released = stream(RangeMeta(0, 0, 10, (), "object", "k.eso"),
                       RangeMeta(1, 10, None, REFS[:2]))
     assert plan_repairs([released], servers, 100_000).tasks == ()
+
+
+BASE_ARGS = ["--id", "0", "--listen", "127.0.0.1:7100", "--raft", "127.0.0.1:7110",
+             "--peers", "", "--http", "127.0.0.1:7120", "--data-dir", "d"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["--object-store", "ftp://x"], ["--object-store", "file://relative/dir"],
+    ["--object-store", "s3://"], ["--object-store-endpoint", "127.0.0.1:9000"],
+    ["--offload-delay-s", "-1"], ["--local-retention-s", "soon"],
+])
+def test_pd_tier_flags_refuse_bad_values(extra: list[str]) -> None:
+    from pd.shell.cli import build_parser
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args([*BASE_ARGS, *extra])
+    assert info.value.code == 2
+
+
+def test_pd_tier_flags_defaults_and_values() -> None:
+    from pd.shell.cli import build_parser
+    args = build_parser().parse_args(BASE_ARGS)
+    assert (args.object_store, args.offload_delay_s, args.local_retention_s) == (None, 60, 600)
+    args = build_parser().parse_args([
+        *BASE_ARGS, "--object-store", "s3://bucket/prefix", "--object-store-endpoint",
+        "http://127.0.0.1:8333", "--offload-delay-s", "1.5", "--local-retention-s", "0"])
+    assert (args.object_store, args.object_store_endpoint) == (
+        "s3://bucket/prefix", "http://127.0.0.1:8333")
+    assert (args.offload_delay_s, args.local_retention_s) == (1.5, 0)
