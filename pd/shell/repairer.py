@@ -81,6 +81,7 @@ T = TypeVar("T")
 REPAIRS_TOTAL = "estream_repairs_total"
 REPAIRS_HELP = "Sealed-range repairs by outcome (done, failed)."
 REPAIR_BYTES_TOTAL = "estream_repair_bytes_total"
+REPAIR_BACKLOG = "estream_repair_backlog_ranges"
 REPAIR_BYTES_HELP = "Record-batch bytes copied by repairs."
 
 
@@ -130,10 +131,19 @@ class Repairer:
             await leader_rounds(
                 self.service, self.interval_ms, self.round, name="repair",
                 # a new leader starts its own grace periods
-                on_follower=lambda: self.short_since.clear(),
+                on_follower=self._on_follower,
             )
         finally:
             await self.pool.close()
+
+    def _on_follower(self) -> None:
+        self.short_since.clear()
+        self._report_backlog(0)  # the leader reports it
+
+    def _report_backlog(self, ranges: int) -> None:
+        self.service.metrics.set_gauge(
+            REPAIR_BACKLOG, "Ranges needing repair at the last round (running, left for a "
+            "later round, or skipped); 0 on followers.", ranges)
 
     def servers(self) -> dict[str, ServerState]:
         """Every registered server as repair sees it, from this node's heartbeats."""
@@ -179,6 +189,7 @@ class Repairer:
             avoid=self.avoid,
         )
         self.last_plan = plan
+        self._report_backlog(len(plan.tasks) + plan.deferred + len(plan.skipped))
         self._log_skips(plan)
         for skip in plan.skipped:
             if skip.reason == "no target":  # every target tried: let them be tried again
