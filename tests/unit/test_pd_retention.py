@@ -147,3 +147,9 @@ def test_new_commands_round_trip_the_codec() -> None:
     for command in (CommitCursor("s", "c", 7), RecordRangeStats("s", 1, 9, -3, 4, 5),
                     CreateStream("s", 3, 2, "", (), SERVERS, retention_ms=5)):
         assert decode_command(encode_command(command)) == command
+
+
+def test_an_empty_sealed_range_never_blocks_the_trim() -> None:
+    rs = (RangeMeta(0, 0, 10, (), max_timestamp=1, size_bytes=5), RangeMeta(1, 10, 10, ()),
+          RangeMeta(2, 10, 20, (), max_timestamp=1, size_bytes=5), RangeMeta(3, 20, None, ()))
+    assert plan_trim(stream(rs, retention_ms=10), {}, 1000) == TrimPlan(20, 3, 0)
