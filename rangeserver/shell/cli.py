@@ -245,8 +245,12 @@ async def serve(args: argparse.Namespace) -> int:
     if metrics is not None:
         app = build_app(metrics, server.server_id, needs_registration=bool(args.pd))
         http_host, http_port = args.http
-        http_runner, http_bound = await start_http(app, http_host, http_port,
-                                                   ssl=server.rpc.ssl)
+        try:
+            http_runner, http_bound = await start_http(app, http_host, http_port,
+                                                       ssl=server.rpc.ssl)
+        except OSError:
+            await server.close()  # the log synced and checkpointed before the error exit
+            raise
         print(f"http on {http_bound}", flush=True)
     log.info(
         "range server %s serving %d replicas (log writes: %s; CPUs: %s)",
