@@ -386,8 +386,9 @@ class Catalog:
         if target.tier == "object":
             if target.object_key == cmd.object_key:
                 return stream  # a retry of a commit that landed
-            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is already in "
-                           f"the object tier as {target.object_key!r}")
+            if not (cmd.replaces and cmd.replaces == target.object_key and target.replicas):
+                raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is already in "
+                               f"the object tier as {target.object_key!r}")
         tiered = replace(target, tier="object", object_key=cmd.object_key)
         stream = replace(stream, ranges=tuple(
             tiered if r is target else r for r in stream.ranges))

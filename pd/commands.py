@@ -145,7 +145,9 @@ class CommitObject:
     offsets ``[start, end)``) is stored, verified, as ``object_key`` in the object store;
     its tier becomes "object". The same key again is a retry (no change); another key once
     one is committed, an open range, or another stream id or offsets are a Conflict (the
-    stream was recreated, or the upload holds something else)."""
+    stream was recreated, or the upload holds something else). With ``replaces``, the
+    committed key ``replaces`` (found missing or damaged) gives way to ``object_key``, only
+    while the range still lists its replicas (the new object was read from them)."""
 
     kind: ClassVar[str] = "commit_object"
     name: str
@@ -154,6 +156,7 @@ class CommitObject:
     start: int
     end: int
     object_key: str
+    replaces: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,11 @@ A range's life in the tiers::
     open -> sealed, tier "local"  --(offload_delay after PD first saw it sealed)-->  upload:
     read [start, end) from a replica, build the object, PUT it under a fresh key, read its
     size and index back  --> commit_object (Raft): tier "object", object_key
-    --(local_retention after PD first saw it committed)-->  drop_local_replicas (Raft):
-    the catalog lists no replicas; DROP_RANGE on each server (the reclaimer's "moved"
-    rule drops any it missed)
+    --(local_retention after PD first saw it committed)-->  the whole object read back and
+    checked, then drop_local_replicas (Raft): the catalog lists no replicas; DROP_RANGE on
+    each server (the reclaimer's "moved" rule drops any it missed). An object found missing
+    or damaged then is uploaded again from the replicas and committed in its place
+    (commit_object with ``replaces``), and released later
 
 Times are "first seen" by this leader (:func:`track`), kept in its memory: a new leader
 starts the clocks again, so after a leader change an upload or a drop comes later, never
@@ -66,6 +68,7 @@ class Upload:
     start: int
     end: int
     sources: tuple[ReplicaRef, ...]
+    replaces: str = ""  # the committed key of an object found missing or damaged
 
     @property
     def key(self) -> RangeKey:
@@ -74,13 +77,24 @@ class Upload:
 
 @dataclass(frozen=True, slots=True)
 class LocalDrop:
-    """Release the replicas of an "object" range: the catalog first, then each server."""
+    """Release the replicas of an "object" range: check the object, then the catalog, then
+    each server (a missing or damaged object is uploaded again from them instead:
+    :meth:`reupload`)."""
 
     name: str
     stream_id: int
     range_index: int
     object_key: str
     replicas: tuple[ReplicaRef, ...]
+    start: int = 0
+    end: int = 0
+
+    def reupload(self, alive: Collection[str]) -> Upload:
+        """The upload that replaces this range's object, from its replicas (live first)."""
+        live = tuple(r for r in self.replicas if r.id in alive)
+        rest = tuple(r for r in self.replicas if r.id not in alive)
+        return Upload(self.name, self.stream_id, self.range_index, self.start, self.end,
+                      live + rest, replaces=self.object_key)
 
     @property
     def key(self) -> RangeKey:
@@ -164,7 +178,7 @@ def drops_due(
             if since is None or now_ms - since < retention_ms or key in busy:
                 continue
             out.append(LocalDrop(stream.name, stream.id, rng.index, rng.object_key,
-                                 rng.replicas))
+                                 rng.replicas, rng.start, rng.end or rng.start))
     return out
 
 

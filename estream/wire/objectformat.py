@@ -141,6 +141,21 @@ class ObjectIndex:
             raise MalformedObject(f"offset {offset} is not in the object")
         return at
 
+    def windows(self, bytes_max: int) -> list[tuple[int, int]]:
+        """The object's data as byte spans ``[lo, hi)`` of whole consecutive batches, each
+        at most ``bytes_max`` long unless one batch alone is longer: one ranged GET each
+        for a reader going through the whole object.
+
+        >>> # batches of 100, 150, 100 bytes, at most 260 a window -> [(0, 250), (250, 350)]
+        """
+        out: list[tuple[int, int]] = []
+        for e in self.entries:
+            if out and e.position + e.length - out[-1][0] <= bytes_max:
+                out[-1] = (out[-1][0], e.position + e.length)
+            else:
+                out.append((e.position, e.position + e.length))
+        return out
+
     def first_at_or_after(self, timestamp_ms: int) -> int | None:
         """The base offset of the first batch whose max timestamp is at or after
         ``timestamp_ms`` (records before it are all older), or None."""

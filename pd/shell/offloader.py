@@ -11,9 +11,14 @@ committed, one round (the decisions are :mod:`pd.offload`'s):
    ``[start, end)``), PUT it under a key unique to this attempt, read back its size and
    its index (HEAD, then a ranged GET of its tail) and compare, then propose
    ``commit_object``. Only then is the range "object".
-2. **Release** each "object" range committed ``local_retention`` ago: propose
-   ``drop_local_replicas`` (the catalog lists no replicas any more), then ``DROP_RANGE``
-   on each server (best effort: the reclaimer drops any left, as replicas "moved" away).
+2. **Release** each "object" range committed ``local_retention`` ago: read the whole
+   object back (footer naming the range, index, every batch's checksum, a window of
+   batches per GET), then propose ``drop_local_replicas`` (the catalog lists no replicas
+   any more), then ``DROP_RANGE`` on each server (best effort: the reclaimer drops any
+   left, as replicas "moved" away). An object found missing or damaged (deleted or
+   altered behind estream's back) is never a reason to drop the last copies: the range is
+   uploaded again from its replicas and committed in the old key's place
+   (``commit_object`` with ``replaces``), and released once that one checks out.
 3. **Sweep** (every ``sweep_interval_ms``): list the store and delete objects no range
    names, older than ``orphan_grace``: abandoned attempts, and the objects of trimmed
    ranges and deleted streams.
@@ -36,7 +41,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from typing import Final, TypeVar
 
 from estream.net.objectstore import ObjectStore
@@ -44,15 +49,24 @@ from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import (
+    ChecksumMismatch,
     Conflict,
     EstreamError,
     MalformedObject,
+    ObjectStoreError,
     RangeNotFound,
     StreamNotFound,
     Unavailable,
 )
 from estream.wire.meta import ReplicaRef
-from estream.wire.objectformat import FOOTER_BYTES, decode_tail, encode_object_parts
+from estream.wire.objectformat import (
+    FOOTER_BYTES,
+    decode_footer,
+    decode_index,
+    decode_tail,
+    encode_object_parts,
+    iter_object_batches,
+)
 from estream.wire.record import iter_batches, verify_batch
 from pd.commands import CommitObject, DropLocalReplicas
 from pd.metrics import (
@@ -93,6 +107,7 @@ drops_per_round_max: Final = 64
 sweep_deletes_max: Final = 1_000
 sweep_list_max: Final = 10_000  # keys one sweep lists (the next sweep lists the next ones)
 rpc_timeout_s: Final = 10.0
+check_window_bytes: Final = 8 * 1024 * 1024  # one ranged GET of the check before a release
 
 _HELP: Final = OFFLOAD_HELP
 
@@ -172,7 +187,7 @@ class Offloader:
             await self._offload(upload)
         for drop in drops_due(streams, self.committed_since, now, self.local_retention_ms,
                               busy=self.busy)[:drops_per_round_max]:
-            await self._release(drop)
+            await self._release(drop, alive)
         if now >= self.next_sweep_ms:
             self.next_sweep_ms = now + self.sweep_interval_ms
             await self._sweep()
@@ -204,7 +219,7 @@ class Offloader:
         await self._store("put", self.store.put(key, parts), stage="put")
         await self._verify(key, size, parts[-1])
         command = CommitObject(upload.name, upload.stream_id, upload.range_index,
-                               upload.start, upload.end, key)
+                               upload.start, upload.end, key, upload.replaces)
         try:
             await self.service.raft.propose(command)
         except (Conflict, StreamNotFound, RangeNotFound) as exc:
@@ -293,37 +308,84 @@ class Offloader:
             raise MalformedObject(f"object {key} does not read back as written", key=key)
 
     # -- release -----------------------------------------------------------------------
-    async def _release(self, drop: LocalDrop) -> None:
+    async def _release(self, drop: LocalDrop, alive: Collection[str]) -> None:
+        """Check the whole object, then release the range's replicas; a missing or
+        damaged object is uploaded again from them instead (and released later)."""
         key = drop.key
         self.busy.add(key)
+        broken: EstreamError | None = None
         try:
+            size = await self._check_object(drop)
             await self.service.raft.propose(DropLocalReplicas(
                 drop.name, drop.stream_id, drop.range_index, drop.object_key))
-            try:
-                size = await self._store("head", self.store.head(drop.object_key),
-                                         stage="release")
-            except EstreamError:
-                size = 0
-            client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
-            for ref in drop.replicas:
-                try:
-                    await client.drop_range(ref.address, server_id=ref.id,
-                                            stream_id=drop.stream_id,
-                                            range_index=drop.range_index)
-                    self._count(RECLAIMED_BYTES, size)
-                except EstreamError as exc:  # the reclaimer drops it later ("moved")
-                    log.info("offload: dropping range %d of stream %r on %s failed: %s",
-                             drop.range_index, drop.name, ref.id, exc)
-                    self.pool.discard(ref.address)
-            self._count(RELEASED_RANGES)
-            log.info("range %d of stream %r: local replicas released (object %s)",
-                     drop.range_index, drop.name, drop.object_key)
+            await self._drop_replicas(drop, size)
+        except (MalformedObject, ChecksumMismatch) as exc:
+            broken = exc
+        except ObjectStoreError as exc:
+            if exc.fields.get("not_found"):
+                broken = exc
+            else:
+                self._count(OFFLOAD_ERRORS, stage="release")
+                log.warning("releasing range %d of stream %r waits: the object store "
+                            "failed: %s", drop.range_index, drop.name, exc)
         except EstreamError as exc:
             self._count(OFFLOAD_ERRORS, stage="release")
             log.warning("releasing the local replicas of range %d of stream %r failed: %s",
                         drop.range_index, drop.name, exc)
         finally:
             self.busy.discard(key)
+        if broken is not None:
+            if not isinstance(broken, ObjectStoreError):  # (those were counted already)
+                self._count(OFFLOAD_ERRORS, stage="check")
+            log.warning("the object %s of range %d of stream %r is missing or damaged (%s); "
+                        "uploading it again from the local replicas, which are kept",
+                        drop.object_key, drop.range_index, drop.name, broken)
+            await self._offload(drop.reupload(alive))
+
+    async def _check_object(self, drop: LocalDrop) -> int:
+        """Read the whole object back (a window of batches at a time): its footer names
+        the range, its index checks out, every batch's checksum verifies. Returns its size."""
+        k = drop.object_key
+        size = await self._store("head", self.store.head(k), stage="check")
+        if size < FOOTER_BYTES:
+            raise MalformedObject(f"object {k} is {size} bytes", key=k)
+        footer = decode_footer(await self._store(
+            "get", self.store.get_range(k, size - FOOTER_BYTES, size), stage="check"))
+        names = (footer.stream_id, footer.range_index, footer.start_offset, footer.end_offset)
+        if names != (drop.stream_id, drop.range_index, drop.start, drop.end) or (
+                footer.object_bytes != size):
+            raise MalformedObject(f"object {k} does not hold range {drop.range_index} "
+                                  f"[{drop.start}, {drop.end}) of stream {drop.stream_id}", key=k)
+        index_at = footer.index_position
+        index = decode_index(await self._store("get", self.store.get_range(
+            k, index_at, index_at + footer.index_bytes), stage="check")
+            if footer.index_bytes else b"", footer)
+        entries = iter(index.entries)
+        for lo, hi in index.windows(check_window_bytes):
+            window = await self._store("get", self.store.get_range(k, lo, hi), stage="check")
+            for base_offset, raw in iter_object_batches(window):
+                header = verify_batch(raw)
+                entry = next(entries, None)
+                if entry is None or (base_offset, header.count) != (entry.base_offset,
+                                                                     entry.count):
+                    raise MalformedObject(f"object {k}: the batch at offset {base_offset} "
+                                          "does not match its index entry", key=k)
+        return size
+
+    async def _drop_replicas(self, drop: LocalDrop, size: int) -> None:
+        client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
+        for ref in drop.replicas:
+            try:
+                await client.drop_range(ref.address, server_id=ref.id,
+                                        stream_id=drop.stream_id, range_index=drop.range_index)
+                self._count(RECLAIMED_BYTES, size)
+            except EstreamError as exc:  # the reclaimer drops it later ("moved")
+                log.info("offload: dropping range %d of stream %r on %s failed: %s",
+                         drop.range_index, drop.name, ref.id, exc)
+                self.pool.discard(ref.address)
+        self._count(RELEASED_RANGES)
+        log.info("range %d of stream %r: local replicas released (object %s)",
+                 drop.range_index, drop.name, drop.object_key)
 
     # -- sweep ---------------------------------------------------------------------------
     async def _sweep(self) -> None:

@@ -386,3 +386,29 @@ async def test_offload_metrics_pass_promtool(rig: Rig) -> None:
     checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                              timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("harm", ["deleted", "flipped"])
+async def test_an_object_harmed_behind_our_back_is_uploaded_again_before_release(
+    rig: Rig, harm: str
+) -> None:
+    await rig.round_at(1_000)
+    first = rig.range0().object_key
+    assert first is not None
+    path = rig.root / first
+    if harm == "deleted":
+        path.unlink()
+    else:
+        data = bytearray(path.read_bytes())
+        data[100] ^= 0x01  # inside the first batch's records
+        path.write_bytes(bytes(data))
+    await rig.round_at(100)  # seen committed
+    await rig.round_at(5_000)  # due for release: the check fails, uploaded again instead
+    r = rig.range0()
+    assert len(r.replicas) == 3 and r.object_key not in (None, first)
+    assert values_of(rig, r.object_key) == EXPECTED
+    assert rig.service.metrics.counter("estream_offload_errors_total", stage="check") == 1
+    await rig.round_at(100)  # the new object checks out: released now
+    assert rig.range0().replicas == () and rig.range0().object_key == r.object_key
+    await rig.offloader._sweep()
+    assert rig.objects() == {r.object_key}

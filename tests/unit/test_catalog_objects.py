@@ -82,3 +82,18 @@ def test_commands_round_trip_through_the_codec() -> None:
     for command in (CommitObject("s", 3, 2, 10, 20, "ab/3/2/t.eso"),
                     DropLocalReplicas("s", 3, 2, "ab/3/2/t.eso")):
         assert decode_command(encode_command(command)) == command
+
+
+def test_a_lost_object_is_replaced_only_while_replicas_remain(catalog: Catalog) -> None:
+    sid = catalog.stream("orders").id
+    catalog.apply(CommitObject("orders", sid, 0, 0, 10, "old.eso"))
+    rejects(catalog, CommitObject("orders", sid, 0, 0, 10, "new.eso", replaces="other.eso"),
+            Conflict)
+    s = stream(catalog.apply(CommitObject("orders", sid, 0, 0, 10, "new.eso",
+                                          replaces="old.eso")))
+    assert s.ranges[0].object_key == "new.eso" and len(s.ranges[0].replicas) == 3
+    assert stream(catalog.apply(CommitObject("orders", sid, 0, 0, 10, "new.eso",
+                                             replaces="old.eso"))) == s  # a retry
+    catalog.apply(DropLocalReplicas("orders", sid, 0, "new.eso"))
+    rejects(catalog, CommitObject("orders", sid, 0, 0, 10, "newer.eso", replaces="new.eso"),
+            Conflict)  # nothing left to read a new object from

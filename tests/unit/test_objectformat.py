@@ -134,3 +134,17 @@ def test_parts_are_the_batches_then_index_and_footer() -> None:
         raw, stream_id=7, range_index=2, start_offset=100, end_offset=109)
     tail = decode_tail(parts[-1])
     assert tail is not None and len(parts[-1]) == tail.footer.index_bytes + FOOTER_BYTES
+
+
+def test_windows_group_whole_batches() -> None:
+    raw = batches(sizes=(3, 1, 5, 2))
+    index = decode_object(encode_object(raw, stream_id=7, range_index=2, start_offset=100,
+                                        end_offset=111))
+    ends = [e.position + e.length for e in index.entries]
+    assert index.windows(10**9) == [(0, ends[-1])]
+    assert index.windows(1) == [(e.position, e.position + e.length) for e in index.entries]
+    two = ends[1]
+    assert index.windows(two)[0] == (0, two)
+    spans = index.windows(two)
+    assert all(lo == prev_hi for (lo, _), (_, prev_hi) in zip(spans[1:], spans, strict=False))
+    assert spans[-1][1] == index.footer.index_position
