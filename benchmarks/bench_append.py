@@ -64,6 +64,7 @@ async def throughput(
         await client.create_stream(name, replicas=3, ack_count=2, digest=digest)
     writer = await client.open_writer(name, producer_id=producer_id)
     started = time.perf_counter()
+    cpu_started = time.process_time()
     for wave in range(0, records, window):
         count = min(window, records - wave)
         if producer_id is None:
@@ -72,6 +73,7 @@ async def throughput(
             await asyncio.gather(
                 *(writer.append(RECORD, sequence=wave + i) for i in range(count)))
     elapsed = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     await writer.close()
     return {
         "records": records,
@@ -79,6 +81,7 @@ async def throughput(
         "seconds": round(elapsed, 3),
         "records_per_s": round(records / elapsed),
         "mb_per_s": round(records * len(RECORD) / elapsed / 1e6, 1),
+        "client_cpu_us_per_record": round(cpu_s / records * 1e6, 1),
     }
 
 
@@ -192,18 +195,25 @@ async def exactly_once(
     client: estream.Client, records: int, window: int, repeat: int
 ) -> dict[str, Any]:
     """Each row's throughput, rows alternated ``repeat`` times (a shared machine drifts):
-    the median records/s of each and its ratio to the plain row's."""
+    the median records/s of each and its ratio to the plain row's, and the same for the
+    client's CPU time per record (what the producer and the digests add on the writer's
+    side, steadier than throughput on a busy machine)."""
     runs: dict[str, list[int]] = {row: [] for row in EXACTLY_ONCE_ROWS}
+    cpu: dict[str, list[float]] = {row: [] for row in EXACTLY_ONCE_ROWS}
     for i in range(repeat):
         for row, options in EXACTLY_ONCE_ROWS.items():
             result = await throughput(
                 client, records, window, name=f"bench-eo-{row.replace('_', '-')}-{i}",
                 **options)
             runs[row].append(result["records_per_s"])
+            cpu[row].append(result["client_cpu_us_per_record"])
     medians = {row: sorted(v)[len(v) // 2] for row, v in runs.items()}
+    cpu_medians = {row: sorted(v)[len(v) // 2] for row, v in cpu.items()}
     return {
         row: {"records_per_s": medians[row], "runs": runs[row],
-              "ratio_to_plain": round(medians[row] / medians["plain"], 3)}
+              "ratio_to_plain": round(medians[row] / medians["plain"], 3),
+              "client_cpu_us_per_record": cpu_medians[row], "cpu_runs": cpu[row],
+              "cpu_ratio_to_plain": round(cpu_medians[row] / cpu_medians["plain"], 3)}
         for row in EXACTLY_ONCE_ROWS
     }
 

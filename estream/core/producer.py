@@ -176,6 +176,19 @@ class ProducerState:
                 return first + min(count, completed - first_offset) - 1
         return self._forgotten
 
+    def taken_one(self, sequence: int, offset: int) -> None:
+        """:meth:`taken` of one sequence (an append's: kept short)."""
+        assert sequence > self.last_sequence, (sequence, self.last_sequence)
+        runs = self._runs
+        if runs:
+            first, first_offset, count = runs[-1]
+            if sequence == first + count and offset == first_offset + count:
+                runs[-1] = (first, first_offset, count + 1)
+                self.last_sequence = sequence
+                self._firsts = None
+                return
+        self.taken((sequence,), offset)
+
     def offset_of(self, sequence: int) -> int:
         """The offset holding ``sequence`` if this writer knows it, else -1."""
         if self._firsts is None:

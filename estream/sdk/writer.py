@@ -333,7 +333,7 @@ class Writer:
         durable, or -1 when this writer does not know it."""
         record = self._record(value, headers, timestamp)
         if self.producer is not None or sequence is not None:
-            return (await self._append_produced([record], [sequence]))[0]
+            return await self._append_one_produced(record, sequence)
         core = await self._wait_space(record_size(record))
         now = _now_ms()
         base, effects = core.submit([record], now)
@@ -444,6 +444,26 @@ class Writer:
         if producer is None or core is None:
             return -1
         return producer.stored_sequence(core.completed)
+
+    async def _append_one_produced(self, record: Record, sequence: int | None) -> int:
+        """:meth:`_append_produced` of one record (the common case, kept short)."""
+        producer = self.producer
+        if producer is None or sequence is not None and sequence <= producer.last_sequence:
+            return (await self._append_produced([record], [sequence]))[0]
+        if sequence is not None:
+            check_sequence(sequence)
+        core = await self._wait_space(record_size(record))
+        seq = producer.last_sequence + 1 if sequence is None else sequence
+        if seq <= producer.last_sequence:  # taken while this append waited for space
+            return (await self._append_produced([record], [seq]))[0]
+        now = _now_ms()
+        base, effects = core.submit((record,), now, (seq,))
+        producer.taken_one(seq, base)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._add_waiter(base + 1, future, now)
+        self._run(effects)
+        await future
+        return base
 
     async def _append_produced(
         self, records: list[Record], sequences: Sequence[int | None]

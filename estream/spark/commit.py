@@ -22,11 +22,23 @@ fixes the stream's end), looks at the last record, and :func:`plan_commit` decid
   so the row order of the replay does not matter);
 - anything else: **append** the whole batch.
 
+**Executors mode** (option ``mode`` ``executors``): tasks append directly and the driver
+only commits. Partition ``p`` of the query writes the stream ``<stream>-<p>``
+(:func:`partition_stream`, created on demand; ``df.repartition(n, key)`` hashes keys
+into ``n`` streams), so each stream has one writer; the task is an idempotent producer
+(``estream/core/producer.py``) with the id :func:`task_producer_id` of (sink id,
+partition), and row ``i`` of micro-batch ``b`` has sequence :func:`row_sequence` ``b *
+2**32 + i``. A retried task, a replayed batch or a restarted query re-sends rows whose
+sequences are not above the producer's last stored one: they are not stored again. As
+for the driver mode, the query must be deterministic (a batch's partition holds the same
+rows in the same order when replayed).
+
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +49,37 @@ SINK_HEADER: Final = "estream.spark.sink"
 BATCH_HEADER: Final = "estream.spark.batch"
 SEQ_HEADER: Final = "estream.spark.seq"
 COUNT_HEADER: Final = "estream.spark.count"
+
+ROWS_PER_BATCH_MAX: Final = 2**32  # executors mode: row positions within one batch
+
+
+def task_producer_id(sink: str, partition: int) -> str:
+    """The producer id of partition ``partition`` of sink ``sink`` (hashed: a checkpoint
+    path may be longer than a producer id may be).
+
+    >>> task_producer_id("/ckpt/q1", 3)
+    'spark-76d938601825cdeb-3'
+    """
+    digest = hashlib.sha256(sink.encode()).hexdigest()[:16]
+    return f"spark-{digest}-{partition}"
+
+
+def row_sequence(batch: int, row: int) -> int:
+    """The producer sequence of row ``row`` of micro-batch ``batch``: increasing across
+    batches and rows.
+
+    >>> row_sequence(2, 5)
+    8589934597
+    """
+    if not 0 <= row < ROWS_PER_BATCH_MAX or not 0 <= batch < 2**31:
+        raise ValueError(f"batch {batch} row {row} out of range for a sequence")
+    return batch * ROWS_PER_BATCH_MAX + row
+
+
+def partition_stream(prefix: str, partition: int) -> str:
+    """The stream partition ``partition`` writes in executors mode."""
+    return f"{prefix}-{partition}"
+
 
 # A row to append: the value and the user's headers as sorted (key, value) pairs.
 Row = tuple[bytes, tuple[tuple[str, str], ...]]

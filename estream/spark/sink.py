@@ -6,7 +6,12 @@ the stream's writer (fencing any earlier driver's), reads the stream's tail mark
 appends what ``estream/spark/commit.py`` decides is missing. See docs/ARCHITECTURE.md,
 "Spark connector", for the guarantees.
 
-Side effect: network calls to the estream cluster (reads and appends on the driver).
+With option ``mode`` ``executors`` the tasks append themselves (:func:`write_partition`),
+each partition to its own stream ``<stream>-<partition>`` as an idempotent producer, and
+the driver's commit has nothing left to do (``estream/spark/commit.py``).
+
+Side effect: network calls to the estream cluster (reads and appends on the driver, or
+appends on the executors).
 """
 
 from __future__ import annotations
@@ -21,20 +26,24 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 import estream
 from estream.spark.commit import (
+    ROWS_PER_BATCH_MAX,
     Append,
     Resume,
     Row,
     Skip,
     make_row,
     parse_marker,
+    partition_stream,
     plan_commit,
     record_headers,
     remaining_rows,
+    row_sequence,
+    task_producer_id,
 )
 from estream.spark.connection import connect
 from estream.spark.options import SinkOptions
 from estream.spark.source import run
-from estream.wire.errors import InvalidArgument, StreamNotFound
+from estream.wire.errors import InvalidArgument, StreamExists, StreamNotFound
 from estream.wire.record import Record
 
 APPEND_CHUNK_ROWS = 1_000
@@ -45,6 +54,29 @@ class SinkMessage(WriterCommitMessage):
     """One task's rows, carried to the driver."""
 
     rows: list[Row]
+
+
+@dataclass(frozen=True)
+class AppendedMessage(WriterCommitMessage):
+    """Executors mode: what one task appended itself (nothing is left for the driver)."""
+
+    stream: str
+    appended: int
+    duplicates: int
+
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"  # Spark's local property during a micro-batch
+
+
+def sink_mode(options: Mapping[str, str]) -> str:
+    """Option ``mode``: ``driver`` (default: tasks hand rows to the driver, which appends
+    them through one writer) or ``executors`` (tasks append, one stream per partition)."""
+    mode = (options.get("mode") or "driver").strip().lower()
+    if mode not in ("driver", "executors"):
+        raise InvalidArgument(
+            f"estream sink: option 'mode' is 'driver' or 'executors', not {mode!r}",
+            argument="mode")
+    return mode
 
 
 def check_schema(schema: StructType) -> None:
@@ -83,16 +115,72 @@ class EstreamStreamWriter(DataSourceStreamWriter):
         check_schema(schema)
         self.opts = SinkOptions.parse(options)
         self.has_headers = "headers" in schema.fieldNames()
+        self.mode = sink_mode(options)
 
-    def write(self, iterator: Iterator[Any]) -> SinkMessage:
+    def write(self, iterator: Iterator[Any]) -> SinkMessage | AppendedMessage:
+        if self.mode == "executors":
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+            batch = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
+            if context is None or batch is None:
+                raise InvalidArgument("estream sink: mode 'executors' runs in a streaming "
+                                      "query's tasks only", argument="mode")
+            rows = [_row_of(row, self.has_headers) for row in iterator]
+            return run(write_partition(self.opts, int(batch), context.partitionId(), rows))
         return SinkMessage([_row_of(row, self.has_headers) for row in iterator])
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
+        if self.mode == "executors":
+            return  # every task's appends were durable before the task ended
         rows = [row for m in messages if isinstance(m, SinkMessage) for row in m.rows]
         run(commit_rows(self.opts, batchId, rows))
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing was appended by the tasks, so there is nothing to undo."""
+
+
+async def write_partition(
+    opts: SinkOptions, batch: int, partition: int, rows: list[Row], *, stop_after: int = -1
+) -> AppendedMessage:
+    """Executors mode: append partition ``partition``'s rows of micro-batch ``batch`` to
+    its stream (created on demand) as the producer of (sink, partition), row ``i`` with
+    sequence ``row_sequence(batch, i)``: rows an earlier attempt or run stored are not
+    stored again. ``stop_after`` (tests): stop after that many rows, as a killed task.
+
+    Double faults: a task killed mid-way leaves a prefix of its rows stored (whatever its
+    recovery kept), which the retry's ``last_sequence`` skips; a retry racing a zombie
+    attempt fences it (its later appends fail with ``Fenced``), and both write the same
+    rows with the same sequences, so nothing is stored twice."""
+    if len(rows) >= ROWS_PER_BATCH_MAX:
+        raise InvalidArgument(f"estream sink: {len(rows)} rows in one partition of a batch")
+    stream = partition_stream(opts.stream, partition)
+    client = await connect(opts, "estream sink")
+    try:
+        try:
+            await client.create_stream(stream)
+        except StreamExists:
+            pass
+        writer = await client.open_writer(
+            stream, producer_id=task_producer_id(opts.sink_id, partition))
+        try:
+            before = writer.last_sequence
+            first = row_sequence(batch, 0)
+            now_ms = int(time.time() * 1000)
+            records = [Record(row[0], dict(row[1]), now_ms) for row in rows]
+            todo = [i for i in range(len(rows)) if first + i > before]
+            if stop_after >= 0:
+                todo = todo[:stop_after]
+            for lo in range(0, len(todo), APPEND_CHUNK_ROWS):
+                chunk = todo[lo : lo + APPEND_CHUNK_ROWS]
+                await writer.append_batch([records[i] for i in chunk],
+                                          sequences=[first + i for i in chunk])
+            await writer.flush()
+        finally:
+            await writer.close()
+        return AppendedMessage(stream, len(todo), len(rows) - len(todo))
+    finally:
+        await client.close()
 
 
 async def _tail(client: estream.Client, stream: str, end: int, count: int) -> list[Record]:

@@ -129,3 +129,22 @@ def test_a_cut_in_the_middle_of_one_submit_keeps_each_record_with_its_sequence()
             assert system is not None
             seen += [system.sequence(i) for i in range(verify_batch(e.payload).count)]
     assert seen == list(range(1, 11))
+
+
+def test_taken_one_matches_taken() -> None:
+    a, b = ProducerState("p"), ProducerState("p")
+    for seq, offset in ((0, 0), (1, 1), (2, 2), (5, 3), (6, 4), (9, 9)):
+        a.taken_one(seq, offset)
+        b.taken([seq], offset)
+    assert list(a._runs) == list(b._runs) and a.last_sequence == b.last_sequence == 9
+
+
+def test_spark_task_producer_ids_and_row_sequences() -> None:
+    from estream.spark.commit import partition_stream, row_sequence, task_producer_id
+
+    assert row_sequence(0, 0) < row_sequence(0, 2**32 - 1) < row_sequence(1, 0)
+    with pytest.raises(ValueError):
+        row_sequence(0, 2**32)
+    ids = {task_producer_id("/a/very/long/checkpoint/" * 20, p) for p in range(3)}
+    assert len(ids) == 3 and all(len(i.encode()) <= 255 for i in ids)
+    assert check_producer_id(task_producer_id("q", 7)) and partition_stream("out", 7) == "out-7"
