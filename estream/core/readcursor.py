@@ -84,8 +84,8 @@ follow_rounds_max: Final = 60  # a tailing reader waits out a roll or a restart 
 retry_pause_ms_step: Final = 50  # pause after the n-th failed round: n times this...
 retry_pause_ms_max: Final = 500  # ...at most this
 sealed_wait_ms: Final = 20  # replicas sealed, PD not yet: wait before asking again
-object_read_bytes_max: Final = 4 * limits.read_bytes_max  # one ReadObject's batches, at most
-object_part_bytes_max: Final = limits.read_bytes_max  # one ranged GET of them (in parallel)
+object_read_bytes_max: Final = limits.read_bytes_max  # one ReadObject's batches, at most
+object_part_bytes_max: Final = limits.read_bytes_max  # one ranged GET of them (several: at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +230,7 @@ def object_spans(
     bytes_max: int = object_read_bytes_max,
     part_bytes_max: int = object_part_bytes_max,
 ) -> list[tuple[int, int]]:
-    """The byte spans to GET (in parallel) for the batches holding ``[offset, end)``: from
+    """The byte spans to GET (at once) for the batches holding ``[offset, end)``: from
     the batch holding ``offset`` on, at most ``bytes_max`` bytes in all, each span at most
     ``part_bytes_max`` and on batch boundaries, back to back (at least one batch, and one
     batch per span, whatever its size). Raises :class:`MalformedObject` for an offset the

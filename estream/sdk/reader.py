@@ -330,8 +330,9 @@ async def _read_object(
 class ObjectReads:
     """Reads of sealed ranges from the object store: each object's footer and index read
     once and kept (bounded: ``index_entries_max`` entries in all, least recently used
-    dropped first), then ranged GETs of just the batches a read needs, in parallel
-    (:func:`~estream.core.readcursor.object_spans`).
+    dropped first), then a ranged GET of just the batches a read needs (a window of at most
+    ``window_bytes_max``; in spans of ``part_bytes_max`` fetched at once when smaller:
+    :func:`~estream.core.readcursor.object_spans`).
 
     Read-ahead: a read that wants more of the object than one window gets (a catch-up
     read) starts the GETs of the next window at once, while its caller works through this
@@ -357,7 +358,7 @@ class ObjectReads:
         self.index_entries_max = index_entries_max
         self.read_ahead_max = read_ahead_max
         self.window_bytes_max = window_bytes_max  # one read's batches, at most
-        self.part_bytes_max = part_bytes_max  # one GET of them (the GETs run in parallel)
+        self.part_bytes_max = part_bytes_max  # one GET of them (a window's GETs run at once)
         self._indexes: OrderedDict[str, ObjectIndex] = OrderedDict()
         self._entries = 0
         self._ahead: OrderedDict[tuple[str, int, int], asyncio.Task[bytes]] = OrderedDict()
@@ -387,8 +388,12 @@ class ObjectReads:
         return object_spans(index, offset, end, self.window_bytes_max, self.part_bytes_max)
 
     async def _get(self, key: str, spans: list[tuple[int, int]]) -> bytes:
-        parts = await self.store.get_ranges(key, spans)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        """The spans' bytes, back to back: one GET per span, all at once (not the store's
+        ``get_ranges``, which merges adjacent spans back into one request)."""
+        if len(spans) == 1:
+            return await self.store.get_range(key, *spans[0])
+        parts = await asyncio.gather(*(self.store.get_range(key, lo, hi) for lo, hi in spans))
+        return b"".join(parts)
 
     def _read_ahead(
         self, window: tuple[str, int, int], fetch: Coroutine[Any, Any, bytes]

@@ -8,7 +8,7 @@ the reader, which holds only :class:`SourceOptions`; it creates its own event lo
 client, reads ``[start, end)`` of one stream (never past the confirmed end: the SDK's
 reads stop there) from the partition's preferred replica, and yields Arrow record
 batches. A range in the object tier is read by the executor itself, straight from the
-object store PD names (the index once, then parallel ranged GETs of just the partition's
+object store PD names (the index once, then ranged GETs of just the partition's
 batches, the next window fetched ahead), with no range server involved: the SDK's reader
 does it (``estream/sdk/reader.py``), so the source needs no path of its own.
 
