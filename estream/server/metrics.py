@@ -65,6 +65,9 @@ class FamiliesCollector(Collector):
     def __init__(self, collect_families: Callable[[], Iterable[FamilyLike]]) -> None:
         self._collect_families = collect_families
 
+    def describe(self) -> list[Metric]:
+        return []  # measured at scrapes only: registering must not measure (or fail)
+
     def collect(self) -> Iterator[Metric]:
         for family in self._collect_families():
             yield to_metric(family)
