@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,7 +46,7 @@ from estream.wire.errors import (
     ObjectStoreError,
     Unavailable,
 )
-from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.objectformat import encode_object
 from estream.wire.record import Record, decode_views, encode_batch
 from tests.integration import test_object_tier_s3 as object_tier_s3
@@ -331,6 +332,14 @@ async def test_client_read_with_every_range_server_stopped(
         columns = [c async for c in client.read_batches("tiered", 10, TOTAL - 10)]
         assert sum(c.count for c in columns) == TOTAL - 20
         assert await client.end_offset("tiered") == TOTAL
+        # a reader whose cached view predates the offload (local, replicas listed): every
+        # replica fails, a fresh view names the objects, the read goes on without error
+        gone = tuple(ReplicaRef(s.server_id, s.address) for s in tiered_cluster.servers)
+        client._streams["tiered"] = replace(offloaded, ranges=tuple(
+            replace(r, tier="local", object_key=None, replicas=gone) if r.sealed else r
+            for r in offloaded.ranges))
+        stale = [r.offset async for r in client.read("tiered", FIRST - 5, TOTAL)]
+        assert stale == list(range(FIRST - 5, TOTAL))
         # past the object tier, the open range has no reachable replica: an error, in
         # bounded time, after every offloaded record (never an end that hides records)
         seen: list[int] = []
