@@ -52,7 +52,13 @@ read's error.
 Double faults: the cursor holds no state a crash could lose (a reader that dies simply
 stops); a replica wiped, damaged or hung costs one failed step (every step the driver runs
 has a timeout) and the next replica is asked; a PD leader change costs a retried
-:class:`Describe` inside the PD client. Nothing past a sealed range's catalog end or an open
+:class:`Describe` inside the PD client. Replicas dropped under a reader after an upload
+answer ``RangeNotFound``: the object is read in the same round (or after one refresh, when
+the reader's view predates the upload), with no error. An object store that is down or
+slow fails a :class:`ReadObject` within its deadline: the rounds above are retried, then
+its error is raised (never a silent end); an object that is missing, damaged or not what
+the catalog names is a typed error, and the range's replicas serve it while it has any.
+Nothing past a sealed range's catalog end or an open
 range's confirm offset is ever delivered, and offsets only move forward from one delivered
 answer's end, so no record is delivered twice or skipped.
 
