@@ -51,11 +51,11 @@ Pure: no I/O (the caller passes a clock).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from estream.core.roll import SealInPd, SealReplicas
+from estream.core.roll import CreateRange, SealInPd, SealReplicas, Sleep
 from estream.core.seal import (
     CommitSeal,
     CopyRecords,
@@ -65,17 +65,28 @@ from estream.core.seal import (
     RecoveryFailed,
     SendFence,
 )
-from estream.wire.errors import EstreamError, InvalidArgument, NoPlacement, Unavailable
+from estream.wire.errors import (
+    EstreamError,
+    Fenced,
+    InvalidArgument,
+    NoPlacement,
+    RangeSealed,
+    Unavailable,
+)
 from estream.wire.meta import RangeMeta, StreamMeta
 
 fence_grace_ms = 500  # after a quorum of fence answers, how long the others get
+recovery_backoff_ms_min = 100  # a new writer's recovery that must wait: first backoff
+recovery_backoff_ms_max = 2_000
 
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """Start these requests at the new epoch, all at once (a :class:`SendFence` is SEAL
-    without an end, a :class:`FenceByCreate` CREATE_RANGE at the range's start)."""
+    """Start these requests on ``range``'s replicas at the new epoch, all at once (a
+    :class:`SendFence` is SEAL without an end, a :class:`FenceByCreate` CREATE_RANGE at the
+    range's start)."""
 
+    range: RangeMeta
     requests: tuple[SendFence | FenceByCreate, ...]
 
 
@@ -103,9 +114,10 @@ CopyOutcome = Literal["done", "source failed", "target failed"]
 
 @dataclass(frozen=True, slots=True)
 class CopyRound:
-    """Run these copies at once (``copy_range`` restamped up to the new epoch); answer
-    each one's :data:`CopyOutcome`, in order."""
+    """Run these copies of range ``range_index`` at once (``copy_range``, restamped up to
+    the new epoch); answer each one's :data:`CopyOutcome`, in order."""
 
+    range_index: int
     copies: tuple[CopyRecords, ...]
 
 
@@ -130,7 +142,7 @@ def recover(
     if rng is None or rng.sealed:
         raise InvalidArgument(f"stream {meta.name!r} has no open range to recover")
     recovery = RangeRecovery.of([r.id for r in rng.replicas], meta.ack_count, rng.start)
-    effects = yield from _fence(recovery, clock, grace_ms)
+    effects = yield from _fence(rng, recovery, clock, grace_ms)
     while True:
         for effect in effects:
             if isinstance(effect, RecoveryFailed):
@@ -140,7 +152,7 @@ def recover(
         copies = tuple(e for e in effects if isinstance(e, CopyRecords))
         if not copies:
             raise Unavailable(f"recovery of stream {meta.name!r} made no progress")
-        outcomes = yield CopyRound(copies)
+        outcomes = yield CopyRound(rng.index, copies)
         effects = []
         for copy, outcome in zip(copies, outcomes, strict=True):
             if outcome == "done":
@@ -151,11 +163,11 @@ def recover(
 
 
 def _fence(
-    recovery: RangeRecovery, clock: Callable[[], int], grace_ms: int
+    rng: RangeMeta, recovery: RangeRecovery, clock: Callable[[], int], grace_ms: int
 ) -> Generator[RecoveryStep, Any, list[RecoveryEffect]]:
     """Fence every replica; returns the core's decision (copies, commit or failure)."""
     in_flight = len(recovery.replicas)
-    yield Fence(tuple(SendFence(r) for r in recovery.replicas))
+    yield Fence(rng, tuple(SendFence(r) for r in recovery.replicas))
     grace_until: int | None = None
     while in_flight:
         answer: FenceAnswer | None = yield AwaitFence(grace_until)
@@ -169,7 +181,7 @@ def _fence(
         again = tuple(e for e in effects if isinstance(e, SendFence | FenceByCreate))
         if again:
             in_flight += len(again)
-            yield Fence(again)
+            yield Fence(rng, again)
         decided: list[RecoveryEffect] = [
             e for e in effects if not isinstance(e, SendFence | FenceByCreate)]
         if decided:
@@ -200,15 +212,140 @@ def _commit(
     return RecoveryResult(new_meta, False, commit.end, commit.holders)
 
 
+# -- opening a writer: recover until it can be done safely, then the range to write ------
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeStream:
+    """PD's current view of the stream: the ``StreamMeta``; an error is thrown in."""
+
+
+@dataclass(frozen=True, slots=True)
+class MustWait:
+    """Notice: a recovery attempt could not finish safely now (``error``); the next one
+    comes after a backoff, at the same epoch, with the stream read again."""
+
+    error: EstreamError
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """The writer writes ``range`` of ``meta``; ``errors``: its replicas whose
+    CREATE_RANGE failed (the writer runs it without them); ``sealed``: the recovered range
+    when recovery sealed it (its replicas that are not holders are healed later), None
+    when it was empty and is kept open (``range`` is that range)."""
+
+    meta: StreamMeta
+    range: RangeMeta
+    errors: Mapping[str, EstreamError]
+    sealed: RecoveryResult | None
+
+
+OpenStep = RecoveryStep | DescribeStream | MustWait | Sleep | CreateRange
+OpenSteps = Generator[OpenStep, Any, Opened]
+
+
+def open_range(
+    meta: StreamMeta,
+    epoch: int,
+    clock: Callable[[], int],
+    *,
+    grace_ms: int = fence_grace_ms,
+    backoff_ms_min: int = recovery_backoff_ms_min,
+    backoff_ms_max: int = recovery_backoff_ms_max,
+    deadline_ms: int | None = None,
+) -> OpenSteps:
+    """A new writer at ``epoch`` (PD just issued it; ``meta`` is PD's answer) recovers the
+    stream's open last range, then opens the range it writes: the next one (CREATE_RANGE at
+    ``epoch`` on its replicas), or the recovered one itself when it was empty.
+
+    An attempt that cannot finish safely now (too few sound replicas, a failed copy, no
+    placement for the next range, PD out of reach, a seal an earlier attempt of this
+    writer made whose answer was lost: PD checks the epoch first, so only this writer can
+    have sealed it) is retried at the same epoch after a backoff (``backoff_ms_min``
+    doubling to ``backoff_ms_max``) with the stream read again; once an attempt asked PD
+    to seal, an unreadable stream is never recovered (let alone kept) from the old view.
+    ``Fenced`` (a newer epoch, from a replica, PD or the stream read again) ends it, and
+    so does ``Unavailable`` when the next attempt would start past ``deadline_ms``.
+
+    Double faults: the writer dying anywhere leaves the range fenced at its epoch (a later
+    writer or PD's lease recovery starts over) or sealed in PD with the next range placed
+    but not created (created lazily by the next writer, which fences it as well)."""
+    backoff_ms = backoff_ms_min
+    stale = False
+    sealing = [False]  # an attempt asked PD to seal (its answer may have been lost)
+    while True:
+        try:
+            if stale:
+                try:
+                    meta = yield DescribeStream()
+                except Unavailable:
+                    if sealing[0]:
+                        raise
+                    # PD out of reach: try with what we have.
+                stale = False
+            if meta.epoch > epoch:
+                raise Fenced(f"stream {meta.name!r}: epoch {epoch} is fenced by {meta.epoch}",
+                             epoch=epoch, current_epoch=meta.epoch)
+            result = yield from _attempt(meta, clock, grace_ms, sealing)
+            break
+        except EstreamError as exc:
+            if isinstance(exc, Fenced) or not (exc.retriable or isinstance(exc, RangeSealed)):
+                raise
+            if deadline_ms is not None and clock() + backoff_ms >= deadline_ms:
+                raise Unavailable(f"cannot recover stream {meta.name!r} in time: {exc}") from exc
+            yield MustWait(exc)
+            yield Sleep(backoff_ms)
+            backoff_ms = min(backoff_ms * 2, backoff_ms_max)
+            stale = True
+    last = meta.last_range
+    assert last is not None
+    if result.kept:
+        return Opened(result.meta, last, {}, None)
+    nxt = result.meta.range_at(last.index + 1)
+    if nxt is None:
+        raise InvalidArgument(f"PD answered without range {last.index + 1}")
+    errors: Mapping[str, EstreamError] = yield CreateRange(nxt)
+    return Opened(result.meta, nxt, errors, result)
+
+
+def _attempt(
+    meta: StreamMeta, clock: Callable[[], int], grace_ms: int, sealing: list[bool]
+) -> Generator[RecoveryStep, Any, RecoveryResult]:
+    """One :func:`recover`, noting in ``sealing`` once it asked PD to seal."""
+    steps = recover(meta, clock, grace_ms=grace_ms)
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(answer)
+        except StopIteration as done:
+            result: RecoveryResult = done.value
+            return result
+        if isinstance(step, SealInPd):
+            sealing[0] = True
+        answer, error = None, None
+        try:
+            answer = yield step
+        except EstreamError as exc:
+            error = exc
+
+
 __all__ = [
     "AwaitFence",
     "CopyOutcome",
     "CopyRound",
+    "DescribeStream",
     "Fence",
     "FenceAnswer",
+    "MustWait",
+    "OpenStep",
+    "OpenSteps",
+    "Opened",
     "RecoveryResult",
     "RecoveryStep",
     "RecoverySteps",
     "fence_grace_ms",
+    "open_range",
     "recover",
 ]

@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar
 
 from estream.core import recovery as core
 from estream.core.recovery import (
@@ -49,7 +49,7 @@ from estream.core.roll import SealInPd, SealReplicas
 from estream.core.seal import CopyRecords, FenceByCreate, SendFence
 from estream.net.rangeclient import ReplicaClient, SourceFailed
 from estream.wire.errors import EstreamError, RangeNotFound, Unavailable
-from estream.wire.meta import StreamMeta
+from estream.wire.meta import RangeMeta, StreamMeta
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +62,13 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-async def recover_range(
-    replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall
-) -> RecoveryResult:
-    """Fence, choose the end, copy, record the seal in PD, then seal the holders (see the
-    module docstring). ``replicas`` carries the new epoch; ``meta.last_range`` is the open
-    range to recover."""
-    rng = meta.last_range
-    if rng is not None:
-        replicas.learn(rng)
-    steps = core.recover(meta, _now_ms, grace_ms=int(fence_grace_s * 1000))
-    fences = _Fences(replicas, meta)
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+async def drive(steps: Generator[S, Any, T], carry_out: Callable[[S], Awaitable[Any]]) -> T:
+    """Run a generator of steps: carry out each with ``carry_out``, send its answer back
+    (or throw its error in); returns the generator's value."""
     answer: Any = None
     error: EstreamError | None = None
     try:
@@ -80,55 +76,73 @@ async def recover_range(
             try:
                 step = steps.throw(error) if error is not None else steps.send(answer)
             except StopIteration as done:
-                result: RecoveryResult = done.value
-                if not result.kept:
-                    log.info("recovered %s range %d: sealed at %d, holders %s", meta.name,
-                             rng.index if rng else -1, result.end, ", ".join(result.holders))
-                return result
+                value: T = done.value
+                return value
             answer, error = None, None
             try:
-                answer = await _step(replicas, meta, fences, seal_in_pd, step)
+                answer = await carry_out(step)
             except EstreamError as exc:
                 error = exc
     finally:
         steps.close()
-        fences.cancel()
 
 
-async def _step(
-    replicas: ReplicaClient, meta: StreamMeta, fences: _Fences, seal_in_pd: SealInPdCall,
-    step: RecoveryStep,
-) -> Any:
-    rng = meta.last_range
-    assert rng is not None
-    if isinstance(step, Fence):
-        for request in step.requests:
-            fences.start(request)
-        return None
-    if isinstance(step, AwaitFence):
-        return await fences.next(step.deadline_ms)
-    fences.cancel()  # the fence phase is over: a late answer changes nothing
-    if isinstance(step, CopyRound):
-        return await asyncio.gather(*(_copy(replicas, meta, c) for c in step.copies))
-    if isinstance(step, SealInPd):
-        return await seal_in_pd(step.range_index, step.end, step.exclude)
-    assert isinstance(step, SealReplicas)
-    return await replicas.seal(meta.id, step.range_index, step.end, step.replicas)
+async def recover_range(
+    replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall
+) -> RecoveryResult:
+    """Fence, choose the end, copy, record the seal in PD, then seal the holders (see the
+    module docstring). ``replicas`` carries the new epoch; ``meta.last_range`` is the open
+    range to recover."""
+    driver = RecoveryDriver(replicas, meta, seal_in_pd)
+    try:
+        return await drive(core.recover(meta, _now_ms, grace_ms=int(fence_grace_s * 1000)),
+                           driver.step)
+    finally:
+        driver.close()
 
 
-class _Fences:
-    """The fence requests in flight and their answers, in the order they come."""
+class RecoveryDriver:
+    """Carries out the steps of :func:`estream.core.recovery.recover` for one stream at the
+    epoch of ``replicas`` (also inside :func:`estream.core.recovery.open_range`)."""
 
-    def __init__(self, replicas: ReplicaClient, meta: StreamMeta) -> None:
+    def __init__(
+        self, replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall
+    ) -> None:
         self.replicas = replicas
-        self.meta = meta
+        self.stream_id = meta.id
+        self.name = meta.name
+        self.seal_in_pd = seal_in_pd
         self.tasks: set[asyncio.Task[FenceAnswer]] = set()
         self.answers: list[FenceAnswer] = []
 
-    def start(self, request: SendFence | FenceByCreate) -> None:
-        self.tasks.add(asyncio.ensure_future(self._one(request)))
+    async def step(self, step: RecoveryStep) -> Any:
+        if isinstance(step, Fence):
+            self.replicas.learn(step.range)
+            for request in step.requests:
+                self.tasks.add(asyncio.ensure_future(self._fence(step.range, request)))
+            return None
+        if isinstance(step, AwaitFence):
+            return await self._next_answer(step.deadline_ms)
+        self.close()  # the fence phase is over: a late answer changes nothing
+        if isinstance(step, CopyRound):
+            return await asyncio.gather(*(self._copy(step.range_index, c) for c in step.copies))
+        if isinstance(step, SealInPd):
+            return await self.seal_in_pd(step.range_index, step.end, step.exclude)
+        assert isinstance(step, SealReplicas)
+        holders = await self.replicas.seal(self.stream_id, step.range_index, step.end,
+                                           step.replicas)
+        log.info("recovered %s range %d: sealed at %d, holders %s", self.name,
+                 step.range_index, step.end, ", ".join(step.replicas))
+        return holders
 
-    async def next(self, deadline_ms: int | None) -> FenceAnswer | None:
+    def close(self) -> None:
+        """Cancel the fence requests still in flight."""
+        for task in self.tasks:
+            task.cancel()
+        self.tasks.clear()
+        self.answers.clear()
+
+    async def _next_answer(self, deadline_ms: int | None) -> FenceAnswer | None:
         while not self.answers and self.tasks:
             timeout = None if deadline_ms is None else max(0, deadline_ms - _now_ms()) / 1000
             done, _ = await asyncio.wait(
@@ -140,40 +154,37 @@ class _Fences:
                 self.answers.append(task.result())
         return self.answers.pop(0) if self.answers else None
 
-    def cancel(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        self.tasks.clear()
-
-    async def _one(self, request: SendFence | FenceByCreate) -> FenceAnswer:
-        meta, replica = self.meta, request.replica
-        rng = meta.last_range
-        assert rng is not None
+    async def _fence(self, rng: RangeMeta, request: SendFence | FenceByCreate) -> FenceAnswer:
+        replica = request.replica
         try:
             if isinstance(request, SendFence):
-                fenced = await self.replicas.fence(replica, meta.id, rng.index)
+                fenced = await self.replicas.fence(replica, self.stream_id, rng.index)
                 return FenceAnswer(replica, fenced.end, fenced.sealed)
-            created = await self.replicas.create(replica, meta.id, rng.index, rng.start)
+            created = await self.replicas.create(replica, self.stream_id, rng.index, rng.start)
             return FenceAnswer(replica, created.end, created.sealed)
         except EstreamError as exc:
             if not isinstance(exc, Unavailable | RangeNotFound):
-                log.info("recovery of %s range %d: %s answered %r", meta.name, rng.index,
+                log.info("recovery of %s range %d: %s answered %r", self.name, rng.index,
                          replica, exc)
             return FenceAnswer(replica, error=exc)
 
-
-async def _copy(replicas: ReplicaClient, meta: StreamMeta, copy: CopyRecords) -> CopyOutcome:
-    rng = meta.last_range
-    assert rng is not None
-    try:
-        await replicas.copy(meta.id, rng.index, copy)
-    except SourceFailed as exc:
-        log.warning("recovery copy from %s failed: %r", copy.source, exc.__cause__ or exc)
-        return "source failed"
-    except EstreamError as exc:
-        log.warning("recovery copy to %s failed: %r", copy.target, exc)
-        return "target failed"
-    return "done"
+    async def _copy(self, range_index: int, copy: CopyRecords) -> CopyOutcome:
+        try:
+            await self.replicas.copy(self.stream_id, range_index, copy)
+        except SourceFailed as exc:
+            log.warning("recovery copy from %s failed: %r", copy.source, exc.__cause__ or exc)
+            return "source failed"
+        except EstreamError as exc:
+            log.warning("recovery copy to %s failed: %r", copy.target, exc)
+            return "target failed"
+        return "done"
 
 
-__all__ = ["RecoveryResult", "SealInPdCall", "fence_grace_s", "recover_range"]
+__all__ = [
+    "RecoveryDriver",
+    "RecoveryResult",
+    "SealInPdCall",
+    "drive",
+    "fence_grace_s",
+    "recover_range",
+]

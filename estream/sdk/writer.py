@@ -6,9 +6,10 @@ core returns: APPEND and CONFIRM to range servers, completing the user's appends
 roll, whose steps the pure :class:`~estream.core.roll.Roller` decides (PD ``seal_range``
 first, then SEAL with the end to the live replicas, then CREATE_RANGE on the next range's
 replicas; the degraded attempts and their backoff): :meth:`Writer._drive` carries them
-out. On open it recovers the last range when it is still open
-(:func:`estream.net.recovery.recover_range`). The requests themselves, and the copy and heal
-jobs, are :class:`~estream.net.rangeclient.ReplicaClient`'s.
+out. On open it recovers the last range when it is still open, then opens the range to
+write: the pure sequence :func:`estream.core.recovery.open_range` (retries included),
+carried out with :class:`estream.net.recovery.RecoveryDriver`. The requests themselves, and
+the copy and heal jobs, are :class:`~estream.net.rangeclient.ReplicaClient`'s.
 
 What the driver adds around the core, all bounded in time:
 
@@ -62,6 +63,7 @@ from estream.core.rangewriter import (
     WriterConfig,
     record_size,
 )
+from estream.core.recovery import DescribeStream, MustWait, OpenStep, open_range
 from estream.core.roll import (
     Apply,
     CreateRange,
@@ -81,14 +83,13 @@ from estream.core.roll import (
     Steps,
 )
 from estream.net.rangeclient import ReplicaClient
-from estream.net.recovery import recover_range
+from estream.net.recovery import RecoveryDriver, drive
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
     EstreamError,
     Fenced,
     InvalidArgument,
-    NoPlacement,
     RangeSealed,
     StreamNotFound,
     Timeout,
@@ -152,7 +153,6 @@ class Writer:
         self.rolls_postponed = 0
         self.degraded_ranges = 0
         self.recovery_retries = 0
-        self._recovery_sealing = False  # recovery asked PD to seal (its answer may be lost)
         # Idempotent producer (estream/core/producer.py): its id, then its state once open.
         self._producer_id = ""
         self.producer: ProducerState | None = None
@@ -220,74 +220,56 @@ class Writer:
         return views
 
     async def _recover(self, meta: StreamMeta, deadline: float) -> None:
-        """Recover the open last range (retrying while it cannot be done safely, until
-        ``deadline``), then start the core on the range to write."""
-        backoff = recovery_backoff_s_min
-        stale = False
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                if stale:
-                    try:
-                        meta = await self._client.pd.describe_stream(meta.name)
-                    except Unavailable:
-                        if self._recovery_sealing:
-                            # An earlier attempt may have sealed the range in PD (its answer
-                            # lost): never recover it, let alone keep it, from an old view.
-                            raise
-                        # PD down: try with what we have.
-                    stale = False
-                if meta.epoch > self.epoch:
-                    raise Fenced(
-                        f"stream {meta.name!r}: epoch {self.epoch} is fenced by {meta.epoch}",
-                        epoch=self.epoch, current_epoch=meta.epoch,
-                    )
-                result = await asyncio.wait_for(
-                    recover_range(self._replicas, meta, self._recovery_seal), max(remaining, 0)
-                )
-                break
-            except (Unavailable, NoPlacement, TimeoutError) as exc:
-                # Not safe now (too few sound replicas, a failed copy, PD unreachable, no
-                # placement for the next range): fence again later; fencing at the same
-                # epoch is idempotent.
-                if time.monotonic() + backoff >= deadline:
-                    raise Unavailable(
-                        f"cannot recover stream {meta.name!r} within "
-                        f"{self.config.delivery_timeout_ms / 1000:g}s: {exc}"
-                    ) from exc
+        """Recover the open last range, then start the core on the range to write: the
+        sequence of :func:`estream.core.recovery.open_range` (retried while it cannot be
+        done safely, until ``deadline``), carried out here."""
+        driver = RecoveryDriver(self._replicas, meta, self._recovery_seal)
+
+        async def carry_out(step: OpenStep) -> Any:
+            if isinstance(step, DescribeStream):
+                return await self._client.pd.describe_stream(meta.name)
+            if isinstance(step, MustWait):
                 if not self.recovery_retries:
-                    log.warning("recovery of stream %r must wait: %s", meta.name, exc)
+                    log.warning("recovery of stream %r must wait: %s", meta.name, step.error)
                 self.recovery_retries += 1
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, recovery_backoff_s_max)
-                stale = True  # read the stream again first
-        last = meta.last_range
-        assert last is not None
-        if result.kept:
-            self._start_core(meta, last)
-            return
-        nxt = self._range(result.meta, last.index + 1)
-        errors = await self._replicas.create_range(result.meta.id, nxt)
-        self._start_core(result.meta, nxt)
-        self._report_create_errors(nxt, errors)
-        self._heal_later(
-            result.meta.id, self._range(result.meta, last.index), result.end, result.holders
+                return None
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.ms / 1000)
+                return None
+            if isinstance(step, CreateRange):
+                return await self._replicas.create_range(meta.id, step.range)
+            return await driver.step(step)
+
+        steps = open_range(
+            meta, self.epoch, _now_ms, deadline_ms=int(deadline * 1000),
+            backoff_ms_min=int(recovery_backoff_s_min * 1000),
+            backoff_ms_max=int(recovery_backoff_s_max * 1000),
         )
+        try:
+            opened = await asyncio.wait_for(
+                drive(steps, carry_out), max(deadline - time.monotonic(), 0))
+        except TimeoutError as exc:
+            raise Unavailable(
+                f"cannot recover stream {meta.name!r} within "
+                f"{self.config.delivery_timeout_ms / 1000:g}s"
+            ) from exc
+        finally:
+            driver.close()
+        self._start_core(opened.meta, opened.range)
+        sealed = opened.sealed
+        if sealed is not None:
+            self._report_create_errors(opened.range, dict(opened.errors))
+            self._heal_later(opened.meta.id, self._range(opened.meta, opened.range.index - 1),
+                             sealed.end, sealed.holders)
 
     async def _recovery_seal(
         self, range_index: int, end: int, exclude: tuple[str, ...]
     ) -> StreamMeta:
         """Recovery's ``seal_in_pd`` (without a placement avoiding ``exclude``, the recovery
-        asks once more without it, and the writer then runs the next range degraded)."""
-        self._recovery_sealing = True
-        try:
-            return await self._client.pd.seal_range(
-                self.stream.name, self.epoch, range_index, end, exclude)
-        except RangeSealed as exc:
-            # PD checks the epoch first, so only this writer can have sealed it: an earlier
-            # attempt whose answer was lost, with ack_count holders below its end. Go on
-            # from the next range (the retry reads the stream again).
-            raise Unavailable(f"sealed by an earlier attempt: {exc}") from exc
+        asks once more without it, and the writer then runs the next range degraded; a
+        ``RangeSealed`` is an earlier attempt's seal whose answer was lost: retried)."""
+        return await self._client.pd.seal_range(
+            self.stream.name, self.epoch, range_index, end, exclude)
 
     def _start_core(self, meta: StreamMeta, rng: RangeMeta) -> None:
         self.stream = meta

@@ -37,11 +37,13 @@ from estream.core.recovery import (
     AwaitFence,
     CopyOutcome,
     CopyRound,
+    DescribeStream,
     Fence,
     FenceAnswer,
-    RecoveryResult,
-    RecoveryStep,
-    recover,
+    MustWait,
+    Opened,
+    OpenStep,
+    open_range,
 )
 from estream.core.roll import (
     Apply,
@@ -65,9 +67,7 @@ from estream.core.seal import CopyRecords, FenceByCreate, SendFence
 from estream.wire.errors import (
     EstreamError,
     Fenced,
-    NoPlacement,
     RangeSealed,
-    Unavailable,
 )
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record, encode_batch
@@ -117,14 +117,13 @@ class SimWriter:
         self.addresses: dict[str, str] = {}  # replica id -> node, from the catalog
         self._tick_at: int | None = None
         self._meta: StreamMeta | None = None
+        self._stream_id = 0
         self._attempts: _Process | None = None
-        self._recovery_backoff_ms = RECOVERY_BACKOFF_MS[0]
         self._submitted: deque[tuple[int, int]] = deque()  # (end, submitted at ms)
         self.max_wait_ms = 0  # the longest an append waited for its acknowledgement
         self.rolls = 0
         self.rolls_postponed = 0
         self.recoveries = 0  # recovery attempts (retries included)
-        self._recovery_sealing = False  # recovery asked PD to seal (its answer may be lost)
         self.closing = False
         # Called when PD recorded a recovery's seal: (meta, range index, end, holders).
         self.on_recovered: Callable[[StreamMeta, int, int, tuple[str, ...]], None] | None = None
@@ -222,68 +221,44 @@ class SimWriter:
 
     def _opened(self, meta: StreamMeta) -> None:
         self.epoch = meta.epoch
+        self._stream_id = meta.id
         self._meta = meta
         self.roller = Roller(roll_config(meta.replicas), lambda: self.world.now_ms)
         self._recover(meta)
 
     def _recover(self, meta: StreamMeta) -> None:
-        if meta.epoch > self.epoch:
-            self._fenced(Fenced("a newer writer opened the stream"))
-            return
-        last = meta.last_range
-        assert last is not None and not last.sealed
         self.recoveries += 1
-        self._learn(last)
-        _Recovery(self, meta).start()
+        _Open(self, meta).start()
 
-    def _recovery_failed(self, meta: StreamMeta, error: EstreamError) -> None:
-        """Not safe now (Unavailable): fence again later at the same epoch, with the stream
-        read again; Fenced or RangeSealed: a newer writer exists."""
-        if isinstance(error, Fenced | RangeSealed):
-            self._fenced(error)
-            return
-        assert isinstance(error, Unavailable), error
-        self.log.append(f"t={self.world.now_ms} recovery must wait: {error}")
-        delay = self._recovery_backoff_ms
-        self._recovery_backoff_ms = min(delay * 2, RECOVERY_BACKOFF_MS[1])
+    def _opened_range(self, opened: Opened) -> None:
+        """``Writer._recover`` once the sequence ended: start the core on the range."""
+        if opened.sealed is None:
+            self.log.append(f"t={self.world.now_ms} keep empty range {opened.range.index}")
+        self._start(opened.meta, opened.range)
+        core = self.core
+        assert core is not None
+        for replica, error in opened.errors.items():
+            self._effects(core.on_append_error(replica, opened.range.index, error,
+                                               self.world.now_ms))
 
-        def stale(error: EstreamError) -> None:
-            if self._recovery_sealing:
-                # An earlier attempt may have sealed the range in PD (its answer lost):
-                # never recover it, let alone keep it, from an old view.
-                self._recovery_failed(meta, Unavailable(f"describe: {error}"))
-            else:
-                self._recover(meta)  # PD unreachable: try with what we have
-
-        def again() -> None:
-            self._call(PD, lambda pd: pd.describe(self.stream), self._recover, stale)
-
-        self.world.after(delay, again)
-
-    def _recovered(self, meta: StreamMeta, last: RangeMeta, kept: bool, end: int) -> None:
-        if kept:
-            self.log.append(f"t={self.world.now_ms} keep empty range {last.index}")
-            self._start(meta, last)
-            return
-        nxt = meta.range_at(last.index + 1)
-        assert nxt is not None
-        self._learn(nxt)
+    def _create_range(self, rng: RangeMeta, advance: Callable[..., None]) -> None:
+        """CREATE_RANGE on every replica of ``rng``: the failed ones with their errors, or
+        a ``Fenced`` thrown in (a roll's :class:`CreateRange`, and open's)."""
+        self._learn(rng)
 
         def created(answers: dict[str, tuple[Any, EstreamError | None]]) -> None:
-            failed = {r: e for r, (_, e) in answers.items() if e is not None}
-            fenced = [e for e in failed.values() if isinstance(e, Fenced)]
+            errors = {r.id: e for r in rng.replicas if (e := answers[r.id][1]) is not None}
+            fenced = [e for e in errors.values() if isinstance(e, Fenced)]
             if fenced:
-                self._fenced(fenced[0])
-                return
-            self._start(meta, nxt)
-            core = self.core
-            assert core is not None
-            for replica, error in failed.items():
-                self._effects(core.on_append_error(replica, nxt.index, error, self.world.now_ms))
+                advance(error=fenced[0])
+            else:
+                advance(errors)
 
         self._gather(
-            tuple(r.id for r in nxt.replicas),
-            lambda s, sid: s.create_range(meta.id, nxt.index, nxt.start, self.epoch, server_id=sid),
+            tuple(r.id for r in rng.replicas),
+            lambda s, sid: s.create_range(
+                self._stream_id, rng.index, rng.start, self.epoch, server_id=sid
+            ),
             created,
             CREATE_TIMEOUT_MS,
         )
@@ -490,25 +465,7 @@ class SimWriter:
                 SEAL_TIMEOUT_MS,
             )
         elif isinstance(step, CreateRange):
-            rng = step.range
-            self._learn(rng)
-
-            def created(answers: dict[str, tuple[Any, EstreamError | None]]) -> None:
-                errors = {r.id: e for r in rng.replicas if (e := answers[r.id][1]) is not None}
-                fenced = [e for e in errors.values() if isinstance(e, Fenced)]
-                if fenced:
-                    advance(error=fenced[0])
-                else:
-                    advance(errors)
-
-            self._gather(
-                tuple(r.id for r in rng.replicas),
-                lambda s, sid: s.create_range(
-                    core.stream_id, rng.index, rng.start, self.epoch, server_id=sid
-                ),
-                created,
-                CREATE_TIMEOUT_MS,
-            )
+            self._create_range(step.range, advance)
         elif isinstance(step, Apply):
             self._effects(step.effects)
             advance()
@@ -535,19 +492,20 @@ class SimWriter:
             raise AssertionError(f"the roll failed: {step.error!r}")
 
 
-class _Recovery:
-    """One attempt of the real recovery sequence (:func:`estream.core.recovery.recover`,
-    which ``estream/net/recovery.py`` runs over sockets) over the simulated network: this
-    class only carries out its steps and feeds the answers back."""
+class _Open:
+    """The real open sequence (:func:`estream.core.recovery.open_range`: recovery attempts,
+    their retries, the range to write), which ``Writer._recover`` runs over sockets, over
+    the simulated network: this class only carries out its steps and feeds the answers
+    back."""
 
     def __init__(self, writer: SimWriter, meta: StreamMeta) -> None:
         self.w = writer
-        self.meta = meta
-        rng = meta.last_range
-        assert rng is not None
-        self.rng = rng
-        self.steps = recover(meta, lambda: writer.world.now_ms, grace_ms=FENCE_GRACE_MS)
-        self.fencing = True  # the fence phase: answers are queued for AwaitFence
+        self.steps = open_range(
+            meta, writer.epoch, lambda: writer.world.now_ms, grace_ms=FENCE_GRACE_MS,
+            backoff_ms_min=RECOVERY_BACKOFF_MS[0], backoff_ms_max=RECOVERY_BACKOFF_MS[1],
+        )
+        self.phase = 0  # fence answers count only in the phase that asked for them
+        self.range: RangeMeta | None = None  # the range being fenced
         self.in_flight = 0
         self.answers: list[FenceAnswer] = []
         self.waiting: Callable[[FenceAnswer | None], None] | None = None
@@ -565,35 +523,31 @@ class _Recovery:
         try:
             step = self.steps.throw(error) if error is not None else self.steps.send(answer)
         except StopIteration as done:
-            result: RecoveryResult = done.value
-            w._recovered(result.meta, self.rng, result.kept, result.end)
+            w._opened_range(done.value)
             return
-        except EstreamError as exc:
-            # Writer._recover's mapping: no placement, a seal an earlier attempt made whose
-            # answer was lost, PD out of reach: Unavailable (retry, reading the stream again).
-            if isinstance(exc, NoPlacement | RangeSealed) or (
-                exc.retriable and not isinstance(exc, Unavailable)
-            ):
-                exc = Unavailable(f"seal in PD: {exc}")
-            w._recovery_failed(self.meta, exc)
+        except (Fenced, RangeSealed) as exc:
+            w._fenced(exc)  # a newer writer exists
             return
         if not isinstance(step, Fence | AwaitFence):
-            self.fencing = False  # a late fence answer changes nothing
+            self.phase += 1  # the fence phase is over: a late answer changes nothing
+            self.in_flight, self.answers = 0, []
         self._step(step)
 
-    def _step(self, step: RecoveryStep) -> None:
-        w, meta, rng = self.w, self.meta, self.rng
+    def _step(self, step: OpenStep) -> None:
+        w = self.w
         if isinstance(step, Fence):
+            self.range = step.range
+            w._learn(step.range)
             for request in step.requests:
                 self._fence(request)
             self._advance()
         elif isinstance(step, AwaitFence):
             self._await(step.deadline_ms)
         elif isinstance(step, CopyRound):
-            self._copies(step.copies)
+            self._copies(step.range_index, step.copies)
         elif isinstance(step, SealInPd):
-            w.log.append(f"t={w.world.now_ms} recovery seals range {rng.index} at {step.end}")
-            w._recovery_sealing = True
+            w.log.append(
+                f"t={w.world.now_ms} recovery seals range {step.range_index} at {step.end}")
 
             def sealed(new_meta: StreamMeta) -> None:
                 self.sealed_in_pd = new_meta
@@ -601,46 +555,61 @@ class _Recovery:
 
             w._call(
                 PD,
-                lambda pd: pd.seal_range(w.stream, w.epoch, rng.index, step.end, step.exclude),
+                lambda pd: pd.seal_range(
+                    w.stream, w.epoch, step.range_index, step.end, step.exclude),
                 sealed,
                 lambda e: self._advance(error=e),
             )
-        else:
-            assert isinstance(step, SealReplicas) and self.sealed_in_pd is not None
+        elif isinstance(step, SealReplicas):
+            assert self.sealed_in_pd is not None
             if w.on_recovered is not None:
-                w.on_recovered(self.sealed_in_pd, rng.index, step.end, step.replicas)
+                w.on_recovered(self.sealed_in_pd, step.range_index, step.end, step.replicas)
             w._gather(
                 step.replicas,
-                lambda s, sid: s.seal(meta.id, rng.index, w.epoch, step.end, server_id=sid),
+                lambda s, sid: s.seal(w._stream_id, step.range_index, w.epoch, step.end,
+                                      server_id=sid),
                 lambda answers: self._advance(tuple(r for r, (_, e) in answers.items()
                                                     if e is None)),
                 SEAL_TIMEOUT_MS,
             )
+        elif isinstance(step, DescribeStream):
+            w._call(PD, lambda pd: pd.describe(w.stream), self._advance,
+                    lambda e: self._advance(error=e))
+        elif isinstance(step, MustWait):
+            w.recoveries += 1
+            w.log.append(f"t={w.world.now_ms} recovery must wait: {step.error}")
+            self._advance()
+        elif isinstance(step, Sleep):
+            w.world.after(step.ms, self._advance)
+        else:
+            assert isinstance(step, CreateRange)
+            w._create_range(step.range, self._advance)
 
     # -- fence: requests in flight, their answers queued for AwaitFence -----------------
 
     def _fence(self, request: SendFence | FenceByCreate) -> None:
-        w, meta, rng, r = self.w, self.meta, self.rng, request.replica
+        w, rng, r, phase = self.w, self.range, request.replica, self.phase
+        assert rng is not None
         self.in_flight += 1
         if isinstance(request, SendFence):
             w._rcall(
                 r,
-                lambda s, sid: s.seal(meta.id, rng.index, w.epoch, None, server_id=sid),
-                lambda answer: self._fenced(FenceAnswer(r, *answer)),
-                lambda err: self._fenced(FenceAnswer(r, error=err)),
+                lambda s, sid: s.seal(w._stream_id, rng.index, w.epoch, None, server_id=sid),
+                lambda answer: self._fenced(phase, FenceAnswer(r, *answer)),
+                lambda err: self._fenced(phase, FenceAnswer(r, error=err)),
             )
         else:
             w._rcall(
                 r,
                 lambda s, sid: s.create_range(
-                    meta.id, rng.index, rng.start, w.epoch, server_id=sid
+                    w._stream_id, rng.index, rng.start, w.epoch, server_id=sid
                 ),
-                lambda end: self._fenced(FenceAnswer(r, end)),
-                lambda err: self._fenced(FenceAnswer(r, error=err)),
+                lambda end: self._fenced(phase, FenceAnswer(r, end)),
+                lambda err: self._fenced(phase, FenceAnswer(r, error=err)),
             )
 
-    def _fenced(self, answer: FenceAnswer) -> None:
-        if not self.fencing:
+    def _fenced(self, phase: int, answer: FenceAnswer) -> None:
+        if phase != self.phase:
             return
         self.in_flight -= 1
         self.answers.append(answer)
@@ -675,7 +644,7 @@ class _Recovery:
 
     # -- copies: a round at once, the outcomes in order -----------------------------------
 
-    def _copies(self, copies: tuple[CopyRecords, ...]) -> None:
+    def _copies(self, range_index: int, copies: tuple[CopyRecords, ...]) -> None:
         outcomes: list[CopyOutcome | None] = [None] * len(copies)
 
         def settle(i: int, outcome: CopyOutcome) -> None:
@@ -687,18 +656,19 @@ class _Recovery:
             return lambda outcome: settle(i, outcome)
 
         for i, c in enumerate(copies):
-            self._copy(c, settler(i))
+            self._copy(range_index, c, settler(i))
 
-    def _copy(self, c: CopyRecords, done: Callable[[CopyOutcome], None]) -> None:
+    def _copy(self, range_index: int, c: CopyRecords, done: Callable[[CopyOutcome], None]
+              ) -> None:
         """A copy as :func:`~estream.net.rangeclient.copy_range` makes it, in one read and
         one append (the simulated server keeps values, not batches)."""
-        w, meta, rng = self.w, self.meta, self.rng
+        w = self.w
 
         def got(values: list[bytes]) -> None:
             payload = encode_batch(
                 [Record(v) for v in values],
-                stream_id=meta.id,
-                range_index=rng.index,
+                stream_id=w._stream_id,
+                range_index=range_index,
                 epoch=w.epoch,
                 base_offset=c.start,
             )
@@ -711,7 +681,7 @@ class _Recovery:
 
         w._rcall(
             c.source,
-            lambda s, sid: s.read(meta.id, rng.index, c.start, c.end, server_id=sid),
+            lambda s, sid: s.read(w._stream_id, range_index, c.start, c.end, server_id=sid),
             got,
             lambda _: done("source failed"),
         )

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from estream.core import recovery as core_recovery
-from estream.core.roll import SealInPd, SealReplicas
+from estream.core.roll import CreateRange, SealInPd, SealReplicas, Sleep
 from estream.core.seal import CopyRecords, FenceByCreate, SendFence
 from estream.net import recovery
 from estream.net.rangeclient import Created, SealAnswer, SourceFailed
@@ -18,8 +18,10 @@ from estream.net.recovery import recover_range
 from estream.wire.errors import (
     ChecksumMismatch,
     EstreamError,
+    Fenced,
     NoPlacement,
     RangeNotFound,
+    RangeSealed,
     ReplicaDamaged,
     Unavailable,
     WrongServer,
@@ -186,14 +188,15 @@ class Steps:
 
 def test_steps_fence_all_wait_a_grace_period_after_a_quorum_then_decide() -> None:
     s = Steps()
-    assert s.current == core_recovery.Fence((SendFence("a"), SendFence("b"), SendFence("c")))
+    assert s.current == core_recovery.Fence(RANGE, (SendFence("a"), SendFence("b"),
+                                                       SendFence("c")))
     assert s.answer() == core_recovery.AwaitFence(None)  # no quorum yet: no deadline
     assert s.answer(core_recovery.FenceAnswer("a", 10)) == core_recovery.AwaitFence(None)
     s.now_ms = 1_200
     # b answers: a quorum (2 of 3): c gets the grace period, on the caller's clock.
     assert s.answer(core_recovery.FenceAnswer("b", 7)) == core_recovery.AwaitFence(1_700)
     step = s.answer(None)  # the grace period ran out: decide with a and b
-    assert step == core_recovery.CopyRound((CopyRecords("a", "b", 7, 10),))
+    assert step == core_recovery.CopyRound(0, (CopyRecords("a", "b", 7, 10),))
     assert s.answer(("done",)) == SealInPd(0, 10, ("c",))
     assert s.answer(SEALED) == SealReplicas(0, 10, ("a", "b"))
     assert s.answer(("a", "b")) is None
@@ -204,7 +207,7 @@ def test_steps_range_not_found_is_fenced_by_create() -> None:
     s = Steps()
     s.answer()
     step = s.answer(core_recovery.FenceAnswer("b", error=RangeNotFound("never created")))
-    assert step == core_recovery.Fence((FenceByCreate("b"),))
+    assert step == core_recovery.Fence(RANGE, (FenceByCreate("b"),))
     assert s.answer() == core_recovery.AwaitFence(None)
 
 
@@ -226,6 +229,79 @@ def test_steps_a_failed_copy_round_never_commits_short() -> None:
     s.answer(core_recovery.FenceAnswer("a", 10))
     s.answer(core_recovery.FenceAnswer("b", 4))
     step = s.answer(core_recovery.FenceAnswer("c", error=Unavailable("down")))
-    assert step == core_recovery.CopyRound((CopyRecords("a", "b", 4, 10),))
+    assert step == core_recovery.CopyRound(0, (CopyRecords("a", "b", 4, 10),))
     with pytest.raises(Unavailable):
         s.answer(("source failed",))
+
+
+# -- open_range: the attempts and their retries, then the range to write -------------------
+
+
+def opening(deadline_ms: int | None = None) -> Steps:
+    s = Steps()
+    s.steps = core_recovery.open_range(META, 5, lambda: s.now_ms, grace_ms=500,
+                                       backoff_ms_min=100, backoff_ms_max=400,
+                                       deadline_ms=deadline_ms)
+    s.current = next(s.steps)
+    return s
+
+
+def fence_all(s: Steps, ends: dict[str, int | EstreamError]) -> Any:
+    """Answer the Fence and every AwaitFence with ``ends``; the step after them."""
+    assert isinstance(s.current, core_recovery.Fence)
+    step = s.answer()
+    for replica, end in ends.items():
+        assert isinstance(step, core_recovery.AwaitFence)
+        answer = (core_recovery.FenceAnswer(replica, error=end) if isinstance(end, EstreamError)
+                  else core_recovery.FenceAnswer(replica, end))
+        step = s.answer(answer)
+    return step
+
+
+def test_open_retries_at_the_same_epoch_reading_the_stream_again() -> None:
+    s = opening()
+    step = fence_all(s, {"a": Unavailable("down"), "b": Unavailable("down"), "c": 3})
+    assert isinstance(step, core_recovery.MustWait)
+    assert s.answer() == Sleep(100)
+    assert s.answer() == core_recovery.DescribeStream()
+    step = s.answer(META)
+    assert isinstance(step, core_recovery.Fence)  # the second attempt
+    assert fence_all(s, {"a": 3, "b": 3, "c": 3}) == SealInPd(0, 3, ())
+    assert s.answer(SEALED) == SealReplicas(0, 3, ("a", "b", "c"))
+    nxt = SEALED.ranges[1]
+    assert s.answer(("a", "b", "c")) == CreateRange(nxt)
+    down = Unavailable("down")
+    assert s.answer({"c": down}) is None
+    assert s.result == core_recovery.Opened(
+        SEALED, nxt, {"c": down}, core_recovery.RecoveryResult(SEALED, False, 3, ("a", "b", "c")))
+
+
+def test_open_keeps_an_empty_range_and_writes_it() -> None:
+    s = opening()
+    assert fence_all(s, {"a": 0, "b": 0, "c": 0}) is None
+    assert s.result == core_recovery.Opened(META, RANGE, {}, None)
+
+
+def test_open_after_a_seal_in_pd_never_goes_on_from_an_old_view() -> None:
+    s = opening()
+    assert fence_all(s, {"a": 3, "b": 3, "c": 3}) == SealInPd(0, 3, ())
+    assert isinstance(s.fail(RangeSealed("sealed by an earlier attempt")),
+                      core_recovery.MustWait)  # its answer was lost: retried
+    s.answer()
+    assert s.answer() == core_recovery.DescribeStream()
+    # PD out of reach: not recovered from the old view, another wait instead.
+    assert isinstance(s.fail(Unavailable("no leader")), core_recovery.MustWait)
+    assert s.answer() == Sleep(200)  # the backoff doubles
+
+
+def test_open_gives_up_by_its_deadline_and_on_a_newer_epoch() -> None:
+    s = opening(deadline_ms=1_050)
+    with pytest.raises(Unavailable, match="in time"):
+        fence_all(s, {"a": Unavailable("down"), "b": Unavailable("down"), "c": 3})
+    s = opening()
+    fence_all(s, {"a": Unavailable("down"), "b": Unavailable("down"), "c": 3})
+    s.answer()
+    s.answer()
+    newer = StreamMeta(7, "orders", epoch=6, ranges=(RANGE,))
+    with pytest.raises(Fenced):
+        s.answer(newer)
