@@ -37,6 +37,7 @@ import uvloop
 from estream.devcluster.cluster import start_cluster
 from estream.devcluster.process import reap_all
 from estream.net.rpc import RpcClient
+from tests.integration.conftest_spark import cluster_pd, spark_session
 
 UNIT: Final = Path(__file__).resolve().parent / "unit"
 FILE_FIXTURES: Final = frozenset({"tmp_path", "tmp_path_factory", "tmpdir", "tmpdir_factory"})
@@ -117,6 +118,23 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         return
     with _running(tmp_path_factory.mktemp(_dir_name(request.node.name)), options) as cluster:
         yield cluster
+
+
+# -- the Spark tests' cluster and session ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def estream_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """PD addresses of an ``estream up`` cluster (3 PD nodes, 3 range servers) for the
+    module, started the way a user starts one (the Spark tests use it)."""
+    yield from cluster_pd(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """A ``local[2]`` Spark session with ``estream`` registered, for the module (PySpark is
+    imported only by modules that ask for it)."""
+    yield from spark_session()
 
 
 # -- RPC clients closed at teardown ------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Test helpers for repair: is every replica PD lists for a sealed range whole and sound?
 
+``call(address, opcode, header)`` sends one request on a connection of its own.
 ``under_replicated(pd_url, name)`` asks PD for the stream, then DESCRIBE_RANGE on every
 listed replica of every non-empty sealed range; ``wait_fully_replicated`` polls it until
 nothing is left (PD's repair at work) or the deadline.
@@ -21,15 +22,21 @@ from estream.wire.protocol import Opcode
 poll_s = 0.5
 
 
-async def describe_replica(address: str, stream_id: int, range_index: int) -> dict[str, Any]:
-    client = await RpcClient.connect(address, timeout_s=1.0)
+async def call(address: str, opcode: Opcode, header: dict[str, Any], *,
+               connect_timeout_s: float = 2.0, timeout_s: float = 5.0) -> dict[str, Any]:
+    """One request on a connection of its own (closed after); the answer's header."""
+    client = await RpcClient.connect(address, timeout_s=connect_timeout_s)
     try:
-        header, _ = await client.call(
-            Opcode.DESCRIBE_RANGE, {"stream_id": stream_id, "range_index": range_index},
-            timeout_s=2.0)
-        return dict(header)
+        answer, _ = await client.call(opcode, header, timeout_s=timeout_s)
+        return dict(answer)
     finally:
         await client.close()
+
+
+async def describe_replica(address: str, stream_id: int, range_index: int) -> dict[str, Any]:
+    return await call(address, Opcode.DESCRIBE_RANGE,
+                      {"stream_id": stream_id, "range_index": range_index},
+                      connect_timeout_s=1.0, timeout_s=2.0)
 
 
 async def under_replicated(pd_url: str, name: str) -> list[str]:

@@ -1,10 +1,11 @@
-"""Fixtures and helpers for the Spark connector's integration tests.
+"""Helpers for the Spark connector's integration tests: create, append, read and trim a
+stream from outside Spark.
 
-Not a ``conftest.py`` (Spark is optional): test modules import what they use and wrap
-:func:`cluster_pd` and :func:`spark_session` in module-scoped fixtures, so one estream
-cluster (``estream up``, :class:`~estream.devcluster.upcluster.UpCluster`) and one
-``local[2]`` Spark session (:func:`~estream.devcluster.spark.new_spark`) serve the whole
-module; both are stopped in their finalizers.
+The module-scoped fixtures ``estream_pd`` (an ``estream up`` cluster,
+:class:`~estream.devcluster.upcluster.UpCluster`) and ``spark`` (a ``local[2]`` session,
+:func:`~estream.devcluster.spark.new_spark`) live in ``tests/conftest.py``; a test module
+just asks for them. :func:`cluster_pd` and :func:`spark_session` are what they run, kept
+for modules that still wrap them in fixtures of their own.
 """
 
 from __future__ import annotations

@@ -16,10 +16,6 @@ open range whose writer's lease ran out (real processes: 3 PD nodes, 3 range ser
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,16 +24,15 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
-from estream.devcluster.process import track
-from estream.net.rpc import RpcClient
 from estream.wire import limits
 from estream.wire.errors import Fenced, NotLeader, StreamNotFound
 from estream.wire.protocol import Opcode
+from tests.harness import writer as writer_process
+from tests.harness.repair import call as call_pd
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(pd_nodes=3, range_servers=3, proxied=True, fresh=True)]
 
-ROOT = Path(__file__).resolve().parents[2]
 visible_within_s = 10.0
 acks_before_kill = 300
 
@@ -57,29 +52,8 @@ def show_confirms(cluster: Cluster) -> None:
 async def run_and_kill_writer(cluster: Cluster, name: str, out: Path) -> dict[int, bytes]:
     """A writer process appends to ``name`` until it printed ``acks_before_kill``
     acknowledgements, then gets SIGKILL; returns what it saw acknowledged."""
-    with open(out, "wb") as sink:
-        proc = track(subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/integration/sdk_writer_script.py"),
-             cluster.pd_addresses, name],
-            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)}))
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and proc.poll() is None:
-                if out.read_bytes().count(b"ACK ") >= acks_before_kill:
-                    break
-                await asyncio.sleep(0.02)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    acked: dict[int, bytes] = {}
-    for line in out.read_text().splitlines():
-        if line.startswith("ACK "):
-            _, offset, value = line.split(" ", 2)
-            acked[int(offset)] = value.encode()
-    assert len(acked) >= acks_before_kill, out.read_text()[-2000:]
-    return acked
+    return await writer_process.run_and_kill_writer(cluster.pd_addresses, name, out,
+                                                    acks_before_kill)
 
 
 async def visible(client: estream.Client, name: str) -> dict[int, bytes]:
@@ -181,15 +155,6 @@ async def test_after_a_whole_cluster_crash_every_acknowledged_record_is_visible_
           f"{seen_closed - restarted:.1f}s, killed writer's in {seen_killed - restarted:.1f}s "
           f"(sealed by PD in {sealed_at - restarted:.1f}s)")
     assert recoveries(cluster, "sealed") >= 1  # the killed writer's range, by the new leader
-
-
-async def call_pd(address: str, opcode: Opcode, header: dict[str, object]) -> dict[str, object]:
-    client = await RpcClient.connect(address, timeout_s=2.0)
-    try:
-        answer, _ = await client.call(opcode, header, timeout_s=5.0)
-        return dict(answer)
-    finally:
-        await client.close()
 
 
 async def test_writer_keepalive_renews_the_lease_on_the_leader_only(cluster: Cluster) -> None:

@@ -24,24 +24,15 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
-from estream.net.rpc import RpcClient
 from estream.wire.errors import EstreamError
 from estream.wire.protocol import Opcode
+from tests.harness.repair import call
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3, fresh=True)]
 
 written = 30
 catalog_end = 20
 repaired_within_s = 40.0
-
-
-async def call(address: str, opcode: Opcode, header: dict[str, Any]) -> dict[str, Any]:
-    client = await RpcClient.connect(address, timeout_s=2.0)
-    try:
-        answer, _ = await client.call(opcode, header, timeout_s=5.0)
-        return dict(answer)
-    finally:
-        await client.close()
 
 
 async def states(replicas: list[tuple[str, str]], stream_id: int) -> list[dict[str, Any]]:

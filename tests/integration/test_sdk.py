@@ -4,10 +4,6 @@ fencing, a follower tailing a writer, and recovery after a writer process is kil
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,11 +11,10 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.process import track
+from tests.harness.writer import run_and_kill_writer
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=4)]
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_append_then_read_back_across_ranges(cluster: Cluster) -> None:
@@ -121,38 +116,8 @@ async def test_killed_writer_process_then_recovery_keeps_every_acknowledged_reco
 ) -> None:
     async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream("recovery")
-        out = tmp_path / "writer.out"
-        with open(out, "wb") as sink:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(ROOT / "tests/integration/sdk_writer_script.py"),
-                    cluster.pd_addresses,
-                    "recovery",
-                ],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
-            track(proc)
-            try:
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:
-                    if out.read_bytes().count(b"ACK ") >= 2000 or proc.poll() is not None:
-                        break
-                    await asyncio.sleep(0.02)
-                os.kill(proc.pid, signal.SIGKILL)
-            finally:
-                if proc.poll() is None:
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        acked: dict[int, bytes] = {}
-        for line in out.read_text().splitlines():
-            if line.startswith("ACK "):
-                _, offset, value = line.split(" ", 2)
-                acked[int(offset)] = value.encode()
-        assert len(acked) >= 2000, out.read_text()[-2000:]
+        acked = await run_and_kill_writer(cluster.pd_addresses, "recovery",
+                                          tmp_path / "writer.out", acks=2000)
         writer = await client.open_writer("recovery")  # fences and recovers the range
         end = await client.end_offset("recovery")
         assert end > max(acked)

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,9 @@ from estream.devcluster.process import track  # noqa: E402
 from estream.spark.commit import parse_marker  # noqa: E402
 from tests.integration.conftest_spark import (  # noqa: E402
     append,
-    cluster_pd,
     create_stream,
     read_all,
     spark_env,
-    spark_session,
     trim,
 )
 
@@ -40,16 +37,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
 QUERY_TIMEOUT_S = 60
-
-
-@pytest.fixture(scope="module")
-def estream_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from cluster_pd(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    yield from spark_session()
 
 
 def values(prefix: str, n: int) -> list[bytes]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,26 +26,14 @@ pytest.importorskip("pyarrow")
 import estream  # noqa: E402
 from estream.wire.record import Record  # noqa: E402
 from tests.integration.conftest_spark import (  # noqa: E402
-    cluster_pd,
     create_stream,
     read_all,
-    spark_session,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 QUERY_TIMEOUT_S = 90
 T0 = 1_700_000_000_000
-
-
-@pytest.fixture(scope="module")
-def estream_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from cluster_pd(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    yield from spark_session()
 
 
 def append_at(pd: str, name: str, stamps: list[int], prefix: str) -> None:
