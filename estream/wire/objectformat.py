@@ -237,40 +237,21 @@ def decode_footer(tail: bytes | memoryview) -> ObjectFooter:
     is checked by :func:`decode_index`."""
     if len(tail) < FOOTER_BYTES:
         raise MalformedObject(f"{len(tail)} bytes is shorter than an object footer")
-    (
-        magic,
-        version,
-        flags,
-        stream_id,
-        range_index,
-        batch_count,
-        start_offset,
-        end_offset,
-        index_position,
-        index_bytes,
-        checksum,
-    ) = _FOOTER.unpack_from(tail, len(tail) - FOOTER_BYTES)
+    (magic, version, flags, stream_id, range_index, batch_count, start_offset, end_offset,
+     index_position, index_bytes, checksum) = _FOOTER.unpack_from(tail, len(tail) - FOOTER_BYTES)
     if magic != OBJECT_MAGIC:
         raise MalformedObject(f"bad object magic {magic:#010x}")
     if version != OBJECT_VERSION:
         raise MalformedObject(f"unsupported object format version {version}")
     if flags != 0:
         raise MalformedObject(f"unsupported object flags {flags:#06x}")
-    if index_bytes != batch_count * INDEX_ENTRY_BYTES:
-        raise MalformedObject(f"index of {index_bytes} bytes for {batch_count} batches")
-    if end_offset < start_offset or (batch_count == 0) != (end_offset == start_offset):
-        raise MalformedObject(f"bad offsets [{start_offset}, {end_offset}) for the object")
-    return ObjectFooter(
-        stream_id,
-        range_index,
-        batch_count,
-        start_offset,
-        end_offset,
-        index_position,
-        index_bytes,
-        checksum,
-        version,
-    )
+    f = ObjectFooter(stream_id, range_index, batch_count, start_offset, end_offset,
+                     index_position, index_bytes, checksum, version)
+    if f.index_bytes != f.batch_count * INDEX_ENTRY_BYTES:
+        raise MalformedObject(f"index of {f.index_bytes} bytes for {f.batch_count} batches")
+    if f.end_offset < f.start_offset or (f.batch_count == 0) != (f.end_offset == f.start_offset):
+        raise MalformedObject(f"bad offsets [{f.start_offset}, {f.end_offset}) for the object")
+    return f
 
 
 def decode_index(index: bytes | memoryview, footer: ObjectFooter) -> ObjectIndex:
