@@ -1,6 +1,6 @@
 """The object-storage tier's write side against real processes and a ``file://`` store.
 
-One module-scoped cluster (1 PD, 3 range servers); PD gets its tier settings from the
+One module-scoped cluster (3 PD nodes, 3 range servers); PD gets its tier settings from the
 environment (``ESTREAM_OBJECT_STORE``, ``ESTREAM_OFFLOAD_DELAY_S=1``,
 ``ESTREAM_LOCAL_RETENTION_S=1``, ``ESTREAM_OBJECT_ORPHAN_GRACE_S=2``: the settings
 layering of ``estream pd``). Ranges are sealed by rolling: a writer appends and closes, the
@@ -14,6 +14,11 @@ next writer's recovery seals the range and opens the next one.
 3. Deleting a stream deletes its objects, trimming one deletes the trimmed ranges'
    objects (not the others); an uncommitted object of a live stream (an abandoned attempt)
    is deleted after the grace; a file that is not an estream object is left alone.
+4. A double fault around an upload: right after a range is sealed, the PD leader and one
+   of the range's replicas are killed (-9). The new leader starts its offload clocks again
+   and uploads from the surviving replicas: the range becomes "object" with exactly its
+   records, and the store ends up holding exactly the objects the catalog names (an
+   attempt the old leader may have left is swept).
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ def objects_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, objects_dir: Path) -> Iterator[Cluster]:
-    yield from file_tier_cluster(tmp_path_factory, objects_dir, pd_nodes=1)
+    yield from file_tier_cluster(tmp_path_factory, objects_dir, pd_nodes=3)
 
 
 async def write_ranges(client: Any, name: str, counts: list[int]) -> list[bytes]:
@@ -214,3 +219,35 @@ async def test_deleted_streams_and_abandoned_uploads_are_swept(
     assert foreign.read_bytes() == b"someone else's file"
     assert kept_object.exists()  # still named by range 1
     assert metric(cluster, "estream_objects_deleted_total") >= 3
+
+
+def stored(objects_dir: Path) -> set[str]:
+    return {str(p.relative_to(objects_dir)) for p in objects_dir.rglob("*.eso")}
+
+
+async def test_pd_leader_and_a_replica_killed_around_the_upload(
+    cluster: Cluster, objects_dir: Path
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("faulty", replicas=3, ack_count=2)
+        values = await write_ranges(client, "faulty", [150])
+    victim = cluster.describe("faulty")["ranges"][0]["replicas"][0]["address"]
+    cluster.kill9(victim)
+    old_leader = cluster.kill_pd_leader()
+    try:
+        (r,) = await wait_for(lambda: all_tiered(cluster, "faulty", released=False),
+                              tier_timeout_s, "range 0 offloaded by the new leader")
+        assert (r["start"], r["end"]) == (0, 150)
+        assert object_values(objects_dir / r["object_key"], 0, 150) == values
+    finally:
+        cluster.restart_pd(old_leader)
+        cluster.restart(victim)
+    await wait_for(lambda: stored(objects_dir) == committed_keys(cluster), tier_timeout_s,
+                   "only the committed objects left in the store")
+
+
+def committed_keys(cluster: Cluster) -> set[str]:
+    status, body = http_json(cluster.pd_url() + "/v1/streams")
+    assert status == 200
+    return {r["object_key"] for s in body["streams"]
+            for r in cluster.describe(s["name"])["ranges"] if r["object_key"]}
