@@ -36,7 +36,7 @@ from typing import IO, Final, TypeVar
 from estream.devcluster.cmdline import ESTREAM
 
 __all__ = ["ESTREAM", "ManagedProcess", "free_port", "free_port_block", "poll_until",
-           "reap_all", "stop_processes", "track", "wait_for_port"]
+           "reap_all", "run_cli", "stop_processes", "track", "wait_for_port"]
 
 T = TypeVar("T")
 _SIGTERM: Final = signal.SIGTERM
@@ -189,6 +189,16 @@ def stop_processes(processes: Iterable[ManagedProcess], timeout_s: float = 10.0,
             process.proc.wait(timeout=10)
     for process in started:
         process.close_log()
+
+
+def run_cli(args: Sequence[str], *, stdin: str = "", env: dict[str, str] | None = None,
+            timeout_s: float = 60.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``estream ARGS...`` (this interpreter's) to completion, with ``env`` over the
+    current environment; its exit code, stdout and stderr as text (never raises for a
+    non-zero exit; TimeoutExpired after ``timeout_s``)."""
+    return subprocess.run([*ESTREAM, *args], input=stdin, capture_output=True, text=True,
+                          timeout=timeout_s, cwd=cwd, env={**os.environ, **(env or {})},
+                          check=False)
 
 
 class ManagedProcess:

@@ -6,14 +6,12 @@ cluster, such as an unknown stream, are in test_up.py.)
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from estream.devcluster.process import free_port
+from estream.devcluster.process import free_port, run_cli
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,16 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def estream(
     *args: str, stdin: str = "", env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "estream.cli.main", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+    return run_cli(args, stdin=stdin, env=env, timeout_s=30, cwd=ROOT)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from estream.devcluster import upcluster as devcluster
-from estream.devcluster.process import free_port_block
+from estream.devcluster.process import free_port_block, run_cli
 from estream.devcluster.up import probe_ready
 from estream.devcluster.upcluster import pid_alive
 
@@ -44,16 +44,7 @@ class UpCluster(devcluster.UpCluster):
     def cli(
         self, *args: str, stdin: str = "", check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [sys.executable, "-m", "estream.cli.main", *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-            env={**os.environ, "ESTREAM_PD": self.pd},
-            check=False,
-        )
+        result = run_cli(args, stdin=stdin, env={"ESTREAM_PD": self.pd}, cwd=ROOT)
         if check:
             assert result.returncode == 0, (args, result.stdout, result.stderr)
         return result
@@ -221,14 +212,7 @@ def test_sigint_stops_every_child_and_a_restart_keeps_the_data(tmp_path: Path) -
 
 
 def run_up(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "estream.cli.main", "up", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        check=False,
-    )
+    return run_cli(["up", *args], timeout_s=30, cwd=ROOT)
 
 
 def test_busy_port_and_busy_data_dir_are_one_line_errors(
