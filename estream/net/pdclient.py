@@ -34,7 +34,7 @@ from estream.wire.errors import (
     Timeout,
     Unavailable,
 )
-from estream.wire.meta import ServerInfo, StreamMeta
+from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
 
 call_timeout_s_max: Final = 4.0  # one attempt (a PD commit gives up after 3 s)
@@ -173,6 +173,15 @@ class PDClient:
         """Set a named cursor (kept in the catalog, through Raft)."""
         await self.call(Opcode.PD_COMMIT_CURSOR, {"name": name, "cursor": cursor,
                                                   "offset": offset})
+
+    async def time_ranges(self, name: str, timestamp_ms: int, after: int = -1
+                          ) -> tuple[int, int, list[RangeMeta], bool]:
+        """``(stream id, start offset, candidate ranges, more)`` for a lookup by time
+        (``estream/core/timerange.py``), after range ``after``."""
+        body = await self.call(Opcode.PD_TIME_RANGES, {"name": name, "timestamp": timestamp_ms,
+                                                       "after": after})
+        ranges = [RangeMeta.from_dict(r) for r in body["ranges"]]
+        return int(body["stream_id"]), int(body["start_offset"]), ranges, bool(body["more"])
 
     async def list_cursors(self, name: str) -> tuple[int, list[dict[str, Any]]]:
         """The stream's readable end and its cursors ``[{"cursor", "offset", "lag"}]``."""

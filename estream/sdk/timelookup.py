@@ -10,8 +10,10 @@ answers ``t`` exactly when the largest timestamp up to it reaches ``t``), so a l
 ``t`` never gives an earlier offset.
 
 How: the catalog records each sealed range's ``max_timestamp`` after its seal
-(``pd/shell/retainer.py``), so :func:`candidate_ranges` skips every range whose records
-are all older; the first candidate's replicas answer ``TIME_INDEX`` from their sparse
+(``pd/shell/retainer.py``), so PD answers only the candidate ranges (``PD_TIME_RANGES``,
+``estream/core/timerange.py``: a few at a time, never the whole catalog entry of a
+stream of thousands of ranges); the first candidate's replicas answer ``TIME_INDEX`` from
+their sparse
 time index (``rangeserver/timeindex.py``), one replica at a time (the next on an error, a
 timeout or a short replica), and a candidate with no such record (its maximum counts
 records past its end) passes to the next. A range in the object tier is looked up in its
@@ -30,36 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument
-from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.meta import RangeMeta
 from estream.wire.protocol import Opcode
 
 if TYPE_CHECKING:
     from estream.sdk.client import Client
 
 request_timeout_s = limits.request_timeout_ms / 1000
-
-
-def candidate_ranges(stream: StreamMeta, timestamp_ms: int) -> list[RangeMeta]:
-    """The ranges that may hold a readable record at or after ``timestamp_ms``, in order:
-    from the one holding the start offset on, without empty ranges and sealed ranges whose
-    recorded ``max_timestamp`` is older. Pure.
-
-    >>> r = (RangeMeta(0, 0, 10, (), max_timestamp=50), RangeMeta(1, 10, 10, ()),
-    ...      RangeMeta(2, 10, 20, ()), RangeMeta(3, 20, None, ()))
-    >>> [c.index for c in candidate_ranges(StreamMeta(1, "s", ranges=r), 60)]
-    [2, 3]
-    >>> [c.index for c in candidate_ranges(StreamMeta(1, "s", ranges=r), 50)]
-    [0, 2, 3]
-    """
-    out = []
-    for rng in stream.ranges:
-        if rng.end is not None and (rng.end <= max(rng.start, stream.start_offset)):
-            continue  # empty, or trimmed away
-        if rng.end is not None and rng.max_timestamp is not None \
-                and rng.max_timestamp < timestamp_ms:
-            continue
-        out.append(rng)
-    return out
 
 
 def first_at_or_after(timestamps: Iterable[int], base_offset: int, timestamp_ms: int) -> int | None:
@@ -74,38 +53,47 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
     if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
         raise InvalidArgument("timestamp_ms must be an integer (ms since the epoch)",
                               argument="timestamp_ms")
-    stream = await client.stream_meta(name, refresh=True)
-    for rng in candidate_ranges(stream, timestamp_ms):
-        start = max(rng.start, stream.start_offset)
-        if rng.tier == "object" and rng.object_key is not None and rng.end is not None:
-            base = await _object_start(client, rng, timestamp_ms)
-            if base is None:
-                continue  # no record of the range is at or after the time
-            found = await _scan(client, name, max(base, start), rng.end, timestamp_ms)
+    after = -1
+    while True:
+        stream_id, start_offset, ranges, more = await client.pd.time_ranges(
+            name, timestamp_ms, after)
+        for rng in ranges:
+            found = await _in_range(client, name, stream_id, start_offset, rng, timestamp_ms)
             if found is not None:
                 return found
-            continue
-        found, searched = await _ask_replicas(client, stream, rng, timestamp_ms)
-        if found is not None and found < start:
-            found = None  # the answer was trimmed away: scan what is left of the range
-            searched = None
-        if searched is None:  # no replica could answer: read the range itself
-            end = rng.end if rng.end is not None else await client.end_offset(name)
-            found = await _scan(client, name, start, end, timestamp_ms)
-            searched = end
-        if found is not None:
-            return found
-        if rng.end is None:
-            return searched  # the open range's confirmed end: nothing at or after it
-    return await client.end_offset(name)
+        if not more or not ranges:
+            return await client.end_offset(name)
+        after = ranges[-1].index
+
+
+async def _in_range(client: Client, name: str, stream_id: int, start_offset: int,
+                    rng: RangeMeta, timestamp_ms: int) -> int | None:
+    """The answer if ``rng`` holds it, else None (try the next candidate). The open range
+    answers its confirmed end when it holds none: nothing later exists."""
+    start = max(rng.start, start_offset)
+    if rng.tier == "object" and rng.object_key is not None and rng.end is not None:
+        base = await _object_start(client, rng, timestamp_ms)
+        if base is None:
+            return None  # no record of the range is at or after the time
+        return await _scan(client, name, max(base, start), rng.end, timestamp_ms)
+    found, searched = await _ask_replicas(client, stream_id, rng, timestamp_ms)
+    if found is not None and found < start:
+        found = searched = None  # the answer was trimmed away: scan what is left
+    if searched is None:  # no replica could answer: read the range itself
+        end = rng.end if rng.end is not None else await client.end_offset(name)
+        found = await _scan(client, name, start, end, timestamp_ms)
+        searched = end
+    if found is not None:
+        return found
+    return searched if rng.end is None else None
 
 
 async def _ask_replicas(
-    client: Client, stream: StreamMeta, rng: RangeMeta, timestamp_ms: int
+    client: Client, stream_id: int, rng: RangeMeta, timestamp_ms: int
 ) -> tuple[int | None, int | None]:
     """TIME_INDEX on ``rng``'s replicas in turn: ``(offset or None, end searched)``, or
     ``(None, None)`` when none answered for the whole range."""
-    header: dict[str, Any] = {"stream_id": stream.id, "range_index": rng.index,
+    header: dict[str, Any] = {"stream_id": stream_id, "range_index": rng.index,
                               "timestamp": timestamp_ms}
     if rng.end is not None:
         header["end"] = rng.end  # sealed: everything below the catalog's end, unconfirmed

@@ -81,6 +81,8 @@ class Opcode(IntEnum):
     PD_DESCRIBE_SERVERS = 67  # {"server_id"?} -> {"servers": [server + state, replicas]}
     PD_COMMIT_CURSOR = 70  # {"name", "cursor", "offset"} -> {"cursor", "offset"}
     PD_LIST_CURSORS = 71  # {"name"} -> {"cursors": [{"cursor", "offset", "lag"}], "end"}
+    PD_TIME_RANGES = 72  # {"name", "timestamp", "after"} -> {"stream_id", "start_offset",
+    #   "ranges": [range], "more"}: the ranges that may hold it (estream/core/timerange.py)
 
 
 class FrameFlags(IntFlag):

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from estream.core.quorum import seal_quorum
+from estream.core.timerange import candidate_ranges
 from estream.net.rpc import ConnectionPool, Handler, Header, optional, require
 from estream.wire.errors import (
     Conflict,
@@ -70,6 +71,7 @@ from pd.shell.raft import RaftNode
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
 catch_up_poll_s = 0.005
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
+time_ranges_per_answer = 4  # PD_TIME_RANGES: candidates per answer (the first usually holds it)
 
 
 def _now_ms() -> int:
@@ -484,6 +486,7 @@ class PdService:
             Opcode.PD_WRITER_KEEPALIVE: self._rpc_keepalive,
             Opcode.PD_COMMIT_CURSOR: self._rpc_commit_cursor,
             Opcode.PD_LIST_CURSORS: self._rpc_list_cursors,
+            Opcode.PD_TIME_RANGES: self._rpc_time_ranges,
             Opcode.PD_DRAIN_SERVER: self._rpc_drain,
             Opcode.PD_FORGET_SERVER: self._rpc_forget,
             Opcode.PD_DESCRIBE_SERVERS: self._rpc_describe_servers,
@@ -582,6 +585,17 @@ class PdService:
         offset = await self.commit_cursor(require(h, "name", str), cursor,
                                           require(h, "offset", int))
         return {"cursor": cursor, "offset": offset}
+
+    async def _rpc_time_ranges(self, h: Header) -> Header:
+        """The ranges that may hold the first record at or after ``timestamp``, after
+        range ``after`` (-1: from the first), a few at a time (``more``: ask again)."""
+        stream = self.read_view().stream(require(h, "name", str))
+        found = candidate_ranges(stream, require(h, "timestamp", int),
+                                 after_index=optional(h, "after", int, -1),
+                                 limit=time_ranges_per_answer + 1)
+        return {"stream_id": stream.id, "start_offset": stream.start_offset,
+                "ranges": [r.to_dict() for r in found[:time_ranges_per_answer]],
+                "more": len(found) > time_ranges_per_answer}
 
     async def _rpc_list_cursors(self, h: Header) -> Header:
         end, cursors = await self.list_cursors(require(h, "name", str))

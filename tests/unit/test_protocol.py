@@ -79,7 +79,7 @@ def test_opcode_numbers_are_the_documented_ones() -> None:
         "PD_LIST_SERVERS": 49, "PD_CLUSTER": 50, "PD_UPDATE_REPLICAS": 51,
         "PD_WRITER_KEEPALIVE": 52,
         "PD_DRAIN_SERVER": 65, "PD_FORGET_SERVER": 66, "PD_DESCRIBE_SERVERS": 67,
-        "PD_COMMIT_CURSOR": 70, "PD_LIST_CURSORS": 71,
+        "PD_COMMIT_CURSOR": 70, "PD_LIST_CURSORS": 71, "PD_TIME_RANGES": 72,
     }
 
 
