@@ -9,7 +9,8 @@ Every ``interval_ms``, while this node is the caught-up Raft leader, one round:
    past the catalog's, not damaged, its index not partial): its maximum is then at least
    the maximum of every readable record, so a lookup that skips a range below it never
    skips an answer. The result is one ``record_range_stats`` command, applied only while
-   the range is still sealed at that end.
+   the range is still sealed at that end. A range no replica could describe is asked
+   again 30 s later, so that it never takes the places of the others.
 2. **Retention.** Each stream with ``retention_ms``/``retention_bytes`` gets
    :func:`pd.retention.plan_trim` (now = this node's wall clock) and, if it trims, one
    ``trim_stream`` command. Trimmed ranges' replicas are dropped later by the reclaimer.
@@ -53,6 +54,7 @@ stats_per_round_max: Final = 256
 stats_concurrency: Final = 32
 lag_streams_per_round_max: Final = 256
 stats_timeout_s: Final = 1.0
+stats_retry_s: Final = 30.0  # a range no replica could describe is asked again after this
 
 TRIMMED_TOTAL: Final = "estream_retention_trimmed_ranges_total"
 TRIMMED_HELP: Final = "Whole ranges trimmed by stream retention (retention_ms/_bytes)."
@@ -71,6 +73,9 @@ class Retainer:
         self.service = service
         self.interval_ms = interval_ms
         self.pool = ConnectionPool()
+        # Ranges no replica could give statistics for, and when to ask again: they must
+        # not take every round's places from the others.
+        self._retry_at: dict[tuple[int, int], float] = {}
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)  # record timestamps are writers' wall clocks
@@ -92,8 +97,10 @@ class Retainer:
     # -- 1. statistics -----------------------------------------------------------------
     async def record_stats(self, view: CatalogView) -> int:
         """Record the statistics of ranges that lack them; returns how many."""
+        now = time.monotonic()
         todo = [(s, r) for s in view.streams.values() for r in s.ranges
-                if r.sealed and r.end != r.start and r.max_timestamp is None and r.replicas]
+                if r.sealed and r.end != r.start and r.max_timestamp is None and r.replicas
+                and self._retry_at.get((s.id, r.index), 0.0) <= now]
         todo = todo[:stats_per_round_max]
         gate = asyncio.Semaphore(stats_concurrency)
 
@@ -102,6 +109,11 @@ class Retainer:
                 return await self._record_one(stream, rng)
 
         done = await asyncio.gather(*(one(s, r) for s, r in todo))
+        for (stream, rng), ok in zip(todo, done, strict=True):
+            if not ok:
+                self._retry_at[(stream.id, rng.index)] = now + stats_retry_s
+        if len(self._retry_at) > 4 * stats_per_round_max:  # forget the long-gone ones
+            self._retry_at = {k: t for k, t in self._retry_at.items() if t > now}
         return sum(done)
 
     async def _record_one(self, stream: StreamMeta, rng: RangeMeta) -> bool:
