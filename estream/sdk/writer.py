@@ -452,6 +452,7 @@ class Writer:
     ) -> list[int]:
         """A producer's appends: duplicates are answered with the offset holding them
         (once durable; -1 if unknown), the rest submitted with their sequences."""
+        self._check_open()  # a writer fenced while it opened has no producer state
         producer = self.producer
         if producer is None:
             raise InvalidArgument(
