@@ -377,11 +377,11 @@ def test_spark_source_reads_offloaded_ranges_from_the_object_store(
         spark.read.format("estream")
         .option("pd", tiered_cluster.pd_addresses)
         .option("streams", "tiered")
-        .option("partitionRecords", 120)
+        .option("partitionRecords", FIRST)
+        .option("minPartitions", 1)
         .load()
     )
-    # [0, 300) and [300, 500) cut at the range boundary and every 120 records
-    assert df.rdd.getNumPartitions() == 5
+    assert df.rdd.getNumPartitions() == 2  # [0, 300) and [300, 500): one per object
     rows = sorted(df.select("offset", "value", "headers").collect(), key=lambda r: r.offset)
     assert [r.offset for r in rows] == list(range(TOTAL))
     assert [bytes(r.value) for r in rows] == [expected_value(i) for i in range(TOTAL)]
