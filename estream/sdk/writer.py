@@ -108,6 +108,7 @@ confirm_wait_s = limits.request_timeout_ms / 1000  # flush(): the durable CONFIR
 timer_min_s = 0.0003
 recovery_backoff_s_min = 0.1
 recovery_backoff_s_max = 2.0
+walk_window = 8  # a producer's open reads the last batch of this many ranges at once
 
 
 def _now_ms() -> int:
@@ -188,27 +189,35 @@ class Writer:
     async def _recover_producer(self, producer_id: str, deadline: float) -> None:
         """The producer's last stored sequence (``estream/core/producer.py``): every range
         but an empty open last one is sealed now, so walk the sealed ranges from the last
-        one back, reading the batch that holds each one's last offset, until one written
-        by this producer (bounded by ``deadline``)."""
+        one back, reading the batch that holds each one's last offset (``walk_window``
+        ranges at once), until one written by this producer (bounded by ``deadline``)."""
         meta = self.stream
         self._client._streams[meta.name] = meta  # reads below see the sealed ends
-        tail: ProducerTail | None = None
+        ranges: list[RangeMeta] = []
         for rng in reversed(meta.ranges):
-            if rng.end is None or rng.end <= rng.start:
-                continue
-            if rng.end <= meta.start_offset:
+            if rng.end is not None and rng.end <= meta.start_offset:
                 break
+            if rng.end is not None and rng.end > rng.start:
+                ranges.append(rng)
+        tail: ProducerTail | None = None
+        for lo in range(0, len(ranges), walk_window):
+            window = ranges[lo : lo + walk_window]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Unavailable(
                     f"stream {meta.name!r}: cannot read producer {producer_id!r}'s last "
                     "sequence in time")
-            views = await asyncio.wait_for(self._last_views(meta.name, rng.end), remaining)
-            if not views:
-                raise Unavailable(f"stream {meta.name!r}: range {rng.index} read empty")
-            view = views[-1]
-            system = decode_system(view.batch, view.header)
-            tail = last_in_range(system, view.header.base_offset, rng.end, producer_id)
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(self._last_views(meta.name, r.end or 0) for r in window)),
+                remaining)
+            for rng, views in zip(window, answers, strict=True):
+                if not views:
+                    raise Unavailable(f"stream {meta.name!r}: range {rng.index} read empty")
+                view = views[-1]
+                system = decode_system(view.batch, view.header)
+                tail = last_in_range(system, view.header.base_offset, rng.end or 0, producer_id)
+                if tail is not None:
+                    break
             if tail is not None:
                 break
         self.producer = ProducerState(producer_id, tail)

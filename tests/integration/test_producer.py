@@ -179,3 +179,20 @@ async def test_replay_across_a_roll_and_a_writer_recovery(
         assert stored == list(range(total))
         for seq, offset in acked(first).items():
             assert stored[offset] == seq
+
+
+async def test_last_sequence_found_behind_more_ranges_than_one_read_window(
+    cluster: Cluster,
+) -> None:
+    from estream.sdk.writer import walk_window
+
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("far")
+        async with await client.open_writer("far", producer_id="p") as w:
+            await w.append(b"s7", sequence=7)
+        for i in range(walk_window + 3):  # each open seals the last range: one range each
+            async with await client.open_writer("far", producer_id=f"other-{i}") as w:
+                await w.append(b"s1000", sequence=1000)
+        async with await client.open_writer("far", producer_id="p") as w:
+            assert w.last_sequence == 7
+            assert len(w.stream.ranges) >= walk_window + 4
