@@ -133,11 +133,20 @@ RecoveryStep = Fence | AwaitFence | CopyRound | SealInPd | SealReplicas
 RecoverySteps = Generator[RecoveryStep, Any, RecoveryResult]
 
 
+@dataclass(slots=True)
+class RecoveryProgress:
+    """What recovery attempts did so far: ``asked_pd`` once one asked PD to seal (its
+    answer may have been lost: the range may be sealed there already)."""
+
+    asked_pd: bool = False
+
+
 def recover(
-    meta: StreamMeta, clock: Callable[[], int], *, grace_ms: int = fence_grace_ms
+    meta: StreamMeta, clock: Callable[[], int], *, grace_ms: int = fence_grace_ms,
+    progress: RecoveryProgress | None = None,
 ) -> RecoverySteps:
     """Recover ``meta``'s open last range (see the module docstring); returns (as the
-    generator's value) what became of it."""
+    generator's value) what became of it. ``progress`` notes what it did."""
     rng = meta.last_range
     if rng is None or rng.sealed:
         raise InvalidArgument(f"stream {meta.name!r} has no open range to recover")
@@ -148,7 +157,7 @@ def recover(
             if isinstance(effect, RecoveryFailed):
                 raise effect.error
             if isinstance(effect, CommitSeal):
-                return (yield from _commit(meta, rng, effect))
+                return (yield from _commit(meta, rng, effect, progress))
         copies = tuple(e for e in effects if isinstance(e, CopyRecords))
         if not copies:
             raise Unavailable(f"recovery of stream {meta.name!r} made no progress")
@@ -192,7 +201,7 @@ def _fence(
 
 
 def _commit(
-    meta: StreamMeta, rng: RangeMeta, commit: CommitSeal
+    meta: StreamMeta, rng: RangeMeta, commit: CommitSeal, progress: RecoveryProgress | None
 ) -> Generator[RecoveryStep, Any, RecoveryResult]:
     if commit.end == rng.start and not commit.exclude and len(commit.holders) == len(
         rng.replicas
@@ -200,6 +209,8 @@ def _commit(
         # Nothing was ever written and every replica is fenced at our epoch: keep it.
         return RecoveryResult(meta, True, rng.start, commit.holders)
     new_meta: StreamMeta
+    if progress is not None:
+        progress.asked_pd = True
     try:
         new_meta = yield SealInPd(rng.index, commit.end, commit.exclude)
     except NoPlacement:
@@ -273,21 +284,21 @@ def open_range(
     but not created (created lazily by the next writer, which fences it as well)."""
     backoff_ms = backoff_ms_min
     stale = False
-    sealing = [False]  # an attempt asked PD to seal (its answer may have been lost)
+    progress = RecoveryProgress()
     while True:
         try:
             if stale:
                 try:
                     meta = yield DescribeStream()
                 except Unavailable:
-                    if sealing[0]:
+                    if progress.asked_pd:
                         raise
                     # PD out of reach: try with what we have.
                 stale = False
             if meta.epoch > epoch:
                 raise Fenced(f"stream {meta.name!r}: epoch {epoch} is fenced by {meta.epoch}",
                              epoch=epoch, current_epoch=meta.epoch)
-            result = yield from _attempt(meta, clock, grace_ms, sealing)
+            result = yield from recover(meta, clock, grace_ms=grace_ms, progress=progress)
             break
         except EstreamError as exc:
             if isinstance(exc, Fenced) or not (exc.retriable or isinstance(exc, RangeSealed)):
@@ -309,28 +320,6 @@ def open_range(
     return Opened(result.meta, nxt, errors, result)
 
 
-def _attempt(
-    meta: StreamMeta, clock: Callable[[], int], grace_ms: int, sealing: list[bool]
-) -> Generator[RecoveryStep, Any, RecoveryResult]:
-    """One :func:`recover`, noting in ``sealing`` once it asked PD to seal."""
-    steps = recover(meta, clock, grace_ms=grace_ms)
-    answer: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.throw(error) if error is not None else steps.send(answer)
-        except StopIteration as done:
-            result: RecoveryResult = done.value
-            return result
-        if isinstance(step, SealInPd):
-            sealing[0] = True
-        answer, error = None, None
-        try:
-            answer = yield step
-        except EstreamError as exc:
-            error = exc
-
-
 __all__ = [
     "AwaitFence",
     "CopyOutcome",
@@ -342,6 +331,7 @@ __all__ = [
     "OpenStep",
     "OpenSteps",
     "Opened",
+    "RecoveryProgress",
     "RecoveryResult",
     "RecoveryStep",
     "RecoverySteps",

@@ -791,21 +791,7 @@ class Writer:
     async def _drive(self, steps: Steps) -> None:
         """Carry out the steps of a roll process (``estream/core/roll.py``), feeding each
         answer, or error, back to it."""
-        answer: Any = None
-        error: EstreamError | None = None
-        try:
-            while True:
-                try:
-                    step = steps.throw(error) if error is not None else steps.send(answer)
-                except StopIteration:
-                    return
-                answer, error = None, None
-                try:
-                    answer = await self._step(step)
-                except EstreamError as exc:
-                    error = exc
-        finally:
-            steps.close()
+        await drive(steps, self._step)
 
     async def _step(self, step: Step) -> Any:
         """One step of a roll process: a request (its answer), or effects and notices."""
