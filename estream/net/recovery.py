@@ -1,11 +1,13 @@
 """The recovery driver: runs :func:`estream.core.recovery.recover` over the network.
 
-Both a new writer (``Writer.open``) and the PD leader (a dead writer's lease ran out) call
-:func:`recover_range` on the open last range of a stream. The sequence (fence with a grace
-period after a quorum, copy round by round, record the seal in PD, then SEAL the holders),
-the reasons for its order and what a failure at each step leaves behind are the pure
-generator's (``estream/core/recovery.py``), which the simulation drives as well; this
-module only carries out its steps:
+The PD leader (a dead writer's lease ran out) calls :func:`recover_range` on the open last
+range of a stream; a new writer runs the same steps inside
+:func:`estream.core.recovery.open_range` (its retries, then the range to write), carrying
+them out with :class:`RecoveryDriver`. The sequence (fence with a grace period after a
+quorum, copy round by round, record the seal in PD, then SEAL the holders), the reasons for
+its order and what a failure at each step leaves behind are the pure generator's
+(``estream/core/recovery.py``), which the simulation drives as well; :func:`drive` runs any
+such generator (the writer's roll too), and this module only carries out the steps:
 
 - :class:`~estream.core.recovery.Fence`: each request a task (SEAL without an end, or
   CREATE_RANGE, at the new epoch, naming the server id the catalog lists), its answer or
