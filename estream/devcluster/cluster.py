@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from estream.devcluster.faultproxy import FaultProxy
-from estream.devcluster.pd import PdCluster, alive_rangeservers, http_json, start_pd_cluster
+from estream.devcluster.pd import PdCluster, alive_rangeservers, http_json, plan_pd_cluster
 from estream.devcluster.process import ManagedProcess, free_port, poll_until, stop_processes
-from estream.devcluster.rangeserver import start_rangeserver
+from estream.devcluster.rangeserver import launch_rangeserver, wait_rangeserver
 from estream.devcluster.walfiles import flip_byte
 from estream.net.rpc import RpcClient
 from estream.wire.errors import EstreamError
@@ -74,13 +74,24 @@ class RangeServerProcess:
 
     def start(self) -> None:
         """Start (or restart) the server on its data dir, its port and its proxy."""
+        self.wait_started(self.launch())
+
+    def launch(self) -> int:
+        """Start the process without waiting (for :meth:`wait_started`); returns where its
+        log ended before."""
         if self.port == 0:
             self.port = free_port(self.host)
         args = list(self.extra_args)
         if self.proxy is not None:
             args += ["--advertise", self.proxy.address]
-        self.process, bound = start_rangeserver(
+        self.process, seen = launch_rangeserver(
             self.data_dir, self.host, self.pd, port=self.port, extra_args=args)
+        return seen
+
+    def wait_started(self, seen: int) -> None:
+        """Until the server launched listens; learns its id."""
+        assert self.process is not None
+        bound = wait_rangeserver(self.process, seen)
         assert bound == self.listen, (bound, self.listen)
         self.address = self.proxy.address if self.proxy is not None else bound
         self.server_id = (self.data_dir / "server_id").read_text().strip()
@@ -347,10 +358,14 @@ def start_cluster(
     PD node ``i`` on ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on
     ``host``; with ``proxied``, each range server behind a fault proxy on its host). The
     caller must ``stop()`` the cluster."""
-    pd = start_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts, extra_args=pd_args)
+    pd = plan_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts, extra_args=pd_args)
     cluster = Cluster(pd, rangeserver_args)
     hosts = list(rs_hosts) if rs_hosts is not None else [host] * range_servers
     try:
+        # Every process starts at once (interpreter start-up is most of the wait); range
+        # servers retry their registration until PD has a leader.
+        pd.launch()
+        launched: list[tuple[RangeServerProcess, int]] = []
         for i, rs_host in enumerate(hosts[:range_servers]):
             server = RangeServerProcess(
                 tmp_path / f"rs{i + 1}", "", host=rs_host, port=free_port(rs_host),
@@ -358,7 +373,10 @@ def start_cluster(
             cluster.servers.append(server)
             if proxied:
                 server.proxy = FaultProxy(server.listen, rs_host).start()
-            server.start()
+            launched.append((server, server.launch()))
+        pd.wait_started()
+        for server, seen in launched:
+            server.wait_started(seen)
         cluster.wait_servers_alive()
     except BaseException:
         cluster.stop()

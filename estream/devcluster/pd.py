@@ -156,6 +156,18 @@ class PdCluster:
         self.nodes[i].start()
         self.nodes[i].wait_serving()
 
+    def launch(self) -> None:
+        """Start every node's process (no wait)."""
+        for node in self.nodes:
+            node.start()
+
+    def wait_started(self) -> None:
+        """Until every node serves, one is leader and every node names them all."""
+        for node in self.nodes:
+            node.wait_serving()
+        self.leader()
+        self.wait_ready()
+
     def stop(self) -> None:
         stop_processes(n.process for n in self.nodes if n.process is not None)
 
@@ -165,6 +177,21 @@ def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
                      env: dict[str, str] | None = None) -> PdCluster:
     """Start ``n`` PD nodes (node ``i`` on ``hosts[i]`` if given, else all on ``host``; each
     with ``extra_args`` and ``env``) and wait for a leader. The caller must ``stop()`` it."""
+    cluster = plan_pd_cluster(tmp_path, n, host, hosts, extra_args=extra_args, env=env)
+    try:
+        cluster.launch()
+        cluster.wait_started()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def plan_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
+                    hosts: Sequence[str] | None = None, *, extra_args: Sequence[str] = (),
+                    env: dict[str, str] | None = None) -> PdCluster:
+    """The nodes of :func:`start_pd_cluster` (ports taken, nothing started): for a caller
+    that starts other processes while PD elects its leader."""
     node_hosts = list(hosts) if hosts is not None else [host] * n
     ports = [(free_port(h), free_port(h), free_port(h)) for h in node_hosts]
     rafts = [f"{h}:{p[1]}" for h, p in zip(node_hosts, ports, strict=True)]
@@ -178,15 +205,4 @@ def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
         )
         for i, p in enumerate(ports)
     ]
-    cluster = PdCluster(nodes)
-    try:
-        for node in nodes:
-            node.start()
-        for node in nodes:
-            node.wait_serving()
-        cluster.leader()
-        cluster.wait_ready()
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+    return PdCluster(nodes)

@@ -29,13 +29,34 @@ def start_rangeserver(
     timeout_s: float = 20.0,
 ) -> tuple[ManagedProcess, str]:
     """Start ``estream rangeserver`` on ``data_dir``; returns (process, "host:port")."""
+    process, seen = launch_rangeserver(data_dir, host, pd, port=port, extra_args=extra_args,
+                                       env=env)
+    return process, wait_rangeserver(process, seen, timeout_s)
+
+
+def launch_rangeserver(
+    data_dir: Path,
+    host: str = "127.0.0.1",
+    pd: str | None = None,
+    *,
+    port: int = 0,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[ManagedProcess, int]:
+    """Start the process without waiting; returns it and where its log ended before (for
+    :func:`wait_rangeserver`)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir.parent / f"{data_dir.name}.rangeserver.log"
     args = estream_argv("rangeserver", rangeserver_args(f"{host}:{port}", data_dir, pd,
                                                         extra_args or ()))
     process = ManagedProcess(args, log_path, env, name=f"rangeserver {data_dir.name}")
     seen = process.log_size()
-    process.start()
+    return process.start(), seen
+
+
+def wait_rangeserver(process: ManagedProcess, seen: int, timeout_s: float = 20.0) -> str:
+    """Until the server printed ``listening on H:P`` after log byte ``seen`` and that port
+    answers; returns "H:P" (stops the process and raises if it does not)."""
     deadline = time.monotonic() + timeout_s
     try:
         address = process.wait_log(_LISTENING, timeout_s, since=seen).group(1).decode()
@@ -43,4 +64,4 @@ def start_rangeserver(
     except BaseException:
         process.stop()
         raise
-    return process, address
+    return address
