@@ -221,10 +221,13 @@ class Cluster:
         for node in self.pd.nodes:
             node.wait_serving()
         self.pd.leader(timeout_s=30.0)
+        launched = []
         for server in self.servers:
             server.resume()
             if not server.alive():
-                server.start()
+                launched.append((server, server.launch()))
+        for server, seen in launched:
+            server.wait_started(seen)
         self.wait_servers_alive(timeout_s=30.0)
 
     # -- PD ------------------------------------------------------------------------------
