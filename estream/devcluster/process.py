@@ -99,7 +99,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def free_port_block(host: str = "127.0.0.1", size: int = 100) -> int:
     """The first port of ``size`` consecutive ports, all free on ``host`` right now and
     never handed out before in this process (``estream up --base-port``: its ports are
-    B+0..2, +10..12, +20..22, +30...); from below the ephemeral range (see above)."""
+    B+0..2, +10..12, +20..22, +30..., +100...: ask for ``up.PORT_SPAN``); from below the
+    ephemeral range (see above)."""
     return _free_ports(host, size, _port_blocks)
 
 

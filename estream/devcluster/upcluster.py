@@ -24,7 +24,7 @@ from pathlib import Path
 
 from estream.devcluster.cmdline import estream_argv, up_args
 from estream.devcluster.process import ManagedProcess, free_port_block
-from estream.devcluster.up import ClusterPlan, plan_cluster
+from estream.devcluster.up import PORT_SPAN, ClusterPlan, plan_cluster
 
 READY_LINE = rb"estream cluster ready"
 ready_timeout_s = 60.0
@@ -49,7 +49,7 @@ class UpCluster:
                  cwd: Path | None = None, extra_args: Sequence[str] = ()) -> None:
         self.data_dir = data_dir
         self.log = log
-        self.base_port = free_port_block(host) if base_port is None else base_port
+        self.base_port = free_port_block(host, PORT_SPAN) if base_port is None else base_port
         self.plan: ClusterPlan = plan_cluster(data_dir, pd_nodes, range_servers, host,
                                               self.base_port)
         args = up_args(data_dir, host, self.base_port, pd_nodes, range_servers, extra_args)

@@ -24,7 +24,7 @@ import pytest
 
 from estream.devcluster import upcluster as devcluster
 from estream.devcluster.process import free_port_block, run_cli
-from estream.devcluster.up import probe_ready
+from estream.devcluster.up import PORT_SPAN, probe_ready
 from estream.devcluster.upcluster import pid_alive
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,7 @@ class UpCluster(devcluster.UpCluster):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
     tmp = tmp_path_factory.mktemp("up")
-    up = UpCluster(tmp / "data", free_port_block(), tmp / "up.out")
+    up = UpCluster(tmp / "data", free_port_block(size=PORT_SPAN), tmp / "up.out")
     try:
         yield up.start()
     finally:
@@ -189,7 +189,7 @@ def test_child_killed_with_kill9_is_restarted(cluster: UpCluster) -> None:
 
 
 def test_sigint_stops_every_child_and_a_restart_keeps_the_data(tmp_path: Path) -> None:
-    up = UpCluster(tmp_path / "data", free_port_block(), tmp_path / "up.out")
+    up = UpCluster(tmp_path / "data", free_port_block(size=PORT_SPAN), tmp_path / "up.out")
     try:
         up.start()
         up.cli("stream", "create", "durable")
@@ -218,7 +218,7 @@ def run_up(*args: str) -> subprocess.CompletedProcess[str]:
 def test_busy_port_and_busy_data_dir_are_one_line_errors(
     cluster: UpCluster, tmp_path: Path
 ) -> None:
-    base = free_port_block()
+    base = free_port_block(size=PORT_SPAN)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", base + 1))
         holder.listen()
@@ -226,14 +226,15 @@ def test_busy_port_and_busy_data_dir_are_one_line_errors(
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert f"127.0.0.1:{base + 1} is already in use" in result.stderr
-    result = run_up("--data-dir", str(cluster.data_dir), "--base-port", str(free_port_block()))
+    result = run_up("--data-dir", str(cluster.data_dir),
+                    "--base-port", str(free_port_block(size=PORT_SPAN)))
     assert result.returncode == 1
     assert "another `estream up` is running" in result.stderr
     assert result.stderr.strip().count("\n") == 0
 
 
 def test_one_pd_node_and_four_range_servers(tmp_path: Path) -> None:
-    up = UpCluster(tmp_path / "data", free_port_block(), tmp_path / "up.out", 1, 4)
+    up = UpCluster(tmp_path / "data", free_port_block(size=PORT_SPAN), tmp_path / "up.out", 1, 4)
     try:
         up.start()
         status = json.loads(up.cli("cluster", "status", "--json").stdout)
