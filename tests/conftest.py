@@ -13,8 +13,11 @@ module says which cluster it wants with the ``cluster`` marker, whose keywords a
 
 By default one cluster serves every test of the module (``module_cluster``: starting one
 costs seconds), so its tests use their own stream names and leave no fault behind.
-``fresh=True`` (on the module, or on one test) gives each such test a cluster of its own,
-for tests that wipe disks, crash everything or count what the whole cluster holds.
+``heal=True`` heals the module's cluster after each test (proxies cleared, every process
+resumed or started again: :meth:`~estream.devcluster.cluster.Cluster.heal`), for tests that
+leave faults behind. ``fresh=True`` (on the module, or on one test) gives each such test a
+cluster of its own, for tests that wipe disks, crash everything or count what the whole
+cluster holds.
 ``chaos=True`` gives the chaos suite's :class:`~tests.chaos.harness.ChaosCluster` (every
 process on its own 127.0.0.x address) instead. A module that heals its faults between
 tests can wrap ``module_cluster`` in its own ``cluster`` fixture.
@@ -49,8 +52,9 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
 
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
-        "markers", "cluster(fresh=False, chaos=False, **start_cluster_options): the cluster "
-        "the `cluster` fixture gives (tests/conftest.py); fresh: one per test")
+        "markers", "cluster(fresh=False, heal=False, chaos=False, **start_cluster_options): "
+        "the cluster the `cluster` fixture gives (tests/conftest.py); fresh: one per test; "
+        "heal: the module's, healed after each test")
 
     # SIGTERM (a CI time-out, `timeout`) becomes an interrupt: fixtures' finalizers run.
     def interrupt(signum: int, frame: Any) -> None:
@@ -77,12 +81,14 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
 # -- the one cluster fixture -----------------------------------------------------------------
 
 
-def cluster_options(node: pytest.Item | pytest.Collector) -> tuple[dict[str, Any], bool]:
-    """The ``cluster`` marker closest to ``node``: (its keywords but fresh, fresh)."""
+def cluster_options(node: pytest.Item | pytest.Collector) -> tuple[dict[str, Any], bool, bool]:
+    """The ``cluster`` marker closest to ``node``: (its start_cluster keywords, fresh,
+    heal)."""
     marker = node.get_closest_marker("cluster")
     options = dict(marker.kwargs) if marker is not None else {}
     fresh = bool(options.pop("fresh", False))
-    return options, fresh
+    heal = bool(options.pop("heal", False))
+    return options, fresh, heal
 
 
 def _running(root: Any, options: dict[str, Any]) -> Any:
@@ -102,7 +108,7 @@ def _dir_name(name: str) -> str:
 def module_cluster(request: pytest.FixtureRequest,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One cluster for the whole module, shaped by the module's ``cluster`` marker."""
-    options, _ = cluster_options(request.node)
+    options, _, _ = cluster_options(request.node)
     root = tmp_path_factory.mktemp(_dir_name(request.module.__name__.rpartition(".")[2]))
     with _running(root, options) as cluster:
         yield cluster
@@ -111,10 +117,16 @@ def module_cluster(request: pytest.FixtureRequest,
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Any]:
-    """The module's cluster, or with ``cluster(fresh=True)`` one for this test alone."""
-    options, fresh = cluster_options(request.node)
+    """The module's cluster (healed after the test with ``cluster(heal=True)``), or with
+    ``cluster(fresh=True)`` one for this test alone."""
+    options, fresh, heal = cluster_options(request.node)
     if not fresh:
-        yield request.getfixturevalue("module_cluster")
+        shared = request.getfixturevalue("module_cluster")
+        try:
+            yield shared
+        finally:
+            if heal:
+                shared.heal()
         return
     with _running(tmp_path_factory.mktemp(_dir_name(request.node.name)), options) as cluster:
         yield cluster

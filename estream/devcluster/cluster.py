@@ -13,6 +13,7 @@ returns it, and a restarted server keeps its proxy and addresses.
 Faults (every range server is named by the address PD knows it by, its id, or the address
 it listens on): ``kill9`` / ``restart``, ``pause`` / ``resume`` (SIGSTOP / SIGCONT),
 ``wipe`` (its data dir replaced by an empty one: a new identity at the same address),
+``heal`` (every fault undone, every process running),
 ``damage_replica`` (a byte flipped inside an acknowledged batch of one replica's log, the
 server down meanwhile), ``crash_all`` (kill -9 of every PD node and range server at once,
 then all restarted on the same dirs), ``kill_pd_leader`` / ``restart_pd``. And what
@@ -210,6 +211,15 @@ class Cluster:
         processes = [s.process for s in self.servers if s.process is not None]
         processes += [n.process for n in self.pd.nodes if n.process is not None]
         stop_processes(processes, sig=signal.SIGKILL)
+        self.restart_all()
+
+    def heal(self) -> None:
+        """Undo every fault: proxies pass everything again, paused processes resume, dead
+        ones start again on their dirs; returns once PD lists every range server alive."""
+        for server in self.servers:
+            if server.proxy is not None:
+                server.proxy.clear_rules()
+                server.proxy.heal()
         self.restart_all()
 
     def restart_all(self) -> None:

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,21 +21,10 @@ from estream.devcluster.process import track
 from estream.wire.protocol import Opcode
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.cluster(pd_nodes=1, range_servers=3, proxied=True)]
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, proxied=True, heal=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 INPUT = 20
-
-
-@pytest.fixture
-async def cluster(module_cluster: Cluster) -> AsyncIterator[Cluster]:
-    try:
-        yield module_cluster
-    finally:
-        for server in module_cluster.servers:
-            if server.proxy is not None:
-                server.proxy.clear_rules()
-                server.proxy.heal()
 
 
 async def die_with_one_copy(cluster: Cluster, client: estream.Client, name: str,

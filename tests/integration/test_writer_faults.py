@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -35,27 +34,11 @@ from estream.net.rpc import RpcClient
 from estream.wire import limits
 from estream.wire.protocol import Opcode
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, heal=True)]
 
 append_wait_s_max = 5.0
 appenders = 16
-
-
-@pytest.fixture
-async def cluster(module_cluster: Cluster) -> AsyncIterator[Cluster]:
-    """The module's cluster, healed after each test: every server resumed and running."""
-    try:
-        yield module_cluster
-    finally:
-        await asyncio.to_thread(heal, module_cluster)
-
-
-def heal(cluster: Cluster) -> None:
-    for server in cluster.servers:
-        server.resume()
-        if not server.alive():
-            server.start()
-    cluster.wait_servers_alive(timeout_s=30.0)
 
 
 class Load:
@@ -268,7 +251,7 @@ async def test_close_leaves_the_final_confirm_durable_on_ack_count_replicas(
         # so the confirm offset must have been durable on at least two replicas.
         for server in cluster.servers:
             await asyncio.to_thread(cluster.kill9, server.address)
-        await asyncio.to_thread(heal, cluster)
+        await asyncio.to_thread(cluster.heal)
         confirms = []
         for ref in rng.replicas:
             rpc = await RpcClient.connect(ref.address, timeout_s=2.0)
