@@ -18,9 +18,9 @@ resumed or started again: :meth:`~estream.devcluster.cluster.Cluster.heal`), for
 leave faults behind. ``fresh=True`` (on the module, or on one test) gives each such test a
 cluster of its own, for tests that wipe disks, crash everything or count what the whole
 cluster holds.
-``chaos=True`` gives the chaos suite's :class:`~tests.chaos.harness.ChaosCluster` (every
-process on its own 127.0.0.x address) instead. A module that heals its faults between
-tests can wrap ``module_cluster`` in its own ``cluster`` fixture.
+``pd_only=True`` gives PD nodes alone (``pd_nodes`` of them, a
+:class:`~estream.devcluster.pd.PdCluster`). ``chaos=True`` gives the chaos suite's
+:class:`~tests.chaos.harness.ChaosCluster` (every process on its own 127.0.0.x address).
 
 Double faults: a test that dies mid-way still runs the finalizer (every process stopped by
 PID; the session's reaper kills any survivor); every wait in the launcher is bounded.
@@ -38,6 +38,7 @@ import pytest
 import uvloop
 
 from estream.devcluster.cluster import start_cluster
+from estream.devcluster.pd import start_pd_cluster
 from estream.devcluster.process import reap_all
 from estream.net.rpc import RpcClient
 from tests.integration.conftest_spark import cluster_pd, spark_session
@@ -52,9 +53,9 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
 
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
-        "markers", "cluster(fresh=False, heal=False, chaos=False, **start_cluster_options): "
-        "the cluster the `cluster` fixture gives (tests/conftest.py); fresh: one per test; "
-        "heal: the module's, healed after each test")
+        "markers", "cluster(fresh=False, heal=False, chaos=False, pd_only=False, "
+        "**start_cluster_options): the cluster the `cluster` fixture gives "
+        "(tests/conftest.py); fresh: one per test; heal: the module's, healed after each test")
 
     # SIGTERM (a CI time-out, `timeout`) becomes an interrupt: fixtures' finalizers run.
     def interrupt(signum: int, frame: Any) -> None:
@@ -93,6 +94,8 @@ def cluster_options(node: pytest.Item | pytest.Collector) -> tuple[dict[str, Any
 
 def _running(root: Any, options: dict[str, Any]) -> Any:
     """A context manager: the cluster the options describe, stopped on leaving it."""
+    if options.pop("pd_only", False):
+        return start_pd_cluster(root, n=options.pop("pd_nodes", 3), **options)
     if options.pop("chaos", False):
         from tests.chaos.harness import ChaosCluster
 

@@ -171,6 +171,12 @@ class PdCluster:
     def stop(self) -> None:
         stop_processes(n.process for n in self.nodes if n.process is not None)
 
+    def __enter__(self) -> PdCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
                      hosts: Sequence[str] | None = None, *, extra_args: Sequence[str] = (),

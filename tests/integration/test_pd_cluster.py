@@ -7,30 +7,21 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from estream.devcluster.pd import PdCluster, http_json, start_pd_cluster
+from estream.devcluster.pd import PdCluster, http_json
 from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.pdclient import PDClient
 from estream.wire.errors import Fenced, StreamExists, StreamNotFound, Unavailable
 from rangeserver.shell.heartbeat import heartbeat_loop
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_only=True, fresh=True)]
 
 SERVERS = [("rs-a", "127.0.0.1:7301"), ("rs-b", "127.0.0.1:7302"), ("rs-c", "127.0.0.1:7303"),
            ("rs-d", "127.0.0.1:7304")]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[PdCluster]:
-    c = start_pd_cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 @contextlib.asynccontextmanager
