@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from estream.devcluster.cmdline import estream_argv, rangeserver_args
 from estream.devcluster.process import ManagedProcess
@@ -18,19 +19,20 @@ from estream.devcluster.process import ManagedProcess
 _LISTENING = rb"listening on (\S+:\d+)"
 
 
-def start_rangeserver(
-    data_dir: Path,
-    host: str = "127.0.0.1",
-    pd: str | None = None,
-    *,
-    port: int = 0,
-    extra_args: list[str] | None = None,
-    env: dict[str, str] | None = None,
-    timeout_s: float = 20.0,
-) -> tuple[ManagedProcess, str]:
+class LaunchOptions(TypedDict, total=False):
+    """:func:`launch_rangeserver`'s keywords: where it listens (0: any port), its extra
+    flags and environment."""
+
+    port: int
+    extra_args: list[str] | None
+    env: dict[str, str] | None
+
+
+def start_rangeserver(data_dir: Path, host: str = "127.0.0.1", pd: str | None = None, *,
+                      timeout_s: float = 20.0,
+                      **options: Unpack[LaunchOptions]) -> tuple[ManagedProcess, str]:
     """Start ``estream rangeserver`` on ``data_dir``; returns (process, "host:port")."""
-    process, seen = launch_rangeserver(data_dir, host, pd, port=port, extra_args=extra_args,
-                                       env=env)
+    process, seen = launch_rangeserver(data_dir, host, pd, **options)
     return process, wait_rangeserver(process, seen, timeout_s)
 
 
