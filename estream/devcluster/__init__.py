@@ -1,7 +1,16 @@
 """The one process launcher: real PD nodes and range servers on loopback.
 
 ``estream up`` (:mod:`up`, a foreground supervisor), the tests and the benchmarks all start
-processes through this package: :mod:`process` (a child process stopped by PID),
-:mod:`pd` and :mod:`rangeserver` (one kind each), :mod:`cluster` (a whole cluster with
-fault injection: pause, wipe, damage, crash), :mod:`faultproxy` (exact interleavings).
+estream processes through this package, one way each:
+
+- command lines: :mod:`cmdline` (``pd_args``, ``rangeserver_args``, ``up_args``);
+- a child: :mod:`process` (:class:`~estream.devcluster.process.ManagedProcess`, readiness
+  by :func:`~estream.devcluster.process.poll_until`, stopped by PID with
+  :func:`~estream.devcluster.process.stop_processes`; ``run_cli`` for a short command);
+- one kind each: :mod:`pd` and :mod:`rangeserver`; a whole cluster with fault injection
+  (pause, wipe, damage, crash, heal): :mod:`cluster`; ``estream up`` as a child:
+  :mod:`upcluster`;
+- around them: :mod:`faultproxy` (exact interleavings), :mod:`walfiles` (log damage),
+  :mod:`certs` (throw-away PKI), :mod:`seaweed` (an S3 server), :mod:`spark` (a local
+  Spark session).
 """
