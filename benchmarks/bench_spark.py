@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from estream.devcluster.spark import new_spark
-from estream.devcluster.upcluster import UpCluster
+from estream.devcluster.upcluster import pd_or_up
 from estream.spark.options import ARROW_ROWS_DEFAULT
 from estream.spark.planning import PARTITION_RECORDS_DEFAULT
 
@@ -194,16 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
-    cluster = None
     try:
-        pd = args.pd
-        if pd is None:
-            cluster = UpCluster(work / "data", work / "estream-up.log").start()
-            pd = cluster.pd
-        results = measure(pd, args, work)
+        with pd_or_up(args.pd, work) as pd:
+            results = measure(pd, args, work)
     finally:
-        if cluster is not None:
-            cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     for result in results:
         report(result)

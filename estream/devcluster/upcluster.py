@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from estream.devcluster.cmdline import estream_argv, up_args
@@ -112,3 +112,17 @@ class UpCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return code
+
+
+@contextlib.contextmanager
+def pd_or_up(pd: str | None, work: Path) -> Iterator[str]:
+    """PD addresses: ``pd`` itself when given (an existing cluster), else those of a new
+    ``estream up`` cluster (3 PD nodes, 3 range servers) in ``work``, stopped on leaving."""
+    if pd is not None:
+        yield pd
+        return
+    up = UpCluster(work / "data", work / "estream-up.log").start()
+    try:
+        yield up.pd
+    finally:
+        up.stop()

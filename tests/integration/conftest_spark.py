@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from estream.devcluster.spark import new_spark, spark_env
-from estream.devcluster.upcluster import UpCluster
+from estream.devcluster.upcluster import pd_or_up
 
 __all__ = ["append", "cluster_pd", "create_stream", "new_spark", "read_all", "spark_env",
            "spark_session", "trim"]
@@ -26,12 +26,8 @@ __all__ = ["append", "cluster_pd", "create_stream", "new_spark", "read_all", "sp
 
 def cluster_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """For a module-scoped fixture: PD addresses of a running 3+3 cluster, then stop it."""
-    tmp = tmp_path_factory.mktemp("cluster")
-    up = UpCluster(tmp / "data", tmp / "estream-up.log").start()
-    try:
-        yield up.pd
-    finally:
-        up.stop()
+    with pd_or_up(None, tmp_path_factory.mktemp("cluster")) as pd:
+        yield pd
 
 
 def spark_session() -> Iterator[Any]:
