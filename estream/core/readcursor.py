@@ -20,7 +20,9 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   record below the catalog's end is acknowledged, whether or not a replica has learnt the
   seal; a replica that is short there (sealed short, or behind) is skipped;
 - on the **open** range replicas serve only up to the writer's confirm offset: an empty
-  answer ends a plain read once no replica has more; with ``follow`` each read is a long
+  answer ends a plain read once a seal quorum of replicas answered with nothing more (one
+  of them heard a closed writer's last confirm; with fewer answers the round fails and is
+  retried, then raises: never a silent short end); with ``follow`` each read is a long
   poll (``follow_wait_ms``), each empty poll goes to the next replica (the one polled may
   have missed later confirms), and a poll the server did not hold is followed by a short
   pause; a replica that answers "sealed" with nothing more means a roll or a recovery is
@@ -72,6 +74,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from estream.core.quorum import seal_quorum
 from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
@@ -327,7 +330,7 @@ class ReadCursor:
                     return  # past the last range: the end of the stream
             wait_ms = self.config.follow_wait_ms if self.follow and not rng.sealed else 0
             try:
-                answer = yield from self._read_range(meta.id, rng, wait_ms)
+                answer = yield from self._read_range(meta.id, rng, wait_ms, meta.ack_count)
             except EstreamError as exc:
                 meta = yield from self._after_failure(exc)
                 continue
@@ -377,7 +380,7 @@ class ReadCursor:
         self.poll_from = rng.replicas[self.polls % len(rng.replicas)].id if rng.replicas else None
 
     def _read_range(
-        self, stream_id: int, rng: RangeMeta, wait_ms: int
+        self, stream_id: int, rng: RangeMeta, wait_ms: int, ack_count: int
     ) -> Generator[Step, Any, Answer]:
         """The first good answer from the range's sources: every replica, the preferred one
         first, then for a range in the object tier its object (the replicas a range keeps
@@ -386,13 +389,18 @@ class ReadCursor:
 
         Errors move on to the next source; a sealed range's source with nothing at the
         offset (short) too. On the open range an empty answer is returned once no replica
-        has more confirmed (a long poll's empty answer at once)."""
+        has more confirmed (a long poll's empty answer at once), and only when a seal quorum
+        of replicas said so: an acknowledged record's confirm reached ``ack_count`` replicas
+        once its writer closed, and any seal quorum includes one of them. Fewer answers
+        (the others failing) cannot tell the end: the round fails and is retried, so a
+        plain read never ends silently short of acknowledged records."""
         offset = self.offset
         end = clip_end(rng, self.end)
         sealed_range = rng.end is not None
         last: EstreamError | None = None
         not_created = 0
         empty: Answer | None = None
+        empties = 0
         for ref in replica_order(rng, self.poll_from or self.preferred):
             try:
                 answer: Answer = yield ReadReplica(
@@ -421,10 +429,15 @@ class ReadCursor:
             # may have heard a later confirm offset (this one was down, or restarted), or
             # this one may be sealed short of what the others hold.
             empty = empty or answer
-        if empty is not None:
-            return empty
-        if not sealed_range and rng.replicas and not_created == len(rng.replicas):
-            return Answer(0, offset)  # an open range never written to: empty
+            empties += 1
+        if not sealed_range and rng.replicas:
+            # Replicas never created (identity checked) hold nothing: they answer too.
+            said = (empties + not_created, len(rng.replicas))
+            if said[0] >= seal_quorum(said[1], min(max(ack_count, 1), said[1])):
+                return empty or Answer(0, offset)
+            if empty is not None:
+                last = Unavailable(f"only {said[0]} of {said[1]} replicas of open range "
+                                   f"{rng.index} answered at {offset}: the end is unknown")
         if in_object_tier(rng) and end is not None:
             try:
                 found: Answer = yield ReadObject(stream_id, rng, offset, end)

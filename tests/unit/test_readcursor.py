@@ -342,10 +342,19 @@ def test_an_open_range_no_replica_created_reads_as_empty() -> None:
 
 def test_an_open_range_some_not_created_some_failing_is_an_error() -> None:
     world = World([meta(RangeMeta(0, 0, None, ABC))],
-                  errors={"a": [Timeout("t")] * 9})
+                  errors={"a": [Timeout("t")] * 9, "b": [Timeout("t")] * 9})
     trace, error = drive(ReadCursor("s"), world)
     assert isinstance(error, RangeNotFound | Timeout)
     assert len(sleeps(trace)) == 4
+
+
+def test_an_open_range_a_seal_quorum_never_created_holds_nothing_acknowledged() -> None:
+    """Two of three replicas never had the range (their identity checked): no record of
+    it reached ``ack_count`` replicas, whatever the third (failing) one holds."""
+    world = World([meta(RangeMeta(0, 0, None, ABC))], errors={"a": [Timeout("t")] * 9})
+    trace, error = drive(ReadCursor("s"), world)
+    assert error is None
+    assert delivered(trace) == []
 
 
 def test_a_replica_sealed_with_nothing_more_ends_a_plain_read_until_pd_shows_it() -> None:
@@ -668,3 +677,37 @@ def test_random_worlds_deliver_contiguous_acknowledged_records_only(seed: int) -
             assert step.end is not None and step.end <= step.range.end  # clipped
     if error is None and not flaky:  # with no replica error a read ends at the end
         assert top == (readable if end is None else min(end, readable))
+
+
+# -- the end of an open range needs a seal quorum ---------------------------------------------
+
+
+def test_one_empty_answer_with_the_others_failing_is_not_the_end() -> None:
+    """A stale replica (it missed the closed writer's last confirm) answering "nothing
+    more" while the two that heard it fail: the read must not end silently short."""
+    held = {("a", 0): 3, ("b", 0): 8, ("c", 0): 8}
+    world = World([meta(RangeMeta(0, 0, None, ABC))], held=held,
+                  errors={"b": [Timeout("t")] * 99, "c": [ReplicaDamaged("d")] * 99})
+    trace, error = drive(ReadCursor("s", start=3, preferred="a"), world)
+    assert delivered(trace) == []
+    assert isinstance(error, Unavailable)
+    assert "1 of 3" in str(error)
+
+
+def test_a_seal_quorum_of_empty_answers_ends_the_read_with_one_replica_failing() -> None:
+    held = {("a", 0): 8, ("b", 0): 8, ("c", 0): 8}
+    world = World([meta(RangeMeta(0, 0, None, ABC))], held=held,
+                  errors={"c": [Timeout("t")] * 99})
+    trace, error = drive(ReadCursor("s", start=0), world)
+    assert error is None
+    assert delivered(trace) == [(0, 8)]
+    assert sleeps(trace) == []
+
+
+def test_a_stale_replica_answering_first_is_overruled_once_the_others_are_back() -> None:
+    held = {("a", 0): 3, ("b", 0): 8, ("c", 0): 8}
+    world = World([meta(RangeMeta(0, 0, None, ABC))], held=held,
+                  errors={"b": [Timeout("t")] * 2, "c": [Timeout("t")] * 2})
+    trace, error = drive(ReadCursor("s", start=3, preferred="a"), world)
+    assert error is None
+    assert delivered(trace) == [(3, 8)]
