@@ -62,7 +62,7 @@ class ReplicaState:
         return (self.stream_id, self.range_index)
 
     def describe(self) -> dict[str, object]:
-        """The DESCRIBE_RANGE answer (``docs/ARCHITECTURE.md`` section 3.3)."""
+        """The DESCRIBE_RANGE answer (``docs/PROTOCOL.md``)."""
         return {
             "start": self.start,
             "end": self.end,

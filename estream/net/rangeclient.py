@@ -9,7 +9,7 @@ Three layers, each on the one below:
   Every request but PING carries ``"server_id"`` whenever the caller knows which server it
   means (the catalog's ``ReplicaRef.id``): a server with another identity at that address
   (a wiped disk) then answers ``WrongServer``, and its "range not found" is never taken for
-  an empty copy. The schemas are ``docs/ARCHITECTURE.md`` section 3.3.
+  an empty copy. The schemas are ``docs/PROTOCOL.md``.
 - :func:`copy_range`: THE copy loop (READ unconfirmed from a source, verify, restamp,
   APPEND to a target), used by a writer's recovery and healing and by PD's repair; its
   rules and their reasons are in its docstring.

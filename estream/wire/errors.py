@@ -216,13 +216,6 @@ class WrongServer(EstreamError):
     field_names = ("expected", "actual")
 
 
-class ServerNotFound(EstreamError):
-    """No range server with this id is registered (or it was forgotten)."""
-
-    code = ErrorCode.SERVER_NOT_FOUND
-    field_names = ("server_id",)
-
-
 class MalformedObject(EstreamError):
     """An object of the object-storage tier whose footer, index or layout is invalid, or
     that does not hold what the catalog says (estream/wire/objectformat.py)."""
@@ -238,6 +231,13 @@ class ObjectStoreError(EstreamError):
     code = ErrorCode.OBJECT_STORE_ERROR
     retriable = True
     field_names = ("key", "not_found")
+
+
+class ServerNotFound(EstreamError):
+    """No range server with this id is registered (or it was forgotten)."""
+
+    code = ErrorCode.SERVER_NOT_FOUND
+    field_names = ("server_id",)
 
 
 class NoPlacement(EstreamError):

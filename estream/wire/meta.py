@@ -2,7 +2,7 @@
 
 The placement driver keeps these in its catalog; the SDK receives them in PD responses.
 ``to_dict``/``from_dict`` give the wire and admin-API shape documented in
-``docs/ARCHITECTURE.md`` (section 3.3), the same the admin HTTP API returns::
+``docs/PROTOCOL.md``, the same the admin HTTP API returns::
 
     {"id", "name", "replicas", "ack_count", "type", "hints", "epoch", "start_offset",
      "ranges": [{"index", "start", "end" (None while open), "state": "open"|"sealed",

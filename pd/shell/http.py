@@ -1,6 +1,6 @@
 """The PD admin HTTP API (aiohttp): JSON views of the catalog, create/delete streams.
 
-Endpoints and shapes: :mod:`pd.openapi` and ``docs/ARCHITECTURE.md`` 3.3. Writes go through the
+Endpoints and shapes: :mod:`pd.openapi` and ``docs/PROTOCOL.md``. Writes go through the
 same :class:`~pd.shell.service.PdService` as the RPC port (so through Raft: any node accepts
 them). Errors are ``{"error": {"code", "message"}}`` with 400 (bad input), 404 (unknown),
 409 (conflict) or 503 (no leader reachable, no range servers to place on).

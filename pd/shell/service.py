@@ -14,7 +14,7 @@ new epoch and fences the open range's replicas at it before the stream is forgot
 no append of an earlier writer can be acknowledged once the delete returned), and
 ``trim_stream`` refuses a start past what readers can read.
 
-Message schemas: ``docs/ARCHITECTURE.md`` section 3.3.
+Message schemas: ``docs/PROTOCOL.md``.
 
 Side effects: network to range servers (delete, trim), through :attr:`PdService.pool`;
 otherwise none of its own (it drives :class:`~pd.shell.raft.RaftNode`).

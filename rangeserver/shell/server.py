@@ -1,6 +1,6 @@
 """The range server's RPC handlers: one thin handler per opcode over :class:`Store`.
 
-Each handler validates its arguments (``docs/ARCHITECTURE.md`` section 3.3 has the
+Each handler validates its arguments (``docs/PROTOCOL.md`` has the
 message schemas), calls the store, and shapes the answer. Every input error is a typed
 :class:`~estream.wire.errors.EstreamError` answered to that request only.
 

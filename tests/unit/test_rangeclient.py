@@ -1,5 +1,5 @@
 """The typed range-server client (estream/net/rangeclient.py) over a fake pool: the request
-headers per opcode (docs/ARCHITECTURE.md section 3.3), typed answers, the timeout policy,
+headers per opcode (docs/PROTOCOL.md), typed answers, the timeout policy,
 and the one copy loop's rules (verify, continue exactly, never past the end, restamp up
 to the target's epoch, create lazily, source failures apart from target failures)."""
 
