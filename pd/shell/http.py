@@ -304,12 +304,7 @@ def _json_object(raw: bytes) -> dict[str, Any]:
 
 
 def _parse_create(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument(f"request body is not JSON: {exc}", argument="body") from None
-    if not isinstance(body, dict):
-        raise InvalidArgument("request body must be a JSON object", argument="body")
+    body = _json_object(raw)
     if "name" not in body:
         raise InvalidArgument("missing field 'name'", argument="name")
     for field, kind in _CREATE_FIELDS.items():
