@@ -346,3 +346,47 @@ def _add_digest() -> None:
 
 
 _add_digest()
+
+
+def _add_stream_figures() -> None:
+    """A stream's figures (``pd/streamfigures.py``) and trimming over HTTP."""
+    nullable_int = {"type": ["integer", "null"]}
+    SCHEMAS["StreamFigures"] = {"allOf": [_ref("Stream"), {
+        "type": "object",
+        "required": ["end_offset", "records", "bytes", "first_timestamp", "last_timestamp",
+                     "figures_exact"],
+        "properties": {
+            "end_offset": {"type": "integer", "minimum": 0,
+                           "description": "what readers can read now (exclusive)"},
+            "records": {"type": "integer", "minimum": 0,
+                        "description": "end_offset - start_offset (exact)"},
+            "bytes": {"type": "integer", "minimum": 0,
+                      "description": "recorded sizes of sealed ranges (not the open range)"},
+            "first_timestamp": nullable_int,
+            "last_timestamp": nullable_int,
+            "figures_exact": {"type": "boolean",
+                              "description": "false: bytes and timestamps leave out the "
+                                             "open range or ranges not yet described, or "
+                                             "count a first range the start cuts into"},
+        },
+    }]}
+    OPENAPI["paths"]["/v1/streams/{name}"]["get"] = {
+        "summary": "One stream with its ranges, replicas, end offset, record count, bytes "
+                   "and first and last timestamps",
+        "responses": {"200": _json(_ref("StreamFigures"), "The stream"), **_errors(404)}}
+    trim = {"type": "object", "required": ["start_offset"],
+            "properties": {"start_offset": {"type": "integer", "minimum": 0}}}
+    OPENAPI["paths"]["/v1/streams/{name}/trim"] = {
+        "parameters": [_NAME_PARAM],
+        "post": {"summary": "Trim the stream: records below start_offset are gone for readers "
+                            "(400: past what readers can read; a start at or below the "
+                            "current one changes nothing)",
+                 "requestBody": {"required": True,
+                                 "content": {"application/json": {"schema": trim}}},
+                 "responses": {"200": _json(_ref("Stream"), "Trimmed"),
+                               **_errors(400, 401, 404, 503)},
+                 "security": _WRITE_SECURITY},
+    }
+
+
+_add_stream_figures()

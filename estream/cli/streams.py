@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from estream.cli.output import emit_json, key_values, print_tables, table
+from pd.streamfigures import stream_figures
 
 
 def _ranges_table(stream: dict[str, Any]) -> Any:
@@ -37,6 +38,9 @@ def show_stream(stream: dict[str, Any], as_json: bool) -> None:
     fields["hints"] = ", ".join(stream.get("hints") or ()) or "-"
     if "end_offset" in stream:
         fields["end_offset"] = stream["end_offset"]
+    for figure in ("records", "bytes", "first_timestamp", "last_timestamp", "figures_exact"):
+        if figure in stream:  # pd/streamfigures.py says what is approximate
+            fields[figure] = "-" if stream[figure] is None else stream[figure]
     for limit in ("retention_ms", "retention_bytes"):
         if stream.get(limit) is not None:
             fields[limit] = stream[limit]
@@ -82,8 +86,7 @@ async def list_(client: Any, ns: argparse.Namespace) -> int:
 
 async def describe(client: Any, ns: argparse.Namespace) -> int:
     meta = await client.describe_stream(ns.name)
-    stream = meta.to_dict()
-    stream["end_offset"] = await client.end_offset(ns.name)
+    stream = meta.to_dict() | stream_figures(meta, await client.end_offset(ns.name))
     show_stream(stream, ns.json)
     return 0
 

@@ -17,6 +17,12 @@ balancer: a leaderless or replaying node can neither commit nor answer reads).
 ``/metrics`` is the Prometheus text of ``prometheus-client`` (``pd/metrics.py`` records,
 ``estream/server/metrics.py`` exposes), ``process_*`` metrics included.
 
+``GET /v1/streams/{name}`` adds the stream's figures (:mod:`pd.streamfigures`: end offset,
+record count, bytes, first and last timestamps), asking the open range's replicas for its
+end (DESCRIBE_RANGE, 1 s each; none answering: the open range's start). ``POST
+/v1/streams/{name}/trim {"start_offset"}`` trims as the RPC does (400 past what readers can
+read).
+
 Side effects: an HTTP listening socket.
 """
 
@@ -52,6 +58,7 @@ from pd.openapi import OPENAPI
 from pd.shell.console import RangesReport, add_operator_routes
 from pd.shell.raft import RaftStatus
 from pd.shell.service import PdService, cursor_rows
+from pd.streamfigures import stream_figures
 
 _STATUS: dict[type[EstreamError], int] = {
     InvalidArgument: 400,
@@ -148,6 +155,7 @@ def build_app(
     app.router.add_post("/v1/streams", views.create_stream)
     app.router.add_get("/v1/streams/{name}", views.describe_stream)
     app.router.add_get("/v1/streams/{name}/cursors", views.list_cursors)
+    app.router.add_post("/v1/streams/{name}/trim", views.trim_stream)
     app.router.add_post("/v1/streams/{name}/cursors", views.commit_cursor)
     app.router.add_delete("/v1/streams/{name}", views.delete_stream)
     app.router.add_get("/v1/rangeservers", views.rangeservers)
@@ -197,7 +205,18 @@ class _Views:
         return web.json_response({"cursor": cursor, "offset": offset})
 
     async def describe_stream(self, request: web.Request) -> web.Response:
-        return web.json_response(self.service.describe_stream(request.match_info["name"]).to_dict())
+        stream = self.service.describe_stream(request.match_info["name"])
+        end = await self.service.readable_end(stream)  # 1 s per open-range replica at most
+        return web.json_response(stream.to_dict() | stream_figures(stream, end))
+
+    async def trim_stream(self, request: web.Request) -> web.Response:
+        body = _json_object(await request.read())
+        start = body.get("start_offset")
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise InvalidArgument("field 'start_offset' must be an integer >= 0",
+                                  argument="start_offset")
+        stream = await self.service.trim_stream(request.match_info["name"], start)
+        return web.json_response(stream.to_dict())
 
     async def delete_stream(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

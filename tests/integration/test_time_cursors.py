@@ -94,6 +94,21 @@ async def test_offset_for_time_at_every_boundary(cluster: Cluster) -> None:
         await check()
         with pytest.raises(StreamNotFound):
             await client.offset_for_time("nope", T0)
+        # The stream's figures over HTTP (pd/streamfigures.py): the open range's records
+        # count; its bytes and timestamps are not in the catalog, so not exact.
+        described = cluster.describe("times")
+        sealed_bytes = sum(r.size_bytes or 0 for r in meta.ranges if r.sealed)
+        assert (described["end_offset"], described["records"]) == (len(stamps), len(stamps))
+        assert (described["first_timestamp"], described["last_timestamp"]) == (T0 + 10, T0 + 60)
+        assert described["bytes"] == sealed_bytes > 0 and described["figures_exact"] is False
+        trim = cluster.pd_url() + "/v1/streams/times/trim"
+        status, body = http_json(trim, "POST", {"start_offset": len(stamps) + 1})
+        assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT", body
+        status, body = http_json(trim, "POST", {"start_offset": 2})
+        assert status == 200 and body["start_offset"] == 2, body
+        described = cluster.describe("times")
+        assert (described["start_offset"], described["records"]) == (2, len(stamps) - 2)
+        assert await client.end_offset("times") == len(stamps)
 
 
 async def test_cursors_typed_errors_http_and_leader_loss(cluster: Cluster) -> None:

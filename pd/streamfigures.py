@@ -1,0 +1,57 @@
+"""A stream's figures for operators: end offset, record count, bytes, first and last timestamps.
+
+``GET /v1/streams/{name}`` adds these to the stream (and ``estream stream describe`` shows
+them), so an operator sees how much a stream holds without reading it.
+
+Where they come from: ``end_offset`` is what readers can read now (the last range's sealed
+end, or the most a sound replica of the open range serves); ``records`` is ``end_offset -
+start_offset`` (offsets are dense, so this is exact for that end; when no replica of the
+open range answers in time the end falls back to the open range's start, a lower bound).
+``bytes``, ``first_timestamp`` and ``last_timestamp`` come only from the statistics the
+catalog recorded for sealed ranges (``size_bytes``, ``min_timestamp``, ``max_timestamp``;
+the leader's retainer records them some time after a seal), so they are approximate:
+
+- the open range is left out (its bytes and timestamps are not in the catalog);
+- sealed ranges whose statistics are not recorded yet are left out;
+- a trim inside the first kept range still counts that range's whole size and smallest
+  timestamp, although the records below the start are gone.
+
+``figures_exact`` is true only when none of these applies. ``first_timestamp`` is the first
+kept range's recorded smallest timestamp (``None`` until recorded); ``last_timestamp`` the
+largest recorded maximum (``None`` when none is); ``bytes`` the sum over the ranges that
+recorded it (0 when none has).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from estream.wire.meta import RangeMeta, StreamMeta
+
+
+def stream_figures(stream: StreamMeta, end_offset: int) -> dict[str, Any]:
+    """The figures of the module docstring for ``stream`` whose readable end is
+    ``end_offset`` (clamped to at least the stream's start)."""
+    end = max(end_offset, stream.start_offset)
+    kept = [r for r in stream.ranges if _holds_records(r, stream.start_offset, end)]
+    recorded = [r for r in kept if r.sealed and r.size_bytes is not None]
+    first = kept[0].min_timestamp if kept and kept[0] in recorded else None
+    lasts = [r.max_timestamp for r in recorded if r.max_timestamp is not None]
+    exact = len(recorded) == len(kept) and not (
+        kept and kept[0].start < stream.start_offset)
+    return {
+        "end_offset": end,
+        "records": end - stream.start_offset,
+        "bytes": sum(r.size_bytes or 0 for r in recorded),
+        "first_timestamp": first,
+        "last_timestamp": max(lasts) if lasts else None,
+        "figures_exact": exact,
+    }
+
+
+def _holds_records(r: RangeMeta, start: int, end: int) -> bool:
+    """Whether ``r`` holds readable records of ``[start, end)``."""
+    top = end if r.end is None else min(r.end, end)
+    return max(r.start, start) < top
