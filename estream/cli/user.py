@@ -162,6 +162,20 @@ def wrong_protocol(pd: str, exc: BaseException) -> str | None:
             "give --pd the placement driver's RPC addresses (estream up prints them)")
 
 
+def raft_port_sentence(pd: str, timeout_s: float) -> str | None:
+    """After a PD call timed out: a clear sentence when one of the ``--pd`` addresses is a
+    placement driver's Raft port (:mod:`estream.net.portprobe`, probed for at most about
+    twice ``timeout_s``), else None."""
+    from estream.net.portprobe import raft_ports
+
+    addresses = [a.strip() for a in (pd or "").split(",") if a.strip()]
+    found = asyncio.run(raft_ports(addresses, timeout_s)) if addresses else []
+    if not found:
+        return None
+    return (f"{', '.join(found)} is a placement driver's Raft (peer) port, not its RPC port: "
+            "give --pd the placement driver's RPC addresses (estream up prints them)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     global _as_json
     args = list(sys.argv[1:] if argv is None else argv)
@@ -174,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.error(f"{ns.command}: no such command")
     from estream.wire.errors import EstreamError, Unavailable
+    from estream.wire.limits import raft_port_probe_timeout_s
 
     try:
         return asyncio.run(_run(handler, ns))
@@ -187,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         http = wrong_protocol(ns.pd, exc)
         if http is not None:
             return _fail(http, kind="WRONG_PROTOCOL")
+        timed_out = "timed out" in str(exc)  # a Raft port never answers: probe it
+        raft = raft_port_sentence(ns.pd, raft_port_probe_timeout_s) if timed_out else None
+        if raft is not None:
+            return _fail(raft, kind="WRONG_PROTOCOL")
         return _fail(f"cannot reach the cluster at {ns.pd}: {_one_line(exc)}",
                      kind=type(exc).__name__)
     except EstreamError as exc:

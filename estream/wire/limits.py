@@ -81,3 +81,7 @@ reclaim_drops_per_round_max: Final = 1_000  # DROP_RANGE calls of one round (all
 # range server: asyncio + the log's writer thread) hand the GIL over this often, not every
 # 5 ms (CPython's default): each hand-off between them could otherwise cost up to 5 ms.
 gil_switch_interval_s: Final = 0.0005
+
+# Wrong-port hints (estream/net/portprobe.py): after a PD call timed out, the CLI probes
+# whether an address is a PD Raft port; each probe's connect and answer wait this long.
+raft_port_probe_timeout_s: Final = 1.0

@@ -309,3 +309,13 @@ def test_an_http_port_is_named_as_such(cluster: Cluster) -> None:
          "list"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert result.returncode == 1
     assert "answers HTTP" in result.stderr and "0x5448" not in result.stderr, result.stderr
+
+
+def test_a_raft_port_is_named_as_such(cluster: Cluster) -> None:
+    raft = cluster.pd.nodes[0].raft
+    result = subprocess.run(
+        [sys.executable, "-m", "estream.cli.main", "--pd", raft, "--timeout", "2", "stream",
+         "list", "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert result.returncode == 1
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "WRONG_PROTOCOL" and "Raft (peer) port" in error["message"], error
