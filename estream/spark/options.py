@@ -25,7 +25,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from estream.spark.planning import (
@@ -38,7 +38,7 @@ from estream.wire.errors import InvalidArgument
 ARROW_ROWS_DEFAULT = 8_192
 CONNECT_TIMEOUT_S_DEFAULT = 10.0
 
-_SECURITY_OPTIONS: Final = ("tlsCa", "tlsCert", "tlsKey", "tokenFile")
+_SECURITY_OPTIONS: Final = ("tlsCa", "tlsCert", "tlsKey", "tokenFile", "secret", "secretFile")
 SOURCE_OPTIONS: Final = (
     "pd", "streams", "startingOffsets", "endingOffsets", "startingTimestamp",
     "startingOffsetsByTimestamp", "maxRecordsPerTrigger", "maxOffsetsPerTrigger",
@@ -125,19 +125,31 @@ class Security:
     that signs the cluster's certificates; turns TLS on), ``tlsCert`` and ``tlsKey`` (a
     client certificate, for mutual TLS) and ``tokenFile`` (a file whose first line is the
     token). Paths, not secrets, travel in the query's options: each must be readable where
-    the driver and every executor run."""
+    the driver and every executor run.
+
+    ``secret`` (the cluster secret itself) or ``secretFile`` (a file holding it, surrounding
+    whitespace stripped): the key that ``hmac-sha256`` streams' MAC keys derive from, so
+    executors read and write such streams without ``ESTREAM_SECRET`` in their environment
+    (``secretFile`` keeps the secret out of the query's plan and logs; neither: the
+    environment variable, as for any client)."""
 
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     token_file: str | None = None
+    secret: str | None = field(default=None, repr=False)
+    secret_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Security:
         def path(key: str) -> str | None:
             return (_get(options, key) or "").strip() or None
 
-        found = cls(path("tlsCa"), path("tlsCert"), path("tlsKey"), path("tokenFile"))
+        found = cls(path("tlsCa"), path("tlsCert"), path("tlsKey"), path("tokenFile"),
+                    _get(options, "secret") or None, path("secretFile"))
+        if found.secret is not None and found.secret_file is not None:
+            raise InvalidArgument("options 'secret' and 'secretFile' exclude each other",
+                                  argument="secretFile")
         if (found.tls_cert is None) != (found.tls_key is None):
             raise InvalidArgument("options 'tlsCert' and 'tlsKey' go together",
                                   argument="tlsCert")
@@ -233,6 +245,13 @@ class SinkOptions:
 
     ``sink_id`` names this query's records in the stream (see ``estream/spark/commit.py``):
     option ``sinkId``, else the query's ``checkpointLocation``, else ``"default"``.
+
+    Routing (``estream/spark/routing.py``): ``key_column`` (option ``keyColumn``) with
+    ``key_streams`` (option ``streams``, N) hashes each row's key into ``<stream>-<k>``;
+    ``stream`` is empty when a ``stream`` column names each row's stream. Streams the sink
+    writes from its tasks are created on demand with ``replicas``, ``ack_count`` and
+    ``digest`` (options ``replicas``, ``ackCount``, ``digest``) unless ``createStreams`` is
+    false, when a missing one fails the task with ``StreamNotFound`` naming it.
     """
 
     pd: str
@@ -240,14 +259,33 @@ class SinkOptions:
     sink_id: str
     connect_timeout_s: float
     security: Security = Security()
+    key_column: str | None = None
+    key_streams: int | None = None
+    create_streams: bool = True
+    replicas: int = 3
+    ack_count: int = 2
+    digest: str | None = None
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+    def parse(cls, options: Mapping[str, str], *, stream_column: bool = False) -> SinkOptions:
+        """``stream_column``: the frame has a ``stream`` column, which routes rows when the
+        option ``stream`` is not given."""
         stream = (_get(options, "stream") or "").strip()
-        if not stream:
+        key_column = (_get(options, "keyColumn") or "").strip() or None
+        key_streams = _int(options, "streams", None, 1)
+        if (key_column is None) != (key_streams is None):
+            raise InvalidArgument("options 'keyColumn' and 'streams' (how many streams the "
+                                  "key hashes into) go together", argument="keyColumn")
+        if not stream and (key_column is not None or not stream_column):
             raise InvalidArgument(
-                "option 'stream' (the target stream) is required", argument="stream"
+                "option 'stream' (the target stream, or the prefix of a keyed family) is "
+                "required unless a 'stream' column names each row's stream", argument="stream"
             )
+        replicas = _int(options, "replicas", 3, 1) or 3
+        ack_count = _int(options, "ackCount", min(2, replicas), 1) or 1
+        if ack_count > replicas:
+            raise InvalidArgument(f"option 'ackCount' ({ack_count}) exceeds 'replicas' "
+                                  f"({replicas})", argument="ackCount")
         sink_id = (_get(options, "sinkId") or _get(options, "checkpointLocation") or "").strip()
         timeout = _int(options, "connectTimeoutSeconds", None, 1)
         return cls(
@@ -256,4 +294,10 @@ class SinkOptions:
             sink_id=sink_id or "default",
             connect_timeout_s=float(timeout) if timeout else CONNECT_TIMEOUT_S_DEFAULT,
             security=Security.parse(options),
+            key_column=key_column,
+            key_streams=key_streams,
+            create_streams=_bool(options, "createStreams", True),
+            replicas=replicas,
+            ack_count=ack_count,
+            digest=(_get(options, "digest") or "").strip() or None,
         )

@@ -6,9 +6,11 @@ the stream's writer (fencing any earlier driver's), reads the stream's tail mark
 appends what ``estream/spark/commit.py`` decides is missing. See docs/ARCHITECTURE.md,
 "Spark connector", for the guarantees.
 
-With option ``mode`` ``executors`` the tasks append themselves (:func:`write_partition`),
-each partition to its own stream ``<stream>-<partition>`` as an idempotent producer, and
-the driver's commit has nothing left to do (``estream/spark/commit.py``).
+With option ``mode`` ``executors`` the tasks append themselves (:func:`write_targets`),
+each partition to its own stream ``<stream>-<partition>``, or each row to the stream its
+``stream`` column names or its key hashes to (``estream/spark/routing.py``), as an
+idempotent producer per target stream, and the driver's commit has nothing left to do
+(``estream/spark/commit.py``).
 
 Side effect: network calls to the estream cluster (reads and appends on the driver, or
 appends on the executors).
@@ -16,6 +18,9 @@ appends on the executors).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,11 +47,27 @@ from estream.spark.commit import (
 )
 from estream.spark.connection import connect
 from estream.spark.options import SinkOptions
+from estream.spark.routing import (
+    STREAM_COLUMN,
+    Target,
+    column_stream,
+    key_bytes,
+    key_stream,
+    plan_targets,
+    todo_positions,
+)
 from estream.spark.source import run
-from estream.wire.errors import InvalidArgument, StreamExists, StreamNotFound
+from estream.wire.errors import (
+    EstreamError,
+    Fenced,
+    InvalidArgument,
+    StreamExists,
+    StreamNotFound,
+)
 from estream.wire.record import Record
 
 APPEND_CHUNK_ROWS = 1_000
+FENCED_TRIES = 8  # opens of one target's writer in one task, when other writers fence it
 
 
 @dataclass(frozen=True)
@@ -65,18 +86,53 @@ class AppendedMessage(WriterCommitMessage):
     duplicates: int
 
 
+@dataclass(frozen=True)
+class RoutedMessage(WriterCommitMessage):
+    """Executors mode: what one task appended to each of its target streams."""
+
+    targets: tuple[AppendedMessage, ...]
+
+
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # Spark's local property during a micro-batch
 
 
-def sink_mode(options: Mapping[str, str]) -> str:
+def sink_mode(options: Mapping[str, str], *, routed: bool = False) -> str:
     """Option ``mode``: ``driver`` (default: tasks hand rows to the driver, which appends
-    them through one writer) or ``executors`` (tasks append, one stream per partition)."""
-    mode = (options.get("mode") or "driver").strip().lower()
+    them through one writer) or ``executors`` (tasks append, one stream per partition).
+    ``routed`` (a ``stream`` column or ``keyColumn`` routes rows): tasks append, so the
+    default is ``executors`` and ``driver`` is refused."""
+    mode = (options.get("mode") or ("executors" if routed else "driver")).strip().lower()
     if mode not in ("driver", "executors"):
         raise InvalidArgument(
             f"estream sink: option 'mode' is 'driver' or 'executors', not {mode!r}",
             argument="mode")
+    if routed and mode == "driver":
+        raise InvalidArgument(
+            "estream sink: rows routed by a 'stream' column or 'keyColumn' are appended by "
+            "the tasks: option 'mode' must be 'executors'", argument="mode")
     return mode
+
+
+def sink_routing(opts: SinkOptions, schema: StructType) -> str:
+    """How rows find their stream (``estream/spark/routing.py``): ``key`` (option
+    ``keyColumn``), ``column`` (a ``stream`` column and no ``stream`` option) or
+    ``partition`` (option ``stream``: the whole stream, or ``<stream>-<p>`` in executors
+    mode). Refuses a key or stream column of the wrong type."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    if opts.key_column is not None:
+        key = fields.get(opts.key_column)
+        if not isinstance(key, BinaryType | StringType):
+            raise InvalidArgument(
+                f"estream sink: option 'keyColumn' names {opts.key_column!r}, which must be a "
+                f"string or binary column; the data frame has columns {sorted(fields)}",
+                argument="keyColumn")
+        return "key"
+    if not opts.stream:
+        if not isinstance(fields.get(STREAM_COLUMN), StringType):
+            raise InvalidArgument("estream sink: column 'stream' must be a string",
+                                  argument="stream")
+        return "column"
+    return "partition"
 
 
 def check_schema(schema: StructType) -> None:
@@ -113,11 +169,13 @@ class EstreamStreamWriter(DataSourceStreamWriter):
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         check_schema(schema)
-        self.opts = SinkOptions.parse(options)
-        self.has_headers = "headers" in schema.fieldNames()
-        self.mode = sink_mode(options)
+        names = schema.fieldNames()
+        self.opts = SinkOptions.parse(options, stream_column=STREAM_COLUMN in names)
+        self.has_headers = "headers" in names
+        self.routing = sink_routing(self.opts, schema)
+        self.mode = sink_mode(options, routed=self.routing != "partition")
 
-    def write(self, iterator: Iterator[Any]) -> SinkMessage | AppendedMessage:
+    def write(self, iterator: Iterator[Any]) -> SinkMessage | AppendedMessage | RoutedMessage:
         if self.mode == "executors":
             from pyspark import TaskContext
 
@@ -126,9 +184,23 @@ class EstreamStreamWriter(DataSourceStreamWriter):
             if context is None or batch is None:
                 raise InvalidArgument("estream sink: mode 'executors' runs in a streaming "
                                       "query's tasks only", argument="mode")
-            rows = [_row_of(row, self.has_headers) for row in iterator]
-            return run(write_partition(self.opts, int(batch), context.partitionId(), rows))
+            partition = context.partitionId()
+            if self.routing == "partition":
+                rows = [_row_of(row, self.has_headers) for row in iterator]
+                return run(write_partition(self.opts, int(batch), partition, rows))
+            rows, streams = [], []
+            for row in iterator:
+                rows.append(_row_of(row, self.has_headers))
+                streams.append(self._target(row))
+            return run(write_targets(self.opts, int(batch), partition, rows, streams))
         return SinkMessage([_row_of(row, self.has_headers) for row in iterator])
+
+    def _target(self, row: Any) -> str:
+        if self.routing == "column":
+            return column_stream(row[STREAM_COLUMN])
+        assert self.opts.key_column is not None and self.opts.key_streams is not None
+        return key_stream(self.opts.stream, key_bytes(row[self.opts.key_column]),
+                          self.opts.key_streams)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         if self.mode == "executors":
@@ -144,43 +216,101 @@ async def write_partition(
     opts: SinkOptions, batch: int, partition: int, rows: list[Row], *, stop_after: int = -1
 ) -> AppendedMessage:
     """Executors mode: append partition ``partition``'s rows of micro-batch ``batch`` to
-    its stream (created on demand) as the producer of (sink, partition), row ``i`` with
-    sequence ``row_sequence(batch, i)``: rows an earlier attempt or run stored are not
-    stored again. ``stop_after`` (tests): stop after that many rows, as a killed task.
+    its stream ``<stream>-<partition>`` (:func:`write_targets`)."""
+    stream = partition_stream(opts.stream, partition)
+    routed = await write_targets(opts, batch, partition, rows, [stream] * len(rows),
+                                 stop_after=stop_after)
+    if not routed.targets:
+        return AppendedMessage(stream, 0, 0)
+    return routed.targets[0]
 
-    Double faults: a task killed mid-way leaves a prefix of its rows stored (whatever its
-    recovery kept), which the retry's ``last_sequence`` skips; a retry racing a zombie
-    attempt fences it (its later appends fail with ``Fenced``), and both write the same
-    rows with the same sequences, so nothing is stored twice."""
+
+async def write_targets(
+    opts: SinkOptions, batch: int, partition: int, rows: list[Row], streams: list[str],
+    *, stop_after: int = -1,
+) -> RoutedMessage:
+    """Executors mode: append partition ``partition``'s rows of micro-batch ``batch``, row
+    ``i`` to stream ``streams[i]`` (created on demand unless ``createStreams`` is false),
+    as the producer of (sink, partition) in each target stream, row ``i`` with sequence
+    ``row_sequence(batch, i)``: rows an earlier attempt or run stored are not stored
+    again. ``stop_after`` (tests): stop after that many rows, as a killed task.
+
+    Double faults: a task killed mid-way leaves a prefix of each target's rows stored
+    (whatever its recovery kept), which the retry's ``last_sequence`` skips; a retry racing
+    a zombie attempt, or another task writing the same target stream, fences it: the fenced
+    writer reopens (which recovers the stream and reads its last sequence again, bounded
+    tries with backoff) and sends only what is still missing, so nothing is stored twice
+    and nothing acknowledged is lost. Every call is bounded by the client's timeouts."""
     if len(rows) >= ROWS_PER_BATCH_MAX:
         raise InvalidArgument(f"estream sink: {len(rows)} rows in one partition of a batch")
-    stream = partition_stream(opts.stream, partition)
+    if len(streams) != len(rows):
+        raise InvalidArgument("estream sink: one target stream per row")
     client = await connect(opts, "estream sink")
     try:
-        try:
-            await client.create_stream(stream)
-        except StreamExists:
-            pass
-        writer = await client.open_writer(
-            stream, producer_id=task_producer_id(opts.sink_id, partition))
-        try:
-            before = writer.last_sequence
-            first = row_sequence(batch, 0)
-            now_ms = int(time.time() * 1000)
-            records = [Record(row[0], dict(row[1]), now_ms) for row in rows]
-            todo = [i for i in range(len(rows)) if first + i > before]
-            if stop_after >= 0:
-                todo = todo[:stop_after]
-            for lo in range(0, len(todo), APPEND_CHUNK_ROWS):
-                chunk = todo[lo : lo + APPEND_CHUNK_ROWS]
-                await writer.append_batch([records[i] for i in chunk],
-                                          sequences=[first + i for i in chunk])
-            await writer.flush()
-        finally:
-            await writer.close()
-        return AppendedMessage(stream, len(todo), len(rows) - len(todo))
+        now_ms = int(time.time() * 1000)
+        records = [Record(row[0], dict(row[1]), now_ms) for row in rows]
+        budget = stop_after
+        done: list[AppendedMessage] = []
+        for target in plan_targets(streams, partition):
+            await _ensure_stream(client, opts, target.stream)
+            appended = await _produce(client, opts, target, batch, partition, records, budget)
+            if budget >= 0:
+                budget -= appended
+            done.append(AppendedMessage(target.stream, appended,
+                                        len(target.positions) - appended))
+        return RoutedMessage(tuple(done))
     finally:
         await client.close()
+
+
+async def _ensure_stream(client: estream.Client, opts: SinkOptions, stream: str) -> None:
+    """Create ``stream`` with the sink's options unless it exists or creating is off."""
+    if not opts.create_streams:
+        return
+    try:
+        await client.create_stream(stream, opts.replicas, opts.ack_count, digest=opts.digest)
+    except StreamExists:
+        pass
+
+
+async def _produce(client: estream.Client, opts: SinkOptions, target: Target, batch: int,
+                   partition: int, records: list[Record], budget: int) -> int:
+    """Append ``target``'s rows not yet stored; the number appended now (``budget`` >= 0:
+    at most that many, tests). A writer fenced by another writer of the stream (another
+    task, or a zombie attempt of this one) reopens and goes on, at most ``FENCED_TRIES``
+    opens with backoff; each open recovers the stream and reads the producer's last stored
+    sequence again, so what the fenced writer got stored is not sent twice."""
+    first = row_sequence(batch, 0)
+    producer = task_producer_id(opts.sink_id, partition)
+    initial = -1  # rows missing at the first open
+    for attempt in range(FENCED_TRIES):
+        try:
+            try:
+                writer = await client.open_writer(target.stream, producer_id=producer)
+            except StreamNotFound:
+                why = " (option 'createStreams' is false)" if not opts.create_streams else ""
+                raise StreamNotFound(f"estream sink: stream {target.stream!r} does not "
+                                     f"exist{why}", stream=target.stream) from None
+            try:
+                missing = todo_positions(target.positions, first, writer.last_sequence)
+                initial = len(missing) if initial < 0 else initial
+                todo = missing
+                if budget >= 0:
+                    todo = missing[:max(0, budget - (initial - len(missing)))]
+                for lo in range(0, len(todo), APPEND_CHUNK_ROWS):
+                    chunk = todo[lo : lo + APPEND_CHUNK_ROWS]
+                    await writer.append_batch([records[i] for i in chunk],
+                                              sequences=[first + i for i in chunk])
+                await writer.flush()
+                return initial - (len(missing) - len(todo))
+            finally:
+                with contextlib.suppress(EstreamError):
+                    await writer.close()
+        except Fenced:
+            if attempt + 1 >= FENCED_TRIES:
+                raise
+            await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
 
 
 async def _tail(client: estream.Client, stream: str, end: int, count: int) -> list[Record]:

@@ -60,7 +60,8 @@ ALLOWED: dict[str, frozenset[str]] = {
 ASSEMBLERS = ("estream.cli", "estream.devcluster")
 
 PURE_RINGS = ("estream.wire", "estream.core", "pd", "rangeserver")
-PURE_EXTRA = ("estream", "estream.spark.planning", "estream.spark.commit", "estream.spark.options")
+PURE_EXTRA = ("estream", "estream.spark.planning", "estream.spark.commit", "estream.spark.options",
+              "estream.spark.routing")
 FORBIDDEN = frozenset({
     "asyncio", "socket", "ssl", "os", "time", "threading", "subprocess", "aiohttp",
     "pysyncobj", "aiofiles", "uvloop", "random", "mmap", "ctypes", "signal",

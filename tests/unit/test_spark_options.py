@@ -33,7 +33,8 @@ def test_kafka_options_estream_does_not_implement_are_refused(option: str) -> No
 def test_every_known_option_parses_case_insensitively() -> None:
     values = {"startingOffsets": "earliest", "endingOffsets": "latest",
               "startingOffsetsByTimestamp": '{"a": 5}', "tlsCa": "", "tlsCert": "",
-              "tlsKey": "", "tokenFile": "", "failOnDataLoss": "true", "path": "x"}
+              "tlsKey": "", "tokenFile": "", "secretFile": "", "failOnDataLoss": "true",
+              "path": "x"}
     options = {k.upper(): values.get(k, "7") for k in SOURCE_OPTIONS}
     options.update({"PD": "h:1", "STREAMS": "a,b"})
     opts = SourceOptions.parse(options)
