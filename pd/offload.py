@@ -48,6 +48,7 @@ from typing import Final
 
 import xxhash
 
+from estream.core.backoff import backoff_delay
 from estream.wire.meta import ReplicaRef, StreamMeta
 
 RangeKey = tuple[int, int]  # (stream_id, range_index)
@@ -194,7 +195,7 @@ def retry_delay_ms(failures: int) -> int:
     >>> [retry_delay_ms(n) for n in (1, 2, 3, 10)]
     [1000, 2000, 4000, 60000]
     """
-    return min(retry_backoff_ms_max, retry_backoff_ms_min << min(max(failures - 1, 0), 16))
+    return backoff_delay(failures, retry_backoff_ms_min, retry_backoff_ms_max)
 
 
 def key_hash(stream_id: int, range_index: int) -> str:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from estream.core.backoff import backoff_delay
 from estream.devcluster.certs import ClusterTls, ensure_cluster_tls
 from estream.devcluster.cmdline import estream_argv, pd_args, rangeserver_args
 from estream.devcluster.pd import alive_rangeservers, http_json
@@ -157,7 +158,7 @@ def restart_delay_s(failures: int) -> float:
     >>> [restart_delay_s(n) for n in (1, 2, 3, 6)]
     [0.5, 1.0, 2.0, 10.0]
     """
-    return min(RESTART_DELAY_S_MIN * 2.0 ** max(failures - 1, 0), RESTART_DELAY_S_MAX)
+    return backoff_delay(failures, RESTART_DELAY_S_MIN, RESTART_DELAY_S_MAX)
 
 
 # --- readiness probe (HTTP to the PD admin API) ---------------------------------------------

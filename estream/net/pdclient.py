@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from ssl import SSLContext
 from typing import Any, Final
 
+from estream.core.backoff import delays_until
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
 from estream.wire.errors import (
     Closed,
@@ -88,7 +89,7 @@ class PDClient:
         deadline = time.monotonic() + self.timeout_s
         if not self._leader_checked and opcode != Opcode.PD_CLUSTER:
             await self._find_leader(deadline)
-        backoff = backoff_s_min
+        waits = delays_until(backoff_s_min, backoff_s_max, deadline, time.monotonic)
         attempt_s_max = read_timeout_s_max if opcode in _READS else call_timeout_s_max
         last: EstreamError | None = None
         while True:
@@ -111,15 +112,14 @@ class PDClient:
                 if self._preferred is None:
                     self._preferred = address
                 return body
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            wait = next(waits, None)  # None: the deadline has passed
+            if wait is None:
                 raise Unavailable(
                     f"no placement-driver node answered within {self.timeout_s}s "
                     f"(tried {', '.join(self.addresses)}); last error: "
                     f"{last.message if last else 'none'}"
                 )
-            await asyncio.sleep(min(backoff, remaining))
-            backoff = min(backoff * 2, backoff_s_max)
+            await asyncio.sleep(wait)
 
     async def _find_leader(self, deadline: float) -> None:
         """Point ``_preferred`` at the leader's RPC address when a node can name it."""
