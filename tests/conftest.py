@@ -145,10 +145,13 @@ def estream_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from cluster_pd(tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A ``local[2]`` Spark session with ``estream`` registered, for the module (PySpark is
-    imported only by modules that ask for it)."""
+    """A ``local[2]`` Spark session with ``estream`` registered, shared by every Spark test
+    of the run (a JVM start costs seconds; tests stop their own queries). PySpark is
+    imported only when a test asks for it."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pyarrow")
     yield from spark_session()
 
 

@@ -360,15 +360,6 @@ def test_cli_read_with_every_range_server_stopped(tiered_cluster: Cluster,
     assert result.stdout.splitlines() == [expected_value(i).decode() for i in range(5, TOTAL)]
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    pytest.importorskip("pyarrow")
-    from tests.integration.conftest_spark import spark_session
-
-    yield from spark_session()
-
-
 @pytest.mark.spark
 def test_spark_source_reads_offloaded_ranges_from_the_object_store(
     tiered_cluster: Cluster, offloaded: StreamMeta, spark: Any

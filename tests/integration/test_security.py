@@ -436,14 +436,11 @@ async def test_raw_pickle_sent_to_the_raft_port_executes_nothing(tmp_path: Path)
 
 
 def test_spark_reads_and_writes_a_tls_and_token_cluster(
-    cluster: SecureCluster, tmp_path: Path
+    cluster: SecureCluster, tmp_path: Path, spark: Any
 ) -> None:
     """The Spark connector's tlsCa / tokenFile options, through real Spark (local[2]):
     a batch read and an exactly-once streaming copy into another stream; without the
     token the query fails with the cluster's refusal."""
-    pytest.importorskip("pyspark")
-    from tests.integration.conftest_spark import new_spark
-
     token_file = tmp_path / "spark-token"
     token_file.write_text(TOKEN + "\n")
     secure = {"pd": cluster.pd, "tlsCa": str(cluster.pki.ca), "tokenFile": str(token_file)}
@@ -457,27 +454,23 @@ def test_spark_reads_and_writes_a_tls_and_token_cluster(
                 await writer.append_batch([b"v%d" % i for i in range(30)])
 
     asyncio.run(fill())
-    spark = new_spark("estream-secure")
-    try:
-        rows = spark.read.format("estream").options(**secure, streams="spark-in").load().collect()
-        assert sorted(r.value for r in rows) == sorted(b"v%d" % i for i in range(30))
+    rows = spark.read.format("estream").options(**secure, streams="spark-in").load().collect()
+    assert sorted(r.value for r in rows) == sorted(b"v%d" % i for i in range(30))
 
-        query = (spark.readStream.format("estream").options(**secure, streams="spark-in")
-                 .option("startingOffsets", "earliest").load().select("value")
-                 .writeStream.format("estream").options(**secure, stream="spark-out")
-                 .option("checkpointLocation", str(tmp_path / "ckpt"))
-                 .trigger(availableNow=True).start())
-        assert query.awaitTermination(120) and query.exception() is None
+    query = (spark.readStream.format("estream").options(**secure, streams="spark-in")
+             .option("startingOffsets", "earliest").load().select("value")
+             .writeStream.format("estream").options(**secure, stream="spark-out")
+             .option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120) and query.exception() is None
 
-        async def copied() -> list[bytes]:
-            async with await estream.connect(cluster.pd, tls_ca=str(cluster.pki.ca),
-                                             token=TOKEN) as client:
-                return [r.value async for r in client.read("spark-out", 0, 30)]
+    async def copied() -> list[bytes]:
+        async with await estream.connect(cluster.pd, tls_ca=str(cluster.pki.ca),
+                                         token=TOKEN) as client:
+            return [r.value async for r in client.read("spark-out", 0, 30)]
 
-        assert sorted(asyncio.run(copied())) == sorted(b"v%d" % i for i in range(30))
+    assert sorted(asyncio.run(copied())) == sorted(b"v%d" % i for i in range(30))
 
-        no_token = {k: v for k, v in secure.items() if k != "tokenFile"}
-        with pytest.raises(Exception, match="Unauthenticated|not authenticated|bad token"):
-            spark.read.format("estream").options(**no_token, streams="spark-in").load().collect()
-    finally:
-        spark.stop()
+    no_token = {k: v for k, v in secure.items() if k != "tokenFile"}
+    with pytest.raises(Exception, match="Unauthenticated|not authenticated|bad token"):
+        spark.read.format("estream").options(**no_token, streams="spark-in").load().collect()

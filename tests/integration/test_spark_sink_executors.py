@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,25 +27,13 @@ from estream.spark.source import run  # noqa: E402
 from estream.wire.errors import DigestKeyMissing, InvalidArgument, StreamNotFound  # noqa: E402
 from tests.integration.conftest_spark import (  # noqa: E402
     append,
-    cluster_pd,
     create_stream,
     read_all,
-    spark_session,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 QUERY_TIMEOUT_S = 90
-
-
-@pytest.fixture(scope="module")
-def estream_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from cluster_pd(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    yield from spark_session()
 
 
 def test_killed_task_retried_and_batch_replayed_store_each_row_once(estream_pd: str) -> None:
