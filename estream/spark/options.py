@@ -7,8 +7,14 @@ dataclasses are what the driver-side planner and the pickled task-side readers c
 Options the source does not know are an error naming the option, the closest known one
 and every known one (Spark's Kafka source would ignore a misspelled ``startingOffset``
 and quietly start at ``latest``). Kafka-source options estream does not implement
-(``minOffsetsPerTrigger``, ``maxTriggerDelay``, ``subscribePattern``...) are refused by
-name too. ``maxOffsetsPerTrigger`` is the Kafka name of ``maxRecordsPerTrigger``.
+(``subscribePattern``, ``assign``...) are refused by name too. ``maxOffsetsPerTrigger``
+is the Kafka name of ``maxRecordsPerTrigger``.
+
+``minOffsetsPerTrigger`` (with ``maxTriggerDelay``, a Spark duration, default 15m; at most
+``maxRecordsPerTrigger`` when both are given) holds a micro-batch back until that many new
+records are there or the delay has passed (``estream/spark/planning.py`` :func:`admit`).
+``streamPattern`` (a regular expression matching whole stream names; exclusive with
+``streams``) subscribes to every matching stream, listed again at each trigger.
 
 Starting by time (Kafka's precedence): ``startingTimestamp`` (ms since the epoch, every
 stream) wins over ``startingOffsetsByTimestamp`` (JSON ``{"stream": ms}``; streams it
@@ -25,12 +31,16 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from estream.spark.planning import (
+    MAX_TRIGGER_DELAY_MS_DEFAULT,
     MIN_PARTITIONS_DEFAULT,
     PARTITION_RECORDS_DEFAULT,
+    check_pattern,
+    match_streams,
+    parse_duration_ms,
     parse_streams,
 )
 from estream.wire.errors import InvalidArgument
@@ -43,14 +53,14 @@ SOURCE_OPTIONS: Final = (
     "pd", "streams", "startingOffsets", "endingOffsets", "startingTimestamp",
     "startingOffsetsByTimestamp", "maxRecordsPerTrigger", "maxOffsetsPerTrigger",
     "failOnDataLoss", "partitionRecords", "arrowRows", "connectTimeoutSeconds",
-    "minPartitions", *_SECURITY_OPTIONS,
+    "minPartitions", "minOffsetsPerTrigger", "maxTriggerDelay", "streamPattern",
+    *_SECURITY_OPTIONS,
     "path",  # Spark's own, from load(path): ignored
 )
 # Options of Spark's Kafka source that estream's source does not implement.
 KAFKA_ONLY_OPTIONS: Final = (
-    "minOffsetsPerTrigger", "maxTriggerDelay", "subscribe", "subscribePattern", "assign",
-    "streamPattern", "startingOffsetsByTimestampStrategy", "kafka.bootstrap.servers",
-    "includeHeaders", "groupIdPrefix",
+    "subscribe", "subscribePattern", "assign", "startingOffsetsByTimestampStrategy",
+    "kafka.bootstrap.servers", "includeHeaders", "groupIdPrefix",
 )
 
 
@@ -176,24 +186,46 @@ class SourceOptions:
     security: Security = Security()
     starting_timestamp: int | None = None  # ms; every stream (wins over the next)
     starting_offsets_by_timestamp: tuple[tuple[str, int], ...] = ()  # (stream, ms)
+    min_records_per_trigger: int | None = None  # minOffsetsPerTrigger
+    max_trigger_delay_ms: int = MAX_TRIGGER_DELAY_MS_DEFAULT
+    # streamPattern: ``streams`` is then () until the source lists the matching streams
+    stream_pattern: str | None = None
 
     def starting_times(self) -> dict[str, int]:
         """The streams that start by time, with their time (ms; module docstring)."""
         if self.starting_timestamp is not None:
             return {name: self.starting_timestamp for name in self.streams}
-        return dict(self.starting_offsets_by_timestamp)
+        return {name: ms for name, ms in self.starting_offsets_by_timestamp
+                if name in self.streams}
+
+    def known(self, streams: tuple[str, ...]) -> SourceOptions:
+        """These options over ``streams`` (a ``streamPattern`` source's current matches)."""
+        return replace(self, streams=streams)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         check_known(options, SOURCE_OPTIONS, "source")
         timeout = _int(options, "connectTimeoutSeconds", None, 1)
-        streams = parse_streams(_get(options, "streams"))
+        pattern = _get(options, "streamPattern")
+        if pattern is not None and (_get(options, "streams") or "").strip():
+            raise InvalidArgument("options 'streams' and 'streamPattern' exclude each other",
+                                  argument="streamPattern")
+        streams = () if pattern is not None else parse_streams(_get(options, "streams"))
+        if pattern is not None:
+            check_pattern(pattern)
+        max_records = _max_records(options)
+        min_records = _int(options, "minOffsetsPerTrigger", None, 1)
+        if min_records is not None and max_records is not None and min_records > max_records:
+            raise InvalidArgument(f"option 'minOffsetsPerTrigger' ({min_records}) exceeds "
+                                  f"'maxOffsetsPerTrigger' ({max_records})",
+                                  argument="minOffsetsPerTrigger")
+        delay = (_get(options, "maxTriggerDelay") or "").strip()
         return cls(
             pd=_pd(options),
             streams=streams,
             starting_offsets=_get(options, "startingOffsets"),
             ending_offsets=_get(options, "endingOffsets"),
-            max_records_per_trigger=_max_records(options),
+            max_records_per_trigger=max_records,
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             partition_records=_int(options, "partitionRecords", PARTITION_RECORDS_DEFAULT, 1)
             or PARTITION_RECORDS_DEFAULT,
@@ -203,7 +235,11 @@ class SourceOptions:
             or MIN_PARTITIONS_DEFAULT,
             security=Security.parse(options),
             starting_timestamp=_int(options, "startingTimestamp", None, -(2**63)),
-            starting_offsets_by_timestamp=_by_timestamp(options, streams),
+            starting_offsets_by_timestamp=_by_timestamp(options, streams, pattern),
+            min_records_per_trigger=min_records,
+            max_trigger_delay_ms=parse_duration_ms(delay, "maxTriggerDelay") if delay
+            else MAX_TRIGGER_DELAY_MS_DEFAULT,
+            stream_pattern=pattern,
         )
 
 
@@ -217,9 +253,10 @@ def _max_records(options: Mapping[str, str]) -> int | None:
     return ours if ours is not None else kafka
 
 
-def _by_timestamp(options: Mapping[str, str], streams: tuple[str, ...]
-                  ) -> tuple[tuple[str, int], ...]:
-    """``startingOffsetsByTimestamp``: a JSON object ``{"stream": ms}`` over ``streams``."""
+def _by_timestamp(options: Mapping[str, str], streams: tuple[str, ...],
+                  pattern: str | None = None) -> tuple[tuple[str, int], ...]:
+    """``startingOffsetsByTimestamp``: a JSON object ``{"stream": ms}`` over ``streams``
+    (with ``streamPattern``: over names the pattern matches)."""
     key = "startingOffsetsByTimestamp"
     text = (_get(options, key) or "").strip()
     if not text:
@@ -232,9 +269,14 @@ def _by_timestamp(options: Mapping[str, str], streams: tuple[str, ...]
             isinstance(v, int) and not isinstance(v, bool) for v in parsed.values()):
         raise InvalidArgument(f"option {key!r} must be a JSON object {{\"stream\": "
                               f"milliseconds since the epoch}}, not {text!r}", argument=key)
-    unknown = sorted(set(parsed) - set(streams))
+    if pattern is not None:
+        unknown = sorted(set(parsed) - set(match_streams(pattern, list(parsed))))
+        where = "'streamPattern' does not match"
+    else:
+        unknown = sorted(set(parsed) - set(streams))
+        where = "not in 'streams'"
     if unknown:
-        raise InvalidArgument(f"option {key!r} names streams not in 'streams': {unknown}",
+        raise InvalidArgument(f"option {key!r} names streams {where}: {unknown}",
                               argument=key)
     return tuple(sorted(parsed.items()))
 

@@ -21,6 +21,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -283,3 +284,101 @@ def plan_batch(
     for name, (lo, hi) in spans.items():
         specs.extend(plan_partitions(metas[name], lo, hi, size))
     return specs
+
+
+# ------------------------------------------------ minOffsetsPerTrigger / maxTriggerDelay
+
+MAX_TRIGGER_DELAY_MS_DEFAULT: Final = 15 * 60 * 1000  # Kafka source's default, 15m
+
+_DURATION_UNITS_MS: Final = {
+    "us": 0.001, "ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+    "d": 86_400_000,
+}
+
+
+def parse_duration_ms(text: str, option: str) -> int:
+    """A Spark duration string (``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``; a bare number
+    is milliseconds, as in Spark's ``timeStringAsMs``) in milliseconds.
+
+    >>> parse_duration_ms("5m", "maxTriggerDelay"), parse_duration_ms("250", "x")
+    (300000, 250)
+    """
+    raw = text.strip().lower()
+    digits = raw.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = raw[len(digits):].strip() or "ms"
+    if not digits.isdigit() or unit not in _DURATION_UNITS_MS:
+        raise InvalidArgument(
+            f"option {option!r} must be a duration such as '30s', '5m' or '1h' (units: "
+            f"{', '.join(_DURATION_UNITS_MS)}), not {text!r}", argument=option)
+    return int(int(digits) * _DURATION_UNITS_MS[unit])
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The next micro-batch's end offsets, and the time (ms) the source now counts
+    ``maxTriggerDelay`` from (None: no batch let through yet in this driver)."""
+
+    end: Offsets
+    last_batch_ms: int | None
+
+
+def admit(
+    start: Mapping[str, int],
+    latest: Mapping[str, int],
+    *,
+    min_rows: int | None,
+    max_rows: int | None,
+    delay_ms: int,
+    now_ms: int,
+    last_batch_ms: int | None,
+) -> Admission:
+    """Kafka's ``minOffsetsPerTrigger`` with ``maxTriggerDelay``, then ``max_rows``.
+
+    With fewer than ``min_rows`` new records over all streams, the batch is held back
+    (its end is ``start``, which Spark takes as "no new data") until ``delay_ms`` has
+    passed since the last batch let through; the first trigger of a driver starts that
+    clock (as Kafka's source does), so a fresh or restarted query waits at most one
+    delay. A batch let through (enough records, or the delay passed) then goes as far as
+    :func:`limit_end` allows under ``max_rows`` and restarts the clock.
+
+    >>> admit({"a": 0}, {"a": 3}, min_rows=5, max_rows=None, delay_ms=10, now_ms=100,
+    ...       last_batch_ms=95).end
+    {'a': 0}
+    """
+    available = sum(max(0, latest[name] - start.get(name, latest[name])) for name in latest)
+    if min_rows is not None and available < min_rows:
+        since = now_ms if last_batch_ms is None else last_batch_ms
+        if now_ms - since < delay_ms:
+            begin = {name: min(start.get(name, latest[name]), latest[name]) for name in latest}
+            return Admission(offsets_dict(begin), since)
+    return Admission(limit_end(start, latest, max_rows), now_ms)
+
+
+# ---------------------------------------------------------------------- streamPattern
+
+
+def match_streams(pattern: str, names: Sequence[str]) -> tuple[str, ...]:
+    """The names ``pattern`` matches as a whole (Python ``re.fullmatch``, as Kafka's
+    ``subscribePattern`` matches whole topic names), sorted."""
+    compiled = re.compile(pattern)
+    return tuple(sorted({name for name in names if compiled.fullmatch(name)}))
+
+
+def check_pattern(pattern: str, option: str = "streamPattern") -> str:
+    """``pattern`` if it is a valid regular expression, else :class:`InvalidArgument`."""
+    if not pattern.strip():
+        raise InvalidArgument(f"option {option!r} must be a non-empty regular expression",
+                              argument=option)
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InvalidArgument(f"option {option!r} is not a valid regular expression "
+                              f"({exc}): {pattern!r}", argument=option) from None
+    return pattern
+
+
+def spec_for(spec: Mapping[str, int], streams: Sequence[str]) -> Offsets:
+    """The starting spec over ``streams``: a stream the spec has no entry for (created
+    after a ``streamPattern`` query started) starts at ``EARLIEST``, as Kafka's source
+    starts new partitions."""
+    return {name: int(spec.get(name, EARLIEST)) for name in sorted(streams)}

@@ -21,6 +21,7 @@ import gc
 import queue
 import sys
 import threading
+import time
 from array import array
 from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
@@ -54,13 +56,15 @@ from estream.spark.planning import (
     Offsets,
     PartitionSpec,
     StreamBounds,
+    admit,
     cap_offsets,
     check_start,
-    limit_end,
+    match_streams,
     offsets_dict,
     parse_offsets_spec,
     plan_batch,
     resolve_spec,
+    spec_for,
 )
 from estream.spark.timestarts import apply_starting_times
 from estream.wire.errors import OffsetOutOfRange, StreamNotFound
@@ -123,13 +127,18 @@ async def _describe(client: estream.Client, pd: str, name: str) -> tuple[StreamM
 
 
 async def _survey(opts: SourceOptions) -> tuple[dict[str, StreamMeta], dict[str, StreamBounds]]:
-    """Every stream's metadata and bounds, in one client session."""
+    """Every stream's metadata and bounds, in one client session. With ``streamPattern``
+    a stream deleted between the listing and its description is left out."""
     client = await connect(opts)
     try:
         metas: dict[str, StreamMeta] = {}
         bounds: dict[str, StreamBounds] = {}
         for name in opts.streams:
-            metas[name], bounds[name] = await _describe(client, opts.pd, name)
+            try:
+                metas[name], bounds[name] = await _describe(client, opts.pd, name)
+            except StreamNotFound:
+                if opts.stream_pattern is None:
+                    raise
         return metas, bounds
     finally:
         await client.close()
@@ -137,6 +146,22 @@ async def _survey(opts: SourceOptions) -> tuple[dict[str, StreamMeta], dict[str,
 
 def survey(opts: SourceOptions) -> tuple[dict[str, StreamMeta], dict[str, StreamBounds]]:
     return run(_survey(opts))
+
+
+async def _list_names(opts: SourceOptions) -> list[str]:
+    client = await connect(opts)
+    try:
+        return [meta.name for meta in await client.list_streams()]
+    finally:
+        await client.close()
+
+
+def current(opts: SourceOptions) -> SourceOptions:
+    """``opts`` over the streams it reads now: ``streams`` as given, or the streams
+    ``streamPattern`` matches in the placement driver's list right now."""
+    if opts.stream_pattern is None:
+        return opts
+    return opts.known(match_streams(opts.stream_pattern, run(_list_names(opts))))
 
 
 def effective_start(
@@ -161,7 +186,9 @@ def plan(
     initial_spec: Mapping[str, int],
 ) -> list[EstreamPartition]:
     metas, bounds = survey(opts)
-    begin = effective_start(opts, start, resolve_spec(initial_spec, bounds), bounds)
+    opts = opts.known(tuple(sorted(bounds)))  # streamPattern: less any deleted meanwhile
+    spec = {name: offset for name, offset in initial_spec.items() if name in bounds}
+    begin = effective_start(opts, start, resolve_spec(spec, bounds), bounds)
     stop = offsets_dict({name: max(begin[name], int(end.get(name, begin[name]))) for name in begin})
     specs = plan_batch(metas, begin, stop, opts.partition_records, opts.min_partitions)
     return [EstreamPartition.of(spec) for spec in specs]
@@ -439,35 +466,59 @@ class EstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.opts = SourceOptions.parse(options)
+        # streamPattern: the spec covers the streams found by initialOffset; any other
+        # stream (created later) starts at earliest (planning.spec_for)
         self.spec = parse_offsets_spec(
             self.opts.starting_offsets or "latest", self.opts.streams, "startingOffsets"
-        )
+        ) if self.opts.stream_pattern is None else {}
         self.target: Offsets | None = None
+        self.last_batch_ms: int | None = None  # maxTriggerDelay's clock (driver memory)
 
     def initialOffset(self) -> dict[str, int]:
-        self.spec = apply_starting_times(self.opts, self.spec)  # startingTimestamp...
-        _, bounds = survey(self.opts)
-        return resolve_spec(self.spec, bounds)
+        opts = current(self.opts)
+        if self.opts.stream_pattern is not None:
+            self.spec = parse_offsets_spec(
+                self.opts.starting_offsets or "latest", opts.streams, "startingOffsets")
+        self.spec = apply_starting_times(opts, self.spec)  # startingTimestamp...
+        _, bounds = survey(opts)
+        return resolve_spec(spec_for(self.spec, list(bounds)), bounds)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.opts.max_records_per_trigger is None:
-            return ReadAllAvailable()
-        return ReadMaxRows(self.opts.max_records_per_trigger)
+        """The Python Data Source API has no composite limit (Kafka's min and max
+        together): max wins here, and ``latestOffset`` applies the min from the options."""
+        if self.opts.max_records_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_records_per_trigger)
+        if self.opts.min_records_per_trigger is not None:
+            return ReadMinRows(self.opts.min_records_per_trigger)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        _, bounds = survey(self.opts)
+        _, bounds = survey(current(self.opts))
         self.target = offsets_dict({name: b.end for name, b in bounds.items()})
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        _, bounds = survey(self.opts)
-        begin = effective_start(self.opts, start, resolve_spec(self.spec, bounds), bounds)
+        opts = current(self.opts)
+        _, bounds = survey(opts)
+        opts = opts.known(tuple(sorted(bounds)))
+        initial = resolve_spec(spec_for(self.spec, opts.streams), bounds)
+        begin = effective_start(opts, start, initial, bounds)
         latest = cap_offsets({name: b.end for name, b in bounds.items()}, self.target)
         latest = {name: max(latest[name], begin[name]) for name in latest}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return limit_end(begin, latest, max_rows)
+        min_rows = limit.min_rows if isinstance(limit, ReadMinRows) \
+            else self.opts.min_records_per_trigger
+        if self.target is not None or isinstance(limit, ReadAllAvailable):
+            min_rows = None  # Trigger.AvailableNow / Once: waiting could last forever
+        decided = admit(begin, latest, min_rows=min_rows, max_rows=max_rows,
+                        delay_ms=self.opts.max_trigger_delay_ms,
+                        now_ms=int(time.time() * 1000), last_batch_ms=self.last_batch_ms)
+        self.last_batch_ms = decided.last_batch_ms
+        return decided.end
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[EstreamPartition]:
-        return plan(self.opts, start, end, self.spec)
+        opts = self.opts if self.opts.stream_pattern is None \
+            else self.opts.known(tuple(sorted(end)))
+        return plan(opts, start, end, spec_for(self.spec, opts.streams))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, EstreamPartition)
@@ -492,6 +543,12 @@ class EstreamBatchReader(DataSourceReader):
         )
 
     def partitions(self) -> list[EstreamPartition]:
+        if self.opts.stream_pattern is not None:
+            self.opts = current(self.opts)
+            self.start_spec = parse_offsets_spec(
+                self.opts.starting_offsets or "earliest", self.opts.streams, "startingOffsets")
+            self.end_spec = parse_offsets_spec(
+                self.opts.ending_offsets or "latest", self.opts.streams, "endingOffsets")
         self.start_spec = apply_starting_times(self.opts, self.start_spec)
         _, bounds = survey(self.opts)
         end = resolve_spec(self.end_spec, bounds)

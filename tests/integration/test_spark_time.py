@@ -106,8 +106,8 @@ def test_a_misspelled_option_fails_with_its_name(spark: Any, estream_pd: str) ->
          .option("startingOffset", "earliest").load().collect())
     started = time.monotonic()
     df = (spark.readStream.format("estream").option("pd", estream_pd).option("streams", "typo")
-          .option("minOffsetsPerTrigger", "10").load())
-    with pytest.raises(Exception, match="(?i)minOffsetsPerTrigger"):
+          .option("subscribePattern", "t.*").load())
+    with pytest.raises(Exception, match="(?i)subscribePattern"):
         query = df.writeStream.format("memory").queryName("typo_rows").start()
         try:
             query.awaitTermination(QUERY_TIMEOUT_S)
@@ -116,3 +116,42 @@ def test_a_misspelled_option_fails_with_its_name(spark: Any, estream_pd: str) ->
         finally:
             query.stop()
     assert time.monotonic() - started < QUERY_TIMEOUT_S
+
+
+def test_stream_pattern_picks_up_a_stream_created_after_the_start(
+    spark: Any, estream_pd: str, tmp_path: Path
+) -> None:
+    """``streamPattern``: streams present at the start begin at ``startingOffsets``
+    (latest: their old records skipped), a stream created while the query runs is read
+    from offset 0, and non-matching streams are left alone; ``minOffsetsPerTrigger`` with
+    a short ``maxTriggerDelay`` still lets the small batches through."""
+    create_stream(estream_pd, "pat-a")
+    create_stream(estream_pd, "other-pat")
+    append_at(estream_pd, "pat-a", [T0] * 4, "before")
+    df = (spark.readStream.format("estream").option("pd", estream_pd)
+          .option("streamPattern", r"pat-\w+").option("startingOffsets", "latest")
+          .option("minOffsetsPerTrigger", "1000").option("maxTriggerDelay", "1s").load())
+    query = (df.writeStream.format("memory").queryName("pattern_rows")
+             .option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(processingTime="500 milliseconds").start())
+    try:
+        deadline = time.monotonic() + QUERY_TIMEOUT_S
+        while query.lastProgress is None and time.monotonic() < deadline:
+            assert query.exception() is None, query.exception()
+            time.sleep(0.5)
+        append_at(estream_pd, "pat-a", [T0] * 3, "after")
+        create_stream(estream_pd, "pat-new")
+        append_at(estream_pd, "pat-new", [T0] * 5, "new")
+        append_at(estream_pd, "other-pat", [T0] * 2, "other")
+        want = {("pat-a", 4), ("pat-a", 5), ("pat-a", 6), *(("pat-new", i) for i in range(5))}
+        got: set[tuple[str, int]] = set()
+        while got != want and time.monotonic() < deadline:
+            assert query.exception() is None, query.exception()
+            time.sleep(0.5)
+            got = {(r.stream, r.offset) for r in
+                   spark.sql("select stream, offset from pattern_rows").collect()}
+        assert got == want
+        rows = spark.sql("select stream, offset from pattern_rows").collect()
+        assert len(rows) == len(want)  # no record twice
+    finally:
+        query.stop()

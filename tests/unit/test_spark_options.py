@@ -37,6 +37,7 @@ def test_every_known_option_parses_case_insensitively() -> None:
               "path": "x"}
     options = {k.upper(): values.get(k, "7") for k in SOURCE_OPTIONS}
     options.update({"PD": "h:1", "STREAMS": "a,b"})
+    del options["STREAMPATTERN"]  # exclusive with streams
     opts = SourceOptions.parse(options)
     assert opts.max_records_per_trigger == 7 and opts.starting_timestamp == 7
 
