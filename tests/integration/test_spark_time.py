@@ -124,7 +124,8 @@ def test_stream_pattern_picks_up_a_stream_created_after_the_start(
     """``streamPattern``: streams present at the start begin at ``startingOffsets``
     (latest: their old records skipped), a stream created while the query runs is read
     from offset 0, and non-matching streams are left alone; ``minOffsetsPerTrigger`` with
-    a short ``maxTriggerDelay`` still lets the small batches through."""
+    a short ``maxTriggerDelay`` still lets the small batches through. A batch read with
+    the pattern reads every matching stream from earliest."""
     create_stream(estream_pd, "pat-a")
     create_stream(estream_pd, "other-pat")
     append_at(estream_pd, "pat-a", [T0] * 4, "before")
@@ -155,3 +156,7 @@ def test_stream_pattern_picks_up_a_stream_created_after_the_start(
         assert len(rows) == len(want)  # no record twice
     finally:
         query.stop()
+    batch = (spark.read.format("estream").option("pd", estream_pd)
+             .option("streamPattern", r"pat-\w+").load().collect())
+    assert sorted((r.stream, r.offset) for r in batch) == sorted(
+        [("pat-a", i) for i in range(7)] + [("pat-new", i) for i in range(5)])
