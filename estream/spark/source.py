@@ -12,6 +12,16 @@ object store PD names (the index once, then ranged GETs of just the partition's
 batches, the next window fetched ahead), with no range server involved: the SDK's reader
 does it (``estream/sdk/reader.py``), so the source needs no path of its own.
 
+``streamPattern``: every driver call first lists the placement driver's streams and
+keeps the matching ones (:func:`current`); a micro-batch's partitions are planned over
+the streams its end offsets name, so a replayed batch plans the same streams.
+``minOffsetsPerTrigger``: ``latestOffset`` returns the start offsets (no batch) while
+``planning.admit`` holds the batch back; the ``maxTriggerDelay`` clock is driver memory.
+
+Faults: a failed listing or survey (PD leader lost, a replica hung past the client's
+timeouts) fails the trigger before any offset is returned, so Spark's checkpoint is
+untouched and a restarted query resumes at the last committed offsets.
+
 Side effect: network calls to the estream cluster (PD and range servers).
 """
 
@@ -67,7 +77,7 @@ from estream.spark.planning import (
     spec_for,
 )
 from estream.spark.timestarts import apply_starting_times
-from estream.wire.errors import OffsetOutOfRange, StreamNotFound
+from estream.wire.errors import InvalidArgument, OffsetOutOfRange, StreamNotFound
 from estream.wire.meta import StreamMeta
 from estream.wire.record import (
     BATCH_HEADER_BYTES,
@@ -477,8 +487,14 @@ class EstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, int]:
         opts = current(self.opts)
         if self.opts.stream_pattern is not None:
-            self.spec = parse_offsets_spec(
-                self.opts.starting_offsets or "latest", opts.streams, "startingOffsets")
+            try:
+                self.spec = parse_offsets_spec(
+                    self.opts.starting_offsets or "latest", opts.streams, "startingOffsets")
+            except InvalidArgument as exc:
+                raise InvalidArgument(
+                    f"{exc.message} (with 'streamPattern', a JSON 'startingOffsets' names "
+                    f"only streams that exist and match when the query starts: "
+                    f"{list(opts.streams)})", argument="startingOffsets") from None
         self.spec = apply_starting_times(opts, self.spec)  # startingTimestamp...
         _, bounds = survey(opts)
         return resolve_spec(spec_for(self.spec, list(bounds)), bounds)
