@@ -32,7 +32,7 @@ run: $(STAMP)
 	$(BIN)/estream up --data-dir ./estream-data
 
 test: $(STAMP) spark-deps
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=25
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow and not spark"
