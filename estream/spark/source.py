@@ -402,9 +402,9 @@ _heap = {"frozen": False}
 def freeze_worker_heap() -> None:
     """Once per process: move every object alive now (the modules PySpark, pyarrow and
     estream loaded) out of the garbage collector's reach. A reused PySpark worker runs a
-    full ``gc.collect()`` after every task, which otherwise walks them all again (about a
-    tenth of a worker's CPU in a query, measured with py-spy). Objects made later are
-    collected as usual."""
+    full ``gc.collect()`` after every task, which otherwise walks them all again (a
+    noticeable share of a worker's CPU in a query). Objects made later are collected as
+    usual."""
     if not _heap["frozen"]:
         gc.freeze()
         _heap["frozen"] = True

@@ -200,9 +200,9 @@ def server_id(data_dir: Path) -> str:
 def tune_gc() -> None:
     """Keep the cyclic GC off the append path: what recovery loaded is frozen (never
     scanned again) and full collections are rare. The index and cache hold one object per
-    batch, and a full collection walking them stalled appends for 40-90 ms (benchmark at
-    half the peak rate: p99 44 ms before, 25 ms after). Record data is refcounted bytes and
-    freed without the cyclic GC."""
+    batch, and a full collection walking them stalls appends for tens of milliseconds
+    (the append tail shrinks with it off). Record data is refcounted bytes and freed
+    without the cyclic GC."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(gc_gen0_threshold, 50, 1000)

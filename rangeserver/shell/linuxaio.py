@@ -5,7 +5,7 @@ the event loop and that thread (after waking it, after its write returns), and o
 shared cores each hand-over can wait for a whole switch interval behind a busy loop: that
 wait, not the disk, made the tail of append latency (``benchmarks/RESULTS.md``, "Range
 server"). Native AIO on a file opened with ``O_DIRECT`` is truly asynchronous: the event
-loop submits the write (about 25 us) and goes on serving; the kernel signals completion on
+loop submits the write and goes on serving; the kernel signals completion on
 an ``eventfd`` that the loop watches. No thread, no GIL hand-over.
 
 What it needs: buffers, file offsets and lengths aligned to :data:`BLOCK_BYTES` (the

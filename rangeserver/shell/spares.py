@@ -4,15 +4,14 @@ Why: an fdatasync that covers an append which *grows* a file must also commit th
 filesystem's metadata (the new size, the blocks just allocated): on ext4 that is a
 journal commit, and it is what gives appends their slow tail. An append that overwrites
 blocks already allocated and initialized needs no metadata at all: its fdatasync is the
-data and a cache flush. Measured on this project's machine (``benchmarks/RESULTS.md``,
-"Range server"): at 160 MB/s of group-committed 66 KB batches, growing a file gave a p99
-of 2 to 34 ms, overwriting a zero-filled one 0.34 to 0.46 ms.
+data and a cache flush, so overwriting a zero-filled file keeps the append tail far
+shorter than growing one (the range-server benchmark, ``benchmarks/RESULTS.md``).
 
 How: a preparer thread writes ``PREPARING`` full of zeros in chunks (each chunk written
 and fdatasynced, so no large amount of dirty data ever waits for a flush), then renames
 it to ``spare-N.spare`` and syncs the directory. It works only while no append has come
 for ``idle_s``, and stops between chunks as soon as one does: zero-filling *during*
-appends doubles the writes and made the tail worse than growing files (measured too).
+appends doubles the writes and makes the tail worse than growing files.
 The writer thread takes a spare when the log rolls to a new segment (renamed to the
 segment's name; ``rangeserver/shell/wal.py``); with none ready, it creates an empty file as
 before. The pool never grows past ``wanted`` spares and never takes the disk below
