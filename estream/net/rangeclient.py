@@ -414,10 +414,7 @@ async def copy_range(
             answer = await client.read(
                 source.address, server_id=source.server_id, stream_id=stream_id,
                 range_index=range_index, offset=progress.offset, unconfirmed=True)
-            batches = list(iter_batches(answer.payload))
-            for _, raw in batches:
-                verify_batch(raw)
-            todo = _batches_to_copy(batches, progress.offset, end)
+            todo = batches_continuing(answer.payload, progress.offset, end)
         except EstreamError as exc:
             raise SourceFailed(f"reading {source.server_id} at {progress.offset} failed: "
                                f"{exc!r}", source=source.server_id) from exc
@@ -433,11 +430,17 @@ async def copy_range(
                            source=source.server_id)
 
 
-def _batches_to_copy(
-    batches: list[tuple[BatchHeader, memoryview]], offset: int, end: int
+def batches_continuing(
+    payload: bytes | memoryview, offset: int, end: int
 ) -> list[tuple[BatchHeader, memoryview]]:
-    """The batches of one answer that continue a copy at ``offset`` below ``end`` (rules
-    3 and 4); ``OffsetGap`` for one that does not."""
+    """Of one READ answer's ``payload``, the batches that continue a copy at ``offset``
+    below ``end``: every batch verified first (rule 2: ``ChecksumMismatch`` and the like),
+    then rules 3 and 4 (``OffsetGap`` for a batch that does not line up). Pure: the one
+    rule book of :func:`copy_range` and of PD's offloader (``pd/shell/offloader.py``),
+    which reads a sealed range the same way to build its object."""
+    batches = list(iter_batches(payload))
+    for _, raw in batches:
+        verify_batch(raw)
     todo: list[tuple[BatchHeader, memoryview]] = []
     for header, raw in batches:
         if offset >= end:
@@ -653,5 +656,6 @@ __all__ = [
     "ReplicaClient",
     "SealAnswer",
     "SourceFailed",
+    "batches_continuing",
     "copy_range",
 ]

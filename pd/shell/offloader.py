@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Collection
 from typing import Final, TypeVar
 
 from estream.net.objectstore import ObjectStore
-from estream.net.rangeclient import RangeClient
+from estream.net.rangeclient import RangeClient, batches_continuing
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import (
@@ -67,7 +67,7 @@ from estream.wire.objectformat import (
     encode_object_parts,
     iter_object_batches,
 )
-from estream.wire.record import iter_batches, verify_batch
+from estream.wire.record import verify_batch
 from pd.commands import CommitObject, DropLocalReplicas
 from pd.metrics import (
     OBJECT_REQUESTS,
@@ -262,6 +262,9 @@ class Offloader:
         raise last
 
     async def _read_range(self, source: ReplicaRef, upload: Upload) -> list[bytes]:
+        """``[start, end)`` from one replica, by the copy loop's rules
+        (:func:`~estream.net.rangeclient.batches_continuing`: every batch verified, each
+        taken batch continuing the last, nothing at or past ``end``)."""
         client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
         out: list[bytes] = []
         offset = upload.start
@@ -270,24 +273,12 @@ class Offloader:
                                        stream_id=upload.stream_id,
                                        range_index=upload.range_index, offset=offset,
                                        max_bytes=limits.read_bytes_max)
-            progressed = False
-            for header, raw in iter_batches(answer.payload):
-                if offset >= upload.end:
-                    break  # what a replica holds past the catalog's end is not the range's
-                if header.end_offset <= offset:
-                    continue
-                if header.base_offset != offset or header.end_offset > upload.end:
-                    raise MalformedObject(
-                        f"replica {source.id} has a batch [{header.base_offset}, "
-                        f"{header.end_offset}) where one from {offset} up to {upload.end} "
-                        "was expected")
-                verify_batch(raw)
-                out.append(bytes(raw))
-                offset = header.end_offset
-                progressed = True
-            if not progressed:
+            todo = batches_continuing(answer.payload, offset, upload.end)
+            if not todo:
                 raise Unavailable(f"replica {source.id} serves range {upload.range_index} "
                                   f"only up to {answer.end}, not {upload.end}")
+            out.extend(bytes(raw) for _, raw in todo)
+            offset = todo[-1][0].end_offset
         return out
 
     async def _verify(self, key: str, put_bytes: int, tail: bytes | memoryview) -> None:
