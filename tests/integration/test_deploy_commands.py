@@ -12,7 +12,6 @@ from __future__ import annotations
 import configparser
 import os
 import shlex
-import shutil
 import stat
 import subprocess
 import sys
@@ -23,14 +22,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.system_tools import require_tool
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool is missing: `make system-deps` installs Debian's "
-    "prometheus package, which has it (apt was not available here)")
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +121,7 @@ def test_systemd_units_run_and_verify(shim: Path, tmp_path: Path, unit: str,
     argv[0] = str(shim / "estream")
     argv = [str(DEPLOY / "config" / config) if a.startswith("/etc/estream/") else a for a in argv]
     check(argv)
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is missing (Debian's systemd package has it)")
+    analyze = require_tool("systemd-analyze", package="systemd")
     text = (DEPLOY / "systemd" / unit).read_text()
     copy = tmp_path / unit
     copy.write_text(text.replace("/opt/estream/bin/estream", str(shim / "estream")))
@@ -186,13 +181,12 @@ def test_k8s_container_commands_are_accepted(shim: Path, ordinal: int) -> None:
             assert 'http = "0.0.0.0:7140"' in out
 
 
-@needs_promtool
 def test_alert_rules_and_scrape_config_pass_promtool_and_fire_in_its_rule_tests() -> None:
-    assert PROMTOOL is not None
+    promtool = require_tool("promtool", package="prometheus")
     prometheus = DEPLOY / "prometheus"
     for args in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"],
                  ["test", "rules", "alerts_test.yml"]):
-        result = subprocess.run([PROMTOOL, *args], cwd=prometheus, capture_output=True,
+        result = subprocess.run([promtool, *args], cwd=prometheus, capture_output=True,
                                 text=True, timeout=60, check=False)
         assert result.returncode == 0, f"promtool {args}: {result.stdout}{result.stderr}"
         assert "SUCCESS" in result.stdout + result.stderr

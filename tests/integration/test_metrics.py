@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,13 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 import estream
 from estream.devcluster.cluster import Cluster, RangeServerProcess, start_cluster
 from estream.devcluster.pd import http_json
+from tests.system_tools import require_tool
 
 pytestmark = pytest.mark.integration
 
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool is missing: `make system-deps` installs Debian's "
-    "prometheus package, which has it (apt was not available here)")
+
+def promtool() -> str:
+    """promtool's path (a missing one fails in CI, skips elsewhere: tests/system_tools.py)."""
+    return require_tool("promtool", package="prometheus")
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +56,9 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def promtool_check(url: str) -> None:
-    assert PROMTOOL is not None
+def promtool_check(tool: str, url: str) -> None:
     _, text = http_json(url + "/metrics")
-    result = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
+    result = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True,
                             text=True, timeout=30, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -79,6 +78,7 @@ def wait_for(check: object, timeout_s: float = 15.0) -> None:
 
 
 async def test_rangeserver_health_metrics_and_promtool(cluster: Cluster) -> None:
+    tool = promtool()
     urls = [http_url(s) for s in cluster.servers]
     for url in urls:
         assert http_json(url + "/healthz")[0] == 200
@@ -102,15 +102,14 @@ async def test_rangeserver_health_metrics_and_promtool(cluster: Cluster) -> None
         assert seen["estream_rangeserver_registered"] == 1
         assert seen["estream_rangeserver_log_failed"] == 0
         assert "process_resident_memory_bytes" in seen
-        if PROMTOOL is not None:
-            promtool_check(url)
+        promtool_check(tool, url)
     assert sum(scrape(u).get("estream_rangeserver_read_bytes_total", 0) for u in urls) > 0
 
 
-@needs_promtool
 def test_pd_metrics_pass_promtool(cluster: Cluster) -> None:
+    tool = promtool()
     for url in cluster.pd.http_urls:
-        promtool_check(url)
+        promtool_check(tool, url)
         seen = scrape(url)
         assert seen["estream_pd_raft_proposals_total"] >= 0
         assert "process_cpu_seconds_total" in seen

@@ -362,14 +362,12 @@ async def test_the_sweep_pages_through_a_large_store(rig: Rig,
 
 
 async def test_offload_metrics_pass_promtool(rig: Rig) -> None:
-    import shutil
     import subprocess
 
     from estream.server.metrics import FamiliesCollector, exposition, new_registry
+    from tests.system_tools import require_tool
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (make system-deps)")
+    promtool = require_tool("promtool", package="prometheus")  # CI: missing fails
     rig.store.put_failures = 1
     await rig.round_at(1_000)  # a failed PUT
     await rig.round_at(1_100)  # offloaded
