@@ -15,7 +15,8 @@ since the last entry **and** the running maximum grew past the last entry's time
 strictly increasing. A lookup for ``t`` (:meth:`TimeIndex.scan_start`) takes the last
 entry whose timestamp is below ``t``: everything below its end is older than ``t``, so the
 caller scans batches from there and stops at the first batch whose ``max_timestamp`` is
-at least ``t`` (the first record at or after ``t`` is in it).
+at least ``t`` (the first record at or after ``t`` is in it: the one
+:func:`estream.wire.timestamps.first_at_or_after` picks).
 
 Worked example (interval 0 for brevity): batches ``[0,2) max 100``, ``[2,4) max 90``
 (a clock went back), ``[4,6) max 150`` give entries ``(100, 2), (150, 6)``;
@@ -118,12 +119,3 @@ class TimeIndex:
         index.min_timestamp = None if raw["min"] is None else int(raw["min"])
         index.bytes, index._since = int(raw["bytes"]), int(raw["since"])
         return index
-
-
-def first_at_or_after(timestamps: Any, base_offset: int, timestamp_ms: int) -> int | None:
-    """The offset of the first of a batch's record ``timestamps`` at or after
-    ``timestamp_ms`` (record ``i`` has offset ``base_offset + i``), or None."""
-    for i, stamp in enumerate(timestamps):
-        if stamp >= timestamp_ms:
-            return base_offset + i
-    return None

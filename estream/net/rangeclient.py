@@ -3,9 +3,10 @@
 Three layers, each on the one below:
 
 - :class:`RangeClient`: one ``async`` method per range-server opcode (PING, CREATE_RANGE,
-  APPEND, SEAL, READ, DESCRIBE_RANGE, FORCE, CONFIRM, LIST_RANGES, DROP_RANGE), with
-  keyword arguments and typed answers (:class:`Created`, :class:`SealAnswer`,
-  :class:`ReadAnswer`, :class:`RangeState`, :class:`ListedRange`, :class:`PingAnswer`).
+  APPEND, SEAL, READ, DESCRIBE_RANGE, FORCE, CONFIRM, LIST_RANGES, DROP_RANGE,
+  TIME_INDEX), with keyword arguments and typed answers (:class:`Created`,
+  :class:`SealAnswer`, :class:`ReadAnswer`, :class:`RangeState`, :class:`ListedRange`,
+  :class:`PingAnswer`, :class:`TimeAnswer`).
   Every request but PING carries ``"server_id"`` whenever the caller knows which server it
   means (the catalog's ``ReplicaRef.id``): a server with another identity at that address
   (a wiped disk) then answers ``WrongServer``, and its "range not found" is never taken for
@@ -180,6 +181,42 @@ class ListedRange:
                 **self.state.to_dict()}
 
 
+@dataclass(frozen=True, slots=True)
+class TimeAnswer:
+    """TIME_INDEX: a replica's time statistics (``rangeserver/timeindex.py``) and, when a
+    timestamp was asked, where it is.
+
+    ``min_timestamp``, ``max_timestamp``, ``bytes``: None when unknown (the replica's
+    index is partial). ``max_timestamp`` is the running maximum of every batch held (an
+    upper bound of what is readable); ``min_timestamp`` is the smallest *first-record*
+    timestamp of its batches (a record inside a batch may be older: informational only).
+    They cover every batch below ``end`` (the durable end, maybe past a sealed range's
+    catalog end); ``sealed``: the replica is sealed. With a timestamp: ``offset``, the
+    first offset at or after it (None: none below ``searched_end``), and
+    ``searched_end``, the end searched up to (short of the asked end: the replica is
+    short, ask another); both None without one."""
+
+    min_timestamp: int | None
+    max_timestamp: int | None
+    bytes: int | None
+    end: int
+    sealed: bool
+    offset: int | None = None
+    searched_end: int | None = None
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> TimeAnswer:
+        return cls(_optional_int(body, "min_timestamp"), _optional_int(body, "max_timestamp"),
+                   _optional_int(body, "bytes"), _int(body, "end"), bool(body.get("sealed")),
+                   _optional_int(body, "offset"), _optional_int(body, "searched_end"))
+
+    @property
+    def complete(self) -> bool:
+        """The statistics are known (the index is not partial)."""
+        return (self.min_timestamp is not None and self.max_timestamp is not None
+                and self.bytes is not None)
+
+
 # -- the client ----------------------------------------------------------------------------
 
 
@@ -328,6 +365,26 @@ class RangeClient:
         body, _ = await self._call(address, Opcode.DROP_RANGE, {
             "stream_id": stream_id, "range_index": range_index}, server_id, timeout_s)
         return bool(body.get("dropped"))
+
+    async def time_index(
+        self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
+        timestamp_ms: int | None = None, end: int | None = None,
+        timeout_s: float | None = None,
+    ) -> TimeAnswer:
+        """TIME_INDEX: the replica's time statistics; with ``timestamp_ms``, also the first
+        offset whose record timestamp is at or after it, searched below ``end`` read
+        unconfirmed (a sealed range: pass the catalog's end) or else below the replica's
+        confirm offset. ``ReplicaDamaged`` for a damaged replica."""
+        header: Header = {"stream_id": stream_id, "range_index": range_index}
+        if timestamp_ms is not None:
+            header["timestamp"] = timestamp_ms
+            if end is not None:
+                header["end"] = end
+        body, _ = await self._call(address, Opcode.TIME_INDEX, header, server_id, timeout_s)
+        answer = TimeAnswer.parse(body)
+        if timestamp_ms is not None and answer.searched_end is None:
+            raise MalformedFrame("a TIME_INDEX answer to a timestamp without 'searched_end'")
+        return answer
 
 
 # -- the copy loop -------------------------------------------------------------------------
@@ -656,6 +713,7 @@ __all__ = [
     "ReplicaClient",
     "SealAnswer",
     "SourceFailed",
+    "TimeAnswer",
     "batches_continuing",
     "copy_range",
 ]

@@ -12,40 +12,31 @@ answers ``t`` exactly when the largest timestamp up to it reaches ``t``), so a l
 How: the catalog records each sealed range's ``max_timestamp`` after its seal
 (``pd/shell/retainer.py``), so PD answers only the candidate ranges (``PD_TIME_RANGES``,
 ``estream/core/timerange.py``: a few at a time, never the whole catalog entry of a
-stream of thousands of ranges); the first candidate's replicas answer ``TIME_INDEX`` from
-their sparse
-time index (``rangeserver/timeindex.py``), one replica at a time (the next on an error, a
+stream of thousands of ranges); the first candidate's replicas answer ``TIME_INDEX``
+(:meth:`~estream.net.rangeclient.RangeClient.time_index`) from their sparse time index
+(``rangeserver/timeindex.py``), one replica at a time (the next on an error, a
 timeout or a short replica), and a candidate with no such record (its maximum counts
 records past its end) passes to the next. A range in the object tier is looked up in its
 object's index (per-batch min and max timestamps, ``estream/wire/objectformat.py``): the
 first batch whose maximum reaches the time is read and its records checked. A range
 whose replicas cannot answer (all down) is scanned through ``client.read_batches``, which
-has its own failover and reads the object tier.
+has its own failover and reads the object tier. Inside a batch, the record is picked by
+:func:`estream.wire.timestamps.first_at_or_after`, the range servers' rule too.
 
 Side effects: network (PD and range servers through the client).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from estream.wire import limits
+from estream.net.rangeclient import RangeClient
 from estream.wire.errors import EstreamError, InvalidArgument
 from estream.wire.meta import RangeMeta
-from estream.wire.protocol import Opcode
+from estream.wire.timestamps import first_at_or_after
 
 if TYPE_CHECKING:
     from estream.sdk.client import Client
-
-request_timeout_s = limits.request_timeout_ms / 1000
-
-
-def first_at_or_after(timestamps: Iterable[int], base_offset: int, timestamp_ms: int) -> int | None:
-    for i, stamp in enumerate(timestamps):
-        if stamp >= timestamp_ms:
-            return base_offset + i
-    return None
 
 
 async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
@@ -93,21 +84,19 @@ async def _ask_replicas(
 ) -> tuple[int | None, int | None]:
     """TIME_INDEX on ``rng``'s replicas in turn: ``(offset or None, end searched)``, or
     ``(None, None)`` when none answered for the whole range."""
-    header: dict[str, Any] = {"stream_id": stream_id, "range_index": rng.index,
-                              "timestamp": timestamp_ms}
-    if rng.end is not None:
-        header["end"] = rng.end  # sealed: everything below the catalog's end, unconfirmed
+    ranges = RangeClient(client.pool)
     for ref in rng.replicas:
         try:
-            body, _ = await client.pool.call(
-                ref.address, Opcode.TIME_INDEX, {**header, "server_id": ref.id},
-                timeout_s=request_timeout_s)
+            # sealed: everything below the catalog's end, unconfirmed
+            answer = await ranges.time_index(
+                ref.address, server_id=ref.id, stream_id=stream_id, range_index=rng.index,
+                timestamp_ms=timestamp_ms, end=rng.end)
         except EstreamError:
             continue
-        offset, searched = body.get("offset"), body.get("searched_end")
-        if not isinstance(searched, int):
+        offset, searched = answer.offset, answer.searched_end
+        if searched is None:
             continue
-        if isinstance(offset, int):
+        if offset is not None:
             return offset, searched
         if rng.end is None or searched >= rng.end:
             return None, searched

@@ -4,12 +4,13 @@ Every ``interval_ms``, while this node is the caught-up Raft leader, one round:
 
 1. **Statistics.** Sealed, non-empty ranges without recorded statistics (at most
    ``stats_per_round_max``, oldest first) get them from one replica's time index
-   (``TIME_INDEX`` without a timestamp, naming the server: a wiped server answers
-   ``WrongServer``). Only a sound replica holding the whole range counts (its ``end`` at or
-   past the catalog's, not damaged, its index not partial): its maximum is then at least
-   the maximum of every readable record, so a lookup that skips a range below it never
-   skips an answer. The result is one ``record_range_stats`` command, applied only while
-   the range is still sealed at that end. A range no replica could describe is asked
+   (``TIME_INDEX`` without a timestamp, :meth:`RangeClient.time_index`, naming the
+   server: a wiped server answers ``WrongServer``). Only a sound replica holding the whole
+   range counts (its ``end`` at or past the catalog's, not damaged, its index not
+   partial): its maximum is then at least the maximum of every readable record, so a
+   lookup that skips a range below it never skips an answer. The result is one
+   ``record_range_stats`` command, applied only while the range is still sealed at that
+   end. A range no replica could describe is asked
    again 30 s later, so that it never takes the places of the others.
 2. **Retention.** Each stream with ``retention_ms``/``retention_bytes`` gets
    :func:`pd.retention.plan_trim` (now = this node's wall clock) and, if it trims, one
@@ -37,10 +38,10 @@ import logging
 import time
 from typing import Final
 
+from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import Conflict, EstreamError, RangeNotFound, StreamNotFound
 from estream.wire.meta import RangeMeta, StreamMeta
-from estream.wire.protocol import Opcode
 from pd.catalog import CatalogView
 from pd.commands import RecordRangeStats, TrimStream
 from pd.retention import cursor_lags, plan_trim
@@ -117,17 +118,16 @@ class Retainer:
         return sum(done)
 
     async def _record_one(self, stream: StreamMeta, rng: RangeMeta) -> bool:
+        ranges = RangeClient(self.pool, timeout_s=stats_timeout_s)
         for ref in rng.replicas:
-            ids = {"stream_id": stream.id, "range_index": rng.index, "server_id": ref.id}
             try:
-                body, _ = await self.pool.call(ref.address, Opcode.TIME_INDEX, ids,
-                                               timeout_s=stats_timeout_s)
+                answer = await ranges.time_index(ref.address, server_id=ref.id,
+                                                 stream_id=stream.id, range_index=rng.index)
             except EstreamError:
                 continue
-            low, high, size, end = (body.get(k) for k in
-                                    ("min_timestamp", "max_timestamp", "bytes", "end"))
-            if not (isinstance(low, int) and isinstance(high, int) and isinstance(size, int)
-                    and isinstance(end, int) and rng.end is not None and end >= rng.end):
+            low, high, size = answer.min_timestamp, answer.max_timestamp, answer.bytes
+            if not (low is not None and high is not None and size is not None
+                    and rng.end is not None and answer.end >= rng.end):
                 continue  # a partial index, or a replica short of the range
             try:
                 await self.service.raft.propose(

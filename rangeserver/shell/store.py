@@ -37,6 +37,7 @@ from estream.wire.errors import (
     ReplicaDamaged,
 )
 from estream.wire.record import BatchHeader, decode_batch, iter_batches, verify_batch
+from estream.wire.timestamps import first_at_or_after
 from rangeserver import replica as rp
 from rangeserver import retention
 from rangeserver import walformat as wf
@@ -46,7 +47,7 @@ from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.wal import Wal
-from rangeserver.timeindex import TimeIndex, first_at_or_after
+from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from estream.net.rangeclient import (
     ReadAnswer,
     SealAnswer,
     SourceFailed,
+    TimeAnswer,
     copy_range,
 )
 from estream.wire.errors import (
@@ -121,6 +122,34 @@ async def test_without_a_known_server_id_none_is_sent() -> None:
     await c.seal("a:1", server_id=None, stream_id=7, range_index=2, epoch=1, end=None)
     assert all("server_id" not in h for _, _, h, _, _ in pool.calls)
     assert pool.calls[1][2]["end"] is None  # a fence: SEAL without an end
+
+
+async def test_time_index_statistics_and_lookups() -> None:
+    stats = {"min_timestamp": 90, "max_timestamp": 150, "bytes": 4096, "end": 30,
+             "sealed": True}
+    pool = FakePool({Opcode.TIME_INDEX: stats})
+    c = RangeClient(pool)
+    answer = await c.time_index("a:1", server_id="s1", stream_id=7, range_index=2)
+    assert answer == TimeAnswer(90, 150, 4096, 30, True) and answer.complete
+    pool.answers[Opcode.TIME_INDEX] = {**stats, "offset": 12, "searched_end": 30}
+    found = await c.time_index("a:1", server_id="s1", stream_id=7, range_index=2,
+                               timestamp_ms=120, end=30)
+    assert (found.offset, found.searched_end) == (12, 30)
+    open_range = await c.time_index("a:1", server_id=None, stream_id=7, range_index=2,
+                                    timestamp_ms=120)
+    assert open_range.offset == 12
+    assert [h for _, _, h, _, _ in pool.calls] == [
+        {**IDS, "server_id": "s1"},
+        {**IDS, "timestamp": 120, "end": 30, "server_id": "s1"},
+        {**IDS, "timestamp": 120},  # open: searched below the confirm offset
+    ]
+    partial = {"min_timestamp": None, "max_timestamp": None, "bytes": None, "end": 30}
+    pool.answers[Opcode.TIME_INDEX] = partial
+    answer = await c.time_index("a:1", server_id="s1", stream_id=7, range_index=2)
+    assert not answer.complete and answer.offset is None
+    with pytest.raises(MalformedFrame):  # a lookup answered without where it searched
+        await c.time_index("a:1", server_id="s1", stream_id=7, range_index=2,
+                           timestamp_ms=120)
 
 
 async def test_one_timeout_policy() -> None:

@@ -8,8 +8,9 @@ import random
 
 import pytest
 
+from estream.wire.timestamps import first_at_or_after
 from rangeserver import timeindex as ti
-from rangeserver.timeindex import TimeIndex, first_at_or_after
+from rangeserver.timeindex import TimeIndex
 
 KEY = (5, 0)
 
