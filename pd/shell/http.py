@@ -260,8 +260,6 @@ class _Views:
         status = self.service.raft.status()
         view = self.service.view()
         servers = self.service.servers()
-        latencies = sorted(self.service.raft.commit_latency_ms[-1024:])
-        p50 = latencies[len(latencies) // 2] / 1000 if latencies else 0.0
         roles = {"follower": 0, "candidate": 1, "leader": 2}
         return {
             "estream_pd_raft_role": ("Raft role: 0 follower, 1 candidate, 2 leader.",
@@ -271,7 +269,6 @@ class _Views:
             "estream_pd_raft_commit_index": ("Raft commit index.", status.commit_index),
             "estream_pd_raft_last_applied": ("Last applied Raft index.", status.last_applied),
             "estream_pd_raft_log_entries": ("Entries in the Raft journal.", status.log_entries),
-            "estream_pd_raft_commit_seconds_p50": ("Median commit latency (recent).", p50),
             "estream_pd_streams": ("Streams in the catalog.", len(view.streams)),
             "estream_pd_ranges": ("Ranges in the catalog.", view.range_count()),
             "estream_pd_rangeservers": ("Registered range servers.", len(servers)),

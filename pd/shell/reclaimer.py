@@ -16,6 +16,11 @@ not have at all (:class:`~pd.repair.ServerListing`: "absent", copied in place).
 Requests name the server they are meant for (``"server_id"``): a server with another
 identity at that address answers WrongServer, and nothing is dropped there.
 
+The backlog gauge (``estream_reclaim_backlog_replicas``) counts the replicas found
+droppable but not dropped yet: past a round's budget, busy, or "moved" and waiting for the
+next round to confirm. A server not listed in a round (budget spent, down) keeps its last
+figure; a server gone from the catalog, or this node no longer leading, counts none.
+
 ``busy`` is shared with the :class:`~pd.shell.repairer.Repairer` (and the writer-lease
 :class:`~pd.shell.recoverer.Recoverer`): the ranges one of them is working on. A repair does
 not start on a range being dropped, and a moved replica is not dropped while its range
@@ -45,6 +50,11 @@ DROPS_TOTAL = "estream_replicas_dropped_total"
 DROPS_HELP = (
     "Replicas dropped on range servers by the reclaimer, by reason (deleted, trimmed, moved)."
 )
+BACKLOG = "estream_reclaim_backlog_replicas"
+BACKLOG_HELP = (
+    "Replicas on range servers that nothing reads and the reclaimer has not dropped yet "
+    "(as of its last listing of each server; the leader's figure, 0 on followers)."
+)
 
 
 class Reclaimer:
@@ -64,6 +74,7 @@ class Reclaimer:
         self.busy: set[RangeKey] = set() if busy is None else busy
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
         self.suspects_term = -1  # the Raft term they were suspected in
+        self.backlog: dict[str, int] = {}  # server id -> droppable replicas left there
         self.pool = ConnectionPool()
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
 
@@ -79,6 +90,14 @@ class Reclaimer:
 
     def _forget_suspects(self) -> None:
         self.suspects = {}
+        self.backlog = {}
+        self._publish_backlog()
+
+    def _publish_backlog(self) -> None:
+        """Set the backlog gauge from ``backlog``, leaving out servers no longer known."""
+        known = self.service.view().servers
+        self.backlog = {sid: n for sid, n in self.backlog.items() if sid in known}
+        self.service.metrics.set_gauge(BACKLOG, BACKLOG_HELP, sum(self.backlog.values()))
 
     async def round(self) -> int:
         """One pass over the live servers; returns how many replicas were dropped."""
@@ -106,13 +125,18 @@ class Reclaimer:
                     listed, view.streams.values(), view.next_stream_id, server.id, self.busy,
                 ), self.suspects)
                 suspects.update(suspected)
+                left = len(drops) + len(suspected)
                 for drop in drops[:budget]:
-                    dropped += await self._drop(server.address, server.id, drop)
+                    done = await self._drop(server.address, server.id, drop)
+                    dropped += done
+                    left -= done
                     budget -= 1
+                self.backlog[server.id] = left
             except EstreamError as exc:
                 log.warning("reclaiming on range server %s failed: %s", server.id, exc)
                 self.pool.discard(server.address)
         self.suspects = suspects
+        self._publish_backlog()
         return dropped
 
     def _still_moved(self, drop: Drop) -> bool:

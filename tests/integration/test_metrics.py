@@ -113,6 +113,11 @@ def test_pd_metrics_pass_promtool(cluster: Cluster) -> None:
         seen = scrape(url)
         assert seen["estream_pd_raft_proposals_total"] >= 0
         assert "process_cpu_seconds_total" in seen
+        assert not any(name.startswith("estream_pd_raft_commit_seconds_p") for name in seen)
+        assert "estream_pd_raft_commit_seconds_count" in seen  # the histogram instead
+    # The reclaim backlog: set by the leader each round, 0 on followers each tick.
+    wait_for(lambda: all("estream_reclaim_backlog_replicas" in scrape(url)
+                         for url in cluster.pd.http_urls), 20.0)
 
 
 async def test_a_stalled_writer_shows_in_range_server_metrics(cluster: Cluster) -> None:

@@ -1,0 +1,71 @@
+"""pd/shell/reclaimer.py's backlog gauge: replicas found droppable and not dropped yet,
+per server as of its last listing, 0 once the node stops leading. A fake service and
+range client stand in for PD and the range servers (the drop decisions are
+pd/reclaim.py's, tested in test_reclaim.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from pd.metrics import Metrics
+from pd.shell.reclaimer import BACKLOG, Reclaimer
+
+
+class Listed:
+    def __init__(self, stream_id: int, range_index: int) -> None:
+        self.entry = {"stream_id": stream_id, "range_index": range_index, "end": 1,
+                      "sealed": True}
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.entry
+
+
+class FakeRangeClient:
+    """Every server holds ranges 0..4 of stream 3, which the catalog no longer has."""
+
+    def __init__(self, servers: list[str]) -> None:
+        self.held = {address: set(range(5)) for address in servers}
+
+    async def list_ranges(self, address: str, *, server_id: str | None) -> list[Listed]:
+        return [Listed(3, i) for i in sorted(self.held[address])]
+
+    async def drop_range(self, address: str, *, server_id: str | None, stream_id: int,
+                         range_index: int) -> bool:
+        self.held[address].discard(range_index)
+        return True
+
+
+def fake_service(servers: list[str]) -> Any:
+    view = SimpleNamespace(
+        servers={s: SimpleNamespace(id=s, address=s) for s in servers},
+        streams={}, next_stream_id=10)  # stream 3 was deleted
+    return SimpleNamespace(
+        clock_ms=lambda: 1_000, view=lambda: view, metrics=Metrics(), listings={},
+        raft=SimpleNamespace(status=lambda: SimpleNamespace(term=1), caught_up=lambda: True),
+        liveness=SimpleNamespace(alive=lambda server_id, now: True),
+        sealed_reports=SimpleNamespace(observe=lambda *args, **kwargs: None))
+
+
+def backlog(service: Any) -> float:
+    family = next(f for f in service.metrics.families() if f.name == BACKLOG)
+    return family.samples[0].value
+
+
+async def test_the_backlog_counts_what_the_budget_left_and_clears_off_the_leader() -> None:
+    service = fake_service(["rs-a", "rs-b"])
+    reclaimer = Reclaimer(service, drops_max=3)
+    reclaimer.client = FakeRangeClient(["rs-a", "rs-b"])  # type: ignore[assignment]
+    assert await reclaimer.round() == 3
+    assert backlog(service) == 2  # rs-a: 5 found, 3 dropped; rs-b not listed yet
+    assert await reclaimer.round() == 3
+    assert backlog(service) == 4  # rs-a: done; rs-b: 5 found, 1 dropped
+    del service.view().servers["rs-b"]  # forgotten: its figure goes
+    assert await reclaimer.round() == 0
+    assert backlog(service) == 0
+    service.view().servers["rs-b"] = SimpleNamespace(id="rs-b", address="rs-b")
+    await reclaimer.round()
+    assert backlog(service) == 1
+    reclaimer._forget_suspects()  # this node stopped leading
+    assert backlog(service) == 0
+    await reclaimer.pool.close()
