@@ -42,9 +42,9 @@ from estream.devcluster.pd import PdCluster, alive_rangeservers, http_json, plan
 from estream.devcluster.process import ManagedProcess, free_port, poll_until, stop_processes
 from estream.devcluster.rangeserver import launch_rangeserver, wait_rangeserver
 from estream.devcluster.walfiles import flip_byte
-from estream.net.rpc import RpcClient
+from estream.net.rangeclient import RangeClient
+from estream.net.rpc import ConnectionPool
 from estream.wire.errors import EstreamError
-from estream.wire.protocol import Opcode
 from estream.wire.record import BATCH_HEADER_BYTES, decode_batch, iter_batches
 from rangeserver import walformat as wf
 
@@ -294,30 +294,28 @@ class Cluster:
         """Every record ``address`` serves for the range (READ; with ``server_id``, only if
         the server there still has that identity; with ``unconfirmed``, every durable
         record, not only confirmed ones; below ``end`` if given)."""
-        client = await RpcClient.connect(address, timeout_s=2.0)
+        pool = ConnectionPool(connect_timeout_s=2.0)
+        client = RangeClient(pool, timeout_s=5.0)
         entries: Entries = []
         offset = start
-        request: dict[str, Any] = {
-            "stream_id": stream_id, "range_index": range_index, "max_bytes":
-            replica_read_bytes_max, "wait_ms": 0, "unconfirmed": unconfirmed}
-        if server_id is not None:
-            request["server_id"] = server_id
         try:
             for _ in range(replica_read_calls_max):
-                header, payload = await client.call(
-                    Opcode.READ, {**request, "offset": offset}, timeout_s=5.0)
-                for _, raw in iter_batches(payload):
+                answer = await client.read(
+                    address, server_id=server_id, stream_id=stream_id,
+                    range_index=range_index, offset=offset, max_bytes=replica_read_bytes_max,
+                    unconfirmed=unconfirmed)
+                for _, raw in iter_batches(answer.payload):
                     batch = decode_batch(raw)
                     for i, record in enumerate(batch.records):
                         entries.append((batch.header.base_offset + i, record.value))
                 if entries:
                     offset = entries[-1][0] + 1
-                if not payload or offset >= int(header["end"]):
+                if not answer.payload or offset >= answer.end:
                     break
                 if end is not None and offset >= end:
                     break
         finally:
-            await client.close()
+            await pool.close()
         return [e for e in entries if end is None or e[0] < end]
 
     async def sealed_replicas(self, name: str) -> dict[int, dict[str, Entries]]:
