@@ -169,3 +169,25 @@ def test_the_dashboard_has_a_datasource_variable_and_queries_in_every_panel() ->
     assert len(ids) == len(set(ids)) >= 10
     for panel in doc["panels"]:
         assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
+
+
+def test_every_alert_fires_in_a_promtool_rule_test() -> None:
+    """Each rule of alerts.yml has a case in alerts_test.yml where it fires (promtool runs
+    them in tests/integration/test_deploy_commands.py)."""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    tests = yaml.safe_load((DEPLOY / "prometheus" / "alerts_test.yml").read_text())
+    firing = {case["alertname"] for t in tests["tests"] for case in t["alert_rule_test"]
+              if case["exp_alerts"]}
+    assert alerts - firing == set()
+
+
+def test_the_dashboard_shows_the_object_tier_and_the_reclaim_backlog() -> None:
+    from pd.metrics import OFFLOAD_HELP
+    from pd.shell.reclaimer import BACKLOG
+
+    doc = json.loads((DEPLOY / "grafana" / "estream-dashboard.json").read_text())
+    queried = {name for panel in doc["panels"] for t in panel["targets"]
+               for name in referenced_metric_names(t["expr"])}
+    wanted = set(OFFLOAD_HELP) | {BACKLOG}
+    assert wanted - queried == set()
