@@ -211,8 +211,8 @@ def tune_gc() -> None:
 def tune_thread_switching() -> None:
     """Hand the GIL over every 0.5 ms instead of CPython's 5 ms. The log's writer thread
     needs the GIL back after each write and fdatasync; while the event loop is busy
-    decoding appends, each of those waits lasted up to a whole switch interval, which
-    made a group commit of 0.4 ms take several milliseconds at the tail."""
+    decoding appends, each of those waits lasts up to a whole switch interval, many times
+    what the group commit itself takes, and that made the append tail."""
     sys.setswitchinterval(limits.gil_switch_interval_s)
 
 
