@@ -1,8 +1,8 @@
 """Benchmark one real range server: append throughput and latency against the disk's ceiling.
 
-    .venv/bin/python benchmarks/bench_rangeserver.py [--seconds 8] [--records-per-batch 64]
-    .venv/bin/python benchmarks/bench_rangeserver.py --rate 5100   # the open loop only
-    .venv/bin/python benchmarks/bench_rangeserver.py --no-pin      # client and server share CPUs
+    .venv/bin/python -m benchmarks.bench_rangeserver [--seconds 8] [--records-per-batch 64]
+    .venv/bin/python -m benchmarks.bench_rangeserver --rate 5100   # the open loop only
+    .venv/bin/python -m benchmarks.bench_rangeserver --no-pin      # client and server share CPUs
 
 1. Ceiling: a raw loop of ``os.write`` + ``os.fdatasync`` of the batch bytes on the same
    filesystem (measured first, while no server runs).
@@ -51,18 +51,17 @@ from pathlib import Path
 
 import uvloop
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks import timerfd
+from estream.devcluster.process import ManagedProcess
+from estream.devcluster.rangeserver import start_rangeserver
+from estream.net.rpc import RpcClient
+from estream.wire import limits
+from estream.wire.protocol import Opcode
+from estream.wire.record import EncodedRecords, Record, encode_records, wrap_records
+from rangeserver.shell import linuxaio
+from rangeserver.shell.cli import cpu_list_text
 
-from benchmarks import timerfd  # noqa: E402
-from estream.devcluster.process import ManagedProcess  # noqa: E402
-from estream.devcluster.rangeserver import start_rangeserver  # noqa: E402
-from estream.net.rpc import RpcClient  # noqa: E402
-from estream.wire import limits  # noqa: E402
-from estream.wire.protocol import Opcode  # noqa: E402
-from estream.wire.record import EncodedRecords, Record, encode_records, wrap_records  # noqa: E402
-from rangeserver.shell import linuxaio  # noqa: E402
-from rangeserver.shell.cli import cpu_list_text  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Range server (benchmarks/bench_rangeserver.py)"
@@ -508,7 +507,7 @@ def main() -> int:
     if not args.no_write:
         shown = [a for a, before in zip(sys.argv[1:], [""] + sys.argv[1:], strict=False)
                  if not a.startswith("--notes") and before != "--notes"]
-        command = ".venv/bin/python benchmarks/bench_rangeserver.py " + " ".join(shown)
+        command = ".venv/bin/python -m benchmarks.bench_rangeserver " + " ".join(shown)
         write_results(command.strip(), lines, args.notes)
     return 0
 

@@ -1,8 +1,10 @@
 """The transport ring: asyncio on top of :mod:`estream.wire`, shared by the SDK and servers.
 
 The multiplexed frame client and dispatching server (:mod:`rpc`), TLS and tokens
-(:mod:`security`), the typed placement-driver client (:mod:`pdclient`), the typed
-range-server client (:mod:`rangeclient`) and the recovery driver that runs
-:class:`estream.core.seal.RangeRecovery` over it (:mod:`recovery`, used by a new writer and
-by the PD leader).
+(:mod:`security`), the typed placement-driver client (:mod:`pdclient`) and the check that
+tells a client pointed at a PD node's Raft port so (:mod:`portprobe`), the typed
+range-server client with the one copy loop (:mod:`rangeclient`), the recovery driver that
+runs :class:`estream.core.seal.RangeRecovery` over it (:mod:`recovery`, used by a new
+writer and by the PD leader) and the object store client behind the object tier
+(:mod:`objectstore`).
 """

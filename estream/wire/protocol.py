@@ -21,7 +21,7 @@ An error response has the ERROR flag and the header ``{"error": {"code", "messag
 "fields"}}`` (see :mod:`estream.wire.errors`). The lengths are checked against the limits as
 soon as the fixed prefix is in, before any of the rest is buffered.
 
-The message schemas of every opcode are in ``docs/ARCHITECTURE.md``.
+The message schemas of every opcode are in ``docs/PROTOCOL.md``.
 
 Pure: no I/O.
 """
