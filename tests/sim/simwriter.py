@@ -64,14 +64,16 @@ from estream.core.roll import (
     Steps,
 )
 from estream.core.seal import CopyRecords, FenceByCreate, SendFence
+from estream.net.rangeclient import CopyProgress, Endpoint, SourceFailed, copy_range
 from estream.wire.errors import (
     EstreamError,
     Fenced,
     RangeSealed,
 )
 from estream.wire.meta import RangeMeta, StreamMeta
-from estream.wire.record import Record, encode_batch
-from tests.sim.world import Net, World, node_of
+from estream.wire.record import Record
+from tests.sim import simnet
+from tests.sim.world import Net, World, address_of, node_of
 
 PD = "pd"
 FENCE_GRACE_MS = 100  # recovery.fence_grace_s, scaled like the other timeouts
@@ -660,28 +662,21 @@ class _Open:
 
     def _copy(self, range_index: int, c: CopyRecords, done: Callable[[CopyOutcome], None]
               ) -> None:
-        """A copy as :func:`~estream.net.rangeclient.copy_range` makes it, in one read and
-        one append (the simulated server keeps values, not batches)."""
+        """A copy is :func:`~estream.net.rangeclient.copy_range` itself (the real loop,
+        its coroutine driven over the simulated network: :mod:`tests.sim.simnet`), its
+        outcome as ``estream/net/recovery.py`` reports it."""
         w = self.w
 
-        def got(values: list[bytes]) -> None:
-            payload = encode_batch(
-                [Record(v) for v in values],
-                stream_id=w._stream_id,
-                range_index=range_index,
-                epoch=w.epoch,
-                base_offset=c.start,
-            )
-            w._rcall(
-                c.target,
-                lambda s, sid: s.append(payload, server_id=sid),
-                lambda _: done("done"),
-                lambda _: done("target failed"),
-            )
+        def copied(_: None, error: EstreamError | None) -> None:
+            if error is None:
+                done("done")
+            else:
+                done("source failed" if isinstance(error, SourceFailed) else "target failed")
 
-        w._rcall(
-            c.source,
-            lambda s, sid: s.read(w._stream_id, range_index, c.start, c.end, server_id=sid),
-            got,
-            lambda _: done("source failed"),
+        copy = copy_range(
+            simnet.client(), stream_id=w._stream_id, range_index=range_index,
+            source=Endpoint(address_of(w.addresses[c.source]), c.source),
+            target=Endpoint(address_of(w.addresses[c.target]), c.target),
+            end=c.end, progress=CopyProgress(c.start, w.epoch),
         )
+        simnet.run(copy, w.net, w.id, copied, alive=lambda: not w.dead)

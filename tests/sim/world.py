@@ -34,6 +34,7 @@ Pure: no I/O (tests only).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 from collections.abc import Callable
@@ -41,9 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from estream.wire.errors import (
+    ChecksumMismatch,
     Conflict,
     EstreamError,
     OffsetGap,
+    OffsetOutOfRange,
     RangeNotFound,
     Timeout,
     Unavailable,
@@ -236,8 +239,26 @@ class Entry:
     control: wf.Control | None = None
     header: BatchHeader | None = None
     values: tuple[bytes, ...] = ()
+    raw: bytes = b""  # the batch as received (READ answers it)
     corrupt: int | None = None  # the record whose byte flipped on disk (not found yet)
     waiters: list[Callable[[], None]] = field(default_factory=list)  # answers once durable
+
+
+def _batch_end(entry: Entry) -> int:
+    assert entry.header is not None
+    return entry.header.end_offset
+
+
+@dataclass(slots=True, eq=False)
+class _Poll:
+    """A READ with ``wait_ms`` waiting at a server for something to read."""
+
+    key: Key
+    offset: int
+    unconfirmed: bool
+    max_bytes: int
+    later: Later
+    generation: int  # a crash or wipe makes it void: its answer never comes
 
 
 class SimRangeServer:
@@ -250,6 +271,9 @@ class SimRangeServer:
         self.dirty = dirty  # ranges changed since the checker last looked
         self.replicas: dict[Key, ReplicaState] = {}
         self.values: dict[Key, list[bytes]] = {}  # from start up to written_end
+        self.batches: dict[Key, list[Entry]] = {}  # the batches behind ``values``, in order
+        self.polls: list[_Poll] = []  # long polls waiting (READ with wait_ms)
+        self.read_bytes_max = 1 << 30  # lowers every READ's max_bytes (a connection budget)
         self.corrupt: dict[Key, set[int]] = {}  # offsets damaged on disk, not found yet
         self.durable: list[Entry] = []
         self.unsynced: list[Entry] = []
@@ -290,6 +314,7 @@ class SimRangeServer:
             if entry.header is not None and state is not None:
                 self.replicas[entry.key] = rp.on_durable(state, entry.header.end_offset)
                 self.dirty.add(entry.key)
+        self._wake()
         for entry in done:
             waiters, entry.waiters = entry.waiters, []
             for waiter in waiters:
@@ -316,6 +341,10 @@ class SimRangeServer:
                 actual=self.id,
             )
 
+    def state(self, key: Key) -> ReplicaState:
+        """The replica's state (``RangeNotFound`` if it has none)."""
+        return self._get(key)
+
     def _get(self, key: Key) -> ReplicaState:
         state = self.replicas.get(key)
         if state is None:
@@ -336,7 +365,10 @@ class SimRangeServer:
             values = tuple(r.value for r in batch.records)
             self.replicas[key] = outcome.state
             self.values[key].extend(values)
-            self._log(Entry(key, header=h, values=values))
+            entry = Entry(key, header=h, values=values, raw=bytes(payload))
+            self.batches[key].append(entry)
+            self._log(entry)
+            self._wake()  # its confirm offset may make earlier records readable
             return self._later(lambda: self._get(key).end)
         if isinstance(outcome, rp.Duplicate):
             return state.end if outcome.durable else self._later(lambda: self._get(key).end)
@@ -358,6 +390,7 @@ class SimRangeServer:
         if isinstance(outcome, rp.Create):
             self.replicas[key] = outcome.state
             self.values[key] = []
+            self.batches[key] = []
             self._log(Entry(key, control=wf.CreateRange(stream_id, range_index, start, epoch)))
         elif isinstance(outcome, rp.Exists):
             self.replicas[key] = outcome.state
@@ -394,6 +427,7 @@ class SimRangeServer:
             self.replicas[key] = state
             control = wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end)
             self._log(Entry(key, control=control))
+            self._wake()
             return self._later(lambda: (state.sealed_end, True))
         if isinstance(outcome, rp.AlreadySealed):
             sealed_end = outcome.end
@@ -424,33 +458,111 @@ class SimRangeServer:
         if outcome.confirm > state.confirm:
             self.replicas[key] = outcome
             self._log(Entry(key, control=wf.Confirmed(stream_id, range_index, epoch, confirm)))
+            self._wake()
         return self._later(lambda: None)
 
     def read(
         self,
         stream_id: int,
         range_index: int,
-        start: int,
-        end: int,
+        offset: int,
         *,
+        max_bytes: int,
+        wait_ms: int = 0,
+        unconfirmed: bool = False,
         server_id: str | None = None,
-    ) -> list[bytes]:
-        """READ ``"unconfirmed": true`` of ``[start, end)`` whole (a copy's source). A damaged
-        record found on the way marks the replica damaged for good (a DAMAGED entry)."""
+    ) -> Later | tuple[int, bool, bytes]:
+        """READ as ``rangeserver/shell/store.py`` answers it: whole batches from the one
+        holding ``offset`` up to the readable end (``unconfirmed``: the durable end), at
+        most ``max_bytes`` (at least one batch; a sealed replica's last one may pass its
+        end), as ``(readable end, sealed, payload)``. With ``wait_ms`` and nothing readable
+        at ``offset``: a long poll, answered once something is, the replica is sealed,
+        damaged or gone, or after ``wait_ms``. A damaged record read from disk fails its
+        checksum and marks the replica damaged for good (a DAMAGED entry)."""
         self._check(server_id)
         key = (stream_id, range_index)
         state = self._get(key)
+        if offset < state.start:
+            raise OffsetOutOfRange(
+                f"offset {offset} is below the range start {state.start}", offset=offset,
+                start=state.start, end=readable_end(state, unconfirmed=unconfirmed))
+        if wait_ms > 0 and not self._poll_over(key, offset, unconfirmed):
+            poll = _Poll(key, offset, unconfirmed, max_bytes, Later(), self._generation)
+            self.polls.append(poll)
+            self.world.after(wait_ms, lambda: self._expire(poll))
+            return poll.later
+        return self._read_now(key, offset, unconfirmed, max_bytes)
+
+    def _read_now(
+        self, key: Key, offset: int, unconfirmed: bool, max_bytes: int
+    ) -> tuple[int, bool, bytes]:
+        state = self._get(key)
         if state.damaged:
             raise rp.damaged_error(key)
-        have = readable_end(state, unconfirmed=True)
-        if start < state.start or have < end:
-            raise OffsetGap("cannot serve", expected=end, actual=have)
+        end = readable_end(state, unconfirmed=unconfirmed)
+        if state.sealed and offset > end:
+            raise OffsetOutOfRange(f"offset {offset} is past the sealed end {end}",
+                                   offset=offset, start=state.start, end=end)
+        if offset >= end:
+            return end, state.sealed, b""
+        batches = self.batches[key]
+        first = bisect.bisect_right(batches, offset, key=_batch_end)
+        chosen: list[Entry] = []
+        total = 0
+        budget = max(1, min(max_bytes, self.read_bytes_max))
+        for entry in batches[first:]:
+            h = entry.header
+            assert h is not None
+            fits = h.base_offset < end if state.sealed else h.end_offset <= end
+            if not fits or (chosen and total + len(entry.raw) > budget):
+                break
+            chosen.append(entry)
+            total += len(entry.raw)
         corrupt = self.corrupt.get(key)
-        if corrupt and any(start <= o < end for o in corrupt):
+        if corrupt and any(
+            e.header is not None and e.header.base_offset <= o < e.header.end_offset
+            for e in chosen for o in corrupt
+        ):
             self.replicas[key] = rp.mark_damaged(state)
-            self._log(Entry(key, control=wf.DamageMarked(stream_id, range_index)))
-            raise rp.damaged_error(key)
-        return self.values[key][start - state.start : end - state.start]
+            self._log(Entry(key, control=wf.DamageMarked(*key)))
+            self._wake()
+            raise ChecksumMismatch(f"stored batch of replica {key} failed its checksum",
+                                   expected=0, actual=1)
+        return end, state.sealed, b"".join(e.raw for e in chosen)
+
+    def _poll_over(self, key: Key, offset: int, unconfirmed: bool) -> bool:
+        """Whether a long poll at ``offset`` is over (``store._wait``'s condition)."""
+        state = self.replicas.get(key)
+        return (state is None or state.sealed or state.damaged
+                or readable_end(state, unconfirmed=unconfirmed) > offset)
+
+    def _wake(self) -> None:
+        """Answer the long polls that are over (a state changed)."""
+        if not self.polls:
+            return
+        waiting: list[_Poll] = []
+        for poll in self.polls:
+            if self._poll_over(poll.key, poll.offset, poll.unconfirmed):
+                self._answer(poll)
+            else:
+                waiting.append(poll)
+        self.polls = waiting
+
+    def _expire(self, poll: _Poll) -> None:
+        if poll.generation != self._generation or poll not in self.polls:
+            return  # answered, or the process died with it
+        if self.hung:
+            self.stalled.append(lambda: self._expire(poll))  # its timer runs on SIGCONT
+            return
+        self.polls.remove(poll)
+        self._answer(poll)
+
+    def _answer(self, poll: _Poll) -> None:
+        try:
+            poll.later.resolve(self._read_now(poll.key, poll.offset, poll.unconfirmed,
+                                              poll.max_bytes))
+        except EstreamError as exc:
+            poll.later.fail(exc)
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
         return self._get((stream_id, range_index)).describe()
@@ -482,7 +594,8 @@ class SimRangeServer:
 
     def _replay(self) -> None:
         """Rebuild every replica from the log, as ``rangeserver/replay.py`` does."""
-        self.replicas, self.values, self.corrupt = {}, {}, {}
+        self.replicas, self.values, self.corrupt, self.batches = {}, {}, {}, {}
+        self.polls = []
         for entry in self.durable:
             key = entry.key
             state = self.replicas.get(key)
@@ -491,6 +604,7 @@ class SimRangeServer:
                 if state is None:
                     self.replicas[key] = ReplicaState.create(*key, control.start, control.epoch)
                     self.values[key] = []
+                    self.batches[key] = []
                 continue
             if state is None:
                 continue
@@ -498,6 +612,7 @@ class SimRangeServer:
                 new = rp.replay_batch(state, entry.header)
                 if new.end > state.end:
                     self.values[key].extend(entry.values)
+                    self.batches[key].append(entry)
                 if entry.corrupt is not None:  # a bad checksum in the log: damaged
                     new = rp.mark_damaged(new)
                     self.corrupt.setdefault(key, set()).add(entry.corrupt)
@@ -516,7 +631,8 @@ class SimRangeServer:
         """The data directory was replaced: a new server id, no replicas, an empty log."""
         self._generation += 1
         self.id = server_id
-        self.replicas, self.values, self.corrupt = {}, {}, {}
+        self.replicas, self.values, self.corrupt, self.batches = {}, {}, {}, {}
+        self.polls = []
         self.durable, self.unsynced = [], []
         self._syncing = 0
         self._sync_due = False
