@@ -19,7 +19,12 @@ Rules it keeps:
 - named cursors (``commit_cursor``) belong to an existing stream, have valid names and
   non-negative offsets (``pd/retention.py``), and go with their stream's delete;
 - a range's statistics (``record_range_stats``) are recorded only while it is sealed at
-  the end the command names (else :class:`Conflict`).
+  the end the command names (else :class:`Conflict`);
+- object tier: a key is prepared (``prepare_object``, with a deadline) for a sealed range
+  before its upload; a commit that says ``prepared`` names a prepared key of that range
+  and ends its record; ``expire_prepared`` forgets records past their deadline (after
+  which no commit can name them: the sweeper deletes their objects). At most
+  ``prepared_max`` records at once.
 
 Retries after an unknown outcome are absorbed: a ``create_stream`` with the same request
 id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an offset
@@ -60,7 +65,9 @@ from pd.commands import (
     DrainForget,
     DrainServer,
     DropLocalReplicas,
+    ExpirePrepared,
     OpenWriter,
+    PrepareObject,
     RecordRangeStats,
     RegisterPdNode,
     RegisterServer,
@@ -74,7 +81,10 @@ replicas_max: Final = 5
 stream_name_chars_max: Final = 200
 stream_type_chars_max: Final = 64
 server_id_chars_max: Final = 128
-SNAPSHOT_VERSION: Final = 1
+object_key_chars_max: Final = 512
+prepared_max: Final = 10_000  # prepared objects at once (uploads in flight or abandoned)
+expire_keys_max: Final = 1_000  # keys one expire_prepared names
+SNAPSHOT_VERSION: Final = 1  # fields added since ("prepared", ...) are optional on restore
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +98,36 @@ class PdNode:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "raft": self.raft, "address": self.rpc, "http": self.http}
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedObject:
+    """An upload under way (or abandoned): ``object_key`` may be committed for range
+    ``range_index`` ``[start, end)`` of stream ``name`` (id ``stream_id``) until it
+    expires; past ``deadline_ms`` (wall-clock ms) the sweeper expires it and deletes
+    the object."""
+
+    object_key: str
+    name: str
+    stream_id: int
+    range_index: int
+    start: int
+    end: int
+    deadline_ms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.object_key, "name": self.name, "stream_id": self.stream_id,
+                "range_index": self.range_index, "start": self.start, "end": self.end,
+                "deadline_ms": self.deadline_ms}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PreparedObject:
+        return cls(str(d["key"]), str(d["name"]), int(d["stream_id"]), int(d["range_index"]),
+                   int(d["start"]), int(d["end"]), int(d["deadline_ms"]))
+
+    def names(self, stream_id: int, range_index: int, start: int, end: int) -> bool:
+        return (self.stream_id, self.range_index, self.start, self.end) == (
+            stream_id, range_index, start, end)
 
 
 Result = StreamMeta | ServerInfo | PdNode | None
@@ -106,6 +146,8 @@ class CatalogView:
     cursors: Mapping[str, Mapping[str, int]] = field(  # stream -> cursor -> offset
         default_factory=lambda: MappingProxyType({}), kw_only=True)
     draining: frozenset[str] = frozenset()  # servers being drained (pd/drain.py)
+    prepared: Mapping[str, PreparedObject] = field(  # object key -> its prepared record
+        default_factory=lambda: MappingProxyType({}), kw_only=True)
 
     def stream(self, name: str) -> StreamMeta:
         found = self.streams.get(name)
@@ -133,6 +175,7 @@ class Catalog:
         self._next_stream_id = 1
         self._open_ranges: dict[str, int] = {}  # derived from _streams, kept incrementally
         self._draining: set[str] = set()  # servers flagged by drain_server
+        self._prepared: dict[str, PreparedObject] = {}  # object key -> record (object tier)
         self.version = 0  # number of commands accepted (a rejection changes nothing)
 
     # -- reading -------------------------------------------------------------------
@@ -148,6 +191,7 @@ class Catalog:
             MappingProxyType(dict(self._open_ranges)),
             self._next_stream_id,
             frozenset(self._draining),
+            prepared=MappingProxyType(dict(self._prepared)),
         )
 
     def _put(self, name: str, stream: StreamMeta | None) -> None:
@@ -389,11 +433,54 @@ class Catalog:
             if not (cmd.replaces and cmd.replaces == target.object_key and target.replicas):
                 raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is already in "
                                f"the object tier as {target.object_key!r}")
+        if cmd.prepared:
+            record = self._prepared.get(cmd.object_key)
+            if record is None or not record.names(stream.id, target.index, cmd.start, cmd.end):
+                raise Conflict(f"object {cmd.object_key!r} is not prepared for stream "
+                               f"{cmd.name!r} range {cmd.range_index} (expired?)")
         tiered = replace(target, tier="object", object_key=cmd.object_key)
         stream = replace(stream, ranges=tuple(
             tiered if r is target else r for r in stream.ranges))
         self._put(cmd.name, stream)
+        self._prepared.pop(cmd.object_key, None)
         return stream
+
+    def _prepare_object(self, cmd: PrepareObject) -> StreamMeta:
+        stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
+        if not cmd.object_key or len(cmd.object_key) > object_key_chars_max:
+            raise InvalidArgument(f"bad object key {cmd.object_key!r}", argument="object_key")
+        if cmd.deadline_ms < 0:
+            raise InvalidArgument("deadline_ms must be >= 0", argument="deadline_ms")
+        if not target.sealed or (target.start, target.end) != (cmd.start, cmd.end):
+            raise Conflict(
+                f"stream {cmd.name!r} range {cmd.range_index} is [{target.start}, "
+                f"{target.end}), not a sealed [{cmd.start}, {cmd.end})")
+        if target.object_key == cmd.object_key:
+            return stream  # committed already: a late retry of its prepare changes nothing
+        existing = self._prepared.get(cmd.object_key)
+        if existing is not None:
+            if existing.names(stream.id, target.index, cmd.start, cmd.end):
+                return stream  # a retry
+            raise Conflict(f"object {cmd.object_key!r} is prepared for another range")
+        if target.tier == "object" and not target.replicas:
+            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is in the object "
+                           "tier without local replicas: nothing to upload")
+        if len(self._prepared) >= prepared_max:
+            raise Conflict(f"{len(self._prepared)} objects are prepared already, the most "
+                           "there may be; the sweeper expires abandoned ones")
+        self._prepared[cmd.object_key] = PreparedObject(
+            cmd.object_key, cmd.name, stream.id, target.index, cmd.start, cmd.end,
+            cmd.deadline_ms)
+        return stream
+
+    def _expire_prepared(self, cmd: ExpirePrepared) -> None:
+        if len(cmd.object_keys) > expire_keys_max:
+            raise InvalidArgument(f"expire_prepared names {len(cmd.object_keys)} keys, at "
+                                  f"most {expire_keys_max}", argument="object_keys")
+        for key in cmd.object_keys:
+            record = self._prepared.get(key)
+            if record is not None and record.deadline_ms <= cmd.now_ms:
+                del self._prepared[key]
 
     def _drop_local_replicas(self, cmd: DropLocalReplicas) -> StreamMeta:
         stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
@@ -448,6 +535,7 @@ class Catalog:
                 for n in self._pd_nodes.values()
             ],
             "draining": sorted(self._draining),
+            "prepared": [p.to_dict() for p in self._prepared.values()],
         }
         data: bytes = msgpack.packb(body, use_bin_type=True)
         return data
@@ -473,6 +561,9 @@ class Catalog:
             for d in body["pd_nodes"]:
                 catalog._pd_nodes[d["id"]] = PdNode(d["id"], d["raft"], d["rpc"], d["http"])
             catalog._draining = {str(i) for i in body.get("draining", ())}
+            for d in body.get("prepared", ()):  # absent from snapshots of older versions
+                record = PreparedObject.from_dict(d)
+                catalog._prepared[record.object_key] = record
         except InvalidArgument:
             raise
         except Exception as exc:
@@ -544,6 +635,8 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     RecordRangeStats: Catalog._record_range_stats,
     UpdateReplicas: Catalog._update_replicas,
     CommitObject: Catalog._commit_object,
+    PrepareObject: Catalog._prepare_object,
+    ExpirePrepared: Catalog._expire_prepared,
     DropLocalReplicas: Catalog._drop_local_replicas,
     DrainServer: Catalog._drain_server,
     DrainForget: Catalog._drain_forget,

@@ -147,7 +147,11 @@ class CommitObject:
     one is committed, an open range, or another stream id or offsets are a Conflict (the
     stream was recreated, or the upload holds something else). With ``replaces``, the
     committed key ``replaces`` (found missing or damaged) gives way to ``object_key``, only
-    while the range still lists its replicas (the new object was read from them)."""
+    while the range still lists its replicas (the new object was read from them).
+    ``prepared`` (every commit proposed since prepared objects exist): ``object_key`` must
+    be a prepared object of this range (``prepare_object``), else a Conflict (it expired:
+    the sweeper may be deleting it); the commit ends the record. Without it (a command
+    journaled before): applied as then, with no prepared record needed."""
 
     kind: ClassVar[str] = "commit_object"
     name: str
@@ -157,6 +161,38 @@ class CommitObject:
     end: int
     object_key: str
     replaces: str = ""
+    prepared: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareObject:
+    """Object tier: an upload of sealed range ``range_index`` of stream ``name`` (id
+    ``stream_id``, ``[start, end)``) under ``object_key`` is about to start. The catalog
+    records the key as a prepared object until ``deadline_ms`` (wall-clock ms since the
+    Unix epoch, decided by the proposer): only a prepared key may be committed
+    (``commit_object`` with ``prepared``), and the leader's sweeper deletes the object of
+    a prepared key once its deadline has passed (``expire_prepared`` first). The same
+    key again is a retry (no change)."""
+
+    kind: ClassVar[str] = "prepare_object"
+    name: str
+    stream_id: int
+    range_index: int
+    start: int
+    end: int
+    object_key: str
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExpirePrepared:
+    """Object tier, the leader's sweeper: forget the prepared objects among
+    ``object_keys`` whose deadline is at or before ``now_ms`` (the proposer's wall clock).
+    From then on no commit can name them, so their objects may be deleted."""
+
+    kind: ClassVar[str] = "expire_prepared"
+    object_keys: tuple[str, ...]
+    now_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +247,8 @@ Command = (
     | RecordRangeStats
     | UpdateReplicas
     | CommitObject
+    | PrepareObject
+    | ExpirePrepared
     | DropLocalReplicas
     | DrainServer
     | DrainForget
@@ -220,6 +258,8 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
     cls.kind: cls
     for cls in (
         CommitObject,
+        PrepareObject,
+        ExpirePrepared,
         DropLocalReplicas,
         RegisterServer,
         RegisterPdNode,

@@ -7,8 +7,10 @@ asks this module what to do; it carries the answers out and feeds back what it s
 A range's life in the tiers::
 
     open -> sealed, tier "local"  --(offload_delay after PD first saw it sealed)-->  upload:
-    read [start, end) from a replica, build the object, PUT it under a fresh key, read its
-    size and index back  --> commit_object (Raft): tier "object", object_key
+    read [start, end) from a replica and build the object  --> prepare_object (Raft): the
+    key and a deadline (wall clock, decided before proposing) are recorded  --> PUT it
+    under that key, read its size and index back  --> commit_object (Raft; only a prepared
+    key commits, and the commit ends the record): tier "object", object_key
     --(local_retention after PD first saw it committed)-->  the whole object read back and
     checked, then drop_local_replicas (Raft): the catalog lists no replicas; DROP_RANGE on
     each server (the reclaimer's "moved" rule drops any it missed). An object found missing
@@ -17,32 +19,37 @@ A range's life in the tiers::
 
 Times are "first seen" by this leader (:func:`track`), kept in its memory: a new leader
 starts the clocks again, so after a leader change an upload or a drop comes later, never
-earlier, than configured.
+earlier, than configured. Prepared deadlines are in the catalog, in wall-clock ms.
 
-Object keys (:func:`object_key`) are ``HH/STREAM_ID/RANGE_INDEX/ATTEMPT.eso``: ``HH`` two
-hex digits of a hash of stream and range (spreads keys over an S3 bucket's partitions),
-``ATTEMPT`` unique per upload attempt (the leader's Raft term and a random token). A new
-key per attempt means a retried or abandoned upload (a PD leader lost mid-upload, a PUT
-that timed out but landed) never overwrites the object a commit names; what it leaves
-behind is an orphan, deleted by :func:`garbage` once it is older than a grace period.
+Object keys (:func:`object_key`) are ``HH/STREAM_ID/RANGE_INDEX/PREPARE_ID.eso``: ``HH``
+two hex digits of a hash of stream and range (spreads keys over an S3 bucket's
+partitions), ``PREPARE_ID`` ``t<term>-c<catalog version>`` of the leader that prepared it
+(:func:`attempt_for`): deterministic, and never the same for two prepares (one leader per
+term; the version grows with every prepare). A retry of the same prepared upload (a PUT
+or a check that failed, or a new leader finding the record with time left) uses the same
+key and overwrites its own object; an expired key is never prepared again.
 
-:func:`garbage` also deletes the objects of deleted streams and trimmed ranges (their
-stream id no longer in the catalog, or their range index below the stream's first range):
-the object store never keeps what the catalog forgot, and never loses what it names (a
-committed key is never garbage, whatever its age).
+Cleanup, by the leader only: a prepared record past its deadline is expired through Raft
+(:func:`expired`; from then on no commit can name it), then its object deleted
+(:func:`deletable_after_expiry`: unless a range names it). :func:`garbage`, over a listing
+of the store, is the backstop for objects the catalog never knew (a PUT that landed after
+its record expired, keys of older versions) and deletes the objects of deleted streams
+and trimmed ranges: the object store never keeps what the catalog forgot, and never loses
+what it names (a committed or prepared key is never garbage, whatever its age).
 
-Double faults: a leader lost mid-upload leaves an uncommitted object (garbage after the
-grace) and the new leader uploads again under another key; a commit whose outcome is
-unknown is either in the catalog (the range is "object": nothing more to do) or not
-(uploaded again); a commit refused because another key won (Conflict) deletes its own
-object at once. Each step is idempotent.
+Double faults: a leader lost mid-upload leaves a prepared record (and maybe an object): the
+new leader reuses it while it has time left, or it expires and is deleted; a commit whose
+outcome is unknown is either in the catalog (the range is "object": nothing more to do)
+or not (the record stays prepared: retried under the same key, or expired); a commit
+refused (another key won, the record expired, the stream gone) deletes its own object at
+once. Each step is idempotent.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Final
 
@@ -50,6 +57,7 @@ import xxhash
 
 from estream.core.backoff import backoff_delay
 from estream.wire.meta import ReplicaRef, StreamMeta
+from pd.catalog import PreparedObject, expire_keys_max
 
 RangeKey = tuple[int, int]  # (stream_id, range_index)
 
@@ -204,10 +212,10 @@ def key_hash(stream_id: int, range_index: int) -> str:
 
 
 def object_key(stream_id: int, range_index: int, attempt: str) -> str:
-    """The key of one upload attempt of a range (see the module docstring).
+    """The key of one prepared upload of a range (see the module docstring).
 
-    >>> object_key(3, 7, "t2-ab12")
-    '05/3/7/t2-ab12.eso'
+    >>> object_key(3, 7, "t2-c40")
+    '05/3/7/t2-c40.eso'
     """
     if not attempt or "/" in attempt:
         raise ValueError(f"bad attempt token {attempt!r}")
@@ -228,19 +236,77 @@ def parse_object_key(key: str) -> RangeKey | None:
     return stream_id, range_index
 
 
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The key an upload goes to and its deadline; ``new``: propose ``prepare_object``
+    first (else the catalog holds the record already: a retry overwrites its object)."""
+
+    object_key: str
+    deadline_ms: int
+    new: bool
+
+
+def attempt_for(
+    upload: Upload,
+    prepared: Mapping[str, PreparedObject],
+    *,
+    term: int,
+    version: int,
+    now_ms: int,
+    ttl_ms: int,
+) -> Attempt:
+    """The key of ``upload``'s next attempt: a prepared record of the same range with at
+    least half ``ttl_ms`` left (the latest-ending one), else a new key
+    ``t<term>-c<version>`` (``version``: the catalog's, at this decision) due
+    ``now_ms + ttl_ms`` (``now_ms``: wall clock).
+
+    >>> up = Upload("s", 3, 7, 0, 10, ())
+    >>> attempt_for(up, {}, term=2, version=40, now_ms=1_000, ttl_ms=600)
+    Attempt(object_key='05/3/7/t2-c40.eso', deadline_ms=1600, new=True)
+    >>> old = PreparedObject('05/3/7/t1-c9.eso', "s", 3, 7, 0, 10, 1_400)
+    >>> attempt_for(up, {old.object_key: old}, term=2, version=40, now_ms=1_000, ttl_ms=600)
+    Attempt(object_key='05/3/7/t1-c9.eso', deadline_ms=1400, new=False)
+    """
+    mine = [p for p in prepared.values()
+            if p.names(upload.stream_id, upload.range_index, upload.start, upload.end)
+            and p.deadline_ms - now_ms >= ttl_ms // 2 and ttl_ms > 0]
+    if mine:
+        best = max(mine, key=lambda p: (p.deadline_ms, p.object_key))
+        return Attempt(best.object_key, best.deadline_ms, new=False)
+    key = object_key(upload.stream_id, upload.range_index, f"t{max(term, 0)}-c{version}")
+    return Attempt(key, now_ms + ttl_ms, new=True)
+
+
+def expired(prepared: Mapping[str, PreparedObject], now_ms: int) -> list[str]:
+    """The prepared keys whose deadline is at or before ``now_ms`` (wall clock), oldest
+    first, at most what one ``expire_prepared`` may name."""
+    due = sorted((p.deadline_ms, k) for k, p in prepared.items() if p.deadline_ms <= now_ms)
+    return [k for _, k in due[:expire_keys_max]]
+
+
+def deletable_after_expiry(
+    keys: Iterable[str], streams: Iterable[StreamMeta], prepared: Set[str]
+) -> list[str]:
+    """Of ``keys`` just expired, those whose objects may be deleted (read after the
+    expiry was applied): neither a range nor a prepared record names them."""
+    named = {r.object_key for s in streams for r in s.ranges if r.object_key}
+    return sorted(k for k in keys if k not in named and k not in prepared)
+
+
 def garbage(
     listed: Iterable[tuple[str, int]],
     streams: Iterable[StreamMeta],
     next_stream_id: int,
     now_ms: int,
     grace_ms: int,
+    prepared: Set[str] = frozenset(),
 ) -> list[str]:
     """The keys among ``listed`` (key, last-modified ms) to delete: objects made by
-    :func:`object_key` and older than ``grace_ms`` that no range of the catalog names
-    (uploads that were never committed, or lost to another key; ranges trimmed away;
-    streams deleted). A committed key is never garbage; keys of ranges or streams the
-    catalog does not know yet (ids past it) are left alone."""
-    committed: set[str] = set()
+    :func:`object_key` and older than ``grace_ms`` that no range of the catalog names and
+    no prepared record holds (uploads the catalog never knew, or lost to another key;
+    ranges trimmed away; streams deleted). A committed or prepared key is never garbage;
+    keys of ranges or streams the catalog does not know yet (ids past it) are left alone."""
+    committed: set[str] = set(prepared)
     known: set[int] = set()
     for stream in streams:
         known.add(stream.id)

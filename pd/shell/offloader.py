@@ -5,12 +5,15 @@ committed, one round (the decisions are :mod:`pd.offload`'s):
 
 1. **Upload** each sealed "local" range seen sealed for ``offload_delay`` (a few per
    round, oldest first): read ``[start, end)`` from one of its replicas (live ones first;
-   every batch's checksum verified; a replica that errs, is damaged, holds less, or holds
+   the copy loop's rules, :func:`~estream.net.rangeclient.batches_continuing`: every
+   batch's checksum verified; a replica that errs, is damaged, holds less, or holds
    batches that do not line up is skipped for the next one), build the object
    (:mod:`estream.wire.objectformat`; it refuses anything but exactly the catalog's
-   ``[start, end)``), PUT it under a key unique to this attempt, read back its size and
+   ``[start, end)``), propose ``prepare_object`` (the key and a deadline, ``prepare_ttl``
+   from now on the wall clock; a retry or a new leader reuses a prepared key with time
+   left, :func:`pd.offload.attempt_for`), PUT it under that key, read back its size and
    its index (HEAD, then a ranged GET of its tail) and compare, then propose
-   ``commit_object``. Only then is the range "object".
+   ``commit_object`` (only a prepared key commits). Only then is the range "object".
 2. **Release** each "object" range committed ``local_retention`` ago: read the whole
    object back (footer naming the range, index, every batch's checksum, a window of
    batches per GET), then propose ``drop_local_replicas`` (the catalog lists no replicas
@@ -19,19 +22,23 @@ committed, one round (the decisions are :mod:`pd.offload`'s):
    altered behind estream's back) is never a reason to drop the last copies: the range is
    uploaded again from its replicas and committed in the old key's place
    (``commit_object`` with ``replaces``), and released once that one checks out.
-3. **Sweep** (every ``sweep_interval_ms``): list the store and delete objects no range
-   names, older than ``orphan_grace``: abandoned attempts, and the objects of trimmed
-   ranges and deleted streams.
+3. **Expire** (every round): prepared records past their deadline are expired through
+   Raft (``expire_prepared``), then their objects deleted (unless a range names them).
+4. **Sweep** (every ``sweep_interval_ms``): list the store and delete objects neither a
+   range nor a prepared record names, older than ``orphan_grace``: the backstop for
+   objects the catalog never knew (a PUT that landed after its record expired), and the
+   objects of trimmed ranges and deleted streams.
 
 Faults: a failed upload (a store that is down or slow, no sound replica) is retried with a
-doubling backoff (:func:`pd.offload.retry_delay_ms`); local copies stay until an upload
-is committed, appends never wait for any of this. A leader lost mid-upload: the new
-leader's clocks start again and it uploads under its own key; the old attempt's object is
-an orphan for the sweep. A commit refused (another key won, the stream was deleted or
-recreated, the range trimmed) deletes its own object at once; a commit whose outcome is
-unknown (timeout, leader change) keeps it: either the catalog names it, or the sweep
-deletes it after the grace. Every store call has a deadline (``ObjectStore``), every
-range-server call a timeout.
+doubling backoff (:func:`pd.offload.retry_delay_ms`), under the same prepared key while
+it has time left; local copies stay until an upload is committed, appends never wait for
+any of this. A leader lost mid-upload: the new leader's clocks start again; it reuses the
+prepared key (overwriting the object) or, once expired, the record and object are
+deleted and it prepares another. A commit refused (another key won, the record expired,
+the stream was deleted or recreated, the range trimmed) deletes its own object at once; a
+commit whose outcome is unknown (timeout, leader change) keeps it: either the catalog
+names it, or it is still prepared (retried, or expired and deleted). Every store call has
+a deadline (``ObjectStore``), every range-server call a timeout.
 
 Side effects: network (the object store, range servers), Raft proposals.
 """
@@ -39,9 +46,8 @@ Side effects: network (the object store, range servers), Raft proposals.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Final, TypeVar
 
 from estream.net.objectstore import ObjectStore
@@ -68,7 +74,7 @@ from estream.wire.objectformat import (
     iter_object_batches,
 )
 from estream.wire.record import verify_batch
-from pd.commands import CommitObject, DropLocalReplicas
+from pd.commands import CommitObject, DropLocalReplicas, ExpirePrepared, PrepareObject
 from pd.metrics import (
     OBJECT_REQUESTS,
     OBJECTS_DELETED,
@@ -84,9 +90,11 @@ from pd.offload import (
     LocalDrop,
     RangeKey,
     Upload,
+    attempt_for,
+    deletable_after_expiry,
     drops_due,
+    expired,
     garbage,
-    object_key,
     offload_lag_ms,
     retry_delay_ms,
     sealed_local,
@@ -112,6 +120,10 @@ check_window_bytes: Final = 8 * 1024 * 1024  # one ranged GET of the check befor
 _HELP: Final = OFFLOAD_HELP
 
 
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
 class Offloader:
     """Runs offload rounds on the PD leader (see the module docstring)."""
 
@@ -126,12 +138,17 @@ class Offloader:
         interval_ms: int = interval_ms_default,
         sweep_interval_ms: int | None = None,
         busy: set[RangeKey] | None = None,
+        prepare_ttl_ms: int | None = None,
+        wall_ms: Callable[[], int] | None = None,
     ) -> None:
         self.service = service
         self.store = store
         self.offload_delay_ms = offload_delay_ms
         self.local_retention_ms = local_retention_ms
         self.orphan_grace_ms = orphan_grace_ms
+        # How long a prepared upload may stay uncommitted (the orphan grace unless set).
+        self.prepare_ttl_ms = orphan_grace_ms if prepare_ttl_ms is None else prepare_ttl_ms
+        self.wall_ms: Callable[[], int] = wall_ms or _wall_ms
         self.interval_ms = interval_ms
         # A sweep every minute, or every half grace when that is shorter (tests).
         self.sweep_interval_ms = sweep_interval_ms if sweep_interval_ms is not None else max(
@@ -188,6 +205,7 @@ class Offloader:
         for drop in drops_due(streams, self.committed_since, now, self.local_retention_ms,
                               busy=self.busy)[:drops_per_round_max]:
             await self._release(drop, alive)
+        await self._expire()
         if now >= self.next_sweep_ms:
             self.next_sweep_ms = now + self.sweep_interval_ms
             await self._sweep()
@@ -214,24 +232,38 @@ class Offloader:
     async def _offload_once(self, upload: Upload) -> None:
         parts = await self._build(upload)
         size = sum(len(p) for p in parts)
-        attempt = f"t{max(self.term, 0)}-{secrets.token_hex(6)}"
-        key = object_key(upload.stream_id, upload.range_index, attempt)
+        view = self.service.view()
+        attempt = attempt_for(upload, view.prepared, term=self.term, version=view.version,
+                              now_ms=self.wall_ms(), ttl_ms=self.prepare_ttl_ms)
+        key = attempt.object_key
+        if attempt.new:
+            try:
+                await self.service.raft.propose(PrepareObject(
+                    upload.name, upload.stream_id, upload.range_index, upload.start,
+                    upload.end, key, attempt.deadline_ms))
+            except (Conflict, StreamNotFound, RangeNotFound) as exc:
+                log.info("offload of range %d of stream %r not prepared: %s",
+                         upload.range_index, upload.name, exc)
+                return  # gone, or already in the object tier: nothing was uploaded
+            except EstreamError:
+                self._count(OFFLOAD_ERRORS, stage="prepare")
+                raise
         await self._store("put", self.store.put(key, parts), stage="put")
         await self._verify(key, size, parts[-1])
         command = CommitObject(upload.name, upload.stream_id, upload.range_index,
-                               upload.start, upload.end, key, upload.replaces)
+                               upload.start, upload.end, key, upload.replaces, prepared=True)
         try:
             await self.service.raft.propose(command)
         except (Conflict, StreamNotFound, RangeNotFound) as exc:
-            # Refused for good: another key won, or the range or stream is gone. Ours is
-            # named by nothing: delete it now (the sweep would, later).
+            # Refused for good: another key won, the record expired, or the range or
+            # stream is gone. Ours can never be named: delete it now.
             log.info("offload of range %d of stream %r not committed (%s); deleting %s",
                      upload.range_index, upload.name, exc, key)
             await self._store("delete", self.store.delete(key), stage="commit")
             return
         except EstreamError:
             self._count(OFFLOAD_ERRORS, stage="commit")
-            raise  # outcome unknown: the object stays (committed, or swept later)
+            raise  # outcome unknown: the object stays (committed, or still prepared)
         self._count(OFFLOADED_BYTES, size)
         self._count(OFFLOADED_RANGES)
         log.info("range %d of stream %r [%d, %d) is in the object tier as %s (%d bytes)",
@@ -378,7 +410,29 @@ class Offloader:
         log.info("range %d of stream %r: local replicas released (object %s)",
                  drop.range_index, drop.name, drop.object_key)
 
-    # -- sweep ---------------------------------------------------------------------------
+    # -- expire and sweep ----------------------------------------------------------------
+    async def _expire(self) -> None:
+        """Expire prepared records past their deadline (Raft first: no commit can name them
+        after), then delete their objects."""
+        now = self.wall_ms()
+        keys = expired(self.service.view().prepared, now)
+        if not keys:
+            return
+        try:
+            await self.service.raft.propose(ExpirePrepared(tuple(keys), now))
+        except EstreamError as exc:  # outcome unknown: tried again next round
+            self._count(OFFLOAD_ERRORS, stage="expire")
+            log.warning("offload: expiring %d prepared objects failed: %s", len(keys), exc)
+            return
+        view = self.service.view()
+        for key in deletable_after_expiry(keys, view.streams.values(), view.prepared.keys()):
+            try:
+                await self._store("delete", self.store.delete(key), stage="expire")
+                self._count(OBJECTS_DELETED)
+                log.info("offload: deleted %s (prepared, never committed, expired)", key)
+            except EstreamError as exc:  # the listing sweep deletes it later
+                log.warning("offload: deleting expired %s failed: %s", key, exc)
+
     async def _sweep(self) -> None:
         try:
             listed = await self._store("list", self.store.list(
@@ -389,10 +443,10 @@ class Offloader:
         # A store with more objects than one listing holds is swept a page per sweep.
         self.sweep_after = max(o.key for o in listed) if len(listed) >= sweep_list_max else None
         view = self.service.view()  # after the listing: a commit seen then is named now
-        wall_ms = int(time.time() * 1000)
+        wall_ms = self.wall_ms()
         doomed = garbage([(o.key, int(o.modified_s * 1000)) for o in listed],
                          view.streams.values(), view.next_stream_id, wall_ms,
-                         self.orphan_grace_ms)
+                         self.orphan_grace_ms, view.prepared.keys())
         for key in doomed[:sweep_deletes_max]:
             try:
                 await self._store("delete", self.store.delete(key), stage="sweep")

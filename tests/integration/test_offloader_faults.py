@@ -17,6 +17,7 @@ fault lands exactly where the test puts it).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ from pd.offload import Upload, object_key
 from pd.shell.offloader import Offloader
 
 SERVERS = ("rs1", "rs2", "rs3")
+PREPARE_TTL_MS = 60_000
 Body = bytes | memoryview | Sequence[bytes | memoryview]
 
 
@@ -205,9 +207,12 @@ def rig(tmp_path: Path) -> Rig:
     root = tmp_path / "objects"
     store = FlakyStore.from_url(f"file://{root}")
     assert isinstance(store, FlakyStore)
+    started = service.now_ms
     offloader = Offloader(service, store,  # type: ignore[arg-type]
                           offload_delay_ms=1_000, local_retention_ms=5_000,
-                          orphan_grace_ms=0, sweep_interval_ms=10**9)  # sweeps: by hand
+                          orphan_grace_ms=0, sweep_interval_ms=10**9,  # sweeps: by hand
+                          prepare_ttl_ms=PREPARE_TTL_MS,
+                          wall_ms=lambda: int(time.time() * 1000) + service.now_ms - started)
     offloader.pool = pool  # type: ignore[assignment]
     offloader.term = Status().term  # leading in this term, range 0 seen sealed now
     offloader.sealed_since = {(stream.id, 0): service.now_ms}
@@ -269,12 +274,27 @@ async def test_commit_outcome_unknown_not_applied(rig: Rig) -> None:
     await rig.round_at(1_000)
     assert rig.range0().tier == "local"
     (first,) = rig.objects()  # kept: its commit may have landed
-    await rig.round_at(1_000)  # the retry: a new key, committed
+    assert set(rig.raft.catalog.view().prepared) == {first}
+    await rig.round_at(1_000)  # the retry: the same prepared key, overwritten, committed
     r = rig.range0()
-    assert r.tier == "object" and r.object_key != first
-    assert rig.objects() == {first, r.object_key}
-    await rig.offloader._sweep()  # the first is named by nothing: deleted
-    assert rig.objects() == {r.object_key}
+    assert r.tier == "object" and r.object_key == first
+    assert rig.objects() == {first} and not rig.raft.catalog.view().prepared
+    assert [c.kind for c in rig.raft.proposed].count("prepare_object") == 1
+    await rig.offloader._sweep()
+    assert rig.objects() == {first}
+    assert values_of(rig, first) == EXPECTED
+
+
+async def test_commit_outcome_unknown_then_the_record_expires(rig: Rig) -> None:
+    rig.raft.fail["commit_object"] = [Timeout("leader lost")]
+    await rig.round_at(1_000)
+    (first,) = rig.objects()
+    rig.offloader.retry_at.clear()
+    await rig.round_at(PREPARE_TTL_MS)  # past the deadline: expired and deleted first...
+    r = rig.range0()  # ...then uploaded under a new prepared key and committed
+    assert r.tier == "object" and r.object_key not in (None, first)
+    assert rig.objects() == {r.object_key} and not rig.raft.catalog.view().prepared
+    assert [c.kind for c in rig.raft.proposed].count("expire_prepared") == 1
     assert values_of(rig, r.object_key) == EXPECTED
 
 

@@ -4,9 +4,16 @@ and repair's update_replicas refused once a range's replicas are dropped."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
-from estream.wire.errors import Conflict, EstreamError, InvalidArgument, RangeNotFound
+from estream.wire.errors import (
+    Conflict,
+    EstreamError,
+    InvalidArgument,
+    RangeNotFound,
+    StreamNotFound,
+)
 from estream.wire.meta import StreamMeta
 from pd.catalog import Catalog
 from pd.commands import (
@@ -14,7 +21,9 @@ from pd.commands import (
     CommitObject,
     CreateStream,
     DropLocalReplicas,
+    ExpirePrepared,
     OpenWriter,
+    PrepareObject,
     RegisterServer,
     SealRange,
     UpdateReplicas,
@@ -97,3 +106,82 @@ def test_a_lost_object_is_replaced_only_while_replicas_remain(catalog: Catalog) 
     catalog.apply(DropLocalReplicas("orders", sid, 0, "new.eso"))
     rejects(catalog, CommitObject("orders", sid, 0, 0, 10, "newer.eso", replaces="new.eso"),
             Conflict)  # nothing left to read a new object from
+
+
+# -- prepared objects (prepare_object, commit_object with prepared, expire_prepared) --------
+
+
+def test_prepare_commit_and_expire(catalog: Catalog) -> None:
+    sid = catalog.stream("orders").id
+    prepare = PrepareObject("orders", sid, 0, 0, 10, "aa/1/0/t3-c5.eso", 5_000)
+    catalog.apply(prepare)
+    assert set(catalog.view().prepared) == {"aa/1/0/t3-c5.eso"}
+    assert catalog.view().prepared["aa/1/0/t3-c5.eso"].deadline_ms == 5_000
+    before = catalog.view().prepared
+    catalog.apply(prepare)  # a retry: no change
+    assert catalog.view().prepared == before
+    # a commit that says prepared needs the record, and ends it
+    rejects(catalog, CommitObject("orders", sid, 0, 0, 10, "aa/1/0/t9-c9.eso",
+                                  prepared=True), Conflict)
+    s = stream(catalog.apply(CommitObject("orders", sid, 0, 0, 10, "aa/1/0/t3-c5.eso",
+                                          prepared=True)))
+    assert s.ranges[0].object_key == "aa/1/0/t3-c5.eso" and not catalog.view().prepared
+    # a late retry of the prepare, or of the commit: no change
+    catalog.apply(prepare)
+    catalog.apply(CommitObject("orders", sid, 0, 0, 10, "aa/1/0/t3-c5.eso", prepared=True))
+    assert not catalog.view().prepared and catalog.stream("orders") == s
+
+
+def test_an_expired_key_can_never_be_committed(catalog: Catalog) -> None:
+    sid = catalog.stream("orders").id
+    catalog.apply(PrepareObject("orders", sid, 0, 0, 10, "a.eso", 5_000))
+    catalog.apply(PrepareObject("orders", sid, 0, 0, 10, "b.eso", 9_000))
+    catalog.apply(ExpirePrepared(("a.eso", "b.eso", "unknown.eso"), 5_000))  # b: not yet
+    assert set(catalog.view().prepared) == {"b.eso"}
+    rejects(catalog, CommitObject("orders", sid, 0, 0, 10, "a.eso", prepared=True), Conflict)
+    catalog.apply(ExpirePrepared(("b.eso",), 9_000))
+    assert not catalog.view().prepared
+    rejects(catalog, CommitObject("orders", sid, 0, 0, 10, "b.eso", prepared=True), Conflict)
+
+
+def test_prepare_rejections(catalog: Catalog) -> None:
+    sid = catalog.stream("orders").id
+    rejects(catalog, PrepareObject("orders", sid, 1, 10, 10, "k.eso", 1), Conflict)  # open
+    rejects(catalog, PrepareObject("orders", sid, 0, 0, 9, "k.eso", 1), Conflict)
+    rejects(catalog, PrepareObject("orders", sid + 1, 0, 0, 10, "k.eso", 1), Conflict)
+    rejects(catalog, PrepareObject("orders", sid, 7, 0, 10, "k.eso", 1), RangeNotFound)
+    rejects(catalog, PrepareObject("orders", sid, 0, 0, 10, "", 1), InvalidArgument)
+    rejects(catalog, PrepareObject("orders", sid, 0, 0, 10, "k.eso", -1), InvalidArgument)
+    rejects(catalog, PrepareObject("nope", sid, 0, 0, 10, "k.eso", 1), StreamNotFound)
+    rejects(catalog, ExpirePrepared(tuple(f"{i}.eso" for i in range(1_001)), 1),
+            InvalidArgument)
+    catalog.apply(SealRange("orders", 1, 1, 20, ("rs1", "rs2", "rs3")))
+    catalog.apply(PrepareObject("orders", sid, 0, 0, 10, "k.eso", 1))
+    rejects(catalog, PrepareObject("orders", sid, 1, 10, 20, "k.eso", 1), Conflict)  # taken
+    catalog.apply(CommitObject("orders", sid, 0, 0, 10, "k.eso", prepared=True))
+    catalog.apply(DropLocalReplicas("orders", sid, 0, "k.eso"))
+    rejects(catalog, PrepareObject("orders", sid, 0, 0, 10, "k2.eso", 1), Conflict)  # no copy
+
+
+def test_prepared_records_round_trip_and_old_formats_still_load(catalog: Catalog) -> None:
+    sid = catalog.stream("orders").id
+    for command in (PrepareObject("s", 3, 2, 10, 20, "ab/3/2/t1-c4.eso", 77),
+                    ExpirePrepared(("ab/3/2/t1-c4.eso",), 78),
+                    CommitObject("s", 3, 2, 10, 20, "ab/3/2/t1-c4.eso", prepared=True)):
+        assert decode_command(encode_command(command)) == command
+    # a commit_object journaled before prepared objects existed: no field, no record needed
+    old = msgpack.packb({"v": 1, "kind": "commit_object", "name": "orders", "stream_id": sid,
+                         "range_index": 0, "start": 0, "end": 10, "object_key": "old.eso",
+                         "replaces": ""}, use_bin_type=True)
+    decoded = decode_command(old)
+    assert isinstance(decoded, CommitObject) and not decoded.prepared
+    catalog.apply(PrepareObject("orders", sid, 0, 0, 10, "p.eso", 5))
+    # a snapshot written before prepared objects existed has no "prepared" entry
+    body = msgpack.unpackb(catalog.snapshot(), raw=False)
+    assert len(body.pop("prepared")) == 1
+    legacy = Catalog.restore(msgpack.packb(body, use_bin_type=True))
+    assert not legacy.view().prepared
+    assert stream(legacy.apply(decoded)).ranges[0].object_key == "old.eso"
+    restored = Catalog.restore(catalog.snapshot())
+    assert restored.view().prepared == catalog.view().prepared
+    assert restored.snapshot() == catalog.snapshot()

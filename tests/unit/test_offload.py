@@ -10,8 +10,14 @@ import pytest
 
 import pd.offload
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from pd.catalog import PreparedObject
 from pd.offload import (
+    Attempt,
+    Upload,
+    attempt_for,
+    deletable_after_expiry,
     drops_due,
+    expired,
     garbage,
     object_key,
     offload_lag_ms,
@@ -154,3 +160,43 @@ def test_pd_tier_flags_defaults_and_values() -> None:
     assert (args.object_store, args.object_store_endpoint) == (
         "s3://bucket/prefix", "http://127.0.0.1:8333")
     assert (args.offload_delay_s, args.local_retention_s) == (1.5, 0)
+
+
+# -- prepared uploads ------------------------------------------------------------------------
+
+
+def prep(key: str, deadline: int, *, rng: int = 1, start: int = 10, end: int = 20
+         ) -> PreparedObject:
+    return PreparedObject(key, "s", 1, rng, start, end, deadline)
+
+
+def test_attempt_keys_are_deterministic_and_reused_while_time_is_left() -> None:
+    up = Upload("s", 1, 1, 10, 20, REFS)
+    fresh = attempt_for(up, {}, term=4, version=17, now_ms=1_000, ttl_ms=600)
+    assert fresh == Attempt(object_key(1, 1, "t4-c17"), 1_600, new=True)
+    assert attempt_for(up, {}, term=4, version=17, now_ms=1_000, ttl_ms=600) == fresh
+    assert parse_object_key(fresh.object_key) == (1, 1)  # the hash prefix, as before
+    other = attempt_for(up, {}, term=5, version=17, now_ms=1_000, ttl_ms=600)
+    assert other.object_key != fresh.object_key  # another leader, another key
+    records = {p.object_key: p for p in (
+        prep("a.eso", 1_350), prep("b.eso", 1_400),
+        prep("x.eso", 9_999, rng=2), prep("y.eso", 9_999, end=19))}  # not this upload's
+    assert attempt_for(up, records, term=5, version=30, now_ms=1_000, ttl_ms=600) == Attempt(
+        "b.eso", 1_400, new=False)  # the latest with half the ttl left
+    late = attempt_for(up, records, term=5, version=30, now_ms=1_101, ttl_ms=600)
+    assert late.new and late.object_key == object_key(1, 1, "t5-c30")
+
+
+def test_expiry_and_what_may_be_deleted_after_it() -> None:
+    records = {p.object_key: p for p in (prep("a.eso", 50), prep("b.eso", 10),
+                                         prep("c.eso", 51))}
+    assert expired(records, 50) == ["b.eso", "a.eso"]
+    assert expired(records, 9) == []
+    s = stream(RangeMeta(0, 0, 10, REFS, "object", "a.eso"), RangeMeta(1, 10, None, REFS))
+    assert deletable_after_expiry(["a.eso", "b.eso", "c.eso"], [s], {"c.eso"}) == ["b.eso"]
+
+
+def test_garbage_never_takes_a_prepared_key() -> None:
+    key = object_key(1, 1, "t1-c3")
+    assert garbage([(key, 0)], [S], 8, 10**12, 1) == [key]
+    assert garbage([(key, 0)], [S], 8, 10**12, 1, prepared={key}) == []
