@@ -19,6 +19,7 @@ from estream.wire.errors import *  # noqa: F403
 from estream.wire.errors import EstreamError
 
 if TYPE_CHECKING:
+    from estream.net.portprobe import WrongPort
     from estream.sdk.client import Client, connect
     from estream.sdk.writer import Writer
     from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
@@ -32,6 +33,7 @@ _LAZY: dict[str, str] = {
     "ServerInfo": "estream.wire.meta",
     "StreamMeta": "estream.wire.meta",
     "Writer": "estream.sdk.writer",
+    "WrongPort": "estream.net.portprobe",
     "connect": "estream.sdk.client",
 }
 
@@ -58,6 +60,7 @@ __all__ = [
     "ServerInfo",
     "StreamMeta",
     "Writer",
+    "WrongPort",
     "connect",
     *sorted(
         name

@@ -6,7 +6,8 @@ after the command), connects the SDK client, runs the command's handler from
 for usage errors, 1 for runtime errors (unknown stream, unreachable PD...), 130 on Ctrl-C.
 With ``--json`` that message is a JSON object on stderr, ``{"error": {"code",
 "message"}}`` (``code``: the error class, or ``USAGE``), as the admin API's errors.
-An address that answers HTTP (PD's admin port given as ``--pd``) is named as such.
+A ``--pd`` address that is an HTTP or Raft port is named as such (the SDK's
+:class:`~estream.net.portprobe.WrongPort` sentence).
 No traceback reaches the user (set ``ESTREAM_DEBUG=1`` to see one for an internal error).
 
 Side effects: network calls through the SDK, standard input/output.
@@ -153,29 +154,6 @@ def _fail(message: str, code: int = 1, kind: str = "ERROR") -> int:
     return code
 
 
-def wrong_protocol(pd: str, exc: BaseException) -> str | None:
-    """A clear sentence when the ``--pd`` address answered in HTTP (its first bytes "HT"
-    read as the frame magic 0x5448), else None. Pure."""
-    if "0x5448" not in str(getattr(exc, "message", "") or exc):
-        return None
-    return (f"{pd} answers HTTP, not estream's RPC protocol: that is an admin (HTTP) port; "
-            "give --pd the placement driver's RPC addresses (estream up prints them)")
-
-
-def raft_port_sentence(pd: str, timeout_s: float) -> str | None:
-    """After a PD call timed out: a clear sentence when one of the ``--pd`` addresses is a
-    placement driver's Raft port (:mod:`estream.net.portprobe`, probed for at most about
-    twice ``timeout_s``), else None."""
-    from estream.net.portprobe import raft_ports
-
-    addresses = [a.strip() for a in (pd or "").split(",") if a.strip()]
-    found = asyncio.run(raft_ports(addresses, timeout_s)) if addresses else []
-    if not found:
-        return None
-    return (f"{', '.join(found)} is a placement driver's Raft (peer) port, not its RPC port: "
-            "give --pd the placement driver's RPC addresses (estream up prints them)")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     global _as_json
     args = list(sys.argv[1:] if argv is None else argv)
@@ -187,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler | None = getattr(ns, "handler", None)
     if handler is None:
         parser.error(f"{ns.command}: no such command")
+    from estream.net.portprobe import WrongPort
     from estream.wire.errors import EstreamError, Unavailable
-    from estream.wire.limits import raft_port_probe_timeout_s
 
     try:
         return asyncio.run(_run(handler, ns))
@@ -198,20 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except WrongPort as exc:  # the SDK's one sentence (estream/net/portprobe.py)
+        return _fail(_one_line(exc), kind="WRONG_PROTOCOL")
     except Unavailable as exc:
-        http = wrong_protocol(ns.pd, exc)
-        if http is not None:
-            return _fail(http, kind="WRONG_PROTOCOL")
-        timed_out = "timed out" in str(exc)  # a Raft port never answers: probe it
-        raft = raft_port_sentence(ns.pd, raft_port_probe_timeout_s) if timed_out else None
-        if raft is not None:
-            return _fail(raft, kind="WRONG_PROTOCOL")
         return _fail(f"cannot reach the cluster at {ns.pd}: {_one_line(exc)}",
                      kind=type(exc).__name__)
     except EstreamError as exc:
-        http = wrong_protocol(ns.pd, exc)
-        if http is not None:
-            return _fail(http, kind="WRONG_PROTOCOL")
         return _fail(f"{type(exc).__name__}: {_one_line(exc)}", kind=type(exc).__name__)
     except (OSError, TimeoutError) as exc:
         return _fail(f"{type(exc).__name__}: {_one_line(exc)}", kind=type(exc).__name__)

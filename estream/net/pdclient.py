@@ -9,6 +9,12 @@ raises :class:`Unavailable` naming the addresses it tried. A read (describe, lis
 cluster) gives each node one second before trying the next: a hung node costs a second,
 not the whole budget.
 
+A wrong port raises :class:`~estream.net.portprobe.WrongPort` (an :class:`Unavailable`)
+with one clear sentence: a node answering HTTP is skipped at once and named when no node
+answered; when every attempt timed out before any node ever answered, the addresses are
+probed for a Raft (peer) port (:mod:`estream.net.portprobe`, at most about twice
+``limits.raft_port_probe_timeout_s`` more).
+
 A write whose outcome is unknown (a timeout) may be retried: every PD command is
 idempotent or epoch-checked, and ``create_stream`` carries a request id so that our own
 create landing before a retry is not reported as :class:`StreamExists`.
@@ -26,15 +32,18 @@ from ssl import SSLContext
 from typing import Any, Final
 
 from estream.core.backoff import delays_until
+from estream.net.portprobe import answers_http, http_port, raft_port, raft_ports
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
 from estream.wire.errors import (
     Closed,
     EstreamError,
+    MalformedFrame,
     NotLeader,
     Overloaded,
     Timeout,
     Unavailable,
 )
+from estream.wire.limits import raft_port_probe_timeout_s
 from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
 
@@ -75,6 +84,7 @@ class PDClient:
         self._preferred: str | None = None
         self._leader_checked = False
         self._closed = False
+        self._answered = False  # some node ever answered: no wrong-port probing after
 
     # -- transport ---------------------------------------------------------------------
     def _order(self) -> list[str]:
@@ -92,15 +102,26 @@ class PDClient:
         waits = delays_until(backoff_s_min, backoff_s_max, deadline, time.monotonic)
         attempt_s_max = read_timeout_s_max if opcode in _READS else call_timeout_s_max
         last: EstreamError | None = None
+        http: list[str] = []  # addresses that answered HTTP: skipped from then on
         while True:
             for address in self._order():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
+                if address in http:
+                    continue
                 try:
                     body, _ = await self._pool.call(
                         address, opcode, header or {},
                         timeout_s=min(remaining, attempt_s_max))
+                except MalformedFrame as exc:
+                    if not answers_http(exc):
+                        raise
+                    self._pool.discard(address)
+                    http.append(address)
+                    if len(http) == len(self.addresses):
+                        raise http_port(http) from None
+                    continue
                 except _RETRIABLE as exc:
                     last = exc
                     if isinstance(exc, Unavailable):
@@ -111,15 +132,29 @@ class PDClient:
                     continue
                 if self._preferred is None:
                     self._preferred = address
+                self._answered = True
                 return body
             wait = next(waits, None)  # None: the deadline has passed
             if wait is None:
+                await self._raise_wrong_port(http, last)
                 raise Unavailable(
                     f"no placement-driver node answered within {self.timeout_s}s "
                     f"(tried {', '.join(self.addresses)}); last error: "
                     f"{last.message if last else 'none'}"
                 )
             await asyncio.sleep(wait)
+
+    async def _raise_wrong_port(self, http: list[str], last: EstreamError | None) -> None:
+        """After no node answered in time: raise :class:`WrongPort` when some address
+        answered HTTP, or when every attempt timed out before any node ever answered and
+        a probe finds Raft ports among the others; else return."""
+        if http:
+            raise http_port(http)
+        if self._answered or not isinstance(last, Timeout):
+            return  # a node that once answered is down or hung, not a wrong port
+        found = await raft_ports(self.addresses, raft_port_probe_timeout_s)
+        if found:
+            raise raft_port(found)
 
     async def _find_leader(self, deadline: float) -> None:
         """Point ``_preferred`` at the leader's RPC address when a node can name it."""

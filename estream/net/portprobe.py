@@ -1,4 +1,9 @@
-"""Recognise a placement driver's Raft (peer) port, so a client pointed at it is told so.
+"""Recognise a wrong port (HTTP, a placement driver's Raft port), so a client pointed at
+one is told so in one sentence: :class:`WrongPort`, raised by
+:class:`~estream.net.pdclient.PDClient` (so by ``estream.connect``) and printed by the CLI.
+
+An HTTP server answers our RPC frame with ``HTTP/1.1 ...``, whose first bytes read as the
+frame magic 0x5448: :func:`answers_http` recognises that error.
 
 A PD node's Raft port (pysyncobj) accepts a connection and then reads messages framed as a
 4-byte length and a body. Our RPC frame's first 4 bytes read there as a length of hundreds
@@ -25,12 +30,47 @@ import contextlib
 import struct
 from collections.abc import Sequence
 
-from estream.wire.errors import InvalidArgument
+from estream.wire.errors import InvalidArgument, MalformedFrame, Unavailable
 from estream.wire.protocol import parse_address
 
 # One pysyncobj message of length 1 (native 4-byte int, as pysyncobj packs it) whose body
 # is neither valid ciphertext nor zlib data.
 _PROBE = struct.pack("<i", 1) + b"\x00"
+_HTTP_MAGIC = "0x5448"  # b"HT" read as the frame magic
+_WHERE = "connect to the placement driver's RPC addresses (estream up prints them)"
+
+
+class WrongPort(Unavailable):
+    """The address answers, but not as a placement driver's RPC port: it is an HTTP port
+    (PD's admin API, a range server's metrics) or a PD node's Raft (peer) port.
+    ``address`` names it, ``kind`` is ``"http"`` or ``"raft"``. Not retriable: asking
+    again cannot help. A client-side error only (it never travels on the wire, so it has
+    no wire code of its own)."""
+
+    retriable = False
+
+    def __init__(self, message: str, *, address: str, kind: str) -> None:
+        super().__init__(message, address=address)
+        self.kind = kind
+
+
+def answers_http(exc: BaseException) -> bool:
+    """Whether ``exc`` is the error of a frame whose magic was an HTTP answer's "HT". Pure."""
+    return isinstance(exc, MalformedFrame) and _HTTP_MAGIC in exc.message
+
+
+def http_port(addresses: Sequence[str]) -> WrongPort:
+    """The error for ``addresses`` answering HTTP (one sentence). Pure."""
+    named = ", ".join(addresses)
+    return WrongPort(f"{named} answers HTTP, not estream's RPC protocol: that is an admin "
+                     f"(HTTP) port; {_WHERE}", address=named, kind="http")
+
+
+def raft_port(addresses: Sequence[str]) -> WrongPort:
+    """The error for ``addresses`` being Raft (peer) ports (one sentence). Pure."""
+    named = ", ".join(addresses)
+    return WrongPort(f"{named} is a placement driver's Raft (peer) port, not its RPC port: "
+                     f"{_WHERE}", address=named, kind="raft")
 
 
 async def looks_like_raft_port(address: str, timeout_s: float) -> bool:

@@ -34,11 +34,14 @@ def test_from_arg_refuses() -> None:
         records.from_arg("yesterday")
 
 
-def test_an_http_answer_is_named() -> None:
-    exc = Unavailable("cannot reach the placement driver at h:1: bad frame magic 0x5448")
-    sentence = user.wrong_protocol("h:1", exc)
-    assert sentence is not None and "answers HTTP" in sentence and "0x5448" not in sentence
-    assert user.wrong_protocol("h:1", MalformedFrame("bad frame magic 0x1234")) is None
+def test_an_http_answer_is_named() -> None:  # the SDK's sentence, which the CLI prints
+    from estream.net.portprobe import answers_http, http_port
+
+    assert answers_http(MalformedFrame("bad frame magic 0x5448"))
+    assert not answers_http(MalformedFrame("bad frame magic 0x1234"))
+    assert not answers_http(Unavailable("bad frame magic 0x5448"))
+    sentence = http_port(["h:1"]).message
+    assert "h:1 answers HTTP" in sentence and "0x5448" not in sentence
 
 
 def test_json_errors_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
