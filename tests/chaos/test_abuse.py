@@ -14,7 +14,6 @@ import asyncio
 import random
 import struct
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,21 +23,12 @@ from estream.wire.protocol import Opcode, encode_frame_bytes
 from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from tests.chaos.harness import ChaosCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(chaos=True, range_servers=3)]
 
 FRAME_MAGIC = 0xE5F1
 answer_wait_s = 2.0
 idle_connections = 40
 slowloris_bytes = 4
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosCluster]:
-    c = ChaosCluster(tmp_path_factory.mktemp("abuse"), range_servers=3).start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def ports(c: ChaosCluster) -> dict[str, str]:
