@@ -66,6 +66,7 @@ class RangeServerProcess:
     port: int = 0  # where the server itself listens (0: not started yet)
     pd: str | None = None
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None  # over this process's environment
     proxy: FaultProxy | None = None
     server_id: str = ""
 
@@ -86,7 +87,7 @@ class RangeServerProcess:
         if self.proxy is not None:
             args += ["--advertise", self.proxy.address]
         self.process, seen = launch_rangeserver(
-            self.data_dir, self.host, self.pd, port=self.port, extra_args=args)
+            self.data_dir, self.host, self.pd, port=self.port, extra_args=args, env=self.env)
         return seen
 
     def wait_started(self, seen: int) -> None:
@@ -258,7 +259,7 @@ class Cluster:
         return self.pd.nodes[self.pd.leader()].url
 
     def alive_servers(self) -> list[dict[str, Any]]:
-        return alive_rangeservers(self.pd.http_urls)
+        return alive_rangeservers(self.pd.http_urls, self.pd.context)
 
     def wait_servers(self, count: int, timeout_s: float = 20.0) -> None:
         try:
@@ -283,7 +284,8 @@ class Cluster:
     # -- what the cluster holds ------------------------------------------------------------
     def describe(self, name: str) -> dict[str, Any]:
         """The stream as PD's admin API shows it."""
-        status, body = http_json(self.pd_url() + f"/v1/streams/{name}")
+        status, body = http_json(self.pd_url() + f"/v1/streams/{name}",
+                                 context=self.pd.context)
         assert status == 200, body
         assert isinstance(body, dict)
         return body
@@ -364,12 +366,15 @@ def start_cluster(
     rs_hosts: Sequence[str] | None = None,
     proxied: bool = False,
     pd_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> Cluster:
     """Start PD nodes (each with ``pd_args``) and range servers (with ``rangeserver_args``;
     PD node ``i`` on ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on
-    ``host``; with ``proxied``, each range server behind a fault proxy on its host). The
-    caller must ``stop()`` the cluster."""
-    pd = plan_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts, extra_args=pd_args)
+    ``host``; with ``proxied``, each range server behind a fault proxy on its host). Every
+    process runs with ``env`` over this process's environment, which is left alone (it
+    restarts with it too). The caller must ``stop()`` the cluster."""
+    pd = plan_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts, extra_args=pd_args,
+                         env=env)
     cluster = Cluster(pd, rangeserver_args)
     hosts = list(rs_hosts) if rs_hosts is not None else [host] * range_servers
     try:
@@ -380,7 +385,8 @@ def start_cluster(
         for i, rs_host in enumerate(hosts[:range_servers]):
             server = RangeServerProcess(
                 tmp_path / f"rs{i + 1}", "", host=rs_host, port=free_port(rs_host),
-                pd=cluster.pd_addresses, extra_args=list(rangeserver_args or []))
+                pd=cluster.pd_addresses, extra_args=list(rangeserver_args or []),
+                env=None if env is None else dict(env))
             cluster.servers.append(server)
             if proxied:
                 server.proxy = FaultProxy(server.listen, rs_host).start()

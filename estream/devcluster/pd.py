@@ -2,7 +2,9 @@
 
 ``start_pd_cluster(tmp_path, n=3)`` starts ``n`` nodes on free loopback ports, waits until
 each serves and a leader is elected, and returns a :class:`PdCluster` to find the leader,
-``kill9``/``restart`` nodes and ``stop`` them all (always by PID).
+``kill9``/``restart`` nodes and ``stop`` them all (always by PID). Nodes configured for
+TLS (by flags or ``env``) serve their admin API over https: pass the cluster CA as
+``tls_ca`` and the launcher's own checks use it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class PdNodeProcess:
 
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    tls_ca: Path | None = None  # the admin API is https, checked against this CA
 
     def args(self) -> list[str]:
         return estream_argv("pd", pd_args(self.id, self.rpc, self.raft, self.peers, self.http,
@@ -51,7 +54,13 @@ class PdNodeProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{self.http}"
+        return f"{'http' if self.tls_ca is None else 'https'}://{self.http}"
+
+    @property
+    def context(self) -> ssl.SSLContext | None:
+        """TLS settings for :attr:`url` (None: plain http)."""
+        return None if self.tls_ca is None else ssl.create_default_context(
+            cafile=str(self.tls_ca))
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
@@ -75,10 +84,10 @@ def http_json(url: str, method: str = "GET", body: Any = None, *,
     return status, json.loads(text) if "json" in ctype else text
 
 
-def node_ready(url: str) -> bool:
+def node_ready(url: str, context: ssl.SSLContext | None = None) -> bool:
     """Whether the PD node at admin ``url`` names a leader and every node's address."""
     try:
-        status, body = http_json(url + "/v1/cluster", timeout_s=1.0)
+        status, body = http_json(url + "/v1/cluster", timeout_s=1.0, context=context)
     except OSError:
         return False
     return status == 200 and isinstance(body, dict) and bool(body.get("leader")) and bool(
@@ -113,11 +122,17 @@ class PdCluster:
     def http_urls(self) -> list[str]:
         return [n.url for n in self.nodes]
 
+    @property
+    def context(self) -> ssl.SSLContext | None:
+        """TLS settings for the admin URLs (None: plain http)."""
+        return self.nodes[0].context if self.nodes else None
+
     def role(self, i: int) -> str | None:
         if not self.nodes[i].alive():
             return None
         try:
-            status, body = http_json(self.nodes[i].url + "/healthz", timeout_s=1.0)
+            status, body = http_json(self.nodes[i].url + "/healthz", timeout_s=1.0,
+                                     context=self.nodes[i].context)
         except OSError:
             return None
         return body.get("role") if status == 200 and isinstance(body, dict) else None
@@ -137,7 +152,8 @@ class PdCluster:
     def wait_ready(self, timeout_s: float = 15.0) -> None:
         """Wait until every live node names every node (ids and addresses) and a leader."""
         def ready() -> bool | None:
-            return True if all(node_ready(n.url) for n in self.nodes if n.alive()) else None
+            return True if all(node_ready(n.url, n.context) for n in self.nodes
+                               if n.alive()) else None
 
         poll_until(ready, timeout_s, "every PD node naming a leader", interval_s=0.1)
 
@@ -180,10 +196,14 @@ class PdCluster:
 
 def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
                      hosts: Sequence[str] | None = None, *, extra_args: Sequence[str] = (),
-                     env: dict[str, str] | None = None) -> PdCluster:
+                     env: dict[str, str] | None = None,
+                     tls_ca: Path | None = None) -> PdCluster:
     """Start ``n`` PD nodes (node ``i`` on ``hosts[i]`` if given, else all on ``host``; each
-    with ``extra_args`` and ``env``) and wait for a leader. The caller must ``stop()`` it."""
-    cluster = plan_pd_cluster(tmp_path, n, host, hosts, extra_args=extra_args, env=env)
+    with ``extra_args`` and ``env`` over this process's environment; ``tls_ca``: their
+    admin API is https, signed by this CA) and wait for a leader. The caller must
+    ``stop()`` it."""
+    cluster = plan_pd_cluster(tmp_path, n, host, hosts, extra_args=extra_args, env=env,
+                              tls_ca=tls_ca)
     try:
         cluster.launch()
         cluster.wait_started()
@@ -195,7 +215,8 @@ def start_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
 
 def plan_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
                     hosts: Sequence[str] | None = None, *, extra_args: Sequence[str] = (),
-                    env: dict[str, str] | None = None) -> PdCluster:
+                    env: dict[str, str] | None = None,
+                    tls_ca: Path | None = None) -> PdCluster:
     """The nodes of :func:`start_pd_cluster` (ports taken, nothing started): for a caller
     that starts other processes while PD elects its leader."""
     node_hosts = list(hosts) if hosts is not None else [host] * n
@@ -207,7 +228,7 @@ def plan_pd_cluster(tmp_path: Path, n: int = 3, host: str = "127.0.0.1",
             http=f"{node_hosts[i]}:{p[2]}",
             data_dir=tmp_path / f"pd{i + 1}", peers=[r for r in rafts if r != rafts[i]],
             log_path=tmp_path / f"pd{i + 1}.log", extra_args=list(extra_args),
-            env=dict(env or {}),
+            env=dict(env or {}), tls_ca=tls_ca,
         )
         for i, p in enumerate(ports)
     ]

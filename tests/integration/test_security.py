@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 
 import estream
-from estream.devcluster.cmdline import ESTREAM, estream_argv, pd_args
+from estream.devcluster.cmdline import ESTREAM
+from estream.devcluster.pd import start_pd_cluster
 from estream.devcluster.process import ManagedProcess, free_port
 from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.pdclient import PDClient
@@ -245,41 +246,33 @@ def cluster(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secu
     root = tmp_path_factory.mktemp("secure")
     token_file = root / "tokens"
     token_file.write_text(f"# first line: the members' cluster token\n{CLUSTER_TOKEN}\n{TOKEN}\n")
-    ports = [(free_port(HOST), free_port(HOST), free_port(HOST)) for _ in range(3)]
-    rafts = [f"{HOST}:{p[1]}" for p in ports]
     # PD nodes take their security settings from the environment (flag > env > TOML).
     env = {"ESTREAM_TLS_CERT": str(pki.server_cert), "ESTREAM_TLS_KEY": str(pki.server_key),
            "ESTREAM_TLS_CA": str(pki.ca), "ESTREAM_TOKEN_FILE": str(token_file),
            "ESTREAM_PD_PASSWORD": "raft-shared-secret"}
-    processes: list[ManagedProcess] = []
-    try:
-        for i, (rpc, _, http) in enumerate(ports):
-            args = estream_argv("pd", pd_args(
-                str(i + 1), f"{HOST}:{rpc}", rafts[i], [r for r in rafts if r != rafts[i]],
-                f"{HOST}:{http}", root / f"pd{i + 1}"))
-            processes.append(ManagedProcess(args, root / f"pd{i + 1}.log", env=env).start())
-        pd = ",".join(f"{HOST}:{p[0]}" for p in ports)
-        http_urls = [f"https://{HOST}:{p[2]}" for p in ports]
-        # Range servers take theirs from flags.
-        flags = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
-                 "--tls-ca", str(pki.ca), "--token-file", str(token_file)]
-        servers = []
-        for i in range(2):
-            process, address = start_rangeserver(root / f"rs{i}", HOST, pd, extra_args=flags)
-            processes.append(process)
-            servers.append(address)
-        for i, (rpc, _, _) in enumerate(ports):
-            processes[i].wait_listening(f"{HOST}:{rpc}")
+    with start_pd_cluster(root, n=3, host=HOST, env=env, tls_ca=pki.ca) as pd_cluster:
+        processes: list[ManagedProcess] = []
+        try:
+            # Range servers take theirs from flags.
+            flags = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
+                     "--tls-ca", str(pki.ca), "--token-file", str(token_file)]
+            servers = []
+            for i in range(2):
+                process, address = start_rangeserver(root / f"rs{i}", HOST,
+                                                     pd_cluster.rpc_addresses, extra_args=flags)
+                processes.append(process)
+                servers.append(address)
 
-        def registered() -> bool:
-            status, body = _https(http_urls[0] + "/v1/rangeservers", pki)
-            return status == 200 and sum(s["alive"] for s in body["rangeservers"]) == 2
+            def registered() -> bool:
+                status, body = _https(pd_cluster.http_urls[0] + "/v1/rangeservers", pki)
+                return status == 200 and sum(s["alive"] for s in body["rangeservers"]) == 2
 
-        _wait_for(registered, 30, "range servers did not register over mutual TLS")
-        yield SecureCluster(pki, pd, http_urls, servers, processes, token_file)
-    finally:
-        for process in processes:
-            process.stop()
+            _wait_for(registered, 30, "range servers did not register over mutual TLS")
+            yield SecureCluster(pki, pd_cluster.rpc_addresses, pd_cluster.http_urls, servers,
+                                processes, token_file)
+        finally:
+            for process in processes:
+                process.stop()
 
 
 async def test_sdk_with_ca_and_token_appends_and_reads(cluster: SecureCluster) -> None:
