@@ -424,11 +424,16 @@ class ReadCursor:
                 last = Unavailable(f"replica {ref.id} has nothing at {offset} of sealed range")
                 continue  # a short replica of a sealed range: another one has it
             if wait_ms > 0 and not answer.sealed:
-                return answer  # a long poll that found nothing new
+                # A long poll that found nothing new; after a replica that said sealed, the
+                # seal (this one may be a replica the seal left out, never sealed: its
+                # empty polls must not hide the seal and keep the reader on the range).
+                return empty or answer
             # The open range, nothing readable at the offset on this replica: another one
             # may have heard a later confirm offset (this one was down, or restarted), or
-            # this one may be sealed short of what the others hold.
-            empty = empty or answer
+            # this one may be sealed short of what the others hold. A sealed answer is
+            # kept over an unsealed one: the range is over, the next one may have more.
+            if empty is None or (answer.sealed and not empty.sealed):
+                empty = answer
             empties += 1
         if not sealed_range and rng.replicas:
             # Replicas never created (identity checked) hold nothing: they answer too.

@@ -436,6 +436,33 @@ def test_follow_waits_for_pd_to_show_a_seal_then_crosses_into_the_next_range() -
     assert sleeps(trace) == [20]  # once, while PD did not show the seal yet
 
 
+def test_follow_crosses_a_seal_that_left_a_replica_out() -> None:
+    # Found by the simulator (tests/sim, seed 0): a roll sealed range 0 at 6 in PD and on
+    # a and b; c had failed, was left out of the seal and stays open, its confirm behind.
+    # Its held, empty, unsealed polls must not hide the seal the others answer: the reader
+    # looks PD up again and goes on into range 1 (it used to poll range 0 for good).
+    rng = RangeMeta(0, 0, None, ABC)
+    held = {("a", 0): 6, ("b", 0): 6, ("c", 0): 2} | {(r.id, 1): 8 for r in ABC}
+    later = meta(RangeMeta(0, 0, 6, ABC), RangeMeta(1, 6, None, ABC))
+    world = World([meta(rng), later], held=held, sealed={("a", 0), ("b", 0)})
+    trace, error = drive(ReadCursor("s", end=8, follow=True, preferred="a"), world)
+    assert error is None
+    assert delivered(trace) == [(0, 6), (6, 8)]
+    assert trace.count(Describe(refresh=True)) == 1
+
+
+def test_a_plain_read_with_stale_metadata_goes_on_past_a_seal_an_open_replica_missed() -> None:
+    # The empty answer of the replica the seal left out comes first; the sealed answers
+    # after it still move the read on (a cached view of the stream must not end it short).
+    rng = RangeMeta(0, 0, None, ABC)
+    held = {("a", 0): 6, ("b", 0): 6, ("c", 0): 6} | {(r.id, 1): 9 for r in ABC}
+    later = meta(RangeMeta(0, 0, 6, ABC), RangeMeta(1, 6, None, ABC))
+    world = World([meta(rng), later], held=held, sealed={("b", 0), ("c", 0)})
+    trace, error = drive(ReadCursor("s", start=6, preferred="a"), world)
+    assert error is None
+    assert delivered(trace) == [(6, 9)]
+
+
 # -- the object tier ------------------------------------------------------------------------
 
 
