@@ -8,8 +8,19 @@ fault lands exactly where the test puts it).
 - The store down: the upload backs off, the range stays local with its replicas, and it
   is offloaded once the store answers again.
 - A commit whose outcome is unknown (leader lost): not applied, the next attempt uploads
-  under a new key and commits it, and the sweep deletes the first object; applied, nothing
-  is uploaded again and the named object is never swept.
+  again under the same prepared key (overwriting its object) and commits it, or, once the
+  record expired, the expiry deletes the first object and a new key is committed;
+  applied, nothing is uploaded again and the named object is never swept.
+- A crash of the uploader (the PD leader) right after each step (prepare, PUT, check,
+  commit, drop), then a new leader in time to reuse the prepared key or after its
+  deadline: catalog and store agree after every round (a committed range has its whole
+  object, an uncommitted one its replicas, every object is named by a range or a prepared
+  record), and in the end exactly the committed object is left. A PUT that lands after
+  its record expired is deleted by the listing sweep (the backstop).
+- A slow store (a PUT, then a GET, hanging past the store's deadline): the round returns
+  after the deadline, the upload backs off with the local copies kept, other work goes
+  on meanwhile, the errors are counted; the check before a release hanging keeps the
+  replicas.
 - A commit refused (another key won; the stream deleted meanwhile) deletes its own object.
 - Release after the retention: the catalog lists no replicas, DROP_RANGE reaches every
   server that answers (one that fails is left to the reclaimer).
@@ -17,6 +28,7 @@ fault lands exactly where the test puts it).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,7 +48,7 @@ from estream.wire.errors import (
 from estream.wire.meta import StreamMeta
 from estream.wire.objectformat import decode_object, iter_object_batches
 from estream.wire.protocol import Opcode
-from estream.wire.record import Record, decode_batch, encode_batch
+from estream.wire.record import Record, decode_batch, encode_batch, verify_batch
 from pd.catalog import Catalog
 from pd.commands import (
     Command,
@@ -53,6 +65,7 @@ from pd.shell.offloader import Offloader
 
 SERVERS = ("rs1", "rs2", "rs3")
 PREPARE_TTL_MS = 60_000
+STORE_TIMEOUT_S = 0.3  # every store call's deadline (the slow-store test hangs past it)
 Body = bytes | memoryview | Sequence[bytes | memoryview]
 
 
@@ -79,11 +92,12 @@ class FakeRaft:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self.fail: dict[str, list[EstreamError]] = {}
-        self.apply_then_fail: dict[str, EstreamError] = {}
+        self.apply_then_fail: dict[str, Exception] = {}
         self.proposed: list[Command] = []
+        self.term = Status().term
 
     def status(self) -> Status:
-        return Status()
+        return Status(self.term)
 
     def caught_up(self) -> bool:
         return True
@@ -152,16 +166,43 @@ class FakePool:
         pass
 
 
+class Crash(Exception):
+    """The uploader (the PD leader) stops here: not an EstreamError, nothing handles it."""
+
+
 class FlakyStore(ObjectStore):
-    """A ``file://`` store whose next ``put_failures`` PUTs fail as if it were down."""
+    """A ``file://`` store whose next ``put_failures`` PUTs fail as if it were down, whose
+    next ``hang_puts`` / ``hang_gets`` PUTs / ranged GETs hang past the store's deadline,
+    and which crashes its caller right after the next PUT (``crash_after_put``) or ranged
+    GET (``crash_after_get``) has landed."""
 
     put_failures = 0
+    hang_puts = 0
+    hang_gets = 0
+    crash_after_put = False
+    crash_after_get = False
 
     async def put(self, key: str, data: Body) -> None:
         if self.put_failures:
             self.put_failures -= 1
             raise ObjectStoreError("connection refused", key=key, not_found=False)
+        if self.hang_puts:
+            self.hang_puts -= 1
+            await self._call(key, asyncio.Event().wait())
         await super().put(key, data)
+        if self.crash_after_put:
+            self.crash_after_put = False
+            raise Crash("after the PUT")
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        if self.hang_gets:
+            self.hang_gets -= 1
+            await self._call(key, asyncio.Event().wait())
+        data = await super().get_range(key, start, end)
+        if self.crash_after_get:
+            self.crash_after_get = False
+            raise Crash("after the check")
+        return data
 
 
 @dataclass
@@ -205,8 +246,17 @@ def rig(tmp_path: Path) -> Rig:
     for i in range(3):
         pool.replies[f"127.0.0.1:{7001 + i}"] = b"".join(data)
     root = tmp_path / "objects"
-    store = FlakyStore.from_url(f"file://{root}")
+    store = FlakyStore.from_url(f"file://{root}", timeout_s=STORE_TIMEOUT_S)
     assert isinstance(store, FlakyStore)
+    offloader = leader(service, store, pool)
+    offloader.term = Status().term  # leading in this term, range 0 seen sealed now
+    offloader.sealed_since = {(stream.id, 0): service.now_ms}
+    return Rig(service, pool, store, offloader, root, stream, data)
+
+
+def leader(service: FakeService, store: FlakyStore, pool: FakePool) -> Offloader:
+    """A PD leader's offloader: nothing in memory; the wall clock moves with
+    ``service.now_ms`` from the real time on (objects' modification times are real)."""
     started = service.now_ms
     offloader = Offloader(service, store,  # type: ignore[arg-type]
                           offload_delay_ms=1_000, local_retention_ms=5_000,
@@ -214,10 +264,8 @@ def rig(tmp_path: Path) -> Rig:
                           prepare_ttl_ms=PREPARE_TTL_MS,
                           wall_ms=lambda: int(time.time() * 1000) + service.now_ms - started)
     offloader.pool = pool  # type: ignore[assignment]
-    offloader.term = Status().term  # leading in this term, range 0 seen sealed now
-    offloader.sealed_since = {(stream.id, 0): service.now_ms}
     offloader.next_sweep_ms = 10**12
-    return Rig(service, pool, store, offloader, root, stream, data)
+    return offloader
 
 
 def values_of(rig: Rig, key: str) -> list[bytes]:
@@ -430,3 +478,131 @@ async def test_an_object_harmed_behind_our_back_is_uploaded_again_before_release
     assert rig.range0().replicas == () and rig.range0().object_key == r.object_key
     await rig.offloader._sweep()
     assert rig.objects() == {r.object_key}
+
+
+# -- a crash after every step, and a slow store ----------------------------------------------
+
+STEPS = ("prepare", "put", "verify", "commit", "drop")
+
+
+def agree(rig: Rig) -> None:
+    """Catalog and store agree: a committed range has its object, whole (every batch's
+    checksum, exactly the range's records); a range not yet committed keeps its replicas;
+    every object in the store is named by a range or by a prepared record."""
+    view = rig.raft.catalog.view()
+    r = rig.range0()
+    named = {r.object_key} if r.object_key else set()
+    if r.object_key is not None:
+        assert (rig.root / r.object_key).exists(), "a committed range without its object"
+        for _, raw in iter_object_batches((rig.root / r.object_key).read_bytes()[
+                : decode_object((rig.root / r.object_key).read_bytes()).footer.index_position]):
+            verify_batch(raw)
+        assert values_of(rig, r.object_key) == EXPECTED
+    else:
+        assert r.tier == "local" and len(r.replicas) == 3, "local copies lost before a commit"
+    assert rig.objects() <= named | set(view.prepared), "an object the catalog does not know"
+
+
+async def crash_at(rig: Rig, step: str) -> None:
+    """Drive the first leader until it stops right after ``step``."""
+    if step in ("prepare", "commit", "drop"):
+        rig.raft.apply_then_fail[f"{step}_object" if step != "drop" else
+                                 "drop_local_replicas"] = Crash(f"after {step}")
+    elif step == "put":
+        rig.store.crash_after_put = True
+    else:
+        rig.store.crash_after_get = True  # the check of the object just put
+    with pytest.raises(Crash):
+        await rig.round_at(1_000)  # the upload (the drop's step comes later)
+        await rig.round_at(100)  # seen committed
+        await rig.round_at(5_000)  # the release
+    agree(rig)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["in-time", "after-the-deadline"])
+@pytest.mark.parametrize("step", STEPS)
+async def test_a_crash_after_every_step_leaves_catalog_and_store_agreeing(
+    rig: Rig, step: str, late: bool
+) -> None:
+    await crash_at(rig, step)
+    crashed_with = set(rig.raft.catalog.view().prepared)
+    # A new leader (a new term, nothing in memory), in time to reuse a prepared key, or
+    # after its deadline: then it is expired, its object deleted, and a new key prepared.
+    rig.raft.term += 1
+    successor = leader(rig.service, rig.store, rig.pool)
+    if late:
+        rig.service.now_ms += PREPARE_TTL_MS + 1
+    for _ in range(12):
+        rig.service.now_ms += 1_000
+        await successor.round()
+        agree(rig)
+    await successor._sweep()
+    agree(rig)
+    r = rig.range0()
+    view = rig.raft.catalog.view()
+    assert r.tier == "object" and r.object_key is not None and r.replicas == ()
+    assert rig.objects() == {r.object_key} and not view.prepared
+    if crashed_with and not late:  # the prepared upload was retried under its own key
+        assert r.object_key in crashed_with
+    if step == "drop":  # released by the catalog before the crash: DROP_RANGE is the
+        assert rig.pool.drops == []  # reclaimer's ("moved"), nothing re-uploaded
+    kinds = [c.kind for c in rig.raft.proposed]
+    assert kinds.count("commit_object") == 1  # a commit that landed is never made again
+    assert kinds.count("drop_local_replicas") == 1
+
+
+async def test_a_put_landing_after_its_record_expired_is_swept(rig: Rig) -> None:
+    rig.store.put_failures = 1  # the PUT "failed" (timed out) but lands later, below
+    await rig.round_at(1_000)
+    (key,) = rig.raft.catalog.view().prepared
+    rig.service.now_ms += PREPARE_TTL_MS
+    rig.offloader.retry_at.clear()
+    await rig.round_at(1_000)  # expired (nothing to delete yet), then a new key committed
+    assert key not in rig.raft.catalog.view().prepared and rig.range0().object_key != key
+    await ObjectStore.put(rig.store, key, b"a late PUT of the expired attempt")
+    await rig.offloader._sweep()  # the backstop: an object the catalog never names
+    assert rig.objects() == {rig.range0().object_key}
+    agree(rig)
+
+
+async def test_a_slow_store_backs_off_and_keeps_local_copies(rig: Rig) -> None:
+    ticks = 0
+
+    async def appends() -> None:  # stands for the data path: it never waits for the store
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.ensure_future(appends())
+    try:
+        rig.store.hang_puts = 1
+        started = time.monotonic()
+        await rig.round_at(1_000)  # the PUT hangs past its deadline: Timeout, backoff
+        took = time.monotonic() - started
+        assert took < STORE_TIMEOUT_S + 2 and ticks >= 5
+        r = rig.range0()
+        assert r.tier == "local" and len(r.replicas) == 3
+        (key,) = rig.raft.catalog.view().prepared
+        m = rig.service.metrics
+        assert m.counter("estream_offload_errors_total", stage="put") == 1
+        assert m.counter("estream_object_requests_total", op="put", outcome="error") == 1
+        assert rig.offloader.retry_at[(rig.stream.id, 0)] > rig.service.now_ms
+        await rig.round_at(500)  # inside the backoff: not tried
+        assert rig.range0().tier == "local"
+        rig.store.hang_gets = 1  # now the check after the PUT hangs
+        await rig.round_at(600)
+        assert rig.range0().tier == "local"
+        assert m.counter("estream_offload_errors_total", stage="verify") == 1
+        await rig.round_at(2_100)  # the store answers again: the same prepared key
+        assert rig.range0().tier == "object" and rig.range0().object_key == key
+        rig.store.hang_gets = 1  # the check before the release hangs: replicas kept
+        await rig.round_at(100)
+        await rig.round_at(5_000)
+        assert len(rig.range0().replicas) == 3
+        assert m.counter("estream_offload_errors_total", stage="check") == 1
+        await rig.round_at(100)
+        assert rig.range0().replicas == ()
+        agree(rig)
+    finally:
+        ticker.cancel()
