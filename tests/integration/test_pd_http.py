@@ -6,16 +6,15 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
 
-from estream.devcluster.pd import PdCluster, http_json, start_pd_cluster
+from estream.devcluster.pd import PdCluster, http_json
 from rangeserver.shell.heartbeat import heartbeat_loop
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_only=True, pd_nodes=3)]
 
 SERVER_IDS = ["h-a", "h-b", "h-c"]
 
@@ -39,30 +38,31 @@ class HeartbeatThread:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PdCluster]:
-    c = start_pd_cluster(Path(tmp_path_factory.mktemp("pd-http")))
-    beats = HeartbeatThread(c.rpc_addresses)
+@pytest.fixture(scope="module", autouse=True)
+def heartbeats(module_cluster: PdCluster) -> Iterator[None]:
+    """The shared PD cluster (tests/conftest.py) hears three range-server identities beat
+    for the whole module; every node lists them alive before the first test."""
+    beats = HeartbeatThread(module_cluster.rpc_addresses)
     beats.thread.start()
     try:
         deadline = time.monotonic() + 15
-        for url in c.http_urls:
+        for url in module_cluster.http_urls:
             while True:
                 servers = http_json(url + "/v1/rangeservers")[1]["rangeservers"]
                 if sum(1 for s in servers if s["alive"]) == 3:
                     break
                 assert time.monotonic() < deadline, servers
                 time.sleep(0.1)
-        yield c
+        yield
     finally:
         beats.stop.set()
         beats.thread.join(10)
-        c.stop()
 
 
 @pytest.fixture(scope="module")
-def url(cluster: PdCluster) -> str:
-    return cluster.http_urls[cluster.followers()[0]]  # a follower: writes are forwarded
+def url(module_cluster: PdCluster) -> str:
+    # a follower: writes are forwarded
+    return module_cluster.http_urls[module_cluster.followers()[0]]
 
 
 def validate(path: str, method: str, status: int, body: Any) -> None:
