@@ -21,6 +21,8 @@ Offsets of a replica::
 
 Append decision table (first matching row wins)::
 
+    hmac-sha256 batch, MAC does not verify    -> DigestMismatch (:func:`check_digest`;
+                                                 only on a server holding the secret)
     damaged                                   -> Damaged
     sealed                                    -> Sealed(sealed_end)
     batch.epoch < epoch                       -> StaleEpoch
@@ -33,11 +35,18 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from estream.wire.errors import EstreamError, Fenced, OffsetGap, RangeSealed, ReplicaDamaged
-from estream.wire.record import BatchHeader
+from estream.wire.errors import (
+    DigestMismatch,
+    EstreamError,
+    Fenced,
+    OffsetGap,
+    RangeSealed,
+    ReplicaDamaged,
+)
+from estream.wire.record import BatchHeader, decode_header, is_hmac_batch, verify_batch, verify_mac
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +99,27 @@ def readable_end(state: ReplicaState, *, unconfirmed: bool = False) -> int:
 
 
 # ----------------------------------------------------------------------------- append
+
+
+def check_digest(batch: bytes, key_for: Callable[[int], bytes] | None) -> None:
+    """The first row of the append table: an ``hmac-sha256`` batch's MAC, checked under
+    ``key_for(stream_id)`` (the stream's key from the cluster secret; None: this server
+    has no secret and stores such batches as they come, checksum verified, for readers to
+    verify). Raises :class:`DigestMismatch` for a MAC that does not verify (a writer with
+    another secret, a batch re-addressed to another stream, range or offsets),
+    :class:`ChecksumMismatch` / :class:`MalformedBatch` when the batch is damaged rather
+    than forged. Other digests: nothing to check here.
+
+    >>> check_digest(b"not even a batch", None)
+    """
+    if key_for is None or not is_hmac_batch(batch):
+        return
+    header = decode_header(batch)
+    try:
+        verify_mac(batch, key_for(header.stream_id), header)
+    except DigestMismatch:
+        verify_batch(batch)  # damaged in transit is a checksum error (retried), not forgery
+        raise
 
 
 @dataclass(frozen=True, slots=True)

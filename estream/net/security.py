@@ -17,8 +17,13 @@ One frozen :class:`SecurityConfig` describes what a process offers and expects:
 read the certificate files); everything else here is pure. Tokens are compared with
 :func:`hmac.compare_digest`.
 
-Side effects: :func:`server_context`, :func:`client_context` and :func:`load_token_file`
-read files.
+The **cluster secret** (:func:`add_secret_options`, :func:`load_cluster_secret`) is not a
+transport setting: the per-stream MAC keys of ``hmac-sha256`` streams derive from it
+(``estream/wire/record.py``). Clients hold it (``connect(secret=)``, ``ESTREAM_SECRET``);
+a range server given it verifies those MACs on APPEND; PD never holds it.
+
+Side effects: :func:`server_context`, :func:`client_context`, :func:`load_token_file` and
+:func:`load_cluster_secret` read files.
 """
 
 from __future__ import annotations
@@ -261,6 +266,38 @@ def add_server_options(parser: argparse.ArgumentParser, *, admin: bool = False) 
                             help="the admin API's GET endpoints need a token too")
 
 
+def add_secret_options(parser: argparse.ArgumentParser) -> None:
+    """Add --secret and --secret-file: the cluster secret (env ``ESTREAM_SECRET``, the
+    variable clients read, or ``ESTREAM_SECRET_FILE``)."""
+    parser.add_argument("--secret", default=None, metavar="SECRET",
+                        help="the cluster secret that hmac-sha256 streams' MAC keys derive "
+                             "from: with it, APPENDs of such streams are verified (prefer "
+                             "--secret-file or the environment: flags show in ps)")
+    parser.add_argument("--secret-file", default=None, metavar="FILE",
+                        help="a file holding the cluster secret (surrounding whitespace "
+                             "stripped)")
+
+
+def load_cluster_secret(args: argparse.Namespace) -> bytes | None:
+    """The cluster secret of parsed ``--secret`` / ``--secret-file`` (None: neither);
+    InvalidArgument for both at once, an unreadable or an empty file."""
+    secret: str | None = getattr(args, "secret", None) or None
+    path: str | None = getattr(args, "secret_file", None) or None
+    if secret is not None and path is not None:
+        raise InvalidArgument("--secret and --secret-file exclude each other",
+                              argument="secret_file")
+    if path is not None:
+        try:
+            raw = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read secret file {path}: {exc.strerror or exc}",
+                                  argument="secret_file") from None
+        if not raw:
+            raise InvalidArgument(f"secret file {path} is empty", argument="secret_file")
+        return raw
+    return secret.encode() if secret is not None else None
+
+
 def config_from_args(args: argparse.Namespace) -> SecurityConfig:
     """The :class:`SecurityConfig` of parsed server options; InvalidArgument if unusable."""
     tokens: tuple[str, ...] = ()
@@ -280,12 +317,14 @@ def config_from_args(args: argparse.Namespace) -> SecurityConfig:
 __all__ = [
     "DEV_RAFT_PASSWORD",
     "SecurityConfig",
+    "add_secret_options",
     "add_server_options",
     "bearer_token",
     "client_context",
     "config_from_args",
     "has_verified_peer_cert",
     "is_loopback",
+    "load_cluster_secret",
     "load_token_file",
     "member_client_context",
     "parse_tokens",

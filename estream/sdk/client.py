@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from estream.core.rangewriter import WriterConfig
 from estream.net.objectstore import ObjectStore
 from estream.net.pdclient import PDClient
+from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.net.security import client_context
 from estream.sdk.reader import (
@@ -33,14 +34,28 @@ from estream.wire import limits
 from estream.wire.errors import (
     Closed,
     DigestKeyMissing,
+    DigestMismatch,
     EstreamError,
     InvalidArgument,
     OffsetOutOfRange,
     Unauthenticated,
     Unavailable,
 )
-from estream.wire.meta import ServerInfo, StreamMeta
-from estream.wire.record import DIGEST_XXH3, DIGESTS, BatchColumns, BatchView, Record, stream_key
+from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
+from estream.wire.record import (
+    DIGEST_HMAC_SHA256,
+    DIGEST_XXH3,
+    DIGESTS,
+    BatchColumns,
+    BatchView,
+    Record,
+    iter_batches,
+    stream_key,
+    verify_batch,
+    verify_digest,
+)
+
+key_check_timeout_s = 2.0  # each READ of open_writer's key check (an hmac-sha256 stream)
 
 
 class Client:
@@ -202,7 +217,10 @@ class Client:
             deferred=deferred_sync,
             delivery_timeout_ms=max(1, round(delivery_timeout_s * 1000)),
         )
-        self.stream_key(await self.stream_meta(name))  # DigestKeyMissing before fencing
+        meta = await self.stream_meta(name)
+        # DigestKeyMissing, or DigestMismatch for a key that is not the stream's, before
+        # fencing anyone.
+        await self._check_key(meta, self.stream_key(meta))
         writer = await Writer.open(self, name, config, producer_id)
         self._streams[name] = writer.stream
         self._writers = [w for w in self._writers if not w.closed]
@@ -307,6 +325,53 @@ class Client:
                 f"stream {meta.name!r} is MACed (hmac-sha256): connect with secret= (or "
                 "set ESTREAM_SECRET) to the cluster secret", stream=meta.name)
         return stream_key(self._secret, meta.id)
+
+    async def _check_key(self, meta: StreamMeta, key: bytes | None) -> None:
+        """Check ``key`` against the first stored batch of the stream's last non-empty
+        range (one writer session wrote all of a range; its first batch is there however
+        far the range got): :class:`DigestMismatch` when it verifies on no replica and
+        fails on one. So a writer with another cluster secret fails at open instead of
+        fencing the stream's writer and then having its appends refused (by range servers
+        holding the secret) or stored for readers to refuse (by servers without it), and
+        no writer appends behind a range of forged entries. Inconclusive (no replica
+        answers, or nothing is stored yet): the range servers' own check remains."""
+        if key is None:
+            return
+        ranges = [r for r in meta.ranges if r.end is None or r.end > r.start]
+        for rng in reversed(ranges[-2:]):
+            if rng.end is not None and rng.end <= meta.start_offset:
+                return
+            verified = await self._check_key_on(meta, rng, key)
+            if verified is not None:
+                return
+
+    async def _check_key_on(self, meta: StreamMeta, rng: RangeMeta, key: bytes) -> bool | None:
+        """True: the range's first batch verifies under ``key`` on a replica; None: no
+        replica had one to check; raises :class:`DigestMismatch` when one refused it."""
+        reads = RangeClient(self.pool)
+        refused: DigestMismatch | None = None
+        for ref in rng.replicas:
+            try:
+                answer = await reads.read(
+                    ref.address, server_id=ref.id, stream_id=meta.id, range_index=rng.index,
+                    offset=rng.start, max_bytes=1, unconfirmed=True,
+                    timeout_s=key_check_timeout_s)
+                for header, raw in iter_batches(answer.payload):
+                    verify_batch(raw)
+                    verify_digest(raw, digest=DIGEST_HMAC_SHA256, key=key, stream_id=meta.id,
+                                  range_index=rng.index, header=header)
+                    return True
+            except DigestMismatch as exc:
+                refused = exc
+            except EstreamError:
+                continue  # down, damaged or behind: another replica may tell
+        if refused is not None:
+            raise DigestMismatch(
+                f"stream {meta.name!r}: its stored entries do not verify under this client's "
+                "key: the cluster secret (connect(secret=), ESTREAM_SECRET) is not the one "
+                f"they were written with, or range {rng.index} holds forged entries "
+                f"({refused.message})", **refused.fields)
+        return None
 
     def entry_digest(self, stream_id: int) -> tuple[int, bytes | None] | None:
         """The digest kind and MAC key of a cached stream, by id (None if not cached):

@@ -87,6 +87,8 @@ from estream.net.recovery import RecoveryDriver, drive
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
+    DigestKeyMissing,
+    DigestMismatch,
     EstreamError,
     Fenced,
     InvalidArgument,
@@ -698,6 +700,19 @@ class Writer:
         assert core is not None
         try:
             end = await self._replicas.append(effect.replica, effect.payload, self.config.deferred)
+        except (DigestMismatch, DigestKeyMissing) as exc:
+            # A range server holding the cluster secret refused our MAC: this writer's
+            # secret is not the cluster's (or that server's is not). Not the replica's
+            # fault, so no roll (every replica would refuse): fail the writer, loudly.
+            if self._core is core and not self._closed:
+                log.error("stream %r: range server %s refused a batch's MAC: %s",
+                          self.stream.name, effect.replica, exc.message)
+                self._run(core.on_fenced(type(exc)(
+                    f"range server {effect.replica} refused this writer's MAC of stream "
+                    f"{self.stream.name!r} ({exc.message}): the client's cluster secret "
+                    "(connect(secret=), ESTREAM_SECRET) differs from the range server's",
+                    **exc.fields)))
+            return
         except EstreamError as exc:
             if self._core is core and not self._closed:
                 self._run(core.on_append_error(effect.replica, effect.range_index, exc, _now_ms()))

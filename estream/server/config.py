@@ -35,6 +35,7 @@ CONFIG_DEST = "config"
 CHECK_DEST = "check_config"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _SECRET = "password"  # --check-config masks settings whose name contains this
+_SECRET_KEYS = frozenset({"secret"})  # ... and these (the cluster secret; not its file)
 _MASKED = '"***"'
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -294,7 +295,7 @@ def render_value(value: Any) -> str:
 def render_settings(namespace: argparse.Namespace) -> str:
     """The resolved settings as TOML ``key = value`` lines (for --check-config). Pure."""
     return "\n".join(
-        f"{key} = {_MASKED if _SECRET in key else render_value(value)}"
+        f"{key} = {_MASKED if _SECRET in key or key in _SECRET_KEYS else render_value(value)}"
         for key, value in sorted(vars(namespace).items())
         if key != CHECK_DEST and value is not None and not callable(value)
     )

@@ -32,16 +32,26 @@ System block (flags bit 0; its bytes count in ``records_bytes`` and in the check
       5     1   sequence_kind    u8: 0 none, 1 consecutive (record i has first + i),
                                  2 listed (``count`` i64 after the producer id)
       6     1   mac_bytes        u8: 0, or 32 (hmac-sha256, the block's last bytes)
-      7     1   reserved         0
+      7     1   mac_version      u8: 0 without a MAC; with one, what it covers (below)
       8     8   first_sequence   i64, record 0's producer sequence (-1: none)
      16     8   last_sequence    i64, the last record's
      24     .   producer_id      utf-8; then the listed sequences; then the MAC
 
-The MAC (digest 2) is HMAC-SHA256 under the stream's key of stream_id, range_index,
-base_offset, count and flags, then the system block up to the MAC, then the records: a
-range server (which has no key) or the network cannot forge an entry, nor move one to
-another stream, range or offset. Epoch and confirm offset are not covered: recovery and
-repair restamp them (same range) without the key.
+The MAC (digest 2) is HMAC-SHA256 under the stream's key (:func:`stream_key`) of the
+header fields stream_id, range_index, base_offset, count, flags and, from mac_version 1
+on, confirm_offset, first_timestamp and max_timestamp; then the system block up to the
+MAC; then the records. So no one without the key (a client without the cluster secret, the
+network, a disk, a range server that does not hold the secret) can forge an entry, move it
+to another stream, range or offset, or change its confirm offset or the timestamps the time
+index and retention go by. Writers write mac_version 1; mac_version 0 (batches written
+before it existed: no confirm offset, no timestamps) is still verified as it was.
+
+Epoch is not covered, on purpose: copies re-stamp it (``restamp``: a recovery or a repair
+copying a batch to a replica fenced at a newer epoch), and repair runs in the placement
+driver, which does not hold the cluster secret. Re-stamping never changes anything the
+MAC covers (an hmac-sha256 batch cannot be restamped into another range or to another
+confirm offset; a writer re-sending a batch into its next range re-wraps it with the
+key). The epoch only orders writers for fencing; no reader goes by it.
 
 Record layout (16-byte fixed prefix)::
 
@@ -105,7 +115,10 @@ SEQUENCE_CONSECUTIVE: Final = 1
 SEQUENCE_LISTED: Final = 2
 _SYSTEM: Final = struct.Struct("<IBBBBqq")
 SYSTEM_PREFIX_BYTES: Final = _SYSTEM.size  # 24
-_MAC_FIELDS: Final = struct.Struct("<QIQIB")
+_MAC_FIELDS: Final = struct.Struct("<QIQIB")  # mac_version 0
+_MAC_FIELDS_V1: Final = struct.Struct("<QIQIBQqq")  # 1: and confirm, first/max timestamp
+MAC_VERSION: Final = 1  # what writers write
+_MAC_VERSION_AT: Final = 7  # in the system block
 _SEQ: Final = struct.Struct("<q")
 assert SYSTEM_PREFIX_BYTES == 24
 
@@ -184,6 +197,7 @@ class BatchSystem:
     sequences: tuple[int, ...] | None  # listed; None: consecutive from first_sequence
     mac: bytes
     size: int  # the block's bytes
+    mac_version: int = 0  # what the MAC covers (module docstring)
 
     def sequence(self, i: int) -> int:
         """Record ``i``'s sequence (-1 when the batch has none)."""
@@ -223,7 +237,8 @@ def encode_system(
             listed = struct.pack(f"<{count}q", *sequences)
     size = SYSTEM_PREFIX_BYTES + len(pid) + len(listed) + mac_bytes
     try:
-        prefix = _SYSTEM.pack(size, len(pid), kind, mac_bytes, 0, first, last)
+        prefix = _SYSTEM.pack(size, len(pid), kind, mac_bytes,
+                              MAC_VERSION if mac_bytes else 0, first, last)
     except struct.error:
         raise MalformedBatch("sequence out of range") from None
     return b"".join((prefix, pid, listed, bytes(mac_bytes)))
@@ -329,7 +344,9 @@ def wrap_records(
         if key is None:
             raise DigestKeyMissing("an hmac-sha256 batch needs its stream's key")
         body = system[:-MAC_BYTES]
-        mac = _mac(key, stream_id, range_index, base_offset, section.count, section.flags,
+        mac = _mac(key, body[_MAC_VERSION_AT],
+                   (stream_id, range_index, base_offset, section.count, section.flags,
+                    confirm_offset, section.first_timestamp, section.max_timestamp),
                    body, section.data)
         system = body + mac
     checksum = _checksum(section.flags, head[:_CHECKSUM_AT], system, section.data)
@@ -350,19 +367,37 @@ def _checksum(flags: int, head: bytes | memoryview, *rest: bytes | memoryview) -
 
 def _mac(
     key: bytes,
-    stream_id: int,
-    range_index: int,
-    base_offset: int,
-    count: int,
-    flags: int,
+    version: int,
+    fields: tuple[int, int, int, int, int, int, int, int],
     system_body: bytes | memoryview,
     data: bytes | memoryview,
 ) -> bytes:
-    mac = hmac.new(key, _MAC_FIELDS.pack(stream_id, range_index, base_offset, count, flags),
-                   hashlib.sha256)
+    """The MAC of one batch. ``fields``: stream_id, range_index, base_offset, count, flags,
+    confirm_offset, first_timestamp, max_timestamp (the last three from version 1 on)."""
+    if version == 0:
+        head = _MAC_FIELDS.pack(*fields[:5])
+    elif version == 1:
+        head = _MAC_FIELDS_V1.pack(*fields)
+    else:
+        raise MalformedBatch(f"unknown MAC version {version}")
+    mac = hmac.new(key, head, hashlib.sha256)
     mac.update(system_body)
     mac.update(data)
     return mac.digest()
+
+
+def _header_mac(key: bytes, view: memoryview, header: BatchHeader) -> tuple[bytes, bytes]:
+    """(computed, stored) MAC of a whole hmac-sha256 batch (structure checked)."""
+    end = records_at(view, header)
+    body_at = BATCH_HEADER_BYTES
+    if end - MAC_BYTES < body_at + SYSTEM_PREFIX_BYTES or view[body_at + 6] != MAC_BYTES:
+        raise MalformedBatch("an hmac-sha256 batch without its MAC")
+    fields = (header.stream_id, header.range_index, header.base_offset, header.count,
+              header.flags, header.confirm_offset, header.first_timestamp,
+              header.max_timestamp)
+    mac = _mac(key, view[body_at + _MAC_VERSION_AT], fields, view[body_at : end - MAC_BYTES],
+               view[end : BATCH_HEADER_BYTES + header.records_bytes])
+    return mac, bytes(view[end - MAC_BYTES : end])
 
 
 def stream_key(secret: bytes, stream_id: int) -> bytes:
@@ -504,11 +539,14 @@ def decode_system(
         return None
     view = memoryview(batch)
     end = records_at(view, header)
-    size, pid_bytes, kind, mac_bytes, _, first, last = _SYSTEM.unpack_from(view, BATCH_HEADER_BYTES)
+    size, pid_bytes, kind, mac_bytes, mac_version, first, last = _SYSTEM.unpack_from(
+        view, BATCH_HEADER_BYTES)
     pos = BATCH_HEADER_BYTES + SYSTEM_PREFIX_BYTES
     listed_bytes = header.count * 8 if kind == SEQUENCE_LISTED else 0
     if kind > SEQUENCE_LISTED or mac_bytes not in (0, MAC_BYTES):
         raise MalformedBatch("bad system block")
+    if mac_version > (MAC_VERSION if mac_bytes else 0):
+        raise MalformedBatch(f"unknown MAC version {mac_version}")
     if pos + pid_bytes + listed_bytes + mac_bytes != end:
         raise MalformedBatch("system block fields do not add up to its length")
     try:
@@ -522,7 +560,7 @@ def decode_system(
     elif kind == SEQUENCE_NONE:
         first = last = -1
     mac = bytes(view[end - mac_bytes : end]) if mac_bytes else b""
-    return BatchSystem(producer, first, last, sequences, mac, size)
+    return BatchSystem(producer, first, last, sequences, mac, size, mac_version)
 
 
 def verify_digest(
@@ -554,13 +592,28 @@ def verify_digest(
         raise DigestMismatch(
             f"batch of stream {header.stream_id} range {header.range_index} served for "
             f"stream {stream_id} range {range_index}", **where)
-    view = memoryview(batch)
-    end = records_at(view, header)
-    mac = _mac(key, header.stream_id, header.range_index, header.base_offset, header.count,
-               header.flags, view[BATCH_HEADER_BYTES : end - MAC_BYTES],
-               view[end : BATCH_HEADER_BYTES + header.records_bytes])
-    if not hmac.compare_digest(mac, bytes(view[end - MAC_BYTES : end])):
-        raise DigestMismatch("batch MAC does not verify", **where)
+    verify_mac(batch, key, header)
+
+
+def verify_mac(batch: bytes | memoryview, key: bytes, header: BatchHeader | None = None) -> None:
+    """Check the MAC of an ``hmac-sha256`` batch under ``key`` for the stream, range,
+    offsets (and, mac_version 1, confirm offset and timestamps) its header names: what a
+    range server holding the cluster secret checks on APPEND. Raises
+    :class:`DigestMismatch` (or :class:`MalformedBatch` for a batch that is not hmac-sha256
+    or not well formed). Verify the checksum too (this does not)."""
+    header = decode_header(batch) if header is None else header
+    if (header.flags >> _DIGEST_SHIFT) != DIGEST_HMAC_SHA256:
+        raise MalformedBatch("not an hmac-sha256 batch")
+    computed, stored = _header_mac(key, memoryview(batch), header)
+    if not hmac.compare_digest(computed, stored):
+        raise DigestMismatch(
+            "batch MAC does not verify", stream_id=header.stream_id,
+            range_index=header.range_index, base_offset=header.base_offset)
+
+
+def is_hmac_batch(batch: bytes | memoryview) -> bool:
+    """Whether ``batch``'s flags say hmac-sha256 (its header unchecked; a cheap test)."""
+    return len(batch) > 3 and (batch[3] >> _DIGEST_SHIFT) == DIGEST_HMAC_SHA256
 
 
 def verify_batch(batch: bytes | memoryview) -> BatchHeader:
@@ -897,12 +950,16 @@ def restamp(
         bytes(view[BATCH_HEADER_BYTES:at]),
     )
     if header.flags:
-        # The system block (and its MAC, which covers the range index, not the epoch or
-        # confirm) is kept as it is: restamping needs no key.
-        if range_index != header.range_index and (
-            header.flags >> _DIGEST_SHIFT
-        ) == DIGEST_HMAC_SHA256:
-            raise MalformedBatch("an hmac-sha256 batch cannot move to another range")
+        # The system block (and its MAC, which covers the range index and, from MAC
+        # version 1, the confirm offset, never the epoch) is kept as it is: restamping
+        # needs no key, so it may change nothing the MAC covers.
+        if (header.flags >> _DIGEST_SHIFT) == DIGEST_HMAC_SHA256:
+            if range_index != header.range_index:
+                raise MalformedBatch("an hmac-sha256 batch cannot move to another range")
+            if confirm_offset != header.confirm_offset and view[
+                BATCH_HEADER_BYTES + _MAC_VERSION_AT
+            ]:
+                raise MalformedBatch("an hmac-sha256 batch keeps its confirm offset")
         head = _pack_header(section, header.stream_id, range_index, epoch,
                             header.base_offset, confirm_offset)
         checksum = _checksum(header.flags, head[:_CHECKSUM_AT], section.system, section.data)

@@ -4,6 +4,7 @@
                         [--storage-class ssd] [--advertise H:P] [--cpus LIST]
                         [--tls-cert PEM --tls-key PEM [--tls-ca PEM]
                          [--tls-require-client-cert]] [--token-file FILE] [--http H:P]
+                        [--secret-file FILE | --secret S]
 
 Prints ``listening on H:P`` (the real port, also for ``--listen H:0``) to stdout once it
 serves. SIGTERM or SIGINT: stop serving, sync the log, write a checkpoint, exit 0. Bad
@@ -13,6 +14,8 @@ same certificate (and the first token of ``--token-file``) to PD as a cluster me
 with ``--token-file`` clients must authenticate (:mod:`estream.net.security`).
 ``--http H:P`` (off unless given; port 0 picks one) serves ``/metrics``, ``/healthz`` and
 ``/readyz`` (``rangeserver/shell/http.py``) and prints ``http on H:P`` once it listens.
+``--secret-file`` (or ``--secret``, ``ESTREAM_SECRET``): the cluster secret; with it the
+MAC of every ``hmac-sha256`` batch is verified on APPEND (``rangeserver/shell/server.py``).
 
 Side effects: the data directory, the listening socket, signal handlers.
 """
@@ -37,9 +40,11 @@ import uvloop
 from estream.net.rpc import parse_addresses
 from estream.net.security import (
     SecurityConfig,
+    add_secret_options,
     add_server_options,
     config_from_args,
     exposure_warnings,
+    load_cluster_secret,
     member_client_context,
     server_context,
 )
@@ -173,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /metrics (Prometheus), /healthz and /readyz on this address (0 ok; "
         "default: off)")
     add_server_options(parser)
+    add_secret_options(parser)
     return parser
 
 
@@ -229,7 +235,8 @@ async def serve(args: argparse.Namespace) -> int:
     await store.open()
     tune_gc()
     tune_thread_switching()
-    server = RangeServer(store, identity, storage_class=args.storage_class)
+    server = RangeServer(store, identity, storage_class=args.storage_class,
+                         secret=args.cluster_secret)
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
     server.rpc.tokens = security.tokens
@@ -253,9 +260,11 @@ async def serve(args: argparse.Namespace) -> int:
             raise
         print(f"http on {http_bound}", flush=True)
     log.info(
-        "range server %s serving %d replicas (log writes: %s; CPUs: %s)",
-        server.server_id, len(store.replicas), store.wal.mode,
+        "range server %s serving %d replicas (log writes: %s; CPUs: %s; hmac-sha256 "
+        "batches: %s)", server.server_id, len(store.replicas), store.wal.mode,
         cpu_list_text(os.sched_getaffinity(0)),
+        "MAC verified on append" if args.cluster_secret else
+        "stored unverified, no cluster secret (readers verify)",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -313,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_with_config(parser, argv, section="rangeserver", warnings=_config_warnings)
     try:
         args.security = config_from_args(args)
+        args.cluster_secret = load_cluster_secret(args)
     except InvalidArgument as exc:
         parser.error(exc.message)
     logging.basicConfig(

@@ -10,6 +10,13 @@ the request answers :class:`~estream.wire.errors.WrongServer` before anything el
 a server whose disk was wiped or replaced has a new id, and its "no such range" must
 never be taken for "an empty copy" of the old server's replica (BookKeeper's cookie).
 
+Digests: a server given the cluster secret (``--secret-file``, ``ESTREAM_SECRET``) checks
+the MAC of every ``hmac-sha256`` batch on APPEND before the store sees it
+(:func:`rangeserver.replica.check_digest`): a forged or re-addressed batch is answered
+:class:`~estream.wire.errors.DigestMismatch` and never stored. Without the secret such
+batches are stored checksum-verified only and readers alone verify them (the writer checks
+its key against a stored batch at open: ``estream/sdk/client.py``).
+
 Side effects: none of its own (the store and the RPC server own them).
 """
 
@@ -24,13 +31,15 @@ from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument, WrongServer
 from estream.wire.protocol import Opcode
-from rangeserver.replica import problem_replicas
+from estream.wire.record import stream_key
+from rangeserver.replica import check_digest, problem_replicas
 from rangeserver.shell.store import Store
 
 log = logging.getLogger(__name__)
 
 _U64_MAX = 2**64 - 1
 _U32_MAX = 2**32 - 1
+stream_keys_max = 65_536  # MAC keys kept (one per stream; derived again when dropped)
 
 
 def _uint(header: Header, name: str, limit: int = _U64_MAX) -> int:
@@ -55,10 +64,15 @@ def _wrong_server(asked: object, actual: str) -> WrongServer:
 class RangeServer:
     """The range server process's service: the store behind an :class:`RpcServer`."""
 
-    def __init__(self, store: Store, server_id: str, *, storage_class: str = "ssd") -> None:
+    def __init__(
+        self, store: Store, server_id: str, *, storage_class: str = "ssd",
+        secret: bytes | None = None,
+    ) -> None:
         self.store = store
         self.server_id = server_id
         self.storage_class = storage_class
+        self._secret = secret or None  # the cluster secret: verify hmac-sha256 on APPEND
+        self._keys: dict[int, bytes] = {}
         self.address = ""
         self._rotation = 0  # where the heartbeat's window of sealed replicas is
         self.rpc = RpcServer(
@@ -148,8 +162,19 @@ class RangeServer:
         if asked is not None and asked != self.server_id:
             raise _wrong_server(asked, self.server_id)
         deferred = optional(header, "deferred", bool, False)
+        check_digest(payload, self._stream_key if self._secret is not None else None)
         pending, end = self.store.begin_append(payload, deferred=deferred)
         return pending, lambda: ({"end": end()}, b"")
+
+    def _stream_key(self, stream_id: int) -> bytes:
+        """The MAC key of a stream, from the cluster secret (cached)."""
+        key = self._keys.get(stream_id)
+        if key is None:
+            assert self._secret is not None
+            if len(self._keys) >= stream_keys_max:
+                self._keys.clear()
+            key = self._keys[stream_id] = stream_key(self._secret, stream_id)
+        return key
 
     async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)

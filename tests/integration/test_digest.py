@@ -1,30 +1,48 @@
 """Per-stream entry digests on real processes: crc32c and hmac-sha256 streams round trip
-(SDK and the admin HTTP API); an hmac-sha256 stream refuses a forged batch (right checksum,
-wrong key) and a batch replayed from another stream; a reader without the key gets a
-clear error."""
+(SDK and the admin HTTP API); range servers holding the cluster secret refuse on APPEND a
+forged batch (right checksum, wrong key) and a batch replayed into another stream or into
+another range of the same stream, and keep serving; a writer with another secret fails at
+open without fencing anyone; readers still verify; an hmac-sha256 stream survives a range
+roll and a writer recovery; a reader without the key gets a clear error."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.devcluster.process import track
 from estream.net.rangeclient import ReplicaClient
 from estream.wire.record import (
     BATCH_HEADER_BYTES,
     DIGEST_HMAC_SHA256,
+    Record,
     compute_checksum,
     decode_header,
+    encode_records,
     iter_batches,
+    stream_key,
+    wrap_records,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
-
 SECRET = "the cluster secret"
+ROOT = Path(__file__).resolve().parents[2]
+
+# Every range server holds the cluster secret (flag here; --secret-file or ESTREAM_SECRET
+# in a deployment), so APPENDs of hmac-sha256 batches are verified.
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=4, heal=True,
+                                  rangeserver_args=["--secret", SECRET])]
 
 
 async def values(client: estream.Client, name: str) -> list[bytes]:
@@ -75,51 +93,209 @@ async def test_reader_without_the_key_gets_a_clear_error(cluster: Cluster) -> No
             await keyless.open_writer("d-keyless")
 
 
-async def test_a_forged_batch_is_refused(cluster: Cluster) -> None:
-    """A writer with another secret stands for a range server or network forging
-    entries: its batches have right checksums and wrong MACs."""
+async def first_batch(client: estream.Client, name: str, range_index: int) -> bytes:
+    """The raw first batch of a range, as a range server (or the network) holds it."""
+    meta = await client.describe_stream(name)
+    rng = meta.ranges[range_index]
+    replicas = ReplicaClient(client.pool, meta.epoch)
+    replicas.learn(rng)
+    answer = await replicas.client.read(
+        rng.replicas[0].address, server_id=rng.replicas[0].id, stream_id=meta.id,
+        range_index=range_index, offset=rng.start, wait_ms=0, unconfirmed=True)
+    return bytes(next(iter_batches(answer.payload))[1])
+
+
+def readdressed(raw: bytes, *, stream_id: int | None = None, range_index: int | None = None,
+                epoch: int | None = None, base_offset: int | None = None) -> bytes:
+    """What a party without the key can do: change header fields, fix the checksum."""
+    moved = bytearray(raw)
+    for value, at, size in ((stream_id, 4, 8), (range_index, 12, 4), (epoch, 16, 8),
+                            (base_offset, 24, 8)):
+        if value is not None:
+            moved[at : at + size] = value.to_bytes(size, "little")
+    moved[64:72] = compute_checksum(bytes(moved)).to_bytes(8, "little")
+    assert len(moved) > BATCH_HEADER_BYTES
+    return bytes(moved)
+
+
+async def inject(client: estream.Client, writer: estream.Writer, batch: bytes) -> list[object]:
+    """APPEND ``batch`` straight to every replica of the writer's open range (at its
+    epoch): what each answered (an exception, or the end)."""
+    meta = writer.stream
+    rng = meta.ranges[-1]
+    injector = ReplicaClient(client.pool, meta.epoch)
+    injector.learn(rng)
+    answers: list[object] = []
+    for ref in rng.replicas:
+        try:
+            answers.append(await injector.append(ref.id, batch, False))
+        except estream.EstreamError as exc:
+            answers.append(exc)
+    return answers
+
+
+async def test_a_forged_batch_is_refused_on_append(cluster: Cluster) -> None:
+    """A batch MACed under another secret (right checksum, wrong key) stands for a range
+    server, the network or a client without the cluster secret forging entries."""
     async with await estream.connect(cluster.pd_addresses, secret=SECRET) as client:
         await client.create_stream("d-forged", digest="hmac-sha256")
         async with await client.open_writer("d-forged") as writer:
             await writer.append(b"genuine")
+        meta = await client.describe_stream("d-forged")
+        # Injected straight to the replicas: every range server refuses it, stores
+        # nothing, and keeps serving.
+        async with await client.open_writer("d-forged") as writer:
+            base = writer.stream.ranges[-1].start
+            section = encode_records([Record(b"forged")], digest=DIGEST_HMAC_SHA256)
+            forged = wrap_records(section, stream_id=meta.id,
+                                  range_index=writer.stream.ranges[-1].index,
+                                  epoch=writer.stream.epoch, base_offset=base,
+                                  key=stream_key(b"wrong", meta.id))
+            answers = await inject(client, writer, forged)
+            assert answers and all(isinstance(a, estream.DigestMismatch) for a in answers)
+            assert await writer.append(b"after") == base  # the servers still serve
+        assert await values(client, "d-forged") == [b"genuine", b"after"]
+
+        # A writer with another secret: refused at open (the stored entries do not
+        # verify under its key) before it fences the stream's writer.
+        async with await client.open_writer("d-forged") as genuine:
+            async with await estream.connect(cluster.pd_addresses, secret="wrong") as forger:
+                with pytest.raises(estream.DigestMismatch):
+                    await forger.open_writer("d-forged")
+            assert await genuine.append(b"still the writer") == 2
+        assert await values(client, "d-forged") == [b"genuine", b"after", b"still the writer"]
+
+
+async def test_a_wrong_key_writer_on_an_empty_stream_is_refused_by_the_servers(
+    cluster: Cluster
+) -> None:
+    """Nothing stored to check a key against at open: the range servers refuse its
+    first batch, and the writer fails with DigestMismatch (no roll, nothing stored)."""
+    async with await estream.connect(cluster.pd_addresses, secret=SECRET) as client:
+        await client.create_stream("d-empty", digest="hmac-sha256")
         async with await estream.connect(cluster.pd_addresses, secret="wrong") as forger:
-            async with await forger.open_writer("d-forged") as fake:
-                await fake.append(b"forged")
-        assert [r.value async for r in client.read("d-forged", end=1)] == [b"genuine"]
-        with pytest.raises(estream.DigestMismatch):
-            await asyncio.wait_for(values(client, "d-forged"), 30)
+            fake = await forger.open_writer("d-empty")
+            with pytest.raises(estream.DigestMismatch):
+                await asyncio.wait_for(fake.append(b"forged"), 30)
+            with pytest.raises(estream.DigestMismatch):
+                await fake.append(b"again")
+            assert fake.degraded_ranges == 0
+            await fake.close()
+        async with await client.open_writer("d-empty") as writer:
+            assert await writer.append(b"genuine") == 0
+        assert await values(client, "d-empty") == [b"genuine"]
+        assert len((await client.describe_stream("d-empty")).ranges) <= 3
 
 
-async def test_a_batch_replayed_into_another_stream_is_refused(cluster: Cluster) -> None:
+async def test_a_batch_replayed_into_another_stream_or_range_is_refused(
+    cluster: Cluster
+) -> None:
     async with await estream.connect(cluster.pd_addresses, secret=SECRET) as client:
         await client.create_stream("d-source", digest="hmac-sha256")
         async with await client.open_writer("d-source") as writer:
             await writer.append_batch([b"a", b"b"])
-        source = await client.describe_stream("d-source")
-        rng = source.ranges[0]
-        replicas = ReplicaClient(client.pool, source.epoch)
-        replicas.learn(rng)
-        answer = await replicas.client.read(
-            rng.replicas[0].address, server_id=rng.replicas[0].id, stream_id=source.id,
-            range_index=0, offset=0, wait_ms=0, unconfirmed=True)
-        raw = bytes(next(iter_batches(answer.payload))[1])
+        raw = await first_batch(client, "d-source", 0)
         assert decode_header(raw).flags >> 1 == DIGEST_HMAC_SHA256
 
+        # Into another stream.
         await client.create_stream("d-target", digest="hmac-sha256")
-        target_writer = await client.open_writer("d-target")  # creates range 0, no appends
-        target = target_writer.stream
-        # What a range server could do: the same batch, re-addressed and re-checksummed.
-        moved = bytearray(raw)
-        moved[4:12] = target.id.to_bytes(8, "little")
-        moved[16:24] = target.epoch.to_bytes(8, "little")
-        moved[64:72] = compute_checksum(bytes(moved)).to_bytes(8, "little")
-        assert len(moved) > BATCH_HEADER_BYTES
-        trng = target.ranges[-1]
-        injector = ReplicaClient(client.pool, target.epoch)
-        injector.learn(trng)
-        for ref in trng.replicas:
-            await injector.append(ref.id, bytes(moved), False)
-            await injector.confirm(ref.id, target.id, trng.index, 2)
-        with pytest.raises(estream.DigestMismatch):
-            await asyncio.wait_for(values(client, "d-target"), 30)
-        await target_writer.close()
+        async with await client.open_writer("d-target") as target:  # range 0, empty
+            moved = readdressed(raw, stream_id=target.stream.id, epoch=target.stream.epoch)
+            answers = await inject(client, target, moved)
+            assert answers and all(isinstance(a, estream.DigestMismatch) for a in answers)
+        assert await values(client, "d-target") == []
+
+        # Into another range of the same stream: the reopened writer's recovery sealed
+        # range 0 at 2 and opened range 1 there.
+        async with await client.open_writer("d-source") as again:
+            rng = again.stream.ranges[-1]
+            assert (rng.index, rng.start) == (1, 2)
+            moved = readdressed(raw, range_index=rng.index, epoch=again.stream.epoch,
+                                base_offset=rng.start)
+            answers = await inject(client, again, moved)
+            assert answers and all(isinstance(a, estream.DigestMismatch) for a in answers)
+            # ... and the genuine batch, re-addressed by its writer (with the key), is fine.
+            assert await again.append(b"c") == 2
+        assert await values(client, "d-source") == [b"a", b"b", b"c"]
+
+
+async def test_readers_verify_with_their_own_key(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses, secret=SECRET) as client:
+        await client.create_stream("d-read", digest="hmac-sha256")
+        async with await client.open_writer("d-read") as writer:
+            await writer.append_batch([b"x%d" % i for i in range(20)])
+        async with await estream.connect(cluster.pd_addresses, secret="wrong") as other:
+            with pytest.raises(estream.DigestMismatch):
+                await asyncio.wait_for(values(other, "d-read"), 60)
+        assert await values(client, "d-read") == [b"x%d" % i for i in range(20)]
+
+
+def run_producer(cluster: Cluster, out: Path, name: str, total: int,
+                 kill_after_acks: int | None, killer: object = None) -> str:
+    """tests/integration/producer_script.py with the cluster secret in its environment;
+    SIGKILLed after ``kill_after_acks`` acknowledged appends (None: it finishes)."""
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests/integration/producer_script.py"),
+             cluster.pd_addresses, name, "p1", str(total)],
+            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "ESTREAM_SECRET": SECRET},
+        )
+        track(proc)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                acks = out.read_bytes().count(b"ACK ")
+                if kill_after_acks is not None and acks >= kill_after_acks:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    break
+                if callable(killer):
+                    killer(acks)
+                time.sleep(0.01)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return out.read_text()
+
+
+def acked(output: str) -> dict[int, int]:
+    return {int(seq): int(offset) for _, seq, offset in
+            (line.split() for line in output.splitlines() if line.startswith("ACK "))}
+
+
+async def test_an_hmac_stream_survives_a_roll_and_a_writer_recovery(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A replica of the open range is killed while a producer writes (its writer rolls:
+    unconfirmed batches re-wrapped into the next range), then the producer is killed -9
+    and restarted (its recovery seals the range, copying what a replica lacks, every
+    copy verified on APPEND). Every acknowledged record reads back, verified."""
+    total = 2000
+    async with await estream.connect(cluster.pd_addresses, secret=SECRET) as client:
+        await client.create_stream("d-rolled", digest="hmac-sha256")
+        victim = (await client.describe_stream("d-rolled")).ranges[-1].replicas[0].address
+        killed: list[str] = []
+
+        def kill_replica(acks: int) -> None:
+            if acks >= 400 and not killed:
+                cluster.kill9(victim)
+                killed.append(victim)
+
+        try:
+            first = await asyncio.to_thread(
+                run_producer, cluster, tmp_path / "a.out", "d-rolled", total, 1000,
+                kill_replica)
+            assert killed and len(acked(first)) >= 1000, first[-2000:]
+            again = await asyncio.to_thread(
+                run_producer, cluster, tmp_path / "b.out", "d-rolled", total, None)
+            assert "DONE" in again, again[-2000:]
+        finally:
+            if killed:
+                cluster.restart(victim)
+        meta = await client.describe_stream("d-rolled")
+        assert len(meta.ranges) >= 3  # the roll, then the recovery's next range
+        stored = [int(r.value[1:]) async for r in client.read("d-rolled")]
+        assert stored == list(range(total))
+        for seq, offset in acked(first).items():
+            assert stored[offset] == seq

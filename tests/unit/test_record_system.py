@@ -135,11 +135,16 @@ def test_hmac_digest_verifies_and_refuses_forgery_and_misplacement() -> None:
     plain = wrap(encode_records(RECORDS))
     with pytest.raises(DigestMismatch):
         verify_digest(plain, digest=DIGEST_HMAC_SHA256, key=KEY, stream_id=7, range_index=2)
-    # Restamping epoch and confirm (recovery, repair) keeps the MAC valid.
-    again = restamp(batch, range_index=2, epoch=11, confirm_offset=105)
+    # Restamping the epoch (recovery, repair) keeps the MAC valid; the range and the
+    # confirm offset are covered, so a restamp (which has no key) may not change them.
+    confirm = decode_header(batch).confirm_offset
+    again = restamp(batch, range_index=2, epoch=11, confirm_offset=confirm)
+    assert decode_header(again).epoch == 11
     verify_digest(again, digest=DIGEST_HMAC_SHA256, key=KEY, stream_id=7, range_index=2)
     with pytest.raises(MalformedBatch):
-        restamp(batch, range_index=3, epoch=11, confirm_offset=105)
+        restamp(batch, range_index=3, epoch=11, confirm_offset=confirm)
+    with pytest.raises(MalformedBatch):
+        restamp(batch, range_index=2, epoch=11, confirm_offset=confirm + 5)
 
 
 def test_unknown_flags_and_bad_system_blocks_are_malformed() -> None:
