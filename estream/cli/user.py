@@ -1,4 +1,5 @@
-"""The user commands of ``estream``: streams, append/read, servers, cluster status, bench.
+"""The user commands of ``estream``: streams, append/read, servers, ranges, cluster
+status, bench.
 
 Parses the command line (``--pd`` or ``ESTREAM_PD``, ``--json``, ``--timeout`` before or
 after the command), connects the SDK client, runs the command's handler from
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
-from estream.cli import bench, cluster, records, servers, streams
+from estream.cli import bench, cluster, ranges, records, servers, streams
 from estream.server.config import host_port_list, one_line_errors
 
 DEFAULT_PD = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     records.add_parsers(sub, leaf)
     cluster.add_parsers(sub, leaf)
     servers.add_parsers(sub, leaf)
+    ranges.add_parsers(sub, leaf)
     bench.add_parsers(sub, leaf)
     return one_line_errors(parser)
 

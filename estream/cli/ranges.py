@@ -1,0 +1,154 @@
+"""``estream ranges [--under-replicated]``: ranges with their replicas' health, and repair.
+
+The report is the admin API's ``GET /v1/ranges`` (``pd/shell/drainer.py``): each range's
+replicas with their health by repair's rules, how many are healthy of how many wanted, and
+the repair progress (ranges under-replicated, repairs in progress, planned and deferred,
+servers draining). Only the PD leader repairs, so the report is asked of the leader's
+admin (HTTP) address, found with ``PD_CLUSTER`` over the RPC addresses of ``--pd``; with
+no leader, of the first node that names an admin address (the report then says it is not
+the leader's, and its repair figures are a follower's zeros). The request uses the CLI's
+TLS settings (``https`` when a CA or client certificate is given) and its token, so a
+node protecting reads (``--admin-protect-reads``) answers too.
+
+``--json`` prints the report as the API answers it. Exit status 0 when it was fetched
+(whatever it says: ``estream cluster status`` is the health check), 1 when not.
+
+Side effects: one PD call through the SDK client, one HTTP request; output on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from estream.cli.output import emit_json, print_tables, table
+from estream.wire.errors import EstreamError, InvalidArgument, Unauthenticated, Unavailable
+
+_WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", ""})
+
+
+def admin_address(cluster: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """``(host:port, is the leader's)`` of the admin API to ask, from a ``PD_CLUSTER``
+    answer: the leader's, else the first node's that names one; None when no node
+    does. A wildcard listen host (``0.0.0.0``) becomes the host of that node's RPC
+    address. Pure."""
+    leader = cluster.get("leader") or {}
+    candidates = [(leader, True)] + [(n, False) for n in cluster.get("nodes") or []]
+    for node, is_leader in candidates:
+        http = node.get("http")
+        if not http:
+            continue
+        host, _, port = str(http).rpartition(":")
+        if host in _WILDCARDS and node.get("address"):
+            host = str(node["address"]).rpartition(":")[0]
+        return f"{host}:{port}", is_leader
+    return None
+
+
+def summary(report: Mapping[str, Any], from_leader: bool) -> str:
+    """One line of repair progress from a ``GET /v1/ranges`` report. Pure."""
+    repair = report.get("repair") or {}
+    line = (f"{repair.get('under_replicated', 0)} ranges under-replicated; repairs in "
+            f"progress {repair.get('in_progress', 0)}, planned {repair.get('planned', 0)}, "
+            f"deferred {repair.get('deferred', 0)}")
+    draining = repair.get("draining") or []
+    if draining:
+        line += f"; draining {', '.join(map(str, draining))}"
+    if repair.get("open_ranges_rolled"):
+        line += f"; open ranges rolled off draining servers {repair['open_ranges_rolled']}"
+    if not (from_leader and repair.get("leader")):
+        line += " (not from the PD leader: no repair runs there)"
+    return line
+
+
+def _replica(replica: Mapping[str, Any]) -> str:
+    reason = replica.get("reason")
+    return f"{replica.get('id')} {replica.get('health')}" + (f" ({reason})" if reason else "")
+
+
+def rows(report: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Table rows of a report's ranges: stream, range, offsets, state, healthy/wanted,
+    replicas with their health, whether a repair works on it now. Pure."""
+    return [
+        (r.get("stream"), r.get("index"),
+         f"{r.get('start')}..{'' if r.get('end') is None else r.get('end')}", r.get("state"),
+         f"{r.get('healthy')}/{r.get('wanted')}",
+         ", ".join(_replica(p) for p in r.get("replicas") or []),
+         "repairing" if r.get("repairing") else "")
+        for r in report.get("ranges") or []
+    ]
+
+
+def http_error(status: int, body: str, url: str) -> EstreamError:
+    """The typed error of an admin API answer that is not 200. Pure."""
+    try:
+        error = json.loads(body).get("error") or {}
+        message = str(error.get("message") or body)
+    except (ValueError, AttributeError):
+        message = body.strip() or f"HTTP {status}"
+    text = f"{url} answered {status}: {message}"
+    if status == 401:
+        return Unauthenticated(text + " (give the token: --token-file or ESTREAM_TOKEN)")
+    if status == 400:
+        return InvalidArgument(text)
+    if status >= 500:
+        return Unavailable(text)
+    return EstreamError(text)
+
+
+async def fetch(url: str, *, timeout_s: float, ssl: Any, token: str | None) -> Any:
+    """GET ``url`` and parse its JSON (typed errors for other answers)."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
+                url, headers=headers, ssl=ssl if ssl is not None else True) as response:
+            body = await response.text()
+            if response.status != 200:
+                raise http_error(response.status, body, url)
+            return json.loads(body)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise Unavailable(f"cannot read {url}: {type(exc).__name__}: {exc}") from None
+
+
+async def ranges(client: Any, ns: argparse.Namespace) -> int:
+    from estream.cli.user import _security_kwargs
+    from estream.net.security import client_context
+
+    found = admin_address(await client.cluster())
+    if found is None:
+        raise Unavailable("no PD node names its admin (HTTP) address")
+    address, from_leader = found
+    security = _security_kwargs(ns)
+    ssl = client_context(tls_ca=security["tls_ca"], tls_cert=security["tls_cert"],
+                         tls_key=security["tls_key"])
+    scheme = "https" if ssl is not None else "http"
+    flag = "1" if ns.under_replicated else "0"
+    url = f"{scheme}://{address}/v1/ranges?under_replicated={flag}"
+    report = await fetch(url, timeout_s=ns.timeout, ssl=ssl, token=security["token"])
+    if ns.json:
+        emit_json(report)
+        return 0
+    print(summary(report, from_leader))
+    found_rows = rows(report)
+    title = (f"{len(found_rows)} under-replicated ranges" if ns.under_replicated
+             else f"{len(found_rows)} ranges")
+    print_tables(table(title, ["stream", "range", "offsets", "state", "healthy", "replicas",
+                               "repair"], found_rows))
+    skipped = (report.get("repair") or {}).get("skipped") or []
+    for item in skipped:
+        print(f"repair skips {item.get('stream')} range {item.get('index')}: "
+              f"{item.get('reason')}")
+    return 0
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("ranges", parents=[common],
+                       help="ranges with their replicas' health, and repair progress")
+    p.add_argument("--under-replicated", action="store_true",
+                   help="only ranges with fewer healthy replicas than wanted")
+    p.set_defaults(handler=ranges)
