@@ -1,5 +1,5 @@
 """Retention and cursors: which whole ranges a stream's limits let PD trim, cursor names
-and lags.
+and lags, and where a sealed range's statistics come from.
 
 A stream may have ``retention_ms`` (records older than this, by their timestamps, go)
 and ``retention_bytes`` (the stream keeps about this many bytes). The PD leader's
@@ -24,6 +24,25 @@ replicas. Rules, in order, for the stream's ranges from its first:
    (BookKeeper's managed-ledger cursors, Pulsar's subscriptions keep their backlog too);
    an operator who wants the space moves the cursor (``commit_cursor``) on purpose.
 
+**Statistics** (``min_timestamp``, ``max_timestamp``, ``size_bytes``), recorded once per
+sealed range by the retainer, come from one of two sources, each covering the whole range:
+
+- a range in the object tier: its object's index (:func:`object_range_stats`), which
+  holds exactly the catalog's ``[start, end)`` with each batch's smallest and largest
+  record timestamp and its length. This is what keeps such a range from holding retention
+  forever once its replicas are released, or when their time index is partial (a replica
+  recovered from a checkpoint written without it);
+- else a sound replica holding the whole range (:func:`replica_range_stats`).
+
+``max_timestamp`` is what lookups and ``retention_ms`` rely on: from either source it is
+at least every readable record's timestamp (a replica's may count records past the
+catalog's end, which only makes a range trimmed or skipped later, never too early).
+``min_timestamp`` is informational (nothing skips or trims by it) and is honest about its
+source: from an object's index it is the range's smallest record timestamp; from a
+replica's time index it is the smallest *first-record* timestamp of its batches (the
+index keeps no per-record minimum: a record inside a batch may be older), so at least the
+true minimum.
+
 Pure: no I/O, no clock (the caller passes ``now_ms``).
 """
 
@@ -35,7 +54,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from estream.wire.errors import InvalidArgument
-from estream.wire.meta import StreamMeta
+from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.objectformat import ObjectIndex
 
 cursor_name_chars_max: Final = 200
 cursors_per_stream_max: Final = 1000
@@ -122,3 +142,52 @@ def cursor_lags(end: int, cursors: Mapping[str, int]) -> dict[str, int]:
     """
     return {name: max(0, end - offset) for name, offset in sorted(cursors.items())}
 
+
+@dataclass(frozen=True, slots=True)
+class RangeStats:
+    """What ``record_range_stats`` records for a sealed range (module docstring)."""
+
+    min_timestamp: int
+    max_timestamp: int
+    size_bytes: int
+
+
+def object_range_stats(index: ObjectIndex, stream_id: int, rng: RangeMeta) -> RangeStats | None:
+    """A sealed range's statistics from its object's index; None when the object does not
+    hold exactly ``rng`` of stream ``stream_id`` (its footer names another range) or holds
+    no batch.
+
+    >>> from estream.wire.objectformat import IndexEntry, ObjectFooter
+    >>> footer = ObjectFooter(7, 2, 2, 10, 30, 250, 80, 0)
+    >>> index = ObjectIndex(footer, (IndexEntry(10, 12, 0, 100, 95, 140),
+    ...                              IndexEntry(22, 8, 100, 150, 80, 120)))
+    >>> object_range_stats(index, 7, RangeMeta(2, 10, 30, ()))
+    RangeStats(min_timestamp=80, max_timestamp=140, size_bytes=250)
+    >>> object_range_stats(index, 7, RangeMeta(2, 10, 31, ())) is None
+    True
+    """
+    f = index.footer
+    if not index.entries or (f.stream_id, f.range_index, f.start_offset, f.end_offset) != (
+            stream_id, rng.index, rng.start, rng.end):
+        return None
+    return RangeStats(min(e.min_timestamp for e in index.entries),
+                      max(e.max_timestamp for e in index.entries),
+                      sum(e.length for e in index.entries))
+
+
+def replica_range_stats(min_timestamp: int | None, max_timestamp: int | None,
+                        size_bytes: int | None, held_end: int, rng: RangeMeta
+                        ) -> RangeStats | None:
+    """A sealed range's statistics from one replica's time index (``TIME_INDEX``): None
+    when the index is partial (a figure unknown) or the replica holds less than the range
+    (``held_end`` below the catalog's end): another source must give them.
+
+    >>> replica_range_stats(90, 150, 4096, 30, RangeMeta(2, 10, 30, ()))
+    RangeStats(min_timestamp=90, max_timestamp=150, size_bytes=4096)
+    >>> replica_range_stats(90, 150, 4096, 29, RangeMeta(2, 10, 30, ())) is None
+    True
+    """
+    if (min_timestamp is None or max_timestamp is None or size_bytes is None
+            or rng.end is None or held_end < rng.end):
+        return None
+    return RangeStats(min_timestamp, max_timestamp, size_bytes)

@@ -129,7 +129,7 @@ class PlacementDriverNode:
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
         self._recover_task = asyncio.ensure_future(recoverer.run())
         self._drain_task = asyncio.ensure_future(drainer.run())
-        retainer = Retainer(self.service)
+        retainer = Retainer(self.service, store=store)
         retainer.pool = self.member_pool()
         self._retain_task = asyncio.ensure_future(retainer.run())
         if store is not None:

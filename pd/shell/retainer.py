@@ -3,15 +3,20 @@
 Every ``interval_ms``, while this node is the caught-up Raft leader, one round:
 
 1. **Statistics.** Sealed, non-empty ranges without recorded statistics (at most
-   ``stats_per_round_max``, oldest first) get them from one replica's time index
-   (``TIME_INDEX`` without a timestamp, :meth:`RangeClient.time_index`, naming the
-   server: a wiped server answers ``WrongServer``). Only a sound replica holding the whole
-   range counts (its ``end`` at or past the catalog's, not damaged, its index not
-   partial): its maximum is then at least the maximum of every readable record, so a
-   lookup that skips a range below it never skips an answer. The result is one
-   ``record_range_stats`` command, applied only while the range is still sealed at that
-   end. A range no replica could describe is asked
-   again 30 s later, so that it never takes the places of the others.
+   ``stats_per_round_max``, oldest first) get them (:mod:`pd.retention` says what each
+   figure means and where it comes from). A range in the object tier: from its object's
+   index (:func:`~estream.net.objectindex.read_index`, then
+   :func:`pd.retention.object_range_stats`), so that a range whose replicas are released,
+   or whose replicas' time index is partial, still gets them and never holds retention
+   forever. Otherwise (or when its object cannot be read): from one replica's time index
+   (``TIME_INDEX`` without a timestamp, :meth:`RangeClient.time_index`, naming the server:
+   a wiped server answers ``WrongServer``). Only a sound replica holding the whole range
+   counts (its ``end`` at or past the catalog's, not damaged, its index not partial:
+   :func:`pd.retention.replica_range_stats`): its maximum is then at least the maximum of
+   every readable record, so a lookup that skips a range below it never skips an answer.
+   The result is one ``record_range_stats`` command, applied only while the range is
+   still sealed at that end. A range no source could describe is asked again 30 s later,
+   so that it never takes the places of the others.
 2. **Retention.** Each stream with ``retention_ms``/``retention_bytes`` gets
    :func:`pd.retention.plan_trim` (now = this node's wall clock) and, if it trims, one
    ``trim_stream`` command. Trimmed ranges' replicas are dropped later by the reclaimer.
@@ -24,11 +29,13 @@ Every ``interval_ms``, while this node is the caught-up Raft leader, one round:
 Double faults: the leader dying mid-round loses nothing: each decision is one Raft
 command, committed or not, and the next leader decides again from the catalog (a trim to
 an offset already trimmed and stats already recorded are no-ops or skipped). A range
-server down or hung: its stats come from another replica (1 s timeout each); its trimmed
+server down or hung: its stats come from another replica (1 s timeout each), or from the
+object of a range in the object tier (the store's deadline); its trimmed
 replicas are dropped by the reclaimer once it is back. A trim never passes a sealed
 range's end, which is at or below the confirmed end, and never a cursor's unread range.
 
-Side effects: network (range servers through a :class:`ConnectionPool`), Raft proposals.
+Side effects: network (range servers through a :class:`ConnectionPool`, the object
+store's ranged GETs), Raft proposals.
 """
 
 from __future__ import annotations
@@ -38,13 +45,21 @@ import logging
 import time
 from typing import Final
 
+from estream.net.objectindex import read_index
+from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import Conflict, EstreamError, RangeNotFound, StreamNotFound
 from estream.wire.meta import RangeMeta, StreamMeta
 from pd.catalog import CatalogView
 from pd.commands import RecordRangeStats, TrimStream
-from pd.retention import cursor_lags, plan_trim
+from pd.retention import (
+    RangeStats,
+    cursor_lags,
+    object_range_stats,
+    plan_trim,
+    replica_range_stats,
+)
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 
@@ -70,9 +85,11 @@ LAG_HELP: Final = ("Records between a named cursor and its stream's readable end
 class Retainer:
     """Runs retainer rounds on the PD leader (module docstring)."""
 
-    def __init__(self, service: PdService, *, interval_ms: int = retention_interval_ms) -> None:
+    def __init__(self, service: PdService, *, interval_ms: int = retention_interval_ms,
+                 store: ObjectStore | None = None) -> None:
         self.service = service
         self.interval_ms = interval_ms
+        self.store = store  # the object tier's, when the cluster has one
         self.pool = ConnectionPool()
         # Ranges no replica could give statistics for, and when to ask again: they must
         # not take every round's places from the others.
@@ -100,7 +117,8 @@ class Retainer:
         """Record the statistics of ranges that lack them; returns how many."""
         now = time.monotonic()
         todo = [(s, r) for s in view.streams.values() for r in s.ranges
-                if r.sealed and r.end != r.start and r.max_timestamp is None and r.replicas
+                if r.sealed and r.end != r.start and r.max_timestamp is None
+                and (r.replicas or self._in_object(r))
                 and self._retry_at.get((s.id, r.index), 0.0) <= now]
         todo = todo[:stats_per_round_max]
         gate = asyncio.Semaphore(stats_concurrency)
@@ -117,7 +135,34 @@ class Retainer:
             self._retry_at = {k: t for k, t in self._retry_at.items() if t > now}
         return sum(done)
 
+    def _in_object(self, rng: RangeMeta) -> bool:
+        return rng.tier == "object" and rng.object_key is not None and self.store is not None
+
     async def _record_one(self, stream: StreamMeta, rng: RangeMeta) -> bool:
+        stats = await self._from_object(stream, rng) if self._in_object(rng) else None
+        if stats is None:
+            stats = await self._from_replicas(stream, rng)
+        if stats is None or rng.end is None:
+            return False
+        try:
+            await self.service.raft.propose(RecordRangeStats(
+                stream.name, rng.index, rng.end, stats.min_timestamp, stats.max_timestamp,
+                stats.size_bytes))
+        except (Conflict, RangeNotFound, StreamNotFound):
+            return False  # trimmed, deleted or changed meanwhile
+        return True
+
+    async def _from_object(self, stream: StreamMeta, rng: RangeMeta) -> RangeStats | None:
+        assert self.store is not None and rng.object_key is not None
+        try:
+            index = await read_index(self.store, rng.object_key)
+        except EstreamError as exc:  # missing or damaged: the offloader uploads it again
+            log.debug("statistics of range %d of stream %r: its object %s: %s", rng.index,
+                      stream.name, rng.object_key, exc)
+            return None
+        return object_range_stats(index, stream.id, rng)
+
+    async def _from_replicas(self, stream: StreamMeta, rng: RangeMeta) -> RangeStats | None:
         ranges = RangeClient(self.pool, timeout_s=stats_timeout_s)
         for ref in rng.replicas:
             try:
@@ -125,17 +170,12 @@ class Retainer:
                                                  stream_id=stream.id, range_index=rng.index)
             except EstreamError:
                 continue
-            low, high, size = answer.min_timestamp, answer.max_timestamp, answer.bytes
-            if not (low is not None and high is not None and size is not None
-                    and rng.end is not None and answer.end >= rng.end):
-                continue  # a partial index, or a replica short of the range
-            try:
-                await self.service.raft.propose(
-                    RecordRangeStats(stream.name, rng.index, rng.end, low, high, size))
-            except (Conflict, RangeNotFound, StreamNotFound):
-                return False  # trimmed, deleted or changed meanwhile
-            return True
-        return False
+            stats = replica_range_stats(answer.min_timestamp, answer.max_timestamp,
+                                        answer.bytes, answer.end, rng)
+            if stats is not None:
+                return stats
+            # a partial index, or a replica short of the range: try the next
+        return None
 
     # -- 2. retention ------------------------------------------------------------------
     async def retain(self, view: CatalogView) -> int:

@@ -1,12 +1,17 @@
 """Retention plans (pd/retention.py), cursors and range statistics in the catalog
-(pd/catalog.py): every rule of the module docstrings, and snapshots keeping them."""
+(pd/catalog.py): every rule of the module docstrings, and snapshots keeping them; where a
+sealed range's statistics come from (a replica's time index, an object's index)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from estream.wire.errors import Conflict, InvalidArgument, StreamNotFound
 from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.objectformat import ObjectIndex, decode_object, encode_object
+from estream.wire.record import Record, encode_batch
 from pd.catalog import Catalog
 from pd.commands import (
     CommitCursor,
@@ -19,7 +24,16 @@ from pd.commands import (
     decode_command,
     encode_command,
 )
-from pd.retention import TrimPlan, check_cursor, check_retention, cursor_lags, plan_trim
+from pd.retention import (
+    RangeStats,
+    TrimPlan,
+    check_cursor,
+    check_retention,
+    cursor_lags,
+    object_range_stats,
+    plan_trim,
+    replica_range_stats,
+)
 
 SERVERS = ("a", "b", "c")
 
@@ -153,3 +167,62 @@ def test_an_empty_sealed_range_never_blocks_the_trim() -> None:
     rs = (RangeMeta(0, 0, 10, (), max_timestamp=1, size_bytes=5), RangeMeta(1, 10, 10, ()),
           RangeMeta(2, 10, 20, (), max_timestamp=1, size_bytes=5), RangeMeta(3, 20, None, ()))
     assert plan_trim(stream(rs, retention_ms=10), {}, 1000) == TrimPlan(20, 3, 0)
+
+
+# -- where a sealed range's statistics come from -----------------------------------------
+
+
+def _object(stream_id: int, rng: RangeMeta, stamps: list[list[int]]) -> ObjectIndex:
+    """The index of the object of ``rng`` whose batches hold records with ``stamps``."""
+    batches, offset = [], rng.start
+    for batch in stamps:
+        batches.append(encode_batch([Record(b"v", timestamp=t) for t in batch],
+                                    stream_id=stream_id, range_index=rng.index, epoch=1,
+                                    base_offset=offset))
+        offset += len(batch)
+    assert rng.end == offset
+    return decode_object(encode_object(batches, stream_id=stream_id, range_index=rng.index,
+                                       start_offset=rng.start, end_offset=offset))
+
+
+def test_an_object_tier_range_gets_exact_statistics_from_its_objects_index() -> None:
+    rng = RangeMeta(3, 20, 25, (), tier="object", object_key="k")
+    # The second batch starts at 300 but holds an older record (a writer clock went back):
+    # the object's index keeps each batch's true minimum, so the range's is exact.
+    index = _object(7, rng, [[200, 250], [300, 120, 400]])
+    stats = object_range_stats(index, 7, rng)
+    assert stats == RangeStats(120, 400, index.footer.index_position)
+    assert stats.size_bytes == sum(e.length for e in index.entries)
+
+
+def test_an_object_not_holding_exactly_the_range_gives_nothing() -> None:
+    rng = RangeMeta(3, 20, 25, (), tier="object", object_key="k")
+    index = _object(7, rng, [[200, 250], [300, 120, 400]])
+    assert object_range_stats(index, 8, rng) is None  # another stream
+    assert object_range_stats(index, 7, RangeMeta(4, 20, 25, ())) is None  # another range
+    assert object_range_stats(index, 7, RangeMeta(3, 20, 26, ())) is None  # another end
+
+
+def test_a_replica_counts_only_with_a_whole_index_and_the_whole_range() -> None:
+    rng = RangeMeta(3, 20, 25, ())
+    assert replica_range_stats(200, 400, 999, 25, rng) == RangeStats(200, 400, 999)
+    assert replica_range_stats(200, 400, 999, 30, rng) == RangeStats(200, 400, 999)
+    assert replica_range_stats(200, 400, 999, 24, rng) is None  # short of the range
+    assert replica_range_stats(None, None, None, 25, rng) is None  # partial index
+    assert replica_range_stats(200, 400, 999, 25, RangeMeta(4, 25, None, ())) is None
+
+
+def test_an_object_tier_range_with_recorded_statistics_can_be_trimmed() -> None:
+    """The point of the object source: a released range (no replicas) gets statistics, and
+    with them retention moves past it."""
+    released = RangeMeta(0, 0, 5, (), tier="object", object_key="k")
+    index = _object(1, released, [[100, 110, 90, 120, 130]])
+    stats = object_range_stats(index, 1, released)
+    assert stats is not None
+    recorded = replace(released, min_timestamp=stats.min_timestamp,
+                       max_timestamp=stats.max_timestamp, size_bytes=stats.size_bytes)
+    stream = StreamMeta(1, "s", ranges=(recorded, RangeMeta(1, 5, None, ())),
+                        retention_ms=1000)
+    assert plan_trim(StreamMeta(1, "s", ranges=(released, RangeMeta(1, 5, None, ())),
+                                retention_ms=1000), {}, 5000) == TrimPlan(None, 0, 0)
+    assert plan_trim(stream, {}, 5000) == TrimPlan(5, 1, 0)
