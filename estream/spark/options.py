@@ -4,8 +4,8 @@ Spark hands a data source its options as a case-insensitive dict of strings; the
 dataclasses are what the driver-side planner and the pickled task-side readers carry
 (plain values only, so they pickle).
 
-Options the source does not know are an error naming the option, the closest known one
-and every known one (Spark's Kafka source would ignore a misspelled ``startingOffset``
+Options the source or the sink does not know are an error naming the option, the closest
+known one and every known one (Spark's Kafka source would ignore a misspelled ``startingOffset``
 and quietly start at ``latest``). Kafka-source options estream does not implement
 (``subscribePattern``, ``assign``...) are refused by name too. ``maxOffsetsPerTrigger``
 is the Kafka name of ``maxRecordsPerTrigger``.
@@ -56,6 +56,12 @@ SOURCE_OPTIONS: Final = (
     "minPartitions", "minOffsetsPerTrigger", "maxTriggerDelay", "streamPattern",
     *_SECURITY_OPTIONS,
     "path",  # Spark's own, from load(path): ignored
+)
+SINK_OPTIONS: Final = (
+    "pd", "stream", "sinkId", "checkpointLocation", "mode", "keyColumn", "streams",
+    "createStreams", "replicas", "ackCount", "digest", "connectTimeoutSeconds",
+    *_SECURITY_OPTIONS,
+    "path",  # Spark's own, from start(path): ignored
 )
 # Options of Spark's Kafka source that estream's source does not implement.
 KAFKA_ONLY_OPTIONS: Final = (
@@ -286,7 +292,9 @@ class SinkOptions:
     """Options of ``df.writeStream.format("estream")``.
 
     ``sink_id`` names this query's records in the stream (see ``estream/spark/commit.py``):
-    option ``sinkId``, else the query's ``checkpointLocation``, else ``"default"``.
+    option ``sinkId``, else the query's ``checkpointLocation``, else ``"default"`` (driver
+    mode only: executors mode needs one of the two, :func:`check_executors_sink_id`).
+    Unknown options are refused by name (:func:`check_known`).
 
     Routing (``estream/spark/routing.py``): ``key_column`` (option ``keyColumn``) with
     ``key_streams`` (option ``streams``, N) hashes each row's key into ``<stream>-<k>``;
@@ -312,6 +320,7 @@ class SinkOptions:
     def parse(cls, options: Mapping[str, str], *, stream_column: bool = False) -> SinkOptions:
         """``stream_column``: the frame has a ``stream`` column, which routes rows when the
         option ``stream`` is not given."""
+        check_known(options, SINK_OPTIONS, "sink")
         stream = (_get(options, "stream") or "").strip()
         key_column = (_get(options, "keyColumn") or "").strip() or None
         key_streams = _int(options, "streams", None, 1)
@@ -343,3 +352,21 @@ class SinkOptions:
             ack_count=ack_count,
             digest=(_get(options, "digest") or "").strip() or None,
         )
+
+
+def check_executors_sink_id(options: Mapping[str, str]) -> None:
+    """Executors mode needs option ``sinkId`` or ``checkpointLocation``: its tasks are the
+    idempotent producers ``spark-<hash of the sink id>-<partition>``, so two queries that
+    both fell back to one id would share producer ids in a stream they both write, fence
+    each other's tasks and drop each other's rows as duplicates.
+
+    >>> check_executors_sink_id({"checkpointLocation": "/ckpt/q1"})
+    """
+    if (_get(options, "sinkId") or _get(options, "checkpointLocation") or "").strip():
+        return
+    raise InvalidArgument(
+        "estream sink: mode 'executors' needs option 'sinkId' (a name unique to this query, "
+        "kept across its restarts) or 'checkpointLocation': without either, two queries "
+        "would write as the same producers and drop or fence each other's rows "
+        "(a checkpoint root set in the session's configuration is not passed to the sink)",
+        argument="sinkId")

@@ -46,7 +46,7 @@ from estream.spark.commit import (
     task_producer_id,
 )
 from estream.spark.connection import connect
-from estream.spark.options import SinkOptions
+from estream.spark.options import SinkOptions, check_executors_sink_id
 from estream.spark.routing import (
     STREAM_COLUMN,
     Target,
@@ -174,6 +174,8 @@ class EstreamStreamWriter(DataSourceStreamWriter):
         self.has_headers = "headers" in names
         self.routing = sink_routing(self.opts, schema)
         self.mode = sink_mode(options, routed=self.routing != "partition")
+        if self.mode == "executors":
+            check_executors_sink_id(options)
 
     def write(self, iterator: Iterator[Any]) -> SinkMessage | AppendedMessage | RoutedMessage:
         if self.mode == "executors":
