@@ -41,6 +41,9 @@ from obstore.store import LocalStore, S3Store
 from estream.wire.errors import InvalidArgument, ObjectStoreError, Timeout
 
 request_timeout_s: Final = 30.0  # one PUT/GET/HEAD/DELETE/LIST page, retries included
+# A PUT of more than this is a multipart upload in parts of this size (obstore's default is 5
+# MiB: 205 part requests per GiB; 16 MiB makes it 64, and an object up to 16 MiB one PUT).
+put_part_bytes: Final = 16 * 1024 * 1024
 list_objects_max: Final = 10_000  # keys one list() call returns at most
 _T = TypeVar("_T")
 
@@ -106,10 +109,26 @@ class ObjectStore:
 
     async def put(self, key: str, data: bytes | memoryview | Sequence[bytes | memoryview]
                   ) -> None:
-        """Store ``data`` (bytes, or parts to concatenate: streamed, a multipart upload
-        where the store has one) under ``key``, replacing what was there."""
-        body: Any = data if isinstance(data, bytes | memoryview) else iter(data)
-        await self._call(key, obstore.put_async(self._store, key, body))
+        """Store ``data`` (bytes, or parts to concatenate) under ``key``, replacing what
+        was there: one PUT up to ``put_part_bytes``, else a multipart upload (where the
+        store has one) in parts of ``put_part_bytes``, streamed from ``data``."""
+        size = len(data) if isinstance(data, bytes | memoryview) else sum(
+            len(p) for p in data)
+        body: Any
+        if size <= put_part_bytes:
+            body = data if isinstance(data, bytes | memoryview) else b"".join(data)
+            work = obstore.put_async(self._store, key, body, use_multipart=False)
+        else:
+            body = data if isinstance(data, bytes | memoryview) else iter(data)
+            work = obstore.put_async(self._store, key, body, use_multipart=True,
+                                     chunk_size=put_part_bytes)
+        await self._call(key, work)
+
+    @staticmethod
+    def put_requests(size: int) -> int:
+        """The HTTP requests :meth:`put` makes for ``size`` bytes on S3: one PUT, or a
+        multipart upload's create, its part PUTs and its completion."""
+        return 1 if size <= put_part_bytes else 2 + -(-size // put_part_bytes)
 
     async def get(self, key: str) -> bytes:
         """The whole object."""
