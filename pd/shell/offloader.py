@@ -3,11 +3,12 @@
 Every ``interval_ms``, while this node is the Raft leader and has applied everything
 committed, one round (the decisions are :mod:`pd.offload`'s):
 
-1. **Upload** each sealed "local" range seen sealed for ``offload_delay`` (a few per
-   round, oldest first): read ``[start, end)`` from one of its replicas (live ones first;
-   the copy loop's rules, :func:`~estream.net.rangeclient.batches_continuing`: every
-   batch's checksum verified; a replica that errs, is damaged, holds less, or holds
-   batches that do not line up is skipped for the next one), build the object
+1. **Upload** each sealed "local" range seen sealed for ``offload_delay`` (oldest first,
+   back to back for up to ``upload_round_ms_max``): read ``[start, end)`` from one of its
+   replicas (live ones first; the copy loop's rules,
+   :func:`~estream.net.rangeclient.batches_continuing`: every batch's checksum verified;
+   a replica that errs, is damaged, holds less, or holds batches that do not line up is
+   skipped for the next one), build the object
    (:mod:`estream.wire.objectformat`; it refuses anything but exactly the catalog's
    ``[start, end)``), propose ``prepare_object`` (the key and a deadline, ``prepare_ttl``
    from now on the wall clock; a retry or a new leader reuses a prepared key with time
@@ -110,7 +111,8 @@ _T = TypeVar("_T")
 
 interval_ms_default: Final = 1_000
 sweep_interval_ms_default: Final = 60_000
-uploads_per_round_max: Final = 2
+uploads_per_round_max: Final = 16
+upload_round_ms_max: Final = 10_000  # no upload starts after this long in one round
 drops_per_round_max: Final = 64
 sweep_deletes_max: Final = 1_000
 sweep_list_max: Final = 10_000  # keys one sweep lists (the next sweep lists the next ones)
@@ -198,9 +200,13 @@ class Offloader:
         self.service.metrics.set_gauge(OFFLOAD_LAG, _HELP[OFFLOAD_LAG],
                                        offload_lag_ms(self.sealed_since, now) / 1000)
         alive = {s for s in view.servers if self.service.liveness.alive(s, now)}
+        # Back to back while due (a round's sleep between two uploads would idle the
+        # store), but not for long: releases and the expiry come in the same round.
         for upload in uploads_due(streams, self.sealed_since, now, self.offload_delay_ms,
                                   alive=alive, busy=self.busy,
                                   retry_at=self.retry_at)[:uploads_per_round_max]:
+            if self.service.clock_ms() - now >= upload_round_ms_max:
+                break
             await self._offload(upload)
         for drop in drops_due(streams, self.committed_since, now, self.local_retention_ms,
                               busy=self.busy)[:drops_per_round_max]:
