@@ -200,7 +200,9 @@ function renderRepair(r) {
     " under-replicated; repairs in progress " + esc(repair.in_progress) + ", planned " +
     esc(repair.planned) + ", deferred " + esc(repair.deferred) +
     (repair.draining && repair.draining.length ? "; draining " +
-      repair.draining.map(esc).join(", ") : "") + "</div>" +
+      repair.draining.map(esc).join(", ") : "") +
+    (repair.leader ? "" : " (this node is not the leader, which repairs: its console shows "
+      + "repair progress)") + "</div>" +
     (rows.length ? table(["stream", "range", "offsets", "state", "healthy", "replicas", ""],
       rows, "under-replicated") : "");
 }

@@ -5,12 +5,14 @@ the web console in headless Chromium, and the CLI's operator commands and fixes.
    on it is copied elsewhere, the live writer's open range rolls away (keepalive
    ``leave``), the open ranges of a writer-less stream and of a never-written stream are
    rolled by PD; it ends ``drained`` with 0 replicas, no append failed, every
-   acknowledged record reads back; GET /v1/ranges matches its OpenAPI schema.
+   acknowledged record reads back once, from offset 0; GET /v1/ranges matches its OpenAPI schema.
 2. Forget: 409 while it is alive, 200 once it is dead, then 404.
    The PD leader is killed just after a second drain starts: the new leader finishes it
    (the flag is in the Raft catalog) and every record reads back.
-3. ``/ui`` in Chromium (``--dump-dom`` after its JavaScript ran) shows the leader, every
-   range server with its state, the streams.
+3. ``/ui`` in headless Chromium against the API's answers: the DOM after its JavaScript
+   ran shows the PD nodes and leader, every range server with its state and load, every
+   range of every stream with its tier and its replicas' addresses, the repair summary;
+   a real ``--screenshot`` decodes to a drawn page (text, state colours, not blank).
 4. CLI: ``server list|describe|drain|forget`` with ``--json``; ``append`` sends a line
    while standard input stays open; ``read`` starts at the first kept offset of a trimmed
    stream, explains an offset below it, takes ``--from -N``; ``--json`` errors are JSON;
@@ -22,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,8 @@ import pytest
 
 from estream.devcluster.cluster import Cluster, start_cluster
 from estream.devcluster.pd import http_json
+from tests.pngcheck import colour_stats, decode
+from tests.system_tools import require_tool
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,9 +132,14 @@ async def test_drain_under_load_loses_nothing_and_ends_drained(cluster: Cluster)
         for name in ("drain-load", "drain-idle", "drain-empty"):
             meta = await client.describe_stream(name)
             assert all(target not in [r.id for r in rng.replicas] for rng in meta.ranges), meta
+        first_values = {i: b"load-%06d" % i for i in range(100)}  # the first writer's
         end = max(acked) + 1
-        got = {r.offset: bytes(r.value) async for r in client.read("drain-load", 100, end)}
-        assert got == acked
+        got: dict[int, bytes] = {}
+        async for record in client.read("drain-load", 0, end):
+            assert record.offset not in got, f"offset {record.offset} read twice"
+            got[record.offset] = bytes(record.value)
+        assert list(got) == list(range(end))  # every offset from 0, in order, once
+        assert got == first_values | acked  # each acknowledged record, as written
         idle_values = [bytes(r.value) async for r in client.read("drain-idle")]
         assert idle_values == [b"idle-%03d" % i for i in range(20)]
         # New ranges avoid the drained server.
@@ -227,35 +236,136 @@ async def test_a_drain_goes_on_after_the_pd_leader_dies(cluster: Cluster) -> Non
         assert values == [b"f-%d-%03d" % (p, i) for p in range(2) for i in range(50)]
 
 
-def chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+                  "--virtual-time-budget=5000")
+console_width, console_height = 1280, 1600
+
+
+def chromium() -> str:
+    """Debian's chromium (a missing one fails in CI, skips elsewhere)."""
+    return require_tool("chromium", "chromium-browser", "google-chrome", package="chromium")
+
+
+def run_chromium(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """One headless Chromium run with a fresh profile (``profile`` must not exist yet)."""
+    assert not profile.exists()
+    return subprocess.run(
+        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+         f"--window-size={console_width},{console_height}", *args],
+        capture_output=True, text=True, timeout=120, check=False)
+
+
+class Tables(HTMLParser):
+    """The text of every cell of every table with an id: ``tables[id]`` is its rows
+    (header row included), ``texts[id]`` the text of any other element with an id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.texts: dict[str, str] = {}
+        self._table: str | None = None
+        self._cell: list[str] | None = None
+        self._open: list[tuple[str, str | None]] = []  # (tag, id) of the open elements
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element_id = dict(attrs).get("id")
+        if tag not in ("br", "input", "meta"):
+            self._open.append((tag, element_id))
+        if element_id:
+            self.texts.setdefault(element_id, "")
+        if tag == "table" and element_id:
+            self._table = element_id
+            self.tables[element_id] = []
+        elif tag == "tr" and self._table:
+            self.tables[self._table].append([])
+        elif tag in ("td", "th") and self._table:
+            self._cell = []
+        elif tag == "br" and self._cell is not None:
+            self._cell.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None and self._table:
+            self.tables[self._table][-1].append(" ".join("".join(self._cell).split(" ")))
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+        while self._open:
+            if self._open.pop()[0] == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+        for _, element_id in self._open:
+            if element_id:
+                self.texts[element_id] += data
+
+
+def rows_by_first_cell(table: list[list[str]]) -> dict[str, list[str]]:
+    return {row[0]: row for row in table[1:]}
 
 
 def test_console_in_headless_chromium(cluster: Cluster, tmp_path: Path) -> None:
     browser = chromium()
-    if browser is None:
-        pytest.skip("Debian's chromium is not installed (make system-deps installs it)")
     url = cluster.pd_url()
     status, page = http_json(url + "/ui")
     assert status == 200 and "<script>" in page and "http://" not in page.split("<body>")[1]
-    result = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000",
-         "--dump-dom", url + "/ui"],
-        capture_output=True, text=True, timeout=120, check=False)
-    dom = result.stdout
-    assert "<table" in dom, (result.returncode, result.stderr[-2000:])
-    leader = http_json(url + "/v1/cluster")[1]["leader"]["id"]
+
+    # The DOM after the page's JavaScript ran: what it shows, checked against the API.
+    result = run_chromium(browser, tmp_path / "dom", "--dump-dom", url + "/ui")
+    parsed = Tables()
+    parsed.feed(result.stdout)
+    assert "updated" in parsed.texts, (result.returncode, result.stderr[-2000:])  # no error
+    cluster_info = http_json(url + "/v1/cluster")[1]
+    leader = cluster_info["leader"]["id"]
+    assert f"leader: {leader} at {cluster_info['leader']['address']}" in parsed.texts["leader"]
+    pd_rows = rows_by_first_cell(parsed.tables["pd-nodes"])
+    assert set(pd_rows) == {n["id"] for n in cluster_info["nodes"]}
+    assert pd_rows[leader][3] == "leader"
+
     servers = http_json(url + "/v1/rangeservers")[1]["rangeservers"]
-    assert f"<b>{leader}</b>" in dom
-    for s in servers:
-        assert s["id"] in dom
-    assert "drain-load" in dom and "after-drain" in dom
-    assert 'id="updated"' in dom  # every request answered (no error line)
+    server_rows = rows_by_first_cell(parsed.tables["rangeservers"])
+    assert set(server_rows) == {s["id"] for s in servers}
+    for s in servers:  # columns: id, address, alive, state, replicas, open, class, stored, free
+        row = server_rows[s["id"]]
+        assert row[1] == s["address"] and row[3] == s["state"], row
+        assert row[2] == ("alive" if s["alive"] else "down"), row
+        if s["alive"]:  # load: what it stores and the free disk, from its heartbeats
+            assert row[7].endswith("B") and row[8].endswith("B") and row[8] != "0 B", row
+    assert {"drained", "active"} <= {row[3] for row in server_rows.values()}
+
+    streams = http_json(url + "/v1/streams")[1]["streams"]
+    stream_rows = parsed.tables["streams-table"][1:]  # stream, range, start, end, state,
+    shown = {(row[0], row[1]): row for row in stream_rows}  # tier, replicas
+    for stream in streams:
+        for rng in stream["ranges"]:
+            row = shown[(stream["name"], str(rng["index"]))]
+            assert row[5] == rng.get("tier", "local"), row
+            for replica in rng["replicas"]:  # each replica with its address
+                assert f"{replica['id']} {replica['address']}" in row[6], row
+    assert {"drain-load", "after-drain"} <= {name for name, _ in shown}
+    summary = parsed.texts["repair-summary"]
+    report = http_json(url + "/v1/ranges?under_replicated=1")[1]["repair"]
+    assert summary.startswith(f"{report['under_replicated']} under-replicated; repairs in "
+                              "progress"), summary
+
+    # A real screenshot: a PNG of the rendered page, with text and coloured states drawn.
+    shot = tmp_path / "console.png"
+    result = run_chromium(browser, tmp_path / "shot", f"--screenshot={shot}", url + "/ui")
+    assert shot.exists(), (result.returncode, result.stderr[-2000:])
+    image = decode(shot.read_bytes())
+    assert (image.width, image.height) == (console_width, console_height)
+    colours, drawn_rows = colour_stats(image)
+    background, background_pixels = colours.most_common(1)[0]
+    assert background == (255, 255, 255)  # the page's background
+    assert len(colours) > 50, len(colours)  # anti-aliased text in several colours
+    assert background_pixels < 0.97 * image.width * image.height  # not blank
+    assert drawn_rows > 300, drawn_rows  # every section drawn, not one heading
+    ink = sum(n for (r, g, b), n in colours.items() if max(r, g, b) < 96)  # dark text
+    green = sum(n for (r, g, b), n in colours.items() if g > r + 40 and g > b + 20)  # ok
+    assert ink > 2000 and green > 100, (ink, green)
 
 
 def test_append_sends_each_line_while_stdin_stays_open(cluster: Cluster) -> None:
