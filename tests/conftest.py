@@ -21,6 +21,9 @@ cluster holds.
 ``pd_only=True`` gives PD nodes alone (``pd_nodes`` of them, a
 :class:`~estream.devcluster.pd.PdCluster`). ``chaos=True`` gives the chaos suite's
 :class:`~tests.chaos.harness.ChaosCluster` (every process on its own 127.0.0.x address).
+``up=True`` gives ``estream up`` as a child process, the way a user starts a cluster (a
+:class:`~estream.devcluster.upcluster.UpCluster`; the other keywords are its own, e.g.
+``pd_nodes``, ``range_servers``, ``extra_args``, ``cwd``).
 
 Double faults: a test that dies mid-way still runs the finalizer (every process stopped by
 PID; the session's reaper kills any survivor); every wait in the launcher is bounded.
@@ -40,6 +43,7 @@ import uvloop
 from estream.devcluster.cluster import start_cluster
 from estream.devcluster.pd import start_pd_cluster
 from estream.devcluster.process import reap_all
+from estream.devcluster.upcluster import UpCluster
 from estream.net.rpc import RpcClient
 from tests.integration.conftest_spark import cluster_pd, spark_session
 
@@ -53,7 +57,7 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
 
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
-        "markers", "cluster(fresh=False, heal=False, chaos=False, pd_only=False, "
+        "markers", "cluster(fresh=False, heal=False, chaos=False, pd_only=False, up=False, "
         "**start_cluster_options): the cluster the `cluster` fixture gives "
         "(tests/conftest.py); fresh: one per test; heal: the module's, healed after each test")
 
@@ -100,6 +104,8 @@ def _running(root: Any, options: dict[str, Any]) -> Any:
         from tests.chaos.harness import ChaosCluster
 
         return ChaosCluster(root, **options).start()
+    if options.pop("up", False):
+        return UpCluster(root / "data", root / "up.out", **options).start()
     return start_cluster(root, **options)
 
 

@@ -7,7 +7,9 @@ launcher (:class:`~estream.devcluster.process.ManagedProcess`; ports from a free
 below the ephemeral range unless given), waits for its ``estream cluster ready`` line, and
 is stopped by PID: SIGINT to the supervisor (which stops its children), SIGKILL after a
 timeout, then SIGKILL to any child PID it printed that is still alive, so nothing outlives
-a test even when the supervisor itself was killed.
+a test even when the supervisor itself was killed. :meth:`UpCluster.cli` runs ``estream``
+commands against it; ``with UpCluster(...).start() as up:`` stops it on leaving (the
+shared ``cluster`` fixture gives one with ``pytest.mark.cluster(up=True, ...)``).
 
 Side effects: processes, files under ``data_dir`` and the log, loopback ports.
 """
@@ -18,12 +20,13 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from estream.devcluster.cmdline import estream_argv, up_args
-from estream.devcluster.process import ManagedProcess, free_port_block
+from estream.devcluster.process import ManagedProcess, free_port_block, run_cli
 from estream.devcluster.up import PORT_SPAN, ClusterPlan, plan_cluster
 
 READY_LINE = rb"estream cluster ready"
@@ -53,6 +56,7 @@ class UpCluster:
         self.plan: ClusterPlan = plan_cluster(data_dir, pd_nodes, range_servers, host,
                                               self.base_port)
         args = up_args(data_dir, host, self.base_port, pd_nodes, range_servers, extra_args)
+        self.cwd = cwd
         self.process = ManagedProcess(estream_argv("up", args), log, name="estream up", cwd=cwd)
         self.ready_s = 0.0
         self.seen_pids: set[int] = set()
@@ -80,6 +84,15 @@ class UpCluster:
         self.ready_s = time.monotonic() - started
         self.child_pids()
         return self
+
+    def cli(self, *args: str, stdin: str = "", check: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+        """``estream ARGS...`` against this cluster (``ESTREAM_PD`` set, run where ``estream
+        up`` runs); with ``check``, a non-zero exit fails with its output."""
+        result = run_cli(args, stdin=stdin, env={"ESTREAM_PD": self.pd}, cwd=self.cwd)
+        if check:
+            assert result.returncode == 0, (args, result.stdout, result.stderr)
+        return result
 
     def child_pids(self) -> dict[str, int]:
         """The latest PID of each child, from the supervisor's output."""
@@ -112,6 +125,12 @@ class UpCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return code
+
+    def __enter__(self) -> UpCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 @contextlib.contextmanager

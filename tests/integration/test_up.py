@@ -17,47 +17,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from estream.devcluster import upcluster as devcluster
 from estream.devcluster.process import free_port_block, run_cli
 from estream.devcluster.up import PORT_SPAN, probe_ready
-from estream.devcluster.upcluster import pid_alive
+from estream.devcluster.upcluster import UpCluster, pid_alive
 
-pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(up=True, cwd=ROOT)]
 READY_S_MAX = 30.0
-
-
-class UpCluster(devcluster.UpCluster):
-    """`estream up` as a child process (the one launcher's), driven through the CLI."""
-
-    def __init__(
-        self, data_dir: Path, base_port: int, log: Path, pd_nodes: int = 3, servers: int = 3
-    ) -> None:
-        super().__init__(data_dir, log, base_port=base_port, pd_nodes=pd_nodes,
-                         range_servers=servers, cwd=ROOT)  # fmt: skip
-
-    def cli(
-        self, *args: str, stdin: str = "", check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        result = run_cli(args, stdin=stdin, env={"ESTREAM_PD": self.pd}, cwd=ROOT)
-        if check:
-            assert result.returncode == 0, (args, result.stdout, result.stderr)
-        return result
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
-    tmp = tmp_path_factory.mktemp("up")
-    up = UpCluster(tmp / "data", free_port_block(size=PORT_SPAN), tmp / "up.out")
-    try:
-        yield up.start()
-    finally:
-        up.stop()
 
 
 def test_ready_within_30_s_and_prints_where_it_listens(cluster: UpCluster) -> None:
@@ -190,27 +160,24 @@ def test_child_killed_with_kill9_is_restarted(cluster: UpCluster) -> None:
     assert cluster.cli("read", "after-restart").stdout == "x\ny\n"
 
 
-def test_sigint_stops_every_child_and_a_restart_keeps_the_data(tmp_path: Path) -> None:
-    up = UpCluster(tmp_path / "data", free_port_block(size=PORT_SPAN), tmp_path / "up.out")
-    try:
-        up.start()
-        up.cli("stream", "create", "durable")
-        up.cli("append", "durable", stdin="".join(f"rec-{i}\n" for i in range(20)))
-        pids = up.child_pids()
-        assert len(pids) == 6 and all(pid_alive(p) for p in pids.values())
-        assert up.stop(signal.SIGINT) == 0
-        assert "stopped every process" in up.output()
-        assert up.leftover == [] and not any(pid_alive(p) for p in pids.values())
-        up.start()
-        assert up.cli("read", "durable").stdout == "".join(f"rec-{i}\n" for i in range(20))
-        up.cli("append", "durable", stdin="after\n")
-        assert up.cli("read", "durable", "--from", "20").stdout == "after\n"
-        new_pids = up.child_pids()
-        assert set(new_pids.values()).isdisjoint(pids.values())
-        assert up.stop(signal.SIGTERM) == 0
-        assert up.leftover == [] and not any(pid_alive(p) for p in new_pids.values())
-    finally:
-        up.stop()
+@pytest.mark.cluster(fresh=True, up=True, cwd=ROOT)
+def test_sigint_stops_every_child_and_a_restart_keeps_the_data(cluster: UpCluster) -> None:
+    up = cluster
+    up.cli("stream", "create", "durable")
+    up.cli("append", "durable", stdin="".join(f"rec-{i}\n" for i in range(20)))
+    pids = up.child_pids()
+    assert len(pids) == 6 and all(pid_alive(p) for p in pids.values())
+    assert up.stop(signal.SIGINT) == 0
+    assert "stopped every process" in up.output()
+    assert up.leftover == [] and not any(pid_alive(p) for p in pids.values())
+    up.start()
+    assert up.cli("read", "durable").stdout == "".join(f"rec-{i}\n" for i in range(20))
+    up.cli("append", "durable", stdin="after\n")
+    assert up.cli("read", "durable", "--from", "20").stdout == "after\n"
+    new_pids = up.child_pids()
+    assert set(new_pids.values()).isdisjoint(pids.values())
+    assert up.stop(signal.SIGTERM) == 0
+    assert up.leftover == [] and not any(pid_alive(p) for p in new_pids.values())
 
 
 def run_up(*args: str) -> subprocess.CompletedProcess[str]:
@@ -235,16 +202,13 @@ def test_busy_port_and_busy_data_dir_are_one_line_errors(
     assert result.stderr.strip().count("\n") == 0
 
 
-def test_one_pd_node_and_four_range_servers(tmp_path: Path) -> None:
-    up = UpCluster(tmp_path / "data", free_port_block(size=PORT_SPAN), tmp_path / "up.out", 1, 4)
-    try:
-        up.start()
-        status = json.loads(up.cli("cluster", "status", "--json").stdout)
-        assert len(status["cluster"]["nodes"]) == 1
-        assert sum(1 for s in status["rangeservers"] if s["alive"]) == 4
-        up.cli("stream", "create", "small")
-        up.cli("append", "small", stdin="1\n2\n")
-        assert up.cli("read", "small").stdout == "1\n2\n"
-        assert up.stop() == 0 and up.leftover == []
-    finally:
-        up.stop()
+@pytest.mark.cluster(fresh=True, up=True, cwd=ROOT, pd_nodes=1, range_servers=4)
+def test_one_pd_node_and_four_range_servers(cluster: UpCluster) -> None:
+    up = cluster
+    status = json.loads(up.cli("cluster", "status", "--json").stdout)
+    assert len(status["cluster"]["nodes"]) == 1
+    assert sum(1 for s in status["rangeservers"] if s["alive"]) == 4
+    up.cli("stream", "create", "small")
+    up.cli("append", "small", stdin="1\n2\n")
+    assert up.cli("read", "small").stdout == "1\n2\n"
+    assert up.stop() == 0 and up.leftover == []
