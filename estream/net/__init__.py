@@ -5,6 +5,6 @@ The multiplexed frame client and dispatching server (:mod:`rpc`), TLS and tokens
 tells a client pointed at a PD node's Raft port so (:mod:`portprobe`), the typed
 range-server client with the one copy loop (:mod:`rangeclient`), the recovery driver that
 runs :class:`estream.core.seal.RangeRecovery` over it (:mod:`recovery`, used by a new
-writer and by the PD leader) and the object store client behind the object tier
-(:mod:`objectstore`).
+writer and by the PD leader), the object store client behind the object tier
+(:mod:`objectstore`) and the read of one object's index (:mod:`objectindex`).
 """
