@@ -1,4 +1,4 @@
-"""Seeded simulation of writers, range servers and the placement driver.
+"""Seeded simulation of writers, readers, range servers and the placement driver.
 
 Each seed builds a world (5 range servers, a PD, a stream with 3 replicas and ack 2),
 runs a writer's workload while the network drops, delays, reorders and partitions
@@ -19,11 +19,24 @@ a new writer recovers the stream. After every step the invariants hold:
 - when PD records a recovery's seal, every holder it names holds everything below the
   end, durably and soundly, and there are ``ack_count`` of them (unless empty).
 
+Readers (``tests/sim/simreader.py``: the real read cursor, driven like
+``estream/sdk/reader.py``, through the same network and faults; one tailing reader from
+the start, taken over from where it stopped if it fails, plain reads to the end or
+bounded, a reader cut off from a server now and then) are checked at every answer they
+hand over: offsets exactly where the last answer ended, in order, none twice, no gap;
+never past a sealed range's catalog end (nor the read's end); every record what the
+writer whose record it is appended at that offset, and what every other read saw there;
+from an open range, only records already acknowledged to their writer. A read may fail
+while faults last (never end short silently: a bounded tailing read ends at its end).
+
 At the end, once faults heal: the writer with the highest epoch has all its appends
 acknowledged (liveness); the stream has at most a few ranges per fault and per writer
 (no roll loop; size rolls and lossy networks aside); the writer closes (its final CONFIRM
 durable on ``ack_count`` replicas), every range server is killed and restarted, and
-readers still see everything it had acknowledged.
+readers still see everything it had acknowledged: replicas a seal left out are sealed
+(what the writer's healing and repair do, not simulated), a plain read from 0 ends at
+exactly the final writer's end having seen every acknowledged record of every writer,
+and the tailing reader catches up to it.
 
 Fixed rows (``SCENARIOS``, the double faults of issue #14 scripted on top of a seed; each
 also asserts that it exercised what it is about): a wiped server, a down one and a lagging
@@ -40,6 +53,7 @@ Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -49,6 +63,7 @@ import pytest
 from estream.core.rangewriter import WriterConfig
 from estream.wire.meta import RangeMeta, StreamMeta
 from rangeserver.replica import readable_end
+from tests.sim.simreader import DECODINGS, Delivered, SimReader
 from tests.sim.simwriter import PD, SimWriter
 from tests.sim.world import Faults, Key, Net, SimPD, SimRangeServer, World
 
@@ -57,6 +72,8 @@ HEAL_AT_MS = 2_500
 END_AT_MS = 12_000
 RANGES_PER_FAULT_MAX = 4  # ranges a stream may gain per fault (and per writer)
 HUNG_APPEND_WAIT_MS_MAX = 700  # one hung server of three: no append waits longer
+PLAIN_READS = 2  # plain reads started while the writers write and faults strike
+FINAL_READ_MS_MAX = 3_000  # after close: the final plain read ends, the tail catches up
 
 
 def seeds() -> list[int]:
@@ -104,6 +121,13 @@ class Sim:
         self.facts: dict[str, object] = {}  # what a scripted run saw happen
         self.recoveries_sealed = 0
         self.fault_count = 0
+        # Readers: their own random choices (when, where from, how), so that adding them
+        # leaves the faults a seed schedules as they were.
+        self.reader_rng = random.Random(seed * 7_919 + 1)
+        self.readers: list[SimReader] = []
+        self.tail: SimReader | None = None  # the current tailing reader
+        self.seen: dict[int, bytes] = {}  # offset -> the value every reader saw there
+        self.read_failures: list[str] = []  # reads that raised (allowed while faults last)
 
     def new_writer(self) -> SimWriter:
         w = SimWriter(self.world, self.net, f"w{len(self.writers) + 1}", STREAM, self.config)
@@ -256,6 +280,24 @@ class Sim:
                 server.resume()
         self.faults.drop = 0.0
         self.faults.spike = 0.0
+        self.repair_seals()
+
+    def repair_seals(self) -> None:
+        """What the writer's healing and PD's repair do for the replicas a seal left out
+        (neither is simulated): SEAL at the catalog's end every open replica of a sealed
+        range that holds the whole range. A tailing reader learns of a seal from a
+        replica (until one has it, its long polls come back empty)."""
+        meta = self.pd.describe(STREAM)
+        for r in meta.ranges:
+            if r.end is None:
+                continue
+            for ref in r.replicas:
+                server = self.server(ref.id)
+                state = server.replicas.get((meta.id, r.index)) if server is not None else None
+                if server is None or state is None or state.sealed or state.damaged:
+                    continue
+                if state.end >= r.end:
+                    server.seal(meta.id, r.index, state.epoch, r.end, server_id=ref.id)
 
     def start_writer(self) -> None:
         self.workload(self.new_writer())
@@ -360,6 +402,130 @@ class Sim:
                 for p in prefixes:
                     assert longest[: len(p)] == p, f"replicas of range {r.index} disagree"
 
+    # -- readers --------------------------------------------------------------------------
+
+    def new_reader(
+        self, start: int, end: int | None = None, *, follow: bool = False
+    ) -> SimReader:
+        """A read of ``[start, end)`` with the real read cursor (:mod:`tests.sim.simreader`),
+        its deliveries checked as they come (:meth:`check_delivery`)."""
+        rng = self.reader_rng
+        preferred = rng.choice([None, *self.nodes])
+        reader = SimReader(
+            self.world, self.net, f"r{len(self.readers) + 1}", STREAM, start=start, end=end,
+            follow=follow, preferred=preferred, decoding=rng.choice(sorted(DECODINGS)),
+            on_deliver=self.check_delivery, on_end=self.reader_ended,
+        )
+        self.readers.append(reader)
+        reader.begin()
+        return reader
+
+    def schedule_readers(self) -> None:
+        """A tailing reader from the start (another one takes over where it stopped if it
+        fails), plain reads (to the end, or bounded) from random offsets at random times
+        while writers write and faults strike, and a reader cut off from a server now and
+        then."""
+        rng = self.reader_rng
+        tail_at = rng.randint(0, 300)
+        self.world.at(tail_at, lambda: self.start_tail(0))
+        for _ in range(PLAIN_READS):
+            self.world.at(rng.randint(50, HEAL_AT_MS + 500), self.plain_read)
+        if rng.random() < 0.4:
+
+            def cut() -> None:
+                assert self.tail is not None
+                self.partition(self.tail.id, rng.choice(self.nodes), rng.randint(100, 1_000))
+
+            self.world.at(rng.randint(tail_at + 1, HEAL_AT_MS - 300), cut)
+
+    def start_tail(self, start: int) -> None:
+        self.tail = self.new_reader(start, follow=True)
+
+    def plain_read(self) -> None:
+        rng = self.reader_rng
+        acked = max((w.acked_end for w in self.writers), default=0)
+        start = rng.choice([0, rng.randint(0, max(0, acked))])
+        end = rng.choice([None, start + rng.randint(1, 60)])
+        self.new_reader(start, end, follow=end is not None and rng.random() < 0.3)
+
+    def reader_ended(self, reader: SimReader) -> None:
+        if reader.error is not None:
+            self.read_failures.append(reader.describe())
+            if reader is self.tail:
+                # The application tails on from where it stopped.
+                self.world.after(50, lambda: self.start_tail(reader.next_offset))
+            return
+        assert not reader.follow or reader.end is not None, (
+            f"{reader.id}: a tailing read without an end ended")
+        if reader.follow:
+            assert reader.next_offset == reader.end, (
+                f"{reader.id}: a tailing read of [{reader.start}, {reader.end}) ended at "
+                f"{reader.next_offset}")
+
+    def check_delivery(
+        self, reader: SimReader, range_index: int, offset: int, next_offset: int,
+        items: Delivered,
+    ) -> None:
+        """Every answer a reader hands over: the offsets it has not seen, in order without
+        a gap, within the range it read, never past a sealed range's catalog end (nor the
+        reader's end); each record what the writer whose record it is appended there, the
+        same that every other reader saw there; from an open range, only records already
+        acknowledged to that writer."""
+        where = f"{reader.id} (range {range_index})"
+        assert offset == reader.next_offset and next_offset > offset, (
+            f"{where}: delivers [{offset}, {next_offset}) after {reader.next_offset}")
+        offsets = [o for o, _ in items]
+        assert offsets == list(range(offset, next_offset)), (
+            f"{where}: delivered offsets {offsets[:3]}..{offsets[-3:]} for "
+            f"[{offset}, {next_offset})")
+        assert reader.end is None or next_offset <= reader.end, (
+            f"{where}: delivers up to {next_offset}, past its end {reader.end}")
+        meta = self.pd.describe(STREAM)
+        rng = meta.range_at(range_index)
+        assert rng is not None and rng.start <= offset, f"{where}: not a range at {offset}"
+        assert rng.end is None or next_offset <= rng.end, (
+            f"{where}: delivers up to {next_offset}, past the catalog end {rng.end}")
+        writers = {w.id: w for w in self.writers}
+        for o, value in items:
+            wid, _, at = value.decode(errors="replace").partition(":")
+            w = writers.get(wid)
+            assert w is not None and at == str(o) and 0 <= o - w.start < len(w.assigned) \
+                and w.assigned[o - w.start] == value, (
+                    f"{where}: offset {o} is {value!r}, which no writer appended there")
+            assert rng.end is not None or o < w.acked_end, (
+                f"{where}: offset {o} of the open range is delivered, {wid} has only "
+                f"{w.acked_end} acknowledged")
+            seen = self.seen.setdefault(o, value)
+            assert seen == value, f"{where}: offset {o} is {value!r}, another read saw {seen!r}"
+
+    def check_final_reads(self, final: SimWriter) -> None:
+        """After close (and every server restarted): a plain read from 0 ends, having seen
+        exactly every offset up to the final writer's end, every acknowledged record among
+        them (each writer's, as it appended it), and the tailing reader catches up."""
+        reader = self.new_reader(0)
+        deadline = self.world.now_ms + FINAL_READ_MS_MAX
+
+        def settled() -> bool:
+            tail = self.tail
+            return (reader.done or reader.error is not None) and (
+                tail is None or tail.next_offset >= final.acked_end)
+
+        while not settled() and self.world.now_ms < deadline and self.world.step():
+            self.check()
+        assert reader.done, f"the final read: {reader.describe()}"
+        assert reader.next_offset == final.acked_end, (
+            f"the final read ended at {reader.next_offset}, {final.id} acknowledged up to "
+            f"{final.acked_end}")
+        missing = [o for o in range(final.acked_end) if o not in self.seen]
+        assert not missing, f"the final read missed offsets {missing[:10]}"
+        for w in self.writers:
+            for o in range(max(w.start, 0), w.acked_end):
+                assert self.seen[o] == w.assigned[o - w.start], (
+                    f"acknowledged offset {o} of {w.id} reads {self.seen[o]!r}")
+        tail = self.tail
+        assert tail is not None and tail.next_offset == final.acked_end, (
+            f"the tailing reader did not catch up: {tail.describe() if tail else None}")
+
     # -- run ------------------------------------------------------------------------------
 
     def run(self, script: Callable[[Sim], None] | None = None) -> None:
@@ -368,6 +534,7 @@ class Sim:
         else:
             script(self)
             self.world.at(HEAL_AT_MS, self.heal)
+        self.schedule_readers()
         self.start_writer()
         while self.world.now_ms <= END_AT_MS and self.world.step():
             self.check()
@@ -397,15 +564,16 @@ class Sim:
         self.close(final)
         for node in self.nodes:
             self.servers[node].crash()
+        self.repair_seals()
         meta = self.pd.describe(STREAM)
         last = meta.ranges[-1]
-        if last.end is not None or final.acked_end <= last.start:
-            return
-        visible = self.visible_end(meta, last)
-        assert visible >= final.acked_end, (
-            f"after a restart of every server, readers see up to {visible} of the open "
-            f"range, not the {final.acked_end} acknowledged before close"
-        )
+        if last.end is None and final.acked_end > last.start:
+            visible = self.visible_end(meta, last)
+            assert visible >= final.acked_end, (
+                f"after a restart of every server, readers see up to {visible} of the open "
+                f"range, not the {final.acked_end} acknowledged before close"
+            )
+        self.check_final_reads(final)
 
     def visible_end(self, meta: StreamMeta, rng: RangeMeta) -> int:
         """The most a reader of the open range finds (its largest readable end)."""
@@ -447,6 +615,9 @@ class Sim:
                 f"max_wait_ms={w.max_wait_ms}"
             )
             lines += [f"  {line}" for line in w.log[-15:]]
+        for reader in self.readers:
+            lines.append(reader.describe())
+            lines += [f"  {line}" for line in reader.log[-5:]]
         meta = self.pd.describe(STREAM)
         for r in meta.ranges[-12:]:
             lines.append(f"range {r.index} [{r.start}, {r.end}) on {[x.id for x in r.replicas]}")

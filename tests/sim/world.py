@@ -16,7 +16,10 @@ servers and a placement driver.
   kept beside the states. Its disk is a log: an accepted append is *written*, becomes
   durable (``on_durable``) once a simulated fsync covering it completes, and is answered
   only then; control entries (CREATE_RANGE, EPOCH, SEAL, CONFIRM, DAMAGED) are durable
-  before their answer too. A crash drops what was written but not synced (a random prefix
+  before their answer too. READ answers the batches as received, the way the store does
+  (from the one holding the offset, up to the readable end; long polls answered when
+  something becomes readable, the replica is sealed or damaged, or the wait is over). A
+  crash drops what was written but not synced (a random prefix
   of it may have reached the disk anyway; the last, torn, one never does) and rebuilds
   every replica from the log with the real replay rules (``replay_batch``,
   ``replay_epoch``, ``replay_seal``, ``replay_confirm``, ``mark_damaged``). Requests name
