@@ -166,7 +166,8 @@ class Replay:
         key = (control.stream_id, control.range_index)
         if isinstance(control, wf.CreateRange):
             if key not in self.replicas:
-                self.replicas[key] = ReplicaState.create(*key, control.start, control.epoch)
+                self.replicas[key] = ReplicaState.create(
+                    *key, control.start, control.epoch, control.digest)
                 self.indexes[key] = RangeIndex()
                 self.time_indexes[key] = TimeIndex()
                 self.spans[key] = Span(segment, segment)

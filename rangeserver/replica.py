@@ -18,11 +18,18 @@ Offsets of a replica::
 - ``epoch``: the highest writer epoch seen; older epochs are rejected (fencing).
 - ``sealed``/``sealed_end``: a sealed replica never accepts an append again.
 - ``damaged``: its stored data failed verification; it serves no reads.
+- ``digest``: the stream's entry digest (``estream/wire/record.py``: 0 xxh3, 1 crc32c,
+  2 hmac-sha256), as CREATE_RANGE named it and the log recorded it; None for a replica
+  created without one (by an older client, or logged before digests were recorded),
+  which accepts batches of any digest as it always did.
 
 Append decision table (first matching row wins)::
 
     hmac-sha256 batch, MAC does not verify    -> DigestMismatch (:func:`check_digest`;
                                                  only on a server holding the secret)
+    digest recorded, batch's digest differs   -> WrongDigest (DigestMismatch: a batch
+                                                 whose checksum anyone can compute is
+                                                 never stored in an hmac-sha256 range)
     damaged                                   -> Damaged
     sealed                                    -> Sealed(sealed_end)
     batch.epoch < epoch                       -> StaleEpoch
@@ -46,7 +53,15 @@ from estream.wire.errors import (
     RangeSealed,
     ReplicaDamaged,
 )
-from estream.wire.record import BatchHeader, decode_header, is_hmac_batch, verify_batch, verify_mac
+from estream.wire.record import (
+    DIGEST_NAMES,
+    FLAG_SYSTEM,
+    BatchHeader,
+    decode_header,
+    is_hmac_batch,
+    verify_batch,
+    verify_mac,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,18 +76,24 @@ class ReplicaState:
     sealed: bool = False
     sealed_end: int = 0
     damaged: bool = False
+    digest: int | None = None  # the stream's digest; None: not recorded, any accepted
 
     @classmethod
-    def create(cls, stream_id: int, range_index: int, start: int, epoch: int) -> ReplicaState:
-        return cls(stream_id, range_index, start, start, start, epoch, confirm=start)
+    def create(
+        cls, stream_id: int, range_index: int, start: int, epoch: int,
+        digest: int | None = None,
+    ) -> ReplicaState:
+        return cls(stream_id, range_index, start, start, start, epoch, confirm=start,
+                   digest=digest)
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.stream_id, self.range_index)
 
     def describe(self) -> dict[str, object]:
-        """The DESCRIBE_RANGE answer (``docs/PROTOCOL.md``)."""
-        return {
+        """The DESCRIBE_RANGE answer (``docs/PROTOCOL.md``); ``"digest"`` only when one
+        is recorded."""
+        answer: dict[str, object] = {
             "start": self.start,
             "end": self.end,
             "confirm": self.confirm,
@@ -81,6 +102,26 @@ class ReplicaState:
             "sealed_end": self.sealed_end if self.sealed else None,
             "damaged": self.damaged,
         }
+        if self.digest is not None:
+            answer["digest"] = digest_name(self.digest)
+        return answer
+
+
+def digest_name(digest: int | None) -> str | None:
+    """A recorded digest's name (``"hmac-sha256"``), None when none is recorded, its
+    number as text for a code this version does not know.
+
+    >>> digest_name(2), digest_name(None), digest_name(9)
+    ('hmac-sha256', None, '9')
+    """
+    if digest is None:
+        return None
+    return DIGEST_NAMES.get(digest, str(digest))
+
+
+def batch_digest(batch: BatchHeader) -> int:
+    """The digest kind a batch's flags name (bits 1-2: ``estream/wire/record.py``)."""
+    return (batch.flags & ~FLAG_SYSTEM) >> 1
 
 
 def readable_end(state: ReplicaState, *, unconfirmed: bool = False) -> int:
@@ -154,11 +195,26 @@ class Damaged:
     pass
 
 
-AppendOutcome = Accept | Duplicate | Gap | SealedOutcome | StaleEpoch | Damaged
+@dataclass(frozen=True, slots=True)
+class WrongDigest:
+    """The batch's digest is not the one recorded for the replica's stream."""
+
+    expected: int
+    actual: int
+    base_offset: int
+
+
+AppendOutcome = Accept | Duplicate | Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest
 
 
 def decide_append(state: ReplicaState, batch: BatchHeader) -> AppendOutcome:
-    """Decide one append (the table in the module docstring)."""
+    """Decide one append (the table in the module docstring). The digest row comes
+    before every other: a batch of the wrong digest is not even acknowledged as a
+    duplicate (its sender must learn that nothing of it is stored)."""
+    if state.digest is not None:
+        kind = batch_digest(batch)
+        if kind != state.digest:
+            return WrongDigest(state.digest, kind, batch.base_offset)
     if state.damaged:
         return Damaged()
     if state.sealed:
@@ -194,9 +250,15 @@ def damaged_error(key: tuple[int, int]) -> ReplicaDamaged:
 
 
 def append_refusal(
-    key: tuple[int, int], outcome: Gap | SealedOutcome | StaleEpoch | Damaged
+    key: tuple[int, int], outcome: Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest
 ) -> EstreamError:
     """The typed error answering an append that :func:`decide_append` refused."""
+    if isinstance(outcome, WrongDigest):
+        return DigestMismatch(
+            f"batch digest {digest_name(outcome.actual)} refused: range {key[1]} of stream "
+            f"{key[0]} takes {digest_name(outcome.expected)} batches only",
+            stream_id=key[0], range_index=key[1], base_offset=outcome.base_offset,
+        )
     if isinstance(outcome, Gap):
         return OffsetGap(
             f"batch at {outcome.actual} does not continue the replica's end {outcome.expected}",
@@ -309,25 +371,39 @@ class StartConflict:
     asked: int
 
 
-CreateOutcome = Create | Exists | StartConflict | StaleEpoch | Damaged
+@dataclass(frozen=True, slots=True)
+class DigestConflict:
+    digest: int  # the one recorded
+    asked: int
+
+
+CreateOutcome = Create | Exists | StartConflict | DigestConflict | StaleEpoch | Damaged
 
 
 def decide_create(
-    existing: ReplicaState | None, stream_id: int, range_index: int, start: int, epoch: int
+    existing: ReplicaState | None, stream_id: int, range_index: int, start: int, epoch: int,
+    digest: int | None = None,
 ) -> CreateOutcome:
     """CREATE_RANGE is idempotent: same start answers the existing replica (raising its
     epoch if asked with a higher one); an older epoch is fenced; another start conflicts;
     a damaged replica answers Damaged (it is no copy, and no empty one either: DROP_RANGE
     it first to place a new one here).
+
+    ``digest`` (the stream's; None: the caller did not say) is recorded with a new
+    replica. An existing one keeps what it has: another digest than the one recorded is
+    a conflict (a stream's digest never changes); a replica with none recorded (created
+    before digests were) stays so, accepting any.
     """
     if existing is None:
-        return Create(ReplicaState.create(stream_id, range_index, start, epoch))
+        return Create(ReplicaState.create(stream_id, range_index, start, epoch, digest))
     if existing.damaged:
         return Damaged()
     if epoch < existing.epoch:
         return StaleEpoch(epoch, existing.epoch)
     if start != existing.start:
         return StartConflict(existing.start, start)
+    if digest is not None and existing.digest is not None and digest != existing.digest:
+        return DigestConflict(existing.digest, digest)
     if epoch > existing.epoch:
         return Exists(replace(existing, epoch=epoch), log=True)
     return Exists(existing, log=False)

@@ -23,7 +23,13 @@ and the append path hashes each batch once (on receive), not twice.
 
 Control bodies (fixed, little-endian):
 
-- CREATE_RANGE: stream_id u64, range_index u32, start u64, epoch u64
+- CREATE_RANGE: stream_id u64, range_index u32, start u64, epoch u64, then (version 1,
+  a 29-byte body) digest u8: the stream's entry digest as ``estream/wire/record.py``
+  numbers it (0 xxh3, 1 crc32c, 2 hmac-sha256), which APPEND holds every batch to. The
+  body's length is its version: a 28-byte body (version 0: every log written before
+  digests were recorded, and a create that named no digest) records none, and that
+  replica accepts batches of any digest. A digest code this version does not know is
+  kept as it is (the replica then refuses every APPEND, and still serves reads).
 - EPOCH: stream_id u64, range_index u32, epoch u64 (the highest epoch seen, raised by a
   fence or a create)
 - SEAL: stream_id u64, range_index u32, epoch u64, end u64
@@ -78,7 +84,8 @@ ENTRY_MAGIC: Final = 0xE5A1
 _ENTRY: Final = struct.Struct("<HBBIQ")
 ENTRY_HEADER_BYTES: Final = _ENTRY.size  # 16
 _MAGIC_BYTES: Final = ENTRY_MAGIC.to_bytes(2, "little")
-_CREATE: Final = struct.Struct("<QIQQ")
+_CREATE: Final = struct.Struct("<QIQQ")  # version 0: no digest recorded
+_CREATE_V1: Final = struct.Struct("<QIQQB")  # version 1: and the stream's digest
 _EPOCH: Final = struct.Struct("<QIQ")
 _SEAL: Final = struct.Struct("<QIQQ")
 _DROP: Final = struct.Struct("<QI")
@@ -112,6 +119,7 @@ class CreateRange:
     range_index: int
     start: int
     epoch: int
+    digest: int | None = None  # the stream's digest (version 1); None: none recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +234,11 @@ def encode_control(control: Control) -> bytes:
     """A whole control entry (header and body)."""
     if isinstance(control, CreateRange):
         entry_type = EntryType.CREATE_RANGE
-        body = _CREATE.pack(control.stream_id, control.range_index, control.start, control.epoch)
+        fields = (control.stream_id, control.range_index, control.start, control.epoch)
+        if control.digest is None:
+            body = _CREATE.pack(*fields)
+        else:
+            body = _CREATE_V1.pack(*fields, control.digest)
     elif isinstance(control, EpochRaised):
         entry_type = EntryType.EPOCH
         body = _EPOCH.pack(control.stream_id, control.range_index, control.epoch)
@@ -250,6 +262,8 @@ def encode_control(control: Control) -> bytes:
 def _decode_control(entry_type: EntryType, body: memoryview) -> Control:
     if entry_type == EntryType.CREATE_RANGE and len(body) == _CREATE.size:
         return CreateRange(*_CREATE.unpack(body))
+    if entry_type == EntryType.CREATE_RANGE and len(body) == _CREATE_V1.size:
+        return CreateRange(*_CREATE_V1.unpack(body))
     if entry_type == EntryType.EPOCH and len(body) == _EPOCH.size:
         return EpochRaised(*_EPOCH.unpack(body))
     if entry_type == EntryType.SEAL and len(body) == _SEAL.size:

@@ -261,13 +261,17 @@ class RangeClient:
 
     async def create_range(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
-        start: int, epoch: int, timeout_s: float | None = None,
+        start: int, epoch: int, digest: str | None = None, timeout_s: float | None = None,
     ) -> Created:
         """CREATE_RANGE at ``epoch`` (idempotent; raises the replica's epoch, which fences
-        older writers; ``Fenced`` below it, ``Conflict`` for another start)."""
-        body, _ = await self._call(address, Opcode.CREATE_RANGE, {
-            "stream_id": stream_id, "range_index": range_index, "start": start,
-            "epoch": epoch}, server_id, timeout_s)
+        older writers; ``Fenced`` below it, ``Conflict`` for another start or digest).
+        ``digest``: the stream's (``StreamMeta.digest``), recorded with a new replica,
+        which then refuses batches of any other digest; None: not sent (none recorded)."""
+        header: Header = {"stream_id": stream_id, "range_index": range_index,
+                          "start": start, "epoch": epoch}
+        if digest is not None:
+            header["digest"] = digest
+        body, _ = await self._call(address, Opcode.CREATE_RANGE, header, server_id, timeout_s)
         return Created.parse(body)
 
     async def append(
@@ -413,12 +417,14 @@ class CopyProgress:
 
     ``epoch``: the target replica's epoch (older batches are restamped up to it).
     ``create_start``: the target does not exist yet: CREATE_RANGE it at this start (at
-    the first batch's epoch, which becomes ``epoch``) before the first append."""
+    the first batch's epoch, which becomes ``epoch``, and with ``digest``, the stream's,
+    so that the copy keeps refusing batches of another digest) before the first append."""
 
     offset: int
     epoch: int
     create_start: int | None = None
     copied_bytes: int = 0
+    digest: str | None = None
 
 
 async def copy_range(
@@ -457,7 +463,9 @@ async def copy_range(
        below its epoch (a recovery fenced it, or a repair found it fenced). A batch at or
        above it is appended unchanged, so a copy never lowers an epoch.
     6. A target not created yet is created at the first batch's epoch (``create_start``;
-       repair's new replicas): never above the batches' epoch, which would fence them.
+       repair's new replicas): never above the batches' epoch, which would fence them;
+       and with the stream's digest (``progress.digest``): a copy refuses, as its source
+       did, batches of another digest.
     7. APPEND is synced (not deferred) and names the target's server id: a copy counts
        only once durable on the server the catalog names. Duplicates are acknowledged, so
        a retry after a crash midway resumes.
@@ -521,7 +529,8 @@ async def _copy_batch(
     if progress.create_start is not None:
         await client.create_range(
             target.address, server_id=target.server_id, stream_id=header.stream_id,
-            range_index=header.range_index, start=progress.create_start, epoch=header.epoch)
+            range_index=header.range_index, start=progress.create_start, epoch=header.epoch,
+            digest=progress.digest)
         progress.create_start, progress.epoch = None, header.epoch
     batch: bytes | memoryview = raw
     if header.epoch < progress.epoch:
@@ -540,9 +549,10 @@ class ReplicaClient:
     from range metadata), at its epoch. It decides nothing: ``estream/sdk/writer.py`` and
     ``estream/net/recovery.py`` drive it."""
 
-    def __init__(self, pool: ConnectionPool, epoch: int) -> None:
+    def __init__(self, pool: ConnectionPool, epoch: int, *, digest: str | None = None) -> None:
         self.client = RangeClient(pool)
         self.epoch = epoch
+        self.digest = digest  # the stream's: every replica it creates records it
         self.addresses: dict[str, str] = {}
 
     def learn(self, rng: RangeMeta) -> None:
@@ -574,10 +584,12 @@ class ReplicaClient:
 
     async def create(self, replica: str, stream_id: int, range_index: int, start: int,
                      *, timeout_s: float | None = None) -> Created:
-        """CREATE_RANGE on ``replica`` at our epoch (which fences it as well)."""
+        """CREATE_RANGE on ``replica`` at our epoch (which fences it as well), with the
+        stream's digest."""
         return await self.client.create_range(
             self.addresses[replica], server_id=replica, stream_id=stream_id,
-            range_index=range_index, start=start, epoch=self.epoch, timeout_s=timeout_s)
+            range_index=range_index, start=start, epoch=self.epoch, digest=self.digest,
+            timeout_s=timeout_s)
 
     async def ping(self, replica: str, *, timeout_s: float = ping_timeout_s) -> bool:
         """Whether the server at ``replica``'s address answers now, as ``replica``."""
@@ -599,7 +611,7 @@ class ReplicaClient:
         await copy_range(
             self.client, stream_id=stream_id, range_index=range_index,
             source=self.endpoint(copy.source), target=self.endpoint(copy.target),
-            end=copy.end, progress=CopyProgress(copy.start, self.epoch))
+            end=copy.end, progress=CopyProgress(copy.start, self.epoch, digest=self.digest))
 
     async def seal(
         self, stream_id: int, range_index: int, end: int, replicas: Sequence[str]

@@ -129,7 +129,8 @@ class Writer:
         self.epoch = meta.epoch
         self.config = config
         self._core: RangeWriter | None = None
-        self._replicas = ReplicaClient(client.pool, meta.epoch)
+        self._replicas = ReplicaClient(client.pool, meta.epoch,
+                                       digest=getattr(meta, "digest", None))
         # (end offset, future, submitted at ms): completed in offset order, oldest first.
         self._waiters: deque[tuple[int, asyncio.Future[None], int]] = deque()
         self._space: list[asyncio.Future[None]] = []

@@ -80,7 +80,8 @@ async def fence(
             try:
                 await client.create_range(ref.address, server_id=ref.id, stream_id=stream.id,
                                           range_index=rng.index, start=rng.start,
-                                          epoch=epoch, timeout_s=timeout_s)
+                                          epoch=epoch, digest=stream.digest,
+                                          timeout_s=timeout_s)
             except EstreamError as exc:
                 return exc
         except EstreamError as exc:

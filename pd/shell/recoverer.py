@@ -150,7 +150,8 @@ class Recoverer:
             service.leases.hold(meta, meta.epoch)  # no writer renews PD's own epoch
             log.warning("stream %r: the writer's lease ran out with records hidden in open "
                         "range %d; recovering it at epoch %d", name, last.index, meta.epoch)
-            result = await recover_range(ReplicaClient(self.pool, meta.epoch), meta,
+            result = await recover_range(ReplicaClient(self.pool, meta.epoch,
+                                                       digest=meta.digest), meta,
                                          self._sealer(name, meta.epoch))
         except (Conflict, Fenced, RangeSealed) as exc:
             self._count("superseded")  # a writer opened (or sealed) meanwhile: its business

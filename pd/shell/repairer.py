@@ -15,11 +15,11 @@ overwrite a newer placement). Copying one range to one target::
                             sealed at the end -> already copied (a retry): done
     copy_range (estream/net/rangeclient.py, the loop a writer's recovery runs too) from
         the target's end: READ source unconfirmed, verify every batch, CREATE_RANGE a new
-        target at the first batch's epoch, APPEND each batch as is (an existing replica
-        fenced at a newer epoch gets them restamped up to it; duplicates are
-        acknowledged, so a retry after a crash midway resumes); the next source on any
-        source failure, resuming where the last stopped; nothing at or past the range's
-        end is ever copied
+        target at the first batch's epoch with the stream's digest, APPEND each batch as
+        is (an existing replica fenced at a newer epoch gets them restamped up to it;
+        duplicates are acknowledged, so a retry after a crash midway resumes); the next
+        source on any source failure, resuming where the last stopped; nothing at or past
+        the range's end is ever copied
     SEAL target (stream epoch, end)
 
 What a failure means: a target's error (or a Conflict found describing it) avoids that
@@ -265,10 +265,13 @@ class Repairer:
         state = await self._describe_target(task, target)
         if state is not None and state.sealed:
             return 0  # an earlier attempt finished the copy
+        # A new target records the stream's digest, as the writer's replicas did.
+        stream = self.service.view().streams.get(task.stream)
+        digest = stream.digest if stream is not None else None
         if state is None:  # created at the first batch's epoch (never above the batches')
-            progress = CopyProgress(task.start, 0, create_start=task.start)
+            progress = CopyProgress(task.start, 0, create_start=task.start, digest=digest)
         else:
-            progress = CopyProgress(state.end, state.epoch)
+            progress = CopyProgress(state.end, state.epoch, digest=digest)
         last: EstreamError = Timeout("no source to copy from")
         for source_id in task.sources:
             if progress.offset >= task.end:
@@ -295,7 +298,8 @@ class Repairer:
         if progress.create_start is not None:  # nothing copied (not for a non-empty range)
             await _at_target(self.client.create_range(
                 target.address, server_id=target_id, stream_id=task.stream_id,
-                range_index=task.range_index, start=task.start, epoch=task.epoch))
+                range_index=task.range_index, start=task.start, epoch=task.epoch,
+                digest=digest))
         await _at_target(self.client.seal(
             target.address, server_id=target_id, stream_id=task.stream_id,
             range_index=task.range_index, epoch=task.epoch, end=task.end))

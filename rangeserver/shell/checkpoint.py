@@ -13,8 +13,14 @@ File layout: msgpack map, then its xxh3-64 (8 bytes, little-endian)::
      "replicas": [{"stream_id", "range_index", "start", "end", "epoch", "confirm",
                    "sealed", "sealed_end", "damaged", "index": {column: bytes},
                    "span": [first segment, last segment],
-                   "time_index": {...} (optional, ``rangeserver/timeindex.py``)}],
+                   "time_index": {...} (optional, ``rangeserver/timeindex.py``),
+                   "digest": int (optional: the stream's digest as the replica's
+                              CREATE_RANGE entry recorded it; absent: none recorded)}],
      "dropped": [[first segment, last segment], ...]}
+
+``digest`` is optional so that checkpoints written before it still load (their replicas
+record no digest and accept any, as their log entries say) and the version need not
+change.
 
 ``span`` and ``dropped`` are what the log's retention needs (``rangeserver/retention.py``).
 A version 1 checkpoint (without them) is ignored like an invalid one: the whole log is
@@ -81,6 +87,8 @@ def encode(checkpoint: Checkpoint) -> bytes:
         )
         if key in checkpoint.time_indexes:
             replicas[-1]["time_index"] = checkpoint.time_indexes[key].to_wire()
+        if state.digest is not None:
+            replicas[-1]["digest"] = state.digest
     body: bytes = msgpack.packb(
         {
             "version": CHECKPOINT_VERSION,
@@ -108,6 +116,9 @@ def decode(data: bytes) -> Checkpoint:
     spans: dict[tuple[int, int], Span] = {}
     time_indexes: dict[tuple[int, int], TimeIndex] = {}
     for item in raw["replicas"]:
+        digest = item.get("digest")
+        if digest is not None and (not isinstance(digest, int) or isinstance(digest, bool)):
+            raise ValueError(f"replica digest {digest!r}")
         state = ReplicaState(
             stream_id=item["stream_id"],
             range_index=item["range_index"],
@@ -119,6 +130,7 @@ def decode(data: bytes) -> Checkpoint:
             sealed=item["sealed"],
             sealed_end=item["sealed_end"],
             damaged=item["damaged"],
+            digest=digest,
         )
         replicas[state.key] = state
         indexes[state.key] = RangeIndex.from_wire(item["index"])

@@ -15,7 +15,11 @@ the MAC of every ``hmac-sha256`` batch on APPEND before the store sees it
 (:func:`rangeserver.replica.check_digest`): a forged or re-addressed batch is answered
 :class:`~estream.wire.errors.DigestMismatch` and never stored. Without the secret such
 batches are stored checksum-verified only and readers alone verify them (the writer checks
-its key against a stored batch at open: ``estream/sdk/client.py``).
+its key against a stored batch at open: ``estream/sdk/client.py``). Whatever the secret,
+a replica created with the stream's digest (CREATE_RANGE ``"digest"``, recorded in its log
+entry) refuses with :class:`~estream.wire.errors.DigestMismatch` every batch of another
+digest: an xxh3 or crc32c batch, whose checksum anyone can compute, never lands in an
+``hmac-sha256`` range (:func:`rangeserver.replica.decide_append`).
 
 Side effects: none of its own (the store and the RPC server own them).
 """
@@ -31,8 +35,8 @@ from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument, WrongServer
 from estream.wire.protocol import Opcode
-from estream.wire.record import stream_key
-from rangeserver.replica import check_digest, problem_replicas
+from estream.wire.record import DIGESTS, stream_key
+from rangeserver.replica import check_digest, digest_name, problem_replicas
 from rangeserver.shell.store import Store
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,19 @@ def _uint(header: Header, name: str, limit: int = _U64_MAX) -> int:
 
 def _range_key(header: Header) -> tuple[int, int]:
     return _uint(header, "stream_id"), _uint(header, "range_index", _U32_MAX)
+
+
+def _digest(header: Header) -> int | None:
+    """CREATE_RANGE's optional ``"digest"``: the stream's digest by name (None: absent,
+    from a caller that does not say; the replica then records none)."""
+    name = optional(header, "digest", str, None)
+    if name is None:
+        return None
+    digest = DIGESTS.get(name)
+    if digest is None:
+        raise InvalidArgument(f"unknown digest {name!r}: one of {', '.join(DIGESTS)}",
+                              argument="digest")
+    return digest
 
 
 def _wrong_server(asked: object, actual: str) -> WrongServer:
@@ -142,10 +159,14 @@ class RangeServer:
     async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)
         state = await self.store.create_range(
-            stream_id, range_index, _uint(header, "start"), _uint(header, "epoch")
+            stream_id, range_index, _uint(header, "start"), _uint(header, "epoch"),
+            _digest(header),
         )
-        answer = {"start": state.start, "end": state.end, "epoch": state.epoch}
-        return {**answer, "sealed": state.sealed}, b""
+        answer: Header = {"start": state.start, "end": state.end, "epoch": state.epoch,
+                          "sealed": state.sealed}
+        if state.digest is not None:  # what the replica holds batches to (absent: any)
+            answer["digest"] = digest_name(state.digest)
+        return answer, b""
 
     async def append(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         """APPEND when the quick path cannot take it (the connection's answers wait)."""

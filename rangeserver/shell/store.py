@@ -11,8 +11,9 @@ epoch, seal, confirm, damage, drop) is durable before the request that caused it
 answered.
 
 Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
-batch's own stream id and range index, decide, queue the log entry, await its
-fdatasync, answer. Nothing per record.
+batch's own stream id and range index, decide (a batch of another digest than the one the
+replica's CREATE_RANGE recorded is refused: ``DigestMismatch``, nothing stored), queue
+the log entry, await its fdatasync, answer. Nothing per record.
 
 Side effects: through :class:`~rangeserver.shell.wal.Wal` and ``rangeserver/shell/checkpoint.py``.
 """
@@ -290,15 +291,21 @@ class Store:
     # ------------------------------------------------------------- create, seal, confirm
 
     async def create_range(
-        self, stream_id: int, range_index: int, start: int, epoch: int
+        self, stream_id: int, range_index: int, start: int, epoch: int,
+        digest: int | None = None,
     ) -> ReplicaState:
+        """CREATE_RANGE (``rangeserver.replica.decide_create``); ``digest``: the stream's,
+        recorded in the replica's CREATE_RANGE entry (APPEND then takes batches of that
+        digest only); None records none (any digest accepted, as before digests were)."""
         key = (stream_id, range_index)
-        outcome = rp.decide_create(self.replicas.get(key), stream_id, range_index, start, epoch)
+        outcome = rp.decide_create(
+            self.replicas.get(key), stream_id, range_index, start, epoch, digest)
         if isinstance(outcome, rp.Create):
             self.replicas[key] = outcome.state
             self.indexes[key] = RangeIndex()
             self.time_indexes[key] = TimeIndex()
-            await self._log_control(wf.CreateRange(stream_id, range_index, start, epoch))
+            await self._log_control(
+                wf.CreateRange(stream_id, range_index, start, epoch, digest))
         elif isinstance(outcome, rp.Exists):
             self._set(key, outcome.state)
             if outcome.log:
@@ -307,6 +314,9 @@ class Store:
                 await self.wal.barrier()  # its CREATE_RANGE entry may still be in flight
         elif isinstance(outcome, rp.StartConflict):
             raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
+        elif isinstance(outcome, rp.DigestConflict):
+            raise Conflict(f"range {key} exists with digest {rp.digest_name(outcome.digest)}, "
+                           f"not {rp.digest_name(outcome.asked)}")
         elif isinstance(outcome, rp.Damaged):
             raise rp.damaged_error(key)
         else:
