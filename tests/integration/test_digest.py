@@ -3,7 +3,13 @@
 forged batch (right checksum, wrong key) and a batch replayed into another stream or into
 another range of the same stream, and keep serving; a writer with another secret fails at
 open without fencing anyone; readers still verify; an hmac-sha256 stream survives a range
-roll and a writer recovery; a reader without the key gets a clear error."""
+roll and a writer recovery; a reader without the key gets a clear error.
+
+Every replica records its stream's digest (CREATE_RANGE): an xxh3 or crc32c batch with a
+valid checksum sent into an hmac-sha256 stream's range is refused (whatever the secret),
+also after the server restarts; the replicas a roll, a recovery and PD's repair create
+record it too. And the same on a bare :class:`Store`, through restarts from the log and
+from the checkpoint."""
 
 from __future__ import annotations
 
@@ -23,17 +29,24 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.process import track
 from estream.net.rangeclient import ReplicaClient
+from estream.wire.errors import Conflict, DigestMismatch
 from estream.wire.record import (
     BATCH_HEADER_BYTES,
+    DIGEST_CRC32C,
     DIGEST_HMAC_SHA256,
+    DIGEST_XXH3,
     Record,
     compute_checksum,
     decode_header,
+    encode_batch,
     encode_records,
     iter_batches,
     stream_key,
     wrap_records,
 )
+from rangeserver.shell import checkpoint as ckpt
+from rangeserver.shell.store import Store
+from tests.harness.repair import describe_replica
 
 SECRET = "the cluster secret"
 ROOT = Path(__file__).resolve().parents[2]
@@ -299,3 +312,169 @@ async def test_an_hmac_stream_survives_a_roll_and_a_writer_recovery(
         assert stored == list(range(total))
         for seq, offset in acked(first).items():
             assert stored[offset] == seq
+
+
+# -- the digest each replica records -------------------------------------------------------
+
+
+def unkeyed(digest: int, *, stream_id: int, range_index: int, epoch: int,
+            base_offset: int) -> bytes:
+    """A batch anyone can build (no key): xxh3 or crc32c, its checksum valid."""
+    section = encode_records([Record(b"unkeyed")], digest=digest)
+    return wrap_records(section, stream_id=stream_id, range_index=range_index, epoch=epoch,
+                        base_offset=base_offset)
+
+
+async def replica_digests(client: estream.Client, name: str) -> dict[tuple[int, str], object]:
+    """DESCRIBE_RANGE of every listed replica of every range: its recorded digest (None:
+    none recorded), by (range index, replica address); replicas never created (a
+    degraded range) and those of a server that is down are left out."""
+    meta = await client.describe_stream(name)
+    found: dict[tuple[int, str], object] = {}
+    for rng in meta.ranges:
+        for ref in rng.replicas:
+            try:
+                answer = await describe_replica(ref.address, meta.id, rng.index)
+            except (estream.RangeNotFound, estream.Unavailable):
+                continue
+            found[(rng.index, ref.address)] = answer.get("digest")
+    return found
+
+
+async def test_an_unkeyed_batch_is_refused_by_an_hmac_stream_s_replicas(
+    cluster: Cluster
+) -> None:
+    """An xxh3 (or crc32c) batch, checksum valid, addressed to the next offset of an
+    hmac-sha256 stream's open range: every replica refuses it (DigestMismatch, nothing
+    stored, the servers keep serving), and again after those servers restart."""
+    async with await estream.connect(cluster.pd_addresses, secret=SECRET) as client:
+        await client.create_stream("d-unkeyed", digest="hmac-sha256")
+        async with await client.open_writer("d-unkeyed") as writer:
+            await writer.append(b"genuine")
+            rng = writer.stream.ranges[-1]
+            for digest in (DIGEST_XXH3, DIGEST_CRC32C):
+                batch = unkeyed(digest, stream_id=writer.stream.id, range_index=rng.index,
+                                epoch=writer.stream.epoch, base_offset=1)
+                answers = await inject(client, writer, batch)
+                assert answers and all(isinstance(a, estream.DigestMismatch) for a in answers), \
+                    answers
+                assert all("xxh3" in str(a) or "crc32c" in str(a) for a in answers)
+            assert await writer.append(b"after") == 1  # nothing stored; still serving
+            digests = await replica_digests(client, "d-unkeyed")
+            assert digests and set(digests.values()) == {"hmac-sha256"}, digests
+            # The digest is in the replica's log entry and checkpoint: a restarted server
+            # still refuses (the writer's next appends go to the other replicas, or roll).
+            restarted = rng.replicas[0].address
+            cluster.restart(restarted)
+            batch = unkeyed(DIGEST_XXH3, stream_id=writer.stream.id, range_index=rng.index,
+                            epoch=writer.stream.epoch, base_offset=2)
+            client.pool.discard(restarted)  # the connection to the old process is gone
+            injector = ReplicaClient(client.pool, writer.stream.epoch)
+            injector.learn(rng)
+            with pytest.raises(estream.DigestMismatch):
+                await injector.append(rng.replicas[0].id, batch, False)
+            answer = await describe_replica(restarted, writer.stream.id, rng.index)
+            assert answer["digest"] == "hmac-sha256"
+        assert await values(client, "d-unkeyed") == [b"genuine", b"after"]
+
+
+async def test_replicas_of_rolled_recovered_and_repaired_ranges_keep_the_digest(
+    cluster: Cluster
+) -> None:
+    """A replica of the open range is killed while writing: the writer rolls; a reopened
+    writer recovers (seals the range, opens the next); PD repairs the sealed range onto
+    another server: every replica of every range, the repaired copy too, records
+    hmac-sha256 and refuses an xxh3 batch."""
+    async with await estream.connect(cluster.pd_addresses, secret=SECRET) as client:
+        await client.create_stream("d-repaired", digest="hmac-sha256")
+        first = (await client.describe_stream("d-repaired")).ranges[0]
+        victim = first.replicas[0]
+        try:
+            async with await client.open_writer("d-repaired") as writer:
+                await writer.append_batch([b"a%d" % i for i in range(20)])
+                cluster.kill9(victim.address)  # the writer seals range 0 and rolls
+                await writer.append_batch([b"b%d" % i for i in range(20)])
+            async with await client.open_writer("d-repaired") as writer:  # recovery
+                await writer.append(b"c")
+            deadline = time.monotonic() + 60
+            while True:  # PD replaces the dead replica of the sealed range 0
+                r0 = (await client.describe_stream("d-repaired")).ranges[0]
+                if victim.id not in {ref.id for ref in r0.replicas}:
+                    break
+                assert time.monotonic() < deadline, f"range 0 not repaired: {r0}"
+                await asyncio.sleep(0.5)
+            meta = await client.describe_stream("d-repaired")
+            assert len(meta.ranges) >= 3 and meta.ranges[0].end is not None
+            copy = next(ref for ref in meta.ranges[0].replicas
+                        if ref.address not in {r.address for r in first.replicas})
+            answer = await describe_replica(copy.address, meta.id, 0)
+            assert answer["digest"] == "hmac-sha256" and answer["sealed"], answer
+            digests = await replica_digests(client, "d-repaired")
+            assert {index for index, _ in digests} == {r.index for r in meta.ranges}
+            assert set(digests.values()) == {"hmac-sha256"}, digests
+            # The copy refuses an unkeyed batch first of all (before "sealed").
+            injector = ReplicaClient(client.pool, meta.epoch)
+            injector.learn(meta.ranges[0])
+            with pytest.raises(estream.DigestMismatch):
+                await injector.append(copy.id, unkeyed(
+                    DIGEST_XXH3, stream_id=meta.id, range_index=0, epoch=meta.epoch,
+                    base_offset=int(meta.ranges[0].end)), False)
+        finally:
+            cluster.restart(victim.address)
+        expected = [b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(20)] + [b"c"]
+        assert await values(client, "d-repaired") == expected
+
+
+# -- a bare Store (no cluster) -------------------------------------------------------------
+
+
+async def test_a_store_keeps_each_replica_s_digest_through_restarts(tmp_path: Path) -> None:
+    """Created with a digest: batches of another refused, nothing stored; after a restart
+    from the checkpoint and from the log alone, the same. A replica created without one
+    (as before digests were recorded) takes any."""
+    hmac_key, legacy = (5, 0), (6, 0)
+    key = stream_key(b"s", hmac_key[0])
+
+    def genuine(base: int) -> bytes:
+        section = encode_records([Record(b"g%d" % base)], digest=DIGEST_HMAC_SHA256)
+        return wrap_records(section, stream_id=hmac_key[0], range_index=0, epoch=1,
+                            base_offset=base, key=key)
+
+    async def check(store: Store, end: int) -> None:
+        assert store.replicas[hmac_key].digest == DIGEST_HMAC_SHA256
+        assert store.replicas[legacy].digest is None
+        for digest in (DIGEST_XXH3, DIGEST_CRC32C):
+            with pytest.raises(DigestMismatch):
+                await store.append(unkeyed(digest, stream_id=hmac_key[0], range_index=0,
+                                           epoch=1, base_offset=end))
+        assert store.replicas[hmac_key].written_end == end
+        with pytest.raises(Conflict):
+            await store.create_range(*hmac_key, 0, 1, DIGEST_XXH3)
+
+    store = Store(tmp_path)
+    await store.open()
+    await store.create_range(*hmac_key, 0, 1, DIGEST_HMAC_SHA256)
+    await store.create_range(*legacy, 0, 1)
+    assert await store.append(genuine(0)) == 1
+    assert await store.append(encode_batch([Record(b"x")], stream_id=legacy[0], range_index=0,
+                                           epoch=1, base_offset=0)) == 1
+    assert await store.append(unkeyed(DIGEST_CRC32C, stream_id=legacy[0], range_index=0,
+                                      epoch=1, base_offset=1)) == 2
+    await check(store, 1)
+    await store.close()  # writes a checkpoint
+
+    store = Store(tmp_path)
+    await store.open()  # from the checkpoint
+    await check(store, 1)
+    assert await store.append(genuine(1)) == 2
+    await store.wal.close()  # no checkpoint: the append is in the log only
+    (tmp_path / ckpt.CHECKPOINT_NAME).unlink()
+
+    store = Store(tmp_path)
+    await store.open()  # from the log alone: the CREATE_RANGE entries
+    try:
+        await check(store, 2)
+        assert store.describe(*hmac_key)["digest"] == "hmac-sha256"
+        assert "digest" not in store.describe(*legacy)
+    finally:
+        await store.close()
