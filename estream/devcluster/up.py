@@ -24,6 +24,13 @@ a cluster CA and a token (:mod:`estream.devcluster.certs`, made once in ``DATA_D
 and kept), the admin API is https, and clients need the CA and the token
 (``ESTREAM_TLS_CA``, ``ESTREAM_TOKEN_FILE``: the banner prints them).
 
+The cluster secret (:func:`ensure_cluster_secret`): made once in
+``DATA_DIR/cluster-secret`` (mode 0600) and kept, given to every range server with
+``--secret-file``, so they verify the MAC of every ``hmac-sha256`` batch on APPEND. The
+children's ``ESTREAM_SECRET`` is cleared (it would clash with the flag). Clients of
+``hmac-sha256`` streams need the same secret: ``ESTREAM_SECRET`` or
+``estream.connect(secret=...)`` (the banner says where it is). PD never holds it.
+
 :func:`plan_cluster` and :func:`restart_delay_s` are pure; :class:`Supervisor` owns the
 side effects (child processes, signals, HTTP probes, the data-dir lock).
 """
@@ -34,6 +41,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -51,6 +59,7 @@ from estream.devcluster.cmdline import estream_argv, pd_args, rangeserver_args
 from estream.devcluster.pd import alive_rangeservers, http_json
 from estream.devcluster.process import ManagedProcess, stop_processes
 from estream.server.config import one_line_errors, port_number, positive_int
+from estream.server.durable import fsync_dir
 
 RAFT_OFFSET = 10
 HTTP_OFFSET = 20
@@ -91,6 +100,7 @@ class ClusterPlan:
     pd: tuple[ChildSpec, ...]
     range_servers: tuple[ChildSpec, ...]
     tls: ClusterTls | None = None  # --tls: the certificates and token every child uses
+    secret_file: Path | None = None  # the cluster secret the range servers verify MACs with
 
     @property
     def pd_addresses(self) -> str:
@@ -112,9 +122,10 @@ class PlanError(ValueError):
 
 def plan_cluster(
     data_dir: Path, pd_nodes: int, range_servers: int, host: str, base_port: int,
-    *, tls: ClusterTls | None = None,
+    *, tls: ClusterTls | None = None, secret_file: Path | None = None,
 ) -> ClusterPlan:
-    """The processes, ports and data dirs of a local cluster. Pure.
+    """The processes, ports and data dirs of a local cluster (``secret_file``: every
+    range server gets ``--secret-file`` with it). Pure.
 
     >>> p = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100)
     >>> p.pd_addresses
@@ -144,12 +155,14 @@ def plan_cluster(
     servers = []
     for j in range(range_servers):
         address = f"{host}:{base_port + RS_OFFSET + j}"
-        args = rangeserver_args(address, data_dir / f"rs-{j}", ",".join(rpc),
-                                tls.member_args() if tls is not None else ())
+        extra = tls.member_args() if tls is not None else ()
+        if secret_file is not None:
+            extra = (*extra, "--secret-file", str(secret_file.absolute()))
+        args = rangeserver_args(address, data_dir / f"rs-{j}", ",".join(rpc), extra)
         http = f"{host}:{base_port + RS_HTTP_OFFSET + j}"
         servers.append(ChildSpec(f"rs-{j}", "rangeserver", (*args, "--http", http), address,
                                  http))
-    return ClusterPlan(host, data_dir, tuple(pds), tuple(servers), tls)
+    return ClusterPlan(host, data_dir, tuple(pds), tuple(servers), tls, secret_file)
 
 
 def restart_delay_s(failures: int) -> float:
@@ -211,10 +224,11 @@ class Supervisor:
         *,
         out: Callable[[str], None] = print,
         stop_timeout_s: float = STOP_TIMEOUT_S,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.children = [
-            Child(spec, ManagedProcess(argv, log_dir / f"{spec.name}.log", name=spec.name,
-                                       die_with_parent=True))
+            Child(spec, ManagedProcess(argv, log_dir / f"{spec.name}.log", env,
+                                       name=spec.name, die_with_parent=True))
             for spec, argv in children
         ]
         self.out = out
@@ -304,6 +318,31 @@ def build_parser() -> argparse.ArgumentParser:
     return one_line_errors(parser)
 
 
+SECRET_NAME = "cluster-secret"
+
+
+def ensure_cluster_secret(data_dir: Path) -> Path:
+    """``DATA_DIR/cluster-secret``: made once (random, mode 0600, written to a temporary
+    file and renamed, so a crash never leaves an empty one), then kept as it is, so a
+    restarted cluster keeps verifying the MACs its clients make."""
+    path = data_dir / SECRET_NAME
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_bytes().strip():
+            return path
+    tmp = path.with_suffix(".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, (secrets.token_urlsafe(32) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(data_dir)
+    return path
+
+
 @contextlib.contextmanager
 def _lock_data_dir(data_dir: Path) -> Any:
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -353,6 +392,7 @@ def _banner(plan: ClusterPlan, elapsed_s: float) -> str:
             f"  metrics:       {_metrics_urls(plan)}",
             f"  data dir:      {plan.data_dir}   logs: {plan.data_dir / 'logs'}",
             *_tls_lines(plan),
+            *_secret_lines(plan),
             f"  try:           {_client_env(plan)}ESTREAM_PD={plan.pd_addresses} "
             "estream cluster status",
             "Press Ctrl-C to stop.",
@@ -370,6 +410,14 @@ def _tls_lines(plan: ClusterPlan) -> list[str]:
         return []
     return [f"  TLS:           CA {plan.tls.ca}, token file {plan.tls.token} "
             f"(client certificate {plan.tls.client_cert})"]
+
+
+def _secret_lines(plan: ClusterPlan) -> list[str]:
+    if plan.secret_file is None:
+        return []
+    return [f"  secret:        {plan.secret_file} (range servers verify hmac-sha256 streams' "
+            "MACs; clients of such streams: "
+            f'ESTREAM_SECRET="$(cat {plan.secret_file})" or connect(secret=...))']
 
 
 def _metrics_urls(plan: ClusterPlan) -> str:
@@ -417,10 +465,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         with _lock_data_dir(plan.data_dir):
-            if ns.tls:
-                tls = ensure_cluster_tls(plan.data_dir / "tls", [plan.host])
-                plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host,
-                                    ns.base_port, tls=tls)
+            tls = ensure_cluster_tls(plan.data_dir / "tls", [plan.host]) if ns.tls else None
+            secret_file = ensure_cluster_secret(plan.data_dir)
+            plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host,
+                                ns.base_port, tls=tls, secret_file=secret_file)
             busy = busy_addresses(plan)
             if busy:
                 raise PlanError(
@@ -434,8 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(plan: ClusterPlan, ready_timeout_s: float) -> int:
+    # The secret comes from --secret-file: an ESTREAM_SECRET of the caller's would clash.
+    env = {"ESTREAM_SECRET": ""} if plan.secret_file is not None else None
     supervisor = Supervisor(
-        [(c, c.argv()) for c in plan.children], plan.data_dir / "logs", out=_say
+        [(c, c.argv()) for c in plan.children], plan.data_dir / "logs", out=_say, env=env
     )
     received: list[int] = []
 
@@ -467,6 +517,7 @@ __all__ = [
     "PlanError",
     "Supervisor",
     "build_parser",
+    "ensure_cluster_secret",
     "main",
     "plan_cluster",
     "probe_ready",

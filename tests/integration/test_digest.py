@@ -9,7 +9,8 @@ Every replica records its stream's digest (CREATE_RANGE): an xxh3 or crc32c batc
 valid checksum sent into an hmac-sha256 stream's range is refused (whatever the secret),
 also after the server restarts; the replicas a roll, a recovery and PD's repair create
 record it too. And the same on a bare :class:`Store`, through restarts from the log and
-from the checkpoint."""
+from the checkpoint. ``estream up`` makes a cluster secret once and its range servers
+verify MACs with it, also after a restart on the same data dir."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.process import track
+from estream.devcluster.up import SECRET_NAME, ensure_cluster_secret, plan_cluster
+from estream.devcluster.upcluster import UpCluster
 from estream.net.rangeclient import ReplicaClient
 from estream.wire.errors import Conflict, DigestMismatch
 from estream.wire.record import (
@@ -478,3 +481,62 @@ async def test_a_store_keeps_each_replica_s_digest_through_restarts(tmp_path: Pa
         assert "digest" not in store.describe(*legacy)
     finally:
         await store.close()
+
+
+# -- estream up: a cluster secret for its range servers --------------------------------------
+
+
+def test_up_makes_a_cluster_secret_once_and_gives_it_to_every_range_server(
+    tmp_path: Path
+) -> None:
+    path = ensure_cluster_secret(tmp_path)
+    assert path == tmp_path / SECRET_NAME and path.stat().st_mode & 0o777 == 0o600
+    secret = path.read_bytes()
+    assert len(secret.strip()) >= 32
+    assert ensure_cluster_secret(tmp_path).read_bytes() == secret  # kept
+    path.write_bytes(b"")  # an empty one (never left by a crash) is made anew
+    assert ensure_cluster_secret(tmp_path).read_bytes().strip()
+    plan = plan_cluster(tmp_path, 1, 2, "127.0.0.1", 7100, secret_file=path)
+    for server in plan.range_servers:
+        at = server.args.index("--secret-file")
+        assert server.args[at + 1] == str(path.absolute())
+    assert all("--secret-file" not in pd.args for pd in plan.pd)
+    assert all("--secret-file" not in rs.args for rs in plan_cluster(
+        tmp_path, 1, 2, "127.0.0.1", 7100).range_servers)
+
+
+async def test_an_up_cluster_verifies_macs_and_keeps_its_secret_across_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real ``estream up`` (1 PD, 3 range servers): a client with the secret from
+    DATA_DIR round trips an hmac-sha256 stream; one with another secret is refused by the
+    range servers; after a restart on the same data dir (the caller's own ESTREAM_SECRET,
+    if any, does not get in the way) the same secret still reads and writes it."""
+    monkeypatch.setenv("ESTREAM_SECRET", "not the cluster's")  # cleared for the children
+    up = UpCluster(tmp_path / "data", tmp_path / "up.out", pd_nodes=1, range_servers=3,
+                   cwd=ROOT).start()
+    try:
+        secret_file = tmp_path / "data" / SECRET_NAME
+        assert str(secret_file) in up.output() and "ESTREAM_SECRET" in up.output()
+        secret = secret_file.read_text().strip()
+        async with await estream.connect(up.pd, secret=secret) as client:
+            await client.create_stream("up-mac", digest="hmac-sha256")
+            async with await client.open_writer("up-mac") as writer:
+                await writer.append(b"one")
+        async with await estream.connect(up.pd, secret="wrong") as forger:
+            await forger.create_stream("up-mac-empty", digest="hmac-sha256")
+            writer = await forger.open_writer("up-mac-empty")
+            with pytest.raises(estream.DigestMismatch):  # the range servers check MACs
+                await asyncio.wait_for(writer.append(b"forged"), 30)
+            await writer.close()
+        logs = "".join(p.read_text() for p in (tmp_path / "data" / "logs").glob("rs-*.log"))
+        assert "MAC verified on append" in logs
+        assert up.stop(signal.SIGINT) == 0
+        up.start()
+        assert secret_file.read_text().strip() == secret
+        async with await estream.connect(up.pd, secret=secret) as client:
+            async with await client.open_writer("up-mac") as writer:
+                await writer.append(b"two")
+            assert await values(client, "up-mac") == [b"one", b"two"]
+    finally:
+        up.stop()
