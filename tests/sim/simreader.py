@@ -59,7 +59,7 @@ CURSOR_CONFIG = CursorConfig(
 PD_TIMEOUT_MS = 300  # one PD request
 PD_DEADLINE_MS = 1_500  # PDClient's timeout_s, scaled: then Unavailable
 PD_BACKOFF_MS = (10, 100)
-DECODINGS = {"records": RECORDS, "columns": COLUMNS, "views": VIEWS}
+DECODINGS: dict[str, Any] = {"records": RECORDS, "columns": COLUMNS, "views": VIEWS}
 
 Delivered = list[tuple[int, bytes]]  # (offset, value), in the order handed over
 

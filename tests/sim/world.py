@@ -401,6 +401,8 @@ class SimRangeServer:
                 self._log(Entry(key, control=wf.EpochRaised(stream_id, range_index, epoch)))
         elif isinstance(outcome, rp.StartConflict):
             raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
+        elif isinstance(outcome, rp.DigestConflict):  # never: the simulation sends no digest
+            raise Conflict(f"range {key} exists with another digest")
         elif isinstance(outcome, rp.Damaged):
             raise rp.damaged_error(key)
         else:
