@@ -536,7 +536,7 @@ async def test_cpus_pins_every_thread_of_the_server(tmp_path: Path, connect: Con
         allowed = cpus_allowed(pinned.process.pid)
         assert len(allowed) >= 2, "the writer thread runs too"
         assert set(allowed.values()) == {"0"}, allowed
-        assert "CPUs: 0)" in pinned.process.log_text()
+        assert "CPUs: 0;" in pinned.process.log_text()
         header, payload = await read(client, 0)
         assert payload == batch(0)
     finally:
