@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -45,7 +45,7 @@ import xxhash
 from pysyncobj.journal import Journal
 
 from estream.server.durable import fsync_dir, write_atomically
-from estream.wire.errors import ChecksumMismatch
+from estream.wire.errors import ChecksumMismatch, EstreamError
 
 MAGIC: Final = b"ESPDJRNL"
 VERSION: Final = 1
@@ -174,13 +174,22 @@ def decode_checked(data: bytes, name: str) -> dict[str, Any]:
     return meta
 
 
+class JournalFailed(EstreamError):
+    """A sync of the journal failed: what the file holds is unknown from then on (the
+    kernel may have dropped the dirty pages), so the node must stop taking part in Raft
+    until it is restarted and its file scanned again."""
+
+
 class ChecksummedJournal(Journal):  # type: ignore[misc]
     """pysyncobj's journal interface over the checksummed file, synced by :meth:`sync`.
 
     Every change marks the journal dirty; :meth:`sync` makes all of them durable with one
-    ``fdatasync`` (group commit: the Raft object calls it before any message leaves the
-    node and at the end of every tick). Entries are also kept in memory, as pysyncobj's
-    own journals do. Raises :class:`ChecksumMismatch` when opened on a damaged file.
+    ``fdatasync`` (group commit: the Raft object calls it before any acknowledgement or
+    vote leaves the node and at the end of every tick). :attr:`durable_index` is the Raft
+    index of the last entry the last sync covered. Entries are also kept in memory, as
+    pysyncobj's own journals do. Raises :class:`ChecksumMismatch` when opened on a damaged
+    file. A failed sync is latched: :attr:`failed` is set and every later :meth:`sync`
+    raises :class:`JournalFailed` (no retry can tell which pages reached the disk).
     """
 
     def __init__(self, journal_file: str) -> None:
@@ -188,6 +197,8 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         self.meta_path = Path(journal_file + ".meta")
         self.dirty = False
         self.syncs = 0
+        self.failed: OSError | None = None
+        self.fdatasync: Callable[[int], None] = os.fdatasync  # tests inject faults here
         self.recovery_note = ""  # what was cut at open (a torn tail), for the log
         data = self.path.read_bytes() if self.path.exists() else b""
         if len(data) < len(HEADER) and HEADER.startswith(data):
@@ -210,6 +221,7 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
             os.fsync(self._fd)
         self._end = found.valid_end
         fsync_dir(self.path.parent)
+        self.durable_index = self._entries[-1][1] if self._entries else 0
         self._meta = self._load_meta()
         self._meta_dirty = False
 
@@ -254,6 +266,7 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         del self._offsets[keep:]
         os.ftruncate(self._fd, self._end)
         self.dirty = True
+        self.durable_index = min(self.durable_index, self._entries[-1][1] if self._entries else 0)
 
     def __getitem__(self, item: Any) -> Any:
         return self._entries[item]
@@ -265,15 +278,26 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         return iter(self._entries)
 
     def sync(self) -> None:
+        if self.failed is not None:
+            raise JournalFailed(f"{self.path}: an earlier sync failed ({self.failed})")
         if self.dirty:
-            os.fdatasync(self._fd)
+            last = self._entries[-1][1] if self._entries else 0
+            try:
+                self.fdatasync(self._fd)
+            except OSError as exc:
+                self.failed = exc
+                raise JournalFailed(f"{self.path}: sync failed ({exc})") from exc
             self.dirty = False
             self.syncs += 1
+            self.durable_index = last
 
     def _destroy(self) -> None:
-        self.sync()
-        self._store_meta()
-        os.close(self._fd)
+        try:
+            if self.failed is None:
+                self.sync()
+                self._store_meta()
+        finally:
+            os.close(self._fd)
 
     # -- term, vote and commit index -------------------------------------------------------
     def _load_meta(self) -> dict[str, Any]:

@@ -6,13 +6,22 @@ What they add to pysyncobj 0.3.17:
 - **A durable, checksummed log, with group commit.** pysyncobj's own file journal has no
   checksum and is never synced (its issue #84); here the journal is
   :class:`pd.shell.journal.ChecksummedJournal` (a damaged file stops the node instead of being
-  replayed), and every message a node sends during a tick waits in an outbox; before
-  the tick's poll and at its end the journal is synced once
-  (:meth:`ChecksummedJournal.sync`) and the messages leave. So a follower acknowledges
-  ``append_entries`` only once the entries are on disk, the leader's own entry is on
-  disk before any follower can acknowledge it (and so before it counts), and one sync
-  covers every entry of a tick. The term and vote metadata is fsynced before it is
-  renamed into place.
+  replayed). Every message a node sends during a tick waits in an outbox; before the
+  tick's poll and at its end the outbox is flushed (:func:`plan_flush`, pure): the
+  leader's ``append_entries`` (and forwarded commands and their answers) leave first,
+  then the journal is synced once (:meth:`ChecksummedJournal.sync`), then everything that
+  speaks for this node's log leaves (a follower's acknowledgement ``next_node_idx``,
+  votes). So the leader's fdatasync runs while its followers receive and sync the same
+  entries (as etcd does), a follower acknowledges entries only once they are on disk,
+  and the leader counts its own entries only once they are on disk too: pysyncobj
+  counts the leader in the commit quorum at the start of a tick, and every tick ends
+  with the sync. An entry is thus acknowledged once durable on a majority that includes
+  the leader; a commit waits for the slower of the leader's sync and the fastest
+  follower's round trip, not for their sum. One sync covers every entry of a tick, and
+  the ``append_entries`` of one flush to one follower go as one message (one answer).
+  A failed sync stops the node's Raft for good (:attr:`RaftNode.failed`; restart it):
+  the file's content is unknown from then on. The term and vote metadata is fsynced
+  before it is renamed into place.
 - **Snapshots without pickle.** Log compaction writes the catalog's own msgpack snapshot
   (plus the two log entries pysyncobj keeps around it) with an xxh3-64, fsynced and
   renamed; they keep the journal bounded (``logCompactionMinEntries``). A damaged
@@ -41,7 +50,7 @@ import pickle
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -107,6 +116,82 @@ def _primitive_loads(data: bytes | str) -> Any:
 _pysyncobj_pickle.loads = _primitive_loads
 
 
+Outgoing = tuple[Any, dict[str, Any]]  # (pysyncobj node, message)
+
+# Messages that say nothing about the sender's own log: the leader's append_entries (a
+# follower's acknowledgement, not this message, is what counts), a command forwarded to
+# the leader and the leader's answer naming its log index. They may leave before the
+# sender's journal is synced; every other message (next_node_idx, votes) may not.
+_EAGER_TYPES: Final = frozenset({"append_entries", "apply_command", "apply_command_response"})
+
+
+def plan_flush(outbox: Sequence[Outgoing]) -> tuple[list[Outgoing], list[Outgoing]]:
+    """Split a tick's outgoing messages into those sent before the journal sync and those
+    sent after it, in order, with fewer messages (pure; the messages are not changed):
+
+    - the ``append_entries`` to one node that continue each other (the next one's
+      ``prevLogIdx`` is the last entry of the one before, same term) become one message
+      carrying all their entries and the latest commit index; one answer follows.
+      Merging may move entries ahead of an ``apply_command_response`` to the same node:
+      harmless, as no commit index sent in the tick that added an entry can cover it;
+    - of the successful ``next_node_idx`` acknowledgements to one node in a row (no other
+      message to that node between them), only the highest is sent: the leader keeps
+      the highest match index it heard anyway.
+    """
+    eager: list[Outgoing] = []
+    after: list[Outgoing] = []
+    open_append: dict[Any, int] = {}  # node -> position in eager of its mergeable message
+    last_after: dict[Any, int] = {}  # node -> position in after of its last message
+    for node, message in outbox:
+        kind = message.get("type")
+        if kind in _EAGER_TYPES:
+            if kind == "append_entries":
+                at = open_append.get(node)
+                if at is not None:
+                    merged = _merge_appends(eager[at][1], message)
+                    if merged is not None:
+                        eager[at] = (node, merged)
+                        continue
+                open_append[node] = len(eager) if _mergeable_append(message) else -1
+                if open_append[node] < 0:
+                    del open_append[node]
+            eager.append((node, message))
+            continue
+        at = last_after.get(node)
+        if at is not None and _is_ack(message) and _is_ack(after[at][1]):
+            if message["next_node_idx"] > after[at][1]["next_node_idx"]:
+                after[at] = (node, message)
+            continue
+        last_after[node] = len(after)
+        after.append((node, message))
+    return eager, after
+
+
+def _mergeable_append(message: dict[str, Any]) -> bool:
+    return ("entries" in message and "prevLogIdx" in message
+            and "transmission" not in message and "serialized" not in message)
+
+
+def _merge_appends(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
+    """``first`` then ``then`` as one append_entries message, or None if they do not
+    continue each other."""
+    if not (_mergeable_append(first) and _mergeable_append(then)):
+        return None
+    entries = first["entries"]
+    end_idx, end_term = ((entries[-1][1], entries[-1][2]) if entries
+                         else (first["prevLogIdx"], first["prevLogTerm"]))
+    if (then["term"] != first["term"] or then["prevLogIdx"] != end_idx
+            or then["prevLogTerm"] != end_term):
+        return None
+    return {**first, "entries": [*entries, *then["entries"]],
+            "commit_index": max(first["commit_index"], then["commit_index"])}
+
+
+def _is_ack(message: dict[str, Any]) -> bool:
+    return (message.get("type") == "next_node_idx" and bool(message.get("success"))
+            and not message.get("reset"))
+
+
 @dataclass(frozen=True, slots=True)
 class RaftStatus:
     """What this node knows of the Raft group right now."""
@@ -146,14 +231,22 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._outbox: list[tuple[Any, Any]] = []
         self._deferring = False
         self._send_direct: Any = None
+        self._failure_logged = False
         super().__init__(self_address, list(peers), conf)
         self.addOnTickCallback(self._refresh_status)
 
-    # Group commit: during a tick, messages wait in an outbox; the journal is synced once
-    # and then they leave, before the tick blocks in its poll and again at its end (a
-    # message held through the poll would wait up to a whole tick period: 10 ms per
-    # commit). Runs on the tick thread only.
+    # Group commit: during a tick, messages wait in an outbox, flushed before the tick
+    # blocks in its poll and again at its end (a message held through the poll would wait
+    # up to a whole tick period: 10 ms per commit). Runs on the tick thread only.
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803
+        failed = self.journal_failed()
+        if failed is not None:  # stopped for good: what the file holds is unknown
+            if not self._failure_logged:
+                self._failure_logged = True
+                log.critical("Raft journal sync failed (%s): this node no longer takes "
+                             "part in Raft; restart it", failed)
+            time.sleep(max(timeToWait, 0.01))
+            return
         if self._send_direct is None:
             transport = self._SyncObj__transport
             self._send_direct = transport.send
@@ -178,19 +271,27 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         if self._deferring:
             self._outbox.append((node, message))
             return True
-        self._journal_sync()
+        if message.get("type") not in _EAGER_TYPES:
+            self._journal_sync()
         return bool(self._send_direct(node, message))
 
     def _flush_outbox(self) -> None:
-        self._journal_sync()  # also with nothing to send: a one-node group commits alone
         outbox, self._outbox = self._outbox, []
-        for node, message in outbox:
+        eager, after = plan_flush(outbox)
+        for node, message in eager:
+            self._send_direct(node, message)
+        self._journal_sync()  # also with nothing to send: a one-node group commits alone
+        for node, message in after:
             self._send_direct(node, message)
 
     def _journal_sync(self) -> None:
         journal = self._SyncObj__raftLog
         if isinstance(journal, ChecksummedJournal):
-            journal.sync()
+            journal.sync()  # JournalFailed leaves the tick: what waits for it is not sent
+
+    def journal_failed(self) -> OSError | None:
+        journal = self._SyncObj__raftLog
+        return journal.failed if isinstance(journal, ChecksummedJournal) else None
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> Result | EstreamError:
@@ -272,7 +373,6 @@ class RaftNode:
         self._view: CatalogView | None = None
         self._ready = False
         self.proposals = 0
-        self.commit_latency_ms: list[float] = []  # recent commit latencies (bounded)
         self.commit_seconds = Histogram()  # every commit latency (the /metrics histogram)
 
     def start(self) -> None:
@@ -327,10 +427,18 @@ class RaftNode:
             self._view = obj.catalog.view()
         return self._view
 
+    @property
+    def failed(self) -> bool:
+        """Whether a journal sync failed: the node stopped taking part in Raft (it leads
+        nothing, commits nothing and answers Unavailable) until it is restarted."""
+        return self._sync.journal_failed() is not None
+
     def status(self) -> RaftStatus:
         status = self._sync.status
         if status is None:
             return RaftStatus(self.self_address, "follower", None, 0, 0, 0, 0, {})
+        if self.failed:
+            return replace(status, role="follower", leader=None)
         return status
 
     def caught_up(self) -> bool:
@@ -339,7 +447,7 @@ class RaftNode:
         from a leader yet, or is still replaying its log, is not."""
         # pysyncobj keeps the leader's commit index private; None until a leader spoke.
         leader_commit = getattr(self._sync, "_SyncObj__leaderCommitIndex", None)
-        if leader_commit is None:
+        if leader_commit is None or self.failed:
             return False
         return bool(self._sync.raftLastApplied >= leader_commit)
 
@@ -352,6 +460,8 @@ class RaftNode:
         return self._ready
 
     def leader(self) -> str | None:
+        if self.failed:
+            return None
         leader = self._sync._getLeader()
         return None if leader is None else str(getattr(leader, "address", leader))
 
@@ -378,17 +488,11 @@ class RaftNode:
             raise Timeout(
                 f"no commit within {self.propose_timeout_s}s (outcome unknown; no majority?)"
             ) from None
-        self._record_latency((time.perf_counter() - started) * 1000)
+        self.commit_seconds.observe(time.perf_counter() - started)
         if isinstance(result, EstreamError):
             raise result
         out: Result = result
         return out
-
-    def _record_latency(self, ms: float) -> None:
-        self.commit_latency_ms.append(ms)
-        self.commit_seconds.observe(ms / 1000)
-        if len(self.commit_latency_ms) > 4096:
-            del self.commit_latency_ms[:2048]
 
     def close(self) -> None:
         if self._obj is not None:

@@ -1,0 +1,188 @@
+"""The PD commit rule, in-process with three Raft nodes: a command is acknowledged only once
+it is synced on a majority that includes the leader; the leader's sync runs while its
+followers receive the entries; a failed sync stops the node; what was acknowledged
+survives a power loss of every node (each journal cut to what its syncs covered)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from estream.devcluster.process import free_port
+from estream.wire.errors import EstreamError, Timeout, Unavailable
+from estream.wire.meta import StreamMeta
+from pd.commands import CreateStream, RegisterServer
+from pd.shell.journal import ChecksummedJournal
+from pd.shell.raft import RaftNode
+
+pytestmark = pytest.mark.integration
+
+
+def _journal(node: RaftNode) -> ChecksummedJournal:
+    journal = node._sync._SyncObj__raftLog
+    assert isinstance(journal, ChecksummedJournal)
+    return journal
+
+
+def _start(addresses: list[str], root: Path) -> list[RaftNode]:
+    nodes = []
+    for i, address in enumerate(addresses):
+        node = RaftNode(address, [a for a in addresses if a != address], root / f"n{i}",
+                        password=None, propose_timeout_s=3.0)
+        node.start()
+        nodes.append(node)
+    return nodes
+
+
+async def _leader(nodes: list[RaftNode], timeout_s: float = 10.0) -> RaftNode:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leaders = [n for n in nodes if not n.failed and n.status().role == "leader"
+                   and n.leader() == n.self_address]
+        if len(leaders) == 1 and all(n.leader() == leaders[0].self_address
+                                     for n in nodes if not n.failed):
+            return leaders[0]
+        assert time.monotonic() < deadline, "no leader"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def three(tmp_path: Path) -> AsyncIterator[list[RaftNode]]:
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes = _start(addresses, tmp_path)
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            await asyncio.to_thread(node.close)
+
+
+def _delayed(real: Callable[[int], None], seconds: float) -> Callable[[int], None]:
+    def sync(fd: int) -> None:
+        time.sleep(seconds)
+        real(fd)
+    return sync
+
+
+def _create(i: int) -> CreateStream:
+    return CreateStream(f"s{i}", 1, 1, "", (), ("rs1",), f"r{i}")
+
+
+async def test_an_acknowledged_command_is_synced_on_the_leader_and_a_follower(
+        three: list[RaftNode]) -> None:
+    leader = await _leader(three)
+    followers = [n for n in three if n is not leader]
+    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+
+    async def one(i: int) -> None:
+        node = leader if i % 3 else followers[0]  # some through a follower
+        await node.propose(_create(i))
+        committed = leader._sync.raftCommitIndex
+        # read after the commit index: durable indexes only grow
+        assert _journal(leader).durable_index >= committed
+        assert any(_journal(f).durable_index >= committed for f in followers)
+
+    # The followers' disks are slow: an acknowledgement sent before their sync would show.
+    real = {id(n): _journal(n).fdatasync for n in three}
+    for follower in followers:
+        _journal(follower).fdatasync = _delayed(real[id(follower)], 0.03)
+    await asyncio.gather(*(one(i) for i in range(15)))
+    for follower in followers:
+        _journal(follower).fdatasync = real[id(follower)]
+    # The leader's disk is slow: it counts itself only once synced, and its followers
+    # receive the entries meanwhile (the two syncs overlap).
+    slow_leader = _journal(leader)
+    overlapped: list[bool] = []
+
+    def slow(fd: int) -> None:
+        syncing = slow_leader[-1][1]
+        time.sleep(0.05)
+        overlapped.append(any(_journal(f)[-1][1] >= syncing for f in followers))
+        real[id(leader)](fd)
+
+    slow_leader.fdatasync = slow
+    await asyncio.gather(*(one(i) for i in range(15, 30)))
+    assert all(name in leader.view().streams for name in (f"s{i}" for i in range(30)))
+    assert any(overlapped), "the leader's sync never overlapped its followers' receipt"
+
+
+async def test_a_leader_whose_sync_fails_stops_and_the_others_go_on(
+        three: list[RaftNode]) -> None:
+    leader = await _leader(three)
+    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    _journal(leader).fdatasync = failing
+    with pytest.raises((Timeout, Unavailable)):  # never a success
+        await leader.propose(_create(1))
+    assert leader.failed and leader.leader() is None and not leader.caught_up()
+    with pytest.raises(Unavailable):
+        await leader.propose(_create(2))
+    others = [n for n in three if n is not leader]
+    started = time.monotonic()
+    new = await _leader(others)
+    assert new is not leader
+    result = await new.propose(_create(3))
+    assert isinstance(result, StreamMeta)
+    assert time.monotonic() - started < 5
+    assert leader.status().role == "follower"
+
+
+async def test_acknowledged_commands_survive_a_power_loss_of_every_node(
+        tmp_path: Path) -> None:
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes = _start(addresses, tmp_path / "before")
+    synced: dict[int, int] = {}  # node -> journal bytes its last sync covered
+
+    def recording(i: int, real: Callable[[int], None]) -> Callable[[int], None]:
+        def sync(fd: int) -> None:
+            size = os.fstat(fd).st_size
+            real(fd)
+            synced[i] = size
+        return sync
+
+    for i, node in enumerate(nodes):
+        journal = _journal(node)
+        synced[i] = journal.path.stat().st_size
+        journal.fdatasync = recording(i, journal.fdatasync)
+    acknowledged: list[str] = []
+    try:
+        leader = await _leader(nodes)
+        await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+
+        async def one(i: int) -> None:
+            try:
+                await nodes[i % 3].propose(_create(i))
+            except EstreamError:
+                return
+            acknowledged.append(f"s{i}")
+
+        await asyncio.gather(*(one(i) for i in range(60)))
+        # The power goes: every journal keeps what its syncs covered, nothing more.
+        cut = {i: _journal(n).path.read_bytes()[: synced[i]] for i, n in enumerate(nodes)}
+        metas = {i: _journal(n).meta_path.read_bytes() for i, n in enumerate(nodes)}
+    finally:
+        for node in nodes:
+            await asyncio.to_thread(node.close)
+    assert len(acknowledged) >= 40
+    for i in range(3):
+        shutil.copytree(tmp_path / "before" / f"n{i}", tmp_path / "after" / f"n{i}")
+        (tmp_path / "after" / f"n{i}" / "raft.journal").write_bytes(cut[i])
+        (tmp_path / "after" / f"n{i}" / "raft.journal.meta").write_bytes(metas[i])
+    again = _start(addresses, tmp_path / "after")
+    try:
+        leader = await _leader(again)
+        await leader.propose(_create(1000))  # commits everything before it in its term
+        streams = leader.view().streams
+        assert [name for name in acknowledged if name not in streams] == []
+    finally:
+        for node in again:
+            await asyncio.to_thread(node.close)
