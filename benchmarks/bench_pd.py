@@ -16,7 +16,8 @@ installed with apt-get when missing), driven through its HTTP/JSON gateway: a pu
 key stands for ``create_stream``, a compare-and-put transaction on the stream's key for
 "seal and roll". Prints every figure and the ratios PD/etcd. Bounded: about a minute.
 
-Targets (issue 3): commit p50 < 10 ms, >= 1,000 ops/s in flight, failover < 2 s.
+Targets (issue 3): commit p50 < 10 ms, >= 1,000 ops/s in flight, failover < 2 s;
+(issue 20): PD ops/s >= 1x etcd's, one at a time and many in flight.
 """
 
 from __future__ import annotations
@@ -317,6 +318,12 @@ async def main_async(args: argparse.Namespace) -> int:
               f"in flight {rate:.0f} ops/s (>= 1000: {'ok' if rate >= 1000 else 'MISSED'}), "
               f"failover median {failover:.2f} s (< 2: {'ok' if failover < 2 else 'MISSED'}); "
               f"ran {time.monotonic() - started:.0f} s")
+        if etcd:
+            ratios = {key: pd[key]["ops_s"] / etcd[key]["ops_s"] for key in
+                      ("create_seq", "create_inflight", "seal_seq", "seal_inflight")}
+            print("PD/etcd ops/s (>= 1x): " + ", ".join(
+                f"{key} {ratio:.2f} ({'ok' if ratio >= 1 else 'MISSED'})"
+                for key, ratio in ratios.items()))
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
