@@ -24,7 +24,15 @@ Rules it keeps:
   before its upload; a commit that says ``prepared`` names a prepared key of that range
   and ends its record; ``expire_prepared`` forgets records past their deadline (after
   which no commit can name them: the sweeper deletes their objects). At most
-  ``prepared_max`` records at once.
+  ``prepared_max`` records at once. A packed object (``prepare_pack``/``commit_pack``)
+  holds ranges of any streams, all committed in one command;
+- object references: the catalog knows which ranges name each object key
+  (:attr:`CatalogView.object_refs`, derived from the ranges, kept on every change); a
+  change that drops an object's last reference (trim, delete, a replaced or compacted
+  key) lists it as unreferenced (:attr:`CatalogView.unreferenced`, in snapshots) until
+  the leader, having deleted it from the store, proposes ``objects_deleted``. A key once
+  unreferenced is never referenced again (keys are never prepared twice, and a commit
+  needs its prepared record).
 
 Retries after an unknown outcome are absorbed: a ``create_stream`` with the same request
 id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an offset
@@ -60,14 +68,18 @@ from pd.commands import (
     Command,
     CommitCursor,
     CommitObject,
+    CommitPack,
     CreateStream,
     DeleteStream,
     DrainForget,
     DrainServer,
     DropLocalReplicas,
     ExpirePrepared,
+    ObjectsDeleted,
     OpenWriter,
+    PackMember,
     PrepareObject,
+    PreparePack,
     RecordRangeStats,
     RegisterPdNode,
     RegisterServer,
@@ -84,6 +96,7 @@ server_id_chars_max: Final = 128
 object_key_chars_max: Final = 512
 prepared_max: Final = 10_000  # prepared objects at once (uploads in flight or abandoned)
 expire_keys_max: Final = 1_000  # keys one expire_prepared names
+pack_members_max: Final = 128  # ranges in one packed object (a commit stays well under 64 KiB)
 SNAPSHOT_VERSION: Final = 1  # fields added since ("prepared", ...) are optional on restore
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
@@ -114,20 +127,26 @@ class PreparedObject:
     start: int
     end: int
     deadline_ms: int
+    # A packed object's ranges (prepare_pack; the fields above are its first one's);
+    # empty for a one-range prepare_object.
+    members: tuple[PackMember, ...] = field(default=(), kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.object_key, "name": self.name, "stream_id": self.stream_id,
                 "range_index": self.range_index, "start": self.start, "end": self.end,
-                "deadline_ms": self.deadline_ms}
+                "deadline_ms": self.deadline_ms} | (
+            {"members": [m.to_dict() for m in self.members]} if self.members else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PreparedObject:
         return cls(str(d["key"]), str(d["name"]), int(d["stream_id"]), int(d["range_index"]),
-                   int(d["start"]), int(d["end"]), int(d["deadline_ms"]))
+                   int(d["start"]), int(d["end"]), int(d["deadline_ms"]),
+                   members=tuple(PackMember.from_dict(m) for m in d.get("members", ())))
 
     def names(self, stream_id: int, range_index: int, start: int, end: int) -> bool:
-        return (self.stream_id, self.range_index, self.start, self.end) == (
-            stream_id, range_index, start, end)
+        """Whether this is a one-range record of exactly that range."""
+        return not self.members and (self.stream_id, self.range_index, self.start,
+                                     self.end) == (stream_id, range_index, start, end)
 
 
 Result = StreamMeta | ServerInfo | PdNode | None
@@ -148,6 +167,10 @@ class CatalogView:
     draining: frozenset[str] = frozenset()  # servers being drained (pd/drain.py)
     prepared: Mapping[str, PreparedObject] = field(  # object key -> its prepared record
         default_factory=lambda: MappingProxyType({}), kw_only=True)
+    # object key -> the (stream id, range index) of every range naming it
+    object_refs: Mapping[str, frozenset[tuple[int, int]]] = field(
+        default_factory=lambda: MappingProxyType({}), kw_only=True)
+    unreferenced: tuple[str, ...] = field(default=(), kw_only=True)  # to delete, in order
 
     def stream(self, name: str) -> StreamMeta:
         found = self.streams.get(name)
@@ -176,6 +199,9 @@ class Catalog:
         self._open_ranges: dict[str, int] = {}  # derived from _streams, kept incrementally
         self._draining: set[str] = set()  # servers flagged by drain_server
         self._prepared: dict[str, PreparedObject] = {}  # object key -> record (object tier)
+        # object key -> ranges naming it (derived from _streams, kept by _put; copy on write)
+        self._refs: dict[str, frozenset[tuple[int, int]]] = {}
+        self._unreferenced: dict[str, None] = {}  # keys that lost their last reference
         self.version = 0  # number of commands accepted (a rejection changes nothing)
 
     # -- reading -------------------------------------------------------------------
@@ -192,6 +218,8 @@ class Catalog:
             self._next_stream_id,
             frozenset(self._draining),
             prepared=MappingProxyType(dict(self._prepared)),
+            object_refs=MappingProxyType(dict(self._refs)),
+            unreferenced=tuple(self._unreferenced),
         )
 
     def _put(self, name: str, stream: StreamMeta | None) -> None:
@@ -204,6 +232,28 @@ class Catalog:
                     self._open_ranges[ref.id] = self._open_ranges.get(ref.id, 0) + step
         if stream is not None:
             self._streams[name] = stream
+        if old is None or stream is None or old.ranges is not stream.ranges:
+            self._track_refs(old, stream)
+
+    def _track_refs(self, old: StreamMeta | None, new: StreamMeta | None) -> None:
+        """Keep :attr:`_refs` in step with a stream replaced by ``new`` (None: deleted);
+        a key left with no reference is listed as unreferenced."""
+        before = {(r.object_key, old.id, r.index) for r in old.ranges
+                  if r.object_key} if old is not None else set()
+        after = {(r.object_key, new.id, r.index) for r in new.ranges
+                 if r.object_key} if new is not None else set()
+        if before == after:
+            return
+        for key, sid, index in after - before:
+            self._refs[key] = self._refs.get(key, frozenset()) | {(sid, index)}
+            self._unreferenced.pop(key, None)
+        for key, sid, index in sorted(before - after):
+            left = self._refs.get(key, frozenset()) - {(sid, index)}
+            if left:
+                self._refs[key] = left
+            else:
+                self._refs.pop(key, None)
+                self._unreferenced[key] = None
 
     def stream(self, name: str) -> StreamMeta:
         found = self._streams.get(name)
@@ -438,7 +488,7 @@ class Catalog:
             if record is None or not record.names(stream.id, target.index, cmd.start, cmd.end):
                 raise Conflict(f"object {cmd.object_key!r} is not prepared for stream "
                                f"{cmd.name!r} range {cmd.range_index} (expired?)")
-        tiered = replace(target, tier="object", object_key=cmd.object_key)
+        tiered = replace(target, tier="object", object_key=cmd.object_key, object_part=None)
         stream = replace(stream, ranges=tuple(
             tiered if r is target else r for r in stream.ranges))
         self._put(cmd.name, stream)
@@ -472,6 +522,88 @@ class Catalog:
             cmd.object_key, cmd.name, stream.id, target.index, cmd.start, cmd.end,
             cmd.deadline_ms)
         return stream
+
+    def _prepare_pack(self, cmd: PreparePack) -> None:
+        if not cmd.object_key or len(cmd.object_key) > object_key_chars_max:
+            raise InvalidArgument(f"bad object key {cmd.object_key!r}", argument="object_key")
+        if cmd.deadline_ms < 0:
+            raise InvalidArgument("deadline_ms must be >= 0", argument="deadline_ms")
+        if not 1 <= len(cmd.members) <= pack_members_max:
+            raise InvalidArgument(f"a pack holds 1..{pack_members_max} ranges",
+                                  argument="members")
+        if len({(m.stream_id, m.range_index) for m in cmd.members}) != len(cmd.members):
+            raise InvalidArgument("a range twice in one pack", argument="members")
+        existing = self._prepared.get(cmd.object_key)
+        if existing is not None:
+            if _planned(existing.members) == _planned(cmd.members):
+                return  # a retry
+            raise Conflict(f"object {cmd.object_key!r} is prepared for other ranges")
+        if cmd.object_key in self._refs or cmd.object_key in self._unreferenced:
+            raise Conflict(f"object {cmd.object_key!r} was committed already")
+        for m in cmd.members:
+            _, target = self._object_range(m.name, m.stream_id, m.range_index)
+            if not target.sealed or (target.start, target.end) != (m.start, m.end):
+                raise Conflict(f"stream {m.name!r} range {m.range_index} is [{target.start}, "
+                               f"{target.end}), not a sealed [{m.start}, {m.end})")
+        if len(self._prepared) >= prepared_max:
+            raise Conflict(f"{len(self._prepared)} objects are prepared already, the most "
+                           "there may be; the sweeper expires abandoned ones")
+        first = cmd.members[0]
+        self._prepared[cmd.object_key] = PreparedObject(
+            cmd.object_key, first.name, first.stream_id, first.range_index, first.start,
+            first.end, cmd.deadline_ms, members=tuple(replace(m, part=None)
+                                                     for m in cmd.members))
+
+    def _commit_pack(self, cmd: CommitPack) -> None:
+        key = cmd.object_key
+        record = self._prepared.get(key)
+        if record is None or _planned(record.members) != _planned(cmd.members):
+            live = [r for r in (self._live_range(m) for m in cmd.members) if r is not None]
+            if live and all(r.object_key == key for r in live):
+                return  # a retry of a commit that landed
+            raise Conflict(f"object {key!r} is not prepared with these ranges (expired?)")
+        adopted: dict[str, list[tuple[RangeMeta, RangeMeta]]] = {}
+        for m in cmd.members:
+            if m.part is None or not 0 <= m.part.data_start <= m.part.data_end or not (
+                    0 <= m.part.index_start <= m.part.index_end):
+                raise InvalidArgument(f"pack member {m.range_index} of {m.name!r} has no "
+                                      "valid part", argument="members")
+            target = self._live_range(m)
+            if target is None or target.object_key == key:
+                continue  # stream deleted or recreated, range trimmed; or done already
+            if not target.sealed or (target.start, target.end) != (m.start, m.end):
+                raise Conflict(f"stream {m.name!r} range {m.range_index} is [{target.start}, "
+                               f"{target.end}), not a sealed [{m.start}, {m.end})")
+            if cmd.compaction:
+                if target.object_key is None or target.object_key != m.replaces:
+                    continue  # moved on since the plan (compare-and-set)
+            elif target.tier == "object" and not (
+                    m.replaces and m.replaces == target.object_key and target.replicas):
+                continue  # committed under another key meanwhile
+            tiered = replace(target, tier="object", object_key=key, object_part=m.part)
+            adopted.setdefault(m.name, []).append((target, tiered))
+        if not adopted:
+            raise Conflict(f"object {key!r}: none of its ranges can take it any more")
+        for name, changes in adopted.items():
+            new = {id(old): tiered for old, tiered in changes}
+            stream = self.stream(name)
+            self._put(name, replace(stream, ranges=tuple(
+                new.get(id(r), r) for r in stream.ranges)))
+        self._prepared.pop(key, None)
+
+    def _live_range(self, m: PackMember) -> RangeMeta | None:
+        """The range a pack member names, if its stream (same id) still has it."""
+        stream = self._streams.get(m.name)
+        if stream is None or stream.id != m.stream_id:
+            return None
+        return stream.range_at(m.range_index)
+
+    def _objects_deleted(self, cmd: ObjectsDeleted) -> None:
+        if len(cmd.object_keys) > expire_keys_max:
+            raise InvalidArgument(f"objects_deleted names {len(cmd.object_keys)} keys, at "
+                                  f"most {expire_keys_max}", argument="object_keys")
+        for key in cmd.object_keys:
+            self._unreferenced.pop(key, None)
 
     def _expire_prepared(self, cmd: ExpirePrepared) -> None:
         if len(cmd.object_keys) > expire_keys_max:
@@ -536,6 +668,7 @@ class Catalog:
             ],
             "draining": sorted(self._draining),
             "prepared": [p.to_dict() for p in self._prepared.values()],
+            "unreferenced": list(self._unreferenced),
         }
         data: bytes = msgpack.packb(body, use_bin_type=True)
         return data
@@ -564,6 +697,7 @@ class Catalog:
             for d in body.get("prepared", ()):  # absent from snapshots of older versions
                 record = PreparedObject.from_dict(d)
                 catalog._prepared[record.object_key] = record
+            catalog._unreferenced = {str(k): None for k in body.get("unreferenced", ())}
         except InvalidArgument:
             raise
         except Exception as exc:
@@ -612,6 +746,12 @@ def _check_epoch(stream: StreamMeta, expected: int) -> None:
         )
 
 
+def _planned(members: tuple[PackMember, ...]) -> tuple[tuple[object, ...], ...]:
+    """What a prepare plans of a pack (its parts are known only at the commit)."""
+    return tuple((m.name, m.stream_id, m.range_index, m.start, m.end, m.replaces)
+                 for m in members)
+
+
 def _find_range(stream: StreamMeta, index: int) -> RangeMeta:
     found = stream.range_at(index)
     if found is None:
@@ -638,6 +778,9 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     PrepareObject: Catalog._prepare_object,
     ExpirePrepared: Catalog._expire_prepared,
     DropLocalReplicas: Catalog._drop_local_replicas,
+    PreparePack: Catalog._prepare_pack,
+    CommitPack: Catalog._commit_pack,
+    ObjectsDeleted: Catalog._objects_deleted,
     DrainServer: Catalog._drain_server,
     DrainForget: Catalog._drain_forget,
 }

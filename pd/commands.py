@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Final
 import msgpack
 
 from estream.wire.errors import InvalidArgument
+from estream.wire.meta import ObjectPart
 
 COMMAND_VERSION: Final = 1
 command_bytes_max: Final = 64 * 1024
@@ -185,6 +186,96 @@ class PrepareObject:
 
 
 @dataclass(frozen=True, slots=True)
+class PackMember:
+    """One range of a packed (version-2) object: sealed range ``range_index`` of stream
+    ``name`` (id ``stream_id``) ``[start, end)``; in a commit also its ``part`` of the
+    object, and ``replaces``: the key the range must hold now (compare-and-set; "" for
+    a range still "local"). Wire shape: a map of these fields, ``part`` as
+    :meth:`ObjectPart.to_dict`."""
+
+    name: str
+    stream_id: int
+    range_index: int
+    start: int
+    end: int
+    part: ObjectPart | None = None
+    replaces: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "stream_id": self.stream_id,
+                               "range_index": self.range_index, "start": self.start,
+                               "end": self.end}
+        if self.part is not None:
+            out["part"] = self.part.to_dict()
+        if self.replaces:
+            out["replaces"] = self.replaces
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PackMember:
+        """Parse one member; raises :class:`InvalidArgument` when malformed."""
+        try:
+            if not isinstance(d, dict):
+                raise TypeError("not a map")
+            ints = [d[k] for k in ("stream_id", "range_index", "start", "end")]
+            if not isinstance(d["name"], str) or not isinstance(d.get("replaces", ""), str) \
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+                raise TypeError("mistyped field")
+            part = d.get("part")
+            return cls(d["name"], ints[0], ints[1], ints[2], ints[3],
+                       part=None if part is None else ObjectPart.from_dict(part),
+                       replaces=d.get("replaces", ""))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise InvalidArgument(f"malformed pack member: {exc}", argument="members") from None
+
+    def names(self, stream_id: int, range_index: int, start: int, end: int) -> bool:
+        return (self.stream_id, self.range_index, self.start, self.end) == (
+            stream_id, range_index, start, end)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparePack:
+    """Object tier: an upload of a packed object ``object_key`` holding ``members``
+    (sealed ranges of any streams, in the object's order) is about to start; recorded as
+    prepared until ``deadline_ms`` (wall clock, decided by the proposer) like
+    ``prepare_object``. The same key and members again is a retry (no change)."""
+
+    kind: ClassVar[str] = "prepare_pack"
+    object_key: str
+    deadline_ms: int
+    members: tuple[PackMember, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPack:
+    """Object tier: the packed object ``object_key`` is stored and verified; each of
+    ``members`` (with its ``part``) becomes "object" in one command. Without
+    ``compaction``: the key must be prepared with exactly these ranges (the commit ends
+    the record); a member whose stream is gone or recreated, whose range is trimmed, or
+    which is "object" under another key (unless ``replaces`` names that key and the range
+    still lists its replicas: a re-upload) is skipped; none adopted at all is a Conflict.
+    With ``compaction`` (a rewrite of objects already committed, no prepared record): a
+    member is adopted only while its range still holds ``replaces`` (compare-and-set, so
+    a trim or delete that came first wins); none adopted is a Conflict. A retry (every
+    live member already names the key) changes nothing."""
+
+    kind: ClassVar[str] = "commit_pack"
+    object_key: str
+    members: tuple[PackMember, ...]
+    compaction: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectsDeleted:
+    """Object tier, the leader: the objects ``object_keys`` (which no range references
+    any more: the catalog listed them to delete) are deleted from the store; the catalog
+    forgets them. A key not listed is ignored (a retry)."""
+
+    kind: ClassVar[str] = "objects_deleted"
+    object_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ExpirePrepared:
     """Object tier, the leader's sweeper: forget the prepared objects among
     ``object_keys`` whose deadline is at or before ``now_ms`` (the proposer's wall clock).
@@ -250,6 +341,9 @@ Command = (
     | PrepareObject
     | ExpirePrepared
     | DropLocalReplicas
+    | PreparePack
+    | CommitPack
+    | ObjectsDeleted
     | DrainServer
     | DrainForget
 )
@@ -261,6 +355,9 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
         PrepareObject,
         ExpirePrepared,
         DropLocalReplicas,
+        PreparePack,
+        CommitPack,
+        ObjectsDeleted,
         RegisterServer,
         RegisterPdNode,
         CreateStream,
@@ -276,7 +373,8 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
     )
 }
 
-_KINDS: Final = {"str": str, "int": int, "bool": bool, "tuple[str, ...]": tuple}
+_KINDS: Final = {"str": str, "int": int, "bool": bool, "tuple[str, ...]": tuple,
+                  "tuple[PackMember, ...]": PackMember}
 
 
 def encode_command(command: Command) -> bytes:
@@ -284,7 +382,9 @@ def encode_command(command: Command) -> bytes:
     body: dict[str, Any] = {"v": COMMAND_VERSION, "kind": command.kind}
     for f in dataclasses.fields(command):
         value = getattr(command, f.name)
-        body[f.name] = list(value) if isinstance(value, tuple) else value
+        if isinstance(value, tuple):
+            value = [v.to_dict() if isinstance(v, PackMember) else v for v in value]
+        body[f.name] = value
     data: bytes = msgpack.packb(body, use_bin_type=True)
     return data
 
@@ -318,6 +418,10 @@ def _field(body: dict[str, Any], f: dataclasses.Field[Any]) -> Any:
         raise InvalidArgument(f"command field {f.name!r} is missing", argument=f.name)
     value = body[f.name]
     expected = _KINDS[str(f.type)]
+    if expected is PackMember:
+        if not isinstance(value, list):
+            raise InvalidArgument(f"command field {f.name!r} must be a list", argument=f.name)
+        return tuple(PackMember.from_dict(v) for v in value)
     if expected is tuple:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise InvalidArgument(f"command field {f.name!r} must be a list of strings",

@@ -17,6 +17,24 @@ A range's life in the tiers::
     or damaged then is uploaded again from the replicas and committed in its place
     (commit_object with ``replaces``), and released later
 
+Packing: ranges due for upload are read into the leader's *open pack* (in memory) and go
+out together as one object (format version 2) of ranges of any streams, so that small
+ranges do not cost a PUT each (:func:`close_packs`): a pack closes once it holds
+``object_size_bytes`` (default 64 MiB) or ``pack_members_max`` ranges, or once its
+oldest range has waited ``object_max_age`` in it; a range of ``object_size_bytes`` or more
+is an object of its own. A closed pack is prepared (``prepare_pack``: its key, deadline and
+ranges), PUT, read back, and committed in one command (``commit_pack``); every range of it
+is "object" from that commit on, none before. A new leader (or a retry after a failed
+PUT) rebuilds a prepared pack with time left from the same ranges under the same key
+(:func:`reusable_packs`); the open pack itself is only memory: lost with the leader,
+nothing to clean up.
+
+References and deletion: the catalog knows which ranges name each object
+(``CatalogView.object_refs``) and lists a key as unreferenced when a trim, a delete, a
+re-upload or a compaction drops its last reference; the leader deletes those objects,
+then proposes ``objects_deleted`` (:func:`deletions_due`): idempotent (a delete of a
+missing object succeeds), and a new leader finds the list in the catalog.
+
 Times are "first seen" by this leader (:func:`track`), kept in its memory: a new leader
 starts the clocks again, so after a leader change an upload or a drop comes later, never
 earlier, than configured. Prepared deadlines are in the catalog, in wall-clock ms.
@@ -49,21 +67,24 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Set
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Final
 
 import xxhash
 
 from estream.core.backoff import backoff_delay
-from estream.wire.meta import ReplicaRef, StreamMeta
-from pd.catalog import PreparedObject, expire_keys_max
+from estream.wire.meta import ObjectPart, ReplicaRef, StreamMeta
+from pd.catalog import PreparedObject, expire_keys_max, pack_members_max
+from pd.commands import PackMember
 
 RangeKey = tuple[int, int]  # (stream_id, range_index)
 
 OBJECT_SUFFIX: Final = ".eso"
 retry_backoff_ms_min: Final = 1_000  # an upload that failed waits this long, doubling
 retry_backoff_ms_max: Final = 60_000
+object_size_bytes_default: Final = 64 * 1024 * 1024  # a pack closes at this size
+object_max_age_ms_default: Final = 60_000  # ...or when its oldest range waited this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +118,7 @@ class LocalDrop:
     replicas: tuple[ReplicaRef, ...]
     start: int = 0
     end: int = 0
+    part: ObjectPart | None = None  # the range's part of a version-2 object
 
     def reupload(self, alive: Collection[str]) -> Upload:
         """The upload that replaces this range's object, from its replicas (live first)."""
@@ -108,6 +130,132 @@ class LocalDrop:
     @property
     def key(self) -> RangeKey:
         return (self.stream_id, self.range_index)
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A range read into the open pack: its upload, its bytes, when it was added."""
+
+    upload: Upload
+    size_bytes: int
+    added_ms: int
+
+    @property
+    def key(self) -> RangeKey:
+        return self.upload.key
+
+
+def close_packs(
+    pending: Sequence[Pending],
+    now_ms: int,
+    *,
+    size_bytes_max: int,
+    age_ms_max: int,
+    members_max: int = pack_members_max,
+) -> tuple[list[list[Pending]], list[Pending]]:
+    """The packs to upload now, and the ranges that wait in the open pack. In order: a
+    range of ``size_bytes_max`` or more alone; the others in packs closed at
+    ``size_bytes_max`` bytes or ``members_max`` ranges; what is left closes too once its
+    oldest range was added ``age_ms_max`` or more ago, else it waits.
+
+    >>> p = [Pending(Upload("s", 1, i, 0, 1, ()), n, 0) for i, n in enumerate((5, 50, 3, 4))]
+    >>> packs, left = close_packs(p, 10, size_bytes_max=10, age_ms_max=20)
+    >>> [[x.upload.range_index for x in pack] for pack in packs], len(left)
+    ([[1], [0, 2, 3]], 0)
+    """
+    closed: list[list[Pending]] = []
+    current: list[Pending] = []
+    size = 0
+    for item in pending:
+        if item.size_bytes >= size_bytes_max:
+            closed.append([item])
+            continue
+        current.append(item)
+        size += item.size_bytes
+        if size >= size_bytes_max or len(current) >= members_max:
+            closed.append(current)
+            current, size = [], 0
+    if current and now_ms - min(p.added_ms for p in current) >= age_ms_max:
+        closed.append(current)
+        current = []
+    return closed, current
+
+
+def still_wanted(pending: Iterable[Pending], streams: Iterable[StreamMeta]) -> list[Pending]:
+    """The ranges of the open pack the catalog still wants uploaded as read: the stream
+    (same id) still has the range, sealed at the same ``[start, end)``, still "local"
+    (or, for a re-upload, still holding the key it replaces with its replicas)."""
+    ranges = {(s.id, r.index): r for s in streams for r in s.ranges}
+    out = []
+    for p in pending:
+        r = ranges.get(p.key)
+        u = p.upload
+        if r is None or (r.start, r.end) != (u.start, u.end):
+            continue
+        if r.tier == "local" or (u.replaces and r.object_key == u.replaces and r.replicas):
+            out.append(p)
+    return out
+
+
+def pack_members(uploads: Iterable[Upload]) -> tuple[PackMember, ...]:
+    """The members a ``prepare_pack`` plans for these uploads (in the object's order)."""
+    return tuple(PackMember(u.name, u.stream_id, u.range_index, u.start, u.end,
+                            replaces=u.replaces) for u in uploads)
+
+
+def pack_key(first: Upload, *, term: int, version: int) -> str:
+    """A new key for a pack whose first range is ``first``: ``t<term>-c<version>``, under
+    the first range's hash prefix and ids (so the sweep's rules for keys hold)."""
+    return object_key(first.stream_id, first.range_index, f"t{max(term, 0)}-c{version}")
+
+
+def reusable_packs(
+    prepared: Mapping[str, PreparedObject],
+    streams: Iterable[StreamMeta],
+    now_ms: int,
+    ttl_ms: int,
+) -> list[tuple[PreparedObject, list[Upload]]]:
+    """Prepared packs with at least half ``ttl_ms`` left (``now_ms``: wall clock) whose
+    ranges are all still wanted as planned: rebuilt from the same ranges, PUT under the same
+    key (overwriting whatever an earlier attempt left). Oldest deadline first."""
+    by_id = {s.id: s for s in streams}
+    out = []
+    for record in sorted(prepared.values(), key=lambda p: (p.deadline_ms, p.object_key)):
+        if not record.members or ttl_ms <= 0 or record.deadline_ms - now_ms < ttl_ms // 2:
+            continue
+        uploads = []
+        for m in record.members:
+            stream = by_id.get(m.stream_id)
+            rng = stream.range_at(m.range_index) if stream is not None else None
+            if stream is None or rng is None or stream.name != m.name:
+                break
+            if (rng.start, rng.end) != (m.start, m.end) or not (
+                    rng.tier == "local" or (m.replaces and rng.object_key == m.replaces)):
+                break
+            uploads.append(Upload(m.name, m.stream_id, m.range_index, m.start, m.end,
+                                  rng.replicas, replaces=m.replaces))
+        else:
+            out.append((record, uploads))
+    return out
+
+
+def reserved(prepared: Mapping[str, PreparedObject], now_ms: int, ttl_ms: int) -> set[RangeKey]:
+    """Ranges of prepared packs that :func:`reusable_packs` may still rebuild: not put
+    in another pack meanwhile."""
+    return {(m.stream_id, m.range_index) for p in prepared.values() if p.members
+            and ttl_ms > 0 and p.deadline_ms - now_ms >= ttl_ms // 2 for m in p.members}
+
+
+def deletions_due(unreferenced: Sequence[str], refs: Collection[str],
+                  prepared: Collection[str], limit: int = expire_keys_max) -> list[str]:
+    """The unreferenced objects to delete now (then ``objects_deleted``), oldest first,
+    at most what one ``objects_deleted`` may name; never a key a range or a prepared
+    record names (the catalog never lists one, this is the second lock).
+
+    >>> deletions_due(["a", "b", "c"], {"b"}, set(), limit=2)
+    ['a', 'c']
+    """
+    return [k for k in unreferenced if k not in refs and k not in prepared][:limit]
 
 
 def track(
@@ -187,7 +335,8 @@ def drops_due(
             if since is None or now_ms - since < retention_ms or key in busy:
                 continue
             out.append(LocalDrop(stream.name, stream.id, rng.index, rng.object_key,
-                                 rng.replicas, rng.start, rng.end or rng.start))
+                                 rng.replicas, rng.start, rng.end or rng.start,
+                                 rng.object_part))
     return out
 
 

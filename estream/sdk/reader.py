@@ -56,6 +56,7 @@ from estream.wire.objectformat import (
     ObjectIndex,
     decode_footer,
     decode_index,
+    decode_part,
     decode_tail,
 )
 from estream.wire.record import (
@@ -328,9 +329,11 @@ async def _read_object(
 
 
 class ObjectReads:
-    """Reads of sealed ranges from the object store: each object's footer and index read
-    once and kept (bounded: ``index_entries_max`` entries in all, least recently used
-    dropped first), then a ranged GET of just the batches a read needs (a window of at most
+    """Reads of sealed ranges from the object store: each range's index read once and
+    kept (a part of a version-2 object: one GET of just its entries, checked against the
+    catalog's checksum; a version-1 object: its footer and index), bounded:
+    ``index_entries_max`` entries in all, least recently used dropped first; then a
+    ranged GET of just the batches a read needs (a window of at most
     ``window_bytes_max``; in spans of ``part_bytes_max`` fetched at once when smaller:
     :func:`~estream.core.readcursor.object_spans`).
 
@@ -359,7 +362,8 @@ class ObjectReads:
         self.read_ahead_max = read_ahead_max
         self.window_bytes_max = window_bytes_max  # one read's batches, at most
         self.part_bytes_max = part_bytes_max  # one GET of them (a window's GETs run at once)
-        self._indexes: OrderedDict[str, ObjectIndex] = OrderedDict()
+        # (object key, part's index start; -1: a whole version-1 object) -> index
+        self._indexes: OrderedDict[tuple[str, int], ObjectIndex] = OrderedDict()
         self._entries = 0
         self._ahead: OrderedDict[tuple[str, int, int], asyncio.Task[bytes]] = OrderedDict()
 
@@ -370,7 +374,7 @@ class ObjectReads:
         if key is None:
             raise MalformedObject(f"range {rng.index} has no object", key=None)
         try:
-            index = await self.index(key)
+            index = await self.range_index(stream_id, rng)
             check_footer(index.footer, stream_id, rng)
             spans = self._spans(index, offset, end)
             payload = await self._taken_ahead((key, offset, end))
@@ -422,12 +426,32 @@ class ObjectReads:
             task.cancel()
         self._ahead.clear()
 
-    async def index(self, key: str) -> ObjectIndex:
-        """The object's index: cached, else its tail (one GET after a HEAD for the size;
-        a second GET only for an index longer than the tail)."""
-        cached = self._indexes.get(key)
+    async def range_index(self, stream_id: int, rng: RangeMeta) -> ObjectIndex:
+        """The index of ``rng``'s batches in its object: for a part of a version-2 object
+        one GET of its entries (checked against the catalog: its checksum, stream, range
+        and offsets), cached; for a version-1 object :meth:`index`."""
+        key, part = rng.object_key, rng.object_part
+        if key is None or rng.end is None:
+            raise MalformedObject(f"range {rng.index} has no object", key=None)
+        if part is None:
+            return await self.index(key)
+        cached = self._indexes.get((key, part.index_start))
         if cached is not None:
-            self._indexes.move_to_end(key)
+            self._indexes.move_to_end((key, part.index_start))
+            return cached
+        raw = await self.store.get_range(key, part.index_start, part.index_end) if (
+            part.index_end > part.index_start) else b""
+        index = decode_part(raw, part, stream_id=stream_id, range_index=rng.index,
+                            start_offset=rng.start, end_offset=rng.end)
+        self._remember((key, part.index_start), index)
+        return index
+
+    async def index(self, key: str) -> ObjectIndex:
+        """A version-1 object's index: cached, else its tail (one GET after a HEAD for the
+        size; a second GET only for an index longer than the tail)."""
+        cached = self._indexes.get((key, -1))
+        if cached is not None:
+            self._indexes.move_to_end((key, -1))
             return cached
         size = await self.store.head(key)
         if size < FOOTER_BYTES:
@@ -443,17 +467,17 @@ class ObjectReads:
         if index.footer.object_bytes != size:
             raise MalformedObject(f"object {key!r} is {size} bytes, its footer says "
                                   f"{index.footer.object_bytes}", key=key)
-        self._remember(key, index)
+        self._remember((key, -1), index)
         return index
 
     def forget(self, rng: RangeMeta) -> None:
         """Drop what is kept of ``rng``'s object (its index, windows read ahead)."""
-        if rng.object_key is not None and rng.object_key in self._indexes:
-            self._entries -= len(self._indexes.pop(rng.object_key).entries)
+        for cached in [k for k in self._indexes if k[0] == rng.object_key]:
+            self._entries -= len(self._indexes.pop(cached).entries)
         for ahead in [k for k in self._ahead if k[0] == rng.object_key]:
             self._ahead.pop(ahead).cancel()
 
-    def _remember(self, key: str, index: ObjectIndex) -> None:
+    def _remember(self, key: tuple[str, int], index: ObjectIndex) -> None:
         self._indexes[key] = index
         self._entries += len(index.entries)
         while self._entries > self.index_entries_max and len(self._indexes) > 1:

@@ -63,7 +63,7 @@ async def _in_range(client: Client, name: str, stream_id: int, start_offset: int
     answers its confirmed end when it holds none: nothing later exists."""
     start = max(rng.start, start_offset)
     if rng.tier == "object" and rng.object_key is not None and rng.end is not None:
-        base = await _object_start(client, rng, timestamp_ms)
+        base = await _object_start(client, stream_id, rng, timestamp_ms)
         if base is None:
             return None  # no record of the range is at or after the time
         return await _scan(client, name, max(base, start), rng.end, timestamp_ms)
@@ -104,7 +104,8 @@ async def _ask_replicas(
     return None, None
 
 
-async def _object_start(client: Client, rng: RangeMeta, timestamp_ms: int) -> int | None:
+async def _object_start(client: Client, stream_id: int, rng: RangeMeta,
+                        timestamp_ms: int) -> int | None:
     """The base offset of the first batch of an object-tier range whose maximum timestamp
     reaches ``timestamp_ms`` (None: no record does); the range's start when the index
     cannot be read (the scan then reads the range, with the reader's failover)."""
@@ -112,7 +113,7 @@ async def _object_start(client: Client, rng: RangeMeta, timestamp_ms: int) -> in
     if reads is None or rng.object_key is None:
         return rng.start
     try:
-        index = await reads.index(rng.object_key)
+        index = await reads.range_index(stream_id, rng)
     except EstreamError:
         return rng.start
     return index.first_at_or_after(timestamp_ms)

@@ -7,7 +7,9 @@ The placement driver keeps these in its catalog; the SDK receives them in PD res
     {"id", "name", "replicas", "ack_count", "type", "hints", "epoch", "start_offset",
      "ranges": [{"index", "start", "end" (None while open), "state": "open"|"sealed",
                  "replicas": [{"id", "address"}], "tier": "local"|"object",
-                 "object_key" (None until the range's object is committed)}]}
+                 "object_key" (None until the range's object is committed),
+                 "object_part" (only for a part of a version-2 object: {"data": [lo, hi],
+                                "index": [lo, hi], "checksum"})}]}
 
 A sealed range may also carry ``"min_timestamp"``, ``"max_timestamp"`` and
 ``"size_bytes"`` (recorded by the PD leader after its seal, from a replica's time index:
@@ -43,13 +45,43 @@ class ReplicaRef:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectPart:
+    """Where one range lies in a version-2 object (``estream/wire/objectformat.py``):
+    its batches' bytes ``[data_start, data_end)``, its index entries' bytes
+    ``[index_start, index_end)`` (both positions in the object) and the xxh3-64 of those
+    entries: a reader GETs the entries, checks them against this checksum, and reads
+    its batches, never the rest of the object."""
+
+    data_start: int
+    data_end: int
+    index_start: int
+    index_end: int
+    checksum: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"data": [self.data_start, self.data_end],
+                "index": [self.index_start, self.index_end], "checksum": self.checksum}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ObjectPart:
+        data, index = d["data"], d["index"]
+        return cls(int(data[0]), int(data[1]), int(index[0]), int(index[1]),
+                   int(d["checksum"]))
+
+    @property
+    def data_bytes(self) -> int:
+        return self.data_end - self.data_start
+
+
+@dataclass(frozen=True, slots=True)
 class RangeMeta:
     """Offsets ``[start, end)`` of a stream on ``replicas``; ``end`` is None while open.
 
     ``tier`` is ``"local"`` (readable from its replicas only) or ``"object"`` (a sealed
     range whose object ``object_key`` in the object store is committed in the catalog;
     its replicas may still exist until they are dropped after the local retention, and
-    ``replicas`` is empty once they are).
+    ``replicas`` is empty once they are). ``object_part``: the range's part of a
+    version-2 object (None for a version-1 object, which holds the range alone).
     """
 
     index: int
@@ -64,6 +96,7 @@ class RangeMeta:
     size_bytes: int | None = field(default=None, kw_only=True)
     tier: str = "local"
     object_key: str | None = None
+    object_part: ObjectPart | None = field(default=None, kw_only=True)
 
     @property
     def sealed(self) -> bool:
@@ -92,11 +125,14 @@ class RangeMeta:
             "replicas": [r.to_dict() for r in self.replicas],
             "tier": self.tier,
             "object_key": self.object_key,
-        }
+        } | ({"object_part": self.object_part.to_dict()} if self.object_part else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RangeMeta:
         base = cls._from_dict(d)
+        part = d.get("object_part")
+        if part is not None:
+            base = replace(base, object_part=ObjectPart.from_dict(part))
         if all(d.get(k) is None for k in _RANGE_STATS):
             return base
         return replace(base, min_timestamp=_opt_int(d.get("min_timestamp")),

@@ -1,4 +1,8 @@
-"""The object-tier format: one object per sealed range, its index and its footer.
+"""The object-tier format: sealed ranges' batches in an object, its index and its footer.
+
+Two versions are read. Version 2 (what the offloader writes) holds the batches of one or
+more sealed ranges, of any streams, each range's batches back to back; version 1 (written
+before) holds exactly one range. Both end with an index block and the same 64-byte footer.
 
 A sealed range offloaded to the object store becomes one object holding the range's record
 batches exactly as the range servers store them (the batch format of
@@ -38,7 +42,29 @@ Footer (64 bytes)::
      48     8   index_bytes    u64, 40 * batch_count
      56     8   checksum       xxh3-64 of the index block followed by footer bytes [0, 56)
 
-Rules checked on encode and on decode: batches are contiguous from ``start_offset`` to
+Version 2 (several ranges): the data is the ranges one after another, each range's
+batches back to back; the index is one entry per batch in the same order::
+
+    offset size field          meaning
+      0     8   stream_id      u64, the batch's stream
+      8     4   range_index    u32, the batch's range
+     12     8   base_offset    u64
+     20     4   count          u32
+     24     8   position       u64
+     32     4   length         u32
+     36     8   min_timestamp  i64 ms
+     44     8   max_timestamp  i64 ms
+
+entries of 52 bytes, and the footer's ``stream_id``, ``start_offset`` and ``end_offset``
+are 0 and its ``range_index`` is the number of ranges with batches (``range_count``). The
+catalog keeps each range's *part* (:class:`~estream.wire.meta.ObjectPart`: its data span,
+its index entries' span and their xxh3-64), so a reader GETs just its range's entries
+(:func:`decode_part`, checked against the catalog's checksum) and then its batches: no
+HEAD, no footer. A range with no batch has an empty part. Within an object a range's
+entries are one run, contiguous in offsets from its start to its end, and no range
+appears twice.
+
+Rules checked on encode and on decode (version 1): batches are contiguous from ``start_offset`` to
 ``end_offset`` (the object holds exactly the catalog's ``[start, end)``, never a short or
 long copy), each batch belongs to ``stream_id``, index entries lie back to back from byte 0
 up to ``index_position``. Malformed input raises only :class:`MalformedObject`; a footer or
@@ -59,11 +85,16 @@ from typing import Final
 import xxhash
 
 from estream.wire.errors import ChecksumMismatch, EstreamError, MalformedObject
+from estream.wire.meta import ObjectPart
 from estream.wire.record import decode_columns, iter_batches, verify_batch
 
 OBJECT_MAGIC: Final = 0xE50B1EC7
-OBJECT_VERSION: Final = 1
+OBJECT_VERSION: Final = 1  # one range per object (read; written by encode_object)
+PACK_VERSION: Final = 2  # several ranges per object (what the offloader writes)
+VERSIONS: Final = (OBJECT_VERSION, PACK_VERSION)
 _ENTRY: Final = struct.Struct("<QIQIqq")
+_ENTRY2: Final = struct.Struct("<QIQIQIqq")
+PACK_ENTRY_BYTES: Final = _ENTRY2.size  # 52
 _FOOTER: Final = struct.Struct("<IHHQIIQQQQQ")
 INDEX_ENTRY_BYTES: Final = _ENTRY.size  # 40
 FOOTER_BYTES: Final = _FOOTER.size  # 64
@@ -81,10 +112,18 @@ class IndexEntry:
     length: int
     min_timestamp: int
     max_timestamp: int
+    stream_id: int = 0  # version 2 only (version 1: the footer's)
+    range_index: int = 0
 
     @property
     def end_offset(self) -> int:
         return self.base_offset + self.count
+
+    def pack(self) -> bytes:
+        """The entry's 52 bytes in a version-2 index."""
+        return _ENTRY2.pack(self.stream_id, self.range_index, self.base_offset, self.count,
+                            self.position, self.length, self.min_timestamp,
+                            self.max_timestamp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +144,15 @@ class ObjectFooter:
     def object_bytes(self) -> int:
         """The whole object's size this footer implies."""
         return self.index_position + self.index_bytes + FOOTER_BYTES
+
+    @property
+    def range_count(self) -> int:
+        """Ranges with batches the object holds (version 1: its one range)."""
+        return self.range_index if self.version == PACK_VERSION else 1
+
+    @property
+    def entry_bytes(self) -> int:
+        return PACK_ENTRY_BYTES if self.version == PACK_VERSION else INDEX_ENTRY_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +204,21 @@ class ObjectIndex:
                 out.append((e.position, e.position + e.length))
         return out
 
+    def ranges(self) -> list[tuple[int, int, tuple[IndexEntry, ...]]]:
+        """``(stream_id, range_index, entries)`` of each range the object holds, in order
+        (version 1: its one range, also when it holds no batch)."""
+        f = self.footer
+        if f.version == OBJECT_VERSION:
+            return [(f.stream_id, f.range_index, self.entries)]
+        out: list[tuple[int, int, tuple[IndexEntry, ...]]] = []
+        at = 0
+        for i in range(1, len(self.entries) + 1):
+            if i == len(self.entries) or _owner(self.entries[i]) != _owner(self.entries[at]):
+                e = self.entries[at]
+                out.append((e.stream_id, e.range_index, self.entries[at:i]))
+                at = i
+        return out
+
     def first_at_or_after(self, timestamp_ms: int) -> int | None:
         """The base offset of the first batch whose max timestamp is at or after
         ``timestamp_ms`` (records before it are all older), or None."""
@@ -167,6 +230,102 @@ class ObjectIndex:
 
 def _base_offset(entry: IndexEntry) -> int:
     return entry.base_offset
+
+
+def _owner(entry: IndexEntry) -> tuple[int, int]:
+    return entry.stream_id, entry.range_index
+
+
+@dataclass(frozen=True, slots=True)
+class PackRange:
+    """One sealed range to put in a version-2 object: its batches in offset order."""
+
+    stream_id: int
+    range_index: int
+    start_offset: int
+    end_offset: int
+    batches: Sequence[bytes | memoryview]
+
+
+def encode_pack_parts(
+    ranges: Sequence[PackRange],
+) -> tuple[list[bytes | memoryview], list[ObjectPart]]:
+    """A version-2 object of ``ranges`` (distinct, each exactly its ``[start, end)``, every
+    batch verified) as its parts in order (the batches, then one last part holding index
+    and footer), and each range's :class:`ObjectPart` (what the catalog records)."""
+    entries: list[IndexEntry] = []
+    parts: list[ObjectPart] = []
+    seen: set[tuple[int, int]] = set()
+    position = 0
+    for r in ranges:
+        if (r.stream_id, r.range_index) in seen:
+            raise MalformedObject(f"range {r.range_index} of stream {r.stream_id} twice")
+        seen.add((r.stream_id, r.range_index))
+        first, data_start = len(entries), position
+        expected = r.start_offset
+        for raw in r.batches:
+            header = verify_batch(raw)
+            if header.stream_id != r.stream_id or header.base_offset != expected:
+                raise MalformedObject(
+                    f"batch of stream {header.stream_id} at offset {header.base_offset} where "
+                    f"stream {r.stream_id} offset {expected} was expected")
+            min_ts = min(decode_columns(raw, verify=False).timestamps)
+            entries.append(IndexEntry(header.base_offset, header.count, position,
+                                      header.total_bytes, min_ts, header.max_timestamp,
+                                      r.stream_id, r.range_index))
+            position += header.total_bytes
+            expected = header.end_offset
+        if expected != r.end_offset:
+            raise MalformedObject(f"batches of range {r.range_index} of stream {r.stream_id} "
+                                  f"end at offset {expected}, the range at {r.end_offset}")
+        mine = b"".join(e.pack() for e in entries[first:])
+        parts.append(ObjectPart(data_start, position, first * PACK_ENTRY_BYTES,
+                                len(entries) * PACK_ENTRY_BYTES, xxhash.xxh3_64_intdigest(mine)))
+    index = b"".join(e.pack() for e in entries)
+    range_count = sum(1 for r in ranges if r.end_offset > r.start_offset)
+    footer = ObjectFooter(0, range_count, len(entries), 0, 0, position, len(index), 0,
+                          PACK_VERSION)
+    footer = replace(footer, checksum=_checksum(index, footer))
+    # index spans in the catalog are byte positions in the object
+    parts = [replace(p, index_start=position + p.index_start, index_end=position + p.index_end)
+             for p in parts]
+    data = [b for r in ranges for b in r.batches]
+    return [*data, index + _pack_footer(footer)], parts
+
+
+def decode_part(raw: bytes | memoryview, part: ObjectPart, *, stream_id: int,
+                range_index: int, start_offset: int, end_offset: int) -> ObjectIndex:
+    """The index of one range's part of a version-2 object from its entries (the bytes
+    ``[part.index_start, part.index_end)``), checked against the catalog's checksum and
+    the range: entries of that stream and range, back to back over ``part``'s data span,
+    offsets contiguous over ``[start_offset, end_offset)``. Its footer describes the part
+    (the range's stream, index and offsets; ``index_position``: the data span's end), so
+    every reader of an :class:`ObjectIndex` reads a part like a version-1 object."""
+    if len(raw) != part.index_end - part.index_start or len(raw) % PACK_ENTRY_BYTES:
+        raise MalformedObject(f"part index of {len(raw)} bytes, the catalog says "
+                              f"{part.index_end - part.index_start}")
+    actual = xxhash.xxh3_64_intdigest(raw)
+    if actual != part.checksum:
+        raise ChecksumMismatch("object part index checksum mismatch", expected=part.checksum,
+                               actual=actual)
+    entries = tuple(_entry2(fields) for fields in _ENTRY2.iter_unpack(raw))
+    position, offset = part.data_start, start_offset
+    for e in entries:
+        if (e.stream_id, e.range_index) != (stream_id, range_index) or e.position != position \
+                or e.base_offset != offset or e.count == 0 or e.length == 0:
+            raise MalformedObject(f"part index entry at offset {e.base_offset} is out of place")
+        position += e.length
+        offset += e.count
+    if position != part.data_end or offset != end_offset:
+        raise MalformedObject("part index entries do not cover the range's data and offsets")
+    footer = ObjectFooter(stream_id, range_index, len(entries), start_offset, end_offset,
+                          part.data_end, len(raw), part.checksum, PACK_VERSION)
+    return ObjectIndex(footer, entries)
+
+
+def _entry2(fields: tuple[int, ...]) -> IndexEntry:
+    stream_id, range_index, base, count, position, length, lo, hi = fields
+    return IndexEntry(base, count, position, length, lo, hi, stream_id, range_index)
 
 
 def encode_object(
@@ -241,14 +400,19 @@ def decode_footer(tail: bytes | memoryview) -> ObjectFooter:
      index_position, index_bytes, checksum) = _FOOTER.unpack_from(tail, len(tail) - FOOTER_BYTES)
     if magic != OBJECT_MAGIC:
         raise MalformedObject(f"bad object magic {magic:#010x}")
-    if version != OBJECT_VERSION:
+    if version not in VERSIONS:
         raise MalformedObject(f"unsupported object format version {version}")
     if flags != 0:
         raise MalformedObject(f"unsupported object flags {flags:#06x}")
     f = ObjectFooter(stream_id, range_index, batch_count, start_offset, end_offset,
                      index_position, index_bytes, checksum, version)
-    if f.index_bytes != f.batch_count * INDEX_ENTRY_BYTES:
+    if f.index_bytes != f.batch_count * f.entry_bytes:
         raise MalformedObject(f"index of {f.index_bytes} bytes for {f.batch_count} batches")
+    if version == PACK_VERSION:
+        if stream_id or start_offset or end_offset or f.range_count > batch_count or (
+                (batch_count > 0) != (f.range_count > 0)):
+            raise MalformedObject("bad version-2 footer fields")
+        return f
     if f.end_offset < f.start_offset or (f.batch_count == 0) != (f.end_offset == f.start_offset):
         raise MalformedObject(f"bad offsets [{f.start_offset}, {f.end_offset}) for the object")
     return f
@@ -263,8 +427,12 @@ def decode_index(index: bytes | memoryview, footer: ObjectFooter) -> ObjectIndex
     if actual != footer.checksum:
         raise ChecksumMismatch("object index checksum mismatch", expected=footer.checksum,
                                actual=actual)
-    entries = tuple(IndexEntry(*fields) for fields in _ENTRY.iter_unpack(index))
-    _check_entries(entries, footer)
+    if footer.version == PACK_VERSION:
+        entries = tuple(_entry2(fields) for fields in _ENTRY2.iter_unpack(index))
+        _check_pack_entries(entries, footer)
+    else:
+        entries = tuple(IndexEntry(*fields) for fields in _ENTRY.iter_unpack(index))
+        _check_entries(entries, footer)
     return ObjectIndex(footer, entries)
 
 
@@ -292,6 +460,27 @@ def _check_entries(entries: Sequence[IndexEntry], footer: ObjectFooter) -> None:
         raise MalformedObject("index entries do not cover the object's data and offsets")
 
 
+def _check_pack_entries(entries: Sequence[IndexEntry], footer: ObjectFooter) -> None:
+    """Version 2: entries back to back from byte 0, each range one run with contiguous
+    offsets, no range twice."""
+    position = 0
+    seen: set[tuple[int, int]] = set()
+    previous: IndexEntry | None = None
+    for e in entries:
+        if e.position != position or e.count == 0 or e.length == 0:
+            raise MalformedObject(f"index entry at position {e.position} is out of place")
+        if previous is not None and _owner(previous) == _owner(e):
+            if e.base_offset != previous.end_offset:
+                raise MalformedObject(f"index entry at offset {e.base_offset} is out of place")
+        elif _owner(e) in seen:
+            raise MalformedObject(f"range {e.range_index} of stream {e.stream_id} twice")
+        seen.add(_owner(e))
+        position += e.length
+        previous = e
+    if position != footer.index_position or len(seen) != footer.range_index:
+        raise MalformedObject("index entries do not cover the object's data and ranges")
+
+
 def decode_tail(tail: bytes | memoryview) -> ObjectIndex | None:
     """The index from a suffix of the object (one GET of its last bytes), or None when the
     suffix is too short to hold the whole index (then GET ``footer.index_position``
@@ -316,7 +505,9 @@ def decode_object(data: bytes | memoryview) -> ObjectIndex:
         header = verify_batch(raw)
         if (header.base_offset, header.count) != (entry.base_offset, entry.count):
             raise MalformedObject(f"batch at {entry.position} does not match its index entry")
-        if header.stream_id != index.footer.stream_id:
+        owner = entry.stream_id if index.footer.version == PACK_VERSION else (
+            index.footer.stream_id)
+        if header.stream_id != owner:
             raise MalformedObject(f"batch at {entry.position} is of another stream")
     return index
 

@@ -79,8 +79,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--object-orphan-grace-s", type=_seconds, default=600.0, metavar="S",
                    help="delete objects no range names (abandoned uploads, trimmed or "
                         "deleted streams) once they are S seconds old (default 600)")
+    p.add_argument("--object-size-bytes", type=_object_size, default=64 * 1024 * 1024,
+                   metavar="N", help="close an object of packed ranges at N bytes; a range "
+                                     "of N bytes or more is an object of its own "
+                                     "(default 64 MiB)")
+    p.add_argument("--object-max-age-s", type=_seconds, default=None, metavar="S",
+                   help="close an object of packed ranges S seconds after its first range "
+                        "was read into it, whatever its size (default: the offload delay, "
+                        "at most 60)")
     p.add_argument("--log-level", default="WARNING", help="Python logging level")
     return p
+
+
+def _object_size(text: str) -> int:
+    """A packed object's size in bytes, 1 MiB .. 5 GiB (argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
+    if not 1024 * 1024 <= value <= 5 * 1024**3:
+        raise argparse.ArgumentTypeError(f"object size out of 1 MiB .. 5 GiB: {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -147,7 +166,9 @@ def parse_config(argv: list[str]) -> PdConfig:
                     object_store_endpoint=args.object_store_endpoint or None,
                     offload_delay_s=args.offload_delay_s,
                     local_retention_s=args.local_retention_s,
-                    object_orphan_grace_s=args.object_orphan_grace_s)
+                    object_orphan_grace_s=args.object_orphan_grace_s,
+                    object_size_bytes=args.object_size_bytes,
+                    object_max_age_s=args.object_max_age_s)
 
 
 def _config_warnings(args: argparse.Namespace) -> list[str]:

@@ -60,6 +60,8 @@ class PdConfig:
     offload_delay_s: float = 60.0
     local_retention_s: float = 600.0
     object_orphan_grace_s: float = 600.0
+    object_size_bytes: int = 64 * 1024 * 1024  # a packed object closes at this size...
+    object_max_age_s: float | None = None  # ...or age (None: the offload delay, <= 60 s)
 
 
 class PlacementDriverNode:
@@ -136,7 +138,11 @@ class PlacementDriverNode:
             self.offloader = Offloader(
                 self.service, store, offload_delay_ms=int(cfg.offload_delay_s * 1000),
                 local_retention_ms=int(cfg.local_retention_s * 1000),
-                orphan_grace_ms=int(cfg.object_orphan_grace_s * 1000), busy=busy)
+                orphan_grace_ms=int(cfg.object_orphan_grace_s * 1000), busy=busy,
+                object_size_bytes=cfg.object_size_bytes,
+                object_max_age_ms=int(1000 * (min(cfg.offload_delay_s, 60.0)
+                                              if cfg.object_max_age_s is None
+                                              else cfg.object_max_age_s)))
             self.offloader.pool = self.member_pool()
             self._offload_task = asyncio.ensure_future(self.offloader.run())
 

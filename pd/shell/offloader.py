@@ -3,29 +3,37 @@
 Every ``interval_ms``, while this node is the Raft leader and has applied everything
 committed, one round (the decisions are :mod:`pd.offload`'s):
 
-1. **Upload** each sealed "local" range seen sealed for ``offload_delay`` (oldest first,
-   back to back for up to ``upload_round_ms_max``): read ``[start, end)`` from one of its
-   replicas (live ones first; the copy loop's rules,
+1. **Upload**: first any prepared pack this leader may rebuild (a retry, or a new leader
+   finding the record with time left: the same ranges, the same key,
+   :func:`pd.offload.reusable_packs`); then each sealed "local" range seen sealed for
+   ``offload_delay`` (oldest first, for up to ``upload_round_ms_max``) is read from one
+   of its replicas (live ones first; the copy loop's rules,
    :func:`~estream.net.rangeclient.batches_continuing`: every batch's checksum verified;
    a replica that errs, is damaged, holds less, or holds batches that do not line up is
-   skipped for the next one), build the object
-   (:mod:`estream.wire.objectformat`; it refuses anything but exactly the catalog's
-   ``[start, end)``), propose ``prepare_object`` (the key and a deadline, ``prepare_ttl``
-   from now on the wall clock; a retry or a new leader reuses a prepared key with time
-   left, :func:`pd.offload.attempt_for`), PUT it under that key, read back its size and
-   its index (HEAD, then a ranged GET of its tail) and compare, then propose
-   ``commit_object`` (only a prepared key commits). Only then is the range "object".
-2. **Release** each "object" range committed ``local_retention`` ago: read the whole
-   object back (footer naming the range, index, every batch's checksum, a window of
+   skipped for the next one) into the open pack, which :func:`pd.offload.close_packs`
+   closes at ``object_size_bytes`` or ``object_max_age`` (what is due in one round goes
+   out together). A closed pack becomes one object (format version 2,
+   :mod:`estream.wire.objectformat`; it refuses anything but exactly each range's
+   ``[start, end)``): propose ``prepare_pack`` (the key, its ranges and a deadline,
+   ``prepare_ttl`` from now on the wall clock), PUT it, read back its size and its index
+   (HEAD, then a ranged GET of its tail) and compare, then propose ``commit_pack`` with
+   every range's part. Only then are its ranges "object", all at once.
+2. **Release** each "object" range committed ``local_retention`` ago: read its part of
+   the object back (its index entries against the catalog's checksum, or for a version-1
+   object the footer naming the range and the index; every batch's checksum, a window of
    batches per GET), then propose ``drop_local_replicas`` (the catalog lists no replicas
    any more), then ``DROP_RANGE`` on each server (best effort: the reclaimer drops any
    left, as replicas "moved" away). An object found missing or damaged (deleted or
    altered behind estream's back) is never a reason to drop the last copies: the range is
-   uploaded again from its replicas and committed in the old key's place
-   (``commit_object`` with ``replaces``), and released once that one checks out.
-3. **Expire** (every round): prepared records past their deadline are expired through
+   uploaded again from its replicas and committed in the old key's place (a one-range
+   ``commit_pack`` whose member ``replaces`` it), and released once that one checks
+   out.
+3. **Delete** (every round, first): the objects the catalog lists as unreferenced (a
+   trim, a delete, a re-upload dropped their last range) are deleted from the store,
+   then ``objects_deleted`` is proposed; a crash in between deletes again (idempotent).
+4. **Expire** (every round): prepared records past their deadline are expired through
    Raft (``expire_prepared``), then their objects deleted (unless a range names them).
-4. **Sweep** (every ``sweep_interval_ms``): list the store and delete objects neither a
+5. **Sweep** (every ``sweep_interval_ms``): list the store and delete objects neither a
    range nor a prepared record names, older than ``orphan_grace``: the backstop for
    objects the catalog never knew (a PUT that landed after its record expired), and the
    objects of trimmed ranges and deleted streams.
@@ -49,6 +57,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import replace
 from typing import Final, TypeVar
 
 from estream.net.objectstore import ObjectStore
@@ -65,17 +74,20 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
-from estream.wire.meta import ReplicaRef
+from estream.wire.meta import ObjectPart, ReplicaRef, StreamMeta
 from estream.wire.objectformat import (
     FOOTER_BYTES,
+    ObjectIndex,
+    PackRange,
     decode_footer,
     decode_index,
+    decode_part,
     decode_tail,
-    encode_object_parts,
+    encode_pack_parts,
     iter_object_batches,
 )
 from estream.wire.record import verify_batch
-from pd.commands import CommitObject, DropLocalReplicas, ExpirePrepared, PrepareObject
+from pd.commands import CommitPack, DropLocalReplicas, ExpirePrepared, ObjectsDeleted, PreparePack
 from pd.metrics import (
     OBJECT_REQUESTS,
     OBJECTS_DELETED,
@@ -89,16 +101,24 @@ from pd.metrics import (
 )
 from pd.offload import (
     LocalDrop,
+    Pending,
     RangeKey,
     Upload,
-    attempt_for,
+    close_packs,
     deletable_after_expiry,
+    deletions_due,
     drops_due,
     expired,
     garbage,
+    object_size_bytes_default,
     offload_lag_ms,
+    pack_key,
+    pack_members,
+    reserved,
     retry_delay_ms,
+    reusable_packs,
     sealed_local,
+    still_wanted,
     tiered_with_replicas,
     track,
     uploads_due,
@@ -142,6 +162,8 @@ class Offloader:
         busy: set[RangeKey] | None = None,
         prepare_ttl_ms: int | None = None,
         wall_ms: Callable[[], int] | None = None,
+        object_size_bytes: int = object_size_bytes_default,
+        object_max_age_ms: int = 0,
     ) -> None:
         self.service = service
         self.store = store
@@ -164,6 +186,10 @@ class Offloader:
         self.next_sweep_ms = 0
         self.sweep_after: str | None = None  # the listing's page to sweep next
         self.term = -1
+        self.object_size_bytes = object_size_bytes
+        self.object_max_age_ms = object_max_age_ms
+        self.pending: list[Pending] = []  # the open pack: ranges read, not yet uploaded
+        self.pending_data: dict[RangeKey, list[bytes]] = {}  # their batches
 
     async def run(self) -> None:
         """Forever (until cancelled): a round every ``interval_ms`` while leader."""
@@ -180,6 +206,8 @@ class Offloader:
         self.failures.clear()
         self.retry_at.clear()
         self.next_sweep_ms = 0
+        self.pending = []
+        self.pending_data = {}
 
     def _count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.service.metrics.count(name, _HELP[name], amount, **labels)
@@ -200,14 +228,8 @@ class Offloader:
         self.service.metrics.set_gauge(OFFLOAD_LAG, _HELP[OFFLOAD_LAG],
                                        offload_lag_ms(self.sealed_since, now) / 1000)
         alive = {s for s in view.servers if self.service.liveness.alive(s, now)}
-        # Back to back while due (a round's sleep between two uploads would idle the
-        # store), but not for long: releases and the expiry come in the same round.
-        for upload in uploads_due(streams, self.sealed_since, now, self.offload_delay_ms,
-                                  alive=alive, busy=self.busy,
-                                  retry_at=self.retry_at)[:uploads_per_round_max]:
-            if self.service.clock_ms() - now >= upload_round_ms_max:
-                break
-            await self._offload(upload)
+        await self._delete_unreferenced()
+        await self._uploads(streams, now, alive)
         for drop in drops_due(streams, self.committed_since, now, self.local_retention_ms,
                               busy=self.busy)[:drops_per_round_max]:
             await self._release(drop, alive)
@@ -217,79 +239,137 @@ class Offloader:
             await self._sweep()
 
     # -- upload ------------------------------------------------------------------------
-    async def _offload(self, upload: Upload) -> None:
-        key = upload.key
-        self.busy.add(key)
-        try:
-            await self._offload_once(upload)
-            self.failures.pop(key, None)
-            self.retry_at.pop(key, None)
-        except EstreamError as exc:
-            failures = self.failures.get(key, 0) + 1
-            self.failures[key] = failures
-            delay = retry_delay_ms(failures)
-            self.retry_at[key] = self.service.clock_ms() + delay
-            log.warning("offloading range %d of stream %r failed (attempt %d, next in %d ms, "
-                        "local copies kept): %s", upload.range_index, upload.name, failures,
-                        delay, exc)
-        finally:
-            self.busy.discard(key)
-
-    async def _offload_once(self, upload: Upload) -> None:
-        parts = await self._build(upload)
-        size = sum(len(p) for p in parts)
+    async def _uploads(self, streams: list[StreamMeta], now: int, alive: set[str]) -> None:
+        """Prepared packs to rebuild first, then due ranges read into the open pack, and
+        every pack :func:`pd.offload.close_packs` closes uploaded (back to back, for at
+        most ``upload_round_ms_max``)."""
         view = self.service.view()
-        attempt = attempt_for(upload, view.prepared, term=self.term, version=view.version,
-                              now_ms=self.wall_ms(), ttl_ms=self.prepare_ttl_ms)
-        key = attempt.object_key
-        if attempt.new:
+        wall = self.wall_ms()
+        for record, uploads in reusable_packs(view.prepared, streams, wall,
+                                              self.prepare_ttl_ms):
+            keys = [u.key for u in uploads]
+            if any(k in self.busy or self.retry_at.get(k, 0) > now for k in keys):
+                continue
+            if self.service.clock_ms() - now >= upload_round_ms_max:
+                return
+            await self._offload(uploads, record.object_key)
+        self.pending = still_wanted(self.pending, streams)
+        for key in set(self.pending_data) - {p.key for p in self.pending}:
+            del self.pending_data[key]
+        held = {p.key for p in self.pending} | reserved(view.prepared, wall,
+                                                        self.prepare_ttl_ms)
+        due = uploads_due(streams, self.sealed_since, now, self.offload_delay_ms,
+                          alive=alive, busy=self.busy | held, retry_at=self.retry_at)
+        for upload in due[:uploads_per_round_max]:
+            if self.service.clock_ms() - now >= upload_round_ms_max:
+                break
+            batches = await self._read(upload)
+            if batches is None:
+                continue
+            self.pending.append(Pending(upload, sum(len(b) for b in batches),
+                                        self.service.clock_ms()))
+            self.pending_data[upload.key] = batches
+            await self._close_packs(self.service.clock_ms(), full_only=True)
+        await self._close_packs(self.service.clock_ms())
+
+    async def _close_packs(self, now: int, *, full_only: bool = False) -> None:
+        """Upload the packs that are full (and, unless ``full_only``, old enough: what is
+        due in one round goes out together, whatever the age limit)."""
+        closed, self.pending = close_packs(
+            self.pending, now, size_bytes_max=self.object_size_bytes,
+            age_ms_max=2**62 if full_only else self.object_max_age_ms)
+        for pack in closed:
+            data = {p.key: self.pending_data.pop(p.key) for p in pack}
+            await self._offload([p.upload for p in pack], None, data)
+
+    async def _read(self, upload: Upload) -> list[bytes] | None:
+        """The range's batches from the first replica that gives it whole (None, after a
+        backoff is set, when none does)."""
+        try:
+            return await self._read_batches(upload)
+        except EstreamError as exc:
+            self._failed([upload.key], exc, f"reading range {upload.range_index} of stream "
+                         f"{upload.name!r}")
+            return None
+
+    def _failed(self, keys: list[RangeKey], exc: EstreamError, what: str) -> None:
+        failures = max(self.failures.get(k, 0) for k in keys) + 1
+        delay = retry_delay_ms(failures)
+        for k in keys:
+            self.failures[k] = failures
+            self.retry_at[k] = self.service.clock_ms() + delay
+        log.warning("offload: %s failed (attempt %d, next in %d ms, local copies kept): %s",
+                    what, failures, delay, exc)
+
+    async def _offload(self, uploads: list[Upload], key: str | None = None,
+                       data: dict[RangeKey, list[bytes]] | None = None) -> None:
+        """Upload one pack (``key``: a prepared pack's, rebuilt; ``data``: the ranges'
+        batches, read already); a failure backs every range of it off."""
+        keys = [u.key for u in uploads]
+        self.busy.update(keys)
+        try:
+            if data is None:
+                data = {u.key: await self._read_batches(u) for u in uploads}
+            await self._offload_once(uploads, data, key)
+            for k in keys:
+                self.failures.pop(k, None)
+                self.retry_at.pop(k, None)
+        except EstreamError as exc:
+            self._failed(keys, exc, f"offloading {len(uploads)} ranges (first: range "
+                         f"{uploads[0].range_index} of stream {uploads[0].name!r})")
+        finally:
+            self.busy.difference_update(keys)
+
+    async def _offload_once(self, uploads: list[Upload], data: dict[RangeKey, list[bytes]],
+                            key: str | None) -> None:
+        parts, spans = encode_pack_parts([
+            PackRange(u.stream_id, u.range_index, u.start, u.end, data[u.key])
+            for u in uploads])
+        size = sum(len(p) for p in parts)
+        if key is None:
+            view = self.service.view()
+            key = pack_key(uploads[0], term=self.term, version=view.version)
             try:
-                await self.service.raft.propose(PrepareObject(
-                    upload.name, upload.stream_id, upload.range_index, upload.start,
-                    upload.end, key, attempt.deadline_ms))
+                await self.service.raft.propose(PreparePack(
+                    key, self.wall_ms() + self.prepare_ttl_ms, pack_members(uploads)))
             except (Conflict, StreamNotFound, RangeNotFound) as exc:
-                log.info("offload of range %d of stream %r not prepared: %s",
-                         upload.range_index, upload.name, exc)
+                log.info("offload of %d ranges not prepared: %s", len(uploads), exc)
                 return  # gone, or already in the object tier: nothing was uploaded
             except EstreamError:
                 self._count(OFFLOAD_ERRORS, stage="prepare")
                 raise
         await self._store("put", self.store.put(key, parts), stage="put")
         await self._verify(key, size, parts[-1])
-        command = CommitObject(upload.name, upload.stream_id, upload.range_index,
-                               upload.start, upload.end, key, upload.replaces, prepared=True)
+        members = tuple(replace(m, part=span) for m, span in
+                        zip(pack_members(uploads), spans, strict=True))
         try:
-            await self.service.raft.propose(command)
+            await self.service.raft.propose(CommitPack(key, members))
         except (Conflict, StreamNotFound, RangeNotFound) as exc:
-            # Refused for good: another key won, the record expired, or the range or
-            # stream is gone. Ours can never be named: delete it now.
-            log.info("offload of range %d of stream %r not committed (%s); deleting %s",
-                     upload.range_index, upload.name, exc, key)
+            # Refused for good: the record expired, or every range is gone or committed
+            # under another key. Ours can never be named: delete it now.
+            log.info("offload of %d ranges not committed (%s); deleting %s", len(uploads),
+                     exc, key)
             await self._store("delete", self.store.delete(key), stage="commit")
             return
         except EstreamError:
             self._count(OFFLOAD_ERRORS, stage="commit")
             raise  # outcome unknown: the object stays (committed, or still prepared)
         self._count(OFFLOADED_BYTES, size)
-        self._count(OFFLOADED_RANGES)
-        log.info("range %d of stream %r [%d, %d) is in the object tier as %s (%d bytes)",
-                 upload.range_index, upload.name, upload.start, upload.end, key, size)
+        self._count(OFFLOADED_RANGES, len(uploads))
+        log.info("%d ranges are in the object tier as %s (%d bytes; first: range %d of "
+                 "stream %r)", len(uploads), key, size, uploads[0].range_index,
+                 uploads[0].name)
 
-    async def _build(self, upload: Upload) -> list[bytes | memoryview]:
-        """The object of ``upload`` as its parts (the batches, then index and footer),
-        read from the first replica that gives the whole range, every batch verified."""
+    async def _read_batches(self, upload: Upload) -> list[bytes]:
+        """``[start, end)`` of ``upload`` from the first replica that gives the whole
+        range, every batch verified."""
         if upload.end == upload.start:
-            return encode_object_parts([], stream_id=upload.stream_id,
-                                       range_index=upload.range_index,
-                                       start_offset=upload.start, end_offset=upload.end)
+            return []
         last: EstreamError = Unavailable(f"range {upload.range_index} of stream "
                                          f"{upload.name!r} has no replica to read")
         for source in upload.sources:
             try:
-                batches = await self._read_range(source, upload)
-                return encode_object_parts(batches, stream_id=upload.stream_id,
-                                           range_index=upload.range_index,
-                                           start_offset=upload.start, end_offset=upload.end)
+                return await self._read_range(source, upload)
             except EstreamError as exc:
                 self._count(OFFLOAD_ERRORS, stage="read")
                 log.info("offload: replica %s of range %d of stream %r cannot be read whole "
@@ -369,12 +449,14 @@ class Offloader:
             log.warning("the object %s of range %d of stream %r is missing or damaged (%s); "
                         "uploading it again from the local replicas, which are kept",
                         drop.object_key, drop.range_index, drop.name, broken)
-            await self._offload(drop.reupload(alive))
+            await self._offload([drop.reupload(alive)])
 
     async def _check_object(self, drop: LocalDrop) -> int:
         """Read the whole object back (a window of batches at a time): its footer names
         the range, its index checks out, every batch's checksum verifies. Returns its size."""
         k = drop.object_key
+        if drop.part is not None:
+            return await self._check_part(drop, drop.part)
         size = await self._store("head", self.store.head(k), stage="check")
         if size < FOOTER_BYTES:
             raise MalformedObject(f"object {k} is {size} bytes", key=k)
@@ -389,6 +471,23 @@ class Offloader:
         index = decode_index(await self._store("get", self.store.get_range(
             k, index_at, index_at + footer.index_bytes), stage="check")
             if footer.index_bytes else b"", footer)
+        await self._check_batches(k, index)
+        return size
+
+    async def _check_part(self, drop: LocalDrop, part: ObjectPart) -> int:
+        """The range's part of a version-2 object read back: its index entries (checked
+        against the catalog's checksum and the range), every batch. Returns its bytes."""
+        k = drop.object_key
+        raw = await self._store("get", self.store.get_range(
+            k, part.index_start, part.index_end), stage="check") if part.index_end > (
+            part.index_start) else b""
+        index = decode_part(raw, part, stream_id=drop.stream_id, range_index=drop.range_index,
+                            start_offset=drop.start, end_offset=drop.end)
+        await self._check_batches(k, index)
+        return part.data_bytes
+
+    async def _check_batches(self, k: str, index: ObjectIndex) -> None:
+        """Every batch of ``index`` read (a window per GET) and verified."""
         entries = iter(index.entries)
         for lo, hi in index.windows(check_window_bytes):
             window = await self._store("get", self.store.get_range(k, lo, hi), stage="check")
@@ -399,7 +498,6 @@ class Offloader:
                                                                      entry.count):
                     raise MalformedObject(f"object {k}: the batch at offset {base_offset} "
                                           "does not match its index entry", key=k)
-        return size
 
     async def _drop_replicas(self, drop: LocalDrop, size: int) -> None:
         client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
@@ -415,6 +513,32 @@ class Offloader:
         self._count(RELEASED_RANGES)
         log.info("range %d of stream %r: local replicas released (object %s)",
                  drop.range_index, drop.name, drop.object_key)
+
+    # -- deletion of unreferenced objects ----------------------------------------------
+    async def _delete_unreferenced(self) -> None:
+        """Delete the objects the catalog lists as unreferenced (their last range was
+        trimmed, deleted, re-uploaded or compacted away), then tell the catalog. A crash
+        in between deletes again (a missing object is no error)."""
+        view = self.service.view()
+        keys = deletions_due(view.unreferenced, view.object_refs.keys(),
+                             view.prepared.keys())
+        done = []
+        for key in keys:
+            try:
+                await self._store("delete", self.store.delete(key), stage="delete")
+            except EstreamError as exc:  # tried again next round
+                log.warning("offload: deleting unreferenced %s failed: %s", key, exc)
+                continue
+            done.append(key)
+            self._count(OBJECTS_DELETED)
+            log.info("offload: deleted %s (no range references it any more)", key)
+        if done:
+            try:
+                await self.service.raft.propose(ObjectsDeleted(tuple(done)))
+            except EstreamError as exc:  # deleted again next round, then forgotten
+                self._count(OFFLOAD_ERRORS, stage="delete")
+                log.warning("offload: forgetting %d deleted objects failed: %s", len(done),
+                            exc)
 
     # -- expire and sweep ----------------------------------------------------------------
     async def _expire(self) -> None:

@@ -5,7 +5,7 @@ Every ``interval_ms``, while this node is the caught-up Raft leader, one round:
 1. **Statistics.** Sealed, non-empty ranges without recorded statistics (at most
    ``stats_per_round_max``, oldest first) get them (:mod:`pd.retention` says what each
    figure means and where it comes from). A range in the object tier: from its object's
-   index (:func:`~estream.net.objectindex.read_index`, then
+   index (:func:`~estream.net.objectindex.read_range_index`, then
    :func:`pd.retention.object_range_stats`), so that a range whose replicas are released,
    or whose replicas' time index is partial, still gets them and never holds retention
    forever. Otherwise (or when its object cannot be read): from one replica's time index
@@ -45,7 +45,7 @@ import logging
 import time
 from typing import Final
 
-from estream.net.objectindex import read_index
+from estream.net.objectindex import read_range_index
 from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
@@ -155,7 +155,7 @@ class Retainer:
     async def _from_object(self, stream: StreamMeta, rng: RangeMeta) -> RangeStats | None:
         assert self.store is not None and rng.object_key is not None
         try:
-            index = await read_index(self.store, rng.object_key)
+            index = await read_range_index(self.store, stream.id, rng)
         except EstreamError as exc:  # missing or damaged: the offloader uploads it again
             log.debug("statistics of range %d of stream %r: its object %s: %s", rng.index,
                       stream.name, rng.object_key, exc)

@@ -47,7 +47,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
-from estream.wire.objectformat import encode_object
+from estream.wire.objectformat import PackRange, encode_object, encode_pack_parts
 from estream.wire.record import Record, decode_views, encode_batch
 from tests.integration import test_object_tier_s3 as object_tier_s3
 from tests.integration.test_object_tier import all_tiered, tier_timeout_s, wait_for, write_ranges
@@ -126,6 +126,63 @@ async def test_every_form_of_read_returns_the_offloaded_records(store: ObjectSto
     assert decoded.base_offset == 98 and decoded.count == 5
 
 
+class CountingStore(ObjectStore):
+    """A ``file://`` store that counts HEADs and ranged GETs."""
+
+    heads = 0
+    gets = 0
+
+    async def head(self, key: str) -> int:
+        self.heads += 1
+        return await super().head(key)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        self.gets += 1
+        return await super().get_range(key, start, end)
+
+
+async def packed(store: ObjectStore) -> StreamMeta:
+    """Ranges 0 and 1 of stream STREAM_ID with a range of another stream between them,
+    in one version-2 object; the catalog's ranges with their parts."""
+    other = encode_batch([Record(b"other", {}, 5)], stream_id=STREAM_ID + 1, range_index=0,
+                         epoch=1, base_offset=0)
+    parts, spans = encode_pack_parts([
+        PackRange(STREAM_ID, 0, 0, 100, batches(0, 0, 100, 7)),
+        PackRange(STREAM_ID + 1, 0, 0, 1, [other]),
+        PackRange(STREAM_ID, 1, 100, 250, batches(1, 100, 250, 50))])
+    await store.put("p/packed.eso", parts)
+    return StreamMeta(STREAM_ID, "s", ranges=(
+        RangeMeta(0, 0, 100, (), "object", "p/packed.eso", object_part=spans[0]),
+        RangeMeta(1, 100, 250, (), "object", "p/packed.eso", object_part=spans[2])))
+
+
+async def test_ranges_of_a_packed_object_read_only_their_part(tmp_path: Path) -> None:
+    store = CountingStore.from_url(f"file://{tmp_path}/objects")
+    assert isinstance(store, CountingStore)
+    meta = await packed(store)
+    client = client_of(meta, ObjectReads(store))
+    records = [r async for r in read_stream(client, "s")]
+    assert [r.offset for r in records] == list(range(250))
+    assert records[123].headers == {"k": "123"}
+    assert store.heads == 0  # the catalog says where each part is: no HEAD, no footer
+    gets = store.gets
+    assert [r.offset async for r in read_stream(client, "s", 120, 130)] == list(range(120, 130))
+    assert store.gets == gets + 1  # the part's index is cached: one GET of its batches
+    # a part named for another range of the same object is never read
+    wrong = replace(meta.ranges[0], object_part=meta.ranges[1].object_part)
+    with pytest.raises(MalformedObject):
+        await ObjectReads(store).range_index(STREAM_ID, wrong)
+    # a flipped byte in a part's index entries fails its catalog checksum
+    part = meta.ranges[1].object_part
+    assert part is not None
+    path = tmp_path / "objects" / "p/packed.eso"
+    data = bytearray(path.read_bytes())
+    data[part.index_start + 9] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumMismatch):
+        await ObjectReads(store).range_index(STREAM_ID, meta.ranges[1])
+
+
 async def test_a_read_gets_the_batches_from_the_one_holding_the_offset(store: ObjectStore) -> None:
     meta = await two_ranges(store)
     objects = ObjectReads(store)
@@ -202,9 +259,9 @@ async def test_the_index_cache_is_bounded(store: ObjectStore) -> None:
     assert None not in keys
     for key in keys:
         await objects.index(cast(str, key))
-    assert list(objects._indexes) == [keys[1]]  # the older, larger one was dropped
+    assert list(objects._indexes) == [(keys[1], -1)]  # the older, larger one was dropped
     await objects.index(cast(str, keys[0]))
-    assert list(objects._indexes) == [keys[0]]  # one index is always kept
+    assert list(objects._indexes) == [(keys[0], -1)]  # one index is always kept
 
 
 async def test_catch_up_reads_take_the_window_read_ahead(store: ObjectStore) -> None:
@@ -404,10 +461,11 @@ async def test_s3_reads_with_every_range_server_stopped_and_a_byte_flipped_behin
         records = [r async for r in client.read("s3reads", 0, len(values))]
         assert [r.value for r in records] == values
         assert [r.offset async for r in client.read("s3reads", 85, 95)] == list(range(85, 95))
-    # one byte of the second object's first batch flipped in the store itself
+    # one byte of the second range's first batch flipped in the store itself (its part
+    # of an object it may share with the first range)
     store, key = seaweed.store("tier"), ranges[1]["object_key"]  # the fixture's prefix
     data = bytearray(await store.get(key))
-    data[80] ^= 0x01
+    data[ranges[1]["object_part"]["data"][0] + 80] ^= 0x01
     await store.put(key, bytes(data))
     async with await estream.connect(cluster.pd_addresses) as client:
         assert len([r async for r in client.read("s3reads", 0, 90)]) == 90

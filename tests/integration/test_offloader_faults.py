@@ -58,6 +58,7 @@ from pd.commands import (
     OpenWriter,
     RegisterServer,
     SealRange,
+    TrimStream,
 )
 from pd.metrics import Metrics
 from pd.offload import Upload, object_key
@@ -143,11 +144,18 @@ class FakePool:
         self.drops: list[str] = []
         self.drop_fails: set[str] = set()
         self.end = 0
+        # (stream id, range index) -> (start, batches): what every server answers for
+        # another range than the rig's range 0
+        self.ranges: dict[tuple[int, int], tuple[int, bytes]] = {}
 
     async def call(self, address: str, opcode: int, header: Any = None, payload: Any = b"",
                    *, timeout_s: float = 5.0) -> tuple[dict[str, Any], bytes]:
         if opcode == Opcode.READ:
             self.reads.append(address)
+            other = self.ranges.get((header["stream_id"], header["range_index"]))
+            if other is not None:
+                start, data = other
+                return {"end": start, "sealed": True}, data if header["offset"] == start else b""
             reply = self.replies[address]
             if isinstance(reply, EstreamError):
                 raise reply
@@ -181,6 +189,7 @@ class FlakyStore(ObjectStore):
     hang_gets = 0
     crash_after_put = False
     crash_after_get = False
+    crash_after_delete = False
 
     async def put(self, key: str, data: Body) -> None:
         if self.put_failures:
@@ -203,6 +212,13 @@ class FlakyStore(ObjectStore):
             self.crash_after_get = False
             raise Crash("after the check")
         return data
+
+
+    async def delete(self, key: str) -> None:
+        await super().delete(key)
+        if self.crash_after_delete:
+            self.crash_after_delete = False
+            raise Crash("after the DELETE")
 
 
 @dataclass
@@ -269,10 +285,13 @@ def leader(service: FakeService, store: FlakyStore, pool: FakePool) -> Offloader
 
 
 def values_of(rig: Rig, key: str) -> list[bytes]:
+    """The records of range 0 in object ``key`` (checked whole: every batch's checksum)."""
     data = (rig.root / key).read_bytes()
     index = decode_object(data)
-    assert (index.footer.start_offset, index.footer.end_offset) == (0, 35)
-    return [r.value for _, raw in iter_object_batches(data[: index.footer.index_position])
+    (entries,) = [e for sid, ri, e in index.ranges() if (sid, ri) == (rig.stream.id, 0)]
+    assert (entries[0].base_offset, entries[-1].end_offset) == (0, 35)
+    lo, hi = entries[0].position, entries[-1].position + entries[-1].length
+    return [r.value for _, raw in iter_object_batches(data[lo:hi])
             for r in decode_batch(raw).records]
 
 
@@ -318,7 +337,7 @@ async def test_store_down_backs_off_and_keeps_local_copies(rig: Rig) -> None:
 
 
 async def test_commit_outcome_unknown_not_applied(rig: Rig) -> None:
-    rig.raft.fail["commit_object"] = [Timeout("leader lost")]
+    rig.raft.fail["commit_pack"] = [Timeout("leader lost")]
     await rig.round_at(1_000)
     assert rig.range0().tier == "local"
     (first,) = rig.objects()  # kept: its commit may have landed
@@ -327,14 +346,14 @@ async def test_commit_outcome_unknown_not_applied(rig: Rig) -> None:
     r = rig.range0()
     assert r.tier == "object" and r.object_key == first
     assert rig.objects() == {first} and not rig.raft.catalog.view().prepared
-    assert [c.kind for c in rig.raft.proposed].count("prepare_object") == 1
+    assert [c.kind for c in rig.raft.proposed].count("prepare_pack") == 1
     await rig.offloader._sweep()
     assert rig.objects() == {first}
     assert values_of(rig, first) == EXPECTED
 
 
 async def test_commit_outcome_unknown_then_the_record_expires(rig: Rig) -> None:
-    rig.raft.fail["commit_object"] = [Timeout("leader lost")]
+    rig.raft.fail["commit_pack"] = [Timeout("leader lost")]
     await rig.round_at(1_000)
     (first,) = rig.objects()
     rig.offloader.retry_at.clear()
@@ -347,13 +366,13 @@ async def test_commit_outcome_unknown_then_the_record_expires(rig: Rig) -> None:
 
 
 async def test_commit_outcome_unknown_but_applied(rig: Rig) -> None:
-    rig.raft.apply_then_fail["commit_object"] = Timeout("answer lost")
+    rig.raft.apply_then_fail["commit_pack"] = Timeout("answer lost")
     await rig.round_at(1_000)
     r = rig.range0()
     assert r.tier == "object" and rig.objects() == {r.object_key}
     await rig.round_at(1_000)
     await rig.round_at(1_000)
-    assert [c.kind for c in rig.raft.proposed].count("commit_object") == 1
+    assert [c.kind for c in rig.raft.proposed].count("commit_pack") == 1
     await rig.offloader._sweep()
     assert rig.objects() == {r.object_key}  # named: never swept
 
@@ -363,7 +382,7 @@ async def test_refused_commits_delete_their_own_object(rig: Rig) -> None:
     rig.raft.catalog.apply(CommitObject("s", rig.stream.id, 0, 0, 35, "elsewhere.eso"))
     # (an upload the planner would no longer start, forced: as if it began before)
     await rig.offloader._offload(
-        Upload("s", rig.stream.id, 0, 0, 35, rig.stream.ranges[0].replicas))
+        [Upload("s", rig.stream.id, 0, 0, 35, rig.stream.ranges[0].replicas)])
     assert rig.objects() == set() and rig.range0().object_key == "elsewhere.eso"
 
 
@@ -371,7 +390,7 @@ async def test_stream_deleted_during_the_upload(rig: Rig) -> None:
     real_propose = rig.raft.propose
 
     async def delete_first(command: Command) -> Any:
-        if command.kind == "commit_object":
+        if command.kind == "commit_pack":
             rig.raft.catalog.apply(DeleteStream("s"))
         return await real_propose(command)
 
@@ -500,13 +519,14 @@ def agree(rig: Rig) -> None:
         assert values_of(rig, r.object_key) == EXPECTED
     else:
         assert r.tier == "local" and len(r.replicas) == 3, "local copies lost before a commit"
-    assert rig.objects() <= named | set(view.prepared), "an object the catalog does not know"
+    assert rig.objects() <= named | set(view.prepared) | set(view.unreferenced), (
+        "an object the catalog does not know")
 
 
 async def crash_at(rig: Rig, step: str) -> None:
     """Drive the first leader until it stops right after ``step``."""
     if step in ("prepare", "commit", "drop"):
-        rig.raft.apply_then_fail[f"{step}_object" if step != "drop" else
+        rig.raft.apply_then_fail[f"{step}_pack" if step != "drop" else
                                  "drop_local_replicas"] = Crash(f"after {step}")
     elif step == "put":
         rig.store.crash_after_put = True
@@ -519,11 +539,14 @@ async def crash_at(rig: Rig, step: str) -> None:
     agree(rig)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
 @pytest.mark.parametrize("late", [False, True], ids=["in-time", "after-the-deadline"])
 @pytest.mark.parametrize("step", STEPS)
 async def test_a_crash_after_every_step_leaves_catalog_and_store_agreeing(
-    rig: Rig, step: str, late: bool
+    rig: Rig, step: str, late: bool, packed: bool
 ) -> None:
+    if packed:  # a second stream's range in the same object
+        second_stream(rig)
     await crash_at(rig, step)
     crashed_with = set(rig.raft.catalog.view().prepared)
     # A new leader (a new term, nothing in memory), in time to reuse a prepared key, or
@@ -545,10 +568,21 @@ async def test_a_crash_after_every_step_leaves_catalog_and_store_agreeing(
     if crashed_with and not late:  # the prepared upload was retried under its own key
         assert r.object_key in crashed_with
     if step == "drop":  # released by the catalog before the crash: DROP_RANGE is the
-        assert rig.pool.drops == []  # reclaimer's ("moved"), nothing re-uploaded
+        # reclaimer's ("moved"), nothing re-uploaded (a packed range released later is
+        # dropped on its three servers)
+        assert len(rig.pool.drops) == (3 if packed else 0)
     kinds = [c.kind for c in rig.raft.proposed]
-    assert kinds.count("commit_object") == 1  # a commit that landed is never made again
-    assert kinds.count("drop_local_replicas") == 1
+    assert kinds.count("commit_pack") == 1  # a commit that landed is never made again
+    assert kinds.count("drop_local_replicas") == (2 if packed else 1)
+    if packed:  # both ranges committed by that one command, in the one object left
+        t0 = rig.raft.catalog.stream("t").ranges[0]
+        assert t0.object_key == r.object_key and t0.replicas == ()
+        assert values_of_part(rig, r.object_key, t0_id(rig)) == [
+            f"v{i}".encode() for i in range(20)]
+
+
+def t0_id(rig: Rig) -> int:
+    return rig.raft.catalog.stream("t").id
 
 
 async def test_a_put_landing_after_its_record_expired_is_swept(rig: Rig) -> None:
@@ -606,3 +640,114 @@ async def test_a_slow_store_backs_off_and_keeps_local_copies(rig: Rig) -> None:
         agree(rig)
     finally:
         ticker.cancel()
+
+
+# -- packed objects and references ----------------------------------------------------------
+
+
+def second_stream(rig: Rig, name: str = "t", end: int = 20) -> StreamMeta:
+    """Another stream with a sealed range 0 ``[0, end)`` that every server serves, seen
+    sealed now (packed with the rig's range 0 in the next upload)."""
+    catalog = rig.raft.catalog
+    catalog.apply(CreateStream(name, 3, 2, "", (), SERVERS))
+    catalog.apply(OpenWriter(name))
+    catalog.apply(SealRange(name, 1, 0, end, SERVERS))
+    other = catalog.stream(name)
+    rig.pool.ranges[(other.id, 0)] = (0, b"".join(batches(0, end, other.id)))
+    rig.offloader.sealed_since[(other.id, 0)] = rig.service.now_ms
+    return other
+
+
+async def test_ranges_of_two_streams_share_one_object_committed_at_once(rig: Rig) -> None:
+    other = second_stream(rig)
+    await rig.round_at(1_000)
+    key = rig.range0().object_key
+    t0 = rig.raft.catalog.stream("t").ranges[0]
+    assert key is not None and t0.object_key == key and rig.objects() == {key}
+    assert [c.kind for c in rig.raft.proposed].count("commit_pack") == 1
+    assert rig.raft.catalog.view().object_refs[key] == {(rig.stream.id, 0), (other.id, 0)}
+    assert values_of_part(rig, key, other.id) == [f"v{i}".encode() for i in range(20)]
+    agree(rig)
+
+
+def values_of_part(rig: Rig, key: str, stream_id: int) -> list[bytes]:
+    data = (rig.root / key).read_bytes()
+    (entries,) = [e for s, _, e in decode_object(data).ranges() if s == stream_id]
+    lo, hi = entries[0].position, entries[-1].position + entries[-1].length
+    return [r.value for _, raw in iter_object_batches(data[lo:hi])
+            for r in decode_batch(raw).records]
+
+
+async def test_a_pack_is_closed_at_its_size_or_its_age(rig: Rig) -> None:
+    rig.offloader.object_max_age_ms = 3_000
+    rig.offloader.object_size_bytes = 10**9
+    second_stream(rig)
+    await rig.round_at(1_000)  # both read into the open pack: it waits
+    assert rig.range0().tier == "local" and rig.objects() == set()
+    assert len(rig.offloader.pending) == 2 and not rig.raft.catalog.view().prepared
+    await rig.round_at(2_000)
+    assert rig.range0().tier == "local"
+    await rig.round_at(1_000)  # three seconds in the pack: closed
+    assert rig.range0().tier == "object"
+    assert rig.raft.catalog.stream("t").ranges[0].object_key == rig.range0().object_key
+    rig.offloader.object_size_bytes = 1  # every range its own object at once
+    third = second_stream(rig, "u")
+    await rig.round_at(1_000)
+    assert rig.raft.catalog.stream("u").ranges[0].object_key not in (
+        None, rig.range0().object_key)
+    assert rig.raft.catalog.view().object_refs[
+        rig.raft.catalog.stream("u").ranges[0].object_key or ""] == {(third.id, 0)}
+
+
+async def test_a_new_leader_loses_the_open_pack_and_uploads_again(rig: Rig) -> None:
+    rig.offloader.object_max_age_ms = 10**9
+    rig.offloader.object_size_bytes = 10**9
+    second_stream(rig)
+    await rig.round_at(1_000)
+    assert len(rig.offloader.pending) == 2
+    rig.raft.term += 1  # the open pack was only memory: nothing to clean up
+    successor = leader(rig.service, rig.store, rig.pool)
+    for _ in range(3):
+        rig.service.now_ms += 1_000
+        await successor.round()
+    assert rig.range0().tier == "object" and rig.objects() == {rig.range0().object_key}
+
+
+DELETE_STEPS = ("none", "delete", "forget")
+
+
+@pytest.mark.parametrize("crash", DELETE_STEPS)
+async def test_an_object_is_deleted_once_its_last_reference_goes(rig: Rig, crash: str) -> None:
+    second_stream(rig)
+    await rig.round_at(1_000)
+    key = rig.range0().object_key
+    assert key is not None
+    catalog = rig.raft.catalog
+    catalog.apply(DeleteStream("t"))
+    await rig.round_at(100)
+    assert rig.objects() == {key} and not catalog.view().unreferenced  # s/0 still needs it
+    catalog.apply(TrimStream("s", 35))  # the last reference gone
+    assert catalog.view().unreferenced == (key,)
+    agree(rig)
+    if crash == "delete":  # deleted from the store, the leader lost before telling
+        rig.store.crash_after_delete = True
+    elif crash == "forget":  # objects_deleted applied, the answer lost with the leader
+        rig.raft.apply_then_fail["objects_deleted"] = Crash("after objects_deleted")
+    if crash == "none":
+        await rig.round_at(100)
+    else:
+        with pytest.raises(Crash):
+            await rig.round_at(100)
+        agree(rig)
+        rig.raft.term += 1
+        successor = leader(rig.service, rig.store, rig.pool)
+        rig.service.now_ms += 1_000
+        await successor.round()
+    assert rig.objects() == set() and not catalog.view().unreferenced
+    assert "objects_deleted" in [c.kind for c in rig.raft.proposed]
+    agree_after_trim(rig)
+
+
+def agree_after_trim(rig: Rig) -> None:
+    view = rig.raft.catalog.view()
+    assert not view.object_refs and not view.unreferenced and not view.prepared

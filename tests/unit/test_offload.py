@@ -142,6 +142,8 @@ BASE_ARGS = ["--id", "0", "--listen", "127.0.0.1:7100", "--raft", "127.0.0.1:711
     ["--object-store", "ftp://x"], ["--object-store", "file://relative/dir"],
     ["--object-store", "s3://"], ["--object-store-endpoint", "127.0.0.1:9000"],
     ["--offload-delay-s", "-1"], ["--local-retention-s", "soon"],
+    ["--object-size-bytes", "1000"], ["--object-size-bytes", "big"],
+    ["--object-max-age-s", "-5"],
 ])
 def test_pd_tier_flags_refuse_bad_values(extra: list[str]) -> None:
     from pd.shell.cli import build_parser
@@ -160,6 +162,10 @@ def test_pd_tier_flags_defaults_and_values() -> None:
     assert (args.object_store, args.object_store_endpoint) == (
         "s3://bucket/prefix", "http://127.0.0.1:8333")
     assert (args.offload_delay_s, args.local_retention_s) == (1.5, 0)
+    assert (args.object_size_bytes, args.object_max_age_s) == (64 * 1024 * 1024, None)
+    args = build_parser().parse_args([*BASE_ARGS, "--object-size-bytes", "8388608",
+                                      "--object-max-age-s", "30"])
+    assert (args.object_size_bytes, args.object_max_age_s) == (8 * 1024 * 1024, 30)
 
 
 # -- prepared uploads ------------------------------------------------------------------------
