@@ -53,6 +53,17 @@ SCHEMAS: Final[dict[str, Any]] = {
             "replicas": {"type": "array", "items": _ref("Replica")},
             "tier": {"type": "string", "enum": ["local", "object"]},
             "object_key": _NULLABLE_STR,
+            "object_part": {
+                "type": "object",
+                "description": "the range's part of a packed (version 2) object: byte "
+                               "spans of its batches and of its index entries, and "
+                               "their xxh3-64",
+                "properties": {
+                    "data": {"type": "array", "items": {"type": "integer"}},
+                    "index": {"type": "array", "items": {"type": "integer"}},
+                    "checksum": {"type": "integer"},
+                },
+            },
         },
     },
     "Stream": {
