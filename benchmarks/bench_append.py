@@ -14,11 +14,18 @@ measures with 1 KiB records:
 5. ``--exactly-once``: throughput 1 again beside the same with an idempotent producer
    (``producer_id`` set, every append with its ``sequence``) and with the ``crc32c`` and
    ``hmac-sha256`` entry digests, alternated ``--repeat`` times (the median of each, and
-   its ratio to plain xxh3 appends without a producer).
+   its ratio to plain xxh3 appends without a producer);
+6. ``--phases workers``: the comparison's per-record row (``compare.py`` scenario 1:
+   ``--inflight`` workers, each awaiting one ``writer.append`` after another);
+7. ``--phases typical``: a typical application loop: one task per append
+   (``asyncio.create_task``), each append awaited with ``asyncio.wait_for``, each value
+   built per record (a small JSON-ish prefix padded to 1 KiB), ``--inflight`` at once.
 
-Every phase is bounded in count and time. Usage::
+Every throughput phase also reports the client's CPU time per record (steadier than
+records/s on a shared machine). Every phase is bounded in count and time. Usage::
 
-    .venv/bin/python benchmarks/bench_append.py [--records 50000] [--latency-samples 2000]
+    .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
+        [--phases throughput,one,visible,workers,typical] [--inflight 256]
         [--kill-replica] [--exactly-once [--repeat 3]] [--json out.json]
 """
 
@@ -83,6 +90,102 @@ async def throughput(
         "mb_per_s": round(records * len(RECORD) / elapsed / 1e6, 1),
         "client_cpu_us_per_record": round(cpu_s / records * 1e6, 1),
     }
+
+
+async def workers(
+    client: estream.Client, records: int, inflight: int, time_s: float = 30.0,
+    *, name: str = "bench-workers",
+) -> dict[str, Any]:
+    """``compare.py``'s per-record row (``benchmarks/peers/load.run_ops``, whose values
+    are ``payload(size, i)``): ``inflight`` workers, one append after another."""
+    await client.create_stream(name, replicas=3, ack_count=2)
+    writer = await client.open_writer(name)
+    issued = failed = 0
+    latencies: list[float] = []
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    deadline = started + time_s
+
+    async def worker() -> None:
+        nonlocal issued, failed
+        while issued < records and time.perf_counter() < deadline:
+            i = issued
+            issued += 1
+            value = (i.to_bytes(8, "little") * (len(RECORD) // 8 + 1))[: len(RECORD)]
+            t0 = time.perf_counter()
+            try:
+                await writer.append(value)
+            except estream.EstreamError:
+                failed += 1
+            else:
+                latencies.append((time.perf_counter() - t0) * 1000)
+
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    elapsed = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
+    await writer.close()
+    return _loop_figures(len(latencies), failed, elapsed, cpu_s, inflight,
+                         p50_ms=percentile(latencies, 50), p99_ms=percentile(latencies, 99))
+
+
+async def typical(
+    client: estream.Client, records: int, inflight: int, time_s: float = 30.0,
+    *, name: str = "bench-typical",
+) -> dict[str, Any]:
+    """A typical application loop: one task per append, each awaited with
+    ``asyncio.wait_for``, each value built per record, at most ``inflight`` at once."""
+    await client.create_stream(name, replicas=3, ack_count=2)
+    writer = await client.open_writer(name)
+    slots = asyncio.Semaphore(inflight)
+    tasks: set[asyncio.Task[None]] = set()
+    failed = 0
+    done = 0
+    pad = "x" * len(RECORD)
+
+    async def one(i: int) -> None:
+        nonlocal failed, done
+        try:
+            value = f'{{"id": {i}, "at": {time.time():.6f}, "pad": "{pad}'.encode()
+            await asyncio.wait_for(writer.append(value[: len(RECORD) - 2] + b'"}'), 10.0)
+        except (estream.EstreamError, TimeoutError):
+            failed += 1
+        else:
+            done += 1
+        finally:
+            slots.release()
+
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    deadline = started + time_s
+    for i in range(records):
+        await slots.acquire()
+        if time.perf_counter() > deadline:
+            slots.release()
+            break
+        task = asyncio.create_task(one(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(list(tasks), timeout=30.0)
+    elapsed = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
+    await writer.close()
+    return _loop_figures(done, failed, elapsed, cpu_s, inflight)
+
+
+def _loop_figures(
+    ops: int, failed: int, seconds: float, cpu_s: float, inflight: int, **extra: float
+) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "records": ops,
+        "failed": failed,
+        "in_flight": inflight,
+        "seconds": round(seconds, 3),
+        "records_per_s": round(ops / seconds) if seconds > 0 else 0,
+        "client_cpu_us_per_record": round(cpu_s / max(ops, 1) * 1e6, 1),
+    }
+    figures.update({k: round(v, 3) for k, v in extra.items()})
+    return figures
 
 
 async def one_in_flight(client: estream.Client, samples: int) -> dict[str, Any]:
@@ -183,6 +286,14 @@ async def kill_replica(
     }
 
 
+PHASES = {  # --phases name: results key, in the order they run
+    "throughput": "throughput",
+    "workers": "workers",
+    "typical": "typical",
+    "one": "one_in_flight",
+    "visible": "append_to_visible",
+}
+
 EXACTLY_ONCE_ROWS = {
     "plain": {},
     "producer_id": {"producer_id": "bench"},
@@ -228,18 +339,25 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
             )
             print("exactly once", results["exactly_once"], flush=True)
             return results
-        results["throughput"] = await asyncio.wait_for(
-            throughput(client, args.records, args.window), PHASE_TIMEOUT_S
-        )
-        print("throughput", results["throughput"], flush=True)
-        results["one_in_flight"] = await asyncio.wait_for(
-            one_in_flight(client, args.latency_samples), PHASE_TIMEOUT_S
-        )
-        print("one in flight", results["one_in_flight"], flush=True)
-        results["append_to_visible"] = await asyncio.wait_for(
-            append_to_visible(client, args.visible_samples), PHASE_TIMEOUT_S
-        )
-        print("append to visible", results["append_to_visible"], flush=True)
+        phases = set(args.phases.split(","))
+        unknown = phases - set(PHASES)
+        if unknown:
+            raise SystemExit(f"unknown phases: {', '.join(sorted(unknown))}")
+        for phase in PHASES:
+            if phase not in phases:
+                continue
+            if phase == "throughput":
+                coro = throughput(client, args.records, args.window)
+            elif phase == "workers":
+                coro = workers(client, args.records, args.inflight)
+            elif phase == "typical":
+                coro = typical(client, args.records, args.inflight)
+            elif phase == "one":
+                coro = one_in_flight(client, args.latency_samples)
+            else:
+                coro = append_to_visible(client, args.visible_samples)
+            results[PHASES[phase]] = await asyncio.wait_for(coro, PHASE_TIMEOUT_S)
+            print(PHASES[phase].replace("_", " "), results[PHASES[phase]], flush=True)
         if args.kill_replica:
             results["kill_replica"] = await asyncio.wait_for(
                 kill_replica(client, cluster, args.kill_records, args.kill_window),
@@ -253,6 +371,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=50_000)
     parser.add_argument("--window", type=int, default=2_000, help="appends in flight")
+    parser.add_argument("--inflight", type=int, default=256,
+                        help="appends in flight in the workers and typical phases")
+    parser.add_argument("--phases", default="throughput,one,visible",
+                        help=f"comma-separated, of: {', '.join(PHASES)}")
     parser.add_argument("--latency-samples", type=int, default=2_000)
     parser.add_argument("--visible-samples", type=int, default=500)
     parser.add_argument("--kill-replica", action="store_true")
