@@ -122,17 +122,12 @@ class SimReader:
         self.items_range = -1  # the range they came from
         self.done = False
         self.error: EstreamError | None = None
-        self.stopped = False
+        self.stopped = False  # the reader's process ended: answers are ignored
         self.next_offset = start  # where the next delivery must begin
         self.log: list[str] = []
 
     def begin(self) -> None:
         self._advance()
-
-    def stop(self) -> None:
-        """The reader's process ends (its requests' answers are ignored)."""
-        self.stopped = True
-        self.steps.close()
 
     def describe(self) -> str:
         state = "done" if self.done else f"failed: {self.error!r}" if self.error else "reading"

@@ -7,7 +7,9 @@ round, record the seal in PD, once more without exclusions on ``NoPlacement``, t
 holders; its decisions are :class:`~estream.core.seal.RangeRecovery`'s), the one
 ``estream/net/recovery.py`` runs, with the retries of ``Writer._recover`` (the same epoch
 again after a backoff, with the stream read again). Each is a generator or a state machine
-this module only carries out: the sequences themselves are never written twice.
+this module only carries out: the sequences themselves are never written twice. The
+recovery's copies are :func:`estream.net.rangeclient.copy_range` itself, its coroutine
+driven over the simulated network (:mod:`tests.sim.simnet`).
 
 Every request names the server id the catalog lists for its replica, at the address the
 catalog gives (``WrongServer`` from a server with another identity).

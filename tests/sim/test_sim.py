@@ -450,7 +450,7 @@ class Sim:
     def plain_read(self) -> None:
         rng = self.reader_rng
         acked = max((w.acked_end for w in self.writers), default=0)
-        start = rng.choice([0, rng.randint(0, max(0, acked))])
+        start = rng.randint(0, max(0, acked))  # from 0: the tail and the final read
         end = rng.choice([None, start + rng.randint(1, 60)])
         self.new_reader(start, end, follow=end is not None and rng.random() < 0.3)
 
