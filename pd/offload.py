@@ -229,9 +229,9 @@ def reusable_packs(
             rng = stream.range_at(m.range_index) if stream is not None else None
             if stream is None or rng is None or stream.name != m.name:
                 break
-            if (rng.start, rng.end) != (m.start, m.end) or not (
-                    rng.tier == "local" or (m.replaces and rng.object_key == m.replaces)):
-                break
+            if (rng.start, rng.end) != (m.start, m.end) or not (rng.tier == "local" or (
+                    m.replaces and rng.object_key == m.replaces and rng.replicas)):
+                break  # (a compaction's record: never rebuilt, it expires)
             uploads.append(Upload(m.name, m.stream_id, m.range_index, m.start, m.end,
                                   rng.replicas, replaces=m.replaces))
         else:

@@ -33,7 +33,16 @@ committed, one round (the decisions are :mod:`pd.offload`'s):
    then ``objects_deleted`` is proposed; a crash in between deletes again (idempotent).
 4. **Expire** (every round): prepared records past their deadline are expired through
    Raft (``expire_prepared``), then their objects deleted (unless a range names them).
-5. **Sweep** (every ``sweep_interval_ms``): list the store and delete objects neither a
+5. **Compact** (every ``compact_interval_ms``): the sizes of referenced objects are
+   learnt by HEAD (a few a round, kept: objects never change), then
+   :func:`pd.compaction.plan` picks small or mostly-garbage packed objects; their live
+   ranges are read from them (each range's part, every batch verified) into one new
+   object, prepared (``prepare_pack``, each member ``replaces`` its old key), PUT,
+   checked, and committed with ``commit_pack`` in compaction mode (a compare-and-set on
+   each old key: a trim or delete that came first wins); the old objects become
+   unreferenced and step 3 deletes them. A crash leaves a prepared record: never rebuilt
+   (its ranges have no replicas), it expires and its object is deleted.
+6. **Sweep** (every ``sweep_interval_ms``): list the store and delete objects neither a
    range nor a prepared record names, older than ``orphan_grace``: the backstop for
    objects the catalog never knew (a PUT that landed after its record expired), and the
    objects of trimmed ranges and deleted streams.
@@ -87,9 +96,20 @@ from estream.wire.objectformat import (
     iter_object_batches,
 )
 from estream.wire.record import verify_batch
-from pd.commands import CommitPack, DropLocalReplicas, ExpirePrepared, ObjectsDeleted, PreparePack
+from pd.commands import (
+    CommitPack,
+    DropLocalReplicas,
+    ExpirePrepared,
+    ObjectsDeleted,
+    PackMember,
+    PreparePack,
+)
+from pd.compaction import Compaction
+from pd.compaction import plan as plan_compactions
 from pd.metrics import (
     OBJECT_REQUESTS,
+    OBJECTS_COMPACTED,
+    OBJECTS_COMPACTED_HELP,
     OBJECTS_DELETED,
     OFFLOAD_ERRORS,
     OFFLOAD_HELP,
@@ -110,6 +130,7 @@ from pd.offload import (
     drops_due,
     expired,
     garbage,
+    object_key,
     object_size_bytes_default,
     offload_lag_ms,
     pack_key,
@@ -138,6 +159,8 @@ sweep_deletes_max: Final = 1_000
 sweep_list_max: Final = 10_000  # keys one sweep lists (the next sweep lists the next ones)
 rpc_timeout_s: Final = 10.0
 check_window_bytes: Final = 8 * 1024 * 1024  # one ranged GET of the check before a release
+compact_interval_ms_default: Final = 60_000
+compact_heads_max: Final = 64  # object sizes learnt (HEAD) per compaction step
 
 _HELP: Final = OFFLOAD_HELP
 
@@ -164,6 +187,7 @@ class Offloader:
         wall_ms: Callable[[], int] | None = None,
         object_size_bytes: int = object_size_bytes_default,
         object_max_age_ms: int = 0,
+        compact_interval_ms: int = compact_interval_ms_default,
     ) -> None:
         self.service = service
         self.store = store
@@ -190,6 +214,9 @@ class Offloader:
         self.object_max_age_ms = object_max_age_ms
         self.pending: list[Pending] = []  # the open pack: ranges read, not yet uploaded
         self.pending_data: dict[RangeKey, list[bytes]] = {}  # their batches
+        self.compact_interval_ms = compact_interval_ms
+        self.next_compact_ms = 0  # 0: one interval after this leader's first round
+        self.object_sizes: dict[str, int] = {}  # object key -> bytes (HEAD; immutable)
 
     async def run(self) -> None:
         """Forever (until cancelled): a round every ``interval_ms`` while leader."""
@@ -208,6 +235,7 @@ class Offloader:
         self.next_sweep_ms = 0
         self.pending = []
         self.pending_data = {}
+        self.next_compact_ms = 0
 
     def _count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.service.metrics.count(name, _HELP[name], amount, **labels)
@@ -234,6 +262,11 @@ class Offloader:
                               busy=self.busy)[:drops_per_round_max]:
             await self._release(drop, alive)
         await self._expire()
+        if self.next_compact_ms == 0:
+            self.next_compact_ms = now + self.compact_interval_ms
+        elif now >= self.next_compact_ms:
+            self.next_compact_ms = now + self.compact_interval_ms
+            await self._compact()
         if now >= self.next_sweep_ms:
             self.next_sweep_ms = now + self.sweep_interval_ms
             await self._sweep()
@@ -513,6 +546,75 @@ class Offloader:
         self._count(RELEASED_RANGES)
         log.info("range %d of stream %r: local replicas released (object %s)",
                  drop.range_index, drop.name, drop.object_key)
+
+    # -- compaction --------------------------------------------------------------------
+    async def _compact(self) -> None:
+        """Learn a few object sizes, then rewrite what :func:`pd.compaction.plan` picks
+        (one rewrite a call: compaction never crowds out uploads and releases)."""
+        view = self.service.view()
+        self.object_sizes = {k: v for k, v in self.object_sizes.items()
+                             if k in view.object_refs}
+        for key in [k for k in view.object_refs if k not in self.object_sizes][
+                :compact_heads_max]:
+            try:
+                self.object_sizes[key] = await self._store(
+                    "head", self.store.head(key), stage="compact")
+            except EstreamError as exc:
+                log.info("compaction: the size of %s is unknown: %s", key, exc)
+        plans = plan_compactions(view.streams.values(), self.object_sizes,
+                                 size_bytes_max=self.object_size_bytes,
+                                 small_bytes=self.object_size_bytes // 4, busy=self.busy)
+        if plans:
+            await self._rewrite(plans[0])
+
+    async def _rewrite(self, plan: Compaction) -> None:
+        keys = [m.key for m in plan.moves]
+        self.busy.update(keys)
+        try:
+            await self._rewrite_once(plan)
+        except EstreamError as exc:
+            self._count(OFFLOAD_ERRORS, stage="compact")
+            log.warning("compaction of %s failed (tried again later): %s",
+                        ", ".join(plan.sources), exc)
+        finally:
+            self.busy.difference_update(keys)
+
+    async def _rewrite_once(self, plan: Compaction) -> None:
+        ranges = []
+        for m in plan.moves:
+            data = await self._store("get", self.store.get_range(
+                m.old_key, m.part.data_start, m.part.data_end), stage="compact") if (
+                m.part.data_bytes) else b""
+            ranges.append(PackRange(m.stream_id, m.range_index, m.start, m.end,
+                                    [bytes(raw) for _, raw in iter_object_batches(data)]))
+        parts, spans = encode_pack_parts(ranges)  # every batch verified, each range whole
+        size = sum(len(p) for p in parts)
+        first = plan.moves[0]
+        view = self.service.view()
+        key = object_key(first.stream_id, first.range_index, f"t{max(self.term, 0)}-"
+                         f"c{view.version}")
+        members = tuple(PackMember(m.name, m.stream_id, m.range_index, m.start, m.end,
+                                   replaces=m.old_key) for m in plan.moves)
+        try:
+            await self.service.raft.propose(PreparePack(
+                key, self.wall_ms() + self.prepare_ttl_ms, members))
+        except (Conflict, StreamNotFound, RangeNotFound) as exc:
+            log.info("compaction of %s not prepared: %s", ", ".join(plan.sources), exc)
+            return
+        await self._store("put", self.store.put(key, parts), stage="compact")
+        await self._verify(key, size, parts[-1])
+        try:
+            await self.service.raft.propose(CommitPack(key, tuple(
+                replace(m, part=span) for m, span in zip(members, spans, strict=True)),
+                compaction=True))
+        except (Conflict, StreamNotFound, RangeNotFound) as exc:
+            log.info("compaction into %s not committed (%s); deleting it", key, exc)
+            await self._store("delete", self.store.delete(key), stage="compact")
+            return
+        self.service.metrics.count(OBJECTS_COMPACTED, OBJECTS_COMPACTED_HELP,
+                                   len(plan.sources))
+        log.info("compaction: %s rewritten into %s (%d live bytes, %d ranges)",
+                 ", ".join(plan.sources), key, plan.live_bytes, len(plan.moves))
 
     # -- deletion of unreferenced objects ----------------------------------------------
     async def _delete_unreferenced(self) -> None:

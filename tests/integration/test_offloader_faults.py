@@ -751,3 +751,92 @@ async def test_an_object_is_deleted_once_its_last_reference_goes(rig: Rig, crash
 def agree_after_trim(rig: Rig) -> None:
     view = rig.raft.catalog.view()
     assert not view.object_refs and not view.unreferenced and not view.prepared
+
+
+# -- compaction ------------------------------------------------------------------------------
+
+
+async def two_released_objects(rig: Rig) -> tuple[str, str]:
+    """s/0 and t/0 each in an object of its own, their replicas released."""
+    rig.offloader.object_size_bytes = 1  # every range its own object
+    second_stream(rig)
+    await rig.round_at(1_000)
+    await rig.round_at(100)
+    await rig.round_at(5_000)
+    s0, t0 = rig.range0(), rig.raft.catalog.stream("t").ranges[0]
+    assert s0.replicas == () and t0.replicas == ()
+    assert s0.object_key and t0.object_key and s0.object_key != t0.object_key
+    rig.offloader.object_size_bytes = 64 * 1024 * 1024  # both are small objects now
+    return s0.object_key, t0.object_key
+
+
+def stored_agree(rig: Rig) -> None:
+    """Every range's object exists and holds it; every object is named, prepared or
+    listed to delete."""
+    view = rig.raft.catalog.view()
+    named = {r.object_key for s in view.streams.values() for r in s.ranges if r.object_key}
+    assert named <= rig.objects(), "a range without its object"
+    assert rig.objects() <= named | set(view.prepared) | set(view.unreferenced)
+    if rig.range0().object_key:
+        assert values_of(rig, rig.range0().object_key) == EXPECTED
+
+
+async def test_compaction_merges_small_objects_and_deletes_the_old_ones(rig: Rig) -> None:
+    old_s, old_t = await two_released_objects(rig)
+    await rig.offloader._compact()
+    s0, t0 = rig.range0(), rig.raft.catalog.stream("t").ranges[0]
+    assert s0.object_key == t0.object_key and s0.object_key not in (old_s, old_t)
+    assert set(rig.raft.catalog.view().unreferenced) == {old_s, old_t}
+    stored_agree(rig)
+    await rig.round_at(100)  # the deletion step
+    assert rig.objects() == {s0.object_key} and not rig.raft.catalog.view().unreferenced
+    assert values_of_part(rig, s0.object_key or "", t0_id(rig)) == [
+        f"v{i}".encode() for i in range(20)]
+    assert rig.service.metrics.counter("estream_objects_compacted_total") == 2
+    await rig.offloader._compact()  # one object now: nothing more to gain
+    assert rig.range0().object_key == s0.object_key
+
+
+async def test_a_trim_during_compaction_wins(rig: Rig) -> None:
+    old_s, old_t = await two_released_objects(rig)
+    real_propose = rig.raft.propose
+
+    async def trim_first(command: Command) -> Any:
+        if command.kind == "commit_pack":
+            rig.raft.catalog.apply(TrimStream("s", 35))
+        return await real_propose(command)
+
+    rig.raft.propose = trim_first  # type: ignore[method-assign]
+    await rig.offloader._compact()
+    rig.raft.propose = real_propose  # type: ignore[method-assign]
+    view = rig.raft.catalog.view()
+    new = view.stream("t").ranges[0].object_key
+    assert new not in (None, old_t) and view.stream("s").ranges[0].object_key is None
+    assert set(view.unreferenced) == {old_s, old_t}
+    await rig.round_at(100)
+    assert rig.objects() == {new}
+
+
+@pytest.mark.parametrize("step", ["prepare", "put", "verify"])
+async def test_a_crash_during_compaction_leaves_the_old_objects(rig: Rig, step: str) -> None:
+    old_s, old_t = await two_released_objects(rig)
+    if step == "prepare":
+        rig.raft.apply_then_fail["prepare_pack"] = Crash("after prepare")
+    elif step == "put":
+        rig.store.crash_after_put = True
+    else:
+        rig.store.crash_after_get = True
+    with pytest.raises(Crash):
+        await rig.offloader._compact()
+    stored_agree(rig)
+    assert rig.range0().object_key == old_s
+    rig.raft.term += 1
+    successor = leader(rig.service, rig.store, rig.pool)
+    successor.compact_interval_ms = 10**9  # not again: the record must expire
+    rig.service.now_ms += PREPARE_TTL_MS + 10_000  # (its wall clock starts at its start)
+    for _ in range(3):
+        rig.service.now_ms += 1_000
+        await successor.round()
+        stored_agree(rig)
+    view = rig.raft.catalog.view()
+    assert not view.prepared and rig.objects() == {old_s, old_t}

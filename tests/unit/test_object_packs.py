@@ -333,3 +333,41 @@ def test_still_wanted_reusable_and_reserved() -> None:
     prepared = {p.object_key: p for p in (live, short, gone)}
     assert reusable_packs(prepared, [s], 0, 10_000) == [(live, [up(0)])]
     assert reserved(prepared, 0, 10_000) == {(1, 0), (1, 1)}
+
+
+# -- compaction planning (pd/compaction.py) ----------------------------------------------
+
+
+def tiered(index: int, key: str, lo: int, hi: int, replicas: tuple[ReplicaRef, ...] = (),
+           ) -> RangeMeta:
+    return RangeMeta(index, index * 10, index * 10 + 10, replicas, "object", key,
+                     object_part=ObjectPart(lo, hi, 10_000 + index * 52,
+                                            10_052 + index * 52, index))
+
+
+def test_compaction_plans() -> None:
+    from pd.compaction import Compaction, plan
+
+    def sources(streams: list[StreamMeta], sizes: dict[str, int], size_max: int = 10_000,
+                busy: set[tuple[int, int]] | None = None) -> list[tuple[str, ...]]:
+        return [c.sources for c in planned(streams, sizes, size_max, busy)]
+
+    def planned(streams: list[StreamMeta], sizes: dict[str, int], size_max: int = 10_000,
+                busy: set[tuple[int, int]] | None = None) -> list[Compaction]:
+        return plan(streams, sizes, size_bytes_max=size_max, small_bytes=1_000,
+                    busy=busy or set())
+
+    s = StreamMeta(1, "s", ranges=(tiered(0, "a", 0, 100), tiered(1, "b", 0, 100),
+                                   tiered(2, "g", 0, 100), tiered(3, "h", 0, 100, REFS)))
+    sizes = {"a": 200, "b": 180, "g": 10_000, "h": 300}
+    # small a and b together with g (1% live, worth it alone); h still has replicas
+    assert sources([s], sizes) == [("a", "b", "g")]
+    assert sources([s], sizes, size_max=150) == [("g",)]  # a, b alone gain nothing
+    assert sources([s], {"a": 200}) == []  # sizes unknown: nothing
+    assert sources([s], sizes, busy={(1, 2)}) == [("a", "b")]
+    # an object is moved whole: one of its ranges with replicas keeps it where it is
+    t = StreamMeta(2, "t", ranges=(tiered(0, "a", 100, 150, REFS),))
+    assert sources([s, t], sizes) == [("b", "g")]
+    c = planned([s], sizes)[0]
+    assert [(m.old_key, m.range_index) for m in c.moves] == [("a", 0), ("b", 1), ("g", 2)]
+    assert c.live_bytes == 300
