@@ -27,7 +27,8 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   have missed later confirms), and a poll the server did not hold is followed by a short
   pause; a replica that answers "sealed" with nothing more means a roll or a recovery is
   under way: the metadata is refreshed to find the next range (a plain read ends if PD does
-  not show the seal yet: nothing more is readable now);
+  not show the seal yet: nothing more is readable now); a tail also refreshes it every
+  ``follow_refresh_polls`` empty polls, since a seal no replica heard of shows only in PD;
 - a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the
   replicas it still lists (kept for a while after the upload: the hot tail stays on range
   servers), and when every one of them fails, or none is left, from the object store
@@ -93,6 +94,7 @@ follow_rounds_max: Final = 60  # a tailing reader waits out a roll or a restart 
 retry_pause_ms_step: Final = 50  # pause after the n-th failed round: n times this...
 retry_pause_ms_max: Final = 500  # ...at most this
 sealed_wait_ms: Final = 20  # replicas sealed, PD not yet: wait before asking again
+follow_refresh_polls: Final = 10  # a tail looks PD up after this many empty long polls
 object_read_bytes_max: Final = limits.read_bytes_max  # one ReadObject's batches, at most
 object_part_bytes_max: Final = limits.read_bytes_max  # one ranged GET of them (several: at once)
 
@@ -108,6 +110,7 @@ class CursorConfig:
     retry_pause_ms_step: int = retry_pause_ms_step
     retry_pause_ms_max: int = retry_pause_ms_max
     sealed_wait_ms: int = sealed_wait_ms
+    follow_refresh_polls: int = follow_refresh_polls
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -350,6 +353,10 @@ class ReadCursor:
                 continue
             if self.follow:
                 yield from self._next_poll(rng, wait_ms, answer)
+                if self.polls % self.config.follow_refresh_polls == 0:
+                    # A seal no replica heard of (a roll's SEALs all failed, repair not
+                    # there yet) shows only in PD: look it up now and then.
+                    meta = yield Describe(refresh=True)
                 continue
             return  # the open range has nothing more confirmed on any replica
 

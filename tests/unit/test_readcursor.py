@@ -451,6 +451,43 @@ def test_follow_crosses_a_seal_that_left_a_replica_out() -> None:
     assert trace.count(Describe(refresh=True)) == 1
 
 
+def test_a_tail_finds_a_seal_no_replica_heard_of_in_pd() -> None:
+    # A roll recorded the seal of range 0 at 6 in PD, but its SEALs reached no replica
+    # (all three stay open, empty past 6): only PD knows. The tail's periodic refresh
+    # finds range 1 instead of long polling range 0 until repair seals the replicas.
+    rng = RangeMeta(0, 0, None, ABC)
+    held = {(r.id, 0): 6 for r in ABC} | {(r.id, 1): 8 for r in ABC}
+    later = meta(RangeMeta(0, 0, 6, ABC), RangeMeta(1, 6, None, ABC))
+    world = World([meta(rng), later], held=held)
+    config = CursorConfig(follow_refresh_polls=4)
+    trace, error = drive(ReadCursor("s", end=8, follow=True, config=config), world)
+    assert error is None
+    assert delivered(trace) == [(0, 6), (6, 8)]
+    empty_polls = [s for s in trace if isinstance(s, ReadReplica) and s.range.index == 0
+                   and s.offset == 6]
+    assert len(empty_polls) == 4  # refreshed after the 4th empty poll, not before
+    assert trace.count(Describe(refresh=True)) == 1
+
+
+def test_a_tail_on_a_quiet_open_range_refreshes_only_every_n_polls() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    world = World([meta(rng)], held={(r.id, 0): 0 for r in ABC})
+    polls: list[Step] = []
+
+    def on_step(w: World, step: Step) -> None:
+        if isinstance(step, ReadReplica):
+            polls.append(step)
+            if len(polls) == 23:  # a record comes at last: the tail delivers it and ends
+                w.held[(step.replica.id, 0)] = 1
+
+    world.on_step = on_step
+    config = CursorConfig(follow_refresh_polls=5)
+    trace, error = drive(ReadCursor("s", end=1, follow=True, config=config), world)
+    assert error is None
+    assert delivered(trace) == [(0, 1)]
+    assert trace.count(Describe(refresh=True)) == 22 // 5  # after polls 5, 10, 15, 20
+
+
 def test_a_plain_read_with_stale_metadata_goes_on_past_a_seal_an_open_replica_missed() -> None:
     # The empty answer of the replica the seal left out comes first; the sealed answers
     # after it still move the read on (a cached view of the stream must not end it short).
