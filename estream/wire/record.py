@@ -658,7 +658,6 @@ def decode_batch(batch: bytes | memoryview, *, verify: bool = True) -> RecordBat
     return RecordBatch(header, tuple(records))
 
 
-@dataclass(frozen=True, slots=True)
 class BatchColumns:
     """Records of one batch (or of a window of it) as columns, without a :class:`Record`
     per record: what batch-level readers (the Spark source) turn into Arrow arrays.
@@ -668,14 +667,71 @@ class BatchColumns:
     ``data[value_offsets[i]:value_offsets[i + 1]]`` (values back to back; ``value_offsets``
     holds ``count + 1`` int32 entries, the first 0) and headers ``headers[i]``
     (``headers`` is None when no record of the window has headers).
+
+    Decoded columns hold their values as views of the (verified) bytes they were decoded
+    from until ``data`` is first asked for, which joins them into one buffer then (and
+    drops the views): a consumer of :meth:`values` or of the timestamps alone never pays
+    for that copy. Immutable.
     """
+
+    __slots__ = ("base_offset", "timestamps", "value_offsets", "headers", "confirm_offset",
+                 "_data", "_pieces")
 
     base_offset: int
     timestamps: array[int]
-    data: bytes
     value_offsets: array[int]
-    headers: list[dict[str, str]] | None = None
-    confirm_offset: int = 0
+    headers: list[dict[str, str]] | None
+    confirm_offset: int
+    _data: bytes | None
+    _pieces: Sequence[bytes | memoryview] | None
+
+    def __init__(
+        self,
+        base_offset: int,
+        timestamps: array[int],
+        data: bytes,
+        value_offsets: array[int],
+        headers: list[dict[str, str]] | None = None,
+        confirm_offset: int = 0,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "base_offset", base_offset)
+        _set(self, "timestamps", timestamps)
+        _set(self, "value_offsets", value_offsets)
+        _set(self, "headers", headers)
+        _set(self, "confirm_offset", confirm_offset)
+        _set(self, "_data", data)
+        _set(self, "_pieces", None)
+
+    @classmethod
+    def _of_pieces(
+        cls,
+        base_offset: int,
+        timestamps: array[int],
+        pieces: Sequence[bytes | memoryview],
+        value_offsets: array[int],
+        headers: list[dict[str, str]] | None,
+        confirm_offset: int,
+    ) -> BatchColumns:
+        """Columns whose values are ``pieces`` (one per record, lengths as
+        ``value_offsets`` says), joined on first use of ``data``."""
+        columns = cls(base_offset, timestamps, b"", value_offsets, headers, confirm_offset)
+        object.__setattr__(columns, "_data", None)
+        object.__setattr__(columns, "_pieces", pieces)
+        return columns
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"BatchColumns is immutable: cannot set {name!r}")
+
+    @property
+    def data(self) -> bytes:
+        """Every value, back to back (one buffer, built on first use)."""
+        data = self._data
+        if data is None:
+            data = b"".join(self._pieces or ())
+            object.__setattr__(self, "_data", data)
+            object.__setattr__(self, "_pieces", None)
+        return data
 
     @property
     def count(self) -> int:
@@ -688,6 +744,9 @@ class BatchColumns:
 
     def values(self) -> list[bytes]:
         """Every value as its own bytes object."""
+        pieces = self._pieces
+        if pieces is not None:
+            return list(map(bytes, pieces))
         data, ends = self.data, self.value_offsets
         return [data[ends[i] : ends[i + 1]] for i in range(len(self.timestamps))]
 
@@ -701,6 +760,23 @@ class BatchColumns:
                 zip(self.values(), headers, self.timestamps, strict=True)
             )
         ]
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.base_offset, self.timestamps, self.data, self.value_offsets,
+                self.headers, self.confirm_offset)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BatchColumns):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"BatchColumns(base_offset={self.base_offset!r}, timestamps="
+                f"{self.timestamps!r}, data={self.data!r}, value_offsets="
+                f"{self.value_offsets!r}, headers={self.headers!r}, confirm_offset="
+                f"{self.confirm_offset!r})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -771,7 +847,8 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
     """The windows of consecutive views (each starting where the previous one ends) as
     one :class:`BatchColumns`, as :func:`decode_columns` decodes each (whole records
     section checked): every value is copied once, from the views straight into the one
-    values buffer, so a batch consumer gets its column in a single copy."""
+    values buffer (when ``data`` is first asked for: the columns keep views of the batches
+    until then), so a batch consumer gets its column in a single copy."""
     timestamps = array("q")
     parts: list[memoryview] = []
     ends = array("i", [0])
@@ -807,8 +884,8 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
         parts.extend(values)
     first = views[0].start if views else 0
     confirm = views[-1].header.confirm_offset if views else 0
-    data = b"".join(parts)
-    return BatchColumns(first, timestamps, data, ends, headers if any_headers else None, confirm)
+    return BatchColumns._of_pieces(first, timestamps, parts, ends,
+                                   headers if any_headers else None, confirm)
 
 
 def _int64s_le(data: bytes) -> array[int]:
@@ -863,7 +940,7 @@ def _uniform_columns(
     for j in range(8):  # gather the timestamps' bytes: the prefixes are `stride` apart
         stamps[j::8] = section[first + j : hi * stride : stride]
     pos = first + RECORD_PREFIX_BYTES
-    values = [section[p : p + value_bytes] for p in range(pos, hi * stride, stride)]
+    values = [section[p : p + value_bytes] for p in range(pos, pos + n * stride, stride)]
     return bytes(stamps), values, value_bytes
 
 
