@@ -55,6 +55,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from estream.core.backoff import delays
 from estream.core.roll import CreateRange, SealInPd, SealReplicas, Sleep
 from estream.core.seal import (
     CommitSeal,
@@ -282,7 +283,7 @@ def open_range(
     Double faults: the writer dying anywhere leaves the range fenced at its epoch (a later
     writer or PD's lease recovery starts over) or sealed in PD with the next range placed
     but not created (created lazily by the next writer, which fences it as well)."""
-    backoff_ms = backoff_ms_min
+    waits = delays(backoff_ms_min, backoff_ms_max)
     stale = False
     progress = RecoveryProgress()
     while True:
@@ -303,11 +304,11 @@ def open_range(
         except EstreamError as exc:
             if isinstance(exc, Fenced) or not (exc.retriable or isinstance(exc, RangeSealed)):
                 raise
-            if deadline_ms is not None and clock() + backoff_ms >= deadline_ms:
+            wait = next(waits)
+            if deadline_ms is not None and clock() + wait >= deadline_ms:
                 raise Unavailable(f"cannot recover stream {meta.name!r} in time: {exc}") from exc
             yield MustWait(exc)
-            yield Sleep(backoff_ms)
-            backoff_ms = min(backoff_ms * 2, backoff_ms_max)
+            yield Sleep(wait)
             stale = True
     last = meta.last_range
     assert last is not None

@@ -57,6 +57,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from estream.core.backoff import delays
 from estream.core.rangewriter import BeginSeal, Effect, RangeWriter, RequestRoll
 from estream.wire import limits
 from estream.wire.errors import (
@@ -268,7 +269,7 @@ class Roller:
         """PD seal_range at the frozen end, retried until it lands. ``None`` when PD could
         not place the next range and the core went back to degraded appending, or when the
         writer stopped."""
-        retry_ms = self.config.pd_retry_ms
+        retries = delays(self.config.pd_retry_ms, self.config.backoff_ms_max)
         probe = False  # the servers were just probed (a degraded roll) or just failed
         relax = False  # a range that must roll, after one backoff: suspects are fine too
         while core.error is None:
@@ -298,11 +299,12 @@ class Roller:
             except EstreamError as exc:
                 if isinstance(exc, Fenced | RangeSealed | Closed) or not exc.retriable:
                     raise
-                yield Sleep(retry_ms)
-                retry_ms = min(retry_ms * 2, self.config.backoff_ms_max)
+                yield Sleep(next(retries))
         return None
 
     def _sleep_backoff(self) -> Steps:
+        # Not estream.core.backoff: the next wait is state kept across rolls (a roll soon
+        # after another keeps it, :meth:`on_degraded` starts it over), so it stays a field.
         yield Sleep(self.backoff_ms)
         self.backoff_ms = min(self.backoff_ms * 2, self.config.backoff_ms_max)
 

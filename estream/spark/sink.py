@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 import estream
+from estream.core.backoff import backoff_delay
 from estream.spark.commit import (
     ROWS_PER_BATCH_MAX,
     Append,
@@ -68,6 +69,7 @@ from estream.wire.record import Record
 
 APPEND_CHUNK_ROWS = 1_000
 FENCED_TRIES = 8  # opens of one target's writer in one task, when other writers fence it
+FENCED_BACKOFF_S = (0.05, 2.0)  # the wait after each fenced open: doubling, jittered x0.5-1.5
 
 
 @dataclass(frozen=True)
@@ -311,7 +313,8 @@ async def _produce(client: estream.Client, opts: SinkOptions, target: Target, ba
         except Fenced:
             if attempt + 1 >= FENCED_TRIES:
                 raise
-            await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+            wait_s = backoff_delay(attempt + 1, *FENCED_BACKOFF_S)
+            await asyncio.sleep(wait_s * (0.5 + random.random()))
     raise AssertionError("unreachable")
 
 
