@@ -13,8 +13,16 @@ times measured, and prints the best rows/s of each and their ratio (target: estr
 settings in one session, each beside its own Parquet runs.
 Starts its own cluster (``estream up``) unless ``--pd``.
 
+``--tiered`` (issue #16): the stream is read from the object tier instead. Starts SeaweedFS
+(``weed mini``) and a cluster through estream/devcluster (1 PD node offloading to it 1 s
+after a seal, releasing the range servers' replicas 1 s after the upload; 3 range
+servers), writes the records in ranges of ``--range-mib`` MiB, seals the stream and waits
+until every range is in the object tier with no replica left, so the source reads objects
+only (executors GET them directly); the Parquet copy is made from that same stream.
+
     python benchmarks/bench_spark.py [--records 1000000] [--values distinct|same] [--pd H:P,...]
     python benchmarks/bench_spark.py --runs 3 --variants 50000:8192,100000:8192
+    python benchmarks/bench_spark.py --tiered [--range-mib 64]
 """
 
 from __future__ import annotations
@@ -26,9 +34,13 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.seaweed import start_seaweed
 from estream.devcluster.spark import new_spark
 from estream.devcluster.upcluster import pd_or_up
 from estream.spark.options import ARROW_ROWS_DEFAULT
@@ -36,6 +48,7 @@ from estream.spark.planning import PARTITION_RECORDS_DEFAULT
 
 QUERY_TIMEOUT_S = 300
 PARQUET_FILES = 4
+TIER_TIMEOUT_S = 300.0  # --tiered: every range offloaded and released by then
 
 
 def values(n: int, value_bytes: int, distinct: bool) -> list[bytes]:
@@ -47,20 +60,77 @@ def values(n: int, value_bytes: int, distinct: bool) -> list[bytes]:
 
 
 async def fill(
-    pd: str, stream: str, records: int, value_bytes: int, distinct: bool = True
+    pd: str,
+    stream: str,
+    records: int,
+    value_bytes: int,
+    distinct: bool = True,
+    range_bytes: int | None = None,
 ) -> float:
-    """Create ``stream`` and append the records; returns the append rate (records/s)."""
+    """Create ``stream`` and append the records (in ranges of ``range_bytes``: a
+    per-writer setting; default ``limits.range_bytes_max``); returns the append rate
+    (records/s)."""
     import estream
+    from estream.sdk.writer import Writer, WriterConfig
 
     async with await estream.connect(pd) as client:
         await client.create_stream(stream)
         started = time.perf_counter()
-        async with await client.open_writer(stream) as writer:
+        if range_bytes is None:
+            writer = await client.open_writer(stream)
+        else:
+            writer = await Writer.open(client, stream, WriterConfig(range_bytes_max=range_bytes))
+        async with writer:
             for lo in range(0, records, 2_000):
                 n = min(2_000, records - lo)
                 await writer.append_batch(values(n, value_bytes, distinct))
             await writer.flush()
         return records / (time.perf_counter() - started)
+
+
+async def tier_out(cluster: Cluster, pd: str, stream: str, records: int) -> int:
+    """Seal ``stream`` (a new writer's recovery does) and wait until every range holding
+    its ``records`` records is in the object tier with no replica left; returns how many."""
+    import estream
+
+    async with await estream.connect(pd) as client:
+        async with await client.open_writer(stream):
+            pass
+    deadline = time.perf_counter() + TIER_TIMEOUT_S
+    while True:
+        ranges = [r for r in cluster.describe(stream)["ranges"] if r["start"] < records]
+        if all(
+            r["end"] is not None and r["tier"] == "object" and not r["replicas"] for r in ranges
+        ):
+            return len(ranges)
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{stream}: not every range offloaded and released in time")
+        await asyncio.sleep(0.2)
+
+
+@contextmanager
+def tiered_cluster(work: Path) -> Iterator[tuple[Cluster, str]]:
+    """SeaweedFS and a cluster offloading to it after 1 s, releasing replicas 1 s later;
+    every process stopped by PID on the way out. The AWS credential variables are set
+    in this process too: Spark's executors read the objects with them."""
+    (work / "cluster").mkdir(parents=True, exist_ok=True)
+    seaweed = start_seaweed(work / "seaweed")
+    try:
+        os.environ.update(seaweed.env)
+        env = {
+            "ESTREAM_OBJECT_STORE": seaweed.url("bench-spark"),
+            "ESTREAM_OBJECT_STORE_ENDPOINT": seaweed.endpoint,
+            "ESTREAM_OFFLOAD_DELAY_S": "1",
+            "ESTREAM_LOCAL_RETENTION_S": "1",
+            **seaweed.env,
+        }
+        cluster = start_cluster(work / "cluster", pd_nodes=1, range_servers=3, env=env)
+        try:
+            yield cluster, cluster.pd_addresses
+        finally:
+            cluster.stop()
+    finally:
+        seaweed.stop()
 
 
 def timed(spark: Any, df: Any, records: int) -> tuple[float, float]:
@@ -91,10 +161,17 @@ def best_of(spark: Any, make_df: Any, records: int, runs: int) -> tuple[float, f
     return max(r[0] for r in results), max(r[1] for r in results)
 
 
-def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def measure(
+    pd: str, args: argparse.Namespace, work: Path, cluster: Cluster | None = None
+) -> list[dict[str, Any]]:
+    """With ``cluster`` (``--tiered``), the stream is read from the object tier."""
     stream = f"bench_spark_{int(time.time())}"
+    range_bytes = args.range_mib * 1024 * 1024 if cluster is not None else None
     append_rate = asyncio.run(
-        fill(pd, stream, args.records, args.value_bytes, args.values == "distinct")
+        fill(pd, stream, args.records, args.value_bytes, args.values == "distinct", range_bytes)
+    )
+    tiered_ranges = (
+        0 if cluster is None else asyncio.run(tier_out(cluster, pd, stream, args.records))
     )
     spark = new_spark("estream-bench", dict(c.split("=", 1) for c in args.conf))
     try:
@@ -138,6 +215,7 @@ def measure(pd: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             results.append(
                 {
                     "records": args.records,
+                    "tiered_ranges": tiered_ranges,
                     "value_bytes": args.value_bytes,
                     "values": args.values,
                     "partition_records": partition_records,
@@ -190,13 +268,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument(
+        "--tiered",
+        action="store_true",
+        help="read the stream from the object tier (SeaweedFS), replicas released",
+    )
+    parser.add_argument("--range-mib", type=int, default=64, help="--tiered: range size")
+    parser.add_argument(
         "--conf", action="append", default=[], help="a Spark setting K=V (repeatable)"
     )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     try:
-        with pd_or_up(args.pd, work) as pd:
-            results = measure(pd, args, work)
+        if args.tiered:
+            with tiered_cluster(work) as (cluster, pd):
+                results = measure(pd, args, work, cluster)
+        else:
+            with pd_or_up(args.pd, work) as pd:
+                results = measure(pd, args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for result in results:
@@ -205,9 +293,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(result: dict[str, Any]) -> None:
+    where = (
+        f"object tier ({result['tiered_ranges']} ranges, replicas released)"
+        if result["tiered_ranges"]
+        else "range servers"
+    )
     print(
         f"{result['records']:,} records of {result['value_bytes']:,} bytes ({result['values']} "
-        f"values), partitionRecords {result['partition_records']:,}, "
+        f"values) read from the {where}, partitionRecords {result['partition_records']:,}, "
         f"arrowRows {result['arrow_rows']:,}"
     )
     print(
