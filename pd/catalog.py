@@ -18,6 +18,9 @@ Rules it keeps:
 - the start offset only grows (trim);
 - named cursors (``commit_cursor``) belong to an existing stream, have valid names and
   non-negative offsets (``pd/retention.py``), and go with their stream's delete;
+  ``delete_cursor`` names an existing cursor (else :class:`InvalidArgument`, as every
+  other unknown-cursor answer);
+- ``set_retention`` changes a stream's limits (each > 0, 0 for none, -1 unchanged);
 - a range's statistics (``record_range_stats``) are recorded only while it is sealed at
   the end the command names (else :class:`Conflict`);
 - object tier: a key is prepared (``prepare_object``, with a deadline) for a sealed range
@@ -65,11 +68,14 @@ from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo
 from estream.wire.protocol import parse_address
 from estream.wire.record import DIGESTS
 from pd.commands import (
+    RETENTION_NONE,
+    RETENTION_UNCHANGED,
     Command,
     CommitCursor,
     CommitObject,
     CommitPack,
     CreateStream,
+    DeleteCursor,
     DeleteStream,
     DrainForget,
     DrainServer,
@@ -84,6 +90,7 @@ from pd.commands import (
     RegisterPdNode,
     RegisterServer,
     SealRange,
+    SetRetention,
     TrimStream,
     UpdateReplicas,
 )
@@ -400,6 +407,29 @@ class Catalog:
                 f"stream {cmd.name!r} has {len(current)} cursors, the most it may have",
                 argument="cursor")
         self._cursors[cmd.name] = {**current, cmd.cursor: cmd.offset}
+        return stream
+
+    def _delete_cursor(self, cmd: DeleteCursor) -> StreamMeta:
+        stream = self.stream(cmd.name)
+        current = self._cursors.get(cmd.name, {})
+        if cmd.cursor not in current:
+            raise InvalidArgument(f"stream {cmd.name!r} has no cursor {cmd.cursor[:200]!r}",
+                                  argument="cursor")
+        left = {c: o for c, o in current.items() if c != cmd.cursor}
+        if left:
+            self._cursors[cmd.name] = left
+        else:
+            del self._cursors[cmd.name]
+        return stream
+
+    def _set_retention(self, cmd: SetRetention) -> StreamMeta:
+        stream = self.stream(cmd.name)
+        ms = _new_limit(cmd.retention_ms, stream.retention_ms, "retention_ms")
+        size = _new_limit(cmd.retention_bytes, stream.retention_bytes, "retention_bytes")
+        if (ms, size) == (stream.retention_ms, stream.retention_bytes):
+            return stream  # nothing changes (a retry, or both unchanged)
+        stream = replace(stream, retention_ms=ms, retention_bytes=size)
+        self._put(cmd.name, stream)
         return stream
 
     def _record_range_stats(self, cmd: RecordRangeStats) -> StreamMeta:
@@ -737,6 +767,14 @@ def check_stream_args(cmd: CreateStream) -> None:
             f"unknown digest {cmd.digest!r}: one of {', '.join(DIGESTS)}", argument="digest")
 
 
+def _new_limit(value: int, current: int | None, name: str) -> int | None:
+    """A ``set_retention`` field applied to the current limit (None: no limit)."""
+    if value < RETENTION_UNCHANGED:
+        raise InvalidArgument(f"{name} must be > 0 (a limit), {RETENTION_NONE} (none) or "
+                              f"{RETENTION_UNCHANGED} (unchanged), not {value}", argument=name)
+    return current if value == RETENTION_UNCHANGED else value or None
+
+
 def _check_epoch(stream: StreamMeta, expected: int) -> None:
     """Compare-and-set on the epoch (``expected`` < 0: no check)."""
     if expected >= 0 and stream.epoch != expected:
@@ -772,6 +810,8 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     SealRange: Catalog._seal_range,
     TrimStream: Catalog._trim_stream,
     CommitCursor: Catalog._commit_cursor,
+    DeleteCursor: Catalog._delete_cursor,
+    SetRetention: Catalog._set_retention,
     RecordRangeStats: Catalog._record_range_stats,
     UpdateReplicas: Catalog._update_replicas,
     CommitObject: Catalog._commit_object,

@@ -312,6 +312,33 @@ class CommitCursor:
 
 
 @dataclass(frozen=True, slots=True)
+class DeleteCursor:
+    """Forget a stream's named cursor (a consumer gone for good: its position no longer
+    holds retention). An unknown stream or cursor is refused, changing nothing."""
+
+    kind: ClassVar[str] = "delete_cursor"
+    name: str
+    cursor: str
+
+
+RETENTION_UNCHANGED: Final = -1  # set_retention: leave this limit as it is
+RETENTION_NONE: Final = 0  # set_retention: no limit
+
+
+@dataclass(frozen=True, slots=True)
+class SetRetention:
+    """Change a stream's retention limits. Each of ``retention_ms`` and
+    ``retention_bytes`` is a new limit (> 0), ``RETENTION_NONE`` (0: no limit) or
+    ``RETENTION_UNCHANGED`` (-1, the default: as it is when the command applies, so two
+    operators changing one limit each cannot undo each other)."""
+
+    kind: ClassVar[str] = "set_retention"
+    name: str
+    retention_ms: int = RETENTION_UNCHANGED
+    retention_bytes: int = RETENTION_UNCHANGED
+
+
+@dataclass(frozen=True, slots=True)
 class RecordRangeStats:
     """A sealed range's record statistics, read from a replica's time index after the
     seal (``pd/shell/retainer.py``); applied only while the range is still sealed at
@@ -335,6 +362,8 @@ Command = (
     | SealRange
     | TrimStream
     | CommitCursor
+    | DeleteCursor
+    | SetRetention
     | RecordRangeStats
     | UpdateReplicas
     | CommitObject
@@ -366,6 +395,8 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
         SealRange,
         TrimStream,
         CommitCursor,
+        DeleteCursor,
+        SetRetention,
         RecordRangeStats,
         UpdateReplicas,
         DrainServer,

@@ -401,3 +401,36 @@ def _add_stream_figures() -> None:
 
 
 _add_stream_figures()
+
+
+def _add_retention_changes() -> None:
+    """Changing a stream's retention limits, forgetting a named cursor."""
+    limit = {"type": ["integer", "null"], "minimum": 1, "maximum": 2**63 - 1,
+             "description": "the new limit; null: no limit; left out: unchanged"}
+    SCHEMAS["SetRetention"] = {
+        "type": "object", "minProperties": 1, "additionalProperties": False,
+        "properties": {"retention_ms": limit, "retention_bytes": limit}}
+    OPENAPI["paths"]["/v1/streams/{name}"]["patch"] = {
+        "summary": "Change the stream's retention limits (the leader's retainer applies them "
+                   "from its next round; 400: no field, another field, or a limit not "
+                   "positive)",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": _ref("SetRetention")}}},
+        "responses": {"200": _json(_ref("Stream"), "The stream with its new limits"),
+                      **_errors(400, 401, 404, 503)},
+        "security": _WRITE_SECURITY}
+    OPENAPI["paths"]["/v1/streams/{name}/cursors/{cursor}"] = {
+        "parameters": [_NAME_PARAM, {"name": "cursor", "in": "path", "required": True,
+                                     "schema": {"type": "string"}}],
+        "delete": {"summary": "Forget a named cursor: it holds retention no more (404: no "
+                              "such stream or cursor)",
+                   "responses": {"200": _json({
+                       "type": "object", "required": ["stream", "deleted"],
+                       "properties": {"stream": {"type": "string"},
+                                      "deleted": {"type": "string"}}}, "Deleted"),
+                       **_errors(401, 404, 503)},
+                   "security": _WRITE_SECURITY},
+    }
+
+
+_add_retention_changes()

@@ -1,5 +1,9 @@
-"""``estream stream create|list|describe|delete|trim`` and ``estream cursor
-list|describe|commit`` (named cursors: a consumer's committed position, kept by PD).
+"""``estream stream create|list|describe|delete|trim|set`` and ``estream cursor
+list|describe|commit|delete`` (named cursors: a consumer's committed position, kept by PD).
+
+``stream set NAME --retention-ms MS --retention-bytes BYTES`` changes the limits of an
+existing stream: a positive integer is the new limit, ``none`` removes it, a flag left out
+keeps it; at least one flag is needed (usage error, exit 2).
 
 Side effects: PD calls through the SDK client; output on stdout.
 """
@@ -109,6 +113,20 @@ async def trim(client: Any, ns: argparse.Namespace) -> int:
     return 0
 
 
+async def set_(client: Any, ns: argparse.Namespace) -> int:
+    changes = {k: None if v == "none" else v
+               for k, v in (("retention_ms", ns.retention_ms),
+                            ("retention_bytes", ns.retention_bytes)) if v is not None}
+    meta = await client.set_retention(ns.name, **changes)
+    if ns.json:
+        emit_json(meta.to_dict())
+    else:
+        limits = ", ".join(f"{k} {'-' if v is None else v}" for k, v in (
+            ("retention_ms", meta.retention_ms), ("retention_bytes", meta.retention_bytes)))
+        print(f"stream {ns.name}: {limits}")
+    return 0
+
+
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     stream = sub.add_parser("stream", help="create, list, describe, delete, trim streams")
     ssub = stream.add_subparsers(dest="stream_command", metavar="COMMAND", required=True)
@@ -136,7 +154,26 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("offset", type=int)
     p.set_defaults(handler=trim)
+    p = ssub.add_parser("set", parents=[common],
+                        help="change a stream's retention limits (none: no limit)")
+    p.add_argument("name")
+    p.add_argument("--retention-ms", type=_limit, default=None, metavar="MS|none",
+                   help="the new time limit (left out: unchanged)")
+    p.add_argument("--retention-bytes", type=_limit, default=None, metavar="BYTES|none",
+                   help="the new size limit (left out: unchanged)")
+    p.set_defaults(handler=set_, check=_check_set)
     _add_cursor_parsers(sub, common)
+
+
+def _check_set(ns: argparse.Namespace) -> str | None:
+    """The usage error of ``stream set`` without a limit to change, or None."""
+    if ns.retention_ms is None and ns.retention_bytes is None:
+        return "stream set: give --retention-ms, --retention-bytes or both"
+    return None
+
+
+def _limit(text: str) -> int | str:
+    return "none" if text.lower() == "none" else _positive(text)
 
 
 def _positive(text: str) -> int:
@@ -184,8 +221,17 @@ async def cursor_commit(client: Any, ns: argparse.Namespace) -> int:
     return 0
 
 
+async def cursor_delete(client: Any, ns: argparse.Namespace) -> int:
+    await client.delete_cursor(ns.name, ns.cursor)
+    if ns.json:
+        emit_json({"stream": ns.name, "deleted": ns.cursor})
+    else:
+        print(f"deleted cursor {ns.cursor} of stream {ns.name}")
+    return 0
+
+
 def _add_cursor_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    cursor = sub.add_parser("cursor", help="list, describe, commit named cursors")
+    cursor = sub.add_parser("cursor", help="list, describe, commit, delete named cursors")
     csub = cursor.add_subparsers(dest="cursor_command", metavar="COMMAND", required=True)
     p = csub.add_parser("list", parents=[common],
                         help="a stream's cursors with their lag (readable end - offset)")
@@ -201,3 +247,8 @@ def _add_cursor_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("cursor")
     p.add_argument("offset", type=_offset)
     p.set_defaults(handler=cursor_commit)
+    p = csub.add_parser("delete", parents=[common],
+                        help="forget CURSOR (it no longer holds retention)")
+    p.add_argument("name")
+    p.add_argument("cursor")
+    p.set_defaults(handler=cursor_delete)

@@ -167,6 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler | None = getattr(ns, "handler", None)
     if handler is None:
         parser.error(f"{ns.command}: no such command")
+    check: Callable[[argparse.Namespace], str | None] | None = getattr(ns, "check", None)
+    problem = check(ns) if check is not None else None  # what argparse cannot say
+    if problem is not None:
+        parser.error(problem)
     from estream.net.portprobe import WrongPort
     from estream.wire.errors import EstreamError, Unavailable
 

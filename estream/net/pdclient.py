@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from ssl import SSLContext
 from typing import Any, Final
 
@@ -208,6 +208,16 @@ class PDClient:
         """Set a named cursor (kept in the catalog, through Raft)."""
         await self.call(Opcode.PD_COMMIT_CURSOR, {"name": name, "cursor": cursor,
                                                   "offset": offset})
+
+    async def delete_cursor(self, name: str, cursor: str) -> None:
+        """Forget a named cursor (through Raft)."""
+        await self.call(Opcode.PD_DELETE_CURSOR, {"name": name, "cursor": cursor})
+
+    async def set_retention(self, name: str, changes: Mapping[str, int | None]) -> StreamMeta:
+        """Change the retention limits in ``changes`` (``retention_ms``,
+        ``retention_bytes``: a limit, or None for none); a limit left out is unchanged."""
+        body = await self.call(Opcode.PD_SET_RETENTION, {"name": name, **changes})
+        return StreamMeta.from_dict(body["stream"])
 
     async def time_ranges(self, name: str, timestamp_ms: int, after: int = -1
                           ) -> tuple[int, int, list[RangeMeta], bool]:

@@ -12,8 +12,10 @@ Side effects: network connections.
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 from collections.abc import AsyncIterator, Sequence
+from typing import Final, Literal
 
 from estream.core.rangewriter import WriterConfig
 from estream.net.objectstore import ObjectStore
@@ -56,6 +58,13 @@ from estream.wire.record import (
 )
 
 key_check_timeout_s = 2.0  # each READ of open_writer's key check (an hmac-sha256 stream)
+
+
+class _Unchanged(enum.Enum):
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED: Final = _Unchanged.UNCHANGED  # set_retention: leave this limit as it is
 
 
 class Client:
@@ -161,6 +170,42 @@ class Client:
         stream's readable end)."""
         self._check_open()
         await self.pd.commit_cursor(name, cursor, offset)
+
+    async def delete_cursor(self, name: str, cursor: str) -> None:
+        """Forget the named ``cursor`` of stream ``name``: the ranges it had not read no
+        longer hold retention. Raises ``StreamNotFound``, or ``InvalidArgument``
+        (argument ``"cursor"``) when the stream has no such cursor."""
+        self._check_open()
+        await self.pd.delete_cursor(name, cursor)
+
+    async def set_retention(
+        self,
+        name: str,
+        *,
+        retention_ms: int | None | Literal[_Unchanged.UNCHANGED] = UNCHANGED,
+        retention_bytes: int | None | Literal[_Unchanged.UNCHANGED] = UNCHANGED,
+    ) -> StreamMeta:
+        """Change the retention limits of stream ``name``: an integer > 0 is the new
+        limit, None removes it, and a limit not passed (``UNCHANGED``) stays as it is
+        (``set_retention("s", retention_ms=None)`` keeps ``retention_bytes``). The PD
+        leader trims by the new limits from its next retention round. Returns the
+        stream; raises ``StreamNotFound``, or ``InvalidArgument`` for a limit of 0 or
+        below, or when neither limit is passed."""
+        self._check_open()
+        changes = {k: v for k, v in (("retention_ms", retention_ms),
+                                     ("retention_bytes", retention_bytes))
+                   if v is not UNCHANGED}
+        for key, value in changes.items():
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
+                raise InvalidArgument(f"{key} must be an integer > 0, or None for no limit",
+                                      argument=key)
+        if not changes:
+            raise InvalidArgument("set_retention: pass retention_ms, retention_bytes or both",
+                                  argument="retention_ms")
+        meta = await self.pd.set_retention(name, changes)
+        self._streams[name] = meta
+        return meta
 
     async def cursor_offset(self, name: str, cursor: str) -> int | None:
         """The committed offset of ``cursor`` on stream ``name``; None if never committed."""

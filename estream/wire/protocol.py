@@ -83,6 +83,9 @@ class Opcode(IntEnum):
     PD_LIST_CURSORS = 71  # {"name"} -> {"cursors": [{"cursor", "offset", "lag"}], "end"}
     PD_TIME_RANGES = 72  # {"name", "timestamp", "after"} -> {"stream_id", "start_offset",
     #   "ranges": [range], "more"}: the ranges that may hold it (estream/core/timerange.py)
+    PD_SET_RETENTION = 73  # {"name", "retention_ms"?, "retention_bytes"?} -> {"stream"}:
+    #   absent: unchanged, null: no limit (pd/shell/service.py retention_change)
+    PD_DELETE_CURSOR = 74  # {"name", "cursor"} -> {"deleted"}
 
 
 class FrameFlags(IntFlag):

@@ -5,7 +5,7 @@ same :class:`~pd.shell.service.PdService` as the RPC port (so through Raft: any 
 them). Errors are ``{"error": {"code", "message"}}`` with 400 (bad input), 404 (unknown),
 409 (conflict) or 503 (no leader reachable, no range servers to place on).
 
-With tokens configured, the write endpoints (POST, DELETE) need ``Authorization: Bearer
+With tokens configured, the write endpoints (POST, PATCH, DELETE) need ``Authorization: Bearer
 <token>`` (or a client certificate verified against the cluster CA) and answer 401
 ``UNAUTHENTICATED`` without; reads stay open unless ``protect_reads`` (``/healthz`` and
 ``/readyz`` always stay open, for load balancers, probes and supervisors).
@@ -21,7 +21,10 @@ balancer: a leaderless or replaying node can neither commit nor answer reads).
 record count, bytes, first and last timestamps), asking the open range's replicas for its
 end (DESCRIBE_RANGE, 1 s each; none answering: the open range's start). ``POST
 /v1/streams/{name}/trim {"start_offset"}`` trims as the RPC does (400 past what readers can
-read).
+read). ``PATCH /v1/streams/{name} {"retention_ms", "retention_bytes"}`` changes the
+retention limits (a field left out is unchanged, null removes the limit; any other field
+is a 400); ``DELETE /v1/streams/{name}/cursors/{cursor}`` forgets a named cursor (404 when
+the stream has no such cursor).
 
 Side effects: an HTTP listening socket.
 """
@@ -57,7 +60,7 @@ from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, hist
 from pd.openapi import OPENAPI
 from pd.shell.console import RangesReport, add_operator_routes
 from pd.shell.raft import RaftStatus
-from pd.shell.service import PdService, cursor_rows
+from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
 from pd.streamfigures import stream_figures
 
 _STATUS: dict[type[EstreamError], int] = {
@@ -157,6 +160,8 @@ def build_app(
     app.router.add_get("/v1/streams/{name}/cursors", views.list_cursors)
     app.router.add_post("/v1/streams/{name}/trim", views.trim_stream)
     app.router.add_post("/v1/streams/{name}/cursors", views.commit_cursor)
+    app.router.add_delete("/v1/streams/{name}/cursors/{cursor}", views.delete_cursor)
+    app.router.add_patch("/v1/streams/{name}", views.set_retention)
     app.router.add_delete("/v1/streams/{name}", views.delete_stream)
     app.router.add_get("/v1/rangeservers", views.rangeservers)
     add_operator_routes(app, service, ranges_report)  # drain, forget, /v1/ranges, /ui
@@ -203,6 +208,26 @@ class _Views:
             raise InvalidArgument("field 'offset' must be an integer", argument="offset")
         await self.service.commit_cursor(request.match_info["name"], cursor, offset)
         return web.json_response({"cursor": cursor, "offset": offset})
+
+    async def delete_cursor(self, request: web.Request) -> web.Response:
+        name, cursor = request.match_info["name"], request.match_info["cursor"]
+        try:
+            await self.service.delete_cursor(name, cursor)
+        except InvalidArgument as exc:
+            if exc.fields.get("argument") != "cursor":
+                raise
+            return error_response(404, "NOT_FOUND", exc.message)  # no such cursor
+        return web.json_response({"stream": name, "deleted": cursor})
+
+    async def set_retention(self, request: web.Request) -> web.Response:
+        body = _json_object(await request.read())
+        unknown = sorted(set(body) - set(RETENTION_FIELDS))
+        if unknown:
+            raise InvalidArgument(f"unknown fields {[u[:64] for u in unknown[:5]]}: a PATCH "
+                                  "of a stream takes only "
+                                  "retention_ms and retention_bytes", argument=unknown[0][:64])
+        stream = await self.service.set_retention(request.match_info["name"], body)
+        return web.json_response(stream.to_dict())
 
     async def describe_stream(self, request: web.Request) -> web.Response:
         stream = self.service.describe_stream(request.match_info["name"])

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from estream.core.quorum import seal_quorum
 from estream.core.timerange import candidate_ranges
@@ -46,8 +46,11 @@ from estream.wire.meta import ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
 from pd.catalog import CatalogView, PdNode, check_stream_args
 from pd.commands import (
+    RETENTION_NONE,
+    RETENTION_UNCHANGED,
     CommitCursor,
     CreateStream,
+    DeleteCursor,
     DeleteStream,
     DrainForget,
     DrainServer,
@@ -55,6 +58,7 @@ from pd.commands import (
     RegisterPdNode,
     RegisterServer,
     SealRange,
+    SetRetention,
     TrimStream,
     UpdateReplicas,
 )
@@ -72,6 +76,8 @@ catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is
 catch_up_poll_s = 0.005
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
 time_ranges_per_answer = 4  # PD_TIME_RANGES: candidates per answer (the first usually holds it)
+RETENTION_FIELDS: Final = ("retention_ms", "retention_bytes")
+retention_max: Final = 2**63 - 1  # a limit must fit a signed 64-bit integer
 
 
 def _now_ms() -> int:
@@ -375,6 +381,26 @@ class PdService:
         await self.raft.propose(CommitCursor(name, cursor, offset))
         return offset
 
+    async def delete_cursor(self, name: str, cursor: str) -> None:
+        """Forget the named cursor of ``name`` (through Raft), so that it holds retention
+        no more. ``StreamNotFound``; ``InvalidArgument`` (argument "cursor") when the
+        stream has no such cursor, also for a retry whose first attempt deleted it."""
+        view = await self._decision_view()
+        view.stream(name)
+        if cursor not in view.cursors.get(name, {}):
+            raise InvalidArgument(f"stream {name!r} has no cursor {cursor[:200]!r}",
+                                  argument="cursor")
+        await self.raft.propose(DeleteCursor(name, cursor))
+
+    async def set_retention(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
+        """Change the retention limits of ``name`` (the retainer applies them from its
+        next round): ``changes`` maps ``retention_ms`` and/or ``retention_bytes`` to a
+        new limit (an integer > 0) or None (no limit); a field left out is unchanged
+        (:func:`retention_change`). ``StreamNotFound``; ``InvalidArgument``."""
+        ms, size = retention_change(changes)
+        (await self._decision_view()).stream(name)  # not found: no Raft round
+        return _stream(await self.raft.propose(SetRetention(name, ms, size)))
+
     async def list_cursors(self, name: str) -> tuple[int, dict[str, int]]:
         """The stream's readable end and its cursors (``StreamNotFound`` if unknown)."""
         view = self.read_view()
@@ -487,6 +513,8 @@ class PdService:
             Opcode.PD_COMMIT_CURSOR: self._rpc_commit_cursor,
             Opcode.PD_LIST_CURSORS: self._rpc_list_cursors,
             Opcode.PD_TIME_RANGES: self._rpc_time_ranges,
+            Opcode.PD_SET_RETENTION: self._rpc_set_retention,
+            Opcode.PD_DELETE_CURSOR: self._rpc_delete_cursor,
             Opcode.PD_DRAIN_SERVER: self._rpc_drain,
             Opcode.PD_FORGET_SERVER: self._rpc_forget,
             Opcode.PD_DESCRIBE_SERVERS: self._rpc_describe_servers,
@@ -586,6 +614,15 @@ class PdService:
                                           require(h, "offset", int))
         return {"cursor": cursor, "offset": offset}
 
+    async def _rpc_set_retention(self, h: Header) -> Header:
+        changes: dict[str, Any] = {k: h[k] for k in RETENTION_FIELDS if k in h}  # absent: unchanged
+        return {"stream": (await self.set_retention(require(h, "name", str), changes)).to_dict()}
+
+    async def _rpc_delete_cursor(self, h: Header) -> Header:
+        cursor = require(h, "cursor", str)
+        await self.delete_cursor(require(h, "name", str), cursor)
+        return {"deleted": cursor}
+
     async def _rpc_time_ranges(self, h: Header) -> Header:
         """The ranges that may hold the first record at or after ``timestamp``, after
         range ``after`` (-1: from the first), a few at a time (``more``: ask again)."""
@@ -613,6 +650,37 @@ def cursor_rows(end: int, cursors: dict[str, int]) -> list[dict[str, Any]]:
     """``[{"cursor", "offset", "lag"}]`` by name (the RPC and HTTP answers)."""
     lags = cursor_lags(end, cursors)
     return [{"cursor": c, "offset": cursors[c], "lag": lag} for c, lag in lags.items()]
+
+
+def retention_change(changes: Mapping[str, Any]) -> tuple[int, int]:
+    """The ``set_retention`` fields (``retention_ms``, ``retention_bytes``) of a change
+    given as a map (the RPC header, the PATCH body): a field absent is unchanged
+    (``RETENTION_UNCHANGED``), None is no limit (``RETENTION_NONE``), else an integer
+    1..2**63-1. ``InvalidArgument`` for anything else, and when neither field is given.
+    Pure.
+
+    >>> retention_change({"retention_ms": 60_000})
+    (60000, -1)
+    >>> retention_change({"retention_ms": None, "retention_bytes": 1024})
+    (0, 1024)
+    """
+    if not any(f in changes for f in RETENTION_FIELDS):
+        raise InvalidArgument("nothing to change: give retention_ms, retention_bytes or both "
+                              "(an integer > 0, or null for no limit)", argument="retention_ms")
+    out: list[int] = []
+    for name in RETENTION_FIELDS:
+        value = changes.get(name)
+        if name not in changes:
+            out.append(RETENTION_UNCHANGED)
+        elif value is None:
+            out.append(RETENTION_NONE)
+        elif isinstance(value, int) and not isinstance(value, bool) \
+                and 0 < value <= retention_max:
+            out.append(value)
+        else:
+            raise InvalidArgument(f"{name} must be an integer from 1 to 2**63-1, or null for "
+                                  f"no limit (not {value!r:.40})", argument=name)
+    return out[0], out[1]
 
 
 def _opt_int(h: Header, name: str) -> int | None:

@@ -206,6 +206,7 @@ def test_openapi_document(url: str) -> None:
     assert status == 200 and doc["openapi"].startswith("3.")
     assert set(doc["paths"]) == {"/v1/cluster", "/v1/streams", "/v1/streams/{name}",
                                  "/v1/streams/{name}/cursors", "/v1/streams/{name}/trim",
+                                 "/v1/streams/{name}/cursors/{cursor}",
                                  "/v1/rangeservers", "/v1/rangeservers/{id}",
                                  "/v1/rangeservers/{id}/drain", "/v1/rangeservers/{id}/forget",
                                  "/v1/ranges", "/ui", "/v1/openapi.json", "/healthz", "/readyz",

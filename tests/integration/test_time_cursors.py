@@ -10,6 +10,9 @@
   ranges, never past the confirmed end and never the open range; a cursor holds ranges it
   has not read (shown in ``/metrics``) until it moves; ``retention_bytes`` keeps at least
   the limit; every record at or after the new start is still there, in order.
+- Changing retention on a live stream (SDK ``set_retention``, HTTP PATCH, CLI ``stream
+  set``) trims by the new limit; deleting a cursor (``delete_cursor``, HTTP DELETE, CLI
+  ``cursor delete``) releases the ranges it held.
 """
 
 from __future__ import annotations
@@ -281,3 +284,88 @@ async def test_retention_under_load_and_a_pd_leader_kill_loses_nothing_kept(
         assert got == {o: v for o, v in acked.items() if o >= begin}
         # at least the limit kept (a record here is at most 300 bytes with its overheads)
         assert (end - begin) * 300 >= limit
+
+
+async def test_changing_retention_on_a_live_stream_and_deleting_a_cursor(
+    cluster: Cluster,
+) -> None:
+    """A stream created without limits gets ``retention_ms`` later (SDK): its old ranges
+    are held by a cursor until the cursor is deleted, then trimmed by whole ranges; a
+    limit left out is unchanged, None removes one; the same over HTTP (PATCH, DELETE of
+    a cursor) and the CLI (``stream set``, ``cursor delete``); every bad input typed."""
+    old = int(time.time() * 1000) - 3_600_000
+    url = cluster.pd_url()
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("live")
+        stamps = await write_ranges(client, "live", [[old] * 4, [old] * 4, [old] * 4])
+        await client.commit_cursor("live", "slow", 2)
+
+        async def recorded() -> bool:
+            meta = await client.describe_stream("live")
+            return all(r.max_timestamp is not None for r in meta.ranges if r.sealed)
+
+        await wait_for(recorded)
+        assert (await client.describe_stream("live")).start_offset == 0  # no limit yet
+        meta = await client.set_retention("live", retention_ms=60_000)
+        assert (meta.retention_ms, meta.retention_bytes) == (60_000, None)
+
+        async def held_shown() -> bool:
+            text = http_json(cluster.pd_url() + "/metrics")[1]
+            return 'estream_retention_held_ranges{stream="live"} 2' in text
+
+        await wait_for(held_shown)
+        assert (await client.describe_stream("live")).start_offset == 0
+        await client.delete_cursor("live", "slow")
+        assert await client.cursor_offset("live", "slow") is None
+
+        async def trimmed() -> bool:
+            return (await client.describe_stream("live")).start_offset == 8
+
+        await wait_for(trimmed)
+        assert [r.start for r in (await client.describe_stream("live")).ranges] == [8]
+        values = [r.value async for r in client.read("live", start=8)]
+        assert values == [b"%d" % i for i in range(8, len(stamps))]
+
+        with pytest.raises(InvalidArgument) as unknown:
+            await client.delete_cursor("live", "slow")  # gone already
+        assert unknown.value.fields["argument"] == "cursor"
+        with pytest.raises(StreamNotFound):
+            await client.delete_cursor("nope", "c")
+        with pytest.raises(StreamNotFound):
+            await client.set_retention("nope", retention_ms=1)
+        for bad in ({"retention_ms": 0}, {"retention_bytes": -1}, {}):
+            with pytest.raises(InvalidArgument):
+                await client.set_retention("live", **bad)
+        meta = await client.set_retention("live", retention_bytes=1 << 20)
+        assert (meta.retention_ms, meta.retention_bytes) == (60_000, 1 << 20)  # ms unchanged
+        meta = await client.set_retention("live", retention_ms=None)
+        assert (meta.retention_ms, meta.retention_bytes) == (None, 1 << 20)
+
+    patch = url + "/v1/streams/live"
+    status, body = http_json(patch, "PATCH", {"retention_ms": 5000, "retention_bytes": None})
+    assert status == 200, body
+    assert body["retention_ms"] == 5000 and "retention_bytes" not in body
+    for bad_body in ({}, {"retention_ms": 0}, {"retention_ms": "soon"}, {"retention_secs": 5}):
+        status, body = http_json(patch, "PATCH", bad_body)
+        assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT", (bad_body, body)
+    assert http_json(url + "/v1/streams/nope", "PATCH", {"retention_ms": 5})[0] == 404
+    status, _ = http_json(url + "/v1/streams/live/cursors", "POST", {"cursor": "web", "offset": 9})
+    assert status == 200
+    status, body = http_json(url + "/v1/streams/live/cursors/web", "DELETE")
+    assert (status, body) == (200, {"stream": "live", "deleted": "web"})
+    status, body = http_json(url + "/v1/streams/live/cursors/web", "DELETE")
+    assert status == 404 and "no cursor" in body["error"]["message"], body
+    assert http_json(url + "/v1/streams/nope/cursors/web", "DELETE")[0] == 404
+
+    made = cli(cluster, "stream", "set", "live", "--retention-bytes", "4096", "--json")
+    assert made.returncode == 0, made.stderr
+    assert (json.loads(made.stdout)["retention_ms"],
+            json.loads(made.stdout)["retention_bytes"]) == (5000, 4096)
+    cleared = cli(cluster, "stream", "set", "live", "--retention-ms", "none", "--json")
+    assert "retention_ms" not in json.loads(cleared.stdout)
+    assert cli(cluster, "stream", "set", "live").returncode == 2  # nothing to change
+    assert cli(cluster, "stream", "set", "live", "--retention-ms", "-5").returncode == 2
+    assert cli(cluster, "cursor", "commit", "live", "etl", "9").returncode == 0
+    assert cli(cluster, "cursor", "delete", "live", "etl").returncode == 0
+    gone = cli(cluster, "cursor", "delete", "live", "etl")
+    assert gone.returncode == 1 and "no cursor" in gone.stderr, gone.stderr
