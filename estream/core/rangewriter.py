@@ -335,25 +335,76 @@ class RangeWriter:
         if self.producer_id:
             assert sequences is not None and len(sequences) == len(records)
         for i, record in enumerate(records):
-            size = record_size(record)
-            if self._pending and self._pending_bytes + size > self.config.batch_bytes:
-                self._cut(now_ms, effects)
-            if not self._pending:
-                self._pending_since_ms = now_ms
-            self._pending.append(record)
-            if self.producer_id:
-                # Not a local alias: a cut above swaps the list for a new one.
-                self._pending_sequences.append(sequences[i])  # type: ignore[index]
-            self._pending_bytes += size
-            self.next_offset += 1
-            if len(self._pending) >= limits.batch_records_max:
-                self._cut(now_ms, effects)
-        # Cut at once when nothing is in flight (waiting buys nothing) or the batch is full.
+            self._take(record, record_size(record), now_ms,
+                       sequences[i] if sequences is not None else -1, effects)
+        self._cut_if_due(now_ms, effects)
+        return base, effects
+
+    def submit_one(
+        self, record: Record, size: int, now_ms: int, sequence: int = -1, *,
+        hold_idle: bool = False,
+    ) -> list[Effect] | None:
+        """:meth:`submit` of one record of ``size`` (:func:`record_size`) bytes, for the
+        driver's per-record path; its offset is :attr:`next_offset` before the call.
+
+        ``hold_idle``: do not cut at once when nothing is in flight; the driver calls
+        :meth:`cut_idle` soon instead (at the end of its event-loop turn, so the appends
+        of one turn go as one batch), and the linger deadline bounds the wait anyway.
+
+        Returns ``None`` when the record only joined the pending batch: no effect, and
+        :meth:`next_deadline_ms` is unchanged (the driver need not re-arm its timer).
+        Otherwise the effects (possibly none, after which the deadline may have moved).
+        """
+        if self.error is not None:
+            raise self.error
+        effects: list[Effect] = []
+        self._take(record, size, now_ms, sequence, effects)
+        if not hold_idle:
+            self._cut_if_due(now_ms, effects)
+        elif self._pending_bytes >= self.config.batch_bytes:
+            self._cut(now_ms, effects)
+        if effects or len(self._pending) == 1:  # a batch went out, or a new linger began
+            return effects
+        return None
+
+    @property
+    def idle_cut_wanted(self) -> bool:
+        """Records are pending and nothing sent is unacknowledged: :meth:`cut_idle` would
+        send them now."""
+        return bool(self._pending) and not self._unacked_sent()
+
+    def cut_idle(self, now_ms: int) -> list[Effect]:
+        """Send the pending records now if nothing sent is unacknowledged (else they keep
+        lingering): what :meth:`submit` does at once, for ``hold_idle`` submissions."""
+        effects: list[Effect] = []
+        if self.error is None:
+            self._cut_if_due(now_ms, effects)
+        return effects
+
+    def _take(
+        self, record: Record, size: int, now_ms: int, sequence: int, effects: list[Effect]
+    ) -> None:
+        """Assign the next offset to ``record`` and add it to the pending batch."""
+        if self._pending and self._pending_bytes + size > self.config.batch_bytes:
+            self._cut(now_ms, effects)
+        if not self._pending:
+            self._pending_since_ms = now_ms
+        self._pending.append(record)
+        if self.producer_id:
+            # Not a local alias: a cut above swaps the list for a new one.
+            self._pending_sequences.append(sequence)
+        self._pending_bytes += size
+        self.next_offset += 1
+        if len(self._pending) >= limits.batch_records_max:
+            self._cut(now_ms, effects)
+
+    def _cut_if_due(self, now_ms: int, effects: list[Effect]) -> None:
+        """Cut at once when nothing is in flight (waiting buys nothing) or the batch is
+        full."""
         if self._pending and (
             not self._unacked_sent() or self._pending_bytes >= self.config.batch_bytes
         ):
             self._cut(now_ms, effects)
-        return base, effects
 
     def on_append_ack(self, replica: str, range_index: int, end: int, now_ms: int) -> list[Effect]:
         """``replica`` of ``range_index`` holds every offset below ``end``."""
@@ -632,7 +683,9 @@ class RangeWriter:
         effects.append(BeginSeal(rng.index, rng.seal_end, tuple(sorted(rng.failed)), live))
 
     def _unacked_sent(self) -> bool:
-        return any(b.end > self.completed for b in self._batches)
+        # Batches are kept in offset order: the last one has the highest end.
+        batches = self._batches
+        return bool(batches) and batches[-1].end > self.completed
 
     def _oldest_unacked_ms(self) -> int | None:
         """When the oldest batch some live replica still owes was sent (chase deadline)."""
@@ -640,13 +693,18 @@ class RangeWriter:
         if rng.seal_sent:
             return None
         oldest: int | None = None
+        live = rng.live()
+        index, seal_end = rng.index, rng.seal_end
         for batch in self._batches:
-            if batch.range_index != rng.index:
+            if batch.range_index != index:
                 continue
-            if rng.seal_end is not None and batch.end > rng.seal_end:
+            if seal_end is not None and batch.end > seal_end:
                 continue
-            if any(r not in batch.acked_by for r in rng.live()):
-                oldest = batch.sent_ms if oldest is None else min(oldest, batch.sent_ms)
+            if oldest is not None and batch.sent_ms >= oldest:
+                continue
+            acked_by = batch.acked_by
+            if len(acked_by) < len(live) or any(r not in acked_by for r in live):
+                oldest = batch.sent_ms
         return oldest
 
     def _may_drop_slow(self) -> bool:

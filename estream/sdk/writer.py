@@ -117,6 +117,32 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+class PendingAppend(asyncio.Future[int]):
+    """What :meth:`Writer.append` returns: a future of the record's offset, completed by
+    the writer when the record's batch is acknowledged (no task, no coroutine per
+    append: ``await``, ``asyncio.gather`` and ``asyncio.wait_for`` take it as it is).
+    It is also a coroutine, so ``asyncio.create_task(writer.append(...))`` works as it
+    did when ``append`` was a coroutine function. Cancelling it does not withdraw a
+    record already submitted (as cancelling the coroutine did not)."""
+
+    __slots__ = ()
+
+    def send(self, value: None) -> Any:
+        return self.__await__().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self.__await__().throw(typ)
+        return self.__await__().throw(typ, val, tb)  # pragma: no cover - old signature
+
+    def close(self) -> None:
+        return None
+
+
+# (record, its size, its future, its sequence: None unless a producer's, -1 for the default)
+_Queued = tuple[Record, int, PendingAppend, int | None]
+
+
 class Writer:
     """Appends to one stream; see ``estream/core/rangewriter.py`` for the rules it follows.
 
@@ -131,9 +157,13 @@ class Writer:
         self._core: RangeWriter | None = None
         self._replicas = ReplicaClient(client.pool, meta.epoch,
                                        digest=getattr(meta, "digest", None))
-        # (end offset, future, submitted at ms): completed in offset order, oldest first.
-        self._waiters: deque[tuple[int, asyncio.Future[None], int]] = deque()
+        # (end offset, future, submitted at ms, its result): completed in offset order.
+        self._waiters: deque[tuple[int, asyncio.Future[Any], int, Any]] = deque()
         self._space: list[asyncio.Future[None]] = []
+        # Appends waiting for in-flight budget, submitted in call order as it frees up.
+        self._queued: deque[_Queued] = deque()
+        self._draining = False
+        self._cut_soon = False  # a call_soon of _cut_idle is pending
         self._tasks: set[asyncio.Task[Any]] = set()
         self._heals: set[asyncio.Task[Any]] = set()  # background, cancelled on close
         self._timer: asyncio.TimerHandle | None = None
@@ -309,33 +339,110 @@ class Writer:
 
     # -- the public API -------------------------------------------------------------------
 
-    async def append(
+    def append(
         self,
         value: bytes,
         headers: Mapping[str, str] | None = None,
         timestamp: int | None = None,
         *,
         sequence: int | None = None,
-    ) -> int:
-        """Append one record; returns its offset once it is durable on ``ack_count``
+    ) -> PendingAppend:
+        """Append one record: ``offset = await writer.append(value)``. The record is
+        submitted at the call (in call order); the :class:`PendingAppend` it returns
+        completes with its offset once it is durable on ``ack_count``
         replicas (and every earlier append is). Raises :class:`estream.Timeout` when it
         is not acknowledged within the delivery timeout (the writer fails as a whole).
 
         A producer's writer (``open_writer(..., producer_id=...)``) takes ``sequence``
         (default: one above the last): one not above :attr:`last_sequence` (or an
         earlier append's) is not stored again, and the offset holding it is returned once
-        durable, or -1 when this writer does not know it."""
-        record = self._record(value, headers, timestamp)
-        if self.producer is not None or sequence is not None:
-            return await self._append_one_produced(record, sequence)
-        core = await self._wait_space(record_size(record))
+        durable, or -1 when this writer does not know it.
+
+        Errors (:class:`Closed`, :class:`Fenced`, :class:`Timeout`, invalid arguments)
+        are raised when it is awaited, as from a coroutine."""
+        future = PendingAppend(loop=asyncio.get_running_loop())
+        try:
+            record = self._record(value, headers, timestamp)
+            core = self._check_open()
+            if sequence is not None or self.producer is not None:
+                if self.producer is None:
+                    raise InvalidArgument(
+                        "sequence needs a writer opened with producer_id", argument="sequence")
+                if sequence is not None:
+                    check_sequence(sequence)
+            size = record_size(record)
+            item = (record, size, future, sequence if self.producer is None else
+                    (-1 if sequence is None else sequence))
+            if self._queued or not core.can_accept(size):
+                self._queued.append(item)
+            else:
+                self._submit(core, item)
+        except Exception as exc:  # noqa: BLE001 - raised where it is awaited
+            if not future.done():
+                future.set_exception(exc)
+        return future
+
+    def _submit(self, core: RangeWriter, item: _Queued) -> None:
+        """Submit one queued append now (no await: a producer's sequence is decided
+        against the current last)."""
+        record, size, future, sequence = item
+        producer = self.producer
         now = _now_ms()
-        base, effects = core.submit([record], now)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._add_waiter(base + 1, future, now)
-        self._run(effects)
-        await future
-        return base
+        if producer is None:
+            base = core.next_offset
+            effects = core.submit_one(record, size, now, hold_idle=True)
+        else:
+            seq = producer.last_sequence + 1 if sequence is None or sequence < 0 else sequence
+            if seq <= producer.last_sequence:
+                offsets, end, effects = self._produce(core, [record], [seq])
+                if end > core.completed:
+                    self._add_waiter(end, future, now, offsets[0])
+                else:
+                    future.set_result(offsets[0])
+                self._run(effects)
+                return
+            base = core.next_offset
+            effects = core.submit_one(record, size, now, seq, hold_idle=True)
+            producer.taken_one(seq, base)
+        self._waiters.append((base + 1, future, now, base))
+        if self._watchdog is None:
+            self._arm_watchdog(now)
+        if effects is not None:
+            if not self._cut_soon and core.idle_cut_wanted:
+                # Nothing in flight: send at the end of this event-loop turn, with the
+                # appends made in the same turn (tasks woken by one completion).
+                self._cut_soon = True
+                asyncio.get_running_loop().call_soon(self._cut_idle)
+            self._run(effects)
+
+    def _cut_idle(self) -> None:
+        self._cut_soon = False
+        core = self._core
+        if core is not None and not self._closed and self._error is None:
+            self._run(core.cut_idle(_now_ms()))
+
+    def _drain_queued(self) -> None:
+        """Submit the appends that waited for budget, oldest first, while it lasts."""
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            queued = self._queued
+            while queued and self._error is None and not self._closed:
+                core = self._core
+                assert core is not None
+                if not core.can_accept(queued[0][1]):
+                    return
+                item = queued.popleft()
+                if item[2].done():
+                    continue  # cancelled while it waited: never submitted
+                try:
+                    self._submit(core, item)
+                except Exception as exc:  # noqa: BLE001 - raised where it is awaited
+                    if not item[2].done():
+                        item[2].set_exception(exc)
+        finally:
+            self._draining = False
 
     async def append_batch(
         self, values: Sequence[bytes | Record], *, sequences: Sequence[int] | None = None
@@ -359,7 +466,7 @@ class Writer:
         now = _now_ms()
         base, effects = core.submit(records, now)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._add_waiter(base + len(records), future, now)
+        self._add_waiter(base + len(records), future, now, None)
         self._run(effects)
         await future
         return list(range(base, base + len(records)))
@@ -371,7 +478,7 @@ class Writer:
         core = self._check_open()
         if core.completed < core.next_offset:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._add_waiter(core.next_offset, future, _now_ms())
+            self._add_waiter(core.next_offset, future, _now_ms(), None)
             self._run(core.on_tick(_now_ms()))
             await future
         await self._confirm_durably(confirm_wait_s)
@@ -439,26 +546,6 @@ class Writer:
             return -1
         return producer.stored_sequence(core.completed)
 
-    async def _append_one_produced(self, record: Record, sequence: int | None) -> int:
-        """:meth:`_append_produced` of one record (the common case, kept short)."""
-        producer = self.producer
-        if producer is None or sequence is not None and sequence <= producer.last_sequence:
-            return (await self._append_produced([record], [sequence]))[0]
-        if sequence is not None:
-            check_sequence(sequence)
-        core = await self._wait_space(record_size(record))
-        seq = producer.last_sequence + 1 if sequence is None else sequence
-        if seq <= producer.last_sequence:  # taken while this append waited for space
-            return (await self._append_produced([record], [seq]))[0]
-        now = _now_ms()
-        base, effects = core.submit((record,), now, (seq,))
-        producer.taken_one(seq, base)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._add_waiter(base + 1, future, now)
-        self._run(effects)
-        await future
-        return base
-
     async def _append_produced(
         self, records: list[Record], sequences: Sequence[int | None]
     ) -> list[int]:
@@ -474,6 +561,23 @@ class Writer:
                 check_sequence(seq)
         core = await self._wait_space(sum(record_size(r) for r in records))
         # No await from here to submit: the sequences are decided against the current last.
+        offsets, end, effects = self._produce(core, records, sequences)
+        future: asyncio.Future[None] | None = None
+        if end > core.completed:
+            future = asyncio.get_running_loop().create_future()
+            self._add_waiter(end, future, _now_ms(), None)
+        self._run(effects)
+        if future is not None:
+            await future
+        return offsets
+
+    def _produce(
+        self, core: RangeWriter, records: list[Record], sequences: Sequence[int | None]
+    ) -> tuple[list[int], int, list[Effect]]:
+        """Submit a producer's records but the duplicates: their offsets (a duplicate's:
+        the one holding it, -1 if unknown), the end to wait for, the effects."""
+        producer = self.producer
+        assert producer is not None
         last = producer.last_sequence
         chosen: list[int] = []
         for seq in sequences:
@@ -497,14 +601,7 @@ class Writer:
             if offsets[i] >= core.completed:
                 waits.append(offsets[i] + 1)  # the duplicate of a record in flight
         end = max([offsets[i] + 1 for i in new] + waits, default=0)
-        future: asyncio.Future[None] | None = None
-        if end > core.completed:
-            future = asyncio.get_running_loop().create_future()
-            self._add_waiter(end, future, now)
-        self._run(effects)
-        if future is not None:
-            await future
-        return offsets
+        return offsets, end, effects
 
     async def __aenter__(self) -> Writer:
         return self
@@ -559,15 +656,17 @@ class Writer:
 
     async def _wait_space(self, size: int) -> RangeWriter:
         core = self._check_open()
-        while not core.can_accept(size):
+        while self._queued or not core.can_accept(size):
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._space.append(future)
             await future
             core = self._check_open()
         return core
 
-    def _add_waiter(self, end: int, future: asyncio.Future[None], now_ms: int) -> None:
-        self._waiters.append((end, future, now_ms))
+    def _add_waiter(
+        self, end: int, future: asyncio.Future[Any], now_ms: int, result: Any
+    ) -> None:
+        self._waiters.append((end, future, now_ms, result))
         if self._watchdog is None:
             self._arm_watchdog(now_ms)
 
@@ -631,7 +730,9 @@ class Writer:
         if complete_upto >= 0:
             # After the sends: a CONFIRM goes out before the user's next request does.
             self._complete(complete_upto)
-        if self._space and core.can_accept(1):
+        if self._queued and not self._draining and core.can_accept(self._queued[0][1]):
+            self._drain_queued()
+        if self._space and not self._queued and core.can_accept(1):
             space, self._space = self._space, []
             for future in space:
                 if not future.done():
@@ -641,13 +742,17 @@ class Writer:
     def _complete(self, upto: int) -> None:
         waiters = self._waiters
         while waiters and waiters[0][0] <= upto:
-            _, future, _ = waiters.popleft()
+            _, future, _, result = waiters.popleft()
             if not future.done():
-                future.set_result(None)
+                future.set_result(result)
 
     def _fail_all(self, error: EstreamError) -> None:
         waiters, self._waiters = self._waiters, deque()
-        for _, future, _ in waiters:
+        for _, future, _, _ in waiters:
+            if not future.done():
+                future.set_exception(error)
+        queued, self._queued = self._queued, deque()
+        for _, _, future, _ in queued:
             if not future.done():
                 future.set_exception(error)
         space, self._space = self._space, []

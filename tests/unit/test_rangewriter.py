@@ -13,6 +13,7 @@ from estream.core.rangewriter import (
     SendAppend,
     SendConfirm,
     WriterConfig,
+    record_size,
 )
 from estream.wire.errors import Fenced, Unavailable
 from estream.wire.record import Record, decode_batch
@@ -413,3 +414,41 @@ def test_confirm_now_again_resends_the_confirm_a_batch_carried() -> None:
     w.on_append_error("c", 0, Unavailable(), 4)
     again = [e for e in w.confirm_now(again=True) if isinstance(e, SendConfirm)]
     assert sorted(c.replica for c in again) == ["a", "b"]
+
+
+def test_submit_one_says_when_the_next_deadline_may_have_moved() -> None:
+    w = make(linger_ms=5)
+    assert w.submit_one(rec(0), record_size(rec(0)), 0) is not None  # sent at once
+    assert sends(w.submit_one(rec(1), record_size(rec(1)), 1) or []) == []  # a new linger
+    deadline = w.next_deadline_ms()
+    assert w.submit_one(rec(2), record_size(rec(2)), 2) is None  # joined it: unchanged
+    assert w.next_deadline_ms() == deadline
+    assert w.next_offset == 3
+    out = sends(w.on_tick(6))
+    assert len(out) == 3 and decode_batch(out[0].payload).header.count == 2
+
+
+def test_submit_one_matches_submit() -> None:
+    one, many = make(linger_ms=5, batch_bytes=64), make(linger_ms=5, batch_bytes=64)
+    got_one: list[bytes] = []
+    got_many: list[bytes] = []
+    for i in range(10):
+        got_one += [s.payload for s in sends(one.submit_one(rec(i), record_size(rec(i)), i) or [])]
+        got_many += [s.payload for s in sends(many.submit([rec(i)], i)[1])]
+    assert got_one == got_many and one.next_offset == many.next_offset == 10
+    assert one.next_deadline_ms() == many.next_deadline_ms()
+
+
+def test_hold_idle_sends_the_appends_of_one_turn_as_one_batch() -> None:
+    w = make(linger_ms=5)
+    first = w.submit_one(rec(0), record_size(rec(0)), 0, hold_idle=True)
+    assert first == [] and w.idle_cut_wanted  # nothing sent yet: a new linger began
+    for i in range(1, 4):
+        assert w.submit_one(rec(i), record_size(rec(i)), 0, hold_idle=True) is None
+    out = sends(w.cut_idle(0))
+    assert len(out) == 3 and decode_batch(out[0].payload).header.count == 4
+    assert not w.idle_cut_wanted
+    # With a batch in flight the next records linger, cut_idle or not.
+    w.submit_one(rec(4), record_size(rec(4)), 1, hold_idle=True)
+    assert not w.idle_cut_wanted and sends(w.cut_idle(1)) == []
+    assert len(sends(w.on_tick(6))) == 3

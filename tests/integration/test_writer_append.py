@@ -1,0 +1,58 @@
+"""``Writer.append`` returns a future completed by the batch: the ways an application awaits
+it (await, gather, wait_for, create_task), call order kept under backpressure, and errors
+raised where it is awaited, as from the coroutine it was."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+import estream
+from estream.devcluster.cluster import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+
+
+async def test_append_is_awaited_every_way_and_keeps_call_order(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("awaits", replicas=3, ack_count=2)
+        async with await client.open_writer("awaits") as writer:
+            assert await writer.append(b"a") == 0
+            assert await asyncio.wait_for(writer.append(b"b"), 10) == 1
+            task = asyncio.create_task(writer.append(b"c"))
+            assert await task == 2
+            assert await asyncio.ensure_future(writer.append(b"d")) == 3
+            # A budget of a few records: most appends wait for room, in call order.
+            core = writer._core
+            assert core is not None
+            core.config = dataclasses.replace(
+                core.config, inflight_bytes_max=4 * 1100, inflight_batches_max=2)
+            pending = [writer.append(b"%04d" % i + b"x" * 1000) for i in range(200)]
+            assert await asyncio.gather(*pending) == list(range(4, 204))
+            assert writer.statistics()["completed"] == 204
+        values = [r.value[:4] async for r in client.read("awaits")]
+        assert values == [b"a", b"b", b"c", b"d"] + [b"%04d" % i for i in range(200)]
+
+
+async def test_errors_are_raised_where_the_append_is_awaited(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("errors", replicas=3, ack_count=2)
+        writer = await client.open_writer("errors")
+        bad = writer.append("not bytes")  # type: ignore[arg-type]
+        with pytest.raises(estream.InvalidArgument):
+            await bad
+        core = writer._core
+        assert core is not None
+        core.config = dataclasses.replace(core.config, inflight_bytes_max=1, inflight_batches_max=1)
+        first = writer.append(b"x")
+        queued = writer.append(b"y")  # waits for room
+        cancelled = writer.append(b"never")
+        cancelled.cancel()
+        assert await first == 0 and await queued == 1
+        await writer.close()
+        late = writer.append(b"late")  # no raise at the call
+        with pytest.raises(estream.Closed):
+            await late
+        assert [r.value async for r in client.read("errors")] == [b"x", b"y"]
