@@ -313,7 +313,7 @@ class RangeWriter:
         oldest = self._oldest_unacked_ms()
         if oldest is not None and self._may_drop_slow():
             deadlines.append(oldest + self.config.chase_backlog_ms_max + 1)
-        if self.visible_confirm > self._confirm_sent and not self.sealing:
+        if self.visible_confirm > self._confirm_sent and not self.sealing and self._idle_now():
             deadlines.append(self._confirm_due_ms())
         return min(deadlines) if deadlines else None
 
@@ -451,6 +451,7 @@ class RangeWriter:
                     self._fail_replica(replica, effects)
         if (
             not self.sealing
+            and self._idle_now()
             and self.visible_confirm > self._confirm_sent
             and now_ms >= self._confirm_due_ms()
         ):
@@ -473,6 +474,13 @@ class RangeWriter:
         """An idle writer sends CONFIRM ``confirm_idle_ms`` after its last batch or
         completion; a batch sent before then carries the confirm offset instead."""
         return max(self._last_send_ms, self._completed_ms) + self.config.confirm_idle_ms
+
+    def _idle_now(self) -> bool:
+        """No records pending (they go within ``linger_ms``, carrying the confirm offset)
+        and no batch in flight (its completion moves the idle deadline; a batch sent after
+        it carries the offset): the only state in which an idle CONFIRM is sent. Under
+        load this saves a CONFIRM to every replica (a durable write on each) per batch."""
+        return not self._pending and not self._unacked_sent()
 
     def on_range_opened(
         self, range_index: int, start: int, replicas: Sequence[str], now_ms: int

@@ -452,3 +452,27 @@ def test_hold_idle_sends_the_appends_of_one_turn_as_one_batch() -> None:
     w.submit_one(rec(4), record_size(rec(4)), 1, hold_idle=True)
     assert not w.idle_cut_wanted and sends(w.cut_idle(1)) == []
     assert len(sends(w.on_tick(6))) == 3
+
+
+def confirms(effects: list[Effect]) -> list[SendConfirm]:
+    return [e for e in effects if isinstance(e, SendConfirm)]
+
+
+def test_no_idle_confirm_while_a_batch_is_in_flight_or_records_pending() -> None:
+    w = make(linger_ms=5, confirm_idle_ms=2)
+    w.submit([rec(0)], 0)
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)  # offset 0 completes at 1
+    w.submit([rec(1)], 1)  # sent at once (nothing in flight), carries confirm 1
+    w.submit([rec(2)], 1)  # pending: lingers behind the batch in flight
+    w.on_append_ack("a", 0, 2, 2)
+    w.on_append_ack("b", 0, 2, 2)  # offset 1 completes at 2: confirm 2 not yet sent
+    assert confirms(w.on_tick(5)) == []  # record 2 pending: its batch carries it
+    out = sends(w.on_tick(6))  # linger: record 2 goes, carrying confirm 2
+    assert decode_batch(out[0].payload).header.confirm_offset == 2
+    w.on_append_ack("a", 0, 3, 7)
+    assert confirms(w.on_tick(20)) == []  # its batch is in flight: not idle
+    w.on_append_ack("b", 0, 3, 21)  # completes at 21: idle from now on
+    assert w.next_deadline_ms() == 23
+    assert {(c.replica, c.confirm) for c in confirms(w.on_tick(23))} == {
+        ("a", 3), ("b", 3), ("c", 3)}
