@@ -134,6 +134,7 @@ class RpcClient:
     def __init__(self, address: str, protocol: _ClientProtocol) -> None:
         self.address = address
         self._protocol = protocol
+        self._loop = asyncio.get_running_loop()  # the connection's, where every call runs
         self._ids = itertools.count(1)
         self._tls = False
 
@@ -196,7 +197,7 @@ class RpcClient:
         transport = protocol.transport
         assert transport is not None
         request_id = next(self._ids)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         future: asyncio.Future[Frame] = loop.create_future()
         protocol.pending[request_id] = future
         # A timer fails the future itself: ``asyncio.wait_for`` would add a future and a

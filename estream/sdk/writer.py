@@ -113,6 +113,10 @@ recovery_backoff_s_max = 2.0
 walk_window = 8  # a producer's open reads the last batch of this many ranges at once
 
 
+_BYTES_TYPES = (bytes, bytearray, memoryview)
+_value_bytes_max = limits.record_value_bytes_max
+
+
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -151,6 +155,7 @@ class Writer:
 
     def __init__(self, client: Client, meta: StreamMeta, config: WriterConfig) -> None:
         self._client = client
+        self._loop = asyncio.get_running_loop()  # a writer lives in the loop it opened in
         self.stream = meta
         self.epoch = meta.epoch
         self.config = config
@@ -360,7 +365,7 @@ class Writer:
 
         Errors (:class:`Closed`, :class:`Fenced`, :class:`Timeout`, invalid arguments)
         are raised when it is awaited, as from a coroutine."""
-        future = PendingAppend(loop=asyncio.get_running_loop())
+        future = PendingAppend(loop=self._loop)
         try:
             record = self._record(value, headers, timestamp)
             core = self._check_open()
@@ -412,7 +417,7 @@ class Writer:
                 # Nothing in flight: send at the end of this event-loop turn, with the
                 # appends made in the same turn (tasks woken by one completion).
                 self._cut_soon = True
-                asyncio.get_running_loop().call_soon(self._cut_idle)
+                self._loop.call_soon(self._cut_idle)
             self._run(effects)
 
     def _cut_idle(self) -> None:
@@ -644,15 +649,17 @@ class Writer:
 
     @staticmethod
     def _record(value: bytes, headers: Mapping[str, str] | None, timestamp: int | None) -> Record:
-        if not isinstance(value, bytes | bytearray | memoryview):
-            raise InvalidArgument("a record value must be bytes", argument="value")
-        if len(value) > limits.record_value_bytes_max:
+        if type(value) is not bytes:
+            if not isinstance(value, _BYTES_TYPES):
+                raise InvalidArgument("a record value must be bytes", argument="value")
+            value = bytes(value)
+        if len(value) > _value_bytes_max:
             raise InvalidArgument(
                 f"record value of {len(value)} bytes exceeds {limits.record_value_bytes_max}",
                 argument="value",
             )
         ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
-        return Record(bytes(value), dict(headers) if headers else {}, ts)
+        return Record(value, dict(headers) if headers else {}, ts)
 
     async def _wait_space(self, size: int) -> RangeWriter:
         core = self._check_open()
