@@ -658,6 +658,47 @@ def decode_batch(batch: bytes | memoryview, *, verify: bool = True) -> RecordBat
     return RecordBatch(header, tuple(records))
 
 
+class _Listed:
+    """Values of a window as views, one per record (the general walk)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[memoryview]) -> None:
+        self.items = items
+
+    def views(self) -> list[memoryview]:
+        return self.items
+
+    def values(self) -> list[bytes]:
+        return list(map(bytes, self.items))
+
+
+class _Strided:
+    """Values of a uniform batch's window, left where they are: ``n`` records of
+    ``stride`` bytes from ``records`` on, each a 16-byte prefix then ``value_bytes``
+    bytes of value (no view or object per record until asked for)."""
+
+    __slots__ = ("records", "n", "value_bytes")
+
+    def __init__(self, records: memoryview, n: int, value_bytes: int) -> None:
+        self.records = records  # exactly n records
+        self.n = n
+        self.value_bytes = value_bytes
+
+    def views(self) -> list[memoryview]:
+        size, records = self.value_bytes, self.records
+        stride = RECORD_PREFIX_BYTES + size
+        at = RECORD_PREFIX_BYTES
+        return [records[p : p + size] for p in range(at, at + self.n * stride, stride)]
+
+    def values(self) -> list[bytes]:
+        fmt = f"<{RECORD_PREFIX_BYTES}x{self.value_bytes}s"
+        return [value for (value,) in struct.iter_unpack(fmt, self.records)]
+
+
+_Values = _Listed | _Strided
+
+
 class BatchColumns:
     """Records of one batch (or of a window of it) as columns, without a :class:`Record`
     per record: what batch-level readers (the Spark source) turn into Arrow arrays.
@@ -683,7 +724,7 @@ class BatchColumns:
     headers: list[dict[str, str]] | None
     confirm_offset: int
     _data: bytes | None
-    _pieces: Sequence[bytes | memoryview] | None
+    _pieces: Sequence[_Values] | None
 
     def __init__(
         self,
@@ -708,12 +749,12 @@ class BatchColumns:
         cls,
         base_offset: int,
         timestamps: array[int],
-        pieces: Sequence[bytes | memoryview],
+        pieces: Sequence[_Values],
         value_offsets: array[int],
         headers: list[dict[str, str]] | None,
         confirm_offset: int,
     ) -> BatchColumns:
-        """Columns whose values are ``pieces`` (one per record, lengths as
+        """Columns whose values are those of ``pieces`` in order (lengths as
         ``value_offsets`` says), joined on first use of ``data``."""
         columns = cls(base_offset, timestamps, b"", value_offsets, headers, confirm_offset)
         object.__setattr__(columns, "_data", None)
@@ -728,7 +769,7 @@ class BatchColumns:
         """Every value, back to back (one buffer, built on first use)."""
         data = self._data
         if data is None:
-            data = b"".join(self._pieces or ())
+            data = b"".join([v for piece in self._pieces or () for v in piece.views()])
             object.__setattr__(self, "_data", data)
             object.__setattr__(self, "_pieces", None)
         return data
@@ -746,7 +787,9 @@ class BatchColumns:
         """Every value as its own bytes object."""
         pieces = self._pieces
         if pieces is not None:
-            return list(map(bytes, pieces))
+            if len(pieces) == 1:
+                return pieces[0].values()
+            return [v for piece in pieces for v in piece.values()]
         data, ends = self.data, self.value_offsets
         return [data[ends[i] : ends[i + 1]] for i in range(len(self.timestamps))]
 
@@ -850,7 +893,7 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
     values buffer (when ``data`` is first asked for: the columns keep views of the batches
     until then), so a batch consumer gets its column in a single copy."""
     timestamps = array("q")
-    parts: list[memoryview] = []
+    parts: list[_Values] = []
     ends = array("i", [0])
     headers: list[dict[str, str]] = []
     any_headers = False
@@ -862,8 +905,10 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
         lo, hi = view.start - base, view.end - base
         size = ends[-1]
         uniform = _uniform_columns(section, count, lo, hi)
+        values: _Values
         if uniform is not None:
-            stamps, values, value_bytes = uniform
+            stamps, values = uniform
+            value_bytes = values.value_bytes
             timestamps.extend(_int64s_le(stamps))
             n = hi - lo
             if value_bytes:
@@ -873,7 +918,8 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
             if any_headers:
                 headers.extend({} for _ in range(n))
         else:
-            stamps_w, values, ends_w, headers_w = _walk_columns(section, count, lo, hi)
+            stamps_w, listed, ends_w, headers_w = _walk_columns(section, count, lo, hi)
+            values = _Listed(listed)
             if headers_w is not None and not any_headers:
                 headers = [{} for _ in range(len(timestamps))]
                 any_headers = True
@@ -881,7 +927,7 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
             ends.extend(size + e for e in ends_w[1:])
             if any_headers:
                 headers.extend(headers_w or ({} for _ in stamps_w))
-        parts.extend(values)
+        parts.append(values)
     first = views[0].start if views else 0
     confirm = views[-1].header.confirm_offset if views else 0
     return BatchColumns._of_pieces(first, timestamps, parts, ends,
@@ -926,10 +972,10 @@ def _uniform_value_bytes(section: memoryview, count: int) -> int | None:
 
 def _uniform_columns(
     section: memoryview, count: int, lo: int, hi: int
-) -> tuple[bytes, list[memoryview], int] | None:
+) -> tuple[bytes, _Strided] | None:
     """The fast path: every record has no headers and the same value length. Returns the
-    window's timestamps (little-endian int64 bytes), its values (views) and the value
-    length, or None when the section is not like that (the general walk then decodes)."""
+    window's timestamps (little-endian int64 bytes) and its records (values left in
+    place), or None when the section is not like that (the general walk then decodes)."""
     value_bytes = _uniform_value_bytes(section, count)
     if value_bytes is None:
         return None
@@ -939,9 +985,7 @@ def _uniform_columns(
     stamps = bytearray(8 * n)
     for j in range(8):  # gather the timestamps' bytes: the prefixes are `stride` apart
         stamps[j::8] = section[first + j : hi * stride : stride]
-    pos = first + RECORD_PREFIX_BYTES
-    values = [section[p : p + value_bytes] for p in range(pos, pos + n * stride, stride)]
-    return bytes(stamps), values, value_bytes
+    return bytes(stamps), _Strided(section[first : hi * stride], n, value_bytes)
 
 
 def _walk_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns:
