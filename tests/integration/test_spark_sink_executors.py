@@ -3,12 +3,20 @@ stream per partition, by a ``stream`` column or into a keyed family of streams, 
 idempotent producers of (sink, partition) in each target with sequences from (batch, row).
 A task killed mid-batch and retried, a replayed batch and a restarted query each store
 every row exactly once (checked by content); executors write ``hmac-sha256`` streams with
-the ``secret`` option and no ``ESTREAM_SECRET``."""
+the ``secret`` option and no ``ESTREAM_SECRET``.
+
+The kills are real: a task in its own process (tests/integration/spark_task_script.py)
+gets SIGKILL while its appends are in flight, then is retried and replayed."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +25,14 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+from pyspark.errors import StreamingQueryException  # noqa: E402
+
 import estream  # noqa: E402
+from estream.devcluster.process import ManagedProcess  # noqa: E402
 from estream.spark.commit import make_row, task_producer_id  # noqa: E402
 from estream.spark.connection import load_secret  # noqa: E402
 from estream.spark.options import SinkOptions  # noqa: E402
-from estream.spark.routing import key_stream  # noqa: E402
+from estream.spark.routing import key_stream, plan_targets  # noqa: E402
 from estream.spark.sink import write_partition, write_targets  # noqa: E402
 from estream.spark.source import run  # noqa: E402
 from estream.wire.errors import DigestKeyMissing, InvalidArgument, StreamNotFound  # noqa: E402
@@ -30,6 +41,7 @@ from tests.integration.conftest_spark import (  # noqa: E402
     create_stream,
     read_all,
 )
+from tests.integration.spark_task_script import task_rows, task_targets  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -51,6 +63,111 @@ def test_killed_task_retried_and_batch_replayed_store_each_row_once(estream_pd: 
     assert [r.value for r in stored] == [r[0] for r in rows] + [r[0] for r in rows[:10]]
     assert stored[5].headers == {"k": "2"}
     assert task_producer_id("q1", 2) != task_producer_id("q2", 2)
+
+
+# -- a task process killed with SIGKILL mid-batch ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK_SCRIPT = ROOT / "tests" / "integration" / "spark_task_script.py"
+KILL_WAIT_S = 60.0
+
+
+StartTask = Callable[[str, int, int, int, str, str], ManagedProcess]
+
+
+@pytest.fixture
+def task_process(tmp_path: Path) -> Iterator[StartTask]:
+    """``start(sink_id, batch, partition, count, stream, pd)``: the executor-side task of
+    tests/integration/spark_task_script.py in its own process; all SIGKILLed at teardown."""
+    started: list[ManagedProcess] = []
+
+    def start(sink_id: str, batch: int, partition: int, count: int, stream: str,
+              pd: str) -> ManagedProcess:
+        log = tmp_path / f"task{len(started)}.out"
+        process = ManagedProcess(
+            [sys.executable, str(TASK_SCRIPT), pd, sink_id, str(batch), str(partition),
+             str(count), stream], log, {"PYTHONPATH": str(ROOT)}, name="sink task", cwd=ROOT)
+        started.append(process)
+        return process.start()
+
+    yield start
+    for process in started:
+        process.stop(sig=signal.SIGKILL)
+
+
+async def _stored(client: estream.Client, stream: str) -> int:
+    try:
+        return await client.end_offset(stream)
+    except StreamNotFound:
+        return 0
+
+
+def kill_when_stored(pd: str, process: ManagedProcess, stream: str, at_least: int) -> int:
+    """SIGKILL ``process`` once ``stream`` holds ``at_least`` records (its appends still
+    going: it fails the test if the task ended first); how many it held then."""
+
+    async def watch() -> int:
+        async with await estream.connect(pd) as client:
+            deadline = time.monotonic() + KILL_WAIT_S
+            while True:
+                held = await _stored(client, stream)
+                if held >= at_least:
+                    process.kill9()
+                    return held
+                assert process.alive(), f"task ended before the kill:\n{process.log_text()}"
+                assert time.monotonic() < deadline, f"{stream} holds {held} records"
+                await asyncio.sleep(0.01)
+
+    held = asyncio.run(watch())
+    assert process.returncode == -signal.SIGKILL
+    assert "START" in process.log_text() and "DONE" not in process.log_text()
+    return held
+
+
+def test_task_process_killed_mid_batch_then_retried_and_replayed_stores_each_row_once(
+    estream_pd: str, task_process: StartTask
+) -> None:
+    count, partition = 20_000, 2
+    opts = SinkOptions.parse({"pd": estream_pd, "stream": "kill9", "sinkId": "q-kill9"})
+    rows = task_rows(count)
+    task = task_process("q-kill9", 0, partition, count, "kill9", estream_pd)
+    held = kill_when_stored(estream_pd, task, "kill9-2", 3000)
+    after_kill = len(read_all(estream_pd, "kill9-2"))
+    assert held <= after_kill < count  # a prefix: the kill came mid-batch
+    retried = run(write_partition(opts, 0, partition, rows))  # the same task, retried
+    assert retried.stream == "kill9-2"
+    assert retried.appended + retried.duplicates == count
+    assert retried.duplicates >= after_kill and retried.appended > 0
+    replayed = run(write_partition(opts, 0, partition, rows))  # the query restarted
+    assert (replayed.appended, replayed.duplicates) == (0, count)
+    stored = read_all(estream_pd, "kill9-2")
+    assert [r.value for r in stored] == [r[0] for r in rows]  # each row once, in order
+    assert [r.headers for r in stored] == [dict(r[1]) for r in rows]
+
+
+def test_routed_task_process_killed_mid_batch_then_retried_and_replayed_stores_each_row_once(
+    estream_pd: str, task_process: StartTask
+) -> None:
+    count, partition = 30_000, 1
+    opts = SinkOptions.parse({"pd": estream_pd, "sinkId": "q-kill9col"}, stream_column=True)
+    rows, targets = task_rows(count), task_targets("kill9col", count)
+    order = [t.stream for t in plan_targets(targets, partition)]  # the task's write order
+    per_target = {t.stream: [rows[i][0] for i in t.positions]
+                  for t in plan_targets(targets, partition)}
+    task = task_process("q-kill9col", 0, partition, count, "column:kill9col", estream_pd)
+    kill_when_stored(estream_pd, task, order[1], 3000)  # mid-way through the second target
+    held = [len(_maybe(estream_pd, name)) for name in order]
+    full = count // 3
+    assert held[0] == full and 3000 <= held[1] < full and held[2] == 0  # different prefixes
+    retried = run(write_targets(opts, 0, partition, rows, targets))
+    done = {m.stream: (m.appended, m.duplicates) for m in retried.targets}
+    assert done[order[0]] == (0, full) and done[order[2]] == (full, 0)
+    assert sum(done[order[1]]) == full and done[order[1]][1] >= held[1]
+    replayed = run(write_targets(opts, 0, partition, rows, targets))  # the query restarted
+    assert {m.stream: (m.appended, m.duplicates) for m in replayed.targets} == {
+        name: (0, full) for name in order}
+    for name in order:
+        assert [r.value for r in read_all(estream_pd, name)] == per_target[name]
 
 
 def test_executors_mode_query_restart_stores_each_row_once(
@@ -87,6 +204,112 @@ def _maybe(pd: str, name: str) -> list[Any]:
         return read_all(pd, name)
     except StreamNotFound:
         return []
+
+
+# -- a real Spark query whose Python worker is killed mid-batch ------------------------------
+# No hook in the sink: the test finds the PySpark workers (under this process's JVM) that
+# hold connections to the output streams' range servers and SIGKILLs them. The shared
+# session is local[2], which tries a task once, so the killed task fails the query and
+# the query's restart (same checkpoint) runs the uncommitted batch again.
+
+
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from /proc."""
+    out: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return out
+
+
+def _sockets_to(ports: set[int]) -> set[str]:
+    """``socket:[inode]`` of every established TCP connection to 127.0.0.x:``ports``."""
+    found: set[str] = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        port = int(fields[2].split(":")[1], 16)
+        if port in ports and fields[3] == "01":
+            found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def spark_workers_connected_to(ports: set[int]) -> list[int]:
+    """PIDs of this test run's PySpark workers (forked by a ``pyspark.daemon`` under this
+    process's JVM) that hold a connection to one of ``ports``: the tasks writing there."""
+    children, pids = _children(), []
+    todo, mine = [os.getpid()], set[int]()
+    while todo:
+        pid = todo.pop()
+        mine.add(pid)
+        todo += children.get(pid, [])
+    sockets = _sockets_to(ports)
+    for pid in mine:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            links = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+        except OSError:
+            continue
+        if b"pyspark.daemon" in cmdline and links & sockets:
+            pids.append(pid)
+    return pids
+
+
+def test_spark_python_worker_killed_mid_batch_then_query_restarts_store_each_row_once(
+    spark: Any, estream_pd: str, tmp_path: Path
+) -> None:
+    create_stream(estream_pd, "wkill_in")
+    data = [b"w%06d" % i + b"." * 80 for i in range(30_000)]
+    append(estream_pd, "wkill_in", data, {})
+    ckpt = tmp_path / "ckpt"
+    outs = ["wkill_out-0", "wkill_out-1"]
+
+    def start() -> Any:
+        df = (spark.readStream.format("estream").option("pd", estream_pd)
+              .option("streams", "wkill_in").option("startingOffsets", "earliest")
+              .option("minPartitions", 2).load())
+        return (df.select("value").writeStream.format("estream").option("pd", estream_pd)
+                .option("stream", "wkill_out").option("mode", "executors")
+                .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+
+    async def kill_workers_mid_batch() -> tuple[int, list[int]]:
+        async with await estream.connect(estream_pd) as client:
+            # Every range server (3 of 3 replicas): the ones the tasks append to.
+            ports = {int(r.address.rpartition(":")[2])
+                     for r in (await client.describe_stream("wkill_in")).ranges[-1].replicas}
+            deadline = time.monotonic() + KILL_WAIT_S
+            while True:
+                held = sum([await _stored(client, s) for s in outs])
+                pids = spark_workers_connected_to(ports) if held >= 2000 else []
+                if pids:
+                    for pid in pids:
+                        os.kill(pid, signal.SIGKILL)
+                    return held, pids
+                assert query.isActive, f"query ended before the kill: {query.exception()}"
+                assert time.monotonic() < deadline, f"{outs} hold {held} records"
+                await asyncio.sleep(0.01)
+
+    query = start()
+    try:
+        held, killed = asyncio.run(kill_workers_mid_batch())
+        assert killed
+        # local[2] tries a task once: the crashed worker's task fails the query.
+        with pytest.raises(StreamingQueryException, match="Python worker exited unexpectedly"):
+            query.awaitTermination(QUERY_TIMEOUT_S)
+    finally:
+        query.stop()
+    after_kill = sum(len(_maybe(estream_pd, s)) for s in outs)
+    assert held <= after_kill < len(data)  # the batch was cut short
+    query = start()  # the query restarts: batch 0, never committed, runs again
+    try:
+        assert query.awaitTermination(QUERY_TIMEOUT_S), "query did not finish"
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    stored = [[r.value for r in read_all(estream_pd, s)] for s in outs]
+    assert all(stored) and stored[0] + stored[1] == data  # each row once, in order
 
 
 def test_stream_column_routing_retry_and_replay_store_each_row_once(estream_pd: str) -> None:
