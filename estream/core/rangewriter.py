@@ -66,7 +66,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from estream.core.quorum import confirm_offset
@@ -78,7 +78,9 @@ from estream.wire.record import (
     RECORD_PREFIX_BYTES,
     EncodedRecords,
     Record,
-    encode_records,
+    encode_record_head,
+    section_of_parts,
+    with_system,
     wrap_records,
 )
 
@@ -192,8 +194,14 @@ class _Range:
 
 def record_size(record: Record) -> int:
     """Estimated encoded size of one record (exact but for the msgpack headers)."""
-    headers = sum(len(k) + len(v) + 4 for k, v in record.headers.items()) if record.headers else 0
-    return RECORD_PREFIX_BYTES + len(record.value) + headers
+    return value_size(record.value, record.headers)
+
+
+def value_size(value: bytes, headers: Mapping[str, str] | None) -> int:
+    """:func:`record_size` of a record of ``value`` and ``headers``."""
+    if not headers:
+        return RECORD_PREFIX_BYTES + len(value)
+    return RECORD_PREFIX_BYTES + len(value) + sum(len(k) + len(v) + 4 for k, v in headers.items())
 
 
 class RangeWriter:
@@ -226,7 +234,11 @@ class RangeWriter:
         self.next_offset = range_start
         self.completed = range_start  # every offset below is acknowledged
         self.forced = range_start  # DEFERRED_SYNC: everything below is fsynced
-        self._pending: list[Record] = []
+        # The pending batch, encoded as it grows: each record's head, then its value.
+        self._pending: list[bytes] = []
+        self._pending_count = 0
+        self._pending_first_ts = 0
+        self._pending_max_ts = 0
         self._pending_sequences: list[int] = []  # a producer's, one per pending record
         self._pending_bytes = 0
         self._pending_since_ms = 0
@@ -303,12 +315,12 @@ class RangeWriter:
 
     def idle(self) -> bool:
         """Nothing pending, nothing unacknowledged."""
-        return not self._pending and self.completed == self.next_offset
+        return not self._pending_count and self.completed == self.next_offset
 
     def next_deadline_ms(self) -> int | None:
         """When :meth:`on_tick` has work next (None: only events can create work)."""
         deadlines: list[int] = []
-        if self._pending:
+        if self._pending_count:
             deadlines.append(self._pending_since_ms + self.config.linger_ms)
         oldest = self._oldest_unacked_ms()
         if oldest is not None and self._may_drop_slow():
@@ -334,18 +346,22 @@ class RangeWriter:
         effects: list[Effect] = []
         if self.producer_id:
             assert sequences is not None and len(sequences) == len(records)
+        # Encoded (and so checked) before any is taken: a bad record takes none.
+        heads = [encode_record_head(r.value, r.headers, r.timestamp) for r in records]
         for i, record in enumerate(records):
-            self._take(record, record_size(record), now_ms,
+            self._take(heads[i], record.value, record.timestamp, now_ms,
                        sequences[i] if sequences is not None else -1, effects)
         self._cut_if_due(now_ms, effects)
         return base, effects
 
     def submit_one(
-        self, record: Record, size: int, now_ms: int, sequence: int = -1, *,
-        hold_idle: bool = False,
+        self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
+        sequence: int = -1, *, hold_idle: bool = False,
     ) -> list[Effect] | None:
-        """:meth:`submit` of one record of ``size`` (:func:`record_size`) bytes, for the
-        driver's per-record path; its offset is :attr:`next_offset` before the call.
+        """:meth:`submit` of one record, for the driver's per-record path (no
+        :class:`Record`: it is encoded into the pending batch at once); its offset is
+        :attr:`next_offset` before the call. Raises :class:`MalformedBatch` for a record
+        that cannot be encoded (nothing taken).
 
         ``hold_idle``: do not cut at once when nothing is in flight; the driver calls
         :meth:`cut_idle` soon instead (at the end of its event-loop turn, so the appends
@@ -358,12 +374,13 @@ class RangeWriter:
         if self.error is not None:
             raise self.error
         effects: list[Effect] = []
-        self._take(record, size, now_ms, sequence, effects)
+        self._take(encode_record_head(value, headers, timestamp), value, timestamp, now_ms,
+                   sequence, effects)
         if not hold_idle:
             self._cut_if_due(now_ms, effects)
         elif self._pending_bytes >= self.config.batch_bytes:
             self._cut(now_ms, effects)
-        if effects or len(self._pending) == 1:  # a batch went out, or a new linger began
+        if effects or self._pending_count == 1:  # a batch went out, or a new linger began
             return effects
         return None
 
@@ -371,7 +388,7 @@ class RangeWriter:
     def idle_cut_wanted(self) -> bool:
         """Records are pending and nothing sent is unacknowledged: :meth:`cut_idle` would
         send them now."""
-        return bool(self._pending) and not self._unacked_sent()
+        return bool(self._pending_count) and not self._unacked_sent()
 
     def cut_idle(self, now_ms: int) -> list[Effect]:
         """Send the pending records now if nothing sent is unacknowledged (else they keep
@@ -382,26 +399,35 @@ class RangeWriter:
         return effects
 
     def _take(
-        self, record: Record, size: int, now_ms: int, sequence: int, effects: list[Effect]
+        self, head: bytes, value: bytes, timestamp: int, now_ms: int, sequence: int,
+        effects: list[Effect],
     ) -> None:
-        """Assign the next offset to ``record`` and add it to the pending batch."""
-        if self._pending and self._pending_bytes + size > self.config.batch_bytes:
+        """Assign the next offset to a record (``head``: :func:`encode_record_head`) and
+        add it to the pending batch."""
+        size = len(head) + len(value)
+        if self._pending_count and self._pending_bytes + size > self.config.batch_bytes:
             self._cut(now_ms, effects)
-        if not self._pending:
+        if not self._pending_count:
             self._pending_since_ms = now_ms
-        self._pending.append(record)
+            self._pending_first_ts = self._pending_max_ts = timestamp
+        elif timestamp > self._pending_max_ts:
+            self._pending_max_ts = timestamp
+        pending = self._pending
+        pending.append(head)
+        pending.append(value)
+        self._pending_count += 1
         if self.producer_id:
             # Not a local alias: a cut above swaps the list for a new one.
             self._pending_sequences.append(sequence)
         self._pending_bytes += size
         self.next_offset += 1
-        if len(self._pending) >= limits.batch_records_max:
+        if self._pending_count >= limits.batch_records_max:
             self._cut(now_ms, effects)
 
     def _cut_if_due(self, now_ms: int, effects: list[Effect]) -> None:
         """Cut at once when nothing is in flight (waiting buys nothing) or the batch is
         full."""
-        if self._pending and (
+        if self._pending_count and (
             not self._unacked_sent() or self._pending_bytes >= self.config.batch_bytes
         ):
             self._cut(now_ms, effects)
@@ -443,7 +469,7 @@ class RangeWriter:
         effects: list[Effect] = []
         if self.error is not None:
             return effects
-        if self._pending and now_ms >= self._pending_since_ms + self.config.linger_ms:
+        if self._pending_count and now_ms >= self._pending_since_ms + self.config.linger_ms:
             self._cut(now_ms, effects)
         if not self._range.seal_sent:
             for replica in self._range.live():
@@ -480,7 +506,7 @@ class RangeWriter:
         and no batch in flight (its completion moves the idle deadline; a batch sent after
         it carries the offset): the only state in which an idle CONFIRM is sent. Under
         load this saves a CONFIRM to every replica (a durable write on each) per batch."""
-        return not self._pending and not self._unacked_sent()
+        return not self._pending_count and not self._unacked_sent()
 
     def on_range_opened(
         self, range_index: int, start: int, replicas: Sequence[str], now_ms: int
@@ -556,6 +582,7 @@ class RangeWriter:
             return []
         self.error = error
         self._pending.clear()
+        self._pending_count = 0
         self._pending_sequences.clear()
         self._pending_bytes = 0
         self._batches.clear()
@@ -565,24 +592,25 @@ class RangeWriter:
     # -- internals -----------------------------------------------------------------------
 
     def _cut(self, now_ms: int, effects: list[Effect]) -> None:
-        records, self._pending = self._pending, []
+        parts, self._pending = self._pending, []
+        count, self._pending_count = self._pending_count, 0
         self._pending_bytes = 0
         try:
+            section = section_of_parts(parts, count, self._pending_first_ts,
+                                       self._pending_max_ts)
             if self.producer_id or self.digest:
                 sequences, self._pending_sequences = self._pending_sequences, []
-                section = encode_records(
-                    records,
+                section = with_system(
+                    section,
                     producer_id=self.producer_id,
                     sequences=sequences if self.producer_id else None,
                     digest=self.digest,
                 )
-            else:
-                section = encode_records(records)
         except MalformedBatch as exc:
             # Oversized input: fail loudly rather than stall (the driver checks sizes first).
             effects.extend(self.on_fenced(exc))
             return
-        base = self.next_offset - len(records)
+        base = self.next_offset - count
         batch = _Batch(base, section, BATCH_HEADER_BYTES + section.records_bytes)
         self._batches.append(batch)
         self._batch_bytes += batch.size
@@ -754,4 +782,5 @@ __all__ = [
     "SendConfirm",
     "WriterConfig",
     "record_size",
+    "value_size",
 ]

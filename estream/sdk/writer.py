@@ -62,6 +62,7 @@ from estream.core.rangewriter import (
     SendConfirm,
     WriterConfig,
     record_size,
+    value_size,
 )
 from estream.core.recovery import DescribeStream, MustWait, OpenStep, open_range
 from estream.core.roll import (
@@ -143,8 +144,9 @@ class PendingAppend(asyncio.Future[int]):
         return None
 
 
-# (record, its size, its future, its sequence: None unless a producer's, -1 for the default)
-_Queued = tuple[Record, int, PendingAppend, int | None]
+# (value, headers, timestamp, size, its future, its sequence: None unless a producer's, -1
+# for the default)
+_Queued = tuple[bytes, Mapping[str, str] | None, int, int, PendingAppend, int | None]
 
 
 class Writer:
@@ -367,7 +369,8 @@ class Writer:
         are raised when it is awaited, as from a coroutine."""
         future = PendingAppend(loop=self._loop)
         try:
-            record = self._record(value, headers, timestamp)
+            value = self._value(value)
+            ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
             core = self._check_open()
             if sequence is not None or self.producer is not None:
                 if self.producer is None:
@@ -375,11 +378,12 @@ class Writer:
                         "sequence needs a writer opened with producer_id", argument="sequence")
                 if sequence is not None:
                     check_sequence(sequence)
-            size = record_size(record)
-            item = (record, size, future, sequence if self.producer is None else
+            size = value_size(value, headers)
+            item = (value, headers, ts, size, future, sequence if self.producer is None else
                     (-1 if sequence is None else sequence))
             if self._queued or not core.can_accept(size):
-                self._queued.append(item)
+                # Waits: its headers as they are now.
+                self._queued.append(item[:1] + (dict(headers) if headers else None,) + item[2:])
             else:
                 self._submit(core, item)
         except Exception as exc:  # noqa: BLE001 - raised where it is awaited
@@ -390,15 +394,16 @@ class Writer:
     def _submit(self, core: RangeWriter, item: _Queued) -> None:
         """Submit one queued append now (no await: a producer's sequence is decided
         against the current last)."""
-        record, size, future, sequence = item
+        value, headers, ts, _, future, sequence = item
         producer = self.producer
         now = _now_ms()
         if producer is None:
             base = core.next_offset
-            effects = core.submit_one(record, size, now, hold_idle=True)
+            effects = core.submit_one(value, headers, ts, now, hold_idle=True)
         else:
             seq = producer.last_sequence + 1 if sequence is None or sequence < 0 else sequence
             if seq <= producer.last_sequence:
+                record = Record(value, dict(headers) if headers else {}, ts)
                 offsets, end, effects = self._produce(core, [record], [seq])
                 if end > core.completed:
                     self._add_waiter(end, future, now, offsets[0])
@@ -407,7 +412,7 @@ class Writer:
                 self._run(effects)
                 return
             base = core.next_offset
-            effects = core.submit_one(record, size, now, seq, hold_idle=True)
+            effects = core.submit_one(value, headers, ts, now, seq, hold_idle=True)
             producer.taken_one(seq, base)
         self._waiters.append((base + 1, future, now, base))
         if self._watchdog is None:
@@ -436,16 +441,16 @@ class Writer:
             while queued and self._error is None and not self._closed:
                 core = self._core
                 assert core is not None
-                if not core.can_accept(queued[0][1]):
+                if not core.can_accept(queued[0][3]):
                     return
                 item = queued.popleft()
-                if item[2].done():
+                if item[4].done():
                     continue  # cancelled while it waited: never submitted
                 try:
                     self._submit(core, item)
                 except Exception as exc:  # noqa: BLE001 - raised where it is awaited
-                    if not item[2].done():
-                        item[2].set_exception(exc)
+                    if not item[4].done():
+                        item[4].set_exception(exc)
         finally:
             self._draining = False
 
@@ -648,7 +653,8 @@ class Writer:
         return self._core
 
     @staticmethod
-    def _record(value: bytes, headers: Mapping[str, str] | None, timestamp: int | None) -> Record:
+    def _value(value: bytes) -> bytes:
+        """A record value checked (and as ``bytes``)."""
         if type(value) is not bytes:
             if not isinstance(value, _BYTES_TYPES):
                 raise InvalidArgument("a record value must be bytes", argument="value")
@@ -658,6 +664,13 @@ class Writer:
                 f"record value of {len(value)} bytes exceeds {limits.record_value_bytes_max}",
                 argument="value",
             )
+        return value
+
+    @classmethod
+    def _record(
+        cls, value: bytes, headers: Mapping[str, str] | None, timestamp: int | None
+    ) -> Record:
+        value = cls._value(value)
         ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
         return Record(value, dict(headers) if headers else {}, ts)
 
@@ -737,7 +750,7 @@ class Writer:
         if complete_upto >= 0:
             # After the sends: a CONFIRM goes out before the user's next request does.
             self._complete(complete_upto)
-        if self._queued and not self._draining and core.can_accept(self._queued[0][1]):
+        if self._queued and not self._draining and core.can_accept(self._queued[0][3]):
             self._drain_queued()
         if self._space and not self._queued and core.can_accept(1):
             space, self._space = self._space, []
@@ -759,7 +772,7 @@ class Writer:
             if not future.done():
                 future.set_exception(error)
         queued, self._queued = self._queued, deque()
-        for _, _, future, _ in queued:
+        for _, _, _, _, future, _ in queued:
             if not future.done():
                 future.set_exception(error)
         space, self._space = self._space, []

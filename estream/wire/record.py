@@ -257,7 +257,55 @@ def encode_records(
 ) -> EncodedRecords:
     """Encode the records section (with a system block for a producer's records or an
     ``hmac-sha256`` stream). Raises :class:`MalformedBatch` on oversize input."""
-    section = _encode_records(records)
+    return with_system(
+        _encode_records(records), producer_id=producer_id, sequences=sequences, digest=digest)
+
+
+def encode_record_head(value: bytes, headers: Mapping[str, str] | None, timestamp: int) -> bytes:
+    """One record's prefix and encoded headers (its value follows them in a records
+    section), for writers that build a section record by record
+    (:func:`section_of_parts`). Raises :class:`MalformedBatch` as :func:`encode_records`."""
+    if len(value) > limits.record_value_bytes_max:
+        raise MalformedBatch(f"record value of {len(value)} bytes is too large")
+    if not headers:
+        try:
+            return _RECORD.pack(timestamp, 0, len(value))
+        except struct.error:
+            raise MalformedBatch(f"record timestamp {timestamp} is out of range") from None
+    encoded = _encode_headers(headers)
+    if len(encoded) > limits.record_headers_bytes_max:
+        raise MalformedBatch(f"record headers of {len(encoded)} bytes are too large")
+    try:
+        return _RECORD.pack(timestamp, len(encoded), len(value)) + encoded
+    except struct.error:
+        raise MalformedBatch(f"record timestamp {timestamp} is out of range") from None
+
+
+def section_of_parts(
+    parts: Sequence[bytes], count: int, first_timestamp: int, max_timestamp: int
+) -> EncodedRecords:
+    """The records section of ``count`` records given as their parts in order (each
+    record's :func:`encode_record_head`, then its value): the bytes :func:`encode_records`
+    makes of the same records."""
+    if not count:
+        raise MalformedBatch("a batch needs at least one record")
+    if count > limits.batch_records_max:
+        raise MalformedBatch(f"{count} records exceed {limits.batch_records_max}")
+    data = b"".join(parts)
+    if len(data) + BATCH_HEADER_BYTES > limits.batch_bytes_max:
+        raise MalformedBatch(f"batch of {len(data)} bytes exceeds {limits.batch_bytes_max}")
+    return EncodedRecords(data, count, first_timestamp, max_timestamp)
+
+
+def with_system(
+    section: EncodedRecords,
+    *,
+    producer_id: str = "",
+    sequences: Sequence[int] | None = None,
+    digest: int = DIGEST_XXH3,
+) -> EncodedRecords:
+    """``section`` with the system block of a producer's records or an ``hmac-sha256``
+    stream (as :func:`encode_records` adds it)."""
     if digest not in DIGEST_NAMES:
         raise MalformedBatch(f"unknown digest {digest}")
     system = encode_system(

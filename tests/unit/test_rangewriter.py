@@ -3,6 +3,8 @@ seal and roll, fencing, deferred sync. Scenario tests: events in, effects out.""
 
 from __future__ import annotations
 
+import pytest
+
 from estream.core.rangewriter import (
     BeginSeal,
     CompleteAppends,
@@ -13,10 +15,16 @@ from estream.core.rangewriter import (
     SendAppend,
     SendConfirm,
     WriterConfig,
-    record_size,
 )
-from estream.wire.errors import Fenced, Unavailable
-from estream.wire.record import Record, decode_batch
+from estream.wire.errors import Fenced, MalformedBatch, Unavailable
+from estream.wire.record import (
+    Record,
+    decode_batch,
+    encode_record_head,
+    encode_records,
+    section_of_parts,
+    with_system,
+)
 
 
 def make(**config: object) -> RangeWriter:
@@ -41,6 +49,11 @@ def completes(effects: list[Effect]) -> list[int]:
 
 def rec(i: int) -> Record:
     return Record(f"v{i}".encode(), {}, 1000 + i)
+
+
+def one(i: int) -> tuple[bytes, None, int]:
+    """submit_one's value, headers and timestamp of rec(i)."""
+    return rec(i).value, None, rec(i).timestamp
 
 
 def test_first_append_is_sent_at_once_to_every_replica() -> None:
@@ -418,10 +431,10 @@ def test_confirm_now_again_resends_the_confirm_a_batch_carried() -> None:
 
 def test_submit_one_says_when_the_next_deadline_may_have_moved() -> None:
     w = make(linger_ms=5)
-    assert w.submit_one(rec(0), record_size(rec(0)), 0) is not None  # sent at once
-    assert sends(w.submit_one(rec(1), record_size(rec(1)), 1) or []) == []  # a new linger
+    assert w.submit_one(*one(0), 0) is not None  # sent at once
+    assert sends(w.submit_one(*one(1), 1) or []) == []  # a new linger
     deadline = w.next_deadline_ms()
-    assert w.submit_one(rec(2), record_size(rec(2)), 2) is None  # joined it: unchanged
+    assert w.submit_one(*one(2), 2) is None  # joined it: unchanged
     assert w.next_deadline_ms() == deadline
     assert w.next_offset == 3
     out = sends(w.on_tick(6))
@@ -429,27 +442,27 @@ def test_submit_one_says_when_the_next_deadline_may_have_moved() -> None:
 
 
 def test_submit_one_matches_submit() -> None:
-    one, many = make(linger_ms=5, batch_bytes=64), make(linger_ms=5, batch_bytes=64)
+    single, many = make(linger_ms=5, batch_bytes=64), make(linger_ms=5, batch_bytes=64)
     got_one: list[bytes] = []
     got_many: list[bytes] = []
     for i in range(10):
-        got_one += [s.payload for s in sends(one.submit_one(rec(i), record_size(rec(i)), i) or [])]
+        got_one += [s.payload for s in sends(single.submit_one(*one(i), i) or [])]
         got_many += [s.payload for s in sends(many.submit([rec(i)], i)[1])]
-    assert got_one == got_many and one.next_offset == many.next_offset == 10
-    assert one.next_deadline_ms() == many.next_deadline_ms()
+    assert got_one == got_many and single.next_offset == many.next_offset == 10
+    assert single.next_deadline_ms() == many.next_deadline_ms()
 
 
 def test_hold_idle_sends_the_appends_of_one_turn_as_one_batch() -> None:
     w = make(linger_ms=5)
-    first = w.submit_one(rec(0), record_size(rec(0)), 0, hold_idle=True)
+    first = w.submit_one(*one(0), 0, hold_idle=True)
     assert first == [] and w.idle_cut_wanted  # nothing sent yet: a new linger began
     for i in range(1, 4):
-        assert w.submit_one(rec(i), record_size(rec(i)), 0, hold_idle=True) is None
+        assert w.submit_one(*one(i), 0, hold_idle=True) is None
     out = sends(w.cut_idle(0))
     assert len(out) == 3 and decode_batch(out[0].payload).header.count == 4
     assert not w.idle_cut_wanted
     # With a batch in flight the next records linger, cut_idle or not.
-    w.submit_one(rec(4), record_size(rec(4)), 1, hold_idle=True)
+    w.submit_one(*one(4), 1, hold_idle=True)
     assert not w.idle_cut_wanted and sends(w.cut_idle(1)) == []
     assert len(sends(w.on_tick(6))) == 3
 
@@ -476,3 +489,28 @@ def test_no_idle_confirm_while_a_batch_is_in_flight_or_records_pending() -> None
     assert w.next_deadline_ms() == 23
     assert {(c.replica, c.confirm) for c in confirms(w.on_tick(23))} == {
         ("a", 3), ("b", 3), ("c", 3)}
+
+
+def test_submit_one_encodes_headers_and_refuses_a_bad_record_without_taking_it() -> None:
+    w = make(linger_ms=5)
+    out = sends(w.submit_one(b"v", {"k": "x"}, 5, 0) or [])
+    assert decode_batch(out[0].payload).records[0].headers == {"k": "x"}
+    with pytest.raises(MalformedBatch):
+        w.submit_one(b"v", {"k": 1}, 5, 1)  # type: ignore[dict-item]
+    with pytest.raises(MalformedBatch):
+        w.submit_one(b"v", None, 1 << 64, 1)
+    with pytest.raises(MalformedBatch):
+        w.submit([rec(1), Record(b"bad", {}, -(1 << 64))], 1)
+    assert w.next_offset == 1 and w.error is None
+
+
+def test_a_section_built_record_by_record_is_encode_records_bytes() -> None:
+    records = [Record(b"a" * 10, {}, 5), Record(b"", {"k": "v", "x": ""}, 3),
+               Record(b"z" * 300, {"h": "1"}, 9)]
+    parts: list[bytes] = []
+    for r in records:
+        parts += [encode_record_head(r.value, r.headers, r.timestamp), r.value]
+    built = section_of_parts(parts, 3, 5, 9)
+    assert built == encode_records(records)
+    assert with_system(built, producer_id="p", sequences=[1, 2, 3]) == encode_records(
+        records, producer_id="p", sequences=[1, 2, 3])
