@@ -13,21 +13,37 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from estream.devcluster.spark import new_spark, spark_env
+from estream.devcluster.up import SECRET_NAME
 from estream.devcluster.upcluster import pd_or_up
 
-__all__ = ["append", "cluster_pd", "create_stream", "new_spark", "read_all", "spark_env",
-           "spark_session", "trim"]
+__all__ = ["append", "cluster_pd", "cluster_secret", "create_stream", "new_spark", "read_all",
+           "spark_env", "spark_session", "trim"]
+
+
+_SECRET_FILES: dict[str, Path] = {}  # PD addresses -> that ``estream up`` cluster's secret
 
 
 def cluster_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """For a module-scoped fixture: PD addresses of a running 3+3 cluster, then stop it."""
-    with pd_or_up(None, tmp_path_factory.mktemp("cluster")) as pd:
-        yield pd
+    work = tmp_path_factory.mktemp("cluster")
+    with pd_or_up(None, work) as pd:
+        _SECRET_FILES[pd] = work / "data" / SECRET_NAME
+        try:
+            yield pd
+        finally:
+            del _SECRET_FILES[pd]
+
+
+def cluster_secret(pd: str) -> str:
+    """The cluster secret of the ``estream up`` cluster :func:`cluster_pd` started at
+    ``pd``: its range servers verify ``hmac-sha256`` batches with it."""
+    return _SECRET_FILES[pd].read_text().strip()
 
 
 def spark_session() -> Iterator[Any]:

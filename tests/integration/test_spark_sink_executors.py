@@ -38,6 +38,7 @@ from estream.spark.source import run  # noqa: E402
 from estream.wire.errors import DigestKeyMissing, InvalidArgument, StreamNotFound  # noqa: E402
 from tests.integration.conftest_spark import (  # noqa: E402
     append,
+    cluster_secret,
     create_stream,
     read_all,
 )
@@ -347,18 +348,18 @@ def test_secret_file_is_read_stripped_and_a_missing_one_is_a_clear_error(
         load_secret(missing)
 
 
-SECRET = "the spark cluster secret"
 
 
 def test_keyed_family_of_hmac_streams_from_executors_with_the_secret_option(
     spark: Any, estream_pd: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("ESTREAM_SECRET", raising=False)
+    secret = cluster_secret(estream_pd)  # the range servers verify every MAC with it
     create_stream(estream_pd, "keyed_in")
     data = [b"%d:v%05d" % (i % 7, i) for i in range(700)]
     append(estream_pd, "keyed_in", data, {})
     secret_file = tmp_path / "secret"
-    secret_file.write_text(SECRET + "\n")
+    secret_file.write_text(secret + "\n")
     df = (spark.readStream.format("estream").option("pd", estream_pd)
           .option("streams", "keyed_in").option("startingOffsets", "earliest").load())
     # The source's 'stream' column is there too: the 'stream' option wins over it.
@@ -373,7 +374,7 @@ def test_keyed_family_of_hmac_streams_from_executors_with_the_secret_option(
     assert query.exception() is None, query.exception()
 
     async def read_family() -> dict[str, list[bytes]]:
-        async with await estream.connect(estream_pd, secret=SECRET) as client:
+        async with await estream.connect(estream_pd, secret=secret) as client:
             out: dict[str, list[bytes]] = {}
             for k in range(3):
                 meta = await client.describe_stream(f"fam-{k}")
