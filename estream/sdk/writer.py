@@ -179,7 +179,7 @@ class Writer:
         self._error: EstreamError | None = None
         self._closed = False
         # The roll's decisions: suspects, backoff, the sequence (estream/core/roll.py).
-        self._roller = Roller(RollConfig(meta.replicas), _now_ms)
+        self._roller = Roller(RollConfig(meta.replicas), self._now)
         self._roll_attempts: asyncio.Task[None] | None = None
         self._keepalive: asyncio.Task[None] | None = None
         # Durable confirms of the open range: replica -> highest CONFIRM it answered.
@@ -396,7 +396,7 @@ class Writer:
         against the current last)."""
         value, headers, ts, _, future, sequence = item
         producer = self.producer
-        now = _now_ms()
+        now = self._now()
         if producer is None:
             base = core.next_offset
             effects = core.submit_one(value, headers, ts, now, hold_idle=True)
@@ -429,7 +429,7 @@ class Writer:
         self._cut_soon = False
         core = self._core
         if core is not None and not self._closed and self._error is None:
-            self._run(core.cut_idle(_now_ms()))
+            self._run(core.cut_idle(self._now()))
 
     def _drain_queued(self) -> None:
         """Submit the appends that waited for budget, oldest first, while it lasts."""
@@ -473,7 +473,7 @@ class Writer:
             return await self._append_produced(
                 records, list(sequences) if sequences is not None else [None] * len(records))
         core = await self._wait_space(sum(record_size(r) for r in records))
-        now = _now_ms()
+        now = self._now()
         base, effects = core.submit(records, now)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._add_waiter(base + len(records), future, now, None)
@@ -488,8 +488,8 @@ class Writer:
         core = self._check_open()
         if core.completed < core.next_offset:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._add_waiter(core.next_offset, future, _now_ms(), None)
-            self._run(core.on_tick(_now_ms()))
+            self._add_waiter(core.next_offset, future, self._now(), None)
+            self._run(core.on_tick(self._now()))
             await future
         await self._confirm_durably(confirm_wait_s)
 
@@ -543,6 +543,14 @@ class Writer:
                     task.cancel()
                 self._fail_all(Closed("the writer is closed"))
 
+    def _now(self) -> int:
+        """The writer's clock in milliseconds: its event loop's, the clock its timers run
+        on (uvloop's: whole milliseconds, read once per turn), so a timer armed for a
+        deadline never fires before this clock reaches it (with time.monotonic() it
+        did, by up to a millisecond, and the timer spun through ticks that found nothing
+        due until the millisecond passed)."""
+        return round(self._loop.time() * 1000)
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -575,7 +583,7 @@ class Writer:
         future: asyncio.Future[None] | None = None
         if end > core.completed:
             future = asyncio.get_running_loop().create_future()
-            self._add_waiter(end, future, _now_ms(), None)
+            self._add_waiter(end, future, self._now(), None)
         self._run(effects)
         if future is not None:
             await future
@@ -600,7 +608,7 @@ class Writer:
             offsets[i] = producer.offset_of(chosen[i])
             producer.duplicates += 1
         effects: list[Effect] = []
-        now = _now_ms()
+        now = self._now()
         if new:
             fresh = [chosen[i] for i in new]
             base, effects = core.submit([records[i] for i in new], now, fresh)
@@ -692,7 +700,7 @@ class Writer:
 
     def _arm_watchdog(self, submitted_ms: int) -> None:
         """One timer for the oldest pending append's delivery deadline."""
-        delay_s = (submitted_ms + self.config.delivery_timeout_ms) / 1000 - time.monotonic()
+        delay_s = (submitted_ms + self.config.delivery_timeout_ms) / 1000 - self._loop.time()
         loop = asyncio.get_running_loop()
         self._watchdog = loop.call_later(max(delay_s, timer_min_s), self._on_watchdog)
 
@@ -701,7 +709,7 @@ class Writer:
         if self._closed or self._error is not None or not self._waiters:
             return
         submitted_ms = self._waiters[0][2]
-        if _now_ms() < submitted_ms + self.config.delivery_timeout_ms:
+        if self._now() < submitted_ms + self.config.delivery_timeout_ms:
             self._arm_watchdog(submitted_ms)
             return
         error = Timeout(
@@ -809,17 +817,17 @@ class Writer:
             return
         if self._timer is not None:
             self._timer.cancel()
-        loop = asyncio.get_running_loop()
-        delay_s = deadline / 1000 - time.monotonic()
+        delay_s = deadline / 1000 - self._loop.time()
         self._timer_at = deadline
         # Never sooner than timer_min_s: a deadline already due runs on the next turn.
-        self._timer = loop.call_later(max(delay_s, timer_min_s), self._on_timer)
+        self._timer = self._loop.call_later(max(delay_s, timer_min_s), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._core is None or self._closed:
+        core = self._core
+        if core is None or self._closed:
             return
-        self._run(self._core.on_tick(_now_ms()))
+        self._run(core.on_tick(self._now()))
 
     async def _send_append(self, effect: SendAppend) -> None:
         core = self._core
@@ -841,10 +849,11 @@ class Writer:
             return
         except EstreamError as exc:
             if self._core is core and not self._closed:
-                self._run(core.on_append_error(effect.replica, effect.range_index, exc, _now_ms()))
+                self._run(core.on_append_error(
+                    effect.replica, effect.range_index, exc, self._now()))
             return
         if self._core is core and not self._closed:
-            self._run(core.on_append_ack(effect.replica, effect.range_index, end, _now_ms()))
+            self._run(core.on_append_ack(effect.replica, effect.range_index, end, self._now()))
 
     async def _send_confirm(self, effect: SendConfirm) -> None:
         core = self._core
@@ -997,7 +1006,7 @@ class Writer:
         for replica, error in errors.items():
             log.info("stream %r range %d: CREATE_RANGE on %s failed: %r",
                      self.stream.name, rng.index, replica, error)
-            self._run(core.on_append_error(replica, rng.index, error, _now_ms()))
+            self._run(core.on_append_error(replica, rng.index, error, self._now()))
 
     # -- internals: the writer lease ------------------------------------------------------
 
@@ -1036,7 +1045,7 @@ class Writer:
                          self.stream.name, core.range_index, server)
                 self._run(core.on_append_error(
                     server, core.range_index,
-                    Unavailable(f"range server {server} is draining"), _now_ms()))
+                    Unavailable(f"range server {server} is draining"), self._now()))
 
     @staticmethod
     def _range(meta: StreamMeta, index: int) -> RangeMeta:
