@@ -27,7 +27,12 @@ ranges), PUT, read back, and committed in one command (``commit_pack``); every r
 is "object" from that commit on, none before. A new leader (or a retry after a failed
 PUT) rebuilds a prepared pack with time left from the same ranges under the same key
 (:func:`reusable_packs`); the open pack itself is only memory: lost with the leader,
-nothing to clean up.
+nothing to clean up. Uploads are pipelined (:func:`puts_to_wait_for`): the next range is
+read while closed packs are put, within ``packs_in_memory_max`` packs in memory.
+
+Pacing: the leader's rounds follow each other without a wait while due work is left,
+else after :func:`round_wait_ms` (until the next upload or release falls due by
+:func:`next_due_ms`, at most the round interval).
 
 References and deletion: the catalog knows which ranges name each object
 (``CatalogView.object_refs``) and lists a key as unreferenced when a trim, a delete, a
@@ -85,6 +90,7 @@ retry_backoff_ms_min: Final = 1_000  # an upload that failed waits this long, do
 retry_backoff_ms_max: Final = 60_000
 object_size_bytes_default: Final = 64 * 1024 * 1024  # a pack closes at this size
 object_max_age_ms_default: Final = 60_000  # ...or when its oldest range waited this long
+packs_in_memory_max: Final = 2  # closed packs being put, and the open pack being read into
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +185,22 @@ def close_packs(
         closed.append(current)
         current = []
     return closed, current
+
+
+def puts_to_wait_for(in_flight: int, *, open_pack: bool,
+                     limit: int = packs_in_memory_max) -> int:
+    """How many of the ``in_flight`` packs (being put, checked, committed; oldest first) to
+    wait for before going on, so that at most ``limit`` packs are in memory: those in
+    flight, and the open pack when it holds ranges or one is about to be read into it.
+    Uploads are pipelined this way: with the default 2, the next range is read while one
+    pack is put, and a pack that closes is put at once, beside the one still in flight.
+
+    >>> puts_to_wait_for(1, open_pack=True), puts_to_wait_for(2, open_pack=True)
+    (0, 1)
+    >>> puts_to_wait_for(2, open_pack=False), puts_to_wait_for(3, open_pack=False)
+    (0, 1)
+    """
+    return max(0, in_flight + (1 if open_pack else 0) - limit)
 
 
 def still_wanted(pending: Iterable[Pending], streams: Iterable[StreamMeta]) -> list[Pending]:
@@ -343,6 +365,48 @@ def drops_due(
 def offload_lag_ms(sealed_since: Mapping[RangeKey, int], now_ms: int) -> int:
     """How long the oldest sealed range still in the local tier has waited (0: none)."""
     return max((now_ms - since for since in sealed_since.values()), default=0)
+
+
+def next_due_ms(
+    since: Mapping[RangeKey, int],
+    after_ms: int,
+    now_ms: int,
+    *,
+    not_before: Mapping[RangeKey, int] | None = None,
+) -> int | None:
+    """The earliest time after ``now_ms`` at which a key of ``since`` falls due: its time
+    plus ``after_ms``, or its ``not_before`` (a retry's time) when that is later. None:
+    nothing falls due after ``now_ms`` (what is due already is this round's work, or
+    waits for something else: a live replica, a busy range).
+
+    >>> next_due_ms({(1, 0): 100, (1, 1): 400, (1, 2): 50}, 500, 700,
+    ...             not_before={(1, 1): 950})
+    950
+    >>> next_due_ms({(1, 0): 100}, 500, 700) is None
+    True
+    """
+    not_before = not_before or {}
+    times = [max(t + after_ms, not_before.get(k, 0)) for k, t in since.items()]
+    return min((t for t in times if t > now_ms), default=None)
+
+
+def round_wait_ms(now_ms: int, interval_ms: int, *, backlog: bool,
+                  due_at: Iterable[int | None]) -> int:
+    """How long the offloader waits before its next round: not at all when the round left
+    due work undone (its time or count ran out), else until the next upload or release
+    falls due (``due_at``, from :func:`next_due_ms`), at most ``interval_ms`` (ranges
+    sealed or committed meanwhile are seen at the next round).
+
+    >>> round_wait_ms(1_000, 1_000, backlog=False, due_at=[None, 1_250, 3_000])
+    250
+    >>> round_wait_ms(1_000, 1_000, backlog=False, due_at=[None])
+    1000
+    >>> round_wait_ms(1_000, 1_000, backlog=True, due_at=[1_250])
+    0
+    """
+    if backlog:
+        return 0
+    return max(0, min([t - now_ms for t in due_at if t is not None] + [interval_ms]))
 
 
 def retry_delay_ms(failures: int) -> int:

@@ -1,7 +1,10 @@
 """The PD leader's offloader: sealed ranges into the object store, local copies released.
 
-Every ``interval_ms``, while this node is the Raft leader and has applied everything
-committed, one round (the decisions are :mod:`pd.offload`'s):
+While this node is the Raft leader and has applied everything committed, rounds (the
+decisions are :mod:`pd.offload`'s); between two, a wait (:func:`pd.offload.round_wait_ms`):
+none when a round left due work undone, else until the next upload or release falls due,
+at most ``interval_ms``. In a round, uploads (1) and releases (2) run side by side:
+releases never wait for the uploads' time to run out.
 
 1. **Upload**: first any prepared pack this leader may rebuild (a retry, or a new leader
    finding the record with time left: the same ranges, the same key,
@@ -17,8 +20,14 @@ committed, one round (the decisions are :mod:`pd.offload`'s):
    ``[start, end)``): propose ``prepare_pack`` (the key, its ranges and a deadline,
    ``prepare_ttl`` from now on the wall clock), PUT it, read back its size and its index
    (HEAD, then a ranged GET of its tail) and compare, then propose ``commit_pack`` with
-   every range's part. Only then are its ranges "object", all at once.
-2. **Release** each "object" range committed ``local_retention`` ago: read its part of
+   every range's part. Only then are its ranges "object", all at once. Pipelined
+   (:func:`pd.offload.puts_to_wait_for`): the next ranges are read while closed packs
+   go out, a pack that closes goes out at once, and at most two packs (those in flight
+   and the open one) are in memory; each pack's own steps stay in order. The catalog is
+   read again before each range, so ranges sealed during the round are taken too.
+2. **Release** (while the uploads run, ``releases_in_flight_max`` at a time, each range
+   once a round; woken by each commit) each "object" range committed
+   ``local_retention`` ago: read its part of
    the object back (its index entries against the catalog's checksum, or for a version-1
    object the footer naming the range and the index; every batch's checksum, a window of
    batches per GET), then propose ``drop_local_replicas`` (the catalog lists no replicas
@@ -50,9 +59,11 @@ committed, one round (the decisions are :mod:`pd.offload`'s):
 Faults: a failed upload (a store that is down or slow, no sound replica) is retried with a
 doubling backoff (:func:`pd.offload.retry_delay_ms`), under the same prepared key while
 it has time left; local copies stay until an upload is committed, appends never wait for
-any of this. A leader lost mid-upload: the new leader's clocks start again; it reuses the
-prepared key (overwriting the object) or, once expired, the record and object are
-deleted and it prepares another. A commit refused (another key won, the record expired,
+any of this. A crash (anything but an estream error) in one upload or release cancels
+the others of the round (each is at a step its retry or a new leader takes up). A
+leader lost mid-upload: the new leader's clocks start again; it reuses the prepared key
+(overwriting the object) or, once expired, the record and object are deleted and it
+prepares another. A commit refused (another key won, the record expired,
 the stream was deleted or recreated, the range trimmed) deletes its own object at once; a
 commit whose outcome is unknown (timeout, leader change) keeps it: either the catalog
 names it, or it is still prepared (retried, or expired and deleted). Every store call has
@@ -63,11 +74,12 @@ Side effects: network (the object store, range servers), Raft proposals.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient, batches_continuing
@@ -83,7 +95,7 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
-from estream.wire.meta import ObjectPart, ReplicaRef, StreamMeta
+from estream.wire.meta import ObjectPart, ReplicaRef
 from estream.wire.objectformat import (
     FOOTER_BYTES,
     ObjectIndex,
@@ -130,21 +142,24 @@ from pd.offload import (
     drops_due,
     expired,
     garbage,
+    next_due_ms,
     object_key,
     object_size_bytes_default,
     offload_lag_ms,
     pack_key,
     pack_members,
+    puts_to_wait_for,
     reserved,
     retry_delay_ms,
     reusable_packs,
+    round_wait_ms,
     sealed_local,
     still_wanted,
     tiered_with_replicas,
     track,
     uploads_due,
 )
-from pd.shell.rounds import leader_rounds
+from pd.shell.rounds import is_leader
 from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
@@ -155,6 +170,7 @@ sweep_interval_ms_default: Final = 60_000
 uploads_per_round_max: Final = 16
 upload_round_ms_max: Final = 10_000  # no upload starts after this long in one round
 drops_per_round_max: Final = 64
+releases_in_flight_max: Final = 3  # releases checking their objects at once (8 MiB each)
 sweep_deletes_max: Final = 1_000
 sweep_list_max: Final = 10_000  # keys one sweep lists (the next sweep lists the next ones)
 rpc_timeout_s: Final = 10.0
@@ -217,12 +233,25 @@ class Offloader:
         self.compact_interval_ms = compact_interval_ms
         self.next_compact_ms = 0  # 0: one interval after this leader's first round
         self.object_sizes: dict[str, int] = {}  # object key -> bytes (HEAD; immutable)
+        self.committed = asyncio.Event()  # set by each commit: wakes the releases
+        self.reuploaded: set[RangeKey] = set()  # this round: released next round at once
 
     async def run(self) -> None:
-        """Forever (until cancelled): a round every ``interval_ms`` while leader."""
+        """Forever (until cancelled): a round while leader, then the wait
+        :func:`pd.offload.round_wait_ms` gives (none while due work is left, at most
+        ``interval_ms``)."""
         try:
-            await leader_rounds(self.service, self.interval_ms, self.round, name="offload",
-                                on_follower=self._forget)
+            wait_ms = self.interval_ms
+            while True:
+                await asyncio.sleep(wait_ms / 1000)
+                wait_ms = self.interval_ms
+                if not is_leader(self.service):
+                    self._forget()
+                    continue
+                try:
+                    wait_ms = await self.round()
+                except Exception:  # noqa: BLE001 - one bad round must not stop the next
+                    log.exception("offload round failed")
         finally:
             await self.pool.close()
 
@@ -240,14 +269,21 @@ class Offloader:
     def _count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.service.metrics.count(name, _HELP[name], amount, **labels)
 
-    async def round(self) -> None:
-        """One pass: uploads due, releases due, and a sweep when its time has come."""
+    def _leading(self) -> bool:
+        """Still the leader of the term this offloader's memory belongs to."""
+        status = self.service.raft.status()
+        return status.role == "leader" and status.term == self.term
+
+    async def round(self) -> int:
+        """One pass: unreferenced objects deleted; uploads and releases side by side;
+        expiry, and compaction and a sweep when their time has come. Returns how long to
+        wait before the next round (ms)."""
         term = self.service.raft.status().term
         if term != self.term:
             self._forget()
             self.term = term
         if not self.service.raft.caught_up():
-            return
+            return self.interval_ms
         now = self.service.clock_ms()
         view = self.service.view()
         streams = list(view.streams.values())
@@ -256,11 +292,17 @@ class Offloader:
         self.service.metrics.set_gauge(OFFLOAD_LAG, _HELP[OFFLOAD_LAG],
                                        offload_lag_ms(self.sealed_since, now) / 1000)
         alive = {s for s in view.servers if self.service.liveness.alive(s, now)}
+        self.reuploaded.clear()
         await self._delete_unreferenced()
-        await self._uploads(streams, now, alive)
-        for drop in drops_due(streams, self.committed_since, now, self.local_retention_ms,
-                              busy=self.busy)[:drops_per_round_max]:
-            await self._release(drop, alive)
+        done = asyncio.Event()  # the uploads are over: releases finish what is due, stop
+
+        async def uploads() -> bool:
+            try:
+                return await self._uploads(now, alive)
+            finally:
+                done.set()
+
+        backlog = any(await _together(uploads(), self._releases(alive, done)))
         await self._expire()
         if self.next_compact_ms == 0:
             self.next_compact_ms = now + self.compact_interval_ms
@@ -270,50 +312,106 @@ class Offloader:
         if now >= self.next_sweep_ms:
             self.next_sweep_ms = now + self.sweep_interval_ms
             await self._sweep()
+        end = self.service.clock_ms()
+        return round_wait_ms(end, self.interval_ms, backlog=backlog, due_at=[
+            next_due_ms(self.sealed_since, self.offload_delay_ms, end,
+                        not_before=self.retry_at),
+            next_due_ms(self.committed_since, self.local_retention_ms, end)])
 
     # -- upload ------------------------------------------------------------------------
-    async def _uploads(self, streams: list[StreamMeta], now: int, alive: set[str]) -> None:
-        """Prepared packs to rebuild first, then due ranges read into the open pack, and
-        every pack :func:`pd.offload.close_packs` closes uploaded (back to back, for at
-        most ``upload_round_ms_max``)."""
+    def _due(self, now: int, alive: set[str]) -> list[Upload]:
+        """The ranges due for upload now (the catalog read afresh: ranges sealed since the
+        round began count too), not in the open pack, not in a prepared one."""
         view = self.service.view()
-        wall = self.wall_ms()
-        for record, uploads in reusable_packs(view.prepared, streams, wall,
-                                              self.prepare_ttl_ms):
-            keys = [u.key for u in uploads]
-            if any(k in self.busy or self.retry_at.get(k, 0) > now for k in keys):
-                continue
-            if self.service.clock_ms() - now >= upload_round_ms_max:
-                return
-            await self._offload(uploads, record.object_key)
+        streams = list(view.streams.values())
+        self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
         self.pending = still_wanted(self.pending, streams)
         for key in set(self.pending_data) - {p.key for p in self.pending}:
             del self.pending_data[key]
-        held = {p.key for p in self.pending} | reserved(view.prepared, wall,
+        held = {p.key for p in self.pending} | reserved(view.prepared, self.wall_ms(),
                                                         self.prepare_ttl_ms)
-        due = uploads_due(streams, self.sealed_since, now, self.offload_delay_ms,
-                          alive=alive, busy=self.busy | held, retry_at=self.retry_at)
-        for upload in due[:uploads_per_round_max]:
-            if self.service.clock_ms() - now >= upload_round_ms_max:
-                break
-            batches = await self._read(upload)
-            if batches is None:
-                continue
-            self.pending.append(Pending(upload, sum(len(b) for b in batches),
-                                        self.service.clock_ms()))
-            self.pending_data[upload.key] = batches
-            await self._close_packs(self.service.clock_ms(), full_only=True)
-        await self._close_packs(self.service.clock_ms())
+        return uploads_due(streams, self.sealed_since, now, self.offload_delay_ms,
+                           alive=alive, busy=self.busy | held, retry_at=self.retry_at)
 
-    async def _close_packs(self, now: int, *, full_only: bool = False) -> None:
-        """Upload the packs that are full (and, unless ``full_only``, old enough: what is
-        due in one round goes out together, whatever the age limit)."""
+    async def _uploads(self, started: int, alive: set[str]) -> bool:
+        """Prepared packs to rebuild first, then due ranges read into the open pack, and
+        every pack :func:`pd.offload.close_packs` closes uploaded, for at most
+        ``upload_round_ms_max`` and ``uploads_per_round_max`` ranges. Pipelined: the next
+        ranges are read from their replicas while the last closed pack is put, checked
+        and committed (one pack in flight: at most two packs and a range in memory).
+        Returns whether due ranges were left for the next round."""
+        view = self.service.view()
+        streams = list(view.streams.values())
+        for record, uploads in reusable_packs(view.prepared, streams, self.wall_ms(),
+                                              self.prepare_ttl_ms):
+            keys = [u.key for u in uploads]
+            if any(k in self.busy or self.retry_at.get(k, 0) > started for k in keys):
+                continue
+            if self.service.clock_ms() - started >= upload_round_ms_max:
+                return True
+            await self._offload(uploads, record.object_key)
+        in_flight: list[asyncio.Task[None]] = []  # oldest first
+        try:
+            read = 0
+            while True:
+                now = self.service.clock_ms()
+                due = self._due(now, alive)
+                if not due:
+                    backlog = False
+                    break
+                if (now - started >= upload_round_ms_max or read >= uploads_per_round_max
+                        or not self._leading()):
+                    backlog = True
+                    break
+                upload = due[0]
+                read += 1
+                for _ in range(puts_to_wait_for(len(in_flight), open_pack=True)):
+                    await in_flight.pop(0)
+                batches = await self._read(upload)  # (while the packs in flight go out)
+                if batches is None:
+                    continue
+                self.pending.append(Pending(upload, sum(len(b) for b in batches),
+                                            self.service.clock_ms()))
+                self.pending_data[upload.key] = batches
+                for pack in self._take_packs(self.service.clock_ms(), full_only=True):
+                    in_flight.append(self._start_offload(pack))
+                    for _ in range(puts_to_wait_for(len(in_flight),
+                                                    open_pack=bool(self.pending))):
+                        await in_flight.pop(0)
+            while in_flight:
+                await in_flight.pop(0)
+            for pack in self._take_packs(self.service.clock_ms()):
+                await self._start_offload(pack)
+        finally:
+            for task in in_flight:  # (a crash, a cancel)
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+        return backlog
+
+    def _take_packs(self, now: int, *, full_only: bool = False) -> list[list[Pending]]:
+        """The packs to upload now: those full (and, unless ``full_only``, old enough:
+        what is due in one round goes out together, whatever the age limit)."""
         closed, self.pending = close_packs(
             self.pending, now, size_bytes_max=self.object_size_bytes,
             age_ms_max=2**62 if full_only else self.object_max_age_ms)
-        for pack in closed:
-            data = {p.key: self.pending_data.pop(p.key) for p in pack}
+        return closed
+
+    def _start_offload(self, pack: list[Pending]) -> asyncio.Task[None]:
+        """One closed pack's upload as a task; its ranges are busy from now on (not read
+        again meanwhile) until it ends."""
+        data = {p.key: self.pending_data.pop(p.key) for p in pack}
+        keys = [p.key for p in pack]
+        self.busy.update(keys)
+        ran = False
+
+        async def offload() -> None:
+            nonlocal ran
+            ran = True  # from here on, _offload's own ``finally`` frees the ranges
             await self._offload([p.upload for p in pack], None, data)
+
+        task = asyncio.ensure_future(offload())
+        task.add_done_callback(lambda _: None if ran else self.busy.difference_update(keys))
+        return task
 
     async def _read(self, upload: Upload) -> list[bytes] | None:
         """The range's batches from the first replica that gives it whole (None, after a
@@ -387,6 +485,7 @@ class Offloader:
         except EstreamError:
             self._count(OFFLOAD_ERRORS, stage="commit")
             raise  # outcome unknown: the object stays (committed, or still prepared)
+        self.committed.set()
         self._count(OFFLOADED_BYTES, size)
         self._count(OFFLOADED_RANGES, len(uploads))
         log.info("%d ranges are in the object tier as %s (%d bytes; first: range %d of "
@@ -450,6 +549,57 @@ class Offloader:
             raise MalformedObject(f"object {key} does not read back as written", key=key)
 
     # -- release -----------------------------------------------------------------------
+    async def _releases(self, alive: Collection[str], uploads_done: asyncio.Event) -> bool:
+        """Release every range that falls due while the uploads run (the catalog read
+        afresh each time: a range committed this round is released once its retention has
+        passed, not a round later), ``releases_in_flight_max`` at a time, at most
+        ``drops_per_round_max`` a round, each range once (one that failed waits for the
+        next round); once ``uploads_done``, what is due then is finished and the round
+        goes on. Returns whether due releases were left."""
+        running: dict[RangeKey, asyncio.Task[None]] = {}
+        tried: set[RangeKey] = set()  # once a round (one that failed waits for the next)
+        started = 0
+        try:
+            while True:
+                last = uploads_done.is_set()  # (read first: a pass after it is the last)
+                self.committed.clear()  # (read first: a commit after it wakes the next)
+                now = self.service.clock_ms()
+                streams = list(self.service.view().streams.values())
+                self.committed_since = track(self.committed_since,
+                                             tiered_with_replicas(streams), now)
+                due = [d for d in drops_due(streams, self.committed_since, now,
+                                            self.local_retention_ms, busy=self.busy)
+                       if d.key not in tried and d.key not in self.reuploaded]
+                while (due and len(running) < releases_in_flight_max
+                       and started < drops_per_round_max and self._leading()):
+                    drop = due.pop(0)
+                    running[drop.key] = asyncio.ensure_future(self._release(drop, alive))
+                    tried.add(drop.key)
+                    started += 1
+                if not running and (last or started >= drops_per_round_max
+                                    or not self._leading()):
+                    return bool(due)
+                waits: set[asyncio.Future[Any]] = set(running.values())
+                if not last:
+                    waits.add(asyncio.ensure_future(uploads_done.wait()))
+                    waits.add(asyncio.ensure_future(self.committed.wait()))
+                due_at = next_due_ms(self.committed_since, self.local_retention_ms, now)
+                timeout = self.interval_ms if due_at is None else min(
+                    self.interval_ms, due_at - now)
+                finished, _ = await asyncio.wait(waits, timeout=max(timeout, 1) / 1000,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                for waiter in waits - set(running.values()):
+                    waiter.cancel()
+                for key, task in list(running.items()):
+                    if task in finished:
+                        del running[key]
+                        task.result()  # (a crash goes on up; store and range-server
+                        # errors were handled by _release)
+        finally:
+            for task in running.values():
+                task.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
+
     async def _release(self, drop: LocalDrop, alive: Collection[str]) -> None:
         """Check the whole object, then release the range's replicas; a missing or
         damaged object is uploaded again from them instead (and released later)."""
@@ -482,6 +632,7 @@ class Offloader:
             log.warning("the object %s of range %d of stream %r is missing or damaged (%s); "
                         "uploading it again from the local replicas, which are kept",
                         drop.object_key, drop.range_index, drop.name, broken)
+            self.reuploaded.add(key)  # (its new object is checked, at the next round)
             await self._offload([drop.reupload(alive)])
 
     async def _check_object(self, drop: LocalDrop) -> int:
@@ -696,3 +847,16 @@ class Offloader:
             raise
         self._count(OBJECT_REQUESTS, op=op, outcome="ok")
         return result
+
+
+async def _together(*works: Awaitable[_T]) -> list[_T]:
+    """Run ``works`` side by side; the first to raise cancels the others (awaited) and its
+    error goes on up."""
+    tasks = [asyncio.ensure_future(w) for w in works]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -24,6 +24,11 @@ fault lands exactly where the test puts it).
 - A commit refused (another key won; the stream deleted meanwhile) deletes its own object.
 - Release after the retention: the catalog lists no replicas, DROP_RANGE reaches every
   server that answers (one that fails is left to the reclaimer).
+- Pipelining: the next pack is read while one is put (two packs in memory at most); a
+  crash after each step of one upload while the next pack is in memory or going out, and
+  a crash in one release while others check their objects, leave catalog and store
+  agreeing, and a new leader finishes; releases go on while a PUT hangs; the next round
+  comes at once while due work is left, else when the next upload or release is due.
 """
 
 from __future__ import annotations
@@ -840,3 +845,218 @@ async def test_a_crash_during_compaction_leaves_the_old_objects(rig: Rig, step: 
         stored_agree(rig)
     view = rig.raft.catalog.view()
     assert not view.prepared and rig.objects() == {old_s, old_t}
+
+
+# -- pipelined uploads, releases side by side -------------------------------------------------
+
+
+def agree_all(rig: Rig) -> None:
+    """:func:`agree` for every range of every stream: a committed range's object holds
+    exactly its records; a range not committed keeps its three replicas; every object is
+    named by a range, a prepared record or the list to delete."""
+    view = rig.raft.catalog.view()
+    named = set()
+    for s in view.streams.values():
+        for r in s.ranges:
+            if r.object_key is None:
+                assert r.tier == "local" and len(r.replicas) == 3, "local copies lost"
+                continue
+            named.add(r.object_key)
+            assert (rig.root / r.object_key).exists(), "a committed range without its object"
+            assert values_of_part(rig, r.object_key, s.id) == [
+                f"v{i}".encode() for i in range(r.start, r.end or r.start)]
+    assert rig.objects() <= named | set(view.prepared) | set(view.unreferenced), (
+        "an object the catalog does not know")
+
+
+def three_packs(rig: Rig) -> list[tuple[int, int]]:
+    """s/0, t/0 and u/0 due, each a pack of its own (in that order)."""
+    rig.offloader.object_size_bytes = 1
+    t, u = second_stream(rig), second_stream(rig, "u", end=25)
+    return [(rig.stream.id, 0), (t.id, 0), (u.id, 0)]
+
+
+def record_order(rig: Rig) -> list[str]:
+    """What reaches the range servers and the store, in order: ``read S``, ``put S``
+    (S the stream id of the range read or of the pack's first range)."""
+    order: list[str] = []
+    real_call, real_put = rig.pool.call, rig.store.put
+
+    async def call(address: str, opcode: int, header: Any = None, payload: Any = b"",
+                   *, timeout_s: float = 5.0) -> tuple[dict[str, Any], bytes]:
+        if opcode == Opcode.READ:
+            order.append(f"read {header['stream_id']}")
+        return await real_call(address, opcode, header, payload, timeout_s=timeout_s)
+
+    async def put(key: str, data: Body) -> None:
+        order.append(f"put {key.split('/')[1]}")
+        await real_put(key, data)
+
+    rig.pool.call = call  # type: ignore[method-assign]
+    rig.store.put = put  # type: ignore[method-assign]
+    return order
+
+
+async def test_the_next_pack_is_read_while_one_is_put(rig: Rig) -> None:
+    s, t, u = (sid for sid, _ in three_packs(rig))
+    order = record_order(rig)
+    await rig.round_at(1_000)
+    # t/0 is read while s/0 goes out, and put beside it; u/0 is read only once s/0 is
+    # done: never more than two packs in memory
+    assert order == [f"read {s}", f"read {t}", f"put {s}", f"put {t}", f"read {u}",
+                     f"put {u}"]
+    view = rig.raft.catalog.view()
+    keys = {view.stream(n).ranges[0].object_key for n in "stu"}
+    assert None not in keys and len(keys) == 3 and rig.objects() == keys
+    assert not rig.offloader.busy and not rig.offloader.pending_data
+    agree_all(rig)
+
+
+@pytest.mark.parametrize("step", ("prepare", "put", "verify", "commit"))
+async def test_a_crash_with_the_next_pack_in_memory(rig: Rig, step: str) -> None:
+    """The leader stops after a step of s/0's upload while t/0 is read already (in
+    memory, or being put beside it): catalog and store agree; a new leader offloads and
+    releases all."""
+    u = three_packs(rig)[2][0]
+    order = record_order(rig)
+    mine = f"/{rig.stream.id}/0/"  # s/0's object keys (t/0's upload may come first)
+    real_propose, real_put, real_get = rig.raft.propose, rig.store.put, rig.store.get_range
+
+    async def propose(command: Command) -> Any:
+        result = await real_propose(command)
+        if command.kind == f"{step}_pack" and mine in getattr(command, "object_key", ""):
+            raise Crash(f"after {step}")
+        return result
+
+    async def put(key: str, data: Body) -> None:
+        await real_put(key, data)
+        if step == "put" and mine in key:
+            raise Crash("after the PUT")
+
+    async def get_range(key: str, start: int, end: int) -> bytes:
+        data = await real_get(key, start, end)
+        if step == "verify" and mine in key:
+            raise Crash("after the check")
+        return data
+
+    rig.raft.propose = propose  # type: ignore[method-assign]
+    rig.store.put = put  # type: ignore[method-assign]
+    rig.store.get_range = get_range  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await rig.round_at(1_000)
+    assert order[:2] == [f"read {rig.stream.id}", f"read {t0_id(rig)}"]
+    assert f"read {u}" not in order  # (two packs in memory at most)
+    assert not rig.offloader.busy  # the upload beside it was cancelled, or done
+    agree_all(rig)
+    rig.raft.propose = real_propose  # type: ignore[method-assign]
+    rig.store.put, rig.store.get_range = real_put, real_get  # type: ignore[method-assign]
+    rig.raft.term += 1
+    successor = leader(rig.service, rig.store, rig.pool)
+    successor.object_size_bytes = 1
+    for _ in range(10):
+        rig.service.now_ms += 1_000
+        await successor.round()
+        agree_all(rig)
+    await successor._sweep()
+    agree_all(rig)
+    view = rig.raft.catalog.view()
+    ranges = [view.stream(n).ranges[0] for n in "stu"]
+    assert all(r.tier == "object" and r.replicas == () for r in ranges)
+    assert rig.objects() == {r.object_key for r in ranges} and not view.prepared
+    kinds = [c.kind for c in rig.raft.proposed]
+    assert kinds.count("commit_pack") == 3 and kinds.count("drop_local_replicas") == 3
+
+
+async def test_a_crash_in_one_release_while_others_run(rig: Rig) -> None:
+    """Three releases check their objects side by side; the leader stops right after the
+    first one's ``drop_local_replicas``: the others are cancelled mid-check, the catalog
+    and store agree, and a new leader releases the rest."""
+    three_packs(rig)
+    await rig.round_at(1_000)
+    await rig.round_at(100)
+    assert all(rig.raft.catalog.stream(n).ranges[0].tier == "object" for n in "stu")
+    rig.raft.apply_then_fail["drop_local_replicas"] = Crash("after drop")
+    in_check = 0
+    real_get = rig.store.get_range
+    checks_at_once = 0
+
+    async def get_range(key: str, start: int, end: int) -> bytes:
+        nonlocal in_check, checks_at_once
+        in_check += 1
+        checks_at_once = max(checks_at_once, in_check)
+        try:
+            # s/0's check is quick, the others' are still running when it crashes
+            await asyncio.sleep(0.01 if key.split("/")[1] == str(rig.stream.id) else 2.0)
+            return await real_get(key, start, end)
+        finally:
+            in_check -= 1
+
+    rig.store.get_range = get_range  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        await rig.round_at(5_000)
+    assert checks_at_once == 3  # the read-backs overlapped
+    assert [c.kind for c in rig.raft.proposed].count("drop_local_replicas") == 1
+    assert not rig.offloader.busy  # the cancelled releases let go of their ranges
+    agree_all(rig)
+    rig.store.get_range = real_get  # type: ignore[method-assign]
+    rig.raft.term += 1
+    successor = leader(rig.service, rig.store, rig.pool)
+    for _ in range(8):
+        rig.service.now_ms += 1_000
+        await successor.round()
+        agree_all(rig)
+    view = rig.raft.catalog.view()
+    assert all(view.stream(n).ranges[0].replicas == () for n in "stu")
+    assert [c.kind for c in rig.raft.proposed].count("drop_local_replicas") == 3
+
+
+async def test_releases_go_on_while_a_put_hangs(rig: Rig) -> None:
+    """s/0 is due for release while t/0's PUT hangs (until the store's deadline): s/0 is
+    released meanwhile, not after the upload phase."""
+    rig.offloader.object_size_bytes = 1
+    await rig.round_at(1_000)
+    await rig.round_at(100)
+    second_stream(rig)
+    rig.service.now_ms += 1_000  # t/0 due for upload (sealed a second ago)...
+    rig.store.hang_puts = 1
+    putting = False
+    real_put, real_propose = rig.store.put, rig.raft.propose
+    dropped_while_putting: list[bool] = []
+
+    async def put(key: str, data: Body) -> None:
+        nonlocal putting
+        putting = True
+        try:
+            await real_put(key, data)
+        finally:
+            putting = False
+
+    async def propose(command: Command) -> Any:
+        if command.kind == "drop_local_replicas":
+            dropped_while_putting.append(putting)
+        return await real_propose(command)
+
+    rig.store.put = put  # type: ignore[method-assign]
+    rig.raft.propose = propose  # type: ignore[method-assign]
+    await rig.round_at(4_000)  # ...and s/0 due for release (5 s after its commit)
+    assert dropped_while_putting == [True] and rig.range0().replicas == ()
+    assert rig.raft.catalog.stream("t").ranges[0].tier == "local"  # its PUT timed out
+    agree_all(rig)
+
+
+async def test_the_next_round_comes_as_soon_as_work_is_due(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pd.shell.offloader as offloader_module
+    assert await rig.offloader.round() == 1_000  # s/0 due in 1 s (the delay)
+    rig.service.now_ms += 400
+    assert await rig.offloader.round() == 600
+    monkeypatch.setattr(offloader_module, "uploads_per_round_max", 1)
+    second_stream(rig)
+    rig.offloader.sealed_since[(t0_id(rig), 0)] = rig.service.now_ms - 1_000
+    rig.offloader.object_size_bytes = 1
+    rig.service.now_ms += 600
+    assert await rig.offloader.round() == 0  # t/0 due but left: the next round at once
+    assert await rig.offloader.round() == 1_000  # both committed; releases in 5 s (> 1 s)
+    rig.service.now_ms += 4_500
+    assert await rig.offloader.round() == 500

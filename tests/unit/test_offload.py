@@ -206,3 +206,18 @@ def test_garbage_never_takes_a_prepared_key() -> None:
     key = object_key(1, 1, "t1-c3")
     assert garbage([(key, 0)], [S], 8, 10**12, 1) == [key]
     assert garbage([(key, 0)], [S], 8, 10**12, 1, prepared={key}) == []
+
+
+def test_the_next_round_and_the_pipeline_bounds() -> None:
+    from pd.offload import next_due_ms, puts_to_wait_for, round_wait_ms
+    since = {(1, 0): 1_000, (1, 1): 1_500}
+    assert next_due_ms(since, 1_000, 1_900) == 2_000
+    assert next_due_ms(since, 1_000, 2_000) == 2_500  # (1, 0) is due: the round's own
+    assert next_due_ms(since, 1_000, 2_000, not_before={(1, 1): 4_000}) == 4_000
+    assert next_due_ms({}, 1_000, 0) is None
+    assert round_wait_ms(2_000, 1_000, backlog=False, due_at=[2_500, None]) == 500
+    assert round_wait_ms(2_000, 1_000, backlog=False, due_at=[9_000]) == 1_000
+    assert round_wait_ms(2_000, 1_000, backlog=True, due_at=[9_000]) == 0
+    # at most two packs in memory: the ones in flight and the open one
+    assert [puts_to_wait_for(n, open_pack=True) for n in range(4)] == [0, 0, 1, 2]
+    assert [puts_to_wait_for(n, open_pack=False) for n in range(4)] == [0, 0, 0, 1]
