@@ -10,33 +10,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import estream
-from estream.devcluster.cluster import Cluster, RangeServerProcess, start_cluster
+from estream.devcluster.cluster import Cluster, RangeServerProcess
 from estream.devcluster.pd import http_json
 from tests.system_tools import require_tool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=2, proxied=True,
+                                  rangeserver_args=["--http", "127.0.0.1:0"])]
 
 
 def promtool() -> str:
     """promtool's path (a missing one fails in CI, skips elsewhere: tests/system_tools.py)."""
     return require_tool("promtool", package="prometheus")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(Path(tmp_path_factory.mktemp("metrics")), pd_nodes=3, range_servers=2,
-                      rangeserver_args=["--http", "127.0.0.1:0"], proxied=True)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def http_url(server: RangeServerProcess) -> str:
