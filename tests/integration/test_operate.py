@@ -27,31 +27,21 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from tests.pngcheck import colour_stats, decode
 from tests.system_tools import require_tool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(range_servers=5)]
 ROOT = Path(__file__).resolve().parents[2]
 drain_timeout_s = 90.0
 load_records_max = 50_000  # the load loop stops at this count or when told
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("operate"), range_servers=5)
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def validate(path: str, method: str, status: int, body: Any) -> None:
