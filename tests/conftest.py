@@ -24,6 +24,10 @@ cluster holds.
 ``up=True`` gives ``estream up`` as a child process, the way a user starts a cluster (a
 :class:`~estream.devcluster.upcluster.UpCluster`; the other keywords are its own, e.g.
 ``pd_nodes``, ``range_servers``, ``extra_args``, ``cwd``).
+``object_tier=ObjectTier(...)`` (:mod:`tests.harness.objecttier`) gives a cluster whose PD
+offloads sealed ranges to the module's ``objects_dir`` (``file://``) or ``seaweed``
+(SeaweedFS S3), the tier's settings in the environment passed to every process; the fresh
+clusters of one module share that store.
 
 Double faults: a test that dies mid-way still runs the finalizer (every process stopped by
 PID; the session's reaper kills any survivor); every wait in the launcher is bounded.
@@ -43,6 +47,7 @@ import uvloop
 from estream.devcluster.cluster import start_cluster
 from estream.devcluster.pd import start_pd_cluster
 from estream.devcluster.process import reap_all
+from estream.devcluster.seaweed import SeaweedS3, start_seaweed
 from estream.devcluster.upcluster import UpCluster
 from estream.net.rpc import RpcClient
 from tests.integration.conftest_spark import cluster_pd, spark_session
@@ -58,7 +63,7 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
         "markers", "cluster(fresh=False, heal=False, chaos=False, pd_only=False, up=False, "
-        "**start_cluster_options): the cluster the `cluster` fixture gives "
+        "object_tier=None, **start_cluster_options): the cluster the `cluster` fixture gives "
         "(tests/conftest.py); fresh: one per test; heal: the module's, healed after each test")
 
     # SIGTERM (a CI time-out, `timeout`) becomes an interrupt: fixtures' finalizers run.
@@ -96,8 +101,12 @@ def cluster_options(node: pytest.Item | pytest.Collector) -> tuple[dict[str, Any
     return options, fresh, heal
 
 
-def _running(root: Any, options: dict[str, Any]) -> Any:
+def _running(request: pytest.FixtureRequest, root: Any, options: dict[str, Any]) -> Any:
     """A context manager: the cluster the options describe, stopped on leaving it."""
+    tier = options.pop("object_tier", None)
+    if tier is not None:  # an ObjectTier: its store is a module fixture (stopped after)
+        store = request.getfixturevalue(tier.fixture)
+        options["env"] = {**(options.get("env") or {}), **tier.env(store)}
     if options.pop("pd_only", False):
         return start_pd_cluster(root, n=options.pop("pd_nodes", 3), **options)
     if options.pop("chaos", False):
@@ -119,7 +128,7 @@ def module_cluster(request: pytest.FixtureRequest,
     """One cluster for the whole module, shaped by the module's ``cluster`` marker."""
     options, _, _ = cluster_options(request.node)
     root = tmp_path_factory.mktemp(_dir_name(request.module.__name__.rpartition(".")[2]))
-    with _running(root, options) as cluster:
+    with _running(request, root, options) as cluster:
         yield cluster
 
 
@@ -137,8 +146,26 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             if heal:
                 shared.heal()
         return
-    with _running(tmp_path_factory.mktemp(_dir_name(request.node.name)), options) as cluster:
+    root = tmp_path_factory.mktemp(_dir_name(request.node.name))
+    with _running(request, root, options) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def objects_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory a ``file`` object tier offloads to (``object_tier=ObjectTier()``)."""
+    return tmp_path_factory.mktemp("objects")
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """A SeaweedFS S3 server for the module (``estream/devcluster/seaweed.py``), the store
+    of an ``s3`` object tier (``object_tier=ObjectTier("s3")``)."""
+    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 # -- the Spark tests' cluster and session ----------------------------------------------------
