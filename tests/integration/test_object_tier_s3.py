@@ -1,8 +1,9 @@
 """The object-storage tier's write side against SeaweedFS S3 (``weed mini`` on loopback,
 every port explicit, telemetry off, explicit credentials; estream/devcluster/seaweed.py).
 
-One module-scoped SeaweedFS and cluster (1 PD with ``--object-store s3://estream/tier``
-and ``--object-store-endpoint`` from the environment, 3 range servers).
+The module's SeaweedFS and cluster (the shared fixtures, ``object_tier=ObjectTier("s3")``:
+1 PD with ``--object-store s3://estream/tier`` and ``--object-store-endpoint`` from the
+environment, 3 range servers).
 
 1. Sealed ranges are uploaded, committed ("object"), their objects hold exactly the
    range's records (read back through ``ObjectStore``), the local replicas are released,
@@ -14,60 +15,31 @@ and ``--object-store-endpoint`` from the environment, 3 range servers).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.seaweed import SeaweedS3, start_seaweed
-from estream.wire.objectformat import decode_object, iter_object_batches
-from estream.wire.record import decode_batch
-from tests.integration.test_object_tier import (
+from estream.devcluster.seaweed import SeaweedS3
+from tests.harness.objecttier import (
+    PREFIX,
+    ObjectTier,
     all_tiered,
     metric,
-    start_tiered_cluster,
-    tier_env,
     tier_timeout_s,
     wait_for,
     write_ranges,
 )
+from tests.harness.objecttier import object_values as object_data_values
 
-pytestmark = [pytest.mark.integration]
-
-
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
-    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedS3) -> Iterator[Cluster]:
-    env = {**tier_env(seaweed.url("tier")), **seaweed.env,
-           "ESTREAM_OBJECT_STORE_ENDPOINT": seaweed.endpoint}
-    c = start_tiered_cluster(tmp_path_factory.mktemp("tier-s3"), env, pd_nodes=1,
-                             range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, object_tier=ObjectTier("s3"))]
 
 
 async def object_values(seaweed: SeaweedS3, key: str, start: int, end: int) -> list[bytes]:
     """The records of range ``[start, end)`` in object ``key`` (checked whole)."""
-    data = await seaweed.store("tier").get(key)
-    index = decode_object(data)
-    (entries,) = [e for _, _, e in index.ranges() if e and e[0].base_offset == start]
-    lo, hi = entries[0].position, entries[-1].position + entries[-1].length
-    records = [r for _, raw in iter_object_batches(data[lo:hi])
-               for r in decode_batch(raw).records]
-    assert [r.offset for r in records] == list(range(start, end))
-    return [r.value for r in records]
+    return object_data_values(await seaweed.store(PREFIX).get(key), start, end)
 
 
 async def test_offload_to_s3_release_and_delete(cluster: Cluster, seaweed: SeaweedS3) -> None:
@@ -81,7 +53,7 @@ async def test_offload_to_s3_release_and_delete(cluster: Cluster, seaweed: Seawe
             got += await object_values(seaweed, r["object_key"], r["start"], r["end"])
         assert got == values
         keys = {r["object_key"] for r in ranges}
-        store = seaweed.store("tier")
+        store = seaweed.store(PREFIX)
         assert keys <= {o.key for o in await store.list("")}
         await client.delete_stream("s3tier")
 
