@@ -20,7 +20,6 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -28,7 +27,7 @@ from typing import Any, cast
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.devcluster.seaweed import SeaweedS3
 from estream.net.objectstore import ObjectStore
 from estream.sdk.client import Client
@@ -49,10 +48,20 @@ from estream.wire.errors import (
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.objectformat import PackRange, encode_object, encode_pack_parts
 from estream.wire.record import Record, decode_views, encode_batch
-from tests.integration import test_object_tier_s3 as object_tier_s3
-from tests.integration.test_object_tier import all_tiered, tier_timeout_s, wait_for, write_ranges
+from tests.harness.objecttier import (
+    PREFIX,
+    ObjectTier,
+    all_tiered,
+    tier_timeout_s,
+    wait_for,
+    write_ranges,
+)
 
-pytestmark = pytest.mark.integration
+# The module's cluster: PD offloads to a file:// store at once and drops local copies
+# after a second (the shared fixture, tests/conftest.py).
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(
+    pd_nodes=1, range_servers=3,
+    object_tier=ObjectTier(offload_delay_s=0, local_retention_s=1, orphan_grace_s=None))]
 
 STREAM_ID = 7
 
@@ -312,7 +321,6 @@ async def test_errors_are_typed_estream_errors(store: ObjectStore) -> None:
         await objects.index("tiny.eso")
 
 
-
 # -- a real cluster: offloaded by PD, read back with every range server stopped ----------
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -323,19 +331,6 @@ TIER_WAIT_S = 60.0
 
 def expected_value(i: int) -> bytes:
     return b"rec-%05d" % i
-
-
-@pytest.fixture(scope="module")
-def tiered_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Its own cluster (not the shared fixture): PD's object store is in its tmp dir."""
-    tmp = tmp_path_factory.mktemp("object-reads")
-    c = start_cluster(tmp, pd_nodes=1, range_servers=3, pd_args=[
-        "--object-store", f"file://{tmp}/objects", "--offload-delay-s", "0",
-        "--local-retention-s", "1"])
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 async def _append(client: estream.Client, name: str, lo: int, hi: int) -> None:
@@ -365,21 +360,21 @@ async def _offloaded(pd: str, name: str) -> StreamMeta:
 
 
 @pytest.fixture(scope="module")
-def offloaded(tiered_cluster: Cluster) -> StreamMeta:
+def offloaded(module_cluster: Cluster) -> StreamMeta:
     """Stream "tiered": ranges 0 and 1 only in the object store; then every range server
     is stopped (the open range 2 has no reachable replica)."""
-    meta = asyncio.run(_offloaded(tiered_cluster.pd_addresses, "tiered"))
-    for server in tiered_cluster.servers:
+    meta = asyncio.run(_offloaded(module_cluster.pd_addresses, "tiered"))
+    for server in module_cluster.servers:
         server.stop()
     return meta
 
 
 async def test_client_read_with_every_range_server_stopped(
-    tiered_cluster: Cluster, offloaded: StreamMeta
+    cluster: Cluster, offloaded: StreamMeta
 ) -> None:
     assert [(r.start, r.end, r.tier) for r in offloaded.ranges[:2]] == [
         (0, FIRST, "object"), (FIRST, TOTAL, "object")]
-    async with await estream.connect(tiered_cluster.pd_addresses) as client:
+    async with await estream.connect(cluster.pd_addresses) as client:
         records = [r async for r in client.read("tiered", 0, TOTAL)]
         assert [r.offset for r in records] == list(range(TOTAL))
         assert [r.value for r in records] == [expected_value(i) for i in range(TOTAL)]
@@ -391,7 +386,7 @@ async def test_client_read_with_every_range_server_stopped(
         assert await client.end_offset("tiered") == TOTAL
         # a reader whose cached view predates the offload (local, replicas listed): every
         # replica fails, a fresh view names the objects, the read goes on without error
-        gone = tuple(ReplicaRef(s.server_id, s.address) for s in tiered_cluster.servers)
+        gone = tuple(ReplicaRef(s.server_id, s.address) for s in cluster.servers)
         client._streams["tiered"] = replace(offloaded, ranges=tuple(
             replace(r, tier="local", object_key=None, replicas=gone) if r.sealed else r
             for r in offloaded.ranges))
@@ -407,11 +402,11 @@ async def test_client_read_with_every_range_server_stopped(
         assert seen == list(range(TOTAL))
 
 
-def test_cli_read_with_every_range_server_stopped(tiered_cluster: Cluster,
+def test_cli_read_with_every_range_server_stopped(cluster: Cluster,
                                                   offloaded: StreamMeta) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "estream.cli.main", "read", "tiered", "--from", "5",
-         "--to", str(TOTAL), "--pd", tiered_cluster.pd_addresses],
+         "--to", str(TOTAL), "--pd", cluster.pd_addresses],
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [expected_value(i).decode() for i in range(5, TOTAL)]
@@ -419,11 +414,11 @@ def test_cli_read_with_every_range_server_stopped(tiered_cluster: Cluster,
 
 @pytest.mark.spark
 def test_spark_source_reads_offloaded_ranges_from_the_object_store(
-    tiered_cluster: Cluster, offloaded: StreamMeta, spark: Any
+    cluster: Cluster, offloaded: StreamMeta, spark: Any
 ) -> None:
     df = (
         spark.read.format("estream")
-        .option("pd", tiered_cluster.pd_addresses)
+        .option("pd", cluster.pd_addresses)
         .option("streams", "tiered")
         .option("partitionRecords", FIRST)
         .option("minPartitions", 1)
@@ -439,12 +434,7 @@ def test_spark_source_reads_offloaded_ranges_from_the_object_store(
 # -- the same against SeaweedFS S3 ------------------------------------------------------------
 
 
-# SeaweedFS, and a cluster whose PD offloads to it: test_object_tier_s3's fixtures (module
-# scoped here too: one SeaweedFS and one cluster for this module).
-seaweed = object_tier_s3.seaweed
-cluster = object_tier_s3.cluster
-
-
+@pytest.mark.cluster(fresh=True, pd_nodes=1, range_servers=3, object_tier=ObjectTier("s3"))
 async def test_s3_reads_with_every_range_server_stopped_and_a_byte_flipped_behind_our_back(
     cluster: Cluster, seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -463,7 +453,7 @@ async def test_s3_reads_with_every_range_server_stopped_and_a_byte_flipped_behin
         assert [r.offset async for r in client.read("s3reads", 85, 95)] == list(range(85, 95))
     # one byte of the second range's first batch flipped in the store itself (its part
     # of an object it may share with the first range)
-    store, key = seaweed.store("tier"), ranges[1]["object_key"]  # the fixture's prefix
+    store, key = seaweed.store(PREFIX), ranges[1]["object_key"]
     data = bytearray(await store.get(key))
     data[ranges[1]["object_part"]["data"][0] + 80] ^= 0x01
     await store.put(key, bytes(data))
