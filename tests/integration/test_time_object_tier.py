@@ -7,37 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from tests.integration.test_object_tier import all_tiered, start_tiered_cluster, tier_env
+from tests.harness.objecttier import ObjectTier, all_tiered
 from tests.integration.test_time_cursors import T0, naive, write_ranges
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, object_tier=ObjectTier())]
 
 
-@pytest.fixture(scope="module")
-def tiered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    objects = tmp_path_factory.mktemp("objects")
-    cluster = start_tiered_cluster(tmp_path_factory.mktemp("time-tier"),
-                                   tier_env(f"file://{objects}"), pd_nodes=1, range_servers=3)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-async def test_lookups_in_object_tier_ranges(tiered: Cluster) -> None:
+async def test_lookups_in_object_tier_ranges(cluster: Cluster) -> None:
     groups = [[T0 + 10, T0 + 30, T0 + 20], [T0 + 25, T0 + 50, T0 + 40, T0 + 5],
               [T0 + 45, T0 + 60], [T0 + 70]]
-    async with await estream.connect(tiered.pd_addresses) as client:
+    async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream("tiered-times")
         stamps = await write_ranges(client, "tiered-times", groups)
         deadline = time.monotonic() + 60
-        while all_tiered(tiered, "tiered-times", released=True) is None:
+        while all_tiered(cluster, "tiered-times", released=True) is None:
             assert time.monotonic() < deadline, "sealed ranges not offloaded and released"
             await asyncio.sleep(0.5)
         meta = await client.describe_stream("tiered-times")
