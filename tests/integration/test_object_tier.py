@@ -1,6 +1,7 @@
 """The object-storage tier's write side against real processes and a ``file://`` store.
 
-One module-scoped cluster (3 PD nodes, 3 range servers); PD gets its tier settings from the
+The module's cluster (3 PD nodes, 3 range servers; ``object_tier=ObjectTier()`` of the
+shared fixture, tests/harness/objecttier.py); PD gets its tier settings from the
 environment (``ESTREAM_OBJECT_STORE``, ``ESTREAM_OFFLOAD_DELAY_S=1``,
 ``ESTREAM_LOCAL_RETENTION_S=1``, ``ESTREAM_OBJECT_ORPHAN_GRACE_S=2``: the settings
 layering of ``estream pd``). Ranges are sealed by rolling: a writer appends and closes, the
@@ -25,124 +26,31 @@ next writer's recovery seals the range and opens the next one.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
-from estream.wire.objectformat import decode_object, iter_object_batches
-from estream.wire.record import decode_batch
 from pd.offload import object_key
+from tests.harness.objecttier import (
+    ObjectTier,
+    all_tiered,
+    metric,
+    tier_timeout_s,
+    wait_for,
+    write_ranges,
+)
+from tests.harness.objecttier import object_values as object_data_values
 
-pytestmark = [pytest.mark.integration]
-
-tier_timeout_s = 45.0
-
-
-def tier_env(url: str) -> dict[str, str]:
-    return {"ESTREAM_OBJECT_STORE": url, "ESTREAM_OFFLOAD_DELAY_S": "1",
-            "ESTREAM_LOCAL_RETENTION_S": "1", "ESTREAM_OBJECT_ORPHAN_GRACE_S": "2"}
-
-
-def start_tiered_cluster(tmp: Path, env: dict[str, str], **kw: Any) -> Cluster:
-    """A cluster whose PD runs with ``env`` (the processes copy the environment when they
-    are created; it is restored right after)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return start_cluster(tmp, **kw)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def file_tier_cluster(tmp_path_factory: pytest.TempPathFactory, objects_dir: Path,
-                      pd_nodes: int) -> Iterator[Cluster]:
-    """A module's cluster (3 range servers) offloading to ``objects_dir``."""
-    c = start_tiered_cluster(tmp_path_factory.mktemp("tier"), tier_env(f"file://{objects_dir}"),
-                             pd_nodes=pd_nodes, range_servers=3)
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture(scope="module")
-def objects_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("objects")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, objects_dir: Path) -> Iterator[Cluster]:
-    yield from file_tier_cluster(tmp_path_factory, objects_dir, pd_nodes=3)
-
-
-async def write_ranges(client: Any, name: str, counts: list[int]) -> list[bytes]:
-    """Append ``counts[i]`` records then roll, for each i; the last range is left open
-    (and empty). Returns every value written, in offset order."""
-    values: list[bytes] = []
-    for n in counts:
-        async with await client.open_writer(name) as writer:
-            for _ in range(n):
-                value = f"{name}-{len(values)}".encode()
-                await writer.append(value, headers={"i": str(len(values))})
-                values.append(value)
-    async with await client.open_writer(name):
-        pass  # its recovery sealed the last range with records
-    return values
-
-
-async def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.3)
-
-
-def sealed_ranges(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    return [r for r in cluster.describe(name)["ranges"] if r["end"] is not None]
-
-
-def all_tiered(cluster: Cluster, name: str, released: bool) -> list[dict[str, Any]] | None:
-    ranges = sealed_ranges(cluster, name)
-    ok = all(r["tier"] == "object" and r["object_key"] and (not released or not r["replicas"])
-             for r in ranges)
-    return ranges if ok and ranges else None
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, object_tier=ObjectTier())]
 
 
 def object_values(path: Path, start: int, end: int) -> list[bytes]:
-    """The records of the range ``[start, end)`` in the object at ``path`` (a packed
-    object may hold other ranges too; the whole object is checked)."""
-    data = path.read_bytes()
-    index = decode_object(data)
-    held = [e for _, _, e in index.ranges() if e and e[0].base_offset == start]
-    assert end == start or (len(held) == 1 and held[0][-1].end_offset == end)
-    lo, hi = (held[0][0].position, held[0][-1].position + held[0][-1].length) if (
-        end > start) else (0, 0)
-    records = [r for _, raw in iter_object_batches(data[lo:hi]) for r in decode_batch(raw).records]
-    assert [r.offset for r in records] == list(range(start, end))
-    return [r.value for r in records]
-
-
-def metric(cluster: Cluster, prefix: str) -> float:
-    status, text = http_json(cluster.pd_url() + "/metrics")
-    assert status == 200
-    return sum(float(line.split()[-1]) for line in str(text).splitlines()
-               if line.startswith(prefix))
+    """The records of the range ``[start, end)`` in the object file at ``path``."""
+    return object_data_values(path.read_bytes(), start, end)
 
 
 async def test_sealed_ranges_go_to_the_object_tier_and_release_replicas(
