@@ -1,17 +1,19 @@
 """Benchmark: a stream several times larger than any range server's disk use (issue #16).
 
-    .venv/bin/python benchmarks/bench_tier_disk.py [--scale quick|full] [--json out.json]
+    .venv/bin/python benchmarks/bench_tier_disk.py [--scale quick|full] [--rate-mb-s R]
+        [--json out.json]
 
 The object tier's promise: range servers hold the hot tail, the stream grows as far as
 the object store allows. Starts SeaweedFS and a cluster (1 PD node offloading to it with
 short ``--offload-delay-s`` and ``--local-retention-s``, 3 range servers: every range has
 a replica on each) through estream/devcluster, as bench_object_tier.py does (whose
 figures this completes), then writes one stream of ``--total-mib`` MiB (4 KiB records,
-1 MiB batches, 3 replicas, ack 2) in ranges of ``--range-mib`` MiB, while a thread
-samples each range server's data directory (the blocks its files take, as ``du``: log
-segments, spares, checkpoint) every 0.2 s. The stream is then sealed and, once every
-range is in the object tier and its replicas dropped, the disk use is sampled until it
-settles.
+1 MiB batches, 3 replicas, ack 2; as fast as it goes, or paced at ``--rate-mb-s``: on a
+shared machine, a rate below the offloader's measured drain rate) in ranges of
+``--range-mib`` MiB, while a thread samples each range server's data directory (the
+blocks its files take, as ``du``: log segments, spares, checkpoint) every 0.2 s. The
+stream is then sealed and, once every range is in the object tier and its replicas
+dropped, the disk use is sampled until it settles.
 
 Range size: a range rolls once the writer has sent ``range_bytes_max`` bytes into it
 (estream/core/rangewriter.py; default ``limits.range_bytes_max``, 1 GiB): a per-writer
@@ -180,11 +182,18 @@ class Lifecycle:
         return sorted(b[i] - a[i] for i in b if i in a)
 
 
-async def write(client: estream.Client, name: str, records: int, range_bytes: int) -> float:
+async def write(client: estream.Client, name: str, records: int, range_bytes: int,
+                rate_mb_s: float | None = None) -> float:
+    """Write ``records`` (at most ``rate_mb_s`` MB/s on average when set); returns the
+    seconds it took."""
     started = time.perf_counter()
     writer = await Writer.open(client, name, WriterConfig(range_bytes_max=range_bytes))
     try:
         for lo in range(0, records, BATCH_RECORDS):
+            if rate_mb_s is not None:  # paced: never ahead of rate_mb_s since the start
+                ahead = started + lo * RECORD_BYTES / (rate_mb_s * 1e6) - time.perf_counter()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
             await writer.append_batch([value(i) for i in range(
                 lo, min(records, lo + BATCH_RECORDS))])
         await writer.flush()
@@ -207,7 +216,8 @@ async def measure(seaweed: SeaweedS3, cluster: Cluster, ns: argparse.Namespace
             poller = asyncio.ensure_future(lifecycle.run())
             try:
                 write_s = await asyncio.wait_for(
-                    write(client, name, records, ns.range_mib * MiB), WRITE_TIMEOUT_S)
+                    write(client, name, records, ns.range_mib * MiB, ns.rate_mb_s),
+                    WRITE_TIMEOUT_S)
                 ranges = len(cluster.describe(name)["ranges"])
                 async with await client.open_writer(name):  # its recovery seals the last
                     pass
@@ -237,6 +247,7 @@ async def measure(seaweed: SeaweedS3, cluster: Cluster, ns: argparse.Namespace
         "total_mib": ns.total_mib, "bound_mib": ns.bound_mib, "range_mib": ns.range_mib,
         "segment_mib": ns.segment_mib, "offload_delay_s": ns.offload_delay_s,
         "local_retention_s": ns.local_retention_s, "ranges": ranges,
+        "rate_mb_s": ns.rate_mb_s,
         "write_mb_s": records * RECORD_BYTES / write_s / 1e6, "write_s": write_s,
         "servers": servers,
         "max_peak_mib": max(s["peak_mib"] for s in servers.values()),
@@ -265,9 +276,11 @@ def drained(lifecycle: Lifecycle, range_bytes: int) -> float:
 
 def report(r: dict[str, Any]) -> None:
     ok = r["max_ratio"] < 1.0
+    paced = "" if r["rate_mb_s"] is None else f" (paced at {r['rate_mb_s']} MB/s)"
     print(f"{r['total_mib']} MiB written into one stream ({r['ranges']} ranges of "
           f"{r['range_mib']} MiB, log segments of {r['segment_mib']} MiB) at "
-          f"{r['write_mb_s']:.1f} MB/s; offload delay {r['offload_delay_s']} s, local "
+          f"{r['write_mb_s']:.1f} MB/s"
+          f"{paced}; offload delay {r['offload_delay_s']} s, local "
           f"retention {r['local_retention_s']} s; {r['samples']} samples per server")
     for key, s in r["servers"].items():
         print(f"  range server {key}: peak {s['peak_mib']:7.1f} MiB ({s['ratio']:.2f} of "
@@ -292,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segment-mib", type=int, default=None)
     parser.add_argument("--offload-delay-s", type=float, default=1.0)
     parser.add_argument("--local-retention-s", type=float, default=1.0)
+    parser.add_argument("--rate-mb-s", type=float, default=None,
+                        help="pace the writer to at most this many MB/s (default: as fast "
+                             "as it goes)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     ns = parser.parse_args(argv)
     for key, default in SCALES[ns.scale].items():
