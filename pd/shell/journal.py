@@ -17,7 +17,7 @@ Recovery (:func:`scan`, pure), as in the range server's log:
 
 - a record cut short, or a last record whose checksum fails with nothing but zeros after
   it, is a **torn tail**: a write interrupted by a crash, never acknowledged (the journal
-  is synced before any message leaves the node). It is cut off.
+  is synced before any acknowledgement or vote leaves the node). It is cut off.
 - a record whose checksum fails with more records after it is **damage**: the medium
   changed bytes the node already acknowledged. :class:`ChecksumMismatch` is raised and the
   node does not start (a Raft member must not vote or lead with a log it cannot trust).
@@ -259,6 +259,8 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         self._end = pos
 
     def _truncate(self, keep: int) -> None:
+        # Raft cuts a follower's log only at a conflict (pd.shell.raft.trim_append): the
+        # cut entries were never committed, and the lower durable_index says they are gone.
         if keep >= len(self._entries):
             return
         self._end = self._offsets[keep]

@@ -19,6 +19,12 @@ What they add to pysyncobj 0.3.17:
   the leader; a commit waits for the slower of the leader's sync and the fastest
   follower's round trip, not for their sum. One sync covers every entry of a tick, and
   the ``append_entries`` of one flush to one follower go as one message (one answer).
+  A follower never truncates entries it already holds unless they conflict
+  (:func:`trim_append`, Raft's AppendEntries rule): pysyncobj's follower cut its log after
+  ``prevLogIdx`` whenever it held more, and its leader resends entries already sent (a
+  late acknowledgement lowers its next index), so an entry a follower had synced and
+  acknowledged was cut and rewritten, not durable until the next sync, while the leader
+  counted it (a whole-cluster power loss in that window could lose a committed entry).
   A failed sync stops the node's Raft for good (:attr:`RaftNode.failed`; restart it):
   the file's content is unknown from then on. The term and vote metadata is fsynced
   before it is renamed into place.
@@ -49,7 +55,7 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
@@ -187,6 +193,44 @@ def _merge_appends(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any
             "commit_index": max(first["commit_index"], then["commit_index"])}
 
 
+def trim_append(message: dict[str, Any], term_at: Callable[[int], int | None],
+                last_index: int) -> tuple[dict[str, Any], int | None]:
+    """A follower's received ``append_entries`` rewritten so that pysyncobj truncates its
+    log only at a conflict (pure): Raft's rule, "if an existing entry conflicts with a new
+    one, delete it and all that follow; append the entries not already in the log".
+
+    pysyncobj deletes every entry after ``prevLogIdx`` whenever the follower holds more,
+    even entries identical to the message's (a resend) or after its last one. Here the
+    entries the follower already holds (same index and term: the same entry, by Raft's
+    log matching) are dropped from the message and ``prevLogIdx`` moves past them; if
+    every entry is already held and the log goes further, the message becomes a heartbeat
+    at the log's end, its commit index capped at the message's last entry, and the second
+    value is the ``next_node_idx`` the acknowledgement must not exceed (the entries after
+    the message's are not vouched for). ``term_at(i)`` is the term of the follower's entry
+    ``i`` (None if it holds none); ``last_index`` its last entry's index. Other messages
+    (snapshots, chunked transfers, a ``prevLogIdx`` at or after the log's end or whose
+    term differs: pysyncobj answers those without truncating) are returned unchanged.
+    """
+    if ("prevLogIdx" not in message or "transmission" in message
+            or "serialized" in message):
+        return message, None
+    prev = message["prevLogIdx"]
+    if prev is None or prev >= last_index or term_at(prev) != message["prevLogTerm"]:
+        return message, None
+    entries = message.get("entries") or []
+    matched, matched_term, held = prev, message["prevLogTerm"], 0
+    for entry in entries:
+        idx, term = entry[1], entry[2]
+        if idx > last_index or term_at(idx) != term:
+            break
+        matched, matched_term, held = idx, term, held + 1
+    if held < len(entries):  # a conflict (truncated from there) or entries past the end
+        return {**message, "prevLogIdx": matched, "prevLogTerm": matched_term,
+                "entries": list(entries[held:])}, None
+    return {**message, "prevLogIdx": last_index, "prevLogTerm": term_at(last_index),
+            "entries": [], "commit_index": min(message["commit_index"], matched)}, matched + 1
+
+
 def _is_ack(message: dict[str, Any]) -> bool:
     return (message.get("type") == "next_node_idx" and bool(message.get("success"))
             and not message.get("reset"))
@@ -231,6 +275,7 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._outbox: list[tuple[Any, Any]] = []
         self._deferring = False
         self._send_direct: Any = None
+        self._ack_cap: tuple[Any, int] | None = None  # (node, highest next_node_idx)
         self._failure_logged = False
         super().__init__(self_address, list(peers), conf)
         self.addOnTickCallback(self._refresh_status)
@@ -267,7 +312,30 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
             self._deferring = False
             self._flush_outbox()
 
+    # pysyncobj registers its bound ``__onMessageReceived`` with the transport; the
+    # mangled name resolves to this override (tick thread only).
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        if message.get("type") != "append_entries":
+            super()._SyncObj__onMessageReceived(node, message)
+            return
+        raft_log = self._SyncObj__raftLog
+        message, cap = trim_append(message, self._term_at, int(raft_log[-1][1]))
+        self._ack_cap = None if cap is None else (node, cap)
+        try:
+            super()._SyncObj__onMessageReceived(node, message)
+        finally:
+            self._ack_cap = None
+
+    def _term_at(self, index: int) -> int | None:
+        raft_log = self._SyncObj__raftLog
+        at = index - int(raft_log[0][1])
+        return int(raft_log[at][2]) if 0 <= at < len(raft_log) else None
+
     def _send_after_sync(self, node: Any, message: Any) -> bool:
+        cap = self._ack_cap
+        if (cap is not None and cap[0] == node and message.get("type") == "next_node_idx"
+                and message.get("success") and message["next_node_idx"] > cap[1]):
+            message = {**message, "next_node_idx": cap[1]}
         if self._deferring:
             self._outbox.append((node, message))
             return True

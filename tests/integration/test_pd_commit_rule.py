@@ -1,13 +1,15 @@
 """The PD commit rule, in-process with three Raft nodes: a command is acknowledged only once
 it is synced on a majority that includes the leader; the leader's sync runs while its
-followers receive the entries; a failed sync stops the node; what was acknowledged
-survives a power loss of every node (each journal cut to what its syncs covered)."""
+followers receive the entries; a follower never cuts entries it synced and acknowledged
+when the leader resends them; a failed sync stops the node; what was acknowledged survives
+a power loss of every node (each journal cut to what its syncs covered)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -52,6 +54,28 @@ async def _leader(nodes: list[RaftNode], timeout_s: float = 10.0) -> RaftNode:
         await asyncio.sleep(0.05)
 
 
+def _pin(leader: RaftNode, followers: list[RaftNode]) -> None:
+    """Keep ``leader`` the leader for the test: under a loaded CPU a starved tick thread
+    would let a follower's election timer expire, and the test's ``leader`` and
+    ``followers`` would name the wrong nodes."""
+    for follower in followers:
+        conf = follower._sync.conf
+        conf.raftMinTimeout, conf.raftMaxTimeout = 60.0, 61.0
+        follower._sync._SyncObj__raftElectionDeadline = time.monotonic() + 60.0
+    leader._sync.conf.leaderFallbackTimeout = 60.0
+
+
+def _pinned_leader_term(leader: RaftNode) -> tuple[bool, int]:
+    return bool(leader._sync._isLeader()), int(leader._sync.raftCurrentTerm)
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
 @pytest.fixture
 async def three(tmp_path: Path) -> AsyncIterator[list[RaftNode]]:
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
@@ -78,13 +102,16 @@ async def test_an_acknowledged_command_is_synced_on_the_leader_and_a_follower(
         three: list[RaftNode]) -> None:
     leader = await _leader(three)
     followers = [n for n in three if n is not leader]
+    _pin(leader, followers)
+    term = _pinned_leader_term(leader)
     await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
 
     async def one(i: int) -> None:
         node = leader if i % 3 else followers[0]  # some through a follower
         await node.propose(_create(i))
         committed = leader._sync.raftCommitIndex
-        # read after the commit index: durable indexes only grow
+        # read after the commit index: a durable index only grows (a journal is cut only
+        # at a conflict, and the pinned leader's entries conflict with none)
         assert _journal(leader).durable_index >= committed
         assert any(_journal(f).durable_index >= committed for f in followers)
 
@@ -110,6 +137,56 @@ async def test_an_acknowledged_command_is_synced_on_the_leader_and_a_follower(
     await asyncio.gather(*(one(i) for i in range(15, 30)))
     assert all(name in leader.view().streams for name in (f"s{i}" for i in range(30)))
     assert any(overlapped), "the leader's sync never overlapped its followers' receipt"
+    assert term[0] and _pinned_leader_term(leader) == term  # still the leader, same term
+
+
+@pytest.mark.parametrize("small_batches", [False, True])
+async def test_a_follower_keeps_the_synced_entries_a_leader_resends(
+        three: list[RaftNode], small_batches: bool) -> None:
+    """pysyncobj's leader resends entries a follower already holds (a late acknowledgement
+    lowers its next index; forced here), and its follower cut its log after the message's
+    ``prevLogIdx`` and wrote them again: entries it had synced and acknowledged, counted in
+    the leader's majority, were not durable until its next sync (with small batches, the
+    entries after the message's were cut too). The follower must cut nothing."""
+    leader = await _leader(three)
+    followers = [n for n in three if n is not leader]
+    _pin(leader, followers)
+    target = followers[0]
+    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+    for i in range(10):
+        await leader.propose(_create(i))
+    last = _journal(leader)[-1][1]
+    await _until(lambda: _journal(target).durable_index >= last)
+    journal = _journal(target)
+    cuts: list[tuple[int, int]] = []  # (from, durable index then)
+    real_delete = journal.deleteEntriesFrom
+
+    def delete(entry_from: int) -> None:
+        cuts.append((entry_from, journal.durable_index))
+        real_delete(entry_from)
+
+    journal.deleteEntriesFrom = delete  # type: ignore[method-assign,assignment]
+    if small_batches:  # each append_entries carries about two entries
+        leader._sync.conf.appendEntriesBatchSizeBytes = 1 + max(
+            len(entry[0]) for entry in _journal(leader))
+    lowered = threading.Event()
+
+    def lower() -> None:  # on the leader's tick thread
+        if not lowered.is_set():
+            next_index = leader._sync._SyncObj__raftNextIndex
+            for node in list(next_index):
+                if node.id == target.self_address:
+                    next_index[node] = last - 6
+            lowered.set()
+
+    leader._sync.addOnTickCallback(lower)
+    assert await asyncio.to_thread(lowered.wait, 5.0)
+    leader._sync.removeOnTickCallback(lower)
+    await leader.propose(_create(100))
+    final = _journal(leader)[-1][1]
+    await _until(lambda: _journal(target).durable_index >= final)
+    assert cuts == []
+    assert list(_journal(target)) == list(_journal(leader))
 
 
 async def test_a_leader_whose_sync_fails_stops_and_the_others_go_on(

@@ -1,10 +1,11 @@
-"""plan_flush: which Raft messages leave before the journal sync, and which are merged."""
+"""plan_flush: which Raft messages leave before the journal sync, and which are merged;
+trim_append: a follower truncates its log only at a conflict."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pd.shell.raft import plan_flush
+from pd.shell.raft import plan_flush, trim_append
 
 
 def append(prev: int, entries: list[int], *, commit: int = 0, term: int = 2,
@@ -60,3 +61,61 @@ def test_acknowledgements_and_votes_wait_for_the_sync() -> None:
     # a failed / reset answer
     assert after == [("l", ack(7)), ("m", ack(3)), ("l", vote), ("l", ack(8)),
                      ("l", ack(2, success=False)), ("l", ack(9, reset=True))]
+
+
+def log_terms(terms: dict[int, int]) -> tuple[Any, int]:
+    """A follower's log as trim_append sees it: index -> term, and its last index."""
+    return terms.get, max(terms)
+
+
+def test_a_resend_of_held_entries_truncates_nothing() -> None:
+    # The follower synced and acknowledged 1..14; a late acknowledgement lowered the
+    # leader's next index and it resends 5..14 (pysyncobj cut 5..14 and rewrote them).
+    term_at, last = log_terms({i: 2 for i in range(1, 15)})
+    message, cap = trim_append(append(4, list(range(5, 15)), commit=12), term_at, last)
+    assert (message["prevLogIdx"], message["prevLogTerm"], message["entries"]) == (14, 2, [])
+    assert (message["commit_index"], cap) == (12, 15)
+
+
+def test_a_resend_that_ends_before_the_log_caps_the_answer_and_the_commit() -> None:
+    # Entries after the message's are not vouched for by it: kept, not acknowledged.
+    term_at, last = log_terms({**{i: 1 for i in range(1, 12)}, 12: 1, 13: 1, 14: 1})
+    message, cap = trim_append(append(4, list(range(5, 11)), commit=13, term=1, prev_term=1),
+                               term_at, last)
+    assert (message["prevLogIdx"], message["entries"]) == (14, [])
+    assert (message["commit_index"], cap) == (10, 11)
+    # a heartbeat behind the log's end: nothing cut either
+    message, cap = trim_append(append(9, [], commit=9, term=1, prev_term=1), term_at, last)
+    assert (message["prevLogIdx"], message["entries"], message["commit_index"], cap) == (
+        14, [], 9, 10)
+
+
+def test_held_entries_are_dropped_and_the_new_ones_appended_after_the_log() -> None:
+    term_at, last = log_terms({i: 2 for i in range(1, 15)})
+    message, cap = trim_append(append(4, list(range(5, 17)), commit=14), term_at, last)
+    assert (message["prevLogIdx"], message["prevLogTerm"]) == (14, 2)
+    assert [e[1] for e in message["entries"]] == [15, 16]
+    assert (message["commit_index"], cap) == (14, None)
+
+
+def test_a_conflict_truncates_from_the_first_conflicting_entry() -> None:
+    # 10..14 came from an old leader (term 1); the new one (term 2) wrote 10.. anew.
+    term_at, last = log_terms({**{i: 1 for i in range(1, 15)}})
+    new = {"type": "append_entries", "term": 2, "commit_index": 9,
+           "entries": [(b"c%d" % i, i, 1 if i < 10 else 2) for i in range(5, 13)],
+           "prevLogIdx": 4, "prevLogTerm": 1}
+    message, cap = trim_append(new, term_at, last)
+    assert (message["prevLogIdx"], message["prevLogTerm"]) == (9, 1)  # pysyncobj cuts 10..
+    assert [e[1] for e in message["entries"]] == [10, 11, 12] and cap is None
+
+
+def test_messages_pysyncobj_answers_without_truncating_are_unchanged() -> None:
+    term_at, last = log_terms({i: 2 for i in range(3, 15)})  # 1..2 compacted
+    big = {"type": "append_entries", "transmission": "start", "data": b"x", "term": 2,
+           "commit_index": 0, "prevLogIdx": 5, "prevLogTerm": 2}
+    snapshot = {"type": "append_entries", "term": 2, "commit_index": 0, "serialized": None}
+    for message in (append(14, [15]), append(16, [17]), append(14, []),  # at or past the end
+                    append(6, [7], prev_term=1),  # prevLogTerm differs: a reset answer
+                    append(1, [2, 3]),  # before the log's start: a reset answer
+                    big, snapshot):
+        assert trim_append(message, term_at, last) == (message, None)
