@@ -41,6 +41,7 @@ from estream.core.readcursor import (
     offset_at,
     replica_order,
 )
+from estream.net.objectindex import read_index, read_range_index
 from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient
 from estream.wire.errors import (
@@ -52,12 +53,7 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.objectformat import (
-    FOOTER_BYTES,
     ObjectIndex,
-    decode_footer,
-    decode_index,
-    decode_part,
-    decode_tail,
 )
 from estream.wire.record import (
     DIGEST_HMAC_SHA256,
@@ -74,7 +70,6 @@ from estream.wire.record import (
 if TYPE_CHECKING:
     from estream.sdk.client import Client
 
-object_tail_bytes: Final = 64 * 1024  # the first GET of an object: its footer and index
 index_entries_max: Final = 262_144  # cached index entries of all objects (~40 MB at most)
 read_ahead_max: Final = 2  # windows of object reads fetched ahead, pending at once
 
@@ -427,9 +422,10 @@ class ObjectReads:
         self._ahead.clear()
 
     async def range_index(self, stream_id: int, rng: RangeMeta) -> ObjectIndex:
-        """The index of ``rng``'s batches in its object: for a part of a version-2 object
-        one GET of its entries (checked against the catalog: its checksum, stream, range
-        and offsets), cached; for a version-1 object :meth:`index`."""
+        """The index of ``rng``'s batches in its object
+        (:func:`~estream.net.objectindex.read_range_index`: for a part of a version-2
+        object one GET of its entries, checked against the catalog; for a version-1 object
+        :meth:`index`), cached."""
         key, part = rng.object_key, rng.object_part
         if key is None or rng.end is None:
             raise MalformedObject(f"range {rng.index} has no object", key=None)
@@ -439,34 +435,18 @@ class ObjectReads:
         if cached is not None:
             self._indexes.move_to_end((key, part.index_start))
             return cached
-        raw = await self.store.get_range(key, part.index_start, part.index_end) if (
-            part.index_end > part.index_start) else b""
-        index = decode_part(raw, part, stream_id=stream_id, range_index=rng.index,
-                            start_offset=rng.start, end_offset=rng.end)
+        index = await read_range_index(self.store, stream_id, rng)
         self._remember((key, part.index_start), index)
         return index
 
     async def index(self, key: str) -> ObjectIndex:
-        """A version-1 object's index: cached, else its tail (one GET after a HEAD for the
-        size; a second GET only for an index longer than the tail)."""
+        """A version-1 object's index (:func:`~estream.net.objectindex.read_index`: its
+        tail after a HEAD, a second GET only for an index longer than the tail), cached."""
         cached = self._indexes.get((key, -1))
         if cached is not None:
             self._indexes.move_to_end((key, -1))
             return cached
-        size = await self.store.head(key)
-        if size < FOOTER_BYTES:
-            raise MalformedObject(f"object {key!r} is {size} bytes: no footer", key=key)
-        tail = await self.store.get_range(key, max(0, size - object_tail_bytes), size)
-        index = decode_tail(tail)
-        if index is None:
-            footer = decode_footer(tail)
-            body = await self.store.get_range(
-                key, footer.index_position, footer.index_position + footer.index_bytes
-            )
-            index = decode_index(body, footer)
-        if index.footer.object_bytes != size:
-            raise MalformedObject(f"object {key!r} is {size} bytes, its footer says "
-                                  f"{index.footer.object_bytes}", key=key)
+        index = await read_index(self.store, key)
         self._remember((key, -1), index)
         return index
 
