@@ -149,6 +149,19 @@ class ObjectStore:
                                    f"{len(out)}", key=key, not_found=False)
         return out
 
+    async def get_range_view(self, key: str, start: int, end: int) -> memoryview:
+        """:meth:`get_range` without the copy: a read-only view of the buffer the store
+        answered into (for large reads whose bytes are only parsed, never kept whole)."""
+        if not 0 <= start < end:
+            raise InvalidArgument(f"bad byte range [{start}, {end})", argument="range")
+        data = await self._call(key, obstore.get_range_async(self._store, key, start=start,
+                                                             end=end))
+        view = memoryview(data)
+        if view.nbytes != end - start:
+            raise ObjectStoreError(f"object {key!r}: asked bytes [{start}, {end}), got "
+                                   f"{view.nbytes}", key=key, not_found=False)
+        return view
+
     async def get_ranges(self, key: str, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """Several byte ranges of one object in one call (obstore coalesces near ones)."""
         if not spans:

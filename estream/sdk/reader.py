@@ -148,6 +148,7 @@ def _views_end(views: list[BatchView], offset: int) -> int:
 
 
 T = TypeVar("T")
+Payload = bytes | memoryview  # an answer's batches: a READ payload or an object's buffer
 
 
 class _Decoding(Generic[T]):
@@ -360,9 +361,9 @@ class ObjectReads:
         # (object key, part's index start; -1: a whole version-1 object) -> index
         self._indexes: OrderedDict[tuple[str, int], ObjectIndex] = OrderedDict()
         self._entries = 0
-        self._ahead: OrderedDict[tuple[str, int, int], asyncio.Task[bytes]] = OrderedDict()
+        self._ahead: OrderedDict[tuple[str, int, int], asyncio.Task[Payload]] = OrderedDict()
 
-    async def read(self, stream_id: int, rng: RangeMeta, offset: int, end: int) -> bytes:
+    async def read(self, stream_id: int, rng: RangeMeta, offset: int, end: int) -> Payload:
         """Whole batches of ``rng`` from the one holding ``offset`` on, towards ``end``
         (unverified: the caller decodes them, which verifies each checksum)."""
         key = rng.object_key
@@ -386,16 +387,17 @@ class ObjectReads:
     def _spans(self, index: ObjectIndex, offset: int, end: int) -> list[tuple[int, int]]:
         return object_spans(index, offset, end, self.window_bytes_max, self.part_bytes_max)
 
-    async def _get(self, key: str, spans: list[tuple[int, int]]) -> bytes:
+    async def _get(self, key: str, spans: list[tuple[int, int]]) -> Payload:
         """The spans' bytes, back to back: one GET per span, all at once (not the store's
-        ``get_ranges``, which merges adjacent spans back into one request)."""
+        ``get_ranges``, which merges adjacent spans back into one request); one span is
+        the store's buffer itself, not a copy."""
         if len(spans) == 1:
-            return await self.store.get_range(key, *spans[0])
+            return await self.store.get_range_view(key, *spans[0])
         parts = await asyncio.gather(*(self.store.get_range(key, lo, hi) for lo, hi in spans))
         return b"".join(parts)
 
     def _read_ahead(
-        self, window: tuple[str, int, int], fetch: Coroutine[Any, Any, bytes]
+        self, window: tuple[str, int, int], fetch: Coroutine[Any, Any, Payload]
     ) -> None:
         task = asyncio.ensure_future(fetch)
         task.add_done_callback(_retrieve)
@@ -404,7 +406,7 @@ class ObjectReads:
             _, oldest = self._ahead.popitem(last=False)
             oldest.cancel()
 
-    async def _taken_ahead(self, window: tuple[str, int, int]) -> bytes | None:
+    async def _taken_ahead(self, window: tuple[str, int, int]) -> Payload | None:
         """The window ``(key, offset, end)`` read ahead, if any and it went well (once
         popped, nothing else can cancel it)."""
         task = self._ahead.pop(window, None)
@@ -465,7 +467,7 @@ class ObjectReads:
             self._entries -= len(dropped.entries)
 
 
-def _retrieve(task: asyncio.Task[bytes]) -> None:
+def _retrieve(task: asyncio.Task[Payload]) -> None:
     """A window read ahead that failed or was cancelled: its error is not news (the read
     that wanted it fetches again)."""
     if not task.cancelled():

@@ -126,6 +126,7 @@ async def test_every_form_of_read_returns_the_offloaded_records(store: ObjectSto
     records = [r async for r in read_stream(client, "s")]
     assert [r.offset for r in records] == list(range(250))
     assert [r.value for r in records[:3]] == [b"v0", b"v1", b"v2"]
+    assert all(type(r.value) is bytes for r in records)  # never a view of the GET's buffer
     assert records[123].headers == {"k": "123"} and records[123].timestamp == 1_123
     columns = [c async for c in read_stream_batches(client, "s", 5, 120)]
     assert sum(c.count for c in columns) == 115
@@ -148,6 +149,10 @@ class CountingStore(ObjectStore):
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         self.gets += 1
         return await super().get_range(key, start, end)
+
+    async def get_range_view(self, key: str, start: int, end: int) -> memoryview:
+        self.gets += 1
+        return await super().get_range_view(key, start, end)
 
 
 async def packed(store: ObjectStore) -> StreamMeta:
