@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -28,7 +25,6 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.process import track
 from estream.devcluster.up import SECRET_NAME, ensure_cluster_secret, plan_cluster
 from estream.devcluster.upcluster import UpCluster
 from estream.net.rangeclient import ReplicaClient
@@ -50,6 +46,7 @@ from estream.wire.record import (
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.store import Store
 from tests.harness.repair import describe_replica
+from tests.harness.writer import acked, run_producer
 
 SECRET = "the cluster secret"
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,40 +243,6 @@ async def test_readers_verify_with_their_own_key(cluster: Cluster) -> None:
         assert await values(client, "d-read") == [b"x%d" % i for i in range(20)]
 
 
-def run_producer(cluster: Cluster, out: Path, name: str, total: int,
-                 kill_after_acks: int | None, killer: object = None) -> str:
-    """tests/integration/producer_script.py with the cluster secret in its environment;
-    SIGKILLed after ``kill_after_acks`` acknowledged appends (None: it finishes)."""
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/integration/producer_script.py"),
-             cluster.pd_addresses, name, "p1", str(total)],
-            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "ESTREAM_SECRET": SECRET},
-        )
-        track(proc)
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and proc.poll() is None:
-                acks = out.read_bytes().count(b"ACK ")
-                if kill_after_acks is not None and acks >= kill_after_acks:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    break
-                if callable(killer):
-                    killer(acks)
-                time.sleep(0.01)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return out.read_text()
-
-
-def acked(output: str) -> dict[int, int]:
-    return {int(seq): int(offset) for _, seq, offset in
-            (line.split() for line in output.splitlines() if line.startswith("ACK "))}
-
-
 async def test_an_hmac_stream_survives_a_roll_and_a_writer_recovery(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -300,11 +263,12 @@ async def test_an_hmac_stream_survives_a_roll_and_a_writer_recovery(
 
         try:
             first = await asyncio.to_thread(
-                run_producer, cluster, tmp_path / "a.out", "d-rolled", total, 1000,
-                kill_replica)
+                run_producer, cluster.pd_addresses, tmp_path / "a.out", "d-rolled", total, 1000,
+                kill_replica, {"ESTREAM_SECRET": SECRET})
             assert killed and len(acked(first)) >= 1000, first[-2000:]
             again = await asyncio.to_thread(
-                run_producer, cluster, tmp_path / "b.out", "d-rolled", total, None)
+                run_producer, cluster.pd_addresses, tmp_path / "b.out", "d-rolled", total, None,
+                None, {"ESTREAM_SECRET": SECRET})
             assert "DONE" in again, again[-2000:]
         finally:
             if killed:

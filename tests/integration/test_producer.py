@@ -6,22 +6,16 @@ producer id (fencing decides); producers taking turns on one stream."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.process import track
+from tests.harness.writer import acked, run_producer
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=4)]
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 async def sequences_in(client: estream.Client, name: str) -> list[int]:
@@ -87,44 +81,6 @@ async def test_two_writers_with_one_producer_id_fencing_decides(cluster: Cluster
         assert await sequences_in(client, "twins") == list(range(11))
 
 
-def run_producer(cluster: Cluster, out: Path, name: str, total: int,
-                 kill_after_acks: int | None, killer: object = None) -> str:
-    """Run tests/integration/producer_script.py; SIGKILL it after ``kill_after_acks``
-    acknowledged appends (None: let it finish). Returns its output."""
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/integration/producer_script.py"),
-             cluster.pd_addresses, name, "p1", str(total)],
-            stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        track(proc)
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and proc.poll() is None:
-                acks = out.read_bytes().count(b"ACK ")
-                if kill_after_acks is not None and acks >= kill_after_acks:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    break
-                if callable(killer):
-                    killer(acks)
-                time.sleep(0.01)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return out.read_text()
-
-
-def acked(output: str) -> dict[int, int]:
-    found: dict[int, int] = {}
-    for line in output.splitlines():
-        if line.startswith("ACK "):
-            _, seq, offset = line.split()
-            found[int(seq)] = int(offset)
-    return found
-
-
 async def test_producer_killed_mid_load_replays_its_input_exactly_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -132,11 +88,11 @@ async def test_producer_killed_mid_load_replays_its_input_exactly_once(
     async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream("killed")
         first = await asyncio.to_thread(
-            run_producer, cluster, tmp_path / "a.out", "killed", total, 1000)
+            run_producer, cluster.pd_addresses, tmp_path / "a.out", "killed", total, 1000)
         before = acked(first)
         assert len(before) >= 1000 and "DONE" not in first
         again = await asyncio.to_thread(
-            run_producer, cluster, tmp_path / "b.out", "killed", total, None)
+            run_producer, cluster.pd_addresses, tmp_path / "b.out", "killed", total, None)
         assert "DONE" in again, again[-2000:]
         opened = int(again.split("OPEN ", 1)[1].split()[0])
         assert opened >= max(before)  # every acknowledged sequence was found stored
@@ -165,10 +121,11 @@ async def test_replay_across_a_roll_and_a_writer_recovery(
 
         try:
             first = await asyncio.to_thread(
-                run_producer, cluster, tmp_path / "a.out", "rolled", total, 1500, kill_replica)
+                run_producer, cluster.pd_addresses, tmp_path / "a.out", "rolled", total, 1500,
+                kill_replica)
             assert killed and len(acked(first)) >= 1500
             again = await asyncio.to_thread(
-                run_producer, cluster, tmp_path / "b.out", "rolled", total, None)
+                run_producer, cluster.pd_addresses, tmp_path / "b.out", "rolled", total, None)
             assert "DONE" in again, again[-2000:]
         finally:
             if killed:
