@@ -180,4 +180,4 @@ class PlacementDriverNode:
             await self._http_runner.cleanup()
         if self.rpc is not None:
             await self.rpc.close()
-        await asyncio.get_running_loop().run_in_executor(None, self.raft.close)
+        self.raft.close()  # Raft runs on this loop
