@@ -40,13 +40,12 @@ What they add to pysyncobj 0.3.17:
   writers, a tick runs every ``autoTickPeriod`` and in the loop iteration after a socket
   event or a proposal. A proposal is thus appended and sent on the loop thread, and the
   commit callback resolves its future directly: the two thread hand-overs per commit of
-  pysyncobj's tick thread (0.15-0.35 ms each, mostly waiting for the GIL) are gone. The
+  pysyncobj's tick thread (mostly waiting for the GIL) are gone. The
   leader's journal sync runs on a worker thread (the loop serves PD requests meanwhile;
   Raft's socket events are held and no tick runs until it ends, so nothing touches the
   journal concurrently); its end is the one hand-over, and it overlaps the followers'
   round trip. A follower syncs on the loop: its acknowledgement waits for the sync
-  anyway. Measured (make bench conditions, same minutes): ``create_stream`` one at a
-  time 567/s p50 1.62 ms before, 661-766/s p50 1.25-1.43 ms after.
+  anyway.
   A proposal made on a follower is forwarded to the leader by pysyncobj itself, and its
   callback fires once the follower applied the entry (read-your-writes on that node).
   Without a leader the proposal fails at once with :class:`Unavailable`; one that gets no
