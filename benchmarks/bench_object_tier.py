@@ -68,15 +68,19 @@ SCALES = {"quick": {"streams": 6, "range_mib": 64}, "full": {"streams": 16, "ran
 
 
 @contextmanager
-def tier(work: Path, ns: argparse.Namespace) -> Iterator[tuple[SeaweedS3, Cluster]]:
+def tier(work: Path, ns: argparse.Namespace, prefix: str = "bench",
+         **cluster_options: Any) -> Iterator[tuple[SeaweedS3, Cluster]]:
+    """SeaweedFS and a cluster (1 PD node offloading to it under ``prefix`` after
+    ``ns.offload_delay_s``, releasing after ``ns.local_retention_s``; 3 range servers;
+    ``cluster_options`` go to ``start_cluster``), stopped by PID on the way out."""
     (work / "cluster").mkdir(parents=True, exist_ok=True)
     seaweed = start_seaweed(work / "seaweed")
     try:
-        env = {"ESTREAM_OBJECT_STORE": seaweed.url("bench"),
-               "ESTREAM_OBJECT_STORE_ENDPOINT": seaweed.endpoint,
-               "ESTREAM_OFFLOAD_DELAY_S": str(ns.offload_delay_s),
-               "ESTREAM_LOCAL_RETENTION_S": str(ns.local_retention_s), **seaweed.env}
-        cluster = start_cluster(work / "cluster", pd_nodes=1, range_servers=3, env=env)
+        env = {"ESTREAM_OFFLOAD_DELAY_S": str(ns.offload_delay_s),
+               "ESTREAM_LOCAL_RETENTION_S": str(ns.local_retention_s),
+               **seaweed.pd_env(prefix)}
+        cluster = start_cluster(work / "cluster", pd_nodes=1, range_servers=3, env=env,
+                                **cluster_options)
         try:
             yield seaweed, cluster
         finally:

@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import estream
-from estream.devcluster.cluster import Cluster, start_cluster
-from estream.devcluster.seaweed import SeaweedS3, start_seaweed
+from benchmarks.bench_object_tier import tier as object_tier
+from estream.devcluster.cluster import Cluster
+from estream.devcluster.seaweed import SeaweedS3
 from estream.sdk.writer import Writer, WriterConfig
 
 MiB = 1024 * 1024
@@ -64,26 +65,12 @@ SCALES = {
 
 @contextmanager
 def tier(work: Path, ns: argparse.Namespace) -> Iterator[tuple[SeaweedS3, Cluster]]:
-    """SeaweedFS and a cluster (1 PD node offloading to it, 3 range servers with log
-    segments of ``--segment-mib``), stopped by PID on the way out."""
-    (work / "cluster").mkdir(parents=True, exist_ok=True)
-    seaweed = start_seaweed(work / "seaweed")
-    try:
-        env = {"ESTREAM_OBJECT_STORE": seaweed.url("bench-disk"),
-               "ESTREAM_OBJECT_STORE_ENDPOINT": seaweed.endpoint,
-               "ESTREAM_OFFLOAD_DELAY_S": str(ns.offload_delay_s),
-               "ESTREAM_LOCAL_RETENTION_S": str(ns.local_retention_s), **seaweed.env}
-        # A range of range_mib or more is an object of its own: no wait for packing.
-        cluster = start_cluster(
-            work / "cluster", pd_nodes=1, range_servers=3, env=env,
-            pd_args=["--object-size-bytes", str(ns.range_mib * MiB)],
-            rangeserver_args=["--wal-segment-mib", str(ns.segment_mib)])
-        try:
-            yield seaweed, cluster
-        finally:
-            cluster.stop()
-    finally:
-        seaweed.stop()
+    """:func:`benchmarks.bench_object_tier.tier` with log segments of ``--segment-mib``;
+    a range of ``range_mib`` or more is an object of its own (no wait for packing)."""
+    with object_tier(work, ns, "bench-disk",
+                     pd_args=["--object-size-bytes", str(ns.range_mib * MiB)],
+                     rangeserver_args=["--wal-segment-mib", str(ns.segment_mib)]) as both:
+        yield both
 
 
 def value(i: int) -> bytes:

@@ -74,6 +74,12 @@ class SeaweedS3:
     def url(self, prefix: str = "") -> str:
         return f"s3://{self.bucket}/{prefix}".rstrip("/")
 
+    def pd_env(self, prefix: str = "") -> dict[str, str]:
+        """The environment that points ``estream pd`` at this store under ``prefix``
+        (store URL, endpoint and credentials, the layering of its settings)."""
+        return {**self.env, "ESTREAM_OBJECT_STORE": self.url(prefix),
+                "ESTREAM_OBJECT_STORE_ENDPOINT": self.endpoint}
+
     def store(self, prefix: str = "") -> ObjectStore:
         return ObjectStore.from_url(self.url(prefix), self.endpoint, env=self.env)
 

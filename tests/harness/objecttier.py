@@ -59,8 +59,7 @@ class ObjectTier:
         if self.orphan_grace_s is not None:
             env["ESTREAM_OBJECT_ORPHAN_GRACE_S"] = f"{self.orphan_grace_s:g}"
         if isinstance(store, SeaweedS3):
-            return {**env, **store.env, "ESTREAM_OBJECT_STORE": store.url(PREFIX),
-                    "ESTREAM_OBJECT_STORE_ENDPOINT": store.endpoint}
+            return {**env, **store.pd_env(PREFIX)}
         return {**env, "ESTREAM_OBJECT_STORE": f"file://{store}"}
 
 
