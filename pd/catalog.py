@@ -35,7 +35,10 @@ Rules it keeps:
   key) lists it as unreferenced (:attr:`CatalogView.unreferenced`, in snapshots) until
   the leader, having deleted it from the store, proposes ``objects_deleted``. A key once
   unreferenced is never referenced again (keys are never prepared twice, and a commit
-  needs its prepared record).
+  needs its prepared record);
+- ``object_damaged`` (the leader checked an object and found it missing or damaged) moves
+  the named ranges that still name it and still list replicas back to "local", to be
+  uploaded again under a new key; released ranges keep the key (nothing to upload from).
 
 Retries after an unknown outcome are absorbed: a ``create_stream`` with the same request
 id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an offset
@@ -81,6 +84,7 @@ from pd.commands import (
     DrainServer,
     DropLocalReplicas,
     ExpirePrepared,
+    ObjectDamaged,
     ObjectsDeleted,
     OpenWriter,
     PackMember,
@@ -635,6 +639,27 @@ class Catalog:
         for key in cmd.object_keys:
             self._unreferenced.pop(key, None)
 
+    def _object_damaged(self, cmd: ObjectDamaged) -> None:
+        """Members still naming the damaged key, with replicas, go back to "local"."""
+        if not cmd.object_key or len(cmd.object_key) > object_key_chars_max:
+            raise InvalidArgument(f"bad object key {cmd.object_key!r}", argument="object_key")
+        if not 1 <= len(cmd.members) <= pack_members_max:
+            raise InvalidArgument(f"object_damaged names 1..{pack_members_max} ranges",
+                                  argument="members")
+        back: dict[str, list[RangeMeta]] = {}
+        for m in cmd.members:
+            target = self._live_range(m)
+            if target is None or target.object_key != cmd.object_key or not target.replicas:
+                continue  # gone, moved on, or released: nothing to upload again from
+            if not target.sealed or (target.start, target.end) != (m.start, m.end):
+                continue  # (a range naming a key is sealed; another span: another range)
+            back.setdefault(m.name, []).append(target)
+        for name, targets in back.items():
+            stream = self.stream(name)
+            self._put(name, replace(stream, ranges=tuple(
+                replace(r, tier="local", object_key=None, object_part=None)
+                if any(r is t for t in targets) else r for r in stream.ranges)))
+
     def _expire_prepared(self, cmd: ExpirePrepared) -> None:
         if len(cmd.object_keys) > expire_keys_max:
             raise InvalidArgument(f"expire_prepared names {len(cmd.object_keys)} keys, at "
@@ -821,6 +846,7 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     PreparePack: Catalog._prepare_pack,
     CommitPack: Catalog._commit_pack,
     ObjectsDeleted: Catalog._objects_deleted,
+    ObjectDamaged: Catalog._object_damaged,
     DrainServer: Catalog._drain_server,
     DrainForget: Catalog._drain_forget,
 }

@@ -276,6 +276,23 @@ class ObjectsDeleted:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectDamaged:
+    """Object tier, the leader: the object ``object_key`` was found missing or damaged by
+    the leader's own check (a reader's report, or the check before a release), and
+    ``members`` are the ranges whose part of it failed. Each member whose range (same
+    stream id, sealed at the same ``[start, end)``) still names ``object_key`` and still
+    lists its replicas goes back to the local tier (no key, no part): the offloader
+    uploads it again from its replicas under a new key, and the old key, once no range
+    names it, is listed as unreferenced and deleted. Any other member is skipped (moved on
+    meanwhile, or its replicas released: nothing to upload from); a retry changes
+    nothing. Wire shape: ``members`` as :meth:`PackMember.to_dict` (no ``part``)."""
+
+    kind: ClassVar[str] = "object_damaged"
+    object_key: str
+    members: tuple[PackMember, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ExpirePrepared:
     """Object tier, the leader's sweeper: forget the prepared objects among
     ``object_keys`` whose deadline is at or before ``now_ms`` (the proposer's wall clock).
@@ -373,6 +390,7 @@ Command = (
     | PreparePack
     | CommitPack
     | ObjectsDeleted
+    | ObjectDamaged
     | DrainServer
     | DrainForget
 )
@@ -387,6 +405,7 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
         PreparePack,
         CommitPack,
         ObjectsDeleted,
+        ObjectDamaged,
         RegisterServer,
         RegisterPdNode,
         CreateStream,

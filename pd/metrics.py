@@ -49,6 +49,22 @@ OFFLOAD_HELP: Final = {
 # (not in OFFLOAD_HELP, whose every metric the Grafana dashboard must show: none shows this)
 OBJECTS_COMPACTED_HELP: Final = ("Objects rewritten by compaction into a new object (small "
                                  "or mostly garbage), counted when the rewrite commits.")
+# Damaged objects (pd/objectdamage.py, pd/shell/offloader.py): name -> help (not in
+# OFFLOAD_HELP: the dashboard need not show them; the alert rules may).
+DAMAGE_REPORTS: Final = "estream_object_damage_reports_total"
+DAMAGE_CHECKS: Final = "estream_object_damage_checks_total"
+DAMAGE_REPAIRED: Final = "estream_object_damage_repaired_ranges_total"
+DAMAGE_LOST: Final = "estream_object_damage_lost_ranges_total"
+DAMAGE_HELP: Final = {
+    DAMAGE_REPORTS: "Readers' reports of a missing or damaged object received by the PD "
+                    "leader, by outcome (queued, stale, pending, recent, full).",
+    DAMAGE_CHECKS: "Objects the PD leader read back after a report or a failed check "
+                   "before a release, by result (damaged, sound, inconclusive).",
+    DAMAGE_REPAIRED: "Ranges of damaged objects moved back to the local tier, to be "
+                     "uploaded again from their replicas.",
+    DAMAGE_LOST: "Ranges whose part of an object is damaged and whose replicas are "
+                 "released: unreadable until restored by hand.",
+}
 REQUESTS_TOTAL: Final = "estream_pd_requests_total"
 REQUEST_SECONDS: Final = "estream_pd_request_seconds"
 COMMIT_SECONDS: Final = "estream_pd_raft_commit_seconds"

@@ -14,8 +14,8 @@ A range's life in the tiers::
     --(local_retention after PD first saw it committed)-->  the whole object read back and
     checked, then drop_local_replicas (Raft): the catalog lists no replicas; DROP_RANGE on
     each server (the reclaimer's "moved" rule drops any it missed). An object found missing
-    or damaged then is uploaded again from the replicas and committed in its place
-    (commit_object with ``replaces``), and released later
+    or damaged then (or by a reader, who reports it) sends its damaged ranges that still
+    have replicas back to "local" (:mod:`pd.objectdamage`): uploaded again under a new key
 
 Packing: ranges due for upload are read into the leader's *open pack* (in memory) and go
 out together as one object (format version 2) of ranges of any streams, so that small
@@ -114,8 +114,8 @@ class Upload:
 @dataclass(frozen=True, slots=True)
 class LocalDrop:
     """Release the replicas of an "object" range: check the object, then the catalog, then
-    each server (a missing or damaged object is uploaded again from them instead:
-    :meth:`reupload`)."""
+    each server (a missing or damaged object sends the range back to the local tier
+    instead: :mod:`pd.objectdamage`)."""
 
     name: str
     stream_id: int
@@ -125,13 +125,6 @@ class LocalDrop:
     start: int = 0
     end: int = 0
     part: ObjectPart | None = None  # the range's part of a version-2 object
-
-    def reupload(self, alive: Collection[str]) -> Upload:
-        """The upload that replaces this range's object, from its replicas (live first)."""
-        live = tuple(r for r in self.replicas if r.id in alive)
-        rest = tuple(r for r in self.replicas if r.id not in alive)
-        return Upload(self.name, self.stream_id, self.range_index, self.start, self.end,
-                      live + rest, replaces=self.object_key)
 
     @property
     def key(self) -> RangeKey:

@@ -258,6 +258,17 @@ class PDClient:
         leave = body.get("leave") or ()
         return tuple(s for s in leave if isinstance(s, str))
 
+    async def report_object_damage(self, stream_id: int, range_index: int, object_key: str,
+                                   reason: str) -> str:
+        """Tell the PD leader that ``object_key`` (of range ``range_index`` of stream
+        ``stream_id``) read back missing, malformed or failing a checksum (``reason``:
+        ``"missing"``, ``"malformed"``, ``"checksum"``); it checks the object itself and
+        repairs what it can (pd/objectdamage.py). Returns the leader's ``"outcome"``."""
+        body = await self.call(Opcode.PD_REPORT_OBJECT_DAMAGE, {
+            "stream_id": stream_id, "range_index": range_index, "object_key": object_key,
+            "reason": reason})
+        return str(body.get("outcome", ""))
+
     # -- operators: drain and forget range servers (pd/drain.py) -------------------------
     async def describe_servers(self, server_id: str | None = None) -> list[dict[str, Any]]:
         """Every range server (or the one named: ``ServerNotFound`` if unknown) with its

@@ -25,6 +25,7 @@ from estream.net.rpc import ConnectionPool
 from estream.net.security import client_context
 from estream.sdk.reader import (
     ObjectReads,
+    ObjectReadStats,
     read_stream,
     read_stream_batches,
     read_stream_views,
@@ -58,6 +59,7 @@ from estream.wire.record import (
 )
 
 key_check_timeout_s = 2.0  # each READ of open_writer's key check (an hmac-sha256 stream)
+damage_reports_in_flight_max = 8  # reports of damaged objects on their way to PD at once
 
 
 class _Unchanged(enum.Enum):
@@ -96,6 +98,7 @@ class Client:
             secret = os.environ.get("ESTREAM_SECRET") or None
         self._secret = secret.encode() if isinstance(secret, str) else secret
         self._object_reads: ObjectReads | None = None  # once PD named an object store
+        self._reports: set[asyncio.Task[None]] = set()  # damage reports on their way to PD
 
     async def __aenter__(self) -> Client:
         return self
@@ -338,8 +341,30 @@ class Client:
             if isinstance(named, dict) and named.get("url"):
                 endpoint = named.get("endpoint")
                 store = ObjectStore.from_url(str(named["url"]), str(endpoint) if endpoint else None)
-                self._object_reads = ObjectReads(store)
+                self._object_reads = ObjectReads(store, report=self._report_damage)
         return self._object_reads
+
+    def object_read_stats(self) -> ObjectReadStats:
+        """This client's reads from the object store so far: requests by outcome, bytes,
+        latency (:class:`~estream.sdk.reader.ObjectReadStats`; zeros before any)."""
+        return ObjectReadStats() if self._object_reads is None else self._object_reads.stats()
+
+    def _report_damage(self, stream_id: int, range_index: int, key: str, reason: str) -> None:
+        """Tell PD about a damaged object in the background: the read never waits for it,
+        and a report that fails is dropped (a later read reports again)."""
+        if self._closed or len(self._reports) >= damage_reports_in_flight_max:
+            return
+
+        async def send() -> None:
+            try:
+                await asyncio.wait_for(self.pd.report_object_damage(
+                    stream_id, range_index, key, reason), self.timeout_s)
+            except (EstreamError, TimeoutError):
+                pass
+
+        task = asyncio.ensure_future(send())
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     async def close(self) -> None:
         if self._closed:
@@ -352,6 +377,9 @@ class Client:
                 pass
         if self._object_reads is not None:
             self._object_reads.close()  # windows read ahead that nobody took
+        for task in list(self._reports):
+            task.cancel()
+        await asyncio.gather(*self._reports, return_exceptions=True)
         await self.pool.close()
         await self.pd.close()
 

@@ -21,9 +21,11 @@ Side effects: network requests.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from estream.core.readcursor import (
@@ -45,9 +47,12 @@ from estream.net.objectindex import read_index, read_range_index
 from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient
 from estream.wire.errors import (
+    ChecksumMismatch,
     DigestKeyMissing,
     EstreamError,
+    MalformedBatch,
     MalformedObject,
+    ObjectStoreError,
     ReplicaDamaged,
     Unavailable,
 )
@@ -72,6 +77,10 @@ if TYPE_CHECKING:
 
 index_entries_max: Final = 262_144  # cached index entries of all objects (~40 MB at most)
 read_ahead_max: Final = 2  # windows of object reads fetched ahead, pending at once
+damage_report_interval_s: Final = 30.0  # one report of a damaged object per key and this
+damage_keys_max: Final = 1_024  # keys remembered as reported (the oldest forgotten)
+GET_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        5.0, 10.0)
 
 
 def decode_answer(payload: bytes | memoryview, offset: int, end: int | None) -> list[Record]:
@@ -148,6 +157,7 @@ def _views_end(views: list[BatchView], offset: int) -> int:
 
 
 T = TypeVar("T")
+_P = TypeVar("_P")
 Payload = bytes | memoryview  # an answer's batches: a READ payload or an object's buffer
 
 
@@ -313,8 +323,9 @@ async def _read_object(
     check_digests(client, step.stream_id, step.range.index, payload)
     try:
         items = decoding.decode(payload, step.offset, step.end)
-    except EstreamError:
+    except EstreamError as exc:
         objects.forget(step.range)  # a damaged object: its index is read afresh next time
+        objects.suspect(step.stream_id, step.range, exc, answered=True)
         raise
     return items, Answer(
         count=len(items),
@@ -322,6 +333,82 @@ async def _read_object(
         sealed=True,
         sealed_end=step.range.end,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectReadStats:
+    """What a client's reads from the object store did so far (``Client.object_read_stats``).
+
+    Object-store requests (index and batch GETs; a version-1 object's index read counts
+    once) by outcome: ``ok``, ``not_found``, ``error`` (the store failed or timed out)
+    and ``checksum`` (answered, then the bytes failed a checksum or did not hold what the
+    catalog says: counted here instead of ``ok``); ``bytes_read`` by the ``ok`` ones;
+    their latency as a histogram: ``latency_counts[i]`` requests took at most
+    ``latency_bounds_s[i]`` (and more than the bound before), the last above every
+    bound; ``damage_reports`` sent to PD."""
+
+    gets_ok: int = 0
+    gets_not_found: int = 0
+    gets_error: int = 0
+    gets_checksum: int = 0
+    bytes_read: int = 0
+    latency_bounds_s: tuple[float, ...] = GET_BUCKETS_S
+    latency_counts: tuple[int, ...] = (0,) * (len(GET_BUCKETS_S) + 1)
+    latency_sum_s: float = 0.0
+    damage_reports: int = 0
+
+    @property
+    def gets(self) -> int:
+        return self.gets_ok + self.gets_not_found + self.gets_error + self.gets_checksum
+
+
+def damage_reason(exc: EstreamError) -> str | None:
+    """What a failed object read says about the object: ``"missing"``, ``"checksum"``,
+    ``"malformed"``, or None (the store failed, or anything else: no damage known).
+
+    >>> damage_reason(ChecksumMismatch("x")), damage_reason(Unavailable("down"))
+    ('checksum', None)
+    """
+    if isinstance(exc, ObjectStoreError):
+        return "missing" if exc.fields.get("not_found") else None
+    if isinstance(exc, ChecksumMismatch):
+        return "checksum"
+    if isinstance(exc, MalformedObject | MalformedBatch):
+        return "malformed"
+    return None
+
+
+DamageReporter = Callable[[int, int, str, str], None]  # stream id, range, key, reason
+
+
+class _Counters:
+    """The mutable side of :class:`ObjectReadStats` (the event loop is the only writer)."""
+
+    __slots__ = ("by_outcome", "bytes_read", "latency", "latency_sum_s", "reports")
+
+    def __init__(self) -> None:
+        self.by_outcome = {"ok": 0, "not_found": 0, "error": 0, "checksum": 0}
+        self.bytes_read = 0
+        self.latency = [0] * (len(GET_BUCKETS_S) + 1)
+        self.latency_sum_s = 0.0
+        self.reports = 0
+
+    def done(self, outcome: str, seconds: float, size: int = 0) -> None:
+        self.by_outcome[outcome] += 1
+        self.bytes_read += size
+        self.latency[bisect.bisect_left(GET_BUCKETS_S, seconds)] += 1
+        self.latency_sum_s += seconds
+
+    def stats(self) -> ObjectReadStats:
+        o = self.by_outcome
+        return ObjectReadStats(o["ok"], o["not_found"], o["error"], o["checksum"],
+                               self.bytes_read, GET_BUCKETS_S, tuple(self.latency),
+                               self.latency_sum_s, self.reports)
+
+
+def _outcome(exc: EstreamError) -> str:
+    reason = damage_reason(exc)
+    return "error" if reason is None else "not_found" if reason == "missing" else "checksum"
 
 
 class ObjectReads:
@@ -342,8 +429,11 @@ class ObjectReads:
     Every request has the store's deadline. An object that does not hold what the catalog
     says (another stream, range or offsets) is :class:`MalformedObject`; a missing one is
     :class:`ObjectStoreError` (``not_found``); a failing index or batch checksum is
-    :class:`ChecksumMismatch`. Any of them drops the cached index, and the read cursor
-    moves on to the range's replicas if it still has any."""
+    :class:`ChecksumMismatch`. Any of them drops the cached index, the read cursor moves
+    on to the range's replicas if it still has any, and ``report`` is told (at most once
+    per key every ``damage_report_interval_s``; the client sends it to PD, whose leader
+    checks the object and has it uploaded again from the replicas: never on the read's
+    path). Every request is counted (:meth:`stats`)."""
 
     def __init__(
         self,
@@ -352,8 +442,14 @@ class ObjectReads:
         read_ahead_max: int = read_ahead_max,
         window_bytes_max: int = object_read_bytes_max,
         part_bytes_max: int = object_part_bytes_max,
+        report: DamageReporter | None = None,
+        clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
+        self.report = report
+        self.clock_s = clock_s
+        self._counters = _Counters()
+        self._reported: OrderedDict[str, float] = OrderedDict()  # key -> when (clock_s)
         self.index_entries_max = index_entries_max
         self.read_ahead_max = read_ahead_max
         self.window_bytes_max = window_bytes_max  # one read's batches, at most
@@ -370,14 +466,24 @@ class ObjectReads:
         if key is None:
             raise MalformedObject(f"range {rng.index} has no object", key=None)
         try:
-            index = await self.range_index(stream_id, rng)
+            index = await self.range_index(stream_id, rng)  # (reports a damaged index)
+        except EstreamError:
+            self.forget(rng)
+            raise
+        try:
             check_footer(index.footer, stream_id, rng)
+        except EstreamError as exc:
+            self.forget(rng)
+            self.suspect(stream_id, rng, exc, answered=True)
+            raise
+        try:
             spans = self._spans(index, offset, end)
             payload = await self._taken_ahead((key, offset, end))
             if payload is None:
                 payload = await self._get(key, spans)
-        except EstreamError:
+        except EstreamError as exc:
             self.forget(rng)
+            self.suspect(stream_id, rng, exc)
             raise
         after = offset_at(index, spans[-1][1])
         if after < end:
@@ -392,9 +498,49 @@ class ObjectReads:
         ``get_ranges``, which merges adjacent spans back into one request); one span is
         the store's buffer itself, not a copy."""
         if len(spans) == 1:
-            return await self.store.get_range_view(key, *spans[0])
-        parts = await asyncio.gather(*(self.store.get_range(key, lo, hi) for lo, hi in spans))
+            return await self._timed(self.store.get_range_view(key, *spans[0]))
+        parts = await asyncio.gather(*(self._timed(self.store.get_range(key, lo, hi))
+                                       for lo, hi in spans))
         return b"".join(parts)
+
+    async def _timed(self, request: Awaitable[_P]) -> _P:
+        """One object-store request, counted by outcome, its bytes and its latency."""
+        started = self.clock_s()
+        try:
+            answer = await request
+        except EstreamError as exc:
+            self._counters.done(_outcome(exc), self.clock_s() - started)
+            raise
+        size = len(answer) if isinstance(answer, bytes | memoryview) else 0
+        self._counters.done("ok", self.clock_s() - started, size)
+        return answer
+
+    def stats(self) -> ObjectReadStats:
+        """The counts so far (a snapshot)."""
+        return self._counters.stats()
+
+    def suspect(self, stream_id: int, rng: RangeMeta, exc: EstreamError, *,
+                answered: bool = False) -> None:
+        """A read of ``rng``'s object failed with ``exc``: when that says the object is
+        missing or damaged, ``report`` it (once per key and interval; never raises).
+        ``answered``: the bytes came from a request counted ``ok``, now ``checksum``."""
+        reason = damage_reason(exc)
+        if reason is None or rng.object_key is None:
+            return
+        if answered and self._counters.by_outcome["ok"] > 0:
+            self._counters.by_outcome["ok"] -= 1
+            self._counters.by_outcome["checksum"] += 1
+        now = self.clock_s()
+        last = self._reported.get(rng.object_key)
+        if self.report is None or (last is not None
+                                   and now - last < damage_report_interval_s):
+            return
+        self._reported.pop(rng.object_key, None)
+        self._reported[rng.object_key] = now
+        while len(self._reported) > damage_keys_max:
+            self._reported.popitem(last=False)
+        self._counters.reports += 1
+        self.report(stream_id, rng.index, rng.object_key, reason)
 
     def _read_ahead(
         self, window: tuple[str, int, int], fetch: Coroutine[Any, Any, Payload]
@@ -432,12 +578,20 @@ class ObjectReads:
         if key is None or rng.end is None:
             raise MalformedObject(f"range {rng.index} has no object", key=None)
         if part is None:
-            return await self.index(key)
+            try:
+                return await self.index(key)
+            except EstreamError as exc:
+                self.suspect(stream_id, rng, exc)
+                raise
         cached = self._indexes.get((key, part.index_start))
         if cached is not None:
             self._indexes.move_to_end((key, part.index_start))
             return cached
-        index = await read_range_index(self.store, stream_id, rng)
+        try:
+            index = await self._timed(read_range_index(self.store, stream_id, rng))
+        except EstreamError as exc:
+            self.suspect(stream_id, rng, exc)
+            raise
         self._remember((key, part.index_start), index)
         return index
 
@@ -448,7 +602,7 @@ class ObjectReads:
         if cached is not None:
             self._indexes.move_to_end((key, -1))
             return cached
-        index = await read_index(self.store, key)
+        index = await self._timed(read_index(self.store, key))
         self._remember((key, -1), index)
         return index
 
@@ -505,7 +659,9 @@ async def _describe(client: Client, meta: StreamMeta, rng: RangeMeta, ref: Repli
 
 
 __all__: Sequence[str] = [
+    "ObjectReadStats",
     "ObjectReads",
+    "damage_reason",
     "decode_answer",
     "decode_answer_columns",
     "decode_answer_views",

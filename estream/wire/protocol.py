@@ -86,6 +86,8 @@ class Opcode(IntEnum):
     PD_SET_RETENTION = 73  # {"name", "retention_ms"?, "retention_bytes"?} -> {"stream"}:
     #   absent: unchanged, null: no limit (pd/shell/service.py retention_change)
     PD_DELETE_CURSOR = 74  # {"name", "cursor"} -> {"deleted"}
+    PD_REPORT_OBJECT_DAMAGE = 75  # {"stream_id", "range_index", "object_key", "reason"}
+    #   -> {"outcome"}: the leader checks the object itself (pd/objectdamage.py)
 
 
 class FrameFlags(IntFlag):

@@ -144,6 +144,7 @@ class PlacementDriverNode:
                                               if cfg.object_max_age_s is None
                                               else cfg.object_max_age_s)))
             self.offloader.pool = self.member_pool()
+            self.service.object_damage = self.offloader.report_damage
             self._offload_task = asyncio.ensure_future(self.offloader.run())
 
     def member_pool(self) -> ConnectionPool:

@@ -33,10 +33,17 @@ releases never wait for the uploads' time to run out.
    batches per GET), then propose ``drop_local_replicas`` (the catalog lists no replicas
    any more), then ``DROP_RANGE`` on each server (best effort: the reclaimer drops any
    left, as replicas "moved" away). An object found missing or damaged (deleted or
-   altered behind estream's back) is never a reason to drop the last copies: the range is
-   uploaded again from its replicas and committed in the old key's place (a one-range
-   ``commit_pack`` whose member ``replaces`` it), and released once that one checks
-   out.
+   altered behind estream's back) is never a reason to drop the last copies: it is
+   handled as a reader's report is (2b), and the range released once its new object,
+   committed ``local_retention`` ago, checks out.
+2b. **Damage** (side by side with 1 and 2, a few objects a round): an object a reader
+   reported (``report_damage``, :class:`pd.objectdamage.DamageInbox`), or the check
+   before a release found, is read back by the leader itself (every range naming it:
+   its part, every batch); :func:`pd.objectdamage.plan_damage` then sends the ranges
+   whose part is damaged and which still list replicas back to "local"
+   (``object_damaged``) and uploads them again at once (a new key; the old one, once
+   unreferenced, is deleted by 3); damaged ranges without replicas are logged and
+   counted as lost. A store that fails the check leaves everything as it is.
 3. **Delete** (every round, first): the objects the catalog lists as unreferenced (a
    trim, a delete, a re-upload dropped their last range) are deleted from the store,
    then ``objects_deleted`` is proposed; a crash in between deletes again (idempotent).
@@ -89,13 +96,14 @@ from estream.wire.errors import (
     ChecksumMismatch,
     Conflict,
     EstreamError,
+    MalformedBatch,
     MalformedObject,
     ObjectStoreError,
     RangeNotFound,
     StreamNotFound,
     Unavailable,
 )
-from estream.wire.meta import ObjectPart, ReplicaRef
+from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.objectformat import (
     FOOTER_BYTES,
     ObjectIndex,
@@ -112,6 +120,7 @@ from pd.commands import (
     CommitPack,
     DropLocalReplicas,
     ExpirePrepared,
+    ObjectDamaged,
     ObjectsDeleted,
     PackMember,
     PreparePack,
@@ -119,6 +128,11 @@ from pd.commands import (
 from pd.compaction import Compaction
 from pd.compaction import plan as plan_compactions
 from pd.metrics import (
+    DAMAGE_CHECKS,
+    DAMAGE_HELP,
+    DAMAGE_LOST,
+    DAMAGE_REPAIRED,
+    DAMAGE_REPORTS,
     OBJECT_REQUESTS,
     OBJECTS_COMPACTED,
     OBJECTS_COMPACTED_HELP,
@@ -131,6 +145,7 @@ from pd.metrics import (
     RECLAIMED_BYTES,
     RELEASED_RANGES,
 )
+from pd.objectdamage import DamageInbox, DamageReport, plan_damage, ranges_naming
 from pd.offload import (
     LocalDrop,
     Pending,
@@ -178,7 +193,9 @@ check_window_bytes: Final = 8 * 1024 * 1024  # one ranged GET of the check befor
 compact_interval_ms_default: Final = 60_000
 compact_heads_max: Final = 64  # object sizes learnt (HEAD) per compaction step
 
-_HELP: Final = OFFLOAD_HELP
+_HELP: Final = {**OFFLOAD_HELP, **DAMAGE_HELP}
+_DAMAGE: Final = (MalformedObject, ChecksumMismatch, MalformedBatch)  # a part read back bad
+lost_remembered_max: Final = 4_096  # lost ranges counted once each (then counted again)
 
 
 def _wall_ms() -> int:
@@ -234,7 +251,9 @@ class Offloader:
         self.next_compact_ms = 0  # 0: one interval after this leader's first round
         self.object_sizes: dict[str, int] = {}  # object key -> bytes (HEAD; immutable)
         self.committed = asyncio.Event()  # set by each commit: wakes the releases
-        self.reuploaded: set[RangeKey] = set()  # this round: released next round at once
+        self.reuploaded: set[RangeKey] = set()  # this round: not released in it
+        self.damage = DamageInbox()  # readers' reports of damaged objects, to check
+        self.lost: set[tuple[str, RangeKey]] = set()  # (key, range) counted as lost
 
     async def run(self) -> None:
         """Forever (until cancelled): a round while leader, then the wait
@@ -265,6 +284,7 @@ class Offloader:
         self.pending = []
         self.pending_data = {}
         self.next_compact_ms = 0
+        self.damage.clear()
 
     def _count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.service.metrics.count(name, _HELP[name], amount, **labels)
@@ -302,7 +322,8 @@ class Offloader:
             finally:
                 done.set()
 
-        backlog = any(await _together(uploads(), self._releases(alive, done)))
+        backlog = any(await _together(uploads(), self._releases(alive, done),
+                                      self._damage_checks(alive)))
         await self._expire()
         if self.next_compact_ms == 0:
             self.next_compact_ms = now + self.compact_interval_ms
@@ -630,10 +651,11 @@ class Offloader:
             if not isinstance(broken, ObjectStoreError):  # (those were counted already)
                 self._count(OFFLOAD_ERRORS, stage="check")
             log.warning("the object %s of range %d of stream %r is missing or damaged (%s); "
-                        "uploading it again from the local replicas, which are kept",
+                        "its damaged ranges go back to the local tier, the replicas kept",
                         drop.object_key, drop.range_index, drop.name, broken)
-            self.reuploaded.add(key)  # (its new object is checked, at the next round)
-            await self._offload([drop.reupload(alive)])
+            self.reuploaded.add(key)
+            await self._object_damaged(drop.object_key, alive, known={key: True},
+                                       missing=isinstance(broken, ObjectStoreError))
 
     async def _check_object(self, drop: LocalDrop) -> int:
         """Read the whole object back (a window of batches at a time): its footer names
@@ -697,6 +719,132 @@ class Offloader:
         self._count(RELEASED_RANGES)
         log.info("range %d of stream %r: local replicas released (object %s)",
                  drop.range_index, drop.name, drop.object_key)
+
+    # -- damaged objects (pd/objectdamage.py) -------------------------------------------
+    def report_damage(self, report: DamageReport) -> str:
+        """A reader's report (the leader's RPC handler): queued for a check at the next
+        round, or why not (:meth:`pd.objectdamage.DamageInbox.offer`). Never trusted."""
+        view = self.service.view()
+        named = None
+        for stream in view.streams.values():
+            if stream.id == report.stream_id:
+                rng = stream.range_at(report.range_index)
+                named = rng.object_key if rng is not None and rng.tier == "object" else None
+                break
+        outcome = self.damage.offer(report, named, self.service.clock_ms())
+        self._count(DAMAGE_REPORTS, outcome=outcome)
+        if outcome == "queued":
+            log.info("a reader reports object %s of range %d of stream %d as %s; checking it",
+                     report.object_key, report.range_index, report.stream_id, report.reason)
+        return outcome
+
+    async def _damage_checks(self, alive: Collection[str]) -> bool:
+        """Check the objects readers reported (a few a round). Returns whether some wait."""
+        for report in self.damage.take():
+            if not self._leading():
+                break
+            await self._object_damaged(report.object_key, alive)
+        return len(self.damage) > 0
+
+    async def _object_damaged(self, key: str, alive: Collection[str], *,
+                              known: dict[RangeKey, bool] | None = None,
+                              missing: bool = False) -> None:
+        """Read back the part of every range naming ``key`` (``known``: parts found
+        damaged already; ``missing``: the object is gone, nothing to read), then carry out
+        :func:`pd.objectdamage.plan_damage`: damaged ranges with replicas back to the
+        local tier (``object_damaged``) and uploaded again at once, lost ones logged."""
+        ranges = ranges_naming(self.service.view().streams.values(), key,
+                               self.service.view().object_refs.get(key, ()))
+        keys = [(s.id, r.index) for s, r in ranges]
+        held = [k for k in keys if k not in self.busy]
+        self.busy.update(held)
+        try:
+            damaged = await self._read_back(key, ranges, dict(known or {}), missing)
+            if damaged is None:
+                self._count(DAMAGE_CHECKS, result="inconclusive")
+                return
+            view = self.service.view()  # (afresh: what moved meanwhile is left alone)
+            plan = plan_damage(key, ranges_naming(view.streams.values(), key,
+                                                  view.object_refs.get(key, ())), damaged)
+            self.damage.checked(key, self.service.clock_ms())
+            if not plan.demote and not plan.lost:
+                self._count(DAMAGE_CHECKS, result="sound")
+                log.info("object %s reads back whole: nothing to repair", key)
+                return
+            self._count(DAMAGE_CHECKS, result="damaged")
+            self._lost(key, plan.lost)
+            if plan.demote:
+                await self._demote(key, plan.demote, alive)
+        finally:
+            self.busy.difference_update(held)
+
+    async def _read_back(self, key: str, ranges: list[tuple[StreamMeta, RangeMeta]],
+                         damaged: dict[RangeKey, bool], missing: bool
+                         ) -> dict[RangeKey, bool] | None:
+        """Each range's part checked (True: damaged); None when the store failed."""
+        for stream, rng in ranges:
+            rk = (stream.id, rng.index)
+            if rk in damaged:
+                continue
+            if missing:
+                damaged[rk] = True
+                continue
+            drop = LocalDrop(stream.name, stream.id, rng.index, key, rng.replicas, rng.start,
+                             rng.end if rng.end is not None else rng.start, rng.object_part)
+            try:
+                await self._check_object(drop)
+                damaged[rk] = False
+            except _DAMAGE:
+                damaged[rk] = True
+            except ObjectStoreError as exc:
+                if not exc.fields.get("not_found"):
+                    log.warning("checking object %s: the store failed (%s); tried again "
+                                "at the next report or release", key, exc)
+                    return None
+                damaged[rk] = missing = True  # the whole object is gone
+            except EstreamError as exc:
+                log.warning("checking object %s failed (%s); tried again later", key, exc)
+                return None
+        return damaged
+
+    def _lost(self, key: str, lost: tuple[RangeKey, ...]) -> None:
+        for rk in lost:
+            log.error("object %s: range %d of stream %d is damaged in it and has no local "
+                      "replica left: unreadable until the object is restored", key, rk[1],
+                      rk[0])
+            if (key, rk) not in self.lost:
+                if len(self.lost) >= lost_remembered_max:
+                    self.lost.clear()
+                self.lost.add((key, rk))
+                self._count(DAMAGE_LOST)
+
+    async def _demote(self, key: str, members: tuple[PackMember, ...],
+                      alive: Collection[str]) -> None:
+        """``object_damaged`` for ``members``, then their upload from the replicas."""
+        try:
+            await self.service.raft.propose(ObjectDamaged(key, members))
+        except EstreamError as exc:  # checked again at the next report or release
+            self._count(OFFLOAD_ERRORS, stage="damage")
+            log.warning("moving the damaged ranges of %s back to the local tier failed: %s",
+                        key, exc)
+            return
+        self._count(DAMAGE_REPAIRED, len(members))
+        log.warning("object %s is damaged: %d ranges back in the local tier, uploaded again "
+                    "from their replicas", key, len(members))
+        view = self.service.view()
+        uploads = []
+        for m in members:
+            stream = view.streams.get(m.name)
+            rng = stream.range_at(m.range_index) if stream is not None else None
+            if stream is None or stream.id != m.stream_id or rng is None or (
+                    rng.tier != "local" or not rng.replicas):
+                continue
+            self.committed_since.pop((m.stream_id, m.range_index), None)  # (retention anew)
+            live = tuple(r for r in rng.replicas if r.id in alive)
+            uploads.append(Upload(m.name, m.stream_id, m.range_index, m.start, m.end,
+                                  live + tuple(r for r in rng.replicas if r.id not in alive)))
+        if uploads:
+            await self._offload(uploads)
 
     # -- compaction --------------------------------------------------------------------
     async def _compact(self) -> None:

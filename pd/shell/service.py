@@ -66,6 +66,7 @@ from pd.drain import forget_refusal, leave_servers, replica_counts, server_state
 from pd.lease import LeaseTable
 from pd.liveness import Liveness
 from pd.metrics import Metrics
+from pd.objectdamage import REASONS, DamageReport
 from pd.placement import Candidate, choose_replicas
 from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
@@ -106,6 +107,9 @@ class PdService:
         # The object-storage tier's store, published in the cluster answer so that range
         # servers and clients learn it from PD: {"url", "endpoint"}, or None (no tier).
         self.object_store: dict[str, str | None] | None = None
+        # The leader's offloader takes readers' damage reports (pd/objectdamage.py): the
+        # report -> the outcome; None without a tier.
+        self.object_damage: Callable[[DamageReport], str] | None = None
 
     # -- reads -----------------------------------------------------------------------
     def view(self) -> CatalogView:
@@ -518,6 +522,7 @@ class PdService:
             Opcode.PD_DRAIN_SERVER: self._rpc_drain,
             Opcode.PD_FORGET_SERVER: self._rpc_forget,
             Opcode.PD_DESCRIBE_SERVERS: self._rpc_describe_servers,
+            Opcode.PD_REPORT_OBJECT_DAMAGE: self._rpc_report_damage,
         }
         return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
 
@@ -644,6 +649,25 @@ class PdService:
             require(h, "name", str), require(h, "range_index", int), replicas,
             _str_list(h, "expected"))
         return {"stream": stream.to_dict()}
+
+
+    async def _rpc_report_damage(self, h: Header) -> Header:
+        """A reader's report of a damaged object: the leader queues a check of its own
+        (``{"outcome"}``: queued, or why not); a follower answers NotLeader."""
+        report = DamageReport(require(h, "stream_id", int), require(h, "range_index", int),
+                              require(h, "object_key", str), require(h, "reason", str))
+        if report.reason not in REASONS or not report.object_key:
+            raise InvalidArgument(f"bad damage report {report}", argument="reason")
+        status = self.raft.status()
+        if status.role != "leader":
+            if status.leader is None:
+                raise Unavailable("the placement driver has no leader (no majority reachable)")
+            by_raft = {n.raft: n.rpc for n in self.view().pd_nodes.values()}
+            raise NotLeader("damage reports go to the leader",
+                            leader_hint=by_raft.get(status.leader))
+        await self._decision_view()
+        take = self.object_damage
+        return {"outcome": take(report) if take is not None else "no_tier"}
 
 
 def cursor_rows(end: int, cursors: dict[str, int]) -> list[dict[str, Any]]:

@@ -498,7 +498,13 @@ async def test_an_object_harmed_behind_our_back_is_uploaded_again_before_release
     assert len(r.replicas) == 3 and r.object_key not in (None, first)
     assert values_of(rig, r.object_key) == EXPECTED
     assert rig.service.metrics.counter("estream_offload_errors_total", stage="check") == 1
-    await rig.round_at(100)  # the new object checks out: released now
+    assert [c.kind for c in rig.raft.proposed].count("object_damaged") == 1
+    assert rig.service.metrics.counter("estream_object_damage_repaired_ranges_total") == 1
+    await rig.round_at(100)  # the old key, unreferenced, is deleted; the new one kept
+    assert rig.objects() == {r.object_key}
+    await rig.round_at(4_800)  # the new object's retention is not over yet
+    assert len(rig.range0().replicas) == 3
+    await rig.round_at(200)  # it checks out: released now
     assert rig.range0().replicas == () and rig.range0().object_key == r.object_key
     await rig.offloader._sweep()
     assert rig.objects() == {r.object_key}

@@ -81,6 +81,7 @@ def test_opcode_numbers_are_the_documented_ones() -> None:
         "PD_DRAIN_SERVER": 65, "PD_FORGET_SERVER": 66, "PD_DESCRIBE_SERVERS": 67,
         "PD_COMMIT_CURSOR": 70, "PD_LIST_CURSORS": 71, "PD_TIME_RANGES": 72,
         "PD_SET_RETENTION": 73, "PD_DELETE_CURSOR": 74,
+        "PD_REPORT_OBJECT_DAMAGE": 75,
     }
 
 
