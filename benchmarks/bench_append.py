@@ -124,33 +124,35 @@ async def workers(
     elapsed = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     await writer.close()
-    return _loop_figures(len(latencies), failed, elapsed, cpu_s, inflight,
-                         p50_ms=percentile(latencies, 50), p99_ms=percentile(latencies, 99))
+    return _loop_figures(len(latencies), failed, elapsed, cpu_s, inflight, latencies)
 
 
 async def typical(
     client: estream.Client, records: int, inflight: int, time_s: float = 30.0,
-    *, name: str = "bench-typical",
+    *, name: str = "bench-typical", latencies: list[float] | None = None,
 ) -> dict[str, Any]:
     """A typical application loop: one task per append, each awaited with
-    ``asyncio.wait_for``, each value built per record, at most ``inflight`` at once."""
+    ``asyncio.wait_for``, each value built per record, at most ``inflight`` at once
+    (``compare.py``'s typical-loop row too). Each completed append's latency (ms) goes to
+    ``latencies`` when given."""
     await client.create_stream(name, replicas=3, ack_count=2)
     writer = await client.open_writer(name)
     slots = asyncio.Semaphore(inflight)
     tasks: set[asyncio.Task[None]] = set()
     failed = 0
-    done = 0
+    latencies = [] if latencies is None else latencies
     pad = "x" * len(RECORD)
 
     async def one(i: int) -> None:
-        nonlocal failed, done
+        nonlocal failed
+        t0 = time.perf_counter()
         try:
             value = f'{{"id": {i}, "at": {time.time():.6f}, "pad": "{pad}'.encode()
             await asyncio.wait_for(writer.append(value[: len(RECORD) - 2] + b'"}'), 10.0)
         except (estream.EstreamError, TimeoutError):
             failed += 1
         else:
-            done += 1
+            latencies.append((time.perf_counter() - t0) * 1000)
         finally:
             slots.release()
 
@@ -170,22 +172,25 @@ async def typical(
     elapsed = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     await writer.close()
-    return _loop_figures(done, failed, elapsed, cpu_s, inflight)
+    return _loop_figures(len(latencies), failed, elapsed, cpu_s, inflight, latencies)
 
 
 def _loop_figures(
-    ops: int, failed: int, seconds: float, cpu_s: float, inflight: int, **extra: float
+    ops: int, failed: int, seconds: float, cpu_s: float, inflight: int,
+    latencies: list[float],
 ) -> dict[str, Any]:
-    figures: dict[str, Any] = {
+    """The figures of the workers and typical loops (``latencies``: of each completed
+    append, in ms)."""
+    return {
         "records": ops,
         "failed": failed,
         "in_flight": inflight,
         "seconds": round(seconds, 3),
         "records_per_s": round(ops / seconds) if seconds > 0 else 0,
         "client_cpu_us_per_record": round(cpu_s / max(ops, 1) * 1e6, 1),
+        "p50_ms": round(percentile(latencies, 50), 3),
+        "p99_ms": round(percentile(latencies, 99), 3),
     }
-    figures.update({k: round(v, 3) for k, v in extra.items()})
-    return figures
 
 
 async def one_in_flight(client: estream.Client, samples: int) -> dict[str, Any]:

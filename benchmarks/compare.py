@@ -1,7 +1,8 @@
 """estream beside the systems a user would pick instead, on this machine, in one run.
 
 Scenarios (issue 8), each printing estream's figure, each peer's, and the ratio:
-  1. append throughput, many in flight, 1 KiB and 100 B records;
+  1. append throughput, many in flight, 1 KiB and 100 B records (estream also driven as a
+     typical application: a task per append, each awaited with ``asyncio.wait_for``);
   2. append latency, one in flight: p50, p99, p99.9;
   3. catch-up read of N records (1,000,000 at full scale); tail latency (append -> visible);
   4. a replica killed mid-run: worst and p99.9 latency in the 5 s around the kill, failures;
@@ -64,7 +65,8 @@ TIMELINE_KEPT = 20_000
 BLOCK_TIMEOUT_S = 420.0  # one system's block; a hang is reported, not waited out
 
 ESTREAM = profiling.ESTREAM
-NATS = "NATS JetStream R3 sync always"
+TYPICAL = f"{ESTREAM} {report.TYPICAL_LOOP}"
+NATS = report.NATS
 NATS_DEFAULT = "NATS JetStream R3 default sync (not durable)"
 REDIS = "Redis 7 appendfsync always (1 node)"
 MACHINE = "machine"
@@ -91,6 +93,7 @@ async def estream_block(run: Run, work: Path) -> None:
                 finally:
                     await no_linger.close()
                 await bench_append_cross_check(run, client)
+                await typical_loop(run, client)
             finally:
                 await drv.close()
     # a spare (4th) range server, so that the writer can seal the damaged range and roll
@@ -133,6 +136,24 @@ async def bench_append_cross_check(run: Run, client: Any) -> None:
                         ops=figures["records"], seconds=figures["seconds"],
                         extra={"inflight": s.inflight, "record_bytes": KIB},
                         note="cross-check: waves of appends, bench_append.throughput()"))
+
+
+async def typical_loop(run: Run, client: Any) -> None:
+    """estream's scenario 1 driven as a typical application does (issue 20): one task per
+    append, each awaited with ``asyncio.wait_for``, each value built per record
+    (``bench_append.typical()``), ``inflight`` at once: a row of its own."""
+    s = run.scale
+    latencies: list[float] = []
+    figures = await asyncio.wait_for(
+        bench_append.typical(client, s.burst_count, s.inflight, s.burst_s,
+                             name="typical-loop", latencies=latencies),
+        s.burst_s * 6 + 30)
+    run.add(Measurement("1 append many in flight 1KiB", TYPICAL, ops=figures["records"],
+                        seconds=figures["seconds"], failed=figures["failed"],
+                        latencies_ms=latencies,
+                        extra={"inflight": s.inflight, "record_bytes": KIB},
+                        note="a task per append, asyncio.wait_for, values built per "
+                             "record: bench_append.typical()"))
 
 
 async def nats_block(run: Run, work: Path, *, sync_always: bool) -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import drivers, report
+from benchmarks import bench_append, drivers, report
 from benchmarks.peers import estream as pe
 from benchmarks.peers.load import run_ops
 from benchmarks.peers.stats import Measurement
@@ -67,7 +67,11 @@ async def _profile_one(run: Run, drv: Any, cluster: Any, out: Path, mode: str) -
     spies = [py_spy(pid, paths[who], PROFILE_S, "flamegraph") for who, pid in targets.items()]
     spies += [py_spy(pid, raws[who], PROFILE_S, "raw") for who, pid in targets.items()]
     m = Measurement(f"profile {mode}", ESTREAM, note="under py-spy (slower than unprofiled)")
-    if mode == "read":
+    if mode == "typical":
+        figures = await bench_append.typical(drv.client, 10_000_000, run.scale.inflight,
+                                             PROFILE_S, name=f"profile{mode}loop")
+        m.ops, m.seconds = figures["records"], figures["seconds"]
+    elif mode == "read":
         t0 = time.perf_counter()
         m.ops = await drv.catch_up(log, min(run.scale.read_count, PROFILE_READ_RECORDS),
                                    PROFILE_S)
@@ -93,6 +97,8 @@ def profile_modes(run: Run) -> list[str]:
     modes = []
     if any(t.startswith("appends many in flight") for t in missed):
         modes.append("burst")
+    if any(t.startswith("typical loop") for t in missed):
+        modes.append("typical")
     if any(t.startswith("one in flight") for t in missed):
         modes.append("one")
     if any(t.startswith("catch-up") for t in missed):

@@ -86,3 +86,20 @@ def test_targets_compare_best_variant_with_best_variant() -> None:
     est, peer, verdict = found["appends many in flight 1KiB >= 3x NATS R3 sync always"]
     assert "append_batch" in est and "publish_async" in peer
     assert verdict.startswith("met (ratio 3.17)")
+
+
+def test_typical_loop_target_is_its_own_row_beside_nats_per_record_row() -> None:
+    sc = "1 append many in flight 1KiB"
+    rows = [_row(sc, "estream R3", rate=95_000.0),
+            _row(sc, f"estream R3 {report.TYPICAL_LOOP}", rate=55_000.0),
+            _row(sc, report.NATS, rate=30_000.0),
+            _row(sc, f"{report.NATS} (publish_async)", rate=60_000.0)]
+    target = "typical loop >= 2x NATS R3 sync always"
+    found = {t: (e, p, v) for t, e, p, v in report.targets(rows)}
+    est, peer, verdict = found[target]
+    assert "typical loop" in est and "publish_async" not in peer
+    assert verdict == "MISSED (ratio 1.83)"
+    rows[1]["rate"] = 61_000.0
+    assert {t: v for t, _, _, v in report.targets(rows)}[target] == "met (ratio 2.03)"
+    verdicts = {t: v for t, _, _, v in report.targets(rows[:1] + rows[2:])}
+    assert verdicts[target] == "pending"
