@@ -1,7 +1,7 @@
 """The pysyncobj adapter: replicates catalog commands with Raft and bridges to asyncio.
 
-This module and `pd/shell/journal.py` (its journal) are the only ones that know pysyncobj.
-What they add to pysyncobj 0.3.17:
+This module, `pd/shell/journal.py` (its journal) and `pd/shell/raftwire.py` (its messages'
+encoding) are the only ones that know pysyncobj. What they add to pysyncobj 0.3.17:
 
 - **A durable, checksummed log, with group commit.** pysyncobj's own file journal has no
   checksum and is never synced (its issue #84); here the journal is
@@ -34,7 +34,12 @@ What they add to pysyncobj 0.3.17:
   renamed; they keep the journal bounded (``logCompactionMinEntries``). A damaged
   snapshot stops the node at start (pysyncobj would log it and start without it).
 - **Fast commits.** ``appendEntriesUseBatch=False``: a proposal is sent at once instead of on
-  the next 100 ms tick (pysyncobj batches appends per tick otherwise).
+  the next 100 ms tick (pysyncobj batches appends per tick otherwise). A tick that commits
+  proposals (and has nothing to sync and no new entries to send) sends the new commit
+  index to the followers only after the proposals' tasks ran (:meth:`_CatalogSyncObj.
+  _onTick`): the answers do not wait for those messages (a later tick would send them
+  anyway: every tick first flushes what is left). Every message is sealed with AES-GCM
+  (:mod:`pd.shell.raftwire`), not pickled, compressed and Fernet-encrypted as pysyncobj does.
 - **Raft on the event loop.** pysyncobj's tick runs on the PD's asyncio loop
   (``autoTick=False``): :class:`_LoopPoller` makes its sockets the loop's readers and
   writers, a tick runs every ``autoTickPeriod`` and in the loop iteration after a socket
@@ -63,10 +68,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import io
 import logging
 import os
-import pickle
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +79,8 @@ from typing import Any, Final
 
 import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _syncobj_module
+import pysyncobj.tcp_server as _pysyncobj_tcp_server
+import pysyncobj.transport as _pysyncobj_transport
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 from pysyncobj.transport import TCPTransport
@@ -85,6 +90,7 @@ from pd.catalog import Catalog, CatalogView, Result
 from pd.commands import Command, decode_command, encode_command
 from pd.metrics import Histogram
 from pd.shell.journal import ChecksummedJournal, decode_checked, encode_checked
+from pd.shell.raftwire import RaftCipher, RaftConnection, primitive_loads
 
 log = logging.getLogger(__name__)
 
@@ -123,31 +129,15 @@ def _create_poller(poller_type: str) -> Any:
 
 _syncobj_module.createPoller = _create_poller
 
-# pysyncobj unpickles every message from its Raft port (and every journal entry). Without
-# the optional `cryptography` package there is no password, and an unrestricted unpickler
-# would let anyone who reaches the port run code. Its messages hold only primitives (bytes
-# pickled by protocol 2 go through `_codecs.encode`), so no other global is allowed.
-_PICKLE_GLOBALS_ALLOWED: Final = frozenset({
-    (module, name)
-    for module in ("_codecs", "builtins", "__builtin__")  # protocol 2 names Python 2's
-    for name in ("encode", "set", "frozenset", "bytearray")
-    if (module == "_codecs") == (name == "encode")
-})
+# pysyncobj unpickles its journal's commands (and, in its own transport, every message):
+# only primitives (pd.shell.raftwire.primitive_loads), never code.
+_pysyncobj_pickle.loads = primitive_loads
 
-
-class _PrimitiveUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in _PICKLE_GLOBALS_ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to unpickle global {module}.{name}")
-        return super().find_class(module, name)
-
-
-def _primitive_loads(data: bytes | str) -> Any:
-    raw = data if isinstance(data, bytes) else data.encode("utf-8")
-    return _PrimitiveUnpickler(io.BytesIO(raw)).load()
-
-
-_pysyncobj_pickle.loads = _primitive_loads
+# Every Raft connection of this process encodes its messages as pd.shell.raftwire says
+# (AES-GCM, no zlib for small messages), and a password gives its keys.
+_pysyncobj_transport.TcpConnection = RaftConnection
+_pysyncobj_tcp_server.TcpConnection = RaftConnection
+_syncobj_module.getEncryptor = RaftCipher
 
 
 Outgoing = tuple[Any, dict[str, Any]]  # (pysyncobj node, message)
@@ -393,6 +383,7 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._send_direct: Any = None
         self._ack_cap: tuple[Any, int] | None = None  # (node, highest next_node_idx)
         self._failure_logged = False
+        self.answered = False  # a proposal's callback ran in this tick (see _onTick)
         self._tick_soon_pending = False
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -484,9 +475,24 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
                 return  # the tick runs once the leader's entries are durable
             super()._onTick(0.0)
         finally:
-            self._deferring = False
-            if self._sync_running is None:
-                self._flush_outbox()
+            answered, self.answered = self.answered, False
+            journal = self._SyncObj__raftLog
+            if (answered and self._sync_running is None and self._outbox
+                    and not (isinstance(journal, ChecksummedJournal) and journal.dirty)
+                    and not any(m.get("entries") for _, m in self._outbox)):
+                # Answers first: the proposals this tick committed resume in the loop's
+                # next callbacks, before this flush (commit indexes only: nothing to
+                # sync, no new entries; a tick first flushes what is left anyway).
+                self.loop.call_soon(self._flush_after_answers)
+            else:
+                self._deferring = False
+                if self._sync_running is None:
+                    self._flush_outbox()
+
+    def _flush_after_answers(self) -> None:
+        self._deferring = False
+        if not self._closed and self._sync_running is None:
+            self._flush_outbox()
 
     # pysyncobj registers its bound ``__onMessageReceived`` with the transport; the
     # mangled name resolves to this override (on the loop thread).
@@ -754,18 +760,20 @@ class RaftNode:
         future: asyncio.Future[Any] = obj.loop.create_future()
 
         def done(result: Any, error: int) -> None:  # on the loop thread (a tick)
+            obj.answered = True
             _resolve(future, result, error)
 
         started = time.perf_counter()
         self.proposals += 1
         obj.apply_command(encode_command(command), callback=done)
         obj.tick_soon()  # appended and sent on this thread, in the next loop iteration
+        # Not asyncio.wait_for (one more loop callback between the commit and this task).
+        timer = obj.loop.call_later(self.propose_timeout_s, _expire, future,
+                                    self.propose_timeout_s)
         try:
-            result = await asyncio.wait_for(future, self.propose_timeout_s)
-        except TimeoutError:
-            raise Timeout(
-                f"no commit within {self.propose_timeout_s}s (outcome unknown; no majority?)"
-            ) from None
+            result = await future
+        finally:
+            timer.cancel()
         self.commit_seconds.observe(time.perf_counter() - started)
         if isinstance(result, EstreamError):
             raise result
@@ -806,6 +814,12 @@ class RaftNode:
             obj.destroy()  # autoTick off: destroys at once (transport, journal)
         finally:
             obj.close_poller()
+
+
+def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(Timeout(
+            f"no commit within {timeout_s}s (outcome unknown; no majority?)"))
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: int) -> None:

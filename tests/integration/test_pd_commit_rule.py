@@ -22,6 +22,7 @@ from estream.wire.meta import StreamMeta
 from pd.commands import CreateStream, RegisterServer
 from pd.shell.journal import ChecksummedJournal
 from pd.shell.raft import RaftNode
+from pd.shell.raftwire import RaftConnection
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +33,11 @@ def _journal(node: RaftNode) -> ChecksummedJournal:
     return journal
 
 
-def _start(addresses: list[str], root: Path) -> list[RaftNode]:
+def _start(addresses: list[str], root: Path, password: str | None = None) -> list[RaftNode]:
     nodes = []
     for i, address in enumerate(addresses):
         node = RaftNode(address, [a for a in addresses if a != address], root / f"n{i}",
-                        password=None, propose_timeout_s=3.0)
+                        password=password, propose_timeout_s=3.0)
         node.start()
         nodes.append(node)
     return nodes
@@ -138,6 +139,45 @@ async def test_an_acknowledged_command_is_synced_on_the_leader_and_a_follower(
     assert all(name in leader.view().streams for name in (f"s{i}" for i in range(30)))
     assert any(overlapped), "the leader's sync never overlapped its followers' receipt"
     assert term[0] and _pinned_leader_term(leader) == term  # still the leader, same term
+
+
+async def test_the_answer_leaves_before_the_commit_index_and_followers_still_learn_it(
+        tmp_path: Path) -> None:
+    """With a password (pd/shell/raftwire.py on every connection): the leader answers a
+    proposal before it tells its followers the new commit index (the answer does not wait
+    for those messages), and the followers still learn every commit without another
+    proposal."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes = _start(addresses, tmp_path, password="the-cluster-secret")
+    try:
+        leader = await _leader(nodes)
+        followers = [n for n in nodes if n is not leader]
+        _pin(leader, followers)
+        await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        sent: list[int] = []  # commit indexes the leader sent
+        real_send = leader._sync._send_direct
+
+        def send(node: object, message: dict[str, object]) -> object:
+            if message.get("type") == "append_entries":
+                sent.append(int(message["commit_index"]))  # type: ignore[call-overload]
+            return real_send(node, message)
+
+        leader._sync._send_direct = send
+        answered_first = 0
+        for i in range(20):
+            await leader.propose(_create(i))
+            index = leader._sync.raftCommitIndex
+            answered_first += not any(c >= index for c in sent)
+            await _until(lambda at=index: all(f._sync.raftLastApplied >= at for f in followers),
+                         5.0)
+        assert answered_first > 0, "every answer waited for the commit index to be sent"
+        assert all(f"s{i}" in f.view().streams for f in followers for i in range(20))
+        transport = leader._sync._SyncObj__transport
+        assert all(isinstance(c, RaftConnection) and c._sent > 0
+                   for c in transport._connections.values())
+    finally:
+        for node in nodes:
+            await asyncio.to_thread(node.close)
 
 
 @pytest.mark.parametrize("small_batches", [False, True])

@@ -1,0 +1,199 @@
+"""The Raft port's message encoding: pysyncobj's TCP connection, authenticated and
+encrypted with AES-256-GCM instead of its zlib + Fernet.
+
+pysyncobj 0.3.17 sends every message as ``zlib.compress(pickle)`` (level 3) encrypted with
+Fernet (AES-CBC, HMAC-SHA256 and base64, with a key derived from ``--password``); each
+message a commit waits for (the leader's entries, a follower's acknowledgement) paid that
+several times over, sending and receiving. :class:`RaftConnection` (every connection
+pysyncobj opens or accepts in this process) replaces only the encoding of a message; the
+handshake is pysyncobj's: each side of a new connection sends the other a random 32-byte
+key (the key its peer sends it messages under), then the connecting side sends its Raft
+address.
+
+A frame is a 4-byte length (native order, as pysyncobj's) and a body whose first byte is
+its kind:
+
+- ``KIND_PLAIN`` (no password): the message;
+- ``KIND_HELLO``: a direction's first message, before its session key exists (the
+  handshake's random key): a random 12-byte nonce, then the message sealed with AES-GCM
+  under the *master key*, PBKDF2-HMAC-SHA256 of the password (100,000 iterations, as
+  pysyncobj's);
+- ``KIND_SESSION``: every later message, sealed under the direction's *session key*,
+  HMAC-SHA256(master key, the receiver's random key), with the message's number on that
+  direction as the nonce (not sent: both sides count). A fresh random key per connection
+  and direction makes every (key, nonce) pair unique; a message replayed, reordered,
+  dropped or moved to another connection fails authentication and the receiver drops the
+  connection, as it does on anything it cannot decode.
+
+A message is one flags byte (bit 0: zlib-compressed, only for messages of at least
+:data:`compress_at` bytes where that helps) and its pickle (protocol 5), unpickled with
+:func:`primitive_loads` (primitives only) even when authenticated. The kind byte is
+authenticated too (AES-GCM's associated data).
+
+Nodes of other versions cannot join: pysyncobj's own encoding and this one do not
+understand each other (every PD node must run a version with the same encoding; upgrade
+them together).
+
+Side effects: none beyond pysyncobj's sockets (installing :class:`RaftConnection` replaces
+pysyncobj's module-level names; :mod:`pd.shell.raft` does it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import os
+import pickle
+import struct
+import zlib
+from typing import Any, Final
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from pysyncobj.tcp_connection import TcpConnection
+
+KIND_PLAIN: Final = 0
+KIND_HELLO: Final = 1
+KIND_SESSION: Final = 2
+_HELLO_AD: Final = bytes([KIND_HELLO])
+_SESSION_AD: Final = bytes([KIND_SESSION])
+_FLAG_ZLIB: Final = 1
+compress_at: Final = 64 * 1024  # smaller messages go as they are (zlib costs more than it saves)
+_SALT: Final = b"estream-pd-raft-v2"
+_SESSION_LABEL: Final = b"estream-pd-raft-session"
+_LENGTH: Final = struct.Struct("i")  # pysyncobj's frame prefix
+
+# Raft messages hold only primitives (pysyncobj's dicts, lists, tuples, bytes and strings);
+# pickle protocol 2 (pysyncobj's journal commands) names bytes by `_codecs.encode`.
+_PICKLE_GLOBALS_ALLOWED: Final = frozenset({
+    (module, name)
+    for module in ("_codecs", "builtins", "__builtin__")  # protocol 2 names Python 2's
+    for name in ("encode", "set", "frozenset", "bytearray")
+    if (module == "_codecs") == (name == "encode")
+})
+
+
+class _PrimitiveUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _PICKLE_GLOBALS_ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to unpickle global {module}.{name}")
+        return super().find_class(module, name)
+
+
+def primitive_loads(data: bytes | bytearray | memoryview | str) -> Any:
+    """``pickle.loads`` refusing every global but the few primitives Raft messages use:
+    an unrestricted unpickler would run code chosen by anyone who reaches the port."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    return _PrimitiveUnpickler(io.BytesIO(raw)).load()
+
+
+class RaftCipher:
+    """The keys of one password: the master key (first messages) and, per random key a
+    connection's receiver chose, a session key. pysyncobj calls it as its
+    ``getEncryptor`` and hands it to every connection as ``encryptor``."""
+
+    def __init__(self, password: str | bytes) -> None:
+        secret = password.encode("utf-8") if isinstance(password, str) else password
+        self._master_key = hashlib.pbkdf2_hmac("sha256", secret, _SALT, 100_000, 32)
+        self.master = AESGCM(self._master_key)
+
+    def session(self, rand_key: bytes) -> AESGCM:
+        if not isinstance(rand_key, bytes) or len(rand_key) < 16:
+            raise ValueError("a session needs the peer's random key")
+        return AESGCM(hmac.digest(self._master_key, _SESSION_LABEL + rand_key, "sha256"))
+
+
+def _nonce(number: int) -> bytes:
+    return number.to_bytes(12, "little")
+
+
+class RaftConnection(TcpConnection):  # type: ignore[misc]
+    """pysyncobj's connection with the encoding above (see the module docstring).
+    ``sendRandKey`` / ``recvRandKey`` (pysyncobj's handshake keys) select the session
+    keys; a new handshake (a reconnection) starts both directions' counts afresh."""
+
+    _TcpConnection__readBuffer: bytes  # pysyncobj's buffers (name-mangled)
+    _TcpConnection__writeBuffer: bytes
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._send_for: bytes | None = None
+        self._send_aead: AESGCM | None = None
+        self._sent = 0
+        self._recv_for: bytes | None = None
+        self._recv_aead: AESGCM | None = None
+        self._received = 0
+        super().__init__(*args, **kwargs)
+
+    def send(self, message: Any) -> None:
+        body = self.seal(message)
+        self._TcpConnection__writeBuffer += _LENGTH.pack(len(body)) + body
+        self._TcpConnection__trySendBuffer()
+
+    def seal(self, message: Any) -> bytes:
+        """One message's frame body (without the length prefix)."""
+        inner = pickle.dumps(message, 5)
+        flags = 0
+        if len(inner) >= compress_at:
+            packed = zlib.compress(inner, 3)
+            if len(packed) < len(inner):
+                inner, flags = packed, _FLAG_ZLIB
+        plain = bytes([flags]) + inner
+        cipher: RaftCipher | None = self.encryptor
+        if cipher is None:
+            return bytes([KIND_PLAIN]) + plain
+        key = self.sendRandKey
+        if not key:
+            nonce = os.urandom(12)
+            return _HELLO_AD + nonce + cipher.master.encrypt(nonce, plain, _HELLO_AD)
+        if key != self._send_for or self._send_aead is None:
+            self._send_for, self._send_aead, self._sent = key, cipher.session(key), 0
+        nonce = _nonce(self._sent)
+        self._sent += 1
+        return _SESSION_AD + self._send_aead.encrypt(nonce, plain, _SESSION_AD)
+
+    def open(self, body: bytes) -> Any:
+        """The message in a frame body; raises on anything not sealed as expected."""
+        if not body:
+            raise ValueError("an empty frame")
+        kind = body[0]
+        cipher: RaftCipher | None = self.encryptor
+        if cipher is None:
+            if kind != KIND_PLAIN:
+                raise ValueError("an encrypted message, and no password")
+            plain = memoryview(body)[1:]
+        elif kind == KIND_HELLO and not self.recvRandKey:
+            plain = memoryview(cipher.master.decrypt(body[1:13], body[13:], _HELLO_AD))
+        elif kind == KIND_SESSION and self.recvRandKey:
+            key = self.recvRandKey
+            if key != self._recv_for or self._recv_aead is None:
+                self._recv_for, self._recv_aead, self._received = key, cipher.session(key), 0
+            plain = memoryview(self._recv_aead.decrypt(
+                _nonce(self._received), body[1:], _SESSION_AD))
+            self._received += 1
+        else:
+            raise ValueError(f"a message of kind {kind} is not expected now")
+        flags = plain[0]
+        if flags == _FLAG_ZLIB:
+            return primitive_loads(zlib.decompress(plain[1:]))
+        if flags:
+            raise ValueError(f"unknown message flags {flags}")
+        return primitive_loads(plain[1:])
+
+    # pysyncobj's reader calls this (name-mangled) for each complete frame in its buffer.
+    def _TcpConnection__processParseMessage(self) -> Any:  # noqa: N802
+        buffer = self._TcpConnection__readBuffer
+        if len(buffer) < 4:
+            return None
+        (size,) = _LENGTH.unpack_from(buffer)
+        if len(buffer) - 4 < size:
+            return None
+        body = buffer[4:4 + size]
+        try:
+            if size < 0:
+                raise ValueError("a negative frame length")
+            message = self.open(body)
+        except Exception:  # forged, damaged, replayed or foreign: drop the connection
+            self.disconnect()
+            return None
+        self._TcpConnection__readBuffer = buffer[4 + size:]
+        return message

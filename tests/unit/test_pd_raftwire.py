@@ -1,0 +1,122 @@
+"""The Raft port's encoding (pd/shell/raftwire.py): pysyncobj's handshake over AES-GCM
+session keys; forged, replayed, reordered or foreign messages are refused."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+from cryptography.exceptions import InvalidTag
+
+from pd.shell.raftwire import (
+    KIND_HELLO,
+    KIND_PLAIN,
+    KIND_SESSION,
+    RaftCipher,
+    RaftConnection,
+    compress_at,
+)
+
+REFUSED = (InvalidTag, ValueError)
+CIPHER = RaftCipher("the-cluster-secret")  # one PBKDF2 for the module
+
+
+def _conn(cipher: RaftCipher | None = CIPHER) -> RaftConnection:
+    conn = RaftConnection(None)  # no socket: seal and open only
+    conn.encryptor = cipher
+    return conn
+
+
+def _handshake() -> tuple[RaftConnection, RaftConnection]:
+    """pysyncobj's handshake, message by message: the connecting side sends its random
+    key, the accepting side answers with its own, the connecting side its address."""
+    out, inc = _conn(), _conn()
+    out.recvRandKey = os.urandom(32)
+    hello = out.seal(out.recvRandKey)
+    assert hello[0] == KIND_HELLO
+    inc.sendRandKey = inc.open(hello)
+    inc.recvRandKey = os.urandom(32)
+    answer = inc.seal(inc.recvRandKey)
+    assert answer[0] == KIND_SESSION
+    out.sendRandKey = out.open(answer)
+    assert inc.open(out.seal("127.0.0.1:4000")) == "127.0.0.1:4000"
+    return out, inc
+
+
+def test_messages_go_both_ways_after_the_handshake() -> None:
+    out, inc = _handshake()
+    message = {"type": "append_entries", "term": 3, "commit_index": 9,
+               "entries": [(b"\x01cmd", 10, 3)], "prevLogIdx": 9, "prevLogTerm": 3}
+    for _ in range(3):
+        assert inc.open(out.seal(message)) == message
+        assert out.open(inc.seal({"type": "next_node_idx", "next_node_idx": 11})) == {
+            "type": "next_node_idx", "next_node_idx": 11}
+
+
+def test_a_replayed_reordered_or_altered_message_is_refused() -> None:
+    out, inc = _handshake()
+    first, second = out.seal({"n": 1}), out.seal({"n": 2})
+    with pytest.raises(REFUSED):
+        inc.open(second)  # before the first
+    assert inc.open(first) == {"n": 1}
+    with pytest.raises(REFUSED):
+        inc.open(first)  # again
+    assert inc.open(second) == {"n": 2}
+    third = bytearray(out.seal({"n": 3}))
+    third[-1] ^= 1
+    with pytest.raises(REFUSED):
+        inc.open(bytes(third))
+
+
+def test_a_message_of_another_connection_is_refused() -> None:
+    out, _ = _handshake()
+    _, other = _handshake()
+    with pytest.raises(REFUSED):
+        other.open(out.seal({"n": 1}))
+
+
+def test_another_password_or_no_password_is_refused() -> None:
+    out = _conn()
+    out.recvRandKey = os.urandom(32)
+    hello = out.seal(out.recvRandKey)
+    with pytest.raises(REFUSED):
+        _conn(RaftCipher("another-secret")).open(hello)
+    with pytest.raises(REFUSED):
+        _conn(None).open(hello)
+    plain = _conn(None).seal({"n": 1})
+    assert plain[0] == KIND_PLAIN and _conn(None).open(plain) == {"n": 1}
+    with pytest.raises(REFUSED):
+        _conn().open(plain)  # a password: no unencrypted message
+
+
+def test_each_kind_only_when_expected() -> None:
+    out, inc = _handshake()
+    hello = _conn().seal(b"k" * 32)  # a first message, once the session exists
+    with pytest.raises(ValueError, match="not expected"):
+        inc.open(hello)
+    fresh = _conn()
+    with pytest.raises(ValueError, match="not expected"):
+        fresh.open(out.seal({"n": 1}))  # a session message before the handshake
+
+
+def test_large_messages_are_compressed_small_ones_not() -> None:
+    out, inc = _handshake()
+    big = {"type": "append_entries", "entries": [(b"x" * compress_at, 1, 1)]}
+    sealed = out.seal(big)
+    assert len(sealed) < compress_at // 10
+    assert inc.open(sealed) == big
+    small = {"type": "next_node_idx", "next_node_idx": 5}
+    assert len(out.seal(small)) > len(pickle.dumps(small, 5))  # as is, plus the tag
+
+
+def test_an_authenticated_message_still_unpickles_primitives_only() -> None:
+    out, inc = _handshake()
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (print, ("owned",))
+
+    sealed = out.seal({"type": "append_entries", "entries": [Evil()]})
+    with pytest.raises(pickle.UnpicklingError):
+        inc.open(sealed)
