@@ -774,7 +774,7 @@ class Offloader:
             self._count(DAMAGE_CHECKS, result="damaged")
             self._lost(key, plan.lost)
             if plan.demote:
-                await self._demote(key, plan.demote, alive)
+                await self._demote(key, plan.demote, alive, set(held))
         finally:
             self.busy.difference_update(held)
 
@@ -819,8 +819,9 @@ class Offloader:
                 self._count(DAMAGE_LOST)
 
     async def _demote(self, key: str, members: tuple[PackMember, ...],
-                      alive: Collection[str]) -> None:
-        """``object_damaged`` for ``members``, then their upload from the replicas."""
+                      alive: Collection[str], held: Collection[RangeKey]) -> None:
+        """``object_damaged`` for ``members``, then the upload from the replicas of those
+        this check ``held`` (a range another task holds is uploaded by the next round)."""
         try:
             await self.service.raft.propose(ObjectDamaged(key, members))
         except EstreamError as exc:  # checked again at the next report or release
@@ -837,7 +838,8 @@ class Offloader:
             stream = view.streams.get(m.name)
             rng = stream.range_at(m.range_index) if stream is not None else None
             if stream is None or stream.id != m.stream_id or rng is None or (
-                    rng.tier != "local" or not rng.replicas):
+                    rng.tier != "local" or not rng.replicas) or (
+                    (m.stream_id, m.range_index) not in held):
                 continue
             self.committed_since.pop((m.stream_id, m.range_index), None)  # (retention anew)
             live = tuple(r for r in rng.replicas if r.id in alive)
