@@ -755,6 +755,8 @@ class Offloader:
         local tier (``object_damaged``) and uploaded again at once, lost ones logged."""
         ranges = ranges_naming(self.service.view().streams.values(), key,
                                self.service.view().object_refs.get(key, ()))
+        if not ranges:
+            return  # no range names it any more (trimmed, moved on): nothing to check
         keys = [(s.id, r.index) for s, r in ranges]
         held = [k for k in keys if k not in self.busy]
         self.busy.update(held)
@@ -797,15 +799,29 @@ class Offloader:
             except _DAMAGE:
                 damaged[rk] = True
             except ObjectStoreError as exc:
-                if not exc.fields.get("not_found"):
+                if exc.fields.get("not_found"):
+                    damaged[rk] = missing = True  # the whole object is gone
+                elif await self._shorter_than(key, rng.object_part):
+                    damaged[rk] = True  # cut short: the part's bytes are not all there
+                else:
                     log.warning("checking object %s: the store failed (%s); tried again "
                                 "at the next report or release", key, exc)
                     return None
-                damaged[rk] = missing = True  # the whole object is gone
             except EstreamError as exc:
                 log.warning("checking object %s failed (%s); tried again later", key, exc)
                 return None
         return damaged
+
+    async def _shorter_than(self, key: str, part: ObjectPart | None) -> bool:
+        """Whether the object ``key`` ends before ``part`` does (a truncated object
+        fails its ranged GET like an outage would); False when that is unknown."""
+        if part is None:
+            return False  # (a version-1 object's check compares its size already)
+        try:
+            size = await self._store("head", self.store.head(key), stage="check")
+        except EstreamError:
+            return False
+        return size < max(part.data_end, part.index_end)
 
     def _lost(self, key: str, lost: tuple[RangeKey, ...]) -> None:
         for rk in lost:

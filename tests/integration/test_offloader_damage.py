@@ -10,6 +10,7 @@ and ``file://`` store, scripted range servers and Raft):
   unreferenced, is deleted;
 - a damaged object whose replicas are released: the range keeps its key, counted lost
   once;
+- a truncated object (its ranged GETs fail as in an outage) is damage, by its size;
 - the metrics pass ``promtool check metrics``.
 """
 
@@ -122,3 +123,13 @@ async def test_damage_metrics_pass_promtool(rig: Rig) -> None:
     checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                              timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+async def test_a_truncated_object_is_damage_not_an_outage(rig: Rig) -> None:
+    key = await offloaded(rig)
+    path = rig.root / key
+    path.write_bytes(path.read_bytes()[:100])  # its part's index is past the end now
+    assert report(rig, key) == "queued"
+    await rig.round_at(100)
+    assert counter(rig, "estream_object_damage_checks_total", result="damaged") == 1
+    assert rig.range0().object_key not in (None, key)
