@@ -306,11 +306,13 @@ class RangeWriter:
 
         An empty writer always accepts, so one oversized append cannot wait forever.
         """
-        if self.inflight_bytes == 0:
+        inflight = self._batch_bytes + self._pending_bytes  # inflight_bytes, inline
+        if inflight == 0:
             return True
+        config = self.config
         return (
-            self.inflight_bytes + nbytes <= self.config.inflight_bytes_max
-            and len(self._batches) < self.config.inflight_batches_max
+            inflight + nbytes <= config.inflight_bytes_max
+            and len(self._batches) < config.inflight_batches_max
         )
 
     def idle(self) -> bool:
@@ -373,9 +375,30 @@ class RangeWriter:
         """
         if self.error is not None:
             raise self.error
-        effects: list[Effect] = []
-        self._take(encode_record_head(value, headers, timestamp), value, timestamp, now_ms,
-                   sequence, effects)
+        head = encode_record_head(value, headers, timestamp)
+        count = self._pending_count
+        if count and not self.producer_id and count + 1 < limits.batch_records_max:
+            # The common case, inline: the record joins a pending batch with room for it
+            # (what _take does, without its cuts).
+            size = len(head) + len(value)
+            pending_bytes = self._pending_bytes + size
+            batch_bytes = self.config.batch_bytes
+            if pending_bytes <= batch_bytes:
+                pending = self._pending
+                pending.append(head)
+                pending.append(value)
+                self._pending_count = count + 1
+                self._pending_bytes = pending_bytes
+                self.next_offset += 1
+                if timestamp > self._pending_max_ts:
+                    self._pending_max_ts = timestamp
+                if pending_bytes < batch_bytes and (hold_idle or self._unacked_sent()):
+                    return None
+                effects: list[Effect] = []
+                self._cut(now_ms, effects)
+                return effects
+        effects = []
+        self._take(head, value, timestamp, now_ms, sequence, effects)
         if not hold_idle:
             self._cut_if_due(now_ms, effects)
         elif self._pending_bytes >= self.config.batch_bytes:

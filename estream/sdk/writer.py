@@ -99,7 +99,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, StreamMeta
-from estream.wire.record import DIGESTS, Record, decode_system
+from estream.wire.record import DIGESTS, RECORD_PREFIX_BYTES, Record, decode_system
 
 if TYPE_CHECKING:
     from estream.sdk.client import Client
@@ -116,6 +116,7 @@ walk_window = 8  # a producer's open reads the last batch of this many ranges at
 
 _BYTES_TYPES = (bytes, bytearray, memoryview)
 _value_bytes_max = limits.record_value_bytes_max
+_record_prefix_bytes = RECORD_PREFIX_BYTES
 
 
 def _now_ms() -> int:
@@ -368,6 +369,27 @@ class Writer:
         Errors (:class:`Closed`, :class:`Fenced`, :class:`Timeout`, invalid arguments)
         are raised when it is awaited, as from a coroutine."""
         future = PendingAppend(loop=self._loop)
+        core = self._core
+        if (type(value) is bytes and headers is None and timestamp is None
+                and sequence is None and self.producer is None and not self._queued
+                and self._error is None and not self._closed and core is not None
+                and len(value) <= _value_bytes_max
+                and core.can_accept(_record_prefix_bytes + len(value))):
+            # The common case (what _submit does for it), with fewer calls per record.
+            try:
+                base = core.next_offset
+                now = round(self._loop.time() * 1000)
+                effects = core.submit_one(value, None, int(time.time() * 1000), now,
+                                          hold_idle=True)
+            except Exception as exc:  # noqa: BLE001 - raised where it is awaited
+                future.set_exception(exc)
+                return future
+            self._waiters.append((base + 1, future, now, base))
+            if self._watchdog is None:
+                self._arm_watchdog(now)
+            if effects is not None:
+                self._submitted(core, effects)
+            return future
         try:
             value = self._value(value)
             ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
@@ -418,12 +440,16 @@ class Writer:
         if self._watchdog is None:
             self._arm_watchdog(now)
         if effects is not None:
-            if not self._cut_soon and core.idle_cut_wanted:
-                # Nothing in flight: send at the end of this event-loop turn, with the
-                # appends made in the same turn (tasks woken by one completion).
-                self._cut_soon = True
-                self._loop.call_soon(self._cut_idle)
-            self._run(effects)
+            self._submitted(core, effects)
+
+    def _submitted(self, core: RangeWriter, effects: list[Effect]) -> None:
+        """After an append's record was submitted with effects (or a new linger)."""
+        if not self._cut_soon and core.idle_cut_wanted:
+            # Nothing in flight: send at the end of this event-loop turn, with the
+            # appends made in the same turn (tasks woken by one completion).
+            self._cut_soon = True
+            self._loop.call_soon(self._cut_idle)
+        self._run(effects)
 
     def _cut_idle(self) -> None:
         self._cut_soon = False

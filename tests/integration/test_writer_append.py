@@ -56,3 +56,25 @@ async def test_errors_are_raised_where_the_append_is_awaited(cluster: Cluster) -
         with pytest.raises(estream.Closed):
             await late
         assert [r.value async for r in client.read("errors")] == [b"x", b"y"]
+
+
+async def test_an_append_cancelled_by_wait_for_is_still_stored_in_order(cluster: Cluster) -> None:
+    """A ``wait_for`` that times out cancels the append's future, not its record: it was
+    submitted at the call, so it is stored, in call order, and later appends go on."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("cancelled", replicas=3, ack_count=2)
+        async with await client.open_writer("cancelled") as writer:
+            assert await writer.append(b"first") == 0
+            timed_out = 0
+            for i in range(50):
+                try:
+                    await asyncio.wait_for(writer.append(b"c%02d" % i), 0)
+                except TimeoutError:
+                    timed_out += 1
+            assert timed_out > 0
+            offsets = await asyncio.gather(*(writer.append(b"n%02d" % i) for i in range(50)))
+            assert offsets == list(range(51, 101))
+            assert writer.statistics()["completed"] == 101
+        values = [r.value async for r in client.read("cancelled")]
+        assert values == [b"first"] + [b"c%02d" % i for i in range(50)] + [
+            b"n%02d" % i for i in range(50)]

@@ -467,6 +467,24 @@ def test_hold_idle_sends_the_appends_of_one_turn_as_one_batch() -> None:
     assert len(sends(w.on_tick(6))) == 3
 
 
+def test_hold_idle_cuts_a_batch_once_it_is_full() -> None:
+    """Records joining a pending batch (submit_one's inline path) cut it when it reaches
+    batch_bytes exactly, or before a record that would not fit, as submit does."""
+    size = 16 + 2  # the record prefix and a value "vN"
+    w = make(linger_ms=5, batch_bytes=3 * size)
+    assert w.submit_one(*one(0), 0, hold_idle=True) == []
+    assert w.submit_one(*one(1), 0, hold_idle=True) is None
+    out = sends(w.submit_one(*one(2), 0, hold_idle=True) or [])
+    assert len(out) == 3 and decode_batch(out[0].payload).header.count == 3
+    assert w.inflight_bytes == 72 + 3 * size and out[0].end == 3
+    w = make(linger_ms=5, batch_bytes=3 * size - 1)
+    for i in range(2):
+        w.submit_one(*one(i), 0, hold_idle=True)
+    out = sends(w.submit_one(*one(2), 0, hold_idle=True) or [])
+    assert len(out) == 3 and decode_batch(out[0].payload).header.count == 2
+    assert w.next_offset == 3 and sends(w.on_tick(6))[0].end == 3
+
+
 def confirms(effects: list[Effect]) -> list[SendConfirm]:
     return [e for e in effects if isinstance(e, SendConfirm)]
 
