@@ -7,7 +7,8 @@ identities heartbeating through the real heartbeat loop), then measures:
 
 - committed catalog operations one at a time (p50/p99 commit latency as the client sees
   it): ``create_stream``, and "seal and roll" (``seal_range`` of the open range + the next
-  range placed), each one Raft commit;
+  range placed, passing the stream held as a writer does: PD answers the new ranges only),
+  each one Raft commit;
 - the same with many in flight (ops/s);
 - leader failover: ``kill -9`` of the leader until the next write commits.
 
@@ -95,14 +96,18 @@ async def bench_pd(tmp: Path, ops: int, inflight: int, failovers: int) -> dict[s
                 lambda i: client.create_stream(f"seq-{i}"), ops)
             out["create_inflight"] = await concurrent(
                 lambda i: client.create_stream(f"par-{i}"), ops * 4, inflight)
-            await client.open_writer("seq-0")
-            out["seal_seq"] = await sequential(
-                lambda i: client.seal_range("seq-0", 1, i, (i + 1) * 100), ops)
+            # As a writer rolls: it passes the stream it holds, PD answers the new ranges.
+            known = {"seq-0": await client.open_writer("seq-0")}
+
+            async def seal(name: str, index: int, end: int) -> None:
+                known[name] = await client.seal_range(name, 1, index, end, known=known[name])
+
+            out["seal_seq"] = await sequential(lambda i: seal("seq-0", i, (i + 1) * 100), ops)
             for w in range(inflight):
-                await client.open_writer(f"par-{w}")
+                known[f"par-{w}"] = await client.open_writer(f"par-{w}")
             out["seal_inflight"] = await concurrent(
-                lambda i: client.seal_range(f"par-{i % inflight}", 1, i // inflight,
-                                            (i // inflight + 1) * 10), ops * 4, inflight)
+                lambda i: seal(f"par-{i % inflight}", i // inflight, (i // inflight + 1) * 10),
+                ops * 4, inflight)
             out["failover_s"] = await _pd_failovers(cluster, client, failovers)
             return out
     finally:

@@ -28,6 +28,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from ssl import SSLContext
 from typing import Any, Final
 
@@ -290,14 +291,28 @@ class PDClient:
         await self.call(Opcode.PD_FORGET_SERVER, {"server_id": server_id})
 
     async def seal_range(
-        self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
+        self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
+        *, known: StreamMeta | None = None,
     ) -> StreamMeta:
-        """Seal range ``range_index`` at ``end`` and open the next (avoiding ``exclude``)."""
-        body = await self.call(Opcode.PD_SEAL_RANGE, {
+        """Seal range ``range_index`` at ``end`` and open the next (avoiding ``exclude``).
+
+        ``known``: this stream as the caller last saw it. PD then answers only the ranges
+        from ``range_index`` on, and the ranges before it are taken from ``known`` (as
+        fresh as ``known``); if ``known`` does not hold them all (another stream of that
+        name, or fewer ranges), the stream is read again whole."""
+        header: dict[str, Any] = {
             "name": name, "epoch": epoch, "range_index": range_index, "end": end,
             "exclude": list(exclude),
-        })
-        return StreamMeta.from_dict(body["stream"])
+        }
+        if known is not None:
+            header["ranges_from"] = range_index
+        body = await self.call(Opcode.PD_SEAL_RANGE, header)
+        stream = StreamMeta.from_dict(body["stream"])
+        omitted = body.get("omitted")
+        if known is None or not isinstance(omitted, int):  # a whole stream (or an older PD)
+            return stream
+        merged = with_earlier_ranges(stream, known, range_index, omitted)
+        return merged if merged is not None else await self.describe_stream(name)
 
     async def trim_stream(self, name: str, start_offset: int) -> StreamMeta:
         body = await self.call(Opcode.PD_TRIM_STREAM, {"name": name, "start_offset": start_offset})
@@ -376,3 +391,16 @@ class PDClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,
+                        omitted: int) -> StreamMeta | None:
+    """``tail`` (a stream without its ``omitted`` ranges below index ``ranges_from``) with
+    those ranges taken from ``known``; None if ``known`` is another stream (id) or lacks
+    one of them. Pure."""
+    if known.id != tail.id:
+        return None
+    earlier = tuple(r for r in known.ranges if ranges_from - omitted <= r.index < ranges_from)
+    if len(earlier) != omitted:
+        return None
+    return replace(tail, ranges=earlier + tail.ranges)

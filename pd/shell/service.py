@@ -580,10 +580,13 @@ class PdService:
         return {"stream": (await self.open_writer(require(h, "name", str))).to_dict()}
 
     async def _rpc_seal(self, h: Header) -> Header:
+        ranges_from = optional(h, "ranges_from", int, -1)
         stream = await self.seal_range(
             require(h, "name", str), require(h, "epoch", int), require(h, "range_index", int),
             require(h, "end", int), _str_list(h, "exclude"))
-        return {"stream": stream.to_dict()}
+        if ranges_from < 0:
+            return {"stream": stream.to_dict()}
+        return stream_tail(stream, ranges_from)
 
     async def _rpc_trim(self, h: Header) -> Header:
         stream = await self.trim_stream(require(h, "name", str), require(h, "start_offset", int))
@@ -668,6 +671,16 @@ class PdService:
         await self._decision_view()
         take = self.object_damage
         return {"outcome": take(report) if take is not None else "no_tier"}
+
+
+def stream_tail(stream: StreamMeta, ranges_from: int) -> Header:
+    """A ``PD_SEAL_RANGE`` answer for a client that holds the stream's earlier ranges: the
+    stream with only its ranges from index ``ranges_from`` on, and ``omitted``, how many it
+    has below (the client takes those from what it holds). The answer of a stream with
+    many ranges stays small. Pure."""
+    kept = tuple(r for r in stream.ranges if r.index >= ranges_from)
+    return {"stream": replace(stream, ranges=kept).to_dict(), "ranges_from": ranges_from,
+            "omitted": len(stream.ranges) - len(kept)}
 
 
 def cursor_rows(end: int, cursors: dict[str, int]) -> list[dict[str, Any]]:

@@ -81,9 +81,13 @@ async def test_writes_through_a_follower_and_the_leader(cluster: PdCluster) -> N
             rolled = await via_follower.seal_range("via-follower", 1, 0, 42, exclude=["rs-a"])
             assert [(r.start, r.end) for r in rolled.ranges] == [(0, 42), (42, None)]
             assert "rs-a" not in {r.id for r in rolled.ranges[1].replicas}
+            # passing the stream held: PD answers the new ranges, the earlier come from it
+            again = await via_leader.seal_range("via-follower", 1, 1, 50, known=rolled)
+            assert again == await via_leader.describe_stream("via-follower")
+            assert [(r.start, r.end) for r in again.ranges] == [(0, 42), (42, 50), (50, None)]
             w2 = await via_leader.open_writer("via-follower")
             with pytest.raises(Fenced):
-                await via_follower.seal_range("via-follower", w.epoch, 1, 50)
+                await via_follower.seal_range("via-follower", w.epoch, 2, 60, known=again)
             assert w2.epoch == 2
         for node in cluster.nodes:
             await wait_visible(node.rpc, "via-follower")
