@@ -30,9 +30,11 @@ A message is one flags byte (bit 0: zlib-compressed, only for messages of at lea
 :func:`primitive_loads` (primitives only) even when authenticated. The kind byte is
 authenticated too (AES-GCM's associated data).
 
-Nodes of other versions cannot join: pysyncobj's own encoding and this one do not
-understand each other (every PD node must run a version with the same encoding; upgrade
-them together).
+Every PD node of a cluster must use this encoding: pysyncobj's own (earlier versions of
+PD) and this one do not understand each other, so a node of the other kind is cut off.
+Upgrade one node at a time (a rolling restart): with three nodes, the majority stays
+with the old ones after the first and moves to the new ones with the second (one
+election).
 
 Side effects: none beyond pysyncobj's sockets (installing :class:`RaftConnection` replaces
 pysyncobj's module-level names; :mod:`pd.shell.raft` does it).
