@@ -76,7 +76,8 @@ if TYPE_CHECKING:
     from estream.sdk.client import Client
 
 index_entries_max: Final = 262_144  # cached index entries of all objects (~40 MB at most)
-read_ahead_max: Final = 2  # windows of object reads fetched ahead, pending at once
+read_ahead_windows: Final = 2  # windows a catch-up read keeps fetching ahead of itself
+read_ahead_max: Final = 4  # windows of object reads fetched ahead, pending at once (in all)
 damage_report_interval_s: Final = 30.0  # one report of a damaged object per key and this
 damage_keys_max: Final = 1_024  # keys remembered as reported (the oldest forgotten)
 GET_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -399,6 +400,12 @@ class _Counters:
         self.latency[bisect.bisect_left(GET_BUCKETS_S, seconds)] += 1
         self.latency_sum_s += seconds
 
+    def recount(self, was: str, now: str) -> None:
+        """One request counted ``was`` is ``now`` after all."""
+        if self.by_outcome[was] > 0:
+            self.by_outcome[was] -= 1
+            self.by_outcome[now] += 1
+
     def stats(self) -> ObjectReadStats:
         o = self.by_outcome
         return ObjectReadStats(o["ok"], o["not_found"], o["error"], o["checksum"],
@@ -421,13 +428,16 @@ class ObjectReads:
     :func:`~estream.core.readcursor.object_spans`).
 
     Read-ahead: a read that wants more of the object than one window gets (a catch-up
-    read) starts the GETs of the next window at once, while its caller works through this
-    one; the next read at that offset takes them (at most ``read_ahead_max`` windows
-    pending in all, the oldest cancelled first; a failed one is simply fetched again).
-    :meth:`close` cancels what is pending.
+    read) starts the GETs of the next ``read_ahead_windows`` windows (those not under way
+    yet) before it waits for its own, so that GETs overlap each other and the caller's
+    work on this one; the next read at that offset takes them (at most ``read_ahead_max``
+    windows pending in all, the oldest cancelled first; a failed one is simply fetched
+    again). None goes past the read's ``end``. :meth:`close` cancels what is pending.
 
     Every request has the store's deadline. An object that does not hold what the catalog
-    says (another stream, range or offsets) is :class:`MalformedObject`; a missing one is
+    says (another stream, range or offsets), or is cut short (a GET fails where a HEAD
+    shows the object ends before the bytes its index promises) is
+    :class:`MalformedObject`; a missing one is
     :class:`ObjectStoreError` (``not_found``); a failing index or batch checksum is
     :class:`ChecksumMismatch`. Any of them drops the cached index, the read cursor moves
     on to the range's replicas if it still has any, and ``report`` is told (at most once
@@ -443,6 +453,7 @@ class ObjectReads:
         window_bytes_max: int = object_read_bytes_max,
         part_bytes_max: int = object_part_bytes_max,
         report: DamageReporter | None = None,
+        read_ahead_windows: int = read_ahead_windows,
         clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -452,6 +463,7 @@ class ObjectReads:
         self._reported: OrderedDict[str, float] = OrderedDict()  # key -> when (clock_s)
         self.index_entries_max = index_entries_max
         self.read_ahead_max = read_ahead_max
+        self.read_ahead_windows = read_ahead_windows
         self.window_bytes_max = window_bytes_max  # one read's batches, at most
         self.part_bytes_max = part_bytes_max  # one GET of them (a window's GETs run at once)
         # (object key, part's index start; -1: a whole version-1 object) -> index
@@ -476,19 +488,32 @@ class ObjectReads:
             self.forget(rng)
             self.suspect(stream_id, rng, exc, answered=True)
             raise
+        ahead = self._ahead.pop((key, offset, end), None)  # (once popped, ours alone)
         try:
             spans = self._spans(index, offset, end)
-            payload = await self._taken_ahead((key, offset, end))
+            self._start_ahead(key, index, offset_at(index, spans[-1][1]), end)
+            payload = await self._taken(ahead)
             if payload is None:
                 payload = await self._get(key, spans)
         except EstreamError as exc:
             self.forget(rng)
             self.suspect(stream_id, rng, exc)
             raise
-        after = offset_at(index, spans[-1][1])
-        if after < end:
-            self._read_ahead((key, after, end), self._get(key, self._spans(index, after, end)))
+        finally:
+            if ahead is not None and not ahead.done():
+                ahead.cancel()  # (this read failed or was cancelled before it took it)
         return payload
+
+    def _start_ahead(self, key: str, index: ObjectIndex, after: int, end: int) -> None:
+        """The GETs of the ``read_ahead_windows`` windows from ``after`` on (below
+        ``end``) that are not under way yet."""
+        for _ in range(self.read_ahead_windows):
+            if after >= end:
+                return
+            spans = self._spans(index, after, end)
+            if (key, after, end) not in self._ahead:
+                self._read_ahead((key, after, end), self._get(key, spans))
+            after = offset_at(index, spans[-1][1])
 
     def _spans(self, index: ObjectIndex, offset: int, end: int) -> list[tuple[int, int]]:
         return object_spans(index, offset, end, self.window_bytes_max, self.part_bytes_max)
@@ -497,11 +522,33 @@ class ObjectReads:
         """The spans' bytes, back to back: one GET per span, all at once (not the store's
         ``get_ranges``, which merges adjacent spans back into one request); one span is
         the store's buffer itself, not a copy."""
-        if len(spans) == 1:
-            return await self._timed(self.store.get_range_view(key, *spans[0]))
-        parts = await asyncio.gather(*(self._timed(self.store.get_range(key, lo, hi))
-                                       for lo, hi in spans))
+        try:
+            if len(spans) == 1:
+                return await self._timed(self.store.get_range_view(key, *spans[0]))
+            parts = await asyncio.gather(*(self._timed(self.store.get_range(key, lo, hi))
+                                           for lo, hi in spans))
+        except ObjectStoreError as exc:
+            await self._cut_short(key, spans[-1][1], exc)
+            raise
         return b"".join(parts)
+
+    async def _cut_short(self, key: str, needed: int, exc: ObjectStoreError) -> None:
+        """A ranged GET up to byte ``needed`` failed with ``exc`` (the store answered
+        fewer bytes, or refused a range past the object's end, as it fails when down):
+        when a HEAD says the object ends before ``needed``, it was cut short behind
+        estream's back: raises :class:`MalformedObject` (damage, counted ``checksum``);
+        else (missing, or the size unknown or sufficient) returns."""
+        if exc.fields.get("not_found"):
+            return
+        try:
+            size = await self._timed(self.store.head(key))
+        except EstreamError:
+            return
+        if size >= needed:
+            return
+        self._counters.recount("error", "checksum")
+        raise MalformedObject(f"object {key!r} is {size} bytes: cut short before byte "
+                              f"{needed}, which its index promises", key=key) from exc
 
     async def _timed(self, request: Awaitable[_P]) -> _P:
         """One object-store request, counted by outcome, its bytes and its latency."""
@@ -527,9 +574,8 @@ class ObjectReads:
         reason = damage_reason(exc)
         if reason is None or rng.object_key is None:
             return
-        if answered and self._counters.by_outcome["ok"] > 0:
-            self._counters.by_outcome["ok"] -= 1
-            self._counters.by_outcome["checksum"] += 1
+        if answered:
+            self._counters.recount("ok", "checksum")
         now = self.clock_s()
         last = self._reported.get(rng.object_key)
         if self.report is None or (last is not None
@@ -552,10 +598,9 @@ class ObjectReads:
             _, oldest = self._ahead.popitem(last=False)
             oldest.cancel()
 
-    async def _taken_ahead(self, window: tuple[str, int, int]) -> Payload | None:
-        """The window ``(key, offset, end)`` read ahead, if any and it went well (once
-        popped, nothing else can cancel it)."""
-        task = self._ahead.pop(window, None)
+    async def _taken(self, task: asyncio.Task[Payload] | None) -> Payload | None:
+        """A window read ahead (popped: nothing else can cancel it), if any and it went
+        well."""
         if task is None:
             return None
         try:
@@ -588,7 +633,11 @@ class ObjectReads:
             self._indexes.move_to_end((key, part.index_start))
             return cached
         try:
-            index = await self._timed(read_range_index(self.store, stream_id, rng))
+            try:
+                index = await self._timed(read_range_index(self.store, stream_id, rng))
+            except ObjectStoreError as exc:
+                await self._cut_short(key, max(part.data_end, part.index_end), exc)
+                raise
         except EstreamError as exc:
             self.suspect(stream_id, rng, exc)
             raise

@@ -286,11 +286,12 @@ async def test_catch_up_reads_take_the_window_read_ahead(store: ObjectStore) -> 
     first = await objects.read(STREAM_ID, rng, 0, 100)
     assert len(first) == index.entries[0].length
     key = cast(str, rng.object_key)
-    assert list(objects._ahead) == [(key, 7, 100)]
+    assert objects.read_ahead_windows == 2
+    assert list(objects._ahead) == [(key, 7, 100), (key, 14, 100)]  # the next two windows
     ahead = objects._ahead[(key, 7, 100)]
     second = await objects.read(STREAM_ID, rng, 7, 100)
     assert ahead.done() and second == ahead.result()
-    assert list(objects._ahead) == [(key, 14, 100)]
+    assert list(objects._ahead) == [(key, 14, 100), (key, 21, 100)]
     # a read that ends within its window reads nothing ahead
     await objects.read(STREAM_ID, rng, 14, 21)
     assert (key, 21, 21) not in objects._ahead
@@ -300,6 +301,61 @@ async def test_catch_up_reads_take_the_window_read_ahead(store: ObjectStore) -> 
     client = client_of(meta, ObjectReads(store, window_bytes_max=300, part_bytes_max=100))
     records = [r.offset async for r in read_stream(client, "s")]
     assert records == list(range(250))
+
+
+async def test_a_read_ahead_is_bounded_and_never_past_the_end(store: ObjectStore) -> None:
+    meta = await two_ranges(store)
+    rng = meta.ranges[0]
+    key = cast(str, rng.object_key)
+    objects = ObjectReads(store, window_bytes_max=1, part_bytes_max=1, read_ahead_windows=3,
+                          read_ahead_max=4)
+    await objects.read(STREAM_ID, rng, 0, 21)  # batches at 0, 7, 14: two more, not past 21
+    assert list(objects._ahead) == [(key, 7, 21), (key, 14, 21)]
+    first = dict(objects._ahead)
+    await objects.read(STREAM_ID, rng, 50, 100)  # (the batch at 49): 56, 63, 70 ahead
+    await objects.read(STREAM_ID, rng, 77, 100)  # 84, 91, 98: the oldest cancelled
+    assert list(objects._ahead) == [(key, 70, 100), (key, 84, 100), (key, 91, 100),
+                                    (key, 98, 100)]
+    await asyncio.sleep(0)
+    assert all(task.cancelled() or task.done() for task in first.values())
+    objects.close()
+
+
+async def test_an_object_cut_short_is_damage_not_an_outage(tmp_path: Path) -> None:
+    store = ObjectStore.from_url(f"file://{tmp_path}/objects")
+    meta = await packed(store)
+    reports: list[tuple[int, int, str, str]] = []
+    objects = ObjectReads(store, report=lambda *r: reports.append(r))
+    client = client_of(meta, objects)
+    assert [r.offset async for r in read_stream(client, "s", 0, 100)] == list(range(100))
+    part = meta.ranges[0].object_part
+    assert part is not None
+    path = tmp_path / "objects" / "p/packed.eso"
+    path.write_bytes(path.read_bytes()[: part.data_end - 10])  # range 0's last batch cut
+    got: list[int] = []
+    with pytest.raises(MalformedObject, match="cut short"):
+        async for record in read_stream(client, "s", 0, 100):
+            got.append(record.offset)
+    assert got == [] or got[-1] < 99  # never a short answer taken for records
+    assert reports == [(STREAM_ID, 0, "p/packed.eso", "malformed")]
+    stats = objects.stats()
+    assert stats.gets_checksum >= 1 and stats.gets_error == 0
+    # the same GETs against a store that is down stay an outage: no report
+    down = DownStore.from_url(f"file://{tmp_path}/objects")
+    outage = ObjectReads(down, report=lambda *r: reports.append(r))
+    with pytest.raises(ObjectStoreError):
+        await outage.range_index(STREAM_ID, meta.ranges[1])
+    assert len(reports) == 1 and outage.stats().gets_checksum == 0
+
+
+class DownStore(ObjectStore):
+    """A ``file://`` store whose GETs and HEADs fail as if it were down."""
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        raise ObjectStoreError("connection refused", key=key, not_found=False)
+
+    async def head(self, key: str) -> int:
+        raise ObjectStoreError("connection refused", key=key, not_found=False)
 
 
 async def test_a_window_read_ahead_that_failed_is_fetched_again(store: ObjectStore,
