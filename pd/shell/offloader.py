@@ -3,8 +3,10 @@
 While this node is the Raft leader and has applied everything committed, rounds (the
 decisions are :mod:`pd.offload`'s); between two, a wait (:func:`pd.offload.round_wait_ms`):
 none when a round left due work undone, else until the next upload or release falls due,
-at most ``interval_ms``. In a round, uploads (1) and releases (2) run side by side:
-releases never wait for the uploads' time to run out.
+at most ``interval_ms``; a range sealed during the wait is seen within ``seal_poll_ms``
+(its offload delay runs from then) and ends the wait when its upload falls due. In a
+round, uploads (1) and releases (2) run side by side: releases never wait for the uploads'
+time to run out.
 
 1. **Upload**: first any prepared pack this leader may rebuild (a retry, or a new leader
    finding the record with time left: the same ranges, the same key,
@@ -36,11 +38,11 @@ releases never wait for the uploads' time to run out.
    altered behind estream's back) is never a reason to drop the last copies: it is
    handled as a reader's report is (2b), and the range released once its new object,
    committed ``local_retention`` ago, checks out.
-2b. **Damage** (side by side with 1 and 2, a few objects a round): an object a reader
-   reported (``report_damage``, :class:`pd.objectdamage.DamageInbox`), or the check
-   before a release found, is read back by the leader itself (every range naming it:
-   its part, every batch); :func:`pd.objectdamage.plan_damage` then sends the ranges
-   whose part is damaged and which still list replicas back to "local"
+2b. **Damage** (:mod:`pd.shell.damage`; beside 1 and 2, a few objects a round): an
+   object a reader reported (``report_damage``, :class:`pd.objectdamage.DamageInbox`),
+   or the check before a release found, is read back by the leader itself (every range
+   naming it: its part, every batch); :func:`pd.objectdamage.plan_damage` then sends the
+   ranges whose part is damaged and which still list replicas back to "local"
    (``object_damaged``) and uploads them again at once (a new key; the old one, once
    unreferenced, is deleted by 3); damaged ranges without replicas are logged and
    counted as lost. A store that fails the check leaves everything as it is.
@@ -96,14 +98,13 @@ from estream.wire.errors import (
     ChecksumMismatch,
     Conflict,
     EstreamError,
-    MalformedBatch,
     MalformedObject,
     ObjectStoreError,
     RangeNotFound,
     StreamNotFound,
     Unavailable,
 )
-from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.meta import ObjectPart, ReplicaRef
 from estream.wire.objectformat import (
     FOOTER_BYTES,
     ObjectIndex,
@@ -120,7 +121,6 @@ from pd.commands import (
     CommitPack,
     DropLocalReplicas,
     ExpirePrepared,
-    ObjectDamaged,
     ObjectsDeleted,
     PackMember,
     PreparePack,
@@ -128,11 +128,7 @@ from pd.commands import (
 from pd.compaction import Compaction
 from pd.compaction import plan as plan_compactions
 from pd.metrics import (
-    DAMAGE_CHECKS,
     DAMAGE_HELP,
-    DAMAGE_LOST,
-    DAMAGE_REPAIRED,
-    DAMAGE_REPORTS,
     OBJECT_REQUESTS,
     OBJECTS_COMPACTED,
     OBJECTS_COMPACTED_HELP,
@@ -145,7 +141,7 @@ from pd.metrics import (
     RECLAIMED_BYTES,
     RELEASED_RANGES,
 )
-from pd.objectdamage import DamageInbox, DamageReport, plan_damage, ranges_naming
+from pd.objectdamage import DamageInbox
 from pd.offload import (
     LocalDrop,
     Pending,
@@ -174,6 +170,7 @@ from pd.offload import (
     track,
     uploads_due,
 )
+from pd.shell.damage import DamageChecks
 from pd.shell.rounds import is_leader
 from pd.shell.service import PdService
 
@@ -181,6 +178,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 interval_ms_default: Final = 1_000
+seal_poll_ms: Final = 50  # between rounds, the catalog is looked at this often for seals
+seal_poll_cost_max: Final = 20  # ...or less often: at most 1/20 of the time in those looks
 sweep_interval_ms_default: Final = 60_000
 uploads_per_round_max: Final = 16
 upload_round_ms_max: Final = 10_000  # no upload starts after this long in one round
@@ -194,16 +193,15 @@ compact_interval_ms_default: Final = 60_000
 compact_heads_max: Final = 64  # object sizes learnt (HEAD) per compaction step
 
 _HELP: Final = {**OFFLOAD_HELP, **DAMAGE_HELP}
-_DAMAGE: Final = (MalformedObject, ChecksumMismatch, MalformedBatch)  # a part read back bad
-lost_remembered_max: Final = 4_096  # lost ranges counted once each (then counted again)
 
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Offloader:
-    """Runs offload rounds on the PD leader (see the module docstring)."""
+class Offloader(DamageChecks):
+    """Runs offload rounds on the PD leader (see the module docstring; damaged objects:
+    :class:`pd.shell.damage.DamageChecks`)."""
 
     def __init__(
         self,
@@ -262,7 +260,7 @@ class Offloader:
         try:
             wait_ms = self.interval_ms
             while True:
-                await asyncio.sleep(wait_ms / 1000)
+                await self._wait(wait_ms)
                 wait_ms = self.interval_ms
                 if not is_leader(self.service):
                     self._forget()
@@ -273,6 +271,32 @@ class Offloader:
                     log.exception("offload round failed")
         finally:
             await self.pool.close()
+
+    async def _wait(self, wait_ms: int) -> None:
+        """Sleep ``wait_ms`` before the next round, looking at the catalog every
+        ``seal_poll_ms`` meanwhile (when it changed): a range sealed during the wait is
+        seen then, not at the next round (its offload delay runs from then), and the wait
+        ends when that makes an upload due sooner. Each look costs a pass over the
+        catalog's ranges: the step grows to ``seal_poll_cost_max`` times its cost."""
+        deadline = time.monotonic() + wait_ms / 1000
+        version = self.service.view().version
+        step_s = seal_poll_ms / 1000
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(step_s, left))
+            view = self.service.view()
+            if view.version == version or not self._leading() or (
+                    not self.service.raft.caught_up()):
+                continue
+            version = view.version
+            looked = time.monotonic()
+            now = self.service.clock_ms()
+            self.sealed_since = track(self.sealed_since, sealed_local(
+                view.streams.values()), now)
+            due = next_due_ms(self.sealed_since, self.offload_delay_ms, now,
+                              not_before=self.retry_at)
+            if due is not None:
+                deadline = min(deadline, time.monotonic() + (due - now) / 1000)
+            step_s = max(seal_poll_ms / 1000, (time.monotonic() - looked) * seal_poll_cost_max)
 
     def _forget(self) -> None:
         """Not the leader (or a new term): every clock starts again when leading."""
@@ -719,150 +743,6 @@ class Offloader:
         self._count(RELEASED_RANGES)
         log.info("range %d of stream %r: local replicas released (object %s)",
                  drop.range_index, drop.name, drop.object_key)
-
-    # -- damaged objects (pd/objectdamage.py) -------------------------------------------
-    def report_damage(self, report: DamageReport) -> str:
-        """A reader's report (the leader's RPC handler): queued for a check at the next
-        round, or why not (:meth:`pd.objectdamage.DamageInbox.offer`). Never trusted."""
-        view = self.service.view()
-        named = None
-        for stream in view.streams.values():
-            if stream.id == report.stream_id:
-                rng = stream.range_at(report.range_index)
-                named = rng.object_key if rng is not None and rng.tier == "object" else None
-                break
-        outcome = self.damage.offer(report, named, self.service.clock_ms())
-        self._count(DAMAGE_REPORTS, outcome=outcome)
-        if outcome == "queued":
-            log.info("a reader reports object %s of range %d of stream %d as %s; checking it",
-                     report.object_key, report.range_index, report.stream_id, report.reason)
-        return outcome
-
-    async def _damage_checks(self, alive: Collection[str]) -> bool:
-        """Check the objects readers reported (a few a round). Returns whether some wait."""
-        for report in self.damage.take():
-            if not self._leading():
-                break
-            await self._object_damaged(report.object_key, alive)
-        return len(self.damage) > 0
-
-    async def _object_damaged(self, key: str, alive: Collection[str], *,
-                              known: dict[RangeKey, bool] | None = None,
-                              missing: bool = False) -> None:
-        """Read back the part of every range naming ``key`` (``known``: parts found
-        damaged already; ``missing``: the object is gone, nothing to read), then carry out
-        :func:`pd.objectdamage.plan_damage`: damaged ranges with replicas back to the
-        local tier (``object_damaged``) and uploaded again at once, lost ones logged."""
-        ranges = ranges_naming(self.service.view().streams.values(), key,
-                               self.service.view().object_refs.get(key, ()))
-        if not ranges:
-            return  # no range names it any more (trimmed, moved on): nothing to check
-        keys = [(s.id, r.index) for s, r in ranges]
-        held = [k for k in keys if k not in self.busy]
-        self.busy.update(held)
-        try:
-            damaged = await self._read_back(key, ranges, dict(known or {}), missing)
-            if damaged is None:
-                self._count(DAMAGE_CHECKS, result="inconclusive")
-                return
-            view = self.service.view()  # (afresh: what moved meanwhile is left alone)
-            plan = plan_damage(key, ranges_naming(view.streams.values(), key,
-                                                  view.object_refs.get(key, ())), damaged)
-            self.damage.checked(key, self.service.clock_ms())
-            if not plan.demote and not plan.lost:
-                self._count(DAMAGE_CHECKS, result="sound")
-                log.info("object %s reads back whole: nothing to repair", key)
-                return
-            self._count(DAMAGE_CHECKS, result="damaged")
-            self._lost(key, plan.lost)
-            if plan.demote:
-                await self._demote(key, plan.demote, alive, set(held))
-        finally:
-            self.busy.difference_update(held)
-
-    async def _read_back(self, key: str, ranges: list[tuple[StreamMeta, RangeMeta]],
-                         damaged: dict[RangeKey, bool], missing: bool
-                         ) -> dict[RangeKey, bool] | None:
-        """Each range's part checked (True: damaged); None when the store failed."""
-        for stream, rng in ranges:
-            rk = (stream.id, rng.index)
-            if rk in damaged:
-                continue
-            if missing:
-                damaged[rk] = True
-                continue
-            drop = LocalDrop(stream.name, stream.id, rng.index, key, rng.replicas, rng.start,
-                             rng.end if rng.end is not None else rng.start, rng.object_part)
-            try:
-                await self._check_object(drop)
-                damaged[rk] = False
-            except _DAMAGE:
-                damaged[rk] = True
-            except ObjectStoreError as exc:
-                if exc.fields.get("not_found"):
-                    damaged[rk] = missing = True  # the whole object is gone
-                elif await self._shorter_than(key, rng.object_part):
-                    damaged[rk] = True  # cut short: the part's bytes are not all there
-                else:
-                    log.warning("checking object %s: the store failed (%s); tried again "
-                                "at the next report or release", key, exc)
-                    return None
-            except EstreamError as exc:
-                log.warning("checking object %s failed (%s); tried again later", key, exc)
-                return None
-        return damaged
-
-    async def _shorter_than(self, key: str, part: ObjectPart | None) -> bool:
-        """Whether the object ``key`` ends before ``part`` does (a truncated object
-        fails its ranged GET like an outage would); False when that is unknown."""
-        if part is None:
-            return False  # (a version-1 object's check compares its size already)
-        try:
-            size = await self._store("head", self.store.head(key), stage="check")
-        except EstreamError:
-            return False
-        return size < max(part.data_end, part.index_end)
-
-    def _lost(self, key: str, lost: tuple[RangeKey, ...]) -> None:
-        for rk in lost:
-            log.error("object %s: range %d of stream %d is damaged in it and has no local "
-                      "replica left: unreadable until the object is restored", key, rk[1],
-                      rk[0])
-            if (key, rk) not in self.lost:
-                if len(self.lost) >= lost_remembered_max:
-                    self.lost.clear()
-                self.lost.add((key, rk))
-                self._count(DAMAGE_LOST)
-
-    async def _demote(self, key: str, members: tuple[PackMember, ...],
-                      alive: Collection[str], held: Collection[RangeKey]) -> None:
-        """``object_damaged`` for ``members``, then the upload from the replicas of those
-        this check ``held`` (a range another task holds is uploaded by the next round)."""
-        try:
-            await self.service.raft.propose(ObjectDamaged(key, members))
-        except EstreamError as exc:  # checked again at the next report or release
-            self._count(OFFLOAD_ERRORS, stage="damage")
-            log.warning("moving the damaged ranges of %s back to the local tier failed: %s",
-                        key, exc)
-            return
-        self._count(DAMAGE_REPAIRED, len(members))
-        log.warning("object %s is damaged: %d ranges back in the local tier, uploaded again "
-                    "from their replicas", key, len(members))
-        view = self.service.view()
-        uploads = []
-        for m in members:
-            stream = view.streams.get(m.name)
-            rng = stream.range_at(m.range_index) if stream is not None else None
-            if stream is None or stream.id != m.stream_id or rng is None or (
-                    rng.tier != "local" or not rng.replicas) or (
-                    (m.stream_id, m.range_index) not in held):
-                continue
-            self.committed_since.pop((m.stream_id, m.range_index), None)  # (retention anew)
-            live = tuple(r for r in rng.replicas if r.id in alive)
-            uploads.append(Upload(m.name, m.stream_id, m.range_index, m.start, m.end,
-                                  live + tuple(r for r in rng.replicas if r.id not in alive)))
-        if uploads:
-            await self._offload(uploads)
 
     # -- compaction --------------------------------------------------------------------
     async def _compact(self) -> None:
