@@ -13,7 +13,8 @@ one run:
    (``ObjectStore.put``, obstore, one object at a time, the same part size as the
    offloader's), a ranged-get loop (8 MiB ``get_range`` one after the other, the
    reader's window size), and the same loop in the reader's windows (whole batches up
-   to 8 MiB) verifying every batch's checksum: the limit of any verified read;
+   to 8 MiB, as many GETs under way ahead as the reader keeps: ``READ_AHEAD``)
+   verifying every batch's checksum: the limit of any verified read;
 4. seals every stream at once (a new writer each), and times the offload: from when PD
    may start (the seals plus ``--offload-delay-s``) until every range is "object";
    PUTs per GiB come from PD's ``estream_object_requests_total{op="put"}`` and
@@ -52,6 +53,7 @@ from estream.devcluster.cluster import Cluster, start_cluster
 from estream.devcluster.pd import http_json
 from estream.devcluster.seaweed import SeaweedS3, start_seaweed
 from estream.net.objectstore import ObjectStore, put_part_bytes
+from estream.sdk.reader import read_ahead_windows
 from estream.wire.objectformat import encode_object_parts
 from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 
@@ -60,6 +62,7 @@ GiB = 1024 * MiB
 RECORD_BYTES = 4096
 BATCH_RECORDS = 256  # 1 MiB batches
 WINDOW_BYTES = 8 * MiB  # the SDK's object read window (estream/core/readcursor.py)
+READ_AHEAD = read_ahead_windows  # windows the SDK's catch-up read fetches ahead
 PHASE_TIMEOUT_S = 180.0
 TARGET_OFFLOAD = 0.7
 TARGET_READ = 0.7
@@ -178,16 +181,18 @@ async def raw_get(store: ObjectStore, count: int, size: int) -> float:
 
 async def raw_verified_get(store: ObjectStore, count: int, windows: list[tuple[int, int]]
                            ) -> float:
-    """The objects read in the SDK's windows (whole batches, up to 8 MiB), the next GET
-    under way while every batch of this one is checksum-verified (``verify_batch``): the
-    least any verified read does; returns the seconds."""
+    """The objects read in the SDK's windows (whole batches, up to 8 MiB), the next
+    ``READ_AHEAD`` GETs under way while every batch of this one is checksum-verified
+    (``verify_batch``): the least any verified read does; returns the seconds."""
     started = time.perf_counter()
     gets = [(f"raw/{i}.obj", lo, hi) for i in range(count) for lo, hi in windows]
-    pending = asyncio.ensure_future(store.get_range_view(*gets[0]))
+    pending = [asyncio.ensure_future(store.get_range_view(*get))
+               for get in gets[:1 + READ_AHEAD]]
     for k in range(len(gets)):
-        data = await pending
-        if k + 1 < len(gets):
-            pending = asyncio.ensure_future(store.get_range_view(*gets[k + 1]))
+        data = await pending.pop(0)
+        if k + 1 + READ_AHEAD < len(gets):
+            pending.append(asyncio.ensure_future(
+                store.get_range_view(*gets[k + 1 + READ_AHEAD])))
         for _, batch in iter_batches(data):
             verify_batch(batch)
     return time.perf_counter() - started
@@ -300,8 +305,8 @@ def report(r: dict[str, Any]) -> None:
           f"{r['read_ratio']:.2f} (target >= {TARGET_READ}: "
           f"{verdict(r['read_ratio'] >= TARGET_READ)})")
     print(f"raw get loop, batches verified:  {r['raw_verified_get_mb_s']:8.1f} MB/s   tiered / "
-          f"raw verified {r['read_vs_verified']:.2f} (the SDK's windows, one GET ahead, "
-          "every checksum)")
+          f"raw verified {r['read_vs_verified']:.2f} (the SDK's windows, {READ_AHEAD} GETs "
+          "ahead, every checksum)")
     print(f"PUTs per GiB offloaded (PD metric): {r['puts_per_gib']:.1f} (target <= "
           f"{TARGET_PUTS_PER_GIB:.0f}: {verdict(r['puts_per_gib'] <= TARGET_PUTS_PER_GIB)}); "
           f"HTTP requests of those PUTs per GiB: {r['http_puts_per_gib']:.1f}")
