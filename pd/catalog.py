@@ -98,6 +98,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
+from pd.pmap import PMap
 from pd.retention import check_cursor, check_retention, cursors_per_stream_max
 
 replicas_max: Final = 5
@@ -165,13 +166,18 @@ Result = StreamMeta | ServerInfo | PdNode | None
 
 @dataclass(frozen=True, slots=True)
 class CatalogView:
-    """An immutable snapshot of the catalog for readers (safe to share across threads)."""
+    """An immutable snapshot of the catalog for readers (safe to share across threads).
 
-    streams: MappingProxyType[str, StreamMeta]
-    servers: MappingProxyType[str, ServerInfo]
-    pd_nodes: MappingProxyType[str, PdNode]
+    Taking one copies nothing: its maps are the catalog's own, which the catalog never
+    changes but replaces (persistent :class:`~pd.pmap.PMap` for what grows with the
+    streams, copy-on-write dicts for servers and PD nodes). Streams, cursors, prepared
+    records and object references iterate in key order."""
+
+    streams: Mapping[str, StreamMeta]
+    servers: Mapping[str, ServerInfo]
+    pd_nodes: Mapping[str, PdNode]
     version: int
-    open_ranges: MappingProxyType[str, int]  # server id -> open ranges it holds
+    open_ranges: Mapping[str, int]  # server id -> open ranges it holds
     next_stream_id: int = 1  # every id below it was given to a stream (maybe deleted since)
     cursors: Mapping[str, Mapping[str, int]] = field(  # stream -> cursor -> offset
         default_factory=lambda: MappingProxyType({}), kw_only=True)
@@ -182,6 +188,7 @@ class CatalogView:
     object_refs: Mapping[str, frozenset[tuple[int, int]]] = field(
         default_factory=lambda: MappingProxyType({}), kw_only=True)
     unreferenced: tuple[str, ...] = field(default=(), kw_only=True)  # to delete, in order
+    ranges_total: int = field(default=-1, kw_only=True)  # ranges of every stream (-1: count)
 
     def stream(self, name: str) -> StreamMeta:
         found = self.streams.get(name)
@@ -190,6 +197,8 @@ class CatalogView:
         return found
 
     def range_count(self) -> int:
+        if self.ranges_total >= 0:
+            return self.ranges_total
         return sum(len(s.ranges) for s in self.streams.values())
 
     def open_ranges_by_server(self) -> dict[str, int]:
@@ -200,50 +209,66 @@ class CatalogView:
 class Catalog:
     """The catalog state and its single entry point :meth:`apply`."""
 
+    # Every map a view shares is replaced, never changed: the streams, cursors, prepared
+    # records and object references are persistent maps (a change costs O(log n) and a
+    # view copies nothing); servers, PD nodes and open-range counts are small dicts
+    # copied on change; the unreferenced keys' tuple is rebuilt when they change.
     def __init__(self) -> None:
-        self._streams: dict[str, StreamMeta] = {}
-        self._request_ids: dict[str, str] = {}
-        self._cursors: dict[str, dict[str, int]] = {}  # copy-on-write per stream (views)
+        self._streams: PMap[StreamMeta] = PMap()
+        self._request_ids: dict[str, str] = {}  # (never in a view)
+        self._cursors: PMap[dict[str, int]] = PMap()  # stream -> its cursors (a new dict a change)
         self._servers: dict[str, ServerInfo] = {}
         self._pd_nodes: dict[str, PdNode] = {}
         self._next_stream_id = 1
         self._open_ranges: dict[str, int] = {}  # derived from _streams, kept incrementally
-        self._draining: set[str] = set()  # servers flagged by drain_server
-        self._prepared: dict[str, PreparedObject] = {}  # object key -> record (object tier)
-        # object key -> ranges naming it (derived from _streams, kept by _put; copy on write)
-        self._refs: dict[str, frozenset[tuple[int, int]]] = {}
+        self._draining: frozenset[str] = frozenset()  # servers flagged by drain_server
+        self._prepared: PMap[PreparedObject] = PMap()  # object key -> record (object tier)
+        # object key -> ranges naming it (derived from _streams, kept by _put)
+        self._refs: PMap[frozenset[tuple[int, int]]] = PMap()
         self._unreferenced: dict[str, None] = {}  # keys that lost their last reference
+        self._unreferenced_keys: tuple[str, ...] = ()  # the same, as views share it
+        self._ranges_total = 0  # ranges of every stream (derived, kept by _put)
         self.version = 0  # number of commands accepted (a rejection changes nothing)
 
     # -- reading -------------------------------------------------------------------
     def view(self) -> CatalogView:
-        return replace(self._view(), cursors=MappingProxyType(dict(self._cursors)))
-
-    def _view(self) -> CatalogView:
+        """An immutable snapshot, in O(1): it shares the catalog's maps (see above)."""
         return CatalogView(
-            MappingProxyType(dict(self._streams)),
-            MappingProxyType(dict(self._servers)),
-            MappingProxyType(dict(self._pd_nodes)),
+            self._streams,
+            MappingProxyType(self._servers),
+            MappingProxyType(self._pd_nodes),
             self.version,
-            MappingProxyType(dict(self._open_ranges)),
+            MappingProxyType(self._open_ranges),
             self._next_stream_id,
-            frozenset(self._draining),
-            prepared=MappingProxyType(dict(self._prepared)),
-            object_refs=MappingProxyType(dict(self._refs)),
-            unreferenced=tuple(self._unreferenced),
+            self._draining,
+            cursors=self._cursors,
+            prepared=self._prepared,
+            object_refs=self._refs,
+            unreferenced=self._unreferenced_keys,
+            ranges_total=self._ranges_total,
         )
 
-    def _put(self, name: str, stream: StreamMeta | None) -> None:
-        """Store (or with None remove) a stream, keeping the open-range counts in step."""
-        old = self._streams.pop(name, None)
+    def _put(self, name: str, stream: StreamMeta | None, *, keys_same: bool = False) -> None:
+        """Store (or with None remove) a stream, keeping the open-range counts, the range
+        total and the object references in step. ``keys_same``: the caller knows that no
+        range's object key changed (the references are not recomputed)."""
+        old = self._streams.get(name)
+        steps: dict[str, int] = {}
         for s, step in ((old, -1), (stream, 1)):
             last = s.ranges[-1] if s is not None and s.ranges else None
-            if last is not None and not last.sealed:
+            if last is not None and last.end is None:
                 for ref in last.replicas:
-                    self._open_ranges[ref.id] = self._open_ranges.get(ref.id, 0) + step
-        if stream is not None:
-            self._streams[name] = stream
-        if old is None or stream is None or old.ranges is not stream.ranges:
+                    steps[ref.id] = steps.get(ref.id, 0) + step
+        if any(steps.values()):
+            counts = self._open_ranges.copy()
+            for server_id, step in steps.items():
+                counts[server_id] = counts.get(server_id, 0) + step
+            self._open_ranges = counts
+        self._ranges_total += (len(stream.ranges) if stream is not None else 0) - (
+            len(old.ranges) if old is not None else 0)
+        self._streams = (self._streams.set(name, stream) if stream is not None
+                         else self._streams.delete(name))
+        if not keys_same and (old is None or stream is None or old.ranges is not stream.ranges):
             self._track_refs(old, stream)
 
     def _track_refs(self, old: StreamMeta | None, new: StreamMeta | None) -> None:
@@ -255,16 +280,21 @@ class Catalog:
                  if r.object_key} if new is not None else set()
         if before == after:
             return
-        for key, sid, index in after - before:
-            self._refs[key] = self._refs.get(key, frozenset()) | {(sid, index)}
-            self._unreferenced.pop(key, None)
+        refs, listed = self._refs, False
+        for key, sid, index in sorted(after - before):
+            refs = refs.set(key, refs.get(key, frozenset()) | {(sid, index)})
+            listed |= self._unreferenced.pop(key, 0) is None
         for key, sid, index in sorted(before - after):
-            left = self._refs.get(key, frozenset()) - {(sid, index)}
+            left = refs.get(key, frozenset()) - {(sid, index)}
             if left:
-                self._refs[key] = left
+                refs = refs.set(key, left)
             else:
-                self._refs.pop(key, None)
+                refs = refs.delete(key)
                 self._unreferenced[key] = None
+                listed = True
+        self._refs = refs
+        if listed:
+            self._unreferenced_keys = tuple(self._unreferenced)
 
     def stream(self, name: str) -> StreamMeta:
         found = self._streams.get(name)
@@ -292,7 +322,7 @@ class Catalog:
             )
         server = ServerInfo(cmd.server_id, cmd.address, cmd.storage_class)
         old = self._servers.get(cmd.server_id)
-        self._servers[cmd.server_id] = server
+        self._servers = {**self._servers, cmd.server_id: server}
         if old is not None and old.address != cmd.address:
             self._readdress(cmd.server_id, cmd.address)
         return server
@@ -305,7 +335,7 @@ class Catalog:
         for name, stream in list(self._streams.items()):
             ranges = tuple(fix(r) for r in stream.ranges)
             if ranges != stream.ranges:
-                self._put(name, replace(stream, ranges=ranges))
+                self._put(name, replace(stream, ranges=ranges), keys_same=True)
 
     def _register_pd_node(self, cmd: RegisterPdNode) -> PdNode:
         if not cmd.node_id:
@@ -313,7 +343,7 @@ class Catalog:
         for address in (cmd.raft, cmd.rpc, cmd.http):
             parse_address(address)
         node = PdNode(cmd.node_id, cmd.raft, cmd.rpc, cmd.http)
-        self._pd_nodes[cmd.node_id] = node
+        self._pd_nodes = {**self._pd_nodes, cmd.node_id: node}
         return node
 
     def _create_stream(self, cmd: CreateStream) -> StreamMeta:
@@ -339,7 +369,7 @@ class Catalog:
             digest=cmd.digest,
         )
         self._next_stream_id += 1
-        self._put(cmd.name, stream)
+        self._put(cmd.name, stream, keys_same=True)  # (a new range names no object)
         if cmd.request_id:
             self._request_ids[cmd.name] = cmd.request_id
         return stream
@@ -348,7 +378,7 @@ class Catalog:
         _check_epoch(self.stream(cmd.name), cmd.expected_epoch)
         self._put(cmd.name, None)
         self._request_ids.pop(cmd.name, None)
-        self._cursors.pop(cmd.name, None)
+        self._cursors = self._cursors.delete(cmd.name)
 
     def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
         current = self.stream(cmd.name)
@@ -385,7 +415,7 @@ class Catalog:
         sealed = replace(target, end=cmd.end)
         following = RangeMeta(target.index + 1, cmd.end, None, refs)
         stream = replace(stream, ranges=stream.ranges[:-1] + (sealed, following))
-        self._put(cmd.name, stream)
+        self._put(cmd.name, stream, keys_same=True)  # (an open range names no object)
         return stream
 
     def _trim_stream(self, cmd: TrimStream) -> StreamMeta:
@@ -410,7 +440,7 @@ class Catalog:
             raise InvalidArgument(
                 f"stream {cmd.name!r} has {len(current)} cursors, the most it may have",
                 argument="cursor")
-        self._cursors[cmd.name] = {**current, cmd.cursor: cmd.offset}
+        self._cursors = self._cursors.set(cmd.name, {**current, cmd.cursor: cmd.offset})
         return stream
 
     def _delete_cursor(self, cmd: DeleteCursor) -> StreamMeta:
@@ -420,10 +450,8 @@ class Catalog:
             raise InvalidArgument(f"stream {cmd.name!r} has no cursor {cmd.cursor[:200]!r}",
                                   argument="cursor")
         left = {c: o for c, o in current.items() if c != cmd.cursor}
-        if left:
-            self._cursors[cmd.name] = left
-        else:
-            del self._cursors[cmd.name]
+        self._cursors = (self._cursors.set(cmd.name, left) if left
+                         else self._cursors.delete(cmd.name))
         return stream
 
     def _set_retention(self, cmd: SetRetention) -> StreamMeta:
@@ -448,7 +476,7 @@ class Catalog:
                            max_timestamp=cmd.max_timestamp, size_bytes=cmd.size_bytes)
         ranges = tuple(recorded if r is target else r for r in stream.ranges)
         stream = replace(stream, ranges=ranges)
-        self._put(cmd.name, stream)
+        self._put(cmd.name, stream, keys_same=True)
         return stream
 
     def _update_replicas(self, cmd: UpdateReplicas) -> StreamMeta:
@@ -470,15 +498,15 @@ class Catalog:
         refs = self._replica_refs(cmd.replicas, None)
         ranges = tuple(replace(r, replicas=refs) if r is target else r for r in stream.ranges)
         stream = replace(stream, ranges=ranges)
-        self._put(cmd.name, stream)
+        self._put(cmd.name, stream, keys_same=True)
         return stream
 
     def _drain_server(self, cmd: DrainServer) -> ServerInfo:
         server = self._server(cmd.server_id)
         if cmd.cancel:
-            self._draining.discard(cmd.server_id)
+            self._draining = self._draining - {cmd.server_id}
         else:
-            self._draining.add(cmd.server_id)
+            self._draining = self._draining | {cmd.server_id}
         return server
 
     def _drain_forget(self, cmd: DrainForget) -> None:
@@ -486,15 +514,15 @@ class Catalog:
         replaces it as dead); refused while a range has no other registered replica (the
         shell also refuses while it is alive, which only it can know)."""
         self._server(cmd.server_id)
-        for stream in self._streams.values():
+        for stream in self._streams.values():  # (in name order: the same error everywhere)
             for rng in stream.ranges:
                 ids = [r.id for r in rng.replicas]
                 if cmd.server_id in ids and (not rng.sealed or rng.end != rng.start) and not any(
                         i != cmd.server_id and i in self._servers for i in ids):
                     raise Conflict(f"range server {cmd.server_id} is the only registered "
                                    f"replica of stream {stream.name!r} range {rng.index}")
-        del self._servers[cmd.server_id]
-        self._draining.discard(cmd.server_id)
+        self._servers = {k: v for k, v in self._servers.items() if k != cmd.server_id}
+        self._draining = self._draining - {cmd.server_id}
 
     def _server(self, server_id: str) -> ServerInfo:
         found = self._servers.get(server_id)
@@ -526,7 +554,7 @@ class Catalog:
         stream = replace(stream, ranges=tuple(
             tiered if r is target else r for r in stream.ranges))
         self._put(cmd.name, stream)
-        self._prepared.pop(cmd.object_key, None)
+        self._prepared = self._prepared.delete(cmd.object_key)
         return stream
 
     def _prepare_object(self, cmd: PrepareObject) -> StreamMeta:
@@ -552,9 +580,9 @@ class Catalog:
         if len(self._prepared) >= prepared_max:
             raise Conflict(f"{len(self._prepared)} objects are prepared already, the most "
                            "there may be; the sweeper expires abandoned ones")
-        self._prepared[cmd.object_key] = PreparedObject(
+        self._prepared = self._prepared.set(cmd.object_key, PreparedObject(
             cmd.object_key, cmd.name, stream.id, target.index, cmd.start, cmd.end,
-            cmd.deadline_ms)
+            cmd.deadline_ms))
         return stream
 
     def _prepare_pack(self, cmd: PreparePack) -> None:
@@ -583,10 +611,10 @@ class Catalog:
             raise Conflict(f"{len(self._prepared)} objects are prepared already, the most "
                            "there may be; the sweeper expires abandoned ones")
         first = cmd.members[0]
-        self._prepared[cmd.object_key] = PreparedObject(
+        self._prepared = self._prepared.set(cmd.object_key, PreparedObject(
             cmd.object_key, first.name, first.stream_id, first.range_index, first.start,
             first.end, cmd.deadline_ms, members=tuple(replace(m, part=None)
-                                                     for m in cmd.members))
+                                                     for m in cmd.members)))
 
     def _commit_pack(self, cmd: CommitPack) -> None:
         key = cmd.object_key
@@ -623,7 +651,7 @@ class Catalog:
             stream = self.stream(name)
             self._put(name, replace(stream, ranges=tuple(
                 new.get(id(r), r) for r in stream.ranges)))
-        self._prepared.pop(key, None)
+        self._prepared = self._prepared.delete(key)
 
     def _live_range(self, m: PackMember) -> RangeMeta | None:
         """The range a pack member names, if its stream (same id) still has it."""
@@ -636,8 +664,11 @@ class Catalog:
         if len(cmd.object_keys) > expire_keys_max:
             raise InvalidArgument(f"objects_deleted names {len(cmd.object_keys)} keys, at "
                                   f"most {expire_keys_max}", argument="object_keys")
+        before = len(self._unreferenced)
         for key in cmd.object_keys:
             self._unreferenced.pop(key, None)
+        if len(self._unreferenced) != before:
+            self._unreferenced_keys = tuple(self._unreferenced)
 
     def _object_damaged(self, cmd: ObjectDamaged) -> None:
         """Members still naming the damaged key, with replicas, go back to "local"."""
@@ -667,7 +698,7 @@ class Catalog:
         for key in cmd.object_keys:
             record = self._prepared.get(key)
             if record is not None and record.deadline_ms <= cmd.now_ms:
-                del self._prepared[key]
+                self._prepared = self._prepared.delete(key)
 
     def _drop_local_replicas(self, cmd: DropLocalReplicas) -> StreamMeta:
         stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
@@ -679,7 +710,7 @@ class Catalog:
         dropped = replace(target, replicas=())
         stream = replace(stream, ranges=tuple(
             dropped if r is target else r for r in stream.ranges))
-        self._put(cmd.name, stream)
+        self._put(cmd.name, stream, keys_same=True)
         return stream
 
     def _object_range(self, name: str, stream_id: int, index: int) -> tuple[StreamMeta, RangeMeta]:
@@ -712,7 +743,7 @@ class Catalog:
             "next_stream_id": self._next_stream_id,
             "streams": [s.to_dict() for s in self._streams.values()],
             "request_ids": self._request_ids,
-            "cursors": self._cursors,
+            "cursors": dict(self._cursors.items()),
             "servers": [
                 {"id": s.id, "address": s.address, "storage_class": s.storage_class}
                 for s in self._servers.values()
@@ -742,17 +773,17 @@ class Catalog:
                 stream = StreamMeta.from_dict(d)
                 catalog._put(stream.name, stream)
             catalog._request_ids = {str(k): str(v) for k, v in body["request_ids"].items()}
-            catalog._cursors = {str(s): {str(c): int(o) for c, o in cs.items()}
-                                for s, cs in body.get("cursors", {}).items()}
-            for d in body["servers"]:
-                catalog._servers[d["id"]] = ServerInfo(d["id"], d["address"], d["storage_class"])
-            for d in body["pd_nodes"]:
-                catalog._pd_nodes[d["id"]] = PdNode(d["id"], d["raft"], d["rpc"], d["http"])
-            catalog._draining = {str(i) for i in body.get("draining", ())}
-            for d in body.get("prepared", ()):  # absent from snapshots of older versions
-                record = PreparedObject.from_dict(d)
-                catalog._prepared[record.object_key] = record
+            catalog._cursors = PMap({str(s): {str(c): int(o) for c, o in cs.items()}
+                                     for s, cs in body.get("cursors", {}).items()})
+            catalog._servers = {d["id"]: ServerInfo(d["id"], d["address"], d["storage_class"])
+                                for d in body["servers"]}
+            catalog._pd_nodes = {d["id"]: PdNode(d["id"], d["raft"], d["rpc"], d["http"])
+                                 for d in body["pd_nodes"]}
+            catalog._draining = frozenset(str(i) for i in body.get("draining", ()))
+            records = (PreparedObject.from_dict(d) for d in body.get("prepared", ()))
+            catalog._prepared = PMap({r.object_key: r for r in records})  # (absent: older)
             catalog._unreferenced = {str(k): None for k in body.get("unreferenced", ())}
+            catalog._unreferenced_keys = tuple(catalog._unreferenced)
         except InvalidArgument:
             raise
         except Exception as exc:

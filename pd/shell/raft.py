@@ -56,7 +56,8 @@ encoding) are the only ones that know pysyncobj. What they add to pysyncobj 0.3.
   Without a leader the proposal fails at once with :class:`Unavailable`; one that gets no
   answer in time raises :class:`Timeout` (outcome unknown: commands are idempotent).
 - **Immutable snapshots for readers.** :meth:`RaftNode.view` returns a
-  :class:`~pd.catalog.CatalogView` copied under a lock only when the catalog changed.
+  :class:`~pd.catalog.CatalogView`, made under a lock only when the catalog changed; it
+  shares the catalog's persistent maps (:mod:`pd.pmap`): nothing is copied per command.
 
 Side effects: a journal-sync thread per node, files in ``data_dir``, TCP sockets served
 by the running event loop (:meth:`RaftNode.start` and every call but :meth:`RaftNode.close`

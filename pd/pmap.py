@@ -1,0 +1,268 @@
+"""A persistent (immutable) sorted map from strings, for the catalog's snapshots.
+
+:class:`PMap` is a B+-tree whose nodes are never changed once built: :meth:`PMap.set` and
+:meth:`PMap.delete` return a new map that shares every node off the changed path with the
+old one. A change thus costs O(log n) (a few short lists copied), and keeping the map as
+it was, a snapshot, costs nothing: the catalog hands its readers the map itself instead
+of a copy of every stream. Lookups are O(log n) (a bisect per level); iteration is in key
+order, the same on every node whatever the history of changes (a deterministic order).
+
+Pure: no I/O. Safe to share across threads (nothing is ever mutated after construction).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import ItemsView as _ItemsView
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ValuesView as _ValuesView
+from itertools import chain
+from typing import Any, Final, Generic, TypeVar, overload
+
+V = TypeVar("V")
+T = TypeVar("T")
+
+node_max: Final = 64  # entries of a leaf, children of a branch
+node_min: Final = node_max // 4  # below this, a node merges with a neighbour
+
+
+class _Leaf:
+    __slots__ = ("keys", "values")
+
+    def __init__(self, keys: list[str], values: list[Any]) -> None:
+        self.keys = keys
+        self.values = values
+
+
+class _Branch:
+    """``seps[i]`` is a lower bound of every key in ``kids[i + 1]`` and above every key in
+    ``kids[i]`` (a key goes to ``kids[bisect_right(seps, key)]``)."""
+
+    __slots__ = ("seps", "kids")
+
+    def __init__(self, seps: list[str], kids: list[_Leaf | _Branch]) -> None:
+        self.seps = seps
+        self.kids = kids
+
+
+_Node = _Leaf | _Branch
+_EMPTY: Final = _Leaf([], [])
+
+
+def _size(node: _Node) -> int:
+    return len(node.keys) if type(node) is _Leaf else len(node.kids)  # type: ignore[union-attr]
+
+
+def _split(node: _Node) -> list[Any]:
+    """``[node]``, or ``[left, sep, right]`` when it holds more than ``node_max``."""
+    if type(node) is _Leaf:
+        n = len(node.keys)
+        if n <= node_max:
+            return [node]
+        h = n // 2
+        return [_Leaf(node.keys[:h], node.values[:h]), node.keys[h],
+                _Leaf(node.keys[h:], node.values[h:])]
+    assert type(node) is _Branch
+    n = len(node.kids)
+    if n <= node_max:
+        return [node]
+    h = n // 2
+    return [_Branch(node.seps[:h - 1], node.kids[:h]), node.seps[h - 1],
+            _Branch(node.seps[h:], node.kids[h:])]
+
+
+def _merge(left: _Node, sep: str, right: _Node) -> _Node:
+    if type(left) is _Leaf:
+        assert type(right) is _Leaf
+        return _Leaf(left.keys + right.keys, left.values + right.values)
+    assert type(left) is _Branch and type(right) is _Branch
+    return _Branch(left.seps + [sep] + right.seps, left.kids + right.kids)
+
+
+class PMap(Mapping[str, V], Generic[V]):
+    """An immutable sorted map ``str -> V``; changes return a new map (see the module)."""
+
+    __slots__ = ("_root", "_len")
+
+    def __init__(self, items: Mapping[str, V] | Iterable[tuple[str, V]] = ()) -> None:
+        pairs = sorted((items if isinstance(items, Mapping) else dict(items)).items())
+        self._root: _Node = _build(pairs)
+        self._len = len(pairs)
+
+    @classmethod
+    def _of(cls, root: _Node, size: int) -> PMap[V]:
+        out: PMap[V] = cls.__new__(cls)
+        out._root = root
+        out._len = size
+        return out
+
+    # -- reading -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, key: str) -> V:
+        node = self._root
+        while type(node) is _Branch:
+            node = node.kids[bisect_right(node.seps, key)]
+        keys = node.keys  # type: ignore[union-attr]
+        i = bisect_left(keys, key)
+        if i < len(keys) and keys[i] == key:
+            value: V = node.values[i]  # type: ignore[union-attr]
+            return value
+        raise KeyError(key)
+
+    @overload
+    def get(self, key: str, /) -> V | None: ...
+    @overload
+    def get(self, key: str, /, default: V | T) -> V | T: ...
+    def get(self, key: str, default: Any = None) -> Any:
+        node = self._root
+        while type(node) is _Branch:
+            node = node.kids[bisect_right(node.seps, key)]
+        keys = node.keys  # type: ignore[union-attr]
+        i = bisect_left(keys, key)
+        if i < len(keys) and keys[i] == key:
+            return node.values[i]  # type: ignore[union-attr]
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        node = self._root
+        while type(node) is _Branch:
+            node = node.kids[bisect_right(node.seps, key)]
+        keys = node.keys  # type: ignore[union-attr]
+        i = bisect_left(keys, key)
+        return i < len(keys) and keys[i] == key
+
+    def _leaves(self) -> Iterator[_Leaf]:
+        stack: list[_Node] = [self._root]
+        while stack:
+            node = stack.pop()
+            if type(node) is _Leaf:
+                yield node
+            else:
+                stack.extend(reversed(node.kids))  # type: ignore[union-attr]
+
+    def __iter__(self) -> Iterator[str]:
+        return chain.from_iterable(leaf.keys for leaf in self._leaves())
+
+    def values(self) -> _Values[V]:
+        return _Values(self)
+
+    def items(self) -> _Items[V]:
+        return _Items(self)
+
+    def __repr__(self) -> str:
+        return f"PMap({dict(self.items())!r})"
+
+    # -- changing (a new map) ------------------------------------------------------
+    def set(self, key: str, value: V) -> PMap[V]:
+        """This map with ``key`` mapped to ``value``."""
+        path: list[tuple[_Branch, int]] = []
+        node = self._root
+        while type(node) is _Branch:
+            i = bisect_right(node.seps, key)
+            path.append((node, i))
+            node = node.kids[i]
+        assert type(node) is _Leaf
+        keys = node.keys
+        j = bisect_left(keys, key)
+        if j < len(keys) and keys[j] == key:
+            if node.values[j] is value:
+                return self
+            values = node.values.copy()
+            values[j] = value
+            return self._of(_replace_path(path, [_Leaf(keys, values)]), self._len)
+        leaf = _Leaf(keys[:j] + [key] + keys[j:], node.values[:j] + [value] + node.values[j:])
+        return self._of(_replace_path(path, _split(leaf)), self._len + 1)
+
+    def delete(self, key: str) -> PMap[V]:
+        """This map without ``key`` (itself when it has no ``key``)."""
+        path: list[tuple[_Branch, int]] = []
+        node = self._root
+        while type(node) is _Branch:
+            i = bisect_right(node.seps, key)
+            path.append((node, i))
+            node = node.kids[i]
+        assert type(node) is _Leaf
+        keys = node.keys
+        j = bisect_left(keys, key)
+        if j >= len(keys) or keys[j] != key:
+            return self
+        new: _Node = _Leaf(keys[:j] + keys[j + 1:], node.values[:j] + node.values[j + 1:])
+        for branch, i in reversed(path):
+            kids, seps = branch.kids.copy(), branch.seps.copy()
+            kids[i] = new
+            if _size(new) < node_min and len(kids) > 1:
+                at = i if i + 1 < len(kids) else i - 1  # merge kids[at] and kids[at + 1]
+                parts = _split(_merge(kids[at], seps[at], kids[at + 1]))
+                kids[at:at + 2] = parts[::2]
+                seps[at:at + 1] = parts[1:2]
+            new = _Branch(seps, kids)
+        while type(new) is _Branch and len(new.kids) == 1:
+            new = new.kids[0]
+        return self._of(new, self._len - 1)
+
+    def update(self, items: Iterable[tuple[str, V]]) -> PMap[V]:
+        out = self
+        for key, value in items:
+            out = out.set(key, value)
+        return out
+
+
+def _replace_path(path: list[tuple[_Branch, int]], parts: list[Any]) -> _Node:
+    """The new root once the node at the end of ``path`` became ``parts`` (``[node]`` or
+    ``[left, sep, right]``)."""
+    for branch, i in reversed(path):
+        if len(parts) == 1:
+            kids = branch.kids.copy()
+            kids[i] = parts[0]
+            parts = [_Branch(branch.seps, kids)]
+        else:
+            kids = branch.kids[:i] + parts[::2] + branch.kids[i + 1:]
+            seps = branch.seps[:i] + [parts[1]] + branch.seps[i:]
+            parts = _split(_Branch(seps, kids))
+    if len(parts) == 1:
+        root: _Node = parts[0]
+        return root
+    return _Branch([parts[1]], [parts[0], parts[2]])
+
+
+def _build(pairs: list[tuple[str, Any]]) -> _Node:
+    """A tree of sorted, distinct ``pairs``, its nodes three quarters full."""
+    if not pairs:
+        return _EMPTY
+    step = node_max * 3 // 4
+    nodes: list[_Node] = []
+    lows: list[str] = []
+    for at in range(0, len(pairs), step):
+        chunk = pairs[at:at + step]
+        nodes.append(_Leaf([k for k, _ in chunk], [v for _, v in chunk]))
+        lows.append(chunk[0][0])
+    while len(nodes) > 1:
+        up: list[_Node] = []
+        up_lows: list[str] = []
+        for at in range(0, len(nodes), step):
+            up.append(_Branch(lows[at + 1:at + step], nodes[at:at + step]))
+            up_lows.append(lows[at])
+        nodes, lows = up, up_lows
+    return nodes[0]
+
+
+class _Values(_ValuesView[V]):
+    _mapping: PMap[V]
+
+    def __iter__(self) -> Iterator[V]:
+        return chain.from_iterable(leaf.values for leaf in self._mapping._leaves())
+
+
+class _Items(_ItemsView[str, V]):
+    _mapping: PMap[V]
+
+    def __iter__(self) -> Iterator[tuple[str, V]]:
+        return chain.from_iterable(zip(leaf.keys, leaf.values, strict=True)
+                                   for leaf in self._mapping._leaves())
+
+
+EMPTY: Final[PMap[Any]] = PMap()
