@@ -16,7 +16,8 @@ Three layers, each on the one below:
   rules and their reasons are in its docstring.
 - :class:`ReplicaClient`: the writer's requests by replica id at its epoch (addresses
   learned from range metadata): what ``estream/sdk/writer.py`` and
-  ``estream/net/recovery.py`` carry out, plus healing a replica left out of a seal.
+  ``estream/net/recovery.py`` carry out, plus healing a replica left out of a seal. Its
+  APPEND is :meth:`RangeClient.start_append`: written at once, answered by callback.
 
 **Timeouts**, one policy: every request has one. A client has a default
 (``request_timeout_s`` unless it is built with another); a caller passes ``timeout_s`` for
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from estream.core.seal import CopyRecords
-from estream.net.rpc import ConnectionPool, Header
+from estream.net.rpc import ConnectionPool, Done, Header
 from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
@@ -228,6 +229,11 @@ class Pool(Protocol):
         payload: bytes | memoryview = b"", *, timeout_s: float = request_timeout_s,
     ) -> tuple[Header, bytes | memoryview]: ...
 
+    def start_call(
+        self, address: str, opcode: int, header: Header | None,
+        payload: bytes | memoryview, done: Done, *, timeout_s: float = request_timeout_s,
+    ) -> None: ...
+
     def discard(self, address: str) -> None: ...
 
 
@@ -274,13 +280,7 @@ class RangeClient:
         body, _ = await self._call(address, Opcode.CREATE_RANGE, header, server_id, timeout_s)
         return Created.parse(body)
 
-    async def append(
-        self, address: str, *, server_id: str | None, batch: bytes | memoryview,
-        deferred: bool = False, timeout_s: float | None = None,
-    ) -> int:
-        """APPEND one encoded batch (it names stream, range, epoch and offsets); returns the
-        replica's durable end after it (``deferred``: its written end). A duplicate is
-        acknowledged again. A timeout discards the connection (module docstring)."""
+    def _append_header(self, deferred: bool, server_id: str | None) -> Header:
         key = (deferred, server_id)
         header = self._append_headers.get(key)
         if header is None:
@@ -288,6 +288,16 @@ class RangeClient:
             if server_id is not None:
                 header["server_id"] = server_id
             self._append_headers[key] = header
+        return header
+
+    async def append(
+        self, address: str, *, server_id: str | None, batch: bytes | memoryview,
+        deferred: bool = False, timeout_s: float | None = None,
+    ) -> int:
+        """APPEND one encoded batch (it names stream, range, epoch and offsets); returns the
+        replica's durable end after it (``deferred``: its written end). A duplicate is
+        acknowledged again. A timeout discards the connection (module docstring)."""
+        header = self._append_header(deferred, server_id)
         try:
             body, _ = await self.pool.call(address, Opcode.APPEND, header, batch,
                                            timeout_s=self._timeout(timeout_s))
@@ -295,6 +305,32 @@ class RangeClient:
             self.pool.discard(address)  # a stuck connection: reconnect for the next range
             raise
         return _int(body, "end")
+
+    def start_append(
+        self, address: str, done: Callable[[int, EstreamError | None], None], *,
+        server_id: str | None, batch: bytes | memoryview, deferred: bool = False,
+        timeout_s: float | None = None,
+    ) -> None:
+        """:meth:`append` without awaiting (the writer's hot path): the batch is written
+        now (once connected), and ``done(end, None)`` or ``done(-1, error)`` is called
+        later from the event loop, never from within this call. Same answers and the
+        same timeout policy as :meth:`append`."""
+        pool = self.pool
+
+        def answered(body: Header | None, error: EstreamError | None) -> None:
+            if error is None:
+                assert body is not None
+                end = body.get("end")
+                if type(end) is int:
+                    done(end, None)
+                    return
+                error = MalformedFrame(f"the answer's 'end' is {end!r}, not an integer")
+            elif isinstance(error, Timeout):
+                pool.discard(address)  # a stuck connection: reconnect for the next range
+            done(-1, error)
+
+        pool.start_call(address, Opcode.APPEND, self._append_header(deferred, server_id),
+                        batch, answered, timeout_s=self._timeout(timeout_s))
 
     async def seal(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
@@ -564,10 +600,13 @@ class ReplicaClient:
     def endpoint(self, replica: str) -> Endpoint:
         return Endpoint(self.addresses[replica], replica)
 
-    async def append(self, replica: str, payload: bytes, deferred: bool) -> int:
-        """APPEND one encoded batch to ``replica``; its durable (or written) end after it."""
-        return await self.client.append(
-            self.addresses[replica], server_id=replica, batch=payload, deferred=deferred)
+    def start_append(self, replica: str, payload: bytes, deferred: bool,
+                     done: Callable[[int, EstreamError | None], None]) -> None:
+        """APPEND one encoded batch to ``replica``, written now:
+        ``done(its durable (or written) end, None)`` or ``done(-1, error)`` later
+        (:meth:`RangeClient.start_append`)."""
+        self.client.start_append(self.addresses[replica], done, server_id=replica,
+                                 batch=payload, deferred=deferred)
 
     async def confirm(self, replica: str, stream_id: int, range_index: int, confirm: int) -> None:
         """CONFIRM ``confirm`` on ``replica`` at our epoch (durable once answered)."""

@@ -6,7 +6,9 @@ nothing about storage or placement.
 
 - :class:`RpcClient`: one TCP connection, many requests in flight, responses matched by
   request id in any order, a timeout on every wait, error frames raised as the same
-  typed :class:`~estream.wire.errors.EstreamError` the server raised.
+  typed :class:`~estream.wire.errors.EstreamError` the server raised. ``call`` awaits
+  the answer; ``start_call`` (a hot path: the writer's APPEND) writes the request at
+  once and hands the answer to a callback, with no task and no future per request.
 - :class:`RpcServer`: one task per request (answers go out in completion order), the
   bytes of requests being served per connection bounded (reading pauses past the limit),
   a malformed frame answered with a typed error before the connection is closed. A
@@ -27,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from estream.net.security import has_verified_peer_cert, token_matches
 from estream.wire import limits
@@ -61,6 +63,19 @@ Answer = tuple[Header | None, bytes]
 Handler = Callable[[Header, bytes], Awaitable[Answer]]
 # A quick handler: (the future to wait for, or None; what to answer once it is done).
 QuickHandler = Callable[[Header, bytes], tuple["asyncio.Future[Any] | None", Callable[[], Answer]]]
+# start_call's callback: (the answer's header, None) or (None, the error).
+Done = Callable[[Header | None, EstreamError | None], None]
+
+
+class _Waiting(Protocol):
+    """What a request's answer is handed to: an ``asyncio.Future`` (``call``) or a
+    :class:`_Started` (``start_call``)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Frame, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -71,7 +86,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.address = address
         self.transport: asyncio.Transport | None = None
         self.decoder = FrameDecoder(direct_bytes_min=limits.frame_direct_bytes_min)
-        self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self.pending: dict[int, _Waiting] = {}
         self.closed_error: EstreamError | None = None
         self.lost = asyncio.Event()
         self._can_write = asyncio.Event()
@@ -126,6 +141,64 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 def _expire(future: asyncio.Future[Frame]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
+
+
+class _Started:
+    """A request sent by :meth:`RpcClient.start_call`: its answer, error or timeout goes
+    to ``done`` once (called from the connection's callbacks, never from ``start_call``)."""
+
+    __slots__ = ("_done", "_client", "_request_id", "_opcode", "_timeout_s", "timer")
+
+    def __init__(self, done: Done, client: RpcClient, request_id: int, opcode: int,
+                 timeout_s: float) -> None:
+        self._done: Done | None = done
+        self._client = client
+        self._request_id = request_id
+        self._opcode = opcode
+        self._timeout_s = timeout_s
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self._done is None
+
+    def set_result(self, frame: Frame, /) -> None:
+        try:
+            body = frame.header()
+        except EstreamError as exc:
+            self._finish(None, exc)
+            return
+        if frame.is_error:
+            self._finish(None, from_wire(body.get("error")))
+        else:
+            self._finish(body, None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        if not isinstance(exception, EstreamError):
+            exception = Unavailable(f"request to {self._client.address} failed: {exception!r}",
+                                    address=self._client.address)
+        self._finish(None, exception)
+
+    def expire(self) -> None:
+        self.timer = None
+        if self._done is None:
+            return
+        self._client._protocol.pending.pop(self._request_id, None)
+        self._finish(None, Timeout(
+            f"request {self._opcode} to {self._client.address} timed out after "
+            f"{self._timeout_s}s", address=self._client.address))
+
+    def _finish(self, body: Header | None, error: EstreamError | None) -> None:
+        done, self._done = self._done, None
+        if done is None:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        try:
+            done(body, error)
+        except Exception:  # noqa: BLE001 - the connection's other answers must go on
+            log.exception("the callback of request %s to %s failed",
+                          self._opcode, self._client.address)
 
 
 class RpcClient:
@@ -222,6 +295,37 @@ class RpcClient:
             raise from_wire(body.get("error"))
         return body, frame.payload
 
+    def start_call(
+        self,
+        opcode: int,
+        header: Header | None,
+        payload: bytes | memoryview,
+        done: Done,
+        *,
+        timeout_s: float = limits.request_timeout_ms / 1000,
+    ) -> None:
+        """Write a request now; its answer goes to ``done(header, None)`` (the answer's
+        payload is dropped: for requests answered by their header), an error to
+        ``done(None, error)``: the server's typed error, :class:`Unavailable` when the
+        connection fails, :class:`Timeout` (outcome unknown) after ``timeout_s``. ``done``
+        is called exactly once, from the event loop, never from within this call.
+
+        No waiting for the transport's buffer to drain: the caller bounds what it has in
+        flight (the writer's budget). Requests started one after another are written in
+        that order."""
+        protocol = self._protocol
+        loop = self._loop
+        transport = protocol.transport
+        if protocol.closed_error is not None or transport is None:
+            loop.call_soon(done, None, protocol.closed_error or Unavailable(
+                f"connection to {self.address} is not open", address=self.address))
+            return
+        request_id = next(self._ids)
+        started = _Started(done, self, request_id, opcode, timeout_s)
+        protocol.pending[request_id] = started
+        started.timer = loop.call_later(timeout_s, started.expire)
+        transport.writelines(encode_frame(opcode, request_id, header, payload))
+
     async def close(self) -> None:
         transport = self._protocol.transport
         self._protocol._fail_all(Closed(f"connection to {self.address} closed"))
@@ -248,6 +352,10 @@ class ConnectionPool:
         self._ssl = ssl
         self._token = token
         self._closed = False
+        # start_call: requests to an address not connected yet, in call order.
+        self._starting: dict[str, list[tuple[int, Header | None, bytes | memoryview, Done,
+                                             float]]] = {}
+        self._connecting: set[asyncio.Task[None]] = set()
 
     async def get(self, address: str) -> RpcClient:
         if self._closed:
@@ -277,6 +385,52 @@ class ConnectionPool:
         client = await self.get(address)
         return await client.call(opcode, header, payload, timeout_s=timeout_s)
 
+    def start_call(
+        self,
+        address: str,
+        opcode: int,
+        header: Header | None,
+        payload: bytes | memoryview,
+        done: Done,
+        *,
+        timeout_s: float = limits.request_timeout_ms / 1000,
+    ) -> None:
+        """:meth:`RpcClient.start_call` on the connection to ``address``: written now when
+        it is open; otherwise once it is (requests to one address keep their order), or
+        ``done(None, error)`` if it cannot be opened."""
+        client = self._clients.get(address)
+        if client is not None and address not in self._starting and not client.closed:
+            client.start_call(opcode, header, payload, done, timeout_s=timeout_s)
+            return
+        waiting = self._starting.get(address)
+        if waiting is None:
+            waiting = self._starting[address] = []
+            task = asyncio.ensure_future(self._connect_and_start(address))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+        waiting.append((opcode, header, payload, done, timeout_s))
+
+    async def _connect_and_start(self, address: str) -> None:
+        error: EstreamError | None = None
+        client: RpcClient | None = None
+        try:
+            client = await self.get(address)
+        except asyncio.CancelledError:
+            error = Closed("connection pool is closed")
+        except EstreamError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - every waiting request gets an answer
+            error = Unavailable(f"cannot connect to {address}: {exc!r}", address=address)
+        waiting = self._starting.pop(address, [])
+        for opcode, header, payload, done, timeout_s in waiting:
+            if client is not None:
+                client.start_call(opcode, header, payload, done, timeout_s=timeout_s)
+                continue
+            try:
+                done(None, error)
+            except Exception:  # noqa: BLE001 - the other waiting requests get theirs
+                log.exception("the callback of request %s to %s failed", opcode, address)
+
     def discard(self, address: str) -> None:
         """Forget (and close) the connection to ``address``, e.g. after a timeout."""
         client = self._clients.pop(address, None)
@@ -285,6 +439,8 @@ class ConnectionPool:
 
     async def close(self) -> None:
         self._closed = True
+        for task in list(self._connecting):
+            task.cancel()
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()

@@ -9,7 +9,9 @@ replicas; the degraded attempts and their backoff): :meth:`Writer._drive` carrie
 out. On open it recovers the last range when it is still open, then opens the range to
 write: the pure sequence :func:`estream.core.recovery.open_range` (retries included),
 carried out with :class:`estream.net.recovery.RecoveryDriver`. The requests themselves, and
-the copy and heal jobs, are :class:`~estream.net.rangeclient.ReplicaClient`'s.
+the copy and heal jobs, are :class:`~estream.net.rangeclient.ReplicaClient`'s. A batch is
+written to its replicas' connections in the turn it is cut (``start_append``: no task per
+batch and replica), and each answer comes back to the core through a callback.
 
 What the driver adds around the core, all bounded in time:
 
@@ -42,6 +44,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from estream.core.producer import (
@@ -319,7 +322,7 @@ class Writer:
         asks once more without it, and the writer then runs the next range degraded; a
         ``RangeSealed`` is an earlier attempt's seal whose answer was lost: retried)."""
         return await self._client.pd.seal_range(
-            self.stream.name, self.epoch, range_index, end, exclude)
+            self.stream.name, self.epoch, range_index, end, exclude, known=self.stream)
 
     def _start_core(self, meta: StreamMeta, rng: RangeMeta) -> None:
         self.stream = meta
@@ -765,9 +768,14 @@ class Writer:
         core = self._core
         assert core is not None
         complete_upto = -1
+        deferred = self.config.deferred
         for effect in effects:
             if isinstance(effect, SendAppend):
-                self._spawn(self._send_append(effect))
+                # Written to the replica's connection now, in this turn; the answer comes
+                # back through the callback (no task per batch and replica).
+                self._replicas.start_append(
+                    effect.replica, effect.payload, deferred,
+                    partial(self._append_answered, core, effect.replica, effect.range_index))
             elif isinstance(effect, CompleteAppends):
                 complete_upto = max(complete_upto, effect.upto)
             elif isinstance(effect, SendConfirm):
@@ -855,31 +863,28 @@ class Writer:
             return
         self._run(core.on_tick(self._now()))
 
-    async def _send_append(self, effect: SendAppend) -> None:
-        core = self._core
-        assert core is not None
-        try:
-            end = await self._replicas.append(effect.replica, effect.payload, self.config.deferred)
-        except (DigestMismatch, DigestKeyMissing) as exc:
+    def _append_answered(
+        self, core: RangeWriter, replica: str, range_index: int, end: int,
+        error: EstreamError | None,
+    ) -> None:
+        """A replica's answer to an APPEND (its end, or the error), from the event loop."""
+        if self._core is not core or self._closed:
+            return
+        if error is None:
+            self._run(core.on_append_ack(replica, range_index, end, self._now()))
+        elif isinstance(error, (DigestMismatch, DigestKeyMissing)):
             # A range server holding the cluster secret refused our MAC: this writer's
             # secret is not the cluster's (or that server's is not). Not the replica's
             # fault, so no roll (every replica would refuse): fail the writer, loudly.
-            if self._core is core and not self._closed:
-                log.error("stream %r: range server %s refused a batch's MAC: %s",
-                          self.stream.name, effect.replica, exc.message)
-                self._run(core.on_fenced(type(exc)(
-                    f"range server {effect.replica} refused this writer's MAC of stream "
-                    f"{self.stream.name!r} ({exc.message}): the client's cluster secret "
-                    "(connect(secret=), ESTREAM_SECRET) differs from the range server's",
-                    **exc.fields)))
-            return
-        except EstreamError as exc:
-            if self._core is core and not self._closed:
-                self._run(core.on_append_error(
-                    effect.replica, effect.range_index, exc, self._now()))
-            return
-        if self._core is core and not self._closed:
-            self._run(core.on_append_ack(effect.replica, effect.range_index, end, self._now()))
+            log.error("stream %r: range server %s refused a batch's MAC: %s",
+                      self.stream.name, replica, error.message)
+            self._run(core.on_fenced(type(error)(
+                f"range server {replica} refused this writer's MAC of stream "
+                f"{self.stream.name!r} ({error.message}): the client's cluster secret "
+                "(connect(secret=), ESTREAM_SECRET) differs from the range server's",
+                **error.fields)))
+        else:
+            self._run(core.on_append_error(replica, range_index, error, self._now()))
 
     async def _send_confirm(self, effect: SendConfirm) -> None:
         core = self._core
@@ -984,8 +989,8 @@ class Writer:
             return await self._client.pd.list_servers()
         elif isinstance(step, SealInPd):
             return await self._client.pd.seal_range(
-                self.stream.name, self.epoch, step.range_index, step.end, step.exclude
-            )
+                self.stream.name, self.epoch, step.range_index, step.end, step.exclude,
+                known=self.stream)
         elif isinstance(step, SealReplicas):
             return await self._replicas.seal(
                 core.stream_id, step.range_index, step.end, step.replicas

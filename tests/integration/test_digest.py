@@ -141,7 +141,8 @@ async def inject(client: estream.Client, writer: estream.Writer, batch: bytes) -
     answers: list[object] = []
     for ref in rng.replicas:
         try:
-            answers.append(await injector.append(ref.id, batch, False))
+            answers.append(await injector.client.append(
+                ref.address, server_id=ref.id, batch=batch))
         except estream.EstreamError as exc:
             answers.append(exc)
     return answers
@@ -339,7 +340,8 @@ async def test_an_unkeyed_batch_is_refused_by_an_hmac_stream_s_replicas(
             injector = ReplicaClient(client.pool, writer.stream.epoch)
             injector.learn(rng)
             with pytest.raises(estream.DigestMismatch):
-                await injector.append(rng.replicas[0].id, batch, False)
+                await injector.client.append(rng.replicas[0].address,
+                                             server_id=rng.replicas[0].id, batch=batch)
             answer = await describe_replica(restarted, writer.stream.id, rng.index)
             assert answer["digest"] == "hmac-sha256"
         assert await values(client, "d-unkeyed") == [b"genuine", b"after"]
@@ -383,9 +385,9 @@ async def test_replicas_of_rolled_recovered_and_repaired_ranges_keep_the_digest(
             injector = ReplicaClient(client.pool, meta.epoch)
             injector.learn(meta.ranges[0])
             with pytest.raises(estream.DigestMismatch):
-                await injector.append(copy.id, unkeyed(
+                await injector.client.append(copy.address, server_id=copy.id, batch=unkeyed(
                     DIGEST_XXH3, stream_id=meta.id, range_index=0, epoch=meta.epoch,
-                    base_offset=int(meta.ranges[0].end)), False)
+                    base_offset=int(meta.ranges[0].end)))
         finally:
             cluster.restart(victim.address)
         expected = [b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(20)] + [b"c"]

@@ -492,3 +492,110 @@ async def test_quick_handlers_answer_from_their_future_in_completion_order(
             await first
     finally:
         await client.close()
+
+
+class Answers:
+    """start_call's callback: every (header, error) it was given, and an event per call."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[Header | None, EstreamError | None]] = []
+        self.changed = asyncio.Event()
+        self.inside = False  # set while start_call runs: the callback must not run then
+
+    def __call__(self, header: Header | None, error: EstreamError | None) -> None:
+        assert not self.inside, "start_call called back from within itself"
+        self.got.append((header, error))
+        self.changed.set()
+
+    async def wait(self, count: int) -> None:
+        async with asyncio.timeout(5):
+            while len(self.got) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def test_start_call_writes_at_once_and_answers_through_the_callback(
+    start_server: StartServer, connect: Connect
+) -> None:
+    """Answers, typed errors, timeouts and a lost connection each reach the callback
+    once, from the event loop; requests are written in the order they were started."""
+    release = asyncio.Event()
+    seen: list[int] = []
+
+    async def record(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        seen.append(header["n"])
+        return {"n": header["n"]}, b"ignored"
+
+    async def refuse(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        raise RangeSealed("sealed", end_offset=3)
+
+    async def slow(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        await release.wait()
+        return {"late": True}, b""
+
+    server = await start_server({Opcode.APPEND: record, Opcode.SEAL: refuse, Opcode.READ: slow})
+    client = await connect(server.address)
+    answers = Answers()
+    answers.inside = True
+    for n in range(20):
+        client.start_call(Opcode.APPEND, {"n": n}, b"x" * n, answers)
+    client.start_call(Opcode.SEAL, {}, b"", answers)
+    client.start_call(Opcode.READ, {}, b"", answers, timeout_s=0.05)
+    answers.inside = False
+    await answers.wait(22)
+    assert seen == list(range(20))  # written (and served) in call order
+    assert sorted(h["n"] for h, e in answers.got if h is not None) == list(range(20))
+    errors = [e for h, e in answers.got if h is None]
+    assert [type(e) for e in errors] == [RangeSealed, Timeout]
+    assert errors[0] is not None and errors[0].fields["end_offset"] == 3
+    release.set()
+    # A late answer to the timed-out request is dropped: no second callback.
+    assert await client.call(Opcode.APPEND, {"n": 99}) == ({"n": 99}, b"ignored")
+    assert len(answers.got) == 22
+    # A request pending when the connection is lost gets Unavailable, once.
+    release.clear()
+    client.start_call(Opcode.READ, {}, b"", answers, timeout_s=10)
+    await server.close()
+    await answers.wait(23)
+    assert isinstance(answers.got[-1][1], Unavailable)
+    # On a closed connection: Unavailable, from the event loop as well.
+    answers.inside = True
+    client.start_call(Opcode.APPEND, {"n": 1}, b"", answers)
+    answers.inside = False
+    await answers.wait(24)
+    assert isinstance(answers.got[-1][1], Unavailable) and len(answers.got) == 24
+
+
+async def test_pool_start_call_connects_first_keeping_the_order(
+    start_server: StartServer,
+) -> None:
+    seen: list[int] = []
+
+    async def record(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
+        seen.append(header["n"])
+        return {"n": header["n"]}, b""
+
+    server = await start_server({Opcode.APPEND: record})
+    pool = ConnectionPool()
+    try:
+        answers = Answers()
+        answers.inside = True
+        for n in range(10):  # not connected yet: queued, then written in this order
+            pool.start_call(server.address, Opcode.APPEND, {"n": n}, b"", answers)
+        answers.inside = False
+        await answers.wait(10)
+        assert seen == list(range(10)) and all(e is None for _, e in answers.got)
+        pool.start_call(server.address, Opcode.APPEND, {"n": 10}, b"", answers)
+        await answers.wait(11)
+        assert seen == list(range(11))
+        # An address that cannot be connected to: every queued request gets the error.
+        closed = RpcServer({}, name="gone")
+        address = await closed.start(HOST, 0)
+        await closed.close()
+        refused = Answers()
+        for _ in range(3):
+            pool.start_call(address, Opcode.APPEND, {"n": 0}, b"", refused)
+        await refused.wait(3)
+        assert all(h is None and isinstance(e, Unavailable) for h, e in refused.got)
+    finally:
+        await pool.close()

@@ -78,3 +78,31 @@ async def test_an_append_cancelled_by_wait_for_is_still_stored_in_order(cluster:
         values = [r.value async for r in client.read("cancelled")]
         assert values == [b"first"] + [b"c%02d" % i for i in range(50)] + [
             b"n%02d" % i for i in range(50)]
+
+
+async def test_rolls_ask_pd_for_the_new_ranges_only_and_keep_the_stream_whole(
+    cluster: Cluster,
+) -> None:
+    """A writer's seal_range passes the stream it holds (PD answers the new ranges only,
+    the earlier ones come from it): after many rolls its view equals PD's."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("rolls", replicas=3, ack_count=2)
+        seal_range = client.pd.seal_range
+        knowns: list[object] = []
+
+        async def spy(*args: object, **kwargs: object) -> object:
+            knowns.append(kwargs.get("known"))
+            return await seal_range(*args, **kwargs)  # type: ignore[arg-type]
+
+        client.pd.seal_range = spy  # type: ignore[method-assign, assignment]
+        async with await client.open_writer("rolls") as writer:
+            core = writer._core
+            assert core is not None
+            core.config = dataclasses.replace(core.config, range_bytes_max=2_000)
+            for i in range(12):
+                assert await writer.append(b"%03d" % i + b"x" * 1000) == i
+            assert writer.rolls >= 4 and len(knowns) == writer.rolls
+            assert all(known is not None for known in knowns)
+            assert writer.stream == await client.describe_stream("rolls")
+        values = [r.value[:3] async for r in client.read("rolls")]
+        assert values == [b"%03d" % i for i in range(12)]

@@ -5,6 +5,7 @@ to the target's epoch, create lazily, source failures apart from target failures
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -56,6 +57,18 @@ class FakePool:
         if isinstance(answer, tuple):
             return answer
         return answer, b""
+
+    def start_call(self, address: str, opcode: int, header: dict[str, Any] | None,
+                   payload: bytes | memoryview, done: Any, *, timeout_s: float = 5.0) -> None:
+        """As ``call``, answered on the event loop's next turn."""
+        op = Opcode(opcode)
+        self.calls.append((address, op, dict(header or {}), bytes(payload), timeout_s))
+        answer = self.answers.get(op, {})
+        loop = asyncio.get_running_loop()
+        if isinstance(answer, EstreamError):
+            loop.call_soon(done, None, answer)
+        else:
+            loop.call_soon(done, answer[0] if isinstance(answer, tuple) else answer, None)
 
     def discard(self, address: str) -> None:
         self.discarded.append(address)
@@ -312,3 +325,38 @@ async def test_the_reads_of_one_copy_are_bounded() -> None:
         await copy_range(RangeClient(pool), stream_id=7, range_index=2, source=SRC,
                          target=DST, end=5, progress=CopyProgress(0, 1), reads_max=3)
     assert len(pool.appended) == 3
+
+
+async def test_start_append_answers_as_append_does() -> None:
+    """The writer's APPEND without awaiting: the same header and timeout policy, the end or
+    a typed error through the callback (a malformed end is MalformedFrame), and a timeout
+    discards the connection."""
+    pool = FakePool({Opcode.APPEND: {"end": 14}})
+    c = RangeClient(pool, timeout_s=3.0)
+    got: list[tuple[int, EstreamError | None]] = []
+    done = asyncio.Event()
+
+    def answered(end: int, error: EstreamError | None) -> None:
+        got.append((end, error))
+        done.set()
+
+    async def one(**kwargs: Any) -> tuple[int, EstreamError | None]:
+        done.clear()
+        c.start_append("a:1", answered, server_id="s", batch=b"B", **kwargs)
+        assert not done.is_set()  # never answered from within the call
+        await asyncio.wait_for(done.wait(), 5)
+        return got[-1]
+
+    assert await one(deferred=True) == (14, None)
+    assert pool.calls[-1] == ("a:1", Opcode.APPEND, {"deferred": True, "server_id": "s"},
+                              b"B", 3.0)
+    await c.append("a:1", server_id="s", batch=b"B", deferred=True)
+    assert pool.calls[-1] == pool.calls[-2]  # the same request as append's
+    for body in ({}, {"end": "3"}, {"end": True}):
+        pool.answers[Opcode.APPEND] = body
+        end, error = await one()
+        assert end == -1 and isinstance(error, MalformedFrame)
+    pool.answers[Opcode.APPEND] = Timeout("slow")
+    end, error = await one(timeout_s=0.5)
+    assert isinstance(error, Timeout) and pool.calls[-1][-1] == 0.5
+    assert pool.discarded == ["a:1"]
