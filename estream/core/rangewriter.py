@@ -20,6 +20,11 @@ the effects it returns:
 
 The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
 
+- A pending batch goes when it is full (``batch_bytes``); when it holds ``early_bytes``
+  while fewer than ``early_batches`` sent batches are unacknowledged (the replicas store
+  part of a burst while the application makes the rest); when nothing sent is
+  unacknowledged (Nagle's rule: at once, on the acknowledgement that made it so, or for a
+  driver's ``hold_idle`` appends at the end of its event-loop turn); or at its linger.
 - Every batch goes to every live replica of the open range. The confirmed end is the
   ``ack_count``-th highest acknowledged end (:func:`estream.core.quorum.confirm_offset`), so
   appends complete at ``ack_count`` durable copies and in offset order.
@@ -91,6 +96,8 @@ class WriterConfig:
 
     linger_ms: int = limits.linger_ms
     batch_bytes: int = limits.writer_batch_bytes
+    early_bytes: int = limits.writer_early_batch_bytes
+    early_batches: int = limits.writer_early_batches
     inflight_batches_max: int = limits.writer_inflight_batches_max
     inflight_bytes_max: int = limits.writer_inflight_bytes_max
     chase_backlog_bytes_max: int = limits.chase_backlog_bytes_max
@@ -392,17 +399,18 @@ class RangeWriter:
                 self.next_offset += 1
                 if timestamp > self._pending_max_ts:
                     self._pending_max_ts = timestamp
-                if pending_bytes < batch_bytes and (hold_idle or self._unacked_sent()):
+                if pending_bytes < batch_bytes and (
+                    (hold_idle and pending_bytes < self.config.early_bytes)
+                    or not self._may_go()
+                ):
                     return None
                 effects: list[Effect] = []
                 self._cut(now_ms, effects)
                 return effects
         effects = []
         self._take(head, value, timestamp, now_ms, sequence, effects)
-        if not hold_idle:
+        if not hold_idle or self._pending_bytes >= self.config.early_bytes:
             self._cut_if_due(now_ms, effects)
-        elif self._pending_bytes >= self.config.batch_bytes:
-            self._cut(now_ms, effects)
         if effects or self._pending_count == 1:  # a batch went out, or a new linger began
             return effects
         return None
@@ -411,7 +419,7 @@ class RangeWriter:
     def idle_cut_wanted(self) -> bool:
         """Records are pending and nothing sent is unacknowledged: :meth:`cut_idle` would
         send them now."""
-        return bool(self._pending_count) and not self._unacked_sent()
+        return bool(self._pending_count) and self._may_go()
 
     def cut_idle(self, now_ms: int) -> list[Effect]:
         """Send the pending records now if nothing sent is unacknowledged (else they keep
@@ -448,12 +456,35 @@ class RangeWriter:
             self._cut(now_ms, effects)
 
     def _cut_if_due(self, now_ms: int, effects: list[Effect]) -> None:
-        """Cut at once when nothing is in flight (waiting buys nothing) or the batch is
-        full."""
-        if self._pending_count and (
-            not self._unacked_sent() or self._pending_bytes >= self.config.batch_bytes
-        ):
+        """Cut at once when the batch is full, or when fewer than ``early_batches`` sent
+        batches are unacknowledged (waiting buys nothing: the replicas would idle)."""
+        if self._pending_count and self._may_go():
             self._cut(now_ms, effects)
+
+    def _may_go(self) -> bool:
+        """Whether the pending batch goes now rather than lingering: it is full; it holds
+        ``early_bytes`` and fewer than ``early_batches`` sent batches are unacknowledged;
+        or nothing sent is unacknowledged (Nagle's rule: the replicas would idle)."""
+        pending = self._pending_bytes
+        config = self.config
+        if pending >= config.batch_bytes:
+            return True
+        if pending >= config.early_bytes:
+            return self._room()
+        return not self._unacked_sent()
+
+    def _room(self) -> bool:
+        """Fewer than ``early_batches`` batches are unacknowledged (by ``ack_count``
+        replicas): a pending batch may go before it is full."""
+        room = self.config.early_batches
+        completed = self.completed
+        for batch in reversed(self._batches):
+            if batch.end <= completed:
+                return True
+            room -= 1
+            if room <= 0:
+                return False
+        return True
 
     def on_append_ack(self, replica: str, range_index: int, end: int, now_ms: int) -> list[Effect]:
         """``replica`` of ``range_index`` holds every offset below ``end``."""
@@ -470,6 +501,11 @@ class RangeWriter:
             self._advance(now_ms, effects)
         self._release()
         self._maybe_seal(effects)
+        if self._pending_count and rng.seal_end is None and self._may_go():
+            # An acknowledgement made room: the records pending go now rather than at
+            # their linger or once full (Nagle's rule), so the replicas store them while
+            # the application makes the next ones.
+            self._cut(now_ms, effects)
         return effects
 
     def on_append_error(

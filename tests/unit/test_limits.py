@@ -102,3 +102,8 @@ def test_times() -> None:
     assert limits.heartbeat_interval_ms * 2 <= limits.server_suspect_after_ms
     assert limits.chase_backlog_ms_max < limits.request_timeout_ms
     assert limits.read_wait_ms_max >= limits.request_timeout_ms
+
+
+def test_an_early_batch_is_smaller_than_a_full_one_and_fits_the_budget() -> None:
+    assert limits.writer_early_batch_bytes <= limits.writer_batch_bytes
+    assert limits.writer_early_batches <= limits.writer_inflight_batches_max

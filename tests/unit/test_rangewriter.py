@@ -496,11 +496,12 @@ def test_no_idle_confirm_while_a_batch_is_in_flight_or_records_pending() -> None
     w.on_append_ack("b", 0, 1, 1)  # offset 0 completes at 1
     w.submit([rec(1)], 1)  # sent at once (nothing in flight), carries confirm 1
     w.submit([rec(2)], 1)  # pending: lingers behind the batch in flight
+    assert confirms(w.on_tick(2)) == []  # a batch in flight, a record pending
     w.on_append_ack("a", 0, 2, 2)
-    w.on_append_ack("b", 0, 2, 2)  # offset 1 completes at 2: confirm 2 not yet sent
-    assert confirms(w.on_tick(5)) == []  # record 2 pending: its batch carries it
-    out = sends(w.on_tick(6))  # linger: record 2 goes, carrying confirm 2
-    assert decode_batch(out[0].payload).header.confirm_offset == 2
+    # Offset 1 completes at 2: nothing sent is unacknowledged, so record 2 goes at once,
+    # carrying confirm 2 (no CONFIRM of its own).
+    out = w.on_append_ack("b", 0, 2, 2)
+    assert confirms(out) == [] and decode_batch(sends(out)[0].payload).header.confirm_offset == 2
     w.on_append_ack("a", 0, 3, 7)
     assert confirms(w.on_tick(20)) == []  # its batch is in flight: not idle
     w.on_append_ack("b", 0, 3, 21)  # completes at 21: idle from now on
@@ -532,3 +533,59 @@ def test_a_section_built_record_by_record_is_encode_records_bytes() -> None:
     assert built == encode_records(records)
     assert with_system(built, producer_id="p", sequences=[1, 2, 3]) == encode_records(
         records, producer_id="p", sequences=[1, 2, 3])
+
+
+def test_an_acknowledgement_that_leaves_nothing_unacknowledged_sends_what_is_pending() -> None:
+    """Nagle's rule: the records pending behind a batch in flight go as soon as it is
+    acknowledged, not at their linger."""
+    w = make(linger_ms=50)
+    assert len(sends(w.submit_one(*one(0), 0, hold_idle=True) or [])) == 0
+    assert len(sends(w.cut_idle(0))) == 3  # nothing in flight: goes
+    for i in range(1, 4):  # behind it: lingering
+        assert not sends(w.submit_one(*one(i), 1, hold_idle=True) or [])
+    assert sends(w.on_append_ack("a", 0, 1, 2)) == []  # one ack: not yet acknowledged
+    out = sends(w.on_append_ack("b", 0, 1, 2))
+    assert [s.replica for s in out] == ["a", "b", "c"]
+    assert out[0].end == 4 and decode_batch(out[0].payload).header.count == 3
+    # A replica catching up does not cut anything (nothing pending).
+    assert sends(w.on_append_ack("c", 0, 1, 3)) == []
+
+
+def test_a_burst_goes_in_early_batches_while_few_are_unacknowledged() -> None:
+    """Appends of one event-loop turn (hold_idle): a pending batch of early_bytes goes at
+    once while fewer than early_batches sent batches are unacknowledged (the replicas
+    store it while the rest of the burst is made); then batches wait until full."""
+    size = 16 + 2  # the record prefix and a value "vN"
+    w = make(linger_ms=50, early_bytes=2 * size, early_batches=2, batch_bytes=5 * size)
+    ends: list[int] = []
+    for i in range(12):
+        out = sends(w.submit_one(*one(i), 0, hold_idle=True) or [])
+        ends += [s.end for s in out if s.replica == "a"]
+    # Two early batches of two records, then a full one of five; three records pending.
+    assert ends == [2, 4, 9] and w.next_offset == 12
+    assert not w.idle_cut_wanted  # three batches unacknowledged
+    w.on_append_ack("a", 0, 4, 1)
+    out = sends(w.on_append_ack("b", 0, 4, 1))  # room again: the three pending go
+    assert [s.end for s in out if s.replica == "a"] == [12]
+    # Small pending records behind unacknowledged batches linger (or wait for an ack).
+    assert not sends(w.submit_one(*one(12), 1, hold_idle=True) or [])
+    assert not w.idle_cut_wanted and sends(w.cut_idle(1)) == []
+    assert w.next_deadline_ms() == 51
+
+
+def test_early_batches_keep_offsets_and_records() -> None:
+    """However a burst is cut, the batches hold every record once, in offset order."""
+    w = make(linger_ms=50, early_bytes=64, early_batches=3, batch_bytes=256)
+    got: list[bytes] = []
+    for i in range(100):
+        out = w.submit_one(*one(i), 0, hold_idle=True) or []
+        got += [r.value for s in sends(out) if s.replica == "a"
+                for r in decode_batch(s.payload).records]
+        if i % 7 == 0:
+            for r in ("a", "b"):
+                out = w.on_append_ack(r, 0, w.next_offset - w.inflight_batches, 0)
+                got += [r.value for s in sends(out) if s.replica == "a"
+                        for r in decode_batch(s.payload).records]
+    got += [r.value for s in sends(w.on_tick(60)) if s.replica == "a"
+            for r in decode_batch(s.payload).records]
+    assert got == [rec(i).value for i in range(100)]
