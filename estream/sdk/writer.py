@@ -45,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from estream.core.producer import (
     ProducerState,
@@ -108,6 +108,7 @@ if TYPE_CHECKING:
     from estream.sdk.client import Client
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 close_wait_s = 1.0  # close(): how long background answers and heals may still finish
 confirm_wait_s = limits.request_timeout_ms / 1000  # flush(): the durable CONFIRM's bound
@@ -126,7 +127,18 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-class PendingAppend(asyncio.Future[int]):
+class _Waiter(asyncio.Future[_T]):
+    """A future the writer completes with ``_value`` once every offset below ``_end`` is
+    acknowledged; ``_since``: when it was submitted (ms, the delivery deadline's start).
+    The writer queues the futures themselves, in offset order (no entry per append)."""
+
+    __slots__ = ("_end", "_value", "_since")
+    _end: int
+    _value: Any
+    _since: int
+
+
+class PendingAppend(_Waiter[int]):
     """What :meth:`Writer.append` returns: a future of the record's offset, completed by
     the writer when the record's batch is acknowledged (no task, no coroutine per
     append: ``await``, ``asyncio.gather`` and ``asyncio.wait_for`` take it as it is).
@@ -168,8 +180,8 @@ class Writer:
         self._core: RangeWriter | None = None
         self._replicas = ReplicaClient(client.pool, meta.epoch,
                                        digest=getattr(meta, "digest", None))
-        # (end offset, future, submitted at ms, its result): completed in offset order.
-        self._waiters: deque[tuple[int, asyncio.Future[Any], int, Any]] = deque()
+        # What appends and flushes wait on, completed in offset order.
+        self._waiters: deque[_Waiter[Any]] = deque()
         self._space: list[asyncio.Future[None]] = []
         # Appends waiting for in-flight budget, submitted in call order as it frees up.
         self._queued: deque[_Queued] = deque()
@@ -387,7 +399,10 @@ class Writer:
             except Exception as exc:  # noqa: BLE001 - raised where it is awaited
                 future.set_exception(exc)
                 return future
-            self._waiters.append((base + 1, future, now, base))
+            future._end = base + 1
+            future._value = base
+            future._since = now
+            self._waiters.append(future)
             if self._watchdog is None:
                 self._arm_watchdog(now)
             if effects is not None:
@@ -431,7 +446,7 @@ class Writer:
                 record = Record(value, dict(headers) if headers else {}, ts)
                 offsets, end, effects = self._produce(core, [record], [seq])
                 if end > core.completed:
-                    self._add_waiter(end, future, now, offsets[0])
+                    self._add_waiter(future, end, now, offsets[0])
                 else:
                     future.set_result(offsets[0])
                 self._run(effects)
@@ -439,9 +454,7 @@ class Writer:
             base = core.next_offset
             effects = core.submit_one(value, headers, ts, now, seq, hold_idle=True)
             producer.taken_one(seq, base)
-        self._waiters.append((base + 1, future, now, base))
-        if self._watchdog is None:
-            self._arm_watchdog(now)
+        self._add_waiter(future, base + 1, now, base)
         if effects is not None:
             self._submitted(core, effects)
 
@@ -504,8 +517,8 @@ class Writer:
         core = await self._wait_space(sum(record_size(r) for r in records))
         now = self._now()
         base, effects = core.submit(records, now)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._add_waiter(base + len(records), future, now, None)
+        future: _Waiter[None] = _Waiter(loop=self._loop)
+        self._add_waiter(future, base + len(records), now, None)
         self._run(effects)
         await future
         return list(range(base, base + len(records)))
@@ -516,8 +529,8 @@ class Writer:
         (range servers log it durably before answering)."""
         core = self._check_open()
         if core.completed < core.next_offset:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._add_waiter(core.next_offset, future, self._now(), None)
+            future: _Waiter[None] = _Waiter(loop=self._loop)
+            self._add_waiter(future, core.next_offset, self._now(), None)
             self._run(core.on_tick(self._now()))
             await future
         await self._confirm_durably(confirm_wait_s)
@@ -609,10 +622,10 @@ class Writer:
         core = await self._wait_space(sum(record_size(r) for r in records))
         # No await from here to submit: the sequences are decided against the current last.
         offsets, end, effects = self._produce(core, records, sequences)
-        future: asyncio.Future[None] | None = None
+        future: _Waiter[None] | None = None
         if end > core.completed:
-            future = asyncio.get_running_loop().create_future()
-            self._add_waiter(end, future, self._now(), None)
+            future = _Waiter(loop=self._loop)
+            self._add_waiter(future, end, self._now(), None)
         self._run(effects)
         if future is not None:
             await future
@@ -720,10 +733,11 @@ class Writer:
             core = self._check_open()
         return core
 
-    def _add_waiter(
-        self, end: int, future: asyncio.Future[Any], now_ms: int, result: Any
-    ) -> None:
-        self._waiters.append((end, future, now_ms, result))
+    def _add_waiter(self, future: _Waiter[Any], end: int, now_ms: int, result: Any) -> None:
+        future._end = end
+        future._value = result
+        future._since = now_ms
+        self._waiters.append(future)
         if self._watchdog is None:
             self._arm_watchdog(now_ms)
 
@@ -737,7 +751,7 @@ class Writer:
         self._watchdog = None
         if self._closed or self._error is not None or not self._waiters:
             return
-        submitted_ms = self._waiters[0][2]
+        submitted_ms = self._waiters[0]._since
         if self._now() < submitted_ms + self.config.delivery_timeout_ms:
             self._arm_watchdog(submitted_ms)
             return
@@ -803,14 +817,14 @@ class Writer:
 
     def _complete(self, upto: int) -> None:
         waiters = self._waiters
-        while waiters and waiters[0][0] <= upto:
-            _, future, _, result = waiters.popleft()
+        while waiters and waiters[0]._end <= upto:
+            future = waiters.popleft()
             if not future.done():
-                future.set_result(result)
+                future.set_result(future._value)
 
     def _fail_all(self, error: EstreamError) -> None:
         waiters, self._waiters = self._waiters, deque()
-        for _, future, _, _ in waiters:
+        for future in waiters:
             if not future.done():
                 future.set_exception(error)
         queued, self._queued = self._queued, deque()
@@ -818,9 +832,9 @@ class Writer:
             if not future.done():
                 future.set_exception(error)
         space, self._space = self._space, []
-        for future in space:
-            if not future.done():
-                future.set_exception(error)
+        for room in space:
+            if not room.done():
+                room.set_exception(error)
         self._confirm_changed.set()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
