@@ -42,15 +42,16 @@ encoding) are the only ones that know pysyncobj. What they add to pysyncobj 0.3.
   (:mod:`pd.shell.raftwire`), not pickled, compressed and Fernet-encrypted as pysyncobj does.
 - **Raft on the event loop.** pysyncobj's tick runs on the PD's asyncio loop
   (``autoTick=False``): :class:`_LoopPoller` makes its sockets the loop's readers and
-  writers, a tick runs every ``autoTickPeriod`` and in the loop iteration after a socket
-  event or a proposal. A proposal is thus appended and sent on the loop thread, and the
-  commit callback resolves its future directly: the two thread hand-overs per commit of
-  pysyncobj's tick thread (mostly waiting for the GIL) are gone. The
+  writers, a tick runs every ``autoTickPeriod``, right after a socket event, and after a
+  proposal (at once on an idle node, else in the next loop iteration with the other
+  proposals of that iteration). A proposal is thus appended and sent on the loop thread,
+  and the commit callback resolves its future directly: the two thread hand-overs per
+  commit of pysyncobj's tick thread (mostly waiting for the GIL) are gone. The
   leader's journal sync runs on a worker thread (the loop serves PD requests meanwhile;
   Raft's socket events are held and no tick runs until it ends, so nothing touches the
   journal concurrently); its end is the one hand-over, and it overlaps the followers'
-  round trip. A follower syncs on the loop: its acknowledgement waits for the sync
-  anyway.
+  round trip: the events held are handled, and a tick runs, as soon as it ends. A
+  follower syncs on the loop: its acknowledgement waits for the sync anyway.
   A proposal made on a follower is forwarded to the leader by pysyncobj itself, and its
   callback fires once the follower applied the entry (read-your-writes on that node).
   Without a leader the proposal fails at once with :class:`Unavailable`; one that gets no
@@ -96,6 +97,7 @@ from pd.shell.raftwire import RaftCipher, RaftConnection, primitive_loads
 log = logging.getLogger(__name__)
 
 propose_timeout_s: Final = 3.0
+proposal_batch_s: Final = 0.001  # proposals closer than this wait for one tick together
 status_refresh_s: Final = 0.05
 log_compaction_entries: Final = 20_000
 DUMP_VERSION: Final = 1
@@ -285,12 +287,14 @@ class _LoopPoller(Poller):  # type: ignore[misc]
     """pysyncobj's poller on the asyncio event loop: its sockets (and the ones its
     transport opens later) are the loop's readers and writers, so pysyncobj's message
     handlers run on the loop thread. ``poll`` waits for nothing: the loop does.
-    ``on_event`` runs before every dispatched event (the SyncObj defers its sends and
-    schedules a tick)."""
+    ``on_event`` runs before every dispatched event (the SyncObj defers its sends),
+    ``after_event`` after it (the SyncObj ticks)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[], None],
+                 after_event: Callable[[], None] = lambda: None) -> None:
         self._loop = loop
         self._on_event = on_event
+        self._after_event = after_event
         self._subs: dict[int, tuple[Callable[[int, int], None], int]] = {}
         self.paused = False
         self._held: set[tuple[int, int]] = set()  # (descr, event) not dispatched yet
@@ -325,12 +329,16 @@ class _LoopPoller(Poller):  # type: ignore[misc]
         for descr in list(self._subs):
             self.unsubscribe(descr)
 
-    def resume(self) -> None:
-        """Dispatch again the events held while paused (the loop reports them again:
-        its readers and writers are level-triggered)."""
+    def resume(self) -> bool:
+        """Watch again the sockets whose events were held while paused, and handle those
+        events now (not a loop iteration later: an acknowledgement that arrived during
+        the leader's sync commits at once). The loop's readers and writers are
+        level-triggered: a socket read empty here is not reported again. Returns whether
+        it handled any (``after_event`` ran)."""
         self.paused = False
         held, self._held = self._held, set()
-        for descr, event in held:
+        due = []
+        for descr, event in sorted(held):
             sub = self._subs.get(descr)
             if sub is None or not sub[1] & event:
                 continue
@@ -338,6 +346,16 @@ class _LoopPoller(Poller):  # type: ignore[misc]
                 self._loop.add_reader(descr, self._dispatch, descr, event)
             else:
                 self._loop.add_writer(descr, self._dispatch, descr, event)
+            due.append((descr, event))
+        if not due:
+            return False
+        self._on_event()
+        for descr, event in due:
+            sub = self._subs.get(descr)
+            if sub is not None and sub[1] & event and not self.paused:
+                sub[0](descr, event)
+        self._after_event()
+        return True
 
     def _dispatch(self, descr: int, event: int) -> None:
         sub = self._subs.get(descr)
@@ -352,6 +370,7 @@ class _LoopPoller(Poller):  # type: ignore[misc]
             return
         self._on_event()
         sub[0](descr, event)
+        self._after_event()
 
 
 class _LoopTransport(TCPTransport):  # type: ignore[misc]
@@ -388,7 +407,8 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._tick_soon_pending = False
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
-        self._loop_poller = _LoopPoller(loop, self._on_socket_event)
+        self._loop_poller = _LoopPoller(loop, self._on_socket_event, self._after_socket_event)
+        self._proposed_at = 0.0  # (loop time) of the last proposal: see tick_for_proposal
         # The leader's journal sync runs on this thread (the loop serves PD requests
         # meanwhile); a follower's runs on the loop (its acknowledgement waits for it).
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, "raft-journal-sync")
@@ -418,7 +438,29 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
     # next tick), one journal sync for all that arrived in one loop iteration.
     def _on_socket_event(self) -> None:
         self._deferring = True
-        self.tick_soon()
+
+    def _after_socket_event(self) -> None:
+        """Tick right after the socket event, not in the next loop iteration: a follower
+        syncs and acknowledges what it received, the leader commits what was
+        acknowledged, one loop iteration sooner. (Ticks no more often: a tick per event
+        instead of per loop iteration, and Raft events are a few messages from the other
+        nodes, each read whole.)"""
+        if self._tick_soon_pending:
+            return  # a tick is due in this loop iteration anyway
+        self._run_tick()
+
+    def tick_for_proposal(self) -> None:
+        """A proposal waits in pysyncobj's queue: an idle node appends and sends it now
+        (one loop iteration sooner); a busy one (another proposal in the last
+        millisecond) in the next loop iteration's tick, with the other proposals of this
+        iteration (one append message and one sync for all)."""
+        now = self.loop.time()
+        idle = now - self._proposed_at > proposal_batch_s
+        self._proposed_at = now
+        if idle and not self._tick_soon_pending:
+            self._run_tick()
+        else:
+            self.tick_soon()
 
     def tick_soon(self) -> None:
         if not self._tick_soon_pending and not self._closed:
@@ -555,13 +597,16 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
             return
         self._sync_running = None
         after, self._after_sync = self._after_sync, []
-        self._loop_poller.resume()
-        if self._closed:
+        if self._closed:  # (its sockets are closing: nothing more to handle)
+            self._loop_poller.paused = False
             return
         if running.exception() is None:  # JournalFailed: latched; the next tick stops
             for node, message in after:
                 self._send_direct(node, message)
-        self.tick_soon()
+        # What arrived meanwhile is handled now, then a tick: the entries just synced
+        # count, acknowledgements commit, proposals that waited are appended.
+        if not self._loop_poller.resume() and not self._tick_soon_pending:
+            self._run_tick()
 
     def _journal_sync(self) -> None:
         running = self._sync_running
@@ -767,7 +812,7 @@ class RaftNode:
         started = time.perf_counter()
         self.proposals += 1
         obj.apply_command(encode_command(command), callback=done)
-        obj.tick_soon()  # appended and sent on this thread, in the next loop iteration
+        obj.tick_for_proposal()  # appended and sent on this thread, now or in a moment
         # Not asyncio.wait_for (one more loop callback between the commit and this task).
         timer = obj.loop.call_later(self.propose_timeout_s, _expire, future,
                                     self.propose_timeout_s)
