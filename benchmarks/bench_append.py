@@ -26,7 +26,7 @@ records/s on a shared machine). Every phase is bounded in count and time. Usage:
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
         [--phases throughput,one,visible,workers,typical] [--inflight 256]
-        [--kill-replica] [--exactly-once [--repeat 3]] [--json out.json]
+        [--kill-replica] [--exactly-once [--repeat 3]] [--batch-bytes N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from estream.devcluster.cluster import Cluster, start_cluster
 
 RECORD = b"x" * 1024
 PHASE_TIMEOUT_S = 120.0
+WRITER_OPTIONS: dict[str, Any] = {}  # open_writer's options for every phase (--batch-bytes)
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -69,7 +70,7 @@ async def throughput(
         await client.create_stream(name, replicas=3, ack_count=2)
     else:
         await client.create_stream(name, replicas=3, ack_count=2, digest=digest)
-    writer = await client.open_writer(name, producer_id=producer_id)
+    writer = await client.open_writer(name, producer_id=producer_id, **WRITER_OPTIONS)
     started = time.perf_counter()
     cpu_started = time.process_time()
     for wave in range(0, records, window):
@@ -99,7 +100,7 @@ async def workers(
     """``compare.py``'s per-record row (``benchmarks/peers/load.run_ops``, whose values
     are ``payload(size, i)``): ``inflight`` workers, one append after another."""
     await client.create_stream(name, replicas=3, ack_count=2)
-    writer = await client.open_writer(name)
+    writer = await client.open_writer(name, **WRITER_OPTIONS)
     issued = failed = 0
     latencies: list[float] = []
     started = time.perf_counter()
@@ -136,7 +137,7 @@ async def typical(
     (``compare.py``'s typical-loop row too). Each completed append's latency (ms) goes to
     ``latencies`` when given."""
     await client.create_stream(name, replicas=3, ack_count=2)
-    writer = await client.open_writer(name)
+    writer = await client.open_writer(name, **WRITER_OPTIONS)
     slots = asyncio.Semaphore(inflight)
     tasks: set[asyncio.Task[None]] = set()
     failed = 0
@@ -195,7 +196,7 @@ def _loop_figures(
 
 async def one_in_flight(client: estream.Client, samples: int) -> dict[str, Any]:
     await client.create_stream("bench-latency", replicas=3, ack_count=2)
-    writer = await client.open_writer("bench-latency")
+    writer = await client.open_writer("bench-latency", **WRITER_OPTIONS)
     for _ in range(min(200, samples)):  # warm up connections and caches
         await writer.append(RECORD)
     latencies: list[float] = []
@@ -218,7 +219,7 @@ async def one_in_flight(client: estream.Client, samples: int) -> dict[str, Any]:
 
 async def append_to_visible(client: estream.Client, samples: int) -> dict[str, Any]:
     await client.create_stream("bench-visible", replicas=3, ack_count=2)
-    writer = await client.open_writer("bench-visible")
+    writer = await client.open_writer("bench-visible", **WRITER_OPTIONS)
     sent: dict[int, float] = {}
     seen: list[float] = []
 
@@ -248,7 +249,7 @@ async def kill_replica(
     client: estream.Client, cluster: Cluster, records: int, window: int
 ) -> dict[str, Any]:
     await client.create_stream("bench-kill", replicas=3, ack_count=2)
-    writer = await client.open_writer("bench-kill")
+    writer = await client.open_writer("bench-kill", **WRITER_OPTIONS)
     victim = writer.stream.ranges[-1].replicas[0].address
     latencies: list[tuple[float, float]] = []  # (start, latency ms)
     failures = 0
@@ -388,8 +389,12 @@ def main() -> int:
     parser.add_argument("--exactly-once", action="store_true",
                         help="only the producer and digest rows beside plain appends")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--batch-bytes", type=int, default=None,
+                        help="the writers' batch_bytes (default: the SDK's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.batch_bytes is not None:
+        WRITER_OPTIONS["batch_bytes"] = args.batch_bytes
     import uvloop
 
     with tempfile.TemporaryDirectory(prefix="bench-append-") as tmp:
