@@ -425,6 +425,11 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
 
 _KINDS: Final = {"str": str, "int": int, "bool": bool, "tuple[str, ...]": tuple,
                   "tuple[PackMember, ...]": PackMember}
+# Each command kind's fields: name, default (``MISSING``: required) and the type its value
+# must have; worked out once, as every node decodes every entry.
+_SCHEMAS: Final[dict[str, tuple[tuple[str, Any, type], ...]]] = {
+    kind: tuple((f.name, f.default, _KINDS[str(f.type)]) for f in dataclasses.fields(cls))
+    for kind, cls in COMMAND_TYPES.items()}
 
 
 def encode_command(command: Command) -> bytes:
@@ -453,31 +458,31 @@ def decode_command(data: bytes) -> Command:
     if version != COMMAND_VERSION:
         raise InvalidArgument(f"unsupported command version {version!r}", argument="v")
     kind = body.get("kind")
-    cls = COMMAND_TYPES.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise InvalidArgument(f"unknown command kind {body.get('kind')!r}", argument="kind")
-    kwargs = {f.name: _field(body, f) for f in dataclasses.fields(cls)}
+    if not isinstance(kind, str) or kind not in COMMAND_TYPES:
+        raise InvalidArgument(f"unknown command kind {kind!r}", argument="kind")
+    cls = COMMAND_TYPES[kind]
+    kwargs = {name: _field(body, name, default, expected)
+              for name, default, expected in _SCHEMAS[kind]}
     command: Command = cls(**kwargs)
     return command
 
 
-def _field(body: dict[str, Any], f: dataclasses.Field[Any]) -> Any:
-    if f.name not in body:
-        if f.default is not dataclasses.MISSING:
-            return f.default
-        raise InvalidArgument(f"command field {f.name!r} is missing", argument=f.name)
-    value = body[f.name]
-    expected = _KINDS[str(f.type)]
+def _field(body: dict[str, Any], name: str, default: Any, expected: type) -> Any:
+    if name not in body:
+        if default is not dataclasses.MISSING:
+            return default
+        raise InvalidArgument(f"command field {name!r} is missing", argument=name)
+    value = body[name]
     if expected is PackMember:
         if not isinstance(value, list):
-            raise InvalidArgument(f"command field {f.name!r} must be a list", argument=f.name)
+            raise InvalidArgument(f"command field {name!r} must be a list", argument=name)
         return tuple(PackMember.from_dict(v) for v in value)
     if expected is tuple:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise InvalidArgument(f"command field {f.name!r} must be a list of strings",
-                                  argument=f.name)
+            raise InvalidArgument(f"command field {name!r} must be a list of strings",
+                                  argument=name)
         return tuple(value)
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise InvalidArgument(f"command field {f.name!r} must be {expected.__name__}",
-                              argument=f.name)
+        raise InvalidArgument(f"command field {name!r} must be {expected.__name__}",
+                              argument=name)
     return value
