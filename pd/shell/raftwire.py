@@ -61,6 +61,9 @@ _HELLO_AD: Final = bytes([KIND_HELLO])
 _SESSION_AD: Final = bytes([KIND_SESSION])
 _FLAG_ZLIB: Final = 1
 compress_at: Final = 64 * 1024  # smaller messages go as they are (zlib costs more than it saves)
+# A frame announcing more is refused at once, before its body is read or authenticated: the
+# largest real message (a batch of entries, a snapshot chunk) is far smaller.
+frame_bytes_max: Final = 64 * 1024 * 1024
 _SALT: Final = b"estream-pd-raft-v2"
 _SESSION_LABEL: Final = b"estream-pd-raft-session"
 _LENGTH: Final = struct.Struct("i")  # pysyncobj's frame prefix
@@ -187,12 +190,13 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         if len(buffer) < 4:
             return None
         (size,) = _LENGTH.unpack_from(buffer)
+        if not 0 <= size <= frame_bytes_max:  # a peer without the key can announce anything
+            self.disconnect()
+            return None
         if len(buffer) - 4 < size:
             return None
         body = buffer[4:4 + size]
         try:
-            if size < 0:
-                raise ValueError("a negative frame length")
             message = self.open(body)
         except Exception:  # forged, damaged, replayed or foreign: drop the connection
             self.disconnect()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 
 import pytest
 from cryptography.exceptions import InvalidTag
@@ -16,6 +17,7 @@ from pd.shell.raftwire import (
     RaftCipher,
     RaftConnection,
     compress_at,
+    frame_bytes_max,
 )
 
 REFUSED = (InvalidTag, ValueError)
@@ -120,3 +122,13 @@ def test_an_authenticated_message_still_unpickles_primitives_only() -> None:
     sealed = out.seal({"type": "append_entries", "entries": [Evil()]})
     with pytest.raises(pickle.UnpicklingError):
         inc.open(sealed)
+
+
+@pytest.mark.parametrize("size", [-1, frame_bytes_max + 1, 2**31 - 1])
+def test_a_frame_announcing_too_much_drops_the_connection_before_its_body(size: int) -> None:
+    conn = _conn()
+    dropped: list[bool] = []
+    conn.disconnect = lambda: dropped.append(True)
+    conn._TcpConnection__readBuffer = struct.pack("i", size) + b"x" * 16  # pysyncobj's prefix
+    assert conn._TcpConnection__processParseMessage() is None
+    assert dropped == [True]
