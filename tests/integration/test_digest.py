@@ -362,7 +362,12 @@ async def test_replicas_of_rolled_recovered_and_repaired_ranges_keep_the_digest(
             async with await client.open_writer("d-repaired") as writer:
                 await writer.append_batch([b"a%d" % i for i in range(20)])
                 cluster.kill9(victim.address)  # the writer seals range 0 and rolls
-                await writer.append_batch([b"b%d" % i for i in range(20)])
+                await writer.append(b"b0")  # acknowledged by two; the roll runs beside it
+                deadline = time.monotonic() + 30
+                while len((await client.describe_stream("d-repaired")).ranges) < 2:
+                    assert time.monotonic() < deadline, "the writer did not roll"
+                    await asyncio.sleep(0.1)
+                await writer.append_batch([b"b%d" % i for i in range(1, 20)])  # range 1
             async with await client.open_writer("d-repaired") as writer:  # recovery
                 await writer.append(b"c")
             deadline = time.monotonic() + 60
