@@ -100,7 +100,8 @@ class PlacementDriverNode:
             self.service.object_store = store.describe()  # published in PD_CLUSTER
         self.service.pool = self.member_pool()  # delete fences, trim asks range servers
         self.rpc = RpcServer(self.service.handlers(), name=f"pd-{cfg.node_id}", ssl=tls,
-                             tokens=cfg.security.tokens)
+                             tokens=cfg.security.tokens,
+                             quick_handlers=self.service.quick_handlers())
         host, port = parse_address(cfg.listen)
         self.rpc_address = await self.rpc.start(host, port)
         http_host, http_port = parse_address(cfg.http)

@@ -800,6 +800,12 @@ class RaftNode:
         Raises the catalog's typed rejection, :class:`Unavailable` when there is no leader
         (nothing was proposed), or :class:`Timeout` when the outcome is unknown.
         """
+        return proposal_result(await self.start_proposal(command))
+
+    def start_proposal(self, command: Command) -> asyncio.Future[Any]:
+        """:meth:`propose` without a task: the future of the catalog's result (a typed
+        rejection is a result: :func:`proposal_result` raises it), or of Timeout /
+        Unavailable / Overloaded. Raises Unavailable at once when there is no leader."""
         if self.leader() is None:
             raise Unavailable("the placement driver has no leader (no majority reachable)")
         obj = self._sync
@@ -813,18 +819,17 @@ class RaftNode:
         self.proposals += 1
         obj.apply_command(encode_command(command), callback=done)
         obj.tick_for_proposal()  # appended and sent on this thread, now or in a moment
-        # Not asyncio.wait_for (one more loop callback between the commit and this task).
+        # Not asyncio.wait_for (one more loop callback between the commit and the answer).
         timer = obj.loop.call_later(self.propose_timeout_s, _expire, future,
                                     self.propose_timeout_s)
-        try:
-            result = await future
-        finally:
+
+        def finished(future: asyncio.Future[Any]) -> None:
             timer.cancel()
-        self.commit_seconds.observe(time.perf_counter() - started)
-        if isinstance(result, EstreamError):
-            raise result
-        out: Result = result
-        return out
+            if not future.cancelled() and future.exception() is None:
+                self.commit_seconds.observe(time.perf_counter() - started)
+
+        future.add_done_callback(finished)
+        return future
 
     def close(self) -> None:
         """Stop Raft: flush the journal, close the sockets. On the event loop's thread, or
@@ -860,6 +865,14 @@ class RaftNode:
             obj.destroy()  # autoTick off: destroys at once (transport, journal)
         finally:
             obj.close_poller()
+
+
+def proposal_result(result: Any) -> Result:
+    """A proposal's result; the catalog's typed rejection raised."""
+    if isinstance(result, EstreamError):
+        raise result
+    out: Result = result
+    return out
 
 
 def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:

@@ -30,7 +30,15 @@ from typing import Any, Final
 
 from estream.core.quorum import seal_quorum
 from estream.core.timerange import candidate_ranges
-from estream.net.rpc import ConnectionPool, Handler, Header, optional, require
+from estream.net.rpc import (
+    Answer,
+    ConnectionPool,
+    Handler,
+    Header,
+    QuickHandler,
+    optional,
+    require,
+)
 from estream.wire.errors import (
     Conflict,
     EstreamError,
@@ -71,7 +79,7 @@ from pd.placement import Candidate, choose_replicas
 from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
-from pd.shell.raft import RaftNode
+from pd.shell.raft import RaftNode, proposal_result
 
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
 catch_up_poll_s = 0.005
@@ -237,6 +245,26 @@ class PdService:
     ) -> StreamMeta:
         check_retention(retention_ms, retention_bytes)  # 0 is refused, not "no limit"
         view = await self._decision_view()
+        command = self._create_command(view, name, replicas, ack_count, type, hints,
+                                       request_id, system, retention_ms, retention_bytes,
+                                       digest)
+        return _stream(await self.raft.propose(command))
+
+    def _create_command(
+        self,
+        view: CatalogView,
+        name: str,
+        replicas: int,
+        ack_count: int,
+        type: str,
+        hints: Sequence[str],
+        request_id: str,
+        system: bool,
+        retention_ms: int | None,
+        retention_bytes: int | None,
+        digest: str,
+    ) -> CreateStream:
+        """What create_stream proposes, decided from ``view`` (placement included)."""
         command = CreateStream(name, replicas, ack_count, type, tuple(hints), (),
                                request_id, system, retention_ms=retention_ms or 0,
                                retention_bytes=retention_bytes or 0, digest=digest)
@@ -244,11 +272,11 @@ class PdService:
             if not request_id:
                 raise StreamExists(f"stream {name!r} already exists", stream=name)
             # Maybe our own earlier create (same request id): the catalog decides.
-            return _stream(await self.raft.propose(command))
+            return command
         check_stream_args(command)  # bad input is reported before any placement error
         self._require_leader()
         placement = choose_replicas(self._candidates(view), replicas, hints=hints)
-        return _stream(await self.raft.propose(replace(command, placement=placement)))
+        return replace(command, placement=placement)
 
     async def delete_stream(self, name: str) -> None:
         """Forget ``name``, once no writer can have an append acknowledged any more: a
@@ -526,6 +554,42 @@ class PdService:
         }
         return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
 
+    def quick_handlers(self) -> dict[int, QuickHandler]:
+        """Started as the request is decoded (no task): create_stream, on a caught-up
+        node, proposes at once and answers from the commit's callback."""
+        return {int(Opcode.PD_CREATE_STREAM): self._quick_create}
+
+    def _quick_create(
+        self, h: Header, payload: bytes
+    ) -> tuple[asyncio.Future[Any] | None, Callable[[], Answer]]:
+        started = time.perf_counter()
+        try:
+            args = _create_args(h)
+            check_retention(args[7], args[8])  # 0 is refused, not "no limit"
+            proposed = self.raft.caught_up()
+            if not proposed:  # the usual way: wait (in a task) to catch up
+                pending: asyncio.Future[Any] = asyncio.ensure_future(self._rpc_create(h))
+            else:
+                pending = self.raft.start_proposal(self._create_command(self.view(), *args))
+        except BaseException:
+            self.metrics.observe("rpc", "pd_create_stream", time.perf_counter() - started,
+                                 False)
+            raise
+
+        def answer() -> Answer:
+            ok = False
+            try:
+                result = pending.result()
+                out: Header = result if not proposed else {
+                    "stream": _stream(proposal_result(result)).to_dict()}
+                ok = True
+                return out, b""
+            finally:
+                self.metrics.observe("rpc", "pd_create_stream",
+                                     time.perf_counter() - started, ok)
+
+        return pending, answer
+
     def _timed(self, op: str, fn: Callable[[Header], Awaitable[Header]]) -> Handler:
         async def handler(header: Header, payload: bytes) -> tuple[Header | None, bytes]:
             started = time.perf_counter()
@@ -552,18 +616,11 @@ class PdService:
         return {"registered": registered}
 
     async def _rpc_create(self, h: Header) -> Header:
+        (name, replicas, ack_count, type_, hints, request_id, system, retention_ms,
+         retention_bytes, digest) = _create_args(h)
         stream = await self.create_stream(
-            require(h, "name", str),
-            optional(h, "replicas", int, 3),
-            optional(h, "ack_count", int, 2),
-            optional(h, "type", str, ""),
-            _str_list(h, "hints"),
-            request_id=optional(h, "request_id", str, ""),
-            system=optional(h, "system", bool, False),
-            retention_ms=_opt_int(h, "retention_ms"),
-            retention_bytes=_opt_int(h, "retention_bytes"),
-            digest=optional(h, "digest", str, "xxh3"),
-        )
+            name, replicas, ack_count, type_, hints, request_id=request_id, system=system,
+            retention_ms=retention_ms, retention_bytes=retention_bytes, digest=digest)
         return {"stream": stream.to_dict()}
 
     async def _rpc_describe(self, h: Header) -> Header:
@@ -718,6 +775,23 @@ def retention_change(changes: Mapping[str, Any]) -> tuple[int, int]:
             raise InvalidArgument(f"{name} must be an integer from 1 to 2**63-1, or null for "
                                   f"no limit (not {value!r:.40})", argument=name)
     return out[0], out[1]
+
+
+def _create_args(h: Header) -> tuple[str, int, int, str, tuple[str, ...], str, bool,
+                                     int | None, int | None, str]:
+    """A create request's fields, in :meth:`PdService._create_command`'s order."""
+    return (
+        require(h, "name", str),
+        optional(h, "replicas", int, 3),
+        optional(h, "ack_count", int, 2),
+        optional(h, "type", str, ""),
+        _str_list(h, "hints"),
+        optional(h, "request_id", str, ""),
+        optional(h, "system", bool, False),
+        _opt_int(h, "retention_ms"),
+        _opt_int(h, "retention_bytes"),
+        optional(h, "digest", str, "xxh3"),
+    )
 
 
 def _opt_int(h: Header, name: str) -> int | None:
