@@ -11,6 +11,7 @@ import pytest
 from estream.devcluster.process import free_port
 from estream.wire.errors import InvalidArgument, StreamExists, StreamNotFound, Unavailable
 from estream.wire.meta import StreamMeta
+from estream.wire.protocol import Opcode
 from pd.catalog import PdNode
 from pd.commands import CreateStream, OpenWriter, RegisterServer
 from pd.shell.journal import ChecksummedJournal
@@ -143,3 +144,57 @@ async def test_a_node_answers_reads_only_once_it_has_caught_up(tmp_path: Path) -
         assert service.list_streams() == []
     finally:
         await asyncio.to_thread(single.close)
+
+
+async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
+    """PD_CREATE_STREAM's quick handler (no task) answers what create_stream answers: the
+    new stream, StreamExists at once for a taken name, the same stream again for a retry
+    with its request id; on a node still catching up it takes the task path."""
+    single = RaftNode(f"127.0.0.1:{free_port()}", [], tmp_path / "single", password=None)
+    single.start()
+    try:
+        await _wait_leader(single)
+        service = PdService(single, PdNode("s", single.self_address, "", ""))
+        deadline = time.monotonic() + 10
+        while not single.ready():
+            assert time.monotonic() < deadline, "a lone leader never caught up"
+            await asyncio.sleep(0.02)
+        await service.register_server("rs1", "127.0.0.1:9", "ssd")
+        service.heartbeat("rs1", "127.0.0.1:9", {})
+        quick = service.quick_handlers()[int(Opcode.PD_CREATE_STREAM)]
+
+        async def create(h: dict[str, object]) -> dict[str, object]:
+            pending, answer = quick(h, b"")
+            assert pending is not None
+            await asyncio.wait([pending])
+            header, payload = answer()
+            assert header is not None and payload == b""
+            return header
+
+        h = {"name": "q", "replicas": 1, "ack_count": 1, "request_id": "r1"}
+        first = await create(h)
+        stream = StreamMeta.from_dict(first["stream"])  # type: ignore[arg-type]
+        assert stream == service.describe_stream("q")
+        assert [r.id for r in stream.ranges[0].replicas] == ["rs1"]
+        assert await create(h) == first  # the retry of the same request
+        with pytest.raises(StreamExists):
+            quick({"name": "q", "replicas": 1, "ack_count": 1}, b"")
+        with pytest.raises(InvalidArgument):
+            quick({"name": "bad", "replicas": 1, "ack_count": 1, "type": ".sys"}, b"")
+        assert service.metrics.requests("rpc", "pd_create_stream") == 4
+    finally:
+        await asyncio.to_thread(single.close)
+    alone = RaftNode(f"127.0.0.1:{free_port()}",
+                     [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
+                     tmp_path / "alone", password=None)
+    alone.start()
+    try:
+        service = PdService(alone, PdNode("a", alone.self_address, "", ""))
+        pending, answer = service.quick_handlers()[int(Opcode.PD_CREATE_STREAM)](
+            {"name": "q"}, b"")
+        assert isinstance(pending, asyncio.Task)  # waits to catch up, as create_stream does
+        await asyncio.wait([pending])
+        with pytest.raises(Unavailable, match="catching up"):
+            answer()
+    finally:
+        await asyncio.to_thread(alone.close)
