@@ -157,8 +157,9 @@ class PMap(Mapping[str, V], Generic[V]):
         return f"PMap({dict(self.items())!r})"
 
     # -- changing (a new map) ------------------------------------------------------
-    def set(self, key: str, value: V) -> PMap[V]:
-        """This map with ``key`` mapped to ``value``."""
+    def _descend(self, key: str) -> tuple[list[tuple[_Branch, int]], _Leaf]:
+        """The branches from the root to ``key``'s leaf (each with the kid taken), and the
+        leaf."""
         path: list[tuple[_Branch, int]] = []
         node = self._root
         while type(node) is _Branch:
@@ -166,6 +167,11 @@ class PMap(Mapping[str, V], Generic[V]):
             path.append((node, i))
             node = node.kids[i]
         assert type(node) is _Leaf
+        return path, node
+
+    def set(self, key: str, value: V) -> PMap[V]:
+        """This map with ``key`` mapped to ``value``."""
+        path, node = self._descend(key)
         keys = node.keys
         j = bisect_left(keys, key)
         if j < len(keys) and keys[j] == key:
@@ -179,13 +185,7 @@ class PMap(Mapping[str, V], Generic[V]):
 
     def delete(self, key: str) -> PMap[V]:
         """This map without ``key`` (itself when it has no ``key``)."""
-        path: list[tuple[_Branch, int]] = []
-        node = self._root
-        while type(node) is _Branch:
-            i = bisect_right(node.seps, key)
-            path.append((node, i))
-            node = node.kids[i]
-        assert type(node) is _Leaf
+        path, node = self._descend(key)
         keys = node.keys
         j = bisect_left(keys, key)
         if j >= len(keys) or keys[j] != key:
