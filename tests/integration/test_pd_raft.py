@@ -46,6 +46,16 @@ async def _wait_leader(node: RaftNode, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _ready_service(single: RaftNode) -> PdService:
+    """The PD service of a lone node, once it leads and has caught up."""
+    await _wait_leader(single)
+    deadline = time.monotonic() + 10
+    while not single.ready():
+        assert time.monotonic() < deadline, "a lone leader never caught up"
+        await asyncio.sleep(0.02)
+    return PdService(single, PdNode("s", single.self_address, "", ""))
+
+
 async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
     node = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
@@ -133,12 +143,7 @@ async def test_a_node_answers_reads_only_once_it_has_caught_up(tmp_path: Path) -
     single = RaftNode(f"127.0.0.1:{free_port()}", [], tmp_path / "single", password=None)
     single.start()
     try:
-        await _wait_leader(single)
-        service = PdService(single, PdNode("s", single.self_address, "", ""))
-        deadline = time.monotonic() + 10
-        while not single.ready():
-            assert time.monotonic() < deadline, "a lone leader never caught up"
-            await asyncio.sleep(0.02)
+        service = await _ready_service(single)
         with pytest.raises(StreamNotFound):
             service.describe_stream("missing")
         assert service.list_streams() == []
@@ -153,12 +158,7 @@ async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
     single = RaftNode(f"127.0.0.1:{free_port()}", [], tmp_path / "single", password=None)
     single.start()
     try:
-        await _wait_leader(single)
-        service = PdService(single, PdNode("s", single.self_address, "", ""))
-        deadline = time.monotonic() + 10
-        while not single.ready():
-            assert time.monotonic() < deadline, "a lone leader never caught up"
-            await asyncio.sleep(0.02)
+        service = await _ready_service(single)
         await service.register_server("rs1", "127.0.0.1:9", "ssd")
         service.heartbeat("rs1", "127.0.0.1:9", {})
         quick = service.quick_handlers()[int(Opcode.PD_CREATE_STREAM)]
