@@ -147,11 +147,12 @@ class PDClient:
 
     async def _raise_wrong_port(self, http: list[str], last: EstreamError | None) -> None:
         """After no node answered in time: raise :class:`WrongPort` when some address
-        answered HTTP, or when every attempt timed out before any node ever answered and
-        a probe finds Raft ports among the others; else return."""
+        answered HTTP, or when no node ever answered (every attempt timed out, or its
+        connection was dropped without a byte) and a probe finds Raft ports among the
+        addresses; else return."""
         if http:
             raise http_port(http)
-        if self._answered or not isinstance(last, Timeout):
+        if self._answered or last is None:
             return  # a node that once answered is down or hung, not a wrong port
         found = await raft_ports(self.addresses, raft_port_probe_timeout_s)
         if found:

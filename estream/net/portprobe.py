@@ -7,8 +7,9 @@ frame magic 0x5448: :func:`answers_http` recognises that error.
 
 A PD node's Raft port (pysyncobj) accepts a connection and then reads messages framed as a
 4-byte length and a body. Our RPC frame's first 4 bytes read there as a length of hundreds
-of megabytes, so the port waits for them silently and the client only sees a timeout, the
-same as a hung server. After such a timeout a caller may :func:`looks_like_raft_port`:
+of megabytes: the port drops the connection without a byte (PD before 982fbc4 waited for
+them silently: a timeout, as from a hung server). After either, a caller that never had an
+answer may :func:`looks_like_raft_port`:
 
 - it sends 5 bytes, a message of length 1 in that framing; a Raft port reads it, cannot
   decrypt or decompress it, and closes the connection at once without a byte;
