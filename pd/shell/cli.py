@@ -5,7 +5,7 @@
 
 ``--peers`` lists the OTHER nodes' Raft addresses (an empty string: a one-node cluster).
 ``--password`` (or ``--password-file``, ``ESTREAM_PD_PASSWORD``) is the shared secret of
-the Raft port (pysyncobj encrypts and authenticates with it; needs ``cryptography``).
+the Raft port (every message sealed with AES-GCM under keys derived from it: raftwire.py).
 Without one, a one-node cluster generates a random secret, and a multi-node cluster
 uses the public development secret (logged: a warning when Raft listens beyond
 loopback). TLS and tokens: ``--tls-cert``, ``--tls-key``, ``--tls-ca``,
