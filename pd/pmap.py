@@ -12,6 +12,7 @@ Pure: no I/O. Safe to share across threads (nothing is ever mutated after constr
 
 from __future__ import annotations
 
+import enum
 from bisect import bisect_left, bisect_right
 from collections.abc import ItemsView as _ItemsView
 from collections.abc import Iterable, Iterator, Mapping
@@ -47,6 +48,13 @@ class _Branch:
 
 _Node = _Leaf | _Branch
 _EMPTY: Final = _Leaf([], [])
+
+
+class _Absent(enum.Enum):
+    """What :meth:`PMap.get` returns to ``__getitem__`` for a key not in the map."""
+
+    ABSENT = 0
+
 
 
 def _size(node: _Node) -> int:
@@ -101,15 +109,10 @@ class PMap(Mapping[str, V], Generic[V]):
         return self._len
 
     def __getitem__(self, key: str) -> V:
-        node = self._root
-        while type(node) is _Branch:
-            node = node.kids[bisect_right(node.seps, key)]
-        keys = node.keys  # type: ignore[union-attr]
-        i = bisect_left(keys, key)
-        if i < len(keys) and keys[i] == key:
-            value: V = node.values[i]  # type: ignore[union-attr]
-            return value
-        raise KeyError(key)
+        value = self.get(key, _Absent.ABSENT)
+        if value is _Absent.ABSENT:
+            raise KeyError(key)
+        return value
 
     @overload
     def get(self, key: str, /) -> V | None: ...
