@@ -26,7 +26,8 @@ And against SeaweedFS S3: 1 and 2 with the object altered and deleted in the buc
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -185,9 +186,15 @@ async def read_values(pd: str, name: str, end: int) -> list[bytes]:
         return [r.value async for r in client.read(name, 0, end, follow=False)]
 
 
-def stop_servers(cluster: Cluster) -> None:
+@contextlib.contextmanager
+def servers_stopped(cluster: Cluster) -> Iterator[None]:
+    """Every range server stopped (readers can reach only the object store), then healed."""
     for server in cluster.servers:
         server.stop()
+    try:
+        yield
+    finally:
+        cluster.heal()
 
 
 def tiered_under_new_key(cluster: Cluster, name: str, index: int, old: str
@@ -213,8 +220,7 @@ async def flipped_byte_is_repaired(cluster: Cluster, tier: Tier, name: str,
     await tier.flip(old, r0["object_part"]["data"][0] + 80)
     # the replicas serve every record
     assert await read_values(cluster.pd_addresses, name, len(values)) == values
-    stop_servers(cluster)
-    try:
+    with servers_stopped(cluster):
         async with await estream.connect(cluster.pd_addresses) as client:
             got: list[bytes] = []
             with pytest.raises(EstreamError):  # typed, in bounded time, never wrong records
@@ -226,8 +232,6 @@ async def flipped_byte_is_repaired(cluster: Cluster, tier: Tier, name: str,
             assert client.object_read_stats().damage_reports == 1
             await wait_for(lambda: cluster.describe(name)["ranges"][0]["tier"] == "local",
                            REPAIR_TIMEOUT_S, "the damaged range back in the local tier")
-    finally:
-        cluster.heal()
     new = await wait_for(lambda: tiered_under_new_key(cluster, name, 0, old),
                          REPAIR_TIMEOUT_S, "range 0 uploaded again under a new key")
     assert cluster.describe(name)["ranges"][1]["object_key"] == r1["object_key"]  # sound
@@ -235,11 +239,8 @@ async def flipped_byte_is_repaired(cluster: Cluster, tier: Tier, name: str,
         await wait_gone(exists, old)
     assert metric(cluster, 'estream_object_damage_checks_total{result="damaged"}') >= 1
     assert metric(cluster, "estream_object_damage_repaired_ranges_total") >= 1
-    stop_servers(cluster)
-    try:
+    with servers_stopped(cluster):
         assert await read_values(cluster.pd_addresses, name, len(values)) == values
-    finally:
-        cluster.heal()
     assert new["tier"] == "object"
 
 
@@ -260,11 +261,8 @@ async def deleted_object_is_repaired(cluster: Cluster, tier: Tier, name: str,
                        REPAIR_TIMEOUT_S, f"range {index} uploaded again under a new key")
     await wait_for(lambda: all_tiered(cluster, name, released=False), REPAIR_TIMEOUT_S,
                    "every range in the object tier")
-    stop_servers(cluster)
-    try:
+    with servers_stopped(cluster):
         assert await read_values(cluster.pd_addresses, name, len(values)) == values
-    finally:
-        cluster.heal()
     assert not await exists(old)  # (deleted behind our back; never written again)
 
 
