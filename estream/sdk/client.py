@@ -376,7 +376,7 @@ class Client:
             except (TimeoutError, EstreamError):
                 pass
         if self._object_reads is not None:
-            self._object_reads.close()  # windows read ahead that nobody took
+            await self._object_reads.close()  # the GETs of windows read ahead
         for task in list(self._reports):
             task.cancel()
         await asyncio.gather(*self._reports, return_exceptions=True)
