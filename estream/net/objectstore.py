@@ -139,15 +139,7 @@ class ObjectStore:
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the object (ObjectStoreError past its end)."""
-        if not 0 <= start < end:
-            raise InvalidArgument(f"bad byte range [{start}, {end})", argument="range")
-        data = await self._call(key, obstore.get_range_async(self._store, key, start=start,
-                                                             end=end))
-        out = bytes(data)
-        if len(out) != end - start:
-            raise ObjectStoreError(f"object {key!r}: asked bytes [{start}, {end}), got "
-                                   f"{len(out)}", key=key, not_found=False)
-        return out
+        return bytes(await self.get_range_view(key, start, end))
 
     async def get_range_view(self, key: str, start: int, end: int) -> memoryview:
         """:meth:`get_range` without the copy: a read-only view of the buffer the store
