@@ -79,7 +79,7 @@ from pd.placement import Candidate, choose_replicas
 from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
-from pd.shell.raft import RaftNode, proposal_result
+from pd.shell.raft import RaftNode, RaftStatus, proposal_result
 
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
 catch_up_poll_s = 0.005
@@ -218,6 +218,18 @@ class PdService:
         if self.raft.leader() is None:
             raise Unavailable("the placement driver has no leader (no majority reachable)")
 
+    def _require_leading(self, why: str) -> RaftStatus:
+        """For what only the leader keeps: this node's Raft status when it leads;
+        Unavailable with no leader; on a follower NotLeader (``why``) naming the leader's
+        RPC address."""
+        status = self.raft.status()
+        if status.role != "leader":
+            if status.leader is None:
+                raise Unavailable("the placement driver has no leader (no majority reachable)")
+            by_raft = {n.raft: n.rpc for n in self.view().pd_nodes.values()}
+            raise NotLeader(why, leader_hint=by_raft.get(status.leader))
+        return status
+
     async def _decision_view(self) -> CatalogView:
         """The catalog to decide from (placement, existence checks): this node's, once it
         applied every entry it knows committed. A restarted node replaying its log would
@@ -330,13 +342,7 @@ class PdService:
         Returns the draining servers its open range should roll away from
         (:func:`pd.drain.leave_servers`), only when a range could be placed without them
         (else the writer would run degraded for nothing)."""
-        status = self.raft.status()
-        if status.role != "leader":
-            if status.leader is None:
-                raise Unavailable("the placement driver has no leader (no majority reachable)")
-            by_raft = {n.raft: n.rpc for n in self.view().pd_nodes.values()}
-            raise NotLeader("writer leases are kept by the leader",
-                            leader_hint=by_raft.get(status.leader))
+        status = self._require_leading("writer leases are kept by the leader")
         # Caught up first: a new leader still applying the log could miss the stream
         # (and StreamNotFound fences the writer).
         stream = (await self._decision_view()).stream(name)
@@ -718,13 +724,7 @@ class PdService:
                               require(h, "object_key", str), require(h, "reason", str))
         if report.reason not in REASONS or not report.object_key:
             raise InvalidArgument(f"bad damage report {report}", argument="reason")
-        status = self.raft.status()
-        if status.role != "leader":
-            if status.leader is None:
-                raise Unavailable("the placement driver has no leader (no majority reachable)")
-            by_raft = {n.raft: n.rpc for n in self.view().pd_nodes.values()}
-            raise NotLeader("damage reports go to the leader",
-                            leader_hint=by_raft.get(status.leader))
+        self._require_leading("damage reports go to the leader")
         await self._decision_view()
         take = self.object_damage
         return {"outcome": take(report) if take is not None else "no_tier"}
