@@ -20,13 +20,23 @@ it), so no call waits forever. obstore's errors become typed estream errors:
 retriable otherwise) and :class:`~estream.wire.errors.Timeout`; a bad URL or missing
 credentials raise :class:`~estream.wire.errors.InvalidArgument` at construction.
 
+A request, once made, runs on the store's own threads to its end: a caller cancelled (or
+past its deadline) stops waiting, not the request. :meth:`ObjectStore.close` waits for the
+requests still running, so that none calls back into an interpreter that is shutting down
+(which aborts the process); a process that reads or writes objects closes its stores. The
+thread that hands an answer over may still need the interpreter for a moment after the
+answer is in, so at exit the process waits until ``exit_quiet_s`` has passed since the last
+answer (pyo3-async-runtimes, under which obstore runs, has no shutdown of its own).
+
 Side effects: network (S3) or files (``file://``), through obstore's Rust runtime.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,6 +55,8 @@ request_timeout_s: Final = 30.0  # one PUT/GET/HEAD/DELETE/LIST page, retries in
 # MiB: 205 part requests per GiB; 16 MiB makes it 64, and an object up to 16 MiB one PUT).
 put_part_bytes: Final = 16 * 1024 * 1024
 list_objects_max: Final = 10_000  # keys one list() call returns at most
+close_wait_s: Final = 5.0  # close(): how long the requests still running may take
+exit_quiet_s: Final = 0.05  # at exit: the time after the last answer its thread may need
 _T = TypeVar("_T")
 
 
@@ -65,6 +77,7 @@ class ObjectStore:
         self.url = url
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self._running: set[asyncio.Future[Any]] = set()  # requests the store still runs
 
     @classmethod
     def from_url(
@@ -94,6 +107,22 @@ class ObjectStore:
         """What PD publishes to range servers and clients: ``{"url", "endpoint"}``."""
         return {"url": self.url, "endpoint": self.endpoint}
 
+    async def _request(self, started: Awaitable[_T]) -> _T:
+        """The answer of one request just made (the future obstore returned), shielded:
+        cancelling the caller leaves the request to finish, and it is kept in
+        ``_running`` until it has."""
+        request = asyncio.ensure_future(started)
+        self._running.add(request)
+        request.add_done_callback(self._running.discard)
+        request.add_done_callback(_answered)
+        return await asyncio.shield(request)
+
+    async def close(self, wait_s: float = close_wait_s) -> None:
+        """Wait (at most ``wait_s``) for the requests still running, such as those of
+        callers that were cancelled. The store stays usable."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=wait_s)
+
     async def _call(self, key: str, work: Awaitable[_T]) -> _T:
         try:
             return await asyncio.wait_for(work, self.timeout_s)
@@ -117,11 +146,13 @@ class ObjectStore:
         body: Any
         if size <= put_part_bytes:
             body = data if isinstance(data, bytes | memoryview) else b"".join(data)
-            work = obstore.put_async(self._store, key, body, use_multipart=False)
+            work = self._request(obstore.put_async(self._store, key, body,
+                                                     use_multipart=False))
         else:
             body = data if isinstance(data, bytes | memoryview) else iter(data)
-            work = obstore.put_async(self._store, key, body, use_multipart=True,
-                                     chunk_size=put_part_bytes)
+            work = self._request(obstore.put_async(self._store, key, body,
+                                                   use_multipart=True,
+                                                   chunk_size=put_part_bytes))
         await self._call(key, work)
 
     @staticmethod
@@ -133,8 +164,8 @@ class ObjectStore:
     async def get(self, key: str) -> bytes:
         """The whole object."""
         async def work() -> bytes:
-            result = await obstore.get_async(self._store, key)
-            return bytes(await result.bytes_async())
+            result = await self._request(obstore.get_async(self._store, key))
+            return bytes(await self._request(result.bytes_async()))
         return await self._call(key, work())
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -146,8 +177,8 @@ class ObjectStore:
         answered into (for large reads whose bytes are only parsed, never kept whole)."""
         if not 0 <= start < end:
             raise InvalidArgument(f"bad byte range [{start}, {end})", argument="range")
-        data = await self._call(key, obstore.get_range_async(self._store, key, start=start,
-                                                             end=end))
+        data = await self._call(key, self._request(
+            obstore.get_range_async(self._store, key, start=start, end=end)))
         view = memoryview(data)
         if view.nbytes != end - start:
             raise ObjectStoreError(f"object {key!r}: asked bytes [{start}, {end}), got "
@@ -161,13 +192,13 @@ class ObjectStore:
         for start, end in spans:
             if not 0 <= start < end:
                 raise InvalidArgument(f"bad byte range [{start}, {end})", argument="range")
-        data = await self._call(key, obstore.get_ranges_async(
-            self._store, key, starts=[s for s, _ in spans], ends=[e for _, e in spans]))
+        data = await self._call(key, self._request(obstore.get_ranges_async(
+            self._store, key, starts=[s for s, _ in spans], ends=[e for _, e in spans])))
         return [bytes(d) for d in data]
 
     async def head(self, key: str) -> int:
         """The object's size in bytes (ObjectStoreError with ``not_found`` if missing)."""
-        meta = await self._call(key, obstore.head_async(self._store, key))
+        meta = await self._call(key, self._request(obstore.head_async(self._store, key)))
         return int(meta["size"])
 
     size = head
@@ -175,7 +206,7 @@ class ObjectStore:
     async def delete(self, key: str) -> None:
         """Delete the object; a missing one is not an error (deletes are retried)."""
         try:
-            await self._call(key, obstore.delete_async(self._store, key))
+            await self._call(key, self._request(obstore.delete_async(self._store, key)))
         except ObjectStoreError as exc:
             if not exc.fields.get("not_found"):
                 raise
@@ -189,7 +220,11 @@ class ObjectStore:
         async def work() -> list[ObjectInfo]:
             out: list[ObjectInfo] = []
             stream = obstore.list(self._store, prefix or None, offset=after, chunk_size=1000)
-            async for chunk in stream:
+            while True:
+                try:
+                    chunk = await self._request(stream.__anext__())
+                except StopAsyncIteration:
+                    break
                 for meta in chunk:
                     out.append(ObjectInfo(str(meta["path"]), int(meta["size"]),
                                           meta["last_modified"].timestamp()))
@@ -235,6 +270,26 @@ def _s3_store(url: str, endpoint: str | None, timeout_s: float,
     except (obstore.exceptions.BaseError, ValueError) as exc:
         raise InvalidArgument(f"object store {url!r}: {_first_line(exc)}",
                               argument="object_store") from None
+
+
+_last_answer_s: float | None = None  # time.monotonic() of the last answer in this process
+
+
+def _answered(request: asyncio.Future[Any]) -> None:
+    """When the answer came (for :func:`_settle_at_exit`). Its error is its caller's news,
+    or nobody's (a caller that stopped waiting)."""
+    global _last_answer_s
+    _last_answer_s = time.monotonic()
+    if not request.cancelled():
+        request.exception()
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    """Before the interpreter finalizes: let the threads that handed the last answers over
+    finish with the interpreter (one still at it once it is finalizing aborts the process)."""
+    if _last_answer_s is not None:
+        time.sleep(max(0.0, _last_answer_s + exit_quiet_s - time.monotonic()))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -79,7 +79,6 @@ index_entries_max: Final = 262_144  # cached index entries of all objects (~40 M
 read_ahead_windows: Final = 2  # windows a catch-up read keeps fetching ahead of itself
 read_ahead_max: Final = 4  # windows of object reads fetched ahead, pending at once (in all)
 damage_report_interval_s: Final = 30.0  # one report of a damaged object per key and this
-close_wait_s: Final = 5.0  # close(): how long the GETs read ahead may still take
 damage_keys_max: Final = 1_024  # keys remembered as reported (the oldest forgotten)
 GET_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                         5.0, 10.0)
@@ -432,8 +431,9 @@ class ObjectReads:
     read) starts the GETs of the next ``read_ahead_windows`` windows (those not under way
     yet) before it waits for its own, so that GETs overlap each other and the caller's
     work on this one; the next read at that offset takes them (at most ``read_ahead_max``
-    windows pending in all, the oldest cancelled first; a failed one is simply fetched
-    again). None goes past the read's ``end``. :meth:`close` cancels what is pending.
+    windows pending in all, the oldest dropped first; a failed one is simply fetched
+    again). None goes past the read's ``end``. :meth:`close` drops what is pending and
+    closes the store (which waits for the requests it still runs).
 
     Every request has the store's deadline. An object that does not hold what the catalog
     says (another stream, range or offsets), or is cut short (a GET fails where a HEAD
@@ -471,7 +471,6 @@ class ObjectReads:
         self._indexes: OrderedDict[tuple[str, int], ObjectIndex] = OrderedDict()
         self._entries = 0
         self._ahead: OrderedDict[tuple[str, int, int], asyncio.Task[Payload]] = OrderedDict()
-        self._unfinished: set[asyncio.Task[Payload]] = set()  # read ahead, taken or not
 
     async def read(self, stream_id: int, rng: RangeMeta, offset: int, end: int) -> Payload:
         """Whole batches of ``rng`` from the one holding ``offset`` on, towards ``end``
@@ -592,32 +591,25 @@ class ObjectReads:
     ) -> None:
         task = asyncio.ensure_future(fetch)
         task.add_done_callback(_retrieve)
-        task.add_done_callback(self._unfinished.discard)
-        self._unfinished.add(task)
         self._ahead[window] = task
         while len(self._ahead) > self.read_ahead_max:
-            self._ahead.popitem(last=False)  # dropped, not cancelled (see close)
+            self._ahead.popitem(last=False)[1].cancel()
 
     async def _taken(self, task: asyncio.Task[Payload] | None) -> Payload | None:
-        """A window read ahead (popped: nothing else takes it), if any and it went well
-        (shielded: a read cancelled meanwhile leaves the GET to finish, see :meth:`close`)."""
+        """A window read ahead (popped: nothing else takes it), if any and it went well."""
         if task is None:
             return None
         try:
-            return await asyncio.shield(task)
+            return await task
         except EstreamError:
             return None  # fetched again, and its error (if it lasts) raised then
 
-    async def close(self, wait_s: float = close_wait_s) -> None:
-        """Let the GETs of windows read ahead finish (at most ``wait_s``), then cancel what
-        is left. They are never cancelled before: cancelling drops only the Python side of
-        a GET while the store's own threads run it on, and one still running when the
-        process exits calls back into a finalizing interpreter, which aborts it."""
-        self._ahead.clear()
-        if self._unfinished:
-            _, left = await asyncio.wait(self._unfinished, timeout=wait_s)
-            for task in left:
-                task.cancel()
+    async def close(self) -> None:
+        """Drop the windows read ahead, and close the store: it waits for the requests
+        it still runs (a GET cancelled here runs on to its end in the store's threads)."""
+        while self._ahead:
+            self._ahead.popitem()[1].cancel()
+        await self.store.close()
 
     async def range_index(self, stream_id: int, rng: RangeMeta) -> ObjectIndex:
         """The index of ``rng``'s batches in its object

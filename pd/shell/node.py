@@ -83,6 +83,7 @@ class PlacementDriverNode:
         self._retain_task: asyncio.Task[None] | None = None  # pd/shell/retainer.py
         self._offload_task: asyncio.Task[None] | None = None
         self.offloader: Offloader | None = None
+        self.store: ObjectStore | None = None
         self.rpc_address = ""
         self.http_address = ""
 
@@ -94,7 +95,7 @@ class PlacementDriverNode:
         # (port 0 allowed) once they are known, before it publishes them.
         tls = server_context(cfg.security)
         self.service = PdService(self.raft, PdNode(cfg.node_id, cfg.raft, "", ""))
-        store = None if not cfg.object_store else ObjectStore.from_url(
+        self.store = store = None if not cfg.object_store else ObjectStore.from_url(
             cfg.object_store, cfg.object_store_endpoint)
         if store is not None:
             self.service.object_store = store.describe()  # published in PD_CLUSTER
@@ -176,6 +177,8 @@ class PlacementDriverNode:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.store is not None:
+            await self.store.close()  # the requests of tasks just cancelled
         if self.service is not None:
             await self.service.pool.close()
         if self._http_runner is not None:
