@@ -13,6 +13,13 @@ Journal file (``raft.journal``), little-endian::
     record  u32 body length | u64 xxh3-64 of the body | body
     body    u64 index | u64 term | the command (pysyncobj's bytes, opaque here)
 
+The file is kept longer than its records: zeros are written ``preallocate_bytes`` at a
+time ahead of the end (and synced once), and a cut zeroes what it cuts. A record's sync is
+then data only (``fdatasync`` with no size change to journal): on ext4 a sync that grows
+the file waits for a filesystem journal commit, which three PD nodes on one disk take in
+turn. Zeros after the last record are unused space, never a torn tail (older versions cut
+them at open, as a torn tail: a rollback is safe).
+
 Recovery (:func:`scan`, pure), as in the range server's log:
 
 - a record cut short, or a last record whose checksum fails with nothing but zeros after
@@ -53,6 +60,8 @@ HEADER: Final = MAGIC + struct.pack("<II", VERSION, 0)
 _RECORD: Final = struct.Struct("<IQ")  # body length, checksum
 _BODY: Final = struct.Struct("<QQ")  # index, term
 record_body_bytes_max: Final = 64 * 1024 * 1024  # far above any catalog command
+preallocate_bytes: Final = 4 * 1024 * 1024  # zeros written ahead of the end at a time
+_ZEROS: Final = bytes(1024 * 1024)  # one write of zeros, at most
 _DIGEST_BYTES: Final = 8
 
 
@@ -97,7 +106,7 @@ def scan(data: bytes | memoryview, name: str = "journal") -> ScanResult:
         end = _claimed_end(view, pos)
         last = result.entries[-1][1] if result.entries else None
         later = _valid_record_after(view, pos, last)
-        if later is None and (end >= len(view) or not any(view[end:])):
+        if later is None and (end >= len(view) or _all_zero(view[end:])):
             result.torn = problem
             return result
         after = f"a valid record at byte {later}" if later is not None else "records"
@@ -105,6 +114,10 @@ def scan(data: bytes | memoryview, name: str = "journal") -> ScanResult:
             f"{name}: damaged record at byte {pos} ({problem}) with {after} after it"
         )
     return result
+
+
+def _all_zero(view: memoryview) -> bool:
+    return not bytes(view).strip(b"\x00")
 
 
 def _valid_record_after(view: memoryview, pos: int, last_index: int | None) -> int | None:
@@ -214,21 +227,29 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
             os.ftruncate(self._fd, 0)
             os.write(self._fd, HEADER)
             os.fsync(self._fd)
-        elif found.valid_end < len(data):
+        elif found.valid_end < len(data) and found.torn != "zero fill":  # (zeros: unused)
             self.recovery_note = (f"{self.path}: torn tail ({found.torn}) cut at byte "
                                   f"{found.valid_end}, {len(data) - found.valid_end} bytes")
-            os.ftruncate(self._fd, found.valid_end)
+            self._zero(found.valid_end, len(data))
             os.fsync(self._fd)
         self._end = found.valid_end
+        self._size = max(len(data), self._end)  # the file's length: zeros after _end
         fsync_dir(self.path.parent)
         self.durable_index = self._entries[-1][1] if self._entries else 0
         self._meta = self._load_meta()
         self._meta_dirty = False
 
     # -- the log ---------------------------------------------------------------------
+    @property
+    def end(self) -> int:
+        """Where the next record goes: the bytes of the file in use (zeros follow)."""
+        return self._end
+
     def add(self, command: bytes | str, idx: int, term: int) -> None:
         raw = command if isinstance(command, bytes) else command.encode("utf-8")
         record = encode_record(raw, idx, term)
+        if self._end + len(record) > self._size:
+            self._preallocate(self._end + len(record) + preallocate_bytes)
         os.pwrite(self._fd, record, self._end)
         self._entries.append((raw, idx, term))
         self._offsets.append(self._end)
@@ -256,17 +277,30 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         for record in records:
             self._offsets.append(pos)
             pos += len(record)
-        self._end = pos
+        self._end = self._size = pos
+
+    def _preallocate(self, size: int) -> None:
+        """Grow the file to ``size`` bytes with written (not sparse) zeros, synced: records
+        written there later sync as data only (see the module docstring)."""
+        self._zero(self._size, size)
+        self.sync_file()
+        self._size = size
+
+    def _zero(self, start: int, end: int) -> None:
+        while start < end:
+            start += os.pwrite(self._fd, memoryview(_ZEROS)[: min(len(_ZEROS), end - start)],
+                               start)
 
     def _truncate(self, keep: int) -> None:
         # Raft cuts a follower's log only at a conflict (pd.shell.raft.trim_append): the
         # cut entries were never committed, and the lower durable_index says they are gone.
+        # Their bytes become zeros (unused space), the file keeps its length.
         if keep >= len(self._entries):
             return
-        self._end = self._offsets[keep]
+        cut_end, self._end = self._end, self._offsets[keep]
         del self._entries[keep:]
         del self._offsets[keep:]
-        os.ftruncate(self._fd, self._end)
+        self._zero(self._end, cut_end)
         self.dirty = True
         self.durable_index = min(self.durable_index, self._entries[-1][1] if self._entries else 0)
 
@@ -284,14 +318,18 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
             raise JournalFailed(f"{self.path}: an earlier sync failed ({self.failed})")
         if self.dirty:
             last = self._entries[-1][1] if self._entries else 0
-            try:
-                self.fdatasync(self._fd)
-            except OSError as exc:
-                self.failed = exc
-                raise JournalFailed(f"{self.path}: sync failed ({exc})") from exc
+            self.sync_file()
             self.dirty = False
             self.syncs += 1
             self.durable_index = last
+
+    def sync_file(self) -> None:
+        """One ``fdatasync``; a failure is latched (see the class docstring)."""
+        try:
+            self.fdatasync(self._fd)
+        except OSError as exc:
+            self.failed = exc
+            raise JournalFailed(f"{self.path}: sync failed ({exc})") from exc
 
     def _destroy(self) -> None:
         try:

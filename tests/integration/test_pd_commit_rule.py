@@ -7,7 +7,6 @@ a power loss of every node (each journal cut to what its syncs covered)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import threading
 import time
@@ -259,17 +258,19 @@ async def test_acknowledged_commands_survive_a_power_loss_of_every_node(
     nodes = _start(addresses, tmp_path / "before")
     synced: dict[int, int] = {}  # node -> journal bytes its last sync covered
 
-    def recording(i: int, real: Callable[[int], None]) -> Callable[[int], None]:
+    def recording(i: int, journal: ChecksummedJournal) -> Callable[[int], None]:
+        real = journal.fdatasync
+
         def sync(fd: int) -> None:
-            size = os.fstat(fd).st_size
+            size = journal.end
             real(fd)
             synced[i] = size
         return sync
 
     for i, node in enumerate(nodes):
         journal = _journal(node)
-        synced[i] = journal.path.stat().st_size
-        journal.fdatasync = recording(i, journal.fdatasync)
+        synced[i] = journal.end
+        journal.fdatasync = recording(i, journal)
     acknowledged: list[str] = []
     try:
         leader = await _leader(nodes)

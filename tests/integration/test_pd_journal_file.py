@@ -1,16 +1,24 @@
 """The PD's checksummed Raft journal as a file (real files in a temp dir): reopen,
-truncation and compaction survive; a torn tail is cut at open; damage refuses to open.
+truncation and compaction survive; zeros are written ahead of the records; a torn tail is
+cut at open; damage refuses to open.
 The record codec's own cases are pure: tests/unit/test_pd_journal.py.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from estream.wire.errors import ChecksumMismatch
-from pd.shell.journal import HEADER, ChecksummedJournal, encode_checked, scan
+from pd.shell.journal import (
+    HEADER,
+    ChecksummedJournal,
+    encode_checked,
+    preallocate_bytes,
+    scan,
+)
 from tests.unit.test_pd_journal import ENTRIES, journal_bytes
 
 
@@ -33,6 +41,44 @@ def test_the_file_survives_reopen_truncation_and_compaction(tmp_path: Path) -> N
     third = ChecksummedJournal(path)
     assert [e[1] for e in third] == list(range(31, 42))
     third._destroy()
+
+
+def test_zeros_are_written_ahead_and_a_cut_zeroes_what_it_cuts(tmp_path: Path) -> None:
+    """Records land in space already written (zeros, synced), so their syncs are data
+    only; the zeros after the records are unused space, not a torn tail."""
+    path = tmp_path / "raft.journal"
+    journal = ChecksummedJournal(str(path))
+    syncs: list[int] = []
+    real = journal.fdatasync
+    journal.fdatasync = lambda fd: (syncs.append(os.fstat(fd).st_size), real(fd))[1]
+    journal.add(b"first", 1, 1)
+    size = path.stat().st_size
+    assert size >= journal.end + preallocate_bytes and syncs == [size]  # zeros synced
+    for i in range(2, 41):
+        journal.add(b"cmd%d" % i, i, 1)
+    journal.sync()
+    assert path.stat().st_size == size and syncs == [size, size]  # no growth, one sync
+    kept_end = journal._offsets[30]
+    journal.deleteEntriesFrom(30)  # entries 31..40 go: their bytes become zeros
+    assert journal.end == kept_end and path.stat().st_size == size
+    assert not path.read_bytes()[kept_end:].strip(b"\x00")
+    journal._destroy()
+    again = ChecksummedJournal(str(path))
+    assert [e[1] for e in again] == list(range(1, 31)) and again.recovery_note == ""
+    assert again.end == kept_end and path.stat().st_size == size
+    again.add(b"cmd31", 31, 2)  # goes where the cut began
+    again._destroy()
+    assert scan(path.read_bytes()).entries[-1] == (b"cmd31", 31, 2)
+
+
+def test_a_journal_written_before_the_zeros_opens_and_grows(tmp_path: Path) -> None:
+    path = tmp_path / "raft.journal"
+    path.write_bytes(journal_bytes())  # records up to the file's end
+    journal = ChecksummedJournal(str(path))
+    assert list(journal) == ENTRIES and journal.recovery_note == ""
+    journal.add(b"after", 99, 5)
+    journal._destroy()
+    assert scan(path.read_bytes()).entries == [*ENTRIES, (b"after", 99, 5)]
 
 
 def test_a_torn_tail_is_cut_at_open_and_appends_follow_it(tmp_path: Path) -> None:
