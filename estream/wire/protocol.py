@@ -214,7 +214,7 @@ class FrameDecoder:
         self._direct_bytes_min = direct_bytes_min
         self._frame: bytearray | None = None  # the frame being received in direct mode
         self._frame_fill = 0
-        self._scratch = bytearray(RECEIVE_BYTES) if direct_bytes_min is not None else None
+        self._scratch: bytearray | None = None  # get_buffer's, made on its first call
 
     @property
     def buffered_bytes(self) -> int:
