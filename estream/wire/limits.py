@@ -42,8 +42,10 @@ linger_ms: Final = 1
 writer_batch_bytes: Final = 256 * KiB
 # A pending batch this large goes before it is full while fewer than writer_early_batches
 # sent batches are unacknowledged: the replicas store part of a burst while the rest is made.
-writer_early_batch_bytes: Final = 64 * KiB
-writer_early_batches: Final = 4
+# (128 KiB rather than 64: half the batches, and a batch costs every replica a receive, a
+# write and an answer; figures in benchmarks/RESULTS.md.)
+writer_early_batch_bytes: Final = 128 * KiB
+writer_early_batches: Final = 3
 writer_inflight_batches_max: Final = 256
 writer_inflight_bytes_max: Final = 32 * MiB
 chase_backlog_bytes_max: Final = 16 * MiB  # a slow replica's backlog before it is dropped
