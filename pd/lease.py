@@ -182,14 +182,18 @@ class LeaseTable:
         return now_ms - lease.renewed_ms >= self.lease_ms
 
     def due(self, streams: Iterable[StreamMeta], now_ms: int) -> list[StreamMeta]:
-        """The streams to look at now: last range open, lease run out, and not found
-        clean at this epoch and range within the back-off. Forgets streams that are gone."""
+        """The streams to look at now: opened by a writer at least once, last range open,
+        lease run out, and not found clean at this epoch and range within the back-off.
+        (A stream still at epoch 0 never had a writer: ``open_writer`` takes a new epoch
+        before any append, so nothing can hide in its range.) Forgets streams that are
+        gone."""
         out: list[StreamMeta] = []
         present: set[str] = set()
         for stream in streams:
             present.add(stream.name)
             last = stream.last_range
-            if last is None or last.sealed or not self.expired(stream, now_ms):
+            if (last is None or last.sealed or stream.epoch == 0
+                    or not self.expired(stream, now_ms)):
                 continue
             recheck = self._rechecks.get(stream.name)
             if (recheck is not None and (recheck.epoch, recheck.range_index)

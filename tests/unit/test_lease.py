@@ -82,8 +82,9 @@ def test_a_new_leader_starts_every_lease_afresh() -> None:
     assert t.term is None and t.lease("s") is None
 
 
-@pytest.mark.parametrize("s", [stream(sealed_last=True), StreamMeta(1, "s")])
-def test_streams_without_an_open_last_range_are_never_due(s: StreamMeta) -> None:
+@pytest.mark.parametrize("s", [stream(sealed_last=True), StreamMeta(1, "s"), stream(epoch=0)])
+def test_streams_without_an_open_last_range_or_never_opened_are_never_due(s: StreamMeta
+                                                                          ) -> None:
     t = table()
     assert t.due([s], 0) == [] and t.due([s], 100_000) == []
 
