@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,19 @@ async def _wait_leader(node: RaftNode, timeout_s: float = 10.0) -> None:
     while node.leader() is None:
         assert time.monotonic() < deadline, "no leader"
         await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def _node(data_dir: Path, peers: int) -> AsyncIterator[RaftNode]:
+    """A started node on a free port whose ``peers`` peers are never started (0: a group of
+    one), closed afterwards."""
+    node = RaftNode(f"127.0.0.1:{free_port()}",
+                    [f"127.0.0.1:{free_port()}" for _ in range(peers)], data_dir, password=None)
+    node.start()
+    try:
+        yield node
+    finally:
+        await asyncio.to_thread(node.close)
 
 
 async def _ready_service(single: RaftNode) -> PdService:
@@ -127,37 +142,25 @@ async def test_a_node_answers_reads_only_once_it_has_caught_up(tmp_path: Path) -
     """A node that has not yet applied what a leader says is committed (here: it never
     heard a leader, its peers are down) answers Unavailable, never "not found" from a
     half-replayed catalog; once caught up it answers from its catalog."""
-    alone = RaftNode(f"127.0.0.1:{free_port()}",
-                     [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
-                     tmp_path / "alone", password=None)
-    alone.start()
-    try:
+    async with _node(tmp_path / "alone", peers=2) as alone:
         service = PdService(alone, PdNode("a", alone.self_address, "", ""))
         await asyncio.sleep(0.3)
         for read in (lambda: service.describe_stream("s"), service.list_streams,
                      service.list_servers):
             with pytest.raises(Unavailable, match="catching up"):
                 read()
-    finally:
-        await asyncio.to_thread(alone.close)
-    single = RaftNode(f"127.0.0.1:{free_port()}", [], tmp_path / "single", password=None)
-    single.start()
-    try:
+    async with _node(tmp_path / "single", peers=0) as single:
         service = await _ready_service(single)
         with pytest.raises(StreamNotFound):
             service.describe_stream("missing")
         assert service.list_streams() == []
-    finally:
-        await asyncio.to_thread(single.close)
 
 
 async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
     """PD_CREATE_STREAM's quick handler (no task) answers what create_stream answers: the
     new stream, StreamExists at once for a taken name, the same stream again for a retry
     with its request id; on a node still catching up it takes the task path."""
-    single = RaftNode(f"127.0.0.1:{free_port()}", [], tmp_path / "single", password=None)
-    single.start()
-    try:
+    async with _node(tmp_path / "single", peers=0) as single:
         service = await _ready_service(single)
         await service.register_server("rs1", "127.0.0.1:9", "ssd")
         service.heartbeat("rs1", "127.0.0.1:9", {})
@@ -182,13 +185,7 @@ async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
         with pytest.raises(InvalidArgument):
             quick({"name": "bad", "replicas": 1, "ack_count": 1, "type": ".sys"}, b"")
         assert service.metrics.requests("rpc", "pd_create_stream") == 4
-    finally:
-        await asyncio.to_thread(single.close)
-    alone = RaftNode(f"127.0.0.1:{free_port()}",
-                     [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"],
-                     tmp_path / "alone", password=None)
-    alone.start()
-    try:
+    async with _node(tmp_path / "alone", peers=2) as alone:
         service = PdService(alone, PdNode("a", alone.self_address, "", ""))
         pending, answer = service.quick_handlers()[int(Opcode.PD_CREATE_STREAM)](
             {"name": "q"}, b"")
@@ -196,5 +193,3 @@ async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
         await asyncio.wait([pending])
         with pytest.raises(Unavailable, match="catching up"):
             answer()
-    finally:
-        await asyncio.to_thread(alone.close)
