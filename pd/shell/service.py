@@ -26,7 +26,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from estream.core.quorum import seal_quorum
 from estream.core.timerange import candidate_ranges
@@ -571,7 +571,7 @@ class PdService:
         started = time.perf_counter()
         try:
             args = _create_args(h)
-            check_retention(args[7], args[8])  # 0 is refused, not "no limit"
+            check_retention(args.retention_ms, args.retention_bytes)  # 0 is refused, not "no limit"
             proposed = self.raft.caught_up()
             if not proposed:  # the usual way: wait (in a task) to catch up
                 pending: asyncio.Future[Any] = asyncio.ensure_future(self._rpc_create(h))
@@ -622,11 +622,11 @@ class PdService:
         return {"registered": registered}
 
     async def _rpc_create(self, h: Header) -> Header:
-        (name, replicas, ack_count, type_, hints, request_id, system, retention_ms,
-         retention_bytes, digest) = _create_args(h)
+        a = _create_args(h)
         stream = await self.create_stream(
-            name, replicas, ack_count, type_, hints, request_id=request_id, system=system,
-            retention_ms=retention_ms, retention_bytes=retention_bytes, digest=digest)
+            a.name, a.replicas, a.ack_count, a.type, a.hints, request_id=a.request_id,
+            system=a.system, retention_ms=a.retention_ms, retention_bytes=a.retention_bytes,
+            digest=a.digest)
         return {"stream": stream.to_dict()}
 
     async def _rpc_describe(self, h: Header) -> Header:
@@ -777,10 +777,23 @@ def retention_change(changes: Mapping[str, Any]) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def _create_args(h: Header) -> tuple[str, int, int, str, tuple[str, ...], str, bool,
-                                     int | None, int | None, str]:
+class _CreateArgs(NamedTuple):
     """A create request's fields, in :meth:`PdService._create_command`'s order."""
-    return (
+
+    name: str
+    replicas: int
+    ack_count: int
+    type: str
+    hints: tuple[str, ...]
+    request_id: str
+    system: bool
+    retention_ms: int | None
+    retention_bytes: int | None
+    digest: str
+
+
+def _create_args(h: Header) -> _CreateArgs:
+    return _CreateArgs(
         require(h, "name", str),
         optional(h, "replicas", int, 3),
         optional(h, "ack_count", int, 2),
