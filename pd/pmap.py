@@ -56,7 +56,6 @@ class _Absent(enum.Enum):
     ABSENT = 0
 
 
-
 def _size(node: _Node) -> int:
     return len(node.keys) if type(node) is _Leaf else len(node.kids)  # type: ignore[union-attr]
 
