@@ -24,7 +24,7 @@ Side effects: none of its own (the HTTP server is :mod:`pd.shell.http`'s).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from aiohttp import web
@@ -32,7 +32,7 @@ from aiohttp import web
 from estream.wire.errors import InvalidArgument, Unavailable
 from pd.shell.service import PdService
 
-RangesReport = Callable[[bool], dict[str, Any]]
+RangesReport = Callable[[bool], Awaitable[dict[str, Any]]]
 _FLAGS: Final = {"1": True, "true": True, "0": False, "false": False}
 
 
@@ -56,7 +56,7 @@ class _OperatorViews:
         self.ranges_report = ranges_report
 
     async def describe(self, request: web.Request) -> web.Response:
-        return web.json_response(self.service.server_details(request.match_info["id"])[0])
+        return web.json_response((await self.service.server_details(request.match_info["id"]))[0])
 
     async def drain(self, request: web.Request) -> web.Response:
         return web.json_response(await self.service.drain_server(request.match_info["id"]))
@@ -77,7 +77,7 @@ class _OperatorViews:
                                   argument="under_replicated")
         if self.ranges_report is None:
             raise Unavailable("range health is not available on this node")
-        return web.json_response(self.ranges_report(_FLAGS[raw]))
+        return web.json_response(await self.ranges_report(_FLAGS[raw]))
 
     async def ui(self, request: web.Request) -> web.Response:
         return web.Response(text=CONSOLE_HTML, content_type="text/html", charset="utf-8",

@@ -138,11 +138,11 @@ class Drainer:
         return RangeHealth(stream.name, stream.id, rng, stream.replicas, healthy,
                            tuple(rows), reasons)
 
-    def ranges_report(self, under_replicated_only: bool) -> dict[str, Any]:
+    async def ranges_report(self, under_replicated_only: bool) -> dict[str, Any]:
         """``GET /v1/ranges``: ranges (all, or only the under-replicated ones) and the
         repair progress of this node."""
         now = self.clock_ms()
-        view = self.service.read_view()
+        view = await self.service.read_view()
         servers = self.repairer.servers()
         busy = self.repairer.busy
         out: list[dict[str, Any]] = []

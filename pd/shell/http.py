@@ -182,7 +182,8 @@ class _Views:
         return web.json_response(self.service.cluster())
 
     async def list_streams(self, request: web.Request) -> web.Response:
-        return web.json_response({"streams": [s.to_dict() for s in self.service.list_streams()]})
+        streams = await self.service.list_streams()
+        return web.json_response({"streams": [s.to_dict() for s in streams]})
 
     async def create_stream(self, request: web.Request) -> web.Response:
         body = _parse_create(await request.read())
@@ -230,7 +231,7 @@ class _Views:
         return web.json_response(stream.to_dict())
 
     async def describe_stream(self, request: web.Request) -> web.Response:
-        stream = self.service.describe_stream(request.match_info["name"])
+        stream = await self.service.describe_stream(request.match_info["name"])
         end = await self.service.readable_end(stream)  # 1 s per open-range replica at most
         return web.json_response(stream.to_dict() | stream_figures(stream, end))
 
@@ -245,12 +246,12 @@ class _Views:
 
     async def delete_stream(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        self.service.describe_stream(name)  # 404 without a Raft round for unknown names
+        await self.service.describe_stream(name)  # 404 without a Raft round for unknown names
         await self.service.delete_stream(name)
         return web.json_response({"deleted": name})
 
     async def rangeservers(self, request: web.Request) -> web.Response:
-        return web.json_response({"rangeservers": self.service.server_details()})
+        return web.json_response({"rangeservers": await self.service.server_details()})
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(OPENAPI)

@@ -99,6 +99,15 @@ log = logging.getLogger(__name__)
 propose_timeout_s: Final = 3.0
 proposal_batch_s: Final = 0.001  # proposals closer than this wait for one tick together
 status_refresh_s: Final = 0.05
+# A read waits at most this long for this node to apply what may be committed (below the
+# client's one-second read attempt: the client then asks another node).
+read_wait_s: Final = 0.8
+# A node that heard no leader for this long (about twice the longest election) takes its
+# majority as lost and answers reads from what it applied; before, it waits for a leader.
+leaderless_reads_s: Final = 2.5
+# A gap this long between two periodic ticks is a pause of this process (SIGSTOP, a VM
+# stall): it heard nothing meanwhile, so its leaderless time counts from the resume.
+paused_gap_s: Final = 1.0
 log_compaction_entries: Final = 20_000
 DUMP_VERSION: Final = 1
 
@@ -409,6 +418,11 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._closed = False
         self._loop_poller = _LoopPoller(loop, self._on_socket_event, self._after_socket_event)
         self._proposed_at = 0.0  # (loop time) of the last proposal: see tick_for_proposal
+        # (loop time) this node last heard a leader of its term, or led, or resumed from a
+        # pause, or started: see RaftNode.read_barrier.
+        self.leader_heard_at = loop.time()
+        self._periodic_at = loop.time()
+        self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
         # The leader's journal sync runs on this thread (the loop serves PD requests
         # meanwhile); a follower's runs on the loop (its acknowledgement waits for it).
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, "raft-journal-sync")
@@ -479,8 +493,34 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
     def _periodic_tick(self) -> None:
         if self._closed:
             return
+        now = self.loop.time()
+        if now - self._periodic_at > paused_gap_s or self._isLeader():
+            self.leader_heard_at = now
+        self._periodic_at = now
         self._timer = self.loop.call_later(self.conf.autoTickPeriod, self._periodic_tick)
         self._run_tick()
+
+    def wait_applied(self, index: int) -> asyncio.Future[None]:
+        """A future done once this node applied the entry at ``index`` (done already if
+        it has); the ticks that apply entries resolve it."""
+        future: asyncio.Future[None] = self.loop.create_future()
+        if self.raftLastApplied >= index:
+            future.set_result(None)
+        else:
+            self._applied_waiters.append((index, future))
+        return future
+
+    def _wake_applied(self) -> None:
+        applied = self.raftLastApplied
+        waiting = []
+        for index, future in self._applied_waiters:
+            if future.done():
+                continue
+            if index <= applied:
+                future.set_result(None)
+            else:
+                waiting.append((index, future))
+        self._applied_waiters = waiting
 
     def stop_ticking(self) -> None:
         self._closed = True
@@ -518,6 +558,8 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
                 return  # the tick runs once the leader's entries are durable
             super()._onTick(0.0)
         finally:
+            if self._applied_waiters:
+                self._wake_applied()
             answered, self.answered = self.answered, False
             journal = self._SyncObj__raftLog
             if (answered and self._sync_running is None and self._outbox
@@ -543,6 +585,8 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         if message.get("type") != "append_entries":
             super()._SyncObj__onMessageReceived(node, message)
             return
+        if message.get("term", -1) >= self._getTerm():
+            self.leader_heard_at = self.loop.time()
         raft_log = self._SyncObj__raftLog
         message, cap = trim_append(message, self._term_at, int(raft_log[-1][1]))
         self._ack_cap = None if cap is None else (node, cap)
@@ -775,10 +819,62 @@ class RaftNode:
         fresh, not from the periodic :meth:`status`). A restarted node that has not heard
         from a leader yet, or is still replaying its log, is not."""
         # pysyncobj keeps the leader's commit index private; None until a leader spoke.
-        leader_commit = getattr(self._sync, "_SyncObj__leaderCommitIndex", None)
+        obj = self._sync
+        leader_commit = getattr(obj, "_SyncObj__leaderCommitIndex", None)
         if leader_commit is None or self.failed:
             return False
-        return bool(self._sync.raftLastApplied >= leader_commit)
+        mark = self._own_term_mark()
+        return bool(obj.raftLastApplied >= max(leader_commit, mark or 0))
+
+    def _own_term_mark(self) -> int | None:
+        """On a leader, the index of the no-op pysyncobj appends on its election: once it
+        is applied, so is every entry an earlier leader committed (they precede it in the
+        log). None on a follower."""
+        obj = self._sync
+        if not obj._isLeader():
+            return None
+        return getattr(obj, "_SyncObj__noopIDx", None)
+
+    async def read_barrier(self) -> None:
+        """Return once this node's catalog holds every entry committed before the call, as
+        far as this node can know, so that a client reading after a leader change still
+        sees every write acknowledged before it:
+
+        - a leader: once it applied the first entry of its own term (:meth:`_own_term_mark`);
+          a new leader may hold entries the old one committed without knowing it yet;
+        - a follower: once it applied every entry its log held at the call; any of them may
+          be committed (the commit index follows the entries at once, or with a new leader's
+          first commit after the old one died);
+        - a node that heard no leader for ``leaderless_reads_s`` (its majority is lost, no
+          new leader will tell it more): at once, from what it applied; reads of the catalog
+          still answer without a majority.
+
+        Raises :class:`Unavailable` while this node has not caught up once since its
+        start (:meth:`ready`), when its journal failed, or when it cannot know within
+        ``read_wait_s`` (the client asks another node, or again after a moment).
+        """
+        if self.failed:
+            raise Unavailable("this placement-driver node's Raft journal failed; ask another "
+                              "node")
+        if not self.ready():
+            raise Unavailable("this placement-driver node is still catching up after its "
+                              "start; ask another node")
+        obj = self._sync
+        mark = self._own_term_mark()
+        if mark is None:
+            if obj.loop.time() - obj.leader_heard_at >= leaderless_reads_s:
+                return  # the majority is lost: what this node applied
+            mark = int(obj._SyncObj__raftLog[-1][1])
+        applied = obj.wait_applied(mark)
+        if applied.done():
+            return
+        try:
+            await asyncio.wait_for(applied, read_wait_s)
+        except TimeoutError:
+            raise Unavailable(
+                f"this placement-driver node could not learn within {read_wait_s}s whether "
+                "the entries it holds are committed (a leader change?); ask another node"
+            ) from None
 
     def ready(self) -> bool:
         """Whether this node has, once since it started, applied everything a leader told

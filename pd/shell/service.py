@@ -123,25 +123,24 @@ class PdService:
     def view(self) -> CatalogView:
         return self.raft.view()
 
-    def read_view(self) -> CatalogView:
-        """The catalog clients read (streams, servers): this node's, once it has caught up
-        since its start. A node restarted a moment ago may not have replayed its log yet and
-        would answer "not found" for a stream that exists: it answers Unavailable instead,
-        which clients retry on another node (HTTP 503)."""
-        if not self.raft.ready():
-            raise Unavailable("this placement-driver node is still catching up after its "
-                              "start; ask another node")
+    async def read_view(self) -> CatalogView:
+        """The catalog clients read (streams, servers, cursors): this node's, once it holds
+        every entry committed before the read as far as it can know
+        (:meth:`RaftNode.read_barrier`). A node restarted a moment ago, or one that cannot
+        tell yet what a new leader committed, answers Unavailable instead, which clients
+        retry on another node (HTTP 503)."""
+        await self.raft.read_barrier()
         return self.view()
 
-    def describe_stream(self, name: str) -> StreamMeta:
-        return self.read_view().stream(name)
+    async def describe_stream(self, name: str) -> StreamMeta:
+        return (await self.read_view()).stream(name)
 
-    def list_streams(self) -> list[StreamMeta]:
-        return sorted(self.read_view().streams.values(), key=lambda s: s.name)
+    async def list_streams(self) -> list[StreamMeta]:
+        return sorted((await self.read_view()).streams.values(), key=lambda s: s.name)
 
-    def list_servers(self) -> list[ServerInfo]:
+    async def list_servers(self) -> list[ServerInfo]:
         """:meth:`servers` for clients: Unavailable until this node has caught up."""
-        self.read_view()
+        await self.read_view()
         return self.servers()
 
     def servers(self) -> list[ServerInfo]:
@@ -441,7 +440,7 @@ class PdService:
 
     async def list_cursors(self, name: str) -> tuple[int, dict[str, int]]:
         """The stream's readable end and its cursors (``StreamNotFound`` if unknown)."""
-        view = self.read_view()
+        view = await self.read_view()
         stream = view.stream(name)
         cursors = dict(view.cursors.get(name, {}))
         return await self.readable_end(stream), cursors
@@ -463,10 +462,10 @@ class PdService:
                           self.liveness.load(server_id))
 
     # -- operators: drain and forget range servers (pd/drain.py) ------------------------
-    def server_details(self, server_id: str | None = None) -> list[dict[str, Any]]:
+    async def server_details(self, server_id: str | None = None) -> list[dict[str, Any]]:
         """Every registered server (or the one named) as :meth:`servers` has it, with its
         drain ``state`` and how many ranges name it (``replicas``); ServerNotFound."""
-        view = self.read_view()
+        view = await self.read_view()
         counts = replica_counts(view.streams.values())
         out = []
         for server in self.servers():
@@ -488,7 +487,7 @@ class PdService:
             raise ServerNotFound(f"no range server {server_id!r} is registered",
                                  server_id=server_id)
         await self.raft.propose(DrainServer(server_id, cancel))
-        return self.server_details(server_id)[0]
+        return (await self.server_details(server_id))[0]
 
     async def forget_server(self, server_id: str) -> None:
         """Remove a dead server from the catalog; Conflict while it is alive (heard from
@@ -630,10 +629,10 @@ class PdService:
         return {"stream": stream.to_dict()}
 
     async def _rpc_describe(self, h: Header) -> Header:
-        return {"stream": self.describe_stream(require(h, "name", str)).to_dict()}
+        return {"stream": (await self.describe_stream(require(h, "name", str))).to_dict()}
 
     async def _rpc_list(self, h: Header) -> Header:
-        return {"streams": [s.to_dict() for s in self.list_streams()]}
+        return {"streams": [s.to_dict() for s in await self.list_streams()]}
 
     async def _rpc_delete(self, h: Header) -> Header:
         await self.delete_stream(require(h, "name", str))
@@ -656,7 +655,7 @@ class PdService:
         return {"stream": stream.to_dict()}
 
     async def _rpc_servers(self, h: Header) -> Header:
-        return {"servers": [s.to_dict() for s in self.list_servers()]}
+        return {"servers": [s.to_dict() for s in await self.list_servers()]}
 
     async def _rpc_cluster(self, h: Header) -> Header:
         return self.cluster()
@@ -677,7 +676,7 @@ class PdService:
 
     async def _rpc_describe_servers(self, h: Header) -> Header:
         server_id = optional(h, "server_id", str, "")
-        return {"servers": self.server_details(server_id or None)}
+        return {"servers": await self.server_details(server_id or None)}
 
     async def _rpc_commit_cursor(self, h: Header) -> Header:
         cursor = require(h, "cursor", str)
@@ -697,7 +696,7 @@ class PdService:
     async def _rpc_time_ranges(self, h: Header) -> Header:
         """The ranges that may hold the first record at or after ``timestamp``, after
         range ``after`` (-1: from the first), a few at a time (``more``: ask again)."""
-        stream = self.read_view().stream(require(h, "name", str))
+        stream = (await self.read_view()).stream(require(h, "name", str))
         found = candidate_ranges(stream, require(h, "timestamp", int),
                                  after_index=optional(h, "after", int, -1),
                                  limit=time_ranges_per_answer + 1)

@@ -2,7 +2,8 @@
 it is synced on a majority that includes the leader; the leader's sync runs while its
 followers receive the entries; a follower never cuts entries it synced and acknowledged
 when the leader resends them; a failed sync stops the node; what was acknowledged survives
-a power loss of every node (each journal cut to what its syncs covered)."""
+a power loss of every node (each journal cut to what its syncs covered), and a read after
+the leader died sees it."""
 
 from __future__ import annotations
 
@@ -177,6 +178,62 @@ async def test_the_answer_leaves_before_the_commit_index_and_followers_still_lea
     finally:
         for node in nodes:
             await asyncio.to_thread(node.close)
+
+
+async def test_a_read_after_the_leader_dies_sees_what_it_acknowledged(
+        three: list[RaftNode]) -> None:
+    """The leader acknowledges a command and dies before any follower learned that it was
+    committed (they hold it, not applied): a read on a follower waits, then answers
+    Unavailable or, once the new leader's first commit told it, with the command applied;
+    never the catalog without it (RaftNode.read_barrier). The new leader reads only once
+    it applied the first entry of its own term."""
+    leader = await _leader(three)
+    followers = [n for n in three if n is not leader]
+    _pin(leader, followers)
+    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+    index = leader._sync.raftCommitIndex
+    await _until(lambda: all(f._sync.raftLastApplied >= index for f in followers))
+    real_send = leader._sync._send_direct
+
+    def send(node: object, message: dict[str, object]) -> object:
+        if message.get("type") == "append_entries" and not message.get("entries"):
+            return True  # a commit index alone never leaves: no follower learns the commit
+        return real_send(node, message)
+
+    leader._sync._send_direct = send
+    await leader.propose(_create(1))  # acknowledged
+    assert all("s1" not in f.view().streams for f in followers)  # held, not applied
+    waiting = asyncio.ensure_future(followers[0].read_barrier())
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await asyncio.to_thread(leader.close)
+    for follower in followers:
+        conf = follower._sync.conf
+        conf.raftMinTimeout, conf.raftMaxTimeout = 0.4, 1.2
+        follower._sync._SyncObj__raftElectionDeadline = time.monotonic()
+    try:
+        await waiting
+        assert "s1" in followers[0].view().streams  # a new leader committed in time
+    except Unavailable as exc:
+        assert "could not learn" in str(exc)  # after read_wait_s: the client asks again
+
+    async def read(node: RaftNode) -> set[str]:
+        """What a client retrying on Unavailable reads from ``node``."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                await node.read_barrier()
+                return set(node.view().streams)
+            except Unavailable:
+                assert time.monotonic() < deadline, "no read answered"
+                await asyncio.sleep(0.05)
+
+    for follower in followers:
+        assert "s1" in await read(follower)
+    new_leader = await _leader(followers)
+    mark = new_leader._own_term_mark()
+    assert mark is not None and mark > index
+    assert new_leader._sync.raftLastApplied >= mark
 
 
 @pytest.mark.parametrize("small_batches", [False, True])

@@ -148,12 +148,12 @@ async def test_a_node_answers_reads_only_once_it_has_caught_up(tmp_path: Path) -
         for read in (lambda: service.describe_stream("s"), service.list_streams,
                      service.list_servers):
             with pytest.raises(Unavailable, match="catching up"):
-                read()
+                await read()
     async with _node(tmp_path / "single", peers=0) as single:
         service = await _ready_service(single)
         with pytest.raises(StreamNotFound):
-            service.describe_stream("missing")
-        assert service.list_streams() == []
+            await service.describe_stream("missing")
+        assert await service.list_streams() == []
 
 
 async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
         h = {"name": "q", "replicas": 1, "ack_count": 1, "request_id": "r1"}
         first = await create(h)
         stream = StreamMeta.from_dict(first["stream"])  # type: ignore[arg-type]
-        assert stream == service.describe_stream("q")
+        assert stream == await service.describe_stream("q")
         assert [r.id for r in stream.ranges[0].replicas] == ["rs1"]
         assert await create(h) == first  # the retry of the same request
         with pytest.raises(StreamExists):
