@@ -35,11 +35,12 @@ encoding) are the only ones that know pysyncobj. What they add to pysyncobj 0.3.
   snapshot stops the node at start (pysyncobj would log it and start without it).
 - **Fast commits.** ``appendEntriesUseBatch=False``: a proposal is sent at once instead of on
   the next 100 ms tick (pysyncobj batches appends per tick otherwise). A tick that commits
-  proposals (and has nothing to sync and no new entries to send) sends the new commit
-  index to the followers only after the proposals' tasks ran (:meth:`_CatalogSyncObj.
-  _onTick`): the answers do not wait for those messages (a later tick would send them
-  anyway: every tick first flushes what is left). Every message is sealed with AES-GCM
-  (:mod:`pd.shell.raftwire`), not pickled, compressed and Fernet-encrypted as pysyncobj does.
+  proposals (and has nothing to sync and no new entries to send) answers them first and
+  holds the new commit index (:meth:`_CatalogSyncObj._hold_commit_indexes`): it goes
+  inside the next ``append_entries`` to each follower (one message and one wake-up per
+  follower and commit, not two), or alone after ``commit_hold_s``. Every message is sealed
+  with AES-GCM (:mod:`pd.shell.raftwire`), not pickled, compressed and Fernet-encrypted as
+  pysyncobj does.
 - **Raft on the event loop.** pysyncobj's tick runs on the PD's asyncio loop
   (``autoTick=False``): :class:`_LoopPoller` makes its sockets the loop's readers and
   writers, a tick runs every ``autoTickPeriod``, right after a socket event, and after a
@@ -98,6 +99,7 @@ log = logging.getLogger(__name__)
 
 propose_timeout_s: Final = 3.0
 proposal_batch_s: Final = 0.001  # proposals closer than this wait for one tick together
+commit_hold_s: Final = 0.002  # a commit index alone waits this long for the next append
 status_refresh_s: Final = 0.05
 # A read waits at most this long for this node to apply what may be committed (below the
 # client's one-second read attempt: the client then asks another node).
@@ -428,6 +430,8 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, "raft-journal-sync")
         self._sync_running: concurrent.futures.Future[None] | None = None
         self._after_sync: list[Outgoing] = []
+        self._held: list[Outgoing] = []  # commit indexes alone, see _hold_commit_indexes
+        self._held_timer: asyncio.TimerHandle | None = None
         _next_poller.append(self._loop_poller)
         try:
             super().__init__(self_address, list(peers), conf, transportClass=_LoopTransport)
@@ -527,6 +531,9 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
         running = self._sync_running
         if running is not None:
             concurrent.futures.wait([running], timeout=30.0)
@@ -568,11 +575,42 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
                 # Answers first: the proposals this tick committed resume in the loop's
                 # next callbacks, before this flush (commit indexes only: nothing to
                 # sync, no new entries; a tick first flushes what is left anyway).
-                self.loop.call_soon(self._flush_after_answers)
+                # The new commit index alone waits for the next append to the same
+                # follower (merged into it: one message, one wake-up) or commit_hold_s.
+                self._hold_commit_indexes()
+                if self._outbox:
+                    self.loop.call_soon(self._flush_after_answers)
+                else:
+                    self._deferring = False
             else:
                 self._deferring = False
                 if self._sync_running is None:
                     self._flush_outbox()
+
+    def _hold_commit_indexes(self) -> None:
+        """Move the outbox's commit-index-only ``append_entries`` to ``_held``, released
+        with the next flush that sends entries (``plan_flush`` merges each into the next
+        append to its node) or after ``commit_hold_s``. Followers apply a committed entry
+        that much later at most; nothing waits on it but a proposal forwarded by a
+        follower (answered once that follower applied it)."""
+        kept: list[Outgoing] = []
+        for item in self._outbox:
+            message = item[1]
+            if (message.get("type") == "append_entries" and _mergeable_append(message)
+                    and not message["entries"]):
+                self._held.append(item)
+            else:
+                kept.append(item)
+        self._outbox = kept
+        if self._held and self._held_timer is None:
+            self._held_timer = self.loop.call_later(commit_hold_s, self._release_held)
+
+    def _release_held(self) -> None:
+        self._held_timer = None
+        if self._held and not self._closed:
+            self._outbox[:0], self._held = self._held, []
+            if not self._deferring and self._sync_running is None:
+                self._flush_outbox()
 
     def _flush_after_answers(self) -> None:
         self._deferring = False
@@ -614,6 +652,8 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
 
     def _flush_outbox(self) -> None:
         outbox, self._outbox = self._outbox, []
+        if self._held and any(m.get("entries") for _, m in outbox):
+            outbox[:0], self._held = self._held, []  # (merged with the new entries)
         eager, after = plan_flush(outbox)
         for node, message in eager:
             self._send_direct(node, message)

@@ -180,6 +180,34 @@ async def test_the_answer_leaves_before_the_commit_index_and_followers_still_lea
             await asyncio.to_thread(node.close)
 
 
+async def test_a_commit_index_alone_rides_on_the_next_append(three: list[RaftNode]) -> None:
+    """Proposals one after another: the commit index of one goes to each follower inside
+    the next one's append_entries (one message, one wake-up per follower and commit); the
+    last one's goes alone after commit_hold_s, and every follower applies everything."""
+    leader = await _leader(three)
+    followers = [n for n in three if n is not leader]
+    _pin(leader, followers)
+    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+    await _until(lambda: not leader._sync._held)
+    appends: list[bool] = []  # per append_entries the leader sent: did it carry entries?
+    real_send = leader._sync._send_direct
+
+    def send(node: object, message: dict[str, object]) -> object:
+        if message.get("type") == "append_entries":
+            appends.append(bool(message.get("entries")))
+        return real_send(node, message)
+
+    leader._sync._send_direct = send
+    for i in range(30):
+        await leader.propose(_create(i))
+    with_entries = sum(appends)
+    assert with_entries >= 60  # each proposal's entry to both followers
+    assert len(appends) - with_entries <= 10, appends  # not one more message per commit
+    index = leader._sync.raftCommitIndex
+    await _until(lambda: all(f._sync.raftLastApplied >= index for f in followers), 2.0)
+    assert all(f"s{i}" in f.view().streams for f in followers for i in range(30))
+
+
 async def test_a_read_after_the_leader_dies_sees_what_it_acknowledged(
         three: list[RaftNode]) -> None:
     """The leader acknowledges a command and dies before any follower learned that it was
