@@ -55,9 +55,9 @@ from estream.wire.errors import (
 )
 from estream.wire.record import (
     DIGEST_NAMES,
-    FLAG_SYSTEM,
     BatchHeader,
     decode_header,
+    digest_kind,
     is_hmac_batch,
     verify_batch,
     verify_mac,
@@ -117,11 +117,6 @@ def digest_name(digest: int | None) -> str | None:
     if digest is None:
         return None
     return DIGEST_NAMES.get(digest, str(digest))
-
-
-def batch_digest(batch: BatchHeader) -> int:
-    """The digest kind a batch's flags name (bits 1-2: ``estream/wire/record.py``)."""
-    return (batch.flags & ~FLAG_SYSTEM) >> 1
 
 
 def readable_end(state: ReplicaState, *, unconfirmed: bool = False) -> int:
@@ -212,7 +207,7 @@ def decide_append(state: ReplicaState, batch: BatchHeader) -> AppendOutcome:
     before every other: a batch of the wrong digest is not even acknowledged as a
     duplicate (its sender must learn that nothing of it is stored)."""
     if state.digest is not None:
-        kind = batch_digest(batch)
+        kind = digest_kind(batch.flags)
         if kind != state.digest:
             return WrongDigest(state.digest, kind, batch.base_offset)
     if state.damaged:

@@ -110,6 +110,16 @@ DIGEST_HMAC_SHA256: Final = 2
 DIGESTS: Final = {"xxh3": DIGEST_XXH3, "crc32c": DIGEST_CRC32C, "hmac-sha256": DIGEST_HMAC_SHA256}
 DIGEST_NAMES: Final = {v: k for k, v in DIGESTS.items()}
 MAC_BYTES: Final = 32
+
+
+def digest_kind(flags: int) -> int:
+    """The digest a batch's flags name (bits 1-2): ``DIGEST_XXH3``, ``DIGEST_CRC32C`` or
+    ``DIGEST_HMAC_SHA256``.
+
+    >>> digest_kind(0x00), digest_kind(0x03), digest_kind(0x04)
+    (0, 1, 2)
+    """
+    return (flags & _FLAGS_KNOWN) >> _DIGEST_SHIFT
 SEQUENCE_NONE: Final = 0
 SEQUENCE_CONSECUTIVE: Final = 1
 SEQUENCE_LISTED: Final = 2
@@ -388,7 +398,7 @@ def wrap_records(
             (head[:_CHECKSUM_AT], digest.intdigest().to_bytes(8, "little"), section.data)
         )
     system = section.system
-    if (section.flags >> _DIGEST_SHIFT) == DIGEST_HMAC_SHA256:
+    if digest_kind(section.flags) == DIGEST_HMAC_SHA256:
         if key is None:
             raise DigestKeyMissing("an hmac-sha256 batch needs its stream's key")
         body = system[:-MAC_BYTES]
@@ -402,7 +412,7 @@ def wrap_records(
 
 
 def _checksum(flags: int, head: bytes | memoryview, *rest: bytes | memoryview) -> int:
-    if (flags >> _DIGEST_SHIFT) == DIGEST_CRC32C:
+    if digest_kind(flags) == DIGEST_CRC32C:
         value = crc32c.crc32c(head)
         for part in rest:
             value = crc32c.crc32c(part, value)
@@ -526,9 +536,9 @@ def decode_header(buf: bytes | memoryview) -> BatchHeader:
         raise MalformedBatch(f"bad batch magic {magic:#06x}")
     if version != BATCH_VERSION:
         raise MalformedBatch(f"unsupported batch format version {version}")
-    if flags & ~_FLAGS_KNOWN or (flags >> _DIGEST_SHIFT) not in DIGEST_NAMES:
+    if flags & ~_FLAGS_KNOWN or digest_kind(flags) not in DIGEST_NAMES:
         raise MalformedBatch(f"unsupported batch flags {flags:#04x}")
-    if (flags >> _DIGEST_SHIFT) == DIGEST_HMAC_SHA256 and not flags & FLAG_SYSTEM:
+    if digest_kind(flags) == DIGEST_HMAC_SHA256 and not flags & FLAG_SYSTEM:
         raise MalformedBatch("an hmac-sha256 batch without its system block")
     if count == 0 or count > limits.batch_records_max:
         raise MalformedBatch(f"bad record count {count}")
@@ -625,7 +635,7 @@ def verify_digest(
     range it was read from. Raises :class:`DigestMismatch`, or
     :class:`DigestKeyMissing` when ``key`` is None for an ``hmac-sha256`` stream."""
     header = decode_header(batch) if header is None else header
-    kind = header.flags >> _DIGEST_SHIFT
+    kind = digest_kind(header.flags)
     where = {"stream_id": header.stream_id, "range_index": header.range_index,
              "base_offset": header.base_offset}
     if kind != digest:
@@ -650,7 +660,7 @@ def verify_mac(batch: bytes | memoryview, key: bytes, header: BatchHeader | None
     :class:`DigestMismatch` (or :class:`MalformedBatch` for a batch that is not hmac-sha256
     or not well formed). Verify the checksum too (this does not)."""
     header = decode_header(batch) if header is None else header
-    if (header.flags >> _DIGEST_SHIFT) != DIGEST_HMAC_SHA256:
+    if digest_kind(header.flags) != DIGEST_HMAC_SHA256:
         raise MalformedBatch("not an hmac-sha256 batch")
     computed, stored = _header_mac(key, memoryview(batch), header)
     if not hmac.compare_digest(computed, stored):
@@ -661,7 +671,7 @@ def verify_mac(batch: bytes | memoryview, key: bytes, header: BatchHeader | None
 
 def is_hmac_batch(batch: bytes | memoryview) -> bool:
     """Whether ``batch``'s flags say hmac-sha256 (its header unchecked; a cheap test)."""
-    return len(batch) > 3 and (batch[3] >> _DIGEST_SHIFT) == DIGEST_HMAC_SHA256
+    return len(batch) > 3 and digest_kind(batch[3]) == DIGEST_HMAC_SHA256
 
 
 def verify_batch(batch: bytes | memoryview) -> BatchHeader:
@@ -1122,7 +1132,7 @@ def restamp(
         # The system block (and its MAC, which covers the range index and, from MAC
         # version 1, the confirm offset, never the epoch) is kept as it is: restamping
         # needs no key, so it may change nothing the MAC covers.
-        if (header.flags >> _DIGEST_SHIFT) == DIGEST_HMAC_SHA256:
+        if digest_kind(header.flags) == DIGEST_HMAC_SHA256:
             if range_index != header.range_index:
                 raise MalformedBatch("an hmac-sha256 batch cannot move to another range")
             if confirm_offset != header.confirm_offset and view[
