@@ -56,7 +56,9 @@ _READS: Final = frozenset({Opcode.PD_DESCRIBE_STREAM, Opcode.PD_LIST_STREAMS,
                            Opcode.PD_LIST_SERVERS, Opcode.PD_CLUSTER,
                            Opcode.PD_DESCRIBE_SERVERS})
 backoff_s_min: Final = 0.05
-backoff_s_max: Final = 0.5
+# While no node can commit (an election), a round of attempts at most this often: a new
+# leader is found at most this long after its election (3 small requests per round).
+backoff_s_max: Final = 0.2
 # Timeout is an Unavailable; Closed here means a shared connection was dropped under us.
 _RETRIABLE: Final = (Unavailable, NotLeader, Overloaded, Closed)
 
