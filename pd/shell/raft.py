@@ -104,6 +104,10 @@ status_refresh_s: Final = 0.05
 # A read waits at most this long for this node to apply what may be committed (below the
 # client's one-second read attempt: the client then asks another node).
 read_wait_s: Final = 0.8
+read_poll_s: Final = 0.005  # while a read waits for a leader's word
+# A follower that heard its leader within this long follows a live leader (it sends
+# append_entries at least every appendEntriesPeriod, 0.1 s).
+leader_contact_s: Final = 0.3
 # A node that heard no leader for this long (about twice the longest election) takes its
 # majority as lost and answers reads from what it applied; before, it waits for a leader.
 leaderless_reads_s: Final = 2.5
@@ -420,10 +424,10 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._closed = False
         self._loop_poller = _LoopPoller(loop, self._on_socket_event, self._after_socket_event)
         self._proposed_at = 0.0  # (loop time) of the last proposal: see tick_for_proposal
-        # (loop time) this node last heard a leader of its term, or led, or resumed from a
-        # pause, or started: see RaftNode.read_barrier.
-        self.leader_heard_at = loop.time()
-        self._periodic_at = loop.time()
+        # (loop time) this node last heard a leader of its term or led; and when it started
+        # or resumed from a pause (see RaftNode.read_barrier).
+        self._leader_heard_at = -float("inf")
+        self._resumed_at = self._periodic_at = loop.time()
         self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
         # The leader's journal sync runs on this thread (the loop serves PD requests
         # meanwhile); a follower's runs on the loop (its acknowledgement waits for it).
@@ -498,11 +502,48 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         if self._closed:
             return
         now = self.loop.time()
-        if now - self._periodic_at > paused_gap_s or self._isLeader():
-            self.leader_heard_at = now
+        self._note_leader_or_pause(now)
         self._periodic_at = now
         self._timer = self.loop.call_later(self.conf.autoTickPeriod, self._periodic_tick)
         self._run_tick()
+
+    def _note_leader_or_pause(self, now: float) -> None:
+        if self._isLeader() and self._majority_answered():
+            self._leader_heard_at = now
+        if now - self._periodic_at > paused_gap_s:
+            self._resumed_at = now
+
+    def leaderless_s(self) -> float:
+        """How long this node has heard no leader: 0 while it leads; counted from its start
+        or the end of a pause of this process (it could hear nothing meanwhile), also
+        before the first tick after it."""
+        now = self.loop.time()
+        self._note_leader_or_pause(now)
+        return now - max(self._leader_heard_at, self._resumed_at)
+
+    def _majority_answered(self) -> bool:
+        """Whether enough followers answered this leader within ``leader_contact_s`` to
+        make a majority with it: no other leader was elected meanwhile (a vote comes at
+        least ``raftMinTimeout``, longer, after the voter last heard this leader)."""
+        answered = self._SyncObj__lastResponseTime  # node -> time.monotonic() of its answer
+        since = time.monotonic() - leader_contact_s
+        return 1 + sum(1 for at in answered.values() if at > since) > (len(answered) + 1) / 2
+
+    def current(self) -> bool:
+        """Whether this node leads (a majority answered it within ``leader_contact_s``), or
+        heard its leader within ``leader_contact_s``, and it
+        applied an entry of that leader's term: then it applied every entry an earlier
+        leader committed (they precede the term's first entry, pysyncobj's no-op on an
+        election). A new leader, a follower after a leader change or a pause of its own,
+        is not yet."""
+        now = self.loop.time()
+        self._note_leader_or_pause(now)
+        if now - self._leader_heard_at > leader_contact_s:
+            return False
+        return bool(self._term_at(int(self.raftLastApplied)) == self._getTerm())
+
+    def log_end(self) -> int:
+        return int(self._SyncObj__raftLog[-1][1])
 
     def wait_applied(self, index: int) -> asyncio.Future[None]:
         """A future done once this node applied the entry at ``index`` (done already if
@@ -624,7 +665,7 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
             super()._SyncObj__onMessageReceived(node, message)
             return
         if message.get("term", -1) >= self._getTerm():
-            self.leader_heard_at = self.loop.time()
+            self._leader_heard_at = self.loop.time()
         raft_log = self._SyncObj__raftLog
         message, cap = trim_append(message, self._term_at, int(raft_log[-1][1]))
         self._ack_cap = None if cap is None else (node, cap)
@@ -857,37 +898,30 @@ class RaftNode:
     def caught_up(self) -> bool:
         """Whether this node heard a leader's commit index and applied up to it (read
         fresh, not from the periodic :meth:`status`). A restarted node that has not heard
-        from a leader yet, or is still replaying its log, is not."""
+        from a leader yet, or is still replaying its log, is not; nor is a new leader before
+        it applied its own term's first entry (:meth:`_CatalogSyncObj.current`)."""
         # pysyncobj keeps the leader's commit index private; None until a leader spoke.
         obj = self._sync
         leader_commit = getattr(obj, "_SyncObj__leaderCommitIndex", None)
         if leader_commit is None or self.failed:
             return False
-        mark = self._own_term_mark()
-        return bool(obj.raftLastApplied >= max(leader_commit, mark or 0))
-
-    def _own_term_mark(self) -> int | None:
-        """On a leader, the index of the no-op pysyncobj appends on its election: once it
-        is applied, so is every entry an earlier leader committed (they precede it in the
-        log). None on a follower."""
-        obj = self._sync
-        if not obj._isLeader():
-            return None
-        return getattr(obj, "_SyncObj__noopIDx", None)
+        if obj._isLeader() and not obj.current():
+            return False
+        return bool(obj.raftLastApplied >= leader_commit)
 
     async def read_barrier(self) -> None:
         """Return once this node's catalog holds every entry committed before the call, as
         far as this node can know, so that a client reading after a leader change still
         sees every write acknowledged before it:
 
-        - a leader: once it applied the first entry of its own term (:meth:`_own_term_mark`);
-          a new leader may hold entries the old one committed without knowing it yet;
-        - a follower: once it applied every entry its log held at the call; any of them may
-          be committed (the commit index follows the entries at once, or with a new leader's
-          first commit after the old one died);
-        - a node that heard no leader for ``leaderless_reads_s`` (its majority is lost, no
-          new leader will tell it more): at once, from what it applied; reads of the catalog
-          still answer without a majority.
+        - first, this node is :meth:`~_CatalogSyncObj.current`: it leads or heard its
+          leader a moment ago, and applied an entry of that leader's term (so every entry
+          an earlier leader committed);
+        - then a follower applies every entry its log held at that point: any of them may
+          be committed already (the commit index follows the entries a moment later);
+        - a follower that heard no leader for ``leaderless_reads_s`` (its majority is lost:
+          no leader will tell it more) answers at once from what it applied: reads of the
+          catalog still answer without a majority.
 
         Raises :class:`Unavailable` while this node has not caught up once since its
         start (:meth:`ready`), when its journal failed, or when it cannot know within
@@ -900,21 +934,22 @@ class RaftNode:
             raise Unavailable("this placement-driver node is still catching up after its "
                               "start; ask another node")
         obj = self._sync
-        mark = self._own_term_mark()
-        if mark is None:
-            if obj.loop.time() - obj.leader_heard_at >= leaderless_reads_s:
+        deadline = obj.loop.time() + read_wait_s
+        while not obj.current():
+            if not obj._isLeader() and obj.leaderless_s() >= leaderless_reads_s:
                 return  # the majority is lost: what this node applied
-            mark = int(obj._SyncObj__raftLog[-1][1])
-        applied = obj.wait_applied(mark)
+            if obj.loop.time() >= deadline:
+                raise _unknown_commits()
+            await asyncio.sleep(read_poll_s)
+        if obj._isLeader():
+            return  # it applies its own commits before it answers them
+        applied = obj.wait_applied(obj.log_end())
         if applied.done():
             return
         try:
-            await asyncio.wait_for(applied, read_wait_s)
+            await asyncio.wait_for(applied, max(0.0, deadline - obj.loop.time()))
         except TimeoutError:
-            raise Unavailable(
-                f"this placement-driver node could not learn within {read_wait_s}s whether "
-                "the entries it holds are committed (a leader change?); ask another node"
-            ) from None
+            raise _unknown_commits() from None
 
     def ready(self) -> bool:
         """Whether this node has, once since it started, applied everything a leader told
@@ -1001,6 +1036,12 @@ class RaftNode:
             obj.destroy()  # autoTick off: destroys at once (transport, journal)
         finally:
             obj.close_poller()
+
+
+def _unknown_commits() -> Unavailable:
+    return Unavailable(
+        f"this placement-driver node could not learn within {read_wait_s}s what the leader "
+        "committed (a leader change, or a pause?); ask another node")
 
 
 def proposal_result(result: Any) -> Result:

@@ -208,6 +208,27 @@ async def test_a_commit_index_alone_rides_on_the_next_append(three: list[RaftNod
     assert all(f"s{i}" in f.view().streams for f in followers for i in range(30))
 
 
+async def _read(node: RaftNode) -> set[str]:
+    """The stream names a client retrying on Unavailable reads from ``node``."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        try:
+            await node.read_barrier()
+            return set(node.view().streams)
+        except Unavailable:
+            assert time.monotonic() < deadline, "no read answered"
+            await asyncio.sleep(0.05)
+
+
+def _elect_soon(nodes: list[RaftNode], first: RaftNode) -> None:
+    """Undo :func:`_pin` on ``nodes``; ``first`` stands for election at once."""
+    for node in nodes:
+        conf = node._sync.conf
+        conf.raftMinTimeout, conf.raftMaxTimeout = 0.4, 1.2
+        node._sync._SyncObj__raftElectionDeadline = time.monotonic() + (
+            0.0 if node is first else 2.0)
+
+
 async def test_a_read_after_the_leader_dies_sees_what_it_acknowledged(
         three: list[RaftNode]) -> None:
     """The leader acknowledges a command and dies before any follower learned that it was
@@ -235,33 +256,50 @@ async def test_a_read_after_the_leader_dies_sees_what_it_acknowledged(
     await asyncio.sleep(0.2)
     assert not waiting.done()
     await asyncio.to_thread(leader.close)
-    for follower in followers:
-        conf = follower._sync.conf
-        conf.raftMinTimeout, conf.raftMaxTimeout = 0.4, 1.2
-        follower._sync._SyncObj__raftElectionDeadline = time.monotonic()
+    _elect_soon(followers, followers[0])
     try:
         await waiting
         assert "s1" in followers[0].view().streams  # a new leader committed in time
     except Unavailable as exc:
         assert "could not learn" in str(exc)  # after read_wait_s: the client asks again
-
-    async def read(node: RaftNode) -> set[str]:
-        """What a client retrying on Unavailable reads from ``node``."""
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                await node.read_barrier()
-                return set(node.view().streams)
-            except Unavailable:
-                assert time.monotonic() < deadline, "no read answered"
-                await asyncio.sleep(0.05)
-
     for follower in followers:
-        assert "s1" in await read(follower)
+        assert "s1" in await _read(follower)
     new_leader = await _leader(followers)
-    mark = new_leader._own_term_mark()
-    assert mark is not None and mark > index
-    assert new_leader._sync.raftLastApplied >= mark
+    assert new_leader._sync.current()  # it applied its own term's first entry
+    assert all(f._sync.raftLastApplied > index + 1 for f in followers)  # s1, then the no-op
+
+
+async def test_a_follower_cut_off_from_a_dead_leader_reads_what_it_acknowledged(
+        three: list[RaftNode]) -> None:
+    """Two faults: one follower hears nothing from the leader (its messages lost), the
+    leader acknowledges a command with the other one and dies. The cut-off follower lacks
+    the command and does not know; a read on it waits until a leader of a new term (the
+    other follower, with its vote) brought it everything, never answering without it."""
+    leader = await _leader(three)
+    followers = [n for n in three if n is not leader]
+    _pin(leader, followers)
+    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+    index = leader._sync.raftCommitIndex
+    await _until(lambda: all(f._sync.raftLastApplied >= index for f in followers))
+    informed, cut_off = followers
+    real_send = leader._sync._send_direct
+
+    def send(node: object, message: dict[str, object]) -> object:
+        if str(getattr(node, "address", node)) == cut_off.self_address:
+            return True  # lost on the way
+        return real_send(node, message)
+
+    leader._sync._send_direct = send
+    await leader.propose(_create(1))  # acknowledged by the leader and `informed`
+    await asyncio.sleep(0.4)  # past leader_contact_s since `cut_off` last heard the leader
+    assert "s1" not in cut_off.view().streams and cut_off._sync.log_end() == index
+    waiting = asyncio.ensure_future(_read(cut_off))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await asyncio.to_thread(leader.close)
+    _elect_soon(followers, informed)
+    assert "s1" in await waiting
+    assert (await _leader(followers)) is informed
 
 
 @pytest.mark.parametrize("small_batches", [False, True])
