@@ -2,6 +2,8 @@
 
 - ``kill -9`` of the PD leader: the time until a write (create stream) succeeds through
   the surviving nodes (the PD failover time), and the data written before survives.
+- PD double faults (a follower frozen while the leader is killed, a frozen leader replaced)
+  under a stream of creates: no read on any node misses a create acknowledged before it.
 - Disk full: a range server on a small tmpfs answers appends with a clear typed error
   (``StorageError``), keeps serving what it stored, and is not killed by it.
 - Cut off with iptables (every packet to and from its 127.0.0.x dropped): unreachable
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -23,7 +26,7 @@ import pytest
 
 from estream.net.pdclient import PDClient
 from estream.net.rpc import RpcClient
-from estream.wire.errors import EstreamError, StorageError
+from estream.wire.errors import EstreamError, StorageError, StreamNotFound, Unavailable
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from tests.chaos.harness import RS_HOSTS, ChaosCluster, RangeServerNode
@@ -51,6 +54,102 @@ async def test_kill9_pd_leader_failover_time(cluster: ChaosCluster) -> None:
     print(f"[chaos] pd-leader-kill9: faults=2 pd_failover_s="
           f"{','.join(f'{f:.3f}' for f in failovers)} (target < 2)")
     assert max(failovers) < 5.0
+
+
+async def test_pd_reads_never_miss_an_acknowledged_create(cluster: ChaosCluster) -> None:
+    """Creates one after another through any node while each node is read on its own;
+    faults: the leader killed; a follower frozen (SIGSTOP) for longer than an election
+    while the leader is killed; the leader frozen until another is elected, then resumed.
+    Every read answers either Unavailable (asked again) or with every stream whose create
+    was acknowledged before the read began, also on the node that missed them."""
+    pd = cluster.pd_cluster
+    acked: list[str] = []  # in acknowledgement order
+    stale: list[str] = []
+    counts = {"reads": 0, "unavailable": 0}
+    done = asyncio.Event()
+
+    async def creates() -> None:
+        async with PDClient(cluster.pd, timeout_s=10) as client:
+            for i in range(100_000):
+                if done.is_set():
+                    return
+                name = f"acked-{i}"
+                try:
+                    await client.create_stream(name, replicas=3, ack_count=2)
+                except Unavailable:
+                    continue  # outcome unknown: never counted as acknowledged
+                acked.append(name)
+
+    async def reads(address: str) -> None:
+        async with PDClient(address, timeout_s=2) as client:
+            while not done.is_set():
+                if not acked:
+                    await asyncio.sleep(0.01)
+                    continue
+                name = acked[-1]  # acknowledged before this read began
+                counts["reads"] += 1
+                try:
+                    await client.describe_stream(name)
+                except StreamNotFound:
+                    stale.append(f"{address} missed {name}")
+                except Unavailable:
+                    counts["unavailable"] += 1
+                    await asyncio.sleep(0.05)
+
+    def process(i: int):  # type: ignore[no-untyped-def]
+        node = pd.nodes[i].process
+        assert node is not None
+        return node
+
+    tasks = [asyncio.ensure_future(creates())] + [
+        asyncio.ensure_future(reads(node.rpc)) for node in pd.nodes]
+    frozen: list[int] = []
+    try:
+        async def until_acked(more: int) -> None:
+            target = len(acked) + more
+            deadline = time.monotonic() + 15
+            while len(acked) < target:
+                assert time.monotonic() < deadline, "creates stopped"
+                await asyncio.sleep(0.01)
+
+        await until_acked(50)
+        for fault in ("kill-leader", "freeze-follower-kill-leader", "freeze-leader"):
+            leader = await asyncio.to_thread(pd.leader)
+            follower = next(i for i in range(len(pd.nodes)) if i != leader)
+            if fault == "freeze-follower-kill-leader":
+                process(follower).signal(signal.SIGSTOP)
+                frozen.append(follower)
+                await until_acked(20)  # acknowledged without the frozen follower
+                await asyncio.sleep(0.5)  # past the frozen node's leader contact
+            if fault == "freeze-leader":
+                process(leader).signal(signal.SIGSTOP)
+                frozen.append(leader)
+                await asyncio.sleep(2.0)  # the others elect a leader, and commit
+                await until_acked(20)
+            else:
+                pd.kill9(leader)
+            for i in frozen:
+                process(i).signal(signal.SIGCONT)
+            frozen.clear()
+            await until_acked(50)
+            if not pd.nodes[leader].alive():
+                pd.nodes[leader].start()
+                await asyncio.to_thread(pd.nodes[leader].wait_serving)
+            await asyncio.to_thread(pd.wait_ready)
+            await until_acked(20)
+    finally:
+        for i in frozen:
+            process(i).signal(signal.SIGCONT)
+        done.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for node in pd.nodes:  # everything acknowledged, on every node
+        async with PDClient(node.rpc, timeout_s=10) as client:
+            names = {s.name for s in await client.list_streams()}
+        assert set(acked) <= names, sorted(set(acked) - names)[:5]
+    print(f"[chaos] pd-reads-under-double-faults: faults=4 creates_acked={len(acked)} "
+          f"reads={counts['reads']} unavailable={counts['unavailable']} stale={len(stale)}")
+    assert not stale, stale[:10]
+    assert counts["reads"] > 100
 
 
 @pytest.fixture
