@@ -85,6 +85,7 @@ import pysyncobj.syncobj as _syncobj_module
 import pysyncobj.tcp_server as _pysyncobj_tcp_server
 import pysyncobj.transport as _pysyncobj_transport
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.monotonic import monotonic as raft_clock  # CLOCK_MONOTONIC_RAW, not time's
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 from pysyncobj.transport import TCPTransport
 
@@ -114,6 +115,10 @@ leaderless_reads_s: Final = 2.5
 # A gap this long between two periodic ticks is a pause of this process (SIGSTOP, a VM
 # stall): it heard nothing meanwhile, so its leaderless time counts from the resume.
 paused_gap_s: Final = 1.0
+# A node started on an empty data dir stands for election only this long after its start:
+# a peer that holds the catalog asks for its vote first (it reconnects within
+# connectionRetryTime, 1 s, and stands at once if its election deadline has passed).
+empty_start_election_s: Final = 2.0
 log_compaction_entries: Final = 20_000
 DUMP_VERSION: Final = 1
 
@@ -525,8 +530,8 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         """Whether enough followers answered this leader within ``leader_contact_s`` to
         make a majority with it: no other leader was elected meanwhile (a vote comes at
         least ``raftMinTimeout``, longer, after the voter last heard this leader)."""
-        answered = self._SyncObj__lastResponseTime  # node -> time.monotonic() of its answer
-        since = time.monotonic() - leader_contact_s
+        answered = self._SyncObj__lastResponseTime  # node -> raft_clock() of its answer
+        since = raft_clock() - leader_contact_s
         return 1 + sum(1 for at in answered.values() if at > since) > (len(answered) + 1) / 2
 
     def current(self) -> bool:
@@ -842,6 +847,8 @@ class RaftNode:
         dump = self.data_dir / "raft.dump"
         if dump.exists():
             read_dump(dump)  # pysyncobj would log a damaged snapshot and start without it
+        empty = not any((self.data_dir / name).exists()
+                        for name in ("raft.journal", "raft.journal.meta", "raft.dump"))
         conf = SyncObjConf(
             journalFile=str(self.data_dir / "raft.journal"),
             fullDumpFile=str(self.data_dir / "raft.dump"),
@@ -862,6 +869,12 @@ class RaftNode:
             dynamicMembershipChange=False,
         )
         self._obj = _CatalogSyncObj(self.self_address, self.peers, conf, loop)
+        if empty and self.peers:
+            # A new disk (a wiped node) or a new cluster. Two wiped nodes would elect each
+            # other at once and commit on an empty catalog (later overwritten by the peer
+            # holding the real one, with everything acknowledged meanwhile); the peer's
+            # vote request comes within raftMaxTimeout, and a new cluster waits a moment.
+            self._obj._SyncObj__raftElectionDeadline = raft_clock() + empty_start_election_s
         journal = self._obj._SyncObj__raftLog
         if isinstance(journal, ChecksummedJournal) and journal.recovery_note:
             log.warning("Raft journal: %s", journal.recovery_note)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -160,6 +161,45 @@ async def test_restart_all_three_keeps_the_catalog(cluster: PdCluster) -> None:
         async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
             s5 = await client.create_stream("s5")
             assert s5.id == 6  # ids are never reused, even across restarts
+
+
+async def test_two_nodes_wiped_at_once_the_third_keeps_the_catalog(cluster: PdCluster) -> None:
+    """Two faults: the leader and a follower lose their disks together (kill -9, the data
+    dir replaced by an empty one, started again at the same addresses). The two empty
+    nodes must not elect each other and commit on an empty catalog: the third node, whose
+    log is longer, wins, and they copy the catalog from it. No read on any node answers
+    without a stream created before, and creates go on."""
+    async with range_servers(cluster.rpc_addresses):
+        async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
+            for i in range(20):
+                await client.create_stream(f"kept-{i}")
+        leader = cluster.leader()
+        wiped = [leader, cluster.followers()[0]]
+        for i in wiped:
+            cluster.kill9(i)
+            shutil.rmtree(cluster.nodes[i].data_dir)
+            cluster.nodes[i].data_dir.mkdir()
+        for i in wiped:
+            cluster.nodes[i].start()
+        for i in wiped:
+            await asyncio.to_thread(cluster.nodes[i].wait_serving)
+        kept = {f"kept-{i}" for i in range(20)}
+        deadline = time.monotonic() + 20
+        answered = set()
+        while answered != {0, 1, 2}:  # every node, each read alone, until each answered
+            assert time.monotonic() < deadline, answered
+            for i, node in enumerate(cluster.nodes):
+                async with PDClient(node.rpc, timeout_s=1) as alone:
+                    try:
+                        names = {s.name for s in await alone.list_streams()}
+                    except Unavailable:
+                        continue
+                assert kept <= names, (i, sorted(kept - names)[:3])
+                answered.add(i)
+            await asyncio.sleep(0.05)
+        async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
+            await client.create_stream("after-the-wipe")
+            assert {s.name for s in await client.list_streams()} >= kept | {"after-the-wipe"}
 
 
 async def test_a_single_node_refuses_writes(cluster: PdCluster) -> None:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from pysyncobj.monotonic import monotonic as raft_clock  # its election deadlines' clock
 
 from estream.devcluster.process import free_port
 from estream.wire.errors import EstreamError, Timeout, Unavailable
@@ -62,7 +63,7 @@ def _pin(leader: RaftNode, followers: list[RaftNode]) -> None:
     for follower in followers:
         conf = follower._sync.conf
         conf.raftMinTimeout, conf.raftMaxTimeout = 60.0, 61.0
-        follower._sync._SyncObj__raftElectionDeadline = time.monotonic() + 60.0
+        follower._sync._SyncObj__raftElectionDeadline = raft_clock() + 60.0
     leader._sync.conf.leaderFallbackTimeout = 60.0
 
 
@@ -225,7 +226,7 @@ def _elect_soon(nodes: list[RaftNode], first: RaftNode) -> None:
     for node in nodes:
         conf = node._sync.conf
         conf.raftMinTimeout, conf.raftMaxTimeout = 0.4, 1.2
-        node._sync._SyncObj__raftElectionDeadline = time.monotonic() + (
+        node._sync._SyncObj__raftElectionDeadline = raft_clock() + (
             0.0 if node is first else 2.0)
 
 
