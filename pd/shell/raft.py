@@ -60,6 +60,10 @@ encoding) are the only ones that know pysyncobj. What they add to pysyncobj 0.3.
 - **Immutable snapshots for readers.** :meth:`RaftNode.view` returns a
   :class:`~pd.catalog.CatalogView`, made under a lock only when the catalog changed; it
   shares the catalog's persistent maps (:mod:`pd.pmap`): nothing is copied per command.
+- **Reads that see every acknowledged write**, on any node and across leader changes
+  (:meth:`RaftNode.read_barrier`; pysyncobj reads whatever a node applied). A node on an
+  empty data dir stands for election only after ``empty_start_election_s``, so that two
+  wiped nodes do not elect each other on an empty catalog.
 
 Side effects: a journal-sync thread per node, files in ``data_dir``, TCP sockets served
 by the running event loop (:meth:`RaftNode.start` and every call but :meth:`RaftNode.close`
@@ -519,9 +523,9 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
             self._resumed_at = now
 
     def leaderless_s(self) -> float:
-        """How long this node has heard no leader: 0 while it leads; counted from its start
-        or the end of a pause of this process (it could hear nothing meanwhile), also
-        before the first tick after it."""
+        """How long this node has heard no leader: 0 while it leads with a majority
+        answering; counted from its start or the end of a pause of this process (it could
+        hear nothing meanwhile), also before the first tick after it."""
         now = self.loop.time()
         self._note_leader_or_pause(now)
         return now - max(self._leader_heard_at, self._resumed_at)
@@ -535,12 +539,11 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         return 1 + sum(1 for at in answered.values() if at > since) > (len(answered) + 1) / 2
 
     def current(self) -> bool:
-        """Whether this node leads (a majority answered it within ``leader_contact_s``), or
-        heard its leader within ``leader_contact_s``, and it
-        applied an entry of that leader's term: then it applied every entry an earlier
-        leader committed (they precede the term's first entry, pysyncobj's no-op on an
-        election). A new leader, a follower after a leader change or a pause of its own,
-        is not yet."""
+        """Whether this node leads (a majority answered it within ``leader_contact_s``) or
+        heard its leader within ``leader_contact_s``, and applied an entry of that leader's
+        term: then it applied every entry an earlier leader committed (they precede the
+        term's first entry, pysyncobj's no-op on an election). A new leader, a follower
+        after a leader change or a pause of its own, is not yet."""
         now = self.loop.time()
         self._note_leader_or_pause(now)
         if now - self._leader_heard_at > leader_contact_s:

@@ -230,6 +230,18 @@ def _elect_soon(nodes: list[RaftNode], first: RaftNode) -> None:
             0.0 if node is first else 2.0)
 
 
+async def _settled(three: list[RaftNode]) -> tuple[RaftNode, list[RaftNode], int]:
+    """The pinned leader, its followers, and the commit index every node applied (one
+    command committed)."""
+    leader = await _leader(three)
+    followers = [n for n in three if n is not leader]
+    _pin(leader, followers)
+    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+    index = int(leader._sync.raftCommitIndex)
+    await _until(lambda: all(f._sync.raftLastApplied >= index for f in followers))
+    return leader, followers, index
+
+
 async def test_a_read_after_the_leader_dies_sees_what_it_acknowledged(
         three: list[RaftNode]) -> None:
     """The leader acknowledges a command and dies before any follower learned that it was
@@ -237,12 +249,7 @@ async def test_a_read_after_the_leader_dies_sees_what_it_acknowledged(
     Unavailable or, once the new leader's first commit told it, with the command applied;
     never the catalog without it (RaftNode.read_barrier). The new leader reads only once
     it applied the first entry of its own term."""
-    leader = await _leader(three)
-    followers = [n for n in three if n is not leader]
-    _pin(leader, followers)
-    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
-    index = leader._sync.raftCommitIndex
-    await _until(lambda: all(f._sync.raftLastApplied >= index for f in followers))
+    leader, followers, index = await _settled(three)
     real_send = leader._sync._send_direct
 
     def send(node: object, message: dict[str, object]) -> object:
@@ -276,12 +283,7 @@ async def test_a_follower_cut_off_from_a_dead_leader_reads_what_it_acknowledged(
     leader acknowledges a command with the other one and dies. The cut-off follower lacks
     the command and does not know; a read on it waits until a leader of a new term (the
     other follower, with its vote) brought it everything, never answering without it."""
-    leader = await _leader(three)
-    followers = [n for n in three if n is not leader]
-    _pin(leader, followers)
-    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
-    index = leader._sync.raftCommitIndex
-    await _until(lambda: all(f._sync.raftLastApplied >= index for f in followers))
+    leader, followers, index = await _settled(three)
     informed, cut_off = followers
     real_send = leader._sync._send_direct
 
