@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from estream.devcluster.process import ManagedProcess
 from estream.net.pdclient import PDClient
 from estream.net.rpc import RpcClient
 from estream.wire.errors import EstreamError, StorageError, StreamNotFound, Unavailable
@@ -96,7 +97,7 @@ async def test_pd_reads_never_miss_an_acknowledged_create(cluster: ChaosCluster)
                     counts["unavailable"] += 1
                     await asyncio.sleep(0.05)
 
-    def process(i: int):  # type: ignore[no-untyped-def]
+    def process(i: int) -> ManagedProcess:
         node = pd.nodes[i].process
         assert node is not None
         return node
