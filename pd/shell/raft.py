@@ -551,6 +551,7 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         return bool(self._term_at(int(self.raftLastApplied)) == self._getTerm())
 
     def log_end(self) -> int:
+        """The index of the last entry in this node's log."""
         return int(self._SyncObj__raftLog[-1][1])
 
     def wait_applied(self, index: int) -> asyncio.Future[None]:
@@ -674,8 +675,7 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
             return
         if message.get("term", -1) >= self._getTerm():
             self._leader_heard_at = self.loop.time()
-        raft_log = self._SyncObj__raftLog
-        message, cap = trim_append(message, self._term_at, int(raft_log[-1][1]))
+        message, cap = trim_append(message, self._term_at, self.log_end())
         self._ack_cap = None if cap is None else (node, cap)
         try:
             super()._SyncObj__onMessageReceived(node, message)
@@ -876,7 +876,8 @@ class RaftNode:
             # A new disk (a wiped node) or a new cluster. Two wiped nodes would elect each
             # other at once and commit on an empty catalog (later overwritten by the peer
             # holding the real one, with everything acknowledged meanwhile); the peer's
-            # vote request comes within raftMaxTimeout, and a new cluster waits a moment.
+            # vote request comes first (see empty_start_election_s), and a new cluster
+            # waits a moment.
             self._obj._SyncObj__raftElectionDeadline = raft_clock() + empty_start_election_s
         journal = self._obj._SyncObj__raftLog
         if isinstance(journal, ChecksummedJournal) and journal.recovery_note:
