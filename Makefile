@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 
-.PHONY: run test test-quick chaos bench bench-quick lint typecheck clean venv spark-deps system-deps
+.PHONY: run test test-quick chaos soak bench bench-quick lint typecheck clean venv spark-deps system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ test-quick: $(STAMP)
 # (tests/chaos/test_nemesis.py); it prints its seed: ESTREAM_CHAOS_SEED=N make chaos replays it.
 chaos: $(STAMP)
 	$(BIN)/python -m pytest tests/chaos -m slow -s
+
+# A cluster under churn for SOAK_S seconds (default an hour): thousands of streams, writer
+# sessions, readers, deletes and recreates, retention and the object tier; RSS, descriptors,
+# disk, PD CPU and append latency sampled over time (benchmarks/soak.py).
+SOAK_S ?= 3600
+soak: $(STAMP)
+	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.soak --duration-s $(SOAK_S)
 
 # estream beside NATS JetStream, Redis and etcd (benchmarks/compare.py); peers installed by
 # benchmarks/setup.sh; figures to benchmarks/RESULTS.md, charts to benchmarks/results/.
