@@ -1,0 +1,290 @@
+"""Scale: a wide catalog, a long stream, many idle writers, appends spread over many streams.
+
+Against a local cluster of real processes (3 PD nodes, 3 range servers), each phase
+bounded in count and time:
+
+1. ``catalog``: create ``--streams`` streams (256 creates in flight), list every one with
+   ``client.list_streams()`` and through ``GET /v1/streams?limit=1000&after=`` page by
+   page, the PD leader's RSS per stream, then the time to the first create after a kill
+   -9 of the leader (failover) and after a kill -9 and restart of every PD node (restart,
+   the whole catalog replayed);
+2. ``ranges``: a stream of ``--ranges`` ranges (one writer session of one append each),
+   then ``open_writer``, describe and a read of the record in its middle, each beside
+   the same on a one-range stream (the ratio should stay under 2);
+3. ``idle``: ``--idle-writers`` writers held open by ``--idle-clients`` client processes,
+   appending nothing: the PD leader's CPU share over ``--idle-s`` (target <= 0.10);
+4. ``spread``: 1 KiB appends, 256 in flight in total, over ``--spread-streams`` streams
+   (one writer each) beside the same on one stream: records/s and their ratio (target
+   >= 0.5).
+
+    python -m benchmarks.bench_scale [--phases catalog,ranges,idle,spread]
+        [--streams 100000] [--ranges 10000] [--idle-writers 10000] [--idle-clients 10]
+        [--spread-streams 1000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import estream
+from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.pd import http_json
+
+RECORD = b"x" * 1024
+INFLIGHT = 256
+PHASE_S_MAX = 1800.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _leader_pid(cluster: Cluster) -> int:
+    process = cluster.pd.nodes[cluster.pd.leader()].process
+    assert process is not None
+    return process.pid
+
+
+async def _bounded(coros: Any, inflight: int = INFLIGHT) -> list[Any]:
+    """Run the awaitables with at most ``inflight`` at once, in order of their results."""
+    gate = asyncio.Semaphore(inflight)
+
+    async def one(coro: Any) -> Any:
+        async with gate:
+            return await coro
+
+    return await asyncio.gather(*(one(c) for c in coros))
+
+
+async def _until_create(client: estream.Client, name: str, timeout_s: float = 60.0) -> float:
+    started = time.perf_counter()
+    deadline = started + timeout_s
+    while True:
+        try:
+            await client.create_stream(name, replicas=3, ack_count=2)
+            return time.perf_counter() - started
+        except estream.EstreamError:
+            if time.perf_counter() > deadline:
+                raise
+            await asyncio.sleep(0.02)
+
+
+async def catalog(cluster: Cluster, client: estream.Client, streams: int) -> dict[str, Any]:
+    rss_before = _rss_mib(_leader_pid(cluster))
+    started = time.perf_counter()
+    await _bounded(client.create_stream(f"cat-{i:06d}", replicas=3, ack_count=2)
+                   for i in range(streams))
+    create_s = time.perf_counter() - started
+    rss_after = _rss_mib(_leader_pid(cluster))
+    started = time.perf_counter()
+    listed = await client.list_streams()
+    list_s = time.perf_counter() - started
+    pages, seen, after = 0, 0, ""
+    started = time.perf_counter()
+    while True:
+        query = "limit=1000" + (f"&after={after}" if after else "")
+        status, body = await asyncio.to_thread(
+            http_json, cluster.pd_url() + f"/v1/streams?{query}")
+        assert status == 200, body
+        page = body["streams"]
+        pages, seen = pages + 1, seen + len(page)
+        after = body.get("next") or ""
+        if not after or not page or pages > streams:
+            break
+    http_s = time.perf_counter() - started
+    cluster.kill_pd_leader()
+    failover_s = await _until_create(client, "cat-after-failover")
+    for i in range(len(cluster.pd.nodes)):
+        cluster.pd.kill9(i)
+    for node in cluster.pd.nodes:
+        node.start()
+    restart_s = await _until_create(client, "cat-after-restart", timeout_s=300.0)
+    return {
+        "streams": streams, "create_per_s": streams / create_s, "list_s": list_s,
+        "listed": len(listed), "http_pages": pages, "http_listed": seen, "http_s": http_s,
+        "pd_rss_kib_per_stream": (rss_after - rss_before) * 1024 / streams,
+        "failover_s": failover_s, "restart_s": restart_s,
+    }
+
+
+async def _sessions(client: estream.Client, name: str, count: int) -> None:
+    deadline = time.monotonic() + PHASE_S_MAX
+    for i in range(count):
+        async with await client.open_writer(name) as writer:
+            await writer.append(b"%d" % i)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{i} writer sessions in {PHASE_S_MAX} s")
+
+
+async def _timed(client: estream.Client, name: str, reps: int = 5) -> dict[str, float]:
+    """Median open_writer, describe and a read of the middle record, in ms."""
+    end = await client.end_offset(name)
+    opens, describes, reads = [], [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        writer = await client.open_writer(name)
+        opens.append(time.perf_counter() - t)
+        await writer.close()
+        t = time.perf_counter()
+        await client.describe_stream(name)
+        describes.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        start = end // 2
+        got = [r async for r in client.read(name, start=start, end=start + 1, follow=False)]
+        reads.append(time.perf_counter() - t)
+        assert got, f"nothing read from {name} at {start}"
+    return {k: sorted(v)[len(v) // 2] * 1e3
+            for k, v in (("open_ms", opens), ("describe_ms", describes), ("read_ms", reads))}
+
+
+async def ranges(client: estream.Client, count: int) -> dict[str, Any]:
+    await client.create_stream("long", replicas=3, ack_count=2)
+    await client.create_stream("short", replicas=3, ack_count=2)
+    started = time.perf_counter()
+    await _sessions(client, "long", count)
+    sessions_s = time.perf_counter() - started
+    async with await client.open_writer("short") as writer:
+        await asyncio.gather(*(writer.append(b"%d" % i) for i in range(count)))
+    long, short = await _timed(client, "long"), await _timed(client, "short")
+    ranges_seen = len((await client.describe_stream("long")).ranges)
+    return {"ranges": count, "sessions_per_s": count / sessions_s, "long": long,
+            "short": short, "ranges_described": ranges_seen,
+            "ratio": {k: long[k] / short[k] for k in long}}
+
+
+def _idle_child(pd: str, prefix: str, writers: int, hold_s: float) -> None:
+    async def run() -> None:
+        async with await estream.connect(pd) as client:
+            opened = await _bounded(client.open_writer(f"{prefix}-{i}")
+                                    for i in range(writers))
+            print("open", flush=True)
+            await asyncio.sleep(hold_s)
+            await _bounded(w.close() for w in opened)
+
+    asyncio.run(run())
+
+
+async def idle(cluster: Cluster, client: estream.Client, writers: int, clients: int,
+               idle_s: float) -> dict[str, Any]:
+    per = writers // clients
+    await _bounded(client.create_stream(f"idle-{c}-{i}", replicas=3, ack_count=2)
+                   for c in range(clients) for i in range(per))
+    hold_s = idle_s + 120.0
+    children = [subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.bench_scale", "--idle-child",
+         cluster.pd_addresses, f"idle-{c}", str(per), str(hold_s)],
+        stdout=subprocess.PIPE, text=True) for c in range(clients)]
+    try:
+        for child in children:
+            assert child.stdout is not None
+            line = await asyncio.to_thread(child.stdout.readline)
+            assert line.strip() == "open", f"an idle client failed: {line!r}"
+        await asyncio.sleep(5.0)  # the opens' own work settles
+        pid = _leader_pid(cluster)
+        cpu, t = _cpu_s(pid), time.perf_counter()
+        await asyncio.sleep(idle_s)
+        share = (_cpu_s(pid) - cpu) / (time.perf_counter() - t)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait(timeout=10)
+    return {"writers": per * clients, "clients": clients, "pd_leader_cpu_share": share}
+
+
+async def spread(client: estream.Client, streams: int, records: int) -> dict[str, Any]:
+    names = [f"spread-{i}" for i in range(streams)]
+    await _bounded(client.create_stream(n, replicas=3, ack_count=2) for n in names + ["one"])
+    many = await _bounded(client.open_writer(n) for n in names)
+    one = await client.open_writer("one")
+    try:
+        one_rate = await _appends([one], records)
+        many_rate = await _appends(many, records)
+    finally:
+        await _bounded(w.close() for w in [*many, one])
+    return {"streams": streams, "one_stream_per_s": one_rate, "spread_per_s": many_rate,
+            "ratio": many_rate / one_rate}
+
+
+async def _appends(writers: list[Any], records: int) -> float:
+    """Records/s of 256 appends in flight in total, each to the next writer in turn."""
+    started = time.perf_counter()
+    gate = asyncio.Semaphore(INFLIGHT)
+    done = 0
+
+    async def one(i: int) -> None:
+        nonlocal done
+        async with gate:
+            await writers[i % len(writers)].append(RECORD)
+            done += 1
+
+    await asyncio.gather(*(one(i) for i in range(records)))
+    return done / (time.perf_counter() - started)
+
+
+async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    phases = args.phases.split(",")
+    results: dict[str, Any] = {}
+    cluster = start_cluster(root, range_servers=3)
+    try:
+        async with await estream.connect(cluster.pd_addresses) as client:
+            if "spread" in phases:
+                results["spread"] = await spread(client, args.spread_streams, args.records)
+                print("spread:", json.dumps(results["spread"]), flush=True)
+            if "ranges" in phases:
+                results["ranges"] = await ranges(client, args.ranges)
+                print("ranges:", json.dumps(results["ranges"]), flush=True)
+            if "idle" in phases:
+                results["idle"] = await idle(cluster, client, args.idle_writers,
+                                             args.idle_clients, args.idle_s)
+                print("idle:", json.dumps(results["idle"]), flush=True)
+            if "catalog" in phases:  # last: it kills and restarts PD
+                results["catalog"] = await catalog(cluster, client, args.streams)
+                print("catalog:", json.dumps(results["catalog"]), flush=True)
+    finally:
+        cluster.stop()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--idle-child"]:
+        _idle_child(argv[1], argv[2], int(argv[3]), float(argv[4]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phases", default="catalog,ranges,idle,spread")
+    parser.add_argument("--streams", type=int, default=100_000)
+    parser.add_argument("--ranges", type=int, default=10_000)
+    parser.add_argument("--idle-writers", type=int, default=10_000)
+    parser.add_argument("--idle-clients", type=int, default=10)
+    parser.add_argument("--idle-s", type=float, default=20.0)
+    parser.add_argument("--spread-streams", type=int, default=1000)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="estream-scale-") as tmp:
+        results = asyncio.run(run(args, Path(tmp)))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
