@@ -33,7 +33,15 @@ from ssl import SSLContext
 from typing import Any, Final
 
 from estream.core.backoff import delays_until
-from estream.net.portprobe import answers_http, http_port, raft_port, raft_ports
+from estream.net.portprobe import (
+    answers_http,
+    http_port,
+    raft_port,
+    raft_ports,
+    rangeserver_port,
+    tls_port,
+    tls_ports,
+)
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
 from estream.wire.errors import (
     Closed,
@@ -43,6 +51,7 @@ from estream.wire.errors import (
     Overloaded,
     Timeout,
     Unavailable,
+    UnsupportedOpcode,
 )
 from estream.wire.limits import raft_port_probe_timeout_s
 from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
@@ -83,6 +92,7 @@ class PDClient:
         )
         self.timeout_s = timeout_s
         self._pool = pool if pool is not None else ConnectionPool(ssl=ssl, token=token)
+        self._tls = ssl is not None  # what a wrong-port sentence tells the user to set
         self._own_pool = pool is None
         self._preferred: str | None = None
         self._leader_checked = False
@@ -106,12 +116,13 @@ class PDClient:
         attempt_s_max = read_timeout_s_max if opcode in _READS else call_timeout_s_max
         last: EstreamError | None = None
         http: list[str] = []  # addresses that answered HTTP: skipped from then on
+        wrong: list[str] = []  # range servers' addresses: skipped from then on
         while True:
             for address in self._order():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                if address in http:
+                if address in http or address in wrong:
                     continue
                 try:
                     body, _ = await self._pool.call(
@@ -124,6 +135,12 @@ class PDClient:
                     http.append(address)
                     if len(http) == len(self.addresses):
                         raise http_port(http) from None
+                    continue
+                except UnsupportedOpcode:  # a range server: it serves opcodes 1..39 only
+                    self._pool.discard(address)
+                    wrong.append(address)
+                    if len(wrong) == len(self.addresses):
+                        raise rangeserver_port(wrong) from None
                     continue
                 except _RETRIABLE as exc:
                     last = exc
@@ -139,6 +156,8 @@ class PDClient:
                 return body
             wait = next(waits, None)  # None: the deadline has passed
             if wait is None:
+                if wrong:
+                    raise rangeserver_port(wrong)
                 await self._raise_wrong_port(http, last)
                 raise Unavailable(
                     f"no placement-driver node answered within {self.timeout_s}s "
@@ -156,6 +175,10 @@ class PDClient:
             raise http_port(http)
         if self._answered or last is None:
             return  # a node that once answered is down or hung, not a wrong port
+        found = await tls_ports(self.addresses, raft_port_probe_timeout_s)
+        if found and (not self._tls or "CERTIFICATE_VERIFY_FAILED" in last.message
+                      or "certificate" in last.message.lower()):
+            raise tls_port(found, with_ca=self._tls, detail=last.message if self._tls else "")
         found = await raft_ports(self.addresses, raft_port_probe_timeout_s)
         if found:
             raise raft_port(found)

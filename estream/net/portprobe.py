@@ -1,9 +1,10 @@
-"""Recognise a wrong port (HTTP, a placement driver's Raft port), so a client pointed at
-one is told so in one sentence: :class:`WrongPort`, raised by
+"""Recognise a wrong port (HTTP, a placement driver's Raft port, a range server's RPC port),
+so a client pointed at one is told so in one sentence: :class:`WrongPort`, raised by
 :class:`~estream.net.pdclient.PDClient` (so by ``estream.connect``) and printed by the CLI.
 
 An HTTP server answers our RPC frame with ``HTTP/1.1 ...``, whose first bytes read as the
-frame magic 0x5448: :func:`answers_http` recognises that error.
+frame magic 0x5448: :func:`answers_http` recognises that error. A range server answers a
+PD opcode with ``UnsupportedOpcode`` (it serves opcodes 1..39 only): :func:`rangeserver_port`.
 
 A PD node's Raft port (pysyncobj) accepts a connection and then reads messages framed as a
 4-byte length and a body. Our RPC frame's first 4 bytes read there as a length of hundreds
@@ -17,6 +18,11 @@ answer may :func:`looks_like_raft_port`:
   error frame, never a silent close), an HTTP server answers ``400``, a hung or paused
   process answers nothing: none of them counts.
 
+A TLS port (``--tls-cert``) closes the connection on a plain frame as well, so before a
+Raft probe :func:`looks_like_tls_port` tries a TLS handshake that verifies nothing: one
+that completes is a TLS port, named as such (:func:`tls_port`): with no CA given, the
+client must give one; with a CA, the server's certificate does not verify against it.
+
 Each probe is one connection, closed before return, bounded by ``timeout_s`` for the
 connect and again for the answer; it never raises (an unreachable address is not a Raft
 port).
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import struct
 from collections.abc import Sequence
 
@@ -43,8 +50,9 @@ _WHERE = "connect to the placement driver's RPC addresses (estream up prints the
 
 class WrongPort(Unavailable):
     """The address answers, but not as a placement driver's RPC port: it is an HTTP port
-    (PD's admin API, a range server's metrics) or a PD node's Raft (peer) port.
-    ``address`` names it, ``kind`` is ``"http"`` or ``"raft"``. Not retriable: asking
+    (PD's admin API, a range server's metrics), a PD node's Raft (peer) port or a range
+    server's RPC port. ``address`` names it, ``kind`` is ``"http"``, ``"raft"`` or
+    ``"rangeserver"``. Not retriable: asking
     again cannot help. A client-side error only (it never travels on the wire, so it has
     no wire code of its own)."""
 
@@ -67,11 +75,62 @@ def http_port(addresses: Sequence[str]) -> WrongPort:
                      f"(HTTP) port; {_WHERE}", address=named, kind="http")
 
 
+def rangeserver_port(addresses: Sequence[str]) -> WrongPort:
+    """The error for ``addresses`` being range servers' RPC ports (one sentence). Pure."""
+    named = ", ".join(addresses)
+    return WrongPort(f"{named} is a range server's RPC port, not a placement driver's: "
+                     f"{_WHERE}", address=named, kind="rangeserver")
+
+
 def raft_port(addresses: Sequence[str]) -> WrongPort:
     """The error for ``addresses`` being Raft (peer) ports (one sentence). Pure."""
     named = ", ".join(addresses)
     return WrongPort(f"{named} is a placement driver's Raft (peer) port, not its RPC port: "
                      f"{_WHERE}", address=named, kind="raft")
+
+
+def tls_port(addresses: Sequence[str], *, with_ca: bool, detail: str = "") -> WrongPort:
+    """The error for ``addresses`` serving TLS that the client could not use: it has no
+    TLS settings (``with_ca`` False), or the servers' certificates do not verify against
+    the CA it gave (one sentence). Pure."""
+    named = ", ".join(addresses)
+    if not with_ca:
+        return WrongPort(f"{named} serves TLS and this client connects without it: give the "
+                         f"cluster's CA (SDK connect(tls_ca=...), CLI --tls-ca or "
+                         f"ESTREAM_TLS_CA; estream up --tls prints it)",
+                         address=named, kind="tls")
+    why = f" ({detail})" if detail else ""
+    return WrongPort(f"{named} serves TLS, but its certificate does not verify against the "
+                     f"CA this client was given{why}: give the cluster's CA (tls_ca, --tls-ca "
+                     f"or ESTREAM_TLS_CA), and connect by a name or IP the certificate "
+                     f"lists", address=named, kind="tls")
+
+
+async def looks_like_tls_port(address: str, timeout_s: float) -> bool:
+    """Whether ``address`` completes a TLS handshake (any certificate: nothing is
+    verified, nothing is sent after it)."""
+    try:
+        host, port = parse_address(address)
+    except InvalidArgument:
+        return False
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context), timeout_s)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError, TimeoutError):
+        await asyncio.wait_for(writer.wait_closed(), timeout_s)
+    return True
+
+
+async def tls_ports(addresses: Sequence[str], timeout_s: float) -> list[str]:
+    """The addresses of ``addresses`` that complete a TLS handshake, probed concurrently."""
+    found = await asyncio.gather(*(looks_like_tls_port(a, timeout_s) for a in addresses))
+    return [a for a, tls in zip(addresses, found, strict=True) if tls]
 
 
 async def looks_like_raft_port(address: str, timeout_s: float) -> bool:

@@ -621,8 +621,9 @@ class _ServerProtocol(asyncio.Protocol):
         """Answer AUTH, or refuse a request before authentication; False: closing."""
         if frame.opcode != Opcode.AUTH:
             error = Unauthenticated(
-                "not authenticated: send AUTH with a token first, or connect with a client "
-                "certificate signed by the cluster CA"
+                "not authenticated: this cluster needs a token (SDK connect(token=...), CLI "
+                "--token-file, ESTREAM_TOKEN_FILE or ESTREAM_TOKEN) or a client certificate "
+                "signed by the cluster CA (tls_cert/tls_key, --tls-cert/--tls-key)"
             )
             self._reply(encode_error(frame.opcode, frame.request_id, error))
             return True

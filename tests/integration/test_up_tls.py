@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from estream.devcluster.certs import ensure_cluster_tls
 from estream.devcluster.pd import http_json
 from estream.devcluster.upcluster import UpCluster
 
@@ -44,12 +45,20 @@ def test_clients_with_the_ca_and_token_work(cluster: UpCluster) -> None:
     assert status == 200 and body["name"] == "secure"
 
 
-def test_clients_without_them_are_refused(cluster: UpCluster) -> None:
+def test_clients_without_them_are_refused(cluster: UpCluster, tmp_path: Path) -> None:
     no_token = cli(cluster, "stream", "list", env={
         "ESTREAM_TLS_CA": str(cluster.data_dir / "tls" / "ca.pem")})
     assert no_token.returncode == 1 and "Traceback" not in no_token.stderr
+    assert "ESTREAM_TOKEN_FILE" in no_token.stderr and "--token-file" in no_token.stderr
+    # Told it is TLS and what to set, not that it reached a Raft port.
     plain = cli(cluster, "stream", "list", env={})
     assert plain.returncode == 1 and len(plain.stderr.strip().splitlines()) == 1
+    assert "serves TLS" in plain.stderr and "ESTREAM_TLS_CA" in plain.stderr, plain.stderr
+    assert "Raft" not in plain.stderr
+    other = ensure_cluster_tls(tmp_path / "other", ["127.0.0.1"])
+    wrong_ca = cli(cluster, "stream", "list", env={"ESTREAM_TLS_CA": str(other.ca)})
+    assert wrong_ca.returncode == 1 and "Raft" not in wrong_ca.stderr
+    assert "does not verify against the CA" in wrong_ca.stderr, wrong_ca.stderr
 
 
 def test_a_restart_keeps_the_certificates(cluster: UpCluster) -> None:
