@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from estream.cli.output import emit_json, print_tables, table
+from estream.cli.servers import short_id
 from estream.wire.errors import EstreamError, InvalidArgument, Unauthenticated, Unavailable
 
 _WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", ""})
@@ -63,19 +64,26 @@ def summary(report: Mapping[str, Any], from_leader: bool) -> str:
     return line
 
 
-def _replica(replica: Mapping[str, Any]) -> str:
+def _replica(replica: Mapping[str, Any], addresses: Mapping[str, str]) -> str:
+    """A replica as ``address health (reason)``; a server PD no longer lists by its
+    short id."""
     reason = replica.get("reason")
-    return f"{replica.get('id')} {replica.get('health')}" + (f" ({reason})" if reason else "")
+    sid = str(replica.get("id"))
+    where = addresses.get(sid) or short_id(sid)
+    return f"{where} {replica.get('health')}" + (f" ({reason})" if reason else "")
 
 
-def rows(report: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+def rows(report: Mapping[str, Any], addresses: Mapping[str, str] | None = None
+         ) -> list[tuple[Any, ...]]:
     """Table rows of a report's ranges: stream, range, offsets, state, healthy/wanted,
-    replicas with their health, whether a repair works on it now. Pure."""
+    replicas (by address, from ``addresses``: id -> address) with their health, whether
+    a repair works on it now. Pure."""
+    named = addresses or {}
     return [
         (r.get("stream"), r.get("index"),
          f"{r.get('start')}..{'' if r.get('end') is None else r.get('end')}", r.get("state"),
          f"{r.get('healthy')}/{r.get('wanted')}",
-         ", ".join(_replica(p) for p in r.get("replicas") or []),
+         ", ".join(_replica(p, named) for p in r.get("replicas") or []),
          "repairing" if r.get("repairing") else "")
         for r in report.get("ranges") or []
     ]
@@ -134,7 +142,9 @@ async def ranges(client: Any, ns: argparse.Namespace) -> int:
         emit_json(report)
         return 0
     print(summary(report, from_leader))
-    found_rows = rows(report)
+    addresses = {str(s.get("id")): str(s.get("address"))
+                 for s in await client.pd.describe_servers()}
+    found_rows = rows(report, addresses)
     title = (f"{len(found_rows)} under-replicated ranges" if ns.under_replicated
              else f"{len(found_rows)} ranges")
     print_tables(table(title, ["stream", "range", "offsets", "state", "healthy", "replicas",

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from estream.cli.args import count_arg, offset_arg
 from estream.cli.output import emit_json
 
 APPEND_WINDOW = 256  # appends in flight at once
@@ -116,7 +117,8 @@ async def append(client: Any, ns: argparse.Namespace) -> int:
 
 
 def record_json(record: Any) -> str:
-    """One record as a JSON line; a non-UTF-8 value goes as ``value_b64``. Pure."""
+    """One record as a JSON line. ``value`` is always there: the text of a UTF-8 value, else
+    its base64, as ``value_encoding`` (``"utf-8"`` or ``"base64"``) says. Pure."""
     line: dict[str, Any] = {
         "offset": record.offset,
         "timestamp": record.timestamp,
@@ -124,8 +126,10 @@ def record_json(record: Any) -> str:
     }
     try:
         line["value"] = bytes(record.value).decode("utf-8")
+        line["value_encoding"] = "utf-8"
     except UnicodeDecodeError:
-        line["value_b64"] = base64.b64encode(bytes(record.value)).decode("ascii")
+        line["value"] = base64.b64encode(bytes(record.value)).decode("ascii")
+        line["value_encoding"] = "base64"
     return json.dumps(line, sort_keys=True)
 
 
@@ -165,6 +169,8 @@ async def read(client: Any, ns: argparse.Namespace) -> int:
     as_json = ns.format == "json" or ns.json
     out = sys.stdout.buffer
     count = 0
+    if ns.max == 0:
+        return 0
     end = ns.to
     meta = await client.describe_stream(ns.name)
     readable = 0
@@ -225,7 +231,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "append", parents=[common], help="append standard input, one record per line"
     )
-    p.add_argument("name")
+    p.add_argument("name", help="the stream to append to")
     p.add_argument(
         "--headers",
         action="append",
@@ -235,15 +241,19 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.set_defaults(handler=append)
     p = sub.add_parser("read", parents=[common], help="print records (to the end, or --follow)")
-    p.add_argument("name")
+    p.add_argument("name", help="the stream to read")
     p.add_argument("--from", dest="from_", type=from_arg, default=None, metavar="OFFSET",
                    help="OFFSET, start (default: the first kept offset), end, or -N "
                         "(the last N records)")
-    p.add_argument("--to", type=int, default=None, metavar="OFFSET", help="stop before OFFSET")
+    p.add_argument("--to", type=offset_arg, default=None, metavar="OFFSET",
+                   help="stop before OFFSET")
     p.add_argument("--from-time", type=time_arg, default=None, metavar="ISO8601|MS",
                    help="start at the first record whose timestamp is at or after this "
                         "time (ms since the epoch, or ISO 8601; no zone: UTC)")
     p.add_argument("--follow", action="store_true", help="keep reading new records")
-    p.add_argument("--format", choices=["raw", "json"], default="raw")
-    p.add_argument("--max", type=int, default=None, help="stop after this many records")
+    p.add_argument("--format", choices=["raw", "json"], default="raw",
+                   help="raw: each value on a line (default); json: a JSON object a line "
+                        "(offset, timestamp, headers, value, value_encoding)")
+    p.add_argument("--max", type=count_arg, default=None, metavar="N",
+                   help="stop after N records (0: none)")
     p.set_defaults(handler=read_from_time)

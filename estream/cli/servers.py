@@ -1,5 +1,9 @@
 """``estream server list|describe|drain|forget``: range servers for operators.
 
+A server is named by its id, a unique prefix of its id (at least
+``server_prefix_chars_min`` characters) or its address ``H:P`` (:func:`resolve_server`);
+tables show ids cut to ``server_id_shown_chars``, which is such a prefix.
+
 ``drain ID`` moves every replica off a range server (sealed ranges are copied elsewhere by
 PD's repair, open ranges roll away, nothing new is placed there; ``--cancel`` makes it
 active again, ``--wait`` waits until it is drained); ``forget ID`` removes a dead server
@@ -17,14 +21,53 @@ import time
 from typing import Any
 
 from estream.cli.output import emit_json, human_bytes, key_values, print_tables, table
+from estream.wire.errors import InvalidArgument, ServerNotFound
 
 wait_poll_s = 1.0
+server_prefix_chars_min = 4
+server_id_shown_chars = 12
 
 
-def _row(s: dict[str, Any]) -> tuple[Any, ...]:
+def resolve_server(key: str, servers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one server ``key`` names: its id, its address, or a unique id prefix of at least
+    ``server_prefix_chars_min`` characters. ``ServerNotFound`` when none matches,
+    ``InvalidArgument`` when a prefix is too short or matches several. Pure.
+
+    >>> servers = [{"id": "3f9c01", "address": "h:1"}, {"id": "3f9d02", "address": "h:2"}]
+    >>> [resolve_server(k, servers)["id"] for k in ("3f9c01", "h:2", "3f9c")]
+    ['3f9c01', '3f9d02', '3f9c01']
+    """
+    for server in servers:
+        if key in (server.get("id"), server.get("address")):
+            return server
+    matches = [s for s in servers if str(s.get("id", "")).startswith(key)]
+    if matches and len(key) < server_prefix_chars_min:
+        raise InvalidArgument(f"server id prefix {key!r} is too short: give at least "
+                              f"{server_prefix_chars_min} characters", argument="id")
+    if len(matches) > 1:
+        ids = ", ".join(sorted(str(s.get("id")) for s in matches))
+        raise InvalidArgument(f"{key!r} names several range servers ({ids}): give more of "
+                              f"the id, or the address", argument="id")
+    if not matches:
+        raise ServerNotFound(f"no range server has the id, id prefix or address {key!r} "
+                             f"(estream server list shows them)", server_id=key)
+    return matches[0]
+
+
+async def _resolve(client: Any, key: str) -> str:
+    """The full id of the server ``key`` names (see :func:`resolve_server`)."""
+    return str(resolve_server(key, await client.pd.describe_servers())["id"])
+
+
+def short_id(server_id: Any) -> str:
+    return str(server_id)[:server_id_shown_chars]
+
+
+def _row(s: dict[str, Any], full_id: bool = False) -> tuple[Any, ...]:
     load = s.get("load") or {}
-    return (s.get("id"), s.get("address"), "alive" if s.get("alive") else "DOWN",
-            s.get("state"), s.get("replicas"), s.get("open_ranges"), s.get("storage_class"),
+    return (s.get("id") if full_id else short_id(s.get("id")), s.get("address"),
+            "alive" if s.get("alive") else "DOWN", s.get("state"), s.get("replicas"),
+            s.get("open_ranges"), s.get("storage_class"),
             human_bytes(load.get("bytes")), human_bytes(load.get("free_bytes")))
 
 
@@ -48,28 +91,29 @@ def _show(server: dict[str, Any], as_json: bool) -> None:
         emit_json(server)
         return
     print_tables(key_values(f"range server {server.get('id')}",
-                            dict(zip(_COLUMNS, _row(server), strict=True))))
+                            dict(zip(_COLUMNS, _row(server, full_id=True), strict=True))))
 
 
 async def describe(client: Any, ns: argparse.Namespace) -> int:
-    (server,) = await client.pd.describe_servers(ns.id)
+    (server,) = await client.pd.describe_servers(await _resolve(client, ns.id))
     _show(server, ns.json)
     return 0
 
 
 async def drain(client: Any, ns: argparse.Namespace) -> int:
-    server = await client.pd.drain_server(ns.id, cancel=ns.cancel)
+    server_id = await _resolve(client, ns.id)
+    server = await client.pd.drain_server(server_id, cancel=ns.cancel)
     if ns.wait and not ns.cancel:
         deadline = time.monotonic() + ns.wait
         while server.get("state") != "drained" and time.monotonic() < deadline:
             await asyncio.sleep(wait_poll_s)
-            (server,) = await client.pd.describe_servers(ns.id)
+            (server,) = await client.pd.describe_servers(server_id)
     if ns.json:
         emit_json(server)
     elif ns.cancel:
-        print(f"range server {ns.id} is active again")
+        print(f"range server {server_id} is active again")
     else:
-        print(f"range server {ns.id} is {server.get('state')} "
+        print(f"range server {server_id} is {server.get('state')} "
               f"({server.get('replicas')} replicas left)")
     if ns.wait and not ns.cancel and server.get("state") != "drained":
         return 1  # not drained in time
@@ -77,12 +121,17 @@ async def drain(client: Any, ns: argparse.Namespace) -> int:
 
 
 async def forget(client: Any, ns: argparse.Namespace) -> int:
-    await client.pd.forget_server(ns.id)
+    server_id = await _resolve(client, ns.id)
+    await client.pd.forget_server(server_id)
     if ns.json:
-        emit_json({"forgotten": ns.id})
+        emit_json({"forgotten": server_id})
     else:
-        print(f"forgot range server {ns.id}")
+        print(f"forgot range server {server_id}")
     return 0
+
+
+_SERVER = (f"the server's id, a unique id prefix (at least {server_prefix_chars_min} "
+           f"characters) or its address H:P")
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -91,16 +140,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = ssub.add_parser("list", parents=[common], help="range servers: state, replicas, load")
     p.set_defaults(handler=list_)
     p = ssub.add_parser("describe", parents=[common], help="one range server")
-    p.add_argument("id")
+    p.add_argument("id", help=_SERVER)
     p.set_defaults(handler=describe)
     p = ssub.add_parser("drain", parents=[common],
                         help="move every replica off a range server")
-    p.add_argument("id")
+    p.add_argument("id", help=_SERVER)
     p.add_argument("--cancel", action="store_true", help="stop draining: active again")
     p.add_argument("--wait", type=float, default=0.0, metavar="S",
                    help="wait up to S seconds until it is drained (exit 1 if not)")
     p.set_defaults(handler=drain)
     p = ssub.add_parser("forget", parents=[common],
                         help="remove a dead range server from the catalog")
-    p.add_argument("id")
+    p.add_argument("id", help=_SERVER)
     p.set_defaults(handler=forget)

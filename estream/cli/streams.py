@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from estream.cli.args import offset_arg, positive_arg
 from estream.cli.output import emit_json, key_values, print_tables, table
 from pd.streamfigures import stream_figures
 
@@ -127,16 +128,22 @@ async def set_(client: Any, ns: argparse.Namespace) -> int:
     return 0
 
 
+_NAME = "the stream's name"
+_CURSOR = "the cursor's name (letters, digits, '.', '_', '-')"
+
+
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     stream = sub.add_parser("stream", help="create, list, describe, delete, trim streams")
     ssub = stream.add_subparsers(dest="stream_command", metavar="COMMAND", required=True)
     p = ssub.add_parser("create", parents=[common], help="create a stream")
-    p.add_argument("name")
-    p.add_argument("--replicas", type=int, default=3, help="replica count (default 3)")
-    p.add_argument("--ack-count", type=int, default=2, help="acks per append (default 2)")
-    p.add_argument("--retention-ms", type=_positive, default=None, metavar="MS",
+    p.add_argument("name", help=_NAME)
+    p.add_argument("--replicas", type=positive_arg, default=3,
+                   help="replica count (default 3)")
+    p.add_argument("--ack-count", type=positive_arg, default=2,
+                   help="acks per append (default 2)")
+    p.add_argument("--retention-ms", type=positive_arg, default=None, metavar="MS",
                    help="trim whole sealed ranges whose records are all older than this")
-    p.add_argument("--retention-bytes", type=_positive, default=None, metavar="BYTES",
+    p.add_argument("--retention-bytes", type=positive_arg, default=None, metavar="BYTES",
                    help="trim the oldest sealed ranges while the rest hold at least this")
     p.add_argument("--digest", choices=("xxh3", "crc32c", "hmac-sha256"), default=None,
                    help="entry digest (default xxh3); hmac-sha256: a MAC keyed per stream "
@@ -145,18 +152,18 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = ssub.add_parser("list", parents=[common], help="list streams")
     p.set_defaults(handler=list_)
     p = ssub.add_parser("describe", parents=[common], help="a stream's settings and ranges")
-    p.add_argument("name")
+    p.add_argument("name", help=_NAME)
     p.set_defaults(handler=describe)
     p = ssub.add_parser("delete", parents=[common], help="delete a stream")
-    p.add_argument("name")
+    p.add_argument("name", help=_NAME)
     p.set_defaults(handler=delete)
     p = ssub.add_parser("trim", parents=[common], help="drop records below OFFSET")
-    p.add_argument("name")
-    p.add_argument("offset", type=int)
+    p.add_argument("name", help=_NAME)
+    p.add_argument("offset", type=offset_arg, help="the stream's new first offset")
     p.set_defaults(handler=trim)
     p = ssub.add_parser("set", parents=[common],
                         help="change a stream's retention limits (none: no limit)")
-    p.add_argument("name")
+    p.add_argument("name", help=_NAME)
     p.add_argument("--retention-ms", type=_limit, default=None, metavar="MS|none",
                    help="the new time limit (left out: unchanged)")
     p.add_argument("--retention-bytes", type=_limit, default=None, metavar="BYTES|none",
@@ -173,19 +180,7 @@ def _check_set(ns: argparse.Namespace) -> str | None:
 
 
 def _limit(text: str) -> int | str:
-    return "none" if text.lower() == "none" else _positive(text)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
-def _offset(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an offset (an integer >= 0), got {text!r}")
-    return int(text)
+    return "none" if text.lower() == "none" else positive_arg(text)
 
 
 async def cursor_list(client: Any, ns: argparse.Namespace) -> int:
@@ -235,20 +230,20 @@ def _add_cursor_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     csub = cursor.add_subparsers(dest="cursor_command", metavar="COMMAND", required=True)
     p = csub.add_parser("list", parents=[common],
                         help="a stream's cursors with their lag (readable end - offset)")
-    p.add_argument("name")
+    p.add_argument("name", help=_NAME)
     p.set_defaults(handler=cursor_list)
     p = csub.add_parser("describe", parents=[common], help="one cursor's offset and lag")
-    p.add_argument("name")
-    p.add_argument("cursor")
+    p.add_argument("name", help=_NAME)
+    p.add_argument("cursor", help=_CURSOR)
     p.set_defaults(handler=cursor_describe)
     p = csub.add_parser("commit", parents=[common],
                         help="store CURSOR at OFFSET (the next offset its consumer reads)")
-    p.add_argument("name")
-    p.add_argument("cursor")
-    p.add_argument("offset", type=_offset)
+    p.add_argument("name", help=_NAME)
+    p.add_argument("cursor", help=_CURSOR)
+    p.add_argument("offset", type=offset_arg, help="the next offset the consumer reads")
     p.set_defaults(handler=cursor_commit)
     p = csub.add_parser("delete", parents=[common],
                         help="forget CURSOR (it no longer holds retention)")
-    p.add_argument("name")
-    p.add_argument("cursor")
+    p.add_argument("name", help=_NAME)
+    p.add_argument("cursor", help=_CURSOR)
     p.set_defaults(handler=cursor_delete)

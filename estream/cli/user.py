@@ -6,7 +6,10 @@ after the command), connects the SDK client, runs the command's handler from
 :mod:`estream.cli`, and maps every failure to a one-line message on stderr: exit 2
 for usage errors, 1 for runtime errors (unknown stream, unreachable PD...), 130 on Ctrl-C.
 With ``--json`` that message is a JSON object on stderr, ``{"error": {"code",
-"message"}}`` (``code``: the error class, or ``USAGE``), as the admin API's errors.
+"message"}}``, as the admin API's errors and with the same codes: the wire error code's
+name (``STREAM_NOT_FOUND``; the SDK's ``exc.code.name``), or for what never reaches a
+server ``USAGE``, ``WRONG_PROTOCOL`` or ``INTERNAL``. The human line starts with the same
+code.
 A ``--pd`` address that is an HTTP or Raft port is named as such (the SDK's
 :class:`~estream.net.portprobe.WrongPort` sentence).
 No traceback reaches the user (set ``ESTREAM_DEBUG=1`` to see one for an internal error).
@@ -185,12 +188,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WrongPort as exc:  # the SDK's one sentence (estream/net/portprobe.py)
         return _fail(_one_line(exc), kind="WRONG_PROTOCOL")
     except Unavailable as exc:
-        return _fail(f"cannot reach the cluster at {ns.pd}: {_one_line(exc)}",
-                     kind=type(exc).__name__)
+        return _fail(f"{exc.code.name}: cannot reach the cluster at {ns.pd}: "
+                     f"{_one_line(exc)}", kind=exc.code.name)
     except EstreamError as exc:
-        return _fail(f"{type(exc).__name__}: {_one_line(exc)}", kind=type(exc).__name__)
-    except (OSError, TimeoutError) as exc:
-        return _fail(f"{type(exc).__name__}: {_one_line(exc)}", kind=type(exc).__name__)
+        return _fail(f"{exc.code.name}: {_one_line(exc)}", kind=exc.code.name)
+    except TimeoutError as exc:
+        return _fail(f"TIMEOUT: {type(exc).__name__}: {_one_line(exc)}", kind="TIMEOUT")
+    except OSError as exc:
+        return _fail(f"UNAVAILABLE: {type(exc).__name__}: {_one_line(exc)}",
+                     kind="UNAVAILABLE")
     except ValueError as exc:
         return _fail(_one_line(exc), 2, kind="USAGE")
     except Exception as exc:  # a bug: still one line; ESTREAM_DEBUG=1 shows the traceback

@@ -303,13 +303,21 @@ def build_parser() -> argparse.ArgumentParser:
         "Ports from --base-port B: PD rpc B+i, raft B+10+i, admin http B+20+i; "
         "range servers B+30+j. Ctrl-C stops every process; data persists in --data-dir.",
     )
-    parser.add_argument("--data-dir", type=Path, default=Path("./estream-data"))
-    parser.add_argument("--pd-nodes", type=positive_int, default=3, help="odd, default 3")
-    parser.add_argument("--range-servers", type=positive_int, default=3)
+    parser.add_argument("--data-dir", type=Path, default=Path("./estream-data"),
+                        help="where every process keeps its data and logs, kept across "
+                             "restarts (default ./estream-data)")
+    parser.add_argument("--pd-nodes", type=positive_int, default=3,
+                        help="placement-driver nodes, an odd number (default 3)")
+    parser.add_argument("--range-servers", type=positive_int, default=3,
+                        help="range servers (default 3; drain and repair need one more "
+                             "than a stream's replicas)")
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds")
-    parser.add_argument("--base-port", type=port_number, default=7100)
+    parser.add_argument("--base-port", type=port_number, default=7100,
+                        help="first port of the layout above (default 7100)")
     parser.add_argument(
-        "--ready-timeout", type=float, default=READY_TIMEOUT_S, help="seconds; then warn"
+        "--ready-timeout", type=float, default=READY_TIMEOUT_S,
+        help=f"seconds to wait for the cluster to be ready before warning "
+             f"(default {READY_TIMEOUT_S:g})"
     )
     parser.add_argument(
         "--tls", action="store_true",

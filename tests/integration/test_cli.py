@@ -6,6 +6,7 @@ cluster, such as an unknown stream, are in test_up.py.)
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -
         (["nonsense"], "invalid choice"),
         (["stream"], "required"),
         (["stream", "create"], "required"),
-        (["stream", "trim", "s", "notanumber"], "invalid int"),
+        (["stream", "trim", "s", "notanumber"], "expected an offset"),
         (["read", "s", "--format", "xml"], "invalid choice"),
         (["read", "s", "--from", "x"], "--from expects"),
         (["append", "s", "--headers", "novalue"], "KEY=VALUE"),
@@ -110,8 +111,10 @@ def test_pure_cli_helpers() -> None:
     with pytest.raises(ValueError):
         parse_headers(["=v"])
     line = record_json(Record(b"hi", {"k": "v"}, 5, 7))
-    assert line == '{"headers": {"k": "v"}, "offset": 7, "timestamp": 5, "value": "hi"}'
-    assert '"value_b64": "/w=="' in record_json(Record(b"\xff", {}, 0, 0))
+    assert line == ('{"headers": {"k": "v"}, "offset": 7, "timestamp": 5, "value": "hi", '
+                    '"value_encoding": "utf-8"}')
+    binary = json.loads(record_json(Record(b"\xff", {}, 0, 0)))
+    assert (binary["value"], binary["value_encoding"]) == ("/w==", "base64")
     assert (human_bytes(0), human_bytes(1536), human_bytes(None)) == ("0 B", "1.5 KiB", "-")
     assert percentile([], 0.5) == 0.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0

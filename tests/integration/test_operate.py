@@ -151,7 +151,7 @@ def test_server_cli_commands(cluster: Cluster) -> None:
     servers = json.loads(listing.stdout)["rangeservers"]
     assert len(servers) == 5 and all(s["state"] in ("active", "drained") for s in servers)
     table = cli(cluster, "server", "list")
-    assert table.returncode == 0 and servers[0]["id"] in table.stdout
+    assert table.returncode == 0 and servers[0]["id"][:12] in table.stdout
     sid = next(s["id"] for s in servers if s["state"] == "active")
     described = cli(cluster, "server", "describe", sid, "--json")
     assert json.loads(described.stdout)["id"] == sid
@@ -162,7 +162,7 @@ def test_server_cli_commands(cluster: Cluster) -> None:
     missing = cli(cluster, "server", "describe", "no-such-server", "--json")
     assert missing.returncode == 1
     error = json.loads(missing.stderr)["error"]
-    assert error["code"] == "ServerNotFound" and "no-such-server" in error["message"]
+    assert error["code"] == "SERVER_NOT_FOUND" and "no-such-server" in error["message"]
     refused = cli(cluster, "server", "forget", sid)
     assert refused.returncode == 1 and "alive" in refused.stderr, refused.stderr
 
@@ -397,7 +397,7 @@ def test_read_a_trimmed_stream(cluster: Cluster) -> None:
     below = cli(cluster, "read", "trimmed", "--from", "2")
     assert below.returncode == 1 and "trimmed" in below.stderr and "6" in below.stderr
     as_json = cli(cluster, "read", "trimmed", "--from", "2", "--json")
-    assert json.loads(as_json.stderr)["error"]["code"] == "OffsetOutOfRange"
+    assert json.loads(as_json.stderr)["error"]["code"] == "OFFSET_OUT_OF_RANGE"
     usage = cli(cluster, "read", "trimmed", "--from", "x", "--json")
     assert usage.returncode == 2 and json.loads(usage.stderr)["error"]["code"] == "USAGE"
 
@@ -419,3 +419,56 @@ def test_a_raft_port_is_named_as_such(cluster: Cluster) -> None:
     assert result.returncode == 1
     error = json.loads(result.stderr)["error"]
     assert error["code"] == "WRONG_PROTOCOL" and "Raft (peer) port" in error["message"], error
+
+
+def test_a_range_server_port_is_named_as_such(cluster: Cluster) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "estream.cli.main", "--pd", cluster.servers[0].address,
+         "--timeout", "3", "stream", "list", "--json"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert result.returncode == 1
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "WRONG_PROTOCOL", error
+    assert "range server's RPC port" in error["message"] and "opcode" not in error["message"]
+
+
+def test_servers_are_named_by_id_prefix_or_address(cluster: Cluster) -> None:
+    servers = json.loads(cli(cluster, "server", "list", "--json").stdout)["rangeservers"]
+    target = servers[0]
+    for key in (target["id"], target["id"][:6], target["address"]):
+        described = cli(cluster, "server", "describe", key, "--json")
+        assert described.returncode == 0, described.stderr
+        assert json.loads(described.stdout)["id"] == target["id"]
+    short = cli(cluster, "server", "describe", target["id"][:3], "--json")
+    assert short.returncode == 1
+    assert json.loads(short.stderr)["error"]["code"] == "INVALID_ARGUMENT"
+    table = cli(cluster, "server", "list").stdout  # ids cut to a usable prefix
+    assert target["id"][:12] in table and target["id"] not in table
+    ranges = cli(cluster, "ranges")
+    assert ranges.returncode == 0 and all(s["id"] not in ranges.stdout for s in servers)
+
+
+def test_cli_errors_use_the_admin_api_codes_and_exit_codes(cluster: Cluster) -> None:
+    missing = cli(cluster, "stream", "describe", "no-such-stream", "--json")
+    status, body = http_json(cluster.pd_url() + "/v1/streams/no-such-stream")
+    assert missing.returncode == 1 and status == 404
+    assert json.loads(missing.stderr)["error"]["code"] == body["error"]["code"] \
+        == "STREAM_NOT_FOUND"
+    assert cli(cluster, "stream", "describe", "no-such-stream").stderr.startswith(
+        "estream: error: STREAM_NOT_FOUND: ")
+    assert cli(cluster, "stream", "create", "codes").returncode == 0
+    for args in (("stream", "trim", "codes", "-1"), ("cursor", "commit", "codes", "c", "-1"),
+                 ("read", "codes", "--to", "-1"), ("read", "codes", "--max", "-1"),
+                 ("stream", "create", "codes2", "--replicas", "0")):
+        refused = cli(cluster, *args)
+        assert refused.returncode == 2, (args, refused.stderr)
+
+
+def test_read_max_zero_and_binary_values_as_json(cluster: Cluster) -> None:
+    assert cli(cluster, "stream", "create", "maxzero").returncode == 0
+    assert cli(cluster, "append", "maxzero", stdin="a\nb\n").returncode == 0
+    none = cli(cluster, "read", "maxzero", "--max", "0")
+    assert none.returncode == 0 and none.stdout == ""
+    lines = cli(cluster, "read", "maxzero", "--format", "json").stdout.splitlines()
+    assert [json.loads(x)["value"] for x in lines] == ["a", "b"]
+    assert {json.loads(x)["value_encoding"] for x in lines} == {"utf-8"}

@@ -81,7 +81,7 @@ def test_unknown_stream_is_a_one_line_error_exit_1(cluster: UpCluster, args: lis
     assert result.returncode == 1, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
-    assert "no-such-stream" in result.stderr or "StreamNotFound" in result.stderr
+    assert "no-such-stream" in result.stderr or "STREAM_NOT_FOUND" in result.stderr
 
 
 def test_duplicate_stream_is_a_one_line_error(cluster: UpCluster) -> None:
