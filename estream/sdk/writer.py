@@ -139,25 +139,14 @@ class _Waiter(asyncio.Future[_T]):
 
 
 class PendingAppend(_Waiter[int]):
-    """What :meth:`Writer.append` returns: a future of the record's offset, completed by
-    the writer when the record's batch is acknowledged (no task, no coroutine per
-    append: ``await``, ``asyncio.gather`` and ``asyncio.wait_for`` take it as it is).
-    It is also a coroutine, so ``asyncio.create_task(writer.append(...))`` works as it
-    did when ``append`` was a coroutine function. Cancelling it does not withdraw a
-    record already submitted (as cancelling the coroutine did not)."""
+    """What :meth:`Writer.append` returns: an ``asyncio.Future`` of the record's offset,
+    completed by the writer when the record's batch is acknowledged (no task, no coroutine
+    per append). Every asyncio tool that takes futures takes it as it is: ``await``,
+    ``gather``, ``wait``, ``wait_for``, ``as_completed``, ``ensure_future`` (it is not a
+    coroutine, so ``asyncio.create_task`` refuses it, as it refuses any future).
+    Cancelling it does not withdraw a record already submitted."""
 
     __slots__ = ()
-
-    def send(self, value: None) -> Any:
-        return self.__await__().send(value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        if val is None and tb is None:
-            return self.__await__().throw(typ)
-        return self.__await__().throw(typ, val, tb)  # pragma: no cover - old signature
-
-    def close(self) -> None:
-        return None
 
 
 # (value, headers, timestamp, size, its future, its sequence: None unless a producer's, -1

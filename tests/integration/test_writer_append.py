@@ -1,6 +1,6 @@
 """``Writer.append`` returns a future completed by the batch: the ways an application awaits
-it (await, gather, wait_for, create_task), call order kept under backpressure, and errors
-raised where it is awaited, as from the coroutine it was."""
+it (await, gather, wait, wait_for, as_completed, ensure_future), call order kept under
+backpressure, and errors raised where it is awaited, as from the coroutine it was."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ async def test_append_is_awaited_every_way_and_keeps_call_order(cluster: Cluster
         async with await client.open_writer("awaits") as writer:
             assert await writer.append(b"a") == 0
             assert await asyncio.wait_for(writer.append(b"b"), 10) == 1
-            task = asyncio.create_task(writer.append(b"c"))
-            assert await task == 2
+            done, pending_ = await asyncio.wait([writer.append(b"c")], timeout=10)
+            assert [f.result() for f in done] == [2] and not pending_
             assert await asyncio.ensure_future(writer.append(b"d")) == 3
             # A budget of a few records: most appends wait for room, in call order.
             core = writer._core
@@ -32,8 +32,15 @@ async def test_append_is_awaited_every_way_and_keeps_call_order(cluster: Cluster
             pending = [writer.append(b"%04d" % i + b"x" * 1000) for i in range(200)]
             assert await asyncio.gather(*pending) == list(range(4, 204))
             assert writer.statistics()["completed"] == 204
+            ordered = [await f for f in asyncio.as_completed([writer.append(b"e")])]
+            assert ordered == [204]
+            # A future, not a coroutine: create_task refuses it, as any future (the call to
+            # append had submitted the record already).
+            with pytest.raises(TypeError):
+                asyncio.create_task(writer.append(b"refused"))  # type: ignore[arg-type]
         values = [r.value[:4] async for r in client.read("awaits")]
-        assert values == [b"a", b"b", b"c", b"d"] + [b"%04d" % i for i in range(200)]
+        assert values == [b"a", b"b", b"c", b"d"] + [b"%04d" % i for i in range(200)] \
+            + [b"e", b"refu"]
 
 
 async def test_errors_are_raised_where_the_append_is_awaited(cluster: Cluster) -> None:
