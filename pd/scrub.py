@@ -4,7 +4,8 @@ how long it waits before the one after.
 Objects are checked when a range is released (:mod:`pd.shell.offloader`) and when a reader
 reports one, but an object nobody reads can rot (a bad disk, a bucket edited by hand) until
 the day it is needed, when its replicas are long gone. The scrub reads every committed
-object back once per ``period_ms``: in key order, one object at a time, each the way a
+object back once per ``period_ms``: in key order (:class:`ScrubCursor`), one object at a
+time, an object a range being worked on names left for the next pass, each the way a
 damage check reads it (every range naming it: its part's index against the catalog's
 checksum, every batch), and a damaged or missing one goes through the damage path
 (:func:`pd.objectdamage.plan_damage`: ranges with replicas uploaded again, the others
@@ -22,12 +23,11 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from estream.wire.meta import StreamMeta
+from estream.wire.meta import RangeMeta
 
 scrub_period_s_default: Final = 7 * 24 * 3600  # every object read back once a week
 scrub_bytes_per_s_max_default: Final = 8 * 1024 * 1024  # at most 8 MiB/s on average
@@ -71,54 +71,59 @@ class ScrubPace:
         return max(wait_ms_min, by_period, by_bytes)
 
 
-def next_key(keys: Iterable[str], after: str | None) -> str | None:
-    """The object to scrub next: the first key sorting after ``after`` (the last one
-    scrubbed), or the first key (a new pass); None when there is none.
+class ScrubCursor:
+    """A pass over the objects committed when it began, in key order: each key once (a
+    key gone meanwhile is skipped; one committed meanwhile waits for the next pass), then
+    a new pass. Sorting happens once a pass, not once an object."""
 
-    >>> next_key(["b", "a", "c"], None), next_key(["a", "b", "c"], "a")
-    ('a', 'b')
-    >>> next_key(["a", "c"], "b"), next_key(["a", "c"], "c"), next_key([], "a")
-    ('c', 'a', None)
-    """
-    ordered = sorted(keys)
-    if not ordered:
+    def __init__(self) -> None:
+        self._keys: list[str] = []
+        self._at = 0
+
+    def next(self, committed: Collection[str]) -> str | None:
+        """The object to scrub next among ``committed`` (the keys ranges name now); None
+        when there is none.
+
+        >>> c = ScrubCursor()
+        >>> [c.next({"b", "a", "c"}) for _ in range(4)]
+        ['a', 'b', 'c', 'a']
+        >>> c.next({"a", "c", "d"}), c.next({"a", "d"}), c.next(set())
+        ('c', 'a', None)
+        """
+        for _ in range(2):  # the rest of this pass, then (at most) one new pass
+            while self._at < len(self._keys):
+                key = self._keys[self._at]
+                self._at += 1
+                if key in committed:
+                    return key
+            self._keys, self._at = sorted(committed), 0
         return None
-    if after is None:
-        return ordered[0]
-    i = bisect.bisect_right(ordered, after)
-    return ordered[i] if i < len(ordered) else ordered[0]
+
+    def restart(self) -> None:
+        """Start a new pass at the next call (a new leader)."""
+        self._keys, self._at = [], 0
 
 
-def object_bytes(streams: Iterable[StreamMeta], key: str,
-                 sizes: Mapping[str, int]) -> int:
-    """The bytes a scrub of ``key`` reads: each naming range's part (data and index), or
-    for an object of one range without a part (version 1) its size when ``sizes`` knows
-    it (else 0: nothing to pace on).
+def object_bytes(ranges: Iterable[RangeMeta], key: str, sizes: Mapping[str, int]) -> int:
+    """The bytes a scrub of ``key`` reads: the part (data and index) of each range of
+    ``ranges`` naming it, or for a range without a part (a version-1 object) the object's
+    size when ``sizes`` knows it (else 0: nothing to pace on).
 
-    >>> from estream.wire.meta import ObjectPart, RangeMeta
-    >>> s = StreamMeta(1, "s", ranges=(
+    >>> from estream.wire.meta import ObjectPart
+    >>> ranges = (
     ...     RangeMeta(0, 0, 10, (), "object", "k", object_part=ObjectPart(0, 90, 190, 230, 1)),
     ...     RangeMeta(1, 10, 20, (), "object", "k", object_part=ObjectPart(90, 190, 230, 270, 2)),
-    ...     RangeMeta(2, 20, 30, (), "object", "v1")))
-    >>> object_bytes([s], "k", {}), object_bytes([s], "v1", {"v1": 500})
+    ...     RangeMeta(2, 20, 30, (), "object", "v1"))
+    >>> object_bytes(ranges, "k", {}), object_bytes(ranges, "v1", {"v1": 500})
     (270, 500)
     """
     total = 0
-    for s in streams:
-        for r in s.ranges:
-            if r.object_key != key:
-                continue
-            if r.object_part is None:
-                total += sizes.get(key, 0)
-            else:
-                p = r.object_part
-                total += (p.data_end - p.data_start) + (p.index_end - p.index_start)
+    for r in ranges:
+        if r.object_key != key:
+            continue
+        p = r.object_part
+        if p is None:
+            total += sizes.get(key, 0)
+        else:
+            total += (p.data_end - p.data_start) + (p.index_end - p.index_start)
     return total
-
-
-def is_busy(streams: Iterable[StreamMeta], key: str, busy: Collection[tuple[int, int]]
-            ) -> bool:
-    """Whether a range naming ``key`` is being worked on (released, compacted, checked):
-    the scrub leaves that object for its next pass."""
-    return any(r.object_key == key and (s.id, r.index) in busy
-               for s in streams for r in s.ranges)

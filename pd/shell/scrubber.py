@@ -1,17 +1,17 @@
 """The PD leader's object scrub: every committed object read back once a period, paced.
 
-While this node is the Raft leader and has applied everything committed, :meth:`Scrubber.step`
-takes the next referenced object in key order (:func:`pd.scrub.next_key`), skips it when
-one of its ranges is busy (released, compacted or checked right now: the next pass takes
-it), and has the offloader read it back as it checks a reader's report
-(:meth:`pd.shell.damage.DamageChecks.check_object`: every range naming it, its part's
-index against the catalog's checksum, every batch). A damaged or missing object goes the
-damage path: ranges with replicas back to the local tier and uploaded again, ranges
-without counted as lost (``estream_object_damage_lost_ranges_total``, which the
-lost-range alert watches). A store that fails leaves everything as it is (the object is
-read again at the next pass). Then it waits :meth:`pd.scrub.ScrubPace.wait_ms`: the
-period spread over the objects, or longer when the bytes/s cap says so. A new leader
-starts a pass from the first key.
+While this node is the Raft leader and has applied everything committed,
+:meth:`Scrubber.step` takes the next referenced object in key order
+(:class:`pd.scrub.ScrubCursor`), skips it when one of its ranges is busy (released,
+compacted or checked right now: the next pass takes it), and has the offloader read it
+back as it checks a reader's report (:meth:`pd.shell.damage.DamageChecks.check_object`:
+every range naming it, its part's index against the catalog's checksum, every batch). A
+damaged or missing object goes the damage path: ranges with replicas back to the local
+tier and uploaded again, ranges without counted as lost
+(``estream_object_damage_lost_ranges_total``, which the lost-range alert watches). A
+store that fails leaves everything as it is (the object is read again at the next pass).
+Then it waits :meth:`pd.scrub.ScrubPace.wait_ms`: the period spread over the objects, or
+longer when the bytes/s cap says so. A new leader (or term) starts a new pass.
 
 Side effects: network (the object store, through the offloader), Raft proposals (the
 damage path).
@@ -24,7 +24,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from pd.metrics import SCRUB_BYTES, SCRUB_DAMAGED, SCRUB_HELP, SCRUB_OBJECTS
-from pd.scrub import ScrubPace, is_busy, next_key, object_bytes
+from pd.objectdamage import ranges_naming
+from pd.scrub import ScrubCursor, ScrubPace, object_bytes
 from pd.shell.rounds import is_leader
 from pd.shell.service import PdService
 
@@ -41,7 +42,7 @@ class Scrubber:
         self.service = service
         self.offloader = offloader
         self.pace = pace
-        self.after: str | None = None  # the last key scrubbed (the pass goes on after it)
+        self.cursor = ScrubCursor()  # the pass under way
         self.term = -1
 
     async def run(self) -> None:
@@ -60,20 +61,20 @@ class Scrubber:
         wait before the next step (ms)."""
         status = self.service.raft.status()
         if not is_leader(self.service) or not self.service.raft.caught_up():
-            self.after = None
+            self.cursor.restart()
             return self.pace.wait_ms(0, 0)
         if status.term != self.term:
-            self.term, self.after = status.term, None
+            self.term = status.term
+            self.cursor.restart()
         view = self.service.view()
         keys = view.object_refs.keys()
-        key = next_key(keys, self.after)
+        key = self.cursor.next(keys)
         if key is None:
             return self.pace.wait_ms(0, 0)
-        self.after = key
-        streams = list(view.streams.values())
-        if is_busy(streams, key, self.offloader.busy):
+        ranges = ranges_naming(view.streams.values(), key, view.object_refs[key])
+        if any((s.id, r.index) in self.offloader.busy for s, r in ranges):
             return self.pace.wait_ms(len(keys), 0)
-        read_bytes = object_bytes(streams, key, self.offloader.object_sizes)
+        read_bytes = object_bytes((r for _, r in ranges), key, self.offloader.object_sizes)
         now = self.service.clock_ms()
         alive = {s for s in view.servers if self.service.liveness.alive(s, now)}
         result = await self.offloader.check_object(key, alive)

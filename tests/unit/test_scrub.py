@@ -8,12 +8,11 @@ import doctest
 import pytest
 
 import pd.scrub
-from estream.wire.meta import ObjectPart, RangeMeta, StreamMeta
+from estream.wire.meta import ObjectPart, RangeMeta
 from pd.scrub import (
+    ScrubCursor,
     ScrubPace,
     idle_wait_ms,
-    is_busy,
-    next_key,
     object_bytes,
     scrub_bytes_per_s_max_default,
     scrub_period_s_default,
@@ -26,29 +25,29 @@ def test_doctests() -> None:
     assert doctest.testmod(pd.scrub).failed == 0
 
 
-@pytest.mark.parametrize(("keys", "after", "expected"), [
-    ([], None, None),
-    (["b", "a"], None, "a"),
-    (["a", "b", "c"], "a", "b"),
-    (["a", "b", "c"], "c", "a"),  # the pass is over: a new one
-    (["a", "c"], "b", "c"),  # "b" went away meanwhile: the next after it
-    (["a"], "a", "a"),
-])
-def test_next_key(keys: list[str], after: str | None, expected: str | None) -> None:
-    assert next_key(keys, after) == expected
+def test_the_cursor_takes_each_key_once_a_pass() -> None:
+    c = ScrubCursor()
+    assert c.next(set()) is None
+    keys = {"b", "a", "c"}
+    assert [c.next(keys) for _ in range(7)] == ["a", "b", "c", "a", "b", "c", "a"]
+    # "b" gone, "bb" new: this pass goes on without "b"; "bb" waits for the next pass
+    assert [c.next({"a", "bb", "c"}) for _ in range(4)] == ["c", "a", "bb", "c"]
+    c.restart()
+    assert c.next({"z", "y"}) == "y"
+    assert c.next({"z"}) == "z" and c.next({"z"}) == "z"
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 50])
 def test_a_pass_visits_every_object_once_within_the_period(n: int) -> None:
-    keys = [f"{i:03d}/k.eso" for i in range(n)]
+    keys = {f"{i:03d}/k.eso" for i in range(n)}
     pace = ScrubPace(period_ms=3_600_000, bytes_per_s_max=10**12)
-    seen, after, elapsed = [], None, 0
+    cursor, seen, elapsed = ScrubCursor(), [], 0
     for _ in range(n):
-        after = next_key(keys, after)
-        assert after is not None
-        seen.append(after)
+        key = cursor.next(keys)
+        assert key is not None
+        seen.append(key)
         elapsed += pace.wait_ms(n, 1_000)
-    assert seen == keys and elapsed <= pace.period_ms
+    assert seen == sorted(keys) and elapsed <= pace.period_ms
 
 
 @pytest.mark.parametrize(("objects", "read_bytes", "expected"), [
@@ -77,21 +76,15 @@ def test_zero_disables() -> None:
     assert not ScrubPace(0, 1).enabled and ScrubPace(1, 1).enabled
 
 
-def stream() -> StreamMeta:
-    return StreamMeta(4, "s", ranges=(
+def test_object_bytes() -> None:
+    ranges = (
         RangeMeta(0, 0, 10, (), "object", "k", object_part=ObjectPart(0, 90, 190, 230, 1)),
         RangeMeta(1, 10, 20, (), "object", "k", object_part=ObjectPart(90, 190, 230, 270, 2)),
         RangeMeta(2, 20, 30, (), "object", "v1"),
-        RangeMeta(3, 30, 40, (), "local")))
-
-
-def test_object_bytes_and_busy() -> None:
-    s = stream()
-    assert object_bytes([s], "k", {}) == 270
-    assert object_bytes([s], "v1", {}) == 0 and object_bytes([s], "v1", {"v1": 9}) == 9
-    assert object_bytes([s], "gone", {"gone": 9}) == 0
-    assert is_busy([s], "k", {(4, 1)}) and not is_busy([s], "v1", {(4, 1)})
-    assert not is_busy([s], "k", {(5, 0)})
+        RangeMeta(3, 30, 40, (), "local"))
+    assert object_bytes(ranges, "k", {}) == 270
+    assert object_bytes(ranges, "v1", {}) == 0 and object_bytes(ranges, "v1", {"v1": 9}) == 9
+    assert object_bytes(ranges, "gone", {"gone": 9}) == 0
 
 
 def test_pd_scrub_flags() -> None:
