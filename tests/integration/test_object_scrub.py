@@ -7,7 +7,8 @@ servers and Raft), the fake clock moved by each step's wait:
 - one damaged after the release (no replica left) is counted lost, the key kept, the
   lost-range metric (which the alert rule watches) raised;
 - a missing object is found too; a busy object is left for the next pass;
-- the waits spread the period over the objects, and the bytes/s cap lengthens them.
+- the waits spread the period over the objects, and the bytes/s cap lengthens them;
+- the scrub's metrics pass ``promtool check metrics``.
 
 Against real processes (1 PD scrubbing every 3 s, 3 range servers, replicas kept): a
 byte flipped in an object nobody reads is found by the scrub, the range uploaded again
@@ -16,12 +17,14 @@ under a new key, and every record reads back with every range server stopped.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.server.metrics import FamiliesCollector, exposition, new_registry
 from pd.scrub import ScrubPace
 from pd.shell.scrubber import Scrubber
 from tests.harness.objecttier import ObjectTier, all_tiered, metric, wait_for, write_ranges
@@ -43,6 +46,7 @@ from tests.integration.test_offloader_faults import (
     values_of,
     values_of_part,
 )
+from tests.system_tools import require_tool
 
 __all__ = ["rig"]  # the fixture, shared
 
@@ -143,6 +147,24 @@ async def test_the_waits_spread_the_period_and_obey_the_cap(rig: Rig) -> None:
     rig.raft.status = lambda: Status(role="follower")  # type: ignore[method-assign]
     assert await slow.step() == PERIOD_MS  # a follower scrubs nothing
     assert counter(rig, "estream_object_scrub_objects_total", result="sound") == 2
+
+
+async def test_scrub_metrics_pass_promtool(rig: Rig) -> None:
+    promtool = require_tool("promtool", package="prometheus")  # CI: missing fails
+    keys = await three_objects(rig)
+    flip(rig, keys[0])
+    scrub = scrubber(rig)
+    for _ in keys:
+        await scrub.step()
+    registry = new_registry()
+    registry.register(FamiliesCollector(rig.service.metrics.families))
+    text = exposition(registry)
+    for name in ("estream_object_scrub_objects_total", "estream_object_scrub_bytes_total",
+                 "estream_object_scrub_damaged_total"):
+        assert name.encode() in text, name
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                             timeout=30)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 @pytest.mark.integration
