@@ -6,7 +6,9 @@ trimmed or their streams deleted, while one range still references them, so the 
 cannot be deleted). The PD leader's offloader asks :func:`plan` for rewrites: the live
 ranges of several such objects are read from them (each range's part, every batch
 verified) and written into one new object, prepared (``prepare_pack``, each member
-``replaces`` its old key) and committed with ``commit_pack`` in ``compaction`` mode: a
+``replaces`` its old key), read back whole (every member's part as the commit will name
+it: its index entries against their checksum, every batch; else nothing is committed and
+the old objects stay) and committed with ``commit_pack`` in ``compaction`` mode: a
 compare-and-set on each range's old key, so a trim or delete that came first simply wins
 (that range is skipped). Each old object loses its references, the catalog lists it as
 unreferenced, and the deletion step removes it once nothing references it.

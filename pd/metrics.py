@@ -65,6 +65,17 @@ DAMAGE_HELP: Final = {
     DAMAGE_LOST: "Ranges whose part of an object is damaged and whose replicas are "
                  "released: unreadable until restored by hand.",
 }
+# The object scrub (pd/scrub.py, pd/shell/scrubber.py): name -> help.
+SCRUB_OBJECTS: Final = "estream_object_scrub_objects_total"
+SCRUB_BYTES: Final = "estream_object_scrub_bytes_total"
+SCRUB_DAMAGED: Final = "estream_object_scrub_damaged_total"
+SCRUB_HELP: Final = {
+    SCRUB_OBJECTS: "Committed objects the PD leader's scrub read back, by result (sound, "
+                   "damaged, inconclusive).",
+    SCRUB_BYTES: "Bytes the PD leader's scrub read back from committed objects.",
+    SCRUB_DAMAGED: "Objects the scrub found missing or damaged (their ranges uploaded "
+                   "again from replicas, or counted as lost).",
+}
 REQUESTS_TOTAL: Final = "estream_pd_requests_total"
 REQUEST_SECONDS: Final = "estream_pd_request_seconds"
 COMMIT_SECONDS: Final = "estream_pd_raft_commit_seconds"

@@ -3,7 +3,12 @@
 :class:`ObjectStore` is what the PD offloader writes through and what readers (the SDK,
 Spark executors) read through. ``ObjectStore.from_url(url, endpoint=None)`` accepts
 
-- ``file:///abs/dir``: objects are files under that directory (created if missing);
+- ``file:///abs/dir``: objects are files under that directory (created if missing). A
+  put is durable when it returns: the bytes go to a temporary file beside the object
+  (``name#<digits>``, which a listing skips), which is fsynced, renamed over the key, and
+  then the directory and every directory the put created, up to the store's root, are
+  fsynced (:func:`put_file`); a crash leaves the old object or the new one under a key,
+  never part of one;
 - ``s3://bucket/prefix``: any S3-compatible store; ``endpoint`` (``http://H:P`` or
   ``https://...``) names it (AWS's own endpoint when None). Credentials come from
   ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (both required: obstore's default
@@ -35,9 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import itertools
 import os
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -72,8 +78,10 @@ class ObjectInfo:
 class ObjectStore:
     """Async put/get/get_range/head/delete/list with deadlines and typed errors."""
 
-    def __init__(self, store: Any, url: str, endpoint: str | None, timeout_s: float) -> None:
+    def __init__(self, store: Any, url: str, endpoint: str | None, timeout_s: float,
+                 root: Path | None = None) -> None:
         self._store = store
+        self._root = root  # a file:// store's directory: puts are written by put_file
         self.url = url
         self.endpoint = endpoint
         self.timeout_s = timeout_s
@@ -96,7 +104,8 @@ class ObjectStore:
                 raise InvalidArgument(f"object store URL {url!r}: use file:///absolute/dir",
                                       argument="object_store")
             Path(parts.path).mkdir(parents=True, exist_ok=True)
-            return cls(LocalStore(parts.path, mkdir=True), url, None, timeout_s)
+            return cls(LocalStore(parts.path, mkdir=True), url, None, timeout_s,
+                       Path(parts.path))
         if parts.scheme == "s3":
             return cls(_s3_store(url, endpoint, timeout_s, os.environ if env is None else env),
                        url, endpoint, timeout_s)
@@ -143,6 +152,11 @@ class ObjectStore:
         store has one) in parts of ``put_part_bytes``, streamed from ``data``."""
         size = len(data) if isinstance(data, bytes | memoryview) else sum(
             len(p) for p in data)
+        if self._root is not None:
+            chunks = [data] if isinstance(data, bytes | memoryview) else list(data)
+            await self._call(key, self._request(asyncio.to_thread(
+                put_file, self._root, key, chunks)))
+            return
         body: Any
         if size <= put_part_bytes:
             body = data if isinstance(data, bytes | memoryview) else b"".join(data)
@@ -232,6 +246,65 @@ class ObjectStore:
                     break
             return out[:limit]
         return await self._call(prefix, work())
+
+
+_tmp_ids = itertools.count(1)  # temporary files' suffixes (with the process id)
+
+
+def put_file(root: Path, key: str, chunks: Sequence[bytes | memoryview], *,
+             sync: Callable[[int], None] | None = None) -> None:
+    """Write ``chunks`` as the object ``key`` under ``root``, durable on return: a
+    temporary file beside it (``name#<digits>``: obstore's listing skips such names),
+    fsynced (``sync``), renamed over the key, then the directories fsynced: the object's,
+    and the parent of each directory this put created, up to ``root``. A failure removes
+    the temporary file; the key keeps what it held. ``sync`` defaults to ``os.fsync``."""
+    sync = sync or os.fsync
+    path = _key_path(root, key)
+    created = _make_dirs(root, path.parent)
+    tmp = path.with_name(f"{path.name}#{os.getpid()}{next(_tmp_ids):06d}")
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            sync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    for directory in [path.parent, *(d.parent for d in created)]:
+        _fsync_dir(directory, sync)
+
+
+def _key_path(root: Path, key: str) -> Path:
+    """The file of ``key`` (ValueError for a key that is not a plain relative path)."""
+    segments = key.split("/")
+    if any(s in ("", ".", "..") or "#" in s or "\\" in s for s in segments):
+        raise ValueError(f"bad object key {key!r}")
+    return root.joinpath(*segments)
+
+
+def _make_dirs(root: Path, directory: Path) -> list[Path]:
+    """Create ``directory`` (under ``root``) and its missing parents; returns those
+    created, innermost first."""
+    missing: list[Path] = []
+    d = directory
+    while d != root and not d.is_dir():
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        d.mkdir(exist_ok=True)
+    return missing
+
+
+def _fsync_dir(directory: Path, sync: Callable[[int], None]) -> None:
+    """Sync a directory: the names created or renamed in it become durable (the file
+    ring's twin of estream.server.durable.fsync_dir, which this ring may not import)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        sync(fd)
+    finally:
+        os.close(fd)
 
 
 def _s3_store(url: str, endpoint: str | None, timeout_s: float,

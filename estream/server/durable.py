@@ -2,7 +2,9 @@
 
 A new or renamed file survives a crash only once its directory is synced too; every
 process of the project (PD journal and snapshot files, range-server log segments,
-checkpoint, ``server_id``) goes through these two functions for that.
+checkpoint, ``server_id``) goes through these two functions for that. (The one other
+directory fsync is a ``file://`` object store's put, in ``estream/net/objectstore.py``:
+the net ring may not import this one.)
 
 Side effects: the files named.
 """

@@ -42,6 +42,7 @@ from estream.net.security import (
 from estream.server.config import parse_with_config
 from estream.wire import limits
 from estream.wire.errors import ChecksumMismatch, InvalidArgument
+from pd.scrub import scrub_bytes_per_s_max_default, scrub_period_s_default
 from pd.shell.node import PdConfig, PlacementDriverNode
 
 gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close an object of packed ranges S seconds after its first range "
                         "was read into it, whatever its size (default: the offload delay, "
                         "at most 60)")
+    p.add_argument("--object-scrub-period-s", type=_seconds,
+                   default=float(scrub_period_s_default), metavar="S",
+                   help="read every committed object back once every S seconds, uploading "
+                        "damaged ones again from replicas (default 604800: a week; 0: no "
+                        "scrub)")
+    p.add_argument("--object-scrub-bytes-per-s", type=_rate, metavar="N",
+                   default=scrub_bytes_per_s_max_default,
+                   help="the scrub reads at most N bytes per second on average "
+                        "(default 8 MiB)")
     p.add_argument("--log-level", default="WARNING", help="Python logging level")
     return p
 
@@ -101,6 +111,17 @@ def _object_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
     if not 1024 * 1024 <= value <= 5 * 1024**3:
         raise argparse.ArgumentTypeError(f"object size out of 1 MiB .. 5 GiB: {text!r}")
+    return value
+
+
+def _rate(text: str) -> int:
+    """A rate in bytes per second, >= 1 (argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"bytes per second must be >= 1: {text!r}")
     return value
 
 
@@ -170,7 +191,9 @@ def parse_config(argv: list[str]) -> PdConfig:
                     local_retention_s=args.local_retention_s,
                     object_orphan_grace_s=args.object_orphan_grace_s,
                     object_size_bytes=args.object_size_bytes,
-                    object_max_age_s=args.object_max_age_s)
+                    object_max_age_s=args.object_max_age_s,
+                    object_scrub_period_s=args.object_scrub_period_s,
+                    object_scrub_bytes_per_s=args.object_scrub_bytes_per_s)
 
 
 def _config_warnings(args: argparse.Namespace) -> list[str]:

@@ -2,14 +2,16 @@
 :mod:`pd.objectdamage`'s): step 2b of :mod:`pd.shell.offloader`.
 
 An object a reader reported (:meth:`DamageChecks.report_damage`, queued in a
-:class:`pd.objectdamage.DamageInbox`), or that the check before a release found missing
-or damaged, is read back by the leader itself (every range naming it: its part, every
-batch; a ranged GET that fails where a HEAD shows the object ends before the part does is
-damage, not an outage); :func:`pd.objectdamage.plan_damage` then sends the ranges whose
-part is damaged and which still list replicas back to "local" (``object_damaged``) and
-uploads them again at once (a new key; the old one, once unreferenced, is deleted by the
-offloader); damaged ranges without replicas are logged and counted as lost (once per
-object and range). A store that fails the check leaves everything as it is.
+:class:`pd.objectdamage.DamageInbox`), that the check before a release found missing or
+damaged, or that the scrub picked (:meth:`DamageChecks.check_object`,
+:mod:`pd.shell.scrubber`) is read back by the leader itself (every range naming it: its
+part, every batch; a ranged GET that fails where a HEAD shows the object ends before
+the part does is damage, not an outage); :func:`pd.objectdamage.plan_damage` then sends
+the ranges whose part is damaged and which still list replicas back to "local"
+(``object_damaged``) and uploads them again at once (a new key; the old one, once
+unreferenced, is deleted by the offloader); damaged ranges without replicas are logged
+and counted as lost (once per object and range). A store that fails the check leaves
+everything as it is.
 
 :class:`DamageChecks` is a part of :class:`pd.shell.offloader.Offloader` (its base
 class): it uses the offloader's service, store, busy ranges, object check and upload.
@@ -100,15 +102,17 @@ class DamageChecks:
 
     async def _object_damaged(self, key: str, alive: Collection[str], *,
                               known: dict[RangeKey, bool] | None = None,
-                              missing: bool = False) -> None:
+                              missing: bool = False) -> str | None:
         """Read back the part of every range naming ``key`` (``known``: parts found
         damaged already; ``missing``: the object is gone, nothing to read), then carry out
         :func:`pd.objectdamage.plan_damage`: damaged ranges with replicas back to the
-        local tier (``object_damaged``) and uploaded again at once, lost ones logged."""
+        local tier (``object_damaged``) and uploaded again at once, lost ones logged.
+        Returns the check's result (``"sound"``, ``"damaged"``, ``"inconclusive"``), or
+        None when no range names ``key`` any more."""
         ranges = ranges_naming(self.service.view().streams.values(), key,
                                self.service.view().object_refs.get(key, ()))
         if not ranges:
-            return  # no range names it any more (trimmed, moved on): nothing to check
+            return None  # no range names it any more (trimmed, moved on): nothing to check
         keys = [(s.id, r.index) for s, r in ranges]
         held = [k for k in keys if k not in self.busy]
         self.busy.update(held)
@@ -116,7 +120,7 @@ class DamageChecks:
             damaged = await self._read_back(key, ranges, dict(known or {}), missing)
             if damaged is None:
                 self._count(DAMAGE_CHECKS, result="inconclusive")
-                return
+                return "inconclusive"
             view = self.service.view()  # (afresh: what moved meanwhile is left alone)
             plan = plan_damage(key, ranges_naming(view.streams.values(), key,
                                                   view.object_refs.get(key, ())), damaged)
@@ -124,13 +128,19 @@ class DamageChecks:
             if not plan.demote and not plan.lost:
                 self._count(DAMAGE_CHECKS, result="sound")
                 log.info("object %s reads back whole: nothing to repair", key)
-                return
+                return "sound"
             self._count(DAMAGE_CHECKS, result="damaged")
             self._lost(key, plan.lost)
             if plan.demote:
                 await self._demote(key, plan.demote, alive, set(held))
+            return "damaged"
         finally:
             self.busy.difference_update(held)
+
+    async def check_object(self, key: str, alive: Collection[str]) -> str | None:
+        """The object scrub's check of ``key`` (:mod:`pd.shell.scrubber`): read back,
+        and any damage dealt with, as for a reader's report."""
+        return await self._object_damaged(key, alive)
 
     async def _read_back(self, key: str, ranges: list[tuple[StreamMeta, RangeMeta]],
                          damaged: dict[RangeKey, bool], missing: bool

@@ -28,6 +28,7 @@ from estream.net.security import (
 )
 from estream.wire.errors import EstreamError
 from pd.catalog import PdNode
+from pd.scrub import ScrubPace, scrub_bytes_per_s_max_default, scrub_period_s_default
 from pd.shell.drainer import Drainer
 from pd.shell.http import build_app
 from pd.shell.offloader import Offloader
@@ -36,6 +37,7 @@ from pd.shell.reclaimer import Reclaimer
 from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
 from pd.shell.retainer import Retainer
+from pd.shell.scrubber import Scrubber
 from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class PdConfig:
     object_orphan_grace_s: float = 600.0
     object_size_bytes: int = 64 * 1024 * 1024  # a packed object closes at this size...
     object_max_age_s: float | None = None  # ...or age (None: the offload delay, <= 60 s)
+    object_scrub_period_s: float = float(scrub_period_s_default)  # 0: no scrub
+    object_scrub_bytes_per_s: int = scrub_bytes_per_s_max_default
 
 
 class PlacementDriverNode:
@@ -82,7 +86,9 @@ class PlacementDriverNode:
         self._drain_task: asyncio.Task[None] | None = None
         self._retain_task: asyncio.Task[None] | None = None  # pd/shell/retainer.py
         self._offload_task: asyncio.Task[None] | None = None
+        self._scrub_task: asyncio.Task[None] | None = None  # pd/shell/scrubber.py
         self.offloader: Offloader | None = None
+        self.scrubber: Scrubber | None = None
         self.store: ObjectStore | None = None
         self.rpc_address = ""
         self.http_address = ""
@@ -148,6 +154,10 @@ class PlacementDriverNode:
             self.offloader.pool = self.member_pool()
             self.service.object_damage = self.offloader.report_damage
             self._offload_task = asyncio.ensure_future(self.offloader.run())
+            pace = ScrubPace(int(cfg.object_scrub_period_s * 1000), cfg.object_scrub_bytes_per_s)
+            if pace.enabled:
+                self.scrubber = Scrubber(self.service, self.offloader, pace)
+                self._scrub_task = asyncio.ensure_future(self.scrubber.run())
 
     def member_pool(self) -> ConnectionPool:
         """A pool for calls to other cluster members (range servers): this node's
@@ -172,7 +182,8 @@ class PlacementDriverNode:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retain_task
         for task in (self._register_task, self._repair_task, self._reclaim_task,
-                     self._recover_task, self._drain_task, self._offload_task):
+                     self._recover_task, self._drain_task, self._offload_task,
+                     self._scrub_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -56,7 +56,10 @@ time to run out.
    :func:`pd.compaction.plan` picks small or mostly-garbage packed objects; their live
    ranges are read from them (each range's part, every batch verified) into one new
    object, prepared (``prepare_pack``, each member ``replaces`` its old key), PUT,
-   checked, and committed with ``commit_pack`` in compaction mode (a compare-and-set on
+   checked (size and index), read back in full (every member's part as the commit names
+   it: its index entries against their checksum, every batch verified; a damaged copy
+   commits nothing, the old objects stay and the rewrite is tried again later), and
+   committed with ``commit_pack`` in compaction mode (a compare-and-set on
    each old key: a trim or delete that came first wins); the old objects become
    unreferenced and step 3 deletes them. A crash leaves a prepared record: never rebuilt
    (its ranges have no replicas), it expires and its object is deleted.
@@ -98,6 +101,7 @@ from estream.wire.errors import (
     ChecksumMismatch,
     Conflict,
     EstreamError,
+    MalformedBatch,
     MalformedObject,
     ObjectStoreError,
     RangeNotFound,
@@ -800,10 +804,10 @@ class Offloader(DamageChecks):
             return
         await self._store("put", self.store.put(key, parts), stage="compact")
         await self._verify(key, size, parts[-1])
+        committed = tuple(replace(m, part=span) for m, span in zip(members, spans, strict=True))
+        await self._read_back_new(key, committed)
         try:
-            await self.service.raft.propose(CommitPack(key, tuple(
-                replace(m, part=span) for m, span in zip(members, spans, strict=True)),
-                compaction=True))
+            await self.service.raft.propose(CommitPack(key, committed, compaction=True))
         except (Conflict, StreamNotFound, RangeNotFound) as exc:
             log.info("compaction into %s not committed (%s); deleting it", key, exc)
             await self._store("delete", self.store.delete(key), stage="compact")
@@ -812,6 +816,20 @@ class Offloader(DamageChecks):
                                    len(plan.sources))
         log.info("compaction: %s rewritten into %s (%d live bytes, %d ranges)",
                  ", ".join(plan.sources), key, plan.live_bytes, len(plan.moves))
+
+    async def _read_back_new(self, key: str, members: tuple[PackMember, ...]) -> None:
+        """The new object of a compaction read back in full before its commit lets the
+        old objects go: each member's part as the commit will name it (its index entries
+        against the part's checksum and the range, every batch verified). Raises (nothing
+        committed; the prepared record expires and its object is deleted)."""
+        for m in members:
+            assert m.part is not None  # (the spans encode_pack_parts returned)
+            try:
+                await self._check_part(LocalDrop(m.name, m.stream_id, m.range_index, key, (),
+                                                 m.start, m.end, m.part), m.part)
+            except (MalformedObject, ChecksumMismatch, MalformedBatch):
+                self._count(OFFLOAD_ERRORS, stage="verify")
+                raise
 
     # -- deletion of unreferenced objects ----------------------------------------------
     async def _delete_unreferenced(self) -> None:

@@ -40,12 +40,14 @@ tier_timeout_s: Final = 45.0
 class ObjectTier:
     """Where PD offloads (``"file"`` or ``"s3"``) and how soon: sealed ranges uploaded
     after ``offload_delay_s``, local replicas dropped ``local_retention_s`` later,
-    uncommitted objects swept after ``orphan_grace_s`` (None: PD's default)."""
+    uncommitted objects swept after ``orphan_grace_s`` (None: PD's default), every object
+    scrubbed once per ``scrub_period_s`` (None: PD's default)."""
 
     store: Literal["file", "s3"] = "file"
     offload_delay_s: float = 1.0
     local_retention_s: float = 1.0
     orphan_grace_s: float | None = 2.0
+    scrub_period_s: float | None = None
 
     @property
     def fixture(self) -> str:
@@ -58,6 +60,8 @@ class ObjectTier:
                "ESTREAM_LOCAL_RETENTION_S": f"{self.local_retention_s:g}"}
         if self.orphan_grace_s is not None:
             env["ESTREAM_OBJECT_ORPHAN_GRACE_S"] = f"{self.orphan_grace_s:g}"
+        if self.scrub_period_s is not None:
+            env["ESTREAM_OBJECT_SCRUB_PERIOD_S"] = f"{self.scrub_period_s:g}"
         if isinstance(store, SeaweedS3):
             return {**env, **store.pd_env(PREFIX)}
         return {**env, "ESTREAM_OBJECT_STORE": f"file://{store}"}

@@ -5,6 +5,7 @@ left running by cancelled callers, and a clean exit after reads."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -40,6 +41,66 @@ async def test_file_store_round_trip(tmp_path: Path) -> None:
     with pytest.raises(ObjectStoreError):
         await store.get_range("missing", 0, 4)
     assert await store.list("nothing") == []
+
+
+async def test_a_file_put_syncs_the_file_then_every_new_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The object's bytes are fsynced before the rename puts them under the key; then its
+    directory and the parent of each directory the put created, up to the root."""
+    root = tmp_path / "objects"
+    store = ObjectStore.from_url(f"file://{root}")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        events.append(("rename", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", rename)
+    await store.put("a/b/one.eso", [b"0123", memoryview(b"456789")])
+    obj = root / "a" / "b" / "one.eso"
+    assert events[0][0] == "fsync" and events[0][1].startswith(f"{obj}#")
+    assert events[1:] == [("rename", str(obj)), ("fsync", str(root / "a" / "b")),
+                          ("fsync", str(root / "a")), ("fsync", str(root))]
+    events.clear()
+    await store.put("a/b/two.eso", b"x")  # no directory created: only its own synced
+    assert events[1:] == [("rename", str(root / "a" / "b" / "two.eso")),
+                          ("fsync", str(root / "a" / "b"))]
+    assert await store.get("a/b/one.eso") == b"0123456789"
+    assert sorted(o.key for o in await store.list("a")) == ["a/b/one.eso", "a/b/two.eso"]
+
+
+async def test_a_put_cut_before_its_rename_leaves_no_partial_object(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put that fails (or a process killed) between the write and the rename leaves the
+    key as it was: absent, or its old object whole; a temporary file a killed process
+    left behind is neither listed nor read under the key."""
+    root = tmp_path / "objects"
+    store = ObjectStore.from_url(f"file://{root}")
+    await store.put("k/old.eso", b"the old object")
+
+    def crash(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        raise OSError("killed before the rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    for key in ("k/new.eso", "k/old.eso"):
+        with pytest.raises(ObjectStoreError):
+            await store.put(key, b"a new object, never whole under its key")
+    monkeypatch.undo()
+    with pytest.raises(ObjectStoreError) as info:
+        await store.head("k/new.eso")
+    assert info.value.fields["not_found"] is True
+    assert await store.get("k/old.eso") == b"the old object"
+    assert sorted(p.name for p in (root / "k").iterdir()) == ["old.eso"]  # no temp left
+    (root / "k" / "new.eso#4242000001").write_bytes(b"half")  # what a kill -9 leaves
+    assert [o.key for o in await store.list("k")] == ["k/old.eso"]
+    with pytest.raises(ObjectStoreError):
+        await store.get("k/new.eso")
 
 
 def test_bad_urls_and_credentials() -> None:

@@ -853,6 +853,39 @@ async def test_a_crash_during_compaction_leaves_the_old_objects(rig: Rig, step: 
     assert not view.prepared and rig.objects() == {old_s, old_t}
 
 
+async def test_a_new_object_damaged_after_its_put_is_never_committed(rig: Rig) -> None:
+    """A compaction's new object altered between its PUT and its read-back (its size and
+    index still check out): nothing is committed, the old objects stay and read whole, and
+    the next attempt, once the store is sound, compacts."""
+    old_s, old_t = await two_released_objects(rig)
+    real_put = rig.store.put
+
+    async def put_then_flip(key: str, data: Body) -> None:
+        await real_put(key, data)
+        path = rig.root / key
+        raw = bytearray(path.read_bytes())
+        first = decode_object(bytes(raw)).entries[0]
+        raw[first.position + first.length // 2] ^= 0x01  # inside the first batch
+        path.write_bytes(bytes(raw))
+
+    rig.store.put = put_then_flip  # type: ignore[method-assign]
+    await rig.offloader._compact()
+    rig.store.put = real_put  # type: ignore[method-assign]
+    view = rig.raft.catalog.view()
+    assert rig.range0().object_key == old_s
+    assert view.stream("t").ranges[0].object_key == old_t
+    assert not view.unreferenced and len(view.prepared) == 1
+    assert rig.service.metrics.counter("estream_offload_errors_total", stage="verify") == 1
+    await rig.round_at(100)  # the deletion step: nothing to delete
+    assert {old_s, old_t} <= rig.objects()
+    assert values_of(rig, old_s) == EXPECTED
+    assert values_of_part(rig, old_t, t0_id(rig)) == [f"v{i}".encode() for i in range(20)]
+    await rig.offloader._compact()  # tried again, the store sound now
+    new = rig.range0().object_key
+    assert new not in (old_s, old_t) and rig.raft.catalog.stream("t").ranges[0].object_key == new
+    assert values_of_part(rig, new or "", t0_id(rig)) == [f"v{i}".encode() for i in range(20)]
+
+
 # -- pipelined uploads, releases side by side -------------------------------------------------
 
 
