@@ -59,7 +59,7 @@ async def create(client: Any, ns: argparse.Namespace) -> int:
     if ns.digest is not None:
         retention["digest"] = ns.digest  # the entry digest (estream/wire/record.py)
     meta = await client.create_stream(ns.name, replicas=ns.replicas, ack_count=ns.ack_count,
-                                      **retention)
+                                      exist_ok=ns.exist_ok, **retention)
     show_stream(meta.to_dict(), ns.json)
     return 0
 
@@ -148,6 +148,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--digest", choices=("xxh3", "crc32c", "hmac-sha256"), default=None,
                    help="entry digest (default xxh3); hmac-sha256: a MAC keyed per stream "
                         "from the cluster secret (ESTREAM_SECRET), checked by every reader")
+    p.add_argument("--exist-ok", action="store_true",
+                   help="succeed if the stream exists with these settings (other settings: "
+                        "still an error)")
     p.set_defaults(handler=create)
     p = ssub.add_parser("list", parents=[common], help="list streams")
     p.set_defaults(handler=list_)

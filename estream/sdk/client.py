@@ -41,6 +41,7 @@ from estream.wire.errors import (
     EstreamError,
     InvalidArgument,
     OffsetOutOfRange,
+    StreamExists,
     Unauthenticated,
     Unavailable,
 )
@@ -119,16 +120,32 @@ class Client:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         digest: str | None = None,
+        exist_ok: bool = False,
     ) -> StreamMeta:
         """Create ``name``. ``retention_ms``/``retention_bytes``: the PD leader trims whole
         sealed ranges older or beyond the limit (``pd/retention.py``; a range a named cursor
         has not read is held); None: kept until trimmed or deleted. ``digest``: the entry
         digest, ``"xxh3"`` (default), ``"crc32c"`` or ``"hmac-sha256"`` (a MAC keyed per
-        stream from the cluster secret, ``connect(secret=)``, verified by every reader)."""
-        meta = await self.pd.create_stream(name, replicas, ack_count, type, hints,
-                                           retention_ms=retention_ms,
-                                           retention_bytes=retention_bytes,
-                                           digest=digest)
+        stream from the cluster secret, ``connect(secret=)``, verified by every reader).
+        ``exist_ok``: a stream of that name with exactly these settings is returned as it
+        is; with other settings (or without ``exist_ok``) it raises ``StreamExists``."""
+        try:
+            meta = await self.pd.create_stream(name, replicas, ack_count, type, hints,
+                                               retention_ms=retention_ms,
+                                               retention_bytes=retention_bytes,
+                                               digest=digest)
+        except StreamExists:
+            if not exist_ok:
+                raise
+            meta = await self.describe_stream(name)
+            differ = meta.settings_differ(
+                replicas=replicas, ack_count=ack_count, type=type, hints=hints,
+                retention_ms=retention_ms, retention_bytes=retention_bytes, digest=digest)
+            if differ:
+                shown = ", ".join(f"{k}={getattr(meta, k)!r}" for k in differ)
+                raise StreamExists(f"stream {name!r} exists with other settings ({shown})",
+                                   stream=name) from None
+            return meta
         self._streams[name] = meta
         return meta
 

@@ -182,6 +182,21 @@ class StreamMeta:
             return self.ranges[at]
         return None
 
+    def settings_differ(self, **wanted: Any) -> list[str]:
+        """The names of the settings in ``wanted`` (``replicas``, ``ack_count``, ``type``,
+        ``hints``, ``retention_ms``, ``retention_bytes``, ``digest``; a digest of None is
+        ``"xxh3"``) that this stream does not have, in that order. Pure.
+
+        >>> StreamMeta(1, "s").settings_differ(replicas=3, digest=None, retention_ms=5)
+        ['retention_ms']
+        """
+        mine = {"replicas": self.replicas, "ack_count": self.ack_count, "type": self.type,
+                "hints": tuple(self.hints), "retention_ms": self.retention_ms,
+                "retention_bytes": self.retention_bytes, "digest": self.digest}
+        asked = {**wanted, "hints": tuple(wanted.get("hints", ())),
+                 "digest": wanted.get("digest") or "xxh3"}
+        return [k for k in mine if k in wanted and asked[k] != mine[k]]
+
     def range_for(self, offset: int) -> RangeMeta | None:
         """The range holding ``offset`` (the open range for offsets at or past its start)."""
         for r in reversed(self.ranges):

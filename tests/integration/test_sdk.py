@@ -167,3 +167,17 @@ async def test_connect_to_nothing_is_unavailable_within_the_timeout() -> None:
     with pytest.raises(estream.Unavailable):
         await estream.connect(f"127.0.0.1:{free_port()}", timeout_s=1.0)
     assert time.monotonic() - started < 5
+
+
+async def test_create_stream_exist_ok_returns_the_same_settings_only(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        made = await client.create_stream("exist-ok", replicas=3, ack_count=2,
+                                          retention_ms=60_000)
+        again = await client.create_stream("exist-ok", replicas=3, ack_count=2,
+                                           retention_ms=60_000, exist_ok=True)
+        assert again.id == made.id
+        with pytest.raises(estream.StreamExists):
+            await client.create_stream("exist-ok", replicas=3, ack_count=2,
+                                       retention_ms=60_000)
+        with pytest.raises(estream.StreamExists, match="retention_ms"):
+            await client.create_stream("exist-ok", replicas=3, ack_count=2, exist_ok=True)

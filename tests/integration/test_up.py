@@ -124,14 +124,16 @@ def localize(code: str, cluster: UpCluster, tmp: Path) -> str:
     return code.replace("/tmp/", f"{tmp}/")
 
 
-def test_readme_snippets_run_against_the_cluster(cluster: UpCluster, tmp_path: Path) -> None:
+def test_readme_snippets_run_twice_against_the_cluster(cluster: UpCluster, tmp_path: Path) -> None:
     snippets = readme_snippets()
     assert sum(1 for kind, _ in snippets if kind == "run") >= 4
     assert any(kind == "python" for kind, _ in snippets)
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     # ESTREAM_PD stands for the default addresses (7100..7102), moved like every README port
     env = {**os.environ, "PATH": path, "ESTREAM_PD": cluster.pd}
-    for kind, code in snippets:
+    # Twice, top to bottom: a reader following the README again must not trip on what it
+    # made the first time.
+    for kind, code in snippets + snippets:
         code = localize(code, cluster, tmp_path)
         if kind == "python":
             argv = [sys.executable, "-c", code]
