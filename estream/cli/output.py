@@ -52,3 +52,16 @@ def human_bytes(count: float | int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def iso_ms(ms: int) -> str:
+    """Milliseconds since the epoch as ISO 8601 UTC, to the millisecond (``--json`` keeps
+    the raw number). Pure.
+
+    >>> iso_ms(1700000000500)
+    '2023-11-14T22:13:20.500Z'
+    """
+    import datetime
+
+    when = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"

@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from estream.cli.args import offset_arg, positive_arg
-from estream.cli.output import emit_json, key_values, print_tables, table
+from estream.cli.output import emit_json, iso_ms, key_values, print_tables, table
 from pd.streamfigures import stream_figures
 
 
@@ -45,7 +45,9 @@ def show_stream(stream: dict[str, Any], as_json: bool) -> None:
         fields["end_offset"] = stream["end_offset"]
     for figure in ("records", "bytes", "first_timestamp", "last_timestamp", "figures_exact"):
         if figure in stream:  # pd/streamfigures.py says what is approximate
-            fields[figure] = "-" if stream[figure] is None else stream[figure]
+            value = stream[figure]
+            fields[figure] = "-" if value is None else (
+                iso_ms(value) if figure.endswith("_timestamp") else value)
     for limit in ("retention_ms", "retention_bytes"):
         if stream.get(limit) is not None:
             fields[limit] = stream[limit]

@@ -8,12 +8,35 @@ import json
 
 import pytest
 
-from estream.cli import records, user
+from estream.cli import args, output, records, servers, user
 from estream.wire.errors import MalformedFrame, OffsetOutOfRange, Unavailable
 
 
-def test_doctests() -> None:
-    assert doctest.testmod(records, verbose=False).failed == 0
+@pytest.mark.parametrize("module", [records, output, servers])
+def test_doctests(module: object) -> None:
+    assert doctest.testmod(module, verbose=False).failed == 0  # type: ignore[arg-type]
+
+
+def test_server_resolution_refuses_short_ambiguous_and_unknown_keys() -> None:
+    from estream.wire.errors import InvalidArgument, ServerNotFound
+
+    found = [{"id": "3f9c01", "address": "h:1"}, {"id": "3f9c02", "address": "h:2"}]
+    assert servers.resolve_server("3f9c02", found)["address"] == "h:2"
+    with pytest.raises(InvalidArgument, match="several"):
+        servers.resolve_server("3f9c", found)
+    with pytest.raises(InvalidArgument, match="too short"):
+        servers.resolve_server("3f9", found)
+    with pytest.raises(ServerNotFound):
+        servers.resolve_server("h:3", found)
+
+
+@pytest.mark.parametrize("parse, text", [(args.offset_arg, "-1"), (args.count_arg, "x"),
+                                         (args.positive_arg, "0")])
+def test_number_arguments_refuse(parse: object, text: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse(text)  # type: ignore[operator]
 
 
 def test_start_offset_refuses_a_trimmed_offset_with_an_explanation() -> None:
