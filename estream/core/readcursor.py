@@ -29,6 +29,13 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   under way: the metadata is refreshed to find the next range (a plain read ends if PD does
   not show the seal yet: nothing more is readable now); a tail also refreshes it every
   ``follow_refresh_polls`` empty polls, since a seal no replica heard of shows only in PD;
+- a **tail** (``follow``) tells a hung server from a long poll: each of its reads must be
+  answered within ``tail_answer_ms_max`` past its long poll (``ReadReplica.timeout_ms``),
+  else it fails and the next replica is asked at once; a replica whose read failed as
+  unavailable (timed out, or its server cannot be reached) is asked last for the next
+  ``hung_reads_last`` reads (or until it answers), so the tail stays on the replicas that
+  answer while that server hangs, and comes back to it later. A plain read keeps the
+  client's timeouts and order;
 - a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the
   replicas it still lists (kept for a while after the upload: the hot tail stays on range
   servers), and when every one of them fails, or none is left, from the object store
@@ -95,6 +102,9 @@ retry_pause_ms_step: Final = 50  # pause after the n-th failed round: n times th
 retry_pause_ms_max: Final = 500  # ...at most this
 sealed_wait_ms: Final = 20  # replicas sealed, PD not yet: wait before asking again
 follow_refresh_polls: Final = 10  # a tail looks PD up after this many empty long polls
+tail_answer_ms_max: Final = 1_000  # a tail's read not answered this long past its long poll:
+#   the server is taken as hung (a long poll of follow_wait_ms: another replica within 2 s)
+hung_reads_last: Final = 1_000  # reads for which a replica that did not answer is asked last
 object_read_bytes_max: Final = limits.read_bytes_max  # one ReadObject's batches, at most
 object_part_bytes_max: Final = limits.read_bytes_max  # one ranged GET of them (several: at once)
 
@@ -111,6 +121,8 @@ class CursorConfig:
     retry_pause_ms_max: int = retry_pause_ms_max
     sealed_wait_ms: int = sealed_wait_ms
     follow_refresh_polls: int = follow_refresh_polls
+    tail_answer_ms_max: int = tail_answer_ms_max
+    hung_reads_last: int = hung_reads_last
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -127,7 +139,9 @@ class Describe:
 class ReadReplica:
     """READ ``range`` at ``offset`` from ``replica`` (naming its server id), the records
     decoded, verified and kept below ``end``; ``wait_ms`` > 0: a long poll;
-    ``unconfirmed``: durable records past the confirm offset too (sealed ranges)."""
+    ``unconfirmed``: durable records past the confirm offset too (sealed ranges);
+    ``timeout_ms``: how long past ``wait_ms`` the answer may take (None: the client's
+    request timeout)."""
 
     stream_id: int
     range: RangeMeta
@@ -136,6 +150,7 @@ class ReadReplica:
     end: int | None
     wait_ms: int
     unconfirmed: bool
+    timeout_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +327,7 @@ class ReadCursor:
         self.failures = 0  # failed rounds in a row
         self.polls = 0  # empty long polls so far (rotates the replica polled)
         self.poll_from: str | None = None  # after an empty long poll: the replica to ask
+        self.hung: dict[str, int] = {}  # a tail's replicas that did not answer: reads left
 
     @property
     def rounds_max(self) -> int:
@@ -386,6 +402,20 @@ class ReadCursor:
         self.polls += 1
         self.poll_from = rng.replicas[self.polls % len(rng.replicas)].id if rng.replicas else None
 
+    def _order(self, rng: RangeMeta) -> list[ReplicaRef]:
+        """The replicas to ask, in order: the one to poll (or the preferred one) first; a
+        tail's replicas that did not answer lately last (one read fewer for each)."""
+        order = replica_order(rng, self.poll_from or self.preferred)
+        if not self.hung:
+            return order
+        for replica, left in list(self.hung.items()):
+            if left <= 1:
+                del self.hung[replica]
+            else:
+                self.hung[replica] = left - 1
+        return ([r for r in order if r.id not in self.hung]
+                + [r for r in order if r.id in self.hung])
+
     def _read_range(
         self, stream_id: int, rng: RangeMeta, wait_ms: int, ack_count: int
     ) -> Generator[Step, Any, Answer]:
@@ -408,11 +438,20 @@ class ReadCursor:
         not_created = 0
         empty: Answer | None = None
         empties = 0
-        for ref in replica_order(rng, self.poll_from or self.preferred):
+        timeout_ms = self.config.tail_answer_ms_max if self.follow else None
+        for ref in self._order(rng):
             try:
                 answer: Answer = yield ReadReplica(
-                    stream_id, rng, ref, offset, end, wait_ms, unconfirmed=sealed_range
+                    stream_id, rng, ref, offset, end, wait_ms, unconfirmed=sealed_range,
+                    timeout_ms=timeout_ms,
                 )
+            except Unavailable as exc:
+                # Timed out (a hung server: the tail's bound tells it from a long poll) or
+                # unreachable: a tail asks it last for a while (another replica now).
+                if self.follow:
+                    self.hung[ref.id] = self.config.hung_reads_last
+                last = exc
+                continue
             except RangeNotFound as exc:
                 # The server's identity was checked: it never had this replica (no writer
                 # has created it yet), or dropped it.
@@ -425,6 +464,7 @@ class ReadCursor:
                 # checksum mismatch: another replica may have the records.
                 last = exc
                 continue
+            self.hung.pop(ref.id, None)
             if answer.count:
                 return answer
             if sealed_range:

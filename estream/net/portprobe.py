@@ -146,7 +146,7 @@ async def looks_like_raft_port(address: str, timeout_s: float) -> bool:
         return False
     try:
         writer.write(_PROBE)
-        await writer.drain()
+        await asyncio.wait_for(writer.drain(), timeout_s)
         return await asyncio.wait_for(reader.read(1), timeout_s) == b""
     except ConnectionResetError:
         return True  # dropped without an answer, as a Raft port does
@@ -154,8 +154,8 @@ async def looks_like_raft_port(address: str, timeout_s: float) -> bool:
         return False
     finally:
         writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(writer.wait_closed(), timeout_s)
 
 
 async def raft_ports(addresses: Sequence[str], timeout_s: float) -> list[str]:

@@ -22,8 +22,11 @@ Three layers, each on the one below:
 **Timeouts**, one policy: every request has one. A client has a default
 (``request_timeout_s`` unless it is built with another); a caller passes ``timeout_s`` for
 a tighter (or looser) bound on one request; a READ's bound is its ``wait_ms`` (the long
-poll the server may hold) plus that. A timed-out APPEND discards the connection: a stuck
-connection must not hold the next range's appends.
+poll the server may hold) plus that (a tail passes a tighter one: a hung server must not
+hold it, ``estream/core/readcursor.py``). The timeout bounds the whole request: connecting,
+waiting for a connection a hung server stopped reading to drain, and the answer. A
+timed-out APPEND discards the connection: a stuck connection must not hold the next
+range's appends.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`).
 """

@@ -23,7 +23,8 @@ such generator (the writer's roll too), and this module only carries out the ste
 
 Raises what the generator raises: ``Unavailable`` (retry later: fencing again at the same
 epoch is idempotent), ``Fenced``, and PD's errors but for the one ``NoPlacement`` retry.
-Every request has a timeout (the client's), so no recovery waits forever.
+Every request has a timeout (the client's), which covers a connection stalled by a hung
+server too (:mod:`estream.net.rpc`), so no recovery waits forever.
 
 Side effects: network requests (through :class:`~estream.net.rangeclient.ReplicaClient`) and
 whatever ``seal_in_pd`` does.

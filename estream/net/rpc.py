@@ -5,8 +5,11 @@ dispatch by opcode (server) or by request id (client), encoded frames out. It de
 nothing about storage or placement.
 
 - :class:`RpcClient`: one TCP connection, many requests in flight, responses matched by
-  request id in any order, a timeout on every wait, error frames raised as the same
-  typed :class:`~estream.wire.errors.EstreamError` the server raised. ``call`` awaits
+  request id in any order, error frames raised as the same typed
+  :class:`~estream.wire.errors.EstreamError` the server raised. No call waits forever:
+  a call's deadline covers the wait for a paused connection to drain (a hung peer that
+  stopped reading) and the answer, and closing or discarding a connection aborts it and
+  fails every request waiting on it at once. ``call`` awaits
   the answer; ``start_call`` (a hot path: the writer's APPEND) writes the request at
   once and hands the answer to a callback, with no task and no future per request.
 - :class:`RpcServer`: one task per request (answers go out in completion order), the
@@ -15,7 +18,8 @@ nothing about storage or placement.
   *quick* handler (the range server's APPEND) runs at once as frames are decoded and
   returns the future to wait for: its answer goes out from that future's callback, with
   no task and no coroutine per request.
-- :class:`ConnectionPool`: one shared connection per address, reconnected on demand.
+- :class:`ConnectionPool`: one shared connection per address, reconnected on demand; a
+  call's deadline covers connecting (and waiting for another caller's connect) too.
 
 Side effects: sockets.
 """
@@ -89,8 +93,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.pending: dict[int, _Waiting] = {}
         self.closed_error: EstreamError | None = None
         self.lost = asyncio.Event()
-        self._can_write = asyncio.Event()
-        self._can_write.set()
+        self.writable = True
+        self._drain_waiters: set[asyncio.Future[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -117,17 +121,38 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail_all(Unavailable(f"connection to {self.address} lost", address=self.address))
-        self._can_write.set()
+        self.resume_writing()
         self.lost.set()
 
     def pause_writing(self) -> None:
-        self._can_write.clear()
+        self.writable = False
 
     def resume_writing(self) -> None:
-        self._can_write.set()
+        self.writable = True
+        waiters, self._drain_waiters = self._drain_waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
-    async def wait_writable(self) -> None:
-        await self._can_write.wait()
+    async def wait_writable(self, answer: asyncio.Future[Frame]) -> None:
+        """Wait until the transport takes bytes again, or until ``answer`` is done: its
+        deadline passed, or the connection failed or was closed (a hung peer that stopped
+        reading never drains the buffer: the wait must end with the call)."""
+        if self.writable or answer.done():
+            return
+        waiter: asyncio.Future[None] = answer.get_loop().create_future()
+        self._drain_waiters.add(waiter)
+
+        def wake(_: asyncio.Future[Frame]) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        answer.add_done_callback(wake)
+        try:
+            await waiter
+        finally:
+            answer.remove_done_callback(wake)
+            self._drain_waiters.discard(waiter)
 
     def _fail_all(self, error: EstreamError) -> None:
         if self.closed_error is None:
@@ -220,13 +245,15 @@ class RpcClient:
         ssl: SSLContext | None = None,
         token: str | None = None,
     ) -> RpcClient:
-        """Connect (over TLS with ``ssl``); with ``token``, authenticate (AUTH) first.
+        """Connect (over TLS with ``ssl``); with ``token``, authenticate (AUTH) first,
+        both within ``timeout_s`` (:class:`Timeout` after it).
 
         A refused TLS handshake raises :class:`Unavailable`; a refused token
         :class:`Unauthenticated` (the connection is closed).
         """
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
             _, protocol = await asyncio.wait_for(
                 loop.create_connection(lambda: _ClientProtocol(address), host, port, ssl=ssl),
@@ -240,9 +267,10 @@ class RpcClient:
         client._tls = ssl is not None
         if token is not None:
             try:
-                await client.call(Opcode.AUTH, {"token": token}, timeout_s=timeout_s)
-            except EstreamError:
-                await client.close()
+                await client.call(Opcode.AUTH, {"token": token},
+                                  timeout_s=max(0.0, deadline - loop.time()))
+            except BaseException:  # refused, timed out, or the caller was cancelled
+                client.abort(Closed(f"connection to {address} closed"))
                 raise
         return client
 
@@ -280,7 +308,7 @@ class RpcClient:
             # Write first, then wait for the buffer to drain: waiting before writing would
             # let a later call overtake callers woken by resume_writing (reordering).
             transport.writelines(encode_frame(opcode, request_id, header, payload))
-            await protocol.wait_writable()
+            await protocol.wait_writable(future)  # ends by the deadline at the latest
             frame = await future
         except TimeoutError:
             raise Timeout(
@@ -326,11 +354,25 @@ class RpcClient:
         started.timer = loop.call_later(timeout_s, started.expire)
         transport.writelines(encode_frame(opcode, request_id, header, payload))
 
-    async def close(self) -> None:
-        transport = self._protocol.transport
-        self._protocol._fail_all(Closed(f"connection to {self.address} closed"))
-        if transport is not None and not transport.is_closing():
+    def abort(self, error: EstreamError) -> None:
+        """Fail every request waiting on this connection with ``error`` now, and close
+        it: at once (bytes not sent yet are dropped) when its peer has not taken them,
+        which a hung peer never would; else gracefully."""
+        protocol = self._protocol
+        protocol._fail_all(error)
+        protocol.resume_writing()  # wake the calls waiting for a drain: they fail now
+        transport = protocol.transport
+        if transport is None:
+            return
+        if transport.get_write_buffer_size():
+            transport.abort()
+        elif not transport.is_closing():
             transport.close()
+
+    async def close(self) -> None:
+        """:meth:`abort` with :class:`Closed`; over TLS, wait a little for the shutdown."""
+        transport = self._protocol.transport
+        self.abort(Closed(f"connection to {self.address} closed"))
         if self._tls and transport is not None:  # let the TLS shutdown finish (bounded)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._protocol.lost.wait(), tls_close_wait_s)
@@ -382,7 +424,22 @@ class ConnectionPool:
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
     ) -> tuple[Header, bytes | memoryview]:
-        client = await self.get(address)
+        """:meth:`RpcClient.call` on the connection to ``address``, connecting first if
+        needed: ``timeout_s`` bounds the whole call, the connect (or the wait for
+        another caller's) included."""
+        client = self._clients.get(address)
+        if client is None or client.closed:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            try:
+                async with asyncio.timeout(timeout_s):
+                    client = await self.get(address)
+            except TimeoutError as exc:
+                if isinstance(exc, Timeout):
+                    raise
+                raise Timeout(f"connecting to {address} took over {timeout_s}s",
+                              address=address) from None
+            timeout_s = max(0.0, deadline - loop.time())
         return await client.call(opcode, header, payload, timeout_s=timeout_s)
 
     def start_call(
@@ -432,10 +489,11 @@ class ConnectionPool:
                 log.exception("the callback of request %s to %s failed", opcode, address)
 
     def discard(self, address: str) -> None:
-        """Forget (and close) the connection to ``address``, e.g. after a timeout."""
+        """Forget the connection to ``address`` (e.g. after a timeout) and abort it: the
+        requests still waiting on it fail at once with :class:`Unavailable`."""
         client = self._clients.pop(address, None)
         if client is not None:
-            asyncio.ensure_future(client.close())
+            client.abort(Unavailable(f"connection to {address} discarded", address=address))
 
     async def close(self) -> None:
         self._closed = True

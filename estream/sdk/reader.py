@@ -288,7 +288,8 @@ def check_digests(
 async def _read_replica(
     client: Client, step: ReadReplica, decoding: _Decoding[T]
 ) -> tuple[list[T], Answer]:
-    """One READ of a replica (naming its server), decoded and verified."""
+    """One READ of a replica (naming its server), decoded and verified; the answer is
+    awaited ``step.wait_ms`` plus ``step.timeout_ms`` (or the client's timeout) at most."""
     asked_s = time.monotonic()
     answer = await RangeClient(client.pool).read(
         step.replica.address,
@@ -298,6 +299,7 @@ async def _read_replica(
         offset=step.offset,
         wait_ms=step.wait_ms,
         unconfirmed=step.unconfirmed,
+        timeout_s=None if step.timeout_ms is None else step.timeout_ms / 1000,
     )
     elapsed_ms = round((time.monotonic() - asked_s) * 1000)
     check_digests(client, step.stream_id, step.range.index, answer.payload)

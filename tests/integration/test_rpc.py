@@ -29,6 +29,7 @@ from estream.net.rpc import (
 )
 from estream.wire import limits
 from estream.wire.errors import (
+    Closed,
     ErrorCode,
     EstreamError,
     InvalidArgument,
@@ -597,5 +598,113 @@ async def test_pool_start_call_connects_first_keeping_the_order(
             pool.start_call(address, Opcode.APPEND, {"n": 0}, b"", refused)
         await refused.wait(3)
         assert all(h is None and isinstance(e, Unavailable) for h, e in refused.got)
+    finally:
+        await pool.close()
+
+
+# -- no call waits forever: hung peers, closed connections ----------------------------------
+
+HungPeer = Callable[[], Awaitable[str]]
+
+
+@pytest.fixture
+async def hung_peer() -> AsyncIterator[HungPeer]:
+    """``await hung_peer()``: the address of a peer that accepts connections and then never
+    reads a byte nor answers (a SIGSTOPped server as its clients see it, once their bytes
+    fill the socket buffers). Closed at teardown."""
+    servers: list[asyncio.AbstractServer] = []
+    accepted: list[asyncio.StreamWriter] = []
+
+    def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.pause_reading()
+        accepted.append(writer)
+
+    async def start() -> str:
+        server = await asyncio.start_server(never_read, HOST, 0)
+        servers.append(server)
+        host, port = server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    yield start
+    for writer in accepted:
+        writer.transport.abort()
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+_stuffing = b"x" * (4 * 1024 * 1024)  # requests that fill the socket buffers of a hung peer
+
+
+async def _stall(client: RpcClient, answers: Answers) -> int:
+    """Write 48 MiB of requests to ``client``'s hung peer, far more than the socket
+    buffers of loopback take: its connection stays paused; returns how many requests."""
+    sent = 12
+    for _ in range(sent):
+        client.start_call(Opcode.APPEND, {}, _stuffing, answers, timeout_s=30)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert client._protocol.transport is not None
+    assert client._protocol.transport.get_write_buffer_size() > len(_stuffing)
+    return sent
+
+
+async def test_a_call_to_a_peer_that_stopped_reading_ends_by_its_timeout(
+    hung_peer: HungPeer, connect: Connect
+) -> None:
+    client = await connect(await hung_peer())
+    await _stall(client, Answers())
+    # Before the fix the call waited for the buffer to drain, past its deadline, forever.
+    with pytest.raises(Timeout):
+        await asyncio.wait_for(client.call(Opcode.PING, {}, timeout_s=0.2), 10)
+
+
+async def test_closing_a_stalled_connection_fails_every_waiter_at_once(
+    hung_peer: HungPeer, connect: Connect
+) -> None:
+    client = await connect(await hung_peer())
+    started = Answers()
+    sent = await _stall(client, started)
+    calls = [asyncio.ensure_future(client.call(Opcode.PING, {}, timeout_s=60))
+             for _ in range(3)]
+    await asyncio.sleep(0)
+    await asyncio.wait_for(client.close(), 5)
+    for call in calls:
+        with pytest.raises(Closed):
+            await asyncio.wait_for(call, 5)
+    await started.wait(sent)
+    assert all(isinstance(e, Closed) for _, e in started.got)
+
+
+async def test_discarding_a_stalled_connection_fails_its_waiters_as_unavailable(
+    hung_peer: HungPeer,
+) -> None:
+    address = await hung_peer()
+    pool = ConnectionPool()
+    try:
+        client = await pool.get(address)
+        await _stall(client, Answers())
+        call = asyncio.ensure_future(pool.call(address, Opcode.PING, {}, timeout_s=60))
+        await asyncio.sleep(0)
+        pool.discard(address)
+        with pytest.raises(Unavailable) as info:
+            await asyncio.wait_for(call, 5)
+        assert not isinstance(info.value, Timeout)
+        assert client.closed
+    finally:
+        await pool.close()
+
+
+async def test_a_pool_call_deadline_covers_connecting_and_authenticating(
+    hung_peer: HungPeer,
+) -> None:
+    address = await hung_peer()  # takes the connection, never answers AUTH
+    pool = ConnectionPool(connect_timeout_s=60, token="secret")
+    try:
+        calls = [asyncio.ensure_future(pool.call(address, Opcode.PING, {}, timeout_s=0.2))
+                 for _ in range(2)]  # the second waits for the first one's connect
+        for call in calls:
+            with pytest.raises(Timeout):
+                await asyncio.wait_for(call, 10)
     finally:
         await pool.close()

@@ -55,6 +55,7 @@ CURSOR_CONFIG = CursorConfig(
     retry_pause_ms_step=10,
     retry_pause_ms_max=100,
     sealed_wait_ms=5,
+    tail_answer_ms_max=200,
 )
 PD_TIMEOUT_MS = 300  # one PD request
 PD_DEADLINE_MS = 1_500  # PDClient's timeout_s, scaled: then Unavailable
@@ -211,6 +212,7 @@ class SimReader:
             step.replica.address, server_id=step.replica.id, stream_id=step.stream_id,
             range_index=step.range.index, offset=step.offset, wait_ms=step.wait_ms,
             unconfirmed=step.unconfirmed,
+            timeout_s=None if step.timeout_ms is None else step.timeout_ms / 1000,
         )
 
         def answered(answer: ReadAnswer | None, error: EstreamError | None) -> None:

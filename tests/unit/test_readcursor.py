@@ -424,6 +424,57 @@ def test_follow_does_not_long_poll_a_sealed_range() -> None:
     assert [s.wait_ms for s in trace if isinstance(s, ReadReplica)] == [0]
 
 
+def test_a_tail_bounds_each_read_past_its_long_poll_and_a_plain_read_does_not() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    world = World([meta(SEALED0, OPEN1)], held={(r.id, 0): 10 for r in ABC}
+                  | {(r.id, 1): 12 for r in ABC})
+    trace, _ = drive(ReadCursor("s", end=12, follow=True), world)
+    tail = [(s.wait_ms, s.timeout_ms) for s in trace if isinstance(s, ReadReplica)]
+    assert tail == [(0, 1_000), (1_000, 1_000)]  # another replica within 2 s of a hang
+    world = World([meta(rng)], held={(r.id, 0): 10 for r in ABC})
+    trace, _ = drive(ReadCursor("s", end=10), world)
+    assert [s.timeout_ms for s in trace if isinstance(s, ReadReplica)] == [None]
+
+
+def _growing(world: World, step: Step) -> None:
+    """Every read finds one more record on each replica: a writer appending."""
+    if isinstance(step, ReadReplica):
+        for key in world.held:
+            world.held[key] += 1
+
+
+def test_a_tail_leaves_a_hung_replica_for_the_others_and_comes_back_later() -> None:
+    """The preferred replica's server hangs: its read times out once, the next replica
+    serves at once, and the tail stays on the replicas that answer (the hung one asked
+    last) for ``hung_reads_last`` reads; then asks it first again, and it answers."""
+    rng = RangeMeta(0, 0, None, ABC)
+    world = World([meta(rng)], held={(r.id, 0): 0 for r in ABC},
+                  errors={"a": [Timeout("t"), Timeout("t")]}, on_step=_growing)
+    config = CursorConfig(hung_reads_last=5)
+    trace, error = drive(ReadCursor("s", end=30, follow=True, preferred="a", config=config),
+                         world)
+    assert error is None
+    assert reads(trace)[:7] == ["a", "b", "b", "b", "b", "b", "a"]  # hung, 5 reads, again
+    assert reads(trace)[7:10] == ["b", "b", "b"]  # it timed out again: left for 5 reads
+    assert reads(trace)[12] == "a" and "a" in reads(trace)[13:]  # it answers: first again
+    offsets = delivered(trace)
+    assert offsets[0][0] == 0 and offsets[-1][1] == 30
+    assert all(x[1] == y[0] for x, y in zip(offsets, offsets[1:], strict=False))
+
+
+def test_a_tail_leaves_an_unreachable_replica_but_a_plain_read_keeps_its_order() -> None:
+    rng = RangeMeta(0, 0, None, ABC)
+    down = Unavailable("connection refused")
+    world = World([meta(rng)], held={(r.id, 0): 0 for r in ABC},
+                  errors={"a": [down] * 99}, on_step=_growing)
+    trace, error = drive(ReadCursor("s", end=5, follow=True, preferred="a"), world)
+    assert error is None and reads(trace).count("a") == 1
+    world = World([meta(rng)], held={(r.id, 0): 5 for r in ABC}, errors={"a": [down] * 99})
+    cursor = ReadCursor("s", start=0, end=5, preferred="a")
+    trace, error = drive(cursor, world)
+    assert error is None and reads(trace) == ["a", "b"] and cursor.hung == {}
+
+
 def test_follow_waits_for_pd_to_show_a_seal_then_crosses_into_the_next_range() -> None:
     rng = RangeMeta(0, 0, None, ABC)
     held = {(r.id, 0): 6 for r in ABC} | {(r.id, 1): 8 for r in ABC}
