@@ -33,7 +33,7 @@ authenticated too (AES-GCM's associated data).
 Receiving (:class:`RaftInbox`, one per connection): bytes are appended to one
 ``bytearray`` and each frame is cut from its front once whole, so a frame costs time
 linear in its size however slowly it arrives (pysyncobj re-concatenated its whole
-``bytes`` buffer on every read: a 64 MiB frame trickled in cost the leader minutes of
+``bytes`` buffer on every read: a 64 MiB frame trickled in cost the leader tens of seconds of
 CPU). Until a frame on the connection has been opened (for the accepting side, the
 connecting side's ``KIND_HELLO``, proof that the peer holds the password), a frame may
 announce at most :data:`hello_bytes_max`, at most :data:`unproven_bytes_max` may wait in
