@@ -122,21 +122,24 @@ class RaftInbox:
     Appending is amortized O(bytes) (a ``bytearray``), and so is taking a frame (``del``
     from the front of a ``bytearray`` moves its start, not its content): a frame costs
     O(its size) however it is split into reads. :meth:`feed` and :meth:`take` raise
-    :class:`FrameRefused` on a frame announcing more than allowed, or on more than
-    :data:`unproven_bytes_max` waiting before the peer is :attr:`proven` (set by the
-    connection once it opened a frame).
+    :class:`FrameRefused` on a frame announcing more than allowed, or, before the peer is
+    :attr:`proven` (set by the connection once it opened a frame), on more than
+    :data:`unproven_bytes_max` waiting or bytes arriving :data:`hello_s_max` after
+    :meth:`clear` (the connection's start; times in seconds of the caller's clock).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, now_s: float = 0.0) -> None:
         self._buffer = bytearray()
         self.proven = False
+        self._started_s = now_s
 
     def __len__(self) -> int:
         return len(self._buffer)
 
-    def clear(self) -> None:
+    def clear(self, now_s: float = 0.0) -> None:
         self._buffer = bytearray()
         self.proven = False
+        self._started_s = now_s
 
     def _announced(self) -> int | None:
         if len(self._buffer) < _LENGTH.size:
@@ -147,7 +150,9 @@ class RaftInbox:
             raise FrameRefused(f"a frame of {size} bytes (at most {limit} now)")
         return int(size)
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes, now_s: float = 0.0) -> None:
+        if not self.proven and now_s - self._started_s > hello_s_max:
+            raise FrameRefused(f"no proof of the password within {hello_s_max} s")
         self._buffer += data
         if not self.proven and len(self._buffer) > unproven_bytes_max:
             raise FrameRefused(f"{len(self._buffer)} bytes before the peer proved the password")
@@ -194,8 +199,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
     _TcpConnection__recvBufferSize: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._inbox = RaftInbox()
-        self._opened_at = time.monotonic()
+        self._inbox = RaftInbox(time.monotonic())
         self._send_for: bytes | None = None
         self._send_aead: AESGCM | None = None
         self._sent = 0
@@ -260,12 +264,11 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         return primitive_loads(plain[1:])
 
     def connect(self, host: str, port: int) -> bool:
-        self._inbox.clear()
-        self._opened_at = time.monotonic()
+        self._inbox.clear(time.monotonic())
         return bool(super().connect(host, port))
 
     def disconnect(self) -> None:
-        self._inbox.clear()
+        self._inbox.clear(time.monotonic())
         super().disconnect()
 
     # pysyncobj's reader calls this (name-mangled) until it returns False: one recv.
@@ -282,11 +285,8 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
             self.disconnect()
             return False
-        if not self._inbox.proven and time.monotonic() - self._opened_at > hello_s_max:
-            self.disconnect()  # too slow to prove the password
-            return False
         try:
-            self._inbox.feed(incoming)
+            self._inbox.feed(incoming, time.monotonic())
         except FrameRefused:
             self.disconnect()
             return False

@@ -21,6 +21,7 @@ from pd.shell.raftwire import (
     compress_at,
     frame_bytes_max,
     hello_bytes_max,
+    hello_s_max,
     unproven_bytes_max,
 )
 
@@ -156,6 +157,19 @@ def test_before_the_password_is_proven_only_a_few_kib_may_wait() -> None:
     inbox.feed(_framed(hello))
     with pytest.raises(FrameRefused):
         inbox.feed(b"\0" * unproven_bytes_max)  # more behind the unopened hello
+
+
+def test_a_peer_must_prove_the_password_in_time() -> None:
+    slow = RaftInbox(now_s=100.0)
+    slow.feed(b"\4\0", now_s=100.0 + hello_s_max)  # half an announcement, in time
+    with pytest.raises(FrameRefused):
+        slow.feed(b"\0\0", now_s=100.0 + hello_s_max + 0.1)
+    proven = RaftInbox(now_s=100.0)
+    proven.feed(_framed(b"hello"), now_s=100.0)
+    assert proven.take() == b"hello"
+    proven.proven = True
+    proven.feed(_framed(b"later"), now_s=100.0 + 10 * hello_s_max)  # no deadline once proven
+    assert proven.take() == b"later"
 
 
 def test_a_proven_peer_may_send_large_frames_cut_into_any_reads() -> None:
