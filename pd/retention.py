@@ -34,9 +34,19 @@ sealed range by the retainer, come from one of two sources, each covering the wh
   recovered from a checkpoint written without it);
 - else a sound replica holding the whole range (:func:`replica_range_stats`).
 
+**Writers' clocks** are not trusted beyond :data:`timestamp_skew_ms_max` (``pd
+--timestamp-skew-max-ms``): :func:`bound_stats` records a range's timestamps at most the
+recording leader's clock plus that skew. A writer whose clock runs years ahead would
+otherwise pin its ranges against ``retention_ms`` for years; bounded when recorded (soon
+after the seal, once), such a range goes at most the skew later than an honest one. A
+bound applied at each decision instead would move with the clock and pin it forever.
+Timestamps in the past are what they are (a range of them is trimmed early: the writer
+said its records are old).
+
 ``max_timestamp`` is what lookups and ``retention_ms`` rely on: from either source it is
-at least every readable record's timestamp (a replica's may count records past the
-catalog's end, which only makes a range trimmed or skipped later, never too early).
+at least every readable record's timestamp up to the bound above (a replica's may count
+records past the catalog's end, which only makes a range trimmed or skipped later, never
+too early).
 ``min_timestamp`` is informational (nothing skips or trims by it) and is honest about its
 source: from an object's index it is the range's smallest record timestamp; from a
 replica's time index it is the smallest *first-record* timestamp of its batches (the
@@ -58,6 +68,11 @@ from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import ObjectIndex
 
 cursor_name_chars_max: Final = 200
+# How far past the leader's clock a recorded timestamp may be (the default of `pd
+# --timestamp-skew-max-ms`): one hour, as Kafka's log.message.timestamp.after.max.ms
+# (KIP-937). Synchronized clocks differ by milliseconds; an hour forgives a badly set one,
+# and a clock further ahead delays retention by at most this much.
+timestamp_skew_ms_max: Final = 3_600_000
 cursors_per_stream_max: Final = 1000
 _CURSOR_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
@@ -173,6 +188,24 @@ def object_range_stats(index: ObjectIndex, stream_id: int, rng: RangeMeta) -> Ra
     return RangeStats(min(e.min_timestamp for e in index.entries),
                       max(e.max_timestamp for e in index.entries),
                       sum(e.length for e in index.entries))
+
+
+def bound_stats(stats: RangeStats, now_ms: int, skew_ms_max: int) -> RangeStats:
+    """``stats`` with its timestamps at most ``now_ms + skew_ms_max`` (module docstring):
+    what the retainer records.
+
+    >>> bound_stats(RangeStats(90, 150, 4096), now_ms=1000, skew_ms_max=100)
+    RangeStats(min_timestamp=90, max_timestamp=150, size_bytes=4096)
+    >>> bound_stats(RangeStats(90, 2**63 - 1, 4096), now_ms=1000, skew_ms_max=100)
+    RangeStats(min_timestamp=90, max_timestamp=1100, size_bytes=4096)
+    >>> bound_stats(RangeStats(5000, 9000, 1), now_ms=1000, skew_ms_max=100)
+    RangeStats(min_timestamp=1100, max_timestamp=1100, size_bytes=1)
+    >>> bound_stats(RangeStats(-2**63, -5, 1), now_ms=1000, skew_ms_max=100)
+    RangeStats(min_timestamp=-9223372036854775808, max_timestamp=-5, size_bytes=1)
+    """
+    ceiling = now_ms + skew_ms_max
+    top = min(stats.max_timestamp, ceiling)
+    return RangeStats(min(stats.min_timestamp, top), top, stats.size_bytes)
 
 
 def replica_range_stats(min_timestamp: int | None, max_timestamp: int | None,

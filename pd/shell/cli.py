@@ -42,6 +42,7 @@ from estream.net.security import (
 from estream.server.config import parse_with_config
 from estream.wire import limits
 from estream.wire.errors import ChecksumMismatch, InvalidArgument
+from pd.retention import timestamp_skew_ms_max
 from pd.scrub import scrub_bytes_per_s_max_default, scrub_period_s_default
 from pd.shell.node import PdConfig, PlacementDriverNode
 
@@ -99,8 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
                    default=scrub_bytes_per_s_max_default,
                    help="the scrub reads at most N bytes per second on average "
                         "(default 8 MiB)")
+    p.add_argument("--timestamp-skew-max-ms", type=_skew_ms, default=timestamp_skew_ms_max,
+                   metavar="MS",
+                   help="retention counts a record timestamp at most MS past this node's "
+                        "clock, so a writer's clock far ahead cannot keep data (default "
+                        "3600000: one hour)")
     p.add_argument("--log-level", default="WARNING", help="Python logging level")
     return p
+
+
+def _skew_ms(text: str) -> int:
+    """Milliseconds, 0 .. one year (argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not 0 <= value <= 366 * 86_400_000:
+        raise argparse.ArgumentTypeError(f"milliseconds out of range 0..31622400000: {text!r}")
+    return value
 
 
 def _object_size(text: str) -> int:
@@ -189,6 +206,7 @@ def parse_config(argv: list[str]) -> PdConfig:
                     object_store_endpoint=args.object_store_endpoint or None,
                     offload_delay_s=args.offload_delay_s,
                     local_retention_s=args.local_retention_s,
+                    timestamp_skew_max_ms=args.timestamp_skew_max_ms,
                     object_orphan_grace_s=args.object_orphan_grace_s,
                     object_size_bytes=args.object_size_bytes,
                     object_max_age_s=args.object_max_age_s,

@@ -62,6 +62,7 @@ from pd.shell.console import RangesReport, add_operator_routes
 from pd.shell.raft import RaftStatus
 from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
 from pd.streamfigures import stream_figures
+from pd.validate import check_request
 
 _STATUS: dict[type[EstreamError], int] = {
     InvalidArgument: 400,
@@ -342,6 +343,7 @@ def _json_object(raw: bytes) -> dict[str, Any]:
         raise InvalidArgument(f"request body is not JSON: {exc}", argument="body") from None
     if not isinstance(body, dict):
         raise InvalidArgument("request body must be a JSON object", argument="body")
+    check_request(body)  # every field's bounds (pd/validate.py), as the RPC port's
     return body
 
 

@@ -28,6 +28,7 @@ from estream.net.security import (
 )
 from estream.wire.errors import EstreamError
 from pd.catalog import PdNode
+from pd.retention import timestamp_skew_ms_max
 from pd.scrub import ScrubPace, scrub_bytes_per_s_max_default, scrub_period_s_default
 from pd.shell.drainer import Drainer
 from pd.shell.http import build_app
@@ -61,6 +62,7 @@ class PdConfig:
     object_store_endpoint: str | None = None
     offload_delay_s: float = 60.0
     local_retention_s: float = 600.0
+    timestamp_skew_max_ms: int = timestamp_skew_ms_max
     object_orphan_grace_s: float = 600.0
     object_size_bytes: int = 64 * 1024 * 1024  # a packed object closes at this size...
     object_max_age_s: float | None = None  # ...or age (None: the offload delay, <= 60 s)
@@ -139,7 +141,7 @@ class PlacementDriverNode:
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
         self._recover_task = asyncio.ensure_future(recoverer.run())
         self._drain_task = asyncio.ensure_future(drainer.run())
-        retainer = Retainer(self.service, store=store)
+        retainer = Retainer(self.service, store=store, skew_ms_max=cfg.timestamp_skew_max_ms)
         retainer.pool = self.member_pool()
         self._retain_task = asyncio.ensure_future(retainer.run())
         if store is not None:

@@ -95,10 +95,11 @@ from pysyncobj.transport import TCPTransport
 
 from estream.wire.errors import ChecksumMismatch, EstreamError, Overloaded, Timeout, Unavailable
 from pd.catalog import Catalog, CatalogView, Result
-from pd.commands import Command, decode_command, encode_command
+from pd.commands import Command, decode_command
 from pd.metrics import Histogram
 from pd.shell.journal import ChecksummedJournal, decode_checked, encode_checked
 from pd.shell.raftwire import RaftCipher, RaftConnection, primitive_loads
+from pd.validate import check_command
 
 log = logging.getLogger(__name__)
 
@@ -993,7 +994,10 @@ class RaftNode:
     def start_proposal(self, command: Command) -> asyncio.Future[Any]:
         """:meth:`propose` without a task: the future of the catalog's result (a typed
         rejection is a result: :func:`proposal_result` raises it), or of Timeout /
-        Unavailable / Overloaded. Raises Unavailable at once when there is no leader."""
+        Unavailable / Overloaded. Raises InvalidArgument for a command out of bounds
+        (:func:`pd.validate.check_command`: nothing is proposed) and Unavailable at once
+        when there is no leader."""
+        data = check_command(command)
         if self.leader() is None:
             raise Unavailable("the placement driver has no leader (no majority reachable)")
         obj = self._sync
@@ -1005,7 +1009,7 @@ class RaftNode:
 
         started = time.perf_counter()
         self.proposals += 1
-        obj.apply_command(encode_command(command), callback=done)
+        obj.apply_command(data, callback=done)
         obj.tick_for_proposal()  # appended and sent on this thread, now or in a moment
         # Not asyncio.wait_for (one more loop callback between the commit and the answer).
         timer = obj.loop.call_later(self.propose_timeout_s, _expire, future,

@@ -30,6 +30,17 @@ A message is one flags byte (bit 0: zlib-compressed, only for messages of at lea
 :func:`primitive_loads` (primitives only) even when authenticated. The kind byte is
 authenticated too (AES-GCM's associated data).
 
+Receiving (:class:`RaftInbox`, one per connection): bytes are appended to one
+``bytearray`` and each frame is cut from its front once whole, so a frame costs time
+linear in its size however slowly it arrives (pysyncobj re-concatenated its whole
+``bytes`` buffer on every read: a 64 MiB frame trickled in cost the leader tens of seconds of
+CPU). Until a frame on the connection has been opened (for the accepting side, the
+connecting side's ``KIND_HELLO``, proof that the peer holds the password), a frame may
+announce at most :data:`hello_bytes_max`, at most :data:`unproven_bytes_max` may wait in
+the buffer and the proof must come within :data:`hello_s_max`; otherwise the connection
+is closed before anything more is read. A proven peer's frames are bounded by
+:data:`frame_bytes_max`.
+
 Every PD node of a cluster must use this encoding: pysyncobj's own (earlier versions of
 PD) and this one do not understand each other, so a node of the other kind is cut off.
 Upgrade one node at a time (a rolling restart): with three nodes, the majority stays
@@ -42,12 +53,15 @@ pysyncobj's module-level names; :mod:`pd.shell.raft` does it).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import io
 import os
 import pickle
+import socket
 import struct
+import time
 import zlib
 from typing import Any, Final
 
@@ -64,6 +78,12 @@ compress_at: Final = 64 * 1024  # smaller messages go as they are (zlib costs mo
 # A frame announcing more is refused at once, before its body is read or authenticated: the
 # largest real message (a batch of entries, a snapshot chunk) is far smaller.
 frame_bytes_max: Final = 64 * 1024 * 1024
+# Before a peer proved the password, its first frame (the handshake's random key, about
+# 100 bytes sealed; an address or a utility message without a password) may announce at
+# most this much, and at most unproven_bytes_max may wait to be read, for hello_s_max.
+hello_bytes_max: Final = 4 * 1024
+unproven_bytes_max: Final = 16 * 1024
+hello_s_max: Final = 10.0
 _SALT: Final = b"estream-pd-raft-v2"
 _SESSION_LABEL: Final = b"estream-pd-raft-session"
 _LENGTH: Final = struct.Struct("i")  # pysyncobj's frame prefix
@@ -92,6 +112,63 @@ def primitive_loads(data: bytes | bytearray | memoryview | str) -> Any:
     return _PrimitiveUnpickler(io.BytesIO(raw)).load()
 
 
+class FrameRefused(ValueError):
+    """A peer sent what the Raft port does not accept (the connection is closed)."""
+
+
+class RaftInbox:
+    """One connection's received bytes, cut into frame bodies (pure: no I/O).
+
+    Appending is amortized O(bytes) (a ``bytearray``), and so is taking a frame (``del``
+    from the front of a ``bytearray`` moves its start, not its content): a frame costs
+    O(its size) however it is split into reads. :meth:`feed` and :meth:`take` raise
+    :class:`FrameRefused` on a frame announcing more than allowed, or, before the peer is
+    :attr:`proven` (set by the connection once it opened a frame), on more than
+    :data:`unproven_bytes_max` waiting or bytes arriving :data:`hello_s_max` after
+    :meth:`clear` (the connection's start; times in seconds of the caller's clock).
+    """
+
+    def __init__(self, now_s: float = 0.0) -> None:
+        self._buffer = bytearray()
+        self.proven = False
+        self._started_s = now_s
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def clear(self, now_s: float = 0.0) -> None:
+        self._buffer = bytearray()
+        self.proven = False
+        self._started_s = now_s
+
+    def _announced(self) -> int | None:
+        if len(self._buffer) < _LENGTH.size:
+            return None
+        (size,) = _LENGTH.unpack_from(self._buffer)
+        limit = frame_bytes_max if self.proven else hello_bytes_max
+        if not 0 <= size <= limit:  # a peer without the key can announce anything
+            raise FrameRefused(f"a frame of {size} bytes (at most {limit} now)")
+        return int(size)
+
+    def feed(self, data: bytes, now_s: float = 0.0) -> None:
+        if not self.proven and now_s - self._started_s > hello_s_max:
+            raise FrameRefused(f"no proof of the password within {hello_s_max} s")
+        self._buffer += data
+        if not self.proven and len(self._buffer) > unproven_bytes_max:
+            raise FrameRefused(f"{len(self._buffer)} bytes before the peer proved the password")
+        self._announced()
+
+    def take(self) -> bytes | None:
+        """The next whole frame's body, or None until it is whole."""
+        size = self._announced()
+        if size is None or len(self._buffer) - _LENGTH.size < size:
+            return None
+        end = _LENGTH.size + size
+        body = bytes(self._buffer[_LENGTH.size:end])
+        del self._buffer[:end]
+        return body
+
+
 class RaftCipher:
     """The keys of one password: the master key (first messages) and, per random key a
     connection's receiver chose, a session key. pysyncobj calls it as its
@@ -117,10 +194,12 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
     ``sendRandKey`` / ``recvRandKey`` (pysyncobj's handshake keys) select the session
     keys; a new handshake (a reconnection) starts both directions' counts afresh."""
 
-    _TcpConnection__readBuffer: bytes  # pysyncobj's buffers (name-mangled)
-    _TcpConnection__writeBuffer: bytes
+    _TcpConnection__writeBuffer: bytes  # pysyncobj's send buffer (name-mangled)
+    _TcpConnection__socket: socket.socket | None
+    _TcpConnection__recvBufferSize: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._inbox = RaftInbox(time.monotonic())
         self._send_for: bytes | None = None
         self._send_aead: AESGCM | None = None
         self._sent = 0
@@ -184,22 +263,44 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
             raise ValueError(f"unknown message flags {flags}")
         return primitive_loads(plain[1:])
 
+    def connect(self, host: str, port: int) -> bool:
+        self._inbox.clear(time.monotonic())
+        return bool(super().connect(host, port))
+
+    def disconnect(self) -> None:
+        self._inbox.clear(time.monotonic())
+        super().disconnect()
+
+    # pysyncobj's reader calls this (name-mangled) until it returns False: one recv.
+    def _TcpConnection__processRead(self) -> bool:  # noqa: N802
+        sock = self._TcpConnection__socket
+        if sock is None:
+            return False
+        try:
+            incoming = sock.recv(self._TcpConnection__recvBufferSize)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self.disconnect()
+            return False
+        if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.disconnect()
+            return False
+        try:
+            self._inbox.feed(incoming, time.monotonic())
+        except FrameRefused:
+            self.disconnect()
+            return False
+        return True
+
     # pysyncobj's reader calls this (name-mangled) for each complete frame in its buffer.
     def _TcpConnection__processParseMessage(self) -> Any:  # noqa: N802
-        buffer = self._TcpConnection__readBuffer
-        if len(buffer) < 4:
-            return None
-        (size,) = _LENGTH.unpack_from(buffer)
-        if not 0 <= size <= frame_bytes_max:  # a peer without the key can announce anything
-            self.disconnect()
-            return None
-        if len(buffer) - 4 < size:
-            return None
-        body = buffer[4:4 + size]
         try:
+            body = self._inbox.take()
+            if body is None:
+                return None
             message = self.open(body)
-        except Exception:  # forged, damaged, replayed or foreign: drop the connection
+        except Exception:  # too large, forged, damaged, replayed or foreign: drop it
             self.disconnect()
             return None
-        self._TcpConnection__readBuffer = buffer[4 + size:]
+        self._inbox.proven = True
         return message

@@ -14,6 +14,8 @@ Every ``interval_ms``, while this node is the caught-up Raft leader, one round:
    counts (its ``end`` at or past the catalog's, not damaged, its index not partial:
    :func:`pd.retention.replica_range_stats`): its maximum is then at least the maximum of
    every readable record, so a lookup that skips a range below it never skips an answer.
+   Its timestamps are bounded by this node's wall clock plus ``skew_ms_max``
+   (:func:`pd.retention.bound_stats`: a writer's clock far ahead cannot pin the range).
    The result is one ``record_range_stats`` command, applied only while the range is
    still sealed at that end. A range no source could describe is asked again 30 s later,
    so that it never takes the places of the others.
@@ -55,10 +57,12 @@ from pd.catalog import CatalogView
 from pd.commands import RecordRangeStats, TrimStream
 from pd.retention import (
     RangeStats,
+    bound_stats,
     cursor_lags,
     object_range_stats,
     plan_trim,
     replica_range_stats,
+    timestamp_skew_ms_max,
 )
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
@@ -86,8 +90,10 @@ class Retainer:
     """Runs retainer rounds on the PD leader (module docstring)."""
 
     def __init__(self, service: PdService, *, interval_ms: int = retention_interval_ms,
-                 store: ObjectStore | None = None) -> None:
+                 store: ObjectStore | None = None,
+                 skew_ms_max: int = timestamp_skew_ms_max) -> None:
         self.service = service
+        self.skew_ms_max = skew_ms_max  # writers' timestamps past now + this are bounded
         self.interval_ms = interval_ms
         self.store = store  # the object tier's, when the cluster has one
         self.pool = ConnectionPool()
@@ -144,6 +150,7 @@ class Retainer:
             stats = await self._from_replicas(stream, rng)
         if stats is None or rng.end is None:
             return False
+        stats = bound_stats(stats, self.now_ms(), self.skew_ms_max)
         try:
             await self.service.raft.propose(RecordRangeStats(
                 stream.name, rng.index, rng.end, stats.min_timestamp, stats.max_timestamp,

@@ -80,6 +80,7 @@ from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
 from pd.shell.raft import RaftNode, RaftStatus, proposal_result
+from pd.validate import check_request
 
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
 catch_up_poll_s = 0.005
@@ -569,6 +570,7 @@ class PdService:
     ) -> tuple[asyncio.Future[Any] | None, Callable[[], Answer]]:
         started = time.perf_counter()
         try:
+            check_request(h)
             args = _create_args(h)
             check_retention(args.retention_ms, args.retention_bytes)  # 0 is refused, not "no limit"
             proposed = self.raft.caught_up()
@@ -600,6 +602,7 @@ class PdService:
             started = time.perf_counter()
             ok = False
             try:
+                check_request(header)  # every field's bounds, before any handler
                 out = await fn(header)
                 ok = True
                 return out, b""

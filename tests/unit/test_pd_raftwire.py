@@ -14,10 +14,15 @@ from pd.shell.raftwire import (
     KIND_HELLO,
     KIND_PLAIN,
     KIND_SESSION,
+    FrameRefused,
     RaftCipher,
     RaftConnection,
+    RaftInbox,
     compress_at,
     frame_bytes_max,
+    hello_bytes_max,
+    hello_s_max,
+    unproven_bytes_max,
 )
 
 REFUSED = (InvalidTag, ValueError)
@@ -124,11 +129,83 @@ def test_an_authenticated_message_still_unpickles_primitives_only() -> None:
         inc.open(sealed)
 
 
+def _framed(body: bytes) -> bytes:
+    return struct.pack("i", len(body)) + body  # pysyncobj's prefix
+
+
 @pytest.mark.parametrize("size", [-1, frame_bytes_max + 1, 2**31 - 1])
 def test_a_frame_announcing_too_much_drops_the_connection_before_its_body(size: int) -> None:
     conn = _conn()
+    conn._inbox.proven = True
     dropped: list[bool] = []
     conn.disconnect = lambda: dropped.append(True)
-    conn._TcpConnection__readBuffer = struct.pack("i", size) + b"x" * 16  # pysyncobj's prefix
+    conn._inbox._buffer += struct.pack("i", size) + b"x" * 16
     assert conn._TcpConnection__processParseMessage() is None
     assert dropped == [True]
+
+
+@pytest.mark.parametrize("size", [hello_bytes_max + 1, frame_bytes_max, 2**31 - 1, -1])
+def test_before_the_password_is_proven_only_a_small_frame_is_accepted(size: int) -> None:
+    inbox = RaftInbox()
+    with pytest.raises(FrameRefused):
+        inbox.feed(struct.pack("i", size))  # refused on its 4-byte announcement
+
+
+def test_before_the_password_is_proven_only_a_few_kib_may_wait() -> None:
+    inbox = RaftInbox()
+    hello = b"h" * 100
+    inbox.feed(_framed(hello))
+    with pytest.raises(FrameRefused):
+        inbox.feed(b"\0" * unproven_bytes_max)  # more behind the unopened hello
+
+
+def test_a_peer_must_prove_the_password_in_time() -> None:
+    slow = RaftInbox(now_s=100.0)
+    slow.feed(b"\4\0", now_s=100.0 + hello_s_max)  # half an announcement, in time
+    with pytest.raises(FrameRefused):
+        slow.feed(b"\0\0", now_s=100.0 + hello_s_max + 0.1)
+    proven = RaftInbox(now_s=100.0)
+    proven.feed(_framed(b"hello"), now_s=100.0)
+    assert proven.take() == b"hello"
+    proven.proven = True
+    proven.feed(_framed(b"later"), now_s=100.0 + 10 * hello_s_max)  # no deadline once proven
+    assert proven.take() == b"later"
+
+
+def test_a_proven_peer_may_send_large_frames_cut_into_any_reads() -> None:
+    inbox = RaftInbox()
+    inbox.feed(_framed(b"hello"))
+    assert inbox.take() == b"hello"
+    inbox.proven = True
+    big = os.urandom(3 * 1024 * 1024)
+    stream = _framed(big) + _framed(b"next") + _framed(b"")
+    for at in range(0, len(stream) - 7, 7919):  # reads of odd sizes, one frame across many
+        inbox.feed(stream[at:at + 7919])
+        if at + 7919 < len(big) + 4:
+            assert inbox.take() is None
+    assert inbox.take() == big
+    assert inbox.take() == b"next"
+    assert inbox.take() == b""
+    assert inbox.take() is None and len(inbox) == 0
+
+
+def test_a_connection_proves_the_password_by_its_first_opened_frame() -> None:
+    out = _conn()
+    out.recvRandKey = os.urandom(32)
+    inc = _conn()
+    assert not inc._inbox.proven
+    inc._inbox.feed(_framed(out.seal(out.recvRandKey)))
+    assert inc._TcpConnection__processParseMessage() == out.recvRandKey
+    assert inc._inbox.proven
+    inc._inbox.feed(struct.pack("i", hello_bytes_max * 4))  # now allowed: a proven peer
+    assert inc._TcpConnection__processParseMessage() is None
+
+
+def test_a_forged_hello_does_not_prove_anything() -> None:
+    inc = _conn()
+    dropped: list[bool] = []
+    inc.disconnect = lambda: dropped.append(True)
+    forged = _conn(RaftCipher("a guess")).seal(os.urandom(32))
+    inc._inbox.feed(_framed(forged))
+    assert inc._TcpConnection__processParseMessage() is None
+    assert dropped == [True] and not inc._inbox.proven

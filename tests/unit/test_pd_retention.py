@@ -4,10 +4,12 @@ sealed range's statistics come from (a replica's time index, an object's index).
 
 from __future__ import annotations
 
+import doctest
 from dataclasses import replace
 
 import pytest
 
+import pd.retention
 from estream.wire.errors import Conflict, InvalidArgument, StreamNotFound
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import ObjectIndex, decode_object, encode_object
@@ -27,12 +29,14 @@ from pd.commands import (
 from pd.retention import (
     RangeStats,
     TrimPlan,
+    bound_stats,
     check_cursor,
     check_retention,
     cursor_lags,
     object_range_stats,
     plan_trim,
     replica_range_stats,
+    timestamp_skew_ms_max,
 )
 
 SERVERS = ("a", "b", "c")
@@ -49,6 +53,30 @@ def ranges(*sealed: tuple[int | None, int | None], open_end: bool = True) -> tup
 
 def stream(rs: tuple[RangeMeta, ...], **kw: int | None) -> StreamMeta:
     return StreamMeta(1, "s", ranges=rs, **kw)  # type: ignore[arg-type]
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(pd.retention, verbose=False).failed == 0
+
+
+@pytest.mark.parametrize("writer_ts", [2**63 - 1, 10**15, 1_000 + timestamp_skew_ms_max + 1])
+def test_a_writer_clock_far_ahead_delays_retention_by_the_skew_at_most(writer_ts: int) -> None:
+    """Recorded at 1,000 ms with a writer's timestamp past the skew, a range goes at the
+    same time as one stamped 1,000 + skew; unbounded, it would stay until its stamp."""
+    skew, retention = timestamp_skew_ms_max, 60_000
+    stats = bound_stats(RangeStats(500, writer_ts, 10), now_ms=1_000, skew_ms_max=skew)
+    assert stats.max_timestamp == 1_000 + skew and stats.min_timestamp == 500
+    s = stream(ranges((stats.max_timestamp, 10)), retention_ms=retention)
+    gone_at = 1_000 + skew + retention + 1
+    assert plan_trim(s, {}, gone_at - 1) == TrimPlan(None, 0, 0)
+    assert plan_trim(s, {}, gone_at) == TrimPlan(10, 1, 0)
+
+
+@pytest.mark.parametrize("writer_ts", [-2**63, -1, 0, 1_000 + timestamp_skew_ms_max])
+def test_timestamps_in_the_past_or_within_the_skew_are_recorded_as_they_are(
+        writer_ts: int) -> None:
+    stats = RangeStats(min(writer_ts, 7), writer_ts, 10)
+    assert bound_stats(stats, now_ms=1_000, skew_ms_max=timestamp_skew_ms_max) == stats
 
 
 def test_no_limit_trims_nothing() -> None:
@@ -226,3 +254,17 @@ def test_an_object_tier_range_with_recorded_statistics_can_be_trimmed() -> None:
     assert plan_trim(StreamMeta(1, "s", ranges=(released, RangeMeta(1, 5, None, ())),
                                 retention_ms=1000), {}, 5000) == TrimPlan(None, 0, 0)
     assert plan_trim(stream, {}, 5000) == TrimPlan(5, 1, 0)
+
+
+PD_ARGS = ["--id", "0", "--listen", "127.0.0.1:7100", "--raft", "127.0.0.1:7110",
+           "--peers", "", "--http", "127.0.0.1:7120", "--data-dir", "d"]
+
+
+def test_the_timestamp_skew_flag() -> None:
+    from pd.shell.cli import build_parser
+    assert build_parser().parse_args(PD_ARGS).timestamp_skew_max_ms == timestamp_skew_ms_max
+    args = build_parser().parse_args([*PD_ARGS, "--timestamp-skew-max-ms", "5000"])
+    assert args.timestamp_skew_max_ms == 5000
+    for bad in ("-1", "soon", str(2**63)):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*PD_ARGS, "--timestamp-skew-max-ms", bad])

@@ -1,0 +1,126 @@
+"""Hostile fields at a real PD (pd/validate.py): a 900 KiB name, 2**64, -2**63-1, a
+10,000-element list, through each opcode and the admin API, are refused with
+InvalidArgument (400) naming the field; nothing reaches Raft (the journal keeps its size)
+and PD keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+import estream
+from estream.devcluster.cluster import Cluster
+from estream.devcluster.pd import http_json
+from estream.net.pdclient import PDClient
+from estream.wire.errors import InvalidArgument
+from estream.wire.protocol import Opcode
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+
+HUGE: Final = "x" * (900 * 1024)
+U64: Final = 2**64 - 1  # the largest integer msgpack carries; above int64
+MANY: Final = ["rs"] * 10_000
+STREAM: Final = "hostile"
+
+CASES: Final[list[tuple[Opcode, dict[str, Any], str]]] = [
+    (Opcode.PD_CREATE_STREAM, {"name": HUGE}, "name"),
+    (Opcode.PD_CREATE_STREAM, {"name": "h2", "hints": MANY}, "hints"),
+    (Opcode.PD_CREATE_STREAM, {"name": "h2", "retention_ms": U64}, "retention_ms"),
+    (Opcode.PD_CREATE_STREAM, {"name": "h2", "request_id": HUGE}, "request_id"),
+    (Opcode.PD_DESCRIBE_STREAM, {"name": HUGE}, "name"),
+    (Opcode.PD_DELETE_STREAM, {"name": HUGE}, "name"),
+    (Opcode.PD_OPEN_WRITER, {"name": HUGE}, "name"),
+    (Opcode.PD_SEAL_RANGE, {"name": STREAM, "epoch": U64, "range_index": 0, "end": 0}, "epoch"),
+    (Opcode.PD_SEAL_RANGE, {"name": STREAM, "epoch": 1, "range_index": 0, "end": U64}, "end"),
+    (Opcode.PD_SEAL_RANGE, {"name": STREAM, "epoch": 1, "range_index": 0, "end": 0,
+                            "exclude": MANY}, "exclude"),
+    (Opcode.PD_TRIM_STREAM, {"name": STREAM, "start_offset": U64}, "start_offset"),
+    (Opcode.PD_UPDATE_REPLICAS, {"name": STREAM, "range_index": 0, "replicas": MANY},
+     "replicas"),
+    (Opcode.PD_WRITER_KEEPALIVE, {"name": STREAM, "epoch": U64}, "epoch"),
+    (Opcode.PD_COMMIT_CURSOR, {"name": STREAM, "cursor": HUGE, "offset": 0}, "cursor"),
+    (Opcode.PD_COMMIT_CURSOR, {"name": STREAM, "cursor": "c", "offset": U64}, "offset"),
+    (Opcode.PD_SET_RETENTION, {"name": STREAM, "retention_bytes": U64}, "retention_bytes"),
+    (Opcode.PD_DELETE_CURSOR, {"name": STREAM, "cursor": HUGE}, "cursor"),
+    (Opcode.PD_LIST_CURSORS, {"name": HUGE}, "name"),
+    (Opcode.PD_TIME_RANGES, {"name": STREAM, "timestamp": U64}, "timestamp"),
+    (Opcode.PD_REGISTER_SERVER, {"server_id": HUGE, "address": "127.0.0.1:1"}, "server_id"),
+    (Opcode.PD_REGISTER_SERVER, {"server_id": "rs-x", "address": HUGE}, "address"),
+    (Opcode.PD_HEARTBEAT, {"server_id": HUGE, "address": "127.0.0.1:1"}, "server_id"),
+    (Opcode.PD_DRAIN_SERVER, {"server_id": HUGE}, "server_id"),
+    (Opcode.PD_FORGET_SERVER, {"server_id": HUGE}, "server_id"),
+    (Opcode.PD_DESCRIBE_SERVERS, {"server_id": HUGE}, "server_id"),
+    (Opcode.PD_REPORT_OBJECT_DAMAGE, {"stream_id": U64, "range_index": 0, "object_key": "k",
+                                      "reason": "checksum"}, "stream_id"),
+]
+
+HTTP_CASES: Final[list[tuple[str, str, dict[str, Any], str]]] = [
+    ("POST", "/v1/streams", {"name": HUGE}, "name"),
+    ("POST", "/v1/streams", {"name": "h3", "hints": MANY}, "hints"),
+    ("POST", "/v1/streams", {"name": "h3", "retention_ms": -(2**63) - 1}, "retention_ms"),
+    ("PATCH", f"/v1/streams/{STREAM}", {"retention_ms": 2**64}, "retention_ms"),
+    ("PATCH", f"/v1/streams/{STREAM}", {"retention_bytes": 2**70}, "retention_bytes"),
+    ("POST", f"/v1/streams/{STREAM}/trim", {"start_offset": 2**64}, "start_offset"),
+    ("POST", f"/v1/streams/{STREAM}/cursors", {"cursor": "c", "offset": 2**64}, "offset"),
+    ("POST", f"/v1/streams/{STREAM}/cursors", {"cursor": HUGE, "offset": 0}, "cursor"),
+]
+
+
+def journal_bytes(cluster: Cluster) -> int:
+    data_dir: Path = cluster.pd.nodes[0].data_dir
+    return sum(p.stat().st_size for p in data_dir.glob("raft.journal*"))
+
+
+async def settled_journal(cluster: Cluster) -> None:
+    """Wait (at most 5 s) until the journal's size holds still for 0.3 s: the stream's
+    creation, and PD's own commands at start, are written."""
+    last, still_since = journal_bytes(cluster), time.monotonic()
+    deadline = still_since + 5.0
+    while time.monotonic() < deadline and time.monotonic() - still_since < 0.3:
+        await asyncio.sleep(0.05)
+        now = journal_bytes(cluster)
+        if now != last:
+            last, still_since = now, time.monotonic()
+
+
+@pytest.fixture
+async def stream(cluster: Cluster) -> str:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        with contextlib.suppress(estream.StreamExists):  # made by an earlier test
+            await client.create_stream(STREAM)
+    await settled_journal(cluster)
+    return STREAM
+
+
+@pytest.mark.parametrize(("opcode", "header", "field"), CASES,
+                         ids=[f"{op.name.lower()}-{field}" for op, _, field in CASES])
+async def test_each_opcode_refuses_a_hostile_field_before_raft(
+        cluster: Cluster, stream: str, opcode: Opcode, header: dict[str, Any],
+        field: str) -> None:
+    before = journal_bytes(cluster)
+    async with PDClient(cluster.pd_addresses, timeout_s=10) as pd:
+        with pytest.raises(InvalidArgument) as info:
+            await pd.call(opcode, header)
+        assert info.value.argument == field
+        assert len(str(info.value)) < 1024  # the answer does not echo the input
+        assert journal_bytes(cluster) == before
+        assert (await pd.describe_stream(stream)).name == stream  # still serving
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), HTTP_CASES,
+                         ids=[f"{m}-{p.rpartition('/')[2]}-{f}" for m, p, _, f in HTTP_CASES])
+def test_the_admin_api_refuses_a_hostile_field_before_raft(
+        cluster: Cluster, stream: str, method: str, path: str, body: dict[str, Any],
+        field: str) -> None:
+    before = journal_bytes(cluster)
+    status, answer = http_json(cluster.pd.nodes[0].url + path, method, body)
+    assert status == 400, answer
+    assert field in str(answer["error"]["message"]) or answer["error"].get("field") == field
+    assert journal_bytes(cluster) == before
+    status, _ = http_json(cluster.pd.nodes[0].url + f"/v1/streams/{stream}")
+    assert status == 200
