@@ -687,6 +687,32 @@ def verify_batch(batch: bytes | memoryview) -> BatchHeader:
     return header
 
 
+def check_records(batch: bytes | memoryview, header: BatchHeader) -> None:
+    """Check that a whole, checksum-verified batch decodes: its system block's structure,
+    every record's lengths (each record within the section, nothing after the last),
+    every record's headers (a msgpack map of str to str), and the header's
+    ``first_timestamp`` and ``max_timestamp`` (those of its first record and the largest
+    of all). What a range server checks before it stores a batch, so that no replica
+    acknowledges a batch a reader cannot decode. Raises :class:`MalformedBatch`.
+
+    One pass over the records: a batch whose records all have the same value length and
+    no headers (the common case) is checked with strided byte slices, in C, as
+    :func:`decode_columns` does; any other walks the record prefixes.
+    """
+    view = memoryview(batch)
+    if header.flags & FLAG_SYSTEM:
+        decode_system(view, header)
+    section = view[records_at(view, header) : header.total_bytes]
+    count = header.count
+    uniform = _uniform_columns(section, count, 0, count)
+    stamps = _int64s_le(uniform[0]) if uniform is not None else _walk_columns(
+        section, count, 0, count)[0]
+    if stamps[0] != header.first_timestamp or max(stamps) != header.max_timestamp:
+        raise MalformedBatch(
+            f"batch timestamps first {header.first_timestamp}, max {header.max_timestamp} "
+            f"are not its records' ({stamps[0]}, {max(stamps)})")
+
+
 def decode_batch(batch: bytes | memoryview, *, verify: bool = True) -> RecordBatch:
     """Decode one whole batch into records (with offsets). Verifies the checksum first."""
     header = verify_batch(batch) if verify else decode_header(batch)

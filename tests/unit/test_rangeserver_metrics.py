@@ -22,7 +22,8 @@ def fake_store(*states: ReplicaState) -> Any:
 
 
 def fake_rpc(handlers: dict[int, Any], quick: dict[int, Any]) -> Any:
-    return SimpleNamespace(handlers=handlers, quick_handlers=quick, connection_count=2)
+    return SimpleNamespace(handlers=handlers, quick_handlers=quick, connection_count=2,
+                           connections_refused={"limit": 0, "auth": 0})
 
 
 def samples(metrics: RangeServerMetrics) -> dict[str, float]:
