@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 
 from estream.core.quorum import confirm_offset
 from estream.wire import limits
-from estream.wire.errors import EstreamError, Fenced, MalformedBatch
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument, MalformedBatch
 from estream.wire.record import (
     BATCH_HEADER_BYTES,
     DIGEST_XXH3,
@@ -511,12 +511,17 @@ class RangeWriter:
     def on_append_error(
         self, replica: str, range_index: int, error: EstreamError, now_ms: int
     ) -> list[Effect]:
-        """An APPEND (or CREATE_RANGE) to ``replica`` failed: fenced, or the replica is out."""
+        """An APPEND (or CREATE_RANGE) to ``replica`` failed: fenced, or the replica is out.
+
+        A request refused for what it is (``MalformedBatch``: records that do not decode;
+        ``InvalidArgument``: a number out of bounds) fails the writer like a fence: the
+        refusal depends on the bytes alone, so every replica, in this range or the next,
+        would refuse them again; rolling would only make ranges forever."""
         effects: list[Effect] = []
         rng = self._range
         if self.error is not None or range_index != rng.index:
             return effects
-        if isinstance(error, Fenced):
+        if isinstance(error, (Fenced, MalformedBatch, InvalidArgument)):
             return self.on_fenced(error)
         if replica in rng.replicas and replica not in rng.failed:
             self._fail_replica(replica, effects)

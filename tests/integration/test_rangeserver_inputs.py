@@ -195,6 +195,7 @@ PREFIX = struct.Struct("<qII")
         (PREFIX.pack(1000, 40, 1) + b"\x81\xa1kv", 1),  # a headers length past the end
         (PREFIX.pack(1000, 1, 1) + b"\xc1" + b"v", 1),  # headers that are not msgpack
     ],
+    ids=["value-past-the-end", "headers-past-the-end", "headers-not-msgpack"],
 )
 async def test_a_batch_whose_records_do_not_decode_is_never_stored(
     server: Server, connect: Connect, records: bytes, count: int
