@@ -178,6 +178,10 @@ async def test_a_range_at_the_end_of_int64_cannot_brick_the_server(
     assert [h.end_offset for h, _ in iter_batches(payload)] == [near + 2, INT64_MAX]
     log_text = server.process.log_text() if server.process else ""
     assert "skipped" in log_text and "past int64" in log_text
+    server.stop()  # and again, from the checkpoint that stop wrote
+    server.start()
+    client = await connect(server.address)
+    assert (await describe(client))["end"] == INT64_MAX
 
 
 def bad_records_batch(base: int, records: bytes, count: int) -> bytes:
