@@ -25,6 +25,11 @@ decides what the other bytes mean:
   never answers RangeNotFound ("never had it") for data it holds. Batches of a dropped
   replica whose CREATE_RANGE went with a reclaimed segment are not that: its DROP entry
   is kept as long as they are (``rangeserver/retention.py``).
+- **Entries out of bounds** (``rangeserver/bounds.py``; only a version before those
+  checks could log them): a batch whose offsets end past int64 is skipped (that version
+  failed such an append before answering or applying it, so nothing acknowledged is
+  lost); a control entry with a number past int64 makes its replica damaged (none of
+  its requests can be served within the bounds). The server starts either way.
 
 Pure: no I/O (``rangeserver/shell/store.py`` reads the segments and carries out the cuts).
 """
@@ -35,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from estream.wire.record import BatchHeader
+from rangeserver import bounds
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import Location, RangeIndex
@@ -164,6 +170,9 @@ class Replay:
         control = entry.control
         assert control is not None
         key = (control.stream_id, control.range_index)
+        if not bounds.control_in_bounds(control):
+            self._out_of_bounds(segment, start + entry.position, key, control)
+            return
         if isinstance(control, wf.CreateRange):
             if key not in self.replicas:
                 self.replicas[key] = ReplicaState.create(
@@ -193,6 +202,11 @@ class Replay:
         self, segment: int, start: int, entry: wf.Entry, batch: BatchHeader
     ) -> None:
         key = (batch.stream_id, batch.range_index)
+        error = bounds.batch_error(batch)
+        if error is not None:
+            self._note(f"segment {segment}: batch entry at {start + entry.position} of range "
+                       f"{key} skipped: {error.message}")
+            return
         state = self.replicas.get(key)
         if state is None:  # a dropped replica's (its CREATE_RANGE reclaimed), or damage
             orphan = self._orphans.get(key)
@@ -209,6 +223,25 @@ class Replay:
             self.time_indexes[key].observe(
                 new.end, batch.first_timestamp, batch.max_timestamp, len(entry.body))
         self.replicas[key] = new
+        self._extend_span(key, segment)
+
+    def _out_of_bounds(
+        self, segment: int, position: int, key: Key, control: wf.Control
+    ) -> None:
+        """A control entry with a number out of bounds: its replica becomes damaged (a
+        new one created so, within bounds, when the entry is its CREATE_RANGE)."""
+        self._note(f"segment {segment}: {type(control).__name__} entry at {position} of "
+                   f"range {key} has a number past int64: a damaged replica")
+        state = self.replicas.get(key)
+        if state is None:
+            if not isinstance(control, wf.CreateRange):
+                return
+            start = min(control.start, bounds.INT64_MAX)
+            state = ReplicaState.create(*key, start, min(control.epoch, bounds.INT64_MAX))
+            self.indexes[key] = RangeIndex()
+            self.time_indexes[key] = TimeIndex()
+            self.spans[key] = Span(segment, segment)
+        self.replicas[key] = rp.mark_damaged(state)
         self._extend_span(key, segment)
 
     def _forget(self, key: Key, segment: int) -> None:

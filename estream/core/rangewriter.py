@@ -73,10 +73,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from estream.core.quorum import confirm_offset
 from estream.wire import limits
-from estream.wire.errors import EstreamError, Fenced, MalformedBatch
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument, MalformedBatch
 from estream.wire.record import (
     BATCH_HEADER_BYTES,
     DIGEST_XXH3,
@@ -155,6 +156,11 @@ class BeginSeal:
     end: int
     failed: tuple[str, ...]
     live: tuple[str, ...]
+
+
+# The batch header fields a range server names when it refuses a batch out of bounds.
+_BATCH_FIELDS: Final = frozenset(
+    {"stream_id", "epoch", "base_offset", "confirm_offset", "first_timestamp"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,12 +517,20 @@ class RangeWriter:
     def on_append_error(
         self, replica: str, range_index: int, error: EstreamError, now_ms: int
     ) -> list[Effect]:
-        """An APPEND (or CREATE_RANGE) to ``replica`` failed: fenced, or the replica is out."""
+        """An APPEND (or CREATE_RANGE) to ``replica`` failed: fenced, or the replica is out.
+
+        A batch refused for what it is (``MalformedBatch``: records that do not decode;
+        ``InvalidArgument`` naming a batch header field: a number out of bounds,
+        ``rangeserver/bounds.py``) fails the writer like a fence: the refusal depends on
+        the bytes alone, so every replica, in this range or the next, would refuse them
+        again; rolling would only make ranges forever."""
         effects: list[Effect] = []
         rng = self._range
         if self.error is not None or range_index != rng.index:
             return effects
-        if isinstance(error, Fenced):
+        if isinstance(error, (Fenced, MalformedBatch)) or (
+            isinstance(error, InvalidArgument) and error.fields["argument"] in _BATCH_FIELDS
+        ):
             return self.on_fenced(error)
         if replica in rng.replicas and replica not in rng.failed:
             self._fail_replica(replica, effects)

@@ -13,8 +13,12 @@ nothing about storage or placement.
   the answer; ``start_call`` (a hot path: the writer's APPEND) writes the request at
   once and hands the answer to a callback, with no task and no future per request.
 - :class:`RpcServer`: one task per request (answers go out in completion order), the
-  bytes of requests being served per connection bounded (reading pauses past the limit),
-  a malformed frame answered with a typed error before the connection is closed. A
+  bytes and the count of requests being served per connection bounded (reading pauses
+  past either; requests already read past the count wait, unserved, for room), the
+  connections per listener bounded (one past the limit is answered ``Unavailable`` and
+  closed), a connection that must authenticate closed when it has not within its
+  deadline, a malformed frame answered with a typed error before the connection is
+  closed. A
   *quick* handler (the range server's APPEND) runs at once as frames are decoded and
   returns the future to wait for: its answer goes out from that future's callback, with
   no task and no coroutine per request.
@@ -30,6 +34,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
@@ -532,6 +537,11 @@ class _ServerProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.decoder = FrameDecoder()
         self.inflight_bytes = 0
+        self.inflight_requests = 0  # requests being served (taken, not yet answered)
+        self.waiting: deque[Frame] = deque()  # requests read past the count, not yet taken
+        self.refused = False  # past the listener's connection limit: closed at once
+        self._taking = False  # in _take_waiting (answers given meanwhile do not re-enter)
+        self._auth_deadline: asyncio.TimerHandle | None = None
         self.paused = False
         self.writable = asyncio.Event()
         self.writable.set()
@@ -545,10 +555,38 @@ class _ServerProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.transport.set_write_buffer_limits(high=self.server.write_buffer_bytes_max)
+        server = self.server
+        if len(server._connections) >= server.connections_max:
+            self.refused = True
+            server.connections_refused["limit"] = server.connections_refused["limit"] + 1
+            log.warning("%s: refusing a connection: %d open already", server.name,
+                        len(server._connections))
+            error = Unavailable(f"{server.name}: too many connections "
+                                f"({server.connections_max}); try again later")
+            self.transport.writelines(encode_error(0, 0, error))
+            self.transport.close()
+            return
+        self.transport.set_write_buffer_limits(high=server.write_buffer_bytes_max)
         if not self.authenticated and has_verified_peer_cert(self.transport):
             self.authenticated = True  # a cluster member: its certificate verified (mTLS)
-        self.server._connections.add(self)
+        if not self.authenticated:
+            self._auth_deadline = asyncio.get_running_loop().call_later(
+                server.auth_ms_max / 1000, self._auth_expired)
+        server._connections.add(self)
+
+    def _auth_expired(self) -> None:
+        """The connection did not authenticate in time: answer so, and close it."""
+        self._auth_deadline = None
+        transport = self.transport
+        if self.authenticated or transport is None or transport.is_closing():
+            return
+        server = self.server
+        server.connections_refused["auth"] = server.connections_refused["auth"] + 1
+        log.warning("%s: closing a connection that did not authenticate within %d ms",
+                    server.name, server.auth_ms_max)
+        self._reply(encode_error(0, 0, Unauthenticated(
+            f"not authenticated within {server.auth_ms_max} ms")))
+        transport.close()
 
     def pause_writing(self) -> None:
         # The peer is not reading its answers: stop taking requests and producing answers.
@@ -624,49 +662,84 @@ class _ServerProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        server = self.server
         should_pause = (
-            self.inflight_bytes > self.server.inflight_bytes_max or not self.writable.is_set()
+            self.inflight_bytes > server.inflight_bytes_max
+            or self.inflight_requests + len(self.waiting) >= server.inflight_requests_max
+            or not self.writable.is_set()
         )
         if should_pause and not self.paused:
             self.paused = True
             transport.pause_reading()
         elif self.paused and not should_pause and (
-            self.inflight_bytes <= self.server.inflight_bytes_max // 2
+            self.inflight_bytes <= server.inflight_bytes_max // 2
+            and self.inflight_requests + len(self.waiting) <= server.inflight_requests_max // 2
         ):
             self.paused = False
             transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._connections.discard(self)
+        if self._auth_deadline is not None:
+            self._auth_deadline.cancel()
+            self._auth_deadline = None
+        self.waiting.clear()
         for task in self.tasks:
             task.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
         try:
             frames = self.decoder.feed(data)
         except EstreamError as exc:
             self._close_on_bad_prefix(exc)
             return
+        requests_max = self.server.inflight_requests_max
         for frame in frames:
             if frame.is_response:
                 continue  # servers take requests only; a stray response is dropped
-            if frame.opcode == Opcode.AUTH or not self.authenticated:
-                if self._authenticate(frame):
-                    continue
+            if self.waiting or self.inflight_requests >= requests_max:
+                self.waiting.append(frame)  # served as earlier requests are answered
+            elif not self._take(frame):
                 return  # a refused token: the connection is closing
-            size = len(frame.header_bytes) + len(frame.payload)
-            self.inflight_bytes += size
-            quick = self.server.quick_handlers.get(frame.opcode)
-            if quick is not None and self.writable.is_set():
-                self._serve_quick(quick, frame, size)
-                continue
-            task = asyncio.ensure_future(self._serve(frame, size))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
         if self.decoder.error is not None:
             self._close_on_bad_prefix(self.decoder.error)
             return
         self._update_reading()
+
+    def _take(self, frame: Frame) -> bool:
+        """Start serving one request; False when the connection is closing (a refused
+        token)."""
+        if frame.opcode == Opcode.AUTH or not self.authenticated:
+            return self._authenticate(frame)
+        size = len(frame.header_bytes) + len(frame.payload)
+        self.inflight_bytes += size
+        self.inflight_requests += 1
+        quick = self.server.quick_handlers.get(frame.opcode)
+        if quick is not None and self.writable.is_set():
+            self._serve_quick(quick, frame, size)
+            return True
+        task = asyncio.ensure_future(self._serve(frame, size))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return True
+
+    def _take_waiting(self) -> None:
+        """Serve requests that waited for the count to drop below its limit."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            self.waiting.clear()
+            return
+        requests_max = self.server.inflight_requests_max
+        self._taking = True
+        try:
+            while self.waiting and self.inflight_requests < requests_max:
+                if not self._take(self.waiting.popleft()):
+                    self.waiting.clear()
+                    return
+        finally:
+            self._taking = False
 
     def _close_on_bad_prefix(self, error: EstreamError) -> None:
         """The byte stream cannot be resynchronised: stop reading, answer the requests
@@ -691,6 +764,9 @@ class _ServerProtocol(asyncio.Protocol):
             token = None
         if not self.server.tokens or token_matches(self.server.tokens, token):
             self.authenticated = True
+            if self._auth_deadline is not None:
+                self._auth_deadline.cancel()
+                self._auth_deadline = None
             self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
             return True
         self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated("bad token")))
@@ -777,6 +853,9 @@ class _ServerProtocol(asyncio.Protocol):
 
     def _served(self, size: int) -> None:
         self.inflight_bytes -= size
+        self.inflight_requests -= 1
+        if self.waiting and not self._taking:
+            self._take_waiting()
         self._update_reading()
 
     def _reply(self, parts: list[bytes | memoryview]) -> None:
@@ -805,6 +884,9 @@ class RpcServer:
         quick_handlers: Mapping[int, QuickHandler] | None = None,
         name: str = "estream",
         inflight_bytes_max: int = limits.connection_inflight_bytes_max,
+        inflight_requests_max: int = limits.connection_inflight_requests_max,
+        connections_max: int = limits.listener_connections_max,
+        auth_ms_max: int = limits.connection_auth_ms_max,
         write_buffer_bytes_max: int = limits.connection_write_buffer_bytes_max,
         answer_bytes_max: int = limits.connection_answer_bytes_max,
         server_answer_bytes_max: int = limits.server_answer_bytes_max,
@@ -813,13 +895,21 @@ class RpcServer:
         tokens: Collection[str] = (),
     ) -> None:
         """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
-        (AUTH with one of them, or a client certificate verified by ``ssl``'s CA)."""
+        (AUTH with one of them, or a client certificate verified by ``ssl``'s CA) within
+        ``auth_ms_max`` of connecting; ``inflight_requests_max`` and ``connections_max``:
+        the per-connection and per-listener caps (module docstring)."""
         self.handlers = dict(handlers)
         self.quick_handlers = dict(quick_handlers or {})
         self.ssl = ssl
         self.tokens = frozenset(tokens)
         self.name = name
         self.inflight_bytes_max = inflight_bytes_max
+        self.inflight_requests_max = inflight_requests_max
+        self.connections_max = connections_max
+        self.auth_ms_max = auth_ms_max
+        # Connections closed at once: "limit" (past connections_max), "auth" (not
+        # authenticated within auth_ms_max); what /metrics shows.
+        self.connections_refused: dict[str, int] = {"limit": 0, "auth": 0}
         self.write_buffer_bytes_max = write_buffer_bytes_max
         self.answer_bytes_max = answer_bytes_max
         self.server_answer_bytes_max = server_answer_bytes_max

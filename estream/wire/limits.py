@@ -25,6 +25,13 @@ answer_grant_bytes_min: Final = 64 * KiB  # smallest answer allowance worth prod
 server_answer_bytes_max: Final = 16 * MiB  # the same, summed over a server's connections
 connection_stalled_ms_max: Final = 5_000  # a consumer not reading for this long, when the
 #   answer budget is short, is disconnected
+connection_inflight_requests_max: Final = 4096  # requests being served per connection
+#   (beside its bytes: reading pauses past either). Many writers and long-polling readers
+#   share one pooled connection (a writer keeps up to 256 batches in flight)
+listener_connections_max: Final = 1024  # open connections per listening port; one past it
+#   is closed at once (and counted)
+connection_auth_ms_max: Final = 5_000  # a connection that must authenticate (tokens on)
+#   and has not by then is closed
 
 # Records and batches (estream/wire/record.py).
 batch_bytes_max: Final = 8 * MiB  # one encoded record batch

@@ -99,6 +99,7 @@ BATCH_HEADER_BYTES: Final = _HEADER.size  # 72
 _CHECKSUM_AT: Final = BATCH_HEADER_BYTES - 8
 _RECORD: Final = struct.Struct("<qII")
 RECORD_PREFIX_BYTES: Final = _RECORD.size  # 16
+_LENGTHS: Final = struct.Struct("<II")  # a record prefix's headers_bytes and value_bytes
 assert BATCH_HEADER_BYTES == 72 and RECORD_PREFIX_BYTES == 16
 
 FLAG_SYSTEM: Final = 0x01  # a system block starts the records section
@@ -685,6 +686,50 @@ def verify_batch(batch: bytes | memoryview) -> BatchHeader:
             "record batch checksum mismatch", expected=header.checksum, actual=actual
         )
     return header
+
+
+def check_records(batch: bytes | memoryview, header: BatchHeader) -> None:
+    """Check that a whole, checksum-verified batch decodes: its system block's structure,
+    every record's lengths (each record within the section, nothing after the last) and
+    every record's headers (a msgpack map of str to str). What a range server checks
+    before it stores a batch, so that no replica acknowledges a batch a reader cannot
+    decode. Raises :class:`MalformedBatch`. (The header's timestamps are the writer's
+    word, as readers take them; an ``hmac-sha256`` batch's MAC covers them.)
+
+    One pass over the records, nothing kept: a batch whose records all have the same
+    value length and no headers (the common case) is checked with strided byte
+    comparisons, in C, as :func:`decode_columns` does; any other walks the record
+    prefixes, and decodes each record's headers unless they are the same bytes as the
+    previous record's.
+    """
+    view = memoryview(batch)
+    if header.flags & FLAG_SYSTEM:
+        decode_system(view, header)
+    section = view[records_at(view, header) : header.total_bytes]
+    if _uniform_value_bytes(section, header.count) is None:
+        _check_walk(section, header.count)
+
+
+def _check_walk(section: memoryview, count: int) -> None:
+    """:func:`check_records`' walk of a section whose records are not all alike."""
+    unpack = _LENGTHS.unpack_from
+    end = len(section)
+    pos = 0
+    last: bytes | memoryview = b""
+    for _ in range(count):
+        if pos + RECORD_PREFIX_BYTES > end:
+            raise MalformedBatch("record prefix runs past the batch")
+        headers_bytes, value_bytes = unpack(section, pos + 8)
+        pos += RECORD_PREFIX_BYTES
+        if headers_bytes:
+            raw = section[pos : pos + headers_bytes]
+            if raw != last:
+                _decode_headers(raw)  # MalformedBatch when not a map of str to str
+                last = raw
+        pos += headers_bytes + value_bytes
+    if pos != end:
+        raise MalformedBatch("a record runs past the batch" if pos > end
+                             else f"{end - pos} trailing bytes after the last record")
 
 
 def decode_batch(batch: bytes | memoryview, *, verify: bool = True) -> RecordBatch:

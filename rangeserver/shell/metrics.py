@@ -8,7 +8,8 @@ bytes read, and the log's durable-write latency (``estream_rangeserver_fsync_sec
 each fdatasync or RWF_DSYNC write, through ``Wal.on_sync``).
 
 Read at each scrape from the store (:meth:`RangeServerMetrics.collect`): replicas by state,
-log bytes, disk free and total, connections, appends waiting for their fdatasync and the
+log bytes, disk free and total, connections (and those refused: past the listener's limit
+or not authenticated in time), appends waiting for their fdatasync and the
 oldest one's age, and per open replica what the writer's progress looks like from here:
 
 - ``estream_rangeserver_unconfirmed_records``: records durable here past the replica's
@@ -36,7 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -246,5 +247,12 @@ class RangeServerMetrics(Collector):
                                 "directory's filesystem.", value=total)
         yield GaugeMetricFamily("estream_rangeserver_connections", "Open client connections.",
                                 value=self.rpc.connection_count)
+        refused = CounterMetricFamily(
+            "estream_rangeserver_connections_refused", "Connections closed at once: past the "
+            "listener's connection limit (limit), or not authenticated in time (auth).",
+            labels=["reason"])
+        for reason, count in self.rpc.connections_refused.items():
+            refused.add_metric([reason], count)
+        yield refused
         yield GaugeMetricFamily("estream_rangeserver_registered", "1 once registered with PD.",
                                 value=float(self.registered))

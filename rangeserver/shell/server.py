@@ -1,8 +1,9 @@
 """The range server's RPC handlers: one thin handler per opcode over :class:`Store`.
 
-Each handler validates its arguments (``docs/PROTOCOL.md`` has the
-message schemas), calls the store, and shapes the answer. Every input error is a typed
-:class:`~estream.wire.errors.EstreamError` answered to that request only.
+Each handler validates its arguments (``docs/PROTOCOL.md`` has the message schemas;
+every number is held to its bounds in ``rangeserver/bounds.py``: int64 offsets, epochs
+and ids, u32 range indexes), calls the store, and shapes the answer. Every input error
+is a typed :class:`~estream.wire.errors.EstreamError` answered to that request only.
 
 Identity: every request but PING may carry ``"server_id"``, the id the caller believes
 serves this address (the replica's id in the catalog). When it is not this server's own,
@@ -36,25 +37,27 @@ from estream.wire import limits
 from estream.wire.errors import InvalidArgument, WrongServer
 from estream.wire.protocol import Opcode
 from estream.wire.record import DIGESTS, stream_key
+from rangeserver import bounds
 from rangeserver.replica import check_digest, digest_name, problem_replicas
 from rangeserver.shell.store import Store
 
 log = logging.getLogger(__name__)
 
-_U64_MAX = 2**64 - 1
-_U32_MAX = 2**32 - 1
 stream_keys_max = 65_536  # MAC keys kept (one per stream; derived again when dropped)
 
 
-def _uint(header: Header, name: str, limit: int = _U64_MAX) -> int:
-    value: int = require(header, name, int)
-    if not 0 <= value <= limit:
-        raise InvalidArgument(f"field {name!r} is out of bounds: {value}", argument=name)
-    return value
+def _field(header: Header, name: str) -> int:
+    """A required integer field within its bounds (``rangeserver/bounds.py``)."""
+    return bounds.check_field(name, require(header, name, int))
+
+
+def _optional_field(header: Header, name: str) -> int | None:
+    """An optional integer field (absent: None) within its bounds."""
+    return None if header.get(name) is None else _field(header, name)
 
 
 def _range_key(header: Header) -> tuple[int, int]:
-    return _uint(header, "stream_id"), _uint(header, "range_index", _U32_MAX)
+    return _field(header, "stream_id"), _field(header, "range_index")
 
 
 def _digest(header: Header) -> int | None:
@@ -159,7 +162,7 @@ class RangeServer:
     async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)
         state = await self.store.create_range(
-            stream_id, range_index, _uint(header, "start"), _uint(header, "epoch"),
+            stream_id, range_index, _field(header, "start"), _field(header, "epoch"),
             _digest(header),
         )
         answer: Header = {"start": state.start, "end": state.end, "epoch": state.epoch,
@@ -199,23 +202,22 @@ class RangeServer:
 
     async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)
-        epoch = _uint(header, "epoch")
-        end = _uint(header, "end") if header.get("end") is not None else None
+        epoch = _field(header, "epoch")
+        end = _optional_field(header, "end")
         sealed_end, sealed = await self.store.seal(stream_id, range_index, epoch, end)
         return {"end": sealed_end, "sealed": sealed}, b""
 
     async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)
-        offset = _uint(header, "offset")
-        max_bytes = optional(header, "max_bytes", int, limits.read_bytes_max)
-        wait_ms = optional(header, "wait_ms", int, 0)
-        if max_bytes < 0 or wait_ms < 0:
-            raise InvalidArgument("max_bytes and wait_ms must not be negative", argument="wait_ms")
+        offset = _field(header, "offset")
+        max_bytes = _optional_field(header, "max_bytes")
+        wait_ms = _optional_field(header, "wait_ms") or 0
         end, sealed, data = await self.store.read(
             stream_id,
             range_index,
             offset,
-            max_bytes=min(max_bytes, limits.read_bytes_max),
+            max_bytes=min(limits.read_bytes_max if max_bytes is None else max_bytes,
+                          limits.read_bytes_max),
             wait_ms=min(wait_ms, limits.read_wait_ms_max),
             unconfirmed=optional(header, "unconfirmed", bool, False),
             allowance=answer_allowance,
@@ -232,7 +234,7 @@ class RangeServer:
     async def confirm(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         stream_id, range_index = _range_key(header)
         await self.store.confirm(
-            stream_id, range_index, _uint(header, "epoch"), _uint(header, "confirm")
+            stream_id, range_index, _field(header, "epoch"), _field(header, "confirm")
         )
         return {}, b""
 
@@ -249,8 +251,8 @@ class RangeServer:
         stream_id, range_index = _range_key(header)
         answer: dict[str, Any] = dict(self.store.time_stats(stream_id, range_index))
         if header.get("timestamp") is not None:
-            timestamp = require(header, "timestamp", int)
-            end = _uint(header, "end") if header.get("end") is not None else None
+            timestamp = _field(header, "timestamp")
+            end = _optional_field(header, "end")
             offset, searched = await self.store.offset_for_time(
                 stream_id, range_index, timestamp, end)
             answer.update(offset=offset, searched_end=searched)

@@ -10,10 +10,13 @@ replica, and then deletes the log segments nothing needs any more
 epoch, seal, confirm, damage, drop) is durable before the request that caused it is
 answered.
 
-Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
+Append path per batch: verify the batch (header and xxh3-64), check its numbers
+(``rangeserver/bounds.py``: offsets, epochs, ids within int64) and that its records
+decode (``check_records``: one pass over their lengths, headers and timestamps; a batch
+that does not is refused ``MalformedBatch`` and never stored), look the replica up by the
 batch's own stream id and range index, decide (a batch of another digest than the one the
 replica's CREATE_RANGE recorded is refused: ``DigestMismatch``, nothing stored), queue
-the log entry, await its fdatasync, answer. Nothing per record.
+the log entry, await its fdatasync, answer. Nothing per record but that one check.
 
 Side effects: through :class:`~rangeserver.shell.wal.Wal` and ``rangeserver/shell/checkpoint.py``.
 """
@@ -37,10 +40,16 @@ from estream.wire.errors import (
     RangeNotFound,
     ReplicaDamaged,
 )
-from estream.wire.record import BatchHeader, decode_batch, iter_batches, verify_batch
+from estream.wire.record import (
+    BatchHeader,
+    check_records,
+    decode_batch,
+    iter_batches,
+    verify_batch,
+)
 from estream.wire.timestamps import first_at_or_after
+from rangeserver import bounds, retention
 from rangeserver import replica as rp
-from rangeserver import retention
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
 from rangeserver.replay import Replay
@@ -252,6 +261,8 @@ class Store:
         the log entry now; returns the future to wait for (None: nothing to wait for) and
         what gives the end to answer once it is done."""
         header = verify_batch(batch)
+        bounds.check_batch(header)  # numbers within int64 (the index holds them so)
+        check_records(batch, header)  # no replica acknowledges what readers cannot decode
         key = (header.stream_id, header.range_index)
         state = self._get(*key)
         outcome = rp.decide_append(state, header)

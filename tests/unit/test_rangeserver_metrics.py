@@ -22,7 +22,8 @@ def fake_store(*states: ReplicaState) -> Any:
 
 
 def fake_rpc(handlers: dict[int, Any], quick: dict[int, Any]) -> Any:
-    return SimpleNamespace(handlers=handlers, quick_handlers=quick, connection_count=2)
+    return SimpleNamespace(handlers=handlers, quick_handlers=quick, connection_count=2,
+                           connections_refused={"limit": 0, "auth": 0})
 
 
 def samples(metrics: RangeServerMetrics) -> dict[str, float]:
@@ -127,3 +128,11 @@ def test_readiness_needs_an_open_healthy_log_and_a_registration() -> None:
     store.wal.failed, store.wal.mode = None, ""
     assert "not open" in (not_ready_reason(metrics, needs_registration=True) or "")
     assert store.wal.on_sync is not None, "fsync latency is observed through the log's hook"
+
+
+def test_refused_connections_are_counted_by_reason() -> None:
+    rpc = fake_rpc({}, {})
+    rpc.connections_refused = {"limit": 3, "auth": 1}
+    found = samples(RangeServerMetrics(fake_store(), rpc, data_dir="/"))
+    assert found["estream_rangeserver_connections_refused_total{reason=limit}"] == 3
+    assert found["estream_rangeserver_connections_refused_total{reason=auth}"] == 1

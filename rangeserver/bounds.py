@@ -1,0 +1,123 @@
+"""The valid range of every number a range server is given, checked in one place.
+
+Offsets, epochs and stream ids are int64 (the batch format stores them as u64, but the
+index's arrays, the time index and every reader, Java longs in Spark and Kafka included,
+hold them as signed 64-bit integers): a batch's ``base_offset + count`` must stay at or
+below :data:`INT64_MAX`. Range indexes are u32, as the batch format stores them;
+timestamps (ms) are int64, negative ones included. Lengths and waits of a READ are
+non-negative int64 (the server then clamps them to its own limits).
+
+Every request field (:data:`FIELD_BOUNDS`, :func:`check_field`) and every APPEND batch
+(:func:`batch_error`) is checked before anything is logged or allocated, and answered
+:class:`~estream.wire.errors.InvalidArgument` naming the field. Recovery
+(``rangeserver/replay.py``) holds the log's entries to the same bounds
+(:func:`batch_error`, :func:`control_in_bounds`): an entry a previous version accepted
+outside them makes its replica damaged instead of stopping the server.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from estream.wire.errors import InvalidArgument
+from estream.wire.record import BatchHeader
+from rangeserver import walformat as wf
+
+INT64_MAX: Final = 2**63 - 1
+INT64_MIN: Final = -(2**63)
+U32_MAX: Final = 2**32 - 1
+
+# Request header fields of the range server's opcodes (docs/PROTOCOL.md): inclusive bounds.
+FIELD_BOUNDS: Final[Mapping[str, tuple[int, int]]] = {
+    "stream_id": (0, INT64_MAX),
+    "range_index": (0, U32_MAX),
+    "start": (0, INT64_MAX),
+    "epoch": (0, INT64_MAX),
+    "end": (0, INT64_MAX),
+    "offset": (0, INT64_MAX),
+    "confirm": (0, INT64_MAX),
+    "max_bytes": (0, INT64_MAX),
+    "wait_ms": (0, INT64_MAX),
+    "timestamp": (INT64_MIN, INT64_MAX),
+}
+
+
+def check_field(name: str, value: int) -> int:
+    """``value`` if it is within ``name``'s bounds (:data:`FIELD_BOUNDS`), else
+    :class:`InvalidArgument` naming the field.
+
+    >>> check_field("range_index", 7)
+    7
+    >>> check_field("offset", 2**63)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    estream.wire.errors.InvalidArgument: field 'offset' is out of bounds: ...
+    """
+    low, high = FIELD_BOUNDS[name]
+    if not low <= value <= high:
+        raise InvalidArgument(
+            f"field {name!r} is out of bounds: {value} is not in [{low}, {high}]", argument=name)
+    return value
+
+
+def batch_error(header: BatchHeader) -> InvalidArgument | None:
+    """The error for an APPEND batch whose header numbers are out of bounds (None: in
+    bounds). A few compares, paid once per batch; the format bounds the rest (range
+    index u32, count and sizes by ``decode_header``, timestamps int64).
+
+    ==========================================  =====================
+    header                                      field named
+    ==========================================  =====================
+    stream_id > INT64_MAX                       stream_id
+    epoch > INT64_MAX                           epoch
+    base_offset + count > INT64_MAX             base_offset
+    confirm_offset > INT64_MAX                  confirm_offset
+    first_timestamp > max_timestamp             first_timestamp
+    ==========================================  =====================
+    """
+    if header.base_offset + header.count > INT64_MAX:
+        name, detail = "base_offset", (
+            f"{header.base_offset} + {header.count} records ends past {INT64_MAX}")
+    elif header.epoch > INT64_MAX:
+        name, detail = "epoch", f"{header.epoch} is past {INT64_MAX}"
+    elif header.confirm_offset > INT64_MAX:
+        name, detail = "confirm_offset", f"{header.confirm_offset} is past {INT64_MAX}"
+    elif header.stream_id > INT64_MAX:
+        name, detail = "stream_id", f"{header.stream_id} is past {INT64_MAX}"
+    elif header.first_timestamp > header.max_timestamp:
+        name, detail = "first_timestamp", (
+            f"{header.first_timestamp} is after max_timestamp {header.max_timestamp}")
+    else:
+        return None
+    return InvalidArgument(f"batch field {name!r} is out of bounds: {detail}", argument=name)
+
+
+def check_batch(header: BatchHeader) -> None:
+    """Raise :func:`batch_error`'s error, if any."""
+    error = batch_error(header)
+    if error is not None:
+        raise error
+
+
+def control_in_bounds(control: wf.Control) -> bool:
+    """Whether a control entry's numbers (start, epoch, end, confirm, stream id) are
+    within int64: what the requests that log them are held to.
+
+    >>> control_in_bounds(wf.CreateRange(1, 0, 2**63 - 1, 1))
+    True
+    >>> control_in_bounds(wf.Sealed(1, 0, 1, 2**63))
+    False
+    """
+    values = [control.stream_id]
+    if isinstance(control, wf.CreateRange):
+        values += (control.start, control.epoch)
+    elif isinstance(control, wf.EpochRaised):
+        values.append(control.epoch)
+    elif isinstance(control, wf.Sealed):
+        values += (control.epoch, control.end)
+    elif isinstance(control, wf.Confirmed):
+        values += (control.epoch, control.confirm)
+    return all(v <= INT64_MAX for v in values)
