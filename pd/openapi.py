@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from pd.paging import stream_name_bytes_max, streams_page_default, streams_page_max
+
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
@@ -434,3 +436,29 @@ def _add_retention_changes() -> None:
 
 
 _add_retention_changes()
+
+
+def _add_paging() -> None:
+    """Listings answer pages (``pd/paging.py``): streams after a name, a stream's ranges
+    in a window."""
+    SCHEMAS["Stream"]["properties"]["ranges_omitted"] = {
+        "type": "integer", "minimum": 1,
+        "description": "how many earlier ranges this answer left out (it lists the last "
+                       "ones); GET /v1/streams/{name} pages them"}
+    OPENAPI["paths"]["/v1/streams"]["get"] = {
+        "summary": "A page of the streams in name order, each with its last ranges; "
+                   "next: the name to pass as after for the next page (null: the last)",
+        "parameters": [
+            {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": streams_page_max,
+                        "default": streams_page_default}},
+            {"name": "after", "in": "query", "required": False,
+             "schema": {"type": "string", "maxLength": stream_name_bytes_max}}],
+        "responses": {"200": _json({
+            "type": "object", "required": ["streams", "next"],
+            "properties": {"streams": {"type": "array", "items": _ref("Stream")},
+                           "next": _NULLABLE_STR},
+        }, "The streams"), **_errors(400)}}
+
+
+_add_paging()

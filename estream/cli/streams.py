@@ -64,12 +64,19 @@ async def create(client: Any, ns: argparse.Namespace) -> int:
 
 
 async def list_(client: Any, ns: argparse.Namespace) -> int:
-    streams = [s.to_dict() for s in await client.list_streams()]
+    """Every stream (PD answers a page at a time), or with ``--limit`` one page of them
+    after ``--after`` and the name the next page starts after."""
+    nxt: str | None = None
+    if ns.limit is None:
+        metas = [s async for s in client.iter_streams()]
+    else:
+        metas, nxt = await client.pd.list_streams_page(ns.after, ns.limit)
+    streams = [s.to_dict() for s in metas]
     if ns.json:
-        emit_json({"streams": streams})
+        emit_json({"streams": streams} | ({} if ns.limit is None else {"next": nxt}))
         return 0
     rows = []
-    for s in sorted(streams, key=lambda s: str(s.get("name"))):
+    for s in streams:
         ranges = s.get("ranges") or []
         last = ranges[-1] if ranges else {}
         rows.append(
@@ -79,12 +86,13 @@ async def list_(client: Any, ns: argparse.Namespace) -> int:
                 s.get("ack_count"),
                 s.get("epoch"),
                 s.get("start_offset"),
-                len(ranges),
+                len(ranges) + int(s.get("ranges_omitted", 0)),
                 last.get("start"),
             )
         )
     columns = ["name", "replicas", "acks", "epoch", "start", "ranges", "open range start"]
-    print_tables(table(f"{len(rows)} streams", columns, rows))
+    more = f" (next page: --after {nxt})" if nxt is not None else ""
+    print_tables(table(f"{len(rows)} streams{more}", columns, rows))
     return 0
 
 
@@ -143,6 +151,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                         "from the cluster secret (ESTREAM_SECRET), checked by every reader")
     p.set_defaults(handler=create)
     p = ssub.add_parser("list", parents=[common], help="list streams")
+    p.add_argument("--limit", type=int, default=None,
+                   help="one page of at most this many streams (default: every stream)")
+    p.add_argument("--after", default="", help="with --limit: the page after this name")
     p.set_defaults(handler=list_)
     p = ssub.add_parser("describe", parents=[common], help="a stream's settings and ranges")
     p.add_argument("name")

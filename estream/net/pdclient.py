@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from ssl import SSLContext
 from typing import Any, Final
@@ -241,9 +241,34 @@ class PDClient:
         body = await self.call(Opcode.PD_DESCRIBE_STREAM, {"name": name})
         return StreamMeta.from_dict(body["stream"])
 
+    async def list_streams_page(
+        self, after: str = "", limit: int | None = None
+    ) -> tuple[list[StreamMeta], str | None]:
+        """One page of the streams named after ``after`` (at most ``limit``; PD's default
+        without) and the name to resume after, None on the last page. A stream with many
+        ranges comes with its last ones only (describe it for the others)."""
+        header: dict[str, Any] = {"after": after}
+        if limit is not None:
+            header["limit"] = limit
+        body = await self.call(Opcode.PD_LIST_STREAMS, header)
+        nxt = body.get("next")
+        return ([StreamMeta.from_dict(s) for s in body["streams"]],
+                nxt if isinstance(nxt, str) else None)
+
+    async def iter_streams(self, limit: int | None = None) -> AsyncIterator[StreamMeta]:
+        """Every stream in name order, a page at a time."""
+        after = ""
+        while True:
+            page, nxt = await self.list_streams_page(after, limit)
+            for stream in page:
+                yield stream
+            if nxt is None or nxt <= after:  # the last page (or a PD that does not page)
+                return
+            after = nxt
+
     async def list_streams(self) -> list[StreamMeta]:
-        body = await self.call(Opcode.PD_LIST_STREAMS, {})
-        return [StreamMeta.from_dict(s) for s in body["streams"]]
+        """Every stream (every page of them)."""
+        return [s async for s in self.iter_streams()]
 
     async def delete_stream(self, name: str) -> None:
         await self.call(Opcode.PD_DELETE_STREAM, {"name": name})

@@ -136,7 +136,15 @@ class Client:
         return await self.stream_meta(name, refresh=True)
 
     async def list_streams(self) -> list[StreamMeta]:
+        """Every stream in name order (PD answers them a page at a time; this asks for
+        every page). A stream with many ranges comes with its last ones only: describe
+        it for the others."""
         return await self.pd.list_streams()
+
+    def iter_streams(self, page_size: int | None = None) -> AsyncIterator[StreamMeta]:
+        """Every stream in name order, asking PD for one page (``page_size`` streams,
+        PD's default without) at a time: ``async for meta in client.iter_streams()``."""
+        return self.pd.iter_streams(page_size)
 
     async def delete_stream(self, name: str) -> None:
         self._streams.pop(name, None)

@@ -169,6 +169,9 @@ class StreamMeta:
     retention_ms: int | None = None  # pd/retention.py; None: no limit
     retention_bytes: int | None = None
     digest: str = "xxh3"  # entry digest: "xxh3", "crc32c" or "hmac-sha256" (record.py)
+    # An answer with a window of the ranges (pd/paging.py): how many earlier ranges it
+    # left out (0: ``ranges`` runs from the first range the stream keeps).
+    ranges_omitted: int = 0
 
     @property
     def last_range(self) -> RangeMeta | None:
@@ -204,7 +207,8 @@ class StreamMeta:
             "ranges": [r.to_dict() for r in self.ranges],
         } | {k: v for k, v in (("retention_ms", self.retention_ms),
                                ("retention_bytes", self.retention_bytes)) if v is not None
-        } | ({"digest": self.digest} if self.digest != "xxh3" else {})
+        } | ({"digest": self.digest} if self.digest != "xxh3" else {}
+        ) | ({"ranges_omitted": self.ranges_omitted} if self.ranges_omitted else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StreamMeta:
@@ -222,6 +226,7 @@ class StreamMeta:
                 retention_ms=_opt_int(d.get("retention_ms")),
                 retention_bytes=_opt_int(d.get("retention_bytes")),
                 digest=str(d.get("digest", "xxh3")),
+                ranges_omitted=int(d.get("ranges_omitted", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None

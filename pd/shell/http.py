@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Final
 
 from aiohttp import web
@@ -58,6 +58,7 @@ from estream.wire.errors import (
 from pd.catalog import CatalogView
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
+from pd.paging import page_after, page_limit, streams_page_default, streams_page_max
 from pd.shell.console import RangesReport, add_operator_routes
 from pd.shell.raft import RaftStatus
 from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
@@ -182,8 +183,9 @@ class _Views:
         return web.json_response(self.service.cluster())
 
     async def list_streams(self, request: web.Request) -> web.Response:
-        streams = await self.service.list_streams()
-        return web.json_response({"streams": [s.to_dict() for s in streams]})
+        after, limit = _page_query(request.query)
+        page = await self.service.list_streams(after, limit)
+        return web.json_response({"streams": list(page.streams), "next": page.next})
 
     async def create_stream(self, request: web.Request) -> web.Response:
         body = _parse_create(await request.read())
@@ -333,6 +335,17 @@ def under_replicated(view: CatalogView, alive: Collection[str]) -> int:
         1 for stream in view.streams.values() for rng in stream.ranges
         if getattr(rng, "tier", "local") == "local"
         and sum(1 for r in rng.replicas if r.id in alive) < stream.replicas)
+
+
+def _page_query(query: Mapping[str, str]) -> tuple[str, int]:
+    """``?after=NAME&limit=N`` of ``GET /v1/streams`` (pd/paging.py): 400 for a limit that
+    is not an integer from 1 to the maximum, or an after that is no name."""
+    raw = query.get("limit")
+    limit: object = None
+    if raw is not None:
+        limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else raw
+    return page_after(query.get("after")), page_limit(
+        limit, default=streams_page_default, maximum=streams_page_max)
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final, NamedTuple
 
+import msgpack
+
 from estream.core.quorum import seal_quorum
 from estream.core.timerange import candidate_ranges
 from estream.net.rpc import (
@@ -75,6 +77,14 @@ from pd.lease import LeaseTable
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import REASONS, DamageReport
+from pd.paging import (
+    StreamPage,
+    page_after,
+    page_limit,
+    stream_page,
+    streams_page_default,
+    streams_page_max,
+)
 from pd.placement import Candidate, choose_replicas
 from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
@@ -87,6 +97,10 @@ delete_attempts_max = 3  # a writer opening during a delete makes the delete sta
 time_ranges_per_answer = 4  # PD_TIME_RANGES: candidates per answer (the first usually holds it)
 RETENTION_FIELDS: Final = ("retention_ms", "retention_bytes")
 retention_max: Final = 2**63 - 1  # a limit must fit a signed 64-bit integer
+
+
+def _packed_size(item: dict[str, Any]) -> int:
+    return len(msgpack.packb(item))
 
 
 def _now_ms() -> int:
@@ -135,8 +149,14 @@ class PdService:
     async def describe_stream(self, name: str) -> StreamMeta:
         return (await self.read_view()).stream(name)
 
-    async def list_streams(self) -> list[StreamMeta]:
-        return sorted((await self.read_view()).streams.values(), key=lambda s: s.name)
+    async def list_streams(
+        self, after: str = "", limit: int = streams_page_default
+    ) -> StreamPage:
+        """A page of the streams named after ``after`` in name order (:mod:`pd.paging`:
+        at most ``limit``, an answer that fits a frame, each stream's last ranges), and
+        the name to resume after (None: the last page)."""
+        view = await self.read_view()
+        return stream_page(view.streams, after, limit, _packed_size)
 
     async def list_servers(self) -> list[ServerInfo]:
         """:meth:`servers` for clients: Unavailable until this node has caught up."""
@@ -632,7 +652,11 @@ class PdService:
         return {"stream": (await self.describe_stream(require(h, "name", str))).to_dict()}
 
     async def _rpc_list(self, h: Header) -> Header:
-        return {"streams": [s.to_dict() for s in await self.list_streams()]}
+        after = page_after(h.get("after"))
+        limit = page_limit(h.get("limit"), default=streams_page_default,
+                           maximum=streams_page_max)
+        page = await self.list_streams(after, limit)
+        return {"streams": list(page.streams), "next": page.next}
 
     async def _rpc_delete(self, h: Header) -> Header:
         await self.delete_stream(require(h, "name", str))

@@ -1,0 +1,105 @@
+"""Pages of the catalog's listings (pd/paging.py) and PMap.items_after."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import pytest
+
+from estream.wire.errors import InvalidArgument
+from estream.wire.limits import frame_header_bytes_max
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from pd.paging import (
+    page_after,
+    page_bytes_max,
+    page_limit,
+    stream_page,
+    streams_page_max,
+    windowed_stream,
+)
+from pd.pmap import PMap
+
+
+def _size(d: dict[str, object]) -> int:
+    return len(msgpack.packb(d))
+
+
+def _stream(i: int, name: str, ranges: int = 1) -> StreamMeta:
+    reps = tuple(ReplicaRef(f"{'ab' * 16}{k}", f"127.0.0.1:{9000 + k}") for k in range(3))
+    return StreamMeta(i, name, ranges=tuple(
+        RangeMeta(r, r * 10, (r + 1) * 10 if r < ranges - 1 else None, reps)
+        for r in range(ranges)))
+
+
+@pytest.mark.parametrize("size", [0, 1, 63, 64, 65, 5_000])
+def test_items_after_matches_a_sorted_scan(size: int) -> None:
+    rng = random.Random(size)
+    keys = [f"k{rng.randrange(10**6):07}" for _ in range(size)]
+    m = PMap({k: i for i, k in enumerate(keys)})
+    ref = sorted(set(keys))
+    probes = ["", "k", "z", *rng.sample(ref, min(len(ref), 30)),
+              *(k + "0" for k in ref[:5])]
+    for after in probes:
+        assert [k for k, _ in m.items_after(after)] == [k for k in ref if k > after]
+
+
+def test_paging_lists_every_stream_once_in_bounded_answers() -> None:
+    streams = PMap({f"s{i:05}": _stream(i, f"s{i:05}", ranges=1 + i % 3)
+                    for i in range(3_000)})
+    seen: list[str] = []
+    after, pages = "", 0
+    while True:
+        page = stream_page(streams, after, 250, _size)
+        pages += 1
+        assert len(page.streams) <= 250
+        assert sum(_size(d) for d in page.streams) <= page_bytes_max
+        seen += [d["name"] for d in page.streams]
+        if page.next is None:
+            break
+        assert page.next == page.streams[-1]["name"]
+        after = page.next
+    assert seen == sorted(streams) and pages == 12
+
+
+def test_a_page_stops_at_its_byte_budget() -> None:
+    streams = {f"s{i}": _stream(i, f"s{i}") for i in range(10)}
+    page = stream_page(streams, "", 10, lambda d: 100, bytes_max=350)
+    assert [d["name"] for d in page.streams] == ["s0", "s1", "s2"] and page.next == "s2"
+    alone = stream_page(streams, "", 10, lambda d: 1000, bytes_max=350)
+    assert len(alone.streams) == 1  # the first always goes in
+
+
+def test_the_largest_page_fits_a_frame_header() -> None:
+    """The most a page can hold: the maximum count of streams with the longest names
+    and a full window of ranges each, as PD_LIST_STREAMS answers it."""
+    long = "n" * 200
+    streams = PMap({f"{long}{i:05}": _stream(i, f"{long}{i:05}", ranges=65)
+                    for i in range(streams_page_max)})
+    page = stream_page(streams, "", streams_page_max, _size)
+    answer = msgpack.packb({"streams": list(page.streams), "next": page.next})
+    assert len(answer) < frame_header_bytes_max and page.next is not None
+
+
+def test_a_listed_stream_carries_its_last_ranges() -> None:
+    stream = _stream(1, "s", ranges=10_000)
+    shown = windowed_stream(stream)
+    back = StreamMeta.from_dict(shown)
+    assert _size(shown) < 64 * 1024
+    assert back.ranges[-1] == stream.ranges[-1] and back.ranges[0].index == 10_000 - 64
+    assert back.ranges_omitted == 10_000 - 64 and back.to_dict() == shown
+    assert windowed_stream(_stream(2, "t", ranges=3)) == _stream(2, "t", ranges=3).to_dict()
+
+
+@pytest.mark.parametrize("bad", [0, -1, streams_page_max + 1, "10", 2.5, True])
+def test_bad_page_limits_are_refused(bad: object) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        page_limit(bad, default=100, maximum=streams_page_max)
+    assert caught.value.fields["argument"] == "limit"
+
+
+def test_page_cursor() -> None:
+    assert page_after(None) == "" and page_after("abc") == "abc"
+    for bad in (5, "x" * 5000):
+        with pytest.raises(InvalidArgument):
+            page_after(bad)
