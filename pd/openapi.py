@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from estream.wire import limits
 from pd.paging import stream_name_bytes_max, streams_page_default, streams_page_max
 
 
@@ -459,6 +460,19 @@ def _add_paging() -> None:
             "properties": {"streams": {"type": "array", "items": _ref("Stream")},
                            "next": _NULLABLE_STR},
         }, "The streams"), **_errors(400)}}
+    SCHEMAS["Stream"]["properties"]["ranges_more"] = {
+        "type": "boolean", "description": "later ranges were left out too (a window asked "
+                                          "from an offset): ask again from the last one's end"}
+    describe = OPENAPI["paths"]["/v1/streams/{name}"]["get"]
+    describe["summary"] += (" (at most 1,000 ranges: the last ones, or with offset those "
+                            "from the range holding it on)")
+    describe["parameters"] = [
+        {"name": "offset", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 0}},
+        {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1,
+                    "maximum": limits.stream_ranges_per_answer_max}}]
+    describe["responses"].update(_errors(400))
 
 
 _add_paging()

@@ -12,10 +12,12 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from estream.wire import limits
 from estream.wire.errors import InvalidArgument
 from estream.wire.meta import StreamMeta
 from pd.pmap import PMap
@@ -25,6 +27,7 @@ streams_page_max: Final = 1000  # the most a caller may ask for in one page
 page_bytes_max: Final = 512 * 1024  # a page stops once its streams encode to this much
 listed_ranges_max: Final = 64  # a stream in a listing: its last ranges only
 stream_name_bytes_max: Final = 1024  # an ``after`` cursor longer than any name is refused
+_OPEN: Final = 2**64  # an open range's end, for the bisect (above every offset)
 
 
 def page_limit(value: object, *, default: int, maximum: int, argument: str = "limit") -> int:
@@ -59,16 +62,47 @@ def windowed_stream(stream: StreamMeta, ranges_max: int = listed_ranges_max) -> 
     left out (describe the stream for them).
 
     >>> from estream.wire.meta import RangeMeta
-    >>> s = StreamMeta(1, "s", ranges=tuple(RangeMeta(i, i, i + 1) for i in range(5)))
+    >>> s = StreamMeta(1, "s", ranges=tuple(RangeMeta(i, i, i + 1, ()) for i in range(5)))
     >>> d = windowed_stream(s, 2)
     >>> [r["index"] for r in d["ranges"]], d["ranges_omitted"]
     ([3, 4], 3)
     """
-    if len(stream.ranges) <= ranges_max:
-        return stream.to_dict()
-    kept = stream.ranges[len(stream.ranges) - ranges_max:]
-    omitted = stream.ranges_omitted + len(stream.ranges) - ranges_max
-    return replace(stream, ranges=kept, ranges_omitted=omitted).to_dict()
+    return ranges_window(stream, None, ranges_max).to_dict()
+
+
+def ranges_window(
+    stream: StreamMeta, offset: int | None = None,
+    limit: int = limits.stream_ranges_per_answer_max,
+) -> StreamMeta:
+    """``stream`` with at most ``limit`` of its ranges, as PD answers a stream (describe,
+    open_writer, seal, trim...): without ``offset`` its last ones; with one, from the range
+    holding ``offset`` (the first ending past it; past every end: the last) on.
+    ``ranges_omitted`` counts the earlier ranges left out, ``ranges_more`` says later ones
+    were. Every other field (start offset, epoch, settings) stays whole.
+
+    >>> from estream.wire.meta import RangeMeta
+    >>> rs = tuple(RangeMeta(i, 10 * i, 10 * i + 10, ()) for i in range(9))
+    >>> s = StreamMeta(1, "s", ranges=rs)
+    >>> w = ranges_window(s, limit=3)
+    >>> [r.index for r in w.ranges], w.ranges_omitted, w.ranges_more
+    ([6, 7, 8], 6, False)
+    >>> w = ranges_window(s, offset=25, limit=3)
+    >>> [r.index for r in w.ranges], w.ranges_omitted, w.ranges_more
+    ([2, 3, 4], 2, True)
+    >>> [r.index for r in ranges_window(s, offset=500, limit=3).ranges]
+    [8]
+    """
+    ranges = stream.ranges
+    if offset is None:
+        first = max(0, len(ranges) - limit)
+    else:
+        first = bisect_right([r.end if r.end is not None else _OPEN for r in ranges], offset)
+        first = min(first, max(0, len(ranges) - 1))
+    if first == 0 and len(ranges) <= limit:
+        return stream
+    kept = ranges[first:first + limit]
+    return replace(stream, ranges=kept, ranges_omitted=stream.ranges_omitted + first,
+                   ranges_more=first + limit < len(ranges))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +147,15 @@ def stream_page(
         out.append(shown)
         used += size
     return StreamPage(tuple(out), None)
+
+
+def window_args(args: Mapping[str, Any]) -> tuple[int | None, int]:
+    """A request's window of a stream's ranges: ``"offset"`` (absent or None: the last
+    ranges) and ``"limit"`` (1..``stream_ranges_per_answer_max``, absent: that many);
+    ``InvalidArgument`` naming the field otherwise."""
+    offset = args.get("offset")
+    if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool)
+                               or not 0 <= offset < 2**64):
+        raise InvalidArgument("offset must be an integer >= 0", argument="offset")
+    most = limits.stream_ranges_per_answer_max
+    return offset, page_limit(args.get("limit"), default=most, maximum=most)

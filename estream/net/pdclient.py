@@ -35,6 +35,7 @@ from typing import Any, Final
 from estream.core.backoff import delays_until
 from estream.net.portprobe import answers_http, http_port, raft_port, raft_ports
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
+from estream.wire import limits
 from estream.wire.errors import (
     Closed,
     EstreamError,
@@ -237,8 +238,15 @@ class PDClient:
         body = await self.call(Opcode.PD_LIST_CURSORS, {"name": name})
         return int(body["end"]), list(body["cursors"])
 
-    async def describe_stream(self, name: str) -> StreamMeta:
-        body = await self.call(Opcode.PD_DESCRIBE_STREAM, {"name": name})
+    async def describe_stream(self, name: str, *, offset: int | None = None) -> StreamMeta:
+        """The stream with a window of its ranges (``limits.stream_ranges_per_answer_max``
+        at most; ``ranges_omitted`` earlier ones left out): its last ranges, or with
+        ``offset`` those from the range holding it on (``ranges_more``: later ones left
+        out too)."""
+        header: dict[str, Any] = {"name": name}
+        if offset is not None:
+            header["offset"] = offset
+        body = await self.call(Opcode.PD_DESCRIBE_STREAM, header)
         return StreamMeta.from_dict(body["stream"])
 
     async def list_streams_page(
@@ -426,9 +434,13 @@ def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,
     """``tail`` (a stream without its ``omitted`` ranges below index ``ranges_from``) with
     those ranges taken from ``known``; None if ``known`` is another stream (id) or lacks
     one of them. Pure."""
-    if known.id != tail.id:
+    if known.id != tail.id or known.ranges_more:
         return None
     earlier = tuple(r for r in known.ranges if ranges_from - omitted <= r.index < ranges_from)
-    if len(earlier) != omitted:
-        return None
-    return replace(tail, ranges=earlier + tail.ranges)
+    if len(earlier) != omitted and not (
+            known.ranges_omitted and earlier and earlier[-1].index == ranges_from - 1
+            and earlier[0] == known.ranges[0]):
+        return None  # ``known`` is neither whole nor a window reaching ``ranges_from``
+    ranges = earlier + tail.ranges
+    cut = max(0, len(ranges) - limits.stream_ranges_per_answer_max)  # stays bounded
+    return replace(tail, ranges=ranges[cut:], ranges_omitted=omitted - len(earlier) + cut)

@@ -231,13 +231,23 @@ class Client:
         self._check_open()
         return (await self.pd.list_cursors(name))[1]
 
-    async def stream_meta(self, name: str, *, refresh: bool = False) -> StreamMeta:
-        """The stream's metadata, from the cache unless ``refresh`` (raises StreamNotFound)."""
+    async def stream_meta(
+        self, name: str, *, refresh: bool = False, offset: int | None = None
+    ) -> StreamMeta:
+        """The stream's metadata, from the cache unless ``refresh`` (raises StreamNotFound).
+        PD answers a window of a long stream's ranges (its last ones); with ``offset``,
+        the answer holds the range of ``offset`` (asked for from there when the cached
+        window starts past it). Only windows reaching the last range are cached."""
         self._check_open()
         meta = None if refresh else self._streams.get(name)
+        if meta is not None and offset is not None and not meta.holds_offset(offset):
+            meta = None
         if meta is None:
             meta = await self.pd.describe_stream(name)
-            self._streams[name] = meta
+            if offset is not None and not meta.holds_offset(offset):
+                meta = await self.pd.describe_stream(name, offset=offset)
+            if not meta.ranges_more:
+                self._streams[name] = meta
         return meta
 
     # -- writing and reading --------------------------------------------------------------

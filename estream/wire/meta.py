@@ -172,6 +172,7 @@ class StreamMeta:
     # An answer with a window of the ranges (pd/paging.py): how many earlier ranges it
     # left out (0: ``ranges`` runs from the first range the stream keeps).
     ranges_omitted: int = 0
+    ranges_more: bool = False  # later ranges left out too (a window asked by offset)
 
     @property
     def last_range(self) -> RangeMeta | None:
@@ -184,6 +185,14 @@ class StreamMeta:
         if 0 <= at < len(self.ranges) and self.ranges[at].index == index:
             return self.ranges[at]
         return None
+
+    def holds_offset(self, offset: int) -> bool:
+        """Whether these ranges are the ones to look ``offset`` up in: the stream's whole
+        list, or a window of it starting at or below ``offset`` and running to the last
+        range (at or past its start, ``range_for`` then answers as for the whole)."""
+        if self.ranges_more:
+            return False
+        return not self.ranges_omitted or (bool(self.ranges) and self.ranges[0].start <= offset)
 
     def range_for(self, offset: int) -> RangeMeta | None:
         """The range holding ``offset`` (the open range for offsets at or past its start)."""
@@ -208,7 +217,8 @@ class StreamMeta:
         } | {k: v for k, v in (("retention_ms", self.retention_ms),
                                ("retention_bytes", self.retention_bytes)) if v is not None
         } | ({"digest": self.digest} if self.digest != "xxh3" else {}
-        ) | ({"ranges_omitted": self.ranges_omitted} if self.ranges_omitted else {})
+        ) | ({"ranges_omitted": self.ranges_omitted} if self.ranges_omitted else {}
+        ) | ({"ranges_more": True} if self.ranges_more else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StreamMeta:
@@ -227,6 +237,7 @@ class StreamMeta:
                 retention_bytes=_opt_int(d.get("retention_bytes")),
                 digest=str(d.get("digest", "xxh3")),
                 ranges_omitted=int(d.get("ranges_omitted", 0)),
+                ranges_more=d.get("ranges_more") is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None

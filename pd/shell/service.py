@@ -81,9 +81,11 @@ from pd.paging import (
     StreamPage,
     page_after,
     page_limit,
+    ranges_window,
     stream_page,
     streams_page_default,
     streams_page_max,
+    window_args,
 )
 from pd.placement import Candidate, choose_replicas
 from pd.repair import SealedReports, ServerListing, parse_reports
@@ -649,7 +651,9 @@ class PdService:
         return {"stream": stream.to_dict()}
 
     async def _rpc_describe(self, h: Header) -> Header:
-        return {"stream": (await self.describe_stream(require(h, "name", str))).to_dict()}
+        offset, limit = window_args(h)
+        stream = await self.describe_stream(require(h, "name", str))
+        return {"stream": ranges_window(stream, offset, limit).to_dict()}
 
     async def _rpc_list(self, h: Header) -> Header:
         after = page_after(h.get("after"))
@@ -663,7 +667,7 @@ class PdService:
         return {}
 
     async def _rpc_open_writer(self, h: Header) -> Header:
-        return {"stream": (await self.open_writer(require(h, "name", str))).to_dict()}
+        return {"stream": ranges_window(await self.open_writer(require(h, "name", str))).to_dict()}
 
     async def _rpc_seal(self, h: Header) -> Header:
         ranges_from = optional(h, "ranges_from", int, -1)
@@ -671,12 +675,12 @@ class PdService:
             require(h, "name", str), require(h, "epoch", int), require(h, "range_index", int),
             require(h, "end", int), _str_list(h, "exclude"))
         if ranges_from < 0:
-            return {"stream": stream.to_dict()}
+            return {"stream": ranges_window(stream).to_dict()}
         return stream_tail(stream, ranges_from)
 
     async def _rpc_trim(self, h: Header) -> Header:
         stream = await self.trim_stream(require(h, "name", str), require(h, "start_offset", int))
-        return {"stream": stream.to_dict()}
+        return {"stream": ranges_window(stream).to_dict()}
 
     async def _rpc_servers(self, h: Header) -> Header:
         return {"servers": [s.to_dict() for s in await self.list_servers()]}
@@ -710,7 +714,8 @@ class PdService:
 
     async def _rpc_set_retention(self, h: Header) -> Header:
         changes: dict[str, Any] = {k: h[k] for k in RETENTION_FIELDS if k in h}  # absent: unchanged
-        return {"stream": (await self.set_retention(require(h, "name", str), changes)).to_dict()}
+        stream = await self.set_retention(require(h, "name", str), changes)
+        return {"stream": ranges_window(stream).to_dict()}
 
     async def _rpc_delete_cursor(self, h: Header) -> Header:
         cursor = require(h, "cursor", str)
@@ -737,7 +742,7 @@ class PdService:
         stream = await self.update_replicas(
             require(h, "name", str), require(h, "range_index", int), replicas,
             _str_list(h, "expected"))
-        return {"stream": stream.to_dict()}
+        return {"stream": ranges_window(stream).to_dict()}
 
 
     async def _rpc_report_damage(self, h: Header) -> Header:

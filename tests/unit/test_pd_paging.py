@@ -14,6 +14,7 @@ from pd.paging import (
     page_after,
     page_bytes_max,
     page_limit,
+    ranges_window,
     stream_page,
     streams_page_max,
     windowed_stream,
@@ -103,3 +104,50 @@ def test_page_cursor() -> None:
     for bad in (5, "x" * 5000):
         with pytest.raises(InvalidArgument):
             page_after(bad)
+
+
+def _chain(n: int) -> StreamMeta:
+    """A stream of ``n`` ranges of 10 offsets each, the last open."""
+    return _stream(1, "s", ranges=n)
+
+
+@pytest.mark.parametrize("offset", [0, 5, 10, 999, 4_990, 4_999, 5_000, 10**9])
+def test_a_window_from_an_offset_holds_its_range(offset: int) -> None:
+    stream = _chain(500)
+    window = ranges_window(stream, offset, 30)
+    assert len(window.ranges) <= 30 and window.start_offset == stream.start_offset
+    assert window.ranges_omitted == window.ranges[0].index
+    assert window.ranges_more == (window.ranges[-1].index < 499)
+    assert window.range_for(offset) == stream.range_for(offset)
+
+
+def test_the_default_window_is_the_last_ranges() -> None:
+    stream = _chain(2_500)
+    window = ranges_window(stream)
+    assert len(window.ranges) == 1_000 and window.last_range == stream.last_range
+    assert window.ranges_omitted == 1_500 and not window.ranges_more
+    assert window.holds_offset(15_000) and not window.holds_offset(14_999)
+    assert ranges_window(_chain(3)) == _chain(3)
+    assert StreamMeta.from_dict(window.to_dict()) == window
+
+
+def test_a_writer_holding_a_window_merges_a_seal_answer() -> None:
+    """PD_SEAL_RANGE with ranges_from: the earlier ranges come from the window the writer
+    holds; the result stays a window of bounded size."""
+    from estream.net.pdclient import with_earlier_ranges
+    from pd.shell.service import stream_tail
+
+    before = _chain(2_000)
+    held = ranges_window(before)  # what open_writer answered
+    last = before.ranges[-1]
+    sealed = RangeMeta(last.index, last.start, last.start + 10, last.replicas)
+    after = StreamMeta(1, "s", ranges=(*before.ranges[:-1], sealed,
+                                       RangeMeta(last.index + 1, last.start + 10, None,
+                                                 last.replicas)))
+    answer = stream_tail(after, last.index)
+    merged = with_earlier_ranges(StreamMeta.from_dict(answer["stream"]), held, last.index,
+                                 answer["omitted"])
+    assert merged == ranges_window(after)
+    assert with_earlier_ranges(StreamMeta.from_dict(answer["stream"]),
+                               ranges_window(before, 50, 10), last.index,
+                               answer["omitted"]) is None  # not reaching the seal
