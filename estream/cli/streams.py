@@ -29,7 +29,11 @@ def _ranges_table(stream: dict[str, Any]) -> Any:
         )
         for r in stream.get("ranges", [])
     ]
-    return table("ranges", ["index", "start", "end", "state", "tier", "replicas"], rows)
+    left = [f"{stream['ranges_omitted']} earlier"] if stream.get("ranges_omitted") else []
+    left += ["later ones"] if stream.get("ranges_more") else []
+    title = "ranges" + (f" (left out: {', '.join(left)}; --offset N shows others)"
+                        if left else "")
+    return table(title, ["index", "start", "end", "state", "tier", "replicas"], rows)
 
 
 def show_stream(stream: dict[str, Any], as_json: bool) -> None:
@@ -97,7 +101,10 @@ async def list_(client: Any, ns: argparse.Namespace) -> int:
 
 
 async def describe(client: Any, ns: argparse.Namespace) -> int:
-    meta = await client.describe_stream(ns.name)
+    if ns.offset is None:  # the last ranges (PD answers at most 1,000)
+        meta = await client.describe_stream(ns.name)
+    else:
+        meta = await client.pd.describe_stream(ns.name, offset=ns.offset)
     stream = meta.to_dict() | stream_figures(meta, await client.end_offset(ns.name))
     show_stream(stream, ns.json)
     return 0
@@ -157,6 +164,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=list_)
     p = ssub.add_parser("describe", parents=[common], help="a stream's settings and ranges")
     p.add_argument("name")
+    p.add_argument("--offset", type=int, default=None,
+                   help="the ranges from the one holding this offset on (default: the last)")
     p.set_defaults(handler=describe)
     p = ssub.add_parser("delete", parents=[common], help="delete a stream")
     p.add_argument("name")

@@ -151,3 +151,18 @@ def test_a_writer_holding_a_window_merges_a_seal_answer() -> None:
     assert with_earlier_ranges(StreamMeta.from_dict(answer["stream"]),
                                ranges_window(before, 50, 10), last.index,
                                answer["omitted"]) is None  # not reaching the seal
+
+
+def test_figures_of_a_window_are_not_exact() -> None:
+    from pd.streamfigures import stream_figures
+
+    from dataclasses import replace
+
+    sealed = tuple(replace(r, min_timestamp=r.index, max_timestamp=r.index, size_bytes=5)
+                   for r in _chain(2_001).ranges[:-1])
+    stream = StreamMeta(1, "s", ranges=sealed)  # every range sealed with statistics
+    whole = stream_figures(stream, 20_000)
+    assert whole["figures_exact"] is True and whole["first_timestamp"] == 0
+    window = stream_figures(ranges_window(stream), 20_000)
+    assert window["figures_exact"] is False and window["first_timestamp"] is None
+    assert window["records"] == whole["records"] == 20_000
