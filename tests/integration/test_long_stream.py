@@ -8,12 +8,15 @@ records written by real writer sessions."""
 
 from __future__ import annotations
 
+import json
+
 import msgpack
 import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
+from estream.devcluster.process import run_cli
 from estream.wire import limits
 from estream.wire.protocol import Opcode
 
@@ -78,3 +81,14 @@ async def test_a_stream_of_thousands_of_ranges_opens_describes_and_reads(
         assert shown["end_offset"] == 101 and shown["records"] == 101  # figures stay whole
         status, shown = http_json(f"{url}/v1/streams/{name}?limit=0")
         assert status == 400 and shown["error"]["code"] == "INVALID_ARGUMENT"
+
+    pd = cluster.pd_addresses
+    cli = json.loads(run_cli(["stream", "describe", name, "--offset", "30", "--json", "--pd", pd],
+                             timeout_s=30).stdout)
+    assert cli["ranges"][0]["start"] <= 30 < cli["ranges"][0]["end"] and cli["ranges_more"]
+    text = run_cli(["stream", "describe", name, "--pd", pd], timeout_s=30).stdout
+    assert f"left out: {total - WINDOW} earlier" in text
+    listed = json.loads(run_cli(["stream", "list", "--limit", "1", "--json", "--pd", pd],
+                                timeout_s=30).stdout)
+    assert [s["name"] for s in listed["streams"]] == [name] and listed["next"] is None
+    assert listed["streams"][0]["ranges_omitted"] == total - 64

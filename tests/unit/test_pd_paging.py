@@ -154,9 +154,9 @@ def test_a_writer_holding_a_window_merges_a_seal_answer() -> None:
 
 
 def test_figures_of_a_window_are_not_exact() -> None:
-    from pd.streamfigures import stream_figures
-
     from dataclasses import replace
+
+    from pd.streamfigures import stream_figures
 
     sealed = tuple(replace(r, min_timestamp=r.index, max_timestamp=r.index, size_bytes=5)
                    for r in _chain(2_001).ranges[:-1])
