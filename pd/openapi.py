@@ -468,7 +468,7 @@ def _add_paging() -> None:
                             "from the range holding it on)")
     describe["parameters"] = [
         {"name": "offset", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 0}},
+         "schema": {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}},
         {"name": "limit", "in": "query", "required": False,
          "schema": {"type": "integer", "minimum": 1,
                     "maximum": limits.stream_ranges_per_answer_max}}]
