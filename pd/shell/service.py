@@ -52,6 +52,7 @@ from estream.wire.errors import (
     StreamExists,
     Unavailable,
 )
+from estream.wire.limits import stream_ranges_per_answer_max
 from estream.wire.meta import ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
 from pd.catalog import CatalogView, PdNode, check_stream_args
@@ -764,6 +765,8 @@ def stream_tail(stream: StreamMeta, ranges_from: int) -> Header:
     has below (the client takes those from what it holds). The answer of a stream with
     many ranges stays small. Pure."""
     kept = tuple(r for r in stream.ranges if r.index >= ranges_from)
+    if len(kept) > stream_ranges_per_answer_max:  # the client holds too little: a window
+        return {"stream": ranges_window(stream).to_dict()}
     return {"stream": replace(stream, ranges=kept).to_dict(), "ranges_from": ranges_from,
             "omitted": len(stream.ranges) - len(kept)}
 

@@ -166,3 +166,13 @@ def test_figures_of_a_window_are_not_exact() -> None:
     window = stream_figures(ranges_window(stream), 20_000)
     assert window["figures_exact"] is False and window["first_timestamp"] is None
     assert window["records"] == whole["records"] == 20_000
+
+
+def test_a_seal_answer_from_an_early_index_is_a_window() -> None:
+    from pd.shell.service import stream_tail
+
+    stream = _chain(3_000)
+    answer = stream_tail(stream, 5)
+    assert "omitted" not in answer and len(answer["stream"]["ranges"]) == 1_000
+    assert StreamMeta.from_dict(answer["stream"]).ranges_omitted == 2_000
+    assert stream_tail(stream, 2_998)["omitted"] == 2_998
