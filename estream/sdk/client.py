@@ -133,6 +133,9 @@ class Client:
         return meta
 
     async def describe_stream(self, name: str) -> StreamMeta:
+        """The stream as PD has it now, with its last ranges (at most
+        ``limits.stream_ranges_per_answer_max``; ``ranges_omitted``: how many earlier ones
+        it leaves out, ``client.pd.describe_stream(name, offset=N)`` has those from N on)."""
         return await self.stream_meta(name, refresh=True)
 
     async def list_streams(self) -> list[StreamMeta]:
@@ -243,9 +246,7 @@ class Client:
         if meta is not None and offset is not None and not meta.holds_offset(offset):
             meta = None
         if meta is None:
-            meta = await self.pd.describe_stream(name)
-            if offset is not None and not meta.holds_offset(offset):
-                meta = await self.pd.describe_stream(name, offset=offset)
+            meta = await self.pd.describe_stream(name, offset=offset)
             if not meta.ranges_more:
                 self._streams[name] = meta
         return meta
