@@ -7,9 +7,11 @@ import random
 import msgpack
 import pytest
 
+from estream.net.pdclient import PDClient
 from estream.wire.errors import InvalidArgument
 from estream.wire.limits import frame_header_bytes_max
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.protocol import Opcode
 from pd.paging import (
     page_after,
     page_bytes_max,
@@ -176,3 +178,32 @@ def test_a_seal_answer_from_an_early_index_is_a_window() -> None:
     assert "omitted" not in answer and len(answer["stream"]["ranges"]) == 1_000
     assert StreamMeta.from_dict(answer["stream"]).ranges_omitted == 2_000
     assert stream_tail(stream, 2_998)["omitted"] == 2_998
+
+
+class _PagingPd(PDClient):
+    """A PDClient whose PD_LIST_STREAMS answers pages of three (or, ``old``, everything
+    without a cursor, as a PD from before paging)."""
+
+    def __init__(self, names: list[str], old: bool = False) -> None:
+        super().__init__("127.0.0.1:1")
+        self.names, self.old, self.asked = names, old, []
+
+    async def call(self, opcode: Opcode, header: dict[str, object] | None = None) -> dict:
+        assert opcode == Opcode.PD_LIST_STREAMS and header is not None
+        self.asked.append(header.get("after"))
+        if self.old:
+            return {"streams": [StreamMeta(1, n).to_dict() for n in self.names]}
+        rest = [n for n in self.names if n > str(header.get("after", ""))]
+        return {"streams": [StreamMeta(1, n).to_dict() for n in rest[:3]],
+                "next": rest[2] if len(rest) > 3 else None}
+
+
+async def test_the_sdk_lists_every_page() -> None:
+    names = [f"s{i:02}" for i in range(8)]
+    pd = _PagingPd(names)
+    assert [s.name for s in await pd.list_streams()] == names
+    assert pd.asked == ["", "s02", "s05"]
+    old = _PagingPd(names, old=True)
+    assert [s.name async for s in old.iter_streams()] == names and old.asked == [""]
+    await pd.close()
+    await old.close()
