@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from estream.wire import limits
+from pd.paging import stream_name_bytes_max, streams_page_default, streams_page_max
+
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
@@ -434,3 +437,42 @@ def _add_retention_changes() -> None:
 
 
 _add_retention_changes()
+
+
+def _add_paging() -> None:
+    """Listings answer pages (``pd/paging.py``): streams after a name, a stream's ranges
+    in a window."""
+    SCHEMAS["Stream"]["properties"]["ranges_omitted"] = {
+        "type": "integer", "minimum": 1,
+        "description": "how many earlier ranges this answer left out (it lists the last "
+                       "ones); GET /v1/streams/{name} pages them"}
+    OPENAPI["paths"]["/v1/streams"]["get"] = {
+        "summary": "A page of the streams in name order, each with its last ranges; "
+                   "next: the name to pass as after for the next page (null: the last)",
+        "parameters": [
+            {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": streams_page_max,
+                        "default": streams_page_default}},
+            {"name": "after", "in": "query", "required": False,
+             "schema": {"type": "string", "maxLength": stream_name_bytes_max}}],
+        "responses": {"200": _json({
+            "type": "object", "required": ["streams", "next"],
+            "properties": {"streams": {"type": "array", "items": _ref("Stream")},
+                           "next": _NULLABLE_STR},
+        }, "The streams"), **_errors(400)}}
+    SCHEMAS["Stream"]["properties"]["ranges_more"] = {
+        "type": "boolean", "description": "later ranges were left out too (a window asked "
+                                          "from an offset): ask again from the last one's end"}
+    describe = OPENAPI["paths"]["/v1/streams/{name}"]["get"]
+    describe["summary"] += (" (at most 1,000 ranges: the last ones, or with offset those "
+                            "from the range holding it on)")
+    describe["parameters"] = [
+        {"name": "offset", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}},
+        {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1,
+                    "maximum": limits.stream_ranges_per_answer_max}}]
+    describe["responses"].update(_errors(400))
+
+
+_add_paging()

@@ -138,13 +138,18 @@ class PMap(Mapping[str, V], Generic[V]):
         return i < len(keys) and keys[i] == key
 
     def _leaves(self) -> Iterator[_Leaf]:
-        stack: list[_Node] = [self._root]
-        while stack:
-            node = stack.pop()
-            if type(node) is _Leaf:
-                yield node
-            else:
-                stack.extend(reversed(node.kids))  # type: ignore[union-attr]
+        return _leaves_under(self._root)
+
+    def items_after(self, key: str) -> Iterator[tuple[str, V]]:
+        """The entries whose keys sort after ``key``, in key order (a page of a listing
+        that resumes after the last key it gave): O(log n) to the first, then in turn."""
+        path, leaf = self._descend(key)
+        at = bisect_right(leaf.keys, key)
+        yield from zip(leaf.keys[at:], leaf.values[at:], strict=True)
+        for branch, taken in reversed(path):
+            for kid in branch.kids[taken + 1:]:
+                for later in _leaves_under(kid):
+                    yield from zip(later.keys, later.values, strict=True)
 
     def __iter__(self) -> Iterator[str]:
         return chain.from_iterable(leaf.keys for leaf in self._leaves())
@@ -211,6 +216,16 @@ class PMap(Mapping[str, V], Generic[V]):
         for key, value in items:
             out = out.set(key, value)
         return out
+
+
+def _leaves_under(root: _Node) -> Iterator[_Leaf]:
+    stack: list[_Node] = [root]
+    while stack:
+        node = stack.pop()
+        if type(node) is _Leaf:
+            yield node
+        else:
+            stack.extend(reversed(node.kids))  # type: ignore[union-attr]
 
 
 def _replace_path(path: list[tuple[_Branch, int]], parts: list[Any]) -> _Node:

@@ -14,7 +14,9 @@ the leader's retainer records them some time after a seal), so they are approxim
 - the open range is left out (its bytes and timestamps are not in the catalog);
 - sealed ranges whose statistics are not recorded yet are left out;
 - a trim inside the first kept range still counts that range's whole size and smallest
-  timestamp, although the records below the start are gone.
+  timestamp, although the records below the start are gone;
+- a stream given with a window of its ranges (``ranges_omitted``, ``ranges_more``: a
+  client's view, pd/paging.py) counts the window only, and has no first timestamp.
 
 ``figures_exact`` is true only when none of these applies. ``first_timestamp`` is the first
 kept range's recorded smallest timestamp (``None`` until recorded); ``last_timestamp`` the
@@ -37,9 +39,10 @@ def stream_figures(stream: StreamMeta, end_offset: int) -> dict[str, Any]:
     end = max(end_offset, stream.start_offset)
     kept = [r for r in stream.ranges if _holds_records(r, stream.start_offset, end)]
     recorded = [r for r in kept if r.sealed and r.size_bytes is not None]
-    first = kept[0].min_timestamp if kept and kept[0] in recorded else None
+    whole = not stream.ranges_omitted and not stream.ranges_more  # else a window of them
+    first = kept[0].min_timestamp if whole and kept and kept[0] in recorded else None
     lasts = [r.max_timestamp for r in recorded if r.max_timestamp is not None]
-    exact = len(recorded) == len(kept) and not (
+    exact = whole and len(recorded) == len(kept) and not (
         kept and kept[0].start < stream.start_offset)
     return {
         "end_offset": end,

@@ -30,7 +30,11 @@ def _ranges_table(stream: dict[str, Any]) -> Any:
         )
         for r in stream.get("ranges", [])
     ]
-    return table("ranges", ["index", "start", "end", "state", "tier", "replicas"], rows)
+    left = [f"{stream['ranges_omitted']} earlier"] if stream.get("ranges_omitted") else []
+    left += ["later ones"] if stream.get("ranges_more") else []
+    title = "ranges" + (f" (left out: {', '.join(left)}; --offset N shows others)"
+                        if left else "")
+    return table(title, ["index", "start", "end", "state", "tier", "replicas"], rows)
 
 
 def show_stream(stream: dict[str, Any], as_json: bool) -> None:
@@ -67,12 +71,19 @@ async def create(client: Any, ns: argparse.Namespace) -> int:
 
 
 async def list_(client: Any, ns: argparse.Namespace) -> int:
-    streams = [s.to_dict() for s in await client.list_streams()]
+    """Every stream (PD answers a page at a time), or with ``--limit`` one page of them
+    after ``--after`` and the name the next page starts after."""
+    nxt: str | None = None
+    if ns.limit is None:
+        metas = [s async for s in client.iter_streams()]
+    else:
+        metas, nxt = await client.pd.list_streams_page(ns.after, ns.limit)
+    streams = [s.to_dict() for s in metas]
     if ns.json:
-        emit_json({"streams": streams})
+        emit_json({"streams": streams} | ({} if ns.limit is None else {"next": nxt}))
         return 0
     rows = []
-    for s in sorted(streams, key=lambda s: str(s.get("name"))):
+    for s in streams:
         ranges = s.get("ranges") or []
         last = ranges[-1] if ranges else {}
         rows.append(
@@ -82,17 +93,21 @@ async def list_(client: Any, ns: argparse.Namespace) -> int:
                 s.get("ack_count"),
                 s.get("epoch"),
                 s.get("start_offset"),
-                len(ranges),
+                len(ranges) + int(s.get("ranges_omitted", 0)),
                 last.get("start"),
             )
         )
     columns = ["name", "replicas", "acks", "epoch", "start", "ranges", "open range start"]
-    print_tables(table(f"{len(rows)} streams", columns, rows))
+    more = f" (next page: --after {nxt})" if nxt is not None else ""
+    print_tables(table(f"{len(rows)} streams{more}", columns, rows))
     return 0
 
 
 async def describe(client: Any, ns: argparse.Namespace) -> int:
-    meta = await client.describe_stream(ns.name)
+    if ns.offset is None:  # the last ranges (PD answers at most 1,000)
+        meta = await client.describe_stream(ns.name)
+    else:
+        meta = await client.pd.describe_stream(ns.name, offset=ns.offset)
     stream = meta.to_dict() | stream_figures(meta, await client.end_offset(ns.name))
     show_stream(stream, ns.json)
     return 0
@@ -155,9 +170,14 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                         "still an error)")
     p.set_defaults(handler=create)
     p = ssub.add_parser("list", parents=[common], help="list streams")
+    p.add_argument("--limit", type=positive_arg, default=None,
+                   help="one page of at most this many streams (default: every stream)")
+    p.add_argument("--after", default="", help="with --limit: the page after this name")
     p.set_defaults(handler=list_)
     p = ssub.add_parser("describe", parents=[common], help="a stream's settings and ranges")
     p.add_argument("name", help=_NAME)
+    p.add_argument("--offset", type=offset_arg, default=None,
+                   help="the ranges from the one holding this offset on (default: the last)")
     p.set_defaults(handler=describe)
     p = ssub.add_parser("delete", parents=[common], help="delete a stream")
     p.add_argument("name", help=_NAME)

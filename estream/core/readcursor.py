@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from estream.core.quorum import seal_quorum
@@ -130,9 +130,12 @@ class CursorConfig:
 
 @dataclass(frozen=True, slots=True)
 class Describe:
-    """The stream's metadata: cached unless ``refresh`` (then from PD)."""
+    """The stream's metadata: cached unless ``refresh`` (then from PD), with the range
+    holding ``offset`` among its ranges when the stream has it (PD answers a window of a
+    long stream's ranges)."""
 
     refresh: bool
+    offset: int | None = field(default=None, compare=False)  # a hint, not another step
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,13 +338,13 @@ class ReadCursor:
 
     def steps(self) -> Steps:
         """The read, step by step (module docstring)."""
-        meta: StreamMeta = yield Describe(refresh=False)
+        meta: StreamMeta = yield Describe(refresh=False, offset=self.offset)
         if self.start < meta.start_offset:
             raise trimmed(self.name, self.start, meta.start_offset)
         while self.end is None or self.offset < self.end:
             rng = meta.range_for(self.offset)
             if rng is None:
-                meta = yield Describe(refresh=True)
+                meta = yield Describe(refresh=True, offset=self.offset)
                 rng = meta.range_for(self.offset)
                 if rng is None:
                     if self.offset < meta.start_offset:
@@ -360,7 +363,7 @@ class ReadCursor:
                 continue
             if answer.sealed:
                 # Sealed on the replica: a roll or a recovery is under way; PD names the next.
-                meta = yield Describe(refresh=True)
+                meta = yield Describe(refresh=True, offset=self.offset)
                 current = meta.range_for(self.offset)
                 if current is not None and current.index == rng.index:
                     if not self.follow:
@@ -372,7 +375,7 @@ class ReadCursor:
                 if self.polls % self.config.follow_refresh_polls == 0:
                     # A seal no replica heard of (a roll's SEALs all failed, repair not
                     # there yet) shows only in PD: look it up now and then.
-                    meta = yield Describe(refresh=True)
+                    meta = yield Describe(refresh=True, offset=self.offset)
                 continue
             return  # the open range has nothing more confirmed on any replica
 
@@ -382,7 +385,7 @@ class ReadCursor:
         """A round over the range's sources found nothing: raise once trimmed or out of
         rounds, else pause and look the stream up again."""
         if isinstance(exc, OffsetOutOfRange):
-            meta: StreamMeta = yield Describe(refresh=True)
+            meta: StreamMeta = yield Describe(refresh=True, offset=self.offset)
             if self.offset < meta.start_offset:
                 raise exc  # trimmed meanwhile
         self.failures += 1
@@ -390,7 +393,7 @@ class ReadCursor:
             raise exc
         step, most = self.config.retry_pause_ms_step, self.config.retry_pause_ms_max
         yield Sleep(min(step * self.failures, most))
-        meta = yield Describe(refresh=True)
+        meta = yield Describe(refresh=True, offset=self.offset)
         return meta
 
     def _next_poll(self, rng: RangeMeta, wait_ms: int, answer: Answer) -> Steps:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from ssl import SSLContext
 from typing import Any, Final
@@ -43,6 +43,7 @@ from estream.net.portprobe import (
     tls_ports,
 )
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
+from estream.wire import limits
 from estream.wire.errors import (
     Closed,
     EstreamError,
@@ -260,13 +261,45 @@ class PDClient:
         body = await self.call(Opcode.PD_LIST_CURSORS, {"name": name})
         return int(body["end"]), list(body["cursors"])
 
-    async def describe_stream(self, name: str) -> StreamMeta:
-        body = await self.call(Opcode.PD_DESCRIBE_STREAM, {"name": name})
+    async def describe_stream(self, name: str, *, offset: int | None = None) -> StreamMeta:
+        """The stream with a window of its ranges (``limits.stream_ranges_per_answer_max``
+        at most; ``ranges_omitted`` earlier ones left out): its last ranges, or with
+        ``offset`` those from the range holding it on (``ranges_more``: later ones left
+        out too)."""
+        header: dict[str, Any] = {"name": name}
+        if offset is not None:
+            header["offset"] = offset
+        body = await self.call(Opcode.PD_DESCRIBE_STREAM, header)
         return StreamMeta.from_dict(body["stream"])
 
+    async def list_streams_page(
+        self, after: str = "", limit: int | None = None
+    ) -> tuple[list[StreamMeta], str | None]:
+        """One page of the streams named after ``after`` (at most ``limit``; PD's default
+        without) and the name to resume after, None on the last page. A stream with many
+        ranges comes with its last ones only (describe it for the others)."""
+        header: dict[str, Any] = {"after": after}
+        if limit is not None:
+            header["limit"] = limit
+        body = await self.call(Opcode.PD_LIST_STREAMS, header)
+        nxt = body.get("next")
+        return ([StreamMeta.from_dict(s) for s in body["streams"]],
+                nxt if isinstance(nxt, str) else None)
+
+    async def iter_streams(self, limit: int | None = None) -> AsyncIterator[StreamMeta]:
+        """Every stream in name order, a page at a time."""
+        after = ""
+        while True:
+            page, nxt = await self.list_streams_page(after, limit)
+            for stream in page:
+                yield stream
+            if nxt is None or nxt <= after:  # the last page (or a PD that does not page)
+                return
+            after = nxt
+
     async def list_streams(self) -> list[StreamMeta]:
-        body = await self.call(Opcode.PD_LIST_STREAMS, {})
-        return [StreamMeta.from_dict(s) for s in body["streams"]]
+        """Every stream (every page of them)."""
+        return [s async for s in self.iter_streams()]
 
     async def delete_stream(self, name: str) -> None:
         await self.call(Opcode.PD_DELETE_STREAM, {"name": name})
@@ -424,9 +457,13 @@ def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,
     """``tail`` (a stream without its ``omitted`` ranges below index ``ranges_from``) with
     those ranges taken from ``known``; None if ``known`` is another stream (id) or lacks
     one of them. Pure."""
-    if known.id != tail.id:
+    if known.id != tail.id or known.ranges_more:
         return None
     earlier = tuple(r for r in known.ranges if ranges_from - omitted <= r.index < ranges_from)
-    if len(earlier) != omitted:
-        return None
-    return replace(tail, ranges=earlier + tail.ranges)
+    if len(earlier) != omitted and not (
+            known.ranges_omitted and earlier and earlier[-1].index == ranges_from - 1
+            and earlier[0] == known.ranges[0]):
+        return None  # ``known`` is neither whole nor a window reaching ``ranges_from``
+    ranges = earlier + tail.ranges
+    cut = max(0, len(ranges) - limits.stream_ranges_per_answer_max)  # stays bounded
+    return replace(tail, ranges=ranges[cut:], ranges_omitted=omitted - len(earlier) + cut)

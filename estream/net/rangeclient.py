@@ -64,6 +64,7 @@ seal_timeout_s = 1.0
 create_timeout_s = 2.0
 ping_timeout_s = 1.0
 copy_reads_max = 1_000_000  # bounds one copy loop (a 1 GiB range is ~130 reads of 8 MiB)
+list_pages_max = 10_000  # LIST_RANGES pages of one listing (10 million replicas at 1,000 each)
 
 
 # -- typed answers -------------------------------------------------------------------------
@@ -392,12 +393,23 @@ class RangeClient:
     async def list_ranges(
         self, address: str, *, server_id: str | None, timeout_s: float | None = None
     ) -> tuple[ListedRange, ...]:
-        """LIST_RANGES: every replica the server has (entries not well formed are left
-        out)."""
-        body, _ = await self._call(address, Opcode.LIST_RANGES, {}, server_id, timeout_s)
-        raw = body.get("ranges")
-        found = (ListedRange.parse(item) for item in (raw if isinstance(raw, list) else []))
-        return tuple(r for r in found if r is not None)
+        """LIST_RANGES: every replica the server has, asked a page at a time (entries
+        not well formed are left out). ``timeout_s`` bounds each page."""
+        out: list[ListedRange] = []
+        header: dict[str, Any] = {}
+        for _ in range(list_pages_max):
+            body, _ = await self._call(address, Opcode.LIST_RANGES, header, server_id,
+                                       timeout_s)
+            raw = body.get("ranges")
+            items = raw if isinstance(raw, list) else []
+            found = (ListedRange.parse(item) for item in items)
+            out.extend(r for r in found if r is not None)
+            last = out[-1] if out else None
+            after = None if last is None else [last.stream_id, last.range_index]
+            if body.get("more") is not True or not items or after == header.get("after"):
+                break  # the last page (a server that does not page answers all at once)
+            header = {"after": after}
+        return tuple(out)
 
     async def drop_range(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,

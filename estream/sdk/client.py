@@ -150,10 +150,21 @@ class Client:
         return meta
 
     async def describe_stream(self, name: str) -> StreamMeta:
+        """The stream as PD has it now, with its last ranges (at most
+        ``limits.stream_ranges_per_answer_max``; ``ranges_omitted``: how many earlier ones
+        it leaves out, ``client.pd.describe_stream(name, offset=N)`` has those from N on)."""
         return await self.stream_meta(name, refresh=True)
 
     async def list_streams(self) -> list[StreamMeta]:
+        """Every stream in name order (PD answers them a page at a time; this asks for
+        every page). A stream with many ranges comes with its last ones only: describe
+        it for the others."""
         return await self.pd.list_streams()
+
+    def iter_streams(self, page_size: int | None = None) -> AsyncIterator[StreamMeta]:
+        """Every stream in name order, asking PD for one page (``page_size`` streams,
+        PD's default without) at a time: ``async for meta in client.iter_streams()``."""
+        return self.pd.iter_streams(page_size)
 
     async def delete_stream(self, name: str) -> None:
         self._streams.pop(name, None)
@@ -240,13 +251,21 @@ class Client:
         self._check_open()
         return (await self.pd.list_cursors(name))[1]
 
-    async def stream_meta(self, name: str, *, refresh: bool = False) -> StreamMeta:
-        """The stream's metadata, from the cache unless ``refresh`` (raises StreamNotFound)."""
+    async def stream_meta(
+        self, name: str, *, refresh: bool = False, offset: int | None = None
+    ) -> StreamMeta:
+        """The stream's metadata, from the cache unless ``refresh`` (raises StreamNotFound).
+        PD answers a window of a long stream's ranges (its last ones); with ``offset``,
+        the answer holds the range of ``offset`` (asked for from there when the cached
+        window starts past it). Only windows reaching the last range are cached."""
         self._check_open()
         meta = None if refresh else self._streams.get(name)
+        if meta is not None and offset is not None and not meta.holds_offset(offset):
+            meta = None
         if meta is None:
-            meta = await self.pd.describe_stream(name)
-            self._streams[name] = meta
+            meta = await self.pd.describe_stream(name, offset=offset)
+            if not meta.ranges_more:
+                self._streams[name] = meta
         return meta
 
     # -- writing and reading --------------------------------------------------------------

@@ -253,7 +253,8 @@ async def _read_answers(
             continue
         try:
             if isinstance(step, Describe):
-                reply = await client.stream_meta(name, refresh=step.refresh)
+                reply = await client.stream_meta(name, refresh=step.refresh,
+                                                 offset=step.offset)
                 client.stream_key(reply)  # DigestKeyMissing at once, not after retries
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.ms / 1000)

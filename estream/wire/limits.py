@@ -23,6 +23,8 @@ connection_write_buffer_bytes_max: Final = 1 * MiB  # unsent answers before a se
 connection_answer_bytes_max: Final = 4 * MiB  # unsent + in-production answers per connection
 answer_grant_bytes_min: Final = 64 * KiB  # smallest answer allowance worth producing
 server_answer_bytes_max: Final = 16 * MiB  # the same, summed over a server's connections
+stream_ranges_per_answer_max: Final = 1_000  # a stream's ranges in one PD answer (a window of
+#   them; the rest are asked for by offset: pd/paging.py), about 400 KiB at most
 connection_stalled_ms_max: Final = 5_000  # a consumer not reading for this long, when the
 #   answer budget is short, is disconnected
 connection_inflight_requests_max: Final = 4096  # requests being served per connection

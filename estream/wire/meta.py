@@ -169,6 +169,10 @@ class StreamMeta:
     retention_ms: int | None = None  # pd/retention.py; None: no limit
     retention_bytes: int | None = None
     digest: str = "xxh3"  # entry digest: "xxh3", "crc32c" or "hmac-sha256" (record.py)
+    # An answer with a window of the ranges (pd/paging.py): how many earlier ranges it
+    # left out (0: ``ranges`` runs from the first range the stream keeps).
+    ranges_omitted: int = 0
+    ranges_more: bool = False  # later ranges left out too (a window asked by offset)
 
     @property
     def last_range(self) -> RangeMeta | None:
@@ -196,6 +200,13 @@ class StreamMeta:
         asked = {**wanted, "hints": tuple(wanted.get("hints", ())),
                  "digest": wanted.get("digest") or "xxh3"}
         return [k for k in mine if k in wanted and asked[k] != mine[k]]
+    def holds_offset(self, offset: int) -> bool:
+        """Whether these ranges are the ones to look ``offset`` up in: the stream's whole
+        list, or a window of it starting at or below ``offset`` and running to the last
+        range (at or past its start, ``range_for`` then answers as for the whole)."""
+        if self.ranges_more:
+            return False
+        return not self.ranges_omitted or (bool(self.ranges) and self.ranges[0].start <= offset)
 
     def range_for(self, offset: int) -> RangeMeta | None:
         """The range holding ``offset`` (the open range for offsets at or past its start)."""
@@ -219,7 +230,9 @@ class StreamMeta:
             "ranges": [r.to_dict() for r in self.ranges],
         } | {k: v for k, v in (("retention_ms", self.retention_ms),
                                ("retention_bytes", self.retention_bytes)) if v is not None
-        } | ({"digest": self.digest} if self.digest != "xxh3" else {})
+        } | ({"digest": self.digest} if self.digest != "xxh3" else {}
+        ) | ({"ranges_omitted": self.ranges_omitted} if self.ranges_omitted else {}
+        ) | ({"ranges_more": True} if self.ranges_more else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StreamMeta:
@@ -237,6 +250,8 @@ class StreamMeta:
                 retention_ms=_opt_int(d.get("retention_ms")),
                 retention_bytes=_opt_int(d.get("retention_bytes")),
                 digest=str(d.get("digest", "xxh3")),
+                ranges_omitted=int(d.get("ranges_omitted", 0)),
+                ranges_more=d.get("ranges_more") is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None

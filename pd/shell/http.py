@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Final
 
 from aiohttp import web
@@ -58,6 +58,14 @@ from estream.wire.errors import (
 from pd.catalog import CatalogView
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
+from pd.paging import (
+    page_after,
+    page_limit,
+    ranges_window,
+    streams_page_default,
+    streams_page_max,
+    window_args,
+)
 from pd.shell.console import RangesReport, add_operator_routes
 from pd.shell.raft import RaftStatus
 from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
@@ -183,8 +191,9 @@ class _Views:
         return web.json_response(self.service.cluster())
 
     async def list_streams(self, request: web.Request) -> web.Response:
-        streams = await self.service.list_streams()
-        return web.json_response({"streams": [s.to_dict() for s in streams]})
+        after, limit = _page_query(request.query)
+        page = await self.service.list_streams(after, limit)
+        return web.json_response({"streams": list(page.streams), "next": page.next})
 
     async def create_stream(self, request: web.Request) -> web.Response:
         body = _parse_create(await request.read())
@@ -229,12 +238,15 @@ class _Views:
                                   "of a stream takes only "
                                   "retention_ms and retention_bytes", argument=unknown[0][:64])
         stream = await self.service.set_retention(request.match_info["name"], body)
-        return web.json_response(stream.to_dict())
+        return web.json_response(ranges_window(stream).to_dict())
 
     async def describe_stream(self, request: web.Request) -> web.Response:
+        offset, limit = window_args({k: _query_int(request.query, k)
+                                     for k in ("offset", "limit") if k in request.query})
         stream = await self.service.describe_stream(request.match_info["name"])
         end = await self.service.readable_end(stream)  # 1 s per open-range replica at most
-        return web.json_response(stream.to_dict() | stream_figures(stream, end))
+        shown = ranges_window(stream, offset, limit)  # the figures stay whole
+        return web.json_response(shown.to_dict() | stream_figures(stream, end))
 
     async def trim_stream(self, request: web.Request) -> web.Response:
         body = _json_object(await request.read())
@@ -243,7 +255,7 @@ class _Views:
             raise InvalidArgument("field 'start_offset' must be an integer >= 0",
                                   argument="start_offset")
         stream = await self.service.trim_stream(request.match_info["name"], start)
-        return web.json_response(stream.to_dict())
+        return web.json_response(ranges_window(stream).to_dict())
 
     async def delete_stream(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -334,6 +346,22 @@ def under_replicated(view: CatalogView, alive: Collection[str]) -> int:
         1 for stream in view.streams.values() for rng in stream.ranges
         if getattr(rng, "tier", "local") == "local"
         and sum(1 for r in rng.replicas if r.id in alive) < stream.replicas)
+
+
+def _page_query(query: Mapping[str, str]) -> tuple[str, int]:
+    """``?after=NAME&limit=N`` of ``GET /v1/streams`` (pd/paging.py): 400 for a limit that
+    is not an integer from 1 to the maximum, or an after that is no name."""
+    return page_after(query.get("after")), page_limit(
+        _query_int(query, "limit"), default=streams_page_default, maximum=streams_page_max)
+
+
+def _query_int(query: Mapping[str, str], name: str) -> object:
+    """A query parameter as an integer when it is one (digits only), else as given (the
+    check that follows refuses it naming ``name``); None when absent."""
+    raw = query.get(name)
+    if raw is not None and raw.isascii() and raw.isdigit() and len(raw) < 20:
+        return int(raw)
+    return raw
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

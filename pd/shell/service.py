@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final, NamedTuple
 
+import msgpack
+
 from estream.core.quorum import seal_quorum
 from estream.core.timerange import candidate_ranges
 from estream.net.rpc import (
@@ -50,6 +52,7 @@ from estream.wire.errors import (
     StreamExists,
     Unavailable,
 )
+from estream.wire.limits import stream_ranges_per_answer_max
 from estream.wire.meta import ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
 from pd.catalog import CatalogView, PdNode, check_stream_args
@@ -75,6 +78,16 @@ from pd.lease import LeaseTable
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import REASONS, DamageReport
+from pd.paging import (
+    StreamPage,
+    page_after,
+    page_limit,
+    ranges_window,
+    stream_page,
+    streams_page_default,
+    streams_page_max,
+    window_args,
+)
 from pd.placement import Candidate, choose_replicas
 from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
@@ -88,6 +101,10 @@ delete_attempts_max = 3  # a writer opening during a delete makes the delete sta
 time_ranges_per_answer = 4  # PD_TIME_RANGES: candidates per answer (the first usually holds it)
 RETENTION_FIELDS: Final = ("retention_ms", "retention_bytes")
 retention_max: Final = 2**63 - 1  # a limit must fit a signed 64-bit integer
+
+
+def _packed_size(item: dict[str, Any]) -> int:
+    return len(msgpack.packb(item))
 
 
 def _now_ms() -> int:
@@ -136,8 +153,14 @@ class PdService:
     async def describe_stream(self, name: str) -> StreamMeta:
         return (await self.read_view()).stream(name)
 
-    async def list_streams(self) -> list[StreamMeta]:
-        return sorted((await self.read_view()).streams.values(), key=lambda s: s.name)
+    async def list_streams(
+        self, after: str = "", limit: int = streams_page_default
+    ) -> StreamPage:
+        """A page of the streams named after ``after`` in name order (:mod:`pd.paging`:
+        at most ``limit``, an answer that fits a frame, each stream's last ranges), and
+        the name to resume after (None: the last page)."""
+        view = await self.read_view()
+        return stream_page(view.streams, after, limit, _packed_size)
 
     async def list_servers(self) -> list[ServerInfo]:
         """:meth:`servers` for clients: Unavailable until this node has caught up."""
@@ -632,17 +655,23 @@ class PdService:
         return {"stream": stream.to_dict()}
 
     async def _rpc_describe(self, h: Header) -> Header:
-        return {"stream": (await self.describe_stream(require(h, "name", str))).to_dict()}
+        offset, limit = window_args(h)
+        stream = await self.describe_stream(require(h, "name", str))
+        return {"stream": ranges_window(stream, offset, limit).to_dict()}
 
     async def _rpc_list(self, h: Header) -> Header:
-        return {"streams": [s.to_dict() for s in await self.list_streams()]}
+        after = page_after(h.get("after"))
+        limit = page_limit(h.get("limit"), default=streams_page_default,
+                           maximum=streams_page_max)
+        page = await self.list_streams(after, limit)
+        return {"streams": list(page.streams), "next": page.next}
 
     async def _rpc_delete(self, h: Header) -> Header:
         await self.delete_stream(require(h, "name", str))
         return {}
 
     async def _rpc_open_writer(self, h: Header) -> Header:
-        return {"stream": (await self.open_writer(require(h, "name", str))).to_dict()}
+        return {"stream": ranges_window(await self.open_writer(require(h, "name", str))).to_dict()}
 
     async def _rpc_seal(self, h: Header) -> Header:
         ranges_from = optional(h, "ranges_from", int, -1)
@@ -650,12 +679,12 @@ class PdService:
             require(h, "name", str), require(h, "epoch", int), require(h, "range_index", int),
             require(h, "end", int), _str_list(h, "exclude"))
         if ranges_from < 0:
-            return {"stream": stream.to_dict()}
+            return {"stream": ranges_window(stream).to_dict()}
         return stream_tail(stream, ranges_from)
 
     async def _rpc_trim(self, h: Header) -> Header:
         stream = await self.trim_stream(require(h, "name", str), require(h, "start_offset", int))
-        return {"stream": stream.to_dict()}
+        return {"stream": ranges_window(stream).to_dict()}
 
     async def _rpc_servers(self, h: Header) -> Header:
         return {"servers": [s.to_dict() for s in await self.list_servers()]}
@@ -689,7 +718,8 @@ class PdService:
 
     async def _rpc_set_retention(self, h: Header) -> Header:
         changes: dict[str, Any] = {k: h[k] for k in RETENTION_FIELDS if k in h}  # absent: unchanged
-        return {"stream": (await self.set_retention(require(h, "name", str), changes)).to_dict()}
+        stream = await self.set_retention(require(h, "name", str), changes)
+        return {"stream": ranges_window(stream).to_dict()}
 
     async def _rpc_delete_cursor(self, h: Header) -> Header:
         cursor = require(h, "cursor", str)
@@ -716,7 +746,7 @@ class PdService:
         stream = await self.update_replicas(
             require(h, "name", str), require(h, "range_index", int), replicas,
             _str_list(h, "expected"))
-        return {"stream": stream.to_dict()}
+        return {"stream": ranges_window(stream).to_dict()}
 
 
     async def _rpc_report_damage(self, h: Header) -> Header:
@@ -738,6 +768,8 @@ def stream_tail(stream: StreamMeta, ranges_from: int) -> Header:
     has below (the client takes those from what it holds). The answer of a stream with
     many ranges stays small. Pure."""
     kept = tuple(r for r in stream.ranges if r.index >= ranges_from)
+    if len(kept) > stream_ranges_per_answer_max:  # the client holds too little: a window
+        return {"stream": ranges_window(stream).to_dict()}
     return {"stream": replace(stream, ranges=kept).to_dict(), "ranges_from": ranges_from,
             "omitted": len(stream.ranges) - len(kept)}
 

@@ -38,6 +38,7 @@ from estream.wire.errors import InvalidArgument, WrongServer
 from estream.wire.protocol import Opcode
 from estream.wire.record import DIGESTS, stream_key
 from rangeserver import bounds
+from rangeserver.listing import parse_page
 from rangeserver.replica import check_digest, digest_name, problem_replicas
 from rangeserver.shell.store import Store
 
@@ -239,7 +240,8 @@ class RangeServer:
         return {}, b""
 
     async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        return {"ranges": self.store.list_ranges()}, b""
+        ranges, more = self.store.list_ranges(*parse_page(header))
+        return {"ranges": ranges, "more": more}, b""
 
     async def drop_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         return {"dropped": await self.store.drop(*_range_key(header))}, b""

@@ -52,6 +52,7 @@ from rangeserver import bounds, retention
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
+from rangeserver.listing import ReplicaKeys, list_ranges_page_default
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
@@ -82,6 +83,7 @@ class Store:
         )
         self.cache = BatchCache(cache_bytes_max)
         self.replicas: dict[Key, ReplicaState] = {}
+        self.keys = ReplicaKeys()  # the replicas' keys in order (LIST_RANGES pages)
         self.indexes: dict[Key, RangeIndex] = {}
         self.time_indexes: dict[Key, TimeIndex] = {}  # rangeserver/timeindex.py
         self.spans: dict[Key, Span] = {}  # the log segments holding each replica's entries
@@ -125,6 +127,7 @@ class Store:
             tail = (segment, end)
         replay.finish()
         self.replicas, self.indexes = replay.replicas, replay.indexes
+        self.keys = ReplicaKeys(self.replicas)
         self.time_indexes = replay.time_indexes
         self.spans, self.dropped = replay.spans, replay.dropped
         for message in replay.report:
@@ -222,6 +225,7 @@ class Store:
         span = self.spans.pop(key, None)
         first = span.first if span is not None else segment
         self.replicas.pop(key, None)
+        self.keys.discard(key)
         self.indexes.pop(key, None)
         self.time_indexes.pop(key, None)
         self.cache.drop_range(*key)
@@ -313,6 +317,7 @@ class Store:
             self.replicas.get(key), stream_id, range_index, start, epoch, digest)
         if isinstance(outcome, rp.Create):
             self.replicas[key] = outcome.state
+            self.keys.add(key)
             self.indexes[key] = RangeIndex()
             self.time_indexes[key] = TimeIndex()
             await self._log_control(
@@ -430,11 +435,16 @@ class Store:
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
         return self._get(stream_id, range_index).describe()
 
-    def list_ranges(self) -> list[dict[str, object]]:
-        return [
-            {"stream_id": s.stream_id, "range_index": s.range_index, **s.describe()}
-            for s in self.replicas.values()
-        ]
+    def list_ranges(
+        self, after: Key | None = None, limit: int = list_ranges_page_default
+    ) -> tuple[list[dict[str, object]], bool]:
+        """A page of the replicas in key order after ``after`` (rangeserver/listing.py),
+        each as DESCRIBE_RANGE answers it, and whether more are left."""
+        if len(self.keys) != len(self.replicas):  # never expected: rebuild, not mislist
+            self.keys = ReplicaKeys(self.replicas)
+        keys, more = self.keys.page(after, limit)
+        return [{"stream_id": k[0], "range_index": k[1], **self.replicas[k].describe()}
+                for k in keys], more
 
     async def force(self) -> None:
         await self.wal.force()

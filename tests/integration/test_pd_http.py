@@ -8,10 +8,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
 import uvloop
 
 from estream.devcluster.pd import PdCluster, http_json
+from estream.net.pdclient import PDClient
+from estream.wire.limits import frame_header_bytes_max
+from estream.wire.protocol import Opcode
 from rangeserver.shell.heartbeat import heartbeat_loop
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_only=True, pd_nodes=3)]
@@ -251,3 +255,74 @@ def test_trim_over_http(url: str) -> None:
     assert status == 404, body
     status, body = call(url, "/v1/streams/trimmed", spec_path="/v1/streams/{name}")
     assert status == 200 and body["start_offset"] == 0 and body["records"] == 0
+
+
+PAGED_STREAMS = 3_000  # enough for several pages of every size asked for
+
+
+async def _create_many(pd: str, names: list[str]) -> None:
+    """Create ``names`` fast: a few hundred requests in flight at a time (bounded)."""
+    client = PDClient(pd)
+    try:
+        for at in range(0, len(names), 250):
+            await asyncio.gather(*(client.create_stream(n, replicas=1, ack_count=1)
+                                   for n in names[at:at + 250]))
+    finally:
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+def many_streams(module_cluster: PdCluster) -> list[str]:
+    names = [f"page-{i:05}" for i in range(PAGED_STREAMS)]
+    uvloop.run(_create_many(module_cluster.rpc_addresses, names))
+    return names
+
+
+def test_streams_list_in_pages(module_cluster: PdCluster, url: str,
+                               many_streams: list[str]) -> None:
+    """GET /v1/streams?limit=&after= answers pages that link up; PD_LIST_STREAMS pages
+    within the frame header's cap; the SDK iterates every page."""
+    listed: list[str] = []
+    after, pages = "", 0
+    while pages <= PAGED_STREAMS // 700 + 3:
+        query = f"/v1/streams?limit=700&after={after}"
+        status, body = call(url, query, spec_path="/v1/streams")
+        assert status == 200, body
+        pages += 1
+        assert len(body["streams"]) <= 700
+        listed += [s["name"] for s in body["streams"]]
+        if body["next"] is None:
+            break
+        assert body["next"] == body["streams"][-1]["name"]
+        after = body["next"]
+    assert body["next"] is None and pages >= PAGED_STREAMS // 700
+    assert listed == sorted(listed) and len(set(listed)) == len(listed)
+    assert set(many_streams) <= set(listed)
+    status, first = call(url, "/v1/streams", spec_path="/v1/streams")
+    assert status == 200 and len(first["streams"]) == 100 and first["next"]
+
+    async def rpc() -> None:
+        client = PDClient(module_cluster.rpc_addresses)
+        try:
+            body = await client.call(Opcode.PD_LIST_STREAMS, {})  # an old client's request
+            assert len(body["streams"]) == 100 and body["next"]
+            body = await client.call(Opcode.PD_LIST_STREAMS, {"limit": 1000})
+            assert len(msgpack.packb(body)) < frame_header_bytes_max
+            names = [s.name for s in await client.list_streams()]
+            assert names == listed
+            page, nxt = await client.list_streams_page("page-00009", 5)
+            assert [s.name for s in page] == [f"page-{i:05}" for i in range(10, 15)]
+            assert nxt == "page-00014"
+        finally:
+            await client.close()
+
+    uvloop.run(rpc())
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=-1", "limit=1001", "limit=abc",
+                                   "limit=", "limit=1e3", f"after={'x' * 1100}"])
+def test_bad_page_queries_are_400(url: str, query: str) -> None:
+    status, body = call(url, f"/v1/streams?{query}", spec_path="/v1/streams")
+    assert status == 400, body
+    assert body["error"]["code"] == "INVALID_ARGUMENT"
+    assert body["error"]["message"].split()[0] in ("limit", "after")

@@ -16,6 +16,7 @@ from estream.wire.meta import StreamMeta
 from estream.wire.protocol import Opcode
 from pd.catalog import PdNode
 from pd.commands import CreateStream, OpenWriter, RegisterServer
+from pd.paging import StreamPage
 from pd.shell.journal import ChecksummedJournal
 from pd.shell.raft import RaftNode
 from pd.shell.service import PdService
@@ -153,7 +154,7 @@ async def test_a_node_answers_reads_only_once_it_has_caught_up(tmp_path: Path) -
         service = await _ready_service(single)
         with pytest.raises(StreamNotFound):
             await service.describe_stream("missing")
-        assert await service.list_streams() == []
+        assert (await service.list_streams()) == StreamPage((), None)
 
 
 async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.net.rpc import RpcClient
+from estream.net.rangeclient import RangeClient
+from estream.net.rpc import ConnectionPool, RpcClient
 from estream.wire import limits
 from estream.wire.protocol import Opcode
 
@@ -26,15 +27,13 @@ reclaimed_within_s = limits.reclaim_interval_ms / 1000 * 2 + 5
 async def replicas_of(cluster: Cluster, stream_id: int) -> dict[str, set[int]]:
     """Each range server's address -> the range indexes of ``stream_id`` it holds."""
     held: dict[str, set[int]] = {}
-    for server in cluster.servers:
-        client = await RpcClient.connect(server.address)
-        try:
-            answer, _ = await client.call(Opcode.LIST_RANGES)
-        finally:
-            await client.close()
-        held[server.address] = {
-            r["range_index"] for r in answer["ranges"] if r["stream_id"] == stream_id
-        }
+    pool = ConnectionPool()
+    try:
+        for server in cluster.servers:
+            listed = await RangeClient(pool).list_ranges(server.address, server_id=None)
+            held[server.address] = {r.range_index for r in listed if r.stream_id == stream_id}
+    finally:
+        await pool.close()
     return held
 
 
@@ -102,3 +101,35 @@ async def test_trimming_drops_the_ranges_it_removed_and_keeps_the_rest(
         assert set().union(*held.values()) == {r.index for r in ranges} - gone
         offsets = [r.offset async for r in client.read("trimmed-away", start=cut)]
         assert offsets == list(range(cut, 150))
+
+
+FILLER_REPLICAS = 15_000  # one LIST_RANGES answer of them all would pass the 1 MiB header cap
+
+
+async def test_reclaim_lists_a_server_with_many_replicas(cluster: Cluster) -> None:
+    """A server holding more replicas than one answer can carry is listed a page at a time:
+    the reclaimer still finds (and drops) the replicas of a deleted stream that sort after
+    thousands of others."""
+    server = cluster.servers[0]
+    async with await estream.connect(cluster.pd_addresses) as client:
+        filler = await client.create_stream("filler", replicas=3, ack_count=2)
+        gone = await client.create_stream("gone-later", replicas=3, ack_count=2)
+        rpc = await RpcClient.connect(server.address)
+        try:
+            async def create(stream_id: int, index: int) -> None:
+                await rpc.call(Opcode.CREATE_RANGE, {"stream_id": stream_id,
+                                                     "range_index": index, "start": 0,
+                                                     "epoch": 1})
+
+            # ranges the catalog does not have (past the filler's open range): kept
+            for at in range(1, FILLER_REPLICAS + 1, 500):
+                await asyncio.gather(*(create(filler.id, i) for i in range(at, at + 500)))
+            await asyncio.gather(*(create(gone.id, i) for i in range(5)))
+            page, _ = await rpc.call(Opcode.LIST_RANGES, {"limit": 100})
+            assert len(page["ranges"]) == 100 and page["more"] is True
+        finally:
+            await rpc.close()
+        await client.delete_stream("gone-later")
+        await wait_until_dropped(cluster, gone.id, set(range(5)))
+        held = await replicas_of(cluster, filler.id)
+        assert held[server.address] == set(range(1, FILLER_REPLICAS + 1))

@@ -1,0 +1,85 @@
+"""Pages of a range server's replicas (LIST_RANGES), so that an answer fits one frame.
+
+A server may hold a hundred thousand replicas; LIST_RANGES answers them in
+``(stream_id, range_index)`` order, at most ``limit`` at a time after the key ``after``,
+and says whether there are ``more`` (the caller asks again after the last one it got).
+:class:`ReplicaKeys` keeps the keys sorted as replicas come and go (a bisect and a short
+move each), so a page costs O(log n + limit), not a sort of every replica.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+from typing import Any, Final
+
+from estream.wire.errors import InvalidArgument
+
+Key = tuple[int, int]  # (stream_id, range_index)
+
+list_ranges_page_default: Final = 1000  # replicas a LIST_RANGES answers without "limit"
+list_ranges_page_max: Final = 4000  # the most one answer holds (about 600 KiB encoded)
+_U64_MAX: Final = 2**64 - 1
+
+
+class ReplicaKeys:
+    """The keys of a server's replicas, in order."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: Iterable[Key] = ()) -> None:
+        self._keys = sorted(set(keys))
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key: Key) -> None:
+        at = bisect_left(self._keys, key)
+        if at == len(self._keys) or self._keys[at] != key:
+            self._keys.insert(at, key)
+
+    def discard(self, key: Key) -> None:
+        at = bisect_left(self._keys, key)
+        if at < len(self._keys) and self._keys[at] == key:
+            del self._keys[at]
+
+    def page(self, after: Key | None, limit: int) -> tuple[list[Key], bool]:
+        """The first ``limit`` keys above ``after`` (None: from the first), and whether
+        any are left after them.
+
+        >>> keys = ReplicaKeys([(2, 0), (1, 1), (1, 0), (3, 5)])
+        >>> keys.page(None, 2)
+        ([(1, 0), (1, 1)], True)
+        >>> keys.page((1, 1), 5)
+        ([(2, 0), (3, 5)], False)
+        """
+        start = 0 if after is None else bisect_right(self._keys, after)
+        taken = self._keys[start:start + limit]
+        return taken, start + limit < len(self._keys)
+
+
+def parse_page(header: dict[str, Any]) -> tuple[Key | None, int]:
+    """LIST_RANGES's ``"after"`` (``[stream_id, range_index]``, absent: from the first)
+    and ``"limit"`` (1..:data:`list_ranges_page_max`, absent: the default);
+    ``InvalidArgument`` naming the field otherwise.
+
+    >>> parse_page({})
+    (None, 1000)
+    >>> parse_page({"after": [7, 2], "limit": 10})
+    ((7, 2), 10)
+    """
+    limit = header.get("limit", list_ranges_page_default)
+    if not isinstance(limit, int) or isinstance(limit, bool) \
+            or not 1 <= limit <= list_ranges_page_max:
+        raise InvalidArgument(f"limit must be an integer from 1 to {list_ranges_page_max}",
+                              argument="limit")
+    after = header.get("after")
+    if after is None:
+        return None, limit
+    if not isinstance(after, list | tuple) or len(after) != 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64_MAX
+            for v in after):
+        raise InvalidArgument("after must be [stream_id, range_index]", argument="after")
+    return (after[0], after[1]), limit
