@@ -42,6 +42,7 @@ from estream.net.security import bearer_token, has_verified_peer_cert, token_mat
 from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
 from estream.wire.errors import (
     Conflict,
+    DigestKeyMissing,
     ErrorCode,
     EstreamError,
     Fenced,
@@ -76,6 +77,7 @@ _STATUS: dict[type[EstreamError], int] = {
     Unavailable: 503,  # includes Timeout
 }
 _STATUS[OffsetOutOfRange] = 400  # a cursor past the readable end
+_STATUS[DigestKeyMissing] = 403  # the record browser on an hmac-sha256 stream (no secret)
 _CREATE_FIELDS: dict[str, type] = {"name": str, "replicas": int, "ack_count": int, "type": str,
                                    "hints": list}
 _CREATE_FIELDS.update({"retention_ms": int, "retention_bytes": int})  # pd/retention.py
@@ -164,7 +166,8 @@ def build_app(
     app.router.add_patch("/v1/streams/{name}", views.set_retention)
     app.router.add_delete("/v1/streams/{name}", views.delete_stream)
     app.router.add_get("/v1/rangeservers", views.rangeservers)
-    add_operator_routes(app, service, ranges_report)  # drain, forget, /v1/ranges, /ui
+    add_operator_routes(app, service, ranges_report,  # drain, forget, /v1/ranges, /ui,
+                        views._gauges)  # records, samples
     app.router.add_get("/v1/openapi.json", views.openapi)
     app.router.add_get("/healthz", views.healthz)
     app.router.add_get("/readyz", views.readyz)
