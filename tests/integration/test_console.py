@@ -29,6 +29,7 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from tests.cdp import Page, start_browser
+from tests.integration.test_pd_http import validate
 from tests.pngcheck import colour_stats, decode
 from tests.system_tools import require_tool
 
@@ -244,18 +245,23 @@ async def test_records_endpoint_bounds_and_refusals(cluster: Cluster) -> None:
     assert http_json(f"{url}/v1/streams/no-such/records")[0] == 404
     empty = api(cluster, "/v1/streams/bounded/records")
     assert empty["records"] == [] and empty["offset"] == 0
+    validate("/v1/streams/{name}/records", "GET", 200, empty)
     api(cluster, "/v1/streams", "POST", {"name": "maced", "digest": "hmac-sha256"})
     status, body = http_json(f"{url}/v1/streams/maced/records")
     assert status == 403 and "cluster secret" in body["error"]["message"], body
+    validate("/v1/streams/{name}/records", "GET", 403, body)
     # A value that is not UTF-8 is given as base64 only.
     raw = bytes(range(200, 256))
     await append(cluster, "bounded", [(raw, {})])
-    record = api(cluster, "/v1/streams/bounded/records?offset=0")["records"][0]
+    answer = api(cluster, "/v1/streams/bounded/records?offset=0")
+    validate("/v1/streams/{name}/records", "GET", 200, answer)
+    record = answer["records"][0]
     assert base64.b64decode(record["value"]) == raw and record["text"] is None
 
 
 def test_samples_and_drain_outlook_in_the_api(cluster: Cluster) -> None:
     samples = api(cluster, "/v1/samples")
+    validate("/v1/samples", "GET", 200, samples)
     assert samples["interval_s"] == 10.0 and samples["max"] == 360
     assert samples["samples"], samples
     newest = samples["samples"][-1]
@@ -264,5 +270,7 @@ def test_samples_and_drain_outlook_in_the_api(cluster: Cluster) -> None:
     assert abs(newest["at_ms"] - time.time() * 1000) < 3_600_000
     assert http_json(cluster.pd_url() + "/v1/samples?minutes=61")[0] == 400
     server = api(cluster, "/v1/rangeservers")["rangeservers"][0]
-    outlook = api(cluster, f"/v1/rangeservers/{server['id']}")["drain"]
+    described = api(cluster, f"/v1/rangeservers/{server['id']}")
+    validate("/v1/rangeservers/{id}", "GET", 200, described)
+    outlook = described["drain"]
     assert outlook["available_servers"] == 3 and outlook["can_finish"] is True
