@@ -1,7 +1,7 @@
 """The console's decisions: whether a drain can finish, PD's own samples for the charts,
 and how the record browser asks and answers.
 
-- :func:`drain_outlook`: a drain moves every replica of a server to servers the range
+- :func:`drain_outlooks`: a drain moves every replica of a server to servers the range
   does not name yet, so a range of ``w`` replicas needs ``w`` *other* live, active servers
   (``w - 1`` keep their replica, one more takes the moved one). The largest ``w`` among
   the ranges on the server is what the drain needs; with fewer, it cannot finish, and the
@@ -40,30 +40,36 @@ timestamp_ms_max: Final = 2**63 - 1
 # -- drain ---------------------------------------------------------------------------------
 
 
-def drain_outlook(
-    server_id: str, streams: Iterable[StreamMeta], live: Collection[str],
+def drain_outlooks(
+    server_ids: Iterable[str], streams: Iterable[StreamMeta], live: Collection[str],
     draining: Collection[str],
-) -> dict[str, Any]:
-    """Whether draining ``server_id`` can finish: ``needs_servers`` (the largest replica
-    count among the ranges naming it, 0 for none), ``available_servers`` (other servers
-    alive and not draining), ``can_finish`` and, when it cannot, ``reason``.
+) -> dict[str, dict[str, Any]]:
+    """Whether draining each of ``server_ids`` can finish (one pass over the catalog):
+    ``needs_servers`` (the largest replica count among the ranges naming it, 0 for none),
+    ``available_servers`` (other servers alive and not draining), ``can_finish`` and, when
+    it cannot, ``reason``.
 
     >>> from estream.wire.meta import RangeMeta, ReplicaRef
     >>> refs = tuple(ReplicaRef(x, "h:" + x) for x in "abc")
     >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, None, refs),))
-    >>> drain_outlook("a", [s], {"a", "b", "c", "d"}, ())["can_finish"]
+    >>> drain_outlooks("a", [s], {"a", "b", "c", "d"}, ())["a"]["can_finish"]
     True
-    >>> drain_outlook("a", [s], {"a", "b", "c"}, ())["reason"]
+    >>> drain_outlooks("a", [s], {"a", "b", "c"}, ())["a"]["reason"]
     'cannot finish: needs 3 servers besides this one (alive, not draining), 2 available'
-    >>> drain_outlook("d", [s], {"a"}, ())["needs_servers"]
+    >>> drain_outlooks("d", [s], {"a"}, ())["d"]["needs_servers"]
     0
     """
-    needs = 0
+    widths: dict[str, int] = {}
     for stream in streams:
         for rng in stream.ranges:
-            if any(ref.id == server_id for ref in rng.replicas):
-                needs = max(needs, len(rng.replicas))
-    available = sum(1 for s in set(live) if s != server_id and s not in draining)
+            for ref in rng.replicas:
+                widths[ref.id] = max(widths.get(ref.id, 0), len(rng.replicas))
+    usable = {s for s in live if s not in draining}
+    return {server: _outlook(widths.get(server, 0), len(usable - {server}))
+            for server in server_ids}
+
+
+def _outlook(needs: int, available: int) -> dict[str, Any]:
     can_finish = available >= needs
     return {
         "needs_servers": needs, "available_servers": available, "can_finish": can_finish,

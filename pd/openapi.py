@@ -451,6 +451,7 @@ def _add_console() -> None:
                        "can_finish": {"type": "boolean"},
                        "reason": {**_NULLABLE_STR, "description": "'cannot finish: needs N "
                                                                   "servers ...', or null"}}}
+    SCHEMAS["RangeServer"]["properties"]["drain"] = _ref("DrainOutlook")
     OPENAPI["paths"]["/v1/rangeservers/{id}"]["get"] = {
         "summary": "One range server with its drain state, replica count and whether a "
                    "drain of it can finish",

@@ -22,8 +22,9 @@ middleware, bearer-token rules and metrics; shapes in :mod:`pd.openapi`):
   JavaScript over this API, nothing fetched from outside the node). Writes from the page
   send the bearer token typed into it (kept in the tab's session storage).
 
-``GET /v1/rangeservers/{id}`` also says whether a drain of the server can finish
-(``"drain"``: :func:`pd.console.drain_outlook`).
+``GET /v1/rangeservers/{id}`` and each server of ``GET /v1/rangeservers`` also say whether
+a drain of the server can finish (``"drain"``: :func:`pd.console.drain_outlooks`, one pass
+over the catalog for the whole list).
 
 Side effects: one background task sampling this node's figures (started and stopped with
 the application); the HTTP server is :mod:`pd.shell.http`'s.
@@ -42,7 +43,7 @@ from aiohttp import web
 from estream.wire.errors import InvalidArgument, Unavailable
 from pd.console import (
     SampleRing,
-    drain_outlook,
+    drain_outlooks,
     interval_mean_ms,
     records_query,
     sample_interval_s,
@@ -83,6 +84,18 @@ def add_operator_routes(
     app.cleanup_ctx.append(views.sampling)
 
 
+async def with_drain_outlooks(
+    service: PdService, servers: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``servers`` (as :meth:`PdService.server_details` gives them) each with ``"drain"``:
+    whether draining it can finish (:func:`pd.console.drain_outlooks`)."""
+    view = await service.read_view()
+    live = {s.id for s in service.servers() if s.alive}
+    outlooks = drain_outlooks([s["id"] for s in servers], view.streams.values(), live,
+                              view.draining)
+    return [{**s, "drain": outlooks[s["id"]]} for s in servers]
+
+
 class _OperatorViews:
     def __init__(self, service: PdService, ranges_report: RangesReport | None,
                  gauges: Gauges | None) -> None:
@@ -93,11 +106,9 @@ class _OperatorViews:
         self._commits = (0.0, 0)  # the commit-latency histogram's (sum, count) last sampled
 
     async def describe(self, request: web.Request) -> web.Response:
-        server = (await self.service.server_details(request.match_info["id"]))[0]
-        view = await self.service.read_view()
-        live = {s.id for s in self.service.servers() if s.alive}
-        outlook = drain_outlook(server["id"], view.streams.values(), live, view.draining)
-        return web.json_response({**server, "drain": outlook})
+        servers = await with_drain_outlooks(
+            self.service, await self.service.server_details(request.match_info["id"]))
+        return web.json_response(servers[0])
 
     async def records(self, request: web.Request) -> web.Response:
         query = records_query(request.query)

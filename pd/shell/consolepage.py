@@ -8,7 +8,7 @@ Vanilla JavaScript and CSS inline, no build step, nothing fetched from outside t
   address), ``/v1/openapi.json`` and ``/metrics``;
 - charts of the last hour from this node's samples (``GET /v1/samples``);
 - PD nodes, range servers with drain / cancel, the drain's progress (replicas left) and,
-  up front, whether it can finish (``"drain"`` of ``GET /v1/rangeservers/{id}``);
+  up front, whether it can finish (``"drain"`` of ``GET /v1/rangeservers``);
 - under-replicated ranges with the reason repair skips a replica;
 - streams, searched by name prefix and paged (``GET /v1/streams?limit=&after=``; an API
   without ``next`` is paged in the page), with their figures and tier split; a stream's
@@ -303,9 +303,7 @@ function drain(server, cancel) {
     "off it." + (outlook.can_finish === false ? " Warning: " + outlook.reason : ""),
     () => write("POST", path, undefined, "draining " + server.address));
 }
-async function renderServers(list) {
-  const details = await Promise.all(list.map((s) =>
-    getJson("/v1/rangeservers/" + encodeURIComponent(s.id)).catch(() => s)));
+function renderServers(details) {
   state.health.servers = details;
   const rows = details.map((s) => {
     const load = s.load || {};

@@ -59,7 +59,7 @@ from estream.wire.errors import (
 from pd.catalog import CatalogView
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
-from pd.shell.console import RangesReport, add_operator_routes
+from pd.shell.console import RangesReport, add_operator_routes, with_drain_outlooks
 from pd.shell.raft import RaftStatus
 from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
 from pd.streamfigures import stream_figures
@@ -254,7 +254,8 @@ class _Views:
         return web.json_response({"deleted": name})
 
     async def rangeservers(self, request: web.Request) -> web.Response:
-        return web.json_response({"rangeservers": await self.service.server_details()})
+        servers = await with_drain_outlooks(self.service, await self.service.server_details())
+        return web.json_response({"rangeservers": servers})
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(OPENAPI)

@@ -12,7 +12,7 @@ from estream.wire.errors import InvalidArgument
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.console import (
     SampleRing,
-    drain_outlook,
+    drain_outlooks,
     interval_mean_ms,
     record_row,
     records_bytes_max,
@@ -41,7 +41,7 @@ def stream(*placements: str) -> StreamMeta:
 ])
 def test_drain_outlook(server: str, placements: tuple[str, ...], live: str, draining: str,
                        needs: int, available: int) -> None:
-    outlook = drain_outlook(server, [stream(*placements)], set(live), set(draining))
+    outlook = drain_outlooks([server], [stream(*placements)], set(live), set(draining))[server]
     assert outlook["needs_servers"] == needs and outlook["available_servers"] == available
     assert outlook["can_finish"] is (available >= needs)
     if outlook["can_finish"]:
@@ -58,7 +58,7 @@ def test_drain_outlook_against_a_naive_search() -> None:
         live = {s for i, s in enumerate(servers) if live_bits >> i & 1} | {"a"}
         draining = {s for i, s in enumerate(servers) if drain_bits >> i & 1} - {"a"}
         placements = ("ab", "abc", "acd")
-        outlook = drain_outlook("a", [stream(*placements)], live, draining)
+        outlook = drain_outlooks("ab", [stream(*placements)], live, draining)["a"]
         usable = (live - draining) - {"a"}
         naive = all(any(True for _ in itertools.combinations(sorted(usable), len(p)))
                     for p in placements)
