@@ -476,9 +476,9 @@ def _add_console() -> None:
         "get": {
             "summary": "Browse records: from an offset (default: the stream's start) or from "
                        "the first record at or after a time; at most 100 records and 1 MiB "
-                       "of values (at least one record). Read from the ranges' replicas; "
-                       "403 for hmac-sha256 streams (PD does not hold the cluster secret), "
-                       "503 for ranges only in the object tier",
+                       "of values (at least one record). Read from the ranges' replicas or "
+                       "the object tier from the node's object store; 403 for hmac-sha256 "
+                       "streams (PD does not hold the cluster secret)",
             "parameters": [
                 {"name": "offset", "in": "query", "required": False, "schema": query_int},
                 {"name": "timestamp", "in": "query", "required": False, "schema": query_int,

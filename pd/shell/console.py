@@ -40,6 +40,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from estream.net.objectstore import ObjectStore
 from estream.wire.errors import InvalidArgument, Unavailable
 from pd.console import (
     SampleRing,
@@ -67,11 +68,11 @@ _SAMPLED_GAUGES: Final = {
 
 def add_operator_routes(
     app: web.Application, service: PdService, ranges_report: RangesReport | None,
-    gauges: Gauges | None = None,
+    gauges: Gauges | None = None, object_store: ObjectStore | None = None,
 ) -> None:
     """Add the routes of the module docstring to ``app`` (``gauges``: the /metrics gauges
-    the samples copy)."""
-    views = _OperatorViews(service, ranges_report, gauges)
+    the samples copy; ``object_store``: where the record browser reads the object tier)."""
+    views = _OperatorViews(service, ranges_report, gauges, object_store)
     app.router.add_get("/v1/rangeservers/{id}", views.describe)
     app.router.add_delete("/v1/rangeservers/{id}", views.forget)
     app.router.add_post("/v1/rangeservers/{id}/drain", views.drain)
@@ -98,8 +99,9 @@ async def with_drain_outlooks(
 
 class _OperatorViews:
     def __init__(self, service: PdService, ranges_report: RangesReport | None,
-                 gauges: Gauges | None) -> None:
+                 gauges: Gauges | None, object_store: ObjectStore | None) -> None:
         self.service = service
+        self.object_store = object_store
         self.ranges_report = ranges_report
         self.gauges = gauges
         self.ring = SampleRing(samples_max)
@@ -112,8 +114,8 @@ class _OperatorViews:
 
     async def records(self, request: web.Request) -> web.Response:
         query = records_query(request.query)
-        answer = await browse(self.service.pool, self._describe, request.match_info["name"],
-                              query)
+        answer = await browse(self.service.pool, self.object_store, self._describe,
+                              request.match_info["name"], query)
         return web.json_response(answer)
 
     async def _describe(self, name: str, refresh: bool) -> Any:

@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from estream.net.objectstore import ObjectStore
 from estream.net.security import bearer_token, has_verified_peer_cert, token_matches
 from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
 from estream.wire.errors import (
@@ -111,7 +112,7 @@ def needs_token(method: str, path: str, protect_reads: bool) -> bool:
 
 def build_app(
     service: PdService, *, tokens: Collection[str] = (), protect_reads: bool = False,
-    ranges_report: RangesReport | None = None,
+    ranges_report: RangesReport | None = None, object_store: ObjectStore | None = None,
 ) -> web.Application:
     """The aiohttp application serving the admin API of one PD node.
 
@@ -167,7 +168,7 @@ def build_app(
     app.router.add_delete("/v1/streams/{name}", views.delete_stream)
     app.router.add_get("/v1/rangeservers", views.rangeservers)
     add_operator_routes(app, service, ranges_report,  # drain, forget, /v1/ranges, /ui,
-                        views._gauges)  # records, samples
+                        views._gauges, object_store)  # records, samples
     app.router.add_get("/v1/openapi.json", views.openapi)
     app.router.add_get("/healthz", views.healthz)
     app.router.add_get("/readyz", views.readyz)

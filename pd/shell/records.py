@@ -11,10 +11,15 @@ batch verified as it is decoded (:func:`estream.wire.record.decode_batch`). A ti
 found as the SDK finds it: the catalog's candidate ranges
 (:func:`estream.core.timerange.candidate_ranges`), then their replicas' ``TIME_INDEX``.
 
+A range in the object tier is read from its object when the cursor asks
+(:class:`~estream.core.readcursor.ReadObject`): the range's index
+(:func:`estream.net.objectindex.read_range_index`, checked against the catalog by
+:func:`~estream.core.readcursor.check_footer`), then the byte spans of the batches wanted
+(:func:`~estream.core.readcursor.object_spans`) from the node's object store.
+
 Not served here: ``hmac-sha256`` streams (PD nodes do not hold the cluster secret their
-keys derive from: read them with ``estream read`` and the secret) and ranges only in the
-object tier (``estream read`` reads those too); both are refused with a typed error that
-says so.
+keys derive from: read them with ``estream read`` and the secret), refused with a typed
+error that says so.
 
 Side effects: network requests to range servers.
 """
@@ -31,10 +36,15 @@ from estream.core.readcursor import (
     Deliver,
     Describe,
     ReadCursor,
+    ReadObject,
     ReadReplica,
     Sleep,
+    check_footer,
+    object_spans,
 )
 from estream.core.timerange import candidate_ranges
+from estream.net.objectindex import read_range_index
+from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import DigestKeyMissing, EstreamError, Unavailable
@@ -51,9 +61,10 @@ read_timeout_s: Final = 2.0
 Describer = Callable[[str, bool], Awaitable[StreamMeta]]
 
 
-async def browse(pool: ConnectionPool, describe: Describer, name: str,
-                 query: RecordsQuery) -> dict[str, Any]:
-    """The answer of ``GET /v1/streams/{name}/records`` (module docstring)."""
+async def browse(pool: ConnectionPool, store: ObjectStore | None, describe: Describer,
+                 name: str, query: RecordsQuery) -> dict[str, Any]:
+    """The answer of ``GET /v1/streams/{name}/records`` (module docstring); ``store``: the
+    node's object store (None: it has none)."""
     meta = await describe(name, False)
     if meta.digest == "hmac-sha256":
         raise DigestKeyMissing(
@@ -67,15 +78,15 @@ async def browse(pool: ConnectionPool, describe: Describer, name: str,
             return {"stream": name, "offset": None, "start_offset": meta.start_offset,
                     "records": [], "next": None}
     start = meta.start_offset if offset is None else offset
-    records = await _read(pool, describe, name, start, query.limit)
+    records = await _read(pool, store, describe, name, start, query.limit)
     kept = within_budget((len(r.value) for r in records), query.limit)
     rows = [record_row(r.offset, r.timestamp, r.headers, r.value) for r in records[:kept]]
     return {"stream": name, "offset": start, "start_offset": meta.start_offset,
             "records": rows, "next": rows[-1]["offset"] + 1 if rows else start}
 
 
-async def _read(pool: ConnectionPool, describe: Describer, name: str, start: int,
-                limit: int) -> list[Record]:
+async def _read(pool: ConnectionPool, store: ObjectStore | None, describe: Describer,
+                name: str, start: int, limit: int) -> list[Record]:
     """Carry out a :class:`ReadCursor` over ``[start, start + limit)``."""
     steps = ReadCursor(name, start, start + limit, config=BROWSE_CURSOR).steps()
     out: list[Record] = []
@@ -100,8 +111,7 @@ async def _read(pool: ConnectionPool, describe: Describer, name: str, start: int
             elif isinstance(step, ReadReplica):
                 items, reply = await _read_replica(pool, step)
             else:
-                raise Unavailable(f"range {step.range.index} of {name!r} is only in the object "
-                                  "tier: read it with `estream read`")
+                items, reply = await _read_object(store, step)
         except EstreamError as exc:
             error = exc
 
@@ -111,15 +121,38 @@ async def _read_replica(pool: ConnectionPool, step: ReadReplica) -> tuple[list[R
         step.replica.address, server_id=step.replica.id, stream_id=step.stream_id,
         range_index=step.range.index, offset=step.offset, max_bytes=records_bytes_max,
         unconfirmed=step.unconfirmed, timeout_s=read_timeout_s)
+    records = _decode(answer.payload, step.offset, step.end)
+    return records, Answer(len(records), _next(records, step.offset), answer.sealed,
+                           answer.end if answer.sealed else None)
+
+
+async def _read_object(store: ObjectStore | None, step: ReadObject
+                       ) -> tuple[list[Record], Answer]:
+    rng = step.range
+    if store is None or rng.object_key is None:
+        raise Unavailable(f"range {rng.index} is only in the object tier and this PD node "
+                          "has no object store")
+    index = await read_range_index(store, step.stream_id, rng)
+    check_footer(index.footer, step.stream_id, rng)
+    spans = object_spans(index, step.offset, step.end, bytes_max=records_bytes_max)
+    payload = b"".join(await store.get_ranges(rng.object_key, spans))
+    records = _decode(payload, step.offset, step.end)
+    return records, Answer(len(records), _next(records, step.offset), True, rng.end)
+
+
+def _decode(payload: bytes | memoryview, offset: int, end: int | None) -> list[Record]:
+    """The records of whole batches in ``[offset, end)``, each batch's checksum verified."""
     records: list[Record] = []
-    for header, raw in iter_batches(answer.payload):
-        if header.end_offset <= step.offset:
+    for header, raw in iter_batches(payload):
+        if header.end_offset <= offset:
             continue
         records.extend(r for r in decode_batch(raw).records
-                       if r.offset >= step.offset and (step.end is None or r.offset < step.end))
-    next_offset = records[-1].offset + 1 if records else step.offset
-    return records, Answer(len(records), next_offset, answer.sealed,
-                           answer.end if answer.sealed else None)
+                       if r.offset >= offset and (end is None or r.offset < end))
+    return records
+
+
+def _next(records: list[Record], offset: int) -> int:
+    return records[-1].offset + 1 if records else offset
 
 
 async def _offset_for_time(pool: ConnectionPool, meta: StreamMeta, timestamp_ms: int) -> int | None:

@@ -29,6 +29,7 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from tests.cdp import Page, start_browser
+from tests.harness.objecttier import ObjectTier, all_tiered, wait_for, write_ranges
 from tests.integration.test_pd_http import validate
 from tests.pngcheck import colour_stats, decode
 from tests.system_tools import require_tool
@@ -274,3 +275,20 @@ def test_samples_and_drain_outlook_in_the_api(cluster: Cluster) -> None:
     validate("/v1/rangeservers/{id}", "GET", 200, described)
     outlook = described["drain"]
     assert outlook["available_servers"] == 3 and outlook["can_finish"] is True
+
+
+@pytest.mark.cluster(fresh=True, pd_nodes=1, range_servers=3, object_tier=ObjectTier("file"))
+async def test_records_of_the_object_tier(cluster: Cluster) -> None:
+    """Ranges uploaded and released from every range server read back from the object."""
+    api(cluster, "/v1/streams", "POST", {"name": "tiered"})
+    client = await estream.connect(cluster.pd_addresses)
+    try:
+        values = await write_ranges(client, "tiered", [3, 4])
+    finally:
+        await client.close()
+    await wait_for(lambda: all_tiered(cluster, "tiered", released=True), 45.0,
+                   "both sealed ranges in the object tier, released")
+    answer = api(cluster, "/v1/streams/tiered/records?offset=1&limit=5")
+    validate("/v1/streams/{name}/records", "GET", 200, answer)
+    assert [r["offset"] for r in answer["records"]] == [1, 2, 3, 4, 5]  # across both objects
+    assert [base64.b64decode(r["value"]) for r in answer["records"]] == values[1:6]
