@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
@@ -54,6 +55,7 @@ from pd.shell.consolepage import CONSOLE_HTML
 from pd.shell.records import browse
 from pd.shell.service import PdService
 
+log = logging.getLogger(__name__)
 RangesReport = Callable[[bool], Awaitable[dict[str, Any]]]
 Gauges = Callable[[], dict[str, tuple[str, float]]]
 _FLAGS: Final = {"1": True, "true": True, "0": False, "false": False}
@@ -149,8 +151,10 @@ class _OperatorViews:
     async def sampling(self, app: web.Application) -> AsyncIterator[None]:
         async def loop() -> None:
             while True:
-                with contextlib.suppress(Exception):  # a sample is never worth a crash
+                try:
                     self.sample()
+                except Exception:  # a sample is never worth the node: say so, go on
+                    log.exception("sampling this node's figures failed")
                 await asyncio.sleep(sample_interval_s)
 
         task = asyncio.get_running_loop().create_task(loop())
