@@ -9,7 +9,8 @@ Vanilla JavaScript and CSS inline, no build step, nothing fetched from outside t
 - charts of the last hour from this node's samples (``GET /v1/samples``);
 - PD nodes, range servers with drain / cancel, the drain's progress (replicas left) and,
   up front, whether it can finish (``"drain"`` of ``GET /v1/rangeservers``);
-- under-replicated ranges with the reason repair skips a replica;
+- under-replicated ranges with each replica's health and reason, and the ranges repair
+  skips with its reason;
 - streams, searched by name prefix and paged (``GET /v1/streams?limit=&after=``; an API
   without ``next`` is paged in the page), with their figures and tier split; a stream's
   detail (ranges with replicas by address, cursors with lag and reset, retention edit,
@@ -265,15 +266,18 @@ function renderCharts(body) {
   const now = Date.now(), from = now - 3600000, w = 260, h = 60;
   $("charts").innerHTML = CHARTS.map(([key, title, fmt, rate]) => {
     const points = series(samples, key, rate);
-    const max = Math.max(1e-9, ...points.map((p) => p[1]));
-    const line = points.map((p) => ((p[0] - from) / 3600000 * w).toFixed(1) + "," +
-      (h - 2 - p[1] / max * (h - 6)).toFixed(1)).join(" ");
+    const top = points.length ? Math.max(...points.map((p) => p[1])) : 0;
+    const xy = points.map((p) => [((p[0] - from) / 3600000 * w).toFixed(1),
+      (h - 3 - (top > 0 ? p[1] / top : 0) * (h - 8)).toFixed(1)]);
+    const line = xy.map((p) => p[0] + "," + p[1]).join(" ");
+    const dot = xy.length ? '<circle r="2.5" fill="#2f6fd6" cx="' + xy[xy.length - 1][0] +
+      '" cy="' + xy[xy.length - 1][1] + '"/>' : "";
     const last = points.length ? fmt(points[points.length - 1][1]) : "no samples yet";
     return '<figure data-series="' + esc(key + (rate ? "-rate" : "")) + '"><figcaption>' +
-      esc(title) + ": <b>" + esc(last) + "</b> (max " + esc(points.length ? fmt(max) : "-") +
+      esc(title) + ": <b>" + esc(last) + "</b> (max " + esc(points.length ? fmt(top) : "-") +
       ')</figcaption><svg width="' + w + '" height="' + h + '" viewBox="0 0 ' + w + " " + h +
       '"><rect width="' + w + '" height="' + h + '" fill="#f6f8fb"/><polyline points="' +
-      line + '"/></svg></figure>';
+      line + '"/>' + dot + "</svg></figure>";
   }).join("") + '<div class="muted" id="samples-count">' + samples.length + " samples, one every " +
     esc(body.interval_s) + " s</div>";
 }
@@ -349,7 +353,10 @@ function renderRepair(r) {
     (repair.leader ? "" : " (this node is not the leader, which repairs: the leader's console, " +
       "linked above, shows repair progress)") + "</div>" +
     (rows.length ? table(["stream", "range", "offsets", "state", "healthy", "replicas", ""],
-      rows, "under-replicated") : "");
+      rows, "under-replicated") : "") +
+    ((repair.skipped || []).length ? table(["stream", "range", "repair skips it because"],
+      repair.skipped.map((x) => [esc(x.stream), esc(x.index), esc(x.reason)]),
+      "repair-skipped") : "");
 }
 
 // -- streams -------------------------------------------------------------------------------

@@ -109,6 +109,8 @@ async def test_console_as_an_operator_uses_it(cluster: Cluster, tmp_path: Path) 
         await page.wait("/^[1-9]/.test(document.getElementById('samples-count').innerText)",
                         "samples")
         assert await page.evaluate("document.querySelectorAll('#charts svg').length") == 6
+        # At least the gauges of one sample are drawn (rates need two samples).
+        assert await page.evaluate("document.querySelectorAll('#charts svg circle').length") >= 3
 
         # Streams: search by prefix, pages of 20, next and previous.
         await page.choose("#page-size", "20")
