@@ -476,3 +476,83 @@ def _add_paging() -> None:
 
 
 _add_paging()
+def _add_console() -> None:
+    """The console's endpoints: the record browser, PD's samples, the drain outlook
+    (``pd/console.py``)."""
+    nullable_int = {"type": ["integer", "null"]}
+    SCHEMAS["DrainOutlook"] = {
+        "type": "object",
+        "required": ["needs_servers", "available_servers", "can_finish", "reason"],
+        "description": "whether draining the server can finish: its replicas need as many "
+                       "other live, active (not draining) servers as the widest range on "
+                       "it has replicas",
+        "properties": {"needs_servers": {"type": "integer", "minimum": 0},
+                       "available_servers": {"type": "integer", "minimum": 0},
+                       "can_finish": {"type": "boolean"},
+                       "reason": {**_NULLABLE_STR, "description": "'cannot finish: needs N "
+                                                                  "servers ...', or null"}}}
+    SCHEMAS["RangeServer"]["properties"]["drain"] = _ref("DrainOutlook")
+    OPENAPI["paths"]["/v1/rangeservers/{id}"]["get"] = {
+        "summary": "One range server with its drain state, replica count and whether a "
+                   "drain of it can finish",
+        "responses": {"200": _json({"allOf": [_ref("RangeServer"), {
+            "type": "object", "required": ["drain"],
+            "properties": {"drain": _ref("DrainOutlook")}}]}, "The range server"),
+            **_errors(404)}}
+    SCHEMAS["BrowsedRecord"] = {
+        "type": "object",
+        "required": ["offset", "timestamp", "headers", "size", "value", "text"],
+        "properties": {"offset": {"type": "integer", "minimum": 0},
+                       "timestamp": {"type": "integer", "description": "ms since the epoch"},
+                       "headers": {"type": "object",
+                                   "additionalProperties": {"type": "string"}},
+                       "size": {"type": "integer", "minimum": 0},
+                       "value": {"type": "string", "contentEncoding": "base64"},
+                       "text": {**_NULLABLE_STR,
+                                "description": "the value as UTF-8; null when it is not"}}}
+    query_int = {"type": "integer", "minimum": 0}
+    OPENAPI["paths"]["/v1/streams/{name}/records"] = {
+        "parameters": [_NAME_PARAM],
+        "get": {
+            "summary": "Browse records: from an offset (default: the stream's start) or from "
+                       "the first record at or after a time; at most 100 records and 1 MiB "
+                       "of values (at least one record). Read from the ranges' replicas or "
+                       "the object tier from the node's object store; 403 for hmac-sha256 "
+                       "streams (PD does not hold the cluster secret)",
+            "parameters": [
+                {"name": "offset", "in": "query", "required": False, "schema": query_int},
+                {"name": "timestamp", "in": "query", "required": False, "schema": query_int,
+                 "description": "ms since the epoch (not with offset)"},
+                {"name": "limit", "in": "query", "required": False,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}}],
+            "responses": {"200": _json({
+                "type": "object", "required": ["stream", "offset", "start_offset", "records",
+                                               "next"],
+                "properties": {"stream": {"type": "string"}, "offset": nullable_int,
+                               "start_offset": {"type": "integer", "minimum": 0},
+                               "records": {"type": "array", "items": _ref("BrowsedRecord")},
+                               "next": {**nullable_int, "description": "the offset after "
+                                        "the last record given (null: none at the time)"}}},
+                "The records"),
+                "403": _json(_ref("Error"), "An hmac-sha256 stream: PD holds no secret"),
+                **_errors(400, 404, 503)}}}
+    figure = {"type": "number"}
+    OPENAPI["paths"]["/v1/samples"] = {"get": {
+        "summary": "This PD node's own samples of the last hour (one every interval_s, at "
+                   "most max kept in memory), oldest first, for the console's charts",
+        "parameters": [{"name": "minutes", "in": "query", "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 60,
+                                   "default": 60}}],
+        "responses": {"200": _json({
+            "type": "object", "required": ["interval_s", "max", "samples"],
+            "properties": {"interval_s": figure, "max": {"type": "integer"}, "samples": {
+                "type": "array", "items": {
+                    "type": "object", "required": ["at_ms"],
+                    "properties": {"at_ms": {"type": "integer"}, "streams": figure,
+                                   "ranges": figure, "servers_live": figure,
+                                   "under_replicated": figure, "commit_index": figure,
+                                   "bytes_stored": figure, "commit_ms": figure}}}}},
+            "The samples"), **_errors(400)}}}
+
+
+_add_console()

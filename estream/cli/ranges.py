@@ -56,7 +56,7 @@ def summary(report: Mapping[str, Any], from_leader: bool) -> str:
             f"deferred {repair.get('deferred', 0)}")
     draining = repair.get("draining") or []
     if draining:
-        line += f"; draining {', '.join(map(str, draining))}"
+        line += f"; draining {', '.join(short_id(d) for d in draining)}"
     if repair.get("open_ranges_rolled"):
         line += f"; open ranges rolled off draining servers {repair['open_ranges_rolled']}"
     if not (from_leader and repair.get("leader")):

@@ -38,10 +38,12 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from estream.net.objectstore import ObjectStore
 from estream.net.security import bearer_token, has_verified_peer_cert, token_matches
 from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
 from estream.wire.errors import (
     Conflict,
+    DigestKeyMissing,
     ErrorCode,
     EstreamError,
     Fenced,
@@ -66,7 +68,7 @@ from pd.paging import (
     streams_page_max,
     window_args,
 )
-from pd.shell.console import RangesReport, add_operator_routes
+from pd.shell.console import RangesReport, add_operator_routes, with_drain_outlooks
 from pd.shell.raft import RaftStatus
 from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
 from pd.streamfigures import stream_figures
@@ -85,6 +87,7 @@ _STATUS: dict[type[EstreamError], int] = {
     Unavailable: 503,  # includes Timeout
 }
 _STATUS[OffsetOutOfRange] = 400  # a cursor past the readable end
+_STATUS[DigestKeyMissing] = 403  # the record browser on an hmac-sha256 stream (no secret)
 _CREATE_FIELDS: dict[str, type] = {"name": str, "replicas": int, "ack_count": int, "type": str,
                                    "hints": list}
 _CREATE_FIELDS.update({"retention_ms": int, "retention_bytes": int})  # pd/retention.py
@@ -118,7 +121,7 @@ def needs_token(method: str, path: str, protect_reads: bool) -> bool:
 
 def build_app(
     service: PdService, *, tokens: Collection[str] = (), protect_reads: bool = False,
-    ranges_report: RangesReport | None = None,
+    ranges_report: RangesReport | None = None, object_store: ObjectStore | None = None,
 ) -> web.Application:
     """The aiohttp application serving the admin API of one PD node.
 
@@ -173,7 +176,8 @@ def build_app(
     app.router.add_patch("/v1/streams/{name}", views.set_retention)
     app.router.add_delete("/v1/streams/{name}", views.delete_stream)
     app.router.add_get("/v1/rangeservers", views.rangeservers)
-    add_operator_routes(app, service, ranges_report)  # drain, forget, /v1/ranges, /ui
+    add_operator_routes(app, service, ranges_report,  # drain, forget, /v1/ranges, /ui,
+                        views._gauges, object_store)  # records, samples
     app.router.add_get("/v1/openapi.json", views.openapi)
     app.router.add_get("/healthz", views.healthz)
     app.router.add_get("/readyz", views.readyz)
@@ -264,7 +268,8 @@ class _Views:
         return web.json_response({"deleted": name})
 
     async def rangeservers(self, request: web.Request) -> web.Response:
-        return web.json_response({"rangeservers": await self.service.server_details()})
+        servers = await with_drain_outlooks(self.service, await self.service.server_details())
+        return web.json_response({"rangeservers": servers})
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(OPENAPI)

@@ -123,7 +123,7 @@ class PlacementDriverNode:
         drainer = Drainer(self.service, self.repairer, recoverer)
         app = build_app(self.service, tokens=cfg.security.tokens,
                         protect_reads=cfg.security.protect_reads,
-                        ranges_report=drainer.ranges_report)
+                        ranges_report=drainer.ranges_report, object_store=store)
         self._http_runner = web.AppRunner(app, access_log=None)
         await self._http_runner.setup()
         site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True,

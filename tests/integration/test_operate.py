@@ -11,7 +11,8 @@ the web console in headless Chromium, and the CLI's operator commands and fixes.
    (the flag is in the Raft catalog) and every record reads back.
 3. ``/ui`` in headless Chromium against the API's answers: the DOM after its JavaScript
    ran shows the PD nodes and leader, every range server with its state and load, every
-   range of every stream with its tier and its replicas' addresses, the repair summary;
+   stream with its epoch and ranges by tier (the console's clicks: test_console.py), the
+   repair summary;
    a real ``--screenshot`` decodes to a drawn page (text, state colours, not blank).
 4. CLI: ``server list|describe|drain|forget`` with ``--json``; ``append`` sends a line
    while standard input stays open; ``read`` starts at the first kept offset of a trimmed
@@ -327,15 +328,18 @@ def test_console_in_headless_chromium(cluster: Cluster, tmp_path: Path) -> None:
     assert {"drained", "active"} <= {row[3] for row in server_rows.values()}
 
     streams = http_json(url + "/v1/streams")[1]["streams"]
-    stream_rows = parsed.tables["streams-table"][1:]  # stream, range, start, end, state,
-    shown = {(row[0], row[1]): row for row in stream_rows}  # tier, replicas
-    for stream in streams:
+    stream_rows = parsed.tables["streams-table"][1:]  # stream, end offset, records, bytes,
+    shown = {row[0]: row for row in stream_rows}  # rate, first, last, retention, epoch,
+    assert len(streams) <= 50  # one page of the console  # tiers, replicas/acks
+    for stream in streams:  # each stream with its ranges by tier (replicas by address:
+        row = shown[stream["name"]]  # the stream's detail, tests/integration/test_console.py)
+        tiers: dict[str, int] = {}
         for rng in stream["ranges"]:
-            row = shown[(stream["name"], str(rng["index"]))]
-            assert row[5] == rng.get("tier", "local"), row
-            for replica in rng["replicas"]:  # each replica with its address
-                assert f"{replica['id']} {replica['address']}" in row[6], row
-    assert {"drain-load", "after-drain"} <= {name for name, _ in shown}
+            tiers[rng.get("tier", "local")] = tiers.get(rng.get("tier", "local"), 0) + 1
+        assert row[9] == (", ".join(f"{n} {t}" for t, n in sorted(tiers.items())) or "-"), row
+        assert row[8] == str(stream["epoch"]), row
+        assert row[10] == f"{stream['replicas']}/{stream['ack_count']}", row
+    assert {"drain-load", "after-drain"} <= set(shown)
     summary = parsed.texts["repair-summary"]
     report = http_json(url + "/v1/ranges?under_replicated=1")[1]["repair"]
     assert summary.startswith(f"{report['under_replicated']} under-replicated; repairs in "
