@@ -10,6 +10,13 @@ replica, and then deletes the log segments nothing needs any more
 epoch, seal, confirm, damage, drop) is durable before the request that caused it is
 answered.
 
+When the log cuts back (a resource ran out, ``rangeserver/shell/wal.py``), each entry it
+cut off undoes what was done for it, newest first: a batch's replica state and index go
+back, a CREATE_RANGE's replica is forgotten, an EPOCH, SEAL or CONFIRM entry's replica
+goes back to its state before (keeping the durable end it reached since), and a DROP is
+logged again once the log resumes. While a resource is short, new replicas and record
+batches are refused (``StorageError``: retriable, the writer rolls to other servers).
+
 Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
 batch's own stream id and range index, decide (a batch of another digest than the one the
 replica's CREATE_RANGE recorded is refused: ``DigestMismatch``, nothing stored), queue
@@ -81,6 +88,8 @@ class Store:
         self._checkpointed_at: tuple[int, int] = (-1, -1)
         self._reclaimer: asyncio.Task[None] | None = None
         self._reclaim_again = False
+        self._redrop: list[Key] = []  # DROP entries the log cut back: logged again
+        self.wal.on_resumed = self._resumed
         self.recovery_report: list[str] = []
 
     # ---------------------------------------------------------------------- lifecycle
@@ -271,13 +280,14 @@ class Store:
     def _accept(
         self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
     ) -> asyncio.Future[None]:
-        end = header.end_offset
+        end, base, before = header.end_offset, header.base_offset, self.replicas[key]
         entry_header = wf.batch_entry_header(batch)
         location, done = self.wal.append(
             (entry_header, batch),
             wf.ENTRY_HEADER_BYTES + len(batch),
             sync=not deferred,
             on_durable=lambda: self._on_durable(key, end),
+            on_failed=lambda: self._unappend(key, before, base),
         )
         body = Location(location.segment, location.position + wf.ENTRY_HEADER_BYTES, len(batch))
         self.indexes[key].add(header.base_offset, end, body)
@@ -300,7 +310,9 @@ class Store:
         key = (stream_id, range_index)
         outcome = rp.decide_create(
             self.replicas.get(key), stream_id, range_index, start, epoch, digest)
+        before = self.replicas.get(key)
         if isinstance(outcome, rp.Create):
+            self.wal.check_room()  # no new replica while a resource is short
             self.replicas[key] = outcome.state
             self.indexes[key] = RangeIndex()
             self.time_indexes[key] = TimeIndex()
@@ -309,7 +321,7 @@ class Store:
         elif isinstance(outcome, rp.Exists):
             self._set(key, outcome.state)
             if outcome.log:
-                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
+                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch), before)
             else:
                 await self.wal.barrier()  # its CREATE_RANGE entry may still be in flight
         elif isinstance(outcome, rp.StartConflict):
@@ -323,12 +335,22 @@ class Store:
             raise rp.stale_error(outcome)
         return self._get(*key)
 
-    def _log_control(self, control: wf.Control) -> asyncio.Future[None]:
+    def _log_control(
+        self, control: wf.Control, before: ReplicaState | None = None
+    ) -> asyncio.Future[None]:
         """Queue a control entry (its replica's span grows to cover it); returns the
-        future of its fdatasync."""
+        future of its fdatasync. ``before``: the replica's state before the change the
+        entry records (what a cut back restores)."""
         entry = wf.encode_control(control)
-        location, done = self.wal.append((entry,), len(entry))
         key = (control.stream_id, control.range_index)
+        undo: Callable[[], None] | None = None
+        if isinstance(control, wf.CreateRange):
+            undo = lambda: self._uncreate(key)  # noqa: E731
+        elif isinstance(control, wf.Dropped):
+            undo = lambda: self._redrop.append(key)  # noqa: E731
+        elif before is not None:
+            undo = lambda: self._restore(key, before)  # noqa: E731
+        location, done = self.wal.append((entry,), len(entry), on_failed=undo, control=True)
         if isinstance(control, wf.Dropped):
             self._forget(key, location.segment)
         elif key in self.spans:
@@ -336,6 +358,42 @@ class Store:
         else:
             self.spans[key] = Span(location.segment, location.segment)
         return done
+
+    # ------------------------------------------------------------- undone by a cut back
+
+    def _unappend(self, key: Key, before: ReplicaState, base: int) -> None:
+        """A batch's log entry was cut back: the replica holds what it held before."""
+        if key in self.replicas:
+            self._restore(key, before)
+            self.indexes[key].truncate(base)
+            self.cache.drop_range(*key)
+
+    def _restore(self, key: Key, before: ReplicaState) -> None:
+        """The replica's state before an entry the log cut back, with the durable end it
+        reached since (only entries before the cut became durable)."""
+        current = self.replicas.get(key)
+        if current is not None:
+            self._set(key, replace(before, end=max(before.end, current.end)))
+
+    def _uncreate(self, key: Key) -> None:
+        """A CREATE_RANGE entry was cut back: the replica never existed."""
+        for table in (self.replicas, self.indexes, self.time_indexes, self.spans):
+            table.pop(key, None)
+        self.cache.drop_range(*key)
+        event = self._events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def _resumed(self) -> None:
+        """The log took a new writer after a cut back: log the DROP entries it cut off
+        again, and let a checkpoint delete what dropped replicas leave."""
+        redrop, self._redrop = self._redrop, []
+        for key in redrop:
+            try:
+                self._log_control(wf.Dropped(*key))
+            except EstreamError as exc:
+                log.error("replica %s: its DROP entry was not logged again: %s", key, exc.message)
+        self._schedule_reclaim()
 
     async def drop(self, stream_id: int, range_index: int) -> bool:
         """Forget a replica for good (its stream was deleted or trimmed past it): a DROP
@@ -371,11 +429,12 @@ class Store:
     ) -> tuple[int, bool]:
         """Fence (``end`` None) or seal; answers ``(end, sealed)``."""
         key = (stream_id, range_index)
-        outcome = rp.decide_seal(self._get(*key), epoch, end)
+        before = self._get(*key)
+        outcome = rp.decide_seal(before, epoch, end)
         if isinstance(outcome, rp.Fence):
             self._set(key, outcome.state)
             if outcome.log:
-                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
+                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch), before)
             else:
                 await self.wal.barrier()
             return self._get(*key).end, False
@@ -383,7 +442,7 @@ class Store:
             self._set(key, outcome.state)
             state = outcome.state
             await self._log_control(
-                wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end)
+                wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end), before
             )
             return state.sealed_end, True
         if isinstance(outcome, rp.AlreadySealed):
@@ -412,7 +471,7 @@ class Store:
             raise rp.stale_error(outcome)
         if outcome.confirm > state.confirm:
             self._set(key, outcome)  # readers may see it now: those records are acknowledged
-            await self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm))
+            await self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm), state)
         else:
             await self.wal.barrier()
 
