@@ -1,7 +1,9 @@
 """Placement: which range servers get the replicas of a new range.
 
 Chooses ``count`` distinct servers that are alive and not suspected, never one in
-``exclude`` (servers the writer reports as failed), preferring servers whose storage
+``exclude`` (servers the writer reports as failed) nor one that is ``full`` (its heartbeat
+load says its disk is above the watermark or it is out of disk or descriptors:
+:func:`full`), preferring servers whose storage
 class is in the stream's hints, then the least loaded (open ranges, then bytes), then the
 smallest id so that the choice is deterministic.
 
@@ -10,8 +12,9 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from estream.wire.errors import NoPlacement
 
@@ -25,6 +28,17 @@ class Candidate:
     alive: bool
     ranges: int = 0
     bytes: int = 0
+    full: bool = False  # takes no new replicas (disk above the watermark, or exhausted)
+
+
+def full(load: Mapping[str, Any]) -> bool:
+    """Whether a range server's heartbeat load says it takes no new replicas: its disk
+    is above its watermark, or its log is out of disk or descriptors.
+
+    >>> full({"above_watermark": True}), full({"exhausted": "disk"}), full({"ranges": 3})
+    (True, True, False)
+    """
+    return load.get("above_watermark") is True or bool(load.get("exhausted"))
 
 
 def choose_replicas(
@@ -44,11 +58,13 @@ def choose_replicas(
     ('c', 'b')
     >>> choose_replicas(c, 2, exclude=["c"])
     ('a', 'b')
+    >>> choose_replicas([*c, Candidate("e", "ssd", True, 0, full=True)], 1)
+    ('c',)
 
     Raises :class:`NoPlacement` when fewer than ``count`` servers are eligible.
     """
     excluded = set(exclude)
-    eligible = [c for c in candidates if c.alive and c.id not in excluded]
+    eligible = [c for c in candidates if c.alive and not c.full and c.id not in excluded]
     if len(eligible) < count:
         raise NoPlacement(
             f"need {count} live range servers, {len(eligible)} available",

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 Key = tuple[int, int]
 reclaim_delay_s = 0.2  # after a drop, before the checkpoint that deletes its segments
 time_scan_bytes = 1024 * 1024  # batches read at once by a time lookup's scan
+disk_watermark_percent_default = 90  # disk use above this: no new replicas (load, PD)
 
 
 class Store:
@@ -73,8 +74,10 @@ class Store:
         cache_bytes_max: int = limits.cache_bytes_max,
         wal_spares: int = 0,
         wal_io: str = "auto",
+        disk_watermark_percent: int = disk_watermark_percent_default,
     ) -> None:
         self.data_dir = data_dir
+        self.disk_watermark_percent = disk_watermark_percent
         self.wal = Wal(
             data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io
         )
@@ -487,13 +490,18 @@ class Store:
     async def force(self) -> None:
         await self.wal.force()
 
-    def load(self) -> dict[str, int]:
+    def load(self) -> dict[str, int | bool | str]:
+        """The heartbeat's storage figures: ``above_watermark`` (disk use past
+        ``disk_watermark_percent``) and ``exhausted`` (the resource the log is short of,
+        else "") tell PD to place no new replicas here (``pd/placement.py``)."""
         try:
             stat = os.statvfs(self.data_dir)
-            free = stat.f_bavail * stat.f_frsize
+            free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
         except OSError:
-            free = 0
-        return {"ranges": len(self.replicas), "bytes": self.wal.bytes_total, "free_bytes": free}
+            free = total = 0
+        above = total > 0 and (total - free) * 100 > self.disk_watermark_percent * total
+        return {"ranges": len(self.replicas), "bytes": self.wal.bytes_total, "free_bytes": free,
+                "above_watermark": above, "exhausted": self.wal.exhausted or ""}
 
     # --------------------------------------------------------------------------- read
 
