@@ -418,7 +418,7 @@ class Wal:
         self._exhaustion = StorageError(
             f"the range server's {resource} is exhausted ({error.message}): appends "
             "refused until it is back", errno=error.fields.get("errno"))
-        self._halted = error
+        self._halted = self._exhaustion
         lost = [i for i in self._pending if not i.settled and (i.segment, i.position) >= cut]
         waiting = [i for i in self._pending if not i.settled
                    and (i.segment, i.position) < cut and not (i.future is None or i.future.done())]
