@@ -218,6 +218,27 @@ async def test_no_descriptors_at_a_segment_switch_recovers(
     await again.close()
 
 
+async def test_a_checkpoint_on_a_full_disk_fails_typed_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic checkpoint (and the reclaim after drops) catch ``StorageError`` and
+    try again later: an OSError would end them for good."""
+    store = await open_store(tmp_path)
+    await store.create_range(*KEY, 0, 1)
+    await store.append(batch(KEY, 0))
+
+    def fsync(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StorageError):
+        await store.checkpoint()
+    assert not list(tmp_path.glob("*.tmp")), "the partial checkpoint is deleted"
+    monkeypatch.undo()
+    assert await store.checkpoint()
+    await store.close()
+
+
 async def test_a_failed_fdatasync_still_stops_the_log_whatever_its_errno(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
