@@ -129,6 +129,7 @@ class Wal:
         self._read_fds: dict[int, int] = {}
         self._retired_fds: list[int] = []  # of deleted segments: closed on the next delete
         self._dsync = False  # RWF_DSYNC writes: probed by start()
+        self._writer_fd = -1  # the writer thread's open segment (its thread only)
 
     # ------------------------------------------------------------------ startup (sync)
 
@@ -419,6 +420,8 @@ class Wal:
             f"the range server's {resource} is exhausted ({error.message}): appends "
             "refused until it is back", errno=error.fields.get("errno"))
         self._halted = self._exhaustion
+        if self._recovery is not None and self._recovery is not asyncio.current_task():
+            self._recovery.cancel()  # ran out again while only control entries went in
         lost = [i for i in self._pending if not i.settled and (i.segment, i.position) >= cut]
         waiting = [i for i in self._pending if not i.settled
                    and (i.segment, i.position) < cut and not (i.future is None or i.future.done())]
@@ -435,7 +438,9 @@ class Wal:
         """Cut the log back and start a new writer there (retried while the resource is
         short), then wait for the resource to come back."""
         await self._stop_writer()
-        for segment in [s for s in self._read_fds if s > cut[0]]:  # deleted: numbers reused
+        # Later segments are deleted (their numbers come back), and the cut one may be
+        # replaced by a spare: their read descriptors are retired, reopened when read.
+        for segment in [s for s in self._read_fds if s >= cut[0]]:
             self._retired_fds.append(self._read_fds.pop(segment))
         while True:
             try:
@@ -499,6 +504,7 @@ class Wal:
     def _run(self, fd: int, segment: int) -> None:
         loop = self._loop
         assert loop is not None
+        self._writer_fd = fd  # the open segment, also when a group fails after a switch
         unsynced: list[WalItem] = []
         error: StorageError | None = None
         stop = False
@@ -524,7 +530,7 @@ class Wal:
             dsync = want_sync and not unsynced and self._dsync
             started = time.perf_counter()
             try:
-                fd, segment = self._write_group(fd, segment, batch, dsync=dsync)
+                fd, segment = self._write_group(self._writer_fd, segment, batch, dsync=dsync)
                 if any(not item.sync for item in batch):
                     loop.call_soon_threadsafe(self._complete, batch, False)
                 unsynced.extend(batch)
@@ -546,7 +552,7 @@ class Wal:
                     break
                 loop.call_soon_threadsafe(self._fail, unsynced + batch, error)
                 unsynced = []
-        os.close(fd)
+        os.close(self._writer_fd)
 
     def _drain(self, first: object | None) -> list[object]:
         objs = [] if first is None else [first]
@@ -572,9 +578,9 @@ class Wal:
                 parts, start = [], -1
                 exhaustion.sync(fd)  # a segment is complete and durable before the next starts
                 segment = item.segment
-                fd = self._open_segment(segment, fd)
+                fd = self._writer_fd = self._open_segment(segment, fd)
             elif start < 0 and item.position == 0 and self.spares.ready():
-                fd = self._open_segment(segment, fd)  # created empty at start: a spare now
+                fd = self._writer_fd = self._open_segment(segment, fd)  # empty: a spare now
             if start < 0:
                 start = item.position
             parts.extend(item.parts)

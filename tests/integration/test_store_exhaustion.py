@@ -142,6 +142,7 @@ async def test_a_full_disk_refuses_appends_keeps_drops_and_recovers_without_rest
     await until(lambda: store.wal.exhausted is None)
     assert store.wal.headroom.present() and store.wal.failed is None
     assert await store.append(batch(KEY, 40)) == 44
+    assert await read_all(store, KEY) == expected(KEY, 44), "read from the files, live"
     await store.create_range(*NEW, 0, 1)
     assert store.wal.exhaustions == 1
     await store.close()
@@ -212,6 +213,7 @@ async def test_no_descriptors_at_a_segment_switch_recovers(
     await until(lambda: store.wal.exhausted is None)
     assert await store.append(batch(KEY, base)) == base + 4
     assert store.wal.segment == 1
+    assert await read_all(store, KEY) == expected(KEY, base + 4), "read from the files, live"
     await store.close()
     again = await open_store(tmp_path)
     assert await read_all(again, KEY) == expected(KEY, base + 4)
