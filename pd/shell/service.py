@@ -75,7 +75,7 @@ from pd.lease import LeaseTable
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import REASONS, DamageReport
-from pd.placement import Candidate, choose_replicas, full
+from pd.placement import Candidate, choose_replicas, exhausted, filling
 from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
@@ -209,7 +209,8 @@ class PdService:
                 self.liveness.alive(server.id, now) and server.id not in view.draining,
                 open_ranges.get(server.id, 0),
                 load_bytes if isinstance(load_bytes, int) else 0,
-                full(load),  # out of room: no new replicas (pd/placement.py)
+                exhausted(load),  # no new replicas there (pd/placement.py)
+                filling(load),  # new replicas there only when no other server can
             ))
         return out
 

@@ -171,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--disk-watermark-percent", type=_count(1, 100, "percent"), metavar="P",
         default=disk_watermark_percent_default,
-        help="above P%% of the data directory's disk used, take no new replicas (PD places "
-        "them elsewhere; default %(default)s)")
+        help="above P%% of the data directory's disk used, get new replicas only when no "
+        "other server can take them (PD places them elsewhere first; default %(default)s)")
     parser.add_argument(
         "--cpus", type=cpu_list, default=None, metavar="LIST",
         help="run the server's threads on these CPUs only, e.g. 1 or 2-3 (default: all): "

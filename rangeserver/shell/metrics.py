@@ -249,7 +249,8 @@ class RangeServerMetrics(Collector):
                                   "ran out of disk or descriptors and cut back.",
                                   value=wal.exhaustions)
         yield GaugeMetricFamily("estream_rangeserver_disk_above_watermark", "1 while the data "
-                                "directory's disk is above the watermark (no new replicas).",
+                                "directory's disk is above the watermark (new replicas go "
+                                "elsewhere first).",
                                 value=float(bool(self.store.load().get("above_watermark"))))
         try:
             stat = os.statvfs(self.data_dir)

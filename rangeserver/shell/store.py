@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 Key = tuple[int, int]
 reclaim_delay_s = 0.2  # after a drop, before the checkpoint that deletes its segments
 time_scan_bytes = 1024 * 1024  # batches read at once by a time lookup's scan
-disk_watermark_percent_default = 90  # disk use above this: no new replicas (load, PD)
+disk_watermark_percent_default = 90  # disk use above this: new replicas go elsewhere first
 
 
 class Store:
@@ -492,8 +492,9 @@ class Store:
 
     def load(self) -> dict[str, int | bool | str]:
         """The heartbeat's storage figures: ``above_watermark`` (disk use past
-        ``disk_watermark_percent``) and ``exhausted`` (the resource the log is short of,
-        else "") tell PD to place no new replicas here (``pd/placement.py``)."""
+        ``disk_watermark_percent``: PD places new replicas elsewhere first) and
+        ``exhausted`` (the resource the log is short of, else "": none placed here;
+        ``pd/placement.py``)."""
         try:
             stat = os.statvfs(self.data_dir)
             free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize

@@ -8,7 +8,7 @@ import pytest
 
 from estream.wire.errors import NoPlacement
 from pd.liveness import Liveness
-from pd.placement import Candidate, choose_replicas, full
+from pd.placement import Candidate, choose_replicas, exhausted, filling, full
 
 C = [
     Candidate("a", "hdd", True, ranges=5, bytes=10),
@@ -62,14 +62,19 @@ def test_no_placement_names_needed_and_available() -> None:
 )
 def test_full_reads_the_heartbeat_load(load: dict[str, object], is_full: bool) -> None:
     assert full(load) is is_full
+    assert full(load) is (exhausted(load) or filling(load))
 
 
-def test_a_full_server_gets_no_new_replica() -> None:
-    cands = [replace(c, full=c.id == "e") for c in C]
-    assert choose_replicas(cands, 3) == ("c", "a", "b")  # e (least loaded) is full
+def test_an_exhausted_server_gets_no_new_replica_one_filling_only_when_needed() -> None:
+    cands = [replace(c, exhausted=c.id == "e") for c in C]
+    assert choose_replicas(cands, 3) == ("c", "a", "b")  # e (least loaded) is out of room
     with pytest.raises(NoPlacement) as info:
-        choose_replicas(cands, 4)  # a, b, c left: never placed on a full server
+        choose_replicas(cands, 4)  # a, b, c left: never placed on an exhausted server
     assert info.value.fields["available"] == 3
+    cands = [replace(c, filling=c.id in ("e", "c")) for c in C]
+    assert choose_replicas(cands, 2) == ("a", "b")  # the two below their watermark
+    assert choose_replicas(cands, 3) == ("a", "b", "e")  # then the least loaded filling one
+    assert choose_replicas(cands, 3, hints=("ssd",)) == ("b", "a", "c")  # room before class
 
 
 def test_liveness_suspects_after_silence() -> None:
