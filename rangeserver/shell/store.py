@@ -393,9 +393,11 @@ class Store:
         redrop, self._redrop = self._redrop, []
         for key in redrop:
             try:
-                self._log_control(wf.Dropped(*key))
+                done = self._log_control(wf.Dropped(*key))
             except EstreamError as exc:
                 log.error("replica %s: its DROP entry was not logged again: %s", key, exc.message)
+            else:  # if cut back again, logged again at the next resume (its undo)
+                done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._schedule_reclaim()
 
     async def drop(self, stream_id: int, range_index: int) -> bool:

@@ -422,10 +422,21 @@ class Wal:
         self._halted = self._exhaustion
         if self._recovery is not None and self._recovery is not asyncio.current_task():
             self._recovery.cancel()  # ran out again while only control entries went in
-        lost = [i for i in self._pending if not i.settled and (i.segment, i.position) >= cut]
-        waiting = [i for i in self._pending if not i.settled
-                   and (i.segment, i.position) < cut and not (i.future is None or i.future.done())]
-        kept = [i for i in self._pending if not i.settled and i not in lost and i not in waiting]
+        # Unsettled entries: from the cut on, never written (failed, undone); before it,
+        # written: still waiting for a sync (failed: harmless) or answered (kept, synced
+        # by the cut back).
+        lost: list[WalItem] = []
+        waiting: list[WalItem] = []
+        kept: list[WalItem] = []
+        for item in self._pending:
+            if item.settled:
+                continue
+            if (item.segment, item.position) >= cut:
+                lost.append(item)
+            elif item.future is not None and not item.future.done():
+                waiting.append(item)
+            else:
+                kept.append(item)
         self._pending = deque(kept)
         for item in reversed(lost):
             if item.on_failed is not None:

@@ -18,6 +18,7 @@ import pytest
 
 from estream.wire.errors import StorageError
 from estream.wire.record import Record, encode_batch
+from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell import exhaustion, linuxaio
 from rangeserver.shell.store import Store
 
@@ -179,6 +180,30 @@ async def test_seal_and_confirm_cut_off_by_the_log_are_undone(
     again = await open_store(tmp_path)
     state = again.replicas[KEY]
     assert (state.end, state.epoch, state.sealed, state.sealed_end) == (4, 2, True, 4)
+    await again.close()
+
+
+async def test_a_drop_cut_off_by_the_log_is_logged_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = Disk(monkeypatch, tmp_path)
+    store = await open_store(tmp_path)
+    await store.create_range(*KEY, 0, 1)
+    await store.create_range(*OTHER, 0, 1)
+    await store.append(batch(OTHER, 0))
+    disk.full = True
+    big = asyncio.ensure_future(store.append(batch(KEY, 0)))  # fills the disk
+    drop = asyncio.ensure_future(store.drop(*OTHER))  # in the same write: cut off too
+    for pending in (big, drop):
+        with pytest.raises(StorageError):
+            await pending
+    assert OTHER not in store.replicas, "dropped for readers at once"
+    await until(lambda: store.wal._halted is None)
+    await store.wal.force()  # the DROP entry logged again when the log resumed
+    await store.close()
+    (tmp_path / ckpt.CHECKPOINT_NAME).unlink()  # a crash before any checkpoint: the log says
+    again = await open_store(tmp_path)
+    assert OTHER not in again.replicas and KEY in again.replicas
     await again.close()
 
 
