@@ -13,9 +13,9 @@ answered.
 When the log cuts back (a resource ran out, ``rangeserver/shell/wal.py``), each entry it
 cut off undoes what was done for it, newest first: a batch's replica state and index go
 back, a CREATE_RANGE's replica is forgotten, an EPOCH, SEAL or CONFIRM entry's replica
-goes back to its state before (keeping the durable end it reached since), and a DROP is
-logged again once the log resumes. While a resource is short, new replicas and record
-batches are refused (``StorageError``: retriable, the writer rolls to other servers).
+goes back to its state before (keeping the durable end it reached since), and a DROP or
+DAMAGED entry is logged again once the log resumes. While a resource is short, new
+replicas and record batches are refused (``StorageError``: retriable, the writer rolls to other servers).
 
 Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
 batch's own stream id and range index, decide (a batch of another digest than the one the
@@ -91,7 +91,7 @@ class Store:
         self._checkpointed_at: tuple[int, int] = (-1, -1)
         self._reclaimer: asyncio.Task[None] | None = None
         self._reclaim_again = False
-        self._redrop: list[Key] = []  # DROP entries the log cut back: logged again
+        self._relog: list[wf.Control] = []  # DROP, DAMAGED entries the log cut back
         self.wal.on_resumed = self._resumed
         self.recovery_report: list[str] = []
 
@@ -349,8 +349,8 @@ class Store:
         undo: Callable[[], None] | None = None
         if isinstance(control, wf.CreateRange):
             undo = lambda: self._uncreate(key)  # noqa: E731
-        elif isinstance(control, wf.Dropped):
-            undo = lambda: self._redrop.append(key)  # noqa: E731
+        elif isinstance(control, wf.Dropped | wf.DamageMarked):
+            undo = lambda: self._relog.append(control)  # noqa: E731  # logged again
         elif before is not None:
             undo = lambda: self._restore(key, before)  # noqa: E731
         location, done = self.wal.append((entry,), len(entry), on_failed=undo, control=True)
@@ -388,14 +388,18 @@ class Store:
             event.set()
 
     def _resumed(self) -> None:
-        """The log took a new writer after a cut back: log the DROP entries it cut off
-        again, and let a checkpoint delete what dropped replicas leave."""
-        redrop, self._redrop = self._redrop, []
-        for key in redrop:
+        """The log took a new writer after a cut back: log the DROP and DAMAGED entries
+        it cut off again (their replicas stay dropped, damaged), and let a checkpoint
+        delete what dropped replicas leave."""
+        relog, self._relog = self._relog, []
+        for control in relog:
+            if isinstance(control, wf.DamageMarked) and (
+                    (control.stream_id, control.range_index) not in self.replicas):
+                continue  # dropped since: nothing to mark
             try:
-                done = self._log_control(wf.Dropped(*key))
+                done = self._log_control(control)
             except EstreamError as exc:
-                log.error("replica %s: its DROP entry was not logged again: %s", key, exc.message)
+                log.error("%s was not logged again: %s", control, exc.message)
             else:  # if cut back again, logged again at the next resume (its undo)
                 done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._schedule_reclaim()
