@@ -15,7 +15,8 @@ cut off undoes what was done for it, newest first: a batch's replica state and i
 back, a CREATE_RANGE's replica is forgotten, an EPOCH, SEAL or CONFIRM entry's replica
 goes back to its state before (keeping the durable end it reached since), and a DROP or
 DAMAGED entry is logged again once the log resumes. While a resource is short, new
-replicas and record batches are refused (``StorageError``: retriable, the writer rolls to other servers).
+replicas and record batches are refused (``StorageError``: retriable, the writer rolls
+to other servers).
 
 Append path per batch: verify the batch (header and xxh3-64), look the replica up by the
 batch's own stream id and range index, decide (a batch of another digest than the one the
