@@ -93,16 +93,18 @@ def replicas_of(cluster: Cluster, name: str) -> list[set[str]]:
 
 
 async def stream_on(client: Any, cluster: Cluster, server: RangeServerProcess,
-                    prefix: str) -> str:
-    """A new stream whose first range has a replica on ``server`` (placement goes to the
-    least loaded servers: a few streams are enough)."""
+                    prefix: str) -> tuple[str, Any]:
+    """A new stream and its open writer, whose current range has a replica on ``server``
+    (placement goes to the least loaded servers: a few streams are enough; a writer's
+    range is its own, so the writer stays open)."""
     for i in range(6):
         name = f"{prefix}-{i}"
         await client.create_stream(name, replicas=3, ack_count=2)
-        async with await client.open_writer(name) as writer:
-            await writer.append_batch([b"first"])
-        if server.server_id in replicas_of(cluster, name)[0]:
-            return name
+        writer = await client.open_writer(name)
+        await writer.append_batch([b"first"])
+        if server.server_id in replicas_of(cluster, name)[-1]:
+            return name, writer
+        await writer.close()
     pytest.fail(f"no new range placed on {server.server_id}")
 
 
@@ -118,14 +120,14 @@ async def test_a_full_disk_refuses_then_recovers_without_a_restart(
     pid = server.process.pid
     wait_for(lambda: ready(server)[0] == 200, 20, "the server on tmpfs to be ready")
     async with await estream.connect(cluster.pd_addresses) as client:
-        name = await stream_on(client, cluster, server, "filled")
+        name, writer = await stream_on(client, cluster, server, "filled")
         free = shutil.disk_usage(server.data_dir).free
         filler = server.data_dir / "filler"
         with open(filler, "wb") as f:  # all but ~1 MiB (and the log's headroom) taken
             f.write(bytes(max(0, free - 1024 * 1024)))
         acknowledged: list[bytes] = [b"first"]
-        async with await client.open_writer(name) as writer:
-            for i in range(400):  # 16 KB records, 64 at a time: 1 MiB per batch
+        async with writer:
+            for i in range(40):  # 16 KB records, 64 at a time: 1 MiB per batch
                 batch = [VALUE[:-8] + b"%08d" % (64 * i + j) for j in range(64)]
                 await writer.append_batch(batch)  # never fails: the writer rolls away
                 acknowledged += batch
@@ -146,7 +148,8 @@ async def test_a_full_disk_refuses_then_recovers_without_a_restart(
         assert server.process.pid == pid and server.alive(), "no restart"
         assert scrape(http_url(server))['estream_storage_exhausted{resource="disk"}'] == 0
         await asyncio.sleep(2.5)
-        await stream_on(client, cluster, server, "again")  # PD places ranges there again
+        _, again = await stream_on(client, cluster, server, "again")  # placed there again
+        await again.close()
         assert await read_values(client, name) == acknowledged, "nothing acknowledged lost"
 
 
@@ -162,8 +165,8 @@ async def test_exhausted_descriptors_recover_once_idle_connections_close(
     pid = server.process.pid
     wait_for(lambda: ready(server)[0] == 200, 20, "the server to be ready")
     async with await estream.connect(cluster.pd_addresses) as client:
-        name = await stream_on(client, cluster, server, "fds")
-        async with await client.open_writer(name) as writer:
+        name, writer = await stream_on(client, cluster, server, "fds")
+        async with writer:
             await writer.append_batch([b"warm"])  # its connections are open before the limit
             in_use = len(os.listdir(f"/proc/{pid}/fd"))
             limit = in_use + 24
