@@ -306,12 +306,15 @@ def uploads_due(
     alive: Collection[str],
     busy: Collection[RangeKey] = (),
     retry_at: Mapping[RangeKey, int] | None = None,
+    full: Collection[str] = (),
 ) -> list[Upload]:
     """Sealed local ranges seen sealed for ``delay_ms`` or more, not ``busy``, not waiting
-    for a retry, with at least one live replica (or empty: nothing to read), oldest
-    first. Sources list live replicas first (the others are tried last)."""
+    for a retry, with at least one live replica (or empty: nothing to read); those with a
+    replica on a ``full`` server first (its disk is above the watermark or exhausted:
+    ``pd.placement.full``; their drop frees it), then oldest first. Sources list live
+    replicas first (the others are tried last)."""
     retry_at = retry_at or {}
-    due: list[tuple[int, Upload]] = []
+    due: list[tuple[bool, int, Upload]] = []
     for stream in streams:
         for rng in stream.ranges:
             key = (stream.id, rng.index)
@@ -324,10 +327,11 @@ def uploads_due(
             if not live and rng.end > rng.start:
                 continue
             rest = tuple(r for r in rng.replicas if r.id not in alive)
-            due.append((since, Upload(stream.name, stream.id, rng.index, rng.start, rng.end,
-                                      live + rest)))
-    due.sort(key=lambda item: (item[0], item[1].key))
-    return [upload for _, upload in due]
+            frees = any(r.id in full for r in rng.replicas)
+            due.append((not frees, since, Upload(stream.name, stream.id, rng.index, rng.start,
+                                                 rng.end, live + rest)))
+    due.sort(key=lambda item: (item[0], item[1], item[2].key))
+    return [upload for _, _, upload in due]
 
 
 def drops_due(

@@ -1,17 +1,21 @@
 """Placement: which range servers get the replicas of a new range.
 
 Chooses ``count`` distinct servers that are alive and not suspected, never one in
-``exclude`` (servers the writer reports as failed), preferring servers whose storage
-class is in the stream's hints, then the least loaded (open ranges, then bytes), then the
-smallest id so that the choice is deterministic.
+``exclude`` (servers the writer reports as failed) nor one whose log is out of disk or
+descriptors (``exhausted`` in its heartbeat load: it refuses new replicas), preferring
+servers below their disk watermark (one above it, ``filling``, only when no other can
+take the replica: a roll must not fail while a server has room left), then servers whose
+storage class is in the stream's hints, then the least loaded (open ranges, then bytes),
+then the smallest id so that the choice is deterministic.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from estream.wire.errors import NoPlacement
 
@@ -25,6 +29,28 @@ class Candidate:
     alive: bool
     ranges: int = 0
     bytes: int = 0
+    exhausted: bool = False  # out of disk or descriptors: never chosen
+    filling: bool = False  # its disk above the watermark: chosen last
+
+
+def exhausted(load: Mapping[str, Any]) -> bool:
+    """Whether a range server's heartbeat load says its log is out of disk or
+    descriptors (it refuses new replicas and record batches until they are back)."""
+    return bool(load.get("exhausted"))
+
+
+def filling(load: Mapping[str, Any]) -> bool:
+    """Whether a range server's heartbeat load says its disk is above its watermark."""
+    return load.get("above_watermark") is True
+
+
+def full(load: Mapping[str, Any]) -> bool:
+    """Either: the offloader uploads such a server's ranges first.
+
+    >>> full({"above_watermark": True}), full({"exhausted": "disk"}), full({"ranges": 3})
+    (True, True, False)
+    """
+    return exhausted(load) or filling(load)
 
 
 def choose_replicas(
@@ -44,11 +70,15 @@ def choose_replicas(
     ('c', 'b')
     >>> choose_replicas(c, 2, exclude=["c"])
     ('a', 'b')
+    >>> choose_replicas([*c, Candidate("e", "ssd", True, 0, exhausted=True)], 1)
+    ('c',)
+    >>> choose_replicas([*c, Candidate("e", "ssd", True, 0, filling=True)], 3)
+    ('c', 'a', 'b')
 
     Raises :class:`NoPlacement` when fewer than ``count`` servers are eligible.
     """
     excluded = set(exclude)
-    eligible = [c for c in candidates if c.alive and c.id not in excluded]
+    eligible = [c for c in candidates if c.alive and not c.exhausted and c.id not in excluded]
     if len(eligible) < count:
         raise NoPlacement(
             f"need {count} live range servers, {len(eligible)} available",
@@ -57,7 +87,8 @@ def choose_replicas(
         )
     preferred = set(hints)
 
-    def key(c: Candidate) -> tuple[int, int, int, str]:
-        return (0 if not preferred or c.storage_class in preferred else 1, c.ranges, c.bytes, c.id)
+    def key(c: Candidate) -> tuple[bool, int, int, int, str]:
+        hinted = 0 if not preferred or c.storage_class in preferred else 1
+        return (c.filling, hinted, c.ranges, c.bytes, c.id)
 
     return tuple(c.id for c in sorted(eligible, key=key)[:count])

@@ -93,6 +93,13 @@ class RangeIndex:
             i += 1
         return chosen
 
+    def truncate(self, base: int) -> None:
+        """Forget the batches from the one starting at ``base`` on (their log entries
+        were cut back: never written)."""
+        i = bisect.bisect_left(self._bases, base)
+        for column in (self._bases, self._ends, self._segments, self._positions, self._sizes):
+            del column[i:]
+
     def to_wire(self) -> dict[str, bytes]:
         return {
             "bases": self._bases.tobytes(),

@@ -174,6 +174,7 @@ from pd.offload import (
     track,
     uploads_due,
 )
+from pd.placement import full
 from pd.shell.damage import DamageChecks
 from pd.shell.rounds import is_leader
 from pd.shell.service import PdService
@@ -379,8 +380,10 @@ class Offloader(DamageChecks):
             del self.pending_data[key]
         held = {p.key for p in self.pending} | reserved(view.prepared, self.wall_ms(),
                                                         self.prepare_ttl_ms)
+        full_servers = {s for s in alive if full(self.service.liveness.load(s))}
         return uploads_due(streams, self.sealed_since, now, self.offload_delay_ms,
-                           alive=alive, busy=self.busy | held, retry_at=self.retry_at)
+                           alive=alive, busy=self.busy | held, retry_at=self.retry_at,
+                           full=full_servers)
 
     async def _uploads(self, started: int, alive: set[str]) -> bool:
         """Prepared packs to rebuild first, then due ranges read into the open pack, and

@@ -88,7 +88,7 @@ from pd.paging import (
     streams_page_max,
     window_args,
 )
-from pd.placement import Candidate, choose_replicas
+from pd.placement import Candidate, choose_replicas, exhausted, filling
 from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
@@ -233,6 +233,8 @@ class PdService:
                 self.liveness.alive(server.id, now) and server.id not in view.draining,
                 open_ranges.get(server.id, 0),
                 load_bytes if isinstance(load_bytes, int) else 0,
+                exhausted(load),  # no new replicas there (pd/placement.py)
+                filling(load),  # new replicas there only when no other server can
             ))
         return out
 

@@ -43,6 +43,7 @@ import msgpack
 import xxhash
 
 from estream.server.durable import fsync_dir
+from estream.wire.errors import StorageError
 from rangeserver.index import RangeIndex
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
@@ -145,15 +146,21 @@ def decode(data: bytes) -> Checkpoint:
 
 
 async def save(directory: Path, data: bytes) -> None:
-    """Write the checkpoint atomically: temporary file, fsync, rename, fsync the dir."""
+    """Write the checkpoint atomically: temporary file, fsync, rename, fsync the dir.
+    A failure (a full disk) is a :class:`StorageError`, the temporary file deleted: the
+    periodic checkpoint tries again later, the one before stays valid."""
     path = directory / CHECKPOINT_NAME
     tmp = path.with_suffix(".tmp")
-    async with aiofiles.open(tmp, "wb") as f:
-        await f.write(data)
-        await f.flush()
-        await aiofiles.os.wrap(os.fsync)(f.fileno())
-    await aiofiles.os.replace(tmp, path)
-    await aiofiles.os.wrap(fsync_dir)(directory)
+    try:
+        async with aiofiles.open(tmp, "wb") as f:
+            await f.write(data)
+            await f.flush()
+            await aiofiles.os.wrap(os.fsync)(f.fileno())
+        await aiofiles.os.replace(tmp, path)
+        await aiofiles.os.wrap(fsync_dir)(directory)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StorageError(f"writing the checkpoint failed: {exc}", errno=exc.errno) from None
 
 
 async def load(directory: Path) -> Checkpoint | None:

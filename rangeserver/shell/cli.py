@@ -55,7 +55,7 @@ from estream.wire.errors import EstreamError, InvalidArgument, StorageError
 from rangeserver.shell.http import build_app, start_http
 from rangeserver.shell.metrics import RangeServerMetrics
 from rangeserver.shell.server import RangeServer
-from rangeserver.shell.store import Store
+from rangeserver.shell.store import Store, disk_watermark_percent_default
 from rangeserver.shell.wal import IO_MODES
 
 log = logging.getLogger("rangeserver")
@@ -169,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.segment_bytes_max // limits.MiB,
         help="size of a log segment file (default %(default)s)")
     parser.add_argument(
+        "--disk-watermark-percent", type=_count(1, 100, "percent"), metavar="P",
+        default=disk_watermark_percent_default,
+        help="above P%% of the data directory's disk used, get new replicas only when no "
+        "other server can take them (PD places them elsewhere first; default %(default)s)")
+    parser.add_argument(
         "--cpus", type=cpu_list, default=None, metavar="LIST",
         help="run the server's threads on these CPUs only, e.g. 1 or 2-3 (default: all): "
         "a range server that does not share its cores with clients or other servers has a "
@@ -231,6 +236,7 @@ async def serve(args: argparse.Namespace) -> int:
         segment_bytes_max=args.wal_segment_mib * limits.MiB,
         wal_spares=args.wal_spares,
         wal_io=args.wal_io,
+        disk_watermark_percent=args.disk_watermark_percent,
     )
     await store.open()
     tune_gc()

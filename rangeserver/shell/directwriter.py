@@ -26,8 +26,11 @@ How a group commit goes:
 Writes rewrite the last partial block of the one before: one write at a time keeps two
 writes of the same block from ever being in flight together.
 
-Failure: a failed or short write fails every pending entry and puts the log in the
-failed state (see ``rangeserver/shell/wal.py``).
+Failure: a write or open that ran out of a resource (a short write: out of disk,
+``rangeserver/shell/exhaustion.py``) stops the writer and reports where the log's good
+entries end (the failed group's first entry): the log cuts back there and starts a new
+writer (see ``rangeserver/shell/wal.py``). Any other failure, and any failed fdatasync,
+fails every pending entry and puts the log in the failed state.
 
 Side effects: the segment files' writes and fdatasyncs, through :mod:`rangeserver.shell.linuxaio`.
 """
@@ -35,6 +38,7 @@ Side effects: the segment files' writes and fdatasyncs, through :mod:`rangeserve
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import mmap
@@ -46,6 +50,7 @@ from dataclasses import dataclass, field
 
 from estream.wire import limits
 from estream.wire.errors import StorageError
+from rangeserver.shell import exhaustion
 from rangeserver.shell.linuxaio import BLOCK_BYTES, AioContext, aligned_buffer, buffer_address
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,8 @@ class WalItem:
     future: asyncio.Future[None] | None
     sync: bool  # the future completes after fdatasync (else once written)
     on_durable: Callable[[], None] | None
+    on_failed: Callable[[], None] | None = None  # undoes the entry's effects if never written
+    settled: bool = False  # durable (or a barrier answered): nothing left to fail or undo
 
 
 @dataclass(slots=True)
@@ -98,7 +105,8 @@ class DirectWriter:
     ``open_segment(segment, fd)`` opens a segment for O_DIRECT writing (closing ``fd``,
     the segment open before, if not None); the :class:`~rangeserver.shell.wal.Wal` provides it
     (it knows the spares). ``complete(items, durable)`` and ``fail(items, error)`` finish
-    items on the event loop.
+    items on the event loop. ``exhausted((segment, position), error)`` is told where the
+    good entries end when a resource ran out; the writer then stops (the log replaces it).
     """
 
     def __init__(
@@ -112,6 +120,7 @@ class DirectWriter:
         spare_ready: Callable[[], bool],
         complete: Callable[[list[WalItem], bool], None],
         fail: Callable[[list[WalItem], StorageError], None],
+        exhausted: Callable[[tuple[int, int], StorageError], None],
         on_sync: Callable[[float], None] | None = None,
     ) -> None:
         self._loop = loop
@@ -122,6 +131,7 @@ class DirectWriter:
         self._spare_ready = spare_ready
         self._complete = complete
         self._fail = fail
+        self._exhausted = exhausted
         self._on_sync = on_sync  # seconds each durable write or fdatasync took (statistics)
         self._aio = AioContext(depth=1)
         self._free: list[mmap.mmap] = [aligned_buffer(group_bytes_max) for _ in range(2)]
@@ -254,7 +264,7 @@ class DirectWriter:
 
     def _fdatasync(self) -> None:
         started = time.perf_counter()
-        os.fdatasync(self._fd)
+        exhaustion.sync(self._fd)
         if self._on_sync is not None:
             self._on_sync(time.perf_counter() - started)
         self.syncs += 1
@@ -279,8 +289,10 @@ class DirectWriter:
             self._inflight = None
             self._release(group.buffer)
             if done.result != block_ceil(group.used):
-                error = -done.result if done.result < 0 else 0
-                reason = os.strerror(error) if error else f"short write ({done.result} bytes)"
+                # A short direct write: the filesystem ran out of blocks.
+                error = -done.result if done.result < 0 else errno.ENOSPC
+                reason = f"short write ({done.result} bytes)" if done.result >= 0 else (
+                    os.strerror(error))
                 self._broken(OSError(error, reason), group.items)
                 return
             self._written(group)
@@ -318,6 +330,17 @@ class DirectWriter:
     def _broken(self, exc: OSError, items: list[WalItem]) -> None:
         error = StorageError(f"log write failed: {exc}", errno=exc.errno)
         self.failed = error
+        first = next((item for item in items if item.parts), None)
+        if exhaustion.exhausted_resource(exc) is not None and first is not None:
+            # Nothing from ``first`` on is kept: the log cuts back there and fails (and
+            # undoes) those entries; what was written before stays.
+            if self._filling is not None:
+                self._release(self._filling.buffer)
+            self._unsynced, self._filling = [], None
+            self._waiting.clear()
+            self._exhausted((first.segment, first.position), error)
+            self._wake_closer()
+            return
         pending = list(items) + self._unsynced
         if self._filling is not None:
             self._release(self._filling.buffer)

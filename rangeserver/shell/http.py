@@ -5,9 +5,11 @@
 - ``GET /healthz``: 200 ``{"status": "ok", "server_id"}`` while the process serves
   (liveness: a hung event loop does not answer);
 - ``GET /readyz``: 200 once the server is registered with PD (when started with ``--pd``)
-  and its log is open and has not failed; else 503 ``{"error": {"code": "UNAVAILABLE",
-  "message"}}`` saying which. A server whose log failed stays live (reads go on) but not
-  ready: appends fail until a restart.
+  and its log is open, has not failed and has its disk and descriptors; else 503
+  ``{"error": {"code": "UNAVAILABLE", "message"}}`` saying which. A server whose log failed
+  stays live (reads go on) but not ready: appends fail until a restart. A server out of
+  disk or descriptors is not ready while they are short, and ready again once they are
+  back (``rangeserver/shell/exhaustion.py``): no restart.
 
 Same TLS as the RPC port when the server has a certificate. Errors are
 ``{"error": {"code", "message"}}``.
@@ -40,6 +42,9 @@ def not_ready_reason(metrics: RangeServerMetrics, needs_registration: bool) -> s
         return "the write-ahead log is not open yet (recovering)"
     if wal.failed is not None:
         return f"the write-ahead log failed ({wal.failed.message}); appends fail until a restart"
+    if wal.exhausted is not None:
+        return (f"the range server's {wal.exhausted} is exhausted: appends are refused until "
+                "it is back")
     if needs_registration and not metrics.registered:
         return "not registered with the placement driver yet"
     return None

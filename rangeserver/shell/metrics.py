@@ -8,9 +8,12 @@ bytes read, and the log's durable-write latency (``estream_rangeserver_fsync_sec
 each fdatasync or RWF_DSYNC write, through ``Wal.on_sync``).
 
 Read at each scrape from the store (:meth:`RangeServerMetrics.collect`): replicas by state,
-log bytes, disk free and total, connections (and those refused: past the listener's limit
-or not authenticated in time), appends waiting for their fdatasync and the
-oldest one's age, and per open replica what the writer's progress looks like from here:
+log bytes, disk free and total, whether the disk is above the watermark, which resource
+is exhausted (``estream_storage_exhausted{resource="disk"|"descriptors"}``: 1 while appends
+are refused for it, ``rangeserver/shell/exhaustion.py``) and how often, connections (and
+those refused: past the listener's limit or not authenticated in time), appends waiting
+for their fdatasync and the oldest one's age, and per open replica what the writer's
+progress looks like from here:
 
 - ``estream_rangeserver_unconfirmed_records``: records durable here past the replica's
   confirm offset (the writer has not confirmed them yet); summed over open replicas;
@@ -45,6 +48,7 @@ from estream.net.rpc import Answer, Handler, Header, QuickHandler, RpcServer
 from estream.server.metrics import new_registry
 from estream.wire.errors import ErrorCode, EstreamError
 from estream.wire.protocol import Opcode
+from rangeserver.shell.exhaustion import RESOURCES
 from rangeserver.shell.store import Store
 
 LATENCY_BUCKETS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -236,6 +240,19 @@ class RangeServerMetrics(Collector):
         yield GaugeMetricFamily("estream_rangeserver_log_failed", "1 once a log write or "
                                 "fdatasync failed (appends fail until a restart).",
                                 value=float(wal.failed is not None))
+        exhausted = GaugeMetricFamily("estream_storage_exhausted", "1 while this resource "
+                                      "is short (disk, descriptors): appends are refused "
+                                      "until it is back.", labels=["resource"])
+        for resource in RESOURCES:
+            exhausted.add_metric([resource], float(wal.exhausted == resource))
+        yield exhausted
+        yield CounterMetricFamily("estream_rangeserver_storage_exhaustions", "Times the log "
+                                  "ran out of disk or descriptors and cut back.",
+                                  value=wal.exhaustions)
+        yield GaugeMetricFamily("estream_rangeserver_disk_above_watermark", "1 while the data "
+                                "directory's disk is above the watermark (new replicas go "
+                                "elsewhere first).",
+                                value=float(bool(self.store.load().get("above_watermark"))))
         try:
             stat = os.statvfs(self.data_dir)
             free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize

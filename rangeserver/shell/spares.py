@@ -49,6 +49,7 @@ chunk_bytes = 1 * limits.MiB  # one write + fdatasync of zeros
 idle_s = 0.1  # no append for this long: the log is idle and spares may be prepared
 poll_s = 0.05  # how often an idle-waiting preparer looks again
 reserve_free_bytes = 4 * limits.GiB  # never fill the disk below this much free space
+retry_s = 5.0  # after a preparation failed (no room, no descriptors), before trying again
 
 
 class SparePool:
@@ -111,12 +112,17 @@ class SparePool:
     # ------------------------------------------------------------------ preparer thread
 
     def _run(self) -> None:
+        wait_s = poll_s
         try:
-            while not self._stop.wait(poll_s):
-                if self.ready() < self.wanted and self._idle() and self._room():
-                    self._prepare_one()
-        except OSError as exc:  # a full or failing disk: appends simply grow files
-            log.warning("spare segments: preparation stopped: %s", exc)
+            while not self._stop.wait(wait_s):
+                wait_s = poll_s
+                try:
+                    if self.ready() < self.wanted and self._idle() and self._room():
+                        self._prepare_one()
+                except OSError as exc:  # a full disk, no descriptors: appends grow files
+                    log.warning("spare segments: preparation paused for %ss: %s",
+                                retry_s, exc)
+                    wait_s = retry_s  # then tried again: a resource may come back
         finally:
             (self.directory / PREPARING).unlink(missing_ok=True)
 

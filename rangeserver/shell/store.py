@@ -10,6 +10,14 @@ replica, and then deletes the log segments nothing needs any more
 epoch, seal, confirm, damage, drop) is durable before the request that caused it is
 answered.
 
+When the log cuts back (a resource ran out, ``rangeserver/shell/wal.py``), each entry it
+cut off undoes what was done for it, newest first: a batch's replica state and index go
+back, a CREATE_RANGE's replica is forgotten, an EPOCH, SEAL or CONFIRM entry's replica
+goes back to its state before (keeping the durable end it reached since), and a DROP or
+DAMAGED entry is logged again once the log resumes. While a resource is short, new
+replicas and record batches are refused (``StorageError``: retriable, the writer rolls
+to other servers).
+
 Append path per batch: verify the batch (header and xxh3-64), check its numbers
 (``rangeserver/bounds.py``: offsets, epochs, ids within int64) and that its records
 decode (``check_records``: one pass over their lengths, headers and timestamps; a batch
@@ -65,6 +73,7 @@ log = logging.getLogger(__name__)
 Key = tuple[int, int]
 reclaim_delay_s = 0.2  # after a drop, before the checkpoint that deletes its segments
 time_scan_bytes = 1024 * 1024  # batches read at once by a time lookup's scan
+disk_watermark_percent_default = 90  # disk use above this: new replicas go elsewhere first
 
 
 class Store:
@@ -76,8 +85,10 @@ class Store:
         cache_bytes_max: int = limits.cache_bytes_max,
         wal_spares: int = 0,
         wal_io: str = "auto",
+        disk_watermark_percent: int = disk_watermark_percent_default,
     ) -> None:
         self.data_dir = data_dir
+        self.disk_watermark_percent = disk_watermark_percent
         self.wal = Wal(
             data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io
         )
@@ -92,6 +103,8 @@ class Store:
         self._checkpointed_at: tuple[int, int] = (-1, -1)
         self._reclaimer: asyncio.Task[None] | None = None
         self._reclaim_again = False
+        self._relog: list[wf.Control] = []  # DROP, DAMAGED entries the log cut back
+        self.wal.on_resumed = self._resumed
         self.recovery_report: list[str] = []
 
     # ---------------------------------------------------------------------- lifecycle
@@ -286,13 +299,14 @@ class Store:
     def _accept(
         self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
     ) -> asyncio.Future[None]:
-        end = header.end_offset
+        end, base, before = header.end_offset, header.base_offset, self.replicas[key]
         entry_header = wf.batch_entry_header(batch)
         location, done = self.wal.append(
             (entry_header, batch),
             wf.ENTRY_HEADER_BYTES + len(batch),
             sync=not deferred,
             on_durable=lambda: self._on_durable(key, end),
+            on_failed=lambda: self._unappend(key, before, base),
         )
         body = Location(location.segment, location.position + wf.ENTRY_HEADER_BYTES, len(batch))
         self.indexes[key].add(header.base_offset, end, body)
@@ -315,7 +329,9 @@ class Store:
         key = (stream_id, range_index)
         outcome = rp.decide_create(
             self.replicas.get(key), stream_id, range_index, start, epoch, digest)
+        before = self.replicas.get(key)
         if isinstance(outcome, rp.Create):
+            self.wal.check_room()  # no new replica while a resource is short
             self.replicas[key] = outcome.state
             self.keys.add(key)
             self.indexes[key] = RangeIndex()
@@ -325,7 +341,7 @@ class Store:
         elif isinstance(outcome, rp.Exists):
             self._set(key, outcome.state)
             if outcome.log:
-                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
+                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch), before)
             else:
                 await self.wal.barrier()  # its CREATE_RANGE entry may still be in flight
         elif isinstance(outcome, rp.StartConflict):
@@ -339,12 +355,22 @@ class Store:
             raise rp.stale_error(outcome)
         return self._get(*key)
 
-    def _log_control(self, control: wf.Control) -> asyncio.Future[None]:
+    def _log_control(
+        self, control: wf.Control, before: ReplicaState | None = None
+    ) -> asyncio.Future[None]:
         """Queue a control entry (its replica's span grows to cover it); returns the
-        future of its fdatasync."""
+        future of its fdatasync. ``before``: the replica's state before the change the
+        entry records (what a cut back restores)."""
         entry = wf.encode_control(control)
-        location, done = self.wal.append((entry,), len(entry))
         key = (control.stream_id, control.range_index)
+        undo: Callable[[], None] | None = None
+        if isinstance(control, wf.CreateRange):
+            undo = lambda: self._uncreate(key)  # noqa: E731
+        elif isinstance(control, wf.Dropped | wf.DamageMarked):
+            undo = lambda: self._relog.append(control)  # noqa: E731  # logged again
+        elif before is not None:
+            undo = lambda: self._restore(key, before)  # noqa: E731
+        location, done = self.wal.append((entry,), len(entry), on_failed=undo, control=True)
         if isinstance(control, wf.Dropped):
             self._forget(key, location.segment)
         elif key in self.spans:
@@ -352,6 +378,48 @@ class Store:
         else:
             self.spans[key] = Span(location.segment, location.segment)
         return done
+
+    # ------------------------------------------------------------- undone by a cut back
+
+    def _unappend(self, key: Key, before: ReplicaState, base: int) -> None:
+        """A batch's log entry was cut back: the replica holds what it held before."""
+        if key in self.replicas:
+            self._restore(key, before)
+            self.indexes[key].truncate(base)
+            self.cache.drop_range(*key)
+
+    def _restore(self, key: Key, before: ReplicaState) -> None:
+        """The replica's state before an entry the log cut back, with the durable end it
+        reached since (only entries before the cut became durable)."""
+        current = self.replicas.get(key)
+        if current is not None:
+            self._set(key, replace(before, end=max(before.end, current.end)))
+
+    def _uncreate(self, key: Key) -> None:
+        """A CREATE_RANGE entry was cut back: the replica never existed."""
+        for table in (self.replicas, self.indexes, self.time_indexes, self.spans):
+            table.pop(key, None)
+        self.cache.drop_range(*key)
+        event = self._events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def _resumed(self) -> None:
+        """The log took a new writer after a cut back: log the DROP and DAMAGED entries
+        it cut off again (their replicas stay dropped, damaged), and let a checkpoint
+        delete what dropped replicas leave."""
+        relog, self._relog = self._relog, []
+        for control in relog:
+            if isinstance(control, wf.DamageMarked) and (
+                    (control.stream_id, control.range_index) not in self.replicas):
+                continue  # dropped since: nothing to mark
+            try:
+                done = self._log_control(control)
+            except EstreamError as exc:
+                log.error("%s was not logged again: %s", control, exc.message)
+            else:  # if cut back again, logged again at the next resume (its undo)
+                done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._schedule_reclaim()
 
     async def drop(self, stream_id: int, range_index: int) -> bool:
         """Forget a replica for good (its stream was deleted or trimmed past it): a DROP
@@ -387,11 +455,12 @@ class Store:
     ) -> tuple[int, bool]:
         """Fence (``end`` None) or seal; answers ``(end, sealed)``."""
         key = (stream_id, range_index)
-        outcome = rp.decide_seal(self._get(*key), epoch, end)
+        before = self._get(*key)
+        outcome = rp.decide_seal(before, epoch, end)
         if isinstance(outcome, rp.Fence):
             self._set(key, outcome.state)
             if outcome.log:
-                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch))
+                await self._log_control(wf.EpochRaised(stream_id, range_index, epoch), before)
             else:
                 await self.wal.barrier()
             return self._get(*key).end, False
@@ -399,7 +468,7 @@ class Store:
             self._set(key, outcome.state)
             state = outcome.state
             await self._log_control(
-                wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end)
+                wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end), before
             )
             return state.sealed_end, True
         if isinstance(outcome, rp.AlreadySealed):
@@ -428,7 +497,7 @@ class Store:
             raise rp.stale_error(outcome)
         if outcome.confirm > state.confirm:
             self._set(key, outcome)  # readers may see it now: those records are acknowledged
-            await self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm))
+            await self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm), state)
         else:
             await self.wal.barrier()
 
@@ -449,13 +518,19 @@ class Store:
     async def force(self) -> None:
         await self.wal.force()
 
-    def load(self) -> dict[str, int]:
+    def load(self) -> dict[str, int | bool | str]:
+        """The heartbeat's storage figures: ``above_watermark`` (disk use past
+        ``disk_watermark_percent``: PD places new replicas elsewhere first) and
+        ``exhausted`` (the resource the log is short of, else "": none placed here;
+        ``pd/placement.py``)."""
         try:
             stat = os.statvfs(self.data_dir)
-            free = stat.f_bavail * stat.f_frsize
+            free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
         except OSError:
-            free = 0
-        return {"ranges": len(self.replicas), "bytes": self.wal.bytes_total, "free_bytes": free}
+            free = total = 0
+        above = total > 0 and (total - free) * 100 > self.disk_watermark_percent * total
+        return {"ranges": len(self.replicas), "bytes": self.wal.bytes_total, "free_bytes": free,
+                "above_watermark": above, "exhausted": self.wal.exhausted or ""}
 
     # --------------------------------------------------------------------------- read
 

@@ -25,9 +25,21 @@ With either, DEFERRED_SYNC entries complete once written; they become durable wi
 next fdatasync (a synced append, :meth:`Wal.force`, or after ``limits.wal_idle_sync_ms``
 without new appends).
 
-Failure: a write or fdatasync error (ENOSPC, EIO) fails every pending append with
-:class:`StorageError` and puts the log in a failed state where every later append fails
-too: after a failed fdatasync nobody can know which written bytes reached the disk
+Running out of a resource (``rangeserver/shell/exhaustion.py``: ENOSPC, EDQUOT, a short
+write; EMFILE, ENFILE at a segment switch) is not a failure of the disk: the writer stops
+and says where the good entries end (the first entry of the write that failed), and the
+log *cuts back* there: every entry from there on is failed with :class:`StorageError`
+(its ``on_failed`` undoes what the store did for it, newest first), the segment is
+truncated there (later ones deleted; with the headroom file deleted first when the disk
+is full) and fdatasynced, and a new writer starts at the cut. Entries written before it
+and not yet synced stay and complete once that fdatasync covers them. While the resource
+is short (:attr:`Wal.exhausted`), record batches are refused at once; control entries are
+taken (a DROP frees space). A probe every ``exhaustion.probe_interval_s`` clears it once
+the resource is back: no restart.
+
+Any other write error and any failed fdatasync (EIO, whatever the errno) fails every
+pending append and puts the log in a failed state where every later append fails too:
+after a failed fdatasync nobody can know which written bytes reached the disk
 (PostgreSQL's "fsyncgate"), so the log stops growing; reads keep being served. A restart
 re-scans the log and truncates its torn tail.
 
@@ -43,6 +55,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -50,7 +63,7 @@ from estream.server.durable import fsync_dir
 from estream.wire import limits
 from estream.wire.errors import StorageError
 from rangeserver.index import Location
-from rangeserver.shell import linuxaio
+from rangeserver.shell import exhaustion, linuxaio
 from rangeserver.shell.directwriter import DirectWriter, WalItem, block_floor
 from rangeserver.shell.spares import SparePool
 
@@ -94,6 +107,16 @@ class Wal:
         self.position = 0  # where the next entry goes in ``segment``
         self.bytes_total = 0
         self.failed: StorageError | None = None
+        # The resource that ran out ("disk", "descriptors"): batches refused until it is back.
+        self.exhausted: str | None = None
+        self.exhaustions = 0  # times a resource ran out (statistics)
+        self._exhaustion: StorageError | None = None  # what refused batches are told
+        self._halted: StorageError | None = None  # cut back, no writer yet: all refused
+        self._recovery: asyncio.Task[None] | None = None
+        self.headroom = exhaustion.Headroom(directory)
+        self.on_resumed: Callable[[], None] | None = None  # a new writer took over
+        # Entries appended and not settled, in log order (what a cut back fails).
+        self._pending: deque[WalItem] = deque()
         self._syncs = 0  # fdatasync calls of the writer thread (statistics)
         # Seconds each durable write (write + fdatasync, or one RWF_DSYNC write) took; called
         # on the writer thread in thread mode, on the event loop in direct mode (statistics).
@@ -106,6 +129,7 @@ class Wal:
         self._read_fds: dict[int, int] = {}
         self._retired_fds: list[int] = []  # of deleted segments: closed on the next delete
         self._dsync = False  # RWF_DSYNC writes: probed by start()
+        self._writer_fd = -1  # the writer thread's open segment (its thread only)
 
     # ------------------------------------------------------------------ startup (sync)
 
@@ -158,6 +182,7 @@ class Wal:
         earlier = sum(self.segment_size(s) for s in self.segments() if s < segment)
         self.bytes_total = earlier + position
         self.spares.open()
+        self.headroom.restore()
         self.mode = self._choose_mode()
         if self.mode == "direct":
             self._start_direct(loop, segment, position)
@@ -198,6 +223,7 @@ class Wal:
             spare_ready=lambda: self.spares.ready() > 0,
             complete=self._complete,
             fail=self._fail,
+            exhausted=self._on_exhausted,
             on_sync=self._synced,
         )
 
@@ -220,18 +246,22 @@ class Wal:
             spare = self.spares.take()
             if spare is not None:
                 os.rename(spare, path)  # replaces an empty file in one step
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if self.mode == "direct" else 0)
+        new = os.open(path, flags, 0o644)  # ``fd`` stays open if this fails (EMFILE)
+        try:
+            if self.mode == "direct" and os.fstat(new).st_size < self.segment_bytes_max:
+                # No spare: give the file its full size at once (a hole, no blocks). A
+                # direct write past the end of a file completes inside io_submit on ext4
+                # (it waits to update the size), which would block the event loop for the
+                # write and its journal commit; a write inside the size stays asynchronous.
+                os.ftruncate(new, self.segment_bytes_max)
+            fsync_dir(self.directory)  # the new (or renamed) file's directory entry
+        except BaseException:
+            os.close(new)
+            raise
         if fd is not None:
             os.close(fd)
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if self.mode == "direct" else 0)
-        fd = os.open(path, flags, 0o644)
-        if self.mode == "direct" and os.fstat(fd).st_size < self.segment_bytes_max:
-            # No spare: give the file its full size at once (a hole, no blocks). A direct
-            # write past the end of a file completes inside io_submit on ext4 (it waits
-            # to update the size), which would block the event loop for the write and
-            # its journal commit; a write inside the size stays asynchronous.
-            os.ftruncate(fd, self.segment_bytes_max)
-        fsync_dir(self.directory)  # the new (or renamed) file's directory entry
-        return fd
+        return new
 
     # ----------------------------------------------------------------- event-loop side
 
@@ -242,12 +272,17 @@ class Wal:
         *,
         sync: bool = True,
         on_durable: Callable[[], None] | None = None,
+        on_failed: Callable[[], None] | None = None,
+        control: bool = False,
     ) -> tuple[Location, asyncio.Future[None]]:
         """Queue one entry (``parts`` joined, ``size`` bytes); returns where it will be
         and a future completed once it is durable (``sync``) or written (not ``sync``).
-        ``on_durable`` runs on the event loop once an fdatasync covers the entry."""
-        if self.failed is not None:
-            raise self.failed
+        ``on_durable`` runs on the event loop once an fdatasync covers the entry;
+        ``on_failed`` if the log cuts back before it (it is then not in the log). A
+        ``control`` entry is taken while a resource is short (a batch is refused)."""
+        self._check_open()
+        if not control:
+            self.check_room()
         assert self._loop is not None, "Wal.start() first"
         if self.position > 0 and self.position + size > self.segment_bytes_max:
             self.segment += 1
@@ -258,10 +293,23 @@ class Wal:
         self.last_append = time.monotonic()
         future = self._loop.create_future()
         segment, position = location.segment, location.position
-        self._put(WalItem(segment, position, parts, size, future, sync, on_durable))
+        self._put(WalItem(segment, position, parts, size, future, sync, on_durable, on_failed))
         return location, future
 
+    def _check_open(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+        if self._halted is not None:
+            raise self._halted
+
+    def check_room(self) -> None:
+        """Raise :class:`StorageError` while a resource is short (what a new replica or
+        a record batch is told)."""
+        if self._exhaustion is not None:
+            raise self._exhaustion
+
     def _put(self, item: WalItem) -> None:
+        self._pending.append(item)
         if self._direct is not None:
             self._direct.put(item)
         else:
@@ -270,8 +318,7 @@ class Wal:
     def barrier(self, *, sync: bool = True) -> asyncio.Future[None]:
         """A future completed once everything appended so far is durable (``sync``) or
         written."""
-        if self.failed is not None:
-            raise self.failed
+        self._check_open()
         assert self._loop is not None, "Wal.start() first"
         future = self._loop.create_future()
         self._put(WalItem(self.segment, self.position, (), 0, future, sync, None))
@@ -315,18 +362,25 @@ class Wal:
     async def close(self) -> None:
         """Sync and stop the writer thread; close every file."""
         self.spares.stop()
-        if self._direct is not None:
-            await self._direct.close()
-            self._direct = None
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self._thread.join)
-            self._thread = None
+        if self._recovery is not None:
+            self._recovery.cancel()
+            await asyncio.gather(self._recovery, return_exceptions=True)
+        await self._stop_writer()
         for fd in [*self._read_fds.values(), *self._retired_fds]:
             os.close(fd)
         self._read_fds.clear()
         self._retired_fds.clear()
+
+    async def _stop_writer(self) -> None:
+        """Stop the writer (it syncs what it wrote, unless it stopped on an error)."""
+        if self._direct is not None:
+            direct, self._direct = self._direct, None
+            await direct.close()
+        if self._thread is not None:
+            thread, self._thread = self._thread, None
+            self._queue.put(_STOP)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, thread.join)
 
     def _complete(self, items: list[WalItem], durable: bool) -> None:
         for item in items:
@@ -334,20 +388,134 @@ class Wal:
                 item.on_durable()
             if item.future is not None and not item.future.done() and (durable or not item.sync):
                 item.future.set_result(None)
+            if durable or not (item.parts or item.sync):
+                item.settled = True
+        while self._pending and self._pending[0].settled:
+            self._pending.popleft()
 
-    def _fail(self, items: list[WalItem], error: StorageError) -> None:
-        if self.failed is None:
+    def _fail(self, items: list[WalItem], error: StorageError, *, latch: bool = True) -> None:
+        if latch and self.failed is None:
             log.error("write-ahead log failed, appends stop: %s", error.message)
             self.failed = error
         for item in items:
+            item.settled = True
             if item.future is not None and not item.future.done():
                 item.future.set_exception(error)
+
+    # ---------------------------------------------------------------- running out, back
+
+    def _on_exhausted(self, cut: tuple[int, int], error: StorageError) -> None:
+        """The writer ran out of a resource and stopped; nothing from ``cut`` (segment,
+        position) on is in the log: fail those entries, undo them (newest first), and
+        start the recovery (see the module)."""
+        if self.failed is not None or self._halted is not None:
+            return
+        resource = exhaustion.exhausted_resource(OSError(error.fields.get("errno"), ""))
+        assert resource is not None, "only exhaustion is reported here"
+        log.warning("log: %s exhausted (%s): cut back to %s, record batches refused until "
+                    "it is back", resource, error.message, cut)
+        self.exhausted = resource
+        self.exhaustions += 1
+        self._exhaustion = StorageError(
+            f"the range server's {resource} is exhausted ({error.message}): appends "
+            "refused until it is back", errno=error.fields.get("errno"))
+        self._halted = self._exhaustion
+        if self._recovery is not None and self._recovery is not asyncio.current_task():
+            self._recovery.cancel()  # ran out again while only control entries went in
+        # Unsettled entries: from the cut on, never written (failed, undone); before it,
+        # written: still waiting for a sync (failed: harmless) or answered (kept, synced
+        # by the cut back).
+        lost: list[WalItem] = []
+        waiting: list[WalItem] = []
+        kept: list[WalItem] = []
+        for item in self._pending:
+            if item.settled:
+                continue
+            if (item.segment, item.position) >= cut:
+                lost.append(item)
+            elif item.future is not None and not item.future.done():
+                waiting.append(item)
+            else:
+                kept.append(item)
+        self._pending = deque(kept)
+        for item in reversed(lost):
+            if item.on_failed is not None:
+                item.on_failed()
+        self._fail(lost + waiting, error, latch=False)
+        assert self._loop is not None
+        self._recovery = self._loop.create_task(self._recover(cut, resource, kept))
+
+    async def _recover(self, cut: tuple[int, int], resource: str, kept: list[WalItem]) -> None:
+        """Cut the log back and start a new writer there (retried while the resource is
+        short), then wait for the resource to come back."""
+        await self._stop_writer()
+        # Later segments are deleted (their numbers come back), and the cut one may be
+        # replaced by a spare: their read descriptors are retired, reopened when read.
+        for segment in [s for s in self._read_fds if s >= cut[0]]:
+            self._retired_fds.append(self._read_fds.pop(segment))
+        while True:
+            try:
+                await asyncio.to_thread(self._cut_back, cut, resource)
+                self._restart(*cut)
+                break
+            except OSError as exc:
+                if exhaustion.exhausted_resource(exc) is None:
+                    error = StorageError(f"log cut back failed: {exc}", errno=exc.errno)
+                    self._fail([i for i in self._pending if not i.settled], error)
+                    return
+                log.info("log: cut back waits for %s: %s", resource, exc)
+            await asyncio.sleep(exhaustion.probe_interval_s)
+        self._complete(kept, True)  # the cut's fdatasync covered them
+        self._halted = None
+        log.info("log: resumed at %s (control entries only while %s is short)", cut, resource)
+        if self.on_resumed is not None:
+            self.on_resumed()
+        while not await asyncio.to_thread(exhaustion.resource_back, resource, self.headroom):
+            await asyncio.sleep(exhaustion.probe_interval_s)
+        self.exhausted = self._exhaustion = None
+        log.warning("log: %s is back: appends resume", resource)
+
+    def _cut_back(self, cut: tuple[int, int], resource: str) -> None:
+        """Truncate the log at ``cut`` (later segments deleted), durably (writer thread
+        or executor: blocking)."""
+        if resource == "disk":
+            self.headroom.release()
+        segment, position = cut
+        for later in [s for s in self.segments() if s > segment]:
+            self.path(later).unlink()
+        path = self.path(segment)
+        if path.exists():
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                if os.fstat(fd).st_size > position:
+                    os.ftruncate(fd, position)
+                exhaustion.sync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(self.directory)
+
+    def _restart(self, segment: int, position: int) -> None:
+        """A new writer appending at ``position`` of ``segment`` (mode kept)."""
+        assert self._loop is not None
+        earlier = sum(self.segment_size(s) for s in self.segments() if s < segment)
+        if self.mode == "direct":
+            self._start_direct(self._loop, segment, position)
+        else:
+            fd = self._open_segment(segment)
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(
+                target=self._run, args=(fd, segment), name="wal-writer", daemon=True
+            )
+            self._thread.start()
+        self.segment, self.position = segment, position
+        self.bytes_total = earlier + position
 
     # ------------------------------------------------------------------ writer thread
 
     def _run(self, fd: int, segment: int) -> None:
         loop = self._loop
         assert loop is not None
+        self._writer_fd = fd  # the open segment, also when a group fails after a switch
         unsynced: list[WalItem] = []
         error: StorageError | None = None
         stop = False
@@ -373,13 +541,13 @@ class Wal:
             dsync = want_sync and not unsynced and self._dsync
             started = time.perf_counter()
             try:
-                fd, segment = self._write_group(fd, segment, batch, dsync=dsync)
+                fd, segment = self._write_group(self._writer_fd, segment, batch, dsync=dsync)
                 if any(not item.sync for item in batch):
                     loop.call_soon_threadsafe(self._complete, batch, False)
                 unsynced.extend(batch)
                 if unsynced and want_sync:
                     if not dsync:
-                        os.fdatasync(fd)
+                        exhaustion.sync(fd)
                     self._synced(time.perf_counter() - started)
                     _drop_cached(fd, unsynced, segment)
                     self._syncs += 1
@@ -387,9 +555,15 @@ class Wal:
                     unsynced = []
             except OSError as exc:
                 error = StorageError(f"log write failed: {exc}", errno=exc.errno)
+                first = next((item for item in batch if item.parts), None)
+                if exhaustion.exhausted_resource(exc) is not None and first is not None:
+                    # Stop; the event loop cuts back to the group's first entry.
+                    loop.call_soon_threadsafe(
+                        self._on_exhausted, (first.segment, first.position), error)
+                    break
                 loop.call_soon_threadsafe(self._fail, unsynced + batch, error)
                 unsynced = []
-        os.close(fd)
+        os.close(self._writer_fd)
 
     def _drain(self, first: object | None) -> list[object]:
         objs = [] if first is None else [first]
@@ -413,11 +587,11 @@ class Wal:
             if item.segment != segment:
                 _write_all(fd, parts, start)
                 parts, start = [], -1
-                os.fdatasync(fd)  # a segment is complete and durable before the next starts
+                exhaustion.sync(fd)  # a segment is complete and durable before the next starts
                 segment = item.segment
-                fd = self._open_segment(segment, fd)
+                fd = self._writer_fd = self._open_segment(segment, fd)
             elif start < 0 and item.position == 0 and self.spares.ready():
-                fd = self._open_segment(segment, fd)  # created empty at start: a spare now
+                fd = self._writer_fd = self._open_segment(segment, fd)  # empty: a spare now
             if start < 0:
                 start = item.position
             parts.extend(item.parts)

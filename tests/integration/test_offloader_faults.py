@@ -124,6 +124,9 @@ class Liveness:
     def alive(self, server_id: str, now_ms: int) -> bool:
         return True
 
+    def load(self, server_id: str) -> dict[str, object]:
+        return {}  # no server full (pd.placement.full)
+
 
 @dataclass
 class FakeService:

@@ -74,6 +74,19 @@ def test_uploads_due_after_the_delay_oldest_first() -> None:
     assert offload_lag_ms(since, 2_000) == 1_500 and offload_lag_ms({}, 5) == 0
 
 
+def test_uploads_due_prefer_ranges_on_a_full_server() -> None:
+    a, b, c = REFS
+    x = stream(RangeMeta(0, 0, 10, (a, b)), RangeMeta(1, 10, 20, (b, c)),
+               RangeMeta(2, 20, None, REFS))
+    since = {(1, 0): 1_000, (1, 1): 1_100}
+    due = uploads_due([x], since, 5_000, 1_000, alive={"a", "b", "c"})
+    assert [u.range_index for u in due] == [0, 1]  # oldest first
+    due = uploads_due([x], since, 5_000, 1_000, alive={"a", "b", "c"}, full={"c"})
+    assert [u.range_index for u in due] == [1, 0]  # its drop frees the full server
+    due = uploads_due([x], since, 5_000, 1_000, alive={"a", "b", "c"}, full={"b"})
+    assert [u.range_index for u in due] == [0, 1]  # both on it: oldest first again
+
+
 def test_drops_due_after_the_retention() -> None:
     since = track({}, tiered_with_replicas([S]), 1_000)
     assert drops_due([S], since, 1_500, 600) == []

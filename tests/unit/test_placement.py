@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from estream.wire.errors import NoPlacement
 from pd.liveness import Liveness
-from pd.placement import Candidate, choose_replicas
+from pd.placement import Candidate, choose_replicas, exhausted, filling, full
 
 C = [
     Candidate("a", "hdd", True, ranges=5, bytes=10),
@@ -45,6 +47,34 @@ def test_no_placement_names_needed_and_available() -> None:
     assert (info.value.fields["needed"], info.value.fields["available"]) == (3, 2)
     with pytest.raises(NoPlacement):
         choose_replicas([], 1)
+
+
+@pytest.mark.parametrize(
+    ("load", "is_full"),
+    [
+        ({"ranges": 3, "free_bytes": 10}, False),  # an older server says nothing: not full
+        ({"above_watermark": False, "exhausted": ""}, False),
+        ({"above_watermark": True, "exhausted": ""}, True),  # disk above its watermark
+        ({"above_watermark": False, "exhausted": "disk"}, True),  # its log is out of room
+        ({"above_watermark": False, "exhausted": "descriptors"}, True),
+        ({"above_watermark": "yes"}, False),  # only a real True counts
+    ],
+)
+def test_full_reads_the_heartbeat_load(load: dict[str, object], is_full: bool) -> None:
+    assert full(load) is is_full
+    assert full(load) is (exhausted(load) or filling(load))
+
+
+def test_an_exhausted_server_gets_no_new_replica_one_filling_only_when_needed() -> None:
+    cands = [replace(c, exhausted=c.id == "e") for c in C]
+    assert choose_replicas(cands, 3) == ("c", "a", "b")  # e (least loaded) is out of room
+    with pytest.raises(NoPlacement) as info:
+        choose_replicas(cands, 4)  # a, b, c left: never placed on an exhausted server
+    assert info.value.fields["available"] == 3
+    cands = [replace(c, filling=c.id in ("e", "c")) for c in C]
+    assert choose_replicas(cands, 2) == ("a", "b")  # the two below their watermark
+    assert choose_replicas(cands, 3) == ("a", "b", "e")  # then the least loaded filling one
+    assert choose_replicas(cands, 3, hints=("ssd",)) == ("b", "a", "c")  # room before class
 
 
 def test_liveness_suspects_after_silence() -> None:

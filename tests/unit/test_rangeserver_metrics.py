@@ -17,8 +17,10 @@ from rangeserver.shell.metrics import RangeServerMetrics
 
 
 def fake_store(*states: ReplicaState) -> Any:
-    wal = SimpleNamespace(bytes_total=4096, failed=None, mode="direct", on_sync=None)
-    return SimpleNamespace(replicas={s.key: s for s in states}, wal=wal)
+    wal = SimpleNamespace(bytes_total=4096, failed=None, mode="direct", on_sync=None,
+                          exhausted=None, exhaustions=0)
+    return SimpleNamespace(replicas={s.key: s for s in states}, wal=wal,
+                           load=lambda: {"above_watermark": False})
 
 
 def fake_rpc(handlers: dict[int, Any], quick: dict[int, Any]) -> Any:
@@ -125,7 +127,11 @@ def test_readiness_needs_an_open_healthy_log_and_a_registration() -> None:
     assert not_ready_reason(metrics, needs_registration=True) is None
     store.wal.failed = StorageError("fdatasync failed")
     assert "failed" in (not_ready_reason(metrics, needs_registration=True) or "")
-    store.wal.failed, store.wal.mode = None, ""
+    store.wal.failed, store.wal.exhausted = None, "disk"
+    assert "disk is exhausted" in (not_ready_reason(metrics, needs_registration=True) or "")
+    store.wal.exhausted = None  # the disk has room again: ready, no restart
+    assert not_ready_reason(metrics, needs_registration=True) is None
+    store.wal.mode = ""
     assert "not open" in (not_ready_reason(metrics, needs_registration=True) or "")
     assert store.wal.on_sync is not None, "fsync latency is observed through the log's hook"
 
@@ -136,3 +142,20 @@ def test_refused_connections_are_counted_by_reason() -> None:
     found = samples(RangeServerMetrics(fake_store(), rpc, data_dir="/"))
     assert found["estream_rangeserver_connections_refused_total{reason=limit}"] == 3
     assert found["estream_rangeserver_connections_refused_total{reason=auth}"] == 1
+
+
+def test_exhaustion_shows_in_the_metrics() -> None:
+    store = fake_store()
+    metrics = RangeServerMetrics(store, fake_rpc({}, {}), data_dir="/")
+
+    def exhausted() -> dict[str, float]:
+        found = samples(metrics)
+        return {r: found[f"estream_storage_exhausted{{resource={r}}}"]
+                for r in ("disk", "descriptors")}
+
+    assert exhausted() == {"disk": 0, "descriptors": 0}
+    store.wal.exhausted, store.wal.exhaustions = "descriptors", 1
+    assert exhausted() == {"disk": 0, "descriptors": 1}
+    assert samples(metrics)["estream_rangeserver_storage_exhaustions_total"] == 1
+    store.wal.exhausted = None
+    assert exhausted() == {"disk": 0, "descriptors": 0}

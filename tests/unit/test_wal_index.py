@@ -28,6 +28,16 @@ def test_find_on_empty_index() -> None:
     assert RangeIndex().find(0) is None
 
 
+def test_truncate_forgets_the_batches_from_a_base_on() -> None:
+    index = index_of((10, 13), (13, 20), (20, 21))
+    index.truncate(13)  # the log cut back the entries of the last two batches
+    assert len(index) == 1 and [index.find(o) for o in (12, 13, 20)] == [0, None, None]
+    index.add(13, 15, Location(5, 0, 10))  # the writer goes on from there
+    assert index.batch(1).location == Location(5, 0, 10)
+    index.truncate(99)  # nothing from there: unchanged
+    assert len(index) == 2
+
+
 def test_select_stops_at_the_readable_end_and_byte_budget() -> None:
     index = index_of((0, 5), (5, 10), (10, 15), (15, 20))
     assert [b.base for b in index.select(7, 15, 10**6, partial_last=False)] == [5, 10]
