@@ -88,6 +88,7 @@ SCHEMAS: Final[dict[str, Any]] = {
     "CreateStream": {
         "type": "object",
         "required": ["name"],
+        "additionalProperties": False,
         "properties": {
             "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]*$",
                      "maxLength": 200},
@@ -325,9 +326,10 @@ def _add_time_cursors_retention() -> None:
         "properties": {"cursor": {"type": "string", "maxLength": 200},
                        "offset": {"type": "integer", "minimum": 0},
                        "lag": {"type": "integer", "minimum": 0}}}
-    commit = {"type": "object", "required": ["cursor", "offset"],
+    commit = {"type": "object", "required": ["cursor", "offset"], "additionalProperties": False,
               "properties": {"cursor": {"type": "string", "maxLength": 200},
-                             "offset": {"type": "integer", "minimum": 0}}}
+                             "offset": {"type": "integer", "minimum": 0,
+                                        "maximum": 2**63 - 1}}}
     OPENAPI["paths"]["/v1/streams/{name}/cursors"] = {
         "parameters": [_NAME_PARAM],
         "get": {"summary": "The stream's named cursors with their lag behind its readable end",
@@ -388,8 +390,9 @@ def _add_stream_figures() -> None:
         "summary": "One stream with its ranges, replicas, end offset, record count, bytes "
                    "and first and last timestamps",
         "responses": {"200": _json(_ref("StreamFigures"), "The stream"), **_errors(404)}}
-    trim = {"type": "object", "required": ["start_offset"],
-            "properties": {"start_offset": {"type": "integer", "minimum": 0}}}
+    trim = {"type": "object", "required": ["start_offset"], "additionalProperties": False,
+            "properties": {"start_offset": {"type": "integer", "minimum": 0,
+                                            "maximum": 2**63 - 1}}}
     OPENAPI["paths"]["/v1/streams/{name}/trim"] = {
         "parameters": [_NAME_PARAM],
         "post": {"summary": "Trim the stream: records below start_offset are gone for readers "

@@ -354,10 +354,15 @@ class RpcClient:
                 f"connection to {self.address} is not open", address=self.address))
             return
         request_id = next(self._ids)
+        try:
+            frame = encode_frame(opcode, request_id, header, payload)
+        except EstreamError as exc:  # a header that cannot be sent: nothing was written
+            loop.call_soon(done, None, exc)
+            return
         started = _Started(done, self, request_id, opcode, timeout_s)
         protocol.pending[request_id] = started
         started.timer = loop.call_later(timeout_s, started.expire)
-        transport.writelines(encode_frame(opcode, request_id, header, payload))
+        transport.writelines(frame)
 
     def abort(self, error: EstreamError) -> None:
         """Fail every request waiting on this connection with ``error`` now, and close

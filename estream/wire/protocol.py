@@ -138,8 +138,13 @@ def encode_frame(
     payload: bytes | memoryview = b"",
     flags: FrameFlags = FrameFlags.NONE,
 ) -> list[bytes | memoryview]:
-    """Encode one frame as a list of buffers for ``transport.writelines`` (no payload copy)."""
-    head = msgpack.packb(header) if header else b""
+    """Encode one frame as a list of buffers for ``transport.writelines`` (no payload copy).
+    A header value msgpack cannot encode (an integer past 64 bits, an object) is
+    ``InvalidArgument`` naming its field, as a server would answer it."""
+    try:
+        head = msgpack.packb(header) if header else b""
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise _unencodable(header or {}, exc) from None
     if len(head) > limits.frame_header_bytes_max:
         raise FrameTooLarge(
             "frame header too large", size=len(head), limit=limits.frame_header_bytes_max
@@ -157,6 +162,17 @@ def encode_frame(
             argument="request_id",
         ) from None
     return [prefix + head, payload] if payload else [prefix + head]
+
+
+def _unencodable(header: dict[str, Any], exc: Exception) -> InvalidArgument:
+    """The error for a header msgpack refused, naming the first field it refuses."""
+    for key, value in header.items():
+        try:
+            msgpack.packb(value)
+        except (OverflowError, TypeError, ValueError):
+            return InvalidArgument(f"field {str(key)[:64]!r} cannot be sent: {exc} (integers "
+                                   f"are at most 64 bits)", argument=str(key)[:64])
+    return InvalidArgument(f"the request cannot be encoded: {exc}", argument="header")
 
 
 def encode_frame_bytes(

@@ -32,6 +32,7 @@ Side effects: an HTTP listening socket.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Final
@@ -92,6 +93,8 @@ _CREATE_FIELDS: dict[str, type] = {"name": str, "replicas": int, "ack_count": in
                                    "hints": list}
 _CREATE_FIELDS.update({"retention_ms": int, "retention_bytes": int})  # pd/retention.py
 _CREATE_FIELDS.update({"digest": str})  # the entry digest (estream/wire/record.py)
+
+log = logging.getLogger(__name__)
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
@@ -160,6 +163,9 @@ def build_app(
             if exc.status < 400:
                 raise
             return error_response(exc.status, exc.reason.upper().replace(" ", "_"), exc.reason)
+        except Exception:  # a bug: logged whole, answered as JSON like every other error
+            log.exception("admin API %s failed", op)
+            return error_response(500, "INTERNAL", f"internal error in {op} (logged)")
         finally:
             service.metrics.observe("http", op, time.perf_counter() - started, ok)
 
@@ -215,7 +221,7 @@ class _Views:
                                   "cursors": cursor_rows(end, cursors)})
 
     async def commit_cursor(self, request: web.Request) -> web.Response:
-        body = _json_object(await request.read())
+        body = _json_object(await request.read(), ("cursor", "offset"))
         cursor, offset = body.get("cursor"), body.get("offset")
         if not isinstance(cursor, str):
             raise InvalidArgument("field 'cursor' must be a string", argument="cursor")
@@ -235,12 +241,7 @@ class _Views:
         return web.json_response({"stream": name, "deleted": cursor})
 
     async def set_retention(self, request: web.Request) -> web.Response:
-        body = _json_object(await request.read())
-        unknown = sorted(set(body) - set(RETENTION_FIELDS))
-        if unknown:
-            raise InvalidArgument(f"unknown fields {[u[:64] for u in unknown[:5]]}: a PATCH "
-                                  "of a stream takes only "
-                                  "retention_ms and retention_bytes", argument=unknown[0][:64])
+        body = _json_object(await request.read(), RETENTION_FIELDS)
         stream = await self.service.set_retention(request.match_info["name"], body)
         return web.json_response(ranges_window(stream).to_dict())
 
@@ -253,7 +254,7 @@ class _Views:
         return web.json_response(shown.to_dict() | stream_figures(stream, end))
 
     async def trim_stream(self, request: web.Request) -> web.Response:
-        body = _json_object(await request.read())
+        body = _json_object(await request.read(), ("start_offset",))
         start = body.get("start_offset")
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
             raise InvalidArgument("field 'start_offset' must be an integer >= 0",
@@ -369,19 +370,25 @@ def _query_int(query: Mapping[str, str], name: str) -> object:
     return raw
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def _json_object(raw: bytes, fields: Collection[str]) -> dict[str, Any]:
+    """A request body: a JSON object of only ``fields`` (an unknown one, a misspelt
+    ``retenion_ms`` say, is refused naming it rather than ignored), each within its bounds."""
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InvalidArgument(f"request body is not JSON: {exc}", argument="body") from None
     if not isinstance(body, dict):
         raise InvalidArgument("request body must be a JSON object", argument="body")
+    unknown = sorted(str(k)[:64] for k in body if k not in fields)
+    if unknown:
+        raise InvalidArgument(f"unknown field {unknown[0]!r}: this request takes "
+                              f"{', '.join(sorted(fields))}", argument=unknown[0])
     check_request(body)  # every field's bounds (pd/validate.py), as the RPC port's
     return body
 
 
 def _parse_create(raw: bytes) -> dict[str, Any]:
-    body = _json_object(raw)
+    body = _json_object(raw, _CREATE_FIELDS)
     if "name" not in body:
         raise InvalidArgument("missing field 'name'", argument="name")
     for field, kind in _CREATE_FIELDS.items():

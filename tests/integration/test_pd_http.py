@@ -164,10 +164,12 @@ def test_bad_input_is_400(url: str, raw: bytes, argument: str) -> None:
     assert "x" not in [s["name"] for s in listing["streams"]]  # nothing was created
 
 
-def test_unknown_fields_are_ignored(url: str) -> None:
+def test_unknown_fields_are_refused_naming_them(url: str) -> None:
     status, body = call(url, "/v1/streams", "POST", {"name": "extra", "colour": "blue"},
                         spec_path="/v1/streams")
-    assert status == 201 and "colour" not in body
+    assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT"
+    assert "colour" in body["error"]["message"]
+    assert call(url, "/v1/streams/extra")[0] == 404  # nothing created
 
 
 def test_unknown_paths_and_methods_answer_json_errors(url: str) -> None:

@@ -234,7 +234,7 @@ async def test_cli_from_time_retention_and_cursors(cluster: Cluster) -> None:
     described = cli(cluster, "cursor", "describe", "cli-times", "etl")
     assert described.returncode == 0 and "lag" in described.stdout
     past = cli(cluster, "cursor", "commit", "cli-times", "etl", "99")
-    assert past.returncode == 1 and "OffsetOutOfRange" in past.stderr
+    assert past.returncode == 1 and "OFFSET_OUT_OF_RANGE" in past.stderr
 
 
 async def test_retention_under_load_and_a_pd_leader_kill_loses_nothing_kept(

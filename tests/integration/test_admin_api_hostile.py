@@ -1,0 +1,116 @@
+"""The admin API under hostile requests: every endpoint of its OpenAPI document is sent bodies
+and queries a careless or hostile client would send (not JSON, not an object, unknown or
+misspelt fields, numbers past 64 bits, very deep nesting, bytes that are not UTF-8, huge
+strings) and answers each with a JSON error naming what is wrong, never a plain-text 500;
+the node keeps serving and nothing was created. The SDK refuses a number past 64 bits as
+``InvalidArgument`` before sending, not with msgpack's ``OverflowError``."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+import estream
+from estream.devcluster.cluster import Cluster
+from estream.devcluster.pd import http_json
+from pd.openapi import OPENAPI
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+
+HOSTILE_BODIES: list[bytes] = [
+    b"not json",
+    b"[1, 2]",
+    b'{"no_such_field": 1}',
+    b'{"name": "hostile-x", "retenion_ms": 1000}',
+    b'{"name": "hostile-y", "retention_ms": ' + str(10**29).encode() + b"}",
+    b'{"start_offset": -9223372036854775809, "cursor": "c", "offset": 18446744073709551616}',
+    b"[" * 100_000,
+    b"\xff\xfe\x00{",
+    b'{"name": "' + b"a" * 900_000 + b'"}',
+]
+HOSTILE_QUERIES = ["?limit=-1", "?offset=99999999999999999999999", "?after=%00%ff",
+                   "?limit=abc&offset=-5&timestamp=1e99", "?minutes=0"]
+
+
+def send(url: str, method: str, body: bytes | None) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(url, data=body, method=method.upper(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read()
+
+
+def assert_json_error(status: int, kind: str, raw: bytes, what: str) -> dict[str, Any]:
+    assert status != 500 and status < 600, (what, status, raw[:300])
+    if status < 400:
+        return {}
+    assert kind.startswith("application/json"), (what, status, kind, raw[:300])
+    error = json.loads(raw)["error"]
+    assert isinstance(error["code"], str) and error["message"], (what, error)
+    return error  # type: ignore[no-any-return]
+
+
+def test_every_endpoint_answers_hostile_requests_with_json_errors(cluster: Cluster) -> None:
+    base = cluster.pd_url()
+    status, body = http_json(base + "/v1/streams", "POST", {"name": "hostile"})
+    assert status == 201, body
+    server_id = cluster.servers[0].server_id
+    asked = 0
+    for path, item in OPENAPI["paths"].items():
+        # Destructive endpoints are aimed at names that do not exist: a body is not their
+        # input, and the stream and servers must outlive the walk.
+        concrete = (path.replace("{name}", "hostile").replace("{cursor}", "nope")
+                    .replace("{id}", server_id))
+        for method in item:
+            if method == "parameters":
+                continue
+            target = concrete
+            if method in ("delete", "post") and ("{id}" in path or path.endswith("{name}")):
+                target = path.replace("{name}", "no-such-stream").replace(
+                    "{id}", "no-such-server").replace("{cursor}", "nope")
+            for body in HOSTILE_BODIES if method in ("post", "patch") else [None]:
+                status, kind, raw = send(base + target, method, body)
+                assert_json_error(status, kind, raw, f"{method} {target} {body!r:.60}")
+                asked += 1
+            for query in HOSTILE_QUERIES:
+                status, kind, raw = send(base + target + query, method,
+                                         b"{}" if method in ("post", "patch") else None)
+                assert_json_error(status, kind, raw, f"{method} {target}{query}")
+                asked += 1
+    assert asked > 100
+    assert http_json(base + "/v1/streams/hostile-x")[0] == 404  # the misspelt field: refused
+    assert http_json(base + "/v1/streams/hostile-y")[0] == 404
+    assert http_json(base + "/healthz")[0] == 200
+
+
+def test_unknown_fields_and_huge_numbers_are_refused_naming_the_field(cluster: Cluster) -> None:
+    base = cluster.pd_url()
+    for body, field in (({"name": "typo", "retenion_ms": 1000}, "retenion_ms"),
+                        ({"name": "huge", "retention_ms": 10**29}, "retention_ms"),
+                        ({"name": "neg", "replicas": -2**63 - 1}, "replicas")):
+        status, answer = http_json(base + "/v1/streams", "POST", body)
+        assert status == 400 and answer["error"]["code"] == "INVALID_ARGUMENT", answer
+        assert field in answer["error"]["message"], answer
+    status, _ = http_json(base + "/v1/streams", "POST", {"name": "kept"})
+    assert status == 201
+    for path, body, field in (("/v1/streams/kept/trim", {"start_offset": 0, "x": 1}, "x"),
+                              ("/v1/streams/kept/cursors",
+                               {"cursor": "c", "offset": 0, "ofset": 1}, "ofset")):
+        status, answer = http_json(base + path, "POST", body)
+        assert status == 400 and field in answer["error"]["message"], answer
+    status, answer = http_json(base + "/v1/streams/kept", "PATCH", {"retention_ms": 10**29})
+    assert status == 400 and "retention_ms" in answer["error"]["message"], answer
+
+
+async def test_sdk_refuses_numbers_past_64_bits_as_invalid_argument(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        with pytest.raises(estream.InvalidArgument, match="retention_ms"):
+            await client.create_stream("sdk-huge", retention_ms=10**29)
+        with pytest.raises(estream.StreamNotFound):
+            await client.describe_stream("sdk-huge")
