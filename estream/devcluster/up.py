@@ -25,11 +25,12 @@ and kept), the admin API is https, and clients need the CA and the token
 (``ESTREAM_TLS_CA``, ``ESTREAM_TOKEN_FILE``: the banner prints them).
 
 The cluster secret (:func:`ensure_cluster_secret`): made once in
-``DATA_DIR/cluster-secret`` (mode 0600) and kept, given to every range server with
-``--secret-file``, so they verify the MAC of every ``hmac-sha256`` batch on APPEND. The
-children's ``ESTREAM_SECRET`` is cleared (it would clash with the flag). Clients of
-``hmac-sha256`` streams need the same secret: ``ESTREAM_SECRET`` or
-``estream.connect(secret=...)`` (the banner says where it is). PD never holds it.
+``DATA_DIR/cluster-secret`` (mode 0600) and kept, given to every PD node and range server
+with ``--secret-file``: range servers verify the MAC of every ``hmac-sha256`` batch on
+APPEND, and it is the member credential (only processes that prove it register, heartbeat,
+update replicas or drop replicas). The children's ``ESTREAM_SECRET`` is cleared (it would
+clash with the flag). Clients of ``hmac-sha256`` streams need the same secret:
+``ESTREAM_SECRET`` or ``estream.connect(secret=...)`` (the banner says where it is).
 
 :func:`plan_cluster` and :func:`restart_delay_s` are pure; :class:`Supervisor` owns the
 side effects (child processes, signals, HTTP probes, the data-dir lock).
@@ -125,7 +126,7 @@ def plan_cluster(
     *, tls: ClusterTls | None = None, secret_file: Path | None = None,
 ) -> ClusterPlan:
     """The processes, ports and data dirs of a local cluster (``secret_file``: every
-    range server gets ``--secret-file`` with it). Pure.
+    PD node and range server gets ``--secret-file`` with it). Pure.
 
     >>> p = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100)
     >>> p.pd_addresses
@@ -149,6 +150,8 @@ def plan_cluster(
         # The object-storage tier: sealed ranges go to DATA_DIR/objects (estream pd).
         tier = ("--object-store", f"file://{(data_dir / 'objects').absolute()}")
         member = tls.member_args() if tls is not None else ()
+        if secret_file is not None:
+            member = (*member, "--secret-file", str(secret_file.absolute()))
         args = pd_args(str(i), rpc[i], raft[i], peers, http, data_dir / f"pd-{i}",
                        (*tier, *member))
         pds.append(ChildSpec(f"pd-{i}", "pd", args, rpc[i], http))
@@ -423,8 +426,8 @@ def _tls_lines(plan: ClusterPlan) -> list[str]:
 def _secret_lines(plan: ClusterPlan) -> list[str]:
     if plan.secret_file is None:
         return []
-    return [f"  secret:        {plan.secret_file} (range servers verify hmac-sha256 streams' "
-            "MACs; clients of such streams: "
+    return [f"  secret:        {plan.secret_file} (the member credential; range servers verify "
+            "hmac-sha256 streams' MACs; clients of such streams: "
             f'ESTREAM_SECRET="$(cat {plan.secret_file})" or connect(secret=...))']
 
 

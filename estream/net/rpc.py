@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
@@ -43,6 +44,16 @@ from estream.wire.errors import (
     Unavailable,
     UnsupportedOpcode,
     from_wire,
+)
+from estream.wire.membership import (
+    challenge_header,
+    check_member_auth,
+    is_challenge,
+    is_member_auth,
+    member_auth_header,
+    member_key,
+    member_nonce_bytes,
+    server_nonce_of,
 )
 from estream.wire.protocol import (
     Frame,
@@ -219,10 +230,13 @@ class RpcClient:
         timeout_s: float = limits.connect_timeout_ms / 1000,
         ssl: SSLContext | None = None,
         token: str | None = None,
+        member_secret: bytes | None = None,
     ) -> RpcClient:
-        """Connect (over TLS with ``ssl``); with ``token``, authenticate (AUTH) first.
+        """Connect (over TLS with ``ssl``); with ``token``, authenticate (AUTH) first;
+        with ``member_secret`` (the cluster secret), prove membership first
+        (:mod:`estream.wire.membership`).
 
-        A refused TLS handshake raises :class:`Unavailable`; a refused token
+        A refused TLS handshake raises :class:`Unavailable`; a refused token or proof
         :class:`Unauthenticated` (the connection is closed).
         """
         host, port = parse_address(address)
@@ -238,13 +252,24 @@ class RpcClient:
             raise Unavailable(f"cannot connect to {address}: {exc}", address=address) from None
         client = cls(address, protocol)
         client._tls = ssl is not None
-        if token is not None:
-            try:
+        try:
+            if member_secret is not None:
+                await client._prove_member(member_key(member_secret), timeout_s)
+            if token is not None:
                 await client.call(Opcode.AUTH, {"token": token}, timeout_s=timeout_s)
-            except EstreamError:
-                await client.close()
-                raise
+        except EstreamError:
+            await client.close()
+            raise
         return client
+
+    async def _prove_member(self, key: bytes, timeout_s: float) -> None:
+        """The member challenge-response; nothing to prove to a server without a secret."""
+        answer, _ = await self.call(Opcode.AUTH, challenge_header(), timeout_s=timeout_s)
+        nonce = server_nonce_of(answer)
+        if nonce is not None:
+            mine = secrets.token_bytes(member_nonce_bytes)
+            await self.call(Opcode.AUTH, member_auth_header(key, nonce, mine),
+                            timeout_s=timeout_s)
 
     @property
     def closed(self) -> bool:
@@ -345,12 +370,15 @@ class ConnectionPool:
         connect_timeout_s: float = limits.connect_timeout_ms / 1000,
         ssl: SSLContext | None = None,
         token: str | None = None,
+        member_secret: bytes | None = None,
     ) -> None:
+        """``member_secret``: the cluster secret a member proves on every connection."""
         self._clients: dict[str, RpcClient] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._connect_timeout_s = connect_timeout_s
         self._ssl = ssl
         self._token = token
+        self._member_secret = member_secret
         self._closed = False
         # start_call: requests to an address not connected yet, in call order.
         self._starting: dict[str, list[tuple[int, Header | None, bytes | memoryview, Done,
@@ -368,7 +396,8 @@ class ConnectionPool:
             client = self._clients.get(address)
             if client is None or client.closed:
                 client = await RpcClient.connect(
-                    address, timeout_s=self._connect_timeout_s, ssl=self._ssl, token=self._token
+                    address, timeout_s=self._connect_timeout_s, ssl=self._ssl, token=self._token,
+                    member_secret=self._member_secret,
                 )
                 self._clients[address] = client
             return client
@@ -484,6 +513,8 @@ class _ServerProtocol(asyncio.Protocol):
         self._unsent_seen = 0
         self._progress_at = 0.0
         self.authenticated = not server.tokens  # without tokens every connection is served
+        self.member = server.member_key is None  # without a secret member opcodes are open
+        self.member_nonce: bytes | None = None  # the challenge asked on this connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -596,6 +627,11 @@ class _ServerProtocol(asyncio.Protocol):
                 if self._authenticate(frame):
                     continue
                 return  # a refused token: the connection is closing
+            if not self.member and frame.opcode in self.server.member_opcodes:
+                self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated(
+                    "member opcode: needs the cluster secret (--secret-file, "
+                    "ESTREAM_SECRET_FILE)")))
+                continue
             size = len(frame.header_bytes) + len(frame.payload)
             self.inflight_bytes += size
             quick = self.server.quick_handlers.get(frame.opcode)
@@ -628,14 +664,40 @@ class _ServerProtocol(asyncio.Protocol):
             self._reply(encode_error(frame.opcode, frame.request_id, error))
             return True
         try:
-            token = frame.header().get("token")
+            header = frame.header()
         except EstreamError:
-            token = None
+            header = {}
+        if is_challenge(header) or is_member_auth(header):
+            return self._authenticate_member(frame, header)
+        token = header.get("token")
         if not self.server.tokens or token_matches(self.server.tokens, token):
             self.authenticated = True
             self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
             return True
         self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated("bad token")))
+        assert self.transport is not None
+        self.transport.close()
+        return False
+
+    def _authenticate_member(self, frame: Frame, header: Header) -> bool:
+        """Answer a member's challenge with a fresh nonce, or check its proof (one guess
+        per nonce); a refused proof closes the connection. False: closing."""
+        key = self.server.member_key
+        if is_challenge(header):
+            answer: Header = {}
+            if key is not None:
+                self.member_nonce = secrets.token_bytes(member_nonce_bytes)
+                answer = {"nonce": self.member_nonce.hex()}
+            self._reply(encode_frame(Opcode.AUTH, frame.request_id, answer, b"",
+                                     FrameFlags.RESPONSE))
+            return True
+        nonce, self.member_nonce = self.member_nonce, None
+        if key is not None and check_member_auth(key, nonce, header):
+            self.member = self.authenticated = True
+            self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
+            return True
+        self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated(
+            "bad member proof: not this cluster's secret")))
         assert self.transport is not None
         self.transport.close()
         return False
@@ -753,13 +815,19 @@ class RpcServer:
         stalled_ms_max: int = limits.connection_stalled_ms_max,
         ssl: SSLContext | None = None,
         tokens: Collection[str] = (),
+        member_secret: bytes | None = None,
+        member_opcodes: Collection[int] = (),
     ) -> None:
         """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
-        (AUTH with one of them, or a client certificate verified by ``ssl``'s CA)."""
+        (AUTH with one of them, or a client certificate verified by ``ssl``'s CA);
+        ``member_secret``: serve ``member_opcodes`` only on connections that proved it
+        (:mod:`estream.wire.membership`; None: they are open to every connection)."""
         self.handlers = dict(handlers)
         self.quick_handlers = dict(quick_handlers or {})
         self.ssl = ssl
         self.tokens = frozenset(tokens)
+        self.member_key = None if member_secret is None else member_key(member_secret)
+        self.member_opcodes = frozenset(int(op) for op in member_opcodes)
         self.name = name
         self.inflight_bytes_max = inflight_bytes_max
         self.write_buffer_bytes_max = write_buffer_bytes_max

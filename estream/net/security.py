@@ -17,10 +17,12 @@ One frozen :class:`SecurityConfig` describes what a process offers and expects:
 read the certificate files); everything else here is pure. Tokens are compared with
 :func:`hmac.compare_digest`.
 
-The **cluster secret** (:func:`add_secret_options`, :func:`load_cluster_secret`) is not a
-transport setting: the per-stream MAC keys of ``hmac-sha256`` streams derive from it
-(``estream/wire/record.py``). Clients hold it (``connect(secret=)``, ``ESTREAM_SECRET``);
-a range server given it verifies those MACs on APPEND; PD never holds it.
+The **cluster secret** (:func:`add_secret_options`, :func:`load_cluster_secret`): the
+per-stream MAC keys of ``hmac-sha256`` streams derive from it (``estream/wire/record.py``).
+Clients hold it (``connect(secret=)``, ``ESTREAM_SECRET``); a range server given it
+verifies those MACs on APPEND. It is also the **member credential**: PD nodes and range
+servers given it prove it to each other (:mod:`estream.wire.membership`) and serve member
+opcodes only to connections that did.
 
 Side effects: :func:`server_context`, :func:`client_context`, :func:`load_token_file` and
 :func:`load_cluster_secret` read files.
@@ -266,13 +268,17 @@ def add_server_options(parser: argparse.ArgumentParser, *, admin: bool = False) 
                             help="the admin API's GET endpoints need a token too")
 
 
-def add_secret_options(parser: argparse.ArgumentParser) -> None:
+def add_secret_options(parser: argparse.ArgumentParser, *, member: bool = False) -> None:
     """Add --secret and --secret-file: the cluster secret (env ``ESTREAM_SECRET``, the
-    variable clients read, or ``ESTREAM_SECRET_FILE``)."""
+    variable clients read, or ``ESTREAM_SECRET_FILE``). ``member``: a PD node's help."""
+    what = ("the cluster secret: the member credential range servers and PD nodes prove "
+            "(without it member opcodes are open)" if member else
+            "the cluster secret that hmac-sha256 streams' MAC keys derive from: with it, "
+            "APPENDs of such streams are verified, and it is the member credential proved "
+            "to PD")
     parser.add_argument("--secret", default=None, metavar="SECRET",
-                        help="the cluster secret that hmac-sha256 streams' MAC keys derive "
-                             "from: with it, APPENDs of such streams are verified (prefer "
-                             "--secret-file or the environment: flags show in ps)")
+                        help=f"{what} (prefer --secret-file or the environment: flags show "
+                             "in ps)")
     parser.add_argument("--secret-file", default=None, metavar="FILE",
                         help="a file holding the cluster secret (surrounding whitespace "
                              "stripped)")

@@ -38,7 +38,7 @@ from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
 from pd.shell.retainer import Retainer
 from pd.shell.scrubber import Scrubber
-from pd.shell.service import PdService
+from pd.shell.service import MEMBER_OPCODES, PdService
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,8 @@ class PdConfig:
     object_max_age_s: float | None = None  # ...or age (None: the offload delay, <= 60 s)
     object_scrub_period_s: float = float(scrub_period_s_default)  # 0: no scrub
     object_scrub_bytes_per_s: int = scrub_bytes_per_s_max_default
+    # The cluster secret: member opcodes need its proof (None: they are open to anyone).
+    member_secret: bytes | None = field(default=None, repr=False)
 
 
 class PlacementDriverNode:
@@ -108,7 +110,9 @@ class PlacementDriverNode:
         self.service.pool = self.member_pool()  # delete fences, trim asks range servers
         self.rpc = RpcServer(self.service.handlers(), name=f"pd-{cfg.node_id}", ssl=tls,
                              tokens=cfg.security.tokens,
-                             quick_handlers=self.service.quick_handlers())
+                             quick_handlers=self.service.quick_handlers(),
+                             member_secret=cfg.member_secret,
+                             member_opcodes=MEMBER_OPCODES)
         host, port = parse_address(cfg.listen)
         self.rpc_address = await self.rpc.start(host, port)
         http_host, http_port = parse_address(cfg.http)
@@ -161,9 +165,11 @@ class PlacementDriverNode:
 
     def member_pool(self) -> ConnectionPool:
         """A pool for calls to other cluster members (range servers): this node's
-        certificate (mutual TLS) and the cluster token (the first of its token file)."""
+        certificate (mutual TLS), the cluster token (the first of its token file) and the
+        proof of the cluster secret."""
         sec = self.config.security
-        return ConnectionPool(ssl=member_client_context(sec), token=sec.token)
+        return ConnectionPool(ssl=member_client_context(sec), token=sec.token,
+                              member_secret=self.config.member_secret)
 
     async def _register_self(self) -> None:
         """Publish this node's addresses through Raft until the catalog has them."""

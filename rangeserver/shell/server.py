@@ -10,6 +10,10 @@ the request answers :class:`~estream.wire.errors.WrongServer` before anything el
 a server whose disk was wiped or replaced has a new id, and its "no such range" must
 never be taken for "an empty copy" of the old server's replica (BookKeeper's cookie).
 
+Members: with the cluster secret, :data:`MEMBER_OPCODES` (what only PD sends) are served
+only on connections that proved the secret (:mod:`estream.wire.membership`); any other
+connection is answered :class:`~estream.wire.errors.Unauthenticated` and nothing changes.
+
 Digests: a server given the cluster secret (``--secret-file``, ``ESTREAM_SECRET``) checks
 the MAC of every ``hmac-sha256`` batch on APPEND before the store sees it
 (:func:`rangeserver.replica.check_digest`): a forged or re-addressed batch is answered
@@ -29,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional, require
 from estream.wire import limits
@@ -44,6 +48,10 @@ log = logging.getLogger(__name__)
 _U64_MAX = 2**64 - 1
 _U32_MAX = 2**32 - 1
 stream_keys_max = 65_536  # MAC keys kept (one per stream; derived again when dropped)
+# What only PD's leader loops send (the reclaimer lists and drops replicas): with the
+# cluster secret, served only on connections that proved it (estream/wire/membership.py).
+# CREATE_RANGE, SEAL, READ and the rest are writers' and readers' too.
+MEMBER_OPCODES: Final = frozenset({Opcode.DROP_RANGE, Opcode.LIST_RANGES})
 
 
 def _uint(header: Header, name: str, limit: int = _U64_MAX) -> int:
@@ -93,7 +101,8 @@ class RangeServer:
         self.address = ""
         self._rotation = 0  # where the heartbeat's window of sealed replicas is
         self.rpc = RpcServer(
-            self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver"
+            self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver",
+            member_secret=self._secret, member_opcodes=MEMBER_OPCODES,
         )
 
     def handlers(self) -> dict[int, Handler]:
