@@ -32,7 +32,7 @@ from contextvars import ContextVar
 from ssl import SSLContext
 from typing import Any, Protocol, cast
 
-from estream.net.security import has_verified_peer_cert, token_matches
+from estream.net.security import has_verified_peer_cert, token_role
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
@@ -65,6 +65,7 @@ from estream.wire.protocol import (
     parse_address,
     parse_addresses,
 )
+from estream.wire.roles import ALL_ROLES, MEMBER_ROLE, Action, action_of, permits
 
 log = logging.getLogger(__name__)
 tls_close_wait_s = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
@@ -513,7 +514,8 @@ class _ServerProtocol(asyncio.Protocol):
         self._unsent_seen = 0
         self._progress_at = 0.0
         self.authenticated = not server.tokens  # without tokens every connection is served
-        self.member = server.member_key is None  # without a secret member opcodes are open
+        self.role = ALL_ROLES if not server.tokens else ""  # estream/wire/roles.py
+        self.member = False  # proved the cluster secret (estream/wire/membership.py)
         self.member_nonce: bytes | None = None  # the challenge asked on this connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -521,6 +523,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=self.server.write_buffer_bytes_max)
         if not self.authenticated and has_verified_peer_cert(self.transport):
             self.authenticated = True  # a cluster member: its certificate verified (mTLS)
+            self.role = ALL_ROLES
         self.server._connections.add(self)
 
     def pause_writing(self) -> None:
@@ -627,10 +630,9 @@ class _ServerProtocol(asyncio.Protocol):
                 if self._authenticate(frame):
                     continue
                 return  # a refused token: the connection is closing
-            if not self.member and frame.opcode in self.server.member_opcodes:
-                self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated(
-                    "member opcode: needs the cluster secret (--secret-file, "
-                    "ESTREAM_SECRET_FILE)")))
+            refusal = self._refusal(frame.opcode)
+            if refusal is not None:
+                self._reply(encode_error(frame.opcode, frame.request_id, refusal))
                 continue
             size = len(frame.header_bytes) + len(frame.payload)
             self.inflight_bytes += size
@@ -653,6 +655,23 @@ class _ServerProtocol(asyncio.Protocol):
         self.transport.pause_reading()
         asyncio.ensure_future(self._close_after_serving(error))
 
+    def _refusal(self, opcode: int) -> Unauthenticated | None:
+        """Why this connection may not send ``opcode`` (None: it may): member opcodes
+        need the cluster secret's proof when the server holds it, else a role that may."""
+        table = self.server.opcode_actions
+        if table is None:
+            return None
+        action = action_of(table, opcode)
+        if action is Action.MEMBER and self.server.member_key is not None:
+            if self.member:
+                return None
+            return Unauthenticated("member opcode: needs the cluster secret (--secret-file, "
+                                   "ESTREAM_SECRET_FILE)")
+        if permits(self.role, action) or (self.member and permits(MEMBER_ROLE, action)):
+            return None
+        return Unauthenticated(f"permission denied: opcode {opcode} needs a token whose role "
+                               f"may {action.value} (this one's role: {self.role})")
+
     def _authenticate(self, frame: Frame) -> bool:
         """Answer AUTH, or refuse a request before authentication; False: closing."""
         if frame.opcode != Opcode.AUTH:
@@ -669,9 +688,10 @@ class _ServerProtocol(asyncio.Protocol):
             header = {}
         if is_challenge(header) or is_member_auth(header):
             return self._authenticate_member(frame, header)
-        token = header.get("token")
-        if not self.server.tokens or token_matches(self.server.tokens, token):
+        role = token_role(self.server.tokens, header.get("token"))
+        if not self.server.tokens or role is not None:
             self.authenticated = True
+            self.role = role or ALL_ROLES
             self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
             return True
         self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated("bad token")))
@@ -694,6 +714,7 @@ class _ServerProtocol(asyncio.Protocol):
         nonce, self.member_nonce = self.member_nonce, None
         if key is not None and check_member_auth(key, nonce, header):
             self.member = self.authenticated = True
+            self.role = self.role or MEMBER_ROLE
             self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
             return True
         self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated(
@@ -814,20 +835,22 @@ class RpcServer:
         server_answer_bytes_max: int = limits.server_answer_bytes_max,
         stalled_ms_max: int = limits.connection_stalled_ms_max,
         ssl: SSLContext | None = None,
-        tokens: Collection[str] = (),
+        tokens: Collection[str] | Mapping[str, str] = (),
         member_secret: bytes | None = None,
-        member_opcodes: Collection[int] = (),
+        opcode_actions: Mapping[int, Action] | None = None,
     ) -> None:
         """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
-        (AUTH with one of them, or a client certificate verified by ``ssl``'s CA);
-        ``member_secret``: serve ``member_opcodes`` only on connections that proved it
-        (:mod:`estream.wire.membership`; None: they are open to every connection)."""
+        (AUTH with one of them, or a client certificate verified by ``ssl``'s CA); a
+        mapping gives each token its role (:mod:`estream.wire.roles`; a collection: every
+        role). ``opcode_actions``: what each opcode does, so what role it needs (None: no
+        role check); ``member_secret``: its member opcodes are served only on connections
+        that proved it (:mod:`estream.wire.membership`; None: to roles that may)."""
         self.handlers = dict(handlers)
         self.quick_handlers = dict(quick_handlers or {})
         self.ssl = ssl
-        self.tokens = frozenset(tokens)
+        self.tokens = tokens
         self.member_key = None if member_secret is None else member_key(member_secret)
-        self.member_opcodes = frozenset(int(op) for op in member_opcodes)
+        self.opcode_actions = None if opcode_actions is None else dict(opcode_actions)
         self.name = name
         self.inflight_bytes_max = inflight_bytes_max
         self.write_buffer_bytes_max = write_buffer_bytes_max
@@ -838,6 +861,16 @@ class RpcServer:
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_ServerProtocol] = set()
         self.address = ""
+
+    @property
+    def tokens(self) -> Mapping[str, str]:
+        """Accepted tokens and their roles (empty: every connection is served)."""
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, tokens: Collection[str] | Mapping[str, str]) -> None:
+        self._tokens = (dict(tokens) if isinstance(tokens, Mapping)
+                        else dict.fromkeys(tokens, ALL_ROLES))
 
     async def start(self, host: str, port: int) -> str:
         """Listen on ``host:port`` (port 0 picks a free one); returns the bound address."""

@@ -35,12 +35,13 @@ import hmac
 import ipaddress
 import secrets
 import ssl
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from estream.wire.errors import InvalidArgument
+from estream.wire.roles import ALL_ROLES, MEMBER_ROLE, parse_token_line
 
 TLS_MIN_VERSION: Final = ssl.TLSVersion.TLSv1_2
 token_bytes_max: Final = 4096  # a longer AUTH token is refused before it is compared
@@ -56,6 +57,7 @@ class SecurityConfig:
     tls_ca: str | None = None
     require_client_cert: bool = False
     tokens: frozenset[str] = frozenset()
+    token_roles: Mapping[str, str] = field(default_factory=dict)  # token -> its role
     token: str | None = None
     protect_reads: bool = False  # admin API: reads need a token too (healthz stays open)
 
@@ -80,18 +82,42 @@ class SecurityConfig:
 # --- tokens (pure) ----------------------------------------------------------------------
 
 
-def parse_tokens(text: str) -> tuple[str, ...]:
-    """Tokens from a token file's text: one per line; blank lines and ``#`` comments skipped.
+def parse_role_tokens(text: str) -> tuple[tuple[str, str], ...]:
+    """``(role, token)`` pairs of a token file's text: one per line, ``ROLE:TOKEN`` or a
+    bare token (every role: :func:`estream.wire.roles.parse_token_line`); blank lines and
+    ``#`` comments skipped.
 
-    >>> parse_tokens("# cluster\\nabc\\n\\n  def  \\n")
-    ('abc', 'def')
+    >>> parse_role_tokens("# cluster\\nadmin:abc\\n\\n  def  \\n")
+    (('admin', 'abc'), ('all', 'def'))
     """
     out = []
     for line in text.splitlines():
         token = line.strip()
         if token and not token.startswith("#"):
-            out.append(token)
+            out.append(parse_token_line(token))
     return tuple(out)
+
+
+def parse_tokens(text: str) -> tuple[str, ...]:
+    """The tokens of a token file's text, roles left off (what a client presents).
+
+    >>> parse_tokens("# cluster\\nabc\\n\\n  client:def  \\n")
+    ('abc', 'def')
+    """
+    return tuple(token for _, token in parse_role_tokens(text))
+
+
+def token_role(token_roles: Mapping[str, str], presented: object) -> str | None:
+    """The role of ``presented`` among ``token_roles`` (None: not one of them), in time
+    independent of where they differ: every token is compared, no early exit."""
+    if not isinstance(presented, str) or not presented or len(presented) > token_bytes_max:
+        return None
+    given = presented.encode()
+    found: str | None = None
+    for token, role in token_roles.items():
+        if hmac.compare_digest(token.encode(), given):
+            found = role
+    return found
 
 
 def token_matches(tokens: Collection[str], presented: object) -> bool:
@@ -236,10 +262,23 @@ def _load(method: Any, *paths: str | None) -> None:
                               argument="tls") from None
 
 
+def member_token(pairs: Iterable[tuple[str, str]]) -> str | None:
+    """The token a member presents to other members: its first one of the ``member`` role
+    or a bare one, else its first (as before roles); None without tokens. Pure."""
+    listed = list(pairs)
+    mine = [t for r, t in listed if r in (MEMBER_ROLE, ALL_ROLES)] or [t for _, t in listed]
+    return mine[0] if mine else None
+
+
 def load_token_file(path: str | Path) -> tuple[str, ...]:
     """The tokens of a token file (see :func:`parse_tokens`); InvalidArgument if unusable."""
+    return tuple(token for _, token in load_role_token_file(path))
+
+
+def load_role_token_file(path: str | Path) -> tuple[tuple[str, str], ...]:
+    """The ``(role, token)`` pairs of a token file (:func:`parse_role_tokens`)."""
     try:
-        tokens = parse_tokens(Path(path).read_text(encoding="utf-8"))
+        tokens = parse_role_tokens(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"cannot read token file {path}: {exc}",
                               argument="token_file") from None
@@ -306,13 +345,14 @@ def load_cluster_secret(args: argparse.Namespace) -> bytes | None:
 
 def config_from_args(args: argparse.Namespace) -> SecurityConfig:
     """The :class:`SecurityConfig` of parsed server options; InvalidArgument if unusable."""
-    tokens: tuple[str, ...] = ()
+    pairs: tuple[tuple[str, str], ...] = ()
     if args.token_file:
-        tokens = load_token_file(args.token_file)
+        pairs = load_role_token_file(args.token_file)
     config = SecurityConfig(
         tls_cert=args.tls_cert or None, tls_key=args.tls_key or None,
         tls_ca=args.tls_ca or None, require_client_cert=bool(args.tls_require_client_cert),
-        tokens=frozenset(tokens), token=tokens[0] if tokens else None,
+        tokens=frozenset(t for _, t in pairs), token_roles={t: r for r, t in pairs},
+        token=member_token(pairs),
         protect_reads=bool(getattr(args, "admin_protect_reads", False)),
     )
     server_context(config)  # fail at start, with one line, on unreadable or bad files
@@ -331,10 +371,14 @@ __all__ = [
     "has_verified_peer_cert",
     "is_loopback",
     "load_cluster_secret",
+    "load_role_token_file",
     "load_token_file",
     "member_client_context",
+    "member_token",
+    "parse_role_tokens",
     "parse_tokens",
     "raft_password",
     "server_context",
     "token_matches",
+    "token_role",
 ]

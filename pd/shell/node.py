@@ -27,6 +27,7 @@ from estream.net.security import (
     server_context,
 )
 from estream.wire.errors import EstreamError
+from estream.wire.roles import PD_OPCODE_ACTIONS
 from pd.catalog import PdNode
 from pd.scrub import ScrubPace, scrub_bytes_per_s_max_default, scrub_period_s_default
 from pd.shell.drainer import Drainer
@@ -38,7 +39,7 @@ from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
 from pd.shell.retainer import Retainer
 from pd.shell.scrubber import Scrubber
-from pd.shell.service import MEMBER_OPCODES, PdService
+from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +110,10 @@ class PlacementDriverNode:
             self.service.object_store = store.describe()  # published in PD_CLUSTER
         self.service.pool = self.member_pool()  # delete fences, trim asks range servers
         self.rpc = RpcServer(self.service.handlers(), name=f"pd-{cfg.node_id}", ssl=tls,
-                             tokens=cfg.security.tokens,
+                             tokens=cfg.security.token_roles,
                              quick_handlers=self.service.quick_handlers(),
                              member_secret=cfg.member_secret,
-                             member_opcodes=MEMBER_OPCODES)
+                             opcode_actions=PD_OPCODE_ACTIONS)
         host, port = parse_address(cfg.listen)
         self.rpc_address = await self.rpc.start(host, port)
         http_host, http_port = parse_address(cfg.http)
@@ -123,7 +124,7 @@ class PlacementDriverNode:
         recoverer = Recoverer(self.service, busy=busy)
         recoverer.pool = self.member_pool()
         drainer = Drainer(self.service, self.repairer, recoverer)
-        app = build_app(self.service, tokens=cfg.security.tokens,
+        app = build_app(self.service, tokens=cfg.security.token_roles,
                         protect_reads=cfg.security.protect_reads,
                         ranges_report=drainer.ranges_report)
         self._http_runner = web.AppRunner(app, access_log=None)

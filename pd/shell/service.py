@@ -87,11 +87,6 @@ delete_attempts_max = 3  # a writer opening during a delete makes the delete sta
 time_ranges_per_answer = 4  # PD_TIME_RANGES: candidates per answer (the first usually holds it)
 RETENTION_FIELDS: Final = ("retention_ms", "retention_bytes")
 retention_max: Final = 2**63 - 1  # a limit must fit a signed 64-bit integer
-# What only cluster members send: range servers register and heartbeat, PD's own repair
-# and drain update replicas (through the service, never the port). With the cluster secret,
-# served only on connections that proved it (estream/wire/membership.py).
-MEMBER_OPCODES: Final = frozenset({
-    Opcode.PD_REGISTER_SERVER, Opcode.PD_HEARTBEAT, Opcode.PD_UPDATE_REPLICAS})
 
 
 def _now_ms() -> int:

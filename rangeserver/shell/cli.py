@@ -240,7 +240,7 @@ async def serve(args: argparse.Namespace) -> int:
                          secret=args.cluster_secret)
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
-    server.rpc.tokens = security.tokens
+    server.rpc.tokens = security.token_roles
     metrics: RangeServerMetrics | None = None
     if args.http is not None:
         metrics = RangeServerMetrics(store, server.rpc, data_dir=str(data_dir))

@@ -10,9 +10,11 @@ the request answers :class:`~estream.wire.errors.WrongServer` before anything el
 a server whose disk was wiped or replaced has a new id, and its "no such range" must
 never be taken for "an empty copy" of the old server's replica (BookKeeper's cookie).
 
-Members: with the cluster secret, :data:`MEMBER_OPCODES` (what only PD sends) are served
-only on connections that proved the secret (:mod:`estream.wire.membership`); any other
-connection is answered :class:`~estream.wire.errors.Unauthenticated` and nothing changes.
+Roles (:data:`estream.wire.roles.RANGE_SERVER_OPCODE_ACTIONS`): a token's role limits what
+a connection may send; the member opcodes (DROP_RANGE, LIST_RANGES: only PD sends them)
+are served, with the cluster secret, only on connections that proved it
+(:mod:`estream.wire.membership`); any other is answered
+:class:`~estream.wire.errors.Unauthenticated` and nothing changes.
 
 Digests: a server given the cluster secret (``--secret-file``, ``ESTREAM_SECRET``) checks
 the MAC of every ``hmac-sha256`` batch on APPEND before the store sees it
@@ -33,13 +35,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional, require
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument, WrongServer
 from estream.wire.protocol import Opcode
 from estream.wire.record import DIGESTS, stream_key
+from estream.wire.roles import RANGE_SERVER_OPCODE_ACTIONS
 from rangeserver.replica import check_digest, digest_name, problem_replicas
 from rangeserver.shell.store import Store
 
@@ -48,10 +51,6 @@ log = logging.getLogger(__name__)
 _U64_MAX = 2**64 - 1
 _U32_MAX = 2**32 - 1
 stream_keys_max = 65_536  # MAC keys kept (one per stream; derived again when dropped)
-# What only PD's leader loops send (the reclaimer lists and drops replicas): with the
-# cluster secret, served only on connections that proved it (estream/wire/membership.py).
-# CREATE_RANGE, SEAL, READ and the rest are writers' and readers' too.
-MEMBER_OPCODES: Final = frozenset({Opcode.DROP_RANGE, Opcode.LIST_RANGES})
 
 
 def _uint(header: Header, name: str, limit: int = _U64_MAX) -> int:
@@ -102,7 +101,7 @@ class RangeServer:
         self._rotation = 0  # where the heartbeat's window of sealed replicas is
         self.rpc = RpcServer(
             self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver",
-            member_secret=self._secret, member_opcodes=MEMBER_OPCODES,
+            member_secret=self._secret, opcode_actions=RANGE_SERVER_OPCODE_ACTIONS,
         )
 
     def handlers(self) -> dict[int, Handler]:
