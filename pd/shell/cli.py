@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the Raft secret from this file (first line)")
     add_server_options(p, admin=True)
     add_secret_options(p, member=True)
+    p.add_argument("--admin-hosts", default="", metavar="NAME,NAME",
+                   help="names the admin API may be reached by besides IP addresses, "
+                        "localhost and the --http and --listen hosts (a request naming "
+                        "another Host is refused as cross-site)")
     p.add_argument("--object-store", type=_object_store_url, default=None, metavar="URL",
                    help="object-storage tier: file:///abs/dir or s3://bucket/prefix (also "
                         "ESTREAM_OBJECT_STORE; S3 credentials from AWS_ACCESS_KEY_ID, "
@@ -206,7 +210,9 @@ def parse_config(argv: list[str]) -> PdConfig:
                     object_max_age_s=args.object_max_age_s,
                     object_scrub_period_s=args.object_scrub_period_s,
                     object_scrub_bytes_per_s=args.object_scrub_bytes_per_s,
-                    member_secret=member_secret)
+                    member_secret=member_secret,
+                    admin_hosts=tuple(h.strip() for h in args.admin_hosts.split(",")
+                                      if h.strip()))
 
 
 def _config_warnings(args: argparse.Namespace) -> list[str]:

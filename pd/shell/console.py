@@ -146,7 +146,7 @@ async function getJson(path) {
   return body;
 }
 async function write(method, path) {
-  const headers = {};
+  const headers = {"Content-Type": "application/json"};  // writes are JSON (pd/crosssite.py)
   if (tokenBox.value) headers["Authorization"] = "Bearer " + tokenBox.value;
   const response = await fetch(path, {method, headers});
   const body = await response.json();

@@ -57,6 +57,7 @@ from estream.wire.errors import (
 )
 from estream.wire.roles import ALL_ROLES, http_action, permits
 from pd.catalog import CatalogView
+from pd.crosssite import cross_site_refusal
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
 from pd.shell.console import RangesReport, add_operator_routes
@@ -112,14 +113,29 @@ def build_app(
     service: PdService, *, tokens: Collection[str] | Mapping[str, str] = (),
     protect_reads: bool = False,
     ranges_report: RangesReport | None = None,
+    admin_hosts: Collection[str] = (),
 ) -> web.Application:
     """The aiohttp application serving the admin API of one PD node.
 
     ``tokens``: bearer tokens the write endpoints (and with ``protect_reads`` the reads)
     need, with their roles (:mod:`estream.wire.roles`: deleting or trimming a stream and
     draining or forgetting a server need ``admin``, other writes ``client``; a collection:
-    every role); none: the API is open (the default, as before).
+    every role); none: the API is open (the default, as before). Cross-site requests
+    are refused with 403 (:mod:`pd.crosssite`; ``admin_hosts``: the names ``Host`` may
+    give besides IP addresses and localhost).
     """
+    names = frozenset(admin_hosts)
+
+    @web.middleware
+    async def same_site(request: web.Request, handler: Handler) -> web.StreamResponse:
+        content_type = request.headers.get("Content-Type", "").partition(";")[0].strip()
+        refusal = cross_site_refusal(
+            request.method, request.headers.get("Host"), request.headers.get("Origin"),
+            content_type, scheme=request.scheme, names=names)
+        if refusal is not None:
+            return error_response(403, "CROSS_SITE_REFUSED", refusal)
+        return await handler(request)
+
     accepted = (dict(tokens) if isinstance(tokens, Mapping)
                 else dict.fromkeys(tokens, ALL_ROLES))
 
@@ -164,7 +180,8 @@ def build_app(
         finally:
             service.metrics.observe("http", op, time.perf_counter() - started, ok)
 
-    app = web.Application(middlewares=[errors, authenticate], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[same_site, errors, authenticate],
+                          client_max_size=1024 * 1024)
     views = _Views(service)
     app.router.add_get("/v1/cluster", views.cluster)
     app.router.add_get("/v1/streams", views.list_streams)

@@ -69,6 +69,13 @@ class PdConfig:
     object_scrub_bytes_per_s: int = scrub_bytes_per_s_max_default
     # The cluster secret: member opcodes need its proof (None: they are open to anyone).
     member_secret: bytes | None = field(default=None, repr=False)
+    admin_hosts: tuple[str, ...] = ()  # names Host may give the admin API (pd/crosssite.py)
+
+
+def admin_host_names(config: PdConfig) -> tuple[str, ...]:
+    """The names the admin API answers to: its --http and --listen hosts, --admin-hosts."""
+    hosts = [address.rpartition(":")[0].strip("[]") for address in (config.http, config.listen)]
+    return (*hosts, *config.admin_hosts)
 
 
 class PlacementDriverNode:
@@ -125,6 +132,7 @@ class PlacementDriverNode:
         recoverer.pool = self.member_pool()
         drainer = Drainer(self.service, self.repairer, recoverer)
         app = build_app(self.service, tokens=cfg.security.token_roles,
+                        admin_hosts=admin_host_names(cfg),
                         protect_reads=cfg.security.protect_reads,
                         ranges_report=drainer.ranges_report)
         self._http_runner = web.AppRunner(app, access_log=None)
