@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the Raft secret from this file (first line)")
     add_server_options(p, admin=True)
     add_secret_options(p, member=True)
+    p.add_argument("--join", action="store_true", default=False,
+                   help="join an existing cluster: started on an empty --data-dir, this node "
+                        "never stands for election before a leader gave it the catalog "
+                        "(etcd's initial-cluster-state=existing); leave it off only for the "
+                        "first start of a new cluster")
     p.add_argument("--admin-hosts", default="", metavar="NAME,NAME",
                    help="names the admin API may be reached by besides IP addresses, "
                         "localhost and the --http and --listen hosts (a request naming "
@@ -211,6 +216,7 @@ def parse_config(argv: list[str]) -> PdConfig:
                     object_scrub_period_s=args.object_scrub_period_s,
                     object_scrub_bytes_per_s=args.object_scrub_bytes_per_s,
                     member_secret=member_secret,
+                    join=bool(args.join),
                     admin_hosts=tuple(h.strip() for h in args.admin_hosts.split(",")
                                       if h.strip()))
 

@@ -70,6 +70,7 @@ class PdConfig:
     # The cluster secret: member opcodes need its proof (None: they are open to anyone).
     member_secret: bytes | None = field(default=None, repr=False)
     admin_hosts: tuple[str, ...] = ()  # names Host may give the admin API (pd/crosssite.py)
+    join: bool = False  # an empty node joins an existing cluster (pd/shell/raft.py)
 
 
 def admin_host_names(config: PdConfig) -> tuple[str, ...]:
@@ -84,7 +85,7 @@ class PlacementDriverNode:
     def __init__(self, config: PdConfig) -> None:
         self.config = config
         self.raft = RaftNode(config.raft, config.peers, config.data_dir,
-                             password=config.password)
+                             password=config.password, join=config.join)
         self.rpc: RpcServer | None = None
         self.service: PdService | None = None
         self._http_runner: web.AppRunner | None = None
