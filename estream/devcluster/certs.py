@@ -10,7 +10,11 @@ that already holds them is reused as it is, so a restarted ``estream up --tls`` 
 identities and clients keep their CA.
 
 ``estream certs DIR [--host H ...]`` (:func:`main`) makes the same files for a cluster run
-by hand: give every server's address with ``--host`` (IP addresses or names).
+by hand: give every server's address with ``--host`` (IP addresses or names). With
+``--role read|client|admin|member`` it also makes (once) a token of that role
+(:func:`ensure_role_token`, :mod:`estream.wire.roles`): ``DIR/ROLE-token`` holds the line
+``ROLE:TOKEN``, also added to the servers' token file ``DIR/token`` (restart them to take
+it); a client given ``ESTREAM_TOKEN_FILE=DIR/ROLE-token`` presents the token alone.
 
 Side effects: writes PEM and token files.
 """
@@ -32,6 +36,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from estream.wire.roles import ROLES
 
 validity_days: Final = 825  # what browsers accept at most for a leaf; a CA gets the same
 
@@ -160,6 +166,22 @@ def ensure_cluster_tls(directory: Path, hosts: list[str]) -> ClusterTls:
     return tls
 
 
+def ensure_role_token(directory: Path, role: str) -> Path:
+    """``DIR/ROLE-token``: a token of ``role`` made once, its line also in ``DIR/token``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+    path = directory / f"{role}-token"
+    if path.exists():
+        return path
+    line = f"{role}:{secrets.token_urlsafe(32)}\n"
+    servers = directory / "token"
+    kept = servers.read_text(encoding="utf-8") if servers.exists() else ""
+    _write_private(servers, (kept + ("" if not kept or kept.endswith("\n") else "\n")
+                             + line).encode())
+    _write_private(path, line.encode())
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``estream certs DIR [--host H ...]``: make (or keep) a cluster's certificates."""
     from estream.server.config import one_line_errors
@@ -172,10 +194,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", action="append", default=[], metavar="H",
                         help="an address or name the servers are reached by (repeatable; "
                         "127.0.0.1 and localhost are always in)")
+    parser.add_argument("--role", choices=ROLES, default=None,
+                        help="also make a token of this role (read: read only; client: "
+                        "create, write, read; admin: also delete, trim, drain, forget; "
+                        "member: PD nodes and range servers)")
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     tls = ensure_cluster_tls(ns.dir, list(ns.host))
     print(f"CA:       {tls.ca}")
     print(f"members:  {' '.join(tls.member_args())}")
     print(f"clients:  ESTREAM_TLS_CA={tls.ca} ESTREAM_TOKEN_FILE={tls.token} "
           f"(client certificate: --tls-cert {tls.client_cert} --tls-key {tls.client_key})")
+    if ns.role is not None:
+        path = ensure_role_token(ns.dir, ns.role)
+        print(f"{ns.role} token: ESTREAM_TOKEN_FILE={path} (its line is in {tls.token}: "
+              "restart the servers to accept it)")
     return 0

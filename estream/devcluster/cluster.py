@@ -136,6 +136,7 @@ class Cluster:
     pd: PdCluster
     extra_args: list[str] | None = None  # every range server's extra flags
     servers: list[RangeServerProcess] = field(default_factory=list)
+    secret: bytes | None = field(default=None, repr=False)  # the member credential, if any
 
     @property
     def pd_addresses(self) -> str:
@@ -367,15 +368,27 @@ def start_cluster(
     proxied: bool = False,
     pd_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    secret: bytes | None = None,
 ) -> Cluster:
     """Start PD nodes (each with ``pd_args``) and range servers (with ``rangeserver_args``;
     PD node ``i`` on ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on
     ``host``; with ``proxied``, each range server behind a fault proxy on its host). Every
     process runs with ``env`` over this process's environment, which is left alone (it
-    restarts with it too). The caller must ``stop()`` the cluster."""
+    restarts with it too). With ``secret`` (the cluster secret, the member credential),
+    it is written to ``tmp_path/cluster-secret`` and every PD node and range server gets
+    ``--secret-file`` with it, as ``estream up`` does. The caller must ``stop()`` the
+    cluster."""
+    if secret is not None:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        secret_file = tmp_path / "cluster-secret"
+        secret_file.write_bytes(secret)
+        secret_file.chmod(0o600)
+        pd_args = [*pd_args, "--secret-file", str(secret_file)]
+        rangeserver_args = [*(rangeserver_args or []), "--secret-file", str(secret_file)]
     pd = plan_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts, extra_args=pd_args,
                          env=env)
     cluster = Cluster(pd, rangeserver_args)
+    cluster.secret = secret
     hosts = list(rs_hosts) if rs_hosts is not None else [host] * range_servers
     try:
         # Every process starts at once (interpreter start-up is most of the wait); range

@@ -17,7 +17,8 @@ that dies (exponential backoff, reset once it has run for a while), prints readi
 (every PD answers, a leader exists, every range server is registered and alive), forwards
 SIGINT/SIGTERM to all children and waits for them
 (:func:`~estream.devcluster.process.stop_processes`: SIGKILL after a timeout).
-Restarting on the same data dir keeps all data.
+Restarting on the same data dir keeps all data; PD nodes then start with ``--join`` (the
+cluster is bootstrapped once: a node whose data dir is gone copies the catalog).
 
 ``--tls``: every PD node and range server serves TLS only, with a member certificate from
 a cluster CA and a token (:mod:`estream.devcluster.certs`, made once in ``DATA_DIR/tls``
@@ -25,11 +26,12 @@ and kept), the admin API is https, and clients need the CA and the token
 (``ESTREAM_TLS_CA``, ``ESTREAM_TOKEN_FILE``: the banner prints them).
 
 The cluster secret (:func:`ensure_cluster_secret`): made once in
-``DATA_DIR/cluster-secret`` (mode 0600) and kept, given to every range server with
-``--secret-file``, so they verify the MAC of every ``hmac-sha256`` batch on APPEND. The
-children's ``ESTREAM_SECRET`` is cleared (it would clash with the flag). Clients of
-``hmac-sha256`` streams need the same secret: ``ESTREAM_SECRET`` or
-``estream.connect(secret=...)`` (the banner says where it is). PD never holds it.
+``DATA_DIR/cluster-secret`` (mode 0600) and kept, given to every PD node and range server
+with ``--secret-file``: range servers verify the MAC of every ``hmac-sha256`` batch on
+APPEND, and it is the member credential (only processes that prove it register, heartbeat,
+update replicas or drop replicas). The children's ``ESTREAM_SECRET`` is cleared (it would
+clash with the flag). Clients of ``hmac-sha256`` streams need the same secret:
+``ESTREAM_SECRET`` or ``estream.connect(secret=...)`` (the banner says where it is).
 
 :func:`plan_cluster` and :func:`restart_delay_s` are pure; :class:`Supervisor` owns the
 side effects (child processes, signals, HTTP probes, the data-dir lock).
@@ -122,10 +124,12 @@ class PlanError(ValueError):
 
 def plan_cluster(
     data_dir: Path, pd_nodes: int, range_servers: int, host: str, base_port: int,
-    *, tls: ClusterTls | None = None, secret_file: Path | None = None,
+    *, tls: ClusterTls | None = None, secret_file: Path | None = None, join: bool = False,
 ) -> ClusterPlan:
     """The processes, ports and data dirs of a local cluster (``secret_file``: every
-    range server gets ``--secret-file`` with it). Pure.
+    PD node and range server gets ``--secret-file`` with it; ``join``: the cluster was
+    bootstrapped before, so every PD node starts with ``--join``: one whose data dir is
+    gone copies the catalog from the others instead of electing on an empty one). Pure.
 
     >>> p = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100)
     >>> p.pd_addresses
@@ -149,6 +153,10 @@ def plan_cluster(
         # The object-storage tier: sealed ranges go to DATA_DIR/objects (estream pd).
         tier = ("--object-store", f"file://{(data_dir / 'objects').absolute()}")
         member = tls.member_args() if tls is not None else ()
+        if secret_file is not None:
+            member = (*member, "--secret-file", str(secret_file.absolute()))
+        if join:
+            member = (*member, "--join")
         args = pd_args(str(i), rpc[i], raft[i], peers, http, data_dir / f"pd-{i}",
                        (*tier, *member))
         pds.append(ChildSpec(f"pd-{i}", "pd", args, rpc[i], http))
@@ -423,8 +431,8 @@ def _tls_lines(plan: ClusterPlan) -> list[str]:
 def _secret_lines(plan: ClusterPlan) -> list[str]:
     if plan.secret_file is None:
         return []
-    return [f"  secret:        {plan.secret_file} (range servers verify hmac-sha256 streams' "
-            "MACs; clients of such streams: "
+    return [f"  secret:        {plan.secret_file} (the member credential; range servers verify "
+            "hmac-sha256 streams' MACs; clients of such streams: "
             f'ESTREAM_SECRET="$(cat {plan.secret_file})" or connect(secret=...))']
 
 
@@ -475,8 +483,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _lock_data_dir(plan.data_dir):
             tls = ensure_cluster_tls(plan.data_dir / "tls", [plan.host]) if ns.tls else None
             secret_file = ensure_cluster_secret(plan.data_dir)
+            # Bootstrapped once: a PD data dir from an earlier start means the cluster
+            # exists, and a node without one joins it (estream pd --join).
+            bootstrapped = any((plan.data_dir / f"pd-{i}").exists()
+                               for i in range(ns.pd_nodes))
             plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host,
-                                ns.base_port, tls=tls, secret_file=secret_file)
+                                ns.base_port, tls=tls, secret_file=secret_file,
+                                join=bootstrapped)
             busy = busy_addresses(plan)
             if busy:
                 raise PlanError(

@@ -34,13 +34,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
 from typing import Any, Protocol, cast
 
-from estream.net.security import has_verified_peer_cert, token_matches
+from estream.net.security import has_verified_peer_cert, token_role
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
@@ -53,6 +54,16 @@ from estream.wire.errors import (
     UnsupportedOpcode,
     from_wire,
 )
+from estream.wire.membership import (
+    challenge_header,
+    check_member_auth,
+    is_challenge,
+    is_member_auth,
+    member_auth_header,
+    member_key,
+    member_nonce_bytes,
+    server_nonce_of,
+)
 from estream.wire.protocol import (
     Frame,
     FrameDecoder,
@@ -63,6 +74,7 @@ from estream.wire.protocol import (
     parse_address,
     parse_addresses,
 )
+from estream.wire.roles import ALL_ROLES, MEMBER_ROLE, Action, action_of, permits
 
 log = logging.getLogger(__name__)
 tls_close_wait_s = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
@@ -249,11 +261,13 @@ class RpcClient:
         timeout_s: float = limits.connect_timeout_ms / 1000,
         ssl: SSLContext | None = None,
         token: str | None = None,
+        member_secret: bytes | None = None,
     ) -> RpcClient:
-        """Connect (over TLS with ``ssl``); with ``token``, authenticate (AUTH) first,
-        both within ``timeout_s`` (:class:`Timeout` after it).
+        """Connect (over TLS with ``ssl``); with ``member_secret`` (the cluster secret),
+        prove membership (:mod:`estream.wire.membership`), then with ``token`` authenticate
+        (AUTH), all within ``timeout_s`` (:class:`Timeout` after it).
 
-        A refused TLS handshake raises :class:`Unavailable`; a refused token
+        A refused TLS handshake raises :class:`Unavailable`; a refused token or proof
         :class:`Unauthenticated` (the connection is closed).
         """
         host, port = parse_address(address)
@@ -270,14 +284,27 @@ class RpcClient:
             raise Unavailable(f"cannot connect to {address}: {exc}", address=address) from None
         client = cls(address, protocol)
         client._tls = ssl is not None
-        if token is not None:
-            try:
+        try:
+            if member_secret is not None:
+                await client._prove_member(member_key(member_secret),
+                                           lambda: max(0.0, deadline - loop.time()))
+            if token is not None:
                 await client.call(Opcode.AUTH, {"token": token},
                                   timeout_s=max(0.0, deadline - loop.time()))
-            except BaseException:  # refused, timed out, or the caller was cancelled
-                client.abort(Closed(f"connection to {address} closed"))
-                raise
+        except BaseException:  # refused, timed out, or the caller was cancelled
+            client.abort(Closed(f"connection to {address} closed"))
+            raise
         return client
+
+    async def _prove_member(self, key: bytes, left_s: Callable[[], float]) -> None:
+        """The member challenge-response, each step within what ``left_s()`` says is left
+        of the caller's deadline; nothing to prove to a server without a secret."""
+        answer, _ = await self.call(Opcode.AUTH, challenge_header(), timeout_s=left_s())
+        nonce = server_nonce_of(answer)
+        if nonce is not None:
+            mine = secrets.token_bytes(member_nonce_bytes)
+            await self.call(Opcode.AUTH, member_auth_header(key, nonce, mine),
+                            timeout_s=left_s())
 
     @property
     def closed(self) -> bool:
@@ -397,12 +424,15 @@ class ConnectionPool:
         connect_timeout_s: float = limits.connect_timeout_ms / 1000,
         ssl: SSLContext | None = None,
         token: str | None = None,
+        member_secret: bytes | None = None,
     ) -> None:
+        """``member_secret``: the cluster secret a member proves on every connection."""
         self._clients: dict[str, RpcClient] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._connect_timeout_s = connect_timeout_s
         self._ssl = ssl
         self._token = token
+        self._member_secret = member_secret
         self._closed = False
         # start_call: requests to an address not connected yet, in call order.
         self._starting: dict[str, list[tuple[int, Header | None, bytes | memoryview, Done,
@@ -420,7 +450,8 @@ class ConnectionPool:
             client = self._clients.get(address)
             if client is None or client.closed:
                 client = await RpcClient.connect(
-                    address, timeout_s=self._connect_timeout_s, ssl=self._ssl, token=self._token
+                    address, timeout_s=self._connect_timeout_s, ssl=self._ssl, token=self._token,
+                    member_secret=self._member_secret,
                 )
                 self._clients[address] = client
             return client
@@ -557,6 +588,9 @@ class _ServerProtocol(asyncio.Protocol):
         self._unsent_seen = 0
         self._progress_at = 0.0
         self.authenticated = not server.tokens  # without tokens every connection is served
+        self.role = ALL_ROLES if not server.tokens else ""  # estream/wire/roles.py
+        self.member = False  # proved the cluster secret (estream/wire/membership.py)
+        self.member_nonce: bytes | None = None  # the challenge asked on this connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -574,6 +608,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=server.write_buffer_bytes_max)
         if not self.authenticated and has_verified_peer_cert(self.transport):
             self.authenticated = True  # a cluster member: its certificate verified (mTLS)
+            self.role = ALL_ROLES
         if not self.authenticated:
             self._auth_deadline = asyncio.get_running_loop().call_later(
                 server.auth_ms_max / 1000, self._auth_expired)
@@ -592,6 +627,11 @@ class _ServerProtocol(asyncio.Protocol):
         self._reply(encode_error(0, 0, Unauthenticated(
             f"not authenticated within {server.auth_ms_max} ms")))
         transport.close()
+
+    def _cancel_auth_deadline(self) -> None:
+        if self._auth_deadline is not None:
+            self._auth_deadline.cancel()
+            self._auth_deadline = None
 
     def pause_writing(self) -> None:
         # The peer is not reading its answers: stop taking requests and producing answers.
@@ -685,9 +725,7 @@ class _ServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._connections.discard(self)
-        if self._auth_deadline is not None:
-            self._auth_deadline.cancel()
-            self._auth_deadline = None
+        self._cancel_auth_deadline()
         self.waiting.clear()
         for task in self.tasks:
             task.cancel()
@@ -718,6 +756,10 @@ class _ServerProtocol(asyncio.Protocol):
         token)."""
         if frame.opcode == Opcode.AUTH or not self.authenticated:
             return self._authenticate(frame)
+        refusal = self._refusal(frame.opcode)  # a role that may not, a member opcode
+        if refusal is not None:
+            self._reply(encode_error(frame.opcode, frame.request_id, refusal))
+            return True
         size = len(frame.header_bytes) + len(frame.payload)
         self.inflight_bytes += size
         self.inflight_requests += 1
@@ -753,6 +795,23 @@ class _ServerProtocol(asyncio.Protocol):
         self.transport.pause_reading()
         asyncio.ensure_future(self._close_after_serving(error))
 
+    def _refusal(self, opcode: int) -> Unauthenticated | None:
+        """Why this connection may not send ``opcode`` (None: it may): member opcodes
+        need the cluster secret's proof when the server holds it, else a role that may."""
+        table = self.server.opcode_actions
+        if table is None:
+            return None
+        action = action_of(table, opcode)
+        if action is Action.MEMBER and self.server.member_key is not None:
+            if self.member:
+                return None
+            return Unauthenticated("member opcode: needs the cluster secret (--secret-file, "
+                                   "ESTREAM_SECRET_FILE)")
+        if permits(self.role, action) or (self.member and permits(MEMBER_ROLE, action)):
+            return None
+        return Unauthenticated(f"permission denied: opcode {opcode} needs a token whose role "
+                               f"may {action.value} (this one's role: {self.role})")
+
     def _authenticate(self, frame: Frame) -> bool:
         """Answer AUTH, or refuse a request before authentication; False: closing."""
         if frame.opcode != Opcode.AUTH:
@@ -764,17 +823,44 @@ class _ServerProtocol(asyncio.Protocol):
             self._reply(encode_error(frame.opcode, frame.request_id, error))
             return True
         try:
-            token = frame.header().get("token")
+            header = frame.header()
         except EstreamError:
-            token = None
-        if not self.server.tokens or token_matches(self.server.tokens, token):
+            header = {}
+        if is_challenge(header) or is_member_auth(header):
+            return self._authenticate_member(frame, header)
+        role = token_role(self.server.tokens, header.get("token"))
+        if not self.server.tokens or role is not None:
             self.authenticated = True
-            if self._auth_deadline is not None:
-                self._auth_deadline.cancel()
-                self._auth_deadline = None
+            self.role = role or ALL_ROLES
+            self._cancel_auth_deadline()
             self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
             return True
         self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated("bad token")))
+        assert self.transport is not None
+        self.transport.close()
+        return False
+
+    def _authenticate_member(self, frame: Frame, header: Header) -> bool:
+        """Answer a member's challenge with a fresh nonce, or check its proof (one guess
+        per nonce); a refused proof closes the connection. False: closing."""
+        key = self.server.member_key
+        if is_challenge(header):
+            answer: Header = {}
+            if key is not None:
+                self.member_nonce = secrets.token_bytes(member_nonce_bytes)
+                answer = {"nonce": self.member_nonce.hex()}
+            self._reply(encode_frame(Opcode.AUTH, frame.request_id, answer, b"",
+                                     FrameFlags.RESPONSE))
+            return True
+        nonce, self.member_nonce = self.member_nonce, None
+        if key is not None and check_member_auth(key, nonce, header):
+            self.member = self.authenticated = True
+            self.role = self.role or MEMBER_ROLE
+            self._cancel_auth_deadline()
+            self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
+            return True
+        self._reply(encode_error(frame.opcode, frame.request_id, Unauthenticated(
+            "bad member proof: not this cluster's secret")))
         assert self.transport is not None
         self.transport.close()
         return False
@@ -897,16 +983,25 @@ class RpcServer:
         server_answer_bytes_max: int = limits.server_answer_bytes_max,
         stalled_ms_max: int = limits.connection_stalled_ms_max,
         ssl: SSLContext | None = None,
-        tokens: Collection[str] = (),
+        tokens: Collection[str] | Mapping[str, str] = (),
+        member_secret: bytes | None = None,
+        opcode_actions: Mapping[int, Action] | None = None,
     ) -> None:
         """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
         (AUTH with one of them, or a client certificate verified by ``ssl``'s CA) within
-        ``auth_ms_max`` of connecting; ``inflight_requests_max`` and ``connections_max``:
-        the per-connection and per-listener caps (module docstring)."""
+        ``auth_ms_max`` of connecting; a mapping gives each token its role
+        (:mod:`estream.wire.roles`; a collection: every role). ``opcode_actions``: what
+        each opcode does, so what role it needs (None: no role check); ``member_secret``:
+        its member opcodes are served only on connections that proved it
+        (:mod:`estream.wire.membership`; None: to roles that may). ``inflight_requests_max``
+        and ``connections_max``: the per-connection and per-listener caps (module
+        docstring)."""
         self.handlers = dict(handlers)
         self.quick_handlers = dict(quick_handlers or {})
         self.ssl = ssl
-        self.tokens = frozenset(tokens)
+        self.tokens = tokens
+        self.member_key = None if member_secret is None else member_key(member_secret)
+        self.opcode_actions = None if opcode_actions is None else dict(opcode_actions)
         self.name = name
         self.inflight_bytes_max = inflight_bytes_max
         self.inflight_requests_max = inflight_requests_max
@@ -923,6 +1018,16 @@ class RpcServer:
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_ServerProtocol] = set()
         self.address = ""
+
+    @property
+    def tokens(self) -> Mapping[str, str]:
+        """Accepted tokens and their roles (empty: every connection is served)."""
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, tokens: Collection[str] | Mapping[str, str]) -> None:
+        self._tokens = (dict(tokens) if isinstance(tokens, Mapping)
+                        else dict.fromkeys(tokens, ALL_ROLES))
 
     async def start(self, host: str, port: int) -> str:
         """Listen on ``host:port`` (port 0 picks a free one); returns the bound address."""

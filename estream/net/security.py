@@ -17,10 +17,12 @@ One frozen :class:`SecurityConfig` describes what a process offers and expects:
 read the certificate files); everything else here is pure. Tokens are compared with
 :func:`hmac.compare_digest`.
 
-The **cluster secret** (:func:`add_secret_options`, :func:`load_cluster_secret`) is not a
-transport setting: the per-stream MAC keys of ``hmac-sha256`` streams derive from it
-(``estream/wire/record.py``). Clients hold it (``connect(secret=)``, ``ESTREAM_SECRET``);
-a range server given it verifies those MACs on APPEND; PD never holds it.
+The **cluster secret** (:func:`add_secret_options`, :func:`load_cluster_secret`): the
+per-stream MAC keys of ``hmac-sha256`` streams derive from it (``estream/wire/record.py``).
+Clients hold it (``connect(secret=)``, ``ESTREAM_SECRET``); a range server given it
+verifies those MACs on APPEND. It is also the **member credential**: PD nodes and range
+servers given it prove it to each other (:mod:`estream.wire.membership`) and serve member
+opcodes only to connections that did.
 
 Side effects: :func:`server_context`, :func:`client_context`, :func:`load_token_file` and
 :func:`load_cluster_secret` read files.
@@ -33,12 +35,13 @@ import hmac
 import ipaddress
 import secrets
 import ssl
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from estream.wire.errors import InvalidArgument
+from estream.wire.roles import ALL_ROLES, MEMBER_ROLE, parse_token_line
 
 TLS_MIN_VERSION: Final = ssl.TLSVersion.TLSv1_2
 token_bytes_max: Final = 4096  # a longer AUTH token is refused before it is compared
@@ -54,6 +57,7 @@ class SecurityConfig:
     tls_ca: str | None = None
     require_client_cert: bool = False
     tokens: frozenset[str] = frozenset()
+    token_roles: Mapping[str, str] = field(default_factory=dict)  # token -> its role
     token: str | None = None
     protect_reads: bool = False  # admin API: reads need a token too (healthz stays open)
 
@@ -78,18 +82,42 @@ class SecurityConfig:
 # --- tokens (pure) ----------------------------------------------------------------------
 
 
-def parse_tokens(text: str) -> tuple[str, ...]:
-    """Tokens from a token file's text: one per line; blank lines and ``#`` comments skipped.
+def parse_role_tokens(text: str) -> tuple[tuple[str, str], ...]:
+    """``(role, token)`` pairs of a token file's text: one per line, ``ROLE:TOKEN`` or a
+    bare token (every role: :func:`estream.wire.roles.parse_token_line`); blank lines and
+    ``#`` comments skipped.
 
-    >>> parse_tokens("# cluster\\nabc\\n\\n  def  \\n")
-    ('abc', 'def')
+    >>> parse_role_tokens("# cluster\\nadmin:abc\\n\\n  def  \\n")
+    (('admin', 'abc'), ('all', 'def'))
     """
     out = []
     for line in text.splitlines():
         token = line.strip()
         if token and not token.startswith("#"):
-            out.append(token)
+            out.append(parse_token_line(token))
     return tuple(out)
+
+
+def parse_tokens(text: str) -> tuple[str, ...]:
+    """The tokens of a token file's text, roles left off (what a client presents).
+
+    >>> parse_tokens("# cluster\\nabc\\n\\n  client:def  \\n")
+    ('abc', 'def')
+    """
+    return tuple(token for _, token in parse_role_tokens(text))
+
+
+def token_role(token_roles: Mapping[str, str], presented: object) -> str | None:
+    """The role of ``presented`` among ``token_roles`` (None: not one of them), in time
+    independent of where they differ: every token is compared, no early exit."""
+    if not isinstance(presented, str) or not presented or len(presented) > token_bytes_max:
+        return None
+    given = presented.encode()
+    found: str | None = None
+    for token, role in token_roles.items():
+        if hmac.compare_digest(token.encode(), given):
+            found = role
+    return found
 
 
 def token_matches(tokens: Collection[str], presented: object) -> bool:
@@ -234,10 +262,23 @@ def _load(method: Any, *paths: str | None) -> None:
                               argument="tls") from None
 
 
+def member_token(pairs: Iterable[tuple[str, str]]) -> str | None:
+    """The token a member presents to other members: its first one of the ``member`` role
+    or a bare one, else its first (as before roles); None without tokens. Pure."""
+    listed = list(pairs)
+    mine = [t for r, t in listed if r in (MEMBER_ROLE, ALL_ROLES)] or [t for _, t in listed]
+    return mine[0] if mine else None
+
+
 def load_token_file(path: str | Path) -> tuple[str, ...]:
     """The tokens of a token file (see :func:`parse_tokens`); InvalidArgument if unusable."""
+    return tuple(token for _, token in load_role_token_file(path))
+
+
+def load_role_token_file(path: str | Path) -> tuple[tuple[str, str], ...]:
+    """The ``(role, token)`` pairs of a token file (:func:`parse_role_tokens`)."""
     try:
-        tokens = parse_tokens(Path(path).read_text(encoding="utf-8"))
+        tokens = parse_role_tokens(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"cannot read token file {path}: {exc}",
                               argument="token_file") from None
@@ -266,13 +307,17 @@ def add_server_options(parser: argparse.ArgumentParser, *, admin: bool = False) 
                             help="the admin API's GET endpoints need a token too")
 
 
-def add_secret_options(parser: argparse.ArgumentParser) -> None:
+def add_secret_options(parser: argparse.ArgumentParser, *, member: bool = False) -> None:
     """Add --secret and --secret-file: the cluster secret (env ``ESTREAM_SECRET``, the
-    variable clients read, or ``ESTREAM_SECRET_FILE``)."""
+    variable clients read, or ``ESTREAM_SECRET_FILE``). ``member``: a PD node's help."""
+    what = ("the cluster secret: the member credential range servers and PD nodes prove "
+            "(without it member opcodes are open)" if member else
+            "the cluster secret that hmac-sha256 streams' MAC keys derive from: with it, "
+            "APPENDs of such streams are verified, and it is the member credential proved "
+            "to PD")
     parser.add_argument("--secret", default=None, metavar="SECRET",
-                        help="the cluster secret that hmac-sha256 streams' MAC keys derive "
-                             "from: with it, APPENDs of such streams are verified (prefer "
-                             "--secret-file or the environment: flags show in ps)")
+                        help=f"{what} (prefer --secret-file or the environment: flags show "
+                             "in ps)")
     parser.add_argument("--secret-file", default=None, metavar="FILE",
                         help="a file holding the cluster secret (surrounding whitespace "
                              "stripped)")
@@ -300,13 +345,14 @@ def load_cluster_secret(args: argparse.Namespace) -> bytes | None:
 
 def config_from_args(args: argparse.Namespace) -> SecurityConfig:
     """The :class:`SecurityConfig` of parsed server options; InvalidArgument if unusable."""
-    tokens: tuple[str, ...] = ()
+    pairs: tuple[tuple[str, str], ...] = ()
     if args.token_file:
-        tokens = load_token_file(args.token_file)
+        pairs = load_role_token_file(args.token_file)
     config = SecurityConfig(
         tls_cert=args.tls_cert or None, tls_key=args.tls_key or None,
         tls_ca=args.tls_ca or None, require_client_cert=bool(args.tls_require_client_cert),
-        tokens=frozenset(tokens), token=tokens[0] if tokens else None,
+        tokens=frozenset(t for _, t in pairs), token_roles={t: r for r, t in pairs},
+        token=member_token(pairs),
         protect_reads=bool(getattr(args, "admin_protect_reads", False)),
     )
     server_context(config)  # fail at start, with one line, on unreadable or bad files
@@ -325,10 +371,14 @@ __all__ = [
     "has_verified_peer_cert",
     "is_loopback",
     "load_cluster_secret",
+    "load_role_token_file",
     "load_token_file",
     "member_client_context",
+    "member_token",
+    "parse_role_tokens",
     "parse_tokens",
     "raft_password",
     "server_context",
     "token_matches",
+    "token_role",
 ]

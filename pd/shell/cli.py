@@ -8,10 +8,14 @@
 the Raft port (every message sealed with AES-GCM under keys derived from it: raftwire.py).
 Without one, a one-node cluster generates a random secret, and a multi-node cluster
 uses the public development secret (logged: a warning when Raft listens beyond
-loopback). TLS and tokens: ``--tls-cert``, ``--tls-key``, ``--tls-ca``,
-``--tls-require-client-cert``, ``--token-file``, ``--admin-protect-reads``
-(:mod:`estream.net.security`). Prints ``listening on H:P`` (the RPC address)
-once serving; SIGTERM/SIGINT stop it cleanly. A bad flag: one line on stderr, exit 2.
+loopback). ``--secret-file`` (or ``--secret``, ``ESTREAM_SECRET_FILE``, ``ESTREAM_SECRET``):
+the cluster secret, the member credential: with it, range-server registration, heartbeats
+and replica updates are served only to connections that prove it
+(:mod:`estream.wire.membership`), and this node proves it to range servers. TLS and
+tokens: ``--tls-cert``, ``--tls-key``, ``--tls-ca``, ``--tls-require-client-cert``,
+``--token-file``, ``--admin-protect-reads`` (:mod:`estream.net.security`). Prints
+``listening on H:P`` (the RPC address) once serving; SIGTERM/SIGINT stop it cleanly. A
+bad flag: one line on stderr, exit 2.
 
 Side effects: the process (signals, stdout, the node's sockets and files).
 """
@@ -34,9 +38,11 @@ import uvloop
 from estream.net.objectstore import ObjectStore
 from estream.net.rpc import parse_address
 from estream.net.security import (
+    add_secret_options,
     add_server_options,
     config_from_args,
     exposure_warnings,
+    load_cluster_secret,
     raft_password,
 )
 from estream.server.config import parse_with_config
@@ -69,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password-file", default=None, metavar="FILE",
                    help="read the Raft secret from this file (first line)")
     add_server_options(p, admin=True)
+    add_secret_options(p, member=True)
+    p.add_argument("--join", action="store_true", default=False,
+                   help="join an existing cluster: started on an empty --data-dir, this node "
+                        "never stands for election before a leader gave it the catalog "
+                        "(etcd's initial-cluster-state=existing); leave it off only for the "
+                        "first start of a new cluster")
+    p.add_argument("--admin-hosts", default="", metavar="NAME,NAME",
+                   help="names the admin API may be reached by besides IP addresses, "
+                        "localhost and the --http and --listen hosts (a request naming "
+                        "another Host is refused as cross-site)")
     p.add_argument("--object-store", type=_object_store_url, default=None, metavar="URL",
                    help="object-storage tier: file:///abs/dir or s3://bucket/prefix (also "
                         "ESTREAM_OBJECT_STORE; S3 credentials from AWS_ACCESS_KEY_ID, "
@@ -192,6 +208,7 @@ def parse_config(argv: list[str]) -> PdConfig:
         build_parser().error("--peers must list the other nodes only, not --raft")
     try:
         security = config_from_args(args)
+        member_secret = load_cluster_secret(args)
         _check_object_store(args.object_store, args.object_store_endpoint)
         configured = args.password or os.environ.get("ESTREAM_PD_PASSWORD") or _read_secret(
             args.password_file)
@@ -201,6 +218,10 @@ def parse_config(argv: list[str]) -> PdConfig:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     password, source = raft_password(configured, args.raft, peers)
     _log_password_source(source)
+    if member_secret is None:
+        logging.getLogger("pd.shell.cli").warning(
+            "no cluster secret (--secret-file): member opcodes (register, heartbeat, update "
+            "replicas) are open to every client that reaches %s", args.listen)
     return PdConfig(str(args.id), args.listen, args.raft, args.http, args.data_dir, peers,
                     password, security, object_store=args.object_store or None,
                     object_store_endpoint=args.object_store_endpoint or None,
@@ -211,7 +232,11 @@ def parse_config(argv: list[str]) -> PdConfig:
                     object_size_bytes=args.object_size_bytes,
                     object_max_age_s=args.object_max_age_s,
                     object_scrub_period_s=args.object_scrub_period_s,
-                    object_scrub_bytes_per_s=args.object_scrub_bytes_per_s)
+                    object_scrub_bytes_per_s=args.object_scrub_bytes_per_s,
+                    member_secret=member_secret,
+                    join=bool(args.join),
+                    admin_hosts=tuple(h.strip() for h in args.admin_hosts.split(",")
+                                      if h.strip()))
 
 
 def _config_warnings(args: argparse.Namespace) -> list[str]:

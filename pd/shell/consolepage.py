@@ -176,7 +176,7 @@ function say(text, ok) {
 }
 async function write(method, path, body, done) {
   const headers = authHeaders();
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  headers["Content-Type"] = "application/json";  // every write is JSON (pd/crosssite.py)
   try {
     const response = await fetch(path, {method, headers,
       body: body === undefined ? undefined : JSON.stringify(body)});

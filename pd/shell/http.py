@@ -40,7 +40,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from estream.net.objectstore import ObjectStore
-from estream.net.security import bearer_token, has_verified_peer_cert, token_matches
+from estream.net.security import bearer_token, has_verified_peer_cert, token_role
 from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
 from estream.wire.errors import (
     Conflict,
@@ -58,7 +58,9 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
+from estream.wire.roles import ALL_ROLES, http_action, permits
 from pd.catalog import CatalogView
+from pd.crosssite import cross_site_refusal
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
 from pd.paging import (
@@ -123,28 +125,55 @@ def needs_token(method: str, path: str, protect_reads: bool) -> bool:
 
 
 def build_app(
-    service: PdService, *, tokens: Collection[str] = (), protect_reads: bool = False,
+    service: PdService, *, tokens: Collection[str] | Mapping[str, str] = (),
+    protect_reads: bool = False,
     ranges_report: RangesReport | None = None, object_store: ObjectStore | None = None,
+    admin_hosts: Collection[str] = (),
 ) -> web.Application:
     """The aiohttp application serving the admin API of one PD node.
 
     ``tokens``: bearer tokens the write endpoints (and with ``protect_reads`` the reads)
-    need; none: the API is open (the default, as before).
+    need, with their roles (:mod:`estream.wire.roles`: deleting or trimming a stream and
+    draining or forgetting a server need ``admin``, other writes ``client``; a collection:
+    every role); none: the API is open (the default, as before). Cross-site requests
+    are refused with 403 (:mod:`pd.crosssite`; ``admin_hosts``: the names ``Host`` may
+    give besides IP addresses and localhost).
     """
-    accepted = frozenset(tokens)
+    names = frozenset(admin_hosts)
+
+    @web.middleware
+    async def same_site(request: web.Request, handler: Handler) -> web.StreamResponse:
+        content_type = request.headers.get("Content-Type", "").partition(";")[0].strip()
+        refusal = cross_site_refusal(
+            request.method, request.headers.get("Host"), request.headers.get("Origin"),
+            content_type, scheme=request.scheme, names=names)
+        if refusal is not None:
+            return error_response(403, "CROSS_SITE_REFUSED", refusal)
+        return await handler(request)
+
+    accepted = (dict(tokens) if isinstance(tokens, Mapping)
+                else dict.fromkeys(tokens, ALL_ROLES))
 
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
         if accepted and needs_token(request.method, request.path, protect_reads):
             presented = bearer_token(request.headers.get("Authorization"))
-            if not token_matches(accepted, presented) and not has_verified_peer_cert(
-                    request.transport):
+            role = token_role(accepted, presented)
+            if role is None and has_verified_peer_cert(request.transport):
+                role = ALL_ROLES
+            if role is None:
                 response = error_response(
                     401, "UNAUTHENTICATED",
                     "this endpoint needs 'Authorization: Bearer <token>'"
                     + (" (a token was given but is not valid)" if presented else ""))
                 response.headers["WWW-Authenticate"] = 'Bearer realm="estream"'
                 return response
+            action = http_action(request.method, request.path)
+            if not permits(role, action):
+                return error_response(
+                    403, "PERMISSION_DENIED",
+                    f"{request.method} {request.path} needs a token whose role may "
+                    f"{action.value} (this one's role: {role})")
         return await handler(request)
 
     @web.middleware
@@ -169,7 +198,8 @@ def build_app(
         finally:
             service.metrics.observe("http", op, time.perf_counter() - started, ok)
 
-    app = web.Application(middlewares=[errors, authenticate], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[same_site, errors, authenticate],
+                          client_max_size=1024 * 1024)
     views = _Views(service)
     app.router.add_get("/v1/cluster", views.cluster)
     app.router.add_get("/v1/streams", views.list_streams)

@@ -27,6 +27,7 @@ from estream.net.security import (
     server_context,
 )
 from estream.wire.errors import EstreamError
+from estream.wire.roles import PD_OPCODE_ACTIONS
 from pd.catalog import PdNode
 from pd.retention import timestamp_skew_ms_max
 from pd.scrub import ScrubPace, scrub_bytes_per_s_max_default, scrub_period_s_default
@@ -68,6 +69,16 @@ class PdConfig:
     object_max_age_s: float | None = None  # ...or age (None: the offload delay, <= 60 s)
     object_scrub_period_s: float = float(scrub_period_s_default)  # 0: no scrub
     object_scrub_bytes_per_s: int = scrub_bytes_per_s_max_default
+    # The cluster secret: member opcodes need its proof (None: they are open to anyone).
+    member_secret: bytes | None = field(default=None, repr=False)
+    admin_hosts: tuple[str, ...] = ()  # names Host may give the admin API (pd/crosssite.py)
+    join: bool = False  # an empty node joins an existing cluster (pd/shell/raft.py)
+
+
+def admin_host_names(config: PdConfig) -> tuple[str, ...]:
+    """The names the admin API answers to: its --http and --listen hosts, --admin-hosts."""
+    hosts = [address.rpartition(":")[0].strip("[]") for address in (config.http, config.listen)]
+    return (*hosts, *config.admin_hosts)
 
 
 class PlacementDriverNode:
@@ -76,7 +87,7 @@ class PlacementDriverNode:
     def __init__(self, config: PdConfig) -> None:
         self.config = config
         self.raft = RaftNode(config.raft, config.peers, config.data_dir,
-                             password=config.password)
+                             password=config.password, join=config.join)
         self.rpc: RpcServer | None = None
         self.service: PdService | None = None
         self._http_runner: web.AppRunner | None = None
@@ -109,8 +120,10 @@ class PlacementDriverNode:
             self.service.object_store = store.describe()  # published in PD_CLUSTER
         self.service.pool = self.member_pool()  # delete fences, trim asks range servers
         self.rpc = RpcServer(self.service.handlers(), name=f"pd-{cfg.node_id}", ssl=tls,
-                             tokens=cfg.security.tokens,
-                             quick_handlers=self.service.quick_handlers())
+                             tokens=cfg.security.token_roles,
+                             quick_handlers=self.service.quick_handlers(),
+                             member_secret=cfg.member_secret,
+                             opcode_actions=PD_OPCODE_ACTIONS)
         host, port = parse_address(cfg.listen)
         self.rpc_address = await self.rpc.start(host, port)
         http_host, http_port = parse_address(cfg.http)
@@ -121,7 +134,8 @@ class PlacementDriverNode:
         recoverer = Recoverer(self.service, busy=busy)
         recoverer.pool = self.member_pool()
         drainer = Drainer(self.service, self.repairer, recoverer)
-        app = build_app(self.service, tokens=cfg.security.tokens,
+        app = build_app(self.service, tokens=cfg.security.token_roles,
+                        admin_hosts=admin_host_names(cfg),
                         protect_reads=cfg.security.protect_reads,
                         ranges_report=drainer.ranges_report, object_store=store)
         self._http_runner = web.AppRunner(app, access_log=None)
@@ -163,9 +177,11 @@ class PlacementDriverNode:
 
     def member_pool(self) -> ConnectionPool:
         """A pool for calls to other cluster members (range servers): this node's
-        certificate (mutual TLS) and the cluster token (the first of its token file)."""
+        certificate (mutual TLS), the cluster token (the first of its token file) and the
+        proof of the cluster secret."""
         sec = self.config.security
-        return ConnectionPool(ssl=member_client_context(sec), token=sec.token)
+        return ConnectionPool(ssl=member_client_context(sec), token=sec.token,
+                              member_secret=self.config.member_secret)
 
     async def _register_self(self) -> None:
         """Publish this node's addresses through Raft until the catalog has them."""

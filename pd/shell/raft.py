@@ -439,6 +439,7 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._leader_heard_at = -float("inf")
         self._resumed_at = self._periodic_at = loop.time()
         self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.joining = False  # --join on an empty data dir: never a candidate (see _onTick)
         # The leader's journal sync runs on this thread (the loop serves PD requests
         # meanwhile); a follower's runs on the loop (its acknowledgement waits for it).
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, "raft-journal-sync")
@@ -507,6 +508,17 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
             self._onTick(0.0)
         except Exception:
             log.exception("Raft tick failed")
+
+    def _hold_election_while_joining(self) -> None:
+        """A joining node (``--join``, empty) holds its election deadline off until a
+        leader gave it entries: it never stands for election on an empty catalog, so
+        nodes that lost their disks cannot elect each other."""
+        if self.log_end() > 1 or int(self.raftLastApplied) > 1:
+            self.joining = False
+            self._SyncObj__raftElectionDeadline = raft_clock() + empty_start_election_s
+            log.warning("joined the cluster: the catalog came from its leader")
+        else:
+            self._SyncObj__raftElectionDeadline = float("inf")
 
     def _periodic_tick(self) -> None:
         if self._closed:
@@ -614,6 +626,8 @@ class _CatalogSyncObj(SyncObj):  # type: ignore[misc]
             self._flush_outbox()  # what the socket events since the last tick produced
             if self._sync_running is not None:
                 return  # the tick runs once the leader's entries are durable
+            if self.joining:
+                self._hold_election_while_joining()
             super()._onTick(0.0)
         finally:
             if self._applied_waiters:
@@ -823,7 +837,12 @@ class RaftNode:
         password: str | None = None,
         propose_timeout_s: float = propose_timeout_s,
         compaction_entries: int = log_compaction_entries,
+        join: bool = False,
     ) -> None:
+        """``join``: join an existing cluster (etcd's ``initial-cluster-state=existing``):
+        started on an empty data dir, this node never stands for election before a
+        leader has given it the catalog."""
+        self.join = join
         self.self_address = self_address
         self.peers = list(peers)
         self.data_dir = data_dir
@@ -880,6 +899,13 @@ class RaftNode:
             # vote request comes first (see empty_start_election_s), and a new cluster
             # waits a moment.
             self._obj._SyncObj__raftElectionDeadline = raft_clock() + empty_start_election_s
+            if self.join:
+                self._obj.joining = True
+                log.warning("--join: an empty node; waiting for a leader of the existing "
+                            "cluster to give it the catalog (it never stands for election "
+                            "before)")
+        elif self.join:
+            log.info("--join: this node already has a catalog; it starts as usual")
         journal = self._obj._SyncObj__raftLog
         if isinstance(journal, ChecksummedJournal) and journal.recovery_note:
             log.warning("Raft journal: %s", journal.recovery_note)

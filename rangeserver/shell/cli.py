@@ -15,7 +15,8 @@ with ``--token-file`` clients must authenticate (:mod:`estream.net.security`).
 ``--http H:P`` (off unless given; port 0 picks one) serves ``/metrics``, ``/healthz`` and
 ``/readyz`` (``rangeserver/shell/http.py``) and prints ``http on H:P`` once it listens.
 ``--secret-file`` (or ``--secret``, ``ESTREAM_SECRET``): the cluster secret; with it the
-MAC of every ``hmac-sha256`` batch is verified on APPEND (``rangeserver/shell/server.py``).
+MAC of every ``hmac-sha256`` batch is verified on APPEND (``rangeserver/shell/server.py``),
+the server proves it to PD as a member, and only members (PD) may drop or list replicas.
 
 Side effects: the data directory, the listening socket, signal handlers.
 """
@@ -245,7 +246,7 @@ async def serve(args: argparse.Namespace) -> int:
                          secret=args.cluster_secret)
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
-    server.rpc.tokens = security.tokens
+    server.rpc.tokens = security.token_roles
     metrics: RangeServerMetrics | None = None
     if args.http is not None:
         metrics = RangeServerMetrics(store, server.rpc, data_dir=str(data_dir))
@@ -272,6 +273,9 @@ async def serve(args: argparse.Namespace) -> int:
         "MAC verified on append" if args.cluster_secret else
         "stored unverified, no cluster secret (readers verify)",
     )
+    if not args.cluster_secret:
+        log.warning("no cluster secret (--secret-file): member opcodes (DROP_RANGE, "
+                    "LIST_RANGES) are open to every client that reaches %s", bound)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -285,6 +289,7 @@ async def serve(args: argparse.Namespace) -> int:
                 heartbeat_loop(
                     args.pd, server.server_id, server.address, args.storage_class, server.load,
                     ssl=member_client_context(security), token=security.token,
+                    member_secret=args.cluster_secret,
                     on_registered=None if metrics is None else metrics.set_registered,
                 )
             )

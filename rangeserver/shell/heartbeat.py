@@ -18,6 +18,7 @@ from ssl import SSLContext
 from typing import Any
 
 from estream.net.pdclient import PDClient
+from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import EstreamError
 
@@ -49,13 +50,17 @@ async def heartbeat_loop(
     *,
     ssl: SSLContext | None = None,
     token: str | None = None,
+    member_secret: bytes | None = None,
     on_registered: Callable[[], None] | None = None,
 ) -> None:
     """Register, then heartbeat forever (until cancelled). ``ssl``/``token``: how this
-    member connects to PD (its certificate for mutual TLS, the cluster token).
+    member connects to PD (its certificate for mutual TLS, the cluster token);
+    ``member_secret``: the cluster secret it proves on each connection, without which PD
+    nodes holding it refuse registration and heartbeats.
     ``on_registered`` runs once the first registration is committed (readiness)."""
     interval_s = limits.heartbeat_interval_ms / 1000
-    client = PDClient(pd_addresses, timeout_s=5.0, ssl=ssl, token=token)
+    pool = ConnectionPool(ssl=ssl, token=token, member_secret=member_secret)
+    client = PDClient(pd_addresses, timeout_s=5.0, ssl=ssl, pool=pool)
     try:
         await register(client, server_id, address, storage_class)
         if on_registered is not None:
@@ -81,3 +86,4 @@ async def heartbeat_loop(
                 await register(client, server_id, address, storage_class)
     finally:
         await client.close()
+        await pool.close()

@@ -11,6 +11,12 @@ the request answers :class:`~estream.wire.errors.WrongServer` before anything el
 a server whose disk was wiped or replaced has a new id, and its "no such range" must
 never be taken for "an empty copy" of the old server's replica (BookKeeper's cookie).
 
+Roles (:data:`estream.wire.roles.RANGE_SERVER_OPCODE_ACTIONS`): a token's role limits what
+a connection may send; the member opcodes (DROP_RANGE, LIST_RANGES: only PD sends them)
+are served, with the cluster secret, only on connections that proved it
+(:mod:`estream.wire.membership`); any other is answered
+:class:`~estream.wire.errors.Unauthenticated` and nothing changes.
+
 Digests: a server given the cluster secret (``--secret-file``, ``ESTREAM_SECRET``) checks
 the MAC of every ``hmac-sha256`` batch on APPEND before the store sees it
 (:func:`rangeserver.replica.check_digest`): a forged or re-addressed batch is answered
@@ -37,6 +43,7 @@ from estream.wire import limits
 from estream.wire.errors import InvalidArgument, WrongServer
 from estream.wire.protocol import Opcode
 from estream.wire.record import DIGESTS, stream_key
+from estream.wire.roles import RANGE_SERVER_OPCODE_ACTIONS
 from rangeserver import bounds
 from rangeserver.listing import parse_page
 from rangeserver.replica import check_digest, digest_name, problem_replicas
@@ -97,7 +104,8 @@ class RangeServer:
         self.address = ""
         self._rotation = 0  # where the heartbeat's window of sealed replicas is
         self.rpc = RpcServer(
-            self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver"
+            self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver",
+            member_secret=self._secret, opcode_actions=RANGE_SERVER_OPCODE_ACTIONS,
         )
 
     def handlers(self) -> dict[int, Handler]:

@@ -468,10 +468,9 @@ def test_up_makes_a_cluster_secret_once_and_gives_it_to_every_range_server(
     path.write_bytes(b"")  # an empty one (never left by a crash) is made anew
     assert ensure_cluster_secret(tmp_path).read_bytes().strip()
     plan = plan_cluster(tmp_path, 1, 2, "127.0.0.1", 7100, secret_file=path)
-    for server in plan.range_servers:
+    for server in (*plan.range_servers, *plan.pd):  # PD nodes: the member credential
         at = server.args.index("--secret-file")
         assert server.args[at + 1] == str(path.absolute())
-    assert all("--secret-file" not in pd.args for pd in plan.pd)
     assert all("--secret-file" not in rs.args for rs in plan_cluster(
         tmp_path, 1, 2, "127.0.0.1", 7100).range_servers)
 

@@ -57,3 +57,11 @@ def test_backoff_doubles_and_caps() -> None:
     assert delays[:4] == [0.5, 1.0, 2.0, 4.0]
     assert max(delays) == 10.0
     assert delays == sorted(delays)
+
+
+def test_pd_nodes_join_once_the_cluster_was_bootstrapped() -> None:
+    first = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100)
+    assert all("--join" not in pd.args for pd in first.pd)  # the first start bootstraps
+    later = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100, join=True)
+    assert all("--join" in pd.args for pd in later.pd)
+    assert all("--join" not in rs.args for rs in later.range_servers)

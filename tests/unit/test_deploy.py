@@ -95,7 +95,7 @@ def test_k8s_pods_spread_over_hosts_and_zones_with_a_disruption_budget(name: str
 
 def test_k8s_secret_is_mounted_and_used_for_the_raft_password_and_tokens() -> None:
     (secret,) = [d for d in k8s_docs() if d["kind"] == "Secret"]
-    assert set(secret["stringData"]) == {"raft-password", "tokens"}
+    assert set(secret["stringData"]) == {"raft-password", "tokens", "cluster-secret"}
     name = secret["metadata"]["name"]
     for sts_name, sts in statefulsets().items():
         spec = sts["spec"]["template"]["spec"]
@@ -106,6 +106,7 @@ def test_k8s_secret_is_mounted_and_used_for_the_raft_password_and_tokens() -> No
         assert mount["readOnly"] is True
         command = container["command"][-1]
         assert f"--token-file {mount['mountPath']}/tokens" in command
+        assert f"--secret-file {mount['mountPath']}/cluster-secret" in command  # members
         if sts_name == "estream-pd":
             assert f"--password-file {mount['mountPath']}/raft-password" in command
 
@@ -126,6 +127,7 @@ def test_systemd_units_do_not_restart_on_damage_and_are_hardened(unit: str) -> N
 def test_configs_name_their_secret_files(name: str) -> None:
     doc = tomllib.loads((DEPLOY / "config" / name).read_text())
     assert doc["token_file"] == "/etc/estream/tokens"
+    assert doc["secret_file"] == "/etc/estream/cluster-secret"  # the member credential
     if name.startswith("pd"):
         assert doc["password_file"] == "/etc/estream/raft-password"
     else:

@@ -1,0 +1,153 @@
+"""Roles: what a token may do, per opcode and per admin-API request.
+
+A token file's line is ``ROLE:TOKEN`` or a bare ``TOKEN`` (:func:`parse_token_line`):
+
+- ``read``: describe and list streams, servers and cursors, read records;
+- ``client``: ``read`` plus create streams, write (open writers, append, seal, commit and
+  delete cursors, set retention);
+- ``admin``: ``client`` plus delete and trim streams, drain and forget range servers;
+- ``member`` (PD nodes and range servers): ``client`` plus the member opcodes (register,
+  heartbeat, replica updates, dropping and listing replicas);
+- a bare token (and a client certificate verified by the cluster CA): every role at once,
+  what any token allowed before roles existed.
+
+Member opcodes are also gated by the cluster secret (``estream/wire/membership.py``): a
+server holding it serves them only on connections that proved it, whatever the token.
+
+Every opcode a server serves has an :class:`Action` in its table
+(:data:`PD_OPCODE_ACTIONS`, :data:`RANGE_SERVER_OPCODE_ACTIONS`); one missing from a table
+needs ``admin``. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from typing import Final
+
+from estream.wire.protocol import Opcode
+
+
+class Action(Enum):
+    READ = "read"
+    WRITE = "write"
+    ADMIN = "admin"
+    MEMBER = "member"
+
+
+READ_ROLE: Final = "read"
+CLIENT_ROLE: Final = "client"
+ADMIN_ROLE: Final = "admin"
+MEMBER_ROLE: Final = "member"
+ALL_ROLES: Final = "all"  # a bare token or a verified certificate
+ROLES: Final = (READ_ROLE, CLIENT_ROLE, ADMIN_ROLE, MEMBER_ROLE)
+
+_GRANTS: Final[Mapping[str, frozenset[Action]]] = {
+    READ_ROLE: frozenset({Action.READ}),
+    CLIENT_ROLE: frozenset({Action.READ, Action.WRITE}),
+    ADMIN_ROLE: frozenset({Action.READ, Action.WRITE, Action.ADMIN}),
+    MEMBER_ROLE: frozenset({Action.READ, Action.WRITE, Action.MEMBER}),
+    ALL_ROLES: frozenset(Action),
+}
+
+PD_OPCODE_ACTIONS: Final[Mapping[int, Action]] = {
+    Opcode.PING: Action.READ,
+    Opcode.PD_DESCRIBE_STREAM: Action.READ,
+    Opcode.PD_LIST_STREAMS: Action.READ,
+    Opcode.PD_LIST_SERVERS: Action.READ,
+    Opcode.PD_CLUSTER: Action.READ,
+    Opcode.PD_LIST_CURSORS: Action.READ,
+    Opcode.PD_TIME_RANGES: Action.READ,
+    Opcode.PD_DESCRIBE_SERVERS: Action.READ,
+    Opcode.PD_REPORT_OBJECT_DAMAGE: Action.READ,  # readers report what they could not read
+    Opcode.PD_CREATE_STREAM: Action.WRITE,
+    Opcode.PD_OPEN_WRITER: Action.WRITE,
+    Opcode.PD_SEAL_RANGE: Action.WRITE,
+    Opcode.PD_WRITER_KEEPALIVE: Action.WRITE,
+    Opcode.PD_COMMIT_CURSOR: Action.WRITE,
+    Opcode.PD_DELETE_CURSOR: Action.WRITE,
+    Opcode.PD_SET_RETENTION: Action.WRITE,
+    Opcode.PD_DELETE_STREAM: Action.ADMIN,
+    Opcode.PD_TRIM_STREAM: Action.ADMIN,
+    Opcode.PD_DRAIN_SERVER: Action.ADMIN,
+    Opcode.PD_FORGET_SERVER: Action.ADMIN,
+    Opcode.PD_REGISTER_SERVER: Action.MEMBER,
+    Opcode.PD_HEARTBEAT: Action.MEMBER,
+    Opcode.PD_UPDATE_REPLICAS: Action.MEMBER,  # PD's repair and drain (not the port)
+}
+
+RANGE_SERVER_OPCODE_ACTIONS: Final[Mapping[int, Action]] = {
+    Opcode.PING: Action.READ,
+    Opcode.READ: Action.READ,
+    Opcode.DESCRIBE_RANGE: Action.READ,
+    Opcode.TIME_INDEX: Action.READ,
+    Opcode.CREATE_RANGE: Action.WRITE,
+    Opcode.APPEND: Action.WRITE,
+    Opcode.SEAL: Action.WRITE,
+    Opcode.FORCE: Action.WRITE,
+    Opcode.CONFIRM: Action.WRITE,
+    Opcode.DROP_RANGE: Action.MEMBER,  # PD's reclaimer, offloader and repair only
+    Opcode.LIST_RANGES: Action.MEMBER,
+}
+
+
+def member_opcodes(table: Mapping[int, Action]) -> frozenset[int]:
+    """The opcodes of ``table`` only members send."""
+    return frozenset(op for op, action in table.items() if action is Action.MEMBER)
+
+
+def action_of(table: Mapping[int, Action], opcode: int) -> Action:
+    """What ``opcode`` does by ``table`` (one missing: ``admin``)."""
+    return table.get(opcode, Action.ADMIN)
+
+
+def permits(role: str, action: Action) -> bool:
+    """Whether a token of ``role`` may do ``action``."""
+    return action in _GRANTS.get(role, frozenset())
+
+
+def parse_token_line(line: str) -> tuple[str, str]:
+    """``(role, token)`` of one token-file line: ``ROLE:TOKEN`` for a known role, else the
+    whole line is a bare token of every role.
+
+    >>> parse_token_line("read:abc"), parse_token_line("abc"), parse_token_line("x:abc")
+    (('read', 'abc'), ('all', 'abc'), ('all', 'x:abc'))
+    """
+    role, sep, token = line.partition(":")
+    if sep and role in _GRANTS and role != ALL_ROLES and token:
+        return role, token
+    return ALL_ROLES, line
+
+
+def http_action(method: str, path: str) -> Action:
+    """What an admin-API request does: reads are ``read``; deleting or trimming a stream
+    and draining or forgetting a range server ``admin``; other writes ``write``."""
+    if method.upper() in ("GET", "HEAD", "OPTIONS"):
+        return Action.READ
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["v1", "rangeservers"]:
+        return Action.ADMIN  # drain, undrain, forget
+    if parts[:2] == ["v1", "streams"] and len(parts) >= 3:
+        if method.upper() == "DELETE" and len(parts) == 3:
+            return Action.ADMIN
+        if parts[3:] == ["trim"]:
+            return Action.ADMIN
+    return Action.WRITE
+
+
+__all__ = [
+    "ADMIN_ROLE",
+    "ALL_ROLES",
+    "CLIENT_ROLE",
+    "MEMBER_ROLE",
+    "PD_OPCODE_ACTIONS",
+    "RANGE_SERVER_OPCODE_ACTIONS",
+    "READ_ROLE",
+    "ROLES",
+    "Action",
+    "action_of",
+    "http_action",
+    "member_opcodes",
+    "parse_token_line",
+    "permits",
+]
