@@ -78,7 +78,8 @@ class ObjectOnlyClient:
     def __init__(self, meta: StreamMeta, objects: ObjectReads) -> None:
         self.meta, self.objects, self.pool = meta, objects, None
 
-    async def stream_meta(self, name: str, *, refresh: bool = False) -> StreamMeta:
+    async def stream_meta(self, name: str, *, refresh: bool = False,
+                          offset: int | None = None) -> StreamMeta:
         return self.meta
 
     async def object_reads(self) -> ObjectReads:

@@ -94,7 +94,8 @@ class ObjectOnlyClient:
         self.objects = objects
         self.pool = None  # a read that asked a range server would fail on this
 
-    async def stream_meta(self, name: str, *, refresh: bool = False) -> StreamMeta:
+    async def stream_meta(self, name: str, *, refresh: bool = False,
+                          offset: int | None = None) -> StreamMeta:
         return self.meta
 
     async def object_reads(self) -> ObjectReads | None:
