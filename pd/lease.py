@@ -2,7 +2,9 @@
 
 A live writer renews its stream's lease (``PD_WRITER_KEEPALIVE`` every
 ``limits.writer_keepalive_ms``; ``PD_OPEN_WRITER`` counts as one). The lease table lives on
-the Raft leader only, in memory: it is not replicated, so a node that becomes leader (a new
+the Raft leader only, in memory, keyed by stream id (a name deleted and created again is
+a new stream: the old one's lease never counts for it, nor its renewals for the old
+one's): it is not replicated, so a node that becomes leader (a new
 Raft term) starts every lease afresh at that moment. A writer that died holding its lease
 therefore loses it ``limits.writer_lease_ms`` after its last renewal, or after a new leader
 took over, whichever is later.
@@ -121,7 +123,7 @@ class LeaseTable:
     >>> s = StreamMeta(1, "s", epoch=2, ranges=(RangeMeta(0, 0, None, ()),))
     >>> t.due([s], now_ms=0)   # first seen: its lease starts now
     []
-    >>> t.renew("s", 2, now_ms=3_000)
+    >>> t.renew(1, 2, now_ms=3_000)
     >>> t.due([s], now_ms=6_000), len(t.due([s], now_ms=7_000))
     ([], 1)
     >>> t.checked_clean(s, now_ms=7_000)
@@ -143,8 +145,8 @@ class LeaseTable:
         self.recheck_min_ms = recheck_min_ms
         self.recheck_max_ms = recheck_max_ms
         self.term: int | None = None  # the Raft term this node leads in (None: not leader)
-        self._leases: dict[str, Lease] = {}
-        self._rechecks: dict[str, _Recheck] = {}
+        self._leases: dict[int, Lease] = {}  # by stream id
+        self._rechecks: dict[int, _Recheck] = {}
 
     def lead(self, term: int, now_ms: int) -> None:
         """This node is the leader in ``term``. A new term starts every lease afresh:
@@ -160,24 +162,24 @@ class LeaseTable:
         self._leases.clear()
         self._rechecks.clear()
 
-    def renew(self, name: str, epoch: int, now_ms: int) -> None:
-        """The writer of ``epoch`` is alive (a keepalive, or the open itself). A renewal
-        by an older epoch than the lease's changes nothing."""
-        lease = self._leases.get(name)
+    def renew(self, stream_id: int, epoch: int, now_ms: int) -> None:
+        """The writer of ``epoch`` of stream ``stream_id`` is alive (a keepalive, or the
+        open itself). A renewal by an older epoch than the lease's changes nothing."""
+        lease = self._leases.get(stream_id)
         if lease is None or epoch >= lease.epoch:
-            self._leases[name] = Lease(epoch, now_ms)
-            self._rechecks.pop(name, None)
+            self._leases[stream_id] = Lease(epoch, now_ms)
+            self._rechecks.pop(stream_id, None)
 
-    def lease(self, name: str) -> Lease | None:
-        return self._leases.get(name)
+    def lease(self, stream_id: int) -> Lease | None:
+        return self._leases.get(stream_id)
 
     def expired(self, stream: StreamMeta, now_ms: int) -> bool:
         """Whether the lease of ``stream``'s current epoch ran out. An epoch this leader
         has not seen renewed yet (opened through another node, or before this leadership)
         is given a whole lease from the first time it is asked about."""
-        lease = self._leases.get(stream.name)
+        lease = self._leases.get(stream.id)
         if lease is None or lease.epoch < stream.epoch:
-            self._leases[stream.name] = Lease(stream.epoch, now_ms)
+            self._leases[stream.id] = Lease(stream.epoch, now_ms)
             return False
         return now_ms - lease.renewed_ms >= self.lease_ms
 
@@ -188,21 +190,21 @@ class LeaseTable:
         before any append, so nothing can hide in its range.) Forgets streams that are
         gone."""
         out: list[StreamMeta] = []
-        present: set[str] = set()
+        present: set[int] = set()
         for stream in streams:
-            present.add(stream.name)
+            present.add(stream.id)
             last = stream.last_range
             if (last is None or last.sealed or stream.epoch == 0
                     or not self.expired(stream, now_ms)):
                 continue
-            recheck = self._rechecks.get(stream.name)
+            recheck = self._rechecks.get(stream.id)
             if (recheck is not None and (recheck.epoch, recheck.range_index)
                     == (stream.epoch, last.index) and now_ms < recheck.due_ms):
                 continue
             out.append(stream)
-        for name in [n for n in self._leases if n not in present]:
-            del self._leases[name]
-            self._rechecks.pop(name, None)
+        for stream_id in [i for i in self._leases if i not in present]:
+            del self._leases[stream_id]
+            self._rechecks.pop(stream_id, None)
         return out
 
     def checked_clean(self, stream: StreamMeta, now_ms: int, *, max_ms: int | None = None
@@ -211,14 +213,14 @@ class LeaseTable:
         twice as late as last time, up to ``max_ms`` (default ``recheck_max_ms``)."""
         last = stream.last_range
         index = last.index if last is not None else -1
-        old = self._rechecks.get(stream.name)
+        old = self._rechecks.get(stream.id)
         delay = self.recheck_min_ms
         if old is not None and (old.epoch, old.range_index) == (stream.epoch, index):
             delay = min(self.recheck_max_ms if max_ms is None else max_ms, old.delay_ms * 2)
-        self._rechecks[stream.name] = _Recheck(stream.epoch, index, now_ms + delay, delay)
+        self._rechecks[stream.id] = _Recheck(stream.epoch, index, now_ms + delay, delay)
 
     def hold(self, stream: StreamMeta, epoch: int) -> None:
         """PD itself took ``epoch`` to recover ``stream``: no writer will renew it, so its
         lease is over at once (a recovery that could not finish is tried again next
         round, and a recovered stream is looked at like any other)."""
-        self._leases[stream.name] = Lease(epoch, -self.lease_ms)
+        self._leases[stream.id] = Lease(epoch, -self.lease_ms)

@@ -253,12 +253,14 @@ class PDClient:
         body = await self.call(Opcode.PD_OPEN_WRITER, {"name": name})
         return StreamMeta.from_dict(body["stream"])
 
-    async def keepalive_writer(self, name: str, epoch: int) -> tuple[str, ...]:
+    async def keepalive_writer(self, name: str, epoch: int, *, stream_id: int = 0
+                               ) -> tuple[str, ...]:
         """Keep the writer lease of ``name`` at ``epoch`` alive (the PD leader recovers the
         open range of a stream whose writer stopped sending this). Raises ``Fenced`` when
         a newer epoch exists, ``StreamNotFound`` for a deleted stream. Returns the draining
         range servers the open range should roll away from (``"leave"``; pd/drain.py)."""
-        body = await self.call(Opcode.PD_WRITER_KEEPALIVE, {"name": name, "epoch": epoch})
+        body = await self.call(Opcode.PD_WRITER_KEEPALIVE,
+                               _of(stream_id, {"name": name, "epoch": epoch}))
         leave = body.get("leave") or ()
         return tuple(s for s in leave if isinstance(s, str))
 
@@ -295,18 +297,21 @@ class PDClient:
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
-        *, known: StreamMeta | None = None,
+        *, known: StreamMeta | None = None, stream_id: int = 0,
     ) -> StreamMeta:
         """Seal range ``range_index`` at ``end`` and open the next (avoiding ``exclude``).
 
         ``known``: this stream as the caller last saw it. PD then answers only the ranges
         from ``range_index`` on, and the ranges before it are taken from ``known`` (as
         fresh as ``known``); if ``known`` does not hold them all (another stream of that
-        name, or fewer ranges), the stream is read again whole."""
-        header: dict[str, Any] = {
+        name, or fewer ranges), the stream is read again whole.
+
+        ``stream_id`` (default: ``known``'s id): PD seals only that incarnation of
+        ``name``, else ``StreamNotFound`` (the stream was deleted and created again)."""
+        header = _of(stream_id or (known.id if known is not None else 0), {
             "name": name, "epoch": epoch, "range_index": range_index, "end": end,
             "exclude": list(exclude),
-        }
+        })
         if known is not None:
             header["ranges_from"] = range_index
         body = await self.call(Opcode.PD_SEAL_RANGE, header)
@@ -317,16 +322,18 @@ class PDClient:
         merged = with_earlier_ranges(stream, known, range_index, omitted)
         return merged if merged is not None else await self.describe_stream(name)
 
-    async def trim_stream(self, name: str, start_offset: int) -> StreamMeta:
-        body = await self.call(Opcode.PD_TRIM_STREAM, {"name": name, "start_offset": start_offset})
+    async def trim_stream(self, name: str, start_offset: int, *, stream_id: int = 0
+                          ) -> StreamMeta:
+        body = await self.call(Opcode.PD_TRIM_STREAM,
+                               _of(stream_id, {"name": name, "start_offset": start_offset}))
         return StreamMeta.from_dict(body["stream"])
 
     async def update_replicas(
         self, name: str, range_index: int, replica_ids: Sequence[str],
-        expected: Sequence[str] = (),
+        expected: Sequence[str] = (), *, stream_id: int = 0,
     ) -> StreamMeta:
-        header: dict[str, Any] = {
-            "name": name, "range_index": range_index, "replicas": list(replica_ids)}
+        header = _of(stream_id, {
+            "name": name, "range_index": range_index, "replicas": list(replica_ids)})
         if expected:
             header["expected"] = list(expected)  # compare-and-set (repair)
         body = await self.call(Opcode.PD_UPDATE_REPLICAS, header)
@@ -394,6 +401,14 @@ class PDClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _of(stream_id: int, header: dict[str, Any]) -> dict[str, Any]:
+    """``header`` naming the incarnation ``stream_id`` of its stream (0: by name alone,
+    the field left out as older clients do)."""
+    if stream_id > 0:
+        header["stream_id"] = stream_id
+    return header
 
 
 def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,

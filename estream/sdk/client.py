@@ -2,7 +2,9 @@
 
 ``client = await estream.connect("h:p,h:p,h:p")`` gives a :class:`Client` that talks to
 the placement driver through :class:`~estream.net.pdclient.PDClient` (any node; it follows the
-leader), caches stream metadata, and keeps one multiplexed connection per range server
+leader), caches stream metadata (by name, checked by id: a stream deleted and created
+again is another stream, see :meth:`Client.forget_stream` and :mod:`estream.sdk.reader`),
+and keeps one multiplexed connection per range server
 (:class:`~estream.net.rpc.ConnectionPool`) shared by its writers and readers. Every network
 wait has a timeout; errors are the typed :mod:`estream.wire.errors` classes, with ``retriable``.
 
@@ -41,6 +43,7 @@ from estream.wire.errors import (
     EstreamError,
     InvalidArgument,
     OffsetOutOfRange,
+    StreamNotFound,
     Unauthenticated,
     Unavailable,
 )
@@ -228,9 +231,21 @@ class Client:
         self._check_open()
         meta = None if refresh else self._streams.get(name)
         if meta is None:
-            meta = await self.pd.describe_stream(name)
+            try:
+                meta = await self.pd.describe_stream(name)
+            except StreamNotFound:
+                self._streams.pop(name, None)
+                raise
             self._streams[name] = meta
         return meta
+
+    def forget_stream(self, name: str, stream_id: int) -> None:
+        """Drop the cached metadata of stream ``stream_id`` (named ``name``): it was
+        deleted, maybe created again (another id), and the next lookup asks PD. A cached
+        entry of another id (already the new stream) is kept."""
+        cached = self._streams.get(name)
+        if cached is not None and cached.id == stream_id:
+            del self._streams[name]
 
     # -- writing and reading --------------------------------------------------------------
 

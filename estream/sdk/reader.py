@@ -7,7 +7,10 @@ stream's metadata, clipping a sealed range at the catalog's end, the object tier
 cursor's; this module carries out its steps: PD lookups through the client's metadata
 cache, READ requests (each with a timeout) whose batches are verified as they are decoded
 (:func:`estream.wire.record.decode_batch`: a checksum mismatch fails that replica's
-answer), reads from the object store, and sleeps.
+answer), reads from the object store, and sleeps. A read is of one stream id (the first
+metadata it looks at): once a refresh shows the name is another stream's (deleted and
+created again), it ends with ``StreamNotFound`` (:func:`check_incarnation`) rather than
+going on at its offsets in the new stream, and a tail of the deleted stream ends too.
 
 :func:`read_stream_batches` is the same read by batch: :class:`BatchColumns` (columns,
 no object per record) for batch consumers; :func:`read_stream_views` hands over the
@@ -54,6 +57,7 @@ from estream.wire.errors import (
     MalformedObject,
     ObjectStoreError,
     ReplicaDamaged,
+    StreamNotFound,
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
@@ -241,6 +245,7 @@ async def _read_answers(
     items: list[T] = []
     reply: Any = None
     error: EstreamError | None = None
+    stream_id = 0  # the incarnation read (a name is reused once deleted)
     while True:
         try:
             step = steps.send(reply) if error is None else steps.throw(error)
@@ -254,6 +259,9 @@ async def _read_answers(
         try:
             if isinstance(step, Describe):
                 reply = await client.stream_meta(name, refresh=step.refresh)
+                stream_id = stream_id or reply.id
+                if reply.id != stream_id:
+                    break  # deleted and created again: the read ends (below), not skipped
                 client.stream_key(reply)  # DigestKeyMissing at once, not after retries
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.ms / 1000)
@@ -263,6 +271,19 @@ async def _read_answers(
                 items, reply = await _read_object(client, step, decoding)
         except EstreamError as exc:
             error = exc
+    steps.close()
+    check_incarnation(name, stream_id, reply)
+
+
+def check_incarnation(name: str, stream_id: int, meta: StreamMeta) -> None:
+    """A read of stream ``stream_id`` ends with ``StreamNotFound`` once the name is
+    another stream's (deleted and created again): it never goes on into the new stream
+    (its offsets mean other records), and a tail of the deleted one ends instead of
+    waiting forever. Pure."""
+    if meta.id != stream_id:
+        raise StreamNotFound(
+            f"stream {name!r} (id {stream_id}) not found: the name is stream id {meta.id} "
+            "now (deleted and created again)", stream=name)
 
 
 def check_digests(

@@ -33,6 +33,9 @@ What the driver adds around the core, all bounded in time:
   whole-cluster crash.
 - **Writer lease.** A background task sends PD ``keepalive_writer`` every
   ``limits.writer_keepalive_ms``; ``Fenced`` or ``StreamNotFound`` fences the writer.
+  Every PD request after the open names the stream's id as well as its name (keepalive,
+  seal): a stream deleted and created again under the same name is another stream, which
+  this writer never renews, seals or writes into (PD answers ``StreamNotFound``).
 
 Side effects: network requests (through the client's connection pool) and timers.
 """
@@ -1060,14 +1063,16 @@ class Writer:
         ``StreamNotFound`` fences the writer; other errors are ignored (PD may be down:
         appends do not need it)."""
         pd = self._client.pd
-        name = self.stream.name
+        name, stream_id = self.stream.name, self.stream.id
         while not self._closed and self._error is None:
             await asyncio.sleep(limits.writer_keepalive_ms / 1000)
             try:
-                leave = await pd.keepalive_writer(name, self.epoch)
+                leave = await pd.keepalive_writer(name, self.epoch, stream_id=stream_id)
             except (Fenced, StreamNotFound) as exc:
                 fenced = exc if isinstance(exc, Fenced) else Fenced(f"stream {name!r}: {exc}")
                 log.warning("writer of stream %r fenced by PD: %s", name, exc)
+                if isinstance(exc, StreamNotFound):
+                    self._client.forget_stream(name, stream_id)  # deleted (maybe created again)
                 self._fail_writer(fenced)
                 return
             except EstreamError:

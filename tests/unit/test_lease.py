@@ -38,13 +38,13 @@ def test_a_renewed_lease_is_never_due() -> None:
     t, s = table(), stream()
     assert t.due([s], 0) == []
     for now in range(1_000, 30_000, 1_000):  # a keepalive every second
-        t.renew("s", 1, now)
+        t.renew(1, 1, now)
         assert t.due([s], now + 999) == []
 
 
 def test_a_lease_runs_out_lease_ms_after_the_last_renewal() -> None:
     t, s = table(), stream()
-    t.renew("s", 1, 500)
+    t.renew(1, 1, 500)
     assert t.due([s], 4_499) == []
     assert t.due([s], 4_500) == [s]
 
@@ -53,7 +53,7 @@ def test_a_new_epoch_gets_a_whole_lease_from_when_it_is_first_seen() -> None:
     """A writer opened through a follower (its open never renewed here): the old
     epoch's expired lease must not count against it."""
     t = table()
-    t.renew("s", 1, 0)
+    t.renew(1, 1, 0)
     assert t.due([stream(epoch=1)], 5_000) == [stream(epoch=1)]
     newer = stream(epoch=2)
     assert t.due([newer], 5_000) == []
@@ -63,14 +63,14 @@ def test_a_new_epoch_gets_a_whole_lease_from_when_it_is_first_seen() -> None:
 
 def test_an_older_epoch_does_not_renew_the_lease_of_a_newer_one() -> None:
     t, s = table(), stream(epoch=3)
-    t.renew("s", 3, 0)
-    t.renew("s", 2, 3_000)  # a fenced writer's late keepalive (PD answers it Fenced)
+    t.renew(1, 3, 0)
+    t.renew(1, 2, 3_000)  # a fenced writer's late keepalive (PD answers it Fenced)
     assert t.due([s], 4_000) == [s]
 
 
 def test_a_new_leader_starts_every_lease_afresh() -> None:
     t, s = table(), stream()
-    t.renew("s", 1, 0)
+    t.renew(1, 1, 0)
     assert t.due([s], 10_000) == [s]
     t.lead(2, 10_000)  # deposed and elected again in a new term: nothing carried over
     assert t.due([s], 10_000) == []
@@ -79,7 +79,7 @@ def test_a_new_leader_starts_every_lease_afresh() -> None:
     t.lead(2, 20_000)  # same term: nothing changes
     assert t.due([s], 20_000) == [s]
     t.step_down()
-    assert t.term is None and t.lease("s") is None
+    assert t.term is None and t.lease(1) is None
 
 
 @pytest.mark.parametrize("s", [stream(sealed_last=True), StreamMeta(1, "s"), stream(epoch=0)])
@@ -107,13 +107,13 @@ def test_a_new_range_or_epoch_resets_the_back_off() -> None:
     t.checked_clean(s, 5_000)  # next look in 2 s
     rolled = stream(index=1)
     assert t.due([rolled], 5_000) == [rolled]  # another range: looked at at once
-    t.renew("s", 1, 6_000)  # a renewal (a live writer again) clears the back-off too
+    t.renew(1, 1, 6_000)  # a renewal (a live writer again) clears the back-off too
     assert t.due([s], 10_000) == [s]
 
 
 def test_hold_ends_the_lease_of_pds_own_epoch_at_once() -> None:
     t = table()
-    t.renew("s", 1, 0)
+    t.renew(1, 1, 0)
     recovering = stream(epoch=2)
     t.hold(recovering, 2)
     assert t.due([recovering], 5) == [recovering]
@@ -133,9 +133,9 @@ def test_a_recovery_that_could_not_finish_is_retried_with_a_shorter_back_off() -
 
 def test_deleted_streams_are_forgotten() -> None:
     t = table()
-    t.renew("gone", 1, 0)
+    t.renew(9, 1, 0)
     t.due([], 0)
-    assert t.lease("gone") is None
+    assert t.lease(9) is None
 
 
 @pytest.mark.parametrize(
@@ -167,3 +167,20 @@ def test_parse_ignores_damaged_and_malformed_answers() -> None:
     assert ReplicaAnswer.parse({"start": 0, "end": 5, "confirm": 3, "epoch": 1,
                                 "sealed": True, "sealed_end": 4, "damaged": False}
                                ) == ReplicaAnswer(5, 3, True, 4)
+
+
+def test_a_stream_created_again_under_the_same_name_has_a_lease_of_its_own() -> None:
+    """Issue 27: the old stream's lease (at the epoch its delete took) must not outlive
+    it under the name. The new stream's writer, at a lower epoch, renews its own lease
+    and is never due; a late keepalive of the old one does not renew the new one."""
+    t = table()
+    old = StreamMeta(1, "s", epoch=2, ranges=stream().ranges)
+    t.renew(old.id, old.epoch, 0)  # the delete took epoch 2 of stream 1
+    new = StreamMeta(2, "s", epoch=1, ranges=stream().ranges)
+    for now in range(0, 20_000, 500):
+        t.renew(new.id, 1, now)  # the new stream's writer, every 0.5 s
+        assert t.due([new], now) == []
+    t.renew(old.id, 2, 20_000)  # (PD refuses it first; the table keeps them apart anyway)
+    assert t.due([new], 19_500 + LEASE - 1) == []
+    assert t.due([new], 19_500 + LEASE) == [new]
+    assert t.lease(old.id) is None, "the deleted stream's lease is forgotten"
