@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from estream.wire import limits
+from estream.wire.errors import Fenced, InvalidArgument
 from estream.wire.meta import StreamMeta
 
 recheck_ms_min: Final = 1_000  # a stream found clean is looked at again after this ...
@@ -104,6 +105,65 @@ def needs_recovery(answers: Iterable[ReplicaAnswer]) -> bool:
     if not found:
         return False
     return max(a.end for a in found) > min(a.readable for a in found)
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """One writer's renewal in a ``PD_WRITERS_KEEPALIVE`` request: stream ``name``, of
+    id ``stream_id`` (0: by name alone), by its writer of ``epoch``."""
+
+    name: str
+    stream_id: int
+    epoch: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "stream_id": self.stream_id, "epoch": self.epoch}
+
+
+def parse_keepalives(items: Any) -> list[Keepalive]:
+    """The ``writers`` of a ``PD_WRITERS_KEEPALIVE`` request; ``InvalidArgument`` (naming
+    the field) for anything but a list of at most ``limits.keepalive_writers_max`` maps
+    ``{"name": str, "stream_id": int >= 0, "epoch": int >= 0}``.
+
+    >>> parse_keepalives([{"name": "s", "stream_id": 4, "epoch": 2}])
+    [Keepalive(name='s', stream_id=4, epoch=2)]
+    """
+    if not isinstance(items, list):
+        raise InvalidArgument("field 'writers' must be a list", argument="writers")
+    if len(items) > limits.keepalive_writers_max:
+        raise InvalidArgument(f"{len(items)} writers in one keepalive: at most "
+                              f"{limits.keepalive_writers_max}", argument="writers")
+    out: list[Keepalive] = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise InvalidArgument("each of 'writers' must be a map", argument="writers")
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise InvalidArgument("a writer's 'name' must be a string", argument="name")
+        out.append(Keepalive(name, _count(item, "stream_id", 0), _count(item, "epoch", -1)))
+    return out
+
+
+def _count(item: Mapping[str, Any], field: str, default: int) -> int:
+    """``item[field]``, an integer >= 0 (``default`` when absent, if >= 0)."""
+    value = item.get(field, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgument(f"a writer's {field!r} must be an integer >= 0", argument=field)
+    return value
+
+
+def keepalive_refusal(stream: StreamMeta, epoch: int) -> Fenced | None:
+    """Why the writer of ``epoch`` may not renew ``stream``'s lease: ``Fenced`` when a
+    newer epoch exists (a newer writer, a delete's or a recovery's epoch), else None.
+
+    >>> s = StreamMeta(1, "s", epoch=3)
+    >>> keepalive_refusal(s, 3) is None, type(keepalive_refusal(s, 2)).__name__
+    (True, 'Fenced')
+    """
+    if epoch < stream.epoch:
+        return Fenced(f"stream {stream.name!r}: epoch {epoch} is fenced by {stream.epoch}",
+                      epoch=epoch, current_epoch=stream.epoch)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from estream.wire.errors import (
     Overloaded,
     Timeout,
     Unavailable,
+    from_wire,
 )
 from estream.wire.limits import raft_port_probe_timeout_s
 from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
@@ -263,6 +264,29 @@ class PDClient:
                                _of(stream_id, {"name": name, "epoch": epoch}))
         leave = body.get("leave") or ()
         return tuple(s for s in leave if isinstance(s, str))
+
+    async def keepalive_writers(
+        self, writers: Sequence[tuple[str, int, int]]
+    ) -> list[tuple[str, ...] | EstreamError]:
+        """Keep many writers' leases alive in one request: ``writers`` are ``(name,
+        stream_id, epoch)`` (at most ``limits.keepalive_writers_max``); each is answered
+        in order as :meth:`keepalive_writer` would be, with its ``leave`` or the error
+        refusing it (``Fenced``, ``StreamNotFound``). Raises for the whole request
+        (``UnsupportedOpcode`` from a PD older than ``PD_WRITERS_KEEPALIVE``)."""
+        body = await self.call(Opcode.PD_WRITERS_KEEPALIVE, {"writers": [
+            {"name": name, "stream_id": stream_id, "epoch": epoch}
+            for name, stream_id, epoch in writers]})
+        answers = body.get("writers")
+        if not isinstance(answers, list) or len(answers) != len(writers):
+            raise EstreamError(f"malformed keepalive answer for {len(writers)} writers")
+        out: list[tuple[str, ...] | EstreamError] = []
+        for answer in answers:
+            if isinstance(answer, dict) and "error" in answer:
+                out.append(from_wire(answer["error"]))
+                continue
+            leave = answer.get("leave") if isinstance(answer, dict) else None
+            out.append(tuple(s for s in leave or () if isinstance(s, str)))
+        return out
 
     async def report_object_damage(self, stream_id: int, range_index: int, object_key: str,
                                    reason: str) -> str:

@@ -25,6 +25,7 @@ from estream.net.pdclient import PDClient
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.net.security import client_context
+from estream.sdk.leases import LeaseKeeper
 from estream.sdk.reader import (
     ObjectReads,
     ObjectReadStats,
@@ -94,6 +95,7 @@ class Client:
         self.timeout_s = timeout_s
         self._streams: dict[str, StreamMeta] = {}
         self._writers: list[Writer] = []
+        self.leases = LeaseKeeper(self.pd)  # every writer's keepalive, in one request
         self._closed = False
         # The cluster secret that per-stream MAC keys derive from (hmac-sha256 digests);
         # never sent anywhere. Default: the ESTREAM_SECRET environment variable.
@@ -390,6 +392,7 @@ class Client:
                 await asyncio.wait_for(writer.close(), self.timeout_s)
             except (TimeoutError, EstreamError):
                 pass
+        await self.leases.close()
         if self._object_reads is not None:
             await self._object_reads.close()  # the GETs of windows read ahead
         for task in list(self._reports):

@@ -42,7 +42,6 @@ from estream.net.rpc import (
 from estream.wire.errors import (
     Conflict,
     EstreamError,
-    Fenced,
     InvalidArgument,
     NotLeader,
     OffsetOutOfRange,
@@ -71,7 +70,7 @@ from pd.commands import (
     UpdateReplicas,
 )
 from pd.drain import forget_refusal, leave_servers, replica_counts, server_state
-from pd.lease import LeaseTable
+from pd.lease import Keepalive, LeaseTable, keepalive_refusal, parse_keepalives
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import REASONS, DamageReport
@@ -347,21 +346,45 @@ class PdService:
         Returns the draining servers its open range should roll away from
         (:func:`pd.drain.leave_servers`), only when a range could be placed without them
         (else the writer would run degraded for nothing)."""
+        (answer,) = await self.keepalive_writers([Keepalive(name, stream_id, epoch)])
+        if isinstance(answer, EstreamError):
+            raise answer
+        return answer
+
+    async def keepalive_writers(
+        self, writers: Sequence[Keepalive]
+    ) -> list[tuple[str, ...] | EstreamError]:
+        """:meth:`keepalive_writer` for many writers at once (``PD_WRITERS_KEEPALIVE``: a
+        client renews all its writers in one request per interval, so leases cost PD
+        O(clients) requests, not O(writers)): each answered in order, its ``leave`` or
+        the error refusing it. NotLeader or Unavailable refuse the whole request."""
         status = self._require_leading("writer leases are kept by the leader")
         # Caught up first: a new leader still applying the log could miss the stream
         # (and StreamNotFound fences the writer).
-        stream = (await self._decision_view()).stream(name, stream_id)
-        if epoch < stream.epoch:
-            raise Fenced(f"stream {name!r}: epoch {epoch} is fenced by {stream.epoch}",
-                         epoch=epoch, current_epoch=stream.epoch)
+        view = await self._decision_view()
         now = self.clock_ms()
         self.leases.lead(status.term, now)
-        self.leases.renew(stream.id, epoch, now)
-        view = self.view()
-        leave = leave_servers(stream, view.draining)
-        if leave and sum(1 for c in self._candidates(view) if c.alive) < stream.replicas:
-            return ()
-        return leave
+        alive: int | None = None  # live servers, counted once if any writer must leave
+        out: list[tuple[str, ...] | EstreamError] = []
+        for writer in writers:
+            try:
+                stream = view.stream(writer.name, writer.stream_id)
+            except EstreamError as exc:
+                out.append(exc)
+                continue
+            refusal = keepalive_refusal(stream, writer.epoch)
+            if refusal is not None:
+                out.append(refusal)
+                continue
+            self.leases.renew(stream.id, writer.epoch, now)
+            leave = leave_servers(stream, view.draining)
+            if leave:
+                if alive is None:
+                    alive = sum(1 for c in self._candidates(view) if c.alive)
+                if alive < stream.replicas:
+                    leave = ()
+            out.append(leave)
+        return out
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
@@ -561,6 +584,7 @@ class PdService:
             Opcode.PD_CLUSTER: self._rpc_cluster,
             Opcode.PD_UPDATE_REPLICAS: self._rpc_update_replicas,
             Opcode.PD_WRITER_KEEPALIVE: self._rpc_keepalive,
+            Opcode.PD_WRITERS_KEEPALIVE: self._rpc_keepalives,
             Opcode.PD_COMMIT_CURSOR: self._rpc_commit_cursor,
             Opcode.PD_LIST_CURSORS: self._rpc_list_cursors,
             Opcode.PD_TIME_RANGES: self._rpc_time_ranges,
@@ -679,6 +703,11 @@ class PdService:
         leave = await self.keepalive_writer(require(h, "name", str), require(h, "epoch", int),
                                             _stream_id(h))
         return {"leave": list(leave)} if leave else {}
+
+    async def _rpc_keepalives(self, h: Header) -> Header:
+        answers = await self.keepalive_writers(parse_keepalives(require(h, "writers", list)))
+        return {"writers": [{"error": a.to_wire()} if isinstance(a, EstreamError)
+                            else {"leave": list(a)} if a else {} for a in answers]}
 
     async def _rpc_drain(self, h: Header) -> Header:
         server = await self.drain_server(require(h, "server_id", str),

@@ -14,6 +14,8 @@ again. Nothing of the old incarnation may fence, hide or serve into the new one:
 - a ``follow=True`` tail of the old incarnation ends with ``StreamNotFound`` instead of
   skipping into the new one, and a fresh read through that same long-lived client reads
   the new stream.
+
+And (item 1) a client's writers renew their leases in one PD request per interval.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.devcluster.pd import http_json
 from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, StreamNotFound
 from estream.wire.record import Record
@@ -108,3 +111,50 @@ async def test_a_stream_created_again_is_a_new_stream(cluster: Cluster) -> None:
         assert (await long_lived.stream_meta(name)).id == new.id
         await w2.close()
         await w1.close()
+
+
+def pd_requests(cluster: Cluster, op: str) -> int:
+    """``estream_pd_requests_total`` of RPC operation ``op``, summed over the PD nodes."""
+    total = 0
+    for url in cluster.pd.http_urls:
+        try:
+            status, text = http_json(url + "/metrics", timeout_s=2.0)
+        except OSError:
+            continue
+        total += sum(int(float(line.split()[-1])) for line in str(text).splitlines()
+                     if status == 200 and line.startswith("estream_pd_requests_total{")
+                     and f'op="{op}"' in line and 'api="rpc"' in line)
+    return total
+
+
+async def test_a_clients_writers_renew_their_leases_in_one_request_per_interval(
+    cluster: Cluster,
+) -> None:
+    """Issue 27 item 1: keepalives cost PD O(clients), not O(writers). 40 writers in one
+    client, idle past a whole lease: PD serves about one PD_WRITERS_KEEPALIVE a second for
+    all of them and no PD_WRITER_KEEPALIVE, and every lease stays alive (PD recovers none:
+    every writer keeps its epoch and appends on)."""
+    writers_n = 40
+    names = [f"leased-many-{i}" for i in range(writers_n)]
+    async with await estream.connect(cluster.pd_addresses) as client:
+        for name in names:
+            await client.create_stream(name, replicas=3, ack_count=2)
+        writers = [await client.open_writer(name) for name in names]
+        for w in writers:
+            assert await w.append(b"x") == 0
+            await w.flush()
+        single, batch = pd_requests(cluster, "pd_writer_keepalive"), pd_requests(
+            cluster, "pd_writers_keepalive")
+        sent, started = client.leases.requests, time.monotonic()
+        await asyncio.sleep(limits.writer_lease_ms / 1000 + 2.0)
+        intervals = (time.monotonic() - started) / (limits.writer_keepalive_ms / 1000)
+        batches = pd_requests(cluster, "pd_writers_keepalive") - batch
+        assert pd_requests(cluster, "pd_writer_keepalive") == single, "one request per writer"
+        assert 1 <= batches <= intervals + 1, (batches, intervals)
+        assert client.leases.requests - sent == batches
+        for name, w in zip(names, writers, strict=True):
+            assert await w.append(b"y") == 1
+            meta = await client.describe_stream(name)
+            assert meta.epoch == w.epoch and meta.ranges[-1].end is None, "PD recovered it"
+        for w in writers:
+            await w.close()

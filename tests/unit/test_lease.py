@@ -8,9 +8,11 @@ import doctest
 
 import pytest
 
+from estream.wire import limits
+from estream.wire.errors import InvalidArgument
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd import lease as lease_module
-from pd.lease import LeaseTable, ReplicaAnswer, needs_recovery
+from pd.lease import Keepalive, LeaseTable, ReplicaAnswer, needs_recovery, parse_keepalives
 from pd.shell import rangeops
 
 LEASE = 4_000
@@ -184,3 +186,23 @@ def test_a_stream_created_again_under_the_same_name_has_a_lease_of_its_own() -> 
     assert t.due([new], 19_500 + LEASE - 1) == []
     assert t.due([new], 19_500 + LEASE) == [new]
     assert t.lease(old.id) is None, "the deleted stream's lease is forgotten"
+
+
+@pytest.mark.parametrize(("writers", "argument"), [
+    ({"name": "s"}, "writers"),
+    (["s"], "writers"),
+    ([{"stream_id": 1, "epoch": 1}], "name"),
+    ([{"name": "s", "stream_id": -1, "epoch": 1}], "stream_id"),
+    ([{"name": "s", "stream_id": True, "epoch": 1}], "stream_id"),
+    ([{"name": "s", "stream_id": 1}], "epoch"),
+    ([{"name": "s", "epoch": 1}] * (limits.keepalive_writers_max + 1), "writers"),
+])
+def test_malformed_keepalives_are_refused_naming_the_field(writers: object, argument: str
+                                                            ) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        parse_keepalives(writers)
+    assert info.value.fields["argument"] == argument
+
+
+def test_keepalives_without_a_stream_id_name_the_stream_by_name() -> None:
+    assert parse_keepalives([{"name": "s", "epoch": 3}]) == [Keepalive("s", 0, 3)]
