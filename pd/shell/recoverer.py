@@ -110,8 +110,9 @@ class Recoverer:
         service.leases.lead(service.raft.status().term, self.clock_ms())
         if not service.raft.caught_up():
             return []  # a new leader still applying the log: its catalog may be behind
-        due = service.leases.due(service.view().streams.values(), self.clock_ms())
-        looked = await asyncio.gather(*(self.look(s) for s in due[:checks_per_round_max]))
+        due = service.leases.due(service.view().streams, self.clock_ms(),
+                                 limit=checks_per_round_max)  # oldest first: all in turn
+        looked = await asyncio.gather(*(self.look(s) for s in due))
         return [r for r in looked if r is not None]
 
     async def look(self, stream: StreamMeta) -> RecoveryResult | None:

@@ -334,7 +334,7 @@ class PdService:
         if status.role == "leader":
             now = self.clock_ms()
             self.leases.lead(status.term, now)
-            self.leases.renew(stream.id, stream.epoch, now)
+            self.leases.renew(stream, stream.epoch, now)
         return stream
 
     async def keepalive_writer(self, name: str, epoch: int, stream_id: int = 0
@@ -376,7 +376,7 @@ class PdService:
             if refusal is not None:
                 out.append(refusal)
                 continue
-            self.leases.renew(stream.id, writer.epoch, now)
+            self.leases.renew(stream, writer.epoch, now)
             leave = leave_servers(stream, view.draining)
             if leave:
                 if alive is None:
