@@ -145,13 +145,12 @@ async def test_a_clients_writers_renew_their_leases_in_one_request_per_interval(
             await w.flush()
         single, batch = pd_requests(cluster, "pd_writer_keepalive"), pd_requests(
             cluster, "pd_writers_keepalive")
-        sent, started = client.leases.requests, time.monotonic()
+        started = time.monotonic()
         await asyncio.sleep(limits.writer_lease_ms / 1000 + 2.0)
         intervals = (time.monotonic() - started) / (limits.writer_keepalive_ms / 1000)
         batches = pd_requests(cluster, "pd_writers_keepalive") - batch
         assert pd_requests(cluster, "pd_writer_keepalive") == single, "one request per writer"
         assert 1 <= batches <= intervals + 1, (batches, intervals)
-        assert client.leases.requests - sent == batches
         for name, w in zip(names, writers, strict=True):
             assert await w.append(b"y") == 1
             meta = await client.describe_stream(name)
