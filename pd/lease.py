@@ -29,23 +29,22 @@ Pure: no I/O (the caller passes the clock and the replicas' answers).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from estream.wire import limits
-from estream.wire.errors import Fenced, InvalidArgument
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument
 from estream.wire.meta import StreamMeta
 
 recheck_ms_min: Final = 1_000  # a stream found clean is looked at again after this ...
 recheck_ms_max: Final = 16_000  # ... doubling up to this while it stays clean
 retry_ms_max: Final = 4_000  # a recovery that could not finish now: retried this often
-sweep_streams_max: Final = 1_024  # streams a round's sweep looks at (all on a new term)
+sweep_streams_max: Final = 512  # streams a round's sweep looks at (all on a new term)
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(NamedTuple):  # (a tuple: renewed by every writer every second)
     """The newest epoch that renewed a stream's lease, and when (this leader's clock)."""
 
     epoch: int
@@ -113,25 +112,25 @@ def needs_recovery(answers: Iterable[ReplicaAnswer]) -> bool:
     return max(a.end for a in found) > min(a.readable for a in found)
 
 
-@dataclass(frozen=True, slots=True)
-class Keepalive:
+class Keepalive(NamedTuple):  # (a tuple: thousands a request)
     """One writer's renewal in a ``PD_WRITERS_KEEPALIVE`` request: stream ``name``, of
-    id ``stream_id`` (0: by name alone), by its writer of ``epoch``."""
+    id ``stream_id`` (0: by name alone), by its writer of ``epoch``. On the wire a list
+    ``[name, stream_id, epoch]`` (thousands a request: no field names)."""
 
     name: str
     stream_id: int
     epoch: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "stream_id": self.stream_id, "epoch": self.epoch}
+    def to_wire(self) -> list[Any]:
+        return [self.name, self.stream_id, self.epoch]
 
 
 def parse_keepalives(items: Any) -> list[Keepalive]:
     """The ``writers`` of a ``PD_WRITERS_KEEPALIVE`` request; ``InvalidArgument`` (naming
-    the field) for anything but a list of at most ``limits.keepalive_writers_max`` maps
-    ``{"name": str, "stream_id": int >= 0, "epoch": int >= 0}``.
+    the field) for anything but a list of at most ``limits.keepalive_writers_max`` lists
+    ``[name: str, stream_id: int >= 0, epoch: int >= 0]``.
 
-    >>> parse_keepalives([{"name": "s", "stream_id": 4, "epoch": 2}])
+    >>> parse_keepalives([["s", 4, 2]])
     [Keepalive(name='s', stream_id=4, epoch=2)]
     """
     if not isinstance(items, list):
@@ -140,22 +139,37 @@ def parse_keepalives(items: Any) -> list[Keepalive]:
         raise InvalidArgument(f"{len(items)} writers in one keepalive: at most "
                               f"{limits.keepalive_writers_max}", argument="writers")
     out: list[Keepalive] = []
-    for item in items:
-        if not isinstance(item, dict):
-            raise InvalidArgument("each of 'writers' must be a map", argument="writers")
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise InvalidArgument("a writer's 'name' must be a string", argument="name")
-        out.append(Keepalive(name, _count(item, "stream_id", 0), _count(item, "epoch", -1)))
+    for item in items:  # (one a writer of every client every second: kept lean)
+        if type(item) is not list or len(item) != 3:
+            raise InvalidArgument("each of 'writers' must be [name, stream_id, epoch]",
+                                  argument="writers")
+        name, stream_id, epoch = item
+        if type(name) is not str:
+            raise InvalidArgument("a writer's name must be a string", argument="name")
+        if type(stream_id) is not int or stream_id < 0:
+            raise InvalidArgument("a writer's stream_id must be an integer >= 0",
+                                  argument="stream_id")
+        if type(epoch) is not int or epoch < 0:
+            raise InvalidArgument("a writer's epoch must be an integer >= 0", argument="epoch")
+        out.append(Keepalive(name, stream_id, epoch))
     return out
 
 
-def _count(item: Mapping[str, Any], field: str, default: int) -> int:
-    """``item[field]``, an integer >= 0 (``default`` when absent, if >= 0)."""
-    value = item.get(field, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgument(f"a writer's {field!r} must be an integer >= 0", argument=field)
-    return value
+def keepalive_answer(answers: Sequence[tuple[str, ...] | EstreamError]) -> dict[str, Any]:
+    """The ``PD_WRITERS_KEEPALIVE`` answer for ``answers`` (one per writer asked, in
+    order), sparse: most writers are simply renewed and are not named at all.
+
+    >>> keepalive_answer([(), ("rs2",), Fenced("f", epoch=1, current_epoch=2), ()])["leave"]
+    [[1, ['rs2']]]
+    """
+    leave: list[list[Any]] = []
+    errors: list[list[Any]] = []
+    for i, answer in enumerate(answers):
+        if isinstance(answer, EstreamError):
+            errors.append([i, answer.to_wire()])
+        elif answer:
+            leave.append([i, list(answer)])
+    return {"count": len(answers), "leave": leave, "errors": errors}
 
 
 def keepalive_refusal(stream: StreamMeta, epoch: int) -> Fenced | None:
@@ -227,7 +241,7 @@ class LeaseTable:
         self._names: dict[int, str] = {}  # stream id -> name, of the streams tracked
         self._heap: list[tuple[int, int]] = []  # (when to look, stream id); lazy:
         self._queued: dict[int, int] = {}  # an entry counts while it is here (id -> when)
-        self._sweep: Iterator[str] | None = None  # names still to sweep (a snapshot)
+        self._sweep: Iterator[StreamMeta] | None = None  # still to sweep (a snapshot)
         self._sweep_all = True  # the next round sweeps every stream (a new term)
 
     def _forget_all(self) -> None:
@@ -312,20 +326,18 @@ class LeaseTable:
         budget = len(streams) + 1 if self._sweep_all else self.sweep_max  # (+1: its end)
         self._sweep_all = False
         if self._sweep is None:
-            self._sweep = iter(list(streams) if isinstance(streams, dict) else streams)
+            self._sweep = iter(list(streams.values()) if isinstance(streams, dict)
+                               else streams.values())
         for _ in range(budget):
-            name = next(self._sweep, None)
-            if name is None:
+            stream = next(self._sweep, None)
+            if stream is None:
                 self._sweep = None
                 self._forget_gone(streams)
                 return
-            stream = streams.get(name)
-            if stream is None:
-                continue
+            # As of the sweep's start: a pop looks at the stream as it is then (and an
+            # entry is left alone here, as the stream may have changed since).
             at = self._next_look(stream, now_ms)
-            if at is None:
-                self._queued.pop(stream.id, None)
-            elif self._queued.get(stream.id) != at:
+            if at is not None and self._queued.get(stream.id) != at:
                 self._push(stream, at)
 
     def _next_look(self, stream: StreamMeta, now_ms: int) -> int | None:

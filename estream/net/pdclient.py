@@ -273,20 +273,9 @@ class PDClient:
         in order as :meth:`keepalive_writer` would be, with its ``leave`` or the error
         refusing it (``Fenced``, ``StreamNotFound``). Raises for the whole request
         (``UnsupportedOpcode`` from a PD older than ``PD_WRITERS_KEEPALIVE``)."""
-        body = await self.call(Opcode.PD_WRITERS_KEEPALIVE, {"writers": [
-            {"name": name, "stream_id": stream_id, "epoch": epoch}
-            for name, stream_id, epoch in writers]})
-        answers = body.get("writers")
-        if not isinstance(answers, list) or len(answers) != len(writers):
-            raise EstreamError(f"malformed keepalive answer for {len(writers)} writers")
-        out: list[tuple[str, ...] | EstreamError] = []
-        for answer in answers:
-            if isinstance(answer, dict) and "error" in answer:
-                out.append(from_wire(answer["error"]))
-                continue
-            leave = answer.get("leave") if isinstance(answer, dict) else None
-            out.append(tuple(s for s in leave or () if isinstance(s, str)))
-        return out
+        body = await self.call(Opcode.PD_WRITERS_KEEPALIVE, {
+            "writers": [[name, stream_id, epoch] for name, stream_id, epoch in writers]})
+        return keepalive_answers(body, len(writers))
 
     async def report_object_damage(self, stream_id: int, range_index: int, object_key: str,
                                    reason: str) -> str:
@@ -425,6 +414,28 @@ class PDClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def keepalive_answers(body: Header, count: int) -> list[tuple[str, ...] | EstreamError]:
+    """The per-writer answers of a ``PD_WRITERS_KEEPALIVE`` answer to ``count`` writers
+    (sparse: ``"leave"`` and ``"errors"`` name the writers by index; every other one was
+    renewed). Pure.
+
+    >>> keepalive_answers({"count": 3, "leave": [[2, ["rs1"]]], "errors": []}, 3)
+    [(), (), ('rs1',)]
+    """
+    if body.get("count") != count:
+        raise EstreamError(f"malformed keepalive answer for {count} writers")
+    out: list[tuple[str, ...] | EstreamError] = [()] * count
+    for item in body.get("leave") or ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) \
+                and 0 <= item[0] < count and isinstance(item[1], list):
+            out[item[0]] = tuple(s for s in item[1] if isinstance(s, str))
+    for item in body.get("errors") or ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) \
+                and 0 <= item[0] < count:
+            out[item[0]] = from_wire(item[1])
+    return out
 
 
 def _of(stream_id: int, header: dict[str, Any]) -> dict[str, Any]:

@@ -70,7 +70,13 @@ from pd.commands import (
     UpdateReplicas,
 )
 from pd.drain import forget_refusal, leave_servers, replica_counts, server_state
-from pd.lease import Keepalive, LeaseTable, keepalive_refusal, parse_keepalives
+from pd.lease import (
+    Keepalive,
+    LeaseTable,
+    keepalive_answer,
+    keepalive_refusal,
+    parse_keepalives,
+)
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import REASONS, DamageReport
@@ -377,7 +383,7 @@ class PdService:
                 out.append(refusal)
                 continue
             self.leases.renew(stream, writer.epoch, now)
-            leave = leave_servers(stream, view.draining)
+            leave = leave_servers(stream, view.draining) if view.draining else ()
             if leave:
                 if alive is None:
                     alive = sum(1 for c in self._candidates(view) if c.alive)
@@ -705,9 +711,8 @@ class PdService:
         return {"leave": list(leave)} if leave else {}
 
     async def _rpc_keepalives(self, h: Header) -> Header:
-        answers = await self.keepalive_writers(parse_keepalives(require(h, "writers", list)))
-        return {"writers": [{"error": a.to_wire()} if isinstance(a, EstreamError)
-                            else {"leave": list(a)} if a else {} for a in answers]}
+        return keepalive_answer(
+            await self.keepalive_writers(parse_keepalives(require(h, "writers", list))))
 
     async def _rpc_drain(self, h: Header) -> Header:
         server = await self.drain_server(require(h, "server_id", str),

@@ -7,13 +7,22 @@ from __future__ import annotations
 import doctest
 from collections.abc import Iterator, Mapping
 
+import msgpack
 import pytest
 
+from estream.net.pdclient import keepalive_answers
 from estream.wire import limits
-from estream.wire.errors import InvalidArgument
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd import lease as lease_module
-from pd.lease import Keepalive, LeaseTable, ReplicaAnswer, needs_recovery, parse_keepalives
+from pd.lease import (
+    Keepalive,
+    LeaseTable,
+    ReplicaAnswer,
+    keepalive_answer,
+    needs_recovery,
+    parse_keepalives,
+)
 from pd.pmap import PMap
 from pd.shell import rangeops
 
@@ -198,11 +207,13 @@ def test_a_stream_created_again_under_the_same_name_has_a_lease_of_its_own() -> 
 @pytest.mark.parametrize(("writers", "argument"), [
     ({"name": "s"}, "writers"),
     (["s"], "writers"),
-    ([{"stream_id": 1, "epoch": 1}], "name"),
-    ([{"name": "s", "stream_id": -1, "epoch": 1}], "stream_id"),
-    ([{"name": "s", "stream_id": True, "epoch": 1}], "stream_id"),
-    ([{"name": "s", "stream_id": 1}], "epoch"),
-    ([{"name": "s", "epoch": 1}] * (limits.keepalive_writers_max + 1), "writers"),
+    ([{"name": "s", "stream_id": 1, "epoch": 1}], "writers"),
+    ([["s", 1]], "writers"),
+    ([[1, 1, 1]], "name"),
+    ([["s", -1, 1]], "stream_id"),
+    ([["s", True, 1]], "stream_id"),
+    ([["s", 1, None]], "epoch"),
+    ([["s", 0, 1]] * (limits.keepalive_writers_max + 1), "writers"),
 ])
 def test_malformed_keepalives_are_refused_naming_the_field(writers: object, argument: str
                                                             ) -> None:
@@ -211,8 +222,18 @@ def test_malformed_keepalives_are_refused_naming_the_field(writers: object, argu
     assert info.value.fields["argument"] == argument
 
 
-def test_keepalives_without_a_stream_id_name_the_stream_by_name() -> None:
-    assert parse_keepalives([{"name": "s", "epoch": 3}]) == [Keepalive("s", 0, 3)]
+def test_keepalive_answers_round_trip_sparse() -> None:
+    """Each writer gets its own answer back, in order; renewed ones are not named."""
+    answers: list[tuple[str, ...] | EstreamError] = [
+        (), ("rs2", "rs3"), Fenced("fenced", epoch=1, current_epoch=2), (),
+        StreamNotFound("stream 's' (id 3) not found", stream="s")]
+    body = keepalive_answer(answers)
+    assert len(body["leave"]) == 1 and len(body["errors"]) == 2
+    back = keepalive_answers(msgpack.unpackb(msgpack.packb(body)), len(answers))
+    assert back[:2] == [(), ("rs2", "rs3")] and back[3] == ()
+    assert isinstance(back[2], Fenced) and back[2].fields["current_epoch"] == 2
+    assert isinstance(back[4], StreamNotFound) and back[4].fields["stream"] == "s"
+    assert [Keepalive("s", 0, 3)] == parse_keepalives([Keepalive("s", 0, 3).to_wire()])
 
 
 def open_streams(n: int) -> PMap[StreamMeta]:
