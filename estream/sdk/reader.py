@@ -10,7 +10,9 @@ cache, READ requests (each with a timeout) whose batches are verified as they ar
 answer), reads from the object store, and sleeps. A read is of one stream id (the first
 metadata it looks at): once a refresh shows the name is another stream's (deleted and
 created again), it ends with ``StreamNotFound`` (:func:`check_incarnation`) rather than
-going on at its offsets in the new stream, and a tail of the deleted stream ends too.
+going on at its offsets in the new stream, and a tail of the deleted stream ends too; a
+plain read that has delivered nothing yet (it began from a stale cached view) starts
+over on the new stream instead (:func:`read_again`).
 
 :func:`read_stream_batches` is the same read by batch: :class:`BatchColumns` (columns,
 no object per record) for batch consumers; :func:`read_stream_views` hands over the
@@ -84,6 +86,7 @@ read_ahead_windows: Final = 2  # windows a catch-up read keeps fetching ahead of
 read_ahead_max: Final = 4  # windows of object reads fetched ahead, pending at once (in all)
 damage_report_interval_s: Final = 30.0  # one report of a damaged object per key and this
 damage_keys_max: Final = 1_024  # keys remembered as reported (the oldest forgotten)
+incarnation_restarts_max: Final = 1  # a plain read starts over on a stream created again
 GET_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                         5.0, 10.0)
 
@@ -246,6 +249,8 @@ async def _read_answers(
     reply: Any = None
     error: EstreamError | None = None
     stream_id = 0  # the incarnation read (a name is reused once deleted)
+    delivered = False
+    restarts = 0
     while True:
         try:
             step = steps.send(reply) if error is None else steps.throw(error)
@@ -253,6 +258,7 @@ async def _read_answers(
             return
         reply, error = None, None
         if isinstance(step, Deliver):
+            delivered = True
             yield items
             items = []
             continue
@@ -260,8 +266,13 @@ async def _read_answers(
             if isinstance(step, Describe):
                 reply = await client.stream_meta(name, refresh=step.refresh)
                 stream_id = stream_id or reply.id
-                if reply.id != stream_id:
-                    break  # deleted and created again: the read ends (below), not skipped
+                if reply.id != stream_id:  # deleted and created again
+                    if not read_again(follow, delivered, restarts):
+                        break  # the read ends (below), not skipped
+                    steps.close()
+                    steps = ReadCursor(name, start, end, follow, preferred).steps()
+                    stream_id, reply, restarts = reply.id, None, restarts + 1
+                    continue
                 client.stream_key(reply)  # DigestKeyMissing at once, not after retries
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.ms / 1000)
@@ -273,6 +284,18 @@ async def _read_answers(
             error = exc
     steps.close()
     check_incarnation(name, stream_id, reply)
+
+
+def read_again(follow: bool, delivered: bool, restarts: int) -> bool:
+    """Whether a read that finds its stream's name is another stream's now starts over
+    on the new one: only a plain read (not a tail) that delivered nothing yet (it began
+    from a cached view older than a delete and create), and once. Any other ends with
+    ``StreamNotFound`` (:func:`check_incarnation`). Pure.
+
+    >>> read_again(False, False, 0), read_again(True, False, 0), read_again(False, True, 0)
+    (True, False, False)
+    """
+    return not follow and not delivered and restarts < incarnation_restarts_max
 
 
 def check_incarnation(name: str, stream_id: int, meta: StreamMeta) -> None:

@@ -12,6 +12,7 @@ from estream.sdk.reader import (
     decode_answer,
     decode_answer_columns,
     decode_answer_views,
+    read_again,
 )
 from estream.wire.errors import ChecksumMismatch, StreamNotFound
 from estream.wire.meta import StreamMeta
@@ -55,3 +56,12 @@ def test_a_read_ends_once_its_stream_name_is_another_streams() -> None:
     check_incarnation("s", 4, StreamMeta(4, "s"))
     with pytest.raises(StreamNotFound, match="id 5 now"):
         check_incarnation("s", 4, StreamMeta(5, "s"))
+
+
+def test_only_a_plain_read_that_delivered_nothing_starts_over_on_a_new_stream() -> None:
+    """A plain read begun from a cached view older than a delete and create reads the
+    new stream (once); a tail, or a read that delivered records of the old one, ends."""
+    assert read_again(follow=False, delivered=False, restarts=0)
+    assert not read_again(follow=True, delivered=False, restarts=0)
+    assert not read_again(follow=False, delivered=True, restarts=0)
+    assert not read_again(follow=False, delivered=False, restarts=1)
