@@ -154,12 +154,14 @@ class Client:
         confirmed end (it would drop records not written yet; PD alone cannot tell, as
         only the range servers know where the open range ends)."""
         end = await self.end_offset(name)
+        checked = await self.stream_meta(name)  # (just read by end_offset)
         if start_offset > end:
             raise OffsetOutOfRange(
                 f"cannot trim stream {name!r} to {start_offset}: its end is {end}",
-                offset=start_offset, start=(await self.stream_meta(name)).start_offset, end=end,
+                offset=start_offset, start=checked.start_offset, end=end,
             )
-        meta = await self.pd.trim_stream(name, start_offset)
+        # Only the stream whose end was checked: not one created again meanwhile.
+        meta = await self.pd.trim_stream(name, start_offset, stream_id=checked.id)
         self._streams[name] = meta
         return meta
 
