@@ -269,6 +269,7 @@ class LeaseTable:
         lease = self._leases.get(stream.id)
         if lease is None or epoch >= lease.epoch:
             self._leases[stream.id] = Lease(epoch, now_ms)
+            self._names[stream.id] = stream.name
             self._rechecks.pop(stream.id, None)
             if stream.id not in self._queued:  # (else looked at then, and pushed back)
                 self._push(stream, now_ms + self.lease_ms)
@@ -283,6 +284,7 @@ class LeaseTable:
         lease = self._leases.get(stream.id)
         if lease is None or lease.epoch < stream.epoch:
             self._leases[stream.id] = Lease(stream.epoch, now_ms)
+            self._names[stream.id] = stream.name  # (kept while the stream is)
             return False
         return now_ms - lease.renewed_ms >= self.lease_ms
 
@@ -349,6 +351,7 @@ class LeaseTable:
         lease = self._leases.get(stream.id)
         if lease is None or lease.epoch < stream.epoch:
             lease = self._leases[stream.id] = Lease(stream.epoch, now_ms)  # first seen
+            self._names[stream.id] = stream.name
         at = lease.renewed_ms + self.lease_ms
         recheck = self._rechecks.get(stream.id)
         if recheck is not None and (recheck.epoch, recheck.range_index) == (
@@ -392,3 +395,4 @@ class LeaseTable:
         lease is over at once (a recovery that could not finish is tried again next
         round, and a recovered stream is looked at like any other)."""
         self._leases[stream.id] = Lease(epoch, -self.lease_ms)
+        self._names[stream.id] = stream.name

@@ -302,3 +302,20 @@ def test_a_round_with_live_writers_costs_what_is_due_not_the_catalog() -> None:
     full_scans = rounds * n
     bound = rounds * 2 * (sweep + 1) + n * (20_000 // (LEASE - round_ms) + 1)
     assert catalog.touched <= bound < full_scans // 4, (catalog.touched, bound)
+
+
+def test_a_lease_asked_about_outside_the_rounds_is_kept_while_its_stream_is() -> None:
+    """The drainer asks ``expired`` about streams ``due`` never returns (an open range
+    no writer ever opened, epoch 0): their lease, started at the first question, must
+    survive the rounds' sweeps, or it would never run out (a drain never ends)."""
+    t = table()
+    never_opened = stream(epoch=0)
+    catalog = of(never_opened)
+    assert not t.expired(never_opened, 0)
+    for now in range(500, LEASE, 500):
+        t.due(catalog, now)  # each round's sweep goes over the whole (small) catalog
+        assert not t.expired(never_opened, now)
+    t.due(catalog, LEASE)
+    assert t.expired(never_opened, LEASE)
+    t.due(of(), LEASE + 500)  # deleted: forgotten
+    assert t.lease(never_opened.id) is None
