@@ -8,6 +8,9 @@ exactly as it was.
 
 Rules it keeps:
 - names are unique (:class:`StreamExists`); unknown names raise :class:`StreamNotFound`;
+- a name is reused (delete, create again) but an id never is: a command naming the
+  ``stream_id`` it acts on (a writer's seal, a lease recovery's epoch, a repair, a trim)
+  is refused as :class:`StreamNotFound` by any other incarnation of the name;
 - stream types starting with "." are reserved for commands flagged ``system``;
 - ``1 <= ack_count <= replicas <= 5``; replicas are distinct registered servers;
 - the epoch only grows (``open_writer``); a seal must carry the current epoch
@@ -190,11 +193,10 @@ class CatalogView:
     unreferenced: tuple[str, ...] = field(default=(), kw_only=True)  # to delete, in order
     ranges_total: int = field(default=-1, kw_only=True)  # ranges of every stream (-1: count)
 
-    def stream(self, name: str) -> StreamMeta:
-        found = self.streams.get(name)
-        if found is None:
-            raise StreamNotFound(f"stream {name!r} not found", stream=name)
-        return found
+    def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
+        """The stream named ``name`` (with ``stream_id`` > 0: only that incarnation of
+        it); StreamNotFound otherwise."""
+        return incarnation(self.streams.get(name), name, stream_id)
 
     def range_count(self) -> int:
         if self.ranges_total >= 0:
@@ -296,11 +298,8 @@ class Catalog:
         if listed:
             self._unreferenced_keys = tuple(self._unreferenced)
 
-    def stream(self, name: str) -> StreamMeta:
-        found = self._streams.get(name)
-        if found is None:
-            raise StreamNotFound(f"stream {name!r} not found", stream=name)
-        return found
+    def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
+        return incarnation(self._streams.get(name), name, stream_id)
 
     # -- the state machine -----------------------------------------------------------
     def apply(self, command: Command) -> Result:
@@ -375,20 +374,20 @@ class Catalog:
         return stream
 
     def _delete_stream(self, cmd: DeleteStream) -> None:
-        _check_epoch(self.stream(cmd.name), cmd.expected_epoch)
+        _check_epoch(self.stream(cmd.name, cmd.stream_id), cmd.expected_epoch)
         self._put(cmd.name, None)
         self._request_ids.pop(cmd.name, None)
         self._cursors = self._cursors.delete(cmd.name)
 
     def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
-        current = self.stream(cmd.name)
+        current = self.stream(cmd.name, cmd.stream_id)
         _check_epoch(current, cmd.expected_epoch)
         stream = replace(current, epoch=current.epoch + 1)
         self._put(cmd.name, stream)
         return stream
 
     def _seal_range(self, cmd: SealRange) -> StreamMeta:
-        stream = self.stream(cmd.name)
+        stream = self.stream(cmd.name, cmd.stream_id)
         if cmd.epoch < stream.epoch:
             raise Fenced(
                 f"stream {cmd.name!r}: epoch {cmd.epoch} is fenced by {stream.epoch}",
@@ -419,7 +418,7 @@ class Catalog:
         return stream
 
     def _trim_stream(self, cmd: TrimStream) -> StreamMeta:
-        stream = self.stream(cmd.name)
+        stream = self.stream(cmd.name, cmd.stream_id)
         if cmd.start_offset < 0:
             raise InvalidArgument("start_offset must be >= 0", argument="start_offset")
         if cmd.start_offset <= stream.start_offset:
@@ -465,7 +464,7 @@ class Catalog:
         return stream
 
     def _record_range_stats(self, cmd: RecordRangeStats) -> StreamMeta:
-        stream = self.stream(cmd.name)
+        stream = self.stream(cmd.name, cmd.stream_id)
         target = _find_range(stream, cmd.range_index)
         if target.end != cmd.end:
             raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is not sealed at "
@@ -480,7 +479,7 @@ class Catalog:
         return stream
 
     def _update_replicas(self, cmd: UpdateReplicas) -> StreamMeta:
-        stream = self.stream(cmd.name)
+        stream = self.stream(cmd.name, cmd.stream_id)
         target = _find_range(stream, cmd.range_index)
         if not target.sealed:
             raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is open; seal it first")
@@ -821,6 +820,28 @@ def check_stream_args(cmd: CreateStream) -> None:
     if cmd.digest not in DIGESTS:
         raise InvalidArgument(
             f"unknown digest {cmd.digest!r}: one of {', '.join(DIGESTS)}", argument="digest")
+
+
+def incarnation(found: StreamMeta | None, name: str, stream_id: int = 0) -> StreamMeta:
+    """``found`` (the stream now named ``name``) if it is the incarnation ``stream_id``
+    (0: any); else StreamNotFound. A name is reused when a stream is deleted and created
+    again; an id never is, so a request of the old incarnation never acts on the new one.
+
+    >>> s = StreamMeta(7, "orders")
+    >>> incarnation(s, "orders").id, incarnation(s, "orders", 7).id
+    (7, 7)
+    >>> incarnation(s, "orders", 3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    estream.wire.errors.StreamNotFound: stream 'orders' (id 3) not found: the name is ...
+    """
+    if found is None:
+        raise StreamNotFound(f"stream {name!r} not found", stream=name)
+    if stream_id > 0 and found.id != stream_id:
+        raise StreamNotFound(
+            f"stream {name!r} (id {stream_id}) not found: the name is stream id {found.id} "
+            "now (deleted and created again)", stream=name)
+    return found
 
 
 def _new_limit(value: int, current: int | None, name: str) -> int | None:

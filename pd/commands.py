@@ -11,6 +11,11 @@ Wire shape (msgpack map, never pickled classes)::
 Unknown fields are ignored (a newer proposer may add some); missing or mistyped fields
 and unknown kinds raise :class:`~estream.wire.errors.InvalidArgument`.
 
+Names are reused (a stream deleted and created again is a new stream with a new id), so
+the commands acting on a stream someone already holds carry its ``stream_id``: applied
+only to that incarnation, ``StreamNotFound`` for any other. ``stream_id`` 0 (the default,
+and every command journaled before the field existed) names the stream by name alone.
+
 Pure: no I/O.
 """
 
@@ -76,6 +81,7 @@ class DeleteStream:
     kind: ClassVar[str] = "delete_stream"
     name: str
     expected_epoch: int = -1
+    stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ class OpenWriter:
     kind: ClassVar[str] = "open_writer"
     name: str
     expected_epoch: int = -1
+    stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +107,7 @@ class SealRange:
     range_index: int
     end: int
     next_replicas: tuple[str, ...]
+    stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +115,7 @@ class TrimStream:
     kind: ClassVar[str] = "trim_stream"
     name: str
     start_offset: int
+    stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +129,7 @@ class UpdateReplicas:
     range_index: int
     replicas: tuple[str, ...]
     expected: tuple[str, ...] = ()
+    stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +378,7 @@ class RecordRangeStats:
     min_timestamp: int
     max_timestamp: int
     size_bytes: int
+    stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
 
 
 Command = (

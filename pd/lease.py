@@ -1,9 +1,12 @@
 """Writer leases, and when the PD leader must recover a stream's open range itself.
 
-A live writer renews its stream's lease (``PD_WRITER_KEEPALIVE`` every
-``limits.writer_keepalive_ms``; ``PD_OPEN_WRITER`` counts as one). The lease table lives on
-the Raft leader only, in memory: it is not replicated, so a node that becomes leader (a new
-Raft term) starts every lease afresh at that moment. A writer that died holding its lease
+A live writer renews its stream's lease every ``limits.writer_keepalive_ms`` (a client
+renews all its writers in one ``PD_WRITERS_KEEPALIVE``, :class:`Keepalive` each;
+``PD_WRITER_KEEPALIVE`` renews one; ``PD_OPEN_WRITER`` counts as one). The lease table
+lives on the Raft leader only, in memory, keyed by stream id (a name deleted and created
+again is a new stream: the old one's lease never counts for it, nor its renewals for
+the old one's): it is not replicated, so a node that becomes leader (a new Raft term)
+starts every lease afresh at that moment. A writer that died holding its lease
 therefore loses it ``limits.writer_lease_ms`` after its last renewal, or after a new leader
 took over, whichever is later.
 
@@ -16,27 +19,32 @@ The leader's round asks :meth:`LeaseTable.due` which streams to look at (open la
 lease run out, not found clean a moment ago), asks each one's replicas ``DESCRIBE_RANGE``,
 and :func:`needs_recovery` decides from the sound answers. A stream found clean is looked
 at again later, each time twice as late (up to ``recheck_ms_max``): an idle stream costs a
-few requests a minute, not three a round.
+few requests a minute, not three a round. The table keeps when to look at each stream in a
+heap, so a round costs the streams due plus a bounded sweep (``sweep_streams_max``), not a
+scan of the catalog; due streams come out oldest first, so a round that can look at only
+some of them reaches every one in turn.
 
 Pure: no I/O (the caller passes the clock and the replicas' answers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from heapq import heappop, heappush
+from typing import Any, Final, NamedTuple
 
 from estream.wire import limits
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument
 from estream.wire.meta import StreamMeta
 
 recheck_ms_min: Final = 1_000  # a stream found clean is looked at again after this ...
 recheck_ms_max: Final = 16_000  # ... doubling up to this while it stays clean
 retry_ms_max: Final = 4_000  # a recovery that could not finish now: retried this often
+sweep_streams_max: Final = 512  # streams a round's sweep looks at (all on a new term)
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(NamedTuple):  # (a tuple: renewed by every writer every second)
     """The newest epoch that renewed a stream's lease, and when (this leader's clock)."""
 
     epoch: int
@@ -104,6 +112,80 @@ def needs_recovery(answers: Iterable[ReplicaAnswer]) -> bool:
     return max(a.end for a in found) > min(a.readable for a in found)
 
 
+class Keepalive(NamedTuple):  # (a tuple: thousands a request)
+    """One writer's renewal in a ``PD_WRITERS_KEEPALIVE`` request: stream ``name``, of
+    id ``stream_id`` (0: by name alone), by its writer of ``epoch``. On the wire a list
+    ``[name, stream_id, epoch]`` (thousands a request: no field names)."""
+
+    name: str
+    stream_id: int
+    epoch: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.name, self.stream_id, self.epoch]
+
+
+def parse_keepalives(items: Any) -> list[Keepalive]:
+    """The ``writers`` of a ``PD_WRITERS_KEEPALIVE`` request; ``InvalidArgument`` (naming
+    the field) for anything but a list of at most ``limits.keepalive_writers_max`` lists
+    ``[name: str, stream_id: int >= 0, epoch: int >= 0]``.
+
+    >>> parse_keepalives([["s", 4, 2]])
+    [Keepalive(name='s', stream_id=4, epoch=2)]
+    """
+    if not isinstance(items, list):
+        raise InvalidArgument("field 'writers' must be a list", argument="writers")
+    if len(items) > limits.keepalive_writers_max:
+        raise InvalidArgument(f"{len(items)} writers in one keepalive: at most "
+                              f"{limits.keepalive_writers_max}", argument="writers")
+    out: list[Keepalive] = []
+    for item in items:  # (one a writer of every client every second: kept lean)
+        if type(item) is not list or len(item) != 3:
+            raise InvalidArgument("each of 'writers' must be [name, stream_id, epoch]",
+                                  argument="writers")
+        name, stream_id, epoch = item
+        if type(name) is not str:
+            raise InvalidArgument("a writer's name must be a string", argument="name")
+        if type(stream_id) is not int or stream_id < 0:
+            raise InvalidArgument("a writer's stream_id must be an integer >= 0",
+                                  argument="stream_id")
+        if type(epoch) is not int or epoch < 0:
+            raise InvalidArgument("a writer's epoch must be an integer >= 0", argument="epoch")
+        out.append(Keepalive(name, stream_id, epoch))
+    return out
+
+
+def keepalive_answer(answers: Sequence[tuple[str, ...] | EstreamError]) -> dict[str, Any]:
+    """The ``PD_WRITERS_KEEPALIVE`` answer for ``answers`` (one per writer asked, in
+    order), sparse: most writers are simply renewed and are not named at all.
+
+    >>> keepalive_answer([(), ("rs2",), Fenced("f", epoch=1, current_epoch=2), ()])["leave"]
+    [[1, ['rs2']]]
+    """
+    leave: list[list[Any]] = []
+    errors: list[list[Any]] = []
+    for i, answer in enumerate(answers):
+        if isinstance(answer, EstreamError):
+            errors.append([i, answer.to_wire()])
+        elif answer:
+            leave.append([i, list(answer)])
+    return {"count": len(answers), "leave": leave, "errors": errors}
+
+
+def keepalive_refusal(stream: StreamMeta, epoch: int) -> Fenced | None:
+    """Why the writer of ``epoch`` may not renew ``stream``'s lease: ``Fenced`` when a
+    newer epoch exists (a newer writer, a delete's or a recovery's epoch), else None.
+
+    >>> s = StreamMeta(1, "s", epoch=3)
+    >>> keepalive_refusal(s, 3) is None, type(keepalive_refusal(s, 2)).__name__
+    (True, 'Fenced')
+    """
+    if epoch < stream.epoch:
+        return Fenced(f"stream {stream.name!r}: epoch {epoch} is fenced by {stream.epoch}",
+                      epoch=epoch, current_epoch=stream.epoch)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class _Recheck:
     epoch: int
@@ -115,20 +197,29 @@ class _Recheck:
 class LeaseTable:
     """The leader's writer leases, and when each stream is due for a look.
 
+    What it costs is bounded by what changes, not by the catalog: a renewal is a dict
+    update; each stream tracked has one entry in a heap of when to look at it next (its
+    lease's end, or its recheck), so a round pops only the streams due; and a sweep
+    looks at ``sweep_max`` streams a round, in turn (every stream on a new term's first
+    round), to find streams this leader has not seen renewed (opened through another
+    node, or before this leadership) and changes the heap does not know of (a new epoch
+    or range). Due streams come out oldest first: the recovery's bounded round reaches
+    every stream in turn.
+
     >>> t = LeaseTable(lease_ms=4_000)
     >>> t.lead(term=3, now_ms=0)
     >>> from estream.wire.meta import RangeMeta
     >>> s = StreamMeta(1, "s", epoch=2, ranges=(RangeMeta(0, 0, None, ()),))
-    >>> t.due([s], now_ms=0)   # first seen: its lease starts now
+    >>> t.due({"s": s}, now_ms=0)   # first seen: its lease starts now
     []
-    >>> t.renew("s", 2, now_ms=3_000)
-    >>> t.due([s], now_ms=6_000), len(t.due([s], now_ms=7_000))
+    >>> t.renew(s, 2, now_ms=3_000)
+    >>> t.due({"s": s}, now_ms=6_000), len(t.due({"s": s}, now_ms=7_000))
     ([], 1)
     >>> t.checked_clean(s, now_ms=7_000)
-    >>> t.due([s], now_ms=7_500), len(t.due([s], now_ms=8_000))
+    >>> t.due({"s": s}, now_ms=7_500), len(t.due({"s": s}, now_ms=8_000))
     ([], 1)
     >>> t.lead(term=4, now_ms=9_000)   # a new leadership: every lease afresh
-    >>> t.due([s], now_ms=9_000), t.due([s], now_ms=12_999), len(t.due([s], now_ms=13_000))
+    >>> t.due({"s": s}, 9_000), t.due({"s": s}, 12_999), len(t.due({"s": s}, 13_000))
     ([], [], 1)
     """
 
@@ -138,72 +229,151 @@ class LeaseTable:
         lease_ms: int = limits.writer_lease_ms,
         recheck_min_ms: int = recheck_ms_min,
         recheck_max_ms: int = recheck_ms_max,
+        sweep_max: int = sweep_streams_max,
     ) -> None:
         self.lease_ms = lease_ms
         self.recheck_min_ms = recheck_min_ms
         self.recheck_max_ms = recheck_max_ms
+        self.sweep_max = sweep_max
         self.term: int | None = None  # the Raft term this node leads in (None: not leader)
-        self._leases: dict[str, Lease] = {}
-        self._rechecks: dict[str, _Recheck] = {}
+        self._leases: dict[int, Lease] = {}  # by stream id
+        self._rechecks: dict[int, _Recheck] = {}
+        self._names: dict[int, str] = {}  # stream id -> name, of the streams tracked
+        self._heap: list[tuple[int, int]] = []  # (when to look, stream id); lazy:
+        self._queued: dict[int, int] = {}  # an entry counts while it is here (id -> when)
+        self._sweep: Iterator[StreamMeta] | None = None  # still to sweep (a snapshot)
+        self._sweep_all = True  # the next round sweeps every stream (a new term)
+
+    def _forget_all(self) -> None:
+        for table in (self._leases, self._rechecks, self._names, self._queued):
+            table.clear()
+        self._heap.clear()
+        self._sweep = None
+        self._sweep_all = True
 
     def lead(self, term: int, now_ms: int) -> None:
         """This node is the leader in ``term``. A new term starts every lease afresh:
         they are not replicated, so a new leader cannot know when a writer last renewed."""
         if term != self.term:
             self.term = term
-            self._leases.clear()
-            self._rechecks.clear()
+            self._forget_all()
 
     def step_down(self) -> None:
         """This node is no longer the leader: forget everything."""
         self.term = None
-        self._leases.clear()
-        self._rechecks.clear()
+        self._forget_all()
 
-    def renew(self, name: str, epoch: int, now_ms: int) -> None:
-        """The writer of ``epoch`` is alive (a keepalive, or the open itself). A renewal
-        by an older epoch than the lease's changes nothing."""
-        lease = self._leases.get(name)
+    def renew(self, stream: StreamMeta, epoch: int, now_ms: int) -> None:
+        """The writer of ``epoch`` of ``stream`` (by its id) is alive (a keepalive, or the
+        open itself). A renewal by an older epoch than the lease's changes nothing."""
+        lease = self._leases.get(stream.id)
         if lease is None or epoch >= lease.epoch:
-            self._leases[name] = Lease(epoch, now_ms)
-            self._rechecks.pop(name, None)
+            self._leases[stream.id] = Lease(epoch, now_ms)
+            self._names[stream.id] = stream.name
+            self._rechecks.pop(stream.id, None)
+            if stream.id not in self._queued:  # (else looked at then, and pushed back)
+                self._push(stream, now_ms + self.lease_ms)
 
-    def lease(self, name: str) -> Lease | None:
-        return self._leases.get(name)
+    def lease(self, stream_id: int) -> Lease | None:
+        return self._leases.get(stream_id)
 
     def expired(self, stream: StreamMeta, now_ms: int) -> bool:
         """Whether the lease of ``stream``'s current epoch ran out. An epoch this leader
         has not seen renewed yet (opened through another node, or before this leadership)
         is given a whole lease from the first time it is asked about."""
-        lease = self._leases.get(stream.name)
+        lease = self._leases.get(stream.id)
         if lease is None or lease.epoch < stream.epoch:
-            self._leases[stream.name] = Lease(stream.epoch, now_ms)
+            self._leases[stream.id] = Lease(stream.epoch, now_ms)
+            self._names[stream.id] = stream.name  # (kept while the stream is)
             return False
         return now_ms - lease.renewed_ms >= self.lease_ms
 
-    def due(self, streams: Iterable[StreamMeta], now_ms: int) -> list[StreamMeta]:
-        """The streams to look at now: opened by a writer at least once, last range open,
-        lease run out, and not found clean at this epoch and range within the back-off.
-        (A stream still at epoch 0 never had a writer: ``open_writer`` takes a new epoch
-        before any append, so nothing can hide in its range.) Forgets streams that are
-        gone."""
+    def due(self, streams: Mapping[str, StreamMeta], now_ms: int, limit: int | None = None
+            ) -> list[StreamMeta]:
+        """The streams to look at now, oldest first: opened by a writer at least once,
+        last range open, lease run out, and not found clean at this epoch and range
+        within the back-off. (A stream still at epoch 0 never had a writer:
+        ``open_writer`` takes a new epoch before any append, so nothing can hide in its
+        range.) ``streams``: the catalog, by name. At most ``limit`` (the rest stay
+        first in line for the next round). A stream returned is due again next round
+        unless :meth:`checked_clean` (or a renewal) puts it off. Forgets streams that
+        are gone."""
+        self._sweep_some(streams, now_ms)
         out: list[StreamMeta] = []
-        present: set[str] = set()
-        for stream in streams:
-            present.add(stream.name)
-            last = stream.last_range
-            if (last is None or last.sealed or stream.epoch == 0
-                    or not self.expired(stream, now_ms)):
+        heap, queued = self._heap, self._queued
+        while heap and heap[0][0] <= now_ms and (limit is None or len(out) < limit):
+            when, stream_id = heappop(heap)
+            if queued.get(stream_id) != when:
+                continue  # superseded by a later push
+            del queued[stream_id]
+            stream = streams.get(self._names.get(stream_id, ""))
+            if stream is None or stream.id != stream_id:
+                self._forget(stream_id)  # deleted (maybe created again: another id)
                 continue
-            recheck = self._rechecks.get(stream.name)
-            if (recheck is not None and (recheck.epoch, recheck.range_index)
-                    == (stream.epoch, last.index) and now_ms < recheck.due_ms):
-                continue
-            out.append(stream)
-        for name in [n for n in self._leases if n not in present]:
-            del self._leases[name]
-            self._rechecks.pop(name, None)
+            at = self._next_look(stream, now_ms)
+            if at is None:
+                continue  # nothing to watch now (the sweep finds it again if that changes)
+            if at <= now_ms:
+                out.append(stream)
+                at = now_ms + 1  # again next round, unless looked at and put off
+            self._push(stream, at)
         return out
+
+    def _sweep_some(self, streams: Mapping[str, StreamMeta], now_ms: int) -> None:
+        """Look at the next ``sweep_max`` streams of the sweep (all of them on a new
+        term's first round): start tracking those not tracked, and move those whose
+        next look changed (a new epoch or range, renewed through another path). A sweep
+        goes over the catalog as it was when it started; once through, the leases of
+        streams gone are forgotten and the next sweep starts on the catalog of then."""
+        budget = len(streams) + 1 if self._sweep_all else self.sweep_max  # (+1: its end)
+        self._sweep_all = False
+        if self._sweep is None:
+            self._sweep = iter(list(streams.values()) if isinstance(streams, dict)
+                               else streams.values())
+        for _ in range(budget):
+            stream = next(self._sweep, None)
+            if stream is None:
+                self._sweep = None
+                self._forget_gone(streams)
+                return
+            # As of the sweep's start: a pop looks at the stream as it is then (and an
+            # entry is left alone here, as the stream may have changed since).
+            at = self._next_look(stream, now_ms)
+            if at is not None and self._queued.get(stream.id) != at:
+                self._push(stream, at)
+
+    def _next_look(self, stream: StreamMeta, now_ms: int) -> int | None:
+        """When ``stream`` is due (at or before ``now_ms``: now), or None while it needs
+        no watching (no open last range, or never opened by a writer)."""
+        last = stream.last_range
+        if last is None or last.sealed or stream.epoch == 0:
+            return None
+        lease = self._leases.get(stream.id)
+        if lease is None or lease.epoch < stream.epoch:
+            lease = self._leases[stream.id] = Lease(stream.epoch, now_ms)  # first seen
+            self._names[stream.id] = stream.name
+        at = lease.renewed_ms + self.lease_ms
+        recheck = self._rechecks.get(stream.id)
+        if recheck is not None and (recheck.epoch, recheck.range_index) == (
+                stream.epoch, last.index):
+            at = max(at, recheck.due_ms)
+        return at
+
+    def _push(self, stream: StreamMeta, at: int) -> None:
+        self._names[stream.id] = stream.name
+        self._queued[stream.id] = at
+        heappush(self._heap, (at, stream.id))
+
+    def _forget(self, stream_id: int) -> None:
+        for table in (self._leases, self._rechecks, self._names, self._queued):
+            table.pop(stream_id, None)
+
+    def _forget_gone(self, streams: Mapping[str, StreamMeta]) -> None:
+        known = set(self._leases) | set(self._names)
+        for stream_id in known:
+            current = streams.get(self._names.get(stream_id, ""))
+            if current is None or current.id != stream_id:
+                self._forget(stream_id)
 
     def checked_clean(self, stream: StreamMeta, now_ms: int, *, max_ms: int | None = None
                       ) -> None:
@@ -211,14 +381,18 @@ class LeaseTable:
         twice as late as last time, up to ``max_ms`` (default ``recheck_max_ms``)."""
         last = stream.last_range
         index = last.index if last is not None else -1
-        old = self._rechecks.get(stream.name)
+        old = self._rechecks.get(stream.id)
         delay = self.recheck_min_ms
         if old is not None and (old.epoch, old.range_index) == (stream.epoch, index):
             delay = min(self.recheck_max_ms if max_ms is None else max_ms, old.delay_ms * 2)
-        self._rechecks[stream.name] = _Recheck(stream.epoch, index, now_ms + delay, delay)
+        self._rechecks[stream.id] = _Recheck(stream.epoch, index, now_ms + delay, delay)
+        at = self._next_look(stream, now_ms)
+        if at is not None:
+            self._push(stream, at)
 
     def hold(self, stream: StreamMeta, epoch: int) -> None:
         """PD itself took ``epoch`` to recover ``stream``: no writer will renew it, so its
         lease is over at once (a recovery that could not finish is tried again next
         round, and a recovered stream is looked at like any other)."""
-        self._leases[stream.name] = Lease(epoch, -self.lease_ms)
+        self._leases[stream.id] = Lease(epoch, -self.lease_ms)
+        self._names[stream.id] = stream.name

@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
+from estream.wire import limits
 from estream.wire.errors import InvalidArgument
 from pd.catalog import (
     expire_keys_max,
@@ -68,6 +69,8 @@ _LISTS: Final[Mapping[str, tuple[int, str]]] = {
     **{name: (servers_in_list_max, "server_id") for name in _SERVER_LISTS},
     "object_keys": (expire_keys_max, "object_key"),
     "members": (pack_members_max, "member"),
+    # PD_WRITERS_KEEPALIVE: [name, stream_id, epoch] per writer of one client
+    "writers": (limits.keepalive_writers_max, "writer"),
 }
 # Integer fields that are offsets, indexes, sizes, counts or ids: never negative.
 _NON_NEGATIVE: Final = frozenset({

@@ -53,6 +53,7 @@ from estream.wire.errors import (
     Timeout,
     Unavailable,
     UnsupportedOpcode,
+    from_wire,
 )
 from estream.wire.limits import raft_port_probe_timeout_s
 from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
@@ -309,14 +310,28 @@ class PDClient:
         body = await self.call(Opcode.PD_OPEN_WRITER, {"name": name})
         return StreamMeta.from_dict(body["stream"])
 
-    async def keepalive_writer(self, name: str, epoch: int) -> tuple[str, ...]:
+    async def keepalive_writer(self, name: str, epoch: int, *, stream_id: int = 0
+                               ) -> tuple[str, ...]:
         """Keep the writer lease of ``name`` at ``epoch`` alive (the PD leader recovers the
         open range of a stream whose writer stopped sending this). Raises ``Fenced`` when
         a newer epoch exists, ``StreamNotFound`` for a deleted stream. Returns the draining
         range servers the open range should roll away from (``"leave"``; pd/drain.py)."""
-        body = await self.call(Opcode.PD_WRITER_KEEPALIVE, {"name": name, "epoch": epoch})
+        body = await self.call(Opcode.PD_WRITER_KEEPALIVE,
+                               _of(stream_id, {"name": name, "epoch": epoch}))
         leave = body.get("leave") or ()
         return tuple(s for s in leave if isinstance(s, str))
+
+    async def keepalive_writers(
+        self, writers: Sequence[tuple[str, int, int]]
+    ) -> list[tuple[str, ...] | EstreamError]:
+        """Keep many writers' leases alive in one request: ``writers`` are ``(name,
+        stream_id, epoch)`` (at most ``limits.keepalive_writers_max``); each is answered
+        in order as :meth:`keepalive_writer` would be, with its ``leave`` or the error
+        refusing it (``Fenced``, ``StreamNotFound``). Raises for the whole request
+        (``UnsupportedOpcode`` from a PD older than ``PD_WRITERS_KEEPALIVE``)."""
+        body = await self.call(Opcode.PD_WRITERS_KEEPALIVE, {
+            "writers": [[name, stream_id, epoch] for name, stream_id, epoch in writers]})
+        return keepalive_answers(body, len(writers))
 
     async def report_object_damage(self, stream_id: int, range_index: int, object_key: str,
                                    reason: str) -> str:
@@ -351,18 +366,21 @@ class PDClient:
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
-        *, known: StreamMeta | None = None,
+        *, known: StreamMeta | None = None, stream_id: int = 0,
     ) -> StreamMeta:
         """Seal range ``range_index`` at ``end`` and open the next (avoiding ``exclude``).
 
         ``known``: this stream as the caller last saw it. PD then answers only the ranges
         from ``range_index`` on, and the ranges before it are taken from ``known`` (as
         fresh as ``known``); if ``known`` does not hold them all (another stream of that
-        name, or fewer ranges), the stream is read again whole."""
-        header: dict[str, Any] = {
+        name, or fewer ranges), the stream is read again whole.
+
+        ``stream_id`` (default: ``known``'s id): PD seals only that incarnation of
+        ``name``, else ``StreamNotFound`` (the stream was deleted and created again)."""
+        header = _of(stream_id or (known.id if known is not None else 0), {
             "name": name, "epoch": epoch, "range_index": range_index, "end": end,
             "exclude": list(exclude),
-        }
+        })
         if known is not None:
             header["ranges_from"] = range_index
         body = await self.call(Opcode.PD_SEAL_RANGE, header)
@@ -373,16 +391,18 @@ class PDClient:
         merged = with_earlier_ranges(stream, known, range_index, omitted)
         return merged if merged is not None else await self.describe_stream(name)
 
-    async def trim_stream(self, name: str, start_offset: int) -> StreamMeta:
-        body = await self.call(Opcode.PD_TRIM_STREAM, {"name": name, "start_offset": start_offset})
+    async def trim_stream(self, name: str, start_offset: int, *, stream_id: int = 0
+                          ) -> StreamMeta:
+        body = await self.call(Opcode.PD_TRIM_STREAM,
+                               _of(stream_id, {"name": name, "start_offset": start_offset}))
         return StreamMeta.from_dict(body["stream"])
 
     async def update_replicas(
         self, name: str, range_index: int, replica_ids: Sequence[str],
-        expected: Sequence[str] = (),
+        expected: Sequence[str] = (), *, stream_id: int = 0,
     ) -> StreamMeta:
-        header: dict[str, Any] = {
-            "name": name, "range_index": range_index, "replicas": list(replica_ids)}
+        header = _of(stream_id, {
+            "name": name, "range_index": range_index, "replicas": list(replica_ids)})
         if expected:
             header["expected"] = list(expected)  # compare-and-set (repair)
         body = await self.call(Opcode.PD_UPDATE_REPLICAS, header)
@@ -450,6 +470,36 @@ class PDClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def keepalive_answers(body: Header, count: int) -> list[tuple[str, ...] | EstreamError]:
+    """The per-writer answers of a ``PD_WRITERS_KEEPALIVE`` answer to ``count`` writers
+    (sparse: ``"leave"`` and ``"errors"`` name the writers by index; every other one was
+    renewed). Pure.
+
+    >>> keepalive_answers({"count": 3, "leave": [[2, ["rs1"]]], "errors": []}, 3)
+    [(), (), ('rs1',)]
+    """
+    if body.get("count") != count:
+        raise EstreamError(f"malformed keepalive answer for {count} writers")
+    out: list[tuple[str, ...] | EstreamError] = [()] * count
+    for item in body.get("leave") or ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) \
+                and 0 <= item[0] < count and isinstance(item[1], list):
+            out[item[0]] = tuple(s for s in item[1] if isinstance(s, str))
+    for item in body.get("errors") or ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) \
+                and 0 <= item[0] < count:
+            out[item[0]] = from_wire(item[1])
+    return out
+
+
+def _of(stream_id: int, header: dict[str, Any]) -> dict[str, Any]:
+    """``header`` naming the incarnation ``stream_id`` of its stream (0: by name alone,
+    the field left out as older clients do)."""
+    if stream_id > 0:
+        header["stream_id"] = stream_id
+    return header
 
 
 def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,

@@ -2,7 +2,9 @@
 
 ``client = await estream.connect("h:p,h:p,h:p")`` gives a :class:`Client` that talks to
 the placement driver through :class:`~estream.net.pdclient.PDClient` (any node; it follows the
-leader), caches stream metadata, and keeps one multiplexed connection per range server
+leader), caches stream metadata (by name, checked by id: a stream deleted and created
+again is another stream, see :meth:`Client.forget_stream` and :mod:`estream.sdk.reader`),
+and keeps one multiplexed connection per range server
 (:class:`~estream.net.rpc.ConnectionPool`) shared by its writers and readers. Every network
 wait has a timeout; errors are the typed :mod:`estream.wire.errors` classes, with ``retriable``.
 
@@ -23,6 +25,7 @@ from estream.net.pdclient import PDClient
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.net.security import client_context
+from estream.sdk.leases import LeaseKeeper
 from estream.sdk.reader import (
     ObjectReads,
     ObjectReadStats,
@@ -42,6 +45,7 @@ from estream.wire.errors import (
     InvalidArgument,
     OffsetOutOfRange,
     StreamExists,
+    StreamNotFound,
     Unauthenticated,
     Unavailable,
 )
@@ -92,6 +96,7 @@ class Client:
         self.timeout_s = timeout_s
         self._streams: dict[str, StreamMeta] = {}
         self._writers: list[Writer] = []
+        self.leases = LeaseKeeper(self.pd)  # every writer's keepalive, in one request
         self._closed = False
         # The cluster secret that per-stream MAC keys derive from (hmac-sha256 digests);
         # never sent anywhere. Default: the ESTREAM_SECRET environment variable.
@@ -177,12 +182,14 @@ class Client:
         confirmed end (it would drop records not written yet; PD alone cannot tell, as
         only the range servers know where the open range ends)."""
         end = await self.end_offset(name)
+        checked = await self.stream_meta(name)  # (just read by end_offset)
         if start_offset > end:
             raise OffsetOutOfRange(
                 f"cannot trim stream {name!r} to {start_offset}: its end is {end}",
-                offset=start_offset, start=(await self.stream_meta(name)).start_offset, end=end,
+                offset=start_offset, start=checked.start_offset, end=end,
             )
-        meta = await self.pd.trim_stream(name, start_offset)
+        # Only the stream whose end was checked: not one created again meanwhile.
+        meta = await self.pd.trim_stream(name, start_offset, stream_id=checked.id)
         self._streams[name] = meta
         return meta
 
@@ -263,10 +270,22 @@ class Client:
         if meta is not None and offset is not None and not meta.holds_offset(offset):
             meta = None
         if meta is None:
-            meta = await self.pd.describe_stream(name, offset=offset)
+            try:
+                meta = await self.pd.describe_stream(name, offset=offset)
+            except StreamNotFound:
+                self._streams.pop(name, None)
+                raise
             if not meta.ranges_more:
                 self._streams[name] = meta
         return meta
+
+    def forget_stream(self, name: str, stream_id: int) -> None:
+        """Drop the cached metadata of stream ``stream_id`` (named ``name``): it was
+        deleted, maybe created again (another id), and the next lookup asks PD. A cached
+        entry of another id (already the new stream) is kept."""
+        cached = self._streams.get(name)
+        if cached is not None and cached.id == stream_id:
+            del self._streams[name]
 
     # -- writing and reading --------------------------------------------------------------
 
@@ -411,6 +430,7 @@ class Client:
                 await asyncio.wait_for(writer.close(), self.timeout_s)
             except (TimeoutError, EstreamError):
                 pass
+        await self.leases.close()
         if self._object_reads is not None:
             await self._object_reads.close()  # the GETs of windows read ahead
         for task in list(self._reports):

@@ -7,7 +7,12 @@ stream's metadata, clipping a sealed range at the catalog's end, the object tier
 cursor's; this module carries out its steps: PD lookups through the client's metadata
 cache, READ requests (each with a timeout) whose batches are verified as they are decoded
 (:func:`estream.wire.record.decode_batch`: a checksum mismatch fails that replica's
-answer), reads from the object store, and sleeps.
+answer), reads from the object store, and sleeps. A read is of one stream id (the first
+metadata it looks at): once a refresh shows the name is another stream's (deleted and
+created again), it ends with ``StreamNotFound`` (:func:`check_incarnation`) rather than
+going on at its offsets in the new stream, and a tail of the deleted stream ends too; a
+plain read that has delivered nothing yet (it began from a stale cached view) starts
+over on the new stream instead (:func:`read_again`).
 
 :func:`read_stream_batches` is the same read by batch: :class:`BatchColumns` (columns,
 no object per record) for batch consumers; :func:`read_stream_views` hands over the
@@ -54,6 +59,7 @@ from estream.wire.errors import (
     MalformedObject,
     ObjectStoreError,
     ReplicaDamaged,
+    StreamNotFound,
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
@@ -80,6 +86,7 @@ read_ahead_windows: Final = 2  # windows a catch-up read keeps fetching ahead of
 read_ahead_max: Final = 4  # windows of object reads fetched ahead, pending at once (in all)
 damage_report_interval_s: Final = 30.0  # one report of a damaged object per key and this
 damage_keys_max: Final = 1_024  # keys remembered as reported (the oldest forgotten)
+incarnation_restarts_max: Final = 1  # a plain read starts over on a stream created again
 GET_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                         5.0, 10.0)
 
@@ -241,6 +248,9 @@ async def _read_answers(
     items: list[T] = []
     reply: Any = None
     error: EstreamError | None = None
+    stream_id = 0  # the incarnation read (a name is reused once deleted)
+    delivered = False
+    restarts = 0
     while True:
         try:
             step = steps.send(reply) if error is None else steps.throw(error)
@@ -248,6 +258,7 @@ async def _read_answers(
             return
         reply, error = None, None
         if isinstance(step, Deliver):
+            delivered = True
             yield items
             items = []
             continue
@@ -255,6 +266,14 @@ async def _read_answers(
             if isinstance(step, Describe):
                 reply = await client.stream_meta(name, refresh=step.refresh,
                                                  offset=step.offset)
+                stream_id = stream_id or reply.id
+                if reply.id != stream_id:  # deleted and created again
+                    if not read_again(follow, delivered, restarts):
+                        break  # the read ends (below), not skipped
+                    steps.close()
+                    steps = ReadCursor(name, start, end, follow, preferred).steps()
+                    stream_id, reply, restarts = reply.id, None, restarts + 1
+                    continue
                 client.stream_key(reply)  # DigestKeyMissing at once, not after retries
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.ms / 1000)
@@ -264,6 +283,31 @@ async def _read_answers(
                 items, reply = await _read_object(client, step, decoding)
         except EstreamError as exc:
             error = exc
+    steps.close()
+    check_incarnation(name, stream_id, reply)
+
+
+def read_again(follow: bool, delivered: bool, restarts: int) -> bool:
+    """Whether a read that finds its stream's name is another stream's now starts over
+    on the new one: only a plain read (not a tail) that delivered nothing yet (it began
+    from a cached view older than a delete and create), and once. Any other ends with
+    ``StreamNotFound`` (:func:`check_incarnation`). Pure.
+
+    >>> read_again(False, False, 0), read_again(True, False, 0), read_again(False, True, 0)
+    (True, False, False)
+    """
+    return not follow and not delivered and restarts < incarnation_restarts_max
+
+
+def check_incarnation(name: str, stream_id: int, meta: StreamMeta) -> None:
+    """A read of stream ``stream_id`` ends with ``StreamNotFound`` once the name is
+    another stream's (deleted and created again): it never goes on into the new stream
+    (its offsets mean other records), and a tail of the deleted one ends instead of
+    waiting forever. Pure."""
+    if meta.id != stream_id:
+        raise StreamNotFound(
+            f"stream {name!r} (id {stream_id}) not found: the name is stream id {meta.id} "
+            "now (deleted and created again)", stream=name)
 
 
 def check_digests(

@@ -31,8 +31,12 @@ What the driver adds around the core, all bounded in time:
   live replicas answered a CONFIRM carrying the final confirm offset (range servers log it
   durably before answering), so a closed writer's last records stay visible after a
   whole-cluster crash.
-- **Writer lease.** A background task sends PD ``keepalive_writer`` every
-  ``limits.writer_keepalive_ms``; ``Fenced`` or ``StreamNotFound`` fences the writer.
+- **Writer lease.** The client's :class:`~estream.sdk.leases.LeaseKeeper` renews the
+  leases of all its writers in one PD request every ``limits.writer_keepalive_ms``;
+  ``Fenced`` or ``StreamNotFound`` fences the writer.
+  Every PD request after the open names the stream's id as well as its name (keepalive,
+  seal): a stream deleted and created again under the same name is another stream, which
+  this writer never renews, seals or writes into (PD answers ``StreamNotFound``).
 
 Side effects: network requests (through the client's connection pool) and timers.
 """
@@ -186,7 +190,6 @@ class Writer:
         # The roll's decisions: suspects, backoff, the sequence (estream/core/roll.py).
         self._roller = Roller(RollConfig(meta.replicas), self._now)
         self._roll_attempts: asyncio.Task[None] | None = None
-        self._keepalive: asyncio.Task[None] | None = None
         # Durable confirms of the open range: replica -> highest CONFIRM it answered.
         self._confirmed: dict[str, int] = {}
         self._confirm_asked = 0  # highest confirm sent to the open range
@@ -228,7 +231,7 @@ class Writer:
             except BaseException:
                 await writer.close()
                 raise
-        writer._keepalive = asyncio.ensure_future(writer._keep_lease())
+        client.leases.add(writer)  # one keepalive per client, for all its writers
         return writer
 
     async def _recover_producer(self, producer_id: str, deadline: float) -> None:
@@ -762,9 +765,9 @@ class Writer:
         self._stop_background()
 
     def _stop_background(self) -> None:
-        for task in (self._keepalive, self._roll_attempts):
-            if task is not None and not task.done():
-                task.cancel()
+        task = self._roll_attempts
+        if task is not None and not task.done():
+            task.cancel()
 
     def _run(self, effects: list[Effect]) -> None:
         """Carry out the core's effects, then re-arm the timer."""
@@ -1044,25 +1047,31 @@ class Writer:
 
     # -- internals: the writer lease ------------------------------------------------------
 
-    async def _keep_lease(self) -> None:
-        """PD keepalive every ``limits.writer_keepalive_ms``. ``Fenced`` or
-        ``StreamNotFound`` fences the writer; other errors are ignored (PD may be down:
-        appends do not need it)."""
-        pd = self._client.pd
+    def lease(self) -> tuple[str, int, int] | None:
+        """What the client's :class:`~estream.sdk.leases.LeaseKeeper` renews for this
+        writer (name, stream id, epoch); None once closed or failed."""
+        if self._closed or self._error is not None:
+            return None
+        return self.stream.name, self.stream.id, self.epoch
+
+    def on_keepalive(self, answer: tuple[str, ...] | EstreamError) -> None:
+        """PD's answer to this writer's keepalive. ``Fenced`` or ``StreamNotFound``
+        fences the writer; other errors are ignored (PD may be down: appends do not need
+        it); draining servers are rolled away from."""
         name = self.stream.name
-        while not self._closed and self._error is None:
-            await asyncio.sleep(limits.writer_keepalive_ms / 1000)
-            try:
-                leave = await pd.keepalive_writer(name, self.epoch)
-            except (Fenced, StreamNotFound) as exc:
-                fenced = exc if isinstance(exc, Fenced) else Fenced(f"stream {name!r}: {exc}")
-                log.warning("writer of stream %r fenced by PD: %s", name, exc)
-                self._fail_writer(fenced)
+        if isinstance(answer, (Fenced, StreamNotFound)):
+            if self._closed or self._error is not None:
                 return
-            except EstreamError:
-                continue
-            if leave:
-                self._leave(leave)
+            fenced = (answer if isinstance(answer, Fenced)
+                      else Fenced(f"stream {name!r}: {answer}"))
+            log.warning("writer of stream %r fenced by PD: %s", name, answer)
+            if isinstance(answer, StreamNotFound):
+                self._client.forget_stream(name, self.stream.id)  # deleted (maybe created again)
+            self._fail_writer(fenced)
+        elif isinstance(answer, EstreamError):
+            return
+        elif answer:
+            self._leave(answer)
 
     def _leave(self, servers: Sequence[str]) -> None:
         """PD drains ``servers`` (pd/drain.py): the open range rolls away from them. Each

@@ -68,6 +68,7 @@ roll_backoff_ms_max: Final = 4_000  # ... doubling up to this (a few ranges per 
 # open range whose writer's lease ran out (a dead writer's acknowledged tail gets visible).
 writer_keepalive_ms: Final = 1_000
 writer_lease_ms: Final = 4_000
+keepalive_writers_max: Final = 4_096  # writers renewed by one PD_WRITERS_KEEPALIVE request
 
 # Timeouts.
 request_timeout_ms: Final = 5_000

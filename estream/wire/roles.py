@@ -64,6 +64,7 @@ PD_OPCODE_ACTIONS: Final[Mapping[int, Action]] = {
     Opcode.PD_OPEN_WRITER: Action.WRITE,
     Opcode.PD_SEAL_RANGE: Action.WRITE,
     Opcode.PD_WRITER_KEEPALIVE: Action.WRITE,
+    Opcode.PD_WRITERS_KEEPALIVE: Action.WRITE,
     Opcode.PD_COMMIT_CURSOR: Action.WRITE,
     Opcode.PD_DELETE_CURSOR: Action.WRITE,
     Opcode.PD_SET_RETENTION: Action.WRITE,

@@ -102,7 +102,7 @@ class Drainer:
         if result.kept:  # empty, fenced at PD's epoch: seal it at its start
             try:
                 await self.service.seal_range(stream.name, result.meta.epoch, last.index,
-                                              last.start, ())
+                                              last.start, (), stream.id)
             except (Fenced, RangeSealed) as exc:
                 log.info("stream %r: not sealed, a writer came: %s", stream.name, exc)
                 return 0

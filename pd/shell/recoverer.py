@@ -16,6 +16,11 @@ streams whose writer lease ran out, asks their open range's replicas ``DESCRIBE_
    record the seal in PD (``seal_range`` of this service, placing the next range), then
    SEAL the holders.
 
+Every step names the stream's id as well as its name (the lease table, PD's epochs here,
+the compare-and-set new epoch, the seal): a stream deleted and created again under the
+same name meanwhile is another stream, answered ``StreamNotFound`` (``superseded``), never
+recovered or fenced for the old one's lease.
+
 ``Unavailable`` (too few sound replicas now, a copy failed) leaves the range fenced at
 PD's epoch; it is tried again with the same epoch after a back-off (1 s doubling up to
 ``pd.lease.retry_ms_max``, 4 s). The range being recovered is
@@ -47,6 +52,7 @@ from estream.wire.errors import (
     Fenced,
     NoPlacement,
     RangeSealed,
+    StreamNotFound,
     Unavailable,
 )
 from estream.wire.meta import StreamMeta
@@ -84,7 +90,7 @@ class Recoverer:
         self.clock_ms = clock_ms
         self.busy: set[RangeKey] = set() if busy is None else busy  # shared (repair, reclaim)
         self.pool = ConnectionPool()
-        self.pd_epochs: dict[str, int] = {}  # the epoch this leader took to recover a stream
+        self.pd_epochs: dict[int, int] = {}  # stream id -> the epoch this leader took
 
     async def run(self) -> None:
         """Forever (until cancelled): a round every ``interval_ms`` while leader."""
@@ -104,8 +110,9 @@ class Recoverer:
         service.leases.lead(service.raft.status().term, self.clock_ms())
         if not service.raft.caught_up():
             return []  # a new leader still applying the log: its catalog may be behind
-        due = service.leases.due(service.view().streams.values(), self.clock_ms())
-        looked = await asyncio.gather(*(self.look(s) for s in due[:checks_per_round_max]))
+        due = service.leases.due(service.view().streams, self.clock_ms(),
+                                 limit=checks_per_round_max)  # oldest first: all in turn
+        looked = await asyncio.gather(*(self.look(s) for s in due))
         return [r for r in looked if r is not None]
 
     async def look(self, stream: StreamMeta) -> RecoveryResult | None:
@@ -125,7 +132,8 @@ class Recoverer:
         task works on it."""
         current = self.service.view().streams.get(stream.name)
         last = stream.last_range
-        if (current is None or last is None or current.epoch != stream.epoch
+        if (current is None or last is None or current.id != stream.id
+                or current.epoch != stream.epoch
                 or current.last_range != last
                 or not self.service.leases.expired(current, self.clock_ms())):
             return None
@@ -144,54 +152,55 @@ class Recoverer:
         assert last is not None
         try:
             meta = stream
-            if self.pd_epochs.get(name) != stream.epoch:
-                meta = await service.open_writer(name, expected_epoch=stream.epoch)
-                self.pd_epochs[name] = meta.epoch
+            if self.pd_epochs.get(stream.id) != stream.epoch:
+                meta = await service.open_writer(name, expected_epoch=stream.epoch,
+                                                 stream_id=stream.id)
+                self.pd_epochs[stream.id] = meta.epoch
             service.leases.hold(meta, meta.epoch)  # no writer renews PD's own epoch
             log.warning("stream %r: the writer's lease ran out with records hidden in open "
                         "range %d; recovering it at epoch %d", name, last.index, meta.epoch)
             result = await recover_range(ReplicaClient(self.pool, meta.epoch,
                                                        digest=meta.digest), meta,
-                                         self._sealer(name, meta.epoch))
-        except (Conflict, Fenced, RangeSealed) as exc:
+                                         self._sealer(name, stream.id, meta.epoch))
+        except (Conflict, Fenced, RangeSealed, StreamNotFound) as exc:
             self._count("superseded")  # a writer opened (or sealed) meanwhile: its business
             log.info("stream %r: recovery not needed any more: %s", name, exc)
             return None
         except (Unavailable, NoPlacement) as exc:
             self._count("unavailable")
-            self._retry_later(name)
+            self._retry_later(stream)
             log.warning("stream %r: cannot recover open range %d now (tried again soon): %s",
                         name, last.index, exc)
             return None
         except EstreamError as exc:
             self._count("failed")
-            self._retry_later(name)
+            self._retry_later(stream)
             log.warning("stream %r: recovery of open range %d failed: %s", name, last.index,
                         exc)
             return None
         outcome = "kept" if result.kept else "sealed"
         self._count(outcome)
-        self.pd_epochs.pop(name, None)
+        self.pd_epochs.pop(stream.id, None)
         service.leases.checked_clean(result.meta, self.clock_ms())
         log.warning("stream %r: open range %d recovered (%s at %d, held by %s)", name,
                     last.index, outcome, result.end, list(result.holders))
         return result
 
-    def _retry_later(self, name: str) -> None:
+    def _retry_later(self, stream: StreamMeta) -> None:
         """Try again after a back-off (1 s doubling up to ``retry_ms_max``), not every
         round: the replicas may take a while to come back."""
-        current = self.service.view().streams.get(name)
-        if current is not None:
+        current = self.service.view().streams.get(stream.name)
+        if current is not None and current.id == stream.id:
             self.service.leases.checked_clean(current, self.clock_ms(), max_ms=retry_ms_max)
 
     def _count(self, outcome: str) -> None:
         self.service.metrics.count(WRITER_RECOVERIES_TOTAL, WRITER_RECOVERIES_HELP,
                                    outcome=outcome)
 
-    def _sealer(self, name: str, epoch: int) -> SealInPdCall:
+    def _sealer(self, name: str, stream_id: int, epoch: int) -> SealInPdCall:
         async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...]) -> StreamMeta:
             # Without a placement avoiding ``exclude`` the recovery asks once more without
             # exclusions (estream/core/recovery.py): the next writer runs it degraded.
-            return await self.service.seal_range(name, epoch, index, end, exclude)
+            return await self.service.seal_range(name, epoch, index, end, exclude, stream_id)
 
         return seal_in_pd

@@ -233,7 +233,8 @@ class Repairer:
                 stream = self.service.view().stream(task.stream)
             else:
                 stream = await self.service.update_replicas(
-                    task.stream, task.range_index, task.new_replicas, expected=task.replicas)
+                    task.stream, task.range_index, task.new_replicas, expected=task.replicas,
+                    stream_id=task.stream_id)
         except _TargetFailed as exc:
             self.avoid.setdefault(task.key, set()).add(target)
             return self._failed(task, exc.cause, f"target {target}")

@@ -154,7 +154,7 @@ class Retainer:
         try:
             await self.service.raft.propose(RecordRangeStats(
                 stream.name, rng.index, rng.end, stats.min_timestamp, stats.max_timestamp,
-                stats.size_bytes))
+                stats.size_bytes, stream.id))
         except (Conflict, RangeNotFound, StreamNotFound):
             return False  # trimmed, deleted or changed meanwhile
         return True
@@ -197,7 +197,8 @@ class Retainer:
             if plan.start_offset is None:
                 continue
             try:
-                await self.service.raft.propose(TrimStream(stream.name, plan.start_offset))
+                await self.service.raft.propose(TrimStream(stream.name, plan.start_offset,
+                                                                 stream.id))
             except StreamNotFound:
                 continue
             log.info("retention trimmed %d ranges of stream %r (start %d -> %d)%s",

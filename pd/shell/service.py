@@ -44,7 +44,6 @@ from estream.net.rpc import (
 from estream.wire.errors import (
     Conflict,
     EstreamError,
-    Fenced,
     InvalidArgument,
     NotLeader,
     OffsetOutOfRange,
@@ -74,7 +73,13 @@ from pd.commands import (
     UpdateReplicas,
 )
 from pd.drain import forget_refusal, leave_servers, replica_counts, server_state
-from pd.lease import LeaseTable
+from pd.lease import (
+    Keepalive,
+    LeaseTable,
+    keepalive_answer,
+    keepalive_refusal,
+    parse_keepalives,
+)
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import REASONS, DamageReport
@@ -327,9 +332,10 @@ class PdService:
             stream = (await self._decision_view()).stream(name)
             try:
                 if stream.epoch > 0:
-                    stream = await self.open_writer(name, expected_epoch=stream.epoch)
+                    stream = await self.open_writer(name, expected_epoch=stream.epoch,
+                                                    stream_id=stream.id)
                     await self._fence_open_range(stream)
-                await self.raft.propose(DeleteStream(name, stream.epoch))
+                await self.raft.propose(DeleteStream(name, stream.epoch, stream.id))
                 return
             except Conflict:
                 continue  # a writer opened meanwhile: fence it too
@@ -350,44 +356,76 @@ class PdService:
                 f"fenced ({needed} needed, so that no earlier writer's append can still be "
                 f"acknowledged); {failures}")
 
-    async def open_writer(self, name: str, *, expected_epoch: int = -1) -> StreamMeta:
+    async def open_writer(self, name: str, *, expected_epoch: int = -1, stream_id: int = 0
+                          ) -> StreamMeta:
         """A new epoch for ``name`` (with ``expected_epoch``: only if it is still that
-        one). On the leader, the new epoch's writer lease starts now."""
-        stream = _stream(await self.raft.propose(OpenWriter(name, expected_epoch)))
+        one; with ``stream_id``: only of that incarnation). On the leader, the new
+        epoch's writer lease starts now."""
+        stream = _stream(await self.raft.propose(OpenWriter(name, expected_epoch, stream_id)))
         status = self.raft.status()
         if status.role == "leader":
             now = self.clock_ms()
             self.leases.lead(status.term, now)
-            self.leases.renew(name, stream.epoch, now)
+            self.leases.renew(stream, stream.epoch, now)
         return stream
 
-    async def keepalive_writer(self, name: str, epoch: int) -> tuple[str, ...]:
+    async def keepalive_writer(self, name: str, epoch: int, stream_id: int = 0
+                               ) -> tuple[str, ...]:
         """The writer of ``epoch`` is alive: renew its lease (leader only; the table is
-        not replicated). Fenced when a newer epoch exists, StreamNotFound once deleted.
+        not replicated). Fenced when a newer epoch exists, StreamNotFound once deleted,
+        and (with ``stream_id``) once the name is another stream's (deleted and created
+        again: the old writer's lease never renews the new stream's).
         Returns the draining servers its open range should roll away from
         (:func:`pd.drain.leave_servers`), only when a range could be placed without them
         (else the writer would run degraded for nothing)."""
+        (answer,) = await self.keepalive_writers([Keepalive(name, stream_id, epoch)])
+        if isinstance(answer, EstreamError):
+            raise answer
+        return answer
+
+    async def keepalive_writers(
+        self, writers: Sequence[Keepalive]
+    ) -> list[tuple[str, ...] | EstreamError]:
+        """:meth:`keepalive_writer` for many writers at once (``PD_WRITERS_KEEPALIVE``: a
+        client renews all its writers in one request per interval, so leases cost PD
+        O(clients) requests, not O(writers)): each answered in order, its ``leave`` or
+        the error refusing it. NotLeader or Unavailable refuse the whole request."""
         status = self._require_leading("writer leases are kept by the leader")
         # Caught up first: a new leader still applying the log could miss the stream
         # (and StreamNotFound fences the writer).
-        stream = (await self._decision_view()).stream(name)
-        if epoch < stream.epoch:
-            raise Fenced(f"stream {name!r}: epoch {epoch} is fenced by {stream.epoch}",
-                         epoch=epoch, current_epoch=stream.epoch)
+        view = await self._decision_view()
         now = self.clock_ms()
         self.leases.lead(status.term, now)
-        self.leases.renew(name, epoch, now)
-        view = self.view()
-        leave = leave_servers(stream, view.draining)
-        if leave and sum(1 for c in self._candidates(view) if c.alive) < stream.replicas:
-            return ()
-        return leave
+        alive: int | None = None  # live servers, counted once if any writer must leave
+        out: list[tuple[str, ...] | EstreamError] = []
+        for writer in writers:
+            try:
+                stream = view.stream(writer.name, writer.stream_id)
+            except EstreamError as exc:
+                out.append(exc)
+                continue
+            refusal = keepalive_refusal(stream, writer.epoch)
+            if refusal is not None:
+                out.append(refusal)
+                continue
+            self.leases.renew(stream, writer.epoch, now)
+            leave = leave_servers(stream, view.draining) if view.draining else ()
+            if leave:
+                if alive is None:
+                    alive = sum(1 for c in self._candidates(view) if c.alive)
+                if alive < stream.replicas:
+                    leave = ()
+            out.append(leave)
+        return out
 
     async def seal_range(
-        self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = ()
+        self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
+        stream_id: int = 0,
     ) -> StreamMeta:
+        """Seal range ``range_index`` at ``end`` and place the next one (avoiding
+        ``exclude``); with ``stream_id``, only of that incarnation (StreamNotFound)."""
         view = await self._decision_view()
-        stream = view.stream(name)
+        stream = view.stream(name, stream_id)
         current = stream.last_range
         if current is not None and current.index != range_index:
             # A retry of a seal that landed (or a stale request): the catalog decides.
@@ -398,14 +436,16 @@ class PdService:
                 self._candidates(view), stream.replicas, hints=stream.hints, exclude=exclude
             )
         return _stream(await self.raft.propose(
-            SealRange(name, epoch, range_index, end, placement)))
+            SealRange(name, epoch, range_index, end, placement, stream_id)))
 
-    async def trim_stream(self, name: str, start_offset: int) -> StreamMeta:
+    async def trim_stream(self, name: str, start_offset: int, stream_id: int = 0
+                          ) -> StreamMeta:
         """Move the stream's start to ``start_offset``; never past what readers can read
         (the sealed end of the last range, or the most a sound replica of the open one
         serves): records below the start are gone for readers, so an acknowledged record
-        must never land there. Past it: InvalidArgument, nothing changes."""
-        stream = (await self._decision_view()).stream(name)
+        must never land there. Past it: InvalidArgument, nothing changes. With
+        ``stream_id``: only that incarnation of ``name`` (StreamNotFound)."""
+        stream = (await self._decision_view()).stream(name, stream_id)
         last = stream.last_range
         if start_offset > stream.start_offset and last is not None:
             answers = {} if last.sealed else await rangeops.describe(self.pool, stream, last)
@@ -414,7 +454,7 @@ class PdService:
                 raise InvalidArgument(
                     f"cannot trim stream {name!r} to {start_offset}: readers can read up to "
                     f"{end} only", argument="start_offset")
-        return _stream(await self.raft.propose(TrimStream(name, start_offset)))
+        return _stream(await self.raft.propose(TrimStream(name, start_offset, stream.id)))
 
     async def readable_end(self, stream: StreamMeta, *, timeout_s: float = 1.0) -> int:
         """What readers can read of ``stream`` now: its last range's sealed end, or the
@@ -472,11 +512,14 @@ class PdService:
         return await self.readable_end(stream), cursors
 
     async def update_replicas(
-        self, name: str, range_index: int, replicas: Sequence[str], expected: Sequence[str] = ()
+        self, name: str, range_index: int, replicas: Sequence[str], expected: Sequence[str] = (),
+        stream_id: int = 0,
     ) -> StreamMeta:
         """Replace a sealed range's replicas (repair); with ``expected``, only if they are
-        still exactly those (compare-and-set)."""
-        command = UpdateReplicas(name, range_index, tuple(replicas), tuple(expected))
+        still exactly those (compare-and-set); with ``stream_id``, only of that
+        incarnation of ``name`` (StreamNotFound)."""
+        command = UpdateReplicas(name, range_index, tuple(replicas), tuple(expected),
+                                 stream_id)
         return _stream(await self.raft.propose(command))
 
     async def register_server(self, server_id: str, address: str, storage_class: str) -> ServerInfo:
@@ -573,6 +616,7 @@ class PdService:
             Opcode.PD_CLUSTER: self._rpc_cluster,
             Opcode.PD_UPDATE_REPLICAS: self._rpc_update_replicas,
             Opcode.PD_WRITER_KEEPALIVE: self._rpc_keepalive,
+            Opcode.PD_WRITERS_KEEPALIVE: self._rpc_keepalives,
             Opcode.PD_COMMIT_CURSOR: self._rpc_commit_cursor,
             Opcode.PD_LIST_CURSORS: self._rpc_list_cursors,
             Opcode.PD_TIME_RANGES: self._rpc_time_ranges,
@@ -679,13 +723,14 @@ class PdService:
         ranges_from = optional(h, "ranges_from", int, -1)
         stream = await self.seal_range(
             require(h, "name", str), require(h, "epoch", int), require(h, "range_index", int),
-            require(h, "end", int), _str_list(h, "exclude"))
+            require(h, "end", int), _str_list(h, "exclude"), _stream_id(h))
         if ranges_from < 0:
             return {"stream": ranges_window(stream).to_dict()}
         return stream_tail(stream, ranges_from)
 
     async def _rpc_trim(self, h: Header) -> Header:
-        stream = await self.trim_stream(require(h, "name", str), require(h, "start_offset", int))
+        stream = await self.trim_stream(require(h, "name", str), require(h, "start_offset", int),
+                                        _stream_id(h))
         return {"stream": ranges_window(stream).to_dict()}
 
     async def _rpc_servers(self, h: Header) -> Header:
@@ -695,8 +740,13 @@ class PdService:
         return self.cluster()
 
     async def _rpc_keepalive(self, h: Header) -> Header:
-        leave = await self.keepalive_writer(require(h, "name", str), require(h, "epoch", int))
+        leave = await self.keepalive_writer(require(h, "name", str), require(h, "epoch", int),
+                                            _stream_id(h))
         return {"leave": list(leave)} if leave else {}
+
+    async def _rpc_keepalives(self, h: Header) -> Header:
+        return keepalive_answer(
+            await self.keepalive_writers(parse_keepalives(require(h, "writers", list))))
 
     async def _rpc_drain(self, h: Header) -> Header:
         server = await self.drain_server(require(h, "server_id", str),
@@ -747,7 +797,7 @@ class PdService:
         replicas = _str_list(h, "replicas")
         stream = await self.update_replicas(
             require(h, "name", str), require(h, "range_index", int), replicas,
-            _str_list(h, "expected"))
+            _str_list(h, "expected"), _stream_id(h))
         return {"stream": ranges_window(stream).to_dict()}
 
 
@@ -847,6 +897,15 @@ def _opt_int(h: Header, name: str) -> int | None:
     value = h.get(name)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
         raise InvalidArgument(f"field {name!r} must be an integer", argument=name)
+    return value
+
+
+def _stream_id(h: Header) -> int:
+    """A request's optional ``stream_id``: the incarnation of ``name`` it acts on (a name
+    is reused once deleted); absent or 0, the stream by name alone (older clients)."""
+    value: int = optional(h, "stream_id", int, 0)
+    if isinstance(value, bool) or value < 0:
+        raise InvalidArgument("field 'stream_id' must be an integer >= 0", argument="stream_id")
     return value
 
 

@@ -21,6 +21,7 @@ from pd.commands import (
     CreateStream,
     DeleteStream,
     OpenWriter,
+    RecordRangeStats,
     RegisterPdNode,
     RegisterServer,
     SealRange,
@@ -289,3 +290,40 @@ def test_open_range_counts_follow_every_change(catalog: Catalog) -> None:
         assert catalog.view().open_ranges_by_server() == naive_open_ranges(catalog)
     restored = Catalog.restore(catalog.snapshot())
     assert restored.view().open_ranges_by_server() == naive_open_ranges(catalog)
+
+
+def test_commands_naming_another_incarnation_are_refused_as_stream_not_found(
+    catalog: Catalog,
+) -> None:
+    """Issue 27: a name deleted and created again is a new stream. A command naming the
+    old stream's id never acts on the new one (the old writer's seal at an epoch the new
+    stream also reached, a recovery's compare-and-set epoch, a repair, a trim, the
+    delete's compare-and-set), and nothing changes; the new id, or none (an older
+    client, a command journaled before the field), acts as always."""
+    old = stream(catalog.apply(create()))
+    catalog.apply(OpenWriter("orders", stream_id=old.id))
+    catalog.apply(seal(100))
+    catalog.apply(DeleteStream("orders", stream_id=old.id))
+    new = stream(catalog.apply(create()))
+    assert new.id != old.id
+    catalog.apply(OpenWriter("orders", stream_id=new.id))  # the new writer, epoch 1 again
+    for command in (
+        OpenWriter("orders", expected_epoch=1, stream_id=old.id),
+        SealRange("orders", 1, 0, 100, ("rs2", "rs3", "rs4"), stream_id=old.id),
+        TrimStream("orders", 1, stream_id=old.id),
+        DeleteStream("orders", expected_epoch=1, stream_id=old.id),
+        RecordRangeStats("orders", 0, 100, 0, 1, 10, stream_id=old.id),
+    ):
+        err = rejects(catalog, command, StreamNotFound)
+        assert err.fields["stream"] == "orders" and f"id {new.id}" in str(err)
+    s = stream(catalog.apply(SealRange("orders", 1, 0, 7, ("rs2", "rs3", "rs4"),
+                                       stream_id=new.id)))
+    rejects(catalog, UpdateReplicas("orders", 0, ("rs4", "rs2", "rs3"), stream_id=old.id),
+            StreamNotFound)
+    assert s.ranges[0].end == 7
+    assert stream(catalog.apply(UpdateReplicas("orders", 0, ("rs4", "rs2", "rs3"),
+                                               stream_id=new.id))).id == new.id
+    assert stream(catalog.apply(TrimStream("orders", 3))).start_offset == 3  # by name
+    assert catalog.view().stream("orders", new.id) == catalog.stream("orders")
+    with pytest.raises(StreamNotFound):
+        catalog.view().stream("orders", old.id)

@@ -5,12 +5,25 @@ replicas hide records from readers (needs_recovery)."""
 from __future__ import annotations
 
 import doctest
+from collections.abc import Iterator, Mapping
 
+import msgpack
 import pytest
 
+from estream.net.pdclient import keepalive_answers
+from estream.wire import limits
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd import lease as lease_module
-from pd.lease import LeaseTable, ReplicaAnswer, needs_recovery
+from pd.lease import (
+    Keepalive,
+    LeaseTable,
+    ReplicaAnswer,
+    keepalive_answer,
+    needs_recovery,
+    parse_keepalives,
+)
+from pd.pmap import PMap
 from pd.shell import rangeops
 
 LEASE = 4_000
@@ -21,6 +34,11 @@ def stream(name: str = "s", epoch: int = 1, index: int = 0, sealed_last: bool = 
     refs = tuple(ReplicaRef(i, f"{i}:1") for i in "abc")
     last = RangeMeta(index, 10 * index, 10 * index + 5 if sealed_last else None, refs)
     return StreamMeta(1, name, epoch=epoch, ranges=(last,))
+
+
+def of(*streams: StreamMeta) -> PMap[StreamMeta]:
+    """The catalog's streams, by name, as PD hands them over."""
+    return PMap({s.name: s for s in streams})
 
 
 def table(now: int = 0, term: int = 1) -> LeaseTable:
@@ -36,65 +54,65 @@ def test_doctests() -> None:
 
 def test_a_renewed_lease_is_never_due() -> None:
     t, s = table(), stream()
-    assert t.due([s], 0) == []
+    assert t.due(of(s), 0) == []
     for now in range(1_000, 30_000, 1_000):  # a keepalive every second
-        t.renew("s", 1, now)
-        assert t.due([s], now + 999) == []
+        t.renew(stream(), 1, now)
+        assert t.due(of(s), now + 999) == []
 
 
 def test_a_lease_runs_out_lease_ms_after_the_last_renewal() -> None:
     t, s = table(), stream()
-    t.renew("s", 1, 500)
-    assert t.due([s], 4_499) == []
-    assert t.due([s], 4_500) == [s]
+    t.renew(stream(), 1, 500)
+    assert t.due(of(s), 4_499) == []
+    assert t.due(of(s), 4_500) == [s]
 
 
 def test_a_new_epoch_gets_a_whole_lease_from_when_it_is_first_seen() -> None:
     """A writer opened through a follower (its open never renewed here): the old
     epoch's expired lease must not count against it."""
     t = table()
-    t.renew("s", 1, 0)
-    assert t.due([stream(epoch=1)], 5_000) == [stream(epoch=1)]
+    t.renew(stream(), 1, 0)
+    assert t.due(of(stream(epoch=1)), 5_000) == [stream(epoch=1)]
     newer = stream(epoch=2)
-    assert t.due([newer], 5_000) == []
-    assert t.due([newer], 8_999) == []
-    assert t.due([newer], 9_000) == [newer]
+    assert t.due(of(newer), 5_000) == []
+    assert t.due(of(newer), 8_999) == []
+    assert t.due(of(newer), 9_000) == [newer]
 
 
 def test_an_older_epoch_does_not_renew_the_lease_of_a_newer_one() -> None:
     t, s = table(), stream(epoch=3)
-    t.renew("s", 3, 0)
-    t.renew("s", 2, 3_000)  # a fenced writer's late keepalive (PD answers it Fenced)
-    assert t.due([s], 4_000) == [s]
+    t.renew(stream(), 3, 0)
+    t.renew(stream(), 2, 3_000)  # a fenced writer's late keepalive (PD answers it Fenced)
+    assert t.due(of(s), 4_000) == [s]
 
 
 def test_a_new_leader_starts_every_lease_afresh() -> None:
     t, s = table(), stream()
-    t.renew("s", 1, 0)
-    assert t.due([s], 10_000) == [s]
+    t.renew(stream(), 1, 0)
+    assert t.due(of(s), 10_000) == [s]
     t.lead(2, 10_000)  # deposed and elected again in a new term: nothing carried over
-    assert t.due([s], 10_000) == []
-    assert t.due([s], 13_999) == []
-    assert t.due([s], 14_000) == [s]
+    assert t.due(of(s), 10_000) == []
+    assert t.due(of(s), 13_999) == []
+    assert t.due(of(s), 14_000) == [s]
     t.lead(2, 20_000)  # same term: nothing changes
-    assert t.due([s], 20_000) == [s]
+    assert t.due(of(s), 20_000) == [s]
     t.step_down()
-    assert t.term is None and t.lease("s") is None
+    assert t.term is None and t.lease(1) is None
 
 
 @pytest.mark.parametrize("s", [stream(sealed_last=True), StreamMeta(1, "s"), stream(epoch=0)])
 def test_streams_without_an_open_last_range_or_never_opened_are_never_due(s: StreamMeta
                                                                           ) -> None:
     t = table()
-    assert t.due([s], 0) == [] and t.due([s], 100_000) == []
+    assert t.due(of(s), 0) == [] and t.due(of(s), 100_000) == []
 
 
 def test_streams_found_clean_are_looked_at_again_later_and_later() -> None:
     t, s = table(), stream()
-    assert t.due([s], 0) == []
+    assert t.due(of(s), 0) == []
     seen = []
     for now in range(4_000, 30_000, 500):  # a round every 0.5 s
-        if t.due([s], now):
+        if t.due(of(s), now):
             seen.append(now)
             t.checked_clean(s, now)
     assert seen[:5] == [4_000, 5_000, 7_000, 11_000, 15_000]  # 1, 2, 4, then 4 s (max)
@@ -102,21 +120,21 @@ def test_streams_found_clean_are_looked_at_again_later_and_later() -> None:
 
 def test_a_new_range_or_epoch_resets_the_back_off() -> None:
     t, s = table(), stream()
-    t.due([s], 0)
+    t.due(of(s), 0)
     t.checked_clean(s, 4_000)
     t.checked_clean(s, 5_000)  # next look in 2 s
     rolled = stream(index=1)
-    assert t.due([rolled], 5_000) == [rolled]  # another range: looked at at once
-    t.renew("s", 1, 6_000)  # a renewal (a live writer again) clears the back-off too
-    assert t.due([s], 10_000) == [s]
+    assert t.due(of(rolled), 5_000) == [rolled]  # another range: looked at at once
+    t.renew(stream(), 1, 6_000)  # a renewal (a live writer again) clears the back-off too
+    assert t.due(of(s), 10_000) == [s]
 
 
 def test_hold_ends_the_lease_of_pds_own_epoch_at_once() -> None:
     t = table()
-    t.renew("s", 1, 0)
+    t.renew(stream(), 1, 0)
     recovering = stream(epoch=2)
     t.hold(recovering, 2)
-    assert t.due([recovering], 5) == [recovering]
+    assert t.due(of(recovering), 5) == [recovering]
 
 
 def test_a_recovery_that_could_not_finish_is_retried_with_a_shorter_back_off() -> None:
@@ -125,7 +143,7 @@ def test_a_recovery_that_could_not_finish_is_retried_with_a_shorter_back_off() -
     seen = []
     for now in range(0, 20_000, 500):
         t.hold(recovering, 2)  # each attempt holds PD's epoch again: the back-off stays
-        if t.due([recovering], now):
+        if t.due(of(recovering), now):
             seen.append(now)
             t.checked_clean(recovering, now, max_ms=2_000)
     assert seen[:5] == [0, 1_000, 3_000, 5_000, 7_000]  # 1 s, 2 s, then 2 s (the max)
@@ -133,9 +151,9 @@ def test_a_recovery_that_could_not_finish_is_retried_with_a_shorter_back_off() -
 
 def test_deleted_streams_are_forgotten() -> None:
     t = table()
-    t.renew("gone", 1, 0)
-    t.due([], 0)
-    assert t.lease("gone") is None
+    t.renew(StreamMeta(9, "gone"), 1, 0)
+    t.due(of(), 0)
+    assert t.lease(9) is None
 
 
 @pytest.mark.parametrize(
@@ -167,3 +185,137 @@ def test_parse_ignores_damaged_and_malformed_answers() -> None:
     assert ReplicaAnswer.parse({"start": 0, "end": 5, "confirm": 3, "epoch": 1,
                                 "sealed": True, "sealed_end": 4, "damaged": False}
                                ) == ReplicaAnswer(5, 3, True, 4)
+
+
+def test_a_stream_created_again_under_the_same_name_has_a_lease_of_its_own() -> None:
+    """Issue 27: the old stream's lease (at the epoch its delete took) must not outlive
+    it under the name. The new stream's writer, at a lower epoch, renews its own lease
+    and is never due; a late keepalive of the old one does not renew the new one."""
+    t = table()
+    old = StreamMeta(1, "s", epoch=2, ranges=stream().ranges)
+    t.renew(old, old.epoch, 0)  # the delete took epoch 2 of stream 1
+    new = StreamMeta(2, "s", epoch=1, ranges=stream().ranges)
+    for now in range(0, 20_000, 500):
+        t.renew(new, 1, now)  # the new stream's writer, every 0.5 s
+        assert t.due(of(new), now) == []
+    t.renew(old, 2, 20_000)  # (PD refuses it first; the table keeps them apart anyway)
+    assert t.due(of(new), 19_500 + LEASE - 1) == []
+    assert t.due(of(new), 19_500 + LEASE) == [new]
+    assert t.lease(old.id) is None, "the deleted stream's lease is forgotten"
+
+
+@pytest.mark.parametrize(("writers", "argument"), [
+    ({"name": "s"}, "writers"),
+    (["s"], "writers"),
+    ([{"name": "s", "stream_id": 1, "epoch": 1}], "writers"),
+    ([["s", 1]], "writers"),
+    ([[1, 1, 1]], "name"),
+    ([["s", -1, 1]], "stream_id"),
+    ([["s", True, 1]], "stream_id"),
+    ([["s", 1, None]], "epoch"),
+    ([["s", 0, 1]] * (limits.keepalive_writers_max + 1), "writers"),
+])
+def test_malformed_keepalives_are_refused_naming_the_field(writers: object, argument: str
+                                                            ) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        parse_keepalives(writers)
+    assert info.value.fields["argument"] == argument
+
+
+def test_keepalive_answers_round_trip_sparse() -> None:
+    """Each writer gets its own answer back, in order; renewed ones are not named."""
+    answers: list[tuple[str, ...] | EstreamError] = [
+        (), ("rs2", "rs3"), Fenced("fenced", epoch=1, current_epoch=2), (),
+        StreamNotFound("stream 's' (id 3) not found", stream="s")]
+    body = keepalive_answer(answers)
+    assert len(body["leave"]) == 1 and len(body["errors"]) == 2
+    back = keepalive_answers(msgpack.unpackb(msgpack.packb(body)), len(answers))
+    assert back[:2] == [(), ("rs2", "rs3")] and back[3] == ()
+    assert isinstance(back[2], Fenced) and back[2].fields["current_epoch"] == 2
+    assert isinstance(back[4], StreamNotFound) and back[4].fields["stream"] == "s"
+    assert [Keepalive("s", 0, 3)] == parse_keepalives([Keepalive("s", 0, 3).to_wire()])
+
+
+def open_streams(n: int) -> PMap[StreamMeta]:
+    last = stream().ranges
+    return PMap({f"s{i:05d}": StreamMeta(i + 1, f"s{i:05d}", epoch=1, ranges=last)
+                 for i in range(n)})
+
+
+def test_every_stream_is_looked_at_in_turn_however_many_are_due() -> None:
+    """Issue 27: the recovery looks at 256 streams a round; with every one of 10,000
+    idle streams' leases run out, the recheck must still reach every one (oldest due
+    first), not cycle through the first names in the alphabet."""
+    t = LeaseTable(lease_ms=LEASE)
+    t.lead(1, 0)
+    streams = open_streams(10_000)
+    assert t.due(streams, 0) == []  # first seen: a whole lease from now
+    looked: set[int] = set()
+    now = LEASE
+    for _ in range(10_000 // 256 + 2):  # rounds of 0.5 s, each taking the first 256
+        for s in t.due(streams, now, limit=256):
+            looked.add(s.id)
+            t.checked_clean(s, now)
+        now += 500
+    assert len(looked) == 10_000
+
+
+class Counting(Mapping[str, StreamMeta]):
+    """A catalog that counts the streams looked up or swept."""
+
+    def __init__(self, streams: PMap[StreamMeta]) -> None:
+        self.streams = streams
+        self.touched = 0
+
+    def __getitem__(self, name: str) -> StreamMeta:
+        self.touched += 1
+        return self.streams[name]
+
+    def __iter__(self) -> Iterator[str]:
+        for name in self.streams:
+            self.touched += 1
+            yield name
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+
+def test_a_round_with_live_writers_costs_what_is_due_not_the_catalog() -> None:
+    """Issue 27: ``due`` does not scan every stream every round. After a new term's
+    first round (which sees every stream once), a round looks at ``sweep_max`` streams
+    plus the leases that would end by now: a live writer's lease is looked at about once
+    a lease (then pushed back to its renewal's end), not every round; a renewal itself
+    is a dict update."""
+    n, sweep, round_ms = 5_000, 100, 500
+    t = LeaseTable(lease_ms=LEASE, sweep_max=sweep)
+    t.lead(1, 0)
+    catalog = Counting(open_streams(n))
+    t.due(catalog, 0)
+    assert catalog.touched >= n  # the first round of a term: every stream
+    catalog.touched = 0
+    rounds = 0
+    for now in range(round_ms, 20_000, round_ms):
+        for s in catalog.streams.values():
+            t.renew(s, 1, now)  # live writers
+        assert t.due(catalog, now) == []
+        rounds += 1
+    full_scans = rounds * n
+    bound = rounds * 2 * (sweep + 1) + n * (20_000 // (LEASE - round_ms) + 1)
+    assert catalog.touched <= bound < full_scans // 4, (catalog.touched, bound)
+
+
+def test_a_lease_asked_about_outside_the_rounds_is_kept_while_its_stream_is() -> None:
+    """The drainer asks ``expired`` about streams ``due`` never returns (an open range
+    no writer ever opened, epoch 0): their lease, started at the first question, must
+    survive the rounds' sweeps, or it would never run out (a drain never ends)."""
+    t = table()
+    never_opened = stream(epoch=0)
+    catalog = of(never_opened)
+    assert not t.expired(never_opened, 0)
+    for now in range(500, LEASE, 500):
+        t.due(catalog, now)  # each round's sweep goes over the whole (small) catalog
+        assert not t.expired(never_opened, now)
+    t.due(catalog, LEASE)
+    assert t.expired(never_opened, LEASE)
+    t.due(of(), LEASE + 500)  # deleted: forgotten
+    assert t.lease(never_opened.id) is None

@@ -32,6 +32,11 @@ ALL: list[Command] = [
     SealRange("orders", 4, 2, 1000, ("a", "b", "c")),
     TrimStream("orders", 10),
     UpdateReplicas("orders", 1, ("d",)),
+    DeleteStream("orders", 3, stream_id=9),
+    OpenWriter("orders", 7, stream_id=9),
+    SealRange("orders", 4, 2, 1000, ("a", "b", "c"), stream_id=9),
+    TrimStream("orders", 10, stream_id=9),
+    UpdateReplicas("orders", 1, ("d",), stream_id=9),
 ]
 
 
@@ -47,6 +52,14 @@ def test_unknown_fields_are_ignored_and_defaults_apply() -> None:
             "type": "", "hints": [], "placement": ["a"], "future_field": 1}
     cmd = decode_command(msgpack.packb(body))
     assert cmd == CreateStream("n", 1, 1, "", (), ("a",), "", False)
+
+
+def test_a_command_journaled_without_a_stream_id_names_the_stream_by_name() -> None:
+    """Commands journaled before ``stream_id`` existed decode with 0 (by name alone)."""
+    body = {"v": 1, "kind": "seal_range", "name": "s", "epoch": 1, "range_index": 0,
+            "end": 5, "next_replicas": ["a"]}
+    assert decode_command(msgpack.packb(body)) == SealRange("s", 1, 0, 5, ("a",))
+    assert SealRange("s", 1, 0, 5, ("a",)).stream_id == 0
 
 
 def _with(**changes: object) -> bytes:

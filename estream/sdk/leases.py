@@ -1,0 +1,110 @@
+"""A client's writer leases, kept alive together: one PD request per interval, not one
+per writer.
+
+Every ``limits.writer_keepalive_ms`` the client's :class:`LeaseKeeper` sends the PD leader
+one ``PD_WRITERS_KEEPALIVE`` naming every open writer of the client (``(name, stream id,
+epoch)``; ``limits.keepalive_writers_max`` a request), so that 10,000 writers in 10
+processes cost PD about 10 requests a second instead of 10,000. Each writer gets its own
+answer (:meth:`LeaseHolder.on_keepalive`): the draining servers its open range should
+roll away from, or the ``Fenced`` / ``StreamNotFound`` that fences it. An error of the
+whole request (PD down, an election) changes nothing: appends do not need PD, and the
+next interval tries again. A PD older than the opcode (``UnsupportedOpcode``) is sent one
+``PD_WRITER_KEEPALIVE`` per writer instead, as before.
+
+Side effects: network (PD); one task per client while it has writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from estream.net.pdclient import PDClient
+from estream.wire import limits
+from estream.wire.errors import EstreamError, UnsupportedOpcode
+
+log = logging.getLogger(__name__)
+
+Lease = tuple[str, int, int]  # (stream name, stream id, epoch)
+KeepaliveAnswer = tuple[str, ...] | EstreamError  # servers to leave, or the refusal
+
+
+class LeaseHolder(Protocol):
+    """A writer, as the keeper sees it."""
+
+    def lease(self) -> Lease | None:
+        """What to renew; None once the writer no longer needs a lease (closed, failed)."""
+
+    def on_keepalive(self, answer: KeepaliveAnswer) -> None:
+        """PD's answer to this writer's renewal."""
+
+
+class LeaseKeeper:
+    """Renews the leases of a client's writers, all in one request per interval."""
+
+    def __init__(self, pd: PDClient, *, interval_ms: int = limits.writer_keepalive_ms,
+                 batch_max: int = limits.keepalive_writers_max) -> None:
+        self._pd = pd
+        self._interval_s = interval_ms / 1000
+        self._batch_max = batch_max
+        self._holders: list[LeaseHolder] = []
+        self._task: asyncio.Task[None] | None = None
+        self._batched = True  # False once PD answered that it lacks PD_WRITERS_KEEPALIVE
+        self.requests = 0  # keepalive requests sent (statistics)
+
+    def add(self, holder: LeaseHolder) -> None:
+        """Keep ``holder``'s lease alive from the next interval on, until its
+        :meth:`LeaseHolder.lease` is None."""
+        self._holders.append(holder)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        self._holders = []
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            leases = [(h, h.lease()) for h in self._holders]
+            due = [(h, lease) for h, lease in leases if lease is not None]
+            self._holders = [h for h, _ in due]
+            if not due:
+                self._task = None  # (no await since the check: add() starts a new one)
+                return
+            await self.round(due)
+
+    async def round(self, due: Sequence[tuple[LeaseHolder, Lease]]) -> None:
+        """One renewal of every lease in ``due``, ``batch_max`` writers a request."""
+        for lo in range(0, len(due), self._batch_max):
+            chunk = due[lo : lo + self._batch_max]
+            try:
+                answers = await self._send([lease for _, lease in chunk])
+            except EstreamError as exc:
+                log.debug("writer keepalive failed (tried again next interval): %s", exc)
+                continue
+            for (holder, _), answer in zip(chunk, answers, strict=True):
+                holder.on_keepalive(answer)
+
+    async def _send(self, leases: list[Lease]) -> list[KeepaliveAnswer]:
+        if self._batched:
+            try:
+                self.requests += 1
+                return await self._pd.keepalive_writers(leases)
+            except UnsupportedOpcode:
+                log.info("PD answers one writer keepalive per request only (older PD)")
+                self._batched = False
+        self.requests += len(leases)
+        return list(await asyncio.gather(*(self._one(lease) for lease in leases)))
+
+    async def _one(self, lease: Lease) -> KeepaliveAnswer:
+        name, stream_id, epoch = lease
+        try:
+            return await self._pd.keepalive_writer(name, epoch, stream_id=stream_id)
+        except EstreamError as exc:
+            return exc

@@ -1,0 +1,159 @@
+"""A stream deleted and created again under the same name is a new stream (issue 27,
+item 2; real processes: 3 PD nodes, 3 range servers).
+
+The scenario of the issue: writer W1 appends 100 records and stays open; another client
+deletes the stream and creates it again; writer W2 appends one record at a time for longer
+than a writer lease (so that PD's lease recovery runs while W2 writes); then W1 appends
+again. Nothing of the old incarnation may fence, hide or serve into the new one:
+
+- W1 is never acknowledged again (its keepalive and its seal are answered
+  ``StreamNotFound``: they name the old stream id), and it never seals the new stream's
+  range;
+- W2 is never fenced (its lease is the new stream's, not the name's) and every record
+  acknowledged to it reads back;
+- a ``follow=True`` tail of the old incarnation ends with ``StreamNotFound`` instead of
+  skipping into the new one, and a fresh read through that same long-lived client reads
+  the new stream.
+
+And (item 1) a client's writers renew their leases in one PD request per interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import estream
+from estream.devcluster.cluster import Cluster
+from estream.devcluster.pd import http_json
+from estream.wire import limits
+from estream.wire.errors import EstreamError, Fenced, StreamNotFound
+from estream.wire.record import Record
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
+
+old_records = 100
+new_writing_s = limits.writer_lease_ms / 1000 + 4.0  # past the lease and recovery rounds
+new_records_max = 50_000  # bounds W2's loop in count as well as in time
+tail_wait_s = 30.0
+
+
+async def test_a_stream_created_again_is_a_new_stream(cluster: Cluster) -> None:
+    name = "reborn"
+    async with await estream.connect(cluster.pd_addresses) as long_lived, \
+            await estream.connect(cluster.pd_addresses) as admin, \
+            await estream.connect(cluster.pd_addresses) as other:
+        old = await long_lived.create_stream(name, replicas=3, ack_count=2)
+        w1 = await long_lived.open_writer(name)
+        for i in range(old_records):
+            assert await w1.append(b"old-%d" % i) == i
+        await w1.flush()
+
+        tailed: list[Record] = []
+
+        async def tail() -> None:
+            async for record in long_lived.read(name, start=0, follow=True):
+                tailed.append(record)
+
+        tailing = asyncio.ensure_future(tail())
+        deadline = time.monotonic() + tail_wait_s
+        while len(tailed) < old_records and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(tailed) == old_records
+
+        await admin.delete_stream(name)
+        new = await admin.create_stream(name, replicas=3, ack_count=2)
+        assert new.id != old.id
+
+        w2 = await other.open_writer(name)
+        acknowledged: dict[int, bytes] = {}
+        stop = time.monotonic() + new_writing_s
+        i = 0
+        while time.monotonic() < stop and i < new_records_max:
+            value = b"new-%d" % i
+            acknowledged[await w2.append(value)] = value  # raises if W2 is fenced
+            i += 1
+        assert w2.statistics()["failed"] == 0
+
+        # W1, of the old incarnation, is never acknowledged into the new stream.
+        with pytest.raises((StreamNotFound, Fenced)):
+            await w1.append(b"old-late")
+        with pytest.raises(EstreamError):
+            await w1.flush()
+        # PD answers the old incarnation's keepalive and seal StreamNotFound (by id).
+        with pytest.raises(StreamNotFound):
+            await long_lived.pd.keepalive_writer(name, w2.epoch, stream_id=old.id)
+        with pytest.raises(StreamNotFound):
+            await long_lived.pd.seal_range(name, w2.epoch, 0, old_records, stream_id=old.id)
+
+        # W2 keeps going, and every record acknowledged to it reads back.
+        last = await w2.append(b"new-last")
+        acknowledged[last] = b"new-last"
+        await w2.flush()
+        assert sorted(acknowledged) == list(range(len(acknowledged)))
+        expected = [acknowledged[o] for o in range(len(acknowledged))]
+        meta = await admin.describe_stream(name)
+        assert meta.id == new.id and meta.epoch == w2.epoch, "W2 was fenced"
+        assert all(r.end is None or r.end > 0 for r in meta.ranges), meta.ranges
+
+        # The tail of the old incarnation ends with StreamNotFound, never reading the new.
+        with pytest.raises(StreamNotFound):
+            await asyncio.wait_for(tailing, tail_wait_s)
+        assert [r.value for r in tailed] == [b"old-%d" % i for i in range(old_records)]
+
+        # A fresh read, through a new client and through the long-lived one, reads the
+        # new stream whole.
+        for client in (other, long_lived):
+            values = [r.value async for r in client.read(name, 0, len(expected))]
+            assert values == expected
+        assert (await long_lived.stream_meta(name)).id == new.id
+        await w2.close()
+        await w1.close()
+
+
+def pd_requests(cluster: Cluster, op: str) -> int:
+    """``estream_pd_requests_total`` of RPC operation ``op``, summed over the PD nodes."""
+    total = 0
+    for url in cluster.pd.http_urls:
+        try:
+            status, text = http_json(url + "/metrics", timeout_s=2.0)
+        except OSError:
+            continue
+        total += sum(int(float(line.split()[-1])) for line in str(text).splitlines()
+                     if status == 200 and line.startswith("estream_pd_requests_total{")
+                     and f'op="{op}"' in line and 'api="rpc"' in line)
+    return total
+
+
+async def test_a_clients_writers_renew_their_leases_in_one_request_per_interval(
+    cluster: Cluster,
+) -> None:
+    """Issue 27 item 1: keepalives cost PD O(clients), not O(writers). 40 writers in one
+    client, idle past a whole lease: PD serves about one PD_WRITERS_KEEPALIVE a second for
+    all of them and no PD_WRITER_KEEPALIVE, and every lease stays alive (PD recovers none:
+    every writer keeps its epoch and appends on)."""
+    writers_n = 40
+    names = [f"leased-many-{i}" for i in range(writers_n)]
+    async with await estream.connect(cluster.pd_addresses) as client:
+        for name in names:
+            await client.create_stream(name, replicas=3, ack_count=2)
+        writers = [await client.open_writer(name) for name in names]
+        for w in writers:
+            assert await w.append(b"x") == 0
+            await w.flush()
+        single, batch = pd_requests(cluster, "pd_writer_keepalive"), pd_requests(
+            cluster, "pd_writers_keepalive")
+        started = time.monotonic()
+        await asyncio.sleep(limits.writer_lease_ms / 1000 + 2.0)
+        intervals = (time.monotonic() - started) / (limits.writer_keepalive_ms / 1000)
+        batches = pd_requests(cluster, "pd_writers_keepalive") - batch
+        assert pd_requests(cluster, "pd_writer_keepalive") == single, "one request per writer"
+        assert 1 <= batches <= intervals + 1, (batches, intervals)
+        for name, w in zip(names, writers, strict=True):
+            assert await w.append(b"y") == 1
+            meta = await client.describe_stream(name)
+            assert meta.epoch == w.epoch and meta.ranges[-1].end is None, "PD recovered it"
+        for w in writers:
+            await w.close()
