@@ -104,7 +104,7 @@ def check_command(command: Command) -> bytes:
 
     >>> from pd.commands import TrimStream
     >>> len(check_command(TrimStream("orders", 10)))
-    47
+    58
     >>> check_command(TrimStream("orders", -1))
     Traceback (most recent call last):
     ...
