@@ -26,8 +26,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from estream.cli.args import count_arg, offset_arg
 from estream.cli.output import emit_json
+from estream.server.config import non_negative_int
 
 APPEND_WINDOW = 256  # appends in flight at once
 stdin_queue_lines_max = 4 * APPEND_WINDOW  # lines read ahead of the writer
@@ -245,7 +245,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_", type=from_arg, default=None, metavar="OFFSET",
                    help="OFFSET, start (default: the first kept offset), end, or -N "
                         "(the last N records)")
-    p.add_argument("--to", type=offset_arg, default=None, metavar="OFFSET",
+    p.add_argument("--to", type=non_negative_int, default=None, metavar="OFFSET",
                    help="stop before OFFSET")
     p.add_argument("--from-time", type=time_arg, default=None, metavar="ISO8601|MS",
                    help="start at the first record whose timestamp is at or after this "
@@ -254,6 +254,6 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["raw", "json"], default="raw",
                    help="raw: each value on a line (default); json: a JSON object a line "
                         "(offset, timestamp, headers, value, value_encoding)")
-    p.add_argument("--max", type=count_arg, default=None, metavar="N",
+    p.add_argument("--max", type=non_negative_int, default=None, metavar="N",
                    help="stop after N records (0: none)")
     p.set_defaults(handler=read_from_time)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from estream.cli.args import offset_arg, positive_arg
 from estream.cli.output import emit_json, iso_ms, key_values, print_tables, table
+from estream.server.config import non_negative_int, positive_int
 from pd.streamfigures import stream_figures
 
 
@@ -154,13 +154,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     ssub = stream.add_subparsers(dest="stream_command", metavar="COMMAND", required=True)
     p = ssub.add_parser("create", parents=[common], help="create a stream")
     p.add_argument("name", help=_NAME)
-    p.add_argument("--replicas", type=positive_arg, default=3,
+    p.add_argument("--replicas", type=positive_int, default=3,
                    help="replica count (default 3)")
-    p.add_argument("--ack-count", type=positive_arg, default=2,
+    p.add_argument("--ack-count", type=positive_int, default=2,
                    help="acks per append (default 2)")
-    p.add_argument("--retention-ms", type=positive_arg, default=None, metavar="MS",
+    p.add_argument("--retention-ms", type=positive_int, default=None, metavar="MS",
                    help="trim whole sealed ranges whose records are all older than this")
-    p.add_argument("--retention-bytes", type=positive_arg, default=None, metavar="BYTES",
+    p.add_argument("--retention-bytes", type=positive_int, default=None, metavar="BYTES",
                    help="trim the oldest sealed ranges while the rest hold at least this")
     p.add_argument("--digest", choices=("xxh3", "crc32c", "hmac-sha256"), default=None,
                    help="entry digest (default xxh3); hmac-sha256: a MAC keyed per stream "
@@ -170,13 +170,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                         "still an error)")
     p.set_defaults(handler=create)
     p = ssub.add_parser("list", parents=[common], help="list streams")
-    p.add_argument("--limit", type=positive_arg, default=None,
+    p.add_argument("--limit", type=positive_int, default=None,
                    help="one page of at most this many streams (default: every stream)")
     p.add_argument("--after", default="", help="with --limit: the page after this name")
     p.set_defaults(handler=list_)
     p = ssub.add_parser("describe", parents=[common], help="a stream's settings and ranges")
     p.add_argument("name", help=_NAME)
-    p.add_argument("--offset", type=offset_arg, default=None,
+    p.add_argument("--offset", type=non_negative_int, default=None,
                    help="the ranges from the one holding this offset on (default: the last)")
     p.set_defaults(handler=describe)
     p = ssub.add_parser("delete", parents=[common], help="delete a stream")
@@ -184,7 +184,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=delete)
     p = ssub.add_parser("trim", parents=[common], help="drop records below OFFSET")
     p.add_argument("name", help=_NAME)
-    p.add_argument("offset", type=offset_arg, help="the stream's new first offset")
+    p.add_argument("offset", type=non_negative_int, help="the stream's new first offset")
     p.set_defaults(handler=trim)
     p = ssub.add_parser("set", parents=[common],
                         help="change a stream's retention limits (none: no limit)")
@@ -205,7 +205,7 @@ def _check_set(ns: argparse.Namespace) -> str | None:
 
 
 def _limit(text: str) -> int | str:
-    return "none" if text.lower() == "none" else positive_arg(text)
+    return "none" if text.lower() == "none" else positive_int(text)
 
 
 async def cursor_list(client: Any, ns: argparse.Namespace) -> int:
@@ -265,7 +265,7 @@ def _add_cursor_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                         help="store CURSOR at OFFSET (the next offset its consumer reads)")
     p.add_argument("name", help=_NAME)
     p.add_argument("cursor", help=_CURSOR)
-    p.add_argument("offset", type=offset_arg, help="the next offset the consumer reads")
+    p.add_argument("offset", type=non_negative_int, help="the next offset the consumer reads")
     p.set_defaults(handler=cursor_commit)
     p = csub.add_parser("delete", parents=[common],
                         help="forget CURSOR (it no longer holds retention)")

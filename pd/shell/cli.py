@@ -45,7 +45,7 @@ from estream.net.security import (
     load_cluster_secret,
     raft_password,
 )
-from estream.server.config import parse_with_config
+from estream.server.config import parse_with_config, positive_int
 from estream.wire import limits
 from estream.wire.errors import ChecksumMismatch, InvalidArgument
 from pd.retention import timestamp_skew_ms_max
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read every committed object back once every S seconds, uploading "
                         "damaged ones again from replicas (default 604800: a week; 0: no "
                         "scrub)")
-    p.add_argument("--object-scrub-bytes-per-s", type=_rate, metavar="N",
+    p.add_argument("--object-scrub-bytes-per-s", type=positive_int, metavar="N",
                    default=scrub_bytes_per_s_max_default,
                    help="the scrub reads at most N bytes per second on average "
                         "(default 8 MiB)")
@@ -144,17 +144,6 @@ def _object_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
     if not 1024 * 1024 <= value <= 5 * 1024**3:
         raise argparse.ArgumentTypeError(f"object size out of 1 MiB .. 5 GiB: {text!r}")
-    return value
-
-
-def _rate(text: str) -> int:
-    """A rate in bytes per second, >= 1 (argparse ``type``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"bytes per second must be >= 1: {text!r}")
     return value
 
 

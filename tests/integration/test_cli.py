@@ -38,7 +38,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -
         (["nonsense"], "invalid choice"),
         (["stream"], "required"),
         (["stream", "create"], "required"),
-        (["stream", "trim", "s", "notanumber"], "expected an offset"),
+        (["stream", "trim", "s", "notanumber"], "not an integer"),
         (["read", "s", "--format", "xml"], "invalid choice"),
         (["read", "s", "--from", "x"], "--from expects"),
         (["append", "s", "--headers", "novalue"], "KEY=VALUE"),

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from estream.cli import args, output, records, servers, user
+from estream.cli import output, records, servers, user
 from estream.wire.errors import MalformedFrame, OffsetOutOfRange, Unavailable
 
 
@@ -28,15 +28,6 @@ def test_server_resolution_refuses_short_ambiguous_and_unknown_keys() -> None:
         servers.resolve_server("3f9", found)
     with pytest.raises(ServerNotFound):
         servers.resolve_server("h:3", found)
-
-
-@pytest.mark.parametrize("parse, text", [(args.offset_arg, "-1"), (args.count_arg, "x"),
-                                         (args.positive_arg, "0")])
-def test_number_arguments_refuse(parse: object, text: str) -> None:
-    import argparse
-
-    with pytest.raises(argparse.ArgumentTypeError):
-        parse(text)  # type: ignore[operator]
 
 
 def test_start_offset_refuses_a_trimmed_offset_with_an_explanation() -> None:
