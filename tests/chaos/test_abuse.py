@@ -39,7 +39,8 @@ def ports(c: ChaosCluster) -> dict[str, str]:
 
 def two_gib_prefix(kind: str) -> bytes:
     if kind == "pd-http":
-        return (b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        return (b"POST /v1/streams HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\n"
                 b"Content-Length: 2147483648\r\n\r\n{\"name\": \"" + b"x" * (1 << 21))
     if kind == "pd-raft":
         return struct.pack("<I", 2**31) + struct.pack(">I", 2**31) + b"\x80\x04"
@@ -138,7 +139,7 @@ async def test_two_gib_length_prefix(cluster: ChaosCluster, kind: str) -> None:
 async def test_half_open_connections(cluster: ChaosCluster, kind: str) -> None:
     address = ports(cluster)[kind]
     partial = {
-        "pd-http": b"GET /v1/streams HTTP/1.1\r\nHost: x\r\n",
+        "pd-http": b"GET /v1/streams HTTP/1.1\r\nHost: 127.0.0.1\r\n",
         "pd-raft": b"\x00\x00",
     }.get(kind, encode_frame_bytes(Opcode.PING, 1, {})[:10])
     await asyncio.gather(*(exchange(address, partial) for _ in range(10)))
@@ -176,7 +177,7 @@ async def test_slowloris_on_every_port_while_serving(cluster: ChaosCluster) -> N
     requests = {
         "rangeserver-rpc": encode_frame_bytes(Opcode.PING, 1, {}),
         "pd-rpc": encode_frame_bytes(Opcode.PD_CLUSTER, 1, {}),
-        "pd-http": b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        "pd-http": b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
         "pd-raft": b"\x00\x00\x00\x10abcdefghijklmnop",
     }
     lorises = [asyncio.ensure_future(slowloris(address, requests[kind]))
