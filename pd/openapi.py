@@ -377,12 +377,14 @@ def _add_stream_figures() -> None:
             "records": {"type": "integer", "minimum": 0,
                         "description": "end_offset - start_offset (exact)"},
             "bytes": {"type": "integer", "minimum": 0,
-                      "description": "recorded sizes of sealed ranges (not the open range)"},
+                      "description": "recorded sizes of sealed ranges, plus the open "
+                                     "range's as a replica of it answers"},
             "first_timestamp": nullable_int,
             "last_timestamp": nullable_int,
             "figures_exact": {"type": "boolean",
-                              "description": "false: bytes and timestamps leave out the "
-                                             "open range or ranges not yet described, or "
+                              "description": "false: bytes and timestamps count an open "
+                                             "range holding records (a replica's figures), "
+                                             "leave out ranges not yet described, or "
                                              "count a first range the start cuts into"},
         },
     }]}
@@ -460,7 +462,7 @@ def _add_paging() -> None:
              "schema": {"type": "string", "maxLength": stream_name_bytes_max}}],
         "responses": {"200": _json({
             "type": "object", "required": ["streams", "next"],
-            "properties": {"streams": {"type": "array", "items": _ref("Stream")},
+            "properties": {"streams": {"type": "array", "items": _ref("StreamFigures")},
                            "next": _NULLABLE_STR},
         }, "The streams"), **_errors(400)}}
     SCHEMAS["Stream"]["properties"]["ranges_more"] = {

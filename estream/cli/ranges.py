@@ -4,11 +4,9 @@ The report is the admin API's ``GET /v1/ranges`` (``pd/shell/drainer.py``): each
 replicas with their health by repair's rules, how many are healthy of how many wanted, and
 the repair progress (ranges under-replicated, repairs in progress, planned and deferred,
 servers draining). Only the PD leader repairs, so the report is asked of the leader's
-admin (HTTP) address, found with ``PD_CLUSTER`` over the RPC addresses of ``--pd``; with
-no leader, of the first node that names an admin address (the report then says it is not
-the leader's, and its repair figures are a follower's zeros). The request uses the CLI's
-TLS settings (``https`` when a CA or client certificate is given) and its token, so a
-node protecting reads (``--admin-protect-reads``) answers too.
+admin (HTTP) address (:mod:`estream.cli.admin`); with no leader, of the first node that
+names one (the report then says it is not the leader's, and its repair figures are a
+follower's zeros).
 
 ``--json`` prints the report as the API answers it. Exit status 0 when it was fetched
 (whatever it says: ``estream cluster status`` is the health check), 1 when not.
@@ -19,33 +17,12 @@ Side effects: one PD call through the SDK client, one HTTP request; output on st
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from estream.cli.admin import admin_get
 from estream.cli.output import emit_json, print_tables, table
 from estream.cli.servers import short_id
-from estream.wire.errors import EstreamError, InvalidArgument, Unauthenticated, Unavailable
-
-_WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", ""})
-
-
-def admin_address(cluster: Mapping[str, Any]) -> tuple[str, bool] | None:
-    """``(host:port, is the leader's)`` of the admin API to ask, from a ``PD_CLUSTER``
-    answer: the leader's, else the first node's that names one; None when no node
-    does. A wildcard listen host (``0.0.0.0``) becomes the host of that node's RPC
-    address. Pure."""
-    leader = cluster.get("leader") or {}
-    candidates = [(leader, True)] + [(n, False) for n in cluster.get("nodes") or []]
-    for node, is_leader in candidates:
-        http = node.get("http")
-        if not http:
-            continue
-        host, _, port = str(http).rpartition(":")
-        if host in _WILDCARDS and node.get("address"):
-            host = str(node["address"]).rpartition(":")[0]
-        return f"{host}:{port}", is_leader
-    return None
 
 
 def summary(report: Mapping[str, Any], from_leader: bool) -> str:
@@ -89,55 +66,9 @@ def rows(report: Mapping[str, Any], addresses: Mapping[str, str] | None = None
     ]
 
 
-def http_error(status: int, body: str, url: str) -> EstreamError:
-    """The typed error of an admin API answer that is not 200. Pure."""
-    try:
-        error = json.loads(body).get("error") or {}
-        message = str(error.get("message") or body)
-    except (ValueError, AttributeError):
-        message = body.strip() or f"HTTP {status}"
-    text = f"{url} answered {status}: {message}"
-    if status == 401:
-        return Unauthenticated(text + " (give the token: --token-file or ESTREAM_TOKEN)")
-    if status == 400:
-        return InvalidArgument(text)
-    if status >= 500:
-        return Unavailable(text)
-    return EstreamError(text)
-
-
-async def fetch(url: str, *, timeout_s: float, ssl: Any, token: str | None) -> Any:
-    """GET ``url`` and parse its JSON (typed errors for other answers)."""
-    import aiohttp
-
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(
-                url, headers=headers, ssl=ssl if ssl is not None else True) as response:
-            body = await response.text()
-            if response.status != 200:
-                raise http_error(response.status, body, url)
-            return json.loads(body)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise Unavailable(f"cannot read {url}: {type(exc).__name__}: {exc}") from None
-
-
 async def ranges(client: Any, ns: argparse.Namespace) -> int:
-    from estream.cli.user import _security_kwargs
-    from estream.net.security import client_context
-
-    found = admin_address(await client.cluster())
-    if found is None:
-        raise Unavailable("no PD node names its admin (HTTP) address")
-    address, from_leader = found
-    security = _security_kwargs(ns)
-    ssl = client_context(tls_ca=security["tls_ca"], tls_cert=security["tls_cert"],
-                         tls_key=security["tls_key"])
-    scheme = "https" if ssl is not None else "http"
     flag = "1" if ns.under_replicated else "0"
-    url = f"{scheme}://{address}/v1/ranges?under_replicated={flag}"
-    report = await fetch(url, timeout_s=ns.timeout, ssl=ssl, token=security["token"])
+    report, from_leader = await admin_get(client, ns, f"/v1/ranges?under_replicated={flag}")
     if ns.json:
         emit_json(report)
         return 0

@@ -11,11 +11,12 @@ Side effects: PD calls through the SDK client; output on stdout.
 from __future__ import annotations
 
 import argparse
+import urllib.parse
 from typing import Any
 
-from estream.cli.output import emit_json, iso_ms, key_values, print_tables, table
+from estream.cli.admin import admin_get
+from estream.cli.output import emit_json, human_bytes, iso_ms, key_values, print_tables, table
 from estream.server.config import non_negative_int, positive_int
-from pd.streamfigures import stream_figures
 
 
 def _ranges_table(stream: dict[str, Any]) -> Any:
@@ -71,44 +72,43 @@ async def create(client: Any, ns: argparse.Namespace) -> int:
 
 
 async def list_(client: Any, ns: argparse.Namespace) -> int:
-    """Every stream (PD answers a page at a time), or with ``--limit`` one page of them
-    after ``--after`` and the name the next page starts after."""
-    nxt: str | None = None
-    if ns.limit is None:
-        metas = [s async for s in client.iter_streams()]
-    else:
-        metas, nxt = await client.pd.list_streams_page(ns.after, ns.limit)
-    streams = [s.to_dict() for s in metas]
+    """Every stream with its figures (end offset, records, bytes, last record time: the
+    admin API's ``GET /v1/streams``, a page at a time), or with ``--limit`` one page of
+    them after ``--after`` and the name the next page starts after."""
+    streams: list[dict[str, Any]] = []
+    after, nxt = ns.after, None
+    while True:
+        limit = ns.limit or list_page_streams
+        page, _ = await admin_get(client, ns, f"/v1/streams?limit={limit}&after="
+                                              f"{urllib.parse.quote(after)}")
+        streams += page["streams"]
+        nxt = page.get("next")
+        if ns.limit is not None or not nxt or nxt <= after:
+            break
+        after = nxt
     if ns.json:
         emit_json({"streams": streams} | ({} if ns.limit is None else {"next": nxt}))
         return 0
-    rows = []
-    for s in streams:
-        ranges = s.get("ranges") or []
-        last = ranges[-1] if ranges else {}
-        rows.append(
-            (
-                s.get("name"),
-                s.get("replicas"),
-                s.get("ack_count"),
-                s.get("epoch"),
-                s.get("start_offset"),
-                len(ranges) + int(s.get("ranges_omitted", 0)),
-                last.get("start"),
-            )
-        )
-    columns = ["name", "replicas", "acks", "epoch", "start", "ranges", "open range start"]
-    more = f" (next page: --after {nxt})" if nxt is not None else ""
+    rows = [(s.get("name"), s.get("replicas"), s.get("ack_count"), s.get("end_offset"),
+             s.get("records"), human_bytes(s.get("bytes")),
+             "-" if s.get("last_timestamp") is None else iso_ms(s["last_timestamp"]),
+             s.get("retention_ms") or "-",
+             len(s.get("ranges") or ()) + int(s.get("ranges_omitted", 0)))
+            for s in streams]
+    columns = ["name", "replicas", "acks", "end offset", "records", "bytes", "last record",
+               "retention ms", "ranges"]
+    more = f" (next page: --after {nxt})" if ns.limit is not None and nxt else ""
     print_tables(table(f"{len(rows)} streams{more}", columns, rows))
     return 0
 
 
 async def describe(client: Any, ns: argparse.Namespace) -> int:
-    if ns.offset is None:  # the last ranges (PD answers at most 1,000)
-        meta = await client.describe_stream(ns.name)
-    else:
-        meta = await client.pd.describe_stream(ns.name, offset=ns.offset)
-    stream = meta.to_dict() | stream_figures(meta, await client.end_offset(ns.name))
+    """The admin API's ``GET /v1/streams/{name}``: the stream's last ranges (PD answers
+    at most 1,000; ``--offset``: those from the one holding it), and its figures, open
+    range included."""
+    query = "" if ns.offset is None else f"?offset={ns.offset}"
+    stream, _ = await admin_get(client, ns, f"/v1/streams/{urllib.parse.quote(ns.name)}"
+                                            f"{query}")
     show_stream(stream, ns.json)
     return 0
 
@@ -145,6 +145,7 @@ async def set_(client: Any, ns: argparse.Namespace) -> int:
     return 0
 
 
+list_page_streams = 500  # stream list: streams per admin API page (their figures asked at once)
 _NAME = "the stream's name"
 _CURSOR = "the cursor's name (letters, digits, '.', '_', '-')"
 

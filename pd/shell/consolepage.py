@@ -38,6 +38,7 @@ CONSOLE_HTML: Final = """<!doctype html>
   h2 { font-size: 16px; margin: 1.3em 0 .4em; }
   h3 { font-size: 14px; margin: 1em 0 .3em; }
   table { border-collapse: collapse; margin-bottom: .5em; }
+  td a { white-space: nowrap; }  /* a stream's name stays one link on one line */
   th, td { border-bottom: 1px solid #d8dce4; padding: 3px 10px 3px 0; text-align: left;
            vertical-align: top; }
   th { color: #5a6272; font-weight: 600; }

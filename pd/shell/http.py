@@ -74,7 +74,6 @@ from pd.paging import (
 from pd.shell.console import RangesReport, add_operator_routes, with_drain_outlooks
 from pd.shell.raft import RaftStatus
 from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
-from pd.streamfigures import stream_figures
 from pd.validate import check_request
 
 _STATUS: dict[type[EstreamError], int] = {
@@ -232,7 +231,7 @@ class _Views:
 
     async def list_streams(self, request: web.Request) -> web.Response:
         after, limit = _page_query(request.query)
-        page = await self.service.list_streams(after, limit)
+        page = await self.service.list_streams_with_figures(after, limit)
         return web.json_response({"streams": list(page.streams), "next": page.next})
 
     async def create_stream(self, request: web.Request) -> web.Response:
@@ -279,9 +278,9 @@ class _Views:
         offset, limit = window_args({k: _query_int(request.query, k)
                                      for k in ("offset", "limit") if k in request.query})
         stream = await self.service.describe_stream(request.match_info["name"])
-        end = await self.service.readable_end(stream)  # 1 s per open-range replica at most
         shown = ranges_window(stream, offset, limit)  # the figures stay whole
-        return web.json_response(shown.to_dict() | stream_figures(stream, end))
+        # 1 s per open-range replica at most
+        return web.json_response(shown.to_dict() | await self.service.figures(stream))
 
     async def trim_stream(self, request: web.Request) -> web.Response:
         body = _json_object(await request.read(), ("start_offset",))

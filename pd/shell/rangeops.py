@@ -21,6 +21,7 @@ from estream.net.rpc import ConnectionPool
 from estream.wire.errors import EstreamError, RangeNotFound
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.lease import ReplicaAnswer
+from pd.streamfigures import OpenStats
 
 fence_timeout_s = 2.0  # one fence request: a hung replica must not hold a delete long
 
@@ -44,6 +45,23 @@ async def describe(
 
     answers = await asyncio.gather(*(one(ref) for ref in rng.replicas))
     return {ref.id: a for ref, a in zip(rng.replicas, answers, strict=True) if a is not None}
+
+
+async def open_stats(
+    pool: ConnectionPool, stream: StreamMeta, rng: RangeMeta, *, timeout_s: float,
+) -> OpenStats | None:
+    """The figures of ``rng`` (an open range) as the first of its replicas that answers
+    TIME_INDEX tells them (None when none does within ``timeout_s`` each)."""
+    client = RangeClient(pool)
+    for ref in rng.replicas:
+        try:
+            answer = await client.time_index(ref.address, server_id=ref.id,
+                                             stream_id=stream.id, range_index=rng.index,
+                                             timeout_s=timeout_s)
+        except EstreamError:
+            continue
+        return OpenStats(answer.bytes, answer.min_timestamp, answer.max_timestamp)
+    return None
 
 
 def readable_end(rng: RangeMeta, answers: Mapping[str, ReplicaAnswer]) -> int:

@@ -98,12 +98,15 @@ from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
 from pd.shell.raft import RaftNode, RaftStatus, proposal_result
+from pd.streamfigures import stream_figures
 from pd.validate import check_request
 
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
 catch_up_poll_s = 0.005
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
 time_ranges_per_answer = 4  # PD_TIME_RANGES: candidates per answer (the first usually holds it)
+list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
+list_figures_timeout_s = 0.5  # ... and how long each range server may take
 RETENTION_FIELDS: Final = ("retention_ms", "retention_bytes")
 retention_max: Final = 2**63 - 1  # a limit must fit a signed 64-bit integer
 
@@ -166,6 +169,24 @@ class PdService:
         the name to resume after (None: the last page)."""
         view = await self.read_view()
         return stream_page(view.streams, after, limit, _packed_size)
+
+    async def list_streams_with_figures(
+        self, after: str = "", limit: int = streams_page_default
+    ) -> StreamPage:
+        """:meth:`list_streams` with each stream's figures (:meth:`figures`, computed
+        from the whole stream, ``list_figures_inflight_max`` streams at a time, each range
+        server asked for at most ``list_figures_timeout_s``): the admin API's listing."""
+        view = await self.read_view()
+        page = stream_page(view.streams, after, limit, _packed_size)
+        gate = asyncio.Semaphore(list_figures_inflight_max)
+
+        async def with_figures(shown: dict[str, Any]) -> dict[str, Any]:
+            async with gate:
+                stream = view.streams[shown["name"]]
+                return shown | await self.figures(stream, timeout_s=list_figures_timeout_s)
+
+        streams = await asyncio.gather(*(with_figures(d) for d in page.streams))
+        return StreamPage(tuple(streams), page.next)
 
     async def list_servers(self) -> list[ServerInfo]:
         """:meth:`servers` for clients: Unavailable until this node has caught up."""
@@ -455,6 +476,20 @@ class PdService:
                     f"cannot trim stream {name!r} to {start_offset}: readers can read up to "
                     f"{end} only", argument="start_offset")
         return _stream(await self.raft.propose(TrimStream(name, start_offset, stream.id)))
+
+    async def figures(self, stream: StreamMeta, *, timeout_s: float = 1.0) -> dict[str, Any]:
+        """``stream``'s figures (:func:`pd.streamfigures.stream_figures`): its readable end
+        and, for an open last range, one sound replica's bytes and timestamps (each asked
+        for at most ``timeout_s``)."""
+        last = stream.last_range
+        stats = None
+        if last is not None and not last.sealed:
+            end, stats = await asyncio.gather(
+                self.readable_end(stream, timeout_s=timeout_s),
+                rangeops.open_stats(self.pool, stream, last, timeout_s=timeout_s))
+        else:
+            end = await self.readable_end(stream, timeout_s=timeout_s)
+        return stream_figures(stream, end, stats)
 
     async def readable_end(self, stream: StreamMeta, *, timeout_s: float = 1.0) -> int:
         """What readers can read of ``stream`` now: its last range's sealed end, or the

@@ -476,3 +476,20 @@ def test_read_max_zero_and_binary_values_as_json(cluster: Cluster) -> None:
     lines = cli(cluster, "read", "maxzero", "--format", "json").stdout.splitlines()
     assert [json.loads(x)["value"] for x in lines] == ["a", "b"]
     assert {json.loads(x)["value_encoding"] for x in lines} == {"utf-8"}
+
+
+def test_stream_views_count_the_open_range(cluster: Cluster) -> None:
+    assert cli(cluster, "stream", "create", "figures").returncode == 0
+    assert cli(cluster, "append", "figures", stdin="one\ntwo\nthree\n").returncode == 0
+    described = json.loads(cli(cluster, "stream", "describe", "figures", "--json").stdout)
+    # Every record is in the open range: its replica's figures count.
+    assert (described["end_offset"], described["records"]) == (3, 3)
+    assert described["bytes"] > 0 and described["last_timestamp"] is not None
+    assert described["first_timestamp"] is not None
+    listed = json.loads(cli(cluster, "stream", "list", "--json").stdout)["streams"]
+    entry = next(s for s in listed if s["name"] == "figures")
+    assert (entry["end_offset"], entry["records"]) == (3, 3) and entry["bytes"] > 0
+    table = cli(cluster, "stream", "list").stdout
+    row = next(line for line in table.splitlines() if line.startswith("figures"))
+    assert " 3 " in row and "B" in row, row  # end offset, records, bytes
+    assert "T" in cli(cluster, "stream", "describe", "figures").stdout  # ISO 8601 times

@@ -3,7 +3,8 @@ table rows, typed errors of the admin API's answers."""
 
 from __future__ import annotations
 
-from estream.cli.ranges import admin_address, http_error, rows, summary
+from estream.cli.admin import admin_address, http_error
+from estream.cli.ranges import rows, summary
 from estream.wire.errors import InvalidArgument, Unauthenticated, Unavailable
 
 NODES = [{"id": "1", "address": "10.0.0.1:7100", "http": "10.0.0.1:7120"},
