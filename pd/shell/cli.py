@@ -42,6 +42,7 @@ from estream.net.security import (
     add_server_options,
     config_from_args,
     exposure_warnings,
+    is_loopback,
     load_cluster_secret,
     raft_password,
 )
@@ -207,8 +208,9 @@ def parse_config(argv: list[str]) -> PdConfig:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     password, source = raft_password(configured, args.raft, peers)
     _log_password_source(source)
-    if member_secret is None:
-        logging.getLogger("pd.shell.cli").warning(
+    if member_secret is None:  # a warning beyond loopback, as for the Raft secret
+        logging.getLogger("pd.shell.cli").log(
+            logging.INFO if is_loopback(args.listen) else logging.WARNING,
             "no cluster secret (--secret-file): member opcodes (register, heartbeat, update "
             "replicas) are open to every client that reaches %s", args.listen)
     return PdConfig(str(args.id), args.listen, args.raft, args.http, args.data_dir, peers,

@@ -45,6 +45,7 @@ from estream.net.security import (
     add_server_options,
     config_from_args,
     exposure_warnings,
+    is_loopback,
     load_cluster_secret,
     member_client_context,
     server_context,
@@ -273,9 +274,10 @@ async def serve(args: argparse.Namespace) -> int:
         "MAC verified on append" if args.cluster_secret else
         "stored unverified, no cluster secret (readers verify)",
     )
-    if not args.cluster_secret:
-        log.warning("no cluster secret (--secret-file): member opcodes (DROP_RANGE, "
-                    "LIST_RANGES) are open to every client that reaches %s", bound)
+    if not args.cluster_secret:  # a warning beyond loopback, as PD's
+        log.log(logging.INFO if is_loopback(bound) else logging.WARNING,
+                "no cluster secret (--secret-file): member opcodes (DROP_RANGE, "
+                "LIST_RANGES) are open to every client that reaches %s", bound)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
