@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from typing import Any
 
+from estream.cli.admin import admin_get
 from estream.cli.output import emit_json, human_bytes, key_values, print_tables, table
 from estream.wire.errors import InvalidArgument, ServerNotFound
 
@@ -100,8 +102,20 @@ async def describe(client: Any, ns: argparse.Namespace) -> int:
     return 0
 
 
+async def _outlook(client: Any, ns: argparse.Namespace, server_id: str) -> dict[str, Any]:
+    """Whether a drain of the server can finish (the admin API's ``"drain"``: enough other
+    live, active servers for its widest range), asked before anything moves."""
+    found, _ = await admin_get(client, ns, f"/v1/rangeservers/{server_id}")
+    outlook = found.get("drain") if isinstance(found, dict) else None
+    return outlook if isinstance(outlook, dict) else {}
+
+
 async def drain(client: Any, ns: argparse.Namespace) -> int:
     server_id = await _resolve(client, ns.id)
+    outlook = {} if ns.cancel else await _outlook(client, ns, server_id)
+    if outlook.get("can_finish") is False and not ns.json:
+        print(f"warning: the drain of {server_id} {outlook.get('reason')}: it moves what "
+              f"it can and waits for more servers", file=sys.stderr)
     server = await client.pd.drain_server(server_id, cancel=ns.cancel)
     if ns.wait and not ns.cancel:
         deadline = time.monotonic() + ns.wait
@@ -109,7 +123,7 @@ async def drain(client: Any, ns: argparse.Namespace) -> int:
             await asyncio.sleep(wait_poll_s)
             (server,) = await client.pd.describe_servers(server_id)
     if ns.json:
-        emit_json(server)
+        emit_json(server | ({"drain": outlook} if outlook else {}))
     elif ns.cancel:
         print(f"range server {server_id} is active again")
     else:

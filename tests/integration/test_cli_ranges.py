@@ -82,3 +82,23 @@ def test_ranges_against_a_stopped_pd_fails_with_one_line(cluster: Cluster) -> No
         check=False)
     assert result.returncode == 1
     assert json.loads(result.stderr)["error"]["code"] == "UNAVAILABLE"
+
+
+def test_a_drain_that_cannot_finish_says_so_up_front(cluster: Cluster) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "estream.cli.main", "--pd", cluster.pd_addresses, *args],
+            capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+
+    cluster.heal()  # the server an earlier test stopped is back
+    assert cli("stream", "create", "three-wide", "--exist-ok").returncode == 0
+    victim = cluster.servers[0].address  # by address: every server holds a replica
+    try:
+        drained = cli("server", "drain", victim)
+        assert drained.returncode == 0, drained.stderr
+        # Three servers, ranges of three replicas: it cannot finish, and says so first.
+        assert "cannot finish: needs 3 servers" in drained.stderr, drained.stderr
+        as_json = json.loads(cli("server", "drain", victim, "--json").stdout)
+        assert as_json["drain"]["can_finish"] is False
+    finally:
+        assert cli("server", "drain", victim, "--cancel").returncode == 0
