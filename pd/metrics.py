@@ -179,6 +179,11 @@ class Metrics:
     def set_gauge(self, name: str, help_text: str, value: float, **labels: str) -> None:
         self._family(name, "gauge", help_text).values[_key(labels)] = value
 
+    def gauge_max(self, name: str) -> float | None:
+        """The largest value the gauge ``name`` has under any labels (None: none set)."""
+        named = self._named.get(name)
+        return max(named.values.values()) if named is not None and named.values else None
+
     def observe_seconds(self, name: str, help_text: str, seconds: float, **labels: str) -> None:
         """Add one duration to the histogram ``name`` (ending in ``_seconds``)."""
         histograms = self._family(name, "histogram", help_text).histograms

@@ -556,7 +556,8 @@ def _add_console() -> None:
                     "properties": {"at_ms": {"type": "integer"}, "streams": figure,
                                    "ranges": figure, "servers_live": figure,
                                    "under_replicated": figure, "commit_index": figure,
-                                   "bytes_stored": figure, "commit_ms": figure}}}}},
+                                   "bytes_stored": figure, "commit_ms": figure,
+                                   "cursor_lag_max": figure}}}}},
             "The samples"), **_errors(400)}}}
 
 

@@ -53,6 +53,7 @@ from pd.console import (
 )
 from pd.shell.consolepage import CONSOLE_HTML
 from pd.shell.records import browse
+from pd.shell.retainer import LAG as CURSOR_LAG
 from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,9 @@ class _OperatorViews:
             figures = {k: gauges[g][1] for k, g in _SAMPLED_GAUGES.items() if g in gauges}
         figures["bytes_stored"] = sum(int(s.load.get("bytes", 0) or 0)
                                       for s in self.service.servers() if s.alive)
+        lag = self.service.metrics.gauge_max(CURSOR_LAG)  # the leader's retainer sets it
+        if lag is not None:
+            figures["cursor_lag_max"] = lag
         histogram = getattr(self.service.raft, "commit_seconds", None)
         if histogram is not None:
             reading = (histogram.sum_s, histogram.count)

@@ -248,7 +248,8 @@ const CHARTS = [["bytes_stored", "bytes stored", bytes, false],
   ["ranges", "ranges", String, false],
   ["under_replicated", "under-replicated ranges", String, false],
   ["commit_index", "Raft commits/s", (v) => v.toFixed(1), true],
-  ["commit_ms", "Raft commit latency ms", (v) => v.toFixed(2), false]];
+  ["commit_ms", "Raft commit latency ms", (v) => v.toFixed(2), false],
+  ["cursor_lag_max", "largest cursor lag (records; the leader measures)", String, false]];
 function series(samples, key, rate) {
   const points = [];
   for (let i = 0; i < samples.length; i++) {

@@ -108,7 +108,7 @@ async def test_console_as_an_operator_uses_it(cluster: Cluster, tmp_path: Path) 
         # Charts from this node's samples: one SVG per figure.
         await page.wait("/^[1-9]/.test(document.getElementById('samples-count').innerText)",
                         "samples")
-        assert await page.evaluate("document.querySelectorAll('#charts svg').length") == 6
+        assert await page.evaluate("document.querySelectorAll('#charts svg').length") == 7
         # At least the gauges of one sample are drawn (rates need two samples).
         assert await page.evaluate("document.querySelectorAll('#charts svg circle').length") >= 3
 
@@ -272,6 +272,11 @@ def test_samples_and_drain_outlook_in_the_api(cluster: Cluster) -> None:
             "servers_live"} <= set(newest)
     assert abs(newest["at_ms"] - time.time() * 1000) < 3_600_000
     assert http_json(cluster.pd_url() + "/v1/samples?minutes=61")[0] == 400
+    # The leader's samples carry the largest cursor lag (the operator test's cursor).
+    deadline = time.monotonic() + 25.0
+    while "cursor_lag_max" not in api(cluster, "/v1/samples")["samples"][-1]:
+        assert time.monotonic() < deadline, "no cursor lag sampled on the leader"
+        time.sleep(0.5)
     server = api(cluster, "/v1/rangeservers")["rangeservers"][0]
     described = api(cluster, f"/v1/rangeservers/{server['id']}")
     validate("/v1/rangeservers/{id}", "GET", 200, described)

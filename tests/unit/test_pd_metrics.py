@@ -86,6 +86,14 @@ def test_a_name_keeps_its_type() -> None:
         m.set_gauge("estream_x_total", "X.", 1)
 
 
+def test_gauge_max_over_every_label() -> None:
+    m = Metrics()
+    assert m.gauge_max("estream_cursor_lag") is None
+    m.set_gauge("estream_cursor_lag", "Lag.", 3, stream="a", cursor="c")
+    m.set_gauge("estream_cursor_lag", "Lag.", 7, stream="b", cursor="c")
+    assert m.gauge_max("estream_cursor_lag") == 7
+
+
 def status(leader: str | None, connected: bool, me: str = "n1:7110") -> RaftStatus:
     peers = {"n2:7110": connected, "n3:7110": connected}
     return RaftStatus(me, "leader" if leader == me else "follower", leader, 3, 10, 10, 10, peers)
