@@ -146,5 +146,11 @@ class RangeHealth:
     @property
     def under_replicated(self) -> bool:
         """Fewer healthy replicas than wanted, or some replica to replace (dead, damaged,
-        short, on a draining server)."""
-        return self.healthy < self.wanted or bool(self.reasons)
+        short). A healthy replica on a draining server is not: the range is whole, it is
+        only to be moved (:attr:`moving`)."""
+        return self.healthy < self.wanted or any(r != "drain" for r in self.reasons.values())
+
+    @property
+    def moving(self) -> bool:
+        """Some replica is on a draining server: repair moves it off."""
+        return "drain" in self.reasons.values()

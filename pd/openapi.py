@@ -155,6 +155,9 @@ SCHEMAS: Final[dict[str, Any]] = {
             "wanted": {"type": "integer", "minimum": 1},
             "healthy": {"type": "integer", "minimum": 0},
             "under_replicated": {"type": "boolean"},
+            "moving": {"type": "boolean",
+                       "description": "a replica is on a draining server (the range may be "
+                                      "whole: only to be moved)"},
             "repairing": {"type": "boolean"},
             "replicas": {"type": "array", "items": {
                 "type": "object", "required": ["id", "health", "reason"],
@@ -177,6 +180,9 @@ SCHEMAS: Final[dict[str, Any]] = {
                 "properties": {
                     "leader": {"type": "boolean"},
                     "under_replicated": {"type": "integer", "minimum": 0},
+                    "moving": {"type": "integer", "minimum": 0,
+                               "description": "ranges with a replica to move off a "
+                                              "draining server"},
                     "in_progress": {"type": "integer", "minimum": 0},
                     "planned": {"type": "integer", "minimum": 0},
                     "deferred": {"type": "integer", "minimum": 0},

@@ -31,6 +31,8 @@ def summary(report: Mapping[str, Any], from_leader: bool) -> str:
     line = (f"{repair.get('under_replicated', 0)} ranges under-replicated; repairs in "
             f"progress {repair.get('in_progress', 0)}, planned {repair.get('planned', 0)}, "
             f"deferred {repair.get('deferred', 0)}")
+    if repair.get("moving"):
+        line += f"; {repair['moving']} ranges to move off draining servers"
     draining = repair.get("draining") or []
     if draining:
         line += f"; draining {', '.join(short_id(d) for d in draining)}"

@@ -146,11 +146,12 @@ class Drainer:
         servers = self.repairer.servers()
         busy = self.repairer.busy
         out: list[dict[str, Any]] = []
-        under = 0
+        under = moving = 0
         for stream in sorted(view.streams.values(), key=lambda s: s.name):
             for rng in stream.ranges:
                 item = self.health(stream, rng, servers, now)
                 under += item.under_replicated
+                moving += item.moving
                 if (under_replicated_only and not item.under_replicated) \
                         or len(out) >= ranges_report_max:
                     continue
@@ -158,7 +159,7 @@ class Drainer:
                     "stream": stream.name, "stream_id": stream.id, "index": rng.index,
                     "start": rng.start, "end": rng.end, "state": rng.state,
                     "wanted": item.wanted, "healthy": item.healthy,
-                    "under_replicated": item.under_replicated,
+                    "under_replicated": item.under_replicated, "moving": item.moving,
                     "repairing": (stream.id, rng.index) in busy,
                     "replicas": [{"id": sid, "health": health,
                                   "reason": item.reasons.get(sid)}
@@ -168,6 +169,7 @@ class Drainer:
         return {"ranges": out, "repair": {
             "leader": self.service.raft.status().role == "leader",
             "under_replicated": under,
+            "moving": moving,
             "in_progress": len(busy),
             "planned": len(plan.tasks),
             "deferred": plan.deferred,

@@ -100,5 +100,11 @@ def test_a_drain_that_cannot_finish_says_so_up_front(cluster: Cluster) -> None:
         assert "cannot finish: needs 3 servers" in drained.stderr, drained.stderr
         as_json = json.loads(cli("server", "drain", victim, "--json").stdout)
         assert as_json["drain"]["can_finish"] is False
+        # Its ranges are whole (3/3): to be moved, not under-replicated.
+        report = json.loads(ranges_cli(cluster, "--json").stdout)
+        row = next(r for r in report["ranges"] if r["stream"] == "three-wide")
+        assert row["healthy"] == 3 and row["moving"] and not row["under_replicated"], row
+        assert report["repair"]["moving"] >= 1
+        assert "to move off draining servers" in ranges_cli(cluster).stdout
     finally:
         assert cli("server", "drain", victim, "--cancel").returncode == 0

@@ -164,3 +164,16 @@ def test_a_drain_target_that_failed_is_avoided_next_round() -> None:
     (second,) = plan_repairs([s], servers, NOW, avoid={(7, 0): {first.targets[0]}}).tasks
     assert second.missing == ("c",) and second.targets != first.targets
     assert second.targets[0] in "de"
+
+
+def test_a_whole_range_on_a_draining_server_is_moving_not_under_replicated() -> None:
+    from estream.wire.meta import RangeMeta
+    from pd.drain import RangeHealth
+
+    rng = RangeMeta(0, 0, 10, ())
+    whole = RangeHealth("s", 1, rng, 3, 3, (), {"a": "drain"})
+    assert whole.moving and not whole.under_replicated
+    short = RangeHealth("s", 1, rng, 3, 2, (), {"a": "drain"})
+    assert short.moving and short.under_replicated
+    dead = RangeHealth("s", 1, rng, 3, 3, (), {"b": "dead"})
+    assert dead.under_replicated and not dead.moving
