@@ -24,11 +24,19 @@ def emit_json(value: Any) -> None:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    """A table for people. In a narrow terminal the first column (what the row names: a
+    stream, a server) keeps its width, whole; the others fold their text onto more lines
+    rather than cut it."""
+    cells = [["-" if cell is None else str(cell) for cell in row] for row in rows]
     result = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for column in columns:
-        result.add_column(column)
-    for row in rows:
-        result.add_row(*("-" if cell is None else str(cell) for cell in row))
+    for i, column in enumerate(columns):
+        if i == 0:
+            widest = max([len(column), *(len(row[0]) for row in cells if row)])
+            result.add_column(column, min_width=widest, no_wrap=True)
+        else:
+            result.add_column(column, overflow="fold")
+    for row in cells:
+        result.add_row(*row)
     return result
 
 

@@ -97,13 +97,13 @@ async def test_offset_for_time_at_every_boundary(cluster: Cluster) -> None:
         await check()
         with pytest.raises(StreamNotFound):
             await client.offset_for_time("nope", T0)
-        # The stream's figures over HTTP (pd/streamfigures.py): the open range's records
-        # count; its bytes and timestamps are not in the catalog, so not exact.
+        # The stream's figures over HTTP (pd/streamfigures.py): the open range counts too,
+        # from a replica's figures (not exact: they may run past what is acknowledged).
         described = cluster.describe("times")
         sealed_bytes = sum(r.size_bytes or 0 for r in meta.ranges if r.sealed)
         assert (described["end_offset"], described["records"]) == (len(stamps), len(stamps))
-        assert (described["first_timestamp"], described["last_timestamp"]) == (T0 + 10, T0 + 60)
-        assert described["bytes"] == sealed_bytes > 0 and described["figures_exact"] is False
+        assert (described["first_timestamp"], described["last_timestamp"]) == (T0 + 10, T0 + 70)
+        assert described["bytes"] > sealed_bytes > 0 and described["figures_exact"] is False
         trim = cluster.pd_url() + "/v1/streams/times/trim"
         status, body = http_json(trim, "POST", {"start_offset": len(stamps) + 1})
         assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT", body
