@@ -483,6 +483,8 @@ class PdService:
         for at most ``timeout_s``)."""
         last = stream.last_range
         stats = None
+        if stream.epoch == 0:  # no writer ever opened it: nothing to ask (as recovery)
+            return stream_figures(stream, stream.start_offset)
         if last is not None and not last.sealed:
             end, stats = await asyncio.gather(
                 self.readable_end(stream, timeout_s=timeout_s),
