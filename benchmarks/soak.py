@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import estream
+from benchmarks.bench_tier_disk import disk_use
 from estream.devcluster.cluster import Cluster, start_cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -153,17 +154,6 @@ def _proc(pid: int) -> dict[str, float]:
     return {"rss_mib": rss_kib / 1024, "fds": float(fds), "cpu_s": cpu_s}
 
 
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(root, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
-
 def _percentile(samples: list[float], q: float) -> float:
     if not samples:
         return float("nan")
@@ -201,8 +191,8 @@ class Sampler:
             "rs_fds_max": max(f["fds"] for f in rs.values()),
             "pd_leader_cpu": cpu[leader],
             "rs_cpu_max": max(cpu[key] for key in rs),
-            "rs_disk_mib": sum(_dir_bytes(s.data_dir) for s in self.cluster.servers) / 2**20,
-            "objects_mib": _dir_bytes(self.objects) / 2**20,
+            "rs_disk_mib": sum(disk_use(s.data_dir) for s in self.cluster.servers) / 2**20,
+            "objects_mib": disk_use(self.objects) / 2**20,
             "append_p50_ms": _percentile(w.latencies_ms, 50),
             "append_p99_ms": _percentile(w.latencies_ms, 99),
             "sessions_per_s": w.sessions / span,
