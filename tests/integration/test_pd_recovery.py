@@ -23,11 +23,11 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.pd import http_json
 from estream.wire import limits
 from estream.wire.errors import Fenced, NotLeader, StreamNotFound
 from estream.wire.protocol import Opcode
 from tests.harness import writer as writer_process
+from tests.harness.metrics import pd_metric_total
 from tests.harness.repair import call as call_pd
 
 pytestmark = [pytest.mark.integration,
@@ -88,16 +88,7 @@ async def wait_sealed(client: estream.Client, name: str, deadline: float) -> flo
 
 def recoveries(cluster: Cluster, outcome: str) -> int:
     """``estream_writer_recoveries_total{outcome}`` summed over the PD nodes."""
-    total = 0
-    for url in cluster.pd.http_urls:
-        try:
-            status, text = http_json(url + "/metrics", timeout_s=2.0)
-        except OSError:
-            continue
-        prefix = f'estream_writer_recoveries_total{{outcome="{outcome}"}}'
-        total += sum(int(float(line.split()[-1])) for line in str(text).splitlines()
-                     if status == 200 and line.startswith(prefix))
-    return total
+    return pd_metric_total(cluster, f'estream_writer_recoveries_total{{outcome="{outcome}"}}')
 
 
 async def test_a_killed_writers_hidden_tail_is_visible_within_10_s(

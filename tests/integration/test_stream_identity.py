@@ -27,10 +27,10 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.pd import http_json
 from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, StreamNotFound
 from estream.wire.record import Record
+from tests.harness.metrics import pd_metric_total
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
 
@@ -115,16 +115,7 @@ async def test_a_stream_created_again_is_a_new_stream(cluster: Cluster) -> None:
 
 def pd_requests(cluster: Cluster, op: str) -> int:
     """``estream_pd_requests_total`` of RPC operation ``op``, summed over the PD nodes."""
-    total = 0
-    for url in cluster.pd.http_urls:
-        try:
-            status, text = http_json(url + "/metrics", timeout_s=2.0)
-        except OSError:
-            continue
-        total += sum(int(float(line.split()[-1])) for line in str(text).splitlines()
-                     if status == 200 and line.startswith("estream_pd_requests_total{")
-                     and f'op="{op}"' in line and 'api="rpc"' in line)
-    return total
+    return pd_metric_total(cluster, "estream_pd_requests_total{", f'op="{op}"', 'api="rpc"')
 
 
 async def test_a_clients_writers_renew_their_leases_in_one_request_per_interval(
