@@ -4,7 +4,9 @@ sampled so that anything growing with history shows as a rising curve.
 The cluster: 3 PD nodes and 4 range servers, the object tier on ``file://`` with short
 delays (offload 5 s after a seal, local copies dropped 15 s after the upload), so every
 range goes through seal, upload, release and, for streams with retention, trim and
-object deletion many times over.
+object deletion many times over; range servers write 4 MiB log segments (``--segment-mib``;
+a server frees disk a whole segment at a time: with the default 256 MiB, a run of an hour
+at this rate would never fill one).
 
 The workload, bounded by ``--duration-s`` (every loop checks the clock and stops):
 
@@ -25,7 +27,8 @@ quarter's mean over the second quarter's: 1.0 is flat) and writes the samples to
 a chart (with matplotlib, when installed: ``make soak`` installs it). Usage::
 
     python -m benchmarks.soak [--duration-s 3600] [--streams 2000] [--sessions 32]
-        [--readers 4] [--churn-s 1] [--sample-s 10] [--out benchmarks/results/soak.json]
+        [--readers 4] [--churn-s 1] [--sample-s 10] [--segment-mib 4]
+        [--out benchmarks/results/soak.json]
 """
 
 from __future__ import annotations
@@ -266,7 +269,10 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     objects.mkdir()
     pd_args = ["--object-store", f"file://{objects}", "--offload-delay-s", "5",
                "--local-retention-s", "15", "--object-max-age-s", "5"]
-    cluster = start_cluster(root, range_servers=4, pd_args=pd_args)
+    # Small log segments: a server frees disk a whole segment at a time, so with the
+    # default 256 MiB its disk could only grow for the first hour of this workload.
+    cluster = start_cluster(root, range_servers=4, pd_args=pd_args, rangeserver_args=[
+        "--wal-segment-mib", str(args.segment_mib)])
     rows: list[dict[str, Any]] = []
     try:
         client = await estream.connect(cluster.pd_addresses)
@@ -315,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--churn-s", type=float, default=1.0)
     parser.add_argument("--sample-s", type=float, default=10.0)
+    parser.add_argument("--segment-mib", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = parser.parse_args(argv)

@@ -17,7 +17,8 @@ seal that range if no new writer opens the stream, so those records stay hidden.
 
 The leader's round asks :meth:`LeaseTable.due` which streams to look at (open last range,
 lease run out, not found clean a moment ago), asks each one's replicas ``DESCRIBE_RANGE``,
-and :func:`needs_recovery` decides from the sound answers. A stream found clean is looked
+and :func:`must_seal` decides from the sound answers: a range hiding records, or one
+holding any (a writer that closed cleanly), is sealed. A stream found clean is looked
 at again later, each time twice as late (up to ``recheck_ms_max``): an idle stream costs a
 few requests a minute, not three a round. The table keeps when to look at each stream in a
 heap, so a round costs the streams due plus a bounded sweep (``sweep_streams_max``), not a
@@ -110,6 +111,23 @@ def needs_recovery(answers: Iterable[ReplicaAnswer]) -> bool:
     if not found:
         return False
     return max(a.end for a in found) > min(a.readable for a in found)
+
+
+def must_seal(answers: Iterable[ReplicaAnswer], start: int) -> bool:
+    """Whether the leader seals the open range (from ``start``) of a stream whose writer's
+    lease ran out: a reader could miss durable records (:func:`needs_recovery`), or any
+    replica holds records at all. A writer that closed cleanly leaves its range open on
+    its servers, where an open replica keeps every log segment from its creation on (a
+    range server frees a segment only once no live replica spans it) and the range never
+    reaches the object tier: sealed, it is uploaded, and its replicas released. A range
+    nothing was written to stays as it is (it spans one segment at most).
+
+    >>> clean = [ReplicaAnswer(10, 10), ReplicaAnswer(10, 10)]
+    >>> must_seal(clean, 0), must_seal(clean, 10), must_seal([], 0)
+    (True, False, False)
+    """
+    found = list(answers)
+    return needs_recovery(found) or any(a.end > start for a in found)
 
 
 class Keepalive(NamedTuple):  # (a tuple: thousands a request)

@@ -73,7 +73,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import xxhash
@@ -285,6 +285,46 @@ def track(
     return {key: previous.get(key, now_ms) for key in present}
 
 
+class TierWork:
+    """The catalog narrowed to the offloader's work: each stream that has a sealed "local"
+    range or an "object" range still listing replicas, with only those ranges. A stream
+    the catalog did not change since the last call (the same object: catalog entries are
+    immutable) is not walked again, so a pass costs O(streams) plus the ranges of the
+    streams that changed, not every range the catalog ever kept (a stream may hold
+    100,000, nearly all long in the object tier). What it returns is what
+    :func:`sealed_local`, :func:`tiered_with_replicas`, :func:`uploads_due`,
+    :func:`drops_due` and :func:`still_wanted` would find over the whole catalog.
+
+    >>> from estream.wire.meta import RangeMeta
+    >>> work = TierWork()
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, (), tier="object"),
+    ...                                RangeMeta(1, 5, 9, ()), RangeMeta(2, 9, None, ())))
+    >>> [[r.index for r in n.ranges] for n in work.narrow([s])]
+    [[1]]
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[StreamMeta, StreamMeta | None]] = {}
+
+    def narrow(self, streams: Iterable[StreamMeta]) -> list[StreamMeta]:
+        seen: dict[int, tuple[StreamMeta, StreamMeta | None]] = {}
+        out = []
+        for stream in streams:
+            hit = self._seen.get(stream.id)
+            if hit is not None and hit[0] is stream:
+                narrowed = hit[1]
+            else:
+                ranges = tuple(r for r in stream.ranges
+                               if (r.sealed and r.tier == "local")
+                               or (r.tier == "object" and r.replicas))
+                narrowed = replace(stream, ranges=ranges) if ranges else None
+            seen[stream.id] = (stream, narrowed)
+            if narrowed is not None:
+                out.append(narrowed)
+        self._seen = seen
+        return out
+
+
 def sealed_local(streams: Iterable[StreamMeta]) -> list[RangeKey]:
     """Every sealed range still in the local tier."""
     return [(s.id, r.index) for s in streams for r in s.ranges
@@ -357,6 +397,18 @@ def drops_due(
                                  rng.replicas, rng.start, rng.end or rng.start,
                                  rng.object_part))
     return out
+
+
+def check_bytes(drop: LocalDrop, window_bytes: int) -> int:
+    """The most a release's check of ``drop``'s object holds in memory at once: its part's
+    data, in windows of ``window_bytes`` (a version-1 object's size is not in the catalog:
+    a whole window).
+
+    >>> check_bytes(LocalDrop("s", 1, 0, "k", ()), 8), check_bytes(LocalDrop("s", 1, 0, "k",
+    ...     (), part=ObjectPart(0, 3, 3, 4, 0)), 8)
+    (8, 3)
+    """
+    return window_bytes if drop.part is None else min(drop.part.data_bytes, window_bytes)
 
 
 def offload_lag_ms(sealed_since: Mapping[RangeKey, int], now_ms: int) -> int:

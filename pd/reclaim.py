@@ -40,6 +40,7 @@ class Drop:
     range_index: int
     reason: str
     placement: tuple[str, ...] = ()  # moved: the range's replicas in the catalog then
+    name: str = ""  # moved: the stream's name (a lookup, not a scan, before the drop)
 
 
 Suspects = Mapping[tuple[str, int, int], tuple[str, ...]]  # (server, stream, range) -> placement
@@ -74,7 +75,7 @@ def droppable(
             continue
         placement = tuple(ref.id for ref in held.replicas)
         if server_id and server_id not in placement:
-            drops.append(Drop(stream_id, range_index, "moved", placement))
+            drops.append(Drop(stream_id, range_index, "moved", placement, stream.name))
     return drops
 
 

@@ -562,6 +562,7 @@ class Writer:
         try:
             if self._error is None and self._core is not None:
                 await self.flush()
+                await self._seal_on_close()
         finally:
             self._stop_background()
             try:
@@ -576,6 +577,27 @@ class Writer:
                 for task in list(self._tasks):
                     task.cancel()
                 self._fail_all(Closed("the writer is closed"))
+
+    async def _seal_on_close(self) -> None:
+        """Seal the open range at its end, in PD and then on its replicas: no writer
+        appends to it again (the next one opens a range of its own), and while it is open
+        its replicas keep every log segment from their creation on and it cannot go to the
+        object tier. Only a range holding records, all acknowledged, and not of a
+        ``DEFERRED_SYNC`` writer (its end may not be durable); best effort: otherwise PD
+        seals it once the lease ran out (``pd/shell/recoverer.py``)."""
+        core = self._core
+        if (core is None or self._error is not None or core.sealing or core.failed
+                or self.config.deferred or core.completed != core.next_offset
+                or core.next_offset <= core.range_start):
+            return
+        end = core.next_offset
+        try:
+            self.stream = await self._client.pd.seal_range(
+                self.stream.name, self.epoch, core.range_index, end, (), known=self.stream)
+            await self._replicas.seal(core.stream_id, core.range_index, end, core.live)
+        except EstreamError as exc:
+            log.info("stream %r: range %d not sealed at close (PD seals it later): %r",
+                     self.stream.name, core.range_index, exc)
 
     def _now(self) -> int:
         """The writer's clock in milliseconds: its event loop's, the clock its timers run

@@ -17,7 +17,11 @@ time to run out.
    a replica that errs, is damaged, holds less, or holds batches that do not line up is
    skipped for the next one) into the open pack, which :func:`pd.offload.close_packs`
    closes at ``object_size_bytes`` or ``object_max_age`` (what is due in one round goes
-   out together). A closed pack becomes one object (format version 2,
+   out together). Up to ``reads_at_once_max`` ranges are read side by side, a first
+   window of ``first_read_bytes_max`` each; a range longer than that is read on one at
+   a time (memory stays bounded whatever the ranges' sizes). The catalog is looked at
+   through :class:`pd.offload.TierWork`: only the streams that changed are walked again.
+   A closed pack becomes one object (format version 2,
    :mod:`estream.wire.objectformat`; it refuses anything but exactly each range's
    ``[start, end)``): propose ``prepare_pack`` (the key, its ranges and a deadline,
    ``prepare_ttl`` from now on the wall clock), PUT it, read back its size and its index
@@ -27,7 +31,8 @@ time to run out.
    go out, a pack that closes goes out at once, and at most two packs (those in flight
    and the open one) are in memory; each pack's own steps stay in order. The catalog is
    read again before each range, so ranges sealed during the round are taken too.
-2. **Release** (while the uploads run, ``releases_in_flight_max`` at a time, each range
+2. **Release** (while the uploads run, ``releases_in_flight_max`` at a time while their
+   checks hold at most ``releases_check_bytes_max``, each range
    once a round; woken by each commit) each "object" range committed
    ``local_retention`` ago: read its part of
    the object back (its index entries against the catalog's checksum, or for a version-1
@@ -150,7 +155,9 @@ from pd.offload import (
     LocalDrop,
     Pending,
     RangeKey,
+    TierWork,
     Upload,
+    check_bytes,
     close_packs,
     deletable_after_expiry,
     deletions_due,
@@ -186,10 +193,13 @@ interval_ms_default: Final = 1_000
 seal_poll_ms: Final = 50  # between rounds, the catalog is looked at this often for seals
 seal_poll_cost_max: Final = 20  # ...or less often: at most 1/20 of the time in those looks
 sweep_interval_ms_default: Final = 60_000
-uploads_per_round_max: Final = 16
+uploads_per_round_max: Final = 512
+reads_at_once_max: Final = 8  # ranges read from their replicas side by side, each...
+first_read_bytes_max: Final = 2 * 1024 * 1024  # ...this much at first (the rest: one at a time)
 upload_round_ms_max: Final = 10_000  # no upload starts after this long in one round
-drops_per_round_max: Final = 64
-releases_in_flight_max: Final = 3  # releases checking their objects at once (8 MiB each)
+drops_per_round_max: Final = 512
+releases_in_flight_max: Final = 16  # releases checking their objects at once...
+releases_check_bytes_max: Final = 24 * 1024 * 1024  # ...holding at most this much of them
 sweep_deletes_max: Final = 1_000
 sweep_list_max: Final = 10_000  # keys one sweep lists (the next sweep lists the next ones)
 rpc_timeout_s: Final = 10.0
@@ -257,6 +267,8 @@ class Offloader(DamageChecks):
         self.reuploaded: set[RangeKey] = set()  # this round: not released in it
         self.damage = DamageInbox()  # readers' reports of damaged objects, to check
         self.lost: set[tuple[str, RangeKey]] = set()  # (key, range) counted as lost
+        self.work = TierWork()  # the catalog narrowed to this offloader's ranges
+        self.long_reads = asyncio.Lock()  # ranges read past their first window, one at a time
 
     async def run(self) -> None:
         """Forever (until cancelled): a round while leader, then the wait
@@ -296,7 +308,7 @@ class Offloader(DamageChecks):
             looked = time.monotonic()
             now = self.service.clock_ms()
             self.sealed_since = track(self.sealed_since, sealed_local(
-                view.streams.values()), now)
+                self.work.narrow(view.streams.values())), now)
             due = next_due_ms(self.sealed_since, self.offload_delay_ms, now,
                               not_before=self.retry_at)
             if due is not None:
@@ -335,7 +347,7 @@ class Offloader(DamageChecks):
             return self.interval_ms
         now = self.service.clock_ms()
         view = self.service.view()
-        streams = list(view.streams.values())
+        streams = self.work.narrow(view.streams.values())
         self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
         self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
         self.service.metrics.set_gauge(OFFLOAD_LAG, _HELP[OFFLOAD_LAG],
@@ -373,7 +385,7 @@ class Offloader(DamageChecks):
         """The ranges due for upload now (the catalog read afresh: ranges sealed since the
         round began count too), not in the open pack, not in a prepared one."""
         view = self.service.view()
-        streams = list(view.streams.values())
+        streams = self.work.narrow(view.streams.values())
         self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
         self.pending = still_wanted(self.pending, streams)
         for key in set(self.pending_data) - {p.key for p in self.pending}:
@@ -415,16 +427,18 @@ class Offloader(DamageChecks):
                         or not self._leading()):
                     backlog = True
                     break
-                upload = due[0]
-                read += 1
+                chunk = due[:min(reads_at_once_max, uploads_per_round_max - read)]
+                read += len(chunk)
                 for _ in range(puts_to_wait_for(len(in_flight), open_pack=True)):
                     await in_flight.pop(0)
-                batches = await self._read(upload)  # (while the packs in flight go out)
-                if batches is None:
-                    continue
-                self.pending.append(Pending(upload, sum(len(b) for b in batches),
-                                            self.service.clock_ms()))
-                self.pending_data[upload.key] = batches
+                # (while the packs in flight go out)
+                got = await asyncio.gather(*(self._read(upload) for upload in chunk))
+                for upload, batches in zip(chunk, got, strict=True):
+                    if batches is None:
+                        continue
+                    self.pending.append(Pending(upload, sum(len(b) for b in batches),
+                                                self.service.clock_ms()))
+                    self.pending_data[upload.key] = batches
                 for pack in self._take_packs(self.service.clock_ms(), full_only=True):
                     in_flight.append(self._start_offload(pack))
                     for _ in range(puts_to_wait_for(len(in_flight),
@@ -570,17 +584,25 @@ class Offloader(DamageChecks):
         client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
         out: list[bytes] = []
         offset = upload.start
-        while offset < upload.end:
+
+        async def window(max_bytes: int) -> None:
+            nonlocal offset
             answer = await client.read(source.address, server_id=source.id,
                                        stream_id=upload.stream_id,
                                        range_index=upload.range_index, offset=offset,
-                                       max_bytes=limits.read_bytes_max)
+                                       max_bytes=max_bytes)
             todo = batches_continuing(answer.payload, offset, upload.end)
             if not todo:
                 raise Unavailable(f"replica {source.id} serves range {upload.range_index} "
                                   f"only up to {answer.end}, not {upload.end}")
             out.extend(bytes(raw) for _, raw in todo)
             offset = todo[-1][0].end_offset
+
+        await window(first_read_bytes_max)  # (side by side with the other reads)
+        if offset < upload.end:
+            async with self.long_reads:  # a range longer than that: one at a time
+                while offset < upload.end:
+                    await window(limits.read_bytes_max)
         return out
 
     async def _verify(self, key: str, put_bytes: int, tail: bytes | memoryview) -> None:
@@ -609,6 +631,7 @@ class Offloader(DamageChecks):
         next round); once ``uploads_done``, what is due then is finished and the round
         goes on. Returns whether due releases were left."""
         running: dict[RangeKey, asyncio.Task[None]] = {}
+        held: dict[RangeKey, int] = {}  # the bytes each running check may hold at once
         tried: set[RangeKey] = set()  # once a round (one that failed waits for the next)
         started = 0
         try:
@@ -616,7 +639,7 @@ class Offloader(DamageChecks):
                 last = uploads_done.is_set()  # (read first: a pass after it is the last)
                 self.committed.clear()  # (read first: a commit after it wakes the next)
                 now = self.service.clock_ms()
-                streams = list(self.service.view().streams.values())
+                streams = self.work.narrow(self.service.view().streams.values())
                 self.committed_since = track(self.committed_since,
                                              tiered_with_replicas(streams), now)
                 due = [d for d in drops_due(streams, self.committed_since, now,
@@ -624,8 +647,12 @@ class Offloader(DamageChecks):
                        if d.key not in tried and d.key not in self.reuploaded]
                 while (due and len(running) < releases_in_flight_max
                        and started < drops_per_round_max and self._leading()):
+                    need = check_bytes(due[0], check_window_bytes)
+                    if running and sum(held.values()) + need > releases_check_bytes_max:
+                        break
                     drop = due.pop(0)
                     running[drop.key] = asyncio.ensure_future(self._release(drop, alive))
+                    held[drop.key] = need
                     tried.add(drop.key)
                     started += 1
                 if not running and (last or started >= drops_per_round_max
@@ -645,6 +672,7 @@ class Offloader(DamageChecks):
                 for key, task in list(running.items()):
                     if task in finished:
                         del running[key]
+                        del held[key]
                         task.result()  # (a crash goes on up; store and range-server
                         # errors were handled by _release)
         finally:

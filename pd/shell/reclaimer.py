@@ -32,7 +32,9 @@ Side effects: network (range servers through a :class:`ConnectionPool`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Final
 
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
@@ -46,6 +48,7 @@ from pd.shell.service import PdService
 log = logging.getLogger(__name__)
 
 rpc_timeout_s = 10.0
+drops_at_once_max: Final = 16  # DROP_RANGE calls to one server side by side
 DROPS_TOTAL = "estream_replicas_dropped_total"
 DROPS_HELP = (
     "Replicas dropped on range servers by the reclaimer, by reason (deleted, trimmed, moved)."
@@ -126,11 +129,14 @@ class Reclaimer:
                 ), self.suspects)
                 suspects.update(suspected)
                 left = len(drops) + len(suspected)
-                for drop in drops[:budget]:
-                    done = await self._drop(server.address, server.id, drop)
+                todo = drops[:budget]
+                budget -= len(todo)
+                for at in range(0, len(todo), drops_at_once_max):
+                    done = sum(await asyncio.gather(*(
+                        self._drop(server.address, server.id, drop)
+                        for drop in todo[at:at + drops_at_once_max])))
                     dropped += done
                     left -= done
-                    budget -= 1
                 self.backlog[server.id] = left
             except EstreamError as exc:
                 log.warning("reclaiming on range server %s failed: %s", server.id, exc)
@@ -142,8 +148,9 @@ class Reclaimer:
     def _still_moved(self, drop: Drop) -> bool:
         """A moved replica is still not in its range's placement (checked again right
         before the drop: earlier drops of the round awaited)."""
-        stream = next(
-            (s for s in self.service.view().streams.values() if s.id == drop.stream_id), None)
+        stream = self.service.view().streams.get(drop.name)
+        if stream is not None and stream.id != drop.stream_id:
+            stream = None  # (deleted and created again: nothing of the old one is placed)
         held = None if stream is None else stream.range_at(drop.range_index)
         return held is not None and tuple(ref.id for ref in held.replicas) == drop.placement
 

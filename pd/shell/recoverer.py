@@ -6,7 +6,9 @@ moves. Every ``recovery_interval_ms``, while this node is the Raft leader and ha
 everything committed, the :class:`Recoverer` asks :meth:`pd.lease.LeaseTable.due` for the
 streams whose writer lease ran out, asks their open range's replicas ``DESCRIBE_RANGE``
 (:func:`pd.shell.rangeops.describe`, naming each server id), and when
-:func:`pd.lease.needs_recovery` says a reader could miss durable records, recovers it:
+:func:`pd.lease.must_seal` says so (a reader could miss durable records, or the range
+holds records at all: a writer that closed cleanly leaves it open, pinning its servers'
+logs and out of the object tier's reach), recovers it:
 
 1. a new epoch through Raft, compare-and-set on the epoch it decided from (a writer that
    opened meanwhile makes it a Conflict: nothing is done). This fences the dead writer at
@@ -56,7 +58,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import StreamMeta
-from pd.lease import needs_recovery, retry_ms_max
+from pd.lease import must_seal, needs_recovery, retry_ms_max
 from pd.metrics import WRITER_RECOVERIES_HELP, WRITER_RECOVERIES_TOTAL
 from pd.repair import RangeKey
 from pd.shell import rangeops
@@ -121,15 +123,17 @@ class Recoverer:
         if last is None or last.sealed or (stream.id, last.index) in self.busy:
             return None
         answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
-        if not needs_recovery(answers.values()):
+        if not must_seal(answers.values(), last.start):
             self.service.leases.checked_clean(stream, self.clock_ms())
             return None
-        return await self.recover(stream)
+        return await self.recover(stream, hidden=needs_recovery(answers.values()))
 
-    async def recover(self, stream: StreamMeta) -> RecoveryResult | None:
+    async def recover(self, stream: StreamMeta, *, hidden: bool = True
+                      ) -> RecoveryResult | None:
         """Recover the open last range of ``stream`` as it was looked at, unless it has
         changed since (another epoch or range), its lease is alive again, or another
-        task works on it."""
+        task works on it. ``hidden``: its replicas hide records from readers (else its
+        writer closed cleanly: the range is only sealed)."""
         current = self.service.view().streams.get(stream.name)
         last = stream.last_range
         if (current is None or last is None or current.id != stream.id
@@ -142,11 +146,11 @@ class Recoverer:
             return None
         self.busy.add(key)  # no await since the check: repair and reclaim stay off it
         try:
-            return await self._recover(current)
+            return await self._recover(current, hidden)
         finally:
             self.busy.discard(key)
 
-    async def _recover(self, stream: StreamMeta) -> RecoveryResult | None:
+    async def _recover(self, stream: StreamMeta, hidden: bool) -> RecoveryResult | None:
         service, name = self.service, stream.name
         last = stream.last_range
         assert last is not None
@@ -157,8 +161,13 @@ class Recoverer:
                                                  stream_id=stream.id)
                 self.pd_epochs[stream.id] = meta.epoch
             service.leases.hold(meta, meta.epoch)  # no writer renews PD's own epoch
-            log.warning("stream %r: the writer's lease ran out with records hidden in open "
-                        "range %d; recovering it at epoch %d", name, last.index, meta.epoch)
+            if hidden:
+                log.warning("stream %r: the writer's lease ran out with records hidden in "
+                            "open range %d; recovering it at epoch %d", name, last.index,
+                            meta.epoch)
+            else:
+                log.info("stream %r: the writer of open range %d is gone (its records all "
+                         "readable); sealing it at epoch %d", name, last.index, meta.epoch)
             result = await recover_range(ReplicaClient(self.pool, meta.epoch,
                                                        digest=meta.digest), meta,
                                          self._sealer(name, stream.id, meta.epoch))
@@ -182,8 +191,9 @@ class Recoverer:
         self._count(outcome)
         self.pd_epochs.pop(stream.id, None)
         service.leases.checked_clean(result.meta, self.clock_ms())
-        log.warning("stream %r: open range %d recovered (%s at %d, held by %s)", name,
-                    last.index, outcome, result.end, list(result.holders))
+        log.log(logging.WARNING if hidden else logging.INFO,
+                "stream %r: open range %d recovered (%s at %d, held by %s)", name,
+                last.index, outcome, result.end, list(result.holders))
         return result
 
     def _retry_later(self, stream: StreamMeta) -> None:

@@ -8,7 +8,10 @@ open range whose writer's lease ran out (real processes: 3 PD nodes, 3 range ser
 2. One stream whose writer closed cleanly, one whose writer was killed (-9) with a hidden
    tail; then kill -9 of every PD node and range server and a restart on the same dirs:
    within 10 s of the restart a reader sees every acknowledged record of both.
-3. PD_WRITER_KEEPALIVE: the leader renews (and its lease keeps PD off a live, idle
+3. A writer that closed cleanly (nothing hidden) leaves its range open: PD seals it on
+   every replica once the lease ran out, so that it can go to the object tier and stop
+   pinning the servers' logs.
+4. PD_WRITER_KEEPALIVE: the leader renews (and its lease keeps PD off a live, idle
    writer's range), answers Fenced to an older epoch and StreamNotFound once deleted;
    followers answer NotLeader naming the leader.
 """
@@ -23,6 +26,8 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.net.rangeclient import RangeClient
+from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import Fenced, NotLeader, StreamNotFound
 from estream.wire.protocol import Opcode
@@ -146,6 +151,45 @@ async def test_after_a_whole_cluster_crash_every_acknowledged_record_is_visible_
           f"{seen_closed - restarted:.1f}s, killed writer's in {seen_killed - restarted:.1f}s "
           f"(sealed by PD in {sealed_at - restarted:.1f}s)")
     assert recoveries(cluster, "sealed") >= 1  # the killed writer's range, by the new leader
+
+
+async def replica_seals(client: estream.Client, name: str) -> list[tuple[bool, int | None]]:
+    """``(sealed, sealed_end)`` of every replica of the stream's first range."""
+    meta = await client.describe_stream(name)
+    pool = ConnectionPool()
+    try:
+        rc = RangeClient(pool, timeout_s=5.0)
+        states = [await rc.describe_range(ref.address, server_id=ref.id, stream_id=meta.id,
+                                          range_index=0) for ref in meta.ranges[0].replicas]
+    finally:
+        await pool.close()
+    return [(s.sealed, s.sealed_end) for s in states]
+
+
+async def test_a_closed_writers_range_is_sealed_on_every_replica(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("closed-clean", replicas=3, ack_count=2)
+        async with await client.open_writer("closed-clean") as writer:
+            acked = {await writer.append(b"v%d" % i): b"v%d" % i for i in range(20)}
+        # The writer sealed it at close, in PD and on its replicas.
+        assert (await client.describe_stream("closed-clean")).ranges[0].end == len(acked)
+        assert await replica_seals(client, "closed-clean") == [(True, len(acked))] * 3, (
+            "an open replica keeps every log segment from its creation on")
+        # A DEFERRED_SYNC writer leaves it open (its end may not be durable): once its
+        # lease ran out, PD seals it, records hidden or not.
+        await client.create_stream("closed-deferred", replicas=3, ack_count=2)
+        async with await client.open_writer("closed-deferred", deferred_sync=True) as writer:
+            deferred = {await writer.append(b"d%d" % i): b"d%d" % i for i in range(20)}
+            await writer.force()
+        closed = time.monotonic()
+        assert (await client.describe_stream("closed-deferred")).ranges[0].end is None
+        await wait_sealed(client, "closed-deferred", closed + visible_within_s)
+        assert (await client.describe_stream("closed-deferred")).ranges[0].end == 20
+        assert await replica_seals(client, "closed-deferred") == [(True, 20)] * 3
+        for name, want in (("closed-clean", acked), ("closed-deferred", deferred)):
+            assert await visible(client, name) == want
+            async with await client.open_writer(name) as writer:
+                assert await writer.append(b"next") == len(want)
 
 
 async def test_writer_keepalive_renews_the_lease_on_the_leader_only(cluster: Cluster) -> None:

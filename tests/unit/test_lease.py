@@ -20,6 +20,7 @@ from pd.lease import (
     LeaseTable,
     ReplicaAnswer,
     keepalive_answer,
+    must_seal,
     needs_recovery,
     parse_keepalives,
 )
@@ -319,3 +320,12 @@ def test_a_lease_asked_about_outside_the_rounds_is_kept_while_its_stream_is() ->
     assert t.expired(never_opened, LEASE)
     t.due(of(), LEASE + 500)  # deleted: forgotten
     assert t.lease(never_opened.id) is None
+
+
+def test_a_range_left_open_by_a_writer_that_closed_cleanly_is_sealed_unless_empty() -> None:
+    clean = [ReplicaAnswer(10, 10), ReplicaAnswer(10, 10), ReplicaAnswer(10, 10)]
+    assert not needs_recovery(clean)
+    assert must_seal(clean, start=0), "its replicas would pin the servers' logs"
+    assert not must_seal(clean, start=10), "nothing written to it: left as it is"
+    assert must_seal([ReplicaAnswer(12, 10), ReplicaAnswer(10, 10)], start=10), "hidden"
+    assert not must_seal([], start=0), "nobody answered"

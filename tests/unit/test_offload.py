@@ -13,6 +13,7 @@ from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.catalog import PreparedObject
 from pd.offload import (
     Attempt,
+    TierWork,
     Upload,
     attempt_for,
     deletable_after_expiry,
@@ -55,6 +56,29 @@ def test_sealed_local_and_tiered() -> None:
     assert tiered_with_replicas([S]) == [(1, 0)]
     dropped = stream(RangeMeta(0, 0, 10, (), "object", "k0.eso"), RangeMeta(1, 10, None, REFS))
     assert tiered_with_replicas([dropped]) == [] and sealed_local([dropped]) == []
+
+
+def test_the_work_view_finds_what_the_whole_catalog_does_walking_only_changed_streams(
+) -> None:
+    done = stream(*(RangeMeta(i, i, i + 1, (), "object", f"k{i}.eso") for i in range(50)),
+                  sid=2, name="done")  # every range in the object tier, replicas released
+    catalog = [S, done]
+    work = TierWork()
+    narrowed = work.narrow(catalog)
+    assert [s.name for s in narrowed] == ["s"], "a stream with nothing to do is left out"
+    assert [r.index for r in narrowed[0].ranges] == [0, 1, 2, 3]
+    since = track({}, sealed_local(catalog), 1_000)
+    assert sealed_local(narrowed) == sealed_local(catalog)
+    assert tiered_with_replicas(narrowed) == tiered_with_replicas(catalog)
+    alive = {"a", "b", "c"}
+    assert uploads_due(narrowed, since, 9_000, 1_000, alive=alive) == uploads_due(
+        catalog, since, 9_000, 1_000, alive=alive)
+    assert drops_due(narrowed, since, 9_000, 600) == drops_due(catalog, since, 9_000, 600)
+    again = work.narrow(catalog)
+    assert again[0] is narrowed[0], "an unchanged stream is not walked again"
+    sealed = stream(*S.ranges[:-1], RangeMeta(4, 35, 40, REFS))
+    assert [r.index for r in work.narrow([sealed, done])[0].ranges] == [0, 1, 2, 3, 4], (
+        "a stream the catalog replaced is walked afresh")
 
 
 def test_uploads_due_after_the_delay_oldest_first() -> None:

@@ -57,8 +57,8 @@ def placed(stream_id: int, *replicas_per_range: tuple[str, ...]) -> StreamMeta:
 def test_a_sealed_range_placed_elsewhere_is_a_moved_suspect_unless_busy() -> None:
     streams = [placed(1, ("a", "b", "c"), ("b", "c", "d"), ("a", "b", "c"))]
     held = listed((1, 0), (1, 1), (1, 2))
-    assert droppable(held, streams, 2, "d") == [Drop(1, 0, "moved", ("a", "b", "c"))]
-    assert droppable(held, streams, 2, "a") == [Drop(1, 1, "moved", ("b", "c", "d"))], (
+    assert droppable(held, streams, 2, "d") == [Drop(1, 0, "moved", ("a", "b", "c"), "s1")]
+    assert droppable(held, streams, 2, "a") == [Drop(1, 1, "moved", ("b", "c", "d"), "s1")], (
         "range 2 is open: the writer's business, never dropped"
     )
     assert droppable(held, streams, 2, "d", busy={(1, 0)}) == [], "a repair is copying it"
