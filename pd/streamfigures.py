@@ -14,7 +14,9 @@ the leader's retainer records them some time after a seal) and, for the open ran
 acknowledged yet). They are approximate when:
 
 - the open range holds records (see above), or no replica of it answered (left out);
-- sealed ranges whose statistics are not recorded yet are left out;
+- sealed ranges whose statistics are not recorded yet are left out, but for the newest
+  (:func:`asked_range`: a writer that closed sealed it a moment ago), whose figures one
+  of its replicas answers as for the open range;
 - a trim inside the first kept range still counts that range's whole size and smallest
   timestamp, although the records below the start are gone;
 - a stream given with a window of its ranges (``ranges_omitted``, ``ranges_more``: a
@@ -45,11 +47,29 @@ class OpenStats:
     max_timestamp: int | None
 
 
+def asked_range(stream: StreamMeta, end_offset: int) -> RangeMeta | None:
+    """The range whose figures one of its replicas is asked for (``open_stats``): the
+    newest range holding readable records below ``end_offset``, when it is open or its
+    statistics are not recorded yet (a writer that closed sealed it a moment ago); None
+    when there is none or its statistics are in the catalog.
+
+    >>> from estream.wire.meta import RangeMeta as R
+    >>> closed = StreamMeta(1, "s", ranges=(R(0, 0, 10, ()), R(1, 10, None, ())))
+    >>> asked_range(closed, 10).index, asked_range(closed, 12).index
+    (0, 1)
+    """
+    end = max(end_offset, stream.start_offset)
+    for r in reversed(stream.ranges):
+        if _holds_records(r, stream.start_offset, end):
+            return r if not r.sealed or r.size_bytes is None else None
+    return None
+
+
 def stream_figures(stream: StreamMeta, end_offset: int,
                    open_stats: OpenStats | None = None) -> dict[str, Any]:
     """The figures of the module docstring for ``stream`` whose readable end is
-    ``end_offset`` (clamped to at least the stream's start); ``open_stats``: its open
-    range's, when a replica answered.
+    ``end_offset`` (clamped to at least the stream's start); ``open_stats``: the figures
+    of :func:`asked_range`, when a replica answered.
 
     >>> from estream.wire.meta import RangeMeta as R
     >>> s = StreamMeta(1, "s", ranges=(R(0, 0, 10, (), size_bytes=100, min_timestamp=5,
@@ -71,13 +91,13 @@ def stream_figures(stream: StreamMeta, end_offset: int,
     size = sum(r.size_bytes or 0 for r in recorded)
     exact = whole and len(recorded) == len(kept) and not (
         kept and kept[0].start < stream.start_offset)
-    last = stream.last_range
-    if open_stats is not None and last is not None and not last.sealed and last in kept:
+    asked = asked_range(stream, end)
+    if open_stats is not None and asked is not None:
         # A replica's figures may run past the readable end: never exact.
         size += open_stats.bytes or 0
         if open_stats.max_timestamp is not None:
             lasts.append(open_stats.max_timestamp)
-        if whole and kept[0] is last:
+        if whole and kept[0] is asked:
             first = open_stats.min_timestamp
     return {
         "end_offset": end,

@@ -50,8 +50,9 @@ async def describe(
 async def open_stats(
     pool: ConnectionPool, stream: StreamMeta, rng: RangeMeta, *, timeout_s: float,
 ) -> OpenStats | None:
-    """The figures of ``rng`` (an open range) as the first of its replicas that answers
-    TIME_INDEX tells them (None when none does within ``timeout_s`` each)."""
+    """The figures of ``rng`` (an open range, or one sealed a moment ago) as the first of
+    its replicas that answers TIME_INDEX tells them (None when none does within
+    ``timeout_s`` each)."""
     client = RangeClient(pool)
     for ref in rng.replicas:
         try:

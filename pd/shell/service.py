@@ -98,7 +98,7 @@ from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
 from pd.shell.raft import RaftNode, RaftStatus, proposal_result
-from pd.streamfigures import stream_figures
+from pd.streamfigures import asked_range, stream_figures
 from pd.validate import check_request
 
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
@@ -491,6 +491,9 @@ class PdService:
                 rangeops.open_stats(self.pool, stream, last, timeout_s=timeout_s))
         else:
             end = await self.readable_end(stream, timeout_s=timeout_s)
+        asked = asked_range(stream, end)
+        if asked is not None and asked is not last:  # (sealed, statistics not recorded yet)
+            stats = await rangeops.open_stats(self.pool, stream, asked, timeout_s=timeout_s)
         return stream_figures(stream, end, stats)
 
     async def readable_end(self, stream: StreamMeta, *, timeout_s: float = 1.0) -> int:

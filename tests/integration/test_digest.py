@@ -384,7 +384,9 @@ async def test_replicas_of_rolled_recovered_and_repaired_ranges_keep_the_digest(
             answer = await describe_replica(copy.address, meta.id, 0)
             assert answer["digest"] == "hmac-sha256" and answer["sealed"], answer
             digests = await replica_digests(client, "d-repaired")
-            assert {index for index, _ in digests} == {r.index for r in meta.ranges}
+            # (The open range the last writer's close placed is created by the next one.)
+            assert {index for index, _ in digests} == {r.index for r in meta.ranges
+                                                       if r.sealed}
             assert set(digests.values()) == {"hmac-sha256"}, digests
             # The copy refuses an unkeyed batch first of all (before "sealed").
             injector = ReplicaClient(client.pool, meta.epoch)

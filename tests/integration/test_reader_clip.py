@@ -21,17 +21,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_ser
 COUNT = 20
 
 
-async def _write(client: estream.Client, name: str) -> estream.StreamMeta:
+async def _write(client: estream.Client, name: str) -> estream.Writer:
+    """A writer that appended ``COUNT`` records and stays open (its lease alive): its
+    range stays open for the test to seal as it likes (a writer seals it at close)."""
     await client.create_stream(name, replicas=3, ack_count=2)
-    async with await client.open_writer(name) as writer:
-        for i in range(COUNT):
-            await writer.append(b"v%d" % i)
-        return writer.stream
+    writer = await client.open_writer(name)
+    for i in range(COUNT):
+        await writer.append(b"v%d" % i)
+    await writer.flush()
+    return writer
 
 
 async def test_a_replica_sealed_short_does_not_end_a_read(cluster: Cluster) -> None:
     async with await estream.connect(cluster.pd_addresses) as client:
-        meta = await _write(client, "short")
+        writer = await _write(client, "short")
+        meta = writer.stream
         short = meta.ranges[-1].replicas[0]
         body, _ = await client.pool.call(short.address, Opcode.SEAL, {
             "stream_id": meta.id, "range_index": 0, "epoch": meta.epoch, "end": 5,
@@ -40,13 +44,15 @@ async def test_a_replica_sealed_short_does_not_end_a_read(cluster: Cluster) -> N
         assert body["sealed"] and body["end"] == 5
         values = [r.value async for r in client.read("short", replica=short.id)]
         assert values == [b"v%d" % i for i in range(COUNT)]
+        await writer.close()
 
 
 async def test_a_sealed_range_reads_to_the_catalog_end_and_never_past_it(
     cluster: Cluster,
 ) -> None:
     async with await estream.connect(cluster.pd_addresses) as client:
-        meta = await _write(client, "clip")
+        writer = await _write(client, "clip")
+        meta = writer.stream
         replicas = meta.ranges[-1].replicas
 
         def batch(base: int, count: int, value: bytes) -> bytes:
@@ -69,6 +75,7 @@ async def test_a_sealed_range_reads_to_the_catalog_end_and_never_past_it(
         assert await append(replicas[1], batch(COUNT, 5, b"late")) == COUNT + 5
         assert await append(replicas[0], batch(COUNT + 5, 2, b"ghost")) == COUNT + 7
         await client.pd.seal_range("clip", meta.epoch, 0, COUNT + 5)
+        await writer.close()  # (its seal at COUNT is refused: PD's end stands)
     async with await estream.connect(cluster.pd_addresses) as reader:
         for preferred in replicas:
             records = [r async for r in reader.read("clip", replica=preferred.id)]
