@@ -9,8 +9,9 @@ One frozen :class:`SecurityConfig` describes what a process offers and expects:
   A client verifies the server against ``tls_ca`` (or the system store) with hostname
   checking ON: an address given as an IP must be in the certificate's IP SANs.
 - **Tokens** (``tokens``): a server with tokens serves a connection only once it has
-  authenticated, either by presenting a client certificate verified against the CA (a
-  cluster member) or with an ``AUTH`` frame carrying one of the tokens. ``token`` is the
+  authenticated, either by presenting a client certificate verified against the CA (its
+  role is the one it names: :func:`estream.wire.roles.certificate_role`) or with an
+  ``AUTH`` frame carrying one of the tokens. ``token`` is the
   one a process presents as a client (cluster members: the first line of their token file).
 
 :func:`server_context`, :func:`client_context` build :class:`ssl.SSLContext` objects (they
@@ -246,12 +247,15 @@ def member_client_context(config: SecurityConfig) -> ssl.SSLContext | None:
                           tls_key=config.tls_key)
 
 
-def has_verified_peer_cert(transport: Any) -> bool:
-    """Whether the TLS peer presented a certificate that verified against our CA."""
+def verified_peer_cert(transport: Any) -> Mapping[str, object] | None:
+    """The certificate the TLS peer presented, decoded (:meth:`ssl.SSLSocket.getpeercert`),
+    if it verified against our CA; else None. Its role: :func:`estream.wire.roles.
+    certificate_role`."""
     try:
-        return bool(transport.get_extra_info("peercert"))
+        cert = transport.get_extra_info("peercert")
     except (AttributeError, ssl.SSLError):
-        return False
+        return None
+    return cert if isinstance(cert, dict) and cert else None
 
 
 def _load(method: Any, *paths: str | None) -> None:
@@ -368,7 +372,6 @@ __all__ = [
     "bearer_token",
     "client_context",
     "config_from_args",
-    "has_verified_peer_cert",
     "is_loopback",
     "load_cluster_secret",
     "load_role_token_file",
@@ -381,4 +384,5 @@ __all__ = [
     "server_context",
     "token_matches",
     "token_role",
+    "verified_peer_cert",
 ]
