@@ -41,7 +41,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from estream.wire.roles import CLIENT_ROLE, MEMBER_ROLE, ROLES, certificate_role, role_uri
+from estream.net.security import certificate_file_role
+from estream.wire.roles import CLIENT_ROLE, MEMBER_ROLE, ROLES, role_uri
 
 validity_days: Final = 825  # what browsers accept at most for a leaf; a CA gets the same
 
@@ -158,15 +159,8 @@ def _write_leaf(directory: Path, role: str, ca_key: ec.EllipticCurvePrivateKey,
 
 
 def named_role(path: Path) -> str | None:
-    """The role the certificate in ``path`` names in its SAN URI (None: none)."""
-    cert = x509.load_pem_x509_certificate(path.read_bytes())
-    try:
-        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return None
-    decoded = {"subjectAltName": tuple(
-        ("URI", uri) for uri in names.get_values_for_type(x509.UniformResourceIdentifier))}
-    role, problem = certificate_role(decoded)
+    """The role the certificate in ``path`` names in its SAN URI (None: none, or not one)."""
+    role, problem = certificate_file_role(path)
     return None if problem is not None else role
 
 

@@ -141,6 +141,7 @@ class MtlsCluster:
     pki: Pki
     pd: PdCluster
     servers: list[str]  # range servers' addresses
+    flags: list[str]  # every member's
 
     def ssl(self, role: str) -> ssl.SSLContext:
         """A client's TLS settings presenting the certificate of ``role``."""
@@ -179,7 +180,7 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MtlsCluster]:
                                                      pd.rpc_addresses, extra_args=flags)
                 processes.append(process)
                 servers.append(address)
-            cluster = MtlsCluster(pki, pd, servers)
+            cluster = MtlsCluster(pki, pd, servers, flags)
             _wait_alive(cluster, 2)
             yield cluster
         finally:
@@ -291,3 +292,25 @@ async def test_member_certificates_keep_the_cluster_working(mtls: MtlsCluster) -
     async with PDClient(mtls.pd.rpc_addresses, ssl=mtls.ssl("member")) as pd:
         servers = await pd.list_servers()
     assert {s.address for s in servers} == set(mtls.servers) and all(s.alive for s in servers)
+
+
+async def test_a_member_certificate_naming_no_role_is_a_client(
+        mtls: MtlsCluster, tmp_path: Path) -> None:
+    """A range server with a member certificate made before roles, and no cluster secret:
+    it warns at start, PD warns once and serves it as a client, so it never registers."""
+    old = tmp_path / "old-member.pem"
+    old.write_bytes(_roleless_copy(mtls.pki.server_cert, mtls.pki.ca.parent / "ca.key"))
+    flags = list(mtls.flags)
+    flags[flags.index("--tls-cert") + 1] = str(old)
+    before = await _servers(mtls)
+    process, _ = start_rangeserver(tmp_path / "rs-old", "127.0.0.1", mtls.pd.rpc_addresses,
+                                   extra_args=flags)
+    try:
+        process.wait_log(rb"names role 'client', not 'member'", 20)
+        process.wait_log(rb"registering with the placement driver failed: permission denied"
+                         rb".*role: client", 30)
+        pd_log = mtls.pd.nodes[0].log_path.read_text(errors="replace")
+        assert pd_log.count("a client certificate names no role") == 1  # once, not per try
+    finally:
+        process.stop()
+    assert await _servers(mtls) == before
