@@ -27,7 +27,7 @@ from estream.devcluster.process import ManagedProcess
 from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.pdclient import PDClient
 from estream.net.rpc import RpcClient
-from estream.net.security import client_context
+from estream.net.security import SecurityConfig, client_context, member_certificate_warning
 from estream.wire.errors import Unauthenticated
 from estream.wire.protocol import Opcode
 from tests.harness.certs import Pki, make_pki
@@ -107,6 +107,27 @@ def test_certificates_made_before_roles_are_made_again_with_the_same_ca(
     sans = member.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [
         "10.9.8.7", "127.0.0.1"]  # the hosts it was made for, not the new call's
+
+
+def test_a_member_warns_when_nothing_it_holds_proves_it_a_member(tmp_path: Path) -> None:
+    tls = ensure_cluster_tls(tmp_path, ["127.0.0.1"])
+    old = tmp_path / "old.pem"
+    old.write_bytes(_roleless_copy(tls.member_cert, tmp_path / "ca.key"))
+
+    def config(cert: Path, token_role: str | None = None) -> SecurityConfig:
+        roles = {} if token_role is None else {"t0ken": token_role}
+        return SecurityConfig(tls_cert=str(cert), tls_key=str(tls.member_key),
+                              tokens=frozenset(roles), token_roles=roles,
+                              token="t0ken" if roles else None)
+
+    warning = member_certificate_warning(config(old), member_secret=False)
+    assert warning is not None and "names role 'client', not 'member'" in warning
+    assert member_certificate_warning(config(old, "read"), member_secret=False) is not None
+    assert member_certificate_warning(config(tls.client_cert), member_secret=False)
+    for fine in (config(tls.member_cert), config(old, "member"), config(old, "all")):
+        assert member_certificate_warning(fine, member_secret=False) is None
+    assert member_certificate_warning(config(old), member_secret=True) is None
+    assert member_certificate_warning(SecurityConfig(), member_secret=False) is None
 
 
 def _roleless_copy(path: Path, ca_key_path: Path) -> bytes:
