@@ -6,7 +6,9 @@ fixture, ``cluster``.
 ``cluster``: real PD nodes and range servers on loopback, started by
 :func:`estream.devcluster.cluster.start_cluster` and stopped by PID at the end. A test
 module says which cluster it wants with the ``cluster`` marker, whose keywords are
-``start_cluster``'s (none: 3 PD nodes and 4 range servers)::
+``start_cluster``'s (none: 3 PD nodes and 4 range servers; like ``estream up`` they hold a
+fresh cluster secret, so a test sending member opcodes uses ``cluster.member_pool()``, and
+``secret=None`` leaves it out)::
 
     pytestmark = [pytest.mark.integration,
                   pytest.mark.cluster(pd_nodes=1, range_servers=3, proxied=True)]

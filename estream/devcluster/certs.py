@@ -5,16 +5,20 @@
 every PD node and range server (``member.pem``/``member.key``: server and client usages,
 SANs for the cluster's host, ``localhost`` and ``127.0.0.1``, so clients keep hostname
 checking when they connect by IP), a client certificate (``client.pem``/``client.key``)
-and a random token (``token``). Keys are EC P-256, private files mode 0600. A directory
-that already holds them is reused as it is, so a restarted ``estream up --tls`` keeps its
-identities and clients keep their CA.
+and a random token (``token``). Every certificate names its role in a SAN URI
+``estream-role:ROLE`` (:func:`estream.wire.roles.role_uri`): ``member`` and ``client``.
+Keys are EC P-256, private files mode 0600. A directory that already holds them is reused
+as it is, so a restarted ``estream up --tls`` keeps its identities and clients keep their
+CA; certificates made before roles (naming none) are made again, signed by the same CA.
 
 ``estream certs DIR [--host H ...]`` (:func:`main`) makes the same files for a cluster run
 by hand: give every server's address with ``--host`` (IP addresses or names). With
 ``--role read|client|admin|member`` it also makes (once) a token of that role
 (:func:`ensure_role_token`, :mod:`estream.wire.roles`): ``DIR/ROLE-token`` holds the line
 ``ROLE:TOKEN``, also added to the servers' token file ``DIR/token`` (restart them to take
-it); a client given ``ESTREAM_TOKEN_FILE=DIR/ROLE-token`` presents the token alone.
+it); a client given ``ESTREAM_TOKEN_FILE=DIR/ROLE-token`` presents the token alone. And a
+certificate of that role (:func:`ensure_role_cert`): ``DIR/ROLE.pem``/``DIR/ROLE.key``
+(``member`` and ``client`` are always there).
 
 Side effects: writes PEM and token files.
 """
@@ -37,7 +41,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from estream.wire.roles import ROLES
+from estream.net.security import certificate_file_role
+from estream.wire.roles import CLIENT_ROLE, MEMBER_ROLE, ROLES, role_uri
 
 validity_days: Final = 825  # what browsers accept at most for a leaf; a CA gets the same
 
@@ -67,6 +72,13 @@ class ClusterTls:
     @property
     def client_key(self) -> Path:
         return self.directory / "client.key"
+
+    def role_cert(self, role: str) -> Path:
+        """The certificate of ``role`` (``member``: :attr:`member_cert`)."""
+        return self.directory / f"{role}.pem"
+
+    def role_key(self, role: str) -> Path:
+        return self.directory / f"{role}.key"
 
     @property
     def token(self) -> Path:
@@ -120,20 +132,61 @@ def _builder(subject: str, issuer: x509.Name, public: ec.EllipticCurvePublicKey
             .not_valid_after(now + datetime.timedelta(days=validity_days)))
 
 
-def _leaf(subject: str, ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate,
-          sans: list[x509.GeneralName] | None) -> tuple[ec.EllipticCurvePrivateKey,
-                                                        x509.Certificate]:
+def _leaf(role: str, ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate,
+          hosts: list[x509.GeneralName] | None) -> tuple[ec.EllipticCurvePrivateKey,
+                                                         x509.Certificate]:
+    """A certificate of ``role`` (its SAN URI); with ``hosts`` a server's too."""
     key = ec.generate_private_key(ec.SECP256R1())
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
-    builder = (_builder(subject, ca.subject, key.public_key())
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(role_uri(role))]
+    if hosts is not None:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
+        sans = [*hosts, *sans]
+    builder = (_builder(f"estream {role}", ca.subject, key.public_key())
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                   ca_key.public_key()), critical=False))
-    if sans is not None:
-        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+                   ca_key.public_key()), critical=False)
+               .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+               .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
     return key, builder.sign(ca_key, hashes.SHA256())
+
+
+def _write_leaf(directory: Path, role: str, ca_key: ec.EllipticCurvePrivateKey,
+                ca: x509.Certificate, hosts: list[x509.GeneralName] | None) -> None:
+    key, cert = _leaf(role, ca_key, ca, hosts)
+    _write_private(directory / f"{role}.key", _key_bytes(key))
+    (directory / f"{role}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def named_role(path: Path) -> str | None:
+    """The role the certificate in ``path`` names in its SAN URI (None: none, or not one)."""
+    role, problem = certificate_file_role(path)
+    return None if problem is not None else role
+
+
+def _load_ca(directory: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / 'ca.key'} is not the EC key estream certs makes")
+    return key, x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+
+
+def _renew_roleless(tls: ClusterTls, hosts: list[str]) -> None:
+    """Make again, with the same CA, the member and client certificates of a directory
+    made before certificates named roles (the member's keeps its hosts)."""
+    if (named_role(tls.member_cert) == MEMBER_ROLE
+            and named_role(tls.client_cert) == CLIENT_ROLE):
+        return
+    ca_key, ca = _load_ca(tls.directory)
+    old = x509.load_pem_x509_certificate(tls.member_cert.read_bytes())
+    try:
+        kept: list[x509.GeneralName] = [name for name in old.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value
+            if isinstance(name, (x509.IPAddress, x509.DNSName))]
+    except x509.ExtensionNotFound:
+        kept = _sans(hosts)
+    _write_leaf(tls.directory, MEMBER_ROLE, ca_key, ca, kept)
+    _write_leaf(tls.directory, CLIENT_ROLE, ca_key, ca, None)
 
 
 def ensure_cluster_tls(directory: Path, hosts: list[str]) -> ClusterTls:
@@ -141,6 +194,7 @@ def ensure_cluster_tls(directory: Path, hosts: list[str]) -> ClusterTls:
     now unless they are all there already (see the module docstring)."""
     tls = ClusterTls(directory)
     if tls.complete():
+        _renew_roleless(tls, hosts)
         return tls
     directory.mkdir(parents=True, exist_ok=True)
     pem = serialization.Encoding.PEM
@@ -157,10 +211,8 @@ def ensure_cluster_tls(directory: Path, hosts: list[str]) -> ClusterTls:
                          critical=False)
           .sign(ca_key, hashes.SHA256()))
     _write_private(directory / "ca.key", _key_bytes(ca_key))
-    for label, sans in (("member", _sans(hosts)), ("client", None)):
-        key, cert = _leaf(f"estream {label}", ca_key, ca, sans)
-        _write_private(directory / f"{label}.key", _key_bytes(key))
-        (directory / f"{label}.pem").write_bytes(cert.public_bytes(pem))
+    _write_leaf(directory, MEMBER_ROLE, ca_key, ca, _sans(hosts))
+    _write_leaf(directory, CLIENT_ROLE, ca_key, ca, None)
     _write_private(tls.token, (secrets.token_urlsafe(32) + "\n").encode())
     tls.ca.write_bytes(ca.public_bytes(pem))  # last: complete() is true only after it
     return tls
@@ -182,6 +234,19 @@ def ensure_role_token(directory: Path, role: str) -> Path:
     return path
 
 
+def ensure_role_cert(directory: Path, role: str) -> tuple[Path, Path]:
+    """``DIR/ROLE.pem`` and ``DIR/ROLE.key``: a client certificate of ``role`` signed by the
+    cluster CA of ``DIR`` (:func:`ensure_cluster_tls` first), made once."""
+    tls = ClusterTls(directory)
+    cert, key = tls.role_cert(role), tls.role_key(role)
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+    if not (cert.is_file() and key.is_file()):
+        ca_key, ca = _load_ca(directory)
+        _write_leaf(directory, role, ca_key, ca, None)
+    return cert, key
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``estream certs DIR [--host H ...]``: make (or keep) a cluster's certificates."""
     from estream.server.config import one_line_errors
@@ -189,15 +254,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = one_line_errors(argparse.ArgumentParser(
         prog="estream certs",
         description="Make a cluster CA, a member certificate (every PD node and range "
-        "server), a client certificate and a token in DIR; files already there are kept."))
+        "server), a client certificate and a token in DIR; files already there are kept. "
+        "Each certificate names its role in a SAN URI estream-role:ROLE; with mutual TLS a "
+        "server gives a connection that role (a certificate naming none is a client: no "
+        "member or admin opcodes)."))
     parser.add_argument("dir", type=Path)
     parser.add_argument("--host", action="append", default=[], metavar="H",
                         help="an address or name the servers are reached by (repeatable; "
                         "127.0.0.1 and localhost are always in)")
     parser.add_argument("--role", choices=ROLES, default=None,
-                        help="also make a token of this role (read: read only; client: "
-                        "create, write, read; admin: also delete, trim, drain, forget; "
-                        "member: PD nodes and range servers)")
+                        help="also make a token and a client certificate (DIR/ROLE.pem, "
+                        "DIR/ROLE.key) of this role (read: read only; client: create, "
+                        "write, read; admin: also delete, trim, drain, forget; member: PD "
+                        "nodes and range servers)")
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     tls = ensure_cluster_tls(ns.dir, list(ns.host))
     print(f"CA:       {tls.ca}")
@@ -206,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(client certificate: --tls-cert {tls.client_cert} --tls-key {tls.client_key})")
     if ns.role is not None:
         path = ensure_role_token(ns.dir, ns.role)
+        cert, key = ensure_role_cert(ns.dir, ns.role)
         print(f"{ns.role} token: ESTREAM_TOKEN_FILE={path} (its line is in {tls.token}: "
               "restart the servers to accept it)")
+        print(f"{ns.role} certificate: --tls-cert {cert} --tls-key {key}")
     return 0

@@ -3,7 +3,9 @@ benchmarks: the one way tests start one.
 
 ``start_cluster(tmp_path, pd_nodes=3, range_servers=4)`` starts the PD nodes
 (:mod:`estream.devcluster.pd`), then the range servers (:mod:`estream.devcluster.rangeserver`)
-pointed at them, and waits until PD lists every range server as alive. ``pd_hosts`` and
+pointed at them, and waits until PD lists every range server as alive. Like ``estream up``
+it gives them a fresh cluster secret (the member credential; ``secret=`` picks it, ``None``
+runs without one): a test sending member opcodes uses ``cluster.member_pool()``. ``pd_hosts`` and
 ``rs_hosts`` put each process on its own 127.0.0.x address (the chaos suite does). With
 ``proxied=True`` a :class:`~estream.devcluster.faultproxy.FaultProxy` stands in front of every
 range server: the server listens on its own port and advertises the proxy's address, so
@@ -30,12 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import shutil
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 from estream.devcluster.faultproxy import FaultProxy
 from estream.devcluster.pd import PdCluster, alive_rangeservers, http_json, plan_pd_cluster
@@ -48,6 +51,7 @@ from estream.wire.errors import EstreamError
 from estream.wire.record import BATCH_HEADER_BYTES, decode_batch, iter_batches
 from rangeserver import walformat as wf
 
+GENERATED: Final = "generated"  # start_cluster's default secret: a fresh random one
 replica_read_bytes_max = 1 << 20
 replica_read_calls_max = 10_000
 Entries = list[tuple[int, bytes]]  # (offset, value) as a replica serves them
@@ -141,6 +145,12 @@ class Cluster:
     @property
     def pd_addresses(self) -> str:
         return self.pd.rpc_addresses
+
+    def member_pool(self) -> ConnectionPool:
+        """A pool that proves the cluster secret on every connection, as PD nodes and range
+        servers do: for a test sending member opcodes (register, heartbeat, replica updates,
+        DROP_RANGE, LIST_RANGES). The caller closes it."""
+        return ConnectionPool(member_secret=self.secret)
 
     # -- range servers -------------------------------------------------------------------
     def server(self, key: str) -> RangeServerProcess:
@@ -368,23 +378,29 @@ def start_cluster(
     proxied: bool = False,
     pd_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
-    secret: bytes | None = None,
+    secret: bytes | None | Literal["generated"] = GENERATED,
 ) -> Cluster:
     """Start PD nodes (each with ``pd_args``) and range servers (with ``rangeserver_args``;
     PD node ``i`` on ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on
     ``host``; with ``proxied``, each range server behind a fault proxy on its host). Every
     process runs with ``env`` over this process's environment, which is left alone (it
-    restarts with it too). With ``secret`` (the cluster secret, the member credential),
-    it is written to ``tmp_path/cluster-secret`` and every PD node and range server gets
-    ``--secret-file`` with it, as ``estream up`` does. The caller must ``stop()`` the
-    cluster."""
-    if secret is not None:
+    restarts with it too). ``secret`` (the cluster secret, the member credential; by
+    default a fresh random one, as ``estream up`` makes) is written to
+    ``tmp_path/cluster-secret`` and every PD node and range server gets ``--secret-file``
+    with it, as ``estream up`` does; ``cluster.secret`` holds it and
+    ``cluster.member_pool()`` proves it. ``secret=None``: no secret, member opcodes open to
+    any client (a warning at start). The caller must ``stop()`` the cluster."""
+    if secret == GENERATED:
+        secret = secrets.token_hex(32).encode()
+    if isinstance(secret, bytes):
         tmp_path.mkdir(parents=True, exist_ok=True)
         secret_file = tmp_path / "cluster-secret"
         secret_file.write_bytes(secret)
         secret_file.chmod(0o600)
         pd_args = [*pd_args, "--secret-file", str(secret_file)]
         rangeserver_args = [*(rangeserver_args or []), "--secret-file", str(secret_file)]
+        # An ESTREAM_SECRET of the caller's (a client's setting) would clash with the file.
+        env = {"ESTREAM_SECRET": "", **(env or {})}
     pd = plan_pd_cluster(tmp_path, n=pd_nodes, host=host, hosts=pd_hosts, extra_args=pd_args,
                          env=env)
     cluster = Cluster(pd, rangeserver_args)

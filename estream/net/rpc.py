@@ -39,9 +39,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextvars import ContextVar
 from ssl import SSLContext
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
-from estream.net.security import has_verified_peer_cert, token_role
+from estream.net.security import token_role, verified_peer_cert
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
@@ -74,9 +74,17 @@ from estream.wire.protocol import (
     parse_address,
     parse_addresses,
 )
-from estream.wire.roles import ALL_ROLES, MEMBER_ROLE, Action, action_of, permits
+from estream.wire.roles import (
+    ALL_ROLES,
+    MEMBER_ROLE,
+    Action,
+    action_of,
+    certificate_role,
+    permits_any,
+)
 
 log = logging.getLogger(__name__)
+_warnings_max: Final = 16  # distinct credential warnings logged per server (then silent)
 tls_close_wait_s = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
 
 Header = dict[str, Any]
@@ -588,7 +596,9 @@ class _ServerProtocol(asyncio.Protocol):
         self._unsent_seen = 0
         self._progress_at = 0.0
         self.authenticated = not server.tokens  # without tokens every connection is served
-        self.role = ALL_ROLES if not server.tokens else ""  # estream/wire/roles.py
+        # The roles of the credentials this connection proved (estream/wire/roles.py):
+        # every role on a server without tokens, until a certificate names its own.
+        self.roles: set[str] = {ALL_ROLES} if not server.tokens else set()
         self.member = False  # proved the cluster secret (estream/wire/membership.py)
         self.member_nonce: bytes | None = None  # the challenge asked on this connection
 
@@ -606,9 +616,12 @@ class _ServerProtocol(asyncio.Protocol):
             self.transport.close()
             return
         self.transport.set_write_buffer_limits(high=server.write_buffer_bytes_max)
-        if not self.authenticated and has_verified_peer_cert(self.transport):
-            self.authenticated = True  # a cluster member: its certificate verified (mTLS)
-            self.role = ALL_ROLES
+        cert = verified_peer_cert(self.transport)
+        if cert is not None:  # mutual TLS: the certificate's role, whatever else
+            role, problem = certificate_role(cert)
+            self.authenticated, self.roles = True, {role}
+            if problem is not None:
+                server.warn_once(problem)
         if not self.authenticated:
             self._auth_deadline = asyncio.get_running_loop().call_later(
                 server.auth_ms_max / 1000, self._auth_expired)
@@ -807,10 +820,12 @@ class _ServerProtocol(asyncio.Protocol):
                 return None
             return Unauthenticated("member opcode: needs the cluster secret (--secret-file, "
                                    "ESTREAM_SECRET_FILE)")
-        if permits(self.role, action) or (self.member and permits(MEMBER_ROLE, action)):
+        if permits_any(self.roles, action):
             return None
-        return Unauthenticated(f"permission denied: opcode {opcode} needs a token whose role "
-                               f"may {action.value} (this one's role: {self.role})")
+        held = ", ".join(sorted(self.roles)) or "none"
+        return Unauthenticated(f"permission denied: opcode {opcode} needs a token or "
+                               f"certificate whose role may {action.value} (this "
+                               f"connection's role: {held})")
 
     def _authenticate(self, frame: Frame) -> bool:
         """Answer AUTH, or refuse a request before authentication; False: closing."""
@@ -831,7 +846,8 @@ class _ServerProtocol(asyncio.Protocol):
         role = token_role(self.server.tokens, header.get("token"))
         if not self.server.tokens or role is not None:
             self.authenticated = True
-            self.role = role or ALL_ROLES
+            if role is not None:
+                self.roles.add(role)  # with a certificate's: either one's grants
             self._cancel_auth_deadline()
             self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
             return True
@@ -855,7 +871,7 @@ class _ServerProtocol(asyncio.Protocol):
         nonce, self.member_nonce = self.member_nonce, None
         if key is not None and check_member_auth(key, nonce, header):
             self.member = self.authenticated = True
-            self.role = self.role or MEMBER_ROLE
+            self.roles.add(MEMBER_ROLE)
             self._cancel_auth_deadline()
             self._reply(encode_frame(Opcode.AUTH, frame.request_id, {}, b"", FrameFlags.RESPONSE))
             return True
@@ -990,7 +1006,8 @@ class RpcServer:
         """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
         (AUTH with one of them, or a client certificate verified by ``ssl``'s CA) within
         ``auth_ms_max`` of connecting; a mapping gives each token its role
-        (:mod:`estream.wire.roles`; a collection: every role). ``opcode_actions``: what
+        (:mod:`estream.wire.roles`; a collection: every role). A verified client
+        certificate gives the role it names (with or without tokens). ``opcode_actions``: what
         each opcode does, so what role it needs (None: no role check); ``member_secret``:
         its member opcodes are served only on connections that proved it
         (:mod:`estream.wire.membership`; None: to roles that may). ``inflight_requests_max``
@@ -1017,6 +1034,7 @@ class RpcServer:
         self.reserved_bytes = 0  # answer bytes granted on every connection
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_ServerProtocol] = set()
+        self._warned: set[str] = set()
         self.address = ""
 
     @property
@@ -1038,6 +1056,13 @@ class RpcServer:
         bound = self._server.sockets[0].getsockname()
         self.address = f"{bound[0]}:{bound[1]}"
         return self.address
+
+    def warn_once(self, problem: str) -> None:
+        """Log ``problem`` (a credential's, e.g. a certificate naming no role) the first
+        time a connection shows it, not on every connection."""
+        if problem not in self._warned and len(self._warned) < _warnings_max:
+            self._warned.add(problem)
+            log.warning("%s: %s", self.name, problem)
 
     @property
     def connection_count(self) -> int:

@@ -9,8 +9,9 @@ One frozen :class:`SecurityConfig` describes what a process offers and expects:
   A client verifies the server against ``tls_ca`` (or the system store) with hostname
   checking ON: an address given as an IP must be in the certificate's IP SANs.
 - **Tokens** (``tokens``): a server with tokens serves a connection only once it has
-  authenticated, either by presenting a client certificate verified against the CA (a
-  cluster member) or with an ``AUTH`` frame carrying one of the tokens. ``token`` is the
+  authenticated, either by presenting a client certificate verified against the CA (its
+  role is the one it names: :func:`estream.wire.roles.certificate_role`) or with an
+  ``AUTH`` frame carrying one of the tokens. ``token`` is the
   one a process presents as a client (cluster members: the first line of their token file).
 
 :func:`server_context`, :func:`client_context` build :class:`ssl.SSLContext` objects (they
@@ -40,8 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from cryptography import x509
+
 from estream.wire.errors import InvalidArgument
-from estream.wire.roles import ALL_ROLES, MEMBER_ROLE, parse_token_line
+from estream.wire.roles import ALL_ROLES, MEMBER_ROLE, certificate_role, parse_token_line
 
 TLS_MIN_VERSION: Final = ssl.TLSVersion.TLSv1_2
 token_bytes_max: Final = 4096  # a longer AUTH token is refused before it is compared
@@ -246,12 +249,49 @@ def member_client_context(config: SecurityConfig) -> ssl.SSLContext | None:
                           tls_key=config.tls_key)
 
 
-def has_verified_peer_cert(transport: Any) -> bool:
-    """Whether the TLS peer presented a certificate that verified against our CA."""
+def verified_peer_cert(transport: Any) -> Mapping[str, object] | None:
+    """The certificate the TLS peer presented, decoded (:meth:`ssl.SSLSocket.getpeercert`),
+    if it verified against our CA; else None. Its role: :func:`estream.wire.roles.
+    certificate_role`."""
     try:
-        return bool(transport.get_extra_info("peercert"))
+        cert = transport.get_extra_info("peercert")
     except (AttributeError, ssl.SSLError):
-        return False
+        return None
+    return cert if isinstance(cert, dict) and cert else None
+
+
+def certificate_file_role(path: str | Path) -> tuple[str, str | None]:
+    """What :func:`estream.wire.roles.certificate_role` says of the PEM certificate at
+    ``path`` (reads it; ValueError or OSError if it is not one)."""
+    cert = x509.load_pem_x509_certificate(Path(path).read_bytes())
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return certificate_role({})
+    uris = names.get_values_for_type(x509.UniformResourceIdentifier)
+    return certificate_role({"subjectAltName": tuple(("URI", uri) for uri in uris)})
+
+
+def member_certificate_warning(config: SecurityConfig, member_secret: bool) -> str | None:
+    """Why other members would refuse this member's opcodes (registration, heartbeats,
+    replica drops), or None: without the cluster secret a member proves itself by its
+    certificate's role or its token's, and neither is ``member`` (a certificate made before
+    roles names none). Reads the certificate."""
+    if config.tls_cert is None or member_secret:
+        return None
+    if config.token is not None and config.token_roles.get(config.token) in (MEMBER_ROLE,
+                                                                            ALL_ROLES):
+        return None
+    try:
+        role, _ = certificate_file_role(config.tls_cert)
+    except (OSError, ValueError):
+        return None  # server_context() has said what is wrong with it
+    if role == MEMBER_ROLE:
+        return None
+    return (f"this member's certificate {config.tls_cert} names role '{role}', not "
+            "'member', and there is no cluster secret: other members refuse its member "
+            "opcodes (registration, heartbeats, replica drops); make it again with "
+            "`estream certs DIR` (same CA) or give every member --secret-file")
 
 
 def _load(method: Any, *paths: str | None) -> None:
@@ -366,13 +406,14 @@ __all__ = [
     "add_secret_options",
     "add_server_options",
     "bearer_token",
+    "certificate_file_role",
     "client_context",
     "config_from_args",
-    "has_verified_peer_cert",
     "is_loopback",
     "load_cluster_secret",
     "load_role_token_file",
     "load_token_file",
+    "member_certificate_warning",
     "member_client_context",
     "member_token",
     "parse_role_tokens",
@@ -381,4 +422,5 @@ __all__ = [
     "server_context",
     "token_matches",
     "token_role",
+    "verified_peer_cert",
 ]

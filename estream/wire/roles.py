@@ -8,8 +8,14 @@ A token file's line is ``ROLE:TOKEN`` or a bare ``TOKEN`` (:func:`parse_token_li
 - ``admin``: ``client`` plus delete and trim streams, drain and forget range servers;
 - ``member`` (PD nodes and range servers): ``client`` plus the member opcodes (register,
   heartbeat, replica updates, dropping and listing replicas);
-- a bare token (and a client certificate verified by the cluster CA): every role at once,
-  what any token allowed before roles existed.
+- a bare token: every role at once, what any token allowed before roles existed.
+
+A client certificate verified by the cluster CA names its role in a subject alternative
+name URI ``estream-role:ROLE`` (:func:`role_uri`, :func:`certificate_role`; ``estream
+certs`` issues them). One naming no role is a ``client`` (no member or admin opcodes); one
+naming an unknown role, or two different ones, may do nothing (``none``). A connection may
+do what any credential it proved allows: its certificate's role, its token's role, and
+with the cluster secret the member opcodes.
 
 Member opcodes are also gated by the cluster secret (``estream/wire/membership.py``): a
 server holding it serves them only on connections that proved it, whatever the token.
@@ -21,7 +27,7 @@ needs ``admin``. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Final
 
@@ -39,8 +45,11 @@ READ_ROLE: Final = "read"
 CLIENT_ROLE: Final = "client"
 ADMIN_ROLE: Final = "admin"
 MEMBER_ROLE: Final = "member"
-ALL_ROLES: Final = "all"  # a bare token or a verified certificate
+ALL_ROLES: Final = "all"  # a bare token
+NO_ROLE: Final = "none"  # a certificate naming an unknown role, or several: nothing
 ROLES: Final = (READ_ROLE, CLIENT_ROLE, ADMIN_ROLE, MEMBER_ROLE)
+ROLE_URI_SCHEME: Final = "estream-role"  # a certificate's SAN URI: estream-role:ROLE
+UNNAMED_CERTIFICATE_ROLE: Final = CLIENT_ROLE  # a verified certificate naming no role
 
 _GRANTS: Final[Mapping[str, frozenset[Action]]] = {
     READ_ROLE: frozenset({Action.READ}),
@@ -48,6 +57,7 @@ _GRANTS: Final[Mapping[str, frozenset[Action]]] = {
     ADMIN_ROLE: frozenset({Action.READ, Action.WRITE, Action.ADMIN}),
     MEMBER_ROLE: frozenset({Action.READ, Action.WRITE, Action.MEMBER}),
     ALL_ROLES: frozenset(Action),
+    NO_ROLE: frozenset(),
 }
 
 PD_OPCODE_ACTIONS: Final[Mapping[int, Action]] = {
@@ -107,6 +117,59 @@ def permits(role: str, action: Action) -> bool:
     return action in _GRANTS.get(role, frozenset())
 
 
+def permits_any(roles: Iterable[str], action: Action) -> bool:
+    """Whether any of ``roles`` (the credentials one connection proved) may do ``action``."""
+    return any(permits(role, action) for role in roles)
+
+
+def role_uri(role: str) -> str:
+    """The SAN URI a certificate of ``role`` carries.
+
+    >>> role_uri("member")
+    'estream-role:member'
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+    return f"{ROLE_URI_SCHEME}:{role}"
+
+
+def certificate_role(peercert: Mapping[str, object]) -> tuple[str, str | None]:
+    """``(role, problem)`` of a verified peer certificate, as :meth:`ssl.SSLSocket.getpeercert`
+    decodes it: the role its ``estream-role:ROLE`` SAN URIs name. ``problem`` (None: none)
+    says why the role is not one the certificate names plainly, for the server to log:
+    no role named gives :data:`UNNAMED_CERTIFICATE_ROLE`; an unknown role or two different
+    ones give :data:`NO_ROLE`.
+
+    >>> certificate_role({"subjectAltName": (("DNS", "db"), ("URI", "estream-role:read"))})
+    ('read', None)
+    >>> certificate_role({"subject": ((("commonName", "old"),),)})[0]
+    'client'
+    >>> certificate_role({"subjectAltName": (("URI", "estream-role:root"),)})[0]
+    'none'
+    """
+    prefix = ROLE_URI_SCHEME + ":"
+    named = {str(value)[len(prefix):] for kind, value in _sans(peercert)
+             if kind == "URI" and str(value).lower().startswith(prefix)}
+    if not named:
+        return UNNAMED_CERTIFICATE_ROLE, (
+            f"a client certificate names no role (no SAN URI {prefix}ROLE): served as "
+            f"'{UNNAMED_CERTIFICATE_ROLE}' (no member or admin opcodes); reissue it with "
+            "`estream certs`")
+    if len(named) > 1 or not named <= set(ROLES):
+        return NO_ROLE, (f"a client certificate names roles {sorted(named)}: one of "
+                         f"{', '.join(ROLES)} is needed; it may do nothing")
+    return named.pop(), None
+
+
+def _sans(peercert: Mapping[str, object]) -> list[tuple[object, object]]:
+    """The ``(kind, value)`` pairs of a decoded certificate's subjectAltName."""
+    sans = peercert.get("subjectAltName", ())
+    if not isinstance(sans, (tuple, list)):
+        return []
+    return [(pair[0], pair[1]) for pair in sans
+            if isinstance(pair, (tuple, list)) and len(pair) == 2]
+
+
 def parse_token_line(line: str) -> tuple[str, str]:
     """``(role, token)`` of one token-file line: ``ROLE:TOKEN`` for a known role, else the
     whole line is a bare token of every role.
@@ -115,7 +178,7 @@ def parse_token_line(line: str) -> tuple[str, str]:
     (('read', 'abc'), ('all', 'abc'), ('all', 'x:abc'))
     """
     role, sep, token = line.partition(":")
-    if sep and role in _GRANTS and role != ALL_ROLES and token:
+    if sep and role in ROLES and token:
         return role, token
     return ALL_ROLES, line
 
@@ -141,14 +204,20 @@ __all__ = [
     "ALL_ROLES",
     "CLIENT_ROLE",
     "MEMBER_ROLE",
+    "NO_ROLE",
     "PD_OPCODE_ACTIONS",
     "RANGE_SERVER_OPCODE_ACTIONS",
     "READ_ROLE",
     "ROLES",
+    "ROLE_URI_SCHEME",
+    "UNNAMED_CERTIFICATE_ROLE",
     "Action",
     "action_of",
+    "certificate_role",
     "http_action",
     "member_opcodes",
     "parse_token_line",
     "permits",
+    "permits_any",
+    "role_uri",
 ]

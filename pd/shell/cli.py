@@ -44,6 +44,7 @@ from estream.net.security import (
     exposure_warnings,
     is_loopback,
     load_cluster_secret,
+    member_certificate_warning,
     raft_password,
 )
 from estream.server.config import parse_with_config, positive_int
@@ -213,6 +214,9 @@ def parse_config(argv: list[str]) -> PdConfig:
             logging.INFO if is_loopback(args.listen) else logging.WARNING,
             "no cluster secret (--secret-file): member opcodes (register, heartbeat, update "
             "replicas) are open to every client that reaches %s", args.listen)
+    unproven = member_certificate_warning(security, member_secret is not None)
+    if unproven is not None:
+        logging.getLogger("pd.shell.cli").warning("%s", unproven)
     return PdConfig(str(args.id), args.listen, args.raft, args.http, args.data_dir, peers,
                     password, security, object_store=args.object_store or None,
                     object_store_endpoint=args.object_store_endpoint or None,

@@ -40,7 +40,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from estream.net.objectstore import ObjectStore
-from estream.net.security import bearer_token, has_verified_peer_cert, token_role
+from estream.net.security import bearer_token, token_role, verified_peer_cert
 from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
 from estream.wire.errors import (
     Conflict,
@@ -58,7 +58,7 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
-from estream.wire.roles import ALL_ROLES, http_action, permits
+from estream.wire.roles import ALL_ROLES, certificate_role, http_action, permits_any
 from pd.catalog import CatalogView
 from pd.crosssite import cross_site_refusal
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
@@ -96,6 +96,7 @@ _CREATE_FIELDS.update({"retention_ms": int, "retention_bytes": int})  # pd/reten
 _CREATE_FIELDS.update({"digest": str})  # the entry digest (estream/wire/record.py)
 
 log = logging.getLogger(__name__)
+_cert_warnings_max: Final = 16  # distinct certificate warnings logged (then silent)
 
 
 def error_response(status: int, code: str, message: str) -> web.Response:
@@ -134,7 +135,9 @@ def build_app(
     ``tokens``: bearer tokens the write endpoints (and with ``protect_reads`` the reads)
     need, with their roles (:mod:`estream.wire.roles`: deleting or trimming a stream and
     draining or forgetting a server need ``admin``, other writes ``client``; a collection:
-    every role); none: the API is open (the default, as before). Cross-site requests
+    every role); none: the API is open (the default, as before). A request over a
+    verified client certificate (mutual TLS) has the role it names, tokens or not
+    (:func:`estream.wire.roles.certificate_role`). Cross-site requests
     are refused with 403 (:mod:`pd.crosssite`; ``admin_hosts``: the names ``Host`` may
     give besides IP addresses and localhost).
     """
@@ -153,26 +156,43 @@ def build_app(
     accepted = (dict(tokens) if isinstance(tokens, Mapping)
                 else dict.fromkeys(tokens, ALL_ROLES))
 
+    warned: set[str] = set()
+
+    def cert_roles(request: web.Request) -> set[str]:
+        """The role a verified client certificate names (mutual TLS), if one was shown."""
+        cert = verified_peer_cert(request.transport)
+        if cert is None:
+            return set()
+        role, problem = certificate_role(cert)
+        if problem is not None and problem not in warned and len(warned) < _cert_warnings_max:
+            warned.add(problem)
+            log.warning("admin API: %s", problem)
+        return {role}
+
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if accepted and needs_token(request.method, request.path, protect_reads):
-            presented = bearer_token(request.headers.get("Authorization"))
-            role = token_role(accepted, presented)
-            if role is None and has_verified_peer_cert(request.transport):
-                role = ALL_ROLES
-            if role is None:
-                response = error_response(
-                    401, "UNAUTHENTICATED",
-                    "this endpoint needs 'Authorization: Bearer <token>'"
-                    + (" (a token was given but is not valid)" if presented else ""))
-                response.headers["WWW-Authenticate"] = 'Bearer realm="estream"'
-                return response
-            action = http_action(request.method, request.path)
-            if not permits(role, action):
-                return error_response(
-                    403, "PERMISSION_DENIED",
-                    f"{request.method} {request.path} needs a token whose role may "
-                    f"{action.value} (this one's role: {role})")
+        if not needs_token(request.method, request.path, protect_reads):
+            return await handler(request)
+        roles = cert_roles(request)
+        if not accepted and not roles:
+            return await handler(request)  # no tokens, no certificate: open, as before
+        presented = bearer_token(request.headers.get("Authorization"))
+        role = token_role(accepted, presented)
+        if role is not None:
+            roles.add(role)  # with a certificate's: either one's grants
+        if not roles:
+            response = error_response(
+                401, "UNAUTHENTICATED",
+                "this endpoint needs 'Authorization: Bearer <token>'"
+                + (" (a token was given but is not valid)" if presented else ""))
+            response.headers["WWW-Authenticate"] = 'Bearer realm="estream"'
+            return response
+        action = http_action(request.method, request.path)
+        if not permits_any(roles, action):
+            return error_response(
+                403, "PERMISSION_DENIED",
+                f"{request.method} {request.path} needs a token or certificate whose role "
+                f"may {action.value} (this request's role: {', '.join(sorted(roles))})")
         return await handler(request)
 
     @web.middleware

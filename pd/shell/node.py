@@ -129,8 +129,9 @@ class PlacementDriverNode:
         http_host, http_port = parse_address(cfg.http)
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, "")
         busy: set[tuple[int, int]] = set()  # ranges repair, reclaim or recovery work on
-        self.repairer = Repairer(self.service, busy=busy)
-        self.repairer.pool = self.member_pool()  # range servers may require TLS / a token
+        # Range servers may require TLS, a token and the secret: given at construction, as
+        # the client each builds over its pool keeps the pool it was built with.
+        self.repairer = Repairer(self.service, busy=busy, pool=self.member_pool())
         recoverer = Recoverer(self.service, busy=busy)
         recoverer.pool = self.member_pool()
         drainer = Drainer(self.service, self.repairer, recoverer)
@@ -150,8 +151,7 @@ class PlacementDriverNode:
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
         self._register_task = asyncio.ensure_future(self._register_self())
         self._repair_task = asyncio.ensure_future(self.repairer.run())
-        reclaimer = Reclaimer(self.service, busy=busy)
-        reclaimer.pool = self.member_pool()
+        reclaimer = Reclaimer(self.service, busy=busy, pool=self.member_pool())
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
         self._recover_task = asyncio.ensure_future(recoverer.run())
         self._drain_task = asyncio.ensure_future(drainer.run())

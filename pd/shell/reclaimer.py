@@ -70,7 +70,10 @@ class Reclaimer:
         interval_ms: int = limits.reclaim_interval_ms,
         drops_max: int = limits.reclaim_drops_per_round_max,
         busy: set[RangeKey] | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
+        """``pool``: how range servers are reached (a PD node's: its certificate, token and
+        the proof of the cluster secret, which DROP_RANGE and LIST_RANGES need)."""
         self.service = service
         self.interval_ms = interval_ms
         self.drops_max = drops_max
@@ -78,7 +81,7 @@ class Reclaimer:
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
         self.suspects_term = -1  # the Raft term they were suspected in
         self.backlog: dict[str, int] = {}  # server id -> droppable replicas left there
-        self.pool = ConnectionPool()
+        self.pool = ConnectionPool() if pool is None else pool
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
 
     async def run(self) -> None:

@@ -109,13 +109,16 @@ class Repairer:
         tasks_max: int = limits.repair_tasks_per_round_max,
         clock_ms: Callable[[], int] = _now_ms,
         busy: set[RangeKey] | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
+        """``pool``: how range servers are reached (a PD node's: its certificate, token and
+        the proof of the cluster secret, which DROP_RANGE needs)."""
         self.service = service
         self.interval_ms = interval_ms
         self.repair_after_ms = repair_after_ms
         self.tasks_max = tasks_max
         self.clock_ms = clock_ms
-        self.pool = ConnectionPool()
+        self.pool = ConnectionPool() if pool is None else pool
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
         self.short_since: dict[ShortKey, int] = {}
         self.avoid: dict[RangeKey, set[str]] = {}

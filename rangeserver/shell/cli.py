@@ -47,6 +47,7 @@ from estream.net.security import (
     exposure_warnings,
     is_loopback,
     load_cluster_secret,
+    member_certificate_warning,
     member_client_context,
     server_context,
 )
@@ -278,6 +279,9 @@ async def serve(args: argparse.Namespace) -> int:
         log.log(logging.INFO if is_loopback(bound) else logging.WARNING,
                 "no cluster secret (--secret-file): member opcodes (DROP_RANGE, "
                 "LIST_RANGES) are open to every client that reaches %s", bound)
+    unproven = member_certificate_warning(security, bool(args.cluster_secret))
+    if unproven is not None:
+        log.warning("%s", unproven)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

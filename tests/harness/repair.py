@@ -23,9 +23,12 @@ poll_s = 0.5
 
 
 async def call(address: str, opcode: Opcode, header: dict[str, Any], *,
-               connect_timeout_s: float = 2.0, timeout_s: float = 5.0) -> dict[str, Any]:
-    """One request on a connection of its own (closed after); the answer's header."""
-    client = await RpcClient.connect(address, timeout_s=connect_timeout_s)
+               connect_timeout_s: float = 2.0, timeout_s: float = 5.0,
+               member_secret: bytes | None = None) -> dict[str, Any]:
+    """One request on a connection of its own (closed after); the answer's header
+    (``member_secret``: the cluster secret, proved first, for a member opcode)."""
+    client = await RpcClient.connect(address, timeout_s=connect_timeout_s,
+                                     member_secret=member_secret)
     try:
         answer, _ = await client.call(opcode, header, timeout_s=timeout_s)
         return dict(answer)

@@ -51,11 +51,11 @@ from tests.harness.writer import acked, run_producer
 SECRET = "the cluster secret"
 ROOT = Path(__file__).resolve().parents[2]
 
-# Every range server holds the cluster secret (flag here; --secret-file or ESTREAM_SECRET
-# in a deployment), so APPENDs of hmac-sha256 batches are verified.
+# Every range server holds the cluster secret (the launcher's --secret-file, as in a
+# deployment), so APPENDs of hmac-sha256 batches are verified.
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(pd_nodes=1, range_servers=4, heal=True,
-                                  rangeserver_args=["--secret", SECRET])]
+                                  secret=SECRET.encode())]
 
 
 async def values(client: estream.Client, name: str) -> list[bytes]:

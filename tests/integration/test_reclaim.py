@@ -13,7 +13,7 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.net.rangeclient import RangeClient
-from estream.net.rpc import ConnectionPool, RpcClient
+from estream.net.rpc import RpcClient
 from estream.wire import limits
 from estream.wire.protocol import Opcode
 
@@ -27,7 +27,7 @@ reclaimed_within_s = limits.reclaim_interval_ms / 1000 * 2 + 5
 async def replicas_of(cluster: Cluster, stream_id: int) -> dict[str, set[int]]:
     """Each range server's address -> the range indexes of ``stream_id`` it holds."""
     held: dict[str, set[int]] = {}
-    pool = ConnectionPool()
+    pool = cluster.member_pool()  # LIST_RANGES is a member opcode
     try:
         for server in cluster.servers:
             listed = await RangeClient(pool).list_ranges(server.address, server_id=None)
@@ -115,7 +115,7 @@ async def test_reclaim_lists_a_server_with_many_replicas(cluster: Cluster) -> No
     async with await estream.connect(cluster.pd_addresses) as client:
         filler = await client.create_stream("filler", replicas=3, ack_count=2)
         gone = await client.create_stream("gone-later", replicas=3, ack_count=2)
-        rpc = await RpcClient.connect(server.address)
+        rpc = await RpcClient.connect(server.address, member_secret=cluster.secret)
         try:
             async def create(stream_id: int, index: int) -> None:
                 await rpc.call(Opcode.CREATE_RANGE, {"stream_id": stream_id,

@@ -140,17 +140,19 @@ async def test_flipped_byte_replica_is_damaged_and_repaired(cluster: ChaosCluste
         assert values[:records_per_phase] == [v for _, v in copied]
         # The damaged replica left on the victim is garbage now: the reclaimer drops it
         # (suspected in one round, dropped in the next).
-        await wait_dropped(victim.address, stream["id"], 0, reclaim_timeout_s)
+        await wait_dropped(victim.address, stream["id"], 0, reclaim_timeout_s,
+                           cluster.cluster.secret)
         assert dropped_total(cluster, "moved") >= 1
 
 
-async def wait_dropped(address: str, stream_id: int, index: int, timeout_s: float) -> None:
+async def wait_dropped(address: str, stream_id: int, index: int, timeout_s: float,
+                       member_secret: bytes | None) -> None:
     from estream.net.rpc import RpcClient
     from estream.wire.protocol import Opcode
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        client = await RpcClient.connect(address)
+        client = await RpcClient.connect(address, member_secret=member_secret)
         try:
             answer, _ = await client.call(Opcode.LIST_RANGES)
         finally:

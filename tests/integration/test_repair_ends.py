@@ -80,7 +80,8 @@ async def test_replicas_sealed_below_above_or_left_open_end_at_the_catalogs_end(
         # A replica its server no longer has at all ("reports nothing" is not "whole"):
         lost_id, lost = replicas[2]
         await call(lost, Opcode.DROP_RANGE,
-                   {"stream_id": meta.id, "range_index": 0, "server_id": lost_id})
+                   {"stream_id": meta.id, "range_index": 0, "server_id": lost_id},
+                   member_secret=cluster.secret)
         started = time.monotonic()
         while True:
             try:

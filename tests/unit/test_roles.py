@@ -1,4 +1,5 @@
-"""Roles of tokens (estream/wire/roles.py) and role token files (estream/net/security.py)."""
+"""Roles of tokens and certificates (estream/wire/roles.py) and role token files
+(estream/net/security.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from estream.wire.roles import (
     RANGE_SERVER_OPCODE_ACTIONS,
     Action,
     action_of,
+    certificate_role,
     http_action,
     member_opcodes,
     parse_token_line,
     permits,
+    permits_any,
+    role_uri,
 )
 
 
@@ -26,6 +30,7 @@ from estream.wire.roles import (
     ("all", set(Action)),
     ("", set()),  # not authenticated yet
     ("root", set()),
+    ("none", set()),  # a certificate naming an unknown role or several
 ])
 def test_what_each_role_may_do(role: str, allowed: set[Action]) -> None:
     assert {a for a in Action if permits(role, a)} == allowed
@@ -75,6 +80,7 @@ def test_token_lines_with_and_without_a_role() -> None:
     assert parse_token_line("member:s3") == ("member", "s3")
     assert parse_token_line("s3") == ("all", "s3")  # a bare token keeps today's meaning
     assert parse_token_line("all:s3") == ("all", "all:s3")  # not a role one can write
+    assert parse_token_line("none:s3") == ("all", "none:s3")  # no certificate-only role
     assert parse_token_line("admin:") == ("all", "admin:")
     text = "# roles\nread:r1\nclient:c1\nadmin:a1\nbare\n"
     assert parse_role_tokens(text) == (("read", "r1"), ("client", "c1"), ("admin", "a1"),
@@ -95,3 +101,58 @@ def test_a_member_presents_its_member_token() -> None:
     assert member_token([("admin", "a1"), ("all", "b1")]) == "b1"
     assert member_token([("admin", "a1")]) == "a1"  # as before roles: the first
     assert member_token([]) is None
+
+
+def _cert(*sans: tuple[str, str]) -> dict[str, object]:
+    """A peer certificate as ssl's getpeercert() decodes it."""
+    return {"subject": ((("commonName", "estream x"),),), "subjectAltName": sans}
+
+
+@pytest.mark.parametrize("role", ["read", "client", "admin", "member"])
+def test_a_certificate_has_the_role_its_san_uri_names(role: str) -> None:
+    cert = _cert(("DNS", "localhost"), ("IP Address", "127.0.0.1"), ("URI", role_uri(role)))
+    assert certificate_role(cert) == (role, None)
+    assert certificate_role(_cert(("URI", role_uri(role)), ("URI", role_uri(role))))[0] == role
+
+
+def test_a_certificate_naming_no_role_is_a_client_and_says_so() -> None:
+    for cert in (_cert(), _cert(("DNS", "db"), ("URI", "spiffe://x/y")),
+                 {"subject": ((("organizationalUnitName", "admin"),),)}):
+        role, problem = certificate_role(cert)
+        assert role == "client" and problem is not None and "names no role" in problem
+        assert not permits(role, Action.MEMBER) and not permits(role, Action.ADMIN)
+
+
+@pytest.mark.parametrize("sans", [
+    (("URI", "estream-role:root"),),
+    (("URI", "estream-role:"),),
+    (("URI", "estream-role:all"),),  # a bare token's every-role is no certificate's
+    (("URI", "estream-role:none"),),
+    (("URI", "estream-role:admin"), ("URI", "estream-role:member")),
+    (("URI", "estream-role:read"), ("URI", "estream-role:Read")),
+])
+def test_a_certificate_naming_an_unknown_role_or_several_may_do_nothing(
+        sans: tuple[tuple[str, str], ...]) -> None:
+    role, problem = certificate_role(_cert(*sans))
+    assert role == "none" and problem is not None
+    assert not any(permits(role, a) for a in Action)
+
+
+def test_a_malformed_decoded_certificate_is_a_client() -> None:
+    for cert in ({"subjectAltName": "estream-role:admin"}, {"subjectAltName": (("URI",),)},
+                 {"subjectAltName": None}):
+        assert certificate_role(cert)[0] == "client"
+
+
+def test_role_uri_refuses_what_is_not_a_role() -> None:
+    assert role_uri("read") == "estream-role:read"
+    for bad in ("all", "none", "root"):
+        with pytest.raises(ValueError):
+            role_uri(bad)
+
+
+def test_a_connection_may_do_what_any_of_its_credentials_allows() -> None:
+    assert permits_any({"member", "read"}, Action.MEMBER)
+    assert permits_any({"client", "admin"}, Action.ADMIN)
+    assert not permits_any({"client", "read"}, Action.ADMIN)
+    assert not permits_any(set(), Action.READ)
