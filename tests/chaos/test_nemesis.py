@@ -1,15 +1,23 @@
 """The nemesis: cycles of one or two faults at once under load, then the history checker.
 
 A proxied cluster (3 PD nodes, 3 or 4 range servers each behind a fault proxy, on
-127.0.0.x), two streams with a writer process and a tailing reader each; per cycle faults
-from kill -9, SIGSTOP, a proxy partition, a wiped data dir, a flipped byte in a replica, a
-PD leader kill and a whole-cluster crash (see :mod:`tests.chaos.nemesis` for the plan and
-:mod:`tests.chaos.nemesis_driver` for the run). Passes when no acknowledged record is lost,
+127.0.0.x, each range server's data dir on a small tmpfs of its own, the cluster secret
+set so member opcodes need it), two streams with a writer process and a tailing reader
+each; per cycle faults from kill -9, SIGSTOP, a proxy partition, a wiped data dir, a flipped
+byte in a replica, a PD leader kill, a whole-cluster crash, a stream deleted and created
+again under its writer, and a range server's disk filled then freed (see
+:mod:`tests.chaos.nemesis` for the plan and :mod:`tests.chaos.nemesis_driver` for the run).
+For the whole run: short writer sessions on a third stream, and a hostile client
+(:mod:`tests.chaos.hostile`: absurd numbers in every opcode, member impersonation without
+the secret, frames trickled at every port). Passes when no acknowledged record is lost,
 hidden (a ``follow=False`` reader with no writer alive sees them all within 10 s) or
-duplicated, and every append completes or fails with a typed error within its delivery
-timeout. The seed is printed; ``ESTREAM_CHAOS_SEED=N`` replays it.
+duplicated (each incarnation of a stream on its own), every append completes or fails
+with a typed error within its delivery timeout, sessions that appended nothing left no
+range, no server restarted but by a fault, and no server's RSS passed :data:`rss_mib_max`.
+The seed is printed; ``ESTREAM_CHAOS_SEED=N`` replays it.
 
-``make test`` runs 3 cycles; ``make chaos`` runs 25 (``@pytest.mark.slow``).
+``make test`` runs 3 cycles; ``make chaos`` runs 25 (``@pytest.mark.slow``;
+``ESTREAM_NEMESIS_CYCLES=N`` runs N instead).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import doctest
 import os
 import random
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,13 +43,25 @@ from tests.chaos.nemesis import (
     fold_writer_log,
     plan_run,
 )
-from tests.chaos.nemesis_driver import STREAMS, Nemesis, NemesisConfig
+from tests.chaos.nemesis_driver import (
+    SESSIONS_STREAM,
+    STREAMS,
+    Nemesis,
+    NemesisConfig,
+    tmpfs_mib,
+)
 
 quick_cycles = 3
 quick_budget_s = 50.0  # for the cycles (one that is slow to heal can take ~30 s)
 quick_repair_wait_s = 25.0  # a fault in the last cycle: repair_after_ms (10 s) + rounds
-slow_cycles = 25
-slow_budget_s = 25 * 40.0
+slow_cycles = int(os.environ.get("ESTREAM_NEMESIS_CYCLES", "25"))
+slow_budget_s = slow_cycles * 40.0
+SECRET = b"the nemesis cluster's member credential"
+# Every PD node's and range server's resident memory at every cycle's end. Measured in
+# 25-cycle runs with the hostile client and the short sessions: PD nodes reach about
+# RSS_MEASURED, range servers less; the bound leaves twice that (Python's heap does not
+# shrink, and a wiped or restarted server starts again from about 60 MiB).
+rss_mib_max = 400.0
 StartCluster = Callable[[int], Cluster]
 
 
@@ -110,11 +131,23 @@ def test_writer_log_folds_into_history() -> None:
 
 @pytest.fixture
 def start_nemesis_cluster(tmp_path: Path) -> Iterator[StartCluster]:
+    """Starts the nemesis's cluster, each range server's data dir on a ``tmpfs_mib`` tmpfs
+    of its own (root only: elsewhere the dirs stay on the test's disk, and the plan has no
+    full-disk fault); every process stopped and every tmpfs unmounted after the test."""
     started: list[Cluster] = []
+    mounted: list[Path] = []
 
     def start(range_servers: int) -> Cluster:
+        for i in range(range_servers):
+            data_dir = tmp_path / f"rs{i + 1}"  # where start_cluster puts range server i
+            data_dir.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mib}m",
+                                   "tmpfs", str(data_dir)], capture_output=True, check=False)
+            if done.returncode == 0:
+                mounted.append(data_dir)
         cluster = start_cluster(tmp_path, pd_nodes=len(PD_HOSTS), range_servers=range_servers,
-                                pd_hosts=PD_HOSTS, rs_hosts=RS_HOSTS, proxied=True)
+                                pd_hosts=PD_HOSTS, rs_hosts=RS_HOSTS, proxied=True,
+                                secret=SECRET)
         started.append(cluster)
         return cluster
 
@@ -123,28 +156,37 @@ def start_nemesis_cluster(tmp_path: Path) -> Iterator[StartCluster]:
     finally:
         for cluster in started:
             cluster.stop()
+        for data_dir in mounted:
+            subprocess.run(["umount", str(data_dir)], capture_output=True, check=False)
+
+
+def can_mount_tmpfs() -> bool:
+    return os.geteuid() == 0
 
 
 async def run_nemesis(start: StartCluster, root: Path, cycles: int,
                       config: NemesisConfig) -> None:
-    plan: RunPlan = plan_run(chaos_seed(), cycles, len(STREAMS))
+    faults = frozenset(Fault) - (set() if can_mount_tmpfs() else {Fault.FULL_DISK})
+    plan: RunPlan = plan_run(chaos_seed(), cycles, len(STREAMS), faults=faults)
     print(f"[nemesis] seed {plan.seed} (replay: ESTREAM_CHAOS_SEED={plan.seed})", flush=True)
     cluster = start(plan.range_servers)
     outcome = await Nemesis(cluster, plan, root, config).run()
     print(outcome.report(), flush=True)
     assert outcome.ok, (f"nemesis seed {plan.seed} (replay: ESTREAM_CHAOS_SEED={plan.seed}):\n"
                         + "\n".join(outcome.violations()) + "\n" + outcome.report())
-    assert all(v.acknowledged > 0 for v in outcome.verdicts.values()), outcome.report()
+    assert all(v.acknowledged > 0 for name, v in outcome.verdicts.items()
+               if not name.startswith(SESSIONS_STREAM)), outcome.report()
 
 
 @pytest.mark.integration
 async def test_nemesis_3_cycles(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
     await run_nemesis(start_nemesis_cluster, tmp_path, quick_cycles, NemesisConfig(
-        cycles_budget_s=quick_budget_s, repair_wait_s=quick_repair_wait_s))
+        cycles_budget_s=quick_budget_s, repair_wait_s=quick_repair_wait_s,
+        rss_mib_max=rss_mib_max))
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_nemesis_25_cycles(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
     await run_nemesis(start_nemesis_cluster, tmp_path, slow_cycles,
-                      NemesisConfig(cycles_budget_s=slow_budget_s))
+                      NemesisConfig(cycles_budget_s=slow_budget_s, rss_mib_max=rss_mib_max))
