@@ -75,8 +75,18 @@ class Reclaimer:
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
         self.suspects_term = -1  # the Raft term they were suspected in
         self.backlog: dict[str, int] = {}  # server id -> droppable replicas left there
-        self.pool = ConnectionPool()
-        self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
+        self.pool = ConnectionPool()  # and self.client, through it (the setter below)
+
+    @property
+    def pool(self) -> ConnectionPool:
+        return self._pool
+
+    @pool.setter
+    def pool(self, pool: ConnectionPool) -> None:
+        """The pool to range servers (the node sets its member pool: TLS, token, the proof
+        of the cluster secret), and the client that calls through it."""
+        self._pool = pool
+        self.client = RangeClient(pool, timeout_s=rpc_timeout_s)
 
     async def run(self) -> None:
         """Forever (until cancelled): a round every ``interval_ms`` while leader."""

@@ -115,14 +115,24 @@ class Repairer:
         self.repair_after_ms = repair_after_ms
         self.tasks_max = tasks_max
         self.clock_ms = clock_ms
-        self.pool = ConnectionPool()
-        self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
+        self.pool = ConnectionPool()  # and self.client, through it (the setter below)
         self.short_since: dict[ShortKey, int] = {}
         self.avoid: dict[RangeKey, set[str]] = {}
         self.busy: set[RangeKey] = set() if busy is None else busy  # shared with the reclaimer
         self.changed_at: dict[RangeKey, int] = {}  # when a repair last worked on a range
         self.last_plan = RepairPlan()
         self._logged_skips: frozenset[tuple[str, int, str]] = frozenset()
+
+    @property
+    def pool(self) -> ConnectionPool:
+        return self._pool
+
+    @pool.setter
+    def pool(self, pool: ConnectionPool) -> None:
+        """The pool to range servers (the node sets its member pool: TLS, token, the proof
+        of the cluster secret), and the client that calls through it."""
+        self._pool = pool
+        self.client = RangeClient(pool, timeout_s=rpc_timeout_s)
 
     # ------------------------------------------------------------------------- loop
     async def run(self) -> None:
