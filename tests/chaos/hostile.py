@@ -240,7 +240,7 @@ class HostileClient:
                                 range_index=self.rng.choice(ABSURD_INTS),
                                 epoch=self.rng.choice(ABSURD_INTS),
                                 base_offset=self.rng.choice(ABSURD_INTS))
-        except (struct.error, OverflowError, ValueError):
+        except (struct.error, OverflowError, ValueError, EstreamError):  # does not fit
             return self.rng.randbytes(self.rng.choice((0, 1, 57, 4096)))
 
     async def absurd_frame(self, ports: Ports) -> None:

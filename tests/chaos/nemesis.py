@@ -21,6 +21,9 @@ their own stream, and a hostile client (:mod:`tests.chaos.hostile`).
 :func:`one_server_down` says whether a cycle leaves exactly one range server out of service
 at a time (the contract then promises that no append waits more than 5 s).
 
+At most one recreate per cycle, and never a full disk with a whole-cluster crash (the
+full disk must come back without a restart).
+
 Safety of the plan: at most one fault that destroys a copy (wipe, flip) per cycle, so
 with ``replicas=3, ack_count=2`` every acknowledged record keeps an intact copy; the
 driver also injects one only while every replica PD lists is whole and sound (otherwise a
@@ -86,6 +89,8 @@ class Injection:
     idle: bool = False  # CRASH_ALL only: injected after the writers stopped
 
     def __str__(self) -> str:
+        if self.fault is Fault.RECREATE and self.target is not None:
+            return f"{self.fault}@s{self.target.stream}"
         if self.target is not None:
             return f"{self.fault}@{self.target}"
         return f"{self.fault}(idle)" if self.idle else str(self.fault)
@@ -143,6 +148,8 @@ def plan_cycle(rng: random.Random, range_servers: int, streams: int,
             continue
         if fault is Fault.RECREATE and any(i.fault is Fault.RECREATE for i in chosen):
             continue
+        if {fault, *(i.fault for i in chosen)} >= {Fault.FULL_DISK, Fault.CRASH_ALL}:
+            continue  # a full disk must come back without a restart
         if fault is Fault.RECREATE:
             chosen.append(Injection(fault, Target(rng.randrange(streams), 0)))
         elif fault is Fault.CRASH_ALL:
@@ -213,6 +220,7 @@ class WriterLog:
     slowest_s: float = 0.0  # the longest an append took to end, either way
     slowest: str = ""  # that append's line
     empty_sessions: int = 0  # writers opened and closed cleanly with no append between
+    rolls: int = 0  # new ranges the closed writers rolled to (a failed replica)
     stream_ids: set[int] = field(default_factory=set)  # the incarnations its writers opened
 
 
@@ -232,10 +240,12 @@ def fold_writer_log(histories: History | HistoryFor, writer: str,
     (1, 2, ['ok', 'unknown', 'unknown'])
     >>> by_id = {7: History(), 9: History()}
     >>> log = fold_writer_log(by_id.__getitem__, "w", ["OPEN 1 3 7", "A w-0",
-    ...     "F w-0 StreamNotFound 4", "OPEN 1 2 9", "A w-1", "K w-1 0 2", "CLOSED 1",
-    ...     "OPEN 2 2 9", "CLOSED 1"])
+    ...     "F w-0 StreamNotFound 4", "OPEN 1 2 9", "A w-1", "K w-1 0 2", "CLOSED 1 1",
+    ...     "OPEN 2 2 9", "CLOSED 1 0"])
     >>> [len(by_id[i].appends) for i in (7, 9)], log.empty_sessions, sorted(log.stream_ids)
     ([1, 1], 1, [7, 9])
+    >>> log.rolls
+    1
     """
     history_for: HistoryFor = ((lambda _: histories) if isinstance(histories, History)
                                else histories)
@@ -279,6 +289,7 @@ def fold_writer_log(histories: History | HistoryFor, writer: str,
         elif kind == "CLOSED":
             log.closed = True
             log.empty_sessions += not appended_in_session
+            log.rolls += int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
             appended_in_session = True
         elif kind == "CLOSEFAIL":
             log.close_failure = rest

@@ -26,9 +26,9 @@ data dir (each on its own small tmpfs, :data:`tmpfs_mib`) to the last byte until
 healing frees it: the server must answer appends with a typed error (writers roll away)
 and take appends again without a restart within ``full_disk_back_s``.
 
-For the whole run, beside the cycles: a process of short writer sessions on its own stream
-(:data:`SESSIONS_STREAM`; open, 0-3 appends, close, ``nemesis_writer.sessions_per_s``),
-whose sessions that appended nothing must leave no range behind; and the hostile client
+For the whole run, beside the cycles: a process of short writer sessions on each of
+:data:`SESSIONS_STREAMS` (open, 0-3 appends, close, up to ``nemesis_writer.sessions_per_s``
+each), whose sessions that appended nothing must leave no range behind; and the hostile client
 (:mod:`tests.chaos.hostile`). Every cycle checks that no PD node or range server restarted
 or died unless a fault of the nemesis did it (its PID is the one it had), and samples every
 server's RSS: none may exceed ``rss_mib_max``.
@@ -79,9 +79,12 @@ from tests.harness.repair import wait_fully_replicated
 
 REPO = Path(__file__).resolve().parents[2]
 STREAMS = ("nemesis-a", "nemesis-b")
-SESSIONS_STREAM = "nemesis-sessions"  # the short writer sessions' own stream
+SESSIONS_STREAMS = ("nemesis-sessions-0", "nemesis-sessions-1")  # short sessions' own
+SESSIONS_PREFIX = "nemesis-sessions"
 FILLER = "nemesis-filler"  # the file that fills a range server's disk (full-disk)
 tmpfs_mib = 96  # each range server's data dir in the nemesis: a tmpfs this small
+ranges_windows_max = 1_000  # PD answers walked to list a stream's ranges
+empty_ranges_per_fault_max = 2  # on a short sessions' stream (see Nemesis.judge_sessions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +158,8 @@ class Nemesis:
         self._pd_down: list[int] = []
         self.pids: dict[str, int] = {}  # process name -> the PID it must still have
         self.recreated = 0
-        self.sessions_log: WriterLog | None = None
+        self.injected = 0  # faults injected so far
+        self.sessions_logs: dict[str, WriterLog] = {}  # stream -> its sessions
         self._last_ranges: dict[int, list[tuple[int, list[str]]]] = {}  # for members()
 
     def history(self, name: str, stream_id: int) -> History:
@@ -177,7 +181,7 @@ class Nemesis:
                   f"(replay: ESTREAM_CHAOS_SEED={self.plan.seed})")
         for i, cycle in enumerate(self.plan.cycles):
             self.line(f"plan cycle {i}: {cycle}")
-        names = [*STREAMS, *([SESSIONS_STREAM] if self.config.sessions else [])]
+        names = [*STREAMS, *(SESSIONS_STREAMS if self.config.sessions else ())]
         async with await estream.connect(self.cluster.pd_addresses, timeout_s=10.0) as client:
             for name in names:
                 meta = await client.create_stream(name, replicas=3, ack_count=2)
@@ -190,7 +194,7 @@ class Nemesis:
         if self.config.hostile:
             client_ = HostileClient(self.plan.seed ^ 0x4057, self.ports, self.members)
             hostile = asyncio.ensure_future(client_.run(stop_hostile))
-        sessions = self.start_sessions() if self.config.sessions else None
+        sessions = self.start_sessions() if self.config.sessions else {}
         started = time.monotonic()
         budget_s = self.config.cycles_budget_s
         try:
@@ -203,17 +207,22 @@ class Nemesis:
         finally:
             stop_hostile.set()
             if hostile is not None:
-                self.outcome.hostile = await hostile
-                self.line(f"hostile client: {self.outcome.hostile.summary()}")
-                for finding in self.outcome.hostile.findings[:10]:
-                    self.find(f"hostile client: {finding}")
+                try:
+                    self.outcome.hostile = await hostile
+                except Exception as exc:  # the client's own bug: stop the run's processes
+                    self.find(f"hostile client failed: {type(exc).__name__}: {exc}")
+                else:
+                    self.line(f"hostile client: {self.outcome.hostile.summary()}")
+                    for finding in self.outcome.hostile.findings[:10]:
+                        self.find(f"hostile client: {finding}")
             await self.stop_writers(kill=True)
-            if sessions is not None:
-                await self.stop_sessions(sessions)
+            await self.stop_sessions(sessions)
             await self.heal()
             self._stop_readers.set()
             await self.finish_readers(readers)
         self.check_processes("the run's end")
+        self.line("largest RSS: " + ", ".join(f"{name} {mib:.0f} MiB" for name, mib
+                                              in sorted(self.outcome.rss_mib.items())))
         await self.judge()
         return self.outcome
 
@@ -264,24 +273,27 @@ class Nemesis:
         for name in STREAMS:
             self.writers[name] = self.start_writer(name, f"{name}-c{cycle}")
 
-    def start_sessions(self) -> tuple[ManagedProcess, Path]:
-        return self.start_writer(SESSIONS_STREAM, "sessions", "sessions", str(self.plan.seed))
+    def start_sessions(self) -> dict[str, tuple[ManagedProcess, Path]]:
+        return {name: self.start_writer(name, name, "sessions", str(self.plan.seed + i))
+                for i, name in enumerate(SESSIONS_STREAMS)}
 
-    async def stop_sessions(self, sessions: tuple[ManagedProcess, Path]) -> None:
-        """SIGTERM the short sessions' process, fold its log, and count its sessions."""
-        process, log = sessions
-        process.signal(signal.SIGTERM)
-        if not await asyncio.to_thread(_exited, process, 2 * self.config.deadline_s):
-            self.find(f"the sessions' process did not exit within "
-                      f"{2 * self.config.deadline_s}s of SIGTERM (killed)")
-        process.kill9()
-        process.stop()
-        summary = self.fold(SESSIONS_STREAM, log)
-        self.sessions_log = summary
-        self.line(f"short sessions: {summary.opens} opened, {summary.empty_sessions} appended "
-                  f"nothing, {summary.acknowledged} appends acknowledged, "
-                  f"{summary.failed + summary.unknown} failed; "
-                  f"{len(summary.open_failures)} opens failed")
+    async def stop_sessions(self, sessions: dict[str, tuple[ManagedProcess, Path]]) -> None:
+        """SIGTERM the short sessions' processes, fold their logs, count their sessions."""
+        for process, _ in sessions.values():
+            process.signal(signal.SIGTERM)
+        bound_s = 2 * self.config.deadline_s
+        for name, (process, log) in sessions.items():
+            if not await asyncio.to_thread(_exited, process, bound_s):
+                self.find(f"{name}: the sessions' process did not exit within {bound_s}s of "
+                          "SIGTERM (killed)")
+            process.kill9()
+            process.stop()
+            summary = self.fold(name, log)
+            self.sessions_logs[name] = summary
+            self.line(f"short sessions on {name}: {summary.opens} opened, "
+                      f"{summary.empty_sessions} appended nothing, {summary.acknowledged} "
+                      f"appends acknowledged, {summary.failed + summary.unknown} failed; "
+                      f"{len(summary.open_failures)} opens failed")
 
     def acks_now(self) -> dict[str, int]:
         counts = {}
@@ -410,6 +422,7 @@ class Nemesis:
         """Inject one fault; a server fault never hits a server another fault of the cycle
         hit (the next server in the cluster's order instead)."""
         fault = injection.fault
+        self.injected += 1
         if fault is Fault.PD_LEADER:
             self._pd_down.append(await asyncio.to_thread(self.cluster.kill_pd_leader))
             return f"{injection}: PD node {self._pd_down[-1] + 1}"
@@ -720,29 +733,45 @@ class Nemesis:
             self.line("deleted incarnations (not read back): " + ", ".join(
                 f"{self.names[sid]}#{sid} {sum(a.offset is not None for a in h.appends)} "
                 "acknowledged" for sid, h in sorted(retired.items())))
-        if self.config.sessions:
-            await self.judge_sessions()
+        for name, log in self.sessions_logs.items():
+            await self.judge_sessions(name, log)
 
-    async def judge_sessions(self) -> None:
-        """Sessions that appended nothing leave no range behind: the stream's ranges are
-        no more than its sessions that appended something, plus one per session that
-        failed (an error leaves its range to recovery), plus the open one."""
+    async def judge_sessions(self, name: str, log: WriterLog) -> None:
+        """Sessions that appended nothing leave no range behind: a writer that opens on an
+        empty open range keeps it, so the stream's empty ranges come from faults alone (a
+        fault on an empty open range's replicas has the next writer seal it and move on,
+        or a roll leave one): at most ``empty_ranges_per_fault_max`` per fault injected,
+        plus the rolls and failed appends, however many sessions appended nothing."""
+        ranges = await self.all_ranges(name)
+        empty = sum(1 for start, end in ranges if end == start)
+        allowed = (empty_ranges_per_fault_max * self.injected + log.rolls + log.failed
+                   + log.unknown)
+        self.line(f"{name}: {len(ranges)} ranges ({empty} empty, at most {allowed} allowed) "
+                  f"for {log.opens} sessions ({log.empty_sessions} appended nothing, "
+                  f"{log.rolls} rolls, {log.failed + log.unknown} failed appends)")
+        if empty > allowed:
+            self.find(f"{name}: {empty} empty ranges after {log.opens} writer sessions of "
+                      f"which {log.empty_sessions} appended nothing, {self.injected} faults: "
+                      f"at most {allowed} expected (sessions that append nothing must leave "
+                      "no range behind)")
+
+    async def all_ranges(self, name: str) -> list[tuple[int, int | None]]:
+        """Every range of ``name`` as (start, end), walking PD's windows by offset."""
         import estream
 
-        log = self.sessions_log
-        if log is None:
-            return
+        found: dict[int, tuple[int, int | None]] = {}
         async with await estream.connect(self.cluster.pd_addresses, timeout_s=10.0) as client:
-            meta = await client.describe_stream(SESSIONS_STREAM)
-        ranges = meta.ranges[-1].index + 1 if meta.ranges else 0
-        appended = log.opens - log.empty_sessions
-        allowed = appended + len(log.open_failures) + log.failed + log.unknown + 1
-        self.line(f"short sessions' stream: {ranges} ranges for {log.opens} sessions "
-                  f"({log.empty_sessions} empty; at most {allowed} allowed)")
-        if ranges > allowed:
-            self.find(f"{SESSIONS_STREAM}: {ranges} ranges after {log.opens} writer sessions "
-                      f"of which {log.empty_sessions} appended nothing: at most {allowed} "
-                      "expected (sessions that append nothing must leave no range behind)")
+            offset = 0
+            for _ in range(ranges_windows_max):
+                meta = await client.pd.describe_stream(name, offset=offset)
+                before = len(found)
+                for r in meta.ranges:
+                    found[r.index] = (r.start, r.end)
+                last = meta.ranges[-1] if meta.ranges else None
+                if not meta.ranges_more or last is None or len(found) == before:
+                    break
+                offset = last.end if last.end is not None else last.start
+        return [found[i] for i in sorted(found)]
 
     def line(self, text: str) -> None:
         line = f"[nemesis] {text}"

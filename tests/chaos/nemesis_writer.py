@@ -17,7 +17,9 @@ rebuilt from:
     T value error elapsed_ms         estream.Timeout: outcome unknown
     U value error elapsed_ms         an exception that is not an estream error
     H value elapsed_ms               no outcome within the delivery timeout + grace: hung
-    CLOSED elapsed_ms | CLOSEFAIL error elapsed_ms   after SIGTERM
+    CLOSED elapsed_ms rolls          closed (after SIGTERM, or a short session's end) having
+                                     rolled to a new range ``rolls`` times
+    CLOSEFAIL error elapsed_ms       its close failed
 
 After any error it stops appending, lets the appends in flight end, and opens a new
 writer (which recovers the stream: the fault path the nemesis wants exercised). SIGTERM:
@@ -172,7 +174,7 @@ class NemesisWriter:
         except Exception as exc:
             self.line(f"CLOSEFAIL {type(exc).__name__} {ms_since(started)}")
         else:
-            self.line(f"CLOSED {ms_since(started)}")
+            self.line(f"CLOSED {ms_since(started)} {writer.rolls}")
 
     async def pause(self, seconds: float) -> None:
         try:

@@ -7,7 +7,7 @@ each; per cycle faults from kill -9, SIGSTOP, a proxy partition, a wiped data di
 byte in a replica, a PD leader kill, a whole-cluster crash, a stream deleted and created
 again under its writer, and a range server's disk filled then freed (see
 :mod:`tests.chaos.nemesis` for the plan and :mod:`tests.chaos.nemesis_driver` for the run).
-For the whole run: short writer sessions on a third stream, and a hostile client
+For the whole run: short writer sessions on two more streams, and a hostile client
 (:mod:`tests.chaos.hostile`: absurd numbers in every opcode, member impersonation without
 the secret, frames trickled at every port). Passes when no acknowledged record is lost,
 hidden (a ``follow=False`` reader with no writer alive sees them all within 10 s) or
@@ -44,7 +44,7 @@ from tests.chaos.nemesis import (
     plan_run,
 )
 from tests.chaos.nemesis_driver import (
-    SESSIONS_STREAM,
+    SESSIONS_PREFIX,
     STREAMS,
     Nemesis,
     NemesisConfig,
@@ -104,6 +104,22 @@ def test_every_fault_kind_is_planned() -> None:
     assert seen == set(Fault)
 
 
+def test_recreate_and_full_disk_are_planned_safely() -> None:
+    cycles = [c for seed in range(200) for c in plan_run(seed, 10, len(STREAMS)).cycles]
+    for cycle in cycles:
+        faults = [i.fault for i in cycle.injections]
+        assert faults.count(Fault.RECREATE) <= 1
+        assert not {Fault.FULL_DISK, Fault.CRASH_ALL} <= set(faults)
+        for injection in cycle.injections:
+            if injection.fault is Fault.RECREATE:
+                assert injection.target is not None and injection.target.stream is not None
+                assert 0 <= injection.target.stream < len(STREAMS)
+    without = frozenset(Fault) - {Fault.FULL_DISK}
+    assert all(i.fault is not Fault.FULL_DISK for seed in range(50)
+               for c in plan_run(seed, 10, 2, faults=without).cycles for i in c.injections)
+    assert plan_run(5, 3, 2) == plan_run(5, 3, 2, faults=frozenset(Fault))
+
+
 def test_writer_log_folds_into_history() -> None:
     history = History(delivery_deadline_s=13.0)
     log = fold_writer_log(history, "w", [
@@ -118,12 +134,33 @@ def test_writer_log_folds_into_history() -> None:
     assert log.opens == 1 and log.open_failures == ["TimeoutError 13000"]
     assert not log.closed and log.close_failure == "Unavailable 4"
     assert log.max_acked_offset == 0
+    assert log.stream_ids == {0}  # "OPEN 4 20": a line without the stream id (0: unknown)
     history.final = [(0, b"w-0")]
     from tests.chaos.history import check
 
     verdict = check(history)
     assert verdict.late == 2  # the hung append and the untyped error
     assert verdict.lost == 0
+
+
+def test_a_writer_log_folds_per_incarnation_and_counts_empty_sessions() -> None:
+    """A writer of the deleted incarnation fails; its next open finds the new one; the
+    new one's history holds only what was appended after that open, so a value of the old
+    incarnation read in the new one is a phantom there."""
+    from tests.chaos.history import check
+
+    histories: dict[int, History] = {}
+    log = fold_writer_log(lambda sid: histories.setdefault(sid, History()), "w", [
+        "OPEN 1 5 3", "A w-0", "K w-0 0 4", "A w-1", "F w-1 StreamNotFound 9",
+        "OPEN 1 7 4", "A w-2", "K w-2 0 3", "CLOSED 2", "OPEN 2 3 4", "CLOSED 1"])
+    assert sorted(histories) == [3, 4] and log.stream_ids == {3, 4}
+    assert [a.value for a in histories[3].appends] == [b"w-0", b"w-1"]
+    assert [(a.value, a.offset) for a in histories[4].appends] == [(b"w-2", 0)]
+    assert log.empty_sessions == 1 and log.opens == 3
+    histories[4].final = [(0, b"w-2")]
+    assert check(histories[4]).ok
+    histories[4].final = [(0, b"w-2"), (1, b"w-0")]  # the old writer acknowledged into it
+    assert any(v.startswith("phantom") for v in check(histories[4]).violations)
 
 
 # -- the runs (real processes) ---------------------------------------------------------------
@@ -175,7 +212,7 @@ async def run_nemesis(start: StartCluster, root: Path, cycles: int,
     assert outcome.ok, (f"nemesis seed {plan.seed} (replay: ESTREAM_CHAOS_SEED={plan.seed}):\n"
                         + "\n".join(outcome.violations()) + "\n" + outcome.report())
     assert all(v.acknowledged > 0 for name, v in outcome.verdicts.items()
-               if not name.startswith(SESSIONS_STREAM)), outcome.report()
+               if not name.startswith(SESSIONS_PREFIX)), outcome.report()
 
 
 @pytest.mark.integration
