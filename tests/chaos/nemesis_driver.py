@@ -21,7 +21,8 @@ Faults on streams and disks: ``recreate`` deletes a stream and creates it again 
 writer appends (the writer of the old incarnation must fail with ``StreamNotFound`` or
 ``Fenced``, and its next open finds the new one); histories are kept per incarnation
 (stream id), so a value of an old incarnation read in the new one is a phantom there, and
-an incarnation deleted on purpose is not read back. ``full-disk`` fills a range server's
+an incarnation deleted on purpose is not read back; a tail that read on from the old
+incarnation into the new one is a finding too. ``full-disk`` fills a range server's
 data dir (each on its own small tmpfs, :data:`tmpfs_mib`) to the last byte until the
 healing frees it: the server must answer appends with a typed error (writers roll away)
 and take appends again without a restart within ``full_disk_back_s``.
@@ -31,7 +32,7 @@ For the whole run, beside the cycles: a process of short writer sessions on each
 each), whose sessions that appended nothing must leave no range behind; and the hostile client
 (:mod:`tests.chaos.hostile`). Every cycle checks that no PD node or range server restarted
 or died unless a fault of the nemesis did it (its PID is the one it had), and samples every
-server's RSS: none may exceed ``rss_mib_max``.
+server's RSS: none may exceed ``pd_rss_mib_max`` / ``rs_rss_mib_max``.
 
 At the end: every stream read back, repair given time to make every sealed range whole,
 each replica of each sealed range read directly, and :func:`tests.chaos.history.check` run
@@ -101,7 +102,8 @@ class NemesisConfig:
     poll_s: float = 0.1
     full_disk_back_s: float = 30.0  # freed disk: appends taken again (probe 1 s, heartbeats)
     recreate_s: float = 20.0  # to delete a stream and create it again (PD may be failing over)
-    rss_mib_max: float | None = None  # every PD node's and range server's RSS (None: no bound)
+    pd_rss_mib_max: float | None = None  # every PD node's RSS at a cycle's end (None: no bound)
+    rs_rss_mib_max: float | None = None  # every range server's
     sessions: bool = True  # the short writer sessions beside the cycles
     hostile: bool = True  # the hostile client beside the cycles
 
@@ -159,6 +161,7 @@ class Nemesis:
         self.pids: dict[str, int] = {}  # process name -> the PID it must still have
         self.recreated = 0
         self.injected = 0  # faults injected so far
+        self.tail_reads: list[tuple[str, list[tuple[int, bytes]]]] = []  # each tail's read
         self.sessions_logs: dict[str, WriterLog] = {}  # stream -> its sessions
         self._last_ranges: dict[int, list[tuple[int, list[str]]]] = {}  # for members()
 
@@ -379,7 +382,8 @@ class Nemesis:
             rss = _rss_mib(pid)
             if rss > self.outcome.rss_mib.get(name, 0.0):
                 self.outcome.rss_mib[name] = rss
-            bound = self.config.rss_mib_max
+            pd = name.startswith("pd")
+            bound = self.config.pd_rss_mib_max if pd else self.config.rs_rss_mib_max
             if bound is not None and rss > bound:
                 self.find(f"{when}: {name} (PID {pid}) uses {rss:.0f} MiB of memory, the "
                           f"bound is {bound:.0f} MiB")
@@ -635,8 +639,11 @@ class Nemesis:
                     stream_id = (await client.describe_stream(name)).id
                     seen = self.history(name, stream_id).readers.setdefault(f"{name}-tail", [])
                     start = seen[-1][0] + 1 if seen else 0
+                    session: list[tuple[int, bytes]] = []  # this read's, for judge_tails
+                    self.tail_reads.append((name, session))
                     async for record in client.read(name, start, follow=True):
                         seen.append((record.offset, record.value))
+                        session.append((record.offset, record.value))
                         if self._stop_readers.is_set():
                             return
             except EstreamError:
@@ -735,6 +742,21 @@ class Nemesis:
                 "acknowledged" for sid, h in sorted(retired.items())))
         for name, log in self.sessions_logs.items():
             await self.judge_sessions(name, log)
+        self.judge_tails()
+
+    def judge_tails(self) -> None:
+        """A tail reads one incarnation: one whose stream is deleted and created again
+        ends (``StreamNotFound``) rather than go on into the new one. Each value is known
+        by the incarnation its writer session opened, so a read that delivered values of
+        two incarnations crossed over."""
+        incarnation = {a.value: sid for sid, h in self.histories.items() for a in h.appends}
+        for name, read in self.tail_reads:
+            ids = sorted({incarnation[v] for _, v in read if v in incarnation})
+            if len(ids) > 1:
+                first = next(o for o, v in read if incarnation.get(v) == ids[1])
+                self.find(f"{name} tailing reader: one read delivered records of stream ids "
+                          f"{ids} (the next incarnation's from offset {first}): a tail must "
+                          "end when its stream is deleted and created again")
 
     async def judge_sessions(self, name: str, log: WriterLog) -> None:
         """Sessions that appended nothing leave no range behind: a writer that opens on an

@@ -13,7 +13,8 @@ the secret, frames trickled at every port). Passes when no acknowledged record i
 hidden (a ``follow=False`` reader with no writer alive sees them all within 10 s) or
 duplicated (each incarnation of a stream on its own), every append completes or fails
 with a typed error within its delivery timeout, sessions that appended nothing left no
-range, no server restarted but by a fault, and no server's RSS passed :data:`rss_mib_max`.
+range, no server restarted but by a fault, and no server's RSS passed its bound
+(:data:`pd_rss_mib_max`, :data:`rangeserver_rss_mib_max`).
 The seed is printed; ``ESTREAM_CHAOS_SEED=N`` replays it.
 
 ``make test`` runs 3 cycles; ``make chaos`` runs 25 (``@pytest.mark.slow``;
@@ -57,11 +58,12 @@ quick_repair_wait_s = 25.0  # a fault in the last cycle: repair_after_ms (10 s) 
 slow_cycles = int(os.environ.get("ESTREAM_NEMESIS_CYCLES", "25"))
 slow_budget_s = slow_cycles * 40.0
 SECRET = b"the nemesis cluster's member credential"
-# Every PD node's and range server's resident memory at every cycle's end. Measured in
-# 25-cycle runs with the hostile client and the short sessions: PD nodes reach about
-# RSS_MEASURED, range servers less; the bound leaves twice that (Python's heap does not
-# shrink, and a wiped or restarted server starts again from about 60 MiB).
-rss_mib_max = 400.0
+# Every PD node's and range server's resident memory at every cycle's end. Measured in a
+# 25-cycle run with the hostile client and ~2,300 short sessions (seed 1602209132): PD nodes
+# at most 87 MiB, range servers 57 MiB. The bounds leave more than twice that: growth beyond
+# them is a leak or an input buffered without bound.
+pd_rss_mib_max = 200.0
+rangeserver_rss_mib_max = 150.0
 StartCluster = Callable[[int], Cluster]
 
 
@@ -219,11 +221,12 @@ async def run_nemesis(start: StartCluster, root: Path, cycles: int,
 async def test_nemesis_3_cycles(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
     await run_nemesis(start_nemesis_cluster, tmp_path, quick_cycles, NemesisConfig(
         cycles_budget_s=quick_budget_s, repair_wait_s=quick_repair_wait_s,
-        rss_mib_max=rss_mib_max))
+        pd_rss_mib_max=pd_rss_mib_max, rs_rss_mib_max=rangeserver_rss_mib_max))
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_nemesis_25_cycles(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
     await run_nemesis(start_nemesis_cluster, tmp_path, slow_cycles,
-                      NemesisConfig(cycles_budget_s=slow_budget_s, rss_mib_max=rss_mib_max))
+                      NemesisConfig(cycles_budget_s=slow_budget_s, pd_rss_mib_max=pd_rss_mib_max,
+                                    rs_rss_mib_max=rangeserver_rss_mib_max))
