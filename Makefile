@@ -38,7 +38,8 @@ test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow and not spark"
 
 # The long fault runs (tests/chaos, @pytest.mark.slow), among them the 25-cycle nemesis
-# (tests/chaos/test_nemesis.py); it prints its seed: ESTREAM_CHAOS_SEED=N make chaos replays it.
+# (tests/chaos/test_nemesis.py); it prints its seed: ESTREAM_CHAOS_SEED=N make chaos replays it,
+# ESTREAM_NEMESIS_CYCLES=N runs N cycles instead.
 chaos: $(STAMP)
 	$(BIN)/python -m pytest tests/chaos -m slow -s
 

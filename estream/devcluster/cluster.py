@@ -189,12 +189,20 @@ class Cluster:
 
     def wipe(self, address: str) -> str:
         """Crash the range server, replace its data dir by an empty one and start it again
-        at the same address: a server that lost its disk (a new server id). Returns the
-        new id (PD lists it alive when this returns)."""
+        at the same address: a server that lost its disk (a new server id). A data dir
+        that is a mount point of its own (a small tmpfs) is emptied and stays mounted.
+        Returns the new id (PD lists it alive when this returns)."""
         server = self.server(address)
         old = server.server_id
         server.kill9()
-        shutil.rmtree(server.data_dir)
+        if server.data_dir.is_mount():
+            for child in server.data_dir.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        else:
+            shutil.rmtree(server.data_dir)
         server.start()
         assert server.server_id != old, "a wiped data dir must give a new identity"
         self.wait_servers_alive()

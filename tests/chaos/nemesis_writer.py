@@ -2,18 +2,24 @@
 flight, logging every outcome and how long it took, and keeps going through faults.
 
 ``python -m tests.chaos.nemesis_writer PD STREAM NAME LOG DELIVERY_TIMEOUT_S`` opens a
-writer with ``delivery_timeout_s`` and appends ``NAME-SEQ`` values. One flushed line per
-event, so a ``kill -9`` leaves a log the history can be rebuilt from:
+writer with ``delivery_timeout_s`` and appends ``NAME-SEQ`` values. With ``sessions SEED``
+after them it runs short writer sessions instead, ``sessions_per_s`` of them a second:
+open, 0 to 3 appends one at a time (a seeded choice; a third append nothing), close, and
+again. One flushed line per event, so a ``kill -9`` leaves a log the history can be
+rebuilt from:
 
     CONNECTFAIL error elapsed_ms     no PD answered estream.connect (tried again)
-    OPEN epoch elapsed_ms            a writer opened (OPENFAIL error elapsed_ms: it did not)
+    OPEN epoch elapsed_ms stream_id  a writer opened on that incarnation of the stream
+                                     (OPENFAIL error elapsed_ms: it did not)
     A value                          before the append is called
     K value offset elapsed_ms        acknowledged
     F value error elapsed_ms         failed with a typed estream error (not Timeout)
     T value error elapsed_ms         estream.Timeout: outcome unknown
     U value error elapsed_ms         an exception that is not an estream error
     H value elapsed_ms               no outcome within the delivery timeout + grace: hung
-    CLOSED elapsed_ms | CLOSEFAIL error elapsed_ms   after SIGTERM
+    CLOSED elapsed_ms rolls          closed (after SIGTERM, or a short session's end) having
+                                     rolled to a new range ``rolls`` times
+    CLOSEFAIL error elapsed_ms       its close failed
 
 After any error it stops appending, lets the appends in flight end, and opens a new
 writer (which recovers the stream: the fault path the nemesis wants exercised). SIGTERM:
@@ -25,6 +31,7 @@ Side effects: network calls to the cluster, the log file.
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import sys
 import time
@@ -37,6 +44,8 @@ in_flight_max = 8
 grace_s = 3.0  # beyond the delivery timeout before an append counts as hung
 reopen_pause_s = 0.2
 connect_timeout_s = 10.0
+sessions_per_s = 20  # short sessions (each an open, a few appends and a close)
+session_appends = (0, 0, 1, 2, 3)  # drawn per session
 
 
 def ms_since(started: float) -> int:
@@ -44,9 +53,11 @@ def ms_since(started: float) -> int:
 
 
 class NemesisWriter:
-    def __init__(self, pd: str, stream: str, name: str, log: TextIO, delivery_s: float):
+    def __init__(self, pd: str, stream: str, name: str, log: TextIO, delivery_s: float,
+                 sessions_seed: int | None = None):
         self.pd, self.stream, self.name, self.log = pd, stream, name, log
         self.delivery_s = delivery_s
+        self.sessions = None if sessions_seed is None else random.Random(sessions_seed)
         self.stop = asyncio.Event()
         self.seq = 0
         self.pending: set[asyncio.Task[None]] = set()
@@ -73,7 +84,10 @@ class NemesisWriter:
                 if writer is None:
                     await self.pause(reopen_pause_s)
                     continue
-                await self.append_until_error(writer)
+                if self.sessions is None:
+                    await self.append_until_error(writer)
+                else:
+                    await self.short_session(writer)
                 await self.close(writer)
         finally:
             await client.close()
@@ -91,8 +105,24 @@ class NemesisWriter:
         except (estream.EstreamError, TimeoutError) as exc:
             self.line(f"OPENFAIL {type(exc).__name__} {ms_since(started)}")
             return None
-        self.line(f"OPEN {writer.epoch} {ms_since(started)}")
+        self.line(f"OPEN {writer.epoch} {ms_since(started)} {writer.stream.id}")
         return writer
+
+    async def short_session(self, writer: Any) -> None:
+        """0 to 3 appends one after another (the first error ends them), then a pause
+        that keeps the sessions at ``sessions_per_s``."""
+        assert self.sessions is not None
+        started = time.monotonic()
+        gate, broken = asyncio.Semaphore(1), asyncio.Event()
+        for _ in range(self.sessions.choice(session_appends)):
+            if broken.is_set() or self.stop.is_set():
+                break
+            await gate.acquire()
+            value = f"{self.name}-{self.seq}"
+            self.seq += 1
+            self.line(f"A {value}")
+            await self.one(writer, value, gate, broken)
+        await self.pause(max(0.0, 1.0 / sessions_per_s - (time.monotonic() - started)))
 
     async def append_until_error(self, writer: Any) -> None:
         gate = asyncio.Semaphore(in_flight_max)
@@ -144,7 +174,7 @@ class NemesisWriter:
         except Exception as exc:
             self.line(f"CLOSEFAIL {type(exc).__name__} {ms_since(started)}")
         else:
-            self.line(f"CLOSED {ms_since(started)}")
+            self.line(f"CLOSED {ms_since(started)} {writer.rolls}")
 
     async def pause(self, seconds: float) -> None:
         try:
@@ -153,13 +183,15 @@ class NemesisWriter:
             pass
 
 
-async def main(pd: str, stream: str, name: str, log_path: str, delivery_s: str) -> None:
+async def main(pd: str, stream: str, name: str, log_path: str, delivery_s: str,
+               mode: str = "", seed: str = "0") -> None:
     with open(log_path, "a", buffering=1) as log:
-        writer = NemesisWriter(pd, stream, name, log, float(delivery_s))
+        writer = NemesisWriter(pd, stream, name, log, float(delivery_s),
+                               int(seed) if mode == "sessions" else None)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, writer.stop.set)
         await writer.run()
         log.write("EXIT\n")
 
 
 if __name__ == "__main__":
-    uvloop.run(main(*sys.argv[1:6]))
+    uvloop.run(main(*sys.argv[1:8]))

@@ -1,9 +1,10 @@
 """Raw-socket abuse of every port of a real cluster, which must stay correct afterwards.
 
-Ports: a range server's RPC port, a PD node's RPC, HTTP and Raft ports. Abuse: random
-bytes, a 2 GiB length prefix, half-open connections (a partial request, then the write
-side shut), many idle connections held open while the cluster serves, and slowloris (a
-byte a second for a few seconds, on every port at once). Afterwards every process is
+Ports: a range server's RPC port, a PD node's RPC, HTTP and Raft ports. Abuse (with the
+pieces in :mod:`tests.chaos.hostile`, which the nemesis's hostile client uses too): random
+bytes, a 2 GiB length prefix, half-open connections (a partial request, then the write side
+shut), many idle connections held open while the cluster serves, and slowloris (a byte a
+second for a few seconds, on every port at once). Afterwards every process is
 alive, a range server appends and reads back, and PD creates and describes a stream
 through every node.
 """
@@ -22,11 +23,10 @@ from estream.net.rpc import RpcClient
 from estream.wire.protocol import Opcode, encode_frame_bytes
 from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from tests.chaos.harness import ChaosCluster
+from tests.chaos.hostile import FRAME_MAGIC, announced_prefix, exchange, trickle
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(chaos=True, range_servers=3)]
 
-FRAME_MAGIC = 0xE5F1
-answer_wait_s = 2.0
 idle_connections = 40
 slowloris_bytes = 4
 
@@ -38,49 +38,7 @@ def ports(c: ChaosCluster) -> dict[str, str]:
 
 
 def two_gib_prefix(kind: str) -> bytes:
-    if kind == "pd-http":
-        return (b"POST /v1/streams HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Content-Type: application/json\r\n"
-                b"Content-Length: 2147483648\r\n\r\n{\"name\": \"" + b"x" * (1 << 21))
-    if kind == "pd-raft":
-        return struct.pack("<I", 2**31) + struct.pack(">I", 2**31) + b"\x80\x04"
-    # A valid frame prefix announcing a 2 GiB payload.
-    return struct.pack("<HBBHQII", FRAME_MAGIC, 1, Opcode.PING, 0, 7, 2, 2**31) + b"\x80"
-
-
-async def exchange(address: str, data: bytes, *, half_close: bool = True) -> bytes:
-    """Send ``data``, optionally shut the write side, and read until close or a timeout."""
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    received = b""
-    # A server may reset the connection at any point of the abuse (an OSError here: a
-    # reset, or ENOTCONN once the socket is gone); what the caller checks is the answer
-    # received before that, and that the server keeps serving.
-    try:
-        try:
-            writer.write(data)
-            await writer.drain()
-            if half_close:
-                writer.write_eof()
-        except OSError:
-            return received
-        deadline = time.monotonic() + answer_wait_s
-        while time.monotonic() < deadline:
-            try:
-                chunk = await asyncio.wait_for(reader.read(65536),
-                                               deadline - time.monotonic())
-            except (TimeoutError, OSError):
-                break
-            if not chunk:
-                break
-            received += chunk
-    finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except OSError:
-            pass
-    return received
+    return announced_prefix(kind, 2**31)
 
 
 async def still_correct(c: ChaosCluster, tag: str) -> None:
@@ -160,17 +118,7 @@ async def test_idle_connections_while_serving(cluster: ChaosCluster) -> None:
 
 
 async def slowloris(address: str, data: bytes) -> None:
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        for byte in data[:slowloris_bytes]:
-            writer.write(bytes([byte]))
-            await writer.drain()
-            await asyncio.sleep(1.0)
-    except ConnectionError:
-        pass  # the server may hang up on a slow client: that is allowed
-    finally:
-        writer.close()
+    await trickle(address, data, count=slowloris_bytes)  # a byte a second
 
 
 async def test_slowloris_on_every_port_while_serving(cluster: ChaosCluster) -> None:

@@ -6,12 +6,14 @@ as ``estream up`` runs one: its range servers registered and heartbeat by provin
 client without the secret sends exactly what the issue's impersonation sent: PD's
 register-server opcode with a live server's id and an address of its own, a heartbeat of an
 unknown id at a live server's address, DROP_RANGE and LIST_RANGES to a range server, and a
-replica update. Each is refused with ``Unauthenticated`` and changes nothing.
+replica update. Each is refused with ``Unauthenticated`` and changes nothing. And PD, which
+holds the secret, reclaims replicas on the range servers (LIST_RANGES, DROP_RANGE) with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.net.pdclient import PDClient
 from estream.net.rpc import ConnectionPool, RpcClient
+from estream.wire import limits
 from estream.wire.errors import Unauthenticated
 from estream.wire.protocol import Opcode
 
@@ -29,6 +32,7 @@ pytestmark = [pytest.mark.integration,
 
 REFUSAL = "member opcode: needs the cluster secret"
 IMPOSTOR_ADDRESS = "127.0.0.1:9"  # the issue's "address of its own"
+reclaimed_within_s = limits.reclaim_interval_ms / 1000 * 2 + 5  # as test_reclaim.py
 
 
 async def servers_seen_by(node: str) -> dict[str, dict[str, Any]]:
@@ -160,3 +164,30 @@ async def test_a_member_with_the_secret_registers_and_heartbeats(cluster: Cluste
     finally:
         await client.close()
         await pool.close()
+
+
+async def test_pd_reclaims_a_deleted_streams_replicas_as_a_member(cluster: Cluster) -> None:
+    """PD's reclaimer lists and drops replicas with the member credential: a deleted
+    stream's replicas go within two reclaim rounds, as without a secret
+    (tests/integration/test_reclaim.py)."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("reclaimed-by-a-member", replicas=3, ack_count=2)
+        async with await client.open_writer("reclaimed-by-a-member") as writer:
+            await writer.append_batch([b"record-%d" % i for i in range(10)])
+        await client.delete_stream("reclaimed-by-a-member")
+    members = ConnectionPool(member_secret=SECRET)
+    held: dict[str, bool] = {}
+    try:
+        deadline = time.monotonic() + reclaimed_within_s
+        while time.monotonic() < deadline:
+            for server in cluster.servers:
+                listing, _ = await members.call(server.address, Opcode.LIST_RANGES, {})
+                held[server.address] = any(r["stream_id"] == meta.id
+                                           for r in listing["ranges"])
+            if not any(held.values()):
+                return
+            await asyncio.sleep(0.2)
+    finally:
+        await members.close()
+    pytest.fail(f"stream {meta.id}'s replicas still held {reclaimed_within_s}s after its "
+                f"delete: {held}")
