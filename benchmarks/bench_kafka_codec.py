@@ -14,6 +14,7 @@ kio / hand-written. Bounded: ``--rounds`` of each, a few seconds.
 from __future__ import annotations
 
 import argparse
+import datetime
 import io
 import struct
 import sys
@@ -125,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     batch = bytes(range(256)) * 64  # 16 KiB, opaque to both codecs
     produce = produce9.ProduceRequest(
-        acks=i16(-1), timeout=i32Timedelta.parse(__import__("datetime").timedelta(seconds=30)),
-        topic_data=(produce9.TopicProduceData(name=produce9.TopicName("orders"), partition_data=tuple(
-            produce9.PartitionProduceData(index=i32(p), records=Records(batch))
-            for p in range(ns.partitions))),),
+        acks=i16(-1), timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(produce9.TopicProduceData(
+            name=produce9.TopicName("orders"), partition_data=tuple(
+                produce9.PartitionProduceData(index=i32(p), records=Records(batch))
+                for p in range(ns.partitions))),),
     )
     buf = io.BytesIO()
     entity_writer(produce9.ProduceRequest)(buf, produce)
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         -1, 30000, [("orders", [(p, batch) for p in range(ns.partitions)])])
 
     fetch = fetch12.FetchResponse(
-        throttle_time=i32Timedelta.parse(__import__("datetime").timedelta(0)),
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
         error_code=ErrorCode.none, responses=(fetch12.FetchableTopicResponse(
             topic=fetch12.TopicName("orders"), partitions=tuple(
                 fetch12.PartitionData(
