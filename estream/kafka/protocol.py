@@ -80,10 +80,12 @@ class FrameDecoder:
     """Splits a byte stream into request frames; buffers at most one frame.
 
     >>> d = FrameDecoder()
-    >>> d.feed(b"\\x00\\x00\\x00\\x02ab\\x00\\x00")
-    [b'ab']
-    >>> d.feed(b"\\x00\\x01c")
-    [b'c']
+    >>> d.feed(bytes(3))
+    []
+    >>> d.feed(b"\\x08" + bytes(8) + b"\\x00\\x00")
+    [b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00']
+    >>> d.buffered
+    2
     """
 
     def __init__(self, frame_bytes_max_: int = frame_bytes_max) -> None:
