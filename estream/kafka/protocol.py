@@ -35,7 +35,9 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from estream.wire.errors import (
+    Closed,
     EstreamError,
+    Fenced,
     FrameTooLarge,
     InvalidArgument,
     MalformedBatch,
@@ -334,6 +336,8 @@ def error_code(exc: BaseException) -> ErrorCode:
         return ErrorCode.invalid_record
     if isinstance(exc, TimeoutError):
         return ErrorCode.request_timed_out
-    if isinstance(exc, EstreamError) and exc.retriable:
+    if isinstance(exc, Fenced | Closed) or isinstance(exc, EstreamError) and exc.retriable:
+        # The partition's writer was fenced (another writer) or closed: the gateway opens
+        # a new one on the next request, so the client's retry goes through.
         return ErrorCode.not_leader_or_follower  # retriable: clients refresh and retry
     return ErrorCode.unknown_server_error

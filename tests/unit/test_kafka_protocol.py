@@ -19,7 +19,7 @@ from estream.kafka.topics import (
     stream_name,
     topics_of,
 )
-from estream.wire.errors import FrameTooLarge, InvalidArgument, MalformedFrame
+from estream.wire.errors import Fenced, FrameTooLarge, InvalidArgument, MalformedFrame
 
 
 def request(api_key: int, version: int, correlation: int, body: bytes = b"",
@@ -110,6 +110,7 @@ def test_build_fills_what_a_version_lacks_and_drops_what_it_has_not() -> None:
     (InvalidArgument("x", argument="value"), ErrorCode.message_too_large),
     (InvalidArgument("x", argument="topic"), ErrorCode.invalid_topic_exception),
     (TimeoutError(), ErrorCode.request_timed_out),
+    (Fenced("x"), ErrorCode.not_leader_or_follower),
     (RuntimeError(), ErrorCode.unknown_server_error),
 ])
 def test_error_codes(exc: BaseException, code: ErrorCode) -> None:
