@@ -24,7 +24,7 @@ from estream.wire.errors import InvalidArgument
 topic_chars_max: Final = 190  # a stream name is at most 200 characters: room for "-p"
 partitions_per_topic_max: Final = 10_000
 replication_factor_default: Final = 3
-replication_factor_max: Final = 16
+replication_factor_max: Final = 5  # the catalog's replicas_max (pd/catalog.py)
 _TOPIC_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _STREAM_RE: Final = re.compile(r"(.+)-(0|[1-9][0-9]{0,8})")
 

@@ -238,6 +238,38 @@ def test_kafka_python_producer_and_offsets_earliest_latest_by_time(gateway: Gate
         consumer.close()
 
 
+def test_a_gateway_killed_mid_stream_loses_nothing_acknowledged(
+    gateway: Gateway, module_cluster: Any, tmp_path: Path,
+) -> None:
+    """A second gateway killed with kill -9 after acknowledging: a new gateway's writer
+    fences its writer and recovers, and every acknowledged record is read once."""
+    from confluent_kafka import Producer
+
+    create_topic(gateway, "crash", 1)
+
+    def produce(address: str, first: int, n: int) -> list[int]:
+        producer = Producer({"bootstrap.servers": address, "acks": "all", "linger.ms": 2,
+                             "enable.idempotence": False})
+        offsets: list[int] = []
+        for i in range(first, first + n):
+            producer.produce("crash", b"r%d" % i, partition=0,
+                             on_delivery=lambda e, m: offsets.append(-1 if e else m.offset()))
+        assert producer.flush(WAIT_S) == 0
+        return offsets
+
+    doomed, address, _ = start_kafka(tmp_path / "doomed", module_cluster.pd_addresses,
+                                     name="doomed")
+    try:
+        assert produce(address, 0, 100) == list(range(100))
+        doomed.kill9()
+    finally:
+        doomed.stop()  # reaps it and closes its log (already dead after kill9)
+    # The module's gateway opens a new writer: it fences the dead one's and recovers.
+    assert produce(gateway.address, 100, 100) == list(range(100, 200))
+    got = consume(gateway, "crash", 0, 200)
+    assert [m.value() for m in got] == [b"r%d" % i for i in range(200)]
+
+
 def _request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:
     head = struct.pack(">hhih", api_key, version, correlation, 4) + b"test"
     return struct.pack(">i", len(head) + len(body)) + head + body
