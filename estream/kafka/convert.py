@@ -12,7 +12,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from estream.kafka.records import KafkaRecord
+from estream.kafka.records import KafkaRecord, encode_batch
 from estream.wire.record import BatchColumns
 
 
@@ -38,3 +38,16 @@ def kafka_records(columns: BatchColumns) -> list[KafkaRecord]:
                                   for k, v in headers[i].items())
         records.append(KafkaRecord(columns.timestamps[i], keys[i], values[i], kafka_headers))
     return records
+
+
+def fetch_batch(columns: BatchColumns) -> bytes:
+    """One estream batch (window) as one uncompressed Kafka batch at its offsets: what
+    Fetch answers."""
+    if columns.keys is None and columns.headers is None:  # the common case, no objects
+        stamps = columns.timestamps
+        records: list[KafkaRecord] = [
+            KafkaRecord(ts, None, value) for ts, value in zip(stamps, columns.values(),
+                                                                strict=True)]
+    else:
+        records = kafka_records(columns)
+    return encode_batch(columns.base_offset, records)

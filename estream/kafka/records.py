@@ -251,20 +251,38 @@ def _snappy(data: bytes) -> bytes:
     return b"".join(parts)
 
 
-def _put_varint(out: bytearray, value: int) -> None:
+def _varint(value: int) -> bytes:
+    """``value`` zigzag-encoded as a varint."""
     raw = (value << 1) ^ (value >> 63)
+    out = bytearray()
     while raw >= 0x80:
         out.append((raw & 0x7F) | 0x80)
         raw >>= 7
     out.append(raw)
+    return bytes(out)
 
 
-def _put_nullable(out: bytearray, data: bytes | None) -> None:
-    if data is None:
-        _put_varint(out, -1)
-    else:
-        _put_varint(out, len(data))
-        out += data
+_VARINTS_SMALL: Final = 1 << 14  # lengths, deltas and indexes below it: from a table
+_VARINTS: Final = tuple(_varint(v) for v in range(_VARINTS_SMALL))
+_NULL: Final = _varint(-1)
+
+
+def _v(value: int) -> bytes:
+    return _VARINTS[value] if 0 <= value < _VARINTS_SMALL else _varint(value)
+
+
+def _record_bytes(record: KafkaRecord, ts_delta: int, index: int) -> bytes:
+    key, value = record.key, record.value
+    parts = [b"\x00", _v(ts_delta), _v(index),
+             _NULL if key is None else _v(len(key)), key or b"",
+             _NULL if value is None else _v(len(value)), value or b"",
+             _v(len(record.headers))]
+    for name, header in record.headers:
+        raw = name.encode("utf-8", "surrogateescape")
+        parts += (_v(len(raw)), raw, _NULL if header is None else _v(len(header)),
+                  header or b"")
+    body = b"".join(parts)
+    return _v(len(body)) + body
 
 
 def encode_batch(base_offset: int, records: Sequence[KafkaRecord]) -> bytes:
@@ -274,26 +292,13 @@ def encode_batch(base_offset: int, records: Sequence[KafkaRecord]) -> bytes:
         raise ValueError("a Kafka batch needs at least one record")
     base_ts = records[0].timestamp
     max_ts = max(r.timestamp for r in records)
-    body = bytearray()
-    one = bytearray()
-    for i, record in enumerate(records):
-        one.clear()
-        one.append(0)
-        _put_varint(one, record.timestamp - base_ts)
-        _put_varint(one, i)
-        _put_nullable(one, record.key)
-        _put_nullable(one, record.value)
-        _put_varint(one, len(record.headers))
-        for name, value in record.headers:
-            _put_nullable(one, name.encode("utf-8", "surrogateescape"))
-            _put_nullable(one, value)
-        _put_varint(body, len(one))
-        body += one
+    body = b"".join([_record_bytes(r, r.timestamp - base_ts, i)
+                     for i, r in enumerate(records)])
     head = _HEAD.pack(base_offset, BATCH_HEADER_BYTES - BATCH_PREFIX_BYTES + len(body), 0,
                       MAGIC, 0, 0, len(records) - 1, base_ts, max_ts, -1, -1, -1,
                       len(records))
     crc = crc32c.crc32c(head[21:])
-    crc = crc32c.crc32c(bytes(body), crc)
+    crc = crc32c.crc32c(body, crc)
     return b"".join((head[:17], crc.to_bytes(4, "big"), head[21:], body))
 
 

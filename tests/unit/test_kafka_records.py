@@ -160,3 +160,14 @@ def test_mutated_batches_raise_only_typed_errors(edits: list[tuple[int, int]],
         decode_batches(bytes(data))
     except EstreamError:
         pass
+
+
+def test_a_fetch_batch_of_plain_records_equals_the_general_path() -> None:
+    from estream.kafka.convert import fetch_batch
+
+    plain = decode_columns(estream_batch([Record(b"a" * 300, {}, 7 + i) for i in range(3)],
+                                         stream_id=1, range_index=0, epoch=1, base_offset=40))
+    assert fetch_batch(plain) == encode_batch(40, kafka_records(plain))
+    (batch,) = decode_batches(fetch_batch(plain))
+    assert [(r.timestamp, r.value) for r in batch.records] == [(7 + i, b"a" * 300)
+                                                               for i in range(3)]

@@ -27,8 +27,8 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
-from estream.kafka.convert import estream_headers, kafka_records
-from estream.kafka.records import decode_batches, encode_batch
+from estream.kafka.convert import estream_headers, fetch_batch
+from estream.kafka.records import decode_batches
 from estream.kafka.topics import (
     ack_count_for,
     check_partitions,
@@ -305,7 +305,7 @@ class Gateway:
             size = 0
             if offset < end:
                 async for columns in self.client.read_batches(name, offset, end):
-                    part = encode_batch(columns.base_offset, kafka_records(columns))
+                    part = fetch_batch(columns)
                     parts.append(part)
                     size += len(part)
                     if size >= max_bytes:
