@@ -53,6 +53,7 @@ requests_in_flight_max: Final = 64  # per connection; reading pauses past it
 read_chunk_bytes: Final = 256 * 1024
 fetch_wait_ms_max: Final = 30_000  # the longest long poll held, whatever max_wait_ms says
 produce_timeout_ms_max: Final = 120_000
+record_bytes_guess: Final = 256  # a stream's record size before its first fetch
 NODE_ID: Final = 0
 CLUSTER_ID: Final = "estream"
 TOPIC_TYPE: Final = "kafka"  # the stream type CreateTopics gives partitions
@@ -71,6 +72,7 @@ class Gateway:
         self._writers: dict[str, Writer] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._record_bytes: dict[str, int] = {}  # per stream: bytes per record last fetched
         self._handlers: dict[int, Callable[[Any, int], Awaitable[Any]]] = {
             kp.API_VERSIONS: self._api_versions,
             kp.METADATA: self._metadata,
@@ -302,14 +304,20 @@ class Gateway:
             if offset < start or offset > end:
                 return ErrorCode.offset_out_of_range, end, start, b""
             parts: list[bytes] = []
-            size = 0
+            size = records = 0
             if offset < end:
-                async for columns in self.client.read_batches(name, offset, end):
+                # Read about max_bytes, not to the end: the reader asks for whole answers.
+                guess = self._record_bytes.get(name, record_bytes_guess)
+                stop = min(end, offset + max(1, max_bytes // max(1, guess)))
+                async for columns in self.client.read_batches(name, offset, stop):
                     part = fetch_batch(columns)
                     parts.append(part)
                     size += len(part)
+                    records += columns.count
                     if size >= max_bytes:
                         break
+            if records:
+                self._record_bytes[name] = max(1, size // records)
             return ErrorCode.none, end, start, b"".join(parts)
         except (EstreamError, TimeoutError) as exc:
             return kp.error_code(exc), -1, -1, b""
