@@ -270,6 +270,31 @@ def test_a_gateway_killed_mid_stream_loses_nothing_acknowledged(
     assert [m.value() for m in got] == [b"r%d" % i for i in range(200)]
 
 
+async def test_the_gateway_holds_at_most_writers_max_partition_writers(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``writers_max`` the least recently used partition writer is closed; that
+    partition's next produce opens a new one and continues its offsets."""
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, encode_producer_batch
+    from estream.kafka.shell import gateway as shell
+
+    monkeypatch.setattr(shell, "writers_max", 2)
+    await asyncio.to_thread(create_topic, gateway, "lru", 3)
+    batch = encode_producer_batch([KafkaRecord(T0, b"k", b"v")])
+    async with await estream.connect(gateway.pd) as client:
+        inproc = shell.Gateway(client, ("127.0.0.1", 0))
+        try:
+            for p in range(3):
+                assert await inproc._produce_partition("lru", p, batch) == (ErrorCode.none, 0)
+            assert list(inproc._writers) == ["lru-1", "lru-2"]
+            assert await inproc._produce_partition("lru", 0, batch) == (ErrorCode.none, 1)
+            assert list(inproc._writers) == ["lru-2", "lru-0"]
+        finally:
+            await inproc.close()
+
+
 def _request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:
     head = struct.pack(">hhih", api_key, version, correlation, 4) + b"test"
     return struct.pack(">i", len(head) + len(body)) + head + body

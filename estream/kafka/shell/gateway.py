@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
@@ -50,6 +50,9 @@ from estream.wire.errors import (
 log = logging.getLogger("estream.kafka")
 
 requests_in_flight_max: Final = 64  # per connection; reading pauses past it
+connections_max: Final = 1024  # open Kafka connections; one past it is closed at once
+writers_max: Final = 4096  # partition writers held open; past it the least recently used
+#   one is closed (it reopens, fencing nothing of its own, on its next produce)
 read_chunk_bytes: Final = 256 * 1024
 fetch_wait_ms_max: Final = 30_000  # the longest long poll held, whatever max_wait_ms says
 produce_timeout_ms_max: Final = 120_000
@@ -69,8 +72,8 @@ class Gateway:
         self.bytes_in = 0
         self.bytes_out = 0
         self.connections = 0
-        self._writers: dict[str, Writer] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._writers: OrderedDict[str, Writer] = OrderedDict()  # least recently used first
+        self._locks: dict[str, asyncio.Lock] = {}  # per stream while its writer opens
         self._background: set[asyncio.Task[Any]] = set()
         self._record_bytes: dict[str, int] = {}  # per stream: bytes per record last fetched
         self._handlers: dict[int, Callable[[Any, int], Awaitable[Any]]] = {
@@ -88,6 +91,10 @@ class Gateway:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection, until the peer closes it or sends a frame that cannot be
         delimited."""
+        if self.connections >= connections_max:
+            self.requests[("connection", "REFUSED")] += 1
+            writer.close()
+            return
         self.connections += 1
         decoder = kp.FrameDecoder()
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
@@ -220,18 +227,24 @@ class Gateway:
     async def _writer(self, name: str) -> Writer:
         writer = self._writers.get(name)
         if writer is not None and not writer.closed:
+            self._writers.move_to_end(name)
             return writer
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
+        async with self._locks.setdefault(name, asyncio.Lock()):
             writer = self._writers.get(name)
             if writer is None or writer.closed:
                 writer = await self.client.open_writer(name)
                 self._writers[name] = writer
+                while len(self._writers) > writers_max:
+                    oldest, idle = next(iter(self._writers.items()))
+                    self._drop_writer(oldest, idle)
             return writer
 
     def _drop_writer(self, name: str, writer: Writer) -> None:
         if self._writers.get(name) is writer:
             del self._writers[name]
+            lock = self._locks.get(name)
+            if lock is not None and not lock.locked():
+                del self._locks[name]  # (a rare open racing it would fence, not lose)
             self._spawn(writer.close())
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
