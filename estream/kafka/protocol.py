@@ -53,6 +53,7 @@ METADATA: Final = 3
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
+INIT_PRODUCER_ID: Final = 22
 
 # api key -> (min version, max version) served; Kafka 2.1 and later clients negotiate
 # within these (topic ids, from Fetch 13 / Metadata 10 / Produce 13 on, are not served).
@@ -64,10 +65,12 @@ SUPPORTED: Final[dict[int, tuple[int, int]]] = {
     API_VERSIONS: (0, 3),
     CREATE_TOPICS: (2, 5),
     DELETE_TOPICS: (1, 5),
+    INIT_PRODUCER_ID: (0, 4),
 }
 API_NAMES: Final = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
                     METADATA: "Metadata", API_VERSIONS: "ApiVersions",
-                    CREATE_TOPICS: "CreateTopics", DELETE_TOPICS: "DeleteTopics"}
+                    CREATE_TOPICS: "CreateTopics", DELETE_TOPICS: "DeleteTopics",
+                    INIT_PRODUCER_ID: "InitProducerId"}
 
 frame_bytes_max: Final = 100 * 1024 * 1024  # one request (Kafka's socket.request.max.bytes)
 frame_bytes_min: Final = 8  # api key, version, correlation id

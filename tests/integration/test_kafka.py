@@ -4,8 +4,7 @@ offsets through one ``estream kafka`` process over the module's cluster; the SDK
 Kafka clients wrote (key, headers, timestamp, same offsets) and Kafka clients read what the
 SDK wrote (key null); bad frames get Kafka error answers and the gateway keeps serving.
 
-kafka-python's producer runs with ``enable_idempotence=False``: InitProducerId and
-idempotent Produce are the next slice (docs/KAFKA.md).
+kafka-python's producer runs with its defaults (idempotent: InitProducerId, sequences).
 """
 
 from __future__ import annotations
@@ -218,8 +217,7 @@ def test_kafka_python_producer_and_offsets_earliest_latest_by_time(gateway: Gate
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     create_topic(gateway, "times", 1)
-    producer = KafkaProducer(bootstrap_servers=gateway.address, acks="all",
-                             enable_idempotence=False)
+    producer = KafkaProducer(bootstrap_servers=gateway.address)  # defaults: idempotent
     try:
         for i in range(10):
             producer.send("times", b"t%d" % i, partition=0, timestamp_ms=T0 + 1000 * i)
@@ -236,6 +234,8 @@ def test_kafka_python_producer_and_offsets_earliest_latest_by_time(gateway: Gate
         assert consumer.offsets_for_times({tp: T0 + 99_000})[tp] is None
     finally:
         consumer.close()
+    with urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=WAIT_S) as response:
+        assert 'api="InitProducerId",error="NONE"' in response.read().decode()
 
 
 def test_a_gateway_killed_mid_stream_loses_nothing_acknowledged(
@@ -293,6 +293,45 @@ async def test_the_gateway_holds_at_most_writers_max_partition_writers(
             assert list(inproc._writers) == ["lru-2", "lru-0"]
         finally:
             await inproc.close()
+
+
+async def test_idempotent_batches_retried_are_stored_once_and_gaps_refused(
+    gateway: Gateway,
+) -> None:
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, encode_producer_batch
+    from estream.kafka.shell import gateway as shell
+
+    await asyncio.to_thread(create_topic, gateway, "idem", 1)
+
+    def batch(first: int, n: int, producer: int, epoch: int = 0) -> bytes:
+        return encode_producer_batch([KafkaRecord(T0 + i, None, b"s%d" % (first + i))
+                                      for i in range(n)], producer_id=producer,
+                                     producer_epoch=epoch, base_sequence=first)
+
+    async with await estream.connect(gateway.pd) as client:
+        inproc = shell.Gateway(client, ("127.0.0.1", 0))
+        try:
+            pid = await inproc._new_producer_id()
+            other = await inproc._new_producer_id()
+            assert other > pid >= 0
+            produce = inproc._produce_partition
+            assert await produce("idem", 0, batch(0, 3, pid)) == (ErrorCode.none, 0)
+            assert await produce("idem", 0, batch(0, 3, pid)) == (ErrorCode.none, 0)  # retry
+            assert await produce("idem", 0, batch(5, 1, pid)) == (
+                ErrorCode.out_of_order_sequence_number, -1)
+            assert await produce("idem", 0, batch(3, 2, pid)) == (ErrorCode.none, 3)
+            assert await produce("idem", 0, batch(0, 1, other)) == (ErrorCode.none, 5)
+            assert await produce("idem", 0, batch(1, 1, pid, epoch=1)) == (
+                ErrorCode.out_of_order_sequence_number, -1)  # a new epoch starts at 0
+            assert await produce("idem", 0, batch(0, 1, pid, epoch=1)) == (ErrorCode.none, 6)
+            assert await produce("idem", 0, batch(5, 1, pid, epoch=0)) == (
+                ErrorCode.invalid_producer_epoch, -1)
+        finally:
+            await inproc.close()
+        values = [r.value async for r in client.read("idem-0")]
+    assert values == [b"s0", b"s1", b"s2", b"s3", b"s4", b"s0", b"s0"]
 
 
 def _request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:

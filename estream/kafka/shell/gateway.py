@@ -28,7 +28,8 @@ from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
 from estream.kafka.convert import estream_headers, fetch_batch
-from estream.kafka.records import decode_batches
+from estream.kafka.producers import ProducerTable
+from estream.kafka.records import KafkaBatch, decode_batches
 from estream.kafka.topics import (
     ack_count_for,
     check_partitions,
@@ -38,12 +39,13 @@ from estream.kafka.topics import (
     topics_of,
 )
 from estream.sdk.client import Client
-from estream.sdk.writer import Writer
+from estream.sdk.writer import PendingAppend, Writer
 from estream.wire.errors import (
     EstreamError,
     FrameTooLarge,
     InvalidArgument,
     MalformedFrame,
+    StreamExists,
     StreamNotFound,
 )
 
@@ -60,6 +62,11 @@ record_bytes_guess: Final = 256  # a stream's record size before its first fetch
 NODE_ID: Final = 0
 CLUSTER_ID: Final = "estream"
 TOPIC_TYPE: Final = "kafka"  # the stream type CreateTopics gives partitions
+# InitProducerId: each producer id is a new epoch of this stream (Raft-committed in PD,
+# strictly increasing), so ids are unique across gateways and restarts.
+PRODUCER_IDS_STREAM: Final = "__kafka_producer_ids"
+_SEQUENCE_ERRORS: Final = {"out_of_order": ErrorCode.out_of_order_sequence_number,
+                           "fenced": ErrorCode.invalid_producer_epoch}
 
 
 class Gateway:
@@ -76,6 +83,8 @@ class Gateway:
         self._locks: dict[str, asyncio.Lock] = {}  # per stream while its writer opens
         self._background: set[asyncio.Task[Any]] = set()
         self._record_bytes: dict[str, int] = {}  # per stream: bytes per record last fetched
+        # Per stream with a writer here: its idempotent producers (dropped with the writer).
+        self._producers: dict[str, ProducerTable] = {}
         self._handlers: dict[int, Callable[[Any, int], Awaitable[Any]]] = {
             kp.API_VERSIONS: self._api_versions,
             kp.METADATA: self._metadata,
@@ -84,6 +93,7 @@ class Gateway:
             kp.LIST_OFFSETS: self._list_offsets,
             kp.CREATE_TOPICS: self._create_topics,
             kp.DELETE_TOPICS: self._delete_topics,
+            kp.INIT_PRODUCER_ID: self._init_producer_id,
         }
 
     # -- connections --------------------------------------------------------------------
@@ -242,6 +252,7 @@ class Gateway:
     def _drop_writer(self, name: str, writer: Writer) -> None:
         if self._writers.get(name) is writer:
             del self._writers[name]
+            self._producers.pop(name, None)
             lock = self._locks.get(name)
             if lock is not None and not lock.locked():
                 del self._locks[name]  # (a rare open racing it would fence, not lose)
@@ -265,17 +276,41 @@ class Gateway:
             return ErrorCode.corrupt_message, -1
         except (EstreamError, TimeoutError) as exc:
             return kp.error_code(exc), -1
+        # No await from here to the appends: an idempotent producer's batches are decided
+        # in the order they came.
+        table = self._producers.setdefault(name, ProducerTable())
         now = int(time.time() * 1000)
-        pending = [writer.append(r.value or b"", estream_headers(r),
-                                 r.timestamp if r.timestamp >= 0 else now, key=r.key)
-                   for batch in batches for r in batch.records]
+        first_offset: int | None = None
+        taken: list[tuple[KafkaBatch, list[PendingAppend]]] = []
+        for batch in batches:
+            count = len(batch.records)
+            if batch.producer_id >= 0:
+                decision = table.decide(batch.producer_id, batch.producer_epoch,
+                                        batch.base_sequence, count)
+                if decision.kind == "duplicate":
+                    first_offset = decision.offset if first_offset is None else first_offset
+                    continue
+                if decision.kind != "append":
+                    return _SEQUENCE_ERRORS[decision.kind], -1
+                table.appended(batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                               count)
+            taken.append((batch, [
+                writer.append(r.value or b"", estream_headers(r),
+                              r.timestamp if r.timestamp >= 0 else now, key=r.key)
+                for r in batch.records]))
         try:
-            offsets = await asyncio.gather(*pending)
+            for batch, pending in taken:
+                offsets = await asyncio.gather(*pending)
+                if batch.producer_id >= 0:
+                    table.stored(batch.producer_id, batch.base_sequence, offsets[0])
+                first_offset = offsets[0] if first_offset is None else first_offset
         except (EstreamError, TimeoutError) as exc:
+            for batch, _ in taken:
+                table.failed(batch.producer_id)
             if not isinstance(exc, InvalidArgument):
                 self._drop_writer(name, writer)
             return kp.error_code(exc), -1
-        return ErrorCode.none, offsets[0]
+        return ErrorCode.none, -1 if first_offset is None else first_offset
 
     async def _produce(self, request: Any, version: int) -> Any:
         timeout_s = min(max(request.timeout.total_seconds(), 0.001),
@@ -435,6 +470,36 @@ class Gateway:
                          timestamp=ts, offset=offset, leader_epoch=0)
                 for p, (error, ts, offset) in zip(topic.partitions, found, strict=True))))
         return kp.build(schema, throttle_time=0, topics=tuple(topics))
+
+    # -- InitProducerId -----------------------------------------------------------------
+
+    async def _init_producer_id(self, request: Any, version: int) -> Any:
+        schema = kp.response_schema(kp.INIT_PRODUCER_ID, version)
+        if request.transactional_id is not None:
+            return kp.build(schema, throttle_time=0, producer_id=-1, producer_epoch=-1,
+                            error_code=ErrorCode.transactional_id_authorization_failed)
+        known = int(getattr(request, "producer_id", -1))
+        epoch = int(getattr(request, "producer_epoch", -1))
+        if known >= 0 and 0 <= epoch < 32767:  # a producer bumping its epoch
+            return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
+                            producer_id=known, producer_epoch=epoch + 1)
+        try:
+            producer_id = await self._new_producer_id()
+        except (EstreamError, TimeoutError) as exc:
+            return kp.build(schema, throttle_time=0, producer_id=-1, producer_epoch=-1,
+                            error_code=kp.error_code(exc))
+        return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
+                        producer_id=producer_id, producer_epoch=0)
+
+    async def _new_producer_id(self) -> int:
+        """A producer id no gateway gave before: the epoch of a new writer of
+        :data:`PRODUCER_IDS_STREAM` (created on first use)."""
+        async with self._locks.setdefault(PRODUCER_IDS_STREAM, asyncio.Lock()):
+            with contextlib.suppress(StreamExists):
+                await self.client.create_stream(PRODUCER_IDS_STREAM, exist_ok=True)
+            writer = await self.client.open_writer(PRODUCER_IDS_STREAM)
+            self._spawn(writer.close())
+            return int(writer.epoch)
 
     # -- CreateTopics, DeleteTopics -----------------------------------------------------
 
