@@ -96,10 +96,15 @@ class FrameDecoder:
     def __init__(self, frame_bytes_max_: int = frame_bytes_max) -> None:
         self._buffer = bytearray()
         self._max = frame_bytes_max_
+        self.failed: EstreamError | None = None
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The whole frames completed by ``data``. Raises :class:`FrameTooLarge` for a size
-        above the limit and :class:`MalformedFrame` for one below a header's."""
+        """The whole frames completed by ``data``. A size above the limit
+        (:class:`FrameTooLarge`) or below a header's (:class:`MalformedFrame`) ends the
+        stream: the frames before it are returned, :attr:`failed` says why, :meth:`head`
+        has the bad frame's first bytes, and any later feed raises that error."""
+        if self.failed is not None:
+            raise self.failed
         self._buffer += data
         frames: list[bytes] = []
         buf = self._buffer
@@ -107,15 +112,23 @@ class FrameDecoder:
         while len(buf) - pos >= 4:
             (size,) = _SIZE.unpack_from(buf, pos)
             if size > self._max:
-                raise FrameTooLarge(f"Kafka request of {size} bytes exceeds {self._max}")
+                self.failed = FrameTooLarge(f"Kafka request of {size} bytes exceeds {self._max}")
+                break
             if size < frame_bytes_min:
-                raise MalformedFrame(f"Kafka request of {size} bytes is shorter than a header")
+                self.failed = MalformedFrame(
+                    f"Kafka request of {size} bytes is shorter than a header")
+                break
             if len(buf) - pos - 4 < size:
                 break
             frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
             pos += 4 + size
         del buf[:pos]
         return frames
+
+    def head(self) -> bytes:
+        """The buffered bytes of the frame not yet complete (after :attr:`failed`: the bad
+        frame), its size prefix first."""
+        return bytes(self._buffer[: 4 + frame_bytes_min])
 
     @property
     def buffered(self) -> int:

@@ -38,14 +38,23 @@ def test_a_frame_cut_at_every_byte_is_incomplete_never_an_error() -> None:
 
 @pytest.mark.parametrize("size", [2**31 - 1, kp.frame_bytes_max + 1])
 def test_a_size_past_the_limit_is_frame_too_large(size: int) -> None:
+    good = request(18, 0, 1)
+    bad = struct.pack(">ihhi", size, 18, 0, 9)
+    decoder = kp.FrameDecoder()
+    assert decoder.feed(good + bad) == [good[4:]]  # the frames before it still count
+    assert isinstance(decoder.failed, FrameTooLarge)
+    assert kp.peek_header(decoder.head()[4:]) == (18, 0, 9)
     with pytest.raises(FrameTooLarge):
-        kp.FrameDecoder().feed(struct.pack(">i", size))
+        decoder.feed(b"more")
 
 
 @pytest.mark.parametrize("size", [-1, 0, 7])
 def test_a_size_below_a_header_is_malformed(size: int) -> None:
+    decoder = kp.FrameDecoder()
+    assert decoder.feed(struct.pack(">i", size)) == []
+    assert isinstance(decoder.failed, MalformedFrame)
     with pytest.raises(MalformedFrame):
-        kp.FrameDecoder().feed(struct.pack(">i", size))
+        decoder.feed(b"")
 
 
 def test_headers_and_bodies_decode() -> None:

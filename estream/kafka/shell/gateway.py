@@ -116,13 +116,12 @@ class Gateway:
                 if not data:
                     break
                 self.bytes_in += len(data)
-                try:
-                    frames = decoder.feed(data)
-                except (FrameTooLarge, MalformedFrame) as exc:
-                    await answers.put(asyncio.ensure_future(self._refuse_stream(data, exc)))
-                    break
-                for frame in frames:
+                for frame in decoder.feed(data):
                     await answers.put(asyncio.ensure_future(self._answer(frame)))
+                if decoder.failed is not None:
+                    await answers.put(asyncio.ensure_future(
+                        self._refuse_stream(decoder.head(), decoder.failed)))
+                    break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -155,8 +154,9 @@ class Gateway:
                 await writer.drain()
 
     async def _refuse_stream(self, data: bytes, exc: EstreamError) -> bytes | None:
-        """The answer to a frame that cannot be delimited (too large, too short): the
-        API's error answer when its header arrived, else none (the connection closes)."""
+        """The answer to a frame that cannot be delimited (too large, too short; ``data``:
+        its first bytes): the API's error answer when its header arrived, else none (the
+        connection closes)."""
         error = ErrorCode.message_too_large if isinstance(exc, FrameTooLarge) else (
             ErrorCode.invalid_request)
         self.requests[("frame", error.name.upper())] += 1
