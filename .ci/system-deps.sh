@@ -8,6 +8,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)  # headless: tests the /
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)  # promtool: checks /metrics and alert rules
 # systemd-analyze verifies deploy/systemd's units. Installing the package in a container
 # only unpacks it: it does not become PID 1 (that is systemd-sysv) and starts nothing.
+command -v kcat >/dev/null 2>&1 || need+=(kcat)  # the Kafka gateway's tests: a real Kafka client
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi

@@ -1,7 +1,8 @@
 """The ``estream`` command: dispatches to the server processes and the user commands.
 
 ``estream rangeserver ...`` runs :mod:`rangeserver.shell.cli`, ``estream pd ...`` runs
-:mod:`pd.shell.cli`, ``estream up ...`` runs the local-cluster supervisor
+:mod:`pd.shell.cli`, ``estream kafka ...`` runs the Kafka gateway
+:mod:`estream.kafka.shell.cli`, ``estream up ...`` runs the local-cluster supervisor
 :mod:`estream.devcluster.up`; everything else is a user command over the SDK
 (:mod:`estream.cli.user`).
 """
@@ -21,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         from pd.shell.cli import main as pd_main
 
         return pd_main(args[1:])
+    if args and args[0] == "kafka":
+        from estream.kafka.shell.cli import main as kafka_main
+
+        return kafka_main(args[1:])
     if args and args[0] == "certs":
         from estream.devcluster.certs import main as certs_main
 

@@ -118,7 +118,8 @@ async def append(client: Any, ns: argparse.Namespace) -> int:
 
 def record_json(record: Any) -> str:
     """One record as a JSON line. ``value`` is always there: the text of a UTF-8 value, else
-    its base64, as ``value_encoding`` (``"utf-8"`` or ``"base64"``) says. Pure."""
+    its base64, as ``value_encoding`` (``"utf-8"`` or ``"base64"``) says; ``key`` and
+    ``key_encoding`` likewise for a record with a key (a Kafka record's). Pure."""
     line: dict[str, Any] = {
         "offset": record.offset,
         "timestamp": record.timestamp,
@@ -130,6 +131,13 @@ def record_json(record: Any) -> str:
     except UnicodeDecodeError:
         line["value"] = base64.b64encode(bytes(record.value)).decode("ascii")
         line["value_encoding"] = "base64"
+    key = getattr(record, "key", None)
+    if key is not None:
+        try:
+            line["key"], line["key_encoding"] = bytes(key).decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            line["key"] = base64.b64encode(bytes(key)).decode("ascii")
+            line["key_encoding"] = "base64"
     return json.dumps(line, sort_keys=True)
 
 

@@ -85,6 +85,7 @@ from estream.wire.record import (
     EncodedRecords,
     Record,
     encode_record_head,
+    is_extended_head,
     section_of_parts,
     with_system,
     wrap_records,
@@ -207,14 +208,19 @@ class _Range:
 
 def record_size(record: Record) -> int:
     """Estimated encoded size of one record (exact but for the msgpack headers)."""
-    return value_size(record.value, record.headers)
+    return value_size(record.value, record.headers, record.key)
 
 
-def value_size(value: bytes, headers: Mapping[str, str] | None) -> int:
-    """:func:`record_size` of a record of ``value`` and ``headers``."""
+def value_size(
+    value: bytes, headers: Mapping[str, str] | None, key: bytes | None = None
+) -> int:
+    """:func:`record_size` of a record of ``value``, ``headers`` and ``key``."""
+    size = RECORD_PREFIX_BYTES + len(value)
+    if key is not None:
+        size += 5 + len(key)
     if not headers:
-        return RECORD_PREFIX_BYTES + len(value)
-    return RECORD_PREFIX_BYTES + len(value) + sum(len(k) + len(v) + 4 for k, v in headers.items())
+        return size
+    return size + sum(len(k) + len(v) + 4 for k, v in headers.items())
 
 
 class RangeWriter:
@@ -250,6 +256,7 @@ class RangeWriter:
         # The pending batch, encoded as it grows: each record's head, then its value.
         self._pending: list[bytes] = []
         self._pending_count = 0
+        self._pending_keyed = False  # some pending head is extended (its batch is KEYED)
         self._pending_first_ts = 0
         self._pending_max_ts = 0
         self._pending_sequences: list[int] = []  # a producer's, one per pending record
@@ -362,7 +369,7 @@ class RangeWriter:
         if self.producer_id:
             assert sequences is not None and len(sequences) == len(records)
         # Encoded (and so checked) before any is taken: a bad record takes none.
-        heads = [encode_record_head(r.value, r.headers, r.timestamp) for r in records]
+        heads = [encode_record_head(r.value, r.headers, r.timestamp, r.key) for r in records]
         for i, record in enumerate(records):
             self._take(heads[i], record.value, record.timestamp, now_ms,
                        sequences[i] if sequences is not None else -1, effects)
@@ -371,7 +378,7 @@ class RangeWriter:
 
     def submit_one(
         self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
-        sequence: int = -1, *, hold_idle: bool = False,
+        sequence: int = -1, *, hold_idle: bool = False, key: bytes | None = None,
     ) -> list[Effect] | None:
         """:meth:`submit` of one record, for the driver's per-record path (no
         :class:`Record`: it is encoded into the pending batch at once); its offset is
@@ -388,8 +395,10 @@ class RangeWriter:
         """
         if self.error is not None:
             raise self.error
-        head = encode_record_head(value, headers, timestamp)
+        head = encode_record_head(value, headers, timestamp, key)
         count = self._pending_count
+        if key is not None or headers:
+            self._pending_keyed = self._pending_keyed or is_extended_head(head)
         if count and not self.producer_id and count + 1 < limits.batch_records_max:
             # The common case, inline: the record joins a pending batch with room for it
             # (what _take does, without its cuts).
@@ -453,6 +462,8 @@ class RangeWriter:
         pending.append(head)
         pending.append(value)
         self._pending_count += 1
+        if not self._pending_keyed and is_extended_head(head):
+            self._pending_keyed = True
         if self.producer_id:
             # Not a local alias: a cut above swaps the list for a new one.
             self._pending_sequences.append(sequence)
@@ -656,6 +667,7 @@ class RangeWriter:
         self.error = error
         self._pending.clear()
         self._pending_count = 0
+        self._pending_keyed = False
         self._pending_sequences.clear()
         self._pending_bytes = 0
         self._batches.clear()
@@ -668,9 +680,10 @@ class RangeWriter:
         parts, self._pending = self._pending, []
         count, self._pending_count = self._pending_count, 0
         self._pending_bytes = 0
+        keyed, self._pending_keyed = self._pending_keyed, False
         try:
             section = section_of_parts(parts, count, self._pending_first_ts,
-                                       self._pending_max_ts)
+                                       self._pending_max_ts, keyed)
             if self.producer_id or self.digest:
                 sequences, self._pending_sequences = self._pending_sequences, []
                 section = with_system(

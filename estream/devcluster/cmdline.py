@@ -1,6 +1,6 @@
 """The one way to build an estream command line (``estream pd``, ``estream rangeserver``,
-``estream up``) for a child process: ``estream up``'s plan, the cluster launcher, the
-tests and the benchmarks all build theirs here, so a flag is spelt in one place.
+``estream kafka``, ``estream up``) for a child process: ``estream up``'s plan, the cluster
+launcher, the tests and the benchmarks all build theirs here, so a flag is spelt in one place.
 
 Each builder returns the arguments after the subcommand; :func:`estream_argv` puts the
 interpreter and the subcommand in front (the child runs this interpreter's estream, the
@@ -36,6 +36,13 @@ def rangeserver_args(listen: str, data_dir: Path, pd: str | None = None,
     the PD addresses it registers with (none: it runs alone) and its data dir."""
     return ("--listen", listen, *(("--pd", pd) if pd else ()), "--data-dir", str(data_dir),
             *extra)
+
+
+def kafka_args(listen: str, pd: str, http: str | None = None,
+               extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """One Kafka gateway: where it listens (port 0: any; it prints ``listening on H:P``),
+    the PD addresses of its cluster, and where it serves /metrics and /healthz."""
+    return ("--listen", listen, "--pd", pd, *(("--http", http) if http else ()), *extra)
 
 
 def up_args(data_dir: Path, host: str, base_port: int, pd_nodes: int = 3,

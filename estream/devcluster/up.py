@@ -7,7 +7,13 @@ range server ``j`` (0-based)::
     PD raft    B + 10 + i   7110, 7111, 7112
     PD http    B + 20 + i   7120, 7121, 7122   (admin API: http://HOST:7120)
     RS rpc     B + 30 + j   7130, 7131, 7132
+    Kafka      B + 40 + k   7140               (``estream kafka``; ``--kafka-gateways K``)
+    Kafka http B + 50 + k   7150               (/metrics, /healthz)
     RS http    B + 100 + j  7200, 7201, 7202   (/metrics, /healthz, /readyz)
+
+The Kafka gateways (default one; none with ``--tls`` or more than 10 range servers, whose
+ports would reach B+40) serve Kafka clients over the cluster (docs/KAFKA.md); the banner
+prints ``kafka: H:P``.
 
 Data lives in ``DATA_DIR/pd-i`` and ``DATA_DIR/rs-j``, logs in ``DATA_DIR/logs``. The
 supervisor starts every child through the one launcher (command lines from
@@ -57,7 +63,7 @@ from typing import Any
 
 from estream.core.backoff import backoff_delay
 from estream.devcluster.certs import ClusterTls, ensure_cluster_tls
-from estream.devcluster.cmdline import estream_argv, pd_args, rangeserver_args
+from estream.devcluster.cmdline import estream_argv, kafka_args, pd_args, rangeserver_args
 from estream.devcluster.pd import alive_rangeservers, http_json
 from estream.devcluster.process import ManagedProcess, stop_processes
 from estream.server.config import one_line_errors, port_number, positive_int
@@ -66,6 +72,9 @@ from estream.server.durable import fsync_dir
 RAFT_OFFSET = 10
 HTTP_OFFSET = 20
 RS_OFFSET = 30
+KAFKA_OFFSET = 40  # Kafka gateways: B+40.. (so at most 10 range servers beside them)
+KAFKA_HTTP_OFFSET = 50
+KAFKA_GATEWAYS_MAX = 10
 RS_HTTP_OFFSET = 100  # range servers' --http ports: after every other port of the scheme
 PORT_SPAN = RS_HTTP_OFFSET + (RS_HTTP_OFFSET - RS_OFFSET)
 PD_NODES_MAX = 9
@@ -86,7 +95,7 @@ class ChildSpec:
     """One process of the cluster: its name, its command line after ``estream`` and ports."""
 
     name: str
-    kind: str  # "pd" | "rangeserver"
+    kind: str  # "pd" | "rangeserver" | "kafka"
     args: tuple[str, ...]
     address: str
     http: str | None = None
@@ -103,6 +112,11 @@ class ClusterPlan:
     range_servers: tuple[ChildSpec, ...]
     tls: ClusterTls | None = None  # --tls: the certificates and token every child uses
     secret_file: Path | None = None  # the cluster secret the range servers verify MACs with
+    kafka: tuple[ChildSpec, ...] = ()  # the Kafka gateways
+
+    @property
+    def kafka_addresses(self) -> str:
+        return ",".join(c.address for c in self.kafka)
 
     @property
     def pd_addresses(self) -> str:
@@ -115,7 +129,7 @@ class ClusterPlan:
 
     @property
     def children(self) -> tuple[ChildSpec, ...]:
-        return self.pd + self.range_servers
+        return self.pd + self.range_servers + self.kafka
 
 
 class PlanError(ValueError):
@@ -125,6 +139,7 @@ class PlanError(ValueError):
 def plan_cluster(
     data_dir: Path, pd_nodes: int, range_servers: int, host: str, base_port: int,
     *, tls: ClusterTls | None = None, secret_file: Path | None = None, join: bool = False,
+    kafka_gateways: int | None = None,
 ) -> ClusterPlan:
     """The processes, ports and data dirs of a local cluster (``secret_file``: every
     PD node and range server gets ``--secret-file`` with it; ``join``: the cluster was
@@ -136,7 +151,20 @@ def plan_cluster(
     '127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102'
     >>> p.admin_urls[0], p.range_servers[2].address
     ('http://127.0.0.1:7120', '127.0.0.1:7132')
+    >>> p.kafka_addresses
+    '127.0.0.1:7140'
+
+    ``kafka_gateways``: how many Kafka gateways (None: one, or none with ``tls`` or more
+    than 10 range servers, whose ports would reach B+40).
     """
+    gateways_max = KAFKA_GATEWAYS_MAX if range_servers <= KAFKA_OFFSET - RS_OFFSET else 0
+    if kafka_gateways is None:
+        kafka_gateways = 1 if gateways_max and tls is None else 0
+    if not 0 <= kafka_gateways <= gateways_max:
+        raise PlanError(f"--kafka-gateways must be 0..{gateways_max} with "
+                        f"{range_servers} range servers, got {kafka_gateways}")
+    if kafka_gateways and tls is not None:
+        raise PlanError("--kafka-gateways with --tls: the gateway does not serve TLS yet")
     if pd_nodes < 1 or pd_nodes % 2 == 0 or pd_nodes > PD_NODES_MAX:
         raise PlanError(f"--pd-nodes must be odd and 1..{PD_NODES_MAX}, got {pd_nodes}")
     if range_servers < 1 or range_servers > RS_HTTP_OFFSET - RS_OFFSET:
@@ -170,7 +198,14 @@ def plan_cluster(
         http = f"{host}:{base_port + RS_HTTP_OFFSET + j}"
         servers.append(ChildSpec(f"rs-{j}", "rangeserver", (*args, "--http", http), address,
                                  http))
-    return ClusterPlan(host, data_dir, tuple(pds), tuple(servers), tls, secret_file)
+    gateways = []
+    for k in range(kafka_gateways):
+        address = f"{host}:{base_port + KAFKA_OFFSET + k}"
+        http = f"{host}:{base_port + KAFKA_HTTP_OFFSET + k}"
+        gateways.append(ChildSpec(f"kafka-{k}", "kafka", kafka_args(address, ",".join(rpc),
+                                                                   http), address, http))
+    return ClusterPlan(host, data_dir, tuple(pds), tuple(servers), tls, secret_file,
+                       tuple(gateways))
 
 
 def restart_delay_s(failures: int) -> float:
@@ -201,7 +236,15 @@ def probe_ready(plan: ClusterPlan) -> str | None:
         return "a PD leader"
     alive = {s.get("address") for s in alive_rangeservers(plan.admin_urls[:1], context)}
     missing = [c.name for c in plan.range_servers if c.address not in alive]
-    return f"range servers {', '.join(missing)} to register" if missing else None
+    if missing:
+        return f"range servers {', '.join(missing)} to register"
+    for gateway in plan.kafka:
+        host, _, port = gateway.address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+        except OSError:
+            return f"{gateway.name} to listen"
+    return None
 
 
 def _probe_context(plan: ClusterPlan) -> ssl.SSLContext | None:
@@ -328,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
              f"(default {READY_TIMEOUT_S:g})"
     )
     parser.add_argument(
+        "--kafka-gateways", type=int, default=None, metavar="K",
+        help="Kafka gateways at B+40.. (default 1; 0 with --tls or more than 10 range "
+             "servers)")
+    parser.add_argument(
         "--tls", action="store_true",
         help="TLS on every port, with a token: a CA, certificates and the token are made "
         "once in DATA_DIR/tls (clients: ESTREAM_TLS_CA, ESTREAM_TOKEN_FILE)")
@@ -405,6 +452,7 @@ def _banner(plan: ClusterPlan, elapsed_s: float) -> str:
                 else ""
             ),
             f"  range servers: {', '.join(c.address for c in plan.range_servers)}",
+            *([f"  kafka: {plan.kafka_addresses}"] if plan.kafka else []),
             f"  metrics:       {_metrics_urls(plan)}",
             f"  data dir:      {plan.data_dir}   logs: {plan.data_dir / 'logs'}",
             *_tls_lines(plan),
@@ -476,7 +524,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host, ns.base_port)
+        plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host, ns.base_port,
+                            kafka_gateways=0 if ns.tls and ns.kafka_gateways is None
+                            else ns.kafka_gateways)
     except PlanError as exc:
         parser.error(str(exc))
     try:
@@ -489,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                for i in range(ns.pd_nodes))
             plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host,
                                 ns.base_port, tls=tls, secret_file=secret_file,
-                                join=bootstrapped)
+                                join=bootstrapped, kafka_gateways=len(plan.kafka))
             busy = busy_addresses(plan)
             if busy:
                 raise PlanError(

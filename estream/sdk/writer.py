@@ -155,7 +155,8 @@ class PendingAppend(_Waiter[int]):
 
 # (value, headers, timestamp, size, its future, its sequence: None unless a producer's, -1
 # for the default)
-_Queued = tuple[bytes, Mapping[str, str] | None, int, int, PendingAppend, int | None]
+_Queued = tuple[
+    bytes, Mapping[str, str] | None, int, int, PendingAppend, int | None, bytes | None]
 
 
 class Writer:
@@ -361,6 +362,7 @@ class Writer:
         timestamp: int | None = None,
         *,
         sequence: int | None = None,
+        key: bytes | None = None,
     ) -> PendingAppend:
         """Append one record: ``offset = await writer.append(value)``. The record is
         submitted at the call (in call order); the :class:`PendingAppend` it returns
@@ -373,11 +375,14 @@ class Writer:
         earlier append's) is not stored again, and the offset holding it is returned once
         durable, or -1 when this writer does not know it.
 
+        ``key`` (bytes, optional): the record's key, read back as ``record.key`` (a
+        Kafka record's key; records appended without one read back with None).
+
         Errors (:class:`Closed`, :class:`Fenced`, :class:`Timeout`, invalid arguments)
         are raised when it is awaited, as from a coroutine."""
         future = PendingAppend(loop=self._loop)
         core = self._core
-        if (type(value) is bytes and headers is None and timestamp is None
+        if (type(value) is bytes and headers is None and timestamp is None and key is None
                 and sequence is None and self.producer is None and not self._queued
                 and self._error is None and not self._closed and core is not None
                 and len(value) <= _value_bytes_max
@@ -410,9 +415,11 @@ class Writer:
                         "sequence needs a writer opened with producer_id", argument="sequence")
                 if sequence is not None:
                     check_sequence(sequence)
-            size = value_size(value, headers)
+            if key is not None:
+                key = self._key(key)
+            size = value_size(value, headers, key)
             item = (value, headers, ts, size, future, sequence if self.producer is None else
-                    (-1 if sequence is None else sequence))
+                    (-1 if sequence is None else sequence), key)
             if self._queued or not core.can_accept(size):
                 # Waits: its headers as they are now.
                 self._queued.append(item[:1] + (dict(headers) if headers else None,) + item[2:])
@@ -426,16 +433,16 @@ class Writer:
     def _submit(self, core: RangeWriter, item: _Queued) -> None:
         """Submit one queued append now (no await: a producer's sequence is decided
         against the current last)."""
-        value, headers, ts, _, future, sequence = item
+        value, headers, ts, _, future, sequence, key = item
         producer = self.producer
         now = self._now()
         if producer is None:
             base = core.next_offset
-            effects = core.submit_one(value, headers, ts, now, hold_idle=True)
+            effects = core.submit_one(value, headers, ts, now, hold_idle=True, key=key)
         else:
             seq = producer.last_sequence + 1 if sequence is None or sequence < 0 else sequence
             if seq <= producer.last_sequence:
-                record = Record(value, dict(headers) if headers else {}, ts)
+                record = Record(value, dict(headers) if headers else {}, ts, key=key)
                 offsets, end, effects = self._produce(core, [record], [seq])
                 if end > core.completed:
                     self._add_waiter(future, end, now, offsets[0])
@@ -444,7 +451,7 @@ class Writer:
                 self._run(effects)
                 return
             base = core.next_offset
-            effects = core.submit_one(value, headers, ts, now, seq, hold_idle=True)
+            effects = core.submit_one(value, headers, ts, now, seq, hold_idle=True, key=key)
             producer.taken_one(seq, base)
         self._add_waiter(future, base + 1, now, base)
         if effects is not None:
@@ -496,7 +503,7 @@ class Writer:
         if not values:
             return []
         records = [
-            self._record(v.value, v.headers, v.timestamp or None)
+            self._record(v.value, v.headers, v.timestamp or None, v.key)
             if isinstance(v, Record)
             else self._record(v, None, None)
             for v in values
@@ -730,13 +737,29 @@ class Writer:
             )
         return value
 
+    @staticmethod
+    def _key(key: bytes) -> bytes:
+        """A record key checked (and as ``bytes``)."""
+        if type(key) is not bytes:
+            if not isinstance(key, _BYTES_TYPES):
+                raise InvalidArgument("a record key must be bytes", argument="key")
+            key = bytes(key)
+        if len(key) > limits.record_key_bytes_max:
+            raise InvalidArgument(
+                f"record key of {len(key)} bytes exceeds {limits.record_key_bytes_max}",
+                argument="key",
+            )
+        return key
+
     @classmethod
     def _record(
-        cls, value: bytes, headers: Mapping[str, str] | None, timestamp: int | None
+        cls, value: bytes, headers: Mapping[str, str] | None, timestamp: int | None,
+        key: bytes | None = None,
     ) -> Record:
         value = cls._value(value)
         ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
-        return Record(value, dict(headers) if headers else {}, ts)
+        return Record(value, dict(headers) if headers else {}, ts,
+                      key=None if key is None else cls._key(key))
 
     async def _wait_space(self, size: int) -> RangeWriter:
         core = self._check_open()
@@ -842,7 +865,7 @@ class Writer:
             if not future.done():
                 future.set_exception(error)
         queued, self._queued = self._queued, deque()
-        for _, _, _, _, future, _ in queued:
+        for _, _, _, _, future, _, _ in queued:
             if not future.done():
                 future.set_exception(error)
         space, self._space = self._space, []

@@ -40,6 +40,7 @@ batch_bytes_max: Final = 8 * MiB  # one encoded record batch
 batch_records_max: Final = 65_536
 record_value_bytes_max: Final = 4 * MiB
 record_headers_bytes_max: Final = 64 * KiB  # msgpack-encoded headers of one record
+record_key_bytes_max: Final = 64 * KiB  # one record's key (a Kafka record's)
 producer_id_bytes_max: Final = 255  # utf-8 producer id in a batch's system block (u8)
 
 # Reads.

@@ -11,7 +11,8 @@ Batch layout (72-byte fixed header, then ``count`` records)::
       0     2   magic            0xE5B7
       2     1   version          format version, 1
       3     1   flags            bit 0 SYSTEM: a system block starts the records section;
-                                 bits 1-2 digest: 0 xxh3, 1 crc32c, 2 hmac-sha256
+                                 bits 1-2 digest: 0 xxh3, 1 crc32c, 2 hmac-sha256;
+                                 bit 3 KEYED: some record has an extended head (below)
       4     8   stream_id        u64
      12     4   range_index      u32
      16     8   epoch            u64, the writer's epoch
@@ -61,6 +62,21 @@ Record layout (16-byte fixed prefix)::
      16     .   headers          msgpack map str -> str
       .     .   value            raw bytes
 
+A record's headers section starts with a msgpack map (0x80-0x8f, 0xde or 0xdf), or, in
+a KEYED batch only, with 0xc1 (a byte msgpack never uses): an **extended head** for a
+record with a key (``record.key``, bytes) or with header values that are not UTF-8
+(Kafka's are bytes: they are shown as str decoded with ``surrogateescape``)::
+
+      0     1   marker           0xc1
+      1     4   key_bytes        u32, the key's length; 0xffffffff: no key
+      5     .   key              raw bytes
+      .     .   headers          msgpack map str -> str, strings UTF-8 with surrogateescape
+                                 (empty: no headers)
+
+A record without either keeps the plain form, so a batch written before keys existed, or
+of records without keys, is the same bytes as before and reads with key None; a reader
+from before keys refuses a KEYED batch by its flags (MalformedBatch), never misreads it.
+
 The checksum covers every byte but itself, so any single corrupted byte is detected.
 Decoding untrusted bytes raises only :class:`MalformedBatch` or :class:`ChecksumMismatch`
 (:func:`verify_digest`: :class:`DigestMismatch`). Batches without flags (every batch
@@ -104,7 +120,12 @@ assert BATCH_HEADER_BYTES == 72 and RECORD_PREFIX_BYTES == 16
 
 FLAG_SYSTEM: Final = 0x01  # a system block starts the records section
 _DIGEST_SHIFT: Final = 1
-_FLAGS_KNOWN: Final = 0x07
+_DIGEST_MASK: Final = 0x06
+FLAG_KEYED: Final = 0x08  # some record has an extended head (a key, or bytes headers)
+_FLAGS_KNOWN: Final = 0x0F
+EXTENDED_HEAD: Final = 0xC1  # first byte of an extended head (msgpack never uses it)
+_KEY_NONE: Final = 0xFFFFFFFF
+_KEY_BYTES: Final = struct.Struct("<BI")
 DIGEST_XXH3: Final = 0
 DIGEST_CRC32C: Final = 1
 DIGEST_HMAC_SHA256: Final = 2
@@ -117,10 +138,10 @@ def digest_kind(flags: int) -> int:
     """The digest a batch's flags name (bits 1-2): ``DIGEST_XXH3``, ``DIGEST_CRC32C`` or
     ``DIGEST_HMAC_SHA256``.
 
-    >>> digest_kind(0x00), digest_kind(0x03), digest_kind(0x04)
-    (0, 1, 2)
+    >>> digest_kind(0x00), digest_kind(0x03), digest_kind(0x04), digest_kind(0x0A)
+    (0, 1, 2, 1)
     """
-    return (flags & _FLAGS_KNOWN) >> _DIGEST_SHIFT
+    return (flags & _DIGEST_MASK) >> _DIGEST_SHIFT
 SEQUENCE_NONE: Final = 0
 SEQUENCE_CONSECUTIVE: Final = 1
 SEQUENCE_LISTED: Final = 2
@@ -136,12 +157,14 @@ assert SYSTEM_PREFIX_BYTES == 24
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One record: a value, string headers, a timestamp (ms) and its offset once stored."""
+    """One record: a value, string headers, a timestamp (ms), its offset once stored, and
+    an optional key (a Kafka record's; None for records appended without one)."""
 
     value: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
     timestamp: int = 0
     offset: int = -1
+    key: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,18 +295,26 @@ def encode_records(
         _encode_records(records), producer_id=producer_id, sequences=sequences, digest=digest)
 
 
-def encode_record_head(value: bytes, headers: Mapping[str, str] | None, timestamp: int) -> bytes:
+def encode_record_head(
+    value: bytes, headers: Mapping[str, str] | None, timestamp: int, key: bytes | None = None
+) -> bytes:
     """One record's prefix and encoded headers (its value follows them in a records
     section), for writers that build a section record by record
-    (:func:`section_of_parts`). Raises :class:`MalformedBatch` as :func:`encode_records`."""
+    (:func:`section_of_parts`; :func:`is_extended_head` tells whether the batch must be
+    KEYED). Raises :class:`MalformedBatch` as :func:`encode_records`."""
     if len(value) > limits.record_value_bytes_max:
         raise MalformedBatch(f"record value of {len(value)} bytes is too large")
+    if key is not None:
+        return _extended_head(value, headers, timestamp, key)
     if not headers:
         try:
             return _RECORD.pack(timestamp, 0, len(value))
         except struct.error:
             raise MalformedBatch(f"record timestamp {timestamp} is out of range") from None
-    encoded = _encode_headers(headers)
+    try:
+        encoded = _encode_headers(headers)
+    except UnicodeEncodeError:  # surrogate-escaped bytes: only the extended head holds them
+        return _extended_head(value, headers, timestamp, None)
     if len(encoded) > limits.record_headers_bytes_max:
         raise MalformedBatch(f"record headers of {len(encoded)} bytes are too large")
     try:
@@ -292,12 +323,39 @@ def encode_record_head(value: bytes, headers: Mapping[str, str] | None, timestam
         raise MalformedBatch(f"record timestamp {timestamp} is out of range") from None
 
 
+def _extended_head(
+    value: bytes, headers: Mapping[str, str] | None, timestamp: int, key: bytes | None
+) -> bytes:
+    """A record's prefix and extended head (module docstring): its key and headers."""
+    if key is not None and not isinstance(key, bytes):
+        raise MalformedBatch("a record key must be bytes")
+    if key is not None and len(key) > limits.record_key_bytes_max:
+        raise MalformedBatch(f"record key of {len(key)} bytes is too large")
+    encoded = _encode_headers(headers, escaped=True) if headers else b""
+    if len(encoded) > limits.record_headers_bytes_max:
+        raise MalformedBatch(f"record headers of {len(encoded)} bytes are too large")
+    mark = _KEY_BYTES.pack(EXTENDED_HEAD, _KEY_NONE if key is None else len(key))
+    size = len(mark) + (len(key) if key else 0) + len(encoded)
+    try:
+        prefix = _RECORD.pack(timestamp, size, len(value))
+    except struct.error:
+        raise MalformedBatch(f"record timestamp {timestamp} is out of range") from None
+    return b"".join((prefix, mark, key or b"", encoded))
+
+
+def is_extended_head(head: bytes) -> bool:
+    """Whether an :func:`encode_record_head` result is an extended head (its batch must
+    be KEYED: :func:`section_of_parts` ``keyed=True``)."""
+    return len(head) > RECORD_PREFIX_BYTES and head[RECORD_PREFIX_BYTES] == EXTENDED_HEAD
+
+
 def section_of_parts(
-    parts: Sequence[bytes], count: int, first_timestamp: int, max_timestamp: int
+    parts: Sequence[bytes], count: int, first_timestamp: int, max_timestamp: int,
+    keyed: bool = False,
 ) -> EncodedRecords:
     """The records section of ``count`` records given as their parts in order (each
     record's :func:`encode_record_head`, then its value): the bytes :func:`encode_records`
-    makes of the same records."""
+    makes of the same records. ``keyed``: some head is extended (:func:`is_extended_head`)."""
     if not count:
         raise MalformedBatch("a batch needs at least one record")
     if count > limits.batch_records_max:
@@ -305,7 +363,8 @@ def section_of_parts(
     data = b"".join(parts)
     if len(data) + BATCH_HEADER_BYTES > limits.batch_bytes_max:
         raise MalformedBatch(f"batch of {len(data)} bytes exceeds {limits.batch_bytes_max}")
-    return EncodedRecords(data, count, first_timestamp, max_timestamp)
+    return EncodedRecords(data, count, first_timestamp, max_timestamp,
+                          FLAG_KEYED if keyed else 0)
 
 
 def with_system(
@@ -322,7 +381,8 @@ def with_system(
     system = encode_system(
         section.count, producer_id=producer_id, sequences=sequences, digest=digest
     )
-    flags = (digest << _DIGEST_SHIFT) | (FLAG_SYSTEM if system else 0)
+    flags = (digest << _DIGEST_SHIFT) | (FLAG_SYSTEM if system else 0) | (
+        section.flags & FLAG_KEYED)
     if not flags:
         return section
     if len(system) + len(section.data) + BATCH_HEADER_BYTES > limits.batch_bytes_max:
@@ -341,11 +401,23 @@ def _encode_records(records: Sequence[Record]) -> EncodedRecords:
     parts: list[bytes] = []
     pack = _RECORD.pack
     max_ts = records[0].timestamp
+    keyed = False
     for record in records:
         value = record.value
         if len(value) > limits.record_value_bytes_max:
             raise MalformedBatch(f"record value of {len(value)} bytes is too large")
-        headers = _encode_headers(record.headers) if record.headers else b""
+        headers: bytes | None = b""
+        if record.key is None and record.headers:
+            try:
+                headers = _encode_headers(record.headers)
+            except UnicodeEncodeError:  # bytes headers: the extended head holds them
+                headers = None
+        if record.key is not None or headers is None:
+            parts.append(_extended_head(value, record.headers, record.timestamp, record.key))
+            parts.append(value)
+            keyed = True
+            max_ts = max(max_ts, record.timestamp)
+            continue
         if len(headers) > limits.record_headers_bytes_max:
             raise MalformedBatch(f"record headers of {len(headers)} bytes are too large")
         try:
@@ -360,13 +432,20 @@ def _encode_records(records: Sequence[Record]) -> EncodedRecords:
     data = b"".join(parts)
     if len(data) + BATCH_HEADER_BYTES > limits.batch_bytes_max:
         raise MalformedBatch(f"batch of {len(data)} bytes exceeds {limits.batch_bytes_max}")
-    return EncodedRecords(data, len(records), records[0].timestamp, max_ts)
+    return EncodedRecords(data, len(records), records[0].timestamp, max_ts,
+                          FLAG_KEYED if keyed else 0)
 
 
-def _encode_headers(headers: Mapping[str, str]) -> bytes:
+def _encode_headers(headers: Mapping[str, str], *, escaped: bool = False) -> bytes:
+    """msgpack map of str to str; ``escaped``: strings encoded UTF-8 with
+    surrogateescape (extended heads only), else a string that is not valid UTF-8 raises
+    UnicodeEncodeError."""
     # Decoding accepts str -> str only, so encoding must refuse anything else.
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise MalformedBatch("record headers must be a map of str to str")
+    if escaped:
+        escaped_bytes: bytes = msgpack.packb(dict(headers), unicode_errors="surrogateescape")
+        return escaped_bytes
     packed: bytes = msgpack.packb(dict(headers))
     return packed
 
@@ -707,10 +786,10 @@ def check_records(batch: bytes | memoryview, header: BatchHeader) -> None:
         decode_system(view, header)
     section = view[records_at(view, header) : header.total_bytes]
     if _uniform_value_bytes(section, header.count) is None:
-        _check_walk(section, header.count)
+        _check_walk(section, header.count, header.flags)
 
 
-def _check_walk(section: memoryview, count: int) -> None:
+def _check_walk(section: memoryview, count: int, flags: int = 0) -> None:
     """:func:`check_records`' walk of a section whose records are not all alike."""
     unpack = _LENGTHS.unpack_from
     end = len(section)
@@ -724,7 +803,7 @@ def _check_walk(section: memoryview, count: int) -> None:
         if headers_bytes:
             raw = section[pos : pos + headers_bytes]
             if raw != last:
-                _decode_headers(raw)  # MalformedBatch when not a map of str to str
+                _decode_head(raw, flags)  # MalformedBatch when not a key and a str map
                 last = raw
         pos += headers_bytes + value_bytes
     if pos != end:
@@ -750,11 +829,14 @@ def decode_batch(batch: bytes | memoryview, *, verify: bool = True) -> RecordBat
         pos += RECORD_PREFIX_BYTES
         if pos + headers_bytes + value_bytes > end:
             raise MalformedBatch("record runs past the batch")
-        headers = _decode_headers(view[pos : pos + headers_bytes]) if headers_bytes else {}
+        key: bytes | None = None
+        headers: dict[str, str] = {}
+        if headers_bytes:
+            key, headers = _decode_head(view[pos : pos + headers_bytes], header.flags)
         pos += headers_bytes
         value = bytes(view[pos : pos + value_bytes])
         pos += value_bytes
-        records.append(Record(value, headers, timestamp, offset))
+        records.append(Record(value, headers, timestamp, offset, key))
         offset += 1
     if pos != end:
         raise MalformedBatch(f"{end - pos} trailing bytes after the last record")
@@ -810,7 +892,8 @@ class BatchColumns:
     ``array``, usable as an Arrow buffer as is), value
     ``data[value_offsets[i]:value_offsets[i + 1]]`` (values back to back; ``value_offsets``
     holds ``count + 1`` int32 entries, the first 0) and headers ``headers[i]``
-    (``headers`` is None when no record of the window has headers).
+    (``headers`` is None when no record of the window has headers) and key ``keys[i]``
+    (``keys`` is None when no record of the window has a key).
 
     Decoded columns hold their values as views of the (verified) bytes they were decoded
     from until ``data`` is first asked for, which joins them into one buffer then (and
@@ -819,13 +902,14 @@ class BatchColumns:
     """
 
     __slots__ = ("base_offset", "timestamps", "value_offsets", "headers", "confirm_offset",
-                 "_data", "_pieces")
+                 "keys", "_data", "_pieces")
 
     base_offset: int
     timestamps: array[int]
     value_offsets: array[int]
     headers: list[dict[str, str]] | None
     confirm_offset: int
+    keys: list[bytes | None] | None
     _data: bytes | None
     _pieces: Sequence[_Values] | None
 
@@ -837,6 +921,7 @@ class BatchColumns:
         value_offsets: array[int],
         headers: list[dict[str, str]] | None = None,
         confirm_offset: int = 0,
+        keys: list[bytes | None] | None = None,
     ) -> None:
         _set = object.__setattr__
         _set(self, "base_offset", base_offset)
@@ -844,6 +929,7 @@ class BatchColumns:
         _set(self, "value_offsets", value_offsets)
         _set(self, "headers", headers)
         _set(self, "confirm_offset", confirm_offset)
+        _set(self, "keys", keys)
         _set(self, "_data", data)
         _set(self, "_pieces", None)
 
@@ -856,10 +942,12 @@ class BatchColumns:
         value_offsets: array[int],
         headers: list[dict[str, str]] | None,
         confirm_offset: int,
+        keys: list[bytes | None] | None = None,
     ) -> BatchColumns:
         """Columns whose values are those of ``pieces`` in order (lengths as
         ``value_offsets`` says), joined on first use of ``data``."""
-        columns = cls(base_offset, timestamps, b"", value_offsets, headers, confirm_offset)
+        columns = cls(base_offset, timestamps, b"", value_offsets, headers, confirm_offset,
+                      keys)
         object.__setattr__(columns, "_data", None)
         object.__setattr__(columns, "_pieces", pieces)
         return columns
@@ -899,17 +987,18 @@ class BatchColumns:
     def records(self) -> list[Record]:
         """The same records as :class:`Record` objects (what :func:`decode_batch` gives)."""
         headers = self.headers or [{} for _ in self.timestamps]
+        keys = self.keys or [None] * len(self.timestamps)
         first = self.base_offset
         return [
-            Record(value, hdrs, ts, first + i)
-            for i, (value, hdrs, ts) in enumerate(
-                zip(self.values(), headers, self.timestamps, strict=True)
+            Record(value, hdrs, ts, first + i, key)
+            for i, (value, hdrs, ts, key) in enumerate(
+                zip(self.values(), headers, self.timestamps, keys, strict=True)
             )
         ]
 
     def _fields(self) -> tuple[object, ...]:
         return (self.base_offset, self.timestamps, self.data, self.value_offsets,
-                self.headers, self.confirm_offset)
+                self.headers, self.confirm_offset, self.keys)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BatchColumns):
@@ -922,7 +1011,7 @@ class BatchColumns:
         return (f"BatchColumns(base_offset={self.base_offset!r}, timestamps="
                 f"{self.timestamps!r}, data={self.data!r}, value_offsets="
                 f"{self.value_offsets!r}, headers={self.headers!r}, confirm_offset="
-                f"{self.confirm_offset!r})")
+                f"{self.confirm_offset!r}, keys={self.keys!r})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1000,6 +1089,8 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
     ends = array("i", [0])
     headers: list[dict[str, str]] = []
     any_headers = False
+    keys: list[bytes | None] = []
+    any_keys = False
     for i, view in enumerate(views):
         if i and view.start != views[i - 1].end:
             raise ValueError(f"views are not consecutive at offset {view.start}")
@@ -1020,21 +1111,30 @@ def decode_views(views: Sequence[BatchView]) -> BatchColumns:
                 ends.extend([size] * n)
             if any_headers:
                 headers.extend({} for _ in range(n))
+            if any_keys:
+                keys.extend([None] * n)
         else:
-            stamps_w, listed, ends_w, headers_w = _walk_columns(section, count, lo, hi)
+            stamps_w, listed, ends_w, headers_w, keys_w = _walk_columns(
+                section, count, lo, hi, view.header.flags)
             values = _Listed(listed)
             if headers_w is not None and not any_headers:
                 headers = [{} for _ in range(len(timestamps))]
                 any_headers = True
+            if keys_w is not None and not any_keys:
+                keys = [None] * len(timestamps)
+                any_keys = True
             timestamps.extend(stamps_w)
             ends.extend(size + e for e in ends_w[1:])
             if any_headers:
                 headers.extend(headers_w or ({} for _ in stamps_w))
+            if any_keys:
+                keys.extend(keys_w or [None] * len(stamps_w))
         parts.append(values)
     first = views[0].start if views else 0
     confirm = views[-1].header.confirm_offset if views else 0
     return BatchColumns._of_pieces(first, timestamps, parts, ends,
-                                   headers if any_headers else None, confirm)
+                                   headers if any_headers else None, confirm,
+                                   keys if any_keys else None)
 
 
 def _int64s_le(data: bytes) -> array[int]:
@@ -1045,7 +1145,8 @@ def _int64s_le(data: bytes) -> array[int]:
     return values
 
 
-_Columns = tuple["array[int]", list[memoryview], "array[int]", "list[dict[str, str]] | None"]
+_Columns = tuple["array[int]", list[memoryview], "array[int]", "list[dict[str, str]] | None",
+                 "list[bytes | None] | None"]
 
 
 def uniform_value_bytes(view: BatchView) -> int | None:
@@ -1091,7 +1192,7 @@ def _uniform_columns(
     return bytes(stamps), _Strided(section[first : hi * stride], n, value_bytes)
 
 
-def _walk_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns:
+def _walk_columns(section: memoryview, count: int, lo: int, hi: int, flags: int = 0) -> _Columns:
     """The general path: walk the record prefixes one by one."""
     view = section
     end = len(section)
@@ -1101,6 +1202,8 @@ def _walk_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns
     ends = array("i", [0])
     headers: list[dict[str, str]] = []
     any_headers = False
+    keys: list[bytes | None] = []
+    any_keys = False
     pos = 0
     size = 0
     for i in range(count):
@@ -1113,23 +1216,50 @@ def _walk_columns(section: memoryview, count: int, lo: int, hi: int) -> _Columns
             raise MalformedBatch("record runs past the batch")
         if lo <= i < hi:
             timestamps.append(timestamp)
+            key: bytes | None = None
             if headers_bytes:
-                headers.append(_decode_headers(view[pos : pos + headers_bytes]))
-                any_headers = True
+                key, hdrs = _decode_head(view[pos : pos + headers_bytes], flags)
+                headers.append(hdrs)
+                any_headers = any_headers or bool(hdrs)
+                any_keys = any_keys or key is not None
             else:
                 headers.append({})
+            keys.append(key)
             parts.append(view[pos + headers_bytes : stop])
             size += value_bytes
             ends.append(size)
         pos = stop
     if pos != end:
         raise MalformedBatch(f"{end - pos} trailing bytes after the last record")
-    return timestamps, parts, ends, headers if any_headers else None
+    return (timestamps, parts, ends, headers if any_headers else None,
+            keys if any_keys else None)
 
 
-def _decode_headers(raw: memoryview) -> dict[str, str]:
+def _decode_head(raw: memoryview, flags: int) -> tuple[bytes | None, dict[str, str]]:
+    """A record's key (None without one) and headers, from its headers section (a
+    msgpack map, or an extended head in a KEYED batch)."""
+    if raw[0] != EXTENDED_HEAD:
+        return None, _decode_headers(raw)
+    if not flags & FLAG_KEYED:
+        raise MalformedBatch("an extended record head in a batch that is not KEYED")
+    if len(raw) < _KEY_BYTES.size:
+        raise MalformedBatch("extended record head too short")
+    _, key_bytes = _KEY_BYTES.unpack_from(raw, 0)
+    at = _KEY_BYTES.size
+    key: bytes | None = None
+    if key_bytes != _KEY_NONE:
+        if at + key_bytes > len(raw):
+            raise MalformedBatch("record key runs past its head")
+        key = bytes(raw[at : at + key_bytes])
+        at += key_bytes
+    headers = _decode_headers(raw[at:], escaped=True) if at < len(raw) else {}
+    return key, headers
+
+
+def _decode_headers(raw: memoryview, *, escaped: bool = False) -> dict[str, str]:
     try:
-        headers = msgpack.unpackb(raw, strict_map_key=True)
+        headers = msgpack.unpackb(raw, strict_map_key=True,
+                                  unicode_errors="surrogateescape" if escaped else "strict")
     except Exception as exc:  # msgpack raises many types on garbage
         raise MalformedBatch(f"undecodable record headers: {exc}") from None
     if not isinstance(headers, dict) or not all(

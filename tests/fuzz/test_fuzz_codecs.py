@@ -21,7 +21,13 @@ from estream.wire.protocol import (
     Opcode,
     encode_frame_bytes,
 )
-from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
+from estream.wire.record import (
+    Record,
+    decode_batch,
+    decode_columns,
+    encode_batch,
+    iter_batches,
+)
 
 FUZZ = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -166,10 +172,34 @@ records_st = st.lists(
         value=st.binary(max_size=32),
         headers=st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
         timestamp=st.integers(-(2**63), 2**63 - 1),
+        key=st.none() | st.binary(max_size=8),
     ),
     min_size=1,
     max_size=6,
 )
+# Kafka header values are bytes: shown as str decoded with surrogateescape.
+escaped_st = st.binary(max_size=6).map(lambda b: b.decode("utf-8", "surrogateescape"))
+kafka_records_st = st.lists(
+    st.builds(
+        Record,
+        value=st.binary(max_size=32),
+        headers=st.dictionaries(escaped_st, escaped_st, max_size=3),
+        timestamp=st.integers(-(2**63), 2**63 - 1),
+        key=st.none() | st.binary(max_size=8),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@FUZZ
+@given(records=kafka_records_st)
+def test_keys_and_bytes_headers_round_trip(records: list[Record]) -> None:
+    batch = encode_batch(records, stream_id=1, range_index=2, epoch=3, base_offset=4)
+    decoded = decode_batch(batch).records
+    assert [(r.value, dict(r.headers), r.timestamp, r.key) for r in decoded] == [
+        (r.value, dict(r.headers), r.timestamp, r.key) for r in records]
+    assert decode_columns(batch).records() == list(decoded)
 
 
 @FUZZ

@@ -115,6 +115,9 @@ def test_pure_cli_helpers() -> None:
                     '"value_encoding": "utf-8"}')
     binary = json.loads(record_json(Record(b"\xff", {}, 0, 0)))
     assert (binary["value"], binary["value_encoding"]) == ("/w==", "base64")
+    keyed = json.loads(record_json(Record(b"v", {}, 0, 0, b"k")))
+    assert (keyed["key"], keyed["key_encoding"]) == ("k", "utf-8")
+    assert json.loads(record_json(Record(b"v", {}, 0, 0, b"\xfe")))["key"] == "/g=="
     assert (human_bytes(0), human_bytes(1536), human_bytes(None)) == ("0 B", "1.5 KiB", "-")
     assert percentile([], 0.5) == 0.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0

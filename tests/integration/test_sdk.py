@@ -43,6 +43,23 @@ async def test_append_then_read_back_across_ranges(cluster: Cluster) -> None:
         assert meta.epoch == 2
 
 
+async def test_record_keys_round_trip_and_records_without_keys_read_none(
+    cluster: Cluster,
+) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("keyed")
+        async with await client.open_writer("keyed") as writer:
+            offsets = await asyncio.gather(
+                writer.append(b"plain"), writer.append(b"keyed", key=b"k1"),
+                writer.append(b"both", headers={"h": "\udcff"}, key=b""))
+            assert await writer.append_batch([estream.Record(b"rec", key=b"k2")]) == [3]
+        assert list(offsets) == [0, 1, 2]
+        records = [r async for r in client.read("keyed")]
+        assert [(r.value, r.key) for r in records] == [
+            (b"plain", None), (b"keyed", b"k1"), (b"both", b""), (b"rec", b"k2")]
+        assert records[2].headers == {"h": "\udcff"}
+
+
 async def test_second_writer_fences_the_first(cluster: Cluster) -> None:
     async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream("fencing")

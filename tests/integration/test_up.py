@@ -168,7 +168,7 @@ def test_sigint_stops_every_child_and_a_restart_keeps_the_data(cluster: UpCluste
     up.cli("stream", "create", "durable")
     up.cli("append", "durable", stdin="".join(f"rec-{i}\n" for i in range(20)))
     pids = up.child_pids()
-    assert len(pids) == 6 and all(pid_alive(p) for p in pids.values())
+    assert len(pids) == 7 and all(pid_alive(p) for p in pids.values())  # and kafka-0
     assert up.stop(signal.SIGINT) == 0
     assert "stopped every process" in up.output()
     assert up.leftover == [] and not any(pid_alive(p) for p in pids.values())

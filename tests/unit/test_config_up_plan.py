@@ -65,3 +65,31 @@ def test_pd_nodes_join_once_the_cluster_was_bootstrapped() -> None:
     later = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100, join=True)
     assert all("--join" in pd.args for pd in later.pd)
     assert all("--join" not in rs.args for rs in later.range_servers)
+
+
+def test_one_kafka_gateway_at_b_plus_40_by_default() -> None:
+    plan = plan_cluster(Path("/d"), 3, 3, "127.0.0.1", 7100)
+    assert plan.kafka_addresses == "127.0.0.1:7140"
+    (gateway,) = plan.kafka
+    assert gateway.kind == "kafka" and gateway in plan.children
+    assert gateway.args == ("--listen", "127.0.0.1:7140", "--pd", plan.pd_addresses,
+                            "--http", "127.0.0.1:7150")
+    three = plan_cluster(Path("/d"), 3, 3, "h", 7100, kafka_gateways=3)
+    assert three.kafka_addresses == "h:7140,h:7141,h:7142"
+    assert plan_cluster(Path("/d"), 3, 3, "h", 7100, kafka_gateways=0).kafka == ()
+
+
+def test_no_kafka_gateway_where_range_servers_reach_its_port() -> None:
+    plan = plan_cluster(Path("d"), 3, 11, "h", 7100)  # rs-10 listens on B+40
+    assert plan.kafka == ()
+    with pytest.raises(PlanError):
+        plan_cluster(Path("d"), 3, 11, "h", 7100, kafka_gateways=1)
+    with pytest.raises(PlanError):
+        plan_cluster(Path("d"), 3, 3, "h", 7100, kafka_gateways=11)
+
+
+def test_every_port_is_distinct_with_kafka_gateways() -> None:
+    plan = plan_cluster(Path("d"), 9, 10, "h", 20000, kafka_gateways=10)
+    ports = [c.address for c in plan.children] + [c.http for c in plan.children]
+    ports += [c.args[c.args.index("--raft") + 1] for c in plan.pd]
+    assert len(ports) == len(set(ports)) == 9 * 3 + 10 * 2 + 10 * 2

@@ -13,6 +13,8 @@ The rings, innermost first (a ring may import itself and the rings listed for it
 ``pd.shell``           wire, core, net, server, pd
 ``rangeserver``        wire, rangeserver (the range server's pure decisions)
 ``rangeserver.shell``  wire, core, net, server, rangeserver
+``estream.kafka``      wire (the Kafka gateway's pure protocol, records, topics)
+``estream.kafka.shell`` wire, core, net, sdk, server, kafka (the gateway's server)
 ``estream.cli``,       anything (they assemble processes)
 ``estream.devcluster``
 =====================  ==========================================================
@@ -56,10 +58,14 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rangeserver": frozenset({"estream.wire"}),
     "rangeserver.shell": frozenset({"estream.wire", "estream.core", "estream.net",
                                     "estream.server", "rangeserver"}),
+    "estream.kafka": frozenset({"estream.wire"}),
+    "estream.kafka.shell": frozenset({"estream", "estream.wire", "estream.core",
+                                      "estream.net", "estream.sdk", "estream.server",
+                                      "estream.kafka"}),
 }
 ASSEMBLERS = ("estream.cli", "estream.devcluster")
 
-PURE_RINGS = ("estream.wire", "estream.core", "pd", "rangeserver")
+PURE_RINGS = ("estream.wire", "estream.core", "pd", "rangeserver", "estream.kafka")
 PURE_EXTRA = ("estream", "estream.spark.planning", "estream.spark.commit", "estream.spark.options",
               "estream.spark.routing")
 FORBIDDEN = frozenset({

@@ -62,6 +62,7 @@ def test_a_maximal_record_fits_in_a_batch() -> None:
         BATCH_HEADER_BYTES
         + RECORD_PREFIX_BYTES
         + limits.record_headers_bytes_max
+        + 5 + limits.record_key_bytes_max  # an extended head's marker and key length
         + limits.record_value_bytes_max
         <= limits.batch_bytes_max
     )

@@ -150,7 +150,7 @@ def test_hmac_digest_verifies_and_refuses_forgery_and_misplacement() -> None:
 def test_unknown_flags_and_bad_system_blocks_are_malformed() -> None:
     batch = bytearray(wrap(encode_records(RECORDS, producer_id="p", sequences=[1, 2, 3, 4, 5])))
     bad = bytearray(batch)
-    bad[3] = 0x08
+    bad[3] = 0x10  # 0x08 is KEYED since record keys; 0x10 is unknown
     with pytest.raises(MalformedBatch):
         decode_header(bytes(bad))
     bad = bytearray(batch)

@@ -1,0 +1,108 @@
+"""Idempotent Kafka producers on one partition: which batches to append, which are
+retried duplicates, which are out of order.
+
+A Kafka idempotent producer (a producer id and epoch from InitProducerId) numbers its
+records per partition from 0; each batch carries its first record's sequence. Per
+partition, :class:`ProducerTable` keeps for each producer its epoch, the next sequence it
+expects and the last :data:`batches_kept` batches (first sequence -> first offset), as a
+Kafka broker does:
+
+- the next sequence (or, for a producer it does not know, any): append;
+- a batch it keeps: a retried duplicate, answered with the offset it got;
+- an older epoch: fenced (INVALID_PRODUCER_EPOCH); a newer one starts over from 0;
+- anything else: out of order (OUT_OF_ORDER_SEQUENCE_NUMBER), nothing stored.
+
+The table lives in the gateway holding the partition's writer, so a retry after that
+gateway's death can be stored twice (docs/KAFKA.md). Bounded: :data:`producers_max` per
+partition, the least recently used forgotten first.
+
+>>> table = ProducerTable()
+>>> table.decide(7, 0, 0, 3)
+Decision(kind='append', offset=-1)
+>>> table.appended(7, 0, 0, 3)
+>>> table.stored(7, 0, 100)
+>>> table.decide(7, 0, 0, 3), table.decide(7, 0, 5, 1), table.decide(7, 0, 3, 2).kind
+(Decision(kind='duplicate', offset=100), Decision(kind='out_of_order', offset=-1), 'append')
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+batches_kept: Final = 5  # Kafka's max.in.flight.requests.per.connection for idempotence
+producers_max: Final = 10_000  # per partition
+
+Kind = Literal["append", "duplicate", "out_of_order", "fenced"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    kind: Kind
+    offset: int = -1  # a duplicate's first offset
+
+
+@dataclass(slots=True)
+class _Producer:
+    epoch: int
+    next_sequence: int
+    batches: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)
+    # first sequence -> (record count, first offset)
+
+
+class ProducerTable:
+    """The idempotent producers of one partition."""
+
+    def __init__(self) -> None:
+        self._producers: OrderedDict[int, _Producer] = OrderedDict()
+
+    def decide(self, producer_id: int, epoch: int, first_sequence: int, count: int) -> Decision:
+        """What to do with a batch of ``count`` records from ``first_sequence`` on."""
+        known = self._producers.get(producer_id)
+        if known is None:
+            return Decision("append")
+        self._producers.move_to_end(producer_id)
+        if epoch < known.epoch:
+            return Decision("fenced")
+        if epoch > known.epoch:
+            return Decision("append" if first_sequence == 0 else "out_of_order")
+        kept = known.batches.get(first_sequence)
+        if kept is not None and kept[0] == count:
+            return Decision("duplicate", kept[1])
+        if first_sequence == known.next_sequence:
+            return Decision("append")
+        return Decision("out_of_order")
+
+    def appended(self, producer_id: int, epoch: int, first_sequence: int, count: int,
+                 first_offset: int = -1) -> None:
+        """A batch :meth:`decide` said to append is taken: remember it before the next
+        batch is decided (its first offset, once known, with :meth:`stored`; a duplicate
+        of it before then is answered with offset -1)."""
+        known = self._producers.get(producer_id)
+        if known is None or epoch != known.epoch:
+            known = _Producer(epoch, 0)
+            self._producers[producer_id] = known
+        self._producers.move_to_end(producer_id)
+        known.next_sequence = first_sequence + count
+        known.batches[first_sequence] = (count, first_offset)
+        while len(known.batches) > batches_kept:
+            known.batches.popitem(last=False)
+        while len(self._producers) > producers_max:
+            self._producers.popitem(last=False)
+
+    def stored(self, producer_id: int, first_sequence: int, first_offset: int) -> None:
+        """The batch from ``first_sequence`` is durable from ``first_offset`` on."""
+        known = self._producers.get(producer_id)
+        kept = known.batches.get(first_sequence) if known is not None else None
+        if known is not None and kept is not None:
+            known.batches[first_sequence] = (kept[0], first_offset)
+
+    def failed(self, producer_id: int) -> None:
+        """An append of this producer failed: forget it, so that its retry is taken."""
+        self._producers.pop(producer_id, None)
+
+    def __len__(self) -> int:
+        return len(self._producers)

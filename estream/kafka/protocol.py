@@ -1,0 +1,359 @@
+"""The Kafka wire protocol's framing, request headers, versions and responses, over kio.
+
+A Kafka connection carries size-prefixed frames (int32 big-endian, then that many bytes).
+A request frame starts with its header (api_key i16, api_version i16, correlation_id i32,
+client_id nullable string; flexible versions add tagged fields), then the body, decoded
+with kio's generated reader for that API and version (docs/ARCHITECTURE.md 2.12 says why
+kio). A response is the correlation id (flexible versions but ApiVersions: then empty
+tagged fields) and the body, encoded with kio's writer.
+
+:data:`SUPPORTED` lists the APIs and versions the gateway serves (what ApiVersions
+answers). A request for anything else gets :func:`unsupported_response`: the same API and
+version's response with every error code UNSUPPORTED_VERSION when kio knows its layout,
+else the correlation id and that error code; the connection stays open.
+
+:func:`build` makes a kio entity from plain values (ints, str, bytes), filling the fields
+a version lacks a value for with zeros, so one handler serves every version.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib
+import io
+import struct
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar, get_args, get_origin
+
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+from estream.wire.errors import (
+    Closed,
+    EstreamError,
+    Fenced,
+    FrameTooLarge,
+    InvalidArgument,
+    MalformedBatch,
+    MalformedFrame,
+    StreamExists,
+    StreamNotFound,
+)
+
+PRODUCE: Final = 0
+FETCH: Final = 1
+LIST_OFFSETS: Final = 2
+METADATA: Final = 3
+API_VERSIONS: Final = 18
+CREATE_TOPICS: Final = 19
+DELETE_TOPICS: Final = 20
+INIT_PRODUCER_ID: Final = 22
+
+# api key -> (min version, max version) served; Kafka 2.1 and later clients negotiate
+# within these (topic ids, from Fetch 13 / Metadata 10 / Produce 13 on, are not served).
+SUPPORTED: Final[dict[int, tuple[int, int]]] = {
+    PRODUCE: (3, 9),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 7),
+    METADATA: (0, 9),
+    API_VERSIONS: (0, 3),
+    CREATE_TOPICS: (2, 5),
+    DELETE_TOPICS: (1, 5),
+    INIT_PRODUCER_ID: (0, 4),
+}
+API_NAMES: Final = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
+                    METADATA: "Metadata", API_VERSIONS: "ApiVersions",
+                    CREATE_TOPICS: "CreateTopics", DELETE_TOPICS: "DeleteTopics",
+                    INIT_PRODUCER_ID: "InitProducerId"}
+
+frame_bytes_max: Final = 100 * 1024 * 1024  # one request (Kafka's socket.request.max.bytes)
+frame_bytes_min: Final = 8  # api key, version, correlation id
+client_id_bytes_max: Final = 32 * 1024
+_SIZE: Final = struct.Struct(">i")
+_HEAD: Final = struct.Struct(">hhi")
+
+E = TypeVar("E")
+
+
+class FrameDecoder:
+    """Splits a byte stream into request frames; buffers at most one frame.
+
+    >>> d = FrameDecoder()
+    >>> d.feed(bytes(3))
+    []
+    >>> d.feed(b"\\x08" + bytes(8) + b"\\x00\\x00")
+    [b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00']
+    >>> d.buffered
+    2
+    """
+
+    def __init__(self, frame_bytes_max_: int = frame_bytes_max) -> None:
+        self._buffer = bytearray()
+        self._max = frame_bytes_max_
+        self.failed: EstreamError | None = None
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The whole frames completed by ``data``. A size above the limit
+        (:class:`FrameTooLarge`) or below a header's (:class:`MalformedFrame`) ends the
+        stream: the frames before it are returned, :attr:`failed` says why, :meth:`head`
+        has the bad frame's first bytes, and any later feed raises that error."""
+        if self.failed is not None:
+            raise self.failed
+        self._buffer += data
+        frames: list[bytes] = []
+        buf = self._buffer
+        pos = 0
+        while len(buf) - pos >= 4:
+            (size,) = _SIZE.unpack_from(buf, pos)
+            if size > self._max:
+                self.failed = FrameTooLarge(f"Kafka request of {size} bytes exceeds {self._max}")
+                break
+            if size < frame_bytes_min:
+                self.failed = MalformedFrame(
+                    f"Kafka request of {size} bytes is shorter than a header")
+                break
+            if len(buf) - pos - 4 < size:
+                break
+            frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
+            pos += 4 + size
+        del buf[:pos]
+        return frames
+
+    def head(self) -> bytes:
+        """The buffered bytes of the frame not yet complete (after :attr:`failed`: the bad
+        frame), its size prefix first."""
+        return bytes(self._buffer[: 4 + frame_bytes_min])
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """A request's header, and where its body starts in the frame."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body_at: int
+
+    @property
+    def supported(self) -> bool:
+        low, high = SUPPORTED.get(self.api_key, (1, 0))
+        return low <= self.api_version <= high
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id): what any answer needs, from any frame of
+    at least :data:`frame_bytes_min` bytes."""
+    key, version, correlation = _HEAD.unpack_from(frame, 0)
+    return int(key), int(version), int(correlation)
+
+
+def parse_header(frame: bytes) -> RequestHeader:
+    """The header of a supported request (see :attr:`RequestHeader.supported` first).
+    Raises :class:`MalformedFrame`."""
+    key, version, correlation = peek_header(frame)
+    pos = 8
+    if len(frame) < pos + 2:
+        raise MalformedFrame("Kafka request header cut short")
+    (size,) = struct.unpack_from(">h", frame, pos)
+    pos += 2
+    client_id: str | None = None
+    if size >= 0:
+        if size > client_id_bytes_max or pos + size > len(frame):
+            raise MalformedFrame("Kafka request client id runs past its frame")
+        client_id = frame[pos : pos + size].decode("utf-8", "replace")
+        pos += size
+    if _flexible(load_request_schema(key, version)):
+        pos = skip_tagged_fields(frame, pos)
+    return RequestHeader(key, version, correlation, client_id, pos)
+
+
+def skip_tagged_fields(data: bytes, pos: int) -> int:
+    """The position after a tagged-fields section at ``pos``."""
+    count, pos = _uvarint(data, pos)
+    for _ in range(count):
+        _, pos = _uvarint(data, pos)
+        size, pos = _uvarint(data, pos)
+        pos += size
+        if pos > len(data):
+            raise MalformedFrame("Kafka tagged field runs past its frame")
+    return pos
+
+
+def _uvarint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        if pos >= len(data) or shift > 28:
+            raise MalformedFrame("bad unsigned varint in a Kafka request header")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _flexible(schema: type) -> bool:
+    return bool(getattr(schema, "__flexible__", False))
+
+
+def decode_request(header: RequestHeader, frame: bytes) -> Any:
+    """The body of a supported request as its kio entity. Raises :class:`MalformedFrame`
+    (kio's errors on bad bytes are many: each becomes that)."""
+    schema = load_request_schema(header.api_key, header.api_version)
+    try:
+        body, size = entity_reader(schema)(frame, header.body_at)
+    except Exception as exc:  # noqa: BLE001 - kio raises many types on garbage
+        raise MalformedFrame(f"undecodable {API_NAMES[header.api_key]} v"
+                             f"{header.api_version} request: {exc}") from None
+    if header.body_at + size != len(frame):
+        raise MalformedFrame(f"{len(frame) - header.body_at - size} bytes after a "
+                             f"{API_NAMES[header.api_key]} request")
+    return body
+
+
+def encode_response(api_key: int, correlation_id: int, body: Any) -> bytes:
+    """A whole response frame (size prefix included) for ``body``, a kio response."""
+    out = io.BytesIO()
+    out.write(b"\x00\x00\x00\x00")
+    out.write(struct.pack(">i", correlation_id))
+    if _flexible(type(body)) and api_key != API_VERSIONS:
+        out.write(b"\x00")  # response header v1: no tagged fields
+    entity_writer(type(body))(out, body)
+    data = out.getbuffer()
+    _SIZE.pack_into(data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def response_schema(api_key: int, api_version: int) -> Any:
+    """The kio module-level response class of an API version."""
+    return load_response_schema(api_key, api_version)
+
+
+def error_response(api_key: int, api_version: int, correlation_id: int,
+                   error: ErrorCode = ErrorCode.unsupported_version) -> bytes:
+    """The answer to a request the gateway cannot serve (an API or version it does not
+    serve: UNSUPPORTED_VERSION; a body that does not decode: INVALID_REQUEST; a frame
+    too large: MESSAGE_TOO_LARGE): ApiVersions v0 with the supported list for an
+    ApiVersions (what Kafka answers one it does not know), else the API's response with
+    ``error`` in every error code when kio knows its layout, else the correlation id and
+    the error code alone."""
+    if api_key == API_VERSIONS:
+        low, high = SUPPORTED[API_VERSIONS]
+        version = api_version if low <= api_version <= high else 0
+        return encode_response(API_VERSIONS, correlation_id,
+                               api_versions_response(version, error))
+    try:
+        schema = load_response_schema(api_key, api_version)
+    except (UnknownAPIKey, UnknownEntity):
+        body = struct.pack(">ih", correlation_id, error.value)
+        return _SIZE.pack(len(body)) + body
+    return encode_response(api_key, correlation_id, build(schema, _error=error))
+
+
+def api_versions_response(version: int, error: ErrorCode = ErrorCode.none) -> Any:
+    """ApiVersions' answer: every supported API with its versions."""
+    schema = load_response_schema(API_VERSIONS, version)
+    keys = tuple(build(nested(schema, "ApiVersion"), api_key=k, min_version=lo, max_version=hi)
+                 for k, (lo, hi) in sorted(SUPPORTED.items()))
+    return build(schema, error_code=error, api_keys=keys, throttle_time=0)
+
+
+def nested(schema: Any, name: str) -> Any:
+    """A nested entity class of the module that defines ``schema`` (e.g. the response's
+    ``MetadataResponseTopic``)."""
+    return getattr(importlib.import_module(schema.__module__), name)
+
+
+def build(schema: Callable[..., E], _error: ErrorCode = ErrorCode.none, **values: Any) -> E:
+    """A kio entity of ``schema`` from plain values: fields it does not have are dropped,
+    fields without a value and without a default get zero (error codes ``_error``)."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(schema):  # type: ignore[arg-type]
+        if f.name in values:
+            kwargs[f.name] = _coerce(values[f.name], f.type)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs[f.name] = _zero(f.type, _error)
+    return schema(**kwargs)
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    if value is None:
+        return None
+    if get_origin(hint) in (types.UnionType,) or type(hint) is types.UnionType:
+        hint = next(a for a in get_args(hint) if a is not type(None))
+    if not isinstance(hint, type) or isinstance(value, hint):
+        return value
+    if issubclass(hint, datetime.timedelta):
+        return hint.parse(datetime.timedelta(milliseconds=int(value)))  # type: ignore[attr-defined]
+    if issubclass(hint, datetime.datetime):  # ms since the epoch; negative: null
+        if int(value) < 0:
+            return None
+        return datetime.datetime.fromtimestamp(int(value) / 1000, datetime.UTC)
+    if issubclass(hint, bool):
+        return bool(value)
+    if issubclass(hint, int | str | bytes):
+        return hint(value)
+    return value
+
+
+def _zero(hint: Any, error: ErrorCode) -> Any:
+    if type(hint) is types.UnionType:
+        return None
+    if get_origin(hint) is tuple:
+        return ()
+    if hint is ErrorCode:
+        return error
+    if isinstance(hint, type):
+        if issubclass(hint, datetime.timedelta):
+            return hint.parse(datetime.timedelta(0))  # type: ignore[attr-defined]
+        if issubclass(hint, bool):
+            return False
+        if issubclass(hint, int | str | bytes):
+            return hint()
+        if hint.__name__ == "UUID":
+            maker: Any = hint
+            return maker(int=0)
+        if dataclasses.is_dataclass(hint):
+            return build(hint, _error=error)
+    raise TypeError(f"no zero value for {hint!r}")
+
+
+def error_code(exc: BaseException) -> ErrorCode:
+    """The Kafka error code for an error met serving a partition or topic."""
+    if isinstance(exc, StreamNotFound):
+        return ErrorCode.unknown_topic_or_partition
+    if isinstance(exc, StreamExists):
+        return ErrorCode.topic_already_exists
+    if isinstance(exc, MalformedBatch):
+        return ErrorCode.corrupt_message
+    if isinstance(exc, InvalidArgument):
+        argument = getattr(exc, "argument", "")
+        if argument in ("value", "key", "records"):
+            return ErrorCode.message_too_large
+        if argument == "compression":
+            return ErrorCode.unsupported_compression_type
+        if argument in ("topic", "name"):
+            return ErrorCode.invalid_topic_exception
+        if argument in ("replication_factor", "replicas"):
+            return ErrorCode.invalid_replication_factor
+        if argument in ("num_partitions", "partition"):
+            return ErrorCode.invalid_partitions
+        return ErrorCode.invalid_record
+    if isinstance(exc, TimeoutError):
+        return ErrorCode.request_timed_out
+    if isinstance(exc, Fenced | Closed) or isinstance(exc, EstreamError) and exc.retriable:
+        # The partition's writer was fenced (another writer) or closed: the gateway opens
+        # a new one on the next request, so the client's retry goes through.
+        return ErrorCode.not_leader_or_follower  # retriable: clients refresh and retry
+    return ErrorCode.unknown_server_error

@@ -1,0 +1,106 @@
+"""``estream kafka``: run one Kafka gateway process on uvloop.
+
+    estream kafka --listen H:P --pd H:P,H:P,H:P [--advertise H:P] [--http H:P]
+
+Serves the Kafka wire protocol (docs/KAFKA.md) for the cluster whose PD nodes ``--pd``
+names (or ``ESTREAM_PD``). ``--advertise``: the address Metadata gives clients (default:
+the bound address). Prints ``listening on H:P`` (the real port, also for ``--listen
+H:0``) once it serves, and ``http on H:P`` for ``--http`` (``/healthz``, ``/metrics``).
+SIGTERM or SIGINT: stop, closing the partitions' writers (everything acknowledged stays).
+Bad flag values: a one-line error and exit code 2.
+
+Side effects: the listening sockets, signal handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from typing import NoReturn
+
+import uvloop
+
+import estream
+from estream.kafka.shell.gateway import Gateway
+from estream.kafka.shell.http import build_app, start_http
+from estream.wire.errors import EstreamError
+
+log = logging.getLogger("estream.kafka")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"estream kafka: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(prog="estream kafka", description="Serve the Kafka protocol over "
+                     "estream streams (partition p of topic T is the stream T-p).")
+    parser.add_argument("--listen", type=_address, required=True, metavar="HOST:PORT")
+    parser.add_argument("--pd", default=os.environ.get("ESTREAM_PD"), metavar="H:P,...",
+                        help="PD addresses (default: ESTREAM_PD)")
+    parser.add_argument("--advertise", type=_address, default=None, metavar="HOST:PORT",
+                        help="the address Metadata names (default: the bound one)")
+    parser.add_argument("--http", type=_address, default=None, metavar="HOST:PORT",
+                        help="serve /healthz and /metrics there")
+    args = parser.parse_args(argv)
+    if not args.pd:
+        parser.error("--pd (or ESTREAM_PD) is required")
+    return args
+
+
+async def serve(args: argparse.Namespace) -> int:
+    client = await estream.connect(args.pd)
+    host, port = args.listen
+    gateway: Gateway | None = None
+    server: asyncio.Server | None = None
+    http_runner = None
+    try:
+        gateway = Gateway(client, ("", 0))
+        server = await asyncio.start_server(gateway.serve, host, port, limit=1 << 20)
+        bound = server.sockets[0].getsockname()
+        gateway.advertise = args.advertise or (bound[0], bound[1])
+        print(f"listening on {bound[0]}:{bound[1]}", flush=True)
+        if args.http is not None:
+            http_runner, http_bound = await start_http(build_app(gateway), *args.http)
+            print(f"http on {http_bound}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        if server is not None:
+            server.close()
+        if http_runner is not None:
+            await http_runner.cleanup()
+        if gateway is not None:
+            await gateway.close()
+        with contextlib.suppress(Exception):
+            await client.close()
+    print("stopped", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return uvloop.run(serve(args))
+    except (EstreamError, OSError) as exc:
+        print(f"estream kafka: {exc}", file=sys.stderr)
+        return 1

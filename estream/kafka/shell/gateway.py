@@ -1,0 +1,581 @@
+"""The Kafka gateway's server: Kafka connections served through the SDK.
+
+One :class:`Gateway` per process holds one SDK :class:`~estream.sdk.client.Client`, a
+writer per partition it has produced to (opened on first use, under a lock so that it
+never fences itself, dropped when it fails) and the request counters. Each connection
+reads frames (:class:`~estream.kafka.protocol.FrameDecoder`), starts one task per request
+and answers them strictly in order (Kafka clients match answers by order), with at most
+:data:`requests_in_flight_max` requests in flight: past that it stops reading. A request
+it does not serve gets an UNSUPPORTED_VERSION answer, a body that does not decode an
+INVALID_REQUEST answer; a frame past the size limit or shorter than a header is answered
+(when its header can be read) and the connection closed: the stream cannot be resynced.
+The process keeps serving every other connection.
+
+Side effects: the listening socket, the SDK's connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from estream.kafka import protocol as kp
+from estream.kafka.convert import estream_headers, fetch_batch
+from estream.kafka.producers import ProducerTable
+from estream.kafka.records import KafkaBatch, decode_batches
+from estream.kafka.topics import (
+    ack_count_for,
+    check_partitions,
+    check_topic,
+    replicas_for,
+    stream_name,
+    topics_of,
+)
+from estream.sdk.client import Client
+from estream.sdk.writer import PendingAppend, Writer
+from estream.wire.errors import (
+    EstreamError,
+    FrameTooLarge,
+    InvalidArgument,
+    MalformedFrame,
+    StreamExists,
+    StreamNotFound,
+)
+
+log = logging.getLogger("estream.kafka")
+
+requests_in_flight_max: Final = 64  # per connection; reading pauses past it
+connections_max: Final = 1024  # open Kafka connections; one past it is closed at once
+writers_max: Final = 4096  # partition writers held open; past it the least recently used
+#   one is closed (it reopens, fencing nothing of its own, on its next produce)
+read_chunk_bytes: Final = 256 * 1024
+fetch_wait_ms_max: Final = 30_000  # the longest long poll held, whatever max_wait_ms says
+produce_timeout_ms_max: Final = 120_000
+record_bytes_guess: Final = 256  # a stream's record size before its first fetch
+NODE_ID: Final = 0
+CLUSTER_ID: Final = "estream"
+TOPIC_TYPE: Final = "kafka"  # the stream type CreateTopics gives partitions
+# InitProducerId: each producer id is a new epoch of this stream (Raft-committed in PD,
+# strictly increasing), so ids are unique across gateways and restarts.
+PRODUCER_IDS_STREAM: Final = "__kafka_producer_ids"
+_SEQUENCE_ERRORS: Final = {"out_of_order": ErrorCode.out_of_order_sequence_number,
+                           "fenced": ErrorCode.invalid_producer_epoch}
+
+
+class Gateway:
+    """Serves Kafka connections for the streams of one cluster."""
+
+    def __init__(self, client: Client, advertise: tuple[str, int]) -> None:
+        self.client = client
+        self.advertise = advertise
+        self.requests: Counter[tuple[str, str]] = Counter()  # (api, error) -> count
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.connections = 0
+        self._writers: OrderedDict[str, Writer] = OrderedDict()  # least recently used first
+        self._locks: dict[str, asyncio.Lock] = {}  # per stream while its writer opens
+        self._background: set[asyncio.Task[Any]] = set()
+        self._record_bytes: dict[str, int] = {}  # per stream: bytes per record last fetched
+        # Per stream with a writer here: its idempotent producers (dropped with the writer).
+        self._producers: dict[str, ProducerTable] = {}
+        self._handlers: dict[int, Callable[[Any, int], Awaitable[Any]]] = {
+            kp.API_VERSIONS: self._api_versions,
+            kp.METADATA: self._metadata,
+            kp.PRODUCE: self._produce,
+            kp.FETCH: self._fetch,
+            kp.LIST_OFFSETS: self._list_offsets,
+            kp.CREATE_TOPICS: self._create_topics,
+            kp.DELETE_TOPICS: self._delete_topics,
+            kp.INIT_PRODUCER_ID: self._init_producer_id,
+        }
+
+    # -- connections --------------------------------------------------------------------
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection, until the peer closes it or sends a frame that cannot be
+        delimited."""
+        if self.connections >= connections_max:
+            self.requests[("connection", "REFUSED")] += 1
+            writer.close()
+            return
+        self.connections += 1
+        decoder = kp.FrameDecoder()
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+            requests_in_flight_max)
+        sender = asyncio.ensure_future(self._send_in_order(answers, writer))
+        try:
+            while not sender.done():
+                data = await reader.read(read_chunk_bytes)
+                if not data:
+                    break
+                self.bytes_in += len(data)
+                for frame in decoder.feed(data):
+                    await answers.put(asyncio.ensure_future(self._answer(frame)))
+                if decoder.failed is not None:
+                    await answers.put(asyncio.ensure_future(
+                        self._refuse_stream(decoder.head(), decoder.failed)))
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                answers.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(sender), fetch_wait_ms_max / 1000 + 5)
+            sender.cancel()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self.connections -= 1
+
+    async def _send_in_order(
+        self, answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        while True:
+            task = await answers.get()
+            if task is None:
+                return
+            try:
+                answer = await task
+            except Exception:  # noqa: BLE001 - a handler's bug must not end the others
+                log.exception("a Kafka request failed")
+                answer = None
+            if answer is not None:
+                writer.write(answer)
+                self.bytes_out += len(answer)
+                await writer.drain()
+
+    async def _refuse_stream(self, data: bytes, exc: EstreamError) -> bytes | None:
+        """The answer to a frame that cannot be delimited (too large, too short; ``data``:
+        its first bytes): the API's error answer when its header arrived, else none (the
+        connection closes)."""
+        error = ErrorCode.message_too_large if isinstance(exc, FrameTooLarge) else (
+            ErrorCode.invalid_request)
+        self.requests[("frame", error.name.upper())] += 1
+        log.info("closing a Kafka connection: %s", exc)
+        if len(data) < 4 + kp.frame_bytes_min:
+            return None
+        key, version, correlation = kp.peek_header(data[4:])
+        return kp.error_response(key, version, correlation, error)
+
+    async def _answer(self, frame: bytes) -> bytes | None:
+        key, version, correlation = kp.peek_header(frame)
+        api = kp.API_NAMES.get(key, str(key))
+        header = kp.RequestHeader(key, version, correlation, None, 0)
+        if not header.supported:
+            self.requests[(api, "UNSUPPORTED_VERSION")] += 1
+            return kp.error_response(key, version, correlation, ErrorCode.unsupported_version)
+        try:
+            header = kp.parse_header(frame)
+            request = kp.decode_request(header, frame)
+        except MalformedFrame as exc:
+            self.requests[(api, "INVALID_REQUEST")] += 1
+            log.info("invalid %s request: %s", api, exc)
+            return kp.error_response(key, version, correlation, ErrorCode.invalid_request)
+        try:
+            body = await self._handlers[key](request, version)
+        except Exception:  # noqa: BLE001 - a bug answers an error, the others go on
+            log.exception("serving a %s v%d request", api, version)
+            self.requests[(api, "UNKNOWN_SERVER_ERROR")] += 1
+            return kp.error_response(key, version, correlation,
+                                     ErrorCode.unknown_server_error)
+        self.requests[(api, "NONE")] += 1
+        if body is None:  # Produce with acks=0: no answer
+            return None
+        return kp.encode_response(key, correlation, body)
+
+    # -- ApiVersions, Metadata ----------------------------------------------------------
+
+    async def _api_versions(self, request: Any, version: int) -> Any:
+        return kp.api_versions_response(version)
+
+    async def _topic_counts(self) -> dict[str, int]:
+        return topics_of([meta.name async for meta in self.client.iter_streams()])
+
+    async def _metadata(self, request: Any, version: int) -> Any:
+        schema = kp.response_schema(kp.METADATA, version)
+        topic_cls = kp.nested(schema, "MetadataResponseTopic")
+        part_cls = kp.nested(schema, "MetadataResponsePartition")
+        counts = await self._topic_counts()
+        asked = request.topics
+        if asked is None or (version == 0 and not asked):
+            names = list(counts)
+        else:
+            names = [t.name for t in asked]
+        topics = []
+        for name in names:
+            count = counts.get(name or "", 0)
+            if not count:
+                topics.append(kp.build(topic_cls, name=name or "",
+                                       error_code=ErrorCode.unknown_topic_or_partition,
+                                       partitions=()))
+                continue
+            partitions = tuple(
+                kp.build(part_cls, error_code=ErrorCode.none, partition_index=p,
+                         leader_id=NODE_ID, leader_epoch=0, replica_nodes=(NODE_ID,),
+                         isr_nodes=(NODE_ID,), offline_replicas=())
+                for p in range(count))
+            topics.append(kp.build(topic_cls, error_code=ErrorCode.none, name=name,
+                                   is_internal=False, partitions=partitions,
+                                   topic_authorized_operations=-2147483648))
+        broker = kp.build(kp.nested(schema, "MetadataResponseBroker"), node_id=NODE_ID,
+                          host=self.advertise[0], port=self.advertise[1], rack=None)
+        return kp.build(schema, throttle_time=0, brokers=(broker,), cluster_id=CLUSTER_ID,
+                        controller_id=NODE_ID, topics=tuple(topics),
+                        cluster_authorized_operations=-2147483648)
+
+    # -- Produce ------------------------------------------------------------------------
+
+    async def _writer(self, name: str) -> Writer:
+        writer = self._writers.get(name)
+        if writer is not None and not writer.closed:
+            self._writers.move_to_end(name)
+            return writer
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            writer = self._writers.get(name)
+            if writer is None or writer.closed:
+                writer = await self.client.open_writer(name)
+                self._writers[name] = writer
+                while len(self._writers) > writers_max:
+                    oldest, idle = next(iter(self._writers.items()))
+                    self._drop_writer(oldest, idle)
+            return writer
+
+    def _drop_writer(self, name: str, writer: Writer) -> None:
+        if self._writers.get(name) is writer:
+            del self._writers[name]
+            self._producers.pop(name, None)
+            lock = self._locks.get(name)
+            if lock is not None and not lock.locked():
+                del self._locks[name]  # (a rare open racing it would fence, not lose)
+            self._spawn(writer.close())
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _produce_partition(self, topic: str, index: int, records: bytes | None
+                                 ) -> tuple[ErrorCode, int]:
+        name = stream_name(topic, index)
+        try:
+            if records is None:
+                raise MalformedFrame("a Produce partition without records")
+            batches = decode_batches(records)
+            writer = await self._writer(name)
+        except MalformedFrame:
+            return ErrorCode.corrupt_message, -1
+        except (EstreamError, TimeoutError) as exc:
+            return kp.error_code(exc), -1
+        # No await from here to the appends: an idempotent producer's batches are decided
+        # in the order they came.
+        table = self._producers.setdefault(name, ProducerTable())
+        now = int(time.time() * 1000)
+        first_offset: int | None = None
+        taken: list[tuple[KafkaBatch, list[PendingAppend]]] = []
+        for batch in batches:
+            count = len(batch.records)
+            if batch.producer_id >= 0:
+                decision = table.decide(batch.producer_id, batch.producer_epoch,
+                                        batch.base_sequence, count)
+                if decision.kind == "duplicate":
+                    first_offset = decision.offset if first_offset is None else first_offset
+                    continue
+                if decision.kind != "append":
+                    return _SEQUENCE_ERRORS[decision.kind], -1
+                table.appended(batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                               count)
+            taken.append((batch, [
+                writer.append(r.value or b"", estream_headers(r),
+                              r.timestamp if r.timestamp >= 0 else now, key=r.key)
+                for r in batch.records]))
+        try:
+            for batch, pending in taken:
+                offsets = await asyncio.gather(*pending)
+                if batch.producer_id >= 0:
+                    table.stored(batch.producer_id, batch.base_sequence, offsets[0])
+                first_offset = offsets[0] if first_offset is None else first_offset
+        except (EstreamError, TimeoutError) as exc:
+            for batch, _ in taken:
+                table.failed(batch.producer_id)
+            if not isinstance(exc, InvalidArgument):
+                self._drop_writer(name, writer)
+            return kp.error_code(exc), -1
+        return ErrorCode.none, -1 if first_offset is None else first_offset
+
+    async def _produce(self, request: Any, version: int) -> Any:
+        timeout_s = min(max(request.timeout.total_seconds(), 0.001),
+                        produce_timeout_ms_max / 1000)
+        jobs: list[tuple[str, int, asyncio.Task[tuple[ErrorCode, int]]]] = []
+        for topic in request.topic_data:
+            for part in topic.partition_data:
+                jobs.append((topic.name, part.index, asyncio.ensure_future(
+                    self._produce_partition(topic.name, part.index, part.records))))
+        if request.acks == 0:
+            for _, _, task in jobs:
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            return None
+        done, _ = await asyncio.wait([t for _, _, t in jobs], timeout=timeout_s)
+        schema = kp.response_schema(kp.PRODUCE, version)
+        topic_cls = kp.nested(schema, "TopicProduceResponse")
+        part_cls = kp.nested(schema, "PartitionProduceResponse")
+        by_topic: dict[str, list[Any]] = {}
+        for topic_name, index, task in jobs:
+            error, base = task.result() if task in done else (ErrorCode.request_timed_out, -1)
+            by_topic.setdefault(topic_name, []).append(kp.build(
+                part_cls, index=index, error_code=error, base_offset=base,
+                log_append_time=-1, log_start_offset=-1, record_errors=(),
+                error_message=None))
+        return kp.build(schema, throttle_time=0, responses=tuple(
+            kp.build(topic_cls, name=t, partition_responses=tuple(p))
+            for t, p in by_topic.items()))
+
+    # -- Fetch --------------------------------------------------------------------------
+
+    async def _fetch_partition(self, topic: str, index: int, offset: int, max_bytes: int
+                               ) -> tuple[ErrorCode, int, int, bytes]:
+        """(error, high watermark, log start, record batches) of one partition now."""
+        name = stream_name(topic, index)
+        try:
+            end = await self.client.end_offset(name)
+            start = (await self.client.stream_meta(name)).start_offset
+            if offset < start or offset > end:
+                return ErrorCode.offset_out_of_range, end, start, b""
+            parts: list[bytes] = []
+            size = records = 0
+            if offset < end:
+                # Read about max_bytes, not to the end: the reader asks for whole answers.
+                guess = self._record_bytes.get(name, record_bytes_guess)
+                stop = min(end, offset + max(1, max_bytes // max(1, guess)))
+                async for columns in self.client.read_batches(name, offset, stop):
+                    part = fetch_batch(columns)
+                    parts.append(part)
+                    size += len(part)
+                    records += columns.count
+                    if size >= max_bytes:
+                        break
+            if records:
+                self._record_bytes[name] = max(1, size // records)
+            return ErrorCode.none, end, start, b"".join(parts)
+        except (EstreamError, TimeoutError) as exc:
+            return kp.error_code(exc), -1, -1, b""
+
+    async def _fetch(self, request: Any, version: int) -> Any:
+        loop = asyncio.get_running_loop()
+        wait_s = min(max(request.max_wait.total_seconds(), 0.0), fetch_wait_ms_max / 1000)
+        deadline = loop.time() + wait_s
+        asked = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+                 for t in request.topics for p in t.partitions]
+        while True:
+            results = await asyncio.gather(*(
+                self._fetch_partition(topic, index, offset, max(1, limit))
+                for topic, index, offset, limit in asked))
+            total = sum(len(r[3]) for r in results)
+            remaining = deadline - loop.time()
+            if total >= max(1, request.min_bytes) or remaining <= 0 or not asked:
+                break
+            waits = [(topic, index, offset) for (topic, index, offset, _), r in
+                     zip(asked, results, strict=True) if r[0] == ErrorCode.none]
+            if not waits:
+                break
+            await self._wait_for_records(waits, remaining)
+        return self._fetch_response(version, asked, results, request.max_bytes)
+
+    def _fetch_response(self, version: int, asked: list[tuple[str, int, int, int]],
+                        results: list[tuple[ErrorCode, int, int, bytes]],
+                        max_bytes: int) -> Any:
+        schema = kp.response_schema(kp.FETCH, version)
+        topic_cls = kp.nested(schema, "FetchableTopicResponse")
+        part_cls = kp.nested(schema, "PartitionData")
+        by_topic: dict[str, list[Any]] = {}
+        budget = max(1, max_bytes)
+        for (topic, index, _, _), (error, high, start, data) in zip(asked, results,
+                                                                     strict=True):
+            if budget <= 0:
+                data = b""  # the first partition's data goes whatever its size
+            budget -= len(data)
+            by_topic.setdefault(topic, []).append(kp.build(
+                part_cls, partition_index=index, error_code=error, high_watermark=high,
+                last_stable_offset=high, log_start_offset=start, aborted_transactions=(),
+                preferred_read_replica=-1, records=data))
+        return kp.build(schema, throttle_time=0, error_code=ErrorCode.none, session_id=0,
+                        responses=tuple(kp.build(topic_cls, topic=t, partitions=tuple(p))
+                                        for t, p in by_topic.items()))
+
+    async def _wait_for_records(self, waits: list[tuple[str, int, int]], timeout_s: float
+                                ) -> None:
+        """Until one of the partitions has a record at or past its offset, or the time."""
+
+        async def first(name: str, offset: int) -> None:
+            batches: AsyncIterator[Any] = self.client.read_batches(name, offset, follow=True)
+            try:
+                await anext(batches)
+            finally:
+                await batches.aclose()  # type: ignore[attr-defined]
+
+        tasks = [asyncio.ensure_future(first(stream_name(t, p), o)) for t, p, o in waits]
+        try:
+            await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- ListOffsets --------------------------------------------------------------------
+
+    async def _list_offset(self, topic: str, index: int, timestamp: int
+                           ) -> tuple[ErrorCode, int, int]:
+        """(error, timestamp, offset) for -1 (latest), -2 (earliest) or a time in ms."""
+        name = stream_name(topic, index)
+        try:
+            if timestamp == -1:
+                return ErrorCode.none, -1, await self.client.end_offset(name)
+            if timestamp == -2:
+                return ErrorCode.none, -1, (await self.client.stream_meta(
+                    name, refresh=True)).start_offset
+            if timestamp < 0:
+                return ErrorCode.invalid_request, -1, -1
+            offset = await self.client.offset_for_time(name, timestamp)
+            end = await self.client.end_offset(name)
+            if offset >= end:
+                return ErrorCode.none, -1, -1
+            found = -1
+            async for record in self.client.read(name, offset, offset + 1):
+                found = record.timestamp
+            return ErrorCode.none, found, offset
+        except (EstreamError, TimeoutError) as exc:
+            return kp.error_code(exc), -1, -1
+
+    async def _list_offsets(self, request: Any, version: int) -> Any:
+        schema = kp.response_schema(kp.LIST_OFFSETS, version)
+        topic_cls = kp.nested(schema, "ListOffsetsTopicResponse")
+        part_cls = kp.nested(schema, "ListOffsetsPartitionResponse")
+        topics = []
+        for topic in request.topics:
+            found = await asyncio.gather(*(self._list_offset(topic.name, p.partition_index,
+                                                             p.timestamp)
+                                           for p in topic.partitions))
+            topics.append(kp.build(topic_cls, name=topic.name, partitions=tuple(
+                kp.build(part_cls, partition_index=p.partition_index, error_code=error,
+                         timestamp=ts, offset=offset, leader_epoch=0)
+                for p, (error, ts, offset) in zip(topic.partitions, found, strict=True))))
+        return kp.build(schema, throttle_time=0, topics=tuple(topics))
+
+    # -- InitProducerId -----------------------------------------------------------------
+
+    async def _init_producer_id(self, request: Any, version: int) -> Any:
+        schema = kp.response_schema(kp.INIT_PRODUCER_ID, version)
+        if request.transactional_id is not None:
+            return kp.build(schema, throttle_time=0, producer_id=-1, producer_epoch=-1,
+                            error_code=ErrorCode.transactional_id_authorization_failed)
+        known = int(getattr(request, "producer_id", -1))
+        epoch = int(getattr(request, "producer_epoch", -1))
+        if known >= 0 and 0 <= epoch < 32767:  # a producer bumping its epoch
+            return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
+                            producer_id=known, producer_epoch=epoch + 1)
+        try:
+            producer_id = await self._new_producer_id()
+        except (EstreamError, TimeoutError) as exc:
+            return kp.build(schema, throttle_time=0, producer_id=-1, producer_epoch=-1,
+                            error_code=kp.error_code(exc))
+        return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
+                        producer_id=producer_id, producer_epoch=0)
+
+    async def _new_producer_id(self) -> int:
+        """A producer id no gateway gave before: the epoch of a new writer of
+        :data:`PRODUCER_IDS_STREAM` (created on first use)."""
+        async with self._locks.setdefault(PRODUCER_IDS_STREAM, asyncio.Lock()):
+            with contextlib.suppress(StreamExists):
+                await self.client.create_stream(PRODUCER_IDS_STREAM, exist_ok=True)
+            writer = await self.client.open_writer(PRODUCER_IDS_STREAM)
+            self._spawn(writer.close())
+            return int(writer.epoch)
+
+    # -- CreateTopics, DeleteTopics -----------------------------------------------------
+
+    async def _create_topic(self, topic: Any, validate_only: bool) -> tuple[ErrorCode, str]:
+        try:
+            check_topic(topic.name)
+            partitions = 1 if topic.num_partitions == -1 else int(topic.num_partitions)
+            check_partitions(partitions)
+            replicas = replicas_for(int(topic.replication_factor))
+            retention: dict[str, int | None] = {"retention.ms": None, "retention.bytes": None}
+            for config in topic.configs:
+                if config.name in retention and config.value is not None:
+                    value = int(config.value)
+                    retention[config.name] = value if value >= 0 else None
+            if await self._exists(stream_name(topic.name, 0)):
+                return ErrorCode.topic_already_exists, f"topic {topic.name!r} exists"
+            if validate_only:
+                return ErrorCode.none, ""
+            for p in range(partitions):
+                await self.client.create_stream(
+                    stream_name(topic.name, p), replicas, ack_count_for(replicas),
+                    type=TOPIC_TYPE, exist_ok=True, retention_ms=retention["retention.ms"],
+                    retention_bytes=retention["retention.bytes"])
+            return ErrorCode.none, ""
+        except ValueError:
+            return ErrorCode.invalid_config, "retention configs take integers"
+        except (EstreamError, TimeoutError) as exc:
+            return kp.error_code(exc), str(exc)[:200]
+
+    async def _exists(self, name: str) -> bool:
+        try:
+            await self.client.describe_stream(name)
+        except StreamNotFound:
+            return False
+        return True
+
+    async def _create_topics(self, request: Any, version: int) -> Any:
+        schema = kp.response_schema(kp.CREATE_TOPICS, version)
+        result_cls = kp.nested(schema, "CreatableTopicResult")
+        results = []
+        for topic in request.topics:
+            error, message = await self._create_topic(topic, bool(request.validate_only))
+            results.append(kp.build(
+                result_cls, name=topic.name, error_code=error, error_message=message or None,
+                topic_config_error_code=ErrorCode.none,
+                num_partitions=topic.num_partitions, replication_factor=topic.replication_factor,
+                configs=()))
+        return kp.build(schema, throttle_time=0, topics=tuple(results))
+
+    async def _delete_topics(self, request: Any, version: int) -> Any:
+        schema = kp.response_schema(kp.DELETE_TOPICS, version)
+        result_cls = kp.nested(schema, "DeletableTopicResult")
+        counts = await self._topic_counts()
+        results = []
+        for name in request.topic_names:
+            error, message = ErrorCode.none, None
+            if name not in counts:
+                error = ErrorCode.unknown_topic_or_partition
+            else:
+                try:
+                    for p in range(counts[name]):
+                        stream = stream_name(name, p)
+                        writer = self._writers.get(stream)
+                        if writer is not None:
+                            self._drop_writer(stream, writer)
+                        await self.client.delete_stream(stream)
+                except (EstreamError, TimeoutError) as exc:
+                    error, message = kp.error_code(exc), str(exc)[:200]
+            results.append(kp.build(result_cls, name=name, error_code=error,
+                                    error_message=message))
+        return kp.build(schema, throttle_time=0, responses=tuple(results))
+
+    async def close(self) -> None:
+        for writer in list(self._writers.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.close(), 10)
+        self._writers.clear()
+        for task in list(self._background):
+            task.cancel()

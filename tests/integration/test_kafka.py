@@ -1,0 +1,418 @@
+"""The Kafka gateway with real Kafka clients (issue 31): kcat, confluent-kafka
+(librdkafka), aiokafka and kafka-python produce, consume, create and delete topics and list
+offsets through one ``estream kafka`` process over the module's cluster; the SDK reads what
+Kafka clients wrote (key, headers, timestamp, same offsets) and Kafka clients read what the
+SDK wrote (key null); bad frames get Kafka error answers and the gateway keeps serving.
+
+kafka-python's producer runs with its defaults (idempotent: InitProducerId, sequences).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import estream
+from estream.devcluster.kafka import start_kafka
+from tests.system_tools import require_tool
+
+pytestmark = [
+    pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3),
+    # kafka-python 3.0 loads its schemas with a deprecated importlib.resources call.
+    pytest.mark.filterwarnings("ignore:(read_text|open_text) is deprecated:DeprecationWarning"),
+]
+
+T0 = 1_700_000_000_000
+WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Gateway:
+    address: str
+    http: str
+    pd: str
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def gateway(module_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    log_dir = tmp_path_factory.mktemp("kafka")
+    process, address, http = start_kafka(log_dir, module_cluster.pd_addresses)
+    try:
+        yield Gateway(address, http, module_cluster.pd_addresses, log_dir / "kafka.log")
+    finally:
+        process.stop()
+
+
+def admin(gateway: Gateway) -> Any:
+    from kafka.admin import KafkaAdminClient
+
+    return KafkaAdminClient(bootstrap_servers=gateway.address, request_timeout_ms=20_000)
+
+
+def create_topic(gateway: Gateway, name: str, partitions: int = 1) -> None:
+    from kafka.admin import NewTopic
+
+    client = admin(gateway)
+    try:
+        client.create_topics([NewTopic(name, partitions, -1)])
+    finally:
+        client.close()
+
+
+def consume(gateway: Gateway, topic: str, partition: int, count: int,
+            start: int = 0) -> list[Any]:
+    """``count`` records of one partition from ``start``, with confluent-kafka's consumer
+    (manual assignment, no group)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": gateway.address, "group.id": "unused",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 200})
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        found: list[Any] = []
+        for _ in range(200):
+            if len(found) >= count:
+                break
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            found.append(message)
+        return found
+    finally:
+        consumer.close()
+
+
+def test_kafka_python_admin_creates_lists_and_deletes_topics(gateway: Gateway) -> None:
+    from kafka.admin import NewTopic
+
+    client = admin(gateway)
+    try:
+        client.create_topics([NewTopic("admin-t", 3, -1), NewTopic("admin-r1", 1, 1)])
+        assert {"admin-t", "admin-r1"} <= set(client.list_topics())
+        described = {t["name"]: t for t in client.describe_topics(["admin-t"])}
+        assert len(described["admin-t"]["partitions"]) == 3
+        from kafka.errors import TopicAlreadyExistsError
+
+        with pytest.raises(TopicAlreadyExistsError):
+            client.create_topics([NewTopic("admin-t", 3, -1)])
+        client.delete_topics(["admin-t", "admin-r1"])
+        assert not {"admin-t", "admin-r1"} & set(client.list_topics())
+    finally:
+        client.close()
+
+    async def streams() -> dict[str, Any]:
+        async with await estream.connect(gateway.pd) as sdk:
+            return {m.name: m for m in await sdk.list_streams()}
+
+    names = asyncio.run(streams())
+    assert not any(n.startswith("admin-t-") for n in names)
+
+
+def test_kcat_produces_and_consumes_keys_and_headers(gateway: Gateway) -> None:
+    kcat = require_tool("kcat", package="kcat")
+    create_topic(gateway, "kc", 1)
+    produced = subprocess.run(
+        [kcat, "-b", gateway.address, "-t", "kc", "-p", "0", "-K", ":", "-H", "h1=x",
+         "-H", "h2=y", "-P"], input=b"k1:v1\nk2:v2\n:no-key\n", capture_output=True,
+        timeout=WAIT_S, check=True)
+    assert b"still in queue" not in produced.stderr
+    consumed = subprocess.run(
+        [kcat, "-b", gateway.address, "-t", "kc", "-p", "0", "-C", "-e", "-o", "beginning",
+         "-f", "%o|%k|%s|%h\\n"], capture_output=True, timeout=WAIT_S, check=True)
+    lines = consumed.stdout.decode().splitlines()
+    assert lines == ["0|k1|v1|h1=x,h2=y", "1|k2|v2|h1=x,h2=y", "2||no-key|h1=x,h2=y"]
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_confluent_producer_acks_all_each_compression(gateway: Gateway,
+                                                      compression: str) -> None:
+    from confluent_kafka import Producer
+
+    topic = f"cf-{compression}"
+    create_topic(gateway, topic, 2)
+    producer = Producer({"bootstrap.servers": gateway.address, "acks": "all",
+                         "compression.type": compression, "linger.ms": 5,
+                         "enable.idempotence": False})
+    reports: list[Any] = []
+    for i in range(50):
+        producer.produce(topic, value=b"value-%d" % i, key=b"key-%d" % i, partition=i % 2,
+                         headers=[("n", str(i).encode()), ("raw", b"\xff\x00")],
+                         timestamp=T0 + i, on_delivery=lambda e, m: reports.append((e, m)))
+    assert producer.flush(WAIT_S) == 0
+    assert [e for e, _ in reports if e is not None] == []
+    by_partition = sorted((m.partition(), m.offset()) for _, m in reports)
+    assert by_partition == [(p, o) for p in (0, 1) for o in range(25)]
+    got = consume(gateway, topic, 1, 25)
+    assert [(m.offset(), m.key(), m.value(), m.timestamp()[1]) for m in got] == [
+        (k, b"key-%d" % i, b"value-%d" % i, T0 + i) for k, i in enumerate(range(1, 50, 2))]
+    assert got[0].headers() == [("n", b"1"), ("raw", b"\xff\x00")]
+
+
+async def test_sdk_reads_kafka_records_and_kafka_reads_sdk_records(gateway: Gateway) -> None:
+    from confluent_kafka import Producer
+
+    create_topic(gateway, "both", 1)
+    producer = Producer({"bootstrap.servers": gateway.address, "acks": "all"})
+    producer.produce("both", value=b"from-kafka", key=b"the-key",
+                     headers=[("h", b"v"), ("bin", b"\xfe")], timestamp=T0 + 7)
+    producer.produce("both", value=None, key=None, timestamp=T0 + 8)
+    assert await asyncio.to_thread(producer.flush, WAIT_S) == 0
+    async with await estream.connect(gateway.pd) as sdk:
+        records = [r async for r in sdk.read("both-0")]
+        assert [(r.offset, r.value, r.key, r.timestamp) for r in records] == [
+            (0, b"from-kafka", b"the-key", T0 + 7), (1, b"", None, T0 + 8)]
+        assert dict(records[0].headers) == {"h": "v", "bin": "\udcfe"}
+        async with await sdk.open_writer("both-0") as writer:
+            assert await writer.append(b"from-sdk", headers={"a": "b"}, timestamp=T0 + 9) == 2
+    got = await asyncio.to_thread(consume, gateway, "both", 0, 3)
+    assert [(m.offset(), m.key(), m.value()) for m in got] == [
+        (0, b"the-key", b"from-kafka"), (1, None, b""), (2, None, b"from-sdk")]
+    assert got[2].headers() == [("a", b"b")] and got[2].timestamp()[1] == T0 + 9
+
+
+async def test_aiokafka_producer_and_consumer_with_manual_assignment(gateway: Gateway) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    await asyncio.to_thread(create_topic, gateway, "aio", 1)
+    producer = AIOKafkaProducer(bootstrap_servers=gateway.address, acks="all")
+    await producer.start()
+    try:
+        sent = [await producer.send_and_wait("aio", b"v%d" % i, key=b"k%d" % i, partition=0,
+                                             headers=[("i", str(i).encode())])
+                for i in range(5)]
+    finally:
+        await producer.stop()
+    assert [m.offset for m in sent] == list(range(5))
+    consumer = AIOKafkaConsumer(bootstrap_servers=gateway.address, enable_auto_commit=False,
+                                fetch_max_wait_ms=200)
+    await consumer.start()
+    try:
+        tp = TopicPartition("aio", 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        got: list[Any] = []
+        async with asyncio.timeout(WAIT_S):
+            while len(got) < 5:
+                batch = await consumer.getmany(tp, timeout_ms=500)
+                got.extend(batch.get(tp, []))
+    finally:
+        await consumer.stop()
+    assert [(m.offset, m.key, m.value, m.headers) for m in got] == [
+        (i, b"k%d" % i, b"v%d" % i, (("i", str(i).encode()),)) for i in range(5)]
+
+
+def test_kafka_python_producer_and_offsets_earliest_latest_by_time(gateway: Gateway) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    create_topic(gateway, "times", 1)
+    producer = KafkaProducer(bootstrap_servers=gateway.address)  # defaults: idempotent
+    try:
+        for i in range(10):
+            producer.send("times", b"t%d" % i, partition=0, timestamp_ms=T0 + 1000 * i)
+        producer.flush(WAIT_S)
+    finally:
+        producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=gateway.address, enable_auto_commit=False)
+    try:
+        tp = TopicPartition("times", 0)
+        assert consumer.beginning_offsets([tp]) == {tp: 0}
+        assert consumer.end_offsets([tp]) == {tp: 10}
+        found = consumer.offsets_for_times({tp: T0 + 3500})
+        assert (found[tp].offset, found[tp].timestamp) == (4, T0 + 4000)
+        assert consumer.offsets_for_times({tp: T0 + 99_000})[tp] is None
+    finally:
+        consumer.close()
+    with urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=WAIT_S) as response:
+        assert 'api="InitProducerId",error="NONE"' in response.read().decode()
+
+
+def test_a_gateway_killed_mid_stream_loses_nothing_acknowledged(
+    gateway: Gateway, module_cluster: Any, tmp_path: Path,
+) -> None:
+    """A second gateway killed with kill -9 after acknowledging: a new gateway's writer
+    fences its writer and recovers, and every acknowledged record is read once."""
+    from confluent_kafka import Producer
+
+    create_topic(gateway, "crash", 1)
+
+    def produce(address: str, first: int, n: int) -> list[int]:
+        producer = Producer({"bootstrap.servers": address, "acks": "all", "linger.ms": 2,
+                             "enable.idempotence": False})
+        offsets: list[int] = []
+        for i in range(first, first + n):
+            producer.produce("crash", b"r%d" % i, partition=0,
+                             on_delivery=lambda e, m: offsets.append(-1 if e else m.offset()))
+        assert producer.flush(WAIT_S) == 0
+        return offsets
+
+    doomed, address, _ = start_kafka(tmp_path / "doomed", module_cluster.pd_addresses,
+                                     name="doomed")
+    try:
+        assert produce(address, 0, 100) == list(range(100))
+        doomed.kill9()
+    finally:
+        doomed.stop()  # reaps it and closes its log (already dead after kill9)
+    # The module's gateway opens a new writer: it fences the dead one's and recovers.
+    assert produce(gateway.address, 100, 100) == list(range(100, 200))
+    got = consume(gateway, "crash", 0, 200)
+    assert [m.value() for m in got] == [b"r%d" % i for i in range(200)]
+
+
+async def test_the_gateway_holds_at_most_writers_max_partition_writers(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``writers_max`` the least recently used partition writer is closed; that
+    partition's next produce opens a new one and continues its offsets."""
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, encode_producer_batch
+    from estream.kafka.shell import gateway as shell
+
+    monkeypatch.setattr(shell, "writers_max", 2)
+    await asyncio.to_thread(create_topic, gateway, "lru", 3)
+    batch = encode_producer_batch([KafkaRecord(T0, b"k", b"v")])
+    async with await estream.connect(gateway.pd) as client:
+        inproc = shell.Gateway(client, ("127.0.0.1", 0))
+        try:
+            for p in range(3):
+                assert await inproc._produce_partition("lru", p, batch) == (ErrorCode.none, 0)
+            assert list(inproc._writers) == ["lru-1", "lru-2"]
+            assert await inproc._produce_partition("lru", 0, batch) == (ErrorCode.none, 1)
+            assert list(inproc._writers) == ["lru-2", "lru-0"]
+        finally:
+            await inproc.close()
+
+
+async def test_idempotent_batches_retried_are_stored_once_and_gaps_refused(
+    gateway: Gateway,
+) -> None:
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, encode_producer_batch
+    from estream.kafka.shell import gateway as shell
+
+    await asyncio.to_thread(create_topic, gateway, "idem", 1)
+
+    def batch(first: int, n: int, producer: int, epoch: int = 0) -> bytes:
+        return encode_producer_batch([KafkaRecord(T0 + i, None, b"s%d" % (first + i))
+                                      for i in range(n)], producer_id=producer,
+                                     producer_epoch=epoch, base_sequence=first)
+
+    async with await estream.connect(gateway.pd) as client:
+        inproc = shell.Gateway(client, ("127.0.0.1", 0))
+        try:
+            pid = await inproc._new_producer_id()
+            other = await inproc._new_producer_id()
+            assert other > pid >= 0
+            produce = inproc._produce_partition
+            assert await produce("idem", 0, batch(0, 3, pid)) == (ErrorCode.none, 0)
+            assert await produce("idem", 0, batch(0, 3, pid)) == (ErrorCode.none, 0)  # retry
+            assert await produce("idem", 0, batch(5, 1, pid)) == (
+                ErrorCode.out_of_order_sequence_number, -1)
+            assert await produce("idem", 0, batch(3, 2, pid)) == (ErrorCode.none, 3)
+            assert await produce("idem", 0, batch(0, 1, other)) == (ErrorCode.none, 5)
+            assert await produce("idem", 0, batch(1, 1, pid, epoch=1)) == (
+                ErrorCode.out_of_order_sequence_number, -1)  # a new epoch starts at 0
+            assert await produce("idem", 0, batch(0, 1, pid, epoch=1)) == (ErrorCode.none, 6)
+            assert await produce("idem", 0, batch(5, 1, pid, epoch=0)) == (
+                ErrorCode.invalid_producer_epoch, -1)
+        finally:
+            await inproc.close()
+        values = [r.value async for r in client.read("idem-0")]
+    assert values == [b"s0", b"s1", b"s2", b"s3", b"s4", b"s0", b"s0"]
+
+
+def _request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:
+    head = struct.pack(">hhih", api_key, version, correlation, 4) + b"test"
+    return struct.pack(">i", len(head) + len(body)) + head + body
+
+
+def _answer(sock: socket.socket) -> tuple[int, bytes]:
+    size = struct.unpack(">i", _read(sock, 4))[0]
+    data = _read(sock, size)
+    return struct.unpack(">i", data[:4])[0], data[4:]
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def _connect(gateway: Gateway) -> socket.socket:
+    host, _, port = gateway.address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=WAIT_S)
+    return sock
+
+
+def test_bad_frames_and_absurd_sizes_get_kafka_errors_and_the_gateway_keeps_serving(
+    gateway: Gateway,
+) -> None:
+    with _connect(gateway) as sock:
+        # An API the gateway does not serve (JoinGroup v5): UNSUPPORTED_VERSION (35).
+        sock.sendall(_request(11, 5, 1, b"\x00" * 40))
+        correlation, body = _answer(sock)
+        assert correlation == 1 and struct.pack(">h", 35) in body[:8]
+        # An API key nobody knows: the correlation id and 35, the connection kept.
+        sock.sendall(_request(9999, 0, 2))
+        assert _answer(sock) == (2, struct.pack(">h", 35))
+        # A Metadata request whose body does not decode: INVALID_REQUEST (42).
+        sock.sendall(_request(3, 1, 3, b"\x7f\xff\xff\xff"))
+        correlation, body = _answer(sock)
+        assert correlation == 3
+        # A Produce whose records are garbage: CORRUPT_MESSAGE (2) for that partition.
+        topic = b"\x00\x04junk"  # never created: the batch is refused before the topic
+        produce = (struct.pack(">hhi", -1, -1, 5000) + struct.pack(">i", 1) + topic
+                   + struct.pack(">ii", 1, 0) + struct.pack(">i", 70) + b"\x00" * 70)
+        sock.sendall(_request(0, 3, 4, produce))
+        correlation, body = _answer(sock)
+        assert correlation == 4 and struct.pack(">ih", 0, 2) in body
+        # ApiVersions still answers on the same connection.
+        sock.sendall(_request(18, 0, 5))
+        correlation, body = _answer(sock)
+        assert correlation == 5 and body[:2] == b"\x00\x00"
+    with _connect(gateway) as sock:
+        # An absurd size: MESSAGE_TOO_LARGE (10) for that request (ApiVersions: its error
+        # code comes first), then the stream closes.
+        # After a good request in the same write: that one is answered first.
+        sock.sendall(_request(18, 0, 76) + struct.pack(">ihhi", 2**31 - 1, 18, 0, 77))
+        assert _answer(sock)[0] == 76
+        correlation, body = _answer(sock)
+        assert correlation == 77 and body[:2] == struct.pack(">h", 10)
+        assert sock.recv(1) == b""
+    with _connect(gateway) as sock:
+        sock.sendall(struct.pack(">i", -5))  # a negative size: closed
+        assert sock.recv(1) == b""
+    with _connect(gateway) as sock:
+        # Flexible ApiVersions v3: header tags, client software name and version, tags.
+        sock.sendall(_request(18, 3, 9, b"\x00" + b"\x02t" + b"\x021" + b"\x00"))
+        correlation, body = _answer(sock)
+        assert correlation == 9 and body[:2] == b"\x00\x00"
+    with urllib.request.urlopen(f"http://{gateway.http}/healthz", timeout=WAIT_S) as response:
+        assert response.status == 200 and json.load(response) == {"status": "ok"}
+    with urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=WAIT_S) as response:
+        text = response.read().decode()
+    assert 'estream_kafka_requests_total{api="11",error="UNSUPPORTED_VERSION"} 1.0' in text
+    assert 'estream_kafka_requests_total{api="Metadata",error="INVALID_REQUEST"} 1.0' in text
+
+
+def test_the_gateway_log_has_no_traceback(gateway: Gateway) -> None:
+    """Every request of this module was answered without a handler failing."""
+    text = gateway.log.read_text()
+    assert "listening on" in text and "Traceback" not in text

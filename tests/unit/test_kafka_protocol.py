@@ -1,0 +1,150 @@
+"""The Kafka gateway's pure protocol (estream/kafka/protocol.py) and topic mapping
+(estream/kafka/topics.py): frames, headers, versions, error answers, names."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v1 import request as metadata1
+from kio.serial import entity_reader
+
+from estream.kafka import protocol as kp
+from estream.kafka.topics import (
+    check_partitions,
+    check_topic,
+    parse_stream,
+    replicas_for,
+    stream_name,
+    topics_of,
+)
+from estream.wire.errors import Fenced, FrameTooLarge, InvalidArgument, MalformedFrame
+
+
+def request(api_key: int, version: int, correlation: int, body: bytes = b"",
+            client_id: bytes = b"me") -> bytes:
+    head = struct.pack(">hhih", api_key, version, correlation, len(client_id)) + client_id
+    return struct.pack(">i", len(head) + len(body)) + head + body
+
+
+def test_a_frame_cut_at_every_byte_is_incomplete_never_an_error() -> None:
+    stream = request(18, 0, 1) + request(3, 1, 2, b"\xff\xff\xff\xff")
+    for cut in range(len(stream) + 1):
+        decoder = kp.FrameDecoder()
+        frames = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
+        assert frames == [stream[4:16], stream[20:]]
+
+
+@pytest.mark.parametrize("size", [2**31 - 1, kp.frame_bytes_max + 1])
+def test_a_size_past_the_limit_is_frame_too_large(size: int) -> None:
+    good = request(18, 0, 1)
+    bad = struct.pack(">ihhi", size, 18, 0, 9)
+    decoder = kp.FrameDecoder()
+    assert decoder.feed(good + bad) == [good[4:]]  # the frames before it still count
+    assert isinstance(decoder.failed, FrameTooLarge)
+    assert kp.peek_header(decoder.head()[4:]) == (18, 0, 9)
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(b"more")
+
+
+@pytest.mark.parametrize("size", [-1, 0, 7])
+def test_a_size_below_a_header_is_malformed(size: int) -> None:
+    decoder = kp.FrameDecoder()
+    assert decoder.feed(struct.pack(">i", size)) == []
+    assert isinstance(decoder.failed, MalformedFrame)
+    with pytest.raises(MalformedFrame):
+        decoder.feed(b"")
+
+
+def test_headers_and_bodies_decode() -> None:
+    frame = request(3, 1, 42, b"\xff\xff\xff\xff")[4:]  # Metadata v1: every topic (null)
+    header = kp.parse_header(frame)
+    assert (header.api_key, header.api_version, header.correlation_id, header.client_id,
+            header.supported) == (3, 1, 42, "me", True)
+    body = kp.decode_request(header, frame)
+    assert body == metadata1.MetadataRequest(topics=None)
+    assert entity_reader(metadata1.MetadataRequest)(frame, header.body_at)[0] == body
+
+
+def test_a_flexible_header_skips_its_tagged_fields() -> None:
+    body = b"\x02t\x021\x00"  # ApiVersions v3: software name "t", version "1", no tags
+    frame = request(18, 3, 7, b"\x01\x05\x02ab" + body)[4:]  # one tag (5) of 2 bytes
+    header = kp.parse_header(frame)
+    assert kp.decode_request(header, frame).client_software_name == "t"
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x05ab", b"\xff\xff\xff\xff\x00"])
+def test_a_body_that_does_not_decode_exactly_is_malformed(body: bytes) -> None:
+    frame = request(3, 1, 1, body)[4:]
+    with pytest.raises(MalformedFrame):
+        kp.decode_request(kp.parse_header(frame), frame)
+
+
+def test_a_client_id_past_its_frame_is_malformed() -> None:
+    frame = struct.pack(">hhih", 3, 1, 1, 50) + b"short"
+    with pytest.raises(MalformedFrame):
+        kp.parse_header(frame)
+
+
+def test_api_versions_v0_answer_golden_bytes() -> None:
+    answer = kp.encode_response(kp.API_VERSIONS, 5, kp.api_versions_response(0))
+    entries = b"".join(struct.pack(">hhh", k, lo, hi)
+                       for k, (lo, hi) in sorted(kp.SUPPORTED.items()))
+    body = struct.pack(">ih", 5, 0) + struct.pack(">i", len(kp.SUPPORTED)) + entries
+    assert answer == struct.pack(">i", len(body)) + body
+
+
+def test_unsupported_apis_and_versions_get_error_answers() -> None:
+    # An ApiVersions version past ours: v0 with the error and the supported list.
+    answer = kp.error_response(kp.API_VERSIONS, 9, 3)
+    assert answer[4:10] == struct.pack(">ih", 3, 35)
+    # An API kio knows: its own layout, every error code UNSUPPORTED_VERSION.
+    answer = kp.error_response(11, 5, 4)  # JoinGroup v5
+    assert answer[4:8] == struct.pack(">i", 4) and struct.pack(">h", 35) in answer[8:16]
+    # An API nobody knows: the correlation id and the error code.
+    assert kp.error_response(9999, 0, 6) == struct.pack(">iih", 6, 6, 35)
+
+
+def test_build_fills_what_a_version_lacks_and_drops_what_it_has_not() -> None:
+    schema = kp.response_schema(kp.METADATA, 0)
+    broker = kp.build(kp.nested(schema, "MetadataResponseBroker"), node_id=0, host="h",
+                      port=1, rack=None)  # v0 has no rack: dropped
+    answer = kp.build(schema, brokers=(broker,), cluster_id="x")
+    assert answer.brokers == (broker,) and answer.topics == ()
+
+
+@pytest.mark.parametrize(("exc", "code"), [
+    (InvalidArgument("x", argument="compression"), ErrorCode.unsupported_compression_type),
+    (InvalidArgument("x", argument="value"), ErrorCode.message_too_large),
+    (InvalidArgument("x", argument="topic"), ErrorCode.invalid_topic_exception),
+    (TimeoutError(), ErrorCode.request_timed_out),
+    (Fenced("x"), ErrorCode.not_leader_or_follower),
+    (RuntimeError(), ErrorCode.unknown_server_error),
+])
+def test_error_codes(exc: BaseException, code: ErrorCode) -> None:
+    assert kp.error_code(exc) == code
+
+
+def test_partitions_are_streams_named_topic_dash_partition() -> None:
+    assert stream_name("orders", 0) == "orders-0"
+    assert parse_stream("a-b-12") == ("a-b", 12)
+    assert parse_stream("orders") is None and parse_stream("x-01") is None
+    assert parse_stream(".sys-0") is None
+    assert topics_of(["t-0", "t-1", "t-2", "u-1", "v-0", "v-2"]) == {"t": 3, "v": 1}
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "-x", "a b", "ü", "x" * 191])
+def test_bad_topic_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidArgument):
+        check_topic(name)
+
+
+def test_replication_factor_and_partitions() -> None:
+    assert replicas_for(-1) == 3 and replicas_for(1) == 1 and replicas_for(5) == 5
+    for bad in (0, -2, 6):
+        with pytest.raises(InvalidArgument):
+            replicas_for(bad)
+    for bad in (0, 10_001):
+        with pytest.raises(InvalidArgument):
+            check_partitions(bad)

@@ -1,0 +1,173 @@
+"""Kafka record batches (estream/kafka/records.py): decoding what producers send, with
+every compression, encoding Fetch answers, and refusing bad batches with typed errors."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from estream.kafka.convert import estream_headers, kafka_records
+from estream.kafka.records import (
+    BATCH_HEADER_BYTES,
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NAMES,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+    KafkaRecord,
+    decode_batches,
+    encode_batch,
+    encode_producer_batch,
+)
+from estream.wire.errors import EstreamError, InvalidArgument, MalformedBatch
+from estream.wire.record import Record, decode_columns
+from estream.wire.record import encode_batch as estream_batch
+
+RECORDS = (
+    KafkaRecord(1_700_000_000_000, b"k0", b"v0", (("h", b"x"), ("bin", b"\xff\x00"))),
+    KafkaRecord(1_700_000_000_005, None, b"v1"),
+    KafkaRecord(1_699_999_999_999, b"", None, (("n", None),)),
+)
+
+
+@pytest.mark.parametrize("compression", sorted(COMPRESSION_NAMES))
+def test_a_producer_batch_decodes_with_every_compression(compression: int) -> None:
+    data = encode_producer_batch(RECORDS * 20, compression, producer_id=7, producer_epoch=1,
+                                 base_sequence=40)
+    (batch,) = decode_batches(data)
+    assert batch.records == RECORDS * 20
+    assert (batch.compression, batch.producer_id, batch.producer_epoch,
+            batch.base_sequence) == (compression, 7, 1, 40)
+
+
+def test_xerial_framed_snappy_decodes() -> None:
+    import cramjam
+
+    plain = encode_batch(0, RECORDS)
+    body = plain[BATCH_HEADER_BYTES:]
+    block = bytes(cramjam.snappy.compress_raw(body))
+    framed = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1) + struct.pack(">i", len(block)) + block
+    head = bytearray(plain[:BATCH_HEADER_BYTES])
+    struct.pack_into(">i", head, 8, BATCH_HEADER_BYTES - 12 + len(framed))
+    struct.pack_into(">h", head, 21, COMPRESSION_SNAPPY)
+    struct.pack_into(">I", head, 17, crc32c.crc32c(bytes(head[21:]) + framed))
+    (batch,) = decode_batches(bytes(head) + framed)
+    assert batch.records == RECORDS
+
+
+def test_concatenated_batches_all_decode() -> None:
+    one = encode_producer_batch(RECORDS[:1])
+    two = encode_producer_batch(RECORDS[1:], COMPRESSION_GZIP)
+    assert [b.records for b in decode_batches(one + two)] == [RECORDS[:1], RECORDS[1:]]
+
+
+def test_a_fetch_batch_carries_the_offsets_it_is_given() -> None:
+    data = encode_batch(1234, RECORDS)
+    (batch,) = decode_batches(data)
+    assert batch.base_offset == 1234 and batch.records == RECORDS
+    assert batch.producer_id == -1
+
+
+def test_estream_records_become_kafka_records_and_back() -> None:
+    records = [Record(b"v", {"h": "\udcff"}, 5, key=b"k"), Record(b"w", {}, 6)]
+    columns = decode_columns(estream_batch(records, stream_id=1, range_index=0, epoch=1,
+                                           base_offset=10))
+    kafka = kafka_records(columns)
+    assert kafka == [KafkaRecord(5, b"k", b"v", (("h", b"\xff"),)),
+                     KafkaRecord(6, None, b"w", ())]
+    assert estream_headers(kafka[0]) == {"h": "\udcff"}
+    assert estream_headers(kafka[1]) is None
+
+
+def _corrupt(data: bytes, at: int, value: int) -> bytes:
+    changed = bytearray(data)
+    changed[at] = value
+    return bytes(changed)
+
+
+def test_bad_batches_are_refused_with_typed_errors() -> None:
+    good = encode_producer_batch(RECORDS)
+    with pytest.raises(MalformedBatch, match="CRC"):
+        decode_batches(_corrupt(good, len(good) - 1, good[-1] ^ 1))
+    with pytest.raises(InvalidArgument, match="magic"):
+        decode_batches(_corrupt(good, 16, 1))
+    with pytest.raises(MalformedBatch):
+        decode_batches(good[:-1])
+    with pytest.raises(MalformedBatch):
+        decode_batches(b"")
+    control = bytearray(good)
+    struct.pack_into(">h", control, 21, 0x20)
+    struct.pack_into(">I", control, 17, crc32c.crc32c(bytes(control[21:])))
+    with pytest.raises(InvalidArgument, match="control"):
+        decode_batches(bytes(control))
+    unknown = bytearray(good)
+    struct.pack_into(">h", unknown, 21, 5)
+    struct.pack_into(">I", unknown, 17, crc32c.crc32c(bytes(unknown[21:])))
+    with pytest.raises(InvalidArgument) as raised:
+        decode_batches(bytes(unknown))
+    assert raised.value.fields.get("argument") == "compression"
+
+
+def test_garbage_compressed_records_are_malformed() -> None:
+    for compression in (COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD):
+        head = bytearray(encode_producer_batch(RECORDS[:1])[:BATCH_HEADER_BYTES])
+        body = b"\x01\x02\x03 not compressed at all"
+        struct.pack_into(">i", head, 8, BATCH_HEADER_BYTES - 12 + len(body))
+        struct.pack_into(">h", head, 21, compression)
+        struct.pack_into(">I", head, 17, crc32c.crc32c(bytes(head[21:]) + body))
+        with pytest.raises(MalformedBatch):
+            decode_batches(bytes(head) + body)
+
+
+def test_a_gzip_bomb_is_refused_without_inflating_it_whole() -> None:
+    import gzip
+
+    from estream.kafka import records
+
+    body = gzip.compress(bytes(records.records_bytes_max + 1024))
+    head = bytearray(encode_producer_batch(RECORDS[:1])[:BATCH_HEADER_BYTES])
+    struct.pack_into(">i", head, 8, BATCH_HEADER_BYTES - 12 + len(body))
+    struct.pack_into(">h", head, 21, COMPRESSION_GZIP)
+    struct.pack_into(">I", head, 17, crc32c.crc32c(bytes(head[21:]) + body))
+    with pytest.raises(InvalidArgument):
+        decode_batches(bytes(head) + body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_arbitrary_bytes_raise_only_typed_errors(data: bytes) -> None:
+    try:
+        decode_batches(data)
+    except EstreamError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1,
+                      max_size=4),
+       compression=st.sampled_from([COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_ZSTD]))
+def test_mutated_batches_raise_only_typed_errors(edits: list[tuple[int, int]],
+                                                 compression: int) -> None:
+    data = bytearray(encode_producer_batch(RECORDS, compression))
+    for pos, value in edits:
+        data[pos % len(data)] = value
+    try:
+        decode_batches(bytes(data))
+    except EstreamError:
+        pass
+
+
+def test_a_fetch_batch_of_plain_records_equals_the_general_path() -> None:
+    from estream.kafka.convert import fetch_batch
+
+    plain = decode_columns(estream_batch([Record(b"a" * 300, {}, 7 + i) for i in range(3)],
+                                         stream_id=1, range_index=0, epoch=1, base_offset=40))
+    assert fetch_batch(plain) == encode_batch(40, kafka_records(plain))
+    (batch,) = decode_batches(fetch_batch(plain))
+    assert [(r.timestamp, r.value) for r in batch.records] == [(7 + i, b"a" * 300)
+                                                               for i in range(3)]
