@@ -241,6 +241,16 @@ class Pool(Protocol):
     def discard(self, address: str) -> None: ...
 
 
+class AppendSending(Protocol):
+    """What sends a writer's APPENDs: :class:`RangeClient` (one request per batch) or the
+    client's :class:`~estream.net.appendsender.AppendSender` (batches share requests)."""
+
+    def start_append(
+        self, address: str, done: Callable[[int, EstreamError | None], None], *,
+        server_id: str | None, batch: bytes | memoryview, deferred: bool = False,
+    ) -> None: ...
+
+
 class RangeClient:
     """One typed method per range-server opcode (see the module docstring)."""
 
@@ -600,8 +610,12 @@ class ReplicaClient:
     from range metadata), at its epoch. It decides nothing: ``estream/sdk/writer.py`` and
     ``estream/net/recovery.py`` drive it."""
 
-    def __init__(self, pool: ConnectionPool, epoch: int, *, digest: str | None = None) -> None:
+    def __init__(self, pool: ConnectionPool, epoch: int, *, digest: str | None = None,
+                 appends: AppendSending | None = None) -> None:
         self.client = RangeClient(pool)
+        # APPENDs go through the client's shared sender (batches of its writers to one
+        # server share requests: estream/net/appendsender.py); without one, one by one.
+        self.appends: AppendSending = appends or self.client
         self.epoch = epoch
         self.digest = digest  # the stream's: every replica it creates records it
         self.addresses: dict[str, str] = {}
@@ -620,8 +634,8 @@ class ReplicaClient:
         """APPEND one encoded batch to ``replica``, written now:
         ``done(its durable (or written) end, None)`` or ``done(-1, error)`` later
         (:meth:`RangeClient.start_append`)."""
-        self.client.start_append(self.addresses[replica], done, server_id=replica,
-                                 batch=payload, deferred=deferred)
+        self.appends.start_append(self.addresses[replica], done, server_id=replica,
+                                  batch=payload, deferred=deferred)
 
     async def confirm(self, replica: str, stream_id: int, range_index: int, confirm: int) -> None:
         """CONFIRM ``confirm`` on ``replica`` at our epoch (durable once answered)."""

@@ -172,7 +172,8 @@ class Writer:
         self.config = config
         self._core: RangeWriter | None = None
         self._replicas = ReplicaClient(client.pool, meta.epoch,
-                                       digest=getattr(meta, "digest", None))
+                                       digest=getattr(meta, "digest", None),
+                                       appends=client.appends)
         # What appends and flushes wait on, completed in offset order.
         self._waiters: deque[_Waiter[Any]] = deque()
         self._space: list[asyncio.Future[None]] = []
