@@ -242,12 +242,17 @@ class Pool(Protocol):
 
 
 class AppendSending(Protocol):
-    """What sends a writer's APPENDs: :class:`RangeClient` (one request per batch) or the
-    client's :class:`~estream.net.appendsender.AppendSender` (batches share requests)."""
+    """What sends a writer's APPENDs and CONFIRMs: :class:`RangeClient` (one request each)
+    or the client's :class:`~estream.net.appendsender.AppendSender` (they share requests)."""
 
     def start_append(
         self, address: str, done: Callable[[int, EstreamError | None], None], *,
         server_id: str | None, batch: bytes | memoryview, deferred: bool = False,
+    ) -> None: ...
+
+    def start_confirm(
+        self, address: str, done: Callable[[EstreamError | None], None], *,
+        server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
     ) -> None: ...
 
 
@@ -399,6 +404,20 @@ class RangeClient:
         await self._call(address, Opcode.CONFIRM, {
             "stream_id": stream_id, "range_index": range_index, "epoch": epoch,
             "confirm": confirm}, server_id, timeout_s)
+
+    def start_confirm(
+        self, address: str, done: Callable[[EstreamError | None], None], *,
+        server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
+        timeout_s: float | None = None,
+    ) -> None:
+        """:meth:`confirm` without awaiting (an idle writer's): written now, ``done(None)``
+        or ``done(error)`` later from the event loop, never from within this call."""
+        header: Header = {"stream_id": stream_id, "range_index": range_index, "epoch": epoch,
+                          "confirm": confirm}
+        if server_id is not None:
+            header["server_id"] = server_id
+        self.pool.start_call(address, Opcode.CONFIRM, header, b"",
+                             lambda _, error: done(error), timeout_s=self._timeout(timeout_s))
 
     async def list_ranges(
         self, address: str, *, server_id: str | None, timeout_s: float | None = None
@@ -636,6 +655,15 @@ class ReplicaClient:
         (:meth:`RangeClient.start_append`)."""
         self.appends.start_append(self.addresses[replica], done, server_id=replica,
                                   batch=payload, deferred=deferred)
+
+    def start_confirm(self, replica: str, stream_id: int, range_index: int, confirm: int,
+                      done: Callable[[EstreamError | None], None]) -> None:
+        """CONFIRM ``confirm`` on ``replica`` at our epoch, written now (with other
+        writers' batches and confirms to that server when they share a turn):
+        ``done(None)`` once it is durable, or ``done(error)``, later."""
+        self.appends.start_confirm(self.addresses[replica], done, server_id=replica,
+                                   stream_id=stream_id, range_index=range_index,
+                                   epoch=self.epoch, confirm=confirm)
 
     async def confirm(self, replica: str, stream_id: int, range_index: int, confirm: int) -> None:
         """CONFIRM ``confirm`` on ``replica`` at our epoch (durable once answered)."""

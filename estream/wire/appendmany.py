@@ -1,15 +1,20 @@
-"""APPEND_MANY: many record batches to one range server in one request, one result each.
+"""APPEND_MANY: many record batches (and confirms) to one range server in one request.
 
 A client's writers whose batches go to the same range server in the same event-loop turn
 share one request (``estream/net/appendsender.py``): the per-request costs (a frame each
-way, a dispatch, a timer, a log write) are paid once for all of them. Each entry is an
-APPEND of its own: checked, decided and logged as one, answered with its own end or its
-own typed error; one bad entry never fails the others.
+way, a dispatch, a timer, a log write and its fsync wait) are paid once for all of them.
+Each entry is an APPEND of its own: checked, decided and logged as one, answered with its
+own end or its own typed error; one bad entry never fails the others. An idle writer's
+CONFIRM rides along the same way (with one writer per stream, every record is followed by
+one), each a CONFIRM of its own.
 
-Request: header ``{"deferred": bool, "sizes": [n0, n1, ...], "server_id"?}``, payload the
-batches one after another (entry ``i`` is the ``sizes[i]`` bytes after the ones before it).
-Answer: ``{"results": [r0, r1, ...]}``, one per entry in request order, each the entry's
-end (an int, as APPEND's ``"end"``) or ``{"error": {"code", "message", "fields"}}``.
+Request: header ``{"deferred": bool, "sizes": [n0, n1, ...], "confirms"?: [[stream_id,
+range_index, epoch, confirm], ...], "server_id"?}``, payload the batches one after another
+(entry ``i`` is the ``sizes[i]`` bytes after the ones before it). At least one batch or
+confirm; at most ``limits.append_many_entries_max`` of each.
+Answer: ``{"results": [r0, r1, ...], "confirmed"?: [c0, ...]}``, one per batch and one per
+confirm in request order: a batch's end (an int, as APPEND's ``"end"``) or ``{"error":
+{"code", "message", "fields"}}``; a confirm's nil (done, durable) or such an error.
 
 Which queued batches share a request is :func:`group_entries`: in order, at most
 ``limits.append_many_entries_max`` entries and ``limits.append_many_bytes_max`` bytes
@@ -30,38 +35,47 @@ Result = int | EstreamError  # an entry's end, or why it was refused
 
 SIZES_FIELD: Final = "sizes"
 RESULTS_FIELD: Final = "results"
+CONFIRMS_FIELD: Final = "confirms"
+CONFIRMED_FIELD: Final = "confirmed"
+
+
+Confirm = tuple[int, int, int, int]  # stream_id, range_index, epoch, confirm
 
 
 def encode_request(
-    batches: Sequence[bytes | memoryview], deferred: bool, server_id: str | None
+    batches: Sequence[bytes | memoryview], deferred: bool, server_id: str | None,
+    confirms: Sequence[Confirm] = (),
 ) -> tuple[dict[str, Any], bytes]:
-    """The header and payload of an APPEND_MANY carrying ``batches`` in order."""
+    """The header and payload of an APPEND_MANY carrying ``batches`` and ``confirms`` in
+    order."""
     header: dict[str, Any] = {"deferred": deferred, SIZES_FIELD: [len(b) for b in batches]}
+    if confirms:
+        header[CONFIRMS_FIELD] = [list(c) for c in confirms]
     if server_id is not None:
         header["server_id"] = server_id
     return header, b"".join(batches)
 
 
-def decode_request(header: dict[str, Any], payload: bytes) -> tuple[bool, list[bytes]]:
-    """``(deferred, batches)`` of a request; :class:`InvalidArgument` naming the field for
-    a request that is not well formed as a whole (then no entry is served). Each batch's
-    own checks are the store's, per entry, as for APPEND.
+def decode_request(
+    header: dict[str, Any], payload: bytes
+) -> tuple[bool, list[bytes], list[Confirm]]:
+    """``(deferred, batches, confirms)`` of a request; :class:`InvalidArgument` naming the
+    field for a request that is not well formed as a whole (then no entry is served). Each
+    batch's own checks are the store's, per entry, as for APPEND; so are the bounds of
+    each confirm's numbers (as for CONFIRM).
 
     >>> decode_request({"deferred": False, "sizes": [2, 1]}, b"abc")
-    (False, [b'ab', b'c'])
+    (False, [b'ab', b'c'], [])
     """
     deferred = header.get("deferred", False)
     if type(deferred) is not bool:
         raise InvalidArgument(f"'deferred' must be a bool, not {deferred!r}"[:200],
                               argument="deferred")
-    sizes = header.get(SIZES_FIELD)
-    if not isinstance(sizes, list) or not sizes:
-        raise InvalidArgument("'sizes' must be a non-empty list of batch sizes",
+    sizes = _entries(header, SIZES_FIELD, [])
+    confirms = [_confirm(c) for c in _entries(header, CONFIRMS_FIELD, [])]
+    if not sizes and not confirms:
+        raise InvalidArgument("an APPEND_MANY needs at least one batch or confirm",
                               argument=SIZES_FIELD)
-    if len(sizes) > limits.append_many_entries_max:
-        raise InvalidArgument(
-            f"{len(sizes)} entries in one APPEND_MANY: at most "
-            f"{limits.append_many_entries_max}", argument=SIZES_FIELD)
     total = 0
     for size in sizes:
         if type(size) is not int or not 0 < size <= limits.batch_bytes_max:
@@ -77,24 +91,58 @@ def decode_request(header: dict[str, Any], payload: bytes) -> tuple[bool, list[b
     for size in sizes:
         batches.append(payload[at : at + size])
         at += size
-    return deferred, batches
+    return deferred, batches, confirms
 
 
-def encode_answer(results: Sequence[Result]) -> dict[str, Any]:
-    """The answer header of an APPEND_MANY, one result per entry in request order."""
-    return {RESULTS_FIELD: [r if isinstance(r, int) else {"error": r.to_wire()}
-                            for r in results]}
+def _entries(header: dict[str, Any], field: str, default: list[Any]) -> list[Any]:
+    """A list field of at most ``limits.append_many_entries_max`` items."""
+    value = header.get(field, default)
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{field!r} must be a list", argument=field)
+    if len(value) > limits.append_many_entries_max:
+        raise InvalidArgument(
+            f"{len(value)} {field} in one APPEND_MANY: at most "
+            f"{limits.append_many_entries_max}", argument=field)
+    return value
 
 
-def decode_answer(body: dict[str, Any], entries: int) -> list[Result]:
-    """The ``entries`` results of an answer; :class:`MalformedFrame` when it does not hold
-    one per entry (each entry then fails with it). A result that is neither an int nor an
-    error is :class:`MalformedFrame` for that entry alone."""
+def _confirm(raw: object) -> Confirm:
+    """One confirm, ``[stream_id, range_index, epoch, confirm]`` of integers (their bounds
+    are the range server's, per entry)."""
+    if (not isinstance(raw, list) or len(raw) != 4
+            or any(type(n) is not int for n in raw)):
+        raise InvalidArgument(
+            f"a confirm must be [stream_id, range_index, epoch, confirm], not {raw!r}"[:200],
+            argument=CONFIRMS_FIELD)
+    return raw[0], raw[1], raw[2], raw[3]
+
+
+def encode_answer(
+    results: Sequence[Result], confirmed: Sequence[EstreamError | None] = ()
+) -> dict[str, Any]:
+    """The answer header of an APPEND_MANY: one result per batch and one per confirm, in
+    request order."""
+    body: dict[str, Any] = {RESULTS_FIELD: [r if isinstance(r, int) else {"error": r.to_wire()}
+                                            for r in results]}
+    if confirmed:
+        body[CONFIRMED_FIELD] = [None if c is None else {"error": c.to_wire()}
+                                 for c in confirmed]
+    return body
+
+
+def decode_answer(
+    body: dict[str, Any], entries: int, confirms: int = 0
+) -> tuple[list[Result], list[EstreamError | None]]:
+    """The results of an answer to ``entries`` batches and ``confirms`` confirms;
+    :class:`MalformedFrame` when it does not hold one per entry (each entry then fails
+    with it). A result that is not one is :class:`MalformedFrame` for that entry alone."""
     results = body.get(RESULTS_FIELD)
-    if not isinstance(results, list) or len(results) != entries:
-        raise MalformedFrame(f"an APPEND_MANY answer of {entries} entries has results "
-                             f"{str(results)[:100]}")
-    return [_result(r) for r in results]
+    confirmed = body.get(CONFIRMED_FIELD, []) if confirms else []
+    if (not isinstance(results, list) or len(results) != entries
+            or not isinstance(confirmed, list) or len(confirmed) != confirms):
+        raise MalformedFrame(f"an APPEND_MANY answer to {entries} batches and {confirms} "
+                             f"confirms is {str(body)[:100]}")
+    return [_result(r) for r in results], [_confirmed(c) for c in confirmed]
 
 
 def _result(raw: object) -> Result:
@@ -103,6 +151,14 @@ def _result(raw: object) -> Result:
     if isinstance(raw, dict) and "error" in raw:
         return from_wire(raw["error"])
     return MalformedFrame(f"an APPEND_MANY result is {str(raw)[:100]}, not an end or an error")
+
+
+def _confirmed(raw: object) -> EstreamError | None:
+    if raw is None:
+        return None
+    if isinstance(raw, dict) and "error" in raw:
+        return from_wire(raw["error"])
+    return MalformedFrame(f"an APPEND_MANY confirm result is {str(raw)[:100]}")
 
 
 def group_entries(
@@ -135,6 +191,9 @@ def group_entries(
 
 
 __all__ = [
+    "CONFIRMED_FIELD",
+    "CONFIRMS_FIELD",
+    "Confirm",
     "RESULTS_FIELD",
     "SIZES_FIELD",
     "Result",

@@ -109,6 +109,20 @@ def _all_done(futures: list[asyncio.Future[None]]) -> asyncio.Future[None] | Non
     return every
 
 
+def _outcome(pending: asyncio.Future[None]) -> EstreamError | None:
+    """The typed error a done log future failed with (None: it did not)."""
+    error = StorageError("log write cancelled") if pending.cancelled() else pending.exception()
+    if error is None or isinstance(error, EstreamError):
+        return error
+    log.error("an APPEND_MANY entry failed", exc_info=error)
+    return EstreamError("internal server error")
+
+
+def _confirm_result(entry: asyncio.Future[None] | EstreamError) -> EstreamError | None:
+    """One APPEND_MANY confirm's result: None (durable) or the typed error."""
+    return entry if isinstance(entry, EstreamError) else _outcome(entry)
+
+
 def _entry_result(
     entry: tuple[asyncio.Future[None] | None, Callable[[], int]] | EstreamError,
 ) -> appendmany.Result:
@@ -116,13 +130,9 @@ def _entry_result(
     if isinstance(entry, EstreamError):
         return entry
     pending, end = entry
-    if pending is not None:
-        error = StorageError("log write cancelled") if pending.cancelled() else pending.exception()
-        if error is not None:
-            if isinstance(error, EstreamError):
-                return error
-            log.error("an APPEND_MANY entry failed", exc_info=error)
-            return EstreamError("internal server error")
+    error = None if pending is None else _outcome(pending)
+    if error is not None:
+        return error
     try:
         return end()
     except EstreamError as exc:
@@ -252,25 +262,37 @@ class RangeServer:
     def append_many_now(
         self, header: Header, payload: bytes
     ) -> tuple[asyncio.Future[None] | None, Callable[[], tuple[Header, bytes]]]:
-        """APPEND_MANY as a quick handler: every entry checked and decided as an APPEND of
-        its own (:meth:`append_now`), all queued to the log in this turn (one log write,
-        one fsync group); answered once every entry's is known, each with its own end or
-        typed error (``estream/wire/appendmany.py``)."""
+        """APPEND_MANY as a quick handler: every batch checked and decided as an APPEND of
+        its own (:meth:`append_now`), every confirm as a CONFIRM of its own, all queued to
+        the log in this turn (one log write, one fsync group); answered once every entry's
+        outcome is known, each with its own end or typed error
+        (``estream/wire/appendmany.py``)."""
         asked = header.get("server_id")
         if asked is not None and asked != self.server_id:
             raise _wrong_server(asked, self.server_id)
-        deferred, batches = appendmany.decode_request(header, payload)
+        deferred, batches, confirms = appendmany.decode_request(header, payload)
         key = self._stream_key if self._secret is not None else None
-        entries: list[tuple[asyncio.Future[None] | None, Callable[[], int]] | EstreamError] = []
+        appends: list[tuple[asyncio.Future[None] | None, Callable[[], int]] | EstreamError] = []
         for batch in batches:
             try:
                 check_digest(batch, key)
-                entries.append(self.store.begin_append(batch, deferred=deferred))
+                appends.append(self.store.begin_append(batch, deferred=deferred))
             except EstreamError as exc:
-                entries.append(exc)
-        waits = [e[0] for e in entries if not isinstance(e, EstreamError) and e[0] is not None]
+                appends.append(exc)
+        confirmed: list[asyncio.Future[None] | EstreamError] = []
+        for confirm in confirms:
+            try:
+                stream_id, range_index, epoch, offset = (
+                    bounds.check_field(name, value) for name, value in zip(
+                        ("stream_id", "range_index", "epoch", "confirm"), confirm, strict=True))
+                confirmed.append(self.store.begin_confirm(stream_id, range_index, epoch, offset))
+            except EstreamError as exc:
+                confirmed.append(exc)
+        waits = [e[0] for e in appends if not isinstance(e, EstreamError) and e[0] is not None]
+        waits += [c for c in confirmed if not isinstance(c, EstreamError)]
         return _all_done(waits), lambda: (appendmany.encode_answer(
-            [_entry_result(e) for e in entries]), b"")
+            [_entry_result(e) for e in appends],
+            [_confirm_result(c) for c in confirmed]), b"")
 
     def _stream_key(self, stream_id: int) -> bytes:
         """The MAC key of a stream, from the cluster secret (cached)."""

@@ -77,10 +77,37 @@ async def test_durability_and_server_id_keep_requests_apart() -> None:
     assert [(c[1], c[2]) for c in pool.calls] == [
         (Opcode.APPEND, {"deferred": False, "server_id": "s"}),
         (Opcode.APPEND, {"deferred": False, "server_id": "t"}),
-        (Opcode.APPEND, {"deferred": True, "server_id": "s"}),
+        (Opcode.APPEND_MANY, {"deferred": True, "sizes": [1, 1], "server_id": "s"}),
         (Opcode.APPEND_MANY, {"deferred": False, "sizes": [1, 1], "server_id": "s"}),
-        (Opcode.APPEND, {"deferred": True, "server_id": "s"}),
     ]
+
+
+async def test_confirms_go_at_once_or_ride_along_with_the_turns_batches() -> None:
+    """An idle writer's CONFIRM: the first to a server in a turn is a plain CONFIRM; the
+    ones after it share the turn's APPEND_MANY with the batches, or go alone together."""
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer([7], [None, Fenced(
+                         "old", epoch=1, current_epoch=2)])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
+
+    def confirmed(name: str) -> Callable[[EstreamError | None], None]:
+        return lambda error: answers.to(name)(0, error)
+
+    sender.start_confirm("a:1", confirmed("c0"), server_id="s", stream_id=1, range_index=0,
+                         epoch=3, confirm=10)
+    assert pool.calls[-1][1:3] == (Opcode.CONFIRM, {
+        "stream_id": 1, "range_index": 0, "epoch": 3, "confirm": 10, "server_id": "s"})
+    sender.start_confirm("a:1", confirmed("c1"), server_id="s", stream_id=2, range_index=1,
+                         epoch=3, confirm=4)
+    sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"xy")
+    sender.start_confirm("a:1", confirmed("c2"), server_id="s", stream_id=3, range_index=0,
+                         epoch=1, confirm=5)
+    got = await answers.wait()
+    assert pool.calls[-1][1:4] == (Opcode.APPEND_MANY, {
+        "deferred": False, "sizes": [2], "confirms": [[2, 1, 3, 4], [3, 0, 1, 5]],
+        "server_id": "s"}, b"xy")
+    assert got["c0"] == got["c1"] == (0, None) and got["b0"] == (7, None)
+    assert isinstance(got["c2"][1], Fenced)
 
 
 async def test_a_request_error_reaches_every_entry_and_a_timeout_discards() -> None:
