@@ -17,7 +17,9 @@ Three layers, each on the one below:
 - :class:`ReplicaClient`: the writer's requests by replica id at its epoch (addresses
   learned from range metadata): what ``estream/sdk/writer.py`` and
   ``estream/net/recovery.py`` carry out, plus healing a replica left out of a seal. Its
-  APPEND is :meth:`RangeClient.start_append`: written at once, answered by callback.
+  APPEND and CONFIRM are written at once and answered by callback, through the client's
+  :class:`~estream.net.appendsender.AppendSender` (many writers' share APPEND_MANY
+  requests) or, without one, :meth:`RangeClient.start_append` and ``start_confirm``.
 
 **Timeouts**, one policy: every request has one. A client has a default
 (``request_timeout_s`` unless it is built with another); a caller passes ``timeout_s`` for
@@ -664,12 +666,6 @@ class ReplicaClient:
         self.appends.start_confirm(self.addresses[replica], done, server_id=replica,
                                    stream_id=stream_id, range_index=range_index,
                                    epoch=self.epoch, confirm=confirm)
-
-    async def confirm(self, replica: str, stream_id: int, range_index: int, confirm: int) -> None:
-        """CONFIRM ``confirm`` on ``replica`` at our epoch (durable once answered)."""
-        await self.client.confirm(
-            self.addresses[replica], server_id=replica, stream_id=stream_id,
-            range_index=range_index, epoch=self.epoch, confirm=confirm)
 
     async def fence(self, replica: str, stream_id: int, range_index: int) -> SealAnswer:
         """SEAL without an end at our epoch: ``replica`` refuses older writers and answers

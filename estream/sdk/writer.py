@@ -11,7 +11,9 @@ write: the pure sequence :func:`estream.core.recovery.open_range` (retries inclu
 carried out with :class:`estream.net.recovery.RecoveryDriver`. The requests themselves, and
 the copy and heal jobs, are :class:`~estream.net.rangeclient.ReplicaClient`'s. A batch is
 written to its replicas' connections in the turn it is cut (``start_append``: no task per
-batch and replica), and each answer comes back to the core through a callback.
+batch and replica), an idle CONFIRM likewise (``start_confirm``), and each answer comes back
+to the core through a callback; the client's writers share requests to a server
+(``estream/net/appendsender.py``).
 
 What the driver adds around the core, all bounded in time:
 
