@@ -15,7 +15,8 @@ Each entry's callback is called once, from the event loop: with its own end (or 
 for a confirm) or typed error from the answer, or with the request's error (a timeout
 discards the connection, as for APPEND: ``estream/net/rangeclient.py``). Requests to one
 server keep the order their entries were started in; within a request, batches are decided
-before confirms.
+before confirms. A confirm is answered once durable, so confirms never ride with
+DEFERRED_SYNC batches (whose answers do not wait for an fsync).
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -116,14 +117,16 @@ class AppendSender:
             confirms = entries.confirms
             for deferred, batches in entries.batches.items():
                 for group in group_entries([len(batch) for batch, _ in batches]):
-                    if len(group) == 1 and not confirms:
+                    # Confirms are durable before they are answered: they ride only with
+                    # batches that wait for the fsync anyway, never with DEFERRED_SYNC ones.
+                    riding = [] if deferred else confirms[:limits.append_many_entries_max]
+                    confirms = confirms[len(riding):]
+                    if len(group) == 1 and not riding:
                         batch, done = batches[group.start]
                         self._single.start_append(address, done, server_id=server_id,
                                                   batch=batch, deferred=deferred,
                                                   timeout_s=self.timeout_s)
                         continue
-                    riding = confirms[:limits.append_many_entries_max]
-                    confirms = confirms[len(riding):]
                     self._send_many(address, server_id, deferred,
                                     batches[group.start:group.stop], riding)
             while confirms:

@@ -18,7 +18,7 @@ are served, with the cluster secret, only on connections that proved it
 :class:`~estream.wire.errors.Unauthenticated` and nothing changes.
 
 Digests: a server given the cluster secret (``--secret-file``, ``ESTREAM_SECRET``) checks
-the MAC of every ``hmac-sha256`` batch on APPEND before the store sees it
+the MAC of every ``hmac-sha256`` batch on APPEND (and APPEND_MANY) before the store sees it
 (:func:`rangeserver.replica.check_digest`): a forged or re-addressed batch is answered
 :class:`~estream.wire.errors.DigestMismatch` and never stored. Without the secret such
 batches are stored checksum-verified only and readers alone verify them (the writer checks

@@ -110,6 +110,24 @@ async def test_confirms_go_at_once_or_ride_along_with_the_turns_batches() -> Non
     assert isinstance(got["c2"][1], Fenced)
 
 
+async def test_confirms_never_wait_on_with_deferred_batches() -> None:
+    """A confirm is answered once durable: riding with DEFERRED_SYNC batches would make
+    their answers wait for an fsync."""
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer([], [None, None])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
+    sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"x", deferred=True)
+    sender.start_append("a:1", answers.to("b1"), server_id="s", batch=b"y", deferred=True)
+    for name in ("c0", "c1"):
+        sender.start_confirm("a:1", lambda error, name=name: answers.to(name)(0, error),
+                             server_id="s", stream_id=1, range_index=0, epoch=1, confirm=3)
+    await answers.wait()
+    assert [(c[1], c[2]) for c in pool.calls[1:]] == [
+        (Opcode.APPEND, {"deferred": True, "server_id": "s"}),
+        (Opcode.APPEND_MANY, {"deferred": False, "sizes": [], "confirms": [[1, 0, 1, 3]] * 2,
+                              "server_id": "s"})]
+
+
 async def test_a_request_error_reaches_every_entry_and_a_timeout_discards() -> None:
     pool = FakePool({Opcode.APPEND: {"end": 1}, Opcode.APPEND_MANY: Timeout("slow")})
     sender, answers = AppendSender(pool, timeout_s=3.0), Answers(3)
