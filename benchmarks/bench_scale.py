@@ -15,7 +15,7 @@ bounded in count and time:
    appending nothing: the PD leader's CPU share over ``--idle-s`` (target <= 0.10);
 4. ``spread``: 1 KiB appends, 256 in flight in total, over ``--spread-streams`` streams
    (one writer each) beside the same on one stream: records/s and their ratio (target
-   >= 0.5).
+   >= 0.5), and the CPU per record of this client and of the range servers together.
 
     python -m benchmarks.bench_scale [--phases catalog,ranges,idle,spread]
         [--streams 100000] [--ranges 10000] [--idle-writers 10000] [--idle-clients 10]
@@ -209,18 +209,33 @@ async def idle(cluster: Cluster, client: estream.Client, writers: int, clients: 
     return {"writers": per * clients, "clients": clients, "pd_leader_cpu_share": share}
 
 
-async def spread(client: estream.Client, streams: int, records: int) -> dict[str, Any]:
+async def spread(cluster: Cluster, client: estream.Client, streams: int,
+                 records: int) -> dict[str, Any]:
     names = [f"spread-{i}" for i in range(streams)]
     await _bounded(client.create_stream(n, replicas=3, ack_count=2) for n in names + ["one"])
     many = await _bounded(client.open_writer(n) for n in names)
     one = await client.open_writer("one")
+    servers = [s.process.pid for s in cluster.servers if s.process is not None]
     try:
-        one_rate = await _appends([one], records)
-        many_rate = await _appends(many, records)
+        one_rate, one_cpu = await _measured(servers, [one], records)
+        many_rate, many_cpu = await _measured(servers, many, records)
     finally:
         await _bounded(w.close() for w in [*many, one])
     return {"streams": streams, "one_stream_per_s": one_rate, "spread_per_s": many_rate,
-            "ratio": many_rate / one_rate}
+            "ratio": many_rate / one_rate,
+            "cpu_us_per_record": {"one_stream": one_cpu, "spread": many_cpu}}
+
+
+async def _measured(servers: list[int], writers: list[Any],
+                    records: int) -> tuple[float, dict[str, float]]:
+    """:func:`_appends`' records/s, and the CPU each record cost this client and the range
+    servers together (microseconds): a figure a shared machine's load does not skew the
+    way it skews the rate."""
+    client_s, servers_s = time.process_time(), sum(_cpu_s(pid) for pid in servers)
+    rate = await _appends(writers, records)
+    client_s = time.process_time() - client_s
+    servers_s = sum(_cpu_s(pid) for pid in servers) - servers_s
+    return rate, {"client": client_s / records * 1e6, "range_servers": servers_s / records * 1e6}
 
 
 async def _appends(writers: list[Any], records: int) -> float:
@@ -246,7 +261,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     try:
         async with await estream.connect(cluster.pd_addresses) as client:
             if "spread" in phases:
-                results["spread"] = await spread(client, args.spread_streams, args.records)
+                results["spread"] = await spread(cluster, client, args.spread_streams,
+                                                 args.records)
                 print("spread:", json.dumps(results["spread"]), flush=True)
             if "ranges" in phases:
                 results["ranges"] = await ranges(client, args.ranges)

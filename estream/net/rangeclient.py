@@ -17,7 +17,9 @@ Three layers, each on the one below:
 - :class:`ReplicaClient`: the writer's requests by replica id at its epoch (addresses
   learned from range metadata): what ``estream/sdk/writer.py`` and
   ``estream/net/recovery.py`` carry out, plus healing a replica left out of a seal. Its
-  APPEND is :meth:`RangeClient.start_append`: written at once, answered by callback.
+  APPEND and CONFIRM are written at once and answered by callback, through the client's
+  :class:`~estream.net.appendsender.AppendSender` (many writers' share APPEND_MANY
+  requests) or, without one, :meth:`RangeClient.start_append` and ``start_confirm``.
 
 **Timeouts**, one policy: every request has one. A client has a default
 (``request_timeout_s`` unless it is built with another); a caller passes ``timeout_s`` for
@@ -241,6 +243,21 @@ class Pool(Protocol):
     def discard(self, address: str) -> None: ...
 
 
+class AppendSending(Protocol):
+    """What sends a writer's APPENDs and CONFIRMs: :class:`RangeClient` (one request each)
+    or the client's :class:`~estream.net.appendsender.AppendSender` (they share requests)."""
+
+    def start_append(
+        self, address: str, done: Callable[[int, EstreamError | None], None], *,
+        server_id: str | None, batch: bytes | memoryview, deferred: bool = False,
+    ) -> None: ...
+
+    def start_confirm(
+        self, address: str, done: Callable[[EstreamError | None], None], *,
+        server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
+    ) -> None: ...
+
+
 class RangeClient:
     """One typed method per range-server opcode (see the module docstring)."""
 
@@ -389,6 +406,20 @@ class RangeClient:
         await self._call(address, Opcode.CONFIRM, {
             "stream_id": stream_id, "range_index": range_index, "epoch": epoch,
             "confirm": confirm}, server_id, timeout_s)
+
+    def start_confirm(
+        self, address: str, done: Callable[[EstreamError | None], None], *,
+        server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
+        timeout_s: float | None = None,
+    ) -> None:
+        """:meth:`confirm` without awaiting (an idle writer's): written now, ``done(None)``
+        or ``done(error)`` later from the event loop, never from within this call."""
+        header: Header = {"stream_id": stream_id, "range_index": range_index, "epoch": epoch,
+                          "confirm": confirm}
+        if server_id is not None:
+            header["server_id"] = server_id
+        self.pool.start_call(address, Opcode.CONFIRM, header, b"",
+                             lambda _, error: done(error), timeout_s=self._timeout(timeout_s))
 
     async def list_ranges(
         self, address: str, *, server_id: str | None, timeout_s: float | None = None
@@ -600,8 +631,12 @@ class ReplicaClient:
     from range metadata), at its epoch. It decides nothing: ``estream/sdk/writer.py`` and
     ``estream/net/recovery.py`` drive it."""
 
-    def __init__(self, pool: ConnectionPool, epoch: int, *, digest: str | None = None) -> None:
+    def __init__(self, pool: ConnectionPool, epoch: int, *, digest: str | None = None,
+                 appends: AppendSending | None = None) -> None:
         self.client = RangeClient(pool)
+        # APPENDs go through the client's shared sender (batches of its writers to one
+        # server share requests: estream/net/appendsender.py); without one, one by one.
+        self.appends: AppendSending = appends or self.client
         self.epoch = epoch
         self.digest = digest  # the stream's: every replica it creates records it
         self.addresses: dict[str, str] = {}
@@ -620,14 +655,17 @@ class ReplicaClient:
         """APPEND one encoded batch to ``replica``, written now:
         ``done(its durable (or written) end, None)`` or ``done(-1, error)`` later
         (:meth:`RangeClient.start_append`)."""
-        self.client.start_append(self.addresses[replica], done, server_id=replica,
-                                 batch=payload, deferred=deferred)
+        self.appends.start_append(self.addresses[replica], done, server_id=replica,
+                                  batch=payload, deferred=deferred)
 
-    async def confirm(self, replica: str, stream_id: int, range_index: int, confirm: int) -> None:
-        """CONFIRM ``confirm`` on ``replica`` at our epoch (durable once answered)."""
-        await self.client.confirm(
-            self.addresses[replica], server_id=replica, stream_id=stream_id,
-            range_index=range_index, epoch=self.epoch, confirm=confirm)
+    def start_confirm(self, replica: str, stream_id: int, range_index: int, confirm: int,
+                      done: Callable[[EstreamError | None], None]) -> None:
+        """CONFIRM ``confirm`` on ``replica`` at our epoch, written now (with other
+        writers' batches and confirms to that server when they share a turn):
+        ``done(None)`` once it is durable, or ``done(error)``, later."""
+        self.appends.start_confirm(self.addresses[replica], done, server_id=replica,
+                                   stream_id=stream_id, range_index=range_index,
+                                   epoch=self.epoch, confirm=confirm)
 
     async def fence(self, replica: str, stream_id: int, range_index: int) -> SealAnswer:
         """SEAL without an end at our epoch: ``replica`` refuses older writers and answers

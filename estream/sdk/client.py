@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Final, Literal
 
 from estream.core.rangewriter import WriterConfig
+from estream.net.appendsender import AppendSender
 from estream.net.objectstore import ObjectStore
 from estream.net.pdclient import PDClient
 from estream.net.rangeclient import RangeClient
@@ -93,6 +94,7 @@ class Client:
         tls = client_context(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token)
         self.pool = ConnectionPool(ssl=tls, token=token)
+        self.appends = AppendSender(self.pool)  # its writers' batches share requests
         self.timeout_s = timeout_s
         self._streams: dict[str, StreamMeta] = {}
         self._writers: list[Writer] = []

@@ -11,7 +11,9 @@ write: the pure sequence :func:`estream.core.recovery.open_range` (retries inclu
 carried out with :class:`estream.net.recovery.RecoveryDriver`. The requests themselves, and
 the copy and heal jobs, are :class:`~estream.net.rangeclient.ReplicaClient`'s. A batch is
 written to its replicas' connections in the turn it is cut (``start_append``: no task per
-batch and replica), and each answer comes back to the core through a callback.
+batch and replica), an idle CONFIRM likewise (``start_confirm``), and each answer comes back
+to the core through a callback; the client's writers share requests to a server
+(``estream/net/appendsender.py``).
 
 What the driver adds around the core, all bounded in time:
 
@@ -173,7 +175,8 @@ class Writer:
         self.config = config
         self._core: RangeWriter | None = None
         self._replicas = ReplicaClient(client.pool, meta.epoch,
-                                       digest=getattr(meta, "digest", None))
+                                       digest=getattr(meta, "digest", None),
+                                       appends=client.appends)
         # What appends and flushes wait on, completed in offset order.
         self._waiters: deque[_Waiter[Any]] = deque()
         self._space: list[asyncio.Future[None]] = []
@@ -832,7 +835,11 @@ class Writer:
             elif isinstance(effect, SendConfirm):
                 if effect.range_index == core.range_index:
                     self._confirm_asked = max(self._confirm_asked, effect.confirm)
-                self._spawn(self._send_confirm(effect))
+                # Written now (with other writers' to that server when they share the
+                # turn); the answer comes back through the callback, no task.
+                self._replicas.start_confirm(
+                    effect.replica, core.stream_id, effect.range_index, effect.confirm,
+                    partial(self._confirm_answered, core, effect))
             elif isinstance(effect, RequestRoll):
                 self._on_degraded(effect)
             elif isinstance(effect, BeginSeal):
@@ -937,17 +944,14 @@ class Writer:
         else:
             self._run(core.on_append_error(replica, range_index, error, self._now()))
 
-    async def _send_confirm(self, effect: SendConfirm) -> None:
-        core = self._core
-        assert core is not None
-        try:
-            await self._replicas.confirm(
-                effect.replica, core.stream_id, effect.range_index, effect.confirm
-            )
-        except Fenced as exc:
-            self._run(core.on_fenced(exc))
+    def _confirm_answered(self, core: RangeWriter, effect: SendConfirm,
+                          error: EstreamError | None) -> None:
+        if core is not self._core or self._closed:
             return
-        except EstreamError:
+        if isinstance(error, Fenced):
+            self._run(core.on_fenced(error))
+            return
+        if error is not None:
             return  # best effort: the next batch carries the confirm offset too
         if effect.range_index == core.range_index:
             have = self._confirmed.get(effect.replica, -1)

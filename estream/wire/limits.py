@@ -102,3 +102,9 @@ gil_switch_interval_s: Final = 0.0005
 # Wrong-port hints (estream/net/portprobe.py): after a PD call timed out, the CLI probes
 # whether an address is a PD Raft port; each probe's connect and answer wait this long.
 raft_port_probe_timeout_s: Final = 1.0
+
+# APPEND_MANY (estream/wire/appendmany.py): a client's batches to one range server, queued in
+# one event-loop turn, share one request. Bounds on one request; a batch past the bytes bound
+# goes alone, as an APPEND.
+append_many_entries_max: Final = 256  # batches in one APPEND_MANY (a writer's in-flight max)
+append_many_bytes_max: Final = 4 * MiB  # their bytes together (frame_bytes_max bounds the frame)

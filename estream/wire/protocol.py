@@ -62,6 +62,8 @@ class Opcode(IntEnum):
     LIST_RANGES = 17
     DROP_RANGE = 18
     TIME_INDEX = 19  # first offset at or after a timestamp; a replica's time statistics
+    APPEND_MANY = 20  # many batches (of any ranges) in one request, one result each:
+    #   estream/wire/appendmany.py
     # Placement driver.
     PD_REGISTER_SERVER = 40
     PD_HEARTBEAT = 41

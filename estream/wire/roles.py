@@ -94,6 +94,7 @@ RANGE_SERVER_OPCODE_ACTIONS: Final[Mapping[int, Action]] = {
     Opcode.TIME_INDEX: Action.READ,
     Opcode.CREATE_RANGE: Action.WRITE,
     Opcode.APPEND: Action.WRITE,
+    Opcode.APPEND_MANY: Action.WRITE,  # exactly where APPEND is
     Opcode.SEAL: Action.WRITE,
     Opcode.FORCE: Action.WRITE,
     Opcode.CONFIRM: Action.WRITE,

@@ -37,6 +37,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -46,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from estream.net.rpc import Answer, Handler, Header, QuickHandler, RpcServer
 from estream.server.metrics import new_registry
+from estream.wire.appendmany import RESULTS_FIELD, SIZES_FIELD
 from estream.wire.errors import ErrorCode, EstreamError
 from estream.wire.protocol import Opcode
 from rangeserver.shell.exhaustion import RESOURCES
@@ -139,6 +141,8 @@ class RangeServerMetrics(Collector):
                     return answer  # a long poll's time is the writer's, not ours
             elif opcode == Opcode.APPEND:  # the slow path (its answers were waiting)
                 self._appended(payload)
+            elif opcode == Opcode.APPEND_MANY:
+                self._appended_many(header, payload, answer[0])
             timed_op.observe(time.perf_counter() - started)
             return answer
 
@@ -148,10 +152,24 @@ class RangeServerMetrics(Collector):
         self.append_bytes.inc(len(payload))
         self.append_records.inc(int.from_bytes(payload[_COUNT_AT], "little"))
 
+    def _appended_many(self, header: Header, payload: bytes, answer: Header | None) -> None:
+        """An APPEND_MANY's accepted batches (those answered an end), by its header's
+        sizes (``estream/wire/appendmany.py``)."""
+        results = (answer or {}).get(RESULTS_FIELD)
+        sizes = header.get(SIZES_FIELD)
+        if not isinstance(results, list) or not isinstance(sizes, list):
+            return
+        at = 0
+        for size, result in zip(sizes, results, strict=False):
+            if type(result) is int:
+                self._appended(payload[at : at + size])
+            at += size
+
     def _timed_quick(self, opcode: int, handler: QuickHandler) -> QuickHandler:
         op = _op_name(opcode)
         timed_op = self.seconds.labels(op)
         ok = self.requests.labels(op, "ok")
+        many = opcode == Opcode.APPEND_MANY  # counted from its answer (entries fail alone)
 
         def done(future: asyncio.Future[Any], started: float, payload: bytes) -> None:
             self._pending.pop(id(future), None)
@@ -160,8 +178,14 @@ class RangeServerMetrics(Collector):
                 self._failed(op, error or asyncio.CancelledError())
                 return
             ok.inc()
-            self._appended(payload)
+            if not many:
+                self._appended(payload)
             timed_op.observe(time.perf_counter() - started)
+
+        def counted(header: Header, payload: bytes, answer: Callable[[], Answer]) -> Answer:
+            answered = answer()
+            self._appended_many(header, payload, answered[0])
+            return answered
 
         def timed(header: Header, payload: bytes) -> tuple[
                 asyncio.Future[Any] | None, Callable[[], Answer]]:
@@ -171,9 +195,12 @@ class RangeServerMetrics(Collector):
             except Exception as exc:
                 self._failed(op, exc)
                 raise
+            if many:
+                answer = partial(counted, header, payload, answer)
             if pending is None:
                 ok.inc()
-                self._appended(payload)
+                if not many:
+                    self._appended(payload)
                 timed_op.observe(time.perf_counter() - started)
             else:
                 self._pending[id(pending)] = started

@@ -18,7 +18,7 @@ are served, with the cluster secret, only on connections that proved it
 :class:`~estream.wire.errors.Unauthenticated` and nothing changes.
 
 Digests: a server given the cluster secret (``--secret-file``, ``ESTREAM_SECRET``) checks
-the MAC of every ``hmac-sha256`` batch on APPEND before the store sees it
+the MAC of every ``hmac-sha256`` batch on APPEND (and APPEND_MANY) before the store sees it
 (:func:`rangeserver.replica.check_digest`): a forged or re-addressed batch is answered
 :class:`~estream.wire.errors.DigestMismatch` and never stored. Without the secret such
 batches are stored checksum-verified only and readers alone verify them (the writer checks
@@ -39,8 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional, require
-from estream.wire import limits
-from estream.wire.errors import InvalidArgument, WrongServer
+from estream.wire import appendmany, limits
+from estream.wire.errors import EstreamError, InvalidArgument, StorageError, WrongServer
 from estream.wire.protocol import Opcode
 from estream.wire.record import DIGESTS, stream_key
 from estream.wire.roles import RANGE_SERVER_OPCODE_ACTIONS
@@ -89,6 +89,56 @@ def _wrong_server(asked: object, actual: str) -> WrongServer:
     )
 
 
+def _all_done(futures: list[asyncio.Future[None]]) -> asyncio.Future[None] | None:
+    """A future done once every one of ``futures`` is (None: none to wait for); it never
+    fails: each entry's own outcome is read from its future (:func:`_entry_result`)."""
+    if not futures:
+        return None
+    loop = futures[0].get_loop()
+    every = loop.create_future()
+    left = len(set(futures))
+
+    def one_done(_: asyncio.Future[None]) -> None:
+        nonlocal left
+        left -= 1
+        if left == 0 and not every.done():
+            every.set_result(None)
+
+    for future in set(futures):
+        future.add_done_callback(one_done)
+    return every
+
+
+def _outcome(pending: asyncio.Future[None]) -> EstreamError | None:
+    """The typed error a done log future failed with (None: it did not)."""
+    error = StorageError("log write cancelled") if pending.cancelled() else pending.exception()
+    if error is None or isinstance(error, EstreamError):
+        return error
+    log.error("an APPEND_MANY entry failed", exc_info=error)
+    return EstreamError("internal server error")
+
+
+def _confirm_result(entry: asyncio.Future[None] | EstreamError) -> EstreamError | None:
+    """One APPEND_MANY confirm's result: None (durable) or the typed error."""
+    return entry if isinstance(entry, EstreamError) else _outcome(entry)
+
+
+def _entry_result(
+    entry: tuple[asyncio.Future[None] | None, Callable[[], int]] | EstreamError,
+) -> appendmany.Result:
+    """One APPEND_MANY entry's result: its end, or the typed error it failed with."""
+    if isinstance(entry, EstreamError):
+        return entry
+    pending, end = entry
+    error = None if pending is None else _outcome(pending)
+    if error is not None:
+        return error
+    try:
+        return end()
+    except EstreamError as exc:
+        return exc
+
+
 class RangeServer:
     """The range server process's service: the store behind an :class:`RpcServer`."""
 
@@ -104,7 +154,9 @@ class RangeServer:
         self.address = ""
         self._rotation = 0  # where the heartbeat's window of sealed replicas is
         self.rpc = RpcServer(
-            self.handlers(), quick_handlers={Opcode.APPEND: self.append_now}, name="rangeserver",
+            self.handlers(), name="rangeserver",
+            quick_handlers={Opcode.APPEND: self.append_now,
+                            Opcode.APPEND_MANY: self.append_many_now},
             member_secret=self._secret, opcode_actions=RANGE_SERVER_OPCODE_ACTIONS,
         )
 
@@ -112,6 +164,7 @@ class RangeServer:
         checked = {
             Opcode.CREATE_RANGE: self.create_range,
             Opcode.APPEND: self.append,
+            Opcode.APPEND_MANY: self.append_many,
             Opcode.SEAL: self.seal,
             Opcode.READ: self.read,
             Opcode.DESCRIBE_RANGE: self.describe_range,
@@ -198,6 +251,48 @@ class RangeServer:
         check_digest(payload, self._stream_key if self._secret is not None else None)
         pending, end = self.store.begin_append(payload, deferred=deferred)
         return pending, lambda: ({"end": end()}, b"")
+
+    async def append_many(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        """APPEND_MANY when the quick path cannot take it (the connection's answers wait)."""
+        pending, answer = self.append_many_now(header, payload)
+        if pending is not None:
+            await pending
+        return answer()
+
+    def append_many_now(
+        self, header: Header, payload: bytes
+    ) -> tuple[asyncio.Future[None] | None, Callable[[], tuple[Header, bytes]]]:
+        """APPEND_MANY as a quick handler: every batch checked and decided as an APPEND of
+        its own (:meth:`append_now`), every confirm as a CONFIRM of its own, all queued to
+        the log in this turn (one log write, one fsync group); answered once every entry's
+        outcome is known, each with its own end or typed error
+        (``estream/wire/appendmany.py``)."""
+        asked = header.get("server_id")
+        if asked is not None and asked != self.server_id:
+            raise _wrong_server(asked, self.server_id)
+        deferred, batches, confirms = appendmany.decode_request(header, payload)
+        key = self._stream_key if self._secret is not None else None
+        appends: list[tuple[asyncio.Future[None] | None, Callable[[], int]] | EstreamError] = []
+        for batch in batches:
+            try:
+                check_digest(batch, key)
+                appends.append(self.store.begin_append(batch, deferred=deferred))
+            except EstreamError as exc:
+                appends.append(exc)
+        confirmed: list[asyncio.Future[None] | EstreamError] = []
+        for confirm in confirms:
+            try:
+                stream_id, range_index, epoch, offset = (
+                    bounds.check_field(name, value) for name, value in zip(
+                        ("stream_id", "range_index", "epoch", "confirm"), confirm, strict=True))
+                confirmed.append(self.store.begin_confirm(stream_id, range_index, epoch, offset))
+            except EstreamError as exc:
+                confirmed.append(exc)
+        waits = [e[0] for e in appends if not isinstance(e, EstreamError) and e[0] is not None]
+        waits += [c for c in confirmed if not isinstance(c, EstreamError)]
+        return _all_done(waits), lambda: (appendmany.encode_answer(
+            [_entry_result(e) for e in appends],
+            [_confirm_result(c) for c in confirmed]), b"")
 
     def _stream_key(self, stream_id: int) -> bytes:
         """The MAC key of a stream, from the cluster secret (cached)."""

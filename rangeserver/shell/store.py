@@ -490,6 +490,13 @@ class Store:
         """Move the confirm offset forward; returns once it is durable (a CONFIRM entry
         when this raised it; else a barrier: one that did may still be in flight), so an
         idle or closed writer's last confirm survives a crash of this server."""
+        await self.begin_confirm(stream_id, range_index, epoch, confirm)
+
+    def begin_confirm(
+        self, stream_id: int, range_index: int, epoch: int, confirm: int
+    ) -> asyncio.Future[None]:
+        """:meth:`confirm` without a coroutine (APPEND_MANY's confirms): decided and
+        queued now; returns the future of its durability."""
         key = (stream_id, range_index)
         state = self._get(*key)
         outcome = rp.decide_confirm(state, epoch, confirm)
@@ -497,9 +504,9 @@ class Store:
             raise rp.stale_error(outcome)
         if outcome.confirm > state.confirm:
             self._set(key, outcome)  # readers may see it now: those records are acknowledged
-            await self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm), state)
-        else:
-            await self.wal.barrier()
+            return self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm),
+                                     state)
+        return self.wal.barrier()
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
         return self._get(stream_id, range_index).describe()

@@ -16,8 +16,10 @@ from estream.devcluster.process import ManagedProcess
 from estream.devcluster.rangeserver import start_rangeserver
 from estream.devcluster.walfiles import flip_byte, tear, valid_end
 from estream.net.rpc import RpcClient
+from estream.wire.appendmany import decode_answer, encode_request
 from estream.wire.errors import (
     ChecksumMismatch,
+    EstreamError,
     Fenced,
     FrameTooLarge,
     InvalidArgument,
@@ -28,6 +30,7 @@ from estream.wire.errors import (
     RangeSealed,
     ReplicaDamaged,
     UnsupportedOpcode,
+    WrongServer,
     from_wire,
 )
 from estream.wire.protocol import FrameDecoder, Opcode, encode_frame_bytes
@@ -167,6 +170,61 @@ async def test_append_decisions_over_the_wire(server: Server, connect: Connect) 
         await client.call(Opcode.APPEND, {}, batch(4, epoch=2))
     assert err.value.end_offset == 4
     assert (await describe(client))["end"] == 4, "nothing stored was touched"
+    await client.close()
+
+
+async def append_many(client: RpcClient, batches: list[bytes], **header: object) -> list[
+        int | EstreamError]:
+    """One APPEND_MANY of ``batches``: each entry's end or typed error."""
+    body, _ = await client.call(Opcode.APPEND_MANY, {**encode_request(batches, False, None)[0],
+                                                     **header}, b"".join(batches))
+    return decode_answer(body, len(batches))[0]
+
+
+async def test_append_many_decides_each_entry_as_an_append_of_its_own(
+    server: Server, connect: Connect
+) -> None:
+    """Every APPEND outcome inside one request: each entry gets its own, the good ones are
+    stored (in request order, so an entry may continue the one before it), none of the
+    refused ones is."""
+    client = await connect(server.address)
+    await create(client, epoch=2)
+    await create(client, epoch=2, range_index=1)
+    corrupt = bytearray(batch(8, epoch=2))
+    corrupt[-1] ^= 1
+    got = await append_many(client, [
+        batch(0, epoch=2), batch(0, epoch=2), batch(4, epoch=2), batch(9, epoch=2),
+        batch(8, epoch=1), bytes(corrupt), b"not a batch", batch(0, epoch=2, range_index=9),
+        batch(0, epoch=2, range_index=1), batch(8, epoch=2)])
+    # Accepted, a duplicate acknowledged again, the next one: each answers the replica's
+    # durable end after it (as APPEND does), here the end of the whole request.
+    assert got[:3] == [12, 12, 12]
+    assert isinstance(got[3], OffsetGap) and (got[3].expected, got[3].actual) == (8, 9)
+    assert isinstance(got[4], Fenced)
+    assert isinstance(got[5], ChecksumMismatch)
+    assert isinstance(got[6], MalformedBatch)
+    assert isinstance(got[7], RangeNotFound)
+    assert got[8:] == [4, 12]
+    await client.call(Opcode.SEAL, {"stream_id": STREAM, "range_index": 0, "epoch": 2,
+                                    "end": 12})
+    got = await append_many(client, [batch(12, epoch=2), batch(4, epoch=2, range_index=1)])
+    assert isinstance(got[0], RangeSealed) and got[0].end_offset == 12
+    assert got[1] == 8, "a sealed range's entry fails alone"
+    _, data = await read(client, 0)
+    assert [b.base_offset for b, _ in iter_batches(data)] == [0, 4, 8]
+    header, _ = encode_request([batch(8, epoch=2, range_index=1)], False, None, [
+        (STREAM, 1, 2, 8), (STREAM, 1, 1, 12), (STREAM, 1, 2, 2**63), (STREAM, 7, 2, 1)])
+    body, _ = await client.call(Opcode.APPEND_MANY, header, batch(8, epoch=2, range_index=1))
+    results, confirmed = decode_answer(body, 1, 4)
+    assert results == [12] and confirmed[0] is None, "a batch and a confirm after it"
+    assert isinstance(confirmed[1], Fenced)
+    assert isinstance(confirmed[2], InvalidArgument) and confirmed[2].argument == "confirm"
+    assert isinstance(confirmed[3], RangeNotFound)
+    state, _ = await client.call(Opcode.DESCRIBE_RANGE, {"stream_id": STREAM, "range_index": 1})
+    assert (state["end"], state["confirm"]) == (12, 8)
+    with pytest.raises(WrongServer):
+        await append_many(client, [batch(8, epoch=2, range_index=1)], server_id="not-me")
+    assert (await describe(client))["end"] == 12, "nothing else was stored"
     await client.close()
 
 

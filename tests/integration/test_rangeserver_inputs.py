@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from estream.net.rpc import RpcClient
+from estream.wire import limits
+from estream.wire.appendmany import decode_answer
 from estream.wire.errors import EstreamError, InvalidArgument, MalformedBatch
 from estream.wire.protocol import Opcode
 from estream.wire.record import (
@@ -233,3 +235,56 @@ async def test_error_answers_keep_the_connection(server: Server, connect: Connec
             await client.call(Opcode.APPEND, {}, bad_records_batch(0, PREFIX.pack(1000, 0, 5), 1))
     header, _ = await client.call(Opcode.APPEND, {}, batch(0))
     assert header == {"end": 4}
+
+
+async def test_append_many_refuses_absurd_requests_and_bad_entries_alone(
+    server: Server, connect: Connect
+) -> None:
+    """APPEND_MANY (issue 27): an absurd entry count, size or shape is InvalidArgument
+    naming the field, for the whole request; a batch out of bounds (each of APPEND's
+    rows) fails alone beside a good one; nothing bad is stored; the server keeps serving
+    and restarting."""
+    client = await connect(server.address)
+    await create(client, start=10)
+    many = limits.append_many_entries_max
+    absurd: list[tuple[dict[str, Any], bytes, str]] = [
+        ({"sizes": [1] * 100_000}, b"x" * 100_000, "sizes"),
+        ({"sizes": [1] * (many + 1)}, b"x" * (many + 1), "sizes"),
+        ({"sizes": [2**40]}, b"x", "sizes"),
+        ({"sizes": [U64_MAX]}, b"x", "sizes"),
+        ({"sizes": [-5, 6]}, b"x", "sizes"),
+        ({"sizes": [0]}, b"", "sizes"),
+        ({"sizes": [3, 3]}, b"x" * 5, "sizes"),
+        ({"sizes": "all"}, b"x", "sizes"),
+        ({"sizes": [{"a": 1}]}, b"x", "sizes"),
+        ({}, b"", "sizes"),
+        ({"sizes": [], "confirms": [[STREAM, 0, 1]]}, b"", "confirms"),
+        ({"sizes": [], "confirms": [[STREAM, 0, 1, 11]] * (many + 1)}, b"", "confirms"),
+        ({"sizes": [1], "deferred": "yes"}, b"x", "deferred"),
+    ]
+    for header, payload, field in absurd:
+        await expect_invalid(client, Opcode.APPEND_MANY, header, field, payload)
+    good = batch(10)
+    bad = [(section_batch(INT64_MAX - 2, 4), "base_offset"),
+           (section_batch(14, 1, epoch=INT64_MAX + 1), "epoch"),
+           (section_batch(14, 1, confirm=U64_MAX), "confirm_offset"),
+           (section_batch(14, 1, stream_id=INT64_MAX + 1), "stream_id")]
+    entries = [good, *(b for b, _ in bad)]
+    header = {"sizes": [len(b) for b in entries],
+              "confirms": [[STREAM, 0, 1, U64_MAX], [INT64_MAX + 1, 0, 1, 1]]}
+    body, _ = await client.call(Opcode.APPEND_MANY, header, b"".join(entries))
+    results, confirmed = decode_answer(body, len(entries), 2)
+    assert results[0] == 14, "the good batch is stored"
+    for result, (_, field) in zip(results[1:], bad, strict=True):
+        assert isinstance(result, InvalidArgument) and result.argument == field, result
+    assert [c.argument for c in confirmed if isinstance(c, InvalidArgument)] == [
+        "confirm", "stream_id"]
+    listed, _ = await client.call(Opcode.LIST_RANGES, {})
+    assert [(r["stream_id"], r["start"], r["end"]) for r in listed["ranges"]] == [
+        (STREAM, 10, 14)], "nothing else was created or stored"
+    header, _ = await client.call(Opcode.APPEND, {}, batch(14))
+    assert header == {"end": 18}, "the server keeps serving"
+    server.stop()
+    server.start()
+    client = await connect(server.address)
+    assert (await describe(client))["end"] == 18

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from estream.wire.appendmany import encode_answer
 from estream.wire.errors import Fenced, StorageError
 from estream.wire.protocol import Opcode
 from rangeserver.replica import ReplicaState
@@ -78,6 +79,36 @@ async def test_quick_appends_count_when_durable_and_errors_by_code() -> None:
     assert seen["estream_rangeserver_requests_total{op=APPEND,outcome=ok}"] == 1
     assert seen["estream_rangeserver_errors_total{code=STORAGE_ERROR,op=APPEND}"] == 1
     assert seen["estream_rangeserver_request_seconds_count{op=APPEND}"] == 1
+
+
+async def test_append_many_counts_the_batches_it_accepted() -> None:
+    """An APPEND_MANY's entries fail alone: the records and bytes counted are those of the
+    batches answered an end, whether the answer waited for the log or not."""
+    loop = asyncio.get_running_loop()
+    pending: list[asyncio.Future[None]] = []
+
+    def append_many(header: dict[str, Any], payload: bytes) -> Any:
+        future = loop.create_future() if header.get("wait") else None
+        if future is not None:
+            pending.append(future)
+        return future, lambda: (encode_answer([5, Fenced("older epoch"), 9]), b"")
+
+    metrics = RangeServerMetrics(fake_store(), fake_rpc({}, {Opcode.APPEND_MANY: append_many}),
+                                 data_dir="/")
+    metrics.instrument()
+    quick = metrics.rpc.quick_handlers[Opcode.APPEND_MANY]
+    header = {"sizes": [100, 60, 50]}
+    payload = batch(7) + batch(3, 60) + batch(2, 50)
+    _, answer = quick(header, payload)
+    assert answer()[0]["results"][0] == 5
+    _, answer = quick({**header, "wait": True}, payload)
+    pending[0].set_result(None)
+    await asyncio.sleep(0)
+    answer()
+    seen = samples(metrics)
+    assert seen["estream_rangeserver_append_records_total"] == 2 * (7 + 2)
+    assert seen["estream_rangeserver_append_bytes_total"] == 2 * (100 + 50)
+    assert seen["estream_rangeserver_requests_total{op=APPEND_MANY,outcome=ok}"] == 2
 
 
 async def test_reads_count_bytes_and_long_polls_are_not_timed() -> None:

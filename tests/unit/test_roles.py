@@ -52,7 +52,7 @@ def test_delete_trim_drain_and_forget_need_admin_and_member_opcodes_a_member() -
 def test_every_pd_and_range_server_opcode_has_an_action() -> None:
     pd_ops = {op for op in Opcode if op.name.startswith("PD_")}
     assert pd_ops <= set(PD_OPCODE_ACTIONS)
-    for op in (Opcode.CREATE_RANGE, Opcode.APPEND, Opcode.SEAL, Opcode.READ,
+    for op in (Opcode.CREATE_RANGE, Opcode.APPEND, Opcode.APPEND_MANY, Opcode.SEAL, Opcode.READ,
                Opcode.DESCRIBE_RANGE, Opcode.FORCE, Opcode.CONFIRM, Opcode.TIME_INDEX):
         assert op in RANGE_SERVER_OPCODE_ACTIONS
 
@@ -156,3 +156,12 @@ def test_a_connection_may_do_what_any_of_its_credentials_allows() -> None:
     assert permits_any({"client", "admin"}, Action.ADMIN)
     assert not permits_any({"client", "read"}, Action.ADMIN)
     assert not permits_any(set(), Action.READ)
+
+
+def test_append_many_is_allowed_exactly_where_append_is() -> None:
+    """APPEND_MANY carries APPENDs: every role that may send one may send the other."""
+    assert action_of(RANGE_SERVER_OPCODE_ACTIONS, Opcode.APPEND_MANY) is action_of(
+        RANGE_SERVER_OPCODE_ACTIONS, Opcode.APPEND)
+    for role in ("read", "client", "admin", "member", "all", ""):
+        assert permits(role, action_of(RANGE_SERVER_OPCODE_ACTIONS, Opcode.APPEND_MANY)) == \
+            permits(role, action_of(RANGE_SERVER_OPCODE_ACTIONS, Opcode.APPEND))

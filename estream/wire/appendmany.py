@@ -1,0 +1,205 @@
+"""APPEND_MANY: many record batches (and confirms) to one range server in one request.
+
+A client's writers whose batches go to the same range server in the same event-loop turn
+share one request (``estream/net/appendsender.py``): the per-request costs (a frame each
+way, a dispatch, a timer, a log write and its fsync wait) are paid once for all of them.
+Each entry is an APPEND of its own: checked, decided and logged as one, answered with its
+own end or its own typed error; one bad entry never fails the others. An idle writer's
+CONFIRM rides along the same way (with one writer per stream, every record is followed by
+one), each a CONFIRM of its own.
+
+Request: header ``{"deferred": bool, "sizes": [n0, n1, ...], "confirms"?: [[stream_id,
+range_index, epoch, confirm], ...], "server_id"?}``, payload the batches one after another
+(entry ``i`` is the ``sizes[i]`` bytes after the ones before it). At least one batch or
+confirm; at most ``limits.append_many_entries_max`` of each.
+Answer: ``{"results": [r0, r1, ...], "confirmed"?: [c0, ...]}``, one per batch and one per
+confirm in request order: a batch's end (an int, as APPEND's ``"end"``) or ``{"error":
+{"code", "message", "fields"}}``; a confirm's nil (done, durable) or such an error.
+
+Which queued batches share a request is :func:`group_entries`: in order, at most
+``limits.append_many_entries_max`` entries and ``limits.append_many_bytes_max`` bytes
+each; a group of one goes as a plain APPEND (the lone writer's path, unchanged).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from estream.wire import limits
+from estream.wire.errors import EstreamError, InvalidArgument, MalformedFrame, from_wire
+
+Result = int | EstreamError  # an entry's end, or why it was refused
+
+SIZES_FIELD: Final = "sizes"
+RESULTS_FIELD: Final = "results"
+CONFIRMS_FIELD: Final = "confirms"
+CONFIRMED_FIELD: Final = "confirmed"
+
+
+Confirm = tuple[int, int, int, int]  # stream_id, range_index, epoch, confirm
+
+
+def encode_request(
+    batches: Sequence[bytes | memoryview], deferred: bool, server_id: str | None,
+    confirms: Sequence[Confirm] = (),
+) -> tuple[dict[str, Any], bytes]:
+    """The header and payload of an APPEND_MANY carrying ``batches`` and ``confirms`` in
+    order."""
+    header: dict[str, Any] = {"deferred": deferred, SIZES_FIELD: [len(b) for b in batches]}
+    if confirms:
+        header[CONFIRMS_FIELD] = [list(c) for c in confirms]
+    if server_id is not None:
+        header["server_id"] = server_id
+    return header, b"".join(batches)
+
+
+def decode_request(
+    header: dict[str, Any], payload: bytes
+) -> tuple[bool, list[bytes], list[Confirm]]:
+    """``(deferred, batches, confirms)`` of a request; :class:`InvalidArgument` naming the
+    field for a request that is not well formed as a whole (then no entry is served). Each
+    batch's own checks are the store's, per entry, as for APPEND; so are the bounds of
+    each confirm's numbers (as for CONFIRM).
+
+    >>> decode_request({"deferred": False, "sizes": [2, 1]}, b"abc")
+    (False, [b'ab', b'c'], [])
+    """
+    deferred = header.get("deferred", False)
+    if type(deferred) is not bool:
+        raise InvalidArgument(f"'deferred' must be a bool, not {deferred!r}"[:200],
+                              argument="deferred")
+    sizes = _entries(header, SIZES_FIELD, [])
+    confirms = [_confirm(c) for c in _entries(header, CONFIRMS_FIELD, [])]
+    if not sizes and not confirms:
+        raise InvalidArgument("an APPEND_MANY needs at least one batch or confirm",
+                              argument=SIZES_FIELD)
+    total = 0
+    for size in sizes:
+        if type(size) is not int or not 0 < size <= limits.batch_bytes_max:
+            raise InvalidArgument(
+                f"a size in 'sizes' must be 1..{limits.batch_bytes_max}, not {size!r}"[:200],
+                argument=SIZES_FIELD)
+        total += size
+    if total != len(payload):
+        raise InvalidArgument(
+            f"'sizes' add up to {total} bytes, the payload is {len(payload)}",
+            argument=SIZES_FIELD)
+    batches, at = [], 0
+    for size in sizes:
+        batches.append(payload[at : at + size])
+        at += size
+    return deferred, batches, confirms
+
+
+def _entries(header: dict[str, Any], field: str, default: list[Any]) -> list[Any]:
+    """A list field of at most ``limits.append_many_entries_max`` items."""
+    value = header.get(field, default)
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{field!r} must be a list", argument=field)
+    if len(value) > limits.append_many_entries_max:
+        raise InvalidArgument(
+            f"{len(value)} {field} in one APPEND_MANY: at most "
+            f"{limits.append_many_entries_max}", argument=field)
+    return value
+
+
+def _confirm(raw: object) -> Confirm:
+    """One confirm, ``[stream_id, range_index, epoch, confirm]`` of integers (their bounds
+    are the range server's, per entry)."""
+    if (not isinstance(raw, list) or len(raw) != 4
+            or any(type(n) is not int for n in raw)):
+        raise InvalidArgument(
+            f"a confirm must be [stream_id, range_index, epoch, confirm], not {raw!r}"[:200],
+            argument=CONFIRMS_FIELD)
+    return raw[0], raw[1], raw[2], raw[3]
+
+
+def encode_answer(
+    results: Sequence[Result], confirmed: Sequence[EstreamError | None] = ()
+) -> dict[str, Any]:
+    """The answer header of an APPEND_MANY: one result per batch and one per confirm, in
+    request order."""
+    body: dict[str, Any] = {RESULTS_FIELD: [r if isinstance(r, int) else {"error": r.to_wire()}
+                                            for r in results]}
+    if confirmed:
+        body[CONFIRMED_FIELD] = [None if c is None else {"error": c.to_wire()}
+                                 for c in confirmed]
+    return body
+
+
+def decode_answer(
+    body: dict[str, Any], entries: int, confirms: int = 0
+) -> tuple[list[Result], list[EstreamError | None]]:
+    """The results of an answer to ``entries`` batches and ``confirms`` confirms;
+    :class:`MalformedFrame` when it does not hold one per entry (each entry then fails
+    with it). A result that is not one is :class:`MalformedFrame` for that entry alone."""
+    results = body.get(RESULTS_FIELD)
+    confirmed = body.get(CONFIRMED_FIELD, []) if confirms else []
+    if (not isinstance(results, list) or len(results) != entries
+            or not isinstance(confirmed, list) or len(confirmed) != confirms):
+        raise MalformedFrame(f"an APPEND_MANY answer to {entries} batches and {confirms} "
+                             f"confirms is {str(body)[:100]}")
+    return [_result(r) for r in results], [_confirmed(c) for c in confirmed]
+
+
+def _result(raw: object) -> Result:
+    if type(raw) is int:
+        return raw
+    if isinstance(raw, dict) and "error" in raw:
+        return from_wire(raw["error"])
+    return MalformedFrame(f"an APPEND_MANY result is {str(raw)[:100]}, not an end or an error")
+
+
+def _confirmed(raw: object) -> EstreamError | None:
+    if raw is None:
+        return None
+    if isinstance(raw, dict) and "error" in raw:
+        return from_wire(raw["error"])
+    return MalformedFrame(f"an APPEND_MANY confirm result is {str(raw)[:100]}")
+
+
+def group_entries(
+    sizes: Sequence[int],
+    entries_max: int = limits.append_many_entries_max,
+    bytes_max: int = limits.append_many_bytes_max,
+) -> list[range]:
+    """Split queued batches (their ``sizes``, in send order) into consecutive requests:
+    each at most ``entries_max`` entries and ``bytes_max`` bytes; a batch larger than
+    ``bytes_max`` on its own. A group of one is sent as a plain APPEND.
+
+    >>> group_entries([10, 10, 10], entries_max=2, bytes_max=100)
+    [range(0, 2), range(2, 3)]
+    >>> group_entries([60, 60, 200, 5], entries_max=8, bytes_max=100)
+    [range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
+    >>> group_entries([])
+    []
+    """
+    groups: list[range] = []
+    start, count, used = 0, 0, 0
+    for i, size in enumerate(sizes):
+        if count and (count == entries_max or used + size > bytes_max):
+            groups.append(range(start, i))
+            start, count, used = i, 0, 0
+        count += 1
+        used += size
+    if count:
+        groups.append(range(start, len(sizes)))
+    return groups
+
+
+__all__ = [
+    "CONFIRMED_FIELD",
+    "CONFIRMS_FIELD",
+    "Confirm",
+    "RESULTS_FIELD",
+    "SIZES_FIELD",
+    "Result",
+    "decode_answer",
+    "decode_request",
+    "encode_answer",
+    "encode_request",
+    "group_entries",
+]
