@@ -129,6 +129,18 @@ _value_bytes_max = limits.record_value_bytes_max
 _record_prefix_bytes = RECORD_PREFIX_BYTES
 
 
+def _checked_bytes(data: bytes, what: str, limit: int) -> bytes:
+    """A record's ``what`` (value or key) as ``bytes``, at most ``limit`` of them."""
+    if type(data) is not bytes:
+        if not isinstance(data, _BYTES_TYPES):
+            raise InvalidArgument(f"a record {what} must be bytes", argument=what)
+        data = bytes(data)
+    if len(data) > limit:
+        raise InvalidArgument(f"record {what} of {len(data)} bytes exceeds {limit}",
+                              argument=what)
+    return data
+
+
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -729,30 +741,12 @@ class Writer:
     @staticmethod
     def _value(value: bytes) -> bytes:
         """A record value checked (and as ``bytes``)."""
-        if type(value) is not bytes:
-            if not isinstance(value, _BYTES_TYPES):
-                raise InvalidArgument("a record value must be bytes", argument="value")
-            value = bytes(value)
-        if len(value) > _value_bytes_max:
-            raise InvalidArgument(
-                f"record value of {len(value)} bytes exceeds {limits.record_value_bytes_max}",
-                argument="value",
-            )
-        return value
+        return _checked_bytes(value, "value", _value_bytes_max)
 
     @staticmethod
     def _key(key: bytes) -> bytes:
         """A record key checked (and as ``bytes``)."""
-        if type(key) is not bytes:
-            if not isinstance(key, _BYTES_TYPES):
-                raise InvalidArgument("a record key must be bytes", argument="key")
-            key = bytes(key)
-        if len(key) > limits.record_key_bytes_max:
-            raise InvalidArgument(
-                f"record key of {len(key)} bytes exceeds {limits.record_key_bytes_max}",
-                argument="key",
-            )
-        return key
+        return _checked_bytes(key, "key", limits.record_key_bytes_max)
 
     @classmethod
     def _record(
