@@ -53,6 +53,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -280,13 +281,18 @@ class Catalog:
                   if r.object_key} if old is not None else set()
         after = {(r.object_key, new.id, r.index) for r in new.ranges
                  if r.object_key} if new is not None else set()
-        if before == after:
-            return
+        if before != after:
+            self._change_refs(after - before, before - after)
+
+    def _change_refs(self, added: set[tuple[str, int, int]],
+                     removed: set[tuple[str, int, int]]) -> None:
+        """Add and remove references ``(object key, stream id, range index)``; a key
+        left with none is listed as unreferenced."""
         refs, listed = self._refs, False
-        for key, sid, index in sorted(after - before):
+        for key, sid, index in sorted(added):
             refs = refs.set(key, refs.get(key, frozenset()) | {(sid, index)})
             listed |= self._unreferenced.pop(key, 0) is None
-        for key, sid, index in sorted(before - after):
+        for key, sid, index in sorted(removed):
             left = refs.get(key, frozenset()) - {(sid, index)}
             if left:
                 refs = refs.set(key, left)
@@ -297,6 +303,14 @@ class Catalog:
         self._refs = refs
         if listed:
             self._unreferenced_keys = tuple(self._unreferenced)
+
+    def _rekey(self, stream_id: int, old: RangeMeta, key: str | None) -> None:
+        """The references after range ``old`` of stream ``stream_id`` changed its object
+        key to ``key`` (one range: no walk over the stream's others)."""
+        if old.object_key != key:
+            self._change_refs(
+                {(key, stream_id, old.index)} if key else set(),
+                {(old.object_key, stream_id, old.index)} if old.object_key else set())
 
     def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
         return incarnation(self._streams.get(name), name, stream_id)
@@ -425,10 +439,15 @@ class Catalog:
             return stream  # the start only grows; trimming less is already done
         # The last range is always open (a seal creates the next), and only range
         # servers know its end: PD cannot bound the trim point from above.
-        last = stream.ranges[-1]
-        kept = tuple(r for r in stream.ranges[:-1] if r.end is None or r.end > cmd.start_offset)
-        stream = replace(stream, start_offset=cmd.start_offset, ranges=kept + (last,))
-        self._put(cmd.name, stream)
+        # Ranges ending at or below the new start go (a bisect on their ends: they grow
+        # with the index), the open last one stays.
+        ranges = stream.ranges
+        cut = min(bisect_right(ranges, cmd.start_offset, key=_end_or_open), len(ranges) - 1)
+        gone = ranges[:cut]
+        stream = replace(stream, start_offset=cmd.start_offset, ranges=ranges[cut:])
+        self._put(cmd.name, stream, keys_same=True)  # (only the ranges gone lose their keys)
+        self._change_refs(set(), {(r.object_key, stream.id, r.index) for r in gone
+                                  if r.object_key})
         return stream
 
     def _commit_cursor(self, cmd: CommitCursor) -> StreamMeta:
@@ -473,8 +492,7 @@ class Catalog:
             raise InvalidArgument("size_bytes must be >= 0", argument="size_bytes")
         recorded = replace(target, min_timestamp=cmd.min_timestamp,
                            max_timestamp=cmd.max_timestamp, size_bytes=cmd.size_bytes)
-        ranges = tuple(recorded if r is target else r for r in stream.ranges)
-        stream = replace(stream, ranges=ranges)
+        stream = with_range(stream, recorded)
         self._put(cmd.name, stream, keys_same=True)
         return stream
 
@@ -495,8 +513,7 @@ class Catalog:
                 f"not the expected {list(cmd.expected)}"
             )
         refs = self._replica_refs(cmd.replicas, None)
-        ranges = tuple(replace(r, replicas=refs) if r is target else r for r in stream.ranges)
-        stream = replace(stream, ranges=ranges)
+        stream = with_range(stream, replace(target, replicas=refs))
         self._put(cmd.name, stream, keys_same=True)
         return stream
 
@@ -550,9 +567,9 @@ class Catalog:
                 raise Conflict(f"object {cmd.object_key!r} is not prepared for stream "
                                f"{cmd.name!r} range {cmd.range_index} (expired?)")
         tiered = replace(target, tier="object", object_key=cmd.object_key, object_part=None)
-        stream = replace(stream, ranges=tuple(
-            tiered if r is target else r for r in stream.ranges))
-        self._put(cmd.name, stream)
+        stream = with_range(stream, tiered)
+        self._put(cmd.name, stream, keys_same=True)  # (one key changed: moved below)
+        self._rekey(stream.id, target, cmd.object_key)
         self._prepared = self._prepared.delete(cmd.object_key)
         return stream
 
@@ -706,9 +723,7 @@ class Catalog:
                            f"object tier as {cmd.object_key!r}")
         if not target.replicas:
             return stream  # a retry
-        dropped = replace(target, replicas=())
-        stream = replace(stream, ranges=tuple(
-            dropped if r is target else r for r in stream.ranges))
+        stream = with_range(stream, replace(target, replicas=()))
         self._put(cmd.name, stream, keys_same=True)
         return stream
 
@@ -865,6 +880,23 @@ def _planned(members: tuple[PackMember, ...]) -> tuple[tuple[object, ...], ...]:
     """What a prepare plans of a pack (its parts are known only at the commit)."""
     return tuple((m.name, m.stream_id, m.range_index, m.start, m.end, m.replaces)
                  for m in members)
+
+
+def with_range(stream: StreamMeta, new: RangeMeta) -> StreamMeta:
+    """``stream`` with its range of ``new``'s index replaced by ``new``: found by position
+    (ranges are contiguous by index), one slice, no walk over the others.
+
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(4, 0, 5, ()), RangeMeta(5, 5, None, ())))
+    >>> with_range(s, RangeMeta(4, 0, 5, (), size_bytes=9)).ranges[0].size_bytes
+    9
+    """
+    at = new.index - stream.ranges[0].index if stream.ranges else -1
+    assert 0 <= at < len(stream.ranges) and stream.ranges[at].index == new.index, new.index
+    return replace(stream, ranges=stream.ranges[:at] + (new,) + stream.ranges[at + 1:])
+
+
+def _end_or_open(r: RangeMeta) -> int:
+    return r.end if r.end is not None else 2**64
 
 
 def _find_range(stream: StreamMeta, index: int) -> RangeMeta:
