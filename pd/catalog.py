@@ -53,7 +53,6 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -442,7 +441,7 @@ class Catalog:
         # Ranges ending at or below the new start go (a bisect on their ends: they grow
         # with the index), the open last one stays.
         ranges = stream.ranges
-        cut = min(bisect_right(ranges, cmd.start_offset, key=_end_or_open), len(ranges) - 1)
+        cut = min(stream.position_past(cmd.start_offset), len(ranges) - 1)
         gone = ranges[:cut]
         stream = replace(stream, start_offset=cmd.start_offset, ranges=ranges[cut:])
         self._put(cmd.name, stream, keys_same=True)  # (only the ranges gone lose their keys)
@@ -893,10 +892,6 @@ def with_range(stream: StreamMeta, new: RangeMeta) -> StreamMeta:
     at = new.index - stream.ranges[0].index if stream.ranges else -1
     assert 0 <= at < len(stream.ranges) and stream.ranges[at].index == new.index, new.index
     return replace(stream, ranges=stream.ranges[:at] + (new,) + stream.ranges[at + 1:])
-
-
-def _end_or_open(r: RangeMeta) -> int:
-    return r.end if r.end is not None else 2**64
 
 
 def _find_range(stream: StreamMeta, index: int) -> RangeMeta:

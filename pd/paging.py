@@ -15,14 +15,13 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument
-from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.meta import StreamMeta
 from pd.pmap import PMap
 
 streams_page_default: Final = 100  # PD_LIST_STREAMS, GET /v1/streams without a limit
@@ -30,7 +29,6 @@ streams_page_max: Final = 1000  # the most a caller may ask for in one page
 page_bytes_max: Final = 512 * 1024  # a page stops once its streams encode to this much
 listed_ranges_max: Final = 64  # a stream in a listing: its last ranges only
 stream_name_bytes_max: Final = 1024  # an ``after`` cursor longer than any name is refused
-_OPEN: Final = 2**64  # an open range's end, for the bisect (above every offset)
 
 
 def page_limit(value: object, *, default: int, maximum: int, argument: str = "limit") -> int:
@@ -104,8 +102,7 @@ def ranges_window(
     if index is not None and ranges:
         first = min(max(0, index - ranges[0].index), len(ranges) - 1)
     elif offset is not None:
-        first = bisect_right(ranges, offset, key=_range_end)
-        first = min(first, max(0, len(ranges) - 1))
+        first = min(stream.position_past(offset), max(0, len(ranges) - 1))
     else:
         first = max(0, len(ranges) - limit)
     if first == 0 and len(ranges) <= limit:
@@ -121,10 +118,6 @@ def stream_answer(stream: StreamMeta) -> dict[str, Any]:
     ``stream_ranges_per_answer_default`` ranges, whatever their number (a writer needs the
     last two; a reader asks for its offset's window)."""
     return ranges_window(stream, None, limits.stream_ranges_per_answer_default).to_dict()
-
-
-def _range_end(r: RangeMeta) -> int:
-    return r.end if r.end is not None else _OPEN
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -208,13 +209,24 @@ class StreamMeta:
             return False
         return not self.ranges_omitted or (bool(self.ranges) and self.ranges[0].start <= offset)
 
+    def position_past(self, offset: int) -> int:
+        """The position in ``ranges`` of the first range ending past ``offset`` (the open
+        one never ends; ``len(ranges)`` if every range ends at or below it): a bisect on
+        the ranges' ends, which grow with the index. O(log n)."""
+        return bisect_right(self.ranges, offset, key=_end_or_open)
+
     def range_for(self, offset: int) -> RangeMeta | None:
-        """The range holding ``offset`` (the open range for offsets at or past its start)."""
-        for r in reversed(self.ranges):
-            if r.start <= offset and (r.end is None or offset < r.end):
-                return r
-            if r.end is not None and offset >= r.end:
-                return None
+        """The range holding ``offset`` (the open range for offsets at or past its start):
+        a bisect on the ranges' ends (they grow with the index), O(log n).
+
+        >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, ()), RangeMeta(1, 5, 5, ()),
+        ...                                RangeMeta(2, 5, None, ())))
+        >>> [s.range_for(o).index for o in (0, 4, 5, 99)], s.range_for(-1)
+        ([0, 0, 2, 2], None)
+        """
+        at = self.position_past(offset)
+        if at < len(self.ranges) and self.ranges[at].start <= offset:
+            return self.ranges[at]
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,6 +270,11 @@ class StreamMeta:
 
 
 _RANGE_STATS = ("min_timestamp", "max_timestamp", "size_bytes")
+_OPEN_END = 2**64  # an open range's end, for a bisect (above every offset)
+
+
+def _end_or_open(r: RangeMeta) -> int:
+    return r.end if r.end is not None else _OPEN_END
 
 
 def _opt_int(value: Any) -> int | None:
