@@ -154,25 +154,31 @@ async def _empty_ranges(client: estream.Client, name: str, count: int) -> None:
             raise TimeoutError(f"{i} empty ranges in {PHASE_S_MAX} s")
 
 
-async def _timed(client: estream.Client, name: str, reps: int = 11) -> dict[str, float]:
-    """Median open_writer, describe and a read of the middle record, in ms."""
-    end = await client.end_offset(name)
-    opens, describes, reads = [], [], []
+async def _timed(client: estream.Client, names: tuple[str, ...], reps: int = 11
+                 ) -> dict[str, dict[str, float]]:
+    """Median open_writer, describe and a read of the middle record of each stream, in
+    ms; the streams take turns in every repetition (so a shared machine's load falls on
+    each alike)."""
+    ends = {name: await client.end_offset(name) for name in names}
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"open_ms": [], "describe_ms": [], "read_ms": []} for name in names}
     for _ in range(reps):
-        t = time.perf_counter()
-        writer = await client.open_writer(name)
-        opens.append(time.perf_counter() - t)
-        await writer.close()
-        t = time.perf_counter()
-        await client.describe_stream(name)
-        describes.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        start = end // 2
-        got = [r async for r in client.read(name, start=start, end=start + 1, follow=False)]
-        reads.append(time.perf_counter() - t)
-        assert got, f"nothing read from {name} at {start}"
-    return {k: sorted(v)[len(v) // 2] * 1e3
-            for k, v in (("open_ms", opens), ("describe_ms", describes), ("read_ms", reads))}
+        for name in names:
+            t = time.perf_counter()
+            writer = await client.open_writer(name)
+            times[name]["open_ms"].append(time.perf_counter() - t)
+            await writer.close()
+            t = time.perf_counter()
+            await client.describe_stream(name)
+            times[name]["describe_ms"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            start = ends[name] // 2
+            got = [r async for r in client.read(name, start=start, end=start + 1,
+                                                follow=False)]
+            times[name]["read_ms"].append(time.perf_counter() - t)
+            assert got, f"nothing read from {name} at {start}"
+    return {name: {k: sorted(v)[len(v) // 2] * 1e3 for k, v in kinds.items()}
+            for name, kinds in times.items()}
 
 
 async def ranges(client: estream.Client, count: int, build: str = "sessions") -> dict[str, Any]:
@@ -189,7 +195,8 @@ async def ranges(client: estream.Client, count: int, build: str = "sessions") ->
     sessions_s = time.perf_counter() - started
     async with await client.open_writer("short") as writer:
         await asyncio.gather(*(writer.append(b"%d" % i) for i in range(count)))
-    long, short = await _timed(client, "long"), await _timed(client, "short")
+    timed = await _timed(client, ("long", "short"))
+    long, short = timed["long"], timed["short"]
     described = await client.describe_stream("long")
     ranges_seen = len(described.ranges)
     return {"ranges": described.ranges_omitted + ranges_seen, "build": build,

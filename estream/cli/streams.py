@@ -103,7 +103,7 @@ async def list_(client: Any, ns: argparse.Namespace) -> int:
 
 
 async def describe(client: Any, ns: argparse.Namespace) -> int:
-    """The admin API's ``GET /v1/streams/{name}``: the stream's last ranges (16 unless
+    """The admin API's ``GET /v1/streams/{name}``: the stream's last ranges (8 unless
     ``--limit`` says more, at most 1,000; ``--offset``: those from the one holding it,
     ``--index``: those from that range on), and its figures, open range included."""
     asked = {k: getattr(ns, k) for k in ("offset", "index", "limit") if getattr(ns, k) is not None}
@@ -183,7 +183,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=non_negative_int, default=None,
                    help="the ranges from this range index on (not with --offset)")
     p.add_argument("--limit", type=positive_int, default=None,
-                   help="show this many ranges (default 16, at most 1000)")
+                   help="show this many ranges (default 8, at most 1000)")
     p.set_defaults(handler=describe)
     p = ssub.add_parser("delete", parents=[common], help="delete a stream")
     p.add_argument("name", help=_NAME)

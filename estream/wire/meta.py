@@ -22,7 +22,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from estream.wire.errors import InvalidArgument
@@ -130,27 +130,19 @@ class RangeMeta:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RangeMeta:
-        base = cls._from_dict(d)
-        part = d.get("object_part")
-        if part is not None:
-            base = replace(base, object_part=ObjectPart.from_dict(part))
-        if all(d.get(k) is None for k in _RANGE_STATS):
-            return base
-        return replace(base, min_timestamp=_opt_int(d.get("min_timestamp")),
-                       max_timestamp=_opt_int(d.get("max_timestamp")),
-                       size_bytes=_opt_int(d.get("size_bytes")))
-
-    @classmethod
-    def _from_dict(cls, d: dict[str, Any]) -> RangeMeta:
         index = int(d["index"])  # first: a non-map fails here with TypeError
-        key = d.get("object_key")
-        return cls(
+        key, part = d.get("object_key"), d.get("object_part")
+        return cls(  # one construction: a stream's answer decodes many of these
             index,
             int(d["start"]),
             None if d.get("end") is None else int(d["end"]),
             tuple(ReplicaRef.from_dict(r) for r in d.get("replicas", ())),
             str(d.get("tier", "local")),
             None if key is None else str(key),
+            min_timestamp=_opt_int(d.get("min_timestamp")),
+            max_timestamp=_opt_int(d.get("max_timestamp")),
+            size_bytes=_opt_int(d.get("size_bytes")),
+            object_part=None if part is None else ObjectPart.from_dict(part),
         )
 
 
@@ -269,7 +261,6 @@ class StreamMeta:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None
 
 
-_RANGE_STATS = ("min_timestamp", "max_timestamp", "size_bytes")
 _OPEN_END = 2**64  # an open range's end, for a bisect (above every offset)
 
 
