@@ -102,6 +102,7 @@ from pd.commands import (
     UpdateReplicas,
 )
 from pd.pmap import PMap
+from pd.rangelist import RangeList
 from pd.retention import check_cursor, check_retention, cursors_per_stream_max
 
 replicas_max: Final = 5
@@ -253,7 +254,10 @@ class Catalog:
     def _put(self, name: str, stream: StreamMeta | None, *, keys_same: bool = False) -> None:
         """Store (or with None remove) a stream, keeping the open-range counts, the range
         total and the object references in step. ``keys_same``: the caller knows that no
-        range's object key changed (the references are not recomputed)."""
+        range's object key changed (the references are not recomputed). The stream's
+        ranges are kept as a :class:`~pd.rangelist.RangeList` (a change copies a chunk)."""
+        if stream is not None and not isinstance(stream.ranges, RangeList):
+            stream = replace(stream, ranges=RangeList(stream.ranges))
         old = self._streams.get(name)
         steps: dict[str, int] = {}
         for s, step in ((old, -1), (stream, 1)):
@@ -426,7 +430,7 @@ class Catalog:
         refs = self._replica_refs(cmd.next_replicas, stream.replicas)
         sealed = replace(target, end=cmd.end)
         following = RangeMeta(target.index + 1, cmd.end, None, refs)
-        stream = replace(stream, ranges=stream.ranges[:-1] + (sealed, following))
+        stream = replace(stream, ranges=RangeList.of(stream.ranges).with_last(sealed, following))
         self._put(cmd.name, stream, keys_same=True)  # (an open range names no object)
         return stream
 
@@ -443,7 +447,8 @@ class Catalog:
         ranges = stream.ranges
         cut = min(stream.position_past(cmd.start_offset), len(ranges) - 1)
         gone = ranges[:cut]
-        stream = replace(stream, start_offset=cmd.start_offset, ranges=ranges[cut:])
+        stream = replace(stream, start_offset=cmd.start_offset,
+                         ranges=RangeList.of(ranges).drop_front(cut))
         self._put(cmd.name, stream, keys_same=True)  # (only the ranges gone lose their keys)
         self._change_refs(set(), {(r.object_key, stream.id, r.index) for r in gone
                                   if r.object_key})
@@ -883,7 +888,7 @@ def _planned(members: tuple[PackMember, ...]) -> tuple[tuple[object, ...], ...]:
 
 def with_range(stream: StreamMeta, new: RangeMeta) -> StreamMeta:
     """``stream`` with its range of ``new``'s index replaced by ``new``: found by position
-    (ranges are contiguous by index), one slice, no walk over the others.
+    (ranges are contiguous by index), one chunk copied, no walk over the others.
 
     >>> s = StreamMeta(1, "s", ranges=(RangeMeta(4, 0, 5, ()), RangeMeta(5, 5, None, ())))
     >>> with_range(s, RangeMeta(4, 0, 5, (), size_bytes=9)).ranges[0].size_bytes
@@ -891,7 +896,7 @@ def with_range(stream: StreamMeta, new: RangeMeta) -> StreamMeta:
     """
     at = new.index - stream.ranges[0].index if stream.ranges else -1
     assert 0 <= at < len(stream.ranges) and stream.ranges[at].index == new.index, new.index
-    return replace(stream, ranges=stream.ranges[:at] + (new,) + stream.ranges[at + 1:])
+    return replace(stream, ranges=RangeList.of(stream.ranges).replace_at(at, new))
 
 
 def _find_range(stream: StreamMeta, index: int) -> RangeMeta:

@@ -541,6 +541,6 @@ def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,
             known.ranges_omitted and earlier and earlier[-1].index == ranges_from - 1
             and earlier[0] == known.ranges[0]):
         return None  # ``known`` is neither whole nor a window reaching ``ranges_from``
-    ranges = earlier + tail.ranges
+    ranges = earlier + tuple(tail.ranges)
     cut = max(0, len(ranges) - limits.stream_ranges_per_answer_max)  # stays bounded
     return replace(tail, ranges=ranges[cut:], ranges_omitted=omitted - len(earlier) + cut)

@@ -22,6 +22,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +159,7 @@ class StreamMeta:
     hints: tuple[str, ...] = ()
     epoch: int = 0
     start_offset: int = 0
-    ranges: tuple[RangeMeta, ...] = field(default_factory=tuple)
+    ranges: Sequence[RangeMeta] = field(default_factory=tuple)  # (PD's catalog: a RangeList)
     retention_ms: int | None = None  # pd/retention.py; None: no limit
     retention_bytes: int | None = None
     digest: str = "xxh3"  # entry digest: "xxh3", "crc32c" or "hmac-sha256" (record.py)

@@ -8,6 +8,7 @@ none but its own, and the default answer holds a constant number of them."""
 from __future__ import annotations
 
 import math
+import tracemalloc
 from dataclasses import replace
 from typing import Any, SupportsIndex
 
@@ -16,7 +17,7 @@ import pytest
 
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument
-from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.meta import StreamMeta
 from pd.catalog import Catalog
 from pd.commands import (
     CommitObject,
@@ -31,6 +32,7 @@ from pd.commands import (
     UpdateReplicas,
 )
 from pd.paging import ranges_window, stream_answer, window_args
+from pd.rangelist import RangeList
 from pd.shell.service import stream_tail
 
 PLACEMENT = ("rs1", "rs2", "rs3")
@@ -38,9 +40,9 @@ RANGES = 10_000  # sealed ranges of 5 offsets, then the open one
 TOUCHED_MAX = 4 * math.ceil(math.log2(RANGES)) + 8  # O(log n); a walk is 10,000
 
 
-class Counted(tuple[RangeMeta, ...]):
+class Counted(RangeList):
     """A stream's ranges that count every range read one at a time (by position or by
-    iteration); slices, which copy in C, are not a walk."""
+    iteration, either way); slices are not a walk."""
 
     touched = 0
 
@@ -51,6 +53,11 @@ class Counted(tuple[RangeMeta, ...]):
 
     def __iter__(self) -> Any:
         for item in super().__iter__():
+            Counted.touched += 1
+            yield item
+
+    def __reversed__(self) -> Any:
+        for item in super().__reversed__():
             Counted.touched += 1
             yield item
 
@@ -153,20 +160,28 @@ def one_range_commands(catalog: Catalog) -> list[tuple[str, Any]]:
         ("drop local replicas", DropLocalReplicas("long", sid, mid, "k1")),
         ("open writer", OpenWriter("long")),
         ("seal", SealRange("long", 2, RANGES, 5 * RANGES + 5, PLACEMENT)),
-        ("trim", TrimStream("long", 5 * (RANGES // 4))),
+        ("trim", TrimStream("long", 5 * 10)),  # (what a trim drops, it reads: 10 ranges)
     ]
 
 
-def test_a_command_on_one_range_reads_no_other() -> None:
+def test_a_command_on_one_range_reads_no_other_and_copies_a_chunk() -> None:
+    """Neither a walk over the ranges (counted) nor a copy of them (a tuple of 10,000
+    is 80 KiB; a chunk of the RangeList and its tuple of chunks are about 2 KiB)."""
     catalog = long_catalog()
     for what, command in one_range_commands(catalog):
         counting(catalog)
-        catalog.apply(command)
+        tracemalloc.start()
+        try:
+            catalog.apply(command)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
         assert Counted.touched <= TOUCHED_MAX, (what, Counted.touched)
+        assert peak < 16 * limits.KiB, (what, peak)
     stream = catalog.stream("long")
     mid = stream.range_at(RANGES // 2)
     assert mid is not None and mid.object_key == "k1" and mid.replicas == ()
-    assert mid.size_bytes == 100 and stream.ranges[0].index == RANGES // 4
+    assert mid.size_bytes == 100 and stream.ranges[0].index == 10
     assert dict(catalog.view().object_refs) == {"k1": frozenset({(stream.id, RANGES // 2)})}
     catalog.apply(TrimStream("long", 5 * RANGES))  # past k1's range: its last reference
     assert "k1" not in catalog.view().object_refs and catalog.view().unreferenced == ("k1",)
