@@ -15,9 +15,11 @@ from typing import Any, SupportsIndex
 import msgpack
 import pytest
 
+from estream.net.pdclient import PDClient
 from estream.wire import limits
-from estream.wire.errors import InvalidArgument
+from estream.wire.errors import InvalidArgument, StreamNotFound
 from estream.wire.meta import StreamMeta
+from estream.wire.protocol import Opcode
 from pd.catalog import Catalog
 from pd.commands import (
     CommitObject,
@@ -211,3 +213,39 @@ def test_window_defaults() -> None:
     assert window_args({}) == (None, None, limits.stream_ranges_per_answer_default)
     assert window_args({"index": 7, "limit": 1000}) == (None, 7, 1000)
     assert 2 <= limits.stream_ranges_per_answer_default <= limits.stream_ranges_per_answer_max
+
+
+class _WindowPd(PDClient):
+    """A PDClient whose PD_DESCRIBE_STREAM answers windows of ``stream`` as PD does (the
+    stream ``recreated`` as another id from the ``recreate_after``-th answer on)."""
+
+    def __init__(self, stream: StreamMeta, recreate_after: int = 0) -> None:
+        super().__init__("127.0.0.1:1")
+        self.stream, self.recreate_after, self.asked = stream, recreate_after, 0
+
+    async def call(self, opcode: Opcode, header: dict[str, Any] | None = None) -> dict[str, Any]:
+        assert opcode == Opcode.PD_DESCRIBE_STREAM and header is not None
+        offset, index, limit = window_args(header)
+        self.asked += 1
+        stream = self.stream
+        if self.recreate_after and self.asked > self.recreate_after:
+            stream = replace(stream, id=stream.id + 1)
+        return {"stream": ranges_window(stream, offset, limit, index=index).to_dict()}
+
+
+async def test_the_sdk_pages_every_range_by_index_and_notices_a_recreate(
+    catalog: Catalog,
+) -> None:
+    whole = catalog.stream("long")
+    trimmed = replace(whole, ranges=tuple(whole.ranges)[40:])  # starts at index 40
+    pd = _WindowPd(trimmed)
+    got = [r.index async for r in pd.iter_ranges("long", limit=999)]
+    assert got == list(range(40, RANGES + 1)) and pd.asked == math.ceil((RANGES - 39) / 999)
+    assert [r.index async for r in pd.iter_ranges("long", index=RANGES - 2)] == [
+        RANGES - 2, RANGES - 1, RANGES]
+    assert [r.index async for r in pd.iter_ranges("long", index=RANGES + 9)] == []
+    gone = _WindowPd(trimmed, recreate_after=2)
+    with pytest.raises(StreamNotFound):
+        _ = [r async for r in gone.iter_ranges("long", limit=100)]
+    await pd.close()
+    await gone.close()
