@@ -8,9 +8,11 @@ bounded in count and time:
    page, the PD leader's RSS per stream, then the time to the first create after a kill
    -9 of the leader (failover) and after a kill -9 and restart of every PD node (restart,
    the whole catalog replayed);
-2. ``ranges``: a stream of ``--ranges`` ranges (one writer session of one append each),
-   then ``open_writer``, describe and a read of the record in its middle, each beside
-   the same on a one-range stream (the ratio should stay under 2);
+2. ``ranges``: a stream of ``--ranges`` ranges (``--build sessions``: one writer session
+   of one append each; ``seals``: empty ranges sealed through PD, quicker, around one
+   session of 100 records in the middle), then ``open_writer``, describe and a read of
+   the record in its middle, each beside the same on a one-range stream (the ratio
+   should stay under 2);
 3. ``idle``: ``--idle-writers`` writers held open by ``--idle-clients`` client processes,
    appending nothing: the PD leader's CPU share over ``--idle-s`` (target <= 0.10);
 4. ``spread``: 1 KiB appends, 256 in flight in total, over ``--spread-streams`` streams
@@ -18,7 +20,8 @@ bounded in count and time:
    >= 0.5), and the CPU per record of this client and of the range servers together.
 
     python -m benchmarks.bench_scale [--phases catalog,ranges,idle,spread]
-        [--streams 100000] [--ranges 10000] [--idle-writers 10000] [--idle-clients 10]
+        [--streams 100000] [--ranges 10000] [--build sessions|seals]
+        [--idle-writers 10000] [--idle-clients 10]
         [--spread-streams 1000] [--json out.json]
 """
 
@@ -134,38 +137,70 @@ async def _sessions(client: estream.Client, name: str, count: int) -> None:
             raise TimeoutError(f"{i} writer sessions in {PHASE_S_MAX} s")
 
 
-async def _timed(client: estream.Client, name: str, reps: int = 5) -> dict[str, float]:
-    """Median open_writer, describe and a read of the middle record, in ms."""
-    end = await client.end_offset(name)
-    opens, describes, reads = [], [], []
+async def _empty_ranges(client: estream.Client, name: str, count: int) -> None:
+    """``count`` empty ranges: the open range sealed at its start, ``count`` times (each
+    one PD_SEAL_RANGE, a Raft command; no range server is asked), after a writer's
+    recovery sealed the open range where its records end."""
+    async with await client.open_writer(name):
+        pass
+    pd = client.pd
+    meta = await pd.open_writer(name)
+    deadline = time.monotonic() + PHASE_S_MAX
+    for i in range(count):
+        last = meta.last_range
+        assert last is not None and last.end is None
+        meta = await pd.seal_range(name, meta.epoch, last.index, last.start, known=meta)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{i} empty ranges in {PHASE_S_MAX} s")
+
+
+async def _timed(client: estream.Client, names: tuple[str, ...], reps: int = 11
+                 ) -> dict[str, dict[str, float]]:
+    """Median open_writer, describe and a read of the middle record of each stream, in
+    ms; the streams take turns in every repetition (so a shared machine's load falls on
+    each alike)."""
+    ends = {name: await client.end_offset(name) for name in names}
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"open_ms": [], "describe_ms": [], "read_ms": []} for name in names}
     for _ in range(reps):
-        t = time.perf_counter()
-        writer = await client.open_writer(name)
-        opens.append(time.perf_counter() - t)
-        await writer.close()
-        t = time.perf_counter()
-        await client.describe_stream(name)
-        describes.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        start = end // 2
-        got = [r async for r in client.read(name, start=start, end=start + 1, follow=False)]
-        reads.append(time.perf_counter() - t)
-        assert got, f"nothing read from {name} at {start}"
-    return {k: sorted(v)[len(v) // 2] * 1e3
-            for k, v in (("open_ms", opens), ("describe_ms", describes), ("read_ms", reads))}
+        for name in names:
+            t = time.perf_counter()
+            writer = await client.open_writer(name)
+            times[name]["open_ms"].append(time.perf_counter() - t)
+            await writer.close()
+            t = time.perf_counter()
+            await client.describe_stream(name)
+            times[name]["describe_ms"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            start = ends[name] // 2
+            got = [r async for r in client.read(name, start=start, end=start + 1,
+                                                follow=False)]
+            times[name]["read_ms"].append(time.perf_counter() - t)
+            assert got, f"nothing read from {name} at {start}"
+    return {name: {k: sorted(v)[len(v) // 2] * 1e3 for k, v in kinds.items()}
+            for name, kinds in times.items()}
 
 
-async def ranges(client: estream.Client, count: int) -> dict[str, Any]:
+async def ranges(client: estream.Client, count: int, build: str = "sessions") -> dict[str, Any]:
     await client.create_stream("long", replicas=3, ack_count=2)
     await client.create_stream("short", replicas=3, ack_count=2)
     started = time.perf_counter()
-    await _sessions(client, "long", count)
+    if build == "seals":  # the record read sits in the middle of the ranges
+        await _empty_ranges(client, "long", count // 2)
+        async with await client.open_writer("long") as writer:
+            await writer.append_batch([b"%d" % i for i in range(100)])
+        await _empty_ranges(client, "long", count - count // 2)
+    else:
+        await _sessions(client, "long", count)
     sessions_s = time.perf_counter() - started
     async with await client.open_writer("short") as writer:
         await asyncio.gather(*(writer.append(b"%d" % i) for i in range(count)))
-    long, short = await _timed(client, "long"), await _timed(client, "short")
-    ranges_seen = len((await client.describe_stream("long")).ranges)
-    return {"ranges": count, "sessions_per_s": count / sessions_s, "long": long,
+    timed = await _timed(client, ("long", "short"))
+    long, short = timed["long"], timed["short"]
+    described = await client.describe_stream("long")
+    ranges_seen = len(described.ranges)
+    return {"ranges": described.ranges_omitted + ranges_seen, "build": build,
+            "built_per_s": count / sessions_s, "long": long,
             "short": short, "ranges_described": ranges_seen,
             "ratio": {k: long[k] / short[k] for k in long}}
 
@@ -265,7 +300,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                                                  args.records)
                 print("spread:", json.dumps(results["spread"]), flush=True)
             if "ranges" in phases:
-                results["ranges"] = await ranges(client, args.ranges)
+                results["ranges"] = await ranges(client, args.ranges, args.build)
                 print("ranges:", json.dumps(results["ranges"]), flush=True)
             if "idle" in phases:
                 results["idle"] = await idle(cluster, client, args.idle_writers,
@@ -288,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", default="catalog,ranges,idle,spread")
     parser.add_argument("--streams", type=int, default=100_000)
     parser.add_argument("--ranges", type=int, default=10_000)
+    parser.add_argument("--build", choices=("sessions", "seals"), default="sessions",
+                        help="how the long stream gets its ranges (seals: quicker)")
     parser.add_argument("--idle-writers", type=int, default=10_000)
     parser.add_argument("--idle-clients", type=int, default=10)
     parser.add_argument("--idle-s", type=float, default=20.0)

@@ -102,6 +102,7 @@ from pd.commands import (
     UpdateReplicas,
 )
 from pd.pmap import PMap
+from pd.rangelist import RangeList
 from pd.retention import check_cursor, check_retention, cursors_per_stream_max
 
 replicas_max: Final = 5
@@ -253,7 +254,10 @@ class Catalog:
     def _put(self, name: str, stream: StreamMeta | None, *, keys_same: bool = False) -> None:
         """Store (or with None remove) a stream, keeping the open-range counts, the range
         total and the object references in step. ``keys_same``: the caller knows that no
-        range's object key changed (the references are not recomputed)."""
+        range's object key changed (the references are not recomputed). The stream's
+        ranges are kept as a :class:`~pd.rangelist.RangeList` (a change copies a chunk)."""
+        if stream is not None and not isinstance(stream.ranges, RangeList):
+            stream = replace(stream, ranges=RangeList(stream.ranges))
         old = self._streams.get(name)
         steps: dict[str, int] = {}
         for s, step in ((old, -1), (stream, 1)):
@@ -280,13 +284,18 @@ class Catalog:
                   if r.object_key} if old is not None else set()
         after = {(r.object_key, new.id, r.index) for r in new.ranges
                  if r.object_key} if new is not None else set()
-        if before == after:
-            return
+        if before != after:
+            self._change_refs(after - before, before - after)
+
+    def _change_refs(self, added: set[tuple[str, int, int]],
+                     removed: set[tuple[str, int, int]]) -> None:
+        """Add and remove references ``(object key, stream id, range index)``; a key
+        left with none is listed as unreferenced."""
         refs, listed = self._refs, False
-        for key, sid, index in sorted(after - before):
+        for key, sid, index in sorted(added):
             refs = refs.set(key, refs.get(key, frozenset()) | {(sid, index)})
             listed |= self._unreferenced.pop(key, 0) is None
-        for key, sid, index in sorted(before - after):
+        for key, sid, index in sorted(removed):
             left = refs.get(key, frozenset()) - {(sid, index)}
             if left:
                 refs = refs.set(key, left)
@@ -297,6 +306,14 @@ class Catalog:
         self._refs = refs
         if listed:
             self._unreferenced_keys = tuple(self._unreferenced)
+
+    def _rekey(self, stream_id: int, old: RangeMeta, key: str | None) -> None:
+        """The references after range ``old`` of stream ``stream_id`` changed its object
+        key to ``key`` (one range: no walk over the stream's others)."""
+        if old.object_key != key:
+            self._change_refs(
+                {(key, stream_id, old.index)} if key else set(),
+                {(old.object_key, stream_id, old.index)} if old.object_key else set())
 
     def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
         return incarnation(self._streams.get(name), name, stream_id)
@@ -413,7 +430,7 @@ class Catalog:
         refs = self._replica_refs(cmd.next_replicas, stream.replicas)
         sealed = replace(target, end=cmd.end)
         following = RangeMeta(target.index + 1, cmd.end, None, refs)
-        stream = replace(stream, ranges=stream.ranges[:-1] + (sealed, following))
+        stream = replace(stream, ranges=RangeList.of(stream.ranges).with_last(sealed, following))
         self._put(cmd.name, stream, keys_same=True)  # (an open range names no object)
         return stream
 
@@ -425,10 +442,16 @@ class Catalog:
             return stream  # the start only grows; trimming less is already done
         # The last range is always open (a seal creates the next), and only range
         # servers know its end: PD cannot bound the trim point from above.
-        last = stream.ranges[-1]
-        kept = tuple(r for r in stream.ranges[:-1] if r.end is None or r.end > cmd.start_offset)
-        stream = replace(stream, start_offset=cmd.start_offset, ranges=kept + (last,))
-        self._put(cmd.name, stream)
+        # Ranges ending at or below the new start go (a bisect on their ends: they grow
+        # with the index), the open last one stays.
+        ranges = stream.ranges
+        cut = min(stream.position_past(cmd.start_offset), len(ranges) - 1)
+        gone = ranges[:cut]
+        stream = replace(stream, start_offset=cmd.start_offset,
+                         ranges=RangeList.of(ranges).drop_front(cut))
+        self._put(cmd.name, stream, keys_same=True)  # (only the ranges gone lose their keys)
+        self._change_refs(set(), {(r.object_key, stream.id, r.index) for r in gone
+                                  if r.object_key})
         return stream
 
     def _commit_cursor(self, cmd: CommitCursor) -> StreamMeta:
@@ -473,8 +496,7 @@ class Catalog:
             raise InvalidArgument("size_bytes must be >= 0", argument="size_bytes")
         recorded = replace(target, min_timestamp=cmd.min_timestamp,
                            max_timestamp=cmd.max_timestamp, size_bytes=cmd.size_bytes)
-        ranges = tuple(recorded if r is target else r for r in stream.ranges)
-        stream = replace(stream, ranges=ranges)
+        stream = with_range(stream, recorded)
         self._put(cmd.name, stream, keys_same=True)
         return stream
 
@@ -495,8 +517,7 @@ class Catalog:
                 f"not the expected {list(cmd.expected)}"
             )
         refs = self._replica_refs(cmd.replicas, None)
-        ranges = tuple(replace(r, replicas=refs) if r is target else r for r in stream.ranges)
-        stream = replace(stream, ranges=ranges)
+        stream = with_range(stream, replace(target, replicas=refs))
         self._put(cmd.name, stream, keys_same=True)
         return stream
 
@@ -550,9 +571,9 @@ class Catalog:
                 raise Conflict(f"object {cmd.object_key!r} is not prepared for stream "
                                f"{cmd.name!r} range {cmd.range_index} (expired?)")
         tiered = replace(target, tier="object", object_key=cmd.object_key, object_part=None)
-        stream = replace(stream, ranges=tuple(
-            tiered if r is target else r for r in stream.ranges))
-        self._put(cmd.name, stream)
+        stream = with_range(stream, tiered)
+        self._put(cmd.name, stream, keys_same=True)  # (one key changed: moved below)
+        self._rekey(stream.id, target, cmd.object_key)
         self._prepared = self._prepared.delete(cmd.object_key)
         return stream
 
@@ -706,9 +727,7 @@ class Catalog:
                            f"object tier as {cmd.object_key!r}")
         if not target.replicas:
             return stream  # a retry
-        dropped = replace(target, replicas=())
-        stream = replace(stream, ranges=tuple(
-            dropped if r is target else r for r in stream.ranges))
+        stream = with_range(stream, replace(target, replicas=()))
         self._put(cmd.name, stream, keys_same=True)
         return stream
 
@@ -865,6 +884,19 @@ def _planned(members: tuple[PackMember, ...]) -> tuple[tuple[object, ...], ...]:
     """What a prepare plans of a pack (its parts are known only at the commit)."""
     return tuple((m.name, m.stream_id, m.range_index, m.start, m.end, m.replaces)
                  for m in members)
+
+
+def with_range(stream: StreamMeta, new: RangeMeta) -> StreamMeta:
+    """``stream`` with its range of ``new``'s index replaced by ``new``: found by position
+    (ranges are contiguous by index), one chunk copied, no walk over the others.
+
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(4, 0, 5, ()), RangeMeta(5, 5, None, ())))
+    >>> with_range(s, RangeMeta(4, 0, 5, (), size_bytes=9)).ranges[0].size_bytes
+    9
+    """
+    at = new.index - stream.ranges[0].index if stream.ranges else -1
+    assert 0 <= at < len(stream.ranges) and stream.ranges[at].index == new.index, new.index
+    return replace(stream, ranges=RangeList.of(stream.ranges).replace_at(at, new))
 
 
 def _find_range(stream: StreamMeta, index: int) -> RangeMeta:

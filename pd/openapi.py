@@ -473,15 +473,23 @@ def _add_paging() -> None:
         }, "The streams"), **_errors(400)}}
     SCHEMAS["Stream"]["properties"]["ranges_more"] = {
         "type": "boolean", "description": "later ranges were left out too (a window asked "
-                                          "from an offset): ask again from the last one's end"}
+                                          "from an offset or an index): ask again from the "
+                                          "index after the last one"}
     describe = OPENAPI["paths"]["/v1/streams/{name}"]["get"]
-    describe["summary"] += (" (at most 1,000 ranges: the last ones, or with offset those "
-                            "from the range holding it on)")
+    describe["summary"] += (f" (a window of {limits.stream_ranges_per_answer_default} ranges "
+                            "unless limit says more, at most 1,000: the last ones, or with "
+                            "offset those from the range holding it on, or with index those "
+                            "from that range on; ranges_omitted plus the ranges shown is the "
+                            "range count when ranges_more is absent)")
     describe["parameters"] = [
         {"name": "offset", "in": "query", "required": False,
          "schema": {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}},
+        {"name": "index", "in": "query", "required": False,
+         "description": "a range index (not with offset)",
+         "schema": {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}},
         {"name": "limit", "in": "query", "required": False,
          "schema": {"type": "integer", "minimum": 1,
+                    "default": limits.stream_ranges_per_answer_default,
                     "maximum": limits.stream_ranges_per_answer_max}}]
     describe["responses"].update(_errors(400))
 

@@ -6,13 +6,15 @@ thousand (a range per writer session). Listings therefore answer a page and a cu
 resume from (:func:`stream_page`: streams after a name, at most ``limit`` and at most
 :data:`page_bytes_max` of them), and a stream in a listing carries a window of its ranges
 (:func:`windowed_stream`: the last :data:`listed_ranges_max`, and how many it left out).
+A stream's own answer carries a window of its ranges too (:func:`ranges_window`: the
+last few by default, :func:`stream_answer`; or from an offset or a range index, up to
+``limits.stream_ranges_per_answer_max``): it costs the same whatever the stream's length.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -27,7 +29,6 @@ streams_page_max: Final = 1000  # the most a caller may ask for in one page
 page_bytes_max: Final = 512 * 1024  # a page stops once its streams encode to this much
 listed_ranges_max: Final = 64  # a stream in a listing: its last ranges only
 stream_name_bytes_max: Final = 1024  # an ``after`` cursor longer than any name is refused
-_OPEN: Final = 2**64  # an open range's end, for the bisect (above every offset)
 
 
 def page_limit(value: object, *, default: int, maximum: int, argument: str = "limit") -> int:
@@ -72,13 +73,16 @@ def windowed_stream(stream: StreamMeta, ranges_max: int = listed_ranges_max) -> 
 
 def ranges_window(
     stream: StreamMeta, offset: int | None = None,
-    limit: int = limits.stream_ranges_per_answer_max,
+    limit: int = limits.stream_ranges_per_answer_max, *, index: int | None = None,
 ) -> StreamMeta:
     """``stream`` with at most ``limit`` of its ranges, as PD answers a stream (describe,
-    open_writer, seal, trim...): without ``offset`` its last ones; with one, from the range
-    holding ``offset`` (the first ending past it; past every end: the last) on.
-    ``ranges_omitted`` counts the earlier ranges left out, ``ranges_more`` says later ones
-    were. Every other field (start offset, epoch, settings) stays whole.
+    open_writer, seal, trim...): without ``offset`` or ``index`` its last ones; with an
+    ``offset``, from the range holding it (the first ending past it; past every end: the
+    last) on; with an ``index``, from the range of that index (below the first kept: the
+    first; past the last: the last) on. ``ranges_omitted`` counts the earlier ranges left
+    out, ``ranges_more`` says later ones were. Every other field (start offset, epoch,
+    settings) stays whole. O(log n) in the stream's ranges: a bisect on their ends (they
+    grow with the index) or the index's position, then a slice of ``limit``.
 
     >>> from estream.wire.meta import RangeMeta
     >>> rs = tuple(RangeMeta(i, 10 * i, 10 * i + 10, ()) for i in range(9))
@@ -91,18 +95,29 @@ def ranges_window(
     ([2, 3, 4], 2, True)
     >>> [r.index for r in ranges_window(s, offset=500, limit=3).ranges]
     [8]
+    >>> [r.index for r in ranges_window(s, index=4, limit=2).ranges]
+    [4, 5]
     """
     ranges = stream.ranges
-    if offset is None:
-        first = max(0, len(ranges) - limit)
+    if index is not None and ranges:
+        first = min(max(0, index - ranges[0].index), len(ranges) - 1)
+    elif offset is not None:
+        first = min(stream.position_past(offset), max(0, len(ranges) - 1))
     else:
-        first = bisect_right([r.end if r.end is not None else _OPEN for r in ranges], offset)
-        first = min(first, max(0, len(ranges) - 1))
+        first = max(0, len(ranges) - limit)
     if first == 0 and len(ranges) <= limit:
         return stream
     kept = ranges[first:first + limit]
     return replace(stream, ranges=kept, ranges_omitted=stream.ranges_omitted + first,
                    ranges_more=first + limit < len(ranges))
+
+
+def stream_answer(stream: StreamMeta) -> dict[str, Any]:
+    """``stream`` as PD answers a call that names no window (open_writer, seal, trim,
+    set_retention, describe without ``limit``): its fields and its last
+    ``stream_ranges_per_answer_default`` ranges, whatever their number (a writer needs the
+    last two; a reader asks for its offset's window)."""
+    return ranges_window(stream, None, limits.stream_ranges_per_answer_default).to_dict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +164,18 @@ def stream_page(
     return StreamPage(tuple(out), None)
 
 
-def window_args(args: Mapping[str, Any]) -> tuple[int | None, int]:
-    """A request's window of a stream's ranges: ``"offset"`` (absent or None: the last
-    ranges) and ``"limit"`` (1..``stream_ranges_per_answer_max``, absent: that many);
-    ``InvalidArgument`` naming the field otherwise."""
-    offset = args.get("offset")
-    if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool)
-                               or not 0 <= offset < 2**64):
-        raise InvalidArgument("offset must be an integer >= 0", argument="offset")
-    most = limits.stream_ranges_per_answer_max
-    return offset, page_limit(args.get("limit"), default=most, maximum=most)
+def window_args(args: Mapping[str, Any]) -> tuple[int | None, int | None, int]:
+    """A request's window of a stream's ranges: ``"offset"`` or ``"index"`` (at most one;
+    neither: the last ranges) and ``"limit"`` (1..``stream_ranges_per_answer_max``,
+    absent: ``stream_ranges_per_answer_default``); ``InvalidArgument`` naming the field
+    otherwise. Returns ``(offset, index, limit)``."""
+    offset, index = args.get("offset"), args.get("index")
+    for name, value in (("offset", offset), ("index", index)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 0 <= value < 2**64):
+            raise InvalidArgument(f"{name} must be an integer >= 0", argument=name)
+    if offset is not None and index is not None:
+        raise InvalidArgument("give offset or index, not both", argument="index")
+    return offset, index, page_limit(args.get("limit"),
+                                     default=limits.stream_ranges_per_answer_default,
+                                     maximum=limits.stream_ranges_per_answer_max)

@@ -33,7 +33,7 @@ def _ranges_table(stream: dict[str, Any]) -> Any:
     ]
     left = [f"{stream['ranges_omitted']} earlier"] if stream.get("ranges_omitted") else []
     left += ["later ones"] if stream.get("ranges_more") else []
-    title = "ranges" + (f" (left out: {', '.join(left)}; --offset N shows others)"
+    title = "ranges" + (f" (left out: {', '.join(left)}; --offset N or --index N shows others)"
                         if left else "")
     return table(title, ["index", "start", "end", "state", "tier", "replicas"], rows)
 
@@ -103,10 +103,11 @@ async def list_(client: Any, ns: argparse.Namespace) -> int:
 
 
 async def describe(client: Any, ns: argparse.Namespace) -> int:
-    """The admin API's ``GET /v1/streams/{name}``: the stream's last ranges (PD answers
-    at most 1,000; ``--offset``: those from the one holding it), and its figures, open
-    range included."""
-    query = "" if ns.offset is None else f"?offset={ns.offset}"
+    """The admin API's ``GET /v1/streams/{name}``: the stream's last ranges (8 unless
+    ``--limit`` says more, at most 1,000; ``--offset``: those from the one holding it,
+    ``--index``: those from that range on), and its figures, open range included."""
+    asked = {k: getattr(ns, k) for k in ("offset", "index", "limit") if getattr(ns, k) is not None}
+    query = ("?" + urllib.parse.urlencode(asked)) if asked else ""
     stream, _ = await admin_get(client, ns, f"/v1/streams/{urllib.parse.quote(ns.name)}"
                                             f"{query}")
     show_stream(stream, ns.json)
@@ -179,6 +180,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("name", help=_NAME)
     p.add_argument("--offset", type=non_negative_int, default=None,
                    help="the ranges from the one holding this offset on (default: the last)")
+    p.add_argument("--index", type=non_negative_int, default=None,
+                   help="the ranges from this range index on (not with --offset)")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="show this many ranges (default 8, at most 1000)")
     p.set_defaults(handler=describe)
     p = ssub.add_parser("delete", parents=[common], help="delete a stream")
     p.add_argument("name", help=_NAME)

@@ -47,6 +47,7 @@ from estream.devcluster.rangeserver import launch_rangeserver, wait_rangeserver
 from estream.devcluster.walfiles import flip_byte
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
+from estream.wire import limits
 from estream.wire.errors import EstreamError
 from estream.wire.record import BATCH_HEADER_BYTES, decode_batch, iter_batches
 from rangeserver import walformat as wf
@@ -302,8 +303,10 @@ class Cluster:
 
     # -- what the cluster holds ------------------------------------------------------------
     def describe(self, name: str) -> dict[str, Any]:
-        """The stream as PD's admin API shows it."""
-        status, body = http_json(self.pd_url() + f"/v1/streams/{name}",
+        """The stream as PD's admin API shows it, with up to 1,000 of its last ranges
+        (``limits.stream_ranges_per_answer_max``: tests look at every range of theirs)."""
+        status, body = http_json(self.pd_url() + f"/v1/streams/{name}?limit="
+                                 f"{limits.stream_ranges_per_answer_max}",
                                  context=self.pd.context)
         assert status == 200, body
         assert isinstance(body, dict)

@@ -50,6 +50,7 @@ from estream.wire.errors import (
     MalformedFrame,
     NotLeader,
     Overloaded,
+    StreamNotFound,
     Timeout,
     Unavailable,
     UnsupportedOpcode,
@@ -262,16 +263,42 @@ class PDClient:
         body = await self.call(Opcode.PD_LIST_CURSORS, {"name": name})
         return int(body["end"]), list(body["cursors"])
 
-    async def describe_stream(self, name: str, *, offset: int | None = None) -> StreamMeta:
-        """The stream with a window of its ranges (``limits.stream_ranges_per_answer_max``
-        at most; ``ranges_omitted`` earlier ones left out): its last ranges, or with
-        ``offset`` those from the range holding it on (``ranges_more``: later ones left
+    async def describe_stream(self, name: str, *, offset: int | None = None,
+                              index: int | None = None, limit: int | None = None
+                              ) -> StreamMeta:
+        """The stream with a window of its ranges (``limit``, default
+        ``limits.stream_ranges_per_answer_default``, at most
+        ``limits.stream_ranges_per_answer_max``; ``ranges_omitted`` earlier ones left
+        out): its last ranges, or with ``offset`` those from the range holding it on, or
+        with ``index`` those from that range index on (``ranges_more``: later ones left
         out too)."""
         header: dict[str, Any] = {"name": name}
-        if offset is not None:
-            header["offset"] = offset
+        for key, value in (("offset", offset), ("index", index), ("limit", limit)):
+            if value is not None:
+                header[key] = value
         body = await self.call(Opcode.PD_DESCRIBE_STREAM, header)
         return StreamMeta.from_dict(body["stream"])
+
+    async def iter_ranges(self, name: str, index: int = 0,
+                          limit: int = limits.stream_ranges_per_answer_max
+                          ) -> AsyncIterator[RangeMeta]:
+        """Every range of ``name`` from range ``index`` on (from the first it keeps when
+        trimmed past it), a window of ``limit`` at a time, in index order. Raises
+        ``StreamNotFound`` when the stream is deleted, or deleted and created again,
+        between two windows."""
+        stream_id = 0
+        while True:
+            window = await self.describe_stream(name, index=index, limit=limit)
+            if stream_id and window.id != stream_id:
+                raise StreamNotFound(f"stream {name!r} was deleted while its ranges were "
+                                     "listed", stream=name)
+            stream_id = window.id
+            for rng in window.ranges:
+                if rng.index >= index:
+                    yield rng
+            if not window.ranges_more or not window.ranges:
+                return
+            index = window.ranges[-1].index + 1
 
     async def list_streams_page(
         self, after: str = "", limit: int | None = None
@@ -514,6 +541,6 @@ def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,
             known.ranges_omitted and earlier and earlier[-1].index == ranges_from - 1
             and earlier[0] == known.ranges[0]):
         return None  # ``known`` is neither whole nor a window reaching ``ranges_from``
-    ranges = earlier + tail.ranges
+    ranges = earlier + tuple(tail.ranges)
     cut = max(0, len(ranges) - limits.stream_ranges_per_answer_max)  # stays bounded
     return replace(tail, ranges=ranges[cut:], ranges_omitted=omitted - len(earlier) + cut)

@@ -157,9 +157,11 @@ class Client:
         return meta
 
     async def describe_stream(self, name: str) -> StreamMeta:
-        """The stream as PD has it now, with its last ranges (at most
-        ``limits.stream_ranges_per_answer_max``; ``ranges_omitted``: how many earlier ones
-        it leaves out, ``client.pd.describe_stream(name, offset=N)`` has those from N on)."""
+        """The stream as PD has it now, with its last ranges
+        (``limits.stream_ranges_per_answer_default``, whatever the stream's length;
+        ``ranges_omitted``: how many earlier ones it leaves out, so their sum is the range
+        count; ``client.pd.describe_stream(name, offset=N)`` or ``index=I`` has others,
+        ``client.pd.iter_ranges(name)`` every one)."""
         return await self.stream_meta(name, refresh=True)
 
     async def list_streams(self) -> list[StreamMeta]:

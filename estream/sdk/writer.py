@@ -49,7 +49,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -122,6 +122,7 @@ timer_min_s = 0.0003
 recovery_backoff_s_min = 0.1
 recovery_backoff_s_max = 2.0
 walk_window = 8  # a producer's open reads the last batch of this many ranges at once
+walk_fetch_ranges = 64  # ... and asks PD for this many earlier ranges at a time
 
 
 _BYTES_TYPES = (bytes, bytearray, memoryview)
@@ -254,18 +255,13 @@ class Writer:
         """The producer's last stored sequence (``estream/core/producer.py``): every range
         but an empty open last one is sealed now, so walk the sealed ranges from the last
         one back, reading the batch that holds each one's last offset (``walk_window``
-        ranges at once), until one written by this producer (bounded by ``deadline``)."""
+        ranges at once), until one written by this producer (bounded by ``deadline``).
+        The ranges come from the window PD answered; earlier ones are asked for only when
+        the walk gets there (``walk_fetch_ranges`` at a time)."""
         meta = self.stream
         self._client._streams[meta.name] = meta  # reads below see the sealed ends
-        ranges: list[RangeMeta] = []
-        for rng in reversed(meta.ranges):
-            if rng.end is not None and rng.end <= meta.start_offset:
-                break
-            if rng.end is not None and rng.end > rng.start:
-                ranges.append(rng)
         tail: ProducerTail | None = None
-        for lo in range(0, len(ranges), walk_window):
-            window = ranges[lo : lo + walk_window]
+        async for window in self._written_ranges_back(meta, deadline):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Unavailable(
@@ -285,6 +281,36 @@ class Writer:
             if tail is not None:
                 break
         self.producer = ProducerState(producer_id, tail)
+
+    async def _written_ranges_back(
+        self, meta: StreamMeta, deadline: float
+    ) -> AsyncIterator[list[RangeMeta]]:
+        """The sealed ranges of ``meta`` holding records at or past its start offset, from
+        the last back, ``walk_window`` at a time: first those of ``meta``'s window, then
+        earlier windows asked of PD by range index as the walk reaches them."""
+        ranges, omitted = meta.ranges, meta.ranges_omitted
+        while True:
+            found: list[RangeMeta] = []
+            for rng in reversed(ranges):
+                if rng.end is not None and rng.end <= meta.start_offset:
+                    omitted = 0  # (nothing earlier holds a record to read)
+                    break
+                if rng.end is not None and rng.end > rng.start:
+                    found.append(rng)
+            for lo in range(0, len(found), walk_window):
+                yield found[lo : lo + walk_window]
+            if not omitted or not ranges:
+                return
+            first = ranges[0].index
+            count = min(omitted, walk_fetch_ranges)
+            window = await asyncio.wait_for(
+                self._client.pd.describe_stream(meta.name, index=first - count, limit=count),
+                max(deadline - time.monotonic(), 0))
+            if window.id != meta.id:
+                raise StreamNotFound(f"stream {meta.name!r} was deleted while writer "
+                                     "recovery read it", stream=meta.name)
+            ranges = tuple(r for r in window.ranges if r.index < first)
+            omitted = window.ranges_omitted
 
     async def _last_views(self, name: str, end: int) -> list[Any]:
         views: list[Any] = []

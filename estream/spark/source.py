@@ -77,6 +77,7 @@ from estream.spark.planning import (
     spec_for,
 )
 from estream.spark.timestarts import apply_starting_times
+from estream.wire import limits
 from estream.wire.errors import InvalidArgument, OffsetOutOfRange, StreamNotFound
 from estream.wire.meta import StreamMeta
 from estream.wire.record import (
@@ -127,7 +128,9 @@ class EstreamPartition(InputPartition):
 
 async def _describe(client: estream.Client, pd: str, name: str) -> tuple[StreamMeta, StreamBounds]:
     try:
-        meta = await client.describe_stream(name)
+        # The planner places partitions on the replicas of the ranges it sees: the most
+        # ranges one answer holds (the last ones), not the default few.
+        meta = await client.pd.describe_stream(name, limit=limits.stream_ranges_per_answer_max)
         end = await client.end_offset(name)
     except StreamNotFound:
         raise StreamNotFound(

@@ -24,7 +24,9 @@ connection_answer_bytes_max: Final = 4 * MiB  # unsent + in-production answers p
 answer_grant_bytes_min: Final = 64 * KiB  # smallest answer allowance worth producing
 server_answer_bytes_max: Final = 16 * MiB  # the same, summed over a server's connections
 stream_ranges_per_answer_max: Final = 1_000  # a stream's ranges in one PD answer (a window of
-#   them; the rest are asked for by offset: pd/paging.py), about 400 KiB at most
+#   them; the rest are asked for by offset or index: pd/paging.py), about 400 KiB at most
+stream_ranges_per_answer_default: Final = 8  # ... when the caller names no limit: a
+#   stream's answer costs the same with 1 or 100,000 ranges (writers need the last two)
 connection_stalled_ms_max: Final = 5_000  # a consumer not reading for this long, when the
 #   answer budget is short, is disconnected
 connection_inflight_requests_max: Final = 4096  # requests being served per connection

@@ -21,7 +21,9 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from estream.wire.errors import InvalidArgument
@@ -129,27 +131,19 @@ class RangeMeta:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RangeMeta:
-        base = cls._from_dict(d)
-        part = d.get("object_part")
-        if part is not None:
-            base = replace(base, object_part=ObjectPart.from_dict(part))
-        if all(d.get(k) is None for k in _RANGE_STATS):
-            return base
-        return replace(base, min_timestamp=_opt_int(d.get("min_timestamp")),
-                       max_timestamp=_opt_int(d.get("max_timestamp")),
-                       size_bytes=_opt_int(d.get("size_bytes")))
-
-    @classmethod
-    def _from_dict(cls, d: dict[str, Any]) -> RangeMeta:
         index = int(d["index"])  # first: a non-map fails here with TypeError
-        key = d.get("object_key")
-        return cls(
+        key, part = d.get("object_key"), d.get("object_part")
+        return cls(  # one construction: a stream's answer decodes many of these
             index,
             int(d["start"]),
             None if d.get("end") is None else int(d["end"]),
             tuple(ReplicaRef.from_dict(r) for r in d.get("replicas", ())),
             str(d.get("tier", "local")),
             None if key is None else str(key),
+            min_timestamp=_opt_int(d.get("min_timestamp")),
+            max_timestamp=_opt_int(d.get("max_timestamp")),
+            size_bytes=_opt_int(d.get("size_bytes")),
+            object_part=None if part is None else ObjectPart.from_dict(part),
         )
 
 
@@ -165,7 +159,7 @@ class StreamMeta:
     hints: tuple[str, ...] = ()
     epoch: int = 0
     start_offset: int = 0
-    ranges: tuple[RangeMeta, ...] = field(default_factory=tuple)
+    ranges: Sequence[RangeMeta] = field(default_factory=tuple)  # (PD's catalog: a RangeList)
     retention_ms: int | None = None  # pd/retention.py; None: no limit
     retention_bytes: int | None = None
     digest: str = "xxh3"  # entry digest: "xxh3", "crc32c" or "hmac-sha256" (record.py)
@@ -208,13 +202,24 @@ class StreamMeta:
             return False
         return not self.ranges_omitted or (bool(self.ranges) and self.ranges[0].start <= offset)
 
+    def position_past(self, offset: int) -> int:
+        """The position in ``ranges`` of the first range ending past ``offset`` (the open
+        one never ends; ``len(ranges)`` if every range ends at or below it): a bisect on
+        the ranges' ends, which grow with the index. O(log n)."""
+        return bisect_right(self.ranges, offset, key=_end_or_open)
+
     def range_for(self, offset: int) -> RangeMeta | None:
-        """The range holding ``offset`` (the open range for offsets at or past its start)."""
-        for r in reversed(self.ranges):
-            if r.start <= offset and (r.end is None or offset < r.end):
-                return r
-            if r.end is not None and offset >= r.end:
-                return None
+        """The range holding ``offset`` (the open range for offsets at or past its start):
+        a bisect on the ranges' ends (they grow with the index), O(log n).
+
+        >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, ()), RangeMeta(1, 5, 5, ()),
+        ...                                RangeMeta(2, 5, None, ())))
+        >>> [s.range_for(o).index for o in (0, 4, 5, 99)], s.range_for(-1)
+        ([0, 0, 2, 2], None)
+        """
+        at = self.position_past(offset)
+        if at < len(self.ranges) and self.ranges[at].start <= offset:
+            return self.ranges[at]
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,7 +262,11 @@ class StreamMeta:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None
 
 
-_RANGE_STATS = ("min_timestamp", "max_timestamp", "size_bytes")
+_OPEN_END = 2**64  # an open range's end, for a bisect (above every offset)
+
+
+def _end_or_open(r: RangeMeta) -> int:
+    return r.end if r.end is not None else _OPEN_END
 
 
 def _opt_int(value: Any) -> int | None:

@@ -67,6 +67,7 @@ from pd.paging import (
     page_after,
     page_limit,
     ranges_window,
+    stream_answer,
     streams_page_default,
     streams_page_max,
     window_args,
@@ -292,13 +293,13 @@ class _Views:
     async def set_retention(self, request: web.Request) -> web.Response:
         body = _json_object(await request.read(), RETENTION_FIELDS)
         stream = await self.service.set_retention(request.match_info["name"], body)
-        return web.json_response(ranges_window(stream).to_dict())
+        return web.json_response(stream_answer(stream))
 
     async def describe_stream(self, request: web.Request) -> web.Response:
-        offset, limit = window_args({k: _query_int(request.query, k)
-                                     for k in ("offset", "limit") if k in request.query})
+        offset, index, limit = window_args({k: _query_int(request.query, k) for k in
+                                            ("offset", "index", "limit") if k in request.query})
         stream = await self.service.describe_stream(request.match_info["name"])
-        shown = ranges_window(stream, offset, limit)  # the figures stay whole
+        shown = ranges_window(stream, offset, limit, index=index)  # the figures stay whole
         # 1 s per open-range replica at most
         return web.json_response(shown.to_dict() | await self.service.figures(stream))
 
@@ -309,7 +310,7 @@ class _Views:
             raise InvalidArgument("field 'start_offset' must be an integer >= 0",
                                   argument="start_offset")
         stream = await self.service.trim_stream(request.match_info["name"], start)
-        return web.json_response(ranges_window(stream).to_dict())
+        return web.json_response(stream_answer(stream))
 
     async def delete_stream(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

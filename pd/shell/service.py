@@ -88,6 +88,7 @@ from pd.paging import (
     page_after,
     page_limit,
     ranges_window,
+    stream_answer,
     stream_page,
     streams_page_default,
     streams_page_max,
@@ -741,9 +742,9 @@ class PdService:
         return {"stream": stream.to_dict()}
 
     async def _rpc_describe(self, h: Header) -> Header:
-        offset, limit = window_args(h)
+        offset, index, limit = window_args(h)
         stream = await self.describe_stream(require(h, "name", str))
-        return {"stream": ranges_window(stream, offset, limit).to_dict()}
+        return {"stream": ranges_window(stream, offset, limit, index=index).to_dict()}
 
     async def _rpc_list(self, h: Header) -> Header:
         after = page_after(h.get("after"))
@@ -757,7 +758,7 @@ class PdService:
         return {}
 
     async def _rpc_open_writer(self, h: Header) -> Header:
-        return {"stream": ranges_window(await self.open_writer(require(h, "name", str))).to_dict()}
+        return {"stream": stream_answer(await self.open_writer(require(h, "name", str)))}
 
     async def _rpc_seal(self, h: Header) -> Header:
         ranges_from = optional(h, "ranges_from", int, -1)
@@ -765,13 +766,13 @@ class PdService:
             require(h, "name", str), require(h, "epoch", int), require(h, "range_index", int),
             require(h, "end", int), _str_list(h, "exclude"), _stream_id(h))
         if ranges_from < 0:
-            return {"stream": ranges_window(stream).to_dict()}
+            return {"stream": stream_answer(stream)}
         return stream_tail(stream, ranges_from)
 
     async def _rpc_trim(self, h: Header) -> Header:
         stream = await self.trim_stream(require(h, "name", str), require(h, "start_offset", int),
                                         _stream_id(h))
-        return {"stream": ranges_window(stream).to_dict()}
+        return {"stream": stream_answer(stream)}
 
     async def _rpc_servers(self, h: Header) -> Header:
         return {"servers": [s.to_dict() for s in await self.list_servers()]}
@@ -811,7 +812,7 @@ class PdService:
     async def _rpc_set_retention(self, h: Header) -> Header:
         changes: dict[str, Any] = {k: h[k] for k in RETENTION_FIELDS if k in h}  # absent: unchanged
         stream = await self.set_retention(require(h, "name", str), changes)
-        return {"stream": ranges_window(stream).to_dict()}
+        return {"stream": stream_answer(stream)}
 
     async def _rpc_delete_cursor(self, h: Header) -> Header:
         cursor = require(h, "cursor", str)
@@ -838,7 +839,7 @@ class PdService:
         stream = await self.update_replicas(
             require(h, "name", str), require(h, "range_index", int), replicas,
             _str_list(h, "expected"), _stream_id(h))
-        return {"stream": ranges_window(stream).to_dict()}
+        return {"stream": stream_answer(stream)}
 
 
     async def _rpc_report_damage(self, h: Header) -> Header:
@@ -858,8 +859,10 @@ def stream_tail(stream: StreamMeta, ranges_from: int) -> Header:
     """A ``PD_SEAL_RANGE`` answer for a client that holds the stream's earlier ranges: the
     stream with only its ranges from index ``ranges_from`` on, and ``omitted``, how many it
     has below (the client takes those from what it holds). The answer of a stream with
-    many ranges stays small. Pure."""
-    kept = tuple(r for r in stream.ranges if r.index >= ranges_from)
+    many ranges stays small, and costs no scan of them. Pure."""
+    ranges = stream.ranges
+    first = min(max(0, ranges_from - ranges[0].index), len(ranges)) if ranges else 0
+    kept = ranges[first:]  # (ranges are contiguous by index)
     if len(kept) > stream_ranges_per_answer_max:  # the client holds too little: a window
         return {"stream": ranges_window(stream).to_dict()}
     return {"stream": replace(stream, ranges=kept).to_dict(), "ranges_from": ranges_from,

@@ -1,6 +1,8 @@
 """A stream with thousands of ranges (a range per writer session, for months): PD answers a
-window of its ranges (pd/paging.py), every answer stays bounded, and the SDK still opens,
-describes and reads it anywhere, asking PD for the ranges around the offsets it reads.
+window of its ranges (pd/paging.py), as small by default as a one-range stream's, and
+pages every range by index; the SDK still opens (an idempotent producer finds its last
+sequence thousands of ranges back), describes and reads it anywhere, asking PD for the
+ranges around the offsets it reads.
 
 A real cluster (3 PD nodes, 3 range servers). The ranges are made cheaply: PD_SEAL_RANGE
 at the open range's start (an empty range) in a bounded loop, around a few ranges holding
@@ -24,6 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_ser
 
 EMPTY_RANGES = 1_200  # before and after the records: more than one answer's window each
 WINDOW = limits.stream_ranges_per_answer_max
+SHOWN = limits.stream_ranges_per_answer_default  # an answer that names no window
+ANSWER_BYTES_MAX = 8 * limits.KiB  # ... fits in this, whatever the stream's length
 
 
 async def seal_empty(client: estream.Client, name: str, count: int) -> None:
@@ -46,7 +50,10 @@ async def test_a_stream_of_thousands_of_ranges_opens_describes_and_reads(
     async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream(name, replicas=3, ack_count=2)
         await seal_empty(client, name, EMPTY_RANGES)
-        for session in range(4):  # records in the middle: ranges of their own
+        async with await client.open_writer(name, producer_id="p1") as writer:
+            await writer.append_batch([b"0-%d" % i for i in range(25)],
+                                      sequences=list(range(25)))
+        for session in range(1, 4):  # records in the middle: ranges of their own
             async with await client.open_writer(name) as writer:
                 await writer.append_batch([b"%d-%d" % (session, i) for i in range(25)])
         await seal_empty(client, name, EMPTY_RANGES)
@@ -55,16 +62,29 @@ async def test_a_stream_of_thousands_of_ranges_opens_describes_and_reads(
 
         body = await client.pd.call(Opcode.PD_DESCRIBE_STREAM, {"name": name})
         whole = body["stream"]
-        assert len(whole["ranges"]) == WINDOW and whole["ranges_omitted"] > EMPTY_RANGES
-        assert len(msgpack.packb(body)) < limits.frame_header_bytes_max
-        total = whole["ranges_omitted"] + WINDOW
+        assert len(whole["ranges"]) == SHOWN and whole["ranges_omitted"] > 2 * EMPTY_RANGES - SHOWN
+        assert len(msgpack.packb(body)) < ANSWER_BYTES_MAX
+        total = whole["ranges_omitted"] + SHOWN  # the range count
         assert total >= 2 * EMPTY_RANGES + 4
+        body = await client.pd.call(Opcode.PD_DESCRIBE_STREAM, {"name": name, "limit": WINDOW})
+        assert len(body["stream"]["ranges"]) == WINDOW
+        assert len(msgpack.packb(body)) < limits.frame_header_bytes_max
         opened = await client.pd.call(Opcode.PD_OPEN_WRITER, {"name": name})
-        assert len(opened["stream"]["ranges"]) == WINDOW
+        assert len(opened["stream"]["ranges"]) == SHOWN
+        assert len(msgpack.packb(opened)) < ANSWER_BYTES_MAX
 
         meta = await client.describe_stream(name)
         assert meta.last_range is not None and meta.last_range.end is None
-        assert len(meta.ranges) == WINDOW and meta.ranges_omitted == total - WINDOW
+        assert len(meta.ranges) == SHOWN and meta.ranges_omitted == total - SHOWN
+        first = meta.ranges[0].index - meta.ranges_omitted
+        indexes = [r.index async for r in client.pd.iter_ranges(name)]  # every range once
+        assert indexes == list(range(first, first + total))
+
+        # An idempotent producer's look-back walks back past 1,200 empty ranges and 3
+        # other sessions' ranges, asking PD for earlier windows as it goes.
+        async with await client.open_writer(name, producer_id="p1") as writer:
+            assert writer.last_sequence == 24
+            total += 1
 
         # from the middle: offsets 30..99 are in ranges the last window does not hold
         values = [r.value async for r in client.read(name, start=30)]
@@ -81,13 +101,30 @@ async def test_a_stream_of_thousands_of_ranges_opens_describes_and_reads(
         assert shown["end_offset"] == 101 and shown["records"] == 101  # figures stay whole
         status, shown = http_json(f"{url}/v1/streams/{name}?limit=0")
         assert status == 400 and shown["error"]["code"] == "INVALID_ARGUMENT"
+        status, shown = http_json(f"{url}/v1/streams/{name}?offset=3&index=3")
+        assert status == 400 and shown["error"]["code"] == "INVALID_ARGUMENT"
+        status, shown = http_json(f"{url}/v1/streams/{name}")
+        assert status == 200 and len(shown["ranges"]) == SHOWN and shown["end_offset"] == 101
+        total = shown["ranges_omitted"] + SHOWN
+        paged: list[int] = []
+        for _ in range(total // WINDOW + 2):  # every range by index, a window at a time
+            status, page = http_json(f"{url}/v1/streams/{name}?index="
+                                     f"{paged[-1] + 1 if paged else 0}&limit={WINDOW}")
+            assert status == 200, page
+            paged += [r["index"] for r in page["ranges"]]
+            if not page.get("ranges_more"):
+                break
+        assert paged == list(range(paged[0], paged[0] + total)) and paged[0] == first
 
     pd = cluster.pd_addresses
     cli = json.loads(run_cli(["stream", "describe", name, "--offset", "30", "--json", "--pd", pd],
                              timeout_s=30).stdout)
     assert cli["ranges"][0]["start"] <= 30 < cli["ranges"][0]["end"] and cli["ranges_more"]
     text = run_cli(["stream", "describe", name, "--pd", pd], timeout_s=30).stdout
-    assert f"left out: {total - WINDOW} earlier" in text
+    assert f"left out: {total - SHOWN} earlier" in text
+    cli = json.loads(run_cli(["stream", "describe", name, "--index", str(first + 1), "--limit",
+                              "3", "--json", "--pd", pd], timeout_s=30).stdout)
+    assert [r["index"] for r in cli["ranges"]] == [first + 1, first + 2, first + 3]
     listed = json.loads(run_cli(["stream", "list", "--limit", "1", "--json", "--pd", pd],
                                 timeout_s=30).stdout)
     assert [s["name"] for s in listed["streams"]] == [name] and listed["next"] is None
