@@ -196,6 +196,18 @@ def puts_to_wait_for(in_flight: int, *, open_pack: bool,
     return max(0, in_flight + (1 if open_pack else 0) - limit)
 
 
+def reads_at_once(object_size_bytes: int, window_bytes: int, count_max: int) -> int:
+    """How many due ranges the offloader reads side by side, a window of ``window_bytes``
+    each: as many as one pack holds (at most ``count_max``, at least one), so that what
+    they read adds no more than one pack to the two in memory (:func:`puts_to_wait_for`).
+
+    >>> reads_at_once(64 << 20, 2 << 20, 8), reads_at_once(4 << 20, 2 << 20, 8), (
+    ...     reads_at_once(1, 2 << 20, 8))
+    (8, 2, 1)
+    """
+    return max(1, min(count_max, object_size_bytes // window_bytes))
+
+
 def still_wanted(pending: Iterable[Pending], streams: Iterable[StreamMeta]) -> list[Pending]:
     """The ranges of the open pack the catalog still wants uploaded as read: the stream
     (same id) still has the range, sealed at the same ``[start, end)``, still "local"

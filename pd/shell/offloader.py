@@ -17,10 +17,12 @@ time to run out.
    a replica that errs, is damaged, holds less, or holds batches that do not line up is
    skipped for the next one) into the open pack, which :func:`pd.offload.close_packs`
    closes at ``object_size_bytes`` or ``object_max_age`` (what is due in one round goes
-   out together). Up to ``reads_at_once_max`` ranges are read side by side, a first
-   window of ``first_read_bytes_max`` each; a range longer than that is read on one at
-   a time (memory stays bounded whatever the ranges' sizes). The catalog is looked at
-   through :class:`pd.offload.TierWork`: only the streams that changed are walked again.
+   out together). Up to ``reads_at_once_max`` ranges are read side by side, each in one
+   read of ``first_read_bytes_max`` (:func:`pd.offload.reads_at_once`: as many as one
+   pack holds); a range longer than that is read again alone, in order, as before
+   (memory stays within two packs and those windows whatever the ranges' sizes). The
+   catalog is looked at through :class:`pd.offload.TierWork`: only the streams that
+   changed are walked again.
    A closed pack becomes one object (format version 2,
    :mod:`estream.wire.objectformat`; it refuses anything but exactly each range's
    ``[start, end)``): propose ``prepare_pack`` (the key, its ranges and a deadline,
@@ -171,6 +173,7 @@ from pd.offload import (
     pack_key,
     pack_members,
     puts_to_wait_for,
+    reads_at_once,
     reserved,
     retry_delay_ms,
     reusable_packs,
@@ -195,7 +198,14 @@ seal_poll_cost_max: Final = 20  # ...or less often: at most 1/20 of the time in 
 sweep_interval_ms_default: Final = 60_000
 uploads_per_round_max: Final = 512
 reads_at_once_max: Final = 8  # ranges read from their replicas side by side, each...
-first_read_bytes_max: Final = 2 * 1024 * 1024  # ...this much at first (the rest: one at a time)
+first_read_bytes_max: Final = 2 * 1024 * 1024  # ...in one read this big, or later alone
+
+
+class _Longer:
+    """A range that one read of ``first_read_bytes_max`` does not hold: read on its own."""
+
+
+LONGER: Final = _Longer()
 upload_round_ms_max: Final = 10_000  # no upload starts after this long in one round
 drops_per_round_max: Final = 512
 releases_in_flight_max: Final = 16  # releases checking their objects at once...
@@ -268,7 +278,6 @@ class Offloader(DamageChecks):
         self.damage = DamageInbox()  # readers' reports of damaged objects, to check
         self.lost: set[tuple[str, RangeKey]] = set()  # (key, range) counted as lost
         self.work = TierWork()  # the catalog narrowed to this offloader's ranges
-        self.long_reads = asyncio.Lock()  # ranges read past their first window, one at a time
 
     async def run(self) -> None:
         """Forever (until cancelled): a round while leader, then the wait
@@ -427,23 +436,32 @@ class Offloader(DamageChecks):
                         or not self._leading()):
                     backlog = True
                     break
-                chunk = due[:min(reads_at_once_max, uploads_per_round_max - read)]
+                chunk = due[:min(reads_at_once(self.object_size_bytes, first_read_bytes_max,
+                                               reads_at_once_max),
+                                 uploads_per_round_max - read)]
                 read += len(chunk)
                 for _ in range(puts_to_wait_for(len(in_flight), open_pack=True)):
                     await in_flight.pop(0)
-                # (while the packs in flight go out)
-                got = await asyncio.gather(*(self._read(upload) for upload in chunk))
+                # (while the packs in flight go out) One whole; or side by side, if each
+                # fits in one read.
+                got = [await self._read(chunk[0])] if len(chunk) == 1 else (
+                    await asyncio.gather(*(self._read(upload, window_bytes=first_read_bytes_max)
+                                           for upload in chunk)))
                 for upload, batches in zip(chunk, got, strict=True):
-                    if batches is None:
+                    if isinstance(batches, _Longer):  # read whole now, alone, as packs go out
+                        for _ in range(puts_to_wait_for(len(in_flight), open_pack=True)):
+                            await in_flight.pop(0)
+                        batches = await self._read(upload)
+                    if batches is None or isinstance(batches, _Longer):
                         continue
                     self.pending.append(Pending(upload, sum(len(b) for b in batches),
                                                 self.service.clock_ms()))
                     self.pending_data[upload.key] = batches
-                for pack in self._take_packs(self.service.clock_ms(), full_only=True):
-                    in_flight.append(self._start_offload(pack))
-                    for _ in range(puts_to_wait_for(len(in_flight),
-                                                    open_pack=bool(self.pending))):
-                        await in_flight.pop(0)
+                    for pack in self._take_packs(self.service.clock_ms(), full_only=True):
+                        in_flight.append(self._start_offload(pack))
+                        for _ in range(puts_to_wait_for(len(in_flight),
+                                                        open_pack=bool(self.pending))):
+                            await in_flight.pop(0)
             while in_flight:
                 await in_flight.pop(0)
             for pack in self._take_packs(self.service.clock_ms()):
@@ -479,11 +497,13 @@ class Offloader(DamageChecks):
         task.add_done_callback(lambda _: None if ran else self.busy.difference_update(keys))
         return task
 
-    async def _read(self, upload: Upload) -> list[bytes] | None:
+    async def _read(self, upload: Upload, *, window_bytes: int | None = None
+                    ) -> list[bytes] | None | _Longer:
         """The range's batches from the first replica that gives it whole (None, after a
-        backoff is set, when none does)."""
+        backoff is set, when none does). ``window_bytes``: only if it fits in one read of
+        that many bytes (else :data:`LONGER`)."""
         try:
-            return await self._read_batches(upload)
+            return await self._read_batches(upload, window_bytes)
         except EstreamError as exc:
             self._failed([upload.key], exc, f"reading range {upload.range_index} of stream "
                          f"{upload.name!r}")
@@ -506,7 +526,7 @@ class Offloader(DamageChecks):
         self.busy.update(keys)
         try:
             if data is None:
-                data = {u.key: await self._read_batches(u) for u in uploads}
+                data = {u.key: await self._read_whole(u) for u in uploads}
             await self._offload_once(uploads, data, key)
             for k in keys:
                 self.failures.pop(k, None)
@@ -558,16 +578,18 @@ class Offloader(DamageChecks):
                  "stream %r)", len(uploads), key, size, uploads[0].range_index,
                  uploads[0].name)
 
-    async def _read_batches(self, upload: Upload) -> list[bytes]:
+    async def _read_batches(self, upload: Upload, window_bytes: int | None = None
+                            ) -> list[bytes] | _Longer:
         """``[start, end)`` of ``upload`` from the first replica that gives the whole
-        range, every batch verified."""
+        range, every batch verified (with ``window_bytes``: in one read of that many
+        bytes, else :data:`LONGER`)."""
         if upload.end == upload.start:
             return []
         last: EstreamError = Unavailable(f"range {upload.range_index} of stream "
                                          f"{upload.name!r} has no replica to read")
         for source in upload.sources:
             try:
-                return await self._read_range(source, upload)
+                return await self._read_range(source, upload, window_bytes)
             except EstreamError as exc:
                 self._count(OFFLOAD_ERRORS, stage="read")
                 log.info("offload: replica %s of range %d of stream %r cannot be read whole "
@@ -577,32 +599,34 @@ class Offloader(DamageChecks):
                 last = exc
         raise last
 
-    async def _read_range(self, source: ReplicaRef, upload: Upload) -> list[bytes]:
+    async def _read_whole(self, upload: Upload) -> list[bytes]:
+        """``[start, end)`` of ``upload``, however long (:meth:`_read_batches`)."""
+        batches = await self._read_batches(upload)
+        assert not isinstance(batches, _Longer)  # (no window asked)
+        return batches
+
+    async def _read_range(self, source: ReplicaRef, upload: Upload,
+                          window_bytes: int | None = None) -> list[bytes] | _Longer:
         """``[start, end)`` from one replica, by the copy loop's rules
         (:func:`~estream.net.rangeclient.batches_continuing`: every batch verified, each
-        taken batch continuing the last, nothing at or past ``end``)."""
+        taken batch continuing the last, nothing at or past ``end``); with
+        ``window_bytes``, only if one read of that many bytes holds it all."""
         client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
         out: list[bytes] = []
         offset = upload.start
-
-        async def window(max_bytes: int) -> None:
-            nonlocal offset
+        while offset < upload.end:
             answer = await client.read(source.address, server_id=source.id,
                                        stream_id=upload.stream_id,
                                        range_index=upload.range_index, offset=offset,
-                                       max_bytes=max_bytes)
+                                       max_bytes=window_bytes or limits.read_bytes_max)
             todo = batches_continuing(answer.payload, offset, upload.end)
             if not todo:
                 raise Unavailable(f"replica {source.id} serves range {upload.range_index} "
                                   f"only up to {answer.end}, not {upload.end}")
             out.extend(bytes(raw) for _, raw in todo)
             offset = todo[-1][0].end_offset
-
-        await window(first_read_bytes_max)  # (side by side with the other reads)
-        if offset < upload.end:
-            async with self.long_reads:  # a range longer than that: one at a time
-                while offset < upload.end:
-                    await window(limits.read_bytes_max)
+            if window_bytes is not None and offset < upload.end:
+                return LONGER
         return out
 
     async def _verify(self, key: str, put_bytes: int, tail: bytes | memoryview) -> None:

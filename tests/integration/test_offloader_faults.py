@@ -954,6 +954,34 @@ async def test_the_next_pack_is_read_while_one_is_put(rig: Rig) -> None:
     agree_all(rig)
 
 
+async def test_small_ranges_are_read_side_by_side_into_one_pack(rig: Rig) -> None:
+    t, u = second_stream(rig), second_stream(rig, "u", end=25)
+    order = record_order(rig)
+    counted = rig.pool.call
+    reading, most = 0, 0
+
+    async def call(address: str, opcode: int, header: Any = None, payload: Any = b"",
+                   *, timeout_s: float = 5.0) -> tuple[dict[str, Any], bytes]:
+        nonlocal reading, most
+        reading += 1
+        most = max(most, reading)
+        await asyncio.sleep(0.01)
+        try:
+            return await counted(address, opcode, header, payload, timeout_s=timeout_s)
+        finally:
+            reading -= 1
+
+    rig.pool.call = call  # type: ignore[method-assign]
+    await rig.round_at(1_000)
+    # All three fit in one read each and in one pack: read side by side, then one PUT.
+    assert sorted(order[:3]) == sorted(f"read {i}" for i in (rig.stream.id, t.id, u.id))
+    assert order[3:] == [f"put {rig.stream.id}"]
+    assert most == 3, "the reads went one after another"
+    keys = {rig.raft.catalog.stream(n).ranges[0].object_key for n in "stu"}
+    assert len(keys) == 1 and None not in keys
+    agree_all(rig)
+
+
 @pytest.mark.parametrize("step", ("prepare", "put", "verify", "commit"))
 async def test_a_crash_with_the_next_pack_in_memory(rig: Rig, step: str) -> None:
     """The leader stops after a step of s/0's upload while t/0 is read already (in
