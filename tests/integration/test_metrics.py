@@ -87,7 +87,7 @@ async def test_rangeserver_health_metrics_and_promtool(cluster: Cluster) -> None
         assert seen["estream_rangeserver_append_bytes_total"] >= 20 * 100
         assert seen['estream_rangeserver_request_seconds_count{op="APPEND"}'] >= 1
         assert seen["estream_rangeserver_fsync_seconds_count"] >= 1
-        assert seen['estream_rangeserver_replicas{state="open"}'] >= 1
+        assert seen['estream_rangeserver_replicas{state="sealed"}'] >= 1  # (by the close)
         assert seen["estream_rangeserver_disk_free_bytes"] > 0
         assert seen["estream_rangeserver_registered"] == 1
         assert seen["estream_rangeserver_log_failed"] == 0
