@@ -46,10 +46,12 @@ async def test_replicas_sealed_below_above_or_left_open_end_at_the_catalogs_end(
 ) -> None:
     async with await estream.connect(cluster.pd_addresses) as client:
         meta = await client.create_stream("ends", replicas=3, ack_count=2)
-        async with await client.open_writer("ends") as writer:
-            for i in range(written):  # one batch each: a seal end may fall anywhere
-                await writer.append(b"e%02d" % i)
-            epoch = writer.epoch
+        # A writer that stays open (the client closes it): its close would seal the range.
+        writer = await client.open_writer("ends")
+        for i in range(written):  # one batch each: a seal end may fall anywhere
+            await writer.append(b"e%02d" % i)
+        await writer.flush()
+        epoch = writer.epoch
         sealed = await client.pd.seal_range("ends", epoch, 0, catalog_end)
         assert sealed.ranges[0].end == catalog_end
         replicas = [(ref.id, ref.address) for ref in meta.ranges[0].replicas]

@@ -39,15 +39,19 @@ T0 = 1_700_000_000_000
 
 async def write_ranges(client: estream.Client, name: str,
                        groups: list[list[int]]) -> list[int]:
-    """One writer per group of timestamps: each opens a range (the previous writer's range
-    is recovered and sealed); the last one stays open. Returns every timestamp by offset."""
+    """One writer per group of timestamps: each opens a range (each writer's close seals
+    its range); the last one stays open (the client closes it). Returns every timestamp
+    by offset."""
     stamps: list[int] = []
-    for group in groups:
+    for i, group in enumerate(groups):
         writer = await client.open_writer(name)
         for ts in group:
             await writer.append(b"%d" % len(stamps), timestamp=ts)
             stamps.append(ts)
-        await writer.close()
+        if i < len(groups) - 1:
+            await writer.close()
+        else:
+            await writer.flush()
     return stamps
 
 
