@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from estream.wire.meta import StreamMeta  # noqa: E402
 from pd.catalog import Catalog  # noqa: E402
 from pd.commands import (  # noqa: E402
     CreateStream,
@@ -33,10 +34,16 @@ from pd.commands import (  # noqa: E402
     RegisterServer,
     SealRange,
 )
-from pd.drain import replica_counts  # noqa: E402
-from pd.repair import ServerState, SealedReports, plan_repairs, track_short  # noqa: E402
-from pd.retention import plan_trim  # noqa: E402
-from pd.shell.http import under_replicated  # noqa: E402
+from pd.drain import replica_counts, replica_sets, under_replicated  # noqa: E402
+from pd.repair import (  # noqa: E402
+    SealedReports,
+    ServerState,
+    has_replicas,
+    plan_repairs,
+    track_short,
+)
+from pd.retention import needs_stats, plan_trim, recorded_bytes, stats_due  # noqa: E402
+from pd.streammemo import Narrowing, StreamMemo  # noqa: E402
 
 PLACEMENT = ("rs1", "rs2", "rs3")
 NOW_MS = 10_000_000
@@ -70,6 +77,24 @@ def timed(fn: Callable[[], object], rounds: int) -> float:
     return best * 1000
 
 
+def timed_changing(catalog: Catalog, fn: Callable[[list[StreamMeta]], object],
+                   rounds: int) -> float:
+    """Milliseconds per call of ``fn`` on the catalog's streams, the best of ``rounds``,
+    after a first call, with one short stream sealed between calls (a writer's roll)."""
+    fn(list(catalog.view().streams.values()))
+    best = float("inf")
+    for i in range(rounds):
+        stream = catalog.view().streams["s000000"]
+        last = stream.ranges[-1]
+        catalog.apply(SealRange("s000000", stream.epoch, last.index, last.start + 5 + i,
+                                PLACEMENT))
+        streams = list(catalog.view().streams.values())
+        t = time.perf_counter()
+        fn(streams)
+        best = min(best, time.perf_counter() - t)
+    return best * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--streams", type=int, default=2000)
@@ -82,33 +107,54 @@ def main() -> None:
     view = catalog.view()
     print(f"catalog: {len(view.streams)} streams, {view.range_count()} ranges, built in "
           f"{time.perf_counter() - t:.1f} s")
-    streams = list(view.streams.values())
     servers = {s: ServerState(s) for s in PLACEMENT}
     alive = set(PLACEMENT)
 
-    def stats_walk() -> object:
+    # The whole walks, as each loop took its decisions before pd/streammemo.py
+    def stats_walk(streams: list[StreamMeta]) -> object:
         return [(s, r) for s in streams for r in s.ranges
                 if r.sealed and r.end != r.start and r.max_timestamp is None
                 and (r.replicas or r.tier == "object")][:256]
 
-    def retention_walk() -> object:
+    def retention_walk(streams: list[StreamMeta]) -> object:
         return [plan_trim(s, {}, NOW_MS) for s in streams]
 
-    def repair_walk() -> object:
+    def repair(streams: list[StreamMeta]) -> object:
         SealedReports().prune(streams)
         short = track_short({}, streams, servers, NOW_MS)
         return plan_repairs(streams, servers, NOW_MS, short_since=short)
 
-    def metrics_walk() -> object:
-        return under_replicated(view, alive), replica_counts(streams)
+    def metrics_walk(streams: list[StreamMeta]) -> object:
+        return under_replicated(streams, alive), replica_counts(streams)
 
-    rows = [("retainer statistics selection", stats_walk),
-            ("retention planning", retention_walk),
-            ("repair planning (prune, short, plan)", repair_walk),
-            ("metrics gauges and replica counts", metrics_walk)]
-    print(f"{'decision':40} {'walk ms':>9}")
-    for name, walk in rows:
-        print(f"{name:40} {timed(walk, args.rounds):9.1f}")
+    # The loops' way: what each keeps between rounds
+    stats_work = Narrowing(lambda r: needs_stats(r, True))
+    sizes: StreamMemo[int] = StreamMemo(recorded_bytes)
+    placed = Narrowing(has_replicas)
+    sets = StreamMemo(replica_sets)
+
+    def stats_loop(streams: list[StreamMeta]) -> object:
+        return stats_due(stats_work.narrow(streams), {}, 0.0, 256)
+
+    def retention_loop(streams: list[StreamMeta]) -> object:
+        return [plan_trim(s, {}, NOW_MS, sealed_bytes=b) for s, b in sizes.over(streams)]
+
+    def repair_loop(streams: list[StreamMeta]) -> object:
+        return repair(placed.narrow(streams))
+
+    def metrics_loop(streams: list[StreamMeta]) -> object:
+        return (under_replicated(streams, alive, memo=sets),
+                replica_counts(streams, memo=sets))
+
+    rows = [("retainer statistics selection", stats_walk, stats_loop),
+            ("retention planning", retention_walk, retention_loop),
+            ("repair planning (prune, short, plan)", repair, repair_loop),
+            ("metrics gauges and replica counts", metrics_walk, metrics_loop)]
+    print(f"{'decision':40} {'walk ms':>9} {'loop ms':>9} {'loop/walk':>9}")
+    for name, walk, loop in rows:
+        walk_ms = timed_changing(catalog, walk, args.rounds)
+        loop_ms = timed_changing(catalog, loop, args.rounds)
+        print(f"{name:40} {walk_ms:9.1f} {loop_ms:9.1f} {loop_ms / walk_ms:9.3f}")
 
 
 if __name__ == "__main__":

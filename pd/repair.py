@@ -309,6 +309,15 @@ class SealedReports:
                 del known[key]
 
 
+def has_replicas(rng: RangeMeta) -> bool:
+    """A range repair looks at: one listing replicas. :meth:`SealedReports.prune`,
+    :func:`track_short` and :func:`plan_repairs` find nothing in the others, so the
+    repairer gives them the catalog narrowed to these (``pd.streammemo.Narrowing``: a
+    stream's ranges are walked again only when it changed; the ranges released to the
+    object tier, most of a long stream's, not at all)."""
+    return bool(rng.replicas)
+
+
 def _short(report: ReplicaReport | None, rng: RangeMeta) -> bool:
     """Holds less than the range (and is neither damaged nor sealed at another end)."""
     return (report is not None and not report.damaged and rng.end is not None

@@ -64,6 +64,7 @@ from pd.repair import (
     RepairTask,
     ServerState,
     ShortKey,
+    has_replicas,
     listed_now,
     parse_reports,
     plan_repairs,
@@ -71,6 +72,7 @@ from pd.repair import (
 )
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
+from pd.streammemo import Narrowing
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,9 @@ class Repairer:
         self.changed_at: dict[RangeKey, int] = {}  # when a repair last worked on a range
         self.last_plan = RepairPlan()
         self._logged_skips: frozenset[tuple[str, int, str]] = frozenset()
+        # The catalog narrowed to the ranges listing replicas, walked again only for the
+        # streams that changed (pd/streammemo.py)
+        self._placed = Narrowing(has_replicas)
 
     # ------------------------------------------------------------------------- loop
     async def run(self) -> None:
@@ -182,7 +187,7 @@ class Repairer:
     async def round(self) -> RepairPlan:
         """Plan once and run the round's tasks; returns the plan."""
         now = self.clock_ms()
-        streams = list(self.service.view().streams.values())
+        streams = self._placed.narrow(self.service.view().streams.values())
         self.service.sealed_reports.prune(streams)
         servers = self.servers()
         self.short_since = track_short(self.short_since, streams, servers, now)
