@@ -197,14 +197,18 @@ def test_repair_planning_on_the_placed_ranges_matches_the_whole_walk() -> None:
             before = {("a", 1, 0): 5}
             short = track_short(before, streams, servers, 30_000)
             assert track_short(before, narrow, servers, 30_000) == short, seed
-            whole, part = SealedReports(), SealedReports()
-            for memory in (whole, part):
-                for sid, server in servers.items():
-                    memory.observe(sid, server.reports.values())
-                    memory.observe(sid, [ReplicaReport(999, 0, False, True, 3, 3)])
-            whole.prune(streams)
-            part.prune(narrow)
-            assert all(whole.reports(s) == part.reports(s) for s in SERVERS), seed
+            memory = SealedReports()
+            for sid, server in servers.items():
+                memory.observe(sid, server.reports.values())
+                memory.observe(sid, [ReplicaReport(999, 0, False, True, 3, 3)])
+                memory.observe(sid, [ReplicaReport(s.id, r.index, False, True, 9, 9)
+                                     for s in streams for r in s.ranges if rnd.random() < 0.1])
+            placed_pairs = {(ref.id, (s.id, r.index)) for s in streams for r in s.ranges
+                            for ref in r.replicas}  # the whole walk prune took before
+            kept = {sid: {k for k in memory.reports(sid) if (sid, k) in placed_pairs}
+                    for sid in SERVERS}
+            memory.prune(streams)
+            assert {sid: set(memory.reports(sid)) for sid in SERVERS} == kept, seed
             for tasks_max in (1, 4, 100):
                 kwargs: dict[str, Any] = {"short_since": short, "tasks_max": tasks_max}
                 assert plan_repairs(narrow, servers, 30_000, **kwargs) == plan_repairs(
@@ -272,3 +276,17 @@ def test_replica_figures_over_an_unchanged_catalog_read_no_range_again() -> None
     assert under_replicated(streams, {"rs1"}, memo=memo) == LONG_RANGES + 1 + 2 * 4
     assert replica_counts(streams, memo=memo)["rs1"] == LONG_RANGES + 1 + 2 * 4
     assert Counted.touched == 0
+
+
+def test_forgetting_replicas_reads_only_the_remembered_ranges() -> None:
+    catalog = long_catalog()
+    streams = list(catalog.view().streams.values())
+    long_id = catalog.stream("long").id
+    memory = SealedReports()
+    memory.observe("rs1", [ReplicaReport(long_id, 5, False, True, 30, 30),
+                           ReplicaReport(long_id, 10 * LONG_RANGES, False, True, 9, 9)])
+    memory.observe("rs9", [ReplicaReport(long_id, 6, False, True, 35, 35)])
+    Counted.touched = 0
+    memory.prune(streams)
+    assert Counted.touched <= 12, f"pruning read {Counted.touched} ranges"
+    assert list(memory.reports("rs1")) == [(long_id, 5)] and memory.reports("rs9") == {}
