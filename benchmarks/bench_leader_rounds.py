@@ -18,6 +18,7 @@ servers: a minute at most.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from collections.abc import Callable
@@ -119,10 +120,14 @@ def main() -> None:
     def retention_walk(streams: list[StreamMeta]) -> object:
         return [plan_trim(s, {}, NOW_MS) for s in streams]
 
-    def repair(streams: list[StreamMeta]) -> object:
-        SealedReports().prune(streams)
+    def repair_plan(streams: list[StreamMeta]) -> object:
         short = track_short({}, streams, servers, NOW_MS)
         return plan_repairs(streams, servers, NOW_MS, short_since=short)
+
+    def repair_walk(streams: list[StreamMeta]) -> object:
+        placed = {(ref.id, (s.id, r.index)) for s in streams for r in s.ranges
+                  for ref in r.replicas}  # SealedReports.prune's set, as it was
+        return len(placed), repair_plan(streams)
 
     def metrics_walk(streams: list[StreamMeta]) -> object:
         return under_replicated(streams, alive), replica_counts(streams)
@@ -140,7 +145,8 @@ def main() -> None:
         return [plan_trim(s, {}, NOW_MS, sealed_bytes=b) for s, b in sizes.over(streams)]
 
     def repair_loop(streams: list[StreamMeta]) -> object:
-        return repair(placed.narrow(streams))
+        SealedReports().prune(streams)
+        return repair_plan(placed.narrow(streams))
 
     def metrics_loop(streams: list[StreamMeta]) -> object:
         return (under_replicated(streams, alive, memo=sets),
@@ -148,13 +154,44 @@ def main() -> None:
 
     rows = [("retainer statistics selection", stats_walk, stats_loop),
             ("retention planning", retention_walk, retention_loop),
-            ("repair planning (prune, short, plan)", repair, repair_loop),
+            ("repair planning (prune, short, plan)", repair_walk, repair_loop),
             ("metrics gauges and replica counts", metrics_walk, metrics_loop)]
     print(f"{'decision':40} {'walk ms':>9} {'loop ms':>9} {'loop/walk':>9}")
     for name, walk, loop in rows:
         walk_ms = timed_changing(catalog, walk, args.rounds)
         loop_ms = timed_changing(catalog, loop, args.rounds)
         print(f"{name:40} {walk_ms:9.1f} {loop_ms:9.1f} {loop_ms / walk_ms:9.3f}")
+    streams = list(catalog.view().streams.values())
+    inline, threaded = (asyncio.run(longest_stall(lambda: repair_loop(streams), t))
+                        for t in (False, True))
+    print(f"event loop's longest stall while repair plans: inline {inline:.1f} ms, "
+          f"in a thread {threaded:.1f} ms ({threaded / inline:.3f})")
+
+
+async def longest_stall(work: Callable[[], object], in_thread: bool) -> float:
+    """The longest gap, in ms, between ticks of a 1 ms timer on the event loop while
+    ``work`` runs inline on the loop or in a worker thread (as the repairer runs it)."""
+    gaps = [0.0]
+    running = True
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while running:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)
+    if in_thread:
+        await asyncio.to_thread(work)
+    else:
+        work()
+    await asyncio.sleep(0.01)
+    running = False
+    await tick
+    return max(gaps) * 1000
 
 
 if __name__ == "__main__":
