@@ -41,14 +41,47 @@ from dataclasses import dataclass
 from typing import Final
 
 from estream.wire.meta import RangeMeta, StreamMeta
+from pd.streammemo import StreamMemo
 
 STATE_ACTIVE: Final = "active"
 STATE_DRAINING: Final = "draining"
 STATE_DRAINED: Final = "drained"
 
 
-def replica_counts(streams: Iterable[StreamMeta]) -> dict[str, int]:
-    """How many ranges (open or sealed) name each server as a replica.
+ReplicaSets = dict[tuple[bool, tuple[str, ...]], int]  # (local tier, server ids) -> ranges
+
+
+def replica_sets(stream: StreamMeta) -> ReplicaSets:
+    """How many of ``stream``'s ranges each set of servers holds, by whether the range is
+    in the local tier: a stream's ranges fall on few such sets, so sums over servers
+    (:func:`replica_counts`, :func:`under_replicated`) cost O(sets), and a caller that
+    remembers this per catalog entry (``pd.streammemo.StreamMemo``) walks the ranges only
+    of the streams that changed.
+
+    >>> from estream.wire.meta import ReplicaRef
+    >>> a, b = ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2")
+    >>> replica_sets(StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, (a, b)),
+    ...     RangeMeta(1, 5, 7, (a, b)), RangeMeta(2, 7, None, (a,)))))
+    {(True, ('a', 'b')): 2, (True, ('a',)): 1}
+    """
+    sets: ReplicaSets = {}
+    for rng in stream.ranges:
+        key = (rng.tier == "local", tuple(ref.id for ref in rng.replicas))
+        sets[key] = sets.get(key, 0) + 1
+    return sets
+
+
+def _sets(streams: Iterable[StreamMeta], memo: StreamMemo[ReplicaSets] | None
+          ) -> Iterable[tuple[StreamMeta, ReplicaSets]]:
+    return memo.over(streams) if memo is not None else ((s, replica_sets(s)) for s in streams)
+
+
+def replica_counts(
+    streams: Iterable[StreamMeta], *, memo: StreamMemo[ReplicaSets] | None = None
+) -> dict[str, int]:
+    """How many ranges (open or sealed) name each server as a replica; ``memo``: a
+    :class:`~pd.streammemo.StreamMemo` of :func:`replica_sets` the caller keeps between
+    calls (without: every range is walked).
 
     >>> from estream.wire.meta import ReplicaRef
     >>> a, b = ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2")
@@ -57,11 +90,28 @@ def replica_counts(streams: Iterable[StreamMeta]) -> dict[str, int]:
     {'a': 2, 'b': 1}
     """
     counts: dict[str, int] = {}
-    for stream in streams:
-        for rng in stream.ranges:
-            for ref in rng.replicas:
-                counts[ref.id] = counts.get(ref.id, 0) + 1
+    for _, per_set in _sets(streams, memo):
+        for (_, ids), ranges in per_set.items():
+            for server_id in ids:
+                counts[server_id] = counts.get(server_id, 0) + ranges
     return counts
+
+
+def under_replicated(streams: Iterable[StreamMeta], alive: Collection[str], *,
+                     memo: StreamMemo[ReplicaSets] | None = None) -> int:
+    """Ranges of the local tier with fewer replicas on ``alive`` servers than their stream
+    asks for (``memo`` as for :func:`replica_counts`).
+
+    >>> from estream.wire.meta import ReplicaRef
+    >>> a, b = ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2")
+    >>> s = StreamMeta(1, "s", replicas=2, ranges=(RangeMeta(0, 0, 5, (a, b)),
+    ...                                            RangeMeta(1, 5, None, (a, b))))
+    >>> under_replicated([s], {"a", "b"}), under_replicated([s], {"a"})
+    (0, 2)
+    """
+    return sum(ranges for stream, per_set in _sets(streams, memo)
+               for (local, ids), ranges in per_set.items()
+               if local and sum(1 for i in ids if i in alive) < stream.replicas)
 
 
 def server_state(draining: bool, replicas: int) -> str:

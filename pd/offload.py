@@ -73,15 +73,16 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 import xxhash
 
 from estream.core.backoff import backoff_delay
-from estream.wire.meta import ObjectPart, ReplicaRef, StreamMeta
+from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
 from pd.catalog import PreparedObject, expire_keys_max, pack_members_max
 from pd.commands import PackMember
+from pd.streammemo import Narrowing
 
 RangeKey = tuple[int, int]  # (stream_id, range_index)
 
@@ -297,11 +298,11 @@ def track(
     return {key: previous.get(key, now_ms) for key in present}
 
 
-class TierWork:
+class TierWork(Narrowing):
     """The catalog narrowed to the offloader's work: each stream that has a sealed "local"
     range or an "object" range still listing replicas, with only those ranges. A stream
-    the catalog did not change since the last call (the same object: catalog entries are
-    immutable) is not walked again, so a pass costs O(streams) plus the ranges of the
+    the catalog did not change since the last call is not walked again
+    (:class:`pd.streammemo.Narrowing`), so a pass costs O(streams) plus the ranges of the
     streams that changed, not every range the catalog ever kept (a stream may hold
     100,000, nearly all long in the object tier). What it returns is what
     :func:`sealed_local`, :func:`tiered_with_replicas`, :func:`uploads_due`,
@@ -315,26 +316,16 @@ class TierWork:
     [[1]]
     """
 
-    def __init__(self) -> None:
-        self._seen: dict[int, tuple[StreamMeta, StreamMeta | None]] = {}
+    __slots__ = ()
 
-    def narrow(self, streams: Iterable[StreamMeta]) -> list[StreamMeta]:
-        seen: dict[int, tuple[StreamMeta, StreamMeta | None]] = {}
-        out = []
-        for stream in streams:
-            hit = self._seen.get(stream.id)
-            if hit is not None and hit[0] is stream:
-                narrowed = hit[1]
-            else:
-                ranges = tuple(r for r in stream.ranges
-                               if (r.sealed and r.tier == "local")
-                               or (r.tier == "object" and r.replicas))
-                narrowed = replace(stream, ranges=ranges) if ranges else None
-            seen[stream.id] = (stream, narrowed)
-            if narrowed is not None:
-                out.append(narrowed)
-        self._seen = seen
-        return out
+    def __init__(self) -> None:
+        super().__init__(tier_work)
+
+
+def tier_work(rng: RangeMeta) -> bool:
+    """A range the offloader has work for: sealed and local (to upload), or in the object
+    tier with replicas still listed (to release)."""
+    return (rng.sealed and rng.tier == "local") or (rng.tier == "object" and bool(rng.replicas))
 
 
 def sealed_local(streams: Iterable[StreamMeta]) -> list[RangeKey]:

@@ -301,12 +301,28 @@ class SealedReports:
         return dict(self._by_server.get(server_id, {}))
 
     def prune(self, streams: Iterable[StreamMeta]) -> None:
-        """Forget replicas of ranges the catalog no longer places on their server."""
-        placed = {(ref.id, (s.id, r.index)) for s in streams for r in s.ranges
-                  for ref in r.replicas}
+        """Forget replicas of ranges the catalog (every stream, each with all its ranges)
+        no longer places on their server. Each remembered replica's range is looked up
+        (``StreamMeta.range_at``): O(streams + remembered), not every range's replicas."""
+        by_id = {s.id: s for s in streams}
         for server_id, known in self._by_server.items():
-            for key in [k for k in known if (server_id, k) not in placed]:
+            for key in [k for k in known if not _placed_on(by_id, server_id, k)]:
                 del known[key]
+
+
+def _placed_on(by_id: Mapping[int, StreamMeta], server_id: str, key: RangeKey) -> bool:
+    stream = by_id.get(key[0])
+    rng = stream.range_at(key[1]) if stream is not None else None
+    return rng is not None and any(ref.id == server_id for ref in rng.replicas)
+
+
+def has_replicas(rng: RangeMeta) -> bool:
+    """A range repair looks at: one listing replicas. :meth:`SealedReports.prune`,
+    :func:`track_short` and :func:`plan_repairs` find nothing in the others, so the
+    repairer gives them the catalog narrowed to these (``pd.streammemo.Narrowing``: a
+    stream's ranges are walked again only when it changed; the ranges released to the
+    object tier, most of a long stream's, not at all)."""
+    return bool(rng.replicas)
 
 
 def _short(report: ReplicaReport | None, rng: RangeMeta) -> bool:

@@ -59,8 +59,9 @@ Pure: no I/O, no clock (the caller passes ``now_ms``).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Final
 
 from estream.wire.errors import InvalidArgument
@@ -109,8 +110,12 @@ class TrimPlan:
     held: int
 
 
-def plan_trim(stream: StreamMeta, cursors: Mapping[str, int], now_ms: int) -> TrimPlan:
-    """What the stream's retention trims now (module docstring).
+def plan_trim(stream: StreamMeta, cursors: Mapping[str, int], now_ms: int, *,
+              sealed_bytes: int | None = None) -> TrimPlan:
+    """What the stream's retention trims now (module docstring). ``sealed_bytes``: the
+    stream's :func:`recorded_bytes` when the caller remembers it (the retainer does, per
+    catalog entry: ``pd.streammemo``); the ranges are then read only up to the first one
+    kept, not all of them.
 
     >>> from estream.wire.meta import RangeMeta
     >>> r = [RangeMeta(0, 0, 10, (), max_timestamp=100, size_bytes=50),
@@ -126,12 +131,14 @@ def plan_trim(stream: StreamMeta, cursors: Mapping[str, int], now_ms: int) -> Tr
     """
     if stream.retention_ms is None and stream.retention_bytes is None:
         return TrimPlan(None, 0, 0)
-    sealed = [r for r in stream.ranges if r.sealed]
-    after = sum(r.size_bytes or 0 for r in sealed)  # recorded bytes from this range on
+    # recorded bytes from this range on
+    after = recorded_bytes(stream) if sealed_bytes is None else sealed_bytes
     lowest = min(cursors.values(), default=None)
     start: int | None = None
     trimmed = held = 0
-    for rng in sealed:
+    for rng in stream.ranges:
+        if not rng.sealed:
+            continue  # the open last range is never trimmed
         after -= rng.size_bytes or 0
         by_time = (stream.retention_ms is not None and rng.max_timestamp is not None
                    and rng.max_timestamp < now_ms - stream.retention_ms)
@@ -147,6 +154,49 @@ def plan_trim(stream: StreamMeta, cursors: Mapping[str, int], now_ms: int) -> Tr
     if start is not None and start <= stream.start_offset:
         start = None
     return TrimPlan(start, trimmed if start is not None else 0, held)
+
+
+def recorded_bytes(stream: StreamMeta) -> int:
+    """The sizes recorded for ``stream``'s sealed ranges, summed (what ``retention_bytes``
+    weighs).
+
+    >>> from estream.wire.meta import RangeMeta
+    >>> recorded_bytes(StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, (), size_bytes=7),
+    ...     RangeMeta(1, 5, 9, ()), RangeMeta(2, 9, None, (), size_bytes=3))))
+    7
+    """
+    return sum(r.size_bytes or 0 for r in stream.ranges if r.sealed)
+
+
+def needs_stats(rng: RangeMeta, object_tier: bool) -> bool:
+    """Whether the retainer has statistics to record for ``rng``: sealed, not empty, none
+    recorded yet, and a source to ask (a replica, or its object when the cluster has an
+    object tier). A function of the range alone, so that the retainer walks only the
+    ranges of streams that changed (``pd.streammemo.Narrowing``).
+
+    >>> needs_stats(RangeMeta(0, 0, 5, ("a",)), False), needs_stats(RangeMeta(0, 0, None,
+    ...     ("a",)), False), needs_stats(RangeMeta(0, 0, 5, (), tier="object",
+    ...     object_key="k"), True)
+    (True, False, True)
+    """
+    return (rng.sealed and rng.end != rng.start and rng.max_timestamp is None
+            and (bool(rng.replicas) or (object_tier and rng.tier == "object"
+                                        and rng.object_key is not None)))
+
+
+def stats_due(streams: Iterable[StreamMeta], retry_at: Mapping[tuple[int, int], float],
+              now: float, limit: int) -> list[tuple[StreamMeta, RangeMeta]]:
+    """The first ``limit`` ranges of ``streams`` (in catalog order: oldest first) whose
+    retry time in ``retry_at`` (a range no source could describe) is not after ``now``;
+    the caller passes only ranges that :func:`needs_stats`.
+
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, ()), RangeMeta(1, 5, 9, ())))
+    >>> [r.index for _, r in stats_due([s], {(1, 0): 9.0}, 5.0, 8)]
+    [1]
+    """
+    due = ((s, r) for s in streams for r in s.ranges
+           if retry_at.get((s.id, r.index), 0.0) <= now)
+    return list(islice(due, limit))
 
 
 def cursor_lags(end: int, cursors: Mapping[str, int]) -> dict[str, int]:

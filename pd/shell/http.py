@@ -59,8 +59,8 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.roles import ALL_ROLES, certificate_role, http_action, permits_any
-from pd.catalog import CatalogView
 from pd.crosssite import cross_site_refusal
+from pd.drain import under_replicated
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
 from pd.paging import (
@@ -377,7 +377,8 @@ class _Views:
             "estream_pd_ranges_under_replicated": (
                 "Ranges kept on range servers with fewer live replicas than the stream's "
                 "replica count (per this node's liveness view).",
-                under_replicated(view, {s.id for s in servers if s.alive})),
+                under_replicated(view.streams.values(), {s.id for s in servers if s.alive},
+                                 memo=self.service.replica_sets)),
         }
 
 
@@ -394,14 +395,6 @@ def not_ready_reason(status: RaftStatus, caught_up: bool) -> str | None:
     if not caught_up:
         return "this PD node has not applied everything committed yet (catching up)"
     return None
-
-
-def under_replicated(view: CatalogView, alive: Collection[str]) -> int:
-    """Ranges of the local tier with fewer live replicas than their stream asks for. Pure."""
-    return sum(
-        1 for stream in view.streams.values() for rng in stream.ranges
-        if getattr(rng, "tier", "local") == "local"
-        and sum(1 for r in rng.replicas if r.id in alive) < stream.replicas)
 
 
 def _page_query(query: Mapping[str, str]) -> tuple[str, int]:

@@ -34,7 +34,8 @@ not change. Every request names the server it is meant for (``"server_id"``): a 
 with another identity at that address (a wiped disk) answers WrongServer, so it is never
 a source, and a target there fails (and is avoided).
 
-Side effects: network (range servers through a :class:`ConnectionPool`, PD through Raft).
+Side effects: network (range servers through a :class:`ConnectionPool`, PD through Raft);
+one worker thread per round runs the pure planning on an immutable catalog view.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import TypeVar
 
 from estream.net.rangeclient import (
@@ -64,6 +65,7 @@ from pd.repair import (
     RepairTask,
     ServerState,
     ShortKey,
+    has_replicas,
     listed_now,
     parse_reports,
     plan_repairs,
@@ -71,6 +73,7 @@ from pd.repair import (
 )
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
+from pd.streammemo import Narrowing
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,9 @@ class Repairer:
         self.changed_at: dict[RangeKey, int] = {}  # when a repair last worked on a range
         self.last_plan = RepairPlan()
         self._logged_skips: frozenset[tuple[str, int, str]] = frozenset()
+        # The catalog narrowed to the ranges listing replicas, walked again only for the
+        # streams that changed (pd/streammemo.py)
+        self._placed = Narrowing(has_replicas)
 
     # ------------------------------------------------------------------------- loop
     async def run(self) -> None:
@@ -182,15 +188,15 @@ class Repairer:
     async def round(self) -> RepairPlan:
         """Plan once and run the round's tasks; returns the plan."""
         now = self.clock_ms()
-        streams = list(self.service.view().streams.values())
-        self.service.sealed_reports.prune(streams)
+        view = self.service.view()
+        self.service.sealed_reports.prune(view.streams.values())
         servers = self.servers()
-        self.short_since = track_short(self.short_since, streams, servers, now)
-        plan = plan_repairs(
-            streams, servers, now, short_since=self.short_since,
-            repair_after_ms=self.repair_after_ms, tasks_max=self.tasks_max,
-            avoid=self.avoid,
-        )
+        avoid = {key: frozenset(ids) for key, ids in self.avoid.items()}
+        # Planning reads every range that lists replicas (a catalog of 100,000 ranges:
+        # most of a second): in a thread, on this immutable view and these fresh copies,
+        # so that the event loop keeps answering clients meanwhile.
+        self.short_since, plan = await asyncio.to_thread(
+            self._plan, view.streams.values(), servers, now, self.short_since, avoid)
         self.last_plan = plan
         self._report_backlog(len(plan.tasks) + plan.deferred + len(plan.skipped))
         self._log_skips(plan)
@@ -199,6 +205,20 @@ class Repairer:
                 self.avoid.pop((skip.stream_id, skip.range_index), None)
         await asyncio.gather(*(self._repair_logged(t) for t in plan.tasks))
         return plan
+
+    def _plan(self, streams: Iterable[StreamMeta], servers: Mapping[str, ServerState],
+              now: int, short_since: Mapping[ShortKey, int],
+              avoid: Mapping[RangeKey, Collection[str]],
+              ) -> tuple[dict[ShortKey, int], RepairPlan]:
+        """The round's decisions (pure, in :mod:`pd.repair`), on the ranges that list
+        replicas (:func:`pd.repair.has_replicas`: none of the released ones), walked
+        again only for the streams that changed (``self._placed``, used by this thread
+        only: rounds never overlap)."""
+        placed = self._placed.narrow(streams)
+        short = track_short(short_since, placed, servers, now)
+        return short, plan_repairs(placed, servers, now, short_since=short,
+                                   repair_after_ms=self.repair_after_ms,
+                                   tasks_max=self.tasks_max, avoid=avoid)
 
     def _log_skips(self, plan: RepairPlan) -> None:
         skips = frozenset((s.stream, s.range_index, s.reason) for s in plan.skipped)

@@ -59,13 +59,17 @@ from pd.retention import (
     RangeStats,
     bound_stats,
     cursor_lags,
+    needs_stats,
     object_range_stats,
     plan_trim,
+    recorded_bytes,
     replica_range_stats,
+    stats_due,
     timestamp_skew_ms_max,
 )
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
+from pd.streammemo import Narrowing, StreamMemo
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +104,11 @@ class Retainer:
         # Ranges no replica could give statistics for, and when to ask again: they must
         # not take every round's places from the others.
         self._retry_at: dict[tuple[int, int], float] = {}
+        # The catalog narrowed to ranges without statistics, and each stream's recorded
+        # bytes: walked again only for the streams that changed (pd/streammemo.py).
+        object_tier = store is not None
+        self._stats_work = Narrowing(lambda rng: needs_stats(rng, object_tier))
+        self._bytes: StreamMemo[int] = StreamMemo(recorded_bytes)
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)  # record timestamps are writers' wall clocks
@@ -122,11 +131,8 @@ class Retainer:
     async def record_stats(self, view: CatalogView) -> int:
         """Record the statistics of ranges that lack them; returns how many."""
         now = time.monotonic()
-        todo = [(s, r) for s in view.streams.values() for r in s.ranges
-                if r.sealed and r.end != r.start and r.max_timestamp is None
-                and (r.replicas or self._in_object(r))
-                and self._retry_at.get((s.id, r.index), 0.0) <= now]
-        todo = todo[:stats_per_round_max]
+        todo = stats_due(self._stats_work.narrow(view.streams.values()), self._retry_at, now,
+                         stats_per_round_max)
         gate = asyncio.Semaphore(stats_concurrency)
 
         async def one(stream: StreamMeta, rng: RangeMeta) -> bool:
@@ -189,10 +195,11 @@ class Retainer:
         """Trim every stream its retention allows; returns the ranges trimmed."""
         trimmed = 0
         now = self.now_ms()
-        for stream in view.streams.values():
-            if stream.retention_ms is None and stream.retention_bytes is None:
-                continue
-            plan = plan_trim(stream, view.cursors.get(stream.name, {}), now)
+        limited = (s for s in view.streams.values()
+                   if s.retention_ms is not None or s.retention_bytes is not None)
+        for stream, sealed_bytes in self._bytes.over(limited):
+            plan = plan_trim(stream, view.cursors.get(stream.name, {}), now,
+                             sealed_bytes=sealed_bytes)
             self.service.metrics.set_gauge(HELD, HELD_HELP, plan.held, stream=stream.name)
             if plan.start_offset is None:
                 continue

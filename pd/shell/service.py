@@ -72,7 +72,14 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
-from pd.drain import forget_refusal, leave_servers, replica_counts, server_state
+from pd.drain import (
+    ReplicaSets,
+    forget_refusal,
+    leave_servers,
+    replica_counts,
+    replica_sets,
+    server_state,
+)
 from pd.lease import (
     Keepalive,
     LeaseTable,
@@ -100,6 +107,7 @@ from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
 from pd.shell.raft import RaftNode, RaftStatus, proposal_result
 from pd.streamfigures import asked_range, stream_figures
+from pd.streammemo import StreamMemo
 from pd.validate import check_request
 
 catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
@@ -136,6 +144,9 @@ class PdService:
         self.liveness = Liveness(started_ms=clock_ms())
         self.metrics = Metrics()
         self.sealed_reports = SealedReports()  # sealed replicas heard of (repair)
+        # each stream's replica sets, derived again only when it changed (pd/drain.py):
+        # /metrics and the servers' replica counts cost O(streams), not O(ranges)
+        self.replica_sets: StreamMemo[ReplicaSets] = StreamMemo(replica_sets)
         self.listings: dict[str, ServerListing] = {}  # the reclaimer's, for repair
         self.leases = LeaseTable()  # writer leases, while this node leads
         self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
@@ -576,7 +587,7 @@ class PdService:
         """Every registered server (or the one named) as :meth:`servers` has it, with its
         drain ``state`` and how many ranges name it (``replicas``); ServerNotFound."""
         view = await self.read_view()
-        counts = replica_counts(view.streams.values())
+        counts = replica_counts(view.streams.values(), memo=self.replica_sets)
         out = []
         for server in self.servers():
             if server_id is not None and server.id != server_id:

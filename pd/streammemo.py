@@ -1,0 +1,95 @@
+"""What a PD leader's background round derives from each stream's ranges, remembered by the
+catalog entry it was derived from, so that a round walks only the ranges of the streams
+that changed.
+
+Catalog entries are immutable: a command that changes a stream puts a new
+:class:`~estream.wire.meta.StreamMeta`, and every stream it does not touch stays the same
+object in the next view (``pd/catalog.py``). A round that needs, from each stream, the
+few ranges it has work for (the offloader's local ranges, the retainer's ranges without
+statistics, repair's ranges that still list replicas) or a figure summed over its ranges
+(replica sets, recorded bytes) asks :class:`StreamMemo`: a stream seen in the last pass as
+the same object gets the value derived then; any other is derived afresh. A pass costs
+O(streams) plus the ranges of the streams that changed, not every range the catalog ever
+kept (a stream may hold 100,000 ranges, a catalog 100,000 streams). What it gives is
+exactly what deriving every stream again would: ``derive`` must be a pure function of the
+stream alone (a predicate that also read the clock or the servers' health could not be
+remembered this way).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Generic, TypeVar
+
+from estream.wire.meta import RangeMeta, StreamMeta
+
+T = TypeVar("T")
+
+
+class StreamMemo(Generic[T]):
+    """``derive(stream)`` for each stream of a pass, derived again only for the streams
+    the catalog changed since the last pass (module docstring).
+
+    >>> calls = []
+    >>> memo = StreamMemo(lambda s: calls.append(s.name) or len(s.ranges))
+    >>> a, b = StreamMeta(1, "a"), StreamMeta(2, "b")
+    >>> [n for _, n in memo.over([a, b])], [n for _, n in memo.over([a, b])], calls
+    ([0, 0], [0, 0], ['a', 'b'])
+    >>> _ = memo.over([a, StreamMeta(2, "b")]); calls  # a new entry for b: derived again
+    ['a', 'b', 'b']
+    """
+
+    __slots__ = ("_derive", "_seen")
+
+    def __init__(self, derive: Callable[[StreamMeta], T]) -> None:
+        self._derive = derive
+        self._seen: dict[int, tuple[StreamMeta, T]] = {}
+
+    def over(self, streams: Iterable[StreamMeta]) -> list[tuple[StreamMeta, T]]:
+        """Each of ``streams`` (in their order) with its derived value; streams not in
+        this pass are forgotten."""
+        seen: dict[int, tuple[StreamMeta, T]] = {}
+        out: list[tuple[StreamMeta, T]] = []
+        for stream in streams:
+            hit = self._seen.get(stream.id)
+            if hit is None or hit[0] is not stream:
+                hit = (stream, self._derive(stream))
+            seen[stream.id] = hit
+            out.append(hit)
+        self._seen = seen
+        return out
+
+
+def narrowed(stream: StreamMeta, keep: Callable[[RangeMeta], bool]) -> StreamMeta | None:
+    """``stream`` with only the ranges ``keep`` accepts (None when it accepts none).
+
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, ()), RangeMeta(1, 5, None, ())))
+    >>> [r.index for r in narrowed(s, lambda r: r.sealed).ranges], narrowed(s, bool) is None
+    ([0], False)
+    """
+    ranges = tuple(r for r in stream.ranges if keep(r))
+    return replace(stream, ranges=ranges) if ranges else None
+
+
+class Narrowing(StreamMemo["StreamMeta | None"]):
+    """The catalog narrowed to the ranges ``keep`` accepts: each stream with at least one,
+    with only those (its other fields as they are), walked again only when it changed.
+    ``keep`` must look at the range alone.
+
+    >>> work = Narrowing(lambda r: r.sealed)
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 5, ()), RangeMeta(1, 5, None, ())))
+    >>> [[r.index for r in n.ranges] for n in work.narrow([s, StreamMeta(2, "t")])]
+    [[0]]
+    """
+
+    __slots__ = ()
+
+    def __init__(self, keep: Callable[[RangeMeta], bool]) -> None:
+        super().__init__(lambda stream: narrowed(stream, keep))
+
+    def narrow(self, streams: Iterable[StreamMeta]) -> list[StreamMeta]:
+        """The narrowed streams that keep a range, in the order of ``streams``."""
+        return [n for _, n in self.over(streams) if n is not None]
