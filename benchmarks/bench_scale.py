@@ -17,12 +17,14 @@ bounded in count and time:
    appending nothing: the PD leader's CPU share over ``--idle-s`` (target <= 0.10);
 4. ``spread``: 1 KiB appends, 256 in flight in total, over ``--spread-streams`` streams
    (one writer each) beside the same on one stream: records/s and their ratio (target
-   >= 0.5), and the CPU per record of this client and of the range servers together.
+   >= 0.5), and the CPU per record of this client and of the range servers together;
+   ``--client-gc tuned`` runs this client's cyclic GC as the servers run theirs
+   (``tune_gc``: what is open frozen, young collections every 100,000 allocations).
 
     python -m benchmarks.bench_scale [--phases catalog,ranges,idle,spread]
         [--streams 100000] [--ranges 10000] [--build sessions|seals]
         [--idle-writers 10000] [--idle-clients 10]
-        [--spread-streams 1000] [--json out.json]
+        [--spread-streams 1000] [--client-gc default|tuned] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 import estream
 from estream.devcluster.cluster import Cluster, start_cluster
 from estream.devcluster.pd import http_json
+from rangeserver.shell.cli import tune_gc
 
 RECORD = b"x" * 1024
 INFLIGHT = 256
@@ -245,18 +248,21 @@ async def idle(cluster: Cluster, client: estream.Client, writers: int, clients: 
 
 
 async def spread(cluster: Cluster, client: estream.Client, streams: int,
-                 records: int) -> dict[str, Any]:
+                 records: int, client_gc: str = "default") -> dict[str, Any]:
     names = [f"spread-{i}" for i in range(streams)]
     await _bounded(client.create_stream(n, replicas=3, ack_count=2) for n in names + ["one"])
     many = await _bounded(client.open_writer(n) for n in names)
     one = await client.open_writer("one")
+    if client_gc == "tuned":
+        tune_gc()  # this client as the servers run: what opened is frozen, rare collections
     servers = [s.process.pid for s in cluster.servers if s.process is not None]
     try:
         one_rate, one_cpu = await _measured(servers, [one], records)
         many_rate, many_cpu = await _measured(servers, many, records)
     finally:
         await _bounded(w.close() for w in [*many, one])
-    return {"streams": streams, "one_stream_per_s": one_rate, "spread_per_s": many_rate,
+    return {"streams": streams, "client_gc": client_gc,
+            "one_stream_per_s": one_rate, "spread_per_s": many_rate,
             "ratio": many_rate / one_rate,
             "cpu_us_per_record": {"one_stream": one_cpu, "spread": many_cpu}}
 
@@ -297,7 +303,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         async with await estream.connect(cluster.pd_addresses) as client:
             if "spread" in phases:
                 results["spread"] = await spread(cluster, client, args.spread_streams,
-                                                 args.records)
+                                                 args.records, args.client_gc)
                 print("spread:", json.dumps(results["spread"]), flush=True)
             if "ranges" in phases:
                 results["ranges"] = await ranges(client, args.ranges, args.build)
@@ -330,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=20.0)
     parser.add_argument("--spread-streams", type=int, default=1000)
     parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--client-gc", choices=("default", "tuned"), default="default",
+                        help="spread: tuned runs this client's GC as the servers run theirs "
+                             "(rangeserver/shell/cli.py tune_gc) once the writers are open")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="estream-scale-") as tmp:

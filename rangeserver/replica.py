@@ -221,14 +221,15 @@ def decide_append(state: ReplicaState, batch: BatchHeader) -> AppendOutcome:
         return Duplicate(durable=batch_end <= state.end)
     if batch.base_offset != state.written_end:
         return Gap(state.written_end, batch.base_offset)
-    return Accept(
-        replace(
-            state,
-            written_end=batch_end,
-            epoch=max(state.epoch, batch.epoch),
-            confirm=max(state.confirm, batch.confirm_offset),
-        )
-    )
+    # Built field by field, not with dataclasses.replace: twice per batch on every replica
+    # (here and at durability), and replace costs about twice as much.
+    epoch, confirm = state.epoch, state.confirm
+    return Accept(ReplicaState(
+        state.stream_id, state.range_index, state.start, state.end, batch_end,
+        batch.epoch if batch.epoch > epoch else epoch,
+        batch.confirm_offset if batch.confirm_offset > confirm else confirm,
+        state.sealed, state.sealed_end, state.damaged, state.digest,
+    ))
 
 
 def stale_error(outcome: StaleEpoch) -> Fenced:
@@ -274,7 +275,12 @@ def append_refusal(
 
 def on_durable(state: ReplicaState, end: int) -> ReplicaState:
     """The log synced everything up to a batch ending at ``end``."""
-    return state if end <= state.end else replace(state, end=end)
+    if end <= state.end:
+        return state
+    return ReplicaState(  # not dataclasses.replace: see decide_append
+        state.stream_id, state.range_index, state.start, end, state.written_end,
+        state.epoch, state.confirm, state.sealed, state.sealed_end, state.damaged,
+        state.digest)
 
 
 # ------------------------------------------------------------------------------- seal
@@ -452,7 +458,9 @@ def replay_confirm(state: ReplicaState, confirm: int) -> ReplicaState:
     """A confirm offset moves forward only, and not once sealed (the seal bounds reads)."""
     if confirm <= state.confirm or state.sealed:
         return state
-    return replace(state, confirm=confirm)
+    return ReplicaState(  # not dataclasses.replace: see decide_append
+        state.stream_id, state.range_index, state.start, state.end, state.written_end,
+        state.epoch, confirm, state.sealed, state.sealed_end, state.damaged, state.digest)
 
 
 def mark_damaged(state: ReplicaState) -> ReplicaState:

@@ -201,9 +201,17 @@ class _Range:
     seal_sent: bool = False
     roll_requested: bool = False  # RequestRoll emitted (the range runs degraded)
     size_limit_lifted: bool = False  # full, but no next range could be placed: goes on
+    # The replicas not failed, kept beside ``failed`` (it changes only in ``fail``): every
+    # send, ack and deadline asks for them, a replica fails rarely.
+    live: tuple[str, ...] = ()
 
-    def live(self) -> tuple[str, ...]:
-        return tuple(r for r in self.replicas if r not in self.failed)
+    def __post_init__(self) -> None:
+        self.live = tuple(r for r in self.replicas if r not in self.failed)
+
+    def fail(self, replica: str) -> None:
+        """Drop ``replica`` from the live ones."""
+        self.failed.add(replica)
+        self.live = tuple(r for r in self.replicas if r not in self.failed)
 
 
 def record_size(record: Record) -> int:
@@ -295,7 +303,7 @@ class RangeWriter:
     @property
     def live(self) -> tuple[str, ...]:
         """The replicas of the open range still written to."""
-        return self._range.live()
+        return self._range.live
 
     @property
     def degraded(self) -> bool:
@@ -341,15 +349,18 @@ class RangeWriter:
 
     def next_deadline_ms(self) -> int | None:
         """When :meth:`on_tick` has work next (None: only events can create work)."""
-        deadlines: list[int] = []
+        deadline: int | None = None
         if self._pending_count:
-            deadlines.append(self._pending_since_ms + self.config.linger_ms)
-        oldest = self._oldest_unacked_ms()
-        if oldest is not None and self._may_drop_slow():
-            deadlines.append(oldest + self.config.chase_backlog_ms_max + 1)
+            deadline = self._pending_since_ms + self.config.linger_ms
+        if self._may_drop_slow():
+            oldest = self._oldest_unacked_ms()
+            if oldest is not None:
+                chase = oldest + self.config.chase_backlog_ms_max + 1
+                deadline = chase if deadline is None else min(deadline, chase)
         if self.visible_confirm > self._confirm_sent and not self.sealing and self._idle_now():
-            deadlines.append(self._confirm_due_ms())
-        return min(deadlines) if deadlines else None
+            due = self._confirm_due_ms()
+            deadline = due if deadline is None else min(deadline, due)
+        return deadline
 
     # -- events --------------------------------------------------------------------------
 
@@ -556,7 +567,7 @@ class RangeWriter:
         if self._pending_count and now_ms >= self._pending_since_ms + self.config.linger_ms:
             self._cut(now_ms, effects)
         if not self._range.seal_sent:
-            for replica in self._range.live():
+            for replica in self._range.live:
                 if self._may_drop_slow() and self._past_chase_bound(replica, now_ms):
                     self._fail_replica(replica, effects)
         if (
@@ -638,7 +649,7 @@ class RangeWriter:
         rng = self._range
         if self.error is not None or range_index != rng.index or rng.seal_end is None:
             return effects
-        if len(rng.live()) < self.ack_count:
+        if len(rng.live) < self.ack_count:
             return effects
         if rng.full:
             rng.full = False
@@ -733,14 +744,14 @@ class RangeWriter:
         rng.sent_bytes += batch.size
         self._confirm_sent = max(self._confirm_sent, confirm)
         self._last_send_ms = now_ms
-        for replica in rng.live():
+        for replica in rng.live:
             effects.append(SendAppend(replica, rng.index, batch.end, payload))
 
     def _send_confirm(self, effects: list[Effect]) -> None:
         rng = self._range
         confirm = self.visible_confirm
         self._confirm_sent = confirm
-        for replica in rng.live():
+        for replica in rng.live:
             effects.append(SendConfirm(replica, rng.index, confirm))
 
     def _advance(self, now_ms: int, effects: list[Effect]) -> None:
@@ -759,7 +770,7 @@ class RangeWriter:
 
     def _release(self) -> None:
         """Drop batches that are acknowledged and held by every live replica."""
-        live = self._range.live()
+        live = self._range.live
         while self._batches:
             batch = self._batches[0]
             if batch.end > self.completed or batch.range_index != self._range.index:
@@ -774,9 +785,9 @@ class RangeWriter:
 
     def _fail_replica(self, replica: str, effects: list[Effect]) -> None:
         rng = self._range
-        rng.failed.add(replica)
+        rng.fail(replica)
         if rng.seal_end is None:
-            if len(rng.live()) >= self.ack_count:
+            if len(rng.live) >= self.ack_count:
                 # Degraded: keep appending to the live replicas; roll when PD can place.
                 if not rng.roll_requested:
                     rng.roll_requested = True
@@ -798,7 +809,7 @@ class RangeWriter:
         rng = self._range
         if rng.seal_end is None or rng.seal_sent:
             return
-        live = rng.live()
+        live = rng.live
         if any(rng.acked.get(r, rng.start) < rng.seal_end for r in live):
             return  # still draining; on_tick drops a replica that does not catch up
         rng.seal_sent = True
@@ -815,7 +826,7 @@ class RangeWriter:
         if rng.seal_sent:
             return None
         oldest: int | None = None
-        live = rng.live()
+        live = rng.live
         index, seal_end = rng.index, rng.seal_end
         for batch in self._batches:
             if batch.range_index != index:

@@ -505,7 +505,13 @@ class Writer:
             # appends made in the same turn (tasks woken by one completion).
             self._cut_soon = True
             self._loop.call_soon(self._cut_idle)
-        self._run(effects)
+        if self._cut_soon:
+            # _cut_idle runs at the end of this turn and re-arms the timer then, once for
+            # every append of the turn (a linger timer armed now would only fire to find
+            # the records gone).
+            self._carry_out(effects)
+        else:
+            self._run(effects)
 
     def _cut_idle(self) -> None:
         self._cut_soon = False
@@ -839,6 +845,11 @@ class Writer:
 
     def _run(self, effects: list[Effect]) -> None:
         """Carry out the core's effects, then re-arm the timer."""
+        self._carry_out(effects)
+        self._arm_timer()
+
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Carry out the core's effects (the timer as it is: :meth:`_run` re-arms it)."""
         core = self._core
         assert core is not None
         complete_upto = -1
@@ -870,6 +881,11 @@ class Writer:
         if complete_upto >= 0:
             # After the sends: a CONFIRM goes out before the user's next request does.
             self._complete(complete_upto)
+        self._make_room(core)
+
+    def _make_room(self, core: RangeWriter) -> None:
+        """Submit queued appends and wake those waiting for space, if the in-flight budget
+        has room now."""
         if self._queued and not self._draining and core.can_accept(self._queued[0][3]):
             self._drain_queued()
         if self._space and not self._queued and core.can_accept(1):
@@ -877,7 +893,6 @@ class Writer:
             for future in space:
                 if not future.done():
                     future.set_result(None)
-        self._arm_timer()
 
     def _complete(self, upto: int) -> None:
         waiters = self._waiters
@@ -949,7 +964,15 @@ class Writer:
         if self._core is not core or self._closed:
             return
         if error is None:
-            self._run(core.on_append_ack(replica, range_index, end, self._now()))
+            effects = core.on_append_ack(replica, range_index, end, self._now())
+            if effects or self._timer is None:
+                self._run(effects)
+            else:
+                # An ack without effects (not the one that made the quorum, or after it)
+                # moves the core's deadline later or not at all, never sooner, so
+                # _arm_timer would keep the armed timer: skip computing the deadline.
+                # Two of three acks per batch take this path.
+                self._make_room(core)
         elif isinstance(error, (DigestMismatch, DigestKeyMissing)):
             # A range server holding the cluster secret refused our MAC: this writer's
             # secret is not the cluster's (or that server's is not). Not the replica's

@@ -3,6 +3,8 @@ seal and roll, fencing, deferred sync. Scenario tests: events in, effects out.""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from estream.core.rangewriter import (
@@ -589,3 +591,39 @@ def test_early_batches_keep_offsets_and_records() -> None:
     got += [r.value for s in sends(w.on_tick(60)) if s.replica == "a"
             for r in decode_batch(s.payload).records]
     assert got == [rec(i).value for i in range(100)]
+
+
+def test_live_replicas_are_kept_not_rebuilt_per_call() -> None:
+    w = make()
+    assert w.live == ("a", "b", "c") and w.live is w.live  # one tuple until a replica fails
+    w.on_append_error("b", 0, Unavailable("out"), 0)
+    assert w.live == ("a", "c") and w.failed == ("b",)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_an_ack_without_effects_never_brings_the_deadline_sooner(seed: int) -> None:
+    """The driver keeps its armed timer after such an ack (estream/sdk/writer.py): seeded
+    random appends, ticks, acks (late, repeated, out of order) and rare replica errors."""
+    rng = random.Random(seed)
+    w = make(linger_ms=3, batch_bytes=64, chase_backlog_ms_max=20)
+    sent: list[SendAppend] = []
+    now = 0
+    for i in range(300):
+        now += rng.randrange(3)
+        roll = rng.random()
+        if roll < 0.35 and w.error is None and not w.sealing:
+            sent += sends(w.submit_one(*one(i), now, hold_idle=rng.random() < 0.5) or [])
+        elif roll < 0.45:
+            sent += sends(w.on_tick(now) + w.cut_idle(now))
+        elif roll < 0.47 and sent:
+            s = rng.choice(sent)
+            sent += sends(w.on_append_error(s.replica, s.range_index, Unavailable("x"), now))
+        elif sent:
+            s = sent.pop(rng.randrange(len(sent))) if rng.random() < 0.8 else rng.choice(sent)
+            before = w.next_deadline_ms()
+            effects = w.on_append_ack(s.replica, s.range_index, s.end, now)
+            if not effects:
+                after = w.next_deadline_ms()
+                assert after is None or (before is not None and after >= before), (before, after)
+            sent += sends(effects)
+        assert w.live == tuple(r for r in w.replicas if r not in w.failed)

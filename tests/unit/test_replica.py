@@ -265,3 +265,19 @@ def test_every_sealed_replica_is_reported_over_successive_heartbeats() -> None:
 
 def test_doctests() -> None:
     assert doctest.testmod(rp, verbose=False).failed == 0
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+@pytest.mark.parametrize("epoch", [5, 6])
+@pytest.mark.parametrize("confirm", [0, 110, 125])
+def test_the_append_paths_copy_every_field(recorded: bool, epoch: int, confirm: int) -> None:
+    """decide_append, on_durable and replay_confirm build the next state field by field
+    (not with dataclasses.replace): the same states replace gives."""
+    b = batch(130, 5, epoch=epoch, confirm=confirm)
+    s = state(digest=rp.digest_kind(b.flags) if recorded else None, sealed_end=3)
+    accepted = rp.decide_append(s, b)
+    assert accepted == rp.Accept(replace(
+        s, written_end=135, epoch=max(s.epoch, epoch), confirm=max(s.confirm, confirm)))
+    assert rp.on_durable(s, 130) == replace(s, end=130) and rp.on_durable(s, 120) is s
+    assert rp.replay_confirm(s, 115) == replace(s, confirm=115)
+    assert rp.replay_confirm(s, 105) is s
