@@ -29,15 +29,17 @@ Side effects: network (through the recoverer and PD's Raft).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from estream.wire.errors import EstreamError, Fenced, RangeSealed
 from estream.wire.meta import RangeMeta, StreamMeta
+from pd.catalog import CatalogView
 from pd.drain import RangeHealth, open_ranges_leaving
-from pd.repair import Health, ServerState, replica_health
+from pd.repair import Health, RangeKey, ServerState, ShortKey, replica_health
 from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
 from pd.shell.rounds import leader_rounds
@@ -115,7 +117,7 @@ class Drainer:
 
     # ------------------------------------------------------------------------ report
     def health(self, stream: StreamMeta, rng: RangeMeta, servers: dict[str, ServerState],
-               now: int) -> RangeHealth:
+               now: int, short_since: Mapping[ShortKey, int]) -> RangeHealth:
         """One range's replicas by repair's rules (an open range: alive or not)."""
         rows: list[tuple[str, str]] = []
         reasons: dict[str, str] = {}
@@ -123,7 +125,7 @@ class Drainer:
             server = servers.get(ref.id)
             if rng.sealed:
                 health, reason = replica_health(
-                    ref.id, stream.id, rng, servers, self.repairer.short_since, now,
+                    ref.id, stream.id, rng, servers, short_since, now,
                     self.repairer.repair_after_ms)
             elif server is None or not server.alive:
                 dead = server is None or server.silent_ms >= self.repairer.repair_after_ms
@@ -138,18 +140,16 @@ class Drainer:
         return RangeHealth(stream.name, stream.id, rng, stream.replicas, healthy,
                            tuple(rows), reasons)
 
-    async def ranges_report(self, under_replicated_only: bool) -> dict[str, Any]:
-        """``GET /v1/ranges``: ranges (all, or only the under-replicated ones) and the
-        repair progress of this node."""
-        now = self.clock_ms()
-        view = await self.service.read_view()
-        servers = self.repairer.servers()
-        busy = self.repairer.busy
+    def _report(self, view: CatalogView, servers: dict[str, ServerState],
+                busy: frozenset[RangeKey], short_since: Mapping[ShortKey, int], now: int,
+                under_replicated_only: bool) -> tuple[list[dict[str, Any]], int, int]:
+        """The listed ranges (at most ``ranges_report_max``), and how many of all are
+        under-replicated and moving (in a worker thread: touches only its arguments)."""
         out: list[dict[str, Any]] = []
         under = moving = 0
         for stream in sorted(view.streams.values(), key=lambda s: s.name):
             for rng in stream.ranges:
-                item = self.health(stream, rng, servers, now)
+                item = self.health(stream, rng, servers, now, short_since)
                 under += item.under_replicated
                 moving += item.moving
                 if (under_replicated_only and not item.under_replicated) \
@@ -165,6 +165,20 @@ class Drainer:
                                   "reason": item.reasons.get(sid)}
                                  for sid, health in item.replicas],
                 })
+        return out, under, moving
+
+    async def ranges_report(self, under_replicated_only: bool) -> dict[str, Any]:
+        """``GET /v1/ranges``: ranges (all, or only the under-replicated ones) and the
+        repair progress of this node."""
+        now = self.clock_ms()
+        view = await self.service.read_view()
+        servers = self.repairer.servers()
+        busy = frozenset(self.repairer.busy)
+        # The totals count every range of the catalog: walked in a worker thread, over
+        # this snapshot, so that the event loop goes on serving meanwhile.
+        out, under, moving = await asyncio.to_thread(
+            self._report, view, servers, busy, dict(self.repairer.short_since), now,
+            under_replicated_only)
         plan = self.repairer.last_plan
         return {"ranges": out, "repair": {
             "leader": self.service.raft.status().role == "leader",
