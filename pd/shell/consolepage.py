@@ -365,7 +365,10 @@ function renderRepair(r) {
 function tiers(s) {
   const counts = {};
   for (const r of s.ranges || []) counts[r.tier || "local"] = (counts[r.tier || "local"] || 0) + 1;
-  return Object.keys(counts).sort().map((t) => counts[t] + " " + t).join(", ") || "-";
+  const split = Object.keys(counts).sort().map((t) => counts[t] + " " + t).join(", ") || "-";
+  const shown = (s.ranges || []).length;  // (the answer holds the last ranges only)
+  return s.ranges_omitted ? split + " of the last " + shown + " (" + (shown + s.ranges_omitted)
+    + " ranges)" : split;
 }
 function retention(s) {
   const parts = [];
