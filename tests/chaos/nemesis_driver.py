@@ -85,7 +85,11 @@ SESSIONS_PREFIX = "nemesis-sessions"
 FILLER = "nemesis-filler"  # the file that fills a range server's disk (full-disk)
 tmpfs_mib = 96  # each range server's data dir in the nemesis: a tmpfs this small
 ranges_windows_max = 1_000  # PD answers walked to list a stream's ranges
-empty_ranges_per_fault_max = 2  # on a short sessions' stream (see Nemesis.judge_sessions)
+# On a short sessions' stream (see Nemesis.judge_sessions). A writer's close seals its
+# range and PD places the next, created by the next writer: while a fault on that placed
+# range's servers is not yet detected, each session opening there seals it empty and
+# moves on (seen: up to 2.5 a fault over 3-cycle seeds 11-16, against 50-87 empty sessions).
+empty_ranges_per_fault_max = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -761,8 +765,9 @@ class Nemesis:
     async def judge_sessions(self, name: str, log: WriterLog) -> None:
         """Sessions that appended nothing leave no range behind: a writer that opens on an
         empty open range keeps it, so the stream's empty ranges come from faults alone (a
-        fault on an empty open range's replicas has the next writer seal it and move on,
-        or a roll leave one): at most ``empty_ranges_per_fault_max`` per fault injected,
+        fault on an empty open range's replicas, or on the servers PD placed the range a
+        close left open on, has the next writer seal it and move on, or a roll leave
+        one): at most ``empty_ranges_per_fault_max`` per fault injected,
         plus the rolls and failed appends, however many sessions appended nothing."""
         ranges = await self.all_ranges(name)
         empty = sum(1 for start, end in ranges if end == start)
