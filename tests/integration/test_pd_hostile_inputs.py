@@ -102,14 +102,18 @@ async def stream(cluster: Cluster) -> str:
 async def test_each_opcode_refuses_a_hostile_field_before_raft(
         cluster: Cluster, stream: str, opcode: Opcode, header: dict[str, Any],
         field: str) -> None:
-    before = journal_bytes(cluster)
     members = cluster.member_pool()  # member opcodes among them: as a member sends them
     try:
         async with PDClient(cluster.pd_addresses, timeout_s=10, pool=members) as pd:
-            with pytest.raises(InvalidArgument) as info:
-                await pd.call(opcode, header)
-            assert info.value.argument == field
-            assert len(str(info.value)) < 1024  # the answer does not echo the input
+            for attempt in range(2):
+                before = journal_bytes(cluster)
+                with pytest.raises(InvalidArgument) as info:
+                    await pd.call(opcode, header)
+                assert info.value.argument == field
+                assert len(str(info.value)) < 1024  # the answer does not echo the input
+                if journal_bytes(cluster) == before or attempt:
+                    break
+                await settled_journal(cluster)  # (a command of PD's own landed meanwhile)
             assert journal_bytes(cluster) == before
             assert (await pd.describe_stream(stream)).name == stream  # still serving
     finally:
