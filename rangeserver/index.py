@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,19 @@ class RangeIndex:
             total += batch.location.size
             i += 1
         return chosen
+
+    def bytes_total(self) -> int:
+        """The bytes of every batch indexed."""
+        return sum(self._sizes)
+
+    def moved(self, bases: Sequence[int], locations: Sequence[Location]) -> None:
+        """The first ``len(bases)`` batches (which start at ``bases``) are now at
+        ``locations``: the log carried them forward (``rangeserver/carry.py``)."""
+        assert list(self._bases[: len(bases)]) == list(bases), "index batches changed"
+        for i, location in enumerate(locations):
+            self._segments[i] = location.segment
+            self._positions[i] = location.position
+            self._sizes[i] = location.size
 
     def truncate(self, base: int) -> None:
         """Forget the batches from the one starting at ``base`` on (their log entries

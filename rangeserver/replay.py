@@ -24,7 +24,9 @@ decides what the other bytes mean:
   CREATE_RANGE entry was damaged): the replica becomes a damaged one, so that the server
   never answers RangeNotFound ("never had it") for data it holds. Batches of a dropped
   replica whose CREATE_RANGE went with a reclaimed segment are not that: its DROP entry
-  is kept as long as they are (``rangeserver/retention.py``).
+  is kept as long as they are (``rangeserver/retention.py``). Nor are batches followed by
+  their replica's CREATE_RANGE: the log carried that replica forward
+  (``rangeserver/carry.py``) and the group after the CREATE_RANGE holds all of them.
 - **Entries out of bounds** (``rangeserver/bounds.py``; only a version before those
   checks could log them): a batch whose offsets end past int64 is skipped (that version
   failed such an append before answering or applying it, so nothing acknowledged is
@@ -175,6 +177,9 @@ class Replay:
             return
         if isinstance(control, wf.CreateRange):
             if key not in self.replicas:
+                # Batches before a replica's CREATE_RANGE: copies the log kept when the
+                # replica was carried forward (rangeserver/carry.py); this group holds them.
+                self._orphans.pop(key, None)
                 self.replicas[key] = ReplicaState.create(
                     *key, control.start, control.epoch, control.digest)
                 self.indexes[key] = RangeIndex()

@@ -18,7 +18,10 @@ to rebuild the live replicas from the log alone (recovery without a checkpoint):
    bring a dropped replica back.
 
 Deleting the dropped replicas' segments cannot lose a live replica's data (rule 2) nor
-revive a dropped one (rule 3), whatever else is deleted and in any order.
+revive a dropped one (rule 3), whatever else is deleted and in any order. A replica the
+log carried forward (``rangeserver/carry.py``) leaves its old span as a dropped one
+ending at the segment of the carried group: the same rule keeps that segment while its
+old CREATE_RANGE entry stays.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from estream.server.config import parse_with_config
 from estream.server.durable import write_atomically
 from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument, StorageError
+from rangeserver.shell.carrier import Carrier
 from rangeserver.shell.http import build_app, start_http
 from rangeserver.shell.metrics import RangeServerMetrics
 from rangeserver.shell.server import RangeServer
@@ -313,8 +314,15 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 async def _checkpoints(store: Store) -> None:
+    """Every ``checkpoint_interval_s``: carry long-lived replicas forward in the log
+    (``rangeserver/shell/carrier.py``), then checkpoint (which deletes what is freed)."""
+    carrier = Carrier(store)
     while True:
         await asyncio.sleep(checkpoint_interval_s)
+        try:
+            await carrier.round()
+        except (EstreamError, OSError) as exc:
+            log.error("carrying replicas forward failed: %s", exc)
         try:
             await store.checkpoint()
         except EstreamError as exc:

@@ -102,6 +102,7 @@ class Store:
         self._events: dict[Key, asyncio.Event] = {}
         self._checkpointed_at: tuple[int, int] = (-1, -1)
         self._reclaimer: asyncio.Task[None] | None = None
+        self._checkpointing = asyncio.Lock()
         self._reclaim_again = False
         self._relog: list[wf.Control] = []  # DROP, DAMAGED entries the log cut back
         self.wal.on_resumed = self._resumed
@@ -170,6 +171,10 @@ class Store:
     async def checkpoint(self) -> bool:
         """Write a checkpoint if the log moved since the last one, then delete the log
         segments nothing needs any more; True if written."""
+        async with self._checkpointing:  # the periodic one and a drop's may meet
+            return await self._checkpoint()
+
+    async def _checkpoint(self) -> bool:
         at = (self.wal.segment, self.wal.position)
         if at == self._checkpointed_at:
             return False

@@ -146,3 +146,36 @@ def test_batches_of_a_dropped_replica_whose_create_range_was_reclaimed_are_quiet
     r, _, _ = replay(data)
     assert set(r.replicas) == {B} and r.report == []
     assert len(r.dropped) == 1
+
+
+def test_a_carried_replica_replays_whole_from_its_group_after_stray_old_copies() -> None:
+    """What is left of a log whose first segment went after A was carried forward: a
+    stray old batch of A (in a segment another replica kept), then A's carried group.
+    The group holds every batch: A is whole, not damaged."""
+    stray = b"".join([control(wf.CreateRange(*B, 0, 1)), batch_entry(A, 4)])
+    group = b"".join([
+        control(wf.CreateRange(*A, 0, 2)),
+        batch_entry(A, 0), batch_entry(A, 4), batch_entry(A, 8),
+        control(wf.Confirmed(*A, 2, 8)),
+        control(wf.Sealed(*A, 2, 10)),
+    ])
+    r = Replay()
+    r.segment(3, 0, stray, len(stray), last=False)
+    r.segment(7, 0, group, len(group), last=True)
+    r.finish()
+    assert r.replicas[A] == ReplicaState(*A, 0, 12, 12, 2, confirm=8, sealed=True,
+                                         sealed_end=10)
+    assert r.report == []
+    assert r.indexes[A].batch(0).location.segment == 7
+
+
+def test_the_carried_group_is_ignored_where_the_old_entries_are_still_there() -> None:
+    first = two_replicas()
+    group = b"".join([control(wf.CreateRange(*A, 0, 1)), batch_entry(A, 0), batch_entry(A, 4)])
+    r = Replay()
+    r.segment(0, 0, first, len(first), last=False)
+    r.segment(1, 0, group, len(group), last=True)
+    r.finish()
+    assert r.replicas[A] == ReplicaState(*A, 0, 8, 8, 1)
+    assert r.indexes[A].batch(0).location.segment == 0, "the old copies still serve"
+    assert r.report == []
