@@ -2,7 +2,8 @@
 
 :func:`leader_rounds` sleeps ``interval_ms``, checks that this node is the Raft leader
 (only the leader acts: followers would act on the same catalog twice), and runs one
-round; a round that raises is logged and the next one runs anyway.
+round; a round that raises is logged and the next one runs anyway (one that meets a
+leadership change, ``Unavailable``, in one line: it is not a fault).
 
 Side effects: none of its own (the rounds have theirs).
 """
@@ -13,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from estream.wire.errors import Unavailable
 from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
@@ -40,5 +42,7 @@ async def leader_rounds(
             continue
         try:
             await round_()
+        except Unavailable as exc:  # leadership moved or no majority: the next round retries
+            log.warning("%s round stopped: %s", name, exc.message)
         except Exception:  # noqa: BLE001 - one bad round must not stop the next
             log.exception("%s round failed", name)
