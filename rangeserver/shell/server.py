@@ -89,6 +89,30 @@ def _wrong_server(asked: object, actual: str) -> WrongServer:
     )
 
 
+def _paced(pending: asyncio.Future[None] | None, delay_ms: int) -> asyncio.Future[None]:
+    """A future done ``delay_ms`` after ``pending`` (now, if None) is: an append answered
+    later while the disk fills (``rangeserver/pacing.py``); ``pending``'s error, if any,
+    is read from it by the answer, as without the delay."""
+    loop = asyncio.get_running_loop()
+    paced: asyncio.Future[None] = loop.create_future()
+
+    def release() -> None:
+        if not paced.done():
+            if pending is not None and not pending.cancelled() and pending.exception():
+                paced.set_exception(pending.exception())  # type: ignore[arg-type]
+            else:
+                paced.set_result(None)
+
+    def later(_: object = None) -> None:
+        loop.call_later(delay_ms / 1000, release)
+
+    if pending is None:
+        later()
+    else:
+        pending.add_done_callback(later)
+    return paced
+
+
 def _all_done(futures: list[asyncio.Future[None]]) -> asyncio.Future[None] | None:
     """A future done once every one of ``futures`` is (None: none to wait for); it never
     fails: each entry's own outcome is read from its future (:func:`_entry_result`)."""
@@ -250,6 +274,8 @@ class RangeServer:
         deferred = optional(header, "deferred", bool, False)
         check_digest(payload, self._stream_key if self._secret is not None else None)
         pending, end = self.store.begin_append(payload, deferred=deferred)
+        if self.store.append_delay_ms:
+            pending = _paced(pending, self.store.append_delay_ms)
         return pending, lambda: ({"end": end()}, b"")
 
     async def append_many(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
@@ -290,7 +316,10 @@ class RangeServer:
                 confirmed.append(exc)
         waits = [e[0] for e in appends if not isinstance(e, EstreamError) and e[0] is not None]
         waits += [c for c in confirmed if not isinstance(c, EstreamError)]
-        return _all_done(waits), lambda: (appendmany.encode_answer(
+        done = _all_done(waits)
+        if self.store.append_delay_ms and batches:
+            done = _paced(done, self.store.append_delay_ms)
+        return done, lambda: (appendmany.encode_answer(
             [_entry_result(e) for e in appends],
             [_confirm_result(c) for c in confirmed]), b"")
 

@@ -56,7 +56,7 @@ from estream.wire.record import (
     verify_batch,
 )
 from estream.wire.timestamps import first_at_or_after
-from rangeserver import bounds, retention
+from rangeserver import bounds, pacing, retention
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
@@ -89,6 +89,7 @@ class Store:
     ) -> None:
         self.data_dir = data_dir
         self.disk_watermark_percent = disk_watermark_percent
+        self.append_delay_ms = 0  # appends answered this much later (rangeserver/pacing.py)
         self.wal = Wal(
             data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io
         )
@@ -534,15 +535,18 @@ class Store:
         """The heartbeat's storage figures: ``above_watermark`` (disk use past
         ``disk_watermark_percent``: PD places new replicas elsewhere first) and
         ``exhausted`` (the resource the log is short of, else "": none placed here;
-        ``pd/placement.py``)."""
+        ``pd/placement.py``); it also sets ``append_delay_ms`` (``rangeserver/pacing.py``)."""
         try:
             stat = os.statvfs(self.data_dir)
             free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
         except OSError:
             free = total = 0
         above = total > 0 and (total - free) * 100 > self.disk_watermark_percent * total
+        self.append_delay_ms = pacing.append_delay_ms(
+            used=total - free, total=total, watermark_percent=self.disk_watermark_percent)
         return {"ranges": len(self.replicas), "bytes": self.wal.bytes_total, "free_bytes": free,
-                "above_watermark": above, "exhausted": self.wal.exhausted or ""}
+                "above_watermark": above, "exhausted": self.wal.exhausted or "",
+                "append_delay_ms": self.append_delay_ms}
 
     # --------------------------------------------------------------------------- read
 

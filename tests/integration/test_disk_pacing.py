@@ -1,0 +1,51 @@
+"""Range servers above their disk watermark answer appends later, the fuller the later
+(rangeserver/pacing.py): writers that outrun the drain are slowed, never failed. Against
+real processes whose watermark is 1%, so that the machine's disk is above it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import estream
+from estream.devcluster.cluster import Cluster
+from estream.wire.meta import ServerInfo
+from rangeserver import pacing
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3,
+                                  rangeserver_args=["--disk-watermark-percent", "1"])]
+
+
+async def paced_servers(client: estream.Client) -> list[ServerInfo]:
+    """The servers once each heartbeat says it paces appends (bounded wait)."""
+    deadline = time.monotonic() + 30
+    while True:
+        servers = await client.list_servers()
+        if len(servers) == 3 and all(s.load.get("append_delay_ms") for s in servers):
+            return servers
+        assert time.monotonic() < deadline, f"no pacing in the heartbeats: {servers}"
+        await asyncio.sleep(0.2)
+
+
+async def test_appends_above_the_watermark_are_slowed_and_none_fails(cluster: Cluster) -> None:
+    async with await estream.connect(cluster.pd_addresses) as client:
+        servers = await paced_servers(client)
+        delay_ms = min(s.load["append_delay_ms"] for s in servers)
+        assert pacing.append_delay_ms_min <= delay_ms <= pacing.append_delay_ms_max
+        assert all(s.load["above_watermark"] for s in servers)
+        await client.create_stream("paced", replicas=3, ack_count=2)
+        writer = await client.open_writer("paced")
+        count = 10
+        started = time.monotonic()
+        offsets = [await writer.append(b"%d" % i) for i in range(count)]
+        elapsed_ms = (time.monotonic() - started) * 1000
+        assert offsets == list(range(count)), "every append acknowledged, in order"
+        assert elapsed_ms >= count * delay_ms, "each answer held back by the delay"
+        many = await asyncio.gather(*(writer.append(b"x") for _ in range(50)))
+        assert many == list(range(count, count + 50)), "many in flight: none fails"
+        await writer.close()
+        values = [r.value async for r in client.read("paced", start=0, end=None, follow=False)]
+        assert values[:count] == [b"%d" % i for i in range(count)] and len(values) == count + 50
