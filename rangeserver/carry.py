@@ -1,25 +1,16 @@
 """Which replicas to carry forward in the log, so that its old segments can go. Pure.
 
-Every replica shares one log, and a segment stays while a live replica's span covers it
-(``rangeserver/retention.py``). A replica that lives long -- a range whose writer went
-idle, one nobody appended to, a sealed one waiting for the object tier -- would keep every
-segment from its CREATE_RANGE entry on, however little it holds: one idle replica pins
-the whole log after it for as long as it lives (the problem BookKeeper's entry-log
-compaction answers).
+A long-lived replica (an idle writer's range, an empty one, a sealed one waiting for
+the object tier) would pin every segment after its CREATE_RANGE entry
+(``rangeserver/retention.py``). Carrying it writes its whole state again at the log's
+head as one group (CREATE_RANGE, its batches, CONFIRM, SEAL); replay rebuilds the same
+state from either copy (``rangeserver/replay.py``), and once the group is durable the
+old segments are no longer its own (``rangeserver/shell/carrier.py``; the whole design
+in docs/ARCHITECTURE.md, "Carrying").
 
-*Carrying* a replica writes its whole state again at the log's head, as one group of
-entries: CREATE_RANGE (its start, epoch, digest), every batch it holds, CONFIRM (its
-confirm offset), SEAL (if sealed). Replay rebuilds the same state from either copy: where
-the old entries are gone the group creates the replica; where they are not, the group's
-CREATE_RANGE and batches are duplicates and ignored (``rangeserver/replay.py``). Once the
-group is durable the index points into it and the span starts at its segment, so the
-segments behind it are no longer the replica's (``rangeserver/shell/carrier.py``).
-
-:func:`choose` picks, oldest segment first, the segments that carrying would free: every
-live replica covering one must be *idle* (unchanged for a whole round, everything it
-holds durable, not damaged) and all of them together fit the round's byte budget; it
-answers those replicas. Replicas busy with appends are left (they end by rolling), and so
-is any segment that one of them still needs.
+:func:`choose` picks, oldest segment first, the segments carrying would free: every live
+replica covering one is idle (unchanged for a whole round, all durable, not damaged)
+and all of them fit the round's byte budget. Busy replicas stay (they end by rolling).
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """How long a range server holds an append's answer while its disk fills. Pure.
 
-Writers that outrun the drain (sealed ranges uploaded to the object tier, then their
-local replicas dropped) would fill the range servers' disks, and a server out of room
-refuses appends: when every server is, writers can only wait for room until their
-delivery timeout fails them. So a server above its disk watermark answers each append
-(APPEND, APPEND_MANY: the batch is stored and durable first) a little later, more the
-fuller it is: from ``append_delay_ms_min`` just above the watermark to ``append_delay_ms_max``
-with the disk full. A writer keeps a bounded number of appends in flight, so its rate
-falls with the delay and the drain catches up; nothing fails. When only some servers
-are above it, writers acknowledged by the others do not wait (the slow replica lags,
-and its chase bound rolls the range elsewhere); PD places new replicas there last and
-offloads their ranges first (``pd/placement.py``).
-
->>> append_delay_ms(used=50, total=100, watermark_percent=90)
-0
->>> append_delay_ms(used=90, total=100, watermark_percent=90)  # at it, not above
-0
->>> append_delay_ms(used=901, total=1000, watermark_percent=90)
-6
->>> append_delay_ms(used=100, total=100, watermark_percent=90) == append_delay_ms_max
-True
->>> append_delay_ms(used=95, total=100, watermark_percent=90)
-52
+Writers that outrun the drain (sealed ranges uploaded, then their local replicas
+dropped) would fill the range servers' disks, and once every server refuses appends a
+writer can only wait until its delivery timeout fails it. So above its disk watermark a
+server answers each append (the batch stored and durable first) a little later, more
+the fuller it is: a writer keeps a bounded number of appends in flight, so its rate
+falls and the drain catches up; nothing fails. Where only some servers are above it,
+the others acknowledge, the slow replica lags and its chase bound rolls the range away.
 """
 
 from __future__ import annotations
@@ -33,7 +18,20 @@ append_delay_ms_max: Final = 100  # with the disk full (below a writer's chase b
 
 
 def append_delay_ms(*, used: int, total: int, watermark_percent: int) -> int:
-    """The delay before answering an append, with ``used`` of ``total`` disk bytes used."""
+    """The delay before answering an append, with ``used`` of ``total`` disk bytes used:
+    ``append_delay_ms_min`` just above the watermark up to ``append_delay_ms_max`` full.
+
+    >>> append_delay_ms(used=50, total=100, watermark_percent=90)
+    0
+    >>> append_delay_ms(used=90, total=100, watermark_percent=90)  # at it, not above
+    0
+    >>> append_delay_ms(used=901, total=1000, watermark_percent=90)
+    6
+    >>> append_delay_ms(used=95, total=100, watermark_percent=90)
+    52
+    >>> append_delay_ms(used=100, total=100, watermark_percent=90) == append_delay_ms_max
+    True
+    """
     if total <= 0 or used * 100 <= watermark_percent * total:
         return 0
     room = total * (100 - watermark_percent) / 100
