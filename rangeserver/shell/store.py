@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -187,15 +187,18 @@ class Store:
         await self.wal.force()  # everything before ``at`` is durable before the file says so
         await ckpt.save(self.data_dir, data)
         self._checkpointed_at = at
-        await self._reclaim()
+        await self._reclaim(snapshot.spans.values())
         return True
 
-    async def _reclaim(self) -> None:
+    async def _reclaim(self, saved: Iterable[Span]) -> None:
         """Delete the segments no live replica and no needed DROP entry is in
-        (``rangeserver/retention.py``); only before the checkpoint just saved."""
+        (``rangeserver/retention.py``); only before the checkpoint just saved. A span
+        the saved checkpoint holds counts as live too: a replica carried forward since
+        its snapshot (``shell/carrier.py``) is found where that checkpoint's index says."""
         segments = self.wal.segments()
         keep_from = min(self.wal.segment, self._checkpointed_at[0])
-        doomed = retention.reclaimable(segments, keep_from, self.spans.values(), self.dropped)
+        live = [*self.spans.values(), *saved]
+        doomed = retention.reclaimable(segments, keep_from, live, self.dropped)
         if not doomed:
             return
         freed = await self.wal.delete_segments(doomed)

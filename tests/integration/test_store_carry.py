@@ -4,6 +4,7 @@ same, after a restart with the checkpoint and after one without it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from estream.wire.record import Record, encode_batch
@@ -156,4 +157,24 @@ async def test_a_carried_replica_dropped_later_stays_dropped_without_the_checkpo
     store = await open_store(tmp_path)
     assert IDLE not in store.replicas, "dropped stays dropped"
     assert store.replicas[BIG].end == 4 * 30
+    await store.close()
+
+
+async def test_a_checkpoint_taken_while_a_replica_is_carried_restarts_whole(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint whose snapshot predates the carried group keeps the old index: the
+    segments that index points into must outlive that checkpoint."""
+    store = await open_store(tmp_path)
+    await long_lived(store)
+    carrier = Carrier(store)
+    await carrier.round()
+    keys = (IDLE, EMPTY, SEALED)
+    before = {k: (store.replicas[k], await read_all(store, k)) for k in keys}
+    carried, _ = await asyncio.gather(carrier.round(), store.checkpoint())
+    assert carried == 3
+    await store.wal.close()  # a crash: restart from that checkpoint
+    store = await open_store(tmp_path)
+    for key in keys:
+        assert (store.replicas[key], await read_all(store, key)) == before[key]
     await store.close()
