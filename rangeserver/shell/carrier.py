@@ -12,6 +12,7 @@ checkpoint after the round deletes the segments nothing needs any more.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from estream.wire.errors import EstreamError
 from estream.wire.record import verify_batch
 from rangeserver import carry
 from rangeserver import walformat as wf
-from rangeserver.index import Location
+from rangeserver.index import IndexedBatch, Location
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Key = tuple[int, int]
 carry_bytes_per_round_max = 64 * 1024 * 1024  # batches copied forward per round, at most
+replicas_at_once = 256  # read together, written together, one wait for their durability
 
 
 class Carrier:
@@ -48,11 +50,11 @@ class Carrier:
         chosen = carry.choose(store.wal.segments(), store.wal.segment,
                               self._candidates(seen, budget), budget)
         done = 0
-        for key in chosen:
+        for at in range(0, len(chosen), replicas_at_once):
             try:
-                done += await self._carry(key, seen)
+                done += await self._carry(chosen[at:at + replicas_at_once], seen)
             except EstreamError as exc:  # a short resource, a failed log: next round
-                log.warning("replica %s not carried forward: %s", key, exc.message)
+                log.warning("replicas not carried forward: %s", exc.message)
                 break
         if done:
             log.info("carried %d replicas forward in the log", done)
@@ -75,51 +77,74 @@ class Carrier:
                                          and size <= budget))
         return found
 
-    async def _carry(self, key: Key, seen: dict[Key, ReplicaState]) -> int:
+    async def _carry(self, keys: list[Key], seen: dict[Key, ReplicaState]) -> int:
+        """Carry these replicas: their batches read at once, each group written if its
+        replica did not change meanwhile, then one wait for all of them to be durable."""
         store = self.store
-        state = store.replicas.get(key)
-        index = store.indexes.get(key)
-        if state is None or index is None or not _idle(state, seen.get(key)):
-            return 0
-        batches = [index.batch(i) for i in range(len(index))]
-        data = await store.wal.read([b.location for b in batches]) if batches else []
-        if store.replicas.get(key) is not state or len(index) != len(batches):
-            return 0  # changed meanwhile: a later round
-        for b, raw in zip(batches, data, strict=True):
-            try:
-                header = verify_batch(raw)
-            except EstreamError:
-                return 0  # damaged on disk: left for a read to find and mark
-            if (header.stream_id, header.range_index, header.base_offset) != (*key, b.base):
-                return 0
-        parts: list[bytes] = [wf.encode_control(
-            wf.CreateRange(*key, state.start, state.epoch, state.digest))]
-        offsets = []
-        size = len(parts[0])
-        for raw in data:
-            entry_header = wf.batch_entry_header(raw)
-            parts += [entry_header, raw]
-            offsets.append(size + len(entry_header))
-            size += len(entry_header) + len(raw)
-        if state.confirm > state.start:
-            parts.append(wf.encode_control(wf.Confirmed(*key, state.epoch, state.confirm)))
-        if state.sealed:
-            parts.append(wf.encode_control(wf.Sealed(*key, state.epoch, state.sealed_end)))
-        size = sum(len(p) for p in parts)
-        # Nothing awaited since the check: the group is the replica's state now. With no
-        # batch it is control entries only, taken while a resource is short (it frees).
-        at, durable = store.wal.append(parts, size, control=not batches)
-        await durable
-        if store.indexes.get(key) is not index:
-            return 0  # dropped meanwhile: its DROP entry's span covers the old one
-        index.moved([b.base for b in batches],
-                     [Location(at.segment, at.position + o, len(raw))
-                      for o, raw in zip(offsets, data, strict=True)])
-        old = store.spans[key]
-        store.spans[key] = Span(at.segment, max(old.last, at.segment))
-        if old.first < at.segment:
-            store.dropped.append(Span(old.first, at.segment))
-        return 1
+        wanted = []
+        for key in keys:
+            state, index = store.replicas.get(key), store.indexes.get(key)
+            if state is not None and index is not None and _idle(state, seen.get(key)):
+                wanted.append((key, state, index, [index.batch(i) for i in range(len(index))]))
+        locations = [b.location for *_, batches in wanted for b in batches]
+        data = iter(await store.wal.read(locations) if locations else [])
+        written = []
+        for key, state, index, batches in wanted:
+            raw = [next(data) for _ in batches]
+            if store.replicas.get(key) is not state or len(index) != len(batches):
+                continue  # changed meanwhile: a later round
+            group = _group(key, state, batches, raw)
+            if group is None:
+                continue
+            parts, offsets = group
+            # Nothing awaited since the check: the group is the replica's state now. With
+            # no batch it is control entries only, taken while a resource is short.
+            at, durable = store.wal.append(parts, sum(map(len, parts)), control=not batches)
+            written.append((key, index, batches, raw, offsets, at, durable))
+        outcomes = await asyncio.gather(*(w[-1] for w in written), return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        for (key, index, batches, raw, offsets, at, _), outcome in zip(
+                written, outcomes, strict=True):
+            if isinstance(outcome, BaseException) or store.indexes.get(key) is not index:
+                continue  # dropped meanwhile: its DROP entry's span covers the old one
+            index.moved([b.base for b in batches],
+                        [Location(at.segment, at.position + o, len(r))
+                         for o, r in zip(offsets, raw, strict=True)])
+            old = store.spans[key]
+            store.spans[key] = Span(at.segment, max(old.last, at.segment))
+            if old.first < at.segment:
+                store.dropped.append(Span(old.first, at.segment))
+        if failed:  # the log cut those groups back: nothing of them was done
+            raise failed[0]
+        return len(written)
+
+
+def _group(
+    key: Key, state: ReplicaState, batches: list[IndexedBatch], raw: list[bytes]
+) -> tuple[list[bytes], list[int]] | None:
+    """The entries that state the replica whole (and where each batch's body is in
+    them), or None if a batch read back is not the one indexed (left for a read to find
+    and mark damaged)."""
+    for b, data in zip(batches, raw, strict=True):
+        try:
+            header = verify_batch(data)
+        except EstreamError:
+            return None
+        if (header.stream_id, header.range_index, header.base_offset) != (*key, b.base):
+            return None
+    parts = [wf.encode_control(wf.CreateRange(*key, state.start, state.epoch, state.digest))]
+    offsets = []
+    size = len(parts[0])
+    for data in raw:
+        entry_header = wf.batch_entry_header(data)
+        parts += [entry_header, data]
+        offsets.append(size + len(entry_header))
+        size += len(entry_header) + len(data)
+    if state.confirm > state.start:
+        parts.append(wf.encode_control(wf.Confirmed(*key, state.epoch, state.confirm)))
+    if state.sealed:
+        parts.append(wf.encode_control(wf.Sealed(*key, state.epoch, state.sealed_end)))
+    return parts, offsets
 
 
 def _idle(state: ReplicaState, before: ReplicaState | None) -> bool:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from estream.wire.record import Record, encode_batch
+from rangeserver.shell import carrier as carrier_module
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.carrier import Carrier
 from rangeserver.shell.store import Store
@@ -69,8 +72,9 @@ async def fill(store: Store, key: tuple[int, int], first: int, count: int) -> No
 
 
 async def test_idle_replicas_are_carried_forward_and_the_log_behind_them_is_deleted(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(carrier_module, "replicas_at_once", 2)  # two chunks of the three
     store = await open_store(tmp_path)
     await long_lived(store)
     keys = (IDLE, EMPTY, SEALED)
