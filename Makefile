@@ -32,7 +32,7 @@ run: $(STAMP)
 	$(BIN)/estream up --data-dir ./estream-data
 
 test: $(STAMP) spark-deps
-	$(BIN)/python -m pytest tests --durations=25
+	$(BIN)/python -m pytest tests --durations=60
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow and not spark"
