@@ -36,12 +36,12 @@ Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPoo
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from estream.core.seal import CopyRecords
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.rpc import ConnectionPool, Done, Header
 from estream.wire import limits
 from estream.wire.errors import (
@@ -632,8 +632,9 @@ class ReplicaClient:
     ``estream/net/recovery.py`` drive it."""
 
     def __init__(self, pool: ConnectionPool, epoch: int, *, digest: str | None = None,
-                 appends: AppendSending | None = None) -> None:
+                 appends: AppendSending | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.client = RangeClient(pool)
+        self.clock = clock  # the heal window's deadline
         # APPENDs go through the client's shared sender (batches of its writers to one
         # server share requests: estream/net/appendsender.py); without one, one by one.
         self.appends: AppendSending = appends or self.client
@@ -763,8 +764,8 @@ class ReplicaClient:
         seal it there, so that every replica of the sealed range serves the same records.
         (Placement-level repair of replicas that never return is PD's job.)"""
         pending = set(short)
-        deadline = time.monotonic() + heal_window_s
-        while pending and keep_going() and time.monotonic() < deadline:
+        deadline = self.clock.monotonic_s() + heal_window_s
+        while pending and keep_going() and self.clock.monotonic_s() < deadline:
             for replica in sorted(pending):
                 try:
                     await self._heal_one(stream_id, range_index, end, replica, holders)
