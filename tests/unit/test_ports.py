@@ -1,4 +1,5 @@
-"""The clock port (estream/net/clock.py): shells read time only through a ``Clock``.
+"""The ports (estream/net/clock.py, estream/net/transport.py): shells read time only through a
+``Clock``, and the RPC layer opens and serves connections only through a ``Network``.
 
 A static walk (``ast``; nothing imported) of the shells that moved to the port: none calls
 ``time.monotonic``/``time.time`` itself or keeps a private ``_now_ms`` helper, so the
@@ -75,3 +76,27 @@ def test_manual_clock_moves_only_when_told() -> None:
         1.5, 1_500, 1_700_000_001_500)
     with pytest.raises(AssertionError):
         clock.advance(-0.001)
+
+
+# -- the transport port (estream/net/transport.py) ----------------------------------------
+RPC_MODULES = ("estream/net/rpc.py", "estream/net/rpcclient.py", "estream/net/rpcserver.py",
+               "estream/net/rpcauth.py", "estream/net/rpcfields.py")
+SOCKET_CALLS = frozenset({"create_connection", "create_server", "open_connection",
+                          "start_server", "socket"})
+
+
+@pytest.mark.parametrize("module", RPC_MODULES)
+def test_the_rpc_layer_opens_and_serves_only_through_the_transport_port(module: str) -> None:
+    path = ROOT / module
+    calls = sorted(
+        f"{module}:{node.lineno}: {node.func.attr}"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr in SOCKET_CALLS
+    )
+    assert calls == []
+
+
+@pytest.mark.parametrize("module", RPC_MODULES)
+def test_the_rpc_layer_is_split_into_modules_of_at_most_600_lines(module: str) -> None:
+    assert len((ROOT / module).read_text().splitlines()) <= 600
