@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
@@ -50,6 +49,7 @@ from estream.core.recovery import (
 )
 from estream.core.roll import SealInPd, SealReplicas
 from estream.core.seal import CopyRecords, FenceByCreate, SendFence
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.rangeclient import ReplicaClient, SourceFailed
 from estream.wire.errors import EstreamError, RangeNotFound, Unavailable
 from estream.wire.meta import RangeMeta, StreamMeta
@@ -59,10 +59,6 @@ log = logging.getLogger(__name__)
 fence_grace_s = core.fence_grace_ms / 1000  # after a quorum of fence answers
 
 SealInPdCall = Callable[[int, int, tuple[str, ...]], Awaitable[StreamMeta]]
-
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 T = TypeVar("T")
@@ -91,15 +87,17 @@ async def drive(steps: Generator[S, Any, T], carry_out: Callable[[S], Awaitable[
 
 
 async def recover_range(
-    replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall
+    replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall, *,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> RecoveryResult:
     """Fence, choose the end, copy, record the seal in PD, then seal the holders (see the
     module docstring). ``replicas`` carries the new epoch; ``meta.last_range`` is the open
-    range to recover."""
-    driver = RecoveryDriver(replicas, meta, seal_in_pd)
+    range to recover; ``clock`` the deadlines'."""
+    driver = RecoveryDriver(replicas, meta, seal_in_pd, clock=clock)
     try:
-        return await drive(core.recover(meta, _now_ms, grace_ms=int(fence_grace_s * 1000)),
-                           driver.step)
+        return await drive(
+            core.recover(meta, clock.monotonic_ms, grace_ms=int(fence_grace_s * 1000)),
+            driver.step)
     finally:
         driver.close()
 
@@ -109,9 +107,12 @@ class RecoveryDriver:
     epoch of ``replicas`` (also inside :func:`estream.core.recovery.open_range`)."""
 
     def __init__(
-        self, replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall
+        self, replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall, *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: the one the steps' deadlines were computed on."""
         self.replicas = replicas
+        self.clock = clock
         self.stream_id = meta.id
         self.name = meta.name
         self.seal_in_pd = seal_in_pd
@@ -147,7 +148,8 @@ class RecoveryDriver:
 
     async def _next_answer(self, deadline_ms: int | None) -> FenceAnswer | None:
         while not self.answers and self.tasks:
-            timeout = None if deadline_ms is None else max(0, deadline_ms - _now_ms()) / 1000
+            left_ms = None if deadline_ms is None else deadline_ms - self.clock.monotonic_ms()
+            timeout = None if left_ms is None else max(0, left_ms) / 1000
             done, _ = await asyncio.wait(
                 self.tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if not done:

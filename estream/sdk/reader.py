@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from estream.core.readcursor import (
     offset_at,
     replica_order,
 )
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.objectindex import read_index, read_range_index
 from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient
@@ -195,9 +195,12 @@ async def read_stream(
     end: int | None = None,
     follow: bool = False,
     preferred: str | None = None,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[Record]:
     """Yield the records of ``name`` with offsets in ``[start, end)`` (see the module)."""
-    async for records in _read_answers(client, name, start, end, follow, preferred, RECORDS):
+    async for records in _read_answers(client, name, start, end, follow, preferred, RECORDS,
+                                        clock):
         for record in records:
             yield record
 
@@ -209,10 +212,13 @@ async def read_stream_batches(
     end: int | None = None,
     follow: bool = False,
     preferred: str | None = None,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[BatchColumns]:
     """:func:`read_stream` by batch: the same records, as :class:`BatchColumns` (one per
     stored batch, the first and last trimmed to ``[start, end)``; never empty)."""
-    async for batches in _read_answers(client, name, start, end, follow, preferred, COLUMNS):
+    async for batches in _read_answers(client, name, start, end, follow, preferred, COLUMNS,
+                                        clock):
         for columns in batches:
             yield columns
 
@@ -224,11 +230,14 @@ async def read_stream_views(
     end: int | None = None,
     follow: bool = False,
     preferred: str | None = None,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[list[BatchView]]:
     """:func:`read_stream_batches` undecoded: per READ answer, its verified batches as
     :class:`BatchView` windows (never an empty list), for consumers that decode many
     batches at once (:func:`estream.wire.record.decode_views`)."""
-    async for views in _read_answers(client, name, start, end, follow, preferred, VIEWS):
+    async for views in _read_answers(client, name, start, end, follow, preferred, VIEWS,
+                                        clock):
         yield views
 
 
@@ -240,6 +249,7 @@ async def _read_answers(
     follow: bool,
     preferred: str | None,
     decoding: _Decoding[T],
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[list[T]]:
     """The decoded answers covering ``[start, end)`` of ``name``, in offset order (the
     read loop shared by :func:`read_stream` and its batch forms): carries out the steps of
@@ -278,7 +288,7 @@ async def _read_answers(
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.ms / 1000)
             elif isinstance(step, ReadReplica):
-                items, reply = await _read_replica(client, step, decoding)
+                items, reply = await _read_replica(client, step, decoding, clock)
             else:
                 items, reply = await _read_object(client, step, decoding)
         except EstreamError as exc:
@@ -331,11 +341,11 @@ def check_digests(
 
 
 async def _read_replica(
-    client: Client, step: ReadReplica, decoding: _Decoding[T]
+    client: Client, step: ReadReplica, decoding: _Decoding[T], clock: Clock = SYSTEM_CLOCK
 ) -> tuple[list[T], Answer]:
     """One READ of a replica (naming its server), decoded and verified; the answer is
     awaited ``step.wait_ms`` plus ``step.timeout_ms`` (or the client's timeout) at most."""
-    asked_s = time.monotonic()
+    asked_s = clock.monotonic_s()
     answer = await RangeClient(client.pool).read(
         step.replica.address,
         server_id=step.replica.id,
@@ -346,7 +356,7 @@ async def _read_replica(
         unconfirmed=step.unconfirmed,
         timeout_s=None if step.timeout_ms is None else step.timeout_ms / 1000,
     )
-    elapsed_ms = round((time.monotonic() - asked_s) * 1000)
+    elapsed_ms = round((clock.monotonic_s() - asked_s) * 1000)
     check_digests(client, step.stream_id, step.range.index, answer.payload)
     items = decoding.decode(answer.payload, step.offset, step.end)
     return items, Answer(
@@ -502,13 +512,13 @@ class ObjectReads:
         part_bytes_max: int = object_part_bytes_max,
         report: DamageReporter | None = None,
         read_ahead_windows: int = read_ahead_windows,
-        clock_s: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
         self.report = report
-        self.clock_s = clock_s
+        self.clock = clock
         self._counters = _Counters()
-        self._reported: OrderedDict[str, float] = OrderedDict()  # key -> when (clock_s)
+        self._reported: OrderedDict[str, float] = OrderedDict()  # key -> when (monotonic s)
         self.index_entries_max = index_entries_max
         self.read_ahead_max = read_ahead_max
         self.read_ahead_windows = read_ahead_windows
@@ -597,14 +607,14 @@ class ObjectReads:
 
     async def _timed(self, request: Awaitable[_P]) -> _P:
         """One object-store request, counted by outcome, its bytes and its latency."""
-        started = self.clock_s()
+        started = self.clock.monotonic_s()
         try:
             answer = await request
         except EstreamError as exc:
-            self._counters.done(_outcome(exc), self.clock_s() - started)
+            self._counters.done(_outcome(exc), self.clock.monotonic_s() - started)
             raise
         size = len(answer) if isinstance(answer, bytes | memoryview) else 0
-        self._counters.done("ok", self.clock_s() - started, size)
+        self._counters.done("ok", self.clock.monotonic_s() - started, size)
         return answer
 
     def stats(self) -> ObjectReadStats:
@@ -621,7 +631,7 @@ class ObjectReads:
             return
         if answered:
             self._counters.recount("ok", "checksum")
-        now = self.clock_s()
+        now = self.clock.monotonic_s()
         last = self._reported.get(rng.object_key)
         if self.report is None or (last is not None
                                    and now - last < damage_report_interval_s):

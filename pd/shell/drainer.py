@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from estream.net.clock import SYSTEM_CLOCK
 from estream.wire.errors import EstreamError, Fenced, RangeSealed
 from estream.wire.meta import RangeMeta, StreamMeta
 from pd.catalog import CatalogView
@@ -51,10 +51,6 @@ drain_interval_ms = 1_000  # how often the leader rolls writer-less open ranges 
 ranges_report_max = 10_000  # ranges listed in one GET /v1/ranges answer
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
 class Drainer:
     """Rolls writer-less open ranges off draining servers; reports range health."""
 
@@ -65,7 +61,7 @@ class Drainer:
         recoverer: Recoverer,
         *,
         interval_ms: int = drain_interval_ms,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock_ms: Callable[[], int] = SYSTEM_CLOCK.monotonic_ms,
     ) -> None:
         self.service = service
         self.repairer = repairer

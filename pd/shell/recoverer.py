@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
+from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rangeclient import ReplicaClient
 from estream.net.recovery import RecoveryResult, SealInPdCall, recover_range
 from estream.net.rpc import ConnectionPool
@@ -72,10 +72,6 @@ checks_per_round_max = 256  # streams looked at in one round (the rest wait a ro
 describe_timeout_s = 1.0  # DESCRIBE_RANGE is answered from memory: a hung server is skipped
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
 class Recoverer:
     """Runs lease-recovery rounds on the PD leader (see the module docstring)."""
 
@@ -84,7 +80,7 @@ class Recoverer:
         service: PdService,
         *,
         interval_ms: int = recovery_interval_ms,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock_ms: Callable[[], int] = SYSTEM_CLOCK.monotonic_ms,
         busy: set[RangeKey] | None = None,
     ) -> None:
         self.service = service

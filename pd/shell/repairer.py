@@ -43,10 +43,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import TypeVar
 
+from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rangeclient import (
     CopyProgress,
     Endpoint,
@@ -88,10 +88,6 @@ REPAIR_BACKLOG = "estream_repair_backlog_ranges"
 REPAIR_BYTES_HELP = "Record-batch bytes copied by repairs."
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
 class _TargetFailed(Exception):
     """Internal: the copy failed at the target (not a source), so avoid that target."""
 
@@ -110,7 +106,7 @@ class Repairer:
         interval_ms: int = limits.repair_interval_ms,
         repair_after_ms: int = limits.repair_after_ms,
         tasks_max: int = limits.repair_tasks_per_round_max,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock_ms: Callable[[], int] = SYSTEM_CLOCK.monotonic_ms,
         busy: set[RangeKey] | None = None,
         pool: ConnectionPool | None = None,
     ) -> None:

@@ -41,9 +41,7 @@ from pathlib import Path
 from estream.wire import limits
 from estream.wire.errors import (
     ChecksumMismatch,
-    Conflict,
     EstreamError,
-    OffsetGap,
     OffsetOutOfRange,
     RangeNotFound,
     ReplicaDamaged,
@@ -61,6 +59,7 @@ from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
 from rangeserver.listing import ReplicaKeys, list_ranges_page_default
+from rangeserver.refusals import create_refusal, seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
@@ -353,15 +352,8 @@ class Store:
                 await self._log_control(wf.EpochRaised(stream_id, range_index, epoch), before)
             else:
                 await self.wal.barrier()  # its CREATE_RANGE entry may still be in flight
-        elif isinstance(outcome, rp.StartConflict):
-            raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
-        elif isinstance(outcome, rp.DigestConflict):
-            raise Conflict(f"range {key} exists with digest {rp.digest_name(outcome.digest)}, "
-                           f"not {rp.digest_name(outcome.asked)}")
-        elif isinstance(outcome, rp.Damaged):
-            raise rp.damaged_error(key)
         else:
-            raise rp.stale_error(outcome)
+            raise create_refusal(key, outcome)
         return self._get(*key)
 
     def _log_control(
@@ -483,17 +475,7 @@ class Store:
         if isinstance(outcome, rp.AlreadySealed):
             await self.wal.barrier()  # the SEAL entry may still be in flight
             return outcome.end, True
-        if isinstance(outcome, rp.SealConflict):
-            raise Conflict(f"range {key} cannot be sealed at {outcome.asked} (at {outcome.end})")
-        if isinstance(outcome, rp.Gap):
-            raise OffsetGap(
-                f"replica holds up to {outcome.actual}, less than the seal end {outcome.expected}",
-                expected=outcome.expected,
-                actual=outcome.actual,
-            )
-        if isinstance(outcome, rp.Damaged):
-            raise rp.damaged_error(key)
-        raise rp.stale_error(outcome)
+        raise seal_refusal(key, outcome)
 
     async def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
         """Move the confirm offset forward; returns once it is durable (a CONFIRM entry

@@ -37,6 +37,7 @@ import estream
 from estream.core.readcursor import read_rounds_max
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.seaweed import SeaweedS3
+from estream.net.clock import ManualClock
 from estream.net.objectstore import ObjectStore
 from estream.sdk.client import Client
 from estream.sdk.reader import ObjectReads, read_stream
@@ -110,8 +111,8 @@ async def test_damage_is_reported_once_per_key_and_counted(tmp_path: Path) -> No
     store = ObjectStore.from_url(f"file://{tmp_path}/objects")
     meta = await one_range(store)
     reports: list[tuple[int, int, str, str]] = []
-    now = [0.0]
-    objects = ObjectReads(store, report=lambda *r: reports.append(r), clock_s=lambda: now[0])
+    clock = ManualClock()
+    objects = ObjectReads(store, report=lambda *r: reports.append(r), clock=clock)
     assert await read_all(meta, objects) == list(range(50))
     stats = objects.stats()
     assert stats.gets_ok == stats.gets == 2 and stats.bytes_read > 0  # the index, the data
@@ -128,7 +129,7 @@ async def test_damage_is_reported_once_per_key_and_counted(tmp_path: Path) -> No
     # each read's rounds (read_rounds_max) each GET the damaged window once
     assert objects.stats().gets_checksum == 2 * read_rounds_max
     assert objects.stats().damage_reports == 1
-    now[0] = 31.0
+    clock.advance(31.0)
     path.unlink()
     with pytest.raises(ObjectStoreError):
         await read_all(meta, objects)

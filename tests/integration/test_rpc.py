@@ -27,6 +27,7 @@ from estream.net.rpc import (
     parse_addresses,
     require,
 )
+from estream.net.transport import TCP, Listener
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
@@ -708,3 +709,36 @@ async def test_a_pool_call_deadline_covers_connecting_and_authenticating(
                 await asyncio.wait_for(call, 10)
     finally:
         await pool.close()
+
+
+class CountingNetwork:
+    """TCP through the transport port, counting what the RPC layer opens and serves."""
+
+    def __init__(self) -> None:
+        self.connects: list[tuple[str, int]] = []
+        self.serves: list[tuple[str, int]] = []
+
+    async def connect(self, factory: Any, host: str, port: int, *, ssl: Any = None) -> Any:
+        self.connects.append((host, port))
+        return await TCP.connect(factory, host, port, ssl=ssl)
+
+    async def serve(self, factory: Any, host: str, port: int, *, ssl: Any = None) -> Listener:
+        self.serves.append((host, port))
+        return await TCP.serve(factory, host, port, ssl=ssl)
+
+
+async def test_client_pool_and_server_use_the_network_they_are_given() -> None:
+    network = CountingNetwork()
+    server = RpcServer({Opcode.PING: echo}, name="test", network=network)
+    pool = ConnectionPool(network=network)
+    try:
+        address = await server.start(HOST, 0)
+        assert network.serves == [(HOST, 0)] and address.startswith(f"{HOST}:")
+        client = await RpcClient.connect(address, network=network)
+        assert (await client.call(Opcode.PING, {"x": 1}))[0] == {"echo": {"x": 1}}
+        await client.close()
+        assert (await pool.call(address, Opcode.PING, {"y": 2}))[0] == {"echo": {"y": 2}}
+        assert network.connects == [parse_address(address)] * 2
+    finally:
+        await pool.close()
+        await server.close()

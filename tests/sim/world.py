@@ -11,22 +11,21 @@ servers and a placement driver.
   log entry is durable).
 - :class:`SimRangeServer`: a range server. Every request is decided by the real replica
   decisions (``rangeserver/replica.py``: ``decide_append``, ``decide_seal``,
-  ``decide_create``, ``decide_confirm``, ``on_durable``, ``readable_end``), and the
-  outcomes map to the typed errors ``rangeserver/shell/store.py`` raises; the record values are
-  kept beside the states. Its disk is a log: an accepted append is *written*, becomes
-  durable (``on_durable``) once a simulated fsync covering it completes, and is answered
-  only then; control entries (CREATE_RANGE, EPOCH, SEAL, CONFIRM, DAMAGED) are durable
-  before their answer too. READ answers the batches as received, the way the store does
-  (from the one holding the offset, up to the readable end; long polls answered when
+  ``decide_create``, ``decide_confirm``, ``on_durable``, ``readable_end``), refused with the
+  store's own typed errors (``rangeserver/refusals.py``, ``append_refusal``); the record
+  values are kept beside the states. Its disk is a log: an accepted append is *written*,
+  becomes durable (``on_durable``) once a simulated fsync covering it completes, and is
+  answered only then; control entries (CREATE_RANGE, EPOCH, SEAL, CONFIRM, DAMAGED) are
+  durable before their answer too. READ answers the batches as received, the way the store
+  does (from the one holding the offset, up to the readable end; long polls answered when
   something becomes readable, the replica is sealed or damaged, or the wait is over). A
-  crash drops what was written but not synced (a random prefix
-  of it may have reached the disk anyway; the last, torn, one never does) and rebuilds
-  every replica from the log with the real replay rules (``replay_batch``,
-  ``replay_epoch``, ``replay_seal``, ``replay_confirm``, ``mark_damaged``). Requests name
-  the server id they expect (``WrongServer`` otherwise): a wiped server has a new id at
-  the same address and no replicas. A damaged record (a flipped byte on disk) is found by
-  a read (or a replay) and makes the replica damaged: ``ReplicaDamaged`` to SEAL, CREATE,
-  APPEND and READ, for good.
+  crash drops what was written but not synced (a random prefix of it may have reached the
+  disk anyway; the last, torn, one never does) and rebuilds every replica from the log with
+  the real replay rules (``replay_batch``, ``replay_epoch``, ``replay_seal``,
+  ``replay_confirm``, ``mark_damaged``). Requests name the server id they expect
+  (``WrongServer`` otherwise): a wiped server has a new id at the same address and no
+  replicas. A damaged record (a flipped byte on disk) is found by a read (or a replay) and
+  makes the replica damaged: ``ReplicaDamaged`` to SEAL, CREATE, APPEND and READ, for good.
 - :class:`SimPD`: the real catalog core (``pd.catalog.Catalog.apply``) behind the network,
   with the placement decided by the real placement core (``pd.placement``) before each
   command, like the PD does; a server is suspected (no new ranges) once it has been
@@ -46,9 +45,7 @@ from typing import Any
 
 from estream.wire.errors import (
     ChecksumMismatch,
-    Conflict,
     EstreamError,
-    OffsetGap,
     OffsetOutOfRange,
     RangeNotFound,
     Timeout,
@@ -62,6 +59,7 @@ from pd.commands import CreateStream, OpenWriter, RegisterServer, SealRange
 from pd.placement import Candidate, choose_replicas
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
+from rangeserver.refusals import create_refusal, seal_refusal
 from rangeserver.replica import ReplicaState, readable_end
 
 OnOk = Callable[[Any], None]
@@ -399,14 +397,8 @@ class SimRangeServer:
             self.replicas[key] = outcome.state
             if outcome.log:
                 self._log(Entry(key, control=wf.EpochRaised(stream_id, range_index, epoch)))
-        elif isinstance(outcome, rp.StartConflict):
-            raise Conflict(f"range {key} exists with start {outcome.start}, not {outcome.asked}")
-        elif isinstance(outcome, rp.DigestConflict):  # never: the simulation sends no digest
-            raise Conflict(f"range {key} exists with another digest")
-        elif isinstance(outcome, rp.Damaged):
-            raise rp.damaged_error(key)
         else:
-            raise rp.stale_error(outcome)
+            raise create_refusal(key, outcome)
         return self._later(lambda: self._get(key).end)
 
     def seal(
@@ -437,13 +429,7 @@ class SimRangeServer:
         if isinstance(outcome, rp.AlreadySealed):
             sealed_end = outcome.end
             return self._later(lambda: (sealed_end, True))
-        if isinstance(outcome, rp.SealConflict):
-            raise Conflict(f"range {key} cannot be sealed at {outcome.asked} (at {outcome.end})")
-        if isinstance(outcome, rp.Gap):
-            raise OffsetGap("short of the end", expected=outcome.expected, actual=outcome.actual)
-        if isinstance(outcome, rp.Damaged):
-            raise rp.damaged_error(key)
-        raise rp.stale_error(outcome)
+        raise seal_refusal(key, outcome)
 
     def confirm(
         self,

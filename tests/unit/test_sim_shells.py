@@ -1,0 +1,58 @@
+"""The simulator runs the real shells on its ports, and its copies of shells only shrink.
+
+tests/sim holds two kinds of ``Sim*`` classes: the ports' simulated sides (a loop on
+virtual time, its clock, the network, the disk), under which the real shells run
+unchanged; and copies of shells, written before the ports existed, which drive the cores
+the way a shell does (issue 29 deletes them as the real shells move onto the ports). A new
+``Sim*`` class must be a port: this test fails on a new copy, and on a copy deleted but
+still listed (so the list is kept honest as it shrinks).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM = ROOT / "tests" / "sim"
+PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk"})
+# Copies still to delete: file -> the classes that repeat a shell.
+COPIES_LEFT = {
+    "simwriter.py": {"SimWriter"},  # Writer._step, step type by step type
+    "simreader.py": {"SimReader"},  # a second ReadCursor driver (estream/sdk/reader.py)
+    "world.py": {"SimRangeServer", "SimPD"},  # the store and PD's service
+    "simnet.py": {"SimPool"},  # ConnectionPool, driving coroutines without a loop
+}
+REAL_SHELLS = {"RpcClient", "RpcServer", "ConnectionPool"}
+
+
+def _sim_classes() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in sorted(SIM.glob("*.py")):
+        if path.name.startswith("test_"):
+            continue  # the tests assemble a world (test_sim.py's Sim), they copy no shell
+        names = {node.name for node in ast.parse(path.read_text(), str(path)).body
+                 if isinstance(node, ast.ClassDef) and node.name.startswith("Sim")}
+        if names:
+            found[path.name] = names
+    return found
+
+
+def test_every_sim_class_is_a_port_or_a_listed_copy_still_to_delete() -> None:
+    found = _sim_classes()
+    copies = {f: names - PORTS for f, names in found.items() if names - PORTS}
+    assert copies == COPIES_LEFT, (
+        "a Sim* class in tests/sim must be a port's simulated side (run the real shell on "
+        "it); when a copy is deleted, delete it from COPIES_LEFT too")
+    assert set().union(*found.values()) >= PORTS
+
+
+def test_the_real_rpc_shell_runs_on_the_simulated_ports() -> None:
+    path = SIM / "test_seams.py"
+    imported = {
+        alias.name
+        for node in ast.parse(path.read_text(), str(path)).body
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("estream.net")
+        for alias in node.names
+    }
+    assert imported >= REAL_SHELLS
