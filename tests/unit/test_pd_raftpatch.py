@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from pd.shell import raftpatch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +46,8 @@ def test_a_renamed_name_is_reported_clearly() -> None:
 _PROBE = """
 import importlib, json, pkgutil
 import pd
+import pytest
+
 from pd.shell import raftpatch
 
 def current():
@@ -72,3 +76,16 @@ def test_importing_pd_changes_nothing_until_install() -> None:
                if seen["after_install"][name] != seen["before"][name]]
     assert sorted(changed) == sorted(f"{m}.{n}" for m, n in raftpatch.PATCHED_NAMES)
     assert seen["again"] == seen["after_install"] and seen["installed"]  # idempotent
+
+
+def test_install_refuses_another_pysyncobj_before_patching_anything(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import pysyncobj.syncobj
+
+    monkeypatch.setattr(raftpatch, "_installed", False)
+    monkeypatch.setattr(raftpatch, "PYSYNCOBJ_VERSION", "9.9.9")
+    journal_factory = pysyncobj.syncobj.createJournal
+    with pytest.raises(RuntimeError, match=r"pysyncobj 0\.3\.17 is installed.*9\.9\.9"):
+        raftpatch.install()
+    assert pysyncobj.syncobj.createJournal is journal_factory
+    assert not raftpatch.installed()

@@ -41,6 +41,8 @@ def test_plan_flush_worked_example() -> None:
 
 @pytest.mark.parametrize(("message", "cap", "expected"), [
     (ack(15), 11, ack(11)),
+    (ack(12), 11, ack(11)),
+    (ack(11), 11, ack(11)),
     (ack(9), 11, ack(9)),
     (ack(15, success=False), 11, ack(15, success=False)),
     (ack(15), None, ack(15)),
