@@ -47,14 +47,16 @@ Retries after an unknown outcome are absorbed: a ``create_stream`` with the same
 id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an offset
 already trimmed, and a ``register_*`` with the same data return the current state.
 
+The records, the view, the limits and the checks of a command's own fields are in
+:mod:`pd.catalogmodel`; the object tier's commands in :mod:`pd.catalogobjects` (both
+re-exported here).
+
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -64,18 +66,36 @@ from estream.wire.errors import (
     Conflict,
     Fenced,
     InvalidArgument,
-    RangeNotFound,
     RangeSealed,
     ServerNotFound,
     StreamExists,
-    StreamNotFound,
 )
 from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo, StreamMeta
 from estream.wire.protocol import parse_address
-from estream.wire.record import DIGESTS
+from pd.catalogmodel import (
+    SNAPSHOT_VERSION,
+    CatalogView,
+    PdNode,
+    PreparedObject,
+    Result,
+    check_epoch,
+    check_server_id,
+    check_stream_args,
+    expire_keys_max,
+    find_range,
+    incarnation,
+    new_limit,
+    object_key_chars_max,
+    pack_members_max,
+    prepared_max,
+    replicas_max,
+    server_id_chars_max,
+    stream_name_chars_max,
+    stream_type_chars_max,
+    with_range,
+)
+from pd.catalogobjects import ObjectTierCommands
 from pd.commands import (
-    RETENTION_NONE,
-    RETENTION_UNCHANGED,
     Command,
     CommitCursor,
     CommitObject,
@@ -90,7 +110,6 @@ from pd.commands import (
     ObjectDamaged,
     ObjectsDeleted,
     OpenWriter,
-    PackMember,
     PrepareObject,
     PreparePack,
     RecordRangeStats,
@@ -103,113 +122,17 @@ from pd.commands import (
 )
 from pd.pmap import PMap
 from pd.rangelist import RangeList
-from pd.retention import check_cursor, check_retention, cursors_per_stream_max
+from pd.retention import check_cursor, cursors_per_stream_max
 
-replicas_max: Final = 5
-stream_name_chars_max: Final = 200
-stream_type_chars_max: Final = 64
-server_id_chars_max: Final = 128
-object_key_chars_max: Final = 512
-prepared_max: Final = 10_000  # prepared objects at once (uploads in flight or abandoned)
-expire_keys_max: Final = 1_000  # keys one expire_prepared names
-pack_members_max: Final = 128  # ranges in one packed object (a commit stays well under 64 KiB)
-SNAPSHOT_VERSION: Final = 1  # fields added since ("prepared", ...) are optional on restore
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-
-@dataclass(frozen=True, slots=True)
-class PdNode:
-    """A placement-driver node's id and its three addresses."""
-
-    id: str
-    raft: str
-    rpc: str
-    http: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "raft": self.raft, "address": self.rpc, "http": self.http}
+__all__ = [
+    "SNAPSHOT_VERSION", "Catalog", "CatalogView", "PdNode", "PreparedObject", "Result",
+    "check_stream_args", "expire_keys_max", "incarnation", "object_key_chars_max",
+    "pack_members_max", "prepared_max", "replicas_max", "server_id_chars_max",
+    "stream_name_chars_max", "stream_type_chars_max", "with_range",
+]
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedObject:
-    """An upload under way (or abandoned): ``object_key`` may be committed for range
-    ``range_index`` ``[start, end)`` of stream ``name`` (id ``stream_id``) until it
-    expires; past ``deadline_ms`` (wall-clock ms) the sweeper expires it and deletes
-    the object."""
-
-    object_key: str
-    name: str
-    stream_id: int
-    range_index: int
-    start: int
-    end: int
-    deadline_ms: int
-    # A packed object's ranges (prepare_pack; the fields above are its first one's);
-    # empty for a one-range prepare_object.
-    members: tuple[PackMember, ...] = field(default=(), kw_only=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.object_key, "name": self.name, "stream_id": self.stream_id,
-                "range_index": self.range_index, "start": self.start, "end": self.end,
-                "deadline_ms": self.deadline_ms} | (
-            {"members": [m.to_dict() for m in self.members]} if self.members else {})
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> PreparedObject:
-        return cls(str(d["key"]), str(d["name"]), int(d["stream_id"]), int(d["range_index"]),
-                   int(d["start"]), int(d["end"]), int(d["deadline_ms"]),
-                   members=tuple(PackMember.from_dict(m) for m in d.get("members", ())))
-
-    def names(self, stream_id: int, range_index: int, start: int, end: int) -> bool:
-        """Whether this is a one-range record of exactly that range."""
-        return not self.members and (self.stream_id, self.range_index, self.start,
-                                     self.end) == (stream_id, range_index, start, end)
-
-
-Result = StreamMeta | ServerInfo | PdNode | None
-
-
-@dataclass(frozen=True, slots=True)
-class CatalogView:
-    """An immutable snapshot of the catalog for readers (safe to share across threads).
-
-    Taking one copies nothing: its maps are the catalog's own, which the catalog never
-    changes but replaces (persistent :class:`~pd.pmap.PMap` for what grows with the
-    streams, copy-on-write dicts for servers and PD nodes). Streams, cursors, prepared
-    records and object references iterate in key order."""
-
-    streams: Mapping[str, StreamMeta]
-    servers: Mapping[str, ServerInfo]
-    pd_nodes: Mapping[str, PdNode]
-    version: int
-    open_ranges: Mapping[str, int]  # server id -> open ranges it holds
-    next_stream_id: int = 1  # every id below it was given to a stream (maybe deleted since)
-    cursors: Mapping[str, Mapping[str, int]] = field(  # stream -> cursor -> offset
-        default_factory=lambda: MappingProxyType({}), kw_only=True)
-    draining: frozenset[str] = frozenset()  # servers being drained (pd/drain.py)
-    prepared: Mapping[str, PreparedObject] = field(  # object key -> its prepared record
-        default_factory=lambda: MappingProxyType({}), kw_only=True)
-    # object key -> the (stream id, range index) of every range naming it
-    object_refs: Mapping[str, frozenset[tuple[int, int]]] = field(
-        default_factory=lambda: MappingProxyType({}), kw_only=True)
-    unreferenced: tuple[str, ...] = field(default=(), kw_only=True)  # to delete, in order
-    ranges_total: int = field(default=-1, kw_only=True)  # ranges of every stream (-1: count)
-
-    def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
-        """The stream named ``name`` (with ``stream_id`` > 0: only that incarnation of
-        it); StreamNotFound otherwise."""
-        return incarnation(self.streams.get(name), name, stream_id)
-
-    def range_count(self) -> int:
-        if self.ranges_total >= 0:
-            return self.ranges_total
-        return sum(len(s.ranges) for s in self.streams.values())
-
-    def open_ranges_by_server(self) -> dict[str, int]:
-        """How many open ranges each server holds (placement's load measure)."""
-        return {k: v for k, v in self.open_ranges.items() if v}
-
-
-class Catalog:
+class Catalog(ObjectTierCommands):
     """The catalog state and its single entry point :meth:`apply`."""
 
     # Every map a view shares is replaced, never changed: the streams, cursors, prepared
@@ -277,44 +200,6 @@ class Catalog:
         if not keys_same and (old is None or stream is None or old.ranges is not stream.ranges):
             self._track_refs(old, stream)
 
-    def _track_refs(self, old: StreamMeta | None, new: StreamMeta | None) -> None:
-        """Keep :attr:`_refs` in step with a stream replaced by ``new`` (None: deleted);
-        a key left with no reference is listed as unreferenced."""
-        before = {(r.object_key, old.id, r.index) for r in old.ranges
-                  if r.object_key} if old is not None else set()
-        after = {(r.object_key, new.id, r.index) for r in new.ranges
-                 if r.object_key} if new is not None else set()
-        if before != after:
-            self._change_refs(after - before, before - after)
-
-    def _change_refs(self, added: set[tuple[str, int, int]],
-                     removed: set[tuple[str, int, int]]) -> None:
-        """Add and remove references ``(object key, stream id, range index)``; a key
-        left with none is listed as unreferenced."""
-        refs, listed = self._refs, False
-        for key, sid, index in sorted(added):
-            refs = refs.set(key, refs.get(key, frozenset()) | {(sid, index)})
-            listed |= self._unreferenced.pop(key, 0) is None
-        for key, sid, index in sorted(removed):
-            left = refs.get(key, frozenset()) - {(sid, index)}
-            if left:
-                refs = refs.set(key, left)
-            else:
-                refs = refs.delete(key)
-                self._unreferenced[key] = None
-                listed = True
-        self._refs = refs
-        if listed:
-            self._unreferenced_keys = tuple(self._unreferenced)
-
-    def _rekey(self, stream_id: int, old: RangeMeta, key: str | None) -> None:
-        """The references after range ``old`` of stream ``stream_id`` changed its object
-        key to ``key`` (one range: no walk over the stream's others)."""
-        if old.object_key != key:
-            self._change_refs(
-                {(key, stream_id, old.index)} if key else set(),
-                {(old.object_key, stream_id, old.index)} if old.object_key else set())
-
     def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
         return incarnation(self._streams.get(name), name, stream_id)
 
@@ -329,7 +214,7 @@ class Catalog:
         return result
 
     def _register_server(self, cmd: RegisterServer) -> ServerInfo:
-        _check_server_id(cmd.server_id)
+        check_server_id(cmd.server_id)
         parse_address(cmd.address)
         if cmd.storage_class not in STORAGE_CLASSES:
             raise InvalidArgument(
@@ -391,14 +276,14 @@ class Catalog:
         return stream
 
     def _delete_stream(self, cmd: DeleteStream) -> None:
-        _check_epoch(self.stream(cmd.name, cmd.stream_id), cmd.expected_epoch)
+        check_epoch(self.stream(cmd.name, cmd.stream_id), cmd.expected_epoch)
         self._put(cmd.name, None)
         self._request_ids.pop(cmd.name, None)
         self._cursors = self._cursors.delete(cmd.name)
 
     def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
         current = self.stream(cmd.name, cmd.stream_id)
-        _check_epoch(current, cmd.expected_epoch)
+        check_epoch(current, cmd.expected_epoch)
         stream = replace(current, epoch=current.epoch + 1)
         self._put(cmd.name, stream)
         return stream
@@ -413,7 +298,7 @@ class Catalog:
             )
         if cmd.epoch > stream.epoch:
             raise Conflict(f"stream {cmd.name!r}: epoch {cmd.epoch} was never issued")
-        target = _find_range(stream, cmd.range_index)
+        target = find_range(stream, cmd.range_index)
         if target.sealed:
             if target.end == cmd.end and stream.range_at(cmd.range_index + 1):
                 return stream  # a retry of a seal that already landed
@@ -478,8 +363,8 @@ class Catalog:
 
     def _set_retention(self, cmd: SetRetention) -> StreamMeta:
         stream = self.stream(cmd.name)
-        ms = _new_limit(cmd.retention_ms, stream.retention_ms, "retention_ms")
-        size = _new_limit(cmd.retention_bytes, stream.retention_bytes, "retention_bytes")
+        ms = new_limit(cmd.retention_ms, stream.retention_ms, "retention_ms")
+        size = new_limit(cmd.retention_bytes, stream.retention_bytes, "retention_bytes")
         if (ms, size) == (stream.retention_ms, stream.retention_bytes):
             return stream  # nothing changes (a retry, or both unchanged)
         stream = replace(stream, retention_ms=ms, retention_bytes=size)
@@ -488,7 +373,7 @@ class Catalog:
 
     def _record_range_stats(self, cmd: RecordRangeStats) -> StreamMeta:
         stream = self.stream(cmd.name, cmd.stream_id)
-        target = _find_range(stream, cmd.range_index)
+        target = find_range(stream, cmd.range_index)
         if target.end != cmd.end:
             raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is not sealed at "
                            f"{cmd.end}")
@@ -502,7 +387,7 @@ class Catalog:
 
     def _update_replicas(self, cmd: UpdateReplicas) -> StreamMeta:
         stream = self.stream(cmd.name, cmd.stream_id)
-        target = _find_range(stream, cmd.range_index)
+        target = find_range(stream, cmd.range_index)
         if not target.sealed:
             raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is open; seal it first")
         if target.tier == "object" and not target.replicas:
@@ -550,192 +435,6 @@ class Catalog:
             raise ServerNotFound(f"no range server {server_id!r} is registered",
                                  server_id=server_id)
         return found
-
-    def _commit_object(self, cmd: CommitObject) -> StreamMeta:
-        stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
-        if not target.sealed or (target.start, target.end) != (cmd.start, cmd.end):
-            raise Conflict(
-                f"stream {cmd.name!r} range {cmd.range_index} is [{target.start}, "
-                f"{target.end}), not a sealed [{cmd.start}, {cmd.end})")
-        if not cmd.object_key:
-            raise InvalidArgument("empty object key", argument="object_key")
-        if target.tier == "object":
-            if target.object_key == cmd.object_key:
-                return stream  # a retry of a commit that landed
-            if not (cmd.replaces and cmd.replaces == target.object_key and target.replicas):
-                raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is already in "
-                               f"the object tier as {target.object_key!r}")
-        if cmd.prepared:
-            record = self._prepared.get(cmd.object_key)
-            if record is None or not record.names(stream.id, target.index, cmd.start, cmd.end):
-                raise Conflict(f"object {cmd.object_key!r} is not prepared for stream "
-                               f"{cmd.name!r} range {cmd.range_index} (expired?)")
-        tiered = replace(target, tier="object", object_key=cmd.object_key, object_part=None)
-        stream = with_range(stream, tiered)
-        self._put(cmd.name, stream, keys_same=True)  # (one key changed: moved below)
-        self._rekey(stream.id, target, cmd.object_key)
-        self._prepared = self._prepared.delete(cmd.object_key)
-        return stream
-
-    def _prepare_object(self, cmd: PrepareObject) -> StreamMeta:
-        stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
-        if not cmd.object_key or len(cmd.object_key) > object_key_chars_max:
-            raise InvalidArgument(f"bad object key {cmd.object_key!r}", argument="object_key")
-        if cmd.deadline_ms < 0:
-            raise InvalidArgument("deadline_ms must be >= 0", argument="deadline_ms")
-        if not target.sealed or (target.start, target.end) != (cmd.start, cmd.end):
-            raise Conflict(
-                f"stream {cmd.name!r} range {cmd.range_index} is [{target.start}, "
-                f"{target.end}), not a sealed [{cmd.start}, {cmd.end})")
-        if target.object_key == cmd.object_key:
-            return stream  # committed already: a late retry of its prepare changes nothing
-        existing = self._prepared.get(cmd.object_key)
-        if existing is not None:
-            if existing.names(stream.id, target.index, cmd.start, cmd.end):
-                return stream  # a retry
-            raise Conflict(f"object {cmd.object_key!r} is prepared for another range")
-        if target.tier == "object" and not target.replicas:
-            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is in the object "
-                           "tier without local replicas: nothing to upload")
-        if len(self._prepared) >= prepared_max:
-            raise Conflict(f"{len(self._prepared)} objects are prepared already, the most "
-                           "there may be; the sweeper expires abandoned ones")
-        self._prepared = self._prepared.set(cmd.object_key, PreparedObject(
-            cmd.object_key, cmd.name, stream.id, target.index, cmd.start, cmd.end,
-            cmd.deadline_ms))
-        return stream
-
-    def _prepare_pack(self, cmd: PreparePack) -> None:
-        if not cmd.object_key or len(cmd.object_key) > object_key_chars_max:
-            raise InvalidArgument(f"bad object key {cmd.object_key!r}", argument="object_key")
-        if cmd.deadline_ms < 0:
-            raise InvalidArgument("deadline_ms must be >= 0", argument="deadline_ms")
-        if not 1 <= len(cmd.members) <= pack_members_max:
-            raise InvalidArgument(f"a pack holds 1..{pack_members_max} ranges",
-                                  argument="members")
-        if len({(m.stream_id, m.range_index) for m in cmd.members}) != len(cmd.members):
-            raise InvalidArgument("a range twice in one pack", argument="members")
-        existing = self._prepared.get(cmd.object_key)
-        if existing is not None:
-            if _planned(existing.members) == _planned(cmd.members):
-                return  # a retry
-            raise Conflict(f"object {cmd.object_key!r} is prepared for other ranges")
-        if cmd.object_key in self._refs or cmd.object_key in self._unreferenced:
-            raise Conflict(f"object {cmd.object_key!r} was committed already")
-        for m in cmd.members:
-            _, target = self._object_range(m.name, m.stream_id, m.range_index)
-            if not target.sealed or (target.start, target.end) != (m.start, m.end):
-                raise Conflict(f"stream {m.name!r} range {m.range_index} is [{target.start}, "
-                               f"{target.end}), not a sealed [{m.start}, {m.end})")
-        if len(self._prepared) >= prepared_max:
-            raise Conflict(f"{len(self._prepared)} objects are prepared already, the most "
-                           "there may be; the sweeper expires abandoned ones")
-        first = cmd.members[0]
-        self._prepared = self._prepared.set(cmd.object_key, PreparedObject(
-            cmd.object_key, first.name, first.stream_id, first.range_index, first.start,
-            first.end, cmd.deadline_ms, members=tuple(replace(m, part=None)
-                                                     for m in cmd.members)))
-
-    def _commit_pack(self, cmd: CommitPack) -> None:
-        key = cmd.object_key
-        record = self._prepared.get(key)
-        if record is None or _planned(record.members) != _planned(cmd.members):
-            live = [r for r in (self._live_range(m) for m in cmd.members) if r is not None]
-            if live and all(r.object_key == key for r in live):
-                return  # a retry of a commit that landed
-            raise Conflict(f"object {key!r} is not prepared with these ranges (expired?)")
-        adopted: dict[str, list[tuple[RangeMeta, RangeMeta]]] = {}
-        for m in cmd.members:
-            if m.part is None or not 0 <= m.part.data_start <= m.part.data_end or not (
-                    0 <= m.part.index_start <= m.part.index_end):
-                raise InvalidArgument(f"pack member {m.range_index} of {m.name!r} has no "
-                                      "valid part", argument="members")
-            target = self._live_range(m)
-            if target is None or target.object_key == key:
-                continue  # stream deleted or recreated, range trimmed; or done already
-            if not target.sealed or (target.start, target.end) != (m.start, m.end):
-                raise Conflict(f"stream {m.name!r} range {m.range_index} is [{target.start}, "
-                               f"{target.end}), not a sealed [{m.start}, {m.end})")
-            if cmd.compaction:
-                if target.object_key is None or target.object_key != m.replaces:
-                    continue  # moved on since the plan (compare-and-set)
-            elif target.tier == "object" and not (
-                    m.replaces and m.replaces == target.object_key and target.replicas):
-                continue  # committed under another key meanwhile
-            tiered = replace(target, tier="object", object_key=key, object_part=m.part)
-            adopted.setdefault(m.name, []).append((target, tiered))
-        if not adopted:
-            raise Conflict(f"object {key!r}: none of its ranges can take it any more")
-        for name, changes in adopted.items():
-            new = {id(old): tiered for old, tiered in changes}
-            stream = self.stream(name)
-            self._put(name, replace(stream, ranges=tuple(
-                new.get(id(r), r) for r in stream.ranges)))
-        self._prepared = self._prepared.delete(key)
-
-    def _live_range(self, m: PackMember) -> RangeMeta | None:
-        """The range a pack member names, if its stream (same id) still has it."""
-        stream = self._streams.get(m.name)
-        if stream is None or stream.id != m.stream_id:
-            return None
-        return stream.range_at(m.range_index)
-
-    def _objects_deleted(self, cmd: ObjectsDeleted) -> None:
-        if len(cmd.object_keys) > expire_keys_max:
-            raise InvalidArgument(f"objects_deleted names {len(cmd.object_keys)} keys, at "
-                                  f"most {expire_keys_max}", argument="object_keys")
-        before = len(self._unreferenced)
-        for key in cmd.object_keys:
-            self._unreferenced.pop(key, None)
-        if len(self._unreferenced) != before:
-            self._unreferenced_keys = tuple(self._unreferenced)
-
-    def _object_damaged(self, cmd: ObjectDamaged) -> None:
-        """Members still naming the damaged key, with replicas, go back to "local"."""
-        if not cmd.object_key or len(cmd.object_key) > object_key_chars_max:
-            raise InvalidArgument(f"bad object key {cmd.object_key!r}", argument="object_key")
-        if not 1 <= len(cmd.members) <= pack_members_max:
-            raise InvalidArgument(f"object_damaged names 1..{pack_members_max} ranges",
-                                  argument="members")
-        back: dict[str, list[RangeMeta]] = {}
-        for m in cmd.members:
-            target = self._live_range(m)
-            if target is None or target.object_key != cmd.object_key or not target.replicas:
-                continue  # gone, moved on, or released: nothing to upload again from
-            if not target.sealed or (target.start, target.end) != (m.start, m.end):
-                continue  # (a range naming a key is sealed; another span: another range)
-            back.setdefault(m.name, []).append(target)
-        for name, targets in back.items():
-            stream = self.stream(name)
-            self._put(name, replace(stream, ranges=tuple(
-                replace(r, tier="local", object_key=None, object_part=None)
-                if any(r is t for t in targets) else r for r in stream.ranges)))
-
-    def _expire_prepared(self, cmd: ExpirePrepared) -> None:
-        if len(cmd.object_keys) > expire_keys_max:
-            raise InvalidArgument(f"expire_prepared names {len(cmd.object_keys)} keys, at "
-                                  f"most {expire_keys_max}", argument="object_keys")
-        for key in cmd.object_keys:
-            record = self._prepared.get(key)
-            if record is not None and record.deadline_ms <= cmd.now_ms:
-                self._prepared = self._prepared.delete(key)
-
-    def _drop_local_replicas(self, cmd: DropLocalReplicas) -> StreamMeta:
-        stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
-        if target.tier != "object" or target.object_key != cmd.object_key:
-            raise Conflict(f"stream {cmd.name!r} range {cmd.range_index} is not in the "
-                           f"object tier as {cmd.object_key!r}")
-        if not target.replicas:
-            return stream  # a retry
-        stream = with_range(stream, replace(target, replicas=()))
-        self._put(cmd.name, stream, keys_same=True)
-        return stream
-
-    def _object_range(self, name: str, stream_id: int, index: int) -> tuple[StreamMeta, RangeMeta]:
-        stream = self.stream(name)
-        if stream.id != stream_id:
-            raise Conflict(f"stream {name!r} is id {stream.id} now, not {stream_id}")
-        return stream, _find_range(stream, index)
 
     def _replica_refs(self, ids: tuple[str, ...], expected: int | None) -> tuple[ReplicaRef, ...]:
         if expected is not None and len(ids) != expected:
@@ -807,107 +506,6 @@ class Catalog:
         except Exception as exc:
             raise InvalidArgument(f"corrupt catalog snapshot: {exc}", argument="snapshot") from None
         return catalog
-
-
-def _check_server_id(server_id: str) -> None:
-    if not server_id or len(server_id) > server_id_chars_max:
-        raise InvalidArgument(f"bad server id {server_id!r}", argument="server_id")
-
-
-def check_stream_args(cmd: CreateStream) -> None:
-    """Validate a create_stream's own arguments (not the catalog-dependent ones)."""
-    if len(cmd.name) > stream_name_chars_max or not _NAME_RE.fullmatch(cmd.name):
-        raise InvalidArgument(
-            f"bad stream name {cmd.name!r}: letters, digits, '.', '_', '-' "
-            f"(not starting with '.' or '-'), at most {stream_name_chars_max}",
-            argument="name",
-        )
-    if not 1 <= cmd.replicas <= replicas_max:
-        raise InvalidArgument(f"replicas must be 1..{replicas_max}", argument="replicas")
-    if not 1 <= cmd.ack_count <= cmd.replicas:
-        raise InvalidArgument("ack_count must be 1..replicas", argument="ack_count")
-    if len(cmd.type) > stream_type_chars_max:
-        raise InvalidArgument("stream type too long", argument="type")
-    if cmd.type.startswith(".") and not cmd.system:
-        raise InvalidArgument(
-            f"stream type {cmd.type!r} is reserved for the system", argument="type"
-        )
-    bad = [h for h in cmd.hints if h not in STORAGE_CLASSES]
-    if bad:
-        raise InvalidArgument(f"unknown storage hints {bad}", argument="hints")
-    check_retention(cmd.retention_ms or None, cmd.retention_bytes or None)
-    if cmd.digest not in DIGESTS:
-        raise InvalidArgument(
-            f"unknown digest {cmd.digest!r}: one of {', '.join(DIGESTS)}", argument="digest")
-
-
-def incarnation(found: StreamMeta | None, name: str, stream_id: int = 0) -> StreamMeta:
-    """``found`` (the stream now named ``name``) if it is the incarnation ``stream_id``
-    (0: any); else StreamNotFound. A name is reused when a stream is deleted and created
-    again; an id never is, so a request of the old incarnation never acts on the new one.
-
-    >>> s = StreamMeta(7, "orders")
-    >>> incarnation(s, "orders").id, incarnation(s, "orders", 7).id
-    (7, 7)
-    >>> incarnation(s, "orders", 3)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    estream.wire.errors.StreamNotFound: stream 'orders' (id 3) not found: the name is ...
-    """
-    if found is None:
-        raise StreamNotFound(f"stream {name!r} not found", stream=name)
-    if stream_id > 0 and found.id != stream_id:
-        raise StreamNotFound(
-            f"stream {name!r} (id {stream_id}) not found: the name is stream id {found.id} "
-            "now (deleted and created again)", stream=name)
-    return found
-
-
-def _new_limit(value: int, current: int | None, name: str) -> int | None:
-    """A ``set_retention`` field applied to the current limit (None: no limit)."""
-    if value < RETENTION_UNCHANGED:
-        raise InvalidArgument(f"{name} must be > 0 (a limit), {RETENTION_NONE} (none) or "
-                              f"{RETENTION_UNCHANGED} (unchanged), not {value}", argument=name)
-    return current if value == RETENTION_UNCHANGED else value or None
-
-
-def _check_epoch(stream: StreamMeta, expected: int) -> None:
-    """Compare-and-set on the epoch (``expected`` < 0: no check)."""
-    if expected >= 0 and stream.epoch != expected:
-        raise Conflict(
-            f"stream {stream.name!r} is at epoch {stream.epoch}, not the expected {expected} "
-            "(a writer opened meanwhile)"
-        )
-
-
-def _planned(members: tuple[PackMember, ...]) -> tuple[tuple[object, ...], ...]:
-    """What a prepare plans of a pack (its parts are known only at the commit)."""
-    return tuple((m.name, m.stream_id, m.range_index, m.start, m.end, m.replaces)
-                 for m in members)
-
-
-def with_range(stream: StreamMeta, new: RangeMeta) -> StreamMeta:
-    """``stream`` with its range of ``new``'s index replaced by ``new``: found by position
-    (ranges are contiguous by index), one chunk copied, no walk over the others.
-
-    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(4, 0, 5, ()), RangeMeta(5, 5, None, ())))
-    >>> with_range(s, RangeMeta(4, 0, 5, (), size_bytes=9)).ranges[0].size_bytes
-    9
-    """
-    at = new.index - stream.ranges[0].index if stream.ranges else -1
-    assert 0 <= at < len(stream.ranges) and stream.ranges[at].index == new.index, new.index
-    return replace(stream, ranges=RangeList.of(stream.ranges).replace_at(at, new))
-
-
-def _find_range(stream: StreamMeta, index: int) -> RangeMeta:
-    found = stream.range_at(index)
-    if found is None:
-        raise RangeNotFound(
-            f"stream {stream.name!r} has no range {index}",
-            stream_id=stream.id,
-            range_index=index,
-        )
-    return found
 
 
 _HANDLERS: Final[dict[type[Any], Any]] = {

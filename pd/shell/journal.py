@@ -292,7 +292,7 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
                                start)
 
     def _truncate(self, keep: int) -> None:
-        # Raft cuts a follower's log only at a conflict (pd.shell.raft.trim_append): the
+        # Raft cuts a follower's log only at a conflict (pd.raftrules.trim_append): the
         # cut entries were never committed, and the lower durable_index says they are gone.
         # Their bytes become zeros (unused space), the file keeps its length.
         if keep >= len(self._entries):

@@ -1,6 +1,7 @@
 """One placement-driver node: Raft replica + RPC port + admin HTTP port, assembled.
 
-Side effects: starts pysyncobj's thread and two listening sockets; a background task
+Side effects: starts Raft on the event loop (:meth:`pd.shell.raft.RaftNode.start`, which
+installs PD's patches of pysyncobj) and two listening sockets; a background task
 publishes this node's id and addresses through Raft (so every node can name the leader),
 another runs repair rounds while this node leads (:mod:`pd.shell.repairer`), another tells
 range servers to drop replicas of deleted streams and trimmed ranges (:mod:`pd.shell.reclaimer`),

@@ -48,7 +48,7 @@ with the old ones after the first and moves to the new ones with the second (one
 election).
 
 Side effects: none beyond pysyncobj's sockets (installing :class:`RaftConnection` replaces
-pysyncobj's module-level names; :mod:`pd.shell.raft` does it).
+pysyncobj's module-level names: :func:`pd.shell.raftpatch.install` does it).
 """
 
 from __future__ import annotations

@@ -440,8 +440,8 @@ def test_unavailable_is_retriable() -> None:
 
 async def test_the_sweep_pages_through_a_large_store(rig: Rig,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import pd.shell.offloader as offloader_module
-    monkeypatch.setattr(offloader_module, "sweep_list_max", 2)
+    import pd.shell.objectcleanup as cleanup_module
+    monkeypatch.setattr(cleanup_module, "sweep_list_max", 2)
     orphans = {object_key(rig.stream.id, 0, f"t1-{i}") for i in range(3)}
     for key in orphans:
         await rig.store.put(key, b"abandoned")
@@ -1117,11 +1117,11 @@ async def test_releases_go_on_while_a_put_hangs(rig: Rig) -> None:
 async def test_the_next_round_comes_as_soon_as_work_is_due(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pd.shell.offloader as offloader_module
+    import pd.shell.offloadupload as upload_module
     assert await rig.offloader.round() == 1_000  # s/0 due in 1 s (the delay)
     rig.service.now_ms += 400
     assert await rig.offloader.round() == 600
-    monkeypatch.setattr(offloader_module, "uploads_per_round_max", 1)
+    monkeypatch.setattr(upload_module, "uploads_per_round_max", 1)
     second_stream(rig)
     rig.offloader.sealed_since[(t0_id(rig), 0)] = rig.service.now_ms - 1_000
     rig.offloader.object_size_bytes = 1

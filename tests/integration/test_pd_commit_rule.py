@@ -21,6 +21,7 @@ from estream.devcluster.process import free_port
 from estream.wire.errors import EstreamError, Timeout, Unavailable
 from estream.wire.meta import StreamMeta
 from pd.commands import CreateStream, RegisterServer
+from pd.shell import raftpatch
 from pd.shell.journal import ChecksummedJournal
 from pd.shell.raft import RaftNode
 from pd.shell.raftwire import RaftConnection
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 
 def _journal(node: RaftNode) -> ChecksummedJournal:
-    journal = node._sync._SyncObj__raftLog
+    journal = raftpatch.raft_log(node._sync)
     assert isinstance(journal, ChecksummedJournal)
     return journal
 
@@ -63,7 +64,7 @@ def _pin(leader: RaftNode, followers: list[RaftNode]) -> None:
     for follower in followers:
         conf = follower._sync.conf
         conf.raftMinTimeout, conf.raftMaxTimeout = 60.0, 61.0
-        follower._sync._SyncObj__raftElectionDeadline = raft_clock() + 60.0
+        raftpatch.set_election_deadline(follower._sync, raft_clock() + 60.0)
     leader._sync.conf.leaderFallbackTimeout = 60.0
 
 
@@ -173,7 +174,7 @@ async def test_the_answer_leaves_before_the_commit_index_and_followers_still_lea
                          5.0)
         assert answered_first > 0, "every answer waited for the commit index to be sent"
         assert all(f"s{i}" in f.view().streams for f in followers for i in range(20))
-        transport = leader._sync._SyncObj__transport
+        transport = raftpatch.transport(leader._sync)
         assert all(isinstance(c, RaftConnection) and c._sent > 0
                    for c in transport._connections.values())
     finally:
@@ -226,8 +227,8 @@ def _elect_soon(nodes: list[RaftNode], first: RaftNode) -> None:
     for node in nodes:
         conf = node._sync.conf
         conf.raftMinTimeout, conf.raftMaxTimeout = 0.4, 1.2
-        node._sync._SyncObj__raftElectionDeadline = raft_clock() + (
-            0.0 if node is first else 2.0)
+        raftpatch.set_election_deadline(node._sync, raft_clock() + (
+            0.0 if node is first else 2.0))
 
 
 async def _settled(three: list[RaftNode]) -> tuple[RaftNode, list[RaftNode], int]:
@@ -338,7 +339,7 @@ async def test_a_follower_keeps_the_synced_entries_a_leader_resends(
 
     def lower() -> None:  # on the leader's tick thread
         if not lowered.is_set():
-            next_index = leader._sync._SyncObj__raftNextIndex
+            next_index = raftpatch.next_indexes(leader._sync)
             for node in list(next_index):
                 if node.id == target.self_address:
                     next_index[node] = last - 6

@@ -17,6 +17,7 @@ from estream.wire.protocol import Opcode
 from pd.catalog import PdNode
 from pd.commands import CreateStream, OpenWriter, RegisterServer
 from pd.paging import StreamPage
+from pd.shell import raftpatch
 from pd.shell.journal import ChecksummedJournal
 from pd.shell.raft import RaftNode
 from pd.shell.service import PdService
@@ -93,7 +94,7 @@ async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> Non
             assert time.monotonic() < deadline, "no snapshot was written"
             await node.propose(OpenWriter("s5"))
         assert node.status().log_entries < 60  # the journal was compacted
-        journal = node._sync._SyncObj__raftLog
+        journal = raftpatch.raft_log(node._sync)
         assert isinstance(journal, ChecksummedJournal) and journal.syncs > 0
         before = node.view().streams
     finally:
@@ -124,7 +125,7 @@ def test_raft_messages_unpickle_primitives_only() -> None:
 
     import pysyncobj.pickle as pysyncobj_pickle
 
-    import pd.shell.raft  # noqa: F401 - installs the restricted unpickler
+    raftpatch.install()  # the restricted unpickler (RaftNode.start installs it)
 
     message = {"type": "append_entries", "entries": [(b"\x00cmd", 5, 2)], "ids": {1, 2},
                "commit_index": 4, "serialized": None, "text": "x"}

@@ -327,3 +327,12 @@ def test_commands_naming_another_incarnation_are_refused_as_stream_not_found(
     assert catalog.view().stream("orders", new.id) == catalog.stream("orders")
     with pytest.raises(StreamNotFound):
         catalog.view().stream("orders", old.id)
+
+
+def test_catalogmodel_doctests() -> None:
+    import doctest
+
+    import pd.catalogmodel
+
+    assert doctest.testmod(pd.catalogmodel).attempted > 0
+    assert doctest.testmod(pd.catalogmodel).failed == 0

@@ -8,13 +8,13 @@ import socket
 
 from pysyncobj.poller import POLL_EVENT_TYPE
 
-from pd.shell.raft import _LoopPoller
+from pd.shell.raftpoller import LoopPoller
 
 
 async def test_events_held_while_paused_are_handled_on_resume() -> None:
     loop = asyncio.get_running_loop()
     calls: list[str] = []
-    poller = _LoopPoller(loop, lambda: calls.append("before"), lambda: calls.append("after"))
+    poller = LoopPoller(loop, lambda: calls.append("before"), lambda: calls.append("after"))
     a, b = socket.socketpair()
     a.setblocking(False)
     b.setblocking(False)

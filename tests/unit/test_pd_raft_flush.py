@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pd.shell.raft import plan_flush, trim_append
+from pd.raftrules import plan_flush, trim_append
 
 
 def append(prev: int, entries: list[int], *, commit: int = 0, term: int = 2,
