@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from estream.wire import limits
-from pd.paging import stream_name_bytes_max, streams_page_default, streams_page_max
+from estream.wire.fields import stream_name_bytes_max, streams_page_default, streams_page_max
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -58,23 +58,29 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
+from estream.wire.fields import (
+    page_after,
+    page_limit,
+    streams_page_default,
+    streams_page_max,
+    window_args,
+)
+from estream.wire.pdmessages import (
+    RETENTION_FIELDS,
+    CreateStreamRequest,
+    SetRetentionRequest,
+    retention_changes,
+)
 from estream.wire.roles import ALL_ROLES, certificate_role, http_action, permits_any
 from pd.crosssite import cross_site_refusal
 from pd.drain import under_replicated
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
-from pd.paging import (
-    page_after,
-    page_limit,
-    ranges_window,
-    stream_answer,
-    streams_page_default,
-    streams_page_max,
-    window_args,
-)
+from pd.paging import ranges_window, stream_answer
+from pd.retention import cursor_rows
 from pd.shell.console import RangesReport, add_operator_routes, with_drain_outlooks
 from pd.shell.raft import RaftStatus
-from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
+from pd.shell.service import PdService
 from pd.validate import check_request
 
 _STATUS: dict[type[EstreamError], int] = {
@@ -91,10 +97,6 @@ _STATUS: dict[type[EstreamError], int] = {
 }
 _STATUS[OffsetOutOfRange] = 400  # a cursor past the readable end
 _STATUS[DigestKeyMissing] = 403  # the record browser on an hmac-sha256 stream (no secret)
-_CREATE_FIELDS: dict[str, type] = {"name": str, "replicas": int, "ack_count": int, "type": str,
-                                   "hints": list}
-_CREATE_FIELDS.update({"retention_ms": int, "retention_bytes": int})  # pd/retention.py
-_CREATE_FIELDS.update({"digest": str})  # the entry digest (estream/wire/record.py)
 
 log = logging.getLogger(__name__)
 _cert_warnings_max: Final = 16  # distinct certificate warnings logged (then silent)
@@ -256,12 +258,8 @@ class _Views:
         return web.json_response({"streams": list(page.streams), "next": page.next})
 
     async def create_stream(self, request: web.Request) -> web.Response:
-        body = _parse_create(await request.read())
-        stream = await self.service.create_stream(
-            body["name"], body.get("replicas", 3), body.get("ack_count", 2),
-            body.get("type", ""), tuple(body.get("hints", ())),
-            retention_ms=body.get("retention_ms"), retention_bytes=body.get("retention_bytes"),
-            digest=body.get("digest", "xxh3"))
+        body = _json_object(await request.read(), CreateStreamRequest.BODY_FIELDS)
+        stream = await self.service.create_stream(CreateStreamRequest.from_body(body))
         return web.json_response(stream.to_dict(), status=201)
 
     async def list_cursors(self, request: web.Request) -> web.Response:
@@ -292,7 +290,8 @@ class _Views:
 
     async def set_retention(self, request: web.Request) -> web.Response:
         body = _json_object(await request.read(), RETENTION_FIELDS)
-        stream = await self.service.set_retention(request.match_info["name"], body)
+        stream = await self.service.set_retention(SetRetentionRequest(
+            name=request.match_info["name"], changes=retention_changes(body)))
         return web.json_response(stream_answer(stream))
 
     async def describe_stream(self, request: web.Request) -> web.Response:
@@ -428,15 +427,3 @@ def _json_object(raw: bytes, fields: Collection[str]) -> dict[str, Any]:
                               f"{', '.join(sorted(fields))}", argument=unknown[0])
     check_request(body)  # every field's bounds (pd/validate.py), as the RPC port's
     return body
-
-
-def _parse_create(raw: bytes) -> dict[str, Any]:
-    body = _json_object(raw, _CREATE_FIELDS)
-    if "name" not in body:
-        raise InvalidArgument("missing field 'name'", argument="name")
-    for field, kind in _CREATE_FIELDS.items():
-        if field in body and (not isinstance(body[field], kind) or isinstance(body[field], bool)):
-            raise InvalidArgument(f"field {field!r} must be a {kind.__name__}", argument=field)
-    if not all(isinstance(h, str) for h in body.get("hints", ())):
-        raise InvalidArgument("field 'hints' must be a list of strings", argument="hints")
-    return {k: v for k, v in body.items() if k in _CREATE_FIELDS}
