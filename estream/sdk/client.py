@@ -50,7 +50,14 @@ from estream.wire.errors import (
     Unauthenticated,
     Unavailable,
 )
-from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
+from estream.wire.meta import (
+    ACK_COUNT_DEFAULT,
+    DIGEST_DEFAULT,
+    REPLICAS_DEFAULT,
+    RangeMeta,
+    ServerInfo,
+    StreamMeta,
+)
 from estream.wire.record import (
     DIGEST_HMAC_SHA256,
     DIGEST_XXH3,
@@ -119,8 +126,8 @@ class Client:
     async def create_stream(
         self,
         name: str,
-        replicas: int = 3,
-        ack_count: int = 2,
+        replicas: int = REPLICAS_DEFAULT,
+        ack_count: int = ACK_COUNT_DEFAULT,
         *,
         type: str = "",
         hints: Sequence[str] = (),
@@ -137,7 +144,7 @@ class Client:
         ``exist_ok``: a stream of that name with exactly these settings is returned as it
         is; with other settings (or without ``exist_ok``) it raises ``StreamExists``."""
         try:
-            meta = await self.pd.create_stream(name, replicas, ack_count, type, hints,
+            meta = await self.pd.create_stream(name, replicas, ack_count, type=type, hints=hints,
                                                retention_ms=retention_ms,
                                                retention_bytes=retention_bytes,
                                                digest=digest)
@@ -451,7 +458,7 @@ class Client:
         """The MAC key of a stream whose digest is ``hmac-sha256`` (None for other
         digests), derived from this client's cluster secret; :class:`DigestKeyMissing`
         when the client has none."""
-        if getattr(meta, "digest", "xxh3") != "hmac-sha256":
+        if getattr(meta, "digest", DIGEST_DEFAULT) != "hmac-sha256":
             return None
         if not self._secret:
             raise DigestKeyMissing(
@@ -511,7 +518,7 @@ class Client:
         what a reader checks every batch against."""
         for meta in self._streams.values():
             if meta.id == stream_id:
-                digest = DIGESTS.get(getattr(meta, "digest", "xxh3"), DIGEST_XXH3)
+                digest = DIGESTS.get(getattr(meta, "digest", DIGEST_DEFAULT), DIGEST_XXH3)
                 try:
                     return digest, self.stream_key(meta)
                 except DigestKeyMissing:
