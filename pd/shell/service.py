@@ -2,13 +2,15 @@
 
 :class:`PdService` is what both front doors call (the frame protocol's handlers in
 :mod:`pd.shell.handlers`, the admin HTTP API in :mod:`pd.shell.http`), with the typed
-requests of :mod:`estream.wire.pdmessages`: reads come from this node's immutable catalog
-view; writes decide everything nondeterministic here (placement from this node's liveness
-view, request ids) and go through Raft as one command. Heartbeats are not replicated: every
-range server sends them to every PD node, and each node keeps them in its own
-:class:`~pd.liveness.Liveness` (and the sealed replicas they report in
-:class:`~pd.repair.SealedReports`). Writer leases are not replicated either: the leader
-keeps them in its :class:`~pd.lease.LeaseTable` (``PD_WRITER_KEEPALIVE``, ``PD_OPEN_WRITER``).
+requests of :mod:`estream.wire.pdmessages`; its base :class:`~pd.shell.servers.ServerOps`
+holds the catalog views, the leader checks and the range servers' operations. Reads come
+from this node's immutable catalog view; writes decide everything nondeterministic here
+(placement from this node's liveness view, request ids) and go through Raft as one
+command. Heartbeats are not replicated: every range server sends them to every PD node,
+and each node keeps them in its own :class:`~pd.liveness.Liveness` (and the sealed
+replicas they report in :class:`~pd.repair.SealedReports`). Writer leases are not
+replicated either: the leader keeps them in its :class:`~pd.lease.LeaseTable`
+(``PD_WRITER_KEEPALIVE``, ``PD_OPEN_WRITER``).
 
 Two operations also talk to range servers (:mod:`pd.shell.rangeops`): ``delete_stream`` takes a
 new epoch and fences the open range's replicas at it before the stream is forgotten (so
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,14 +37,12 @@ from estream.wire.errors import (
     Conflict,
     EstreamError,
     InvalidArgument,
-    NotLeader,
     OffsetOutOfRange,
-    ServerNotFound,
     StreamExists,
     Unavailable,
 )
 from estream.wire.fields import streams_page_default
-from estream.wire.meta import ServerInfo, StreamMeta
+from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest, SetRetentionRequest
 from pd.catalog import CatalogView, PdNode, check_stream_args
 from pd.commands import (
@@ -50,11 +50,7 @@ from pd.commands import (
     CreateStream,
     DeleteCursor,
     DeleteStream,
-    DrainForget,
-    DrainServer,
     OpenWriter,
-    RegisterPdNode,
-    RegisterServer,
     SealRange,
     SetRetention,
     TrimStream,
@@ -62,28 +58,24 @@ from pd.commands import (
 )
 from pd.drain import (
     ReplicaSets,
-    forget_refusal,
     leave_servers,
-    replica_counts,
     replica_sets,
-    server_state,
 )
 from pd.lease import Keepalive, LeaseTable, keepalive_refusal
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import DamageReport
 from pd.paging import StreamPage, stream_page
-from pd.placement import Candidate, choose_replicas, exhausted, filling
-from pd.repair import SealedReports, ServerListing, parse_reports
+from pd.placement import choose_replicas
+from pd.repair import SealedReports, ServerListing
 from pd.retention import check_cursor, check_retention, retention_change
 from pd.shell import rangeops
 from pd.shell.handlers import PdHandlers
-from pd.shell.raft import RaftNode, RaftStatus
+from pd.shell.raft import RaftNode
+from pd.shell.servers import ServerOps
 from pd.streamfigures import asked_range, stream_figures
 from pd.streammemo import StreamMemo
 
-catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
-catch_up_poll_s = 0.005
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
 list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
 list_figures_timeout_s = 0.5  # ... and how long each range server may take
@@ -97,7 +89,7 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-class PdService:
+class PdService(ServerOps):
     """One PD node's operations over its Raft replica of the catalog."""
 
     def __init__(
@@ -127,18 +119,6 @@ class PdService:
         self.object_damage: Callable[[DamageReport], str] | None = None
 
     # -- reads -----------------------------------------------------------------------
-    def view(self) -> CatalogView:
-        return self.raft.view()
-
-    async def read_view(self) -> CatalogView:
-        """The catalog clients read (streams, servers, cursors): this node's, once it holds
-        every entry committed before the read as far as it can know
-        (:meth:`RaftNode.read_barrier`). A node restarted a moment ago, or one that cannot
-        tell yet what a new leader committed, answers Unavailable instead, which clients
-        retry on another node (HTTP 503)."""
-        await self.raft.read_barrier()
-        return self.view()
-
     async def describe_stream(self, name: str) -> StreamMeta:
         return (await self.read_view()).stream(name)
 
@@ -168,27 +148,6 @@ class PdService:
 
         streams = await asyncio.gather(*(with_figures(d) for d in page.streams))
         return StreamPage(tuple(streams), page.next)
-
-    async def list_servers(self) -> list[ServerInfo]:
-        """:meth:`servers` for clients: Unavailable until this node has caught up."""
-        await self.read_view()
-        return self.servers()
-
-    def servers(self) -> list[ServerInfo]:
-        now = self.clock_ms()
-        out = []
-        for server in sorted(self.view().servers.values(), key=lambda s: s.id):
-            beat = self.liveness.last(server.id)
-            out.append(
-                ServerInfo(
-                    server.id,
-                    server.address,
-                    server.storage_class,
-                    self.liveness.alive(server.id, now) and beat is not None,
-                    self.liveness.load(server.id),
-                )
-            )
-        return out
 
     def cluster(self) -> dict[str, Any]:
         status = self.raft.status()
@@ -226,53 +185,6 @@ class PdService:
         }
 
     # -- writes ------------------------------------------------------------------------
-    def _candidates(self, view: CatalogView) -> list[Candidate]:
-        now = self.clock_ms()
-        open_ranges = view.open_ranges_by_server()
-        out = []
-        for server in view.servers.values():
-            load = self.liveness.load(server.id)
-            load_bytes = load.get("bytes", 0)
-            out.append(Candidate(
-                server.id,
-                server.storage_class,
-                # a draining server gets no new replicas (pd/drain.py)
-                self.liveness.alive(server.id, now) and server.id not in view.draining,
-                open_ranges.get(server.id, 0),
-                load_bytes if isinstance(load_bytes, int) else 0,
-                exhausted(load),  # no new replicas there (pd/placement.py)
-                filling(load),  # new replicas there only when no other server can
-            ))
-        return out
-
-    def _require_leader(self) -> None:
-        """No leader: answer Unavailable before a (meaningless) placement error."""
-        if self.raft.leader() is None:
-            raise Unavailable("the placement driver has no leader (no majority reachable)")
-
-    def require_leading(self, why: str) -> RaftStatus:
-        """For what only the leader keeps: this node's Raft status when it leads;
-        Unavailable with no leader; on a follower NotLeader (``why``) naming the leader's
-        RPC address."""
-        status = self.raft.status()
-        if status.role != "leader":
-            if status.leader is None:
-                raise Unavailable("the placement driver has no leader (no majority reachable)")
-            by_raft = {n.raft: n.rpc for n in self.view().pd_nodes.values()}
-            raise NotLeader(why, leader_hint=by_raft.get(status.leader))
-        return status
-
-    async def decision_view(self) -> CatalogView:
-        """The catalog to decide from (placement, existence checks): this node's, once it
-        applied every entry it knows committed. A restarted node replaying its log would
-        otherwise place ranges from a catalog that lacks the servers, or miss a stream."""
-        deadline = time.monotonic() + catch_up_wait_s
-        while not self.raft.caught_up():
-            if time.monotonic() > deadline:
-                raise Unavailable("this placement-driver node is still catching up")
-            await asyncio.sleep(catch_up_poll_s)
-        return self.view()
-
     async def create_stream(self, request: CreateStreamRequest) -> StreamMeta:
         self.check_create(request)
         view = await self.decision_view()
@@ -524,84 +436,6 @@ class PdService:
         command = UpdateReplicas(name, range_index, tuple(replicas), tuple(expected),
                                  stream_id)
         return _stream(await self.raft.propose(command))
-
-    async def register_server(self, server_id: str, address: str, storage_class: str) -> ServerInfo:
-        result = await self.raft.propose(RegisterServer(server_id, address, storage_class))
-        assert isinstance(result, ServerInfo)
-        self.liveness.on_heartbeat(server_id, self.clock_ms(), address)
-        self._supersede_others(server_id, address, self.view().servers.values())
-        return ServerInfo(result.id, result.address, result.storage_class, True,
-                          self.liveness.load(server_id))
-
-    # -- operators: drain and forget range servers (pd/drain.py) ------------------------
-    async def server_details(self, server_id: str | None = None) -> list[dict[str, Any]]:
-        """Every registered server (or the one named) as :meth:`servers` has it, with its
-        drain ``state`` and how many ranges name it (``replicas``); ServerNotFound."""
-        view = await self.read_view()
-        counts = replica_counts(view.streams.values(), memo=self.replica_sets)
-        out = []
-        for server in self.servers():
-            if server_id is not None and server.id != server_id:
-                continue
-            replicas = counts.get(server.id, 0)
-            out.append({**server.to_dict(), "replicas": replicas,
-                        "open_ranges": view.open_ranges.get(server.id, 0),
-                        "state": server_state(server.id in view.draining, replicas)})
-        if server_id is not None and not out:
-            raise ServerNotFound(f"no range server {server_id!r} is registered",
-                                 server_id=server_id)
-        return out
-
-    async def drain_server(self, server_id: str, *, cancel: bool = False) -> dict[str, Any]:
-        """Flag ``server_id`` as draining (through Raft: a new leader goes on with it), or
-        active again with ``cancel``; returns its details."""
-        if server_id not in (await self.decision_view()).servers:
-            raise ServerNotFound(f"no range server {server_id!r} is registered",
-                                 server_id=server_id)
-        await self.raft.propose(DrainServer(server_id, cancel))
-        return (await self.server_details(server_id))[0]
-
-    async def forget_server(self, server_id: str) -> None:
-        """Remove a dead server from the catalog; Conflict while it is alive (heard from
-        on this node) or holds what may be the only copy of a range."""
-        view = await self.decision_view()
-        if server_id not in view.servers:
-            raise ServerNotFound(f"no range server {server_id!r} is registered",
-                                 server_id=server_id)
-        now = self.clock_ms()
-        alive = {s for s in view.servers if self.liveness.alive(s, now)
-                 and self.liveness.last(s) is not None}
-        refusal = forget_refusal(server_id, view.streams.values(), set(view.servers), alive)
-        if refusal is not None:
-            raise Conflict(f"cannot forget range server {server_id}: {refusal}")
-        await self.raft.propose(DrainForget(server_id))
-        self.liveness.forget(server_id)
-
-    async def register_self(self) -> PdNode:
-        me = self.me
-        result = await self.raft.propose(RegisterPdNode(me.id, me.raft, me.rpc, me.http))
-        assert isinstance(result, PdNode)
-        return result
-
-    def heartbeat(self, server_id: str, address: str, load: dict[str, Any]) -> bool:
-        """Record a heartbeat; False when the server is not (yet) registered here."""
-        self.liveness.on_heartbeat(server_id, self.clock_ms(), address, load)
-        self.sealed_reports.observe(server_id, parse_reports(load).values())
-        servers = self.view().servers
-        self._supersede_others(server_id, address, servers.values())
-        return server_id in servers
-
-    def _supersede_others(
-        self, server_id: str, address: str, servers: Iterable[ServerInfo]
-    ) -> None:
-        """Registered servers at ``address`` other than ``server_id`` are gone (a wiped
-        server came back with a new id there): no grace, no placement, repaired now."""
-        if not address:
-            return
-        for other in servers:
-            if other.address == address and other.id != server_id \
-                    and not self.liveness.superseded(other.id):
-                self.liveness.supersede(other.id)
 
     # -- the RPC front door (pd/shell/handlers.py) ---------------------------------------
     def handlers(self) -> dict[int, Handler]:
