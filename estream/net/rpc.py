@@ -46,7 +46,6 @@ from estream.wire import limits
 from estream.wire.errors import (
     Closed,
     EstreamError,
-    InvalidArgument,
     MalformedFrame,
     Timeout,
     Unauthenticated,
@@ -54,6 +53,7 @@ from estream.wire.errors import (
     UnsupportedOpcode,
     from_wire,
 )
+from estream.wire.fields import Header, optional, require
 from estream.wire.membership import (
     challenge_header,
     check_member_auth,
@@ -87,7 +87,7 @@ log = logging.getLogger(__name__)
 _warnings_max: Final = 16  # distinct credential warnings logged per server (then silent)
 tls_close_wait_s = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
 
-Header = dict[str, Any]
+# A header's type and its field readers are the typed requests' (estream/wire/fields.py).
 Answer = tuple[Header | None, bytes]
 Handler = Callable[[Header, bytes], Awaitable[Answer]]
 # A quick handler: (the future to wait for, or None; what to answer once it is done).
@@ -1091,30 +1091,6 @@ class RpcServer:
                 connection.transport.close()
         if self._server is not None:
             await self._server.wait_closed()
-
-
-def require(header: Header, name: str, kind: type | tuple[type, ...]) -> Any:
-    """Fetch a required header field of the given type, or raise :class:`InvalidArgument`.
-
-    ``bool`` is never accepted where ``int`` is asked for.
-    """
-    if name not in header:
-        raise InvalidArgument(f"missing field {name!r}", argument=name)
-    value = header[name]
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
-        raise InvalidArgument(f"field {name!r} has the wrong type", argument=name)
-    return value
-
-
-def optional(header: Header, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
-    """Like :func:`require`, but ``default`` when the field is absent or None."""
-    if header.get(name) is None:
-        return default
-    return require(header, name, kind)
-
-
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
 
 
 __all__ = [
