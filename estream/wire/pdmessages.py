@@ -236,6 +236,7 @@ class TrimStreamRequest:
     """``PD_TRIM_STREAM``: move the stream's start to ``start_offset``."""
 
     OPCODE: ClassVar[Opcode] = Opcode.PD_TRIM_STREAM
+    BODY_FIELDS: ClassVar[tuple[str, ...]] = ("start_offset",)  # POST .../trim
     name: str
     start_offset: int
     stream_id: int = 0
@@ -244,6 +245,15 @@ class TrimStreamRequest:
     def from_header(cls, h: Mapping[str, Any]) -> TrimStreamRequest:
         return cls(name=require(h, "name", str), start_offset=require(h, "start_offset", int),
                    stream_id=stream_id_field(h))
+
+    @classmethod
+    def from_body(cls, name: str, body: Mapping[str, Any]) -> TrimStreamRequest:
+        """From ``POST /v1/streams/{name}/trim``'s JSON body."""
+        start = body.get("start_offset")
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise InvalidArgument("field 'start_offset' must be an integer >= 0",
+                                  argument="start_offset")
+        return cls(name=name, start_offset=start)
 
     def to_header(self) -> Header:
         return _of(self.stream_id, {"name": self.name, "start_offset": self.start_offset})
@@ -318,6 +328,7 @@ class TimeRangesRequest:
 class CursorRequest:
     """``PD_COMMIT_CURSOR`` (with ``offset``) and ``PD_DELETE_CURSOR`` (without)."""
 
+    BODY_FIELDS: ClassVar[tuple[str, ...]] = ("cursor", "offset")  # POST .../cursors
     name: str
     cursor: str
     offset: int | None = None
@@ -327,6 +338,16 @@ class CursorRequest:
         cursor = require(h, "cursor", str)
         return cls(name=require(h, "name", str), cursor=cursor,
                    offset=require(h, "offset", int) if commit else None)
+
+    @classmethod
+    def from_body(cls, name: str, body: Mapping[str, Any]) -> CursorRequest:
+        """A commit from ``POST /v1/streams/{name}/cursors``'s JSON body."""
+        cursor, offset = body.get("cursor"), body.get("offset")
+        if not isinstance(cursor, str):
+            raise InvalidArgument("field 'cursor' must be a string", argument="cursor")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise InvalidArgument("field 'offset' must be an integer", argument="offset")
+        return cls(name=name, cursor=cursor, offset=offset)
 
     def to_header(self) -> Header:
         header: Header = {"name": self.name, "cursor": self.cursor}

@@ -68,7 +68,9 @@ from estream.wire.fields import (
 from estream.wire.pdmessages import (
     RETENTION_FIELDS,
     CreateStreamRequest,
+    CursorRequest,
     SetRetentionRequest,
+    TrimStreamRequest,
     retention_changes,
 )
 from estream.wire.roles import ALL_ROLES, certificate_role, http_action, permits_any
@@ -269,14 +271,11 @@ class _Views:
                                   "cursors": cursor_rows(end, cursors)})
 
     async def commit_cursor(self, request: web.Request) -> web.Response:
-        body = _json_object(await request.read(), ("cursor", "offset"))
-        cursor, offset = body.get("cursor"), body.get("offset")
-        if not isinstance(cursor, str):
-            raise InvalidArgument("field 'cursor' must be a string", argument="cursor")
-        if not isinstance(offset, int) or isinstance(offset, bool):
-            raise InvalidArgument("field 'offset' must be an integer", argument="offset")
-        await self.service.commit_cursor(request.match_info["name"], cursor, offset)
-        return web.json_response({"cursor": cursor, "offset": offset})
+        body = _json_object(await request.read(), CursorRequest.BODY_FIELDS)
+        commit = CursorRequest.from_body(request.match_info["name"], body)
+        assert commit.offset is not None
+        await self.service.commit_cursor(commit.name, commit.cursor, commit.offset)
+        return web.json_response({"cursor": commit.cursor, "offset": commit.offset})
 
     async def delete_cursor(self, request: web.Request) -> web.Response:
         name, cursor = request.match_info["name"], request.match_info["cursor"]
@@ -303,12 +302,9 @@ class _Views:
         return web.json_response(shown.to_dict() | await self.service.figures(stream))
 
     async def trim_stream(self, request: web.Request) -> web.Response:
-        body = _json_object(await request.read(), ("start_offset",))
-        start = body.get("start_offset")
-        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-            raise InvalidArgument("field 'start_offset' must be an integer >= 0",
-                                  argument="start_offset")
-        stream = await self.service.trim_stream(request.match_info["name"], start)
+        body = _json_object(await request.read(), TrimStreamRequest.BODY_FIELDS)
+        trim = TrimStreamRequest.from_body(request.match_info["name"], body)
+        stream = await self.service.trim_stream(trim.name, trim.start_offset)
         return web.json_response(stream_answer(stream))
 
     async def delete_stream(self, request: web.Request) -> web.Response:

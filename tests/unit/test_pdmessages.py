@@ -195,6 +195,20 @@ def test_a_bad_field_is_named(parse: Any, header: dict[str, Any], field: str) ->
     assert caught.value.fields["argument"] == field
 
 
+@pytest.mark.parametrize("parse, body, message", [
+    (TrimStreamRequest.from_body, {"start_offset": -1},
+     "field 'start_offset' must be an integer >= 0"),
+    (TrimStreamRequest.from_body, {}, "field 'start_offset' must be an integer >= 0"),
+    (CursorRequest.from_body, {"offset": 1}, "field 'cursor' must be a string"),
+    (CursorRequest.from_body, {"cursor": "c", "offset": True}, "field 'offset' must be an integer"),
+])
+def test_admin_api_bodies_are_refused_as_before(parse: Any, body: dict[str, Any],
+                                                message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        parse("s", body)
+    assert caught.value.message == message
+
+
 def test_answers_round_trip() -> None:
     stream = StreamMeta(3, "s", ranges=(RangeMeta(0, 0, None, ()),))
     assert StreamAnswer.from_header(StreamAnswer(stream=stream).to_header()).stream == stream
@@ -232,11 +246,12 @@ def test_openapi_bodies_have_the_request_fields() -> None:
     assert set(SCHEMAS["SetRetention"]["properties"]) == set(RETENTION_FIELDS)
     paths = OPENAPI["paths"]
     trim = paths["/v1/streams/{name}/trim"]["post"]["requestBody"]["content"]
-    assert set(trim["application/json"]["schema"]["properties"]) == (
-        {f.name for f in fields(TrimStreamRequest)} - {"name", "stream_id"})
+    assert set(trim["application/json"]["schema"]["properties"]) == set(
+        TrimStreamRequest.BODY_FIELDS)
+    assert set(TrimStreamRequest.BODY_FIELDS) < {f.name for f in fields(TrimStreamRequest)}
     commit = paths["/v1/streams/{name}/cursors"]["post"]["requestBody"]["content"]
-    assert set(commit["application/json"]["schema"]["properties"]) == (
-        {f.name for f in fields(CursorRequest)} - {"name"})
+    assert set(commit["application/json"]["schema"]["properties"]) == set(
+        CursorRequest.BODY_FIELDS) == {f.name for f in fields(CursorRequest)} - {"name"}
 
 
 def _protocol_rows() -> dict[str, str]:
