@@ -66,10 +66,21 @@ from estream.wire.meta import (
     ServerInfo,
     StreamMeta,
 )
+from estream.wire.pdanswers import (
+    CursorsAnswer,
+    DamageAnswer,
+    HeartbeatAnswer,
+    ServerAnswer,
+    ServerDetailsAnswer,
+    ServersAnswer,
+    StreamAnswer,
+    StreamsPage,
+    TimeRangesAnswer,
+    leave_of,
+)
 from estream.wire.pdmessages import (
     CreateStreamRequest,
     CursorRequest,
-    CursorsAnswer,
     DescribeStreamRequest,
     HeartbeatRequest,
     ListStreamsRequest,
@@ -77,18 +88,12 @@ from estream.wire.pdmessages import (
     RegisterServerRequest,
     ReportDamageRequest,
     SealRangeRequest,
-    ServerAnswer,
     ServerRequest,
-    ServersAnswer,
     SetRetentionRequest,
-    StreamAnswer,
-    StreamsPage,
-    TimeRangesAnswer,
     TimeRangesRequest,
     TrimStreamRequest,
     UpdateReplicasRequest,
     WriterKeepaliveRequest,
-    leave_of,
 )
 from estream.wire.protocol import Opcode
 
@@ -396,7 +401,7 @@ class PDClient:
         request = ReportDamageRequest(stream_id=stream_id, range_index=range_index,
                                       object_key=object_key, reason=reason)
         body = await self.call(request.OPCODE, request.to_header())
-        return str(body.get("outcome", ""))
+        return DamageAnswer.from_header(body).outcome
 
     # -- operators: drain and forget range servers (pd/drain.py) -------------------------
     async def describe_servers(self, server_id: str | None = None) -> list[dict[str, Any]]:
@@ -404,14 +409,13 @@ class PDClient:
         drain ``state``, ``replicas`` (ranges naming it) and ``open_ranges``."""
         op = Opcode.PD_DESCRIBE_SERVERS
         body = await self.call(op, ServerRequest(server_id=server_id or "").to_header(op))
-        return list(body["servers"])
+        return list(ServerDetailsAnswer.from_header(body).servers)
 
     async def drain_server(self, server_id: str, *, cancel: bool = False) -> dict[str, Any]:
         """Drain ``server_id`` (``cancel``: active again); returns the server."""
         op = Opcode.PD_DRAIN_SERVER
         body = await self.call(op, ServerRequest(server_id=server_id, cancel=cancel).to_header(op))
-        server: dict[str, Any] = body["server"]
-        return server
+        return ServerDetailsAnswer.from_header(body).servers[0]
 
     async def forget_server(self, server_id: str) -> None:
         """Remove a dead range server from the catalog (``Conflict`` while it is alive or
@@ -506,7 +510,7 @@ class PDClient:
                 if isinstance(exc, Unavailable):
                     self._pool.discard(node)
                 return None
-            return bool(body.get("registered", True))
+            return HeartbeatAnswer.from_header(body).registered
 
         answers = await asyncio.gather(*(one(a) for a in self.addresses))
         answered = [a for a in answers if a is not None]

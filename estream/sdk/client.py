@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Final, Literal
 
@@ -58,6 +59,7 @@ from estream.wire.meta import (
     ServerInfo,
     StreamMeta,
 )
+from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.record import (
     DIGEST_HMAC_SHA256,
     DIGEST_XXH3,
@@ -143,18 +145,20 @@ class Client:
         stream from the cluster secret, ``connect(secret=)``, verified by every reader).
         ``exist_ok``: a stream of that name with exactly these settings is returned as it
         is; with other settings (or without ``exist_ok``) it raises ``StreamExists``."""
+        request = CreateStreamRequest(
+            name=name, replicas=replicas, ack_count=ack_count, type=type, hints=tuple(hints),
+            request_id=uuid.uuid4().hex, retention_ms=retention_ms,
+            retention_bytes=retention_bytes, digest=digest or DIGEST_DEFAULT)
         try:
-            meta = await self.pd.create_stream(name, replicas, ack_count, type=type, hints=hints,
-                                               retention_ms=retention_ms,
-                                               retention_bytes=retention_bytes,
-                                               digest=digest)
+            meta = await self.pd.create(request)
         except StreamExists:
             if not exist_ok:
                 raise
             meta = await self.describe_stream(name)
             differ = meta.settings_differ(
-                replicas=replicas, ack_count=ack_count, type=type, hints=hints,
-                retention_ms=retention_ms, retention_bytes=retention_bytes, digest=digest)
+                replicas=request.replicas, ack_count=request.ack_count, type=request.type,
+                hints=request.hints, retention_ms=request.retention_ms,
+                retention_bytes=request.retention_bytes, digest=request.digest)
             if differ:
                 shown = ", ".join(f"{k}={getattr(meta, k)!r}" for k in differ)
                 raise StreamExists(f"stream {name!r} exists with other settings ({shown})",

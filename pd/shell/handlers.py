@@ -20,10 +20,22 @@ from estream.net.rpc import Answer, Handler, Header, QuickHandler, require
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument
 from estream.wire.fields import streams_page_default
+from estream.wire.pdanswers import (
+    CursorAnswer,
+    CursorsAnswer,
+    DamageAnswer,
+    HeartbeatAnswer,
+    ServerAnswer,
+    ServerDetailsAnswer,
+    ServersAnswer,
+    StreamAnswer,
+    StreamsPage,
+    TimeRangesAnswer,
+    leave_header,
+)
 from estream.wire.pdmessages import (
     CreateStreamRequest,
     CursorRequest,
-    CursorsAnswer,
     DescribeStreamRequest,
     HeartbeatRequest,
     ListStreamsRequest,
@@ -31,18 +43,12 @@ from estream.wire.pdmessages import (
     RegisterServerRequest,
     ReportDamageRequest,
     SealRangeRequest,
-    ServerAnswer,
     ServerRequest,
-    ServersAnswer,
     SetRetentionRequest,
-    StreamAnswer,
-    StreamsPage,
-    TimeRangesAnswer,
     TimeRangesRequest,
     TrimStreamRequest,
     UpdateReplicasRequest,
     WriterKeepaliveRequest,
-    leave_header,
 )
 from estream.wire.protocol import Opcode
 from pd.lease import keepalive_answer, parse_keepalives
@@ -161,7 +167,7 @@ class PdHandlers:
     async def heartbeat(self, h: Header) -> Header:
         request = HeartbeatRequest.from_header(h)
         registered = self.service.heartbeat(request.server_id, request.address, request.load)
-        return {"registered": registered}
+        return HeartbeatAnswer(registered=registered).to_header()
 
     # -- streams ---------------------------------------------------------------------------
     async def create(self, h: Header) -> Header:
@@ -239,12 +245,12 @@ class PdHandlers:
         assert request.offset is not None
         offset = await self.service.commit_cursor(request.name, request.cursor,
                                                   request.offset)
-        return {"cursor": request.cursor, "offset": offset}
+        return CursorAnswer(cursor=request.cursor, offset=offset).to_header()
 
     async def delete_cursor(self, h: Header) -> Header:
         request = CursorRequest.from_header(h, commit=False)
         await self.service.delete_cursor(request.name, request.cursor)
-        return {"deleted": request.cursor}
+        return CursorAnswer(cursor=request.cursor).to_header()
 
     async def list_cursors(self, h: Header) -> Header:
         end, cursors = await self.service.list_cursors(NamedStreamRequest.from_header(h).name)
@@ -262,18 +268,22 @@ class PdHandlers:
         return self.service.cluster()
 
     async def drain(self, h: Header) -> Header:
-        request = ServerRequest.from_header(h, opcode=Opcode.PD_DRAIN_SERVER)
+        op = Opcode.PD_DRAIN_SERVER
+        request = ServerRequest.from_header(h, opcode=op)
         server = await self.service.drain_server(request.server_id, cancel=request.cancel)
-        return {"server": server}
+        return ServerDetailsAnswer(servers=(server,)).to_header(op)
 
     async def forget(self, h: Header) -> Header:
-        request = ServerRequest.from_header(h, opcode=Opcode.PD_FORGET_SERVER)
+        op = Opcode.PD_FORGET_SERVER
+        request = ServerRequest.from_header(h, opcode=op)
         await self.service.forget_server(request.server_id)
-        return {"forgotten": request.server_id}
+        return ServerDetailsAnswer(forgotten=request.server_id).to_header(op)
 
     async def describe_servers(self, h: Header) -> Header:
-        request = ServerRequest.from_header(h, opcode=Opcode.PD_DESCRIBE_SERVERS)
-        return {"servers": await self.service.server_details(request.server_id or None)}
+        op = Opcode.PD_DESCRIBE_SERVERS
+        request = ServerRequest.from_header(h, opcode=op)
+        details = await self.service.server_details(request.server_id or None)
+        return ServerDetailsAnswer(servers=tuple(details)).to_header(op)
 
     async def report_damage(self, h: Header) -> Header:
         """A reader's report of a damaged object: the leader queues a check of its own
@@ -287,4 +297,4 @@ class PdHandlers:
         service.require_leading("damage reports go to the leader")
         await service.decision_view()
         take = service.object_damage
-        return {"outcome": take(report) if take is not None else "no_tier"}
+        return DamageAnswer(outcome=take(report) if take is not None else "no_tier").to_header()

@@ -20,6 +20,19 @@ from estream.wire.meta import (
     ServerInfo,
     StreamMeta,
 )
+from estream.wire.pdanswers import (
+    CursorAnswer,
+    DamageAnswer,
+    HeartbeatAnswer,
+    ServerAnswer,
+    ServerDetailsAnswer,
+    ServersAnswer,
+    StreamAnswer,
+    StreamsPage,
+    TimeRangesAnswer,
+    leave_header,
+    leave_of,
+)
 from estream.wire.pdmessages import (
     RETENTION_FIELDS,
     WIRE_FIELDS,
@@ -32,19 +45,12 @@ from estream.wire.pdmessages import (
     RegisterServerRequest,
     ReportDamageRequest,
     SealRangeRequest,
-    ServerAnswer,
     ServerRequest,
-    ServersAnswer,
     SetRetentionRequest,
-    StreamAnswer,
-    StreamsPage,
-    TimeRangesAnswer,
     TimeRangesRequest,
     TrimStreamRequest,
     UpdateReplicasRequest,
     WriterKeepaliveRequest,
-    leave_header,
-    leave_of,
 )
 from estream.wire.protocol import Opcode
 from pd.openapi import OPENAPI, SCHEMAS
@@ -225,6 +231,18 @@ def test_answers_round_trip() -> None:
     listed = ServersAnswer(servers=(server,))
     assert ServersAnswer.from_header(listed.to_header()) == listed
     assert leave_of(leave_header(["rs2"])) == ("rs2",) and leave_header(()) == {}
+    for answer in (HeartbeatAnswer(registered=False), CursorAnswer(cursor="c", offset=3),
+                   CursorAnswer(cursor="c"), DamageAnswer(outcome="queued")):
+        assert type(answer).from_header(answer.to_header()) == answer
+    assert HeartbeatAnswer.from_header({}).registered  # an older PD's answer
+    assert CursorAnswer(cursor="c").to_header() == {"deleted": "c"}
+    row = {"id": "rs1", "state": "draining"}
+    for op, answer in ((Opcode.PD_DRAIN_SERVER, ServerDetailsAnswer(servers=(row,))),
+                       (Opcode.PD_DESCRIBE_SERVERS, ServerDetailsAnswer(servers=(row, row))),
+                       (Opcode.PD_FORGET_SERVER, ServerDetailsAnswer(forgotten="rs1"))):
+        assert ServerDetailsAnswer.from_header(answer.to_header(op)) == answer
+    assert ServerDetailsAnswer(servers=(row,)).to_header(Opcode.PD_DRAIN_SERVER) == {
+        "server": row}
 
 
 # -- the documents, checked against the dataclasses ----------------------------------------
