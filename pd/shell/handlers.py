@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from estream.core.timerange import candidate_ranges
-from estream.net.rpc import Answer, Handler, Header, QuickHandler, require
+from estream.net.rpc import Answer, Handler, QuickHandler
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument
-from estream.wire.fields import streams_page_default
+from estream.wire.fields import Header, require, streams_page_default
 from estream.wire.pdanswers import (
     CursorAnswer,
     CursorsAnswer,
