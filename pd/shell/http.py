@@ -42,6 +42,7 @@ from aiohttp import web
 from estream.net.objectstore import ObjectStore
 from estream.net.security import bearer_token, token_role, verified_peer_cert
 from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
+from estream.wire import limits
 from estream.wire.errors import (
     Conflict,
     DigestKeyMissing,
@@ -58,17 +59,13 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
-from estream.wire.fields import (
-    page_after,
-    page_limit,
-    streams_page_default,
-    streams_page_max,
-    window_args,
-)
+from estream.wire.fields import streams_page_default
 from estream.wire.pdmessages import (
     RETENTION_FIELDS,
     CreateStreamRequest,
     CursorRequest,
+    DescribeStreamRequest,
+    ListStreamsRequest,
     SetRetentionRequest,
     TrimStreamRequest,
     retention_changes,
@@ -255,7 +252,9 @@ class _Views:
         return web.json_response(self.service.cluster())
 
     async def list_streams(self, request: web.Request) -> web.Response:
-        after, limit = _page_query(request.query)
+        page_asked = ListStreamsRequest.from_header({"after": request.query.get("after"),
+                                                     "limit": _query_int(request.query, "limit")})
+        after, limit = page_asked.after, page_asked.limit or streams_page_default
         page = await self.service.list_streams_with_figures(after, limit)
         return web.json_response({"streams": list(page.streams), "next": page.next})
 
@@ -294,10 +293,13 @@ class _Views:
         return web.json_response(stream_answer(stream))
 
     async def describe_stream(self, request: web.Request) -> web.Response:
-        offset, index, limit = window_args({k: _query_int(request.query, k) for k in
-                                            ("offset", "index", "limit") if k in request.query})
-        stream = await self.service.describe_stream(request.match_info["name"])
-        shown = ranges_window(stream, offset, limit, index=index)  # the figures stay whole
+        asked = DescribeStreamRequest.from_header(
+            {"name": request.match_info["name"]} | {k: _query_int(request.query, k) for k in
+                                                    ("offset", "index", "limit")
+                                                    if k in request.query})
+        stream = await self.service.describe_stream(asked.name)
+        limit = asked.limit or limits.stream_ranges_per_answer_default
+        shown = ranges_window(stream, asked.offset, limit, index=asked.index)  # figures: whole
         # 1 s per open-range replica at most
         return web.json_response(shown.to_dict() | await self.service.figures(stream))
 
@@ -390,13 +392,6 @@ def not_ready_reason(status: RaftStatus, caught_up: bool) -> str | None:
     if not caught_up:
         return "this PD node has not applied everything committed yet (catching up)"
     return None
-
-
-def _page_query(query: Mapping[str, str]) -> tuple[str, int]:
-    """``?after=NAME&limit=N`` of ``GET /v1/streams`` (pd/paging.py): 400 for a limit that
-    is not an integer from 1 to the maximum, or an after that is no name."""
-    return page_after(query.get("after")), page_limit(
-        _query_int(query, "limit"), default=streams_page_default, maximum=streams_page_max)
 
 
 def _query_int(query: Mapping[str, str], name: str) -> object:
