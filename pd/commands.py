@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Final
 import msgpack
 
 from estream.wire.errors import InvalidArgument
-from estream.wire.meta import ObjectPart
+from estream.wire.meta import DIGEST_DEFAULT, ObjectPart
 
 COMMAND_VERSION: Final = 1
 command_bytes_max: Final = 64 * 1024
@@ -70,7 +70,7 @@ class CreateStream:
     system: bool = False
     retention_ms: int = 0  # 0: no limit (pd/retention.py)
     retention_bytes: int = 0
-    digest: str = "xxh3"  # the stream's entry digest (estream/wire/record.py DIGESTS)
+    digest: str = DIGEST_DEFAULT  # the stream's entry digest (estream/wire/record.py DIGESTS)
 
 
 @dataclass(frozen=True, slots=True)

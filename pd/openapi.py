@@ -1,6 +1,7 @@
 """The OpenAPI 3 document of the PD admin HTTP API (served at ``/v1/openapi.json``).
 
-Tests validate every response of the API against the schemas here.
+Tests validate every response of the API against the schemas here, and the request
+bodies' schemas against the typed requests (``estream/wire/pdmessages.py``).
 
 Pure: no I/O.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from estream.wire import limits
-from pd.paging import stream_name_bytes_max, streams_page_default, streams_page_max
+from estream.wire.fields import stream_name_bytes_max, streams_page_default, streams_page_max
+from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT, STORAGE_CLASSES
+from estream.wire.record import DIGESTS
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -92,11 +95,13 @@ SCHEMAS: Final[dict[str, Any]] = {
         "properties": {
             "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]*$",
                      "maxLength": 200},
-            "replicas": {"type": "integer", "minimum": 1, "maximum": 5, "default": 3},
-            "ack_count": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": 5,
+                         "default": REPLICAS_DEFAULT},
+            "ack_count": {"type": "integer", "minimum": 1, "maximum": 5,
+                          "default": ACK_COUNT_DEFAULT},
             "type": {"type": "string", "default": ""},
             "hints": {"type": "array",
-                      "items": {"type": "string", "enum": ["nvme", "ssd", "hdd"]}},
+                      "items": {"type": "string", "enum": list(STORAGE_CLASSES)}},
         },
     },
     "PdNode": {
@@ -360,11 +365,11 @@ _add_time_cursors_retention()
 
 def _add_digest() -> None:
     """Per-stream entry digests (``estream/wire/record.py``)."""
-    digest = {"type": "string", "enum": ["xxh3", "crc32c", "hmac-sha256"],
+    digest = {"type": "string", "enum": list(DIGESTS),
               "description": "entry digest; hmac-sha256: a MAC keyed per stream from the "
                              "cluster secret, verified by every reader"}
     SCHEMAS["Stream"]["properties"]["digest"] = digest
-    SCHEMAS["CreateStream"]["properties"]["digest"] = digest
+    SCHEMAS["CreateStream"]["properties"]["digest"] = digest | {"default": DIGEST_DEFAULT}
 
 
 _add_digest()

@@ -20,41 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from estream.wire import limits
-from estream.wire.errors import InvalidArgument
 from estream.wire.meta import StreamMeta
 from pd.pmap import PMap
 
-streams_page_default: Final = 100  # PD_LIST_STREAMS, GET /v1/streams without a limit
-streams_page_max: Final = 1000  # the most a caller may ask for in one page
 page_bytes_max: Final = 512 * 1024  # a page stops once its streams encode to this much
 listed_ranges_max: Final = 64  # a stream in a listing: its last ranges only
-stream_name_bytes_max: Final = 1024  # an ``after`` cursor longer than any name is refused
-
-
-def page_limit(value: object, *, default: int, maximum: int, argument: str = "limit") -> int:
-    """A page size asked for: ``default`` when absent (None), else an integer in
-    1..``maximum``; ``InvalidArgument`` naming ``argument`` otherwise.
-
-    >>> page_limit(None, default=100, maximum=1000)
-    100
-    >>> page_limit(7, default=100, maximum=1000)
-    7
-    """
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
-        raise InvalidArgument(f"{argument} must be an integer from 1 to {maximum}, not "
-                              f"{str(value)[:32]!r}", argument=argument)
-    return value
-
-
-def page_after(value: object, argument: str = "after") -> str:
-    """A name cursor: "" (from the first) when absent, else a string of a sane length."""
-    if value is None:
-        return ""
-    if not isinstance(value, str) or len(value) > stream_name_bytes_max:
-        raise InvalidArgument(f"{argument} must be a stream name", argument=argument)
-    return value
 
 
 def windowed_stream(stream: StreamMeta, ranges_max: int = listed_ranges_max) -> dict[str, Any]:
@@ -164,18 +134,15 @@ def stream_page(
     return StreamPage(tuple(out), None)
 
 
-def window_args(args: Mapping[str, Any]) -> tuple[int | None, int | None, int]:
-    """A request's window of a stream's ranges: ``"offset"`` or ``"index"`` (at most one;
-    neither: the last ranges) and ``"limit"`` (1..``stream_ranges_per_answer_max``,
-    absent: ``stream_ranges_per_answer_default``); ``InvalidArgument`` naming the field
-    otherwise. Returns ``(offset, index, limit)``."""
-    offset, index = args.get("offset"), args.get("index")
-    for name, value in (("offset", offset), ("index", index)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or not 0 <= value < 2**64):
-            raise InvalidArgument(f"{name} must be an integer >= 0", argument=name)
-    if offset is not None and index is not None:
-        raise InvalidArgument("give offset or index, not both", argument="index")
-    return offset, index, page_limit(args.get("limit"),
-                                     default=limits.stream_ranges_per_answer_default,
-                                     maximum=limits.stream_ranges_per_answer_max)
+def stream_tail(stream: StreamMeta, ranges_from: int) -> dict[str, Any]:
+    """A ``PD_SEAL_RANGE`` answer for a client that holds the stream's earlier ranges: the
+    stream with only its ranges from index ``ranges_from`` on, and ``omitted``, how many it
+    has below (the client takes those from what it holds). The answer of a stream with
+    many ranges stays small, and costs no scan of them. Pure."""
+    ranges = stream.ranges
+    first = min(max(0, ranges_from - ranges[0].index), len(ranges)) if ranges else 0
+    kept = ranges[first:]  # (ranges are contiguous by index)
+    if len(kept) > limits.stream_ranges_per_answer_max:  # the client holds too little: a window
+        return {"stream": ranges_window(stream).to_dict()}
+    return {"stream": replace(stream, ranges=kept).to_dict(), "ranges_from": ranges_from,
+            "omitted": len(stream.ranges) - len(kept)}

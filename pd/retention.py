@@ -62,11 +62,13 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import islice
-from typing import Final
+from typing import Any, Final
 
 from estream.wire.errors import InvalidArgument
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import ObjectIndex
+from estream.wire.pdmessages import RETENTION_FIELDS, retention_changes
+from pd.commands import RETENTION_NONE, RETENTION_UNCHANGED
 
 cursor_name_chars_max: Final = 200
 # How far past the leader's clock a recorded timestamp may be (the default of `pd
@@ -274,3 +276,26 @@ def replica_range_stats(min_timestamp: int | None, max_timestamp: int | None,
             or rng.end is None or held_end < rng.end):
         return None
     return RangeStats(min_timestamp, max_timestamp, size_bytes)
+
+
+def cursor_rows(end: int, cursors: dict[str, int]) -> list[dict[str, Any]]:
+    """``[{"cursor", "offset", "lag"}]`` by name (the RPC and HTTP answers)."""
+    lags = cursor_lags(end, cursors)
+    return [{"cursor": c, "offset": cursors[c], "lag": lag} for c, lag in lags.items()]
+
+
+def retention_change(changes: Mapping[str, Any]) -> tuple[int, int]:
+    """The ``set_retention`` command's fields (``retention_ms``, ``retention_bytes``) of a
+    change given as a map (the RPC header, the PATCH body: checked by
+    :func:`estream.wire.pdmessages.retention_changes`): a field absent is unchanged
+    (``RETENTION_UNCHANGED``), None is no limit (``RETENTION_NONE``), else the limit.
+
+    >>> retention_change({"retention_ms": 60_000})
+    (60000, -1)
+    >>> retention_change({"retention_ms": None, "retention_bytes": 1024})
+    (0, 1024)
+    """
+    given = retention_changes(changes)
+    ms, size = (RETENTION_UNCHANGED if f not in given else given[f] or RETENTION_NONE
+                for f in RETENTION_FIELDS)
+    return ms, size

@@ -17,6 +17,8 @@ from typing import Any
 from estream.cli.admin import admin_get
 from estream.cli.output import emit_json, human_bytes, iso_ms, key_values, print_tables, table
 from estream.server.config import non_negative_int, positive_int
+from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT
+from estream.wire.record import DIGESTS
 
 
 def _ranges_table(stream: dict[str, Any]) -> Any:
@@ -56,7 +58,7 @@ def show_stream(stream: dict[str, Any], as_json: bool) -> None:
     for limit in ("retention_ms", "retention_bytes"):
         if stream.get(limit) is not None:
             fields[limit] = stream[limit]
-    fields["digest"] = stream.get("digest", "xxh3")
+    fields["digest"] = stream.get("digest", DIGEST_DEFAULT)
     print_tables(key_values(f"stream {stream.get('name')}", fields), _ranges_table(stream))
 
 
@@ -156,17 +158,18 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     ssub = stream.add_subparsers(dest="stream_command", metavar="COMMAND", required=True)
     p = ssub.add_parser("create", parents=[common], help="create a stream")
     p.add_argument("name", help=_NAME)
-    p.add_argument("--replicas", type=positive_int, default=3,
-                   help="replica count (default 3)")
-    p.add_argument("--ack-count", type=positive_int, default=2,
-                   help="acks per append (default 2)")
+    p.add_argument("--replicas", type=positive_int, default=REPLICAS_DEFAULT,
+                   help=f"replica count (default {REPLICAS_DEFAULT})")
+    p.add_argument("--ack-count", type=positive_int, default=ACK_COUNT_DEFAULT,
+                   help=f"acks per append (default {ACK_COUNT_DEFAULT})")
     p.add_argument("--retention-ms", type=positive_int, default=None, metavar="MS",
                    help="trim whole sealed ranges whose records are all older than this")
     p.add_argument("--retention-bytes", type=positive_int, default=None, metavar="BYTES",
                    help="trim the oldest sealed ranges while the rest hold at least this")
-    p.add_argument("--digest", choices=("xxh3", "crc32c", "hmac-sha256"), default=None,
-                   help="entry digest (default xxh3); hmac-sha256: a MAC keyed per stream "
-                        "from the cluster secret (ESTREAM_SECRET), checked by every reader")
+    p.add_argument("--digest", choices=tuple(DIGESTS), default=None,
+                   help=f"entry digest (default {DIGEST_DEFAULT}); hmac-sha256: a MAC keyed per "
+                        "stream from the cluster secret (ESTREAM_SECRET), checked by every "
+                        "reader")
     p.add_argument("--exist-ok", action="store_true",
                    help="succeed if the stream exists with these settings (other settings: "
                         "still an error)")

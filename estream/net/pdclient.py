@@ -57,7 +57,44 @@ from estream.wire.errors import (
     from_wire,
 )
 from estream.wire.limits import raft_port_probe_timeout_s
-from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
+from estream.wire.meta import (
+    ACK_COUNT_DEFAULT,
+    DIGEST_DEFAULT,
+    REPLICAS_DEFAULT,
+    STORAGE_CLASS_DEFAULT,
+    RangeMeta,
+    ServerInfo,
+    StreamMeta,
+)
+from estream.wire.pdanswers import (
+    CursorsAnswer,
+    DamageAnswer,
+    HeartbeatAnswer,
+    ServerAnswer,
+    ServerDetailsAnswer,
+    ServersAnswer,
+    StreamAnswer,
+    StreamsPage,
+    TimeRangesAnswer,
+    leave_of,
+)
+from estream.wire.pdmessages import (
+    CreateStreamRequest,
+    CursorRequest,
+    DescribeStreamRequest,
+    HeartbeatRequest,
+    ListStreamsRequest,
+    NamedStreamRequest,
+    RegisterServerRequest,
+    ReportDamageRequest,
+    SealRangeRequest,
+    ServerRequest,
+    SetRetentionRequest,
+    TimeRangesRequest,
+    TrimStreamRequest,
+    UpdateReplicasRequest,
+    WriterKeepaliveRequest,
+)
 from estream.wire.protocol import Opcode
 
 call_timeout_s_max: Final = 4.0  # one attempt (a PD commit gives up after 3 s)
@@ -212,56 +249,60 @@ class PDClient:
     async def create_stream(
         self,
         name: str,
-        replicas: int = 3,
-        ack_count: int = 2,
+        replicas: int = REPLICAS_DEFAULT,
+        ack_count: int = ACK_COUNT_DEFAULT,
+        *,
         type: str = "",
         hints: Sequence[str] = (),
-        *,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         digest: str | None = None,
     ) -> StreamMeta:
-        header: dict[str, Any] = {
-            "name": name, "replicas": replicas, "ack_count": ack_count, "type": type,
-            "hints": list(hints), "request_id": uuid.uuid4().hex,
-        }
-        if retention_ms is not None:
-            header["retention_ms"] = retention_ms
-        if retention_bytes is not None:
-            header["retention_bytes"] = retention_bytes
-        if digest is not None:
-            header["digest"] = digest
-        body = await self.call(Opcode.PD_CREATE_STREAM, header)
-        return StreamMeta.from_dict(body["stream"])
+        """Create ``name`` (:class:`~estream.wire.pdmessages.CreateStreamRequest`; a
+        ``digest`` of None: the default), with a request id of its own so that a retry of
+        a create that landed is not StreamExists."""
+        return await self.create(CreateStreamRequest(
+            name=name, replicas=replicas, ack_count=ack_count, type=type, hints=tuple(hints),
+            request_id=uuid.uuid4().hex, retention_ms=retention_ms,
+            retention_bytes=retention_bytes, digest=digest or DIGEST_DEFAULT))
+
+    async def create(self, request: CreateStreamRequest) -> StreamMeta:
+        """:meth:`create_stream` of a request built by the caller (give it a
+        ``request_id``: retries then answer the stream this request created)."""
+        body = await self.call(request.OPCODE, request.to_header())
+        return StreamAnswer.from_header(body).stream
 
     async def commit_cursor(self, name: str, cursor: str, offset: int) -> None:
         """Set a named cursor (kept in the catalog, through Raft)."""
-        await self.call(Opcode.PD_COMMIT_CURSOR, {"name": name, "cursor": cursor,
-                                                  "offset": offset})
+        await self.call(Opcode.PD_COMMIT_CURSOR,
+                        CursorRequest(name=name, cursor=cursor, offset=offset).to_header())
 
     async def delete_cursor(self, name: str, cursor: str) -> None:
         """Forget a named cursor (through Raft)."""
-        await self.call(Opcode.PD_DELETE_CURSOR, {"name": name, "cursor": cursor})
+        await self.call(Opcode.PD_DELETE_CURSOR,
+                        CursorRequest(name=name, cursor=cursor).to_header())
 
     async def set_retention(self, name: str, changes: Mapping[str, int | None]) -> StreamMeta:
         """Change the retention limits in ``changes`` (``retention_ms``,
         ``retention_bytes``: a limit, or None for none); a limit left out is unchanged."""
-        body = await self.call(Opcode.PD_SET_RETENTION, {"name": name, **changes})
-        return StreamMeta.from_dict(body["stream"])
+        request = SetRetentionRequest(name=name, changes=changes)
+        body = await self.call(request.OPCODE, request.to_header())
+        return StreamAnswer.from_header(body).stream
 
     async def time_ranges(self, name: str, timestamp_ms: int, after: int = -1
                           ) -> tuple[int, int, list[RangeMeta], bool]:
         """``(stream id, start offset, candidate ranges, more)`` for a lookup by time
         (``estream/core/timerange.py``), after range ``after``."""
-        body = await self.call(Opcode.PD_TIME_RANGES, {"name": name, "timestamp": timestamp_ms,
-                                                       "after": after})
-        ranges = [RangeMeta.from_dict(r) for r in body["ranges"]]
-        return int(body["stream_id"]), int(body["start_offset"]), ranges, bool(body["more"])
+        request = TimeRangesRequest(name=name, timestamp=timestamp_ms, after=after)
+        answer = TimeRangesAnswer.from_header(await self.call(request.OPCODE,
+                                                              request.to_header()))
+        return answer.stream_id, answer.start_offset, list(answer.ranges), answer.more
 
     async def list_cursors(self, name: str) -> tuple[int, list[dict[str, Any]]]:
         """The stream's readable end and its cursors ``[{"cursor", "offset", "lag"}]``."""
-        body = await self.call(Opcode.PD_LIST_CURSORS, {"name": name})
-        return int(body["end"]), list(body["cursors"])
+        body = await self.call(Opcode.PD_LIST_CURSORS, NamedStreamRequest(name=name).to_header())
+        answer = CursorsAnswer.from_header(body)
+        return answer.end, list(answer.cursors)
 
     async def describe_stream(self, name: str, *, offset: int | None = None,
                               index: int | None = None, limit: int | None = None
@@ -272,12 +313,9 @@ class PDClient:
         out): its last ranges, or with ``offset`` those from the range holding it on, or
         with ``index`` those from that range index on (``ranges_more``: later ones left
         out too)."""
-        header: dict[str, Any] = {"name": name}
-        for key, value in (("offset", offset), ("index", index), ("limit", limit)):
-            if value is not None:
-                header[key] = value
-        body = await self.call(Opcode.PD_DESCRIBE_STREAM, header)
-        return StreamMeta.from_dict(body["stream"])
+        request = DescribeStreamRequest(name=name, offset=offset, index=index, limit=limit)
+        body = await self.call(request.OPCODE, request.to_header())
+        return StreamAnswer.from_header(body).stream
 
     async def iter_ranges(self, name: str, index: int = 0,
                           limit: int = limits.stream_ranges_per_answer_max
@@ -306,13 +344,9 @@ class PDClient:
         """One page of the streams named after ``after`` (at most ``limit``; PD's default
         without) and the name to resume after, None on the last page. A stream with many
         ranges comes with its last ones only (describe it for the others)."""
-        header: dict[str, Any] = {"after": after}
-        if limit is not None:
-            header["limit"] = limit
-        body = await self.call(Opcode.PD_LIST_STREAMS, header)
-        nxt = body.get("next")
-        return ([StreamMeta.from_dict(s) for s in body["streams"]],
-                nxt if isinstance(nxt, str) else None)
+        request = ListStreamsRequest(after=after, limit=limit)
+        page = StreamsPage.from_header(await self.call(request.OPCODE, request.to_header()))
+        return list(page.streams), page.next
 
     async def iter_streams(self, limit: int | None = None) -> AsyncIterator[StreamMeta]:
         """Every stream in name order, a page at a time."""
@@ -330,12 +364,12 @@ class PDClient:
         return [s async for s in self.iter_streams()]
 
     async def delete_stream(self, name: str) -> None:
-        await self.call(Opcode.PD_DELETE_STREAM, {"name": name})
+        await self.call(Opcode.PD_DELETE_STREAM, NamedStreamRequest(name=name).to_header())
 
     async def open_writer(self, name: str) -> StreamMeta:
         """A new epoch for ``name`` (fences every earlier writer)."""
-        body = await self.call(Opcode.PD_OPEN_WRITER, {"name": name})
-        return StreamMeta.from_dict(body["stream"])
+        body = await self.call(Opcode.PD_OPEN_WRITER, NamedStreamRequest(name=name).to_header())
+        return StreamAnswer.from_header(body).stream
 
     async def keepalive_writer(self, name: str, epoch: int, *, stream_id: int = 0
                                ) -> tuple[str, ...]:
@@ -343,10 +377,8 @@ class PDClient:
         open range of a stream whose writer stopped sending this). Raises ``Fenced`` when
         a newer epoch exists, ``StreamNotFound`` for a deleted stream. Returns the draining
         range servers the open range should roll away from (``"leave"``; pd/drain.py)."""
-        body = await self.call(Opcode.PD_WRITER_KEEPALIVE,
-                               _of(stream_id, {"name": name, "epoch": epoch}))
-        leave = body.get("leave") or ()
-        return tuple(s for s in leave if isinstance(s, str))
+        request = WriterKeepaliveRequest(name=name, epoch=epoch, stream_id=stream_id)
+        return leave_of(await self.call(request.OPCODE, request.to_header()))
 
     async def keepalive_writers(
         self, writers: Sequence[tuple[str, int, int]]
@@ -366,30 +398,30 @@ class PDClient:
         ``stream_id``) read back missing, malformed or failing a checksum (``reason``:
         ``"missing"``, ``"malformed"``, ``"checksum"``); it checks the object itself and
         repairs what it can (pd/objectdamage.py). Returns the leader's ``"outcome"``."""
-        body = await self.call(Opcode.PD_REPORT_OBJECT_DAMAGE, {
-            "stream_id": stream_id, "range_index": range_index, "object_key": object_key,
-            "reason": reason})
-        return str(body.get("outcome", ""))
+        request = ReportDamageRequest(stream_id=stream_id, range_index=range_index,
+                                      object_key=object_key, reason=reason)
+        body = await self.call(request.OPCODE, request.to_header())
+        return DamageAnswer.from_header(body).outcome
 
     # -- operators: drain and forget range servers (pd/drain.py) -------------------------
     async def describe_servers(self, server_id: str | None = None) -> list[dict[str, Any]]:
         """Every range server (or the one named: ``ServerNotFound`` if unknown) with its
         drain ``state``, ``replicas`` (ranges naming it) and ``open_ranges``."""
-        header = {"server_id": server_id} if server_id else {}
-        body = await self.call(Opcode.PD_DESCRIBE_SERVERS, header)
-        return list(body["servers"])
+        op = Opcode.PD_DESCRIBE_SERVERS
+        body = await self.call(op, ServerRequest(server_id=server_id or "").to_header(op))
+        return list(ServerDetailsAnswer.from_header(body).servers)
 
     async def drain_server(self, server_id: str, *, cancel: bool = False) -> dict[str, Any]:
         """Drain ``server_id`` (``cancel``: active again); returns the server."""
-        body = await self.call(Opcode.PD_DRAIN_SERVER, {"server_id": server_id,
-                                                        "cancel": cancel})
-        server: dict[str, Any] = body["server"]
-        return server
+        op = Opcode.PD_DRAIN_SERVER
+        body = await self.call(op, ServerRequest(server_id=server_id, cancel=cancel).to_header(op))
+        return ServerDetailsAnswer.from_header(body).servers[0]
 
     async def forget_server(self, server_id: str) -> None:
         """Remove a dead range server from the catalog (``Conflict`` while it is alive or
         may hold the only copy of a range)."""
-        await self.call(Opcode.PD_FORGET_SERVER, {"server_id": server_id})
+        op = Opcode.PD_FORGET_SERVER
+        await self.call(op, ServerRequest(server_id=server_id).to_header(op))
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
@@ -404,41 +436,37 @@ class PDClient:
 
         ``stream_id`` (default: ``known``'s id): PD seals only that incarnation of
         ``name``, else ``StreamNotFound`` (the stream was deleted and created again)."""
-        header = _of(stream_id or (known.id if known is not None else 0), {
-            "name": name, "epoch": epoch, "range_index": range_index, "end": end,
-            "exclude": list(exclude),
-        })
-        if known is not None:
-            header["ranges_from"] = range_index
-        body = await self.call(Opcode.PD_SEAL_RANGE, header)
-        stream = StreamMeta.from_dict(body["stream"])
-        omitted = body.get("omitted")
-        if known is None or not isinstance(omitted, int):  # a whole stream (or an older PD)
+        request = SealRangeRequest(
+            name=name, epoch=epoch, range_index=range_index, end=end, exclude=tuple(exclude),
+            stream_id=stream_id or (known.id if known is not None else 0),
+            ranges_from=range_index if known is not None else -1)
+        answer = StreamAnswer.from_header(await self.call(request.OPCODE, request.to_header()))
+        stream, omitted = answer.stream, answer.omitted
+        if known is None or omitted is None:  # a whole stream (or an older PD)
             return stream
         merged = with_earlier_ranges(stream, known, range_index, omitted)
         return merged if merged is not None else await self.describe_stream(name)
 
     async def trim_stream(self, name: str, start_offset: int, *, stream_id: int = 0
                           ) -> StreamMeta:
-        body = await self.call(Opcode.PD_TRIM_STREAM,
-                               _of(stream_id, {"name": name, "start_offset": start_offset}))
-        return StreamMeta.from_dict(body["stream"])
+        request = TrimStreamRequest(name=name, start_offset=start_offset, stream_id=stream_id)
+        return StreamAnswer.from_header(await self.call(request.OPCODE,
+                                                        request.to_header())).stream
 
     async def update_replicas(
         self, name: str, range_index: int, replica_ids: Sequence[str],
         expected: Sequence[str] = (), *, stream_id: int = 0,
     ) -> StreamMeta:
-        header = _of(stream_id, {
-            "name": name, "range_index": range_index, "replicas": list(replica_ids)})
-        if expected:
-            header["expected"] = list(expected)  # compare-and-set (repair)
-        body = await self.call(Opcode.PD_UPDATE_REPLICAS, header)
-        return StreamMeta.from_dict(body["stream"])
+        request = UpdateReplicasRequest(  # with ``expected``: compare-and-set (repair)
+            name=name, range_index=range_index, replicas=tuple(replica_ids),
+            expected=tuple(expected), stream_id=stream_id)
+        return StreamAnswer.from_header(await self.call(request.OPCODE,
+                                                        request.to_header())).stream
 
     # -- servers and cluster -----------------------------------------------------------
     async def list_servers(self) -> list[ServerInfo]:
         body = await self.call(Opcode.PD_LIST_SERVERS, {})
-        return [ServerInfo.from_dict(s) for s in body["servers"]]
+        return list(ServersAnswer.from_header(body).servers)
 
     async def cluster(self) -> dict[str, Any]:
         return await self.call(Opcode.PD_CLUSTER, {})
@@ -457,11 +485,12 @@ class PDClient:
         return body
 
     async def register_server(
-        self, server_id: str, address: str, storage_class: str = "ssd"
+        self, server_id: str, address: str, storage_class: str = STORAGE_CLASS_DEFAULT
     ) -> ServerInfo:
-        body = await self.call(Opcode.PD_REGISTER_SERVER, {
-            "server_id": server_id, "address": address, "storage_class": storage_class})
-        return ServerInfo.from_dict(body["server"])
+        request = RegisterServerRequest(server_id=server_id, address=address,
+                                        storage_class=storage_class)
+        return ServerAnswer.from_header(await self.call(request.OPCODE,
+                                                        request.to_header())).server
 
     async def heartbeat(
         self, server_id: str, address: str, load: dict[str, Any], *, timeout_s: float = 1.0
@@ -471,7 +500,7 @@ class PDClient:
         Returns ``(answered, registered)``: how many nodes answered, and how many of them
         know the server as registered. Never raises for unreachable nodes.
         """
-        header = {"server_id": server_id, "address": address, "load": load}
+        header = HeartbeatRequest(server_id=server_id, address=address, load=load).to_header()
 
         async def one(node: str) -> bool | None:
             try:
@@ -481,7 +510,7 @@ class PDClient:
                 if isinstance(exc, Unavailable):
                     self._pool.discard(node)
                 return None
-            return bool(body.get("registered", True))
+            return HeartbeatAnswer.from_header(body).registered
 
         answers = await asyncio.gather(*(one(a) for a in self.addresses))
         answered = [a for a in answers if a is not None]
@@ -519,14 +548,6 @@ def keepalive_answers(body: Header, count: int) -> list[tuple[str, ...] | Estrea
                 and 0 <= item[0] < count:
             out[item[0]] = from_wire(item[1])
     return out
-
-
-def _of(stream_id: int, header: dict[str, Any]) -> dict[str, Any]:
-    """``header`` naming the incarnation ``stream_id`` of its stream (0: by name alone,
-    the field left out as older clients do)."""
-    if stream_id > 0:
-        header["stream_id"] = stream_id
-    return header
 
 
 def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Final, Literal
 
@@ -50,7 +51,15 @@ from estream.wire.errors import (
     Unauthenticated,
     Unavailable,
 )
-from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
+from estream.wire.meta import (
+    ACK_COUNT_DEFAULT,
+    DIGEST_DEFAULT,
+    REPLICAS_DEFAULT,
+    RangeMeta,
+    ServerInfo,
+    StreamMeta,
+)
+from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.record import (
     DIGEST_HMAC_SHA256,
     DIGEST_XXH3,
@@ -119,8 +128,8 @@ class Client:
     async def create_stream(
         self,
         name: str,
-        replicas: int = 3,
-        ack_count: int = 2,
+        replicas: int = REPLICAS_DEFAULT,
+        ack_count: int = ACK_COUNT_DEFAULT,
         *,
         type: str = "",
         hints: Sequence[str] = (),
@@ -136,18 +145,20 @@ class Client:
         stream from the cluster secret, ``connect(secret=)``, verified by every reader).
         ``exist_ok``: a stream of that name with exactly these settings is returned as it
         is; with other settings (or without ``exist_ok``) it raises ``StreamExists``."""
+        request = CreateStreamRequest(
+            name=name, replicas=replicas, ack_count=ack_count, type=type, hints=tuple(hints),
+            request_id=uuid.uuid4().hex, retention_ms=retention_ms,
+            retention_bytes=retention_bytes, digest=digest or DIGEST_DEFAULT)
         try:
-            meta = await self.pd.create_stream(name, replicas, ack_count, type, hints,
-                                               retention_ms=retention_ms,
-                                               retention_bytes=retention_bytes,
-                                               digest=digest)
+            meta = await self.pd.create(request)
         except StreamExists:
             if not exist_ok:
                 raise
             meta = await self.describe_stream(name)
             differ = meta.settings_differ(
-                replicas=replicas, ack_count=ack_count, type=type, hints=hints,
-                retention_ms=retention_ms, retention_bytes=retention_bytes, digest=digest)
+                replicas=request.replicas, ack_count=request.ack_count, type=request.type,
+                hints=request.hints, retention_ms=request.retention_ms,
+                retention_bytes=request.retention_bytes, digest=request.digest)
             if differ:
                 shown = ", ".join(f"{k}={getattr(meta, k)!r}" for k in differ)
                 raise StreamExists(f"stream {name!r} exists with other settings ({shown})",
@@ -451,7 +462,7 @@ class Client:
         """The MAC key of a stream whose digest is ``hmac-sha256`` (None for other
         digests), derived from this client's cluster secret; :class:`DigestKeyMissing`
         when the client has none."""
-        if getattr(meta, "digest", "xxh3") != "hmac-sha256":
+        if getattr(meta, "digest", DIGEST_DEFAULT) != "hmac-sha256":
             return None
         if not self._secret:
             raise DigestKeyMissing(
@@ -511,7 +522,7 @@ class Client:
         what a reader checks every batch against."""
         for meta in self._streams.values():
             if meta.id == stream_id:
-                digest = DIGESTS.get(getattr(meta, "digest", "xxh3"), DIGEST_XXH3)
+                digest = DIGESTS.get(getattr(meta, "digest", DIGEST_DEFAULT), DIGEST_XXH3)
                 try:
                     return digest, self.stream_key(meta)
                 except DigestKeyMissing:

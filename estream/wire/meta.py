@@ -24,11 +24,18 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from estream.wire.errors import InvalidArgument
 
 STORAGE_CLASSES = ("nvme", "ssd", "hdd")
+
+# A stream's settings when its creator gives none: here only (SDK, PD client, PD, admin
+# API, CLI and OpenAPI take them from these).
+REPLICAS_DEFAULT: Final = 3
+ACK_COUNT_DEFAULT: Final = 2  # of 3 replicas: one may be down or slow
+DIGEST_DEFAULT: Final = "xxh3"  # entry digest (record.py DIGESTS)
+STORAGE_CLASS_DEFAULT: Final = "ssd"  # a range server registering without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +160,8 @@ class StreamMeta:
 
     id: int
     name: str
-    replicas: int = 3
-    ack_count: int = 2
+    replicas: int = REPLICAS_DEFAULT
+    ack_count: int = ACK_COUNT_DEFAULT
     type: str = ""
     hints: tuple[str, ...] = ()
     epoch: int = 0
@@ -162,7 +169,7 @@ class StreamMeta:
     ranges: Sequence[RangeMeta] = field(default_factory=tuple)  # (PD's catalog: a RangeList)
     retention_ms: int | None = None  # pd/retention.py; None: no limit
     retention_bytes: int | None = None
-    digest: str = "xxh3"  # entry digest: "xxh3", "crc32c" or "hmac-sha256" (record.py)
+    digest: str = DIGEST_DEFAULT  # entry digest: "xxh3", "crc32c" or "hmac-sha256" (record.py)
     # An answer with a window of the ranges (pd/paging.py): how many earlier ranges it
     # left out (0: ``ranges`` runs from the first range the stream keeps).
     ranges_omitted: int = 0
@@ -192,7 +199,7 @@ class StreamMeta:
                 "hints": tuple(self.hints), "retention_ms": self.retention_ms,
                 "retention_bytes": self.retention_bytes, "digest": self.digest}
         asked = {**wanted, "hints": tuple(wanted.get("hints", ())),
-                 "digest": wanted.get("digest") or "xxh3"}
+                 "digest": wanted.get("digest") or DIGEST_DEFAULT}
         return [k for k in mine if k in wanted and asked[k] != mine[k]]
     def holds_offset(self, offset: int) -> bool:
         """Whether these ranges are the ones to look ``offset`` up in: the stream's whole
@@ -235,7 +242,7 @@ class StreamMeta:
             "ranges": [r.to_dict() for r in self.ranges],
         } | {k: v for k, v in (("retention_ms", self.retention_ms),
                                ("retention_bytes", self.retention_bytes)) if v is not None
-        } | ({"digest": self.digest} if self.digest != "xxh3" else {}
+        } | ({"digest": self.digest} if self.digest != DIGEST_DEFAULT else {}
         ) | ({"ranges_omitted": self.ranges_omitted} if self.ranges_omitted else {}
         ) | ({"ranges_more": True} if self.ranges_more else {})
 
@@ -245,8 +252,8 @@ class StreamMeta:
             return cls(
                 id=int(d["id"]),
                 name=str(d["name"]),
-                replicas=int(d.get("replicas", 3)),
-                ack_count=int(d.get("ack_count", 2)),
+                replicas=int(d.get("replicas", REPLICAS_DEFAULT)),
+                ack_count=int(d.get("ack_count", ACK_COUNT_DEFAULT)),
                 type=str(d.get("type", "")),
                 hints=_str_tuple(d.get("hints", ())),
                 epoch=int(d.get("epoch", 0)),
@@ -254,7 +261,7 @@ class StreamMeta:
                 ranges=tuple(RangeMeta.from_dict(r) for r in d.get("ranges", ())),
                 retention_ms=_opt_int(d.get("retention_ms")),
                 retention_bytes=_opt_int(d.get("retention_bytes")),
-                digest=str(d.get("digest", "xxh3")),
+                digest=str(d.get("digest", DIGEST_DEFAULT)),
                 ranges_omitted=int(d.get("ranges_omitted", 0)),
                 ranges_more=d.get("ranges_more") is True,
             )
@@ -286,7 +293,7 @@ class ServerInfo:
 
     id: str
     address: str
-    storage_class: str = "ssd"
+    storage_class: str = STORAGE_CLASS_DEFAULT
     alive: bool = True
     load: dict[str, Any] = field(default_factory=dict)
 
@@ -304,7 +311,7 @@ class ServerInfo:
         return cls(
             str(d["id"]),
             str(d["address"]),
-            str(d.get("storage_class", "ssd")),
+            str(d.get("storage_class", STORAGE_CLASS_DEFAULT)),
             bool(d.get("alive", True)),
             dict(d.get("load") or {}),
         )

@@ -42,6 +42,7 @@ from aiohttp import web
 from estream.net.objectstore import ObjectStore
 from estream.net.security import bearer_token, token_role, verified_peer_cert
 from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
+from estream.wire import limits
 from estream.wire.errors import (
     Conflict,
     DigestKeyMissing,
@@ -58,23 +59,27 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
+from estream.wire.fields import streams_page_default
+from estream.wire.pdmessages import (
+    RETENTION_FIELDS,
+    CreateStreamRequest,
+    CursorRequest,
+    DescribeStreamRequest,
+    ListStreamsRequest,
+    SetRetentionRequest,
+    TrimStreamRequest,
+    retention_changes,
+)
 from estream.wire.roles import ALL_ROLES, certificate_role, http_action, permits_any
 from pd.crosssite import cross_site_refusal
 from pd.drain import under_replicated
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
-from pd.paging import (
-    page_after,
-    page_limit,
-    ranges_window,
-    stream_answer,
-    streams_page_default,
-    streams_page_max,
-    window_args,
-)
+from pd.paging import ranges_window, stream_answer
+from pd.retention import cursor_rows
 from pd.shell.console import RangesReport, add_operator_routes, with_drain_outlooks
 from pd.shell.raft import RaftStatus
-from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
+from pd.shell.service import PdService
 from pd.validate import check_request
 
 _STATUS: dict[type[EstreamError], int] = {
@@ -91,10 +96,6 @@ _STATUS: dict[type[EstreamError], int] = {
 }
 _STATUS[OffsetOutOfRange] = 400  # a cursor past the readable end
 _STATUS[DigestKeyMissing] = 403  # the record browser on an hmac-sha256 stream (no secret)
-_CREATE_FIELDS: dict[str, type] = {"name": str, "replicas": int, "ack_count": int, "type": str,
-                                   "hints": list}
-_CREATE_FIELDS.update({"retention_ms": int, "retention_bytes": int})  # pd/retention.py
-_CREATE_FIELDS.update({"digest": str})  # the entry digest (estream/wire/record.py)
 
 log = logging.getLogger(__name__)
 _cert_warnings_max: Final = 16  # distinct certificate warnings logged (then silent)
@@ -251,17 +252,15 @@ class _Views:
         return web.json_response(self.service.cluster())
 
     async def list_streams(self, request: web.Request) -> web.Response:
-        after, limit = _page_query(request.query)
+        page_asked = ListStreamsRequest.from_header({"after": request.query.get("after"),
+                                                     "limit": _query_int(request.query, "limit")})
+        after, limit = page_asked.after, page_asked.limit or streams_page_default
         page = await self.service.list_streams_with_figures(after, limit)
         return web.json_response({"streams": list(page.streams), "next": page.next})
 
     async def create_stream(self, request: web.Request) -> web.Response:
-        body = _parse_create(await request.read())
-        stream = await self.service.create_stream(
-            body["name"], body.get("replicas", 3), body.get("ack_count", 2),
-            body.get("type", ""), tuple(body.get("hints", ())),
-            retention_ms=body.get("retention_ms"), retention_bytes=body.get("retention_bytes"),
-            digest=body.get("digest", "xxh3"))
+        body = _json_object(await request.read(), CreateStreamRequest.BODY_FIELDS)
+        stream = await self.service.create_stream(CreateStreamRequest.from_body(body))
         return web.json_response(stream.to_dict(), status=201)
 
     async def list_cursors(self, request: web.Request) -> web.Response:
@@ -271,14 +270,11 @@ class _Views:
                                   "cursors": cursor_rows(end, cursors)})
 
     async def commit_cursor(self, request: web.Request) -> web.Response:
-        body = _json_object(await request.read(), ("cursor", "offset"))
-        cursor, offset = body.get("cursor"), body.get("offset")
-        if not isinstance(cursor, str):
-            raise InvalidArgument("field 'cursor' must be a string", argument="cursor")
-        if not isinstance(offset, int) or isinstance(offset, bool):
-            raise InvalidArgument("field 'offset' must be an integer", argument="offset")
-        await self.service.commit_cursor(request.match_info["name"], cursor, offset)
-        return web.json_response({"cursor": cursor, "offset": offset})
+        body = _json_object(await request.read(), CursorRequest.BODY_FIELDS)
+        commit = CursorRequest.from_body(request.match_info["name"], body)
+        assert commit.offset is not None
+        await self.service.commit_cursor(commit.name, commit.cursor, commit.offset)
+        return web.json_response({"cursor": commit.cursor, "offset": commit.offset})
 
     async def delete_cursor(self, request: web.Request) -> web.Response:
         name, cursor = request.match_info["name"], request.match_info["cursor"]
@@ -292,24 +288,25 @@ class _Views:
 
     async def set_retention(self, request: web.Request) -> web.Response:
         body = _json_object(await request.read(), RETENTION_FIELDS)
-        stream = await self.service.set_retention(request.match_info["name"], body)
+        stream = await self.service.set_retention(SetRetentionRequest(
+            name=request.match_info["name"], changes=retention_changes(body)))
         return web.json_response(stream_answer(stream))
 
     async def describe_stream(self, request: web.Request) -> web.Response:
-        offset, index, limit = window_args({k: _query_int(request.query, k) for k in
-                                            ("offset", "index", "limit") if k in request.query})
-        stream = await self.service.describe_stream(request.match_info["name"])
-        shown = ranges_window(stream, offset, limit, index=index)  # the figures stay whole
+        asked = DescribeStreamRequest.from_header(
+            {"name": request.match_info["name"]} | {k: _query_int(request.query, k) for k in
+                                                    ("offset", "index", "limit")
+                                                    if k in request.query})
+        stream = await self.service.describe_stream(asked.name)
+        limit = asked.limit or limits.stream_ranges_per_answer_default
+        shown = ranges_window(stream, asked.offset, limit, index=asked.index)  # figures: whole
         # 1 s per open-range replica at most
         return web.json_response(shown.to_dict() | await self.service.figures(stream))
 
     async def trim_stream(self, request: web.Request) -> web.Response:
-        body = _json_object(await request.read(), ("start_offset",))
-        start = body.get("start_offset")
-        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-            raise InvalidArgument("field 'start_offset' must be an integer >= 0",
-                                  argument="start_offset")
-        stream = await self.service.trim_stream(request.match_info["name"], start)
+        body = _json_object(await request.read(), TrimStreamRequest.BODY_FIELDS)
+        trim = TrimStreamRequest.from_body(request.match_info["name"], body)
+        stream = await self.service.trim_stream(trim.name, trim.start_offset)
         return web.json_response(stream_answer(stream))
 
     async def delete_stream(self, request: web.Request) -> web.Response:
@@ -397,13 +394,6 @@ def not_ready_reason(status: RaftStatus, caught_up: bool) -> str | None:
     return None
 
 
-def _page_query(query: Mapping[str, str]) -> tuple[str, int]:
-    """``?after=NAME&limit=N`` of ``GET /v1/streams`` (pd/paging.py): 400 for a limit that
-    is not an integer from 1 to the maximum, or an after that is no name."""
-    return page_after(query.get("after")), page_limit(
-        _query_int(query, "limit"), default=streams_page_default, maximum=streams_page_max)
-
-
 def _query_int(query: Mapping[str, str], name: str) -> object:
     """A query parameter as an integer when it is one (digits only), else as given (the
     check that follows refuses it naming ``name``); None when absent."""
@@ -428,15 +418,3 @@ def _json_object(raw: bytes, fields: Collection[str]) -> dict[str, Any]:
                               f"{', '.join(sorted(fields))}", argument=unknown[0])
     check_request(body)  # every field's bounds (pd/validate.py), as the RPC port's
     return body
-
-
-def _parse_create(raw: bytes) -> dict[str, Any]:
-    body = _json_object(raw, _CREATE_FIELDS)
-    if "name" not in body:
-        raise InvalidArgument("missing field 'name'", argument="name")
-    for field, kind in _CREATE_FIELDS.items():
-        if field in body and (not isinstance(body[field], kind) or isinstance(body[field], bool)):
-            raise InvalidArgument(f"field {field!r} must be a {kind.__name__}", argument=field)
-    if not all(isinstance(h, str) for h in body.get("hints", ())):
-        raise InvalidArgument("field 'hints' must be a list of strings", argument="hints")
-    return {k: v for k, v in body.items() if k in _CREATE_FIELDS}

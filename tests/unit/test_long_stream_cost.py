@@ -18,6 +18,7 @@ import pytest
 from estream.net.pdclient import PDClient
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument, StreamNotFound
+from estream.wire.fields import window_args
 from estream.wire.meta import StreamMeta
 from estream.wire.protocol import Opcode
 from pd.catalog import Catalog
@@ -33,9 +34,8 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
-from pd.paging import ranges_window, stream_answer, window_args
+from pd.paging import ranges_window, stream_answer, stream_tail
 from pd.rangelist import RangeList
-from pd.shell.service import stream_tail
 
 PLACEMENT = ("rs1", "rs2", "rs3")
 RANGES = 10_000  # sealed ranges of 5 offsets, then the open one

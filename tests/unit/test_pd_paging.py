@@ -9,16 +9,14 @@ import pytest
 
 from estream.net.pdclient import PDClient
 from estream.wire.errors import InvalidArgument
+from estream.wire.fields import page_after, page_limit, streams_page_max
 from estream.wire.limits import frame_header_bytes_max
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.protocol import Opcode
 from pd.paging import (
-    page_after,
     page_bytes_max,
-    page_limit,
     ranges_window,
     stream_page,
-    streams_page_max,
     windowed_stream,
 )
 from pd.pmap import PMap
@@ -137,7 +135,7 @@ def test_a_writer_holding_a_window_merges_a_seal_answer() -> None:
     """PD_SEAL_RANGE with ranges_from: the earlier ranges come from the window the writer
     holds; the result stays a window of bounded size."""
     from estream.net.pdclient import with_earlier_ranges
-    from pd.shell.service import stream_tail
+    from pd.paging import stream_tail
 
     before = _chain(2_000)
     held = ranges_window(before)  # what open_writer answered
@@ -171,7 +169,7 @@ def test_figures_of_a_window_are_not_exact() -> None:
 
 
 def test_a_seal_answer_from_an_early_index_is_a_window() -> None:
-    from pd.shell.service import stream_tail
+    from pd.paging import stream_tail
 
     stream = _chain(3_000)
     answer = stream_tail(stream, 5)

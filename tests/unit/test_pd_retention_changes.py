@@ -25,8 +25,7 @@ from pd.commands import (
     encode_command,
 )
 from pd.openapi import OPENAPI
-from pd.retention import plan_trim
-from pd.shell.service import retention_change
+from pd.retention import plan_trim, retention_change
 from tests.unit.test_pd_retention import ranges
 
 SERVERS = ("a", "b", "c")

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from estream.net.pdclient import with_earlier_ranges
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
-from pd.shell.service import stream_tail
+from pd.paging import stream_tail
 
 REPLICAS = (ReplicaRef("rs1", "127.0.0.1:7001"), ReplicaRef("rs2", "127.0.0.1:7002"))
 
