@@ -1,5 +1,5 @@
 """The fault proxy's pure core: cutting byte streams into frames, and the rules that decide
-what happens to each frame (``estream/devcluster/faultproxy.py``)."""
+what happens to each frame (``tests/harness/faultproxy.py``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import doctest
 
 import pytest
 
-from estream.devcluster import faultproxy
-from estream.devcluster.faultproxy import Action, Direction, FaultRules, FrameSplitter, Rule
 from estream.wire.protocol import FrameFlags, Opcode, encode_frame_bytes
+from tests.harness import faultproxy
+from tests.harness.faultproxy import Action, Direction, FaultRules, FrameSplitter, Rule
 
 REQ, ANS = Direction.REQUEST, Direction.ANSWER
 

@@ -589,3 +589,9 @@ def _abort(writer: asyncio.StreamWriter) -> None:
 
 def _direction(value: Direction | str | None) -> Direction | None:
     return None if value is None else Direction(value)
+
+
+def start_fault_proxy(target: str, host: str) -> FaultProxy:
+    """A started fault proxy in front of ``target``: ``start_cluster(proxy=start_fault_proxy)``
+    (and the ``cluster`` marker's ``proxy=``) put one in front of every range server."""
+    return FaultProxy(target, host).start()
