@@ -37,7 +37,7 @@ listener_connections_max: Final = 1024  # open connections per listening port; o
 connection_auth_ms_max: Final = 5_000  # a connection that must authenticate (tokens on)
 #   and has not by then is closed
 
-# Records and batches (estream/wire/record.py).
+# Records and batches (estream/wire/record/).
 batch_bytes_max: Final = 8 * MiB  # one encoded record batch
 batch_records_max: Final = 65_536
 record_value_bytes_max: Final = 4 * MiB

@@ -15,7 +15,7 @@ exchange is two ``AUTH`` frames on the connection being authenticated:
    connection's server nonce is new) and one nonce gets one guess.
 
 :func:`member_key` derives the key with a label of its own, so the proofs and the
-``hmac-sha256`` streams' MAC keys (``estream/wire/record.py``), which derive from the same
+``hmac-sha256`` streams' MAC keys (``estream/wire/record/``), which derive from the same
 secret, never share a key. Pure: the caller brings the random nonces.
 """
 

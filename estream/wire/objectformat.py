@@ -6,7 +6,7 @@ before) holds exactly one range. Both end with an index block and the same 64-by
 
 A sealed range offloaded to the object store becomes one object holding the range's record
 batches exactly as the range servers store them (the batch format of
-``estream/wire/record.py``, xxh3 checksums kept, so every reader verifies every batch as it
+``estream/wire/record/``, xxh3 checksums kept, so every reader verifies every batch as it
 would from a replica), then an index block with one entry per batch, then a fixed 64-byte
 footer. A reader needs two small ranged GETs to learn where everything is (the footer, then
 the index; or one GET of the object's tail when the index is small) and one ranged GET per
@@ -69,7 +69,7 @@ Rules checked on encode and on decode (version 1): batches are contiguous from `
 long copy), each batch belongs to ``stream_id``, index entries lie back to back from byte 0
 up to ``index_position``. Malformed input raises only :class:`MalformedObject`; a footer or
 index whose checksum fails raises :class:`ChecksumMismatch` (a batch's own checksum is
-verified when it is read, by ``estream/wire/record.py``).
+verified when it is read, by ``estream/wire/record/``).
 
 Pure: no I/O.
 """
