@@ -249,6 +249,13 @@ def test_the_installed_package_has_no_fault_tools() -> None:
         assert not any(imp.startswith("tests") for imp in imports_anywhere(module)), module
 
 
+def test_metrics_are_made_one_way() -> None:
+    """Processes record with ``estream.core.metrics``'s recorder; only the exposition
+    (``estream.server.metrics``) runs ``prometheus_client``."""
+    users = [m for m in project_modules() if "prometheus_client" in imports_of(m)]
+    assert users == ["estream.server.metrics"]
+
+
 def test_the_walk_sees_package_inits() -> None:
     """The rule catches a forbidden import reached only through a package ``__init__``."""
     assert "estream" in imports_of("estream.wire.record")

@@ -145,7 +145,7 @@ def test_writer_progress_gauges_across_scrapes() -> None:
     assert gauges(metrics, now=500.0)["estream_rangeserver_unconfirmed_age_seconds"] == 0
     (replicas,) = [f for f in metrics._replica_families(500.0)
                    if f.name == "estream_rangeserver_replicas"]
-    assert {s.labels["state"]: s.value for s in replicas.samples} == {
+    assert {dict(s.labels)["state"]: s.value for s in replicas.samples} == {
         "open": 1, "sealed": 1, "damaged": 0}
 
 
