@@ -36,8 +36,8 @@ from estream.wire.errors import EstreamError
 from estream.wire.record import decode_batch, iter_batches
 
 GENERATED: Final = "generated"  # start_cluster's default secret: a fresh random one
-replica_read_bytes_max = 1 << 20
-replica_read_calls_max = 10_000
+replica_read_bytes_max: Final = 1 << 20
+replica_read_calls_max: Final = 10_000
 Entries = list[tuple[int, bytes]]  # (offset, value) as a replica serves them
 
 

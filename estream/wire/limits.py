@@ -1,7 +1,12 @@
-"""Every size and time limit of estream, in one place, units last in every name.
+"""The limits that more than one module or process must agree on: frame, batch and read
+sizes, protocol timings, the writer's defaults the servers size for.
 
-Their relationships (a batch fits in a frame, a read answer fits in a frame, ...) are
-checked by ``tests/unit/test_limits.py``.
+The convention for every limit of estream: a ``Final`` number with a lowercase name, its
+unit last (``bytes``, ``ms``, ``s``, or what is counted: ``records``), then ``max``,
+``min`` or ``default``. A limit only one module goes by lives beside it, in that module;
+``tests/unit/test_limit_names.py`` checks every module. The relationships between these
+(a batch fits in a frame, a read answer fits in a frame, ...) are checked by
+``tests/unit/test_limits.py``.
 
 Pure: no I/O.
 """

@@ -34,7 +34,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Final, NoReturn
 
 import uvloop
 
@@ -64,10 +64,10 @@ from rangeserver.shell.wal import IO_MODES
 log = logging.getLogger("rangeserver")
 
 STORAGE_CLASSES = ("nvme", "ssd", "hdd")
-checkpoint_interval_s = 30.0
+checkpoint_interval_s: Final = 30.0
 _SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what PD accepts as a server id
 _CPU_MAX = 4095  # a CPU list names no CPU above this (Linux's default NR_CPUS limit)
-gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
+gc_gen0_allocations: Final = 100_000  # allocations between young collections (CPython default: 700)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -219,7 +219,7 @@ def tune_gc() -> None:
     without the cyclic GC."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(gc_gen0_threshold, 50, 1000)
+    gc.set_threshold(gc_gen0_allocations, 50, 1000)
 
 
 def tune_thread_switching() -> None:

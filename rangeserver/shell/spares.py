@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 from estream.server.durable import fsync_dir
 from estream.wire import limits
@@ -45,11 +46,11 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".spare"
 PREPARING = "preparing.tmp"
-chunk_bytes = 1 * limits.MiB  # one write + fdatasync of zeros
-idle_s = 0.1  # no append for this long: the log is idle and spares may be prepared
-poll_s = 0.05  # how often an idle-waiting preparer looks again
-reserve_free_bytes = 4 * limits.GiB  # never fill the disk below this much free space
-retry_s = 5.0  # after a preparation failed (no room, no descriptors), before trying again
+chunk_bytes: Final = 1 * limits.MiB  # one write + fdatasync of zeros
+idle_s: Final = 0.1  # no append for this long: the log is idle and spares may be prepared
+poll_s: Final = 0.05  # how often an idle-waiting preparer looks again
+reserve_free_bytes: Final = 4 * limits.GiB  # never fill the disk below this much free space
+retry_s: Final = 5.0  # after a preparation failed (no room, no descriptors), before trying again
 
 
 class SparePool:

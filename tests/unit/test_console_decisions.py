@@ -12,11 +12,11 @@ from estream.wire.errors import InvalidArgument
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.console import (
     SampleRing,
+    browse_records_max,
     drain_outlooks,
     interval_mean_ms,
     record_row,
     records_bytes_max,
-    records_limit_max,
     records_query,
     samples_max,
     within_budget,
@@ -89,8 +89,8 @@ def test_interval_mean() -> None:
 
 def test_records_query_bounds() -> None:
     assert records_query({"timestamp": "123"}).timestamp_ms == 123
-    assert records_query({"limit": str(records_limit_max)}).limit == records_limit_max
-    for params, field in (({"limit": str(records_limit_max + 1)}, "limit"),
+    assert records_query({"limit": str(browse_records_max)}).limit == browse_records_max
+    for params, field in (({"limit": str(browse_records_max + 1)}, "limit"),
                           ({"limit": "0"}, "limit"), ({"offset": "-1"}, "offset"),
                           ({"offset": "1e3"}, "offset"), ({"timestamp": "x"}, "timestamp"),
                           ({"offset": "1", "timestamp": "2"}, "timestamp"),

@@ -44,7 +44,7 @@ def test_a_failed_producer_is_forgotten_so_its_retry_is_taken() -> None:
 
 def test_only_the_last_batches_and_producers_are_kept(monkeypatch: object) -> None:
     table = ProducerTable()
-    for seq in range(producers.batches_kept + 2):
+    for seq in range(producers.kept_batches + 2):
         table.appended(1, 0, seq, 1)
     assert table.decide(1, 0, 0, 1) == Decision("out_of_order")  # forgotten
     assert table.decide(1, 0, 2, 1).kind == "duplicate"

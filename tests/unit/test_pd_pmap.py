@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pd.pmap import PMap, _Branch, _Leaf, node_max
+from pd.pmap import PMap, _Branch, _Leaf, node_entries_max
 
 KEYS = st.text(alphabet="abcdefgh", min_size=0, max_size=4)
 OPS = st.lists(st.tuples(st.booleans(), KEYS, st.integers()), max_size=400)
@@ -23,9 +23,9 @@ def check(m: PMap[int], ref: dict[str, int]) -> None:
 
     def depth(node: _Leaf | _Branch) -> int:
         if isinstance(node, _Leaf):
-            assert len(node.keys) <= node_max and node.keys == sorted(node.keys)
+            assert len(node.keys) <= node_entries_max and node.keys == sorted(node.keys)
             return 1
-        assert 1 <= len(node.kids) <= node_max and len(node.seps) == len(node.kids) - 1
+        assert 1 <= len(node.kids) <= node_entries_max and len(node.seps) == len(node.kids) - 1
         depths = {depth(k) for k in node.kids}
         assert len(depths) == 1  # balanced
         return depths.pop() + 1

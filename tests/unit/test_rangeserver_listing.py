@@ -14,8 +14,8 @@ from estream.wire.limits import frame_header_bytes_max
 from estream.wire.protocol import Opcode
 from rangeserver.listing import (
     ReplicaKeys,
-    list_ranges_page_default,
-    list_ranges_page_max,
+    list_ranges_replicas_default,
+    list_ranges_replicas_max,
     parse_page,
 )
 
@@ -54,12 +54,12 @@ def test_the_largest_page_fits_a_frame_header() -> None:
     entry = {"stream_id": big, "range_index": 2**32 - 1, "start": big, "end": big,
              "confirm": big, "epoch": big, "sealed": True, "sealed_end": big,
              "damaged": False, "digest": "hmac-sha256"}
-    answer = {"ranges": [entry] * list_ranges_page_max, "more": True}
+    answer = {"ranges": [entry] * list_ranges_replicas_max, "more": True}
     assert len(msgpack.packb(answer)) < frame_header_bytes_max
 
 
 @pytest.mark.parametrize(("header", "argument"), [
-    ({"limit": 0}, "limit"), ({"limit": list_ranges_page_max + 1}, "limit"),
+    ({"limit": 0}, "limit"), ({"limit": list_ranges_replicas_max + 1}, "limit"),
     ({"limit": "5"}, "limit"), ({"limit": True}, "limit"), ({"after": 5}, "after"),
     ({"after": [1]}, "after"), ({"after": [1, -1]}, "after"), ({"after": [1, "x"]}, "after"),
     ({"after": [2**64, 0]}, "after"),
@@ -71,7 +71,7 @@ def test_bad_page_arguments_are_refused(header: dict[str, Any], argument: str) -
 
 
 def test_defaults() -> None:
-    assert parse_page({}) == (None, list_ranges_page_default)
+    assert parse_page({}) == (None, list_ranges_replicas_default)
     assert parse_page({"after": [3, 4], "limit": 9}) == ((3, 4), 9)
 
 

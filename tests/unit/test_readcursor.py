@@ -446,11 +446,11 @@ def _growing(world: World, step: Step) -> None:
 def test_a_tail_leaves_a_hung_replica_for_the_others_and_comes_back_later() -> None:
     """The preferred replica's server hangs: its read times out once, the next replica
     serves at once, and the tail stays on the replicas that answer (the hung one asked
-    last) for ``hung_reads_last`` reads; then asks it first again, and it answers."""
+    last) for ``hung_last_reads`` reads; then asks it first again, and it answers."""
     rng = RangeMeta(0, 0, None, ABC)
     world = World([meta(rng)], held={(r.id, 0): 0 for r in ABC},
                   errors={"a": [Timeout("t"), Timeout("t")]}, on_step=_growing)
-    config = CursorConfig(hung_reads_last=5)
+    config = CursorConfig(hung_last_reads=5)
     trace, error = drive(ReadCursor("s", end=30, follow=True, preferred="a", config=config),
                          world)
     assert error is None
@@ -723,7 +723,7 @@ def test_check_footer_refuses_an_object_holding_something_else() -> None:
 
 
 def test_config_bounds_are_used() -> None:
-    config = CursorConfig(read_rounds_max=2, retry_pause_ms_step=7)
+    config = CursorConfig(read_rounds_max=2, retry_pause_step_ms=7)
     world = World([meta(SEALED0)], errors={r.id: [Timeout("t")] * 9 for r in ABC})
     trace, error = drive(ReadCursor("s", config=config), world)
     assert isinstance(error, Timeout)
