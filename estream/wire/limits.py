@@ -6,7 +6,7 @@ unit last (``bytes``, ``ms``, ``s``, or what is counted: ``records``), then ``ma
 ``min`` or ``default``. A limit only one module goes by lives beside it, in that module;
 ``tests/unit/test_limit_names.py`` checks every module. The relationships between these
 (a batch fits in a frame, a read answer fits in a frame, ...) are checked by
-``tests/unit/test_limits.py``.
+``tests/unit/wire/test_limits.py``.
 
 Pure: no I/O.
 """

@@ -25,9 +25,9 @@ and tests can wait for a count ("the 5th APPEND answer has passed").
 Bytes that are not estream frames (a bad magic: abuse tests, TLS) pass through unparsed.
 
 Two layers: :class:`FrameSplitter` and :class:`FaultRules` are pure (no I/O, no clock;
-``tests/unit/test_faultproxy.py``); :class:`FaultProxy` is the shell: its own asyncio loop in
-a background thread, so synchronous and asynchronous tests can both drive it (every public
-method is thread-safe); :meth:`FaultProxy.close` stops it.
+``tests/unit/harness/test_faultproxy.py``); :class:`FaultProxy` is the shell: its own
+asyncio loop in a background thread, so synchronous and asynchronous tests can both drive
+it (every public method is thread-safe); :meth:`FaultProxy.close` stops it.
 
 Side effects (shell): a listening socket on 127.0.0.x, connections to the target, a thread.
 """

@@ -31,7 +31,7 @@ from pd.repair import (
 from pd.retention import needs_stats, plan_trim, recorded_bytes, stats_due
 from pd.shell.retainer import Retainer
 from pd.streammemo import Narrowing, StreamMemo
-from tests.unit.test_long_stream_cost import Counted
+from tests.unit.pd.test_long_stream_cost import Counted
 
 SERVERS = ("a", "b", "c", "d")
 REFS = {s: ReplicaRef(s, f"127.0.0.1:{i + 1}") for i, s in enumerate(SERVERS)}

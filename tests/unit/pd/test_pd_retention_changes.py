@@ -27,7 +27,7 @@ from pd.commands import (
 from pd.openapi import OPENAPI
 from pd.retention import plan_trim
 from pd.shell.service import retention_change
-from tests.unit.test_pd_retention import ranges
+from tests.unit.pd.test_pd_retention import ranges
 
 SERVERS = ("a", "b", "c")
 

@@ -18,7 +18,7 @@ from pd.scrub import (
     scrub_period_s_default,
     wait_ms_min,
 )
-from tests.unit.test_offload import BASE_ARGS
+from tests.unit.pd.test_offload import BASE_ARGS
 
 
 def test_doctests() -> None:

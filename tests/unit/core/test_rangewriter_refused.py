@@ -8,7 +8,7 @@ import pytest
 
 from estream.core.rangewriter import BeginSeal, FailAppends, RequestRoll
 from estream.wire.errors import EstreamError, InvalidArgument, MalformedBatch, Unavailable
-from tests.unit.test_rangewriter import make, rec
+from tests.unit.core.test_rangewriter import make, rec
 
 
 @pytest.mark.parametrize(

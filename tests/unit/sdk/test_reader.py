@@ -1,6 +1,6 @@
 """The reader's decoding of a READ answer: the window ``[offset, end)``, verified batches.
 
-(The reader's decisions are the read cursor's: tests/unit/test_readcursor.py.)
+(The reader's decisions are the read cursor's: tests/unit/core/test_readcursor.py.)
 """
 
 from __future__ import annotations

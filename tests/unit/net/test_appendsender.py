@@ -11,7 +11,7 @@ from estream.net.appendsender import AppendSender
 from estream.wire.appendmany import encode_answer
 from estream.wire.errors import EstreamError, Fenced, MalformedFrame, Timeout
 from estream.wire.protocol import Opcode
-from tests.unit.test_rangeclient import FakePool
+from tests.unit.net.test_rangeclient import FakePool
 
 
 class Answers:

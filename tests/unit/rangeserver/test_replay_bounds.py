@@ -6,7 +6,7 @@ from __future__ import annotations
 from estream.wire.record import Record, encode_batch
 from rangeserver import walformat as wf
 from rangeserver.replay import Replay
-from tests.unit.test_replay import batch_entry, control
+from tests.unit.rangeserver.test_replay import batch_entry, control
 
 INT64_MAX = 2**63 - 1
 A, B, C = (1, 0), (2, 0), (3, 0)
