@@ -11,7 +11,7 @@ and how the record browser asks and answers.
   :data:`sample_interval_s`, at most :data:`samples_max` kept: bounded memory whatever the
   uptime), as ``GET /v1/samples`` serves them for the console's charts.
 - :func:`records_query` and :func:`record_row`: ``GET /v1/streams/{name}/records``'s
-  bounds (at most :data:`records_limit_max` records and :data:`records_bytes_max` bytes of
+  bounds (at most :data:`browse_records_max` records and :data:`records_bytes_max` bytes of
   values per answer) and each record's shape (value as base64, and as text when it is
   UTF-8).
 
@@ -31,8 +31,8 @@ from estream.wire.meta import StreamMeta
 
 sample_interval_s: Final = 10.0  # one sample of PD's own figures this often
 samples_max: Final = 360  # an hour of samples at the interval above
-records_limit_max: Final = 100  # records per answer of the record browser
-records_limit_default: Final = 20
+browse_records_max: Final = 100  # records per answer of the record browser
+browse_records_default: Final = 20
 records_bytes_max: Final = 1024 * 1024  # values per answer (at least one record is given)
 timestamp_ms_max: Final = 2**63 - 1
 
@@ -162,7 +162,7 @@ def records_query(params: Mapping[str, str]) -> RecordsQuery:
 
     >>> records_query({"offset": "5", "limit": "10"})
     RecordsQuery(offset=5, timestamp_ms=None, limit=10)
-    >>> records_query({}).limit == records_limit_default
+    >>> records_query({}).limit == browse_records_default
     True
     """
     unknown = sorted(set(params) - {"offset", "timestamp", "limit"})
@@ -173,9 +173,9 @@ def records_query(params: Mapping[str, str]) -> RecordsQuery:
     timestamp = _query_int(params, "timestamp", 0, timestamp_ms_max)
     if offset is not None and timestamp is not None:
         raise InvalidArgument("give offset or timestamp, not both", argument="timestamp")
-    limit = _query_int(params, "limit", 1, records_limit_max)
+    limit = _query_int(params, "limit", 1, browse_records_max)
     return RecordsQuery(offset, timestamp,
-                        records_limit_default if limit is None else limit)
+                        browse_records_default if limit is None else limit)
 
 
 def record_row(offset: int, timestamp_ms: int, headers: Mapping[str, str],

@@ -1,26 +1,27 @@
-"""What a PD node measures: request counts, latency histograms, named counters and gauges.
-
-:class:`Metrics` records; :meth:`Metrics.families` describes everything recorded as
-metric families (name, type, help, samples) that the shell hands to ``prometheus-client``
-for the text exposition (``estream/server/metrics.py``), beside the ``process_*``
-metrics. Recording here keeps the PD's decisions testable without a registry, a clock
-or a lock: the event loop is the only writer.
-
-Registration API for other parts of PD (repair, reclaim, recovery, offload):
-``count(name, help, amount, **labels)`` adds to a counter (its name ends in ``_total``),
-``set_gauge(name, help, value, **labels)`` sets a gauge, ``observe_seconds(name, help,
-seconds, **labels)`` adds to a latency histogram (its name ends in ``_seconds``). A name
-is one type for good; labels are short strings.
+"""What a PD node measures: its metric names and help, and :class:`Metrics`, the recorder
+(``estream/core/metrics.py``, the one way estream makes metrics) with PD's requests by API,
+operation and outcome. Other parts of PD (repair, reclaim, recovery, offload) record with
+``count``, ``set_gauge`` and ``observe_seconds``.
 
 Pure: no I/O (the caller measures durations and serves the text).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Final
+
+from estream.core.metrics import (
+    LATENCY_BUCKETS_S,
+    Family,
+    Histogram,
+    Recorder,
+    Sample,
+    counter_family,
+    histogram_family,
+)
+
+__all__ = ["LATENCY_BUCKETS_S", "Family", "Histogram", "Metrics", "Sample", "counter_family",
+           "histogram_family"]
 
 WRITER_RECOVERIES_TOTAL: Final = "estream_writer_recoveries_total"
 WRITER_RECOVERIES_HELP: Final = (
@@ -81,117 +82,11 @@ REQUEST_SECONDS: Final = "estream_pd_request_seconds"
 COMMIT_SECONDS: Final = "estream_pd_raft_commit_seconds"
 COMMIT_HELP: Final = "Raft commit latency of the commands this node proposed."
 
-LATENCY_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                            1.0, 2.5, 5.0)
-
-Labels = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One line of a family: ``suffix`` is ``""``, ``"_total"``, ``"_bucket"``, ``"_sum"``
-    or ``"_count"`` after the family's name."""
-
-    suffix: str
-    labels: Labels
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class Family:
-    """A metric family: ``name`` without ``_total`` for counters; ``kind`` is
-    ``"counter"``, ``"gauge"`` or ``"histogram"``."""
-
-    name: str
-    kind: str
-    help: str
-    samples: tuple[Sample, ...]
-
-
-class Histogram:
-    """Cumulative latency buckets (seconds), their sum and count."""
-
-    __slots__ = ("bounds", "counts", "sum_s")
-
-    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound
-        self.sum_s = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.sum_s += seconds
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def samples(self, labels: Labels = ()) -> list[Sample]:
-        """``_bucket`` lines (cumulative, ``le`` last among the labels), ``_sum``, ``_count``."""
-        out = []
-        cumulative = 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            cumulative += count
-            le = "+Inf" if bound == float("inf") else repr(float(bound))
-            out.append(Sample("_bucket", (*labels, ("le", le)), cumulative))
-        return [*out, Sample("_sum", labels, self.sum_s), Sample("_count", labels, cumulative)]
-
-
-@dataclass(slots=True)
-class _Named:
-    kind: str
-    help: str
-    values: dict[Labels, float] = field(default_factory=dict)
-    histograms: dict[Labels, Histogram] = field(default_factory=dict)
-
-
-def _key(labels: Mapping[str, str]) -> Labels:
-    return tuple(sorted((k, str(v)) for k, v in labels.items()))
-
-
-def _base(name: str, kind: str) -> str:
-    return name.removesuffix("_total") if kind == "counter" else name
-
-
-class Metrics:
-    """Per-operation request counts (ok / error) and latency histograms, plus the
-    counters, gauges and histograms other parts of PD register by name."""
-
-    def __init__(self) -> None:
-        self._named: dict[str, _Named] = {}
-
-    def _family(self, name: str, kind: str, help_text: str) -> _Named:
-        named = self._named.setdefault(name, _Named(kind, help_text))
-        if named.kind != kind:
-            raise ValueError(f"metric {name} is a {named.kind}, not a {kind}")
-        return named
-
-    def count(self, name: str, help_text: str, amount: int = 1, **labels: str) -> None:
-        """Add ``amount`` to the counter ``name`` (ending in ``_total``) with ``labels``."""
-        values = self._family(name, "counter", help_text).values
-        key = _key(labels)
-        values[key] = values.get(key, 0) + amount
-
-    def counter(self, name: str, **labels: str) -> int:
-        named = self._named.get(name)
-        return 0 if named is None else int(named.values.get(_key(labels), 0))
-
-    def set_gauge(self, name: str, help_text: str, value: float, **labels: str) -> None:
-        self._family(name, "gauge", help_text).values[_key(labels)] = value
-
-    def gauge_max(self, name: str) -> float | None:
-        """The largest value the gauge ``name`` has under any labels (None: none set)."""
-        named = self._named.get(name)
-        return max(named.values.values()) if named is not None and named.values else None
-
-    def observe_seconds(self, name: str, help_text: str, seconds: float, **labels: str) -> None:
-        """Add one duration to the histogram ``name`` (ending in ``_seconds``)."""
-        histograms = self._family(name, "histogram", help_text).histograms
-        histograms.setdefault(_key(labels), Histogram()).observe(seconds)
-
-    def histogram(self, name: str, **labels: str) -> Histogram | None:
-        named = self._named.get(name)
-        return None if named is None else named.histograms.get(_key(labels))
+class Metrics(Recorder):
+    """PD's recorder: per-operation request counts (ok / error) and latency histograms,
+    plus the counters, gauges and histograms other parts of PD register by name."""
 
     def observe(self, api: str, op: str, seconds: float, ok: bool) -> None:
         """One request served by ``api`` ("rpc", "http") for ``op``, and how long it took."""
@@ -203,30 +98,3 @@ class Metrics:
     def requests(self, api: str, op: str) -> int:
         return (self.counter(REQUESTS_TOTAL, api=api, op=op, outcome="ok")
                 + self.counter(REQUESTS_TOTAL, api=api, op=op, outcome="error"))
-
-    def families(self, gauges: Mapping[str, tuple[str, float]] | None = None,
-                 extra: Iterable[Family] = ()) -> list[Family]:
-        """Everything recorded, plus ``gauges`` (name -> (help, value)) and ``extra``
-        families measured by the caller at scrape time; sorted by name."""
-        out = [Family(name, "gauge", help_text, (Sample("", (), value),))
-               for name, (help_text, value) in (gauges or {}).items()]
-        for name, named in self._named.items():
-            if named.kind == "histogram":
-                samples = [s for key, h in sorted(named.histograms.items())
-                           for s in h.samples(key)]
-            else:
-                suffix = "_total" if named.kind == "counter" else ""
-                samples = [Sample(suffix, key, value)
-                           for key, value in sorted(named.values.items())]
-            out.append(Family(_base(name, named.kind), named.kind, named.help, tuple(samples)))
-        return sorted([*out, *extra], key=lambda f: f.name)
-
-
-def histogram_family(name: str, help_text: str, histogram: Histogram) -> Family:
-    """One unlabelled histogram as a family (e.g. Raft's commit latency)."""
-    return Family(name, "histogram", help_text, tuple(histogram.samples()))
-
-
-def counter_family(name: str, help_text: str, value: float) -> Family:
-    """One unlabelled counter (``name`` ends in ``_total``) as a family."""
-    return Family(_base(name, "counter"), "counter", help_text, (Sample("_total", (), value),))

@@ -23,8 +23,8 @@ from typing import Any, Final, Generic, TypeVar, overload
 V = TypeVar("V")
 T = TypeVar("T")
 
-node_max: Final = 64  # entries of a leaf, children of a branch
-node_min: Final = node_max // 4  # below this, a node merges with a neighbour
+node_entries_max: Final = 64  # entries of a leaf, children of a branch
+node_entries_min: Final = node_entries_max // 4  # below this, a node merges with a neighbour
 
 
 class _Leaf:
@@ -61,17 +61,17 @@ def _size(node: _Node) -> int:
 
 
 def _split(node: _Node) -> list[Any]:
-    """``[node]``, or ``[left, sep, right]`` when it holds more than ``node_max``."""
+    """``[node]``, or ``[left, sep, right]`` when it holds more than ``node_entries_max``."""
     if type(node) is _Leaf:
         n = len(node.keys)
-        if n <= node_max:
+        if n <= node_entries_max:
             return [node]
         h = n // 2
         return [_Leaf(node.keys[:h], node.values[:h]), node.keys[h],
                 _Leaf(node.keys[h:], node.values[h:])]
     assert type(node) is _Branch
     n = len(node.kids)
-    if n <= node_max:
+    if n <= node_entries_max:
         return [node]
     h = n // 2
     return [_Branch(node.seps[:h - 1], node.kids[:h]), node.seps[h - 1],
@@ -201,7 +201,7 @@ class PMap(Mapping[str, V], Generic[V]):
         for branch, i in reversed(path):
             kids, seps = branch.kids.copy(), branch.seps.copy()
             kids[i] = new
-            if _size(new) < node_min and len(kids) > 1:
+            if _size(new) < node_entries_min and len(kids) > 1:
                 at = i if i + 1 < len(kids) else i - 1  # merge kids[at] and kids[at + 1]
                 parts = _split(_merge(kids[at], seps[at], kids[at + 1]))
                 kids[at:at + 2] = parts[::2]
@@ -250,7 +250,7 @@ def _build(pairs: list[tuple[str, Any]]) -> _Node:
     """A tree of sorted, distinct ``pairs``, its nodes three quarters full."""
     if not pairs:
         return _EMPTY
-    step = node_max * 3 // 4
+    step = node_entries_max * 3 // 4
     nodes: list[_Node] = []
     lows: list[str] = []
     for at in range(0, len(pairs), step):

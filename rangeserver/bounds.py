@@ -1,18 +1,14 @@
 """The valid range of every number a range server is given, checked in one place.
 
-Offsets, epochs and stream ids are int64 (the batch format stores them as u64, but the
-index's arrays, the time index and every reader, Java longs in Spark and Kafka included,
-hold them as signed 64-bit integers): a batch's ``base_offset + count`` must stay at or
-below :data:`INT64_MAX`. Range indexes are u32, as the batch format stores them;
-timestamps (ms) are int64, negative ones included. Lengths and waits of a READ are
-non-negative int64 (the server then clamps them to its own limits).
-
-Every request field (:data:`FIELD_BOUNDS`, :func:`check_field`) and every APPEND batch
-(:func:`batch_error`) is checked before anything is logged or allocated, and answered
-:class:`~estream.wire.errors.InvalidArgument` naming the field. Recovery
-(``rangeserver/replay.py``) holds the log's entries to the same bounds
-(:func:`batch_error`, :func:`control_in_bounds`): an entry a previous version accepted
-outside them makes its replica damaged instead of stopping the server.
+Offsets, epochs and stream ids are int64 (stored as u64, but held signed by the index, the
+time index and every reader, Java longs included): ``base_offset + count`` stays at or
+below :data:`INT64_MAX`. Range indexes are u32; timestamps (ms) int64, negative included;
+a READ's lengths and waits non-negative int64 (then clamped to the server's limits). Every
+request field (:data:`FIELD_BOUNDS`, :func:`check_field`) and APPEND batch
+(:func:`batch_error`) is checked before anything is logged or allocated
+(:class:`~estream.wire.errors.InvalidArgument` naming the field); replay holds log entries
+to the same bounds (:func:`control_in_bounds`): an entry outside them makes its replica
+damaged, the server still starts.
 
 Pure: no I/O.
 """

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from rangeserver.retention import Span
 
 Key = tuple[int, int]
 
-segments_per_round_max = 64  # old segments looked at per round (the oldest first)
+segments_per_round_max: Final = 64  # old segments looked at per round (the oldest first)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ from estream.wire.errors import InvalidArgument
 
 Key = tuple[int, int]  # (stream_id, range_index)
 
-list_ranges_page_default: Final = 1000  # replicas a LIST_RANGES answers without "limit"
-list_ranges_page_max: Final = 4000  # the most one answer holds (about 600 KiB encoded)
+list_ranges_replicas_default: Final = 1000  # replicas a LIST_RANGES answers without "limit"
+list_ranges_replicas_max: Final = 4000  # the most one answer holds (about 600 KiB encoded)
 _U64_MAX: Final = 2**64 - 1
 
 
@@ -62,7 +62,7 @@ class ReplicaKeys:
 
 def parse_page(header: dict[str, Any]) -> tuple[Key | None, int]:
     """LIST_RANGES's ``"after"`` (``[stream_id, range_index]``, absent: from the first)
-    and ``"limit"`` (1..:data:`list_ranges_page_max`, absent: the default);
+    and ``"limit"`` (1..:data:`list_ranges_replicas_max`, absent: the default);
     ``InvalidArgument`` naming the field otherwise.
 
     >>> parse_page({})
@@ -70,10 +70,10 @@ def parse_page(header: dict[str, Any]) -> tuple[Key | None, int]:
     >>> parse_page({"after": [7, 2], "limit": 10})
     ((7, 2), 10)
     """
-    limit = header.get("limit", list_ranges_page_default)
+    limit = header.get("limit", list_ranges_replicas_default)
     if not isinstance(limit, int) or isinstance(limit, bool) \
-            or not 1 <= limit <= list_ranges_page_max:
-        raise InvalidArgument(f"limit must be an integer from 1 to {list_ranges_page_max}",
+            or not 1 <= limit <= list_ranges_replicas_max:
+        raise InvalidArgument(f"limit must be an integer from 1 to {list_ranges_replicas_max}",
                               argument="limit")
     after = header.get("after")
     if after is None:

@@ -1,37 +1,11 @@
 """Recovery at start: every replica's state, index and span rebuilt from the log.
 
-:class:`Replay` starts from what a checkpoint holds (or from nothing) and takes the log's
-segments in order (:meth:`Replay.segment`: the bytes of one segment from the checkpoint's
-position on). It replays every valid entry that ``rangeserver/walformat.py`` finds and
-decides what the other bytes mean:
-
-- **Mid-log damage** (an invalid entry with valid ones after it): nothing is cut; the
-  replica the damaged entry names (its batch header or control body, when that names a
-  replica it knows), else every open replica, is marked damaged.
-- **A torn tail** of the last segment (an incomplete entry, an unwritten sector, garbage
-  with no sane entry header): cut at the last valid entry (:class:`Cut`).
-- **A damaged last entry** (:attr:`~rangeserver.walformat.ScanResult.tail_damage`: written
-  whole, then changed): cut like a torn tail, but the replica it names (else every open
-  one) is marked damaged and a DAMAGED entry for each is written where the cut is, so the
-  mark outlives the evidence. Why not leave it: appends must continue after the last valid
-  entry, and a replica short of what it acknowledged must never answer a fence with that
-  short end (recovery would seal below acknowledged records).
-- **Zeros** after the last entry: unused space (a spare, a direct write's padding, the
-  hole of a full-size segment), kept as it is in any segment.
-- **Garbage at the end of an earlier segment**: damage (the log synced a segment whole
-  before starting the next).
-- **Batches of a replica with neither CREATE_RANGE nor DROP entry in the log** (its
-  CREATE_RANGE entry was damaged): the replica becomes a damaged one, so that the server
-  never answers RangeNotFound ("never had it") for data it holds. Batches of a dropped
-  replica whose CREATE_RANGE went with a reclaimed segment are not that: its DROP entry
-  is kept as long as they are (``rangeserver/retention.py``). Nor are batches followed by
-  their replica's CREATE_RANGE: the log carried that replica forward
-  (``rangeserver/carry.py``) and the group after the CREATE_RANGE holds all of them.
-- **Entries out of bounds** (``rangeserver/bounds.py``; only a version before those
-  checks could log them): a batch whose offsets end past int64 is skipped (that version
-  failed such an append before answering or applying it, so nothing acknowledged is
-  lost); a control entry with a number past int64 makes its replica damaged (none of
-  its requests can be served within the bounds). The server starts either way.
+:class:`Replay` starts from what a checkpoint holds (or from nothing), takes the log's
+segments in order, replays every valid entry ``rangeserver/walformat.py`` finds and decides
+what the other bytes mean: mid-log damage (nothing cut, replicas marked damaged), a torn
+tail (cut), a damaged last entry (cut, and a DAMAGED entry written), zeros (unused space),
+replicas without a CREATE_RANGE (damaged), entries out of bounds. Each case and why:
+:class:`Replay`, docs/ARCHITECTURE.md 3.4.
 
 Pure: no I/O (``rangeserver/shell/store.py`` reads the segments and carries out the cuts).
 """
@@ -79,7 +53,36 @@ class _Orphan:
 
 
 class Replay:
-    """The replicas being rebuilt; see the module docstring."""
+    """The replicas being rebuilt; see the module docstring.
+
+    - **Mid-log damage** (an invalid entry with valid ones after it): nothing is cut; the
+      replica the damaged entry names (its batch header or control body, when that names a
+      replica it knows), else every open replica, is marked damaged.
+    - **A torn tail** of the last segment (an incomplete entry, an unwritten sector, garbage
+      with no sane entry header): cut at the last valid entry (:class:`Cut`).
+    - **A damaged last entry** (:attr:`~rangeserver.walformat.ScanResult.tail_damage`: written
+      whole, then changed): cut like a torn tail, but the replica it names (else every open
+      one) is marked damaged and a DAMAGED entry for each is written where the cut is, so the
+      mark outlives the evidence. Why not leave it: appends must continue after the last valid
+      entry, and a replica short of what it acknowledged must never answer a fence with that
+      short end (recovery would seal below acknowledged records).
+    - **Zeros** after the last entry: unused space (a spare, a direct write's padding, the
+      hole of a full-size segment), kept as it is in any segment.
+    - **Garbage at the end of an earlier segment**: damage (the log synced a segment whole
+      before starting the next).
+    - **Batches of a replica with neither CREATE_RANGE nor DROP entry in the log** (its
+      CREATE_RANGE entry was damaged): the replica becomes a damaged one, so that the server
+      never answers RangeNotFound ("never had it") for data it holds. Batches of a dropped
+      replica whose CREATE_RANGE went with a reclaimed segment are not that: its DROP entry
+      is kept as long as they are (``rangeserver/retention.py``). Nor are batches followed
+      by their replica's CREATE_RANGE: the log carried that replica forward
+      (``rangeserver/carry.py``) and the group after the CREATE_RANGE holds all of them.
+    - **Entries out of bounds** (``rangeserver/bounds.py``; only a version before those
+      checks could log them): a batch whose offsets end past int64 is skipped (that version
+      failed such an append before answering or applying it, so nothing acknowledged is
+      lost); a control entry with a number past int64 makes its replica damaged (none of
+      its requests can be served within the bounds). The server starts either way.
+    """
 
     def __init__(
         self,

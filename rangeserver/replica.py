@@ -1,41 +1,10 @@
 """The state of one range replica on a range server, and the decisions taken on it.
 
-A :class:`ReplicaState` is an immutable value; each request is answered by a pure
-decision function (:func:`decide_append`, :func:`decide_seal`, :func:`decide_create`,
-:func:`decide_confirm`) whose outcome says what to write to the log and what to answer;
-transition functions return the next state. The shell (``rangeserver/shell/store.py``) runs
-them and carries out the effects.
-
-Offsets of a replica::
-
-    start ........ end ........ written_end
-    |  durable     |  in the log, not yet fsynced (or DEFERRED_SYNC)
-
-- ``end``: the durable contiguous end (everything below is fsynced).
-- ``written_end``: the end of what was accepted into the log (in log order). Appends are
-  decided against it so that many batches can be in flight at once.
-- ``confirm``: the writer's confirmed end (piggybacked on batches, or CONFIRM).
-- ``epoch``: the highest writer epoch seen; older epochs are rejected (fencing).
-- ``sealed``/``sealed_end``: a sealed replica never accepts an append again.
-- ``damaged``: its stored data failed verification; it serves no reads.
-- ``digest``: the stream's entry digest (``estream/wire/record.py``: 0 xxh3, 1 crc32c,
-  2 hmac-sha256), as CREATE_RANGE named it and the log recorded it; None for a replica
-  created without one (by an older client, or logged before digests were recorded),
-  which accepts batches of any digest as it always did.
-
-Append decision table (first matching row wins)::
-
-    hmac-sha256 batch, MAC does not verify    -> DigestMismatch (:func:`check_digest`;
-                                                 only on a server holding the secret)
-    digest recorded, batch's digest differs   -> WrongDigest (DigestMismatch: a batch
-                                                 whose checksum anyone can compute is
-                                                 never stored in an hmac-sha256 range)
-    damaged                                   -> Damaged
-    sealed                                    -> Sealed(sealed_end)
-    batch.epoch < epoch                       -> StaleEpoch
-    batch.end <= written_end                  -> Duplicate (acknowledge again, store nothing)
-    batch.base != written_end                 -> Gap (partial overlap or a hole)
-    otherwise                                 -> Accept (epoch becomes max(epoch, batch.epoch))
+A :class:`ReplicaState` is an immutable value (its offsets and fields: its docstring); each
+request is answered by a pure decision function (:func:`decide_append` with its decision
+table, :func:`decide_seal`, :func:`decide_create`, :func:`decide_confirm`) whose outcome
+says what to write to the log and what to answer; transition functions return the next
+state. The shell (``rangeserver/shell/store.py``) runs them and carries out the effects.
 
 Pure: no I/O.
 """
@@ -66,6 +35,25 @@ from estream.wire.record import (
 
 @dataclass(frozen=True, slots=True)
 class ReplicaState:
+    """Offsets of a replica::
+
+        start ........ end ........ written_end
+        |  durable     |  in the log, not yet fsynced (or DEFERRED_SYNC)
+
+    - ``end``: the durable contiguous end (everything below is fsynced).
+    - ``written_end``: the end of what was accepted into the log (in log order). Appends are
+      decided against it so that many batches can be in flight at once.
+    - ``confirm``: the writer's confirmed end (piggybacked on batches, or CONFIRM).
+    - ``epoch``: the highest writer epoch seen; older epochs are rejected (fencing).
+    - ``sealed``/``sealed_end``: a sealed replica never accepts an append again.
+    - ``damaged``: its stored data failed verification; it serves no reads.
+    - ``digest``: the stream's entry digest (``estream/wire/record/``: 0 xxh3, 1 crc32c,
+      2 hmac-sha256), as CREATE_RANGE named it and the log recorded it; None for a replica
+      created without one (by an older client, or logged before digests were recorded),
+      which accepts batches of any digest as it always did.
+
+    """
+
     stream_id: int
     range_index: int
     start: int
@@ -203,9 +191,24 @@ AppendOutcome = Accept | Duplicate | Gap | SealedOutcome | StaleEpoch | Damaged 
 
 
 def decide_append(state: ReplicaState, batch: BatchHeader) -> AppendOutcome:
-    """Decide one append (the table in the module docstring). The digest row comes
-    before every other: a batch of the wrong digest is not even acknowledged as a
-    duplicate (its sender must learn that nothing of it is stored)."""
+    """Decide one append. The digest row comes before every other: a batch of the wrong
+    digest is not even acknowledged as a duplicate (its sender must learn that nothing of
+    it is stored).
+
+    Append decision table (first matching row wins)::
+
+        hmac-sha256 batch, MAC does not verify    -> DigestMismatch (:func:`check_digest`;
+                                                     only on a server holding the secret)
+        digest recorded, batch's digest differs   -> WrongDigest (DigestMismatch: a batch
+                                                     whose checksum anyone can compute is
+                                                     never stored in an hmac-sha256 range)
+        damaged                                   -> Damaged
+        sealed                                    -> Sealed(sealed_end)
+        batch.epoch < epoch                       -> StaleEpoch
+        batch.end <= written_end                  -> Duplicate (acknowledge again, store nothing)
+        batch.base != written_end                 -> Gap (partial overlap or a hole)
+        otherwise                                 -> Accept (epoch becomes max(epoch, batch.epoch))
+    """
     if state.digest is not None:
         kind = digest_kind(batch.flags)
         if kind != state.digest:

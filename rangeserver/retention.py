@@ -1,27 +1,12 @@
-"""Which log segments may be deleted once replicas are dropped: the log's retention. Pure.
+"""Which log segments may be deleted once replicas are dropped: the log's retention.
 
-Every replica a range server stores shares one log (``rangeserver/shell/wal.py``), so a
-segment holds entries of many replicas. A replica's *span* is the segments from the one
-holding its CREATE_RANGE entry to the one holding its latest entry (batches, epochs, its
-seal). When the placement driver drops a replica (its stream was deleted, or trimmed past
-it), the server logs a DROP entry and forgets the replica; its span becomes a *dropped
-span*, ending at the segment that holds the DROP entry.
+Every replica shares one log, so a segment holds entries of many replicas. A replica's
+*span* is the segments from its CREATE_RANGE entry to its latest entry; a dropped
+replica's span ends at its DROP entry. :func:`reclaimable` deletes a segment only when no
+live span covers it, it precedes the segment being written and the checkpoint's, and it
+holds no DROP entry still needed (the rules and why they are safe: its docstring).
 
-A segment can be deleted when nothing in it is needed any more, either to serve data or
-to rebuild the live replicas from the log alone (recovery without a checkpoint):
-
-1. it comes before ``keep_from``: the segment being written, and the checkpoint's (a
-   checkpoint's scan starts there);
-2. no live replica's span covers it;
-3. it holds no DROP entry that is still needed. A DROP entry stays while any other
-   segment of its replica's span stays: replaying what is left of the log must never
-   bring a dropped replica back.
-
-Deleting the dropped replicas' segments cannot lose a live replica's data (rule 2) nor
-revive a dropped one (rule 3), whatever else is deleted and in any order. A replica the
-log carried forward (``rangeserver/carry.py``) leaves its old span as a dropped one
-ending at the segment of the carried group: the same rule keeps that segment while its
-old CREATE_RANGE entry stays.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -47,7 +32,24 @@ class Span:
 def reclaimable(
     segments: Sequence[int], keep_from: int, live: Iterable[Span], dropped: Iterable[Span]
 ) -> list[int]:
-    """The segments (of ``segments``, those on disk) that may be deleted, in order."""
+    """The segments (of ``segments``, those on disk) that may be deleted, in order.
+
+    A segment can be deleted when nothing in it is needed any more, either to serve data or
+    to rebuild the live replicas from the log alone (recovery without a checkpoint):
+
+    1. it comes before ``keep_from``: the segment being written, and the checkpoint's (a
+       checkpoint's scan starts there);
+    2. no live replica's span covers it;
+    3. it holds no DROP entry that is still needed. A DROP entry stays while any other
+       segment of its replica's span stays: replaying what is left of the log must never
+       bring a dropped replica back.
+
+    Deleting the dropped replicas' segments cannot lose a live replica's data (rule 2) nor
+    revive a dropped one (rule 3), whatever else is deleted and in any order. A replica the
+    log carried forward (``rangeserver/carry.py``) leaves its old span as a dropped one
+    ending at the segment of the carried group: rule 3 keeps that segment while its old
+    CREATE_RANGE entry stays.
+    """
     ordered = sorted(segments)
     kept = [s >= keep_from for s in ordered]
     _mark(ordered, kept, live)

@@ -1,36 +1,11 @@
 """The sparse time index of one range replica: where to start looking for a timestamp.
 
-Record timestamps come from writers' clocks and may go backwards, so the index keeps the
-**running maximum**: ``R(o)``, the largest timestamp of any record at an offset below
-``o`` in the replica. ``R`` never decreases, and the first offset whose record timestamp
-is at or after ``t`` is exactly the first offset where the running maximum (records up to
-and including it) reaches ``t``: so "first record at or after ``t``" is well defined,
-monotonic in ``t`` and needs no sorted data.
-
-Entries are ``(timestamp, end)`` pairs meaning "every record below ``end`` has a
-timestamp at most ``timestamp``". After each batch the index adds one (the running
-maximum, the batch's end) only when at least :data:`entry_interval_bytes` of batches came
-since the last entry **and** the running maximum grew past the last entry's timestamp
-(Kafka's rule): at most one 16-byte entry per 4 KiB of log, timestamps and ends both
-strictly increasing. A lookup for ``t`` (:meth:`TimeIndex.scan_start`) takes the last
-entry whose timestamp is below ``t``: everything below its end is older than ``t``, so the
-caller scans batches from there and stops at the first batch whose ``max_timestamp`` is
-at least ``t`` (the first record at or after ``t`` is in it: the one
-:func:`estream.wire.timestamps.first_at_or_after` picks).
-
-Worked example (interval 0 for brevity): batches ``[0,2) max 100``, ``[2,4) max 90``
-(a clock went back), ``[4,6) max 150`` give entries ``(100, 2), (150, 6)``;
-``scan_start(120)`` is 2 (offsets 0..1 are at most 100, below 120) and the scan finds the
-batch ``[4,6)``; ``scan_start(100)`` is the replica's start (no entry below 100).
-
-The index also keeps the replica's statistics: ``max_timestamp`` (the running maximum of
-everything held, an upper bound of what is readable), ``min_timestamp`` (the smallest
-first-record timestamp of its batches: records inside a batch may be older, so it is
-informational only and never used to skip data) and ``bytes`` (its batches' sizes).
-
-A replica recovered from a checkpoint written without its time index is ``partial``:
-its entries do not cover the batches before the checkpoint, so lookups scan it from its
-start (slower, never wrong) and its statistics are unknown.
+Writers' clocks may go backwards, so the index keeps the **running maximum** of record
+timestamps: the first offset whose record is at or after ``t`` is where the running
+maximum first reaches ``t``, well defined and monotonic in ``t``. Entries ``(timestamp,
+end)`` are added at most once per :data:`entry_interval_bytes` of batches and only when
+the maximum grew (Kafka's rule); the rule, a worked example, the statistics kept and a
+``partial`` index: :class:`TimeIndex`.
 
 Pure: no I/O.
 """
@@ -45,7 +20,33 @@ entry_interval_bytes: Final = 4096  # at most one entry per this many bytes of b
 
 
 class TimeIndex:
-    """Running-maximum time index and statistics of one replica (module docstring)."""
+    """Running-maximum time index and statistics of one replica.
+
+    Entries are ``(timestamp, end)`` pairs meaning "every record below ``end`` has a
+    timestamp at most ``timestamp``". After each batch the index adds one (the running
+    maximum, the batch's end) only when at least :data:`entry_interval_bytes` of batches came
+    since the last entry **and** the running maximum grew past the last entry's timestamp
+    (Kafka's rule): at most one 16-byte entry per 4 KiB of log, timestamps and ends both
+    strictly increasing. A lookup for ``t`` (:meth:`TimeIndex.scan_start`) takes the last
+    entry whose timestamp is below ``t``: everything below its end is older than ``t``, so the
+    caller scans batches from there and stops at the first batch whose ``max_timestamp`` is
+    at least ``t`` (the first record at or after ``t`` is in it: the one
+    :func:`estream.wire.timestamps.first_at_or_after` picks).
+
+    Worked example (interval 0 for brevity): batches ``[0,2) max 100``, ``[2,4) max 90``
+    (a clock went back), ``[4,6) max 150`` give entries ``(100, 2), (150, 6)``;
+    ``scan_start(120)`` is 2 (offsets 0..1 are at most 100, below 120) and the scan finds the
+    batch ``[4,6)``; ``scan_start(100)`` is the replica's start (no entry below 100).
+
+    The index also keeps the replica's statistics: ``max_timestamp`` (the running maximum of
+    everything held, an upper bound of what is readable), ``min_timestamp`` (the smallest
+    first-record timestamp of its batches: records inside a batch may be older, so it is
+    informational only and never used to skip data) and ``bytes`` (its batches' sizes).
+
+    A replica recovered from a checkpoint written without its time index is ``partial``:
+    its entries do not cover the batches before the checkpoint, so lookups scan it from its
+    start (slower, never wrong) and its statistics are unknown.
+    """
 
     __slots__ = ("_stamps", "_ends", "max_timestamp", "min_timestamp", "bytes", "_since",
                  "partial")

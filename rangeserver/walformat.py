@@ -1,67 +1,16 @@
 """Write-ahead log entry framing and the recovery decision (torn tail vs mid-log damage).
 
-The range server keeps one append-only log for every range replica it stores. The log is
-a sequence of segment files; each holds entries back to back. All integers little-endian.
+One append-only log per range server: segment files of entries back to back (16-byte
+header: magic, type, length, xxh3-64; then the body). A BATCH body is the record batch as
+the client sent it, so its entry checksum covers only the 72-byte batch header and
+:func:`scan` verifies the batch's own checksum: every byte covered once, each batch hashed
+once. Control entries: CREATE_RANGE (its length is its version: with or without the
+stream's digest), EPOCH, SEAL, DROP, CONFIRM, DAMAGED. Byte layouts: docs/PROTOCOL.md.
 
-Entry layout (16-byte header, then ``length`` body bytes)::
-
-    offset size field      meaning
-    ------ ---- ---------- -------------------------------------------------------------
-      0     2   magic      0xE5A1
-      2     1   type       1 BATCH, 2 CREATE_RANGE, 3 EPOCH, 4 SEAL, 5 DROP, 6 CONFIRM,
-                           7 DAMAGED
-      3     1   reserved   0
-      4     4   length     u32, body bytes
-      8     8   checksum   xxh3-64 of bytes [0, 8) followed by the covered body bytes
-     16     .   body
-
-The checksum covers the whole body of control entries. A BATCH body is the record batch
-exactly as the client sent it, which carries its own xxh3-64 over all of its bytes, so the
-entry checksum covers only the batch's 72-byte header (which holds that checksum) and
-:func:`scan` verifies the batch checksum too: every byte of every entry is covered once,
-and the append path hashes each batch once (on receive), not twice.
-
-Control bodies (fixed, little-endian):
-
-- CREATE_RANGE: stream_id u64, range_index u32, start u64, epoch u64, then (version 1,
-  a 29-byte body) digest u8: the stream's entry digest as ``estream/wire/record.py``
-  numbers it (0 xxh3, 1 crc32c, 2 hmac-sha256), which APPEND holds every batch to. The
-  body's length is its version: a 28-byte body (version 0: every log written before
-  digests were recorded, and a create that named no digest) records none, and that
-  replica accepts batches of any digest. A digest code this version does not know is
-  kept as it is (the replica then refuses every APPEND, and still serves reads).
-- EPOCH: stream_id u64, range_index u32, epoch u64 (the highest epoch seen, raised by a
-  fence or a create)
-- SEAL: stream_id u64, range_index u32, epoch u64, end u64
-- DROP: stream_id u64, range_index u32 (the replica is gone: its data may be reclaimed,
-  ``rangeserver/retention.py``)
-- CONFIRM: stream_id u64, range_index u32, epoch u64, confirm u64 (a CONFIRM request
-  raised the replica's confirm offset; logged so that an idle or closed writer's last
-  confirm survives a crash: readers see the same records after a restart)
-- DAMAGED: stream_id u64, range_index u32 (the replica lost acknowledged data: found by
-  a read or by the recovery scan; logged so that the mark outlives the evidence, e.g. a
-  damaged last entry that recovery cuts off)
-
-Recovery (:func:`scan`) classifies a segment's bytes:
-
-- ``CLEAN``: entries up to the last byte.
-- ``TORN_TAIL``: after the last valid entry comes a torn write and nothing valid after
-  it: an entry that runs past the data, zeros (unused space: a spare's zero fill, a
-  direct write's padding, the hole of a full-size segment; the caller keeps those), an
-  entry with a whole unwritten (all-zero) sector, or garbage with no sane entry header.
-  A write interrupted by a crash. Truncate at ``valid_end``.
-- ``DAMAGED``: an invalid entry (bad checksum, bad header) *followed by valid entries*.
-  A crash cannot do that (the log is written in order and each group is synced before it
-  is acknowledged): the medium corrupted acknowledged data. Nothing is truncated; the
-  replicas that lost data are marked damaged and reported. Also ``DAMAGED`` (with
-  :attr:`ScanResult.tail_damage`, nothing valid after it) is a *last* entry that cannot
-  be a torn write: it is complete (sane header, every byte present, no all-zero sector)
-  yet fails its checksum, or its header is broken but the whole record batch after the
-  header verifies. Unwritten space in a segment always reads as zeros (spares are
-  zero-filled, a full-size segment is a hole, a truncated tail grows back as zeros), and
-  a crash tears a write at sector boundaries, so a torn entry always shows an all-zero
-  sector or ends early; a complete entry without one was written whole and then changed.
-  The caller truncates it like a torn tail but marks its replica damaged, durably.
+:func:`scan` classifies a segment: ``CLEAN``; ``TORN_TAIL`` (a crash's torn write, zeros
+or garbage after the last valid entry: truncate at ``valid_end``); ``DAMAGED`` (an invalid
+entry before valid ones, or a complete last entry without an all-zero sector that fails
+its checks: the medium changed acknowledged data). Why: docs/ARCHITECTURE.md 3.4.
 
 Pure: no I/O.
 """

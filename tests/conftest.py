@@ -11,7 +11,7 @@ fresh cluster secret, so a test sending member opcodes uses ``cluster.member_poo
 ``secret=None`` leaves it out)::
 
     pytestmark = [pytest.mark.integration,
-                  pytest.mark.cluster(pd_nodes=1, range_servers=3, proxied=True)]
+                  pytest.mark.cluster(pd_nodes=1, range_servers=3, proxy=start_fault_proxy)]
 
 By default one cluster serves every test of the module (``module_cluster``: starting one
 costs seconds), so its tests use their own stream names and leave no fault behind.

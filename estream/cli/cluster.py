@@ -19,12 +19,12 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from estream.cli.output import emit_json, human_bytes, print_tables, table
 from estream.wire.errors import EstreamError
 
-probe_timeout_s = 1.5
+probe_timeout_s: Final = 1.5
 
 
 async def _probe(client: Any, node: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -24,13 +24,13 @@ import json
 import sys
 import threading
 from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from estream.cli.output import emit_json
 from estream.server.config import non_negative_int
 
 APPEND_WINDOW = 256  # appends in flight at once
-stdin_queue_lines_max = 4 * APPEND_WINDOW  # lines read ahead of the writer
+stdin_queue_lines_max: Final = 4 * APPEND_WINDOW  # lines read ahead of the writer
 
 
 def parse_headers(items: Iterable[str]) -> dict[str, str]:

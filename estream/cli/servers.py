@@ -19,15 +19,15 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any
+from typing import Any, Final
 
 from estream.cli.admin import admin_get
 from estream.cli.output import emit_json, human_bytes, key_values, print_tables, table
 from estream.wire.errors import InvalidArgument, ServerNotFound
 
-wait_poll_s = 1.0
-server_prefix_chars_min = 4
-server_id_shown_chars = 12
+wait_poll_s: Final = 1.0
+server_prefix_chars_min: Final = 4
+server_id_shown_chars: Final = 12
 
 
 def resolve_server(key: str, servers: list[dict[str, Any]]) -> dict[str, Any]:

@@ -3,16 +3,12 @@ status, bench.
 
 Parses the command line (``--pd`` or ``ESTREAM_PD``, ``--json``, ``--timeout`` before or
 after the command), connects the SDK client, runs the command's handler from
-:mod:`estream.cli`, and maps every failure to a one-line message on stderr: exit 2
-for usage errors, 1 for runtime errors (unknown stream, unreachable PD...), 130 on Ctrl-C.
-With ``--json`` that message is a JSON object on stderr, ``{"error": {"code",
-"message"}}``, as the admin API's errors and with the same codes: the wire error code's
-name (``STREAM_NOT_FOUND``; the SDK's ``exc.code.name``), or for what never reaches a
-server ``USAGE``, ``WRONG_PROTOCOL`` or ``INTERNAL``. The human line starts with the same
-code.
-A ``--pd`` address that is an HTTP or Raft port is named as such (the SDK's
-:class:`~estream.net.portprobe.WrongPort` sentence).
-No traceback reaches the user (set ``ESTREAM_DEBUG=1`` to see one for an internal error).
+:mod:`estream.cli`, and maps every failure to one line on stderr starting with its code
+(the wire error's name, or ``USAGE``, ``WRONG_PROTOCOL``, ``INTERNAL``; with ``--json`` a
+``{"error": {"code", "message"}}`` object, as the admin API's): exit 2 for usage, 1 at run
+time, 130 on Ctrl-C. A ``--pd`` at an HTTP or Raft port is named as such
+(:class:`~estream.net.portprobe.WrongPort`). No traceback reaches the user
+(``ESTREAM_DEBUG=1`` shows one for an internal error).
 
 Side effects: network calls through the SDK, standard input/output.
 """

@@ -8,7 +8,7 @@ Three numbers decide everything:
 
 Replicas accept only contiguous appends, so an end is enough to say which offsets a
 replica holds. Each function below carries worked examples; the same rows are a
-parametrized test in ``tests/unit/test_quorum.py``, beside a property test against a
+parametrized test in ``tests/unit/core/test_quorum.py``, beside a property test against a
 naive model that enumerates which replicas hold which offsets.
 
 Pure: no I/O.

@@ -12,7 +12,7 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   timeout, a checksum mismatch, a damaged replica, another server at the replica's address
   (``WrongServer``) or a replica that has nothing at the offset moves the read to the next
   replica. A round over every replica that yields nothing is retried after a pause
-  (``retry_pause_ms_step`` times the failures so far, at most ``retry_pause_ms_max``) with
+  (``retry_pause_step_ms`` times the failures so far, at most ``retry_pause_ms_max``) with
   refreshed metadata, ``read_rounds_max`` rounds in all (``follow_rounds_max`` when
   tailing: a tailing reader waits out a roll or a restart); the last error is then raised;
 - a **sealed** range is read up to the catalog's end and never past it: replicas are asked
@@ -33,7 +33,7 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   answered within ``tail_answer_ms_max`` past its long poll (``ReadReplica.timeout_ms``),
   else it fails and the next replica is asked at once; a replica whose read failed as
   unavailable (timed out, or its server cannot be reached) is asked last for the next
-  ``hung_reads_last`` reads (or until it answers), so the tail stays on the replicas that
+  ``hung_last_reads`` reads (or until it answers), so the tail stays on the replicas that
   answer while that server hangs, and comes back to it later. A plain read keeps the
   client's timeouts and order;
 - a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the
@@ -98,13 +98,13 @@ follow_wait_ms: Final = 1_000  # one long poll at the range server
 unheld_poll_pause_ms: Final = 50  # pause when a follow poll came back at once and empty
 read_rounds_max: Final = 5  # rounds over every replica (metadata refreshed between)
 follow_rounds_max: Final = 60  # a tailing reader waits out a roll or a restart (~30 s)
-retry_pause_ms_step: Final = 50  # pause after the n-th failed round: n times this...
+retry_pause_step_ms: Final = 50  # pause after the n-th failed round: n times this...
 retry_pause_ms_max: Final = 500  # ...at most this
 sealed_wait_ms: Final = 20  # replicas sealed, PD not yet: wait before asking again
 follow_refresh_polls: Final = 10  # a tail looks PD up after this many empty long polls
 tail_answer_ms_max: Final = 1_000  # a tail's read not answered this long past its long poll:
 #   the server is taken as hung (a long poll of follow_wait_ms: another replica within 2 s)
-hung_reads_last: Final = 1_000  # reads for which a replica that did not answer is asked last
+hung_last_reads: Final = 1_000  # reads for which a replica that did not answer is asked last
 object_read_bytes_max: Final = limits.read_bytes_max  # one ReadObject's batches, at most
 object_part_bytes_max: Final = limits.read_bytes_max  # one ranged GET of them (several: at once)
 
@@ -117,12 +117,12 @@ class CursorConfig:
     unheld_poll_pause_ms: int = unheld_poll_pause_ms
     read_rounds_max: int = read_rounds_max
     follow_rounds_max: int = follow_rounds_max
-    retry_pause_ms_step: int = retry_pause_ms_step
+    retry_pause_step_ms: int = retry_pause_step_ms
     retry_pause_ms_max: int = retry_pause_ms_max
     sealed_wait_ms: int = sealed_wait_ms
     follow_refresh_polls: int = follow_refresh_polls
     tail_answer_ms_max: int = tail_answer_ms_max
-    hung_reads_last: int = hung_reads_last
+    hung_last_reads: int = hung_last_reads
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ class ReadCursor:
         self.failures += 1
         if self.failures >= self.rounds_max:
             raise exc
-        step, most = self.config.retry_pause_ms_step, self.config.retry_pause_ms_max
+        step, most = self.config.retry_pause_step_ms, self.config.retry_pause_ms_max
         yield Sleep(min(step * self.failures, most))
         meta = yield Describe(refresh=True, offset=self.offset)
         return meta
@@ -452,7 +452,7 @@ class ReadCursor:
                 # Timed out (a hung server: the tail's bound tells it from a long poll) or
                 # unreachable: a tail asks it last for a while (another replica now).
                 if self.follow:
-                    self.hung[ref.id] = self.config.hung_reads_last
+                    self.hung[ref.id] = self.config.hung_last_reads
                 last = exc
                 continue
             except RangeNotFound as exc:

@@ -7,10 +7,10 @@ estream processes through this package, one way each:
 - a child: :mod:`process` (:class:`~estream.devcluster.process.ManagedProcess`, readiness
   by :func:`~estream.devcluster.process.poll_until`, stopped by PID with
   :func:`~estream.devcluster.process.stop_processes`; ``run_cli`` for a short command);
-- one kind each: :mod:`pd` and :mod:`rangeserver`; a whole cluster with fault injection
-  (pause, wipe, damage, crash, heal): :mod:`cluster`; ``estream up`` as a child:
-  :mod:`upcluster`;
-- around them: :mod:`faultproxy` (exact interleavings), :mod:`walfiles` (log damage),
-  :mod:`certs` (throw-away PKI), :mod:`seaweed` (an S3 server), :mod:`spark` (a local
-  Spark session).
+- one kind each: :mod:`pd` and :mod:`rangeserver`; a whole cluster with its faults (pause,
+  wipe, crash, heal; a proxy per range server if the caller brings one): :mod:`cluster`;
+  ``estream up`` as a child: :mod:`upcluster`;
+- around them: :mod:`certs` (throw-away PKI), :mod:`seaweed` (an S3 server), :mod:`spark`
+  (a local Spark session). Fault tools (the fault proxy, log damage) are test code in
+  ``tests/harness``: the wheel ships none.
 """

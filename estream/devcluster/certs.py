@@ -1,24 +1,11 @@
 """Certificates and a token for a local cluster: what ``estream up --tls`` runs with.
 
-:func:`ensure_cluster_tls` makes, once, in one directory (``DATA_DIR/tls`` for
-``estream up``): a cluster CA (``ca.pem``, its key ``ca.key``), a member certificate for
-every PD node and range server (``member.pem``/``member.key``: server and client usages,
-SANs for the cluster's host, ``localhost`` and ``127.0.0.1``, so clients keep hostname
-checking when they connect by IP), a client certificate (``client.pem``/``client.key``)
-and a random token (``token``). Every certificate names its role in a SAN URI
-``estream-role:ROLE`` (:func:`estream.wire.roles.role_uri`): ``member`` and ``client``.
-Keys are EC P-256, private files mode 0600. A directory that already holds them is reused
-as it is, so a restarted ``estream up --tls`` keeps its identities and clients keep their
-CA; certificates made before roles (naming none) are made again, signed by the same CA.
-
-``estream certs DIR [--host H ...]`` (:func:`main`) makes the same files for a cluster run
-by hand: give every server's address with ``--host`` (IP addresses or names). With
-``--role read|client|admin|member`` it also makes (once) a token of that role
-(:func:`ensure_role_token`, :mod:`estream.wire.roles`): ``DIR/ROLE-token`` holds the line
-``ROLE:TOKEN``, also added to the servers' token file ``DIR/token`` (restart them to take
-it); a client given ``ESTREAM_TOKEN_FILE=DIR/ROLE-token`` presents the token alone. And a
-certificate of that role (:func:`ensure_role_cert`): ``DIR/ROLE.pem``/``DIR/ROLE.key``
-(``member`` and ``client`` are always there).
+:func:`ensure_cluster_tls` makes, once, in one directory (``DATA_DIR/tls``): a cluster CA,
+a member certificate for every PD node and range server, a client certificate (each naming
+its role in a SAN URI ``estream-role:ROLE``) and a random token; EC P-256 keys, private
+files mode 0600. A directory that holds them is reused, so identities and the CA outlive
+restarts. ``estream certs DIR`` (:func:`main`) makes the same for a cluster run by hand,
+and tokens and certificates of other roles (its docstring).
 
 Side effects: writes PEM and token files.
 """
@@ -248,7 +235,17 @@ def ensure_role_cert(directory: Path, role: str) -> tuple[Path, Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``estream certs DIR [--host H ...]``: make (or keep) a cluster's certificates."""
+    """``estream certs DIR [--host H ...]``: make (or keep) a cluster's certificates.
+
+    ``estream certs DIR [--host H ...]`` (:func:`main`) makes the same files for a cluster run
+    by hand: give every server's address with ``--host`` (IP addresses or names). With
+    ``--role read|client|admin|member`` it also makes (once) a token of that role
+    (:func:`ensure_role_token`, :mod:`estream.wire.roles`): ``DIR/ROLE-token`` holds the line
+    ``ROLE:TOKEN``, also added to the servers' token file ``DIR/token`` (restart them to take
+    it); a client given ``ESTREAM_TOKEN_FILE=DIR/ROLE-token`` presents the token alone. And a
+    certificate of that role (:func:`ensure_role_cert`): ``DIR/ROLE.pem``/``DIR/ROLE.key``
+    (``member`` and ``client`` are always there).
+    """
     from estream.server.config import one_line_errors
 
     parser = one_line_errors(argparse.ArgumentParser(

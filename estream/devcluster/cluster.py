@@ -1,61 +1,61 @@
-"""A whole local estream cluster of real processes for SDK, fault and chaos tests and
-benchmarks: the one way tests start one.
+"""A whole local estream cluster of real processes for tests and benchmarks: the one way
+they start one.
 
-``start_cluster(tmp_path, pd_nodes=3, range_servers=4)`` starts the PD nodes
-(:mod:`estream.devcluster.pd`), then the range servers (:mod:`estream.devcluster.rangeserver`)
-pointed at them, and waits until PD lists every range server as alive. Like ``estream up``
-it gives them a fresh cluster secret (the member credential; ``secret=`` picks it, ``None``
-runs without one): a test sending member opcodes uses ``cluster.member_pool()``. ``pd_hosts`` and
-``rs_hosts`` put each process on its own 127.0.0.x address (the chaos suite does). With
-``proxied=True`` a :class:`~estream.devcluster.faultproxy.FaultProxy` stands in front of every
-range server: the server listens on its own port and advertises the proxy's address, so
-PD places replicas there and every client goes through it; ``cluster.proxy(address)``
-returns it, and a restarted server keeps its proxy and addresses.
+``start_cluster(tmp_path, pd_nodes=3, range_servers=4)`` starts PD nodes (:mod:`.pd`) and
+range servers (:mod:`.rangeserver`) with a fresh cluster secret (``secret=``; a test sending
+member opcodes uses ``cluster.member_pool()``), each on ``pd_hosts`` / ``rs_hosts`` if given,
+and waits until PD lists every range server alive. ``proxy=`` a factory of
+:class:`RangeServerProxy` puts one in front of every range server (it advertises the
+proxy's address); the fault proxy lives in the test tree (``tests/harness/faultproxy.py``).
+Faults, by any of a server's addresses or its id: ``kill9`` / ``restart``, ``pause`` /
+``resume``, ``wipe`` (a new identity), ``heal``, ``crash_all``, ``kill_pd_leader`` /
+``restart_pd``; what it holds: ``describe``, ``replica_entries``, ``sealed_replicas``.
+``stop()`` (or leaving ``with``) stops every process by PID: call it from a finalizer.
 
-Faults (every range server is named by the address PD knows it by, its id, or the address
-it listens on): ``kill9`` / ``restart``, ``pause`` / ``resume`` (SIGSTOP / SIGCONT),
-``wipe`` (its data dir replaced by an empty one: a new identity at the same address),
-``heal`` (every fault undone, every process running),
-``damage_replica`` (a byte flipped inside an acknowledged batch of one replica's log, the
-server down meanwhile), ``crash_all`` (kill -9 of every PD node and range server at once,
-then all restarted on the same dirs), ``kill_pd_leader`` / ``restart_pd``. And what
-the cluster holds: ``describe`` (PD's view of a stream), ``replica_entries`` /
-``sealed_replicas`` (what each replica serves, by direct READs).
-
-Every process is stopped by PID in ``stop()`` (or on leaving ``with start_cluster(...) as
-cluster:``); call it from a fixture finalizer.
-
-Side effects: processes, files under the test's tmp dir, loopback sockets, proxy threads.
+Side effects: processes, files under the test's tmp dir, loopback sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import secrets
 import shutil
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
-from estream.devcluster.faultproxy import FaultProxy
 from estream.devcluster.pd import PdCluster, alive_rangeservers, http_json, plan_pd_cluster
 from estream.devcluster.process import ManagedProcess, free_port, poll_until, stop_processes
 from estream.devcluster.rangeserver import launch_rangeserver, wait_rangeserver
-from estream.devcluster.walfiles import flip_byte
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import EstreamError
-from estream.wire.record import BATCH_HEADER_BYTES, decode_batch, iter_batches
-from rangeserver import walformat as wf
+from estream.wire.record import decode_batch, iter_batches
 
 GENERATED: Final = "generated"  # start_cluster's default secret: a fresh random one
-replica_read_bytes_max = 1 << 20
-replica_read_calls_max = 10_000
+replica_read_bytes_max: Final = 1 << 20
+replica_read_calls_max: Final = 10_000
 Entries = list[tuple[int, bytes]]  # (offset, value) as a replica serves them
+
+
+class RangeServerProxy(Protocol):
+    """What the launcher needs of a proxy in front of a range server (tests bring one)."""
+
+    @property
+    def address(self) -> str: ...
+
+    def clear_rules(self) -> None: ...
+
+    def heal(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# (the range server's listen address, the proxy's host) -> a started proxy
+ProxyFactory = Callable[[str, str], RangeServerProxy]
 
 
 @dataclass
@@ -72,7 +72,7 @@ class RangeServerProcess:
     pd: str | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] | None = None  # over this process's environment
-    proxy: FaultProxy | None = None
+    proxy: RangeServerProxy | None = None
     server_id: str = ""
 
     @property
@@ -124,18 +124,6 @@ class RangeServerProcess:
             self.process.stop()
 
 
-@dataclass(frozen=True, slots=True)
-class DamagedBatch:
-    """Where :meth:`Cluster.damage_replica` flipped a byte."""
-
-    server_id: str
-    segment: Path
-    position: int  # of the flipped byte in the segment file
-    base_offset: int
-    count: int
-    last_in_segment: bool  # the last entry of its segment (a tail, not mid-log damage)
-
-
 @dataclass
 class Cluster:
     pd: PdCluster
@@ -164,11 +152,12 @@ class Cluster:
     def server_by_address(self, address: str) -> RangeServerProcess:
         return self.server(address)
 
-    def proxy(self, address: str) -> FaultProxy:
-        """The fault proxy in front of a range server (``start_cluster(proxied=True)``)."""
+    def proxy(self, address: str) -> Any:
+        """The proxy in front of a range server (``start_cluster(proxy=...)``), as the
+        factory made it."""
         proxy = self.server(address).proxy
         if proxy is None:
-            raise KeyError(f"{address} has no proxy: start the cluster with proxied=True")
+            raise KeyError(f"{address} has no proxy: start the cluster with proxy=...")
         return proxy
 
     def kill9(self, address: str) -> None:
@@ -208,23 +197,6 @@ class Cluster:
         assert server.server_id != old, "a wiped data dir must give a new identity"
         self.wait_servers_alive()
         return server.server_id
-
-    def damage_replica(self, address: str, stream_id: int, range_index: int, *,
-                       below: int | None = None, rng: random.Random | None = None,
-                       restart: bool = True) -> DamagedBatch | None:
-        """Crash the range server, flip one byte inside the records of one batch of the
-        replica ``(stream_id, range_index)`` (one ending at or below ``below``: an
-        acknowledged one, when the caller passes the acknowledged end), and start it again.
-        Batches followed by another entry in their segment are preferred (mid-log damage,
-        which a log scan cannot take for a torn write). None: no such batch was found
-        (nothing was flipped)."""
-        server = self.server(address)
-        server.kill9()
-        try:
-            return _flip_in_batch(server, stream_id, range_index, below, rng or random.Random(0))
-        finally:
-            if restart:
-                server.start()
 
     def crash_all(self) -> None:
         """kill -9 every PD node and range server at once, then start them all again on
@@ -386,14 +358,14 @@ def start_cluster(
     rangeserver_args: list[str] | None = None,
     pd_hosts: Sequence[str] | None = None,
     rs_hosts: Sequence[str] | None = None,
-    proxied: bool = False,
+    proxy: ProxyFactory | None = None,
     pd_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     secret: bytes | None | Literal["generated"] = GENERATED,
 ) -> Cluster:
     """Start PD nodes (each with ``pd_args``) and range servers (with ``rangeserver_args``;
     PD node ``i`` on ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on
-    ``host``; with ``proxied``, each range server behind a fault proxy on its host). Every
+    ``host``; with ``proxy``, each range server behind the proxy it makes on its host). Every
     process runs with ``env`` over this process's environment, which is left alone (it
     restarts with it too). ``secret`` (the cluster secret, the member credential; by
     default a fresh random one, as ``estream up`` makes) is written to
@@ -428,8 +400,8 @@ def start_cluster(
                 pd=cluster.pd_addresses, extra_args=list(rangeserver_args or []),
                 env=None if env is None else dict(env))
             cluster.servers.append(server)
-            if proxied:
-                server.proxy = FaultProxy(server.listen, rs_host).start()
+            if proxy is not None:
+                server.proxy = proxy(server.listen, rs_host)
             launched.append((server, server.launch()))
         pd.wait_started()
         for server, seen in launched:
@@ -440,29 +412,3 @@ def start_cluster(
         raise
     return cluster
 
-
-def _flip_in_batch(server: RangeServerProcess, stream_id: int, range_index: int,
-                   below: int | None, rng: random.Random) -> DamagedBatch | None:
-    """Flip one byte in the records of a batch of the replica in ``server``'s log."""
-    found: list[tuple[Path, wf.Entry, bool]] = []
-    for segment in sorted((server.data_dir / "wal").glob("*.wal")):
-        entries = wf.scan(segment.read_bytes()).entries
-        for i, entry in enumerate(entries):
-            header = entry.batch
-            if header is None or (header.stream_id, header.range_index) != (stream_id,
-                                                                            range_index):
-                continue
-            if below is not None and header.end_offset > below:
-                continue
-            if len(entry.body) > BATCH_HEADER_BYTES:
-                found.append((segment, entry, i == len(entries) - 1))
-    if not found:
-        return None
-    mid_log = [f for f in found if not f[2]]
-    segment, entry, last = rng.choice(mid_log or found)
-    records_bytes = len(entry.body) - BATCH_HEADER_BYTES
-    at = entry.body_position + BATCH_HEADER_BYTES + rng.randrange(records_bytes)
-    flip_byte(segment, at)
-    assert entry.batch is not None
-    return DamagedBatch(server.server_id, segment, at, entry.batch.base_offset,
-                        entry.batch.count, last)

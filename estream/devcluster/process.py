@@ -1,20 +1,13 @@
 """Start and always stop real processes: the one way ``estream up``, the tests and the
 benchmarks run a child.
 
-:class:`ManagedProcess` runs a command (built by :mod:`estream.devcluster.cmdline`) as a
-child with its output in a log file; readiness is waited for one way, :func:`poll_until`
-(a bounded poll), on which :meth:`ManagedProcess.wait_listening` (a TCP port answers) and
-:meth:`ManagedProcess.wait_log` (a line appears in its log) are built; it is stopped by
-PID: :func:`stop_processes` sends SIGTERM (or another signal) to a group of children at
-once, waits for them under one deadline and SIGKILLs the ones still running.
-:func:`free_port` picks a free port (never the same twice) on a loopback address. Traffic
-stays on 127.0.0.x.
-
-Children run in their own session (a test's Ctrl-C does not hit them), so a safety net
-reaps whatever a test did not stop: every child started here, or handed to
-:func:`track`, is killed by :func:`reap_all`, which runs at interpreter exit and at the
-end of the pytest session (``tests/conftest.py``, which also turns SIGTERM into an
-interrupt so that finalizers run).
+:class:`ManagedProcess` runs a command (:mod:`estream.devcluster.cmdline`) with its output
+in a log file; readiness is waited for one way, :func:`poll_until` (a bounded poll), under
+:meth:`~ManagedProcess.wait_listening` and :meth:`~ManagedProcess.wait_log`; children are
+stopped by PID, together, by :func:`stop_processes` (SIGTERM, one deadline, then SIGKILL).
+:func:`free_port` picks a loopback port never handed out twice. Children run in their own
+session, so :func:`reap_all` kills whatever a test did not stop (every child started here
+or given to :func:`track`) at interpreter exit and at the end of the pytest session.
 """
 
 from __future__ import annotations

@@ -1,46 +1,15 @@
-"""``estream up``: a whole local cluster (PD nodes + range servers) in the foreground.
+"""``estream up``: a whole local cluster (PD nodes, range servers, a Kafka gateway) in the
+foreground.
 
-The port scheme, from ``--base-port B`` (default 7100), for PD node ``i`` (0-based) and
-range server ``j`` (0-based)::
+:func:`plan_cluster` (pure: the port scheme from ``--base-port``, data dirs under
+``DATA_DIR``, ``--tls`` and the cluster secret) and :func:`restart_delay_s` decide;
+:class:`Supervisor` starts every child through the one launcher, restarts a child that
+dies (backoff), prints readiness and, on SIGINT/SIGTERM, stops them all. Restarting on the
+same data dir keeps all data (PD nodes then ``--join``). The cluster secret
+(:func:`ensure_cluster_secret`, ``DATA_DIR/cluster-secret``) is the member credential and
+the key of ``hmac-sha256`` streams. Ports, TLS and the secret for users: README.md.
 
-    PD rpc     B + i        7100, 7101, 7102   (the default ESTREAM_PD)
-    PD raft    B + 10 + i   7110, 7111, 7112
-    PD http    B + 20 + i   7120, 7121, 7122   (admin API: http://HOST:7120)
-    RS rpc     B + 30 + j   7130, 7131, 7132
-    Kafka      B + 40 + k   7140               (``estream kafka``; ``--kafka-gateways K``)
-    Kafka http B + 50 + k   7150               (/metrics, /healthz)
-    RS http    B + 100 + j  7200, 7201, 7202   (/metrics, /healthz, /readyz)
-
-The Kafka gateways (default one; none with ``--tls`` or more than 10 range servers, whose
-ports would reach B+40) serve Kafka clients over the cluster (docs/KAFKA.md); the banner
-prints ``kafka: H:P``.
-
-Data lives in ``DATA_DIR/pd-i`` and ``DATA_DIR/rs-j``, logs in ``DATA_DIR/logs``. The
-supervisor starts every child through the one launcher (command lines from
-:mod:`estream.devcluster.cmdline`, each child a :class:`~estream.devcluster.process.
-ManagedProcess` that gets SIGTERM if the supervisor dies), reports and restarts a child
-that dies (exponential backoff, reset once it has run for a while), prints readiness
-(every PD answers, a leader exists, every range server is registered and alive), forwards
-SIGINT/SIGTERM to all children and waits for them
-(:func:`~estream.devcluster.process.stop_processes`: SIGKILL after a timeout).
-Restarting on the same data dir keeps all data; PD nodes then start with ``--join`` (the
-cluster is bootstrapped once: a node whose data dir is gone copies the catalog).
-
-``--tls``: every PD node and range server serves TLS only, with a member certificate from
-a cluster CA and a token (:mod:`estream.devcluster.certs`, made once in ``DATA_DIR/tls``
-and kept), the admin API is https, and clients need the CA and the token
-(``ESTREAM_TLS_CA``, ``ESTREAM_TOKEN_FILE``: the banner prints them).
-
-The cluster secret (:func:`ensure_cluster_secret`): made once in
-``DATA_DIR/cluster-secret`` (mode 0600) and kept, given to every PD node and range server
-with ``--secret-file``: range servers verify the MAC of every ``hmac-sha256`` batch on
-APPEND, and it is the member credential (only processes that prove it register, heartbeat,
-update replicas or drop replicas). The children's ``ESTREAM_SECRET`` is cleared (it would
-clash with the flag). Clients of ``hmac-sha256`` streams need the same secret:
-``ESTREAM_SECRET`` or ``estream.connect(secret=...)`` (the banner says where it is).
-
-:func:`plan_cluster` and :func:`restart_delay_s` are pure; :class:`Supervisor` owns the
-side effects (child processes, signals, HTTP probes, the data-dir lock).
+Side effects (:class:`Supervisor`): child processes, signals, HTTP probes, the data-dir lock.
 """
 
 from __future__ import annotations
@@ -155,7 +124,27 @@ def plan_cluster(
     '127.0.0.1:7140'
 
     ``kafka_gateways``: how many Kafka gateways (None: one, or none with ``tls`` or more
-    than 10 range servers, whose ports would reach B+40).
+    than 10 range servers, whose ports would reach B+40). The port scheme, from
+    ``--base-port B``, for PD node ``i``, range server ``j``, Kafka gateway ``k``::
+
+        PD rpc     B + i        7100, 7101, 7102   (the default ESTREAM_PD)
+        PD raft    B + 10 + i   7110, 7111, 7112
+        PD http    B + 20 + i   7120, 7121, 7122   (admin API: http://HOST:7120)
+        RS rpc     B + 30 + j   7130, 7131, 7132
+        Kafka      B + 40 + k   7140               (``estream kafka``, docs/KAFKA.md)
+        Kafka http B + 50 + k   7150               (/metrics, /healthz)
+        RS http    B + 100 + j  7200, 7201, 7202   (/metrics, /healthz, /readyz)
+
+    Data in ``DATA_DIR/pd-i`` and ``DATA_DIR/rs-j``, logs in ``DATA_DIR/logs``. ``tls``:
+    every PD node and range server serves TLS only with a member certificate from a cluster
+    CA and a token (:mod:`estream.devcluster.certs`, kept in ``DATA_DIR/tls``); clients need
+    ``ESTREAM_TLS_CA`` and ``ESTREAM_TOKEN_FILE``. ``secret_file``: the cluster secret
+    (``DATA_DIR/cluster-secret``, mode 0600), the member credential and the key range
+    servers verify ``hmac-sha256`` batches with; the children's ``ESTREAM_SECRET`` is
+    cleared (it would clash with the flag).
+
+    :func:`plan_cluster` and :func:`restart_delay_s` are pure; :class:`Supervisor` owns the
+    side effects (child processes, signals, HTTP probes, the data-dir lock).
     """
     gateways_max = KAFKA_GATEWAYS_MAX if range_servers <= KAFKA_OFFSET - RS_OFFSET else 0
     if kafka_gateways is None:
@@ -266,7 +255,13 @@ class Child:
 
 
 class Supervisor:
-    """Runs children, restarts the ones that die, stops them all on request."""
+    """Runs children, restarts the ones that die, stops them all on request.
+
+    Each child is a :class:`~estream.devcluster.process.ManagedProcess` (SIGTERM if the
+    supervisor dies); one that dies is reported and restarted (exponential backoff, reset
+    once it has run a while); readiness is printed once every PD answers, a leader exists
+    and every range server is registered and alive; SIGINT/SIGTERM stop every child
+    (:func:`~estream.devcluster.process.stop_processes`: SIGKILL after a timeout)."""
 
     def __init__(
         self,

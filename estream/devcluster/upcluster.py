@@ -24,14 +24,15 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Final
 
 from estream.devcluster.cmdline import estream_argv, up_args
 from estream.devcluster.process import ManagedProcess, free_port_block, run_cli
 from estream.devcluster.up import PORT_SPAN, ClusterPlan, plan_cluster
 
 READY_LINE = rb"estream cluster ready"
-ready_timeout_s = 60.0
-stop_timeout_s = 25.0
+ready_timeout_s: Final = 60.0
+stop_timeout_s: Final = 25.0
 _RESTARTED = re.compile(r"restarted (\S+) \(pid (\d+)\)")
 
 

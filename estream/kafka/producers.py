@@ -4,7 +4,7 @@ retried duplicates, which are out of order.
 A Kafka idempotent producer (a producer id and epoch from InitProducerId) numbers its
 records per partition from 0; each batch carries its first record's sequence. Per
 partition, :class:`ProducerTable` keeps for each producer its epoch, the next sequence it
-expects and the last :data:`batches_kept` batches (first sequence -> first offset), as a
+expects and the last :data:`kept_batches` batches (first sequence -> first offset), as a
 Kafka broker does:
 
 - the next sequence (or, for a producer it does not know, any): append;
@@ -33,7 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-batches_kept: Final = 5  # Kafka's max.in.flight.requests.per.connection for idempotence
+kept_batches: Final = 5  # Kafka's max.in.flight.requests.per.connection for idempotence
 producers_max: Final = 10_000  # per partition
 
 Kind = Literal["append", "duplicate", "out_of_order", "fenced"]
@@ -88,7 +88,7 @@ class ProducerTable:
         self._producers.move_to_end(producer_id)
         known.next_sequence = first_sequence + count
         known.batches[first_sequence] = (count, first_offset)
-        while len(known.batches) > batches_kept:
+        while len(known.batches) > kept_batches:
             known.batches.popitem(last=False)
         while len(self._producers) > producers_max:
             self._producers.popitem(last=False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from estream.net.rpc import Done, Header
 from estream.wire import limits
@@ -26,11 +26,11 @@ from estream.wire.errors import (
 )
 from estream.wire.protocol import Opcode
 
-request_timeout_s = limits.request_timeout_ms / 1000
-seal_timeout_s = 1.0
-create_timeout_s = 2.0
-ping_timeout_s = 1.0
-list_pages_max = 10_000  # LIST_RANGES pages of one listing (10 million replicas at 1,000 each)
+request_timeout_s: Final = limits.request_timeout_ms / 1000
+seal_timeout_s: Final = 1.0
+create_timeout_s: Final = 2.0
+ping_timeout_s: Final = 1.0
+list_pages_max: Final = 10_000  # LIST_RANGES pages of one listing (10 million replicas)
 
 
 # -- typed answers -------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from estream.core import recovery as core
 from estream.core.recovery import (
@@ -56,7 +56,7 @@ from estream.wire.meta import RangeMeta, StreamMeta
 
 log = logging.getLogger(__name__)
 
-fence_grace_s = core.fence_grace_ms / 1000  # after a quorum of fence answers
+fence_grace_s: Final = core.fence_grace_ms / 1000  # after a quorum of fence answers
 
 SealInPdCall = Callable[[int, int, tuple[str, ...]], Awaitable[StreamMeta]]
 

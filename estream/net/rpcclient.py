@@ -24,7 +24,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from ssl import SSLContext
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 from estream.net.rpcfields import Done, Header
 from estream.net.transport import TCP, Network
@@ -52,7 +52,7 @@ from estream.wire.protocol import (
 )
 
 log = logging.getLogger(__name__)
-tls_close_wait_s = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
+tls_close_wait_s: Final = 1.0  # RpcClient.close waits this long at most for a TLS shutdown
 
 
 class _Waiting(Protocol):

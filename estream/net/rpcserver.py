@@ -52,7 +52,7 @@ _warnings_max: Final = 16  # distinct credential warnings logged per server (the
 
 _serving: ContextVar[_ServerProtocol | None] = ContextVar("estream_rpc_serving", default=None)
 _granted: ContextVar[int] = ContextVar("estream_rpc_granted", default=0)
-_answer_poll_s = 0.01  # how often a waiting answer re-checks buffers that drain silently
+_answer_poll_s: Final = 0.01  # how often a waiting answer re-checks buffers that drain silently
 
 
 async def answer_allowance(wanted: int) -> int:

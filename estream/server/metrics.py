@@ -2,10 +2,10 @@
 
 Each process builds one :func:`new_registry` (its own, not the library's global one, so
 tests can run several servers in one interpreter): the ``process_*`` and ``python_*``
-metrics of the library's collectors, plus the process's own collectors. A
-:class:`FamiliesCollector` turns families measured at scrape time (any objects with the
-``name``, ``kind``, ``help`` and ``samples`` of ``pd/metrics.py``'s ``Family``) into the
-library's metrics, so pure modules describe metrics without importing the library.
+metrics of the library's collectors, plus a :class:`FamiliesCollector` that turns the
+families of a recorder (``estream/core/metrics.py``'s ``Family``: the one way estream
+processes make metrics) into the library's metrics at each scrape. This is the only module
+that imports ``prometheus-client``.
 :func:`metrics_response` serves the text format (version 0.0.4) over aiohttp.
 
 Side effects: the process collector reads ``/proc/self`` at scrape time.

@@ -1,37 +1,13 @@
 """Exactly-once commit of a Spark micro-batch into an estream stream: the decisions.
 
-A stream has one writer at a time (``open_writer`` fences the previous one), so Spark's
-tasks do not append: each task hands its rows to the driver in its commit message, and the
-driver's ``commit(messages, batch_id)`` appends them all through one writer. Every record
-the sink appends carries marker headers::
-
-    estream.spark.sink   the sink id (option ``sinkId``, default the checkpoint location)
-    estream.spark.batch  the micro-batch id
-    estream.spark.seq    its position in the batch, 0 .. count-1
-    estream.spark.count  the number of rows of the batch
-
-so the stream itself records how far each batch got. Before appending batch ``b`` the
-driver opens a writer (which fences any writer of an earlier, maybe killed, driver and
-fixes the stream's end), looks at the last record, and :func:`plan_commit` decides:
-
-- the tail is batch ``b`` complete (``seq == count - 1``), or a later batch: **skip**
-  (Spark is replaying a batch whose commit reached estream but not Spark's commit log);
-- the tail is batch ``b`` incomplete (the driver died while appending): **resume**: read
-  back the ``seq + 1`` records of ``b`` already there and append only the rows of the
-  replayed batch that are not among them (:func:`remaining_rows`, a multiset difference,
-  so the row order of the replay does not matter);
-- anything else: **append** the whole batch.
-
-**Executors mode** (option ``mode`` ``executors``): tasks append directly and the driver
-only commits. Partition ``p`` of the query writes the stream ``<stream>-<p>``
-(:func:`partition_stream`, created on demand; ``df.repartition(n, key)`` hashes keys
-into ``n`` streams), so each stream has one writer; the task is an idempotent producer
-(``estream/core/producer.py``) with the id :func:`task_producer_id` of (sink id,
-partition), and row ``i`` of micro-batch ``b`` has sequence :func:`row_sequence` ``b *
-2**32 + i``. A retried task, a replayed batch or a restarted query re-sends rows whose
-sequences are not above the producer's last stored one: they are not stored again. As
-for the driver mode, the query must be deterministic (a batch's partition holds the same
-rows in the same order when replayed).
+A stream has one writer at a time, so in the default mode Spark's tasks hand their rows to
+the driver, whose ``commit`` appends them through one writer; every record carries marker
+headers (sink id, batch id, its position, the batch's size), so the stream itself records
+how far each batch got and :func:`plan_commit` decides skip, resume or append. In
+**executors mode** tasks append directly, each an idempotent producer of its own stream
+``<stream>-<p>`` (:func:`partition_stream`, :func:`task_producer_id`,
+:func:`row_sequence`). Both need a deterministic query. Details: :func:`plan_commit`,
+docs/spark.md.
 
 Pure: no I/O.
 """
@@ -160,6 +136,36 @@ def plan_commit(tail: Marker | None, sink: str, batch: int) -> CommitPlan:
     Resume(written=3)
     >>> plan_commit(Marker("q", 3, 9, 10), "q", 4)
     Append()
+
+    Every record the sink appends carries marker headers::
+
+        estream.spark.sink   the sink id (option ``sinkId``, default the checkpoint location)
+        estream.spark.batch  the micro-batch id
+        estream.spark.seq    its position in the batch, 0 .. count-1
+        estream.spark.count  the number of rows of the batch
+
+    so the stream itself records how far each batch got. Before appending batch ``b`` the
+    driver opens a writer (which fences any writer of an earlier, maybe killed, driver and
+    fixes the stream's end), looks at the last record, and :func:`plan_commit` decides:
+
+    - the tail is batch ``b`` complete (``seq == count - 1``), or a later batch: **skip**
+      (Spark is replaying a batch whose commit reached estream but not Spark's commit log);
+    - the tail is batch ``b`` incomplete (the driver died while appending): **resume**: read
+      back the ``seq + 1`` records of ``b`` already there and append only the rows of the
+      replayed batch that are not among them (:func:`remaining_rows`, a multiset difference,
+      so the row order of the replay does not matter);
+    - anything else: **append** the whole batch.
+
+    **Executors mode** (option ``mode`` ``executors``): tasks append directly and the driver
+    only commits. Partition ``p`` of the query writes the stream ``<stream>-<p>``
+    (:func:`partition_stream`, created on demand; ``df.repartition(n, key)`` hashes keys
+    into ``n`` streams), so each stream has one writer; the task is an idempotent producer
+    (``estream/core/producer.py``) with the id :func:`task_producer_id` of (sink id,
+    partition), and row ``i`` of micro-batch ``b`` has sequence :func:`row_sequence` ``b *
+    2**32 + i``. A retried task, a replayed batch or a restarted query re-sends rows whose
+    sequences are not above the producer's last stored one: they are not stored again. As
+    for the driver mode, the query must be deterministic (a batch's partition holds the same
+    rows in the same order when replayed).
     """
     if tail is None or tail.sink != sink or tail.batch < batch:
         return Append()

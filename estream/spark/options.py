@@ -1,27 +1,13 @@
 """The options of the ``estream`` Spark source and sink, parsed once into plain dataclasses.
 
 Spark hands a data source its options as a case-insensitive dict of strings; these
-dataclasses are what the driver-side planner and the pickled task-side readers carry
-(plain values only, so they pickle).
-
-Options the source or the sink does not know are an error naming the option, the closest
-known one and every known one (Spark's Kafka source would ignore a misspelled ``startingOffset``
-and quietly start at ``latest``). Kafka-source options estream does not implement
-(``subscribePattern``, ``assign``...) are refused by name too. ``maxOffsetsPerTrigger``
-is the Kafka name of ``maxRecordsPerTrigger``.
-
-``minOffsetsPerTrigger`` (with ``maxTriggerDelay``, a Spark duration, default 15m; at most
-``maxRecordsPerTrigger`` when both are given) holds a micro-batch back until that many new
-records are there or the delay has passed (``estream/spark/planning.py`` :func:`admit`).
-``streamPattern`` (a regular expression matching whole stream names; exclusive with
-``streams``) subscribes to every matching stream, listed again at each trigger.
-
-Starting by time (Kafka's precedence): ``startingTimestamp`` (ms since the epoch, every
-stream) wins over ``startingOffsetsByTimestamp`` (JSON ``{"stream": ms}``; streams it
-leaves out follow ``startingOffsets``), which wins over ``startingOffsets``. Each stream
-then starts at ``client.offset_for_time``: its first record at or after that time, or its
-end when there is none (``estream/spark/timestarts.py``, resolved once when the query
-starts; a restarted query goes on from its checkpoint).
+dataclasses (plain values, so they pickle) are what the driver-side planner and the
+task-side readers carry. An unknown option is an error naming it, the closest known one and
+every known one (Spark's Kafka source would quietly ignore a misspelled ``startingOffset``);
+Kafka-source options estream does not implement are refused by name. Every option, its
+default and its precedence (``startingTimestamp`` > ``startingOffsetsByTimestamp`` >
+``startingOffsets``; ``minOffsetsPerTrigger`` with ``maxTriggerDelay``; ``streamPattern``):
+docs/spark.md.
 
 Pure: no I/O.
 """

@@ -1,19 +1,13 @@
 """Offset and partition planning for the Spark source: what to read in each micro-batch.
 
-Spark keeps a source's offsets as JSON text and compares them as text, so an offset here is
-a dict ``{stream name: next offset to read}`` with its keys sorted (:func:`offsets_dict`).
-The driver-side reader (``estream/spark/source.py``) asks the cluster for each stream's
-start and confirmed end, and this module decides everything else:
-
-- where a new query starts (``startingOffsets``: ``earliest``, ``latest`` or a JSON dict,
-  where ``-2`` means earliest and ``-1`` latest, as in Spark's Kafka source);
-- how far a micro-batch goes under a read limit (``maxRecordsPerTrigger``), sharing the
-  budget fairly between streams (:func:`split_budget`);
-- what to do with a start offset that was trimmed away (``failOnDataLoss``);
-- how a micro-batch's span of each stream is cut into Spark partitions: at range
-  boundaries (each partition then reads from one range's replicas, or its object) and at
-  a size limit (so several tasks read one range in parallel), rotating the preferred
-  replica (none once an offloaded range's replicas are dropped: its object is read).
+Spark compares a source's offsets as JSON text, so an offset here is a dict ``{stream
+name: next offset}`` with sorted keys (:func:`offsets_dict`). Given each stream's start
+and confirmed end (asked by ``estream/spark/source.py``), this module decides where a new
+query starts (``startingOffsets``: ``-2`` earliest, ``-1`` latest, as in Spark's Kafka
+source), how far a micro-batch goes under ``maxRecordsPerTrigger`` (shared fairly:
+:func:`split_budget`), what a trimmed start means (``failOnDataLoss``), and how each
+stream's span is cut into partitions: at range boundaries and a size limit, rotating the
+preferred replica (none once a range is read from its object).
 
 Pure: no I/O.
 """

@@ -1,21 +1,11 @@
 """Where the Spark sink's executors send each row: the routing decisions.
 
-Three ways to name a row's target stream (the sink writes from its tasks in each):
-
-- option ``stream`` alone (``mode`` ``executors``): partition ``p`` writes ``<stream>-<p>``;
-- a ``stream`` column (string) and no ``stream`` option: each row goes to the stream its
-  column names (as Spark's Kafka sink, an explicit option wins over the column, so a frame
-  read from estream, which has a ``stream`` column, is not written back into its sources);
-- options ``keyColumn`` and ``streams`` N with ``stream``: the key's bytes (a string
-  column as UTF-8) hash with xxh3-64 into ``<stream>-<k>``, ``k = xxh3(key) mod N``: the
-  same key always lands in the same stream, whichever task, run or machine hashes it
-  (Python's ``hash`` is salted per process and would not).
-
-Whatever the target, a task is one idempotent producer per target stream, with the id of
-(sink, partition), and row ``i`` of the task's partition of micro-batch ``b`` has sequence
-``b * 2**32 + i`` whichever stream it goes to (:func:`plan_targets`): the rows of one
-target keep their order and their sequences grow, so a retried task or a replayed batch
-re-sends each row with the sequence it had, and a row already stored is not stored again.
+A row's target stream is ``<stream>-<p>`` (option ``stream`` alone: partition ``p``), the
+stream its ``stream`` column names (no ``stream`` option: an explicit option wins, as in
+Spark's Kafka sink), or ``<stream>-<k>`` with ``k = xxh3(key) mod N`` (options
+``keyColumn`` and ``streams``: the same key always lands in the same stream, unlike
+Python's salted ``hash``). A task is one idempotent producer per target, and a row keeps
+its sequence whichever stream it goes to (:func:`plan_targets`, which says why).
 
 Pure: no I/O.
 """
@@ -84,6 +74,13 @@ def plan_targets(streams: Sequence[str], partition: int) -> list[Target]:
     [Target(stream='a', positions=(0, 2)), Target(stream='b', positions=(1,))]
     >>> [t.stream for t in plan_targets(["a", "b", "c"], 1)]
     ['b', 'c', 'a']
+
+
+    Whatever the target, a task is one idempotent producer per target stream, with the id of
+    (sink, partition), and row ``i`` of the task's partition of micro-batch ``b`` has sequence
+    ``b * 2**32 + i`` whichever stream it goes to (:func:`plan_targets`): the rows of one
+    target keep their order and their sequences grow, so a retried task or a replayed batch
+    re-sends each row with the sequence it had, and a row already stored is not stored again.
     """
     groups: dict[str, list[int]] = {}
     for i, name in enumerate(streams):

@@ -1,16 +1,12 @@
 """The ``estream`` Spark streaming sink: exactly-once appends of each micro-batch.
 
-Tasks (``write``) only collect their rows (``value`` binary or string, optional
-``headers`` map) into a commit message; the driver's ``commit(messages, batch_id)`` opens
-the stream's writer (fencing any earlier driver's), reads the stream's tail marker, and
-appends what ``estream/spark/commit.py`` decides is missing. See docs/ARCHITECTURE.md,
-"Spark connector", for the guarantees.
-
-With option ``mode`` ``executors`` the tasks append themselves (:func:`write_targets`),
-each partition to its own stream ``<stream>-<partition>``, or each row to the stream its
-``stream`` column names or its key hashes to (``estream/spark/routing.py``), as an
-idempotent producer per target stream, and the driver's commit has nothing left to do
-(``estream/spark/commit.py``).
+Tasks (``write``) collect their rows (``value``, optional ``headers``) into a commit
+message; the driver's ``commit(messages, batch_id)`` opens the stream's writer (fencing any
+earlier driver's), reads the tail marker and appends what ``estream/spark/commit.py``
+decides is missing. With ``mode`` ``executors`` the tasks append themselves
+(:func:`write_targets`) as idempotent producers, to the streams
+``estream/spark/routing.py`` picks, and the driver's commit has nothing left to do.
+Guarantees: docs/ARCHITECTURE.md, "Spark connector".
 
 Side effect: network calls to the estream cluster (reads and appends on the driver, or
 appends on the executors).

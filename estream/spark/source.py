@@ -1,26 +1,14 @@
 """The ``estream`` Spark source: batch and streaming readers over PySpark's Python Data
 Source API.
 
-Driver side (a Python worker Spark keeps for the query): ``initialOffset``,
-``latestOffset``, ``partitions`` ask the cluster for stream bounds and range layout, and
-``estream/spark/planning.py`` decides. Task side: ``read()`` runs in a pickled copy of
-the reader, which holds only :class:`SourceOptions`; it creates its own event loop and
-client, reads ``[start, end)`` of one stream (never past the confirmed end: the SDK's
-reads stop there) from the partition's preferred replica, and yields Arrow record
-batches. A range in the object tier is read by the executor itself, straight from the
-object store PD names (the index once, then ranged GETs of just the partition's
-batches, the next window fetched ahead), with no range server involved: the SDK's reader
-does it (``estream/sdk/reader.py``), so the source needs no path of its own.
-
-``streamPattern``: every driver call first lists the placement driver's streams and
-keeps the matching ones (:func:`current`); a micro-batch's partitions are planned over
-the streams its end offsets name, so a replayed batch plans the same streams.
-``minOffsetsPerTrigger``: ``latestOffset`` returns the start offsets (no batch) while
-``planning.admit`` holds the batch back; the ``maxTriggerDelay`` clock is driver memory.
-
-Faults: a failed listing or survey (PD leader lost, a replica hung past the client's
-timeouts) fails the trigger before any offset is returned, so Spark's checkpoint is
-untouched and a restarted query resumes at the last committed offsets.
+Driver side (``initialOffset``, ``latestOffset``, ``partitions``): ask the cluster for
+stream bounds and range layout; ``estream/spark/planning.py`` decides (``streamPattern``
+listed again at each call, ``minOffsetsPerTrigger`` held back by ``planning.admit``).
+Task side: ``read()`` runs in a pickled copy holding only :class:`SourceOptions`, with its
+own event loop and client, and yields Arrow record batches of ``[start, end)`` of one
+stream from the partition's preferred replica, or from the object store through the SDK's
+reader. A failed listing or survey fails the trigger before any offset is returned, so
+Spark's checkpoint is untouched. More: docs/spark.md.
 
 Side effect: network calls to the estream cluster (PD and range servers).
 """

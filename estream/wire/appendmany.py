@@ -1,24 +1,13 @@
 """APPEND_MANY: many record batches (and confirms) to one range server in one request.
 
 A client's writers whose batches go to the same range server in the same event-loop turn
-share one request (``estream/net/appendsender.py``): the per-request costs (a frame each
-way, a dispatch, a timer, a log write and its fsync wait) are paid once for all of them.
-Each entry is an APPEND of its own: checked, decided and logged as one, answered with its
-own end or its own typed error; one bad entry never fails the others. An idle writer's
-CONFIRM rides along the same way (with one writer per stream, every record is followed by
-one), each a CONFIRM of its own.
-
-Request: header ``{"deferred": bool, "sizes": [n0, n1, ...], "confirms"?: [[stream_id,
-range_index, epoch, confirm], ...], "server_id"?}``, payload the batches one after another
-(entry ``i`` is the ``sizes[i]`` bytes after the ones before it). At least one batch or
-confirm; at most ``limits.append_many_entries_max`` of each.
-Answer: ``{"results": [r0, r1, ...], "confirmed"?: [c0, ...]}``, one per batch and one per
-confirm in request order: a batch's end (an int, as APPEND's ``"end"``) or ``{"error":
-{"code", "message", "fields"}}``; a confirm's nil (done, durable) or such an error.
-
-Which queued batches share a request is :func:`group_entries`: in order, at most
-``limits.append_many_entries_max`` entries and ``limits.append_many_bytes_max`` bytes
-each; a group of one goes as a plain APPEND (the lone writer's path, unchanged).
+share one request (``estream/net/appendsender.py``): a frame each way, a dispatch and a
+log write's fsync wait are paid once. Each entry is an APPEND (or an idle writer's
+CONFIRM) of its own: checked, decided, logged and answered alone; one bad entry never
+fails the others. The header (``sizes``, ``confirms``, ``deferred``) and the answer
+(``results``, ``confirmed``): docs/PROTOCOL.md. :func:`group_entries` decides which queued
+batches share a request: in order, at most ``limits.append_many_entries_max`` entries and
+``limits.append_many_bytes_max`` bytes; a group of one goes as a plain APPEND.
 
 Pure: no I/O.
 """

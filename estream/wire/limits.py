@@ -1,7 +1,12 @@
-"""Every size and time limit of estream, in one place, units last in every name.
+"""The limits that more than one module or process must agree on: frame, batch and read
+sizes, protocol timings, the writer's defaults the servers size for.
 
-Their relationships (a batch fits in a frame, a read answer fits in a frame, ...) are
-checked by ``tests/unit/test_limits.py``.
+The convention for every limit of estream: a ``Final`` number with a lowercase name, its
+unit last (``bytes``, ``ms``, ``s``, or what is counted: ``records``), then ``max``,
+``min`` or ``default``. A limit only one module goes by lives beside it, in that module;
+``tests/unit/test_limit_names.py`` checks every module. The relationships between these
+(a batch fits in a frame, a read answer fits in a frame, ...) are checked by
+``tests/unit/wire/test_limits.py``.
 
 Pure: no I/O.
 """
@@ -37,7 +42,7 @@ listener_connections_max: Final = 1024  # open connections per listening port; o
 connection_auth_ms_max: Final = 5_000  # a connection that must authenticate (tokens on)
 #   and has not by then is closed
 
-# Records and batches (estream/wire/record.py).
+# Records and batches (estream/wire/record/).
 batch_bytes_max: Final = 8 * MiB  # one encoded record batch
 batch_records_max: Final = 65_536
 record_value_bytes_max: Final = 4 * MiB

@@ -1,22 +1,16 @@
 """The member credential without TLS: a challenge-response keyed by the cluster secret.
 
-PD nodes and range servers that hold the cluster secret prove it to each other on every
-connection before the server serves a **member opcode** (what only cluster members send:
-registration, heartbeats, replica updates, drops). The secret never crosses the wire; the
-exchange is two ``AUTH`` frames on the connection being authenticated:
+PD nodes and range servers holding the cluster secret prove it on every connection before
+a **member opcode** (registration, heartbeats, replica updates, drops) is served, with two
+``AUTH`` frames: the member asks ``{"challenge": true}`` and gets a fresh nonce bound to
+the connection (``{}`` from a server without a secret); it answers ``{"role": "member",
+"nonce", "proof"}``, ``proof = HMAC-SHA256(member_key(secret), label || role || server
+nonce || member nonce)``. The server checks it (:func:`check_member_auth`) and forgets its
+nonce either way: a recorded proof never verifies again, one nonce gets one guess.
+:func:`member_key` derives its own key, never the ``hmac-sha256`` streams' MAC keys
+(``estream/wire/record/``).
 
-1. the member asks ``{"challenge": true}``; the server answers ``{"nonce": <hex>}``, a
-   fresh random nonce of :data:`member_nonce_bytes` bound to this connection (a server
-   without a secret answers ``{}``: no member credential to prove);
-2. the member answers ``{"role": "member", "nonce": <its own fresh hex nonce>,
-   "proof": <hex>}`` with ``proof = HMAC-SHA256(member_key(secret), label || role ||
-   server nonce || member nonce)``; the server checks it (:func:`check_member_auth`) and
-   forgets its nonce whatever the outcome, so a recorded proof never verifies again (each
-   connection's server nonce is new) and one nonce gets one guess.
-
-:func:`member_key` derives the key with a label of its own, so the proofs and the
-``hmac-sha256`` streams' MAC keys (``estream/wire/record.py``), which derive from the same
-secret, never share a key. Pure: the caller brings the random nonces.
+Pure: the caller brings the random nonces.
 """
 
 from __future__ import annotations

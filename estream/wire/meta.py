@@ -1,20 +1,16 @@
 """The catalog's model: streams, ranges, range servers, as frozen dataclasses.
 
 The placement driver keeps these in its catalog; the SDK receives them in PD responses.
-``to_dict``/``from_dict`` give the wire and admin-API shape documented in
-``docs/PROTOCOL.md``, the same the admin HTTP API returns::
+``to_dict``/``from_dict`` give the wire and admin-API shape (docs/PROTOCOL.md)::
 
     {"id", "name", "replicas", "ack_count", "type", "hints", "epoch", "start_offset",
      "ranges": [{"index", "start", "end" (None while open), "state": "open"|"sealed",
                  "replicas": [{"id", "address"}], "tier": "local"|"object",
-                 "object_key" (None until the range's object is committed),
-                 "object_part" (only for a part of a version-2 object: {"data": [lo, hi],
-                                "index": [lo, hi], "checksum"})}]}
+                 "object_key", "object_part" (a part of a version-2 object)}]}
 
 A sealed range may also carry ``"min_timestamp"``, ``"max_timestamp"`` and
-``"size_bytes"`` (recorded by the PD leader after its seal, from a replica's time index:
-``pd/shell/retainer.py``), and a stream ``"retention_ms"``/``"retention_bytes"`` (only
-when set: ``pd/retention.py``).
+``"size_bytes"`` (``pd/shell/retainer.py``), a stream ``"retention_ms"`` and
+``"retention_bytes"`` when set (``pd/retention.py``).
 
 Pure: no I/O.
 """

@@ -1,75 +1,14 @@
 """The object-tier format: sealed ranges' batches in an object, its index and its footer.
 
-Two versions are read. Version 2 (what the offloader writes) holds the batches of one or
-more sealed ranges, of any streams, each range's batches back to back; version 1 (written
-before) holds exactly one range. Both end with an index block and the same 64-byte footer.
-
-A sealed range offloaded to the object store becomes one object holding the range's record
-batches exactly as the range servers store them (the batch format of
-``estream/wire/record.py``, xxh3 checksums kept, so every reader verifies every batch as it
-would from a replica), then an index block with one entry per batch, then a fixed 64-byte
-footer. A reader needs two small ranged GETs to learn where everything is (the footer, then
-the index; or one GET of the object's tail when the index is small) and one ranged GET per
-window of batches (:meth:`ObjectIndex.locate`). All integers are little-endian.
-
-Object layout::
-
-    [batch 0][batch 1]...[batch n-1]   data: the batches back to back, from byte 0
-    [index entry 0]...[index entry n-1] index: n entries of 40 bytes, at index_position
-    [footer]                            64 bytes, the object's last bytes
-
-Index entry (40 bytes)::
-
-    offset size field          meaning
-      0     8   base_offset    u64, offset of the batch's first record
-      8     4   count          u32, records in the batch
-     12     8   position       u64, byte position of the batch in the object
-     20     4   length         u32, byte length of the whole batch (header + records)
-     24     8   min_timestamp  i64 ms, smallest record timestamp of the batch
-     32     8   max_timestamp  i64 ms, largest record timestamp of the batch
-
-Footer (64 bytes)::
-
-      0     4   magic          0xE50B1EC7
-      4     2   version        1
-      6     2   flags          0 (reserved)
-      8     8   stream_id      u64
-     16     4   range_index    u32
-     20     4   batch_count    u32, index entries
-     24     8   start_offset   u64, the range's start (first batch's base offset)
-     32     8   end_offset     u64, the range's end (last batch's end); start for no batch
-     40     8   index_position u64, where the index starts (= bytes of data)
-     48     8   index_bytes    u64, 40 * batch_count
-     56     8   checksum       xxh3-64 of the index block followed by footer bytes [0, 56)
-
-Version 2 (several ranges): the data is the ranges one after another, each range's
-batches back to back; the index is one entry per batch in the same order::
-
-    offset size field          meaning
-      0     8   stream_id      u64, the batch's stream
-      8     4   range_index    u32, the batch's range
-     12     8   base_offset    u64
-     20     4   count          u32
-     24     8   position       u64
-     32     4   length         u32
-     36     8   min_timestamp  i64 ms
-     44     8   max_timestamp  i64 ms
-
-entries of 52 bytes, and the footer's ``stream_id``, ``start_offset`` and ``end_offset``
-are 0 and its ``range_index`` is the number of ranges with batches (``range_count``). The
-catalog keeps each range's *part* (:class:`~estream.wire.meta.ObjectPart`: its data span,
-its index entries' span and their xxh3-64), so a reader GETs just its range's entries
-(:func:`decode_part`, checked against the catalog's checksum) and then its batches: no
-HEAD, no footer. A range with no batch has an empty part. Within an object a range's
-entries are one run, contiguous in offsets from its start to its end, and no range
-appears twice.
-
-Rules checked on encode and on decode (version 1): batches are contiguous from ``start_offset`` to
-``end_offset`` (the object holds exactly the catalog's ``[start, end)``, never a short or
-long copy), each batch belongs to ``stream_id``, index entries lie back to back from byte 0
-up to ``index_position``. Malformed input raises only :class:`MalformedObject`; a footer or
-index whose checksum fails raises :class:`ChecksumMismatch` (a batch's own checksum is
-verified when it is read, by ``estream/wire/record.py``).
+An object holds the record batches of one or more sealed ranges exactly as the range
+servers store them (checksums kept: every reader verifies every batch), each range's
+back to back; then an index of one entry per batch; then a 64-byte footer. Version 2 (what
+the offloader writes) holds many ranges, 52-byte entries, and the catalog keeps each
+range's *part* (:class:`~estream.wire.meta.ObjectPart`), so a reader GETs its entries
+(:func:`decode_part`) then its batches; version 1 (one range, 40-byte entries) still reads.
+Byte layouts: docs/ARCHITECTURE.md 3.3. Both are checked on encode and decode (contiguous
+offsets, entries back to back); malformed input raises only :class:`MalformedObject`, a
+failed footer or index checksum :class:`ChecksumMismatch`.
 
 Pure: no I/O.
 """

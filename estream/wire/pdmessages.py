@@ -8,11 +8,8 @@ field at its default is left out where older clients left it out, so the bytes o
 are those of earlier versions and old clients and new servers interoperate. An answer's
 ``from_header`` is the client's side of the same. ``OPCODE`` names each request's opcode.
 
-What a field may hold beyond its type (a stream name's characters, replicas 1..5, the
-storage hints, retention limits) is the catalog's to say (``pd/catalog.py``), and every
-field's bounds are ``pd/validate.py``'s: both run in PD, after these.
-
-Stream defaults (replicas, ack_count, digest) are :mod:`estream.wire.meta`'s.
+What a field may hold beyond its type is the catalog's to say (``pd/catalog.py``), and its
+bounds ``pd/validate.py``'s (both in PD, after these); stream defaults are ``meta``'s.
 
 Pure: no I/O.
 """
@@ -485,7 +482,7 @@ def _names(cls: type) -> tuple[str, ...]:
 
 
 # Each PD request's fields as they travel, by opcode (docs/PROTOCOL.md's table is checked
-# against these: tests/unit/test_pdmessages.py). PD_WRITERS_KEEPALIVE's writers are
+# against these: tests/unit/wire/test_pdmessages.py). PD_WRITERS_KEEPALIVE's writers are
 # pd/lease.py's.
 WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
     Opcode.PD_REGISTER_SERVER: _names(RegisterServerRequest),

@@ -1,27 +1,12 @@
 """The wire protocol: frames, opcodes and the sans-I/O frame codec.
 
-Every connection (client to range server, client or range server to placement driver)
-carries frames in both directions. A request and its response share a request id; many
-requests may be in flight on one connection and responses come back in any order.
-
-Frame layout (22-byte fixed prefix, little-endian)::
-
-    offset size field
-      0     2   magic            0xE5F1
-      2     1   version          1
-      3     1   opcode           :class:`Opcode`
-      4     2   flags            bit 0 RESPONSE, bit 1 ERROR
-      6     8   request_id       u64, chosen by the requester
-     14     4   header_bytes     u32, length of the msgpack header (a map)
-     18     4   payload_bytes    u32, length of the raw payload
-     22     .   header           msgpack map: the request arguments / response fields
-      .     .   payload          raw bytes (record batches), never re-encoded
-
-An error response has the ERROR flag and the header ``{"error": {"code", "message",
-"fields"}}`` (see :mod:`estream.wire.errors`). The lengths are checked against the limits as
-soon as the fixed prefix is in, before any of the rest is buffered.
-
-The message schemas of every opcode are in ``docs/PROTOCOL.md``.
+Every connection carries frames both ways: a 22-byte prefix (magic, version, opcode,
+flags RESPONSE and ERROR, request id, header and payload lengths), a msgpack header (the
+arguments or answer fields) and a raw payload (record batches, never re-encoded). A
+request and its answer share a request id; answers come back in any order. An error
+answer's header is ``{"error": {"code", "message", "fields"}}`` (:mod:`estream.wire.errors`).
+Lengths are checked against the limits as soon as the prefix is in. The prefix layout:
+docs/ARCHITECTURE.md 3.2; every opcode's messages: docs/PROTOCOL.md.
 
 Pure: no I/O.
 """

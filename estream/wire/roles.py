@@ -1,28 +1,16 @@
 """Roles: what a token may do, per opcode and per admin-API request.
 
-A token file's line is ``ROLE:TOKEN`` or a bare ``TOKEN`` (:func:`parse_token_line`):
+A token file's line is ``ROLE:TOKEN`` or a bare ``TOKEN`` (every role; :func:`parse_token_line`).
+``read`` describes, lists and reads; ``client`` adds creating streams and writing;
+``admin`` adds deleting and trimming streams, draining and forgetting servers; ``member``
+(PD nodes, range servers) adds the member opcodes, which the cluster secret also gates
+(``estream/wire/membership.py``). A CA-verified client certificate names its role in a URI
+SAN ``estream-role:ROLE`` (:func:`role_uri`, :func:`certificate_role`; none: ``client``;
+unknown or two: ``none``). A connection may do what any credential it proved allows. Every
+served opcode has an :class:`Action` in its table (:data:`PD_OPCODE_ACTIONS`,
+:data:`RANGE_SERVER_OPCODE_ACTIONS`); one missing needs ``admin``. Why: docs/ARCHITECTURE.md 8.
 
-- ``read``: describe and list streams, servers and cursors, read records;
-- ``client``: ``read`` plus create streams, write (open writers, append, seal, commit and
-  delete cursors, set retention);
-- ``admin``: ``client`` plus delete and trim streams, drain and forget range servers;
-- ``member`` (PD nodes and range servers): ``client`` plus the member opcodes (register,
-  heartbeat, replica updates, dropping and listing replicas);
-- a bare token: every role at once, what any token allowed before roles existed.
-
-A client certificate verified by the cluster CA names its role in a subject alternative
-name URI ``estream-role:ROLE`` (:func:`role_uri`, :func:`certificate_role`; ``estream
-certs`` issues them). One naming no role is a ``client`` (no member or admin opcodes); one
-naming an unknown role, or two different ones, may do nothing (``none``). A connection may
-do what any credential it proved allows: its certificate's role, its token's role, and
-with the cluster secret the member opcodes.
-
-Member opcodes are also gated by the cluster secret (``estream/wire/membership.py``): a
-server holding it serves them only on connections that proved it, whatever the token.
-
-Every opcode a server serves has an :class:`Action` in its table
-(:data:`PD_OPCODE_ACTIONS`, :data:`RANGE_SERVER_OPCODE_ACTIONS`); one missing from a table
-needs ``admin``. Pure.
+Pure: no I/O.
 """
 
 from __future__ import annotations

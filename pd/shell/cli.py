@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Final, NoReturn
 from urllib.parse import urlsplit
 
 import uvloop
@@ -54,7 +54,7 @@ from pd.retention import timestamp_skew_ms_max
 from pd.scrub import scrub_bytes_per_s_max_default, scrub_period_s_default
 from pd.shell.node import PdConfig, PlacementDriverNode
 
-gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
+gc_gen0_allocations: Final = 100_000  # allocations between young collections (CPython default: 700)
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -280,7 +280,7 @@ def tune_gc() -> None:
     second under load."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(gc_gen0_threshold, 50, 1000)
+    gc.set_threshold(gc_gen0_allocations, 50, 1000)
 
 
 async def serve(config: PdConfig) -> int:

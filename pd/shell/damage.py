@@ -50,7 +50,7 @@ log = logging.getLogger("pd.shell.offloader")  # (the offloader's log, as before
 _T = TypeVar("_T")
 
 _DAMAGE: Final = (MalformedObject, ChecksumMismatch, MalformedBatch)  # a part read back bad
-lost_remembered_max: Final = 4_096  # lost ranges counted once each (then counted again)
+remembered_lost_ranges_max: Final = 4_096  # lost ranges counted once each (then counted again)
 
 
 class DamageChecks:
@@ -191,7 +191,7 @@ class DamageChecks:
                       "replica left: unreadable until the object is restored", key, rk[1],
                       rk[0])
             if (key, rk) not in self.lost:
-                if len(self.lost) >= lost_remembered_max:
+                if len(self.lost) >= remembered_lost_ranges_max:
                     self.lost.clear()
                 self.lost.add((key, rk))
                 self._count(DAMAGE_LOST)

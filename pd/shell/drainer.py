@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from estream.net.clock import SYSTEM_CLOCK
 from estream.wire.errors import EstreamError, Fenced, RangeSealed
@@ -47,8 +47,8 @@ from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
 
-drain_interval_ms = 1_000  # how often the leader rolls writer-less open ranges away
-ranges_report_max = 10_000  # ranges listed in one GET /v1/ranges answer
+drain_interval_ms: Final = 1_000  # how often the leader rolls writer-less open ranges away
+report_ranges_max: Final = 10_000  # ranges listed in one GET /v1/ranges answer
 
 
 class Drainer:
@@ -139,7 +139,7 @@ class Drainer:
     def _report(self, view: CatalogView, servers: dict[str, ServerState],
                 busy: frozenset[RangeKey], short_since: Mapping[ShortKey, int], now: int,
                 under_replicated_only: bool) -> tuple[list[dict[str, Any]], int, int]:
-        """The listed ranges (at most ``ranges_report_max``), and how many of all are
+        """The listed ranges (at most ``report_ranges_max``), and how many of all are
         under-replicated and moving (in a worker thread: touches only its arguments)."""
         out: list[dict[str, Any]] = []
         under = moving = 0
@@ -149,7 +149,7 @@ class Drainer:
                 under += item.under_replicated
                 moving += item.moving
                 if (under_replicated_only and not item.under_replicated) \
-                        or len(out) >= ranges_report_max:
+                        or len(out) >= report_ranges_max:
                     continue
                 out.append({
                     "stream": stream.name, "stream_id": stream.id, "index": rng.index,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from estream.core.timerange import candidate_ranges
 from estream.net.rpc import Answer, Handler, QuickHandler
@@ -61,7 +61,7 @@ from pd.validate import check_request
 if TYPE_CHECKING:
     from pd.shell.service import PdService
 
-time_ranges_per_answer = 4  # PD_TIME_RANGES: candidates per answer (the first usually holds it)
+time_ranges_per_answer: Final = 4  # PD_TIME_RANGES: candidates per answer (the first holds it)
 
 
 def _answer(stream_header: dict[str, Any]) -> Header:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Final
 
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
@@ -23,7 +24,7 @@ from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.lease import ReplicaAnswer
 from pd.streamfigures import OpenStats
 
-fence_timeout_s = 2.0  # one fence request: a hung replica must not hold a delete long
+fence_timeout_s: Final = 2.0  # one fence request: a hung replica must not hold a delete long
 
 
 async def describe(

@@ -47,7 +47,7 @@ from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
 
-rpc_timeout_s = 10.0
+rpc_timeout_s: Final = 10.0
 drops_at_once_max: Final = 16  # DROP_RANGE calls to one server side by side
 DROPS_TOTAL = "estream_replicas_dropped_total"
 DROPS_HELP = (

@@ -53,7 +53,7 @@ from estream.wire.record import Record, decode_batch, iter_batches
 from pd.console import RecordsQuery, record_row, records_bytes_max, within_budget
 
 # A browse is one page of an operator's screen: fail fast rather than wait out a roll.
-BROWSE_CURSOR: Final = CursorConfig(read_rounds_max=2, retry_pause_ms_step=100,
+BROWSE_CURSOR: Final = CursorConfig(read_rounds_max=2, retry_pause_step_ms=100,
                                     retry_pause_ms_max=200)
 time_candidates_max: Final = 8  # candidate ranges looked at for a time
 read_timeout_s: Final = 2.0

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Final
 
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rangeclient import ReplicaClient
@@ -67,9 +68,9 @@ from pd.shell.service import PdService
 
 log = logging.getLogger(__name__)
 
-recovery_interval_ms = 500  # how often the leader looks for expired leases
-checks_per_round_max = 256  # streams looked at in one round (the rest wait a round)
-describe_timeout_s = 1.0  # DESCRIBE_RANGE is answered from memory: a hung server is skipped
+recovery_interval_ms: Final = 500  # how often the leader looks for expired leases
+checks_per_round_max: Final = 256  # streams looked at in one round (the rest wait a round)
+describe_timeout_s: Final = 1.0  # DESCRIBE_RANGE is answered from memory: a hung server is skipped
 
 
 class Recoverer:

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rangeclient import (
@@ -77,8 +77,8 @@ from pd.streammemo import Narrowing
 
 log = logging.getLogger(__name__)
 
-rpc_timeout_s = 10.0
-read_calls_max = 1_000_000  # bounds one copy loop (a 1 GiB range is ~130 reads of 8 MiB)
+rpc_timeout_s: Final = 10.0
+read_calls_max: Final = 1_000_000  # bounds one copy loop (a 1 GiB range is ~130 reads of 8 MiB)
 T = TypeVar("T")
 
 REPAIRS_TOTAL = "estream_repairs_total"

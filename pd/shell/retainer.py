@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 retention_interval_ms: Final = 1_000
 stats_per_round_max: Final = 256
-stats_concurrency: Final = 32
+stats_in_flight_max: Final = 32
 lag_streams_per_round_max: Final = 256
 stats_timeout_s: Final = 1.0
 stats_retry_s: Final = 30.0  # a range no replica could describe is asked again after this
@@ -133,7 +133,7 @@ class Retainer:
         now = time.monotonic()
         todo = stats_due(self._stats_work.narrow(view.streams.values()), self._retry_at, now,
                          stats_per_round_max)
-        gate = asyncio.Semaphore(stats_concurrency)
+        gate = asyncio.Semaphore(stats_in_flight_max)
 
         async def one(stream: StreamMeta, rng: RangeMeta) -> bool:
             async with gate:

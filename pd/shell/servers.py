@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from estream.wire.errors import Conflict, NotLeader, ServerNotFound, Unavailable
 from estream.wire.meta import ServerInfo
@@ -26,8 +26,8 @@ from pd.repair import SealedReports, parse_reports
 from pd.shell.raft import RaftNode, RaftStatus
 from pd.streammemo import StreamMemo
 
-catch_up_wait_s = 2.0  # longest a decision waits for this node to apply what is committed
-catch_up_poll_s = 0.005
+catch_up_wait_s: Final = 2.0  # longest a decision waits for this node to apply what is committed
+catch_up_poll_s: Final = 0.005
 
 
 class ServerOps:

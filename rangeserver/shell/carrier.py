@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from estream.wire.errors import EstreamError
 from estream.wire.record import verify_batch
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]
-carry_bytes_per_round_max = 64 * 1024 * 1024  # batches copied forward per round, at most
-replicas_at_once = 256  # read together, written together, one wait for their durability
+carry_bytes_per_round_max: Final = 64 * 1024 * 1024  # batches copied forward per round, at most
+replicas_at_once: Final = 256  # read together, written together, one wait for their durability
 
 
 class Carrier:

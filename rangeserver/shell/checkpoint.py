@@ -1,30 +1,9 @@
 """The checkpoint: every replica's state and index as of a log position.
 
-At start the range server loads the checkpoint and scans only the log after its
-position, instead of the whole log. A checkpoint is taken as a snapshot of the state on
-the event loop (covering every entry before the log's current position), written only
-after an fdatasync covers that position, to a temporary file renamed over the old one
-(atomic). A missing, unreadable or inconsistent checkpoint is ignored: the log alone is
-enough to rebuild everything, the checkpoint only makes start faster.
-
-File layout: msgpack map, then its xxh3-64 (8 bytes, little-endian)::
-
-    {"version": 2, "segment": int, "position": int,
-     "replicas": [{"stream_id", "range_index", "start", "end", "epoch", "confirm",
-                   "sealed", "sealed_end", "damaged", "index": {column: bytes},
-                   "span": [first segment, last segment],
-                   "time_index": {...} (optional, ``rangeserver/timeindex.py``),
-                   "digest": int (optional: the stream's digest as the replica's
-                              CREATE_RANGE entry recorded it; absent: none recorded)}],
-     "dropped": [[first segment, last segment], ...]}
-
-``digest`` is optional so that checkpoints written before it still load (their replicas
-record no digest and accept any, as their log entries say) and the version need not
-change.
-
-``span`` and ``dropped`` are what the log's retention needs (``rangeserver/retention.py``).
-A version 1 checkpoint (without them) is ignored like an invalid one: the whole log is
-scanned once.
+At start the range server loads it and scans only the log after its position. It is a
+snapshot taken on the event loop, written once an fdatasync covers its position, to a
+temporary file renamed over the old one; a missing, unreadable or inconsistent one is
+ignored (the log alone rebuilds everything). The file layout: :class:`Checkpoint`.
 
 Side effects: the checkpoint file (written with aiofiles: a cold path).
 """
@@ -57,6 +36,26 @@ CHECKPOINT_NAME: Final = "checkpoint.msgpack"
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
+    """File layout: msgpack map, then its xxh3-64 (8 bytes, little-endian)::
+
+        {"version": 2, "segment": int, "position": int,
+         "replicas": [{"stream_id", "range_index", "start", "end", "epoch", "confirm",
+                       "sealed", "sealed_end", "damaged", "index": {column: bytes},
+                       "span": [first segment, last segment],
+                       "time_index": {...} (optional, ``rangeserver/timeindex.py``),
+                       "digest": int (optional: the stream's digest as the replica's
+                                  CREATE_RANGE entry recorded it; absent: none recorded)}],
+         "dropped": [[first segment, last segment], ...]}
+
+    ``digest`` is optional so that checkpoints written before it still load (their replicas
+    record no digest and accept any, as their log entries say) and the version need not
+    change.
+
+    ``span`` and ``dropped`` are what the log's retention needs (``rangeserver/retention.py``).
+    A version 1 checkpoint (without them) is ignored like an invalid one: the whole log is
+    scanned once.
+    """
+
     segment: int
     position: int
     replicas: dict[tuple[int, int], ReplicaState]

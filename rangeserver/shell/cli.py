@@ -6,17 +6,9 @@
                          [--tls-require-client-cert]] [--token-file FILE] [--http H:P]
                         [--secret-file FILE | --secret S]
 
-Prints ``listening on H:P`` (the real port, also for ``--listen H:0``) to stdout once it
-serves. SIGTERM or SIGINT: stop serving, sync the log, write a checkpoint, exit 0. Bad
-flag values: a one-line error and exit code 2. The server id is generated once (uuid4)
-and kept in ``DIR/server_id``. With ``--tls-cert`` it serves TLS only, and presents the
-same certificate (and the first token of ``--token-file``) to PD as a cluster member;
-with ``--token-file`` clients must authenticate (:mod:`estream.net.security`).
-``--http H:P`` (off unless given; port 0 picks one) serves ``/metrics``, ``/healthz`` and
-``/readyz`` (``rangeserver/shell/http.py``) and prints ``http on H:P`` once it listens.
-``--secret-file`` (or ``--secret``, ``ESTREAM_SECRET``): the cluster secret; with it the
-MAC of every ``hmac-sha256`` batch is verified on APPEND (``rangeserver/shell/server.py``),
-the server proves it to PD as a member, and only members (PD) may drop or list replicas.
+Prints ``listening on H:P`` once it serves (``http on H:P`` with ``--http``). SIGTERM or
+SIGINT: stop serving, sync the log, write a checkpoint, exit 0; bad flags: one line, exit
+2. What each flag does: :func:`main`.
 
 Side effects: the data directory, the listening socket, signal handlers.
 """
@@ -34,7 +26,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Final, NoReturn
 
 import uvloop
 
@@ -65,10 +57,10 @@ from rangeserver.shell.wal import IO_MODES
 log = logging.getLogger("rangeserver")
 
 STORAGE_CLASSES = ("nvme", "ssd", "hdd")
-checkpoint_interval_s = 30.0
+checkpoint_interval_s: Final = 30.0
 _SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what PD accepts as a server id
 _CPU_MAX = 4095  # a CPU list names no CPU above this (Linux's default NR_CPUS limit)
-gc_gen0_threshold = 100_000  # allocations between young collections (CPython default: 700)
+gc_gen0_allocations: Final = 100_000  # allocations between young collections (CPython default: 700)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -220,7 +212,7 @@ def tune_gc() -> None:
     without the cyclic GC."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(gc_gen0_threshold, 50, 1000)
+    gc.set_threshold(gc_gen0_allocations, 50, 1000)
 
 
 def tune_thread_switching() -> None:
@@ -342,6 +334,21 @@ def _config_warnings(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a range server until SIGTERM or SIGINT.
+
+    Prints ``listening on H:P`` (the real port, also for ``--listen H:0``) to stdout once
+    it serves. SIGTERM or SIGINT: stop serving, sync the log, write a checkpoint, exit 0. Bad
+    flag values: a one-line error and exit code 2. The server id is generated once (uuid4)
+    and kept in ``DIR/server_id``. With ``--tls-cert`` it serves TLS only, and presents the
+    same certificate (and the first token of ``--token-file``) to PD as a cluster member;
+    with ``--token-file`` clients must authenticate (:mod:`estream.net.security`).
+    ``--http H:P`` (off unless given; port 0 picks one) serves ``/metrics``, ``/healthz`` and
+    ``/readyz`` (``rangeserver/shell/http.py``) and prints ``http on H:P`` once it listens.
+    ``--secret-file`` (or ``--secret``, ``ESTREAM_SECRET``): the cluster secret; with it the
+    MAC of every ``hmac-sha256`` batch is verified on APPEND (``rangeserver/shell/server.py``),
+    the server proves it to PD as a member, and only members (PD) may drop or list replicas.
+    """
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parse_with_config(parser, argv, section="rangeserver", warnings=_config_warnings)

@@ -1,36 +1,10 @@
 """Group commit on the event loop: O_DIRECT writes submitted with Linux native AIO.
 
-The log's default writer where the filesystem and kernel allow it (``rangeserver/shell/wal.py``
-falls back to its writer thread elsewhere). Why it exists: ``rangeserver/shell/linuxaio.py``.
-
-How a group commit goes:
-
-- Entries are copied, as :meth:`DirectWriter.put` receives them, into a *filling* group:
-  an aligned buffer that starts at the block holding the entry's position. Its first
-  bytes repeat the log's last partial block (kept in :attr:`DirectWriter.tail`), so every
-  write covers whole blocks; the end is padded with zeros (the log reads zeros after its
-  last entry as unused space, ``rangeserver/walformat.py``).
-- At most one write is in flight. When none is, the filling group is submitted at the
-  end of the current event-loop iteration (every append decoded in it joins the group);
-  when one is, the filling group grows until that write completes and is then submitted
-  at once: appends that arrive during a write share the next one.
-- A group holding a synced entry is written with ``RWF_DSYNC`` and its entries complete
-  when the kernel says the write is durable. A group of ``DEFERRED_SYNC`` entries only
-  is written without it; its entries complete once written and become durable with the
-  next synced group, a barrier, or after ``limits.wal_idle_sync_ms`` of idleness (an
-  ``fdatasync``).
-- A group never spans segments; before the first write to a new segment the previous
-  one is synced and closed (a segment is complete and durable before the next starts).
-- Two buffers: one in flight, one filling; entries that fit in neither wait in order.
-
-Writes rewrite the last partial block of the one before: one write at a time keeps two
-writes of the same block from ever being in flight together.
-
-Failure: a write or open that ran out of a resource (a short write: out of disk,
-``rangeserver/shell/exhaustion.py``) stops the writer and reports where the log's good
-entries end (the failed group's first entry): the log cuts back there and starts a new
-writer (see ``rangeserver/shell/wal.py``). Any other failure, and any failed fdatasync,
-fails every pending entry and puts the log in the failed state.
+The log's default writer where the filesystem and kernel allow it (``wal.py`` falls back to
+its writer thread elsewhere; why it exists: ``linuxaio.py``). Entries fill an aligned
+buffer that repeats the log's last partial block; one write is in flight at a time, and
+appends arriving meanwhile share the next one; a group with a synced entry is written with
+``RWF_DSYNC``. How a group commit goes, and how it fails: :class:`DirectWriter`.
 
 Side effects: the segment files' writes and fdatasyncs, through :mod:`rangeserver.shell.linuxaio`.
 """
@@ -107,6 +81,36 @@ class DirectWriter:
     (it knows the spares). ``complete(items, durable)`` and ``fail(items, error)`` finish
     items on the event loop. ``exhausted((segment, position), error)`` is told where the
     good entries end when a resource ran out; the writer then stops (the log replaces it).
+
+
+    How a group commit goes:
+
+    - Entries are copied, as :meth:`DirectWriter.put` receives them, into a *filling* group:
+      an aligned buffer that starts at the block holding the entry's position. Its first
+      bytes repeat the log's last partial block (kept in :attr:`DirectWriter.tail`), so every
+      write covers whole blocks; the end is padded with zeros (the log reads zeros after its
+      last entry as unused space, ``rangeserver/walformat.py``).
+    - At most one write is in flight. When none is, the filling group is submitted at the
+      end of the current event-loop iteration (every append decoded in it joins the group);
+      when one is, the filling group grows until that write completes and is then submitted
+      at once: appends that arrive during a write share the next one.
+    - A group holding a synced entry is written with ``RWF_DSYNC`` and its entries complete
+      when the kernel says the write is durable. A group of ``DEFERRED_SYNC`` entries only
+      is written without it; its entries complete once written and become durable with the
+      next synced group, a barrier, or after ``limits.wal_idle_sync_ms`` of idleness (an
+      ``fdatasync``).
+    - A group never spans segments; before the first write to a new segment the previous
+      one is synced and closed (a segment is complete and durable before the next starts).
+    - Two buffers: one in flight, one filling; entries that fit in neither wait in order.
+
+    Writes rewrite the last partial block of the one before: one write at a time keeps two
+    writes of the same block from ever being in flight together.
+
+    Failure: a write or open that ran out of a resource (a short write: out of disk,
+    ``rangeserver/shell/exhaustion.py``) stops the writer and reports where the log's good
+    entries end (the failed group's first entry): the log cuts back there and starts a new
+    writer (see ``rangeserver/shell/wal.py``). Any other failure, and any failed fdatasync,
+    fails every pending entry and puts the log in the failed state.
     """
 
     def __init__(

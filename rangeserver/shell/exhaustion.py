@@ -1,23 +1,13 @@
 """Resources the log can run out of, and how it knows they are back.
 
-The log (``rangeserver/shell/wal.py``) tells two kinds of write failure apart:
-
-- **Exhaustion**: a write or open refused with ENOSPC or EDQUOT (``"disk"``), or EMFILE or
-  ENFILE (``"descriptors"``), or a short direct write (the filesystem ran out of blocks).
-  The call wrote nothing the log will keep: the log cuts back to its last good entry,
-  refuses appends with a retriable ``StorageError`` (writers roll to other servers),
-  keeps taking control entries (a DROP frees space) and resumes by itself once
-  :func:`resource_back` says so. ENOSPC from a write is raised while allocating (a
-  delayed-allocation filesystem reserves blocks at ``write()``), so no byte of that call
-  is left for a later writeback to lose.
-- **Anything else**, and any failed fdatasync (:class:`SyncFailed`) whatever its errno:
-  after it nobody knows which written bytes reached the disk ("fsyncgate"), so the log
-  stops until a restart re-scans it.
-
-:class:`Headroom` is a file of zeros kept beside the log while there is room: when the
-disk fills it is deleted, so the control entries, and the checkpoint that lets dropped
-replicas' segments be deleted, still find space; it is written again once the disk has
-room.
+**Exhaustion** (ENOSPC or EDQUOT: ``"disk"``; EMFILE or ENFILE: ``"descriptors"``; a short
+direct write) wrote nothing the log keeps: the log cuts back, refuses appends with a
+retriable ``StorageError``, keeps taking control entries and resumes once
+:func:`resource_back` says so (ENOSPC comes at ``write()``, while allocating, so no byte is
+left for a later writeback to lose). **Anything else**, and any failed fdatasync
+(:class:`SyncFailed`), stops the log until a restart (fsyncgate). :class:`Headroom`, a
+file of zeros deleted when the disk fills, leaves room for control entries and the
+checkpoint. The whole story: docs/ARCHITECTURE.md 2.1.
 
 Side effects: the headroom file (create, write, fdatasync, delete), probe descriptors.
 """

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from ssl import SSLContext
-from typing import Any
+from typing import Any, Final
 
 from estream.net.pdclient import PDClient
 from estream.net.rpc import ConnectionPool
@@ -24,7 +24,7 @@ from estream.wire.errors import EstreamError
 
 log = logging.getLogger(__name__)
 
-register_retry_s = 0.5
+register_retry_s: Final = 0.5
 
 
 async def register(client: PDClient, server_id: str, address: str, storage_class: str) -> None:

@@ -1,18 +1,12 @@
 """A range server's HTTP port (``--http H:P``, off unless given): metrics and health.
 
-- ``GET /metrics``: the Prometheus text (``rangeserver/shell/metrics.py``, ``process_*``
-  included);
-- ``GET /healthz``: 200 ``{"status": "ok", "server_id"}`` while the process serves
-  (liveness: a hung event loop does not answer);
-- ``GET /readyz``: 200 once the server is registered with PD (when started with ``--pd``)
-  and its log is open, has not failed and has its disk and descriptors; else 503
-  ``{"error": {"code": "UNAVAILABLE", "message"}}`` saying which. A server whose log failed
-  stays live (reads go on) but not ready: appends fail until a restart. A server out of
-  disk or descriptors is not ready while they are short, and ready again once they are
-  back (``rangeserver/shell/exhaustion.py``): no restart.
-
-Same TLS as the RPC port when the server has a certificate. Errors are
-``{"error": {"code", "message"}}``.
+``GET /metrics``: the Prometheus text (``rangeserver/shell/metrics.py``, ``process_*``
+included). ``GET /healthz``: 200 ``{"status": "ok", "server_id"}`` while the process
+serves. ``GET /readyz``: 200 once registered with PD (when started with ``--pd``) with its
+log open, not failed, and its disk and descriptors there; else 503 ``{"error": {"code":
+"UNAVAILABLE", "message"}}`` saying which. A failed log stays live (reads go on) but not
+ready until a restart; exhaustion is not ready only while it lasts. Same TLS as the RPC
+port when the server has a certificate.
 
 Side effects: an HTTP listening socket.
 """

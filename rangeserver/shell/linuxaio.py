@@ -1,21 +1,12 @@
 """Linux native asynchronous I/O (``io_submit``) through ctypes: the log's direct writes.
 
-Why: with a writer thread, every group commit costs two hand-overs of the GIL between
-the event loop and that thread (after waking it, after its write returns), and on two
-shared cores each hand-over can wait for a whole switch interval behind a busy loop: that
-wait, not the disk, made the tail of append latency (``benchmarks/RESULTS.md``, "Range
-server"). Native AIO on a file opened with ``O_DIRECT`` is truly asynchronous: the event
-loop submits the write and goes on serving; the kernel signals completion on
-an ``eventfd`` that the loop watches. No thread, no GIL hand-over.
-
-What it needs: buffers, file offsets and lengths aligned to :data:`BLOCK_BYTES` (the
-caller stages entries in an aligned buffer), a filesystem with ``O_DIRECT`` (tmpfs has
-it only since Linux 6.6), and the ``io_setup`` system call (a sandbox may refuse it).
-:func:`probe` says whether all of it works here; callers fall back to a writer thread
-when it does not.
-
-Only the kernel ABI is used (``struct iocb``, ``struct io_event`` from
-``linux/aio_abi.h``, x86-64 and arm64 system call numbers), not libaio.
+Why: a writer thread costs two GIL hand-overs per group commit, and on two shared cores
+each can wait a whole switch interval: that wait made append latency's tail
+(benchmarks/RESULTS.md, "Range server"). With ``O_DIRECT`` the event loop submits a write
+and goes on; the kernel signals completion on an ``eventfd`` the loop watches. Needs
+buffers, offsets and lengths aligned to :data:`BLOCK_BYTES`, ``O_DIRECT`` on the
+filesystem and ``io_setup`` (:func:`probe` says; callers fall back to a thread). Only the
+kernel ABI (``linux/aio_abi.h``, x86-64 and arm64), not libaio.
 
 Side effects: the AIO context, the eventfd, and the writes it submits.
 """

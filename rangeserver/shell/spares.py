@@ -1,30 +1,10 @@
 """Spare segments: log files filled with zeros ahead of time, while the log is idle.
 
-Why: an fdatasync that covers an append which *grows* a file must also commit the
-filesystem's metadata (the new size, the blocks just allocated): on ext4 that is a
-journal commit, and it is what gives appends their slow tail. An append that overwrites
-blocks already allocated and initialized needs no metadata at all: its fdatasync is the
-data and a cache flush, so overwriting a zero-filled file keeps the append tail far
-shorter than growing one (the range-server benchmark, ``benchmarks/RESULTS.md``).
-
-How: a preparer thread writes ``PREPARING`` full of zeros in chunks (each chunk written
-and fdatasynced, so no large amount of dirty data ever waits for a flush), then renames
-it to ``spare-N.spare`` and syncs the directory. It works only while no append has come
-for ``idle_s``, and stops between chunks as soon as one does: zero-filling *during*
-appends doubles the writes and makes the tail worse than growing files.
-The writer thread takes a spare when the log rolls to a new segment (renamed to the
-segment's name; ``rangeserver/shell/wal.py``); with none ready, it creates an empty file as
-before. The pool never grows past ``wanted`` spares and never takes the disk below
-``reserve_free_bytes`` free.
-
-The zeros are dropped from the page cache once synced (``POSIX_FADV_DONTNEED``): appends
-never read them, and a host that reclaims cold page cache on its own (this project's
-machines run DAMON's ``pageout``) would otherwise do it while appends are writing into the
-same files, and stall them (benchmarks/RESULTS.md, "Range server").
-
-A crash leaves either a complete spare (kept) or a ``PREPARING`` file (deleted at start).
-A segment made from a spare ends in zeros after its last entry: recovery treats an
-all-zero remainder as unused space, not as a torn tail (``rangeserver/shell/store.py``).
+An fdatasync after an append that grows a file must also commit filesystem metadata (on
+ext4 a journal commit: the append's slow tail); overwriting blocks already allocated and
+zeroed needs none. So a preparer thread zero-fills spare files while no append comes, and
+the log takes one when it rolls to a new segment. Why, how and the bounds:
+:class:`SparePool`; measured in benchmarks/RESULTS.md.
 
 Side effects: the spare files (create, write, fdatasync, rename, delete), one thread.
 """
@@ -37,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 from estream.server.durable import fsync_dir
 from estream.wire import limits
@@ -45,15 +26,42 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".spare"
 PREPARING = "preparing.tmp"
-chunk_bytes = 1 * limits.MiB  # one write + fdatasync of zeros
-idle_s = 0.1  # no append for this long: the log is idle and spares may be prepared
-poll_s = 0.05  # how often an idle-waiting preparer looks again
-reserve_free_bytes = 4 * limits.GiB  # never fill the disk below this much free space
-retry_s = 5.0  # after a preparation failed (no room, no descriptors), before trying again
+chunk_bytes: Final = 1 * limits.MiB  # one write + fdatasync of zeros
+idle_s: Final = 0.1  # no append for this long: the log is idle and spares may be prepared
+poll_s: Final = 0.05  # how often an idle-waiting preparer looks again
+reserve_free_bytes: Final = 4 * limits.GiB  # never fill the disk below this much free space
+retry_s: Final = 5.0  # after a preparation failed (no room, no descriptors), before trying again
 
 
 class SparePool:
-    """Up to ``wanted`` zero-filled files of ``segment_bytes`` bytes in ``directory``."""
+    """Up to ``wanted`` zero-filled files of ``segment_bytes`` bytes in ``directory``.
+
+    Why: an fdatasync that covers an append which *grows* a file must also commit the
+    filesystem's metadata (the new size, the blocks just allocated): on ext4 that is a
+    journal commit, and it is what gives appends their slow tail. An append that overwrites
+    blocks already allocated and initialized needs no metadata at all: its fdatasync is the
+    data and a cache flush, so overwriting a zero-filled file keeps the append tail far
+    shorter than growing one (the range-server benchmark, ``benchmarks/RESULTS.md``).
+
+    How: a preparer thread writes ``PREPARING`` full of zeros in chunks (each chunk written
+    and fdatasynced, so no large amount of dirty data ever waits for a flush), then renames
+    it to ``spare-N.spare`` and syncs the directory. It works only while no append has come
+    for ``idle_s``, and stops between chunks as soon as one does: zero-filling *during*
+    appends doubles the writes and makes the tail worse than growing files.
+    The writer thread takes a spare when the log rolls to a new segment (renamed to the
+    segment's name; ``rangeserver/shell/wal.py``); with none ready, it creates an empty file as
+    before. The pool never grows past ``wanted`` spares and never takes the disk below
+    ``reserve_free_bytes`` free.
+
+    The zeros are dropped from the page cache once synced (``POSIX_FADV_DONTNEED``): appends
+    never read them, and a host that reclaims cold page cache on its own (this project's
+    machines run DAMON's ``pageout``) would otherwise do it while appends are writing into the
+    same files, and stall them (benchmarks/RESULTS.md, "Range server").
+
+    A crash leaves either a complete spare (kept) or a ``PREPARING`` file (deleted at start).
+    A segment made from a spare ends in zeros after its last entry: recovery treats an
+    all-zero remainder as unused space, not as a torn tail (``rangeserver/shell/store.py``).
+    """
 
     def __init__(
         self,

@@ -58,7 +58,7 @@ from rangeserver import bounds, pacing, retention
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
-from rangeserver.listing import ReplicaKeys, list_ranges_page_default
+from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default
 from rangeserver.refusals import create_refusal, seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
@@ -503,7 +503,7 @@ class Store:
         return self._get(stream_id, range_index).describe()
 
     def list_ranges(
-        self, after: Key | None = None, limit: int = list_ranges_page_default
+        self, after: Key | None = None, limit: int = list_ranges_replicas_default
     ) -> tuple[list[dict[str, object]], bool]:
         """A page of the replicas in key order after ``after`` (rangeserver/listing.py),
         each as DESCRIBE_RANGE answers it, and whether more are left."""

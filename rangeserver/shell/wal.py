@@ -1,47 +1,14 @@
 """The write-ahead log's files: segments and positions, the two group-commit writers, reads.
 
-This is the one module that opens the log's segment files (``DATA/wal/NNNNNNNNNN.wal``).
-Entries (``rangeserver/walformat.py``) are appended in the order :meth:`Wal.append` is
-called; the event loop assigns each entry its segment and position up front, so the
-index knows where a batch is before it is written, and the writer writes each entry at
-that position. A new segment is a spare when one is ready (a file already full of zeros:
-``rangeserver/shell/spares.py``), whose syncs then need no filesystem metadata; otherwise an
-empty file that the writes grow.
-
-Two writers, chosen at :meth:`Wal.start` (``io``: "auto" takes the first that works):
-
-- **direct** (``rangeserver/shell/directwriter.py``): O_DIRECT writes submitted from the event
-  loop with Linux native AIO, one in flight, completions on an eventfd: no thread, so no
-  GIL hand-over per group commit (why: ``rangeserver/shell/linuxaio.py``).
-- **thread** (here): a dedicated thread takes every entry queued so far, writes them
-  with one ``os.pwritev`` per segment and covers them with one ``os.fdatasync``; appends
-  that arrive while an fdatasync runs share the next one. When nothing written before
-  the group is still unsynced (the usual case), the write and the sync are one call,
-  ``pwritev(RWF_DSYNC)``: the thread then waits for the GIL once per group instead of
-  twice (where a probe at start finds the flag refused: writev + fdatasync). Completions
-  go back to the event loop with ``loop.call_soon_threadsafe`` (one call per group).
-
-With either, DEFERRED_SYNC entries complete once written; they become durable with the
-next fdatasync (a synced append, :meth:`Wal.force`, or after ``limits.wal_idle_sync_ms``
-without new appends).
-
-Running out of a resource (``rangeserver/shell/exhaustion.py``: ENOSPC, EDQUOT, a short
-write; EMFILE, ENFILE at a segment switch) is not a failure of the disk: the writer stops
-and says where the good entries end (the first entry of the write that failed), and the
-log *cuts back* there: every entry from there on is failed with :class:`StorageError`
-(its ``on_failed`` undoes what the store did for it, newest first), the segment is
-truncated there (later ones deleted; with the headroom file deleted first when the disk
-is full) and fdatasynced, and a new writer starts at the cut. Entries written before it
-and not yet synced stay and complete once that fdatasync covers them. While the resource
-is short (:attr:`Wal.exhausted`), record batches are refused at once; control entries are
-taken (a DROP frees space). A probe every ``exhaustion.probe_interval_s`` clears it once
-the resource is back: no restart.
-
-Any other write error and any failed fdatasync (EIO, whatever the errno) fails every
-pending append and puts the log in a failed state where every later append fails too:
-after a failed fdatasync nobody can know which written bytes reached the disk
-(PostgreSQL's "fsyncgate"), so the log stops growing; reads keep being served. A restart
-re-scans the log and truncates its torn tail.
+The one module that opens the log's segment files (``DATA/wal/NNNNNNNNNN.wal``). The event
+loop gives each entry (``rangeserver/walformat.py``) its segment and position when
+:meth:`Wal.append` is called, so the index knows where a batch is before it is written. Two
+writers, chosen at :meth:`Wal.start`: **direct** (``directwriter.py``: O_DIRECT and native
+AIO from the event loop) and **thread** (here: one ``pwritev`` per segment and one
+``fdatasync`` per group, or one ``pwritev(RWF_DSYNC)``). A resource running out
+(``exhaustion.py``) *cuts back* the log to the failed write and probes until it is back; any
+other write or fdatasync error fails every later append (fsyncgate). Why and how:
+docs/ARCHITECTURE.md 2.1; the syscalls themselves: ``segmentfiles.py``.
 
 Side effects: the segment files (create, write, fdatasync, read, truncate).
 """
@@ -49,7 +16,6 @@ Side effects: the segment files (create, write, fdatasync, read, truncate).
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import queue
@@ -63,15 +29,12 @@ from estream.server.durable import fsync_dir
 from estream.wire import limits
 from estream.wire.errors import StorageError
 from rangeserver.index import Location
-from rangeserver.shell import exhaustion, linuxaio
+from rangeserver.shell import exhaustion, linuxaio, segmentfiles
 from rangeserver.shell.directwriter import DirectWriter, WalItem, block_floor
 from rangeserver.shell.spares import SparePool
 
 log = logging.getLogger(__name__)
 
-_IOV_MAX = 512  # buffers per writev (the OS limit is usually 1024)
-# pwritev2 with RWF_DSYNC (Linux 4.7+): write and fdatasync in one call; 0 where missing.
-_DSYNC_FLAGS: int = getattr(os, "RWF_DSYNC", 0)
 
 
 def segment_name(segment: int) -> str:
@@ -155,7 +118,7 @@ class Wal:
         where only a hole follows (a segment that direct writes gave its full size is
         mostly hole: reading it would make up hundreds of MiB of zeros)."""
         with open(self.path(segment), "rb") as f:
-            end = _data_end(f.fileno(), start)
+            end = segmentfiles.data_end(f.fileno(), start)
             f.seek(start)
             return f.read(max(0, end - start))
 
@@ -189,7 +152,7 @@ class Wal:
             self.spares.start()
             return
         fd = self._open_segment(segment)
-        self._dsync = _dsync_supported(fd)
+        self._dsync = segmentfiles.dsync_supported(fd)
         self._thread = threading.Thread(
             target=self._run, args=(fd, segment), name="wal-writer", daemon=True
         )
@@ -332,7 +295,7 @@ class Wal:
         """The bytes at each location (read in a worker thread)."""
         fds = [self._read_fd(loc.segment) for loc in locations]
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, _pread_all, fds, locations)
+        return await loop.run_in_executor(None, segmentfiles.pread_all, fds, locations)
 
     def _read_fd(self, segment: int) -> int:
         fd = self._read_fds.get(segment)
@@ -352,7 +315,7 @@ class Wal:
         sizes = [self.segment_size(s) for s in segments]
         paths = [self.path(s) for s in segments]
         try:
-            await asyncio.to_thread(_delete_files, paths, self.directory)
+            await asyncio.to_thread(segmentfiles.delete_files, paths, self.directory)
         except OSError as exc:
             raise StorageError(f"deleting log segments failed: {exc}") from None
         freed = sum(sizes)
@@ -549,7 +512,7 @@ class Wal:
                     if not dsync:
                         exhaustion.sync(fd)
                     self._synced(time.perf_counter() - started)
-                    _drop_cached(fd, unsynced, segment)
+                    segmentfiles.drop_cached(fd, unsynced, segment)
                     self._syncs += 1
                     loop.call_soon_threadsafe(self._complete, unsynced, True)
                     unsynced = []
@@ -585,7 +548,7 @@ class Wal:
             if not item.parts:
                 continue
             if item.segment != segment:
-                _write_all(fd, parts, start)
+                segmentfiles.write_all(fd, parts, start)
                 parts, start = [], -1
                 exhaustion.sync(fd)  # a segment is complete and durable before the next starts
                 segment = item.segment
@@ -595,84 +558,6 @@ class Wal:
             if start < 0:
                 start = item.position
             parts.extend(item.parts)
-        _write_all(fd, parts, start, _DSYNC_FLAGS if dsync else 0)
+        segmentfiles.write_all(fd, parts, start, segmentfiles.DSYNC_FLAGS if dsync else 0)
         return fd, segment
 
-
-def _drop_cached(fd: int, items: list[WalItem], segment: int) -> None:
-    """Drop what ``items`` wrote to ``segment`` from the page cache, now that it is
-    synced (clean): reads of recent batches come from the store's own cache, and a host
-    that reclaims cold page cache itself (DAMON ``pageout``) otherwise does it while
-    appends write into the same file, and stalls them (see ``rangeserver/shell/spares.py``)."""
-    written = [item for item in items if item.parts and item.segment == segment]
-    if written:
-        start = written[0].position
-        os.posix_fadvise(fd, start, written[-1].position + written[-1].size - start,
-                         os.POSIX_FADV_DONTNEED)
-
-
-def _data_end(fd: int, start: int) -> int:
-    """Where a file's data ends from ``start`` on: its size, or the start of a hole after
-    which there is no data (where the filesystem says, with SEEK_HOLE and SEEK_DATA)."""
-    size = os.fstat(fd).st_size
-    try:
-        hole = os.lseek(fd, min(start, size), os.SEEK_HOLE)
-    except OSError:
-        return size  # no SEEK_HOLE here: all of it
-    if hole >= size:
-        return size
-    try:
-        os.lseek(fd, hole, os.SEEK_DATA)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:
-            return hole  # nothing but the hole after it
-        return size
-    return size  # more data after the hole: all of it
-
-
-def _dsync_supported(fd: int) -> bool:
-    """Whether this kernel and filesystem take ``RWF_DSYNC`` (probed with an empty write,
-    before any data, so that a refusal never leaves half a group written)."""
-    if not _DSYNC_FLAGS:
-        return False
-    try:
-        os.pwritev(fd, [b""], -1, _DSYNC_FLAGS)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        log.info("RWF_DSYNC writes unsupported here (%s): writev + fdatasync", exc)
-        return False
-    return True
-
-
-def _write_all(fd: int, parts: list[bytes | memoryview], position: int, flags: int = 0) -> None:
-    """Write every buffer, one after the other, from ``position`` on, resuming after
-    partial writes; with ``flags`` (``RWF_DSYNC``) each call is also synced before it
-    returns."""
-    i = 0
-    while i < len(parts):
-        chunk = parts[i : i + _IOV_MAX]
-        written = os.pwritev(fd, chunk, position, flags)
-        position += written
-        for part in chunk:
-            size = len(part)
-            if written >= size:
-                written -= size
-                i += 1
-                continue
-            parts[i] = memoryview(part)[written:]  # partial: resume inside this buffer
-            break
-
-
-def _delete_files(paths: Sequence[Path], directory: Path) -> None:
-    for path in paths:
-        path.unlink(missing_ok=True)
-    fsync_dir(directory)
-
-
-def _pread_all(fds: list[int], locations: Sequence[Location]) -> list[bytes]:
-    out = []
-    for fd, location in zip(fds, locations, strict=True):
-        data = os.pread(fd, location.size, location.position)
-        out.append(data)
-    return out

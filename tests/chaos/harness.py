@@ -5,9 +5,10 @@ PD node ``i`` listens on ``127.0.0.1{i}`` and range server ``j`` on ``127.0.0.2{
 fixed ports, so a restarted server comes back at the same address. :class:`ChaosCluster` is
 that :class:`~estream.devcluster.cluster.Cluster` under the names the scenarios use (``pd`` is
 the PD address list, ``pd_cluster`` the PD processes); its ``cluster`` has every fault
-(``kill9``, ``pause``, ``wipe``, ``damage_replica``, ``crash_all``, ``kill_pd_leader``,
-the fault proxies with ``proxied=True``) and the direct per-replica READs that compare what
-each replica of a sealed range holds.
+(``kill9``, ``pause``, ``wipe``, ``crash_all``, ``kill_pd_leader``, the fault proxies of
+``tests/harness/faultproxy.py`` with ``proxied=True``; ``damage_replica`` is in
+``tests/harness/walfiles.py``) and the direct per-replica READs that compare what each
+replica of a sealed range holds.
 
 Side effects: processes, files under the test's tmp dir, loopback sockets.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from estream.devcluster.cluster import Cluster, Entries, RangeServerProcess, start_cluster
 from estream.devcluster.pd import PdCluster
+from tests.harness.faultproxy import start_fault_proxy
 
 PD_HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 RS_HOSTS = ("127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24")
@@ -38,7 +40,8 @@ class ChaosCluster:
     def start(self) -> ChaosCluster:
         self._cluster = start_cluster(
             self.root, pd_nodes=len(PD_HOSTS), range_servers=self.range_servers,
-            pd_hosts=PD_HOSTS, rs_hosts=RS_HOSTS, proxied=self.proxied)
+            pd_hosts=PD_HOSTS, rs_hosts=RS_HOSTS,
+            proxy=start_fault_proxy if self.proxied else None)
         return self
 
     def stop(self) -> None:

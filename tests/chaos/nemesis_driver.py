@@ -77,6 +77,7 @@ from tests.chaos.nemesis import (
     one_server_down,
 )
 from tests.harness.repair import wait_fully_replicated
+from tests.harness.walfiles import damage_replica
 
 REPO = Path(__file__).resolve().parents[2]
 STREAMS = ("nemesis-a", "nemesis-b")
@@ -542,7 +543,7 @@ class Nemesis:
         name, stream_id, index = self.rng.choice(choices)
         below = self.max_acked.get(stream_id, -1) + 1
         damaged = await asyncio.to_thread(
-            self.cluster.damage_replica, address, stream_id, index, below=below, rng=self.rng)
+            damage_replica, self.cluster, address, stream_id, index, below=below, rng=self.rng)
         if damaged is None:
             return f"{name} range {index}: no acknowledged batch there (restarted only)"
         tail = " (its segment's last entry)" if damaged.last_in_segment else ""

@@ -51,6 +51,7 @@ from tests.chaos.nemesis_driver import (
     NemesisConfig,
     tmpfs_mib,
 )
+from tests.harness.faultproxy import start_fault_proxy
 
 quick_cycles = 3
 quick_budget_s = 50.0  # for the cycles (one that is slow to heal can take ~30 s)
@@ -185,7 +186,7 @@ def start_nemesis_cluster(tmp_path: Path) -> Iterator[StartCluster]:
             if done.returncode == 0:
                 mounted.append(data_dir)
         cluster = start_cluster(tmp_path, pd_nodes=len(PD_HOSTS), range_servers=range_servers,
-                                pd_hosts=PD_HOSTS, rs_hosts=RS_HOSTS, proxied=True,
+                                pd_hosts=PD_HOSTS, rs_hosts=RS_HOSTS, proxy=start_fault_proxy,
                                 secret=SECRET)
         started.append(cluster)
         return cluster

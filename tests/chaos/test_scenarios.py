@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from estream.devcluster.walfiles import flip_byte, tear, valid_end
 from tests.chaos.harness import ChaosCluster
 from tests.chaos.history import Verdict
 from tests.chaos.workload import Workload, report
+from tests.harness.walfiles import flip_byte, tear, valid_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(chaos=True, fresh=True)]
 

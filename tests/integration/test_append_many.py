@@ -15,9 +15,10 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.wire.protocol import Opcode
+from tests.harness.faultproxy import start_fault_proxy
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.cluster(pd_nodes=1, range_servers=4, proxied=True, heal=True)]
+              pytest.mark.cluster(pd_nodes=1, range_servers=4, proxy=start_fault_proxy, heal=True)]
 
 
 def append_many_requests(cluster: Cluster) -> int:

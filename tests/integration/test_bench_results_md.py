@@ -1,5 +1,5 @@
 """The comparison benchmark's RESULTS.md rewrite on a real file: only its own section is
-replaced. The pure parts: tests/unit/test_bench_report.py.
+replaced. The pure parts: tests/unit/benchmarks/test_bench_report.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Settings read from a TOML file (real files in a temp dir): flag > ESTREAM_* env > TOML >
 default, section tables, the config path from the environment, unknown or malformed files
-refused in one line. The layering without files is pure: tests/unit/test_config.py.
+refused in one line. The layering without files is pure: tests/unit/server/test_config.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from estream.server.config import parse_with_config, render_settings
-from tests.unit.test_config import make_parser
+from tests.unit.server.test_config import make_parser
 
 
 def write(tmp_path: Path, text: str) -> str:

@@ -1,4 +1,4 @@
-"""The fault proxy (estream/devcluster/faultproxy.py) in front of a real range server.
+"""The fault proxy (tests/harness/faultproxy.py) in front of a real range server.
 
 The server listens on its own port and advertises the proxy's address; every request here
 goes through the proxy. A dropped SEAL answer: the client gets Timeout while the server did
@@ -18,16 +18,17 @@ from pathlib import Path
 import pytest
 
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.faultproxy import FaultProxy
 from estream.devcluster.process import ManagedProcess, free_port
 from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.rpc import RpcClient
 from estream.wire.errors import RangeSealed, Timeout, Unavailable
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
+from tests.harness.faultproxy import FaultProxy, start_fault_proxy
+from tests.harness.walfiles import damage_replica
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.cluster(pd_nodes=3, range_servers=3, proxied=True)]
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, proxy=start_fault_proxy)]
 
 STREAM = 41
 short_timeout_s = 0.5
@@ -243,7 +244,7 @@ async def test_proxied_cluster_and_its_faults(cluster: Cluster) -> None:
 
         # A flipped byte in an acknowledged batch: the replica is damaged after restart.
         victim = cluster.server(addresses[0])
-        damaged = cluster.damage_replica(victim.address, meta.id, 0, below=20)
+        damaged = damage_replica(cluster, victim.address, meta.id, 0, below=20)
         assert damaged is not None and damaged.base_offset + damaged.count <= 20
         await asyncio.to_thread(cluster.wait_servers_alive)
         rpc = await RpcClient.connect(victim.address)

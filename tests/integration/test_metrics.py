@@ -17,10 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 import estream
 from estream.devcluster.cluster import Cluster, RangeServerProcess
 from estream.devcluster.pd import http_json
+from tests.harness.faultproxy import start_fault_proxy
 from tests.system_tools import require_tool
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.cluster(pd_nodes=3, range_servers=2, proxied=True,
+              pytest.mark.cluster(pd_nodes=3, range_servers=2, proxy=start_fault_proxy,
                                   rangeserver_args=["--http", "127.0.0.1:0"])]
 
 

@@ -43,6 +43,7 @@ from tests.harness.objecttier import (
     write_ranges,
 )
 from tests.harness.objecttier import object_values as object_data_values
+from tests.harness.walfiles import damage_replica
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(pd_nodes=3, range_servers=3, object_tier=ObjectTier())]
@@ -91,7 +92,7 @@ async def test_a_damaged_replica_is_never_the_source(cluster: Cluster, objects_d
         first = cluster.describe("damaged")["ranges"][0]["replicas"][0]["address"]
         # Damage the first listed replica (the offloader's first choice) while range 0 is
         # still open, then seal it by rolling.
-        assert cluster.damage_replica(first, stream_id, 0) is not None
+        assert damage_replica(cluster, first, stream_id, 0) is not None
         cluster.wait_servers_alive()
         async with await client.open_writer("damaged"):
             pass

@@ -1,7 +1,7 @@
 """The PD's checksummed Raft journal as a file (real files in a temp dir): reopen,
 truncation and compaction survive; zeros are written ahead of the records; a torn tail is
 cut at open; damage refuses to open.
-The record codec's own cases are pure: tests/unit/test_pd_journal.py.
+The record codec's own cases are pure: tests/unit/pd/test_pd_journal.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pd.shell.journal import (
     preallocate_bytes,
     scan,
 )
-from tests.unit.test_pd_journal import ENTRIES, journal_bytes
+from tests.unit.pd.test_pd_journal import ENTRIES, journal_bytes
 
 
 def test_the_file_survives_reopen_truncation_and_compaction(tmp_path: Path) -> None:

@@ -32,11 +32,12 @@ from estream.wire import limits
 from estream.wire.errors import Fenced, NotLeader, StreamNotFound
 from estream.wire.protocol import Opcode
 from tests.harness import writer as writer_process
+from tests.harness.faultproxy import start_fault_proxy
 from tests.harness.metrics import pd_metric_total
 from tests.harness.repair import call as call_pd
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.cluster(pd_nodes=3, range_servers=3, proxied=True, fresh=True)]
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, proxy=start_fault_proxy, fresh=True)]
 
 visible_within_s = 10.0
 acks_before_kill = 300

@@ -19,9 +19,10 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.process import track
 from estream.wire.protocol import Opcode
+from tests.harness.faultproxy import start_fault_proxy
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.cluster(pd_nodes=1, range_servers=3, proxied=True, heal=True)]
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, proxy=start_fault_proxy, heal=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 INPUT = 20

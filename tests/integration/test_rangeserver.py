@@ -14,7 +14,6 @@ import pytest
 from estream.devcluster.cmdline import estream_argv, rangeserver_args
 from estream.devcluster.process import ManagedProcess
 from estream.devcluster.rangeserver import start_rangeserver
-from estream.devcluster.walfiles import flip_byte, tear, valid_end
 from estream.net.rpc import RpcClient
 from estream.wire.appendmany import decode_answer, encode_request
 from estream.wire.errors import (
@@ -37,6 +36,7 @@ from estream.wire.protocol import FrameDecoder, Opcode, encode_frame_bytes
 from estream.wire.record import Record, encode_batch, iter_batches
 from rangeserver import walformat as wf
 from tests.conftest import Connect
+from tests.harness.walfiles import flip_byte, tear, valid_end
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,11 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.wire.protocol import Opcode
+from tests.harness.faultproxy import start_fault_proxy
 from tests.integration.test_writer_faults import wait_read_all
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.cluster(pd_nodes=1, range_servers=3, proxied=True)]
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, proxy=start_fault_proxy)]
 
 
 async def test_a_failed_recovery_copy_leaves_the_range_open_until_it_can_succeed(

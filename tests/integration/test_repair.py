@@ -19,10 +19,10 @@ import time
 import pytest
 
 from estream.devcluster.pd import http_json
-from estream.devcluster.walfiles import flip_byte, valid_end
 from estream.wire import limits
 from tests.chaos.harness import ChaosCluster
 from tests.harness.repair import wait_fully_replicated
+from tests.harness.walfiles import flip_byte, valid_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(chaos=True, fresh=True)]
 

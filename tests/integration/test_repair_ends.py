@@ -27,6 +27,7 @@ from estream.devcluster.pd import http_json
 from estream.wire.errors import EstreamError
 from estream.wire.protocol import Opcode
 from tests.harness.repair import call
+from tests.harness.walfiles import damage_replica
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3, fresh=True)]
 
@@ -114,7 +115,7 @@ async def test_a_damaged_replica_with_no_spare_server_is_dropped_and_copied_agai
         assert r0.end == written
         victim = r0.replicas[0]
         flipped = await asyncio.to_thread(
-            cluster.damage_replica, victim.address, meta.id, 0, below=written)
+            damage_replica, cluster, victim.address, meta.id, 0, below=written)
         assert flipped is not None
         await asyncio.to_thread(cluster.wait_servers_alive)
         want = [(i, b"d%02d" % i) for i in range(written)]

@@ -1,7 +1,7 @@
 """Security settings that name files or a data dir (real files in a temp dir): a client
 context refuses missing certificate files; a token file is read one token a line, comments
 skipped; PD reads its token and password files; a range server refuses bad security flags
-in one line before touching its data dir. The pure parts: tests/unit/test_security_unit.py.
+in one line before touching its data dir. The pure parts: tests/unit/net/test_security_unit.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from estream.net.security import client_context, load_token_file
 from estream.wire.errors import InvalidArgument
 from pd.shell.cli import parse_config
 from rangeserver.shell.cli import main as rangeserver_main
-from tests.unit.test_security_unit import PD_ARGS
+from tests.unit.net.test_security_unit import PD_ARGS
 
 
 def test_client_context_is_none_without_settings_and_refuses_missing_files(

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from estream.devcluster.walfiles import flip_byte
 from estream.wire.errors import ChecksumMismatch, Fenced, RangeNotFound, ReplicaDamaged
 from estream.wire.record import Record, encode_batch
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.store import Store
+from tests.harness.walfiles import flip_byte
 
 SEGMENT = 64 * 1024
 GONE, KEPT = (7, 0), (8, 0)  # the replica dropped, the one that stays

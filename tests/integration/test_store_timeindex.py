@@ -1,7 +1,7 @@
 """The store's time lookups over its sparse time index, on a real log in a temp dir:
 they match a naive "first offset whose timestamp is at or after t" across restarts with
 and without the checkpoint, and confirmed reads only see below the confirm offset. The
-index itself is pure: tests/unit/test_timeindex.py.
+index itself is pure: tests/unit/rangeserver/test_timeindex.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from estream.wire.record import Record, encode_batch
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.store import Store
-from tests.unit.test_timeindex import KEY, naive
+from tests.unit.rangeserver.test_timeindex import KEY, naive
 
 
 def batch(base: int, stamps: list[int]) -> bytes:

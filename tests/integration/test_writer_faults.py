@@ -33,6 +33,7 @@ from estream.devcluster.cluster import Cluster
 from estream.net.rpc import RpcClient
 from estream.wire import limits
 from estream.wire.protocol import Opcode
+from tests.harness.walfiles import damage_replica
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(pd_nodes=1, range_servers=3, heal=True)]
@@ -217,7 +218,7 @@ async def test_recovery_waits_rather_than_sealing_short(
             await asyncio.to_thread(cluster.wipe, rs2)
         else:
             damaged = await asyncio.to_thread(
-                cluster.damage_replica, rs2, meta.id, 0, below=100)
+                damage_replica, cluster, rs2, meta.id, 0, below=100)
             assert damaged is not None
         await asyncio.to_thread(cluster.kill9, rs1)
         await asyncio.to_thread(cluster.restart, rs3)

@@ -39,16 +39,16 @@ readers still see everything it had acknowledged: replicas a seal left out are s
 exactly the final writer's end having seen every acknowledged record of every writer,
 and the tailing reader catches up to it.
 
-Fixed rows (``SCENARIOS``, the double faults of issue #14 scripted on top of a seed; each
-also asserts that it exercised what it is about): a wiped server, a down one and a lagging
-one; the same with a flipped byte inside a record only the lost copy and the down server
-hold; one hung server of exactly three (no append waits more than 700 ms); a crash losing
-a recovery's unsynced copy; a recovery whose PD seal answer is lost while PD stays out of
-reach.
+Fixed rows (``SCENARIOS``, double faults scripted on top of a seed, named for what they
+prove; each also asserts that it exercised what it is about): a wiped server, a down one
+and a lagging one; the same with a flipped byte inside a record only the lost copy and the
+down server hold; one hung server of exactly three (no append waits more than 700 ms); a
+crash losing a recovery's unsynced copy; a recovery whose PD seal answer is lost while PD
+stays out of reach.
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
 ``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; one row: ``pytest
-'tests/sim/test_sim.py::test_issue_14[hung-of-three-5]'``. A failure prints its trace.
+'tests/sim/test_sim.py::test_double_faults[hung-of-three-5]'``. A failure prints its trace.
 """
 
 from __future__ import annotations
@@ -841,11 +841,12 @@ def test_seed(seed: int) -> None:
 @pytest.mark.parametrize(
     ("name", "script", "servers", "seed"), SCENARIOS, ids=[f"{s[0]}-{s[3]}" for s in SCENARIOS]
 )
-def test_issue_14(name: str, script: Callable[[Sim], None], servers: int, seed: int) -> None:
+def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, seed: int) -> None:
     sim = Sim(seed, servers=servers)
     _replay(sim, lambda: sim.run(script))
     # The row exercised what it is about (else it proves nothing).
-    trace = f"\nreplay: pytest 'tests/sim/test_sim.py::test_issue_14[{name}-{seed}]'\n{sim.trace()}"
+    replay = f"pytest 'tests/sim/test_sim.py::test_double_faults[{name}-{seed}]'"
+    trace = f"\nreplay: {replay}\n{sim.trace()}"
     if name.endswith("+down+lagging"):
         assert sim.writers[1].recoveries >= 2, f"the recovery did not have to wait{trace}"
     elif name == "hung-of-three":

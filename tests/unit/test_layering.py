@@ -15,8 +15,10 @@ The rings, innermost first (a ring may import itself and the rings listed for it
 ``rangeserver.shell``  wire, core, net, server, rangeserver
 ``estream.kafka``      wire (the Kafka gateway's pure protocol, records, topics)
 ``estream.kafka.shell`` wire, core, net, sdk, server, kafka (the gateway's server)
-``estream.cli``,       anything (they assemble processes)
-``estream.devcluster``
+``estream.cli``,       anything of ``estream`` (they assemble processes); not ``pd`` or
+``estream.devcluster`` ``rangeserver``: servers run as processes, and only
+                       ``estream.cli.main`` starts them (``estream pd``, ``estream
+                       rangeserver``), by their ``shell.cli`` entry points
 =====================  ==========================================================
 
 Every ring may import ``estream`` itself, the package face that Python runs first (it loads
@@ -204,6 +206,54 @@ def forbidden_chain(module: str) -> list[str] | None:
 def test_pure_modules_load_no_io_or_clock(module: str) -> None:
     chain = forbidden_chain(module)
     assert chain is None, " -> ".join(chain or [])
+
+
+# The one door from the assemblers into a server: ``estream pd`` and ``estream rangeserver``.
+SERVER_ENTRY_POINTS: dict[str, frozenset[str]] = {
+    "estream.cli.main": frozenset({"pd.shell.cli", "rangeserver.shell.cli"}),
+}
+SERVER_PACKAGES = ("pd", "rangeserver")
+
+
+def imports_anywhere(module: str) -> frozenset[str]:
+    """What ``module`` imports, at import time or inside its functions, TYPE_CHECKING too."""
+    path = module_file(module)
+    assert path is not None, module
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return frozenset(found)
+
+
+@pytest.mark.parametrize("module", [m for m in project_modules() if ring_of(m) in ASSEMBLERS])
+def test_assemblers_reach_servers_only_through_their_entry_points(module: str) -> None:
+    """The user CLI and the launcher do not run back up into a server's modules (its log
+    format, its catalog code): servers are processes they start, and what both sides need
+    lives in ``estream.wire``."""
+    allowed = SERVER_ENTRY_POINTS.get(module, frozenset())
+    wrong = sorted(
+        imp for imp in imports_anywhere(module)
+        if imp.split(".")[0] in SERVER_PACKAGES and imp not in allowed
+    )
+    assert not wrong, f"{module} imports {wrong}"
+
+
+def test_the_installed_package_has_no_fault_tools() -> None:
+    """The fault proxy and log damage are test tools: they live in tests/harness, and no
+    module the wheel ships (estream, pd, rangeserver) holds or imports them."""
+    for module in project_modules():
+        assert module.rsplit(".", 1)[-1] not in {"faultproxy", "walfiles"}, module
+        assert not any(imp.startswith("tests") for imp in imports_anywhere(module)), module
+
+
+def test_metrics_are_made_one_way() -> None:
+    """Processes record with ``estream.core.metrics``'s recorder; only the exposition
+    (``estream.server.metrics``) runs ``prometheus_client``."""
+    users = [m for m in project_modules() if "prometheus_client" in imports_of(m)]
+    assert users == ["estream.server.metrics"]
 
 
 def test_the_walk_sees_package_inits() -> None:

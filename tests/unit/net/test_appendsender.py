@@ -1,0 +1,148 @@
+"""The client's shared APPEND sender (estream/net/appendsender.py) over a fake pool: a lone
+batch goes at once as an APPEND; batches to one server later in the same turn share one
+APPEND_MANY; each gets its own result; a request's error reaches every entry."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from estream.net.appendsender import AppendSender
+from estream.wire.appendmany import encode_answer
+from estream.wire.errors import EstreamError, Fenced, MalformedFrame, Timeout
+from estream.wire.protocol import Opcode
+from tests.unit.net.test_rangeclient import FakePool
+
+
+class Answers:
+    """Each batch's ``(end, error)`` by name; :meth:`wait` until ``count`` came."""
+
+    def __init__(self, count: int) -> None:
+        self.got: dict[str, tuple[int, EstreamError | None]] = {}
+        self.count = count
+        self._every = asyncio.Event()
+
+    def to(self, name: str) -> Callable[[int, EstreamError | None], None]:
+        def done(end: int, error: EstreamError | None) -> None:
+            self.got[name] = (end, error)
+            if len(self.got) == self.count:
+                self._every.set()
+        return done
+
+    async def wait(self) -> dict[str, tuple[int, EstreamError | None]]:
+        await asyncio.wait_for(self._every.wait(), 5)
+        return self.got
+
+
+async def test_a_lone_batch_goes_at_once_as_an_append() -> None:
+    pool = FakePool({Opcode.APPEND: {"end": 7}})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(1)
+    sender.start_append("a:1", answers.to("x"), server_id="s", batch=b"B")
+    assert pool.calls == [("a:1", Opcode.APPEND, {"deferred": False, "server_id": "s"}, b"B",
+                           3.0)]  # written within the call: no wait for the turn's end
+    got = await answers.wait()
+    assert got == {"x": (7, None)}
+
+
+async def test_batches_of_one_turn_to_one_server_share_an_append_many() -> None:
+    pool = FakePool({Opcode.APPEND: {"end": 1}, Opcode.APPEND_MANY: encode_answer(
+        [5, Fenced("fenced", epoch=1, current_epoch=2), 9])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(6)
+    for name, address, batch in [("a0", "a:1", b"0"), ("a1", "a:1", b"11"), ("b0", "b:1", b"x"),
+                                 ("a2", "a:1", b"2"), ("a3", "a:1", b"333"),
+                                 ("b1", "b:1", b"y")]:
+        sender.start_append(address, answers.to(name), server_id="s",
+                            batch=batch)
+    assert [c[1] for c in pool.calls] == [Opcode.APPEND, Opcode.APPEND]  # one per server
+    got = await answers.wait()
+    many = [c for c in pool.calls if c[1] == Opcode.APPEND_MANY]
+    assert many == [("a:1", Opcode.APPEND_MANY,
+                     {"deferred": False, "sizes": [2, 1, 3], "server_id": "s"}, b"112333", 3.0)]
+    assert pool.calls[-1] == ("b:1", Opcode.APPEND, {"deferred": False, "server_id": "s"},
+                              b"y", 3.0)  # a group of one is a plain APPEND
+    assert got["a1"] == (5, None) and got["a3"] == (9, None)
+    end, error = got["a2"]
+    assert end == -1 and isinstance(error, Fenced) and error.current_epoch == 2
+    assert got["a0"] == got["b0"] == got["b1"] == (1, None)
+
+
+async def test_durability_and_server_id_keep_requests_apart() -> None:
+    pool = FakePool({Opcode.APPEND: {"end": 1}, Opcode.APPEND_MANY: encode_answer([3, 4])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(6)
+    for i, (sid, deferred) in enumerate([("s", False), ("t", False), ("s", True),
+                                         ("s", False), ("s", True), ("s", False)]):
+        sender.start_append("a:1", answers.to(str(i)), server_id=sid,
+                            batch=b"b", deferred=deferred)
+    await answers.wait()
+    assert [(c[1], c[2]) for c in pool.calls] == [
+        (Opcode.APPEND, {"deferred": False, "server_id": "s"}),
+        (Opcode.APPEND, {"deferred": False, "server_id": "t"}),
+        (Opcode.APPEND_MANY, {"deferred": True, "sizes": [1, 1], "server_id": "s"}),
+        (Opcode.APPEND_MANY, {"deferred": False, "sizes": [1, 1], "server_id": "s"}),
+    ]
+
+
+async def test_confirms_go_at_once_or_ride_along_with_the_turns_batches() -> None:
+    """An idle writer's CONFIRM: the first to a server in a turn is a plain CONFIRM; the
+    ones after it share the turn's APPEND_MANY with the batches, or go alone together."""
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer([7], [None, Fenced(
+                         "old", epoch=1, current_epoch=2)])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
+
+    def confirmed(name: str) -> Callable[[EstreamError | None], None]:
+        return lambda error: answers.to(name)(0, error)
+
+    sender.start_confirm("a:1", confirmed("c0"), server_id="s", stream_id=1, range_index=0,
+                         epoch=3, confirm=10)
+    assert pool.calls[-1][1:3] == (Opcode.CONFIRM, {
+        "stream_id": 1, "range_index": 0, "epoch": 3, "confirm": 10, "server_id": "s"})
+    sender.start_confirm("a:1", confirmed("c1"), server_id="s", stream_id=2, range_index=1,
+                         epoch=3, confirm=4)
+    sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"xy")
+    sender.start_confirm("a:1", confirmed("c2"), server_id="s", stream_id=3, range_index=0,
+                         epoch=1, confirm=5)
+    got = await answers.wait()
+    assert pool.calls[-1][1:4] == (Opcode.APPEND_MANY, {
+        "deferred": False, "sizes": [2], "confirms": [[2, 1, 3, 4], [3, 0, 1, 5]],
+        "server_id": "s"}, b"xy")
+    assert got["c0"] == got["c1"] == (0, None) and got["b0"] == (7, None)
+    assert isinstance(got["c2"][1], Fenced)
+
+
+async def test_confirms_never_wait_on_with_deferred_batches() -> None:
+    """A confirm is answered once durable: riding with DEFERRED_SYNC batches would make
+    their answers wait for an fsync."""
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer([], [None, None])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
+    sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"x", deferred=True)
+    sender.start_append("a:1", answers.to("b1"), server_id="s", batch=b"y", deferred=True)
+    for name in ("c0", "c1"):
+        sender.start_confirm("a:1", lambda error, name=name: answers.to(name)(0, error),
+                             server_id="s", stream_id=1, range_index=0, epoch=1, confirm=3)
+    await answers.wait()
+    assert [(c[1], c[2]) for c in pool.calls[1:]] == [
+        (Opcode.APPEND, {"deferred": True, "server_id": "s"}),
+        (Opcode.APPEND_MANY, {"deferred": False, "sizes": [], "confirms": [[1, 0, 1, 3]] * 2,
+                              "server_id": "s"})]
+
+
+async def test_a_request_error_reaches_every_entry_and_a_timeout_discards() -> None:
+    pool = FakePool({Opcode.APPEND: {"end": 1}, Opcode.APPEND_MANY: Timeout("slow")})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(3)
+    for name in ("0", "1", "2"):
+        sender.start_append("a:1", answers.to(name), server_id=None, batch=b"b")
+    got = await answers.wait()
+    assert got["0"] == (1, None)
+    assert all(got[n][0] == -1 and isinstance(got[n][1], Timeout) for n in ("1", "2"))
+    assert pool.discarded == ["a:1"]
+
+
+async def test_an_answer_without_a_result_per_entry_fails_them_all() -> None:
+    pool = FakePool({Opcode.APPEND: {"end": 1}, Opcode.APPEND_MANY: {"results": [1]}})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(3)
+    for name in ("0", "1", "2"):
+        sender.start_append("a:1", answers.to(name), server_id=None, batch=b"b")
+    got = await answers.wait()
+    assert all(isinstance(got[n][1], MalformedFrame) for n in ("1", "2"))
