@@ -72,17 +72,27 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
+from estream.core.inflight import Batch, OpenRange, oldest_unacked_ms, past_chase_bound
 from estream.core.quorum import confirm_offset
+from estream.core.writeeffects import (
+    BeginSeal,
+    CompleteAppends,
+    Effect,
+    FailAppends,
+    RequestRoll,
+    SendAppend,
+    SendConfirm,
+    WriterConfig,
+    record_size,
+    value_size,
+)
 from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, InvalidArgument, MalformedBatch
 from estream.wire.record import (
     BATCH_HEADER_BYTES,
     DIGEST_XXH3,
-    RECORD_PREFIX_BYTES,
-    EncodedRecords,
     Record,
     encode_record_head,
     is_extended_head,
@@ -91,144 +101,13 @@ from estream.wire.record import (
     wrap_records,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class WriterConfig:
-    """The writer's limits (defaults from :mod:`estream.wire.limits`)."""
-
-    linger_ms: int = limits.linger_ms
-    batch_bytes: int = limits.writer_batch_bytes
-    early_bytes: int = limits.writer_early_batch_bytes
-    early_batches: int = limits.writer_early_batches
-    inflight_batches_max: int = limits.writer_inflight_batches_max
-    inflight_bytes_max: int = limits.writer_inflight_bytes_max
-    chase_backlog_bytes_max: int = limits.chase_backlog_bytes_max
-    chase_backlog_ms_max: int = limits.chase_backlog_ms_max
-    range_bytes_max: int = limits.range_bytes_max
-    confirm_idle_ms: int = limits.linger_ms
-    deferred: bool = False
-    delivery_timeout_ms: int = limits.delivery_timeout_ms  # the driver's: append deadline
-
-
-@dataclass(frozen=True, slots=True)
-class SendAppend:
-    """Send ``payload`` (one encoded batch) as APPEND to ``replica`` of ``range_index``."""
-
-    replica: str
-    range_index: int
-    end: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class SendConfirm:
-    """Send CONFIRM ``confirm`` to ``replica``, so tailing readers see the last records."""
-
-    replica: str
-    range_index: int
-    confirm: int
-
-
-@dataclass(frozen=True, slots=True)
-class CompleteAppends:
-    """Every append with an offset below ``upto`` is acknowledged."""
-
-    upto: int
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRoll:
-    """``range_index`` runs degraded (``failed`` replicas dropped, at least ``ack_count``
-    live): roll it when PD can place a new range; call :meth:`RangeWriter.begin_roll`
-    then. Emitted once per range."""
-
-    range_index: int
-    failed: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BeginSeal:
-    """Seal ``range_index`` at ``end``: PD seal_range excluding ``failed`` first, then
-    SEAL with the end to ``live`` replicas (best effort), CREATE_RANGE on the next range's
-    replicas, then call :meth:`RangeWriter.on_range_opened`. If PD cannot place the next
-    range, call :meth:`RangeWriter.on_roll_postponed` instead."""
-
-    range_index: int
-    end: int
-    failed: tuple[str, ...]
-    live: tuple[str, ...]
-
-
 # The batch header fields a range server names when it refuses a batch out of bounds.
 _BATCH_FIELDS: Final = frozenset(
     {"stream_id", "epoch", "base_offset", "confirm_offset", "first_timestamp"})
 
 
-@dataclass(frozen=True, slots=True)
-class FailAppends:
-    """Every pending and future append fails with ``error``."""
 
-    error: EstreamError
-
-
-Effect = SendAppend | SendConfirm | CompleteAppends | RequestRoll | BeginSeal | FailAppends
-
-
-@dataclass(slots=True)
-class _Batch:
-    base: int
-    section: EncodedRecords
-    size: int
-    range_index: int = -1  # the range it was last sent to; -1 = not sent yet
-    sent_ms: int = 0
-    acked_by: set[str] = field(default_factory=set)
-
-    @property
-    def end(self) -> int:
-        return self.base + self.section.count
-
-
-@dataclass(slots=True)
-class _Range:
-    index: int
-    start: int
-    replicas: tuple[str, ...]
-    acked: dict[str, int] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
-    sent_bytes: int = 0
-    seal_end: int | None = None  # frozen end once sealing began
-    full: bool = False  # range_bytes_max sent: no more batches; seal once they complete
-    seal_sent: bool = False
-    roll_requested: bool = False  # RequestRoll emitted (the range runs degraded)
-    size_limit_lifted: bool = False  # full, but no next range could be placed: goes on
-    # The replicas not failed, kept beside ``failed`` (it changes only in ``fail``): every
-    # send, ack and deadline asks for them, a replica fails rarely.
-    live: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        self.live = tuple(r for r in self.replicas if r not in self.failed)
-
-    def fail(self, replica: str) -> None:
-        """Drop ``replica`` from the live ones."""
-        self.failed.add(replica)
-        self.live = tuple(r for r in self.replicas if r not in self.failed)
-
-
-def record_size(record: Record) -> int:
-    """Estimated encoded size of one record (exact but for the msgpack headers)."""
-    return value_size(record.value, record.headers, record.key)
-
-
-def value_size(
-    value: bytes, headers: Mapping[str, str] | None, key: bytes | None = None
-) -> int:
-    """:func:`record_size` of a record of ``value``, ``headers`` and ``key``."""
-    size = RECORD_PREFIX_BYTES + len(value)
-    if key is not None:
-        size += 5 + len(key)
-    if not headers:
-        return size
-    return size + sum(len(k) + len(v) + 4 for k, v in headers.items())
+_DEFAULT_CONFIG: Final = WriterConfig()
 
 
 class RangeWriter:
@@ -243,7 +122,7 @@ class RangeWriter:
         range_index: int,
         range_start: int,
         replicas: Sequence[str],
-        config: WriterConfig = WriterConfig(),
+        config: WriterConfig = _DEFAULT_CONFIG,
         producer_id: str = "",
         digest: int = DIGEST_XXH3,
         key: bytes | None = None,
@@ -257,7 +136,7 @@ class RangeWriter:
         self.epoch = epoch
         self.ack_count = ack_count
         self.config = config
-        self._range = _Range(range_index, range_start, tuple(replicas))
+        self._range = OpenRange(range_index, range_start, tuple(replicas))
         self.next_offset = range_start
         self.completed = range_start  # every offset below is acknowledged
         self.forced = range_start  # DEFERRED_SYNC: everything below is fsynced
@@ -270,7 +149,7 @@ class RangeWriter:
         self._pending_sequences: list[int] = []  # a producer's, one per pending record
         self._pending_bytes = 0
         self._pending_since_ms = 0
-        self._batches: deque[_Batch] = deque()
+        self._batches: deque[Batch] = deque()
         self._batch_bytes = 0
         self._confirm_sent = range_start
         self._last_send_ms = 0
@@ -353,7 +232,7 @@ class RangeWriter:
         if self._pending_count:
             deadline = self._pending_since_ms + self.config.linger_ms
         if self._may_drop_slow():
-            oldest = self._oldest_unacked_ms()
+            oldest = oldest_unacked_ms(self._batches, self._range)
             if oldest is not None:
                 chase = oldest + self.config.chase_backlog_ms_max + 1
                 deadline = chase if deadline is None else min(deadline, chase)
@@ -568,7 +447,8 @@ class RangeWriter:
             self._cut(now_ms, effects)
         if not self._range.seal_sent:
             for replica in self._range.live:
-                if self._may_drop_slow() and self._past_chase_bound(replica, now_ms):
+                if self._may_drop_slow() and past_chase_bound(
+                        self._batches, self._range, replica, self.completed, now_ms, self.config):
                     self._fail_replica(replica, effects)
         if (
             not self.sealing
@@ -613,7 +493,7 @@ class RangeWriter:
             return effects
         assert old.seal_end is not None and start == old.seal_end, (start, old.seal_end)
         assert range_index > old.index
-        self._range = _Range(range_index, start, tuple(replicas))
+        self._range = OpenRange(range_index, start, tuple(replicas))
         self._confirm_sent = start
         while self._batches and self._batches[0].end <= start:
             self._drop_front()
@@ -708,7 +588,7 @@ class RangeWriter:
             effects.extend(self.on_fenced(exc))
             return
         base = self.next_offset - count
-        batch = _Batch(base, section, BATCH_HEADER_BYTES + section.records_bytes)
+        batch = Batch(base, section, BATCH_HEADER_BYTES + section.records_bytes)
         self._batches.append(batch)
         self._batch_bytes += batch.size
         self._send_unsent(now_ms, effects)
@@ -726,7 +606,7 @@ class RangeWriter:
                 return
             self._send(batch, now_ms, effects)
 
-    def _send(self, batch: _Batch, now_ms: int, effects: list[Effect]) -> None:
+    def _send(self, batch: Batch, now_ms: int, effects: list[Effect]) -> None:
         rng = self._range
         confirm = self.visible_confirm
         payload = wrap_records(
@@ -820,26 +700,6 @@ class RangeWriter:
         batches = self._batches
         return bool(batches) and batches[-1].end > self.completed
 
-    def _oldest_unacked_ms(self) -> int | None:
-        """When the oldest batch some live replica still owes was sent (chase deadline)."""
-        rng = self._range
-        if rng.seal_sent:
-            return None
-        oldest: int | None = None
-        live = rng.live
-        index, seal_end = rng.index, rng.seal_end
-        for batch in self._batches:
-            if batch.range_index != index:
-                continue
-            if seal_end is not None and batch.end > seal_end:
-                continue
-            if oldest is not None and batch.sent_ms >= oldest:
-                continue
-            acked_by = batch.acked_by
-            if len(acked_by) < len(live) or any(r not in acked_by for r in live):
-                oldest = batch.sent_ms
-        return oldest
-
     def _may_drop_slow(self) -> bool:
         """Whether a replica past its chase bound is dropped: while appending, only if
         more than ``ack_count`` are live (dropping one of the last ``ack_count`` would stop
@@ -848,24 +708,6 @@ class RangeWriter:
         fails it); while draining for a seal, always."""
         rng = self._range
         return rng.seal_end is not None or len(rng.replicas) - len(rng.failed) > self.ack_count
-
-    def _past_chase_bound(self, replica: str, now_ms: int) -> bool:
-        rng = self._range
-        backlog = 0
-        horizon = rng.seal_end  # while draining, only what the seal needs counts
-        for batch in self._batches:
-            if batch.range_index != rng.index or replica in batch.acked_by:
-                continue
-            if horizon is not None and batch.end > horizon:
-                continue
-            if now_ms - batch.sent_ms > self.config.chase_backlog_ms_max:
-                return True
-            if batch.end <= self.completed:
-                # Bytes count once a quorum has them: how far the replica is behind the
-                # others. (Counting every unacked byte failed every replica at once when more
-                # than the bound was in flight, e.g. resent after a roll: a roll loop.)
-                backlog += batch.size
-        return backlog > self.config.chase_backlog_bytes_max
 
 
 __all__ = [
