@@ -7,10 +7,10 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from estream.core.writeeffects import WriterConfig
+from estream.core.writeeffects import BeginSeal, WriterConfig
 from estream.wire.record import EncodedRecords
 
 
@@ -56,6 +56,25 @@ class OpenRange:
         """Drop ``replica`` from the live ones."""
         self.failed.add(replica)
         self.live = tuple(r for r in self.replicas if r not in self.failed)
+
+    def seal_if_drained(self) -> BeginSeal | None:
+        """:class:`BeginSeal` once every live replica reached the frozen end (once)."""
+        seal_end = self.seal_end
+        if seal_end is None or self.seal_sent:
+            return None
+        live = self.live
+        if any(self.acked.get(r, self.start) < seal_end for r in live):
+            return None  # still draining; on_tick drops a replica that does not catch up
+        self.seal_sent = True
+        return BeginSeal(self.index, seal_end, tuple(sorted(self.failed)), live)
+
+    def may_drop_slow(self, ack_count: int) -> bool:
+        """Whether a replica past its chase bound is dropped: while appending, only if
+        more than ``ack_count`` are live (dropping one of the last ``ack_count`` would stop
+        every append until a roll: with exactly ``replicas`` servers and one out, until it
+        is back; waiting for a slow one is better, and an error or a request timeout still
+        fails it); while draining for a seal, always."""
+        return self.seal_end is not None or len(self.replicas) - len(self.failed) > ack_count
 
 
 def oldest_unacked_ms(batches: Iterable[Batch], rng: OpenRange) -> int | None:
@@ -104,4 +123,24 @@ def past_chase_bound(
     return backlog > config.chase_backlog_bytes_max
 
 
-__all__ = ["Batch", "OpenRange", "oldest_unacked_ms", "past_chase_bound"]
+def early_room(batches: Sequence[Batch], completed: int, early_batches: int) -> bool:
+    """Fewer than ``early_batches`` batches are unacknowledged (below ``completed``): a
+    pending batch may go before it is full. Batches are kept in offset order."""
+    room = early_batches
+    for batch in reversed(batches):
+        if batch.end <= completed:
+            return True
+        room -= 1
+        if room <= 0:
+            return False
+    return True
+
+
+def sent_end(batches: Iterable[Batch], range_index: int, completed: int) -> int:
+    """The end of what was sent to ``range_index`` (``completed`` if nothing was)."""
+    ends = [b.end for b in batches if b.range_index == range_index]
+    return max(ends) if ends else completed
+
+
+__all__ = ["Batch", "OpenRange", "early_room", "oldest_unacked_ms", "past_chase_bound",
+           "sent_end"]

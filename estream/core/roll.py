@@ -58,7 +58,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from estream.core.backoff import delays
-from estream.core.rangewriter import BeginSeal, Effect, RangeWriter, RequestRoll
+from estream.core.rangewriter import RangeWriter
+from estream.core.writeeffects import BeginSeal, Effect, RequestRoll
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from estream.wire import limits
-from estream.wire.errors import EstreamError
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument, MalformedBatch
 from estream.wire.record import RECORD_PREFIX_BYTES, Record
 
 
@@ -92,6 +93,22 @@ class FailAppends:
 Effect = SendAppend | SendConfirm | CompleteAppends | RequestRoll | BeginSeal | FailAppends
 
 
+# The batch header fields a range server names when it refuses a batch out of bounds.
+_BATCH_FIELDS: Final = frozenset(
+    {"stream_id", "epoch", "base_offset", "confirm_offset", "first_timestamp"})
+
+
+def fails_the_writer(error: EstreamError) -> bool:
+    """Whether a replica's ``error`` fails the writer rather than the replica: a fence, or
+    a batch refused for what it is (``MalformedBatch``: records that do not decode;
+    ``InvalidArgument`` naming a batch header field: a number out of bounds,
+    ``rangeserver/bounds.py``). Such a refusal depends on the bytes alone, so every
+    replica, in this range or the next, would refuse them again; rolling would only make
+    ranges forever."""
+    return isinstance(error, (Fenced, MalformedBatch)) or (
+        isinstance(error, InvalidArgument) and error.fields["argument"] in _BATCH_FIELDS)
+
+
 def record_size(record: Record) -> int:
     """Estimated encoded size of one record (exact but for the msgpack headers)."""
     return value_size(record.value, record.headers, record.key)
@@ -118,6 +135,7 @@ __all__ = [
     "SendAppend",
     "SendConfirm",
     "WriterConfig",
+    "fails_the_writer",
     "record_size",
     "value_size",
 ]
