@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from estream.core.writeeffects import Effect, value_size
 from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument, Timeout
-from estream.wire.record import Record
+from estream.wire.record import RECORD_PREFIX_BYTES, Record
 
 if TYPE_CHECKING:
     from estream.core.writer import WriterCore
@@ -35,6 +35,7 @@ _T = TypeVar("_T")
 timer_min_s = 0.0003  # a timer already due runs on the next turn, never sooner than this
 _BYTES_TYPES = (bytes, bytearray, memoryview)
 _value_bytes_max = limits.record_value_bytes_max
+_record_prefix_bytes = RECORD_PREFIX_BYTES  # value_size of a record without headers or key
 
 
 def checked_bytes(data: bytes, what: str, limit: int) -> bytes:
@@ -126,7 +127,8 @@ class AppendQueue:
             core.check_sequence(sequence)
         if key is not None:
             key = checked_bytes(key, "key", limits.record_key_bytes_max)
-        size = value_size(value, headers, key)
+        size = (_record_prefix_bytes + len(value) if headers is None and key is None
+                else value_size(value, headers, key))
         if self._queued or not core.can_accept(size):
             # Waits: its headers as they are now.
             self._queued.append(QueuedAppend(
