@@ -1,10 +1,8 @@
 """The writer's core: the 2/3 chasing write, as a pure event-driven state machine.
 
-:class:`RangeWriter` holds the open range, its batches and its confirm offset; the writer
-core (:class:`estream.core.writer.WriterCore`) owns it and the simulation (``tests/sim``)
-drives it. Events: ``submit``/``submit_one``, ``on_tick``, ``on_append_ack``/``_error``,
-``begin_roll``, ``on_roll_postponed``, ``on_range_opened``, ``on_forced``, ``on_fenced``;
-each returns effects (:mod:`estream.core.writeeffects`).
+:class:`RangeWriter` holds the open range, its batches and confirm offset, owned by the
+writer core (:mod:`estream.core.writer`); each event (``submit``, ``take_one``, ``on_tick``,
+``on_append_ack``, ...) returns effects (:mod:`estream.core.writeeffects`).
 
 The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
 
@@ -227,24 +225,26 @@ class RangeWriter:
 
     def submit_one(
         self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
-        sequence: int = -1, *, hold_idle: bool = False, key: bytes | None = None,
+        sequence: int = -1, hold_idle: bool = False, key: bytes | None = None,
     ) -> list[Effect] | None:
-        """:meth:`submit` of one record, for the driver's per-record path (no
-        :class:`Record`: it is encoded into the pending batch at once); its offset is
-        :attr:`next_offset` before the call. Raises :class:`MalformedBatch` for a record
-        that cannot be encoded (nothing taken).
+        """:meth:`take_one`'s effects (its offset is :attr:`next_offset` before the call)."""
+        return self.take_one(value, headers, timestamp, now_ms, sequence, key, hold_idle)[2]
 
-        ``hold_idle``: do not cut at once when nothing is in flight; the driver calls
-        :meth:`cut_idle` soon instead (at the end of its event-loop turn, so the appends
-        of one turn go as one batch), and the linger deadline bounds the wait anyway.
-
-        Returns ``None`` when the record only joined the pending batch: no effect, and
-        :meth:`next_deadline_ms` is unchanged (the driver need not re-arm its timer).
-        Otherwise the effects (possibly none, after which the deadline may have moved).
+    def take_one(
+        self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
+        sequence: int | None = None, key: bytes | None = None, hold_idle: bool = True,
+    ) -> tuple[int, int, list[Effect] | None]:
+        """:meth:`submit` of one record for the per-record path (encoded into the pending
+        batch at once): its offset, the end to wait for, and ``None`` when it only joined
+        the pending batch (no effect, :meth:`next_deadline_ms` unchanged), else the effects.
+        Raises :class:`MalformedBatch` for a record that cannot be encoded (nothing taken).
+        ``hold_idle``: no cut at once when nothing is in flight; the driver calls
+        :meth:`cut_idle` at the end of its event-loop turn (the linger bounds the wait).
         """
         if self.error is not None:
             raise self.error
         head = encode_record_head(value, headers, timestamp, key)
+        base = self.next_offset
         pending = self._pending
         count = pending.count
         if key is not None or headers:
@@ -267,17 +267,17 @@ class RangeWriter:
                     (hold_idle and pending_bytes < self.config.early_bytes)
                     or not self._may_go()
                 ):
-                    return None
+                    return base, base + 1, None
                 effects: list[Effect] = []
                 self._cut(now_ms, effects)
-                return effects
+                return base, base + 1, effects
         effects = []
-        self._take(head, value, timestamp, now_ms, sequence, effects)
+        self._take(head, value, timestamp, now_ms, -1 if sequence is None else sequence, effects)
         if not hold_idle or self._pending.bytes >= self.config.early_bytes:
             self._cut_if_due(now_ms, effects)
         if effects or self._pending.count == 1:  # a batch went out, or a new linger began
-            return effects
-        return None
+            return base, base + 1, effects
+        return base, base + 1, None
 
     @property
     def idle_cut_wanted(self) -> bool:

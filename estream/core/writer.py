@@ -84,6 +84,7 @@ class WriterCore:
     """One writer's state and decisions (module docstring). The hot events forward to the
     range writer's bound methods (no extra call per record)."""
 
+    submit: Callable[..., tuple[int, int, list[Effect] | None]]
     can_accept: Callable[[int], bool]
     on_append_ack: Callable[[str, int, int, int], list[Effect]]
     on_append_error: Callable[[str, int, EstreamError, int], list[Effect]]
@@ -101,6 +102,7 @@ class WriterCore:
         self.rolls_postponed = 0
         self.degraded_ranges = 0
         self.recovery_retries = recovery_retries
+        self.submit = ranges.take_one  # no producer: every record is new
         self.can_accept = ranges.can_accept
         self.on_append_ack = ranges.on_append_ack
         self.on_append_error = ranges.on_append_error
@@ -121,6 +123,7 @@ class WriterCore:
     def start_producer(self, producer_id: str, tail: ProducerTail | None) -> None:
         """The producer's last stored sequence was found (``tail``; None: never wrote)."""
         self.producer = ProducerState(producer_id, tail)
+        self.submit = self._submit_produced
 
     def check_sequence(self, sequence: int | None) -> None:
         """An append's ``sequence`` is acceptable here, else :class:`InvalidArgument`."""
@@ -140,30 +143,30 @@ class WriterCore:
 
     # -- appends ---------------------------------------------------------------------------
 
-    def submit(
+    # ``submit(value, headers, timestamp, now_ms, sequence=None, key=None)``: take one
+    # record: its offset, the end to wait for (0: nothing), the effects (None when it only
+    # joined the pending batch; the shell cuts at the end of its turn, ``cut_idle``). It is
+    # the range writer's ``take_one`` until a producer starts, then :meth:`_submit_produced`.
+
+    def _submit_produced(
         self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
         sequence: int | None = None, key: bytes | None = None,
     ) -> tuple[int, int, list[Effect] | None]:
-        """Take one record (its offset, the end to wait for, the effects: None when it
-        only joined the pending batch). The batch is cut at the shell's end of turn
-        (``cut_idle``) when nothing is in flight. A producer's duplicate (``sequence`` not
-        above the last) is not taken: its offset is the one holding it (-1 if unknown),
-        its end 0 unless that offset is still unacknowledged."""
+        """``submit`` of a producer's record: a duplicate (``sequence`` not above the last)
+        is not taken: its offset is the one holding it (-1 if unknown), its end 0 unless
+        that offset is still unacknowledged."""
         ranges = self.ranges
         producer = self.producer
+        assert producer is not None
         base = ranges.next_offset
-        if producer is None:
-            return base, base + 1, ranges.submit_one(
-                value, headers, timestamp, now_ms, hold_idle=True, key=key)
         last = producer.last_sequence
         seq = last + 1 if sequence is None or sequence < 0 else sequence
         if seq <= last:
             offset = self._duplicate(seq)
             return offset, (offset + 1 if offset >= ranges.completed else 0), []
-        effects = ranges.submit_one(
-            value, headers, timestamp, now_ms, seq, hold_idle=True, key=key)
+        taken = ranges.take_one(value, headers, timestamp, now_ms, seq, key)
         producer.taken_one(seq, base)
-        return base, base + 1, effects
+        return taken
 
     def submit_many(
         self, records: Sequence[Record], sequences: Sequence[int | None] | None, now_ms: int

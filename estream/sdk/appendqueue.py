@@ -113,9 +113,11 @@ class AppendQueue:
     def enqueue(
         self, future: PendingAppend, value: bytes, headers: Mapping[str, str] | None,
         timestamp: int | None, sequence: int | None, key: bytes | None,
+        waited: bool = False,
     ) -> None:
-        """Check one append and submit it now, or queue it while the budget is spent.
-        Raises what is wrong with it (nothing taken)."""
+        """Check one append and submit it now, or queue it while the budget is spent
+        (``waited``: a queued one, submitted now that the budget has room). Raises what is
+        wrong with it (nothing taken)."""
         if type(value) is not bytes or len(value) > _value_bytes_max:
             value = checked_bytes(value, "value", _value_bytes_max)
         ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
@@ -129,20 +131,14 @@ class AppendQueue:
             key = checked_bytes(key, "key", limits.record_key_bytes_max)
         size = (_record_prefix_bytes + len(value) if headers is None and key is None
                 else value_size(value, headers, key))
-        if self._queued or not core.can_accept(size):
+        if not waited and (self._queued or not core.can_accept(size)):
             # Waits: its headers as they are now.
             self._queued.append(QueuedAppend(
                 value, dict(headers) if headers else None, ts, size, future, sequence, key))
-        else:
-            self._submit(core, value, headers, ts, future, sequence, key)
-
-    def _submit(
-        self, core: WriterCore, value: bytes, headers: Mapping[str, str] | None, ts: int,
-        future: PendingAppend, sequence: int | None, key: bytes | None,
-    ) -> None:
+            return
         now = round(self._loop.time() * 1000)
         offset, end, effects = core.submit(value, headers, ts, now, sequence, key)
-        if end > core.ranges.completed:
+        if end:
             future._end = end
             future._value = offset
             future._since = now
@@ -202,8 +198,8 @@ class AppendQueue:
                 if item.future.done():
                     continue  # cancelled while it waited: never submitted
                 try:
-                    self._submit(core, item.value, item.headers, item.timestamp,
-                                 item.future, item.sequence, item.key)
+                    self.enqueue(item.future, item.value, item.headers, item.timestamp,
+                                 item.sequence, item.key, True)
                 except Exception as exc:  # noqa: BLE001 - raised where it is awaited
                     if not item.future.done():
                         item.future.set_exception(exc)
