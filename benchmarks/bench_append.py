@@ -266,7 +266,7 @@ async def kill_replica(
         latencies.append((started, (time.perf_counter() - started) * 1000))
 
     async def killer() -> None:
-        while writer.statistics()["completed"] < records // 2:
+        while writer.statistics().completed < records // 2:
             await asyncio.sleep(0.001)
         killed_at[0] = time.perf_counter()
         await asyncio.to_thread(cluster.kill9, victim)
@@ -277,7 +277,7 @@ async def kill_replica(
         await asyncio.gather(*(one() for _ in range(min(window, records - wave))))
     elapsed = time.perf_counter() - started
     await asyncio.wait_for(kill_task, 10)
-    rolls = writer.rolls
+    rolls = writer.statistics().rolls
     await writer.close()
     around = [lat for t, lat in latencies if abs(t - killed_at[0]) < 1.0]
     return {

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import estream
-from estream.core.rangewriter import WriterConfig
+from estream.core.writeeffects import WriterConfig
 from estream.devcluster.cluster import start_cluster
 from estream.sdk.writer import Writer
 from estream.wire.protocol import Opcode

@@ -1,6 +1,7 @@
 """The replication protocol's decisions, as pure state machines shared by the SDK and PD.
 
-Quorum math (:mod:`quorum`), the 2/3 chasing write (:mod:`rangewriter`), the roll to a new
+Quorum math (:mod:`quorum`), the writer's one core (:mod:`writer`) and its 2/3 chasing
+write (:mod:`rangewriter`), the roll to a new
 range (:mod:`roll`), the fail-over seal of an abandoned range (:mod:`seal`) and the order
 in which a recovery's requests go out (:mod:`recovery`), the reader's cursor
 (:mod:`readcursor`), idempotent producers' duplicate detection (:mod:`producer`),

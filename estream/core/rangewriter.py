@@ -1,22 +1,8 @@
 """The writer's core: the 2/3 chasing write, as a pure event-driven state machine.
 
-:class:`RangeWriter` owns everything a stream writer decides; the asyncio driver
-(:mod:`estream.sdk.writer`) and the simulation (``tests/sim``) feed it events and carry out
-the effects it returns:
-
-- ``submit(records, now_ms)`` assigns offsets and batches records (linger time, batch
-  bytes); ``on_tick(now_ms)`` cuts lingering batches, drops replicas past their chase
-  bound and sends an idle CONFIRM; ``on_append_ack`` / ``on_append_error`` report replica
-  answers; ``begin_roll`` starts a roll the core asked for; ``on_roll_postponed`` reports
-  that PD could not place the next range (nothing was sealed); ``on_range_opened``
-  reports that the next range exists after a seal; ``on_forced`` moves the visible
-  confirm offset of a ``DEFERRED_SYNC`` writer; ``on_fenced`` stops everything.
-- Effects: :class:`SendAppend` (one batch to one replica), :class:`SendConfirm`,
-  :class:`CompleteAppends` (every offset below ``upto`` is acknowledged),
-  :class:`RequestRoll` (the range runs degraded: roll when a placement exists),
-  :class:`BeginSeal` (record the seal at ``end`` in PD excluding ``failed``, then seal
-  the live replicas, create the next range), :class:`FailAppends` (a newer writer fenced
-  this one).
+:class:`RangeWriter` holds the open range, its batches and confirm offset, owned by the
+writer core (:mod:`estream.core.writer`); each event (``submit``, ``take_one``, ``on_tick``,
+``on_append_ack``, ...) returns effects (:mod:`estream.core.writeeffects`).
 
 The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
 
@@ -31,39 +17,21 @@ The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
 - A slow replica keeps receiving ("chases"); its backlog (bytes and age of its oldest
   unacknowledged batch) is bounded. A batch stays in memory until every live replica has
   it, so a slow replica costs in-flight budget, and the budget gives backpressure.
-- A replica that fails (an error, a timeout, its chase bound) is dropped from the range
-  (for its chase bound only while more than ``ack_count`` replicas are live: one of the
-  last ``ack_count`` is waited for, since dropping it would stop every append).
-  While at least ``ack_count`` replicas remain live the range keeps taking appends,
-  **degraded**: appends complete at ``ack_count`` among the live ones, and
-  :class:`RequestRoll` asks the driver to roll once PD can place a new range without the
-  failed servers. The driver calls :meth:`RangeWriter.begin_roll`; if PD then cannot
-  place (``NoPlacement``: it sealed nothing, since PD is asked before any replica is
-  sealed), :meth:`RangeWriter.on_roll_postponed` lets the range go on, degraded, and the
-  driver tries again later. (With exactly ``replica_count`` servers and one of them dead
-  or hung, freezing would stop every append until it came back.)
-- With fewer than ``ack_count`` live replicas nothing can complete: the range must roll.
-- To roll, the end is frozen at the confirmed end, the live replicas are given the time of
-  the chase bound to reach it (so the sealed range keeps ``ack_count`` copies where it
-  can), then :class:`BeginSeal`. Acks arriving after the freeze never complete anything:
-  batches past the end are re-sent, restamped, to the next range, with their offsets
-  unchanged.
-- A range also rolls once ``range_bytes_max`` bytes were sent into it: nothing more is
-  sent to it, and it is sealed once what was sent completes (so every range takes at
-  least one batch, and a roll always makes progress). If PD then cannot place the next
-  range, the limit is lifted: the range goes on (with ``ack_count`` live replicas) and
-  rolls once a placement exists, rather than stalling every append until then.
+- A replica that fails (an error, a timeout, its chase bound: only while more than
+  ``ack_count`` are live) is dropped. With ``ack_count`` live the range goes on,
+  **degraded**, and :class:`RequestRoll` asks for a roll once PD can place without the
+  failed servers (``NoPlacement``: PD sealed nothing, :meth:`RangeWriter.on_roll_postponed`
+  and it goes on); with fewer it must roll. To roll, the end is frozen at the confirmed
+  end, the live replicas get the chase bound to reach it, then :class:`BeginSeal`;
+  batches past the end are re-sent, restamped, to the next range, offsets unchanged.
+- A range also rolls once ``range_bytes_max`` bytes were sent into it and they complete
+  (if PD cannot place the next range, the limit is lifted until it can).
+- A producer's batches carry its id and sequences, every batch the stream's digest (a MAC
+  under ``key`` for ``hmac-sha256``, recomputed on a re-send): :mod:`estream.core.producer`.
 
-- A producer's writer (``producer_id``) stamps each batch with the producer id and its
-  records' sequences, and every batch with the stream's digest (``hmac-sha256``: a MAC
-  under ``key``, recomputed when a batch is re-sent to the next range): see
-  :mod:`estream.core.producer` and :mod:`estream.wire.record`.
-
-Worked example (replicas a, b, c; ack_count 2): appends complete on a and b; c times out:
-c is failed, the range goes on with a and b (``RequestRoll``). The driver finds no server
-to replace c (three servers in all): nothing is frozen, appends keep completing on a and
-b. Later b fails too: one live replica, fewer than ack_count: the end is frozen at the
-confirmed end and :class:`BeginSeal` follows as soon as a holds it.
+Worked example (a, b, c; ack_count 2): c times out: dropped, the range goes on with a and b
+(``RequestRoll``; no server to replace c: nothing frozen). b fails too: fewer than
+ack_count live: the end is frozen at the confirmed end, :class:`BeginSeal` once a holds it.
 
 Pure: no I/O.
 """
@@ -72,163 +40,40 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
+from estream.core.inflight import (
+    Batch,
+    OpenRange,
+    early_room,
+    oldest_unacked_ms,
+    past_chase_bound,
+    sent_end,
+)
+from estream.core.pendingbatch import PendingBatch
 from estream.core.quorum import confirm_offset
+from estream.core.writeeffects import (
+    CompleteAppends,
+    Effect,
+    FailAppends,
+    RequestRoll,
+    SendAppend,
+    SendConfirm,
+    WriterConfig,
+    fails_the_writer,
+)
 from estream.wire import limits
-from estream.wire.errors import EstreamError, Fenced, InvalidArgument, MalformedBatch
+from estream.wire.errors import EstreamError, MalformedBatch
 from estream.wire.record import (
     BATCH_HEADER_BYTES,
     DIGEST_XXH3,
-    RECORD_PREFIX_BYTES,
-    EncodedRecords,
     Record,
     encode_record_head,
     is_extended_head,
-    section_of_parts,
-    with_system,
     wrap_records,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class WriterConfig:
-    """The writer's limits (defaults from :mod:`estream.wire.limits`)."""
-
-    linger_ms: int = limits.linger_ms
-    batch_bytes: int = limits.writer_batch_bytes
-    early_bytes: int = limits.writer_early_batch_bytes
-    early_batches: int = limits.writer_early_batches
-    inflight_batches_max: int = limits.writer_inflight_batches_max
-    inflight_bytes_max: int = limits.writer_inflight_bytes_max
-    chase_backlog_bytes_max: int = limits.chase_backlog_bytes_max
-    chase_backlog_ms_max: int = limits.chase_backlog_ms_max
-    range_bytes_max: int = limits.range_bytes_max
-    confirm_idle_ms: int = limits.linger_ms
-    deferred: bool = False
-    delivery_timeout_ms: int = limits.delivery_timeout_ms  # the driver's: append deadline
-
-
-@dataclass(frozen=True, slots=True)
-class SendAppend:
-    """Send ``payload`` (one encoded batch) as APPEND to ``replica`` of ``range_index``."""
-
-    replica: str
-    range_index: int
-    end: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class SendConfirm:
-    """Send CONFIRM ``confirm`` to ``replica``, so tailing readers see the last records."""
-
-    replica: str
-    range_index: int
-    confirm: int
-
-
-@dataclass(frozen=True, slots=True)
-class CompleteAppends:
-    """Every append with an offset below ``upto`` is acknowledged."""
-
-    upto: int
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRoll:
-    """``range_index`` runs degraded (``failed`` replicas dropped, at least ``ack_count``
-    live): roll it when PD can place a new range; call :meth:`RangeWriter.begin_roll`
-    then. Emitted once per range."""
-
-    range_index: int
-    failed: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class BeginSeal:
-    """Seal ``range_index`` at ``end``: PD seal_range excluding ``failed`` first, then
-    SEAL with the end to ``live`` replicas (best effort), CREATE_RANGE on the next range's
-    replicas, then call :meth:`RangeWriter.on_range_opened`. If PD cannot place the next
-    range, call :meth:`RangeWriter.on_roll_postponed` instead."""
-
-    range_index: int
-    end: int
-    failed: tuple[str, ...]
-    live: tuple[str, ...]
-
-
-# The batch header fields a range server names when it refuses a batch out of bounds.
-_BATCH_FIELDS: Final = frozenset(
-    {"stream_id", "epoch", "base_offset", "confirm_offset", "first_timestamp"})
-
-
-@dataclass(frozen=True, slots=True)
-class FailAppends:
-    """Every pending and future append fails with ``error``."""
-
-    error: EstreamError
-
-
-Effect = SendAppend | SendConfirm | CompleteAppends | RequestRoll | BeginSeal | FailAppends
-
-
-@dataclass(slots=True)
-class _Batch:
-    base: int
-    section: EncodedRecords
-    size: int
-    range_index: int = -1  # the range it was last sent to; -1 = not sent yet
-    sent_ms: int = 0
-    acked_by: set[str] = field(default_factory=set)
-
-    @property
-    def end(self) -> int:
-        return self.base + self.section.count
-
-
-@dataclass(slots=True)
-class _Range:
-    index: int
-    start: int
-    replicas: tuple[str, ...]
-    acked: dict[str, int] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
-    sent_bytes: int = 0
-    seal_end: int | None = None  # frozen end once sealing began
-    full: bool = False  # range_bytes_max sent: no more batches; seal once they complete
-    seal_sent: bool = False
-    roll_requested: bool = False  # RequestRoll emitted (the range runs degraded)
-    size_limit_lifted: bool = False  # full, but no next range could be placed: goes on
-    # The replicas not failed, kept beside ``failed`` (it changes only in ``fail``): every
-    # send, ack and deadline asks for them, a replica fails rarely.
-    live: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        self.live = tuple(r for r in self.replicas if r not in self.failed)
-
-    def fail(self, replica: str) -> None:
-        """Drop ``replica`` from the live ones."""
-        self.failed.add(replica)
-        self.live = tuple(r for r in self.replicas if r not in self.failed)
-
-
-def record_size(record: Record) -> int:
-    """Estimated encoded size of one record (exact but for the msgpack headers)."""
-    return value_size(record.value, record.headers, record.key)
-
-
-def value_size(
-    value: bytes, headers: Mapping[str, str] | None, key: bytes | None = None
-) -> int:
-    """:func:`record_size` of a record of ``value``, ``headers`` and ``key``."""
-    size = RECORD_PREFIX_BYTES + len(value)
-    if key is not None:
-        size += 5 + len(key)
-    if not headers:
-        return size
-    return size + sum(len(k) + len(v) + 4 for k, v in headers.items())
+_DEFAULT_CONFIG: Final = WriterConfig()
 
 
 class RangeWriter:
@@ -243,34 +88,25 @@ class RangeWriter:
         range_index: int,
         range_start: int,
         replicas: Sequence[str],
-        config: WriterConfig = WriterConfig(),
+        config: WriterConfig = _DEFAULT_CONFIG,
         producer_id: str = "",
         digest: int = DIGEST_XXH3,
         key: bytes | None = None,
     ) -> None:
         self.stream_id = stream_id
-        # Every batch carries the producer id and its records' sequences (system block);
-        # ``digest`` is the stream's entry digest, ``key`` its MAC key (hmac-sha256).
+        # Each batch's system block: the producer id and sequences, the digest (MAC: key).
         self.producer_id = producer_id
         self.digest = digest
         self.key = key
         self.epoch = epoch
         self.ack_count = ack_count
         self.config = config
-        self._range = _Range(range_index, range_start, tuple(replicas))
+        self._range = OpenRange(range_index, range_start, tuple(replicas))
         self.next_offset = range_start
         self.completed = range_start  # every offset below is acknowledged
         self.forced = range_start  # DEFERRED_SYNC: everything below is fsynced
-        # The pending batch, encoded as it grows: each record's head, then its value.
-        self._pending: list[bytes] = []
-        self._pending_count = 0
-        self._pending_keyed = False  # some pending head is extended (its batch is KEYED)
-        self._pending_first_ts = 0
-        self._pending_max_ts = 0
-        self._pending_sequences: list[int] = []  # a producer's, one per pending record
-        self._pending_bytes = 0
-        self._pending_since_ms = 0
-        self._batches: deque[_Batch] = deque()
+        self._pending = PendingBatch(stamped=bool(producer_id))
+        self._batches: deque[Batch] = deque()
         self._batch_bytes = 0
         self._confirm_sent = range_start
         self._last_send_ms = 0
@@ -327,14 +163,14 @@ class RangeWriter:
 
     @property
     def inflight_bytes(self) -> int:
-        return self._batch_bytes + self._pending_bytes
+        return self._batch_bytes + self._pending.bytes
 
     def can_accept(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit in the in-flight budget (backpressure otherwise).
 
         An empty writer always accepts, so one oversized append cannot wait forever.
         """
-        inflight = self._batch_bytes + self._pending_bytes  # inflight_bytes, inline
+        inflight = self._batch_bytes + self._pending.bytes  # inflight_bytes, inline
         if inflight == 0:
             return True
         config = self.config
@@ -345,15 +181,15 @@ class RangeWriter:
 
     def idle(self) -> bool:
         """Nothing pending, nothing unacknowledged."""
-        return not self._pending_count and self.completed == self.next_offset
+        return not self._pending.count and self.completed == self.next_offset
 
     def next_deadline_ms(self) -> int | None:
         """When :meth:`on_tick` has work next (None: only events can create work)."""
         deadline: int | None = None
-        if self._pending_count:
-            deadline = self._pending_since_ms + self.config.linger_ms
-        if self._may_drop_slow():
-            oldest = self._oldest_unacked_ms()
+        if self._pending.count:
+            deadline = self._pending.since_ms + self.config.linger_ms
+        if self._range.may_drop_slow(self.ack_count):
+            oldest = oldest_unacked_ms(self._batches, self._range)
             if oldest is not None:
                 chase = oldest + self.config.chase_backlog_ms_max + 1
                 deadline = chase if deadline is None else min(deadline, chase)
@@ -389,63 +225,65 @@ class RangeWriter:
 
     def submit_one(
         self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
-        sequence: int = -1, *, hold_idle: bool = False, key: bytes | None = None,
+        sequence: int = -1, hold_idle: bool = False, key: bytes | None = None,
     ) -> list[Effect] | None:
-        """:meth:`submit` of one record, for the driver's per-record path (no
-        :class:`Record`: it is encoded into the pending batch at once); its offset is
-        :attr:`next_offset` before the call. Raises :class:`MalformedBatch` for a record
-        that cannot be encoded (nothing taken).
+        """:meth:`take_one`'s effects (its offset is :attr:`next_offset` before the call)."""
+        return self.take_one(value, headers, timestamp, now_ms, sequence, key, hold_idle)[2]
 
-        ``hold_idle``: do not cut at once when nothing is in flight; the driver calls
-        :meth:`cut_idle` soon instead (at the end of its event-loop turn, so the appends
-        of one turn go as one batch), and the linger deadline bounds the wait anyway.
-
-        Returns ``None`` when the record only joined the pending batch: no effect, and
-        :meth:`next_deadline_ms` is unchanged (the driver need not re-arm its timer).
-        Otherwise the effects (possibly none, after which the deadline may have moved).
+    def take_one(
+        self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
+        sequence: int | None = None, key: bytes | None = None, hold_idle: bool = True,
+    ) -> tuple[int, int, list[Effect] | None]:
+        """:meth:`submit` of one record for the per-record path (encoded into the pending
+        batch at once): its offset, the end to wait for, and ``None`` when it only joined
+        the pending batch (no effect, :meth:`next_deadline_ms` unchanged), else the effects.
+        Raises :class:`MalformedBatch` for a record that cannot be encoded (nothing taken).
+        ``hold_idle``: no cut at once when nothing is in flight; the driver calls
+        :meth:`cut_idle` at the end of its event-loop turn (the linger bounds the wait).
         """
         if self.error is not None:
             raise self.error
         head = encode_record_head(value, headers, timestamp, key)
-        count = self._pending_count
+        base = self.next_offset
+        pending = self._pending
+        count = pending.count
         if key is not None or headers:
-            self._pending_keyed = self._pending_keyed or is_extended_head(head)
+            pending.keyed = pending.keyed or is_extended_head(head)
         if count and not self.producer_id and count + 1 < limits.batch_records_max:
-            # The common case, inline: the record joins a pending batch with room for it
-            # (what _take does, without its cuts).
+            # The common case, inline: the record joins a pending batch with room for it.
             size = len(head) + len(value)
-            pending_bytes = self._pending_bytes + size
+            pending_bytes = pending.bytes + size
             batch_bytes = self.config.batch_bytes
             if pending_bytes <= batch_bytes:
-                pending = self._pending
-                pending.append(head)
-                pending.append(value)
-                self._pending_count = count + 1
-                self._pending_bytes = pending_bytes
+                parts = pending.parts
+                parts.append(head)
+                parts.append(value)
+                pending.count = count + 1
+                pending.bytes = pending_bytes
                 self.next_offset += 1
-                if timestamp > self._pending_max_ts:
-                    self._pending_max_ts = timestamp
+                if timestamp > pending.max_ts:
+                    pending.max_ts = timestamp
                 if pending_bytes < batch_bytes and (
                     (hold_idle and pending_bytes < self.config.early_bytes)
                     or not self._may_go()
                 ):
-                    return None
+                    return base, base + 1, None
                 effects: list[Effect] = []
                 self._cut(now_ms, effects)
-                return effects
+                return base, base + 1, effects
         effects = []
-        self._take(head, value, timestamp, now_ms, sequence, effects)
-        if not hold_idle or self._pending_bytes >= self.config.early_bytes:
+        self._take(head, value, timestamp, now_ms, -1 if sequence is None else sequence, effects)
+        if not hold_idle or self._pending.bytes >= self.config.early_bytes:
             self._cut_if_due(now_ms, effects)
-        if effects or self._pending_count == 1:  # a batch went out, or a new linger began
-            return effects
-        return None
+        if effects or self._pending.count == 1:  # a batch went out, or a new linger began
+            return base, base + 1, effects
+        return base, base + 1, None
 
     @property
     def idle_cut_wanted(self) -> bool:
         """Records are pending and nothing sent is unacknowledged: :meth:`cut_idle` would
         send them now."""
-        return bool(self._pending_count) and self._may_go()
+        return bool(self._pending.count) and self._may_go()
 
     def cut_idle(self, now_ms: int) -> list[Effect]:
         """Send the pending records now if nothing sent is unacknowledged (else they keep
@@ -461,58 +299,31 @@ class RangeWriter:
     ) -> None:
         """Assign the next offset to a record (``head``: :func:`encode_record_head`) and
         add it to the pending batch."""
-        size = len(head) + len(value)
-        if self._pending_count and self._pending_bytes + size > self.config.batch_bytes:
-            self._cut(now_ms, effects)
-        if not self._pending_count:
-            self._pending_since_ms = now_ms
-            self._pending_first_ts = self._pending_max_ts = timestamp
-        elif timestamp > self._pending_max_ts:
-            self._pending_max_ts = timestamp
         pending = self._pending
-        pending.append(head)
-        pending.append(value)
-        self._pending_count += 1
-        if not self._pending_keyed and is_extended_head(head):
-            self._pending_keyed = True
-        if self.producer_id:
-            # Not a local alias: a cut above swaps the list for a new one.
-            self._pending_sequences.append(sequence)
-        self._pending_bytes += size
+        if pending.count and pending.bytes + len(head) + len(value) > self.config.batch_bytes:
+            self._cut(now_ms, effects)
+        pending.take(head, value, timestamp, now_ms, sequence)
         self.next_offset += 1
-        if self._pending_count >= limits.batch_records_max:
+        if pending.count >= limits.batch_records_max:
             self._cut(now_ms, effects)
 
     def _cut_if_due(self, now_ms: int, effects: list[Effect]) -> None:
         """Cut at once when the batch is full, or when fewer than ``early_batches`` sent
         batches are unacknowledged (waiting buys nothing: the replicas would idle)."""
-        if self._pending_count and self._may_go():
+        if self._pending.count and self._may_go():
             self._cut(now_ms, effects)
 
     def _may_go(self) -> bool:
         """Whether the pending batch goes now rather than lingering: it is full; it holds
         ``early_bytes`` and fewer than ``early_batches`` sent batches are unacknowledged;
         or nothing sent is unacknowledged (Nagle's rule: the replicas would idle)."""
-        pending = self._pending_bytes
+        pending = self._pending.bytes
         config = self.config
         if pending >= config.batch_bytes:
             return True
         if pending >= config.early_bytes:
-            return self._room()
+            return early_room(self._batches, self.completed, config.early_batches)
         return not self._unacked_sent()
-
-    def _room(self) -> bool:
-        """Fewer than ``early_batches`` batches are unacknowledged (by ``ack_count``
-        replicas): a pending batch may go before it is full."""
-        room = self.config.early_batches
-        completed = self.completed
-        for batch in reversed(self._batches):
-            if batch.end <= completed:
-                return True
-            room -= 1
-            if room <= 0:
-                return False
-        return True
 
     def on_append_ack(self, replica: str, range_index: int, end: int, now_ms: int) -> list[Effect]:
         """``replica`` of ``range_index`` holds every offset below ``end``."""
@@ -528,8 +339,8 @@ class RangeWriter:
         if rng.seal_end is None:
             self._advance(now_ms, effects)
         self._release()
-        self._maybe_seal(effects)
-        if self._pending_count and rng.seal_end is None and self._may_go():
+        self._seal_if_drained(effects)
+        if self._pending.count and rng.seal_end is None and self._may_go():
             # An acknowledgement made room: the records pending go now rather than at
             # their linger or once full (Nagle's rule), so the replicas store them while
             # the application makes the next ones.
@@ -539,20 +350,13 @@ class RangeWriter:
     def on_append_error(
         self, replica: str, range_index: int, error: EstreamError, now_ms: int
     ) -> list[Effect]:
-        """An APPEND (or CREATE_RANGE) to ``replica`` failed: fenced, or the replica is out.
-
-        A batch refused for what it is (``MalformedBatch``: records that do not decode;
-        ``InvalidArgument`` naming a batch header field: a number out of bounds,
-        ``rangeserver/bounds.py``) fails the writer like a fence: the refusal depends on
-        the bytes alone, so every replica, in this range or the next, would refuse them
-        again; rolling would only make ranges forever."""
+        """An APPEND (or CREATE_RANGE) to ``replica`` failed: fenced, or the replica is out
+        (:func:`~estream.core.writeeffects.fails_the_writer` says which)."""
         effects: list[Effect] = []
         rng = self._range
         if self.error is not None or range_index != rng.index:
             return effects
-        if isinstance(error, (Fenced, MalformedBatch)) or (
-            isinstance(error, InvalidArgument) and error.fields["argument"] in _BATCH_FIELDS
-        ):
+        if fails_the_writer(error):
             return self.on_fenced(error)
         if replica in rng.replicas and replica not in rng.failed:
             self._fail_replica(replica, effects)
@@ -564,11 +368,12 @@ class RangeWriter:
         effects: list[Effect] = []
         if self.error is not None:
             return effects
-        if self._pending_count and now_ms >= self._pending_since_ms + self.config.linger_ms:
+        if self._pending.count and now_ms >= self._pending.since_ms + self.config.linger_ms:
             self._cut(now_ms, effects)
         if not self._range.seal_sent:
             for replica in self._range.live:
-                if self._may_drop_slow() and self._past_chase_bound(replica, now_ms):
+                if self._range.may_drop_slow(self.ack_count) and past_chase_bound(
+                        self._batches, self._range, replica, self.completed, now_ms, self.config):
                     self._fail_replica(replica, effects)
         if (
             not self.sealing
@@ -601,7 +406,7 @@ class RangeWriter:
         and no batch in flight (its completion moves the idle deadline; a batch sent after
         it carries the offset): the only state in which an idle CONFIRM is sent. Under
         load this saves a CONFIRM to every replica (a durable write on each) per batch."""
-        return not self._pending_count and not self._unacked_sent()
+        return not self._pending.count and not self._unacked_sent()
 
     def on_range_opened(
         self, range_index: int, start: int, replicas: Sequence[str], now_ms: int
@@ -613,7 +418,7 @@ class RangeWriter:
             return effects
         assert old.seal_end is not None and start == old.seal_end, (start, old.seal_end)
         assert range_index > old.index
-        self._range = _Range(range_index, start, tuple(replicas))
+        self._range = OpenRange(range_index, start, tuple(replicas))
         self._confirm_sent = start
         while self._batches and self._batches[0].end <= start:
             self._drop_front()
@@ -633,18 +438,14 @@ class RangeWriter:
             return effects
         rng.seal_end = self.completed
         self._release()
-        self._maybe_seal(effects)
+        self._seal_if_drained(effects)
         return effects
 
     def on_roll_postponed(self, range_index: int, now_ms: int) -> list[Effect]:
         """PD could not place the next range for the :class:`BeginSeal` of
-        ``range_index`` and sealed nothing. A degraded range with ``ack_count`` live
-        replicas goes on taking appends (the driver tries the roll again later), and so
-        does a full one, past its size limit (:attr:`roll_wanted`: with exactly
-        ``replicas`` servers and one out, freezing would stall every append until it came
-        back); a range that must roll (too few live replicas) stays frozen, and the driver
-        retries the seal after a backoff (with :attr:`live` and :attr:`failed` as they are
-        then): nothing is emitted, so this cannot loop."""
+        ``range_index`` and sealed nothing. A degraded or full range (``ack_count`` live)
+        goes on taking appends (:attr:`roll_wanted`); one that must roll stays frozen and
+        the driver retries the seal after a backoff: nothing is emitted, so no loop."""
         effects: list[Effect] = []
         rng = self._range
         if self.error is not None or range_index != rng.index or rng.seal_end is None:
@@ -677,10 +478,6 @@ class RangeWriter:
             return []
         self.error = error
         self._pending.clear()
-        self._pending_count = 0
-        self._pending_keyed = False
-        self._pending_sequences.clear()
-        self._pending_bytes = 0
         self._batches.clear()
         self._batch_bytes = 0
         return [FailAppends(error)]
@@ -688,27 +485,14 @@ class RangeWriter:
     # -- internals -----------------------------------------------------------------------
 
     def _cut(self, now_ms: int, effects: list[Effect]) -> None:
-        parts, self._pending = self._pending, []
-        count, self._pending_count = self._pending_count, 0
-        self._pending_bytes = 0
-        keyed, self._pending_keyed = self._pending_keyed, False
         try:
-            section = section_of_parts(parts, count, self._pending_first_ts,
-                                       self._pending_max_ts, keyed)
-            if self.producer_id or self.digest:
-                sequences, self._pending_sequences = self._pending_sequences, []
-                section = with_system(
-                    section,
-                    producer_id=self.producer_id,
-                    sequences=sequences if self.producer_id else None,
-                    digest=self.digest,
-                )
+            count, section = self._pending.cut(self.producer_id, self.digest)
         except MalformedBatch as exc:
             # Oversized input: fail loudly rather than stall (the driver checks sizes first).
             effects.extend(self.on_fenced(exc))
             return
         base = self.next_offset - count
-        batch = _Batch(base, section, BATCH_HEADER_BYTES + section.records_bytes)
+        batch = Batch(base, section, BATCH_HEADER_BYTES + section.records_bytes)
         self._batches.append(batch)
         self._batch_bytes += batch.size
         self._send_unsent(now_ms, effects)
@@ -726,7 +510,7 @@ class RangeWriter:
                 return
             self._send(batch, now_ms, effects)
 
-    def _send(self, batch: _Batch, now_ms: int, effects: list[Effect]) -> None:
+    def _send(self, batch: Batch, now_ms: int, effects: list[Effect]) -> None:
         rng = self._range
         confirm = self.visible_confirm
         payload = wrap_records(
@@ -764,10 +548,6 @@ class RangeWriter:
         effects.append(CompleteAppends(confirmed))
         self._roll_if_full(effects)
 
-    def _sent_end(self) -> int:
-        ends = [b.end for b in self._batches if b.range_index == self._range.index]
-        return max(ends) if ends else self.completed
-
     def _release(self) -> None:
         """Drop batches that are acknowledged and held by every live replica."""
         live = self._range.live
@@ -796,88 +576,25 @@ class RangeWriter:
                 return
             rng.seal_end = self.completed  # too few to complete anything: must roll
         self._release()
-        self._maybe_seal(effects)
+        self._seal_if_drained(effects)
 
     def _roll_if_full(self, effects: list[Effect]) -> None:
         rng = self._range
-        if rng.full and rng.seal_end is None and self.completed == self._sent_end():
+        completed = self.completed
+        if rng.full and rng.seal_end is None and completed == sent_end(
+                self._batches, rng.index, completed):
             rng.seal_end = self.completed
-            self._maybe_seal(effects)
+            self._seal_if_drained(effects)
 
-    def _maybe_seal(self, effects: list[Effect]) -> None:
-        """Emit :class:`BeginSeal` once every live replica reached the frozen end."""
-        rng = self._range
-        if rng.seal_end is None or rng.seal_sent:
-            return
-        live = rng.live
-        if any(rng.acked.get(r, rng.start) < rng.seal_end for r in live):
-            return  # still draining; on_tick drops a replica that does not catch up
-        rng.seal_sent = True
-        effects.append(BeginSeal(rng.index, rng.seal_end, tuple(sorted(rng.failed)), live))
+    def _seal_if_drained(self, effects: list[Effect]) -> None:
+        seal = self._range.seal_if_drained()
+        if seal is not None:
+            effects.append(seal)
 
     def _unacked_sent(self) -> bool:
         # Batches are kept in offset order: the last one has the highest end.
         batches = self._batches
         return bool(batches) and batches[-1].end > self.completed
 
-    def _oldest_unacked_ms(self) -> int | None:
-        """When the oldest batch some live replica still owes was sent (chase deadline)."""
-        rng = self._range
-        if rng.seal_sent:
-            return None
-        oldest: int | None = None
-        live = rng.live
-        index, seal_end = rng.index, rng.seal_end
-        for batch in self._batches:
-            if batch.range_index != index:
-                continue
-            if seal_end is not None and batch.end > seal_end:
-                continue
-            if oldest is not None and batch.sent_ms >= oldest:
-                continue
-            acked_by = batch.acked_by
-            if len(acked_by) < len(live) or any(r not in acked_by for r in live):
-                oldest = batch.sent_ms
-        return oldest
 
-    def _may_drop_slow(self) -> bool:
-        """Whether a replica past its chase bound is dropped: while appending, only if
-        more than ``ack_count`` are live (dropping one of the last ``ack_count`` would stop
-        every append until a roll: with exactly ``replicas`` servers and one out, until it
-        is back; waiting for a slow one is better, and an error or a request timeout still
-        fails it); while draining for a seal, always."""
-        rng = self._range
-        return rng.seal_end is not None or len(rng.replicas) - len(rng.failed) > self.ack_count
-
-    def _past_chase_bound(self, replica: str, now_ms: int) -> bool:
-        rng = self._range
-        backlog = 0
-        horizon = rng.seal_end  # while draining, only what the seal needs counts
-        for batch in self._batches:
-            if batch.range_index != rng.index or replica in batch.acked_by:
-                continue
-            if horizon is not None and batch.end > horizon:
-                continue
-            if now_ms - batch.sent_ms > self.config.chase_backlog_ms_max:
-                return True
-            if batch.end <= self.completed:
-                # Bytes count once a quorum has them: how far the replica is behind the
-                # others. (Counting every unacked byte failed every replica at once when more
-                # than the bound was in flight, e.g. resent after a roll: a roll loop.)
-                backlog += batch.size
-        return backlog > self.config.chase_backlog_bytes_max
-
-
-__all__ = [
-    "BeginSeal",
-    "CompleteAppends",
-    "Effect",
-    "FailAppends",
-    "RangeWriter",
-    "RequestRoll",
-    "SendAppend",
-    "SendConfirm",
-    "WriterConfig",
-    "record_size",
-    "value_size",
-]
+__all__ = ["RangeWriter"]

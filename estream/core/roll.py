@@ -29,7 +29,7 @@ PING as itself; a server that did within ``suspect_cleared_ms`` is not suspected
 
 Each process is a generator: it yields a :data:`Step` (a request to make, a wait, effects
 of the core to carry out, a notice) and is sent the step's answer (or thrown its error).
-It never blocks and never does I/O: the asyncio writer (``estream/sdk/writer.py``) and the
+It never blocks and never does I/O: the asyncio writer (``estream/sdk/rolldriver.py``) and the
 simulation (``tests/sim/simwriter.py``) carry out the steps, so both run this one
 sequence. The steps and their answers:
 
@@ -58,7 +58,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from estream.core.backoff import delays
-from estream.core.rangewriter import BeginSeal, Effect, RangeWriter, RequestRoll
+from estream.core.rangewriter import RangeWriter
+from estream.core.writeeffects import BeginSeal, Effect, RequestRoll
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,

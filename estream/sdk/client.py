@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Final, Literal
 
-from estream.core.rangewriter import WriterConfig
+from estream.core.writeeffects import WriterConfig
 from estream.net.appendsender import AppendSender
 from estream.net.objectstore import ObjectStore
 from estream.net.pdclient import PDClient

@@ -174,7 +174,7 @@ class NemesisWriter:
         except Exception as exc:
             self.line(f"CLOSEFAIL {type(exc).__name__} {ms_since(started)}")
         else:
-            self.line(f"CLOSED {ms_since(started)} {writer.rolls}")
+            self.line(f"CLOSED {ms_since(started)} {writer.statistics().rolls}")
 
     async def pause(self, seconds: float) -> None:
         try:

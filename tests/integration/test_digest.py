@@ -193,7 +193,7 @@ async def test_a_wrong_key_writer_on_an_empty_stream_is_refused_by_the_servers(
                 await asyncio.wait_for(fake.append(b"forged"), 30)
             with pytest.raises(estream.DigestMismatch):
                 await fake.append(b"again")
-            assert fake.degraded_ranges == 0
+            assert fake.statistics().degraded_ranges == 0
             await fake.close()
         async with await client.open_writer("d-empty") as writer:
             assert await writer.append(b"genuine") == 0

@@ -115,7 +115,7 @@ async def run_hung_tail(cluster: Cluster, name: str, shared_client: bool) -> Non
         assert max(late.values()) < late_s_max, sorted(late.values())[-5:]
         # The writer's roll away from the hung server ended while it still hung (its
         # appends had filled the connection to it: the roll's probe of it waited on that).
-        assert during["rolls"] >= 1, during
+        assert during.rolls >= 1, during
         meta = await writing.describe_stream(name)
         assert victim.id not in [r.id for r in meta.ranges[1].replicas]
 

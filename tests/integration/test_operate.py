@@ -117,7 +117,7 @@ async def test_drain_under_load_loses_nothing_and_ends_drained(cluster: Cluster)
         await task
         await writer.close()
         assert not failures, failures
-        assert len(acked) > 100 and writer.statistics()["failed"] == 0
+        assert len(acked) > 100 and writer.statistics().failed == 0
         detail = server(cluster, target)
         assert detail["replicas"] == 0 and detail["alive"] is True
         for name in ("drain-load", "drain-idle", "drain-empty"):

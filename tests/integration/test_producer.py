@@ -34,7 +34,7 @@ async def test_replay_after_reopen_stores_each_sequence_once(cluster: Cluster) -
             assert await writer.append(b"s5", sequence=5) == 5
             assert await writer.append_batch([b"s98", b"s99", b"s100"],
                                              sequences=[98, 99, 100]) == [98, 99, 100]
-            assert writer.statistics()["duplicates"] == 3
+            assert writer.statistics().duplicates == 3
         async with await client.open_writer("idem", producer_id="p1") as writer:
             assert writer.last_sequence == 100
             replay = await asyncio.gather(
@@ -141,7 +141,7 @@ async def test_replay_across_a_roll_and_a_writer_recovery(
 async def test_last_sequence_found_behind_more_ranges_than_one_read_window(
     cluster: Cluster,
 ) -> None:
-    from estream.sdk.writer import walk_window
+    from estream.sdk.writeropen import walk_window
 
     async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream("far")

@@ -75,7 +75,7 @@ async def test_a_stream_created_again_is_a_new_stream(cluster: Cluster) -> None:
             value = b"new-%d" % i
             acknowledged[await w2.append(value)] = value  # raises if W2 is fenced
             i += 1
-        assert w2.statistics()["failed"] == 0
+        assert w2.statistics().failed == 0
 
         # W1, of the old incarnation, is never acknowledged into the new stream.
         with pytest.raises((StreamNotFound, Fenced)):

@@ -247,7 +247,7 @@ async def test_retention_under_load_and_a_pd_leader_kill_loses_nothing_kept(
     """A writer rolling every 4 KiB while retention_bytes trims and the PD leader is
     killed: every acknowledged record at or after the final start is there, in order,
     and the stream keeps at least the limit (no acknowledged record below it is lost)."""
-    from estream.core.rangewriter import WriterConfig
+    from estream.core.writeeffects import WriterConfig
     from estream.sdk.writer import Writer
 
     limit = 20 * 1024

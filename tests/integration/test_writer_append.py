@@ -31,7 +31,7 @@ async def test_append_is_awaited_every_way_and_keeps_call_order(cluster: Cluster
                 core.config, inflight_bytes_max=4 * 1100, inflight_batches_max=2)
             pending = [writer.append(b"%04d" % i + b"x" * 1000) for i in range(200)]
             assert await asyncio.gather(*pending) == list(range(4, 204))
-            assert writer.statistics()["completed"] == 204
+            assert writer.statistics().completed == 204
             ordered = [await f for f in asyncio.as_completed([writer.append(b"e")])]
             assert ordered == [204]
             # A future, not a coroutine: create_task refuses it, as any future (the call to
@@ -81,7 +81,7 @@ async def test_an_append_cancelled_by_wait_for_is_still_stored_in_order(cluster:
             assert timed_out > 0
             offsets = await asyncio.gather(*(writer.append(b"n%02d" % i) for i in range(50)))
             assert offsets == list(range(51, 101))
-            assert writer.statistics()["completed"] == 101
+            assert writer.statistics().completed == 101
         values = [r.value async for r in client.read("cancelled")]
         assert values == [b"first"] + [b"c%02d" % i for i in range(50)] + [
             b"n%02d" % i for i in range(50)]
@@ -108,7 +108,7 @@ async def test_rolls_ask_pd_for_the_new_ranges_only_and_keep_the_stream_whole(
             core.config = dataclasses.replace(core.config, range_bytes_max=2_000)
             for i in range(12):
                 assert await writer.append(b"%03d" % i + b"x" * 1000) == i
-            assert writer.rolls >= 4 and len(knowns) == writer.rolls
+            assert writer.statistics().rolls >= 4 and len(knowns) == writer.statistics().rolls
             assert all(known is not None for known in knowns)
             assert writer.stream == await client.describe_stream("rolls")
         values = [r.value[:3] async for r in client.read("rolls")]

@@ -129,11 +129,11 @@ async def run_degraded(
               f"{load.worst_s:.2f}s, stats {stats}")
         assert during > 100, "appends stalled while one replica was out"
         assert load.worst_s < append_wait_s_max
-        assert stats["degraded_ranges"] >= 1
+        assert stats.degraded_ranges >= 1
         meta = await client.describe_stream(name)
         assert len(meta.ranges) < 4, [(r.index, r.start, r.end) for r in meta.ranges]
         # Once the server answered again, the writer rolled back onto all three.
-        assert stats["rolls"] >= 1 and stats["degraded"] == 0, stats
+        assert stats.rolls >= 1 and stats.degraded == 0, stats
         assert victim in [r.address for r in meta.ranges[-1].replicas]
         assert sorted(load.acked) == list(range(len(load.acked)))
         got = await wait_read_all(client, name, load.acked)
@@ -273,9 +273,9 @@ async def test_the_lease_fences_an_idle_writer_of_a_deleted_stream(cluster: Clus
         await client.delete_stream("leased")
         # No append is needed: the next keepalive answers StreamNotFound.
         deadline = time.monotonic() + 3 * limits.writer_keepalive_ms / 1000 + 5
-        while not writer.statistics()["failed"] and time.monotonic() < deadline:
+        while not writer.statistics().failed and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        assert writer.statistics()["failed"] == 1
+        assert writer.statistics().failed == 1
         with pytest.raises(estream.Fenced):
             await writer.append(b"after delete")
         await writer.close()

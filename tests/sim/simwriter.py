@@ -24,17 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from estream.core.rangewriter import (
-    BeginSeal,
-    CompleteAppends,
-    Effect,
-    FailAppends,
-    RangeWriter,
-    RequestRoll,
-    SendAppend,
-    SendConfirm,
-    WriterConfig,
-)
+from estream.core.rangewriter import RangeWriter
 from estream.core.recovery import (
     AwaitFence,
     CopyOutcome,
@@ -66,6 +56,16 @@ from estream.core.roll import (
     Steps,
 )
 from estream.core.seal import CopyRecords, FenceByCreate, SendFence
+from estream.core.writeeffects import (
+    BeginSeal,
+    CompleteAppends,
+    Effect,
+    FailAppends,
+    RequestRoll,
+    SendAppend,
+    SendConfirm,
+    WriterConfig,
+)
 from estream.net.rangeclient import CopyProgress, Endpoint, SourceFailed, copy_range
 from estream.wire.errors import (
     EstreamError,

@@ -61,7 +61,7 @@ from typing import Any
 
 import pytest
 
-from estream.core.rangewriter import WriterConfig
+from estream.core.writeeffects import WriterConfig
 from estream.wire.meta import RangeMeta, StreamMeta
 from rangeserver.replica import readable_end
 from tests.sim.simreader import DECODINGS, Delivered, SimReader

@@ -14,7 +14,8 @@ from estream.core.producer import (
     last_in_range,
     runs_max,
 )
-from estream.core.rangewriter import BeginSeal, RangeWriter, SendAppend, WriterConfig
+from estream.core.rangewriter import RangeWriter
+from estream.core.writeeffects import BeginSeal, SendAppend, WriterConfig
 from estream.wire.errors import InvalidArgument
 from estream.wire.record import (
     DIGEST_HMAC_SHA256,

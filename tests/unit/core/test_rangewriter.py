@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from estream.core.rangewriter import (
+from estream.core.rangewriter import RangeWriter
+from estream.core.writeeffects import (
     BeginSeal,
     CompleteAppends,
     Effect,
     FailAppends,
-    RangeWriter,
     RequestRoll,
     SendAppend,
     SendConfirm,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from estream.core.rangewriter import BeginSeal, FailAppends, RequestRoll
+from estream.core.writeeffects import BeginSeal, FailAppends, RequestRoll
 from estream.wire.errors import EstreamError, InvalidArgument, MalformedBatch, Unavailable
 from tests.unit.core.test_rangewriter import make, rec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from estream.core.rangewriter import BeginSeal, RangeWriter, RequestRoll, SendAppend, WriterConfig
+from estream.core.rangewriter import RangeWriter
 from estream.core.roll import (
     Apply,
     CreateRange,
@@ -22,6 +22,7 @@ from estream.core.roll import (
     Step,
     Steps,
 )
+from estream.core.writeeffects import BeginSeal, RequestRoll, SendAppend, WriterConfig
 from estream.wire.errors import Fenced, NoPlacement, Unavailable
 from estream.wire.meta import RangeMeta, ReplicaRef, ServerInfo, StreamMeta
 from estream.wire.record import Record

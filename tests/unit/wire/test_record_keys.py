@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from estream.core.rangewriter import value_size
+from estream.core.writeeffects import value_size
 from estream.wire import limits
 from estream.wire.errors import MalformedBatch
 from estream.wire.record import (

@@ -1,0 +1,285 @@
+"""The writer's append queue: checks each append, submits it to the core or queues it
+while the in-flight budget is spent, and completes the user's futures in offset order.
+
+One enqueue path (:meth:`AppendQueue.enqueue`): an append is checked, then submitted at
+the call when the budget has room and nothing waits before it, else queued (a
+:class:`QueuedAppend`) and submitted in call order as acknowledgements free the budget.
+Futures wait in offset order (no entry per append besides the future itself) and one
+watchdog timer bounds the oldest one's wait by the delivery timeout.
+
+Side effects: asyncio futures and timers (the event loop's clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from estream.core.writeeffects import Effect, value_size
+from estream.wire import limits
+from estream.wire.errors import EstreamError, InvalidArgument, Timeout
+from estream.wire.record import RECORD_PREFIX_BYTES, Record
+
+if TYPE_CHECKING:
+    from estream.core.writer import WriterCore
+    from estream.sdk.writer import Writer
+
+log = logging.getLogger("estream.sdk.writer")
+_T = TypeVar("_T")
+
+timer_min_s: Final = 0.0003  # a timer already due runs on the next turn, never sooner than this
+_BYTES_TYPES = (bytes, bytearray, memoryview)
+_value_bytes_max = limits.record_value_bytes_max
+_record_prefix_bytes = RECORD_PREFIX_BYTES  # value_size of a record without headers or key
+
+
+def checked_bytes(data: bytes, what: str, limit: int) -> bytes:
+    """A record's ``what`` (value or key) as ``bytes``, at most ``limit`` of them."""
+    if type(data) is not bytes:
+        if not isinstance(data, _BYTES_TYPES):
+            raise InvalidArgument(f"a record {what} must be bytes", argument=what)
+        data = bytes(data)
+    if len(data) > limit:
+        raise InvalidArgument(f"record {what} of {len(data)} bytes exceeds {limit}",
+                              argument=what)
+    return data
+
+
+def checked_record(
+    value: bytes, headers: Mapping[str, str] | None, timestamp: int | None,
+    key: bytes | None = None,
+) -> Record:
+    """A :class:`Record` of checked parts (``timestamp`` None: now, wall clock ms)."""
+    value = checked_bytes(value, "value", _value_bytes_max)
+    ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
+    return Record(value, dict(headers) if headers else {}, ts,
+                  key=None if key is None else checked_bytes(
+                      key, "key", limits.record_key_bytes_max))
+
+
+class Waiter(asyncio.Future[_T]):
+    """A future the queue completes with ``_value`` once every offset below ``_end`` is
+    acknowledged; ``_since``: when it was submitted (ms, the delivery deadline's start)."""
+
+    __slots__ = ("_end", "_value", "_since")
+    _end: int
+    _value: Any
+    _since: int
+
+
+class PendingAppend(Waiter[int]):
+    """What :meth:`Writer.append` returns: an ``asyncio.Future`` of the record's offset,
+    completed by the writer when the record's batch is acknowledged (no task, no coroutine
+    per append). Every asyncio tool that takes futures takes it as it is: ``await``,
+    ``gather``, ``wait``, ``wait_for``, ``as_completed``, ``ensure_future`` (it is not a
+    coroutine, so ``asyncio.create_task`` refuses it, as it refuses any future).
+    Cancelling it does not withdraw a record already submitted."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True)
+class QueuedAppend:
+    """An append waiting for in-flight budget: its checked record parts and its future
+    (``sequence``: a producer's, None for the next one)."""
+
+    value: bytes
+    headers: Mapping[str, str] | None
+    timestamp: int
+    size: int
+    future: PendingAppend
+    sequence: int | None
+    key: bytes | None
+
+
+class AppendQueue:
+    """One writer's appends between the user and the core (module docstring)."""
+
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
+        self._loop = writer._loop
+        self.waiters: deque[Waiter[Any]] = deque()  # completed in offset order
+        self._space: list[asyncio.Future[None]] = []  # append_batch waiting for budget
+        self._queued: deque[QueuedAppend] = deque()
+        self._draining = False
+        self._cut_soon = False  # a call_soon of _cut_idle is pending
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    def enqueue(
+        self, future: PendingAppend, value: bytes, headers: Mapping[str, str] | None,
+        timestamp: int | None, sequence: int | None, key: bytes | None,
+        waited: bool = False,
+    ) -> None:
+        """Check one append and submit it now, or queue it while the budget is spent
+        (``waited``: a queued one, submitted now that the budget has room). Raises what is
+        wrong with it (nothing taken)."""
+        if type(value) is not bytes or len(value) > _value_bytes_max:
+            value = checked_bytes(value, "value", _value_bytes_max)
+        ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
+        writer = self._writer
+        core = writer._core
+        if core is None or writer._error is not None or writer._closed:
+            core = writer._check_open()
+        if sequence is not None or core.producer is not None:
+            core.check_sequence(sequence)
+        if key is not None:
+            key = checked_bytes(key, "key", limits.record_key_bytes_max)
+        size = (_record_prefix_bytes + len(value) if headers is None and key is None
+                else value_size(value, headers, key))
+        if not waited and (self._queued or not core.can_accept(size)):
+            # Waits: its headers as they are now.
+            self._queued.append(QueuedAppend(
+                value, dict(headers) if headers else None, ts, size, future, sequence, key))
+            return
+        now = round(self._loop.time() * 1000)
+        offset, end, effects = core.submit(value, headers, ts, now, sequence, key)
+        if end:
+            future._end = end
+            future._value = offset
+            future._since = now
+            self.waiters.append(future)
+            if self._watchdog is None:
+                self._arm_watchdog(now)
+        else:
+            future.set_result(offset)  # a producer's duplicate, already acknowledged
+        if effects is not None:
+            self._submitted(core, effects)
+
+    def _submitted(self, core: WriterCore, effects: list[Effect]) -> None:
+        """After an append's record was submitted with effects (or a new linger)."""
+        runner = self._writer._runner
+        if not self._cut_soon and core.ranges.idle_cut_wanted:
+            # Nothing in flight: send at the end of this event-loop turn, with the
+            # appends made in the same turn (tasks woken by one completion).
+            self._cut_soon = True
+            self._loop.call_soon(self._cut_idle)
+        if self._cut_soon:
+            # _cut_idle runs at the end of this turn and re-arms the timer then, once for
+            # every append of the turn.
+            runner.carry_out(effects)
+        else:
+            runner.run(effects)
+
+    def _cut_idle(self) -> None:
+        self._cut_soon = False
+        writer = self._writer
+        core = writer._core
+        if core is not None and not writer._closed and writer._error is None:
+            writer._runner.run(core.cut_idle(writer.now_ms()))
+
+    def make_room(self, core: WriterCore) -> None:
+        """Submit queued appends and wake those waiting for space, if the in-flight budget
+        has room now."""
+        if self._queued and not self._draining and core.can_accept(self._queued[0].size):
+            self._drain_queued()
+        if self._space and not self._queued and core.can_accept(1):
+            space, self._space = self._space, []
+            for future in space:
+                if not future.done():
+                    future.set_result(None)
+
+    def _drain_queued(self) -> None:
+        """Submit the appends that waited for budget, oldest first, while it lasts."""
+        writer = self._writer
+        self._draining = True
+        try:
+            queued = self._queued
+            while queued and writer._error is None and not writer._closed:
+                core = writer._core
+                assert core is not None
+                if not core.can_accept(queued[0].size):
+                    return
+                item = queued.popleft()
+                if item.future.done():
+                    continue  # cancelled while it waited: never submitted
+                try:
+                    self.enqueue(item.future, item.value, item.headers, item.timestamp,
+                                 item.sequence, item.key, True)
+                except Exception as exc:  # noqa: BLE001 - raised where it is awaited
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+        finally:
+            self._draining = False
+
+    async def wait_space(self, size: int) -> WriterCore:
+        """The core once ``size`` bytes fit in the budget and nothing queued is ahead."""
+        core = self._writer._check_open()
+        while self._queued or not core.can_accept(size):
+            future: asyncio.Future[None] = self._loop.create_future()
+            self._space.append(future)
+            await future
+            core = self._writer._check_open()
+        return core
+
+    def wait_for(self, end: int, now_ms: int) -> Waiter[None]:
+        """A future completed once every offset below ``end`` is acknowledged."""
+        future: Waiter[None] = Waiter(loop=self._loop)
+        self.add_waiter(future, end, now_ms, None)
+        return future
+
+    def add_waiter(self, future: Waiter[Any], end: int, now_ms: int, result: Any) -> None:
+        future._end = end
+        future._value = result
+        future._since = now_ms
+        self.waiters.append(future)
+        if self._watchdog is None:
+            self._arm_watchdog(now_ms)
+
+    def complete(self, upto: int) -> None:
+        """Every offset below ``upto`` is acknowledged."""
+        waiters = self.waiters
+        while waiters and waiters[0]._end <= upto:
+            future = waiters.popleft()
+            if not future.done():
+                future.set_result(future._value)
+
+    def fail_all(self, error: EstreamError) -> None:
+        """Every waiting and queued append fails with ``error``."""
+        waiters, self.waiters = self.waiters, deque()
+        for future in waiters:
+            if not future.done():
+                future.set_exception(error)
+        queued, self._queued = self._queued, deque()
+        for item in queued:
+            if not item.future.done():
+                item.future.set_exception(error)
+        space, self._space = self._space, []
+        for room in space:
+            if not room.done():
+                room.set_exception(error)
+
+    def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def _arm_watchdog(self, submitted_ms: int) -> None:
+        """One timer for the oldest pending append's delivery deadline."""
+        timeout_ms = self._writer.config.delivery_timeout_ms
+        delay_s = (submitted_ms + timeout_ms) / 1000 - self._loop.time()
+        self._watchdog = self._loop.call_later(max(delay_s, timer_min_s), self._on_watchdog)
+
+    def _on_watchdog(self) -> None:
+        self._watchdog = None
+        writer = self._writer
+        if writer._closed or writer._error is not None or not self.waiters:
+            return
+        submitted_ms = self.waiters[0]._since
+        timeout_ms = writer.config.delivery_timeout_ms
+        if writer.now_ms() < submitted_ms + timeout_ms:
+            self._arm_watchdog(submitted_ms)
+            return
+        error = Timeout(
+            f"an append to stream {writer.stream.name!r} was not acknowledged within "
+            f"{timeout_ms / 1000:g}s; the writer is closed for appends "
+            "(open a new writer: its recovery keeps every acknowledged record)"
+        )
+        log.warning("%s", error.message)
+        writer.fail_writer(error)
+
+
+__all__ = ["AppendQueue", "PendingAppend", "QueuedAppend", "Waiter", "checked_record"]

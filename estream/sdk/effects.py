@@ -1,0 +1,218 @@
+"""Carrying out the writer core's effects: APPEND and CONFIRM to the replicas, completing
+appends, starting rolls; the core's tick timer; the replicas' answers fed back.
+
+A batch is written to its replicas' connections in the turn it is cut
+(``ReplicaClient.start_append``: no task per batch and replica), an idle CONFIRM likewise
+(``start_confirm``), and each answer comes back to the core through a callback. Durable
+visibility: :meth:`EffectRunner.confirm_durably` waits (bounded) until ``ack_count`` live
+replicas answered a CONFIRM carrying the final confirm offset (range servers log it durably
+before answering).
+
+Side effects: network requests (through the client's replica client) and a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+from typing import TYPE_CHECKING, assert_never
+
+from estream.core.writeeffects import (
+    BeginSeal,
+    CompleteAppends,
+    Effect,
+    FailAppends,
+    RequestRoll,
+    SendAppend,
+    SendConfirm,
+)
+from estream.sdk.appendqueue import timer_min_s
+from estream.wire.errors import DigestKeyMissing, DigestMismatch, EstreamError, Fenced
+
+if TYPE_CHECKING:
+    from estream.core.writer import WriterCore
+    from estream.sdk.writer import Writer
+
+log = logging.getLogger("estream.sdk.writer")
+
+
+class EffectRunner:
+    """One writer's effects, timer and answers (module docstring)."""
+
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
+        self._loop = writer._loop
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
+        # Durable confirms of the open range: replica -> highest CONFIRM it answered.
+        self._confirmed: dict[str, int] = {}
+        self._confirm_asked = 0  # highest confirm sent to the open range
+        self.confirm_changed = asyncio.Event()
+        # Ranges written since the last force(): index -> replicas that must answer FORCE.
+        self.unforced: dict[int, tuple[str, ...]] = {}
+
+    def new_range(self, core: WriterCore) -> None:
+        """The core writes a new range: its confirms start over."""
+        ranges = core.ranges
+        self._confirmed = {}
+        self._confirm_asked = ranges.range_start
+        self.unforced[ranges.range_index] = ranges.replicas
+
+    def run(self, effects: list[Effect]) -> None:
+        """Carry out the core's effects, then re-arm the timer."""
+        self.carry_out(effects)
+        self.arm_timer()
+
+    def carry_out(self, effects: list[Effect]) -> None:
+        """Carry out the core's effects (the timer as it is: :meth:`run` re-arms it)."""
+        writer = self._writer
+        core = writer._core
+        assert core is not None
+        complete_upto = -1
+        deferred = writer.config.deferred
+        replicas = writer._replicas
+        for effect in effects:
+            match effect:
+                case SendAppend():
+                    # Written to the replica's connection now; the answer comes back
+                    # through the callback (no task per batch and replica).
+                    replicas.start_append(
+                        effect.replica, effect.payload, deferred,
+                        partial(self._append_answered, core, effect.replica,
+                                effect.range_index))
+                case CompleteAppends():
+                    complete_upto = max(complete_upto, effect.upto)
+                case SendConfirm():
+                    if effect.range_index == core.ranges.range_index:
+                        self._confirm_asked = max(self._confirm_asked, effect.confirm)
+                    replicas.start_confirm(
+                        effect.replica, core.ranges.stream_id, effect.range_index,
+                        effect.confirm, partial(self._confirm_answered, core, effect))
+                case RequestRoll():
+                    writer._rolls.on_degraded(effect)
+                case BeginSeal():
+                    writer._rolls.roll(effect)
+                case FailAppends():
+                    writer._error = effect.error
+                    writer._fail_all(effect.error)
+                case _:
+                    assert_never(effect)
+        if complete_upto >= 0:
+            # After the sends: a CONFIRM goes out before the user's next request does.
+            writer._queue.complete(complete_upto)
+        writer._queue.make_room(core)
+
+    def arm_timer(self) -> None:
+        writer = self._writer
+        core = writer._core
+        if core is None or writer._closed or writer._error is not None:
+            return
+        deadline = core.next_deadline_ms()
+        if deadline is None:
+            return
+        if self._timer is not None and not self._timer.cancelled() and self._timer_at <= deadline:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay_s = deadline / 1000 - self._loop.time()
+        self._timer_at = deadline
+        # Never sooner than timer_min_s: a deadline already due runs on the next turn.
+        self._timer = self._loop.call_later(max(delay_s, timer_min_s), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        writer = self._writer
+        core = writer._core
+        if core is None or writer._closed:
+            return
+        self.run(core.on_tick(writer.now_ms()))
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _append_answered(
+        self, core: WriterCore, replica: str, range_index: int, end: int,
+        error: EstreamError | None,
+    ) -> None:
+        """A replica's answer to an APPEND (its end, or the error), from the event loop."""
+        writer = self._writer
+        if writer._core is not core or writer._closed:
+            return
+        if error is None:
+            effects = core.on_append_ack(replica, range_index, end, writer.now_ms())
+            if effects or self._timer is None:
+                self.run(effects)
+            else:
+                # An ack without effects moves the core's deadline later or not at all,
+                # never sooner, so arm_timer would keep the armed timer: skip it. Two of
+                # three acks per batch take this path.
+                writer._queue.make_room(core)
+        elif isinstance(error, (DigestMismatch, DigestKeyMissing)):
+            # A range server holding the cluster secret refused our MAC: this writer's
+            # secret is not the cluster's (or that server's is not). Not the replica's
+            # fault, so no roll (every replica would refuse): fail the writer, loudly.
+            name = writer.stream.name
+            log.error("stream %r: range server %s refused a batch's MAC: %s",
+                      name, replica, error.message)
+            self.run(core.on_fenced(type(error)(
+                f"range server {replica} refused this writer's MAC of stream "
+                f"{name!r} ({error.message}): the client's cluster secret "
+                "(connect(secret=), ESTREAM_SECRET) differs from the range server's",
+                **error.fields)))
+        else:
+            self.run(core.on_append_error(replica, range_index, error, writer.now_ms()))
+
+    def _confirm_answered(self, core: WriterCore, effect: SendConfirm,
+                          error: EstreamError | None) -> None:
+        writer = self._writer
+        if core is not writer._core or writer._closed:
+            return
+        if isinstance(error, Fenced):
+            self.run(core.on_fenced(error))
+            return
+        if error is not None:
+            return  # best effort: the next batch carries the confirm offset too
+        if effect.range_index == core.ranges.range_index:
+            have = self._confirmed.get(effect.replica, -1)
+            if effect.confirm > have:
+                self._confirmed[effect.replica] = effect.confirm
+                self.confirm_changed.set()
+
+    async def confirm_durably(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until ``ack_count`` live replicas of the open range
+        answered a CONFIRM at or past the visible confirm offset."""
+        writer = self._writer
+        core = writer._core
+        if core is None:
+            return
+        ranges = core.ranges
+        deadline = time.monotonic() + timeout_s
+        target = ranges.visible_confirm
+        while writer._core is core and writer._error is None and not ranges.sealing:
+            if target <= ranges.range_start or self._confirms_at(core, target) >= ranges.ack_count:
+                return
+            if self._confirm_asked < target:
+                self.run(core.confirm_now(again=True))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.info(
+                    "stream %r: the CONFIRM of %d was answered by %d replicas, not %d",
+                    writer.stream.name, target, self._confirms_at(core, target),
+                    ranges.ack_count,
+                )
+                return
+            self.confirm_changed.clear()
+            try:
+                await asyncio.wait_for(self.confirm_changed.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    def _confirms_at(self, core: WriterCore, target: int) -> int:
+        live = core.ranges.live
+        return sum(1 for r, c in self._confirmed.items() if c >= target and r in live)
+
+
+__all__ = ["EffectRunner"]
