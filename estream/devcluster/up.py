@@ -11,9 +11,9 @@ range server ``j`` (0-based)::
     Kafka http B + 50 + k   7150               (/metrics, /healthz)
     RS http    B + 100 + j  7200, 7201, 7202   (/metrics, /healthz, /readyz)
 
-The Kafka gateways (default one; none with ``--tls`` or more than 10 range servers, whose
-ports would reach B+40) serve Kafka clients over the cluster (docs/KAFKA.md); the banner
-prints ``kafka: H:P``.
+The Kafka gateways (default one; none with more than 10 range servers, whose ports would
+reach B+40) serve Kafka clients over the cluster (docs/KAFKA.md); the banner prints
+``kafka: H:P``. With ``--tls`` they serve TLS and SASL PLAIN (the cluster's token).
 
 Data lives in ``DATA_DIR/pd-i`` and ``DATA_DIR/rs-j``, logs in ``DATA_DIR/logs``. The
 supervisor starts every child through the one launcher (command lines from
@@ -154,17 +154,16 @@ def plan_cluster(
     >>> p.kafka_addresses
     '127.0.0.1:7140'
 
-    ``kafka_gateways``: how many Kafka gateways (None: one, or none with ``tls`` or more
-    than 10 range servers, whose ports would reach B+40).
+    ``kafka_gateways``: how many Kafka gateways (None: one, or none with more than 10
+    range servers, whose ports would reach B+40). With ``tls`` they serve TLS and SASL
+    PLAIN with the cluster's certificates and token (the members' flags).
     """
     gateways_max = KAFKA_GATEWAYS_MAX if range_servers <= KAFKA_OFFSET - RS_OFFSET else 0
     if kafka_gateways is None:
-        kafka_gateways = 1 if gateways_max and tls is None else 0
+        kafka_gateways = 1 if gateways_max else 0
     if not 0 <= kafka_gateways <= gateways_max:
         raise PlanError(f"--kafka-gateways must be 0..{gateways_max} with "
                         f"{range_servers} range servers, got {kafka_gateways}")
-    if kafka_gateways and tls is not None:
-        raise PlanError("--kafka-gateways with --tls: the gateway does not serve TLS yet")
     if pd_nodes < 1 or pd_nodes % 2 == 0 or pd_nodes > PD_NODES_MAX:
         raise PlanError(f"--pd-nodes must be odd and 1..{PD_NODES_MAX}, got {pd_nodes}")
     if range_servers < 1 or range_servers > RS_HTTP_OFFSET - RS_OFFSET:
@@ -202,8 +201,9 @@ def plan_cluster(
     for k in range(kafka_gateways):
         address = f"{host}:{base_port + KAFKA_OFFSET + k}"
         http = f"{host}:{base_port + KAFKA_HTTP_OFFSET + k}"
-        gateways.append(ChildSpec(f"kafka-{k}", "kafka", kafka_args(address, ",".join(rpc),
-                                                                   http), address, http))
+        security = tls.member_args() if tls is not None else ()
+        gateways.append(ChildSpec(f"kafka-{k}", "kafka", kafka_args(
+            address, ",".join(rpc), http, security), address, http))
     return ClusterPlan(host, data_dir, tuple(pds), tuple(servers), tls, secret_file,
                        tuple(gateways))
 
@@ -372,8 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kafka-gateways", type=int, default=None, metavar="K",
-        help="Kafka gateways at B+40.. (default 1; 0 with --tls or more than 10 range "
-             "servers)")
+        help="Kafka gateways at B+40.. (default 1; 0 with more than 10 range servers; with "
+             "--tls: TLS and SASL PLAIN with the token)")
     parser.add_argument(
         "--tls", action="store_true",
         help="TLS on every port, with a token: a CA, certificates and the token are made "
@@ -525,8 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host, ns.base_port,
-                            kafka_gateways=0 if ns.tls and ns.kafka_gateways is None
-                            else ns.kafka_gateways)
+                            kafka_gateways=ns.kafka_gateways)
     except PlanError as exc:
         parser.error(str(exc))
     try:

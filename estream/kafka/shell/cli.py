@@ -1,12 +1,22 @@
 """``estream kafka``: run one Kafka gateway process on uvloop.
 
     estream kafka --listen H:P --pd H:P,H:P,H:P [--advertise H:P] [--http H:P]
+                  [--tls-cert PEM --tls-key PEM [--tls-ca PEM] [--tls-require-client-cert]]
+                  [--token-file FILE]
 
 Serves the Kafka wire protocol (docs/KAFKA.md) for the cluster whose PD nodes ``--pd``
 names (or ``ESTREAM_PD``). ``--advertise``: the address Metadata gives clients (default:
 the bound address). Prints ``listening on H:P`` (the real port, also for ``--listen
 H:0``) once it serves, and ``http on H:P`` for ``--http`` (``/healthz``, ``/metrics``).
 SIGTERM or SIGINT: stop, closing the partitions' writers (everything acknowledged stays).
+
+Security, with the flags of PD and range servers: ``--tls-cert``/``--tls-key`` serve TLS on
+the Kafka port (clients: ``security.protocol=SSL`` or ``SASL_SSL`` with the cluster CA),
+``--tls-ca`` makes a client certificate from the cluster CA authenticate a connection with
+the role it names; ``--token-file``: every connection must authenticate, by SASL PLAIN
+with one of its tokens as the password, or by such a certificate (``estream/kafka/sasl.py``).
+As a client of the cluster the gateway is a member: with ``--tls-cert`` it connects with
+TLS, that certificate and ``--tls-ca``, and presents its first token (as range servers do).
 Bad flag values: a one-line error and exit code 2.
 
 Side effects: the listening sockets, signal handlers.
@@ -28,6 +38,12 @@ import uvloop
 import estream
 from estream.kafka.shell.gateway import Gateway
 from estream.kafka.shell.http import build_app, start_http
+from estream.net.security import (
+    SecurityConfig,
+    add_server_options,
+    config_from_args,
+    server_context,
+)
 from estream.wire.errors import EstreamError
 
 log = logging.getLogger("estream.kafka")
@@ -56,6 +72,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the address Metadata names (default: the bound one)")
     parser.add_argument("--http", type=_address, default=None, metavar="HOST:PORT",
                         help="serve /healthz and /metrics there")
+    add_server_options(parser)
     args = parser.parse_args(argv)
     if not args.pd:
         parser.error("--pd (or ESTREAM_PD) is required")
@@ -63,14 +80,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    client = await estream.connect(args.pd)
+    security: SecurityConfig = config_from_args(args)
+    client = await estream.connect(
+        args.pd, tls_ca=security.tls_ca if security.tls else None,
+        tls_cert=security.tls_cert, tls_key=security.tls_key, token=security.token)
     host, port = args.listen
     gateway: Gateway | None = None
     server: asyncio.Server | None = None
     http_runner = None
     try:
-        gateway = Gateway(client, ("", 0))
-        server = await asyncio.start_server(gateway.serve, host, port, limit=1 << 20)
+        gateway = Gateway(client, ("", 0), security.token_roles)
+        server = await asyncio.start_server(gateway.serve, host, port, limit=1 << 20,
+                                            ssl=server_context(security))
         bound = server.sockets[0].getsockname()
         gateway.advertise = args.advertise or (bound[0], bound[1])
         print(f"listening on {bound[0]}:{bound[1]}", flush=True)

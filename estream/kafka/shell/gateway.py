@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -30,6 +30,9 @@ from estream.kafka import protocol as kp
 from estream.kafka.convert import estream_headers, fetch_batch
 from estream.kafka.producers import ProducerTable
 from estream.kafka.records import KafkaBatch, decode_batches
+from estream.kafka.sasl import Session
+from estream.kafka.shell import auth
+from estream.kafka.shell.admin import TopicAdmin
 from estream.kafka.topics import (
     ack_count_for,
     check_partitions,
@@ -38,6 +41,7 @@ from estream.kafka.topics import (
     stream_name,
     topics_of,
 )
+from estream.net.security import token_role
 from estream.sdk.client import Client
 from estream.sdk.writer import PendingAppend, Writer
 from estream.wire.errors import (
@@ -48,6 +52,7 @@ from estream.wire.errors import (
     StreamExists,
     StreamNotFound,
 )
+from estream.wire.roles import ALL_ROLES
 
 log = logging.getLogger("estream.kafka")
 
@@ -72,9 +77,13 @@ _SEQUENCE_ERRORS: Final = {"out_of_order": ErrorCode.out_of_order_sequence_numbe
 class Gateway:
     """Serves Kafka connections for the streams of one cluster."""
 
-    def __init__(self, client: Client, advertise: tuple[str, int]) -> None:
+    def __init__(self, client: Client, advertise: tuple[str, int],
+                 token_roles: Mapping[str, str] | None = None) -> None:
+        """``token_roles``: token -> role; given, every connection must authenticate
+        (SASL PLAIN with a token, or a client certificate): ``estream/kafka/sasl.py``."""
         self.client = client
         self.advertise = advertise
+        self.token_roles: Mapping[str, str] = token_roles or {}
         self.requests: Counter[tuple[str, str]] = Counter()  # (api, error) -> count
         self.bytes_in = 0
         self.bytes_out = 0
@@ -95,6 +104,13 @@ class Gateway:
             kp.DELETE_TOPICS: self._delete_topics,
             kp.INIT_PRODUCER_ID: self._init_producer_id,
         }
+        admin = TopicAdmin(client, TOPIC_TYPE)
+        self._handlers.update({
+            kp.CREATE_PARTITIONS: admin.create_partitions,
+            kp.DESCRIBE_CONFIGS: admin.describe_configs,
+            kp.ALTER_CONFIGS: admin.alter_configs,
+            kp.INCREMENTAL_ALTER_CONFIGS: admin.incremental_alter_configs,
+        })
 
     # -- connections --------------------------------------------------------------------
 
@@ -106,10 +122,11 @@ class Gateway:
             writer.close()
             return
         self.connections += 1
+        session = auth.open_session(bool(self.token_roles), writer)
         decoder = kp.FrameDecoder()
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
             requests_in_flight_max)
-        sender = asyncio.ensure_future(self._send_in_order(answers, writer))
+        sender = asyncio.ensure_future(self._send_in_order(answers, writer, session))
         try:
             while not sender.done():
                 data = await reader.read(read_chunk_bytes)
@@ -117,7 +134,7 @@ class Gateway:
                     break
                 self.bytes_in += len(data)
                 for frame in decoder.feed(data):
-                    await answers.put(asyncio.ensure_future(self._answer(frame)))
+                    await answers.put(asyncio.ensure_future(self._answer(frame, session)))
                 if decoder.failed is not None:
                     await answers.put(asyncio.ensure_future(
                         self._refuse_stream(decoder.head(), decoder.failed)))
@@ -137,7 +154,7 @@ class Gateway:
 
     async def _send_in_order(
         self, answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
-        writer: asyncio.StreamWriter,
+        writer: asyncio.StreamWriter, session: Session,
     ) -> None:
         while True:
             task = await answers.get()
@@ -152,6 +169,9 @@ class Gateway:
                 writer.write(answer)
                 self.bytes_out += len(answer)
                 await writer.drain()
+            if session.closing:  # a failed authentication: answered, then closed
+                writer.close()
+                return
 
     async def _refuse_stream(self, data: bytes, exc: EstreamError) -> bytes | None:
         """The answer to a frame that cannot be delimited (too large, too short; ``data``:
@@ -166,10 +186,14 @@ class Gateway:
         key, version, correlation = kp.peek_header(data[4:])
         return kp.error_response(key, version, correlation, error)
 
-    async def _answer(self, frame: bytes) -> bytes | None:
+    async def _answer(self, frame: bytes, session: Session) -> bytes | None:
         key, version, correlation = kp.peek_header(frame)
         api = kp.API_NAMES.get(key, str(key))
         header = kp.RequestHeader(key, version, correlation, None, 0)
+        refusal = session.refusal(key)
+        if refusal is not None:
+            self.requests[(api, refusal.name.upper())] += 1
+            return kp.error_response(key, version, correlation, refusal)
         if not header.supported:
             self.requests[(api, "UNSUPPORTED_VERSION")] += 1
             return kp.error_response(key, version, correlation, ErrorCode.unsupported_version)
@@ -181,16 +205,29 @@ class Gateway:
             log.info("invalid %s request: %s", api, exc)
             return kp.error_response(key, version, correlation, ErrorCode.invalid_request)
         try:
-            body = await self._handlers[key](request, version)
+            if key == kp.SASL_HANDSHAKE:
+                body = auth.handshake(session, request, version)
+            elif key == kp.SASL_AUTHENTICATE:
+                body = auth.authenticate(session, request, version, self._role_of)
+            else:
+                body = await self._handlers[key](request, version)
         except Exception:  # noqa: BLE001 - a bug answers an error, the others go on
             log.exception("serving a %s v%d request", api, version)
             self.requests[(api, "UNKNOWN_SERVER_ERROR")] += 1
             return kp.error_response(key, version, correlation,
                                      ErrorCode.unknown_server_error)
-        self.requests[(api, "NONE")] += 1
+        error = getattr(body, "error_code", ErrorCode.none)  # the top-level one, if any
+        self.requests[(api, error.name.upper() if isinstance(error, ErrorCode) else "NONE")] += 1
         if body is None:  # Produce with acks=0: no answer
             return None
         return kp.encode_response(key, correlation, body)
+
+    def _role_of(self, password: str) -> str | None:
+        """The role of a SASL PLAIN password: its token's; a gateway without tokens
+        takes any password (every role, as estream's open ports take any AUTH)."""
+        if not self.token_roles:
+            return ALL_ROLES
+        return token_role(self.token_roles, password)
 
     # -- ApiVersions, Metadata ----------------------------------------------------------
 
