@@ -47,3 +47,44 @@ def authenticate(session: Session, request: Any, version: int,
         log.info("Kafka SASL authentication refused: %s", message)
     return kp.build(schema, error_code=error, error_message=message, auth_bytes=b"",
                     session_lifetime=0)
+
+
+def refused(api_key: int, version: int, request: Any, error: ErrorCode) -> Any | None:
+    """The answer to a request the connection's roles do not allow, with ``error`` on
+    each topic or partition it names (what clients report per item), for the APIs that
+    answer per item; None: the API's generic error answer will do."""
+    schema = kp.response_schema(api_key, version)
+    if api_key == kp.PRODUCE:
+        topic_cls = kp.nested(schema, "TopicProduceResponse")
+        part_cls = kp.nested(schema, "PartitionProduceResponse")
+        return kp.build(schema, throttle_time=0, responses=tuple(
+            kp.build(topic_cls, name=t.name, partition_responses=tuple(
+                kp.build(part_cls, index=p.index, error_code=error, base_offset=-1,
+                         log_append_time=-1, log_start_offset=-1, record_errors=(),
+                         error_message=None)
+                for p in t.partition_data))
+            for t in request.topic_data))
+    if api_key == kp.CREATE_TOPICS:
+        result_cls = kp.nested(schema, "CreatableTopicResult")
+        return kp.build(schema, throttle_time=0, topics=tuple(
+            kp.build(result_cls, name=t.name, error_code=error, num_partitions=-1,
+                     replication_factor=-1, configs=(), error_message=None,
+                     topic_config_error_code=ErrorCode.none)
+            for t in request.topics))
+    if api_key == kp.DELETE_TOPICS:
+        result_cls = kp.nested(schema, "DeletableTopicResult")
+        return kp.build(schema, throttle_time=0, responses=tuple(
+            kp.build(result_cls, name=name, error_code=error, error_message=None)
+            for name in request.topic_names))
+    if api_key == kp.CREATE_PARTITIONS:
+        result_cls = kp.nested(schema, "CreatePartitionsTopicResult")
+        return kp.build(schema, throttle_time=0, results=tuple(
+            kp.build(result_cls, name=t.name, error_code=error, error_message=None)
+            for t in request.topics))
+    if api_key in (kp.ALTER_CONFIGS, kp.INCREMENTAL_ALTER_CONFIGS):
+        result_cls = kp.nested(schema, "AlterConfigsResourceResponse")
+        return kp.build(schema, throttle_time=0, responses=tuple(
+            kp.build(result_cls, error_code=error, error_message=None,
+                     resource_type=r.resource_type, resource_name=r.resource_name)
+            for r in request.resources))
+    return None

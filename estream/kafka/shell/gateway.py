@@ -191,7 +191,7 @@ class Gateway:
         api = kp.API_NAMES.get(key, str(key))
         header = kp.RequestHeader(key, version, correlation, None, 0)
         refusal = session.refusal(key)
-        if refusal is not None:
+        if refusal == ErrorCode.sasl_authentication_failed:  # not authenticated yet
             self.requests[(api, refusal.name.upper())] += 1
             return kp.error_response(key, version, correlation, refusal)
         if not header.supported:
@@ -204,6 +204,12 @@ class Gateway:
             self.requests[(api, "INVALID_REQUEST")] += 1
             log.info("invalid %s request: %s", api, exc)
             return kp.error_response(key, version, correlation, ErrorCode.invalid_request)
+        if refusal is not None:  # authenticated, but its roles do not allow this API
+            self.requests[(api, refusal.name.upper())] += 1
+            refused = auth.refused(key, version, request, refusal)
+            if refused is None:
+                return kp.error_response(key, version, correlation, refusal)
+            return kp.encode_response(key, correlation, refused)
         try:
             if key == kp.SASL_HANDSHAKE:
                 body = auth.handshake(session, request, version)
