@@ -19,7 +19,8 @@ balancer: a leaderless or replaying node can neither commit nor answer reads).
 
 ``GET /v1/streams/{name}`` adds the stream's figures (:mod:`pd.streamfigures`: end offset,
 record count, bytes, first and last timestamps), asking the open range's replicas for its
-end (DESCRIBE_RANGE, 1 s each; none answering: the open range's start). ``POST
+end (DESCRIBE_RANGE, 1 s each; none answering: the open range's start), and for a stream
+named ``T-p`` (partition p of Kafka topic T) ``"kafka": {"topic", "partition"}``. ``POST
 /v1/streams/{name}/trim {"start_offset"}`` trims as the RPC does (400 past what readers can
 read). ``PATCH /v1/streams/{name} {"retention_ms", "retention_bytes"}`` changes the
 retention limits (a field left out is unchanged, null removes the limit; any other field
@@ -58,6 +59,7 @@ from estream.wire.errors import (
     StreamNotFound,
     Unavailable,
 )
+from estream.wire.kafkanames import kafka_field
 from estream.wire.roles import ALL_ROLES, certificate_role, http_action, permits_any
 from pd.crosssite import cross_site_refusal
 from pd.drain import under_replicated
@@ -301,7 +303,9 @@ class _Views:
         stream = await self.service.describe_stream(request.match_info["name"])
         shown = ranges_window(stream, offset, limit, index=index)  # the figures stay whole
         # 1 s per open-range replica at most
-        return web.json_response(shown.to_dict() | await self.service.figures(stream))
+        kafka = kafka_field(stream.name)  # partition p of topic T (estream kafka)
+        return web.json_response(shown.to_dict() | await self.service.figures(stream)
+                                 | ({"kafka": kafka} if kafka else {}))
 
     async def trim_stream(self, request: web.Request) -> web.Response:
         body = _json_object(await request.read(), ("start_offset",))

@@ -546,6 +546,20 @@ def test_a_client_without_sasl_gets_kafka_errors_never_a_crash(sasl_gateway: Gat
     assert asyncio.run(stored()) == [b"v"]  # nothing from refused producers
 
 
+async def test_the_admin_api_shows_which_partition_a_stream_is(gateway: Gateway,
+                                                               module_cluster: Any) -> None:
+    from estream.devcluster.pd import http_json
+
+    await asyncio.to_thread(create_topic, gateway, "shown.t", 2)
+    async with await estream.connect(gateway.pd) as sdk:
+        await sdk.create_stream("shown-plain", exist_ok=True)
+    url = module_cluster.pd.http_urls[0]
+    status, body = await asyncio.to_thread(http_json, f"{url}/v1/streams/shown.t-1")
+    assert status == 200 and body["kafka"] == {"topic": "shown.t", "partition": 1}
+    status, body = await asyncio.to_thread(http_json, f"{url}/v1/streams/shown-plain")
+    assert status == 200 and "kafka" not in body
+
+
 def test_the_gateway_log_has_no_traceback(gateway: Gateway) -> None:
     """Every request of this module was answered without a handler failing."""
     text = gateway.log.read_text()
