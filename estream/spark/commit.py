@@ -100,7 +100,7 @@ def make_row(value: bytes, headers: Mapping[str, str] | None, key: bytes | None 
 
 def row_key(row: Row) -> bytes | None:
     """The record key of a sink row (None: none)."""
-    return row[2] if len(row) > 2 else None  # type: ignore[misc]
+    return row[2] if len(row) > 2 else None
 
 
 @dataclass(frozen=True, slots=True)
