@@ -523,6 +523,8 @@ def test_a_client_without_sasl_gets_kafka_errors_never_a_crash(sasl_gateway: Gat
         assert correlation == 2
         sock.sendall(_request(18, 0, 3))  # the connection is still served
         assert _answer(sock)[0] == 3
+        # ... but not forever: unauthenticated past connection_auth_ms_max, it is closed.
+        assert sock.recv(1) == b""
     from confluent_kafka import Producer
 
     # librdkafka without SASL: its Metadata answers name no broker; the record times out.
@@ -536,6 +538,7 @@ def test_a_client_without_sasl_gets_kafka_errors_never_a_crash(sasl_gateway: Gat
                                 timeout=WAIT_S) as response:
         text = response.read().decode()
     assert 'api="Metadata",error="SASL_AUTHENTICATION_FAILED"' in text
+    assert 'api="connection",error="AUTH_TIMEOUT"' in text
     assert 'api="SaslAuthenticate",error="SASL_AUTHENTICATION_FAILED"' in text
     assert "Traceback" not in sasl_gateway.log.read_text()
 

@@ -44,6 +44,7 @@ from estream.kafka.topics import (
 from estream.net.security import token_role
 from estream.sdk.client import Client
 from estream.sdk.writer import PendingAppend, Writer
+from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
     FrameTooLarge,
@@ -127,6 +128,8 @@ class Gateway:
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
             requests_in_flight_max)
         sender = asyncio.ensure_future(self._send_in_order(answers, writer, session))
+        deadline = (asyncio.ensure_future(self._auth_deadline(session, writer))
+                    if session.required and not session.roles else None)
         try:
             while not sender.done():
                 data = await reader.read(read_chunk_bytes)
@@ -147,10 +150,21 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(sender), fetch_wait_ms_max / 1000 + 5)
             sender.cancel()
+            if deadline is not None:
+                deadline.cancel()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self.connections -= 1
+
+    async def _auth_deadline(self, session: Session, writer: asyncio.StreamWriter) -> None:
+        """Close a connection still unauthenticated after ``connection_auth_ms_max`` (as
+        estream's RPC ports do): an idle unauthenticated client holds no slot for long."""
+        await asyncio.sleep(limits.connection_auth_ms_max / 1000)
+        if not session.roles:
+            self.requests[("connection", "AUTH_TIMEOUT")] += 1
+            session.closing = True
+            writer.close()
 
     async def _send_in_order(
         self, answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
