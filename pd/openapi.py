@@ -581,3 +581,16 @@ def _add_console() -> None:
 
 
 _add_console()
+
+
+def _add_kafka_field() -> None:
+    """A stream named like partition p of topic T (``T-p``) shows ``"kafka"``."""
+    SCHEMAS["StreamFigures"]["allOf"][1]["properties"]["kafka"] = {
+        "type": "object", "required": ["topic", "partition"],
+        "description": "present when the stream's name is T-p: partition p of Kafka "
+                       "topic T for the Kafka gateway (estream kafka)",
+        "properties": {"topic": {"type": "string"},
+                       "partition": {"type": "integer", "minimum": 0}}}
+
+
+_add_kafka_field()

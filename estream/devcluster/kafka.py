@@ -9,6 +9,7 @@ and the two addresses.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from estream.devcluster.cmdline import estream_argv, kafka_args
@@ -19,11 +20,13 @@ _HTTP = rb"http on (\S+:\d+)"
 
 
 def start_kafka(log_dir: Path, pd: str, host: str = "127.0.0.1", *, timeout_s: float = 30.0,
-                name: str = "kafka") -> tuple[ManagedProcess, str, str]:
+                name: str = "kafka", extra: Sequence[str] = ()
+                ) -> tuple[ManagedProcess, str, str]:
     """Start ``estream kafka`` for the cluster at ``pd``; returns (process, "host:port" of
-    the Kafka port, "host:port" of its HTTP port)."""
+    the Kafka port, "host:port" of its HTTP port). ``extra``: more flags (``--token-file
+    FILE``, the TLS ones)."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    args = estream_argv("kafka", kafka_args(f"{host}:0", pd, f"{host}:0"))
+    args = estream_argv("kafka", kafka_args(f"{host}:0", pd, f"{host}:0", extra))
     process = ManagedProcess(args, log_dir / f"{name}.log", None, name=name).start()
     deadline = time.monotonic() + timeout_s
     try:

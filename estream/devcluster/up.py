@@ -123,8 +123,9 @@ def plan_cluster(
     >>> p.kafka_addresses
     '127.0.0.1:7140'
 
-    ``kafka_gateways``: how many Kafka gateways (None: one, or none with ``tls`` or more
-    than 10 range servers, whose ports would reach B+40). The port scheme, from
+    ``kafka_gateways``: how many Kafka gateways (None: one, or none with more than 10
+    range servers, whose ports would reach B+40); with ``tls`` they serve TLS and SASL
+    PLAIN with the cluster's certificates and token (the members' flags). The port scheme, from
     ``--base-port B``, for PD node ``i``, range server ``j``, Kafka gateway ``k``::
 
         PD rpc     B + i        7100, 7101, 7102   (the default ESTREAM_PD)
@@ -148,12 +149,10 @@ def plan_cluster(
     """
     gateways_max = KAFKA_GATEWAYS_MAX if range_servers <= KAFKA_OFFSET - RS_OFFSET else 0
     if kafka_gateways is None:
-        kafka_gateways = 1 if gateways_max and tls is None else 0
+        kafka_gateways = 1 if gateways_max else 0
     if not 0 <= kafka_gateways <= gateways_max:
         raise PlanError(f"--kafka-gateways must be 0..{gateways_max} with "
                         f"{range_servers} range servers, got {kafka_gateways}")
-    if kafka_gateways and tls is not None:
-        raise PlanError("--kafka-gateways with --tls: the gateway does not serve TLS yet")
     if pd_nodes < 1 or pd_nodes % 2 == 0 or pd_nodes > PD_NODES_MAX:
         raise PlanError(f"--pd-nodes must be odd and 1..{PD_NODES_MAX}, got {pd_nodes}")
     if range_servers < 1 or range_servers > RS_HTTP_OFFSET - RS_OFFSET:
@@ -191,8 +190,9 @@ def plan_cluster(
     for k in range(kafka_gateways):
         address = f"{host}:{base_port + KAFKA_OFFSET + k}"
         http = f"{host}:{base_port + KAFKA_HTTP_OFFSET + k}"
-        gateways.append(ChildSpec(f"kafka-{k}", "kafka", kafka_args(address, ",".join(rpc),
-                                                                   http), address, http))
+        security = tls.member_args() if tls is not None else ()
+        gateways.append(ChildSpec(f"kafka-{k}", "kafka", kafka_args(
+            address, ",".join(rpc), http, security), address, http))
     return ClusterPlan(host, data_dir, tuple(pds), tuple(servers), tls, secret_file,
                        tuple(gateways))
 
@@ -367,8 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kafka-gateways", type=int, default=None, metavar="K",
-        help="Kafka gateways at B+40.. (default 1; 0 with --tls or more than 10 range "
-             "servers)")
+        help="Kafka gateways at B+40.. (default 1; 0 with more than 10 range servers; with "
+             "--tls: TLS and SASL PLAIN with the token)")
     parser.add_argument(
         "--tls", action="store_true",
         help="TLS on every port, with a token: a CA, certificates and the token are made "
@@ -520,8 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host, ns.base_port,
-                            kafka_gateways=0 if ns.tls and ns.kafka_gateways is None
-                            else ns.kafka_gateways)
+                            kafka_gateways=ns.kafka_gateways)
     except PlanError as exc:
         parser.error(str(exc))
     try:

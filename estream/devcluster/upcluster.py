@@ -54,10 +54,9 @@ class UpCluster:
         self.data_dir = data_dir
         self.log = log
         self.base_port = free_port_block(host, PORT_SPAN) if base_port is None else base_port
-        # As estream up plans it: no Kafka gateway with --tls (the ports the same).
-        self.plan: ClusterPlan = plan_cluster(
-            data_dir, pd_nodes, range_servers, host, self.base_port,
-            kafka_gateways=0 if "--tls" in extra_args else None)
+        # As estream up plans it (the ports the same).
+        self.plan: ClusterPlan = plan_cluster(data_dir, pd_nodes, range_servers, host,
+                                              self.base_port)
         args = up_args(data_dir, host, self.base_port, pd_nodes, range_servers, extra_args)
         self.cwd = cwd
         self.process = ManagedProcess(estream_argv("up", args), log, name="estream up", cwd=cwd)

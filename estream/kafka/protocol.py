@@ -54,6 +54,12 @@ API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 INIT_PRODUCER_ID: Final = 22
+SASL_HANDSHAKE: Final = 17
+SASL_AUTHENTICATE: Final = 36
+CREATE_PARTITIONS: Final = 37
+DESCRIBE_CONFIGS: Final = 32
+ALTER_CONFIGS: Final = 33
+INCREMENTAL_ALTER_CONFIGS: Final = 44
 
 # api key -> (min version, max version) served; Kafka 2.1 and later clients negotiate
 # within these (topic ids, from Fetch 13 / Metadata 10 / Produce 13 on, are not served).
@@ -66,11 +72,23 @@ SUPPORTED: Final[dict[int, tuple[int, int]]] = {
     CREATE_TOPICS: (2, 5),
     DELETE_TOPICS: (1, 5),
     INIT_PRODUCER_ID: (0, 4),
+    # v0 is in the range because librdkafka looks for it, but the unframed tokens a v0
+    # client sends next are not served: clients since Kafka 1.0 use SaslAuthenticate.
+    SASL_HANDSHAKE: (0, 1),
+    SASL_AUTHENTICATE: (0, 2),
+    CREATE_PARTITIONS: (0, 3),
+    DESCRIBE_CONFIGS: (1, 4),
+    ALTER_CONFIGS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
 }
 API_NAMES: Final = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
                     METADATA: "Metadata", API_VERSIONS: "ApiVersions",
                     CREATE_TOPICS: "CreateTopics", DELETE_TOPICS: "DeleteTopics",
-                    INIT_PRODUCER_ID: "InitProducerId"}
+                    INIT_PRODUCER_ID: "InitProducerId", SASL_HANDSHAKE: "SaslHandshake",
+                    SASL_AUTHENTICATE: "SaslAuthenticate",
+                    CREATE_PARTITIONS: "CreatePartitions", DESCRIBE_CONFIGS: "DescribeConfigs",
+                    ALTER_CONFIGS: "AlterConfigs",
+                    INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs"}
 
 frame_bytes_max: Final = 100 * 1024 * 1024  # one request (Kafka's socket.request.max.bytes)
 frame_bytes_min: Final = 8  # api key, version, correlation id

@@ -1,6 +1,7 @@
 """How Kafka topics and partitions map onto estream streams.
 
-Partition p of topic T is the stream named ``T-p`` (as Kafka names its log directories),
+Partition p of topic T is the stream named ``T-p`` (as Kafka names its log directories;
+the rule itself: ``estream/wire/kafkanames.py``),
 so a topic of n partitions is the streams ``T-0`` .. ``T-(n-1)``; the offsets of a
 partition are its stream's offsets. A topic exists while its partition 0 does; its
 partition count is the number of consecutive partitions from 0.
@@ -15,30 +16,25 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Final
 
 from estream.wire.errors import InvalidArgument
+from estream.wire.kafkanames import TOPIC_RE, parse_stream, stream_name
 
 topic_chars_max: Final = 190  # a stream name is at most 200 characters: room for "-p"
 partitions_per_topic_max: Final = 10_000
 replication_factor_default: Final = 3
 replication_factor_max: Final = 5  # the catalog's replicas_max (pd/catalog.py)
-_TOPIC_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-_STREAM_RE: Final = re.compile(r"(.+)-(0|[1-9][0-9]{0,8})")
-
-
-def stream_name(topic: str, partition: int) -> str:
-    """The stream holding partition ``partition`` of ``topic``."""
-    return f"{topic}-{partition}"
+__all__ = ["ack_count_for", "check_partitions", "check_topic", "parse_stream",
+           "replicas_for", "stream_name", "topics_of"]
 
 
 def check_topic(topic: str) -> None:
     """Raise :class:`InvalidArgument` (argument ``topic``) for a name Kafka or estream
     would refuse: 1..190 characters of ``[A-Za-z0-9._-]``, not starting with ``.`` or
     ``-``."""
-    if not topic or len(topic) > topic_chars_max or not _TOPIC_RE.fullmatch(topic):
+    if not topic or len(topic) > topic_chars_max or not TOPIC_RE.fullmatch(topic):
         raise InvalidArgument(
             f"topic {topic[:50]!r}: 1..{topic_chars_max} characters of [A-Za-z0-9._-], "
             "not starting with '.' or '-'", argument="topic")
@@ -65,14 +61,6 @@ def replicas_for(replication_factor: int) -> int:
 def ack_count_for(replicas: int) -> int:
     """A majority of the replicas (2 of 3), as estream's default."""
     return replicas // 2 + 1
-
-
-def parse_stream(name: str) -> tuple[str, int] | None:
-    """(topic, partition) of a stream named like a partition, else None."""
-    match = _STREAM_RE.fullmatch(name)
-    if match is None or not _TOPIC_RE.fullmatch(match.group(1)):
-        return None
-    return match.group(1), int(match.group(2))
 
 
 def topics_of(stream_names: Iterable[str]) -> dict[str, int]:

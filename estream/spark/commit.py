@@ -57,17 +57,26 @@ def partition_stream(prefix: str, partition: int) -> str:
     return f"{prefix}-{partition}"
 
 
-# A row to append: the value and the user's headers as sorted (key, value) pairs.
-Row = tuple[bytes, tuple[tuple[str, str], ...]]
+# A row to append: the value, the user's headers as sorted (key, value) pairs, and the
+# record key when it has one (the ``key`` column): a row without a key is the pair alone.
+Row = (tuple[bytes, tuple[tuple[str, str], ...]]
+       | tuple[bytes, tuple[tuple[str, str], ...], bytes])
 
 
-def make_row(value: bytes, headers: Mapping[str, str] | None) -> Row:
+def make_row(value: bytes, headers: Mapping[str, str] | None, key: bytes | None = None) -> Row:
     """A sink row; the user's headers lose any ``estream.spark.*`` keys (those of an
     upstream sink, when a sink's output is read and written again), which the sink owns."""
     kept = sorted(
         (str(k), str(v)) for k, v in (headers or {}).items() if not str(k).startswith(HEADER_PREFIX)
     )
-    return (bytes(value), tuple(kept))
+    if key is None:
+        return (bytes(value), tuple(kept))
+    return (bytes(value), tuple(kept), bytes(key))
+
+
+def row_key(row: Row) -> bytes | None:
+    """The record key of a sink row (None: none)."""
+    return row[2] if len(row) > 2 else None
 
 
 @dataclass(frozen=True, slots=True)

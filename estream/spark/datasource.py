@@ -17,7 +17,8 @@ NAME = "estream"
 
 class EstreamDataSource(DataSource):
     """The ``estream`` format. Columns: ``stream string, offset long, timestamp timestamp,
-    headers map<string,string>, value binary``."""
+    headers map<string,string>, value binary, key binary`` (``key``: null but for
+    records with one, such as Kafka's)."""
 
     @classmethod
     def name(cls) -> str:

@@ -39,6 +39,7 @@ from estream.spark.commit import (
     plan_commit,
     record_headers,
     remaining_rows,
+    row_key,
     row_sequence,
     task_producer_id,
 )
@@ -134,7 +135,8 @@ def sink_routing(opts: SinkOptions, schema: StructType) -> str:
 
 
 def check_schema(schema: StructType) -> None:
-    """The sink needs ``value`` (binary or string) and accepts ``headers`` map<string,string>."""
+    """The sink needs ``value`` (binary or string) and accepts ``headers`` map<string,string>
+    and ``key`` (binary or string: the records' key, as Kafka's)."""
     fields = {f.name: f.dataType for f in schema.fields}
     value = fields.get("value")
     if not isinstance(value, BinaryType | StringType):
@@ -150,16 +152,23 @@ def check_schema(schema: StructType) -> None:
         raise InvalidArgument(
             "estream sink: column 'headers' must be a map<string,string>", argument="headers"
         )
+    key = fields.get("key")
+    if key is not None and not isinstance(key, BinaryType | StringType):
+        raise InvalidArgument("estream sink: column 'key' must be binary or string",
+                              argument="key")
 
 
-def _row_of(row: Any, has_headers: bool) -> Row:
+def _row_of(row: Any, has_headers: bool, has_key: bool = False) -> Row:
     value = row["value"]
     if value is None:
         raise InvalidArgument("estream sink: a row has a null 'value'", argument="value")
     if isinstance(value, str):
         value = value.encode()
     headers = row["headers"] if has_headers else None
-    return make_row(bytes(value), headers)
+    key = row["key"] if has_key else None
+    if isinstance(key, str):
+        key = key.encode()
+    return make_row(bytes(value), headers, None if key is None else bytes(key))
 
 
 class EstreamStreamWriter(DataSourceStreamWriter):
@@ -170,6 +179,7 @@ class EstreamStreamWriter(DataSourceStreamWriter):
         names = schema.fieldNames()
         self.opts = SinkOptions.parse(options, stream_column=STREAM_COLUMN in names)
         self.has_headers = "headers" in names
+        self.has_key = "key" in names
         self.routing = sink_routing(self.opts, schema)
         self.mode = sink_mode(options, routed=self.routing != "partition")
         if self.mode == "executors":
@@ -186,14 +196,14 @@ class EstreamStreamWriter(DataSourceStreamWriter):
                                       "query's tasks only", argument="mode")
             partition = context.partitionId()
             if self.routing == "partition":
-                rows = [_row_of(row, self.has_headers) for row in iterator]
+                rows = [_row_of(row, self.has_headers, self.has_key) for row in iterator]
                 return run(write_partition(self.opts, int(batch), partition, rows))
             rows, streams = [], []
             for row in iterator:
-                rows.append(_row_of(row, self.has_headers))
+                rows.append(_row_of(row, self.has_headers, self.has_key))
                 streams.append(self._target(row))
             return run(write_targets(self.opts, int(batch), partition, rows, streams))
-        return SinkMessage([_row_of(row, self.has_headers) for row in iterator])
+        return SinkMessage([_row_of(row, self.has_headers, self.has_key) for row in iterator])
 
     def _target(self, row: Any) -> str:
         if self.routing == "column":
@@ -248,7 +258,7 @@ async def write_targets(
     client = await connect(opts, "estream sink")
     try:
         now_ms = int(time.time() * 1000)
-        records = [Record(row[0], dict(row[1]), now_ms) for row in rows]
+        records = [Record(row[0], dict(row[1]), now_ms, key=row_key(row)) for row in rows]
         budget = stop_after
         done: list[AppendedMessage] = []
         for target in plan_targets(streams, partition):
@@ -349,7 +359,7 @@ async def _append_missing(
     todo, base = rows, 0
     if isinstance(decision, Resume):
         written = await _tail(client, opts.stream, end, decision.written)
-        todo = remaining_rows(rows, [make_row(r.value, r.headers) for r in written])
+        todo = remaining_rows(rows, [make_row(r.value, r.headers, r.key) for r in written])
         base = decision.written
     assert isinstance(decision, Append | Resume)
     count = base + len(todo)
@@ -359,7 +369,8 @@ async def _append_missing(
         await writer.append_batch(
             [
                 Record(
-                    row[0], record_headers(row, opts.sink_id, batch, base + lo + i, count), now_ms
+                    row[0], record_headers(row, opts.sink_id, batch, base + lo + i, count), now_ms,
+                    key=row_key(row),
                 )
                 for i, row in enumerate(chunk)
             ]

@@ -77,7 +77,8 @@ from estream.wire.record import (
     uniform_value_bytes,
 )
 
-SCHEMA = "stream string, offset long, timestamp timestamp, headers map<string,string>, value binary"
+SCHEMA = ("stream string, offset long, timestamp timestamp, headers map<string,string>, "
+          "value binary, key binary")
 
 SPARK_SCHEMA = StructType(
     [
@@ -86,6 +87,7 @@ SPARK_SCHEMA = StructType(
         StructField("timestamp", TimestampType()),
         StructField("headers", MapType(StringType(), StringType())),
         StructField("value", BinaryType()),
+        StructField("key", BinaryType()),  # record.key: a Kafka record's, else null
     ]
 )
 
@@ -223,6 +225,8 @@ def columns_to_arrow(
         )
         for c in batches
     ]
+    keys = [pa.nulls(c.count, pa.binary()) if c.keys is None else pa.array(c.keys, pa.binary())
+            for c in batches]
     return _record_batch(
         stream,
         batches[0].base_offset if batches else 0,
@@ -231,6 +235,7 @@ def columns_to_arrow(
         columns_headers_array(batches, n, schema.field("headers").type),
         values[0] if len(values) == 1 else pa.concat_arrays(values),
         schema,
+        (keys[0] if len(keys) == 1 else pa.concat_arrays(keys)) if keys else None,
     )
 
 
@@ -281,9 +286,10 @@ def _record_batch(
     headers: pa.Array,
     values: pa.Array,
     schema: pa.Schema,
+    keys: pa.Array | None = None,
 ) -> pa.RecordBatch:
-    """The source's five columns; ``millis``: the records' little-endian int64
-    timestamps (ms), offsets ``first_offset`` onwards."""
+    """The source's six columns; ``millis``: the records' little-endian int64
+    timestamps (ms), offsets ``first_offset`` onwards; ``keys`` None: no record has one."""
     timestamps = pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), n, [None, millis])
     offsets = np.arange(first_offset, first_offset + n, dtype="<i8")
     return pa.RecordBatch.from_arrays(
@@ -293,6 +299,7 @@ def _record_batch(
             timestamps.cast(schema.field("timestamp").type),
             headers,
             values,
+            pa.nulls(n, pa.binary()) if keys is None else keys,
         ],
         schema=schema,
     )

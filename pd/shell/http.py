@@ -19,7 +19,8 @@ balancer: a leaderless or replaying node can neither commit nor answer reads).
 
 ``GET /v1/streams/{name}`` adds the stream's figures (:mod:`pd.streamfigures`: end offset,
 record count, bytes, first and last timestamps), asking the open range's replicas for its
-end (DESCRIBE_RANGE, 1 s each; none answering: the open range's start). ``POST
+end (DESCRIBE_RANGE, 1 s each; none answering: the open range's start), and for a stream
+named ``T-p`` (partition p of Kafka topic T) ``"kafka": {"topic", "partition"}``. ``POST
 /v1/streams/{name}/trim {"start_offset"}`` trims as the RPC does (400 past what readers can
 read). ``PATCH /v1/streams/{name} {"retention_ms", "retention_bytes"}`` changes the
 retention limits (a field left out is unchanged, null removes the limit; any other field
@@ -60,6 +61,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.fields import streams_page_default
+from estream.wire.kafkanames import kafka_field
 from estream.wire.pdmessages import (
     RETENTION_FIELDS,
     CreateStreamRequest,
@@ -301,7 +303,9 @@ class _Views:
         limit = asked.limit or limits.stream_ranges_per_answer_default
         shown = ranges_window(stream, asked.offset, limit, index=asked.index)  # figures: whole
         # 1 s per open-range replica at most
-        return web.json_response(shown.to_dict() | await self.service.figures(stream))
+        kafka = kafka_field(stream.name)  # partition p of topic T (estream kafka)
+        return web.json_response(shown.to_dict() | await self.service.figures(stream)
+                                 | ({"kafka": kafka} if kafka else {}))
 
     async def trim_stream(self, request: web.Request) -> web.Response:
         body = _json_object(await request.read(), TrimStreamRequest.BODY_FIELDS)

@@ -190,3 +190,31 @@ def test_alert_rules_and_scrape_config_pass_promtool_and_fire_in_its_rule_tests(
                                 text=True, timeout=60, check=False)
         assert result.returncode == 0, f"promtool {args}: {result.stdout}{result.stderr}"
         assert "SUCCESS" in result.stdout + result.stderr
+
+
+def test_the_kafka_gateways_command_lines_are_accepted(shim: Path, tmp_path: Path) -> None:
+    """systemd's, compose's and Kubernetes' ``estream kafka`` through the real CLI."""
+    pd = "pd-0.estream.internal:7100,pd-1.estream.internal:7100"
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.read(DEPLOY / "systemd" / "estream-kafka.service")
+    argv = shlex.split(parser["Service"]["ExecStart"])
+    assert argv[0] == "/opt/estream/bin/estream"
+    out = check([str(shim / "estream"), *argv[1:]], clean_env(ESTREAM_PD=pd))
+    assert 'token_file = "/etc/estream/tokens"' in out and f'pd = "{pd}"' in out
+    analyze = require_tool("systemd-analyze", package="systemd")
+    copy = tmp_path / "estream-kafka.service"
+    copy.write_text((DEPLOY / "systemd" / "estream-kafka.service").read_text().replace(
+        "/opt/estream/bin/estream", str(shim / "estream")))
+    result = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0 and "Unknown" not in result.stderr, result.stderr
+    (compose,) = load_yaml(DEPLOY / "docker" / "docker-compose.yml")
+    out = check([str(shim / "estream"), *compose["services"]["kafka"]["command"]])
+    assert 'advertise = "127.0.0.1:9092"' in out
+    (deployment,) = [d for d in _k8s_docs() if d["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = clean_env(PATH=f"{shim}{os.pathsep}{os.environ['PATH']}",
+                    **{e["name"]: e["value"] for e in container.get("env", [])})
+    out = check(list(container["command"]), env)
+    assert 'advertise = "estream-kafka.estream.svc.cluster.local:9092"' in out
+    assert 'token_file = "/etc/estream/secrets/tokens"' in out

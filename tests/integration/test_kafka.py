@@ -71,13 +71,14 @@ def create_topic(gateway: Gateway, name: str, partitions: int = 1) -> None:
 
 
 def consume(gateway: Gateway, topic: str, partition: int, count: int,
-            start: int = 0) -> list[Any]:
+            start: int = 0, extra: dict[str, Any] | None = None) -> list[Any]:
     """``count`` records of one partition from ``start``, with confluent-kafka's consumer
-    (manual assignment, no group)."""
+    (manual assignment, no group; ``extra``: more settings)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": gateway.address, "group.id": "unused",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 200})
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 200,
+                         **(extra or {})})
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         found: list[Any] = []
@@ -410,6 +411,156 @@ def test_bad_frames_and_absurd_sizes_get_kafka_errors_and_the_gateway_keeps_serv
         text = response.read().decode()
     assert 'estream_kafka_requests_total{api="11",error="UNSUPPORTED_VERSION"} 1.0' in text
     assert 'estream_kafka_requests_total{api="Metadata",error="INVALID_REQUEST"} 1.0' in text
+
+
+def test_kafka_python_admin_grows_partitions_and_changes_retention(gateway: Gateway) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+    from kafka.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
+
+    client = admin(gateway)
+    try:
+        client.create_topics([NewTopic("grow", 1, -1, topic_configs={"retention.ms": "3600000"})])
+        client.create_partitions({"grow": 3})
+        described = {t["name"]: t for t in client.describe_topics(["grow"])}
+        assert len(described["grow"]["partitions"]) == 3
+        with pytest.raises(InvalidPartitionsError):
+            client.create_partitions({"grow": 2})
+        with pytest.raises(UnknownTopicOrPartitionError):
+            client.create_partitions({"no-such-topic": 2})
+        client.create_partitions({"grow": 5}, validate_only=True)
+        assert len(client.describe_topics(["grow"])[0]["partitions"]) == 3
+
+        topic = ConfigResource(ConfigResourceType.TOPIC, "grow")
+        configs = client.describe_configs([topic], config_filter="all")["topic"]["grow"]
+        assert configs["retention.ms"]["value"] == "3600000"
+        assert configs["retention.bytes"]["value"] == "-1"
+        assert configs["cleanup.policy"]["read_only"]
+        # IncrementalAlterConfigs (kafka-python's choice): SET one, DELETE the other.
+        changed = client.alter_configs([ConfigResource(
+            ConfigResourceType.TOPIC, "grow", {"retention.bytes": "1048576",
+                                               "retention.ms": ("DELETE", None)})])
+        assert changed == {"topic": {"grow": "OK"}}
+        # AlterConfigs (the whole set: what is left out returns to no limit).
+        changed = client.alter_configs([ConfigResource(
+            ConfigResourceType.TOPIC, "grow", {"retention.ms": "7200000"})], incremental=False)
+        assert changed == {"topic": {"grow": "OK"}}
+        refused = client.alter_configs([ConfigResource(
+            ConfigResourceType.TOPIC, "grow", {"retention.ms": "0"})])
+        assert "InvalidConfigurationError" in refused["topic"]["grow"]
+    finally:
+        client.close()
+
+    async def streams() -> list[Any]:
+        async with await estream.connect(gateway.pd) as sdk:
+            return [await sdk.describe_stream(f"grow-{p}") for p in range(3)]
+
+    metas = asyncio.run(streams())
+    assert [(m.type, m.replicas, m.retention_ms, m.retention_bytes) for m in metas] == [
+        ("kafka", 3, 7_200_000, 1_048_576)] * 3
+
+
+@pytest.fixture(scope="module")
+def sasl_gateway(module_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[Gateway]:
+    """A second gateway that requires SASL PLAIN: tokens of roles read, client, admin."""
+    log_dir = tmp_path_factory.mktemp("kafka-sasl")
+    tokens = log_dir / "tokens"
+    tokens.write_text("read:r-token\nclient:c-token\nadmin:a-token\n")
+    process, address, http = start_kafka(log_dir, module_cluster.pd_addresses,
+                                         name="kafka-sasl", extra=("--token-file", str(tokens)))
+    try:
+        yield Gateway(address, http, module_cluster.pd_addresses, log_dir / "kafka-sasl.log")
+    finally:
+        process.stop()
+
+
+def sasl(gateway: Gateway, token: str) -> dict[str, Any]:
+    return {"bootstrap.servers": gateway.address, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN", "sasl.username": "someone", "sasl.password": token}
+
+
+def test_sasl_plain_tokens_and_their_roles(sasl_gateway: Gateway) -> None:
+    from confluent_kafka import KafkaError, KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin_client = AdminClient(sasl(sasl_gateway, "c-token"))
+    admin_client.create_topics([NewTopic("sasl-t", 1)])["sasl-t"].result(WAIT_S)
+    producer = Producer({**sasl(sasl_gateway, "c-token"), "acks": "all"})
+    reports: list[Any] = []
+    producer.produce("sasl-t", value=b"v", key=b"k", partition=0,
+                     on_delivery=lambda e, m: reports.append(e))
+    assert producer.flush(WAIT_S) == 0 and reports == [None]
+    # A read token may not produce: TOPIC_AUTHORIZATION_FAILED, reported, nothing stored.
+    reader = Producer({**sasl(sasl_gateway, "r-token"), "acks": "all",
+                       "message.timeout.ms": 10_000})
+    reader.produce("sasl-t", value=b"refused", partition=0,
+                   on_delivery=lambda e, m: reports.append(e))
+    reader.flush(WAIT_S)
+    assert reports[1] is not None and reports[1].name() == "TOPIC_AUTHORIZATION_FAILED"
+    # ... nor delete a topic (admin); a client token neither.
+    deleted = admin_client.delete_topics(["sasl-t"])["sasl-t"]
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        deleted.result(WAIT_S)
+    # A wrong password: the client reports an authentication error.
+    errors: list[Any] = []
+    wrong = AdminClient({**sasl(sasl_gateway, "not-a-token"), "error_cb": errors.append})
+    with pytest.raises(KafkaException):
+        wrong.list_topics(timeout=10)
+    wrong.poll(1)
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+    got = consume(Gateway(sasl_gateway.address, "", "", sasl_gateway.log), "sasl-t", 0, 1,
+                  extra=sasl(sasl_gateway, "r-token"))
+    assert [(m.key(), m.value()) for m in got] == [(b"k", b"v")]
+
+
+def test_a_client_without_sasl_gets_kafka_errors_never_a_crash(sasl_gateway: Gateway) -> None:
+    with _connect(sasl_gateway) as sock:
+        sock.sendall(_request(18, 0, 1))  # ApiVersions is answered before authentication
+        correlation, body = _answer(sock)
+        assert correlation == 1 and body[:2] == b"\x00\x00"
+        sock.sendall(_request(3, 1, 2, b"\xff\xff\xff\xff"))  # Metadata: refused
+        correlation, body = _answer(sock)
+        assert correlation == 2
+        sock.sendall(_request(18, 0, 3))  # the connection is still served
+        assert _answer(sock)[0] == 3
+        # ... but not forever: unauthenticated past connection_auth_ms_max, it is closed.
+        assert sock.recv(1) == b""
+    from confluent_kafka import Producer
+
+    # librdkafka without SASL: its Metadata answers name no broker; the record times out.
+    reports: list[Any] = []
+    producer = Producer({"bootstrap.servers": sasl_gateway.address,
+                         "message.timeout.ms": 3000})
+    producer.produce("sasl-t", b"x", partition=0, on_delivery=lambda e, m: reports.append(e))
+    producer.flush(WAIT_S)
+    assert len(reports) == 1 and reports[0] is not None
+    with urllib.request.urlopen(f"http://{sasl_gateway.http}/metrics",
+                                timeout=WAIT_S) as response:
+        text = response.read().decode()
+    assert 'api="Metadata",error="SASL_AUTHENTICATION_FAILED"' in text
+    assert 'api="connection",error="AUTH_TIMEOUT"' in text
+    assert 'api="SaslAuthenticate",error="SASL_AUTHENTICATION_FAILED"' in text
+    assert "Traceback" not in sasl_gateway.log.read_text()
+
+    async def stored() -> list[bytes]:
+        async with await estream.connect(sasl_gateway.pd) as sdk:
+            return [r.value async for r in sdk.read("sasl-t-0")]
+
+    assert asyncio.run(stored()) == [b"v"]  # nothing from refused producers
+
+
+async def test_the_admin_api_shows_which_partition_a_stream_is(gateway: Gateway,
+                                                               module_cluster: Any) -> None:
+    from estream.devcluster.pd import http_json
+
+    await asyncio.to_thread(create_topic, gateway, "shown.t", 2)
+    async with await estream.connect(gateway.pd) as sdk:
+        await sdk.create_stream("shown-plain", exist_ok=True)
+    url = module_cluster.pd.http_urls[0]
+    status, body = await asyncio.to_thread(http_json, f"{url}/v1/streams/shown.t-1")
+    assert status == 200 and body["kafka"] == {"topic": "shown.t", "partition": 1}
+    status, body = await asyncio.to_thread(http_json, f"{url}/v1/streams/shown-plain")
+    assert status == 200 and "kafka" not in body
 
 
 def test_the_gateway_log_has_no_traceback(gateway: Gateway) -> None:

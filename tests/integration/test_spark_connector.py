@@ -356,3 +356,33 @@ def test_sink_commit_resumes_a_half_appended_batch_and_skips_a_committed_one(
     markers = [parse_marker(r.headers) for r in records[1:]]
     assert [m.seq for m in markers if m] == list(range(10))
     assert asyncio.run(commit_rows(opts, 8, rows[:2])) == 2
+
+
+def test_the_key_column_reads_and_writes_record_keys(
+    spark: Any, estream_pd: str, tmp_path: Path
+) -> None:
+    """Records with keys (as Kafka producers write them through ``estream kafka``) read
+    with their ``key`` (null for records without one) and a ``key`` column is written."""
+    import asyncio
+
+    import estream
+
+    create_stream(estream_pd, "keyed_in")
+    create_stream(estream_pd, "keyed_out")
+
+    async def fill() -> None:
+        async with await estream.connect(estream_pd) as client:
+            async with await client.open_writer("keyed_in") as writer:
+                for i in range(6):
+                    await writer.append(b"v%d" % i, key=None if i % 3 == 0 else b"k%d" % i)
+
+    asyncio.run(fill())
+    rows = (spark.read.format("estream").option("pd", estream_pd)
+            .option("streams", "keyed_in").load().collect())
+    assert sorted((r.offset, r.value, r.key) for r in rows) == [
+        (i, b"v%d" % i, None if i % 3 == 0 else b"k%d" % i) for i in range(6)]
+    df = source(spark, estream_pd, "keyed_in").select("value", "headers", "key")
+    run_available_now(df, "estream", pd=estream_pd, stream="keyed_out",
+                      checkpointLocation=str(tmp_path / "ckpt"))
+    assert [(r.value, r.key) for r in read_all(estream_pd, "keyed_out")] == [
+        (b"v%d" % i, None if i % 3 == 0 else b"k%d" % i) for i in range(6)]

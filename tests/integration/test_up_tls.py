@@ -15,6 +15,8 @@ import pytest
 from estream.devcluster.certs import ensure_cluster_tls
 from estream.devcluster.pd import http_json
 from estream.devcluster.upcluster import UpCluster
+from estream.net.security import parse_tokens
+from tests.system_tools import require_tool
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(up=True, pd_nodes=1, range_servers=3, extra_args=["--tls"])]
@@ -59,6 +61,61 @@ def test_clients_without_them_are_refused(cluster: UpCluster, tmp_path: Path) ->
     wrong_ca = cli(cluster, "stream", "list", env={"ESTREAM_TLS_CA": str(other.ca)})
     assert wrong_ca.returncode == 1 and "Raft" not in wrong_ca.stderr
     assert "does not verify against the CA" in wrong_ca.stderr, wrong_ca.stderr
+
+
+def kafka_security(cluster: UpCluster, token: str | None = None) -> dict[str, str]:
+    """confluent-kafka settings for the cluster's gateway: SASL_SSL with ``token`` as the
+    PLAIN password, or (None) SSL with the client certificate."""
+    tls = cluster.data_dir / "tls"
+    common = {"bootstrap.servers": cluster.plan.kafka_addresses,
+              "ssl.ca.location": str(tls / "ca.pem")}
+    if token is None:
+        return {**common, "security.protocol": "SSL",
+                "ssl.certificate.location": str(tls / "client.pem"),
+                "ssl.key.location": str(tls / "client.key")}
+    return {**common, "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+            "sasl.username": "operator", "sasl.password": token}
+
+
+def test_the_kafka_gateway_serves_sasl_ssl_and_client_certificates(cluster: UpCluster) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    tls = cluster.data_dir / "tls"
+    token = parse_tokens((tls / "token").read_text())[0]
+    assert f"kafka: {cluster.plan.kafka_addresses}" in cluster.output()
+    admin = AdminClient(kafka_security(cluster, token))
+    admin.create_topics([NewTopic("ktls", 1)])["ktls"].result(30)
+    producer = Producer({**kafka_security(cluster, token), "acks": "all"})
+    reports: list[object] = []
+    producer.produce("ktls", b"over-sasl-ssl", key=b"k", partition=0,
+                     on_delivery=lambda e, m: reports.append(e))
+    assert producer.flush(30) == 0 and reports == [None]
+    by_cert = Producer({**kafka_security(cluster), "acks": "all"})  # role client: may write
+    by_cert.produce("ktls", b"by-certificate", partition=0,
+                    on_delivery=lambda e, m: reports.append(e))
+    assert by_cert.flush(30) == 0 and reports == [None, None]
+    kcat = require_tool("kcat", package="kcat")
+    read = subprocess.run(
+        [kcat, "-b", cluster.plan.kafka_addresses, "-X", "security.protocol=SASL_SSL",
+         "-X", "sasl.mechanisms=PLAIN", "-X", "sasl.username=u", "-X", f"sasl.password={token}",
+         "-X", f"ssl.ca.location={tls / 'ca.pem'}", "-t", "ktls", "-p", "0", "-C", "-e",
+         "-o", "beginning", "-f", "%o|%k|%s\\n"],
+        capture_output=True, timeout=60, check=False)
+    assert read.returncode == 0, read.stderr.decode()
+    assert read.stdout.decode().splitlines() == ["0|k|over-sasl-ssl", "1||by-certificate"]
+    # Without SASL (TLS alone, no certificate): nothing is served, the gateway goes on.
+    consumer = Consumer({"bootstrap.servers": cluster.plan.kafka_addresses,
+                         "security.protocol": "SSL", "ssl.ca.location": str(tls / "ca.pem"),
+                         "group.id": "unused", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("ktls", 0, 0)])
+        assert all(m is None or m.error() is not None
+                   for m in (consumer.poll(0.5) for _ in range(4)))
+    finally:
+        consumer.close()
+    env = {"ESTREAM_TLS_CA": str(tls / "ca.pem"), "ESTREAM_TOKEN_FILE": str(tls / "token")}
+    assert cli(cluster, "read", "ktls-0", env=env).stdout == "over-sasl-ssl\nby-certificate\n"
 
 
 def test_a_restart_keeps_the_certificates(cluster: UpCluster) -> None:

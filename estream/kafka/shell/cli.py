@@ -1,13 +1,25 @@
 """``estream kafka``: run one Kafka gateway process on uvloop.
 
     estream kafka --listen H:P --pd H:P,H:P,H:P [--advertise H:P] [--http H:P]
+                  [--tls-cert PEM --tls-key PEM [--tls-ca PEM] [--tls-require-client-cert]]
+                  [--token-file FILE] [--check-config]
 
 Serves the Kafka wire protocol (docs/KAFKA.md) for the cluster whose PD nodes ``--pd``
 names (or ``ESTREAM_PD``). ``--advertise``: the address Metadata gives clients (default:
 the bound address). Prints ``listening on H:P`` (the real port, also for ``--listen
 H:0``) once it serves, and ``http on H:P`` for ``--http`` (``/healthz``, ``/metrics``).
 SIGTERM or SIGINT: stop, closing the partitions' writers (everything acknowledged stays).
-Bad flag values: a one-line error and exit code 2.
+
+Security, with the flags of PD and range servers: ``--tls-cert``/``--tls-key`` serve TLS on
+the Kafka port (clients: ``security.protocol=SSL`` or ``SASL_SSL`` with the cluster CA),
+``--tls-ca`` makes a client certificate from the cluster CA authenticate a connection with
+the role it names; ``--token-file``: every connection must authenticate, by SASL PLAIN
+with one of its tokens as the password, or by such a certificate (``estream/kafka/sasl.py``).
+As a client of the cluster the gateway is a member: with ``--tls-cert`` it connects with
+TLS, that certificate and ``--tls-ca``, and presents its first token (as range servers do).
+Bad flag values: a one-line error and exit code 2. ``--check-config``: print the settings
+(``key = "value"`` lines), warn on stderr about a port beyond loopback that would serve
+anyone, and exit 0 without connecting or reading the certificate and token files.
 
 Side effects: the listening sockets, signal handlers.
 """
@@ -28,6 +40,13 @@ import uvloop
 import estream
 from estream.kafka.shell.gateway import Gateway
 from estream.kafka.shell.http import build_app, start_http
+from estream.net.security import (
+    SecurityConfig,
+    add_server_options,
+    config_from_args,
+    exposure_warnings,
+    server_context,
+)
 from estream.wire.errors import EstreamError
 
 log = logging.getLogger("estream.kafka")
@@ -56,6 +75,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the address Metadata names (default: the bound one)")
     parser.add_argument("--http", type=_address, default=None, metavar="HOST:PORT",
                         help="serve /healthz and /metrics there")
+    add_server_options(parser)
+    parser.add_argument("--check-config", action="store_true", default=False,
+                        help="print the settings and exit")
     args = parser.parse_args(argv)
     if not args.pd:
         parser.error("--pd (or ESTREAM_PD) is required")
@@ -63,14 +85,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    client = await estream.connect(args.pd)
+    security: SecurityConfig = config_from_args(args)
+    client = await estream.connect(
+        args.pd, tls_ca=security.tls_ca if security.tls else None,
+        tls_cert=security.tls_cert, tls_key=security.tls_key, token=security.token)
     host, port = args.listen
     gateway: Gateway | None = None
     server: asyncio.Server | None = None
     http_runner = None
     try:
-        gateway = Gateway(client, ("", 0))
-        server = await asyncio.start_server(gateway.serve, host, port, limit=1 << 20)
+        gateway = Gateway(client, ("", 0), security.token_roles)
+        server = await asyncio.start_server(gateway.serve, host, port, limit=1 << 20,
+                                            ssl=server_context(security))
         bound = server.sockets[0].getsockname()
         gateway.advertise = args.advertise or (bound[0], bound[1])
         print(f"listening on {bound[0]}:{bound[1]}", flush=True)
@@ -96,8 +122,36 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_config(args: argparse.Namespace) -> int:
+    """``--check-config``: the settings and the exposure warnings, nothing started."""
+    def shown(value: object) -> str:
+        if isinstance(value, tuple):
+            return f'"{value[0]}:{value[1]}"'
+        return str(value).lower() if isinstance(value, bool) else f'"{value}"'
+
+    for key in ("listen", "pd", "advertise", "http", "tls_cert", "tls_key", "tls_ca",
+                "tls_require_client_cert", "token_file"):
+        value = getattr(args, key)
+        if value is not None:
+            print(f"{key} = {shown(value)}")
+    # The files are not read here: a token file named stands for its tokens.
+    try:
+        named = SecurityConfig(
+            require_client_cert=bool(args.tls_require_client_cert), tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert, tls_key=args.tls_key,
+            tokens=frozenset({"(file)"}) if args.token_file else frozenset())
+    except EstreamError as exc:
+        print(f"estream kafka: error: {exc.message}", file=sys.stderr)
+        return 2
+    for warning in exposure_warnings([f"{args.listen[0]}:{args.listen[1]}"], named):
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.check_config:
+        return check_config(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         return uvloop.run(serve(args))

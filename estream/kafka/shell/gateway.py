@@ -21,15 +21,19 @@ import contextlib
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
-from estream.kafka.convert import estream_headers, fetch_batch
+from estream.kafka.convert import estream_headers
 from estream.kafka.producers import ProducerTable
 from estream.kafka.records import KafkaBatch, decode_batches
+from estream.kafka.sasl import Session
+from estream.kafka.shell import auth
+from estream.kafka.shell.admin import TopicAdmin
+from estream.kafka.shell.reads import Reads, fetch_wait_ms_max
 from estream.kafka.topics import (
     ack_count_for,
     check_partitions,
@@ -38,8 +42,10 @@ from estream.kafka.topics import (
     stream_name,
     topics_of,
 )
+from estream.net.security import token_role
 from estream.sdk.client import Client
 from estream.sdk.writer import PendingAppend, Writer
+from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
     FrameTooLarge,
@@ -48,6 +54,7 @@ from estream.wire.errors import (
     StreamExists,
     StreamNotFound,
 )
+from estream.wire.roles import ALL_ROLES
 
 log = logging.getLogger("estream.kafka")
 
@@ -56,9 +63,7 @@ connections_max: Final = 1024  # open Kafka connections; one past it is closed a
 writers_max: Final = 4096  # partition writers held open; past it the least recently used
 #   one is closed (it reopens, fencing nothing of its own, on its next produce)
 read_chunk_bytes: Final = 256 * 1024
-fetch_wait_ms_max: Final = 30_000  # the longest long poll held, whatever max_wait_ms says
 produce_timeout_ms_max: Final = 120_000
-record_bytes_guess: Final = 256  # a stream's record size before its first fetch
 NODE_ID: Final = 0
 CLUSTER_ID: Final = "estream"
 TOPIC_TYPE: Final = "kafka"  # the stream type CreateTopics gives partitions
@@ -69,12 +74,16 @@ _SEQUENCE_ERRORS: Final = {"out_of_order": ErrorCode.out_of_order_sequence_numbe
                            "fenced": ErrorCode.invalid_producer_epoch}
 
 
-class Gateway:
+class Gateway(Reads):
     """Serves Kafka connections for the streams of one cluster."""
 
-    def __init__(self, client: Client, advertise: tuple[str, int]) -> None:
+    def __init__(self, client: Client, advertise: tuple[str, int],
+                 token_roles: Mapping[str, str] | None = None) -> None:
+        """``token_roles``: token -> role; given, every connection must authenticate
+        (SASL PLAIN with a token, or a client certificate): ``estream/kafka/sasl.py``."""
         self.client = client
         self.advertise = advertise
+        self.token_roles: Mapping[str, str] = token_roles or {}
         self.requests: Counter[tuple[str, str]] = Counter()  # (api, error) -> count
         self.bytes_in = 0
         self.bytes_out = 0
@@ -95,6 +104,13 @@ class Gateway:
             kp.DELETE_TOPICS: self._delete_topics,
             kp.INIT_PRODUCER_ID: self._init_producer_id,
         }
+        admin = TopicAdmin(client, TOPIC_TYPE)
+        self._handlers.update({
+            kp.CREATE_PARTITIONS: admin.create_partitions,
+            kp.DESCRIBE_CONFIGS: admin.describe_configs,
+            kp.ALTER_CONFIGS: admin.alter_configs,
+            kp.INCREMENTAL_ALTER_CONFIGS: admin.incremental_alter_configs,
+        })
 
     # -- connections --------------------------------------------------------------------
 
@@ -106,10 +122,13 @@ class Gateway:
             writer.close()
             return
         self.connections += 1
+        session = auth.open_session(bool(self.token_roles), writer)
         decoder = kp.FrameDecoder()
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
             requests_in_flight_max)
-        sender = asyncio.ensure_future(self._send_in_order(answers, writer))
+        sender = asyncio.ensure_future(self._send_in_order(answers, writer, session))
+        deadline = (asyncio.ensure_future(self._auth_deadline(session, writer))
+                    if session.required and not session.roles else None)
         try:
             while not sender.done():
                 data = await reader.read(read_chunk_bytes)
@@ -117,7 +136,7 @@ class Gateway:
                     break
                 self.bytes_in += len(data)
                 for frame in decoder.feed(data):
-                    await answers.put(asyncio.ensure_future(self._answer(frame)))
+                    await answers.put(asyncio.ensure_future(self._answer(frame, session)))
                 if decoder.failed is not None:
                     await answers.put(asyncio.ensure_future(
                         self._refuse_stream(decoder.head(), decoder.failed)))
@@ -130,14 +149,25 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(sender), fetch_wait_ms_max / 1000 + 5)
             sender.cancel()
+            if deadline is not None:
+                deadline.cancel()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self.connections -= 1
 
+    async def _auth_deadline(self, session: Session, writer: asyncio.StreamWriter) -> None:
+        """Close a connection still unauthenticated after ``connection_auth_ms_max`` (as
+        estream's RPC ports do): an idle unauthenticated client holds no slot for long."""
+        await asyncio.sleep(limits.connection_auth_ms_max / 1000)
+        if not session.roles:
+            self.requests[("connection", "AUTH_TIMEOUT")] += 1
+            session.closing = True
+            writer.close()
+
     async def _send_in_order(
         self, answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
-        writer: asyncio.StreamWriter,
+        writer: asyncio.StreamWriter, session: Session,
     ) -> None:
         while True:
             task = await answers.get()
@@ -152,6 +182,9 @@ class Gateway:
                 writer.write(answer)
                 self.bytes_out += len(answer)
                 await writer.drain()
+            if session.closing:  # a failed authentication: answered, then closed
+                writer.close()
+                return
 
     async def _refuse_stream(self, data: bytes, exc: EstreamError) -> bytes | None:
         """The answer to a frame that cannot be delimited (too large, too short; ``data``:
@@ -166,10 +199,14 @@ class Gateway:
         key, version, correlation = kp.peek_header(data[4:])
         return kp.error_response(key, version, correlation, error)
 
-    async def _answer(self, frame: bytes) -> bytes | None:
+    async def _answer(self, frame: bytes, session: Session) -> bytes | None:
         key, version, correlation = kp.peek_header(frame)
         api = kp.API_NAMES.get(key, str(key))
         header = kp.RequestHeader(key, version, correlation, None, 0)
+        refusal = session.refusal(key)
+        if refusal == ErrorCode.sasl_authentication_failed:  # not authenticated yet
+            self.requests[(api, refusal.name.upper())] += 1
+            return kp.error_response(key, version, correlation, refusal)
         if not header.supported:
             self.requests[(api, "UNSUPPORTED_VERSION")] += 1
             return kp.error_response(key, version, correlation, ErrorCode.unsupported_version)
@@ -180,17 +217,36 @@ class Gateway:
             self.requests[(api, "INVALID_REQUEST")] += 1
             log.info("invalid %s request: %s", api, exc)
             return kp.error_response(key, version, correlation, ErrorCode.invalid_request)
+        if refusal is not None:  # authenticated, but its roles do not allow this API
+            self.requests[(api, refusal.name.upper())] += 1
+            refused = auth.refused(key, version, request, refusal)
+            if refused is None:
+                return kp.error_response(key, version, correlation, refusal)
+            return kp.encode_response(key, correlation, refused)
         try:
-            body = await self._handlers[key](request, version)
+            if key == kp.SASL_HANDSHAKE:
+                body = auth.handshake(session, request, version)
+            elif key == kp.SASL_AUTHENTICATE:
+                body = auth.authenticate(session, request, version, self._role_of)
+            else:
+                body = await self._handlers[key](request, version)
         except Exception:  # noqa: BLE001 - a bug answers an error, the others go on
             log.exception("serving a %s v%d request", api, version)
             self.requests[(api, "UNKNOWN_SERVER_ERROR")] += 1
             return kp.error_response(key, version, correlation,
                                      ErrorCode.unknown_server_error)
-        self.requests[(api, "NONE")] += 1
+        error = getattr(body, "error_code", ErrorCode.none)  # the top-level one, if any
+        self.requests[(api, error.name.upper() if isinstance(error, ErrorCode) else "NONE")] += 1
         if body is None:  # Produce with acks=0: no answer
             return None
         return kp.encode_response(key, correlation, body)
+
+    def _role_of(self, password: str) -> str | None:
+        """The role of a SASL PLAIN password: its token's; a gateway without tokens
+        takes any password (every role, as estream's open ports take any AUTH)."""
+        if not self.token_roles:
+            return ALL_ROLES
+        return token_role(self.token_roles, password)
 
     # -- ApiVersions, Metadata ----------------------------------------------------------
 
@@ -341,137 +397,6 @@ class Gateway:
             for t, p in by_topic.items()))
 
     # -- Fetch --------------------------------------------------------------------------
-
-    async def _fetch_partition(self, topic: str, index: int, offset: int, max_bytes: int
-                               ) -> tuple[ErrorCode, int, int, bytes]:
-        """(error, high watermark, log start, record batches) of one partition now."""
-        name = stream_name(topic, index)
-        try:
-            end = await self.client.end_offset(name)
-            start = (await self.client.stream_meta(name)).start_offset
-            if offset < start or offset > end:
-                return ErrorCode.offset_out_of_range, end, start, b""
-            parts: list[bytes] = []
-            size = records = 0
-            if offset < end:
-                # Read about max_bytes, not to the end: the reader asks for whole answers.
-                guess = self._record_bytes.get(name, record_bytes_guess)
-                stop = min(end, offset + max(1, max_bytes // max(1, guess)))
-                async for columns in self.client.read_batches(name, offset, stop):
-                    part = fetch_batch(columns)
-                    parts.append(part)
-                    size += len(part)
-                    records += columns.count
-                    if size >= max_bytes:
-                        break
-            if records:
-                self._record_bytes[name] = max(1, size // records)
-            return ErrorCode.none, end, start, b"".join(parts)
-        except (EstreamError, TimeoutError) as exc:
-            return kp.error_code(exc), -1, -1, b""
-
-    async def _fetch(self, request: Any, version: int) -> Any:
-        loop = asyncio.get_running_loop()
-        wait_s = min(max(request.max_wait.total_seconds(), 0.0), fetch_wait_ms_max / 1000)
-        deadline = loop.time() + wait_s
-        asked = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
-                 for t in request.topics for p in t.partitions]
-        while True:
-            results = await asyncio.gather(*(
-                self._fetch_partition(topic, index, offset, max(1, limit))
-                for topic, index, offset, limit in asked))
-            total = sum(len(r[3]) for r in results)
-            remaining = deadline - loop.time()
-            if total >= max(1, request.min_bytes) or remaining <= 0 or not asked:
-                break
-            waits = [(topic, index, offset) for (topic, index, offset, _), r in
-                     zip(asked, results, strict=True) if r[0] == ErrorCode.none]
-            if not waits:
-                break
-            await self._wait_for_records(waits, remaining)
-        return self._fetch_response(version, asked, results, request.max_bytes)
-
-    def _fetch_response(self, version: int, asked: list[tuple[str, int, int, int]],
-                        results: list[tuple[ErrorCode, int, int, bytes]],
-                        max_bytes: int) -> Any:
-        schema = kp.response_schema(kp.FETCH, version)
-        topic_cls = kp.nested(schema, "FetchableTopicResponse")
-        part_cls = kp.nested(schema, "PartitionData")
-        by_topic: dict[str, list[Any]] = {}
-        budget = max(1, max_bytes)
-        for (topic, index, _, _), (error, high, start, data) in zip(asked, results,
-                                                                     strict=True):
-            if budget <= 0:
-                data = b""  # the first partition's data goes whatever its size
-            budget -= len(data)
-            by_topic.setdefault(topic, []).append(kp.build(
-                part_cls, partition_index=index, error_code=error, high_watermark=high,
-                last_stable_offset=high, log_start_offset=start, aborted_transactions=(),
-                preferred_read_replica=-1, records=data))
-        return kp.build(schema, throttle_time=0, error_code=ErrorCode.none, session_id=0,
-                        responses=tuple(kp.build(topic_cls, topic=t, partitions=tuple(p))
-                                        for t, p in by_topic.items()))
-
-    async def _wait_for_records(self, waits: list[tuple[str, int, int]], timeout_s: float
-                                ) -> None:
-        """Until one of the partitions has a record at or past its offset, or the time."""
-
-        async def first(name: str, offset: int) -> None:
-            batches: AsyncIterator[Any] = self.client.read_batches(name, offset, follow=True)
-            try:
-                await anext(batches)
-            finally:
-                await batches.aclose()  # type: ignore[attr-defined]
-
-        tasks = [asyncio.ensure_future(first(stream_name(t, p), o)) for t, p, o in waits]
-        try:
-            await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    # -- ListOffsets --------------------------------------------------------------------
-
-    async def _list_offset(self, topic: str, index: int, timestamp: int
-                           ) -> tuple[ErrorCode, int, int]:
-        """(error, timestamp, offset) for -1 (latest), -2 (earliest) or a time in ms."""
-        name = stream_name(topic, index)
-        try:
-            if timestamp == -1:
-                return ErrorCode.none, -1, await self.client.end_offset(name)
-            if timestamp == -2:
-                return ErrorCode.none, -1, (await self.client.stream_meta(
-                    name, refresh=True)).start_offset
-            if timestamp < 0:
-                return ErrorCode.invalid_request, -1, -1
-            offset = await self.client.offset_for_time(name, timestamp)
-            end = await self.client.end_offset(name)
-            if offset >= end:
-                return ErrorCode.none, -1, -1
-            found = -1
-            async for record in self.client.read(name, offset, offset + 1):
-                found = record.timestamp
-            return ErrorCode.none, found, offset
-        except (EstreamError, TimeoutError) as exc:
-            return kp.error_code(exc), -1, -1
-
-    async def _list_offsets(self, request: Any, version: int) -> Any:
-        schema = kp.response_schema(kp.LIST_OFFSETS, version)
-        topic_cls = kp.nested(schema, "ListOffsetsTopicResponse")
-        part_cls = kp.nested(schema, "ListOffsetsPartitionResponse")
-        topics = []
-        for topic in request.topics:
-            found = await asyncio.gather(*(self._list_offset(topic.name, p.partition_index,
-                                                             p.timestamp)
-                                           for p in topic.partitions))
-            topics.append(kp.build(topic_cls, name=topic.name, partitions=tuple(
-                kp.build(part_cls, partition_index=p.partition_index, error_code=error,
-                         timestamp=ts, offset=offset, leader_epoch=0)
-                for p, (error, ts, offset) in zip(topic.partitions, found, strict=True))))
-        return kp.build(schema, throttle_time=0, topics=tuple(topics))
-
-    # -- InitProducerId -----------------------------------------------------------------
 
     async def _init_producer_id(self, request: Any, version: int) -> Any:
         schema = kp.response_schema(kp.INIT_PRODUCER_ID, version)

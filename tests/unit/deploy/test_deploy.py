@@ -193,3 +193,28 @@ def test_the_dashboard_shows_the_object_tier_and_the_reclaim_backlog() -> None:
                for name in referenced_metric_names(t["expr"])}
     wanted = set(OFFLOAD_HELP) | {BACKLOG}
     assert wanted - queried == set()
+
+
+def test_the_kafka_gateway_is_deployed_like_the_servers() -> None:
+    """systemd, compose and Kubernetes run ``estream kafka`` on 9092 with /metrics and
+    /healthz on 7150, requiring SASL with the tokens where the others take them."""
+    service = systemd_unit("estream-kafka.service")["Service"]
+    assert service["ExecStart"].startswith("/opt/estream/bin/estream kafka ")
+    assert "--token-file /etc/estream/tokens" in service["ExecStart"]
+    assert service["Restart"] == "on-failure" and service["CapabilityBoundingSet"] == ""
+    (compose,) = load_yaml(DEPLOY / "docker" / "docker-compose.yml")
+    gateway = compose["services"]["kafka"]
+    assert gateway["command"][0] == "kafka" and "9092:9092" in gateway["ports"]
+    docs = k8s_docs()
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (svc,) = [d for d in docs if d["kind"] == "Service"
+              and d["metadata"]["name"] == deployment["metadata"]["name"]]
+    assert {p["port"] for p in svc["spec"]["ports"]} == {9092, 7150}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--token-file /etc/estream/secrets/tokens" in container["command"][-1]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    (selected,) = monitor["spec"]["selector"]["matchExpressions"]
+    assert deployment["metadata"]["name"] in selected["values"]
+    scrape = load_yaml(DEPLOY / "prometheus" / "prometheus.yml")[0]
+    assert "estream-kafka" in {job["job_name"] for job in scrape["scrape_configs"]}

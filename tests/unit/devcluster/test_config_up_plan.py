@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from estream.devcluster.certs import ClusterTls
 from estream.devcluster.up import PlanError, plan_cluster, restart_delay_s
 
 
@@ -93,3 +94,13 @@ def test_every_port_is_distinct_with_kafka_gateways() -> None:
     ports = [c.address for c in plan.children] + [c.http for c in plan.children]
     ports += [c.args[c.args.index("--raft") + 1] for c in plan.pd]
     assert len(ports) == len(set(ports)) == 9 * 3 + 10 * 2 + 10 * 2
+
+
+def test_tls_clusters_run_a_kafka_gateway_with_the_members_security() -> None:
+    tls = ClusterTls(Path("/d/tls"))
+    plan = plan_cluster(Path("/d"), 3, 3, "127.0.0.1", 7100, tls=tls)
+    (gateway,) = plan.kafka
+    assert gateway.args[:6] == ("--listen", "127.0.0.1:7140", "--pd", plan.pd_addresses,
+                                "--http", "127.0.0.1:7150")
+    assert gateway.args[6:] == tls.member_args()
+    assert "--token-file" in gateway.args and "--tls-cert" in gateway.args

@@ -1,0 +1,247 @@
+"""Benchmark: Kafka clients through one ``estream kafka`` gateway against the native SDK,
+in the same run on the same cluster (issue 31's targets).
+
+Starts 3 PD nodes, 3 range servers (fsync on) and one gateway, then with 1 KiB records:
+
+1. ``produce``: confluent-kafka's producer (acks=all, ``linger.ms`` 5 as a user would
+   set it, idempotence off) sends ``--records`` to a one-partition topic; beside it the
+   SDK's writer appends as many with ``--window`` appends in flight. Records/s and the
+   ratio Kafka / SDK (target >= 0.5).
+2. ``consume``: confluent-kafka's consumer reads that partition back from offset 0
+   (manual assignment) against the SDK's ``Client.read`` of the SDK's stream. Ratio
+   target >= 1.
+3. ``one``: one produce in flight (produce, then flush, ``--latency-samples`` times)
+   against one ``writer.append`` awaited at a time: p50 and p99, ratio target <= 2.
+4. ``partitions``: one producer over a topic of ``--partitions`` partitions (round
+   robin, each record to the next partition) against the single-partition figure of 1.
+   Target >= 1.
+
+Each producer phase first sends one record to every partition (not timed), so the
+gateway's partition writers are open, as in a system already running.
+
+Every phase is bounded in count and time (``PHASE_TIMEOUT_S``). Usage::
+
+    .venv/bin/python -m benchmarks.bench_kafka [--records 20000] [--latency-samples 300]
+        [--partitions 100] [--phases produce,consume,one,partitions] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import estream
+from estream.devcluster.cluster import start_cluster
+from estream.devcluster.kafka import start_kafka
+
+RECORD = b"x" * 1024
+PHASE_TIMEOUT_S = 120.0
+LINGER_MS = 5  # what a user sets for throughput without hurting latency much
+PHASES = ("produce", "consume", "one", "partitions")
+
+
+def _create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions)])[name].result(PHASE_TIMEOUT_S)
+
+
+def kafka_produce(bootstrap: str, topic: str, records: int, partitions: int = 1) -> float:
+    """Records/s of confluent-kafka's producer, acks=all, round robin over partitions
+    (after one record to each: the gateway's writers are open, as in a running system)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                         "linger.ms": LINGER_MS, "enable.idempotence": False,
+                         "queue.buffering.max.messages": 1_000_000})
+    errors: list[Any] = []
+
+    def report(error: Any, _: Any) -> None:
+        if error is not None:
+            errors.append(error)
+
+    for partition in range(partitions):  # metadata, connection, the gateway's writers
+        producer.produce(topic, RECORD, partition=partition)
+    producer.flush(PHASE_TIMEOUT_S)
+    started = time.perf_counter()
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, RECORD, partition=i % partitions, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+        if time.monotonic() > deadline:
+            raise TimeoutError("produce phase past its bound")
+    left = producer.flush(PHASE_TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    if left or errors:
+        raise RuntimeError(f"{left} records not delivered, errors {errors[:3]}")
+    return records / elapsed
+
+
+def kafka_consume(bootstrap: str, topic: str, records: int) -> float:
+    """Records/s of confluent-kafka's consumer reading partition 0 from offset 1 (the
+    warm-up record is 0)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 1)])
+        seen = 0
+        started = time.perf_counter()
+        deadline = time.monotonic() + PHASE_TIMEOUT_S
+        while seen < records:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"consume phase past its bound at {seen} records")
+            for message in consumer.consume(10_000, 1.0):
+                if message.error() is None:
+                    seen += 1
+        return records / (time.perf_counter() - started)
+    finally:
+        consumer.close()
+
+
+def kafka_one_in_flight(bootstrap: str, topic: str, samples: int) -> list[float]:
+    """Seconds per produce with one in flight (produce, then flush)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                         "enable.idempotence": False})
+    producer.produce(topic, RECORD, partition=0)
+    producer.flush(PHASE_TIMEOUT_S)
+    out = []
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    for _ in range(samples):
+        started = time.perf_counter()
+        producer.produce(topic, RECORD, partition=0)
+        if producer.flush(10):
+            raise RuntimeError("a produce was not delivered within 10 s")
+        out.append(time.perf_counter() - started)
+        if time.monotonic() > deadline:
+            break
+    return out
+
+
+async def sdk_append(client: estream.Client, stream: str, records: int, window: int) -> float:
+    await client.create_stream(stream, 3, 2, exist_ok=True)
+    async with await client.open_writer(stream) as writer:
+        await writer.append(RECORD)
+        started = time.perf_counter()
+        pending: set[asyncio.Future[int]] = set()
+        for _ in range(records):
+            pending.add(asyncio.ensure_future(writer.append(RECORD)))
+            if len(pending) >= window:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait_for(asyncio.gather(*pending), PHASE_TIMEOUT_S)
+        return records / (time.perf_counter() - started)
+
+
+async def sdk_read(client: estream.Client, stream: str, records: int) -> float:
+    started = time.perf_counter()
+    seen = 0
+    async for _ in client.read(stream, 1, 1 + records):
+        seen += 1
+    assert seen == records, seen
+    return records / (time.perf_counter() - started)
+
+
+async def sdk_one_in_flight(client: estream.Client, stream: str, samples: int) -> list[float]:
+    async with await client.open_writer(stream) as writer:
+        await writer.append(RECORD)
+        out = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            await writer.append(RECORD)
+            out.append(time.perf_counter() - started)
+        return out
+
+
+def _quantile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run(args: argparse.Namespace, pd: str, bootstrap: str) -> dict[str, Any]:
+    phases = set(args.phases.split(","))
+    out: dict[str, Any] = {}
+    async with await estream.connect(pd) as client:
+        if phases & {"produce", "consume", "partitions"}:
+            await asyncio.to_thread(_create_topic, bootstrap, "bench", 1)
+            kafka = await asyncio.to_thread(kafka_produce, bootstrap, "bench", args.records)
+            sdk = await sdk_append(client, "bench-sdk", args.records, args.window)
+            out["produce"] = {"kafka_records_s": kafka, "sdk_records_s": sdk,
+                              "ratio": kafka / sdk}
+        if "consume" in phases:
+            kafka = await asyncio.to_thread(kafka_consume, bootstrap, "bench", args.records)
+            sdk = await sdk_read(client, "bench-sdk", args.records)
+            out["consume"] = {"kafka_records_s": kafka, "sdk_records_s": sdk,
+                              "ratio": kafka / sdk}
+        if "one" in phases:
+            await asyncio.to_thread(_create_topic, bootstrap, "bench-one", 1)
+            kafka_s = await asyncio.to_thread(kafka_one_in_flight, bootstrap, "bench-one",
+                                              args.latency_samples)
+            sdk_s = await sdk_one_in_flight(client, "bench-sdk", args.latency_samples)
+            out["one"] = {"kafka_p50_ms": 1000 * statistics.median(kafka_s),
+                          "kafka_p99_ms": 1000 * _quantile(kafka_s, 0.99),
+                          "sdk_p50_ms": 1000 * statistics.median(sdk_s),
+                          "sdk_p99_ms": 1000 * _quantile(sdk_s, 0.99),
+                          "ratio": statistics.median(kafka_s) / statistics.median(sdk_s)}
+        if "partitions" in phases:
+            await asyncio.to_thread(_create_topic, bootstrap, "bench-many", args.partitions)
+            many = await asyncio.to_thread(kafka_produce, bootstrap, "bench-many",
+                                           args.records, args.partitions)
+            single = out.get("produce", {}).get("kafka_records_s")
+            out["partitions"] = {"partitions": args.partitions, "kafka_records_s": many,
+                                 "single_partition_records_s": single,
+                                 "ratio": many / single if single else None}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--window", type=int, default=2_000, help="SDK appends in flight")
+    parser.add_argument("--latency-samples", type=int, default=300)
+    parser.add_argument("--partitions", type=int, default=100)
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated, of: {', '.join(PHASES)}")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    import uvloop
+
+    with tempfile.TemporaryDirectory(prefix="bench-kafka-") as tmp:
+        cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=3, secret=None)
+        try:
+            gateway, bootstrap, _ = start_kafka(Path(tmp) / "kafka", cluster.pd_addresses)
+            try:
+                results = uvloop.run(run(args, cluster.pd_addresses, bootstrap))
+            finally:
+                gateway.stop()
+        finally:
+            cluster.stop()
+    results["setup"] = {"pd_nodes": 3, "range_servers": 3, "replicas": 3, "ack_count": 2,
+                        "record_bytes": len(RECORD), "linger_ms": LINGER_MS,
+                        "records": args.records, "fsync": True}
+    for name, row in results.items():
+        if name != "setup":
+            print(f"{name:11s} " + "  ".join(
+                f"{k}={v:,.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
