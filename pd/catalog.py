@@ -87,6 +87,7 @@ from pd.commands import (
     DrainServer,
     DropLocalReplicas,
     ExpirePrepared,
+    GroupChange,
     ObjectDamaged,
     ObjectsDeleted,
     OpenWriter,
@@ -101,6 +102,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
+from pd.groups import Group, apply_change, groups_from_wire, groups_to_wire
 from pd.pmap import PMap
 from pd.rangelist import RangeList
 from pd.retention import check_cursor, check_retention, cursors_per_stream_max
@@ -193,6 +195,8 @@ class CatalogView:
         default_factory=lambda: MappingProxyType({}), kw_only=True)
     unreferenced: tuple[str, ...] = field(default=(), kw_only=True)  # to delete, in order
     ranges_total: int = field(default=-1, kw_only=True)  # ranges of every stream (-1: count)
+    groups: Mapping[str, Group] = field(  # consumer groups by name (pd/groups.py)
+        default_factory=lambda: MappingProxyType({}), kw_only=True)
 
     def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
         """The stream named ``name`` (with ``stream_id`` > 0: only that incarnation of
@@ -231,6 +235,7 @@ class Catalog:
         self._unreferenced: dict[str, None] = {}  # keys that lost their last reference
         self._unreferenced_keys: tuple[str, ...] = ()  # the same, as views share it
         self._ranges_total = 0  # ranges of every stream (derived, kept by _put)
+        self._groups: PMap[Group] = PMap()  # consumer groups (pd/groups.py)
         self.version = 0  # number of commands accepted (a rejection changes nothing)
 
     # -- reading -------------------------------------------------------------------
@@ -249,6 +254,7 @@ class Catalog:
             object_refs=self._refs,
             unreferenced=self._unreferenced_keys,
             ranges_total=self._ranges_total,
+            groups=self._groups,
         )
 
     def _put(self, name: str, stream: StreamMeta | None, *, keys_same: bool = False) -> None:
@@ -720,6 +726,9 @@ class Catalog:
             if record is not None and record.deadline_ms <= cmd.now_ms:
                 self._prepared = self._prepared.delete(key)
 
+    def _group_change(self, cmd: GroupChange) -> None:
+        self._groups = apply_change(self._groups, cmd.group, cmd.op, cmd.generation, cmd.body)
+
     def _drop_local_replicas(self, cmd: DropLocalReplicas) -> StreamMeta:
         stream, target = self._object_range(cmd.name, cmd.stream_id, cmd.range_index)
         if target.tier != "object" or target.object_key != cmd.object_key:
@@ -773,6 +782,7 @@ class Catalog:
             "draining": sorted(self._draining),
             "prepared": [p.to_dict() for p in self._prepared.values()],
             "unreferenced": list(self._unreferenced),
+            "groups": groups_to_wire(self._groups),
         }
         data: bytes = msgpack.packb(body, use_bin_type=True)
         return data
@@ -802,6 +812,7 @@ class Catalog:
             catalog._prepared = PMap({r.object_key: r for r in records})  # (absent: older)
             catalog._unreferenced = {str(k): None for k in body.get("unreferenced", ())}
             catalog._unreferenced_keys = tuple(catalog._unreferenced)
+            catalog._groups = groups_from_wire(body.get("groups", ()))  # (absent: older)
         except InvalidArgument:
             raise
         except Exception as exc:
@@ -933,4 +944,5 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     ObjectDamaged: Catalog._object_damaged,
     DrainServer: Catalog._drain_server,
     DrainForget: Catalog._drain_forget,
+    GroupChange: Catalog._group_change,
 }

@@ -54,6 +54,29 @@ API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 INIT_PRODUCER_ID: Final = 22
+# Consumer groups (estream/kafka/shell/groups.py)
+OFFSET_COMMIT: Final = 8
+OFFSET_FETCH: Final = 9
+FIND_COORDINATOR: Final = 10
+JOIN_GROUP: Final = 11
+HEARTBEAT: Final = 12
+LEAVE_GROUP: Final = 13
+SYNC_GROUP: Final = 14
+DESCRIBE_GROUPS: Final = 15
+LIST_GROUPS: Final = 16
+OFFSET_DELETE: Final = 47
+GROUP_APIS: Final[dict[int, tuple[str, tuple[int, int]]]] = {
+    OFFSET_COMMIT: ("OffsetCommit", (2, 8)),
+    OFFSET_FETCH: ("OffsetFetch", (1, 7)),
+    FIND_COORDINATOR: ("FindCoordinator", (0, 4)),
+    JOIN_GROUP: ("JoinGroup", (0, 7)),
+    HEARTBEAT: ("Heartbeat", (0, 4)),
+    LEAVE_GROUP: ("LeaveGroup", (0, 4)),
+    SYNC_GROUP: ("SyncGroup", (0, 5)),
+    DESCRIBE_GROUPS: ("DescribeGroups", (0, 5)),
+    LIST_GROUPS: ("ListGroups", (0, 4)),
+    OFFSET_DELETE: ("OffsetDelete", (0, 0)),
+}
 
 # api key -> (min version, max version) served; Kafka 2.1 and later clients negotiate
 # within these (topic ids, from Fetch 13 / Metadata 10 / Produce 13 on, are not served).
@@ -66,11 +89,13 @@ SUPPORTED: Final[dict[int, tuple[int, int]]] = {
     CREATE_TOPICS: (2, 5),
     DELETE_TOPICS: (1, 5),
     INIT_PRODUCER_ID: (0, 4),
+    **{key: versions for key, (_, versions) in GROUP_APIS.items()},
 }
 API_NAMES: Final = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
                     METADATA: "Metadata", API_VERSIONS: "ApiVersions",
                     CREATE_TOPICS: "CreateTopics", DELETE_TOPICS: "DeleteTopics",
-                    INIT_PRODUCER_ID: "InitProducerId"}
+                    INIT_PRODUCER_ID: "InitProducerId",
+                    **{key: name for key, (name, _) in GROUP_APIS.items()}}
 
 frame_bytes_max: Final = 100 * 1024 * 1024  # one request (Kafka's socket.request.max.bytes)
 frame_bytes_min: Final = 8  # api key, version, correlation id

@@ -105,6 +105,7 @@ from pd.placement import Candidate, choose_replicas, exhausted, filling
 from pd.repair import SealedReports, ServerListing, parse_reports
 from pd.retention import check_cursor, check_retention, cursor_lags
 from pd.shell import rangeops
+from pd.shell.groups import GroupRpc
 from pd.shell.raft import RaftNode, RaftStatus, proposal_result
 from pd.streamfigures import asked_range, stream_figures
 from pd.streammemo import StreamMemo
@@ -156,6 +157,7 @@ class PdService:
         # The leader's offloader takes readers' damage reports (pd/objectdamage.py): the
         # report -> the outcome; None without a tier.
         self.object_damage: Callable[[DamageReport], str] | None = None
+        self.groups = GroupRpc(self)  # consumer groups' PD_GROUP_* opcodes
 
     # -- reads -----------------------------------------------------------------------
     def view(self) -> CatalogView:
@@ -679,6 +681,7 @@ class PdService:
             Opcode.PD_DESCRIBE_SERVERS: self._rpc_describe_servers,
             Opcode.PD_REPORT_OBJECT_DAMAGE: self._rpc_report_damage,
         }
+        table.update(self.groups.handlers())
         return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
 
     def quick_handlers(self) -> dict[int, QuickHandler]:

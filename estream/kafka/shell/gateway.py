@@ -30,6 +30,7 @@ from estream.kafka import protocol as kp
 from estream.kafka.convert import estream_headers, fetch_batch
 from estream.kafka.producers import ProducerTable
 from estream.kafka.records import KafkaBatch, decode_batches
+from estream.kafka.shell.groups import GroupApis
 from estream.kafka.topics import (
     ack_count_for,
     check_partitions,
@@ -39,6 +40,7 @@ from estream.kafka.topics import (
     topics_of,
 )
 from estream.sdk.client import Client
+from estream.sdk.groups import GroupClient
 from estream.sdk.writer import PendingAppend, Writer
 from estream.wire.errors import (
     EstreamError,
@@ -95,6 +97,7 @@ class Gateway:
             kp.DELETE_TOPICS: self._delete_topics,
             kp.INIT_PRODUCER_ID: self._init_producer_id,
         }
+        self._handlers.update(GroupApis(GroupClient(client.pd), advertise, NODE_ID).handlers())
 
     # -- connections --------------------------------------------------------------------
 
