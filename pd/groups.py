@@ -56,13 +56,14 @@ from typing import Any, Final
 
 import msgpack
 
+from estream.wire import limits
 from estream.wire.errors import Conflict, InvalidArgument
 from pd.pmap import PMap
 
 groups_max: Final = 10_000
 members_per_group_max: Final = 1_000
-member_metadata_bytes_max: Final = 16 * 1024  # all of one member's protocols
-assignment_bytes_max: Final = 48 * 1024  # every member's assignment in one round
+member_metadata_bytes_max: Final = limits.group_member_metadata_bytes_max  # its protocols
+assignment_bytes_max: Final = limits.group_assignment_bytes_max  # a round's, every member's
 protocols_per_member_max: Final = 16
 group_name_chars_max: Final = 200  # a group's name is a cursor name (pd/retention.py)
 member_id_chars_max: Final = 256

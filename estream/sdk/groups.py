@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from estream.net.pdclient import PDClient
+from estream.wire import limits
+from estream.wire.errors import InvalidArgument
 from estream.wire.protocol import Opcode
 
 barrier_poll_s: Final = 0.05  # how often a member at a barrier asks PD again
@@ -49,7 +51,13 @@ class GroupClient:
                    rebalance_timeout_ms: int, client_id: str = "",
                    client_host: str = "") -> Joined:
         """Join (or join again) and wait at the barrier, at most the rebalance timeout
-        (bounded by :data:`barrier_wait_s_max`): REBALANCE_IN_PROGRESS past it."""
+        (bounded by :data:`barrier_wait_s_max`): REBALANCE_IN_PROGRESS past it.
+        :class:`InvalidArgument` (nothing sent) for metadata past its bound."""
+        size = sum(len(n) + len(m) for n, m in protocols)
+        if size > limits.group_member_metadata_bytes_max:
+            raise InvalidArgument(f"protocol metadata of {size} bytes, at most "
+                                  f"{limits.group_member_metadata_bytes_max}",
+                                  argument="protocols")
         body = await self.pd.call(Opcode.PD_GROUP_JOIN, {
             "group": group, "member": member, "protocol_type": protocol_type,
             "protocols": [[n, m] for n, m in protocols], "client_id": client_id,
@@ -79,6 +87,10 @@ class GroupClient:
         """The leader gives every member's assignment; each member waits (at most
         ``wait_s``) for its own: (error, assignment)."""
         header: dict[str, Any] = {"group": group, "member": member, "generation": generation}
+        size = sum(len(m) + len(a) for m, a in assignments or ())
+        if size > limits.group_assignment_bytes_max:
+            raise InvalidArgument(f"assignments of {size} bytes, at most "
+                                  f"{limits.group_assignment_bytes_max}", argument="assignments")
         if assignments:
             header["assignments"] = [[m, a] for m, a in assignments]
         deadline = time.monotonic() + min(wait_s, barrier_wait_s_max)

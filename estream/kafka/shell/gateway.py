@@ -97,7 +97,8 @@ class Gateway:
             kp.DELETE_TOPICS: self._delete_topics,
             kp.INIT_PRODUCER_ID: self._init_producer_id,
         }
-        self._handlers.update(GroupApis(GroupClient(client.pd), advertise, NODE_ID).handlers())
+        self._handlers.update(GroupApis(GroupClient(client.pd), lambda: self.advertise,
+                                        NODE_ID).handlers())
 
     # -- connections --------------------------------------------------------------------
 

@@ -62,9 +62,11 @@ def _ms(value: Any) -> int:
 
 
 class GroupApis:
-    """The group APIs of one gateway (``advertise``: the address it names itself by)."""
+    """The group APIs of one gateway (``advertise``: the address it names itself by, once
+    it listens)."""
 
-    def __init__(self, groups: GroupClient, advertise: tuple[str, int], node_id: int) -> None:
+    def __init__(self, groups: GroupClient, advertise: Callable[[], tuple[str, int]],
+                 node_id: int) -> None:
         self.groups = groups
         self.advertise = advertise
         self.node_id = node_id
@@ -78,7 +80,7 @@ class GroupApis:
 
     async def find_coordinator(self, request: Any, version: int) -> Any:
         schema = kp.response_schema(kp.FIND_COORDINATOR, version)
-        host, port = self.advertise
+        host, port = self.advertise()
         if version >= 4:
             cls = kp.nested(schema, "Coordinator")
             return kp.build(schema, throttle_time=0, coordinators=tuple(

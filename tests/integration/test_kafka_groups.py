@@ -1,0 +1,340 @@
+"""Consumer groups through the Kafka gateway with real clients (issue 31, items 3-5):
+kafka-python (its defaults: auto commit), confluent-kafka (librdkafka) and aiokafka join
+groups, share partitions, rebalance when a member leaves, and resume from the offsets
+they committed (the streams' named cursors, read back through the SDK); hostile group
+requests get Kafka error codes and the gateway keeps serving; a PD leader change in the
+middle of a group loses no committed offset. One cluster and gateway for the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import estream
+from estream.devcluster.kafka import start_kafka
+
+pytestmark = [
+    pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3),
+    pytest.mark.filterwarnings("ignore:(read_text|open_text) is deprecated:DeprecationWarning"),
+]
+
+WAIT_S = 40.0
+
+
+@dataclass(frozen=True)
+class Gateway:
+    address: str
+    pd: str
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def gateway(module_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    log_dir = tmp_path_factory.mktemp("kafka-groups")
+    process, address, _ = start_kafka(log_dir, module_cluster.pd_addresses)
+    try:
+        yield Gateway(address, module_cluster.pd_addresses, log_dir / "kafka.log")
+    finally:
+        process.stop()
+
+
+def create_topic(gateway: Gateway, name: str, partitions: int) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    client = KafkaAdminClient(bootstrap_servers=gateway.address, request_timeout_ms=20_000)
+    try:
+        client.create_topics([NewTopic(name, partitions, -1)])
+    finally:
+        client.close()
+
+
+def produce(gateway: Gateway, topic: str, partitions: int, per_partition: int,
+            tag: str = "r") -> set[bytes]:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": gateway.address, "linger.ms": 5})
+    sent = set()
+    for p in range(partitions):
+        for i in range(per_partition):
+            value = f"{tag}-{p}-{i}".encode()
+            producer.produce(topic, value, partition=p)
+            sent.add(value)
+    assert producer.flush(WAIT_S) == 0
+    return sent
+
+
+def cursors(gateway: Gateway, group: str, streams: list[str]) -> dict[str, int | None]:
+    async def read() -> dict[str, int | None]:
+        async with await estream.connect(gateway.pd) as sdk:
+            return {s: await sdk.cursor_offset(s, group) for s in streams}
+
+    return asyncio.run(read())
+
+
+def confluent_consumer(gateway: Gateway, group: str, **extra: Any) -> Any:
+    from confluent_kafka import Consumer
+
+    return Consumer({"bootstrap.servers": gateway.address, "group.id": group,
+                     "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                     "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500,
+                     "fetch.wait.max.ms": 100, **extra})
+
+
+def test_kafka_python_group_with_defaults_commits_and_a_new_consumer_resumes(
+        gateway: Gateway) -> None:
+    from kafka import KafkaConsumer
+
+    create_topic(gateway, "kp-group", 2)
+    first = produce(gateway, "kp-group", 2, 10, "a")
+    consumer = KafkaConsumer("kp-group", bootstrap_servers=gateway.address,
+                             group_id="kp-g", auto_offset_reset="earliest",
+                             consumer_timeout_ms=3_000)
+    try:
+        seen = [m.value for m in consumer]
+        deadline = time.monotonic() + WAIT_S
+        while len(seen) < len(first) and time.monotonic() < deadline:
+            seen += [m.value for m in consumer]
+    finally:
+        consumer.close()  # auto commit: commits what it consumed, then leaves
+    assert sorted(seen) == sorted(first)
+    assert cursors(gateway, "kp-g", ["kp-group-0", "kp-group-1"]) == {
+        "kp-group-0": 10, "kp-group-1": 10}
+    second = produce(gateway, "kp-group", 2, 5, "b")
+    consumer = KafkaConsumer("kp-group", bootstrap_servers=gateway.address,
+                             group_id="kp-g", auto_offset_reset="earliest",
+                             consumer_timeout_ms=3_000)
+    try:
+        resumed = [m.value for m in consumer]
+        deadline = time.monotonic() + WAIT_S
+        while len(resumed) < len(second) and time.monotonic() < deadline:
+            resumed += [m.value for m in consumer]
+    finally:
+        consumer.close()
+    assert sorted(resumed) == sorted(second)  # nothing lost, nothing again
+
+
+def _assigned(consumer: Any) -> set[int]:
+    return {tp.partition for tp in consumer.assignment()}
+
+
+def test_confluent_two_consumers_share_partitions_then_one_takes_all(gateway: Gateway) -> None:
+    create_topic(gateway, "cf-group", 4)
+    sent = produce(gateway, "cf-group", 4, 5)
+    a, b = confluent_consumer(gateway, "cf-g"), confluent_consumer(gateway, "cf-g")
+    got: list[bytes] = []
+    try:
+        a.subscribe(["cf-group"])
+        b.subscribe(["cf-group"])
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            for c in (a, b):
+                m = c.poll(0.2)
+                if m is not None and m.error() is None:
+                    got.append(m.value())
+                    c.commit(m, asynchronous=False)
+            if len(_assigned(a)) == 2 and len(_assigned(b)) == 2:
+                break
+        assert _assigned(a) | _assigned(b) == {0, 1, 2, 3}
+        assert not _assigned(a) & _assigned(b)
+        b.close()
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and (len(_assigned(a)) < 4 or len(set(got)) < 20):
+            m = a.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+                a.commit(m, asynchronous=False)
+        assert _assigned(a) == {0, 1, 2, 3}
+    finally:
+        a.close()
+    assert set(got) == sent
+    committed = cursors(gateway, "cf-g", [f"cf-group-{p}" for p in range(4)])
+    assert committed == {f"cf-group-{p}": 5 for p in range(4)}
+    # A new consumer of the group resumes at the committed offsets: only what is new.
+    more = produce(gateway, "cf-group", 4, 2, "more")
+    c = confluent_consumer(gateway, "cf-g")
+    fresh: list[bytes] = []
+    try:
+        c.subscribe(["cf-group"])
+        deadline = time.monotonic() + WAIT_S
+        while len(fresh) < len(more) and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                fresh.append(m.value())
+    finally:
+        c.close()
+    assert sorted(fresh) == sorted(more)
+
+
+async def test_aiokafka_group_consumes_and_commits(gateway: Gateway) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    await asyncio.to_thread(create_topic, gateway, "aio-group", 2)
+    sent = await asyncio.to_thread(produce, gateway, "aio-group", 2, 4)
+    consumer = AIOKafkaConsumer("aio-group", bootstrap_servers=gateway.address,
+                                group_id="aio-g", auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            got += [m.value for ms in batches.values() for m in ms]
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    assert sorted(got) == sorted(sent)
+    async with await estream.connect(gateway.pd) as sdk:
+        assert [await sdk.cursor_offset(f"aio-group-{p}", "aio-g") for p in range(2)] == [4, 4]
+
+
+# -- hostile inputs, raw frames --------------------------------------------------------
+
+
+def _frame(api_key: int, version: int, correlation: int, body: Any) -> bytes:
+    from kio.serial import entity_writer
+
+    out = io.BytesIO()
+    entity_writer(type(body))(out, body)
+    head = struct.pack(">hhih", api_key, version, correlation, 1) + b"t"
+    data = head + out.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+def _call(sock: socket.socket, api_key: int, version: int, correlation: int,
+          body: Any) -> Any:
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+
+    sock.sendall(_frame(api_key, version, correlation, body))
+    size = struct.unpack(">i", _read(sock, 4))[0]
+    data = _read(sock, size)
+    assert struct.unpack(">i", data[:4])[0] == correlation
+    answer, _ = entity_reader(load_response_schema(api_key, version))(data, 4)
+    return answer
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "the gateway closed the connection"
+        out += chunk
+    return out
+
+
+def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serving(
+        gateway: Gateway) -> None:
+    import datetime
+
+    from kio.schema.errors import ErrorCode
+    from kio.schema.heartbeat.v3.request import HeartbeatRequest
+    from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.offset_commit.v7.request import (
+        OffsetCommitRequest,
+        OffsetCommitRequestPartition,
+        OffsetCommitRequestTopic,
+    )
+    from kio.schema.sync_group.v3.request import SyncGroupRequest
+    from kio.schema.types import GroupId, TopicName
+    from kio.static.primitive import i32, i32Timedelta, i64
+
+    def ms(v: int) -> Any:
+        return i32Timedelta.parse(datetime.timedelta(milliseconds=v))
+
+    def join(group: str, member: str, metadata: bytes, session: int = 10_000) -> Any:
+        return JoinGroupRequest(group_id=GroupId(group), session_timeout=ms(session),
+                                rebalance_timeout=ms(5_000), member_id=member,
+                                group_instance_id=None, protocol_type="consumer",
+                                protocols=(JoinGroupRequestProtocol(name="range", metadata=metadata),))
+
+    host, port = gateway.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        # v4+: a first join gets MEMBER_ID_REQUIRED with the id to join with.
+        first = _call(sock, 11, 5, 1, join("hostile", "", b"m"))
+        assert first.error_code == ErrorCode.member_id_required and first.member_id
+        member = first.member_id
+        # Absurd sizes: protocol metadata past the bound, a bad group name, a session
+        # timeout out of range.
+        huge = _call(sock, 11, 5, 2, join("hostile", member, b"x" * (1024 * 1024)))
+        assert huge.error_code == ErrorCode.invalid_request
+        bad = _call(sock, 11, 5, 3, join("no spaces!", member, b"m"))
+        assert bad.error_code == ErrorCode.invalid_group_id
+        late = _call(sock, 11, 5, 4, join("hostile", member, b"m", session=2**31 - 1))
+        assert late.error_code == ErrorCode.invalid_session_timeout
+        joined = _call(sock, 11, 5, 5, join("hostile", member, b"m"))
+        assert joined.error_code == ErrorCode.none and joined.leader == member
+        generation = int(joined.generation_id)
+        synced = _call(sock, 14, 3, 6, SyncGroupRequest(
+            group_id=GroupId("hostile"), generation_id=i32(generation), member_id=member,
+            group_instance_id=None, assignments=()))
+        assert synced.error_code == ErrorCode.none
+        # Unknown members and wrong generations.
+        for corr, (who, gen, code) in enumerate([
+                ("nobody", generation, ErrorCode.unknown_member_id),
+                (member, generation + 7, ErrorCode.illegal_generation),
+                (member, generation, ErrorCode.none)], start=10):
+            beat = _call(sock, 12, 3, corr, HeartbeatRequest(
+                group_id=GroupId("hostile"), generation_id=i32(gen), member_id=who,
+                group_instance_id=None))
+            assert beat.error_code == code, (who, gen)
+        commit = _call(sock, 8, 7, 20, OffsetCommitRequest(
+            group_id=GroupId("hostile"), generation_id_or_member_epoch=i32(generation + 1),
+            member_id=member,
+            group_instance_id=None, topics=(OffsetCommitRequestTopic(
+                name=TopicName("kp-group"), partitions=(OffsetCommitRequestPartition(
+                    partition_index=i32(0), committed_offset=i64(1),
+                    committed_leader_epoch=i32(-1), committed_metadata=None),)),)))
+        assert commit.topics[0].partitions[0].error_code == ErrorCode.illegal_generation
+        # The gateway still serves: the member commits in its generation.
+        commit = _call(sock, 8, 7, 21, OffsetCommitRequest(
+            group_id=GroupId("hostile"), generation_id_or_member_epoch=i32(generation),
+            member_id=member,
+            group_instance_id=None, topics=(OffsetCommitRequestTopic(
+                name=TopicName("no-such-topic"), partitions=(OffsetCommitRequestPartition(
+                    partition_index=i32(0), committed_offset=i64(1),
+                    committed_leader_epoch=i32(-1), committed_metadata=None),)),)))
+        assert commit.topics[0].partitions[0].error_code == ErrorCode.unknown_topic_or_partition
+
+
+def test_a_pd_leader_change_mid_group_loses_no_committed_offset(
+        gateway: Gateway, module_cluster: Any) -> None:
+    create_topic(gateway, "pd-flip", 2)
+    sent = produce(gateway, "pd-flip", 2, 6)
+    c = confluent_consumer(gateway, "flip-g")
+    got: list[bytes] = []
+    try:
+        c.subscribe(["pd-flip"])
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < 6 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+                c.commit(m, asynchronous=False)
+        before = cursors(gateway, "flip-g", ["pd-flip-0", "pd-flip-1"])
+        leader = module_cluster.kill_pd_leader()
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                m = c.poll(0.2)
+                if m is not None and m.error() is None:
+                    got.append(m.value())
+                    c.commit(m, asynchronous=False)
+        finally:
+            module_cluster.restart_pd(leader)
+    finally:
+        c.close()
+    assert set(got) == sent
+    after = cursors(gateway, "flip-g", ["pd-flip-0", "pd-flip-1"])
+    assert all((after[s] or 0) >= (before[s] or 0) for s in after)
+    assert after == {"pd-flip-0": 6, "pd-flip-1": 6}
