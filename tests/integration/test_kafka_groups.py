@@ -256,7 +256,8 @@ def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serv
         return JoinGroupRequest(group_id=GroupId(group), session_timeout=ms(session),
                                 rebalance_timeout=ms(5_000), member_id=member,
                                 group_instance_id=None, protocol_type="consumer",
-                                protocols=(JoinGroupRequestProtocol(name="range", metadata=metadata),))
+                                protocols=(JoinGroupRequestProtocol(name="range",
+                                                                    metadata=metadata),))
 
     host, port = gateway.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
