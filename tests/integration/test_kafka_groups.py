@@ -339,3 +339,58 @@ def test_a_pd_leader_change_mid_group_loses_no_committed_offset(
     after = cursors(gateway, "flip-g", ["pd-flip-0", "pd-flip-1"])
     assert all((after[s] or 0) >= (before[s] or 0) for s in after)
     assert after == {"pd-flip-0": 6, "pd-flip-1": 6}
+
+
+async def test_sdk_subscribe_shares_streams_rebalances_and_resumes(gateway: Gateway) -> None:
+    names = [f"sdk-sub-{p}" for p in range(3)]
+
+    async def until(check: Any) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not check():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+
+    async with await estream.connect(gateway.pd) as sdk:
+        writers = []
+        for name in names:
+            await sdk.create_stream(name)
+            writers.append(await sdk.open_writer(name))
+
+        async def write(tag: str) -> set[bytes]:
+            values = {f"{name}/{tag}{i}".encode() for name in names for i in range(4)}
+            for name, writer in zip(names, writers, strict=True):
+                for i in range(4):
+                    await writer.append(f"{name}/{tag}{i}".encode())
+            return values
+
+        sent = await write("a")
+        a = sdk.subscribe("sdk-g", names, heartbeat_s=0.2)
+        b = sdk.subscribe("sdk-g", names, heartbeat_s=0.2)
+        got: list[bytes] = []
+
+        async def consume(sub: Any) -> None:
+            async for item in sub:
+                got.append(item.record.value)
+                await sub.commit()
+
+        tasks = [asyncio.ensure_future(consume(a)), asyncio.ensure_future(consume(b))]
+        try:
+            await until(lambda: set(got) == sent)
+            await until(lambda: a.assignment and b.assignment
+                        and not set(a.assignment) & set(b.assignment))
+            assert set(a.assignment) | set(b.assignment) == set(names)
+            sent |= await write("b")
+            await until(lambda: set(got) == sent)
+            await b.close()  # b leaves: a takes every stream
+            await until(lambda: set(a.assignment) == set(names))
+            sent |= await write("c")
+            await until(lambda: set(got) == sent)
+        finally:
+            await a.close()
+            await b.close()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for writer in writers:
+                await writer.close()
+        assert [await sdk.cursor_offset(n, "sdk-g") for n in names] == [12, 12, 12]
