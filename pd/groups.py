@@ -50,6 +50,7 @@ Pure: no I/O, no clock (callers pass ``now_ms``).
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -374,6 +375,45 @@ def _remove(group: Group, gone: set[str]) -> Group | None:
         return None
     members = tuple(replace(m, joined=False, assignment=b"") for m in members)
     return replace(group, state=PREPARING, members=members)
+
+
+# -- what operators are shown -------------------------------------------------------------
+
+
+def assigned_streams(protocol_type: str, assignment: bytes) -> list[str] | None:
+    """The streams an assignment gives its member, for operators: a Kafka consumer's
+    (``consumer``: ConsumerProtocolAssignment, topic T partition p is stream ``T-p``) or an
+    SDK member's (``estream``: a msgpack list); None when it cannot be read.
+
+    >>> data = "0000" "00000001" "0001" "74" "00000002" "00000000" "00000001" "00000000"
+    >>> assigned_streams("consumer", bytes.fromhex(data))
+    ['t-0', 't-1']
+    >>> assigned_streams("estream", msgpack.packb(["a", "b"])), assigned_streams("x", b"")
+    (['a', 'b'], None)
+    """
+    try:
+        if protocol_type == "estream":
+            value = msgpack.unpackb(assignment) if assignment else []
+            return [str(s) for s in value]
+        if protocol_type != "consumer":
+            return None
+        if not assignment:
+            return []
+        out, pos = [], 2
+        (topics,) = struct.unpack_from(">i", assignment, pos)
+        pos += 4
+        for _ in range(max(0, min(topics, 100_000))):
+            (size,) = struct.unpack_from(">h", assignment, pos)
+            topic = assignment[pos + 2:pos + 2 + size].decode()
+            pos += 2 + size
+            (count,) = struct.unpack_from(">i", assignment, pos)
+            pos += 4
+            parts = struct.unpack_from(f">{max(0, count)}i", assignment, pos)
+            pos += 4 * max(0, count)
+            out += [f"{topic}-{p}" for p in parts]
+        return out
+    except Exception:  # noqa: BLE001 - a client's bytes, shown if they can be read
+        return None
 
 
 # -- snapshots ---------------------------------------------------------------------------

@@ -22,6 +22,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
+
 from estream.net.rpc import Header, optional, require
 from estream.wire.errors import Conflict, EstreamError, InvalidArgument, StreamNotFound
 from estream.wire.protocol import Opcode
@@ -39,6 +41,7 @@ from pd.groups import (
     GroupClock,
     Member,
     assign_body,
+    assigned_streams,
     check_group_name,
     check_member,
     commit_error,
@@ -287,7 +290,33 @@ def describe_group(group: Group | None, name: str) -> dict[str, Any]:
             "leader": group.leader,
             "members": [{"member": m.id, "client_id": m.client_id,
                          "client_host": m.client_host, "metadata": m.metadata(group.protocol),
-                         "assignment": m.assignment} for m in group.members]}
+                         "assignment": m.assignment,
+                         "streams": assigned_streams(group.protocol_type, m.assignment)}
+                        for m in group.members]}
+
+
+def group_json(described: dict[str, Any]) -> dict[str, Any]:
+    """:func:`describe_group` for JSON (the admin API, the CLI): members without their
+    metadata and assignment bytes (``streams`` says what each reads)."""
+    return described | {"members": [
+        {k: v for k, v in m.items() if k not in ("metadata", "assignment")}
+        for m in described["members"]]}
+
+
+def add_group_routes(app: web.Application, service: PdService) -> None:
+    """``GET /v1/groups`` (every group: state, protocol type, members) and
+    ``GET /v1/groups/{name}`` (members, their streams, committed offsets and lag)."""
+    rpc = service.groups
+
+    async def list_groups(request: web.Request) -> web.Response:
+        return web.json_response(await rpc._rpc_list({}))
+
+    async def describe(request: web.Request) -> web.Response:
+        answer = await rpc._rpc_describe({"group": request.match_info["name"], "lag": True})
+        return web.json_response(group_json(answer["group"]))
+
+    app.router.add_get("/v1/groups", list_groups)
+    app.router.add_get("/v1/groups/{name}", describe)
 
 
 def _strings(h: Header, field: str) -> list[str]:

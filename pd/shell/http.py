@@ -73,6 +73,7 @@ from pd.paging import (
     window_args,
 )
 from pd.shell.console import RangesReport, add_operator_routes, with_drain_outlooks
+from pd.shell.groups import add_group_routes
 from pd.shell.raft import RaftStatus
 from pd.shell.service import RETENTION_FIELDS, PdService, cursor_rows
 from pd.validate import check_request
@@ -234,6 +235,7 @@ def build_app(
     app.router.add_get("/v1/rangeservers", views.rangeservers)
     add_operator_routes(app, service, ranges_report,  # drain, forget, /v1/ranges, /ui,
                         views._gauges, object_store)  # records, samples
+    add_group_routes(app, service)  # GET /v1/groups, /v1/groups/{name}
     app.router.add_get("/v1/openapi.json", views.openapi)
     app.router.add_get("/healthz", views.healthz)
     app.router.add_get("/readyz", views.readyz)

@@ -394,3 +394,42 @@ async def test_sdk_subscribe_shares_streams_rebalances_and_resumes(gateway: Gate
             for writer in writers:
                 await writer.close()
         assert [await sdk.cursor_offset(n, "sdk-g") for n in names] == [12, 12, 12]
+
+
+def test_cli_and_admin_api_show_a_group_its_members_offsets_and_lag(
+        gateway: Gateway, module_cluster: Any) -> None:
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+
+    create_topic(gateway, "ops-t", 2)
+    produce(gateway, "ops-t", 2, 3)
+    c = confluent_consumer(gateway, "ops-g")
+    try:
+        c.subscribe(["ops-t"])
+        got = 0
+        deadline = time.monotonic() + WAIT_S
+        while got < 2 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None and m.partition() == 0:
+                got += 1
+                c.commit(m, asynchronous=False)
+        ran = subprocess.run(
+            [sys.executable, "-m", "estream.cli.main", "group", "describe", "ops-g", "--json",
+             "--pd", gateway.pd], capture_output=True, text=True, timeout=60, check=False,
+            cwd=Path(__file__).resolve().parents[2])
+        assert ran.returncode == 0, ran.stderr
+        shown = json.loads(ran.stdout)
+        assert shown["state"] == "Stable" and len(shown["members"]) == 1
+        assert sorted(shown["members"][0]["streams"]) == ["ops-t-0", "ops-t-1"]
+        assert {"stream": "ops-t-0", "offset": 2, "end": 3, "lag": 1} in shown["offsets"]
+        with urllib.request.urlopen(f"{module_cluster.pd_url()}/v1/groups", timeout=20) as r:
+            listed = json.loads(r.read())["groups"]
+        assert {"group": "ops-g", "state": "Stable", "protocol_type": "consumer",
+                "members": 1} in listed
+        with urllib.request.urlopen(f"{module_cluster.pd_url()}/v1/groups/ops-g",
+                                    timeout=20) as r:
+            assert json.loads(r.read())["offsets"] == shown["offsets"]
+    finally:
+        c.close()
