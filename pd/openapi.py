@@ -576,3 +576,40 @@ def _add_console() -> None:
 
 
 _add_console()
+
+
+def _add_groups() -> None:
+    """Consumer groups (pd/groups.py): Kafka's and ``client.subscribe``'s."""
+    text = {"type": "string"}
+    count = {"type": "integer"}
+    offsets = {"type": "array", "items": {
+        "type": "object", "required": ["stream", "offset", "end", "lag"],
+        "properties": {"stream": text, "offset": count, "end": count, "lag": count}}}
+    member = {"type": "object", "required": ["member", "client_id", "client_host", "streams"],
+              "properties": {"member": text, "client_id": text, "client_host": text,
+                             "streams": {"type": ["array", "null"], "items": text}}}
+    OPENAPI["paths"]["/v1/groups"] = {"get": {
+        "summary": "Every consumer group PD holds: state, protocol type, members",
+        "responses": {"200": _json({
+            "type": "object", "required": ["groups"], "properties": {"groups": {
+                "type": "array", "items": {
+                    "type": "object", "required": ["group", "state", "protocol_type",
+                                                   "members"],
+                    "properties": {"group": text, "state": text, "protocol_type": text,
+                                   "members": count}}}}}, "The groups")}}}
+    OPENAPI["paths"]["/v1/groups/{name}"] = {"get": {
+        "summary": "A group's state, members and the streams each reads, its committed "
+                   "offsets (its cursor on each stream) and their lag; a group without "
+                   "members is \"Dead\", with the offsets it committed",
+        "parameters": [{"name": "name", "in": "path", "required": True, "schema": text}],
+        "responses": {"200": _json({
+            "type": "object",
+            "required": ["group", "state", "protocol_type", "protocol", "generation", "leader",
+                         "members", "offsets"],
+            "properties": {"group": text, "state": text, "protocol_type": text,
+                           "protocol": text, "generation": count, "leader": text,
+                           "members": {"type": "array", "items": member},
+                           "offsets": offsets}}, "The group"), **_errors(400)}}}
+
+
+_add_groups()

@@ -433,3 +433,28 @@ def test_cli_and_admin_api_show_a_group_its_members_offsets_and_lag(
             assert json.loads(r.read())["offsets"] == shown["offsets"]
     finally:
         c.close()
+
+
+def test_a_deleted_topic_takes_its_offsets_and_a_name_reused_starts_clean(
+        gateway: Gateway) -> None:
+    from confluent_kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    create_topic(gateway, "reused-t", 1)
+    produce(gateway, "reused-t", 1, 3)
+    c = confluent_consumer(gateway, "reused-g")
+    try:
+        c.commit(offsets=[TopicPartition("reused-t", 0, 3)], asynchronous=False)
+        [found] = c.committed([TopicPartition("reused-t", 0)], timeout=WAIT_S)
+        assert found.offset == 3
+        client = KafkaAdminClient(bootstrap_servers=gateway.address, request_timeout_ms=20_000)
+        try:
+            client.delete_topics(["reused-t"])
+        finally:
+            client.close()
+        create_topic(gateway, "reused-t", 1)
+        [found] = c.committed([TopicPartition("reused-t", 0)], timeout=WAIT_S)
+        assert found.offset < 0  # no committed offset: the old one went with its stream
+    finally:
+        c.close()
+    assert cursors(gateway, "reused-g", ["reused-t-0"]) == {"reused-t-0": None}
