@@ -458,3 +458,56 @@ def test_a_deleted_topic_takes_its_offsets_and_a_name_reused_starts_clean(
     finally:
         c.close()
     assert cursors(gateway, "reused-g", ["reused-t-0"]) == {"reused-t-0": None}
+
+
+def test_a_join_waits_at_the_barrier_without_blocking_other_connections(
+        gateway: Gateway) -> None:
+    import datetime
+
+    from kio.schema.api_versions.v0.request import ApiVersionsRequest
+    from kio.schema.errors import ErrorCode
+    from kio.schema.heartbeat.v3.request import HeartbeatRequest
+    from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.sync_group.v3.request import SyncGroupRequest
+    from kio.schema.types import GroupId
+    from kio.static.primitive import i32, i32Timedelta
+
+    def join(member: str) -> Any:
+        ms = i32Timedelta.parse(datetime.timedelta(milliseconds=10_000))
+        return JoinGroupRequest(group_id=GroupId("barrier"), session_timeout=ms,
+                                rebalance_timeout=ms, member_id=member,
+                                group_instance_id=None, protocol_type="consumer",
+                                protocols=(JoinGroupRequestProtocol(name="range",
+                                                                    metadata=b""),))
+
+    host, port = gateway.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as a, \
+            socket.create_connection((host, int(port)), timeout=WAIT_S) as b:
+        first = _call(a, 11, 5, 1, join("")).member_id
+        joined = _call(a, 11, 5, 2, join(first))
+        generation = int(joined.generation_id)
+        assert _call(a, 14, 3, 3, SyncGroupRequest(
+            group_id=GroupId("barrier"), generation_id=i32(generation), member_id=first,
+            group_instance_id=None, assignments=())).error_code == ErrorCode.none
+        second = _call(b, 11, 5, 4, join("")).member_id
+        b.sendall(_frame(11, 5, 5, join(second)))  # waits at the barrier for the first
+        deadline = time.monotonic() + WAIT_S
+        code = ErrorCode.none
+        while code == ErrorCode.none and time.monotonic() < deadline:
+            code = _call(a, 12, 3, 6, HeartbeatRequest(
+                group_id=GroupId("barrier"), generation_id=i32(generation), member_id=first,
+                group_instance_id=None)).error_code
+        assert code == ErrorCode.rebalance_in_progress
+        started = time.monotonic()
+        assert _call(a, 18, 0, 7, ApiVersionsRequest()).error_code == ErrorCode.none
+        assert time.monotonic() - started < 5  # the other member's wait holds nothing here
+        rejoined = _call(a, 11, 5, 8, join(first))  # the round completes: both joined
+        assert rejoined.error_code == ErrorCode.none
+        assert int(rejoined.generation_id) == generation + 1 and len(rejoined.members) == 2
+        size = struct.unpack(">i", _read(b, 4))[0]
+        from kio.index import load_response_schema
+        from kio.serial import entity_reader
+
+        answer, _ = entity_reader(load_response_schema(11, 5))(_read(b, size), 4)
+        assert answer.error_code == ErrorCode.none and answer.leader == first
+        assert int(answer.generation_id) == generation + 1 and answer.members == ()
