@@ -511,3 +511,35 @@ def test_a_join_waits_at_the_barrier_without_blocking_other_connections(
         answer, _ = entity_reader(load_response_schema(11, 5))(_read(b, size), 4)
         assert answer.error_code == ErrorCode.none and answer.leader == first
         assert int(answer.generation_id) == generation + 1 and answer.members == ()
+
+
+def test_kafka_python_admin_lists_describes_fetches_and_deletes_group_offsets(
+        gateway: Gateway) -> None:
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import TopicPartition
+
+    create_topic(gateway, "adm-t", 1)
+    produce(gateway, "adm-t", 1, 2)
+    c = confluent_consumer(gateway, "adm-g")
+    admin = KafkaAdminClient(bootstrap_servers=gateway.address, request_timeout_ms=20_000)
+    try:
+        c.subscribe(["adm-t"])
+        deadline = time.monotonic() + WAIT_S
+        got = 0
+        while got < 2 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got += 1
+                c.commit(m, asynchronous=False)
+        listed = str(admin.list_groups())
+        assert "adm-g" in listed and "consumer" in listed
+        described = str(admin.describe_groups(["adm-g"]))
+        assert "Stable" in described and "range" in described
+        offsets = str(admin.list_group_offsets({"adm-g": None}))
+        assert "adm-t" in offsets and "2" in offsets
+        c.close()
+        admin.delete_group_offsets("adm-g", [TopicPartition("adm-t", 0)])
+        assert cursors(gateway, "adm-g", ["adm-t-0"]) == {"adm-t-0": None}
+    finally:
+        admin.close()
+        c.close()
