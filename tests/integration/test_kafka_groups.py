@@ -422,6 +422,7 @@ def test_cli_and_admin_api_show_a_group_its_members_offsets_and_lag(
         assert ran.returncode == 0, ran.stderr
         shown = json.loads(ran.stdout)
         assert shown["state"] == "Stable" and len(shown["members"]) == 1
+        assert shown["members"][0]["client_id"] == "rdkafka"  # librdkafka's default
         assert sorted(shown["members"][0]["streams"]) == ["ops-t-0", "ops-t-1"]
         assert {"stream": "ops-t-0", "offset": 2, "end": 3, "lag": 1} in shown["offsets"]
         with urllib.request.urlopen(f"{module_cluster.pd_url()}/v1/groups", timeout=20) as r:

@@ -30,7 +30,7 @@ from estream.kafka import protocol as kp
 from estream.kafka.convert import estream_headers, fetch_batch
 from estream.kafka.producers import ProducerTable
 from estream.kafka.records import KafkaBatch, decode_batches
-from estream.kafka.shell.groups import GroupApis
+from estream.kafka.shell.groups import REQUEST_CLIENT_ID, GroupApis
 from estream.kafka.topics import (
     ack_count_for,
     check_partitions,
@@ -179,6 +179,7 @@ class Gateway:
             return kp.error_response(key, version, correlation, ErrorCode.unsupported_version)
         try:
             header = kp.parse_header(frame)
+            REQUEST_CLIENT_ID.set(header.client_id or "")  # (this request's task only)
             request = kp.decode_request(header, frame)
         except MalformedFrame as exc:
             self.requests[(api, "INVALID_REQUEST")] += 1

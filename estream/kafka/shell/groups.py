@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -30,6 +31,9 @@ from estream.kafka.topics import parse_stream, stream_name
 from estream.sdk.groups import GroupClient
 from estream.wire.errors import EstreamError, InvalidArgument, StreamNotFound
 
+# The client id of the request being served (its header's), set by the gateway in the
+# request's own task: JoinGroup keeps it with the member (DescribeGroups shows it).
+REQUEST_CLIENT_ID: Final[ContextVar[str]] = ContextVar("kafka_client_id", default="")
 sync_wait_s: Final = 60.0  # the longest a member waits for its leader's assignment
 _ARGUMENT_ERRORS: Final = {"group": ErrorCode.invalid_group_id,
                            "session_timeout_ms": ErrorCode.invalid_session_timeout,
@@ -93,6 +97,7 @@ class GroupApis:
     async def join_group(self, request: Any, version: int) -> Any:
         schema = kp.response_schema(kp.JOIN_GROUP, version)
         member = request.member_id or ""
+        client_id = REQUEST_CLIENT_ID.get()[:256]
 
         def answer(error: ErrorCode, **values: Any) -> Any:
             return kp.build(schema, **{"throttle_time": 0, "error_code": error,
@@ -101,7 +106,7 @@ class GroupApis:
                                        "protocol_name": "", "members": (), **values})
 
         if not member:
-            member = f"{(getattr(request, 'client_id', None) or 'member')[:64]}-{uuid.uuid4()}"
+            member = f"{client_id[:64] or 'member'}-{uuid.uuid4()}"
             if version >= 4:  # the client must join again with it (KIP-394)
                 return answer(ErrorCode.member_id_required)
         session_ms = _ms(request.session_timeout)
@@ -110,7 +115,8 @@ class GroupApis:
             joined = await self.groups.join(
                 str(request.group_id), member, str(request.protocol_type),
                 [(str(p.name), bytes(p.metadata)) for p in request.protocols],
-                session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms)
+                session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
+                client_id=client_id)
         except (EstreamError, TimeoutError) as exc:
             return answer(failure_code(exc))
         if joined.error:
