@@ -107,6 +107,7 @@ from pd.commands import (
     DrainServer,
     DropLocalReplicas,
     ExpirePrepared,
+    GroupChange,
     ObjectDamaged,
     ObjectsDeleted,
     OpenWriter,
@@ -120,6 +121,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
+from pd.groups import Group, apply_change, groups_from_wire, groups_to_wire
 from pd.pmap import PMap
 from pd.rangelist import RangeList
 from pd.retention import check_cursor, cursors_per_stream_max
@@ -154,6 +156,7 @@ class Catalog(ObjectTierCommands):
         self._unreferenced: dict[str, None] = {}  # keys that lost their last reference
         self._unreferenced_keys: tuple[str, ...] = ()  # the same, as views share it
         self._ranges_total = 0  # ranges of every stream (derived, kept by _put)
+        self._groups: PMap[Group] = PMap()  # consumer groups (pd/groups.py)
         self.version = 0  # number of commands accepted (a rejection changes nothing)
 
     # -- reading -------------------------------------------------------------------
@@ -172,6 +175,7 @@ class Catalog(ObjectTierCommands):
             object_refs=self._refs,
             unreferenced=self._unreferenced_keys,
             ranges_total=self._ranges_total,
+            groups=self._groups,
         )
 
     def _put(self, name: str, stream: StreamMeta | None, *, keys_same: bool = False) -> None:
@@ -414,6 +418,9 @@ class Catalog(ObjectTierCommands):
             self._draining = self._draining | {cmd.server_id}
         return server
 
+    def _group_change(self, cmd: GroupChange) -> None:
+        self._groups = apply_change(self._groups, cmd.group, cmd.op, cmd.generation, cmd.body)
+
     def _drain_forget(self, cmd: DrainForget) -> None:
         """Remove a server from the catalog. Ranges naming it keep naming it (repair
         replaces it as dead); refused while a range has no other registered replica (the
@@ -472,6 +479,7 @@ class Catalog(ObjectTierCommands):
             "draining": sorted(self._draining),
             "prepared": [p.to_dict() for p in self._prepared.values()],
             "unreferenced": list(self._unreferenced),
+            "groups": groups_to_wire(self._groups),
         }
         data: bytes = msgpack.packb(body, use_bin_type=True)
         return data
@@ -501,6 +509,7 @@ class Catalog(ObjectTierCommands):
             catalog._prepared = PMap({r.object_key: r for r in records})  # (absent: older)
             catalog._unreferenced = {str(k): None for k in body.get("unreferenced", ())}
             catalog._unreferenced_keys = tuple(catalog._unreferenced)
+            catalog._groups = groups_from_wire(body.get("groups", ()))  # (absent: older)
         except InvalidArgument:
             raise
         except Exception as exc:
@@ -531,4 +540,5 @@ _HANDLERS: Final[dict[type[Any], Any]] = {
     ObjectDamaged: Catalog._object_damaged,
     DrainServer: Catalog._drain_server,
     DrainForget: Catalog._drain_forget,
+    GroupChange: Catalog._group_change,
 }

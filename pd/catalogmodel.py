@@ -17,6 +17,7 @@ from estream.wire.errors import Conflict, InvalidArgument, RangeNotFound, Stream
 from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ServerInfo, StreamMeta
 from estream.wire.record import DIGESTS
 from pd.commands import RETENTION_NONE, RETENTION_UNCHANGED, CreateStream, PackMember
+from pd.groups import Group
 from pd.rangelist import RangeList
 from pd.retention import check_retention
 
@@ -108,6 +109,8 @@ class CatalogView:
         default_factory=lambda: MappingProxyType({}), kw_only=True)
     unreferenced: tuple[str, ...] = field(default=(), kw_only=True)  # to delete, in order
     ranges_total: int = field(default=-1, kw_only=True)  # ranges of every stream (-1: count)
+    groups: Mapping[str, Group] = field(  # consumer groups by name (pd/groups.py)
+        default_factory=lambda: MappingProxyType({}), kw_only=True)
 
     def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
         """The stream named ``name`` (with ``stream_id`` > 0: only that incarnation of

@@ -348,6 +348,19 @@ class DeleteCursor:
     cursor: str
 
 
+@dataclass(frozen=True, slots=True)
+class GroupChange:
+    """A change to consumer group ``group`` (:mod:`pd.groups`): ``op`` is join, complete,
+    assign or remove, ``generation`` the one a guarded op expects, ``body`` its msgpack
+    fields (a member, assignments, member ids)."""
+
+    kind: ClassVar[str] = "group_change"
+    group: str
+    op: str
+    generation: int = -1
+    body: bytes = b""
+
+
 RETENTION_UNCHANGED: Final = -1  # set_retention: leave this limit as it is
 RETENTION_NONE: Final = 0  # set_retention: no limit
 
@@ -404,6 +417,7 @@ Command = (
     | ObjectDamaged
     | DrainServer
     | DrainForget
+    | GroupChange
 )
 
 COMMAND_TYPES: Final[dict[str, type[Any]]] = {
@@ -431,10 +445,11 @@ COMMAND_TYPES: Final[dict[str, type[Any]]] = {
         UpdateReplicas,
         DrainServer,
         DrainForget,
+        GroupChange,
     )
 }
 
-_KINDS: Final = {"str": str, "int": int, "bool": bool, "tuple[str, ...]": tuple,
+_KINDS: Final = {"str": str, "int": int, "bool": bool, "bytes": bytes, "tuple[str, ...]": tuple,
                   "tuple[PackMember, ...]": PackMember}
 # Each command kind's fields: name, default (``MISSING``: required) and the type its value
 # must have; worked out once, as every node decodes every entry.

@@ -14,6 +14,7 @@ from estream.wire import limits
 from estream.wire.fields import stream_name_bytes_max, streams_page_default, streams_page_max
 from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT, STORAGE_CLASSES
 from estream.wire.record import DIGESTS
+from pd.openapikafka import add_groups, add_kafka_field
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -583,14 +584,5 @@ def _add_console() -> None:
 _add_console()
 
 
-def _add_kafka_field() -> None:
-    """A stream named like partition p of topic T (``T-p``) shows ``"kafka"``."""
-    SCHEMAS["StreamFigures"]["allOf"][1]["properties"]["kafka"] = {
-        "type": "object", "required": ["topic", "partition"],
-        "description": "present when the stream's name is T-p: partition p of Kafka "
-                       "topic T for the Kafka gateway (estream kafka)",
-        "properties": {"topic": {"type": "string"},
-                       "partition": {"type": "integer", "minimum": 0}}}
-
-
-_add_kafka_field()
+add_kafka_field(SCHEMAS)
+add_groups(OPENAPI["paths"], _json, _errors)

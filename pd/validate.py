@@ -139,6 +139,10 @@ def _check(name: str, value: Any) -> None:
         if len(value) > limit:
             raise InvalidArgument(f"{name}: {len(value)} characters, at most {limit}",
                                   argument=name)
+    elif isinstance(value, bytes):
+        if len(value) > command_bytes_max:
+            raise InvalidArgument(f"{name}: {len(value)} bytes, at most {command_bytes_max}",
+                                  argument=name)
     elif isinstance(value, (list, tuple)):
         limit, item = _LISTS.get(name, (list_items_max, name))
         if len(value) > limit:

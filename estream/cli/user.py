@@ -23,7 +23,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
-from estream.cli import bench, cluster, ranges, records, servers, streams
+from estream.cli import bench, cluster, groups, ranges, records, servers, streams
 from estream.server.config import host_port_list, one_line_errors
 
 DEFAULT_PD = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     servers.add_parsers(sub, leaf)
     ranges.add_parsers(sub, leaf)
     bench.add_parsers(sub, leaf)
+    groups.add_parsers(sub, leaf)
     return one_line_errors(parser)
 
 

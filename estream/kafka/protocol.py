@@ -60,6 +60,29 @@ CREATE_PARTITIONS: Final = 37
 DESCRIBE_CONFIGS: Final = 32
 ALTER_CONFIGS: Final = 33
 INCREMENTAL_ALTER_CONFIGS: Final = 44
+# Consumer groups (estream/kafka/shell/groups.py)
+OFFSET_COMMIT: Final = 8
+OFFSET_FETCH: Final = 9
+FIND_COORDINATOR: Final = 10
+JOIN_GROUP: Final = 11
+HEARTBEAT: Final = 12
+LEAVE_GROUP: Final = 13
+SYNC_GROUP: Final = 14
+DESCRIBE_GROUPS: Final = 15
+LIST_GROUPS: Final = 16
+OFFSET_DELETE: Final = 47
+GROUP_APIS: Final[dict[int, tuple[str, tuple[int, int]]]] = {
+    OFFSET_COMMIT: ("OffsetCommit", (2, 8)),
+    OFFSET_FETCH: ("OffsetFetch", (1, 7)),
+    FIND_COORDINATOR: ("FindCoordinator", (0, 4)),
+    JOIN_GROUP: ("JoinGroup", (0, 7)),
+    HEARTBEAT: ("Heartbeat", (0, 4)),
+    LEAVE_GROUP: ("LeaveGroup", (0, 4)),
+    SYNC_GROUP: ("SyncGroup", (0, 5)),
+    DESCRIBE_GROUPS: ("DescribeGroups", (0, 5)),
+    LIST_GROUPS: ("ListGroups", (0, 4)),
+    OFFSET_DELETE: ("OffsetDelete", (0, 0)),
+}
 
 # api key -> (min version, max version) served; Kafka 2.1 and later clients negotiate
 # within these (topic ids, from Fetch 13 / Metadata 10 / Produce 13 on, are not served).
@@ -80,6 +103,7 @@ SUPPORTED: Final[dict[int, tuple[int, int]]] = {
     DESCRIBE_CONFIGS: (1, 4),
     ALTER_CONFIGS: (0, 2),
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    **{key: versions for key, (_, versions) in GROUP_APIS.items()},
 }
 API_NAMES: Final = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
                     METADATA: "Metadata", API_VERSIONS: "ApiVersions",
@@ -88,7 +112,8 @@ API_NAMES: Final = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffse
                     SASL_AUTHENTICATE: "SaslAuthenticate",
                     CREATE_PARTITIONS: "CreatePartitions", DESCRIBE_CONFIGS: "DescribeConfigs",
                     ALTER_CONFIGS: "AlterConfigs",
-                    INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs"}
+                    INCREMENTAL_ALTER_CONFIGS: "IncrementalAlterConfigs",
+                    **{key: name for key, (name, _) in GROUP_APIS.items()}}
 
 frame_bytes_max: Final = 100 * 1024 * 1024  # one request (Kafka's socket.request.max.bytes)
 frame_bytes_min: Final = 8  # api key, version, correlation id

@@ -36,6 +36,7 @@ from estream.sdk.reader import (
     read_stream_views,
     stream_end_offset,
 )
+from estream.sdk.subscribe import Subscription
 from estream.sdk.timelookup import offset_for_time
 from estream.sdk.writer import Writer
 from estream.wire import limits
@@ -357,6 +358,16 @@ class Client:
         """Records with offsets in ``[start, end)``; see :mod:`estream.sdk.reader`."""
         self._check_open()
         return read_stream(self, name, start, end, follow, replica)
+
+    def subscribe(self, group: str, streams: Sequence[str], *,
+                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 30_000,
+                  heartbeat_s: float = 1.0) -> Subscription:
+        """Join consumer group ``group`` over ``streams``: an async iterator of
+        :class:`~estream.sdk.subscribe.GroupRecord` with ``commit()`` and ``close()``
+        (see :mod:`estream.sdk.subscribe`; Kafka's groups share its state and offsets)."""
+        self._check_open()
+        return Subscription(self, group, list(streams), session_timeout_ms=session_timeout_ms,
+                            rebalance_timeout_ms=rebalance_timeout_ms, heartbeat_s=heartbeat_s)
 
     def read_batches(
         self,

@@ -115,3 +115,8 @@ raft_port_probe_timeout_s: Final = 1.0
 # goes alone, as an APPEND.
 append_many_entries_max: Final = 256  # batches in one APPEND_MANY (a writer's in-flight max)
 append_many_bytes_max: Final = 4 * MiB  # their bytes together (frame_bytes_max bounds the frame)
+
+# Consumer groups (pd/groups.py): one member's protocol metadata, and one round's
+# assignments (every member's), so that a group change stays well within a PD command.
+group_member_metadata_bytes_max: Final = 16 * 1024
+group_assignment_bytes_max: Final = 48 * 1024

@@ -77,6 +77,17 @@ class Opcode(IntEnum):
     PD_DELETE_CURSOR = 74  # {"name", "cursor"} -> {"deleted"}
     PD_REPORT_OBJECT_DAMAGE = 75  # {"stream_id", "range_index", "object_key", "reason"}
     #   -> {"outcome"}: the leader checks the object itself (pd/objectdamage.py)
+    # Consumer groups (pd/groups.py, pd/shell/groups.py; docs/PROTOCOL.md), the leader's:
+    PD_GROUP_JOIN = 90  # a member joins: -> {"member", "generation"} (the round's base)
+    PD_GROUP_AWAIT_JOIN = 91  # -> {"done", "generation", "protocol", "leader", "members"}
+    PD_GROUP_SYNC = 92  # the leader's assignments, or a member's wait -> {"done", "assignment"}
+    PD_GROUP_HEARTBEAT = 93  # -> {"error"}
+    PD_GROUP_LEAVE = 94  # {"group", "members"} -> {"errors"}
+    PD_GROUP_COMMIT = 95  # {"group", "member", "generation", "offsets"} -> {"errors"}
+    PD_GROUP_OFFSETS = 96  # {"group", "streams"?} -> {"offsets": {stream: offset}}
+    PD_GROUP_DESCRIBE = 97  # {"group", "lag"?} -> {"group"}
+    PD_GROUP_LIST = 98  # {} -> {"groups"}
+    PD_GROUP_DELETE_OFFSETS = 99  # {"group", "streams"} -> {"errors"}
 
 
 class FrameFlags(IntFlag):

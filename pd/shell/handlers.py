@@ -100,6 +100,7 @@ class PdHandlers:
             Opcode.PD_DESCRIBE_SERVERS: self.describe_servers,
             Opcode.PD_REPORT_OBJECT_DAMAGE: self.report_damage,
         }
+        table.update(self.service.groups.handlers())  # PD_GROUP_* (pd/shell/groups.py)
         return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
 
     def quick_handlers(self) -> dict[int, QuickHandler]:

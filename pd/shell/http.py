@@ -80,6 +80,7 @@ from pd.openapi import OPENAPI
 from pd.paging import ranges_window, stream_answer
 from pd.retention import cursor_rows
 from pd.shell.console import RangesReport, add_operator_routes, with_drain_outlooks
+from pd.shell.groups import add_group_routes
 from pd.shell.raft import RaftStatus
 from pd.shell.service import PdService
 from pd.validate import check_request
@@ -237,6 +238,7 @@ def build_app(
     app.router.add_get("/v1/rangeservers", views.rangeservers)
     add_operator_routes(app, service, ranges_report,  # drain, forget, /v1/ranges, /ui,
                         views._gauges, object_store)  # records, samples
+    add_group_routes(app, service)  # GET /v1/groups, /v1/groups/{name}
     app.router.add_get("/v1/openapi.json", views.openapi)
     app.router.add_get("/healthz", views.healthz)
     app.router.add_get("/readyz", views.readyz)

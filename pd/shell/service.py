@@ -70,6 +70,7 @@ from pd.placement import choose_replicas
 from pd.repair import SealedReports, ServerListing
 from pd.retention import check_cursor, check_retention, retention_change
 from pd.shell import rangeops
+from pd.shell.groups import GroupRpc
 from pd.shell.handlers import PdHandlers
 from pd.shell.raft import RaftNode
 from pd.shell.servers import ServerOps
@@ -117,6 +118,7 @@ class PdService(ServerOps):
         # The leader's offloader takes readers' damage reports (pd/objectdamage.py): the
         # report -> the outcome; None without a tier.
         self.object_damage: Callable[[DamageReport], str] | None = None
+        self.groups = GroupRpc(self)  # consumer groups' PD_GROUP_* opcodes
 
     # -- reads -----------------------------------------------------------------------
     async def describe_stream(self, name: str) -> StreamMeta:

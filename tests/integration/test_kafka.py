@@ -366,8 +366,8 @@ def test_bad_frames_and_absurd_sizes_get_kafka_errors_and_the_gateway_keeps_serv
     gateway: Gateway,
 ) -> None:
     with _connect(gateway) as sock:
-        # An API the gateway does not serve (JoinGroup v5): UNSUPPORTED_VERSION (35).
-        sock.sendall(_request(11, 5, 1, b"\x00" * 40))
+        # An API the gateway does not serve (DescribeAcls v1): UNSUPPORTED_VERSION (35).
+        sock.sendall(_request(29, 1, 1, b"\x00" * 40))
         correlation, body = _answer(sock)
         assert correlation == 1 and struct.pack(">h", 35) in body[:8]
         # An API key nobody knows: the correlation id and 35, the connection kept.
@@ -409,7 +409,7 @@ def test_bad_frames_and_absurd_sizes_get_kafka_errors_and_the_gateway_keeps_serv
         assert response.status == 200 and json.load(response) == {"status": "ok"}
     with urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=WAIT_S) as response:
         text = response.read().decode()
-    assert 'estream_kafka_requests_total{api="11",error="UNSUPPORTED_VERSION"} 1.0' in text
+    assert 'estream_kafka_requests_total{api="29",error="UNSUPPORTED_VERSION"} 1.0' in text
     assert 'estream_kafka_requests_total{api="Metadata",error="INVALID_REQUEST"} 1.0' in text
 
 

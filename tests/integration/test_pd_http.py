@@ -219,7 +219,8 @@ def test_openapi_document(url: str) -> None:
                                  "/v1/rangeservers", "/v1/rangeservers/{id}",
                                  "/v1/rangeservers/{id}/drain", "/v1/rangeservers/{id}/forget",
                                  "/v1/ranges", "/ui", "/v1/openapi.json", "/healthz", "/readyz",
-                                 "/metrics", "/v1/streams/{name}/records", "/v1/samples"}
+                                 "/metrics", "/v1/streams/{name}/records", "/v1/samples",
+                                 "/v1/groups", "/v1/groups/{name}"}
     jsonschema = pytest.importorskip("jsonschema")
     for name, schema in doc["components"]["schemas"].items():
         jsonschema.Draft202012Validator.check_schema(schema), name

@@ -33,6 +33,7 @@ from estream.kafka.records import KafkaBatch, decode_batches
 from estream.kafka.sasl import Session
 from estream.kafka.shell import auth
 from estream.kafka.shell.admin import TopicAdmin
+from estream.kafka.shell.groups import REQUEST_CLIENT_ID, GroupApis
 from estream.kafka.shell.reads import Reads, fetch_wait_ms_max
 from estream.kafka.topics import (
     ack_count_for,
@@ -44,6 +45,7 @@ from estream.kafka.topics import (
 )
 from estream.net.security import token_role
 from estream.sdk.client import Client
+from estream.sdk.groups import GroupClient
 from estream.sdk.writer import PendingAppend, Writer
 from estream.wire import limits
 from estream.wire.errors import (
@@ -111,6 +113,8 @@ class Gateway(Reads):
             kp.ALTER_CONFIGS: admin.alter_configs,
             kp.INCREMENTAL_ALTER_CONFIGS: admin.incremental_alter_configs,
         })
+        self._handlers.update(GroupApis(GroupClient(client.pd), lambda: self.advertise,
+                                        NODE_ID).handlers())
 
     # -- connections --------------------------------------------------------------------
 
@@ -212,6 +216,7 @@ class Gateway(Reads):
             return kp.error_response(key, version, correlation, ErrorCode.unsupported_version)
         try:
             header = kp.parse_header(frame)
+            REQUEST_CLIENT_ID.set(header.client_id or "")  # (this request's task only)
             request = kp.decode_request(header, frame)
         except MalformedFrame as exc:
             self.requests[(api, "INVALID_REQUEST")] += 1

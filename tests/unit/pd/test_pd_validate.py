@@ -34,7 +34,7 @@ def sample(cls: type[Any]) -> Command:
     for f in dataclasses.fields(cls):
         kind = str(f.type)
         values[f.name] = {"str": "s", "int": 1, "bool": False, "tuple[str, ...]": ("a",),
-                          "tuple[PackMember, ...]": (MEMBER,)}[kind]
+                          "tuple[PackMember, ...]": (MEMBER,), "bytes": b"b"}[kind]
     command: Command = cls(**values)
     return command
 
@@ -65,12 +65,14 @@ def test_every_command_field_out_of_bounds_is_refused_by_name(
         bad = list(TOO_BIG)
     elif type_ == "tuple[str, ...]":
         bad = [("a",) * 10_000, (HUGE_TEXT,)]
+    elif type_ == "bytes":
+        bad = [HUGE_TEXT.encode()]
     else:
         bad = [(MEMBER,) * 10_000]
     for value in bad:
         with pytest.raises(InvalidArgument) as info:
             check_command(dataclasses.replace(base, **{field: value}))
-        named = {field} if type_ in ("str", "int") else {field, "server_id", "object_key"}
+        named = {field} if type_ in ("str", "int", "bytes") else {field, "server_id", "object_key"}
         assert info.value.argument in named, value
 
 

@@ -82,6 +82,10 @@ def test_opcode_numbers_are_the_documented_ones() -> None:
         "PD_COMMIT_CURSOR": 70, "PD_LIST_CURSORS": 71, "PD_TIME_RANGES": 72,
         "PD_SET_RETENTION": 73, "PD_DELETE_CURSOR": 74,
         "PD_REPORT_OBJECT_DAMAGE": 75,
+        "PD_GROUP_JOIN": 90, "PD_GROUP_AWAIT_JOIN": 91, "PD_GROUP_SYNC": 92,
+        "PD_GROUP_HEARTBEAT": 93, "PD_GROUP_LEAVE": 94, "PD_GROUP_COMMIT": 95,
+        "PD_GROUP_OFFSETS": 96, "PD_GROUP_DESCRIBE": 97, "PD_GROUP_LIST": 98,
+        "PD_GROUP_DELETE_OFFSETS": 99,
     }
 
 

@@ -1,0 +1,148 @@
+"""The consumer-group calls to PD (``PD_GROUP_*``), shared by the Kafka gateway, the SDK's
+``client.subscribe`` and the CLI: one typed method per opcode, and the two waits at the
+rebalance barriers (:meth:`GroupClient.join`, :meth:`GroupClient.sync`), which ask PD
+again every :data:`barrier_poll_s` until the round is done or the wait's bound passes.
+The waits are asyncio sleeps: a member at a barrier holds no thread and no other request.
+
+Outcomes a member acts on come back as Kafka's error names (``""``: none; see
+:mod:`pd.groups`).
+
+Side effects: requests to PD through the client's :class:`~estream.net.pdclient.PDClient`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from estream.net.pdclient import PDClient
+from estream.wire import limits
+from estream.wire.errors import InvalidArgument
+from estream.wire.protocol import Opcode
+
+barrier_poll_s: Final = 0.05  # how often a member at a barrier asks PD again
+barrier_wait_s_max: Final = 300.0  # the longest any barrier is waited for
+REBALANCING: Final = "rebalance_in_progress"
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """A completed join: the generation, the chosen protocol, the leader and (for the
+    leader only) every member's metadata for that protocol; ``error`` otherwise."""
+
+    error: str
+    member: str = ""
+    generation: int = -1
+    protocol: str = ""
+    leader: str = ""
+    members: tuple[tuple[str, bytes], ...] = ()
+
+
+class GroupClient:
+    """Consumer-group requests to PD."""
+
+    def __init__(self, pd: PDClient) -> None:
+        self.pd = pd
+
+    async def join(self, group: str, member: str, protocol_type: str,
+                   protocols: list[tuple[str, bytes]], *, session_timeout_ms: int,
+                   rebalance_timeout_ms: int, client_id: str = "",
+                   client_host: str = "") -> Joined:
+        """Join (or join again) and wait at the barrier, at most the rebalance timeout
+        (bounded by :data:`barrier_wait_s_max`): REBALANCE_IN_PROGRESS past it.
+        :class:`InvalidArgument` (nothing sent) for metadata past its bound."""
+        size = sum(len(n) + len(m) for n, m in protocols)
+        if size > limits.group_member_metadata_bytes_max:
+            raise InvalidArgument(f"protocol metadata of {size} bytes, at most "
+                                  f"{limits.group_member_metadata_bytes_max}",
+                                  argument="protocols")
+        body = await self.pd.call(Opcode.PD_GROUP_JOIN, {
+            "group": group, "member": member, "protocol_type": protocol_type,
+            "protocols": [[n, m] for n, m in protocols], "client_id": client_id,
+            "client_host": client_host, "session_timeout_ms": session_timeout_ms,
+            "rebalance_timeout_ms": rebalance_timeout_ms})
+        if body.get("error"):
+            return Joined(str(body["error"]))
+        base = int(body["generation"])
+        deadline = time.monotonic() + min(barrier_wait_s_max,
+                                          max(rebalance_timeout_ms, 1000) / 1000)
+        while True:
+            got = await self.pd.call(Opcode.PD_GROUP_AWAIT_JOIN,
+                                     {"group": group, "member": member, "generation": base})
+            if got.get("error"):
+                return Joined(str(got["error"]))
+            if got.get("done"):
+                return Joined("", member, int(got["generation"]), str(got["protocol"]),
+                              str(got["leader"]),
+                              tuple((str(m), bytes(d)) for m, d in got.get("members", ())))
+            if time.monotonic() >= deadline:
+                return Joined(REBALANCING)
+            await asyncio.sleep(barrier_poll_s)
+
+    async def sync(self, group: str, member: str, generation: int,
+                   assignments: list[tuple[str, bytes]] | None = None, *,
+                   wait_s: float = 60.0) -> tuple[str, bytes]:
+        """The leader gives every member's assignment; each member waits (at most
+        ``wait_s``) for its own: (error, assignment)."""
+        header: dict[str, Any] = {"group": group, "member": member, "generation": generation}
+        size = sum(len(m) + len(a) for m, a in assignments or ())
+        if size > limits.group_assignment_bytes_max:
+            raise InvalidArgument(f"assignments of {size} bytes, at most "
+                                  f"{limits.group_assignment_bytes_max}", argument="assignments")
+        if assignments:
+            header["assignments"] = [[m, a] for m, a in assignments]
+        deadline = time.monotonic() + min(wait_s, barrier_wait_s_max)
+        while True:
+            got = await self.pd.call(Opcode.PD_GROUP_SYNC, header)
+            if got.get("error"):
+                return str(got["error"]), b""
+            if got.get("done"):
+                return "", bytes(got.get("assignment", b""))
+            if time.monotonic() >= deadline:
+                return REBALANCING, b""
+            header.pop("assignments", None)
+            await asyncio.sleep(barrier_poll_s)
+
+    async def heartbeat(self, group: str, member: str, generation: int) -> str:
+        got = await self.pd.call(Opcode.PD_GROUP_HEARTBEAT,
+                                 {"group": group, "member": member, "generation": generation})
+        return str(got.get("error", ""))
+
+    async def leave(self, group: str, members: list[str]) -> list[str]:
+        got = await self.pd.call(Opcode.PD_GROUP_LEAVE, {"group": group, "members": members})
+        return [str(e) for e in got["errors"]]
+
+    async def commit(self, group: str, offsets: dict[str, int], *, member: str = "",
+                     generation: int = -1) -> dict[str, str]:
+        """Commit each stream's offset (the next to read) as the group's cursor: the
+        error of each (``""``: committed)."""
+        items = list(offsets.items())
+        got = await self.pd.call(Opcode.PD_GROUP_COMMIT, {
+            "group": group, "member": member, "generation": generation,
+            "offsets": [[s, o] for s, o in items]})
+        return {s: str(e) for (s, _), e in zip(items, got["errors"], strict=True)}
+
+    async def offsets(self, group: str, streams: list[str] | None = None) -> dict[str, int]:
+        """The group's committed offsets (-1: none) of ``streams``, or of every stream
+        it has one on."""
+        header: dict[str, Any] = {"group": group}
+        if streams is not None:
+            header["streams"] = streams
+        got = await self.pd.call(Opcode.PD_GROUP_OFFSETS, header)
+        return {str(s): int(o) for s, o in got["offsets"].items()}
+
+    async def describe(self, group: str, *, lag: bool = False) -> dict[str, Any]:
+        got = await self.pd.call(Opcode.PD_GROUP_DESCRIBE, {"group": group, "lag": lag})
+        out: dict[str, Any] = got["group"]
+        return out
+
+    async def list_groups(self) -> list[dict[str, Any]]:
+        got = await self.pd.call(Opcode.PD_GROUP_LIST, {})
+        return list(got["groups"])
+
+    async def delete_offsets(self, group: str, streams: list[str]) -> list[str]:
+        got = await self.pd.call(Opcode.PD_GROUP_DELETE_OFFSETS,
+                                 {"group": group, "streams": streams})
+        return [str(e) for e in got["errors"]]

@@ -1,0 +1,338 @@
+"""The placement driver's consumer-group RPCs (``PD_GROUP_*``): one handler per opcode.
+
+Group state is replicated (:mod:`pd.groups`, one ``group_change`` command per change);
+what needs a clock (sessions, the join round's deadline) is the leader's
+(:class:`~pd.groups.GroupClock`), so every group opcode but the reads is served by the
+leader only (a follower answers NotLeader, which clients follow). No call waits: a member
+at the join or sync barrier asks again (``PD_GROUP_AWAIT_JOIN``, ``PD_GROUP_SYNC``)
+until its round is done, and each call first lets the group progress
+(:meth:`GroupRpc._progress`: expired sessions removed, a due round completed).
+Committed offsets are the streams' named cursors (:meth:`PdService.commit_cursor`).
+
+Outcomes a member acts on (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS,
+...) are answered as ``"error"`` names (:mod:`pd.groups`), not raised: they are the
+protocol, not failures. Bad input is :class:`InvalidArgument`.
+
+Side effects: none of its own (it drives :class:`~pd.shell.service.PdService`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from estream.net.rpc import Header, optional, require
+from estream.wire.errors import Conflict, EstreamError, InvalidArgument, StreamNotFound
+from estream.wire.protocol import Opcode
+from pd.catalog import CatalogView
+from pd.commands import GroupChange
+from pd.groups import (
+    ASSIGN,
+    COMPLETE,
+    DEAD,
+    JOIN,
+    REMOVE,
+    STABLE,
+    UNKNOWN_MEMBER,
+    Group,
+    GroupClock,
+    Member,
+    assign_body,
+    assigned_streams,
+    check_group_name,
+    check_member,
+    commit_error,
+    heartbeat_error,
+    join_body,
+    join_refusal,
+    remove_body,
+)
+
+if TYPE_CHECKING:
+    from pd.shell.service import PdService
+
+
+class GroupRpc:
+    """The ``PD_GROUP_*`` handlers of one PD node."""
+
+    def __init__(self, service: PdService) -> None:
+        self.service = service
+        self.clock = GroupClock()
+
+    def handlers(self) -> dict[Opcode, Callable[[Header], Awaitable[Header]]]:
+        return {
+            Opcode.PD_GROUP_JOIN: self._rpc_join,
+            Opcode.PD_GROUP_AWAIT_JOIN: self._rpc_await_join,
+            Opcode.PD_GROUP_SYNC: self._rpc_sync,
+            Opcode.PD_GROUP_HEARTBEAT: self._rpc_heartbeat,
+            Opcode.PD_GROUP_LEAVE: self._rpc_leave,
+            Opcode.PD_GROUP_COMMIT: self._rpc_commit,
+            Opcode.PD_GROUP_OFFSETS: self._rpc_offsets,
+            Opcode.PD_GROUP_DESCRIBE: self._rpc_describe,
+            Opcode.PD_GROUP_LIST: self._rpc_list,
+            Opcode.PD_GROUP_DELETE_OFFSETS: self._rpc_delete_offsets,
+        }
+
+    # -- the leader's decisions ----------------------------------------------------------
+    async def _leading(self, name: str) -> tuple[CatalogView, int]:
+        """The caught-up catalog and the leader's clock (NotLeader on a follower)."""
+        check_group_name(name)
+        status = self.service.require_leading("consumer groups are coordinated by the leader")
+        view = await self.service.decision_view()
+        now = self.service.clock_ms()
+        self.clock.lead(status.term, now)
+        return view, now
+
+    async def _propose(self, name: str, op: str, generation: int = -1,
+                       body: bytes = b"") -> bool:
+        """Propose one change; False when its guard failed (someone moved it first)."""
+        try:
+            await self.service.raft.propose(GroupChange(name, op, generation, body))
+        except Conflict:
+            return False
+        return True
+
+    async def _progress(self, name: str, now: int) -> Group | None:
+        """Let the group move on: members whose session ran out are removed, a round whose
+        members all joined (or whose deadline passed) completes. Returns the group."""
+        group = self.service.view().groups.get(name)
+        if group is None:
+            self.clock.forget(name)
+            return None
+        expired = self.clock.expired(group, now)
+        if expired:
+            await self._propose(name, REMOVE, body=remove_body(expired))
+            group = self.service.view().groups.get(name)
+        if group is not None and self.clock.round_due(group, now):
+            await self._propose(name, COMPLETE, group.generation)
+            group = self.service.view().groups.get(name)
+        return group
+
+    # -- the handlers ----------------------------------------------------------------------
+    async def _rpc_join(self, h: Header) -> Header:
+        name = require(h, "group", str)
+        protocols = require(h, "protocols", list)
+        try:
+            member = Member(require(h, "member", str), optional(h, "client_id", str, ""),
+                            optional(h, "client_host", str, ""),
+                            require(h, "session_timeout_ms", int),
+                            require(h, "rebalance_timeout_ms", int),
+                            tuple((str(n), bytes(m)) for n, m in protocols))
+        except (TypeError, ValueError):
+            raise InvalidArgument("protocols: a list of [name, metadata bytes]",
+                                  argument="protocols") from None
+        check_member(member)
+        protocol_type = require(h, "protocol_type", str)
+        view, now = await self._leading(name)
+        refusal = join_refusal(view.groups.get(name), member, protocol_type, len(view.groups))
+        if refusal:
+            return {"error": refusal}
+        await self.service.raft.propose(GroupChange(name, JOIN, -1,
+                                                    join_body(member, protocol_type)))
+        self.clock.touch(name, member.id, now)
+        group = await self._progress(name, now)
+        base = group.generation if group is not None else 0
+        if group is not None and group.state != "PreparingRebalance":
+            base -= 1  # the round completed at once (every member joined)
+        return {"error": "", "member": member.id, "generation": base}
+
+    async def _rpc_await_join(self, h: Header) -> Header:
+        name, member_id = require(h, "group", str), require(h, "member", str)
+        base = require(h, "generation", int)
+        _, now = await self._leading(name)
+        self.clock.touch(name, member_id, now)
+        group = await self._progress(name, now)
+        me = group.member(member_id) if group is not None else None
+        if group is None or me is None:
+            return {"error": UNKNOWN_MEMBER}
+        if group.generation <= base or not me.joined:
+            return {"error": "", "done": False}
+        members = [[m.id, m.metadata(group.protocol)] for m in group.members] \
+            if member_id == group.leader else []
+        return {"error": "", "done": True, "generation": group.generation,
+                "protocol": group.protocol, "leader": group.leader, "members": members}
+
+    async def _rpc_sync(self, h: Header) -> Header:
+        name, member_id = require(h, "group", str), require(h, "member", str)
+        generation = require(h, "generation", int)
+        assignments = optional(h, "assignments", list, [])
+        _, now = await self._leading(name)
+        self.clock.touch(name, member_id, now)
+        group = await self._progress(name, now)
+        error = heartbeat_error(group, member_id, generation)
+        if error or group is None:
+            return {"error": error}
+        if member_id == group.leader and group.state != STABLE:
+            try:
+                given = [(str(m), bytes(a)) for m, a in assignments]
+            except (TypeError, ValueError):
+                raise InvalidArgument("assignments: a list of [member, bytes]",
+                                      argument="assignments") from None
+            await self._propose(name, ASSIGN, generation, assign_body(member_id, given))
+            group = self.service.view().groups.get(name)
+            error = heartbeat_error(group, member_id, generation)
+            if error or group is None:
+                return {"error": error}
+        me = group.member(member_id)
+        if group.state != STABLE or me is None:
+            return {"error": "", "done": False}
+        return {"error": "", "done": True, "assignment": me.assignment}
+
+    async def _rpc_heartbeat(self, h: Header) -> Header:
+        name, member_id = require(h, "group", str), require(h, "member", str)
+        _, now = await self._leading(name)
+        self.clock.touch(name, member_id, now)
+        group = await self._progress(name, now)
+        return {"error": heartbeat_error(group, member_id, require(h, "generation", int))}
+
+    async def _rpc_leave(self, h: Header) -> Header:
+        name = require(h, "group", str)
+        members = require(h, "members", list)
+        if not all(isinstance(m, str) for m in members):
+            raise InvalidArgument("members: a list of member ids", argument="members")
+        view, _ = await self._leading(name)
+        group = view.groups.get(name)
+        known = [m for m in members if group is not None and group.member(m) is not None]
+        if known:
+            await self._propose(name, REMOVE, body=remove_body(known))
+        return {"errors": ["" if m in known else UNKNOWN_MEMBER for m in members]}
+
+    async def _rpc_commit(self, h: Header) -> Header:
+        name = require(h, "group", str)
+        offsets = require(h, "offsets", list)
+        member_id = optional(h, "member", str, "")
+        generation = optional(h, "generation", int, -1)
+        pairs = _stream_offsets(offsets)
+        view, now = await self._leading(name)
+        if member_id:
+            self.clock.touch(name, member_id, now)
+        error = commit_error(view.groups.get(name), member_id, generation)
+        if error:
+            return {"errors": [error] * len(pairs)}
+
+        async def one(stream: str, offset: int) -> str:
+            try:
+                await self.service.commit_cursor(stream, name, offset)
+            except StreamNotFound:
+                return "unknown_topic_or_partition"
+            except EstreamError as exc:
+                return "offset_out_of_range" if exc.__class__.__name__ == "OffsetOutOfRange" \
+                    else "invalid_commit_offset_size"
+            return ""
+
+        return {"errors": list(await asyncio.gather(*(one(s, o) for s, o in pairs)))}
+
+    async def _rpc_offsets(self, h: Header) -> Header:
+        name = require(h, "group", str)
+        check_group_name(name)
+        streams = _strings(h, "streams")
+        view = await self.service.read_view()
+        return {"offsets": group_offsets(view, name, streams or None)}
+
+    async def _rpc_describe(self, h: Header) -> Header:
+        name = require(h, "group", str)
+        check_group_name(name)
+        view = await self.service.read_view()
+        group = view.groups.get(name)
+        out = describe_group(group, name)
+        if optional(h, "lag", bool, False):
+            out["offsets"] = await self._lags(view, group_offsets(view, name, None))
+        return {"group": out}
+
+    async def _lags(self, view: CatalogView, offsets: dict[str, int]) -> list[dict[str, Any]]:
+        async def one(stream: str, offset: int) -> dict[str, Any]:
+            end = await self.service.readable_end(view.streams[stream])
+            return {"stream": stream, "offset": offset, "end": end, "lag": max(0, end - offset)}
+
+        return list(await asyncio.gather(*(one(s, o) for s, o in sorted(offsets.items()))))
+
+    async def _rpc_list(self, h: Header) -> Header:
+        view = await self.service.read_view()
+        return {"groups": [{"group": g.name, "state": g.state, "protocol_type": g.protocol_type,
+                            "members": len(g.members)} for g in view.groups.values()]}
+
+    async def _rpc_delete_offsets(self, h: Header) -> Header:
+        name = require(h, "group", str)
+        streams = _strings(h, "streams")
+        view, _ = await self._leading(name)
+        group = view.groups.get(name)
+        if group is not None and group.members:
+            return {"errors": ["group_subscribed_to_topic"] * len(streams)}
+        out = []
+        for stream in streams:
+            if stream not in view.streams:
+                out.append("unknown_topic_or_partition")
+                continue
+            if name in view.cursors.get(stream, {}):
+                await self.service.delete_cursor(stream, name)
+            out.append("")
+        return {"errors": out}
+
+
+def group_offsets(view: CatalogView, name: str, streams: list[str] | None) -> dict[str, int]:
+    """Group ``name``'s committed offsets (its cursor on each stream; -1: none), of
+    ``streams`` or (None) of every stream it has one on. Pure."""
+    if streams is None:
+        return {s: cs[name] for s, cs in view.cursors.items() if name in cs}
+    return {s: view.cursors.get(s, {}).get(name, -1) for s in streams}
+
+
+def describe_group(group: Group | None, name: str) -> dict[str, Any]:
+    """The RPC and HTTP shape of a group (Kafka's "Dead" for one PD does not hold)."""
+    if group is None:
+        return {"group": name, "state": DEAD, "protocol_type": "", "protocol": "",
+                "generation": -1, "leader": "", "members": []}
+    return {"group": name, "state": group.state, "protocol_type": group.protocol_type,
+            "protocol": group.protocol, "generation": group.generation,
+            "leader": group.leader,
+            "members": [{"member": m.id, "client_id": m.client_id,
+                         "client_host": m.client_host, "metadata": m.metadata(group.protocol),
+                         "assignment": m.assignment,
+                         "streams": assigned_streams(group.protocol_type, m.assignment)}
+                        for m in group.members]}
+
+
+def group_json(described: dict[str, Any]) -> dict[str, Any]:
+    """:func:`describe_group` for JSON (the admin API, the CLI): members without their
+    metadata and assignment bytes (``streams`` says what each reads)."""
+    return described | {"members": [
+        {k: v for k, v in m.items() if k not in ("metadata", "assignment")}
+        for m in described["members"]]}
+
+
+def add_group_routes(app: web.Application, service: PdService) -> None:
+    """``GET /v1/groups`` (every group: state, protocol type, members) and
+    ``GET /v1/groups/{name}`` (members, their streams, committed offsets and lag)."""
+    rpc = service.groups
+
+    async def list_groups(request: web.Request) -> web.Response:
+        return web.json_response(await rpc._rpc_list({}))
+
+    async def describe(request: web.Request) -> web.Response:
+        answer = await rpc._rpc_describe({"group": request.match_info["name"], "lag": True})
+        return web.json_response(group_json(answer["group"]))
+
+    app.router.add_get("/v1/groups", list_groups)
+    app.router.add_get("/v1/groups/{name}", describe)
+
+
+def _strings(h: Header, field: str) -> list[str]:
+    value = optional(h, field, list, [])
+    if not all(isinstance(v, str) for v in value):
+        raise InvalidArgument(f"{field}: a list of stream names", argument=field)
+    return list(value)
+
+
+def _stream_offsets(items: list[Any]) -> list[tuple[str, int]]:
+    out = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], int) and not isinstance(item[1], bool)
+                and 0 <= item[1] < 2**63):
+            raise InvalidArgument("offsets: a list of [stream, offset >= 0]",
+                                  argument="offsets")
+        out.append((item[0], item[1]))
+    return out

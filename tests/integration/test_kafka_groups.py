@@ -1,0 +1,546 @@
+"""Consumer groups through the Kafka gateway with real clients (issue 31, items 3-5):
+kafka-python (its defaults: auto commit), confluent-kafka (librdkafka) and aiokafka join
+groups, share partitions, rebalance when a member leaves, and resume from the offsets
+they committed (the streams' named cursors, read back through the SDK); hostile group
+requests get Kafka error codes and the gateway keeps serving; a PD leader change in the
+middle of a group loses no committed offset. One cluster and gateway for the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import estream
+from estream.devcluster.kafka import start_kafka
+
+pytestmark = [
+    pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3),
+    pytest.mark.filterwarnings("ignore:(read_text|open_text) is deprecated:DeprecationWarning"),
+]
+
+WAIT_S = 40.0
+
+
+@dataclass(frozen=True)
+class Gateway:
+    address: str
+    pd: str
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def gateway(module_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    log_dir = tmp_path_factory.mktemp("kafka-groups")
+    process, address, _ = start_kafka(log_dir, module_cluster.pd_addresses)
+    try:
+        yield Gateway(address, module_cluster.pd_addresses, log_dir / "kafka.log")
+    finally:
+        process.stop()
+
+
+def create_topic(gateway: Gateway, name: str, partitions: int) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    client = KafkaAdminClient(bootstrap_servers=gateway.address, request_timeout_ms=20_000)
+    try:
+        client.create_topics([NewTopic(name, partitions, -1)])
+    finally:
+        client.close()
+
+
+def produce(gateway: Gateway, topic: str, partitions: int, per_partition: int,
+            tag: str = "r") -> set[bytes]:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": gateway.address, "linger.ms": 5})
+    sent = set()
+    for p in range(partitions):
+        for i in range(per_partition):
+            value = f"{tag}-{p}-{i}".encode()
+            producer.produce(topic, value, partition=p)
+            sent.add(value)
+    assert producer.flush(WAIT_S) == 0
+    return sent
+
+
+def cursors(gateway: Gateway, group: str, streams: list[str]) -> dict[str, int | None]:
+    async def read() -> dict[str, int | None]:
+        async with await estream.connect(gateway.pd) as sdk:
+            return {s: await sdk.cursor_offset(s, group) for s in streams}
+
+    return asyncio.run(read())
+
+
+def confluent_consumer(gateway: Gateway, group: str, **extra: Any) -> Any:
+    from confluent_kafka import Consumer
+
+    return Consumer({"bootstrap.servers": gateway.address, "group.id": group,
+                     "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                     "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500,
+                     "fetch.wait.max.ms": 100, **extra})
+
+
+def test_kafka_python_group_with_defaults_commits_and_a_new_consumer_resumes(
+        gateway: Gateway) -> None:
+    from kafka import KafkaConsumer
+
+    create_topic(gateway, "kp-group", 2)
+    first = produce(gateway, "kp-group", 2, 10, "a")
+    consumer = KafkaConsumer("kp-group", bootstrap_servers=gateway.address,
+                             group_id="kp-g", auto_offset_reset="earliest",
+                             consumer_timeout_ms=3_000)
+    try:
+        seen = [m.value for m in consumer]
+        deadline = time.monotonic() + WAIT_S
+        while len(seen) < len(first) and time.monotonic() < deadline:
+            seen += [m.value for m in consumer]
+    finally:
+        consumer.close()  # auto commit: commits what it consumed, then leaves
+    assert sorted(seen) == sorted(first)
+    assert cursors(gateway, "kp-g", ["kp-group-0", "kp-group-1"]) == {
+        "kp-group-0": 10, "kp-group-1": 10}
+    second = produce(gateway, "kp-group", 2, 5, "b")
+    consumer = KafkaConsumer("kp-group", bootstrap_servers=gateway.address,
+                             group_id="kp-g", auto_offset_reset="earliest",
+                             consumer_timeout_ms=3_000)
+    try:
+        resumed = [m.value for m in consumer]
+        deadline = time.monotonic() + WAIT_S
+        while len(resumed) < len(second) and time.monotonic() < deadline:
+            resumed += [m.value for m in consumer]
+    finally:
+        consumer.close()
+    assert sorted(resumed) == sorted(second)  # nothing lost, nothing again
+
+
+def _assigned(consumer: Any) -> set[int]:
+    return {tp.partition for tp in consumer.assignment()}
+
+
+def test_confluent_two_consumers_share_partitions_then_one_takes_all(gateway: Gateway) -> None:
+    create_topic(gateway, "cf-group", 4)
+    sent = produce(gateway, "cf-group", 4, 5)
+    a, b = confluent_consumer(gateway, "cf-g"), confluent_consumer(gateway, "cf-g")
+    got: list[bytes] = []
+    try:
+        a.subscribe(["cf-group"])
+        b.subscribe(["cf-group"])
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            for c in (a, b):
+                m = c.poll(0.2)
+                if m is not None and m.error() is None:
+                    got.append(m.value())
+                    c.commit(m, asynchronous=False)
+            if len(_assigned(a)) == 2 and len(_assigned(b)) == 2:
+                break
+        assert _assigned(a) | _assigned(b) == {0, 1, 2, 3}
+        assert not _assigned(a) & _assigned(b)
+        b.close()
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and (len(_assigned(a)) < 4 or len(set(got)) < 20):
+            m = a.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+                a.commit(m, asynchronous=False)
+        assert _assigned(a) == {0, 1, 2, 3}
+    finally:
+        a.close()
+    assert set(got) == sent
+    committed = cursors(gateway, "cf-g", [f"cf-group-{p}" for p in range(4)])
+    assert committed == {f"cf-group-{p}": 5 for p in range(4)}
+    # A new consumer of the group resumes at the committed offsets: only what is new.
+    more = produce(gateway, "cf-group", 4, 2, "more")
+    c = confluent_consumer(gateway, "cf-g")
+    fresh: list[bytes] = []
+    try:
+        c.subscribe(["cf-group"])
+        deadline = time.monotonic() + WAIT_S
+        while len(fresh) < len(more) and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                fresh.append(m.value())
+    finally:
+        c.close()
+    assert sorted(fresh) == sorted(more)
+
+
+async def test_aiokafka_group_consumes_and_commits(gateway: Gateway) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    await asyncio.to_thread(create_topic, gateway, "aio-group", 2)
+    sent = await asyncio.to_thread(produce, gateway, "aio-group", 2, 4)
+    consumer = AIOKafkaConsumer("aio-group", bootstrap_servers=gateway.address,
+                                group_id="aio-g", auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            got += [m.value for ms in batches.values() for m in ms]
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    assert sorted(got) == sorted(sent)
+    async with await estream.connect(gateway.pd) as sdk:
+        assert [await sdk.cursor_offset(f"aio-group-{p}", "aio-g") for p in range(2)] == [4, 4]
+
+
+# -- hostile inputs, raw frames --------------------------------------------------------
+
+
+def _frame(api_key: int, version: int, correlation: int, body: Any) -> bytes:
+    from kio.serial import entity_writer
+
+    out = io.BytesIO()
+    entity_writer(type(body))(out, body)
+    head = struct.pack(">hhih", api_key, version, correlation, 1) + b"t"
+    data = head + out.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+def _call(sock: socket.socket, api_key: int, version: int, correlation: int,
+          body: Any) -> Any:
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+
+    sock.sendall(_frame(api_key, version, correlation, body))
+    size = struct.unpack(">i", _read(sock, 4))[0]
+    data = _read(sock, size)
+    assert struct.unpack(">i", data[:4])[0] == correlation
+    answer, _ = entity_reader(load_response_schema(api_key, version))(data, 4)
+    return answer
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "the gateway closed the connection"
+        out += chunk
+    return out
+
+
+def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serving(
+        gateway: Gateway) -> None:
+    import datetime
+
+    from kio.schema.errors import ErrorCode
+    from kio.schema.heartbeat.v3.request import HeartbeatRequest
+    from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.offset_commit.v7.request import (
+        OffsetCommitRequest,
+        OffsetCommitRequestPartition,
+        OffsetCommitRequestTopic,
+    )
+    from kio.schema.sync_group.v3.request import SyncGroupRequest
+    from kio.schema.types import GroupId, TopicName
+    from kio.static.primitive import i32, i32Timedelta, i64
+
+    def ms(v: int) -> Any:
+        return i32Timedelta.parse(datetime.timedelta(milliseconds=v))
+
+    def join(group: str, member: str, metadata: bytes, session: int = 10_000) -> Any:
+        return JoinGroupRequest(group_id=GroupId(group), session_timeout=ms(session),
+                                rebalance_timeout=ms(5_000), member_id=member,
+                                group_instance_id=None, protocol_type="consumer",
+                                protocols=(JoinGroupRequestProtocol(name="range",
+                                                                    metadata=metadata),))
+
+    host, port = gateway.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        # v4+: a first join gets MEMBER_ID_REQUIRED with the id to join with.
+        first = _call(sock, 11, 5, 1, join("hostile", "", b"m"))
+        assert first.error_code == ErrorCode.member_id_required and first.member_id
+        member = first.member_id
+        # Absurd sizes: protocol metadata past the bound, a bad group name, a session
+        # timeout out of range.
+        huge = _call(sock, 11, 5, 2, join("hostile", member, b"x" * (1024 * 1024)))
+        assert huge.error_code == ErrorCode.invalid_request
+        bad = _call(sock, 11, 5, 3, join("no spaces!", member, b"m"))
+        assert bad.error_code == ErrorCode.invalid_group_id
+        late = _call(sock, 11, 5, 4, join("hostile", member, b"m", session=2**31 - 1))
+        assert late.error_code == ErrorCode.invalid_session_timeout
+        joined = _call(sock, 11, 5, 5, join("hostile", member, b"m"))
+        assert joined.error_code == ErrorCode.none and joined.leader == member
+        generation = int(joined.generation_id)
+        synced = _call(sock, 14, 3, 6, SyncGroupRequest(
+            group_id=GroupId("hostile"), generation_id=i32(generation), member_id=member,
+            group_instance_id=None, assignments=()))
+        assert synced.error_code == ErrorCode.none
+        # Unknown members and wrong generations.
+        for corr, (who, gen, code) in enumerate([
+                ("nobody", generation, ErrorCode.unknown_member_id),
+                (member, generation + 7, ErrorCode.illegal_generation),
+                (member, generation, ErrorCode.none)], start=10):
+            beat = _call(sock, 12, 3, corr, HeartbeatRequest(
+                group_id=GroupId("hostile"), generation_id=i32(gen), member_id=who,
+                group_instance_id=None))
+            assert beat.error_code == code, (who, gen)
+        commit = _call(sock, 8, 7, 20, OffsetCommitRequest(
+            group_id=GroupId("hostile"), generation_id_or_member_epoch=i32(generation + 1),
+            member_id=member,
+            group_instance_id=None, topics=(OffsetCommitRequestTopic(
+                name=TopicName("kp-group"), partitions=(OffsetCommitRequestPartition(
+                    partition_index=i32(0), committed_offset=i64(1),
+                    committed_leader_epoch=i32(-1), committed_metadata=None),)),)))
+        assert commit.topics[0].partitions[0].error_code == ErrorCode.illegal_generation
+        # The gateway still serves: the member commits in its generation.
+        commit = _call(sock, 8, 7, 21, OffsetCommitRequest(
+            group_id=GroupId("hostile"), generation_id_or_member_epoch=i32(generation),
+            member_id=member,
+            group_instance_id=None, topics=(OffsetCommitRequestTopic(
+                name=TopicName("no-such-topic"), partitions=(OffsetCommitRequestPartition(
+                    partition_index=i32(0), committed_offset=i64(1),
+                    committed_leader_epoch=i32(-1), committed_metadata=None),)),)))
+        assert commit.topics[0].partitions[0].error_code == ErrorCode.unknown_topic_or_partition
+
+
+def test_a_pd_leader_change_mid_group_loses_no_committed_offset(
+        gateway: Gateway, module_cluster: Any) -> None:
+    create_topic(gateway, "pd-flip", 2)
+    sent = produce(gateway, "pd-flip", 2, 6)
+    c = confluent_consumer(gateway, "flip-g")
+    got: list[bytes] = []
+    try:
+        c.subscribe(["pd-flip"])
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < 6 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+                c.commit(m, asynchronous=False)
+        before = cursors(gateway, "flip-g", ["pd-flip-0", "pd-flip-1"])
+        leader = module_cluster.kill_pd_leader()
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                m = c.poll(0.2)
+                if m is not None and m.error() is None:
+                    got.append(m.value())
+                    c.commit(m, asynchronous=False)
+        finally:
+            module_cluster.restart_pd(leader)
+    finally:
+        c.close()
+    assert set(got) == sent
+    after = cursors(gateway, "flip-g", ["pd-flip-0", "pd-flip-1"])
+    assert all((after[s] or 0) >= (before[s] or 0) for s in after)
+    assert after == {"pd-flip-0": 6, "pd-flip-1": 6}
+
+
+async def test_sdk_subscribe_shares_streams_rebalances_and_resumes(gateway: Gateway) -> None:
+    names = [f"sdk-sub-{p}" for p in range(3)]
+
+    async def until(check: Any) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not check():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+
+    async with await estream.connect(gateway.pd) as sdk:
+        writers = []
+        for name in names:
+            await sdk.create_stream(name)
+            writers.append(await sdk.open_writer(name))
+
+        async def write(tag: str) -> set[bytes]:
+            values = {f"{name}/{tag}{i}".encode() for name in names for i in range(4)}
+            for name, writer in zip(names, writers, strict=True):
+                for i in range(4):
+                    await writer.append(f"{name}/{tag}{i}".encode())
+            return values
+
+        sent = await write("a")
+        a = sdk.subscribe("sdk-g", names, heartbeat_s=0.2)
+        b = sdk.subscribe("sdk-g", names, heartbeat_s=0.2)
+        got: list[bytes] = []
+
+        async def consume(sub: Any) -> None:
+            async for item in sub:
+                got.append(item.record.value)
+                await sub.commit()
+
+        tasks = [asyncio.ensure_future(consume(a)), asyncio.ensure_future(consume(b))]
+        try:
+            await until(lambda: set(got) == sent)
+            await until(lambda: a.assignment and b.assignment
+                        and not set(a.assignment) & set(b.assignment))
+            assert set(a.assignment) | set(b.assignment) == set(names)
+            sent |= await write("b")
+            await until(lambda: set(got) == sent)
+            await b.close()  # b leaves: a takes every stream
+            await until(lambda: set(a.assignment) == set(names))
+            sent |= await write("c")
+            await until(lambda: set(got) == sent)
+        finally:
+            await a.close()
+            await b.close()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for writer in writers:
+                await writer.close()
+        assert [await sdk.cursor_offset(n, "sdk-g") for n in names] == [12, 12, 12]
+
+
+def test_cli_and_admin_api_show_a_group_its_members_offsets_and_lag(
+        gateway: Gateway, module_cluster: Any) -> None:
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+
+    create_topic(gateway, "ops-t", 2)
+    produce(gateway, "ops-t", 2, 3)
+    c = confluent_consumer(gateway, "ops-g")
+    try:
+        c.subscribe(["ops-t"])
+        got = 0
+        deadline = time.monotonic() + WAIT_S
+        while got < 2 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None and m.partition() == 0:
+                got += 1
+                c.commit(m, asynchronous=False)
+        ran = subprocess.run(
+            [sys.executable, "-m", "estream.cli.main", "group", "describe", "ops-g", "--json",
+             "--pd", gateway.pd], capture_output=True, text=True, timeout=60, check=False,
+            cwd=Path(__file__).resolve().parents[2])
+        assert ran.returncode == 0, ran.stderr
+        shown = json.loads(ran.stdout)
+        assert shown["state"] == "Stable" and len(shown["members"]) == 1
+        assert shown["members"][0]["client_id"] == "rdkafka"  # librdkafka's default
+        assert sorted(shown["members"][0]["streams"]) == ["ops-t-0", "ops-t-1"]
+        assert {"stream": "ops-t-0", "offset": 2, "end": 3, "lag": 1} in shown["offsets"]
+        with urllib.request.urlopen(f"{module_cluster.pd_url()}/v1/groups", timeout=20) as r:
+            listed = json.loads(r.read())["groups"]
+        assert {"group": "ops-g", "state": "Stable", "protocol_type": "consumer",
+                "members": 1} in listed
+        with urllib.request.urlopen(f"{module_cluster.pd_url()}/v1/groups/ops-g",
+                                    timeout=20) as r:
+            assert json.loads(r.read())["offsets"] == shown["offsets"]
+    finally:
+        c.close()
+
+
+def test_a_deleted_topic_takes_its_offsets_and_a_name_reused_starts_clean(
+        gateway: Gateway) -> None:
+    from confluent_kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    create_topic(gateway, "reused-t", 1)
+    produce(gateway, "reused-t", 1, 3)
+    c = confluent_consumer(gateway, "reused-g")
+    try:
+        c.commit(offsets=[TopicPartition("reused-t", 0, 3)], asynchronous=False)
+        [found] = c.committed([TopicPartition("reused-t", 0)], timeout=WAIT_S)
+        assert found.offset == 3
+        client = KafkaAdminClient(bootstrap_servers=gateway.address, request_timeout_ms=20_000)
+        try:
+            client.delete_topics(["reused-t"])
+        finally:
+            client.close()
+        create_topic(gateway, "reused-t", 1)
+        [found] = c.committed([TopicPartition("reused-t", 0)], timeout=WAIT_S)
+        assert found.offset < 0  # no committed offset: the old one went with its stream
+    finally:
+        c.close()
+    assert cursors(gateway, "reused-g", ["reused-t-0"]) == {"reused-t-0": None}
+
+
+def test_a_join_waits_at_the_barrier_without_blocking_other_connections(
+        gateway: Gateway) -> None:
+    import datetime
+
+    from kio.schema.api_versions.v0.request import ApiVersionsRequest
+    from kio.schema.errors import ErrorCode
+    from kio.schema.heartbeat.v3.request import HeartbeatRequest
+    from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.sync_group.v3.request import SyncGroupRequest
+    from kio.schema.types import GroupId
+    from kio.static.primitive import i32, i32Timedelta
+
+    def join(member: str) -> Any:
+        ms = i32Timedelta.parse(datetime.timedelta(milliseconds=10_000))
+        return JoinGroupRequest(group_id=GroupId("barrier"), session_timeout=ms,
+                                rebalance_timeout=ms, member_id=member,
+                                group_instance_id=None, protocol_type="consumer",
+                                protocols=(JoinGroupRequestProtocol(name="range",
+                                                                    metadata=b""),))
+
+    host, port = gateway.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as a, \
+            socket.create_connection((host, int(port)), timeout=WAIT_S) as b:
+        first = _call(a, 11, 5, 1, join("")).member_id
+        joined = _call(a, 11, 5, 2, join(first))
+        generation = int(joined.generation_id)
+        assert _call(a, 14, 3, 3, SyncGroupRequest(
+            group_id=GroupId("barrier"), generation_id=i32(generation), member_id=first,
+            group_instance_id=None, assignments=())).error_code == ErrorCode.none
+        second = _call(b, 11, 5, 4, join("")).member_id
+        b.sendall(_frame(11, 5, 5, join(second)))  # waits at the barrier for the first
+        deadline = time.monotonic() + WAIT_S
+        code = ErrorCode.none
+        while code == ErrorCode.none and time.monotonic() < deadline:
+            code = _call(a, 12, 3, 6, HeartbeatRequest(
+                group_id=GroupId("barrier"), generation_id=i32(generation), member_id=first,
+                group_instance_id=None)).error_code
+        assert code == ErrorCode.rebalance_in_progress
+        started = time.monotonic()
+        assert _call(a, 18, 0, 7, ApiVersionsRequest()).error_code == ErrorCode.none
+        assert time.monotonic() - started < 5  # the other member's wait holds nothing here
+        rejoined = _call(a, 11, 5, 8, join(first))  # the round completes: both joined
+        assert rejoined.error_code == ErrorCode.none
+        assert int(rejoined.generation_id) == generation + 1 and len(rejoined.members) == 2
+        size = struct.unpack(">i", _read(b, 4))[0]
+        from kio.index import load_response_schema
+        from kio.serial import entity_reader
+
+        answer, _ = entity_reader(load_response_schema(11, 5))(_read(b, size), 4)
+        assert answer.error_code == ErrorCode.none and answer.leader == first
+        assert int(answer.generation_id) == generation + 1 and answer.members == ()
+
+
+def test_kafka_python_admin_lists_describes_fetches_and_deletes_group_offsets(
+        gateway: Gateway) -> None:
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import TopicPartition
+
+    create_topic(gateway, "adm-t", 1)
+    produce(gateway, "adm-t", 1, 2)
+    c = confluent_consumer(gateway, "adm-g")
+    admin = KafkaAdminClient(bootstrap_servers=gateway.address, request_timeout_ms=20_000)
+    try:
+        c.subscribe(["adm-t"])
+        deadline = time.monotonic() + WAIT_S
+        got = 0
+        while got < 2 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got += 1
+                c.commit(m, asynchronous=False)
+        listed = str(admin.list_groups())
+        assert "adm-g" in listed and "consumer" in listed
+        described = str(admin.describe_groups(["adm-g"]))
+        assert "Stable" in described and "range" in described
+        offsets = str(admin.list_group_offsets({"adm-g": None}))
+        assert "adm-t" in offsets and "2" in offsets
+        c.close()
+        admin.delete_group_offsets("adm-g", [TopicPartition("adm-t", 0)])
+        assert cursors(gateway, "adm-g", ["adm-t-0"]) == {"adm-t-0": None}
+    finally:
+        admin.close()
+        c.close()
