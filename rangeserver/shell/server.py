@@ -1,32 +1,15 @@
 """The range server's RPC handlers: one thin handler per opcode over :class:`Store`.
 
-Each handler validates its arguments (``docs/PROTOCOL.md`` has the message schemas;
-every number is held to its bounds in ``rangeserver/bounds.py``: int64 offsets, epochs
-and ids, u32 range indexes), calls the store, and shapes the answer. Every input error
-is a typed :class:`~estream.wire.errors.EstreamError` answered to that request only.
-
-Identity: every request but PING may carry ``"server_id"``, the id the caller believes
-serves this address (the replica's id in the catalog). When it is not this server's own,
-the request answers :class:`~estream.wire.errors.WrongServer` before anything else is done:
-a server whose disk was wiped or replaced has a new id, and its "no such range" must
-never be taken for "an empty copy" of the old server's replica (BookKeeper's cookie).
-
-Roles (:data:`estream.wire.roles.RANGE_SERVER_OPCODE_ACTIONS`): a token's role limits what
-a connection may send; the member opcodes (DROP_RANGE, LIST_RANGES: only PD sends them)
-are served, with the cluster secret, only on connections that proved it
-(:mod:`estream.wire.membership`); any other is answered
-:class:`~estream.wire.errors.Unauthenticated` and nothing changes.
-
-Digests: a server given the cluster secret (``--secret-file``, ``ESTREAM_SECRET``) checks
-the MAC of every ``hmac-sha256`` batch on APPEND (and APPEND_MANY) before the store sees it
-(:func:`rangeserver.replica.check_digest`): a forged or re-addressed batch is answered
-:class:`~estream.wire.errors.DigestMismatch` and never stored. Without the secret such
-batches are stored checksum-verified only and readers alone verify them (the writer checks
-its key against a stored batch at open: ``estream/sdk/client.py``). Whatever the secret,
-a replica created with the stream's digest (CREATE_RANGE ``"digest"``, recorded in its log
-entry) refuses with :class:`~estream.wire.errors.DigestMismatch` every batch of another
-digest: an xxh3 or crc32c batch, whose checksum anyone can compute, never lands in an
-``hmac-sha256`` range (:func:`rangeserver.replica.decide_append`).
+Each handler validates its arguments (``docs/PROTOCOL.md``; every number held to
+``rangeserver/bounds.py``), calls the store and shapes the answer; an input error is a
+typed :class:`~estream.wire.errors.EstreamError` answered to that request only. Before
+anything else a request naming another ``"server_id"`` is answered ``WrongServer`` (a
+wiped server's "no such range" is never an empty copy: BookKeeper's cookie); a token's
+role limits the opcodes, member opcodes need the proven cluster secret; with the secret,
+``hmac-sha256`` batches are MAC-checked on APPEND (``rangeserver.replica.check_digest``),
+and a replica refuses batches of another digest than its stream's. Above the disk
+watermark appends are answered later (``rangeserver/pacing.py``). docs/ARCHITECTURE.md
+2.1, 5 and 8 hold the reasons.
 
 Side effects: none of its own (the store and the RPC server own them).
 """
@@ -36,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional, require
 from estream.wire import appendmany, limits
@@ -51,7 +34,7 @@ from rangeserver.shell.store import Store
 
 log = logging.getLogger(__name__)
 
-stream_keys_max = 65_536  # MAC keys kept (one per stream; derived again when dropped)
+stream_keys_max: Final = 65_536  # MAC keys kept (one per stream; derived again when dropped)
 
 
 def _field(header: Header, name: str) -> int:

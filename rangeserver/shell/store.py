@@ -1,32 +1,15 @@
 """The range server's storage: replicas, their index and cache, over the write-ahead log.
 
-:class:`Store` runs the pure decisions of ``rangeserver/replica.py`` and carries out
-their effects: log entries (``rangeserver/shell/wal.py``), index and cache updates, waking long
-polls, and typed errors. It also recovers everything at start: checkpoint, then a scan of
-the log after it (``rangeserver/replay.py`` decides what is a torn tail to truncate and
-what is damage to mark, durably). Dropping a replica logs a DROP entry, forgets the
-replica, and then deletes the log segments nothing needs any more
-(``rangeserver/retention.py``). Every entry that changes what a replica answers (create,
-epoch, seal, confirm, damage, drop) is durable before the request that caused it is
-answered.
+:class:`Store` runs the pure decisions of ``rangeserver/replica.py`` and carries out their
+effects: log entries (``shell/wal.py``), index and cache updates, waking long polls, typed
+errors; every entry that changes what a replica answers is durable before the request is
+answered. At start it recovers (checkpoint, then the log after it: ``rangeserver/replay.py``);
+a drop logs DROP and the next checkpoint deletes what nothing needs
+(``rangeserver/retention.py``); when the log cuts back (a resource ran out) each entry cut
+off undoes its effect. Reads: ``shell/storereads.py``. The append path and the reasons:
+docs/ARCHITECTURE.md 2.1.
 
-When the log cuts back (a resource ran out, ``rangeserver/shell/wal.py``), each entry it
-cut off undoes what was done for it, newest first: a batch's replica state and index go
-back, a CREATE_RANGE's replica is forgotten, an EPOCH, SEAL or CONFIRM entry's replica
-goes back to its state before (keeping the durable end it reached since), and a DROP or
-DAMAGED entry is logged again once the log resumes. While a resource is short, new
-replicas and record batches are refused (``StorageError``: retriable, the writer rolls
-to other servers).
-
-Append path per batch: verify the batch (header and xxh3-64), check its numbers
-(``rangeserver/bounds.py``: offsets, epochs, ids within int64) and that its records
-decode (``check_records``: one pass over their lengths, headers and timestamps; a batch
-that does not is refused ``MalformedBatch`` and never stored), look the replica up by the
-batch's own stream id and range index, decide (a batch of another digest than the one the
-replica's CREATE_RANGE recorded is refused: ``DigestMismatch``, nothing stored), queue
-the log entry, await its fdatasync, answer. Nothing per record but that one check.
-
-Side effects: through :class:`~rangeserver.shell.wal.Wal` and ``rangeserver/shell/checkpoint.py``.
+Side effects: through :class:`~rangeserver.shell.wal.Wal` and ``shell/checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -34,48 +17,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Final
 
 from estream.wire import limits
 from estream.wire.errors import (
-    ChecksumMismatch,
     EstreamError,
-    OffsetOutOfRange,
     RangeNotFound,
-    ReplicaDamaged,
 )
 from estream.wire.record import (
     BatchHeader,
     check_records,
-    decode_batch,
-    iter_batches,
     verify_batch,
 )
-from estream.wire.timestamps import first_at_or_after
 from rangeserver import bounds, pacing, retention
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
-from rangeserver.index import BatchCache, IndexedBatch, Location, RangeIndex
+from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default
 from rangeserver.refusals import create_refusal, seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
 from rangeserver.shell import checkpoint as ckpt
+from rangeserver.shell.storereads import StoreReads
 from rangeserver.shell.wal import Wal
 from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]
-reclaim_delay_s = 0.2  # after a drop, before the checkpoint that deletes its segments
-time_scan_bytes = 1024 * 1024  # batches read at once by a time lookup's scan
-disk_watermark_percent_default = 90  # disk use above this: new replicas go elsewhere first
+reclaim_delay_s: Final = 0.2  # after a drop, before the checkpoint that deletes its segments
+disk_watermark_percent_default: Final = 90  # disk use above this: new replicas go elsewhere first
 
 
-class Store:
+class Store(StoreReads):
     def __init__(
         self,
         data_dir: Path,
@@ -532,160 +510,3 @@ class Store:
         return {"ranges": len(self.replicas), "bytes": self.wal.bytes_total, "free_bytes": free,
                 "above_watermark": above, "exhausted": self.wal.exhausted or "",
                 "append_delay_ms": self.append_delay_ms}
-
-    # --------------------------------------------------------------------------- read
-
-    async def read(
-        self,
-        stream_id: int,
-        range_index: int,
-        offset: int,
-        *,
-        max_bytes: int = limits.read_bytes_max,
-        wait_ms: int = 0,
-        unconfirmed: bool = False,
-        allowance: Callable[[int], Awaitable[int]] | None = None,
-    ) -> tuple[int, bool, bytes]:
-        """Whole batches from the one holding ``offset`` up to the readable end: answers
-        ``(readable end, sealed, payload)``. With ``wait_ms`` and nothing readable at
-        ``offset``, waits until something is, the range is sealed, or the deadline.
-        ``allowance`` (the connection's answer budget) may lower ``max_bytes`` once there
-        is something to answer; at least one batch is always answered."""
-        key = (stream_id, range_index)
-        state = self._get(*key)
-        if offset < state.start:
-            raise OffsetOutOfRange(
-                f"offset {offset} is below the range start {state.start}",
-                offset=offset,
-                start=state.start,
-                end=readable_end(state, unconfirmed=unconfirmed),
-            )
-        if wait_ms > 0 and offset >= readable_end(state, unconfirmed=unconfirmed):
-            await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
-            state = self._get(*key)
-        if state.damaged:
-            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
-        end = readable_end(state, unconfirmed=unconfirmed)
-        if state.sealed and offset > end:
-            raise OffsetOutOfRange(
-                f"offset {offset} is past the sealed end {end}",
-                offset=offset,
-                start=state.start,
-                end=end,
-            )
-        if offset >= end:
-            return end, state.sealed, b""
-        if allowance is not None:
-            max_bytes = await allowance(max_bytes)
-            self._get(*key)  # RangeNotFound if dropped meanwhile
-        chosen = self.indexes[key].select(offset, end, max(1, max_bytes), partial_last=state.sealed)
-        payload = await self._load(key, chosen)
-        return end, state.sealed, payload
-
-    async def offset_for_time(
-        self, stream_id: int, range_index: int, timestamp_ms: int, end: int | None = None
-    ) -> tuple[int | None, int]:
-        """The first offset whose record timestamp is at or after ``timestamp_ms`` among
-        the records this replica serves (below ``end`` read unconfirmed, as for a sealed
-        range, else below the confirm offset), or None; and the end it searched up to
-        (less than ``end`` when this replica is short: the caller asks another). The time
-        index (``rangeserver/timeindex.py``) says where to start; batches are read from
-        there until one's ``max_timestamp`` reaches the timestamp."""
-        key = (stream_id, range_index)
-        state = self._get(*key)
-        if state.damaged:
-            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
-        limit = readable_end(state, unconfirmed=end is not None)
-        if end is not None:
-            limit = min(limit, end)
-        index = self.time_indexes[key]
-        if not index.may_hold(timestamp_ms):
-            return None, limit
-        offset = index.scan_start(timestamp_ms, state.start)
-        while offset < limit:
-            chosen = self.indexes[key].select(offset, limit, time_scan_bytes, partial_last=True)
-            if not chosen:
-                break
-            payload = await self._load(key, chosen)
-            for header, view in iter_batches(payload):
-                if header.max_timestamp >= timestamp_ms:
-                    stamps = [r.timestamp for r in decode_batch(view, verify=False).records]
-                    found = first_at_or_after(stamps, header.base_offset, timestamp_ms)
-                    if found is not None:
-                        return (found if found < limit else None), limit
-            offset = chosen[-1].end
-            self._get(*key)  # RangeNotFound if dropped meanwhile
-        return None, limit
-
-    def time_stats(self, stream_id: int, range_index: int) -> dict[str, object]:
-        """The replica's ``{"min_timestamp", "max_timestamp", "bytes"}`` (timeindex.py),
-        with ``"end"`` (what it holds: the statistics cover every batch below it, maybe
-        past a sealed range's end) and ``"sealed"``; ``ReplicaDamaged`` if damaged."""
-        key = (stream_id, range_index)
-        state = self._get(*key)
-        if state.damaged:
-            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
-        return {**self.time_indexes[key].stats(), "end": state.end,
-                "sealed": state.sealed}
-
-    async def _wait(self, key: Key, offset: int, unconfirmed: bool, wait_ms: int) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
-        while True:
-            state = self.replicas.get(key)
-            if (
-                state is None  # dropped
-                or state.sealed
-                or state.damaged
-                or readable_end(state, unconfirmed=unconfirmed) > (offset)
-            ):
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            event = self._events.setdefault(key, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                return
-
-    async def _load(self, key: Key, chosen: list[IndexedBatch]) -> bytes:
-        parts: list[bytes | None] = []
-        missing: list[int] = []
-        for i, batch in enumerate(chosen):
-            cached = self.cache.get((key[0], key[1], batch.base))
-            parts.append(cached)
-            if cached is None:
-                missing.append(i)
-        if missing:
-            try:
-                loaded = await self.wal.read([chosen[i].location for i in missing])
-            except OSError:
-                self._get(*key)  # dropped meanwhile, its segments deleted: RangeNotFound
-                raise
-            for i, data in zip(missing, loaded, strict=True):
-                error = self._verify_read(key, chosen[i], data)
-                if error is not None:
-                    await self._mark_damaged(key)
-                    raise error
-                parts[i] = data
-        return b"".join(p for p in parts if p is not None)
-
-    def _verify_read(self, key: Key, batch: IndexedBatch, data: bytes) -> EstreamError | None:
-        """A batch read from disk is served only if it is whole, is the expected batch,
-        and its checksum verifies; otherwise the error to answer (and the replica is to
-        be marked damaged)."""
-        try:
-            header = verify_batch(data)
-        except ChecksumMismatch as exc:
-            log.error("replica %s: checksum mismatch at offset %s", key, batch.base)
-            return ChecksumMismatch(
-                f"stored batch at offset {batch.base} of replica {key} failed its checksum",
-                expected=exc.fields["expected"],
-                actual=exc.fields["actual"],
-            )
-        except EstreamError:
-            return rp.damaged_error(key)
-        if (header.stream_id, header.range_index, header.base_offset) != (*key, batch.base):
-            return rp.damaged_error(key)
-        return None

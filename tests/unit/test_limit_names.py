@@ -46,7 +46,7 @@ NOT_YET_FINAL: frozenset[str] = frozenset({
     "estream/cli/streams.py", "estream/core/producer.py", "estream/core/recovery.py",
     "estream/core/roll.py", "estream/net/rangeclient.py",
     "estream/sdk/client.py", "estream/sdk/writer.py", "pd/shell/node.py",
-    "pd/shell/service.py", "rangeserver/shell/server.py", "rangeserver/shell/store.py",
+    "pd/shell/service.py",
 })
 QUALIFIERS = ("_max", "_min", "_default")
 LIMIT_NAME = re.compile(r"_?[a-z][a-z0-9_]*")

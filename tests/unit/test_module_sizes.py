@@ -8,10 +8,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 module_lines_max = 600
-# Still to split (the reader, the store); this list only shrinks: each
+# Still to split (the reader); this list only shrinks: each
 # entry must still be too long.
 NOT_YET = frozenset({
-    "estream/sdk/reader.py", "rangeserver/shell/store.py",
+    "estream/sdk/reader.py",
 })
 
 
