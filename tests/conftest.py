@@ -62,6 +62,17 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
     return {"uvloop": uvloop.new_event_loop}
 
 
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """``@pytest.mark.slow`` scenarios run only when asked for (``make chaos``: ``-m slow``);
+    every other test runs in ``pytest tests`` (``make test``, within its time budget)."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="long scenario: run with `make chaos`")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
         "markers", "cluster(fresh=False, heal=False, chaos=False, pd_only=False, up=False, "

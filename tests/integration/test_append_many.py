@@ -76,6 +76,9 @@ async def test_a_fenced_writer_fails_alone_beside_the_others_in_its_turn(
         await writers[0].close()
 
 
+# About 30 s (the roll waits for PD to give up on the dead server): in `make chaos`;
+# test_sdk_failover kills a replica mid-stream in every `make test`.
+@pytest.mark.slow
 async def test_a_server_killed_with_requests_in_flight_loses_and_repeats_nothing(
         cluster: Cluster) -> None:
     async with await estream.connect(cluster.pd_addresses) as client:

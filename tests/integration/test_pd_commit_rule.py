@@ -8,6 +8,7 @@ the leader died sees it."""
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import threading
 import time
@@ -200,11 +201,15 @@ async def test_a_commit_index_alone_rides_on_the_next_append(three: list[RaftNod
         return real_send(node, message)
 
     leader._sync._send_direct = send
+    started = time.monotonic()
     for i in range(30):
         await leader.propose(_create(i))
+    # Heartbeats (empty appends every 0.1 s to each follower) come on top, more of them
+    # the slower the machine; a commit index sent alone per commit would be 60 more.
+    heartbeats = 2 * math.ceil((time.monotonic() - started) / 0.1)
     with_entries = sum(appends)
     assert with_entries >= 60  # each proposal's entry to both followers
-    assert len(appends) - with_entries <= 10, appends  # not one more message per commit
+    assert len(appends) - with_entries <= 10 + heartbeats, appends  # not one per commit
     index = leader._sync.raftCommitIndex
     await _until(lambda: all(f._sync.raftLastApplied >= index for f in followers), 2.0)
     assert all(f"s{i}" in f.view().streams for f in followers for i in range(30))

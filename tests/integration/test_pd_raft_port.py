@@ -76,6 +76,9 @@ async def trickle(address: str, deadline: float) -> list[int]:
     return connections
 
 
+# 25 s of trickling: in `make chaos` (the nemesis' hostile client trickles frames on every
+# port in every `make test`).
+@pytest.mark.slow
 async def test_a_trickled_64_mib_frame_does_not_unseat_the_leader(cluster: Cluster) -> None:
     pd = cluster.pd
     leader = pd.leader()

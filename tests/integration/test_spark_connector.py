@@ -287,6 +287,9 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
+# About 30 s (a driver killed and started again): in `make chaos`; a stopped query's
+# restart from its checkpoint runs in every `make test`.
+@pytest.mark.slow
 def test_killed_driver_restarts_without_loss_or_repeat(
     spark: Any, estream_pd: str, tmp_path: Path
 ) -> None:
