@@ -222,6 +222,8 @@ async def run_nemesis(start: StartCluster, root: Path, cycles: int,
 # The hostile client leaves sockets half-open on the fault proxies; one the proxy has not
 # closed yet when the loop ends is reported at teardown (a harness leak, not a finding).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+# In `make chaos` (the suite's 25-minute budget): the nemesis runs 25 cycles there.
+@pytest.mark.slow
 async def test_nemesis_3_cycles(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
     await run_nemesis(start_nemesis_cluster, tmp_path, quick_cycles, NemesisConfig(
         cycles_budget_s=quick_budget_s, repair_wait_s=quick_repair_wait_s,

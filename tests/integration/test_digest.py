@@ -347,6 +347,8 @@ async def test_an_unkeyed_batch_is_refused_by_an_hmac_stream_s_replicas(
         assert await values(client, "d-unkeyed") == [b"genuine", b"after"]
 
 
+# In `make chaos` (the suite's 25-minute budget): an up cluster's MAC checks run in make test.
+@pytest.mark.slow
 async def test_replicas_of_rolled_recovered_and_repaired_ranges_keep_the_digest(
     cluster: Cluster
 ) -> None:

@@ -126,6 +126,8 @@ async def test_a_tail_moves_off_a_hung_server_and_records_keep_arriving(
     await run_hung_tail(cluster, "tail-hung", shared_client=False)
 
 
+# In `make chaos` (the suite's 25-minute budget): a tail moving off a hung server runs in make test.
+@pytest.mark.slow
 async def test_a_tail_and_a_roll_sharing_the_client_do_not_wait_on_a_hung_server(
     cluster: Cluster,
 ) -> None:

@@ -57,6 +57,8 @@ def repairs_done(cluster: ChaosCluster) -> int:
     return 0
 
 
+# In `make chaos` (the suite's 25-minute budget): the other repair scenarios run in make test.
+@pytest.mark.slow
 async def test_dead_server_sealed_range_is_repaired_onto_the_fourth(
     cluster: ChaosCluster,
 ) -> None:

@@ -430,6 +430,8 @@ async def test_raw_pickle_sent_to_the_raft_port_executes_nothing(tmp_path: Path)
         await asyncio.to_thread(node.close)
 
 
+# In `make chaos` (the suite's 25-minute budget): Spark and TLS each run in make test.
+@pytest.mark.slow
 def test_spark_reads_and_writes_a_tls_and_token_cluster(
     cluster: SecureCluster, tmp_path: Path, spark: Any
 ) -> None:
