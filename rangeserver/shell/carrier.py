@@ -1,9 +1,10 @@
 """Carrying long-lived replicas forward in the log, so that its old segments can go.
 
 Each round (before the periodic checkpoint) asks ``rangeserver/carry.py`` which replicas
-pin old segments and may be carried, then, one replica at a time: reads its batches, and
-if the replica did not change meanwhile writes the group (CREATE_RANGE, its batches,
-CONFIRM, SEAL) at the log's head; once the group is durable, the index points into it,
+pin old segments and may be carried, then, ``replicas_at_once`` at a time: reads their
+batches, and for each replica that did not change meanwhile writes its group
+(CREATE_RANGE, its batches, CONFIRM, SEAL) at the log's head; once the groups are
+durable, each index points into its group,
 the span starts at its segment, and the old span is kept as a dropped one ending there
 (its segment then stays while any older segment of the replica's does, so replaying what
 is left of the log never brings back a dropped replica from its first CREATE_RANGE). The
