@@ -4,11 +4,11 @@ Each round (before the periodic checkpoint) asks ``rangeserver/carry.py`` which 
 pin old segments and may be carried, then, ``replicas_at_once`` at a time: reads their
 batches, and for each replica that did not change meanwhile writes its group
 (CREATE_RANGE, its batches, CONFIRM, SEAL) at the log's head; once the groups are
-durable, each index points into its group,
-the span starts at its segment, and the old span is kept as a dropped one ending there
-(its segment then stays while any older segment of the replica's does, so replaying what
-is left of the log never brings back a dropped replica from its first CREATE_RANGE). The
-checkpoint after the round deletes the segments nothing needs any more.
+durable, each index points into its group, each span starts at its segment, and each old
+span is kept as a dropped one ending there (that segment then stays while any older one
+of the replica's does, so replaying what is left of the log never brings a dropped
+replica back from its first CREATE_RANGE). The checkpoint after the round deletes the
+segments nothing needs any more.
 """
 
 from __future__ import annotations
