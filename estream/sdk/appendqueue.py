@@ -139,12 +139,7 @@ class AppendQueue:
         now = round(self._loop.time() * 1000)
         offset, end, effects = core.submit(value, headers, ts, now, sequence, key)
         if end:
-            future._end = end
-            future._value = offset
-            future._since = now
-            self.waiters.append(future)
-            if self._watchdog is None:
-                self._arm_watchdog(now)
+            self.add_waiter(future, end, now, offset)
         else:
             future.set_result(offset)  # a producer's duplicate, already acknowledged
         if effects is not None:
