@@ -202,6 +202,7 @@ class Sampler:
             "reads_per_s": w.reads / span,
             "churns_per_s": w.churns / span,
             "errors": w.errors,
+            "machine_load1": os.getloadavg()[0],  # others' work on the machine shows here
         }
 
 
