@@ -16,10 +16,7 @@ from dataclasses import dataclass, replace
 
 from estream.wire.errors import (
     DigestMismatch,
-    EstreamError,
     Fenced,
-    OffsetGap,
-    RangeSealed,
     ReplicaDamaged,
 )
 from estream.wire.record import (
@@ -246,34 +243,6 @@ def stale_error(outcome: StaleEpoch) -> Fenced:
 
 def damaged_error(key: tuple[int, int]) -> ReplicaDamaged:
     return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
-
-
-def append_refusal(
-    key: tuple[int, int], outcome: Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest
-) -> EstreamError:
-    """The typed error answering an append that :func:`decide_append` refused."""
-    if isinstance(outcome, WrongDigest):
-        return DigestMismatch(
-            f"batch digest {digest_name(outcome.actual)} refused: range {key[1]} of stream "
-            f"{key[0]} takes {digest_name(outcome.expected)} batches only",
-            stream_id=key[0], range_index=key[1], base_offset=outcome.base_offset,
-        )
-    if isinstance(outcome, Gap):
-        return OffsetGap(
-            f"batch at {outcome.actual} does not continue the replica's end {outcome.expected}",
-            expected=outcome.expected,
-            actual=outcome.actual,
-        )
-    if isinstance(outcome, SealedOutcome):
-        return RangeSealed(
-            f"range {key[1]} of stream {key[0]} is sealed at {outcome.end}",
-            stream_id=key[0],
-            range_index=key[1],
-            end_offset=outcome.end,
-        )
-    if isinstance(outcome, StaleEpoch):
-        return stale_error(outcome)
-    return damaged_error(key)
 
 
 def on_durable(state: ReplicaState, end: int) -> ReplicaState:
