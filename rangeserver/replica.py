@@ -19,6 +19,7 @@ from estream.wire.errors import (
     Fenced,
     ReplicaDamaged,
 )
+from estream.wire.rangeanswers import RangeState
 from estream.wire.record import (
     DIGEST_NAMES,
     BatchHeader,
@@ -78,18 +79,9 @@ class ReplicaState:
     def describe(self) -> dict[str, object]:
         """The DESCRIBE_RANGE answer (``docs/PROTOCOL.md``); ``"digest"`` only when one
         is recorded."""
-        answer: dict[str, object] = {
-            "start": self.start,
-            "end": self.end,
-            "confirm": self.confirm,
-            "epoch": self.epoch,
-            "sealed": self.sealed,
-            "sealed_end": self.sealed_end if self.sealed else None,
-            "damaged": self.damaged,
-        }
-        if self.digest is not None:
-            answer["digest"] = digest_name(self.digest)
-        return answer
+        return RangeState(self.start, self.end, self.confirm, self.epoch, self.sealed,
+                          self.sealed_end if self.sealed else None, self.damaged,
+                          digest_name(self.digest)).to_header()
 
 
 def digest_name(digest: int | None) -> str | None:
