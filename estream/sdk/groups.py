@@ -18,22 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from estream.net.pdclient import PDClient
+from estream.wire import groupmessages as gm
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument
-from estream.wire.groupmessages import (
-    AwaitJoinAnswer,
-    CommitRequest,
-    DescribeRequest,
-    ErrorsAnswer,
-    JoinAnswer,
-    JoinRequest,
-    LeaveRequest,
-    MemberRequest,
-    OffsetsAnswer,
-    StreamsRequest,
-    SyncAnswer,
-    SyncRequest,
-)
 from estream.wire.protocol import Opcode
 
 barrier_poll_s: Final = 0.05  # how often a member at a barrier asks PD again
@@ -72,18 +59,19 @@ class GroupClient:
             raise InvalidArgument(f"protocol metadata of {size} bytes, at most "
                                   f"{limits.group_member_metadata_bytes_max}",
                                   argument="protocols")
-        joined = JoinAnswer.from_header(await self.pd.call(Opcode.PD_GROUP_JOIN, JoinRequest(
+        request = gm.JoinRequest(
             group=group, member=member, protocol_type=protocol_type,
             protocols=tuple(protocols), client_id=client_id, client_host=client_host,
-            session_timeout_ms=session_timeout_ms,
-            rebalance_timeout_ms=rebalance_timeout_ms).to_header()))
+            session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms)
+        joined = gm.JoinAnswer.from_header(
+            await self.pd.call(Opcode.PD_GROUP_JOIN, request.to_header()))
         if joined.error:
             return Joined(joined.error)
-        waiting = MemberRequest(group=group, member=member, generation=joined.generation)
+        waiting = gm.MemberRequest(group=group, member=member, generation=joined.generation)
         deadline = time.monotonic() + min(barrier_wait_s_max,
                                           max(rebalance_timeout_ms, 1000) / 1000)
         while True:
-            got = AwaitJoinAnswer.from_header(
+            got = gm.AwaitJoinAnswer.from_header(
                 await self.pd.call(Opcode.PD_GROUP_AWAIT_JOIN, waiting.to_header()))
             if got.error:
                 return Joined(got.error)
@@ -103,11 +91,11 @@ class GroupClient:
         if size > limits.group_assignment_bytes_max:
             raise InvalidArgument(f"assignments of {size} bytes, at most "
                                   f"{limits.group_assignment_bytes_max}", argument="assignments")
-        request = SyncRequest(group=group, member=member, generation=generation,
+        request = gm.SyncRequest(group=group, member=member, generation=generation,
                               assignments=tuple(assignments or ()))
         deadline = time.monotonic() + min(wait_s, barrier_wait_s_max)
         while True:
-            got = SyncAnswer.from_header(
+            got = gm.SyncAnswer.from_header(
                 await self.pd.call(Opcode.PD_GROUP_SYNC, request.to_header()))
             if got.error:
                 return got.error, b""
@@ -119,36 +107,37 @@ class GroupClient:
             await asyncio.sleep(barrier_poll_s)
 
     async def heartbeat(self, group: str, member: str, generation: int) -> str:
-        got = await self.pd.call(Opcode.PD_GROUP_HEARTBEAT, MemberRequest(
+        got = await self.pd.call(Opcode.PD_GROUP_HEARTBEAT, gm.MemberRequest(
             group=group, member=member, generation=generation).to_header())
         return str(got.get("error", ""))
 
     async def leave(self, group: str, members: list[str]) -> list[str]:
         got = await self.pd.call(Opcode.PD_GROUP_LEAVE,
-                                 LeaveRequest(group=group, members=tuple(members)).to_header())
-        return list(ErrorsAnswer.from_header(got).errors)
+                                 gm.LeaveRequest(group=group, members=tuple(members)).to_header())
+        return list(gm.ErrorsAnswer.from_header(got).errors)
 
     async def commit(self, group: str, offsets: dict[str, int], *, member: str = "",
                      generation: int = -1) -> dict[str, str]:
         """Commit each stream's offset (the next to read) as the group's cursor: the
         error of each (``""``: committed)."""
         items = list(offsets.items())
-        got = await self.pd.call(Opcode.PD_GROUP_COMMIT, CommitRequest(
+        got = await self.pd.call(Opcode.PD_GROUP_COMMIT, gm.CommitRequest(
             group=group, member=member, generation=generation,
             offsets=tuple(items)).to_header())
-        errors = ErrorsAnswer.from_header(got).errors
+        errors = gm.ErrorsAnswer.from_header(got).errors
         return {s: e for (s, _), e in zip(items, errors, strict=True)}
 
     async def offsets(self, group: str, streams: list[str] | None = None) -> dict[str, int]:
         """The group's committed offsets (-1: none) of ``streams``, or of every stream
         it has one on."""
-        request = StreamsRequest(group=group, streams=None if streams is None else tuple(streams))
+        request = gm.StreamsRequest(group=group,
+                                    streams=None if streams is None else tuple(streams))
         got = await self.pd.call(Opcode.PD_GROUP_OFFSETS, request.to_header())
-        return dict(OffsetsAnswer.from_header(got).offsets)
+        return dict(gm.OffsetsAnswer.from_header(got).offsets)
 
     async def describe(self, group: str, *, lag: bool = False) -> dict[str, Any]:
         got = await self.pd.call(Opcode.PD_GROUP_DESCRIBE,
-                                 DescribeRequest(group=group, lag=lag).to_header())
+                                 gm.DescribeRequest(group=group, lag=lag).to_header())
         out: dict[str, Any] = got["group"]
         return out
 
@@ -157,6 +146,6 @@ class GroupClient:
         return list(got["groups"])
 
     async def delete_offsets(self, group: str, streams: list[str]) -> list[str]:
-        got = await self.pd.call(Opcode.PD_GROUP_DELETE_OFFSETS, StreamsRequest(
+        got = await self.pd.call(Opcode.PD_GROUP_DELETE_OFFSETS, gm.StreamsRequest(
             group=group, streams=tuple(streams)).to_header())
-        return list(ErrorsAnswer.from_header(got).errors)
+        return list(gm.ErrorsAnswer.from_header(got).errors)

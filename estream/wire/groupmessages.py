@@ -14,11 +14,11 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
 from estream.wire.errors import InvalidArgument
-from estream.wire.fields import Header, optional, require
+from estream.wire.fields import Header, field_names, optional, require
 from estream.wire.protocol import Opcode
 
 Pairs = tuple[tuple[str, bytes], ...]  # (name, bytes): protocols, assignments, metadata
@@ -316,21 +316,17 @@ class OffsetsAnswer:
         return {"offsets": dict(self.offsets)}
 
 
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
-
-
 # Each group request's fields as they travel, by opcode (docs/PROTOCOL.md's table is checked
 # against these, with pdmessages.WIRE_FIELDS: tests/unit/wire/test_groupmessages.py).
 WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
-    Opcode.PD_GROUP_JOIN: _names(JoinRequest),
-    Opcode.PD_GROUP_AWAIT_JOIN: _names(MemberRequest),
-    Opcode.PD_GROUP_SYNC: _names(SyncRequest),
-    Opcode.PD_GROUP_HEARTBEAT: _names(MemberRequest),
-    Opcode.PD_GROUP_LEAVE: _names(LeaveRequest),
-    Opcode.PD_GROUP_COMMIT: _names(CommitRequest),
-    Opcode.PD_GROUP_OFFSETS: _names(StreamsRequest),
-    Opcode.PD_GROUP_DESCRIBE: _names(DescribeRequest),
+    Opcode.PD_GROUP_JOIN: field_names(JoinRequest),
+    Opcode.PD_GROUP_AWAIT_JOIN: field_names(MemberRequest),
+    Opcode.PD_GROUP_SYNC: field_names(SyncRequest),
+    Opcode.PD_GROUP_HEARTBEAT: field_names(MemberRequest),
+    Opcode.PD_GROUP_LEAVE: field_names(LeaveRequest),
+    Opcode.PD_GROUP_COMMIT: field_names(CommitRequest),
+    Opcode.PD_GROUP_OFFSETS: field_names(StreamsRequest),
+    Opcode.PD_GROUP_DESCRIBE: field_names(DescribeRequest),
     Opcode.PD_GROUP_LIST: (),
-    Opcode.PD_GROUP_DELETE_OFFSETS: _names(StreamsRequest),
+    Opcode.PD_GROUP_DELETE_OFFSETS: field_names(StreamsRequest),
 }

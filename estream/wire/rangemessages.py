@@ -15,12 +15,12 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument
-from estream.wire.fields import Header, optional, require
+from estream.wire.fields import Header, field_names, optional, require
 from estream.wire.protocol import Opcode
 from estream.wire.record import DIGESTS
 
@@ -284,22 +284,18 @@ class TimeIndexRequest:
         return header
 
 
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
-
-
 # Each range-server request's fields as they travel, by opcode, besides "server_id"
 # (docs/PROTOCOL.md's table is checked against these: tests/unit/wire/test_rangemessages.py).
 # APPEND, APPEND_MANY and AUTH are not here: their headers are read where they are served.
 WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
     Opcode.PING: (),
-    Opcode.CREATE_RANGE: _names(CreateRangeRequest),
-    Opcode.SEAL: _names(SealRequest),
-    Opcode.READ: _names(ReadRequest),
-    Opcode.DESCRIBE_RANGE: _names(RangeKeyRequest),
+    Opcode.CREATE_RANGE: field_names(CreateRangeRequest),
+    Opcode.SEAL: field_names(SealRequest),
+    Opcode.READ: field_names(ReadRequest),
+    Opcode.DESCRIBE_RANGE: field_names(RangeKeyRequest),
     Opcode.FORCE: (),
-    Opcode.CONFIRM: _names(ConfirmRequest),
-    Opcode.LIST_RANGES: _names(ListRangesRequest),
-    Opcode.DROP_RANGE: _names(RangeKeyRequest),
-    Opcode.TIME_INDEX: _names(TimeIndexRequest),
+    Opcode.CONFIRM: field_names(ConfirmRequest),
+    Opcode.LIST_RANGES: field_names(ListRangesRequest),
+    Opcode.DROP_RANGE: field_names(RangeKeyRequest),
+    Opcode.TIME_INDEX: field_names(TimeIndexRequest),
 }

@@ -24,18 +24,10 @@ from typing import Any, Final
 
 from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional
 from estream.wire import appendmany, limits
+from estream.wire import rangemessages as rm
 from estream.wire.errors import EstreamError, StorageError, WrongServer
 from estream.wire.protocol import Opcode
 from estream.wire.rangeanswers import Created, PingAnswer, ReadAnswer, SealAnswer
-from estream.wire.rangemessages import (
-    ConfirmRequest,
-    CreateRangeRequest,
-    ListRangesRequest,
-    RangeKeyRequest,
-    ReadRequest,
-    SealRequest,
-    TimeIndexRequest,
-)
 from estream.wire.record import stream_key
 from estream.wire.roles import RANGE_SERVER_OPCODE_ACTIONS
 from rangeserver import bounds
@@ -212,7 +204,7 @@ class RangeServer:
                           wal.mode).to_header(), b""
 
     async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        asked = CreateRangeRequest.from_header(header)
+        asked = rm.CreateRangeRequest.from_header(header)
         state = await self.store.create_range(
             asked.stream_id, asked.range_index, asked.start, asked.epoch, asked.digest_code)
         # digest: what the replica holds batches to (absent: any)
@@ -296,13 +288,13 @@ class RangeServer:
         return key
 
     async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        asked = SealRequest.from_header(header)
+        asked = rm.SealRequest.from_header(header)
         sealed_end, sealed = await self.store.seal(
             asked.stream_id, asked.range_index, asked.epoch, asked.end)
         return SealAnswer(sealed_end, sealed).to_header(), b""
 
     async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        asked = ReadRequest.from_header(header)
+        asked = rm.ReadRequest.from_header(header)
         end, sealed, data = await self.store.read(
             asked.stream_id,
             asked.range_index,
@@ -315,7 +307,7 @@ class RangeServer:
         return ReadAnswer(end, sealed, data).to_header(), data
 
     async def describe_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        asked = RangeKeyRequest.from_header(header)
+        asked = rm.RangeKeyRequest.from_header(header)
         return dict(self.store.describe(asked.stream_id, asked.range_index)), b""
 
     async def force(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
@@ -323,24 +315,24 @@ class RangeServer:
         return {}, b""
 
     async def confirm(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        asked = ConfirmRequest.from_header(header)
+        asked = rm.ConfirmRequest.from_header(header)
         await self.store.confirm(asked.stream_id, asked.range_index, asked.epoch, asked.confirm)
         return {}, b""
 
     async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        asked = ListRangesRequest.from_header(header)
+        asked = rm.ListRangesRequest.from_header(header)
         ranges, more = self.store.list_ranges(asked.after, asked.limit)
         return {"ranges": ranges, "more": more}, b""
 
     async def drop_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        asked = RangeKeyRequest.from_header(header)
+        asked = rm.RangeKeyRequest.from_header(header)
         return {"dropped": await self.store.drop(asked.stream_id, asked.range_index)}, b""
 
     async def time_index(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         """TIME_INDEX: the replica's time statistics and, with ``"timestamp"``, the first
         offset at or after it below ``"end"`` (unconfirmed, a sealed range's catalog end)
         or else the confirm offset (``Store.offset_for_time``)."""
-        asked = TimeIndexRequest.from_header(header)
+        asked = rm.TimeIndexRequest.from_header(header)
         stats = self.store.time_stats(asked.stream_id, asked.range_index)
         if asked.timestamp is None:
             return stats.to_header(), b""
