@@ -1,8 +1,9 @@
 """The range server's RPC handlers: one thin handler per opcode over :class:`Store`.
 
-Each handler validates its arguments (``docs/PROTOCOL.md``; every number held to
-``rangeserver/bounds.py``), calls the store and shapes the answer; an input error is a
-typed :class:`~estream.wire.errors.EstreamError` answered to that request only. Before
+Each handler parses its request once (``estream/wire/rangemessages.py``: every number held
+to its bounds; APPEND's batches to ``rangeserver/bounds.py``'s), calls the store and answers
+a typed answer (``rangeanswers.py``); an input error is a typed
+:class:`~estream.wire.errors.EstreamError` answered to that request only. Before
 anything else a request naming another ``"server_id"`` is answered ``WrongServer`` (a
 wiped server's "no such range" is never an empty copy: BookKeeper's cookie); a token's
 role limits the opcodes, member opcodes need the proven cluster secret; with the secret,
