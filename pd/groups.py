@@ -225,13 +225,9 @@ def heartbeat_error(group: Group | None, member_id: str, generation: int) -> str
     >>> heartbeat_error(g, "m1", 3), heartbeat_error(g, "m1", 2), heartbeat_error(g, "x", 3)
     ('', 'illegal_generation', 'unknown_member_id')
     """
-    if group is None or group.member(member_id) is None:
+    if group is None:
         return UNKNOWN_MEMBER
-    if generation != group.generation:
-        return ILLEGAL_GENERATION
-    if group.state == PREPARING:
-        return REBALANCING
-    return ""
+    return _member_error(group, member_id, generation, PREPARING)
 
 
 def commit_error(group: Group | None, member_id: str, generation: int) -> str:
@@ -243,11 +239,17 @@ def commit_error(group: Group | None, member_id: str, generation: int) -> str:
         if generation < 0:
             return ""
         return UNKNOWN_MEMBER if member_id else ILLEGAL_GENERATION
+    return _member_error(group, member_id, generation, COMPLETING)
+
+
+def _member_error(group: Group, member_id: str, generation: int, busy: str) -> str:
+    """A member's call refused: not a member, another generation, or the group in state
+    ``busy`` (``""``: none)."""
     if group.member(member_id) is None:
         return UNKNOWN_MEMBER
     if generation != group.generation:
         return ILLEGAL_GENERATION
-    if group.state == COMPLETING:
+    if group.state == busy:
         return REBALANCING
     return ""
 

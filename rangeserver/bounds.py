@@ -15,48 +15,15 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Final
-
 from estream.wire.errors import InvalidArgument
+from estream.wire.rangemessages import FIELD_BOUNDS, INT64_MAX, INT64_MIN, U32_MAX, check_field
 from estream.wire.record import BatchHeader
 from rangeserver import walformat as wf
 
-INT64_MAX: Final = 2**63 - 1
-INT64_MIN: Final = -(2**63)
-U32_MAX: Final = 2**32 - 1
-
-# Request header fields of the range server's opcodes (docs/PROTOCOL.md): inclusive bounds.
-FIELD_BOUNDS: Final[Mapping[str, tuple[int, int]]] = {
-    "stream_id": (0, INT64_MAX),
-    "range_index": (0, U32_MAX),
-    "start": (0, INT64_MAX),
-    "epoch": (0, INT64_MAX),
-    "end": (0, INT64_MAX),
-    "offset": (0, INT64_MAX),
-    "confirm": (0, INT64_MAX),
-    "max_bytes": (0, INT64_MAX),
-    "wait_ms": (0, INT64_MAX),
-    "timestamp": (INT64_MIN, INT64_MAX),
-}
-
-
-def check_field(name: str, value: int) -> int:
-    """``value`` if it is within ``name``'s bounds (:data:`FIELD_BOUNDS`), else
-    :class:`InvalidArgument` naming the field.
-
-    >>> check_field("range_index", 7)
-    7
-    >>> check_field("offset", 2**63)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    estream.wire.errors.InvalidArgument: field 'offset' is out of bounds: ...
-    """
-    low, high = FIELD_BOUNDS[name]
-    if not low <= value <= high:
-        raise InvalidArgument(
-            f"field {name!r} is out of bounds: {value} is not in [{low}, {high}]", argument=name)
-    return value
+# The request fields' bounds are the typed requests' (estream/wire/rangemessages.py, checked
+# as each is parsed); the batch's and the log's are below.
+__all__ = ["FIELD_BOUNDS", "INT64_MAX", "INT64_MIN", "U32_MAX", "check_field", "batch_error",
+           "check_batch", "control_in_bounds"]
 
 
 def batch_error(header: BatchHeader) -> InvalidArgument | None:

@@ -13,15 +13,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from typing import Any, Final
 
-from estream.wire.errors import InvalidArgument
+# The request's "after" and "limit" are read by ListRangesRequest (the limits are its).
+from estream.wire.rangemessages import list_ranges_replicas_default, list_ranges_replicas_max
 
 Key = tuple[int, int]  # (stream_id, range_index)
-
-list_ranges_replicas_default: Final = 1000  # replicas a LIST_RANGES answers without "limit"
-list_ranges_replicas_max: Final = 4000  # the most one answer holds (about 600 KiB encoded)
-_U64_MAX: Final = 2**64 - 1
 
 
 class ReplicaKeys:
@@ -60,26 +56,4 @@ class ReplicaKeys:
         return taken, start + limit < len(self._keys)
 
 
-def parse_page(header: dict[str, Any]) -> tuple[Key | None, int]:
-    """LIST_RANGES's ``"after"`` (``[stream_id, range_index]``, absent: from the first)
-    and ``"limit"`` (1..:data:`list_ranges_replicas_max`, absent: the default);
-    ``InvalidArgument`` naming the field otherwise.
-
-    >>> parse_page({})
-    (None, 1000)
-    >>> parse_page({"after": [7, 2], "limit": 10})
-    ((7, 2), 10)
-    """
-    limit = header.get("limit", list_ranges_replicas_default)
-    if not isinstance(limit, int) or isinstance(limit, bool) \
-            or not 1 <= limit <= list_ranges_replicas_max:
-        raise InvalidArgument(f"limit must be an integer from 1 to {list_ranges_replicas_max}",
-                              argument="limit")
-    after = header.get("after")
-    if after is None:
-        return None, limit
-    if not isinstance(after, list | tuple) or len(after) != 2 or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64_MAX
-            for v in after):
-        raise InvalidArgument("after must be [stream_id, range_index]", argument="after")
-    return (after[0], after[1]), limit
+__all__ = ["Key", "ReplicaKeys", "list_ranges_replicas_default", "list_ranges_replicas_max"]

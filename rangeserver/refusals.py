@@ -2,28 +2,60 @@
 
 One mapping per opcode from the refusing outcomes of ``rangeserver/replica.py`` to
 :mod:`estream.wire.errors`, so the store (``rangeserver/shell/store.py``) and the seeded
-simulator (tests/sim) answer alike: CREATE_RANGE (:func:`create_refusal`) and SEAL
-(:func:`seal_refusal`); APPEND's is :func:`rangeserver.replica.append_refusal`.
+simulator (tests/sim) answer alike: APPEND (:func:`append_refusal`), CREATE_RANGE
+(:func:`create_refusal`) and SEAL (:func:`seal_refusal`).
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from estream.wire.errors import Conflict, EstreamError, OffsetGap
+from estream.wire.errors import Conflict, DigestMismatch, EstreamError, OffsetGap, RangeSealed
 from rangeserver.replica import (
     Damaged,
     DigestConflict,
     Gap,
     SealConflict,
+    SealedOutcome,
     StaleEpoch,
     StartConflict,
+    WrongDigest,
     damaged_error,
     digest_name,
     stale_error,
 )
 
 Key = tuple[int, int]
+
+
+def append_refusal(
+    key: Key, outcome: Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest
+) -> EstreamError:
+    """APPEND refused (:func:`~rangeserver.replica.decide_append`): a batch of another
+    digest than the replica's (``DigestMismatch``), one that does not continue its end
+    (``OffsetGap``), a sealed replica (``RangeSealed``), an older epoch (``Fenced``), a
+    damaged replica (``ReplicaDamaged``).
+
+    >>> append_refusal((7, 0), Gap(expected=10, actual=12)).message
+    "batch at 12 does not continue the replica's end 10"
+    """
+    if isinstance(outcome, WrongDigest):
+        return DigestMismatch(
+            f"batch digest {digest_name(outcome.actual)} refused: range {key[1]} of stream "
+            f"{key[0]} takes {digest_name(outcome.expected)} batches only",
+            stream_id=key[0], range_index=key[1], base_offset=outcome.base_offset,
+        )
+    if isinstance(outcome, Gap):
+        return _gap(f"batch at {outcome.actual} does not continue the replica's end "
+                    f"{outcome.expected}", outcome)
+    if isinstance(outcome, SealedOutcome):
+        return RangeSealed(
+            f"range {key[1]} of stream {key[0]} is sealed at {outcome.end}",
+            stream_id=key[0],
+            range_index=key[1],
+            end_offset=outcome.end,
+        )
+    return _common(key, outcome)
 
 
 def create_refusal(
@@ -40,9 +72,7 @@ def create_refusal(
     if isinstance(outcome, DigestConflict):
         return Conflict(f"range {key} exists with digest {digest_name(outcome.digest)}, "
                         f"not {digest_name(outcome.asked)}")
-    if isinstance(outcome, Damaged):
-        return damaged_error(key)
-    return stale_error(outcome)
+    return _common(key, outcome)
 
 
 def seal_refusal(
@@ -59,14 +89,21 @@ def seal_refusal(
     if isinstance(outcome, SealConflict):
         return Conflict(f"range {key} cannot be sealed at {outcome.asked} (at {outcome.end})")
     if isinstance(outcome, Gap):
-        return OffsetGap(
-            f"replica holds up to {outcome.actual}, less than the seal end {outcome.expected}",
-            expected=outcome.expected,
-            actual=outcome.actual,
-        )
+        return _gap(f"replica holds up to {outcome.actual}, less than the seal end "
+                    f"{outcome.expected}", outcome)
+    return _common(key, outcome)
+
+
+def _gap(message: str, outcome: Gap) -> OffsetGap:
+    """``OffsetGap`` with both offsets of ``outcome``."""
+    return OffsetGap(message, expected=outcome.expected, actual=outcome.actual)
+
+
+def _common(key: Key, outcome: StaleEpoch | Damaged) -> EstreamError:
+    """The refusals every opcode shares: an older epoch, a damaged replica."""
     if isinstance(outcome, Damaged):
         return damaged_error(key)
     return stale_error(outcome)
 
 
-__all__ = ["create_refusal", "seal_refusal"]
+__all__ = ["append_refusal", "create_refusal", "seal_refusal"]

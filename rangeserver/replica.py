@@ -16,12 +16,10 @@ from dataclasses import dataclass, replace
 
 from estream.wire.errors import (
     DigestMismatch,
-    EstreamError,
     Fenced,
-    OffsetGap,
-    RangeSealed,
     ReplicaDamaged,
 )
+from estream.wire.rangeanswers import RangeState
 from estream.wire.record import (
     DIGEST_NAMES,
     BatchHeader,
@@ -81,18 +79,9 @@ class ReplicaState:
     def describe(self) -> dict[str, object]:
         """The DESCRIBE_RANGE answer (``docs/PROTOCOL.md``); ``"digest"`` only when one
         is recorded."""
-        answer: dict[str, object] = {
-            "start": self.start,
-            "end": self.end,
-            "confirm": self.confirm,
-            "epoch": self.epoch,
-            "sealed": self.sealed,
-            "sealed_end": self.sealed_end if self.sealed else None,
-            "damaged": self.damaged,
-        }
-        if self.digest is not None:
-            answer["digest"] = digest_name(self.digest)
-        return answer
+        return RangeState(self.start, self.end, self.confirm, self.epoch, self.sealed,
+                          self.sealed_end if self.sealed else None, self.damaged,
+                          digest_name(self.digest)).to_header()
 
 
 def digest_name(digest: int | None) -> str | None:
@@ -246,34 +235,6 @@ def stale_error(outcome: StaleEpoch) -> Fenced:
 
 def damaged_error(key: tuple[int, int]) -> ReplicaDamaged:
     return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
-
-
-def append_refusal(
-    key: tuple[int, int], outcome: Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest
-) -> EstreamError:
-    """The typed error answering an append that :func:`decide_append` refused."""
-    if isinstance(outcome, WrongDigest):
-        return DigestMismatch(
-            f"batch digest {digest_name(outcome.actual)} refused: range {key[1]} of stream "
-            f"{key[0]} takes {digest_name(outcome.expected)} batches only",
-            stream_id=key[0], range_index=key[1], base_offset=outcome.base_offset,
-        )
-    if isinstance(outcome, Gap):
-        return OffsetGap(
-            f"batch at {outcome.actual} does not continue the replica's end {outcome.expected}",
-            expected=outcome.expected,
-            actual=outcome.actual,
-        )
-    if isinstance(outcome, SealedOutcome):
-        return RangeSealed(
-            f"range {key[1]} of stream {key[0]} is sealed at {outcome.end}",
-            stream_id=key[0],
-            range_index=key[1],
-            end_offset=outcome.end,
-        )
-    if isinstance(outcome, StaleEpoch):
-        return stale_error(outcome)
-    return damaged_error(key)
 
 
 def on_durable(state: ReplicaState, end: int) -> ReplicaState:

@@ -2,8 +2,10 @@
 
 One ``async`` method per range-server opcode (PING, CREATE_RANGE, APPEND, SEAL, READ,
 DESCRIBE_RANGE, FORCE, CONFIRM, LIST_RANGES, DROP_RANGE, TIME_INDEX), with keyword
-arguments and typed answers (:class:`Created`, :class:`SealAnswer`, :class:`ReadAnswer`,
-:class:`RangeState`, :class:`ListedRange`, :class:`PingAnswer`, :class:`TimeAnswer`).
+arguments; each sends its typed request (``estream/wire/rangemessages.py``) and returns
+its typed answer (``estream/wire/rangeanswers.py``: :class:`Created`, :class:`SealAnswer`,
+:class:`ReadAnswer`, :class:`RangeState`, :class:`ListedRange`, :class:`PingAnswer`,
+:class:`TimeAnswer`).
 :mod:`estream.net.rangeclient` builds the copy loop and the writer's view on it (and
 re-exports it: import from there); its docstring has the timeout policy and why requests
 name a server id.
@@ -13,9 +15,8 @@ Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPoo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from collections.abc import Callable
+from typing import Final, Protocol
 
 from estream.net.rpc import Done, Header
 from estream.wire import limits
@@ -25,167 +26,31 @@ from estream.wire.errors import (
     Timeout,
 )
 from estream.wire.protocol import Opcode
+from estream.wire.rangeanswers import (
+    Created,
+    ListedRange,
+    PingAnswer,
+    RangeState,
+    ReadAnswer,
+    SealAnswer,
+    TimeAnswer,
+    answer_int,
+)
+from estream.wire.rangemessages import (
+    ConfirmRequest,
+    CreateRangeRequest,
+    ListRangesRequest,
+    RangeKeyRequest,
+    ReadRequest,
+    SealRequest,
+    TimeIndexRequest,
+)
 
 request_timeout_s: Final = limits.request_timeout_ms / 1000
 seal_timeout_s: Final = 1.0
 create_timeout_s: Final = 2.0
 ping_timeout_s: Final = 1.0
 list_pages_max: Final = 10_000  # LIST_RANGES pages of one listing (10 million replicas)
-
-
-# -- typed answers -------------------------------------------------------------------------
-
-
-def _int(body: Mapping[str, Any], key: str) -> int:
-    value = body.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise MalformedFrame(f"the answer's {key!r} is {value!r}, not an integer")
-    return value
-
-
-def _optional_int(body: Mapping[str, Any], key: str) -> int | None:
-    return None if body.get(key) is None else _int(body, key)
-
-
-@dataclass(frozen=True, slots=True)
-class PingAnswer:
-    """PING: who answers at the address, and its log's state."""
-
-    server_id: str
-    address: str
-    wal_spares: int
-    wal_io: str
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> PingAnswer:
-        spares = body.get("wal_spares")
-        return cls(str(body.get("server_id", "")), str(body.get("address", "")),
-                   spares if isinstance(spares, int) else 0, str(body.get("wal_io", "")))
-
-
-@dataclass(frozen=True, slots=True)
-class Created:
-    """CREATE_RANGE: the replica as it is now (it may have existed already)."""
-
-    start: int
-    end: int
-    epoch: int
-    sealed: bool
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> Created:
-        return cls(_int(body, "start"), _int(body, "end"), _int(body, "epoch"),
-                   bool(body.get("sealed")))
-
-
-@dataclass(frozen=True, slots=True)
-class SealAnswer:
-    """SEAL: without an end (a fence), the durable end after a log barrier; with one, the
-    sealed end. ``sealed``: the replica is sealed for good (at ``end``)."""
-
-    end: int
-    sealed: bool
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> SealAnswer:
-        return cls(_int(body, "end"), bool(body.get("sealed")))
-
-
-@dataclass(frozen=True, slots=True)
-class ReadAnswer:
-    """READ: whole batches from the one holding the offset asked (``payload``, possibly
-    empty), the replica's readable ``end`` and whether it is ``sealed``."""
-
-    end: int
-    sealed: bool
-    payload: bytes | memoryview
-
-
-@dataclass(frozen=True, slots=True)
-class RangeState:
-    """DESCRIBE_RANGE: a replica's state. ``end`` is its durable contiguous end;
-    ``sealed_end`` is None while it is open."""
-
-    start: int
-    end: int
-    confirm: int
-    epoch: int
-    sealed: bool
-    sealed_end: int | None
-    damaged: bool
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> RangeState:
-        return cls(_int(body, "start"), _int(body, "end"), _int(body, "confirm"),
-                   _int(body, "epoch"), bool(body.get("sealed")),
-                   _optional_int(body, "sealed_end"), bool(body.get("damaged")))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The wire form (as DESCRIBE_RANGE answers it)."""
-        return {"start": self.start, "end": self.end, "confirm": self.confirm,
-                "epoch": self.epoch, "sealed": self.sealed, "sealed_end": self.sealed_end,
-                "damaged": self.damaged}
-
-
-@dataclass(frozen=True, slots=True)
-class ListedRange:
-    """One entry of LIST_RANGES: which replica, and its DESCRIBE_RANGE state."""
-
-    stream_id: int
-    range_index: int
-    state: RangeState
-
-    @classmethod
-    def parse(cls, item: object) -> ListedRange | None:
-        """None for an entry that is not well formed (it is left alone, not an error)."""
-        if not isinstance(item, Mapping):
-            return None
-        try:
-            return cls(_int(item, "stream_id"), _int(item, "range_index"),
-                       RangeState.parse(item))
-        except MalformedFrame:
-            return None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The wire form (as LIST_RANGES answers it)."""
-        return {"stream_id": self.stream_id, "range_index": self.range_index,
-                **self.state.to_dict()}
-
-
-@dataclass(frozen=True, slots=True)
-class TimeAnswer:
-    """TIME_INDEX: a replica's time statistics (``rangeserver/timeindex.py``) and, when a
-    timestamp was asked, where it is.
-
-    ``min_timestamp``, ``max_timestamp``, ``bytes``: None when unknown (the replica's
-    index is partial). ``max_timestamp`` is the running maximum of every batch held (an
-    upper bound of what is readable); ``min_timestamp`` is the smallest *first-record*
-    timestamp of its batches (a record inside a batch may be older: informational only).
-    They cover every batch below ``end`` (the durable end, maybe past a sealed range's
-    catalog end); ``sealed``: the replica is sealed. With a timestamp: ``offset``, the
-    first offset at or after it (None: none below ``searched_end``), and
-    ``searched_end``, the end searched up to (short of the asked end: the replica is
-    short, ask another); both None without one."""
-
-    min_timestamp: int | None
-    max_timestamp: int | None
-    bytes: int | None
-    end: int
-    sealed: bool
-    offset: int | None = None
-    searched_end: int | None = None
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> TimeAnswer:
-        return cls(_optional_int(body, "min_timestamp"), _optional_int(body, "max_timestamp"),
-                   _optional_int(body, "bytes"), _int(body, "end"), bool(body.get("sealed")),
-                   _optional_int(body, "offset"), _optional_int(body, "searched_end"))
-
-    @property
-    def complete(self) -> bool:
-        """The statistics are known (the index is not partial)."""
-        return (self.min_timestamp is not None and self.max_timestamp is not None
-                and self.bytes is not None)
 
 
 # -- the client ----------------------------------------------------------------------------
@@ -222,6 +87,13 @@ class AppendSending(Protocol):
     ) -> None: ...
 
 
+def _identified(header: Header, server_id: str | None) -> Header:
+    """``header`` naming the server it is meant for (None: any; docs/PROTOCOL.md)."""
+    if server_id is not None:
+        header["server_id"] = server_id
+    return header
+
+
 class RangeClient:
     """One typed method per range-server opcode (see the module docstring)."""
 
@@ -239,16 +111,14 @@ class RangeClient:
         self, address: str, opcode: Opcode, header: Header, server_id: str | None,
         timeout_s: float | None, payload: bytes | memoryview = b"",
     ) -> tuple[Header, bytes | memoryview]:
-        if server_id is not None:
-            header["server_id"] = server_id
-        return await self.pool.call(address, opcode, header, payload,
+        return await self.pool.call(address, opcode, _identified(header, server_id), payload,
                                     timeout_s=self._timeout(timeout_s))
 
     async def ping(self, address: str, *, timeout_s: float | None = None) -> PingAnswer:
         """PING: who answers at ``address`` (no identity check: it says who it is)."""
         body, _ = await self.pool.call(address, Opcode.PING, {},
                                        timeout_s=self._timeout(timeout_s))
-        return PingAnswer.parse(body)
+        return PingAnswer.from_header(body)
 
     async def create_range(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
@@ -258,12 +128,11 @@ class RangeClient:
         older writers; ``Fenced`` below it, ``Conflict`` for another start or digest).
         ``digest``: the stream's (``StreamMeta.digest``), recorded with a new replica,
         which then refuses batches of any other digest; None: not sent (none recorded)."""
-        header: Header = {"stream_id": stream_id, "range_index": range_index,
-                          "start": start, "epoch": epoch}
-        if digest is not None:
-            header["digest"] = digest
-        body, _ = await self._call(address, Opcode.CREATE_RANGE, header, server_id, timeout_s)
-        return Created.parse(body)
+        request = CreateRangeRequest(stream_id=stream_id, range_index=range_index,
+                                     start=start, epoch=epoch, digest=digest)
+        body, _ = await self._call(address, Opcode.CREATE_RANGE, request.to_header(),
+                                   server_id, timeout_s)
+        return Created.from_header(body)
 
     def _append_header(self, deferred: bool, server_id: str | None) -> Header:
         key = (deferred, server_id)
@@ -289,7 +158,7 @@ class RangeClient:
         except Timeout:
             self.pool.discard(address)  # a stuck connection: reconnect for the next range
             raise
-        return _int(body, "end")
+        return answer_int(body, "end")
 
     def start_append(
         self, address: str, done: Callable[[int, EstreamError | None], None], *,
@@ -324,10 +193,11 @@ class RangeClient:
         """SEAL at ``epoch``: ``end=None`` fences (refuse older writers, answer the
         durable end); an end seals for good (idempotent; another end ``Conflict``,
         holding less ``OffsetGap``)."""
-        body, _ = await self._call(address, Opcode.SEAL, {
-            "stream_id": stream_id, "range_index": range_index, "epoch": epoch, "end": end,
-        }, server_id, timeout_s)
-        return SealAnswer.parse(body)
+        request = SealRequest(stream_id=stream_id, range_index=range_index, epoch=epoch,
+                              end=end)
+        body, _ = await self._call(address, Opcode.SEAL, request.to_header(), server_id,
+                                   timeout_s)
+        return SealAnswer.from_header(body)
 
     async def read(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
@@ -339,21 +209,22 @@ class RangeClient:
         ``wait_ms``, a long poll: the server answers once there is something, a seal, or
         the wait is over; the request's bound is ``wait_ms`` plus the timeout. Batches are
         not verified here (the caller does: :func:`~estream.wire.record.verify_batch`)."""
-        body, payload = await self.pool.call(address, Opcode.READ, {
-            "stream_id": stream_id, "range_index": range_index, "offset": offset,
-            "max_bytes": max_bytes, "wait_ms": wait_ms, "unconfirmed": unconfirmed,
-            **({} if server_id is None else {"server_id": server_id}),
-        }, timeout_s=wait_ms / 1000 + self._timeout(timeout_s))
-        return ReadAnswer(_int(body, "end"), bool(body.get("sealed")), payload)
+        request = ReadRequest(stream_id=stream_id, range_index=range_index, offset=offset,
+                              max_bytes=max_bytes, wait_ms=wait_ms, unconfirmed=unconfirmed)
+        body, payload = await self.pool.call(
+            address, Opcode.READ, _identified(request.to_header(), server_id),
+            timeout_s=wait_ms / 1000 + self._timeout(timeout_s))
+        return ReadAnswer.from_header(body, payload)
 
     async def describe_range(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
         timeout_s: float | None = None,
     ) -> RangeState:
         """DESCRIBE_RANGE (answered from memory; damaged replicas answer too, marked)."""
-        body, _ = await self._call(address, Opcode.DESCRIBE_RANGE, {
-            "stream_id": stream_id, "range_index": range_index}, server_id, timeout_s)
-        return RangeState.parse(body)
+        request = RangeKeyRequest(stream_id=stream_id, range_index=range_index)
+        body, _ = await self._call(address, Opcode.DESCRIBE_RANGE, request.to_header(),
+                                   server_id, timeout_s)
+        return RangeState.from_header(body)
 
     async def force(
         self, address: str, *, server_id: str | None, timeout_s: float | None = None
@@ -367,9 +238,9 @@ class RangeClient:
     ) -> None:
         """CONFIRM: returns once a raised confirm offset is logged durably (never moves
         back; ``Fenced`` below the replica's epoch)."""
-        await self._call(address, Opcode.CONFIRM, {
-            "stream_id": stream_id, "range_index": range_index, "epoch": epoch,
-            "confirm": confirm}, server_id, timeout_s)
+        request = ConfirmRequest(stream_id=stream_id, range_index=range_index, epoch=epoch,
+                                 confirm=confirm)
+        await self._call(address, Opcode.CONFIRM, request.to_header(), server_id, timeout_s)
 
     def start_confirm(
         self, address: str, done: Callable[[EstreamError | None], None], *,
@@ -378,11 +249,10 @@ class RangeClient:
     ) -> None:
         """:meth:`confirm` without awaiting (an idle writer's): written now, ``done(None)``
         or ``done(error)`` later from the event loop, never from within this call."""
-        header: Header = {"stream_id": stream_id, "range_index": range_index, "epoch": epoch,
-                          "confirm": confirm}
-        if server_id is not None:
-            header["server_id"] = server_id
-        self.pool.start_call(address, Opcode.CONFIRM, header, b"",
+        request = ConfirmRequest(stream_id=stream_id, range_index=range_index, epoch=epoch,
+                                 confirm=confirm)
+        self.pool.start_call(address, Opcode.CONFIRM,
+                             _identified(request.to_header(), server_id), b"",
                              lambda _, error: done(error), timeout_s=self._timeout(timeout_s))
 
     async def list_ranges(
@@ -391,19 +261,19 @@ class RangeClient:
         """LIST_RANGES: every replica the server has, asked a page at a time (entries
         not well formed are left out). ``timeout_s`` bounds each page."""
         out: list[ListedRange] = []
-        header: dict[str, Any] = {}
+        request = ListRangesRequest()
         for _ in range(list_pages_max):
-            body, _ = await self._call(address, Opcode.LIST_RANGES, header, server_id,
-                                       timeout_s)
+            body, _ = await self._call(address, Opcode.LIST_RANGES, request.to_header(),
+                                       server_id, timeout_s)
             raw = body.get("ranges")
             items = raw if isinstance(raw, list) else []
-            found = (ListedRange.parse(item) for item in items)
+            found = (ListedRange.from_header(item) for item in items)
             out.extend(r for r in found if r is not None)
             last = out[-1] if out else None
-            after = None if last is None else [last.stream_id, last.range_index]
-            if body.get("more") is not True or not items or after == header.get("after"):
+            after = None if last is None else (last.stream_id, last.range_index)
+            if body.get("more") is not True or not items or after == request.after:
                 break  # the last page (a server that does not page answers all at once)
-            header = {"after": after}
+            request = ListRangesRequest(after=after)
         return tuple(out)
 
     async def drop_range(
@@ -412,8 +282,9 @@ class RangeClient:
     ) -> bool:
         """DROP_RANGE: True once the drop is durable, False when there was no such replica
         (``RangeNotFound`` from then on)."""
-        body, _ = await self._call(address, Opcode.DROP_RANGE, {
-            "stream_id": stream_id, "range_index": range_index}, server_id, timeout_s)
+        request = RangeKeyRequest(stream_id=stream_id, range_index=range_index)
+        body, _ = await self._call(address, Opcode.DROP_RANGE, request.to_header(),
+                                   server_id, timeout_s)
         return bool(body.get("dropped"))
 
     async def time_index(
@@ -425,13 +296,11 @@ class RangeClient:
         offset whose record timestamp is at or after it, searched below ``end`` read
         unconfirmed (a sealed range: pass the catalog's end) or else below the replica's
         confirm offset. ``ReplicaDamaged`` for a damaged replica."""
-        header: Header = {"stream_id": stream_id, "range_index": range_index}
-        if timestamp_ms is not None:
-            header["timestamp"] = timestamp_ms
-            if end is not None:
-                header["end"] = end
-        body, _ = await self._call(address, Opcode.TIME_INDEX, header, server_id, timeout_s)
-        answer = TimeAnswer.parse(body)
+        request = TimeIndexRequest(stream_id=stream_id, range_index=range_index,
+                                   timestamp=timestamp_ms, end=end)
+        body, _ = await self._call(address, Opcode.TIME_INDEX, request.to_header(),
+                                   server_id, timeout_s)
+        answer = TimeAnswer.from_header(body)
         if timestamp_ms is not None and answer.searched_end is None:
             raise MalformedFrame("a TIME_INDEX answer to a timestamp without 'searched_end'")
         return answer

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from estream.net.pdclient import PDClient
+from estream.wire import groupmessages as gm
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument
 from estream.wire.protocol import Opcode
@@ -58,25 +59,25 @@ class GroupClient:
             raise InvalidArgument(f"protocol metadata of {size} bytes, at most "
                                   f"{limits.group_member_metadata_bytes_max}",
                                   argument="protocols")
-        body = await self.pd.call(Opcode.PD_GROUP_JOIN, {
-            "group": group, "member": member, "protocol_type": protocol_type,
-            "protocols": [[n, m] for n, m in protocols], "client_id": client_id,
-            "client_host": client_host, "session_timeout_ms": session_timeout_ms,
-            "rebalance_timeout_ms": rebalance_timeout_ms})
-        if body.get("error"):
-            return Joined(str(body["error"]))
-        base = int(body["generation"])
+        request = gm.JoinRequest(
+            group=group, member=member, protocol_type=protocol_type,
+            protocols=tuple(protocols), client_id=client_id, client_host=client_host,
+            session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms)
+        joined = gm.JoinAnswer.from_header(
+            await self.pd.call(Opcode.PD_GROUP_JOIN, request.to_header()))
+        if joined.error:
+            return Joined(joined.error)
+        waiting = gm.MemberRequest(group=group, member=member, generation=joined.generation)
         deadline = time.monotonic() + min(barrier_wait_s_max,
                                           max(rebalance_timeout_ms, 1000) / 1000)
         while True:
-            got = await self.pd.call(Opcode.PD_GROUP_AWAIT_JOIN,
-                                     {"group": group, "member": member, "generation": base})
-            if got.get("error"):
-                return Joined(str(got["error"]))
-            if got.get("done"):
-                return Joined("", member, int(got["generation"]), str(got["protocol"]),
-                              str(got["leader"]),
-                              tuple((str(m), bytes(d)) for m, d in got.get("members", ())))
+            got = gm.AwaitJoinAnswer.from_header(
+                await self.pd.call(Opcode.PD_GROUP_AWAIT_JOIN, waiting.to_header()))
+            if got.error:
+                return Joined(got.error)
+            if got.done:
+                return Joined("", member, got.generation, got.protocol, got.leader,
+                              got.members)
             if time.monotonic() >= deadline:
                 return Joined(REBALANCING)
             await asyncio.sleep(barrier_poll_s)
@@ -86,55 +87,57 @@ class GroupClient:
                    wait_s: float = 60.0) -> tuple[str, bytes]:
         """The leader gives every member's assignment; each member waits (at most
         ``wait_s``) for its own: (error, assignment)."""
-        header: dict[str, Any] = {"group": group, "member": member, "generation": generation}
         size = sum(len(m) + len(a) for m, a in assignments or ())
         if size > limits.group_assignment_bytes_max:
             raise InvalidArgument(f"assignments of {size} bytes, at most "
                                   f"{limits.group_assignment_bytes_max}", argument="assignments")
-        if assignments:
-            header["assignments"] = [[m, a] for m, a in assignments]
+        request = gm.SyncRequest(group=group, member=member, generation=generation,
+                              assignments=tuple(assignments or ()))
         deadline = time.monotonic() + min(wait_s, barrier_wait_s_max)
         while True:
-            got = await self.pd.call(Opcode.PD_GROUP_SYNC, header)
-            if got.get("error"):
-                return str(got["error"]), b""
-            if got.get("done"):
-                return "", bytes(got.get("assignment", b""))
+            got = gm.SyncAnswer.from_header(
+                await self.pd.call(Opcode.PD_GROUP_SYNC, request.to_header()))
+            if got.error:
+                return got.error, b""
+            if got.done:
+                return "", got.assignment
             if time.monotonic() >= deadline:
                 return REBALANCING, b""
-            header.pop("assignments", None)
+            request = replace(request, assignments=())  # given once
             await asyncio.sleep(barrier_poll_s)
 
     async def heartbeat(self, group: str, member: str, generation: int) -> str:
-        got = await self.pd.call(Opcode.PD_GROUP_HEARTBEAT,
-                                 {"group": group, "member": member, "generation": generation})
+        got = await self.pd.call(Opcode.PD_GROUP_HEARTBEAT, gm.MemberRequest(
+            group=group, member=member, generation=generation).to_header())
         return str(got.get("error", ""))
 
     async def leave(self, group: str, members: list[str]) -> list[str]:
-        got = await self.pd.call(Opcode.PD_GROUP_LEAVE, {"group": group, "members": members})
-        return [str(e) for e in got["errors"]]
+        got = await self.pd.call(Opcode.PD_GROUP_LEAVE,
+                                 gm.LeaveRequest(group=group, members=tuple(members)).to_header())
+        return list(gm.ErrorsAnswer.from_header(got).errors)
 
     async def commit(self, group: str, offsets: dict[str, int], *, member: str = "",
                      generation: int = -1) -> dict[str, str]:
         """Commit each stream's offset (the next to read) as the group's cursor: the
         error of each (``""``: committed)."""
         items = list(offsets.items())
-        got = await self.pd.call(Opcode.PD_GROUP_COMMIT, {
-            "group": group, "member": member, "generation": generation,
-            "offsets": [[s, o] for s, o in items]})
-        return {s: str(e) for (s, _), e in zip(items, got["errors"], strict=True)}
+        got = await self.pd.call(Opcode.PD_GROUP_COMMIT, gm.CommitRequest(
+            group=group, member=member, generation=generation,
+            offsets=tuple(items)).to_header())
+        errors = gm.ErrorsAnswer.from_header(got).errors
+        return {s: e for (s, _), e in zip(items, errors, strict=True)}
 
     async def offsets(self, group: str, streams: list[str] | None = None) -> dict[str, int]:
         """The group's committed offsets (-1: none) of ``streams``, or of every stream
         it has one on."""
-        header: dict[str, Any] = {"group": group}
-        if streams is not None:
-            header["streams"] = streams
-        got = await self.pd.call(Opcode.PD_GROUP_OFFSETS, header)
-        return {str(s): int(o) for s, o in got["offsets"].items()}
+        request = gm.StreamsRequest(group=group,
+                                    streams=None if streams is None else tuple(streams))
+        got = await self.pd.call(Opcode.PD_GROUP_OFFSETS, request.to_header())
+        return dict(gm.OffsetsAnswer.from_header(got).offsets)
 
     async def describe(self, group: str, *, lag: bool = False) -> dict[str, Any]:
-        got = await self.pd.call(Opcode.PD_GROUP_DESCRIBE, {"group": group, "lag": lag})
+        got = await self.pd.call(Opcode.PD_GROUP_DESCRIBE,
+                                 gm.DescribeRequest(group=group, lag=lag).to_header())
         out: dict[str, Any] = got["group"]
         return out
 
@@ -143,6 +146,6 @@ class GroupClient:
         return list(got["groups"])
 
     async def delete_offsets(self, group: str, streams: list[str]) -> list[str]:
-        got = await self.pd.call(Opcode.PD_GROUP_DELETE_OFFSETS,
-                                 {"group": group, "streams": streams})
-        return [str(e) for e in got["errors"]]
+        got = await self.pd.call(Opcode.PD_GROUP_DELETE_OFFSETS, gm.StreamsRequest(
+            group=group, streams=tuple(streams)).to_header())
+        return list(gm.ErrorsAnswer.from_header(got).errors)

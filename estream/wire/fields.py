@@ -11,6 +11,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any, Final
 
 from estream.wire import limits
@@ -117,6 +118,11 @@ def window_args(args: Mapping[str, Any]) -> tuple[int | None, int | None, int]:
     return offset, index, page_limit(args.get("limit"),
                                      default=limits.stream_ranges_per_answer_default,
                                      maximum=limits.stream_ranges_per_answer_max)
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """A typed message's field names, in order: its ``WIRE_FIELDS`` row."""
+    return tuple(f.name for f in fields(cls))
 
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:

@@ -17,12 +17,13 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
 from estream.wire.errors import InvalidArgument
 from estream.wire.fields import (
     Header,
+    field_names,
     optional,
     optional_int,
     page_after,
@@ -477,35 +478,31 @@ class ReportDamageRequest:
                 "object_key": self.object_key, "reason": self.reason}
 
 
-def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
-
-
 # Each PD request's fields as they travel, by opcode (docs/PROTOCOL.md's table is checked
 # against these: tests/unit/wire/test_pdmessages.py). PD_WRITERS_KEEPALIVE's writers are
 # pd/lease.py's.
 WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
-    Opcode.PD_REGISTER_SERVER: _names(RegisterServerRequest),
-    Opcode.PD_HEARTBEAT: _names(HeartbeatRequest),
-    Opcode.PD_CREATE_STREAM: _names(CreateStreamRequest),
-    Opcode.PD_DESCRIBE_STREAM: _names(DescribeStreamRequest),
-    Opcode.PD_LIST_STREAMS: _names(ListStreamsRequest),
-    Opcode.PD_DELETE_STREAM: _names(NamedStreamRequest),
-    Opcode.PD_OPEN_WRITER: _names(NamedStreamRequest),
-    Opcode.PD_SEAL_RANGE: _names(SealRangeRequest),
-    Opcode.PD_TRIM_STREAM: _names(TrimStreamRequest),
+    Opcode.PD_REGISTER_SERVER: field_names(RegisterServerRequest),
+    Opcode.PD_HEARTBEAT: field_names(HeartbeatRequest),
+    Opcode.PD_CREATE_STREAM: field_names(CreateStreamRequest),
+    Opcode.PD_DESCRIBE_STREAM: field_names(DescribeStreamRequest),
+    Opcode.PD_LIST_STREAMS: field_names(ListStreamsRequest),
+    Opcode.PD_DELETE_STREAM: field_names(NamedStreamRequest),
+    Opcode.PD_OPEN_WRITER: field_names(NamedStreamRequest),
+    Opcode.PD_SEAL_RANGE: field_names(SealRangeRequest),
+    Opcode.PD_TRIM_STREAM: field_names(TrimStreamRequest),
     Opcode.PD_LIST_SERVERS: (),
     Opcode.PD_CLUSTER: (),
-    Opcode.PD_UPDATE_REPLICAS: _names(UpdateReplicasRequest),
-    Opcode.PD_WRITER_KEEPALIVE: _names(WriterKeepaliveRequest),
+    Opcode.PD_UPDATE_REPLICAS: field_names(UpdateReplicasRequest),
+    Opcode.PD_WRITER_KEEPALIVE: field_names(WriterKeepaliveRequest),
     Opcode.PD_WRITERS_KEEPALIVE: ("writers",),
-    Opcode.PD_DRAIN_SERVER: _names(ServerRequest),
+    Opcode.PD_DRAIN_SERVER: field_names(ServerRequest),
     Opcode.PD_FORGET_SERVER: ("server_id",),
     Opcode.PD_DESCRIBE_SERVERS: ("server_id",),
-    Opcode.PD_COMMIT_CURSOR: _names(CursorRequest),
-    Opcode.PD_LIST_CURSORS: _names(NamedStreamRequest),
-    Opcode.PD_TIME_RANGES: _names(TimeRangesRequest),
+    Opcode.PD_COMMIT_CURSOR: field_names(CursorRequest),
+    Opcode.PD_LIST_CURSORS: field_names(NamedStreamRequest),
+    Opcode.PD_TIME_RANGES: field_names(TimeRangesRequest),
     Opcode.PD_SET_RETENTION: ("name", *RETENTION_FIELDS),
     Opcode.PD_DELETE_CURSOR: ("name", "cursor"),
-    Opcode.PD_REPORT_OBJECT_DAMAGE: _names(ReportDamageRequest),
+    Opcode.PD_REPORT_OBJECT_DAMAGE: field_names(ReportDamageRequest),
 }

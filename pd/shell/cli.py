@@ -29,8 +29,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 from urllib.parse import urlsplit
 
 import uvloop
@@ -127,36 +128,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _number(text: str, kind: type[int] | type[float], unit: str,
+            within: Callable[[float], bool], out_of_range: str) -> Any:
+    """``text`` as a ``kind`` that is ``within`` its range (argparse ``type``): the one
+    parse of the options below, each with its own words."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of {unit}: {text!r}") from None
+    if not within(value):
+        raise argparse.ArgumentTypeError(f"{out_of_range}: {text!r}")
+    return value
+
+
 def _skew_ms(text: str) -> int:
     """Milliseconds, 0 .. one year (argparse ``type``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
-    if not 0 <= value <= 366 * 86_400_000:
-        raise argparse.ArgumentTypeError(f"milliseconds out of range 0..31622400000: {text!r}")
+    value: int = _number(text, int, "milliseconds", lambda v: 0 <= v <= 366 * 86_400_000,
+                         "milliseconds out of range 0..31622400000")
     return value
 
 
 def _object_size(text: str) -> int:
     """A packed object's size in bytes, 1 MiB .. 5 GiB (argparse ``type``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
-    if not 1024 * 1024 <= value <= 5 * 1024**3:
-        raise argparse.ArgumentTypeError(f"object size out of 1 MiB .. 5 GiB: {text!r}")
+    value: int = _number(text, int, "bytes", lambda v: 1024 * 1024 <= v <= 5 * 1024**3,
+                         "object size out of 1 MiB .. 5 GiB")
     return value
 
 
 def _seconds(text: str) -> float:
     """A duration in seconds, >= 0 (argparse ``type``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < 10**9:
-        raise argparse.ArgumentTypeError(f"seconds out of range: {text!r}")
+    value: float = _number(text, float, "seconds", lambda v: 0 <= v < 10**9,
+                           "seconds out of range")
     return value
 
 

@@ -24,8 +24,22 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from estream.net.rpc import Header, optional, require
-from estream.wire.errors import Conflict, EstreamError, InvalidArgument, StreamNotFound
+from estream.net.rpc import Header
+from estream.wire.errors import Conflict, EstreamError, StreamNotFound
+from estream.wire.groupmessages import (
+    AwaitJoinAnswer,
+    CommitRequest,
+    DescribeRequest,
+    ErrorsAnswer,
+    JoinAnswer,
+    JoinRequest,
+    LeaveRequest,
+    MemberRequest,
+    OffsetsAnswer,
+    StreamsRequest,
+    SyncAnswer,
+    SyncRequest,
+)
 from estream.wire.protocol import Opcode
 from pd.catalog import CatalogView
 from pd.commands import GroupChange
@@ -113,105 +127,88 @@ class GroupRpc:
 
     # -- the handlers ----------------------------------------------------------------------
     async def _rpc_join(self, h: Header) -> Header:
-        name = require(h, "group", str)
-        protocols = require(h, "protocols", list)
-        try:
-            member = Member(require(h, "member", str), optional(h, "client_id", str, ""),
-                            optional(h, "client_host", str, ""),
-                            require(h, "session_timeout_ms", int),
-                            require(h, "rebalance_timeout_ms", int),
-                            tuple((str(n), bytes(m)) for n, m in protocols))
-        except (TypeError, ValueError):
-            raise InvalidArgument("protocols: a list of [name, metadata bytes]",
-                                  argument="protocols") from None
+        asked = JoinRequest.from_header(h)
+        name = asked.group
+        member = Member(asked.member, asked.client_id, asked.client_host,
+                        asked.session_timeout_ms, asked.rebalance_timeout_ms, asked.protocols)
         check_member(member)
-        protocol_type = require(h, "protocol_type", str)
         view, now = await self._leading(name)
-        refusal = join_refusal(view.groups.get(name), member, protocol_type, len(view.groups))
+        refusal = join_refusal(view.groups.get(name), member, asked.protocol_type,
+                               len(view.groups))
         if refusal:
-            return {"error": refusal}
+            return JoinAnswer(refusal).to_header()
         await self.service.raft.propose(GroupChange(name, JOIN, -1,
-                                                    join_body(member, protocol_type)))
+                                                    join_body(member, asked.protocol_type)))
         self.clock.touch(name, member.id, now)
         group = await self._progress(name, now)
         base = group.generation if group is not None else 0
         if group is not None and group.state != "PreparingRebalance":
             base -= 1  # the round completed at once (every member joined)
-        return {"error": "", "member": member.id, "generation": base}
+        return JoinAnswer("", member.id, base).to_header()
+
+    async def _member_progress(self, asked: MemberRequest | SyncRequest) -> Group | None:
+        """A member's call: the leader's clock touches its session, the group moves on."""
+        _, now = await self._leading(asked.group)
+        self.clock.touch(asked.group, asked.member, now)
+        return await self._progress(asked.group, now)
 
     async def _rpc_await_join(self, h: Header) -> Header:
-        name, member_id = require(h, "group", str), require(h, "member", str)
-        base = require(h, "generation", int)
-        _, now = await self._leading(name)
-        self.clock.touch(name, member_id, now)
-        group = await self._progress(name, now)
-        me = group.member(member_id) if group is not None else None
+        asked = MemberRequest.from_header(h)
+        group = await self._member_progress(asked)
+        me = group.member(asked.member) if group is not None else None
         if group is None or me is None:
-            return {"error": UNKNOWN_MEMBER}
-        if group.generation <= base or not me.joined:
-            return {"error": "", "done": False}
-        members = [[m.id, m.metadata(group.protocol)] for m in group.members] \
-            if member_id == group.leader else []
-        return {"error": "", "done": True, "generation": group.generation,
-                "protocol": group.protocol, "leader": group.leader, "members": members}
+            return AwaitJoinAnswer(UNKNOWN_MEMBER).to_header()
+        if group.generation <= asked.generation or not me.joined:
+            return AwaitJoinAnswer("").to_header()
+        members = tuple((m.id, m.metadata(group.protocol)) for m in group.members) \
+            if asked.member == group.leader else ()
+        return AwaitJoinAnswer("", True, group.generation, group.protocol, group.leader,
+                               members).to_header()
 
     async def _rpc_sync(self, h: Header) -> Header:
-        name, member_id = require(h, "group", str), require(h, "member", str)
-        generation = require(h, "generation", int)
-        assignments = optional(h, "assignments", list, [])
-        _, now = await self._leading(name)
-        self.clock.touch(name, member_id, now)
-        group = await self._progress(name, now)
+        asked = SyncRequest.from_header(h)
+        name, member_id, generation = asked.group, asked.member, asked.generation
+        group = await self._member_progress(asked)
         error = heartbeat_error(group, member_id, generation)
         if error or group is None:
-            return {"error": error}
+            return SyncAnswer(error).to_header()
         if member_id == group.leader and group.state != STABLE:
-            try:
-                given = [(str(m), bytes(a)) for m, a in assignments]
-            except (TypeError, ValueError):
-                raise InvalidArgument("assignments: a list of [member, bytes]",
-                                      argument="assignments") from None
-            await self._propose(name, ASSIGN, generation, assign_body(member_id, given))
+            await self._propose(name, ASSIGN, generation,
+                                assign_body(member_id, list(asked.assignments)))
             group = self.service.view().groups.get(name)
             error = heartbeat_error(group, member_id, generation)
             if error or group is None:
-                return {"error": error}
+                return SyncAnswer(error).to_header()
         me = group.member(member_id)
         if group.state != STABLE or me is None:
-            return {"error": "", "done": False}
-        return {"error": "", "done": True, "assignment": me.assignment}
+            return SyncAnswer("").to_header()
+        return SyncAnswer("", True, me.assignment).to_header()
 
     async def _rpc_heartbeat(self, h: Header) -> Header:
-        name, member_id = require(h, "group", str), require(h, "member", str)
-        _, now = await self._leading(name)
-        self.clock.touch(name, member_id, now)
-        group = await self._progress(name, now)
-        return {"error": heartbeat_error(group, member_id, require(h, "generation", int))}
+        asked = MemberRequest.from_header(h)
+        group = await self._member_progress(asked)
+        return {"error": heartbeat_error(group, asked.member, asked.generation)}
 
     async def _rpc_leave(self, h: Header) -> Header:
-        name = require(h, "group", str)
-        members = require(h, "members", list)
-        if not all(isinstance(m, str) for m in members):
-            raise InvalidArgument("members: a list of member ids", argument="members")
+        asked = LeaveRequest.from_header(h)
+        name, members = asked.group, asked.members
         view, _ = await self._leading(name)
         group = view.groups.get(name)
         known = [m for m in members if group is not None and group.member(m) is not None]
         if known:
             await self._propose(name, REMOVE, body=remove_body(known))
-        return {"errors": ["" if m in known else UNKNOWN_MEMBER for m in members]}
+        return ErrorsAnswer(tuple("" if m in known else UNKNOWN_MEMBER
+                                  for m in members)).to_header()
 
     async def _rpc_commit(self, h: Header) -> Header:
-        name = require(h, "group", str)
-        offsets = require(h, "offsets", list)
-        member_id = optional(h, "member", str, "")
-        generation = optional(h, "generation", int, -1)
-        pairs = _stream_offsets(offsets)
+        asked = CommitRequest.from_header(h)
+        name, member_id, pairs = asked.group, asked.member, asked.offsets
         view, now = await self._leading(name)
         if member_id:
             self.clock.touch(name, member_id, now)
-        error = commit_error(view.groups.get(name), member_id, generation)
+        error = commit_error(view.groups.get(name), member_id, asked.generation)
         if error:
-            return {"errors": [error] * len(pairs)}
+            return ErrorsAnswer((error,) * len(pairs)).to_header()
 
         async def one(stream: str, offset: int) -> str:
             try:
@@ -223,22 +220,24 @@ class GroupRpc:
                     else "invalid_commit_offset_size"
             return ""
 
-        return {"errors": list(await asyncio.gather(*(one(s, o) for s, o in pairs)))}
+        return ErrorsAnswer(tuple(await asyncio.gather(*(one(s, o) for s, o in pairs)))
+                            ).to_header()
 
     async def _rpc_offsets(self, h: Header) -> Header:
-        name = require(h, "group", str)
-        check_group_name(name)
-        streams = _strings(h, "streams")
+        asked = StreamsRequest.from_header(h)
+        check_group_name(asked.group)
         view = await self.service.read_view()
-        return {"offsets": group_offsets(view, name, streams or None)}
+        streams = None if asked.streams is None else list(asked.streams)
+        return OffsetsAnswer(group_offsets(view, asked.group, streams)).to_header()
 
     async def _rpc_describe(self, h: Header) -> Header:
-        name = require(h, "group", str)
+        asked = DescribeRequest.from_header(h)
+        name = asked.group
         check_group_name(name)
         view = await self.service.read_view()
         group = view.groups.get(name)
         out = describe_group(group, name)
-        if optional(h, "lag", bool, False):
+        if asked.lag:
             out["offsets"] = await self._lags(view, group_offsets(view, name, None))
         return {"group": out}
 
@@ -255,12 +254,12 @@ class GroupRpc:
                             "members": len(g.members)} for g in view.groups.values()]}
 
     async def _rpc_delete_offsets(self, h: Header) -> Header:
-        name = require(h, "group", str)
-        streams = _strings(h, "streams")
+        asked = StreamsRequest.from_header(h)
+        name, streams = asked.group, asked.streams or ()
         view, _ = await self._leading(name)
         group = view.groups.get(name)
         if group is not None and group.members:
-            return {"errors": ["group_subscribed_to_topic"] * len(streams)}
+            return ErrorsAnswer(("group_subscribed_to_topic",) * len(streams)).to_header()
         out = []
         for stream in streams:
             if stream not in view.streams:
@@ -269,7 +268,7 @@ class GroupRpc:
             if name in view.cursors.get(stream, {}):
                 await self.service.delete_cursor(stream, name)
             out.append("")
-        return {"errors": out}
+        return ErrorsAnswer(tuple(out)).to_header()
 
 
 def group_offsets(view: CatalogView, name: str, streams: list[str] | None) -> dict[str, int]:
@@ -317,22 +316,3 @@ def add_group_routes(app: web.Application, service: PdService) -> None:
 
     app.router.add_get("/v1/groups", list_groups)
     app.router.add_get("/v1/groups/{name}", describe)
-
-
-def _strings(h: Header, field: str) -> list[str]:
-    value = optional(h, field, list, [])
-    if not all(isinstance(v, str) for v in value):
-        raise InvalidArgument(f"{field}: a list of stream names", argument=field)
-    return list(value)
-
-
-def _stream_offsets(items: list[Any]) -> list[tuple[str, int]]:
-    out = []
-    for item in items:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], int) and not isinstance(item[1], bool)
-                and 0 <= item[1] < 2**63):
-            raise InvalidArgument("offsets: a list of [stream, offset >= 0]",
-                                  argument="offsets")
-        out.append((item[0], item[1]))
-    return out

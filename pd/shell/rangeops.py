@@ -42,7 +42,7 @@ async def describe(
                 timeout_s=timeout_s)
         except EstreamError:
             return None
-        return ReplicaAnswer.parse(state.to_dict())
+        return ReplicaAnswer.parse(state.to_header())
 
     answers = await asyncio.gather(*(one(ref) for ref in rng.replicas))
     return {ref.id: a for ref, a in zip(rng.replicas, answers, strict=True) if a is not None}

@@ -121,7 +121,7 @@ class Reclaimer:
             try:
                 asked_ms = self.service.clock_ms()
                 listing = await self.client.list_ranges(server.address, server_id=server.id)
-                listed = [entry.to_dict() for entry in listing]
+                listed = [entry.to_header() for entry in listing]
                 reports = parse_listing(listed)
                 self.service.sealed_reports.observe(server.id, reports, complete=True)
                 self.service.listings[server.id] = ServerListing(asked_ms, frozenset(

@@ -1,8 +1,9 @@
 """The range server's RPC handlers: one thin handler per opcode over :class:`Store`.
 
-Each handler validates its arguments (``docs/PROTOCOL.md``; every number held to
-``rangeserver/bounds.py``), calls the store and shapes the answer; an input error is a
-typed :class:`~estream.wire.errors.EstreamError` answered to that request only. Before
+Each handler parses its request once (``estream/wire/rangemessages.py``: every number held
+to its bounds; APPEND's batches to ``rangeserver/bounds.py``'s), calls the store and answers
+a typed answer (``rangeanswers.py``); an input error is a typed
+:class:`~estream.wire.errors.EstreamError` answered to that request only. Before
 anything else a request naming another ``"server_id"`` is answered ``WrongServer`` (a
 wiped server's "no such range" is never an empty copy: BookKeeper's cookie); a token's
 role limits the opcodes, member opcodes need the proven cluster secret; with the secret,
@@ -19,49 +20,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Final
 
-from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional, require
+from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional
 from estream.wire import appendmany, limits
-from estream.wire.errors import EstreamError, InvalidArgument, StorageError, WrongServer
+from estream.wire import rangemessages as rm
+from estream.wire.errors import EstreamError, StorageError, WrongServer
 from estream.wire.protocol import Opcode
-from estream.wire.record import DIGESTS, stream_key
+from estream.wire.rangeanswers import Created, PingAnswer, ReadAnswer, SealAnswer
+from estream.wire.record import stream_key
 from estream.wire.roles import RANGE_SERVER_OPCODE_ACTIONS
 from rangeserver import bounds
-from rangeserver.listing import parse_page
 from rangeserver.replica import check_digest, digest_name, problem_replicas
 from rangeserver.shell.store import Store
 
 log = logging.getLogger(__name__)
 
 stream_keys_max: Final = 65_536  # MAC keys kept (one per stream; derived again when dropped)
-
-
-def _field(header: Header, name: str) -> int:
-    """A required integer field within its bounds (``rangeserver/bounds.py``)."""
-    return bounds.check_field(name, require(header, name, int))
-
-
-def _optional_field(header: Header, name: str) -> int | None:
-    """An optional integer field (absent: None) within its bounds."""
-    return None if header.get(name) is None else _field(header, name)
-
-
-def _range_key(header: Header) -> tuple[int, int]:
-    return _field(header, "stream_id"), _field(header, "range_index")
-
-
-def _digest(header: Header) -> int | None:
-    """CREATE_RANGE's optional ``"digest"``: the stream's digest by name (None: absent,
-    from a caller that does not say; the replica then records none)."""
-    name = optional(header, "digest", str, None)
-    if name is None:
-        return None
-    digest = DIGESTS.get(name)
-    if digest is None:
-        raise InvalidArgument(f"unknown digest {name!r}: one of {', '.join(DIGESTS)}",
-                              argument="digest")
-    return digest
 
 
 def _wrong_server(asked: object, actual: str) -> WrongServer:
@@ -225,20 +201,16 @@ class RangeServer:
 
     async def ping(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         wal = self.store.wal
-        answer = {"server_id": self.server_id, "address": self.address}
-        return {**answer, "wal_spares": wal.spares.ready(), "wal_io": wal.mode}, b""
+        return PingAnswer(self.server_id, self.address, wal.spares.ready(),
+                          wal.mode).to_header(), b""
 
     async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        stream_id, range_index = _range_key(header)
+        asked = rm.CreateRangeRequest.from_header(header)
         state = await self.store.create_range(
-            stream_id, range_index, _field(header, "start"), _field(header, "epoch"),
-            _digest(header),
-        )
-        answer: Header = {"start": state.start, "end": state.end, "epoch": state.epoch,
-                          "sealed": state.sealed}
-        if state.digest is not None:  # what the replica holds batches to (absent: any)
-            answer["digest"] = digest_name(state.digest)
-        return answer, b""
+            asked.stream_id, asked.range_index, asked.start, asked.epoch, asked.digest_code)
+        # digest: what the replica holds batches to (absent: any)
+        return Created(state.start, state.end, state.epoch, state.sealed,
+                       digest_name(state.digest)).to_header(), b""
 
     async def append(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         """APPEND when the quick path cannot take it (the connection's answers wait)."""
@@ -317,60 +289,54 @@ class RangeServer:
         return key
 
     async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        stream_id, range_index = _range_key(header)
-        epoch = _field(header, "epoch")
-        end = _optional_field(header, "end")
-        sealed_end, sealed = await self.store.seal(stream_id, range_index, epoch, end)
-        return {"end": sealed_end, "sealed": sealed}, b""
+        asked = rm.SealRequest.from_header(header)
+        sealed_end, sealed = await self.store.seal(
+            asked.stream_id, asked.range_index, asked.epoch, asked.end)
+        return SealAnswer(sealed_end, sealed).to_header(), b""
 
     async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        stream_id, range_index = _range_key(header)
-        offset = _field(header, "offset")
-        max_bytes = _optional_field(header, "max_bytes")
-        wait_ms = _optional_field(header, "wait_ms") or 0
+        asked = rm.ReadRequest.from_header(header)
         end, sealed, data = await self.store.read(
-            stream_id,
-            range_index,
-            offset,
-            max_bytes=min(limits.read_bytes_max if max_bytes is None else max_bytes,
-                          limits.read_bytes_max),
-            wait_ms=min(wait_ms, limits.read_wait_ms_max),
-            unconfirmed=optional(header, "unconfirmed", bool, False),
+            asked.stream_id,
+            asked.range_index,
+            asked.offset,
+            max_bytes=min(asked.max_bytes, limits.read_bytes_max),
+            wait_ms=min(asked.wait_ms, limits.read_wait_ms_max),
+            unconfirmed=asked.unconfirmed,
             allowance=answer_allowance,
         )
-        return {"end": end, "sealed": sealed}, data
+        return ReadAnswer(end, sealed, data).to_header(), data
 
     async def describe_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        return dict(self.store.describe(*_range_key(header))), b""
+        asked = rm.RangeKeyRequest.from_header(header)
+        return dict(self.store.describe(asked.stream_id, asked.range_index)), b""
 
     async def force(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         await self.store.force()
         return {}, b""
 
     async def confirm(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        stream_id, range_index = _range_key(header)
-        await self.store.confirm(
-            stream_id, range_index, _field(header, "epoch"), _field(header, "confirm")
-        )
+        asked = rm.ConfirmRequest.from_header(header)
+        await self.store.confirm(asked.stream_id, asked.range_index, asked.epoch, asked.confirm)
         return {}, b""
 
     async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        ranges, more = self.store.list_ranges(*parse_page(header))
+        asked = rm.ListRangesRequest.from_header(header)
+        ranges, more = self.store.list_ranges(asked.after, asked.limit)
         return {"ranges": ranges, "more": more}, b""
 
     async def drop_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
-        return {"dropped": await self.store.drop(*_range_key(header))}, b""
+        asked = rm.RangeKeyRequest.from_header(header)
+        return {"dropped": await self.store.drop(asked.stream_id, asked.range_index)}, b""
 
     async def time_index(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         """TIME_INDEX: the replica's time statistics and, with ``"timestamp"``, the first
         offset at or after it below ``"end"`` (unconfirmed, a sealed range's catalog end)
         or else the confirm offset (``Store.offset_for_time``)."""
-        stream_id, range_index = _range_key(header)
-        answer: dict[str, Any] = dict(self.store.time_stats(stream_id, range_index))
-        if header.get("timestamp") is not None:
-            timestamp = _field(header, "timestamp")
-            end = _optional_field(header, "end")
-            offset, searched = await self.store.offset_for_time(
-                stream_id, range_index, timestamp, end)
-            answer.update(offset=offset, searched_end=searched)
-        return answer, b""
+        asked = rm.TimeIndexRequest.from_header(header)
+        stats = self.store.time_stats(asked.stream_id, asked.range_index)
+        if asked.timestamp is None:
+            return stats.to_header(), b""
+        offset, searched = await self.store.offset_for_time(
+            asked.stream_id, asked.range_index, asked.timestamp, asked.end)
+        return replace(stats, offset=offset, searched_end=searched).to_header(), b""

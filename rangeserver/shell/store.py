@@ -37,7 +37,7 @@ from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default
-from rangeserver.refusals import create_refusal, seal_refusal
+from rangeserver.refusals import append_refusal, create_refusal, seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
@@ -276,7 +276,7 @@ class Store(StoreReads):
         elif isinstance(outcome, rp.Duplicate):
             pending = None if outcome.durable else self.wal.barrier(sync=not deferred)
         else:
-            raise rp.append_refusal(key, outcome)
+            raise append_refusal(key, outcome)
         if deferred:
             end = header.end_offset
             return pending, lambda: end

@@ -19,8 +19,8 @@ from estream.wire.errors import (
     ChecksumMismatch,
     EstreamError,
     OffsetOutOfRange,
-    ReplicaDamaged,
 )
+from estream.wire.rangeanswers import TimeAnswer
 from estream.wire.record import decode_batch, iter_batches, verify_batch
 from estream.wire.timestamps import first_at_or_after
 from rangeserver import replica as rp
@@ -80,7 +80,7 @@ class StoreReads:
             await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
             state = self._get(*key)
         if state.damaged:
-            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+            raise rp.damaged_error(key)
         end = readable_end(state, unconfirmed=unconfirmed)
         if state.sealed and offset > end:
             raise OffsetOutOfRange(
@@ -110,7 +110,7 @@ class StoreReads:
         key = (stream_id, range_index)
         state = self._get(*key)
         if state.damaged:
-            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
+            raise rp.damaged_error(key)
         limit = readable_end(state, unconfirmed=end is not None)
         if end is not None:
             limit = min(limit, end)
@@ -133,16 +133,15 @@ class StoreReads:
             self._get(*key)  # RangeNotFound if dropped meanwhile
         return None, limit
 
-    def time_stats(self, stream_id: int, range_index: int) -> dict[str, object]:
-        """The replica's ``{"min_timestamp", "max_timestamp", "bytes"}`` (timeindex.py),
-        with ``"end"`` (what it holds: the statistics cover every batch below it, maybe
-        past a sealed range's end) and ``"sealed"``; ``ReplicaDamaged`` if damaged."""
+    def time_stats(self, stream_id: int, range_index: int) -> TimeAnswer:
+        """The replica's time statistics (timeindex.py), with ``end`` (what it holds: the
+        statistics cover every batch below it, maybe past a sealed range's end) and
+        ``sealed``; ``ReplicaDamaged`` if damaged."""
         key = (stream_id, range_index)
         state = self._get(*key)
         if state.damaged:
-            raise ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
-        return {**self.time_indexes[key].stats(), "end": state.end,
-                "sealed": state.sealed}
+            raise rp.damaged_error(key)
+        return TimeAnswer(**self.time_indexes[key].stats(), end=state.end, sealed=state.sealed)
 
     async def _wait(self, key: Key, offset: int, unconfirmed: bool, wait_ms: int) -> None:
         loop = asyncio.get_running_loop()

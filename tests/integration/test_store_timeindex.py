@@ -55,7 +55,7 @@ async def test_store_lookups_match_the_naive_answer_across_restarts(tmp_path: Pa
     stamps = await fill(store, 1)
     await check_lookups(store, stamps)
     stats = store.time_stats(*KEY)
-    assert stats["max_timestamp"] == max(stamps)
+    assert stats.max_timestamp == max(stamps)
     assert len(store.time_indexes[KEY]) > 10
     await store.close()  # writes a checkpoint holding the time index
     store = Store(tmp_path)

@@ -59,7 +59,7 @@ from pd.commands import CreateStream, OpenWriter, RegisterServer, SealRange
 from pd.placement import Candidate, choose_replicas
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
-from rangeserver.refusals import create_refusal, seal_refusal
+from rangeserver.refusals import append_refusal, create_refusal, seal_refusal
 from rangeserver.replica import ReplicaState, readable_end
 
 OnOk = Callable[[Any], None]
@@ -373,7 +373,7 @@ class SimRangeServer:
             return self._later(lambda: self._get(key).end)
         if isinstance(outcome, rp.Duplicate):
             return state.end if outcome.durable else self._later(lambda: self._get(key).end)
-        raise rp.append_refusal(key, outcome)
+        raise append_refusal(key, outcome)
 
     def create_range(
         self,

@@ -108,8 +108,8 @@ async def test_every_opcode_sends_its_schema_and_names_the_server() -> None:
     await c.force("a:1", server_id="s1")
     await c.confirm("a:1", server_id="s1", stream_id=7, range_index=2, epoch=3, confirm=25)
     listed = await c.list_ranges("a:1", server_id="s1")
-    assert listed == (ListedRange(7, 2, RangeState.parse(STATE)),)
-    assert listed[0].to_dict() == {**IDS, **STATE}
+    assert listed == (ListedRange(7, 2, RangeState.from_header(STATE)),)
+    assert listed[0].to_header() == {**IDS, **STATE}
     assert await c.drop_range("a:1", server_id="s1", stream_id=7, range_index=2) is True
     headers = [(op, h) for _, op, h, _, _ in pool.calls]
     assert headers == [

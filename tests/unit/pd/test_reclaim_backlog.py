@@ -17,7 +17,7 @@ class Listed:
         self.entry = {"stream_id": stream_id, "range_index": range_index, "end": 1,
                       "sealed": True}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_header(self) -> dict[str, Any]:
         return self.entry
 
 

@@ -1,4 +1,5 @@
-"""LIST_RANGES pages (rangeserver/listing.py) and the client that asks for every page."""
+"""LIST_RANGES pages (rangeserver/listing.py), its request (estream/wire/rangemessages.py)
+and the client that asks for every page."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ from estream.net.rangeclient import RangeClient
 from estream.wire.errors import InvalidArgument
 from estream.wire.limits import frame_header_bytes_max
 from estream.wire.protocol import Opcode
+from estream.wire.rangemessages import ListRangesRequest
 from rangeserver.listing import (
     ReplicaKeys,
     list_ranges_replicas_default,
     list_ranges_replicas_max,
-    parse_page,
 )
+
+
+def parse_page(header: dict[str, Any]) -> tuple[tuple[int, int] | None, int]:
+    request = ListRangesRequest.from_header(header)
+    return request.after, request.limit
 
 
 def test_pages_walk_every_key_once_as_keys_come_and_go() -> None:

@@ -9,16 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from estream.wire.errors import Conflict, EstreamError, Fenced, OffsetGap, ReplicaDamaged
+from estream.wire.errors import (
+    Conflict,
+    DigestMismatch,
+    EstreamError,
+    Fenced,
+    OffsetGap,
+    RangeSealed,
+    ReplicaDamaged,
+)
 from rangeserver import refusals
-from rangeserver.refusals import create_refusal, seal_refusal
+from rangeserver.refusals import append_refusal, create_refusal, seal_refusal
 from rangeserver.replica import (
     Damaged,
     DigestConflict,
     Gap,
     SealConflict,
+    SealedOutcome,
     StaleEpoch,
     StartConflict,
+    WrongDigest,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,6 +50,28 @@ def test_create_refusals(outcome: object, kind: type[EstreamError],
     error = create_refusal(KEY, outcome)  # type: ignore[arg-type]
     assert type(error) is kind
     assert {name: getattr(error, name) for name in fields} == fields
+
+
+@pytest.mark.parametrize(("outcome", "kind", "fields"), [
+    (WrongDigest(expected=2, actual=0, base_offset=40), DigestMismatch,
+     {"stream_id": 7, "range_index": 2, "base_offset": 40}),
+    (Gap(expected=10, actual=12), OffsetGap, {"expected": 10, "actual": 12}),
+    (SealedOutcome(end=10), RangeSealed, {"stream_id": 7, "range_index": 2, "end_offset": 10}),
+    (StaleEpoch(epoch=3, current=5), Fenced, {"epoch": 3, "current_epoch": 5}),
+    (Damaged(), ReplicaDamaged, {"stream_id": 7, "range_index": 2}),
+])
+def test_append_refusals(outcome: object, kind: type[EstreamError],
+                         fields: dict[str, int]) -> None:
+    error = append_refusal(KEY, outcome)  # type: ignore[arg-type]
+    assert type(error) is kind
+    assert {name: getattr(error, name) for name in fields} == fields
+
+
+def test_every_refusal_mapping_lives_here() -> None:
+    """One home: the replica's decisions name outcomes, this module the errors."""
+    tree = ast.parse((ROOT / "rangeserver" / "replica.py").read_text())
+    defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    assert not {name for name in defined if name.endswith("_refusal")}
 
 
 @pytest.mark.parametrize(("outcome", "kind", "fields"), [

@@ -22,6 +22,7 @@ from estream.wire.record import (
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import RangeIndex
+from rangeserver.refusals import append_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
@@ -71,7 +72,7 @@ def test_the_digest_row_comes_first() -> None:
 
 
 def test_the_refusal_is_a_typed_digest_mismatch() -> None:
-    error = rp.append_refusal(KEY, rp.WrongDigest(DIGEST_HMAC_SHA256, DIGEST_XXH3, 40))
+    error = append_refusal(KEY, rp.WrongDigest(DIGEST_HMAC_SHA256, DIGEST_XXH3, 40))
     assert isinstance(error, DigestMismatch)
     assert error.fields == {"stream_id": 7, "range_index": 2, "base_offset": 40}
     assert "xxh3" in error.message and "hmac-sha256" in error.message

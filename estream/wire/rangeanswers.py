@@ -1,0 +1,216 @@
+"""The range server's answers, one frozen dataclass each (requests: :mod:`.rangemessages`).
+
+``to_header`` is the map the server answers (the order and fields earlier versions
+answered); ``from_header`` is the client's side, which raises :class:`MalformedFrame` for an
+answer whose numbers are not integers. READ's batches travel as the frame's payload.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from estream.wire.errors import MalformedFrame
+from estream.wire.fields import Header
+
+
+def answer_int(body: Mapping[str, Any], key: str) -> int:
+    """An answer's integer field, or :class:`MalformedFrame`."""
+    value = body.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedFrame(f"the answer's {key!r} is {value!r}, not an integer")
+    return value
+
+
+def _optional_int(body: Mapping[str, Any], key: str) -> int | None:
+    return None if body.get(key) is None else answer_int(body, key)
+
+
+def _optional_str(body: Mapping[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class PingAnswer:
+    """PING: who answers at the address, and its log's state."""
+
+    server_id: str
+    address: str
+    wal_spares: int
+    wal_io: str
+
+    @classmethod
+    def from_header(cls, body: Mapping[str, Any]) -> PingAnswer:
+        spares = body.get("wal_spares")
+        return cls(str(body.get("server_id", "")), str(body.get("address", "")),
+                   spares if isinstance(spares, int) else 0, str(body.get("wal_io", "")))
+
+    def to_header(self) -> Header:
+        return {"server_id": self.server_id, "address": self.address,
+                "wal_spares": self.wal_spares, "wal_io": self.wal_io}
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """CREATE_RANGE: the replica as it is now (it may have existed already); ``digest``:
+    the digest name it holds batches to (None: none recorded, any accepted)."""
+
+    start: int
+    end: int
+    epoch: int
+    sealed: bool
+    digest: str | None = None
+
+    @classmethod
+    def from_header(cls, body: Mapping[str, Any]) -> Created:
+        return cls(answer_int(body, "start"), answer_int(body, "end"),
+                   answer_int(body, "epoch"), bool(body.get("sealed")),
+                   _optional_str(body, "digest"))
+
+    def to_header(self) -> Header:
+        header: Header = {"start": self.start, "end": self.end, "epoch": self.epoch,
+                          "sealed": self.sealed}
+        if self.digest is not None:
+            header["digest"] = self.digest
+        return header
+
+
+@dataclass(frozen=True, slots=True)
+class SealAnswer:
+    """SEAL: without an end (a fence), the durable end after a log barrier; with one, the
+    sealed end. ``sealed``: the replica is sealed for good (at ``end``)."""
+
+    end: int
+    sealed: bool
+
+    @classmethod
+    def from_header(cls, body: Mapping[str, Any]) -> SealAnswer:
+        return cls(answer_int(body, "end"), bool(body.get("sealed")))
+
+    def to_header(self) -> Header:
+        return {"end": self.end, "sealed": self.sealed}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadAnswer:
+    """READ: whole batches from the one holding the offset asked (``payload``, possibly
+    empty), the replica's readable ``end`` and whether it is ``sealed``."""
+
+    end: int
+    sealed: bool
+    payload: bytes | memoryview
+
+    @classmethod
+    def from_header(cls, body: Mapping[str, Any], payload: bytes | memoryview) -> ReadAnswer:
+        return cls(answer_int(body, "end"), bool(body.get("sealed")), payload)
+
+    def to_header(self) -> Header:
+        """The header (the batches are the frame's payload)."""
+        return {"end": self.end, "sealed": self.sealed}
+
+
+@dataclass(frozen=True, slots=True)
+class RangeState:
+    """DESCRIBE_RANGE: a replica's state. ``end`` is its durable contiguous end;
+    ``sealed_end`` is None while it is open; ``digest`` the name of the digest recorded
+    (None: none)."""
+
+    start: int
+    end: int
+    confirm: int
+    epoch: int
+    sealed: bool
+    sealed_end: int | None
+    damaged: bool
+    digest: str | None = None
+
+    @classmethod
+    def from_header(cls, body: Mapping[str, Any]) -> RangeState:
+        return cls(answer_int(body, "start"), answer_int(body, "end"),
+                   answer_int(body, "confirm"), answer_int(body, "epoch"),
+                   bool(body.get("sealed")), _optional_int(body, "sealed_end"),
+                   bool(body.get("damaged")), _optional_str(body, "digest"))
+
+    def to_header(self) -> Header:
+        """The wire form (as DESCRIBE_RANGE answers it; ``"digest"`` only when recorded)."""
+        header: Header = {"start": self.start, "end": self.end, "confirm": self.confirm,
+                          "epoch": self.epoch, "sealed": self.sealed,
+                          "sealed_end": self.sealed_end, "damaged": self.damaged}
+        if self.digest is not None:
+            header["digest"] = self.digest
+        return header
+
+
+@dataclass(frozen=True, slots=True)
+class ListedRange:
+    """One entry of LIST_RANGES: which replica, and its DESCRIBE_RANGE state."""
+
+    stream_id: int
+    range_index: int
+    state: RangeState
+
+    @classmethod
+    def from_header(cls, item: object) -> ListedRange | None:
+        """None for an entry that is not well formed (it is left alone, not an error)."""
+        if not isinstance(item, Mapping):
+            return None
+        try:
+            return cls(answer_int(item, "stream_id"), answer_int(item, "range_index"),
+                       RangeState.from_header(item))
+        except MalformedFrame:
+            return None
+
+    def to_header(self) -> Header:
+        """The wire form (as LIST_RANGES answers it)."""
+        return {"stream_id": self.stream_id, "range_index": self.range_index,
+                **self.state.to_header()}
+
+
+@dataclass(frozen=True, slots=True)
+class TimeAnswer:
+    """TIME_INDEX: a replica's time statistics (``rangeserver/timeindex.py``) and, when a
+    timestamp was asked, where it is.
+
+    ``min_timestamp``, ``max_timestamp``, ``bytes``: None when unknown (the replica's
+    index is partial). ``max_timestamp`` is the running maximum of every batch held (an
+    upper bound of what is readable); ``min_timestamp`` is the smallest *first-record*
+    timestamp of its batches (a record inside a batch may be older: informational only).
+    They cover every batch below ``end`` (the durable end, maybe past a sealed range's
+    catalog end); ``sealed``: the replica is sealed. With a timestamp: ``offset``, the
+    first offset at or after it (None: none below ``searched_end``), and
+    ``searched_end``, the end searched up to (short of the asked end: the replica is
+    short, ask another); both None without one."""
+
+    min_timestamp: int | None
+    max_timestamp: int | None
+    bytes: int | None
+    end: int
+    sealed: bool
+    offset: int | None = None
+    searched_end: int | None = None
+
+    @classmethod
+    def from_header(cls, body: Mapping[str, Any]) -> TimeAnswer:
+        return cls(_optional_int(body, "min_timestamp"), _optional_int(body, "max_timestamp"),
+                   _optional_int(body, "bytes"), answer_int(body, "end"),
+                   bool(body.get("sealed")), _optional_int(body, "offset"),
+                   _optional_int(body, "searched_end"))
+
+    def to_header(self) -> Header:
+        """The wire form (``offset`` and ``searched_end`` once a timestamp was searched)."""
+        header: Header = {"min_timestamp": self.min_timestamp,
+                          "max_timestamp": self.max_timestamp, "bytes": self.bytes,
+                          "end": self.end, "sealed": self.sealed}
+        if self.searched_end is not None:
+            header.update(offset=self.offset, searched_end=self.searched_end)
+        return header
+
+    @property
+    def complete(self) -> bool:
+        """The statistics are known (the index is not partial)."""
+        return (self.min_timestamp is not None and self.max_timestamp is not None
+                and self.bytes is not None)

@@ -1,0 +1,301 @@
+"""The range server's requests, one frozen dataclass each (answers: :mod:`.rangeanswers`).
+
+As :mod:`.pdmessages` does for PD: built once, by the caller
+(``estream/net/rangerequests.py``) or from a frame's header by ``from_header`` where the
+server dispatches it, which checks every field's presence, type and bounds
+(:data:`FIELD_BOUNDS`) and raises :class:`InvalidArgument` naming the field; ``to_header``
+gives the msgpack map that travels, in the order and with the fields earlier versions sent.
+``"server_id"`` (the identity check, ``docs/PROTOCOL.md``) is the envelope's, not a
+message's. APPEND and APPEND_MANY are the batch's own (``estream/wire/record/``,
+:mod:`.appendmany`); PING and FORCE carry nothing.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from estream.wire import limits
+from estream.wire.errors import InvalidArgument
+from estream.wire.fields import Header, field_names, optional, require
+from estream.wire.protocol import Opcode
+from estream.wire.record import DIGESTS
+
+INT64_MAX: Final = 2**63 - 1
+INT64_MIN: Final = -(2**63)
+U32_MAX: Final = 2**32 - 1
+U64_MAX: Final = 2**64 - 1
+
+# Request header fields of the range server's opcodes (docs/PROTOCOL.md): inclusive bounds.
+FIELD_BOUNDS: Final[Mapping[str, tuple[int, int]]] = {
+    "stream_id": (0, INT64_MAX),
+    "range_index": (0, U32_MAX),
+    "start": (0, INT64_MAX),
+    "epoch": (0, INT64_MAX),
+    "end": (0, INT64_MAX),
+    "offset": (0, INT64_MAX),
+    "confirm": (0, INT64_MAX),
+    "max_bytes": (0, INT64_MAX),
+    "wait_ms": (0, INT64_MAX),
+    "timestamp": (INT64_MIN, INT64_MAX),
+}
+
+list_ranges_replicas_default: Final = 1000  # replicas a LIST_RANGES answers without "limit"
+list_ranges_replicas_max: Final = 4000  # the most one answer holds (about 600 KiB encoded)
+
+
+def check_field(name: str, value: int) -> int:
+    """``value`` if it is within ``name``'s bounds (:data:`FIELD_BOUNDS`), else
+    :class:`InvalidArgument` naming the field.
+
+    >>> check_field("range_index", 7)
+    7
+    >>> check_field("offset", 2**63)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    estream.wire.errors.InvalidArgument: field 'offset' is out of bounds: ...
+    """
+    low, high = FIELD_BOUNDS[name]
+    if not low <= value <= high:
+        raise InvalidArgument(
+            f"field {name!r} is out of bounds: {value} is not in [{low}, {high}]", argument=name)
+    return value
+
+
+def bounded(header: Mapping[str, Any], name: str) -> int:
+    """A required integer field within its bounds."""
+    return check_field(name, require(header, name, int))
+
+
+def optional_bounded(header: Mapping[str, Any], name: str) -> int | None:
+    """An optional integer field (absent or None: None) within its bounds."""
+    return None if header.get(name) is None else bounded(header, name)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RangeKeyRequest:
+    """A request naming one replica and nothing else: ``DESCRIBE_RANGE``,
+    ``DROP_RANGE`` (the opcode travels beside it)."""
+
+    stream_id: int
+    range_index: int
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> RangeKeyRequest:
+        return cls(stream_id=bounded(h, "stream_id"), range_index=bounded(h, "range_index"))
+
+    def to_header(self) -> Header:
+        return {"stream_id": self.stream_id, "range_index": self.range_index}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateRangeRequest:
+    """``CREATE_RANGE``: a replica of range ``range_index`` from ``start`` at ``epoch``;
+    ``digest``: the stream's digest name (:data:`~estream.wire.record.DIGESTS`), recorded
+    with a new replica (None: not sent, none recorded)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.CREATE_RANGE
+    stream_id: int
+    range_index: int
+    start: int
+    epoch: int
+    digest: str | None = None
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> CreateRangeRequest:
+        """From a frame's header; an unknown digest name is refused.
+
+        >>> CreateRangeRequest.from_header({"stream_id": 1, "range_index": 0, "start": 0,
+        ...                                 "epoch": 1, "digest": "md5"})
+        Traceback (most recent call last):
+        ...
+        estream.wire.errors.InvalidArgument: unknown digest 'md5': one of xxh3, crc32c, hmac-sha256
+        """
+        request = cls(stream_id=bounded(h, "stream_id"), range_index=bounded(h, "range_index"),
+                      start=bounded(h, "start"), epoch=bounded(h, "epoch"),
+                      digest=optional(h, "digest", str, None))
+        if request.digest is not None and request.digest not in DIGESTS:
+            raise InvalidArgument(f"unknown digest {request.digest!r}: one of "
+                                  f"{', '.join(DIGESTS)}", argument="digest")
+        return request
+
+    @property
+    def digest_code(self) -> int | None:
+        """The digest's number (``estream/wire/record/``; None: none named)."""
+        return None if self.digest is None else DIGESTS[self.digest]
+
+    def to_header(self) -> Header:
+        header: Header = {"stream_id": self.stream_id, "range_index": self.range_index,
+                          "start": self.start, "epoch": self.epoch}
+        if self.digest is not None:
+            header["digest"] = self.digest
+        return header
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SealRequest:
+    """``SEAL`` at ``epoch``: ``end`` None fences (the durable end is answered), an end
+    seals for good."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.SEAL
+    stream_id: int
+    range_index: int
+    epoch: int
+    end: int | None
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> SealRequest:
+        return cls(stream_id=bounded(h, "stream_id"), range_index=bounded(h, "range_index"),
+                   epoch=bounded(h, "epoch"), end=optional_bounded(h, "end"))
+
+    def to_header(self) -> Header:
+        return {"stream_id": self.stream_id, "range_index": self.range_index,
+                "epoch": self.epoch, "end": self.end}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadRequest:
+    """``READ`` whole batches from the one holding ``offset``: at most ``max_bytes``
+    (the server holds it to ``limits.read_bytes_max``), waiting up to ``wait_ms`` (held
+    to ``limits.read_wait_ms_max``) for something to read; ``unconfirmed``: up to the
+    durable end rather than the confirm offset."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.READ
+    stream_id: int
+    range_index: int
+    offset: int
+    max_bytes: int = limits.read_bytes_max
+    wait_ms: int = 0
+    unconfirmed: bool = False
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> ReadRequest:
+        """From a frame's header (``max_bytes``, ``wait_ms``: absent or None is the
+        default).
+
+        >>> ReadRequest.from_header({"stream_id": 1, "range_index": 0, "offset": 5})
+        ReadRequest(stream_id=1, range_index=0, offset=5, max_bytes=8388608, wait_ms=0, \
+unconfirmed=False)
+        """
+        stream_id, range_index = bounded(h, "stream_id"), bounded(h, "range_index")
+        offset = bounded(h, "offset")
+        max_bytes = optional_bounded(h, "max_bytes")
+        return cls(stream_id=stream_id, range_index=range_index, offset=offset,
+                   max_bytes=limits.read_bytes_max if max_bytes is None else max_bytes,
+                   wait_ms=optional_bounded(h, "wait_ms") or 0,
+                   unconfirmed=optional(h, "unconfirmed", bool, False))
+
+    def to_header(self) -> Header:
+        return {"stream_id": self.stream_id, "range_index": self.range_index,
+                "offset": self.offset, "max_bytes": self.max_bytes, "wait_ms": self.wait_ms,
+                "unconfirmed": self.unconfirmed}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfirmRequest:
+    """``CONFIRM``: the writer of ``epoch`` confirmed the range up to ``confirm``."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.CONFIRM
+    stream_id: int
+    range_index: int
+    epoch: int
+    confirm: int
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> ConfirmRequest:
+        return cls(stream_id=bounded(h, "stream_id"), range_index=bounded(h, "range_index"),
+                   epoch=bounded(h, "epoch"), confirm=bounded(h, "confirm"))
+
+    def to_header(self) -> Header:
+        return {"stream_id": self.stream_id, "range_index": self.range_index,
+                "epoch": self.epoch, "confirm": self.confirm}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListRangesRequest:
+    """``LIST_RANGES``: a page of at most ``limit`` replicas after the key ``after``
+    (``(stream_id, range_index)``; None: from the first)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.LIST_RANGES
+    after: tuple[int, int] | None = None
+    limit: int = list_ranges_replicas_default
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> ListRangesRequest:
+        """``"limit"`` 1..:data:`list_ranges_replicas_max`, ``"after"`` a
+        ``[stream_id, range_index]``; ``InvalidArgument`` naming the field otherwise.
+
+        >>> ListRangesRequest.from_header({"after": [7, 2], "limit": 10})
+        ListRangesRequest(after=(7, 2), limit=10)
+        """
+        limit = h.get("limit", list_ranges_replicas_default)
+        if not isinstance(limit, int) or isinstance(limit, bool) \
+                or not 1 <= limit <= list_ranges_replicas_max:
+            raise InvalidArgument(
+                f"limit must be an integer from 1 to {list_ranges_replicas_max}",
+                argument="limit")
+        after = h.get("after")
+        if after is None:
+            return cls(limit=limit)
+        if not isinstance(after, list | tuple) or len(after) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U64_MAX
+                for v in after):
+            raise InvalidArgument("after must be [stream_id, range_index]", argument="after")
+        return cls(after=(after[0], after[1]), limit=limit)
+
+    def to_header(self) -> Header:
+        header: Header = {}
+        if self.after is not None:
+            header["after"] = list(self.after)
+        if self.limit != list_ranges_replicas_default:
+            header["limit"] = self.limit
+        return header
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeIndexRequest:
+    """``TIME_INDEX``: a replica's time statistics; with ``timestamp``, also the first
+    offset at or after it, searched below ``end`` read unconfirmed (None: below the
+    confirm offset). ``end`` travels only with a timestamp."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.TIME_INDEX
+    stream_id: int
+    range_index: int
+    timestamp: int | None = None
+    end: int | None = None
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> TimeIndexRequest:
+        stream_id, range_index = bounded(h, "stream_id"), bounded(h, "range_index")
+        if h.get("timestamp") is None:
+            return cls(stream_id=stream_id, range_index=range_index)
+        return cls(stream_id=stream_id, range_index=range_index,
+                   timestamp=bounded(h, "timestamp"), end=optional_bounded(h, "end"))
+
+    def to_header(self) -> Header:
+        header: Header = {"stream_id": self.stream_id, "range_index": self.range_index}
+        if self.timestamp is not None:
+            header["timestamp"] = self.timestamp
+            if self.end is not None:
+                header["end"] = self.end
+        return header
+
+
+# Each range-server request's fields as they travel, by opcode, besides "server_id"
+# (docs/PROTOCOL.md's table is checked against these: tests/unit/wire/test_rangemessages.py).
+# APPEND, APPEND_MANY and AUTH are not here: their headers are read where they are served.
+WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
+    Opcode.PING: (),
+    Opcode.CREATE_RANGE: field_names(CreateRangeRequest),
+    Opcode.SEAL: field_names(SealRequest),
+    Opcode.READ: field_names(ReadRequest),
+    Opcode.DESCRIBE_RANGE: field_names(RangeKeyRequest),
+    Opcode.FORCE: (),
+    Opcode.CONFIRM: field_names(ConfirmRequest),
+    Opcode.LIST_RANGES: field_names(ListRangesRequest),
+    Opcode.DROP_RANGE: field_names(RangeKeyRequest),
+    Opcode.TIME_INDEX: field_names(TimeIndexRequest),
+}
