@@ -41,6 +41,7 @@ import random
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,12 +203,23 @@ class Sampler:
             "reads_per_s": w.reads / span,
             "churns_per_s": w.churns / span,
             "errors": w.errors,
+            "catalog_ranges": self.catalog_ranges(),
             "machine_load1": os.getloadavg()[0],  # others' work on the machine shows here
         }
 
+    def catalog_ranges(self) -> float:
+        """The ranges PD's catalog holds (its ``estream_pd_ranges`` gauge): kept streams'
+        history grows it, and PD's memory with it."""
+        with urllib.request.urlopen(self.cluster.pd_url() + "/metrics", timeout=10) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith("estream_pd_ranges "):
+                    return float(line.split()[1])
+        return float("nan")
+
 
 CURVES = ("pd_rss_mib_max", "rs_rss_mib_max", "pd_fds_max", "rs_fds_max", "pd_leader_cpu",
-          "rs_disk_mib", "objects_mib", "append_p50_ms", "append_p99_ms", "sessions_per_s")
+          "rs_disk_mib", "objects_mib", "append_p50_ms", "append_p99_ms", "sessions_per_s",
+          "catalog_ranges", "machine_load1")
 
 
 def growth(rows: list[dict[str, Any]], key: str) -> float:
