@@ -43,6 +43,7 @@ from estream.net.portprobe import (
     tls_ports,
 )
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
+from estream.net.transport import TCP, Network
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
@@ -123,15 +124,18 @@ class PDClient:
         pool: ConnectionPool | None = None,
         ssl: SSLContext | None = None,
         token: str | None = None,
+        network: Network = TCP,
     ) -> None:
-        """``ssl``/``token``: TLS and the AUTH token of the pool created here (see
-        :mod:`estream.net.security`); ignored when a ``pool`` is given."""
+        """``ssl``/``token``/``network``: TLS, the AUTH token and the transport port of the
+        pool created here (see :mod:`estream.net.security`); ignored when a ``pool`` is
+        given."""
         self.addresses = (
             parse_addresses(addresses) if isinstance(addresses, str)
             else parse_addresses(",".join(addresses))
         )
         self.timeout_s = timeout_s
-        self._pool = pool if pool is not None else ConnectionPool(ssl=ssl, token=token)
+        self._pool = (pool if pool is not None
+                      else ConnectionPool(ssl=ssl, token=token, network=network))
         self._tls = ssl is not None  # what a wrong-port sentence tells the user to set
         self._own_pool = pool is None
         self._preferred: str | None = None
