@@ -30,9 +30,8 @@ from estream.net.rpc import ConnectionPool
 from estream.net.security import client_context
 from estream.net.transport import TCP, Network
 from estream.sdk.leases import LeaseKeeper
+from estream.sdk.objectreads import ObjectReads, ObjectReadStats
 from estream.sdk.reader import (
-    ObjectReads,
-    ObjectReadStats,
     read_stream,
     read_stream_batches,
     read_stream_views,
@@ -434,7 +433,7 @@ class Client:
 
     def object_read_stats(self) -> ObjectReadStats:
         """This client's reads from the object store so far: requests by outcome, bytes,
-        latency (:class:`~estream.sdk.reader.ObjectReadStats`; zeros before any)."""
+        latency (:class:`~estream.sdk.objectreads.ObjectReadStats`; zeros before any)."""
         return ObjectReadStats() if self._object_reads is None else self._object_reads.stats()
 
     def _report_damage(self, stream_id: int, range_index: int, key: str, reason: str) -> None:

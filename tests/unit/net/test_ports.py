@@ -19,6 +19,7 @@ from estream.net.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 ROOT = Path(__file__).resolve().parents[3]
 ON_THE_PORT = (
     "estream/sdk/reader.py",
+    "estream/sdk/objectreads.py",
     "estream/sdk/client.py",
     "estream/sdk/writer.py",
     "estream/sdk/appendqueue.py",
