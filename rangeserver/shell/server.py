@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional, require
+from estream.net.transport import TCP, Network
 from estream.wire import appendmany, limits
 from estream.wire.errors import EstreamError, InvalidArgument, StorageError, WrongServer
 from estream.wire.protocol import Opcode
@@ -151,8 +152,9 @@ class RangeServer:
 
     def __init__(
         self, store: Store, server_id: str, *, storage_class: str = "ssd",
-        secret: bytes | None = None,
+        secret: bytes | None = None, network: Network = TCP,
     ) -> None:
+        """``network``: where it listens (the transport port, :mod:`estream.net.transport`)."""
         self.store = store
         self.server_id = server_id
         self.storage_class = storage_class
@@ -165,6 +167,7 @@ class RangeServer:
             quick_handlers={Opcode.APPEND: self.append_now,
                             Opcode.APPEND_MANY: self.append_many_now},
             member_secret=self._secret, opcode_actions=RANGE_SERVER_OPCODE_ACTIONS,
+            network=network,
         )
 
     def handlers(self) -> dict[int, Handler]:
