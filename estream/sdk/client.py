@@ -108,7 +108,8 @@ class Client:
         # connection and time read of this client and its writers and readers go through.
         tls = client_context(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self.clock = clock
-        self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token, network=network)
+        self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token, network=network,
+                           clock=clock)
         self.pool = ConnectionPool(ssl=tls, token=token, network=network)
         self.appends = AppendSender(self.pool)  # its writers' batches share requests
         self.timeout_s = timeout_s

@@ -27,6 +27,7 @@ ON_THE_PORT = (
     "estream/sdk/writeropen.py",
     "estream/sdk/effects.py",
     "estream/net/rangeclient.py",
+    "estream/net/pdclient.py",
     "estream/net/recovery.py",
     "rangeserver/shell/store.py",
     "pd/shell/repairer.py",
