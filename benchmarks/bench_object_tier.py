@@ -55,7 +55,7 @@ from estream.devcluster.cluster import Cluster, start_cluster
 from estream.devcluster.pd import http_json
 from estream.devcluster.seaweed import SeaweedS3, start_seaweed
 from estream.net.objectstore import ObjectStore, put_part_bytes
-from estream.sdk.reader import read_ahead_windows
+from estream.sdk.objectreads import read_ahead_windows
 from estream.wire.objectformat import encode_object_parts
 from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 

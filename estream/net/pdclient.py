@@ -25,7 +25,6 @@ Side effects: sockets.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
@@ -33,6 +32,7 @@ from ssl import SSLContext
 from typing import Any, Final
 
 from estream.core.backoff import delays_until
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.portprobe import (
     answers_http,
     http_port,
@@ -43,6 +43,7 @@ from estream.net.portprobe import (
     tls_ports,
 )
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
+from estream.net.transport import TCP, Network
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
@@ -123,15 +124,20 @@ class PDClient:
         pool: ConnectionPool | None = None,
         ssl: SSLContext | None = None,
         token: str | None = None,
+        network: Network = TCP,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """``ssl``/``token``: TLS and the AUTH token of the pool created here (see
-        :mod:`estream.net.security`); ignored when a ``pool`` is given."""
+        """``ssl``/``token``/``network``: TLS, the AUTH token and the transport port of the
+        pool created here (see :mod:`estream.net.security`); ignored when a ``pool`` is
+        given. ``clock``: where the retry deadlines are read (:mod:`estream.net.clock`)."""
+        self._clock = clock
         self.addresses = (
             parse_addresses(addresses) if isinstance(addresses, str)
             else parse_addresses(",".join(addresses))
         )
         self.timeout_s = timeout_s
-        self._pool = pool if pool is not None else ConnectionPool(ssl=ssl, token=token)
+        self._pool = (pool if pool is not None
+                      else ConnectionPool(ssl=ssl, token=token, network=network))
         self._tls = ssl is not None  # what a wrong-port sentence tells the user to set
         self._own_pool = pool is None
         self._preferred: str | None = None
@@ -149,17 +155,17 @@ class PDClient:
         """Send one request to the best PD node, failing over and retrying until timeout."""
         if self._closed:
             raise Closed("the PD client is closed")
-        deadline = time.monotonic() + self.timeout_s
+        deadline = self._clock.monotonic_s() + self.timeout_s
         if not self._leader_checked and opcode != Opcode.PD_CLUSTER:
             await self._find_leader(deadline)
-        waits = delays_until(backoff_s_min, backoff_s_max, deadline, time.monotonic)
+        waits = delays_until(backoff_s_min, backoff_s_max, deadline, self._clock.monotonic_s)
         attempt_s_max = read_timeout_s_max if opcode in _READS else call_timeout_s_max
         last: EstreamError | None = None
         http: list[str] = []  # addresses that answered HTTP: skipped from then on
         wrong: list[str] = []  # range servers' addresses: skipped from then on
         while True:
             for address in self._order():
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self._clock.monotonic_s()
                 if remaining <= 0:
                     break
                 if address in http or address in wrong:
@@ -227,7 +233,7 @@ class PDClient:
         """Point ``_preferred`` at the leader's RPC address when a node can name it."""
         self._leader_checked = True  # once per failover, not on every call
         for address in self.addresses:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock.monotonic_s()
             if remaining <= 0:
                 return
             try:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from estream.core.writeeffects import Effect, value_size
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument, Timeout
 from estream.wire.record import RECORD_PREFIX_BYTES, Record
@@ -52,11 +52,11 @@ def checked_bytes(data: bytes, what: str, limit: int) -> bytes:
 
 def checked_record(
     value: bytes, headers: Mapping[str, str] | None, timestamp: int | None,
-    key: bytes | None = None,
+    key: bytes | None = None, clock: Clock = SYSTEM_CLOCK,
 ) -> Record:
-    """A :class:`Record` of checked parts (``timestamp`` None: now, wall clock ms)."""
+    """A :class:`Record` of checked parts (``timestamp`` None: now, ``clock``'s wall ms)."""
     value = checked_bytes(value, "value", _value_bytes_max)
-    ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
+    ts = clock.wall_ms() if timestamp is None else int(timestamp)
     return Record(value, dict(headers) if headers else {}, ts,
                   key=None if key is None else checked_bytes(
                       key, "key", limits.record_key_bytes_max))
@@ -103,6 +103,7 @@ class AppendQueue:
     def __init__(self, writer: Writer) -> None:
         self._writer = writer
         self._loop = writer._loop
+        self._wall_ms = writer._client.clock.wall_ms  # record timestamps (the clock port)
         self.waiters: deque[Waiter[Any]] = deque()  # completed in offset order
         self._space: list[asyncio.Future[None]] = []  # append_batch waiting for budget
         self._queued: deque[QueuedAppend] = deque()
@@ -120,7 +121,7 @@ class AppendQueue:
         wrong with it (nothing taken)."""
         if type(value) is not bytes or len(value) > _value_bytes_max:
             value = checked_bytes(value, "value", _value_bytes_max)
-        ts = int(time.time() * 1000) if timestamp is None else int(timestamp)
+        ts = self._wall_ms() if timestamp is None else int(timestamp)
         writer = self._writer
         core = writer._core
         if core is None or writer._error is not None or writer._closed:

@@ -22,15 +22,16 @@ from typing import Final, Literal
 
 from estream.core.writeeffects import WriterConfig
 from estream.net.appendsender import AppendSender
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.objectstore import ObjectStore
 from estream.net.pdclient import PDClient
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.net.security import client_context
+from estream.net.transport import TCP, Network
 from estream.sdk.leases import LeaseKeeper
+from estream.sdk.objectreads import ObjectReads, ObjectReadStats
 from estream.sdk.reader import (
-    ObjectReads,
-    ObjectReadStats,
     read_stream,
     read_stream_batches,
     read_stream_views,
@@ -98,12 +99,18 @@ class Client:
         tls_key: str | None = None,
         token: str | None = None,
         secret: str | bytes | None = None,
+        network: Network = TCP,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         # TLS when a CA or a client certificate is given (estream.net.security); ``token`` is
-        # sent (AUTH) on every new connection, to PD and to range servers alike.
+        # sent (AUTH) on every new connection, to PD and to range servers alike. ``network``
+        # and ``clock``: the ports (estream.net.transport, estream.net.clock) every
+        # connection and time read of this client and its writers and readers go through.
         tls = client_context(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
-        self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token)
-        self.pool = ConnectionPool(ssl=tls, token=token)
+        self.clock = clock
+        self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token, network=network,
+                           clock=clock)
+        self.pool = ConnectionPool(ssl=tls, token=token, network=network)
         self.appends = AppendSender(self.pool)  # its writers' batches share requests
         self.timeout_s = timeout_s
         self._streams: dict[str, StreamMeta] = {}
@@ -357,7 +364,7 @@ class Client:
     ) -> AsyncIterator[Record]:
         """Records with offsets in ``[start, end)``; see :mod:`estream.sdk.reader`."""
         self._check_open()
-        return read_stream(self, name, start, end, follow, replica)
+        return read_stream(self, name, start, end, follow, replica, clock=self.clock)
 
     def subscribe(self, group: str, streams: Sequence[str], *,
                   session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 30_000,
@@ -382,7 +389,7 @@ class Client:
         timestamps, values in one buffer, headers), one per stored batch, the first and
         last trimmed to ``[start, end)``. Same failover, confirm-offset and range rules."""
         self._check_open()
-        return read_stream_batches(self, name, start, end, follow, replica)
+        return read_stream_batches(self, name, start, end, follow, replica, clock=self.clock)
 
     def read_batch_views(
         self,
@@ -398,7 +405,7 @@ class Client:
         at once with :func:`estream.wire.record.decode_views` (one copy of the values). Same
         failover, confirm-offset and range rules."""
         self._check_open()
-        return read_stream_views(self, name, start, end, follow, replica)
+        return read_stream_views(self, name, start, end, follow, replica, clock=self.clock)
 
     async def end_offset(self, name: str) -> int:
         """The confirmed (readable) end of the stream right now."""
@@ -427,7 +434,7 @@ class Client:
 
     def object_read_stats(self) -> ObjectReadStats:
         """This client's reads from the object store so far: requests by outcome, bytes,
-        latency (:class:`~estream.sdk.reader.ObjectReadStats`; zeros before any)."""
+        latency (:class:`~estream.sdk.objectreads.ObjectReadStats`; zeros before any)."""
         return ObjectReadStats() if self._object_reads is None else self._object_reads.stats()
 
     def _report_damage(self, stream_id: int, range_index: int, key: str, reason: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from functools import partial
 from typing import TYPE_CHECKING, assert_never
 
@@ -189,14 +188,15 @@ class EffectRunner:
         if core is None:
             return
         ranges = core.ranges
-        deadline = time.monotonic() + timeout_s
+        clock = writer._client.clock
+        deadline = clock.monotonic_s() + timeout_s
         target = ranges.visible_confirm
         while writer._core is core and writer._error is None and not ranges.sealing:
             if target <= ranges.range_start or self._confirms_at(core, target) >= ranges.ack_count:
                 return
             if self._confirm_asked < target:
                 self.run(core.confirm_now(again=True))
-            remaining = deadline - time.monotonic()
+            remaining = deadline - clock.monotonic_s()
             if remaining <= 0:
                 log.info(
                     "stream %r: the CONFIRM of %d was answered by %d replicas, not %d",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -89,7 +88,7 @@ class Writer:
     async def open(
         cls, client: Client, name: str, config: WriterConfig, producer_id: str | None = None
     ) -> Writer:
-        deadline = time.monotonic() + config.delivery_timeout_ms / 1000
+        deadline = client.clock.monotonic_s() + config.delivery_timeout_ms / 1000
         if producer_id is not None:
             check_producer_id(producer_id)
         meta = await client.pd.open_writer(name)
@@ -183,10 +182,11 @@ class Writer:
         producer's writer takes one sequence per record (as :meth:`append`)."""
         if not values:
             return []
+        clock = self._client.clock
         records = [
-            checked_record(v.value, v.headers, v.timestamp or None, v.key)
+            checked_record(v.value, v.headers, v.timestamp or None, v.key, clock)
             if isinstance(v, Record)
-            else checked_record(v, None, None)
+            else checked_record(v, None, None, clock=clock)
             for v in values
         ]
         core = self._check_open()  # a writer fenced while it opened has no producer state

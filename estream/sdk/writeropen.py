@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 from estream.core.producer import ProducerTail, last_in_range
 from estream.core.recovery import DescribeStream, MustWait, OpenStep, open_range
 from estream.core.roll import CreateRange, Sleep
-from estream.net.clock import SYSTEM_CLOCK
 from estream.net.recovery import RecoveryDriver, drive
 from estream.wire.errors import StreamNotFound, Unavailable
 from estream.wire.meta import RangeMeta, StreamMeta
@@ -44,7 +42,7 @@ walk_fetch_ranges: Final = 64  # ... and asks PD for this many earlier ranges at
 async def recover(writer: Writer, meta: StreamMeta, deadline: float) -> None:
     """Recover the open last range, then start the core on the range to write: the
     sequence of :func:`estream.core.recovery.open_range` (retried while it cannot be done
-    safely, until ``deadline``, ``time.monotonic()`` seconds), carried out here."""
+    safely, until ``deadline``, the client clock's ``monotonic_s``), carried out here."""
     client, replicas = writer._client, writer._replicas
     driver = RecoveryDriver(replicas, meta, writer.seal_in_pd)
     retries = 0
@@ -66,13 +64,13 @@ async def recover(writer: Writer, meta: StreamMeta, deadline: float) -> None:
         return await driver.step(step)
 
     steps = open_range(
-        meta, writer.epoch, SYSTEM_CLOCK.monotonic_ms, deadline_ms=int(deadline * 1000),
+        meta, writer.epoch, client.clock.monotonic_ms, deadline_ms=int(deadline * 1000),
         backoff_ms_min=int(recovery_backoff_s_min * 1000),
         backoff_ms_max=int(recovery_backoff_s_max * 1000),
     )
     try:
         opened = await asyncio.wait_for(
-            drive(steps, carry_out), max(deadline - time.monotonic(), 0))
+            drive(steps, carry_out), max(deadline - client.clock.monotonic_s(), 0))
     except TimeoutError as exc:
         raise Unavailable(
             f"cannot recover stream {meta.name!r} within "
@@ -102,7 +100,7 @@ async def recover_producer(writer: Writer, producer_id: str, deadline: float) ->
     client._streams[meta.name] = meta  # reads below see the sealed ends
     tail: ProducerTail | None = None
     async for window in _written_ranges_back(writer, meta, deadline):
-        remaining = deadline - time.monotonic()
+        remaining = deadline - client.clock.monotonic_s()
         if remaining <= 0:
             raise Unavailable(
                 f"stream {meta.name!r}: cannot read producer {producer_id!r}'s last "
@@ -148,7 +146,7 @@ async def _written_ranges_back(
         count = min(omitted, walk_fetch_ranges)
         window = await asyncio.wait_for(
             writer._client.pd.describe_stream(meta.name, index=first - count, limit=count),
-            max(deadline - time.monotonic(), 0))
+            max(deadline - writer._client.clock.monotonic_s(), 0))
         if window.id != meta.id:
             raise StreamNotFound(f"stream {meta.name!r} was deleted while writer "
                                  "recovery read it", stream=meta.name)

@@ -24,7 +24,6 @@ otherwise none of its own (it drives :class:`~pd.shell.raft.RaftNode`).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import msgpack
 
 from estream.core.quorum import seal_quorum
+from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rpc import ConnectionPool, Handler, QuickHandler
 from estream.wire.errors import (
     Conflict,
@@ -86,10 +86,6 @@ def _packed_size(item: dict[str, Any]) -> int:
     return len(msgpack.packb(item))
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
 class PdService(ServerOps):
     """One PD node's operations over its Raft replica of the catalog."""
 
@@ -98,7 +94,7 @@ class PdService(ServerOps):
         raft: RaftNode,
         me: PdNode,
         *,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock_ms: Callable[[], int] = SYSTEM_CLOCK.monotonic_ms,
     ) -> None:
         self.raft = raft
         self.me = me

@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional
+from estream.net.transport import TCP, Network
 from estream.wire import appendmany, limits
 from estream.wire import rangemessages as rm
 from estream.wire.errors import EstreamError, StorageError, WrongServer
@@ -127,8 +128,9 @@ class RangeServer:
 
     def __init__(
         self, store: Store, server_id: str, *, storage_class: str = "ssd",
-        secret: bytes | None = None,
+        secret: bytes | None = None, network: Network = TCP,
     ) -> None:
+        """``network``: where it listens (the transport port, :mod:`estream.net.transport`)."""
         self.store = store
         self.server_id = server_id
         self.storage_class = storage_class
@@ -141,6 +143,7 @@ class RangeServer:
             quick_handlers={Opcode.APPEND: self.append_now,
                             Opcode.APPEND_MANY: self.append_many_now},
             member_secret=self._secret, opcode_actions=RANGE_SERVER_OPCODE_ACTIONS,
+            network=network,
         )
 
     def handlers(self) -> dict[int, Handler]:

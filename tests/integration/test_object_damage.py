@@ -40,7 +40,8 @@ from estream.devcluster.seaweed import SeaweedS3
 from estream.net.clock import ManualClock
 from estream.net.objectstore import ObjectStore
 from estream.sdk.client import Client
-from estream.sdk.reader import ObjectReads, read_stream
+from estream.sdk.objectreads import ObjectReads
+from estream.sdk.reader import read_stream
 from estream.wire.errors import ChecksumMismatch, EstreamError, ObjectStoreError
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import encode_object

@@ -31,8 +31,8 @@ from estream.devcluster.cluster import Cluster
 from estream.devcluster.seaweed import SeaweedS3
 from estream.net.objectstore import ObjectStore
 from estream.sdk.client import Client
+from estream.sdk.objectreads import ObjectReads
 from estream.sdk.reader import (
-    ObjectReads,
     decode_answer,
     read_stream,
     read_stream_batches,

@@ -17,9 +17,11 @@ import pytest
 from estream.net.clock import Clock
 from estream.net.rpc import ConnectionPool, Header, RpcClient, RpcServer
 from estream.net.transport import Network
+from estream.sdk.client import Client
 from estream.wire import limits
-from estream.wire.errors import EstreamError, Timeout, Unavailable
+from estream.wire.errors import EstreamError, Timeout, Unavailable, WrongServer
 from estream.wire.protocol import Opcode
+from rangeserver.shell.server import RangeServer
 from tests.sim.simdisk import SimDisk
 from tests.sim.simloop import SimClock, SimLoop, Stuck, run
 from tests.sim.simtransport import Faults, SimNetwork
@@ -232,6 +234,42 @@ def test_the_node_network_is_a_transport_port() -> None:
         assert callable(port.connect) and callable(port.serve)
 
     run(main(), seed=1)
+
+
+def test_the_range_server_and_the_client_take_the_ports() -> None:
+    """The shells' construction seams: a range server listens on the network it is given
+    (the real dispatch and identity check answer over the simulated network), and a
+    ``Client`` hands its network and clock to its pools, reads and writers."""
+
+    class _Wal:  # PING reports the log's spares and I/O mode; nothing else is asked
+        mode = "sim"
+
+        class spares:  # noqa: N801 - the attribute PING reads
+            @staticmethod
+            def ready() -> int:
+                return 0
+
+    class _Store:
+        wal = _Wal()
+
+    async def main() -> tuple[str, str]:
+        loop = asyncio.get_running_loop()
+        net = network()
+        server = RangeServer(_Store(), "rs-7", network=net.node("rs"))  # type: ignore[arg-type]
+        host, port = SERVER.rsplit(":", 1)
+        await server.start(host, int(port))
+        clock = SimClock(loop)  # type: ignore[arg-type]
+        client = Client(SERVER, network=net.node("app"), clock=clock)
+        assert client.clock is clock
+        header, _ = await client.pool.call(SERVER, Opcode.PING, {})
+        with pytest.raises(WrongServer):
+            await client.pool.call(SERVER, Opcode.DESCRIBE_RANGE,
+                                   {"server_id": "rs-other", "stream_id": 1, "range_index": 0})
+        await client.close()
+        await server.rpc.close()
+        return header["server_id"], header["wal_io"]
+
+    assert run(main(), seed=3) == ("rs-7", "sim")
 
 
 # -- the disk -----------------------------------------------------------------------------

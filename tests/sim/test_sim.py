@@ -810,12 +810,16 @@ def lost_seal_answer(sim: Sim) -> None:
     sim.pd.seal_range = seal_then_cut  # type: ignore[method-assign]
 
 
+# Seeds chosen so that each row reaches its scenario (the row asserts it did). On the
+# SimLoop (timers due at the same instant in seeded order) seed 0 of the +down+lagging
+# rows stalls on a lost append until the heal (no lag to exploit), and seeds 3, 4 and 7 of
+# crash-mid-recovery crash before the copy starts: their places went to 6 and 5, 6, 8.
 SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     # (name, script, range servers, seed)
-    *[("wiped+down+lagging", lost_copy_down_lagging("wipe"), 3, s) for s in range(6)],
-    *[("damaged+down+lagging", lost_copy_down_lagging("damage"), 3, s) for s in range(6)],
+    *[("wiped+down+lagging", lost_copy_down_lagging("wipe"), 3, s) for s in range(1, 7)],
+    *[("damaged+down+lagging", lost_copy_down_lagging("damage"), 3, s) for s in range(1, 7)],
     *[("hung-of-three", hung_of_three, 3, s) for s in range(6)],
-    *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (0, 1, 2, 3, 4, 7)],
+    *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (0, 1, 2, 5, 6, 8)],
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
 ]
 
@@ -836,6 +840,8 @@ def test_seed(seed: int) -> None:
         raise AssertionError(
             f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim\n{sim.trace()}"
         ) from exc
+    finally:
+        sim.world.close()
 
 
 @pytest.mark.parametrize(
@@ -843,7 +849,10 @@ def test_seed(seed: int) -> None:
 )
 def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, seed: int) -> None:
     sim = Sim(seed, servers=servers)
-    _replay(sim, lambda: sim.run(script))
+    try:
+        _replay(sim, lambda: sim.run(script))
+    finally:
+        sim.world.close()
     # The row exercised what it is about (else it proves nothing).
     replay = f"pytest 'tests/sim/test_sim.py::test_double_faults[{name}-{seed}]'"
     trace = f"\nreplay: {replay}\n{sim.trace()}"

@@ -1,8 +1,10 @@
 """A seeded discrete-event world for the writer's cores: fake clock, network, disks, range
 servers and a placement driver.
 
-- :class:`World`: the clock (integer ms) and the event queue; every random choice comes
-  from one ``random.Random(seed)``, so a seed replays exactly.
+- :class:`World`: the clock (whole ms of virtual time) and the event queue, both a
+  :class:`~tests.sim.simloop.SimLoop`'s; every random choice comes from the loop's one
+  ``random.Random(seed)`` (events due at the same instant run in an order it chooses), so a
+  seed replays exactly.
 - :class:`Net`: request/response between nodes with per-link FIFO delivery (TCP keeps
   order on a connection), random delays (links reorder against each other), drops of
   requests or responses, partitions between two nodes, crashed nodes, hung nodes (their
@@ -36,9 +38,9 @@ Pure: no I/O (tests only).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-import heapq
-import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +63,7 @@ from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.refusals import append_refusal, create_refusal, seal_refusal
 from rangeserver.replica import ReplicaState, readable_end
+from tests.sim.simloop import SimClock, SimLoop
 
 OnOk = Callable[[Any], None]
 OnErr = Callable[[EstreamError], None]
@@ -79,34 +82,54 @@ def node_of(address: str) -> str:
 
 
 class World:
-    """The clock and the event queue."""
+    """The clock and the event queue: a :class:`~tests.sim.simloop.SimLoop` (virtual time;
+    events due at the same millisecond run in an order the seed chooses)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self.rng = random.Random(seed)
-        self.now_ms = 0
-        self._queue: list[tuple[int, int, Callable[[], None]]] = []
-        self._seq = 0
+        self.loop = SimLoop(seed)
+        self.rng = self.loop.rng  # one seeded source for every choice (and timer ties)
+        self.clock = SimClock(self.loop)
         self.steps = 0
+        # An event that raises (an invariant's AssertionError included) fails the run: the
+        # loop hands it here instead of logging it, and step() raises it.
+        self._raised: list[BaseException] = []
+        self.loop.set_exception_handler(self._on_exception)
+
+    def _on_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        self._raised.append(error if error is not None else RuntimeError(context["message"]))
+
+    @property
+    def now_ms(self) -> int:
+        """Virtual time in whole milliseconds (events are scheduled on whole ones; the
+        seeded tie-break the loop adds is far below one)."""
+        return round(self.loop.time() * 1000)
 
     def at(self, when_ms: int, fn: Callable[[], None]) -> None:
-        self._seq += 1
-        heapq.heappush(self._queue, (max(when_ms, self.now_ms), self._seq, fn))
+        self.loop.call_at(max(when_ms, self.now_ms) / 1000, fn)
 
     def after(self, delay_ms: int, fn: Callable[[], None]) -> None:
         self.at(self.now_ms + delay_ms, fn)
 
     def step(self) -> bool:
-        if not self._queue:
+        """Run what is due at the next instant (virtual time jumps there); False when
+        nothing is left to run."""
+        loop = self.loop
+        if not loop._ready and not loop._scheduled:
             return False
-        when, _, fn = heapq.heappop(self._queue)
-        self.now_ms = when
+        asyncio.events._set_running_loop(loop)
+        try:
+            loop._run_once()
+        finally:
+            asyncio.events._set_running_loop(None)
         self.steps += 1
-        fn()
+        if self._raised:
+            raise self._raised.pop(0)
         return True
 
-    def pending(self) -> int:
-        return len(self._queue)
+    def close(self) -> None:
+        self.loop.close()
 
 
 @dataclass
@@ -153,6 +176,9 @@ class Net:
         self.faults = faults
         self.nodes: dict[str, Any] = {}
         self._link_free_ms: dict[tuple[str, str], int] = {}
+        # What each link carries, in order: a delivery runs the link's oldest message, so
+        # two due at the same millisecond (their timers in seeded order) keep TCP's order.
+        self._in_flight: dict[tuple[str, str], deque[Callable[[], None]]] = {}
 
     def _cut(self, a: str, b: str) -> bool:
         f = self.faults
@@ -169,6 +195,15 @@ class Net:
         when = max(self.world.now_ms + delay, self._link_free_ms.get((src, dst), 0))
         self._link_free_ms[(src, dst)] = when
         return when
+
+    def _send(self, src: str, dst: str, when_ms: int, message: Callable[[], None]) -> None:
+        """Deliver ``message`` on the link src->dst at ``when_ms``, after what it carries."""
+        link = (src, dst)
+        queue = self._in_flight.get(link)
+        if queue is None:
+            queue = self._in_flight[link] = deque()
+        queue.append(message)
+        self.world.at(when_ms, lambda: queue.popleft()())
 
     def call(
         self,
@@ -201,7 +236,7 @@ class Net:
         def reply(result: Any, error: EstreamError | None) -> None:
             when = self._delay(dst, src)
             if when is not None:
-                self.world.at(when, lambda: deliver_reply(result, error))
+                self._send(dst, src, when, lambda: deliver_reply(result, error))
 
         def deliver() -> None:
             if dst in self.faults.down:
@@ -222,7 +257,7 @@ class Net:
 
         when = self._delay(src, dst)
         if when is not None:
-            self.world.at(when, deliver)
+            self._send(src, dst, when, deliver)
         elif dst in self.faults.down and self.world.rng.random() < 0.5:
             # A crashed server refuses the connection: the caller learns it quickly.
             self.world.after(1, lambda: settle(lambda: on_err(Unavailable(f"{dst} down"))))

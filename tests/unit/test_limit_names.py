@@ -30,7 +30,7 @@ TYPE_BOUND = re.compile(r"u?int\d+_(min|max)")  # the range of a wire integer ty
 # adapter, the reader's seams): renamed once those land. This list only shrinks: each entry
 # must still exist and still break the rule.
 NOT_YET: frozenset[tuple[str, str]] = frozenset({
-    ("estream/sdk/reader.py", "read_ahead_max"),
+    ("estream/sdk/objectreads.py", "read_ahead_max"),
     ("pd/catalogmodel.py", "prepared_max"),
     ("estream/wire/fields.py", "streams_page_default"),
     ("estream/wire/fields.py", "streams_page_max"),

@@ -10,7 +10,7 @@ from dataclasses import replace
 import msgpack
 import pytest
 
-import estream.sdk.reader
+import estream.sdk.objectreads
 import pd.objectdamage
 from estream.wire.errors import Conflict, EstreamError, InvalidArgument
 from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
@@ -41,7 +41,7 @@ REFS = (ReplicaRef("rs1", "127.0.0.1:1"),)
 
 def test_doctests() -> None:
     assert doctest.testmod(pd.objectdamage).failed == 0
-    assert doctest.testmod(estream.sdk.reader).failed == 0
+    assert doctest.testmod(estream.sdk.objectreads).failed == 0
 
 
 def report(key: str = "k", index: int = 0) -> DamageReport:
