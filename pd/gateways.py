@@ -1,7 +1,7 @@
 """Kafka gateways registered in PD: which are alive to lead partitions.
 
 Each ``estream kafka`` gateway sends ``PD_GATEWAY_HEARTBEAT`` (its id: its advertised
-address) every :data:`gateway_beat_interval_ms` to the PD leader, which answers the live
+address) every ``limits.gateway_beat_interval_ms`` to the PD leader, which answers the live
 gateways; the gateways assign partitions among them (``estream/kafka/leaders.py``). As
 writer leases and group sessions, this is the leader's memory, judged by its clock, not
 replicated: a gateway is live while its last beat is younger than :data:`gateway_ttl_ms`.
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Final
 
+from estream.wire import limits
 from estream.wire.errors import InvalidArgument
 
 gateways_max: Final = 256  # live gateways the leader keeps
-gateway_ttl_ms: Final = 3_000  # a gateway not heard from this long loses its partitions
-gateway_beat_interval_ms: Final = 500  # how often a gateway beats (a sixth of the TTL)
+gateway_ttl_ms: Final = limits.gateway_ttl_ms  # not heard from this long: not live
 gateway_id_chars_max: Final = 256  # an id is a HOST:PORT
 
 
@@ -103,5 +103,4 @@ class GatewayRegistry:
             del self._beats[gone]
 
 
-__all__ = ["GatewayRegistry", "check_gateway_id", "gateway_beat_interval_ms",
-           "gateway_ttl_ms", "gateways_max"]
+__all__ = ["GatewayRegistry", "check_gateway_id", "gateway_ttl_ms", "gateways_max"]

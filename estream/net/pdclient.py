@@ -423,6 +423,17 @@ class PDClient:
         op = Opcode.PD_FORGET_SERVER
         await self.call(op, ServerRequest(server_id=server_id).to_header(op))
 
+    async def gateway_heartbeat(self, gateway: str, *, leave: bool = False
+                                ) -> tuple[list[str], bool]:
+        """Kafka gateway ``gateway`` (its advertised HOST:PORT) is alive (``leave``: is
+        leaving); returns the live gateways and whether the leader's list is settled
+        (pd/gateways.py)."""
+        body = await self.call(Opcode.PD_GATEWAY_HEARTBEAT, {"gateway": gateway, "leave": leave})
+        gateways = body.get("gateways")
+        if not isinstance(gateways, list) or not all(isinstance(g, str) for g in gateways):
+            raise EstreamError("malformed gateway heartbeat answer")
+        return list(gateways), bool(body.get("settled"))
+
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
         *, known: StreamMeta | None = None, stream_id: int = 0,
