@@ -7,7 +7,10 @@ writer leases and group sessions, this is the leader's memory, judged by its clo
 replicated: a gateway is live while its last beat is younger than :data:`gateway_ttl_ms`.
 A new term forgets all, and the answer is ``settled`` only once the leader has led for a
 whole TTL (before that, gateways that did not beat to it yet are missing, and a gateway
-keeps those it knew). A gateway leaving (SIGTERM) is forgotten at once.
+keeps those it knew). A gateway leaving (SIGTERM) is forgotten at once. Each gateway
+beats with its ``pool`` (its security: ``plaintext``, ``sasl``, ``ssl``, ``sasl_ssl``) and
+is answered the live gateways of its pool only, so that Metadata never sends a client to
+a gateway that authenticates differently.
 
 Bounded: :data:`gateways_max` live gateways; one more is :class:`InvalidArgument` (field
 ``gateway``); expired ones are forgotten at each beat.
@@ -25,6 +28,7 @@ from estream.wire.errors import InvalidArgument
 gateways_max: Final = 256  # live gateways the leader keeps
 gateway_ttl_ms: Final = limits.gateway_ttl_ms  # not heard from this long: not live
 gateway_id_chars_max: Final = 256  # an id is a HOST:PORT
+pool_chars_max: Final = 32
 
 
 def check_gateway_id(gateway: object) -> str:
@@ -52,11 +56,11 @@ class GatewayRegistry:
 
     >>> r = GatewayRegistry()
     >>> r.lead(1, 0)
-    >>> r.beat("h:1", 0); r.beat("h:2", 1_000)
+    >>> r.beat("h:1", 0); r.beat("h:2", 1_000); r.beat("h:3", 1_000, pool="sasl")
     >>> r.live(2_999), r.settled(2_999)
     (['h:1', 'h:2'], False)
-    >>> r.live(3_000), r.settled(3_000)
-    (['h:2'], True)
+    >>> r.live(3_000), r.settled(3_000), r.live(3_000, "sasl")
+    (['h:2'], True, ['h:3'])
     >>> r.leave("h:2"); r.live(3_000)
     []
     >>> r.beat("h:1", 3_500); r.lead(2, 3_600); r.live(3_600)   # a new term forgets all
@@ -68,7 +72,7 @@ class GatewayRegistry:
         self.limit = limit
         self._term = -1
         self._led_ms = 0
-        self._beats: dict[str, int] = {}  # gateway -> last beat (ms, the leader's clock)
+        self._beats: dict[str, tuple[int, str]] = {}  # gateway -> last beat (ms), pool
 
     def lead(self, term: int, now_ms: int) -> None:
         """Called with the leader's term before each beat: a new term starts afresh."""
@@ -77,7 +81,7 @@ class GatewayRegistry:
             self._led_ms = now_ms
             self._beats.clear()
 
-    def beat(self, gateway: str, now_ms: int) -> None:
+    def beat(self, gateway: str, now_ms: int, pool: str = "plaintext") -> None:
         """``gateway`` is alive at ``now_ms``; :class:`InvalidArgument` for a bad id or a
         new gateway past :data:`gateways_max` live ones (nothing kept)."""
         check_gateway_id(gateway)
@@ -85,21 +89,24 @@ class GatewayRegistry:
         if gateway not in self._beats and len(self._beats) >= self.limit:
             raise InvalidArgument(f"gateway: {self.limit} gateways are live, at most",
                                   argument="gateway")
-        self._beats[gateway] = now_ms
+        if not pool.isidentifier() or len(pool) > pool_chars_max:
+            raise InvalidArgument("pool: a name of letters, digits and _", argument="pool")
+        self._beats[gateway] = (now_ms, pool)
 
     def leave(self, gateway: str) -> None:
         self._beats.pop(gateway, None)
 
-    def live(self, now_ms: int) -> list[str]:
-        """The live gateways, sorted."""
-        return sorted(g for g, at in self._beats.items() if now_ms - at < self.ttl_ms)
+    def live(self, now_ms: int, pool: str = "plaintext") -> list[str]:
+        """The live gateways of ``pool``, sorted."""
+        return sorted(g for g, (at, p) in self._beats.items()
+                      if now_ms - at < self.ttl_ms and p == pool)
 
     def settled(self, now_ms: int) -> bool:
         """Whether every live gateway had a whole TTL to beat to this leader."""
         return now_ms - self._led_ms >= self.ttl_ms
 
     def _expire(self, now_ms: int) -> None:
-        for gone in [g for g, at in self._beats.items() if now_ms - at >= self.ttl_ms]:
+        for gone in [g for g, (at, _) in self._beats.items() if now_ms - at >= self.ttl_ms]:
             del self._beats[gone]
 
 

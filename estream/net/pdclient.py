@@ -423,12 +423,13 @@ class PDClient:
         op = Opcode.PD_FORGET_SERVER
         await self.call(op, ServerRequest(server_id=server_id).to_header(op))
 
-    async def gateway_heartbeat(self, gateway: str, *, leave: bool = False
+    async def gateway_heartbeat(self, gateway: str, pool: str, *, leave: bool = False
                                 ) -> tuple[list[str], bool]:
         """Kafka gateway ``gateway`` (its advertised HOST:PORT) is alive (``leave``: is
-        leaving); returns the live gateways and whether the leader's list is settled
-        (pd/gateways.py)."""
-        body = await self.call(Opcode.PD_GATEWAY_HEARTBEAT, {"gateway": gateway, "leave": leave})
+        leaving); returns the live gateways of its ``pool`` and whether the leader's list
+        is settled (pd/gateways.py)."""
+        body = await self.call(Opcode.PD_GATEWAY_HEARTBEAT,
+                               {"gateway": gateway, "pool": pool, "leave": leave})
         gateways = body.get("gateways")
         if not isinstance(gateways, list) or not all(isinstance(g, str) for g in gateways):
             raise EstreamError("malformed gateway heartbeat answer")

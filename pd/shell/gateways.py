@@ -32,12 +32,14 @@ class GatewayRpc:
     async def _rpc_heartbeat(self, h: Header) -> Header:
         gateway = require(h, "gateway", str)
         leaving = optional(h, "leave", bool, False)
+        pool = optional(h, "pool", str, "plaintext")
         status = self.service.require_leading("Kafka gateways beat to the leader")
         now = self.service.clock_ms()
         self.registry.lead(status.term, now)
         if leaving:
             self.registry.leave(gateway)
         else:
-            self.registry.beat(gateway, now)
-        return {"gateways": self.registry.live(now), "settled": self.registry.settled(now),
+            self.registry.beat(gateway, now, pool)
+        return {"gateways": self.registry.live(now, pool),
+                "settled": self.registry.settled(now),
                 "ttl_ms": gateway_ttl_ms}

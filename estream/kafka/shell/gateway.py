@@ -122,11 +122,14 @@ class Gateway(Reads):
 
     # -- leadership (estream/kafka/leaders.py) ------------------------------------------
 
-    async def lead(self) -> None:
+    async def lead(self, tls: bool = False) -> None:
         """Register in PD under the advertised address and lead this gateway's share of
-        the partitions from now on (call once it listens)."""
+        the partitions from now on (call once it listens). Gateways share partitions
+        with those that authenticate as they do (``tls``, tokens): their pool."""
         me = f"{self.advertise[0]}:{self.advertise[1]}"
-        self.membership = Membership(self.client.pd, me, self._leaders_changed)
+        pool = {(False, False): "plaintext", (True, False): "sasl", (False, True): "ssl",
+                (True, True): "sasl_ssl"}[(bool(self.token_roles), tls)]
+        self.membership = Membership(self.client.pd, me, pool, self._leaders_changed)
         await self.membership.start()
 
     def leads(self, stream: str) -> bool:

@@ -34,8 +34,10 @@ def now_ms() -> int:
 class Membership:
     """Keeps one gateway registered and its :attr:`leadership` current."""
 
-    def __init__(self, pd: PDClient, me: str, on_change: Callable[[], None]) -> None:
+    def __init__(self, pd: PDClient, me: str, pool: str, on_change: Callable[[], None]
+                 ) -> None:
         self.pd = pd
+        self.pool = pool
         self.leadership = Leadership(me, gateway_ttl_ms)
         self.on_change = on_change
         self._task: asyncio.Task[None] | None = None
@@ -45,7 +47,7 @@ class Membership:
         sent = now_ms()
         try:
             gateways, settled = await asyncio.wait_for(
-                self.pd.gateway_heartbeat(self.leadership.me), gateway_ttl_ms / 1000)
+                self.pd.gateway_heartbeat(self.leadership.me, self.pool), gateway_ttl_ms / 1000)
         except (EstreamError, TimeoutError, OSError) as exc:
             log.warning("gateway heartbeat to PD failed: %s", exc)
             return False
@@ -79,5 +81,6 @@ class Membership:
         if self._task is not None:
             self._task.cancel()
         with contextlib.suppress(EstreamError, TimeoutError, OSError):
-            await asyncio.wait_for(self.pd.gateway_heartbeat(self.leadership.me, leave=True),
-                                   gateway_ttl_ms / 1000)
+            await asyncio.wait_for(
+                self.pd.gateway_heartbeat(self.leadership.me, self.pool, leave=True),
+                gateway_ttl_ms / 1000)

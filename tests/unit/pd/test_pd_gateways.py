@@ -32,6 +32,19 @@ def test_a_new_term_starts_afresh_and_settles_after_a_ttl() -> None:
     assert r.live(5_000) == [] and not r.settled(7_999) and r.settled(8_000)
 
 
+def test_each_pool_is_answered_its_own_gateways() -> None:
+    r = GatewayRegistry()
+    r.lead(1, 0)
+    r.beat("h:1", 0)
+    r.beat("h:2", 0, "sasl")
+    r.beat("h:3", 0, "sasl")
+    assert r.live(1) == ["h:1"] and r.live(1, "sasl") == ["h:2", "h:3"]
+    assert r.live(1, "ssl") == []
+    with pytest.raises(InvalidArgument) as refused:
+        r.beat("h:4", 0, "no pool!")
+    assert refused.value.argument == "pool"
+
+
 def test_bounded_and_expired_gateways_make_room() -> None:
     r = GatewayRegistry(ttl_ms=1_000, limit=2)
     r.lead(1, 0)
