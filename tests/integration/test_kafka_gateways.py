@@ -51,6 +51,7 @@ def gateways(module_cluster: Any, tmp_path_factory: pytest.TempPathFactory
     finally:
         for process, _ in started:
             process.stop()
+        collect_kafka_python_sockets()
     for name in ("ga", "gb"):
         assert "Traceback" not in (log_dir / f"{name}.log").read_text()
 
@@ -241,7 +242,6 @@ def test_a_gateway_killed_under_load_loses_and_duplicates_nothing(
         kp.close(WAIT_S)
     finally:
         victim.stop()
-        collect_kafka_python_sockets()
     values = Counter(stored(module_cluster.pd_addresses, [f"{topic}-{p}" for p in range(4)]))
     expected = Counter([b"kp-%d" % i for i in range(records)]
                        + [b"ck-%d" % i for i in range(records)])
