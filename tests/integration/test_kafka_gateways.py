@@ -121,6 +121,16 @@ def stored(pd: str, streams: list[str]) -> list[bytes]:
     return asyncio.run(read())
 
 
+def describe_group(pd: str, group: str) -> dict[str, Any]:
+    from estream.sdk.groups import GroupClient
+
+    async def describe() -> dict[str, Any]:
+        async with await estream.connect(pd) as sdk:
+            return await GroupClient(sdk.pd).describe(group)
+
+    return asyncio.run(describe())
+
+
 def test_every_gateway_names_the_same_leaders_and_itself_as_coordinator(
     gateways: list[str],
 ) -> None:
@@ -287,10 +297,11 @@ def test_a_group_spread_over_two_gateways_goes_on_when_one_dies(
             members.append(Consumer({
                 "bootstrap.servers": bootstrap, "group.id": "spread",
                 "auto.offset.reset": "earliest", "session.timeout.ms": 10_000,
-                "heartbeat.interval.ms": 500, "fetch.wait.max.ms": 100}))
+                "heartbeat.interval.ms": 500, "fetch.wait.max.ms": 100,
+                "max.poll.interval.ms": 20_000}))  # the rebalance timeout: 20 s, not 300
             members[-1].subscribe([topic])
         consume_until(100)
-        assert len(seen) == 100
+        assert len(seen) == 100, describe_group(module_cluster.pd_addresses, "spread")
         victim.kill9()
         produce("after")
         consume_until(200)
