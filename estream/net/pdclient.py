@@ -82,6 +82,7 @@ from estream.wire.pdmessages import (
     CreateStreamRequest,
     CursorRequest,
     DescribeStreamRequest,
+    GatewayHeartbeatRequest,
     HeartbeatRequest,
     ListStreamsRequest,
     NamedStreamRequest,
@@ -428,8 +429,8 @@ class PDClient:
         """Kafka gateway ``gateway`` (its advertised HOST:PORT) is alive (``leave``: is
         leaving); returns the live gateways of its ``pool`` and whether the leader's list
         is settled (pd/gateways.py)."""
-        body = await self.call(Opcode.PD_GATEWAY_HEARTBEAT,
-                               {"gateway": gateway, "pool": pool, "leave": leave})
+        request = GatewayHeartbeatRequest(gateway=gateway, pool=pool, leave=leave)
+        body = await self.call(request.OPCODE, request.to_header())
         gateways = body.get("gateways")
         if not isinstance(gateways, list) or not all(isinstance(g, str) for g in gateways):
             raise EstreamError("malformed gateway heartbeat answer")

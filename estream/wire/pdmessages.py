@@ -477,6 +477,26 @@ class ReportDamageRequest:
                 "object_key": self.object_key, "reason": self.reason}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayHeartbeatRequest:
+    """``PD_GATEWAY_HEARTBEAT``: Kafka gateway ``gateway`` (its advertised HOST:PORT) of
+    ``pool`` is alive, or ``leave``s (``pd/gateways.py``)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.PD_GATEWAY_HEARTBEAT
+    gateway: str
+    pool: str = "plaintext"
+    leave: bool = False
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> GatewayHeartbeatRequest:
+        return cls(gateway=require(h, "gateway", str),
+                   pool=optional(h, "pool", str, "plaintext"),
+                   leave=optional(h, "leave", bool, False))
+
+    def to_header(self) -> Header:
+        return {"gateway": self.gateway, "pool": self.pool, "leave": self.leave}
+
+
 def _names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
@@ -508,4 +528,5 @@ WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
     Opcode.PD_SET_RETENTION: ("name", *RETENTION_FIELDS),
     Opcode.PD_DELETE_CURSOR: ("name", "cursor"),
     Opcode.PD_REPORT_OBJECT_DAMAGE: _names(ReportDamageRequest),
+    Opcode.PD_GATEWAY_HEARTBEAT: _names(GatewayHeartbeatRequest),
 }

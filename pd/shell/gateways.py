@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from estream.net.rpc import Header, optional, require
+from estream.net.rpc import Header
+from estream.wire.pdmessages import GatewayHeartbeatRequest
 from estream.wire.protocol import Opcode
 from pd.gateways import GatewayRegistry, gateway_ttl_ms
 
@@ -30,13 +31,12 @@ class GatewayRpc:
         return {Opcode.PD_GATEWAY_HEARTBEAT: self._rpc_heartbeat}
 
     async def _rpc_heartbeat(self, h: Header) -> Header:
-        gateway = require(h, "gateway", str)
-        leaving = optional(h, "leave", bool, False)
-        pool = optional(h, "pool", str, "plaintext")
+        request = GatewayHeartbeatRequest.from_header(h)
+        gateway, pool = request.gateway, request.pool
         status = self.service.require_leading("Kafka gateways beat to the leader")
         now = self.service.clock_ms()
         self.registry.lead(status.term, now)
-        if leaving:
+        if request.leave:
             self.registry.leave(gateway)
         else:
             self.registry.beat(gateway, now, pool)
