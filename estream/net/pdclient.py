@@ -83,6 +83,7 @@ from estream.wire.pdmessages import (
     CreateStreamRequest,
     CursorRequest,
     DescribeStreamRequest,
+    GatewayHeartbeatRequest,
     HeartbeatRequest,
     ListStreamsRequest,
     NamedStreamRequest,
@@ -428,6 +429,18 @@ class PDClient:
         may hold the only copy of a range)."""
         op = Opcode.PD_FORGET_SERVER
         await self.call(op, ServerRequest(server_id=server_id).to_header(op))
+
+    async def gateway_heartbeat(self, gateway: str, pool: str, *, leave: bool = False
+                                ) -> tuple[list[str], bool]:
+        """Kafka gateway ``gateway`` (its advertised HOST:PORT) is alive (``leave``: is
+        leaving); returns the live gateways of its ``pool`` and whether the leader's list
+        is settled (pd/gateways.py)."""
+        request = GatewayHeartbeatRequest(gateway=gateway, pool=pool, leave=leave)
+        body = await self.call(request.OPCODE, request.to_header())
+        gateways = body.get("gateways")
+        if not isinstance(gateways, list) or not all(isinstance(g, str) for g in gateways):
+            raise EstreamError("malformed gateway heartbeat answer")
+        return list(gateways), bool(body.get("settled"))
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),

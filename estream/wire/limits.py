@@ -83,6 +83,8 @@ request_timeout_ms: Final = 5_000
 connect_timeout_ms: Final = 2_000
 heartbeat_interval_ms: Final = 1_000
 server_suspect_after_ms: Final = 4_000  # missed heartbeats before a server gets no new ranges
+gateway_ttl_ms: Final = 3_000  # a Kafka gateway not heard from this long loses its partitions
+gateway_beat_interval_ms: Final = 500  # how often a Kafka gateway beats to PD (pd/gateways.py)
 
 # Write-ahead log (rangeserver/).
 segment_bytes_max: Final = 256 * MiB

@@ -478,6 +478,26 @@ class ReportDamageRequest:
                 "object_key": self.object_key, "reason": self.reason}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayHeartbeatRequest:
+    """``PD_GATEWAY_HEARTBEAT``: Kafka gateway ``gateway`` (its advertised HOST:PORT) of
+    ``pool`` is alive, or ``leave``s (``pd/gateways.py``)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.PD_GATEWAY_HEARTBEAT
+    gateway: str
+    pool: str = "plaintext"
+    leave: bool = False
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> GatewayHeartbeatRequest:
+        return cls(gateway=require(h, "gateway", str),
+                   pool=optional(h, "pool", str, "plaintext"),
+                   leave=optional(h, "leave", bool, False))
+
+    def to_header(self) -> Header:
+        return {"gateway": self.gateway, "pool": self.pool, "leave": self.leave}
+
+
 # Each PD request's fields as they travel, by opcode (docs/PROTOCOL.md's table is checked
 # against these: tests/unit/wire/test_pdmessages.py). PD_WRITERS_KEEPALIVE's writers are
 # pd/lease.py's.
@@ -505,4 +525,5 @@ WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
     Opcode.PD_SET_RETENTION: ("name", *RETENTION_FIELDS),
     Opcode.PD_DELETE_CURSOR: ("name", "cursor"),
     Opcode.PD_REPORT_OBJECT_DAMAGE: field_names(ReportDamageRequest),
+    Opcode.PD_GATEWAY_HEARTBEAT: field_names(GatewayHeartbeatRequest),
 }

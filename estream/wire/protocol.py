@@ -88,6 +88,8 @@ class Opcode(IntEnum):
     PD_GROUP_DESCRIBE = 97  # {"group", "lag"?} -> {"group"}
     PD_GROUP_LIST = 98  # {} -> {"groups"}
     PD_GROUP_DELETE_OFFSETS = 99  # {"group", "streams"} -> {"errors"}
+    PD_GATEWAY_HEARTBEAT = 100  # {"gateway", "leave"?} -> {"gateways", "settled", "ttl_ms"}:
+    #   the live Kafka gateways, the leader's (pd/gateways.py)
 
 
 class FrameFlags(IntFlag):

@@ -76,6 +76,7 @@ PD_OPCODE_ACTIONS: Final[Mapping[int, Action]] = {
     Opcode.PD_GROUP_OFFSETS: Action.READ,
     Opcode.PD_GROUP_DESCRIBE: Action.READ,
     Opcode.PD_GROUP_LIST: Action.READ,
+    Opcode.PD_GATEWAY_HEARTBEAT: Action.WRITE,  # a gateway leads partitions: it writes
     Opcode.PD_DELETE_STREAM: Action.ADMIN,
     Opcode.PD_TRIM_STREAM: Action.ADMIN,
     Opcode.PD_DRAIN_SERVER: Action.ADMIN,

@@ -55,6 +55,7 @@ from pd.lease import keepalive_answer, parse_keepalives
 from pd.objectdamage import REASONS, DamageReport
 from pd.paging import ranges_window, stream_answer, stream_tail
 from pd.retention import cursor_rows
+from pd.shell.gateways import GatewayRpc
 from pd.shell.raft import proposal_result
 from pd.validate import check_request
 
@@ -101,6 +102,7 @@ class PdHandlers:
             Opcode.PD_REPORT_OBJECT_DAMAGE: self.report_damage,
         }
         table.update(self.service.groups.handlers())  # PD_GROUP_* (pd/shell/groups.py)
+        table.update(GatewayRpc(self.service).handlers())  # pd/shell/gateways.py
         return {int(op): self._timed(op.name.lower(), fn) for op, fn in table.items()}
 
     def quick_handlers(self) -> dict[int, QuickHandler]:

@@ -99,6 +99,7 @@ async def serve(args: argparse.Namespace) -> int:
                                             ssl=server_context(security))
         bound = server.sockets[0].getsockname()
         gateway.advertise = args.advertise or (bound[0], bound[1])
+        await gateway.lead(security.tls)  # registered in PD: its share of the partitions
         print(f"listening on {bound[0]}:{bound[1]}", flush=True)
         if args.http is not None:
             http_runner, http_bound = await start_http(build_app(gateway), *args.http)

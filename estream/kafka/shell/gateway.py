@@ -28,12 +28,13 @@ from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
 from estream.kafka.convert import estream_headers
-from estream.kafka.producers import ProducerTable
+from estream.kafka.producers import ProducerTable, marked, producer_tail_records_max
 from estream.kafka.records import KafkaBatch, decode_batches
 from estream.kafka.sasl import Session
 from estream.kafka.shell import auth
 from estream.kafka.shell.admin import TopicAdmin
 from estream.kafka.shell.groups import REQUEST_CLIENT_ID, GroupApis
+from estream.kafka.shell.membership import Membership, now_ms
 from estream.kafka.shell.reads import Reads, fetch_wait_ms_max
 from estream.kafka.topics import (
     ack_count_for,
@@ -114,7 +115,38 @@ class Gateway(Reads):
             kp.INCREMENTAL_ALTER_CONFIGS: admin.incremental_alter_configs,
         })
         self._handlers.update(GroupApis(GroupClient(client.pd), lambda: self.advertise,
-                                        NODE_ID).handlers())
+                                        self.node_id).handlers())
+        # Registered in PD (lead()): the partitions this gateway leads among the live
+        # ones (estream/kafka/leaders.py). None: a gateway alone, leading everything.
+        self.membership: Membership | None = None
+
+    # -- leadership (estream/kafka/leaders.py) ------------------------------------------
+
+    async def lead(self, tls: bool = False) -> None:
+        """Register in PD under the advertised address and lead this gateway's share of
+        the partitions from now on (call once it listens). Gateways share partitions
+        with those that authenticate as they do (``tls``, tokens): their pool."""
+        me = f"{self.advertise[0]}:{self.advertise[1]}"
+        pool = {(False, False): "plaintext", (True, False): "sasl", (False, True): "ssl",
+                (True, True): "sasl_ssl"}[(bool(self.token_roles), tls)]
+        self.membership = Membership(self.client.pd, me, pool, self._leaders_changed)
+        await self.membership.start()
+
+    def leads(self, stream: str) -> bool:
+        """Whether this gateway may write ``stream`` now (else NOT_LEADER_OR_FOLLOWER)."""
+        return self.membership is None or self.membership.leadership.owns(stream, now_ms())
+
+    def node_id(self) -> int:
+        if self.membership is None:
+            return NODE_ID
+        leadership = self.membership.leadership
+        return leadership.brokers()[leadership.me]
+
+    def _leaders_changed(self) -> None:
+        """The live gateways changed: close the writers of partitions led elsewhere now."""
+        for name, writer in list(self._writers.items()):
+            if not self.leads(name):
+                self._drop_writer(name, writer)
 
     # -- connections --------------------------------------------------------------------
 
@@ -266,6 +298,7 @@ class Gateway(Reads):
         topic_cls = kp.nested(schema, "MetadataResponseTopic")
         part_cls = kp.nested(schema, "MetadataResponsePartition")
         counts = await self._topic_counts()
+        nodes = self._brokers()
         asked = request.topics
         if asked is None or (version == 0 and not asked):
             names = list(counts)
@@ -281,17 +314,32 @@ class Gateway(Reads):
                 continue
             partitions = tuple(
                 kp.build(part_cls, error_code=ErrorCode.none, partition_index=p,
-                         leader_id=NODE_ID, leader_epoch=0, replica_nodes=(NODE_ID,),
-                         isr_nodes=(NODE_ID,), offline_replicas=())
-                for p in range(count))
+                         leader_id=leader, leader_epoch=0, replica_nodes=(leader,),
+                         isr_nodes=(leader,), offline_replicas=())
+                for p, leader in enumerate(self._leaders(name or "", count, nodes)))
             topics.append(kp.build(topic_cls, error_code=ErrorCode.none, name=name,
                                    is_internal=False, partitions=partitions,
                                    topic_authorized_operations=-2147483648))
-        broker = kp.build(kp.nested(schema, "MetadataResponseBroker"), node_id=NODE_ID,
-                          host=self.advertise[0], port=self.advertise[1], rack=None)
-        return kp.build(schema, throttle_time=0, brokers=(broker,), cluster_id=CLUSTER_ID,
-                        controller_id=NODE_ID, topics=tuple(topics),
+        broker_cls = kp.nested(schema, "MetadataResponseBroker")
+        brokers = tuple(kp.build(broker_cls, node_id=node, host=address.rpartition(":")[0],
+                                 port=int(address.rpartition(":")[2]), rack=None)
+                        for address, node in nodes.items())
+        return kp.build(schema, throttle_time=0, brokers=brokers, cluster_id=CLUSTER_ID,
+                        controller_id=self.node_id(), topics=tuple(topics),
                         cluster_authorized_operations=-2147483648)
+
+    def _brokers(self) -> dict[str, int]:
+        """Every gateway Metadata names (address -> node id)."""
+        if self.membership is None:
+            return {f"{self.advertise[0]}:{self.advertise[1]}": NODE_ID}
+        return self.membership.leadership.brokers()
+
+    def _leaders(self, topic: str, count: int, nodes: Mapping[str, int]) -> list[int]:
+        """The node id leading each partition of ``topic``."""
+        if self.membership is None:
+            return [NODE_ID] * count
+        leadership = self.membership.leadership
+        return [nodes[leadership.leader(stream_name(topic, p))] for p in range(count)]
 
     # -- Produce ------------------------------------------------------------------------
 
@@ -304,11 +352,30 @@ class Gateway(Reads):
             writer = self._writers.get(name)
             if writer is None or writer.closed:
                 writer = await self.client.open_writer(name)
+                try:
+                    table = await self._stored_producers(name, writer)
+                except BaseException:
+                    self._spawn(writer.close())
+                    raise
                 self._writers[name] = writer
+                self._producers[name] = table
                 while len(self._writers) > writers_max:
                     oldest, idle = next(iter(self._writers.items()))
                     self._drop_writer(oldest, idle)
             return writer
+
+    async def _stored_producers(self, name: str, writer: Writer) -> ProducerTable:
+        """The idempotent producers of ``name`` as its stored tail shows them (the
+        previous leader's, estream/kafka/producers.py), read once its writer recovered."""
+        table = ProducerTable()
+        last = writer.stream.last_range
+        end = last.start if last is not None else 0
+        start = max(writer.stream.start_offset, end - producer_tail_records_max)
+        if start < end:
+            async with asyncio.timeout(produce_timeout_ms_max / 1000):
+                table.recover([(r.offset, r.headers)
+                               async for r in self.client.read(name, start, end)])
+        return table
 
     def _drop_writer(self, name: str, writer: Writer) -> None:
         if self._writers.get(name) is writer:
@@ -328,6 +395,8 @@ class Gateway(Reads):
     async def _produce_partition(self, topic: str, index: int, records: bytes | None
                                  ) -> tuple[ErrorCode, int]:
         name = stream_name(topic, index)
+        if not self.leads(name):  # another gateway leads it: clients refresh Metadata
+            return ErrorCode.not_leader_or_follower, -1
         try:
             if records is None:
                 raise MalformedFrame("a Produce partition without records")
@@ -355,9 +424,12 @@ class Gateway(Reads):
                     return _SEQUENCE_ERRORS[decision.kind], -1
                 table.appended(batch.producer_id, batch.producer_epoch, batch.base_sequence,
                                count)
+            last = batch.records[-1] if batch.producer_id >= 0 else None  # marked: stored
             taken.append((batch, [
-                writer.append(r.value or b"", estream_headers(r),
-                              r.timestamp if r.timestamp >= 0 else now, key=r.key)
+                writer.append(r.value or b"", estream_headers(r) if r is not last else marked(
+                    estream_headers(r), batch.producer_id, batch.producer_epoch,
+                    batch.base_sequence, count), r.timestamp if r.timestamp >= 0 else now,
+                    key=r.key)
                 for r in batch.records]))
         try:
             for batch, pending in taken:
@@ -507,5 +579,7 @@ class Gateway(Reads):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.close(), 10)
         self._writers.clear()
+        if self.membership is not None:  # its partitions move now, not after the TTL
+            await self.membership.leave()
         for task in list(self._background):
             task.cancel()

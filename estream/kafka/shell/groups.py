@@ -70,7 +70,7 @@ class GroupApis:
     it listens)."""
 
     def __init__(self, groups: GroupClient, advertise: Callable[[], tuple[str, int]],
-                 node_id: int) -> None:
+                 node_id: Callable[[], int]) -> None:
         self.groups = groups
         self.advertise = advertise
         self.node_id = node_id
@@ -88,11 +88,11 @@ class GroupApis:
         if version >= 4:
             cls = kp.nested(schema, "Coordinator")
             return kp.build(schema, throttle_time=0, coordinators=tuple(
-                kp.build(cls, key=k, node_id=self.node_id, host=host, port=port,
+                kp.build(cls, key=k, node_id=self.node_id(), host=host, port=port,
                          error_code=ErrorCode.none, error_message=None)
                 for k in request.coordinator_keys))
         return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
-                        error_message=None, node_id=self.node_id, host=host, port=port)
+                        error_message=None, node_id=self.node_id(), host=host, port=port)
 
     async def join_group(self, request: Any, version: int) -> Any:
         schema = kp.response_schema(kp.JOIN_GROUP, version)

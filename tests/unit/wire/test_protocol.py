@@ -85,7 +85,7 @@ def test_opcode_numbers_are_the_documented_ones() -> None:
         "PD_GROUP_JOIN": 90, "PD_GROUP_AWAIT_JOIN": 91, "PD_GROUP_SYNC": 92,
         "PD_GROUP_HEARTBEAT": 93, "PD_GROUP_LEAVE": 94, "PD_GROUP_COMMIT": 95,
         "PD_GROUP_OFFSETS": 96, "PD_GROUP_DESCRIBE": 97, "PD_GROUP_LIST": 98,
-        "PD_GROUP_DELETE_OFFSETS": 99,
+        "PD_GROUP_DELETE_OFFSETS": 99, "PD_GATEWAY_HEARTBEAT": 100,
     }
 
 
