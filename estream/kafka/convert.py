@@ -5,16 +5,13 @@ A Kafka record's value, key, headers and CreateTime (ms) become an estream recor
 bytes in Kafka: estream shows them as str decoded as UTF-8 with ``surrogateescape``, so
 any bytes round-trip exactly. Two cases have no estream form and are mapped: a null
 value is stored as an empty value, a null header value as an empty one; a header name
-repeated in one record keeps its last value (estream headers are a map). The header an
-idempotent batch's last record carries (``PRODUCER_HEADER``, estream/kafka/producers.py)
-is not shown to Kafka clients.
+repeated in one record keeps its last value (estream headers are a map).
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from estream.kafka.producers import PRODUCER_HEADER
 from estream.kafka.records import KafkaRecord, encode_batch
 from estream.wire.record import BatchColumns
 
@@ -38,7 +35,7 @@ def kafka_records(columns: BatchColumns) -> list[KafkaRecord]:
         kafka_headers: tuple[tuple[str, bytes | None], ...] = ()
         if headers is not None and headers[i]:
             kafka_headers = tuple((k, v.encode("utf-8", "surrogateescape"))
-                                  for k, v in headers[i].items() if k != PRODUCER_HEADER)
+                                  for k, v in headers[i].items())
         records.append(KafkaRecord(columns.timestamps[i], keys[i], values[i], kafka_headers))
     return records
 

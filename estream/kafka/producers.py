@@ -12,13 +12,9 @@ Kafka broker does:
 - an older epoch: fenced (INVALID_PRODUCER_EPOCH); a newer one starts over from 0;
 - anything else: out of order (OUT_OF_ORDER_SEQUENCE_NUMBER), nothing stored.
 
-The table lives in the gateway leading the partition, and what it needs is stored: each
-idempotent batch's last record carries the header :data:`PRODUCER_HEADER` (producer,
-epoch, first sequence, count; hidden from Kafka consumers). A gateway opening the
-partition's writer (after the previous leader died) rebuilds the table from the stored
-tail (:meth:`ProducerTable.recover`): a batch whose last record is stored was stored
-whole, so its retry is a duplicate, whichever gateway it reaches. Bounded:
-:data:`producers_max` per partition, the least recently used forgotten first.
+The table lives in the gateway holding the partition's writer, so a retry after that
+gateway's death can be stored twice (docs/KAFKA.md). Bounded: :data:`producers_max` per
+partition, the least recently used forgotten first.
 
 >>> table = ProducerTable()
 >>> table.decide(7, 0, 0, 3)
@@ -34,14 +30,11 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 kept_batches: Final = 5  # Kafka's max.in.flight.requests.per.connection for idempotence
 producers_max: Final = 10_000  # per partition
-producer_tail_records_max: Final = 4096  # the stored tail a new leader reads back
-PRODUCER_HEADER: Final = "__kafka_producer"  # on each idempotent batch's last record
 
 Kind = Literal["append", "duplicate", "out_of_order", "fenced"]
 
@@ -113,52 +106,3 @@ class ProducerTable:
 
     def __len__(self) -> int:
         return len(self._producers)
-
-    def recover(self, records: Iterable[tuple[int, Mapping[str, str]]]) -> int:
-        """Learn the batches of the stored tail: ``(offset, headers)`` of its records in
-        offset order (those of a batch stored whole carry :data:`PRODUCER_HEADER`).
-        Returns how many batches it learnt.
-
-        >>> table = ProducerTable()
-        >>> table.recover([(9, {}), (12, {PRODUCER_HEADER: marker(7, 0, 0, 3)}),
-        ...                (13, {PRODUCER_HEADER: "garbage"})])
-        1
-        >>> table.decide(7, 0, 0, 3), table.decide(7, 0, 3, 1).kind
-        (Decision(kind='duplicate', offset=10), 'append')
-        """
-        learnt = 0
-        for offset, headers in records:
-            parsed = _parse_marker(headers.get(PRODUCER_HEADER))
-            if parsed is None:
-                continue
-            producer_id, epoch, first_sequence, count = parsed
-            known = self._producers.get(producer_id)
-            if known is not None and epoch < known.epoch:
-                continue
-            self.appended(producer_id, epoch, first_sequence, count, offset - count + 1)
-            learnt += 1
-        return learnt
-
-
-def marker(producer_id: int, epoch: int, first_sequence: int, count: int) -> str:
-    """The :data:`PRODUCER_HEADER` value of a batch's last record."""
-    return f"{producer_id} {epoch} {first_sequence} {count}"
-
-
-def marked(headers: dict[str, str] | None, producer_id: int, epoch: int,
-           first_sequence: int, count: int) -> dict[str, str]:
-    """``headers`` of an idempotent batch's last record, with its marker."""
-    return {**(headers or {}), PRODUCER_HEADER: marker(producer_id, epoch, first_sequence,
-                                                      count)}
-
-
-def _parse_marker(value: str | None) -> tuple[int, int, int, int] | None:
-    if value is None:
-        return None
-    parts = value.split(" ")
-    if len(parts) != 4 or not all(p.isdigit() for p in parts):
-        return None
-    producer_id, epoch, first_sequence, count = (int(p) for p in parts)
-    if count < 1 or first_sequence + count > 2**31 or epoch > 32767 or producer_id >= 2**63:
-        return None
-    return producer_id, epoch, first_sequence, count

