@@ -280,8 +280,9 @@ async def test_the_gateway_holds_at_most_writers_max_partition_writers(
 
     from estream.kafka.records import KafkaRecord, encode_producer_batch
     from estream.kafka.shell import gateway as shell
+    from estream.kafka.shell import produce
 
-    monkeypatch.setattr(shell, "writers_max", 2)
+    monkeypatch.setattr(produce, "writers_max", 2)
     await asyncio.to_thread(create_topic, gateway, "lru", 3)
     batch = encode_producer_batch([KafkaRecord(T0, b"k", b"v")])
     async with await estream.connect(gateway.pd) as client:
