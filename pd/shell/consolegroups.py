@@ -2,7 +2,7 @@
 script of its "Consumer groups" section, joined into the page by
 :mod:`pd.shell.consolepage` after :mod:`pd.shell.consolescript` (whose helpers it uses).
 
-The list is ``GET /v1/groups`` (name order, at most :data:`groups_shown_max` rows, the
+The list is ``GET /v1/groups`` (name order, at most :data:`shown_groups_max` rows, the
 rest counted); a group opened shows ``GET /v1/groups/{name}``: its members with the
 streams each reads, its committed offsets with each stream's end and lag, and the total
 lag. Both are asked again every 2 s, one group described at a time.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-groups_shown_max: Final = 200  # rows of the groups table; the rest are counted
+shown_groups_max: Final = 200  # rows of the groups table; the rest are counted
 
 GROUPS_HTML: Final = """
 <h2>Consumer groups</h2><div id="groups"></div><div id="groups-status" class="muted"></div>
@@ -28,7 +28,7 @@ GROUPS_HTML: Final = """
 
 GROUPS_SCRIPT: Final = """
 // -- consumer groups -----------------------------------------------------------------------
-const GROUPS_SHOWN_MAX = """ + str(groups_shown_max) + """;
+const GROUPS_SHOWN_MAX = """ + str(shown_groups_max) + """;
 state.group = null;
 function renderGroups(groups) {
   const sorted = groups.slice().sort((a, b) => (a.group < b.group ? -1 : 1));
