@@ -336,6 +336,50 @@ async def test_idempotent_batches_retried_are_stored_once_and_gaps_refused(
     assert values == [b"s0", b"s1", b"s2", b"s3", b"s4", b"s0", b"s0"]
 
 
+async def test_a_consumer_behind_the_end_is_served_without_an_end_lookup_per_fetch(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fetches behind the end known read on (the next chunk read ahead) without asking PD
+    and the replicas for the end again; one at the end looks it up."""
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, decode_batches, encode_producer_batch
+    from estream.kafka.shell import fetch
+    from estream.kafka.shell import gateway as shell
+
+    monkeypatch.setattr(fetch, "end_refresh_ms", 600_000)  # however slow the machine is
+    await asyncio.to_thread(create_topic, gateway, "behind", 1)
+    async with await estream.connect(gateway.pd) as client:
+        inproc = shell.Gateway(client, ("127.0.0.1", 0))
+        try:
+            batch = encode_producer_batch([KafkaRecord(T0, None, b"v%d" % i)
+                                           for i in range(30)])
+            assert await inproc._produce_partition("behind", 0, batch) == (ErrorCode.none, 0)
+            await inproc.close()  # the writer's CONFIRM: all 30 readable
+            lookups: list[str] = []
+            end_offset = client.end_offset
+
+            async def counted(name: str) -> int:
+                lookups.append(name)
+                return await end_offset(name)
+
+            monkeypatch.setattr(client, "end_offset", counted)
+            offset, seen = 0, []
+            while offset < 30:
+                error, high, _, data = await inproc._fetch_partition("behind", 0, offset, 200)
+                assert error == ErrorCode.none and high == 30 and data
+                records = [r for b in decode_batches(data) for r in b.records]
+                seen += [r.value for r in records]
+                offset += len(records)
+            assert seen == [b"v%d" % i for i in range(30)]
+            assert lookups == ["behind-0"]  # the first fetch only
+            assert (await inproc._fetch_partition("behind", 0, 30, 200))[:2] == (
+                ErrorCode.none, 30)
+            assert lookups == ["behind-0", "behind-0"]  # at the end: looked up again
+        finally:
+            await inproc.close()
+
+
 def _request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:
     head = struct.pack(">hhih", api_key, version, correlation, 4) + b"test"
     return struct.pack(">i", len(head) + len(body)) + head + body
