@@ -108,12 +108,9 @@ class Fetch:
         if ahead is not None:
             at, size, task = ahead
             if at == offset and size == max_bytes:
-                try:
-                    chunk = await asyncio.shield(task)
-                except (EstreamError, TimeoutError):
-                    chunk = (b"", 0)
-                if chunk[1]:
-                    return chunk
+                await asyncio.wait([task])  # (its failure or cancellation: read now)
+                if not task.cancelled() and task.exception() is None and task.result()[1]:
+                    return task.result()
             else:
                 task.cancel()
         return await self._read(name, state, offset, max_bytes)

@@ -168,10 +168,16 @@ class Produce:
         count = [len(left)]
 
         def finished(part: _Partition, _: object) -> None:
-            self._finish(part)
-            count[0] -= 1
-            if not count[0] and not done.done():
-                done.set_result(None)
+            waiting = next((p for p in part.appends if not p.done()), None)
+            if waiting is not None:  # (not expected: appends complete in offset order)
+                waiting.add_done_callback(functools.partial(finished, part))
+                return
+            try:
+                self._finish(part)
+            finally:
+                count[0] -= 1
+                if not count[0] and not done.done():
+                    done.set_result(None)
 
         for part in left:
             part.appends[-1].add_done_callback(functools.partial(finished, part))
@@ -225,7 +231,7 @@ class Produce:
     async def _settle(self, part: _Partition) -> None:
         """The batches taken before a sequence error: their producers' state once done
         (the partition's answer stays the error)."""
-        await asyncio.wait([part.appends[-1]])
+        await asyncio.wait(part.appends)
         error = part.error
         self._finish(part)
         part.answer(error)
