@@ -98,6 +98,8 @@ class Fetch:
                 state.ahead = (reached, max_bytes, task)
             return ErrorCode.none, end, start, data
         except (EstreamError, TimeoutError) as exc:
+            state.checked_ms = -1e18  # (deleted, trimmed, moved: the next fetch looks up)
+            _drop_ahead(state)
             return kp.error_code(exc), -1, -1, b""
 
     async def _chunk(self, name: str, state: _Partition, offset: int, max_bytes: int
