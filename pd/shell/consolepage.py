@@ -4,7 +4,8 @@ Vanilla JavaScript and CSS inline, no build step, nothing fetched from outside t
 (every request is to the same origin's JSON API; charts are inline SVG). The markup and
 style are here, the script in :mod:`pd.shell.consolescript`. What the page shows: a health
 banner, charts of the last hour (``GET /v1/samples``), PD nodes, range servers with drain,
-under-replicated and skipped ranges, streams (searched, paged) with their detail, cursors,
+under-replicated and skipped ranges, consumer groups with their members, offsets and lag
+(:mod:`pd.shell.consolegroups`), streams (searched, paged) with their detail, cursors,
 retention, trim, delete, a record browser, and create stream. Writes send the token typed
 in (``Authorization: Bearer``); destructive ones ask for confirmation first.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from pd.shell.consolegroups import GROUPS_HTML, GROUPS_SCRIPT
 from pd.shell.consolescript import CONSOLE_SCRIPT
 
 _PAGE_HEAD: Final = """<!doctype html>
@@ -68,7 +70,7 @@ _PAGE_HEAD: Final = """<!doctype html>
 <h2>Placement driver</h2><div id="cluster"></div>
 <h2>Range servers</h2><div id="servers"></div>
 <h2>Under-replicated ranges and repair</h2><div id="repair"></div>
-
+""" + GROUPS_HTML + """
 <h2>Streams</h2>
 <div class="form">
   <span>search (name prefix) <input id="stream-search" size="20"></span>
@@ -127,4 +129,4 @@ _PAGE_TAIL: Final = """</script>
 """
 
 
-CONSOLE_HTML: Final = _PAGE_HEAD + CONSOLE_SCRIPT + _PAGE_TAIL
+CONSOLE_HTML: Final = _PAGE_HEAD + CONSOLE_SCRIPT + GROUPS_SCRIPT + _PAGE_TAIL

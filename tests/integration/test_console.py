@@ -16,6 +16,7 @@ the drain outlook) are checked on their own for their bounds and refusals.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -234,6 +235,41 @@ async def test_console_as_an_operator_uses_it(cluster: Cluster, tmp_path: Path) 
     assert background == (255, 255, 255)
     assert len(colours) > 50 and background_pixels < 0.97 * image.width * image.height
     assert drawn_rows > 300, drawn_rows
+
+
+async def test_console_shows_consumer_groups_members_offsets_and_lag(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A real group (the SDK's ``subscribe``) in the console: listed, then opened with its
+    member, the stream it reads and its committed offset, end and lag."""
+    browser = require_tool("chromium", "chromium-browser", "google-chrome", package="chromium")
+    api(cluster, "/v1/streams", "POST", {"name": "grouped"})
+    await append(cluster, "grouped", [(b"r%d" % i, {}) for i in range(5)])
+    async with await estream.connect(cluster.pd_addresses) as client:
+        sub = client.subscribe("console-g", ["grouped"], heartbeat_s=0.2)
+        try:
+            seen = 0
+            async with asyncio.timeout(40):
+                async for _ in sub:
+                    seen += 1
+                    if seen == 2:
+                        await sub.commit()
+                        break
+            follower, _ = follower_http(cluster)
+            async with start_browser(browser, tmp_path / "profile") as page:
+                await page.goto(f"http://{follower}/ui")
+                await page.wait("!!document.querySelector('#groups-table [data-group="
+                                "\"console-g\"]')", "the group listed")
+                listed = [r for r in await rows(page, "groups-table") if r[0] == "console-g"]
+                assert listed == [["console-g", "Stable", "estream", "1"]]
+                await page.click('[data-group="console-g"]')
+                await page.wait("document.querySelectorAll('#group-offsets-table tr')"
+                                ".length === 2", "the group's offsets")
+                assert await rows(page, "group-offsets-table") == [["grouped", "2", "5", "3"]]
+                members = await rows(page, "group-members-table")
+                assert len(members) == 1 and members[0][3] == "grouped"
+                assert await page.text("#group-lag") == "3"
+        finally:
+            await sub.close()
 
 
 async def test_records_endpoint_bounds_and_refusals(cluster: Cluster) -> None:

@@ -287,8 +287,9 @@ async def test_the_gateway_holds_at_most_writers_max_partition_writers(
 
     from estream.kafka.records import KafkaRecord, encode_producer_batch
     from estream.kafka.shell import gateway as shell
+    from estream.kafka.shell import produce
 
-    monkeypatch.setattr(shell, "writers_max", 2)
+    monkeypatch.setattr(produce, "writers_max", 2)
     await asyncio.to_thread(create_topic, gateway, "lru", 3)
     batch = encode_producer_batch([KafkaRecord(T0, b"k", b"v")])
     async with await estream.connect(gateway.pd) as client:
@@ -348,6 +349,50 @@ def _brokers(gateway: Gateway) -> set[str]:
     admin_client = AdminClient({"bootstrap.servers": gateway.address})
     found = admin_client.list_topics("crash", timeout=WAIT_S)
     return {f"{b.host}:{b.port}" for b in found.brokers.values()}
+
+
+async def test_a_consumer_behind_the_end_is_served_without_an_end_lookup_per_fetch(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fetches behind the end known read on (the next chunk read ahead) without asking PD
+    and the replicas for the end again; one at the end looks it up."""
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, decode_batches, encode_producer_batch
+    from estream.kafka.shell import fetch
+    from estream.kafka.shell import gateway as shell
+
+    monkeypatch.setattr(fetch, "end_refresh_ms", 600_000)  # however slow the machine is
+    await asyncio.to_thread(create_topic, gateway, "behind", 1)
+    async with await estream.connect(gateway.pd) as client:
+        inproc = shell.Gateway(client, ("127.0.0.1", 0))
+        try:
+            batch = encode_producer_batch([KafkaRecord(T0, None, b"v%d" % i)
+                                           for i in range(30)])
+            assert await inproc._produce_partition("behind", 0, batch) == (ErrorCode.none, 0)
+            await inproc.close()  # the writer's CONFIRM: all 30 readable
+            lookups: list[str] = []
+            end_offset = client.end_offset
+
+            async def counted(name: str) -> int:
+                lookups.append(name)
+                return await end_offset(name)
+
+            monkeypatch.setattr(client, "end_offset", counted)
+            offset, seen = 0, []
+            while offset < 30:
+                error, high, _, data = await inproc._fetch_partition("behind", 0, offset, 200)
+                assert error == ErrorCode.none and high == 30 and data
+                records = [r for b in decode_batches(data) for r in b.records]
+                seen += [r.value for r in records]
+                offset += len(records)
+            assert seen == [b"v%d" % i for i in range(30)]
+            assert lookups == ["behind-0"]  # the first fetch only
+            assert (await inproc._fetch_partition("behind", 0, 30, 200))[:2] == (
+                ErrorCode.none, 30)
+            assert lookups == ["behind-0", "behind-0"]  # at the end: looked up again
+        finally:
+            await inproc.close()
 
 
 def _request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:

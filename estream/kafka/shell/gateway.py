@@ -1,8 +1,7 @@
 """The Kafka gateway's server: Kafka connections served through the SDK.
 
 One :class:`Gateway` per process holds one SDK :class:`~estream.sdk.client.Client`, a
-writer per partition it has produced to (opened on first use, under a lock so that it
-never fences itself, dropped when it fails) and the request counters. Each connection
+writer per partition it has produced to (``produce.py``) and the request counters. Each connection
 reads frames (:class:`~estream.kafka.protocol.FrameDecoder`), starts one task per request
 and answers them strictly in order (Kafka clients match answers by order), with at most
 :data:`requests_in_flight_max` requests in flight: past that it stops reading. A request
@@ -19,23 +18,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
-from estream.kafka.convert import estream_headers
-from estream.kafka.producers import ProducerTable
-from estream.kafka.records import KafkaBatch, decode_batches
 from estream.kafka.sasl import Session
 from estream.kafka.shell import auth
 from estream.kafka.shell.admin import TopicAdmin
+from estream.kafka.shell.fetch import Fetch, fetch_wait_ms_max
 from estream.kafka.shell.groups import REQUEST_CLIENT_ID, GroupApis
 from estream.kafka.shell.membership import Membership, now_ms
-from estream.kafka.shell.reads import Reads, fetch_wait_ms_max
+from estream.kafka.shell.produce import Produce
+from estream.kafka.shell.reads import Reads
 from estream.kafka.topics import (
     ack_count_for,
     check_partitions,
@@ -47,14 +44,11 @@ from estream.kafka.topics import (
 from estream.net.security import token_role
 from estream.sdk.client import Client
 from estream.sdk.groups import GroupClient
-from estream.sdk.writer import PendingAppend, Writer
 from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
     FrameTooLarge,
-    InvalidArgument,
     MalformedFrame,
-    StreamExists,
     StreamNotFound,
 )
 from estream.wire.roles import ALL_ROLES
@@ -63,21 +57,13 @@ log = logging.getLogger("estream.kafka")
 
 requests_in_flight_max: Final = 64  # per connection; reading pauses past it
 connections_max: Final = 1024  # open Kafka connections; one past it is closed at once
-writers_max: Final = 4096  # partition writers held open; past it the least recently used
-#   one is closed (it reopens, fencing nothing of its own, on its next produce)
 read_chunk_bytes: Final = 256 * 1024
-produce_timeout_ms_max: Final = 120_000
 NODE_ID: Final = 0
 CLUSTER_ID: Final = "estream"
 TOPIC_TYPE: Final = "kafka"  # the stream type CreateTopics gives partitions
-# InitProducerId: each producer id is a new epoch of this stream (Raft-committed in PD,
-# strictly increasing), so ids are unique across gateways and restarts.
-PRODUCER_IDS_STREAM: Final = "__kafka_producer_ids"
-_SEQUENCE_ERRORS: Final = {"out_of_order": ErrorCode.out_of_order_sequence_number,
-                           "fenced": ErrorCode.invalid_producer_epoch}
 
 
-class Gateway(Reads):
+class Gateway(Reads, Fetch, Produce):
     """Serves Kafka connections for the streams of one cluster."""
 
     def __init__(self, client: Client, advertise: tuple[str, int],
@@ -91,12 +77,10 @@ class Gateway(Reads):
         self.bytes_in = 0
         self.bytes_out = 0
         self.connections = 0
-        self._writers: OrderedDict[str, Writer] = OrderedDict()  # least recently used first
         self._locks: dict[str, asyncio.Lock] = {}  # per stream while its writer opens
         self._background: set[asyncio.Task[Any]] = set()
-        self._record_bytes: dict[str, int] = {}  # per stream: bytes per record last fetched
-        # Per stream with a writer here: its idempotent producers (dropped with the writer).
-        self._producers: dict[str, ProducerTable] = {}
+        self._init_produce()
+        self._init_fetch()
         self._handlers: dict[int, Callable[[Any, int], Awaitable[Any]]] = {
             kp.API_VERSIONS: self._api_versions,
             kp.METADATA: self._metadata,
@@ -341,147 +325,6 @@ class Gateway(Reads):
         leadership = self.membership.leadership
         return [nodes[leadership.leader(stream_name(topic, p))] for p in range(count)]
 
-    # -- Produce ------------------------------------------------------------------------
-
-    async def _writer(self, name: str) -> Writer:
-        writer = self._writers.get(name)
-        if writer is not None and not writer.closed:
-            self._writers.move_to_end(name)
-            return writer
-        async with self._locks.setdefault(name, asyncio.Lock()):
-            writer = self._writers.get(name)
-            if writer is None or writer.closed:
-                writer = await self.client.open_writer(name)
-                self._writers[name] = writer
-                self._producers[name] = ProducerTable()
-                while len(self._writers) > writers_max:
-                    oldest, idle = next(iter(self._writers.items()))
-                    self._drop_writer(oldest, idle)
-            return writer
-
-    def _drop_writer(self, name: str, writer: Writer) -> None:
-        if self._writers.get(name) is writer:
-            del self._writers[name]
-            self._producers.pop(name, None)
-            lock = self._locks.get(name)
-            if lock is not None and not lock.locked():
-                del self._locks[name]  # (a rare open racing it would fence, not lose)
-            self._spawn(writer.close())
-
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-    async def _produce_partition(self, topic: str, index: int, records: bytes | None
-                                 ) -> tuple[ErrorCode, int]:
-        name = stream_name(topic, index)
-        if not self.leads(name):  # another gateway leads it: clients refresh Metadata
-            return ErrorCode.not_leader_or_follower, -1
-        try:
-            if records is None:
-                raise MalformedFrame("a Produce partition without records")
-            batches = decode_batches(records)
-            writer = await self._writer(name)
-        except MalformedFrame:
-            return ErrorCode.corrupt_message, -1
-        except (EstreamError, TimeoutError) as exc:
-            return kp.error_code(exc), -1
-        # No await from here to the appends: an idempotent producer's batches are decided
-        # in the order they came.
-        table = self._producers.setdefault(name, ProducerTable())
-        now = int(time.time() * 1000)
-        first_offset: int | None = None
-        taken: list[tuple[KafkaBatch, list[PendingAppend]]] = []
-        for batch in batches:
-            count = len(batch.records)
-            if batch.producer_id >= 0:
-                decision = table.decide(batch.producer_id, batch.producer_epoch,
-                                        batch.base_sequence, count)
-                if decision.kind == "duplicate":
-                    first_offset = decision.offset if first_offset is None else first_offset
-                    continue
-                if decision.kind != "append":
-                    return _SEQUENCE_ERRORS[decision.kind], -1
-                table.appended(batch.producer_id, batch.producer_epoch, batch.base_sequence,
-                               count)
-            taken.append((batch, [
-                writer.append(r.value or b"", estream_headers(r),
-                              r.timestamp if r.timestamp >= 0 else now, key=r.key)
-                for r in batch.records]))
-        try:
-            for batch, pending in taken:
-                offsets = await asyncio.gather(*pending)
-                if batch.producer_id >= 0:
-                    table.stored(batch.producer_id, batch.base_sequence, offsets[0])
-                first_offset = offsets[0] if first_offset is None else first_offset
-        except (EstreamError, TimeoutError) as exc:
-            for batch, _ in taken:
-                table.failed(batch.producer_id)
-            if not isinstance(exc, InvalidArgument):
-                self._drop_writer(name, writer)
-            return kp.error_code(exc), -1
-        return ErrorCode.none, -1 if first_offset is None else first_offset
-
-    async def _produce(self, request: Any, version: int) -> Any:
-        timeout_s = min(max(request.timeout.total_seconds(), 0.001),
-                        produce_timeout_ms_max / 1000)
-        jobs: list[tuple[str, int, asyncio.Task[tuple[ErrorCode, int]]]] = []
-        for topic in request.topic_data:
-            for part in topic.partition_data:
-                jobs.append((topic.name, part.index, asyncio.ensure_future(
-                    self._produce_partition(topic.name, part.index, part.records))))
-        if request.acks == 0:
-            for _, _, task in jobs:
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            return None
-        done, _ = await asyncio.wait([t for _, _, t in jobs], timeout=timeout_s)
-        schema = kp.response_schema(kp.PRODUCE, version)
-        topic_cls = kp.nested(schema, "TopicProduceResponse")
-        part_cls = kp.nested(schema, "PartitionProduceResponse")
-        by_topic: dict[str, list[Any]] = {}
-        for topic_name, index, task in jobs:
-            error, base = task.result() if task in done else (ErrorCode.request_timed_out, -1)
-            by_topic.setdefault(topic_name, []).append(kp.build(
-                part_cls, index=index, error_code=error, base_offset=base,
-                log_append_time=-1, log_start_offset=-1, record_errors=(),
-                error_message=None))
-        return kp.build(schema, throttle_time=0, responses=tuple(
-            kp.build(topic_cls, name=t, partition_responses=tuple(p))
-            for t, p in by_topic.items()))
-
-    # -- Fetch --------------------------------------------------------------------------
-
-    async def _init_producer_id(self, request: Any, version: int) -> Any:
-        schema = kp.response_schema(kp.INIT_PRODUCER_ID, version)
-        if request.transactional_id is not None:
-            return kp.build(schema, throttle_time=0, producer_id=-1, producer_epoch=-1,
-                            error_code=ErrorCode.transactional_id_authorization_failed)
-        known = int(getattr(request, "producer_id", -1))
-        epoch = int(getattr(request, "producer_epoch", -1))
-        if known >= 0 and 0 <= epoch < 32767:  # a producer bumping its epoch
-            return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
-                            producer_id=known, producer_epoch=epoch + 1)
-        try:
-            producer_id = await self._new_producer_id()
-        except (EstreamError, TimeoutError) as exc:
-            return kp.build(schema, throttle_time=0, producer_id=-1, producer_epoch=-1,
-                            error_code=kp.error_code(exc))
-        return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
-                        producer_id=producer_id, producer_epoch=0)
-
-    async def _new_producer_id(self) -> int:
-        """A producer id no gateway gave before: the epoch of a new writer of
-        :data:`PRODUCER_IDS_STREAM` (created on first use)."""
-        async with self._locks.setdefault(PRODUCER_IDS_STREAM, asyncio.Lock()):
-            with contextlib.suppress(StreamExists):
-                await self.client.create_stream(PRODUCER_IDS_STREAM, exist_ok=True)
-            writer = await self.client.open_writer(PRODUCER_IDS_STREAM)
-            self._spawn(writer.close())
-            return int(writer.epoch)
-
     # -- CreateTopics, DeleteTopics -----------------------------------------------------
 
     async def _create_topic(self, topic: Any, validate_only: bool) -> tuple[ErrorCode, str]:
@@ -554,10 +397,7 @@ class Gateway(Reads):
         return kp.build(schema, throttle_time=0, responses=tuple(results))
 
     async def close(self) -> None:
-        for writer in list(self._writers.values()):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.close(), 10)
-        self._writers.clear()
+        await self._close_writers()
         if self.membership is not None:  # its partitions move now, not after the TTL
             await self.membership.leave()
         for task in list(self._background):

@@ -1,18 +1,59 @@
 """The gateway's ``--http`` endpoints: ``/healthz`` (200 while serving) and ``/metrics``
-(Prometheus text: requests by API and error, bytes, connections).
+(Prometheus text: requests by API and error, bytes, connections, and each consumer
+group's lag per partition: ``estream/kafka/grouplag.py``, asked of PD at a scrape at most
+every ``lag_refresh_ms_min``; a failed or slow refresh keeps the last figures).
 
-Side effects: the HTTP listening socket.
+Side effects: the HTTP listening socket; PD calls for the lag at scrapes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Final
 
 from aiohttp import web
 
+from estream.kafka.grouplag import Lag, group_lags, groups_to_describe, lag_refresh_ms_min
 from estream.kafka.shell.gateway import Gateway
+from estream.sdk.groups import GroupClient
 from estream.server.metrics import FamiliesCollector, metrics_response, new_registry
+from estream.wire.errors import EstreamError
+
+log = logging.getLogger("estream.kafka")
+
+lag_refresh_timeout_ms: Final = 5_000  # a scrape waits at most this for the groups' lag
+
+
+@dataclass(slots=True)
+class GroupLags:
+    """The last lag figures asked of PD, and when."""
+
+    lags: list[Lag] = field(default_factory=list)
+    groups_omitted: int = 0
+    series_omitted: int = 0
+    checked_ms: float = -1e18
+
+    async def refresh(self, groups: GroupClient) -> None:
+        """Ask PD again unless the figures are younger than ``lag_refresh_ms_min``."""
+        now_ms = asyncio.get_running_loop().time() * 1000
+        if now_ms - self.checked_ms < lag_refresh_ms_min:
+            return
+        self.checked_ms = now_ms
+        try:
+            async with asyncio.timeout(lag_refresh_timeout_ms / 1000):
+                names, self.groups_omitted = groups_to_describe(await groups.list_groups())
+                described = await asyncio.gather(
+                    *(groups.describe(name, lag=True) for name in names),
+                    return_exceptions=True)
+        except (EstreamError, TimeoutError) as exc:
+            log.info("group lag not refreshed: %s", exc)
+            return
+        self.lags, self.series_omitted = group_lags(
+            [d for d in described if isinstance(d, dict)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +71,7 @@ class Family:
     samples: tuple[Sample, ...]
 
 
-def families(gateway: Gateway) -> Iterator[Family]:
+def families(gateway: Gateway, lags: GroupLags | None = None) -> Iterator[Family]:
     """The gateway's metric families, measured now."""
     yield Family("estream_kafka_requests", "counter", "Kafka requests answered, by API and "
                  "error code", tuple(
@@ -41,16 +82,30 @@ def families(gateway: Gateway) -> Iterator[Family]:
                                  Sample("_total", (("direction", "out"),), gateway.bytes_out)))
     yield Family("estream_kafka_connections", "gauge", "Open Kafka connections",
                  (Sample("", (), float(gateway.connections)),))
+    if lags is not None:
+        yield Family("estream_kafka_group_lag", "gauge", "Records between a consumer "
+                     "group's committed offset and the partition's readable end", tuple(
+                         Sample("", (("group", lag.group), ("topic", lag.topic),
+                                     ("partition", str(lag.partition))), float(lag.lag))
+                         for lag in lags.lags))
+        yield Family("estream_kafka_group_lag_omitted", "gauge", "Groups not described and "
+                     "group-partition series not shown (past the bounds)", (
+                         Sample("", (("what", "groups"),), float(lags.groups_omitted)),
+                         Sample("", (("what", "series"),), float(lags.series_omitted))))
 
 
 def build_app(gateway: Gateway) -> web.Application:
     registry = new_registry()
-    registry.register(FamiliesCollector(lambda: families(gateway)))
+    lags = GroupLags()
+    groups = GroupClient(gateway.client.pd)
+    registry.register(FamiliesCollector(lambda: families(gateway, lags)))
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def metrics(_: web.Request) -> web.Response:
+        with contextlib.suppress(Exception):  # the other metrics are served whatever
+            await lags.refresh(groups)
         return metrics_response(registry)
 
     app = web.Application()

@@ -1,0 +1,203 @@
+"""The Kafka gateway's Fetch: a long poll over the partitions asked, each read through the
+SDK's reader (so the object tier is transparent). A mixin of
+:class:`~estream.kafka.shell.gateway.Gateway`.
+
+What a consumer's fetches cost, and what this module keeps from one to the next (one
+:class:`_Partition` per stream fetched, the least recently used dropped past
+:data:`fetch_partitions_max`): the stream's end and start, looked up (PD, then the last
+range's replicas) only when a fetch reaches the end known, or once they are
+:data:`end_refresh_ms` old; the bytes per record, to size the next read; and a read-ahead,
+the next chunk read while the client takes this one (at most :data:`read_ahead_bytes_max`
+per partition), used when the next fetch asks for that offset.
+
+Side effects: the SDK's reads; the loop's clock (the age of an end looked up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from estream.kafka import protocol as kp
+from estream.kafka.convert import fetch_batch
+from estream.kafka.topics import stream_name
+from estream.sdk.client import Client
+from estream.wire.errors import EstreamError
+
+fetch_wait_ms_max: Final = 30_000  # the longest long poll held, whatever max_wait_ms says
+record_bytes_guess: Final = 256  # a stream's record size before its first fetch
+end_refresh_ms: Final = 1_000  # a high watermark answered behind the end is at most this old
+read_ahead_bytes_max: Final = 4 * 1024 * 1024  # per partition; a fetch asking more: none
+fetch_partitions_max: Final = 4096  # partitions whose state is kept; past it the least
+#   recently fetched is forgotten (its next fetch looks its end up again)
+
+_Chunk = tuple[bytes, int]  # Kafka batches, records in them
+
+
+@dataclass(slots=True)
+class _Partition:
+    """What the gateway keeps of one fetched stream between fetches."""
+
+    end: int = 0  # the readable end last known (a lower bound of the current one)
+    start: int = 0
+    checked_ms: float = -1e18  # the loop's time of the last lookup of both
+    record_bytes: int = record_bytes_guess
+    ahead: tuple[int, int, asyncio.Task[_Chunk]] | None = None  # offset, max bytes, read
+
+
+class Fetch:
+    """Fetch over ``client``."""
+
+    client: Client
+    _background: set[asyncio.Task[Any]]
+
+    def _init_fetch(self) -> None:
+        self._fetched: OrderedDict[str, _Partition] = OrderedDict()
+
+    def _fetch_state(self, name: str) -> _Partition:
+        state = self._fetched.get(name)
+        if state is None:
+            state = self._fetched[name] = _Partition()
+            while len(self._fetched) > fetch_partitions_max:
+                _, old = self._fetched.popitem(last=False)
+                _drop_ahead(old)
+        else:
+            self._fetched.move_to_end(name)
+        return state
+
+    async def _fetch_partition(self, topic: str, index: int, offset: int, max_bytes: int
+                               ) -> tuple[ErrorCode, int, int, bytes]:
+        """(error, high watermark, log start, record batches) of one partition now."""
+        name = stream_name(topic, index)
+        state = self._fetch_state(name)
+        now_ms = asyncio.get_running_loop().time() * 1000
+        try:
+            if (offset >= state.end or offset < state.start
+                    or now_ms - state.checked_ms > end_refresh_ms):
+                state.end = await self.client.end_offset(name)
+                state.start = (await self.client.stream_meta(name)).start_offset
+                state.checked_ms = now_ms
+            end, start = state.end, state.start
+            if offset < start or offset > end:
+                _drop_ahead(state)
+                return ErrorCode.offset_out_of_range, end, start, b""
+            if offset == end:
+                return ErrorCode.none, end, start, b""
+            data, records = await self._chunk(name, state, offset, max_bytes)
+            reached = offset + records
+            if reached < state.end and max_bytes <= read_ahead_bytes_max:
+                task = asyncio.ensure_future(self._read(name, state, reached, max_bytes))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                state.ahead = (reached, max_bytes, task)
+            return ErrorCode.none, end, start, data
+        except (EstreamError, TimeoutError) as exc:
+            state.checked_ms = -1e18  # (deleted, trimmed, moved: the next fetch looks up)
+            _drop_ahead(state)
+            return kp.error_code(exc), -1, -1, b""
+
+    async def _chunk(self, name: str, state: _Partition, offset: int, max_bytes: int
+                     ) -> _Chunk:
+        """The batches from ``offset``: the read-ahead's when it read that offset for a
+        fetch as large, else read now."""
+        ahead, state.ahead = state.ahead, None
+        if ahead is not None:
+            at, size, task = ahead
+            if at == offset and size == max_bytes:
+                await asyncio.wait([task])  # (its failure or cancellation: read now)
+                if not task.cancelled() and task.exception() is None and task.result()[1]:
+                    return task.result()
+            else:
+                task.cancel()
+        return await self._read(name, state, offset, max_bytes)
+
+    async def _read(self, name: str, state: _Partition, offset: int, max_bytes: int
+                    ) -> _Chunk:
+        """About ``max_bytes`` of batches from ``offset`` below the end known (the reader
+        asks for whole answers: reading to the end would read past what is answered)."""
+        stop = min(state.end, offset + max(1, max_bytes // max(1, state.record_bytes)))
+        parts: list[bytes] = []
+        size = records = 0
+        async for columns in self.client.read_batches(name, offset, stop):
+            part = fetch_batch(columns)
+            parts.append(part)
+            size += len(part)
+            records += columns.count
+            if size >= max_bytes:
+                break
+        if records:
+            state.record_bytes = max(1, size // records)
+        return b"".join(parts), records
+
+    async def _fetch(self, request: Any, version: int) -> Any:
+        loop = asyncio.get_running_loop()
+        wait_s = min(max(request.max_wait.total_seconds(), 0.0), fetch_wait_ms_max / 1000)
+        deadline = loop.time() + wait_s
+        asked = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+                 for t in request.topics for p in t.partitions]
+        while True:
+            results = await asyncio.gather(*(
+                self._fetch_partition(topic, index, offset, max(1, limit))
+                for topic, index, offset, limit in asked))
+            total = sum(len(r[3]) for r in results)
+            remaining = deadline - loop.time()
+            if total >= max(1, request.min_bytes) or remaining <= 0 or not asked:
+                break
+            waits = [(topic, index, offset) for (topic, index, offset, _), r in
+                     zip(asked, results, strict=True) if r[0] == ErrorCode.none]
+            if not waits:
+                break
+            await self._wait_for_records(waits, remaining)
+        return self._fetch_response(version, asked, results, request.max_bytes)
+
+    def _fetch_response(self, version: int, asked: list[tuple[str, int, int, int]],
+                        results: list[tuple[ErrorCode, int, int, bytes]],
+                        max_bytes: int) -> Any:
+        schema = kp.response_schema(kp.FETCH, version)
+        topic_cls = kp.nested(schema, "FetchableTopicResponse")
+        part_cls = kp.nested(schema, "PartitionData")
+        by_topic: dict[str, list[Any]] = {}
+        budget = max(1, max_bytes)
+        for (topic, index, _, _), (error, high, start, data) in zip(asked, results,
+                                                                     strict=True):
+            if budget <= 0:
+                data = b""  # the first partition's data goes whatever its size
+            budget -= len(data)
+            by_topic.setdefault(topic, []).append(kp.build(
+                part_cls, partition_index=index, error_code=error, high_watermark=high,
+                last_stable_offset=high, log_start_offset=start, aborted_transactions=(),
+                preferred_read_replica=-1, records=data))
+        return kp.build(schema, throttle_time=0, error_code=ErrorCode.none, session_id=0,
+                        responses=tuple(kp.build(topic_cls, topic=t, partitions=tuple(p))
+                                        for t, p in by_topic.items()))
+
+    async def _wait_for_records(self, waits: list[tuple[str, int, int]], timeout_s: float
+                                ) -> None:
+        """Until one of the partitions has a record at or past its offset, or the time."""
+
+        async def first(name: str, offset: int) -> None:
+            batches: AsyncIterator[Any] = self.client.read_batches(name, offset, follow=True)
+            try:
+                await anext(batches)
+            finally:
+                await batches.aclose()  # type: ignore[attr-defined]
+
+        tasks = [asyncio.ensure_future(first(stream_name(t, p), o)) for t, p, o in waits]
+        try:
+            await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _drop_ahead(state: _Partition) -> None:
+    if state.ahead is not None:
+        state.ahead[2].cancel()
+        state.ahead = None

@@ -1,0 +1,316 @@
+"""The Kafka gateway's Produce and InitProducerId: Kafka batches onto partition writers.
+
+A mixin of :class:`~estream.kafka.shell.gateway.Gateway`. One SDK writer per partition
+(opened on first use under a lock, so that it never fences itself; dropped when it fails;
+the least recently used closed past :data:`writers_max`). A request's partitions are
+decoded and their missing writers opened first; then every record of every partition is
+submitted in one pass with no await, so the SDK's append sender carries what the request
+adds to each range server as one APPEND_MANY (not one APPEND per partition and replica).
+Each partition's answer is taken from a callback on its last append (a writer completes
+its appends in offset order): no task, no gather per partition.
+
+Side effects: the SDK's writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from estream.kafka import protocol as kp
+from estream.kafka.convert import estream_headers
+from estream.kafka.producers import ProducerTable
+from estream.kafka.records import KafkaBatch, decode_batches
+from estream.kafka.topics import stream_name
+from estream.sdk.client import Client
+from estream.sdk.writer import PendingAppend, Writer
+from estream.wire.errors import EstreamError, InvalidArgument, MalformedFrame, StreamExists
+
+writers_max: Final = 4096  # partition writers held open; past it the least recently used
+#   one is closed (it reopens, fencing nothing of its own, on its next produce)
+produce_timeout_ms_max: Final = 120_000
+# InitProducerId: each producer id is a new epoch of this stream (Raft-committed in PD,
+# strictly increasing), so ids are unique across gateways and restarts.
+PRODUCER_IDS_STREAM: Final = "__kafka_producer_ids"
+_SEQUENCE_ERRORS: Final = {"out_of_order": ErrorCode.out_of_order_sequence_number,
+                           "fenced": ErrorCode.invalid_producer_epoch}
+
+
+@dataclass(slots=True)
+class _Partition:
+    """One partition of a Produce request, from its records to its answer."""
+
+    topic: str
+    index: int
+    name: str
+    batches: list[KafkaBatch] = field(default_factory=list)
+    writer: Writer | None = None
+    answered: bool = False
+    error: ErrorCode = ErrorCode.none
+    base: int = -1  # the answer's: the first record's offset
+    duplicate: int | None = None  # the offset of a first batch already stored (or -1)
+    taken: list[tuple[KafkaBatch, PendingAppend]] = field(default_factory=list)  # (, its
+    #   first record's append)
+    appends: list[PendingAppend] = field(default_factory=list)  # every record's, in order
+
+    def answer(self, error: ErrorCode, base: int = -1) -> None:
+        self.error, self.base, self.answered = error, base, True
+
+
+class Produce:
+    """Produce and InitProducerId over ``client``'s writers."""
+
+    client: Client
+    _locks: dict[str, asyncio.Lock]
+    _background: set[asyncio.Task[Any]]
+    leads: Callable[[str], bool]  # whether this gateway leads the partition's stream
+
+    def _init_produce(self) -> None:
+        self._writers: OrderedDict[str, Writer] = OrderedDict()  # least recently used first
+        # Per stream with a writer here: its idempotent producers (dropped with the writer).
+        self._producers: dict[str, ProducerTable] = {}
+
+    # -- writers --------------------------------------------------------------------------
+
+    async def _writer(self, name: str) -> Writer:
+        writer = self._writers.get(name)
+        if writer is not None and not writer.closed:
+            self._writers.move_to_end(name)
+            return writer
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            writer = self._writers.get(name)
+            if writer is None or writer.closed:
+                writer = await self.client.open_writer(name)
+                self._writers[name] = writer
+                while len(self._writers) > writers_max:
+                    oldest, idle = next(iter(self._writers.items()))
+                    self._drop_writer(oldest, idle)
+            return writer
+
+    def _drop_writer(self, name: str, writer: Writer) -> None:
+        if self._writers.get(name) is writer:
+            del self._writers[name]
+            self._producers.pop(name, None)
+            lock = self._locks.get(name)
+            if lock is not None and not lock.locked():
+                del self._locks[name]  # (a rare open racing it would fence, not lose)
+            self._spawn(writer.close())
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _close_writers(self) -> None:
+        for writer in list(self._writers.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.close(), 10)
+        self._writers.clear()
+
+    # -- Produce --------------------------------------------------------------------------
+
+    async def _produce(self, request: Any, version: int) -> Any:
+        timeout_s = min(max(request.timeout.total_seconds(), 0.001),
+                        produce_timeout_ms_max / 1000)
+        parts = [_decoded(topic.name, part.index, part.records)
+                 for topic in request.topic_data for part in topic.partition_data]
+        work = asyncio.ensure_future(self._append_all(parts))
+        if request.acks == 0:
+            self._background.add(work)
+            work.add_done_callback(self._background.discard)
+            return None
+        await asyncio.wait([work], timeout=timeout_s)
+        schema = kp.response_schema(kp.PRODUCE, version)
+        topic_cls = kp.nested(schema, "TopicProduceResponse")
+        part_cls = kp.nested(schema, "PartitionProduceResponse")
+        by_topic: dict[str, list[Any]] = {}
+        for part in parts:
+            error, base = (part.error, part.base) if part.answered else (
+                ErrorCode.request_timed_out, -1)
+            by_topic.setdefault(part.topic, []).append(kp.build(
+                part_cls, index=part.index, error_code=error, base_offset=base,
+                log_append_time=-1, log_start_offset=-1, record_errors=(),
+                error_message=None))
+        return kp.build(schema, throttle_time=0, responses=tuple(
+            kp.build(topic_cls, name=t, partition_responses=tuple(p))
+            for t, p in by_topic.items()))
+
+    async def _produce_partition(self, topic: str, index: int, records: bytes | None
+                                 ) -> tuple[ErrorCode, int]:
+        """One partition's records as a Produce request alone: (error, base offset)."""
+        part = _decoded(topic, index, records)
+        await self._append_all([part])
+        return part.error, part.base
+
+    async def _append_all(self, parts: list[_Partition]) -> None:
+        """Open the writers missing, submit every partition's records in one pass (no
+        await: one APPEND_MANY per range server, and an idempotent producer's batches
+        decided in the order they came), then wait until every partition is answered. A
+        partition another gateway leads is answered NOT_LEADER_OR_FOLLOWER, nothing stored
+        (clients refresh Metadata)."""
+        for part in parts:
+            if not part.answered and not self.leads(part.name):
+                part.answer(ErrorCode.not_leader_or_follower)
+        missing = [p for p in parts if not p.answered and not self._open_writer(p)]
+        if missing:
+            await asyncio.gather(*(self._open(p) for p in missing))
+        now = int(time.time() * 1000)
+        for part in parts:
+            if not part.answered and part.writer is not None:
+                self._submit(part, now)
+        left = [p for p in parts if not p.answered]
+        if not left:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        count = [len(left)]
+
+        def finished(part: _Partition, _: object) -> None:
+            waiting = next((p for p in part.appends if not p.done()), None)
+            if waiting is not None:  # (not expected: appends complete in offset order)
+                waiting.add_done_callback(functools.partial(finished, part))
+                return
+            try:
+                self._finish(part)
+            finally:
+                count[0] -= 1
+                if not count[0] and not done.done():
+                    done.set_result(None)
+
+        for part in left:
+            part.appends[-1].add_done_callback(functools.partial(finished, part))
+        await done
+
+    def _open_writer(self, part: _Partition) -> bool:
+        """Whether ``part``'s writer is open already (then it is set)."""
+        writer = self._writers.get(part.name)
+        if writer is None or writer.closed:
+            return False
+        self._writers.move_to_end(part.name)
+        part.writer = writer
+        return True
+
+    async def _open(self, part: _Partition) -> None:
+        try:
+            part.writer = await self._writer(part.name)
+        except (EstreamError, TimeoutError) as exc:
+            part.answer(kp.error_code(exc))
+
+    def _submit(self, part: _Partition, now: int) -> None:
+        """Every batch of ``part`` to its writer (a duplicate answered, a sequence error
+        ends the partition: its earlier batches stay submitted, as Kafka's)."""
+        writer = part.writer
+        assert writer is not None
+        table = self._producers.setdefault(part.name, ProducerTable())
+        for batch in part.batches:
+            count = len(batch.records)
+            if batch.producer_id >= 0:
+                decision = table.decide(batch.producer_id, batch.producer_epoch,
+                                        batch.base_sequence, count)
+                if decision.kind == "duplicate":
+                    if part.duplicate is None and not part.taken:
+                        part.duplicate = decision.offset
+                    continue
+                if decision.kind != "append":
+                    part.answer(_SEQUENCE_ERRORS[decision.kind])
+                    break
+                table.appended(batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                               count)
+            appends = [writer.append(r.value or b"", estream_headers(r),
+                                     r.timestamp if r.timestamp >= 0 else now, key=r.key)
+                       for r in batch.records]
+            part.taken.append((batch, appends[0]))
+            part.appends += appends
+        if not part.answered and not part.appends:  # duplicates only
+            part.answer(ErrorCode.none, -1 if part.duplicate is None else part.duplicate)
+        elif part.answered and part.appends:
+            self._spawn(self._settle(part))
+
+    async def _settle(self, part: _Partition) -> None:
+        """The batches taken before a sequence error: their producers' state once done
+        (the partition's answer stays the error)."""
+        await asyncio.wait(part.appends)
+        error = part.error
+        self._finish(part)
+        part.answer(error)
+
+    def _finish(self, part: _Partition) -> None:
+        """``part``'s answer once its last append is done (so are the others)."""
+        table = self._producers.get(part.name)
+        if table is None:  # the writer was dropped meanwhile: its producers with it
+            table = ProducerTable()
+        error: BaseException | None = None
+        for pending in part.appends:
+            if pending.cancelled():
+                error = error or TimeoutError()
+            elif pending.exception() is not None:  # (every one retrieved: none logged)
+                error = error or pending.exception()
+        if error is not None:
+            for batch, _ in part.taken:
+                table.failed(batch.producer_id)
+            writer = part.writer
+            if writer is not None and not isinstance(error, InvalidArgument):
+                self._drop_writer(part.name, writer)
+            part.answer(kp.error_code(error) if isinstance(error, EstreamError | TimeoutError)
+                        else ErrorCode.unknown_server_error)
+            return
+        first_offset = part.duplicate
+        for batch, first in part.taken:
+            offset = first.result()
+            if batch.producer_id >= 0:
+                table.stored(batch.producer_id, batch.base_sequence, offset)
+            first_offset = offset if first_offset is None else first_offset
+        part.answer(ErrorCode.none, -1 if first_offset is None else first_offset)
+
+    # -- InitProducerId -------------------------------------------------------------------
+
+    async def _init_producer_id(self, request: Any, version: int) -> Any:
+        schema = kp.response_schema(kp.INIT_PRODUCER_ID, version)
+        if request.transactional_id is not None:
+            return kp.build(schema, throttle_time=0, producer_id=-1, producer_epoch=-1,
+                            error_code=ErrorCode.transactional_id_authorization_failed)
+        known = int(getattr(request, "producer_id", -1))
+        epoch = int(getattr(request, "producer_epoch", -1))
+        if known >= 0 and 0 <= epoch < 32767:  # a producer bumping its epoch
+            return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
+                            producer_id=known, producer_epoch=epoch + 1)
+        try:
+            producer_id = await self._new_producer_id()
+        except (EstreamError, TimeoutError) as exc:
+            return kp.build(schema, throttle_time=0, producer_id=-1, producer_epoch=-1,
+                            error_code=kp.error_code(exc))
+        return kp.build(schema, throttle_time=0, error_code=ErrorCode.none,
+                        producer_id=producer_id, producer_epoch=0)
+
+    async def _new_producer_id(self) -> int:
+        """A producer id no gateway gave before: the epoch of a new writer of
+        :data:`PRODUCER_IDS_STREAM` (created on first use)."""
+        async with self._locks.setdefault(PRODUCER_IDS_STREAM, asyncio.Lock()):
+            with contextlib.suppress(StreamExists):
+                await self.client.create_stream(PRODUCER_IDS_STREAM, exist_ok=True)
+            writer = await self.client.open_writer(PRODUCER_IDS_STREAM)
+            self._spawn(writer.close())
+            return int(writer.epoch)
+
+
+def _decoded(topic: str, index: int, records: bytes | None) -> _Partition:
+    """A request's partition with its batches decoded (answered CORRUPT_MESSAGE or the
+    batch's error when they do not decode)."""
+    part = _Partition(topic, index, stream_name(topic, index))
+    try:
+        if records is None:
+            raise MalformedFrame("a Produce partition without records")
+        part.batches = decode_batches(records)
+    except MalformedFrame:
+        part.answer(ErrorCode.corrupt_message)
+    except EstreamError as exc:
+        part.answer(kp.error_code(exc))
+    return part
