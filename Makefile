@@ -67,7 +67,7 @@ bench-quick: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check estream pd rangeserver tests benchmarks examples
 
-typecheck: $(STAMP)
+typecheck: $(SPARK_STAMP)  # mypy reads estream/spark, which imports pyspark
 	$(BIN)/mypy
 
 clean:
