@@ -47,7 +47,7 @@ from rangeserver.shell.cli import tune_gc
 
 RECORD = b"x" * 1024
 INFLIGHT = 256
-IDLE_OPENS_INFLIGHT = 32  # each idle client's opens at once (10 clients: 320 in all)
+IDLE_OPENS_INFLIGHT = 16  # each idle client's opens at once (10 clients: 160 in all)
 PHASE_S_MAX = 1800.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
