@@ -47,6 +47,7 @@ from rangeserver.shell.cli import tune_gc
 
 RECORD = b"x" * 1024
 INFLIGHT = 256
+IDLE_OPENS_INFLIGHT = 16  # each idle client's opens at once (10 clients: 160 in all)
 PHASE_S_MAX = 1800.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -211,8 +212,8 @@ async def ranges(client: estream.Client, count: int, build: str = "sessions") ->
 def _idle_child(pd: str, prefix: str, writers: int, hold_s: float) -> None:
     async def run() -> None:
         async with await estream.connect(pd) as client:
-            opened = await _bounded(client.open_writer(f"{prefix}-{i}")
-                                    for i in range(writers))
+            opened = await _bounded((client.open_writer(f"{prefix}-{i}")
+                                     for i in range(writers)), IDLE_OPENS_INFLIGHT)
             print("open", flush=True)
             await asyncio.sleep(hold_s)
             await _bounded(w.close() for w in opened)

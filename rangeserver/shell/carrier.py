@@ -42,6 +42,7 @@ class Carrier:
         self.store = store
         self._seen: dict[Key, ReplicaState] = {}  # the states of the last round
         self.carried = 0  # replicas carried since start
+        self.carried_bytes = 0  # their batches' bytes written again at the log's head
 
     async def round(self) -> int:
         """One round; returns how many replicas were carried."""
@@ -117,6 +118,7 @@ class Carrier:
                 store.dropped.append(Span(old.first, at.segment))
         if failed:  # the log cut those groups back: nothing of them was done
             raise failed[0]
+        self.carried_bytes += sum(len(r) for w in written for r in w[3])
         return len(written)
 
 

@@ -242,9 +242,10 @@ async def serve(args: argparse.Namespace) -> int:
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
     server.rpc.tokens = security.token_roles
+    carrier = Carrier(store)
     metrics: RangeServerMetrics | None = None
     if args.http is not None:
-        metrics = RangeServerMetrics(store, server.rpc, data_dir=str(data_dir))
+        metrics = RangeServerMetrics(store, server.rpc, data_dir=str(data_dir), carrier=carrier)
         metrics.instrument()
     host, port = args.listen
     bound = await server.start(host, port)
@@ -279,7 +280,7 @@ async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.ensure_future(_checkpoints(store))]
+    tasks = [asyncio.ensure_future(_checkpoints(store, carrier))]
     if args.pd:
         from rangeserver.shell.heartbeat import heartbeat_loop
 
@@ -305,10 +306,9 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _checkpoints(store: Store) -> None:
+async def _checkpoints(store: Store, carrier: Carrier) -> None:
     """Every ``checkpoint_interval_s``: carry long-lived replicas forward in the log
     (``rangeserver/shell/carrier.py``), then checkpoint (which deletes what is freed)."""
-    carrier = Carrier(store)
     while True:
         await asyncio.sleep(checkpoint_interval_s)
         try:

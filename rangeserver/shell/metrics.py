@@ -28,6 +28,7 @@ from estream.server.metrics import FamiliesCollector, new_registry
 from estream.wire.appendmany import RESULTS_FIELD, SIZES_FIELD
 from estream.wire.errors import ErrorCode, EstreamError
 from estream.wire.protocol import Opcode
+from rangeserver.shell.carrier import Carrier
 from rangeserver.shell.exhaustion import RESOURCES
 from rangeserver.shell.store import Store
 
@@ -66,8 +67,10 @@ class RangeServerMetrics:
     """The range server's metrics on their own registry (see the module docstring)."""
 
     def __init__(self, store: Store, rpc: RpcServer, *, data_dir: str,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None,
+                 carrier: Carrier | None = None) -> None:
         self.store = store
+        self.carrier = carrier
         self.rpc = rpc
         self.data_dir = data_dir
         self.registry = registry if registry is not None else new_registry()
@@ -245,10 +248,21 @@ class RangeServerMetrics:
                                "resource": {r: float(wal.exhausted == r) for r in RESOURCES}})
         yield counter_family("estream_rangeserver_storage_exhaustions_total", "Times the log "
                              "ran out of disk or descriptors and cut back.", wal.exhaustions)
+        load = self.store.load()
         yield gauge_family("estream_rangeserver_disk_above_watermark", "1 while the data "
                            "directory's disk is above the watermark (new replicas go "
-                           "elsewhere first).",
-                           float(bool(self.store.load().get("above_watermark"))))
+                           "elsewhere first).", float(bool(load.get("above_watermark"))))
+        yield gauge_family("estream_rangeserver_append_delay_seconds", "How much later an "
+                           "append is answered while the disk is above the watermark "
+                           "(rangeserver/pacing.py; 0 below it).",
+                           int(load.get("append_delay_ms", 0)) / 1000)
+        if self.carrier is not None:
+            yield counter_family("estream_rangeserver_carried_replicas_total", "Long-lived "
+                                 "replicas carried forward to the log's head, so that the "
+                                 "old segments they pinned can go.", self.carrier.carried)
+            yield counter_family("estream_rangeserver_carried_bytes_total", "Batch bytes "
+                                 "written again at the log's head by those carries.",
+                                 self.carrier.carried_bytes)
         try:
             stat = os.statvfs(self.data_dir)
             free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize

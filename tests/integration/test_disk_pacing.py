@@ -13,10 +13,12 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.wire.meta import ServerInfo
 from rangeserver import pacing
+from tests.integration.test_metrics import http_url, promtool, promtool_check, scrape
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(pd_nodes=1, range_servers=3,
-                                  rangeserver_args=["--disk-watermark-percent", "1"])]
+                                  rangeserver_args=["--disk-watermark-percent", "1",
+                                                    "--http", "127.0.0.1:0"])]
 
 
 async def paced_servers(client: estream.Client) -> list[ServerInfo]:
@@ -36,6 +38,15 @@ async def test_appends_above_the_watermark_are_slowed_and_none_fails(cluster: Cl
         delay_ms = min(s.load["append_delay_ms"] for s in servers)
         assert pacing.append_delay_ms_min <= delay_ms <= pacing.append_delay_ms_max
         assert all(s.load["above_watermark"] for s in servers)
+        tool = promtool()
+        for server in cluster.servers:  # /metrics says so too
+            url = http_url(server)
+            seen = scrape(url)
+            assert seen["estream_rangeserver_disk_above_watermark"] == 1
+            delay_s = seen["estream_rangeserver_append_delay_seconds"]
+            assert pacing.append_delay_ms_min / 1000 <= delay_s <= pacing.append_delay_ms_max / 1000
+            assert seen["estream_rangeserver_carried_replicas_total"] == 0
+            promtool_check(tool, url)
         await client.create_stream("paced", replicas=3, ack_count=2)
         writer = await client.open_writer("paced")
         count = 10

@@ -92,6 +92,9 @@ async def test_rangeserver_health_metrics_and_promtool(cluster: Cluster) -> None
         assert seen["estream_rangeserver_disk_free_bytes"] > 0
         assert seen["estream_rangeserver_registered"] == 1
         assert seen["estream_rangeserver_log_failed"] == 0
+        assert seen["estream_rangeserver_append_delay_seconds"] == 0  # below the watermark
+        assert seen["estream_rangeserver_carried_replicas_total"] >= 0
+        assert seen["estream_rangeserver_carried_bytes_total"] >= 0
         assert "process_resident_memory_bytes" in seen
         promtool_check(tool, url)
     assert sum(scrape(u).get("estream_rangeserver_read_bytes_total", 0) for u in urls) > 0

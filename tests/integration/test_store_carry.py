@@ -85,6 +85,8 @@ async def test_idle_replicas_are_carried_forward_and_the_log_behind_them_is_dele
     carrier = Carrier(store)
     assert await carrier.round() == 0, "the first round only sees who stays idle"
     assert await carrier.round() == 3
+    assert carrier.carried == 3
+    assert carrier.carried_bytes == len(before[IDLE][1]) + len(before[SEALED][1])  # EMPTY: 0
     await store.checkpoint()
     assert store.wal.segments() == [store.wal.segment], "only the log's head is left"
     for key in keys:

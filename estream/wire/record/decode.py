@@ -303,6 +303,8 @@ def _uniform_value_bytes(section: memoryview, count: int) -> int | None:
     stride = RECORD_PREFIX_BYTES + value_bytes
     if headers_bytes or stride * count != len(section):
         return None
+    if count == 1:  # one record, exactly the section: nothing to compare it with
+        return int(value_bytes)
     lengths = bytes(section[8:RECORD_PREFIX_BYTES])
     for j in range(8):  # every prefix's length fields equal the first one's, byte by byte
         if section[8 + j :: stride] != lengths[j : j + 1] * count:

@@ -190,3 +190,18 @@ def test_exhaustion_shows_in_the_metrics() -> None:
     assert samples(metrics)["estream_rangeserver_storage_exhaustions_total"] == 1
     store.wal.exhausted = None
     assert exhausted() == {"disk": 0, "descriptors": 0}
+
+
+def test_pacing_and_carried_replicas_show_in_the_metrics() -> None:
+    store = fake_store()
+    carrier = SimpleNamespace(carried=0, carried_bytes=0)
+    metrics = RangeServerMetrics(store, fake_rpc({}, {}), data_dir="/", carrier=carrier)
+    found = samples(metrics)
+    assert found["estream_rangeserver_append_delay_seconds"] == 0
+    assert found["estream_rangeserver_carried_replicas_total"] == 0
+    store.load = lambda: {"above_watermark": True, "append_delay_ms": 52}
+    carrier.carried, carrier.carried_bytes = 3, 12_345
+    found = samples(metrics)
+    assert found["estream_rangeserver_append_delay_seconds"] == 0.052
+    assert found["estream_rangeserver_carried_replicas_total"] == 3
+    assert found["estream_rangeserver_carried_bytes_total"] == 12_345
