@@ -263,6 +263,55 @@ def test_a_gateway_killed_under_load_loses_nothing(
     assert set(leaders.values()) <= set(gateways)
 
 
+@pytest.mark.xfail(strict=True, reason="issue 31 item 3: a Kafka producer's state lives only"
+                   " in the gateway leading the partition (docs/KAFKA.md, not built yet)")
+def test_a_batch_the_dead_leader_stored_is_a_duplicate_at_the_new_leader(
+    gateways: list[str], module_cluster: Any, tmp_path: Path,
+) -> None:
+    """An idempotent batch stored through a gateway that then goes away, retried at the
+    partition's new leader (as a producer does when it got no answer): answered as the
+    duplicate it is, with the offset it got, and stored once."""
+    from estream.kafka.records import KafkaRecord, encode_producer_batch
+
+    victim, address, _ = start_kafka(tmp_path, module_cluster.pd_addresses, name="victim3")
+    try:
+        topic = split_topic("retry", 1, [*gateways, address], [address])
+        create_topic(gateways[0], topic, 1)
+        batch = encode_producer_batch([KafkaRecord(T0, None, b"once")], producer_id=1 << 40,
+                                      producer_epoch=0, base_sequence=0)
+        assert produce_at_leader(address, topic, batch) == (0, 0)
+    finally:
+        victim.stop()  # (SIGTERM: it leaves PD at once; the survivors lead at their beat)
+    assert produce_at_leader(owner(f"{topic}-0", gateways), topic, batch) == (0, 0)
+    assert stored(module_cluster.pd_addresses, [f"{topic}-0"]) == [b"once"]
+
+
+def produce_at_leader(address: str, topic: str, batch: bytes) -> tuple[int, int]:
+    """Partition 0's (error code, base offset) for ``batch`` produced at ``address``,
+    retried while it answers NOT_LEADER_OR_FOLLOWER (leadership moving)."""
+    from kio.schema.produce.v3.request import (
+        PartitionProduceData,
+        ProduceRequest,
+        TopicProduceData,
+    )
+    from kio.schema.produce.v3.response import ProduceResponse
+    from kio.schema.types import TopicName
+    from kio.static.primitive import i16, i32, i32Timedelta
+
+    request = ProduceRequest(
+        transactional_id=None, acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)),
+        topic_data=(TopicProduceData(name=TopicName(topic), partition_data=(
+            PartitionProduceData(index=i32(0), records=batch),)),))
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        got = kafka_call(address, 0, 3, request, ProduceResponse)
+        part = got.responses[0].partition_responses[0]
+        if part.error_code.value != 6 or time.monotonic() > deadline:  # NOT_LEADER...
+            return part.error_code.value, int(part.base_offset)
+        time.sleep(0.05)
+
+
 def test_a_group_spread_over_two_gateways_goes_on_when_one_dies(
     gateways: list[str], module_cluster: Any, tmp_path: Path,
 ) -> None:
