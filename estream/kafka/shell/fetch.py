@@ -36,7 +36,7 @@ read_ahead_bytes_max: Final = 4 * 1024 * 1024  # per partition; a fetch asking m
 fetch_partitions_max: Final = 4096  # partitions whose state is kept; past it the least
 #   recently fetched is forgotten (its next fetch looks its end up again)
 
-_Chunk = tuple[bytes | bytearray, int]  # Kafka batches, records in them
+_Chunk = tuple[bytes, int]  # Kafka batches, records in them
 
 
 @dataclass(slots=True)
@@ -71,7 +71,7 @@ class Fetch:
         return state
 
     async def _fetch_partition(self, topic: str, index: int, offset: int, max_bytes: int
-                               ) -> tuple[ErrorCode, int, int, bytes | bytearray]:
+                               ) -> tuple[ErrorCode, int, int, bytes]:
         """(error, high watermark, log start, record batches) of one partition now."""
         name = stream_name(topic, index)
         state = self._fetch_state(name)
@@ -133,7 +133,7 @@ class Fetch:
                 break
         if records:
             state.record_bytes = max(1, size // records)
-        return (parts[0] if len(parts) == 1 else b"".join(parts)), records  # (no copy of one)
+        return b"".join(parts), records  # (bytes: what kio's Records takes)
 
     async def _fetch(self, request: Any, version: int) -> Any:
         loop = asyncio.get_running_loop()
@@ -157,7 +157,7 @@ class Fetch:
         return self._fetch_response(version, asked, results, request.max_bytes)
 
     def _fetch_response(self, version: int, asked: list[tuple[str, int, int, int]],
-                        results: list[tuple[ErrorCode, int, int, bytes | bytearray]],
+                        results: list[tuple[ErrorCode, int, int, bytes]],
                         max_bytes: int) -> Any:
         schema = kp.response_schema(kp.FETCH, version)
         topic_cls = kp.nested(schema, "FetchableTopicResponse")
