@@ -7,8 +7,9 @@ What a consumer's fetches cost, and what this module keeps from one to the next 
 :data:`fetch_partitions_max`): the stream's end and start, looked up (PD, then the last
 range's replicas) only when a fetch reaches the end known, or once they are
 :data:`end_refresh_ms` old; the bytes per record, to size the next read; and a read-ahead,
-the next chunk read while the client takes this one (at most :data:`read_ahead_bytes_max`
-per partition), used when the next fetch asks for that offset.
+the next chunks (each planned to stop where the next starts) read at once while the client
+takes this one (at most :data:`read_ahead_bytes_max` per partition), each used when a fetch
+asks for its offset.
 
 Side effects: the SDK's reads; the loop's clock (the age of an end looked up).
 """
