@@ -12,7 +12,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from estream.kafka.records import KafkaRecord, encode_batch
+from estream.kafka.records import KafkaRecord, encode_batch, encode_plain_batch
 from estream.wire.record import BatchColumns
 
 
@@ -40,14 +40,10 @@ def kafka_records(columns: BatchColumns) -> list[KafkaRecord]:
     return records
 
 
-def fetch_batch(columns: BatchColumns) -> bytes:
+def fetch_batch(columns: BatchColumns) -> bytes | bytearray:
     """One estream batch (window) as one uncompressed Kafka batch at its offsets: what
-    Fetch answers."""
-    if columns.keys is None and columns.headers is None:  # the common case, no objects
-        stamps = columns.timestamps
-        records: list[KafkaRecord] = [
-            KafkaRecord(ts, None, value) for ts, value in zip(stamps, columns.values(),
-                                                                strict=True)]
-    else:
-        records = kafka_records(columns)
-    return encode_batch(columns.base_offset, records)
+    Fetch answers (records without key or headers, the common case, through
+    :func:`encode_plain_batch`)."""
+    if columns.keys is None and columns.headers is None:
+        return encode_plain_batch(columns.base_offset, columns.timestamps, columns.values())
+    return encode_batch(columns.base_offset, kafka_records(columns))

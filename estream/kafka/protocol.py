@@ -273,9 +273,10 @@ def encode_response(api_key: int, correlation_id: int, body: Any) -> bytes:
     if _flexible(type(body)) and api_key != API_VERSIONS:
         out.write(b"\x00")  # response header v1: no tagged fields
     entity_writer(type(body))(out, body)
-    data = out.getbuffer()
-    _SIZE.pack_into(data, 0, len(data) - 4)
-    return bytes(data)
+    size = out.tell()
+    out.seek(0)
+    out.write(_SIZE.pack(size - 4))
+    return out.getvalue()  # (the buffer itself: no copy of a large answer)
 
 
 def response_schema(api_key: int, api_version: int) -> Any:

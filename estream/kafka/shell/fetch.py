@@ -7,8 +7,9 @@ What a consumer's fetches cost, and what this module keeps from one to the next 
 :data:`fetch_partitions_max`): the stream's end and start, looked up (PD, then the last
 range's replicas) only when a fetch reaches the end known, or once they are
 :data:`end_refresh_ms` old; the bytes per record, to size the next read; and a read-ahead,
-the next chunk read while the client takes this one (at most :data:`read_ahead_bytes_max`
-per partition), used when the next fetch asks for that offset.
+the next chunks (each planned to stop where the next starts) read at once while the client
+takes this one (at most :data:`read_ahead_bytes_max` per partition), each used when a fetch
+asks for its offset.
 
 Side effects: the SDK's reads; the loop's clock (the age of an end looked up).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -37,6 +38,7 @@ fetch_partitions_max: Final = 4096  # partitions whose state is kept; past it th
 #   recently fetched is forgotten (its next fetch looks its end up again)
 
 _Chunk = tuple[bytes, int]  # Kafka batches, records in them
+_Ahead = tuple[int, int, int, "asyncio.Task[_Chunk]"]  # offset, planned stop, max bytes, read
 
 
 @dataclass(slots=True)
@@ -47,7 +49,7 @@ class _Partition:
     start: int = 0
     checked_ms: float = -1e18  # the loop's time of the last lookup of both
     record_bytes: int = record_bytes_guess
-    ahead: tuple[int, int, asyncio.Task[_Chunk]] | None = None  # offset, max bytes, read
+    ahead: list[_Ahead] = field(default_factory=list)  # the next chunks' reads, in order
 
 
 class Fetch:
@@ -89,40 +91,59 @@ class Fetch:
             if offset == end:
                 return ErrorCode.none, end, start, b""
             data, records = await self._chunk(name, state, offset, max_bytes)
-            reached = offset + records
-            if reached < state.end and max_bytes <= read_ahead_bytes_max:
-                task = asyncio.ensure_future(self._read(name, state, reached, max_bytes))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
-                state.ahead = (reached, max_bytes, task)
+            self._read_ahead(name, state, offset + records, max_bytes)
             return ErrorCode.none, end, start, data
         except (EstreamError, TimeoutError) as exc:
             state.checked_ms = -1e18  # (deleted, trimmed, moved: the next fetch looks up)
             _drop_ahead(state)
             return kp.error_code(exc), -1, -1, b""
 
+    def _read_ahead(self, name: str, state: _Partition, reached: int, max_bytes: int
+                    ) -> None:
+        """Keep the reads of the chunks after ``reached`` in flight, as many as
+        :data:`read_ahead_bytes_max` holds, each planned to stop where the one after
+        starts (so they run at once: the range servers' reads overlap the client's)."""
+        if state.ahead and state.ahead[0][0] != reached:
+            _drop_ahead(state)  # (a chunk stopped short of its plan: plan again)
+        depth = read_ahead_bytes_max // max_bytes
+        at = state.ahead[-1][1] if state.ahead else reached
+        while len(state.ahead) < depth and at < state.end:
+            stop = min(state.end, at + max(1, max_bytes // max(1, state.record_bytes)))
+            task = asyncio.ensure_future(self._read(name, state, at, max_bytes, stop))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            state.ahead.append((at, stop, max_bytes, task))
+            at = stop
+
     async def _chunk(self, name: str, state: _Partition, offset: int, max_bytes: int
                      ) -> _Chunk:
         """The batches from ``offset``: the read-ahead's when it read that offset for a
-        fetch as large, else read now."""
-        ahead, state.ahead = state.ahead, None
-        if ahead is not None:
-            at, size, task = ahead
+        fetch as large (the chunks planned before it are dropped), else read now."""
+        ahead, state.ahead = state.ahead, []
+        for i, (at, _, size, task) in enumerate(ahead):
             if at == offset and size == max_bytes:
+                for *_, stale in ahead[:i]:
+                    stale.cancel()
+                state.ahead = ahead[i + 1 :]
                 await asyncio.wait([task])  # (its failure or cancellation: read now)
                 if not task.cancelled() and task.exception() is None and task.result()[1]:
                     return task.result()
-            else:
-                task.cancel()
+                _drop_ahead(state)
+                break
+        else:
+            for *_, stale in ahead:
+                stale.cancel()
         return await self._read(name, state, offset, max_bytes)
 
-    async def _read(self, name: str, state: _Partition, offset: int, max_bytes: int
-                    ) -> _Chunk:
-        """About ``max_bytes`` of batches from ``offset`` below the end known (the reader
-        asks for whole answers: reading to the end would read past what is answered)."""
-        stop = min(state.end, offset + max(1, max_bytes // max(1, state.record_bytes)))
-        parts: list[bytes] = []
+    async def _read(self, name: str, state: _Partition, offset: int, max_bytes: int,
+                    stop: int | None = None) -> _Chunk:
+        """About ``max_bytes`` of batches from ``offset`` below the end known, or to
+        ``stop`` (the reader asks for whole answers: reading to the end would read past
+        what is answered)."""
+        if stop is None:
+            stop = min(state.end, offset + max(1, max_bytes // max(1, state.record_bytes)))
+        parts: list[bytes | bytearray] = []
         size = records = 0
         async for columns in self.client.read_batches(name, offset, stop):
             part = fetch_batch(columns)
@@ -133,7 +154,7 @@ class Fetch:
                 break
         if records:
             state.record_bytes = max(1, size // records)
-        return b"".join(parts), records
+        return b"".join(parts), records  # (bytes: what kio's Records takes)
 
     async def _fetch(self, request: Any, version: int) -> Any:
         loop = asyncio.get_running_loop()
@@ -198,6 +219,6 @@ class Fetch:
 
 
 def _drop_ahead(state: _Partition) -> None:
-    if state.ahead is not None:
-        state.ahead[2].cancel()
-        state.ahead = None
+    for *_, task in state.ahead:
+        task.cancel()
+    state.ahead = []
