@@ -397,6 +397,19 @@ async def test_sdk_subscribe_shares_streams_rebalances_and_resumes(gateway: Gate
         assert [await sdk.cursor_offset(n, "sdk-g") for n in names] == [12, 12, 12]
 
 
+def commit_from_partition_0(consumer: Any, topic: str, count: int) -> None:
+    """Subscribe ``consumer`` (a confluent-kafka one) to ``topic`` and consume, committing
+    each, ``count`` records of its partition 0 (within WAIT_S)."""
+    consumer.subscribe([topic])
+    got = 0
+    deadline = time.monotonic() + WAIT_S
+    while got < count and time.monotonic() < deadline:
+        m = consumer.poll(0.2)
+        if m is not None and m.error() is None and m.partition() == 0:
+            got += 1
+            consumer.commit(m, asynchronous=False)
+
+
 def test_cli_and_admin_api_show_a_group_its_members_offsets_and_lag(
         gateway: Gateway, module_cluster: Any) -> None:
     import json
@@ -408,14 +421,7 @@ def test_cli_and_admin_api_show_a_group_its_members_offsets_and_lag(
     produce(gateway, "ops-t", 2, 3)
     c = confluent_consumer(gateway, "ops-g")
     try:
-        c.subscribe(["ops-t"])
-        got = 0
-        deadline = time.monotonic() + WAIT_S
-        while got < 2 and time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is not None and m.error() is None and m.partition() == 0:
-                got += 1
-                c.commit(m, asynchronous=False)
+        commit_from_partition_0(c, "ops-t", 2)
         ran = subprocess.run(
             [sys.executable, "-m", "estream.cli.main", "group", "describe", "ops-g", "--json",
              "--pd", gateway.pd], capture_output=True, text=True, timeout=60, check=False,
@@ -454,14 +460,7 @@ def test_the_gateway_metrics_show_a_groups_lag_per_partition(gateway: Gateway) -
     produce(gateway, "lag-t", 2, 5)
     c = confluent_consumer(gateway, "lag-g")
     try:
-        c.subscribe(["lag-t"])
-        got = 0
-        deadline = time.monotonic() + WAIT_S
-        while got < 2 and time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is not None and m.error() is None and m.partition() == 0:
-                got += 1
-                c.commit(m, asynchronous=False)
+        commit_from_partition_0(c, "lag-t", 2)
         c.commit(offsets=[TopicPartition("lag-t", 1, 5)], asynchronous=False)
         with urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=WAIT_S) as r:
             text = r.read()

@@ -55,6 +55,7 @@ from estream.wire.pdmessages import (
 )
 from estream.wire.protocol import Opcode
 from pd.openapi import OPENAPI, SCHEMAS
+from tests.unit.wire.protocolmd import top_level_names
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -283,24 +284,6 @@ def _protocol_rows() -> dict[str, str]:
     return rows
 
 
-def _top_level_names(cell: str) -> set[str]:
-    """The quoted names at the first level of ``{...}``, outside parentheses."""
-    names, depth, parens = set(), 0, 0
-    for match in re.finditer(r'[{}()\[\]]|"([^"]*)"', cell):
-        token = match[0]
-        if token in "{[":
-            depth += 1
-        elif token in "}]":
-            depth -= 1
-        elif token == "(":
-            parens += 1
-        elif token == ")":
-            parens -= 1
-        elif depth == 1 and not parens:
-            names.add(match[1])
-    return names
-
-
 def test_protocol_md_names_every_request_field() -> None:
     rows = _protocol_rows()
     every = {**WIRE_FIELDS, **GROUP_WIRE_FIELDS}  # consumer groups: estream/wire/groupmessages.py
@@ -308,7 +291,7 @@ def test_protocol_md_names_every_request_field() -> None:
     for opcode, wire in every.items():
         if opcode == Opcode.PD_WRITERS_KEEPALIVE:
             continue  # [[name, stream_id, epoch]]: pd/lease.py parses it
-        assert _top_level_names(rows[opcode.name]) == set(wire), opcode.name
+        assert top_level_names(rows[opcode.name]) == set(wire), opcode.name
 
 
 def test_protocol_md_gives_create_stream_defaults() -> None:

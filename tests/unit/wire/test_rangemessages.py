@@ -36,6 +36,7 @@ from estream.wire.rangemessages import (
     SealRequest,
     TimeIndexRequest,
 )
+from tests.unit.wire.protocolmd import top_level_names
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY = {"stream_id": 7, "range_index": 2}
@@ -203,31 +204,13 @@ def _protocol_rows() -> dict[str, tuple[str, str]]:
     return rows
 
 
-def _top_level_names(cell: str) -> set[str]:
-    """The quoted names at the first level of ``{...}``, outside parentheses."""
-    names, depth, parens = set(), 0, 0
-    for match in re.finditer(r'[{}()\[\]]|"([^"]*)"', cell):
-        token = match[0]
-        if token in "{[":
-            depth += 1
-        elif token in "}]":
-            depth -= 1
-        elif token == "(":
-            parens += 1
-        elif token == ")":
-            parens -= 1
-        elif depth == 1 and not parens:
-            names.add(match[1])
-    return names
-
-
 def test_protocol_md_names_every_request_field() -> None:
     rows = _protocol_rows()
     # APPEND, APPEND_MANY and AUTH read their own headers where they are served.
     typed = {name for name in rows if name not in ("APPEND", "APPEND_MANY", "AUTH")}
     assert typed == {op.name for op in WIRE_FIELDS}
     for opcode, wire in WIRE_FIELDS.items():
-        assert _top_level_names(rows[opcode.name][0]) == set(wire), opcode.name
+        assert top_level_names(rows[opcode.name][0]) == set(wire), opcode.name
 
 
 @pytest.mark.parametrize(("opcode", "answer"), [
@@ -239,4 +222,4 @@ def test_protocol_md_names_every_request_field() -> None:
     (Opcode.TIME_INDEX, TimeAnswer(0, 0, 0, 0, False)),
 ])
 def test_protocol_md_names_every_answer_field(opcode: Opcode, answer: Any) -> None:
-    assert _top_level_names(_protocol_rows()[opcode.name][1]) == set(answer.to_header())
+    assert top_level_names(_protocol_rows()[opcode.name][1]) == set(answer.to_header())
