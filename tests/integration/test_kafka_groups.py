@@ -82,6 +82,17 @@ def cursors(gateway: Gateway, group: str, streams: list[str]) -> dict[str, int |
     return asyncio.run(read())
 
 
+def group_state(gateway: Gateway, group: str) -> dict[str, Any]:
+    """The group as PD holds it (for a failed assertion's message)."""
+    from estream.sdk.groups import GroupClient
+
+    async def read() -> dict[str, Any]:
+        async with await estream.connect(gateway.pd) as sdk:
+            return await GroupClient(sdk.pd).describe(group)
+
+    return asyncio.run(read())
+
+
 def confluent_consumer(gateway: Gateway, group: str, **extra: Any) -> Any:
     from confluent_kafka import Consumer
 
@@ -145,18 +156,21 @@ def test_confluent_two_consumers_share_partitions_then_one_takes_all(gateway: Ga
                     c.commit(m, asynchronous=False)
             if len(_assigned(a)) == 2 and len(_assigned(b)) == 2:
                 break
-        assert _assigned(a) | _assigned(b) == {0, 1, 2, 3}
+        assert _assigned(a) | _assigned(b) == {0, 1, 2, 3}, group_state(gateway, "cf-g")
         assert not _assigned(a) & _assigned(b)
         b.close()
+        b = None
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline and (len(_assigned(a)) < 4 or len(set(got)) < 20):
             m = a.poll(0.2)
             if m is not None and m.error() is None:
                 got.append(m.value())
                 a.commit(m, asynchronous=False)
-        assert _assigned(a) == {0, 1, 2, 3}
+        assert _assigned(a) == {0, 1, 2, 3}, group_state(gateway, "cf-g")
     finally:
         a.close()
+        if b is not None:  # (a failed assertion: its poll threads would outlive the module)
+            b.close()
     assert set(got) == sent
     committed = cursors(gateway, "cf-g", [f"cf-group-{p}" for p in range(4)])
     assert committed == {f"cf-group-{p}": 5 for p in range(4)}
