@@ -37,7 +37,6 @@ PID; the session's reaper kills any survivor); every wait in the launcher is bou
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -79,13 +78,6 @@ def pytest_configure(config: Any) -> None:
         "markers", "cluster(fresh=False, heal=False, chaos=False, pd_only=False, up=False, "
         "object_tier=None, **start_cluster_options): the cluster the `cluster` fixture gives "
         "(tests/conftest.py); fresh: one per test; heal: the module's, healed after each test")
-
-    # Sessions run side by side (pytest -n, one per worker) draw test ports from their own
-    # slice of the port range (estream/devcluster/process.py), so none takes another's.
-    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...
-    if worker is not None:
-        count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
-        os.environ["ESTREAM_PORT_SLICE"] = f"{int(worker[2:])}/{count}"
 
     # SIGTERM (a CI time-out, `timeout`) becomes an interrupt: fixtures' finalizers run.
     def interrupt(signum: int, frame: Any) -> None:

@@ -97,18 +97,8 @@ def free_port_block(host: str = "127.0.0.1", size: int = 100) -> int:
     return _free_ports(host, size, _port_blocks)
 
 
-def _slice(where: tuple[int, int]) -> tuple[int, int]:
-    """This process's share of ``where``: the k-th of n equal parts when the environment
-    says ``ESTREAM_PORT_SLICE=k/n`` (test sessions run side by side, each drawing from its
-    own part, so two never hand out one port), else all of it."""
-    k, _, n = os.environ.get("ESTREAM_PORT_SLICE", "0/1").partition("/")
-    low, high = where
-    part = (high - low) // int(n)
-    return low + int(k) * part, low + (int(k) + 1) * part
-
-
 def _free_ports(host: str, size: int, where: tuple[int, int]) -> int:
-    low, high = _slice(where)
+    low, high = where
     for _ in range(200):
         base = _port_rng.randrange(low, high - size + 1, size)
         ports = range(base, base + size)

@@ -312,6 +312,10 @@ def produce_at_leader(address: str, topic: str, batch: bytes) -> tuple[int, int]
         time.sleep(0.05)
 
 
+# About 20 s (a third gateway started, killed and waited out): in `make chaos`;
+# test_a_gateway_killed_under_load_loses_nothing kills a gateway in every `make test`, and
+# test_kafka_groups.py runs groups through a PD leader change.
+@pytest.mark.slow
 def test_a_group_spread_over_two_gateways_goes_on_when_one_dies(
     gateways: list[str], module_cluster: Any, tmp_path: Path,
 ) -> None:
