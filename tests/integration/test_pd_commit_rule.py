@@ -205,11 +205,14 @@ async def test_a_commit_index_alone_rides_on_the_next_append(three: list[RaftNod
     for i in range(30):
         await leader.propose(_create(i))
     # Heartbeats (empty appends every 0.1 s to each follower) come on top, more of them
-    # the slower the machine; a commit index sent alone per commit would be 60 more.
+    # the slower the machine; a commit index sent alone per commit would be 60 more. A
+    # commit index also goes alone when the next proposal comes more than commit_hold_s
+    # (2 ms) after it, which a pause of this process (GC, the Raft threads) causes now
+    # and then (CI saw 6 of 30): at most half the commits' worth, not all of them.
     heartbeats = 2 * math.ceil((time.monotonic() - started) / 0.1)
     with_entries = sum(appends)
     assert with_entries >= 60  # each proposal's entry to both followers
-    assert len(appends) - with_entries <= 10 + heartbeats, appends  # not one per commit
+    assert len(appends) - with_entries <= 30 + heartbeats, appends  # not one per commit
     index = leader._sync.raftCommitIndex
     await _until(lambda: all(f._sync.raftLastApplied >= index for f in followers), 2.0)
     assert all(f"s{i}" in f.view().streams for f in followers for i in range(30))
