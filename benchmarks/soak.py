@@ -41,12 +41,12 @@ import random
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import estream
+from benchmarks.bench_object_tier import metric
 from benchmarks.bench_tier_disk import disk_use
 from estream.devcluster.cluster import Cluster, start_cluster
 
@@ -203,18 +203,10 @@ class Sampler:
             "reads_per_s": w.reads / span,
             "churns_per_s": w.churns / span,
             "errors": w.errors,
-            "catalog_ranges": self.catalog_ranges(),
+            # The catalog's ranges (PD's gauge): kept streams' history grows it, PD's RSS too.
+            "catalog_ranges": metric(self.cluster, "estream_pd_ranges "),
             "machine_load1": os.getloadavg()[0],  # others' work on the machine shows here
         }
-
-    def catalog_ranges(self) -> float:
-        """The ranges PD's catalog holds (its ``estream_pd_ranges`` gauge): kept streams'
-        history grows it, and PD's memory with it."""
-        with urllib.request.urlopen(self.cluster.pd_url() + "/metrics", timeout=10) as answer:
-            for line in answer.read().decode().splitlines():
-                if line.startswith("estream_pd_ranges "):
-                    return float(line.split()[1])
-        return float("nan")
 
 
 CURVES = ("pd_rss_mib_max", "rs_rss_mib_max", "pd_fds_max", "rs_fds_max", "pd_leader_cpu",
