@@ -72,6 +72,7 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo, StreamMeta
 from estream.wire.protocol import parse_address
+from pd.catalogimage import CatalogImage, encode_image
 from pd.catalogmodel import (
     SNAPSHOT_VERSION,
     CatalogView,
@@ -121,7 +122,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
-from pd.groups import Group, apply_change, groups_from_wire, groups_to_wire
+from pd.groups import Group, apply_change, groups_from_wire
 from pd.pmap import PMap
 from pd.rangelist import RangeList
 from pd.retention import check_cursor, cursors_per_stream_max
@@ -459,30 +460,17 @@ class Catalog(ObjectTierCommands):
         return tuple(ReplicaRef(i, self._servers[i].address) for i in ids)
 
     # -- snapshots -------------------------------------------------------------------
+    def image(self) -> CatalogImage:
+        """What a snapshot holds, as of now, in O(1) but for the request ids' copy (one
+        per stream): encode it with :func:`~pd.catalogimage.encode_image`, on any thread."""
+        return CatalogImage(
+            self.version, self._next_stream_id, self._streams, dict(self._request_ids),
+            self._cursors, self._servers, self._pd_nodes, self._draining, self._prepared,
+            self._unreferenced_keys, self._groups)
+
     def snapshot(self) -> bytes:
         """The whole state as msgpack bytes (what a Raft snapshot stores)."""
-        body = {
-            "v": SNAPSHOT_VERSION,
-            "version": self.version,
-            "next_stream_id": self._next_stream_id,
-            "streams": [s.to_dict() for s in self._streams.values()],
-            "request_ids": self._request_ids,
-            "cursors": dict(self._cursors.items()),
-            "servers": [
-                {"id": s.id, "address": s.address, "storage_class": s.storage_class}
-                for s in self._servers.values()
-            ],
-            "pd_nodes": [
-                {"id": n.id, "raft": n.raft, "rpc": n.rpc, "http": n.http}
-                for n in self._pd_nodes.values()
-            ],
-            "draining": sorted(self._draining),
-            "prepared": [p.to_dict() for p in self._prepared.values()],
-            "unreferenced": list(self._unreferenced),
-            "groups": groups_to_wire(self._groups),
-        }
-        data: bytes = msgpack.packb(body, use_bin_type=True)
-        return data
+        return encode_image(self.image())
 
     @classmethod
     def restore(cls, data: bytes) -> Catalog:

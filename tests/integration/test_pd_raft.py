@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,9 +16,10 @@ from estream.wire.errors import InvalidArgument, StreamExists, StreamNotFound, U
 from estream.wire.meta import StreamMeta
 from estream.wire.protocol import Opcode
 from pd.catalog import PdNode
+from pd.catalogimage import CatalogImage, encode_image
 from pd.commands import CreateStream, OpenWriter, RegisterServer
 from pd.paging import StreamPage
-from pd.shell import raftpatch
+from pd.shell import raftpatch, raftsyncobj
 from pd.shell.journal import ChecksummedJournal
 from pd.shell.raft import RaftNode
 from pd.shell.service import PdService
@@ -115,6 +117,58 @@ async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> Non
             await again.propose(OpenWriter("next"))
             times.append(time.perf_counter() - started)
         assert sorted(times)[25] < 0.03  # not waiting on pysyncobj's 100 ms batching tick
+    finally:
+        await asyncio.to_thread(again.close)
+
+
+async def test_a_snapshot_is_written_off_the_loop_and_only_then_compacts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Encoding a large catalog takes seconds: the leader must keep committing meanwhile,
+    # and keep every journal entry until the snapshot file is whole on disk.
+    gate, calls = threading.Event(), []
+
+    def slow_encode(image: CatalogImage) -> bytes:
+        calls.append(image.version)
+        if len(calls) == 1:
+            raise OSError("disk full")  # the first attempt fails: nothing is lost
+        assert gate.wait(30), "the test never opened the gate"
+        return encode_image(image)
+
+    monkeypatch.setattr(raftsyncobj, "encode_image", slow_encode)
+    address = f"127.0.0.1:{free_port()}"
+    node = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
+    node.start()
+    try:
+        await _wait_leader(node)
+        await node.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        i = 0
+        deadline = time.monotonic() + 20
+        while len(calls) < 2:  # past the threshold: the failed attempt, then the slow one
+            assert time.monotonic() < deadline, f"snapshots attempted: {calls}"
+            await node.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",), f"r{i}"))
+            i += 1
+        for _ in range(40):  # the loop commits while the snapshot is being encoded
+            await asyncio.wait_for(node.propose(OpenWriter("s0")), 5)
+        assert not (tmp_path / "raft.dump").exists()
+        assert node.status().log_entries >= i + 40  # nothing compacted yet
+        gate.set()
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "raft.dump").exists() or node.status().log_entries >= i + 40:
+            assert time.monotonic() < deadline, "the snapshot never finished"
+            await node.propose(OpenWriter("s0"))
+        assert not list(tmp_path.glob("raft.dump.*"))  # no temporary file left behind
+        before = node.view().streams
+    finally:
+        gate.set()
+        await asyncio.to_thread(node.close)
+    again = RaftNode(address, [], tmp_path, password=None, compaction_entries=10_000)
+    again.start()
+    try:
+        await _wait_leader(again)
+        deadline = time.monotonic() + 10
+        while again.view().streams != before:
+            assert time.monotonic() < deadline, "catalog not restored"
+            await asyncio.sleep(0.05)
     finally:
         await asyncio.to_thread(again.close)
 

@@ -16,6 +16,7 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import ReplicaRef, ServerInfo, StreamMeta
 from pd.catalog import Catalog, PdNode
+from pd.catalogimage import encode_image
 from pd.commands import (
     Command,
     CreateStream,
@@ -248,6 +249,21 @@ def test_snapshot_round_trip(catalog: Catalog) -> None:
     assert restored.view().streams == catalog.view().streams
     assert restored.apply(create(request_id="r")) == catalog.stream("orders")
     assert stream(restored.apply(create("next"))).id == 2
+
+
+def test_an_image_is_the_catalog_as_of_when_it_was_taken(catalog: Catalog) -> None:
+    # PD encodes a snapshot's image on another thread while it applies more commands.
+    catalog.apply(create(request_id="r"))
+    catalog.apply(OpenWriter("orders"))
+    image, then, version = catalog.image(), catalog.snapshot(), catalog.version
+    catalog.apply(seal(100))
+    catalog.apply(create("later", request_id="r2"))
+    catalog.apply(RegisterPdNode("1", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"))
+    catalog.apply(DeleteStream("orders"))
+    assert encode_image(image) == then
+    restored = Catalog.restore(encode_image(image))
+    assert restored.version == version and list(restored.view().streams) == ["orders"]
+    assert restored.apply(create(request_id="r")) == restored.stream("orders")  # a retry
 
 
 @pytest.mark.parametrize("data", [b"", b"\xc1", b"\x80", b"\x81\xa1v\x07"])
