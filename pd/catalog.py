@@ -70,7 +70,14 @@ from estream.wire.errors import (
     ServerNotFound,
     StreamExists,
 )
-from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ReplicaRef, ServerInfo, StreamMeta
+from estream.wire.meta import (
+    STORAGE_CLASSES,
+    RangeMeta,
+    RefMemo,
+    ReplicaRef,
+    ServerInfo,
+    StreamMeta,
+)
 from estream.wire.protocol import parse_address
 from pd.catalogimage import CatalogImage, encode_image
 from pd.catalogmodel import (
@@ -147,6 +154,7 @@ class Catalog(ObjectTierCommands):
         self._request_ids: dict[str, str] = {}  # (never in a view)
         self._cursors: PMap[dict[str, int]] = PMap()  # stream -> its cursors (a new dict a change)
         self._servers: dict[str, ServerInfo] = {}
+        self._shared_refs: RefMemo = {}  # one ReplicaRef per server for every range naming it
         self._pd_nodes: dict[str, PdNode] = {}
         self._next_stream_id = 1
         self._open_ranges: dict[str, int] = {}  # derived from _streams, kept incrementally
@@ -235,7 +243,7 @@ class Catalog(ObjectTierCommands):
 
     def _readdress(self, server_id: str, address: str) -> None:
         def fix(r: RangeMeta) -> RangeMeta:
-            refs = tuple(ReplicaRef(x.id, address) if x.id == server_id else x for x in r.replicas)
+            refs = tuple(self._ref(x.id) if x.id == server_id else x for x in r.replicas)
             return r if refs == r.replicas else replace(r, replicas=refs)
 
         for name, stream in list(self._streams.items()):
@@ -457,7 +465,14 @@ class Catalog(ObjectTierCommands):
         unknown = [i for i in ids if i not in self._servers]
         if unknown:
             raise InvalidArgument(f"unknown range servers {unknown}", argument="replicas")
-        return tuple(ReplicaRef(i, self._servers[i].address) for i in ids)
+        return tuple(self._ref(i) for i in ids)
+
+    def _ref(self, server_id: str) -> ReplicaRef:
+        address = self._servers[server_id].address
+        ref = self._shared_refs.get((server_id, address))
+        if ref is None:
+            ref = self._shared_refs[(server_id, address)] = ReplicaRef(server_id, address)
+        return ref
 
     # -- snapshots -------------------------------------------------------------------
     def image(self) -> CatalogImage:
@@ -483,7 +498,7 @@ class Catalog(ObjectTierCommands):
             catalog.version = int(body["version"])
             catalog._next_stream_id = int(body["next_stream_id"])
             for d in body["streams"]:
-                stream = StreamMeta.from_dict(d)
+                stream = StreamMeta.from_dict(d, catalog._shared_refs)
                 catalog._put(stream.name, stream)
             catalog._request_ids = {str(k): str(v) for k, v in body["request_ids"].items()}
             catalog._cursors = PMap({str(s): {str(c): int(o) for c, o in cs.items()}

@@ -45,8 +45,16 @@ class ReplicaRef:
         return {"id": self.id, "address": self.address}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ReplicaRef:
-        return cls(str(d["id"]), str(d["address"]))
+    def from_dict(cls, d: dict[str, Any], shared: RefMemo | None = None) -> ReplicaRef:
+        """With ``shared``, one object per (id, address): PD's catalog names the same few
+        servers in every range, and a copy each would be most of a range's memory."""
+        ref = cls(str(d["id"]), str(d["address"]))
+        if shared is None:
+            return ref
+        return shared.setdefault((ref.id, ref.address), ref)
+
+
+RefMemo = dict[tuple[str, str], ReplicaRef]  # (id, address) -> the one ReplicaRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,14 +141,14 @@ class RangeMeta:
         } | ({"object_part": self.object_part.to_dict()} if self.object_part else {})
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RangeMeta:
+    def from_dict(cls, d: dict[str, Any], shared: RefMemo | None = None) -> RangeMeta:
         index = int(d["index"])  # first: a non-map fails here with TypeError
         key, part = d.get("object_key"), d.get("object_part")
         return cls(  # one construction: a stream's answer decodes many of these
             index,
             int(d["start"]),
             None if d.get("end") is None else int(d["end"]),
-            tuple(ReplicaRef.from_dict(r) for r in d.get("replicas", ())),
+            tuple(ReplicaRef.from_dict(r, shared) for r in d.get("replicas", ())),
             str(d.get("tier", "local")),
             None if key is None else str(key),
             min_timestamp=_opt_int(d.get("min_timestamp")),
@@ -243,7 +251,8 @@ class StreamMeta:
         ) | ({"ranges_more": True} if self.ranges_more else {})
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StreamMeta:
+    def from_dict(cls, d: dict[str, Any], shared: RefMemo | None = None) -> StreamMeta:
+        """``shared``: see :meth:`ReplicaRef.from_dict`."""
         try:
             return cls(
                 id=int(d["id"]),
@@ -254,7 +263,7 @@ class StreamMeta:
                 hints=_str_tuple(d.get("hints", ())),
                 epoch=int(d.get("epoch", 0)),
                 start_offset=int(d.get("start_offset", 0)),
-                ranges=tuple(RangeMeta.from_dict(r) for r in d.get("ranges", ())),
+                ranges=tuple(RangeMeta.from_dict(r, shared) for r in d.get("ranges", ())),
                 retention_ms=_opt_int(d.get("retention_ms")),
                 retention_bytes=_opt_int(d.get("retention_bytes")),
                 digest=str(d.get("digest", DIGEST_DEFAULT)),

@@ -251,6 +251,24 @@ def test_snapshot_round_trip(catalog: Catalog) -> None:
     assert stream(restored.apply(create("next"))).id == 2
 
 
+def test_ranges_share_one_replica_ref_per_server_also_after_a_restore(
+        catalog: Catalog) -> None:
+    # A copy per range was most of a range's memory in PD (ids and addresses, each a string).
+    catalog.apply(create())
+    catalog.apply(OpenWriter("orders"))
+    for i in range(4):  # ids as Raft decodes them: new strings each time
+        nxt = tuple("".join(["rs", c]) for c in ("2", "3", "4"))
+        catalog.apply(seal(100 * (i + 1), index=i, nxt=nxt))
+    catalog.apply(RegisterServer("rs3", "127.0.0.1:9999", "ssd"))  # a new address
+    for c in (catalog, Catalog.restore(catalog.snapshot())):
+        ranges = c.stream("orders").ranges
+        by_id = {}
+        for rng in ranges[1:]:
+            for ref in rng.replicas:
+                assert by_id.setdefault(ref.id, ref) is ref
+        assert by_id["rs3"].address == "127.0.0.1:9999"
+
+
 def test_an_image_is_the_catalog_as_of_when_it_was_taken(catalog: Catalog) -> None:
     # PD encodes a snapshot's image on another thread while it applies more commands.
     catalog.apply(create(request_id="r"))
