@@ -266,3 +266,49 @@ def test_a_flipped_byte_is_found_by_the_reads_checksum_and_the_replica_stays_dam
     assert described["damaged"] is True
     assert intact == intact_after == [value(other, o) for o in range(4)]
     assert damaged_after
+
+
+def test_a_seed_replays_its_power_loss_exactly(tmp_path: Path) -> None:
+    first = run(_crash_and_replay(data_dir(tmp_path, 100), 3), 3)
+    assert first == run(_crash_and_replay(data_dir(tmp_path, 101), 3), 3)
+
+
+# -- drops, the checkpoint and its segment deletes -------------------------------------------
+
+def test_a_drop_deletes_its_segments_durably_and_a_restart_serves_what_is_left(
+        tmp_path: Path) -> None:
+    """The real retention on SimLog: the checkpoint after a drop deletes the dropped
+    replica's segments, durably (a power loss does not bring them back), and the next
+    process recovers from that checkpoint and the segment left."""
+    gone, kept = (8, 0), (9, 0)
+
+    async def main() -> tuple[list[int], list[int], list[int], bool, list[bytes]]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(6))
+        node = Node(net, tmp_path)
+        store = await node.boot()
+        client = await connect(net)
+        await call(client, Opcode.CREATE_RANGE, gone, start=0, epoch=1)
+        for base in range(0, 120, 3):  # several segments of the dropped replica's
+            await append_values(client, gone, base, 3)
+        await call(client, Opcode.CREATE_RANGE, kept, start=0, epoch=1)
+        await append_values(client, kept, 0, 3)
+        assert node.log is not None
+        before = node.log.segments()
+        dropped = await call(client, Opcode.DROP_RANGE, gone)
+        assert dropped == {"dropped": True}
+        await asyncio.sleep(1)  # the reclaim after a drop (virtual time)
+        after_drop = node.log.segments()
+        await client.close()
+        node.power_loss()
+        store = await node.boot()
+        client = await connect(net)
+        after_crash = node.log.segments()
+        values = await read_all(client, kept)
+        await client.close()
+        await node.stop()
+        return before, after_drop, after_crash, gone in store.replicas, values
+
+    before, after_drop, after_crash, gone_back, values = run(main(), seed=6)
+    assert len(before) >= 3 and after_drop == after_crash == before[-1:]
+    assert not gone_back
+    assert values == [value(kept, o) for o in range(3)]
