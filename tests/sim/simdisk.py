@@ -108,8 +108,8 @@ class SimDisk:
         del file.unsynced[:covered]
         self.deleted.pop(name, None)
 
-    def crash(self) -> None:
-        """Power loss (see the module)."""
+    def crash(self, *, lose_all: bool = False) -> None:
+        """Power loss (see the module); ``lose_all``: no unsynced write reached the disk."""
         for name, file in self.deleted.items():
             self.files.setdefault(name, file)
         self.deleted.clear()
@@ -119,8 +119,10 @@ class SimDisk:
                 continue
             image = bytearray(file.durable)
             kept = self.rng.randint(0, max(0, len(file.unsynced) - 1))  # never the last whole
+            if lose_all:
+                kept = 0
             reached = list(file.unsynced[:kept])
-            if kept < len(file.unsynced) and self.rng.random() < 0.5:  # the next one, torn
+            if kept < len(file.unsynced) and not lose_all and self.rng.random() < 0.5:  # torn
                 offset, data = file.unsynced[kept]
                 reached.append((offset, data[:self.rng.randrange(len(data))]))
             for offset, data in reached:

@@ -335,3 +335,16 @@ def test_a_connections_writes_arrive_in_the_order_written_whatever_the_seed() ->
 
     for seed in range(8):
         assert run(main(), seed) == list(range(40))
+
+
+def test_a_crash_that_loses_all_keeps_exactly_what_was_synced() -> None:
+    async def main(seed: int) -> bytes:
+        disk = SimDisk(random.Random(seed))
+        disk.append("wal", b"a" * 10)
+        await disk.sync("wal")
+        for chunk in (b"b" * 10, b"c" * 10):
+            disk.append("wal", chunk)
+        disk.crash(lose_all=True)
+        return disk.read("wal")
+
+    assert {run(main(seed), seed) for seed in range(10)} == {b"a" * 10}
