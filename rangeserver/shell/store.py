@@ -9,7 +9,8 @@ a drop logs DROP and the next checkpoint deletes what nothing needs
 off undoes its effect. Reads: ``shell/storereads.py``. The append path and the reasons:
 docs/ARCHITECTURE.md 2.1.
 
-Side effects: through :class:`~rangeserver.shell.wal.Wal` and ``shell/checkpoint.py``.
+Side effects: through the log port (``shell/logport.py``: :class:`~rangeserver.shell.wal.Wal`,
+or the one given) and ``shell/checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
 from rangeserver.shell import checkpoint as ckpt
+from rangeserver.shell.logport import LogPort
 from rangeserver.shell.storereads import StoreReads
 from rangeserver.shell.wal import Wal
 from rangeserver.timeindex import TimeIndex
@@ -63,11 +65,14 @@ class Store(StoreReads):
         wal_spares: int = 0,
         wal_io: str = "auto",
         disk_watermark_percent: int = disk_watermark_percent_default,
+        log: LogPort | None = None,
     ) -> None:
+        """``log``: the write-ahead log (the simulator's); None: a :class:`Wal` in
+        ``data_dir/wal`` with ``segment_bytes_max``, ``wal_spares``, ``wal_io``."""
         self.data_dir = data_dir
         self.disk_watermark_percent = disk_watermark_percent
         self.append_delay_ms = 0  # appends answered this much later (rangeserver/pacing.py)
-        self.wal = Wal(
+        self.wal: LogPort = log if log is not None else Wal(
             data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io
         )
         self.cache = BatchCache(cache_bytes_max)

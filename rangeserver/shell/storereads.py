@@ -4,7 +4,7 @@ then the log), each verified as read (a mismatch marks the replica damaged, dura
 long polls wait on the replica's event until something is readable, it is sealed, or
 the deadline.
 
-Side effects: log reads (``rangeserver/shell/wal.py``).
+Side effects: log reads (the log port, ``rangeserver/shell/logport.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from estream.wire.timestamps import first_at_or_after
 from rangeserver import replica as rp
 from rangeserver.index import BatchCache, IndexedBatch, RangeIndex
 from rangeserver.replica import ReplicaState, readable_end
-from rangeserver.shell.wal import Wal
+from rangeserver.shell.logport import LogPort
 from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger("rangeserver.shell.store")  # the store's own log
@@ -42,7 +42,7 @@ class StoreReads:
     indexes: dict[Key, RangeIndex]
     time_indexes: dict[Key, TimeIndex]
     cache: BatchCache
-    wal: Wal
+    wal: LogPort
     _events: dict[Key, asyncio.Event]
 
     def _get(self, stream_id: int, range_index: int) -> ReplicaState:

@@ -6,7 +6,9 @@ what is *durable* (what an fsync covered). ``sync`` takes a seeded, virtual time
 :meth:`SimDisk.crash` is a power loss: each file goes back to its durable image plus,
 the seed deciding, a prefix of the writes after it (the page cache flushed some of them
 on its own), never the last of them whole (a torn write); files created and never synced
-vanish, files deleted but not synced come back.
+vanish, files deleted but not synced come back (:meth:`SimDisk.sync_dir` makes deletions
+durable). :meth:`SimDisk.flip` is the medium changing a byte under both images (what a
+reader's checksum must find).
 
 Pure: no I/O (tests only).
 """
@@ -70,6 +72,32 @@ class SimDisk:
         if file.durable is not None:
             self.deleted[name] = file
 
+    def sync_dir(self) -> None:
+        """The directory's fsync: the deletions so far are durable (not undone by a crash)."""
+        self.deleted.clear()
+
+    def truncate(self, name: str, size: int) -> None:
+        """Cut ``name`` to ``size`` bytes (durable once synced; writes past it are gone)."""
+        file = self.files[name]
+        del file.written[size:]
+        file.unsynced = [(offset, data[:max(0, size - offset)])
+                         for offset, data in file.unsynced if offset < size]
+
+    def flip(self, name: str, offset: int) -> None:
+        """The medium changes the byte at ``offset``: reads and a crash both see it."""
+        file = self.files[name]
+        file.written[offset] ^= 0xFF
+        if file.durable is not None and offset < len(file.durable):
+            file.durable[offset] ^= 0xFF
+
+    def sync_now(self, name: str) -> None:
+        """An fsync that takes no virtual time (a recovery's, before anything is served)."""
+        file = self.files[name]
+        file.durable = bytearray(file.written)
+        file.unsynced.clear()
+        self.deleted.pop(name, None)
+        self.syncs += 1
+
     async def sync(self, name: str) -> None:
         """fsync: what ``name`` held when it began is durable when it returns."""
         file = self.files[name]
@@ -80,8 +108,8 @@ class SimDisk:
         del file.unsynced[:covered]
         self.deleted.pop(name, None)
 
-    def crash(self) -> None:
-        """Power loss (see the module)."""
+    def crash(self, *, lose_all: bool = False) -> None:
+        """Power loss (see the module); ``lose_all``: no unsynced write reached the disk."""
         for name, file in self.deleted.items():
             self.files.setdefault(name, file)
         self.deleted.clear()
@@ -91,8 +119,10 @@ class SimDisk:
                 continue
             image = bytearray(file.durable)
             kept = self.rng.randint(0, max(0, len(file.unsynced) - 1))  # never the last whole
+            if lose_all:
+                kept = 0
             reached = list(file.unsynced[:kept])
-            if kept < len(file.unsynced) and self.rng.random() < 0.5:  # the next one, torn
+            if kept < len(file.unsynced) and not lose_all and self.rng.random() < 0.5:  # torn
                 offset, data = file.unsynced[kept]
                 reached.append((offset, data[:self.rng.randrange(len(data))]))
             for offset, data in reached:

@@ -33,6 +33,7 @@ from ssl import SSLContext
 from typing import Any, Final, TypeVar
 
 from estream.net.transport import Listener, Network
+from tests.sim.simloop import TIE_BREAK_S
 
 _P = TypeVar("_P", bound=asyncio.BaseProtocol)
 
@@ -160,7 +161,9 @@ class SimTransport(asyncio.Transport):
         loop = self._net.loop
         low, high = self._net.faults.delay_ms
         delay_s = self._net.rng.uniform(low, high) / 1000
-        self._arrive_at = max(self._arrive_at, loop.time() + delay_s)
+        # Strictly after the write before it: the loop's seeded tie-break would reorder
+        # two writes due at the same instant, and TCP keeps a connection's bytes in order.
+        self._arrive_at = max(self._arrive_at + 2 * TIE_BREAK_S, loop.time() + delay_s)
         loop.call_at(self._arrive_at, self._arrive, chunk)
 
     def release_held(self) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM = ROOT / "tests" / "sim"
-PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk"})
+PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk", "SimLog"})
 # Copies still to delete: file -> the classes that repeat a shell.
 COPIES_LEFT = {
     "simwriter.py": {"SimWriter"},  # Writer._step, step type by step type
