@@ -103,4 +103,10 @@ def test_invariants_hold_for_any_sequence(commands: list[Command]) -> None:
                         same = [x for x in s.ranges if x.index == r.index]
                         if same:  # kept (not trimmed away): its bounds never change
                             assert (same[0].start, same[0].end) == (r.start, r.end)
-    assert Catalog.restore(catalog.snapshot()).snapshot() == catalog.snapshot()
+    restored = Catalog.restore(catalog.snapshot())
+    assert restored.snapshot() == catalog.snapshot()
+    view, again = catalog.view(), restored.view()  # what restore derives, as apply kept it
+    assert again.open_ranges_by_server() == view.open_ranges_by_server()
+    assert again.range_count() == view.range_count() == sum(
+        len(s.ranges) for s in view.streams.values())
+    assert dict(again.object_refs) == dict(view.object_refs)

@@ -185,6 +185,8 @@ def test_a_command_on_one_range_reads_no_other_and_copies_a_chunk() -> None:
     assert mid is not None and mid.object_key == "k1" and mid.replicas == ()
     assert mid.size_bytes == 100 and stream.ranges[0].index == 10
     assert dict(catalog.view().object_refs) == {"k1": frozenset({(stream.id, RANGES // 2)})}
+    restored = Catalog.restore(catalog.snapshot()).view()  # derived again, in one pass
+    assert dict(restored.object_refs) == dict(catalog.view().object_refs)
     catalog.apply(TrimStream("long", 5 * RANGES))  # past k1's range: its last reference
     assert "k1" not in catalog.view().object_refs and catalog.view().unreferenced == ("k1",)
 
