@@ -19,7 +19,6 @@ PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk
 # Copies still to delete: file -> the classes that repeat a shell.
 COPIES_LEFT = {
     "simwriter.py": {"SimWriter"},  # Writer._step, step type by step type
-    "simreader.py": {"SimReader"},  # a second ReadCursor driver (estream/sdk/reader.py)
     "world.py": {"SimRangeServer", "SimPD"},  # the store and PD's service
     "simnet.py": {"SimPool"},  # ConnectionPool, driving coroutines without a loop
 }
