@@ -32,7 +32,7 @@ from estream.wire.errors import EstreamError
 from estream.wire.pdanswers import StreamAnswer
 from estream.wire.pdmessages import DescribeStreamRequest
 from estream.wire.protocol import Opcode
-from estream.wire.rangeanswers import ReadAnswer
+from estream.wire.rangeanswers import Created, ReadAnswer
 from pd.paging import ranges_window
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
@@ -69,8 +69,9 @@ async def _running(server: SimRangeServer) -> None:
 
 
 def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
-    """READ and DESCRIBE_RANGE as ``rangeserver/shell/server.py`` answers them (the server
-    id a request names is checked by the world's server: ``WrongServer``)."""
+    """READ, DESCRIBE_RANGE, APPEND and CREATE_RANGE as ``rangeserver/shell/server.py``
+    answers them (the server id a request names is checked by the world's server:
+    ``WrongServer``; an APPEND is answered once durable)."""
 
     async def read(header: Header, payload: bytes) -> Answer:
         await _running(server)
@@ -89,7 +90,21 @@ def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
         server._check(header.get("server_id"))
         return dict(server.describe(asked.stream_id, asked.range_index)), b""
 
-    return {Opcode.READ: read, Opcode.DESCRIBE_RANGE: describe_range}
+    async def append(header: Header, payload: bytes) -> Answer:
+        await _running(server)
+        end = await _settled(server.append(payload, server_id=header.get("server_id")))
+        return {"end": end}, b""
+
+    async def create_range(header: Header, payload: bytes) -> Answer:
+        await _running(server)
+        asked = rm.CreateRangeRequest.from_header(header)
+        await _settled(server.create_range(asked.stream_id, asked.range_index, asked.start,
+                                           asked.epoch, server_id=header.get("server_id")))
+        state = server.state((asked.stream_id, asked.range_index))
+        return Created(state.start, state.end, state.epoch, state.sealed).to_header(), b""
+
+    return {Opcode.READ: read, Opcode.DESCRIBE_RANGE: describe_range, Opcode.APPEND: append,
+            Opcode.CREATE_RANGE: create_range}
 
 
 def pd_handlers(pd: SimPD) -> dict[int, Handler]:

@@ -63,6 +63,7 @@ from typing import Any
 import pytest
 
 from estream.core.writeeffects import WriterConfig
+from estream.net.rpc import ConnectionPool
 from estream.wire.meta import RangeMeta, StreamMeta
 from rangeserver.replica import readable_end
 from tests.sim.reading import DECODINGS, Delivered, Reading
@@ -139,7 +140,9 @@ class Sim:
         self.cut_final_read: list[str] = []  # nodes the final read cannot reach at first
 
     def new_writer(self) -> SimWriter:
-        w = SimWriter(self.world, self.net, f"w{len(self.writers) + 1}", STREAM, self.config)
+        node = f"w{len(self.writers) + 1}"
+        w = SimWriter(self.world, self.net, node, STREAM, self.config,
+                      ConnectionPool(network=self.fronts.net.node(node)))
         w.on_recovered = self.check_recovery
         self.net.nodes[w.id] = w
         self.writers.append(w)
