@@ -135,3 +135,20 @@ def test_a_front_answers_the_servers_typed_errors_and_a_hung_server_once_it_resu
 
     waited_ms, end = _run(world, main())
     assert waited_ms >= 40 and end == 2
+
+
+def test_a_connect_across_a_partition_waits_for_the_heal_as_a_syn_does() -> None:
+    world, _, fronts, stream_id = _front_world(5)
+    fronts.cut("app", "s0")
+    world.after(50, lambda: fronts.heal("app", "s0"))
+
+    async def main() -> tuple[int, int]:
+        pool = ConnectionPool(network=fronts.net.node("app"))
+        asked = world.now_ms
+        answer = await RangeClient(pool).read(address_of("s0"), server_id="s0",
+                                              stream_id=stream_id, range_index=0, offset=0)
+        await pool.close()
+        return world.now_ms - asked, answer.end
+
+    waited_ms, end = _run(world, main())
+    assert waited_ms >= 50 and end == 2
