@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from estream.core.readcursor import (
     Answer,
+    CursorConfig,
     Deliver,
     Describe,
     ReadCursor,
@@ -172,10 +173,12 @@ async def read_stream(
     preferred: str | None = None,
     *,
     clock: Clock = SYSTEM_CLOCK,
+    config: CursorConfig | None = None,
 ) -> AsyncIterator[Record]:
-    """Yield the records of ``name`` with offsets in ``[start, end)`` (see the module)."""
+    """Yield the records of ``name`` with offsets in ``[start, end)`` (see the module).
+    ``config``: the cursor's waits (default: its module's constants)."""
     async for records in _read_answers(client, name, start, end, follow, preferred, RECORDS,
-                                        clock):
+                                        clock, config):
         for record in records:
             yield record
 
@@ -189,11 +192,12 @@ async def read_stream_batches(
     preferred: str | None = None,
     *,
     clock: Clock = SYSTEM_CLOCK,
+    config: CursorConfig | None = None,
 ) -> AsyncIterator[BatchColumns]:
     """:func:`read_stream` by batch: the same records, as :class:`BatchColumns` (one per
     stored batch, the first and last trimmed to ``[start, end)``; never empty)."""
     async for batches in _read_answers(client, name, start, end, follow, preferred, COLUMNS,
-                                        clock):
+                                        clock, config):
         for columns in batches:
             yield columns
 
@@ -207,12 +211,13 @@ async def read_stream_views(
     preferred: str | None = None,
     *,
     clock: Clock = SYSTEM_CLOCK,
+    config: CursorConfig | None = None,
 ) -> AsyncIterator[list[BatchView]]:
     """:func:`read_stream_batches` undecoded: per READ answer, its verified batches as
     :class:`BatchView` windows (never an empty list), for consumers that decode many
     batches at once (:func:`estream.wire.record.decode_views`)."""
     async for views in _read_answers(client, name, start, end, follow, preferred, VIEWS,
-                                        clock):
+                                        clock, config):
         yield views
 
 
@@ -225,11 +230,12 @@ async def _read_answers(
     preferred: str | None,
     decoding: _Decoding[T],
     clock: Clock = SYSTEM_CLOCK,
+    config: CursorConfig | None = None,
 ) -> AsyncIterator[list[T]]:
     """The decoded answers covering ``[start, end)`` of ``name``, in offset order (the
     read loop shared by :func:`read_stream` and its batch forms): carries out the steps of
     a :class:`~estream.core.readcursor.ReadCursor`, which decides everything."""
-    steps = ReadCursor(name, start, end, follow, preferred).steps()
+    steps = ReadCursor(name, start, end, follow, preferred, config).steps()
     items: list[T] = []
     reply: Any = None
     error: EstreamError | None = None
@@ -256,7 +262,7 @@ async def _read_answers(
                     if not read_again(follow, delivered, restarts):
                         break  # the read ends (below), not skipped
                     steps.close()
-                    steps = ReadCursor(name, start, end, follow, preferred).steps()
+                    steps = ReadCursor(name, start, end, follow, preferred, config).steps()
                     stream_id, reply, restarts = reply.id, None, restarts + 1
                     continue
                 client.stream_key(reply)  # DigestKeyMissing at once, not after retries

@@ -9,8 +9,8 @@ which node opens a connection. What TCP does, decided by the seed:
 - delays: every write reaches the peer after a random delay, in order on its connection
   (connections reorder against each other);
 - partitions (:meth:`SimNetwork.cut`, :meth:`SimNetwork.heal`): nothing crosses a cut link;
-  bytes written meanwhile wait and arrive once it heals (TCP retransmits), a connect across
-  it fails after ``connect_refused_ms``; the callers' own timeouts end their waits;
+  bytes written meanwhile wait and arrive once it heals (TCP retransmits), and so does a
+  connect across it (its SYN is retransmitted); the callers' own timeouts end their waits;
 - resets: with probability ``reset_rate`` per write, the connection breaks (both ends see it
   lost; the bytes in flight are gone);
 - down nodes (:meth:`SimNetwork.down`): their connections break, connects to them are
@@ -244,6 +244,7 @@ class SimNetwork:
         self.listeners: dict[str, _SimListener] = {}
         self.connections: set[SimTransport] = set()
         self.holding: set[SimTransport] = set()  # transports with bytes held by a cut
+        self._connecting: list[asyncio.Future[None]] = []  # connects waiting for a heal
         self._ports = 40_000
 
     def node(self, name: str) -> Network:
@@ -266,6 +267,10 @@ class SimNetwork:
             if not self.is_cut(transport.node, transport.peer_node):
                 self.holding.discard(transport)
                 transport.release_held()
+        waiting, self._connecting = self._connecting, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)  # each connect looks at its link again
 
     def down(self, node: str) -> None:
         """``node`` crashes: its connections break and its listeners go."""
@@ -292,6 +297,12 @@ class SimNetwork:
     async def connect(self, node: str, factory: Callable[[], _P], host: str, port: int) -> _P:
         address = f"{host}:{port}"
         listener = self.listeners.get(address)
+        while listener is not None and node not in self.faults.down and self.is_cut(
+                node, listener.node):
+            healed: asyncio.Future[None] = self.loop.create_future()
+            self._connecting.append(healed)
+            await healed  # the SYN is retransmitted until the caller gives up
+            listener = self.listeners.get(address)
         if listener is None or self.is_cut(node, listener.node):
             await asyncio.sleep(CONNECT_REFUSED_MS / 1000)
             raise ConnectionRefusedError(f"{node} cannot reach {address}")

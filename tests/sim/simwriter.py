@@ -8,8 +8,9 @@ holders; its decisions are :class:`~estream.core.seal.RangeRecovery`'s), the one
 ``estream/net/recovery.py`` runs, with the retries of ``Writer._recover`` (the same epoch
 again after a backoff, with the stream read again). Each is a generator or a state machine
 this module only carries out: the sequences themselves are never written twice. The
-recovery's copies are :func:`estream.net.rangeclient.copy_range` itself, its coroutine
-driven over the simulated network (:mod:`tests.sim.simnet`).
+recovery's copies are :func:`estream.net.rangeclient.copy_range` itself, a task on the
+world's loop with a real :class:`~estream.net.rpc.ConnectionPool` (real frames over the
+simulated network to the servers' RPC fronts, :mod:`tests.sim.rpcfront`).
 
 Every request names the server id the catalog lists for its replica, at the address the
 catalog gives (``WrongServer`` from a server with another identity).
@@ -19,6 +20,7 @@ Pure: no I/O (tests only).
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +68,14 @@ from estream.core.writeeffects import (
     SendConfirm,
     WriterConfig,
 )
-from estream.net.rangeclient import CopyProgress, Endpoint, SourceFailed, copy_range
+from estream.net.rangeclient import (
+    CopyProgress,
+    Endpoint,
+    RangeClient,
+    SourceFailed,
+    copy_range,
+)
+from estream.net.rpc import ConnectionPool
 from estream.wire.errors import (
     EstreamError,
     Fenced,
@@ -74,7 +83,6 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record
-from tests.sim import simnet
 from tests.sim.world import Net, World, address_of, node_of
 
 PD = "pd"
@@ -83,6 +91,7 @@ RECOVERY_BACKOFF_MS = (20, 400)  # writer.recovery_backoff_s_min/max, scaled
 SEAL_TIMEOUT_MS = 100  # replicas.seal_timeout_s, scaled
 CREATE_TIMEOUT_MS = 200  # replicas.create_timeout_s, scaled
 PING_TIMEOUT_MS = 100
+COPY_TIMEOUT_S = 0.3  # each request of a recovery copy (the simulation's request timeout)
 
 
 def roll_config(replicas: int) -> RollConfig:
@@ -104,9 +113,12 @@ class SimWriter:
     """One writer: opens (recovering the last range), appends a workload, rolls on
     failure. ``assigned`` and ``acked_end`` are what its user saw."""
 
-    def __init__(self, world: World, net: Net, node_id: str, stream: str, config: WriterConfig):
+    def __init__(self, world: World, net: Net, node_id: str, stream: str, config: WriterConfig,
+                 pool: ConnectionPool):
         self.world = world
         self.net = net
+        self.pool = pool  # the writer node's connections (its recovery copies)
+        self.copies: set[asyncio.Task[None]] = set()  # copy_range tasks running
         self.id = node_id
         self.stream = stream
         self.config = config
@@ -117,7 +129,7 @@ class SimWriter:
         self.assigned: list[bytes] = []
         self.acked_end = -1
         self.fenced = False
-        self.dead = False
+        self._dead = False
         self.addresses: dict[str, str] = {}  # replica id -> node, from the catalog
         self._tick_at: int | None = None
         self._meta: StreamMeta | None = None
@@ -133,6 +145,18 @@ class SimWriter:
         self.on_recovered: Callable[[StreamMeta, int, int, tuple[str, ...]], None] | None = None
         self._confirmed: dict[tuple[int, str], int] = {}  # (range, replica) -> CONFIRM answered
         self.log: list[str] = []
+
+    @property
+    def dead(self) -> bool:
+        """The writer's process died (or ended): it sends nothing more."""
+        return self._dead
+
+    @dead.setter
+    def dead(self, dead: bool) -> None:
+        self._dead = dead
+        if dead:
+            for copy in list(self.copies):
+                copy.cancel()  # its tasks die with it
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -664,9 +688,10 @@ class _Open:
 
     def _copy(self, range_index: int, c: CopyRecords, done: Callable[[CopyOutcome], None]
               ) -> None:
-        """A copy is :func:`~estream.net.rangeclient.copy_range` itself (the real loop,
-        its coroutine driven over the simulated network: :mod:`tests.sim.simnet`), its
-        outcome as ``estream/net/recovery.py`` reports it."""
+        """A copy is :func:`~estream.net.rangeclient.copy_range` itself (the real loop, on
+        the real :class:`~estream.net.rpc.ConnectionPool` of the writer's node, in real
+        frames to the servers' RPC fronts: :mod:`tests.sim.rpcfront`), its outcome as
+        ``estream/net/recovery.py`` reports it."""
         w = self.w
 
         def copied(_: None, error: EstreamError | None) -> None:
@@ -675,10 +700,23 @@ class _Open:
             else:
                 done("source failed" if isinstance(error, SourceFailed) else "target failed")
 
-        copy = copy_range(
-            simnet.client(), stream_id=w._stream_id, range_index=range_index,
+        copy = w.world.loop.create_task(copy_range(
+            RangeClient(w.pool, timeout_s=COPY_TIMEOUT_S), stream_id=w._stream_id,
+            range_index=range_index,
             source=Endpoint(address_of(w.addresses[c.source]), c.source),
             target=Endpoint(address_of(w.addresses[c.target]), c.target),
             end=c.end, progress=CopyProgress(c.start, w.epoch),
-        )
-        simnet.run(copy, w.net, w.id, copied, alive=lambda: not w.dead)
+        ))
+        w.copies.add(copy)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            w.copies.discard(task)
+            if w.dead or task.cancelled():
+                return  # the writer's process died with it
+            error = task.exception()
+            if error is None or isinstance(error, EstreamError):
+                copied(None, error)
+            else:
+                w.world.fail(error)
+
+        copy.add_done_callback(finished)

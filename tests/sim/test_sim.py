@@ -20,10 +20,11 @@ a new writer recovers the stream. After every step the invariants hold:
   end, durably and soundly (a flipped byte the recovery could not see aside), and there
   are ``ack_count`` of them (unless empty).
 
-Readers (``tests/sim/simreader.py``: the real read cursor, driven like
-``estream/sdk/reader.py``, through the same network and faults; one tailing reader from
-the start, taken over from where it stopped if it fails, plain reads to the end or
-bounded, a reader cut off from a server now and then) are checked at every answer they
+Readers (``tests/sim/reading.py``: the real reader, ``estream/sdk/reader.py`` through a
+real ``Client``, in real frames over the simulated network to the servers' and PD's RPC
+fronts, ``tests/sim/rpcfront.py``, under the same partitions and crashes; one tailing
+reader from the start, taken over from where it stopped if it fails, plain reads to the
+end or bounded, a reader cut off from a server now and then) are checked at every answer they
 hand over: offsets exactly where the last answer ended, in order, none twice, no gap;
 never past a sealed range's catalog end (nor the read's end); every record what the
 writer whose record it is appended at that offset, and what every other read saw there;
@@ -62,9 +63,11 @@ from typing import Any
 import pytest
 
 from estream.core.writeeffects import WriterConfig
+from estream.net.rpc import ConnectionPool
 from estream.wire.meta import RangeMeta, StreamMeta
 from rangeserver.replica import readable_end
-from tests.sim.simreader import DECODINGS, Delivered, SimReader
+from tests.sim.reading import DECODINGS, Delivered, Reading
+from tests.sim.rpcfront import Fronts
 from tests.sim.simwriter import PD, SimWriter
 from tests.sim.world import Faults, Key, Net, SimPD, SimRangeServer, World
 
@@ -100,6 +103,11 @@ class Sim:
         self.pd = SimPD(self.world, self.faults, self.servers)
         self.net.nodes.update(self.servers)
         self.net.nodes[PD] = self.pd
+        # The real client shells (readers) reach the servers and PD through their RPC
+        # fronts on the simulated network, which shares the world's partitions and downs.
+        self.fronts = Fronts(self.world, self.faults, self.servers, self.pd,
+                             random.Random(seed * 7_919 + 2))
+        self.fronts.net.faults.reset_rate = self.faults.drop
         meta = self.pd.create_stream(STREAM, 3, 2)
         self.stream_id = meta.id
         for ref in meta.ranges[0].replicas:
@@ -125,14 +133,16 @@ class Sim:
         # Readers: their own random choices (when, where from, how), so that adding them
         # leaves the faults a seed schedules as they were.
         self.reader_rng = random.Random(seed * 7_919 + 1)
-        self.readers: list[SimReader] = []
-        self.tail: SimReader | None = None  # the current tailing reader
+        self.readers: list[Reading] = []
+        self.tail: Reading | None = None  # the current tailing reader
         self.seen: dict[int, bytes] = {}  # offset -> the value every reader saw there
         self.read_failures: list[str] = []  # reads that raised (allowed while faults last)
         self.cut_final_read: list[str] = []  # nodes the final read cannot reach at first
 
     def new_writer(self) -> SimWriter:
-        w = SimWriter(self.world, self.net, f"w{len(self.writers) + 1}", STREAM, self.config)
+        node = f"w{len(self.writers) + 1}"
+        w = SimWriter(self.world, self.net, node, STREAM, self.config,
+                      ConnectionPool(network=self.fronts.net.node(node)))
         w.on_recovered = self.check_recovery
         self.net.nodes[w.id] = w
         self.writers.append(w)
@@ -202,14 +212,14 @@ class Sim:
         """kill -9: what it had not synced is lost; back after ``down_ms``."""
         server = self.servers[node]
         self.note(f"crash {node} ({len(server.unsynced)} unsynced entries) for {down_ms} ms")
-        self.faults.down.add(node)
+        self.fronts.down(node)
         self.faults.out_since[node] = self.world.now_ms
         server.crash(lose_all=lose_all)
         self.full_check = True
         self.world.after(down_ms, lambda: self.restart(node))
 
     def restart(self, node: str) -> None:
-        self.faults.down.discard(node)
+        self.fronts.up(node)
         new_id = self.restart_as.pop(node, None)
         if new_id is not None:
             self.pd.register(new_id, node)
@@ -231,7 +241,7 @@ class Sim:
         self.note(f"wipe {node} ({old}), back as {old}w after {down_ms} ms")
         for key in server.replicas:
             self.lost.setdefault(key, set()).add(old)
-        self.faults.down.add(node)
+        self.fronts.down(node)
         self.faults.out_since[node] = self.world.now_ms
         server.wipe(f"{old}w")
         self.restart_as[node] = server.id
@@ -259,7 +269,7 @@ class Sim:
         self.note(f"partition {a} | {b} for {ms} ms")
         pair = frozenset((a, b))
         self.faults.partitions.add(pair)
-        self.world.after(ms, lambda: self.faults.partitions.discard(pair))
+        self.world.after(ms, lambda: self.fronts.heal(a, b))
 
     def writer_crash(self) -> None:
         self.note(f"{self.writers[-1].id} crashes")
@@ -274,7 +284,7 @@ class Sim:
         self.start_writer()  # the old one is a zombie until the partition heals
 
     def heal(self) -> None:
-        self.faults.partitions.clear()
+        self.fronts.heal_all()
         for node in list(self.faults.down):
             self.restart(node)
         for server in self.servers.values():
@@ -282,6 +292,7 @@ class Sim:
                 server.resume()
         self.faults.drop = 0.0
         self.faults.spike = 0.0
+        self.fronts.net.faults.reset_rate = 0.0
         self.repair_seals()
 
     def repair_seals(self) -> None:
@@ -412,18 +423,17 @@ class Sim:
 
     def new_reader(
         self, start: int, end: int | None = None, *, follow: bool = False
-    ) -> SimReader:
-        """A read of ``[start, end)`` with the real read cursor (:mod:`tests.sim.simreader`),
-        its deliveries checked as they come (:meth:`check_delivery`)."""
+    ) -> Reading:
+        """A read of ``[start, end)`` by the real reader (:mod:`tests.sim.reading`), its
+        deliveries checked as they come (:meth:`check_delivery`)."""
         rng = self.reader_rng
         preferred = rng.choice([None, *self.nodes])
-        reader = SimReader(
-            self.world, self.net, f"r{len(self.readers) + 1}", STREAM, start=start, end=end,
-            follow=follow, preferred=preferred, decoding=rng.choice(sorted(DECODINGS)),
+        reader = Reading(
+            self.world, self.fronts.net, f"r{len(self.readers) + 1}", STREAM, start=start,
+            end=end, follow=follow, preferred=preferred, decoding=rng.choice(DECODINGS),
             on_deliver=self.check_delivery, on_end=self.reader_ended,
         )
         self.readers.append(reader)
-        reader.begin()
         return reader
 
     def schedule_readers(self) -> None:
@@ -454,7 +464,7 @@ class Sim:
         end = rng.choice([None, start + rng.randint(1, 60)])
         self.new_reader(start, end, follow=end is not None and rng.random() < 0.3)
 
-    def reader_ended(self, reader: SimReader) -> None:
+    def reader_ended(self, reader: Reading) -> None:
         if reader.error is not None:
             self.read_failures.append(reader.describe())
             if reader is self.tail:
@@ -469,15 +479,17 @@ class Sim:
                 f"{reader.next_offset}")
 
     def check_delivery(
-        self, reader: SimReader, range_index: int, offset: int, next_offset: int,
-        items: Delivered,
+        self, reader: Reading, offset: int, next_offset: int, items: Delivered,
     ) -> None:
         """Every answer a reader hands over: the offsets it has not seen, in order without
         a gap, within the range it read, never past a sealed range's catalog end (nor the
         reader's end); each record what the writer whose record it is appended there, the
         same that every other reader saw there; from an open range, only records already
-        acknowledged to that writer."""
-        where = f"{reader.id} (range {range_index})"
+        acknowledged to that writer. (An item is one record or one READ answer's batches:
+        all of one range, the catalog's range holding its first offset.)"""
+        meta = self.pd.describe(STREAM)
+        rng = meta.range_for(offset)
+        where = f"{reader.id} (range {rng.index if rng is not None else None})"
         assert offset == reader.next_offset and next_offset > offset, (
             f"{where}: delivers [{offset}, {next_offset}) after {reader.next_offset}")
         offsets = [o for o, _ in items]
@@ -486,8 +498,6 @@ class Sim:
             f"[{offset}, {next_offset})")
         assert reader.end is None or next_offset <= reader.end, (
             f"{where}: delivers up to {next_offset}, past its end {reader.end}")
-        meta = self.pd.describe(STREAM)
-        rng = meta.range_at(range_index)
         assert rng is not None and rng.start <= offset, f"{where}: not a range at {offset}"
         assert rng.end is None or next_offset <= rng.end, (
             f"{where}: delivers up to {next_offset}, past the catalog end {rng.end}")
@@ -599,6 +609,7 @@ class Sim:
         assert self.close(final), (
             f"{final.id}: close did not get ack_count answers to its final CONFIRM")
         for node in self.nodes:
+            self.fronts.restart(node)
             self.servers[node].crash()
         self.repair_seals()
         meta = self.pd.describe(STREAM)

@@ -71,6 +71,7 @@ Key = tuple[int, int]
 
 SYNC_MS = (1, 3)  # a simulated fsync takes this long (sometimes much longer)
 SUSPECT_AFTER_MS = 200  # PD stops placing on a server unreachable this long
+CLOSE_STEPS_MAX = 10_000  # World.close: steps for the cancelled tasks to unwind
 
 
 def address_of(node: str) -> str:
@@ -128,7 +129,25 @@ class World:
             raise self._raised.pop(0)
         return True
 
+    def fail(self, error: BaseException) -> None:
+        """Fail the run with ``error`` (raised by the next :meth:`step`): what a task
+        running on the loop hands over when an invariant it checks fails."""
+        self._raised.append(error)
+
     def close(self) -> None:
+        """Cancel what still runs on the loop (readers, clients), let it unwind (a bounded
+        number of steps), then close the loop."""
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
+            task.cancel()
+        for _ in range(CLOSE_STEPS_MAX):
+            if all(task.done() for task in tasks):
+                break
+            try:
+                if not self.step():
+                    break
+            except Exception:  # noqa: BLE001, S112 - the run is over: only unwinding
+                continue
         self.loop.close()
 
 

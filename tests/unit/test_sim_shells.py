@@ -19,11 +19,16 @@ PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk
 # Copies still to delete: file -> the classes that repeat a shell.
 COPIES_LEFT = {
     "simwriter.py": {"SimWriter"},  # Writer._step, step type by step type
-    "simreader.py": {"SimReader"},  # a second ReadCursor driver (estream/sdk/reader.py)
     "world.py": {"SimRangeServer", "SimPD"},  # the store and PD's service
-    "simnet.py": {"SimPool"},  # ConnectionPool, driving coroutines without a loop
 }
 REAL_SHELLS = {"RpcClient", "RpcServer", "ConnectionPool"}
+# Where the seeded world (tests/sim/test_sim.py) runs a real client shell: module -> what it
+# imports of the product for it.
+REAL_IN_WORLD = {
+    "reading.py": {"Client", "read_stream", "read_stream_batches", "read_stream_views"},
+    "rpcfront.py": {"RpcServer"},
+    "simwriter.py": {"copy_range", "ConnectionPool"},
+}
 
 
 def _sim_classes() -> dict[str, set[str]]:
@@ -56,3 +61,17 @@ def test_the_real_rpc_shell_runs_on_the_simulated_ports() -> None:
         for alias in node.names
     }
     assert imported >= REAL_SHELLS
+
+
+def _imported(path: Path, package: str) -> set[str]:
+    return {
+        alias.name
+        for node in ast.parse(path.read_text(), str(path)).body
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package)
+        for alias in node.names
+    }
+
+
+def test_the_world_reads_with_the_real_reader_and_copies_with_the_real_pool() -> None:
+    for name, shells in REAL_IN_WORLD.items():
+        assert _imported(SIM / name, "estream.") >= shells, name
