@@ -263,8 +263,6 @@ def test_a_gateway_killed_under_load_loses_nothing(
     assert set(leaders.values()) <= set(gateways)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 3: a Kafka producer's state lives only"
-                   " in the gateway leading the partition (docs/KAFKA.md, not built yet)")
 def test_a_batch_the_dead_leader_stored_is_a_duplicate_at_the_new_leader(
     gateways: list[str], module_cluster: Any, tmp_path: Path,
 ) -> None:
