@@ -28,7 +28,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from estream.core.producer import check_producer_id
+from estream.core.producer import check_writer_producer_id
 from estream.core.rangewriter import RangeWriter
 from estream.core.roll import RollConfig, Roller
 from estream.core.writeeffects import WriterConfig, record_size
@@ -47,7 +47,6 @@ from estream.wire.errors import (
     RangeSealed,
     Unavailable,
 )
-from estream.wire.kafkanames import KAFKA_PRODUCER_PREFIX
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import DIGESTS, Record
 
@@ -91,10 +90,7 @@ class Writer:
     ) -> Writer:
         deadline = client.clock.monotonic_s() + config.delivery_timeout_ms / 1000
         if producer_id is not None:
-            check_producer_id(producer_id)
-            if producer_id.startswith(KAFKA_PRODUCER_PREFIX):  # the gateways' namespace
-                raise InvalidArgument(f"producer ids starting {KAFKA_PRODUCER_PREFIX!r} are "
-                                      "the Kafka gateways'", argument="producer_id")
+            check_writer_producer_id(producer_id)
         meta = await client.pd.open_writer(name)
         writer = cls(client, meta, config)
         writer._producer_id = producer_id or ""
