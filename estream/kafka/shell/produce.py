@@ -293,7 +293,10 @@ class Produce:
             for batch, *_ in part.taken:
                 table.failed(batch.producer_id)
             writer = part.writer
-            if writer is not None and not isinstance(error, InvalidArgument):
+            if writer is not None and (not isinstance(error, InvalidArgument)
+                                       or writer.statistics().failed):
+                # (an InvalidArgument fails the writer only for its stamp: a gateway
+                #   without the gateway role, whose next produce reopens and is refused)
                 self._drop_writer(part.name, writer)
             part.answer(kp.error_code(error) if isinstance(error, EstreamError | TimeoutError)
                         else ErrorCode.unknown_server_error)
