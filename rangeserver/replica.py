@@ -11,14 +11,16 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from estream.wire.errors import (
     DigestMismatch,
     Fenced,
+    InvalidArgument,
     ReplicaDamaged,
 )
+from estream.wire.kafkanames import KAFKA_PRODUCER_PREFIX
 from estream.wire.rangeanswers import RangeState
 from estream.wire.record import (
     DIGEST_NAMES,
@@ -26,9 +28,11 @@ from estream.wire.record import (
     decode_header,
     digest_kind,
     is_hmac_batch,
+    producer_id_starts,
     verify_batch,
     verify_mac,
 )
+from estream.wire.roles import Action, permits_any
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,23 @@ def check_digest(batch: bytes, key_for: Callable[[int], bytes] | None) -> None:
     except DigestMismatch:
         verify_batch(batch)  # damaged in transit is a checksum error (retried), not forgery
         raise
+
+
+_KAFKA_PREFIX = KAFKA_PRODUCER_PREFIX.encode()
+
+
+def check_stamp(batch: bytes, roles: Iterable[str]) -> None:
+    """The append table's stamp row: a batch whose system producer id is in the Kafka
+    gateways' namespace (``__kafka/``: a Kafka producer's state, docs/KAFKA.md) is taken
+    only from a connection whose ``roles`` grant the ``gateway`` action, else
+    :class:`InvalidArgument` naming ``producer_id`` (nothing stored). A few bytes compared.
+
+    >>> check_stamp(b"not even a batch", ())
+    """
+    if producer_id_starts(batch, _KAFKA_PREFIX) and not permits_any(roles, Action.GATEWAY):
+        raise InvalidArgument(
+            f"producer ids starting {KAFKA_PRODUCER_PREFIX!r} are the Kafka gateways' (a "
+            "token or certificate of role 'gateway')", argument="producer_id")
 
 
 @dataclass(frozen=True, slots=True)

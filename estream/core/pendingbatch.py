@@ -14,7 +14,7 @@ class PendingBatch:
     fields are read and written in place by the range writer's per-record path."""
 
     __slots__ = ("parts", "count", "keyed", "first_ts", "max_ts", "sequences", "bytes",
-                 "since_ms", "_stamped")
+                 "since_ms", "stamped")
 
     def __init__(self, *, stamped: bool) -> None:
         self.parts: list[bytes] = []
@@ -25,7 +25,7 @@ class PendingBatch:
         self.sequences: list[int] = []  # a producer's, one per record (``stamped``)
         self.bytes = 0
         self.since_ms = 0  # when the first record was taken (its linger's start)
-        self._stamped = stamped
+        self.stamped = stamped  # its records carry sequences (the range writer's stamp)
 
     def take(self, head: bytes, value: bytes, timestamp: int, now_ms: int,
              sequence: int) -> None:
@@ -41,7 +41,7 @@ class PendingBatch:
         self.count += 1
         if not self.keyed and is_extended_head(head):
             self.keyed = True
-        if self._stamped:
+        if self.stamped:
             self.sequences.append(sequence)
         self.bytes += len(head) + len(value)
 

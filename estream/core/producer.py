@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument
+from estream.wire.kafkanames import KAFKA_PRODUCER_PREFIX
 from estream.wire.record import BatchSystem
 
 runs_max = 4096  # sequence runs a writer remembers offsets for (oldest forgotten first)
@@ -69,6 +70,16 @@ def check_producer_id(producer_id: str) -> str:
         )
     if any(ord(c) < 32 for c in producer_id):
         raise InvalidArgument("producer_id has control characters", argument="producer_id")
+    return producer_id
+
+
+def check_writer_producer_id(producer_id: str) -> str:
+    """A producer id a writer may open with: :func:`check_producer_id`'s and not in the
+    Kafka gateways' namespace (``__kafka/``: their stamps, docs/KAFKA.md)."""
+    check_producer_id(producer_id)
+    if producer_id.startswith(KAFKA_PRODUCER_PREFIX):
+        raise InvalidArgument(f"producer ids starting {KAFKA_PRODUCER_PREFIX!r} are the "
+                              "Kafka gateways'", argument="producer_id")
     return producer_id
 
 
@@ -205,6 +216,7 @@ __all__ = [
     "ProducerTail",
     "check_producer_id",
     "check_sequence",
+    "check_writer_producer_id",
     "last_in_range",
     "runs_max",
 ]

@@ -166,10 +166,8 @@ class RangeWriter:
         return self._batch_bytes + self._pending.bytes
 
     def can_accept(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more fit in the in-flight budget (backpressure otherwise).
-
-        An empty writer always accepts, so one oversized append cannot wait forever.
-        """
+        """Whether ``nbytes`` more fit in the in-flight budget (backpressure otherwise); an
+        empty writer always accepts, so one oversized append cannot wait forever."""
         inflight = self._batch_bytes + self._pending.bytes  # inflight_bytes, inline
         if inflight == 0:
             return True
@@ -279,6 +277,14 @@ class RangeWriter:
             return base, base + 1, effects
         return base, base + 1, None
 
+    def restamp(self, producer_id: str, now_ms: int) -> list[Effect]:
+        """The next records' system producer id (``WriterCore.submit_stamped``); cut on a change."""
+        effects: list[Effect] = []
+        if producer_id != self.producer_id:
+            self._cut_if_due(now_ms, effects, always=True)
+            self.producer_id, self._pending.stamped = producer_id, bool(producer_id)
+        return effects
+
     @property
     def idle_cut_wanted(self) -> bool:
         """Records are pending and nothing sent is unacknowledged: :meth:`cut_idle` would
@@ -307,10 +313,10 @@ class RangeWriter:
         if pending.count >= limits.batch_records_max:
             self._cut(now_ms, effects)
 
-    def _cut_if_due(self, now_ms: int, effects: list[Effect]) -> None:
+    def _cut_if_due(self, now_ms: int, effects: list[Effect], always: bool = False) -> None:
         """Cut at once when the batch is full, or when fewer than ``early_batches`` sent
         batches are unacknowledged (waiting buys nothing: the replicas would idle)."""
-        if self._pending.count and self._may_go():
+        if self._pending.count and (always or self._may_go()):
             self._cut(now_ms, effects)
 
     def _may_go(self) -> bool:
@@ -402,10 +408,10 @@ class RangeWriter:
         return max(self._last_send_ms, self._completed_ms) + self.config.confirm_idle_ms
 
     def _idle_now(self) -> bool:
-        """No records pending (they go within ``linger_ms``, carrying the confirm offset)
-        and no batch in flight (its completion moves the idle deadline; a batch sent after
-        it carries the offset): the only state in which an idle CONFIRM is sent. Under
-        load this saves a CONFIRM to every replica (a durable write on each) per batch."""
+        """No records pending (they go within ``linger_ms``, carrying the confirm offset), no
+        batch in flight (its completion moves the idle deadline; a batch sent after it carries
+        the offset): the only state in which an idle CONFIRM is sent. Under load this saves a
+        CONFIRM to every replica (a durable write on each) per batch."""
         return not self._pending.count and not self._unacked_sent()
 
     def on_range_opened(
@@ -513,15 +519,9 @@ class RangeWriter:
     def _send(self, batch: Batch, now_ms: int, effects: list[Effect]) -> None:
         rng = self._range
         confirm = self.visible_confirm
-        payload = wrap_records(
-            batch.section,
-            stream_id=self.stream_id,
-            range_index=rng.index,
-            epoch=self.epoch,
-            base_offset=batch.base,
-            confirm_offset=confirm,
-            key=self.key,
-        )
+        payload = wrap_records(batch.section, stream_id=self.stream_id, range_index=rng.index,
+                               epoch=self.epoch, base_offset=batch.base, confirm_offset=confirm,
+                               key=self.key)
         batch.range_index = rng.index
         batch.sent_ms = now_ms
         batch.acked_by.clear()

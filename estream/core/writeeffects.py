@@ -95,16 +95,18 @@ Effect = SendAppend | SendConfirm | CompleteAppends | RequestRoll | BeginSeal | 
 
 # The batch header fields a range server names when it refuses a batch out of bounds.
 _BATCH_FIELDS: Final = frozenset(
-    {"stream_id", "epoch", "base_offset", "confirm_offset", "first_timestamp"})
+    {"stream_id", "epoch", "base_offset", "confirm_offset", "first_timestamp",
+     "producer_id"})  # (producer_id: a __kafka/ stamp without the gateway role, every
+#   replica refuses it: rangeserver/replica.py's check_stamp)
 
 
 def fails_the_writer(error: EstreamError) -> bool:
     """Whether a replica's ``error`` fails the writer rather than the replica: a fence, or
     a batch refused for what it is (``MalformedBatch``: records that do not decode;
     ``InvalidArgument`` naming a batch header field: a number out of bounds,
-    ``rangeserver/bounds.py``). Such a refusal depends on the bytes alone, so every
-    replica, in this range or the next, would refuse them again; rolling would only make
-    ranges forever."""
+    ``rangeserver/bounds.py``; or its system block's producer id). Such a refusal depends
+    on the bytes alone, so every replica, in this range or the next, would refuse them
+    again; rolling would only make ranges forever."""
     return isinstance(error, (Fenced, MalformedBatch)) or (
         isinstance(error, InvalidArgument) and error.fields["argument"] in _BATCH_FIELDS)
 

@@ -47,7 +47,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from estream.core.producer import ProducerState, ProducerTail, check_sequence
+from estream.core.producer import (
+    ProducerState,
+    ProducerTail,
+    check_producer_id,
+    check_sequence,
+)
 from estream.core.rangewriter import RangeWriter
 from estream.core.roll import Roller, Steps
 from estream.core.writeeffects import BeginSeal, Effect, RequestRoll, WriterConfig
@@ -135,6 +140,18 @@ class WriterCore:
         if sequence is not None:
             check_sequence(sequence)
 
+    def check_stamp(self, stamp: str, sequence: int | None) -> int:
+        """A stamped append's ``sequence`` if it and ``stamp`` are acceptable, else
+        :class:`InvalidArgument` (a producer's writer takes none: it stamps its own)."""
+        if self.producer is not None:
+            raise InvalidArgument("a producer's writer stamps its own batches",
+                                  argument="stamp")
+        if stamp != self.ranges.producer_id:
+            check_producer_id(stamp)
+        if sequence is None:
+            raise InvalidArgument("a stamp needs its sequence", argument="sequence")
+        return check_sequence(sequence)
+
     @property
     def last_sequence(self) -> int:
         """The producer's highest sequence durably stored (-1: none, or no producer)."""
@@ -168,6 +185,29 @@ class WriterCore:
         producer.taken_one(seq, base)
         return taken
 
+    def submit_stamped(
+        self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
+        stamp: str, sequence: int, key: bytes | None = None,
+    ) -> tuple[int, int, list[Effect] | None]:
+        """``submit`` of a record whose batch records the system producer id ``stamp`` and
+        ``sequence`` for it (a Kafka producer's: the gateway's table decides duplicates,
+        not this writer): the pending batch is cut first when the stamp changes, and the
+        next unstamped record cuts it again."""
+        ranges = self.ranges
+        cut = ranges.restamp(stamp, now_ms)
+        self.submit = self._submit_unstamped
+        return _merged(cut, ranges.take_one(value, headers, timestamp, now_ms, sequence, key))
+
+    def _submit_unstamped(
+        self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
+        sequence: int | None = None, key: bytes | None = None,
+    ) -> tuple[int, int, list[Effect] | None]:
+        """``submit`` after stamped records: their batch is cut, unstamped ones follow."""
+        ranges = self.ranges
+        self.submit = ranges.take_one
+        cut = ranges.restamp("", now_ms)
+        return _merged(cut, ranges.take_one(value, headers, timestamp, now_ms, sequence, key))
+
     def submit_many(
         self, records: Sequence[Record], sequences: Sequence[int | None] | None, now_ms: int
     ) -> tuple[list[int], int, list[Effect]]:
@@ -177,7 +217,10 @@ class WriterCore:
         ranges = self.ranges
         producer = self.producer
         if producer is None:
+            cut = ranges.restamp("", now_ms)  # after stamped records (submit_stamped)
+            self.submit = ranges.take_one
             base, effects = ranges.submit(records, now_ms)
+            effects = cut + effects
             return list(range(base, base + len(records))), base + len(records), effects
         chosen: list[int] = []
         last = producer.last_sequence
@@ -257,6 +300,16 @@ class WriterCore:
             last_sequence=self.last_sequence,
             duplicates=producer.duplicates if producer is not None else 0,
         )
+
+
+def _merged(
+    cut: list[Effect], taken: tuple[int, int, list[Effect] | None]
+) -> tuple[int, int, list[Effect] | None]:
+    """``taken`` (a ``take_one``'s answer) after a restamp's ``cut`` effects."""
+    offset, end, effects = taken
+    if not cut:
+        return taken
+    return offset, end, cut + (effects or [])
 
 
 __all__ = ["WriterCore", "WriterStatistics"]

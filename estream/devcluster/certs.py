@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ``estream certs DIR [--host H ...]`` (:func:`main`) makes the same files for a cluster run
     by hand: give every server's address with ``--host`` (IP addresses or names). With
-    ``--role read|client|admin|member`` it also makes (once) a token of that role
+    ``--role read|client|admin|member|gateway`` it also makes (once) a token of that role
     (:func:`ensure_role_token`, :mod:`estream.wire.roles`): ``DIR/ROLE-token`` holds the line
     ``ROLE:TOKEN``, also added to the servers' token file ``DIR/token`` (restart them to take
     it); a client given ``ESTREAM_TOKEN_FILE=DIR/ROLE-token`` presents the token alone. And a

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from estream.net.rpcclient import ConnectionPool, RpcClient
 from estream.net.rpcfields import (
+    ROLES_FIELD,
     Answer,
     Done,
     Handler,
@@ -36,6 +37,7 @@ from estream.wire.errors import MalformedFrame
 from estream.wire.protocol import parse_address, parse_addresses
 
 __all__ = [
+    "ROLES_FIELD",
     "Answer",
     "ConnectionPool",
     "Done",

@@ -11,7 +11,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from estream.wire.errors import EstreamError
 from estream.wire.fields import Header, optional, require
@@ -23,8 +23,12 @@ Answer = tuple[Header | None, bytes]
 Handler = Callable[[Header, bytes], Awaitable[Answer]]
 # A quick handler: (the future to wait for, or None; what to answer once it is done).
 QuickHandler = Callable[[Header, bytes], tuple["asyncio.Future[Any] | None", Callable[[], Answer]]]
+# Where the server puts the connection's roles (a set of estream/wire/roles.py names) in the
+# request header of the opcodes that need them (RpcServer's ``roles_to``).
+ROLES_FIELD: Final = "connection_roles"
 # start_call's callback: (the answer's header, None) or (None, the error).
 Done = Callable[[Header | None, EstreamError | None], None]
 
 
-__all__ = ["Answer", "Done", "Handler", "Header", "QuickHandler", "optional", "require"]
+__all__ = ["ROLES_FIELD", "Answer", "Done", "Handler", "Header", "QuickHandler", "optional",
+           "require"]

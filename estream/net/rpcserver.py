@@ -10,7 +10,8 @@ that must authenticate closed when it has not within its deadline
 connection is closed. A *quick* handler (the range server's APPEND) runs at once as frames
 are decoded and returns the future to wait for: its answer goes out from that future's
 callback, with no task and no coroutine per request. :func:`answer_allowance` bounds the
-answer bytes a slow reader can make the server hold.
+answer bytes a slow reader can make the server hold. The handlers of ``roles_to`` opcodes
+find the connection's roles in their header's :data:`ROLES_FIELD` (never the peer's).
 
 Side effects: network connections (through the :class:`~estream.net.transport.Network`).
 """
@@ -26,7 +27,7 @@ from ssl import SSLContext
 from typing import Any, Final, cast
 
 from estream.net.rpcauth import ConnectionAuth
-from estream.net.rpcfields import Answer, Handler, QuickHandler
+from estream.net.rpcfields import ROLES_FIELD, Answer, Handler, QuickHandler
 from estream.net.transport import TCP, Listener, Network
 from estream.wire import limits
 from estream.wire.errors import (
@@ -291,7 +292,10 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
             if handler is None:
                 raise UnsupportedOpcode(f"unsupported opcode {frame.opcode}", opcode=frame.opcode)
             assert isinstance(frame.payload, bytes)  # the server's decoder has no direct mode
-            header, payload = await handler(frame.header(), frame.payload)
+            request = frame.header()
+            if frame.opcode in self.server.roles_to:
+                request[ROLES_FIELD] = self.roles
+            header, payload = await handler(request, frame.payload)
             out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
         except asyncio.CancelledError:
             raise
@@ -306,7 +310,10 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
         """Start a quick handler now; answer now or from its future's callback."""
         try:
             assert isinstance(frame.payload, bytes)
-            pending, answer = quick(frame.header(), frame.payload)
+            header = frame.header()
+            if frame.opcode in self.server.roles_to:
+                header[ROLES_FIELD] = self.roles
+            pending, answer = quick(header, frame.payload)
         except Exception as exc:
             self._served(size)
             self._reply(self._encode_failure(frame, exc))
@@ -395,6 +402,7 @@ class RpcServer:
         tokens: Collection[str] | Mapping[str, str] = (),
         member_secret: bytes | None = None,
         opcode_actions: Mapping[int, Action] | None = None,
+        roles_to: Collection[int] = (),
         network: Network = TCP,
     ) -> None:
         """``ssl``: serve TLS; ``tokens``: serve a connection only once it authenticated
@@ -404,7 +412,9 @@ class RpcServer:
         certificate gives the role it names (with or without tokens). ``opcode_actions``: what
         each opcode does, so what role it needs (None: no role check); ``member_secret``:
         its member opcodes are served only on connections that proved it
-        (:mod:`estream.wire.membership`; None: to roles that may). ``inflight_requests_max``
+        (:mod:`estream.wire.membership`; None: to roles that may); ``roles_to``: the
+        opcodes whose handlers read the connection's roles (:data:`ROLES_FIELD`, set over
+        whatever the peer sent there). ``inflight_requests_max``
         and ``connections_max``: the per-connection and per-listener caps (module
         docstring); ``network``: where it listens (:mod:`estream.net.transport`)."""
         self.network = network
@@ -414,6 +424,7 @@ class RpcServer:
         self.tokens = tokens
         self.member_key = None if member_secret is None else member_key(member_secret)
         self.opcode_actions = None if opcode_actions is None else dict(opcode_actions)
+        self.roles_to = frozenset(roles_to)
         self.name = name
         self.inflight_bytes_max = inflight_bytes_max
         self.inflight_requests_max = inflight_requests_max

@@ -86,7 +86,7 @@ class PendingAppend(Waiter[int]):
 @dataclass(slots=True)
 class QueuedAppend:
     """An append waiting for in-flight budget: its checked record parts and its future
-    (``sequence``: a producer's, None for the next one)."""
+    (``sequence``: a producer's, None for the next one, or the ``stamp``'s)."""
 
     value: bytes
     headers: Mapping[str, str] | None
@@ -95,6 +95,7 @@ class QueuedAppend:
     future: PendingAppend
     sequence: int | None
     key: bytes | None
+    stamp: str | None = None  # a batch-level stamp (Writer.append)
 
 
 class AppendQueue:
@@ -114,7 +115,7 @@ class AppendQueue:
     def enqueue(
         self, future: PendingAppend, value: bytes, headers: Mapping[str, str] | None,
         timestamp: int | None, sequence: int | None, key: bytes | None,
-        waited: bool = False,
+        waited: bool = False, stamp: str | None = None,
     ) -> None:
         """Check one append and submit it now, or queue it while the budget is spent
         (``waited``: a queued one, submitted now that the budget has room). Raises what is
@@ -126,7 +127,9 @@ class AppendQueue:
         core = writer._core
         if core is None or writer._error is not None or writer._closed:
             core = writer._check_open()
-        if sequence is not None or core.producer is not None:
+        if stamp is not None:
+            sequence = core.check_stamp(stamp, sequence)
+        elif sequence is not None or core.producer is not None:
             core.check_sequence(sequence)
         if key is not None:
             key = checked_bytes(key, "key", limits.record_key_bytes_max)
@@ -135,10 +138,16 @@ class AppendQueue:
         if not waited and (self._queued or not core.can_accept(size)):
             # Waits: its headers as they are now.
             self._queued.append(QueuedAppend(
-                value, dict(headers) if headers else None, ts, size, future, sequence, key))
+                value, dict(headers) if headers else None, ts, size, future, sequence, key,
+                stamp))
             return
         now = round(self._loop.time() * 1000)
-        offset, end, effects = core.submit(value, headers, ts, now, sequence, key)
+        if stamp is None:
+            offset, end, effects = core.submit(value, headers, ts, now, sequence, key)
+        else:
+            assert sequence is not None  # (check_stamp)
+            offset, end, effects = core.submit_stamped(value, headers, ts, now, stamp,
+                                                       sequence, key)
         if end:
             self.add_waiter(future, end, now, offset)
         else:
@@ -195,7 +204,7 @@ class AppendQueue:
                     continue  # cancelled while it waited: never submitted
                 try:
                     self.enqueue(item.future, item.value, item.headers, item.timestamp,
-                                 item.sequence, item.key, True)
+                                 item.sequence, item.key, True, item.stamp)
                 except Exception as exc:  # noqa: BLE001 - raised where it is awaited
                     if not item.future.done():
                         item.future.set_exception(exc)

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Final, Literal
 
+from estream.core.producer import check_writer_producer_id
 from estream.core.writeeffects import WriterConfig
 from estream.net.appendsender import AppendSender
 from estream.net.clock import SYSTEM_CLOCK, Clock
@@ -332,10 +333,12 @@ class Client:
         ``producer_id``: an idempotent producer (``estream/core/producer.py``): its
         appends carry sequences, ``writer.last_sequence`` is its highest one durably
         stored (found at open), and an append whose sequence is not above it is not
-        stored again."""
+        stored again. Ids starting ``__kafka/`` are refused: the Kafka gateways'."""
         self._check_open()
         if delivery_timeout_s <= 0:
             raise InvalidArgument("delivery_timeout_s must be > 0", argument="delivery_timeout_s")
+        if producer_id is not None:
+            check_writer_producer_id(producer_id)  # before any I/O
         config = WriterConfig(
             linger_ms=linger_ms,
             batch_bytes=batch_bytes,

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from estream.core.producer import check_producer_id
+from estream.core.producer import check_writer_producer_id
 from estream.core.rangewriter import RangeWriter
 from estream.core.roll import RollConfig, Roller
 from estream.core.writeeffects import WriterConfig, record_size
@@ -90,7 +90,7 @@ class Writer:
     ) -> Writer:
         deadline = client.clock.monotonic_s() + config.delivery_timeout_ms / 1000
         if producer_id is not None:
-            check_producer_id(producer_id)
+            check_writer_producer_id(producer_id)
         meta = await client.pd.open_writer(name)
         writer = cls(client, meta, config)
         writer._producer_id = producer_id or ""
@@ -150,6 +150,7 @@ class Writer:
         *,
         sequence: int | None = None,
         key: bytes | None = None,
+        stamp: str | None = None,
     ) -> PendingAppend:
         """Append one record: ``offset = await writer.append(value)``. The record is
         submitted at the call (in call order); the :class:`PendingAppend` it returns
@@ -162,6 +163,11 @@ class Writer:
         earlier append's) is not stored again, and the offset holding it is returned once
         durable, or -1 when this writer does not know it.
 
+        ``stamp`` with ``sequence`` (a writer without a producer id): the system producer
+        id and sequence its batch records for it, with no duplicate check (a Kafka
+        producer's, stamped by the gateway, docs/KAFKA.md); the pending batch is cut when
+        the stamp changes. Range servers refuse ``__kafka/`` stamps to all but gateways.
+
         ``key`` (bytes, optional): the record's key, read back as ``record.key`` (a
         Kafka record's key; records appended without one read back with None).
 
@@ -169,7 +175,8 @@ class Writer:
         are raised when it is awaited, as from a coroutine."""
         future = PendingAppend(loop=self._loop)
         try:
-            self._queue.enqueue(future, value, headers, timestamp, sequence, key)
+            self._queue.enqueue(future, value, headers, timestamp, sequence, key,
+                                stamp=stamp)
         except Exception as exc:  # noqa: BLE001 - raised where it is awaited
             if not future.done():
                 future.set_exception(exc)

@@ -22,6 +22,10 @@ from typing import Final
 
 TOPIC_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _STREAM_RE: Final = re.compile(r"(.+)-(0|[1-9][0-9]{0,8})")
+# A Kafka idempotent producer's batches carry the system producer id kafka_producer_id():
+# only gateways write this namespace (docs/KAFKA.md, "Idempotent producers").
+KAFKA_PRODUCER_PREFIX: Final = "__kafka/"
+_PRODUCER_RE: Final = re.compile(r"__kafka/(0|[1-9][0-9]{0,18})/(0|[1-9][0-9]{0,4})")
 
 
 def stream_name(topic: str, partition: int) -> str:
@@ -44,3 +48,23 @@ def kafka_field(name: str) -> dict[str, str | int] | None:
     if parsed is None:
         return None
     return {"topic": parsed[0], "partition": parsed[1]}
+
+
+def kafka_producer_id(producer_id: int, epoch: int) -> str:
+    """The system producer id stamped on a Kafka producer's batches.
+
+    >>> kafka_producer_id(7, 2), parse_kafka_producer("__kafka/7/2")
+    ('__kafka/7/2', (7, 2))
+    >>> parse_kafka_producer("__kafka/x/2"), parse_kafka_producer("p1")
+    (None, None)
+    """
+    return f"{KAFKA_PRODUCER_PREFIX}{producer_id}/{epoch}"
+
+
+def parse_kafka_producer(system_producer_id: str) -> tuple[int, int] | None:
+    """(producer id, epoch) of a system producer id :func:`kafka_producer_id` made, else
+    None."""
+    match = _PRODUCER_RE.fullmatch(system_producer_id)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))

@@ -1,14 +1,16 @@
 """Roles: what a token may do, per opcode and per admin-API request.
 
-A token file's line is ``ROLE:TOKEN`` or a bare ``TOKEN`` (every role; :func:`parse_token_line`).
-``read`` describes, lists and reads; ``client`` adds creating streams and writing;
-``admin`` adds deleting and trimming streams, draining and forgetting servers; ``member``
-(PD nodes, range servers) adds the member opcodes, which the cluster secret also gates
-(``estream/wire/membership.py``). A CA-verified client certificate names its role in a URI
-SAN ``estream-role:ROLE`` (:func:`role_uri`, :func:`certificate_role`; none: ``client``;
-unknown or two: ``none``). A connection may do what any credential it proved allows. Every
-served opcode has an :class:`Action` in its table (:data:`PD_OPCODE_ACTIONS`,
-:data:`RANGE_SERVER_OPCODE_ACTIONS`); one missing needs ``admin``. Why: docs/ARCHITECTURE.md 8.
+A token file's line is ``ROLE:TOKEN`` or a bare ``TOKEN`` (every role;
+:func:`parse_token_line`). ``read`` describes, lists and reads; ``client`` adds creating streams
+and writing; ``admin`` adds deleting and trimming streams, draining and forgetting servers;
+``member`` (PD nodes, range servers) adds the member opcodes, which the cluster secret also
+gates (``estream/wire/membership.py``); ``gateway`` (Kafka gateways) adds stamping batches with
+a Kafka producer's system producer id (``estream/wire/kafkanames.py``). A CA-verified client
+certificate names its role in a URI SAN ``estream-role:ROLE`` (:func:`role_uri`,
+:func:`certificate_role`; none: ``client``; unknown or two: ``none``). A connection may do what
+any credential it proved allows. Every served opcode has an :class:`Action` in its table
+(:data:`PD_OPCODE_ACTIONS`, :data:`RANGE_SERVER_OPCODE_ACTIONS`); one missing needs ``admin``.
+Why: docs/ARCHITECTURE.md 8.
 
 Pure: no I/O.
 """
@@ -27,15 +29,17 @@ class Action(Enum):
     WRITE = "write"
     ADMIN = "admin"
     MEMBER = "member"
+    GATEWAY = "gateway"  # stamp batches in the ``__kafka/`` producer namespace
 
 
 READ_ROLE: Final = "read"
 CLIENT_ROLE: Final = "client"
 ADMIN_ROLE: Final = "admin"
 MEMBER_ROLE: Final = "member"
+GATEWAY_ROLE: Final = "gateway"
 ALL_ROLES: Final = "all"  # a bare token
 NO_ROLE: Final = "none"  # a certificate naming an unknown role, or several: nothing
-ROLES: Final = (READ_ROLE, CLIENT_ROLE, ADMIN_ROLE, MEMBER_ROLE)
+ROLES: Final = (READ_ROLE, CLIENT_ROLE, ADMIN_ROLE, MEMBER_ROLE, GATEWAY_ROLE)
 ROLE_URI_SCHEME: Final = "estream-role"  # a certificate's SAN URI: estream-role:ROLE
 UNNAMED_CERTIFICATE_ROLE: Final = CLIENT_ROLE  # a verified certificate naming no role
 
@@ -44,6 +48,7 @@ _GRANTS: Final[Mapping[str, frozenset[Action]]] = {
     CLIENT_ROLE: frozenset({Action.READ, Action.WRITE}),
     ADMIN_ROLE: frozenset({Action.READ, Action.WRITE, Action.ADMIN}),
     MEMBER_ROLE: frozenset({Action.READ, Action.WRITE, Action.MEMBER}),
+    GATEWAY_ROLE: frozenset({Action.READ, Action.WRITE, Action.GATEWAY}),
     ALL_ROLES: frozenset(Action),
     NO_ROLE: frozenset(),
 }
@@ -203,6 +208,7 @@ __all__ = [
     "ADMIN_ROLE",
     "ALL_ROLES",
     "CLIENT_ROLE",
+    "GATEWAY_ROLE",
     "MEMBER_ROLE",
     "NO_ROLE",
     "PD_OPCODE_ACTIONS",

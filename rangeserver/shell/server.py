@@ -23,7 +23,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
 
-from estream.net.rpc import Answer, Handler, Header, RpcServer, answer_allowance, optional
+from estream.net.rpc import (
+    ROLES_FIELD,
+    Answer,
+    Handler,
+    Header,
+    RpcServer,
+    answer_allowance,
+    optional,
+)
 from estream.net.transport import TCP, Network
 from estream.wire import appendmany, limits
 from estream.wire import rangemessages as rm
@@ -33,7 +41,7 @@ from estream.wire.rangeanswers import Created, PingAnswer, ReadAnswer, SealAnswe
 from estream.wire.record import stream_key
 from estream.wire.roles import RANGE_SERVER_OPCODE_ACTIONS
 from rangeserver import bounds
-from rangeserver.replica import check_digest, digest_name, problem_replicas
+from rangeserver.replica import check_digest, check_stamp, digest_name, problem_replicas
 from rangeserver.shell.store import Store
 
 log = logging.getLogger(__name__)
@@ -143,7 +151,7 @@ class RangeServer:
             quick_handlers={Opcode.APPEND: self.append_now,
                             Opcode.APPEND_MANY: self.append_many_now},
             member_secret=self._secret, opcode_actions=RANGE_SERVER_OPCODE_ACTIONS,
-            network=network,
+            roles_to=(Opcode.APPEND, Opcode.APPEND_MANY), network=network,
         )
 
     def handlers(self) -> dict[int, Handler]:
@@ -231,6 +239,7 @@ class RangeServer:
             raise _wrong_server(asked, self.server_id)
         deferred = optional(header, "deferred", bool, False)
         check_digest(payload, self._stream_key if self._secret is not None else None)
+        check_stamp(payload, header.get(ROLES_FIELD, ()))
         pending, end = self.store.begin_append(payload, deferred=deferred)
         if self.store.append_delay_ms:
             pending = _paced(pending, self.store.append_delay_ms)
@@ -256,10 +265,12 @@ class RangeServer:
             raise _wrong_server(asked, self.server_id)
         deferred, batches, confirms = appendmany.decode_request(header, payload)
         key = self._stream_key if self._secret is not None else None
+        roles = header.get(ROLES_FIELD, ())
         appends: list[tuple[asyncio.Future[None] | None, Callable[[], int]] | EstreamError] = []
         for batch in batches:
             try:
                 check_digest(batch, key)
+                check_stamp(batch, roles)
                 appends.append(self.store.begin_append(batch, deferred=deferred))
             except EstreamError as exc:
                 appends.append(exc)

@@ -192,9 +192,10 @@ def test_a_gateway_killed_under_load_loses_nothing(
     """kafka-python (defaults: idempotent) and confluent-kafka (idempotent) produce to
     partitions led by three gateways; one is killed with kill -9 once both have records
     acknowledged: its partitions move and the new leaders fence its writers and recover.
-    Read back with the SDK: every record, nothing foreign. A batch the victim stored but
-    did not answer may be stored again by the new leader (an idempotent producer's state
-    lives in the gateway leading the partition: docs/KAFKA.md)."""
+    Read back with the SDK: every record, nothing foreign, and nothing of kafka-python's
+    stored twice (a batch the victim stored but did not answer, retried at the new leader,
+    is answered as a duplicate: the new leader rebuilt the producer's state from the
+    stamps stored with the batches, docs/KAFKA.md)."""
     from confluent_kafka import Producer
     from kafka import KafkaProducer
 
@@ -258,13 +259,13 @@ def test_a_gateway_killed_under_load_loses_nothing(
                        + [b"ck-%d" % i for i in range(records)])
     assert expected - values == Counter(), f"lost: {sorted(expected - values)[:20]}"
     assert set(values) == set(expected), f"foreign: {sorted(set(values) - set(expected))}"
+    twice = sorted(v for v, n in values.items() if n > 1 and v.startswith(b"kp-"))
+    assert twice == [], f"kafka-python's stored twice: {twice[:20]}"
     # The survivors lead every partition now (the victim's registration expired).
     leaders, _ = metadata(gateways[0], topic)
     assert set(leaders.values()) <= set(gateways)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 3: a Kafka producer's state lives only"
-                   " in the gateway leading the partition (docs/KAFKA.md, not built yet)")
 def test_a_batch_the_dead_leader_stored_is_a_duplicate_at_the_new_leader(
     gateways: list[str], module_cluster: Any, tmp_path: Path,
 ) -> None:

@@ -21,11 +21,12 @@ import estream
 from estream.devcluster.cluster import Cluster, start_cluster
 from estream.net.pdclient import PDClient
 from estream.net.security import load_role_token_file, load_token_file
-from estream.wire.errors import Unauthenticated
+from estream.wire.errors import InvalidArgument, Unauthenticated
 
 pytestmark = [pytest.mark.integration]
 
 READ, CLIENT, ADMIN, MEMBER = "read-t0ken", "client-t0ken", "admin-t0ken", "member-t0ken"
+GATEWAY = "gateway-t0ken"
 DENIED = "permission denied"
 
 
@@ -33,7 +34,8 @@ DENIED = "permission denied"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("roles")
     tokens = root / "tokens"
-    tokens.write_text(f"member:{MEMBER}\nread:{READ}\nclient:{CLIENT}\nadmin:{ADMIN}\n")
+    tokens.write_text(f"member:{MEMBER}\nread:{READ}\nclient:{CLIENT}\nadmin:{ADMIN}\n"
+                      f"gateway:{GATEWAY}\n")
     flags = ["--token-file", str(tokens)]
     with start_cluster(root / "cluster", pd_nodes=3, range_servers=3, pd_args=flags,
                        rangeserver_args=list(flags), secret=b"roles test secret") as running:
@@ -103,6 +105,28 @@ async def test_member_opcodes_need_the_secret_whatever_the_token(cluster: Cluste
             await pd.close()
     status, body = http(cluster, "GET", f"/v1/rangeservers/{victim.server_id}", token=READ)
     assert status == 200 and body["address"] == victim.address
+
+
+async def test_only_a_gateway_stamps_kafka_producer_ids(cluster: Cluster) -> None:
+    """A client token may write a stream but not stamp its batches in the Kafka gateways'
+    producer namespace (a Kafka producer's state, docs/KAFKA.md): refused naming
+    producer_id, nothing stored, the servers keep serving; a gateway token may."""
+    async with await estream.connect(cluster.pd_addresses, token=CLIENT) as client:
+        with pytest.raises(InvalidArgument, match="__kafka/") as early:
+            await client.open_writer("no-such-stream", producer_id="__kafka/7/0")  # no I/O
+        assert early.value.fields["argument"] == "producer_id"
+        await client.create_stream("stamps", replicas=3, ack_count=2)
+        async with await client.open_writer("stamps") as writer:
+            with pytest.raises(InvalidArgument, match="gateway") as refused:
+                await writer.append(b"forged", stamp="__kafka/7/0", sequence=5)
+            assert refused.value.fields["argument"] == "producer_id"
+        async with await client.open_writer("stamps") as writer:
+            assert await writer.append(b"plain") == 0
+        assert [r.value async for r in client.read("stamps")] == [b"plain"]
+    async with await estream.connect(cluster.pd_addresses, token=GATEWAY) as gateway:
+        async with await gateway.open_writer("stamps") as writer:
+            assert await writer.append(b"stamped", stamp="__kafka/7/0", sequence=5) == 1
+        assert [r.value async for r in gateway.read("stamps")] == [b"plain", b"stamped"]
 
 
 def test_admin_api_roles(cluster: Cluster) -> None:

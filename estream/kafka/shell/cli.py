@@ -16,7 +16,8 @@ the Kafka port (clients: ``security.protocol=SSL`` or ``SASL_SSL`` with the clus
 the role it names; ``--token-file``: every connection must authenticate, by SASL PLAIN
 with one of its tokens as the password, or by such a certificate (``estream/kafka/sasl.py``).
 As a client of the cluster the gateway is a member: with ``--tls-cert`` it connects with
-TLS, that certificate and ``--tls-ca``, and presents its first token (as range servers do).
+TLS, that certificate and ``--tls-ca``, and presents its first token of role ``gateway``
+or a bare one (range servers refuse Kafka producers' stamps to others), else its first.
 Bad flag values: a one-line error and exit code 2. ``--check-config``: print the settings
 (``key = "value"`` lines), warn on stderr about a port beyond loopback that would serve
 anyone, and exit 0 without connecting or reading the certificate and token files.
@@ -33,6 +34,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from typing import NoReturn
 
 import uvloop
@@ -48,6 +50,7 @@ from estream.net.security import (
     server_context,
 )
 from estream.wire.errors import EstreamError
+from estream.wire.roles import ALL_ROLES, GATEWAY_ROLE
 
 log = logging.getLogger("estream.kafka")
 
@@ -84,11 +87,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def cluster_token(token_roles: Mapping[str, str], first: str | None) -> str | None:
+    """The token the gateway presents to the cluster: its first of role ``gateway`` or a
+    bare one (it stamps Kafka producers' batches, docs/KAFKA.md), else ``first``. Pure.
+
+    >>> cluster_token({"r": "read", "g": "gateway"}, "r"), cluster_token({"r": "read"}, "r")
+    ('g', 'r')
+    """
+    mine = [t for t, role in token_roles.items() if role in (GATEWAY_ROLE, ALL_ROLES)]
+    return mine[0] if mine else first
+
+
 async def serve(args: argparse.Namespace) -> int:
     security: SecurityConfig = config_from_args(args)
     client = await estream.connect(
         args.pd, tls_ca=security.tls_ca if security.tls else None,
-        tls_cert=security.tls_cert, tls_key=security.tls_key, token=security.token)
+        tls_cert=security.tls_cert, tls_key=security.tls_key,
+        token=cluster_token(security.token_roles, security.token))
     host, port = args.listen
     gateway: Gateway | None = None
     server: asyncio.Server | None = None

@@ -7,7 +7,10 @@ decoded and their missing writers opened first; then every record of every parti
 submitted in one pass with no await, so the SDK's append sender carries what the request
 adds to each range server as one APPEND_MANY (not one APPEND per partition and replica).
 Each partition's answer is taken from a callback on its last append (a writer completes
-its appends in offset order): no task, no gather per partition.
+its appends in offset order): no task, no gather per partition. An idempotent producer's
+records are stamped ``__kafka/<producer id>/<epoch>`` with their Kafka sequences; a
+partition's new writer rebuilds its producers from the last stamps stored
+(:meth:`Produce._restored`, docs/KAFKA.md).
 
 Side effects: the SDK's writers.
 """
@@ -27,12 +30,14 @@ from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
 from estream.kafka.convert import estream_headers
-from estream.kafka.producers import ProducerTable
+from estream.kafka.producers import ProducerTable, restored_records_max
 from estream.kafka.records import KafkaBatch, decode_batches
 from estream.kafka.topics import stream_name
 from estream.sdk.client import Client
 from estream.sdk.writer import PendingAppend, Writer
 from estream.wire.errors import EstreamError, InvalidArgument, MalformedFrame, StreamExists
+from estream.wire.kafkanames import KAFKA_PRODUCER_PREFIX, kafka_producer_id
+from estream.wire.record import decode_system
 
 writers_max: Final = 4096  # partition writers held open; past it the least recently used
 #   one is closed (it reopens, fencing nothing of its own, on its next produce)
@@ -57,8 +62,9 @@ class _Partition:
     error: ErrorCode = ErrorCode.none
     base: int = -1  # the answer's: the first record's offset
     duplicate: int | None = None  # the offset of a first batch already stored (or -1)
-    taken: list[tuple[KafkaBatch, PendingAppend]] = field(default_factory=list)  # (, its
-    #   first record's append)
+    taken: list[tuple[KafkaBatch, PendingAppend, int, int]] = field(default_factory=list)
+    #   (, its first appended record's append, records skipped as stored, the first one's
+    #   offset if any)
     appends: list[PendingAppend] = field(default_factory=list)  # every record's, in order
 
     def answer(self, error: ErrorCode, base: int = -1) -> None:
@@ -89,11 +95,35 @@ class Produce:
             writer = self._writers.get(name)
             if writer is None or writer.closed:
                 writer = await self.client.open_writer(name)
+                try:
+                    self._producers[name] = await self._restored(name, writer)
+                except BaseException:
+                    self._spawn(writer.close())
+                    raise
                 self._writers[name] = writer
                 while len(self._writers) > writers_max:
                     oldest, idle = next(iter(self._writers.items()))
                     self._drop_writer(oldest, idle)
             return writer
+
+    async def _restored(self, name: str, writer: Writer) -> ProducerTable:
+        """The idempotent producers of a partition whose writer just opened (recovered):
+        from the stamps of its last :data:`restored_records_max` stored records."""
+        table = ProducerTable()
+        end = writer.statistics().next_offset
+        meta = await self.client.stream_meta(name, refresh=True)  # the sealed ends
+        start = max(end - restored_records_max, meta.start_offset)
+        if start >= end:
+            return table
+        async for views in self.client.read_batch_views(name, start, end):
+            for view in views:
+                system = decode_system(view.batch, view.header)
+                if system is not None and system.producer_id.startswith(
+                        KAFKA_PRODUCER_PREFIX):
+                    table.restore(system.producer_id,
+                                  [system.sequence(i) for i in range(view.header.count)],
+                                  view.header.base_offset)
+        return table
 
     def _drop_writer(self, name: str, writer: Writer) -> None:
         if self._writers.get(name) is writer:
@@ -211,7 +241,7 @@ class Produce:
         assert writer is not None
         table = self._producers.setdefault(part.name, ProducerTable())
         for batch in part.batches:
-            count = len(batch.records)
+            count, records, skip, stored, stamp = len(batch.records), batch.records, 0, -1, None
             if batch.producer_id >= 0:
                 decision = table.decide(batch.producer_id, batch.producer_epoch,
                                         batch.base_sequence, count)
@@ -219,15 +249,21 @@ class Produce:
                     if part.duplicate is None and not part.taken:
                         part.duplicate = decision.offset
                     continue
-                if decision.kind != "append":
+                if decision.kind == "partial":  # its first records stored: the rest
+                    skip, stored, records = decision.skip, decision.offset, records[
+                        decision.skip:]
+                elif decision.kind != "append":
                     part.answer(_SEQUENCE_ERRORS[decision.kind])
                     break
-                table.appended(batch.producer_id, batch.producer_epoch, batch.base_sequence,
-                               count)
+                table.appended(batch.producer_id, batch.producer_epoch,
+                               batch.base_sequence + skip, count - skip)
+                stamp = kafka_producer_id(batch.producer_id, batch.producer_epoch)
+            first = batch.base_sequence + skip
             appends = [writer.append(r.value or b"", estream_headers(r),
-                                     r.timestamp if r.timestamp >= 0 else now, key=r.key)
-                       for r in batch.records]
-            part.taken.append((batch, appends[0]))
+                                     r.timestamp if r.timestamp >= 0 else now, key=r.key,
+                                     stamp=stamp, sequence=None if stamp is None else first + i)
+                       for i, r in enumerate(records)]
+            part.taken.append((batch, appends[0], skip, stored))
             part.appends += appends
         if not part.answered and not part.appends:  # duplicates only
             part.answer(ErrorCode.none, -1 if part.duplicate is None else part.duplicate)
@@ -254,19 +290,23 @@ class Produce:
             elif pending.exception() is not None:  # (every one retrieved: none logged)
                 error = error or pending.exception()
         if error is not None:
-            for batch, _ in part.taken:
+            for batch, *_ in part.taken:
                 table.failed(batch.producer_id)
             writer = part.writer
-            if writer is not None and not isinstance(error, InvalidArgument):
+            if writer is not None and (not isinstance(error, InvalidArgument)
+                                       or writer.statistics().failed):
+                # (an InvalidArgument fails the writer only for its stamp: a gateway
+                #   without the gateway role, whose next produce reopens and is refused)
                 self._drop_writer(part.name, writer)
             part.answer(kp.error_code(error) if isinstance(error, EstreamError | TimeoutError)
                         else ErrorCode.unknown_server_error)
             return
         first_offset = part.duplicate
-        for batch, first in part.taken:
+        for batch, first, skip, stored in part.taken:
             offset = first.result()
             if batch.producer_id >= 0:
-                table.stored(batch.producer_id, batch.base_sequence, offset)
+                table.stored(batch.producer_id, batch.base_sequence + skip, offset)
+            offset = stored if skip else offset
             first_offset = offset if first_offset is None else first_offset
         part.answer(ErrorCode.none, -1 if first_offset is None else first_offset)
 

@@ -26,6 +26,7 @@ from estream.wire.record.decode import (
     decode_system,
     is_hmac_batch,
     iter_batches,
+    producer_id_starts,
     verify_batch,
     verify_digest,
     verify_mac,
@@ -78,7 +79,7 @@ __all__ = [
     "BatchSystem", "BatchView", "EncodedRecords", "Record", "RecordBatch", "check_records",
     "compute_checksum", "decode_batch", "decode_columns", "decode_header", "decode_system",
     "decode_views", "digest_kind", "encode_batch", "encode_record_head", "encode_records",
-    "encode_system", "is_extended_head", "is_hmac_batch", "iter_batches", "records_at",
-    "restamp", "section_of_parts", "stream_key", "uniform_value_bytes", "verify_batch",
-    "verify_digest", "verify_mac", "view_batch", "with_system", "wrap_records",
+    "encode_system", "is_extended_head", "is_hmac_batch", "iter_batches", "producer_id_starts",
+    "records_at", "restamp", "section_of_parts", "stream_key", "uniform_value_bytes",
+    "verify_batch", "verify_digest", "verify_mac", "view_batch", "with_system", "wrap_records",
 ]

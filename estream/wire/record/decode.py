@@ -154,6 +154,21 @@ def decode_system(
     return BatchSystem(producer, first, last, sequences, mac, size, mac_version)
 
 
+def producer_id_starts(batch: bytes | memoryview, prefix: bytes) -> bool:
+    """Whether a batch's system block names a producer id starting with ``prefix``: a
+    few bytes compared, nothing decoded or verified (False for bytes too short to hold
+    it: the batch's own checks refuse them).
+
+    >>> producer_id_starts(b"short", b"__kafka/")
+    False
+    """
+    at = BATCH_HEADER_BYTES + SYSTEM_PREFIX_BYTES
+    if len(batch) < at + len(prefix) or not batch[3] & FLAG_SYSTEM:  # (flags: byte 3)
+        return False
+    return batch[BATCH_HEADER_BYTES + 4] >= len(prefix) and (  # (producer id bytes)
+        batch[at : at + len(prefix)] == prefix)
+
+
 def verify_digest(
     batch: bytes | memoryview,
     *,

@@ -27,6 +27,7 @@ from estream.wire.roles import (
     ("client", {Action.READ, Action.WRITE}),
     ("admin", {Action.READ, Action.WRITE, Action.ADMIN}),
     ("member", {Action.READ, Action.WRITE, Action.MEMBER}),
+    ("gateway", {Action.READ, Action.WRITE, Action.GATEWAY}),
     ("all", set(Action)),
     ("", set()),  # not authenticated yet
     ("root", set()),
