@@ -93,7 +93,7 @@ def oldest_unacked_ms(batches: Iterable[Batch], rng: OpenRange) -> int | None:
         if oldest is not None and batch.sent_ms >= oldest:
             continue
         acked_by = batch.acked_by
-        if len(acked_by) < len(live) or any(r not in acked_by for r in live):
+        if len(acked_by) < len(live) or not acked_by.issuperset(live):  # no generator
             oldest = batch.sent_ms
     return oldest
 

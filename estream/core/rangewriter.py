@@ -555,7 +555,7 @@ class RangeWriter:
             batch = self._batches[0]
             if batch.end > self.completed or batch.range_index != self._range.index:
                 return
-            if self._range.seal_end is None and not all(r in batch.acked_by for r in live):
+            if self._range.seal_end is None and not batch.acked_by.issuperset(live):
                 return
             self._drop_front()
 

@@ -110,9 +110,9 @@ def _outcome(pending: asyncio.Future[None]) -> EstreamError | None:
     return EstreamError("internal server error")
 
 
-def _confirm_result(entry: asyncio.Future[None] | EstreamError) -> EstreamError | None:
-    """One APPEND_MANY confirm's result: None (durable) or the typed error."""
-    return entry if isinstance(entry, EstreamError) else _outcome(entry)
+def _durable_result(durable: asyncio.Future[None] | None) -> EstreamError | None:
+    """A taken APPEND_MANY confirm's result: None (durable) or the log's typed error."""
+    return None if durable is None else _outcome(durable)
 
 
 def _entry_result(
@@ -274,23 +274,31 @@ class RangeServer:
                 appends.append(self.store.begin_append(batch, deferred=deferred))
             except EstreamError as exc:
                 appends.append(exc)
-        confirmed: list[asyncio.Future[None] | EstreamError] = []
+        confirmed: list[EstreamError | None] = []  # None: taken (checked, then decided)
+        checked: list[tuple[int, int, int, int]] = []
         for confirm in confirms:
             try:
                 stream_id, range_index, epoch, offset = (
                     bounds.check_field(name, value) for name, value in zip(
                         ("stream_id", "range_index", "epoch", "confirm"), confirm, strict=True))
-                confirmed.append(self.store.begin_confirm(stream_id, range_index, epoch, offset))
             except EstreamError as exc:
                 confirmed.append(exc)
+            else:
+                confirmed.append(None)
+                checked.append((stream_id, range_index, epoch, offset))
+        # The confirms are one log write (Store.begin_confirms): one future for all.
+        decided, durable = self.store.begin_confirms(checked) if checked else ([], None)
+        taken = iter(decided)
+        confirmed = [next(taken) if c is None else c for c in confirmed]
         waits = [e[0] for e in appends if not isinstance(e, EstreamError) and e[0] is not None]
-        waits += [c for c in confirmed if not isinstance(c, EstreamError)]
+        if durable is not None:
+            waits.append(durable)
         done = _all_done(waits)
         if self.store.append_delay_ms and batches:
             done = _paced(done, self.store.append_delay_ms)
         return done, lambda: (appendmany.encode_answer(
             [_entry_result(e) for e in appends],
-            [_confirm_result(c) for c in confirmed]), b"")
+            [_durable_result(durable) if c is None else c for c in confirmed]), b"")
 
     def _stream_key(self, stream_id: int) -> bytes:
         """The MAC key of a stream, from the cluster secret (cached)."""

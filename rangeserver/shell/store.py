@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
@@ -193,12 +193,13 @@ class Store(StoreReads):
     def _get(self, stream_id: int, range_index: int) -> ReplicaState:
         state = self.replicas.get((stream_id, range_index))
         if state is None:
-            raise RangeNotFound(
-                f"no replica of range {range_index} of stream {stream_id}",
-                stream_id=stream_id,
-                range_index=range_index,
-            )
+            raise self._missing((stream_id, range_index))
         return state
+
+    @staticmethod
+    def _missing(key: Key) -> RangeNotFound:
+        return RangeNotFound(f"no replica of range {key[1]} of stream {key[0]}",
+                             stream_id=key[0], range_index=key[1])
 
     def _set(self, key: Key, new: ReplicaState) -> None:
         old = self.replicas[key]
@@ -469,18 +470,62 @@ class Store(StoreReads):
     def begin_confirm(
         self, stream_id: int, range_index: int, epoch: int, confirm: int
     ) -> asyncio.Future[None]:
-        """:meth:`confirm` without a coroutine (APPEND_MANY's confirms): decided and
-        queued now; returns the future of its durability."""
-        key = (stream_id, range_index)
-        state = self._get(*key)
-        outcome = rp.decide_confirm(state, epoch, confirm)
-        if isinstance(outcome, rp.StaleEpoch):
-            raise rp.stale_error(outcome)
-        if outcome.confirm > state.confirm:
-            self._set(key, outcome)  # readers may see it now: those records are acknowledged
-            return self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm),
-                                     state)
-        return self.wal.barrier()
+        """:meth:`confirm` without a coroutine: decided and queued now (one confirm of
+        :meth:`begin_confirms`); returns the future of its durability."""
+        (error,), done = self.begin_confirms([(stream_id, range_index, epoch, confirm)])
+        if error is not None:
+            raise error
+        assert done is not None
+        return done
+
+    def begin_confirms(
+        self, confirms: Sequence[tuple[int, int, int, int]]
+    ) -> tuple[list[EstreamError | None], asyncio.Future[None] | None]:
+        """Confirms ``(stream_id, range_index, epoch, confirm)`` (APPEND_MANY's), each
+        decided as a CONFIRM of its own, queued now as **one** log write: the CONFIRM
+        entries of those that raise a confirm offset back to back (each entry as a lone
+        CONFIRM writes it), or a barrier when none does. Returns each one's refusal (None:
+        taken) and the one future of their durability (None: every one refused)."""
+        errors: list[EstreamError | None] = []
+        raised: list[tuple[Key, ReplicaState]] = []  # (key, state before) per entry
+        entries: list[bytes] = []
+        for stream_id, range_index, epoch, confirm in confirms:
+            key = (stream_id, range_index)
+            state = self.replicas.get(key)
+            if state is None:
+                errors.append(self._missing(key))
+                continue
+            outcome = rp.decide_confirm(state, epoch, confirm)
+            if isinstance(outcome, rp.StaleEpoch):
+                errors.append(rp.stale_error(outcome))
+                continue
+            errors.append(None)
+            if outcome.confirm > state.confirm:
+                self._set(key, outcome)  # readers may see it now: those records are acknowledged
+                raised.append((key, state))
+                entries.append(wf.encode_control(wf.Confirmed(*key, epoch, confirm)))
+        if None not in errors:
+            return errors, None
+        try:
+            if not entries:
+                return errors, self.wal.barrier()  # a CONFIRM that raised it may be in flight
+            data = b"".join(entries)
+
+            def undo() -> None:  # cut back: each replica as before its entry, newest first
+                for key, before in reversed(raised):
+                    self._restore(key, before)
+
+            location, done = self.wal.append((data,), len(data), on_failed=undo, control=True)
+        except EstreamError as exc:  # the log stopped: nothing was queued
+            for key, before in reversed(raised):
+                self._restore(key, before)
+            return [exc if error is None else error for error in errors], None
+        for key, _ in raised:
+            if key in self.spans:
+                self._extend_span(key, location.segment)
+            else:
+                self.spans[key] = Span(location.segment, location.segment)
+        return errors, done
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
         return self._get(stream_id, range_index).describe()
