@@ -15,7 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM = ROOT / "tests" / "sim"
-PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk", "SimLog"})
+PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk", "SimLog",
+                   "SimRaft"})
 # Copies still to delete: file -> the classes that repeat a shell.
 COPIES_LEFT = {
     "simwriter.py": {"SimWriter"},  # Writer._step, step type by step type
