@@ -3,7 +3,7 @@
 :class:`~pd.shell.service.PdService` runs unchanged on :class:`~tests.sim.simraft.SimRaft`
 (its consensus port), answers through the real :class:`~estream.net.rpc.RpcServer` on
 the simulated network (tests/sim/simtransport.py), and runs its leader's background
-rounds (writer recovery, repair, reclaim, drain) on the deterministic loop's virtual
+rounds (writer recovery, repair, reclaim, drain, retention) on the deterministic loop's virtual
 time; the real :class:`~estream.net.pdclient.PDClient` drives it, and real range servers
 (tests/sim/test_simserver.py's pattern) register and heartbeat with their real loop.
 """
@@ -33,6 +33,7 @@ from pd.shell.drainer import Drainer
 from pd.shell.reclaimer import Reclaimer
 from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
+from pd.shell.retainer import Retainer
 from pd.shell.service import PdService
 from rangeserver.shell.heartbeat import heartbeat_loop
 from rangeserver.shell.server import RangeServer
@@ -88,8 +89,10 @@ class SimPdNode:
         recoverer.pool = self.pool()
         reclaimer = Reclaimer(service, busy=busy, pool=self.pool())
         drainer = Drainer(service, repairer, recoverer, clock_ms=clock_ms)
+        retainer = Retainer(service, clock=self.clock)
+        retainer.pool = self.pool()
         for work in (self._register_self(), repairer.run(), recoverer.run(),
-                     reclaimer.run(), drainer.run()):
+                     reclaimer.run(), drainer.run(), retainer.run()):
             self.tasks.append(asyncio.ensure_future(work))
         return service
 
@@ -402,3 +405,17 @@ def test_reads_wait_for_a_leader_and_then_answer_from_the_applied_catalog(
     refused, described, waited = on_cluster(tmp_path, 7, body, servers=True)
     assert refused is Unavailable and described.name == "orders"
     assert waited >= 2.0  # leaderless reads answer only once the majority is surely lost
+
+
+def test_a_decision_waits_for_the_catch_up_on_the_services_clock(tmp_path: Path) -> None:
+    """With no leader, a write's decision view waits ``catch_up_wait_s`` of the
+    service's clock (virtual time here), then answers Unavailable."""
+    async def body(c: Cluster) -> float:
+        c.raft.lose_leader()
+        started = c.loop.time()
+        with pytest.raises(Unavailable):
+            await c.service_().create_stream(CreateStreamRequest(name="late"))
+        return c.loop.time() - started
+
+    waited = on_cluster(tmp_path, 8, body, servers=False)
+    assert 2.0 <= waited < 2.1, waited
