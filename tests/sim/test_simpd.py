@@ -327,28 +327,36 @@ def test_a_leader_lost_mid_proposal_and_the_client_retrying_creates_the_stream_o
     assert outcomes == {True, False}, "the seeds never both applied and lost a create"
 
 
-def test_unknown_outcomes_make_retried_seals_land_once(tmp_path: Path) -> None:
-    """A third of the proposals time out, applied or not; a writer retrying its seal
-    with the same arguments ends with each range sealed once, at its end."""
-    async def body(c: Cluster) -> tuple[StreamMeta, int]:
-        await c.client.create_stream("orders", 3, 2)
-        opened = await c.client.open_writer("orders")
-        c.raft.faults.unknown_rate = 0.35
-        for index in range(6):
-            while True:
-                try:
-                    await c.client.seal_range("orders", opened.epoch, index, 10 * (index + 1),
-                                              stream_id=opened.id)
-                    break
-                except Timeout:
-                    continue  # the outcome is unknown: the same seal again
-        c.raft.faults.unknown_rate = 0.0
-        return await c.client.describe_stream("orders"), c.raft.unknown
+async def _seals_through_unknown_outcomes(c: Cluster) -> tuple[StreamMeta, int, float]:
+    """A writer rolls six ranges while a third of the proposals time out (applied or
+    not), retrying each seal with the same arguments."""
+    await c.client.create_stream("orders", 3, 2)
+    opened = await c.client.open_writer("orders")
+    c.raft.faults.unknown_rate = 0.35
+    for index in range(6):
+        for _ in range(50):
+            try:
+                await c.client.seal_range("orders", opened.epoch, index, 10 * (index + 1),
+                                          stream_id=opened.id)
+                break
+            except Timeout:
+                continue  # the outcome is unknown: the same seal again
+    c.raft.faults.unknown_rate = 0.0
+    return await c.client.describe_stream("orders"), c.raft.unknown, c.loop.time()
 
-    stream, unknown = on_cluster(tmp_path, 5, body)
+
+def test_unknown_outcomes_make_retried_seals_land_once(tmp_path: Path) -> None:
+    stream, unknown, _ = on_cluster(tmp_path, 5, _seals_through_unknown_outcomes,
+                                    servers=False)
     assert unknown >= 2
     assert [(r.index, r.start, r.end, r.sealed) for r in stream.ranges] == [
         (i, 10 * i, 10 * (i + 1) if i < 6 else None, i < 6) for i in range(7)]
+
+
+def test_a_seed_replays_the_service_exactly(tmp_path: Path) -> None:
+    first = on_cluster(tmp_path / "a", 9, _seals_through_unknown_outcomes, servers=False)
+    assert first == on_cluster(tmp_path / "b", 9, _seals_through_unknown_outcomes,
+                               servers=False)
 
 
 def test_a_new_leader_starts_every_lease_afresh(tmp_path: Path) -> None:
