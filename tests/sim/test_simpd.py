@@ -3,7 +3,8 @@
 :class:`~pd.shell.service.PdService` runs unchanged on :class:`~tests.sim.simraft.SimRaft`
 (its consensus port), answers through the real :class:`~estream.net.rpc.RpcServer` on
 the simulated network (tests/sim/simtransport.py), and runs its leader's background
-rounds (writer recovery, repair, reclaim, drain, retention) on the deterministic loop's virtual
+rounds (writer recovery, repair, reclaim, drain, retention), all assembled by the real
+:class:`~pd.shell.node.PlacementDriverNode` given the ports, on the deterministic loop's virtual
 time; the real :class:`~estream.net.pdclient.PDClient` drives it, and real range servers
 (tests/sim/test_simserver.py's pattern) register and heartbeat with their real loop.
 """
@@ -21,19 +22,13 @@ import pytest
 
 from estream.net.clock import Clock
 from estream.net.pdclient import PDClient
-from estream.net.rpc import ConnectionPool, RpcServer
+from estream.net.rpc import ConnectionPool
 from estream.wire.errors import Timeout, Unavailable
 from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
-from estream.wire.roles import PD_OPCODE_ACTIONS
-from pd.catalog import PdNode
-from pd.shell.drainer import Drainer
-from pd.shell.reclaimer import Reclaimer
-from pd.shell.recoverer import Recoverer
-from pd.shell.repairer import Repairer
-from pd.shell.retainer import Retainer
+from pd.shell.node import PdConfig, PlacementDriverNode
 from pd.shell.service import PdService
 from rangeserver.shell.heartbeat import heartbeat_loop
 from rangeserver.shell.server import RangeServer
@@ -53,65 +48,13 @@ SEGMENT_BYTES = 1 << 16
 SEEDS = range(8)
 
 
-class SimPdNode:
-    """One PD node: the real service on SimRaft, its RPC port and its leader's rounds
-    (pd/shell/node.py's assembly, on the simulator's ports; no admin HTTP)."""
-
-    def __init__(self, net: SimNetwork, raft: SimRaft, clock: Clock) -> None:
-        self.net = net
-        self.raft = raft
-        self.clock = clock
-        self.service = PdService(raft, PdNode("pd-1", raft.self_address, "", ""),
-                                 clock_ms=clock.monotonic_ms)
-        self.rpc: RpcServer | None = None
-        self.recoverer: Recoverer | None = None
-        self.tasks: list[asyncio.Task[None]] = []
-        self.pools: list[ConnectionPool] = []
-
-    def pool(self) -> ConnectionPool:
-        pool = ConnectionPool(network=self.net.node("pd"))
-        self.pools.append(pool)
-        return pool
-
-    async def start(self) -> PdService:
-        service, clock_ms = self.service, self.clock.monotonic_ms
-        self.raft.start()
-        service.pool = self.pool()
-        self.rpc = RpcServer(service.handlers(), name="pd-sim",
-                             quick_handlers=service.quick_handlers(),
-                             opcode_actions=PD_OPCODE_ACTIONS, network=self.net.node("pd"))
-        host, port = PD_ADDRESS.rsplit(":", 1)
-        address = await self.rpc.start(host, int(port))
-        service.me = PdNode("pd-1", self.raft.self_address, address, PD_HTTP)
-        busy: set[tuple[int, int]] = set()
-        repairer = Repairer(service, clock_ms=clock_ms, busy=busy, pool=self.pool())
-        recoverer = self.recoverer = Recoverer(service, clock_ms=clock_ms, busy=busy)
-        recoverer.pool = self.pool()
-        reclaimer = Reclaimer(service, busy=busy, pool=self.pool())
-        drainer = Drainer(service, repairer, recoverer, clock_ms=clock_ms)
-        retainer = Retainer(service, clock=self.clock)
-        retainer.pool = self.pool()
-        for work in (self._register_self(), repairer.run(), recoverer.run(),
-                     reclaimer.run(), drainer.run(), retainer.run()):
-            self.tasks.append(asyncio.ensure_future(work))
-        return service
-
-    async def _register_self(self) -> None:
-        while self.raft.view().pd_nodes.get("pd-1") != self.service.me:
-            with contextlib.suppress(Unavailable, Timeout):
-                await self.service.register_self()
-            await asyncio.sleep(0.5)
-
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for pool in self.pools:
-            await pool.close()
-        if self.rpc is not None:
-            await self.rpc.close()
-        self.raft.close()
+def pd_node(net: SimNetwork, raft: SimRaft, clock: Clock, data_dir: Path
+            ) -> PlacementDriverNode:
+    """The real PD node's assembly (its service, RPC port and leader rounds) on the
+    simulator's ports; no admin HTTP (aiohttp needs real sockets)."""
+    config = PdConfig("pd-1", PD_ADDRESS, raft.self_address, PD_HTTP, data_dir)
+    return PlacementDriverNode(config, raft=raft, network=net.node("pd"), clock=clock,
+                               serve_http=False)
 
 
 class SimRangeServerNode:
@@ -157,7 +100,7 @@ class Cluster:
         self.clock = SimClock(loop)
         self.net = SimNetwork(loop, random.Random(seed))
         self.raft = SimRaft(loop, random.Random(seed + 1))
-        self.pd = SimPdNode(self.net, self.raft, self.clock)
+        self.pd = pd_node(self.net, self.raft, self.clock, tmp_path / f"{seed}-pd")
         self.servers = [SimRangeServerNode(self.net, sid, tmp_path / f"{seed}-{sid}",
                                            self.clock) for sid in SERVERS]
         self.client = PDClient([PD_ADDRESS], network=self.net.node("client"),
@@ -165,7 +108,8 @@ class Cluster:
         self.service: PdService | None = None
 
     async def start(self, *, servers: bool = True) -> PdService:
-        self.service = await self.pd.start()
+        await self.pd.start()
+        self.service = self.pd.service
         if servers:
             for server in self.servers:
                 server.data_dir.mkdir(parents=True)
@@ -174,7 +118,7 @@ class Cluster:
             for server_id, address in SERVERS.items():
                 await self.client.register_server(server_id, address, "ssd")
         await until(lambda: sum(s.alive for s in self.service_().servers()) == 3)
-        return self.service
+        return self.service_()
 
     def service_(self) -> PdService:
         assert self.service is not None
@@ -184,7 +128,7 @@ class Cluster:
         await self.client.close()
         for server in self.servers:
             await server.stop()
-        await self.pd.stop()
+        await self.pd.close()
 
 
 async def until(done: Callable[[], bool], *, within_s: float = 30.0,
