@@ -4,9 +4,9 @@ tests/sim holds two kinds of ``Sim*`` classes: the ports' simulated sides (a loo
 virtual time, its clock, the network, the disk, the store's log, PD's consensus), under
 which the real shells run unchanged; and copies of shells, written before the ports
 existed, which drive the cores the way a shell does (issue 29 deletes them as the real
-shells move onto the ports). A new
-``Sim*`` class must be a port: this test fails on a new copy, and on a copy deleted but
-still listed (so the list is kept honest as it shrinks).
+shells move onto the ports). A new ``Sim*`` class must be a port: this test fails on a
+new copy, and on a copy deleted but still listed (so the list is kept honest as it
+shrinks).
 """
 
 from __future__ import annotations
