@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.objectstore import ObjectStore
 from estream.net.rpc import ConnectionPool, RpcServer, parse_address
 from estream.net.security import (
@@ -27,11 +28,13 @@ from estream.net.security import (
     member_client_context,
     server_context,
 )
+from estream.net.transport import TCP, Network
 from estream.wire.errors import EstreamError
 from estream.wire.roles import PD_OPCODE_ACTIONS
 from pd.catalog import PdNode
 from pd.retention import timestamp_skew_ms_max
 from pd.scrub import ScrubPace, scrub_bytes_per_s_max_default, scrub_period_s_default
+from pd.shell.consensus import Consensus
 from pd.shell.drainer import Drainer
 from pd.shell.http import build_app
 from pd.shell.offloader import Offloader
@@ -85,10 +88,19 @@ def admin_host_names(config: PdConfig) -> tuple[str, ...]:
 class PlacementDriverNode:
     """Starts and stops every part of one PD node."""
 
-    def __init__(self, config: PdConfig) -> None:
+    def __init__(self, config: PdConfig, *, raft: Consensus | None = None,
+                 network: Network = TCP, clock: Clock = SYSTEM_CLOCK,
+                 serve_http: bool = True) -> None:
+        """``raft``, ``network``, ``clock``: the ports (a :class:`RaftNode` on
+        ``config``, TCP and the system clock by default; the simulator's in tests/sim).
+        ``serve_http`` False: no admin HTTP (``config.http`` is published all the same)."""
         self.config = config
-        self.raft = RaftNode(config.raft, config.peers, config.data_dir,
-                             password=config.password, join=config.join)
+        self.raft: Consensus = raft if raft is not None else RaftNode(
+            config.raft, config.peers, config.data_dir, password=config.password,
+            join=config.join)
+        self.network = network
+        self.clock = clock
+        self.serve_http = serve_http
         self.rpc: RpcServer | None = None
         self.service: PdService | None = None
         self._http_runner: web.AppRunner | None = None
@@ -114,7 +126,9 @@ class PlacementDriverNode:
         # would be refused as an unknown opcode); the service learns the bound addresses
         # (port 0 allowed) once they are known, before it publishes them.
         tls = server_context(cfg.security)
-        self.service = PdService(self.raft, PdNode(cfg.node_id, cfg.raft, "", ""))
+        clock_ms = self.clock.monotonic_ms
+        self.service = PdService(self.raft, PdNode(cfg.node_id, cfg.raft, "", ""),
+                                 clock_ms=clock_ms)
         self.store = store = None if not cfg.object_store else ObjectStore.from_url(
             cfg.object_store, cfg.object_store_endpoint)
         if store is not None:
@@ -124,7 +138,7 @@ class PlacementDriverNode:
                              tokens=cfg.security.token_roles,
                              quick_handlers=self.service.quick_handlers(),
                              member_secret=cfg.member_secret,
-                             opcode_actions=PD_OPCODE_ACTIONS)
+                             opcode_actions=PD_OPCODE_ACTIONS, network=self.network)
         host, port = parse_address(cfg.listen)
         self.rpc_address = await self.rpc.start(host, port)
         http_host, http_port = parse_address(cfg.http)
@@ -132,23 +146,26 @@ class PlacementDriverNode:
         busy: set[tuple[int, int]] = set()  # ranges repair, reclaim or recovery work on
         # Range servers may require TLS, a token and the secret: given at construction, as
         # the client each builds over its pool keeps the pool it was built with.
-        self.repairer = Repairer(self.service, busy=busy, pool=self.member_pool())
-        recoverer = Recoverer(self.service, busy=busy)
+        self.repairer = Repairer(self.service, busy=busy, pool=self.member_pool(),
+                                 clock_ms=clock_ms)
+        recoverer = Recoverer(self.service, busy=busy, clock_ms=clock_ms)
         recoverer.pool = self.member_pool()
-        drainer = Drainer(self.service, self.repairer, recoverer)
-        app = build_app(self.service, tokens=cfg.security.token_roles,
-                        admin_hosts=admin_host_names(cfg),
-                        protect_reads=cfg.security.protect_reads,
-                        ranges_report=drainer.ranges_report, object_store=store)
-        self._http_runner = web.AppRunner(app, access_log=None)
-        await self._http_runner.setup()
-        site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True,
-                           ssl_context=tls)
-        await site.start()
-        server: Any = site._server
-        sockets = server.sockets if server is not None else []
-        bound = sockets[0].getsockname() if sockets else (http_host, http_port)
-        self.http_address = f"{bound[0]}:{bound[1]}"
+        drainer = Drainer(self.service, self.repairer, recoverer, clock_ms=clock_ms)
+        self.http_address = cfg.http
+        if self.serve_http:
+            app = build_app(self.service, tokens=cfg.security.token_roles,
+                            admin_hosts=admin_host_names(cfg),
+                            protect_reads=cfg.security.protect_reads,
+                            ranges_report=drainer.ranges_report, object_store=store)
+            self._http_runner = web.AppRunner(app, access_log=None)
+            await self._http_runner.setup()
+            site = web.TCPSite(self._http_runner, http_host, http_port, reuse_address=True,
+                               ssl_context=tls)
+            await site.start()
+            server: Any = site._server
+            sockets = server.sockets if server is not None else []
+            bound = sockets[0].getsockname() if sockets else (http_host, http_port)
+            self.http_address = f"{bound[0]}:{bound[1]}"
         self.service.me = PdNode(cfg.node_id, cfg.raft, self.rpc_address, self.http_address)
         self._register_task = asyncio.ensure_future(self._register_self())
         self._repair_task = asyncio.ensure_future(self.repairer.run())
@@ -156,7 +173,8 @@ class PlacementDriverNode:
         self._reclaim_task = asyncio.ensure_future(reclaimer.run())
         self._recover_task = asyncio.ensure_future(recoverer.run())
         self._drain_task = asyncio.ensure_future(drainer.run())
-        retainer = Retainer(self.service, store=store, skew_ms_max=cfg.timestamp_skew_max_ms)
+        retainer = Retainer(self.service, store=store, skew_ms_max=cfg.timestamp_skew_max_ms,
+                            clock=self.clock)
         retainer.pool = self.member_pool()
         self._retain_task = asyncio.ensure_future(retainer.run())
         if store is not None:
@@ -182,7 +200,7 @@ class PlacementDriverNode:
         proof of the cluster secret."""
         sec = self.config.security
         return ConnectionPool(ssl=member_client_context(sec), token=sec.token,
-                              member_secret=self.config.member_secret)
+                              member_secret=self.config.member_secret, network=self.network)
 
     async def _register_self(self) -> None:
         """Publish this node's addresses through Raft until the catalog has them."""

@@ -120,7 +120,8 @@ except ImportError:  # pragma: no cover
 
 
 class RaftNode:
-    """One PD node's Raft replica of the catalog, usable from asyncio."""
+    """One PD node's Raft replica of the catalog, usable from asyncio: the product's side of
+    the consensus port (:class:`~pd.shell.consensus.Consensus`)."""
 
     def __init__(
         self,

@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Final
 
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.objectindex import read_range_index
 from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient
@@ -95,8 +95,10 @@ class Retainer:
 
     def __init__(self, service: PdService, *, interval_ms: int = retention_interval_ms,
                  store: ObjectStore | None = None,
-                 skew_ms_max: int = timestamp_skew_ms_max) -> None:
+                 skew_ms_max: int = timestamp_skew_ms_max,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.service = service
+        self.clock = clock  # the clock port (the simulator's: virtual time)
         self.skew_ms_max = skew_ms_max  # writers' timestamps past now + this are bounded
         self.interval_ms = interval_ms
         self.store = store  # the object tier's, when the cluster has one
@@ -111,7 +113,7 @@ class Retainer:
         self._bytes: StreamMemo[int] = StreamMemo(recorded_bytes)
 
     def now_ms(self) -> int:
-        return int(time.time() * 1000)  # record timestamps are writers' wall clocks
+        return self.clock.wall_ms()  # record timestamps are writers' wall clocks
 
     async def run(self) -> None:
         """Forever (until cancelled): a round every ``interval_ms`` while leader."""
@@ -130,7 +132,7 @@ class Retainer:
     # -- 1. statistics -----------------------------------------------------------------
     async def record_stats(self, view: CatalogView) -> int:
         """Record the statistics of ranges that lack them; returns how many."""
-        now = time.monotonic()
+        now = self.clock.monotonic_s()
         todo = stats_due(self._stats_work.narrow(view.streams.values()), self._retry_at, now,
                          stats_per_round_max)
         gate = asyncio.Semaphore(stats_in_flight_max)

@@ -5,13 +5,12 @@ to read and to decide from, the leader checks, the placement candidates from thi
 liveness view, and registering, heartbeats, listing, draining and forgetting range servers
 (``pd/drain.py``).
 
-Side effects: none of its own (it drives :class:`~pd.shell.raft.RaftNode`).
+Side effects: none of its own (it drives its :class:`~pd.shell.consensus.Consensus`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -22,8 +21,9 @@ from pd.commands import DrainForget, DrainServer, RegisterPdNode, RegisterServer
 from pd.drain import ReplicaSets, forget_refusal, replica_counts, server_state
 from pd.liveness import Liveness
 from pd.placement import Candidate, exhausted, filling
+from pd.raftrules import RaftStatus
 from pd.repair import SealedReports, parse_reports
-from pd.shell.raft import RaftNode, RaftStatus
+from pd.shell.consensus import Consensus
 from pd.streammemo import StreamMemo
 
 catch_up_wait_s: Final = 2.0  # longest a decision waits for this node to apply what is committed
@@ -33,7 +33,7 @@ catch_up_poll_s: Final = 0.005
 class ServerOps:
     """The catalog views, leader checks and range-server operations of one PD node."""
 
-    raft: RaftNode
+    raft: Consensus
     me: PdNode
     clock_ms: Callable[[], int]
     liveness: Liveness
@@ -114,9 +114,9 @@ class ServerOps:
         """The catalog to decide from (placement, existence checks): this node's, once it
         applied every entry it knows committed. A restarted node replaying its log would
         otherwise place ranges from a catalog that lacks the servers, or miss a stream."""
-        deadline = time.monotonic() + catch_up_wait_s
+        deadline_ms = self.clock_ms() + int(catch_up_wait_s * 1000)
         while not self.raft.caught_up():
-            if time.monotonic() > deadline:
+            if self.clock_ms() > deadline_ms:
                 raise Unavailable("this placement-driver node is still catching up")
             await asyncio.sleep(catch_up_poll_s)
         return self.view()

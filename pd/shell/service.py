@@ -18,7 +18,8 @@ no append of an earlier writer can be acknowledged once the delete returned), an
 ``trim_stream`` refuses a start past what readers can read.
 
 Side effects: network to range servers (delete, trim), through :attr:`PdService.pool`;
-otherwise none of its own (it drives :class:`~pd.shell.raft.RaftNode`).
+otherwise none of its own (it drives its :class:`~pd.shell.consensus.Consensus` port:
+:class:`~pd.shell.raft.RaftNode`, or the simulator's ``SimRaft``).
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ from pd.placement import choose_replicas
 from pd.repair import SealedReports, ServerListing
 from pd.retention import check_cursor, check_retention, retention_change
 from pd.shell import rangeops
+from pd.shell.consensus import Consensus
 from pd.shell.groups import GroupRpc
 from pd.shell.handlers import PdHandlers
-from pd.shell.raft import RaftNode
 from pd.shell.servers import ServerOps
 from pd.streamfigures import asked_range, stream_figures
 from pd.streammemo import StreamMemo
@@ -91,7 +92,7 @@ class PdService(ServerOps):
 
     def __init__(
         self,
-        raft: RaftNode,
+        raft: Consensus,
         me: PdNode,
         *,
         clock_ms: Callable[[], int] = SYSTEM_CLOCK.monotonic_ms,

@@ -1,11 +1,12 @@
 """The simulator runs the real shells on its ports, and its copies of shells only shrink.
 
 tests/sim holds two kinds of ``Sim*`` classes: the ports' simulated sides (a loop on
-virtual time, its clock, the network, the disk), under which the real shells run
-unchanged; and copies of shells, written before the ports existed, which drive the cores
-the way a shell does (issue 29 deletes them as the real shells move onto the ports). A new
-``Sim*`` class must be a port: this test fails on a new copy, and on a copy deleted but
-still listed (so the list is kept honest as it shrinks).
+virtual time, its clock, the network, the disk, the store's log, PD's consensus), under
+which the real shells run unchanged; and copies of shells, written before the ports
+existed, which drive the cores the way a shell does (issue 29 deletes them as the real
+shells move onto the ports). A new ``Sim*`` class must be a port: this test fails on a
+new copy, and on a copy deleted but still listed (so the list is kept honest as it
+shrinks).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM = ROOT / "tests" / "sim"
-PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk", "SimLog"})
+PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk", "SimLog",
+                   "SimRaft"})
 # Copies still to delete: file -> the classes that repeat a shell.
 COPIES_LEFT = {
     "simwriter.py": {"SimWriter"},  # Writer._step, step type by step type

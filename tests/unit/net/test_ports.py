@@ -34,6 +34,9 @@ ON_THE_PORT = (
     "pd/shell/recoverer.py",
     "pd/shell/drainer.py",
     "pd/shell/service.py",
+    "pd/shell/servers.py",
+    "pd/shell/retainer.py",
+    "rangeserver/shell/heartbeat.py",
 )
 SYSTEM_READS = frozenset({"monotonic", "time", "monotonic_ns", "time_ns", "perf_counter"})
 # Shells still reading the clock themselves (not yet moved to the port): none left.
