@@ -5,7 +5,10 @@ hidden: readers see an open range only up to the confirm offset, which only the 
 moves. Every ``recovery_interval_ms``, while this node is the Raft leader and has applied
 everything committed, the :class:`Recoverer` asks :meth:`pd.lease.LeaseTable.due` for the
 streams whose writer lease ran out, asks their open range's replicas ``DESCRIBE_RANGE``
-(:func:`pd.shell.rangeops.describe`, naming each server id), and when
+(:func:`pd.shell.rangeops.describe`, naming each server id). A writer they saw at work
+within the lease (:func:`pd.lease.seen_alive_ms`: ``ack_count`` of them took an APPEND or
+CONFIRM of its epoch) is alive whatever its keepalives did: its lease is renewed as of
+then (outcome ``alive``) and nothing is fenced. Otherwise, when
 :func:`pd.lease.must_seal` says so (a reader could miss durable records, or the range
 holds records at all: a writer that closed cleanly leaves it open, pinning its servers'
 logs and out of the object tier's reach), recovers it:
@@ -28,11 +31,13 @@ PD's epoch; it is tried again with the same epoch after a back-off (1 s doubling
 ``pd.lease.retry_ms_max``, 4 s). The range being recovered is
 marked in the ``busy`` set the repairer and the reclaimer share, so the three never work
 on one range at once. Outcomes are counted in ``estream_writer_recoveries_total{outcome}``
-(``sealed``, ``kept``, ``unavailable``, ``superseded``, ``failed``).
+(``sealed``, ``kept``, ``unavailable``, ``superseded``, ``failed``; ``alive``: seen on
+its data path, its lease renewed).
 
 Timing: a writer renews every ``limits.writer_keepalive_ms`` (1 s); its lease runs out
 ``limits.writer_lease_ms`` (4 s) after the last renewal; a round runs every 0.5 s: a dead
-writer's tail is visible about 5 s after its death. After a whole-cluster restart: the
+writer's tail is visible about 5 s after its death (its last request renews the lease
+no later than its last keepalive would have: the same bound). After a whole-cluster restart: the
 election, then 4 s of lease from the moment this node became leader, then a round.
 
 Side effects: network (range servers through a :class:`ConnectionPool`, PD through Raft).
@@ -59,7 +64,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import StreamMeta
-from pd.lease import must_seal, needs_recovery, retry_ms_max
+from pd.lease import must_seal, needs_recovery, retry_ms_max, seen_alive_ms
 from pd.metrics import WRITER_RECOVERIES_HELP, WRITER_RECOVERIES_TOTAL
 from pd.repair import RangeKey
 from pd.shell import rangeops
@@ -120,6 +125,12 @@ class Recoverer:
         if last is None or last.sealed or (stream.id, last.index) in self.busy:
             return None
         answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
+        age = seen_alive_ms(answers.values(), stream.epoch, stream.ack_count,
+                            self.service.leases.lease_ms)
+        if age is not None and self.pd_epochs.get(stream.id) != stream.epoch:
+            self.service.leases.seen(stream, self.clock_ms() - age)  # alive: not fenced
+            self._count("alive")
+            return None
         if not must_seal(answers.values(), last.start):
             self.service.leases.checked_clean(stream, self.clock_ms())
             return None

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
@@ -63,8 +64,10 @@ class Store(StoreReads):
         wal_spares: int = 0,
         wal_io: str = "auto",
         disk_watermark_percent: int = disk_watermark_percent_default,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.data_dir = data_dir
+        self.clock = clock
         self.disk_watermark_percent = disk_watermark_percent
         self.append_delay_ms = 0  # appends answered this much later (rangeserver/pacing.py)
         self.wal = Wal(
@@ -85,6 +88,9 @@ class Store(StoreReads):
         self._relog: list[wf.Control] = []  # DROP, DAMAGED entries the log cut back
         self.wal.on_resumed = self._resumed
         self.recovery_report: list[str] = []
+        # When each replica last took an APPEND or CONFIRM, and of which epoch (monotonic
+        # ms; in memory: DESCRIBE_RANGE's "seen_ms", PD's sign of a live writer).
+        self.seen: dict[Key, tuple[int, int]] = {}
 
     # ---------------------------------------------------------------------- lifecycle
 
@@ -224,6 +230,7 @@ class Store(StoreReads):
         span = self.spans.pop(key, None)
         first = span.first if span is not None else segment
         self.replicas.pop(key, None)
+        self.seen.pop(key, None)
         self.keys.discard(key)
         self.indexes.pop(key, None)
         self.time_indexes.pop(key, None)
@@ -269,14 +276,15 @@ class Store(StoreReads):
         key = (header.stream_id, header.range_index)
         state = self._get(*key)
         outcome = rp.decide_append(state, header)
+        if not isinstance(outcome, (rp.Accept, rp.Duplicate)):
+            raise append_refusal(key, outcome)
+        self.seen[key] = (header.epoch, self.clock.monotonic_ms())
         if isinstance(outcome, rp.Accept):
             pending: asyncio.Future[None] | None = self._accept(
                 key, header, batch, outcome.state, deferred
             )
-        elif isinstance(outcome, rp.Duplicate):
-            pending = None if outcome.durable else self.wal.barrier(sync=not deferred)
         else:
-            raise append_refusal(key, outcome)
+            pending = None if outcome.durable else self.wal.barrier(sync=not deferred)
         if deferred:
             end = header.end_offset
             return pending, lambda: end
@@ -471,6 +479,7 @@ class Store(StoreReads):
         outcome = rp.decide_confirm(state, epoch, confirm)
         if isinstance(outcome, rp.StaleEpoch):
             raise rp.stale_error(outcome)
+        self.seen[key] = (epoch, self.clock.monotonic_ms())
         if outcome.confirm > state.confirm:
             self._set(key, outcome)  # readers may see it now: those records are acknowledged
             return self._log_control(wf.Confirmed(stream_id, range_index, epoch, confirm),
@@ -478,7 +487,13 @@ class Store(StoreReads):
         return self.wal.barrier()
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
-        return self._get(stream_id, range_index).describe()
+        """DESCRIBE_RANGE, with how long ago the replica took a request of its epoch."""
+        state = self._get(stream_id, range_index)
+        seen = self.seen.get(state.key)
+        age = None
+        if seen is not None and seen[0] == state.epoch:
+            age = max(0, self.clock.monotonic_ms() - seen[1])
+        return state.describe(seen_ms=age)
 
     def list_ranges(
         self, after: Key | None = None, limit: int = list_ranges_replicas_default
