@@ -103,16 +103,19 @@ class LeaseKeeper:
             log.error("writer keepalive round failed", exc_info=task.exception())
 
     async def round(self, due: Sequence[tuple[LeaseHolder, Lease]]) -> None:
-        """One renewal of every lease in ``due``, ``batch_max`` writers a request."""
-        for lo in range(0, len(due), self._batch_max):
-            chunk = due[lo : lo + self._batch_max]
-            try:
-                answers = await self._send([lease for _, lease in chunk])
-            except EstreamError as exc:
-                log.debug("writer keepalive failed (tried again next interval): %s", exc)
-                continue
-            for (holder, _), answer in zip(chunk, answers, strict=True):
-                holder.on_keepalive(answer)
+        """One renewal of every lease in ``due``, ``batch_max`` writers a request, the
+        requests all at once (the last writers' renewal never waits for the first's)."""
+        await asyncio.gather(*(self._renew(due[lo : lo + self._batch_max])
+                               for lo in range(0, len(due), self._batch_max)))
+
+    async def _renew(self, chunk: Sequence[tuple[LeaseHolder, Lease]]) -> None:
+        try:
+            answers = await self._send([lease for _, lease in chunk])
+        except EstreamError as exc:
+            log.debug("writer keepalive failed (tried again next interval): %s", exc)
+            return
+        for (holder, _), answer in zip(chunk, answers, strict=True):
+            holder.on_keepalive(answer)
 
     async def _send(self, leases: list[Lease]) -> list[KeepaliveAnswer]:
         if self._batched:

@@ -123,3 +123,20 @@ async def test_renewals_go_out_when_due_while_pd_is_slow_to_answer() -> None:
 async def _until(done: Callable[[], bool]) -> None:
     while not done():
         await asyncio.sleep(0.001)
+
+
+async def test_the_requests_of_one_renewal_go_out_together() -> None:
+    """A client of more writers than one request holds: the last ones' renewal does not
+    wait for PD to answer the first ones' (10,000 idle writers in one process)."""
+    pd = HungPd()
+    holders = [Holder(f"s{i}", i) for i in range(keepalive_inflight_rounds_max)]
+    k = keeper(pd, batch_max=1)
+    task = asyncio.ensure_future(k.round([(h, h.held) for h in holders]))
+    try:
+        await asyncio.wait_for(pd.sent.wait(), timeout=5.0)  # all sent, none answered
+        assert [len(b) for b in pd.batches] == [1] * len(holders)
+        pd.answer_now.set()
+        await asyncio.wait_for(task, timeout=5.0)
+        assert all(h.answers == [()] for h in holders)
+    finally:
+        task.cancel()
