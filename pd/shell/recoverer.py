@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from estream.net.clock import SYSTEM_CLOCK
@@ -64,7 +64,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import StreamMeta
-from pd.lease import must_seal, needs_recovery, retry_ms_max, seen_alive_ms
+from pd.lease import ReplicaAnswer, must_seal, needs_recovery, retry_ms_max, seen_alive_ms
 from pd.metrics import WRITER_RECOVERIES_HELP, WRITER_RECOVERIES_TOTAL
 from pd.repair import RangeKey
 from pd.shell import rangeops
@@ -125,16 +125,33 @@ class Recoverer:
         if last is None or last.sealed or (stream.id, last.index) in self.busy:
             return None
         answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
-        age = seen_alive_ms(answers.values(), stream.epoch, stream.ack_count,
-                            self.service.leases.lease_ms)
-        if age is not None and self.pd_epochs.get(stream.id) != stream.epoch:
-            self.service.leases.seen(stream, self.clock_ms() - age)  # alive: not fenced
-            self._count("alive")
+        if self._seen_alive(stream, answers.values()):
             return None
         if not must_seal(answers.values(), last.start):
             self.service.leases.checked_clean(stream, self.clock_ms())
             return None
         return await self.recover(stream, hidden=needs_recovery(answers.values()))
+
+    async def seen_alive(self, stream: StreamMeta) -> bool:
+        """Whether ``stream``'s writer was seen at work on its open range's replicas
+        within the lease (then its lease is renewed as of then): the drainer asks it
+        before rolling a range whose lease ran out."""
+        last = stream.last_range
+        if last is None or last.sealed:
+            return False
+        answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
+        return self._seen_alive(stream, answers.values())
+
+    def _seen_alive(self, stream: StreamMeta, answers: Iterable[ReplicaAnswer]) -> bool:
+        age = seen_alive_ms(answers, stream.epoch, stream.ack_count,
+                            self.service.leases.lease_ms)
+        if age is None or self.pd_epochs.get(stream.id) == stream.epoch:
+            return False  # (PD's own epoch: its recovery's copies, not a writer)
+        self.service.leases.seen(stream, self.clock_ms() - age)  # alive: not fenced
+        self._count("alive")
+        log.debug("stream %r: its writer's lease ran out, but its replicas saw it %d ms "
+                  "ago: renewed", stream.name, age)
+        return True
 
     async def recover(self, stream: StreamMeta, *, hidden: bool = True
                       ) -> RecoveryResult | None:
