@@ -8,9 +8,10 @@ Draining (decisions in :mod:`pd.drain`) needs three movers, two of which exist a
 - the open range of a stream with a live writer: the writer's keepalive answer names the
   draining servers (:meth:`PdService.keepalive_writer`) and the writer rolls away;
 - the open range of a stream with no live writer (its lease ran out and its replicas
-  did not see it at work, or it never had one): this loop, every ``drain_interval_ms`` on the caught-up leader, has the
-  :class:`~pd.shell.recoverer.Recoverer` recover it (a new epoch, fence, copy, the seal
-  recorded in PD, the next range placed on servers that are not draining). A range that
+  did not see it at work, or it never had one): this loop, every ``drain_interval_ms``
+  on the caught-up leader, has the :class:`~pd.shell.recoverer.Recoverer` recover it (a
+  new epoch, fence, copy, the seal recorded in PD, the next range placed on servers that
+  are not draining). A range that
   recovery keeps open because it is empty is sealed at its start here (every replica was
   fenced at PD's epoch holding nothing, so no record can be below it).
 
