@@ -18,7 +18,8 @@ seal that range if no new writer opens the stream, so those records stay hidden.
 The leader's round asks :meth:`LeaseTable.due` which streams to look at (open last range,
 lease run out, not found clean a moment ago), asks each one's replicas ``DESCRIBE_RANGE``,
 and :func:`must_seal` decides from the sound answers: a range hiding records, or one
-holding any (a writer that closed cleanly), is sealed. A stream found clean is looked
+holding any (a writer that closed cleanly), is sealed, unless :func:`seen_alive_ms` finds
+its writer alive on the data path (it renews the lease instead). A stream found clean is looked
 at again later, each time twice as late (up to ``recheck_ms_max``): an idle stream costs a
 few requests a minute, not three a round. The table keeps when to look at each stream in a
 heap, so a round costs the streams due plus a bounded sweep (``sweep_streams_max``), not a
@@ -50,6 +51,7 @@ class Lease(NamedTuple):  # (a tuple: renewed by every writer every second)
 
     epoch: int
     renewed_ms: int
+    held: bool = False  # PD's own epoch (a recovery): no writer of it to see alive
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,8 @@ class ReplicaAnswer:
     confirm: int
     sealed: bool = False
     sealed_end: int | None = None
+    seen_ms: int | None = None  # how long ago it took an APPEND or CONFIRM of ...
+    seen_epoch: int = -1  # ... its epoch, this one (-1: no age said)
 
     @property
     def readable(self) -> int:
@@ -74,8 +78,11 @@ class ReplicaAnswer:
         end, confirm, sealed_end = body.get("end"), body.get("confirm"), body.get("sealed_end")
         if body.get("damaged") or not isinstance(end, int) or not isinstance(confirm, int):
             return None
+        epoch, seen_ms = body.get("epoch"), body.get("seen_ms")
+        if type(seen_ms) is not int or seen_ms < 0 or type(epoch) is not int:
+            seen_ms, epoch = None, -1
         return cls(end, confirm, bool(body.get("sealed")),
-                   sealed_end if isinstance(sealed_end, int) else None)
+                   sealed_end if isinstance(sealed_end, int) else None, seen_ms, epoch)
 
 
 def needs_recovery(answers: Iterable[ReplicaAnswer]) -> bool:
@@ -128,6 +135,44 @@ def must_seal(answers: Iterable[ReplicaAnswer], start: int) -> bool:
     """
     found = list(answers)
     return needs_recovery(found) or any(a.end > start for a in found)
+
+
+def seen_alive_ms(answers: Iterable[ReplicaAnswer], epoch: int, ack_count: int,
+                  lease_ms: int = limits.writer_lease_ms) -> int | None:
+    """How long ago the writer of ``epoch`` was last seen working on its data path (an
+    APPEND or CONFIRM taken by ``ack_count`` open sound replicas at that epoch, by their
+    own monotonic clocks), or None when it was not within ``lease_ms``: then its lease
+    ran out for good and :func:`must_seal` decides. A writer seen alive is not fenced,
+    whatever became of its keepalives (a loaded client, PD or network): the recovery
+    renews its lease as of that moment and looks again when that runs out.
+
+    ``ack_count`` replicas, not one: a writer that reaches fewer cannot get a record
+    acknowledged (it is stuck anyway: partitioned, its replicas down), and one replica
+    answering a wrong age (a bug, a liar) cannot keep a range open by itself. The age
+    is the ``ack_count``-th smallest: at least that many replicas saw the writer that
+    recently. An answer of another epoch (a replica fenced by a newer writer, or PD)
+    or without an age (an older server; nothing taken since it started) never counts.
+
+    A writer appending: its last batch reached a and b 30 ms and 50 ms ago; c is down.
+
+    >>> a = [ReplicaAnswer(9, 8, seen_ms=30, seen_epoch=3),
+    ...      ReplicaAnswer(9, 8, seen_ms=50, seen_epoch=3)]
+    >>> seen_alive_ms(a, epoch=3, ack_count=2)
+    50
+
+    Partitioned from b and c (only a sees it), fenced since, or silent too long:
+
+    >>> b = [ReplicaAnswer(9, 8, seen_ms=30, seen_epoch=3), ReplicaAnswer(8, 8)]
+    >>> seen_alive_ms(b, 3, 2), seen_alive_ms(a, 4, 2), seen_alive_ms(a, 3, 2, lease_ms=50)
+    (None, None, None)
+    """
+    if ack_count < 1:
+        return None
+    ages = sorted(a.seen_ms for a in answers
+                  if a.seen_epoch == epoch and a.seen_ms is not None and not a.sealed)
+    if len(ages) < ack_count or ages[ack_count - 1] >= lease_ms:
+        return None
+    return ages[ack_count - 1]
 
 
 class Keepalive(NamedTuple):  # (a tuple: thousands a request)
@@ -292,6 +337,17 @@ class LeaseTable:
             if stream.id not in self._queued:  # (else looked at then, and pushed back)
                 self._push(stream, now_ms + self.lease_ms)
 
+    def seen(self, stream: StreamMeta, at_ms: int) -> None:
+        """The writer of ``stream``'s current epoch was seen alive on its data path at
+        ``at_ms`` (:func:`seen_alive_ms`): its lease runs from then, if that is later
+        than its last renewal. Never renews an epoch PD took itself (:meth:`hold`)."""
+        lease = self._leases.get(stream.id)
+        if lease is not None and (lease.epoch > stream.epoch or (
+                lease.epoch == stream.epoch and (lease.held or lease.renewed_ms >= at_ms))):
+            return
+        self._leases[stream.id] = Lease(stream.epoch, at_ms)
+        self._names[stream.id] = stream.name
+
     def lease(self, stream_id: int) -> Lease | None:
         return self._leases.get(stream_id)
 
@@ -412,5 +468,5 @@ class LeaseTable:
         """PD itself took ``epoch`` to recover ``stream``: no writer will renew it, so its
         lease is over at once (a recovery that could not finish is tried again next
         round, and a recovered stream is looked at like any other)."""
-        self._leases[stream.id] = Lease(epoch, -self.lease_ms)
+        self._leases[stream.id] = Lease(epoch, -self.lease_ms, held=True)
         self._names[stream.id] = stream.name

@@ -26,7 +26,8 @@ __all__ = ["LATENCY_BUCKETS_S", "Family", "Histogram", "Metrics", "Sample", "cou
 WRITER_RECOVERIES_TOTAL: Final = "estream_writer_recoveries_total"
 WRITER_RECOVERIES_HELP: Final = (
     "Open ranges the PD leader recovered after their writer's lease ran out, by outcome "
-    "(sealed, kept, unavailable, superseded, failed).")
+    "(sealed, kept, unavailable, superseded, failed; alive: seen on its data path, its "
+    "lease renewed instead).")
 # The object-storage tier's offloader (pd/shell/offloader.py): name -> help.
 OFFLOADED_BYTES: Final = "estream_offload_bytes_total"
 OFFLOADED_RANGES: Final = "estream_offload_ranges_total"

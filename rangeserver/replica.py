@@ -80,12 +80,13 @@ class ReplicaState:
     def key(self) -> tuple[int, int]:
         return (self.stream_id, self.range_index)
 
-    def describe(self) -> dict[str, object]:
+    def describe(self, *, seen_ms: int | None = None) -> dict[str, object]:
         """The DESCRIBE_RANGE answer (``docs/PROTOCOL.md``); ``"digest"`` only when one
-        is recorded."""
+        is recorded, ``"seen_ms"`` (the shell's: when it last took a request of
+        ``epoch``) only when given."""
         return RangeState(self.start, self.end, self.confirm, self.epoch, self.sealed,
                           self.sealed_end if self.sealed else None, self.damaged,
-                          digest_name(self.digest)).to_header()
+                          digest_name(self.digest), seen_ms).to_header()
 
 
 def digest_name(digest: int | None) -> str | None:

@@ -8,8 +8,10 @@ processes cost PD about 10 requests a second instead of 10,000. Each writer gets
 answer (:meth:`LeaseHolder.on_keepalive`): the draining servers its open range should
 roll away from, or the ``Fenced`` / ``StreamNotFound`` that fences it. An error of the
 whole request (PD down, an election) changes nothing: appends do not need PD, and the
-next interval tries again. A PD older than the opcode (``UnsupportedOpcode``) is sent one
-``PD_WRITER_KEEPALIVE`` per writer instead, as before.
+next interval tries again. Renewals go out at a fixed pace, when due, whatever the last one
+takes (a loaded PD may answer in seconds, and a lease lasts ``limits.writer_lease_ms``):
+up to ``keepalive_inflight_rounds_max`` rounds at once. A PD older than the opcode
+(``UnsupportedOpcode``) is sent one ``PD_WRITER_KEEPALIVE`` per writer instead.
 
 Side effects: network (PD); one task per client while it has writers.
 """
@@ -19,13 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from estream.net.pdclient import PDClient
 from estream.wire import limits
 from estream.wire.errors import EstreamError, UnsupportedOpcode
 
 log = logging.getLogger(__name__)
+
+keepalive_inflight_rounds_max: Final = 4  # renewals awaiting PD at once (one due a second)
 
 Lease = tuple[str, int, int]  # (stream name, stream id, epoch)
 KeepaliveAnswer = tuple[str, ...] | EstreamError  # servers to leave, or the refusal
@@ -51,6 +55,7 @@ class LeaseKeeper:
         self._batch_max = batch_max
         self._holders: list[LeaseHolder] = []
         self._task: asyncio.Task[None] | None = None
+        self._rounds: set[asyncio.Task[None]] = set()  # renewals still awaiting PD
         self._batched = True  # False once PD answered that it lacks PD_WRITERS_KEEPALIVE
         self.requests = 0  # keepalive requests sent (statistics)
 
@@ -64,32 +69,53 @@ class LeaseKeeper:
     async def close(self) -> None:
         task, self._task = self._task, None
         self._holders = []
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        tasks = [t for t in (task, *self._rounds) if t is not None]
+        self._rounds.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        due_at = loop.time() + self._interval_s
         while True:
-            await asyncio.sleep(self._interval_s)
+            await asyncio.sleep(max(0.0, due_at - loop.time()))
+            # Due once an interval, not an interval after PD's last answer; a loop that
+            # fell behind sends at once and keeps the pace from then on (no burst).
+            due_at = max(due_at, loop.time()) + self._interval_s
             leases = [(h, h.lease()) for h in self._holders]
             due = [(h, lease) for h, lease in leases if lease is not None]
             self._holders = [h for h, _ in due]
             if not due:
                 self._task = None  # (no await since the check: add() starts a new one)
                 return
-            await self.round(due)
+            if len(self._rounds) >= keepalive_inflight_rounds_max:
+                log.debug("writer keepalive: %d renewals still awaiting PD; this one "
+                          "skipped", len(self._rounds))
+                continue
+            task = asyncio.ensure_future(self.round(due))
+            self._rounds.add(task)
+            task.add_done_callback(self._round_done)
+
+    def _round_done(self, task: asyncio.Task[None]) -> None:
+        self._rounds.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("writer keepalive round failed", exc_info=task.exception())
 
     async def round(self, due: Sequence[tuple[LeaseHolder, Lease]]) -> None:
-        """One renewal of every lease in ``due``, ``batch_max`` writers a request."""
-        for lo in range(0, len(due), self._batch_max):
-            chunk = due[lo : lo + self._batch_max]
-            try:
-                answers = await self._send([lease for _, lease in chunk])
-            except EstreamError as exc:
-                log.debug("writer keepalive failed (tried again next interval): %s", exc)
-                continue
-            for (holder, _), answer in zip(chunk, answers, strict=True):
-                holder.on_keepalive(answer)
+        """One renewal of every lease in ``due``, ``batch_max`` writers a request, the
+        requests all at once (the last writers' renewal never waits for the first's)."""
+        await asyncio.gather(*(self._renew(due[lo : lo + self._batch_max])
+                               for lo in range(0, len(due), self._batch_max)))
+
+    async def _renew(self, chunk: Sequence[tuple[LeaseHolder, Lease]]) -> None:
+        try:
+            answers = await self._send([lease for _, lease in chunk])
+        except EstreamError as exc:
+            log.debug("writer keepalive failed (tried again next interval): %s", exc)
+            return
+        for (holder, _), answer in zip(chunk, answers, strict=True):
+            holder.on_keepalive(answer)
 
     async def _send(self, leases: list[Lease]) -> list[KeepaliveAnswer]:
         if self._batched:

@@ -117,7 +117,9 @@ class ReadAnswer:
 class RangeState:
     """DESCRIBE_RANGE: a replica's state. ``end`` is its durable contiguous end;
     ``sealed_end`` is None while it is open; ``digest`` the name of the digest recorded
-    (None: none)."""
+    (None: none); ``seen_ms`` how long ago (the server's monotonic clock) it last took an
+    APPEND or CONFIRM of ``epoch`` (None: none since the server started, or an older
+    server): PD's lease recovery keeps a writer alive on its data path (``pd/lease.py``)."""
 
     start: int
     end: int
@@ -127,21 +129,26 @@ class RangeState:
     sealed_end: int | None
     damaged: bool
     digest: str | None = None
+    seen_ms: int | None = None
 
     @classmethod
     def from_header(cls, body: Mapping[str, Any]) -> RangeState:
         return cls(answer_int(body, "start"), answer_int(body, "end"),
                    answer_int(body, "confirm"), answer_int(body, "epoch"),
                    bool(body.get("sealed")), _optional_int(body, "sealed_end"),
-                   bool(body.get("damaged")), _optional_str(body, "digest"))
+                   bool(body.get("damaged")), _optional_str(body, "digest"),
+                   _optional_int(body, "seen_ms"))
 
     def to_header(self) -> Header:
-        """The wire form (as DESCRIBE_RANGE answers it; ``"digest"`` only when recorded)."""
+        """The wire form (as DESCRIBE_RANGE answers it; ``"digest"`` and ``"seen_ms"``
+        only when known)."""
         header: Header = {"start": self.start, "end": self.end, "confirm": self.confirm,
                           "epoch": self.epoch, "sealed": self.sealed,
                           "sealed_end": self.sealed_end, "damaged": self.damaged}
         if self.digest is not None:
             header["digest"] = self.digest
+        if self.seen_ms is not None:
+            header["seen_ms"] = self.seen_ms
         return header
 
 

@@ -7,10 +7,11 @@ Draining (decisions in :mod:`pd.drain`) needs three movers, two of which exist a
   swaps it out of the range with ``update_replicas`` (compare-and-set);
 - the open range of a stream with a live writer: the writer's keepalive answer names the
   draining servers (:meth:`PdService.keepalive_writer`) and the writer rolls away;
-- the open range of a stream with no live writer (its lease ran out, or it never had
-  one): this loop, every ``drain_interval_ms`` on the caught-up leader, has the
-  :class:`~pd.shell.recoverer.Recoverer` recover it (a new epoch, fence, copy, the seal
-  recorded in PD, the next range placed on servers that are not draining). A range that
+- the open range of a stream with no live writer (its lease ran out and its replicas
+  did not see it at work, or it never had one): this loop, every ``drain_interval_ms``
+  on the caught-up leader, has the :class:`~pd.shell.recoverer.Recoverer` recover it (a
+  new epoch, fence, copy, the seal recorded in PD, the next range placed on servers that
+  are not draining). A range that
   recovery keeps open because it is empty is sealed at its start here (every replica was
   fenced at PD's epoch holding nothing, so no record can be below it).
 
@@ -85,7 +86,8 @@ class Drainer:
         rolled = 0
         service.leases.lead(service.raft.status().term, self.clock_ms())
         for stream in open_ranges_leaving(view.streams.values(), view.draining):
-            if service.leases.expired(stream, self.clock_ms()):
+            if (service.leases.expired(stream, self.clock_ms())
+                    and not await self.recoverer.seen_alive(stream)):
                 rolled += await self._roll(stream)
         return rolled
 

@@ -5,7 +5,10 @@ hidden: readers see an open range only up to the confirm offset, which only the 
 moves. Every ``recovery_interval_ms``, while this node is the Raft leader and has applied
 everything committed, the :class:`Recoverer` asks :meth:`pd.lease.LeaseTable.due` for the
 streams whose writer lease ran out, asks their open range's replicas ``DESCRIBE_RANGE``
-(:func:`pd.shell.rangeops.describe`, naming each server id), and when
+(:func:`pd.shell.rangeops.describe`, naming each server id). A writer they saw at work
+within the lease (:func:`pd.lease.seen_alive_ms`: ``ack_count`` of them took an APPEND or
+CONFIRM of its epoch) is alive whatever its keepalives did: its lease is renewed as of
+then (outcome ``alive``) and nothing is fenced. Otherwise, when
 :func:`pd.lease.must_seal` says so (a reader could miss durable records, or the range
 holds records at all: a writer that closed cleanly leaves it open, pinning its servers'
 logs and out of the object tier's reach), recovers it:
@@ -28,11 +31,13 @@ PD's epoch; it is tried again with the same epoch after a back-off (1 s doubling
 ``pd.lease.retry_ms_max``, 4 s). The range being recovered is
 marked in the ``busy`` set the repairer and the reclaimer share, so the three never work
 on one range at once. Outcomes are counted in ``estream_writer_recoveries_total{outcome}``
-(``sealed``, ``kept``, ``unavailable``, ``superseded``, ``failed``).
+(``sealed``, ``kept``, ``unavailable``, ``superseded``, ``failed``; ``alive``: seen on
+its data path, its lease renewed).
 
 Timing: a writer renews every ``limits.writer_keepalive_ms`` (1 s); its lease runs out
 ``limits.writer_lease_ms`` (4 s) after the last renewal; a round runs every 0.5 s: a dead
-writer's tail is visible about 5 s after its death. After a whole-cluster restart: the
+writer's tail is visible about 5 s after its death (its last request renews the lease
+no later than its last keepalive would have: the same bound). After a whole-cluster restart: the
 election, then 4 s of lease from the moment this node became leader, then a round.
 
 Side effects: network (range servers through a :class:`ConnectionPool`, PD through Raft).
@@ -42,7 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from estream.net.clock import SYSTEM_CLOCK
@@ -59,7 +64,7 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import StreamMeta
-from pd.lease import must_seal, needs_recovery, retry_ms_max
+from pd.lease import ReplicaAnswer, must_seal, needs_recovery, retry_ms_max, seen_alive_ms
 from pd.metrics import WRITER_RECOVERIES_HELP, WRITER_RECOVERIES_TOTAL
 from pd.repair import RangeKey
 from pd.shell import rangeops
@@ -120,10 +125,33 @@ class Recoverer:
         if last is None or last.sealed or (stream.id, last.index) in self.busy:
             return None
         answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
+        if self._seen_alive(stream, answers.values()):
+            return None
         if not must_seal(answers.values(), last.start):
             self.service.leases.checked_clean(stream, self.clock_ms())
             return None
         return await self.recover(stream, hidden=needs_recovery(answers.values()))
+
+    async def seen_alive(self, stream: StreamMeta) -> bool:
+        """Whether ``stream``'s writer was seen at work on its open range's replicas
+        within the lease (then its lease is renewed as of then): the drainer asks it
+        before rolling a range whose lease ran out."""
+        last = stream.last_range
+        if last is None or last.sealed:
+            return False
+        answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
+        return self._seen_alive(stream, answers.values())
+
+    def _seen_alive(self, stream: StreamMeta, answers: Iterable[ReplicaAnswer]) -> bool:
+        age = seen_alive_ms(answers, stream.epoch, stream.ack_count,
+                            self.service.leases.lease_ms)
+        if age is None or self.pd_epochs.get(stream.id) == stream.epoch:
+            return False  # (PD's own epoch: its recovery's copies, not a writer)
+        self.service.leases.seen(stream, self.clock_ms() - age)  # alive: not fenced
+        self._count("alive")
+        log.debug("stream %r: its writer's lease ran out, but its replicas saw it %d ms "
+                  "ago: renewed", stream.name, age)
+        return True
 
     async def recover(self, stream: StreamMeta, *, hidden: bool = True
                       ) -> RecoveryResult | None:

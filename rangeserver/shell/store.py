@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
@@ -66,10 +67,12 @@ class Store(StoreReads):
         wal_io: str = "auto",
         disk_watermark_percent: int = disk_watermark_percent_default,
         log: LogPort | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``log``: the write-ahead log (the simulator's); None: a :class:`Wal` in
         ``data_dir/wal`` with ``segment_bytes_max``, ``wal_spares``, ``wal_io``."""
         self.data_dir = data_dir
+        self.clock = clock
         self.disk_watermark_percent = disk_watermark_percent
         self.append_delay_ms = 0  # appends answered this much later (rangeserver/pacing.py)
         self.wal: LogPort = log if log is not None else Wal(
@@ -90,6 +93,9 @@ class Store(StoreReads):
         self._relog: list[wf.Control] = []  # DROP, DAMAGED entries the log cut back
         self.wal.on_resumed = self._resumed
         self.recovery_report: list[str] = []
+        # When each replica last took an APPEND or CONFIRM, and of which epoch (monotonic
+        # ms; in memory: DESCRIBE_RANGE's "seen_ms", PD's sign of a live writer).
+        self.seen: dict[Key, tuple[int, int]] = {}
 
     # ---------------------------------------------------------------------- lifecycle
 
@@ -230,6 +236,7 @@ class Store(StoreReads):
         span = self.spans.pop(key, None)
         first = span.first if span is not None else segment
         self.replicas.pop(key, None)
+        self.seen.pop(key, None)
         self.keys.discard(key)
         self.indexes.pop(key, None)
         self.time_indexes.pop(key, None)
@@ -275,14 +282,15 @@ class Store(StoreReads):
         key = (header.stream_id, header.range_index)
         state = self._get(*key)
         outcome = rp.decide_append(state, header)
+        if not isinstance(outcome, (rp.Accept, rp.Duplicate)):
+            raise append_refusal(key, outcome)
+        self.seen[key] = (header.epoch, self.clock.monotonic_ms())
         if isinstance(outcome, rp.Accept):
             pending: asyncio.Future[None] | None = self._accept(
                 key, header, batch, outcome.state, deferred
             )
-        elif isinstance(outcome, rp.Duplicate):
-            pending = None if outcome.durable else self.wal.barrier(sync=not deferred)
         else:
-            raise append_refusal(key, outcome)
+            pending = None if outcome.durable else self.wal.barrier(sync=not deferred)
         if deferred:
             end = header.end_offset
             return pending, lambda: end
@@ -499,6 +507,7 @@ class Store(StoreReads):
             if isinstance(outcome, rp.StaleEpoch):
                 errors.append(rp.stale_error(outcome))
                 continue
+            self.seen[key] = (epoch, self.clock.monotonic_ms())
             errors.append(None)
             if outcome.confirm > state.confirm:
                 self._set(key, outcome)  # readers may see it now: those records are acknowledged
@@ -528,7 +537,13 @@ class Store(StoreReads):
         return errors, done
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:
-        return self._get(stream_id, range_index).describe()
+        """DESCRIBE_RANGE, with how long ago the replica took a request of its epoch."""
+        state = self._get(stream_id, range_index)
+        seen = self.seen.get(state.key)
+        age = None
+        if seen is not None and seen[0] == state.epoch:
+            age = max(0, self.clock.monotonic_ms() - seen[1])
+        return state.describe(seen_ms=age)
 
     def list_ranges(
         self, after: Key | None = None, limit: int = list_ranges_replicas_default

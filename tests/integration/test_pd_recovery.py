@@ -14,6 +14,8 @@ open range whose writer's lease ran out (real processes: 3 PD nodes, 3 range ser
 4. PD_WRITER_KEEPALIVE: the leader renews (and its lease keeps PD off a live, idle
    writer's range), answers Fenced to an older epoch and StreamNotFound once deleted;
    followers answer NotLeader naming the leader.
+5. A writer whose keepalives are all dropped but which keeps appending is not fenced:
+   its replicas saw it within the lease (DESCRIBE_RANGE ``seen_ms``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import Fenced, NotLeader, StreamNotFound
+from estream.wire.meta import StreamMeta
 from estream.wire.protocol import Opcode
+from estream.wire.rangeanswers import RangeState
 from tests.harness import writer as writer_process
 from tests.harness.faultproxy import start_fault_proxy
 from tests.harness.metrics import pd_metric_total
@@ -223,3 +227,48 @@ async def test_writer_keepalive_renews_the_lease_on_the_leader_only(cluster: Clu
         with pytest.raises(StreamNotFound):
             await call_pd(leader.rpc, Opcode.PD_WRITER_KEEPALIVE,
                           {"name": "leased", "epoch": epoch + 1})
+
+
+async def test_a_writer_appending_without_keepalives_is_not_fenced(cluster: Cluster) -> None:
+    """Issue 27: a loaded client, PD or network delayed keepalives past the lease and PD
+    fenced writers that never died. A writer whose every keepalive is dropped (a fault
+    proxy in front of the leader, the client's only PD address) but which keeps
+    appending is seen alive on its replicas (DESCRIBE_RANGE ``seen_ms``): never fenced,
+    nothing lost. (A killed writer is still recovered: the first test above.)"""
+    leader = cluster.pd.nodes[cluster.pd.leader()]
+    proxy = start_fault_proxy(leader.rpc, "127.0.0.1")
+    try:
+        proxy.drop(Opcode.PD_WRITERS_KEEPALIVE, "request", count=None)
+        async with await estream.connect(proxy.address) as client:
+            await client.create_stream("unkept", replicas=3, ack_count=2)
+            async with await client.open_writer("unkept") as writer:
+                epoch, acked = writer.epoch, {}
+                until = time.monotonic() + limits.writer_lease_ms / 1000 + 2.5
+                for i in range(200):  # (bounded: about 30 in the time)
+                    if time.monotonic() > until:
+                        break
+                    acked[await writer.append(b"u%d" % i)] = b"u%d" % i
+                    await asyncio.sleep(0.2)
+                assert proxy.dropped(Opcode.PD_WRITERS_KEEPALIVE, "request") >= 3
+                stream = await client.describe_stream("unkept")
+                assert stream.epoch == epoch and stream.ranges[-1].end is None, \
+                    "a writer appending on its replicas is alive: PD must not fence it"
+                assert recoveries(cluster, "alive") >= 1
+                states = await describe_replicas(client, stream)
+                assert all(s.epoch == epoch and s.seen_ms is not None
+                           and s.seen_ms < limits.writer_lease_ms for s in states)
+            assert await visible(client, "unkept") == acked
+    finally:
+        proxy.close()
+
+
+async def describe_replicas(client: estream.Client, stream: StreamMeta) -> list[RangeState]:
+    """Every replica's DESCRIBE_RANGE answer of the stream's last range."""
+    pool = ConnectionPool()
+    try:
+        last = stream.ranges[-1]
+        return [await RangeClient(pool, timeout_s=5.0).describe_range(
+            ref.address, server_id=ref.id, stream_id=stream.id, range_index=last.index)
+            for ref in last.replicas]
+    finally:
+        await pool.close()

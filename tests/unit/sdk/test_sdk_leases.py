@@ -1,12 +1,15 @@
 """The client's lease keeper: one request renews many writers, each gets its own answer
-(issue 27 item 1). A fake PD; no sleeps (``round`` is one interval's work)."""
+(issue 27 item 1). A fake PD; no sleeps (``round`` is one interval's work; the pacing
+test runs the keeper itself at a 1 ms interval)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 
 from estream.net.pdclient import PDClient
-from estream.sdk.leases import KeepaliveAnswer, Lease, LeaseKeeper
+from estream.sdk.leases import KeepaliveAnswer, Lease, LeaseKeeper, keepalive_inflight_rounds_max
 from estream.wire.errors import EstreamError, Fenced, StreamNotFound, UnsupportedOpcode
 
 
@@ -79,3 +82,61 @@ async def test_an_older_pd_gets_one_keepalive_per_writer() -> None:
     assert pd.singles == [("s1", 1, 1), ("gone", 2, 1)] * 2
     assert holders[0].answers == [(), ()]
     assert all(isinstance(a, StreamNotFound) for a in holders[1].answers)
+
+
+class HungPd(FakePd):
+    """A PD that takes the requests but answers none until told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer_now = asyncio.Event()
+        self.sent = asyncio.Event()
+
+    async def keepalive_writers(self, leases: list[Lease]) -> list[KeepaliveAnswer]:
+        self.batches.append(list(leases))
+        if len(self.batches) >= keepalive_inflight_rounds_max:
+            self.sent.set()
+        await self.answer_now.wait()
+        return [self.answer(lease) for lease in leases]
+
+
+async def test_renewals_go_out_when_due_while_pd_is_slow_to_answer() -> None:
+    """Issue 27: a renewal waited for the previous answer (up to the PD client's 5 s
+    timeout), so a loaded PD let leases run out; now one goes out every interval, up to
+    ``keepalive_inflight_rounds_max`` awaiting PD at once."""
+    pd = HungPd()
+    k = LeaseKeeper(cast(PDClient, pd), interval_ms=1)
+    holder = Holder("s1", 1)
+    k.add(holder)
+    try:
+        await asyncio.wait_for(pd.sent.wait(), timeout=5.0)
+        for _ in range(20):  # many more intervals: still no more than the cap in flight
+            await asyncio.sleep(0.002)
+        assert len(pd.batches) == keepalive_inflight_rounds_max
+        pd.answer_now.set()
+        await asyncio.wait_for(_until(lambda: len(holder.answers) >= 4), timeout=5.0)
+        assert all(a == () for a in holder.answers)
+    finally:
+        await k.close()
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    while not done():
+        await asyncio.sleep(0.001)
+
+
+async def test_the_requests_of_one_renewal_go_out_together() -> None:
+    """A client of more writers than one request holds: the last ones' renewal does not
+    wait for PD to answer the first ones' (10,000 idle writers in one process)."""
+    pd = HungPd()
+    holders = [Holder(f"s{i}", i) for i in range(keepalive_inflight_rounds_max)]
+    k = keeper(pd, batch_max=1)
+    task = asyncio.ensure_future(k.round([(h, h.held) for h in holders]))
+    try:
+        await asyncio.wait_for(pd.sent.wait(), timeout=5.0)  # all sent, none answered
+        assert [len(b) for b in pd.batches] == [1] * len(holders)
+        pd.answer_now.set()
+        await asyncio.wait_for(task, timeout=5.0)
+        assert all(h.answers == [()] for h in holders)
+    finally:
+        task.cancel()

@@ -218,7 +218,7 @@ def test_protocol_md_names_every_request_field() -> None:
     (Opcode.CREATE_RANGE, Created(0, 0, 1, False, "xxh3")),
     (Opcode.SEAL, SealAnswer(0, False)),
     (Opcode.READ, ReadAnswer(0, False, b"")),
-    (Opcode.DESCRIBE_RANGE, RangeState(0, 0, 0, 1, False, None, False, "xxh3")),
+    (Opcode.DESCRIBE_RANGE, RangeState(0, 0, 0, 1, False, None, False, "xxh3", 5)),
     (Opcode.TIME_INDEX, TimeAnswer(0, 0, 0, 0, False)),
 ])
 def test_protocol_md_names_every_answer_field(opcode: Opcode, answer: Any) -> None:
