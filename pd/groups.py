@@ -37,7 +37,7 @@ The rebalance rules (Kafka's group coordinator, simplified):
 3. ``assign`` (the leader's SyncGroup in that generation) stores every member's
    assignment: ``Stable``.
 4. ``remove`` (LeaveGroup, or a session expired) drops members; members left open a new
-   round.
+   round, or stay in the open one as they were (who joined waits at its barrier).
 
 Bounds: :data:`groups_max` groups, :data:`members_per_group_max` members each,
 :data:`member_metadata_bytes_max` of protocol metadata per member and
@@ -375,7 +375,8 @@ def _remove(group: Group, gone: set[str]) -> Group | None:
         return group  # a retry, or members already gone
     if not members:
         return None
-    members = tuple(replace(m, joined=False, assignment=b"") for m in members)
+    if group.state != PREPARING:  # open a round (an open one: who joined waits at it)
+        members = tuple(replace(m, joined=False, assignment=b"") for m in members)
     return replace(group, state=PREPARING, members=members)
 
 

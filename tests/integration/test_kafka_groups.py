@@ -190,6 +190,34 @@ def test_confluent_two_consumers_share_partitions_then_one_takes_all(gateway: Ga
     assert sorted(fresh) == sorted(more)
 
 
+def test_a_member_gone_silent_in_a_rebalance_leaves_the_others_joined(gateway: Gateway) -> None:
+    """A member whose session runs out while the others wait at the join barrier (a client
+    that joined again under a new member id leaves its old one so): once it is removed the
+    round completes with those waiting, not at their rebalance timeout (librdkafka's: five
+    minutes)."""
+    from estream.sdk.groups import GroupClient
+
+    create_topic(gateway, "cf-silent", 2)
+
+    async def silent_leader() -> None:  # leads generation 1, then is never heard from
+        async with await estream.connect(gateway.pd) as sdk:
+            joined = await GroupClient(sdk.pd).join(
+                "cf-silent-g", "silent", "consumer", [("range", b"")],
+                session_timeout_ms=1_000, rebalance_timeout_ms=1_000)
+            assert not joined.error and joined.leader == "silent"
+
+    asyncio.run(silent_leader())
+    consumer = confluent_consumer(gateway, "cf-silent-g")
+    try:
+        consumer.subscribe(["cf-silent"])
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and len(_assigned(consumer)) < 2:
+            consumer.poll(0.2)
+        assert _assigned(consumer) == {0, 1}, group_state(gateway, "cf-silent-g")
+    finally:
+        consumer.close()
+
+
 async def test_aiokafka_group_consumes_and_commits(gateway: Gateway) -> None:
     from aiokafka import AIOKafkaConsumer
 

@@ -72,6 +72,29 @@ def test_a_new_member_reopens_the_round_and_members_not_joined_again_are_dropped
     assert [m.id for m in g.members] == ["m2"] and g.leader == "m2" and g.generation == 2
 
 
+def test_a_member_removed_in_an_open_round_leaves_the_others_joined() -> None:
+    """Members waiting at the join barrier stay joined when another member's session runs
+    out (or it leaves): the round completes with them at once, not at its deadline."""
+    groups = apply_change(join(PMap(), "m1"), "g", COMPLETE, 0, b"")
+    groups = apply_change(groups, "g", ASSIGN, 1, assign_body("m1", [("m1", b"a")]))
+    groups = join(join(groups, "m2"), "m3")  # a round: m2 and m3 wait for m1
+    groups = apply_change(groups, "g", REMOVE, -1, remove_body(["m1"]))
+    g = groups["g"]
+    assert g.state == PREPARING
+    assert [(m.id, m.joined) for m in g.members] == [("m2", True), ("m3", True)]
+    clock = GroupClock()
+    clock.lead(1, 0)
+    assert clock.round_due(g, 0)
+    g = apply_change(groups, "g", COMPLETE, 1, b"")["g"]
+    assert (g.generation, [m.id for m in g.members]) == (2, ["m2", "m3"])
+    # Removed from a settled group, the members left join again.
+    settled = apply_change(apply_change(groups, "g", COMPLETE, 1, b""), "g", ASSIGN, 2,
+                           assign_body("m2", [("m2", b"a"), ("m3", b"b")]))
+    g = apply_change(settled, "g", REMOVE, -1, remove_body(["m3"]))["g"]
+    assert g.state == PREPARING and [(m.joined, m.assignment) for m in g.members] == [
+        (False, b"")]
+
+
 def test_guards_refuse_a_stale_completion_or_assignment_and_change_nothing() -> None:
     groups = apply_change(join(PMap(), "m1"), "g", COMPLETE, 0, b"")
     with pytest.raises(Conflict):
