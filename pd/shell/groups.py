@@ -60,6 +60,7 @@ from pd.groups import (
     check_member,
     commit_error,
     heartbeat_error,
+    join_answered,
     join_body,
     join_refusal,
     remove_body,
@@ -158,7 +159,7 @@ class GroupRpc:
         me = group.member(asked.member) if group is not None else None
         if group is None or me is None:
             return AwaitJoinAnswer(UNKNOWN_MEMBER).to_header()
-        if group.generation <= asked.generation or not me.joined:
+        if not join_answered(group, asked.member, asked.generation):
             return AwaitJoinAnswer("").to_header()
         members = tuple((m.id, m.metadata(group.protocol)) for m in group.members) \
             if asked.member == group.leader else ()

@@ -218,6 +218,36 @@ def test_a_member_gone_silent_in_a_rebalance_leaves_the_others_joined(gateway: G
         consumer.close()
 
 
+async def test_a_join_is_answered_when_its_round_completed_though_the_next_one_opened(
+        gateway: Gateway) -> None:
+    """A member whose round completed at its own join, but which asks for the answer only
+    after another member's join opened the next round, gets it (and learns of the next
+    round from SyncGroup): its JoinGroup does not wait on a round that waits for it (the
+    two confluent consumers' stall under load: both held in JoinGroup for minutes)."""
+    from estream.sdk.groups import REBALANCING, GroupClient
+    from estream.wire import groupmessages as gm
+    from estream.wire.protocol import Opcode
+
+    async with await estream.connect(gateway.pd) as sdk:
+        async def join(member: str) -> gm.JoinAnswer:
+            return gm.JoinAnswer.from_header(await sdk.pd.call(
+                Opcode.PD_GROUP_JOIN, gm.JoinRequest(
+                    group="late-g", member=member, protocol_type="consumer",
+                    protocols=(("range", b""),), session_timeout_ms=10_000,
+                    rebalance_timeout_ms=60_000).to_header()))
+
+        first = await join("first")  # alone: its round completes at once
+        await join("second")  # the next round opens before "first" asks
+        got = gm.AwaitJoinAnswer.from_header(await sdk.pd.call(
+            Opcode.PD_GROUP_AWAIT_JOIN, gm.MemberRequest(
+                group="late-g", member="first", generation=first.generation).to_header()))
+        assert (got.done, got.generation, got.leader) == (True, 1, "first")
+        groups = GroupClient(sdk.pd)
+        assert (await groups.sync("late-g", "first", 1, [("first", b"")], wait_s=5))[0] == (
+            REBALANCING)
+        await groups.leave("late-g", ["first", "second"])
+
+
 async def test_aiokafka_group_consumes_and_commits(gateway: Gateway) -> None:
     from aiokafka import AIOKafkaConsumer
 

@@ -27,6 +27,7 @@ from pd.groups import (
     assign_body,
     commit_error,
     heartbeat_error,
+    join_answered,
     join_body,
     member_metadata_bytes_max,
     members_per_group_max,
@@ -93,6 +94,16 @@ def test_a_member_removed_in_an_open_round_leaves_the_others_joined() -> None:
     g = apply_change(settled, "g", REMOVE, -1, remove_body(["m3"]))["g"]
     assert g.state == PREPARING and [(m.joined, m.assignment) for m in g.members] == [
         (False, b"")]
+
+
+def test_a_join_is_answered_once_its_round_completed_also_when_the_next_one_opened() -> None:
+    groups = apply_change(join(PMap(), "m1"), "g", COMPLETE, 0, b"")  # m1 joined at 0
+    assert join_answered(groups["g"], "m1", 0)
+    g = join(groups, "m2")["g"]  # m2 opens the next round before m1 asks
+    assert g.state == PREPARING and not g.member("m1").joined
+    assert join_answered(g, "m1", 0) and not join_answered(g, "m2", 1)
+    assert heartbeat_error(g, "m1", 1) == "rebalance_in_progress"  # its SyncGroup: join again
+    assert not join_answered(g, "m3", 0)  # not a member
 
 
 def test_guards_refuse_a_stale_completion_or_assignment_and_change_nothing() -> None:
