@@ -37,7 +37,7 @@ The rebalance rules (Kafka's group coordinator, simplified):
 3. ``assign`` (the leader's SyncGroup in that generation) stores every member's
    assignment: ``Stable``.
 4. ``remove`` (LeaveGroup, or a session expired) drops members; members left open a new
-   round.
+   round, or stay in the open one as they were (who joined waits at its barrier).
 
 Bounds: :data:`groups_max` groups, :data:`members_per_group_max` members each,
 :data:`member_metadata_bytes_max` of protocol metadata per member and
@@ -230,6 +230,24 @@ def heartbeat_error(group: Group | None, member_id: str, generation: int) -> str
     return _member_error(group, member_id, generation, PREPARING)
 
 
+def join_answered(group: Group, member_id: str, base: int) -> bool:
+    """Whether the join of a member that joined when the group was at generation ``base``
+    is answered: a round completed since (with it: members that had not joined are
+    removed). Also when another member's join opened the next round before it asked, as
+    Kafka answers every member when a round completes: it learns of the next round from
+    its SyncGroup or heartbeat (REBALANCE_IN_PROGRESS) and joins again.
+
+    >>> m1, m2 = (Member(i, "", "", 10_000, 0, (("range", b""),)) for i in ("m1", "m2"))
+    >>> g = Group("g", "consumer", 1, COMPLETING, "range", "m1", (m1,))
+    >>> join_answered(g, "m1", 0), join_answered(g, "m1", 1)
+    (True, False)
+    >>> reopened = replace(g, state=PREPARING, members=(replace(m1, joined=False), m2))
+    >>> join_answered(reopened, "m1", 0), join_answered(reopened, "m2", 1)
+    (True, False)
+    """
+    return group.member(member_id) is not None and group.generation > base
+
+
 def commit_error(group: Group | None, member_id: str, generation: int) -> str:
     """An OffsetCommit's outcome. A group without members takes commits without a
     generation (-1: a consumer assigning itself partitions); a group with members only
@@ -375,7 +393,8 @@ def _remove(group: Group, gone: set[str]) -> Group | None:
         return group  # a retry, or members already gone
     if not members:
         return None
-    members = tuple(replace(m, joined=False, assignment=b"") for m in members)
+    if group.state != PREPARING:  # open a round (an open one: who joined waits at it)
+        members = tuple(replace(m, joined=False, assignment=b"") for m in members)
     return replace(group, state=PREPARING, members=members)
 
 

@@ -48,6 +48,7 @@ from pd.groups import (
     COMPLETE,
     DEAD,
     JOIN,
+    PREPARING,
     REMOVE,
     STABLE,
     UNKNOWN_MEMBER,
@@ -60,6 +61,7 @@ from pd.groups import (
     check_member,
     commit_error,
     heartbeat_error,
+    join_answered,
     join_body,
     join_refusal,
     remove_body,
@@ -140,10 +142,13 @@ class GroupRpc:
         await self.service.raft.propose(GroupChange(name, JOIN, -1,
                                                     join_body(member, asked.protocol_type)))
         self.clock.touch(name, member.id, now)
-        group = await self._progress(name, now)
+        # The generation it joined at, read as the join landed (not after the round's
+        # completion below: another member's join may land meanwhile and open the next).
+        group = self.service.view().groups.get(name)
         base = group.generation if group is not None else 0
-        if group is not None and group.state != "PreparingRebalance":
-            base -= 1  # the round completed at once (every member joined)
+        if group is not None and group.state != PREPARING:
+            base -= 1  # the round completed already (every member joined)
+        await self._progress(name, now)
         return JoinAnswer("", member.id, base).to_header()
 
     async def _member_progress(self, asked: MemberRequest | SyncRequest) -> Group | None:
@@ -158,7 +163,7 @@ class GroupRpc:
         me = group.member(asked.member) if group is not None else None
         if group is None or me is None:
             return AwaitJoinAnswer(UNKNOWN_MEMBER).to_header()
-        if group.generation <= asked.generation or not me.joined:
+        if not join_answered(group, asked.member, asked.generation):
             return AwaitJoinAnswer("").to_header()
         members = tuple((m.id, m.metadata(group.protocol)) for m in group.members) \
             if asked.member == group.leader else ()

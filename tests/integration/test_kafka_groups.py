@@ -190,6 +190,64 @@ def test_confluent_two_consumers_share_partitions_then_one_takes_all(gateway: Ga
     assert sorted(fresh) == sorted(more)
 
 
+def test_a_member_gone_silent_in_a_rebalance_leaves_the_others_joined(gateway: Gateway) -> None:
+    """A member whose session runs out while the others wait at the join barrier (a client
+    that joined again under a new member id leaves its old one so): once it is removed the
+    round completes with those waiting, not at their rebalance timeout (librdkafka's: five
+    minutes)."""
+    from estream.sdk.groups import GroupClient
+
+    create_topic(gateway, "cf-silent", 2)
+
+    async def silent_leader() -> None:  # leads generation 1, then is never heard from
+        async with await estream.connect(gateway.pd) as sdk:
+            joined = await GroupClient(sdk.pd).join(
+                "cf-silent-g", "silent", "consumer", [("range", b"")],
+                session_timeout_ms=1_000, rebalance_timeout_ms=1_000)
+            assert not joined.error and joined.leader == "silent"
+
+    asyncio.run(silent_leader())
+    consumer = confluent_consumer(gateway, "cf-silent-g")
+    try:
+        consumer.subscribe(["cf-silent"])
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and len(_assigned(consumer)) < 2:
+            consumer.poll(0.2)
+        assert _assigned(consumer) == {0, 1}, group_state(gateway, "cf-silent-g")
+    finally:
+        consumer.close()
+
+
+async def test_a_join_is_answered_when_its_round_completed_though_the_next_one_opened(
+        gateway: Gateway) -> None:
+    """A member whose round completed at its own join, but which asks for the answer only
+    after another member's join opened the next round, gets it (and learns of the next
+    round from SyncGroup): its JoinGroup does not wait on a round that waits for it (the
+    two confluent consumers' stall under load: both held in JoinGroup for minutes)."""
+    from estream.sdk.groups import REBALANCING, GroupClient
+    from estream.wire import groupmessages as gm
+    from estream.wire.protocol import Opcode
+
+    async with await estream.connect(gateway.pd) as sdk:
+        async def join(member: str) -> gm.JoinAnswer:
+            return gm.JoinAnswer.from_header(await sdk.pd.call(
+                Opcode.PD_GROUP_JOIN, gm.JoinRequest(
+                    group="late-g", member=member, protocol_type="consumer",
+                    protocols=(("range", b""),), session_timeout_ms=10_000,
+                    rebalance_timeout_ms=60_000).to_header()))
+
+        first = await join("first")  # alone: its round completes at once
+        await join("second")  # the next round opens before "first" asks
+        got = gm.AwaitJoinAnswer.from_header(await sdk.pd.call(
+            Opcode.PD_GROUP_AWAIT_JOIN, gm.MemberRequest(
+                group="late-g", member="first", generation=first.generation).to_header()))
+        assert (got.done, got.generation, got.leader) == (True, 1, "first")
+        groups = GroupClient(sdk.pd)
+        assert (await groups.sync("late-g", "first", 1, [("first", b"")], wait_s=5))[0] == (
+            REBALANCING)
+        await groups.leave("late-g", ["first", "second"])
+
+
 async def test_aiokafka_group_consumes_and_commits(gateway: Gateway) -> None:
     from aiokafka import AIOKafkaConsumer
 

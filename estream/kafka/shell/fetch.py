@@ -5,11 +5,11 @@ SDK's reader (so the object tier is transparent). A mixin of
 What a consumer's fetches cost, and what this module keeps from one to the next (one
 :class:`_Partition` per stream fetched, the least recently used dropped past
 :data:`fetch_partitions_max`): the stream's end and start, looked up (PD, then the last
-range's replicas) only when a fetch reaches the end known, or once they are
-:data:`end_refresh_ms` old; the bytes per record, to size the next read; and a read-ahead,
-the next chunks (each planned to stop where the next starts) read at once while the client
-takes this one (at most :data:`read_ahead_bytes_max` per partition), each used when a fetch
-asks for its offset.
+range's replicas) before answering only when a fetch reaches the end known, and in the
+background once they are :data:`end_refresh_ms` old; the bytes per record, to size the
+next read; and a read-ahead, the next chunks read at once while the client takes this one
+(planned by :mod:`estream.kafka.readahead`, within a bound per partition and one for the
+gateway), each used when a fetch asks for its offset.
 
 Side effects: the SDK's reads; the loop's clock (the age of an end looked up).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -26,14 +26,15 @@ from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
 from estream.kafka.convert import fetch_batch
+from estream.kafka.readahead import chunk_stop, plan_chunks
 from estream.kafka.topics import stream_name
 from estream.sdk.client import Client
 from estream.wire.errors import EstreamError
 
 fetch_wait_ms_max: Final = 30_000  # the longest long poll held, whatever max_wait_ms says
 record_bytes_guess: Final = 256  # a stream's record size before its first fetch
-end_refresh_ms: Final = 1_000  # a high watermark answered behind the end is at most this old
-read_ahead_bytes_max: Final = 4 * 1024 * 1024  # per partition; a fetch asking more: none
+end_refresh_ms: Final = 1_000  # behind the end, the end known is looked up again (in the
+#   background) once it is this old
 fetch_partitions_max: Final = 4096  # partitions whose state is kept; past it the least
 #   recently fetched is forgotten (its next fetch looks its end up again)
 
@@ -50,6 +51,7 @@ class _Partition:
     checked_ms: float = -1e18  # the loop's time of the last lookup of both
     record_bytes: int = record_bytes_guess
     ahead: list[_Ahead] = field(default_factory=list)  # the next chunks' reads, in order
+    refresh: asyncio.Task[None] | None = None  # the end's lookup in the background
 
 
 class Fetch:
@@ -60,6 +62,8 @@ class Fetch:
 
     def _init_fetch(self) -> None:
         self._fetched: OrderedDict[str, _Partition] = OrderedDict()
+        self.read_ahead_bytes = 0  # the chunks planned ahead, each at its max bytes
+        self.read_ahead_refused = 0  # chunks not read ahead: the gateway's bound was reached
 
     def _fetch_state(self, name: str) -> _Partition:
         state = self._fetched.get(name)
@@ -67,7 +71,9 @@ class Fetch:
             state = self._fetched[name] = _Partition()
             while len(self._fetched) > fetch_partitions_max:
                 _, old = self._fetched.popitem(last=False)
-                _drop_ahead(old)
+                self._drop_ahead(old)
+                if old.refresh is not None:
+                    old.refresh.cancel()
         else:
             self._fetched.move_to_end(name)
         return state
@@ -79,14 +85,14 @@ class Fetch:
         state = self._fetch_state(name)
         now_ms = asyncio.get_running_loop().time() * 1000
         try:
-            if (offset >= state.end or offset < state.start
-                    or now_ms - state.checked_ms > end_refresh_ms):
-                state.end = await self.client.end_offset(name)
-                state.start = (await self.client.stream_meta(name)).start_offset
-                state.checked_ms = now_ms
+            if offset >= state.end or offset < state.start:
+                await self._look_up(name, state, now_ms)
+            elif now_ms - state.checked_ms > end_refresh_ms and (
+                    state.refresh is None or state.refresh.done()):
+                state.refresh = self._in_background(self._look_up(name, state, now_ms))
             end, start = state.end, state.start
             if offset < start or offset > end:
-                _drop_ahead(state)
+                self._drop_ahead(state)
                 return ErrorCode.offset_out_of_range, end, start, b""
             if offset == end:
                 return ErrorCode.none, end, start, b""
@@ -95,45 +101,57 @@ class Fetch:
             return ErrorCode.none, end, start, data
         except (EstreamError, TimeoutError) as exc:
             state.checked_ms = -1e18  # (deleted, trimmed, moved: the next fetch looks up)
-            _drop_ahead(state)
+            self._drop_ahead(state)
             return kp.error_code(exc), -1, -1, b""
+
+    async def _look_up(self, name: str, state: _Partition, now_ms: float) -> None:
+        """The stream's end and start now (in the background, a failure leaves them as
+        they were: the next fetch tries again)."""
+        state.end = await self.client.end_offset(name)
+        state.start = (await self.client.stream_meta(name)).start_offset
+        state.checked_ms = now_ms
+
+    def _in_background(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
 
     def _read_ahead(self, name: str, state: _Partition, reached: int, max_bytes: int
                     ) -> None:
-        """Keep the reads of the chunks after ``reached`` in flight, as many as
-        :data:`read_ahead_bytes_max` holds, each planned to stop where the one after
-        starts (so they run at once: the range servers' reads overlap the client's)."""
+        """Keep the reads of the chunks after ``reached`` in flight, as many as the
+        bounds hold (:func:`~estream.kafka.readahead.plan_chunks`), each planned to stop
+        where the one after starts (so they run at once: the range servers' reads
+        overlap the client's)."""
         if state.ahead and state.ahead[0][0] != reached:
-            _drop_ahead(state)  # (a chunk stopped short of its plan: plan again)
-        depth = read_ahead_bytes_max // max_bytes
+            self._drop_ahead(state)  # (a chunk stopped short of its plan: plan again)
         at = state.ahead[-1][1] if state.ahead else reached
-        while len(state.ahead) < depth and at < state.end:
-            stop = min(state.end, at + max(1, max_bytes // max(1, state.record_bytes)))
-            task = asyncio.ensure_future(self._read(name, state, at, max_bytes, stop))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        chunks = plan_chunks(at, state.end, max_bytes, state.record_bytes,
+                             len(state.ahead), self.read_ahead_bytes)
+        wanted = plan_chunks(at, state.end, max_bytes, state.record_bytes,
+                             len(state.ahead), 0)
+        self.read_ahead_refused += len(wanted) - len(chunks)
+        for at, stop in chunks:
+            task = self._in_background(self._read(name, state, at, max_bytes, stop))
             state.ahead.append((at, stop, max_bytes, task))
-            at = stop
+            self.read_ahead_bytes += max_bytes
 
     async def _chunk(self, name: str, state: _Partition, offset: int, max_bytes: int
                      ) -> _Chunk:
         """The batches from ``offset``: the read-ahead's when it read that offset for a
         fetch as large (the chunks planned before it are dropped), else read now."""
-        ahead, state.ahead = state.ahead, []
-        for i, (at, _, size, task) in enumerate(ahead):
+        for i, (at, _, size, task) in enumerate(state.ahead):
             if at == offset and size == max_bytes:
-                for *_, stale in ahead[:i]:
-                    stale.cancel()
-                state.ahead = ahead[i + 1 :]
+                self._forget(state.ahead[: i + 1], task)
+                state.ahead = state.ahead[i + 1 :]
                 await asyncio.wait([task])  # (its failure or cancellation: read now)
                 if not task.cancelled() and task.exception() is None and task.result()[1]:
                     return task.result()
-                _drop_ahead(state)
+                self._drop_ahead(state)
                 break
         else:
-            for *_, stale in ahead:
-                stale.cancel()
+            self._drop_ahead(state)
         return await self._read(name, state, offset, max_bytes)
 
     async def _read(self, name: str, state: _Partition, offset: int, max_bytes: int,
@@ -142,7 +160,7 @@ class Fetch:
         ``stop`` (the reader asks for whole answers: reading to the end would read past
         what is answered)."""
         if stop is None:
-            stop = min(state.end, offset + max(1, max_bytes // max(1, state.record_bytes)))
+            stop = chunk_stop(offset, state.end, max_bytes, state.record_bytes)
         parts: list[bytes | bytearray] = []
         size = records = 0
         async for columns in self.client.read_batches(name, offset, stop):
@@ -217,8 +235,15 @@ class Fetch:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _drop_ahead(self, state: _Partition) -> None:
+        self._forget(state.ahead)
+        state.ahead = []
 
-def _drop_ahead(state: _Partition) -> None:
-    for *_, task in state.ahead:
-        task.cancel()
-    state.ahead = []
+    def _forget(self, chunks: list[_Ahead], keep: asyncio.Task[_Chunk] | None = None
+                ) -> None:
+        """Chunks no longer held by the read-ahead: counted out, their reads cancelled
+        (but ``keep``'s, answered now)."""
+        for _, _, size, task in chunks:
+            self.read_ahead_bytes -= size
+            if task is not keep:
+                task.cancel()

@@ -1,7 +1,8 @@
 """The gateway's ``--http`` endpoints: ``/healthz`` (200 while serving) and ``/metrics``
-(Prometheus text: requests by API and error, bytes, connections, and each consumer
-group's lag per partition: ``estream/kafka/grouplag.py``, asked of PD at a scrape at most
-every ``lag_refresh_ms_min``; a failed or slow refresh keeps the last figures).
+(Prometheus text: requests by API and error, bytes, connections, Fetch's read-ahead, and
+each consumer group's lag per partition: ``estream/kafka/grouplag.py``, asked of PD at a
+scrape at most every ``lag_refresh_ms_min``; a failed or slow refresh keeps the last
+figures).
 
 Side effects: the HTTP listening socket; PD calls for the lag at scrapes.
 """
@@ -82,6 +83,13 @@ def families(gateway: Gateway, lags: GroupLags | None = None) -> Iterator[Family
                                  Sample("_total", (("direction", "out"),), gateway.bytes_out)))
     yield Family("estream_kafka_connections", "gauge", "Open Kafka connections",
                  (Sample("", (), float(gateway.connections)),))
+    yield Family("estream_kafka_read_ahead_bytes", "gauge", "Bytes Fetch reads ahead of "
+                 "consumers, each chunk counted at its fetch's max bytes (bounded by "
+                 "gateway_read_ahead_bytes_max)",
+                 (Sample("", (), float(gateway.read_ahead_bytes)),))
+    yield Family("estream_kafka_read_ahead_refused", "counter", "Chunks not read ahead: "
+                 "the gateway's read-ahead bound was reached",
+                 (Sample("_total", (), float(gateway.read_ahead_refused)),))
     if lags is not None:
         yield Family("estream_kafka_group_lag", "gauge", "Records between a consumer "
                      "group's committed offset and the partition's readable end", tuple(

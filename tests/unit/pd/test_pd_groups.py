@@ -27,6 +27,7 @@ from pd.groups import (
     assign_body,
     commit_error,
     heartbeat_error,
+    join_answered,
     join_body,
     member_metadata_bytes_max,
     members_per_group_max,
@@ -70,6 +71,39 @@ def test_a_new_member_reopens_the_round_and_members_not_joined_again_are_dropped
     # m1 never joins again: the deadline completes the round without it.
     g = apply_change(groups, "g", COMPLETE, 1, b"")["g"]
     assert [m.id for m in g.members] == ["m2"] and g.leader == "m2" and g.generation == 2
+
+
+def test_a_member_removed_in_an_open_round_leaves_the_others_joined() -> None:
+    """Members waiting at the join barrier stay joined when another member's session runs
+    out (or it leaves): the round completes with them at once, not at its deadline."""
+    groups = apply_change(join(PMap(), "m1"), "g", COMPLETE, 0, b"")
+    groups = apply_change(groups, "g", ASSIGN, 1, assign_body("m1", [("m1", b"a")]))
+    groups = join(join(groups, "m2"), "m3")  # a round: m2 and m3 wait for m1
+    groups = apply_change(groups, "g", REMOVE, -1, remove_body(["m1"]))
+    g = groups["g"]
+    assert g.state == PREPARING
+    assert [(m.id, m.joined) for m in g.members] == [("m2", True), ("m3", True)]
+    clock = GroupClock()
+    clock.lead(1, 0)
+    assert clock.round_due(g, 0)
+    g = apply_change(groups, "g", COMPLETE, 1, b"")["g"]
+    assert (g.generation, [m.id for m in g.members]) == (2, ["m2", "m3"])
+    # Removed from a settled group, the members left join again.
+    settled = apply_change(apply_change(groups, "g", COMPLETE, 1, b""), "g", ASSIGN, 2,
+                           assign_body("m2", [("m2", b"a"), ("m3", b"b")]))
+    g = apply_change(settled, "g", REMOVE, -1, remove_body(["m3"]))["g"]
+    assert g.state == PREPARING and [(m.joined, m.assignment) for m in g.members] == [
+        (False, b"")]
+
+
+def test_a_join_is_answered_once_its_round_completed_also_when_the_next_one_opened() -> None:
+    groups = apply_change(join(PMap(), "m1"), "g", COMPLETE, 0, b"")  # m1 joined at 0
+    assert join_answered(groups["g"], "m1", 0)
+    g = join(groups, "m2")["g"]  # m2 opens the next round before m1 asks
+    assert g.state == PREPARING and not g.member("m1").joined
+    assert join_answered(g, "m1", 0) and not join_answered(g, "m2", 1)
+    assert heartbeat_error(g, "m1", 1) == "rebalance_in_progress"  # its SyncGroup: join again
+    assert not join_answered(g, "m3", 0)  # not a member
 
 
 def test_guards_refuse_a_stale_completion_or_assignment_and_change_nothing() -> None:

@@ -1,0 +1,72 @@
+"""PD's JoinGroup handler (pd/shell/groups.py) over a fake service whose Raft applies group
+changes at once: the generation a join answers from is the group's when the join landed,
+also when another member's join lands while this one completes the round (the handler
+awaits Raft between the two), so the join is answered when that round completed."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from estream.wire.groupmessages import AwaitJoinAnswer, JoinAnswer, JoinRequest, MemberRequest
+from pd.commands import GroupChange
+from pd.groups import COMPLETE, JOIN, Group, Member, apply_change, join_body
+from pd.pmap import PMap
+from pd.shell.groups import GroupRpc
+
+
+class FakeRaft:
+    def __init__(self, service: FakeService) -> None:
+        self.service = service
+        self.after_complete: list[GroupChange] = []  # applied right after a COMPLETE
+
+    async def propose(self, cmd: GroupChange) -> None:
+        self.service.apply(cmd)
+        if cmd.op == COMPLETE:
+            for other in self.after_complete:
+                self.service.apply(other)
+            self.after_complete.clear()
+
+
+class FakeService:
+    def __init__(self) -> None:
+        self.groups: PMap[Group] = PMap()
+        self.raft = FakeRaft(self)
+
+    def apply(self, cmd: GroupChange) -> None:
+        self.groups = apply_change(self.groups, cmd.group, cmd.op, cmd.generation, cmd.body)
+
+    def view(self) -> Any:
+        return SimpleNamespace(groups=self.groups)
+
+    async def decision_view(self) -> Any:
+        return self.view()
+
+    def require_leading(self, why: str) -> Any:
+        return SimpleNamespace(term=1)
+
+    def clock_ms(self) -> int:
+        return 0
+
+
+def join_request(member: str) -> dict[str, Any]:
+    return JoinRequest(group="g", member=member, protocol_type="consumer",
+                       protocols=(("range", b""),), session_timeout_ms=10_000,
+                       rebalance_timeout_ms=300_000).to_header()
+
+
+async def test_a_join_that_completes_its_round_as_another_lands_is_answered() -> None:
+    service = FakeService()
+    rpc = GroupRpc(service)  # type: ignore[arg-type]
+    second = Member("second", "", "", 10_000, 300_000, (("range", b""),))
+    # "first" joins alone and completes the round; "second"'s join lands right after,
+    # before the handler of "first" reads the group again (it awaited Raft).
+    service.raft.after_complete.append(
+        GroupChange("g", JOIN, -1, join_body(second, "consumer")))
+    first = JoinAnswer.from_header(await rpc._rpc_join(join_request("first")))
+    assert service.groups["g"].generation == 1 and not service.groups["g"].member(
+        "first").joined  # the next round is open, "first" not in it yet
+    assert first.generation == 0  # it joined at generation 0: generation 1 answers it
+    got = AwaitJoinAnswer.from_header(await rpc._rpc_await_join(MemberRequest(
+        group="g", member="first", generation=first.generation).to_header()))
+    assert (got.error, got.done, got.generation) == ("", True, 1)
