@@ -70,7 +70,7 @@ class SimRangeServerNode:
         self.beats: asyncio.Task[None] | None = None
 
     async def boot(self) -> None:
-        store = Store(self.data_dir, cache_bytes_max=0,
+        store = Store(self.data_dir, cache_bytes_max=0, clock=self.clock,
                       log=SimLog(self.disk, segment_bytes_max=SEGMENT_BYTES))
         await store.open()
         network = self.net.node(self.server_id)

@@ -27,7 +27,7 @@ from rangeserver.shell.store import Store
 from rangeserver.shell.wal import segment_name
 from tests.sim.simdisk import SimDisk
 from tests.sim.simlog import SimLog
-from tests.sim.simloop import SimLoop, run
+from tests.sim.simloop import SimClock, SimLoop, run
 from tests.sim.simtransport import SimNetwork
 
 SERVER = "127.0.0.7:7000"
@@ -52,7 +52,8 @@ class Node:
     async def boot(self) -> Store:
         """A new process: recover from the disk, then serve."""
         self.log = SimLog(self.disk, segment_bytes_max=SEGMENT_BYTES)
-        store = self.store = Store(self.data_dir, cache_bytes_max=0, log=self.log)  # reads: disk
+        store = self.store = Store(self.data_dir, cache_bytes_max=0, log=self.log,  # reads: disk
+                                   clock=SimClock(asyncio.get_running_loop()))
         await store.open()
         self.net.up("rs")
         self.server = RangeServer(store, SERVER_ID, network=self.net.node("rs"))
