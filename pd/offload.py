@@ -419,6 +419,18 @@ def offload_lag_ms(sealed_since: Mapping[RangeKey, int], now_ms: int) -> int:
     return max((now_ms - since for since in sealed_since.values()), default=0)
 
 
+def backlog(since: Mapping[RangeKey, int], now_ms: int) -> tuple[int, int]:
+    """How many ranges wait in a stage (``since``: when each entered it, as :func:`track`
+    keeps it) and how long the oldest has waited (ms; 0: none): the figures behind PD's
+    ``estream_pd_offload_backlog_*`` gauges, for the upload stage (sealed, still "local")
+    and the release stage (in the object tier, replicas still listed).
+
+    >>> backlog({(1, 0): 100, (1, 1): 400}, 1_000), backlog({}, 1_000)
+    ((2, 900), (0, 0))
+    """
+    return len(since), max((now_ms - t for t in since.values()), default=0)
+
+
 def next_due_ms(
     since: Mapping[RangeKey, int],
     after_ms: int,

@@ -49,6 +49,9 @@ from estream.wire.errors import EstreamError
 from pd.metrics import (
     DAMAGE_HELP,
     OBJECT_REQUESTS,
+    OFFLOAD_BACKLOG,
+    OFFLOAD_BACKLOG_AGE,
+    OFFLOAD_BACKLOG_HELP,
     OFFLOAD_ERRORS,
     OFFLOAD_HELP,
     OFFLOAD_LAG,
@@ -58,6 +61,7 @@ from pd.offload import (
     Pending,
     RangeKey,
     TierWork,
+    backlog,
     next_due_ms,
     object_size_bytes_default,
     offload_lag_ms,
@@ -82,7 +86,7 @@ seal_poll_cost_max: Final = 20  # ...or less often: at most 1/20 of the time in 
 sweep_interval_ms_default: Final = 60_000
 compact_interval_ms_default: Final = 60_000
 
-_HELP: Final = {**OFFLOAD_HELP, **DAMAGE_HELP}
+_HELP: Final = {**OFFLOAD_HELP, **DAMAGE_HELP, **OFFLOAD_BACKLOG_HELP}
 
 
 def _wall_ms() -> int:
@@ -183,6 +187,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
             now = self.service.clock_ms()
             self.sealed_since = track(self.sealed_since, sealed_local(
                 self.work.narrow(view.streams.values())), now)
+            self._gauge_backlog(now)
             due = next_due_ms(self.sealed_since, self.offload_delay_ms, now,
                               not_before=self.retry_at)
             if due is not None:
@@ -200,6 +205,16 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.pending_data = {}
         self.next_compact_ms = 0
         self.damage.clear()
+        self._gauge_backlog(0)
+
+    def _gauge_backlog(self, now: int) -> None:
+        """PD's backlog gauges by stage (:func:`pd.offload.backlog`): zeros off the leader."""
+        for stage, since in (("upload", self.sealed_since), ("release", self.committed_since)):
+            ranges, oldest_ms = backlog(since, now)
+            self.service.metrics.set_gauge(OFFLOAD_BACKLOG, _HELP[OFFLOAD_BACKLOG], ranges,
+                                           stage=stage)
+            self.service.metrics.set_gauge(OFFLOAD_BACKLOG_AGE, _HELP[OFFLOAD_BACKLOG_AGE],
+                                           oldest_ms / 1000, stage=stage)
 
     def _count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.service.metrics.count(name, _HELP[name], amount, **labels)
@@ -226,6 +241,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
         self.service.metrics.set_gauge(OFFLOAD_LAG, _HELP[OFFLOAD_LAG],
                                        offload_lag_ms(self.sealed_since, now) / 1000)
+        self._gauge_backlog(now)
         alive = {s for s in view.servers if self.service.liveness.alive(s, now)}
         self.reuploaded.clear()
         await self._delete_unreferenced()
@@ -249,6 +265,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
             self.next_sweep_ms = now + self.sweep_interval_ms
             await self._sweep()
         end = self.service.clock_ms()
+        self._gauge_backlog(end)
         return round_wait_ms(end, self.interval_ms, backlog=backlog, due_at=[
             next_due_ms(self.sealed_since, self.offload_delay_ms, end,
                         not_before=self.retry_at),
