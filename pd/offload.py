@@ -386,8 +386,8 @@ def drops_due(
     busy: Collection[RangeKey] = (),
 ) -> list[LocalDrop]:
     """"object" ranges that still list replicas, seen committed ``retention_ms`` or more
-    ago, not ``busy``."""
-    out = []
+    ago, not ``busy``; oldest first (the longest committed, then by stream and range)."""
+    out: list[tuple[int, LocalDrop]] = []
     for stream in streams:
         for rng in stream.ranges:
             key = (stream.id, rng.index)
@@ -396,10 +396,11 @@ def drops_due(
                 continue
             if since is None or now_ms - since < retention_ms or key in busy:
                 continue
-            out.append(LocalDrop(stream.name, stream.id, rng.index, rng.object_key,
-                                 rng.replicas, rng.start, rng.end or rng.start,
-                                 rng.object_part))
-    return out
+            out.append((since, LocalDrop(stream.name, stream.id, rng.index, rng.object_key,
+                                         rng.replicas, rng.start, rng.end or rng.start,
+                                         rng.object_part)))
+    out.sort(key=lambda item: (item[0], item[1].key))
+    return [drop for _, drop in out]
 
 
 def check_bytes(drop: LocalDrop, window_bytes: int) -> int:
@@ -417,18 +418,6 @@ def check_bytes(drop: LocalDrop, window_bytes: int) -> int:
 def offload_lag_ms(sealed_since: Mapping[RangeKey, int], now_ms: int) -> int:
     """How long the oldest sealed range still in the local tier has waited (0: none)."""
     return max((now_ms - since for since in sealed_since.values()), default=0)
-
-
-def backlog(since: Mapping[RangeKey, int], now_ms: int) -> tuple[int, int]:
-    """How many ranges wait in a stage (``since``: when each entered it, as :func:`track`
-    keeps it) and how long the oldest has waited (ms; 0: none): the figures behind PD's
-    ``estream_pd_offload_backlog_*`` gauges, for the upload stage (sealed, still "local")
-    and the release stage (in the object tier, replicas still listed).
-
-    >>> backlog({(1, 0): 100, (1, 1): 400}, 1_000), backlog({}, 1_000)
-    ((2, 900), (0, 0))
-    """
-    return len(since), max((now_ms - t for t in since.values()), default=0)
 
 
 def next_due_ms(

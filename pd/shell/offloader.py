@@ -61,7 +61,6 @@ from pd.offload import (
     Pending,
     RangeKey,
     TierWork,
-    backlog,
     next_due_ms,
     object_size_bytes_default,
     offload_lag_ms,
@@ -70,6 +69,7 @@ from pd.offload import (
     tiered_with_replicas,
     track,
 )
+from pd.offloadpacing import backlog
 from pd.shell.damage import DamageChecks
 from pd.shell.objectcleanup import ObjectCleanup
 from pd.shell.offloadrelease import Releases

@@ -62,6 +62,7 @@ from pd.offload import (
     tiered_with_replicas,
     track,
 )
+from pd.offloadpacing import release_refresh
 from pd.shell.offloadupload import rpc_timeout_s
 from pd.shell.service import PdService
 
@@ -111,17 +112,19 @@ class Releases:
         held: dict[RangeKey, int] = {}  # the bytes each running check may hold at once
         tried: set[RangeKey] = set()  # once a round (one that failed waits for the next)
         started = 0
+        due: list[LocalDrop] = []  # oldest first: worked off between looks at the catalog
+        refresh_at = 0  # when to look again without a commit (the next due, the interval)
+        ended = False  # the uploads ended (seen at the last look)
         try:
             while True:
                 last = uploads_done.is_set()  # (read first: a pass after it is the last)
-                self.committed.clear()  # (read first: a commit after it wakes the next)
                 now = self.service.clock_ms()
-                streams = self.work.narrow(self.service.view().streams.values())
-                self.committed_since = track(self.committed_since,
-                                             tiered_with_replicas(streams), now)
-                due = [d for d in drops_due(streams, self.committed_since, now,
-                                            self.local_retention_ms, busy=self.busy)
-                       if d.key not in tried and d.key not in self.reuploaded]
+                if release_refresh(now, refresh_at, committed=self.committed.is_set(),
+                                   uploads_ended=last and not ended):
+                    ended = last
+                    self.committed.clear()  # (read first: a commit after it wakes the next)
+                    due, refresh_at = self._drops_due(now, tried)
+                due = [d for d in due if d.key not in self.busy]
                 while (due and len(running) < releases_in_flight_max
                        and started < drops_per_round_max and self._leading()):
                     need = check_bytes(due[0], check_window_bytes)
@@ -139,11 +142,9 @@ class Releases:
                 if not last:
                     waits.add(asyncio.ensure_future(uploads_done.wait()))
                     waits.add(asyncio.ensure_future(self.committed.wait()))
-                due_at = next_due_ms(self.committed_since, self.local_retention_ms, now)
-                timeout = self.interval_ms if due_at is None else min(
-                    self.interval_ms, due_at - now)
-                finished, _ = await asyncio.wait(waits, timeout=max(timeout, 1) / 1000,
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                finished, _ = await asyncio.wait(
+                    waits, timeout=max(refresh_at - now, 1) / 1000,
+                    return_when=asyncio.FIRST_COMPLETED)
                 for waiter in waits - set(running.values()):
                     waiter.cancel()
                 for key, task in list(running.items()):
@@ -156,6 +157,19 @@ class Releases:
             for task in running.values():
                 task.cancel()
             await asyncio.gather(*running.values(), return_exceptions=True)
+
+    def _drops_due(self, now: int, tried: set[RangeKey]) -> tuple[list[LocalDrop], int]:
+        """The catalog read afresh: the releases due now (oldest first, not tried this
+        round), and when to look again without a commit (the next one falling due, at
+        most an interval from now)."""
+        streams = self.work.narrow(self.service.view().streams.values())
+        self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
+        due = [d for d in drops_due(streams, self.committed_since, now,
+                                    self.local_retention_ms, busy=self.busy)
+               if d.key not in tried and d.key not in self.reuploaded]
+        due_at = next_due_ms(self.committed_since, self.local_retention_ms, now)
+        return due, now + (self.interval_ms if due_at is None else min(
+            self.interval_ms, due_at - now))
 
     async def _release(self, drop: LocalDrop, alive: Collection[str]) -> None:
         """Check the whole object, then release the range's replicas; a missing or

@@ -87,6 +87,7 @@ from pd.offload import (
     track,
     uploads_due,
 )
+from pd.offloadpacing import next_chunk, still_due
 from pd.placement import full
 from pd.shell.service import PdService
 
@@ -172,19 +173,24 @@ class Uploads:
         in_flight: list[asyncio.Task[None]] = []  # oldest first
         try:
             read = 0
+            queue: list[Upload] = []  # due, oldest first: worked off before another look
             while True:
                 now = self.service.clock_ms()
-                due = self._due(now, alive)
-                if not due:
+                if not queue:
+                    queue = self._due(now, alive)
+                if not queue:
                     backlog = False
                     break
                 if (now - started >= upload_round_ms_max or read >= uploads_per_round_max
                         or not self._leading()):
                     backlog = True
                     break
-                chunk = due[:min(reads_at_once(self.object_size_bytes, first_read_bytes_max,
-                                               reads_at_once_max),
-                                 uploads_per_round_max - read)]
+                chunk, queue = next_chunk(queue, min(
+                    reads_at_once(self.object_size_bytes, first_read_bytes_max,
+                                  reads_at_once_max), uploads_per_round_max - read),
+                    busy=self.busy)
+                if not chunk:
+                    continue
                 read += len(chunk)
                 for _ in range(puts_to_wait_for(len(in_flight), open_pack=True)):
                     await in_flight.pop(0)
@@ -285,6 +291,10 @@ class Uploads:
 
     async def _offload_once(self, uploads: list[Upload], data: dict[RangeKey, list[bytes]],
                             key: str | None) -> None:
+        if key is None:  # (a prepare refuses the whole pack for one range gone)
+            uploads = still_due(uploads, self.service.view().streams)
+            if not uploads:
+                return
         parts, spans = encode_pack_parts([
             PackRange(u.stream_id, u.range_index, u.start, u.end, data[u.key])
             for u in uploads])
