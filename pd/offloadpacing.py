@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from estream.wire.meta import StreamMeta
-from pd.offload import RangeKey, Upload
+from pd.offload import LocalDrop, RangeKey, Upload
 
 
 def backlog(since: Mapping[RangeKey, int], now_ms: int) -> tuple[int, int]:
@@ -30,12 +30,14 @@ def backlog(since: Mapping[RangeKey, int], now_ms: int) -> tuple[int, int]:
 
 
 def next_chunk(queue: Sequence[Upload], count: int, *, busy: Collection[RangeKey],
-               ) -> tuple[list[Upload], list[Upload]]:
-    """The next at most ``count`` uploads to read from ``queue`` (what :func:`uploads_due`
-    gave, oldest first), skipping ranges ``busy`` meanwhile, and the rest of the queue.
-    The offloader works a due list off chunk by chunk and asks :func:`uploads_due` again
-    only once it is empty: a pass over the catalog costs O(backlog), so one per chunk
-    would make a backlog of n ranges cost O(n^2) and slow the uploads as it grows.
+               per_server_max: int | None = None) -> tuple[list[Upload], list[Upload]]:
+    """The next at most ``count`` uploads to read from ``queue`` (what
+    :func:`pd.offload.uploads_due` gave, oldest first), skipping ranges ``busy``
+    meanwhile, at most ``per_server_max`` read from one server (its first source; the
+    others stay in the queue, in order, for the next chunk), and the rest of the queue.
+    The offloader works a due list off chunk by chunk and asks for it again only once it
+    is empty: a pass over the catalog costs O(backlog), so one per chunk would make a
+    backlog of n ranges cost O(n^2) and slow the uploads as it grows.
 
     >>> q = [Upload("s", 1, i, 0, 1, ()) for i in range(5)]
     >>> chunk, rest = next_chunk(q, 2, busy={(1, 0)})
@@ -43,14 +45,35 @@ def next_chunk(queue: Sequence[Upload], count: int, *, busy: Collection[RangeKey
     ([1, 2], [3, 4])
     """
     chunk: list[Upload] = []
+    kept: list[Upload] = []  # passed over for their server's share: the next chunk's
+    per_server: dict[str, int] = {}
     taken = 0
     for upload in queue:
         if len(chunk) >= count:
             break
         taken += 1
-        if upload.key not in busy:
-            chunk.append(upload)
-    return chunk, list(queue[taken:])
+        if upload.key in busy:
+            continue
+        server = upload.sources[0].id if upload.sources else ""
+        if per_server_max is not None and server and per_server.get(server, 0) >= (
+                per_server_max):
+            kept.append(upload)
+            continue
+        per_server[server] = per_server.get(server, 0) + 1
+        chunk.append(upload)
+    return chunk, kept + list(queue[taken:])
+
+
+def drop_still_due(drop: LocalDrop, streams: Mapping[str, StreamMeta]) -> bool:
+    """Whether the catalog (``streams`` by name) still wants a release of a due list made
+    a while ago: the same stream id, the range still in the object tier under the same
+    key, replicas listed (a stream deleted or a range trimmed meanwhile is no release,
+    and no error)."""
+    stream = streams.get(drop.name)
+    rng = stream.range_at(drop.range_index) if stream is not None and (
+        stream.id == drop.stream_id) else None
+    return rng is not None and rng.tier == "object" and bool(rng.replicas) and (
+        rng.object_key == drop.object_key)
 
 
 def still_due(uploads: Iterable[Upload], streams: Mapping[str, StreamMeta]) -> list[Upload]:

@@ -9,7 +9,7 @@ import doctest
 import pd.offloadpacing
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.offload import Upload, drops_due, track
-from pd.offloadpacing import backlog, next_chunk, release_refresh, still_due
+from pd.offloadpacing import backlog, drop_still_due, next_chunk, release_refresh, still_due
 
 REFS = tuple(ReplicaRef(i, f"127.0.0.1:{n}") for n, i in enumerate("abc", 7001))
 
@@ -82,3 +82,32 @@ def test_releases_due_oldest_first() -> None:
     since = {(1, 0): 300, (1, 1): 100, (2, 0): 200}
     due = drops_due([a, b], track(since, since, 0), 1_000, 500)
     assert [d.key for d in due] == [(1, 1), (2, 0), (1, 0)]
+
+
+def test_a_chunk_reads_at_most_its_share_from_one_server() -> None:
+    a, b = REFS[0], REFS[1]
+    queue = [Upload("s", 1, i, i, i + 1, (a if i < 6 else b,)) for i in range(10)]
+    chunk, rest = next_chunk(queue, 6, busy=set(), per_server_max=2)
+    assert [u.range_index for u in chunk] == [0, 1, 6, 7]
+    assert [u.range_index for u in rest] == [2, 3, 4, 5, 8, 9], "passed over: next, in order"
+    chunk, rest = next_chunk(rest, 3, busy=set(), per_server_max=2)
+    assert [u.range_index for u in chunk] == [2, 3, 8] and [u.range_index for u in rest] == [
+        4, 5, 9]
+    empty = [Upload("s", 1, i, 0, 0, ()) for i in range(3)]  # nothing to read: no server
+    assert len(next_chunk(empty, 3, busy=set(), per_server_max=1)[0]) == 3
+
+
+def test_a_release_listed_earlier_is_skipped_once_gone() -> None:
+    obj = {"tier": "object", "object_key": "k.eso"}
+    s = stream(RangeMeta(0, 0, 5, REFS, **obj), RangeMeta(1, 5, 9, (), **obj),
+               RangeMeta(2, 9, None, REFS))
+    (drop,) = drops_due([s], {(1, 0): 0}, 1_000, 500)
+    assert drop_still_due(drop, {"s": s})
+    assert not drop_still_due(drop, {}), "stream deleted"
+    assert not drop_still_due(drop, {"s": stream(RangeMeta(0, 0, 5, REFS, **obj), sid=2)})
+    trimmed = stream(RangeMeta(1, 5, 9, (), **obj), RangeMeta(2, 9, None, REFS))
+    assert not drop_still_due(drop, {"s": trimmed}), "range trimmed away"
+    released = stream(RangeMeta(0, 0, 5, (), **obj), RangeMeta(1, 5, None, REFS))
+    assert not drop_still_due(drop, {"s": released}), "released already"
+    damaged = stream(RangeMeta(0, 0, 5, REFS), RangeMeta(1, 5, None, REFS))
+    assert not drop_still_due(drop, {"s": damaged}), "back to the local tier"
