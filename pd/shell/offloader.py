@@ -24,7 +24,8 @@ doubling backoff (:func:`pd.offload.retry_delay_ms`), under the same prepared ke
 it has time left; local copies stay until an upload is committed, appends never wait for
 any of this. A crash (anything but an estream error) in one upload or release cancels
 the others of the round (each is at a step its retry or a new leader takes up). A
-leader lost mid-upload: the new leader's clocks start again; it reuses the prepared key
+leader lost mid-upload: the new leader's clocks are its own, kept while it followed
+(later, never earlier; started again if it was behind); it reuses the prepared key
 (overwriting the object) or, once expired, the record and object are deleted and it
 prepares another. A commit refused (another key won, the record expired,
 the stream was deleted or recreated, the range trimmed) deletes its own object at once; a
@@ -147,6 +148,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.damage = DamageInbox()  # readers' reports of damaged objects, to check
         self.lost: set[tuple[str, RangeKey]] = set()  # (key, range) counted as lost
         self.work = TierWork()  # the catalog narrowed to this offloader's ranges
+        self.followed = False  # the clocks were kept up as a follower since the last round
 
     async def run(self) -> None:
         """Forever (until cancelled): a round while leader, then the wait
@@ -158,7 +160,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
                 await self._wait(wait_ms)
                 wait_ms = self.interval_ms
                 if not is_leader(self.service):
-                    self._forget()
+                    self._follow()
                     continue
                 try:
                     wait_ms = await self.round()
@@ -194,10 +196,30 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
                 deadline = min(deadline, time.monotonic() + (due - now) / 1000)
             step_s = max(seal_poll_ms / 1000, (time.monotonic() - looked) * seal_poll_cost_max)
 
+    def _follow(self) -> None:
+        """Not the leader: the leader's memory forgotten, the clocks kept up from this
+        node's own view of the catalog (as applied, so later than the leader saw each
+        change, never earlier): a new leader's uploads and releases fall due when they
+        would have, not ``offload_delay`` and ``local_retention`` after it took over.
+        While this node is behind (not caught up) they start again."""
+        self._forget()
+        self.followed = self.service.raft.caught_up()
+        if self.followed:
+            self._observe(self.service.clock_ms())
+        else:
+            self.sealed_since.clear()
+            self.committed_since.clear()
+        self._gauge_backlog(0)  # (the gauges are the leader's)
+
+    def _observe(self, now: int) -> None:
+        """Both clocks tracked over the catalog as it is now (:func:`pd.offload.track`)."""
+        streams = self.work.narrow(self.service.view().streams.values())
+        self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
+        self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
+
     def _forget(self) -> None:
-        """Not the leader (or a new term): every clock starts again when leading."""
-        self.sealed_since.clear()
-        self.committed_since.clear()
+        """Not the leader (or a new term): the leader's memory goes (the clocks stay:
+        :meth:`_follow`)."""
         self.failures.clear()
         self.retry_at.clear()
         self.next_sweep_ms = 0
@@ -205,7 +227,6 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.pending_data = {}
         self.next_compact_ms = 0
         self.damage.clear()
-        self._gauge_backlog(0)
 
     def _gauge_backlog(self, now: int) -> None:
         """PD's backlog gauges by stage (:func:`pd.offload.backlog`): zeros off the leader."""
@@ -229,16 +250,18 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         expiry, and compaction and a sweep when their time has come. Returns how long to
         wait before the next round (ms)."""
         term = self.service.raft.status().term
-        if term != self.term:
+        if term != self.term:  # the clocks stay only if kept up since, as a follower
             self._forget()
+            if not self.followed:
+                self.sealed_since.clear()
+                self.committed_since.clear()
             self.term = term
+        self.followed = False
         if not self.service.raft.caught_up():
             return self.interval_ms
         now = self.service.clock_ms()
         view = self.service.view()
-        streams = self.work.narrow(view.streams.values())
-        self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
-        self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
+        self._observe(now)
         self.service.metrics.set_gauge(OFFLOAD_LAG, _HELP[OFFLOAD_LAG],
                                        offload_lag_ms(self.sealed_since, now) / 1000)
         self._gauge_backlog(now)
