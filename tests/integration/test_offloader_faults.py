@@ -434,6 +434,31 @@ async def test_a_new_term_starts_the_clocks_again(rig: Rig) -> None:
     assert rig.range0().tier == "object"
 
 
+async def test_a_new_leader_that_followed_keeps_the_clocks(rig: Rig) -> None:
+    """Elections under load came every few seconds: a leader that starts the clocks
+    again at each one never lets a release fall due. A node that kept them up from its
+    own catalog while it followed uses them (later than the old leader's, never
+    earlier)."""
+    rig.service.now_ms += 500
+    rig.offloader._follow()  # a follower, caught up: range 0 seen sealed since the start
+    rig.raft.term += 1  # ...then leader
+    await rig.round_at(600)  # 1.1 s after the seal, 0.6 s into the new term
+    assert rig.range0().tier == "object"
+
+
+async def test_a_follower_that_was_behind_starts_the_clocks_again(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig.service.now_ms += 500
+    monkeypatch.setattr(rig.raft, "caught_up", lambda: False)
+    rig.offloader._follow()  # behind: what it saw before may have changed meanwhile
+    monkeypatch.undo()
+    rig.raft.term += 1
+    await rig.round_at(600)
+    assert rig.range0().tier == "local"  # its clock restarted at the new term
+    await rig.round_at(1_000)
+    assert rig.range0().tier == "object"
+
+
 def test_unavailable_is_retriable() -> None:
     assert Unavailable.retriable and ObjectStoreError.retriable
 
