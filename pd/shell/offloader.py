@@ -209,7 +209,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         else:
             self.sealed_since.clear()
             self.committed_since.clear()
-        self._gauge_backlog(0)  # (the gauges are the leader's)
+        self._gauge_backlog(None)  # (the gauges are the leader's)
 
     def _observe(self, now: int) -> None:
         """Both clocks tracked over the catalog as it is now (:func:`pd.offload.track`)."""
@@ -228,10 +228,11 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.next_compact_ms = 0
         self.damage.clear()
 
-    def _gauge_backlog(self, now: int) -> None:
-        """PD's backlog gauges by stage (:func:`pd.offload.backlog`): zeros off the leader."""
+    def _gauge_backlog(self, now: int | None) -> None:
+        """PD's backlog gauges by stage (:func:`pd.offloadpacing.backlog`); ``now`` None:
+        zeros (off the leader)."""
         for stage, since in (("upload", self.sealed_since), ("release", self.committed_since)):
-            ranges, oldest_ms = backlog(since, now)
+            ranges, oldest_ms = (0, 0) if now is None else backlog(since, now)
             self.service.metrics.set_gauge(OFFLOAD_BACKLOG, _HELP[OFFLOAD_BACKLOG], ranges,
                                            stage=stage)
             self.service.metrics.set_gauge(OFFLOAD_BACKLOG_AGE, _HELP[OFFLOAD_BACKLOG_AGE],
@@ -288,6 +289,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
             self.next_sweep_ms = now + self.sweep_interval_ms
             await self._sweep()
         end = self.service.clock_ms()
+        self._observe(end)  # (what the round did, in the gauges and the next wait)
         self._gauge_backlog(end)
         return round_wait_ms(end, self.interval_ms, backlog=backlog, due_at=[
             next_due_ms(self.sealed_since, self.offload_delay_ms, end,

@@ -68,6 +68,7 @@ from pd.commands import (
 from pd.metrics import Metrics
 from pd.offload import Upload, object_key
 from pd.shell.offloader import Offloader
+from tests.unit.pd.test_pd_metrics import scrape
 
 SERVERS = ("rs1", "rs2", "rs3")
 PREPARE_TTL_MS = 60_000
@@ -432,6 +433,25 @@ async def test_a_new_term_starts_the_clocks_again(rig: Rig) -> None:
     assert rig.range0().tier == "local"  # its clock restarted at the new term
     await rig.round_at(1_000)
     assert rig.range0().tier == "object"
+
+
+def backlog_gauges(rig: Rig) -> dict[str, tuple[float, float]]:
+    """PD's offload backlog gauges by stage: (ranges, age of the oldest in seconds)."""
+    seen = scrape(rig.service.metrics)
+    return {stage: (seen["estream_pd_offload_backlog_ranges"][(("stage", stage),)],
+                    seen["estream_pd_offload_backlog_age_seconds"][(("stage", stage),)])
+            for stage in ("upload", "release")}
+
+
+async def test_the_backlog_gauges_show_each_stage_on_the_leader(rig: Rig) -> None:
+    await rig.round_at(400)
+    assert backlog_gauges(rig) == {"upload": (1, 0.4), "release": (0, 0)}
+    await rig.round_at(700)  # uploaded: waits for the release now
+    assert backlog_gauges(rig) == {"upload": (0, 0), "release": (1, 0)}
+    await rig.round_at(2_000)
+    assert backlog_gauges(rig) == {"upload": (0, 0), "release": (1, 2.0)}
+    rig.offloader._follow()
+    assert backlog_gauges(rig) == {"upload": (0, 0), "release": (0, 0)}, "the leader's"
 
 
 async def test_a_new_leader_that_followed_keeps_the_clocks(rig: Rig) -> None:
