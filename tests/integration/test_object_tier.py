@@ -25,9 +25,9 @@ next writer's recovery seals the range and opens the next one.
    release: O(n^2) for a backlog of n, and fell further behind the more it had to do).
 5. A double fault around an upload: right after a range is sealed, the PD leader and one
    of the range's replicas are killed (-9). The new leader (its offload clocks its own,
-   kept while it followed) uploads from the surviving replicas: the range becomes "object" with exactly its
-   records, and the store ends up holding exactly the objects the catalog names (an
-   attempt the old leader may have left is swept).
+   kept while it followed) uploads from the surviving replicas: the range becomes
+   "object" with exactly its records, and the store ends up holding exactly the objects
+   the catalog names (an attempt the old leader may have left is swept).
 """
 
 from __future__ import annotations
