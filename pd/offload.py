@@ -42,8 +42,9 @@ missing object succeeds), and a new leader finds the list in the catalog.
 
 Times are "first seen" by this node (:func:`track`), kept in its memory and kept up while
 it follows too (its applied catalog: later than the leader saw each change), so a new
-leader's uploads and drops come later, never earlier, than configured; a node that was
-behind starts them again. Prepared deadlines are in the catalog, in wall-clock ms.
+leader's uploads and drops come later, never earlier, than configured; a new leader
+whose last look as a caught-up follower is old starts them again. Prepared deadlines
+are in the catalog, in wall-clock ms.
 
 Object keys (:func:`object_key`) are ``HH/STREAM_ID/RANGE_INDEX/PREPARE_ID.eso``: ``HH``
 two hex digits of a hash of stream and range (spreads keys over an S3 bucket's

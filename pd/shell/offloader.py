@@ -25,7 +25,7 @@ it has time left; local copies stay until an upload is committed, appends never 
 any of this. A crash (anything but an estream error) in one upload or release cancels
 the others of the round (each is at a step its retry or a new leader takes up). A
 leader lost mid-upload: the new leader's clocks are its own, kept while it followed
-(later, never earlier; started again if it was behind); it reuses the prepared key
+(later, never earlier; started again after a long gap in its looks); it reuses the prepared key
 (overwriting the object) or, once expired, the record and object are deleted and it
 prepares another. A commit refused (another key won, the record expired,
 the stream was deleted or recreated, the range trimmed) deletes its own object at once; a
@@ -84,6 +84,7 @@ _T = TypeVar("_T")
 interval_ms_default: Final = 1_000
 seal_poll_ms: Final = 50  # between rounds, the catalog is looked at this often for seals
 seal_poll_cost_max: Final = 20  # ...or less often: at most 1/20 of the time in those looks
+clock_gap_ms_max: Final = 10_000  # a new leader's clocks start again after a longer gap
 sweep_interval_ms_default: Final = 60_000
 compact_interval_ms_default: Final = 60_000
 
@@ -149,6 +150,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.lost: set[tuple[str, RangeKey]] = set()  # (key, range) counted as lost
         self.work = TierWork()  # the catalog narrowed to this offloader's ranges
         self.followed = False  # the clocks were kept up as a follower since the last round
+        self.observed_ms = 0  # the clocks' last look at the catalog
 
     async def run(self) -> None:
         """Forever (until cancelled): a round while leader, then the wait
@@ -201,18 +203,18 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         node's own view of the catalog (as applied, so later than the leader saw each
         change, never earlier): a new leader's uploads and releases fall due when they
         would have, not ``offload_delay`` and ``local_retention`` after it took over.
-        While this node is behind (not caught up) they start again."""
+        While this node is behind (not caught up: an election, a partition) it does not
+        look; a leader whose last look as a follower is older than ``clock_gap_ms_max``
+        starts them again (a range may have left a state and come back meanwhile)."""
         self._forget()
-        self.followed = self.service.raft.caught_up()
-        if self.followed:
+        if self.service.raft.caught_up():
+            self.followed = True
             self._observe(self.service.clock_ms())
-        else:
-            self.sealed_since.clear()
-            self.committed_since.clear()
         self._gauge_backlog(None)  # (the gauges are the leader's)
 
     def _observe(self, now: int) -> None:
         """Both clocks tracked over the catalog as it is now (:func:`pd.offload.track`)."""
+        self.observed_ms = now
         streams = self.work.narrow(self.service.view().streams.values())
         self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
         self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
@@ -253,7 +255,8 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         term = self.service.raft.status().term
         if term != self.term:  # the clocks stay only if kept up since, as a follower
             self._forget()
-            if not self.followed:
+            if not self.followed or (
+                    self.service.clock_ms() - self.observed_ms > clock_gap_ms_max):
                 self.sealed_since.clear()
                 self.committed_since.clear()
             self.term = term

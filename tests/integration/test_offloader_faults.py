@@ -67,7 +67,7 @@ from pd.commands import (
 )
 from pd.metrics import Metrics
 from pd.offload import Upload, object_key
-from pd.shell.offloader import Offloader
+from pd.shell.offloader import Offloader, clock_gap_ms_max
 from tests.unit.pd.test_pd_metrics import scrape
 
 SERVERS = ("rs1", "rs2", "rs3")
@@ -470,11 +470,27 @@ async def test_a_follower_that_was_behind_starts_the_clocks_again(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     rig.service.now_ms += 500
     monkeypatch.setattr(rig.raft, "caught_up", lambda: False)
-    rig.offloader._follow()  # behind: what it saw before may have changed meanwhile
+    rig.offloader._follow()  # behind, and never looked as a follower
     monkeypatch.undo()
     rig.raft.term += 1
     await rig.round_at(600)
     assert rig.range0().tier == "local"  # its clock restarted at the new term
+    await rig.round_at(1_000)
+    assert rig.range0().tier == "object"
+
+
+async def test_an_election_keeps_the_clocks_unless_the_last_look_is_old(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig.service.now_ms += 200
+    rig.offloader._follow()  # looked, caught up
+    monkeypatch.setattr(rig.raft, "caught_up", lambda: False)
+    rig.service.now_ms += 200
+    rig.offloader._follow()  # an election: no look, the clocks kept
+    monkeypatch.undo()
+    rig.service.now_ms += clock_gap_ms_max  # ...for longer than the gap allows
+    rig.raft.term += 1
+    await rig.round_at(0)
+    assert rig.range0().tier == "local"  # started again: it may have changed unseen
     await rig.round_at(1_000)
     assert rig.range0().tier == "object"
 
