@@ -19,7 +19,9 @@ The workload, bounded by ``--duration-s`` (every loop checks the clock and stops
 - ``--readers`` readers at once, each reading a random stream from its start to its end;
 - every ``--sample-s``: the RSS, open descriptors and CPU of every PD node and range
   server, the bytes under the range servers' data dirs and in the object store, the PD
-  leader's CPU share, append latency percentiles, sessions and errors per second.
+  leader's CPU share, append latency percentiles, sessions and errors per second, the
+  offloader's backlog (ranges waiting for upload and for release, the oldest's age:
+  ``estream_pd_offload_backlog_*``) and the most replicas one range server holds.
 
 At the end it checks every record acknowledged to a kept stream (each once, in order),
 prints a table (first, middle and last window of each curve; ``growth`` is the last
@@ -48,7 +50,8 @@ from typing import Any
 import estream
 from benchmarks.bench_object_tier import metric
 from benchmarks.bench_tier_disk import disk_use
-from estream.devcluster.cluster import Cluster, start_cluster
+from estream.devcluster.cluster import Cluster, RangeServerProcess, start_cluster
+from estream.devcluster.pd import http_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECORD_BYTES = 1024
@@ -158,6 +161,25 @@ def _proc(pid: int) -> dict[str, float]:
     return {"rss_mib": rss_kib / 1024, "fds": float(fds), "cpu_s": cpu_s}
 
 
+def _http_url(server: RangeServerProcess) -> str:
+    assert server.process is not None
+    return "http://" + server.process.wait_log(rb"http on (\S+:\d+)", 10).group(1).decode()
+
+
+def _replicas(url: str) -> float:
+    """The replicas one range server holds (its ``estream_rangeserver_replicas``, all
+    states; 0 when it does not answer)."""
+    status, text = http_json(url + "/metrics")
+    if status != 200:
+        return 0.0
+    return sum(float(line.split()[-1]) for line in str(text).splitlines()
+               if line.startswith("estream_rangeserver_replicas{"))
+
+
+def _backlog(cluster: Cluster, figure: str, stage: str) -> float:
+    return metric(cluster, f'estream_pd_offload_backlog_{figure}{{stage="{stage}"}}')
+
+
 def _percentile(samples: list[float], q: float) -> float:
     if not samples:
         return float("nan")
@@ -173,6 +195,7 @@ class Sampler:
         self.objects = objects
         self.last: dict[str, float] = {}
         self.last_at = time.monotonic()
+        self.urls = [_http_url(s) for s in cluster.servers]  # their /metrics
 
     def row(self, soak: Soak, elapsed_s: float) -> dict[str, Any]:
         now = time.monotonic()
@@ -206,12 +229,19 @@ class Sampler:
             # The catalog's ranges (PD's gauge): kept streams' history grows it, PD's RSS too.
             "catalog_ranges": metric(self.cluster, "estream_pd_ranges "),
             "machine_load1": os.getloadavg()[0],  # others' work on the machine shows here
+            # The offloader's backlog: what waits for upload, for release, and for how long.
+            "upload_backlog": _backlog(self.cluster, "ranges", "upload"),
+            "upload_oldest_s": _backlog(self.cluster, "age_seconds", "upload"),
+            "release_backlog": _backlog(self.cluster, "ranges", "release"),
+            "release_oldest_s": _backlog(self.cluster, "age_seconds", "release"),
+            "rs_replicas_max": max(_replicas(url) for url in self.urls),
         }
 
 
 CURVES = ("pd_rss_mib_max", "rs_rss_mib_max", "pd_fds_max", "rs_fds_max", "pd_leader_cpu",
           "rs_disk_mib", "objects_mib", "append_p50_ms", "append_p99_ms", "sessions_per_s",
-          "catalog_ranges", "machine_load1")
+          "catalog_ranges", "machine_load1", "upload_backlog", "upload_oldest_s",
+          "release_backlog", "release_oldest_s", "rs_replicas_max", "rs_cpu_max")
 
 
 def growth(rows: list[dict[str, Any]], key: str) -> float:
@@ -277,7 +307,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     # Small log segments: a server frees disk a whole segment at a time, so with the
     # default 256 MiB its disk could only grow for the first hour of this workload.
     cluster = start_cluster(root, range_servers=4, pd_args=pd_args, rangeserver_args=[
-        "--wal-segment-mib", str(args.segment_mib)])
+        "--wal-segment-mib", str(args.segment_mib), "--http", "127.0.0.1:0"])
     rows: list[dict[str, Any]] = []
     try:
         client = await estream.connect(cluster.pd_addresses)

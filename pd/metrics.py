@@ -51,6 +51,17 @@ OFFLOAD_HELP: Final = {
 # (not in OFFLOAD_HELP, whose every metric the Grafana dashboard must show: none shows this)
 OBJECTS_COMPACTED_HELP: Final = ("Objects rewritten by compaction into a new object (small "
                                  "or mostly garbage), counted when the rewrite commits.")
+# The offloader's backlog by stage (pd/offload.py's backlog(); label stage: "upload" for
+# ranges sealed and still local, "release" for object-tier ranges still listing replicas).
+OFFLOAD_BACKLOG: Final = "estream_pd_offload_backlog_ranges"
+OFFLOAD_BACKLOG_AGE: Final = "estream_pd_offload_backlog_age_seconds"
+OFFLOAD_BACKLOG_HELP: Final = {
+    OFFLOAD_BACKLOG: "Ranges waiting in the PD leader's offloader, by stage (upload: sealed, "
+                     "not yet in the object tier; release: in the object tier, range-server "
+                     "replicas not yet released). 0 on followers.",
+    OFFLOAD_BACKLOG_AGE: "How long the oldest range of each offloader stage has waited there "
+                         "(as seen by this leader). 0 on followers.",
+}
 # Damaged objects (pd/objectdamage.py, pd/shell/offloader.py): name -> help (not in
 # OFFLOAD_HELP: the dashboard need not show them; the alert rules may).
 DAMAGE_REPORTS: Final = "estream_object_damage_reports_total"

@@ -40,9 +40,11 @@ re-upload or a compaction drops its last reference; the leader deletes those obj
 then proposes ``objects_deleted`` (:func:`deletions_due`): idempotent (a delete of a
 missing object succeeds), and a new leader finds the list in the catalog.
 
-Times are "first seen" by this leader (:func:`track`), kept in its memory: a new leader
-starts the clocks again, so after a leader change an upload or a drop comes later, never
-earlier, than configured. Prepared deadlines are in the catalog, in wall-clock ms.
+Times are "first seen" by this node (:func:`track`), kept in its memory and kept up while
+it follows too (its applied catalog: later than the leader saw each change), so a new
+leader's uploads and drops come later, never earlier, than configured; a new leader
+whose last look as a caught-up follower is old starts them again. Prepared deadlines
+are in the catalog, in wall-clock ms.
 
 Object keys (:func:`object_key`) are ``HH/STREAM_ID/RANGE_INDEX/PREPARE_ID.eso``: ``HH``
 two hex digits of a hash of stream and range (spreads keys over an S3 bucket's
@@ -386,8 +388,8 @@ def drops_due(
     busy: Collection[RangeKey] = (),
 ) -> list[LocalDrop]:
     """"object" ranges that still list replicas, seen committed ``retention_ms`` or more
-    ago, not ``busy``."""
-    out = []
+    ago, not ``busy``; oldest first (the longest committed, then by stream and range)."""
+    out: list[tuple[int, LocalDrop]] = []
     for stream in streams:
         for rng in stream.ranges:
             key = (stream.id, rng.index)
@@ -396,10 +398,11 @@ def drops_due(
                 continue
             if since is None or now_ms - since < retention_ms or key in busy:
                 continue
-            out.append(LocalDrop(stream.name, stream.id, rng.index, rng.object_key,
-                                 rng.replicas, rng.start, rng.end or rng.start,
-                                 rng.object_part))
-    return out
+            out.append((since, LocalDrop(stream.name, stream.id, rng.index, rng.object_key,
+                                         rng.replicas, rng.start, rng.end or rng.start,
+                                         rng.object_part)))
+    out.sort(key=lambda item: (item[0], item[1].key))
+    return [drop for _, drop in out]
 
 
 def check_bytes(drop: LocalDrop, window_bytes: int) -> int:

@@ -24,7 +24,8 @@ doubling backoff (:func:`pd.offload.retry_delay_ms`), under the same prepared ke
 it has time left; local copies stay until an upload is committed, appends never wait for
 any of this. A crash (anything but an estream error) in one upload or release cancels
 the others of the round (each is at a step its retry or a new leader takes up). A
-leader lost mid-upload: the new leader's clocks start again; it reuses the prepared key
+leader lost mid-upload: the new leader's clocks are its own, kept while it followed
+(later, never earlier; started again after a long gap in its looks); it reuses the prepared key
 (overwriting the object) or, once expired, the record and object are deleted and it
 prepares another. A commit refused (another key won, the record expired,
 the stream was deleted or recreated, the range trimmed) deletes its own object at once; a
@@ -49,6 +50,9 @@ from estream.wire.errors import EstreamError
 from pd.metrics import (
     DAMAGE_HELP,
     OBJECT_REQUESTS,
+    OFFLOAD_BACKLOG,
+    OFFLOAD_BACKLOG_AGE,
+    OFFLOAD_BACKLOG_HELP,
     OFFLOAD_ERRORS,
     OFFLOAD_HELP,
     OFFLOAD_LAG,
@@ -66,6 +70,7 @@ from pd.offload import (
     tiered_with_replicas,
     track,
 )
+from pd.offloadpacing import backlog
 from pd.shell.damage import DamageChecks
 from pd.shell.objectcleanup import ObjectCleanup
 from pd.shell.offloadrelease import Releases
@@ -79,10 +84,11 @@ _T = TypeVar("_T")
 interval_ms_default: Final = 1_000
 seal_poll_ms: Final = 50  # between rounds, the catalog is looked at this often for seals
 seal_poll_cost_max: Final = 20  # ...or less often: at most 1/20 of the time in those looks
+clock_gap_ms_max: Final = 10_000  # a new leader's clocks start again after a longer gap
 sweep_interval_ms_default: Final = 60_000
 compact_interval_ms_default: Final = 60_000
 
-_HELP: Final = {**OFFLOAD_HELP, **DAMAGE_HELP}
+_HELP: Final = {**OFFLOAD_HELP, **DAMAGE_HELP, **OFFLOAD_BACKLOG_HELP}
 
 
 def _wall_ms() -> int:
@@ -143,6 +149,8 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.damage = DamageInbox()  # readers' reports of damaged objects, to check
         self.lost: set[tuple[str, RangeKey]] = set()  # (key, range) counted as lost
         self.work = TierWork()  # the catalog narrowed to this offloader's ranges
+        self.followed = False  # the clocks were kept up as a follower since the last round
+        self.observed_ms = 0  # the clocks' last look at the catalog
 
     async def run(self) -> None:
         """Forever (until cancelled): a round while leader, then the wait
@@ -154,7 +162,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
                 await self._wait(wait_ms)
                 wait_ms = self.interval_ms
                 if not is_leader(self.service):
-                    self._forget()
+                    self._follow()
                     continue
                 try:
                     wait_ms = await self.round()
@@ -183,16 +191,37 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
             now = self.service.clock_ms()
             self.sealed_since = track(self.sealed_since, sealed_local(
                 self.work.narrow(view.streams.values())), now)
+            self._gauge_backlog(now)
             due = next_due_ms(self.sealed_since, self.offload_delay_ms, now,
                               not_before=self.retry_at)
             if due is not None:
                 deadline = min(deadline, time.monotonic() + (due - now) / 1000)
             step_s = max(seal_poll_ms / 1000, (time.monotonic() - looked) * seal_poll_cost_max)
 
+    def _follow(self) -> None:
+        """Not the leader: the leader's memory forgotten, the clocks kept up from this
+        node's own view of the catalog (as applied, so later than the leader saw each
+        change, never earlier): a new leader's uploads and releases fall due when they
+        would have, not ``offload_delay`` and ``local_retention`` after it took over.
+        While this node is behind (not caught up: an election, a partition) it does not
+        look; a leader whose last look as a follower is older than ``clock_gap_ms_max``
+        starts them again (a range may have left a state and come back meanwhile)."""
+        self._forget()
+        if self.service.raft.caught_up():
+            self.followed = True
+            self._observe(self.service.clock_ms())
+        self._gauge_backlog(None)  # (the gauges are the leader's)
+
+    def _observe(self, now: int) -> None:
+        """Both clocks tracked over the catalog as it is now (:func:`pd.offload.track`)."""
+        self.observed_ms = now
+        streams = self.work.narrow(self.service.view().streams.values())
+        self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
+        self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
+
     def _forget(self) -> None:
-        """Not the leader (or a new term): every clock starts again when leading."""
-        self.sealed_since.clear()
-        self.committed_since.clear()
+        """Not the leader (or a new term): the leader's memory goes (the clocks stay:
+        :meth:`_follow`)."""
         self.failures.clear()
         self.retry_at.clear()
         self.next_sweep_ms = 0
@@ -200,6 +229,16 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.pending_data = {}
         self.next_compact_ms = 0
         self.damage.clear()
+
+    def _gauge_backlog(self, now: int | None) -> None:
+        """PD's backlog gauges by stage (:func:`pd.offloadpacing.backlog`); ``now`` None:
+        zeros (off the leader)."""
+        for stage, since in (("upload", self.sealed_since), ("release", self.committed_since)):
+            ranges, oldest_ms = (0, 0) if now is None else backlog(since, now)
+            self.service.metrics.set_gauge(OFFLOAD_BACKLOG, _HELP[OFFLOAD_BACKLOG], ranges,
+                                           stage=stage)
+            self.service.metrics.set_gauge(OFFLOAD_BACKLOG_AGE, _HELP[OFFLOAD_BACKLOG_AGE],
+                                           oldest_ms / 1000, stage=stage)
 
     def _count(self, name: str, amount: int = 1, **labels: str) -> None:
         self.service.metrics.count(name, _HELP[name], amount, **labels)
@@ -214,18 +253,22 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         expiry, and compaction and a sweep when their time has come. Returns how long to
         wait before the next round (ms)."""
         term = self.service.raft.status().term
-        if term != self.term:
+        if term != self.term:  # the clocks stay only if kept up since, as a follower
             self._forget()
+            if not self.followed or (
+                    self.service.clock_ms() - self.observed_ms > clock_gap_ms_max):
+                self.sealed_since.clear()
+                self.committed_since.clear()
             self.term = term
+        self.followed = False
         if not self.service.raft.caught_up():
             return self.interval_ms
         now = self.service.clock_ms()
         view = self.service.view()
-        streams = self.work.narrow(view.streams.values())
-        self.sealed_since = track(self.sealed_since, sealed_local(streams), now)
-        self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
+        self._observe(now)
         self.service.metrics.set_gauge(OFFLOAD_LAG, _HELP[OFFLOAD_LAG],
                                        offload_lag_ms(self.sealed_since, now) / 1000)
+        self._gauge_backlog(now)
         alive = {s for s in view.servers if self.service.liveness.alive(s, now)}
         self.reuploaded.clear()
         await self._delete_unreferenced()
@@ -249,6 +292,8 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
             self.next_sweep_ms = now + self.sweep_interval_ms
             await self._sweep()
         end = self.service.clock_ms()
+        self._observe(end)  # (what the round did, in the gauges and the next wait)
+        self._gauge_backlog(end)
         return round_wait_ms(end, self.interval_ms, backlog=backlog, due_at=[
             next_due_ms(self.sealed_since, self.offload_delay_ms, end,
                         not_before=self.retry_at),

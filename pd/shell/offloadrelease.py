@@ -3,12 +3,14 @@
 
 2. **Release** (while the uploads run, ``releases_in_flight_max`` at a time while their
    checks hold at most ``releases_check_bytes_max``, each range
-   once a round; woken by each commit) each "object" range committed
+   once a round; woken by each commit; the due list, oldest first, read from the catalog
+   again only on a commit or when the next falls due: :func:`pd.offloadpacing.release_refresh`;
+   a range gone meanwhile is skipped) each "object" range committed
    ``local_retention`` ago: read its part of
    the object back (its index entries against the catalog's checksum, or for a version-1
    object the footer naming the range and the index; every batch's checksum, a window of
    batches per GET), then propose ``drop_local_replicas`` (the catalog lists no replicas
-   any more), then ``DROP_RANGE`` on each server (best effort: the reclaimer drops any
+   any more), then ``DROP_RANGE`` on each server, side by side (best effort: the reclaimer drops any
    left, as replicas "moved" away). An object found missing or damaged (deleted or
    altered behind estream's back) is never a reason to drop the last copies: it is
    handled as a reader's report is (2b), and the range released once its new object,
@@ -36,7 +38,7 @@ from estream.wire.errors import (
     MalformedObject,
     ObjectStoreError,
 )
-from estream.wire.meta import ObjectPart
+from estream.wire.meta import ObjectPart, ReplicaRef
 from estream.wire.objectformat import (
     FOOTER_BYTES,
     ObjectIndex,
@@ -62,6 +64,7 @@ from pd.offload import (
     tiered_with_replicas,
     track,
 )
+from pd.offloadpacing import drop_still_due, release_refresh
 from pd.shell.offloadupload import rpc_timeout_s
 from pd.shell.service import PdService
 
@@ -69,7 +72,7 @@ log = logging.getLogger("pd.shell.offloader")  # (the offloader's log, as before
 _T = TypeVar("_T")
 
 drops_per_round_max: Final = 512
-releases_in_flight_max: Final = 16  # releases checking their objects at once...
+releases_in_flight_max: Final = 64  # releases checking their objects at once...
 releases_check_bytes_max: Final = 24 * 1024 * 1024  # ...holding at most this much of them
 check_window_bytes: Final = 8 * 1024 * 1024  # one ranged GET of the check before a release
 
@@ -111,23 +114,27 @@ class Releases:
         held: dict[RangeKey, int] = {}  # the bytes each running check may hold at once
         tried: set[RangeKey] = set()  # once a round (one that failed waits for the next)
         started = 0
+        due: list[LocalDrop] = []  # oldest first: worked off between looks at the catalog
+        refresh_at = 0  # when to look again without a commit (the next due, the interval)
+        ended = False  # the uploads ended (seen at the last look)
         try:
             while True:
                 last = uploads_done.is_set()  # (read first: a pass after it is the last)
-                self.committed.clear()  # (read first: a commit after it wakes the next)
                 now = self.service.clock_ms()
-                streams = self.work.narrow(self.service.view().streams.values())
-                self.committed_since = track(self.committed_since,
-                                             tiered_with_replicas(streams), now)
-                due = [d for d in drops_due(streams, self.committed_since, now,
-                                            self.local_retention_ms, busy=self.busy)
-                       if d.key not in tried and d.key not in self.reuploaded]
+                if release_refresh(now, refresh_at, committed=self.committed.is_set(),
+                                   uploads_ended=last and not ended):
+                    ended = last
+                    self.committed.clear()  # (read first: a commit after it wakes the next)
+                    due, refresh_at = self._drops_due(now, tried)
+                due = [d for d in due if d.key not in self.busy]
                 while (due and len(running) < releases_in_flight_max
                        and started < drops_per_round_max and self._leading()):
                     need = check_bytes(due[0], check_window_bytes)
                     if running and sum(held.values()) + need > releases_check_bytes_max:
                         break
                     drop = due.pop(0)
+                    if not drop_still_due(drop, self.service.view().streams):
+                        continue
                     running[drop.key] = asyncio.ensure_future(self._release(drop, alive))
                     held[drop.key] = need
                     tried.add(drop.key)
@@ -139,11 +146,9 @@ class Releases:
                 if not last:
                     waits.add(asyncio.ensure_future(uploads_done.wait()))
                     waits.add(asyncio.ensure_future(self.committed.wait()))
-                due_at = next_due_ms(self.committed_since, self.local_retention_ms, now)
-                timeout = self.interval_ms if due_at is None else min(
-                    self.interval_ms, due_at - now)
-                finished, _ = await asyncio.wait(waits, timeout=max(timeout, 1) / 1000,
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                finished, _ = await asyncio.wait(
+                    waits, timeout=max(refresh_at - now, 1) / 1000,
+                    return_when=asyncio.FIRST_COMPLETED)
                 for waiter in waits - set(running.values()):
                     waiter.cancel()
                 for key, task in list(running.items()):
@@ -156,6 +161,19 @@ class Releases:
             for task in running.values():
                 task.cancel()
             await asyncio.gather(*running.values(), return_exceptions=True)
+
+    def _drops_due(self, now: int, tried: set[RangeKey]) -> tuple[list[LocalDrop], int]:
+        """The catalog read afresh: the releases due now (oldest first, not tried this
+        round), and when to look again without a commit (the next one falling due, at
+        most an interval from now)."""
+        streams = self.work.narrow(self.service.view().streams.values())
+        self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
+        due = [d for d in drops_due(streams, self.committed_since, now,
+                                    self.local_retention_ms, busy=self.busy)
+               if d.key not in tried and d.key not in self.reuploaded]
+        due_at = next_due_ms(self.committed_since, self.local_retention_ms, now)
+        return due, now + (self.interval_ms if due_at is None else min(
+            self.interval_ms, due_at - now))
 
     async def _release(self, drop: LocalDrop, alive: Collection[str]) -> None:
         """Check the whole object, then release the range's replicas; a missing or
@@ -242,8 +260,10 @@ class Releases:
                                           "does not match its index entry", key=k)
 
     async def _drop_replicas(self, drop: LocalDrop, size: int) -> None:
+        """DROP_RANGE on every replica's server, side by side (best effort)."""
         client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
-        for ref in drop.replicas:
+
+        async def drop_one(ref: ReplicaRef) -> None:
             try:
                 await client.drop_range(ref.address, server_id=ref.id,
                                         stream_id=drop.stream_id, range_index=drop.range_index)
@@ -252,6 +272,8 @@ class Releases:
                 log.info("offload: dropping range %d of stream %r on %s failed: %s",
                          drop.range_index, drop.name, ref.id, exc)
                 self.pool.discard(ref.address)
+
+        await asyncio.gather(*(drop_one(ref) for ref in drop.replicas))
         self._count(RELEASED_RANGES)
         log.info("range %d of stream %r: local replicas released (object %s)",
                  drop.range_index, drop.name, drop.object_key)

@@ -10,7 +10,9 @@
    a replica that errs, is damaged, holds less, or holds batches that do not line up is
    skipped for the next one) into the open pack, which :func:`pd.offload.close_packs`
    closes at ``object_size_bytes`` or ``object_max_age`` (what is due in one round goes
-   out together). Up to ``reads_at_once_max`` ranges are read side by side, each in one
+   out together). Up to ``reads_at_once_max`` ranges are read side by side (at most
+   ``reads_per_server_max`` from one server: :func:`pd.offloadpacing.next_chunk`, which
+   takes them from one due list, asked again only once it is worked off), each in one
    read of ``first_read_bytes_max`` (:func:`pd.offload.reads_at_once`: as many as one
    pack holds); a range longer than that is read again alone, in order, as before
    (memory stays within two packs and those windows whatever the ranges' sizes). The
@@ -87,6 +89,7 @@ from pd.offload import (
     track,
     uploads_due,
 )
+from pd.offloadpacing import next_chunk, still_due
 from pd.placement import full
 from pd.shell.service import PdService
 
@@ -94,8 +97,9 @@ log = logging.getLogger("pd.shell.offloader")  # (the offloader's log, as before
 _T = TypeVar("_T")
 
 uploads_per_round_max: Final = 512
-reads_at_once_max: Final = 8  # ranges read from their replicas side by side, each...
+reads_at_once_max: Final = 32  # ranges read from their replicas side by side, each...
 first_read_bytes_max: Final = 2 * 1024 * 1024  # ...in one read this big, or later alone
+reads_per_server_max: Final = 8  # ...at most this many of them from one range server
 
 
 class _Longer:
@@ -172,19 +176,24 @@ class Uploads:
         in_flight: list[asyncio.Task[None]] = []  # oldest first
         try:
             read = 0
+            queue: list[Upload] = []  # due, oldest first: worked off before another look
             while True:
                 now = self.service.clock_ms()
-                due = self._due(now, alive)
-                if not due:
+                if not queue:
+                    queue = self._due(now, alive)
+                if not queue:
                     backlog = False
                     break
                 if (now - started >= upload_round_ms_max or read >= uploads_per_round_max
                         or not self._leading()):
                     backlog = True
                     break
-                chunk = due[:min(reads_at_once(self.object_size_bytes, first_read_bytes_max,
-                                               reads_at_once_max),
-                                 uploads_per_round_max - read)]
+                chunk, queue = next_chunk(queue, min(
+                    reads_at_once(self.object_size_bytes, first_read_bytes_max,
+                                  reads_at_once_max), uploads_per_round_max - read),
+                    busy=self.busy, per_server_max=reads_per_server_max)
+                if not chunk:
+                    continue
                 read += len(chunk)
                 for _ in range(puts_to_wait_for(len(in_flight), open_pack=True)):
                     await in_flight.pop(0)
@@ -285,6 +294,10 @@ class Uploads:
 
     async def _offload_once(self, uploads: list[Upload], data: dict[RangeKey, list[bytes]],
                             key: str | None) -> None:
+        if key is None:  # (a prepare refuses the whole pack for one range gone)
+            uploads = still_due(uploads, self.service.view().streams)
+            if not uploads:
+                return
         parts, spans = encode_pack_parts([
             PackRange(u.stream_id, u.range_index, u.start, u.end, data[u.key])
             for u in uploads])

@@ -17,15 +17,23 @@ next writer's recovery seals the range and opens the next one.
    streams may share one packed object); an uncommitted object of a live stream (an
    abandoned attempt) is deleted after the grace; a file that is not an estream object is
    left alone.
-4. A double fault around an upload: right after a range is sealed, the PD leader and one
-   of the range's replicas are killed (-9). The new leader starts its offload clocks again
-   and uploads from the surviving replicas: the range becomes "object" with exactly its
-   records, and the store ends up holding exactly the objects the catalog names (an
-   attempt the old leader may have left is swept).
+4. A burst of seals (2,000 empty ranges over 40 streams, sealed through PD at once) is
+   worked off: PD's backlog gauges (``estream_pd_offload_backlog_ranges``, by stage)
+   fall back to 0 and every range is in the object tier, released, within 2.5 times
+   the burst's own time from its end (the offloader keeps pace with the seals; it
+   looked at the whole catalog once per chunk of uploads and once per finished
+   release: O(n^2) for a backlog of n, and fell further behind the more it had to do).
+5. A double fault around an upload: right after a range is sealed, the PD leader and one
+   of the range's replicas are killed (-9). The new leader (its offload clocks its own,
+   kept while it followed) uploads from the surviving replicas: the range becomes
+   "object" with exactly its records, and the store ends up holding exactly the objects
+   the catalog names (an attempt the old leader may have left is swept).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +46,7 @@ from tests.harness.objecttier import (
     ObjectTier,
     all_tiered,
     metric,
+    sealed_ranges,
     tier_timeout_s,
     wait_for,
     write_ranges,
@@ -139,6 +148,48 @@ async def test_deleted_streams_and_abandoned_uploads_are_swept(
 
 def stored(objects_dir: Path) -> set[str]:
     return {str(p.relative_to(objects_dir)) for p in objects_dir.rglob("*.eso")}
+
+
+BURST_STREAMS = 40
+BURST_RANGES = 50  # per stream: 2,000 in all
+# The burst is worked off (uploaded, checked, released) within this many times the time PD
+# took to seal it, counted from its end: the offloader keeps pace with the seals whatever
+# the machine's load (both are the PD leader's work). Before the fix: about 4.4, and more
+# the larger the burst; after: about 1.4.
+BURST_PACE = 2.5
+
+
+async def seal_empty_ranges(client: estream.Client, name: str, count: int) -> None:
+    """``count`` empty ranges of ``name``: its open range sealed at its start, again and
+    again (one PD_SEAL_RANGE each; no range server is asked)."""
+    meta = await client.pd.open_writer(name)
+    for _ in range(count):
+        last = meta.last_range
+        assert last is not None and last.end is None
+        meta = await client.pd.seal_range(name, meta.epoch, last.index, last.start,
+                                          known=meta)
+
+
+def backlog_drained(cluster: Cluster, names: list[str]) -> bool:
+    if metric(cluster, "estream_pd_offload_backlog_ranges{") != 0:
+        return False
+    return all(all_tiered(cluster, n, released=True) for n in names)
+
+
+async def test_a_burst_of_seals_is_worked_off(cluster: Cluster) -> None:
+    names = [f"burst-{i}" for i in range(BURST_STREAMS)]
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await asyncio.gather(*(client.create_stream(n, replicas=3, ack_count=2)
+                               for n in names))
+        started = time.monotonic()
+        await asyncio.gather(*(seal_empty_ranges(client, n, BURST_RANGES) for n in names))
+        burst_s = time.monotonic() - started
+    assert metric(cluster, "estream_pd_offload_backlog_ranges{") > 0  # (still working)
+    await wait_for(lambda: backlog_drained(cluster, names), BURST_PACE * burst_s,
+                   f"the burst (sealed in {burst_s:.1f} s) uploaded and released, the "
+                   "backlog gauges at 0")
+    assert metric(cluster, "estream_pd_offload_backlog_age_seconds{") == 0
+    assert sum(len(sealed_ranges(cluster, n)) for n in names) == BURST_STREAMS * BURST_RANGES
 
 
 async def test_pd_leader_and_a_replica_killed_around_the_upload(

@@ -67,7 +67,8 @@ from pd.commands import (
 )
 from pd.metrics import Metrics
 from pd.offload import Upload, object_key
-from pd.shell.offloader import Offloader
+from pd.shell.offloader import Offloader, clock_gap_ms_max
+from tests.unit.pd.test_pd_metrics import scrape
 
 SERVERS = ("rs1", "rs2", "rs3")
 PREPARE_TTL_MS = 60_000
@@ -430,6 +431,66 @@ async def test_a_new_term_starts_the_clocks_again(rig: Rig) -> None:
     rig.offloader.term = 2  # as if this node just became leader in term 3
     await rig.round_at(600)
     assert rig.range0().tier == "local"  # its clock restarted at the new term
+    await rig.round_at(1_000)
+    assert rig.range0().tier == "object"
+
+
+def backlog_gauges(rig: Rig) -> dict[str, tuple[float, float]]:
+    """PD's offload backlog gauges by stage: (ranges, age of the oldest in seconds)."""
+    seen = scrape(rig.service.metrics)
+    return {stage: (seen["estream_pd_offload_backlog_ranges"][(("stage", stage),)],
+                    seen["estream_pd_offload_backlog_age_seconds"][(("stage", stage),)])
+            for stage in ("upload", "release")}
+
+
+async def test_the_backlog_gauges_show_each_stage_on_the_leader(rig: Rig) -> None:
+    await rig.round_at(400)
+    assert backlog_gauges(rig) == {"upload": (1, 0.4), "release": (0, 0)}
+    await rig.round_at(700)  # uploaded: waits for the release now
+    assert backlog_gauges(rig) == {"upload": (0, 0), "release": (1, 0)}
+    await rig.round_at(2_000)
+    assert backlog_gauges(rig) == {"upload": (0, 0), "release": (1, 2.0)}
+    rig.offloader._follow()
+    assert backlog_gauges(rig) == {"upload": (0, 0), "release": (0, 0)}, "the leader's"
+
+
+async def test_a_new_leader_that_followed_keeps_the_clocks(rig: Rig) -> None:
+    """Elections under load came every few seconds: a leader that starts the clocks
+    again at each one never lets a release fall due. A node that kept them up from its
+    own catalog while it followed uses them (later than the old leader's, never
+    earlier)."""
+    rig.service.now_ms += 500
+    rig.offloader._follow()  # a follower, caught up: range 0 seen sealed since the start
+    rig.raft.term += 1  # ...then leader
+    await rig.round_at(600)  # 1.1 s after the seal, 0.6 s into the new term
+    assert rig.range0().tier == "object"
+
+
+async def test_a_follower_that_was_behind_starts_the_clocks_again(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig.service.now_ms += 500
+    monkeypatch.setattr(rig.raft, "caught_up", lambda: False)
+    rig.offloader._follow()  # behind, and never looked as a follower
+    monkeypatch.undo()
+    rig.raft.term += 1
+    await rig.round_at(600)
+    assert rig.range0().tier == "local"  # its clock restarted at the new term
+    await rig.round_at(1_000)
+    assert rig.range0().tier == "object"
+
+
+async def test_an_election_keeps_the_clocks_unless_the_last_look_is_old(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig.service.now_ms += 200
+    rig.offloader._follow()  # looked, caught up
+    monkeypatch.setattr(rig.raft, "caught_up", lambda: False)
+    rig.service.now_ms += 200
+    rig.offloader._follow()  # an election: no look, the clocks kept
+    monkeypatch.undo()
+    rig.service.now_ms += clock_gap_ms_max  # ...for longer than the gap allows
+    rig.raft.term += 1
+    await rig.round_at(0)
+    assert rig.range0().tier == "local"  # started again: it may have changed unseen
     await rig.round_at(1_000)
     assert rig.range0().tier == "object"
 
