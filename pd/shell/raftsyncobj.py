@@ -460,7 +460,21 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         with self.lock:
             self.catalog = catalog
         entry1, entry0 = (tuple(e) for e in body["entries"])
+        self._cut_journal_at(entry0, entry1)
         return entry1, entry0, body["cluster"]
+
+    def _cut_journal_at(self, entry0: tuple[Any, ...], entry1: tuple[Any, ...]) -> None:
+        """Cut the journal where it holds the dump's two last entries. A node stopped or
+        crashed after a dump was renamed into place but before the journal was cut (the
+        dump is written on a thread, so a stop waits for it) starts with a journal from
+        before the dump: pysyncobj, which wants the dump's entries first, would clear it
+        and lose every committed entry after them."""
+        journal = raftpatch.raft_log(self)
+        if len(journal) < 2:
+            return
+        at = entry0[1] - journal[0][1]  # (entries are (command, index, term))
+        if 0 < at < len(journal) - 1 and (journal[at], journal[at + 1]) == (entry0, entry1):
+            journal.deleteEntriesTo(at)
 
     def _refresh_status(self) -> None:
         now = time.monotonic()

@@ -65,6 +65,23 @@ async def _node(data_dir: Path, peers: int) -> AsyncIterator[RaftNode]:
         await asyncio.to_thread(node.close)
 
 
+@contextlib.asynccontextmanager
+async def _restarted(address: str, data_dir: Path, streams: object) -> AsyncIterator[RaftNode]:
+    """The lone node at ``address`` started again on ``data_dir``, once it leads and its
+    catalog holds ``streams`` again; closed afterwards."""
+    again = RaftNode(address, [], data_dir, password=None, compaction_entries=20)
+    again.start()
+    try:
+        await _wait_leader(again)
+        deadline = time.monotonic() + 10
+        while again.view().streams != streams:
+            assert time.monotonic() < deadline, "catalog not restored"
+            await asyncio.sleep(0.05)
+        yield again
+    finally:
+        await asyncio.to_thread(again.close)
+
+
 async def _ready_service(single: RaftNode) -> PdService:
     """The PD service of a lone node, once it leads and has caught up."""
     await _wait_leader(single)
@@ -101,14 +118,7 @@ async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> Non
         before = node.view().streams
     finally:
         await asyncio.to_thread(node.close)
-    again = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
-    again.start()
-    try:
-        await _wait_leader(again)
-        deadline = time.monotonic() + 10
-        while again.view().streams != before:
-            assert time.monotonic() < deadline, "catalog not restored"
-            await asyncio.sleep(0.05)
+    async with _restarted(address, tmp_path, before) as again:
         created = await again.propose(CreateStream("next", 1, 1, "", (), ("rs1",)))
         assert isinstance(created, StreamMeta) and created.id == 61
         times = []
@@ -117,8 +127,6 @@ async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> Non
             await again.propose(OpenWriter("next"))
             times.append(time.perf_counter() - started)
         assert sorted(times)[25] < 0.03  # not waiting on pysyncobj's 100 ms batching tick
-    finally:
-        await asyncio.to_thread(again.close)
 
 
 async def test_a_snapshot_is_written_off_the_loop_and_only_then_compacts(
@@ -149,28 +157,57 @@ async def test_a_snapshot_is_written_off_the_loop_and_only_then_compacts(
             i += 1
         for _ in range(40):  # the loop commits while the snapshot is being encoded
             await asyncio.wait_for(node.propose(OpenWriter("s0")), 5)
+        journal = raftpatch.raft_log(node._sync)  # (status() is refreshed every 50 ms)
         assert not (tmp_path / "raft.dump").exists()
-        assert node.status().log_entries >= i + 40  # nothing compacted yet
+        assert len(journal) >= i + 40  # nothing compacted yet
         gate.set()
         deadline = time.monotonic() + 20
-        while not (tmp_path / "raft.dump").exists() or node.status().log_entries >= i + 40:
+        while not (tmp_path / "raft.dump").exists() or len(journal) >= i + 40:
             assert time.monotonic() < deadline, "the snapshot never finished"
             await node.propose(OpenWriter("s0"))
-        assert not list(tmp_path.glob("raft.dump.*"))  # no temporary file left behind
         before = node.view().streams
     finally:
         gate.set()
         await asyncio.to_thread(node.close)
-    again = RaftNode(address, [], tmp_path, password=None, compaction_entries=10_000)
-    again.start()
+    assert not list(tmp_path.glob("raft.dump.*"))  # a stop finishes the snapshot under way
+    async with _restarted(address, tmp_path, before):
+        pass  # restored from the snapshot (and the journal's tail)
+
+
+async def test_a_stop_during_a_snapshot_loses_no_entry_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stop waits for the snapshot, which lands after the journal's last cut: the journal
+    # still starts before it and holds entries committed after its image.
+    gate, images = threading.Event(), []
+
+    def held_encode(image: CatalogImage) -> bytes:
+        images.append(image.version)
+        assert gate.wait(30), "the test never opened the gate"
+        return encode_image(image)
+
+    monkeypatch.setattr(raftsyncobj, "encode_image", held_encode)
+    address = f"127.0.0.1:{free_port()}"
+    node = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
+    node.start()
     try:
-        await _wait_leader(again)
-        deadline = time.monotonic() + 10
-        while again.view().streams != before:
-            assert time.monotonic() < deadline, "catalog not restored"
-            await asyncio.sleep(0.05)
+        await _wait_leader(node)
+        await node.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        i = 0
+        deadline = time.monotonic() + 20
+        while not images:
+            assert time.monotonic() < deadline, "no snapshot was started"
+            await node.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",), f"r{i}"))
+            i += 1
+        for _ in range(10):  # committed after the image: only in the journal
+            await node.propose(OpenWriter("s0"))
+        before = node.view().streams
+        assert before["s0"].epoch == 10
     finally:
-        await asyncio.to_thread(again.close)
+        threading.Timer(0.3, gate.set).start()  # opened while the stop waits for it
+        await asyncio.to_thread(node.close)
+    assert (tmp_path / "raft.dump").exists()
+    async with _restarted(address, tmp_path, before) as again:
+        assert again.view().streams["s0"].epoch == 10
 
 
 def test_raft_messages_unpickle_primitives_only() -> None:
