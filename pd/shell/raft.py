@@ -39,8 +39,9 @@ in `pd/raftrules.py` (pure). What they add to pysyncobj 0.3.17:
   renamed; they keep the journal bounded (``logCompactionMinEntries``). The catalog's
   image is taken between two applied entries and encoded and written on a thread (seconds
   at 100,000 streams, longer than an election timeout); the journal is cut only once the
-  file is whole. A damaged snapshot stops the node at start (pysyncobj would log it and
-  start without it).
+  file is whole, and a journal found starting before the snapshot (a stop or crash between
+  the two) is cut where the snapshot's entries are, not cleared. A damaged snapshot stops
+  the node at start (pysyncobj would log it and start without it).
 - **Fast commits.** ``appendEntriesUseBatch=False``: a proposal is sent at once instead of on
   the next 100 ms tick (pysyncobj batches appends per tick otherwise). A tick that commits
   proposals (and has nothing to sync and no new entries to send) answers them first and
