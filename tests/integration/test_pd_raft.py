@@ -129,6 +129,22 @@ async def test_single_node_commits_snapshots_and_restarts(tmp_path: Path) -> Non
         assert sorted(times)[25] < 0.03  # not waiting on pysyncobj's 100 ms batching tick
 
 
+async def _create_streams_until_snapshots(node: RaftNode, started: list[int],
+                                         count: int) -> int:
+    """On a lone node that just started: register a server, then create streams ``s0``,
+    ``s1``, ... until ``count`` snapshots were started (``started``: the encoder's calls).
+    Returns how many streams it created."""
+    await _wait_leader(node)
+    await node.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+    i = 0
+    deadline = time.monotonic() + 20
+    while len(started) < count:
+        assert time.monotonic() < deadline, f"snapshots started: {started}"
+        await node.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",), f"r{i}"))
+        i += 1
+    return i
+
+
 async def test_a_snapshot_is_written_off_the_loop_and_only_then_compacts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Encoding a large catalog takes seconds: the leader must keep committing meanwhile,
@@ -147,14 +163,8 @@ async def test_a_snapshot_is_written_off_the_loop_and_only_then_compacts(
     node = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
     node.start()
     try:
-        await _wait_leader(node)
-        await node.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
-        i = 0
-        deadline = time.monotonic() + 20
-        while len(calls) < 2:  # past the threshold: the failed attempt, then the slow one
-            assert time.monotonic() < deadline, f"snapshots attempted: {calls}"
-            await node.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",), f"r{i}"))
-            i += 1
+        # past the threshold: the failed attempt, then the slow one
+        i = await _create_streams_until_snapshots(node, calls, 2)
         for _ in range(40):  # the loop commits while the snapshot is being encoded
             await asyncio.wait_for(node.propose(OpenWriter("s0")), 5)
         journal = raftpatch.raft_log(node._sync)  # (status() is refreshed every 50 ms)
@@ -190,14 +200,7 @@ async def test_a_stop_during_a_snapshot_loses_no_entry_after_it(
     node = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
     node.start()
     try:
-        await _wait_leader(node)
-        await node.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
-        i = 0
-        deadline = time.monotonic() + 20
-        while not images:
-            assert time.monotonic() < deadline, "no snapshot was started"
-            await node.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",), f"r{i}"))
-            i += 1
+        await _create_streams_until_snapshots(node, images, 1)
         for _ in range(10):  # committed after the image: only in the journal
             await node.propose(OpenWriter("s0"))
         before = node.view().streams
