@@ -28,6 +28,7 @@ import pytest
 import estream
 from estream.devcluster.kafka import start_kafka
 from estream.kafka.leaders import node_ids, owner
+from estream.wire.limits import gateway_beat_interval_ms
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3),
@@ -261,8 +262,14 @@ def test_a_gateway_killed_under_load_loses_nothing(
     assert set(values) == set(expected), f"foreign: {sorted(set(values) - set(expected))}"
     twice = sorted(v for v, n in values.items() if n > 1 and v.startswith(b"kp-"))
     assert twice == [], f"kafka-python's stored twice: {twice[:20]}"
-    # The survivors lead every partition now (the victim's registration expired).
+    # The survivors lead every partition now (the victim's registration expired). A
+    # gateway hears that at its next beat, which may come after the producers finished
+    # through a gateway that heard first.
+    deadline = time.monotonic() + 3 * gateway_beat_interval_ms / 1000 + 5
     leaders, _ = metadata(gateways[0], topic)
+    while not set(leaders.values()) <= set(gateways) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        leaders, _ = metadata(gateways[0], topic)
     assert set(leaders.values()) <= set(gateways)
 
 
