@@ -95,6 +95,33 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                     "a test that needs a temp dir belongs in tests/integration", pytrace=False)
 
 
+_FILE_SECONDS: dict[str, float] = {}
+FILES_SHOWN: Final = 25  # the slowest test files listed at the end of a run
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sums each test file's time (set-up, call and tear-down: a module's cluster start
+    counts), for the summary below."""
+    path = report.nodeid.partition("::")[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The slowest files and each tier's total: where the suite's 25-minute budget goes."""
+    if not _FILE_SECONDS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section(f"slowest {FILES_SHOWN} files (set-up + call + tear-down)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:FILES_SHOWN]:
+        write(f"{seconds:8.1f}s {path}")
+    tiers: dict[str, float] = {}
+    for path, seconds in _FILE_SECONDS.items():
+        tier = "/".join(path.split("/")[:2])
+        tiers[tier] = tiers.get(tier, 0.0) + seconds
+    write("tiers: " + ", ".join(f"{t} {s:.0f}s" for t, s in sorted(tiers.items(),
+                                                                  key=lambda kv: -kv[1])))
+
+
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     leftover = reap_all()
     if leftover:
