@@ -175,6 +175,9 @@ def dropped_total(cluster: ChaosCluster, reason: str) -> int:
     return 0
 
 
+# In `make chaos` (the suite's budget): tests/unit/pd/test_repair.py's in-place cases decide
+# the same heal, and the flipped-byte scenario above runs the repairer's copy in make test.
+@pytest.mark.slow
 async def test_short_replica_left_by_a_seal_is_healed_in_place(cluster: ChaosCluster) -> None:
     import estream
     from tests.harness.repair import describe_replica
