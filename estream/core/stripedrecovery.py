@@ -164,7 +164,7 @@ def plan_copies(
     Batches in order; where batch j has fewer than ``acks`` holders (its write set's
     answers holding it, plus targets already chosen, which receive their whole chain up
     to the end), the short answering members of its write set are added as targets, the
-    longest chain first (least to copy), then by position.
+    longest chain first (least to copy), then by position; the copies come in that order.
 
     >>> s = Stripe(5, 3, 2)
     >>> a = {0: ChainEnd(5, 60), 1: ChainEnd(6, 70), 2: ChainEnd(7, 80),
@@ -196,7 +196,8 @@ def plan_copies(
             return CopyBlocked(j, "short")
         for p in short[: stripe.acks - have]:
             chosen[p] = holding[p]
-    return tuple(Copy(p, last, batches) for p, last in chosen.items())
+    ordered = sorted(chosen.items(), key=lambda item: (-item[1], item[0]))
+    return tuple(Copy(p, last, batches) for p, last in ordered)
 
 
 def _indexes_to_check(lowest: int, batches: int, stripe: Stripe) -> list[int]:

@@ -1,0 +1,174 @@
+"""A striped replica's chain: its append and seal decisions, a writer's batches sent in any
+order with losses, and today's decisions when E == replicas."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from estream.wire.record import BatchHeader
+from estream.wire.stripe import Stripe
+from rangeserver import stripedreplica
+from rangeserver.replica import (
+    Accept,
+    Duplicate,
+    Gap,
+    ReplicaState,
+    SealNow,
+    decide_append,
+    decide_seal,
+)
+from rangeserver.stripedreplica import (
+    ChainGap,
+    NotInWriteSet,
+    StripeChain,
+    StripedAccept,
+    chain_end,
+    decide_striped_append,
+    decide_striped_seal,
+)
+
+
+def test_docstring_examples_hold() -> None:
+    result = doctest.testmod(stripedreplica, verbose=False)
+    assert result.attempted >= 10 and result.failed == 0
+
+
+def header(base: int, count: int, epoch: int = 1) -> BatchHeader:
+    return BatchHeader(7, 0, epoch, base, count, 0, 0, 0, 0, 0)
+
+
+def batch_of(bounds: list[int], k: int) -> BatchHeader:
+    return header(bounds[k], bounds[k + 1] - bounds[k])
+
+
+@st.composite
+def ranges(draw: st.DrawFn, unstriped: bool = False) -> tuple[Stripe, int, list[int]]:
+    """A stripe, the range's start and its batches' bounds (start, end of 0, end of 1...)."""
+    e = draw(st.integers(1, 6))
+    r = e if unstriped else draw(st.integers(1, e))
+    start = draw(st.integers(0, 30))
+    counts = draw(st.lists(st.integers(1, 4), min_size=1, max_size=12))
+    return Stripe(e, r, 1), start, list(itertools.accumulate(counts, initial=start))
+
+
+def kind(outcome: object) -> str:
+    if isinstance(outcome, Accept | StripedAccept):
+        return "accept"
+    if isinstance(outcome, Duplicate):
+        return f"duplicate durable={outcome.durable}"
+    if isinstance(outcome, Gap | ChainGap):
+        return "gap"
+    return repr(outcome)
+
+
+@given(ranges(unstriped=True), st.data())
+def test_append_is_todays_when_ensemble_is_replicas(
+    case: tuple[Stripe, int, list[int]], data: st.DataObject
+) -> None:
+    s, start, bounds = case
+    batches = len(bounds) - 1
+    written = data.draw(st.integers(-1, batches - 1))
+    durable = data.draw(st.integers(-1, written))
+    state = ReplicaState(7, 0, start, bounds[durable + 1], bounds[written + 1], 1)
+    state = data.draw(st.sampled_from([
+        state, ReplicaState(7, 0, start, state.end, state.written_end, 3),
+        ReplicaState(7, 0, start, state.end, state.written_end, 1, sealed=True,
+                     sealed_end=state.end),
+        ReplicaState(7, 0, start, state.end, state.written_end, 1, damaged=True)]))
+    chain = StripeChain(s, data.draw(st.integers(0, s.ensemble - 1)), written, durable)
+    k = data.draw(st.integers(0, batches - 1))
+    batch = header(bounds[k], bounds[k + 1] - bounds[k], data.draw(st.integers(1, 4)))
+    today = decide_append(state, batch)
+    striped = decide_striped_append(state, chain, batch, k)
+    assert kind(striped) == kind(today)
+    if isinstance(today, Accept):
+        assert isinstance(striped, StripedAccept) and striped.state == today.state
+
+
+@given(ranges(), st.data())
+def test_a_replica_keeps_exactly_a_prefix_of_its_own_batches(
+    case: tuple[Stripe, int, list[int]], data: st.DataObject
+) -> None:
+    """The writer sends each batch to its write set; the network loses, repeats and
+    reorders some: whatever arrives, a position accepts only its own batches, in order,
+    so its chain is always a prefix of its share (what recovery and reads rely on)."""
+    s, start, bounds = case
+    batches = len(bounds) - 1
+    position = data.draw(st.integers(0, s.ensemble - 1))
+    arrivals = data.draw(st.lists(st.integers(0, batches - 1), max_size=3 * batches))
+    state, chain = ReplicaState.create(7, 0, start, 1), StripeChain(s, position)
+    kept: list[int] = []
+    for k in arrivals:
+        outcome = decide_striped_append(state, chain, batch_of(bounds, k), k)
+        if not s.holds(position, k):
+            assert isinstance(outcome, NotInWriteSet)
+        elif isinstance(outcome, StripedAccept):
+            state, chain = outcome.state, outcome.chain
+            kept.append(k)
+            assert state.written_end == bounds[k + 1]
+        elif k in kept:
+            assert isinstance(outcome, Duplicate)
+        else:
+            assert isinstance(outcome, ChainGap)
+    mine = [k for k in range(batches) if s.holds(position, k)]
+    assert kept == mine[: len(kept)]
+
+
+@given(ranges(), st.data())
+def test_offsets_must_follow_the_chain(
+    case: tuple[Stripe, int, list[int]], data: st.DataObject
+) -> None:
+    """A batch whose index is next in the chain but whose offsets cannot be (it overlaps
+    what is held, or leaves no room for the batches between) is a Gap, nothing stored."""
+    s, start, bounds = case
+    position = data.draw(st.integers(0, s.ensemble - 1))
+    mine = [k for k in range(len(bounds) - 1) if s.holds(position, k)]
+    cut = data.draw(st.integers(0, len(mine) - 1)) if mine else None
+    if cut is None:
+        return
+    state, chain = ReplicaState.create(7, 0, start, 1), StripeChain(s, position)
+    for k in mine[:cut]:
+        outcome = decide_striped_append(state, chain, batch_of(bounds, k), k)
+        assert isinstance(outcome, StripedAccept)
+        state, chain = outcome.state, outcome.chain
+    k = mine[cut]
+    lowest = state.written_end + (k - chain.written_index - 1)
+    wrong = data.draw(st.integers(max(0, lowest - 5), lowest - 1) if lowest > 0 else st.nothing())
+    assert isinstance(decide_striped_append(state, chain, header(wrong, 2), k), Gap)
+
+
+@given(ranges(unstriped=True), st.data())
+def test_seal_is_todays_when_ensemble_is_replicas(
+    case: tuple[Stripe, int, list[int]], data: st.DataObject
+) -> None:
+    s, start, bounds = case
+    batches = len(bounds) - 1
+    written = data.draw(st.integers(-1, batches - 1))
+    state = ReplicaState(7, 0, start, bounds[written + 1], bounds[written + 1], 2)
+    chain = StripeChain(s, 0, written, written)
+    n = data.draw(st.integers(0, batches))
+    epoch = data.draw(st.integers(1, 3))
+    today = decide_seal(state, epoch, bounds[n])
+    striped = decide_striped_seal(state, chain, epoch, bounds[n], n)
+    assert kind(striped) == kind(today)
+    if isinstance(today, SealNow):
+        assert striped == today
+
+
+def test_a_striped_seal_needs_the_chain_not_the_offsets() -> None:
+    s = Stripe(5, 3, 2)  # position 2 holds 0 1 2, 5 6 7
+    state = ReplicaState(7, 0, 0, 30, 30, 1)  # its chain 0 1 2, ending at 30
+    whole = StripeChain(s, 2, 2, 2)
+    # Batches 3 and 4 are other servers': sealed at 50 with 5 batches, it is whole.
+    assert isinstance(decide_striped_seal(state, whole, 2, 50, 5), SealNow)
+    # With 6 batches it lacks batch 5: ChainGap, repair's to copy.
+    assert decide_striped_seal(state, whole, 2, 60, 6) == ChainGap(5, 6)
+    # Today's rule would refuse the first (its written end 30 is short of 50).
+    assert isinstance(decide_seal(state, 2, 50), Gap)
+    sealed = decide_striped_seal(state, whole, 2, 50, 5)
+    assert isinstance(sealed, SealNow)
+    assert chain_end(sealed.state, whole.seal(5)).batches == 5
