@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from estream.core.striping import read_order
 from estream.wire.stripe import ChainEnd, Stripe
 
 
@@ -210,14 +211,14 @@ def _indexes_to_check(lowest: int, batches: int, stripe: Stripe) -> list[int]:
 def sources_for(
     j: int, answers: Mapping[int, ChainEnd], stripe: Stripe, *, lost: Collection[int] = ()
 ) -> list[int]:
-    """The sound answering positions holding batch ``j``, to read it from (longest run
-    first, as a reader would).
+    """The sound answering positions holding batch ``j``, to read it from, in
+    :func:`~estream.core.striping.read_order` (longest run first, as a reader).
 
     >>> sources_for(3, {0: ChainEnd(5, 60), 3: ChainEnd(2, 30), 4: ChainEnd(3, 40)},
     ...             Stripe(5, 3, 2))
     [0, 4]
     """
-    return [p for p in sorted(stripe.write_set(j), key=lambda p: -(stripe.run_from(p, j) or 0))
+    return [p for p in read_order(j, stripe)
             if p in answers and p not in lost and answers[p].last_index >= j]
 
 

@@ -3,6 +3,8 @@
 - :func:`confirmed_batches` / :func:`striped_confirm_offset`: the confirm offset is the
   end of the longest prefix of batches each durable on ``acks`` servers of its own write
   set (a server's acknowledgement of batch k covers its whole chain up to k);
+- :func:`writable`: whether the open range goes on (degraded) or must roll to a new
+  ensemble, and whether a slow server may be dropped;
 - :func:`read_order`: which server of batch k's write set a reader asks first (the one
   holding the longest run from k, so one answer carries the most batches), failing over
   within the write set; :func:`fetch_plan`: consecutive batches split into runs, one per
@@ -72,6 +74,28 @@ def striped_confirm_offset(
     return ends[m - 1] if m else start
 
 
+def writable(failed: Collection[int], stripe: Stripe) -> bool:
+    """Whether every batch can still be acknowledged: each write set keeps ``acks``
+    positions outside ``failed``. While it does, the range goes on degraded (and asks for a
+    roll); once it does not, the end freezes at the confirmed end and the range rolls to a
+    new ensemble without the failed servers. A server past its chase bound is dropped
+    (while appending) only if ``writable(failed | {it})``: never one a write set needs.
+    With E == replicas: ``replicas - len(failed) >= acks``, the writer's rule today
+    (:meth:`~estream.core.inflight.OpenRange.may_drop_slow` for the chase bound).
+
+    >>> s = Stripe(5, 3, 2)
+    >>> writable({1}, s), writable({1, 3}, s), writable({1, 2}, Stripe(6, 3, 2))
+    (True, False, False)
+    >>> writable({0, 3}, Stripe(6, 3, 2)), writable({0}, Stripe(3, 3, 2))
+    (True, True)
+    """
+    acks = stripe.acks
+    for r in range(stripe.ensemble if stripe.striped else 1):
+        if sum(1 for p in stripe.write_set(r) if p not in failed) < acks:
+            return False
+    return True
+
+
 def read_order(
     k: int, stripe: Stripe, *, preferred: int | None = None, last: Collection[int] = ()
 ) -> list[int]:
@@ -124,4 +148,6 @@ def fetch_plan(
     return plan
 
 
-__all__ = ["confirmed_batches", "fetch_plan", "read_order", "striped_confirm_offset"]
+__all__ = [
+    "confirmed_batches", "fetch_plan", "read_order", "striped_confirm_offset", "writable",
+]

@@ -10,9 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from estream.core import striping
+from estream.core.inflight import OpenRange
 from estream.core.quorum import confirm_offset
 from estream.core.readcursor import replica_order
-from estream.core.striping import confirmed_batches, fetch_plan, read_order, striped_confirm_offset
+from estream.core.striping import (
+    confirmed_batches,
+    fetch_plan,
+    read_order,
+    striped_confirm_offset,
+    writable,
+)
 from estream.wire.meta import RangeMeta, ReplicaRef
 from estream.wire.stripe import Stripe
 
@@ -115,3 +122,27 @@ def test_fetch_plan_covers_each_batch_once_from_a_holder(
         assert len(plan) == -(-count // s.replicas)
     if not s.striped and count:
         assert len(plan) == 1
+
+
+@given(stripes, st.data())
+def test_writable_is_whether_the_live_servers_can_confirm_everything(
+    s: Stripe, data: st.DataObject
+) -> None:
+    """Every live server acknowledges every batch it is sent: the confirm reaches the end
+    of any run of batches exactly when the range is writable."""
+    failed = data.draw(st.frozensets(st.integers(0, s.ensemble - 1)))
+    sent = 2 * s.ensemble
+    acked = {p: sent for p in range(s.ensemble) if p not in failed}
+    assert writable(failed, s) == (confirmed_batches(acked, sent, s) == sent)
+
+
+@given(unstriped, st.data())
+def test_writable_is_todays_degraded_and_chase_rules_when_ensemble_is_replicas(
+    s: Stripe, data: st.DataObject
+) -> None:
+    ids = tuple(f"r{p}" for p in range(s.ensemble))
+    failed = data.draw(st.frozensets(st.integers(0, s.ensemble - 1)))
+    rng = OpenRange(0, 0, ids, failed={ids[p] for p in failed})
+    assert writable(failed, s) == (len(rng.live) >= s.acks)  # RangeWriter._fail_replica
+    for p in set(range(s.ensemble)) - failed:
+        assert writable(failed | {p}, s) == rng.may_drop_slow(s.acks)
