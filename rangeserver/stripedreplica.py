@@ -173,6 +173,37 @@ def decide_striped_seal(
     return SealNow(replace(shared.state, written_end=state.written_end))
 
 
+def replay_striped_batch(
+    state: ReplicaState, chain: StripeChain, batch: BatchHeader, index: int
+) -> tuple[ReplicaState, StripeChain]:
+    """Apply a STRIPED_BATCH entry found in the log at recovery, as
+    :func:`~rangeserver.replica.replay_batch` does a BATCH: a batch already in the chain
+    (written twice) is harmless; one that is not the chain's next, or whose offsets do
+    not follow, means the log lost an entry in between: the replica becomes damaged.
+    Replayed batches are durable (the log was synced up to them or cut before).
+
+    >>> s, st = Stripe(5, 3, 2), ReplicaState.create(1, 0, 0, 1)
+    >>> b = BatchHeader(1, 0, 1, 0, 10, 0, 0, 0, 0, 0)
+    >>> st, chain = replay_striped_batch(st, StripeChain(s, 0), b, 0)
+    >>> st.end, chain.durable_index
+    (10, 0)
+    >>> replay_striped_batch(st, chain, BatchHeader(1, 0, 1, 40, 5, 0, 0, 0, 0, 0), 4)[0].damaged
+    True
+    """
+    if state.damaged or (0 <= index <= chain.written_index):
+        return state, chain
+    # Only the chain and the offsets decide here: the log's order already passed the
+    # epoch, seal and digest rows (a carried group logs old batches after a new epoch).
+    bare = replace(state, sealed=False, epoch=batch.epoch, digest=None)
+    outcome = decide_striped_append(bare, chain, batch, index)
+    if not isinstance(outcome, StripedAccept):
+        return replace(state, damaged=True), chain
+    end = outcome.state.written_end
+    return (replace(state, end=end, written_end=end, epoch=max(state.epoch, batch.epoch),
+                    confirm=max(state.confirm, batch.confirm_offset)),
+            replace(outcome.chain, durable_index=index))
+
+
 def chain_end(state: ReplicaState, chain: StripeChain) -> ChainEnd:
     """The fence answer: the durable chain (``state.end`` is its last batch's end), or
     once sealed the sealed end and the range's batch count (final for recovery).
@@ -199,4 +230,5 @@ __all__ = [
     "chain_end",
     "decide_striped_append",
     "decide_striped_seal",
+    "replay_striped_batch",
 ]

@@ -20,6 +20,7 @@ from rangeserver.replica import (
     SealNow,
     decide_append,
     decide_seal,
+    replay_batch,
 )
 from rangeserver.stripedreplica import (
     ChainGap,
@@ -29,6 +30,7 @@ from rangeserver.stripedreplica import (
     chain_end,
     decide_striped_append,
     decide_striped_seal,
+    replay_striped_batch,
 )
 
 
@@ -172,3 +174,41 @@ def test_a_striped_seal_needs_the_chain_not_the_offsets() -> None:
     sealed = decide_striped_seal(state, whole, 2, 50, 5)
     assert isinstance(sealed, SealNow)
     assert chain_end(sealed.state, whole.seal(5)).batches == 5
+
+
+@given(ranges(unstriped=True), st.data())
+def test_replay_is_todays_when_ensemble_is_replicas(
+    case: tuple[Stripe, int, list[int]], data: st.DataObject
+) -> None:
+    s, start, bounds = case
+    batches = len(bounds) - 1
+    held = data.draw(st.integers(-1, batches - 1))
+    epoch = data.draw(st.integers(1, 3))
+    state = ReplicaState(7, 0, start, bounds[held + 1], bounds[held + 1], epoch, confirm=start)
+    chain = StripeChain(s, data.draw(st.integers(0, s.ensemble - 1)), held, held)
+    k = data.draw(st.integers(0, batches - 1))
+    batch = BatchHeader(7, 0, data.draw(st.integers(1, 3)), bounds[k], bounds[k + 1] - bounds[k],
+                        data.draw(st.integers(0, bounds[k])), 0, 0, 0, 0)
+    replayed, _ = replay_striped_batch(state, chain, batch, k)
+    assert replayed == replay_batch(state, batch)
+
+
+@given(ranges(), st.data())
+def test_replay_rebuilds_the_chain_and_marks_a_lost_entry_as_damage(
+    case: tuple[Stripe, int, list[int]], data: st.DataObject
+) -> None:
+    s, start, bounds = case
+    position = data.draw(st.integers(0, s.ensemble - 1))
+    mine = [k for k in range(len(bounds) - 1) if s.holds(position, k)]
+    lost = data.draw(st.none() | st.sampled_from(mine)) if mine else None
+    state, chain = ReplicaState.create(7, 0, start, 1), StripeChain(s, position)
+    for k in mine:
+        if k == lost:
+            continue
+        state, chain = replay_striped_batch(state, chain, batch_of(bounds, k), k)
+    if lost is None or lost == mine[-1]:
+        kept = mine if lost is None else mine[:-1]
+        assert not state.damaged and chain.durable_index == (kept[-1] if kept else -1)
+        assert state.end == (bounds[kept[-1] + 1] if kept else start)
+    else:
+        assert state.damaged
