@@ -15,6 +15,8 @@ section 10. Pure: no I/O.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from estream.wire.record import BatchHeader
@@ -204,6 +206,43 @@ def replay_striped_batch(
             replace(outcome.chain, durable_index=index))
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The replica holds batch ``index``, which covers the offset: serve from it."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Elsewhere:
+    """The offset is in another server's batch: batch ``index``, starting at ``base``,
+    is the first after this chain's last batch below the offset (batches are contiguous
+    across the range); the reader asks that batch's write set and walks on."""
+
+    index: int
+    base: int
+
+
+def locate(chain: Sequence[tuple[int, int, int]], offset: int, start: int) -> Held | Elsewhere:
+    """Where a READ of a striped range at ``offset`` goes on: ``chain`` is the replica's
+    batches as ``(index, base, end)``, in order; ``start`` the range's first offset.
+
+    >>> chain = [(0, 0, 10), (3, 30, 40), (4, 40, 50), (5, 50, 60)]   # position 0 of 5/3
+    >>> locate(chain, 45, 0), locate(chain, 12, 0), locate(chain, 75, 0)
+    (Held(index=4), Elsewhere(index=1, base=10), Elsewhere(index=6, base=60))
+    >>> locate([(2, 20, 30)], 5, 0)
+    Elsewhere(index=0, base=0)
+    """
+    ends = [end for _, _, end in chain]
+    i = bisect.bisect_right(ends, offset)  # the first batch ending past the offset
+    if i < len(chain) and chain[i][1] <= offset:
+        return Held(chain[i][0])
+    if i == 0:
+        return Elsewhere(0, start)
+    index, _, end = chain[i - 1]
+    return Elsewhere(index + 1, end)
+
+
 def chain_end(state: ReplicaState, chain: StripeChain) -> ChainEnd:
     """The fence answer: the durable chain (``state.end`` is its last batch's end), or
     once sealed the sealed end and the range's batch count (final for recovery).
@@ -222,6 +261,8 @@ def chain_end(state: ReplicaState, chain: StripeChain) -> ChainEnd:
 
 __all__ = [
     "ChainGap",
+    "Elsewhere",
+    "Held",
     "NotInWriteSet",
     "StripeChain",
     "StripedAccept",
@@ -230,5 +271,6 @@ __all__ = [
     "chain_end",
     "decide_striped_append",
     "decide_striped_seal",
+    "locate",
     "replay_striped_batch",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import doctest
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,12 +25,15 @@ from rangeserver.replica import (
 )
 from rangeserver.stripedreplica import (
     ChainGap,
+    Elsewhere,
+    Held,
     NotInWriteSet,
     StripeChain,
     StripedAccept,
     chain_end,
     decide_striped_append,
     decide_striped_seal,
+    locate,
     replay_striped_batch,
 )
 
@@ -55,6 +59,53 @@ def ranges(draw: st.DrawFn, unstriped: bool = False) -> tuple[Stripe, int, list[
     start = draw(st.integers(0, 30))
     counts = draw(st.lists(st.integers(1, 4), min_size=1, max_size=12))
     return Stripe(e, r, 1), start, list(itertools.accumulate(counts, initial=start))
+
+
+# Position 0 of (5, 3): its batches 0, 3 4 5, 8 9 10; its chain holds 0 and 3, [0, 10) and
+# [30, 40), durable up to 0.
+ROW_STATE = ReplicaState(7, 0, 0, 10, 40, 2)
+ROW_CHAIN = StripeChain(Stripe(5, 3, 2), 0, 3, 0)
+
+
+@pytest.mark.parametrize(
+    ("k", "base", "count", "epoch", "expected"),
+    [
+        (4, 40, 5, 2, "accept"),  # the chain's next, right after 3
+        (5, 40, 5, 2, "gap"),  # 4 is missing (ChainGap)
+        (1, 10, 5, 2, repr(NotInWriteSet(1, 0))),  # 1 is on 1 2 3 only
+        (3, 30, 10, 2, "duplicate durable=False"),  # written, not yet synced
+        (0, 0, 10, 2, "duplicate durable=True"),
+        (4, 41, 5, 2, "gap"),  # 4 follows 3: it must start at 40
+        (4, 40, 5, 1, "StaleEpoch(epoch=1, current=2)"),
+        (3, 30, 12, 2, "gap"),  # another batch under a held index
+    ],
+)
+def test_append_rows(k: int, base: int, count: int, epoch: int, expected: str) -> None:
+    outcome = decide_striped_append(ROW_STATE, ROW_CHAIN, header(base, count, epoch), k)
+    assert kind(outcome) == expected
+
+
+@given(ranges(), st.data())
+def test_locate_sends_a_read_forward_never_past_its_offset(
+    case: tuple[Stripe, int, list[int]], data: st.DataObject
+) -> None:
+    s, start, bounds = case
+    position = data.draw(st.integers(0, s.ensemble - 1))
+    mine = [k for k in range(len(bounds) - 1) if s.holds(position, k)]
+    held = mine[: data.draw(st.integers(0, len(mine)))]
+    chain = [(k, bounds[k], bounds[k + 1]) for k in held]
+    offset = data.draw(st.integers(start, bounds[-1] + 3))
+    covering = next((k for k in range(len(bounds) - 1) if bounds[k] <= offset < bounds[k + 1]),
+                    len(bounds) - 1)
+    where = locate(chain, offset, start)
+    if covering in held:
+        assert where == Held(covering)
+        return
+    assert isinstance(where, Elsewhere)
+    assert where.index <= covering and where.base == bounds[where.index]
+    assert all(k < where.index for k in held if bounds[k + 1] <= offset)
+    if not s.striped and len(held) == len(bounds) - 1:  # today: a whole replica
+        assert offset >= bounds[-1] and where == Elsewhere(len(held), bounds[-1])
 
 
 def kind(outcome: object) -> str:
