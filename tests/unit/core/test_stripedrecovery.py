@@ -7,7 +7,7 @@ import doctest
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estream.core import stripedrecovery
@@ -113,6 +113,7 @@ def covered(s: Stripe, answering: set[int]) -> bool:
                for r in range(s.ensemble))
 
 
+@settings(max_examples=150, deadline=None)  # the safety argument itself: more cases
 @given(histories())
 def test_every_set_of_answers_keeps_every_acknowledged_batch(
     history: tuple[Stripe, list[int], dict[int, int]],
@@ -161,6 +162,7 @@ def check_copies(s: Stripe, answers: dict[int, ChainEnd], batches: int) -> None:
                 assert sources_for(k, answers, s)  # something to copy from
 
 
+@settings(max_examples=60, deadline=None)
 @given(histories(), st.data())
 def test_copies_avoid_lost_sources_and_failed_targets(
     history: tuple[Stripe, list[int], dict[int, int]], data: st.DataObject
@@ -193,6 +195,7 @@ def test_copies_avoid_lost_sources_and_failed_targets(
 # --- today's rules when E == replicas ------------------------------------------------------
 
 
+@settings(max_examples=60, deadline=None)
 @given(histories(unstriped=True))
 def test_end_is_todays_when_ensemble_is_replicas(
     history: tuple[Stripe, list[int], dict[int, int]],
@@ -212,6 +215,7 @@ def test_end_is_todays_when_ensemble_is_replicas(
                                           today)
 
 
+@settings(max_examples=60, deadline=None)
 @given(histories(unstriped=True))
 def test_copies_are_todays_when_ensemble_is_replicas(
     history: tuple[Stripe, list[int], dict[int, int]],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import doctest
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estream.core import striping
@@ -61,6 +61,7 @@ def naive_confirmed(acked: dict[int, int], sent: int, s: Stripe) -> int:
     return m
 
 
+@settings(max_examples=40, deadline=None)
 @given(stripes, st.integers(0, 12), st.data())
 def test_confirmed_batches_matches_naive_model(s: Stripe, sent: int, data: st.DataObject) -> None:
     acked = {p: data.draw(st.integers(-1, sent + 2)) for p in range(s.ensemble)}
@@ -70,6 +71,7 @@ def test_confirmed_batches_matches_naive_model(s: Stripe, sent: int, data: st.Da
     assert confirmed_batches(acked, sent, s, first=first) == m
 
 
+@settings(max_examples=40, deadline=None)
 @given(unstriped, st.lists(st.integers(1, 5), max_size=10), st.integers(0, 50), st.data())
 def test_confirm_is_todays_when_ensemble_is_replicas(
     s: Stripe, counts: list[int], start: int, data: st.DataObject
@@ -84,6 +86,7 @@ def test_confirm_is_todays_when_ensemble_is_replicas(
             == confirm_offset(acked_ends, s.acks, start=start))
 
 
+@settings(max_examples=40, deadline=None)
 @given(unstriped, st.integers(0, 30), st.data())
 def test_read_order_is_todays_when_ensemble_is_replicas(
     s: Stripe, k: int, data: st.DataObject
@@ -95,6 +98,7 @@ def test_read_order_is_todays_when_ensemble_is_replicas(
     assert [ids[p] for p in read_order(k, s, preferred=preferred)] == today
 
 
+@settings(max_examples=40, deadline=None)
 @given(stripes, st.integers(0, 30), st.data())
 def test_read_order_is_the_write_set_longest_run_first(
     s: Stripe, k: int, data: st.DataObject
@@ -109,6 +113,7 @@ def test_read_order_is_the_write_set_longest_run_first(
         assert runs == sorted(runs, reverse=True)
 
 
+@settings(max_examples=40, deadline=None)
 @given(stripes, st.integers(0, 20), st.integers(0, 30), st.data())
 def test_fetch_plan_covers_each_batch_once_from_a_holder(
     s: Stripe, first: int, count: int, data: st.DataObject
@@ -124,6 +129,7 @@ def test_fetch_plan_covers_each_batch_once_from_a_holder(
         assert len(plan) == 1
 
 
+@settings(max_examples=40, deadline=None)
 @given(stripes, st.data())
 def test_writable_is_whether_the_live_servers_can_confirm_everything(
     s: Stripe, data: st.DataObject
@@ -136,6 +142,7 @@ def test_writable_is_whether_the_live_servers_can_confirm_everything(
     assert writable(failed, s) == (confirmed_batches(acked, sent, s) == sent)
 
 
+@settings(max_examples=40, deadline=None)
 @given(unstriped, st.data())
 def test_writable_is_todays_degraded_and_chase_rules_when_ensemble_is_replicas(
     s: Stripe, data: st.DataObject

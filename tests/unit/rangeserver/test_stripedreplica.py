@@ -7,7 +7,7 @@ import doctest
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estream.wire.record import BatchHeader
@@ -85,6 +85,7 @@ def test_append_rows(k: int, base: int, count: int, epoch: int, expected: str) -
     assert kind(outcome) == expected
 
 
+@settings(max_examples=40, deadline=None)
 @given(ranges(), st.data())
 def test_locate_sends_a_read_forward_never_past_its_offset(
     case: tuple[Stripe, int, list[int]], data: st.DataObject
@@ -118,6 +119,7 @@ def kind(outcome: object) -> str:
     return repr(outcome)
 
 
+@settings(max_examples=40, deadline=None)
 @given(ranges(unstriped=True), st.data())
 def test_append_is_todays_when_ensemble_is_replicas(
     case: tuple[Stripe, int, list[int]], data: st.DataObject
@@ -142,6 +144,7 @@ def test_append_is_todays_when_ensemble_is_replicas(
         assert isinstance(striped, StripedAccept) and striped.state == today.state
 
 
+@settings(max_examples=40, deadline=None)
 @given(ranges(), st.data())
 def test_a_replica_keeps_exactly_a_prefix_of_its_own_batches(
     case: tuple[Stripe, int, list[int]], data: st.DataObject
@@ -171,6 +174,7 @@ def test_a_replica_keeps_exactly_a_prefix_of_its_own_batches(
     assert kept == mine[: len(kept)]
 
 
+@settings(max_examples=40, deadline=None)
 @given(ranges(), st.data())
 def test_offsets_must_follow_the_chain(
     case: tuple[Stripe, int, list[int]], data: st.DataObject
@@ -194,6 +198,7 @@ def test_offsets_must_follow_the_chain(
     assert isinstance(decide_striped_append(state, chain, header(wrong, 2), k), Gap)
 
 
+@settings(max_examples=40, deadline=None)
 @given(ranges(unstriped=True), st.data())
 def test_seal_is_todays_when_ensemble_is_replicas(
     case: tuple[Stripe, int, list[int]], data: st.DataObject
@@ -227,6 +232,7 @@ def test_a_striped_seal_needs_the_chain_not_the_offsets() -> None:
     assert chain_end(sealed.state, whole.seal(5)).batches == 5
 
 
+@settings(max_examples=40, deadline=None)
 @given(ranges(unstriped=True), st.data())
 def test_replay_is_todays_when_ensemble_is_replicas(
     case: tuple[Stripe, int, list[int]], data: st.DataObject
@@ -244,6 +250,7 @@ def test_replay_is_todays_when_ensemble_is_replicas(
     assert replayed == replay_batch(state, batch)
 
 
+@settings(max_examples=40, deadline=None)
 @given(ranges(), st.data())
 def test_replay_rebuilds_the_chain_and_marks_a_lost_entry_as_damage(
     case: tuple[Stripe, int, list[int]], data: st.DataObject

@@ -5,7 +5,7 @@ from __future__ import annotations
 import doctest
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estream.wire import stripe as stripe_module
@@ -30,6 +30,7 @@ def test_impossible_settings_name_their_field(e: int, r: int, a: int, field: str
     assert caught.value.argument == field
 
 
+@settings(max_examples=40, deadline=None)
 @given(stripes, st.integers(0, 40))
 def test_write_set_is_replicas_distinct_positions_and_matches_holds(s: Stripe, k: int) -> None:
     members = s.write_set(k)
@@ -37,6 +38,7 @@ def test_write_set_is_replicas_distinct_positions_and_matches_holds(s: Stripe, k
     assert [p for p in range(s.ensemble) if s.holds(p, k)] == sorted(members)
 
 
+@settings(max_examples=40, deadline=None)
 @given(stripes, st.integers(0, 40))
 def test_prev_and_next_held_match_brute_force(s: Stripe, k: int) -> None:
     for p in range(s.ensemble):
@@ -46,6 +48,7 @@ def test_prev_and_next_held_match_brute_force(s: Stripe, k: int) -> None:
         assert s.next_held(p, k) == after
 
 
+@settings(max_examples=40, deadline=None)
 @given(stripes, st.integers(0, 40))
 def test_run_from_counts_consecutive_batches(s: Stripe, k: int) -> None:
     for p in range(s.ensemble):
@@ -59,6 +62,7 @@ def test_run_from_counts_consecutive_batches(s: Stripe, k: int) -> None:
         assert run == count
 
 
+@settings(max_examples=40, deadline=None)
 @given(stripes, st.integers(0, 40))
 def test_each_position_holds_replicas_of_every_ensemble_batches(s: Stripe, k: int) -> None:
     """The bytes-per-server figure's root: any E consecutive batches put `replicas` on
