@@ -16,8 +16,13 @@ docs/ARCHITECTURE.md section 10. Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from estream.wire.errors import InvalidArgument
+
+# A range lists its E servers in the catalog: no more than a server list may hold
+# (pd/validate.py's servers_in_list_max); also bounds first_unheld's O(E x replicas).
+ensemble_servers_max: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +31,10 @@ class Stripe:
 
     >>> Stripe(5, 3, 2).striped, Stripe(3, 3, 2).striped
     (True, False)
-    >>> Stripe(2, 3, 2)
+    >>> Stripe(2, 3, 2)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    estream.wire.errors.InvalidArgument: ensemble must be at least replicas (3), got 2
+    estream.wire.errors.InvalidArgument: ensemble must be at least replicas (3) and ...
     """
 
     ensemble: int
@@ -41,10 +46,10 @@ class Stripe:
             raise InvalidArgument(
                 f"ack_count must be 1..replicas ({self.replicas}), got {self.acks}",
                 argument="ack_count")
-        if self.ensemble < self.replicas:
+        if not self.replicas <= self.ensemble <= ensemble_servers_max:
             raise InvalidArgument(
-                f"ensemble must be at least replicas ({self.replicas}), got {self.ensemble}",
-                argument="ensemble")
+                f"ensemble must be at least replicas ({self.replicas}) and at most "
+                f"{ensemble_servers_max}, got {self.ensemble}", argument="ensemble")
 
     @property
     def striped(self) -> bool:
@@ -132,4 +137,4 @@ class ChainEnd:
     batches: int | None = None
 
 
-__all__ = ["ChainEnd", "Stripe"]
+__all__ = ["ChainEnd", "Stripe", "ensemble_servers_max"]

@@ -23,7 +23,8 @@ def test_docstring_examples_hold() -> None:
 
 
 @pytest.mark.parametrize(("e", "r", "a", "field"),
-                         [(2, 3, 2, "ensemble"), (5, 3, 0, "ack_count"), (5, 3, 4, "ack_count")])
+                         [(2, 3, 2, "ensemble"), (65, 3, 2, "ensemble"), (5, 3, 0, "ack_count"),
+                          (5, 3, 4, "ack_count")])
 def test_impossible_settings_name_their_field(e: int, r: int, a: int, field: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         Stripe(e, r, a)
