@@ -217,7 +217,9 @@ class Held:
 class Elsewhere:
     """The offset is in another server's batch: batch ``index``, starting at ``base``,
     is the first after this chain's last batch below the offset (batches are contiguous
-    across the range); the reader asks that batch's write set and walks on."""
+    across the range); the reader asks that batch's write set and walks on. When this
+    position holds ``index`` itself, its chain is behind: the reader asks another server
+    of that write set, as it skips a short replica today."""
 
     index: int
     base: int

@@ -105,6 +105,8 @@ def test_locate_sends_a_read_forward_never_past_its_offset(
     assert isinstance(where, Elsewhere)
     assert where.index <= covering and where.base == bounds[where.index]
     assert all(k < where.index for k in held if bounds[k + 1] <= offset)
+    if s.holds(position, where.index):  # its own batch: it is behind, the reader goes on
+        assert not held or where.index > held[-1]
     if not s.striped and len(held) == len(bounds) - 1:  # today: a whole replica
         assert offset >= bounds[-1] and where == Elsewhere(len(held), bounds[-1])
 
