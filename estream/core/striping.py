@@ -1,0 +1,153 @@
+"""Striping's rules for the writer and the reader (docs/ARCHITECTURE.md section 10).
+
+- :func:`confirmed_batches` / :func:`striped_confirm_offset`: the confirm offset is the
+  end of the longest prefix of batches each durable on ``acks`` servers of its own write
+  set (a server's acknowledgement of batch k covers its whole chain up to k);
+- :func:`writable`: whether the open range goes on (degraded) or must roll to a new
+  ensemble, and whether a slow server may be dropped;
+- :func:`read_order`: which server of batch k's write set a reader asks first (the one
+  holding the longest run from k, so one answer carries the most batches), failing over
+  within the write set; :func:`fetch_plan`: consecutive batches split into runs, one per
+  server, fetched side by side.
+
+With E == replicas each reduces to today's rule (:func:`estream.core.quorum.confirm_offset`,
+:func:`estream.core.readcursor.replica_order`): ``tests/unit/core/test_striping.py``
+checks both on generated cases. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from estream.wire.stripe import Stripe
+
+
+def confirmed_batches(
+    acked: Mapping[int, int], sent: int, stripe: Stripe, *, first: int = 0
+) -> int:
+    """How many batches from the range's first are confirmed: batch j is confirmed once
+    ``acks`` positions of its write set acknowledged an index >= j (``acked[p]``: the
+    highest batch index ``p`` answered durable; a replica's chain is durable in order,
+    so that covers every batch of ``p`` up to it), and every batch before it is.
+
+    ``sent`` bounds the answer; ``first`` is a count already known confirmed (the
+    confirm never goes back), where the scan starts.
+
+    >>> s = Stripe(5, 3, 2)                       # batch 0: 0 1 2, 1: 1 2 3, 2: 2 3 4
+    >>> confirmed_batches({0: 0, 1: 1, 2: 0}, 3, s)      # 0 on 0 1 2; 1 on 1 only
+    1
+    >>> confirmed_batches({0: 0, 1: 1, 2: 2, 3: 2}, 3, s)
+    3
+    >>> confirmed_batches({1: 1, 2: 2, 3: 2, 4: 2}, 3, s)  # 0 on 1 2; 2 on 2 3 4
+    3
+    >>> confirmed_batches({0: 9, 1: 9}, 3, Stripe(3, 3, 2))  # today: 2 of 3 hold all
+    3
+    """
+    k = first
+    acks = stripe.acks
+    while k < sent:
+        held = 0
+        for p in stripe.write_set(k):
+            if acked.get(p, -1) >= k:
+                held += 1
+        if held < acks:
+            break
+        k += 1
+    return k
+
+
+def striped_confirm_offset(
+    acked: Mapping[int, int], ends: Sequence[int], stripe: Stripe, *, start: int
+) -> int:
+    """The confirm offset: the end of the last confirmed batch (``ends[k]``: the end
+    offset of batch k, for every batch sent), ``start`` when none is.
+
+    >>> ends = [10, 25, 30]
+    >>> striped_confirm_offset({0: 0, 1: 1, 2: 0}, ends, Stripe(5, 3, 2), start=0)
+    10
+    >>> striped_confirm_offset({0: 2, 2: 1}, ends, Stripe(3, 3, 2), start=0)
+    25
+    >>> striped_confirm_offset({}, ends, Stripe(5, 3, 2), start=4)
+    4
+    """
+    m = confirmed_batches(acked, len(ends), stripe)
+    return ends[m - 1] if m else start
+
+
+def writable(failed: Collection[int], stripe: Stripe) -> bool:
+    """Whether every batch can still be acknowledged: each write set keeps ``acks``
+    positions outside ``failed``. While it does, the range goes on degraded (and asks for a
+    roll); once it does not, the end freezes at the confirmed end and the range rolls to a
+    new ensemble without the failed servers. A server past its chase bound is dropped
+    (while appending) only if ``writable(failed | {it})``: never one a write set needs.
+    With E == replicas: ``replicas - len(failed) >= acks``, the writer's rule today
+    (:meth:`~estream.core.inflight.OpenRange.may_drop_slow` for the chase bound).
+
+    >>> s = Stripe(5, 3, 2)
+    >>> writable({1}, s), writable({1, 3}, s), writable({1, 2}, Stripe(6, 3, 2))
+    (True, False, False)
+    >>> writable({0, 3}, Stripe(6, 3, 2)), writable({0}, Stripe(3, 3, 2))
+    (True, True)
+    """
+    acks = stripe.acks
+    for r in range(stripe.ensemble if stripe.striped else 1):
+        if sum(1 for p in stripe.write_set(r) if p not in failed) < acks:
+            return False
+    return True
+
+
+def read_order(
+    k: int, stripe: Stripe, *, preferred: int | None = None, last: Collection[int] = ()
+) -> list[int]:
+    """The positions to ask for batch ``k``, in order: only its write set; the one
+    holding the longest run from ``k`` first (one answer carries ``replicas`` batches
+    from the last position of the write set); ``preferred`` breaks ties (with E ==
+    replicas every position holds every batch: preferred first, then ensemble order,
+    as :func:`~estream.core.readcursor.replica_order`); the positions in ``last`` (a
+    tail's servers that did not answer lately) after the others.
+
+    >>> read_order(4, Stripe(5, 3, 2))
+    [1, 0, 4]
+    >>> read_order(4, Stripe(5, 3, 2), last={1})
+    [0, 4, 1]
+    >>> read_order(4, Stripe(3, 3, 2), preferred=2)
+    [2, 0, 1]
+    """
+
+    def key(p: int) -> tuple[bool, int, bool, int]:
+        run = stripe.run_from(p, k)
+        return (p in last, -(run if run is not None else 0), p != preferred, p)
+
+    return sorted(stripe.write_set(k), key=key)
+
+
+def fetch_plan(
+    first: int, count: int, stripe: Stripe, *, preferred: int | None = None,
+    last: Collection[int] = (),
+) -> list[tuple[int, int, int]]:
+    """Batches ``first .. first+count-1`` as ``(position, first batch, batches)`` runs,
+    each from the first position of :func:`read_order` for its first batch, as many as
+    it holds in a row: runs of different servers that a reader may fetch side by side
+    (then deliver in order). One run when E == replicas.
+
+    >>> fetch_plan(0, 7, Stripe(5, 3, 2))
+    [(2, 0, 3), (0, 3, 3), (3, 6, 1)]
+    >>> fetch_plan(4, 100, Stripe(3, 3, 2), preferred=1)
+    [(1, 4, 100)]
+    >>> fetch_plan(0, 3, Stripe(5, 3, 2), last={2})
+    [(1, 0, 2), (4, 2, 1)]
+    """
+    plan: list[tuple[int, int, int]] = []
+    k, stop = first, first + count
+    while k < stop:
+        p = read_order(k, stripe, preferred=preferred, last=last)[0]
+        run = stripe.run_from(p, k)
+        n = stop - k if run is None else min(run, stop - k)
+        plan.append((p, k, n))
+        k += n
+    return plan
+
+
+__all__ = [
+    "confirmed_batches", "fetch_plan", "read_order", "striped_confirm_offset", "writable",
+]
