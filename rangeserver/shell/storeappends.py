@@ -29,7 +29,6 @@ from rangeserver.shell.logport import LogPort
 from rangeserver.timeindex import TimeIndex
 
 Key = tuple[int, int]
-_WRITE: Final = -3  # Appended.wait while deciding: the batch's log write, to come
 _BARRIER: Final = -2  # a duplicate that may still be in flight: a barrier, to come
 _NO_WAIT: Final = -1  # a duplicate already durable
 
@@ -92,6 +91,9 @@ class StoreAppends:
         barrier when a duplicate may still be in flight)."""
         results: list[Appended | EstreamError] = []
         accepted: list[_Taken] = []
+        room = max(1, min(self.wal.segment_bytes_max, wf.entry_body_bytes_max))
+        cuts: list[int] = []  # where each write after the first starts in ``accepted``
+        size, barrier = 0, False
         for batch in batches:
             try:
                 if check is not None:
@@ -101,46 +103,47 @@ class StoreAppends:
                 results.append(exc)
                 continue
             if isinstance(outcome, rp.Accept):
+                entry = wf.ENTRY_HEADER_BYTES + len(batch)
+                if size and size + entry > room:  # a write fits in a segment
+                    cuts.append(len(accepted))
+                    size = 0
+                size += entry
                 accepted.append((len(results), key, header, batch, self.replicas[key]))
                 self.replicas[key] = outcome.state  # the next batch of it decides on this
-                results.append(Appended(key, header.end_offset, _WRITE))
+                results.append(Appended(key, header.end_offset, len(cuts)))
             else:
-                wait = _NO_WAIT if outcome.durable else _BARRIER
-                results.append(Appended(key, header.end_offset, wait))
+                barrier = barrier or not outcome.durable
+                results.append(Appended(
+                    key, header.end_offset, _NO_WAIT if outcome.durable else _BARRIER))
         futures: list[asyncio.Future[None]] = []
-        room = max(1, min(self.wal.segment_bytes_max, wf.entry_body_bytes_max))
-        start, size = 0, 0
-        failed: EstreamError | None = None
-        for i in range(len(accepted) + 1):
-            entry = wf.ENTRY_HEADER_BYTES + len(accepted[i][3]) if i < len(accepted) else 0
-            if size and (i == len(accepted) or size + entry > room):
-                failed = self._write_batches(accepted[start:i], size, deferred, futures,
-                                             results)
-                if failed is not None:
-                    self._refuse(accepted[start:], failed, results)
+        refused: dict[Key, EstreamError] = {}
+        for start, end in zip([0, *cuts], [*cuts, len(accepted)], strict=True):
+            if start < end:
+                failed = self._write_batches(accepted[start:end], deferred, futures)
+                if failed is not None:  # nothing from here on was queued
+                    for i, key, _, _, before in reversed(accepted[start:]):
+                        self.replicas[key] = before
+                        results[i] = refused[key] = failed
                     break
-                start, size = i, 0
-            size += entry
-        if _BARRIER in (r.wait for r in results if isinstance(r, Appended)):
-            try:
-                futures.append(self.wal.barrier(sync=not deferred))
-            except EstreamError as exc:
-                failed = exc
-            for i, r in enumerate(results):
-                if isinstance(r, Appended) and r.wait == _BARRIER:
-                    results[i] = failed if failed is not None else Appended(
-                        r.key, r.end_offset, len(futures) - 1)
+        if barrier:
+            self._barrier(results, futures, refused, deferred)
         return results, futures
 
-    def _refuse(
-        self, accepted: list[_Taken], error: EstreamError,
-        results: list[Appended | EstreamError],
+    def _barrier(
+        self, results: list[Appended | EstreamError], futures: list[asyncio.Future[None]],
+        refused: dict[Key, EstreamError], deferred: bool,
     ) -> None:
-        """The log took none of ``accepted``: each replica as before it (newest first),
-        each answered ``error``, and so is a duplicate of any of them."""
-        for i, key, _, _, before in reversed(accepted):
-            self.replicas[key] = before
-            results[i] = error
+        """The duplicates that may still be in flight wait for a barrier after the
+        writes; a duplicate of a batch the log just refused is refused with it."""
+        error: EstreamError | None = None
+        try:
+            futures.append(self.wal.barrier(sync=not deferred))
+        except EstreamError as exc:
+            error = exc
+        for i, r in enumerate(results):
+            if isinstance(r, Appended) and r.wait == _BARRIER:
+                results[i] = error or refused.get(r.key) or Appended(
+                    r.key, r.end_offset, len(futures) - 1)
 
     def _decide(self, batch: bytes) -> tuple[BatchHeader, Key, rp.Accept | rp.Duplicate]:
         """:meth:`begin_append`'s checks and decision (the outcome: taken or a duplicate)."""
@@ -156,16 +159,17 @@ class StoreAppends:
         return header, key, outcome
 
     def _write_batches(
-        self, accepted: list[_Taken], size: int, deferred: bool,
-        futures: list[asyncio.Future[None]], results: list[Appended | EstreamError],
+        self, accepted: list[_Taken], deferred: bool, futures: list[asyncio.Future[None]],
     ) -> EstreamError | None:
         """One log write of ``accepted``'s BATCH entries (:meth:`begin_appends`); the
         log's refusal, if it took nothing."""
         parts: list[bytes | memoryview] = []
         ends: dict[Key, int] = {}
+        size = 0
         for _, key, header, batch, _ in accepted:
             parts.append(wf.batch_entry_header(batch))
             parts.append(batch)
+            size += wf.ENTRY_HEADER_BYTES + len(batch)
             ends[key] = header.end_offset  # in order: the last is the highest
 
         def durable() -> None:
@@ -181,19 +185,18 @@ class StoreAppends:
                 parts, size, sync=not deferred, on_durable=durable, on_failed=undo)
         except EstreamError as exc:
             return exc
-        wait = len(futures)
         futures.append(done)
         segment, position = location.segment, location.position + wf.ENTRY_HEADER_BYTES
-        for i, key, header, batch, before in accepted:
-            results[i] = Appended(key, header.end_offset, wait)
-            new = self.replicas[key]
-            self.replicas[key] = before  # _set compares with what readers saw
+        for _, key, header, batch, before in accepted:
             self.indexes[key].add(header.base_offset, header.end_offset,
                                   Location(segment, position, len(batch)))
             self.time_indexes[key].observe(header.end_offset, header.first_timestamp,
                                            header.max_timestamp, len(batch))
             self._extend_span(key, segment)
             self.cache.put((key[0], key[1], header.base_offset), batch)
-            self._set(key, new)
+            new = self.replicas[key]
+            if new.confirm != before.confirm:  # readers may see more: wake long polls
+                self.replicas[key] = before
+                self._set(key, new)
             position += len(batch) + wf.ENTRY_HEADER_BYTES
         return None

@@ -77,7 +77,9 @@ async def test_batches_of_one_request_cut_off_by_the_log_are_undone_together(
     await three_replicas(store)
     writes = counted_log_writes(store, monkeypatch)
     disk.full = True
-    results, _ = await append_many(server, [], (batch(A, 0), batch(B, 0), batch(A, 4)))
+    # A's first batch twice: the second is no duplicate of a batch the log refused.
+    results, _ = await append_many(
+        server, [], (batch(A, 0), batch(B, 0), batch(A, 4), batch(A, 0)))
     assert all(isinstance(r, StorageError) for r in results), results
     assert len(writes) == 1, "one write for the three batches"
     assert [store.replicas[k].written_end for k in (A, B)] == [0, 0], "back as before"
