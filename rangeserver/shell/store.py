@@ -488,6 +488,7 @@ class Store(StoreReads, StoreAppends):
         errors: list[EstreamError | None] = []
         raised: list[tuple[Key, ReplicaState]] = []  # (key, state before) per entry
         entries: list[bytes] = []
+        now_ms = self.clock.monotonic_ms()  # one request, one moment (``seen``)
         for stream_id, range_index, epoch, confirm in confirms:
             key = (stream_id, range_index)
             state = self.replicas.get(key)
@@ -498,12 +499,12 @@ class Store(StoreReads, StoreAppends):
             if isinstance(outcome, rp.StaleEpoch):
                 errors.append(rp.stale_error(outcome))
                 continue
-            self.seen[key] = (epoch, self.clock.monotonic_ms())
+            self.seen[key] = (epoch, now_ms)
             errors.append(None)
             if outcome.confirm > state.confirm:
                 self._set(key, outcome)  # readers may see it now: those records are acknowledged
                 raised.append((key, state))
-                entries.append(wf.encode_control(wf.Confirmed(*key, epoch, confirm)))
+                entries.append(wf.confirm_entry(stream_id, range_index, epoch, confirm))
         if None not in errors:
             return errors, None
         try:

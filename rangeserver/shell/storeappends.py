@@ -94,11 +94,12 @@ class StoreAppends:
         room = max(1, min(self.wal.segment_bytes_max, wf.entry_body_bytes_max))
         cuts: list[int] = []  # where each write after the first starts in ``accepted``
         size, barrier = 0, False
+        now_ms = self.clock.monotonic_ms()  # one request, one moment (``seen``)
         for batch in batches:
             try:
                 if check is not None:
                     check(batch)
-                header, key, outcome = self._decide(batch)
+                header, key, outcome = self._decide(batch, now_ms)
             except EstreamError as exc:
                 results.append(exc)
                 continue
@@ -145,8 +146,11 @@ class StoreAppends:
                 results[i] = error or refused.get(r.key) or Appended(
                     r.key, r.end_offset, len(futures) - 1)
 
-    def _decide(self, batch: bytes) -> tuple[BatchHeader, Key, rp.Accept | rp.Duplicate]:
-        """:meth:`begin_append`'s checks and decision (the outcome: taken or a duplicate)."""
+    def _decide(
+        self, batch: bytes, now_ms: int | None = None
+    ) -> tuple[BatchHeader, Key, rp.Accept | rp.Duplicate]:
+        """:meth:`begin_append`'s checks and decision (the outcome: taken or a duplicate);
+        ``now_ms``: the request's moment (None: now)."""
         header = verify_batch(batch)
         bounds.check_batch(header)
         check_records(batch, header)
@@ -155,7 +159,8 @@ class StoreAppends:
         outcome = rp.decide_append(state, header)
         if not isinstance(outcome, (rp.Accept, rp.Duplicate)):
             raise append_refusal(key, outcome)
-        self.seen[key] = (header.epoch, self.clock.monotonic_ms())
+        self.seen[key] = (header.epoch,
+                          self.clock.monotonic_ms() if now_ms is None else now_ms)
         return header, key, outcome
 
     def _write_batches(
