@@ -35,7 +35,7 @@ from estream.wire.record import (
 from estream.wire.roles import Action, permits_any
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ReplicaState:
     """Offsets of a replica (a value: never changed once made, every transition makes
     the next; not ``frozen``, whose construction costs about five times as much, and
