@@ -159,12 +159,12 @@ def check_stamp(batch: bytes, roles: Iterable[str]) -> None:
             "token or certificate of role 'gateway')", argument="producer_id")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # a value; not frozen: see ReplicaState
 class Accept:
     state: ReplicaState  # the state with the batch accepted (written_end, epoch, confirm)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # a value; not frozen: see ReplicaState
 class Duplicate:
     durable: bool  # already fsynced: answer at once; else wait for the log to sync
 

@@ -33,7 +33,7 @@ _BARRIER: Final = -2  # a duplicate that may still be in flight: a barrier, to c
 _NO_WAIT: Final = -1  # a duplicate already durable
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per batch: not frozen (a frozen one costs several times as much)
 class Appended:
     """A batch :meth:`Store.begin_appends` took (stored, or a duplicate): its replica,
     the end a deferred append answers, and the index of the returned future it waits
