@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Location:
-    """A batch in the log: segment number, byte position of the batch, its size."""
+    """A batch in the log: segment number, byte position of the batch, its size (a value,
+    never changed; not frozen: one is made per batch stored, and a frozen dataclass's
+    construction costs several times as much)."""
 
     segment: int
     position: int

@@ -210,6 +210,13 @@ def encode_control(control: Control) -> bytes:
     return _entry_header(entry_type, body, len(body)) + body
 
 
+def confirm_entry(stream_id: int, range_index: int, epoch: int, confirm: int) -> bytes:
+    """A whole CONFIRM entry: :func:`encode_control` of :class:`Confirmed`, the same bytes
+    without the object (a confirm per record and replica when writers idle)."""
+    body = _CONFIRM.pack(stream_id, range_index, epoch, confirm)
+    return _entry_header(EntryType.CONFIRM, body, len(body)) + body
+
+
 def _decode_control(entry_type: EntryType, body: memoryview) -> Control:
     if entry_type == EntryType.CREATE_RANGE and len(body) == _CREATE.size:
         return CreateRange(*_CREATE.unpack(body))

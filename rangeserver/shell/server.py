@@ -43,6 +43,7 @@ from estream.wire.roles import RANGE_SERVER_OPCODE_ACTIONS
 from rangeserver import bounds
 from rangeserver.replica import check_digest, check_stamp, digest_name, problem_replicas
 from rangeserver.shell.store import Store
+from rangeserver.shell.storeappends import Appended
 
 log = logging.getLogger(__name__)
 
@@ -113,22 +114,6 @@ def _outcome(pending: asyncio.Future[None]) -> EstreamError | None:
 def _durable_result(durable: asyncio.Future[None] | None) -> EstreamError | None:
     """A taken APPEND_MANY confirm's result: None (durable) or the log's typed error."""
     return None if durable is None else _outcome(durable)
-
-
-def _entry_result(
-    entry: tuple[asyncio.Future[None] | None, Callable[[], int]] | EstreamError,
-) -> appendmany.Result:
-    """One APPEND_MANY entry's result: its end, or the typed error it failed with."""
-    if isinstance(entry, EstreamError):
-        return entry
-    pending, end = entry
-    error = None if pending is None else _outcome(pending)
-    if error is not None:
-        return error
-    try:
-        return end()
-    except EstreamError as exc:
-        return exc
 
 
 class RangeServer:
@@ -266,14 +251,13 @@ class RangeServer:
         deferred, batches, confirms = appendmany.decode_request(header, payload)
         key = self._stream_key if self._secret is not None else None
         roles = header.get(ROLES_FIELD, ())
-        appends: list[tuple[asyncio.Future[None] | None, Callable[[], int]] | EstreamError] = []
-        for batch in batches:
-            try:
-                check_digest(batch, key)
-                check_stamp(batch, roles)
-                appends.append(self.store.begin_append(batch, deferred=deferred))
-            except EstreamError as exc:
-                appends.append(exc)
+
+        def check(batch: bytes) -> None:
+            check_digest(batch, key)
+            check_stamp(batch, roles)
+
+        # The accepted batches are one log write (Store.begin_appends): one future for all.
+        appends, writes = self.store.begin_appends(batches, deferred=deferred, check=check)
         confirmed: list[EstreamError | None] = []  # None: taken (checked, then decided)
         checked: list[tuple[int, int, int, int]] = []
         for confirm in confirms:
@@ -290,15 +274,33 @@ class RangeServer:
         decided, durable = self.store.begin_confirms(checked) if checked else ([], None)
         taken = iter(decided)
         confirmed = [next(taken) if c is None else c for c in confirmed]
-        waits = [e[0] for e in appends if not isinstance(e, EstreamError) and e[0] is not None]
+        waits = list(writes)
         if durable is not None:
             waits.append(durable)
         done = _all_done(waits)
         if self.store.append_delay_ms and batches:
             done = _paced(done, self.store.append_delay_ms)
         return done, lambda: (appendmany.encode_answer(
-            [_entry_result(e) for e in appends],
+            [self._entry_result(e, writes, deferred) for e in appends],
             [_durable_result(durable) if c is None else c for c in confirmed]), b"")
+
+    def _entry_result(
+        self, entry: Appended | EstreamError, writes: list[asyncio.Future[None]],
+        deferred: bool,
+    ) -> appendmany.Result:
+        """One APPEND_MANY batch's result: its end (a deferred one's own; else its
+        replica's durable end), or the typed error it or its log write failed with."""
+        if isinstance(entry, EstreamError):
+            return entry
+        error = None if entry.wait < 0 else _outcome(writes[entry.wait])
+        if error is not None:
+            return error
+        if deferred:
+            return entry.end_offset
+        try:
+            return self.store.durable_end(entry.key)
+        except EstreamError as exc:
+            return exc
 
     def _stream_key(self, stream_id: int) -> bytes:
         """The MAC key of a stream, from the cluster secret (cached)."""

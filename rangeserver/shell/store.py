@@ -31,20 +31,19 @@ from estream.wire.errors import (
 )
 from estream.wire.record import (
     BatchHeader,
-    check_records,
-    verify_batch,
 )
-from rangeserver import bounds, pacing, retention
+from rangeserver import pacing, retention
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default
-from rangeserver.refusals import append_refusal, create_refusal, seal_refusal
+from rangeserver.refusals import create_refusal, seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.logport import LogPort
+from rangeserver.shell.storeappends import StoreAppends
 from rangeserver.shell.storereads import StoreReads
 from rangeserver.shell.wal import Wal
 from rangeserver.timeindex import TimeIndex
@@ -56,7 +55,7 @@ reclaim_delay_s: Final = 0.2  # after a drop, before the checkpoint that deletes
 disk_watermark_percent_default: Final = 90  # disk use above this: new replicas go elsewhere first
 
 
-class Store(StoreReads):
+class Store(StoreReads, StoreAppends):
     def __init__(
         self,
         data_dir: Path,
@@ -276,15 +275,7 @@ class Store(StoreReads):
         """:meth:`append` without a coroutine (the server's quick path): decide and queue
         the log entry now; returns the future to wait for (None: nothing to wait for) and
         what gives the end to answer once it is done."""
-        header = verify_batch(batch)
-        bounds.check_batch(header)  # numbers within int64 (the index holds them so)
-        check_records(batch, header)  # no replica acknowledges what readers cannot decode
-        key = (header.stream_id, header.range_index)
-        state = self._get(*key)
-        outcome = rp.decide_append(state, header)
-        if not isinstance(outcome, (rp.Accept, rp.Duplicate)):
-            raise append_refusal(key, outcome)
-        self.seen[key] = (header.epoch, self.clock.monotonic_ms())
+        header, key, outcome = self._decide(batch)
         if isinstance(outcome, rp.Accept):
             pending: asyncio.Future[None] | None = self._accept(
                 key, header, batch, outcome.state, deferred
@@ -497,6 +488,7 @@ class Store(StoreReads):
         errors: list[EstreamError | None] = []
         raised: list[tuple[Key, ReplicaState]] = []  # (key, state before) per entry
         entries: list[bytes] = []
+        now_ms = self.clock.monotonic_ms()  # one request, one moment (``seen``)
         for stream_id, range_index, epoch, confirm in confirms:
             key = (stream_id, range_index)
             state = self.replicas.get(key)
@@ -507,12 +499,12 @@ class Store(StoreReads):
             if isinstance(outcome, rp.StaleEpoch):
                 errors.append(rp.stale_error(outcome))
                 continue
-            self.seen[key] = (epoch, self.clock.monotonic_ms())
+            self.seen[key] = (epoch, now_ms)
             errors.append(None)
             if outcome.confirm > state.confirm:
                 self._set(key, outcome)  # readers may see it now: those records are acknowledged
                 raised.append((key, state))
-                entries.append(wf.encode_control(wf.Confirmed(*key, epoch, confirm)))
+                entries.append(wf.confirm_entry(stream_id, range_index, epoch, confirm))
         if None not in errors:
             return errors, None
         try:

@@ -65,6 +65,7 @@ def test_golden_confirm_and_damaged_entries() -> None:
     assert confirm[16:] == bytes.fromhex(
         "0201000000000000" "03000000" "0400000000000000" "0605000000000000"
     )
+    assert wf.confirm_entry(0x0102, 3, 4, 0x0506) == confirm  # the confirm path's encoder
     damaged = wf.encode_control(wf.DamageMarked(0x0102, 3))
     assert damaged[:8] == bytes.fromhex("a1e507000c000000")  # magic, type 7, length 12
     assert damaged[16:] == bytes.fromhex("0201000000000000" "03000000")
