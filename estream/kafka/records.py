@@ -88,6 +88,8 @@ class KafkaBatch:
     producer_epoch: int
     base_sequence: int
     records: tuple[KafkaRecord, ...]
+    base_timestamp: int = -1
+    body: bytes = b""  # the records section as sent, decompressed (what the deltas are of)
 
     @property
     def compression(self) -> int:
@@ -168,7 +170,34 @@ def _decode_batch(view: memoryview) -> KafkaBatch:
     if end != len(body):
         raise MalformedBatch("bytes after a Kafka batch's last record")
     return KafkaBatch(base_offset, attributes, producer_id, producer_epoch, base_sequence,
-                      records)
+                      records, base_ts, body)
+
+
+def plain_batch_at(base_offset: int, batch: KafkaBatch) -> bytes | None:
+    """``batch`` as Fetch answers its records once stored at ``base_offset`` (uncompressed,
+    no producer fields), from its records section as sent: when every record is plain (a
+    value, no key, no header, a timestamp), the same records :func:`encode_plain_batch`
+    gives from the stored ones, without a Python operation per record; else None.
+
+    >>> sent = decode_batches(encode_producer_batch(
+    ...     [KafkaRecord(5, None, b"a"), KafkaRecord(7, None, b"bc")], COMPRESSION_GZIP))[0]
+    >>> again = decode_batches(plain_batch_at(40, sent))[0]
+    >>> again.base_offset, again.compression, again.records == sent.records
+    (40, 0, True)
+    >>> plain_batch_at(0, decode_batches(encode_producer_batch([KafkaRecord(5, b"k", b"a")]))[0])
+    """
+    records = batch.records
+    if not records or batch.base_timestamp < 0 or not batch.body or not all(
+            r.key is None and r.value is not None and not r.headers and r.timestamp >= 0
+            for r in records):
+        return None
+    n, base_ts = len(records), batch.base_timestamp
+    head = bytearray(BATCH_HEADER_BYTES)
+    _HEAD.pack_into(head, 0, base_offset, BATCH_HEADER_BYTES - BATCH_PREFIX_BYTES
+                    + len(batch.body), 0, MAGIC, 0, 0, n - 1, base_ts,
+                    max(r.timestamp for r in records), -1, -1, -1, n)
+    _CRC.pack_into(head, 17, crc32c.crc32c(batch.body, crc32c.crc32c(bytes(head[21:]))))
+    return bytes(head) + batch.body
 
 
 def _decode_records(body: bytes, base_ts: int, count: int
