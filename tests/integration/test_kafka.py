@@ -399,9 +399,9 @@ async def test_a_consumer_behind_the_end_is_served_without_an_end_lookup_per_fet
 async def test_a_consumer_close_behind_its_producer_is_answered_from_the_tail_cache(
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Plain batches a gateway stored are answered from its tail cache, no read made; a
-    batch with a key is not kept (read and converted as before), and the fetch after it
-    is answered from the cache again; every record as stored, at its offset."""
+    """Batches a gateway stored are answered from its tail cache, no read made (keys
+    too); a batch with headers is not kept (read and converted as before), and the fetch
+    after it is answered from the cache again; every record as stored, at its offset."""
     from kio.schema.errors import ErrorCode
 
     from estream.kafka.records import KafkaRecord, decode_batches, encode_producer_batch
@@ -409,8 +409,8 @@ async def test_a_consumer_close_behind_its_producer_is_answered_from_the_tail_ca
     from estream.kafka.shell import http
 
     await asyncio.to_thread(create_topic, gateway, "tail", 1)
-    sent = [[KafkaRecord(T0 + i, None, b"a%d" % i) for i in range(3)],
-            [KafkaRecord(T0, b"k", b"keyed"), KafkaRecord(T0, None, b"b")],
+    sent = [[KafkaRecord(T0 + i, b"k" if i else None, b"a%d" % i) for i in range(3)],
+            [KafkaRecord(T0, None, b"with", (("h", b"1"),)), KafkaRecord(T0, None, b"b")],
             [KafkaRecord(T0 + 9, None, b"c%d" % i) for i in range(4)]]
     async with await estream.connect(gateway.pd) as client:
         inproc = shell.Gateway(client, ("127.0.0.1", 0))
@@ -432,7 +432,7 @@ async def test_a_consumer_close_behind_its_producer_is_answered_from_the_tail_ca
                 assert (error, high) == (ErrorCode.none, 9)
                 answers.append([(b.base_offset + i, r) for b in decode_batches(data)
                                 for i, r in enumerate(b.records)])
-            assert reads == [3]  # the keyed batch's fetch only
+            assert reads == [3]  # the fetch of the batch with headers only
             metrics = {f.name: f.samples[0].value for f in http.families(inproc) if f.samples}
             assert metrics["estream_kafka_tail_cache_hits"] == 2
             assert metrics["estream_kafka_tail_cache_bytes"] > 0

@@ -317,7 +317,8 @@ class Produce:
 
     def _keep(self, part: _Partition, batch: KafkaBatch, offset: int) -> None:
         """A batch stored whole at ``offset`` onwards (contiguous) into the tail cache, as
-        Fetch answers it (plain records only: :func:`~estream.kafka.records.plain_batch_at`)."""
+        Fetch answers it (when the store keeps its records as sent:
+        :func:`~estream.kafka.records.plain_batch_at`)."""
         kept = plain_batch_at(offset, batch)
         if kept is not None and part.writer is not None:
             self.tail.put(part.name, part.writer.stream.id, offset, len(batch.records), kept)
