@@ -400,8 +400,9 @@ async def test_a_consumer_close_behind_its_producer_is_answered_from_the_tail_ca
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Batches a gateway stored are answered from its tail cache, no read made (keys
-    too); a batch with headers is not kept (read and converted as before), and the fetch
-    after it is answered from the cache again; every record as stored, at its offset."""
+    too; from inside a batch, the whole batch, as Kafka); a batch with headers is not kept
+    (read and converted as before), and the fetch after it is answered from the cache
+    again; every record as stored, at its offset."""
     from kio.schema.errors import ErrorCode
 
     from estream.kafka.records import KafkaRecord, decode_batches, encode_producer_batch
@@ -427,18 +428,19 @@ async def test_a_consumer_close_behind_its_producer_is_answered_from_the_tail_ca
 
             monkeypatch.setattr(client, "read_batches", counted)
             answers = []
-            for offset in (0, 3, 5):
+            for offset in (0, 3, 5, 1):
                 error, high, _, data = await inproc._fetch_partition("tail", 0, offset, 1 << 20)
                 assert (error, high) == (ErrorCode.none, 9)
                 answers.append([(b.base_offset + i, r) for b in decode_batches(data)
                                 for i, r in enumerate(b.records)])
             assert reads == [3]  # the fetch of the batch with headers only
             metrics = {f.name: f.samples[0].value for f in http.families(inproc) if f.samples}
-            assert metrics["estream_kafka_tail_cache_hits"] == 2
+            assert metrics["estream_kafka_tail_cache_hits"] == 3
             assert metrics["estream_kafka_tail_cache_bytes"] > 0
             assert answers[0] == list(enumerate(sent[0]))
             assert answers[1][:2] == [(3, sent[1][0]), (4, sent[1][1])]
             assert answers[2] == [(5 + i, r) for i, r in enumerate(sent[2])]
+            assert answers[3] == answers[0]  # (from inside a batch: all of it, as Kafka)
         finally:
             await inproc.close()
 

@@ -9,8 +9,8 @@ range's replicas) before answering only when a fetch reaches the end known, and 
 background once they are :data:`end_refresh_ms` old; the bytes per record, to size the
 next read; and a read-ahead, the next chunks read at once while the client takes this one
 (planned by :mod:`estream.kafka.readahead`, within a bound per partition and one for the
-gateway), each used when a fetch asks for its offset. A fetch at an offset where a batch
-this gateway stored starts is answered from the tail cache (:mod:`estream.kafka.tailcache`,
+gateway), each used when a fetch asks for its offset. A fetch at an offset a batch
+this gateway stored holds is answered from the tail cache (:mod:`estream.kafka.tailcache`,
 filled by Produce) without a read.
 
 Side effects: the SDK's reads; the loop's clock (the age of an end looked up).

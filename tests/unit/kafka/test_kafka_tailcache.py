@@ -1,5 +1,5 @@
 """The gateway's tail cache (estream/kafka/tailcache.py) and the batches it keeps
-(records.plain_batch_at): answered only from an entry's first offset and below the end
+(records.plain_batch_at): answered from the entry holding the offset asked below the end
 given, within max_bytes, never across streams of the same name, within its byte bound; a
 kept batch holds the same records as the one the read path encodes from the stored ones
 (keys too); a batch the store changes (null values, headers, no timestamp) is not kept."""
@@ -40,10 +40,12 @@ def test_entries_chain_from_the_offset_asked_below_the_end_and_within_max_bytes(
     assert (len(data), count, data[:1], data[-1:]) == (200, 20, b"\x0a", b"\x14")
     assert cache.take("t-0", 7, 10, 29, 10_000) == (bytes([10]) * 100, 10)  # 20-30 not readable
     assert cache.take("t-0", 7, 10, 19, 10_000) is None
-    assert cache.take("t-0", 7, 15, 50, 10_000) is None  # not where an entry starts
+    assert cache.take("t-0", 7, 15, 50, 250) == (bytes([10]) * 100 + bytes([20]) * 100, 15)
+    #   (from inside an entry: all of it, as a Kafka broker answers)
+    assert cache.take("t-0", 7, 55, 70, 10_000) is None  # past the last entry
     assert cache.take("t-1", 7, 10, 50, 10_000) is None
     assert cache.take("t-0", 7, 40, 50, 1) == (bytes([40]) * 100, 10)  # the first, whatever
-    assert cache.hits == 3
+    assert cache.hits == 4
 
 
 def test_a_stream_made_again_under_the_same_name_is_not_answered_old_batches() -> None:
