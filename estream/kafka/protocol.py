@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import importlib
 import io
 import struct
@@ -30,7 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, get_args, get_origin
 
-from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.index import UnknownAPIKey, UnknownEntity
+from kio.index import load_request_schema as _load_request_schema
+from kio.index import load_response_schema as _load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
@@ -246,6 +249,19 @@ def _uvarint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+@functools.cache
+def load_request_schema(api_key: int, version: int) -> Any:
+    """kio's request class of an API version (kio resolves it by import on each call:
+    cached, as a Fetch a millisecond apart asks it again)."""
+    return _load_request_schema(api_key, version)
+
+
+@functools.cache
+def load_response_schema(api_key: int, version: int) -> Any:
+    """kio's response class of an API version (cached, as :func:`load_request_schema`)."""
+    return _load_response_schema(api_key, version)
+
+
 def _flexible(schema: type) -> bool:
     return bool(getattr(schema, "__flexible__", False))
 
@@ -313,9 +329,10 @@ def api_versions_response(version: int, error: ErrorCode = ErrorCode.none) -> An
     return build(schema, error_code=error, api_keys=keys, throttle_time=0)
 
 
+@functools.cache
 def nested(schema: Any, name: str) -> Any:
     """A nested entity class of the module that defines ``schema`` (e.g. the response's
-    ``MetadataResponseTopic``)."""
+    ``MetadataResponseTopic``; cached)."""
     return getattr(importlib.import_module(schema.__module__), name)
 
 
@@ -323,12 +340,17 @@ def build(schema: Callable[..., E], _error: ErrorCode = ErrorCode.none, **values
     """A kio entity of ``schema`` from plain values: fields it does not have are dropped,
     fields without a value and without a default get zero (error codes ``_error``)."""
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(schema):  # type: ignore[arg-type]
+    for f in _fields(schema):
         if f.name in values:
             kwargs[f.name] = _coerce(values[f.name], f.type)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             kwargs[f.name] = _zero(f.type, _error)
     return schema(**kwargs)
+
+
+@functools.cache
+def _fields(schema: Any) -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(schema)
 
 
 def _coerce(value: Any, hint: Any) -> Any:

@@ -36,6 +36,7 @@ its ``argument`` says which). Pure: no I/O.
 from __future__ import annotations
 
 import functools
+import operator
 import struct
 import zlib
 from collections.abc import Callable, Sequence
@@ -88,6 +89,8 @@ class KafkaBatch:
     producer_epoch: int
     base_sequence: int
     records: tuple[KafkaRecord, ...]
+    base_timestamp: int = -1
+    body: bytes = b""  # the records section as sent, decompressed (what the deltas are of)
 
     @property
     def compression(self) -> int:
@@ -168,7 +171,42 @@ def _decode_batch(view: memoryview) -> KafkaBatch:
     if end != len(body):
         raise MalformedBatch("bytes after a Kafka batch's last record")
     return KafkaBatch(base_offset, attributes, producer_id, producer_epoch, base_sequence,
-                      records)
+                      records, base_ts, body)
+
+
+_TIMESTAMP: Final = operator.attrgetter("timestamp")
+_VALUE: Final = operator.attrgetter("value")
+_HEADERS: Final = operator.attrgetter("headers")
+
+
+def plain_batch_at(base_offset: int, batch: KafkaBatch) -> bytes | None:
+    """``batch`` as Fetch answers its records once stored at ``base_offset`` (uncompressed,
+    no producer fields), from its records section as sent: when every record is stored as
+    sent (a value, a timestamp, no header; keys are kept as they are), the same records
+    the read path encodes from the stored ones, with no Python line per record; else None.
+
+    >>> sent = decode_batches(encode_producer_batch(
+    ...     [KafkaRecord(5, None, b"a"), KafkaRecord(7, None, b"bc")], COMPRESSION_GZIP))[0]
+    >>> again = decode_batches(plain_batch_at(40, sent))[0]
+    >>> again.base_offset, again.compression, again.records == sent.records
+    (40, 0, True)
+    >>> plain_batch_at(0, decode_batches(encode_producer_batch([KafkaRecord(5, b"k", None)]))[0])
+    """
+    records = batch.records
+    if not records or batch.base_timestamp < 0 or not batch.body:
+        return None
+    if None in map(_VALUE, records) or any(map(_HEADERS, records)):  # (C-level walks)
+        return None
+    timestamps = list(map(_TIMESTAMP, records))
+    if min(timestamps) < 0:
+        return None
+    n, base_ts = len(records), batch.base_timestamp
+    head = bytearray(BATCH_HEADER_BYTES)
+    _HEAD.pack_into(head, 0, base_offset, BATCH_HEADER_BYTES - BATCH_PREFIX_BYTES
+                    + len(batch.body), 0, MAGIC, 0, 0, n - 1, base_ts, max(timestamps),
+                    -1, -1, -1, n)
+    _CRC.pack_into(head, 17, crc32c.crc32c(batch.body, crc32c.crc32c(bytes(head[21:]))))
+    return bytes(head) + batch.body
 
 
 def _decode_records(body: bytes, base_ts: int, count: int

@@ -371,6 +371,7 @@ async def test_a_consumer_behind_the_end_is_served_without_an_end_lookup_per_fet
                                            for i in range(30)])
             assert await inproc._produce_partition("behind", 0, batch) == (ErrorCode.none, 0)
             await inproc.close()  # the writer's CONFIRM: all 30 readable
+            inproc.tail.forget("behind-0")  # (the read path's fetches, not the tail cache's)
             lookups: list[str] = []
             end_offset = client.end_offset
 
@@ -391,6 +392,55 @@ async def test_a_consumer_behind_the_end_is_served_without_an_end_lookup_per_fet
             assert (await inproc._fetch_partition("behind", 0, 30, 200))[:2] == (
                 ErrorCode.none, 30)
             assert lookups == ["behind-0", "behind-0"]  # at the end: looked up again
+        finally:
+            await inproc.close()
+
+
+async def test_a_consumer_close_behind_its_producer_is_answered_from_the_tail_cache(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches a gateway stored are answered from its tail cache, no read made (keys
+    too; from inside a batch, the whole batch, as Kafka); a batch with headers is not kept
+    (read and converted as before), and the fetch after it is answered from the cache
+    again; every record as stored, at its offset."""
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, decode_batches, encode_producer_batch
+    from estream.kafka.shell import gateway as shell
+    from estream.kafka.shell import http
+
+    await asyncio.to_thread(create_topic, gateway, "tail", 1)
+    sent = [[KafkaRecord(T0 + i, b"k" if i else None, b"a%d" % i) for i in range(3)],
+            [KafkaRecord(T0, None, b"with", (("h", b"1"),)), KafkaRecord(T0, None, b"b")],
+            [KafkaRecord(T0 + 9, None, b"c%d" % i) for i in range(4)]]
+    async with await estream.connect(gateway.pd) as client:
+        inproc = shell.Gateway(client, ("127.0.0.1", 0))
+        try:
+            for records in sent:
+                await inproc._produce_partition("tail", 0, encode_producer_batch(records))
+            await inproc.close()  # the writer's CONFIRM: all 9 readable
+            reads: list[int] = []
+            read_batches = client.read_batches
+
+            def counted(name: str, start: int, *args: Any, **kwargs: Any) -> Any:
+                reads.append(start)
+                return read_batches(name, start, *args, **kwargs)
+
+            monkeypatch.setattr(client, "read_batches", counted)
+            answers = []
+            for offset in (0, 3, 5, 1):
+                error, high, _, data = await inproc._fetch_partition("tail", 0, offset, 1 << 20)
+                assert (error, high) == (ErrorCode.none, 9)
+                answers.append([(b.base_offset + i, r) for b in decode_batches(data)
+                                for i, r in enumerate(b.records)])
+            assert reads == [3]  # the fetch of the batch with headers only
+            metrics = {f.name: f.samples[0].value for f in http.families(inproc) if f.samples}
+            assert metrics["estream_kafka_tail_cache_hits"] == 3
+            assert metrics["estream_kafka_tail_cache_bytes"] > 0
+            assert answers[0] == list(enumerate(sent[0]))
+            assert answers[1][:2] == [(3, sent[1][0]), (4, sent[1][1])]
+            assert answers[2] == [(5 + i, r) for i, r in enumerate(sent[2])]
+            assert answers[3] == answers[0]  # (from inside a batch: all of it, as Kafka)
         finally:
             await inproc.close()
 

@@ -9,7 +9,9 @@ range's replicas) before answering only when a fetch reaches the end known, and 
 background once they are :data:`end_refresh_ms` old; the bytes per record, to size the
 next read; and a read-ahead, the next chunks read at once while the client takes this one
 (planned by :mod:`estream.kafka.readahead`, within a bound per partition and one for the
-gateway), each used when a fetch asks for its offset.
+gateway), each used when a fetch asks for its offset. A fetch at an offset a batch
+this gateway stored holds is answered from the tail cache (:mod:`estream.kafka.tailcache`,
+filled by Produce) without a read.
 
 Side effects: the SDK's reads; the loop's clock (the age of an end looked up).
 """
@@ -27,6 +29,7 @@ from kio.schema.errors import ErrorCode
 from estream.kafka import protocol as kp
 from estream.kafka.convert import fetch_batch
 from estream.kafka.readahead import chunk_stop, plan_chunks
+from estream.kafka.tailcache import TailCache
 from estream.kafka.topics import stream_name
 from estream.sdk.client import Client
 from estream.wire.errors import EstreamError
@@ -48,6 +51,7 @@ class _Partition:
 
     end: int = 0  # the readable end last known (a lower bound of the current one)
     start: int = 0
+    stream_id: int = -1  # (a stream made again under the same name is another)
     checked_ms: float = -1e18  # the loop's time of the last lookup of both
     record_bytes: int = record_bytes_guess
     ahead: list[_Ahead] = field(default_factory=list)  # the next chunks' reads, in order
@@ -62,6 +66,7 @@ class Fetch:
 
     def _init_fetch(self) -> None:
         self._fetched: OrderedDict[str, _Partition] = OrderedDict()
+        self.tail = TailCache()
         self.read_ahead_bytes = 0  # the chunks planned ahead, each at its max bytes
         self.read_ahead_refused = 0  # chunks not read ahead: the gateway's bound was reached
 
@@ -96,19 +101,25 @@ class Fetch:
                 return ErrorCode.offset_out_of_range, end, start, b""
             if offset == end:
                 return ErrorCode.none, end, start, b""
+            cached = self.tail.take(name, state.stream_id, offset, end, max_bytes)
+            if cached is not None:
+                self._drop_ahead(state)
+                return ErrorCode.none, end, start, cached[0]
             data, records = await self._chunk(name, state, offset, max_bytes)
             self._read_ahead(name, state, offset + records, max_bytes)
             return ErrorCode.none, end, start, data
         except (EstreamError, TimeoutError) as exc:
             state.checked_ms = -1e18  # (deleted, trimmed, moved: the next fetch looks up)
             self._drop_ahead(state)
+            self.tail.forget(name)
             return kp.error_code(exc), -1, -1, b""
 
     async def _look_up(self, name: str, state: _Partition, now_ms: float) -> None:
         """The stream's end and start now (in the background, a failure leaves them as
         they were: the next fetch tries again)."""
         state.end = await self.client.end_offset(name)
-        state.start = (await self.client.stream_meta(name)).start_offset
+        meta = await self.client.stream_meta(name)
+        state.start, state.stream_id = meta.start_offset, meta.id
         state.checked_ms = now_ms
 
     def _in_background(self, work: Awaitable[Any]) -> asyncio.Task[Any]:

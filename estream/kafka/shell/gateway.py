@@ -389,6 +389,7 @@ class Gateway(Reads, Fetch, Produce):
                         writer = self._writers.get(stream)
                         if writer is not None:
                             self._drop_writer(stream, writer)
+                        self.tail.forget(stream)
                         await self.client.delete_stream(stream)
                 except (EstreamError, TimeoutError) as exc:
                     error, message = kp.error_code(exc), str(exc)[:200]

@@ -90,6 +90,12 @@ def families(gateway: Gateway, lags: GroupLags | None = None) -> Iterator[Family
     yield Family("estream_kafka_read_ahead_refused", "counter", "Chunks not read ahead: "
                  "the gateway's read-ahead bound was reached",
                  (Sample("_total", (), float(gateway.read_ahead_refused)),))
+    yield Family("estream_kafka_tail_cache_bytes", "gauge", "Kafka batches this gateway "
+                 "stored, kept for fetches close behind (bounded by tail_cache_bytes_max)",
+                 (Sample("", (), float(gateway.tail.bytes)),))
+    yield Family("estream_kafka_tail_cache_hits", "counter", "Fetches of a partition "
+                 "answered from the tail cache (no read, no conversion)",
+                 (Sample("_total", (), float(gateway.tail.hits)),))
     if lags is not None:
         yield Family("estream_kafka_group_lag", "gauge", "Records between a consumer "
                      "group's committed offset and the partition's readable end", tuple(

@@ -31,7 +31,8 @@ from kio.schema.errors import ErrorCode
 from estream.kafka import protocol as kp
 from estream.kafka.convert import estream_headers
 from estream.kafka.producers import ProducerTable, restored_records_max
-from estream.kafka.records import KafkaBatch, decode_batches
+from estream.kafka.records import KafkaBatch, decode_batches, plain_batch_at
+from estream.kafka.tailcache import TailCache
 from estream.kafka.topics import stream_name
 from estream.sdk.client import Client
 from estream.sdk.writer import PendingAppend, Writer
@@ -75,6 +76,7 @@ class Produce:
     """Produce and InitProducerId over ``client``'s writers."""
 
     client: Client
+    tail: TailCache  # (Fetch's: the batches stored here, for consumers close behind)
     _locks: dict[str, asyncio.Lock]
     _background: set[asyncio.Task[Any]]
     leads: Callable[[str], bool]  # whether this gateway leads the partition's stream
@@ -301,14 +303,25 @@ class Produce:
             part.answer(kp.error_code(error) if isinstance(error, EstreamError | TimeoutError)
                         else ErrorCode.unknown_server_error)
             return
-        first_offset = part.duplicate
+        first_offset, at = part.duplicate, 0
         for batch, first, skip, stored in part.taken:
             offset = first.result()
+            at += len(batch.records) - skip
             if batch.producer_id >= 0:
                 table.stored(batch.producer_id, batch.base_sequence + skip, offset)
+            if not skip and part.appends[at - 1].result() == offset + len(batch.records) - 1:
+                self._keep(part, batch, offset)
             offset = stored if skip else offset
             first_offset = offset if first_offset is None else first_offset
         part.answer(ErrorCode.none, -1 if first_offset is None else first_offset)
+
+    def _keep(self, part: _Partition, batch: KafkaBatch, offset: int) -> None:
+        """A batch stored whole at ``offset`` onwards (contiguous) into the tail cache, as
+        Fetch answers it (when the store keeps its records as sent:
+        :func:`~estream.kafka.records.plain_batch_at`)."""
+        kept = plain_batch_at(offset, batch)
+        if kept is not None and part.writer is not None:
+            self.tail.put(part.name, part.writer.stream.id, offset, len(batch.records), kept)
 
     # -- InitProducerId -------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ class FakeClient:
         return self.records
 
     async def stream_meta(self, name: str) -> Any:
-        return SimpleNamespace(start_offset=0)
+        return SimpleNamespace(start_offset=0, id=1)
 
     async def read_batches(self, name: str, start: int, end: int) -> AsyncIterator[BatchColumns]:
         for first in range(start, end, 10):
