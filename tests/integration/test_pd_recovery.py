@@ -272,3 +272,30 @@ async def describe_replicas(client: estream.Client, stream: StreamMeta) -> list[
             for ref in last.replicas]
     finally:
         await pool.close()
+
+
+async def test_an_idle_writer_without_keepalives_is_not_fenced(cluster: Cluster) -> None:
+    """Issue 27: an idle writer whose keepalives were more than a lease late was fenced
+    (its range holds records, and nothing on its data path showed it alive). Its client
+    now CONFIRMs the open range again once PD has not answered for half a lease, which
+    the replicas note (``seen_ms``): never fenced, and its next append is acknowledged."""
+    leader = cluster.pd.nodes[cluster.pd.leader()]
+    proxy = start_fault_proxy(leader.rpc, "127.0.0.1")
+    try:
+        async with await estream.connect(proxy.address) as client:
+            await client.create_stream("idle-unkept", replicas=3, ack_count=2)
+            async with await client.open_writer("idle-unkept") as writer:
+                epoch = writer.epoch
+                for i in range(5):
+                    await writer.append(b"i%d" % i)
+                await writer.flush()
+                proxy.drop(Opcode.PD_WRITERS_KEEPALIVE, "request", count=None)
+                await asyncio.sleep(limits.writer_lease_ms / 1000 + 2.5)  # idle, unkept
+                assert proxy.dropped(Opcode.PD_WRITERS_KEEPALIVE, "request") >= 3
+                stream = await client.describe_stream("idle-unkept")
+                assert stream.epoch == epoch and stream.ranges[-1].end is None, \
+                    "an idle writer whose process lives must keep its lease"
+                assert await writer.append(b"i5") == 5
+            assert len(await visible(client, "idle-unkept")) == 6
+    finally:
+        proxy.close()
