@@ -299,3 +299,24 @@ async def test_an_idle_writer_without_keepalives_is_not_fenced(cluster: Cluster)
             assert len(await visible(client, "idle-unkept")) == 6
     finally:
         proxy.close()
+
+
+async def test_an_open_whose_answer_was_lost_takes_one_epoch(cluster: Cluster) -> None:
+    """Issue 27: idle writers were fenced while they opened, their ranges empty. An
+    ``open_writer`` whose answer is lost (or that a follower forwards and Raft commits
+    after the client's retry) landed, and the retry took another epoch. The client sends
+    one request id on every retry of one open: the retry answers the epoch that landed,
+    and the writer is the stream's."""
+    leader = cluster.pd.nodes[cluster.pd.leader()]
+    proxy = start_fault_proxy(leader.rpc, "127.0.0.1")
+    try:
+        async with await estream.connect(proxy.address) as client:
+            await client.create_stream("open-retried", replicas=3, ack_count=2)
+            proxy.drop(Opcode.PD_OPEN_WRITER, "answer", count=1)
+            async with await client.open_writer("open-retried") as writer:
+                assert proxy.dropped(Opcode.PD_OPEN_WRITER, "answer") == 1
+                stream = await client.describe_stream("open-retried")
+                assert writer.epoch == stream.epoch == 1, "a retried open took a new epoch"
+                assert await writer.append(b"r") == 0
+    finally:
+        proxy.close()
