@@ -13,8 +13,8 @@ takes (a loaded PD may answer in seconds, and a lease lasts ``limits.writer_leas
 up to ``keepalive_inflight_rounds_max`` rounds at once. A PD older than the opcode
 (``UnsupportedOpcode``) is sent one ``PD_WRITER_KEEPALIVE`` per writer instead.
 A writer whose last answered renewal is :func:`estream.core.keepalive.overdue` (half a
-lease without an answer) is asked to :meth:`LeaseHolder.touch` its replicas each
-interval: PD sees an idle writer alive on its data path even when its keepalives are late.
+lease without an answer) is asked to :meth:`LeaseHolder.touch` its replicas, once
+every half lease: PD sees an idle writer alive on its data path even when its keepalives are late.
 
 Side effects: network (PD); one task per client while it has writers.
 """
@@ -68,6 +68,7 @@ class LeaseKeeper:
         # When each holder's last answered renewal was sent (``clock``, ms); a
         # new holder counts from its add(): its open renewed the lease at PD.
         self._renewed_ms: dict[LeaseHolder, int] = {}
+        self._touched_ms: dict[LeaseHolder, int] = {}  # when each was last asked to touch
         self._batch_max = batch_max
         self._holders: list[LeaseHolder] = []
         self._task: asyncio.Task[None] | None = None
@@ -87,6 +88,7 @@ class LeaseKeeper:
         task, self._task = self._task, None
         self._holders = []
         self._renewed_ms.clear()
+        self._touched_ms.clear()
         tasks = [t for t in (task, *self._rounds) if t is not None]
         self._rounds.clear()
         for t in tasks:
@@ -101,15 +103,18 @@ class LeaseKeeper:
             # Due once an interval, not an interval after PD's last answer; a loop that
             # fell behind sends at once and keeps the pace from then on (no burst).
             due_at = max(due_at, loop.time()) + self._interval_s
-            now, renewed = self._clock.monotonic_ms(), self._renewed_ms
+            now, renewed, touched = self._clock.monotonic_ms(), self._renewed_ms, self._touched_ms
             due: list[tuple[LeaseHolder, Lease]] = []
             for h in self._holders:
                 lease = h.lease()
                 if lease is None:
                     renewed.pop(h, None)
+                    touched.pop(h, None)
                     continue
                 due.append((h, lease))
-                if keepalive.overdue(renewed.get(h, now), now, self._touch_after_ms):
+                if keepalive.overdue(renewed.get(h, now), touched.get(h), now,
+                                     self._touch_after_ms):
+                    touched[h] = now
                     h.touch()  # PD has not answered for a while: show it on the data path
             self._holders = [h for h, _ in due]
             if not due:

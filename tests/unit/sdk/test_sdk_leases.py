@@ -163,7 +163,8 @@ class DownPd(FakePd):
 async def test_a_writer_pd_does_not_answer_is_asked_to_show_itself_on_its_data_path() -> None:
     """Issue 27: an idle writer whose keepalives reached PD more than a lease late was
     fenced (nothing on its data path showed it alive). Once no renewal was answered for
-    ``touch_after_ms``, the keeper asks the writer to touch its replicas, each interval;
+    ``touch_after_ms``, the keeper asks the writer to touch its replicas, once every
+    ``touch_after_ms`` while none is answered;
     a writer whose renewals are answered is never asked."""
     pd, answered = DownPd(), FakePd()
     k = LeaseKeeper(cast(PDClient, pd), interval_ms=1, touch_after_ms=20)
