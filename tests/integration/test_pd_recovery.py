@@ -272,4 +272,3 @@ async def describe_replicas(client: estream.Client, stream: StreamMeta) -> list[
             for ref in last.replicas]
     finally:
         await pool.close()
-
