@@ -156,20 +156,6 @@ class RepairTask:
         swap = dict(zip(self.missing, self.targets, strict=False))
         return tuple(swap.get(r, r) for r in self.replicas)
 
-    @property
-    def routine(self) -> bool:
-        """Every replica to fix is only absent from its server's last listing, copied in
-        place: mostly a listing that missed a replica made meanwhile (the copy finds it
-        there), thousands in a soak. Logged at debug (counted by reason); the other
-        reasons (a replica dead, damaged, sealed elsewhere, short) are warnings.
-
-        >>> t = RepairTask("s", 1, 0, 0, 9, 1, ("a", "b"), ("a",), ("absent",), ("a",), ("b",))
-        >>> t.routine, replace(t, reasons=("dead",), targets=("c",)).routine
-        (True, False)
-        """
-        return (bool(self.reasons) and all(r == REASON_ABSENT for r in self.reasons)
-                and self.new_replicas == self.replicas)
-
 
 @dataclass(frozen=True, slots=True)
 class Skipped:

@@ -71,6 +71,7 @@ from pd.repair import (
     plan_repairs,
     track_short,
 )
+from pd.repairnotice import routine
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 from pd.streammemo import Narrowing
@@ -89,7 +90,7 @@ REPAIR_BYTES_HELP = "Record-batch bytes copied by repairs."
 REPAIR_REPLICAS_TOTAL = "estream_repair_replicas_total"
 REPAIR_REPLICAS_HELP = ("Replicas repairs set out to fix, by reason (pd/repair.py: absent, "
                         "dead, damaged, missealed, short, unsealed, drain); repairs of absent "
-                        "replicas only are logged at debug.")
+                        "replicas only are logged at debug (pd/repairnotice.py).")
 
 
 class _TargetFailed(Exception):
@@ -244,7 +245,7 @@ class Repairer:
         metrics = self.service.metrics
         for reason in task.reasons:
             metrics.count(REPAIR_REPLICAS_TOTAL, REPAIR_REPLICAS_HELP, reason=reason)
-        level = logging.DEBUG if task.routine else logging.WARNING  # (pd/repair.py)
+        level = logging.DEBUG if routine(task) else logging.WARNING
         log.log(
             level, "repairing stream %r range %d [%d, %d): replacing %s (%s) with %s",
             task.stream, task.range_index, task.start, task.end, list(task.missing),
@@ -268,7 +269,7 @@ class Repairer:
             return self._failed(task, exc, "")
         metrics.count(REPAIRS_TOTAL, REPAIRS_HELP, outcome="done")
         self.avoid.pop(task.key, None)
-        log.log(logging.DEBUG if task.routine else logging.INFO,
+        log.log(logging.DEBUG if routine(task) else logging.INFO,
                 "repaired stream %r range %d: replicas now %s",
                 task.stream, task.range_index, list(task.new_replicas))
         return stream
