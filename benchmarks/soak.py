@@ -23,6 +23,8 @@ The workload, bounded by ``--duration-s`` (every loop checks the clock and stops
   offloader's backlog (ranges waiting for upload and for release, the oldest's age:
   ``estream_pd_offload_backlog_*``) and the most replicas one range server holds.
 
+SIGTERM (or Ctrl-C) stops the workload and the cluster, then exits (no table).
+
 At the end it checks every record acknowledged to a kept stream (each once, in order),
 prints a table (first, middle and last window of each curve; ``growth`` is the last
 quarter's mean over the second quarter's: 1.0 is flat) and writes the samples to JSON and
@@ -40,6 +42,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -304,6 +307,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     objects.mkdir()
     pd_args = ["--object-store", f"file://{objects}", "--offload-delay-s", "5",
                "--local-retention-s", "15", "--object-max-age-s", "5"]
+    # SIGTERM cancels the soak like Ctrl-C: the ``finally`` below stops the cluster (the
+    # default action would end this process and leave its servers running).
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     # Small log segments: a server frees disk a whole segment at a time, so with the
     # default 256 MiB its disk could only grow for the first hour of this workload.
     cluster = start_cluster(root, range_servers=4, pd_args=pd_args, rangeserver_args=[
@@ -361,7 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="estream-soak-") as tmp:
-        data = asyncio.run(run(args, Path(tmp)))
+        try:
+            data = asyncio.run(run(args, Path(tmp)))
+        except asyncio.CancelledError:
+            print("stopped (SIGTERM): the cluster is stopped", file=sys.stderr)
+            return 128 + signal.SIGTERM
     rows = data["rows"]
     if not rows:
         print("no samples: the duration was shorter than one sample period")

@@ -94,6 +94,7 @@ from pd.catalogmodel import (
     incarnation,
     new_limit,
     object_key_chars_max,
+    open_request_key,
     pack_members_max,
     prepared_max,
     replicas_max,
@@ -292,13 +293,21 @@ class Catalog(ObjectTierCommands):
         check_epoch(self.stream(cmd.name, cmd.stream_id), cmd.expected_epoch)
         self._put(cmd.name, None)
         self._request_ids.pop(cmd.name, None)
+        self._request_ids.pop(open_request_key(cmd.name), None)
         self._cursors = self._cursors.delete(cmd.name)
 
     def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
         current = self.stream(cmd.name, cmd.stream_id)
+        key = open_request_key(cmd.name)
+        if cmd.request_id and self._request_ids.get(key) == cmd.request_id:
+            return current  # our own open landed (answer lost, or forwarded late): a retry
         check_epoch(current, cmd.expected_epoch)
         stream = replace(current, epoch=current.epoch + 1)
         self._put(cmd.name, stream)
+        if cmd.request_id:
+            self._request_ids[key] = cmd.request_id
+        else:
+            self._request_ids.pop(key, None)  # (PD's own epoch: no retry of ours is)
         return stream
 
     def _seal_range(self, cmd: SealRange) -> StreamMeta:

@@ -189,6 +189,16 @@ def new_limit(value: int, current: int | None, name: str) -> int | None:
     return current if value == RETENTION_UNCHANGED else value or None
 
 
+def open_request_key(name: str) -> str:
+    """Where the catalog keeps the request id of the last open of stream ``name``, beside
+    the create's (kept under the name itself): ``/`` is in no stream name.
+
+    >>> open_request_key("orders")
+    '/open/orders'
+    """
+    return "/open/" + name
+
+
 def check_epoch(stream: StreamMeta, expected: int) -> None:
     """Compare-and-set on the epoch (``expected`` < 0: no check)."""
     if expected >= 0 and stream.epoch != expected:

@@ -89,12 +89,15 @@ class OpenWriter:
     """Give the stream a new, strictly greater epoch (fences earlier writers). With
     ``expected_epoch`` (>= 0), only if its epoch is still that one (compare-and-set: PD's
     own recovery of a dead writer's range must not fence a writer that opened meanwhile).
+    With ``request_id``, a retry of the last open of the stream (the same id) takes no
+    new epoch: it answers the stream as it is.
     """
 
     kind: ClassVar[str] = "open_writer"
     name: str
     expected_epoch: int = -1
     stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
+    request_id: str = ""  # the client's, the same on every retry of one open
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,9 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   pause; a replica that answers "sealed" with nothing more means a roll or a recovery is
   under way: the metadata is refreshed to find the next range (a plain read ends if PD does
   not show the seal yet: nothing more is readable now); a tail also refreshes it every
-  ``follow_refresh_polls`` empty polls, since a seal no replica heard of shows only in PD;
+  ``follow_refresh_polls`` empty polls, since a seal no replica heard of shows only in PD,
+  and every ``short_refresh_polls`` while some replica of the range does not answer (the
+  tail then hears only the others: a lagging one the seal left out says nothing of it);
 - a **tail** (``follow``) tells a hung server from a long poll: each of its reads must be
   answered within ``tail_answer_ms_max`` past its long poll (``ReadReplica.timeout_ms``),
   else it fails and the next replica is asked at once; a replica whose read failed as
@@ -102,6 +104,7 @@ retry_pause_step_ms: Final = 50  # pause after the n-th failed round: n times th
 retry_pause_ms_max: Final = 500  # ...at most this
 sealed_wait_ms: Final = 20  # replicas sealed, PD not yet: wait before asking again
 follow_refresh_polls: Final = 10  # a tail looks PD up after this many empty long polls
+short_refresh_polls: Final = 2  # ... this many while a replica of the range did not answer
 tail_answer_ms_max: Final = 1_000  # a tail's read not answered this long past its long poll:
 #   the server is taken as hung (a long poll of follow_wait_ms: another replica within 2 s)
 hung_last_reads: Final = 1_000  # reads for which a replica that did not answer is asked last
@@ -121,6 +124,7 @@ class CursorConfig:
     retry_pause_ms_max: int = retry_pause_ms_max
     sealed_wait_ms: int = sealed_wait_ms
     follow_refresh_polls: int = follow_refresh_polls
+    short_refresh_polls: int = short_refresh_polls
     tail_answer_ms_max: int = tail_answer_ms_max
     hung_last_reads: int = hung_last_reads
 
@@ -331,6 +335,9 @@ class ReadCursor:
         self.polls = 0  # empty long polls so far (rotates the replica polled)
         self.poll_from: str | None = None  # after an empty long poll: the replica to ask
         self.hung: dict[str, int] = {}  # a tail's replicas that did not answer: reads left
+        self.quiet_polls = 0  # a tail's empty polls since it last looked PD up ...
+        self.short_polls = 0  # ... of which some replica of the range did not answer
+        self.unanswered = False  # some replica failed in the last _read_range
 
     @property
     def rounds_max(self) -> int:
@@ -372,9 +379,10 @@ class ReadCursor:
                 continue
             if self.follow:
                 yield from self._next_poll(rng, wait_ms, answer)
-                if self.polls % self.config.follow_refresh_polls == 0:
+                if self._refresh_due(rng):
                     # A seal no replica heard of (a roll's SEALs all failed, repair not
-                    # there yet) shows only in PD: look it up now and then.
+                    # there yet), or one the replicas not answering heard, shows only in
+                    # PD: look it up now and then (sooner while some do not answer).
                     meta = yield Describe(refresh=True, offset=self.offset)
                 continue
             return  # the open range has nothing more confirmed on any replica
@@ -404,6 +412,19 @@ class ReadCursor:
             yield Sleep(self.config.unheld_poll_pause_ms)
         self.polls += 1
         self.poll_from = rng.replicas[self.polls % len(rng.replicas)].id if rng.replicas else None
+
+    def _refresh_due(self, rng: RangeMeta) -> bool:
+        """After an empty poll: whether the tail looks PD up now (every
+        ``follow_refresh_polls`` polls; every ``short_refresh_polls`` of those in which a
+        replica of the range failed or is left last as hung)."""
+        self.quiet_polls += 1
+        if self.unanswered or any(r.id in self.hung for r in rng.replicas):
+            self.short_polls += 1
+        if (self.quiet_polls >= self.config.follow_refresh_polls
+                or self.short_polls >= self.config.short_refresh_polls):
+            self.quiet_polls = self.short_polls = 0
+            return True
+        return False
 
     def _order(self, rng: RangeMeta) -> list[ReplicaRef]:
         """The replicas to ask, in order: the one to poll (or the preferred one) first; a
@@ -442,6 +463,7 @@ class ReadCursor:
         empty: Answer | None = None
         empties = 0
         timeout_ms = self.config.tail_answer_ms_max if self.follow else None
+        self.unanswered = False
         for ref in self._order(rng):
             try:
                 answer: Answer = yield ReadReplica(
@@ -468,6 +490,7 @@ class ReadCursor:
                 last = exc
                 continue
             self.hung.pop(ref.id, None)
+            self.unanswered = last is not None
             if answer.count:
                 return answer
             if sealed_range:

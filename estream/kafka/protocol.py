@@ -108,6 +108,11 @@ SUPPORTED: Final[dict[int, tuple[int, int]]] = {
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     **{key: versions for key, (_, versions) in GROUP_APIS.items()},
 }
+# Requests that only wait (a group barrier, a long poll): cancelled when their connection
+# closes, as nobody is left to answer. The others (produce, admin, commits) run to their
+# end, bounded: stopped half-way, a CreateTopics would leave half a topic behind.
+WAITING_APIS: Final = frozenset({FETCH, JOIN_GROUP, SYNC_GROUP})
+
 API_NAMES: Final = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
                     METADATA: "Metadata", API_VERSIONS: "ApiVersions",
                     CREATE_TOPICS: "CreateTopics", DELETE_TOPICS: "DeleteTopics",

@@ -16,8 +16,9 @@ probed for a Raft (peer) port (:mod:`estream.net.portprobe`, at most about twice
 ``limits.raft_port_probe_timeout_s`` more).
 
 A write whose outcome is unknown (a timeout) may be retried: every PD command is
-idempotent or epoch-checked, and ``create_stream`` carries a request id so that our own
-create landing before a retry is not reported as :class:`StreamExists`.
+idempotent or epoch-checked, and ``create_stream`` and ``open_writer`` carry a request id
+so that our own create landing before a retry is not reported as :class:`StreamExists`,
+nor our own open takes a second epoch.
 
 Side effects: sockets.
 """
@@ -87,6 +88,7 @@ from estream.wire.pdmessages import (
     HeartbeatRequest,
     ListStreamsRequest,
     NamedStreamRequest,
+    OpenWriterRequest,
     RegisterServerRequest,
     ReportDamageRequest,
     SealRangeRequest,
@@ -374,8 +376,12 @@ class PDClient:
         await self.call(Opcode.PD_DELETE_STREAM, NamedStreamRequest(name=name).to_header())
 
     async def open_writer(self, name: str) -> StreamMeta:
-        """A new epoch for ``name`` (fences every earlier writer)."""
-        body = await self.call(Opcode.PD_OPEN_WRITER, NamedStreamRequest(name=name).to_header())
+        """A new epoch for ``name`` (fences every earlier writer). One request id for
+        every retry: a retry of an open that landed (its answer lost or late, or
+        forwarded by a follower and committed after the retry) answers that open's
+        epoch instead of taking another, which would fence this very writer."""
+        request = OpenWriterRequest(name=name, request_id=uuid.uuid4().hex)
+        body = await self.call(request.OPCODE, request.to_header())
         return StreamAnswer.from_header(body).stream
 
     async def keepalive_writer(self, name: str, epoch: int, *, stream_id: int = 0

@@ -116,7 +116,7 @@ class Client:
         self.timeout_s = timeout_s
         self._streams: dict[str, StreamMeta] = {}
         self._writers: list[Writer] = []
-        self.leases = LeaseKeeper(self.pd)  # every writer's keepalive, in one request
+        self.leases = LeaseKeeper(self.pd, clock=clock)  # every writer's keepalive, in one request
         self._closed = False
         # The cluster secret that per-stream MAC keys derive from (hmac-sha256 digests);
         # never sent anywhere. Default: the ESTREAM_SECRET environment variable.

@@ -12,6 +12,9 @@ next interval tries again. Renewals go out at a fixed pace, when due, whatever t
 takes (a loaded PD may answer in seconds, and a lease lasts ``limits.writer_lease_ms``):
 up to ``keepalive_inflight_rounds_max`` rounds at once. A PD older than the opcode
 (``UnsupportedOpcode``) is sent one ``PD_WRITER_KEEPALIVE`` per writer instead.
+A writer whose last answered renewal is :func:`estream.core.keepalive.overdue` (half a
+lease without an answer) is asked to :meth:`LeaseHolder.touch` its replicas, once
+every half lease: PD sees an idle writer alive on its data path even when its keepalives are late.
 
 Side effects: network (PD); one task per client while it has writers.
 """
@@ -23,6 +26,8 @@ import logging
 from collections.abc import Sequence
 from typing import Final, Protocol
 
+from estream.core import keepalive
+from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.pdclient import PDClient
 from estream.wire import limits
 from estream.wire.errors import EstreamError, UnsupportedOpcode
@@ -44,14 +49,26 @@ class LeaseHolder(Protocol):
     def on_keepalive(self, answer: KeepaliveAnswer) -> None:
         """PD's answer to this writer's renewal."""
 
+    def touch(self) -> None:
+        """PD has not answered a renewal for a while: show the replicas of the open
+        range that this writer is alive (a CONFIRM they note, if it wrote any record)."""
+
 
 class LeaseKeeper:
     """Renews the leases of a client's writers, all in one request per interval."""
 
     def __init__(self, pd: PDClient, *, interval_ms: int = limits.writer_keepalive_ms,
-                 batch_max: int = limits.keepalive_writers_max) -> None:
+                 batch_max: int = limits.keepalive_writers_max,
+                 touch_after_ms: int = keepalive.touch_after_ms,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self._pd = pd
+        self._clock = clock
         self._interval_s = interval_ms / 1000
+        self._touch_after_ms = touch_after_ms
+        # When each holder's last answered renewal was sent (``clock``, ms); a
+        # new holder counts from its add(): its open renewed the lease at PD.
+        self._renewed_ms: dict[LeaseHolder, int] = {}
+        self._touched_ms: dict[LeaseHolder, int] = {}  # when each was last asked to touch
         self._batch_max = batch_max
         self._holders: list[LeaseHolder] = []
         self._task: asyncio.Task[None] | None = None
@@ -63,12 +80,15 @@ class LeaseKeeper:
         """Keep ``holder``'s lease alive from the next interval on, until its
         :meth:`LeaseHolder.lease` is None."""
         self._holders.append(holder)
+        self._renewed_ms[holder] = self._clock.monotonic_ms()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
     async def close(self) -> None:
         task, self._task = self._task, None
         self._holders = []
+        self._renewed_ms.clear()
+        self._touched_ms.clear()
         tasks = [t for t in (task, *self._rounds) if t is not None]
         self._rounds.clear()
         for t in tasks:
@@ -83,8 +103,19 @@ class LeaseKeeper:
             # Due once an interval, not an interval after PD's last answer; a loop that
             # fell behind sends at once and keeps the pace from then on (no burst).
             due_at = max(due_at, loop.time()) + self._interval_s
-            leases = [(h, h.lease()) for h in self._holders]
-            due = [(h, lease) for h, lease in leases if lease is not None]
+            now, renewed, touched = self._clock.monotonic_ms(), self._renewed_ms, self._touched_ms
+            due: list[tuple[LeaseHolder, Lease]] = []
+            for h in self._holders:
+                lease = h.lease()
+                if lease is None:
+                    renewed.pop(h, None)
+                    touched.pop(h, None)
+                    continue
+                due.append((h, lease))
+                if keepalive.overdue(renewed.get(h, now), touched.get(h), now,
+                                     self._touch_after_ms):
+                    touched[h] = now
+                    h.touch()  # PD has not answered for a while: show it on the data path
             self._holders = [h for h, _ in due]
             if not due:
                 self._task = None  # (no await since the check: add() starts a new one)
@@ -109,12 +140,15 @@ class LeaseKeeper:
                                for lo in range(0, len(due), self._batch_max)))
 
     async def _renew(self, chunk: Sequence[tuple[LeaseHolder, Lease]]) -> None:
+        sent = self._clock.monotonic_ms()
         try:
             answers = await self._send([lease for _, lease in chunk])
         except EstreamError as exc:
             log.debug("writer keepalive failed (tried again next interval): %s", exc)
             return
         for (holder, _), answer in zip(chunk, answers, strict=True):
+            if not isinstance(answer, EstreamError) and holder in self._renewed_ms:
+                self._renewed_ms[holder] = max(self._renewed_ms[holder], sent)
             holder.on_keepalive(answer)
 
     async def _send(self, leases: list[Lease]) -> list[KeepaliveAnswer]:

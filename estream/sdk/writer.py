@@ -347,6 +347,16 @@ class Writer:
         it); draining servers are rolled away from."""
         self._rolls.on_keepalive(answer)
 
+    def touch(self) -> None:
+        """PD has not answered this writer's renewals for half a lease: CONFIRM the open
+        range again, so that PD's recovery sees the writer alive on its replicas
+        (``pd.lease.seen_alive_ms``) even while idle. Nothing for a range without records
+        (PD never seals one) or while it is sealed or failed."""
+        core = self._core
+        if core is None or self._closed or self._error is not None:
+            return
+        self._runner.run(core.confirm_now(again=True))
+
     # -- internals --------------------------------------------------------------------------
 
     def _check_open(self) -> WriterCore:

@@ -183,7 +183,7 @@ class ListStreamsRequest:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NamedStreamRequest:
     """A request naming a stream and nothing else: ``PD_DELETE_STREAM``,
-    ``PD_OPEN_WRITER``, ``PD_LIST_CURSORS`` (the opcode travels beside it)."""
+    ``PD_LIST_CURSORS`` (the opcode travels beside it)."""
 
     name: str
 
@@ -193,6 +193,28 @@ class NamedStreamRequest:
 
     def to_header(self) -> Header:
         return {"name": self.name}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenWriterRequest:
+    """``PD_OPEN_WRITER``: a new epoch for stream ``name``. ``request_id`` (the client's,
+    the same on every retry of one open) makes a retry of our own open that landed
+    answer that open's epoch rather than take another one."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.PD_OPEN_WRITER
+    name: str
+    request_id: str = ""
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> OpenWriterRequest:
+        return cls(name=require(h, "name", str),
+                   request_id=optional(h, "request_id", str, ""))
+
+    def to_header(self) -> Header:
+        header: Header = {"name": self.name}
+        if self.request_id:
+            header["request_id"] = self.request_id
+        return header
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -508,7 +530,7 @@ WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
     Opcode.PD_DESCRIBE_STREAM: field_names(DescribeStreamRequest),
     Opcode.PD_LIST_STREAMS: field_names(ListStreamsRequest),
     Opcode.PD_DELETE_STREAM: field_names(NamedStreamRequest),
-    Opcode.PD_OPEN_WRITER: field_names(NamedStreamRequest),
+    Opcode.PD_OPEN_WRITER: field_names(OpenWriterRequest),
     Opcode.PD_SEAL_RANGE: field_names(SealRangeRequest),
     Opcode.PD_TRIM_STREAM: field_names(TrimStreamRequest),
     Opcode.PD_LIST_SERVERS: (),

@@ -40,6 +40,7 @@ from estream.wire.pdmessages import (
     HeartbeatRequest,
     ListStreamsRequest,
     NamedStreamRequest,
+    OpenWriterRequest,
     RegisterServerRequest,
     ReportDamageRequest,
     SealRangeRequest,
@@ -195,7 +196,8 @@ class PdHandlers:
         return {}
 
     async def open_writer(self, h: Header) -> Header:
-        stream = await self.service.open_writer(NamedStreamRequest.from_header(h).name)
+        request = OpenWriterRequest.from_header(h)
+        stream = await self.service.open_writer(request.name, request_id=request.request_id)
         return _answer(stream_answer(stream))
 
     async def seal(self, h: Header) -> Header:

@@ -71,6 +71,7 @@ from pd.repair import (
     plan_repairs,
     track_short,
 )
+from pd.repairnotice import routine
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 from pd.streammemo import Narrowing
@@ -86,6 +87,10 @@ REPAIRS_HELP = "Sealed-range repairs by outcome (done, failed)."
 REPAIR_BYTES_TOTAL = "estream_repair_bytes_total"
 REPAIR_BACKLOG = "estream_repair_backlog_ranges"
 REPAIR_BYTES_HELP = "Record-batch bytes copied by repairs."
+REPAIR_REPLICAS_TOTAL = "estream_repair_replicas_total"
+REPAIR_REPLICAS_HELP = ("Replicas repairs set out to fix, by reason (pd/repair.py: absent, "
+                        "dead, damaged, missealed, short, unsealed, drain); repairs of absent "
+                        "replicas only are logged at debug (pd/repairnotice.py).")
 
 
 class _TargetFailed(Exception):
@@ -238,8 +243,11 @@ class Repairer:
     async def repair(self, task: RepairTask) -> StreamMeta:
         """Copy ``task``'s range to its targets, then update PD (compare-and-set)."""
         metrics = self.service.metrics
-        log.warning(
-            "repairing stream %r range %d [%d, %d): replacing %s (%s) with %s",
+        for reason in task.reasons:
+            metrics.count(REPAIR_REPLICAS_TOTAL, REPAIR_REPLICAS_HELP, reason=reason)
+        level = logging.DEBUG if routine(task) else logging.WARNING
+        log.log(
+            level, "repairing stream %r range %d [%d, %d): replacing %s (%s) with %s",
             task.stream, task.range_index, task.start, task.end, list(task.missing),
             ", ".join(task.reasons), list(task.targets),
         )
@@ -261,8 +269,9 @@ class Repairer:
             return self._failed(task, exc, "")
         metrics.count(REPAIRS_TOTAL, REPAIRS_HELP, outcome="done")
         self.avoid.pop(task.key, None)
-        log.info("repaired stream %r range %d: replicas now %s",
-                 task.stream, task.range_index, list(task.new_replicas))
+        log.log(logging.DEBUG if routine(task) else logging.INFO,
+                "repaired stream %r range %d: replicas now %s",
+                task.stream, task.range_index, list(task.new_replicas))
         return stream
 
     def _failed(self, task: RepairTask, exc: EstreamError, where: str) -> StreamMeta:

@@ -251,12 +251,14 @@ class PdService(ServerOps):
                 f"fenced ({needed} needed, so that no earlier writer's append can still be "
                 f"acknowledged); {failures}")
 
-    async def open_writer(self, name: str, *, expected_epoch: int = -1, stream_id: int = 0
-                          ) -> StreamMeta:
+    async def open_writer(self, name: str, *, expected_epoch: int = -1, stream_id: int = 0,
+                          request_id: str = "") -> StreamMeta:
         """A new epoch for ``name`` (with ``expected_epoch``: only if it is still that
-        one; with ``stream_id``: only of that incarnation). On the leader, the new
-        epoch's writer lease starts now."""
-        stream = _stream(await self.raft.propose(OpenWriter(name, expected_epoch, stream_id)))
+        one; with ``stream_id``: only of that incarnation; with ``request_id``: the
+        epoch of the open of that id when it was the last, a client's retry). On the
+        leader, the epoch's writer lease starts now."""
+        stream = _stream(await self.raft.propose(
+            OpenWriter(name, expected_epoch, stream_id, request_id)))
         status = self.raft.status()
         if status.role == "leader":
             now = self.clock_ms()

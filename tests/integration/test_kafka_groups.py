@@ -656,3 +656,63 @@ def test_kafka_python_admin_lists_describes_fetches_and_deletes_group_offsets(
     finally:
         admin.close()
         c.close()
+
+
+def _in_flight(gateway: Gateway) -> float:
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=WAIT_S) as r:
+        found = re.search(rb"^estream_kafka_requests_in_flight (\S+)$", r.read(), re.M)
+    assert found, "no estream_kafka_requests_in_flight in /metrics"
+    return float(found.group(1))
+
+
+def test_a_join_waiting_at_the_barrier_ends_when_its_connection_closes(
+        gateway: Gateway) -> None:
+    """Issue 31: the gateway never cancelled a request's task when its connection closed,
+    so a JoinGroup kept waiting at its barrier (up to 300 s) for nobody. A member's join
+    waits for the other member's rejoin (60 s rebalance timeout); its socket closes: the
+    request ends within seconds, and the group is not stuck (the other member rejoins and
+    the round completes, the gone member in it until its session times out)."""
+    import datetime
+
+    from kio.schema.errors import ErrorCode
+    from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.sync_group.v3.request import SyncGroupRequest
+    from kio.schema.types import GroupId
+    from kio.static.primitive import i32, i32Timedelta
+
+    def join(member: str) -> Any:
+        def ms(v: int) -> Any:
+            return i32Timedelta.parse(datetime.timedelta(milliseconds=v))
+        return JoinGroupRequest(group_id=GroupId("closed-mid-join"), session_timeout=ms(30_000),
+                                rebalance_timeout=ms(60_000), member_id=member,
+                                group_instance_id=None, protocol_type="consumer",
+                                protocols=(JoinGroupRequestProtocol(name="range",
+                                                                    metadata=b""),))
+
+    host, port = gateway.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as a:
+        first = _call(a, 11, 5, 1, join("")).member_id
+        joined = _call(a, 11, 5, 2, join(first))
+        generation = int(joined.generation_id)
+        assert _call(a, 14, 3, 3, SyncGroupRequest(
+            group_id=GroupId("closed-mid-join"), generation_id=i32(generation),
+            member_id=first, group_instance_id=None, assignments=())).error_code == \
+            ErrorCode.none
+        with socket.create_connection((host, int(port)), timeout=WAIT_S) as b:
+            second = _call(b, 11, 5, 4, join("")).member_id
+            b.sendall(_frame(11, 5, 5, join(second)))  # waits at the barrier for `first`
+            deadline = time.monotonic() + WAIT_S
+            while _in_flight(gateway) < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _in_flight(gateway) >= 1, "the join is not waiting at the barrier"
+        closed = time.monotonic()  # b's socket is closed, its join unanswered
+        while _in_flight(gateway) > 0 and time.monotonic() < closed + WAIT_S:
+            time.sleep(0.05)
+        ended_s = time.monotonic() - closed
+        assert ended_s < 5, f"the closed connection's join still waited {ended_s:.1f}s"
+        rejoined = _call(a, 11, 5, 6, join(first))  # the round completes without b's answer
+        assert rejoined.error_code == ErrorCode.none
+        assert int(rejoined.generation_id) == generation + 1 and len(rejoined.members) == 2

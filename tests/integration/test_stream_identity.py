@@ -15,7 +15,9 @@ again. Nothing of the old incarnation may fence, hide or serve into the new one:
   skipping into the new one, and a fresh read through that same long-lived client reads
   the new stream.
 
-And (item 1) a client's writers renew their leases in one PD request per interval.
+And (item 1) a client's writers renew their leases in one PD request per interval; an
+idle writer whose keepalives PD does not get keeps its lease (it CONFIRMs again); an
+``open_writer`` whose answer was lost takes one epoch, not two.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, StreamNotFound
+from estream.wire.protocol import Opcode
 from estream.wire.record import Record
+from tests.harness.faultproxy import start_fault_proxy
 from tests.harness.metrics import pd_metric_total
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
@@ -148,3 +152,51 @@ async def test_a_clients_writers_renew_their_leases_in_one_request_per_interval(
             assert meta.epoch == w.epoch and meta.ranges[-1].end is None, "PD recovered it"
         for w in writers:
             await w.close()
+
+
+async def test_an_idle_writer_without_keepalives_is_not_fenced(cluster: Cluster) -> None:
+    """Issue 27: an idle writer whose keepalives were more than a lease late was fenced
+    (its range holds records, and nothing on its data path showed it alive). Its client
+    now CONFIRMs the open range again once PD has not answered for half a lease, which
+    the replicas note (``seen_ms``): never fenced, and its next append is acknowledged."""
+    leader = cluster.pd.nodes[cluster.pd.leader()]
+    proxy = start_fault_proxy(leader.rpc, "127.0.0.1")
+    try:
+        async with await estream.connect(proxy.address) as client:
+            await client.create_stream("idle-unkept", replicas=3, ack_count=2)
+            async with await client.open_writer("idle-unkept") as writer:
+                epoch = writer.epoch
+                for i in range(5):
+                    await writer.append(b"i%d" % i)
+                await writer.flush()
+                proxy.drop(Opcode.PD_WRITERS_KEEPALIVE, "request", count=None)
+                await asyncio.sleep(limits.writer_lease_ms / 1000 + 2.5)  # idle, unkept
+                assert proxy.dropped(Opcode.PD_WRITERS_KEEPALIVE, "request") >= 3
+                stream = await client.describe_stream("idle-unkept")
+                assert stream.epoch == epoch and stream.ranges[-1].end is None, \
+                    "an idle writer whose process lives must keep its lease"
+                assert await writer.append(b"i5") == 5
+            assert len([r async for r in client.read("idle-unkept", follow=False)]) == 6
+    finally:
+        proxy.close()
+
+
+async def test_an_open_whose_answer_was_lost_takes_one_epoch(cluster: Cluster) -> None:
+    """Issue 27: idle writers were fenced while they opened, their ranges empty. An
+    ``open_writer`` whose answer is lost (or that a follower forwards and Raft commits
+    after the client's retry) landed, and the retry took another epoch. The client sends
+    one request id on every retry of one open: the retry answers the epoch that landed,
+    and the writer is the stream's."""
+    leader = cluster.pd.nodes[cluster.pd.leader()]
+    proxy = start_fault_proxy(leader.rpc, "127.0.0.1")
+    try:
+        async with await estream.connect(proxy.address) as client:
+            await client.create_stream("open-retried", replicas=3, ack_count=2)
+            proxy.drop(Opcode.PD_OPEN_WRITER, "answer", count=1)
+            async with await client.open_writer("open-retried") as writer:
+                assert proxy.dropped(Opcode.PD_OPEN_WRITER, "answer") == 1
+                stream = await client.describe_stream("open-retried")
+                assert writer.epoch == stream.epoch == 1, "a retried open took a new epoch"
+                assert await writer.append(b"r") == 0
+    finally:
+        proxy.close()

@@ -8,7 +8,10 @@ and answers them strictly in order (Kafka clients match answers by order), with 
 it does not serve gets an UNSUPPORTED_VERSION answer, a body that does not decode an
 INVALID_REQUEST answer; a frame past the size limit or shorter than a header is answered
 (when its header can be read) and the connection closed: the stream cannot be resynced.
-The process keeps serving every other connection.
+The process keeps serving every other connection. When the peer closes, its requests that
+only wait (:data:`~estream.kafka.protocol.WAITING_APIS`: a JoinGroup at its barrier for up
+to 300 s, a Fetch's long poll) are cancelled; a cancelled join leaves its member in PD as
+a crashed client would (each PD call is one command), until its session times out.
 
 Side effects: the listening socket, the SDK's connections.
 """
@@ -77,6 +80,7 @@ class Gateway(Reads, Fetch, Produce):
         self.bytes_in = 0
         self.bytes_out = 0
         self.connections = 0
+        self.in_flight = 0  # requests being served, every connection
         self._locks: dict[str, asyncio.Lock] = {}  # per stream while its writer opens
         self._background: set[asyncio.Task[Any]] = set()
         self._init_produce()
@@ -149,32 +153,56 @@ class Gateway(Reads, Fetch, Produce):
         sender = asyncio.ensure_future(self._send_in_order(answers, writer, session))
         deadline = (asyncio.ensure_future(self._auth_deadline(session, writer))
                     if session.required and not session.roles else None)
+        waiting: set[asyncio.Task[bytes | None]] = set()  # WAITING_APIS requests, unanswered
+        peer_gone = False
         try:
             while not sender.done():
                 data = await reader.read(read_chunk_bytes)
                 if not data:
+                    peer_gone = True
                     break
                 self.bytes_in += len(data)
                 for frame in decoder.feed(data):
-                    await answers.put(asyncio.ensure_future(self._answer(frame, session)))
+                    await answers.put(self._start(frame, session, waiting))
                 if decoder.failed is not None:
                     await answers.put(asyncio.ensure_future(
                         self._refuse_stream(decoder.head(), decoder.failed)))
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            peer_gone = True
         finally:
+            if peer_gone:  # nobody to answer: its waits end now, not at their timeouts
+                for task in list(waiting):
+                    task.cancel()
             with contextlib.suppress(asyncio.QueueFull):
                 answers.put_nowait(None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(sender), fetch_wait_ms_max / 1000 + 5)
             sender.cancel()
+            for task in list(waiting):  # (the connection is closing: none is answered)
+                task.cancel()
             if deadline is not None:
                 deadline.cancel()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self.connections -= 1
+
+    def _start(self, frame: bytes, session: Session, waiting: set[asyncio.Task[bytes | None]]
+               ) -> asyncio.Task[bytes | None]:
+        """The task answering ``frame``, counted in :attr:`in_flight` while it runs;
+        one of :data:`~estream.kafka.protocol.WAITING_APIS` is kept in ``waiting``."""
+        task = asyncio.ensure_future(self._answer(frame, session))
+        self.in_flight += 1
+        if kp.peek_header(frame)[0] in kp.WAITING_APIS:
+            waiting.add(task)
+
+        def done(task: asyncio.Task[bytes | None]) -> None:
+            self.in_flight -= 1
+            waiting.discard(task)
+
+        task.add_done_callback(done)
+        return task
 
     async def _auth_deadline(self, session: Session, writer: asyncio.StreamWriter) -> None:
         """Close a connection still unauthenticated after ``connection_auth_ms_max`` (as
@@ -193,11 +221,15 @@ class Gateway(Reads, Fetch, Produce):
             task = await answers.get()
             if task is None:
                 return
-            try:
-                answer = await task
-            except Exception:  # noqa: BLE001 - a handler's bug must not end the others
-                log.exception("a Kafka request failed")
-                answer = None
+            # (wait, not await: this task's cancellation must not cancel the request's)
+            await asyncio.wait((task,))
+            answer = None
+            if task.cancelled():
+                pass  # its connection closed while it waited: nobody to answer
+            elif task.exception() is not None:  # a handler's bug must not end the others
+                log.error("a Kafka request failed", exc_info=task.exception())
+            else:
+                answer = task.result()
             if answer is not None:
                 writer.write(answer)
                 self.bytes_out += len(answer)

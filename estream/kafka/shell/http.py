@@ -83,6 +83,9 @@ def families(gateway: Gateway, lags: GroupLags | None = None) -> Iterator[Family
                                  Sample("_total", (("direction", "out"),), gateway.bytes_out)))
     yield Family("estream_kafka_connections", "gauge", "Open Kafka connections",
                  (Sample("", (), float(gateway.connections)),))
+    yield Family("estream_kafka_requests_in_flight", "gauge", "Kafka requests being served "
+                 "(a request that only waits ends when its connection closes)",
+                 (Sample("", (), float(gateway.in_flight)),))
     yield Family("estream_kafka_read_ahead_bytes", "gauge", "Bytes Fetch reads ahead of "
                  "consumers, each chunk counted at its fetch's max bytes (bounded by "
                  "gateway_read_ahead_bytes_max)",

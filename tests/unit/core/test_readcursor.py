@@ -520,6 +520,40 @@ def test_a_tail_finds_a_seal_no_replica_heard_of_in_pd() -> None:
     assert trace.count(Describe(refresh=True)) == 1
 
 
+def test_a_tail_left_on_a_lagging_replica_finds_the_seal_in_pd_within_two_polls() -> None:
+    # Issue 27: the tail's other replicas hang (asked last), so it hears only ``a``, which
+    # the roll left out: open, empty past 2, never sealed. The range was sealed at 2 in PD
+    # (and on b and c). The tail looked PD up only every 10th empty poll (~10 s); with a
+    # replica of the range not answering it looks every ``short_refresh_polls`` polls.
+    rng = RangeMeta(0, 0, None, ABC)
+    held = {("a", 0): 2} | {(r.id, 1): 8 for r in ABC}
+    later = meta(RangeMeta(0, 0, 2, ABC), RangeMeta(1, 2, None, ABC))
+    hang = [Timeout("t")] * 3
+    world = World([meta(rng), later], held=held, errors={"b": list(hang), "c": list(hang)})
+    trace, error = drive(ReadCursor("s", end=8, follow=True, preferred="a"), world)
+    assert error is None
+    assert delivered(trace) == [(0, 2), (2, 8)]
+    empty_polls = [s for s in trace if isinstance(s, ReadReplica) and s.range.index == 0
+                   and s.offset == 2 and s.replica.id == "a"]
+    # The first poll asks a alone (it answers at once); the next finds b and c hung,
+    # then two polls in which they do not answer: not follow_refresh_polls (10).
+    assert len(empty_polls) == 3
+    assert trace.count(Describe(refresh=True)) == 1
+    # Every replica answering: PD is looked up every 10th empty poll only, as before.
+    world = World([meta(rng)], held={(r.id, 0): 0 for r in ABC})
+    polls: list[Step] = []
+
+    def on_step(w: World, step: Step) -> None:
+        if isinstance(step, ReadReplica):
+            polls.append(step)
+            if len(polls) == 12:
+                w.held[(step.replica.id, 0)] = 1
+
+    world.on_step = on_step
+    trace, error = drive(ReadCursor("s", end=1, follow=True), world)
+    assert error is None and trace.count(Describe(refresh=True)) == 1  # after poll 10
+
+
 def test_a_tail_on_a_quiet_open_range_refreshes_only_every_n_polls() -> None:
     rng = RangeMeta(0, 0, None, ABC)
     world = World([meta(rng)], held={(r.id, 0): 0 for r in ABC})

@@ -66,7 +66,8 @@ CASES: list[tuple[Call, Opcode, dict[str, Any], Any]] = [
     (lambda c: c.list_streams_page("a", 5), Opcode.PD_LIST_STREAMS,
      {"after": "a", "limit": 5}, ([STREAM], None)),
     (lambda c: c.delete_stream("s"), Opcode.PD_DELETE_STREAM, {"name": "s"}, None),
-    (lambda c: c.open_writer("s"), Opcode.PD_OPEN_WRITER, {"name": "s"}, STREAM),
+    (lambda c: c.open_writer("s"), Opcode.PD_OPEN_WRITER, {"name": "s", "request_id": "?"},
+     STREAM),
     (lambda c: c.seal_range("s", 2, 0, 10, ["rs1"]), Opcode.PD_SEAL_RANGE,
      {"name": "s", "epoch": 2, "range_index": 0, "end": 10, "exclude": ["rs1"]}, STREAM),
     (lambda c: c.seal_range("s", 2, 0, 10, known=STREAM), Opcode.PD_SEAL_RANGE,
@@ -110,7 +111,7 @@ async def test_pdclient_sends_and_reads_what_it_always_did(
     client = _Recording()
     got = await call(client)
     ((sent_op, sent),) = client.sent
-    if "request_id" in sent:  # a fresh id per create
+    if "request_id" in sent:  # a fresh id per create or open (its retries: the same)
         assert len(sent["request_id"]) == 32
         sent["request_id"] = "?"
     assert sent_op == opcode

@@ -10,7 +10,13 @@ from typing import Any, cast
 
 from estream.net.pdclient import PDClient
 from estream.sdk.leases import KeepaliveAnswer, Lease, LeaseKeeper, keepalive_inflight_rounds_max
-from estream.wire.errors import EstreamError, Fenced, StreamNotFound, UnsupportedOpcode
+from estream.wire.errors import (
+    EstreamError,
+    Fenced,
+    StreamNotFound,
+    Unavailable,
+    UnsupportedOpcode,
+)
 
 
 class FakePd:
@@ -47,12 +53,16 @@ class Holder:
     def __init__(self, name: str, stream_id: int, epoch: int = 1) -> None:
         self.held: Lease = (name, stream_id, epoch)
         self.answers: list[Any] = []
+        self.touches = 0
 
     def lease(self) -> Lease | None:
         return self.held
 
     def on_keepalive(self, answer: KeepaliveAnswer) -> None:
         self.answers.append(answer)
+
+    def touch(self) -> None:
+        self.touches += 1
 
 
 def keeper(pd: FakePd, batch_max: int) -> LeaseKeeper:
@@ -140,3 +150,33 @@ async def test_the_requests_of_one_renewal_go_out_together() -> None:
         assert all(h.answers == [()] for h in holders)
     finally:
         task.cancel()
+
+
+class DownPd(FakePd):
+    """A PD whose every keepalive fails (down, or its answers lost)."""
+
+    async def keepalive_writers(self, leases: list[Lease]) -> list[KeepaliveAnswer]:
+        self.batches.append(list(leases))
+        raise Unavailable("no placement-driver node answered")
+
+
+async def test_a_writer_pd_does_not_answer_is_asked_to_show_itself_on_its_data_path() -> None:
+    """Issue 27: an idle writer whose keepalives reached PD more than a lease late was
+    fenced (nothing on its data path showed it alive). Once no renewal was answered for
+    ``touch_after_ms``, the keeper asks the writer to touch its replicas, once every
+    ``touch_after_ms`` while none is answered;
+    a writer whose renewals are answered is never asked."""
+    pd, answered = DownPd(), FakePd()
+    k = LeaseKeeper(cast(PDClient, pd), interval_ms=1, touch_after_ms=20)
+    k_ok = LeaseKeeper(cast(PDClient, answered), interval_ms=1, touch_after_ms=10_000)
+    holder, fine = Holder("s1", 1), Holder("s2", 2)
+    k.add(holder)
+    k_ok.add(fine)
+    try:
+        await asyncio.wait_for(_until(lambda: holder.touches >= 3), timeout=5.0)
+        await asyncio.wait_for(_until(lambda: len(fine.answers) >= 3), timeout=5.0)
+        assert holder.answers == [] and len(pd.batches) >= 3
+        assert fine.touches == 0
+    finally:
+        await k.close()
+        await k_ok.close()
