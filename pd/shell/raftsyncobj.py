@@ -100,6 +100,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._failure_logged = False
         self.answered = False  # a proposal's callback ran in this tick (see _onTick)
         self._tick_soon_pending = False
+        self._reading_ahead = False  # reading the sockets before standing for election
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
         self._loop_poller = LoopPoller(loop, self._on_socket_event, self._after_socket_event)
@@ -171,6 +172,14 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._tick_soon_pending = False
         if self._closed or self._sync_running is not None:
             return  # (a tick follows the sync)
+        if not self._reading_ahead and raftrules.would_stand(
+                bool(self._isLeader()), raftpatch.election_deadline(self), raft_clock()):
+            self._reading_ahead = True  # (the read's own tick comes back here)
+            try:
+                if self._loop_poller.read_ready():
+                    return  # (its tick ran, after the messages: maybe no election now)
+            finally:
+                self._reading_ahead = False
         try:
             self._onTick(0.0)
         except Exception:
