@@ -337,6 +337,10 @@ def report(pd: dict[str, Any], etcd: dict[str, Any] | None) -> str:
             f"| {label} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['ops_s']:.0f} | "
             + (f"{e['p50_ms']:.2f} | {e['p99_ms']:.2f} | {e['ops_s']:.0f} | "
                f"{p['ops_s'] / e['ops_s']:.2f} |" if e else "- | - | - | - |"))
+    steady = pd.get("steady")
+    if steady:
+        lines.append(f"| elections in {steady['seconds']:.0f} s of creates in flight, no fault | "
+                     f"{steady['elections']} ({steady['creates']} creates) | | | - | | | |")
     pf = pd["failover_s"]
     if not pf:  # --failovers 0
         return "\n".join(lines)
