@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import logging
 import os
 import threading
@@ -77,6 +78,19 @@ def read_dump(path: str | Path) -> dict[str, Any]:
     if body.get("v") != DUMP_VERSION:
         raise ChecksumMismatch(f"{path}: unknown snapshot version {body.get('v')!r}")
     return body
+
+
+def restore_catalog(data: bytes) -> Catalog:
+    """:meth:`Catalog.restore` with the cyclic GC paused: a restore allocates millions of
+    objects that all stay, and with the GC on each full collection walked the growing
+    catalog again (more than half of a restore's CPU at 30,000 streams)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return Catalog.restore(data)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class CatalogSyncObj(SyncObj):  # type: ignore[misc]
@@ -465,7 +479,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
 
     def _read_dump(self, path: str) -> tuple[Any, ...]:
         body = read_dump(path)
-        catalog = Catalog.restore(body["catalog"])
+        catalog = restore_catalog(body["catalog"])
         with self.lock:
             self.catalog = catalog
         entry1, entry0 = (tuple(e) for e in body["entries"])
