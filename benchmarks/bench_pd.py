@@ -1,6 +1,7 @@
 """Benchmark of the placement driver against etcd 3.4 on the same machine, in the same run.
 
     .venv/bin/python benchmarks/bench_pd.py [--ops 400] [--inflight 64] [--failovers 3]
+        [--steady-s 0] [--no-etcd]
 
 Starts three real ``estream pd`` processes on 127.0.0.1 (and three fake range-server
 identities heartbeating through the real heartbeat loop), then measures:
@@ -10,6 +11,8 @@ identities heartbeating through the real heartbeat loop), then measures:
   range placed, passing the stream held as a writer does: PD answers the new ranges only),
   each one Raft commit;
 - the same with many in flight (ops/s);
+- elections without a fault: the Raft term's growth over ``--steady-s`` seconds of creates
+  in flight (0 on a quiet host; each one a leader unseated while it was alive);
 - leader failover: ``kill -9`` of the leader until the next write commits.
 
 Then the same against a 3-member etcd 3.4 cluster on 127.0.0.1 (Debian ``etcd-server``,
@@ -83,7 +86,8 @@ async def concurrent(op: Op, count: int, inflight: int) -> dict[str, float]:
 
 
 # -- the placement driver ----------------------------------------------------------------
-async def bench_pd(tmp: Path, ops: int, inflight: int, failovers: int) -> dict[str, Any]:
+async def bench_pd(tmp: Path, ops: int, inflight: int, failovers: int,
+                   steady_s: float = 0.0) -> dict[str, Any]:
     cluster = await asyncio.to_thread(start_pd_cluster, tmp / "pd")
     beats = [asyncio.ensure_future(heartbeat_loop(cluster.rpc_addresses.split(","), f"rs{i}",
                                                   f"127.0.0.1:{7500 + i}", "ssd", dict))
@@ -108,6 +112,8 @@ async def bench_pd(tmp: Path, ops: int, inflight: int, failovers: int) -> dict[s
             out["seal_inflight"] = await concurrent(
                 lambda i: seal(f"par-{i % inflight}", i // inflight, (i // inflight + 1) * 10),
                 ops * 4, inflight)
+            if steady_s > 0:
+                out["steady"] = await _steady_elections(cluster, client, steady_s, inflight)
             out["failover_s"] = await _pd_failovers(cluster, client, failovers)
             return out
     finally:
@@ -125,6 +131,43 @@ async def _wait_servers(cluster: PdCluster) -> None:
                 if time.monotonic() > deadline:
                     raise TimeoutError("range servers did not register")
                 await asyncio.sleep(0.1)
+
+
+async def _raft_terms(cluster: PdCluster) -> list[int]:
+    """Each live node's Raft term, from its /metrics (-1: no answer)."""
+    terms = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        for url in cluster.http_urls:
+            try:
+                async with http.get(url + "/metrics") as answer:
+                    text = await answer.text()
+            except (aiohttp.ClientError, TimeoutError):
+                terms.append(-1)
+                continue
+            found = [line.split()[-1] for line in text.splitlines()
+                     if line.startswith("estream_pd_raft_term")]
+            terms.append(int(float(found[0])) if found else -1)
+    return terms
+
+
+async def _steady_elections(cluster: PdCluster, client: PDClient, seconds: float,
+                            inflight: int) -> dict[str, float]:
+    """Creates in flight for ``seconds``, no fault: how far the Raft term moved."""
+    before = max(await _raft_terms(cluster))
+    deadline = time.monotonic() + seconds
+    done = 0
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        i = w
+        while time.monotonic() < deadline:
+            await client.create_stream(f"steady-{i}")
+            done += 1
+            i += inflight
+
+    await asyncio.gather(*(worker(w) for w in range(inflight)))
+    after = max(await _raft_terms(cluster))
+    return {"seconds": seconds, "creates": done, "elections": after - before}
 
 
 async def _pd_failovers(cluster: PdCluster, client: PDClient, trials: int) -> list[float]:
@@ -294,6 +337,10 @@ def report(pd: dict[str, Any], etcd: dict[str, Any] | None) -> str:
             f"| {label} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['ops_s']:.0f} | "
             + (f"{e['p50_ms']:.2f} | {e['p99_ms']:.2f} | {e['ops_s']:.0f} | "
                f"{p['ops_s'] / e['ops_s']:.2f} |" if e else "- | - | - | - |"))
+    steady = pd.get("steady")
+    if steady:
+        lines.append(f"| elections in {steady['seconds']:.0f} s of creates in flight, no fault | "
+                     f"{steady['elections']} ({steady['creates']} creates) | | | - | | | |")
     pf = pd["failover_s"]
     if not pf:  # --failovers 0
         return "\n".join(lines)
@@ -308,7 +355,7 @@ async def main_async(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-pd-"))
     try:
         started = time.monotonic()
-        pd = await bench_pd(tmp, args.ops, args.inflight, args.failovers)
+        pd = await bench_pd(tmp, args.ops, args.inflight, args.failovers, args.steady_s)
         print("PD:", json.dumps(pd, indent=1), flush=True)
         etcd = None if args.no_etcd else await bench_etcd(tmp, args.ops, args.inflight,
                                                            args.failovers)
@@ -340,6 +387,8 @@ def main() -> int:
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--failovers", type=int, default=3)
     parser.add_argument("--no-etcd", action="store_true")
+    parser.add_argument("--steady-s", type=float, default=0.0,
+                        help="seconds of creates in flight without a fault: elections seen")
     return uvloop.run(main_async(parser.parse_args()))
 
 

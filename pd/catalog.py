@@ -56,11 +56,10 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, Final
-
-import msgpack
+from typing import Any, Final, TypeVar, cast
 
 from estream.wire.errors import (
     Conflict,
@@ -79,7 +78,7 @@ from estream.wire.meta import (
     StreamMeta,
 )
 from estream.wire.protocol import parse_address
-from pd.catalogimage import CatalogImage, encode_image
+from pd.catalogimage import CatalogImage, decode_image, encode_image
 from pd.catalogmodel import (
     SNAPSHOT_VERSION,
     CatalogView,
@@ -130,10 +129,12 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
-from pd.groups import Group, apply_change, groups_from_wire
+from pd.groups import Group, apply_change
 from pd.pmap import PMap
 from pd.rangelist import RangeList
 from pd.retention import check_cursor, cursors_per_stream_max
+
+V = TypeVar("V")
 
 __all__ = [
     "SNAPSHOT_VERSION", "Catalog", "CatalogView", "PdNode", "PreparedObject", "Result",
@@ -498,35 +499,47 @@ class Catalog(ObjectTierCommands):
 
     @classmethod
     def restore(cls, data: bytes) -> Catalog:
-        """The catalog saved by :meth:`snapshot`; raises :class:`InvalidArgument` if corrupt."""
-        try:
-            body = msgpack.unpackb(data, raw=False)
-            if body.get("v") != SNAPSHOT_VERSION:
-                raise InvalidArgument(f"unsupported snapshot version {body.get('v')!r}")
-            catalog = cls()
-            catalog.version = int(body["version"])
-            catalog._next_stream_id = int(body["next_stream_id"])
-            for d in body["streams"]:
-                stream = StreamMeta.from_dict(d, catalog._shared_refs)
-                catalog._put(stream.name, stream)
-            catalog._request_ids = {str(k): str(v) for k, v in body["request_ids"].items()}
-            catalog._cursors = PMap({str(s): {str(c): int(o) for c, o in cs.items()}
-                                     for s, cs in body.get("cursors", {}).items()})
-            catalog._servers = {d["id"]: ServerInfo(d["id"], d["address"], d["storage_class"])
-                                for d in body["servers"]}
-            catalog._pd_nodes = {d["id"]: PdNode(d["id"], d["raft"], d["rpc"], d["http"])
-                                 for d in body["pd_nodes"]}
-            catalog._draining = frozenset(str(i) for i in body.get("draining", ()))
-            records = (PreparedObject.from_dict(d) for d in body.get("prepared", ()))
-            catalog._prepared = PMap({r.object_key: r for r in records})  # (absent: older)
-            catalog._unreferenced = {str(k): None for k in body.get("unreferenced", ())}
-            catalog._unreferenced_keys = tuple(catalog._unreferenced)
-            catalog._groups = groups_from_wire(body.get("groups", ()))  # (absent: older)
-        except InvalidArgument:
-            raise
-        except Exception as exc:
-            raise InvalidArgument(f"corrupt catalog snapshot: {exc}", argument="snapshot") from None
+        """The catalog saved by :meth:`snapshot` (or by a version-1 one); raises
+        :class:`InvalidArgument` if corrupt."""
+        catalog = cls()
+        image = decode_image(data, catalog._shared_refs)
+        catalog.version = image.version
+        catalog._next_stream_id = image.next_stream_id
+        catalog._streams = _persistent(image.streams)
+        catalog._request_ids = dict(image.request_ids)
+        catalog._cursors = _persistent(cast("Mapping[str, dict[str, int]]", image.cursors))
+        catalog._servers = dict(image.servers)
+        catalog._pd_nodes = dict(image.pd_nodes)
+        catalog._draining = image.draining
+        catalog._prepared = _persistent(image.prepared)
+        catalog._unreferenced = dict.fromkeys(image.unreferenced)
+        catalog._unreferenced_keys = image.unreferenced
+        catalog._groups = _persistent(image.groups)
+        catalog._derive()
         return catalog
+
+    def _derive(self) -> None:
+        """What :meth:`_put` keeps in step, computed once from every stream (a restore):
+        open ranges per server, the range total, the object references."""
+        open_ranges: dict[str, int] = {}
+        refs: dict[str, set[tuple[int, int]]] = {}
+        total = 0
+        for stream in self._streams.values():
+            ranges = stream.ranges
+            total += len(ranges)
+            if ranges and ranges[-1].end is None:
+                for ref in ranges[-1].replicas:
+                    open_ranges[ref.id] = open_ranges.get(ref.id, 0) + 1
+            for r in ranges:
+                if r.object_key:
+                    refs.setdefault(r.object_key, set()).add((stream.id, r.index))
+        self._open_ranges = open_ranges
+        self._ranges_total = total
+        self._refs = PMap({key: frozenset(found) for key, found in refs.items()})
+
+
+def _persistent(items: Mapping[str, V]) -> PMap[V]:
+    return items if isinstance(items, PMap) else PMap(items)
 
 
 _HANDLERS: Final[dict[type[Any], Any]] = {

@@ -29,7 +29,9 @@ object_key_chars_max: Final = 512
 prepared_max: Final = 10_000  # prepared objects at once (uploads in flight or abandoned)
 expire_keys_max: Final = 1_000  # keys one expire_prepared names
 pack_members_max: Final = 128  # ranges in one packed object (a commit stays well under 64 KiB)
-SNAPSHOT_VERSION: Final = 1  # fields added since ("prepared", ...) are optional on restore
+# 2: positional streams and ranges (pd/catalogimage.py; 1 is still read). Fields added
+# to the map since 1 ("prepared", ...) are optional on restore.
+SNAPSHOT_VERSION: Final = 2
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 @dataclass(frozen=True, slots=True)

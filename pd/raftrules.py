@@ -3,7 +3,8 @@
 :mod:`pd.shell.raft` carries them out: which messages leave before the journal sync and
 which after (:func:`plan_flush`), what a follower keeps of a resend (:func:`trim_append`,
 :func:`cap_ack`), which commit indexes wait for the next append (:func:`hold_commit_indexes`),
-whether a leader still has its majority (:func:`majority_answered`), how long a node has
+whether a leader still has its majority (:func:`majority_answered`), whether a tick
+would stand for election (:func:`would_stand`: the sockets are read first), how long a node has
 heard no leader (:class:`LeaderContact`), and what its status says (:func:`status_of`).
 Messages are pysyncobj's dicts; times are seconds of the caller's clock.
 """
@@ -33,6 +34,20 @@ paused_gap_s: Final = 1.0
 EAGER_TYPES: Final = frozenset({"append_entries", "apply_command", "apply_command_response"})
 
 ROLES: Final = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's raft states
+
+
+def would_stand(leads: bool, deadline: float, now: float) -> bool:
+    """Whether the next tick stands for election: a follower or candidate whose deadline
+    passed. The shell then first handles what its Raft sockets hold: after a stall of
+    its loop (a long callback, a GC pause, no CPU for a while on a loaded host) the
+    loop runs its timers before it polls the sockets, and the leader's append_entries
+    that arrived meanwhile would come a tick too late, after a needless election that
+    unseats a live leader (a higher term).
+
+    >>> would_stand(False, 10.0, 10.5), would_stand(False, 10.0, 9.9), would_stand(True, 0, 1)
+    (True, False, False)
+    """
+    return not leads and deadline < now
 
 
 def plan_flush(outbox: Sequence[Outgoing]) -> tuple[list[Outgoing], list[Outgoing]]:

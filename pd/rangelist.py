@@ -44,8 +44,12 @@ class RangeList(Sequence[RangeMeta]):
 
     def __init__(self, items: Iterable[RangeMeta] = ()) -> None:
         flat = tuple(items)
-        self._chunks = tuple(flat[i:i + chunk_ranges_max]
-                             for i in range(0, len(flat), chunk_ranges_max))
+        self._chunks: tuple[tuple[RangeMeta, ...], ...]
+        if len(flat) <= chunk_ranges_max:  # (most streams: no slicing, one chunk or none)
+            self._chunks = (flat,) if flat else ()
+        else:
+            self._chunks = tuple(flat[i:i + chunk_ranges_max]
+                                 for i in range(0, len(flat), chunk_ranges_max))
         self._skip = 0
         self._len = len(flat)
         self._hash: int | None = None

@@ -30,7 +30,8 @@ PYSYNCOBJ_VERSION: Final = "0.3.17"
 # that PD reads, writes, calls or overrides. A double-underscore name is written unmangled.
 PRIVATE_NAMES: Final = (
     ("pysyncobj.syncobj", "SyncObj", "__raftLog"),  # the journal: durability, terms
-    ("pysyncobj.syncobj", "SyncObj", "__raftElectionDeadline"),  # hold an empty node back
+    # hold an empty node back; read the sockets before standing after a stall
+    ("pysyncobj.syncobj", "SyncObj", "__raftElectionDeadline"),
     ("pysyncobj.syncobj", "SyncObj", "__leaderCommitIndex"),  # caught up with the leader?
     ("pysyncobj.syncobj", "SyncObj", "__lastResponseTime"),  # a majority answered lately?
     ("pysyncobj.syncobj", "SyncObj", "__raftNextIndex"),  # (tests: the leader's resends)
@@ -169,6 +170,11 @@ def raft_log(obj: Any) -> Any:
 def set_election_deadline(obj: Any, at: float) -> None:
     """When the node stands for election next (pysyncobj's monotonic clock)."""
     obj._SyncObj__raftElectionDeadline = at
+
+
+def election_deadline(obj: Any) -> float:
+    """When the node stands for election next, unless a leader speaks first."""
+    return float(obj._SyncObj__raftElectionDeadline)
 
 
 def leader_commit_index(obj: Any) -> int | None:

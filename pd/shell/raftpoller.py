@@ -10,6 +10,7 @@ Side effects: registers the sockets pysyncobj opens with the running event loop.
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Callable
 
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
@@ -89,6 +90,22 @@ class LoopPoller(Poller):  # type: ignore[misc]
                 sub[0](descr, event)
         self._after_event()
         return True
+
+    def read_ready(self) -> int:
+        """Handle now the sockets that hold data (without waiting for the loop to poll
+        them; not while paused). Returns how many were read."""
+        if self.paused:
+            return 0
+        reads = [d for d, (_, mask) in self._subs.items() if mask & POLL_EVENT_TYPE.READ]
+        if not reads:
+            return 0
+        poll = select.poll()
+        for descr in reads:
+            poll.register(descr, select.POLLIN)
+        ready = [d for d, _ in poll.poll(0)]
+        for descr in ready:
+            self._dispatch(descr, POLL_EVENT_TYPE.READ)
+        return len(ready)
 
     def _dispatch(self, descr: int, event: int) -> None:
         sub = self._subs.get(descr)

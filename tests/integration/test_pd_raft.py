@@ -289,3 +289,37 @@ async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
         await asyncio.wait([pending])
         with pytest.raises(Unavailable, match="catching up"):
             answer()
+
+
+async def test_a_follower_reads_its_sockets_before_it_stands_for_election(
+        tmp_path: Path) -> None:
+    """After a stall of its loop inside an I/O callback (a follower's journal sync, a
+    snapshot's restore, a busy handler), uvloop runs the election tick before it polls the
+    sockets: the leader's append_entries waiting there must reach pysyncobj first, or a
+    follower stands for election and unseats a live leader (a higher term)."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes = [RaftNode(a, [p for p in addresses if p != a], tmp_path / str(i), password=None)
+             for i, a in enumerate(addresses[:2])]  # (the third never starts)
+    for node in nodes:
+        node.start()
+    try:
+        for node in nodes:
+            await _wait_leader(node)
+        leader = next(n for n in nodes if n.leader() == n.self_address)
+        follower = next(n for n in nodes if n is not leader)
+        obj = follower._obj
+        assert obj is not None
+        poller = obj._loop_poller
+        poller.paused = True  # the follower's loop stalls: what arrives waits in its sockets
+        await asyncio.sleep(0.25)  # the leader's append_entries (every 0.1 s) arrive
+        term = obj._getTerm()
+        poller.paused = False
+        raftpatch.set_election_deadline(obj, 0.0)  # its deadline passed during the stall
+        obj._run_tick()  # the timer's tick, before the loop polls the sockets
+        assert obj._getTerm() == term and follower.leader() == leader.self_address
+        poller.resume()
+        await asyncio.sleep(0.3)
+        assert leader.leader() == leader.self_address and obj._getTerm() == term
+    finally:
+        for node in nodes:
+            await asyncio.to_thread(node.close)

@@ -18,6 +18,7 @@ from pd.raftrules import (
     may_hold_commit_indexes,
     plan_flush,
     status_of,
+    would_stand,
 )
 
 
@@ -121,3 +122,9 @@ def test_status_from_pysyncobj_s_map() -> None:
     follower = status_of({**raw, "state": 0, "leader": None})
     assert (follower.role, follower.leader) == ("follower", None)
     assert status_of({**raw, "state": 1, "leader": "h:2"}).role == "candidate"
+
+
+def test_only_a_follower_or_candidate_past_its_deadline_would_stand() -> None:
+    assert would_stand(False, deadline=10.0, now=10.5)
+    assert not would_stand(False, deadline=10.0, now=9.9)  # heard its leader lately
+    assert not would_stand(True, deadline=0.0, now=10.0)  # a leader never stands
