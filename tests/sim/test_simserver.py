@@ -1,7 +1,8 @@
 """The real range server and its real store on the simulator's ports.
 
 :class:`~rangeserver.shell.server.RangeServer` over :class:`~rangeserver.shell.store.Store`
-runs on the deterministic loop (tests/sim/simloop.py), listens on the simulated network
+(a :class:`~tests.sim.servernode.RangeServerNode`) runs on the deterministic loop
+(tests/sim/simloop.py), listens on the simulated network
 (tests/sim/simtransport.py) and logs to :class:`~tests.sim.simlog.SimLog` on a
 :class:`~tests.sim.simdisk.SimDisk`; the real :class:`~estream.net.rpc.RpcClient` drives
 it. A power loss keeps a seeded prefix of the unsynced log writes, and the next process
@@ -21,13 +22,10 @@ import pytest
 from estream.net.rpc import Header, RpcClient
 from estream.wire.errors import ChecksumMismatch, RangeSealed, ReplicaDamaged
 from estream.wire.protocol import Opcode
-from estream.wire.record import BATCH_HEADER_BYTES, Record, decode_batch, encode_batch, iter_batches
-from rangeserver.shell.server import RangeServer
+from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from rangeserver.shell.store import Store
-from rangeserver.shell.wal import segment_name
-from tests.sim.simdisk import SimDisk
-from tests.sim.simlog import SimLog
-from tests.sim.simloop import SimClock, SimLoop, run
+from tests.sim.servernode import RangeServerNode
+from tests.sim.simloop import SimLoop, run
 from tests.sim.simtransport import SimNetwork
 
 SERVER = "127.0.0.7:7000"
@@ -36,41 +34,12 @@ SEGMENT_BYTES = 4096  # small segments: the runs below cross several
 CRASH_SEEDS = range(12)
 
 
-class Node:
+def server_node(net: SimNetwork, data_dir: Path) -> RangeServerNode:
     """One simulated range-server machine: its disk outlives its processes."""
-
-    def __init__(self, net: SimNetwork, data_dir: Path) -> None:
-        loop = asyncio.get_running_loop()
-        assert isinstance(loop, SimLoop)
-        self.net = net
-        self.data_dir = data_dir
-        self.disk = SimDisk(random.Random(loop.seed))
-        self.log: SimLog | None = None
-        self.store: Store | None = None
-        self.server: RangeServer | None = None
-
-    async def boot(self) -> Store:
-        """A new process: recover from the disk, then serve."""
-        self.log = SimLog(self.disk, segment_bytes_max=SEGMENT_BYTES)
-        store = self.store = Store(self.data_dir, cache_bytes_max=0, log=self.log,  # reads: disk
-                                   clock=SimClock(asyncio.get_running_loop()))
-        await store.open()
-        self.net.up("rs")
-        self.server = RangeServer(store, SERVER_ID, network=self.net.node("rs"))
-        host, port = SERVER.rsplit(":", 1)
-        await self.server.start(host, int(port))
-        return store
-
-    def power_loss(self) -> None:
-        """The machine goes down at once: the process dies, unsynced writes are lost."""
-        assert self.log is not None
-        self.net.down("rs")
-        self.log.kill()
-        self.disk.crash()
-
-    async def stop(self) -> None:
-        assert self.server is not None
-        await self.server.close()
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, SimLoop)
+    return RangeServerNode(net, "rs", SERVER, SERVER_ID, data_dir,
+                           rng=random.Random(loop.seed), segment_bytes_max=SEGMENT_BYTES)
 
 
 async def connect(net: SimNetwork) -> RpcClient:
@@ -127,7 +96,7 @@ def test_the_real_store_creates_appends_confirms_seals_and_reads_on_the_simulate
     async def main() -> tuple[list[int], list[bytes], Header, Header, float, int]:
         loop = asyncio.get_running_loop()
         net = SimNetwork(loop, random.Random(1))
-        node = Node(net, tmp_path)
+        node = server_node(net, tmp_path)
         await node.boot()
         client = await connect(net)
         created = await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
@@ -172,7 +141,7 @@ async def _crash_and_replay(tmp_path: Path, seed: int) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     rng = random.Random(seed)
     net = SimNetwork(loop, random.Random(seed))
-    node = Node(net, tmp_path)
+    node = server_node(net, tmp_path)
     store = await node.boot()
     client = await connect(net)
     a, b, c = (1, 0), (2, 0), (3, 1)
@@ -244,16 +213,14 @@ def test_a_flipped_byte_is_found_by_the_reads_checksum_and_the_replica_stays_dam
     async def main() -> tuple[type[Exception], Header, list[bytes], bool, list[bytes]]:
         loop = asyncio.get_running_loop()
         net = SimNetwork(loop, random.Random(4))
-        node = Node(net, tmp_path)
+        node = server_node(net, tmp_path)
         store = await node.boot()
         client = await connect(net)
         for k in (key, other):
             await call(client, Opcode.CREATE_RANGE, k, start=0, epoch=1)
             await append_values(client, k, 0, 2)
             await append_values(client, k, 2, 2)
-        second = store.indexes[key].batch(1).location
-        assert node.log is not None
-        node.disk.flip(segment_name(second.segment), second.position + BATCH_HEADER_BYTES + 3)
+        node.flip(key, 1)
         with pytest.raises(ChecksumMismatch) as found:
             await read_all(client, key)
         described = await call(client, Opcode.DESCRIBE_RANGE, key)
@@ -293,7 +260,7 @@ def test_a_drop_deletes_its_segments_durably_and_a_restart_serves_what_is_left(
 
     async def main() -> tuple[list[int], list[int], list[int], bool, list[bytes]]:
         net = SimNetwork(asyncio.get_running_loop(), random.Random(6))
-        node = Node(net, tmp_path)
+        node = server_node(net, tmp_path)
         store = await node.boot()
         client = await connect(net)
         await call(client, Opcode.CREATE_RANGE, gone, start=0, epoch=1)
