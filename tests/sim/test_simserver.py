@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 
 from estream.net.rpc import Header, RpcClient
-from estream.wire.errors import ChecksumMismatch, RangeSealed, ReplicaDamaged
+from estream.wire.errors import (
+    ChecksumMismatch,
+    EstreamError,
+    RangeNotFound,
+    RangeSealed,
+    ReplicaDamaged,
+    Unavailable,
+    WrongServer,
+)
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from rangeserver.shell.store import Store
@@ -288,3 +296,86 @@ def test_a_drop_deletes_its_segments_durably_and_a_restart_serves_what_is_left(
     assert len(before) >= 3 and after_drop == after_crash == before[-1:]
     assert not gone_back
     assert values == [value(kept, o) for o in range(3)]
+
+
+# -- the ports' faults: a hang, a lost answer, a wiped disk ------------------------------------
+
+def test_a_hung_server_takes_in_nothing_until_it_resumes_then_answers_in_order(
+        tmp_path: Path) -> None:
+    key = (11, 0)
+
+    async def main() -> tuple[int, bool, list[int], int]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(7))
+        node = server_node(net, tmp_path)
+        store = await node.boot()
+        client = await connect(net)
+        await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
+        node.hang()
+        sent = [asyncio.ensure_future(append_values(client, key, base, 2)) for base in (0, 2)]
+        await asyncio.sleep(2)  # virtual: far past any fsync
+        end_while_hung = store.replicas[key].end
+        answered_while_hung = any(task.done() for task in sent)
+        node.resume()
+        ends = list(await asyncio.gather(*sent))
+        await client.close()
+        await node.stop()
+        return end_while_hung, answered_while_hung, ends, store.replicas[key].end
+
+    end_while_hung, answered_while_hung, ends, end = run(main(), seed=7)
+    assert (end_while_hung, answered_while_hung) == (0, False)
+    assert ends[-1] == end == 4
+
+
+def test_a_lost_answer_is_an_unknown_outcome_whose_append_landed(tmp_path: Path) -> None:
+    key = (12, 0)
+
+    async def main() -> tuple[type[Exception] | None, Header]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(8))
+        node = server_node(net, tmp_path)
+        await node.boot()
+        client = await connect(net)
+        await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
+        net.lose_next_write("rs", "client")  # the APPEND's answer
+        raised: type[Exception] | None = None
+        try:
+            await append_values(client, key, 0, 3)
+        except Exception as exc:  # noqa: BLE001 - which error the caller sees is checked
+            raised = type(exc)
+        await client.close()
+        again = await connect(net)
+        described = await call(again, Opcode.DESCRIBE_RANGE, key)
+        await again.close()
+        await node.stop()
+        return raised, described
+
+    raised, described = run(main(), seed=8)
+    assert raised is not None and issubclass(raised, Unavailable)
+    assert described["end"] == 3  # carried out all the same
+
+
+def test_a_wiped_server_comes_back_under_a_new_id_without_its_replicas(
+        tmp_path: Path) -> None:
+    key = (13, 0)
+
+    async def main() -> tuple[type[Exception], type[Exception]]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(9))
+        node = server_node(net, tmp_path)
+        await node.boot()
+        client = await connect(net)
+        await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
+        await append_values(client, key, 0, 3)
+        await client.close()
+        node.wipe(f"{SERVER_ID}-new")
+        await node.boot()
+        client = await connect(net)
+        errors = []
+        for server_id in (SERVER_ID, f"{SERVER_ID}-new"):
+            with pytest.raises(EstreamError) as found:
+                await call(client, Opcode.DESCRIBE_RANGE, key, server_id=server_id)
+            errors.append(found.type)
+        await client.close()
+        await node.stop()
+        return errors[0], errors[1]
+
+    old, new = run(main(), seed=9)
+    assert old is WrongServer and new is RangeNotFound
