@@ -32,7 +32,7 @@ from estream.wire.errors import EstreamError
 from estream.wire.pdanswers import StreamAnswer
 from estream.wire.pdmessages import DescribeStreamRequest
 from estream.wire.protocol import Opcode
-from estream.wire.rangeanswers import Created, ReadAnswer
+from estream.wire.rangeanswers import Created, PingAnswer, ReadAnswer, SealAnswer
 from pd.paging import ranges_window
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
@@ -69,9 +69,10 @@ async def _running(server: SimRangeServer) -> None:
 
 
 def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
-    """READ, DESCRIBE_RANGE, APPEND and CREATE_RANGE as ``rangeserver/shell/server.py``
-    answers them (the server id a request names is checked by the world's server:
-    ``WrongServer``; an APPEND is answered once durable)."""
+    """READ, DESCRIBE_RANGE, APPEND, CREATE_RANGE, SEAL, CONFIRM and PING as
+    ``rangeserver/shell/server.py`` answers them (the server id a request names is checked
+    by the world's server: ``WrongServer``; APPEND, CONFIRM and SEAL are answered once
+    durable)."""
 
     async def read(header: Header, payload: bytes) -> Answer:
         await _running(server)
@@ -103,8 +104,28 @@ def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
         state = server.state((asked.stream_id, asked.range_index))
         return Created(state.start, state.end, state.epoch, state.sealed).to_header(), b""
 
+    async def seal(header: Header, payload: bytes) -> Answer:
+        await _running(server)
+        asked = rm.SealRequest.from_header(header)
+        end, sealed = await _settled(server.seal(asked.stream_id, asked.range_index,
+                                                 asked.epoch, asked.end,
+                                                 server_id=header.get("server_id")))
+        return SealAnswer(end, sealed).to_header(), b""
+
+    async def confirm(header: Header, payload: bytes) -> Answer:
+        await _running(server)
+        asked = rm.ConfirmRequest.from_header(header)
+        await _settled(server.confirm(asked.stream_id, asked.range_index, asked.epoch,
+                                      asked.confirm, server_id=header.get("server_id")))
+        return {}, b""
+
+    async def ping(header: Header, payload: bytes) -> Answer:
+        await _running(server)
+        return PingAnswer(server.ping(), address_of(server.node), 0, "sim").to_header(), b""
+
     return {Opcode.READ: read, Opcode.DESCRIBE_RANGE: describe_range, Opcode.APPEND: append,
-            Opcode.CREATE_RANGE: create_range}
+            Opcode.CREATE_RANGE: create_range, Opcode.SEAL: seal, Opcode.CONFIRM: confirm,
+            Opcode.PING: ping}
 
 
 def pd_handlers(pd: SimPD) -> dict[int, Handler]:

@@ -43,7 +43,7 @@ import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from estream.wire.errors import (
     ChecksumMismatch,
@@ -65,6 +65,7 @@ from rangeserver.refusals import append_refusal, create_refusal, seal_refusal
 from rangeserver.replica import ReplicaState, readable_end
 from tests.sim.simloop import SimClock, SimLoop
 
+T = TypeVar("T")
 OnOk = Callable[[Any], None]
 OnErr = Callable[[EstreamError], None]
 Key = tuple[int, int]
@@ -128,6 +129,17 @@ class World:
         if self._raised:
             raise self._raised.pop(0)
         return True
+
+    def inside(self, fn: Callable[[], T]) -> T:
+        """``fn()`` as if run by the loop (the test's own code calling into a shell that
+        starts tasks or calls: they must land on this loop, not on another)."""
+        if asyncio.events._get_running_loop() is self.loop:
+            return fn()
+        asyncio.events._set_running_loop(self.loop)
+        try:
+            return fn()
+        finally:
+            asyncio.events._set_running_loop(None)
 
     def fail(self, error: BaseException) -> None:
         """Fail the run with ``error`` (raised by the next :meth:`step`): what a task
