@@ -29,11 +29,11 @@ from estream.net.rpc import Answer, Handler, Header, RpcServer
 from estream.wire import limits
 from estream.wire import rangemessages as rm
 from estream.wire.errors import EstreamError
-from estream.wire.pdanswers import StreamAnswer
-from estream.wire.pdmessages import DescribeStreamRequest
+from estream.wire.pdanswers import ServersAnswer, StreamAnswer
+from estream.wire.pdmessages import DescribeStreamRequest, NamedStreamRequest, SealRangeRequest
 from estream.wire.protocol import Opcode
 from estream.wire.rangeanswers import Created, PingAnswer, ReadAnswer, SealAnswer
-from pd.paging import ranges_window
+from pd.paging import ranges_window, stream_answer, stream_tail
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
 from tests.sim.world import Faults, Later, SimPD, SimRangeServer, World, address_of
@@ -129,8 +129,8 @@ def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
 
 
 def pd_handlers(pd: SimPD) -> dict[int, Handler]:
-    """PD_CLUSTER (this one node leads) and PD_DESCRIBE_STREAM as ``pd/shell/handlers.py``
-    answers them."""
+    """PD_CLUSTER (this one node leads), PD_DESCRIBE_STREAM, PD_OPEN_WRITER, PD_SEAL_RANGE
+    and PD_LIST_SERVERS as ``pd/shell/handlers.py`` answers them."""
 
     async def cluster(header: Header, payload: bytes) -> Answer:
         leader = {"id": PD_NODE, "address": PD_ADDRESS, "raft": None, "http": None}
@@ -143,7 +143,24 @@ def pd_handlers(pd: SimPD) -> dict[int, Handler]:
         window = ranges_window(stream, request.offset, limit, index=request.index)
         return StreamAnswer(stream=window).to_header(), b""
 
-    return {Opcode.PD_CLUSTER: cluster, Opcode.PD_DESCRIBE_STREAM: describe}
+    async def open_writer(header: Header, payload: bytes) -> Answer:
+        stream = pd.open_writer(NamedStreamRequest.from_header(header).name)
+        return {"stream": stream_answer(stream)}, b""
+
+    async def seal_range(header: Header, payload: bytes) -> Answer:
+        request = SealRangeRequest.from_header(header)
+        stream = pd.seal_range(request.name, request.epoch, request.range_index, request.end,
+                               request.exclude)
+        if request.ranges_from < 0:
+            return {"stream": stream_answer(stream)}, b""
+        return stream_tail(stream, request.ranges_from), b""
+
+    async def list_servers(header: Header, payload: bytes) -> Answer:
+        return ServersAnswer(servers=tuple(pd.list_servers())).to_header(), b""
+
+    return {Opcode.PD_CLUSTER: cluster, Opcode.PD_DESCRIBE_STREAM: describe,
+            Opcode.PD_OPEN_WRITER: open_writer, Opcode.PD_SEAL_RANGE: seal_range,
+            Opcode.PD_LIST_SERVERS: list_servers}
 
 
 def _at_once(step: Coroutine[Any, Any, str]) -> str:

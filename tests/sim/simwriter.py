@@ -14,7 +14,7 @@ and ``start_confirm``; CREATE_RANGE, SEAL, PING) goes through the real
 :func:`estream.net.rangeclient.copy_range` itself, on the writer node's real
 :class:`~estream.net.rpc.ConnectionPool`: real frames over the simulated network
 (resets, partitions, crashed nodes) to the servers' RPC fronts (:mod:`tests.sim.rpcfront`).
-PD is still asked through ``world.py``'s request/response ``Net``.
+PD is asked through the real :class:`~estream.net.pdclient.PDClient` on the same pool.
 
 Every request names the server id the catalog lists for its replica, at the address the
 catalog gives (``WrongServer`` from a server with another identity).
@@ -72,6 +72,7 @@ from estream.core.writeeffects import (
     SendConfirm,
     WriterConfig,
 )
+from estream.net.pdclient import PDClient
 from estream.net.rangeclient import (
     CopyProgress,
     Endpoint,
@@ -87,18 +88,24 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record
-from tests.sim.world import Net, World, address_of, node_of
+from tests.sim.rpcfront import PD_ADDRESS
+from tests.sim.world import World, address_of, node_of
 
-PD = "pd"
 # A request to a range server: (client, address, the replica's id, timeout in s) -> answer.
 Request = Callable[[RangeClient, str, str, float], Awaitable[Any]]
+PdRequest = Callable[[PDClient], Awaitable[Any]]  # a request to PD
 FENCE_GRACE_MS = 100  # recovery.fence_grace_s, scaled like the other timeouts
 RECOVERY_BACKOFF_MS = (20, 400)  # writer.recovery_backoff_s_min/max, scaled
 SEAL_TIMEOUT_MS = 100  # replicas.seal_timeout_s, scaled
 CREATE_TIMEOUT_MS = 200  # replicas.create_timeout_s, scaled
 PING_TIMEOUT_MS = 100
 REQUEST_TIMEOUT_MS = 300  # any other request to a range server (the simulation's timeout)
+PD_TIMEOUT_S = 0.3  # a PD call, its client's retries included
 COPY_TIMEOUT_S = 0.3  # each request of a recovery copy (the simulation's request timeout)
+
+
+async def _awaited(request: Awaitable[Any]) -> Any:
+    return await request
 
 
 async def _ping(rc: RangeClient, address: str, replica: str, timeout_s: float) -> str:
@@ -125,13 +132,14 @@ class SimWriter:
     """One writer: opens (recovering the last range), appends a workload, rolls on
     failure. ``assigned`` and ``acked_end`` are what its user saw."""
 
-    def __init__(self, world: World, net: Net, node_id: str, stream: str, config: WriterConfig,
+    def __init__(self, world: World, node_id: str, stream: str, config: WriterConfig,
                  pool: ConnectionPool):
         self.world = world
-        self.net = net
         self.pool = pool  # the writer node's connections (its recovery copies)
         self.copies: set[asyncio.Task[None]] = set()  # copy_range tasks running
         self.range_client = RangeClient(pool)  # every request to a range server
+        self.pd_client = PDClient([PD_ADDRESS], timeout_s=PD_TIMEOUT_S, pool=pool,
+                                  clock=world.clock)
         self.calls: set[asyncio.Task[Any]] = set()  # those requests, while in flight
         self.id = node_id
         self.stream = stream
@@ -176,43 +184,25 @@ class SimWriter:
 
     def _call(
         self,
-        dst: str,
-        handler: Callable[[Any], Any],
+        request: PdRequest,
         ok: Callable[[Any], None],
         err: Callable[[EstreamError], None],
-        timeout_ms: int = 300,
     ) -> None:
+        """A request to PD through the real :class:`~estream.net.pdclient.PDClient` (its
+        own retries within ``PD_TIMEOUT_S``), on the writer node's pool."""
         if self.dead:
             return  # a crashed writer sends nothing more (scheduled retries included)
+        self._run(request(self.pd_client), ok, err)
 
-        def guard_ok(result: Any) -> None:
-            if not self.dead:
-                ok(result)
-
-        def guard_err(error: EstreamError) -> None:
-            if not self.dead:
-                err(error)
-
-        self.net.call(self.id, dst, handler, guard_ok, guard_err, timeout_ms=timeout_ms)
-
-    def _rcall(
+    def _run(
         self,
-        replica: str,
-        request: Request,
+        request: Awaitable[Any],
         ok: Callable[[Any], None],
         err: Callable[[EstreamError], None],
-        timeout_ms: int = REQUEST_TIMEOUT_MS,
     ) -> None:
-        """A request to ``replica`` at the address the catalog gives, naming its id: the
-        real :class:`~estream.net.rangerequests.RangeClient` on the writer node's real
-        :class:`~estream.net.rpc.ConnectionPool`, in real frames over the simulated network
-        (a task on the world's loop); ``ok`` or ``err`` hears how it ended, unless the
-        writer died meanwhile."""
-        if self.dead:
-            return  # a crashed writer sends nothing more (scheduled retries included)
-        address = address_of(self.addresses[replica])
-        task = self.world.loop.create_task(
-            request(self.range_client, address, replica, timeout_ms / 1000))
+        """``request`` as a task on the world's loop; ``ok`` or ``err`` hears how it
+        ended, unless the writer died meanwhile."""
+        task = self.world.loop.create_task(_awaited(request))
         self.calls.add(task)
 
         def finished(task: asyncio.Task[Any]) -> None:
@@ -231,27 +221,45 @@ class SimWriter:
 
         task.add_done_callback(finished)
 
+    def _rcall(
+        self,
+        replica: str,
+        request: Request,
+        ok: Callable[[Any], None],
+        err: Callable[[EstreamError], None],
+        timeout_ms: int = REQUEST_TIMEOUT_MS,
+    ) -> None:
+        """A request to ``replica`` at the address the catalog gives, naming its id: the
+        real :class:`~estream.net.rangerequests.RangeClient` on the writer node's real
+        :class:`~estream.net.rpc.ConnectionPool`, in real frames over the simulated network
+        (a task on the world's loop); ``ok`` or ``err`` hears how it ended, unless the
+        writer died meanwhile."""
+        if self.dead:
+            return  # a crashed writer sends nothing more (scheduled retries included)
+        address = address_of(self.addresses[replica])
+        self._run(request(self.range_client, address, replica, timeout_ms / 1000), ok, err)
+
     def _learn(self, rng: RangeMeta) -> None:
         for ref in rng.replicas:
             self.addresses[ref.id] = node_of(ref.address)
 
     def _pd(
         self,
-        handler: Callable[[Any], Any],
+        request: PdRequest,
         ok: Callable[[Any], None],
         on_error: Callable[[EstreamError], None] | None = None,
     ) -> None:
-        """A PD call retried on retriable errors and timeouts (PdClient retries too)."""
+        """A PD call retried on retriable errors and timeouts (as the SDK's callers do)."""
 
         def err(error: EstreamError) -> None:
             if error.retriable:
-                self.world.after(20, lambda: self._pd(handler, ok, on_error))
+                self.world.after(20, lambda: self._pd(request, ok, on_error))
             elif on_error is not None:
                 on_error(error)
             else:
                 raise AssertionError(f"unexpected PD error {error!r}")
 
-        self._call(PD, handler, ok, err)
+        self._call(request, ok, err)
 
     def _gather(
         self,
@@ -530,12 +538,12 @@ class SimWriter:
                 PING_TIMEOUT_MS,
             )
         elif isinstance(step, ListServers):
-            self._call(PD, lambda pd: pd.list_servers(), advance, fail)
+            self._call(lambda pd: pd.list_servers(), advance, fail)
         elif isinstance(step, SealInPd):
             self._call(
-                PD,
                 lambda pd: pd.seal_range(
-                    self.stream, self.epoch, step.range_index, step.end, step.exclude
+                    self.stream, self.epoch, step.range_index, step.end, step.exclude,
+                    known=self._meta,
                 ),
                 advance,
                 fail,
@@ -586,6 +594,7 @@ class _Open:
 
     def __init__(self, writer: SimWriter, meta: StreamMeta) -> None:
         self.w = writer
+        self.meta = meta  # the stream as last read (PD_SEAL_RANGE's ``known``)
         self.steps = open_range(
             meta, writer.epoch, lambda: writer.world.now_ms, grace_ms=FENCE_GRACE_MS,
             backoff_ms_min=RECOVERY_BACKOFF_MS[0], backoff_ms_max=RECOVERY_BACKOFF_MS[1],
@@ -640,9 +649,9 @@ class _Open:
                 self._advance(new_meta)
 
             w._call(
-                PD,
                 lambda pd: pd.seal_range(
-                    w.stream, w.epoch, step.range_index, step.end, step.exclude),
+                    w.stream, w.epoch, step.range_index, step.end, step.exclude,
+                    known=self.meta),
                 sealed,
                 lambda e: self._advance(error=e),
             )
@@ -660,7 +669,7 @@ class _Open:
                 SEAL_TIMEOUT_MS,
             )
         elif isinstance(step, DescribeStream):
-            w._call(PD, lambda pd: pd.describe(w.stream), self._advance,
+            w._call(lambda pd: pd.describe_stream(w.stream), self._described,
                     lambda e: self._advance(error=e))
         elif isinstance(step, MustWait):
             w.recoveries += 1
@@ -671,6 +680,10 @@ class _Open:
         else:
             assert isinstance(step, CreateRange)
             w._create_range(step.range, self._advance)
+
+    def _described(self, meta: StreamMeta) -> None:
+        self.meta = meta
+        self._advance(meta)
 
     # -- fence: requests in flight, their answers queued for AwaitFence -----------------
 
