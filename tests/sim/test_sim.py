@@ -48,7 +48,8 @@ crash losing a recovery's unsynced copy; a recovery whose PD seal answer is lost
 stays out of reach.
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
-``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; one row: ``pytest
+``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 180..249 are ``slow`` (``-m slow``); one
+row: ``pytest
 'tests/sim/test_sim.py::test_double_faults[hung-of-three-5]'``. A failure prints its trace.
 """
 
@@ -79,13 +80,22 @@ RANGES_PER_FAULT_MAX = 4  # ranges a stream may gain per fault (and per writer)
 HUNG_APPEND_WAIT_MS_MAX = 700  # one hung server of three: no append waits longer
 PLAIN_READS = 2  # plain reads started while the writers write and faults strike
 FINAL_READ_MS_MAX = 3_000  # after close: the final plain read ends, the tail catches up
+SEEDS_DEFAULT = 250  # seeds run by default...
+SEEDS_FAST_MAX = 180  # ...the first this many in make test, the rest marked slow
 
 
-def seeds() -> list[int]:
+def seeds() -> list[Any]:
+    """The seeds to run: one (``ESTREAM_SIM_SEED``), the first N (``ESTREAM_SIM_SEEDS``), or
+    by default 250, of which those from ``SEEDS_FAST_MAX`` on are ``slow`` (``make chaos``:
+    requests in real frames cost each seed about 40% more than the old Net did)."""
     one = os.environ.get("ESTREAM_SIM_SEED")
     if one is not None:
         return [int(one)]
-    return list(range(int(os.environ.get("ESTREAM_SIM_SEEDS", "250"))))
+    count = os.environ.get("ESTREAM_SIM_SEEDS")
+    if count is not None:
+        return list(range(int(count)))
+    return [s if s < SEEDS_FAST_MAX else pytest.param(s, marks=pytest.mark.slow)
+            for s in range(SEEDS_DEFAULT)]
 
 
 class Sim:
