@@ -8,8 +8,8 @@ the real servers parse them), the decision left to the world's
 :class:`~tests.sim.world.SimRangeServer` or :class:`~tests.sim.world.SimPD`, and the real
 servers' typed answer (:mod:`estream.wire.rangeanswers`, :mod:`estream.wire.pdanswers`) or
 typed error out. A range server's answer that waits for its log entry to be durable (a
-:class:`~tests.sim.world.Later`) is awaited; a hung server takes requests in and serves
-them only once it resumes (its kernel holds the connection; the process is stopped).
+:class:`~tests.sim.world.Later`) is awaited; a hung server's network is held
+(:meth:`Fronts.hang`: nothing reaches it or leaves it until it resumes).
 
 :class:`Fronts` starts them and follows the world's faults: a crashed server's node goes
 down on the network (its connections break, its listener goes, its requests in progress
@@ -60,14 +60,6 @@ async def _settled(outcome: Any) -> Any:
     return await future
 
 
-async def _running(server: SimRangeServer) -> None:
-    """Wait while ``server`` is hung (SIGSTOP): its requests are served once it resumes."""
-    while server.hung:
-        resumed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        server.stalled.append(lambda f=resumed: f.done() or f.set_result(None))
-        await resumed
-
-
 def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
     """READ, DESCRIBE_RANGE, APPEND, CREATE_RANGE, SEAL, CONFIRM and PING as
     ``rangeserver/shell/server.py`` answers them (the server id a request names is checked
@@ -75,7 +67,6 @@ def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
     durable)."""
 
     async def read(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         asked = rm.ReadRequest.from_header(header)
         end, sealed, data = await _settled(server.read(
             asked.stream_id, asked.range_index, asked.offset,
@@ -86,18 +77,15 @@ def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
         return ReadAnswer(end, sealed, data).to_header(), data
 
     async def describe_range(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         asked = rm.RangeKeyRequest.from_header(header)
         server._check(header.get("server_id"))
         return dict(server.describe(asked.stream_id, asked.range_index)), b""
 
     async def append(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         end = await _settled(server.append(payload, server_id=header.get("server_id")))
         return {"end": end}, b""
 
     async def create_range(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         asked = rm.CreateRangeRequest.from_header(header)
         await _settled(server.create_range(asked.stream_id, asked.range_index, asked.start,
                                            asked.epoch, server_id=header.get("server_id")))
@@ -105,7 +93,6 @@ def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
         return Created(state.start, state.end, state.epoch, state.sealed).to_header(), b""
 
     async def seal(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         asked = rm.SealRequest.from_header(header)
         end, sealed = await _settled(server.seal(asked.stream_id, asked.range_index,
                                                  asked.epoch, asked.end,
@@ -113,14 +100,12 @@ def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
         return SealAnswer(end, sealed).to_header(), b""
 
     async def confirm(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         asked = rm.ConfirmRequest.from_header(header)
         await _settled(server.confirm(asked.stream_id, asked.range_index, asked.epoch,
                                       asked.confirm, server_id=header.get("server_id")))
         return {}, b""
 
     async def ping(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         return PingAnswer(server.ping(), address_of(server.node), 0, "sim").to_header(), b""
 
     return {Opcode.READ: read, Opcode.DESCRIBE_RANGE: describe_range, Opcode.APPEND: append,
@@ -210,6 +195,17 @@ class Fronts:
         if node in self._down:
             self._down.discard(node)
             self._serve(node, range_server_handlers(self.servers[node]), address_of(node))
+
+    def hang(self, node: str) -> None:
+        """SIGSTOP: ``node``'s network is held (nothing reaches it or leaves it) and its
+        server's own timers wait (``SimRangeServer.hang``)."""
+        self.servers[node].hang()
+        self.net.hold(node)
+
+    def resume(self, node: str) -> None:
+        """SIGCONT: the server's timers run, then what waited on the network arrives."""
+        self.servers[node].resume()
+        self.net.release(node)
 
     def restart(self, node: str) -> None:
         """kill -9 and start again at once."""

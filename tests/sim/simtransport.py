@@ -316,8 +316,10 @@ class SimNetwork:
                 future.set_result(None)  # each connect looks at its link again
 
     def down(self, node: str) -> None:
-        """``node`` crashes: its connections break and its listeners go."""
+        """``node`` crashes: its connections break and its listeners go (a held node's
+        process is gone: it is held no more)."""
         self.faults.down.add(node)
+        self.faults.held.discard(node)
         for transport in list(self.connections):
             if node in (transport.node, transport.peer_node):
                 self.break_connection(transport, ConnectionResetError(f"{node} is down"))

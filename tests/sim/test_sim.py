@@ -234,9 +234,9 @@ class Sim:
     def hang(self, node: str, ms: int) -> None:
         """SIGSTOP for ``ms``, then SIGCONT."""
         self.note(f"hang {node} for {ms} ms")
-        self.servers[node].hang()
+        self.fronts.hang(node)
         self.faults.out_since[node] = self.world.now_ms
-        self.world.after(ms, lambda: self.servers[node].resume())
+        self.world.after(ms, lambda: self.fronts.resume(node))
 
     def wipe(self, node: str, down_ms: int) -> None:
         """The data directory replaced by an empty one: back with a new server id."""
@@ -296,7 +296,7 @@ class Sim:
             self.restart(node)
         for server in self.servers.values():
             if server.hung:
-                server.resume()
+                self.fronts.resume(server.node)
         self.faults.drop = 0.0
         self.fronts.net.faults.reset_rate = 0.0
         self.repair_seals()
@@ -599,7 +599,7 @@ class Sim:
             lagging = self.server(rng.choice(last.replicas).id)
             if lagging is not None and not lagging.hung:
                 self.events.append(f"t={self.world.now_ms} {lagging.node} hung through close")
-                lagging.hang()  # the restart below ends it
+                self.fronts.hang(lagging.node)  # the restart below ends it
                 others = [self.server(r.id) for r in last.replicas if r.id != lagging.id]
                 self.cut_final_read = [o.node for o in others if o is not None]
                 if final.submit(rng.randint(1, 4)):
@@ -610,7 +610,7 @@ class Sim:
                 if not self.close(final, 300):
                     # The writer failed the hung replica too (and cannot close without it):
                     # no lagging replica this time.
-                    lagging.resume()
+                    self.fronts.resume(lagging.node)
                     self.cut_final_read = []
         assert self.close(final), (
             f"{final.id}: close did not get ack_count answers to its final CONFIRM")

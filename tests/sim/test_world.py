@@ -111,8 +111,8 @@ def test_a_front_answers_the_servers_typed_errors_and_a_hung_server_once_it_resu
         with pytest.raises(RangeNotFound):
             await reads.read(address, server_id="s0", stream_id=stream_id, range_index=7,
                              offset=0)
-        server.hang()
-        world.after(40, server.resume)
+        fronts.hang("s0")
+        world.after(40, lambda: fronts.resume("s0"))
         asked = world.now_ms
         answer = await reads.read(address, server_id="s0", stream_id=stream_id,
                                   range_index=0, offset=1)

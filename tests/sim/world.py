@@ -240,7 +240,7 @@ class SimRangeServer:
         self.durable: list[Entry] = []
         self.unsynced: list[Entry] = []
         self.hung = False
-        self.stalled: list[Callable[[], None]] = []  # requests that came in while hung
+        self.stalled: list[Callable[[], None]] = []  # timers due while hung
         self._syncing = 0  # how many unsynced entries the fsync in flight covers
         self._sync_due = False  # an fsync completed while hung
         self._generation = 0  # a crash or wipe makes older timers and answers void
@@ -621,7 +621,8 @@ class SimRangeServer:
         return offset
 
     def hang(self) -> None:
-        """SIGSTOP: requests are taken in but nothing runs, nothing is answered."""
+        """SIGSTOP: its timers wait (an fsync's completion, a long poll's expiry); its
+        requests and answers wait on the network (``Fronts.hang`` holds the node)."""
         self.hung = True
 
     def resume(self) -> None:
