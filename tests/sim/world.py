@@ -626,7 +626,7 @@ class SimRangeServer:
         self.hung = True
 
     def resume(self) -> None:
-        """SIGCONT: the fsync that completed meanwhile, then the requests, in order."""
+        """SIGCONT: the fsync that completed meanwhile, then the timers due meanwhile."""
         self.hung = False
         if self._sync_due:
             self._sync_due = False
