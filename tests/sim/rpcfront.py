@@ -8,8 +8,8 @@ the real servers parse them), the decision left to the world's
 :class:`~tests.sim.world.SimRangeServer` or :class:`~tests.sim.world.SimPD`, and the real
 servers' typed answer (:mod:`estream.wire.rangeanswers`, :mod:`estream.wire.pdanswers`) or
 typed error out. A range server's answer that waits for its log entry to be durable (a
-:class:`~tests.sim.world.Later`) is awaited; a hung server takes requests in and serves
-them only once it resumes (its kernel holds the connection; the process is stopped).
+:class:`~tests.sim.world.Later`) is awaited; a hung server's network is held
+(:meth:`Fronts.hang`: nothing reaches it or leaves it until it resumes).
 
 :class:`Fronts` starts them and follows the world's faults: a crashed server's node goes
 down on the network (its connections break, its listener goes, its requests in progress
@@ -29,11 +29,11 @@ from estream.net.rpc import Answer, Handler, Header, RpcServer
 from estream.wire import limits
 from estream.wire import rangemessages as rm
 from estream.wire.errors import EstreamError
-from estream.wire.pdanswers import StreamAnswer
-from estream.wire.pdmessages import DescribeStreamRequest
+from estream.wire.pdanswers import ServersAnswer, StreamAnswer
+from estream.wire.pdmessages import DescribeStreamRequest, NamedStreamRequest, SealRangeRequest
 from estream.wire.protocol import Opcode
-from estream.wire.rangeanswers import Created, ReadAnswer
-from pd.paging import ranges_window
+from estream.wire.rangeanswers import Created, PingAnswer, ReadAnswer, SealAnswer
+from pd.paging import ranges_window, stream_answer, stream_tail
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
 from tests.sim.world import Faults, Later, SimPD, SimRangeServer, World, address_of
@@ -60,21 +60,13 @@ async def _settled(outcome: Any) -> Any:
     return await future
 
 
-async def _running(server: SimRangeServer) -> None:
-    """Wait while ``server`` is hung (SIGSTOP): its requests are served once it resumes."""
-    while server.hung:
-        resumed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        server.stalled.append(lambda f=resumed: f.done() or f.set_result(None))
-        await resumed
-
-
 def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
-    """READ, DESCRIBE_RANGE, APPEND and CREATE_RANGE as ``rangeserver/shell/server.py``
-    answers them (the server id a request names is checked by the world's server:
-    ``WrongServer``; an APPEND is answered once durable)."""
+    """READ, DESCRIBE_RANGE, APPEND, CREATE_RANGE, SEAL, CONFIRM and PING as
+    ``rangeserver/shell/server.py`` answers them (the server id a request names is checked
+    by the world's server: ``WrongServer``; APPEND, CONFIRM and SEAL are answered once
+    durable)."""
 
     async def read(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         asked = rm.ReadRequest.from_header(header)
         end, sealed, data = await _settled(server.read(
             asked.stream_id, asked.range_index, asked.offset,
@@ -85,31 +77,45 @@ def range_server_handlers(server: SimRangeServer) -> dict[int, Handler]:
         return ReadAnswer(end, sealed, data).to_header(), data
 
     async def describe_range(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         asked = rm.RangeKeyRequest.from_header(header)
         server._check(header.get("server_id"))
         return dict(server.describe(asked.stream_id, asked.range_index)), b""
 
     async def append(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         end = await _settled(server.append(payload, server_id=header.get("server_id")))
         return {"end": end}, b""
 
     async def create_range(header: Header, payload: bytes) -> Answer:
-        await _running(server)
         asked = rm.CreateRangeRequest.from_header(header)
         await _settled(server.create_range(asked.stream_id, asked.range_index, asked.start,
                                            asked.epoch, server_id=header.get("server_id")))
         state = server.state((asked.stream_id, asked.range_index))
         return Created(state.start, state.end, state.epoch, state.sealed).to_header(), b""
 
+    async def seal(header: Header, payload: bytes) -> Answer:
+        asked = rm.SealRequest.from_header(header)
+        end, sealed = await _settled(server.seal(asked.stream_id, asked.range_index,
+                                                 asked.epoch, asked.end,
+                                                 server_id=header.get("server_id")))
+        return SealAnswer(end, sealed).to_header(), b""
+
+    async def confirm(header: Header, payload: bytes) -> Answer:
+        asked = rm.ConfirmRequest.from_header(header)
+        await _settled(server.confirm(asked.stream_id, asked.range_index, asked.epoch,
+                                      asked.confirm, server_id=header.get("server_id")))
+        return {}, b""
+
+    async def ping(header: Header, payload: bytes) -> Answer:
+        return PingAnswer(server.ping(), address_of(server.node), 0, "sim").to_header(), b""
+
     return {Opcode.READ: read, Opcode.DESCRIBE_RANGE: describe_range, Opcode.APPEND: append,
-            Opcode.CREATE_RANGE: create_range}
+            Opcode.CREATE_RANGE: create_range, Opcode.SEAL: seal, Opcode.CONFIRM: confirm,
+            Opcode.PING: ping}
 
 
 def pd_handlers(pd: SimPD) -> dict[int, Handler]:
-    """PD_CLUSTER (this one node leads) and PD_DESCRIBE_STREAM as ``pd/shell/handlers.py``
-    answers them."""
+    """PD_CLUSTER (this one node leads), PD_DESCRIBE_STREAM, PD_OPEN_WRITER, PD_SEAL_RANGE
+    and PD_LIST_SERVERS as ``pd/shell/handlers.py`` answers them."""
 
     async def cluster(header: Header, payload: bytes) -> Answer:
         leader = {"id": PD_NODE, "address": PD_ADDRESS, "raft": None, "http": None}
@@ -122,7 +128,24 @@ def pd_handlers(pd: SimPD) -> dict[int, Handler]:
         window = ranges_window(stream, request.offset, limit, index=request.index)
         return StreamAnswer(stream=window).to_header(), b""
 
-    return {Opcode.PD_CLUSTER: cluster, Opcode.PD_DESCRIBE_STREAM: describe}
+    async def open_writer(header: Header, payload: bytes) -> Answer:
+        stream = pd.open_writer(NamedStreamRequest.from_header(header).name)
+        return {"stream": stream_answer(stream)}, b""
+
+    async def seal_range(header: Header, payload: bytes) -> Answer:
+        request = SealRangeRequest.from_header(header)
+        stream = pd.seal_range(request.name, request.epoch, request.range_index, request.end,
+                               request.exclude)
+        if request.ranges_from < 0:
+            return {"stream": stream_answer(stream)}, b""
+        return stream_tail(stream, request.ranges_from), b""
+
+    async def list_servers(header: Header, payload: bytes) -> Answer:
+        return ServersAnswer(servers=tuple(pd.list_servers())).to_header(), b""
+
+    return {Opcode.PD_CLUSTER: cluster, Opcode.PD_DESCRIBE_STREAM: describe,
+            Opcode.PD_OPEN_WRITER: open_writer, Opcode.PD_SEAL_RANGE: seal_range,
+            Opcode.PD_LIST_SERVERS: list_servers}
 
 
 def _at_once(step: Coroutine[Any, Any, str]) -> str:
@@ -172,6 +195,17 @@ class Fronts:
         if node in self._down:
             self._down.discard(node)
             self._serve(node, range_server_handlers(self.servers[node]), address_of(node))
+
+    def hang(self, node: str) -> None:
+        """SIGSTOP: ``node``'s network is held (nothing reaches it or leaves it) and its
+        server's own timers wait (``SimRangeServer.hang``)."""
+        self.servers[node].hang()
+        self.net.hold(node)
+
+    def resume(self, node: str) -> None:
+        """SIGCONT: the server's timers run, then what waited on the network arrives."""
+        self.servers[node].resume()
+        self.net.release(node)
 
     def restart(self, node: str) -> None:
         """kill -9 and start again at once."""

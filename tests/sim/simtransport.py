@@ -14,7 +14,13 @@ which node opens a connection. What TCP does, decided by the seed:
 - resets: with probability ``reset_rate`` per write, the connection breaks (both ends see it
   lost; the bytes in flight are gone);
 - down nodes (:meth:`SimNetwork.down`): their connections break, connects to them are
-  refused, their listeners are gone until served again.
+  refused, their listeners are gone until served again;
+- held nodes (:meth:`SimNetwork.hold`, :meth:`SimNetwork.release`): a stopped process
+  (SIGSTOP): its connections stay up, but nothing reaches it or leaves it until released
+  (as across a cut);
+- lost answers (:meth:`SimNetwork.lose_next_write`): the next bytes one node writes to
+  another break the connection instead of arriving, e.g. a server's answer to a request
+  it received and carried out (an unknown outcome for the caller).
 
 A transport honours the write-buffer limits (``pause_writing`` past the high mark, as the
 RPC layer's backpressure expects) and ``pause_reading`` (bytes wait, in order).
@@ -50,6 +56,9 @@ class Faults:
     delay_ms: tuple[float, float] = DELAY_MS
     cuts: set[frozenset[str]] = field(default_factory=set)  # links that carry nothing
     down: set[str] = field(default_factory=set)  # nodes whose network is off
+    held: set[str] = field(default_factory=set)  # stopped nodes: their bytes wait
+    # (writer, peer): the next write from writer to peer resets the connection instead
+    lose_writes: set[tuple[str, str]] = field(default_factory=set)
 
 
 class SimTransport(asyncio.Transport):
@@ -99,7 +108,12 @@ class SimTransport(asyncio.Transport):
         if self._reading:
             return
         self._reading = True
-        while self._inbox and self._reading and not self._lost:
+        self.drain_inbox()
+
+    def drain_inbox(self) -> None:
+        """Read what arrived while reading was paused or the node was held."""
+        while (self._inbox and self._reading and not self._lost
+               and self.node not in self._net.faults.held):
             self._feed(self._inbox.popleft())
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
@@ -115,7 +129,12 @@ class SimTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.is_closing() or not data:
             return
-        if self._net.rng.random() < self._net.faults.reset_rate:
+        faults = self._net.faults
+        if faults.lose_writes and (self.node, self.peer_node) in faults.lose_writes:
+            faults.lose_writes.discard((self.node, self.peer_node))
+            self._net.reset(self)
+            return
+        if self._net.rng.random() < faults.reset_rate:
             self._net.reset(self)
             return
         chunk = bytes(data)
@@ -173,11 +192,11 @@ class SimTransport(asyncio.Transport):
 
     def _arrive(self, chunk: bytes) -> None:
         """``chunk`` reaches the peer: read now, or kept (still in this end's buffer, as
-        TCP's window would keep it) until the peer reads again."""
+        TCP's window would keep it) until the peer reads again (or runs again: held)."""
         peer = self.peer
         if self._lost or peer is None or peer._lost:
             return
-        if peer._reading and not peer._inbox:
+        if peer._reading and not peer._inbox and peer.node not in self._net.faults.held:
             peer._feed(chunk)
         else:
             peer._inbox.append(chunk)
@@ -256,13 +275,37 @@ class SimNetwork:
 
     def is_cut(self, a: str, b: str) -> bool:
         faults = self.faults
-        return frozenset((a, b)) in faults.cuts or a in faults.down or b in faults.down
+        return (frozenset((a, b)) in faults.cuts or a in faults.down or b in faults.down
+                or (bool(faults.held) and (a in faults.held or b in faults.held)))
 
     def cut(self, a: str, b: str) -> None:
         self.faults.cuts.add(frozenset((a, b)))
 
     def heal(self, a: str, b: str) -> None:
         self.faults.cuts.discard(frozenset((a, b)))
+        self._release_held()
+
+    def hold(self, node: str) -> None:
+        """``node``'s process is stopped: its connections stay up, but what is written to
+        it or by it waits (as across a cut) until :meth:`release`."""
+        self.faults.held.add(node)
+
+    def release(self, node: str) -> None:
+        """``node`` runs again: what waited arrives, in order."""
+        self.faults.held.discard(node)
+        self._release_held()
+        for transport in list(self.connections):
+            if transport.node == node:
+                transport.drain_inbox()
+
+    def lose_next_write(self, node: str, peer: str) -> None:
+        """The next bytes ``node`` writes to ``peer`` (on any connection between them)
+        reset the connection instead of arriving: sent after a request was carried out,
+        its answer is lost."""
+        self.faults.lose_writes.add((node, peer))
+
+    def _release_held(self) -> None:
+        """Send what a cut or a hold kept, where the link carries again."""
         for transport in list(self.holding):
             if not self.is_cut(transport.node, transport.peer_node):
                 self.holding.discard(transport)
@@ -273,8 +316,10 @@ class SimNetwork:
                 future.set_result(None)  # each connect looks at its link again
 
     def down(self, node: str) -> None:
-        """``node`` crashes: its connections break and its listeners go."""
+        """``node`` crashes: its connections break and its listeners go (a held node's
+        process is gone: it is held no more)."""
         self.faults.down.add(node)
+        self.faults.held.discard(node)
         for transport in list(self.connections):
             if node in (transport.node, transport.peer_node):
                 self.break_connection(transport, ConnectionResetError(f"{node} is down"))

@@ -7,10 +7,14 @@ round, record the seal in PD, once more without exclusions on ``NoPlacement``, t
 holders; its decisions are :class:`~estream.core.seal.RangeRecovery`'s), the one
 ``estream/net/recovery.py`` runs, with the retries of ``Writer._recover`` (the same epoch
 again after a backoff, with the stream read again). Each is a generator or a state machine
-this module only carries out: the sequences themselves are never written twice. The
-recovery's copies are :func:`estream.net.rangeclient.copy_range` itself, a task on the
-world's loop with a real :class:`~estream.net.rpc.ConnectionPool` (real frames over the
-simulated network to the servers' RPC fronts, :mod:`tests.sim.rpcfront`).
+this module only carries out: the sequences themselves are never written twice. Every
+request to a range server (APPEND and CONFIRM as the writer sends them, ``start_append``
+and ``start_confirm``; CREATE_RANGE, SEAL, PING) goes through the real
+:class:`~estream.net.rangerequests.RangeClient`, and the recovery's copies are
+:func:`estream.net.rangeclient.copy_range` itself, on the writer node's real
+:class:`~estream.net.rpc.ConnectionPool`: real frames over the simulated network
+(resets, partitions, crashed nodes) to the servers' RPC fronts (:mod:`tests.sim.rpcfront`).
+PD is asked through the real :class:`~estream.net.pdclient.PDClient` on the same pool.
 
 Every request names the server id the catalog lists for its replica, at the address the
 catalog gives (``WrongServer`` from a server with another identity).
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +72,7 @@ from estream.core.writeeffects import (
     SendConfirm,
     WriterConfig,
 )
+from estream.net.pdclient import PDClient
 from estream.net.rangeclient import (
     CopyProgress,
     Endpoint,
@@ -83,15 +88,29 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record
-from tests.sim.world import Net, World, address_of, node_of
+from tests.sim.rpcfront import PD_ADDRESS
+from tests.sim.world import World, address_of, node_of
 
-PD = "pd"
+# A request to a range server: (client, address, the replica's id, timeout in s) -> answer.
+Request = Callable[[RangeClient, str, str, float], Awaitable[Any]]
+PdRequest = Callable[[PDClient], Awaitable[Any]]  # a request to PD
 FENCE_GRACE_MS = 100  # recovery.fence_grace_s, scaled like the other timeouts
 RECOVERY_BACKOFF_MS = (20, 400)  # writer.recovery_backoff_s_min/max, scaled
 SEAL_TIMEOUT_MS = 100  # replicas.seal_timeout_s, scaled
 CREATE_TIMEOUT_MS = 200  # replicas.create_timeout_s, scaled
 PING_TIMEOUT_MS = 100
+REQUEST_TIMEOUT_MS = 300  # any other request to a range server (the simulation's timeout)
+PD_TIMEOUT_S = 0.3  # a PD call, its client's retries included
 COPY_TIMEOUT_S = 0.3  # each request of a recovery copy (the simulation's request timeout)
+
+
+async def _awaited(request: Awaitable[Any]) -> Any:
+    return await request
+
+
+async def _ping(rc: RangeClient, address: str, replica: str, timeout_s: float) -> str:
+    """PING: who answers at ``address`` (``replica`` when it is still the one there)."""
+    return (await rc.ping(address, timeout_s=timeout_s)).server_id
 
 
 def roll_config(replicas: int) -> RollConfig:
@@ -113,12 +132,15 @@ class SimWriter:
     """One writer: opens (recovering the last range), appends a workload, rolls on
     failure. ``assigned`` and ``acked_end`` are what its user saw."""
 
-    def __init__(self, world: World, net: Net, node_id: str, stream: str, config: WriterConfig,
+    def __init__(self, world: World, node_id: str, stream: str, config: WriterConfig,
                  pool: ConnectionPool):
         self.world = world
-        self.net = net
         self.pool = pool  # the writer node's connections (its recovery copies)
         self.copies: set[asyncio.Task[None]] = set()  # copy_range tasks running
+        self.range_client = RangeClient(pool)  # every request to a range server
+        self.pd_client = PDClient([PD_ADDRESS], timeout_s=PD_TIMEOUT_S, pool=pool,
+                                  clock=world.clock)
+        self.calls: set[asyncio.Task[Any]] = set()  # those requests, while in flight
         self.id = node_id
         self.stream = stream
         self.config = config
@@ -162,35 +184,60 @@ class SimWriter:
 
     def _call(
         self,
-        dst: str,
-        handler: Callable[[Any], Any],
+        request: PdRequest,
         ok: Callable[[Any], None],
         err: Callable[[EstreamError], None],
-        timeout_ms: int = 300,
     ) -> None:
+        """A request to PD through the real :class:`~estream.net.pdclient.PDClient` (its
+        own retries within ``PD_TIMEOUT_S``), on the writer node's pool."""
         if self.dead:
             return  # a crashed writer sends nothing more (scheduled retries included)
+        self._run(request(self.pd_client), ok, err)
 
-        def guard_ok(result: Any) -> None:
-            if not self.dead:
-                ok(result)
+    def _run(
+        self,
+        request: Awaitable[Any],
+        ok: Callable[[Any], None],
+        err: Callable[[EstreamError], None],
+    ) -> None:
+        """``request`` as a task on the world's loop; ``ok`` or ``err`` hears how it
+        ended, unless the writer died meanwhile."""
+        task = self.world.loop.create_task(_awaited(request))
+        self.calls.add(task)
 
-        def guard_err(error: EstreamError) -> None:
-            if not self.dead:
+        def finished(task: asyncio.Task[Any]) -> None:
+            self.calls.discard(task)
+            if task.cancelled():
+                return
+            error = task.exception()
+            if self.dead:
+                return  # the writer's process died: nobody hears the answer
+            if error is None:
+                ok(task.result())
+            elif isinstance(error, EstreamError):
                 err(error)
+            else:
+                self.world.fail(error)
 
-        self.net.call(self.id, dst, handler, guard_ok, guard_err, timeout_ms=timeout_ms)
+        task.add_done_callback(finished)
 
     def _rcall(
         self,
         replica: str,
-        request: Callable[[Any, str], Any],
+        request: Request,
         ok: Callable[[Any], None],
         err: Callable[[EstreamError], None],
-        timeout_ms: int = 300,
+        timeout_ms: int = REQUEST_TIMEOUT_MS,
     ) -> None:
-        """A request to ``replica`` at the address the catalog gives, naming its id."""
-        self._call(self.addresses[replica], lambda s: request(s, replica), ok, err, timeout_ms)
+        """A request to ``replica`` at the address the catalog gives, naming its id: the
+        real :class:`~estream.net.rangerequests.RangeClient` on the writer node's real
+        :class:`~estream.net.rpc.ConnectionPool`, in real frames over the simulated network
+        (a task on the world's loop); ``ok`` or ``err`` hears how it ended, unless the
+        writer died meanwhile."""
+        if self.dead:
+            return  # a crashed writer sends nothing more (scheduled retries included)
+        address = address_of(self.addresses[replica])
+        self._run(request(self.range_client, address, replica, timeout_ms / 1000), ok, err)
 
     def _learn(self, rng: RangeMeta) -> None:
         for ref in rng.replicas:
@@ -198,26 +245,26 @@ class SimWriter:
 
     def _pd(
         self,
-        handler: Callable[[Any], Any],
+        request: PdRequest,
         ok: Callable[[Any], None],
         on_error: Callable[[EstreamError], None] | None = None,
     ) -> None:
-        """A PD call retried on retriable errors and timeouts (PdClient retries too)."""
+        """A PD call retried on retriable errors and timeouts (as the SDK's callers do)."""
 
         def err(error: EstreamError) -> None:
             if error.retriable:
-                self.world.after(20, lambda: self._pd(handler, ok, on_error))
+                self.world.after(20, lambda: self._pd(request, ok, on_error))
             elif on_error is not None:
                 on_error(error)
             else:
                 raise AssertionError(f"unexpected PD error {error!r}")
 
-        self._call(PD, handler, ok, err)
+        self._call(request, ok, err)
 
     def _gather(
         self,
         replicas: tuple[str, ...],
-        request: Callable[[Any, str], Any],
+        request: Request,
         done: Callable[[dict[str, tuple[Any, EstreamError | None]]], None],
         timeout_ms: int,
     ) -> None:
@@ -284,8 +331,9 @@ class SimWriter:
 
         self._gather(
             tuple(r.id for r in rng.replicas),
-            lambda s, sid: s.create_range(
-                self._stream_id, rng.index, rng.start, self.epoch, server_id=sid
+            lambda rc, a, sid, t: rc.create_range(
+                a, server_id=sid, stream_id=self._stream_id, range_index=rng.index,
+                start=rng.start, epoch=self.epoch, timeout_s=t,
             ),
             created,
             CREATE_TIMEOUT_MS,
@@ -323,6 +371,9 @@ class SimWriter:
 
     def submit(self, count: int) -> bool:
         """Append ``count`` records if the budget allows; False if it did not."""
+        return self.world.inside(lambda: self._submit(count))
+
+    def _submit(self, count: int) -> bool:
         core = self.core
         if core is None or self.fenced or self.dead or not core.can_accept(count * 40):
             return False
@@ -342,27 +393,9 @@ class SimWriter:
         assert core is not None
         for e in effects:
             if isinstance(e, SendAppend):
-                self._rcall(
-                    e.replica,
-                    lambda s, sid, p=e.payload: s.append(p, server_id=sid),
-                    lambda end, r=e.replica, i=e.range_index: self._effects(
-                        core.on_append_ack(r, i, end, self.world.now_ms)
-                    ),
-                    lambda err, r=e.replica, i=e.range_index: self._effects(
-                        core.on_append_error(r, i, err, self.world.now_ms)
-                    ),
-                )
+                self._send_append(core, e)
             elif isinstance(e, SendConfirm):
-                self._rcall(
-                    e.replica,
-                    lambda s, sid, i=e.range_index, c=e.confirm: s.confirm(
-                        core.stream_id, i, self.epoch, c, server_id=sid
-                    ),
-                    lambda _, r=e.replica, i=e.range_index, c=e.confirm: self._confirm_answered(
-                        i, r, c
-                    ),
-                    lambda _: None,
-                )
+                self._send_confirm(core, e)
             elif isinstance(e, CompleteAppends):
                 assert e.upto >= self.acked_end
                 self.acked_end = e.upto
@@ -382,6 +415,38 @@ class SimWriter:
                 self.fenced = True
         self._schedule_tick()
 
+    def _send_append(self, core: RangeWriter, e: SendAppend) -> None:
+        """APPEND as the real writer sends it (``RangeClient.start_append``: no task)."""
+        if self.dead:
+            return
+        r, i = e.replica, e.range_index
+
+        def done(end: int, error: EstreamError | None) -> None:
+            if self.dead:
+                return
+            if error is None:
+                self._effects(core.on_append_ack(r, i, end, self.world.now_ms))
+            else:
+                self._effects(core.on_append_error(r, i, error, self.world.now_ms))
+
+        self.range_client.start_append(
+            address_of(self.addresses[r]), done, server_id=r, batch=e.payload,
+            timeout_s=REQUEST_TIMEOUT_MS / 1000)
+
+    def _send_confirm(self, core: RangeWriter, e: SendConfirm) -> None:
+        """CONFIRM as the real writer sends it (``RangeClient.start_confirm``)."""
+        if self.dead:
+            return
+        r, i, c = e.replica, e.range_index, e.confirm
+
+        def done(error: EstreamError | None) -> None:
+            if error is None and not self.dead:
+                self._confirm_answered(i, r, c)
+
+        self.range_client.start_confirm(
+            address_of(self.addresses[r]), done, server_id=r, stream_id=core.stream_id,
+            range_index=i, epoch=self.epoch, confirm=c, timeout_s=REQUEST_TIMEOUT_MS / 1000)
+
     def _confirm_answered(self, range_index: int, replica: str, confirm: int) -> None:
         key = (range_index, replica)
         self._confirmed[key] = max(self._confirmed.get(key, -1), confirm)
@@ -391,7 +456,7 @@ class SimWriter:
         offset again (every 100 ms) until ``ack_count`` live replicas of the open range
         answered it (range servers log it durably before answering): :attr:`closed`."""
         self.closing = True
-        self._close_step()
+        self.world.inside(self._close_step)
 
     @property
     def closed(self) -> bool:
@@ -468,17 +533,17 @@ class SimWriter:
         elif isinstance(step, Ping):
             self._gather(
                 step.servers,
-                lambda s, sid: s.ping(),
+                _ping,
                 lambda answers: advance(tuple(r for r, (a, _) in answers.items() if a == r)),
                 PING_TIMEOUT_MS,
             )
         elif isinstance(step, ListServers):
-            self._call(PD, lambda pd: pd.list_servers(), advance, fail)
+            self._call(lambda pd: pd.list_servers(), advance, fail)
         elif isinstance(step, SealInPd):
             self._call(
-                PD,
                 lambda pd: pd.seal_range(
-                    self.stream, self.epoch, step.range_index, step.end, step.exclude
+                    self.stream, self.epoch, step.range_index, step.end, step.exclude,
+                    known=self._meta,
                 ),
                 advance,
                 fail,
@@ -486,8 +551,9 @@ class SimWriter:
         elif isinstance(step, SealReplicas):
             self._gather(
                 step.replicas,
-                lambda s, sid: s.seal(
-                    core.stream_id, step.range_index, self.epoch, step.end, server_id=sid
+                lambda rc, a, sid, t: rc.seal(
+                    a, server_id=sid, stream_id=core.stream_id, range_index=step.range_index,
+                    epoch=self.epoch, end=step.end, timeout_s=t,
                 ),
                 lambda answers: advance(tuple(r for r, (_, e) in answers.items() if e is None)),
                 SEAL_TIMEOUT_MS,
@@ -528,6 +594,7 @@ class _Open:
 
     def __init__(self, writer: SimWriter, meta: StreamMeta) -> None:
         self.w = writer
+        self.meta = meta  # the stream as last read (PD_SEAL_RANGE's ``known``)
         self.steps = open_range(
             meta, writer.epoch, lambda: writer.world.now_ms, grace_ms=FENCE_GRACE_MS,
             backoff_ms_min=RECOVERY_BACKOFF_MS[0], backoff_ms_max=RECOVERY_BACKOFF_MS[1],
@@ -582,9 +649,9 @@ class _Open:
                 self._advance(new_meta)
 
             w._call(
-                PD,
                 lambda pd: pd.seal_range(
-                    w.stream, w.epoch, step.range_index, step.end, step.exclude),
+                    w.stream, w.epoch, step.range_index, step.end, step.exclude,
+                    known=self.meta),
                 sealed,
                 lambda e: self._advance(error=e),
             )
@@ -594,14 +661,15 @@ class _Open:
                 w.on_recovered(self.sealed_in_pd, step.range_index, step.end, step.replicas)
             w._gather(
                 step.replicas,
-                lambda s, sid: s.seal(w._stream_id, step.range_index, w.epoch, step.end,
-                                      server_id=sid),
+                lambda rc, a, sid, t: rc.seal(
+                    a, server_id=sid, stream_id=w._stream_id, range_index=step.range_index,
+                    epoch=w.epoch, end=step.end, timeout_s=t),
                 lambda answers: self._advance(tuple(r for r, (_, e) in answers.items()
                                                     if e is None)),
                 SEAL_TIMEOUT_MS,
             )
         elif isinstance(step, DescribeStream):
-            w._call(PD, lambda pd: pd.describe(w.stream), self._advance,
+            w._call(lambda pd: pd.describe_stream(w.stream), self._described,
                     lambda e: self._advance(error=e))
         elif isinstance(step, MustWait):
             w.recoveries += 1
@@ -613,6 +681,10 @@ class _Open:
             assert isinstance(step, CreateRange)
             w._create_range(step.range, self._advance)
 
+    def _described(self, meta: StreamMeta) -> None:
+        self.meta = meta
+        self._advance(meta)
+
     # -- fence: requests in flight, their answers queued for AwaitFence -----------------
 
     def _fence(self, request: SendFence | FenceByCreate) -> None:
@@ -622,17 +694,19 @@ class _Open:
         if isinstance(request, SendFence):
             w._rcall(
                 r,
-                lambda s, sid: s.seal(w._stream_id, rng.index, w.epoch, None, server_id=sid),
-                lambda answer: self._fenced(phase, FenceAnswer(r, *answer)),
+                lambda rc, a, sid, t: rc.seal(
+                    a, server_id=sid, stream_id=w._stream_id, range_index=rng.index,
+                    epoch=w.epoch, end=None, timeout_s=t),
+                lambda answer: self._fenced(phase, FenceAnswer(r, answer.end, answer.sealed)),
                 lambda err: self._fenced(phase, FenceAnswer(r, error=err)),
             )
         else:
             w._rcall(
                 r,
-                lambda s, sid: s.create_range(
-                    w._stream_id, rng.index, rng.start, w.epoch, server_id=sid
-                ),
-                lambda end: self._fenced(phase, FenceAnswer(r, end)),
+                lambda rc, a, sid, t: rc.create_range(
+                    a, server_id=sid, stream_id=w._stream_id, range_index=rng.index,
+                    start=rng.start, epoch=w.epoch, timeout_s=t),
+                lambda created: self._fenced(phase, FenceAnswer(r, created.end)),
                 lambda err: self._fenced(phase, FenceAnswer(r, error=err)),
             )
 

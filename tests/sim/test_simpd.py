@@ -30,11 +30,7 @@ from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
 from pd.shell.node import PdConfig, PlacementDriverNode
 from pd.shell.service import PdService
-from rangeserver.shell.heartbeat import heartbeat_loop
-from rangeserver.shell.server import RangeServer
-from rangeserver.shell.store import Store
-from tests.sim.simdisk import SimDisk
-from tests.sim.simlog import SimLog
+from tests.sim.servernode import RangeServerNode
 from tests.sim.simloop import SimClock, SimLoop, run
 from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import SimNetwork
@@ -44,7 +40,6 @@ T = TypeVar("T")
 PD_ADDRESS = "127.0.0.10:7400"
 PD_HTTP = "127.0.0.10:7401"  # published in the catalog; no admin HTTP is served here
 SERVERS = {f"rs-{i}": f"127.0.0.{20 + i}:7000" for i in range(3)}
-SEGMENT_BYTES = 1 << 16
 SEEDS = range(8)
 
 
@@ -55,39 +50,6 @@ def pd_node(net: SimNetwork, raft: SimRaft, clock: Clock, data_dir: Path
     config = PdConfig("pd-1", PD_ADDRESS, raft.self_address, PD_HTTP, data_dir)
     return PlacementDriverNode(config, raft=raft, network=net.node("pd"), clock=clock,
                                serve_http=False)
-
-
-class SimRangeServerNode:
-    """A real range server on a simulated disk, heartbeating to the simulated PD."""
-
-    def __init__(self, net: SimNetwork, server_id: str, data_dir: Path, clock: Clock) -> None:
-        loop = asyncio.get_running_loop()
-        assert isinstance(loop, SimLoop)
-        self.net, self.server_id, self.clock = net, server_id, clock
-        self.data_dir = data_dir
-        self.disk = SimDisk(random.Random(loop.seed))
-        self.server: RangeServer | None = None
-        self.beats: asyncio.Task[None] | None = None
-
-    async def boot(self) -> None:
-        store = Store(self.data_dir, cache_bytes_max=0, clock=self.clock,
-                      log=SimLog(self.disk, segment_bytes_max=SEGMENT_BYTES))
-        await store.open()
-        network = self.net.node(self.server_id)
-        self.server = server = RangeServer(store, self.server_id, network=network)
-        host, port = SERVERS[self.server_id].rsplit(":", 1)
-        await server.start(host, int(port))
-        self.beats = asyncio.ensure_future(heartbeat_loop(
-            [PD_ADDRESS], self.server_id, server.address, "ssd", server.load,
-            network=network, clock=self.clock))
-
-    async def stop(self) -> None:
-        if self.beats is not None:
-            self.beats.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.beats
-        if self.server is not None:
-            await self.server.close()
 
 
 class Cluster:
@@ -101,8 +63,10 @@ class Cluster:
         self.net = SimNetwork(loop, random.Random(seed))
         self.raft = SimRaft(loop, random.Random(seed + 1))
         self.pd = pd_node(self.net, self.raft, self.clock, tmp_path / f"{seed}-pd")
-        self.servers = [SimRangeServerNode(self.net, sid, tmp_path / f"{seed}-{sid}",
-                                           self.clock) for sid in SERVERS]
+        self.servers = [
+            RangeServerNode(self.net, sid, SERVERS[sid], sid, tmp_path / f"{seed}-{sid}",
+                            rng=random.Random(seed), clock=self.clock, pd=(PD_ADDRESS,))
+            for sid in SERVERS]
         self.client = PDClient([PD_ADDRESS], network=self.net.node("client"),
                                clock=self.clock)
         self.service: PdService | None = None
@@ -112,7 +76,6 @@ class Cluster:
         self.service = self.pd.service
         if servers:
             for server in self.servers:
-                server.data_dir.mkdir(parents=True)
                 await server.boot()
         else:  # registered (alive for a while) without a process: PD alone is tested
             for server_id, address in SERVERS.items():

@@ -1,7 +1,8 @@
 """The real range server and its real store on the simulator's ports.
 
 :class:`~rangeserver.shell.server.RangeServer` over :class:`~rangeserver.shell.store.Store`
-runs on the deterministic loop (tests/sim/simloop.py), listens on the simulated network
+(a :class:`~tests.sim.servernode.RangeServerNode`) runs on the deterministic loop
+(tests/sim/simloop.py), listens on the simulated network
 (tests/sim/simtransport.py) and logs to :class:`~tests.sim.simlog.SimLog` on a
 :class:`~tests.sim.simdisk.SimDisk`; the real :class:`~estream.net.rpc.RpcClient` drives
 it. A power loss keeps a seeded prefix of the unsynced log writes, and the next process
@@ -19,15 +20,20 @@ from typing import Any
 import pytest
 
 from estream.net.rpc import Header, RpcClient
-from estream.wire.errors import ChecksumMismatch, RangeSealed, ReplicaDamaged
+from estream.wire.errors import (
+    ChecksumMismatch,
+    EstreamError,
+    RangeNotFound,
+    RangeSealed,
+    ReplicaDamaged,
+    Unavailable,
+    WrongServer,
+)
 from estream.wire.protocol import Opcode
-from estream.wire.record import BATCH_HEADER_BYTES, Record, decode_batch, encode_batch, iter_batches
-from rangeserver.shell.server import RangeServer
+from estream.wire.record import Record, decode_batch, encode_batch, iter_batches
 from rangeserver.shell.store import Store
-from rangeserver.shell.wal import segment_name
-from tests.sim.simdisk import SimDisk
-from tests.sim.simlog import SimLog
-from tests.sim.simloop import SimClock, SimLoop, run
+from tests.sim.servernode import RangeServerNode
+from tests.sim.simloop import SimLoop, run
 from tests.sim.simtransport import SimNetwork
 
 SERVER = "127.0.0.7:7000"
@@ -36,41 +42,12 @@ SEGMENT_BYTES = 4096  # small segments: the runs below cross several
 CRASH_SEEDS = range(12)
 
 
-class Node:
+def server_node(net: SimNetwork, data_dir: Path) -> RangeServerNode:
     """One simulated range-server machine: its disk outlives its processes."""
-
-    def __init__(self, net: SimNetwork, data_dir: Path) -> None:
-        loop = asyncio.get_running_loop()
-        assert isinstance(loop, SimLoop)
-        self.net = net
-        self.data_dir = data_dir
-        self.disk = SimDisk(random.Random(loop.seed))
-        self.log: SimLog | None = None
-        self.store: Store | None = None
-        self.server: RangeServer | None = None
-
-    async def boot(self) -> Store:
-        """A new process: recover from the disk, then serve."""
-        self.log = SimLog(self.disk, segment_bytes_max=SEGMENT_BYTES)
-        store = self.store = Store(self.data_dir, cache_bytes_max=0, log=self.log,  # reads: disk
-                                   clock=SimClock(asyncio.get_running_loop()))
-        await store.open()
-        self.net.up("rs")
-        self.server = RangeServer(store, SERVER_ID, network=self.net.node("rs"))
-        host, port = SERVER.rsplit(":", 1)
-        await self.server.start(host, int(port))
-        return store
-
-    def power_loss(self) -> None:
-        """The machine goes down at once: the process dies, unsynced writes are lost."""
-        assert self.log is not None
-        self.net.down("rs")
-        self.log.kill()
-        self.disk.crash()
-
-    async def stop(self) -> None:
-        assert self.server is not None
-        await self.server.close()
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, SimLoop)
+    return RangeServerNode(net, "rs", SERVER, SERVER_ID, data_dir,
+                           rng=random.Random(loop.seed), segment_bytes_max=SEGMENT_BYTES)
 
 
 async def connect(net: SimNetwork) -> RpcClient:
@@ -127,7 +104,7 @@ def test_the_real_store_creates_appends_confirms_seals_and_reads_on_the_simulate
     async def main() -> tuple[list[int], list[bytes], Header, Header, float, int]:
         loop = asyncio.get_running_loop()
         net = SimNetwork(loop, random.Random(1))
-        node = Node(net, tmp_path)
+        node = server_node(net, tmp_path)
         await node.boot()
         client = await connect(net)
         created = await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
@@ -172,7 +149,7 @@ async def _crash_and_replay(tmp_path: Path, seed: int) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     rng = random.Random(seed)
     net = SimNetwork(loop, random.Random(seed))
-    node = Node(net, tmp_path)
+    node = server_node(net, tmp_path)
     store = await node.boot()
     client = await connect(net)
     a, b, c = (1, 0), (2, 0), (3, 1)
@@ -244,16 +221,14 @@ def test_a_flipped_byte_is_found_by_the_reads_checksum_and_the_replica_stays_dam
     async def main() -> tuple[type[Exception], Header, list[bytes], bool, list[bytes]]:
         loop = asyncio.get_running_loop()
         net = SimNetwork(loop, random.Random(4))
-        node = Node(net, tmp_path)
+        node = server_node(net, tmp_path)
         store = await node.boot()
         client = await connect(net)
         for k in (key, other):
             await call(client, Opcode.CREATE_RANGE, k, start=0, epoch=1)
             await append_values(client, k, 0, 2)
             await append_values(client, k, 2, 2)
-        second = store.indexes[key].batch(1).location
-        assert node.log is not None
-        node.disk.flip(segment_name(second.segment), second.position + BATCH_HEADER_BYTES + 3)
+        node.flip(key, 1)
         with pytest.raises(ChecksumMismatch) as found:
             await read_all(client, key)
         described = await call(client, Opcode.DESCRIBE_RANGE, key)
@@ -293,7 +268,7 @@ def test_a_drop_deletes_its_segments_durably_and_a_restart_serves_what_is_left(
 
     async def main() -> tuple[list[int], list[int], list[int], bool, list[bytes]]:
         net = SimNetwork(asyncio.get_running_loop(), random.Random(6))
-        node = Node(net, tmp_path)
+        node = server_node(net, tmp_path)
         store = await node.boot()
         client = await connect(net)
         await call(client, Opcode.CREATE_RANGE, gone, start=0, epoch=1)
@@ -321,3 +296,86 @@ def test_a_drop_deletes_its_segments_durably_and_a_restart_serves_what_is_left(
     assert len(before) >= 3 and after_drop == after_crash == before[-1:]
     assert not gone_back
     assert values == [value(kept, o) for o in range(3)]
+
+
+# -- the ports' faults: a hang, a lost answer, a wiped disk ------------------------------------
+
+def test_a_hung_server_takes_in_nothing_until_it_resumes_then_answers_in_order(
+        tmp_path: Path) -> None:
+    key = (11, 0)
+
+    async def main() -> tuple[int, bool, list[int], int]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(7))
+        node = server_node(net, tmp_path)
+        store = await node.boot()
+        client = await connect(net)
+        await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
+        node.hang()
+        sent = [asyncio.ensure_future(append_values(client, key, base, 2)) for base in (0, 2)]
+        await asyncio.sleep(2)  # virtual: far past any fsync
+        end_while_hung = store.replicas[key].end
+        answered_while_hung = any(task.done() for task in sent)
+        node.resume()
+        ends = list(await asyncio.gather(*sent))
+        await client.close()
+        await node.stop()
+        return end_while_hung, answered_while_hung, ends, store.replicas[key].end
+
+    end_while_hung, answered_while_hung, ends, end = run(main(), seed=7)
+    assert (end_while_hung, answered_while_hung) == (0, False)
+    assert ends[-1] == end == 4
+
+
+def test_a_lost_answer_is_an_unknown_outcome_whose_append_landed(tmp_path: Path) -> None:
+    key = (12, 0)
+
+    async def main() -> tuple[type[Exception] | None, Header]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(8))
+        node = server_node(net, tmp_path)
+        await node.boot()
+        client = await connect(net)
+        await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
+        net.lose_next_write("rs", "client")  # the APPEND's answer
+        raised: type[Exception] | None = None
+        try:
+            await append_values(client, key, 0, 3)
+        except Exception as exc:  # noqa: BLE001 - which error the caller sees is checked
+            raised = type(exc)
+        await client.close()
+        again = await connect(net)
+        described = await call(again, Opcode.DESCRIBE_RANGE, key)
+        await again.close()
+        await node.stop()
+        return raised, described
+
+    raised, described = run(main(), seed=8)
+    assert raised is not None and issubclass(raised, Unavailable)
+    assert described["end"] == 3  # carried out all the same
+
+
+def test_a_wiped_server_comes_back_under_a_new_id_without_its_replicas(
+        tmp_path: Path) -> None:
+    key = (13, 0)
+
+    async def main() -> tuple[type[Exception], type[Exception]]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(9))
+        node = server_node(net, tmp_path)
+        await node.boot()
+        client = await connect(net)
+        await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
+        await append_values(client, key, 0, 3)
+        await client.close()
+        node.wipe(f"{SERVER_ID}-new")
+        await node.boot()
+        client = await connect(net)
+        errors = []
+        for server_id in (SERVER_ID, f"{SERVER_ID}-new"):
+            with pytest.raises(EstreamError) as found:
+                await call(client, Opcode.DESCRIBE_RANGE, key, server_id=server_id)
+            errors.append(found.type)
+        await client.close()
+        await node.stop()
+        return errors[0], errors[1]
+
+    old, new = run(main(), seed=9)
+    assert old is WrongServer and new is RangeNotFound

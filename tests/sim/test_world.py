@@ -1,7 +1,6 @@
 """The seeded world's schedule (tests/sim/world.py on tests/sim/simloop.py): virtual time,
-events due together in the seed's order, one link's messages in order, and an event that
-raises failing the run; and the RPC fronts the real client shells reach the world's
-servers and PD through."""
+events due together in the seed's order, and an event that raises failing the run; and
+the RPC fronts the real client shells reach the world's servers and PD through."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from estream.net.pdclient import PDClient
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.sdk.client import Client
@@ -18,7 +18,7 @@ from estream.wire.errors import RangeNotFound, WrongServer
 from estream.wire.record import Record, encode_batch
 from tests.sim.rpcfront import PD_ADDRESS, Fronts
 from tests.sim.simloop import SimClock
-from tests.sim.world import Faults, Net, SimPD, SimRangeServer, World, address_of
+from tests.sim.world import Faults, SimPD, SimRangeServer, World, address_of
 
 SEEDS = range(20)
 
@@ -39,20 +39,6 @@ def test_events_due_together_run_in_an_order_the_seed_chooses_and_replays() -> N
     orders = {tuple(_order_of_simultaneous(seed)) for seed in SEEDS}
     assert len(orders) > 1  # not FIFO whatever the seed
     assert _order_of_simultaneous(3) == _order_of_simultaneous(3)
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_messages_on_one_link_arrive_in_the_order_sent(seed: int) -> None:
-    world = World(seed)
-    net = Net(world, Faults())
-    net.nodes["b"] = object()
-    got: list[int] = []
-    for i in range(6):  # the same instant: their delivery timers tie
-        net.call("a", "b", lambda _node, i=i: i, got.append, lambda e: None)
-    while world.step():
-        pass
-    world.close()
-    assert got == sorted(got) and len(got) == 6
 
 
 def test_an_event_that_raises_fails_the_run() -> None:
@@ -125,8 +111,8 @@ def test_a_front_answers_the_servers_typed_errors_and_a_hung_server_once_it_resu
         with pytest.raises(RangeNotFound):
             await reads.read(address, server_id="s0", stream_id=stream_id, range_index=7,
                              offset=0)
-        server.hang()
-        world.after(40, server.resume)
+        fronts.hang("s0")
+        world.after(40, lambda: fronts.resume("s0"))
         asked = world.now_ms
         answer = await reads.read(address, server_id="s0", stream_id=stream_id,
                                   range_index=0, offset=1)
@@ -152,3 +138,20 @@ def test_a_connect_across_a_partition_waits_for_the_heal_as_a_syn_does() -> None
 
     waited_ms, end = _run(world, main())
     assert waited_ms >= 50 and end == 2
+
+
+def test_the_real_pd_client_opens_seals_and_lists_through_pds_front() -> None:
+    world, _, fronts, _ = _front_world(6)
+
+    async def main() -> tuple[int, list[bool], int, list[str]]:
+        pool = ConnectionPool(network=fronts.net.node("app"))
+        pd = PDClient([PD_ADDRESS], timeout_s=1.0, pool=pool, clock=SimClock(world.loop))
+        opened = await pd.open_writer("orders")
+        sealed = await pd.seal_range("orders", opened.epoch, 0, 2, known=opened)
+        servers = await pd.list_servers()
+        await pool.close()
+        return opened.epoch, [r.sealed for r in sealed.ranges], sealed.ranges[1].start, [
+            s.id for s in servers]
+
+    epoch, sealed, next_start, servers = _run(world, main())
+    assert (epoch, sealed, next_start, servers) == (1, [True, False], 2, ["s0"])

@@ -5,12 +5,9 @@ servers and a placement driver.
   :class:`~tests.sim.simloop.SimLoop`'s; every random choice comes from the loop's one
   ``random.Random(seed)`` (events due at the same instant run in an order it chooses), so a
   seed replays exactly.
-- :class:`Net`: request/response between nodes with per-link FIFO delivery (TCP keeps
-  order on a connection), random delays (links reorder against each other), drops of
-  requests or responses, partitions between two nodes, crashed nodes, hung nodes (their
-  requests wait, unanswered, until they resume) and request timeouts (an unknown outcome).
-  A handler answers at once or with a :class:`Later` (the range server answers once its
-  log entry is durable).
+- :class:`Faults`: what the seed does to the world (partitions, down nodes, the resets'
+  rate), shared with the :class:`~tests.sim.simtransport.SimNetwork` every request crosses
+  in real frames (``tests/sim/rpcfront.py``).
 - :class:`SimRangeServer`: a range server. Every request is decided by the real replica
   decisions (``rangeserver/replica.py``: ``decide_append``, ``decide_seal``,
   ``decide_create``, ``decide_confirm``, ``on_durable``, ``readable_end``), refused with the
@@ -40,18 +37,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from estream.wire.errors import (
     ChecksumMismatch,
     EstreamError,
     OffsetOutOfRange,
     RangeNotFound,
-    Timeout,
-    Unavailable,
     WrongServer,
 )
 from estream.wire.meta import ServerInfo, StreamMeta
@@ -65,8 +59,7 @@ from rangeserver.refusals import append_refusal, create_refusal, seal_refusal
 from rangeserver.replica import ReplicaState, readable_end
 from tests.sim.simloop import SimClock, SimLoop
 
-OnOk = Callable[[Any], None]
-OnErr = Callable[[EstreamError], None]
+T = TypeVar("T")
 Key = tuple[int, int]
 
 SYNC_MS = (1, 3)  # a simulated fsync takes this long (sometimes much longer)
@@ -129,6 +122,17 @@ class World:
             raise self._raised.pop(0)
         return True
 
+    def inside(self, fn: Callable[[], T]) -> T:
+        """``fn()`` as if run by the loop (the test's own code calling into a shell that
+        starts tasks or calls: they must land on this loop, not on another)."""
+        if asyncio.events._get_running_loop() is self.loop:
+            return fn()
+        asyncio.events._set_running_loop(self.loop)
+        try:
+            return fn()
+        finally:
+            asyncio.events._set_running_loop(None)
+
     def fail(self, error: BaseException) -> None:
         """Fail the run with ``error`` (raised by the next :meth:`step`): what a task
         running on the loop hands over when an invariant it checks fails."""
@@ -153,8 +157,7 @@ class World:
 
 @dataclass
 class Faults:
-    drop: float = 0.0  # probability a request or a response is lost
-    spike: float = 0.0  # probability of a 20..80 ms delay
+    drop: float = 0.0  # chance per write that a connection resets (SimNetwork's reset_rate)
     partitions: set[frozenset[str]] = field(default_factory=set)
     down: set[str] = field(default_factory=set)
     out_since: dict[str, int] = field(default_factory=dict)  # node -> down or hung since
@@ -185,102 +188,6 @@ class Later:
         self._callback = fn
         if self._outcome is not None:
             fn(*self._outcome)
-
-
-class Net:
-    """Requests and responses between named nodes (see the module docstring)."""
-
-    def __init__(self, world: World, faults: Faults) -> None:
-        self.world = world
-        self.faults = faults
-        self.nodes: dict[str, Any] = {}
-        self._link_free_ms: dict[tuple[str, str], int] = {}
-        # What each link carries, in order: a delivery runs the link's oldest message, so
-        # two due at the same millisecond (their timers in seeded order) keep TCP's order.
-        self._in_flight: dict[tuple[str, str], deque[Callable[[], None]]] = {}
-
-    def _cut(self, a: str, b: str) -> bool:
-        f = self.faults
-        if f.down and (a in f.down or b in f.down):
-            return True
-        return bool(f.partitions) and frozenset((a, b)) in f.partitions
-
-    def _delay(self, src: str, dst: str) -> int | None:
-        """Delivery time on the FIFO link src->dst, or None when the message is lost."""
-        rng = self.world.rng
-        if self._cut(src, dst) or rng.random() < self.faults.drop:
-            return None
-        delay = rng.randint(1, 4) + (rng.randint(20, 80) if rng.random() < self.faults.spike else 0)
-        when = max(self.world.now_ms + delay, self._link_free_ms.get((src, dst), 0))
-        self._link_free_ms[(src, dst)] = when
-        return when
-
-    def _send(self, src: str, dst: str, when_ms: int, message: Callable[[], None]) -> None:
-        """Deliver ``message`` on the link src->dst at ``when_ms``, after what it carries."""
-        link = (src, dst)
-        queue = self._in_flight.get(link)
-        if queue is None:
-            queue = self._in_flight[link] = deque()
-        queue.append(message)
-        self.world.at(when_ms, lambda: queue.popleft()())
-
-    def call(
-        self,
-        src: str,
-        dst: str,
-        handler: Callable[[Any], Any],
-        on_ok: OnOk,
-        on_err: OnErr,
-        *,
-        timeout_ms: int = 300,
-    ) -> None:
-        """Run ``handler(node)`` at ``dst``; its result (or typed error, or what its
-        :class:`Later` settles with) comes back to ``on_ok``/``on_err`` once, or
-        :class:`Timeout` after ``timeout_ms``."""
-        settled = [False]
-
-        def settle(fn: Callable[[], None]) -> None:
-            if not settled[0]:
-                settled[0] = True
-                fn()
-
-        def deliver_reply(result: Any, error: EstreamError | None) -> None:
-            if dst in self.faults.down or src in self.faults.down:
-                return
-            if error is not None:
-                settle(lambda: on_err(error))
-            else:
-                settle(lambda: on_ok(result))
-
-        def reply(result: Any, error: EstreamError | None) -> None:
-            when = self._delay(dst, src)
-            if when is not None:
-                self._send(dst, src, when, lambda: deliver_reply(result, error))
-
-        def deliver() -> None:
-            if dst in self.faults.down:
-                return
-            node = self.nodes[dst]
-            if getattr(node, "hung", False):
-                node.stalled.append(deliver)  # the kernel took it; the process is stopped
-                return
-            try:
-                result = handler(node)
-            except EstreamError as exc:
-                reply(None, exc)
-                return
-            if isinstance(result, Later):
-                result.then(reply)
-            else:
-                reply(result, None)
-
-        when = self._delay(src, dst)
-        if when is not None:
-            self._send(src, dst, when, deliver)
-        elif dst in self.faults.down and self.world.rng.random() < 0.5:
-            # A crashed server refuses the connection: the caller learns it quickly.
-            self.world.after(1, lambda: settle(lambda: on_err(Unavailable(f"{dst} down"))))
-        self.world.after(timeout_ms, lambda: settle(lambda: on_err(Timeout(f"{dst} timed out"))))
 
 
 # ------------------------------------------------------------------------- range server
@@ -333,7 +240,7 @@ class SimRangeServer:
         self.durable: list[Entry] = []
         self.unsynced: list[Entry] = []
         self.hung = False
-        self.stalled: list[Callable[[], None]] = []  # requests that came in while hung
+        self.stalled: list[Callable[[], None]] = []  # timers due while hung
         self._syncing = 0  # how many unsynced entries the fsync in flight covers
         self._sync_due = False  # an fsync completed while hung
         self._generation = 0  # a crash or wipe makes older timers and answers void
@@ -714,11 +621,12 @@ class SimRangeServer:
         return offset
 
     def hang(self) -> None:
-        """SIGSTOP: requests are taken in but nothing runs, nothing is answered."""
+        """SIGSTOP: its timers wait (an fsync's completion, a long poll's expiry); its
+        requests and answers wait on the network (``Fronts.hang`` holds the node)."""
         self.hung = True
 
     def resume(self) -> None:
-        """SIGCONT: the fsync that completed meanwhile, then the requests, in order."""
+        """SIGCONT: the fsync that completed meanwhile, then the timers due meanwhile."""
         self.hung = False
         if self._sync_due:
             self._sync_due = False

@@ -29,7 +29,7 @@ REAL_SHELLS = {"RpcClient", "RpcServer", "ConnectionPool"}
 REAL_IN_WORLD = {
     "reading.py": {"Client", "read_stream", "read_stream_batches", "read_stream_views"},
     "rpcfront.py": {"RpcServer"},
-    "simwriter.py": {"copy_range", "ConnectionPool"},
+    "simwriter.py": {"copy_range", "ConnectionPool", "RangeClient"},
 }
 
 

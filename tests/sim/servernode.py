@@ -1,0 +1,126 @@
+"""One range-server machine of the simulator: the real range server on the simulated ports.
+
+:class:`RangeServerNode` runs the real :class:`~rangeserver.shell.server.RangeServer` over
+the real :class:`~rangeserver.shell.store.Store`, logging to
+:class:`~tests.sim.simlog.SimLog` on a :class:`~tests.sim.simdisk.SimDisk` that outlives
+its processes, listening on a :class:`~tests.sim.simtransport.SimNetwork` node and, given
+PD addresses, heartbeating to PD with the real ``heartbeat_loop``. Its faults are the
+ports' own: a power loss (the unsynced writes lost, the next boot's real replay rebuilds
+the replicas), a wiped disk (a new server id, an empty log), a byte flipped inside a
+stored batch (a read's checksum finds it), a hang (the process stopped: its network held).
+Only the checkpoint file is real (a directory per disk, under ``data_dir``).
+
+Pure: no I/O beyond that checkpoint (tests only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from pathlib import Path
+from typing import Final
+
+from estream.net.clock import Clock
+from estream.wire.record import BATCH_HEADER_BYTES
+from rangeserver.shell.heartbeat import heartbeat_loop
+from rangeserver.shell.server import RangeServer
+from rangeserver.shell.store import Store
+from rangeserver.shell.wal import segment_name
+from tests.sim.simdisk import SimDisk
+from tests.sim.simlog import SimLog
+from tests.sim.simloop import SimClock, SimLoop
+from tests.sim.simtransport import SimNetwork
+
+SEGMENT_BYTES_DEFAULT: Final = 1 << 16  # small segments: runs cross several
+
+
+class RangeServerNode:
+    """A range-server machine named ``node`` on ``net`` (see the module)."""
+
+    def __init__(self, net: SimNetwork, node: str, address: str, server_id: str,
+                 data_dir: Path, *, rng: random.Random, clock: Clock | None = None,
+                 segment_bytes_max: int = SEGMENT_BYTES_DEFAULT,
+                 pd: tuple[str, ...] = ()) -> None:
+        self.net, self.node, self.address, self.server_id = net, node, address, server_id
+        self.root = data_dir
+        loop = net.loop
+        assert isinstance(loop, SimLoop)
+        self.clock = clock if clock is not None else SimClock(loop)
+        self.segment_bytes_max = segment_bytes_max
+        self.pd = pd  # PD addresses to heartbeat to (none: no heartbeats)
+        self.disk = SimDisk(rng)
+        self.wipes = 0
+        self.log: SimLog | None = None
+        self.store: Store | None = None
+        self.server: RangeServer | None = None
+        self.beats: asyncio.Task[None] | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        """The checkpoint's directory: a new one for each disk."""
+        return self.root if not self.wipes else self.root / f"wiped-{self.wipes}"
+
+    async def boot(self) -> Store:
+        """A new process: recover from the disk (the real replay), then serve (and
+        heartbeat)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log = SimLog(self.disk, segment_bytes_max=self.segment_bytes_max)
+        store = self.store = Store(self.data_dir, cache_bytes_max=0,  # reads: from the disk
+                                   log=self.log, clock=self.clock)
+        await store.open()
+        self.net.up(self.node)
+        network = self.net.node(self.node)
+        self.server = server = RangeServer(store, self.server_id, network=network)
+        host, port = self.address.rsplit(":", 1)
+        await server.start(host, int(port))
+        if self.pd:
+            self.beats = asyncio.ensure_future(heartbeat_loop(
+                list(self.pd), self.server_id, server.address, "ssd", server.load,
+                network=network, clock=self.clock))
+        return store
+
+    def power_loss(self, *, lose_all: bool = False) -> None:
+        """The machine goes down at once: the process dies, its connections break, the
+        unsynced writes are lost (``lose_all``: none of them reached the disk)."""
+        self.net.down(self.node)
+        if self.beats is not None:
+            self.beats.cancel()
+            self.beats = None
+        if self.log is not None:
+            self.log.kill()
+        self.disk.crash(lose_all=lose_all)
+
+    def wipe(self, server_id: str) -> None:
+        """A power loss, and the data directory replaced by an empty one: the next boot
+        serves as ``server_id``, with no replicas."""
+        self.power_loss(lose_all=True)
+        self.disk = SimDisk(self.disk.rng, self.disk.sync_ms)
+        self.wipes += 1
+        self.server_id = server_id
+
+    def flip(self, key: tuple[int, int], batch: int, at: int = 3) -> None:
+        """The medium changes a byte ``at`` bytes into the records of the ``batch``-th
+        stored batch of replica ``key`` (what a read's checksum finds)."""
+        assert self.store is not None
+        location = self.store.indexes[key].batch(batch).location
+        self.disk.flip(segment_name(location.segment),
+                       location.position + BATCH_HEADER_BYTES + at)
+
+    def hang(self) -> None:
+        """SIGSTOP: the connections stay up; nothing reaches the process or leaves it."""
+        self.net.hold(self.node)
+
+    def resume(self) -> None:
+        """SIGCONT: what waited is read and answered, in order."""
+        self.net.release(self.node)
+
+    async def stop(self) -> None:
+        """A clean stop: heartbeats, then the server."""
+        if self.beats is not None:
+            self.beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.beats
+            self.beats = None
+        if self.server is not None:
+            await self.server.close()
