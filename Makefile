@@ -37,11 +37,11 @@ test: $(STAMP) spark-deps
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow and not spark"
 
-# The long fault runs (@pytest.mark.slow in tests/chaos and tests/integration), among them the 25-cycle nemesis
+# The long fault runs (@pytest.mark.slow in tests/chaos, tests/integration and tests/sim), among them the 25-cycle nemesis
 # (tests/chaos/test_nemesis.py); it prints its seed: ESTREAM_CHAOS_SEED=N make chaos replays it,
 # ESTREAM_NEMESIS_CYCLES=N runs N cycles instead.
 chaos: $(STAMP)
-	$(BIN)/python -m pytest tests/chaos tests/integration -m slow -s
+	$(BIN)/python -m pytest tests/chaos tests/integration tests/sim -m slow -s
 
 # A cluster under churn for SOAK_S seconds (default an hour): thousands of streams, writer
 # sessions, readers, deletes and recreates, retention and the object tier; RSS, descriptors,
