@@ -29,7 +29,7 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pd.catalog import Catalog  # noqa: E402
-from pd.catalogimage import CatalogImage  # noqa: E402
+from pd.catalogimage import CatalogImage, image_fields  # noqa: E402
 from pd.commands import (  # noqa: E402
     CreateStream,
     OpenWriter,
@@ -37,7 +37,6 @@ from pd.commands import (  # noqa: E402
     RegisterServer,
     SealRange,
 )
-from pd.groups import groups_to_wire  # noqa: E402
 
 try:
     from pd.shell.raftsyncobj import restore_catalog
@@ -71,18 +70,7 @@ def build(streams: int, sealed_every: int, sealed: int, long: int) -> Catalog:
 def encode_v1(image: CatalogImage) -> bytes:
     """The snapshot as version 1 wrote it: a map per stream (``StreamMeta.to_dict``)."""
     packer = msgpack.Packer(use_bin_type=True)
-    small: dict[str, Any] = {
-        "v": 1, "version": image.version, "next_stream_id": image.next_stream_id,
-        "request_ids": dict(image.request_ids),
-        "cursors": {name: dict(cursors) for name, cursors in image.cursors.items()},
-        "servers": [{"id": s.id, "address": s.address, "storage_class": s.storage_class}
-                    for s in image.servers.values()],
-        "pd_nodes": [{"id": n.id, "raft": n.raft, "rpc": n.rpc, "http": n.http}
-                     for n in image.pd_nodes.values()],
-        "draining": sorted(image.draining),
-        "prepared": [p.to_dict() for p in image.prepared.values()],
-        "unreferenced": list(image.unreferenced), "groups": groups_to_wire(image.groups),
-    }
+    small = image_fields(image, 1)
     parts = [packer.pack_map_header(len(small) + 1)]
     for key, value in small.items():
         parts += (packer.pack(key), packer.pack(value))

@@ -105,11 +105,10 @@ def _stream_row(s: StreamMeta, sets: _ReplicaSets) -> list[Any]:
             s.retention_bytes, s.digest]
 
 
-def encode_image(image: CatalogImage) -> bytes:
-    """The snapshot's msgpack map, version 2 (what :func:`decode_image` reads)."""
-    packer = msgpack.Packer(use_bin_type=True)
-    small: dict[str, Any] = {
-        "v": SNAPSHOT_VERSION,
+def image_fields(image: CatalogImage, snapshot_version: int) -> dict[str, Any]:
+    """Every field of the snapshot's map but the streams (the same in versions 1 and 2)."""
+    return {
+        "v": snapshot_version,
         "version": image.version,
         "next_stream_id": image.next_stream_id,
         "request_ids": dict(image.request_ids),
@@ -123,6 +122,12 @@ def encode_image(image: CatalogImage) -> bytes:
         "unreferenced": list(image.unreferenced),
         "groups": groups_to_wire(image.groups),
     }
+
+
+def encode_image(image: CatalogImage) -> bytes:
+    """The snapshot's msgpack map, version 2 (what :func:`decode_image` reads)."""
+    packer = msgpack.Packer(use_bin_type=True)
+    small = image_fields(image, SNAPSHOT_VERSION)
     sets = _ReplicaSets()
     streams = [packer.pack_array_header(len(image.streams))]
     streams.extend(packer.pack(_stream_row(s, sets)) for s in image.streams.values())
