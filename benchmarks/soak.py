@@ -15,7 +15,8 @@ The workload, bounded by ``--duration-s`` (every loop checks the clock and stops
   30 s; one is deleted and created again under the same name every ``--churn-s``);
 - ``--sessions`` writer sessions at once, each on a random stream: ``open_writer``, 1 to
   20 appends of 1 KiB (each append's latency sampled), ``close``; about a fifth of them
-  close without appending;
+  close without appending; ``--sessions-per-s R`` starts them at a steady R a second
+  (the curves then compare like with like on a machine whose load changes);
 - ``--readers`` readers at once, each reading a random stream from its start to its end;
 - every ``--sample-s``: the RSS, open descriptors and CPU of every PD node and range
   server, the bytes under the range servers' data dirs and in the object store, the PD
@@ -31,6 +32,7 @@ quarter's mean over the second quarter's: 1.0 is flat) and writes the samples to
 a chart (with matplotlib, when installed: ``make soak`` installs it). Usage::
 
     python -m benchmarks.soak [--duration-s 3600] [--streams 2000] [--sessions 32]
+        [--sessions-per-s 0]
         [--readers 4] [--churn-s 1] [--sample-s 10] [--segment-mib 4]
         [--out benchmarks/results/soak.json]
 """
@@ -88,11 +90,18 @@ class Soak:
     acked: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
     busy: set[str] = field(default_factory=set)  # one writer per stream: none fences another
     session_ids: int = 0
+    pace_s: float = 0.0  # --sessions-per-s: sessions start this far apart (0: unpaced)
+    next_start: float = 0.0  # the monotonic time the next paced session may start
 
     def running(self) -> bool:
         return time.monotonic() < self.deadline
 
     async def session(self) -> None:
+        if self.pace_s:  # a steady rate, whatever the machine's load (within --sessions)
+            now = time.monotonic()
+            slot = max(self.next_start, now)
+            self.next_start = slot + self.pace_s
+            await asyncio.sleep(slot - now)
         name = self.rng.choice(self.kept if self.rng.random() < 0.3 else self.churned)
         if name in self.busy:
             await asyncio.sleep(0.001)
@@ -333,6 +342,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             soak = Soak(client, names[:kept_count], names[kept_count:],
                         time.monotonic() + args.duration_s, random.Random(args.seed))
             soak.acked = {n: [] for n in soak.kept}
+            soak.pace_s = 1 / args.sessions_per_s if args.sessions_per_s > 0 else 0.0
             sampler = Sampler(cluster, objects)
             started = time.monotonic()
 
@@ -361,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=600.0)
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--sessions-per-s", type=float, default=0.0)
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--churn-s", type=float, default=1.0)
     parser.add_argument("--sample-s", type=float, default=10.0)
