@@ -44,6 +44,9 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+# In `make chaos` (the suite's 25-minute budget): a benchmark tool's own exit path, with a
+# whole soak cluster (7 processes) behind it.
+@pytest.mark.slow
 def test_sigterm_stops_the_soaks_cluster(tmp_path: Path) -> None:
     soak = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.soak", "--duration-s", "300", "--streams", "4",
