@@ -8,6 +8,8 @@ PD addresses, heartbeating to PD with the real ``heartbeat_loop``. Its faults ar
 ports' own: a power loss (the unsynced writes lost, the next boot's real replay rebuilds
 the replicas), a wiped disk (a new server id, an empty log), a byte flipped inside a
 stored batch (a read's checksum finds it), a hang (the process stopped: its network held).
+The world's end checks inspect it through the running store (:meth:`RangeServerNode.replica`,
+:meth:`RangeServerNode.holds`: the store's index, the disk's bytes, a READ's checks).
 Only the checkpoint file is real (a directory per disk, under ``data_dir``).
 
 Pure: no I/O beyond that checkpoint (tests only).
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import Final
 
 from estream.net.clock import Clock
-from estream.wire.record import BATCH_HEADER_BYTES
+from estream.wire.errors import EstreamError
+from estream.wire.record import BATCH_HEADER_BYTES, decode_batch, verify_batch
+from rangeserver.replica import ReplicaState
 from rangeserver.shell.heartbeat import heartbeat_loop
 from rangeserver.shell.server import RangeServer
 from rangeserver.shell.store import Store
@@ -33,6 +37,7 @@ from tests.sim.simloop import SimClock, SimLoop
 from tests.sim.simtransport import SimNetwork
 
 SEGMENT_BYTES_DEFAULT: Final = 1 << 16  # small segments: runs cross several
+SELECT_BYTES_MAX: Final = 1 << 62  # RangeServerNode.stored: every batch of the span at once
 
 
 class RangeServerNode:
@@ -55,6 +60,8 @@ class RangeServerNode:
         self.store: Store | None = None
         self.server: RangeServer | None = None
         self.beats: asyncio.Task[None] | None = None
+        self.running = False  # a process serves (booted, not lost to a power loss)
+        self.hung = False
 
     @property
     def data_dir(self) -> Path:
@@ -78,11 +85,13 @@ class RangeServerNode:
             self.beats = asyncio.ensure_future(heartbeat_loop(
                 list(self.pd), self.server_id, server.address, "ssd", server.load,
                 network=network, clock=self.clock))
+        self.running = True
         return store
 
     def power_loss(self, *, lose_all: bool = False) -> None:
         """The machine goes down at once: the process dies, its connections break, the
         unsynced writes are lost (``lose_all``: none of them reached the disk)."""
+        self.running = self.hung = False
         self.net.down(self.node)
         if self.beats is not None:
             self.beats.cancel()
@@ -109,11 +118,57 @@ class RangeServerNode:
 
     def hang(self) -> None:
         """SIGSTOP: the connections stay up; nothing reaches the process or leaves it."""
+        self.hung = True
         self.net.hold(self.node)
 
     def resume(self) -> None:
         """SIGCONT: what waited is read and answered, in order."""
+        self.hung = False
         self.net.release(self.node)
+
+    # -- what the world's end checks see -------------------------------------------------
+
+    def replica(self, key: tuple[int, int]) -> ReplicaState | None:
+        """The running store's state of replica ``key`` (None: no such replica, or no
+        process is running)."""
+        if not self.running or self.store is None:
+            return None
+        return self.store.replicas.get(key)
+
+    def stored(self, key: tuple[int, int], lo: int, hi: int) -> list[bytes] | None:
+        """The values of records ``[lo, hi)`` of replica ``key``: the batches the running
+        store's index selects for them, read from the disk's bytes and checked as the
+        store checks a batch it reads (whole, the expected batch, its checksum); None when
+        one of them is missing or fails (a flipped byte)."""
+        if self.replica(key) is None or self.store is None or key not in self.store.indexes:
+            return None
+        chosen = self.store.indexes[key].select(lo, hi, SELECT_BYTES_MAX, partial_last=True)
+        values: list[bytes] = []
+        for batch in chosen:
+            location = batch.location
+            name = segment_name(location.segment)
+            if name not in self.disk.files:
+                return None
+            data = self.disk.read(name, location.position, location.size)
+            try:
+                header = verify_batch(data)
+            except EstreamError:
+                return None
+            if (header.stream_id, header.range_index, header.base_offset) != (*key, batch.base):
+                return None
+            values.extend(r.value for r in decode_batch(data).records)
+        first = chosen[0].base if chosen else lo
+        picked = values[lo - first : hi - first]
+        return picked if len(picked) == hi - lo else None
+
+    def holds(self, key: tuple[int, int], lo: int, hi: int, truth: list[bytes]) -> bool:
+        """Whether the running store durably and soundly holds ``truth`` as the records
+        ``[lo, hi)`` of ``key``: a replica not damaged, durable up to ``hi``, every batch
+        of the span read back whole with its checksum verified."""
+        state = self.replica(key)
+        if state is None or state.damaged or state.end < hi or lo < state.start:
+            return False
+        return self.stored(key, lo, hi) == truth
 
     async def stop(self) -> None:
         """A clean stop: heartbeats, then the server."""
