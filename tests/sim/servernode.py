@@ -116,6 +116,41 @@ class RangeServerNode:
         self.disk.flip(segment_name(location.segment),
                        location.position + BATCH_HEADER_BYTES + at)
 
+    def damage(self, key: tuple[int, int], at_or_after: int, rng: random.Random) -> int | None:
+        """Flip a byte inside one durable stored batch of replica ``key``, one ending
+        past ``at_or_after`` if it has one (else any), ``rng`` choosing; the base offset
+        of that batch, or None when the replica has no durable batch (or is damaged)."""
+        state = self.replica(key)
+        if state is None or state.damaged or self.store is None:
+            return None
+        index = self.store.indexes[key]
+        durable = [i for i in range(len(index)) if index.batch(i).end <= state.end]
+        late = [i for i in durable if index.batch(i).end > at_or_after]
+        if not (late or durable):
+            return None
+        chosen = rng.choice(late or durable)
+        self.flip(key, chosen)
+        return index.batch(chosen).base
+
+    def unsynced_epochs(self, key: tuple[int, int]) -> set[int]:
+        """The epochs of the batches of replica ``key`` the running store has written
+        but not yet made durable (what a power loss may take: a recovery's copy is
+        written in the recovering writer's epoch)."""
+        state = self.replica(key)
+        if state is None or self.store is None or state.written_end <= state.end:
+            return set()
+        index = self.store.indexes[key]
+        epochs: set[int] = set()
+        for i in range(len(index) - 1, -1, -1):
+            batch = index.batch(i)
+            if batch.end <= state.end:
+                break
+            location = batch.location
+            data = self.disk.read(segment_name(location.segment), location.position,
+                                  location.size)
+            epochs.add(decode_batch(data).header.epoch)
+        return epochs
+
     def hang(self) -> None:
         """SIGSTOP: the connections stay up; nothing reaches the process or leaves it."""
         self.hung = True
