@@ -1,11 +1,11 @@
 """Seeded simulation of writers, readers, range servers and the placement driver.
 
-Each seed builds a world (5 range servers, a PD, a stream with 3 replicas and ack 2),
-runs a writer's workload while the network drops, delays, reorders and partitions
-messages, servers crash (losing what they had not synced) and restart, hang and resume,
-at most one server loses a copy for good (its disk wiped: a new server id at the same
-address; or a byte flipped inside a stored record), and writers crash or are cut off while
-a new writer recovers the stream. After every step the invariants hold:
+Each seed builds a world (5 real range servers on simulated disks, a PD, a stream with 3
+replicas and ack 2), runs a writer's workload while the network drops, delays, reorders
+and partitions messages, servers crash (losing what they had not synced) and restart,
+hang and resume, at most one server loses a copy for good (its disk wiped: a new server
+id at the same address; or a byte flipped inside a stored record), and writers crash or
+are cut off while a new writer recovers the stream. After every step the invariants hold:
 
 - no acknowledged record is lost: every offset a writer saw acknowledged lies in the
   catalog range covering it, held durably and soundly, with its value, by at least
@@ -21,8 +21,8 @@ a new writer recovers the stream. After every step the invariants hold:
   are ``ack_count`` of them (unless empty).
 
 Readers (``tests/sim/reading.py``: the real reader, ``estream/sdk/reader.py`` through a
-real ``Client``, in real frames over the simulated network to the servers' and PD's RPC
-fronts, ``tests/sim/rpcfront.py``, under the same partitions and crashes; one tailing
+real ``Client``, in real frames over the simulated network to the real range servers
+(``tests/sim/servernode.py``) and PD's RPC front, under the same partitions and crashes; one tailing
 reader from the start, taken over from where it stopped if it fails, plain reads to the
 end or bounded, a reader cut off from a server now and then) are checked at every answer they
 hand over: offsets exactly where the last answer ended, in order, none twice, no gap;
