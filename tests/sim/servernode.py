@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from estream.net.clock import Clock
 from estream.wire.errors import EstreamError
 from estream.wire.record import BATCH_HEADER_BYTES, decode_batch, verify_batch
+from rangeserver.index import IndexedBatch, RangeIndex
 from rangeserver.replica import ReplicaState
 from rangeserver.shell.heartbeat import heartbeat_loop
 from rangeserver.shell.server import RangeServer
@@ -38,6 +40,16 @@ from tests.sim.simtransport import SimNetwork
 
 SEGMENT_BYTES_DEFAULT: Final = 1 << 16  # small segments: runs cross several
 SELECT_BYTES_MAX: Final = 1 << 62  # RangeServerNode.stored: every batch of the span at once
+
+
+@dataclass(slots=True)
+class _Prefix:
+    """A replica's batches from the first, read back sound: ``values`` from ``start``."""
+
+    start: int
+    batches: int = 0  # how many of the index's batches
+    last_base: int = -1  # the last one's base (an index cut back no longer has it there)
+    values: list[bytes] = field(default_factory=list)
 
 
 class RangeServerNode:
@@ -68,6 +80,9 @@ class RangeServerNode:
         # Batches read back by stored() whose checks passed, by their place on the disk:
         # written once and never changed in place but by a flip, a power loss or a wipe.
         self._sound: dict[tuple[int, int, int], list[bytes]] = {}
+        # Per replica, its batches from the first read back sound, as far as they go: what
+        # most looks ask for (each look only reads the batches added since).
+        self._prefixes: dict[tuple[int, int], _Prefix] = {}
         self.hung = False
 
     @property
@@ -105,6 +120,7 @@ class RangeServerNode:
         unsynced writes are lost (``lose_all``: none of them reached the disk)."""
         self.running = self.hung = False
         self._sound.clear()
+        self._prefixes.clear()
         self.dead_tasks.extend(t for t in asyncio.all_tasks(self.net.loop) if not t.done())
         self.net.down(self.node)
         if self.beats is not None:
@@ -128,6 +144,7 @@ class RangeServerNode:
         assert self.store is not None
         location = self.store.indexes[key].batch(batch).location
         self._sound.clear()
+        self._prefixes.clear()
         self.disk.flip(segment_name(location.segment),
                        location.position + BATCH_HEADER_BYTES + at)
 
@@ -197,29 +214,62 @@ class RangeServerNode:
         one of them is missing or fails (a flipped byte)."""
         if self.replica(key) is None or self.store is None or key not in self.store.indexes:
             return None
-        chosen = self.store.indexes[key].select(lo, hi, SELECT_BYTES_MAX, partial_last=True)
+        index = self.store.indexes[key]
+        prefix = self._prefix(key, index)
+        if prefix.start <= lo and hi <= prefix.start + len(prefix.values):
+            return prefix.values[lo - prefix.start : hi - prefix.start]
+        chosen = index.select(lo, hi, SELECT_BYTES_MAX, partial_last=True)
         values: list[bytes] = []
         for batch in chosen:
-            location = batch.location
-            place = (location.segment, location.position, location.size)
-            sound = self._sound.get(place)
+            sound = self._read_sound(key, batch)
             if sound is None:
-                name = segment_name(location.segment)
-                if name not in self.disk.files:
-                    return None
-                data = self.disk.read(name, location.position, location.size)
-                try:
-                    header = verify_batch(data)
-                except EstreamError:
-                    return None
-                if (header.stream_id, header.range_index, header.base_offset) != (
-                        *key, batch.base):
-                    return None
-                sound = self._sound[place] = [r.value for r in decode_batch(data).records]
+                return None
             values.extend(sound)
         first = chosen[0].base if chosen else lo
         picked = values[lo - first : hi - first]
         return picked if len(picked) == hi - lo else None
+
+    def _prefix(self, key: tuple[int, int], index: RangeIndex) -> _Prefix:
+        """``key``'s batches from the first read back sound, extended by those added
+        since the last look (afresh when the index was cut back)."""
+        prefix = self._prefixes.get(key)
+        count = len(index)
+        if prefix is None or prefix.batches > count or (
+                prefix.batches and index.batch(prefix.batches - 1).base != prefix.last_base):
+            prefix = self._prefixes[key] = _Prefix(index.batch(0).base if count else 0)
+        while prefix.batches < count:
+            batch = index.batch(prefix.batches)
+            if not prefix.batches:
+                prefix.start = batch.base  # made while the index was empty
+            if batch.base != prefix.start + len(prefix.values):
+                break  # a gap: the looks past it take the long way
+            sound = self._read_sound(key, batch)
+            if sound is None:
+                break  # not on the disk yet, or failing its checks
+            prefix.values.extend(sound)
+            prefix.batches += 1
+            prefix.last_base = batch.base
+        return prefix
+
+    def _read_sound(self, key: tuple[int, int], batch: IndexedBatch) -> list[bytes] | None:
+        """The values of one stored batch read from the disk, if it passes a READ's checks
+        (whole, the expected batch, its checksum)."""
+        location = batch.location
+        place = (location.segment, location.position, location.size)
+        sound = self._sound.get(place)
+        if sound is None:
+            name = segment_name(location.segment)
+            if name not in self.disk.files:
+                return None
+            data = self.disk.read(name, location.position, location.size)
+            try:
+                header = verify_batch(data)
+            except EstreamError:
+                return None
+            if (header.stream_id, header.range_index, header.base_offset) != (*key, batch.base):
+                return None
+            sound = self._sound[place] = [r.value for r in decode_batch(data).records]
+        return sound
 
     def holds(self, key: tuple[int, int], lo: int, hi: int, truth: list[bytes]) -> bool:
         """Whether the running store durably and soundly holds ``truth`` as the records

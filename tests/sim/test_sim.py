@@ -423,8 +423,11 @@ class Sim:
         for node, server in self.servers.items():
             now = dict(_store(server).replicas) if server.running else {}
             before = self.states.get(node, {})
-            self.dirty.update(k for k, state in now.items() if before.get(k) is not state)
-            self.dirty.update(before.keys() - now.keys())
+            for key, state in now.items():
+                if before.get(key) is not state:
+                    self.dirty.add(key)
+            if len(before) > len(now) or not before.keys() <= now.keys():
+                self.dirty.update(before.keys() - now.keys())
             self.states[node] = now
 
     def check_recovery(
