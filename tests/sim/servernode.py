@@ -8,6 +8,8 @@ PD addresses, heartbeating to PD with the real ``heartbeat_loop``. Its faults ar
 ports' own: a power loss (the unsynced writes lost, the next boot's real replay rebuilds
 the replicas), a wiped disk (a new server id, an empty log), a byte flipped inside a
 stored batch (a read's checksum finds it), a hang (the process stopped: its network held).
+The world's end checks inspect it through the running store (:meth:`RangeServerNode.replica`,
+:meth:`RangeServerNode.holds`: the store's index, the disk's bytes, a READ's checks).
 Only the checkpoint file is real (a directory per disk, under ``data_dir``).
 
 Pure: no I/O beyond that checkpoint (tests only).
@@ -18,11 +20,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from estream.net.clock import Clock
-from estream.wire.record import BATCH_HEADER_BYTES
+from estream.wire.errors import EstreamError
+from estream.wire.record import BATCH_HEADER_BYTES, decode_batch, verify_batch
+from rangeserver.index import IndexedBatch, RangeIndex
+from rangeserver.replica import ReplicaState
 from rangeserver.shell.heartbeat import heartbeat_loop
 from rangeserver.shell.server import RangeServer
 from rangeserver.shell.store import Store
@@ -33,6 +39,17 @@ from tests.sim.simloop import SimClock, SimLoop
 from tests.sim.simtransport import SimNetwork
 
 SEGMENT_BYTES_DEFAULT: Final = 1 << 16  # small segments: runs cross several
+SELECT_BYTES_MAX: Final = 1 << 62  # RangeServerNode.stored: every batch of the span at once
+
+
+@dataclass(slots=True)
+class _Prefix:
+    """A replica's batches from the first, read back sound: ``values`` from ``start``."""
+
+    start: int
+    batches: int = 0  # how many of the index's batches
+    last_base: int = -1  # the last one's base (an index cut back no longer has it there)
+    values: list[bytes] = field(default_factory=list)
 
 
 class RangeServerNode:
@@ -55,21 +72,34 @@ class RangeServerNode:
         self.store: Store | None = None
         self.server: RangeServer | None = None
         self.beats: asyncio.Task[None] | None = None
+        self.running = False  # a process serves (booted, not lost to a power loss)
+        # Tasks pending at a power loss, the dead process's among them: waiting on its
+        # killed log, they never run again, and are never collected (a task collected
+        # while pending would run its cleanup at a time the garbage collector chooses).
+        self.dead_tasks: list[asyncio.Task[object]] = []
+        # Batches read back by stored() whose checks passed, by their place on the disk:
+        # written once and never changed in place but by a flip, a power loss or a wipe.
+        self._sound: dict[tuple[int, int, int], list[bytes]] = {}
+        # Per replica, its batches from the first read back sound, as far as they go: what
+        # most looks ask for (each look only reads the batches added since).
+        self._prefixes: dict[tuple[int, int], _Prefix] = {}
+        self.hung = False
 
     @property
     def data_dir(self) -> Path:
         """The checkpoint's directory: a new one for each disk."""
         return self.root if not self.wipes else self.root / f"wiped-{self.wipes}"
 
-    async def boot(self) -> Store:
+    async def boot(self, *, reachable: bool = True) -> Store:
         """A new process: recover from the disk (the real replay), then serve (and
-        heartbeat)."""
+        heartbeat); unless ``reachable``, its node's network stays down (:meth:`reach`)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = SimLog(self.disk, segment_bytes_max=self.segment_bytes_max)
         store = self.store = Store(self.data_dir, cache_bytes_max=0,  # reads: from the disk
                                    log=self.log, clock=self.clock)
         await store.open()
-        self.net.up(self.node)
+        if reachable:
+            self.net.up(self.node)
         network = self.net.node(self.node)
         self.server = server = RangeServer(store, self.server_id, network=network)
         host, port = self.address.rsplit(":", 1)
@@ -78,11 +108,20 @@ class RangeServerNode:
             self.beats = asyncio.ensure_future(heartbeat_loop(
                 list(self.pd), self.server_id, server.address, "ssd", server.load,
                 network=network, clock=self.clock))
+        self.running = True
         return store
+
+    def reach(self) -> None:
+        """The node's network comes back (a process booted unreachable is reached)."""
+        self.net.up(self.node)
 
     def power_loss(self, *, lose_all: bool = False) -> None:
         """The machine goes down at once: the process dies, its connections break, the
         unsynced writes are lost (``lose_all``: none of them reached the disk)."""
+        self.running = self.hung = False
+        self._sound.clear()
+        self._prefixes.clear()
+        self.dead_tasks.extend(t for t in asyncio.all_tasks(self.net.loop) if not t.done())
         self.net.down(self.node)
         if self.beats is not None:
             self.beats.cancel()
@@ -104,16 +143,142 @@ class RangeServerNode:
         stored batch of replica ``key`` (what a read's checksum finds)."""
         assert self.store is not None
         location = self.store.indexes[key].batch(batch).location
+        self._sound.clear()
+        self._prefixes.clear()
         self.disk.flip(segment_name(location.segment),
                        location.position + BATCH_HEADER_BYTES + at)
 
+    def damage(self, key: tuple[int, int], at_or_after: int, rng: random.Random) -> int | None:
+        """Flip a byte inside one durable stored batch of replica ``key``, one ending
+        past ``at_or_after`` if it has one (else any), ``rng`` choosing; the base offset
+        of that batch, or None when the replica has no durable batch (or is damaged)."""
+        state = self.replica(key)
+        if state is None or state.damaged or self.store is None:
+            return None
+        index = self.store.indexes[key]
+        durable = [i for i in range(len(index)) if index.batch(i).end <= state.end]
+        late = [i for i in durable if index.batch(i).end > at_or_after]
+        if not (late or durable):
+            return None
+        chosen = rng.choice(late or durable)
+        self.flip(key, chosen)
+        return index.batch(chosen).base
+
+    def unsynced_epochs(self, key: tuple[int, int]) -> set[int]:
+        """The epochs of the batches of replica ``key`` the running store has written
+        to the disk but not yet made durable (what a power loss may take: a recovery's
+        copy is written in the recovering writer's epoch)."""
+        state = self.replica(key)
+        if state is None or self.store is None or state.written_end <= state.end:
+            return set()
+        index = self.store.indexes[key]
+        epochs: set[int] = set()
+        for i in range(len(index) - 1, -1, -1):
+            batch = index.batch(i)
+            if batch.end <= state.end:
+                break
+            location = batch.location
+            name = segment_name(location.segment)
+            if name not in self.disk.files:
+                continue  # its log write not issued yet: seen on a later look
+            data = self.disk.read(name, location.position, location.size)
+            try:
+                epochs.add(decode_batch(data).header.epoch)
+            except EstreamError:
+                continue  # likewise
+        return epochs
+
     def hang(self) -> None:
         """SIGSTOP: the connections stay up; nothing reaches the process or leaves it."""
+        self.hung = True
         self.net.hold(self.node)
 
     def resume(self) -> None:
         """SIGCONT: what waited is read and answered, in order."""
+        self.hung = False
         self.net.release(self.node)
+
+    # -- what the world's end checks see -------------------------------------------------
+
+    def replica(self, key: tuple[int, int]) -> ReplicaState | None:
+        """The running store's state of replica ``key`` (None: no such replica, or no
+        process is running)."""
+        if not self.running or self.store is None:
+            return None
+        return self.store.replicas.get(key)
+
+    def stored(self, key: tuple[int, int], lo: int, hi: int) -> list[bytes] | None:
+        """The values of records ``[lo, hi)`` of replica ``key``: the batches the running
+        store's index selects for them, read from the disk's bytes and checked as the
+        store checks a batch it reads (whole, the expected batch, its checksum); None when
+        one of them is missing or fails (a flipped byte)."""
+        if self.replica(key) is None or self.store is None or key not in self.store.indexes:
+            return None
+        index = self.store.indexes[key]
+        prefix = self._prefix(key, index)
+        if prefix.start <= lo and hi <= prefix.start + len(prefix.values):
+            return prefix.values[lo - prefix.start : hi - prefix.start]
+        chosen = index.select(lo, hi, SELECT_BYTES_MAX, partial_last=True)
+        values: list[bytes] = []
+        for batch in chosen:
+            sound = self._read_sound(key, batch)
+            if sound is None:
+                return None
+            values.extend(sound)
+        first = chosen[0].base if chosen else lo
+        picked = values[lo - first : hi - first]
+        return picked if len(picked) == hi - lo else None
+
+    def _prefix(self, key: tuple[int, int], index: RangeIndex) -> _Prefix:
+        """``key``'s batches from the first read back sound, extended by those added
+        since the last look (afresh when the index was cut back)."""
+        prefix = self._prefixes.get(key)
+        count = len(index)
+        if prefix is None or prefix.batches > count or (
+                prefix.batches and index.batch(prefix.batches - 1).base != prefix.last_base):
+            prefix = self._prefixes[key] = _Prefix(index.batch(0).base if count else 0)
+        while prefix.batches < count:
+            batch = index.batch(prefix.batches)
+            if not prefix.batches:
+                prefix.start = batch.base  # made while the index was empty
+            if batch.base != prefix.start + len(prefix.values):
+                break  # a gap: the looks past it take the long way
+            sound = self._read_sound(key, batch)
+            if sound is None:
+                break  # not on the disk yet, or failing its checks
+            prefix.values.extend(sound)
+            prefix.batches += 1
+            prefix.last_base = batch.base
+        return prefix
+
+    def _read_sound(self, key: tuple[int, int], batch: IndexedBatch) -> list[bytes] | None:
+        """The values of one stored batch read from the disk, if it passes a READ's checks
+        (whole, the expected batch, its checksum)."""
+        location = batch.location
+        place = (location.segment, location.position, location.size)
+        sound = self._sound.get(place)
+        if sound is None:
+            name = segment_name(location.segment)
+            if name not in self.disk.files:
+                return None
+            data = self.disk.read(name, location.position, location.size)
+            try:
+                header = verify_batch(data)
+            except EstreamError:
+                return None
+            if (header.stream_id, header.range_index, header.base_offset) != (*key, batch.base):
+                return None
+            sound = self._sound[place] = [r.value for r in decode_batch(data).records]
+        return sound
+
+    def holds(self, key: tuple[int, int], lo: int, hi: int, truth: list[bytes]) -> bool:
+        """Whether the running store durably and soundly holds ``truth`` as the records
+        ``[lo, hi)`` of ``key``: a replica not damaged, durable up to ``hi``, every batch
+        of the span read back whole with its checksum verified."""
+        state = self.replica(key)
+        if state is None or state.damaged or state.end < hi or lo < state.start:
+            return False
+        return self.stored(key, lo, hi) == truth
 
     async def stop(self) -> None:
         """A clean stop: heartbeats, then the server."""

@@ -13,7 +13,7 @@ and ``start_confirm``; CREATE_RANGE, SEAL, PING) goes through the real
 :class:`~estream.net.rangerequests.RangeClient`, and the recovery's copies are
 :func:`estream.net.rangeclient.copy_range` itself, on the writer node's real
 :class:`~estream.net.rpc.ConnectionPool`: real frames over the simulated network
-(resets, partitions, crashed nodes) to the servers' RPC fronts (:mod:`tests.sim.rpcfront`).
+(resets, partitions, crashed nodes) to the real range servers (:mod:`tests.sim.servernode`).
 PD is asked through the real :class:`~estream.net.pdclient.PDClient` on the same pool.
 
 Every request names the server id the catalog lists for its replica, at the address the
@@ -764,7 +764,7 @@ class _Open:
               ) -> None:
         """A copy is :func:`~estream.net.rangeclient.copy_range` itself (the real loop, on
         the real :class:`~estream.net.rpc.ConnectionPool` of the writer's node, in real
-        frames to the servers' RPC fronts: :mod:`tests.sim.rpcfront`), its outcome as
+        frames to the real range servers: :mod:`tests.sim.servernode`), its outcome as
         ``estream/net/recovery.py`` reports it."""
         w = self.w
 

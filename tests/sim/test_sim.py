@@ -1,11 +1,11 @@
 """Seeded simulation of writers, readers, range servers and the placement driver.
 
-Each seed builds a world (5 range servers, a PD, a stream with 3 replicas and ack 2),
-runs a writer's workload while the network drops, delays, reorders and partitions
-messages, servers crash (losing what they had not synced) and restart, hang and resume,
-at most one server loses a copy for good (its disk wiped: a new server id at the same
-address; or a byte flipped inside a stored record), and writers crash or are cut off while
-a new writer recovers the stream. After every step the invariants hold:
+Each seed builds a world (5 real range servers on simulated disks, a PD, a stream with 3
+replicas and ack 2), runs a writer's workload while the network drops, delays, reorders
+and partitions messages, servers crash (losing what they had not synced) and restart,
+hang and resume, at most one server loses a copy for good (its disk wiped: a new server
+id at the same address; or a byte flipped inside a stored record), and writers crash or
+are cut off while a new writer recovers the stream. After every step the invariants hold:
 
 - no acknowledged record is lost: every offset a writer saw acknowledged lies in the
   catalog range covering it, held durably and soundly, with its value, by at least
@@ -21,8 +21,8 @@ a new writer recovers the stream. After every step the invariants hold:
   are ``ack_count`` of them (unless empty).
 
 Readers (``tests/sim/reading.py``: the real reader, ``estream/sdk/reader.py`` through a
-real ``Client``, in real frames over the simulated network to the servers' and PD's RPC
-fronts, ``tests/sim/rpcfront.py``, under the same partitions and crashes; one tailing
+real ``Client``, in real frames over the simulated network to the real range servers
+(``tests/sim/servernode.py``) and PD's RPC front, under the same partitions and crashes; one tailing
 reader from the start, taken over from where it stopped if it fails, plain reads to the
 end or bounded, a reader cut off from a server now and then) are checked at every answer they
 hand over: offsets exactly where the last answer ended, in order, none twice, no gap;
@@ -48,30 +48,38 @@ crash losing a recovery's unsynced copy; a recovery whose PD seal answer is lost
 stays out of reach.
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
-``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 220..249 are ``slow`` (``-m slow``); one
+``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 130..249 are ``slow`` (``-m slow``); one
 row: ``pytest
 'tests/sim/test_sim.py::test_double_faults[hung-of-three-5]'``. A failure prints its trace.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from estream.core.writeeffects import WriterConfig
 from estream.net.rpc import ConnectionPool
+from estream.wire.errors import EstreamError
 from estream.wire.meta import RangeMeta, StreamMeta
-from rangeserver.replica import readable_end
+from rangeserver.replica import ReplicaState, readable_end
+from rangeserver.shell.store import Store
 from tests.sim.reading import DECODINGS, Delivered, Reading
 from tests.sim.rpcfront import PD_NODE as PD
 from tests.sim.rpcfront import Fronts
+from tests.sim.servernode import RangeServerNode
+from tests.sim.simtransport import Faults as NetFaults
+from tests.sim.simtransport import SimNetwork
 from tests.sim.simwriter import SimWriter
-from tests.sim.world import Faults, Key, SimPD, SimRangeServer, World
+from tests.sim.world import Faults, Key, SimPD, World, address_of
 
 STREAM = "orders"
 HEAL_AT_MS = 2_500
@@ -81,13 +89,15 @@ HUNG_APPEND_WAIT_MS_MAX = 700  # one hung server of three: no append waits longe
 PLAIN_READS = 2  # plain reads started while the writers write and faults strike
 FINAL_READ_MS_MAX = 3_000  # after close: the final plain read ends, the tail catches up
 SEEDS_DEFAULT = 250  # seeds run by default...
-SEEDS_FAST_MAX = 220  # ...the first this many in make test, the rest marked slow
+SEEDS_FAST_MAX = 130  # ...the first this many in make test, the rest marked slow
+SETTLE_STEPS_MAX = 100_000  # Sim.settle: steps for the servers to boot (or create a range)
 
 
 def seeds() -> list[Any]:
     """The seeds to run: one (``ESTREAM_SIM_SEED``), the first N (``ESTREAM_SIM_SEEDS``), or
     by default 250, of which those from ``SEEDS_FAST_MAX`` on are ``slow`` (``make chaos``:
-    requests in real frames cost each seed about 40% more than the old Net did)."""
+    requests in real frames cost each seed about 40% more than the old Net did, and the
+    real range servers on the simulated disk about 1.7 times more again)."""
     one = os.environ.get("ESTREAM_SIM_SEED")
     if one is not None:
         return [int(one)]
@@ -98,28 +108,49 @@ def seeds() -> list[Any]:
             for s in range(SEEDS_DEFAULT)]
 
 
+def _store(server: RangeServerNode) -> Store:
+    """The store of ``server``'s running process."""
+    assert server.store is not None
+    return server.store
+
+
+async def _seal(server: RangeServerNode, key: Key, epoch: int, end: int) -> None:
+    """SEAL as the writer's healing would send it (refused by now, or the process gone:
+    nothing to repair)."""
+    with contextlib.suppress(EstreamError, OSError):
+        await _store(server).seal(*key, epoch, end)
+
+
 class Sim:
-    def __init__(self, seed: int, *, servers: int = 5) -> None:
+    def __init__(self, seed: int, data_dir: Path, *, servers: int = 5) -> None:
         self.world = World(seed)
         rng = self.world.rng
         self.faults = Faults(drop=rng.choice([0.0, 0.0, 0.003, 0.01]))
         self.lossy = self.faults.drop > 0  # lost messages fail replicas: rolls beyond faults
         self.dirty: set[Key] = set()
+        self.states: dict[str, dict[Key, ReplicaState]] = {}  # what check() last saw
+        self.booting: set[str] = set()  # nodes whose process is replaying its disk
         self.nodes = [f"s{i}" for i in range(servers)]
-        self.servers = {n: SimRangeServer(self.world, n, n, self.dirty) for n in self.nodes}
+        # One network for every message (the real clients' and servers'), sharing the
+        # world's partitions and downs.
+        self.net = SimNetwork(self.world.loop, random.Random(seed * 7_919 + 2),
+                              NetFaults(cuts=self.faults.partitions, down=self.faults.down))
+        self.net.faults.reset_rate = self.faults.drop
+        # The real range servers on simulated disks (the world's seeded source decides
+        # their fsyncs and what a power loss keeps).
+        self.servers = {n: RangeServerNode(self.net, n, address_of(n), n, data_dir / n, rng=rng)
+                        for n in self.nodes}
+        self.settle(*(server.boot() for server in self.servers.values()))
         self.checked_meta: StreamMeta | None = None
         self.checked_acked: dict[str, int] = {}
         self.full_check = False  # a crash or a lost copy: check every acknowledged offset
+        self.pending_recoveries: list[Callable[[], None]] = []  # checks awaiting a boot
         self.pd = SimPD(self.world, self.faults, self.servers)
-        # The real client shells (readers) reach the servers and PD through their RPC
-        # fronts on the simulated network, which shares the world's partitions and downs.
-        self.fronts = Fronts(self.world, self.faults, self.servers, self.pd,
-                             random.Random(seed * 7_919 + 2))
-        self.fronts.net.faults.reset_rate = self.faults.drop
+        self.fronts = Fronts(self.net, self.pd)  # PD's RPC front
         meta = self.pd.create_stream(STREAM, 3, 2)
         self.stream_id = meta.id
-        for ref in meta.ranges[0].replicas:
-            self.servers[ref.id].create_range(meta.id, 0, 0, 0)
+        self.settle(*(_store(self.servers[ref.id]).create_range(meta.id, 0, 0, 0)
+                      for ref in meta.ranges[0].replicas))
         self.config = WriterConfig(
             linger_ms=rng.choice([0, 1, 3]),
             batch_bytes=rng.choice([60, 200, 1000]),
@@ -150,17 +181,50 @@ class Sim:
     def new_writer(self) -> SimWriter:
         node = f"w{len(self.writers) + 1}"
         w = SimWriter(self.world, node, STREAM, self.config,
-                      ConnectionPool(network=self.fronts.net.node(node)))
+                      ConnectionPool(network=self.net.node(node)))
         w.on_recovered = self.check_recovery
         self.writers.append(w)
         w.open()
         return w
 
-    def server(self, server_id: str) -> SimRangeServer | None:
+    def server(self, server_id: str) -> RangeServerNode | None:
         """The server with this id now (None once its disk was wiped)."""
         node = self.pd.nodes.get(server_id)
         found = self.servers[node] if node is not None else None
-        return found if found is not None and found.id == server_id else None
+        return found if found is not None and found.server_id == server_id else None
+
+    def settle(self, *steps: Coroutine[Any, Any, Any]) -> None:
+        """Run ``steps`` on the world's loop to their end (the test's own code, between
+        events: servers booting, a range created before the run)."""
+        tasks = [self.world.inside(lambda s=s: asyncio.ensure_future(s)) for s in steps]
+        for _ in range(SETTLE_STEPS_MAX):
+            if all(task.done() for task in tasks) or not self.world.step():
+                break
+        for task in tasks:
+            task.result()
+
+    def power_cycle(self, server: RangeServerNode, *, lose_all: bool = False) -> None:
+        """The power goes (what was not synced is lost, a prefix of it may have reached
+        the disk, unless ``lose_all``) and the machine boots at once: the real replay
+        rebuilds its replicas (what the end checks see), its network down until
+        :meth:`restart`."""
+        server.power_loss(lose_all=lose_all)
+        self.reboot(server)
+
+    def reboot(self, server: RangeServerNode) -> None:
+        """A new process on ``server``'s disk, unreachable until :meth:`restart`."""
+        self.booting.add(server.node)
+
+        async def boot() -> None:
+            await server.boot(reachable=False)
+            self.booting.discard(server.node)
+            self.full_check = True
+            if not self.booting:
+                pending, self.pending_recoveries = self.pending_recoveries, []
+                for check in pending:
+                    check()
+
+        self.world.inside(lambda: asyncio.ensure_future(boot()))
 
     # -- workload and faults --------------------------------------------------------------
 
@@ -217,16 +281,14 @@ class Sim:
 
     def crash(self, node: str, down_ms: int, *, lose_all: bool = False) -> None:
         """kill -9: what it had not synced is lost; back after ``down_ms``."""
-        server = self.servers[node]
-        self.note(f"crash {node} ({len(server.unsynced)} unsynced entries) for {down_ms} ms")
-        self.fronts.down(node)
+        self.note(f"crash {node} for {down_ms} ms")
         self.faults.out_since[node] = self.world.now_ms
-        server.crash(lose_all=lose_all)
+        self.power_cycle(self.servers[node], lose_all=lose_all)
         self.full_check = True
         self.world.after(down_ms, lambda: self.restart(node))
 
     def restart(self, node: str) -> None:
-        self.fronts.up(node)
+        self.servers[node].reach()
         new_id = self.restart_as.pop(node, None)
         if new_id is not None:
             self.pd.register(new_id, node)
@@ -234,9 +296,10 @@ class Sim:
     def hang(self, node: str, ms: int) -> None:
         """SIGSTOP for ``ms``, then SIGCONT."""
         self.note(f"hang {node} for {ms} ms")
-        self.fronts.hang(node)
+        server = self.servers[node]
+        server.hang()
         self.faults.out_since[node] = self.world.now_ms
-        self.world.after(ms, lambda: self.fronts.resume(node))
+        self.world.after(ms, server.resume)
 
     def wipe(self, node: str, down_ms: int) -> None:
         """The data directory replaced by an empty one: back with a new server id."""
@@ -244,14 +307,14 @@ class Sim:
             return
         self.destroyed = True
         server = self.servers[node]
-        old = server.id
+        old = server.server_id
         self.note(f"wipe {node} ({old}), back as {old}w after {down_ms} ms")
-        for key in server.replicas:
+        for key in _store(server).replicas:
             self.lost.setdefault(key, set()).add(old)
-        self.fronts.down(node)
         self.faults.out_since[node] = self.world.now_ms
         server.wipe(f"{old}w")
-        self.restart_as[node] = server.id
+        self.reboot(server)
+        self.restart_as[node] = server.server_id
         self.full_check = True
         self.world.after(down_ms, lambda: self.restart(node))
 
@@ -261,15 +324,17 @@ class Sim:
         if self.destroyed:
             return
         server = self.servers[node]
-        keys = sorted(server.replicas) if key is None else [key]
+        if not server.running:
+            return  # booting: nothing stored to flip yet
+        keys = sorted(_store(server).replicas) if key is None else [key]
         if not keys:
             return
-        offset = server.damage(keys[-1], at_or_after)
+        offset = server.damage(keys[-1], at_or_after, self.world.rng)
         if offset is None:
             return
         self.destroyed = True
-        self.note(f"flip a byte of offset {offset} of range {keys[-1]} on {node}")
-        self.lost.setdefault(keys[-1], set()).add(server.id)
+        self.note(f"flip a byte of the batch at {offset} of range {keys[-1]} on {node}")
+        self.lost.setdefault(keys[-1], set()).add(server.server_id)
         self.full_check = True
 
     def partition(self, a: str, b: str, ms: int) -> None:
@@ -296,9 +361,9 @@ class Sim:
             self.restart(node)
         for server in self.servers.values():
             if server.hung:
-                self.fronts.resume(server.node)
+                server.resume()
         self.faults.drop = 0.0
-        self.fronts.net.faults.reset_rate = 0.0
+        self.net.faults.reset_rate = 0.0
         self.repair_seals()
 
     def repair_seals(self) -> None:
@@ -312,11 +377,12 @@ class Sim:
                 continue
             for ref in r.replicas:
                 server = self.server(ref.id)
-                state = server.replicas.get((meta.id, r.index)) if server is not None else None
+                state = server.replica((meta.id, r.index)) if server is not None else None
                 if server is None or state is None or state.sealed or state.damaged:
                     continue
                 if state.end >= r.end:
-                    server.seal(meta.id, r.index, state.epoch, r.end, server_id=ref.id)
+                    self.world.inside(lambda s=server, e=state.epoch, r=r: asyncio.ensure_future(
+                        _seal(s, (meta.id, r.index), e, r.end)))
 
     def start_writer(self) -> None:
         self.workload(self.new_writer())
@@ -326,7 +392,12 @@ class Sim:
     def check(self) -> None:
         """The invariants, checked where something changed since the last step: the whole
         catalog when it changed, a writer's newly acknowledged offsets, changed ranges
-        (everything after a crash or a lost copy)."""
+        (everything after a crash or a lost copy). Not while a server replays its disk
+        (unreachable, nothing changes it): everything once it has."""
+        if self.booting:
+            self.full_check = True
+            return
+        self.note_changes()
         meta = self.pd.describe(STREAM)
         full = meta is not self.checked_meta or self.full_check
         if not full and not self.dirty and all(
@@ -347,18 +418,36 @@ class Sim:
         self.checked_meta = meta
         self.full_check = False
 
+    def note_changes(self) -> None:
+        """The replicas whose state a running store changed since the last look."""
+        for node, server in self.servers.items():
+            now = dict(_store(server).replicas) if server.running else {}
+            before = self.states.get(node, {})
+            for key, state in now.items():
+                if before.get(key) is not state:
+                    self.dirty.add(key)
+            if len(before) > len(now) or not before.keys() <= now.keys():
+                self.dirty.update(before.keys() - now.keys())
+            self.states[node] = now
+
     def check_recovery(
         self, meta: StreamMeta, index: int, end: int, holders: tuple[str, ...]
     ) -> None:
         """When PD records a recovery's seal: every holder it names holds everything below
-        the end durably and soundly, and there are ack_count of them (unless empty)."""
+        the end durably and soundly, and there are ack_count of them (unless empty). A
+        holder replaying its disk is looked at once it has (unreachable meanwhile: nothing
+        changes it)."""
+        if any(self.server(h) is not None and self.server(h).node in self.booting  # type: ignore[union-attr]
+               for h in holders):
+            self.pending_recoveries.append(lambda: self.check_recovery(meta, index, end, holders))
+            return
         rng = meta.range_at(index)
         assert rng is not None
         self.recoveries_sealed += 1
         lost = self.lost.get((meta.id, index), set())
         for holder in holders:
             server = self.server(holder)
-            state = server.replicas.get((meta.id, index)) if server is not None else None
+            state = server.replica((meta.id, index)) if server is not None else None
             # A copy with a flipped byte the recovery did not read (a reader found it
             # after the fence answer) is counted as whole: only a read can tell.
             latent = holder in lost and state is not None and state.damaged
@@ -406,7 +495,7 @@ class Sim:
             prefixes = []
             for ref in r.replicas:
                 server = self.server(ref.id)
-                state = server.replicas.get(key) if server is not None else None
+                state = server.replica(key) if server is not None else None
                 if server is None or state is None:
                     continue
                 if state.sealed and r.end is not None:
@@ -414,12 +503,15 @@ class Sim:
                         f"range {r.index} sealed at {r.end} in PD, at {state.sealed_end} "
                         f"on {ref.id}"
                     )
-                if state.damaged or server.corrupt.get(key):
+                if state.damaged:
                     continue  # readers find it out by its checksums
                 # What readers may read of it: below the catalog's end once sealed there,
                 # below the confirm offset while open.
                 upto = min(state.end, r.end) if r.end is not None else min(state.confirm, state.end)
-                prefixes.append(server.values[key][: max(0, upto - state.start)])
+                stored = server.stored(key, state.start, max(state.start, upto))
+                if stored is None:
+                    continue  # a flipped byte: readers find it out by its checksums
+                prefixes.append(stored)
             if prefixes:
                 longest = max(prefixes, key=len)
                 for p in prefixes:
@@ -599,8 +691,8 @@ class Sim:
             lagging = self.server(rng.choice(last.replicas).id)
             if lagging is not None and not lagging.hung:
                 self.events.append(f"t={self.world.now_ms} {lagging.node} hung through close")
-                self.fronts.hang(lagging.node)  # the restart below ends it
-                others = [self.server(r.id) for r in last.replicas if r.id != lagging.id]
+                lagging.hang()  # the restart below ends it
+                others = [self.server(r.id) for r in last.replicas if r.id != lagging.server_id]
                 self.cut_final_read = [o.node for o in others if o is not None]
                 if final.submit(rng.randint(1, 4)):
                     deadline = self.world.now_ms + 200
@@ -610,13 +702,13 @@ class Sim:
                 if not self.close(final, 300):
                     # The writer failed the hung replica too (and cannot close without it):
                     # no lagging replica this time.
-                    self.fronts.resume(lagging.node)
+                    lagging.resume()
                     self.cut_final_read = []
         assert self.close(final), (
             f"{final.id}: close did not get ack_count answers to its final CONFIRM")
-        for node in self.nodes:
-            self.fronts.restart(node)
-            self.servers[node].crash()
+        for server in self.servers.values():
+            server.power_loss()
+        self.settle(*(server.boot() for server in self.servers.values()))
         self.repair_seals()
         meta = self.pd.describe(STREAM)
         last = meta.ranges[-1]
@@ -633,7 +725,7 @@ class Sim:
         ends = [rng.start]
         for ref in rng.replicas:
             server = self.server(ref.id)
-            state = server.replicas.get((meta.id, rng.index)) if server is not None else None
+            state = server.replica((meta.id, rng.index)) if server is not None else None
             if state is not None and not state.damaged:
                 ends.append(readable_end(state))
         return max(ends)
@@ -716,7 +808,7 @@ def _lag_then(sim: Sim, then: Callable[[str], None]) -> None:
 
     def lagging_end() -> int:
         last = sim.pd.describe(STREAM).ranges[-1]
-        state = sim.servers[lagging[0]].replicas.get((sim.stream_id, last.index))
+        state = sim.servers[lagging[0]].replica((sim.stream_id, last.index))
         return max(last.start, state.end if state is not None else 0)
 
     start_at = rng.randint(10, 40)
@@ -741,7 +833,7 @@ def lost_copy_down_lagging(destroy: str) -> Callable[[Sim], None]:
             if destroy == "wipe":
                 sim.wipe(a, rng.randint(5, 50))
             else:
-                lags = sim.servers[c].replicas.get(key)
+                lags = sim.servers[c].replica(key)
                 sim.damage(a, key, lags.end if lags is not None else 0)
             sim.crash(b, HEAL_AT_MS)
             sim.world.after(rng.randint(5, 80), sim.start_writer)
@@ -789,11 +881,8 @@ def crash_mid_recovery(sim: Sim) -> None:
             key = (sim.stream_id, last.index)
             for ref in last.replicas:
                 server = sim.server(ref.id)
-                if server is not None and sim.is_up(server.node) and any(
-                    e.key == key and e.header is not None
-                    and e.header.epoch == recovering.epoch
-                    for e in server.unsynced
-                ):
+                if (server is not None and sim.is_up(server.node)
+                        and recovering.epoch in server.unsynced_epochs(key)):
                     targets.append(server.node)
                     return recovering.core is None
             return False
@@ -836,7 +925,11 @@ def lost_seal_answer(sim: Sim) -> None:
 # rows stalls on a lost append until the heal (no lag to exploit). With the writer's
 # requests in real frames (RangeClient, PDClient), seed 6 of damaged+down+lagging and
 # seeds 0, 7 and 9 of crash-mid-recovery no longer reach their scenario (scanned with
-# seeds 0..15): their places went to 9 and 3.
+# seeds 0..15): their places went to 9 and 3. With the real range servers
+# (RangeServerNode: the real store on SimDisk, whose fsync times and power losses draw
+# from the seed differently), seed 6 of crash-mid-recovery no longer reaches its crash
+# mid-copy and seed 1 of hung-of-three no longer rolls while the server hangs (scanned with
+# seeds 0..11): their places went to 4 and 6.
 # lost-seal-answer keeps PD out of reach longer (0.7 to 1.2 s, not 0.35 to 0.6 s): the PD
 # client's own timeout and retries outlasted the shorter cut, so the writer read the
 # stream afresh and the old-view bug went unseen.
@@ -845,8 +938,8 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     *[("wiped+down+lagging", lost_copy_down_lagging("wipe"), 3, s) for s in range(1, 7)],
     *[("damaged+down+lagging", lost_copy_down_lagging("damage"), 3, s)
       for s in (1, 2, 3, 4, 5, 9)],
-    *[("hung-of-three", hung_of_three, 3, s) for s in range(6)],
-    *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 2, 3, 5, 6, 8)],
+    *[("hung-of-three", hung_of_three, 3, s) for s in (0, 2, 3, 4, 5, 6)],
+    *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 2, 3, 4, 5, 8)],
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
 ]
 
@@ -859,8 +952,8 @@ def _replay(sim: Sim, run: Callable[[], None]) -> None:
 
 
 @pytest.mark.parametrize("seed", seeds())
-def test_seed(seed: int) -> None:
-    sim = Sim(seed)
+def test_seed(seed: int, tmp_path: Path) -> None:
+    sim = Sim(seed, tmp_path)
     try:
         sim.run()
     except AssertionError as exc:
@@ -874,8 +967,9 @@ def test_seed(seed: int) -> None:
 @pytest.mark.parametrize(
     ("name", "script", "servers", "seed"), SCENARIOS, ids=[f"{s[0]}-{s[3]}" for s in SCENARIOS]
 )
-def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, seed: int) -> None:
-    sim = Sim(seed, servers=servers)
+def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, seed: int,
+                       tmp_path: Path) -> None:
+    sim = Sim(seed, tmp_path, servers=servers)
     try:
         _replay(sim, lambda: sim.run(script))
     finally:

@@ -379,3 +379,89 @@ def test_a_wiped_server_comes_back_under_a_new_id_without_its_replicas(
 
     old, new = run(main(), seed=9)
     assert old is WrongServer and new is RangeNotFound
+
+
+# -- what the world's end checks see of a node ----------------------------------------------
+
+def test_the_end_checks_see_what_the_running_store_holds_soundly_on_the_disk(
+        tmp_path: Path) -> None:
+    """``holds`` reads a span back through the running store's index from the disk's
+    bytes with a READ's checks: a flipped byte fails only the spans of its batch, a power
+    loss leaves nothing to inspect until the next process has replayed the disk (which
+    finds the flipped byte: the replica is damaged), and a wiped disk holds nothing."""
+    key, other = (14, 0), (15, 0)
+    truth = [value(key, o) for o in range(6)]
+
+    async def main() -> list[object]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(10))
+        node = server_node(net, tmp_path)
+        await node.boot()
+        client = await connect(net)
+        for k in (key, other):
+            await call(client, Opcode.CREATE_RANGE, k, start=0, epoch=1)
+            for base in (0, 2, 4):
+                await append_values(client, k, base, 2)
+        await client.close()
+        seen: list[object] = [node.holds(key, 0, 6, truth), node.holds(key, 1, 5, truth[1:5]),
+                              node.holds(key, 0, 6, truth[::-1]), node.holds(key, 0, 7, truth)]
+        node.flip(key, 1)  # the batch [2, 4)
+        seen += [node.holds(key, 0, 2, truth[:2]), node.holds(key, 4, 6, truth[4:]),
+                 node.holds(key, 1, 3, truth[1:3]), node.stored(key, 0, 6)]
+        node.hang()
+        seen.append(node.replica(other) is not None)  # a stopped process keeps its memory
+        node.power_loss()
+        seen += [node.replica(other), node.holds(other, 0, 6, [value(other, o)
+                                                               for o in range(6)])]
+        await node.boot()
+        seen += [node.holds(other, 0, 6, [value(other, o) for o in range(6)]),
+                 node.holds(key, 4, 6, truth[4:])]
+        node.wipe(f"{SERVER_ID}-new")
+        await node.boot()
+        seen.append(node.replica(other))
+        await node.stop()
+        return seen
+
+    assert run(main(), seed=10) == [True, True, False, False,  # whole, durable to 6 only
+                                    True, True, False, None,  # only its batch fails
+                                    True, None, False,  # no process: nothing to see
+                                    True, False,  # the replay found the flipped byte
+                                    None]  # a wiped disk: no replica
+
+
+def test_the_world_damages_a_durable_batch_and_sees_a_copy_written_but_not_yet_synced(
+        tmp_path: Path) -> None:
+    """``damage`` flips a byte of a durable batch at or after an offset (its base is
+    returned, and that span is no longer held); ``unsynced_epochs`` names the epoch of
+    a batch written but not yet durable (a recovery's copy), and nothing once synced."""
+    key = (16, 0)
+    truth = [value(key, o) for o in range(6)]
+
+    async def main() -> list[object]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(11))
+        node = server_node(net, tmp_path)
+        await node.boot()
+        client = await connect(net)
+        await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
+        for base in (0, 2, 4):
+            await append_values(client, key, base, 2)
+        seen: list[object] = [node.damage((17, 0), 0, random.Random(1)),
+                              node.unsynced_epochs(key)]
+        await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=2)  # a new writer's epoch
+        copy = asyncio.ensure_future(client.call(
+            Opcode.APPEND, {}, batch(key, 6, [value(key, 6)], epoch=2)))
+        for _ in range(1_000):  # until the store has written it (an fsync is not instant)
+            state = node.replica(key)
+            if state is not None and state.written_end > state.end:
+                break
+            await asyncio.sleep(0.0001)
+        seen.append(node.unsynced_epochs(key))
+        await copy
+        seen += [node.unsynced_epochs(key), node.damage(key, 3, random.Random(1)),
+                 node.holds(key, 0, 2, truth[:2]), node.holds(key, 4, 6, truth[4:]),
+                 node.holds(key, 2, 6, truth[2:])]
+        await client.close()
+        await node.stop()
+        return seen
+
+    # Of the two durable batches ending past 3, [2, 4) and [4, 6), the seed picks [2, 4).
+    assert run(main(), seed=11) == [None, set(), {2}, set(), 2, True, True, False]

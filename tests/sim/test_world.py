@@ -1,11 +1,12 @@
 """The seeded world's schedule (tests/sim/world.py on tests/sim/simloop.py): virtual time,
 events due together in the seed's order, and an event that raises failing the run; and
-the RPC fronts the real client shells reach the world's servers and PD through."""
+the real client shells reaching the world's real range server and PD's RPC front."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +18,11 @@ from estream.sdk.client import Client
 from estream.wire.errors import RangeNotFound, WrongServer
 from estream.wire.record import Record, encode_batch
 from tests.sim.rpcfront import PD_ADDRESS, Fronts
+from tests.sim.servernode import RangeServerNode
 from tests.sim.simloop import SimClock
-from tests.sim.world import Faults, SimPD, SimRangeServer, World, address_of
+from tests.sim.simtransport import Faults as NetFaults
+from tests.sim.simtransport import SimNetwork
+from tests.sim.world import Faults, SimPD, World, address_of
 
 SEEDS = range(20)
 
@@ -54,26 +58,32 @@ def test_an_event_that_raises_fails_the_run() -> None:
     world.close()
 
 
-# -- the RPC fronts (tests/sim/rpcfront.py): the real client in real frames ---------------
+# -- the real range server and PD's RPC front: the real client in real frames ------------
 
 
-def _front_world(seed: int) -> tuple[World, SimRangeServer, Fronts, int]:
-    """A world with one range server holding range 0 of a stream, its front, and PD's."""
+def _front_world(seed: int, data_dir: Path) -> tuple[World, RangeServerNode, Fronts, int]:
+    """A world with one real range server holding range 0 of a stream, and PD's front."""
     world = World(seed)
     faults = Faults()
-    server = SimRangeServer(world, "s0", "s0", set())
+    net = SimNetwork(world.loop, random.Random(seed),
+                     NetFaults(cuts=faults.partitions, down=faults.down))
+    server = RangeServerNode(net, "s0", address_of("s0"), "s0", data_dir, rng=world.rng)
     pd = SimPD(world, faults, {"s0": server})
     meta = pd.create_stream("orders", 1, 1)
-    server.create_range(meta.id, 0, 0, 0)
     batch = encode_batch([Record(b"a"), Record(b"b")], stream_id=meta.id, range_index=0,
                          epoch=0, base_offset=0)
-    server.append(batch)
-    while world.step():  # durable
+
+    async def setup() -> None:
+        store = await server.boot()
+        await store.create_range(meta.id, 0, 0, 0)
+        await store.append(batch)  # durable
+        await store.confirm(meta.id, 0, 0, 2)
+
+    task = world.loop.create_task(setup())
+    while not task.done() and world.step():
         pass
-    server.confirm(meta.id, 0, 0, 2)
-    while world.step():
-        pass
-    return world, server, Fronts(world, faults, {"s0": server}, pd, random.Random(seed)), meta.id
+    task.result()
+    return world, server, Fronts(net, pd), meta.id
 
 
 def _run(world: World, main: Coroutine[Any, Any, Any]) -> Any:
@@ -86,8 +96,9 @@ def _run(world: World, main: Coroutine[Any, Any, Any]) -> Any:
         world.close()
 
 
-def test_the_real_reader_reads_the_world_through_the_fronts() -> None:
-    world, server, fronts, _ = _front_world(3)
+def test_the_real_reader_reads_the_worlds_real_server_through_pds_front(
+        tmp_path: Path) -> None:
+    world, server, fronts, _ = _front_world(3, tmp_path)
 
     async def main() -> list[bytes]:
         client = Client(PD_ADDRESS, network=fronts.net.node("app"), clock=SimClock(world.loop))
@@ -98,8 +109,9 @@ def test_the_real_reader_reads_the_world_through_the_fronts() -> None:
     assert _run(world, main()) == [b"a", b"b"]
 
 
-def test_a_front_answers_the_servers_typed_errors_and_a_hung_server_once_it_resumes() -> None:
-    world, server, fronts, stream_id = _front_world(4)
+def test_the_real_server_answers_its_typed_errors_and_once_it_resumes_from_a_hang(
+        tmp_path: Path) -> None:
+    world, server, fronts, stream_id = _front_world(4, tmp_path)
     address = address_of("s0")
 
     async def main() -> tuple[float, int]:
@@ -111,8 +123,8 @@ def test_a_front_answers_the_servers_typed_errors_and_a_hung_server_once_it_resu
         with pytest.raises(RangeNotFound):
             await reads.read(address, server_id="s0", stream_id=stream_id, range_index=7,
                              offset=0)
-        fronts.hang("s0")
-        world.after(40, lambda: fronts.resume("s0"))
+        server.hang()
+        world.after(40, server.resume)
         asked = world.now_ms
         answer = await reads.read(address, server_id="s0", stream_id=stream_id,
                                   range_index=0, offset=1)
@@ -123,8 +135,8 @@ def test_a_front_answers_the_servers_typed_errors_and_a_hung_server_once_it_resu
     assert waited_ms >= 40 and end == 2
 
 
-def test_a_connect_across_a_partition_waits_for_the_heal_as_a_syn_does() -> None:
-    world, _, fronts, stream_id = _front_world(5)
+def test_a_connect_across_a_partition_waits_for_the_heal_as_a_syn_does(tmp_path: Path) -> None:
+    world, _, fronts, stream_id = _front_world(5, tmp_path)
     fronts.cut("app", "s0")
     world.after(50, lambda: fronts.heal("app", "s0"))
 
@@ -140,8 +152,8 @@ def test_a_connect_across_a_partition_waits_for_the_heal_as_a_syn_does() -> None
     assert waited_ms >= 50 and end == 2
 
 
-def test_the_real_pd_client_opens_seals_and_lists_through_pds_front() -> None:
-    world, _, fronts, _ = _front_world(6)
+def test_the_real_pd_client_opens_seals_and_lists_through_pds_front(tmp_path: Path) -> None:
+    world, _, fronts, _ = _front_world(6, tmp_path)
 
     async def main() -> tuple[int, list[bool], int, list[str]]:
         pool = ConnectionPool(network=fronts.net.node("app"))

@@ -21,7 +21,7 @@ PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk
 # Copies still to delete: file -> the classes that repeat a shell.
 COPIES_LEFT = {
     "simwriter.py": {"SimWriter"},  # Writer._step, step type by step type
-    "world.py": {"SimRangeServer", "SimPD"},  # the store and PD's service
+    "world.py": {"SimPD"},  # PD's service
 }
 REAL_SHELLS = {"RpcClient", "RpcServer", "ConnectionPool"}
 # Where the seeded world (tests/sim/test_sim.py) runs a real client shell: module -> what it
