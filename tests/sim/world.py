@@ -1,4 +1,4 @@
-"""A seeded discrete-event world: fake clock, network faults and a placement driver (the
+"""A seeded discrete-event world: virtual clock, network faults and the real PD node (the
 range servers are the real ones on the simulated disk and network:
 :class:`~tests.sim.servernode.RangeServerNode`).
 
