@@ -224,6 +224,8 @@ class PDClient:
             raise http_port(http)
         if self._answered or last is None:
             return  # a node that once answered is down or hung, not a wrong port
+        if self._pool.network is not TCP:
+            return  # the probes open real sockets: not on another transport (tests/sim)
         found = await tls_ports(self.addresses, raft_port_probe_timeout_s)
         if found and (not self._tls or "CERTIFICATE_VERIFY_FAILED" in last.message
                       or "certificate" in last.message.lower()):

@@ -22,10 +22,9 @@ from estream.sdk.client import Client
 from estream.sdk.reader import read_stream, read_stream_batches, read_stream_views
 from estream.wire.errors import EstreamError
 from estream.wire.record import BatchColumns, Record, decode_views
-from tests.sim.rpcfront import PD_ADDRESS
 from tests.sim.simloop import SimClock
 from tests.sim.simtransport import SimNetwork
-from tests.sim.world import World
+from tests.sim.world import PD_ADDRESS, World
 
 DECODINGS: Final = ("records", "columns", "views")
 # The cursor's waits at the simulation's scale (a world's faults last 50 ms to 1.5 s, and

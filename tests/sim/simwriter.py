@@ -88,8 +88,7 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record
-from tests.sim.rpcfront import PD_ADDRESS
-from tests.sim.world import World, address_of, node_of
+from tests.sim.world import PD_ADDRESS, World, address_of, node_of
 
 # A request to a range server: (client, address, the replica's id, timeout in s) -> answer.
 Request = Callable[[RangeClient, str, str, float], Awaitable[Any]]

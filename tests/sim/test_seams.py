@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from estream.net.clock import Clock
+from estream.net.pdclient import PDClient
 from estream.net.rpc import ConnectionPool, Header, RpcClient, RpcServer
 from estream.net.transport import Network
 from estream.sdk.client import Client
@@ -160,6 +161,24 @@ def test_a_partition_times_calls_out_on_virtual_time_and_healing_lets_them_throu
     waited, header = run(main(), seed=2)
     assert waited == pytest.approx(0.3, abs=1e-6)
     assert header == {"echo": {"after": 1}}
+
+
+def test_a_pd_client_never_answered_on_the_simulated_network_ends_unavailable() -> None:
+    """No PD node listening from the client's first call on: the real PD client gives up
+    ``Unavailable`` on virtual time (its wrong-port probes open real sockets: not here)."""
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        net = network()
+        pd = PDClient([SERVER], timeout_s=0.3, network=net.node("client"),
+                      clock=SimClock(loop))
+        asked = loop.time()
+        with pytest.raises(Unavailable):
+            await pd.list_servers()
+        waited = loop.time() - asked
+        await pd.close()
+        return waited
+
+    assert 0.3 <= run(main(), seed=3) < 1.0
 
 
 def test_a_down_server_fails_calls_unavailable_and_refuses_connects() -> None:

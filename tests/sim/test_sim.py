@@ -1,11 +1,12 @@
 """Seeded simulation of writers, readers, range servers and the placement driver.
 
-Each seed builds a world (5 real range servers on simulated disks, a PD, a stream with 3
-replicas and ack 2), runs a writer's workload while the network drops, delays, reorders
-and partitions messages, servers crash (losing what they had not synced) and restart,
-hang and resume, at most one server loses a copy for good (its disk wiped: a new server
-id at the same address; or a byte flipped inside a stored record), and writers crash or
-are cut off while a new writer recovers the stream. After every step the invariants hold:
+Each seed builds a world (5 real range servers on simulated disks, the real PD node on
+simulated Raft, a stream with 3 replicas and ack 2), runs a writer's workload while the
+network drops, delays, reorders and partitions messages, servers crash (losing what they
+had not synced) and restart, hang and resume, at most one server loses a copy for good
+(its disk wiped: a new server id at the same address; or a byte flipped inside a stored
+record), and writers crash or are cut off while a new writer recovers the stream. After
+every step the invariants hold:
 
 - no acknowledged record is lost: every offset a writer saw acknowledged lies in the
   catalog range covering it, held durably and soundly, with its value, by at least
@@ -22,8 +23,8 @@ are cut off while a new writer recovers the stream. After every step the invaria
 
 Readers (``tests/sim/reading.py``: the real reader, ``estream/sdk/reader.py`` through a
 real ``Client``, in real frames over the simulated network to the real range servers
-(``tests/sim/servernode.py``) and PD's RPC front, under the same partitions and crashes; one tailing
-reader from the start, taken over from where it stopped if it fails, plain reads to the
+(``tests/sim/servernode.py``) and the real PD node, under the same partitions and crashes;
+one tailing reader from the start, taken over from where it stopped if it fails, plain reads to the
 end or bounded, a reader cut off from a server now and then) are checked at every answer they
 hand over: offsets exactly where the last answer ended, in order, none twice, no gap;
 never past a sealed range's catalog end (nor the read's end); every record what the
@@ -62,7 +63,7 @@ import random
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -70,16 +71,20 @@ from estream.core.writeeffects import WriterConfig
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import EstreamError
 from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.pdmessages import CreateStreamRequest
+from pd.shell.service import PdService
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.shell.store import Store
 from tests.sim.reading import DECODINGS, Delivered, Reading
-from tests.sim.rpcfront import PD_NODE as PD
-from tests.sim.rpcfront import Fronts
 from tests.sim.servernode import RangeServerNode
+from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
 from tests.sim.simwriter import SimWriter
-from tests.sim.world import Faults, Key, SimPD, World, address_of
+from tests.sim.world import PD_ADDRESS, Faults, Key, World, address_of, pd_node
+from tests.sim.world import PD_NODE as PD
+
+T = TypeVar("T")
 
 STREAM = "orders"
 HEAL_AT_MS = 2_500
@@ -91,6 +96,7 @@ FINAL_READ_MS_MAX = 3_000  # after close: the final plain read ends, the tail ca
 SEEDS_DEFAULT = 250  # seeds run by default...
 SEEDS_FAST_MAX = 130  # ...the first this many in make test, the rest marked slow
 SETTLE_STEPS_MAX = 100_000  # Sim.settle: steps for the servers to boot (or create a range)
+REGISTER_LOOKS_MAX = 1_000  # Sim._registered: looks, 10 ms apart, for every first heartbeat
 
 
 def seeds() -> list[Any]:
@@ -138,16 +144,23 @@ class Sim:
         self.net.faults.reset_rate = self.faults.drop
         # The real range servers on simulated disks (the world's seeded source decides
         # their fsyncs and what a power loss keeps).
-        self.servers = {n: RangeServerNode(self.net, n, address_of(n), n, data_dir / n, rng=rng)
+        # The real PD node on SimRaft (its own seeded source for commit delays).
+        self.raft = SimRaft(self.world.loop, random.Random(seed * 7_919 + 3))
+        self.pd = pd_node(self.net, self.raft, self.world.clock, data_dir / "pd")
+        self.settle(self.pd.start())
+        # The real range servers on simulated disks (the world's seeded source decides
+        # their fsyncs and what a power loss keeps), heartbeating to PD.
+        self.servers = {n: RangeServerNode(self.net, n, address_of(n), n, data_dir / n,
+                                           rng=rng, clock=self.world.clock, pd=(PD_ADDRESS,))
                         for n in self.nodes}
         self.settle(*(server.boot() for server in self.servers.values()))
+        self.settle(self._registered())
         self.checked_meta: StreamMeta | None = None
         self.checked_acked: dict[str, int] = {}
         self.full_check = False  # a crash or a lost copy: check every acknowledged offset
         self.pending_recoveries: list[Callable[[], None]] = []  # checks awaiting a boot
-        self.pd = SimPD(self.world, self.faults, self.servers)
-        self.fronts = Fronts(self.net, self.pd)  # PD's RPC front
-        meta = self.pd.create_stream(STREAM, 3, 2)
+        meta = self.settle_one(self.service.create_stream(
+            CreateStreamRequest(name=STREAM, replicas=3, ack_count=2)))
         self.stream_id = meta.id
         self.settle(*(_store(self.servers[ref.id]).create_range(meta.id, 0, 0, 0)
                       for ref in meta.ranges[0].replicas))
@@ -164,7 +177,6 @@ class Sim:
         self.target = rng.randint(80, 200)  # records the final writer must get through
         self.lost: dict[Key, set[str]] = {}  # server ids whose copy of a range is destroyed
         self.destroyed = False  # at most one lost copy per run (a double fault, not more)
-        self.restart_as: dict[str, str] = {}  # wiped node -> the id it registers on restart
         self.events: list[str] = []  # faults injected, for the trace
         self.facts: dict[str, object] = {}  # what a scripted run saw happen
         self.recoveries_sealed = 0
@@ -187,11 +199,31 @@ class Sim:
         w.open()
         return w
 
+    @property
+    def service(self) -> PdService:
+        """The PD node's service (started in ``__init__``)."""
+        service = self.pd.service
+        assert service is not None
+        return service
+
+    def describe(self) -> StreamMeta:
+        """The stream as PD's applied catalog holds it now."""
+        return self.service.view().stream(STREAM)
+
+    async def _registered(self) -> None:
+        """Until PD heard every range server's first heartbeat (bounded, virtual time)."""
+        for _ in range(REGISTER_LOOKS_MAX):
+            if sum(s.alive for s in self.service.servers()) >= len(self.nodes):
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the range servers did not register with PD")
+
     def server(self, server_id: str) -> RangeServerNode | None:
         """The server with this id now (None once its disk was wiped)."""
-        node = self.pd.nodes.get(server_id)
-        found = self.servers[node] if node is not None else None
-        return found if found is not None and found.server_id == server_id else None
+        for server in self.servers.values():
+            if server.server_id == server_id:
+                return server
+        return None
 
     def settle(self, *steps: Coroutine[Any, Any, Any]) -> None:
         """Run ``steps`` on the world's loop to their end (the test's own code, between
@@ -202,6 +234,14 @@ class Sim:
                 break
         for task in tasks:
             task.result()
+
+    def settle_one(self, step: Coroutine[Any, Any, T]) -> T:
+        """:meth:`settle` for one step, and its result."""
+        task = self.world.inside(lambda: asyncio.ensure_future(step))
+        for _ in range(SETTLE_STEPS_MAX):
+            if task.done() or not self.world.step():
+                break
+        return task.result()
 
     def power_cycle(self, server: RangeServerNode, *, lose_all: bool = False) -> None:
         """The power goes (what was not synced is lost, a prefix of it may have reached
@@ -282,23 +322,18 @@ class Sim:
     def crash(self, node: str, down_ms: int, *, lose_all: bool = False) -> None:
         """kill -9: what it had not synced is lost; back after ``down_ms``."""
         self.note(f"crash {node} for {down_ms} ms")
-        self.faults.out_since[node] = self.world.now_ms
         self.power_cycle(self.servers[node], lose_all=lose_all)
         self.full_check = True
         self.world.after(down_ms, lambda: self.restart(node))
 
     def restart(self, node: str) -> None:
-        self.servers[node].reach()
-        new_id = self.restart_as.pop(node, None)
-        if new_id is not None:
-            self.pd.register(new_id, node)
+        self.servers[node].reach()  # a wiped one registers its new id with its heartbeats
 
     def hang(self, node: str, ms: int) -> None:
         """SIGSTOP for ``ms``, then SIGCONT."""
         self.note(f"hang {node} for {ms} ms")
         server = self.servers[node]
         server.hang()
-        self.faults.out_since[node] = self.world.now_ms
         self.world.after(ms, server.resume)
 
     def wipe(self, node: str, down_ms: int) -> None:
@@ -311,10 +346,8 @@ class Sim:
         self.note(f"wipe {node} ({old}), back as {old}w after {down_ms} ms")
         for key in _store(server).replicas:
             self.lost.setdefault(key, set()).add(old)
-        self.faults.out_since[node] = self.world.now_ms
         server.wipe(f"{old}w")
         self.reboot(server)
-        self.restart_as[node] = server.server_id
         self.full_check = True
         self.world.after(down_ms, lambda: self.restart(node))
 
@@ -341,7 +374,7 @@ class Sim:
         self.note(f"partition {a} | {b} for {ms} ms")
         pair = frozenset((a, b))
         self.faults.partitions.add(pair)
-        self.world.after(ms, lambda: self.fronts.heal(a, b))
+        self.world.after(ms, lambda: self.net.heal(a, b))
 
     def writer_crash(self) -> None:
         self.note(f"{self.writers[-1].id} crashes")
@@ -356,7 +389,8 @@ class Sim:
         self.start_writer()  # the old one is a zombie until the partition heals
 
     def heal(self) -> None:
-        self.fronts.heal_all()
+        for pair in list(self.net.faults.cuts):
+            self.net.heal(*sorted(pair))
         for node in list(self.faults.down):
             self.restart(node)
         for server in self.servers.values():
@@ -371,7 +405,7 @@ class Sim:
         (neither is simulated): SEAL at the catalog's end every open replica of a sealed
         range that holds the whole range. A tailing reader learns of a seal from a
         replica (until one has it, its long polls come back empty)."""
-        meta = self.pd.describe(STREAM)
+        meta = self.describe()
         for r in meta.ranges:
             if r.end is None:
                 continue
@@ -398,7 +432,7 @@ class Sim:
             self.full_check = True
             return
         self.note_changes()
-        meta = self.pd.describe(STREAM)
+        meta = self.describe()
         full = meta is not self.checked_meta or self.full_check
         if not full and not self.dirty and all(
             w.acked_end == self.checked_acked.get(w.id) for w in self.writers
@@ -527,7 +561,7 @@ class Sim:
         rng = self.reader_rng
         preferred = rng.choice([None, *self.nodes])
         reader = Reading(
-            self.world, self.fronts.net, f"r{len(self.readers) + 1}", STREAM, start=start,
+            self.world, self.net, f"r{len(self.readers) + 1}", STREAM, start=start,
             end=end, follow=follow, preferred=preferred, decoding=rng.choice(DECODINGS),
             on_deliver=self.check_delivery, on_end=self.reader_ended,
         )
@@ -585,7 +619,7 @@ class Sim:
         same that every other reader saw there; from an open range, only records already
         acknowledged to that writer. (An item is one record or one READ answer's batches:
         all of one range, the catalog's range holding its first offset.)"""
-        meta = self.pd.describe(STREAM)
+        meta = self.describe()
         rng = meta.range_for(offset)
         where = f"{reader.id} (range {rng.index if rng is not None else None})"
         assert offset == reader.next_offset and next_offset > offset, (
@@ -665,8 +699,11 @@ class Sim:
         self.check_range_count()
         for w in self.writers:
             # The other writers' processes end: a zombie still retrying its open would
-            # fence the final writer while it closes.
-            w.dead = w.dead or w is not final
+            # fence the final writer while it closes (and so would a request of theirs
+            # held across a cut until the heal: their connections break).
+            if w is not final:
+                w.dead = True
+                self.net.down(w.id)
         self.check_visible_after_restart(final)
 
     def check_range_count(self) -> None:
@@ -674,7 +711,7 @@ class Sim:
         (size rolls, and the rolls a lost message causes, aside)."""
         if self.config.range_bytes_max < 1 << 30 or self.lossy:
             return
-        ranges = len(self.pd.describe(STREAM).ranges)
+        ranges = len(self.describe().ranges)
         bound = 1 + RANGES_PER_FAULT_MAX * (self.fault_count + len(self.writers))
         assert ranges <= bound, f"{ranges} ranges for {self.fault_count} faults"
 
@@ -685,7 +722,7 @@ class Sim:
         close: it misses them and the final CONFIRM, and a plain read that asks it first
         must not end there: the final read cannot reach the other replicas at first, and
         must wait for them (only a seal quorum may say there is nothing more)."""
-        last = self.pd.describe(STREAM).ranges[-1]
+        last = self.describe().ranges[-1]
         rng = self.reader_rng
         if last.end is None and rng.random() < 0.5:
             lagging = self.server(rng.choice(last.replicas).id)
@@ -710,7 +747,7 @@ class Sim:
             server.power_loss()
         self.settle(*(server.boot() for server in self.servers.values()))
         self.repair_seals()
-        meta = self.pd.describe(STREAM)
+        meta = self.describe()
         last = meta.ranges[-1]
         if last.end is None and final.acked_end > last.start:
             visible = self.visible_end(meta, last)
@@ -764,7 +801,7 @@ class Sim:
         for reader in self.readers:
             lines.append(reader.describe())
             lines += [f"  {line}" for line in reader.log[-5:]]
-        meta = self.pd.describe(STREAM)
+        meta = self.describe()
         for r in meta.ranges[-12:]:
             lines.append(f"range {r.index} [{r.start}, {r.end}) on {[x.id for x in r.replicas]}")
         return "\n".join(lines)
@@ -775,7 +812,7 @@ class Sim:
 
 def _open_replicas(sim: Sim) -> list[str]:
     """The open range's replicas (server ids = nodes before any wipe)."""
-    last = sim.pd.describe(STREAM).ranges[-1]
+    last = sim.describe().ranges[-1]
     return [r.id for r in last.replicas]
 
 
@@ -807,7 +844,7 @@ def _lag_then(sim: Sim, then: Callable[[str], None]) -> None:
         _when(sim, lambda: w.acked_end >= lagging_end() + margin, lambda: then(lagging[0]))
 
     def lagging_end() -> int:
-        last = sim.pd.describe(STREAM).ranges[-1]
+        last = sim.describe().ranges[-1]
         state = sim.servers[lagging[0]].replica((sim.stream_id, last.index))
         return max(last.start, state.end if state is not None else 0)
 
@@ -827,7 +864,7 @@ def lost_copy_down_lagging(destroy: str) -> Callable[[Sim], None]:
 
         def die(c: str) -> None:
             a, b = [r for r in _open_replicas(sim) if r != c]
-            key = (sim.stream_id, sim.pd.describe(STREAM).ranges[-1].index)
+            key = (sim.stream_id, sim.describe().ranges[-1].index)
             sim.note(f"{sim.writers[-1].id} crashes")
             sim.writers[-1].dead = True
             if destroy == "wipe":
@@ -848,7 +885,7 @@ def hung_of_three(sim: Sim) -> None:
     else: the range runs degraded, no append waits long, few ranges."""
     rng = sim.world.rng
     sim.faults.drop = 0.0  # one fault only: no replica looks slow too
-    sim.fronts.net.faults.reset_rate = 0.0
+    sim.net.faults.reset_rate = 0.0
     # The writer appends all along, and ranges fill up while the server hangs: a full
     # range must not wait for it either.
     sim.target = 1_500
@@ -877,7 +914,7 @@ def crash_mid_recovery(sim: Sim) -> None:
 
         def copying() -> bool:
             # A copy is a batch restamped with the recovering writer's epoch.
-            last = sim.pd.describe(STREAM).ranges[-1]
+            last = sim.describe().ranges[-1]
             key = (sim.stream_id, last.index)
             for ref in last.replicas:
                 server = sim.server(ref.id)
@@ -904,20 +941,21 @@ def lost_seal_answer(sim: Sim) -> None:
     try). The writer must not recover the range again from its old view of the stream:
     every replica answers now, and it would keep (and write into) a range PD has sealed."""
     rng = sim.world.rng
-    down = sorted(r.id for r in sim.pd.describe(STREAM).ranges[0].replicas)[0]
+    down = sorted(r.id for r in sim.describe().ranges[0].replicas)[0]
     sim.crash(down, rng.randint(100, 250))
-    seal_range = sim.pd.seal_range
+    service = sim.service
+    seal_range = service.seal_range
 
-    def seal_then_cut(*args: Any) -> StreamMeta:
-        meta = seal_range(*args)
+    async def seal_then_cut(*args: Any, **kwargs: Any) -> StreamMeta:
+        meta = await seal_range(*args, **kwargs)
         if not sim.facts.get("seal answer lost"):
             sim.facts["seal answer lost"] = True
             writer = sim.writers[-1].id
-            sim.fronts.net.lose_next_write(PD, writer)  # the answer: carried out, then lost
+            sim.net.lose_next_write(PD, writer)  # the answer: carried out, then lost
             sim.partition(writer, PD, rng.randint(700, 1_200))
         return meta
 
-    sim.pd.seal_range = seal_then_cut  # type: ignore[method-assign]
+    service.seal_range = seal_then_cut  # type: ignore[method-assign]
 
 
 # Seeds chosen so that each row reaches its scenario (the row asserts it did). On the
@@ -930,6 +968,10 @@ def lost_seal_answer(sim: Sim) -> None:
 # from the seed differently), seed 6 of crash-mid-recovery no longer reaches its crash
 # mid-copy and seed 1 of hung-of-three no longer rolls while the server hangs (scanned with
 # seeds 0..11): their places went to 4 and 6.
+# With the real PD node on SimRaft (its commit delays and heartbeats draw on the loop),
+# seeds 5 and 9 of damaged+down+lagging no longer make the recovery wait and seed 2 of
+# hung-of-three no longer rolls while the server hangs (scanned with seeds 1..12): their
+# places went to 6, 7 and 1.
 # lost-seal-answer keeps PD out of reach longer (0.7 to 1.2 s, not 0.35 to 0.6 s): the PD
 # client's own timeout and retries outlasted the shorter cut, so the writer read the
 # stream afresh and the old-view bug went unseen.
@@ -937,8 +979,8 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     # (name, script, range servers, seed)
     *[("wiped+down+lagging", lost_copy_down_lagging("wipe"), 3, s) for s in range(1, 7)],
     *[("damaged+down+lagging", lost_copy_down_lagging("damage"), 3, s)
-      for s in (1, 2, 3, 4, 5, 9)],
-    *[("hung-of-three", hung_of_three, 3, s) for s in (0, 2, 3, 4, 5, 6)],
+      for s in (1, 2, 3, 4, 6, 7)],
+    *[("hung-of-three", hung_of_three, 3, s) for s in (0, 1, 3, 4, 5, 6)],
     *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 2, 3, 4, 5, 8)],
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
 ]
@@ -982,7 +1024,7 @@ def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, s
     elif name == "hung-of-three":
         waited = max(w.max_wait_ms for w in sim.writers)
         assert waited <= HUNG_APPEND_WAIT_MS_MAX, f"an append waited {waited} ms{trace}"
-        assert len(sim.pd.describe(STREAM).ranges) > 2, f"no roll while it hung{trace}"
+        assert len(sim.describe().ranges) > 2, f"no roll while it hung{trace}"
     elif name == "crash-mid-recovery":
         assert sim.facts.get("crashed mid-copy"), f"no crash while copying{trace}"
     elif name == "lost-seal-answer":

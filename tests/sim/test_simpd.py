@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 import pytest
 
-from estream.net.clock import Clock
 from estream.net.pdclient import PDClient
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import Timeout, Unavailable
@@ -28,28 +27,17 @@ from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
-from pd.shell.node import PdConfig, PlacementDriverNode
 from pd.shell.service import PdService
 from tests.sim.servernode import RangeServerNode
 from tests.sim.simloop import SimClock, SimLoop, run
 from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import SimNetwork
+from tests.sim.world import PD_ADDRESS, pd_node
 
 T = TypeVar("T")
 
-PD_ADDRESS = "127.0.0.10:7400"
-PD_HTTP = "127.0.0.10:7401"  # published in the catalog; no admin HTTP is served here
 SERVERS = {f"rs-{i}": f"127.0.0.{20 + i}:7000" for i in range(3)}
 SEEDS = range(8)
-
-
-def pd_node(net: SimNetwork, raft: SimRaft, clock: Clock, data_dir: Path
-            ) -> PlacementDriverNode:
-    """The real PD node's assembly (its service, RPC port and leader rounds) on the
-    simulator's ports; no admin HTTP (aiohttp needs real sockets)."""
-    config = PdConfig("pd-1", PD_ADDRESS, raft.self_address, PD_HTTP, data_dir)
-    return PlacementDriverNode(config, raft=raft, network=net.node("pd"), clock=clock,
-                               serve_http=False)
 
 
 class Cluster:

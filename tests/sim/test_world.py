@@ -1,9 +1,10 @@
 """The seeded world's schedule (tests/sim/world.py on tests/sim/simloop.py): virtual time,
 events due together in the seed's order, and an event that raises failing the run; and
-the real client shells reaching the world's real range server and PD's RPC front."""
+the real client shells reaching the world's real range server and its real PD node."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Coroutine
 from pathlib import Path
@@ -16,13 +17,15 @@ from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.sdk.client import Client
 from estream.wire.errors import RangeNotFound, WrongServer
+from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.record import Record, encode_batch
-from tests.sim.rpcfront import PD_ADDRESS, Fronts
+from pd.shell.node import PlacementDriverNode
 from tests.sim.servernode import RangeServerNode
 from tests.sim.simloop import SimClock
+from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
-from tests.sim.world import Faults, SimPD, World, address_of
+from tests.sim.world import PD_ADDRESS, Faults, World, address_of, pd_node
 
 SEEDS = range(20)
 
@@ -58,32 +61,57 @@ def test_an_event_that_raises_fails_the_run() -> None:
     world.close()
 
 
-# -- the real range server and PD's RPC front: the real client in real frames ------------
+# -- the real range server and the real PD node: the real client in real frames ------------
 
 
-def _front_world(seed: int, data_dir: Path) -> tuple[World, RangeServerNode, Fronts, int]:
-    """A world with one real range server holding range 0 of a stream, and PD's front."""
+class Front:
+    """The network and PD node of a :func:`_front_world`."""
+
+    def __init__(self, net: SimNetwork, pd: PlacementDriverNode) -> None:
+        self.net = net
+        self.pd = pd
+
+    def cut(self, a: str, b: str) -> None:
+        self.net.cut(a, b)
+
+    def heal(self, a: str, b: str) -> None:
+        self.net.heal(a, b)
+
+
+def _front_world(seed: int, data_dir: Path) -> tuple[World, RangeServerNode, Front, int]:
+    """A world with one real range server holding range 0 of a stream, heartbeating to
+    the real PD node on SimRaft."""
     world = World(seed)
     faults = Faults()
     net = SimNetwork(world.loop, random.Random(seed),
                      NetFaults(cuts=faults.partitions, down=faults.down))
-    server = RangeServerNode(net, "s0", address_of("s0"), "s0", data_dir, rng=world.rng)
-    pd = SimPD(world, faults, {"s0": server})
-    meta = pd.create_stream("orders", 1, 1)
-    batch = encode_batch([Record(b"a"), Record(b"b")], stream_id=meta.id, range_index=0,
-                         epoch=0, base_offset=0)
+    pd = pd_node(net, SimRaft(world.loop, random.Random(seed + 1)), world.clock,
+                 data_dir / "pd")
+    server = RangeServerNode(net, "s0", address_of("s0"), "s0", data_dir / "s0",
+                             rng=world.rng, clock=world.clock, pd=(PD_ADDRESS,))
 
-    async def setup() -> None:
+    async def setup() -> int:
+        await pd.start()
         store = await server.boot()
+        service = pd.service
+        assert service is not None
+        for _ in range(100):  # the first heartbeat (virtual time, bounded)
+            if any(s.alive for s in service.servers()):
+                break
+            await asyncio.sleep(0.01)
+        meta = await service.create_stream(
+            CreateStreamRequest(name="orders", replicas=1, ack_count=1))
+        batch = encode_batch([Record(b"a"), Record(b"b")], stream_id=meta.id, range_index=0,
+                             epoch=0, base_offset=0)
         await store.create_range(meta.id, 0, 0, 0)
         await store.append(batch)  # durable
         await store.confirm(meta.id, 0, 0, 2)
+        return meta.id
 
     task = world.loop.create_task(setup())
     while not task.done() and world.step():
         pass
-    task.result()
-    return world, server, Fronts(net, pd), meta.id
+    return world, server, Front(net, pd), task.result()
 
 
 def _run(world: World, main: Coroutine[Any, Any, Any]) -> Any:
@@ -96,7 +124,7 @@ def _run(world: World, main: Coroutine[Any, Any, Any]) -> Any:
         world.close()
 
 
-def test_the_real_reader_reads_the_worlds_real_server_through_pds_front(
+def test_the_real_reader_reads_the_worlds_real_server_through_the_real_pd(
         tmp_path: Path) -> None:
     world, server, fronts, _ = _front_world(3, tmp_path)
 
@@ -152,7 +180,7 @@ def test_a_connect_across_a_partition_waits_for_the_heal_as_a_syn_does(tmp_path:
     assert waited_ms >= 50 and end == 2
 
 
-def test_the_real_pd_client_opens_seals_and_lists_through_pds_front(tmp_path: Path) -> None:
+def test_the_real_pd_client_opens_seals_and_lists_on_the_real_pd(tmp_path: Path) -> None:
     world, _, fronts, _ = _front_world(6, tmp_path)
 
     async def main() -> tuple[int, list[bool], int, list[str]]:

@@ -1,4 +1,4 @@
-"""A seeded discrete-event world: fake clock, network faults and a placement driver (the
+"""A seeded discrete-event world: virtual clock, network faults and the real PD node (the
 range servers are the real ones on the simulated disk and network:
 :class:`~tests.sim.servernode.RangeServerNode`).
 
@@ -9,10 +9,9 @@ range servers are the real ones on the simulated disk and network:
 - :class:`Faults`: what the seed does to the world (partitions, down nodes, the resets'
   rate), shared with the :class:`~tests.sim.simtransport.SimNetwork` every request crosses
   in real frames.
-- :class:`SimPD`: the real catalog core (``pd.catalog.Catalog.apply``) behind the network
-  (``tests/sim/rpcfront.py``), with the placement decided by the real placement core
-  (``pd.placement``) before each command, like the PD does; a server is suspected (no new
-  ranges) once it has been unreachable for ``suspect_after_ms``.
+- :func:`pd_node`: the real PD node (:class:`~pd.shell.node.PlacementDriverNode`) on
+  :class:`~tests.sim.simraft.SimRaft`, answering on the simulated network; the range
+  servers heartbeat to it, and it suspects those it no longer hears from.
 
 Pure: no I/O (tests only).
 """
@@ -22,19 +21,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, Final, TypeVar
 
-from estream.wire.meta import ServerInfo, StreamMeta
-from pd.catalog import Catalog
-from pd.commands import CreateStream, OpenWriter, RegisterServer, SealRange
-from pd.placement import Candidate, choose_replicas
-from tests.sim.servernode import RangeServerNode
+from estream.net.clock import Clock
+from pd.shell.node import PdConfig, PlacementDriverNode
 from tests.sim.simloop import SimClock, SimLoop
+from tests.sim.simraft import SimRaft
+from tests.sim.simtransport import SimNetwork
 
 T = TypeVar("T")
 Key = tuple[int, int]
 
-SUSPECT_AFTER_MS = 200  # PD stops placing on a server unreachable this long
+PD_NODE: Final = "pd"
+PD_ADDRESS: Final = "127.0.0.1:7100"
+PD_HTTP: Final = "127.0.0.1:7101"  # published in the catalog; no admin HTTP is served here
 CLOSE_STEPS_MAX = 10_000  # World.close: steps for the cancelled tasks to unwind
 
 
@@ -131,78 +132,16 @@ class Faults:
     drop: float = 0.0  # chance per write that a connection resets (SimNetwork's reset_rate)
     partitions: set[frozenset[str]] = field(default_factory=set)
     down: set[str] = field(default_factory=set)
-    out_since: dict[str, int] = field(default_factory=dict)  # node -> down or hung since
 
 
 # ------------------------------------------------------------------- placement driver
 
 
-class SimPD:
-    """The catalog core behind the network; placement is decided before proposing."""
-
-    def __init__(
-        self, world: World, faults: Faults, servers: dict[str, RangeServerNode]
-    ) -> None:
-        self.world = world
-        self.faults = faults
-        self.servers = servers  # by node
-        self.catalog = Catalog()
-        self.nodes: dict[str, str] = {}  # server id -> node
-        for node, server in servers.items():
-            self.register(server.server_id, node)
-
-    def register(self, server_id: str, node: str) -> None:
-        self.nodes[server_id] = node
-        self.catalog.apply(RegisterServer(server_id, address_of(node), "ssd"))
-
-    def alive(self, server_id: str) -> bool:
-        """Heartbeats: a server is alive unless it has been unreachable (down or hung)
-        for ``SUSPECT_AFTER_MS``; a wiped server's old id is never heard from again."""
-        node = self.nodes[server_id]
-        server = self.servers[node]
-        if server.server_id != server_id:
-            return False
-        out = node in self.faults.down or server.hung
-        since = self.faults.out_since.get(node, 0)
-        return not out or self.world.now_ms - since < SUSPECT_AFTER_MS
-
-    def list_servers(self) -> list[ServerInfo]:
-        return [
-            ServerInfo(sid, address_of(node), "ssd", self.alive(sid))
-            for sid, node in sorted(self.nodes.items())
-        ]
-
-    def _place(self, count: int, exclude: tuple[str, ...]) -> tuple[str, ...]:
-        rng = self.world.rng
-        candidates = [
-            Candidate(sid, "ssd", self.alive(sid), rng.randint(0, 2))
-            for sid in sorted(self.nodes)
-        ]
-        return choose_replicas(candidates, count, exclude=exclude)
-
-    def create_stream(self, name: str, replicas: int, ack_count: int) -> StreamMeta:
-        placement = self._place(replicas, ())
-        result = self.catalog.apply(CreateStream(name, replicas, ack_count, "", (), placement))
-        assert isinstance(result, StreamMeta)
-        return result
-
-    def open_writer(self, name: str) -> StreamMeta:
-        result = self.catalog.apply(OpenWriter(name))
-        assert isinstance(result, StreamMeta)
-        return result
-
-    def seal_range(
-        self, name: str, epoch: int, range_index: int, end: int, exclude: tuple[str, ...]
-    ) -> StreamMeta:
-        stream = self.catalog.stream(name)
-        last = stream.last_range
-        if last is not None and last.index != range_index:
-            placement: tuple[str, ...] = ()  # a retry of a landed seal, or a stale one
-        else:
-            placement = self._place(stream.replicas, exclude)
-        result = self.catalog.apply(SealRange(name, epoch, range_index, end, placement))
-        assert isinstance(result, StreamMeta)
-        return result
-
-    def describe(self, name: str) -> StreamMeta:
-        return self.catalog.stream(name)
+def pd_node(net: SimNetwork, raft: SimRaft, clock: Clock, data_dir: Path
+            ) -> PlacementDriverNode:
+    """The real PD node (its service, RPC port and leader rounds) on the simulator's
+    ports, node ``PD_NODE`` of ``net`` at ``PD_ADDRESS``; no admin HTTP (aiohttp needs real
+    sockets)."""
+    config = PdConfig("pd-1", PD_ADDRESS, raft.self_address, PD_HTTP, data_dir)
+    return PlacementDriverNode(config, raft=raft, network=net.node(PD_NODE), clock=clock,
+                               serve_http=False)
