@@ -46,10 +46,12 @@ chaos: $(STAMP)
 # A cluster under churn for SOAK_S seconds (default an hour): thousands of streams, writer
 # sessions, readers, deletes and recreates, retention and the object tier; RSS, descriptors,
 # disk, PD CPU and append latency sampled over time (benchmarks/soak.py).
+# SOAK_RATE writer sessions start each second, steadily (so the curves compare like with like).
 SOAK_S ?= 3600
+SOAK_RATE ?= 15
 soak: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/python -m benchmarks.soak --duration-s $(SOAK_S)
+	$(BIN)/python -m benchmarks.soak --duration-s $(SOAK_S) --sessions-per-s $(SOAK_RATE)
 
 # estream beside NATS JetStream, Redis and etcd (benchmarks/compare.py); peers installed by
 # benchmarks/setup.sh; figures to benchmarks/RESULTS.md, charts to benchmarks/results/.
