@@ -460,6 +460,9 @@ class FaultProxy:
         except OSError:
             _abort(client_writer)  # the server is down: the client sees its connection fail
             return
+        except asyncio.CancelledError:  # the proxy closed while it connected
+            _abort(client_writer)
+            raise
         connection = _Connection(self, client_writer, upstream_writer)
         self._connections.add(connection)
         try:
