@@ -406,8 +406,7 @@ class ConnectionPool:
         self._member_secret = member_secret
         self._closed = False
         # start_call: requests to an address not connected yet, in call order.
-        self._starting: dict[str, list[tuple[int, Header | None, bytes | memoryview, Done,
-                                             float]]] = {}
+        self._starting: dict[str, list[_Unconnected]] = {}
         self._connecting: set[asyncio.Task[None]] = set()
 
     async def get(self, address: str) -> RpcClient:
@@ -466,7 +465,8 @@ class ConnectionPool:
     ) -> None:
         """:meth:`RpcClient.start_call` on the connection to ``address``: written now when
         it is open; otherwise once it is (requests to one address keep their order), or
-        ``done(None, error)`` if it cannot be opened."""
+        ``done(None, error)`` if it cannot be opened. ``timeout_s`` bounds the whole
+        request, the wait for the connection included (:class:`Timeout` after it)."""
         client = self._clients.get(address)
         if client is not None and address not in self._starting and not client.closed:
             client.start_call(opcode, header, payload, done, timeout_s=timeout_s)
@@ -477,7 +477,7 @@ class ConnectionPool:
             task = asyncio.ensure_future(self._connect_and_start(address))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)
-        waiting.append((opcode, header, payload, done, timeout_s))
+        waiting.append(_Unconnected(address, opcode, header, payload, done, timeout_s))
 
     async def _connect_and_start(self, address: str) -> None:
         error: EstreamError | None = None
@@ -490,15 +490,17 @@ class ConnectionPool:
             error = exc
         except Exception as exc:  # noqa: BLE001 - every waiting request gets an answer
             error = Unavailable(f"cannot connect to {address}: {exc!r}", address=address)
-        waiting = self._starting.pop(address, [])
-        for opcode, header, payload, done, timeout_s in waiting:
-            if client is not None:
-                client.start_call(opcode, header, payload, done, timeout_s=timeout_s)
+        now = asyncio.get_running_loop().time()
+        for request in self._starting.pop(address, []):
+            if request.answered:
                 continue
-            try:
-                done(None, error)
-            except Exception:  # noqa: BLE001 - the other waiting requests get theirs
-                log.exception("the callback of request %s to %s failed", opcode, address)
+            request.expiry.cancel()
+            left_s = request.deadline - now
+            if client is not None and left_s > 0:
+                client.start_call(request.opcode, request.header, request.payload,
+                                  request.done, timeout_s=left_s)
+                continue
+            request.answer(error if client is None else request.timeout())
 
     def discard(self, address: str) -> None:
         """Forget the connection to ``address`` (e.g. after a timeout) and abort it: the
@@ -514,6 +516,36 @@ class ConnectionPool:
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()
+
+
+class _Unconnected:
+    """A :meth:`ConnectionPool.start_call` request waiting for its connection; answered
+    :class:`Timeout` by its own timer if the connection takes longer than its deadline."""
+
+    __slots__ = ("address", "opcode", "header", "payload", "done", "timeout_s", "deadline",
+                 "expiry", "answered")
+
+    def __init__(self, address: str, opcode: int, header: Header | None,
+                 payload: bytes | memoryview, done: Done, timeout_s: float) -> None:
+        self.address, self.opcode, self.header, self.payload = address, opcode, header, payload
+        self.done, self.timeout_s, self.answered = done, timeout_s, False
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + timeout_s
+        self.expiry = loop.call_at(self.deadline, lambda: self.answer(self.timeout()))
+
+    def timeout(self) -> Timeout:
+        return Timeout(f"connecting to {self.address} took over {self.timeout_s}s",
+                       address=self.address)
+
+    def answer(self, error: EstreamError | None) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        self.expiry.cancel()
+        try:
+            self.done(None, error)
+        except Exception:  # noqa: BLE001 - the other waiting requests get theirs
+            log.exception("the callback of request %s to %s failed", self.opcode, self.address)
 
 
 __all__ = ["ConnectionPool", "RpcClient"]

@@ -711,6 +711,27 @@ async def test_a_pool_call_deadline_covers_connecting_and_authenticating(
         await pool.close()
 
 
+async def test_a_pool_start_call_deadline_covers_the_wait_for_its_connection(
+    hung_peer: HungPeer,
+) -> None:
+    """Before the fix a request started while its connection was being opened waited for
+    the connect bound (here 60 s), however short its own timeout."""
+    address = await hung_peer()  # takes the connection, never answers AUTH
+    pool = ConnectionPool(connect_timeout_s=60, token="secret")
+    try:
+        answers = Answers()
+        answers.inside = True
+        for _ in range(2):
+            pool.start_call(address, Opcode.PING, {}, b"", answers, timeout_s=0.2)
+        answers.inside = False
+        async with asyncio.timeout(10):
+            await answers.wait(2)
+        assert [type(e) for _, e in answers.got] == [Timeout, Timeout]
+    finally:
+        await pool.close()
+    assert len(answers.got) == 2  # the connect failing later answers nobody twice
+
+
 class CountingNetwork:
     """TCP through the transport port, counting what the RPC layer opens and serves."""
 
