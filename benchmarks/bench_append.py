@@ -410,7 +410,7 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
             )
             print("exactly once", results["exactly_once"], flush=True)
             return results
-        phases = set(args.phases.split(","))
+        phases = set(args.phases.split(",")) - {""}
         unknown = phases - set(PHASES)
         if unknown:
             raise SystemExit(f"unknown phases: {', '.join(sorted(unknown))}")
