@@ -31,7 +31,8 @@ records/s on a shared machine). Every phase is bounded in count and time. Usage:
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
         [--phases throughput,one,visible,workers,typical] [--inflight 256]
-        [--kill-replica] [--gray-replica hung|slow] [--exactly-once [--repeat 3]] [--batch-bytes N] [--json out.json]
+        [--kill-replica] [--gray-replica hung|slow] [--exactly-once [--repeat 3]]
+        [--batch-bytes N] [--json out.json]
 """
 
 from __future__ import annotations
