@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 import tempfile
@@ -354,6 +355,11 @@ async def gray_replica(
         "window_p999_ms": round(percentile(around, 99.9), 2) if around else None,
         "window_p99_ms": round(percentile(around, 99), 2) if around else None,
         "p50_ms": round(percentile(every, 50), 3), "worst_ms": round(every[-1], 2),
+        # the same machine's noise: the worst before the fault, and the slowest appends
+        # after it with when they were due (seconds from the fault)
+        "worst_before_fault_ms": round(max(lat for due, lat in latencies if due < fault_at), 2),
+        "slowest_after_fault": [(round(due - fault_at, 3), round(lat, 1)) for due, lat in
+                                sorted(latencies, key=lambda x: -x[1]) if due >= fault_at][:5],
         "rolls": statistics.rolls, "degraded_ranges": statistics.degraded_ranges,
     }
 
@@ -404,6 +410,8 @@ async def exactly_once(
 async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     results: dict[str, Any] = {}
     async with await estream.connect(cluster.pd_addresses, secret="bench-secret") as client:
+        if args.gc_freeze:
+            gc.freeze()
         if args.exactly_once:
             results["exactly_once"] = await asyncio.wait_for(
                 exactly_once(client, args.records, args.window, args.repeat),
@@ -461,6 +469,8 @@ def main() -> int:
                         help="scenario 5 on exactly 3 range servers: a replica stopped/slowed")
     parser.add_argument("--gray-rate", type=int, default=1_000, help="appends per second")
     parser.add_argument("--gray-seconds", type=float, default=8.0)
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() once connected (no full GC pass over the start-up heap)")
     parser.add_argument("--exactly-once", action="store_true",
                         help="only the producer and digest rows beside plain appends")
     parser.add_argument("--repeat", type=int, default=3)
