@@ -170,11 +170,10 @@ class RangeWriter:
         if inflight == 0:
             return True
         config = self.config
-        return (
-            inflight + nbytes <= config.inflight_bytes_max
-            and len(self._batches) - chasing.batches < config.inflight_batches_max
-            and not chasing.full(config)
-        )
+        return (inflight + nbytes <= config.inflight_bytes_max
+                and len(self._batches) - chasing.batches < config.inflight_batches_max
+                and chasing.batches <= config.chase_backlog_batches_max  # chasing.full(),
+                and chasing.bytes <= config.chase_backlog_bytes_max)  # inline: per append
 
     def idle(self) -> bool:
         """Nothing pending, nothing unacknowledged."""

@@ -52,7 +52,7 @@ def test_a_hung_replica_costs_the_in_flight_budget_nothing() -> None:
         assert w.can_accept(100), i
         append_acked_by(w, i, ("a", "b"))
     assert w.completed == 50 and w.live == ("a", "b", "c")
-    assert w.inflight_batches == 50  # still kept for c: the chase budget (1,024) has room
+    assert w.inflight_batches == 50  # still kept for c: the chase budget (4,096) has room
 
 
 def test_a_full_chase_budget_fails_the_chaser_at_once_and_releases_its_batches() -> None:
