@@ -48,14 +48,31 @@ class ChaseBacklog:
         self.batches = self.bytes = 0
 
     def full(self, config: WriterConfig) -> bool:
-        """Past the chase budget."""
+        """Past the chase budget.
+
+        >>> ChaseBacklog(batches=3, bytes=300).full(WriterConfig(chase_backlog_batches_max=2))
+        True
+        >>> ChaseBacklog(batches=2, bytes=300).full(WriterConfig(chase_backlog_batches_max=2))
+        False
+        """
         return (self.batches > config.chase_backlog_batches_max
                 or self.bytes > config.chase_backlog_bytes_max)
 
 
 def furthest_behind(rng: OpenRange) -> str:
     """The live replica of ``rng`` with the lowest acknowledged end (the first in replica
-    order on a tie): the one the chase backlog waits for."""
+    order on a tie): the one the chase backlog waits for.
+
+    >>> rng = OpenRange(0, 10, ("a", "b", "c"), acked={"a": 20, "b": 15})
+    >>> furthest_behind(rng)  # c acknowledged nothing: at the range's start
+    'c'
+    >>> rng.acked["c"] = 15
+    >>> furthest_behind(rng)
+    'b'
+    >>> rng.fail("b")
+    >>> furthest_behind(rng)
+    'c'
+    """
     acked, start = rng.acked, rng.start
     return min(rng.live, key=lambda r: acked.get(r, start))
 

@@ -5,10 +5,12 @@ live). Scenario tests: events in, effects out."""
 
 from __future__ import annotations
 
+import doctest
 import random
 
 import pytest
 
+from estream.core import chasebudget
 from estream.core.chasebudget import ChaseBacklog, furthest_behind
 from estream.core.inflight import OpenRange
 from estream.core.rangewriter import RangeWriter
@@ -147,3 +149,7 @@ def test_furthest_behind_and_the_backlog_record() -> None:
     assert backlog.full(WriterConfig(chase_backlog_batches_max=2))
     assert not backlog.full(WriterConfig(chase_backlog_batches_max=3))
     assert backlog.full(WriterConfig(chase_backlog_bytes_max=299))
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(chasebudget, verbose=False).failed == 0
