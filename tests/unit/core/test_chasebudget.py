@@ -15,6 +15,7 @@ from estream.core.chasebudget import ChaseBacklog, furthest_behind
 from estream.core.inflight import OpenRange
 from estream.core.rangewriter import RangeWriter
 from estream.core.writeeffects import (
+    BeginSeal,
     CompleteAppends,
     Effect,
     RequestRoll,
@@ -105,8 +106,9 @@ def test_one_of_the_last_ack_count_live_is_waited_for_with_backpressure() -> Non
 
 @pytest.mark.parametrize("seed", range(30))
 def test_the_backlog_counts_the_complete_batches_kept(seed: int) -> None:
-    """Seeded random appends, acks (late, out of order), errors and rolls: the backlog's
-    counters always equal a recount of the kept batches at or below the confirmed end."""
+    """Seeded random appends, acks (late, out of order), errors, rolls and next ranges: the
+    backlog's counters always equal a recount of the kept batches at or below the confirmed
+    end."""
     rng = random.Random(seed)
     w = make(("a", "b", "c", "d"), ack_count=2, chase_backlog_batches_max=6, batch_bytes=64)
     sent: list[SendAppend] = []
@@ -132,6 +134,8 @@ def test_the_backlog_counts_the_complete_batches_kept(seed: int) -> None:
                 effects = []
         else:
             effects = []
+        for seal in [e for e in effects if isinstance(e, BeginSeal)]:  # the roll's next range
+            effects += w.on_range_opened(seal.range_index + 1, seal.end, ("a", "b", "c", "d"), now)
         sent += [e for e in effects if isinstance(e, SendAppend)]
         kept = [b for b in w._batches if b.end <= w.completed]  # noqa: SLF001
         backlog = w._chasing  # noqa: SLF001
@@ -153,3 +157,4 @@ def test_furthest_behind_and_the_backlog_record() -> None:
 
 def test_doctests() -> None:
     assert doctest.testmod(chasebudget, verbose=False).failed == 0
+
