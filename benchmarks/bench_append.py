@@ -11,13 +11,18 @@ measures with 1 KiB records:
 4. ``--kill-replica``: appends with a window in flight while a range server holding a
    replica of the open range is killed (SIGKILL) mid-run: failed appends, worst latency
    overall and in the second around the kill;
-5. ``--exactly-once``: throughput 1 again beside the same with an idempotent producer
+5. ``--gray-replica hung|slow``: open-loop appends at ``--gray-rate``/s on exactly 3 range
+   servers; mid-run one replica of the open range is stopped (SIGSTOP) or slowed (the
+   test fault proxy delays each request to it by 50 ms): worst and p99.9 latency (from
+   each append's due time) within 2.5 s of the fault, failed appends, lost or duplicated
+   offsets (issue 32);
+6. ``--exactly-once``: throughput 1 again beside the same with an idempotent producer
    (``producer_id`` set, every append with its ``sequence``) and with the ``crc32c`` and
    ``hmac-sha256`` entry digests, alternated ``--repeat`` times (the median of each, and
    its ratio to plain xxh3 appends without a producer);
-6. ``--phases workers``: the comparison's per-record row (``compare.py`` scenario 1:
+7. ``--phases workers``: the comparison's per-record row (``compare.py`` scenario 1:
    ``--inflight`` workers, each awaiting one ``writer.append`` after another);
-7. ``--phases typical``: a typical application loop: one task per append
+8. ``--phases typical``: a typical application loop: one task per append
    (``asyncio.create_task``), each append awaited with ``asyncio.wait_for``, each value
    built per record (a small JSON-ish prefix padded to 1 KiB), ``--inflight`` at once.
 
@@ -26,13 +31,15 @@ records/s on a shared machine). Every phase is bounded in count and time. Usage:
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
         [--phases throughput,one,visible,workers,typical] [--inflight 256]
-        [--kill-replica] [--exactly-once [--repeat 3]] [--batch-bytes N] [--json out.json]
+        [--kill-replica] [--gray-replica hung|slow] [--exactly-once [--repeat 3]]
+        [--batch-bytes N] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 import tempfile
@@ -292,6 +299,71 @@ async def kill_replica(
     }
 
 
+async def gray_replica(
+    client: estream.Client, cluster: Cluster, mode: str, rate: int, seconds: float
+) -> dict[str, Any]:
+    """Scenario 5 (module docstring): ``mode`` is ``hung`` or ``slow``."""
+    name = f"bench-{mode}"
+    await client.create_stream(name, replicas=3, ack_count=2)
+    writer = await client.open_writer(name, **WRITER_OPTIONS)
+    victim = writer.stream.ranges[-1].replicas[0].address
+    count = int(rate * seconds)
+    latencies: list[tuple[float, float]] = []  # (due, latency ms)
+    offsets: list[int] = []
+    failures = 0
+
+    async def one(due: float) -> None:
+        nonlocal failures
+        try:
+            offsets.append(await writer.append(RECORD))
+        except estream.EstreamError:
+            failures += 1
+            return
+        latencies.append((due, (time.perf_counter() - due) * 1000))
+
+    tasks = []
+    begin = time.perf_counter()
+    fault_at = begin + seconds / 2
+    faulted = False
+    try:
+        for i in range(count):
+            due = begin + i / rate
+            if not faulted and due >= fault_at:
+                faulted = True
+                if mode == "hung":
+                    cluster.pause(victim)
+                else:
+                    cluster.proxy(victim).delay(None, "request", 50)
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            tasks.append(asyncio.ensure_future(one(due)))
+        await asyncio.wait_for(asyncio.gather(*tasks), PHASE_TIMEOUT_S)
+    finally:
+        if mode == "hung":
+            cluster.resume(victim)
+        else:
+            cluster.proxy(victim).clear_rules()
+    statistics = writer.statistics()
+    await writer.close()
+    read_back = [r.offset async for r in client.read(name)]  # every offset once, in order
+    around = sorted(lat for due, lat in latencies if abs(due - fault_at) < 2.5)
+    every = sorted(lat for _, lat in latencies)
+    return {
+        "mode": mode, "rate_per_s": rate, "appends": count, "failed_appends": failures,
+        "read_back_matches": read_back == sorted(offsets) == list(range(len(offsets))),
+        "window_ops": len(around),
+        "window_worst_ms": round(around[-1], 2) if around else None,
+        "window_p999_ms": round(percentile(around, 99.9), 2) if around else None,
+        "window_p99_ms": round(percentile(around, 99), 2) if around else None,
+        "p50_ms": round(percentile(every, 50), 3), "worst_ms": round(every[-1], 2),
+        # the same machine's noise: the worst before the fault, and the slowest appends
+        # after it with when they were due (seconds from the fault)
+        "worst_before_fault_ms": round(max(lat for due, lat in latencies if due < fault_at), 2),
+        "slowest_after_fault": [(round(due - fault_at, 3), round(lat, 1)) for due, lat in
+                                sorted(latencies, key=lambda x: -x[1]) if due >= fault_at][:5],
+        "rolls": statistics.rolls, "degraded_ranges": statistics.degraded_ranges,
+    }
+
+
 PHASES = {  # --phases name: results key, in the order they run
     "throughput": "throughput",
     "workers": "workers",
@@ -338,6 +410,8 @@ async def exactly_once(
 async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     results: dict[str, Any] = {}
     async with await estream.connect(cluster.pd_addresses, secret="bench-secret") as client:
+        if args.gc_freeze:
+            gc.freeze()
         if args.exactly_once:
             results["exactly_once"] = await asyncio.wait_for(
                 exactly_once(client, args.records, args.window, args.repeat),
@@ -345,7 +419,7 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
             )
             print("exactly once", results["exactly_once"], flush=True)
             return results
-        phases = set(args.phases.split(","))
+        phases = set(args.phases.split(",")) - {""}
         unknown = phases - set(PHASES)
         if unknown:
             raise SystemExit(f"unknown phases: {', '.join(sorted(unknown))}")
@@ -370,6 +444,11 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 PHASE_TIMEOUT_S,
             )
             print("kill replica", results["kill_replica"], flush=True)
+        if args.gray_replica:
+            results["gray_replica"] = await asyncio.wait_for(
+                gray_replica(client, cluster, args.gray_replica, args.gray_rate,
+                             args.gray_seconds), PHASE_TIMEOUT_S)
+            print("gray replica", results["gray_replica"], flush=True)
     return results
 
 
@@ -386,6 +465,12 @@ def main() -> int:
     parser.add_argument("--kill-replica", action="store_true")
     parser.add_argument("--kill-records", type=int, default=40_000)
     parser.add_argument("--kill-window", type=int, default=200)
+    parser.add_argument("--gray-replica", choices=("hung", "slow"), default=None,
+                        help="scenario 5 on exactly 3 range servers: a replica stopped/slowed")
+    parser.add_argument("--gray-rate", type=int, default=1_000, help="appends per second")
+    parser.add_argument("--gray-seconds", type=float, default=8.0)
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() once connected (no full GC pass over the start-up heap)")
     parser.add_argument("--exactly-once", action="store_true",
                         help="only the producer and digest rows beside plain appends")
     parser.add_argument("--repeat", type=int, default=3)
@@ -401,7 +486,11 @@ def main() -> int:
         servers = 4 if args.kill_replica else 3
         # No cluster secret of the launcher's: the servers verify hmac-sha256 MACs only when
         # ESTREAM_SECRET is set (the "with the secret" rows of RESULTS.md), as before.
-        cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=servers, secret=None)
+        proxy = None
+        if args.gray_replica == "slow":
+            from tests.harness.faultproxy import start_fault_proxy as proxy
+        cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=servers, secret=None,
+                                proxy=proxy)
         try:
             results = uvloop.run(run(args, cluster))
         finally:

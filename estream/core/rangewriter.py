@@ -6,32 +6,26 @@ writer core (:mod:`estream.core.writer`); each event (``submit``, ``take_one``, 
 
 The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
 
-- A pending batch goes when it is full (``batch_bytes``); when it holds ``early_bytes``
-  while fewer than ``early_batches`` sent batches are unacknowledged (the replicas store
-  part of a burst while the application makes the rest); when nothing sent is
-  unacknowledged (Nagle's rule: at once, on the acknowledgement that made it so, or for a
-  driver's ``hold_idle`` appends at the end of its event-loop turn); or at its linger.
-- Every batch goes to every live replica of the open range. The confirmed end is the
-  ``ack_count``-th highest acknowledged end (:func:`estream.core.quorum.confirm_offset`), so
-  appends complete at ``ack_count`` durable copies and in offset order.
-- A slow replica keeps receiving ("chases"); its backlog (bytes and age of its oldest
-  unacknowledged batch) is bounded. A batch stays in memory until every live replica has
-  it, so a slow replica costs in-flight budget, and the budget gives backpressure.
-- A replica that fails (an error, a timeout, its chase bound: only while more than
-  ``ack_count`` are live) is dropped. With ``ack_count`` live the range goes on,
-  **degraded**, and :class:`RequestRoll` asks for a roll once PD can place without the
-  failed servers (``NoPlacement``: PD sealed nothing, :meth:`RangeWriter.on_roll_postponed`
-  and it goes on); with fewer it must roll. To roll, the end is frozen at the confirmed
-  end, the live replicas get the chase bound to reach it, then :class:`BeginSeal`;
-  batches past the end are re-sent, restamped, to the next range, offsets unchanged.
-- A range also rolls once ``range_bytes_max`` bytes were sent into it and they complete
-  (if PD cannot place the next range, the limit is lifted until it can).
+- A pending batch goes when full (``batch_bytes``); at ``early_bytes`` while fewer than
+  ``early_batches`` sent ones are unacknowledged; when nothing sent is unacknowledged
+  (Nagle's rule; ``hold_idle`` appends at the end of the driver's turn); or at its linger.
+- Every batch goes to every live replica; the confirmed end is the ``ack_count``-th highest
+  acknowledged end (:func:`estream.core.quorum.confirm_offset`): appends complete in order.
+- A slow replica keeps receiving ("chases"); a batch stays in memory until every live
+  replica has it. Complete ones kept for chasers count against the chase budget
+  (:mod:`estream.core.chasebudget`), not the in-flight budget: a hung replica costs
+  appends nothing. The age of the oldest batch a replica owes is bounded too.
+- A replica that fails (an error, a timeout; while more than ``ack_count`` are live, its
+  chase bound or a full chase budget) is dropped. With ``ack_count`` live the range goes
+  on, **degraded**, and :class:`RequestRoll` asks for a roll once PD can place without the
+  failed servers (``NoPlacement``: :meth:`RangeWriter.on_roll_postponed`, it goes on);
+  with fewer it must roll: the end freezes at the confirmed end, the live replicas get the
+  chase bound to reach it, :class:`BeginSeal`; later batches go to the next range,
+  restamped, offsets unchanged.
+- A range also rolls once ``range_bytes_max`` bytes sent into it complete (lifted while PD
+  cannot place the next one).
 - A producer's batches carry its id and sequences, every batch the stream's digest (a MAC
-  under ``key`` for ``hmac-sha256``, recomputed on a re-send): :mod:`estream.core.producer`.
-
-Worked example (a, b, c; ack_count 2): c times out: dropped, the range goes on with a and b
-(``RequestRoll``; no server to replace c: nothing frozen). b fails too: fewer than
-ack_count live: the end is frozen at the confirmed end, :class:`BeginSeal` once a holds it.
+  under ``key`` for ``hmac-sha256``): :mod:`estream.core.producer`.
 
 Pure: no I/O.
 """
@@ -42,6 +36,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from estream.core.chasebudget import ChaseBacklog, furthest_behind
 from estream.core.inflight import (
     Batch,
     OpenRange,
@@ -108,6 +103,7 @@ class RangeWriter:
         self._pending = PendingBatch(stamped=bool(producer_id))
         self._batches: deque[Batch] = deque()
         self._batch_bytes = 0
+        self._chasing = ChaseBacklog()  # the front batches complete, kept for chasers
         self._confirm_sent = range_start
         self._last_send_ms = 0
         self._completed_ms = 0
@@ -166,16 +162,18 @@ class RangeWriter:
         return self._batch_bytes + self._pending.bytes
 
     def can_accept(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more fit in the in-flight budget (backpressure otherwise); an
-        empty writer always accepts, so one oversized append cannot wait forever."""
-        inflight = self._batch_bytes + self._pending.bytes  # inflight_bytes, inline
+        """Whether ``nbytes`` more fit in the in-flight budget (backpressure otherwise): what
+        is not complete (chasers': :mod:`~estream.core.chasebudget`); an empty writer always
+        accepts, so one oversized append cannot wait forever."""
+        chasing = self._chasing
+        inflight = self._batch_bytes - chasing.bytes + self._pending.bytes
         if inflight == 0:
             return True
         config = self.config
-        return (
-            inflight + nbytes <= config.inflight_bytes_max
-            and len(self._batches) < config.inflight_batches_max
-        )
+        return (inflight + nbytes <= config.inflight_bytes_max
+                and len(self._batches) - chasing.batches < config.inflight_batches_max
+                and chasing.batches <= config.chase_backlog_batches_max  # chasing.full(),
+                and chasing.bytes <= config.chase_backlog_bytes_max)  # inline: per append
 
     def idle(self) -> bool:
         """Nothing pending, nothing unacknowledged."""
@@ -186,11 +184,11 @@ class RangeWriter:
         deadline: int | None = None
         if self._pending.count:
             deadline = self._pending.since_ms + self.config.linger_ms
-        if self._range.may_drop_slow(self.ack_count):
-            oldest = oldest_unacked_ms(self._batches, self._range)
-            if oldest is not None:
-                chase = oldest + self.config.chase_backlog_ms_max + 1
-                deadline = chase if deadline is None else min(deadline, chase)
+        oldest = (oldest_unacked_ms(self._batches, self._range)
+                  if self._range.may_drop_slow(self.ack_count) else None)
+        if oldest is not None:  # the chase bound in time
+            chase = oldest + self.config.chase_backlog_ms_max + 1
+            deadline = chase if deadline is None else min(deadline, chase)
         if self.visible_confirm > self._confirm_sent and not self.sealing and self._idle_now():
             due = self._confirm_due_ms()
             deadline = due if deadline is None else min(deadline, due)
@@ -232,13 +230,11 @@ class RangeWriter:
         self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
         sequence: int | None = None, key: bytes | None = None, hold_idle: bool = True,
     ) -> tuple[int, int, list[Effect] | None]:
-        """:meth:`submit` of one record for the per-record path (encoded into the pending
-        batch at once): its offset, the end to wait for, and ``None`` when it only joined
-        the pending batch (no effect, :meth:`next_deadline_ms` unchanged), else the effects.
-        Raises :class:`MalformedBatch` for a record that cannot be encoded (nothing taken).
-        ``hold_idle``: no cut at once when nothing is in flight; the driver calls
-        :meth:`cut_idle` at the end of its event-loop turn (the linger bounds the wait).
-        """
+        """:meth:`submit` of one record, encoded into the pending batch at once: its offset,
+        the end to wait for, and the effects (``None``: it only joined the pending batch,
+        :meth:`next_deadline_ms` unchanged); :class:`MalformedBatch` takes nothing.
+        ``hold_idle``: no cut at once when nothing is in flight (the driver calls
+        :meth:`cut_idle` at the end of its event-loop turn; the linger bounds the wait)."""
         if self.error is not None:
             raise self.error
         head = encode_record_head(value, headers, timestamp, key)
@@ -314,15 +310,13 @@ class RangeWriter:
             self._cut(now_ms, effects)
 
     def _cut_if_due(self, now_ms: int, effects: list[Effect], always: bool = False) -> None:
-        """Cut at once when the batch is full, or when fewer than ``early_batches`` sent
-        batches are unacknowledged (waiting buys nothing: the replicas would idle)."""
+        """Cut now if :meth:`_may_go` (or ``always``)."""
         if self._pending.count and (always or self._may_go()):
             self._cut(now_ms, effects)
 
     def _may_go(self) -> bool:
-        """Whether the pending batch goes now rather than lingering: it is full; it holds
-        ``early_bytes`` and fewer than ``early_batches`` sent batches are unacknowledged;
-        or nothing sent is unacknowledged (Nagle's rule: the replicas would idle)."""
+        """Whether the pending batch goes now rather than lingering (the module's first
+        rule: full, early, or nothing sent unacknowledged)."""
         pending = self._pending.bytes
         config = self.config
         if pending >= config.batch_bytes:
@@ -345,11 +339,11 @@ class RangeWriter:
         if rng.seal_end is None:
             self._advance(now_ms, effects)
         self._release()
+        if self._chasing.full(self.config):
+            self._drop_chasers(effects)
         self._seal_if_drained(effects)
         if self._pending.count and rng.seal_end is None and self._may_go():
-            # An acknowledgement made room: the records pending go now rather than at
-            # their linger or once full (Nagle's rule), so the replicas store them while
-            # the application makes the next ones.
+            # An ack made room: what is pending goes now (Nagle's rule), not at its linger.
             self._cut(now_ms, effects)
         return effects
 
@@ -369,8 +363,7 @@ class RangeWriter:
         return effects
 
     def on_tick(self, now_ms: int) -> list[Effect]:
-        """Time passed: cut lingering batches, drop replicas past their chase bound, send an
-        idle CONFIRM."""
+        """Time passed: cut lingering batches, drop replicas past the chase bound, CONFIRM."""
         effects: list[Effect] = []
         if self.error is not None:
             return effects
@@ -391,9 +384,8 @@ class RangeWriter:
         return effects
 
     def confirm_now(self, *, again: bool = False) -> list[Effect]:
-        """Send the confirm offset now if readers do not have it yet (flush, close);
-        ``again``: send it even if a batch or an earlier CONFIRM carried it (a flush that
-        wants ``ack_count`` answers to a CONFIRM)."""
+        """Send the confirm offset now if readers lack it (flush, close); ``again``: even if
+        a batch or CONFIRM carried it (a flush wants ``ack_count`` answers to a CONFIRM)."""
         effects: list[Effect] = []
         if self.sealing or self.error is not None:
             return effects
@@ -403,15 +395,13 @@ class RangeWriter:
         return effects
 
     def _confirm_due_ms(self) -> int:
-        """An idle writer sends CONFIRM ``confirm_idle_ms`` after its last batch or
-        completion; a batch sent before then carries the confirm offset instead."""
+        """An idle CONFIRM is due ``confirm_idle_ms`` after the last batch or completion."""
         return max(self._last_send_ms, self._completed_ms) + self.config.confirm_idle_ms
 
     def _idle_now(self) -> bool:
-        """No records pending (they go within ``linger_ms``, carrying the confirm offset), no
-        batch in flight (its completion moves the idle deadline; a batch sent after it carries
-        the offset): the only state in which an idle CONFIRM is sent. Under load this saves a
-        CONFIRM to every replica (a durable write on each) per batch."""
+        """Nothing pending or in flight (else a batch carries the confirm offset): the only
+        state in which an idle CONFIRM is sent (under load, none: a durable write saved on
+        every replica per batch)."""
         return not self._pending.count and not self._unacked_sent()
 
     def on_range_opened(
@@ -448,10 +438,9 @@ class RangeWriter:
         return effects
 
     def on_roll_postponed(self, range_index: int, now_ms: int) -> list[Effect]:
-        """PD could not place the next range for the :class:`BeginSeal` of
-        ``range_index`` and sealed nothing. A degraded or full range (``ack_count`` live)
-        goes on taking appends (:attr:`roll_wanted`); one that must roll stays frozen and
-        the driver retries the seal after a backoff: nothing is emitted, so no loop."""
+        """PD could not place the next range for the :class:`BeginSeal` of ``range_index``
+        (sealed nothing): a degraded or full range goes on (:attr:`roll_wanted`); one that
+        must roll stays frozen, the driver retries after a backoff (nothing emitted)."""
         effects: list[Effect] = []
         rng = self._range
         if self.error is not None or range_index != rng.index or rng.seal_end is None:
@@ -486,6 +475,7 @@ class RangeWriter:
         self._pending.clear()
         self._batches.clear()
         self._batch_bytes = 0
+        self._chasing.clear()
         return [FailAppends(error)]
 
     # -- internals -----------------------------------------------------------------------
@@ -544,6 +534,7 @@ class RangeWriter:
         if confirmed <= self.completed:
             return
         self.completed = confirmed
+        self._chasing.advance(self._batches, confirmed)
         self._completed_ms = now_ms
         effects.append(CompleteAppends(confirmed))
         self._roll_if_full(effects)
@@ -562,6 +553,14 @@ class RangeWriter:
     def _drop_front(self) -> None:
         batch = self._batches.popleft()
         self._batch_bytes -= batch.size
+        self._chasing.dropped(batch)
+
+    def _drop_chasers(self, effects: list[Effect]) -> None:
+        """The chase budget is full: fail the furthest behind (more than ack_count live)."""
+        rng = self._range
+        while (self._chasing.full(self.config) and rng.seal_end is None
+               and rng.may_drop_slow(self.ack_count)):
+            self._fail_replica(furthest_behind(rng), effects)
 
     def _fail_replica(self, replica: str, effects: list[Effect]) -> None:
         rng = self._range

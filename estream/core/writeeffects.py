@@ -27,6 +27,7 @@ class WriterConfig:
     inflight_batches_max: int = limits.writer_inflight_batches_max
     inflight_bytes_max: int = limits.writer_inflight_bytes_max
     chase_backlog_bytes_max: int = limits.chase_backlog_bytes_max
+    chase_backlog_batches_max: int = limits.chase_backlog_batches_max
     chase_backlog_ms_max: int = limits.chase_backlog_ms_max
     range_bytes_max: int = limits.range_bytes_max
     confirm_idle_ms: int = limits.linger_ms

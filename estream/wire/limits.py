@@ -66,6 +66,7 @@ writer_early_batches: Final = 3
 writer_inflight_batches_max: Final = 256
 writer_inflight_bytes_max: Final = 32 * MiB
 chase_backlog_bytes_max: Final = 16 * MiB  # a slow replica's backlog before it is dropped
+chase_backlog_batches_max: Final = 4_096  # complete batches kept for a chasing replica
 chase_backlog_ms_max: Final = 2_000  # a slow replica's oldest unacked batch age before drop
 range_bytes_max: Final = 1024 * MiB  # a range rolls when it passes this size
 delivery_timeout_ms: Final = 30_000  # an append not acknowledged by then raises Timeout

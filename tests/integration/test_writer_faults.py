@@ -17,7 +17,10 @@ PD node, three range servers):
    every acknowledged record;
 6. ``close()`` returns once ``ack_count`` replicas answered the final CONFIRM: after kill -9
    of every range server, two replicas still report the confirm offset;
-7. the writer lease: an idle writer of a deleted stream is fenced by its next keepalive.
+7. the writer lease: an idle writer of a deleted stream is fenced by its next keepalive;
+8. one server hung under open-loop appends (issue 32): no append waits as long as the
+   chase bound (the batches kept for the hung replica have a budget of their own), and
+   once it answers again the writer rolls back onto all three.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ pytestmark = [pytest.mark.integration,
 
 append_wait_s_max = 5.0
 appenders = 16
+# A hung replica's batches held the in-flight budget until the chase bound (2 s) dropped
+# it: appends waited 1.3-1.7 s. Now they wait for nothing; the bound leaves room for a
+# loaded machine (and a full GC pass of the client's heap).
+hung_append_wait_s_max = 0.75
 
 
 class Load:
@@ -286,3 +293,49 @@ async def test_the_lease_fences_an_idle_writer_of_a_deleted_stream(cluster: Clus
         with pytest.raises(estream.Fenced):
             await writer.append(b"after delete")
         await writer.close()
+
+
+async def test_a_hung_replica_of_three_costs_open_loop_appends_nothing(cluster: Cluster) -> None:
+    rate, seconds, hung_at_s = 500, 3.0, 0.5  # the pause lasts past the chase bound (2 s)
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("hung-open-loop", replicas=3, ack_count=2)
+        writer = await client.open_writer("hung-open-loop")
+        victim = writer.stream.ranges[-1].replicas[0].address
+        acked: dict[int, bytes] = {}
+        worst_s = 0.0
+
+        async def one(value: bytes) -> None:
+            nonlocal worst_s
+            started = time.monotonic()
+            acked[await writer.append(value)] = value
+            worst_s = max(worst_s, time.monotonic() - started)
+
+        tasks: list[asyncio.Future[None]] = []
+        begin = time.monotonic()
+        try:
+            for i in range(int(seconds * rate)):
+                if i == int(hung_at_s * rate):
+                    cluster.pause(victim)
+                await asyncio.sleep(max(0.0, begin + i / rate - time.monotonic()))
+                tasks.append(asyncio.ensure_future(one(b"h%d" % i)))
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            during = writer.statistics()
+        finally:
+            cluster.resume(victim)
+        print(f"{len(acked)} acknowledged, worst append {worst_s * 1000:.0f} ms, {during}")
+        assert worst_s < hung_append_wait_s_max, worst_s
+        assert during.degraded_ranges >= 1  # the hung replica was dropped, not waited for
+        # It answers again: the writer rolls back onto all three (its roll attempts back off
+        # up to 4 s).
+        deadline = time.monotonic() + 10
+        while writer.statistics().degraded and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        acked[await writer.append(b"after")] = b"after"
+        stats = writer.statistics()
+        await writer.close()
+        assert stats.rolls >= 1 and stats.degraded == 0, stats
+        meta = await client.describe_stream("hung-open-loop")
+        assert victim in [r.address for r in meta.ranges[-1].replicas]
+        assert sorted(acked) == list(range(len(acked)))
+        got = await wait_read_all(client, "hung-open-loop", acked)
+        assert got == sorted(acked.items())  # every acknowledged record once, in order
