@@ -7,6 +7,10 @@ servers, listed in ensemble order and shown with ``"ensemble"`` by the admin API
 OpenAPI schema) and the CLI; an ensemble below ``replicas``, above 64 or above the live
 servers is refused, typed, naming the field; an unstriped stream is as before; a writer
 refuses a striped stream (its batches cannot be spread yet) before fencing anything.
+
+The range servers: CREATE_RANGE with a replica's position in the ensemble, kept across a
+crash and a restart; an APPEND without a batch index refused (the indexed append, reads
+and seals of striped replicas are not served yet).
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
-from estream.wire.errors import InvalidArgument, NoPlacement, StreamExists
+from estream.net.rpc import RpcClient
+from estream.wire.errors import Conflict, InvalidArgument, NoPlacement, StreamExists
+from estream.wire.protocol import Opcode
+from estream.wire.record import Record, encode_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=4)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,3 +111,50 @@ async def test_create_stream_with_an_ensemble_through_sdk_http_and_cli(
     assert "ensemble" in table.stdout and table.returncode == 0
     refused = cli(cluster, "stream", "create", "striped-cli-bad", "--ensemble", "2")
     assert refused.returncode != 0 and "ensemble" in refused.stderr
+
+
+async def test_range_servers_keep_a_striped_replica_across_a_crash(cluster: Cluster) -> None:
+    """Each of a striped range's E servers takes CREATE_RANGE with its position, keeps
+    the stripe through a crash (log replay) and a clean restart (checkpoint), answers
+    another stripe or none with Conflict, and refuses an APPEND without a batch index
+    (nothing stored) rather than hold the batch as a whole-range replica."""
+    cluster.wait_servers(4)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("striped-rs", replicas=3, ack_count=2, ensemble=4)
+    servers = [ref.address for ref in meta.ranges[0].replicas]
+    key = {"stream_id": meta.id, "range_index": 0}
+
+    async def call(address: str, opcode: Opcode, header: dict[str, Any],
+                   payload: bytes = b"") -> dict[str, Any]:
+        rpc = await RpcClient.connect(address, member_secret=cluster.secret)
+        try:
+            answer, _ = await rpc.call(opcode, header, payload)
+            return answer  # type: ignore[no-any-return]
+        finally:
+            await rpc.close()
+
+    def create(position: int | None) -> dict[str, Any]:
+        stripe = {} if position is None else {"ensemble": 4, "replicas": 3, "position": position}
+        return key | {"start": 0, "epoch": 0} | stripe
+
+    batch = encode_batch([Record(b"x", {}, 1)], stream_id=meta.id, range_index=0, epoch=0,
+                         base_offset=0)
+    for position, address in enumerate(servers):
+        created = await call(address, Opcode.CREATE_RANGE, create(position))
+        assert (created["start"], created["end"], created["sealed"]) == (0, 0, False)
+    crashed, stopped = servers[1], servers[2]
+    cluster.kill9(crashed)  # the stripe comes back from the log
+    cluster.server(crashed).start()
+    cluster.restart(stopped)  # and from the checkpoint written at shutdown
+    for position, address in enumerate(servers):
+        again = await call(address, Opcode.CREATE_RANGE, create(position))
+        assert again["end"] == 0
+        for other in (None, (position + 1) % 4):
+            with pytest.raises(Conflict, match="stripe"):
+                await call(address, Opcode.CREATE_RANGE, create(other))
+        with pytest.raises(InvalidArgument) as info:
+            await call(address, Opcode.APPEND, {}, batch)
+        assert info.value.fields.get("argument") == "batch"
+        described = await call(address, Opcode.DESCRIBE_RANGE, key)
+        assert described["end"] == 0 and not described["damaged"]  # nothing stored
+    cluster.wait_servers_alive()
