@@ -12,7 +12,8 @@ Rules it keeps:
   ``stream_id`` it acts on (a writer's seal, a lease recovery's epoch, a repair, a trim)
   is refused as :class:`StreamNotFound` by any other incarnation of the name;
 - stream types starting with "." are reserved for commands flagged ``system``;
-- ``1 <= ack_count <= replicas <= 5``; replicas are distinct registered servers;
+- ``1 <= ack_count <= replicas <= 5``, ``replicas <= ensemble <= 64``; each range is on
+  ``ensemble`` distinct registered servers (``replicas`` unless striped);
 - the epoch only grows (``open_writer``); a seal must carry the current epoch
   (an older one is :class:`Fenced`); ``open_writer`` and ``delete_stream`` may name the
   epoch they expect (compare-and-set: :class:`Conflict` if it moved);
@@ -269,7 +270,8 @@ class Catalog(ObjectTierCommands):
                 return existing  # our own earlier create landed: a retry, not a duplicate
             raise StreamExists(f"stream {cmd.name!r} already exists", stream=cmd.name)
         check_stream_args(cmd)
-        refs = self._replica_refs(cmd.placement, cmd.replicas)
+        ensemble = cmd.ensemble or cmd.replicas
+        refs = self._replica_refs(cmd.placement, ensemble)
         stream = StreamMeta(
             id=self._next_stream_id,
             name=cmd.name,
@@ -283,6 +285,7 @@ class Catalog(ObjectTierCommands):
             retention_ms=cmd.retention_ms or None,
             retention_bytes=cmd.retention_bytes or None,
             digest=cmd.digest,
+            ensemble=ensemble,
         )
         self._next_stream_id += 1
         self._put(cmd.name, stream, keys_same=True)  # (a new range names no object)
@@ -335,7 +338,7 @@ class Catalog(ObjectTierCommands):
             raise InvalidArgument(
                 f"seal end {cmd.end} is below the range start {target.start}", argument="end"
             )
-        refs = self._replica_refs(cmd.next_replicas, stream.replicas)
+        refs = self._replica_refs(cmd.next_replicas, stream.ensemble)
         sealed = replace(target, end=cmd.end)
         following = RangeMeta(target.index + 1, cmd.end, None, refs)
         stream = replace(stream, ranges=RangeList.of(stream.ranges).with_last(sealed, following))
@@ -424,7 +427,7 @@ class Catalog(ObjectTierCommands):
                 f"stream {cmd.name!r} range {cmd.range_index} has replicas {list(current)}, "
                 f"not the expected {list(cmd.expected)}"
             )
-        refs = self._replica_refs(cmd.replicas, None)
+        refs = self._replica_refs(cmd.replicas, None, stream.ensemble)
         stream = with_range(stream, replace(target, replicas=refs))
         self._put(cmd.name, stream, keys_same=True)
         return stream
@@ -462,15 +465,19 @@ class Catalog(ObjectTierCommands):
                                  server_id=server_id)
         return found
 
-    def _replica_refs(self, ids: tuple[str, ...], expected: int | None) -> tuple[ReplicaRef, ...]:
+    def _replica_refs(self, ids: tuple[str, ...], expected: int | None,
+                      ensemble: int = 0) -> tuple[ReplicaRef, ...]:
+        """``expected``: exactly that many (a new range: the stream's ensemble); else at
+        most the stream's ``ensemble`` (a striped range's servers) or ``replicas_max``."""
         if expected is not None and len(ids) != expected:
             raise InvalidArgument(
                 f"placement names {len(ids)} servers, the stream needs {expected}",
                 argument="replicas",
             )
-        if not 1 <= len(ids) <= replicas_max or len(set(ids)) != len(ids):
+        most = max(replicas_max, expected or 0, ensemble)
+        if not 1 <= len(ids) <= most or len(set(ids)) != len(ids):
             raise InvalidArgument(
-                f"replicas must be 1..{replicas_max} distinct servers", argument="replicas"
+                f"replicas must be 1..{most} distinct servers", argument="replicas"
             )
         unknown = [i for i in ids if i not in self._servers]
         if unknown:

@@ -100,9 +100,10 @@ def _range_row(r: RangeMeta, sets: _ReplicaSets) -> list[Any]:
 
 
 def _stream_row(s: StreamMeta, sets: _ReplicaSets) -> list[Any]:
-    return [s.id, s.name, s.replicas, s.ack_count, s.type, list(s.hints), s.epoch,
-            s.start_offset, [_range_row(r, sets) for r in s.ranges], s.retention_ms,
-            s.retention_bytes, s.digest]
+    row = [s.id, s.name, s.replicas, s.ack_count, s.type, list(s.hints), s.epoch,
+           s.start_offset, [_range_row(r, sets) for r in s.ranges], s.retention_ms,
+           s.retention_bytes, s.digest]
+    return [*row, s.ensemble] if s.striped else row  # (absent: ``replicas``, as before)
 
 
 def image_fields(image: CatalogImage, snapshot_version: int) -> dict[str, Any]:
@@ -178,7 +179,8 @@ def _streams_v1(body: dict[str, Any], shared: RefMemo) -> PMap[StreamMeta]:
         s = StreamMeta.from_dict(d, shared)
         pairs.append((s.name, StreamMeta(
             s.id, s.name, s.replicas, s.ack_count, s.type, s.hints, s.epoch, s.start_offset,
-            RangeList(s.ranges), s.retention_ms, s.retention_bytes, s.digest)))
+            RangeList(s.ranges), s.retention_ms, s.retention_bytes, s.digest,
+            ensemble=s.ensemble)))
     return _sorted_map(pairs)
 
 
@@ -189,7 +191,7 @@ def _streams_v2(body: dict[str, Any], shared: RefMemo) -> PMap[StreamMeta]:
         refs.append(shared.setdefault((ref.id, ref.address), ref))
     sets = [tuple(refs[i] for i in s) for s in body["replica_sets"]]
     pairs = []
-    for sid, name, replicas, ack, kind, hints, epoch, start, rows, ms, size, digest in (
+    for sid, name, replicas, ack, kind, hints, epoch, start, rows, ms, size, digest, *more in (
             body["streams"]):
         ranges = []
         for row in rows:
@@ -204,7 +206,8 @@ def _streams_v2(body: dict[str, Any], shared: RefMemo) -> PMap[StreamMeta]:
         if not isinstance(name, str) or not isinstance(sid, int):
             raise TypeError(f"stream {name!r}: malformed row")
         pairs.append((name, StreamMeta(sid, name, replicas, ack, kind, tuple(hints), epoch,
-                                       start, RangeList(ranges), ms, size, digest)))
+                                       start, RangeList(ranges), ms, size, digest,
+                                       ensemble=int(more[0]) if more else 0)))
     return _sorted_map(pairs)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Final
 from estream.wire.errors import Conflict, InvalidArgument, RangeNotFound, StreamNotFound
 from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ServerInfo, StreamMeta
 from estream.wire.record import DIGESTS
+from estream.wire.stripe import Stripe
 from pd.commands import RETENTION_NONE, RETENTION_UNCHANGED, CreateStream, PackMember
 from pd.groups import Group
 from pd.rangelist import RangeList
@@ -146,6 +147,8 @@ def check_stream_args(cmd: CreateStream) -> None:
         raise InvalidArgument(f"replicas must be 1..{replicas_max}", argument="replicas")
     if not 1 <= cmd.ack_count <= cmd.replicas:
         raise InvalidArgument("ack_count must be 1..replicas", argument="ack_count")
+    if cmd.ensemble:
+        Stripe(cmd.ensemble, cmd.replicas, cmd.ack_count)  # replicas..ensemble_servers_max
     if len(cmd.type) > stream_type_chars_max:
         raise InvalidArgument("stream type too long", argument="type")
     if cmd.type.startswith(".") and not cmd.system:

@@ -71,6 +71,7 @@ class CreateStream:
     retention_ms: int = 0  # 0: no limit (pd/retention.py)
     retention_bytes: int = 0
     digest: str = DIGEST_DEFAULT  # the stream's entry digest (estream/wire/record.py DIGESTS)
+    ensemble: int = 0  # each range's servers (estream/wire/stripe.py); 0: ``replicas``
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,7 @@ _LISTS: Final[Mapping[str, tuple[int, str]]] = {
 # Integer fields that are offsets, indexes, sizes, counts or ids: never negative.
 _NON_NEGATIVE: Final = frozenset({
     "stream_id", "range_index", "start", "end", "start_offset", "offset", "size_bytes",
-    "replicas", "ack_count", "deadline_ms", "now_ms"})
+    "replicas", "ack_count", "ensemble", "deadline_ms", "now_ms"})
 uint64_max: Final = 2**64 - 1
 _UNSIGNED_64: Final = frozenset({"checksum"})  # an object part's xxh3-64
 

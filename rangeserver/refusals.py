@@ -10,15 +10,24 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from estream.wire.errors import Conflict, DigestMismatch, EstreamError, OffsetGap, RangeSealed
+from estream.wire.errors import (
+    Conflict,
+    DigestMismatch,
+    EstreamError,
+    InvalidArgument,
+    OffsetGap,
+    RangeSealed,
+)
 from rangeserver.replica import (
     Damaged,
     DigestConflict,
     Gap,
+    ReplicaState,
     SealConflict,
     SealedOutcome,
     StaleEpoch,
     StartConflict,
+    StripeConflict,
     WrongDigest,
     damaged_error,
     digest_name,
@@ -58,10 +67,25 @@ def append_refusal(
     return _common(key, outcome)
 
 
+def striped_append_refusal(state: ReplicaState) -> EstreamError:
+    """An APPEND without a batch index to a striped replica (``state.stripe`` set):
+    refused, nothing stored (its chain's check needs the index; this server takes no
+    indexed APPEND yet), so that no batch is ever stored on it as on a replica holding
+    every batch.
+
+    >>> striped_append_refusal(ReplicaState.create(7, 0, 0, 1, stripe=(5, 3, 0))).fields
+    {'argument': 'batch'}
+    """
+    return InvalidArgument(
+        f"range {state.key} is striped (ensemble, replicas, position {state.stripe}): an "
+        "APPEND must name its batch index, which this server does not take yet",
+        argument="batch")
+
+
 def create_refusal(
-    key: Key, outcome: StartConflict | DigestConflict | StaleEpoch | Damaged
+    key: Key, outcome: StartConflict | DigestConflict | StripeConflict | StaleEpoch | Damaged
 ) -> EstreamError:
-    """CREATE_RANGE refused: another start or digest (``Conflict``), an older epoch
+    """CREATE_RANGE refused: another start, digest or stripe (``Conflict``), an older epoch
     (``Fenced``), a damaged replica (``ReplicaDamaged``).
 
     >>> create_refusal((7, 0), StartConflict(start=0, asked=10)).message
@@ -72,6 +96,9 @@ def create_refusal(
     if isinstance(outcome, DigestConflict):
         return Conflict(f"range {key} exists with digest {digest_name(outcome.digest)}, "
                         f"not {digest_name(outcome.asked)}")
+    if isinstance(outcome, StripeConflict):
+        return Conflict(f"range {key} exists with stripe (ensemble, replicas, position) "
+                        f"{outcome.stripe}, not {outcome.asked}")
     return _common(key, outcome)
 
 

@@ -184,7 +184,7 @@ class Replay:
                 # replica was carried forward (rangeserver/carry.py); this group holds them.
                 self._orphans.pop(key, None)
                 self.replicas[key] = ReplicaState.create(
-                    *key, control.start, control.epoch, control.digest)
+                    *key, control.start, control.epoch, control.digest, control.stripe)
                 self.indexes[key] = RangeIndex()
                 self.time_indexes[key] = TimeIndex()
                 self.spans[key] = Span(segment, segment)

@@ -55,6 +55,8 @@ class ReplicaState:
       2 hmac-sha256), as CREATE_RANGE named it and the log recorded it; None for a replica
       created without one (by an older client, or logged before digests were recorded),
       which accepts batches of any digest as it always did.
+    - ``stripe``: ``(ensemble, replicas, position)`` of a striped range's replica (its
+      CREATE_RANGE named them: docs/ARCHITECTURE.md section 10); None: it holds every batch.
 
     """
 
@@ -69,14 +71,15 @@ class ReplicaState:
     sealed_end: int = 0
     damaged: bool = False
     digest: int | None = None  # the stream's digest; None: not recorded, any accepted
+    stripe: tuple[int, int, int] | None = None  # (ensemble, replicas, position); None: whole
 
     @classmethod
     def create(
         cls, stream_id: int, range_index: int, start: int, epoch: int,
-        digest: int | None = None,
+        digest: int | None = None, stripe: tuple[int, int, int] | None = None,
     ) -> ReplicaState:
         return cls(stream_id, range_index, start, start, start, epoch, confirm=start,
-                   digest=digest)
+                   digest=digest, stripe=stripe)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -366,12 +369,19 @@ class DigestConflict:
     asked: int
 
 
-CreateOutcome = Create | Exists | StartConflict | DigestConflict | StaleEpoch | Damaged
+@dataclass(frozen=True, slots=True)
+class StripeConflict:
+    stripe: tuple[int, int, int] | None  # the one recorded (None: a whole-range replica)
+    asked: tuple[int, int, int] | None
+
+
+CreateOutcome = (Create | Exists | StartConflict | DigestConflict | StripeConflict
+                 | StaleEpoch | Damaged)
 
 
 def decide_create(
     existing: ReplicaState | None, stream_id: int, range_index: int, start: int, epoch: int,
-    digest: int | None = None,
+    digest: int | None = None, stripe: tuple[int, int, int] | None = None,
 ) -> CreateOutcome:
     """CREATE_RANGE is idempotent: same start answers the existing replica (raising its
     epoch if asked with a higher one); an older epoch is fenced; another start conflicts;
@@ -381,10 +391,11 @@ def decide_create(
     ``digest`` (the stream's; None: the caller did not say) is recorded with a new
     replica. An existing one keeps what it has: another digest than the one recorded is
     a conflict (a stream's digest never changes); a replica with none recorded (created
-    before digests were) stays so, accepting any.
+    before digests were) stays so, accepting any. ``stripe`` (ensemble, replicas, position;
+    None: unstriped) is recorded likewise and never changes: another is a conflict.
     """
     if existing is None:
-        return Create(ReplicaState.create(stream_id, range_index, start, epoch, digest))
+        return Create(ReplicaState.create(stream_id, range_index, start, epoch, digest, stripe))
     if existing.damaged:
         return Damaged()
     if epoch < existing.epoch:
@@ -393,6 +404,8 @@ def decide_create(
         return StartConflict(existing.start, start)
     if digest is not None and existing.digest is not None and digest != existing.digest:
         return DigestConflict(existing.digest, digest)
+    if stripe != existing.stripe:
+        return StripeConflict(existing.stripe, stripe)
     if epoch > existing.epoch:
         return Exists(replace(existing, epoch=epoch), log=True)
     return Exists(existing, log=False)

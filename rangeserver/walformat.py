@@ -5,7 +5,7 @@ header: magic, type, length, xxh3-64; then the body). A BATCH body is the record
 the client sent it, so its entry checksum covers only the 72-byte batch header and
 :func:`scan` verifies the batch's own checksum: every byte covered once, each batch hashed
 once. Control entries: CREATE_RANGE (its length is its version: with or without the
-stream's digest), EPOCH, SEAL, DROP, CONFIRM, DAMAGED. Byte layouts: docs/PROTOCOL.md.
+digest, or with a stripe), EPOCH, SEAL, DROP, CONFIRM, DAMAGED. Byte layouts: docs/PROTOCOL.md.
 
 :func:`scan` classifies a segment: ``CLEAN``; ``TORN_TAIL`` (a crash's torn write, zeros
 or garbage after the last valid entry: truncate at ``valid_end``); ``DAMAGED`` (an invalid
@@ -36,6 +36,9 @@ _ENTRY_PREFIX: Final = struct.Struct("<HBBI")  # _ENTRY without its checksum: wh
 _MAGIC_BYTES: Final = ENTRY_MAGIC.to_bytes(2, "little")
 _CREATE: Final = struct.Struct("<QIQQ")  # version 0: no digest recorded
 _CREATE_V1: Final = struct.Struct("<QIQQB")  # version 1: and the stream's digest
+# version 2, a striped replica's: digest (255: none), ensemble, replicas, position
+_CREATE_V2: Final = struct.Struct("<QIQQBHBH")
+_NO_DIGEST: Final = 255
 _EPOCH: Final = struct.Struct("<QIQ")
 _SEAL: Final = struct.Struct("<QIQQ")
 _DROP: Final = struct.Struct("<QI")
@@ -70,6 +73,7 @@ class CreateRange:
     start: int
     epoch: int
     digest: int | None = None  # the stream's digest (version 1); None: none recorded
+    stripe: tuple[int, int, int] | None = None  # (ensemble, replicas, position): version 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +190,10 @@ def encode_control(control: Control) -> bytes:
     if isinstance(control, CreateRange):
         entry_type = EntryType.CREATE_RANGE
         fields = (control.stream_id, control.range_index, control.start, control.epoch)
-        if control.digest is None:
+        if control.stripe is not None:
+            digest = _NO_DIGEST if control.digest is None else control.digest
+            body = _CREATE_V2.pack(*fields, digest, *control.stripe)
+        elif control.digest is None:
             body = _CREATE.pack(*fields)
         else:
             body = _CREATE_V1.pack(*fields, control.digest)
@@ -222,6 +229,10 @@ def _decode_control(entry_type: EntryType, body: memoryview) -> Control:
         return CreateRange(*_CREATE.unpack(body))
     if entry_type == EntryType.CREATE_RANGE and len(body) == _CREATE_V1.size:
         return CreateRange(*_CREATE_V1.unpack(body))
+    if entry_type == EntryType.CREATE_RANGE and len(body) == _CREATE_V2.size:
+        sid, index, start, epoch, digest, ensemble, replicas, position = _CREATE_V2.unpack(body)
+        return CreateRange(sid, index, start, epoch, None if digest == _NO_DIGEST else digest,
+                           (ensemble, replicas, position))
     if entry_type == EntryType.EPOCH and len(body) == _EPOCH.size:
         return EpochRaised(*_EPOCH.unpack(body))
     if entry_type == EntryType.SEAL and len(body) == _SEAL.size:

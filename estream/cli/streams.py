@@ -45,6 +45,7 @@ def show_stream(stream: dict[str, Any], as_json: bool) -> None:
         emit_json(stream)
         return
     fields = {k: stream.get(k) for k in ("name", "id", "replicas", "ack_count", "epoch")}
+    fields["ensemble"] = stream.get("ensemble", stream.get("replicas"))
     fields["start_offset"] = stream.get("start_offset")
     fields["type"] = stream.get("type") or "-"
     fields["hints"] = ", ".join(stream.get("hints") or ()) or "-"
@@ -67,6 +68,8 @@ async def create(client: Any, ns: argparse.Namespace) -> int:
                                    ("retention_bytes", ns.retention_bytes)) if v is not None}
     if ns.digest is not None:
         retention["digest"] = ns.digest  # the entry digest (estream/wire/record.py)
+    if ns.ensemble is not None:
+        retention["ensemble"] = ns.ensemble  # striping (estream/wire/stripe.py)
     meta = await client.create_stream(ns.name, replicas=ns.replicas, ack_count=ns.ack_count,
                                       exist_ok=ns.exist_ok, **retention)
     show_stream(meta.to_dict(), ns.json)
@@ -162,6 +165,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                    help=f"replica count (default {REPLICAS_DEFAULT})")
     p.add_argument("--ack-count", type=positive_int, default=ACK_COUNT_DEFAULT,
                    help=f"acks per append (default {ACK_COUNT_DEFAULT})")
+    p.add_argument("--ensemble", type=positive_int, default=None, metavar="E",
+                   help="servers per range, at least --replicas (default: --replicas); batch "
+                        "k on --replicas of them from k mod E (striping; not writable yet)")
     p.add_argument("--retention-ms", type=positive_int, default=None, metavar="MS",
                    help="trim whole sealed ranges whose records are all older than this")
     p.add_argument("--retention-bytes", type=positive_int, default=None, metavar="BYTES",

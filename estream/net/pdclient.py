@@ -268,6 +268,7 @@ class PDClient:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         digest: str | None = None,
+        ensemble: int | None = None,
     ) -> StreamMeta:
         """Create ``name`` (:class:`~estream.wire.pdmessages.CreateStreamRequest`; a
         ``digest`` of None: the default), with a request id of its own so that a retry of
@@ -275,7 +276,8 @@ class PDClient:
         return await self.create(CreateStreamRequest(
             name=name, replicas=replicas, ack_count=ack_count, type=type, hints=tuple(hints),
             request_id=uuid.uuid4().hex, retention_ms=retention_ms,
-            retention_bytes=retention_bytes, digest=digest or DIGEST_DEFAULT))
+            retention_bytes=retention_bytes, digest=digest or DIGEST_DEFAULT,
+            ensemble=ensemble))
 
     async def create(self, request: CreateStreamRequest) -> StreamMeta:
         """:meth:`create_stream` of a request built by the caller (give it a

@@ -145,6 +145,7 @@ class Client:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         digest: str | None = None,
+        ensemble: int | None = None,
         exist_ok: bool = False,
     ) -> StreamMeta:
         """Create ``name``. ``retention_ms``/``retention_bytes``: the PD leader trims whole
@@ -153,11 +154,14 @@ class Client:
         digest, ``"xxh3"`` (default), ``"crc32c"`` or ``"hmac-sha256"`` (a MAC keyed per
         stream from the cluster secret, ``connect(secret=)``, verified by every reader).
         ``exist_ok``: a stream of that name with exactly these settings is returned as it
-        is; with other settings (or without ``exist_ok``) it raises ``StreamExists``."""
+        is; with other settings (or without ``exist_ok``) it raises ``StreamExists``.
+        ``ensemble``: each range's servers, ``replicas`` (None) up to 64 (striping,
+        ``estream/wire/stripe.py``); writers refuse a striped stream for now."""
         request = CreateStreamRequest(
             name=name, replicas=replicas, ack_count=ack_count, type=type, hints=tuple(hints),
             request_id=uuid.uuid4().hex, retention_ms=retention_ms,
-            retention_bytes=retention_bytes, digest=digest or DIGEST_DEFAULT)
+            retention_bytes=retention_bytes, digest=digest or DIGEST_DEFAULT,
+            ensemble=ensemble)
         try:
             meta = await self.pd.create(request)
         except StreamExists:
@@ -167,7 +171,8 @@ class Client:
             differ = meta.settings_differ(
                 replicas=request.replicas, ack_count=request.ack_count, type=request.type,
                 hints=request.hints, retention_ms=request.retention_ms,
-                retention_bytes=request.retention_bytes, digest=request.digest)
+                retention_bytes=request.retention_bytes, digest=request.digest,
+                ensemble=request.ensemble)
             if differ:
                 shown = ", ".join(f"{k}={getattr(meta, k)!r}" for k in differ)
                 raise StreamExists(f"stream {name!r} exists with other settings ({shown})",
@@ -347,6 +352,10 @@ class Client:
             delivery_timeout_ms=max(1, round(delivery_timeout_s * 1000)),
         )
         meta = await self.stream_meta(name)
+        if meta.striped:  # before fencing anyone: no writer spreads batches over E yet
+            raise InvalidArgument(
+                f"stream {name!r} is striped (ensemble {meta.ensemble} > replicas "
+                f"{meta.replicas}): striped streams are not writable yet", argument="ensemble")
         # DigestKeyMissing, or DigestMismatch for a key that is not the stream's, before
         # fencing anyone.
         await self._check_key(meta, self.stream_key(meta))

@@ -3,9 +3,9 @@
 The placement driver keeps these in its catalog; the SDK receives them in PD responses.
 ``to_dict``/``from_dict`` give the wire and admin-API shape (docs/PROTOCOL.md)::
 
-    {"id", "name", "replicas", "ack_count", "type", "hints", "epoch", "start_offset",
-     "ranges": [{"index", "start", "end" (None while open), "state": "open"|"sealed",
-                 "replicas": [{"id", "address"}], "tier": "local"|"object",
+    {"id", "name", "replicas", "ack_count", "ensemble" (if > replicas), "type", "hints",
+     "epoch", "start_offset", "ranges": [{"index", "start", "end" (None while open), "state",
+                 "replicas": [{"id", "address"}] (ensemble order), "tier": "local"|"object",
                  "object_key", "object_part" (a part of a version-2 object)}]}
 
 A sealed range may also carry ``"min_timestamp"``, ``"max_timestamp"`` and
@@ -178,6 +178,18 @@ class StreamMeta:
     # left out (0: ``ranges`` runs from the first range the stream keeps).
     ranges_omitted: int = 0
     ranges_more: bool = False  # later ranges left out too (a window asked by offset)
+    # Each range's servers (E >= replicas; batch k on ``replicas`` of them: striping,
+    # estream/wire/stripe.py); 0 when built: ``replicas`` (every server holds every batch).
+    ensemble: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.ensemble:
+            object.__setattr__(self, "ensemble", self.replicas)
+
+    @property
+    def striped(self) -> bool:
+        """Whether each batch is on only ``replicas`` of a range's ``ensemble`` servers."""
+        return self.ensemble > self.replicas
 
     @property
     def last_range(self) -> RangeMeta | None:
@@ -193,17 +205,20 @@ class StreamMeta:
 
     def settings_differ(self, **wanted: Any) -> list[str]:
         """The names of the settings in ``wanted`` (``replicas``, ``ack_count``, ``type``,
-        ``hints``, ``retention_ms``, ``retention_bytes``, ``digest``; a digest of None is
-        ``"xxh3"``) that this stream does not have, in that order. Pure.
+        ``hints``, ``retention_ms``, ``retention_bytes``, ``digest``, ``ensemble``; a digest
+        of None is ``"xxh3"``, an ensemble of None or 0 ``replicas``) that this stream does
+        not have, in that order. Pure.
 
         >>> StreamMeta(1, "s").settings_differ(replicas=3, digest=None, retention_ms=5)
         ['retention_ms']
         """
         mine = {"replicas": self.replicas, "ack_count": self.ack_count, "type": self.type,
                 "hints": tuple(self.hints), "retention_ms": self.retention_ms,
-                "retention_bytes": self.retention_bytes, "digest": self.digest}
+                "retention_bytes": self.retention_bytes, "digest": self.digest,
+                "ensemble": self.ensemble}
         asked = {**wanted, "hints": tuple(wanted.get("hints", ())),
-                 "digest": wanted.get("digest") or DIGEST_DEFAULT}
+                 "digest": wanted.get("digest") or DIGEST_DEFAULT,
+                 "ensemble": wanted.get("ensemble") or wanted.get("replicas", self.replicas)}
         return [k for k in mine if k in wanted and asked[k] != mine[k]]
     def holds_offset(self, offset: int) -> bool:
         """Whether these ranges are the ones to look ``offset`` up in: the stream's whole
@@ -247,6 +262,7 @@ class StreamMeta:
         } | {k: v for k, v in (("retention_ms", self.retention_ms),
                                ("retention_bytes", self.retention_bytes)) if v is not None
         } | ({"digest": self.digest} if self.digest != DIGEST_DEFAULT else {}
+        ) | ({"ensemble": self.ensemble} if self.striped else {}  # (admin API: always)
         ) | ({"ranges_omitted": self.ranges_omitted} if self.ranges_omitted else {}
         ) | ({"ranges_more": True} if self.ranges_more else {})
 
@@ -269,6 +285,7 @@ class StreamMeta:
                 digest=str(d.get("digest", DIGEST_DEFAULT)),
                 ranges_omitted=int(d.get("ranges_omitted", 0)),
                 ranges_more=d.get("ranges_more") is True,
+                ensemble=int(d.get("ensemble") or 0),  # (absent: older, ``replicas``)
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"malformed stream metadata: {exc}") from None

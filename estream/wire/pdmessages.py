@@ -66,7 +66,7 @@ class CreateStreamRequest:
     # The admin API's body: these fields only, each of this JSON type (pd/openapi.py).
     BODY_FIELDS: ClassVar[Mapping[str, type]] = {
         "name": str, "replicas": int, "ack_count": int, "type": str, "hints": list,
-        "retention_ms": int, "retention_bytes": int, "digest": str}
+        "retention_ms": int, "retention_bytes": int, "digest": str, "ensemble": int}
 
     name: str
     replicas: int = REPLICAS_DEFAULT
@@ -78,6 +78,7 @@ class CreateStreamRequest:
     retention_ms: int | None = None  # None: no limit
     retention_bytes: int | None = None
     digest: str = DIGEST_DEFAULT
+    ensemble: int | None = None  # each range's servers (striping); None: ``replicas``
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> CreateStreamRequest:
@@ -93,6 +94,7 @@ class CreateStreamRequest:
             retention_ms=optional_int(h, "retention_ms"),
             retention_bytes=optional_int(h, "retention_bytes"),
             digest=optional(h, "digest", str, DIGEST_DEFAULT),
+            ensemble=optional_int(h, "ensemble"),
         )
 
     @classmethod
@@ -131,6 +133,8 @@ class CreateStreamRequest:
             header["retention_bytes"] = self.retention_bytes
         if self.digest != DIGEST_DEFAULT:
             header["digest"] = self.digest
+        if self.ensemble is not None:
+            header["ensemble"] = self.ensemble
         return header
 
 

@@ -15,7 +15,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Final
 
 from estream.wire import limits
@@ -23,6 +23,7 @@ from estream.wire.errors import InvalidArgument
 from estream.wire.fields import Header, field_names, optional, require
 from estream.wire.protocol import Opcode
 from estream.wire.record import DIGESTS
+from estream.wire.stripe import Stripe
 
 INT64_MAX: Final = 2**63 - 1
 INT64_MIN: Final = -(2**63)
@@ -95,7 +96,9 @@ class RangeKeyRequest:
 class CreateRangeRequest:
     """``CREATE_RANGE``: a replica of range ``range_index`` from ``start`` at ``epoch``;
     ``digest``: the stream's digest name (:data:`~estream.wire.record.DIGESTS`), recorded
-    with a new replica (None: not sent, none recorded)."""
+    with a new replica (None: not sent, none recorded). A striped range's replica
+    (docs/ARCHITECTURE.md section 10) also names ``ensemble`` > ``replicas`` and its
+    ``position`` in the ensemble, all three or none (none for E == replicas)."""
 
     OPCODE: ClassVar[Opcode] = Opcode.CREATE_RANGE
     stream_id: int
@@ -103,6 +106,9 @@ class CreateRangeRequest:
     start: int
     epoch: int
     digest: str | None = None
+    ensemble: int | None = None
+    replicas: int | None = None
+    position: int | None = None
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> CreateRangeRequest:
@@ -117,10 +123,21 @@ class CreateRangeRequest:
         request = cls(stream_id=bounded(h, "stream_id"), range_index=bounded(h, "range_index"),
                       start=bounded(h, "start"), epoch=bounded(h, "epoch"),
                       digest=optional(h, "digest", str, None))
+        stripe = _stripe(h)
+        if stripe is not None:
+            request = replace(request, ensemble=stripe[0], replicas=stripe[1],
+                              position=stripe[2])
         if request.digest is not None and request.digest not in DIGESTS:
             raise InvalidArgument(f"unknown digest {request.digest!r}: one of "
                                   f"{', '.join(DIGESTS)}", argument="digest")
         return request
+
+    @property
+    def stripe(self) -> tuple[int, int, int] | None:
+        """(ensemble, replicas, position) of a striped replica; None: unstriped."""
+        if self.ensemble is None or self.replicas is None or self.position is None:
+            return None
+        return (self.ensemble, self.replicas, self.position)
 
     @property
     def digest_code(self) -> int | None:
@@ -132,7 +149,39 @@ class CreateRangeRequest:
                           "start": self.start, "epoch": self.epoch}
         if self.digest is not None:
             header["digest"] = self.digest
+        if self.stripe is not None:
+            header.update(zip(("ensemble", "replicas", "position"), self.stripe, strict=True))
         return header
+
+
+def _stripe(h: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """CREATE_RANGE's ``ensemble``, ``replicas``, ``position``: all or none; a stripe
+    (:class:`~estream.wire.stripe.Stripe`'s bounds, the position one of its E) or None.
+
+    >>> _stripe({"ensemble": 5, "replicas": 3, "position": 4}), _stripe({})
+    ((5, 3, 4), None)
+    >>> _stripe({"ensemble": 5, "replicas": 3, "position": 5})
+    Traceback (most recent call last):
+    ...
+    estream.wire.errors.InvalidArgument: position must be 0..4, got 5
+    """
+    named = [k for k in ("ensemble", "replicas", "position") if h.get(k) is not None]
+    if not named:
+        return None
+    if len(named) < 3:
+        raise InvalidArgument("a striped CREATE_RANGE names ensemble, replicas and position",
+                              argument="ensemble")
+    ensemble, replicas, position = (require(h, k, int) for k in named)
+    if replicas < 1:
+        raise InvalidArgument(f"replicas must be at least 1, got {replicas}", argument="replicas")
+    stripe = Stripe(ensemble, replicas, 1)  # (acks: not the replica's concern)
+    if not stripe.striped:
+        raise InvalidArgument(f"ensemble {ensemble} is not above replicas {replicas}: an "
+                              "unstriped CREATE_RANGE names neither", argument="ensemble")
+    if not 0 <= position < ensemble:
+        raise InvalidArgument(f"position must be 0..{ensemble - 1}, got {position}",
+                              argument="position")
+    return (ensemble, replicas, position)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -299,10 +299,11 @@ function renderStreams(streams) {
     '<a href="#" data-stream="' + esc(s.name) + '">' + esc(s.name) + "</a>",
     esc(s.end_offset), esc(s.records), bytes(s.bytes), rate(s), iso(s.first_timestamp),
     iso(s.last_timestamp), esc(retention(s)), esc(s.epoch), esc(tiers(s)),
-    esc(s.replicas) + "/" + esc(s.ack_count)]);
+    esc(s.replicas) + "/" + esc(s.ack_count) +
+    (s.ensemble > s.replicas ? " of " + esc(s.ensemble) : "")]);
   $("streams").innerHTML = table(["stream", "end offset", "records", "bytes", "append rate",
     "first record", "last record", "retention", "epoch (writer)", "ranges by tier",
-    "replicas/acks"], rows, "streams-table");
+    "replicas/acks (of ensemble)"], rows, "streams-table");
   $("streams-page").textContent = "page " + (state.pages.length + 1) + ", " + streams.length +
     " streams shown" + (state.next ? "" : " (last page)");
   $("streams-next").disabled = !state.next;

@@ -265,7 +265,7 @@ class _Views:
     async def create_stream(self, request: web.Request) -> web.Response:
         body = _json_object(await request.read(), CreateStreamRequest.BODY_FIELDS)
         stream = await self.service.create_stream(CreateStreamRequest.from_body(body))
-        return web.json_response(stream.to_dict(), status=201)
+        return web.json_response(stream.to_dict() | {"ensemble": stream.ensemble}, status=201)
 
     async def list_cursors(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -306,7 +306,8 @@ class _Views:
         shown = ranges_window(stream, asked.offset, limit, index=asked.index)  # figures: whole
         # 1 s per open-range replica at most
         kafka = kafka_field(stream.name)  # partition p of topic T (estream kafka)
-        return web.json_response(shown.to_dict() | await self.service.figures(stream)
+        return web.json_response(shown.to_dict() | {"ensemble": stream.ensemble}
+                                 | await self.service.figures(stream)
                                  | ({"kafka": kafka} if kafka else {}))
 
     async def trim_stream(self, request: web.Request) -> web.Response:

@@ -45,6 +45,7 @@ from estream.wire.errors import (
 from estream.wire.fields import streams_page_default
 from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest, SetRetentionRequest
+from estream.wire.stripe import Stripe
 from pd.catalog import CatalogView, PdNode, check_stream_args
 from pd.commands import (
     CommitCursor,
@@ -143,7 +144,8 @@ class PdService(ServerOps):
         async def with_figures(shown: dict[str, Any]) -> dict[str, Any]:
             async with gate:
                 stream = view.streams[shown["name"]]
-                return shown | await self.figures(stream, timeout_s=list_figures_timeout_s)
+                return shown | {"ensemble": stream.ensemble} | await self.figures(
+                    stream, timeout_s=list_figures_timeout_s)
 
         streams = await asyncio.gather(*(with_figures(d) for d in page.streams))
         return StreamPage(tuple(streams), page.next)
@@ -193,13 +195,16 @@ class PdService(ServerOps):
     def check_create(request: CreateStreamRequest) -> None:
         """What a create is refused for before anything is decided."""
         check_retention(request.retention_ms, request.retention_bytes)  # 0: refused
+        if request.ensemble is not None:  # (0 too: at least replicas)
+            Stripe(request.ensemble, request.replicas, request.ack_count)
 
     def create_command(self, view: CatalogView, request: CreateStreamRequest) -> CreateStream:
         """What create_stream proposes, decided from ``view`` (placement included)."""
         r = request
         command = CreateStream(r.name, r.replicas, r.ack_count, r.type, r.hints, (),
                                r.request_id, r.system, retention_ms=r.retention_ms or 0,
-                               retention_bytes=r.retention_bytes or 0, digest=r.digest)
+                               retention_bytes=r.retention_bytes or 0, digest=r.digest,
+                               ensemble=r.ensemble or 0)
         if r.name in view.streams:
             if not r.request_id:
                 raise StreamExists(f"stream {r.name!r} already exists", stream=r.name)
@@ -207,7 +212,8 @@ class PdService(ServerOps):
             return command
         check_stream_args(command)  # bad input is reported before any placement error
         self._require_leader()
-        placement = choose_replicas(self._candidates(view), r.replicas, hints=r.hints)
+        placement = choose_replicas(self._candidates(view), r.ensemble or r.replicas,
+                                    hints=r.hints)
         return replace(command, placement=placement)
 
     @staticmethod
@@ -310,7 +316,7 @@ class PdService(ServerOps):
             if leave:
                 if alive is None:
                     alive = sum(1 for c in self._candidates(view) if c.alive)
-                if alive < stream.replicas:
+                if alive < stream.ensemble:
                     leave = ()
             out.append(leave)
         return out
@@ -330,7 +336,7 @@ class PdService(ServerOps):
         else:
             self._require_leader()
             placement = choose_replicas(
-                self._candidates(view), stream.replicas, hints=stream.hints, exclude=exclude
+                self._candidates(view), stream.ensemble, hints=stream.hints, exclude=exclude
             )
         return _stream(await self.raft.propose(
             SealRange(name, epoch, range_index, end, placement, stream_id)))

@@ -135,7 +135,8 @@ def _group(
             return None
         if (header.stream_id, header.range_index, header.base_offset) != (*key, b.base):
             return None
-    parts = [wf.encode_control(wf.CreateRange(*key, state.start, state.epoch, state.digest))]
+    parts = [wf.encode_control(wf.CreateRange(*key, state.start, state.epoch, state.digest,
+                                                   state.stripe))]
     offsets = []
     size = len(parts[0])
     for data in raw:

@@ -44,12 +44,14 @@ class Checkpoint:
                        "span": [first segment, last segment],
                        "time_index": {...} (optional, ``rangeserver/timeindex.py``),
                        "digest": int (optional: the stream's digest as the replica's
-                                  CREATE_RANGE entry recorded it; absent: none recorded)}],
+                                  CREATE_RANGE entry recorded it; absent: none recorded),
+                       "stripe": [ensemble, replicas, position] (optional: a striped
+                                  replica's, as its CREATE_RANGE entry recorded it)}],
          "dropped": [[first segment, last segment], ...]}
 
-    ``digest`` is optional so that checkpoints written before it still load (their replicas
-    record no digest and accept any, as their log entries say) and the version need not
-    change.
+    ``digest`` and ``stripe`` are optional so that checkpoints written before them still
+    load (their replicas record no digest and accept any, and hold every batch, as their
+    log entries say) and the version need not change.
 
     ``span`` and ``dropped`` are what the log's retention needs (``rangeserver/retention.py``).
     A version 1 checkpoint (without them) is ignored like an invalid one: the whole log is
@@ -89,6 +91,8 @@ def encode(checkpoint: Checkpoint) -> bytes:
             replicas[-1]["time_index"] = checkpoint.time_indexes[key].to_wire()
         if state.digest is not None:
             replicas[-1]["digest"] = state.digest
+        if state.stripe is not None:
+            replicas[-1]["stripe"] = list(state.stripe)
     body: bytes = msgpack.packb(
         {
             "version": CHECKPOINT_VERSION,
@@ -131,6 +135,7 @@ def decode(data: bytes) -> Checkpoint:
             sealed_end=item["sealed_end"],
             damaged=item["damaged"],
             digest=digest,
+            stripe=_stripe(item.get("stripe")),
         )
         replicas[state.key] = state
         indexes[state.key] = RangeIndex.from_wire(item["index"])
@@ -142,6 +147,15 @@ def decode(data: bytes) -> Checkpoint:
         int(raw["segment"]), int(raw["position"]), replicas, indexes, spans, dropped,
         time_indexes,
     )
+
+
+def _stripe(value: Any) -> tuple[int, int, int] | None:
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise ValueError(f"replica stripe {value!r}")
+    return (value[0], value[1], value[2])
 
 
 async def save(directory: Path, data: bytes) -> None:

@@ -203,7 +203,8 @@ class RangeServer:
     async def create_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         asked = rm.CreateRangeRequest.from_header(header)
         state = await self.store.create_range(
-            asked.stream_id, asked.range_index, asked.start, asked.epoch, asked.digest_code)
+            asked.stream_id, asked.range_index, asked.start, asked.epoch, asked.digest_code,
+            asked.stripe)
         # digest: what the replica holds batches to (absent: any)
         return Created(state.start, state.end, state.epoch, state.sealed,
                        digest_name(state.digest)).to_header(), b""

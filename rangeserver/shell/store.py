@@ -312,14 +312,15 @@ class Store(StoreReads, StoreAppends):
 
     async def create_range(
         self, stream_id: int, range_index: int, start: int, epoch: int,
-        digest: int | None = None,
+        digest: int | None = None, stripe: tuple[int, int, int] | None = None,
     ) -> ReplicaState:
         """CREATE_RANGE (``rangeserver.replica.decide_create``); ``digest``: the stream's,
         recorded in the replica's CREATE_RANGE entry (APPEND then takes batches of that
-        digest only); None records none (any digest accepted, as before digests were)."""
+        digest only); None records none (any digest accepted, as before digests were).
+        ``stripe``: a striped replica's (ensemble, replicas, position), recorded likewise."""
         key = (stream_id, range_index)
         outcome = rp.decide_create(
-            self.replicas.get(key), stream_id, range_index, start, epoch, digest)
+            self.replicas.get(key), stream_id, range_index, start, epoch, digest, stripe)
         before = self.replicas.get(key)
         if isinstance(outcome, rp.Create):
             self.wal.check_room()  # no new replica while a resource is short
@@ -328,7 +329,7 @@ class Store(StoreReads, StoreAppends):
             self.indexes[key] = RangeIndex()
             self.time_indexes[key] = TimeIndex()
             await self._log_control(
-                wf.CreateRange(stream_id, range_index, start, epoch, digest))
+                wf.CreateRange(stream_id, range_index, start, epoch, digest, stripe))
         elif isinstance(outcome, rp.Exists):
             self._set(key, outcome.state)
             if outcome.log:

@@ -23,7 +23,7 @@ from rangeserver import bounds
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
-from rangeserver.refusals import append_refusal
+from rangeserver.refusals import append_refusal, striped_append_refusal
 from rangeserver.replica import ReplicaState
 from rangeserver.shell.logport import LogPort
 from rangeserver.timeindex import TimeIndex
@@ -156,6 +156,8 @@ class StoreAppends:
         check_records(batch, header)
         key = (header.stream_id, header.range_index)
         state = self._get(*key)
+        if state.stripe is not None:  # (a striped replica's chain needs a batch index)
+            raise striped_append_refusal(state)
         outcome = rp.decide_append(state, header)
         if not isinstance(outcome, (rp.Accept, rp.Duplicate)):
             raise append_refusal(key, outcome)
