@@ -7,7 +7,9 @@ measures with 1 KiB records:
 1. throughput with many appends in flight: records/s and MB/s;
 2. latency with one append in flight: p50 / p99 / p99.9;
 3. append-to-visible latency: from the call to ``append`` until a tailing reader
-   (``follow=True``) yields the record;
+   (``follow=True``) yields the record (``visible``: an append every millisecond or so;
+   ``tail``: the next append once the reader holds the last, as ``compare.py``'s
+   "3 tail latency" row measures it, so no later batch carries the confirm offset);
 4. ``--kill-replica``: appends with a window in flight while a range server holding a
    replica of the open range is killed (SIGKILL) mid-run: failed appends, worst latency
    overall and in the second around the kill;
@@ -25,7 +27,7 @@ Every throughput phase also reports the client's CPU time per record (steadier t
 records/s on a shared machine). Every phase is bounded in count and time. Usage::
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
-        [--phases throughput,one,visible,workers,typical] [--inflight 256]
+        [--phases throughput,one,visible,tail,workers,typical] [--inflight 256]
         [--kill-replica] [--exactly-once [--repeat 3]] [--batch-bytes N] [--json out.json]
 """
 
@@ -245,6 +247,24 @@ async def append_to_visible(client: estream.Client, samples: int) -> dict[str, A
     }
 
 
+async def tail(client: estream.Client, samples: int) -> dict[str, Any]:
+    """``compare.py``'s tail scenario: one append at a time, the next once a ``follow=True``
+    reader yielded the last (``benchmarks/peers/estream.py``)."""
+    from benchmarks.peers.estream import tail_latencies
+
+    await client.create_stream("bench-tail", replicas=3, ack_count=2)
+    writer = await client.open_writer("bench-tail", **WRITER_OPTIONS)
+    seen = await tail_latencies(client, writer, "bench-tail", samples, len(RECORD),
+                                PHASE_TIMEOUT_S / 4)
+    await writer.close()
+    return {
+        "samples": len(seen),
+        "p50_ms": round(percentile(seen, 50), 3),
+        "p99_ms": round(percentile(seen, 99), 3),
+        "max_ms": round(max(seen), 3),
+    }
+
+
 async def kill_replica(
     client: estream.Client, cluster: Cluster, records: int, window: int
 ) -> dict[str, Any]:
@@ -298,6 +318,7 @@ PHASES = {  # --phases name: results key, in the order they run
     "typical": "typical",
     "one": "one_in_flight",
     "visible": "append_to_visible",
+    "tail": "tail",
 }
 
 EXACTLY_ONCE_ROWS = {
@@ -360,8 +381,10 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 coro = typical(client, args.records, args.inflight)
             elif phase == "one":
                 coro = one_in_flight(client, args.latency_samples)
-            else:
+            elif phase == "visible":
                 coro = append_to_visible(client, args.visible_samples)
+            else:
+                coro = tail(client, args.visible_samples)
             results[PHASES[phase]] = await asyncio.wait_for(coro, PHASE_TIMEOUT_S)
             print(PHASES[phase].replace("_", " "), results[PHASES[phase]], flush=True)
         if args.kill_replica:
