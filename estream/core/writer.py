@@ -26,7 +26,8 @@ Worked example (no producer; ack_count 2 of a, b, c; ``tests/unit/test_writer_co
     core.submit(b"w", None, ts, now_ms=0)  -> (1, 2, None)    # joins it: nothing to do
     core.cut_idle(0)                       -> [SendAppend(a, end=2), ...b, ...c]
     core.on_append_ack("a", 0, 2, 1)       -> []
-    core.on_append_ack("b", 0, 2, 1)       -> [CompleteAppends(2)]
+    core.on_append_ack("b", 0, 2, 1)       -> [CompleteAppends(2), SendConfirm(a, 0, 2,
+                                               durable=False), ...b, ...c]  # idle: hints
 
 The shell calls ``cut_idle`` at the end of its event-loop turn when
 ``ranges.idle_cut_wanted`` (nothing in flight), so the appends of one turn go as one batch.
@@ -46,7 +47,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
+from estream.core.confirmhint import on_append_ack_hinted
 from estream.core.producer import (
     ProducerState,
     ProducerTail,
@@ -109,7 +112,7 @@ class WriterCore:
         self.recovery_retries = recovery_retries
         self.submit = ranges.take_one  # no producer: every record is new
         self.can_accept = ranges.can_accept
-        self.on_append_ack = ranges.on_append_ack
+        self.on_append_ack = partial(on_append_ack_hinted, ranges)  # confirmhint.py
         self.on_append_error = ranges.on_append_error
         self.on_tick = ranges.on_tick
         self.cut_idle = ranges.cut_idle

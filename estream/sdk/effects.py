@@ -84,11 +84,12 @@ class EffectRunner:
                 case CompleteAppends():
                     complete_upto = max(complete_upto, effect.upto)
                 case SendConfirm():
-                    if effect.range_index == core.ranges.range_index:
+                    if effect.durable and effect.range_index == core.ranges.range_index:
                         self._confirm_asked = max(self._confirm_asked, effect.confirm)
                     replicas.start_confirm(
                         effect.replica, core.ranges.stream_id, effect.range_index,
-                        effect.confirm, partial(self._confirm_answered, core, effect))
+                        effect.confirm, partial(self._confirm_answered, core, effect),
+                        durable=effect.durable)
                 case RequestRoll():
                     writer._rolls.on_degraded(effect)
                 case BeginSeal():
@@ -172,7 +173,7 @@ class EffectRunner:
         if isinstance(error, Fenced):
             self.run(core.on_fenced(error))
             return
-        if error is not None:
+        if error is not None or not effect.durable:
             return  # best effort: the next batch carries the confirm offset too
         if effect.range_index == core.ranges.range_index:
             have = self._confirmed.get(effect.replica, -1)
