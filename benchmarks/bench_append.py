@@ -248,20 +248,48 @@ async def append_to_visible(client: estream.Client, samples: int) -> dict[str, A
 
 
 async def tail(client: estream.Client, samples: int) -> dict[str, Any]:
-    """``compare.py``'s tail scenario: one append at a time, the next once a ``follow=True``
-    reader yielded the last (``benchmarks/peers/estream.py``)."""
-    from benchmarks.peers.estream import tail_latencies
-
+    """``compare.py``'s tail scenario (``benchmarks/peers/estream.py``): one append at a
+    time, the next once a ``follow=True`` reader yielded the last; also how long after its
+    append returned the reader had it (``after_ack``: what a replica's learning the
+    confirm offset adds, steadier than the whole on a busy machine)."""
     await client.create_stream("bench-tail", replicas=3, ack_count=2)
     writer = await client.open_writer("bench-tail", **WRITER_OPTIONS)
-    seen = await tail_latencies(client, writer, "bench-tail", samples, len(RECORD),
-                                PHASE_TIMEOUT_S / 4)
+    seen_at: dict[int, float] = {}
+    arrived = asyncio.Event()
+
+    async def follow() -> None:
+        async for record in client.read("bench-tail", follow=True):
+            seen_at[record.offset] = time.perf_counter()
+            arrived.set()
+
+    reader = asyncio.ensure_future(follow())
+    whole: list[float] = []
+    after_ack: list[float] = []
+    deadline = time.monotonic() + PHASE_TIMEOUT_S / 4
+    try:
+        for _ in range(samples):
+            if time.monotonic() > deadline or reader.done():
+                break
+            arrived.clear()
+            started = time.perf_counter()
+            offset = await writer.append(RECORD)
+            acked = time.perf_counter()
+            while offset not in seen_at:
+                await asyncio.wait_for(arrived.wait(), 2.0)
+                arrived.clear()
+            whole.append((seen_at[offset] - started) * 1000)
+            after_ack.append((seen_at[offset] - acked) * 1000)
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
     await writer.close()
     return {
-        "samples": len(seen),
-        "p50_ms": round(percentile(seen, 50), 3),
-        "p99_ms": round(percentile(seen, 99), 3),
-        "max_ms": round(max(seen), 3),
+        "samples": len(whole),
+        "p50_ms": round(percentile(whole, 50), 3),
+        "p99_ms": round(percentile(whole, 99), 3),
+        "max_ms": round(max(whole), 3),
+        "after_ack_p50_ms": round(percentile(after_ack, 50), 3),
+        "after_ack_p99_ms": round(percentile(after_ack, 99), 3),
     }
 
 
