@@ -27,7 +27,7 @@ Every throughput phase also reports the client's CPU time per record (steadier t
 records/s on a shared machine). Every phase is bounded in count and time. Usage::
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
-        [--phases throughput,one,visible,tail,workers,typical] [--inflight 256]
+        [--phases throughput,one,visible,workers,typical] [--inflight 256]
         [--kill-replica] [--exactly-once [--repeat 3]] [--batch-bytes N] [--json out.json]
 """
 
