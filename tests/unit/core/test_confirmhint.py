@@ -81,3 +81,17 @@ def test_only_live_replicas_are_hinted_and_none_while_sealing() -> None:
     sealing.begin_roll(2)
     assert sealing.sealing
     assert w2.due(sealing) == []
+
+
+def test_the_writer_core_answers_its_hints_as_its_docstring_shows() -> None:
+    from estream.core.roll import RollConfig, Roller
+    from estream.core.writer import WriterCore
+
+    core = WriterCore(make(), Roller(RollConfig(3), lambda: 0))
+    core.submit(b"v", None, TS, 0)
+    core.submit(b"w", None, TS, 0)
+    core.cut_idle(0)
+    core.on_append_ack("a", 0, 2, 1)
+    assert core.on_append_ack("b", 0, 2, 1) == [CompleteAppends(2)]
+    assert core.confirm_hints() == hints(2)
+    assert core.confirm_hints() == []
