@@ -7,7 +7,9 @@ measures with 1 KiB records:
 1. throughput with many appends in flight: records/s and MB/s;
 2. latency with one append in flight: p50 / p99 / p99.9;
 3. append-to-visible latency: from the call to ``append`` until a tailing reader
-   (``follow=True``) yields the record;
+   (``follow=True``) yields the record (``visible``: an append every millisecond or so;
+   ``tail``: the next append once the reader holds the last, as ``compare.py``'s
+   "3 tail latency" row measures it, so no later batch carries the confirm offset);
 4. ``--kill-replica``: appends with a window in flight while a range server holding a
    replica of the open range is killed (SIGKILL) mid-run: failed appends, worst latency
    overall and in the second around the kill;
@@ -252,6 +254,52 @@ async def append_to_visible(client: estream.Client, samples: int) -> dict[str, A
     }
 
 
+async def tail(client: estream.Client, samples: int) -> dict[str, Any]:
+    """``compare.py``'s tail scenario (``benchmarks/peers/estream.py``): one append at a
+    time, the next once a ``follow=True`` reader yielded the last; also how long after its
+    append returned the reader had it (``after_ack``: what a replica's learning the
+    confirm offset adds, steadier than the whole on a busy machine)."""
+    await client.create_stream("bench-tail", replicas=3, ack_count=2)
+    writer = await client.open_writer("bench-tail", **WRITER_OPTIONS)
+    seen_at: dict[int, float] = {}
+    arrived = asyncio.Event()
+
+    async def follow() -> None:
+        async for record in client.read("bench-tail", follow=True):
+            seen_at[record.offset] = time.perf_counter()
+            arrived.set()
+
+    reader = asyncio.ensure_future(follow())
+    whole: list[float] = []
+    after_ack: list[float] = []
+    deadline = time.monotonic() + PHASE_TIMEOUT_S / 4
+    try:
+        for _ in range(samples):
+            if time.monotonic() > deadline or reader.done():
+                break
+            arrived.clear()
+            started = time.perf_counter()
+            offset = await writer.append(RECORD)
+            acked = time.perf_counter()
+            while offset not in seen_at:
+                await asyncio.wait_for(arrived.wait(), 2.0)
+                arrived.clear()
+            whole.append((seen_at[offset] - started) * 1000)
+            after_ack.append((seen_at[offset] - acked) * 1000)
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+    await writer.close()
+    return {
+        "samples": len(whole),
+        "p50_ms": round(percentile(whole, 50), 3),
+        "p99_ms": round(percentile(whole, 99), 3),
+        "max_ms": round(max(whole), 3),
+        "after_ack_p50_ms": round(percentile(after_ack, 50), 3),
+        "after_ack_p99_ms": round(percentile(after_ack, 99), 3),
+    }
+
+
 async def kill_replica(
     client: estream.Client, cluster: Cluster, records: int, window: int
 ) -> dict[str, Any]:
@@ -370,6 +418,7 @@ PHASES = {  # --phases name: results key, in the order they run
     "typical": "typical",
     "one": "one_in_flight",
     "visible": "append_to_visible",
+    "tail": "tail",
 }
 
 EXACTLY_ONCE_ROWS = {
@@ -434,8 +483,10 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 coro = typical(client, args.records, args.inflight)
             elif phase == "one":
                 coro = one_in_flight(client, args.latency_samples)
-            else:
+            elif phase == "visible":
                 coro = append_to_visible(client, args.visible_samples)
+            else:
+                coro = tail(client, args.visible_samples)
             results[PHASES[phase]] = await asyncio.wait_for(coro, PHASE_TIMEOUT_S)
             print(PHASES[phase].replace("_", " "), results[PHASES[phase]], flush=True)
         if args.kill_replica:

@@ -31,6 +31,7 @@ class WriterConfig:
     chase_backlog_ms_max: int = limits.chase_backlog_ms_max
     range_bytes_max: int = limits.range_bytes_max
     confirm_idle_ms: int = limits.linger_ms
+    confirm_hint: bool = True  # an idle writer's new confirm offset at once (confirmhint.py)
     deferred: bool = False
     delivery_timeout_ms: int = limits.delivery_timeout_ms  # the driver's: append deadline
 
@@ -47,11 +48,13 @@ class SendAppend:
 
 @dataclass(frozen=True, slots=True)
 class SendConfirm:
-    """Send CONFIRM ``confirm`` to ``replica``, so tailing readers see the last records."""
+    """Send CONFIRM ``confirm`` to ``replica``, so tailing readers see the last records;
+    ``durable=False``: a hint (:mod:`estream.core.confirmhint`), not logged by the replica."""
 
     replica: str
     range_index: int
     confirm: int
+    durable: bool = True
 
 
 @dataclass(frozen=True, slots=True)

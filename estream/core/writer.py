@@ -15,6 +15,7 @@ event                           answer
 ``submit_many`` (records)       (offsets, end to wait for, effects)
 ``on_append_ack`` / ``_error``  effects (:data:`~estream.core.writeeffects.Effect`)
 ``on_tick(now_ms)``             effects; ``next_deadline_ms()`` says when to tick next
+``confirm_hints()``             idle writer's confirm hints (after completions' turn)
 ``on_degraded(RequestRoll)``    the roll attempts process to start (or None: one runs)
 ``roll(BeginSeal)``             the roll process (:data:`~estream.core.roll.Steps`)
 ``on_fenced(error)``            effects (:class:`~estream.core.writeeffects.FailAppends`)
@@ -27,6 +28,7 @@ Worked example (no producer; ack_count 2 of a, b, c; ``tests/unit/test_writer_co
     core.cut_idle(0)                       -> [SendAppend(a, end=2), ...b, ...c]
     core.on_append_ack("a", 0, 2, 1)       -> []
     core.on_append_ack("b", 0, 2, 1)       -> [CompleteAppends(2)]
+    core.confirm_hints()                   -> [SendConfirm(a, 0, 2, durable=False), ...]
 
 The shell calls ``cut_idle`` at the end of its event-loop turn when
 ``ranges.idle_cut_wanted`` (nothing in flight), so the appends of one turn go as one batch.
@@ -47,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from estream.core.confirmhint import ConfirmHints
 from estream.core.producer import (
     ProducerState,
     ProducerTail,
@@ -114,6 +117,12 @@ class WriterCore:
         self.on_tick = ranges.on_tick
         self.cut_idle = ranges.cut_idle
         self.next_deadline_ms = ranges.next_deadline_ms
+        self._hints = ConfirmHints()
+
+    def confirm_hints(self) -> list[Effect]:
+        """The confirm hints due now (:mod:`estream.core.confirmhint`): the shell asks
+        in the turn after appends complete, once the application could append again."""
+        return list(self._hints.due(self.ranges))
 
     @property
     def config(self) -> WriterConfig:

@@ -16,7 +16,11 @@ for a confirm) or typed error from the answer, or with the request's error (a ti
 discards the connection, as for APPEND: ``estream/net/rangeclient.py``). Requests to one
 server keep the order their entries were started in; within a request, batches are decided
 before confirms. A confirm is answered once durable, so confirms never ride with
-DEFERRED_SYNC batches (whose answers do not wait for an fsync).
+DEFERRED_SYNC batches (whose answers do not wait for an fsync). A confirm hint (a CONFIRM
+with ``durable=False``: ``estream/core/confirmhint.py``) goes only as the first entry for its
+server in a turn; later in the turn it is dropped (its callback never called): idle writers'
+CONFIRMs follow within ``confirm_idle_ms``, so hints cost at most one request per server
+per turn.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -81,16 +85,17 @@ class AppendSender:
 
     def start_confirm(
         self, address: str, done: ConfirmDone, *, server_id: str | None, stream_id: int,
-        range_index: int, epoch: int, confirm: int,
+        range_index: int, epoch: int, confirm: int, durable: bool = True,
     ) -> None:
         """CONFIRM ``confirm``: now if it is the first entry for that server in this turn,
-        else with the others queued for it at the end of the turn."""
+        else with the others queued for it at the end of the turn (a hint, ``durable=False``:
+        dropped instead, module docstring)."""
         server = (address, server_id)
         if self._first(server):
             self._single.start_confirm(address, done, server_id=server_id, stream_id=stream_id,
                                        range_index=range_index, epoch=epoch, confirm=confirm,
-                                       timeout_s=self.timeout_s)
-        else:
+                                       timeout_s=self.timeout_s, durable=durable)
+        elif durable:
             self._queued_for(server).confirms.append(
                 ((stream_id, range_index, epoch, confirm), done))
 

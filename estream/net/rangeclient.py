@@ -265,13 +265,15 @@ class ReplicaClient:
                                   batch=payload, deferred=deferred)
 
     def start_confirm(self, replica: str, stream_id: int, range_index: int, confirm: int,
-                      done: Callable[[EstreamError | None], None]) -> None:
+                      done: Callable[[EstreamError | None], None], *,
+                      durable: bool = True) -> None:
         """CONFIRM ``confirm`` on ``replica`` at our epoch, written now (with other
         writers' batches and confirms to that server when they share a turn):
-        ``done(None)`` once it is durable, or ``done(error)``, later."""
+        ``done(None)`` once it is durable (a hint, ``durable=False``: once raised), or
+        ``done(error)``, later."""
         self.appends.start_confirm(self.addresses[replica], done, server_id=replica,
                                    stream_id=stream_id, range_index=range_index,
-                                   epoch=self.epoch, confirm=confirm)
+                                   epoch=self.epoch, confirm=confirm, durable=durable)
 
     async def fence(self, replica: str, stream_id: int, range_index: int) -> SealAnswer:
         """SEAL without an end at our epoch: ``replica`` refuses older writers and answers

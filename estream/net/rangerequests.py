@@ -84,6 +84,7 @@ class AppendSending(Protocol):
     def start_confirm(
         self, address: str, done: Callable[[EstreamError | None], None], *,
         server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
+        durable: bool = True,
     ) -> None: ...
 
 
@@ -245,12 +246,13 @@ class RangeClient:
     def start_confirm(
         self, address: str, done: Callable[[EstreamError | None], None], *,
         server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
-        timeout_s: float | None = None,
+        timeout_s: float | None = None, durable: bool = True,
     ) -> None:
         """:meth:`confirm` without awaiting (an idle writer's): written now, ``done(None)``
-        or ``done(error)`` later from the event loop, never from within this call."""
+        or ``done(error)`` later from the event loop, never from within this call;
+        ``durable=False``: a hint (``estream/core/confirmhint.py``)."""
         request = ConfirmRequest(stream_id=stream_id, range_index=range_index, epoch=epoch,
-                                 confirm=confirm)
+                                 confirm=confirm, durable=durable)
         self.pool.start_call(address, Opcode.CONFIRM,
                              _identified(request.to_header(), server_id), b"",
                              lambda _, error: done(error), timeout_s=self._timeout(timeout_s))

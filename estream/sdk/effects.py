@@ -3,7 +3,9 @@ appends, starting rolls; the core's tick timer; the replicas' answers fed back.
 
 A batch is written to its replicas' connections in the turn it is cut
 (``ReplicaClient.start_append``: no task per batch and replica), an idle CONFIRM likewise
-(``start_confirm``), and each answer comes back to the core through a callback. Durable
+(``start_confirm``; the confirm hints in the turn after a completion,
+``estream/core/confirmhint.py``), and each answer comes back to the core through a
+callback. Durable
 visibility: :meth:`EffectRunner.confirm_durably` waits (bounded) until ``ack_count`` live
 replicas answered a CONFIRM carrying the final confirm offset (range servers log it durably
 before answering).
@@ -49,6 +51,7 @@ class EffectRunner:
         self._confirmed: dict[str, int] = {}
         self._confirm_asked = 0  # highest confirm sent to the open range
         self.confirm_changed = asyncio.Event()
+        self._hint_soon = False  # a confirm hint check is scheduled (estream/core/confirmhint.py)
         # Ranges written since the last force(): index -> replicas that must answer FORCE.
         self.unforced: dict[int, tuple[str, ...]] = {}
 
@@ -84,11 +87,12 @@ class EffectRunner:
                 case CompleteAppends():
                     complete_upto = max(complete_upto, effect.upto)
                 case SendConfirm():
-                    if effect.range_index == core.ranges.range_index:
+                    if effect.durable and effect.range_index == core.ranges.range_index:
                         self._confirm_asked = max(self._confirm_asked, effect.confirm)
                     replicas.start_confirm(
                         effect.replica, core.ranges.stream_id, effect.range_index,
-                        effect.confirm, partial(self._confirm_answered, core, effect))
+                        effect.confirm, partial(self._confirm_answered, core, effect),
+                        durable=effect.durable)
                 case RequestRoll():
                     writer._rolls.on_degraded(effect)
                 case BeginSeal():
@@ -101,7 +105,19 @@ class EffectRunner:
         if complete_upto >= 0:
             # After the sends: a CONFIRM goes out before the user's next request does.
             writer._queue.complete(complete_upto)
+            if not self._hint_soon and core.ranges.idle():
+                # After the woken appenders' turn: a writer still idle hints its confirm.
+                self._hint_soon = True
+                self._loop.call_soon(self._hint, core)
         writer._queue.make_room(core)
+
+    def _hint(self, core: WriterCore) -> None:
+        """The turn after appends completed: unless the application appended again (the
+        batch will carry the confirm offset), the core's confirm hints go out."""
+        self._hint_soon = False
+        writer = self._writer
+        if writer._core is core and not writer._closed and writer._error is None:
+            self.carry_out(core.confirm_hints())
 
     def arm_timer(self) -> None:
         writer = self._writer
@@ -172,7 +188,7 @@ class EffectRunner:
         if isinstance(error, Fenced):
             self.run(core.on_fenced(error))
             return
-        if error is not None:
+        if error is not None or not effect.durable:
             return  # best effort: the next batch carries the confirm offset too
         if effect.range_index == core.ranges.range_index:
             have = self._confirmed.get(effect.replica, -1)

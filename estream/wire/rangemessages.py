@@ -245,22 +245,29 @@ unconfirmed=False)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConfirmRequest:
-    """``CONFIRM``: the writer of ``epoch`` confirmed the range up to ``confirm``."""
+    """``CONFIRM``: the writer of ``epoch`` confirmed the range up to ``confirm``;
+    ``durable=False``: a hint, raised in memory and answered at once, not logged (the
+    field travels only when false: an older server takes it as a durable CONFIRM)."""
 
     OPCODE: ClassVar[Opcode] = Opcode.CONFIRM
     stream_id: int
     range_index: int
     epoch: int
     confirm: int
+    durable: bool = True
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> ConfirmRequest:
         return cls(stream_id=bounded(h, "stream_id"), range_index=bounded(h, "range_index"),
-                   epoch=bounded(h, "epoch"), confirm=bounded(h, "confirm"))
+                   epoch=bounded(h, "epoch"), confirm=bounded(h, "confirm"),
+                   durable=optional(h, "durable", bool, True))
 
     def to_header(self) -> Header:
-        return {"stream_id": self.stream_id, "range_index": self.range_index,
-                "epoch": self.epoch, "confirm": self.confirm}
+        header: Header = {"stream_id": self.stream_id, "range_index": self.range_index,
+                          "epoch": self.epoch, "confirm": self.confirm}
+        if not self.durable:
+            header["durable"] = False
+        return header
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

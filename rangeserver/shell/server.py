@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 stream_keys_max: Final = 65_536  # MAC keys kept (one per stream; derived again when dropped)
 
 
+def _empty_answer() -> tuple[Header, bytes]:
+    return {}, b""
+
+
 def _wrong_server(asked: object, actual: str) -> WrongServer:
     return WrongServer(
         f"this range server is {actual}, not {asked}: its data directory was replaced",
@@ -134,7 +138,8 @@ class RangeServer:
         self.rpc = RpcServer(
             self.handlers(), name="rangeserver",
             quick_handlers={Opcode.APPEND: self.append_now,
-                            Opcode.APPEND_MANY: self.append_many_now},
+                            Opcode.APPEND_MANY: self.append_many_now,
+                            Opcode.CONFIRM: self.confirm_now},
             member_secret=self._secret, opcode_actions=RANGE_SERVER_OPCODE_ACTIONS,
             roles_to=(Opcode.APPEND, Opcode.APPEND_MANY), network=network,
         )
@@ -341,9 +346,29 @@ class RangeServer:
         return {}, b""
 
     async def confirm(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        """CONFIRM when the quick path cannot take it (the connection's answers wait)."""
+        pending, answer = self.confirm_now(header, payload)
+        if pending is not None:
+            await pending
+        return answer()
+
+    def confirm_now(
+        self, header: Header, payload: bytes
+    ) -> tuple[asyncio.Future[None] | None, Callable[[], tuple[Header, bytes]]]:
+        """CONFIRM as a quick handler: answered once durable, or at once for a hint
+        (``durable=False``: raised in memory, its long polls answered, nothing logged)."""
+        asked_id = header.get("server_id")
+        if asked_id is not None and asked_id != self.server_id:
+            raise _wrong_server(asked_id, self.server_id)
         asked = rm.ConfirmRequest.from_header(header)
-        await self.store.confirm(asked.stream_id, asked.range_index, asked.epoch, asked.confirm)
-        return {}, b""
+        pending = None
+        if asked.durable:
+            pending = self.store.begin_confirm(asked.stream_id, asked.range_index, asked.epoch,
+                                               asked.confirm)
+        else:
+            self.store.hint_confirm(asked.stream_id, asked.range_index, asked.epoch,
+                                    asked.confirm)
+        return pending, _empty_answer
 
     async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         asked = rm.ListRangesRequest.from_header(header)

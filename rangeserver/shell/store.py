@@ -95,6 +95,9 @@ class Store(StoreReads, StoreAppends):
         # When each replica last took an APPEND or CONFIRM, and of which epoch (monotonic
         # ms; in memory: DESCRIBE_RANGE's "seen_ms", PD's sign of a live writer).
         self.seen: dict[Key, tuple[int, int]] = {}
+        # Confirm offsets raised by a hint (CONFIRM durable=False) and maybe not logged: a
+        # durable CONFIRM of such a replica logs its entry even if it raises nothing.
+        self._hinted: dict[Key, int] = {}
 
     # ---------------------------------------------------------------------- lifecycle
 
@@ -236,6 +239,7 @@ class Store(StoreReads, StoreAppends):
         first = span.first if span is not None else segment
         self.replicas.pop(key, None)
         self.seen.pop(key, None)
+        self._hinted.pop(key, None)
         self.keys.discard(key)
         self.indexes.pop(key, None)
         self.time_indexes.pop(key, None)
@@ -467,6 +471,20 @@ class Store(StoreReads, StoreAppends):
         idle or closed writer's last confirm survives a crash of this server."""
         await self.begin_confirm(stream_id, range_index, epoch, confirm)
 
+    def hint_confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
+        """A confirm hint (CONFIRM ``durable=False``, ``estream/core/confirmhint.py``):
+        decided as a CONFIRM, raised in memory only (the replica's long polls answer at
+        once), nothing logged; the writer's durable CONFIRM or next batch logs it."""
+        key = (stream_id, range_index)
+        state = self._get(*key)
+        outcome = rp.decide_confirm(state, epoch, confirm)
+        if isinstance(outcome, rp.StaleEpoch):
+            raise rp.stale_error(outcome)
+        self.seen[key] = (epoch, self.clock.monotonic_ms())
+        if outcome.confirm > state.confirm:
+            self._hinted[key] = outcome.confirm
+            self._set(key, outcome)
+
     def begin_confirm(
         self, stream_id: int, range_index: int, epoch: int, confirm: int
     ) -> asyncio.Future[None]:
@@ -487,7 +505,8 @@ class Store(StoreReads, StoreAppends):
         CONFIRM writes it), or a barrier when none does. Returns each one's refusal (None:
         taken) and the one future of their durability (None: every one refused)."""
         errors: list[EstreamError | None] = []
-        raised: list[tuple[Key, ReplicaState]] = []  # (key, state before) per entry
+        raised: list[tuple[Key, ReplicaState]] = []  # (key, state before) per raising entry
+        logged: list[Key] = []  # every entry's replica
         entries: list[bytes] = []
         now_ms = self.clock.monotonic_ms()  # one request, one moment (``seen``)
         for stream_id, range_index, epoch, confirm in confirms:
@@ -502,9 +521,14 @@ class Store(StoreReads, StoreAppends):
                 continue
             self.seen[key] = (epoch, now_ms)
             errors.append(None)
-            if outcome.confirm > state.confirm:
-                self._set(key, outcome)  # readers may see it now: those records are acknowledged
-                raised.append((key, state))
+            hinted = self._hinted.get(key)
+            if outcome.confirm > state.confirm or hinted is not None:
+                if outcome.confirm > state.confirm:
+                    self._set(key, outcome)  # readers may see it now: records acknowledged
+                    raised.append((key, state))
+                if hinted is not None and confirm >= hinted:
+                    del self._hinted[key]  # this entry logs what the hint raised
+                logged.append(key)
                 entries.append(wf.confirm_entry(stream_id, range_index, epoch, confirm))
         if None not in errors:
             return errors, None
@@ -522,7 +546,7 @@ class Store(StoreReads, StoreAppends):
             for key, before in reversed(raised):
                 self._restore(key, before)
             return [exc if error is None else error for error in errors], None
-        for key, _ in raised:
+        for key in logged:
             if key in self.spans:
                 self._extend_span(key, location.segment)
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,45 @@ async def test_follower_reads_while_the_writer_appends(cluster: Cluster) -> None
         await asyncio.wait_for(follower, 20)
         assert seen == [b"t%d" % i for i in range(total)]
         await writer.close()
+
+
+async def test_a_follower_sees_a_lone_append_without_another_append_or_idle_confirm(
+    cluster: Cluster,
+) -> None:
+    """Issue 32: the idle writer hints its new confirm offset at once
+    (``estream/core/confirmhint.py``), so a tail holds a lone record though no later
+    batch carries the offset and the idle CONFIRM is a minute away."""
+    from estream.core.writeeffects import WriterConfig
+    from estream.sdk.writer import Writer
+
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("hinted", replicas=3, ack_count=2)
+        writer = await Writer.open(client, "hinted", WriterConfig(confirm_idle_ms=60_000))
+        first = asyncio.Event()
+        seen: list[bytes] = []
+
+        async def follow() -> None:
+            async for record in client.read("hinted", follow=True):
+                seen.append(record.value)
+                first.set()
+
+        follower = asyncio.ensure_future(follow())
+        try:
+            assert await writer.append(b"one") == 0
+            await asyncio.wait_for(first.wait(), 10)
+            assert seen == [b"one"]
+            assert await writer.append(b"two") == 1  # and again, the range's next record
+            await asyncio.wait_for(_until(lambda: len(seen) == 2), 10)
+            assert seen == [b"one", b"two"]
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+            await writer.close()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    while not check():
+        await asyncio.sleep(0.01)
 
 
 async def test_never_written_stream_reads_empty_and_a_follower_waits_for_the_writer(

@@ -146,3 +146,21 @@ async def test_an_answer_without_a_result_per_entry_fails_them_all() -> None:
         sender.start_append("a:1", answers.to(name), server_id=None, batch=b"b")
     got = await answers.wait()
     assert all(isinstance(got[n][1], MalformedFrame) for n in ("1", "2"))
+
+
+async def test_a_confirm_hint_goes_at_once_first_in_its_turn_and_else_is_dropped() -> None:
+    """A hint (``durable=False``) is a plain CONFIRM naming it when first for its server
+    in the turn; after another entry it is dropped: the idle CONFIRM follows anyway."""
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1}})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(2)
+    sender.start_confirm("a:1", lambda error: answers.to("h0")(0, error), server_id="s",
+                         stream_id=1, range_index=0, epoch=3, confirm=10, durable=False)
+    assert pool.calls[-1][1:3] == (Opcode.CONFIRM, {
+        "stream_id": 1, "range_index": 0, "epoch": 3, "confirm": 10, "durable": False,
+        "server_id": "s"})
+    sender.start_append("b:1", answers.to("b0"), server_id="s", batch=b"x")
+    sender.start_confirm("b:1", lambda error: answers.to("h1")(0, error), server_id="s",
+                         stream_id=2, range_index=0, epoch=3, confirm=4, durable=False)
+    got = await answers.wait()
+    assert got == {"h0": (0, None), "b0": (1, None)}
+    assert [c[1] for c in pool.calls] == [Opcode.CONFIRM, Opcode.APPEND]

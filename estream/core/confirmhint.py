@@ -1,0 +1,60 @@
+"""Confirm hints: an idle writer tells its replicas the new confirm offset at once.
+
+A replica learns the confirm offset from the next batch (its header carries it) or from
+an idle CONFIRM ``confirm_idle_ms`` after the last completion; a tailing reader waits for
+it. When appends complete and, once the application had its turn to append again, the
+writer is still idle (nothing pending, nothing unacknowledged: no batch will carry the
+offset soon), it sends each live replica a CONFIRM with ``durable=False``: the replica
+raises its confirm offset in memory (its long polls answer at once) and logs nothing. The
+idle CONFIRM still follows as before and makes it durable. One append after another, or
+under load, the next batch carries the offset and no hint is sent
+(docs/ARCHITECTURE.md 2.4).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from estream.core.rangewriter import RangeWriter
+from estream.core.writeeffects import SendConfirm
+
+
+class ConfirmHints:
+    """The highest confirm offset hinted to the open range's replicas."""
+
+    __slots__ = ("hinted", "range_index")
+
+    def __init__(self) -> None:
+        self.range_index = -1
+        self.hinted = -1
+
+    def due(self, ranges: RangeWriter) -> list[SendConfirm]:
+        """The hints to send now: one ``SendConfirm(durable=False)`` per live replica when
+        the writer is idle with a confirm offset not hinted yet, and not sealing, failed,
+        DEFERRED_SYNC (whose visible offset moves with FORCE, and is sent then) or turned
+        off (``confirm_hint``); else none. Worked example (ack_count 2 of a, b, c; one
+        batch ``[0, 1)`` in flight)::
+
+            on_append_ack("a", 0, 1, now); on_append_ack("b", 0, 1, now)  # completes 1
+            due(ranges) -> [SendConfirm(a, 0, 1, durable=False), ...b, ...c]
+            due(ranges) -> []                                # hinted already
+        """
+        config = ranges.config
+        if (
+            not config.confirm_hint
+            or config.deferred
+            or ranges.error is not None
+            or ranges.sealing
+            or not ranges.idle()
+        ):
+            return []
+        index, confirm = ranges.range_index, ranges.visible_confirm
+        if index != self.range_index:
+            self.range_index, self.hinted = index, ranges.range_start
+        if confirm <= self.hinted:
+            return []
+        self.hinted = confirm
+        return [SendConfirm(replica, index, confirm, durable=False) for replica in ranges.live]
+
+
+__all__ = ["ConfirmHints"]

@@ -1,0 +1,97 @@
+"""Confirm hints (estream/core/confirmhint.py): once appends complete and the writer is
+idle, every live replica is sent the new confirm offset, not durable, once; none while a
+batch will carry it, while sealing, for DEFERRED_SYNC or when turned off."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from estream.core.confirmhint import ConfirmHints
+from estream.core.rangewriter import RangeWriter
+from estream.core.writeeffects import CompleteAppends, SendAppend, SendConfirm, WriterConfig
+from estream.wire.errors import Timeout
+from estream.wire.record import Record
+
+TS = 1_000
+
+
+def make(**config: object) -> RangeWriter:
+    return RangeWriter(stream_id=7, epoch=3, ack_count=2, range_index=0, range_start=0,
+                       replicas=("a", "b", "c"),
+                       config=dataclasses.replace(WriterConfig(linger_ms=0), **config))
+
+
+def hints(upto: int, replicas: tuple[str, ...] = ("a", "b", "c")) -> list[SendConfirm]:
+    return [SendConfirm(r, 0, upto, durable=False) for r in replicas]
+
+
+def sent_one(w: RangeWriter, value: bytes = b"v") -> None:
+    _, effects = w.submit([Record(value, {}, TS)], 0)
+    assert [e.replica for e in effects if isinstance(e, SendAppend)] == ["a", "b", "c"]
+
+
+def test_an_idle_writers_completion_hints_every_live_replica_once() -> None:
+    w, due = make(), ConfirmHints()
+    assert due.due(w) == []  # nothing confirmed yet
+    sent_one(w)
+    assert due.due(w) == []  # in flight: its batch's completion comes first
+    w.on_append_ack("a", 0, 1, 1)
+    assert w.on_append_ack("b", 0, 1, 1) == [CompleteAppends(1)]
+    assert due.due(w) == hints(1)
+    assert due.due(w) == []  # hinted already
+    w.on_append_ack("c", 0, 1, 1)
+    assert due.due(w) == []
+
+
+def test_no_hint_when_the_application_appended_again() -> None:
+    w, due = make(), ConfirmHints()
+    sent_one(w)
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)
+    w.take_one(b"w", None, TS, 1)  # the woken appender's next record: pending, to be cut
+    assert due.due(w) == []
+    effects = w.cut_idle(1)
+    assert [e.replica for e in effects if isinstance(e, SendAppend)] == ["a", "b", "c"]
+    assert due.due(w) == []  # the batch carries confirm offset 1
+    w.on_append_ack("a", 0, 2, 2)
+    w.on_append_ack("b", 0, 2, 2)
+    assert due.due(w) == hints(2)
+
+
+def test_no_hint_when_turned_off_or_deferred() -> None:
+    for config in ({"confirm_hint": False}, {"deferred": True}):
+        w, due = make(**config), ConfirmHints()
+        sent_one(w)
+        w.on_append_ack("a", 0, 1, 1)
+        w.on_append_ack("b", 0, 1, 1)
+        assert due.due(w) == [], config
+
+
+def test_only_live_replicas_are_hinted_and_none_while_sealing() -> None:
+    w, due = make(), ConfirmHints()
+    sent_one(w)
+    w.on_append_error("c", 0, Timeout("no answer"), 1)  # c is failed: no longer written
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)
+    assert due.due(w) == hints(1, ("a", "b"))
+    sealing, w2 = make(), ConfirmHints()
+    sent_one(sealing)
+    sealing.on_append_ack("a", 0, 1, 1)
+    sealing.on_append_ack("b", 0, 1, 1)
+    sealing.begin_roll(2)
+    assert sealing.sealing
+    assert w2.due(sealing) == []
+
+
+def test_the_writer_core_answers_its_hints_as_its_docstring_shows() -> None:
+    from estream.core.roll import RollConfig, Roller
+    from estream.core.writer import WriterCore
+
+    core = WriterCore(make(), Roller(RollConfig(3), lambda: 0))
+    core.submit(b"v", None, TS, 0)
+    core.submit(b"w", None, TS, 0)
+    core.cut_idle(0)
+    core.on_append_ack("a", 0, 2, 1)
+    assert core.on_append_ack("b", 0, 2, 1) == [CompleteAppends(2)]
+    assert core.confirm_hints() == hints(2)
+    assert core.confirm_hints() == []
