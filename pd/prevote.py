@@ -62,6 +62,20 @@ def grants_prevote(request: dict[str, Any], own_term: int, own_last_index: int,
                                                                        own_last_index)
 
 
+def yields(request: dict[str, Any], asker: str, own_last_index: int, own_last_term: int,
+           own: str) -> bool:
+    """Whether a node that says yes to ``asker`` while its own pre-vote round is out gives
+    its round up (and waits a whole election timeout): both followers of a killed leader
+    ask at about the same time, and two rounds that both win split the real vote (each
+    candidate votes for itself: one more election timeout). The asker wins when its log
+    is more up to date, or as up to date and its address sorts first. Examples, own log
+    ending at (9, 5), own address "b": asker "a" at (9, 5) -> True; "c" at (9, 5) ->
+    False; "c" at (10, 5) -> True; "a" at (8, 5) -> False."""
+    theirs = (request["last_log_term"], request["last_log_index"])
+    mine = (own_last_term, own_last_index)
+    return theirs > mine or (theirs == mine and asker < own)
+
+
 def prevote_response(request: dict[str, Any], granted: bool) -> dict[str, Any]:
     return {"type": PREVOTE_RESPONSE, "term": request["term"], "granted": granted}
 

@@ -367,9 +367,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         if self._prevoted or not nodes:
             self._prevoted = False
             return  # (pysyncobj stands in this tick)
-        conf = self.conf
-        raftpatch.set_election_deadline(
-            self, raft_clock() + random.uniform(conf.raftMinTimeout, conf.raftMaxTimeout))
+        self._restart_election_timeout()  # (the next round, if this one fails)
         last = self.log_end()
         request = prevote.prevote_request(self._getTerm() + 1, last, self._term_at(last) or 0)
         self._prevote = prevote.PreVoteRound(request["term"], len(nodes) + 1)
@@ -377,15 +375,27 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         for node in nodes:
             send(node, request)
 
+    def _restart_election_timeout(self) -> None:
+        conf = self.conf
+        raftpatch.set_election_deadline(
+            self, raft_clock() + random.uniform(conf.raftMinTimeout, conf.raftMaxTimeout))
+
     def _answer_prevote(self, node: Any, request: dict[str, Any]) -> None:
         leader = self._getLeader()
         alive = prevote.leader_alive(bool(self._isLeader()),
                                      self._contact.recent(self.loop.time()),
                                      leader is not None and bool(self.isNodeConnected(leader)))
         last = self.log_end()
-        granted = prevote.grants_prevote(request, self._getTerm(), last,
-                                         self._term_at(last) or 0, alive)
+        last_term = self._term_at(last) or 0
+        granted = prevote.grants_prevote(request, self._getTerm(), last, last_term, alive)
         raftpatch.transport(self).send(node, prevote.prevote_response(request, granted))
+        asking = self._prevote is not None or self._prevoted
+        if granted and (not asking or prevote.yields(
+                request, raftrules.node_address(node), last, last_term,
+                raftrules.node_address(self.selfNode))):
+            # The asker stands in a moment: this node waits for its vote request.
+            self._prevote, self._prevoted = None, False
+            self._restart_election_timeout()
 
     def _count_prevote(self, node: Any, answer: dict[str, Any]) -> None:
         asking = self._prevote
