@@ -1,5 +1,6 @@
 """The SyncObj that replicates catalog commands: pysyncobj ticked on the event loop, its
-outbox flushed around one journal sync per tick, its snapshots the catalog's msgpack.
+outbox flushed around one journal sync per tick, its snapshots the catalog's msgpack, a
+pre-vote before it stands for election (:mod:`pd.prevote`).
 
 :mod:`pd.shell.raft` (its docstring tells the design) builds one per PD node and drives
 it; the decisions are :mod:`pd.raftrules`, the private names of pysyncobj it touches go
