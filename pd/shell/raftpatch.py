@@ -46,6 +46,7 @@ PRIVATE_NAMES: Final = (
     ("pysyncobj.pipe_notifier", "PipeNotifier", "__pipeR"),  # closed with the node
     ("pysyncobj.pipe_notifier", "PipeNotifier", "__pipeW"),
     ("pysyncobj.transport", "TCPTransport", "_ready"),  # bound on the first tick
+    ("pysyncobj.transport", "Transport", "_onNodeDisconnectedCallback"),  # leader lost
     ("pysyncobj.tcp_connection", "TcpConnection", "__writeBuffer"),  # RaftConnection.send
     ("pysyncobj.tcp_connection", "TcpConnection", "__trySendBuffer"),
     ("pysyncobj.tcp_connection", "TcpConnection", "__socket"),  # its reads, one recv each
@@ -213,6 +214,18 @@ def route_messages(obj: Any, handler: Callable[[Any, Any], None]) -> Callable[[A
     original: Callable[[Any, Any], None] = obj._SyncObj__onMessageReceived
     transport(obj).setOnMessageReceivedCallback(handler)
     return original
+
+
+def on_node_disconnected(obj: Any, handler: Callable[[Any], None]) -> None:
+    """``handler(node)`` runs after pysyncobj's own callback when a peer's connection
+    closes (pysyncobj only forgets that the peer is connected)."""
+    own: Callable[[Any], None] = transport(obj)._onNodeDisconnectedCallback
+
+    def both(node: Any) -> None:
+        own(node)
+        handler(node)
+
+    transport(obj).setOnNodeDisconnectedCallback(both)
 
 
 def silence_pipe_notifier(obj: Any) -> None:

@@ -1,5 +1,6 @@
 """The SyncObj that replicates catalog commands: pysyncobj ticked on the event loop, its
-outbox flushed around one journal sync per tick, its snapshots the catalog's msgpack.
+outbox flushed around one journal sync per tick, its snapshots the catalog's msgpack, a
+pre-vote before it stands for election (:mod:`pd.prevote`).
 
 :mod:`pd.shell.raft` (its docstring tells the design) builds one per PD node and drives
 it; the decisions are :mod:`pd.raftrules`, the private names of pysyncobj it touches go
@@ -16,6 +17,7 @@ import contextlib
 import gc
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -26,7 +28,7 @@ from pysyncobj import SERIALIZER_STATE, SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as raft_clock  # CLOCK_MONOTONIC_RAW, not time's
 
 from estream.wire.errors import ChecksumMismatch, EstreamError
-from pd import raftrules
+from pd import prevote, raftrules
 from pd.catalog import Catalog, Result
 from pd.catalogimage import CatalogImage, encode_image
 from pd.commands import decode_command
@@ -124,6 +126,8 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._contact = LeaderContact.started(loop.time())
         self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.joining = False  # --join on an empty data dir: never a candidate (see _onTick)
+        self._prevote: prevote.PreVoteRound | None = None  # asking before standing
+        self._prevoted = False  # a majority said yes: the next tick stands
         # The leader's journal sync runs on this thread (the loop serves PD requests
         # meanwhile); a follower's runs on the loop (its acknowledgement waits for it).
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, "raft-journal-sync")
@@ -143,6 +147,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         # A proposal schedules the tick itself (tick_soon): no pipe to wake a thread.
         raftpatch.silence_pipe_notifier(self)
         self._receive = raftpatch.route_messages(self, self._on_message)
+        raftpatch.on_node_disconnected(self, self._on_peer_lost)
         self.addOnTickCallback(self._refresh_status)
         self._timer = loop.call_later(0.1, self._periodic_tick)
 
@@ -305,6 +310,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
                 return  # the tick runs once the leader's entries are durable
             if self.joining:
                 self._hold_election_while_joining()
+            self._ask_before_standing()
             super()._onTick(0.0)
         finally:
             if self._applied_waiters:
@@ -352,14 +358,80 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         if not self._closed and self._sync_running is None:
             self._flush_outbox()
 
+    # Pre-vote (pd/prevote.py): a tick that would stand asks the others first; pysyncobj
+    # stands (its own tick: a new term, request_vote) only once a majority said yes.
+    def _ask_before_standing(self) -> None:
+        if not raftrules.would_stand(bool(self._isLeader()), raftpatch.election_deadline(self),
+                                     raft_clock()):
+            return
+        nodes = list(self.otherNodes)
+        if self._prevoted or not nodes:
+            self._prevoted = False
+            return  # (pysyncobj stands in this tick)
+        self._restart_election_timeout()  # (the next round, if this one fails)
+        last = self.log_end()
+        request = prevote.prevote_request(self._getTerm() + 1, last, self._term_at(last) or 0)
+        self._prevote = prevote.PreVoteRound(request["term"], len(nodes) + 1)
+        send = raftpatch.transport(self).send
+        for node in nodes:
+            send(node, request)
+
+    def _restart_election_timeout(self) -> None:
+        conf = self.conf
+        raftpatch.set_election_deadline(
+            self, raft_clock() + random.uniform(conf.raftMinTimeout, conf.raftMaxTimeout))
+
+    def _answer_prevote(self, node: Any, request: dict[str, Any]) -> None:
+        leader = self._getLeader()
+        alive = prevote.leader_alive(bool(self._isLeader()),
+                                     self._contact.recent(self.loop.time()),
+                                     leader is not None and bool(self.isNodeConnected(leader)))
+        last = self.log_end()
+        last_term = self._term_at(last) or 0
+        granted = prevote.grants_prevote(request, self._getTerm(), last, last_term, alive)
+        raftpatch.transport(self).send(node, prevote.prevote_response(request, granted))
+        asking = self._prevote is not None or self._prevoted
+        if granted and (not asking or prevote.yields(
+                request, raftrules.node_address(node), last, last_term,
+                raftrules.node_address(self.selfNode))):
+            # The asker stands in a moment: this node waits for its vote request.
+            self._prevote, self._prevoted = None, False
+            self._restart_election_timeout()
+
+    def _count_prevote(self, node: Any, answer: dict[str, Any]) -> None:
+        asking = self._prevote
+        if asking is None or self._isLeader():
+            return
+        if asking.answer(raftrules.node_address(node), answer):
+            self._prevote, self._prevoted = None, True
+            raftpatch.set_election_deadline(self, 0.0)
+            self.tick_soon()
+
+    def _on_peer_lost(self, node: Any) -> None:
+        """The connection to ``node`` closed: if it is this follower's leader (a killed
+        leader's kernel closes its sockets), stand soon (prevote.early_deadline); the
+        pre-vote still asks the others, who keep a leader they hear."""
+        if self._closed or self.joining or self._isLeader() or node != self._getLeader():
+            return
+        raftpatch.set_election_deadline(self, prevote.early_deadline(
+            raftpatch.election_deadline(self), raft_clock(), random.random()))
+
     # Every message received (on the loop thread) comes here first (raftpatch.route_messages),
     # then goes to pysyncobj's own handler.
     def _on_message(self, node: Any, message: Any) -> None:
-        if message.get("type") != "append_entries":
+        kind = message.get("type")
+        if kind == prevote.PREVOTE:
+            self._answer_prevote(node, message)
+            return
+        if kind == prevote.PREVOTE_RESPONSE:
+            self._count_prevote(node, message)
+            return
+        if kind != "append_entries":
             self._receive(node, message)
             return
         if message.get("term", -1) >= self._getTerm():
             self._contact.heard_at = self.loop.time()
+            self._prevote, self._prevoted = None, False  # a live leader: no election
         message, cap = raftrules.trim_append(message, self._term_at, self.log_end())
         self._ack_cap = None if cap is None else (node, cap)
         try:
