@@ -125,3 +125,46 @@ class Narrowing(StreamMemo["StreamMeta | None"]):
             self._kept = kept
         self._map, self._seen = catalog, {}
         return list(self._kept.values())
+
+
+class Chosen(Generic[T]):
+    """``derive(stream)`` for the streams ``choose`` accepts (both pure functions of the
+    stream alone), in the order of the streams. Over the catalog's map
+    (``view.streams.values()``), only the streams changed since the last pass are looked
+    at; over anything else, every stream is.
+
+    >>> chosen = Chosen(lambda s: s.epoch > 0, lambda s: len(s.ranges))
+    >>> m = PMap({"a": StreamMeta(1, "a", epoch=1), "b": StreamMeta(2, "b")})
+    >>> [(s.name, n) for s, n in chosen.over(m.values())]
+    [('a', 0)]
+    >>> [s.name for s, _ in chosen.over(m.set("b", StreamMeta(2, "b", epoch=3)).values())]
+    ['a', 'b']
+    """
+
+    __slots__ = ("_choose", "_derive", "_map", "_kept")
+
+    def __init__(self, choose: Callable[[StreamMeta], bool],
+                 derive: Callable[[StreamMeta], T]) -> None:
+        self._choose = choose
+        self._derive = derive
+        self._map: PMap[StreamMeta] | None = None
+        self._kept: PMap[tuple[StreamMeta, T]] = PMap()
+
+    def over(self, streams: Iterable[StreamMeta]) -> list[tuple[StreamMeta, T]]:
+        catalog = catalog_map(streams)
+        if catalog is None:
+            self._map, self._kept = None, PMap()
+            return [(s, self._derive(s)) for s in streams if self._choose(s)]
+        if self._map is None:
+            self._kept = PMap((name, (s, self._derive(s))) for name, s in catalog.items()
+                              if self._choose(s))
+        else:
+            kept = self._kept
+            for name, _, stream in catalog.changes(self._map):
+                if stream is not None and self._choose(stream):
+                    kept = kept.set(name, (stream, self._derive(stream)))
+                else:
+                    kept = kept.delete(name)
+            self._kept = kept
+        self._map = catalog
+        return list(self._kept.values())

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import doctest
 import random
+from dataclasses import replace
 from typing import Any
 
 import pd.drain
 import pd.pmap
+import pd.streammemo
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.drain import ReplicaTotals, replica_counts, under_replicated
 from pd.pmap import PMap
-from pd.streammemo import Narrowing
+from pd.retention import has_retention, recorded_bytes
+from pd.streammemo import Chosen, Narrowing
 
 SERVERS = ("a", "b", "c", "d")
 REFS = {s: ReplicaRef(s, f"127.0.0.1:{i + 1}") for i, s in enumerate(SERVERS)}
@@ -36,7 +39,7 @@ def no_walk(m: PMap[Any]) -> NoWalk:
 
 
 def test_doctests() -> None:
-    for module in (pd.pmap, pd.drain):
+    for module in (pd.pmap, pd.drain, pd.streammemo):
         assert doctest.testmod(module).failed == 0
 
 
@@ -109,3 +112,15 @@ def test_the_replica_totals_follow_the_catalog_without_walking_it() -> None:
     # a mapping that is not the catalog's map is summed afresh
     assert totals.replica_counts(dict(catalogs[0].items())) == replica_counts(
         list(catalogs[0].values()))
+
+
+def test_the_retainers_streams_with_limits_follow_the_catalog_without_walking_it() -> None:
+    chosen = Chosen(has_retention, recorded_bytes)
+    catalogs = _catalogs(seed=3, streams=1500, steps=10)
+    rng = random.Random(3)
+    limited = [m.update((k, replace(s, retention_ms=1000)) for k, s in m.items()
+                        if rng.random() < 0.3) for m in catalogs]
+    chosen.over(limited[0].values())
+    for m in limited[1:]:
+        expected = [(s.name, recorded_bytes(s)) for s in m.values() if has_retention(s)]
+        assert [(s.name, n) for s, n in chosen.over(no_walk(m).values())] == expected
