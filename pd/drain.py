@@ -115,6 +115,9 @@ def under_replicated(streams: Iterable[StreamMeta], alive: Collection[str], *,
                if local and sum(1 for i in ids if i in alive) < stream.replicas)
 
 
+_StreamSets = tuple[int, tuple[tuple[tuple[bool, tuple[str, ...]], int], ...]]
+
+
 class ReplicaTotals:
     """The catalog's ranges summed by replica set (local tier, server ids, the stream's
     replica count), kept from the catalog's changes: :meth:`under_replicated` and
@@ -135,22 +138,34 @@ class ReplicaTotals:
     0
     """
 
-    __slots__ = ("_map", "_per", "_totals")
+    __slots__ = ("_map", "_per", "_shared", "_totals")
 
     def __init__(self) -> None:
         self._map: PMap[StreamMeta] = PMap()
-        self._per: dict[str, tuple[int, ReplicaSets]] = {}  # name -> (replicas, its sets)
+        # name -> (replicas, its sets as sorted items): one shared tuple for every stream
+        # with the same sets (most streams: one range, or every range on the same servers)
+        self._per: dict[str, _StreamSets] = {}
+        self._shared: dict[_StreamSets, tuple[_StreamSets, int]] = {}  # -> (it, streams)
         self._totals: dict[tuple[bool, tuple[str, ...], int], int] = {}
 
     def _add(self, name: str, stream: StreamMeta | None, step: int) -> None:
+        shared = self._shared
         if step < 0:
-            replicas, sets = self._per.pop(name, (0, {}))
+            mine = self._per.pop(name, (0, ()))
+            it, uses = shared.get(mine, (mine, 1))
+            if uses > 1:
+                shared[mine] = (it, uses - 1)
+            else:
+                shared.pop(mine, None)  # (forgotten with its last stream: no growth)
         else:
             assert stream is not None
-            replicas, sets = stream.replicas, replica_sets(stream)
-            self._per[name] = (replicas, sets)
+            mine = (stream.replicas, tuple(sorted(replica_sets(stream).items())))
+            it, uses = shared.get(mine, (mine, 0))
+            shared[mine] = (it, uses + 1)
+            mine = self._per[name] = it
+        replicas, sets = mine
         totals = self._totals
-        for (local, ids), ranges in sets.items():
+        for (local, ids), ranges in sets:
             key = (local, ids, replicas)
             left = totals.get(key, 0) + step * ranges
             if left:

@@ -124,3 +124,12 @@ def test_the_retainers_streams_with_limits_follow_the_catalog_without_walking_it
     for m in limited[1:]:
         expected = [(s.name, recorded_bytes(s)) for s in m.values() if has_retention(s)]
         assert [(s.name, n) for s, n in chosen.over(no_walk(m).values())] == expected
+
+
+def test_the_replica_totals_forget_what_no_stream_has_any_more() -> None:
+    totals = ReplicaTotals()
+    catalogs = _catalogs(seed=4, streams=500, steps=10)
+    for m in catalogs:
+        totals.update(m)
+    totals.update(PMap())
+    assert (totals._per, totals._shared, totals._totals) == ({}, {}, {})
