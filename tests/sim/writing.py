@@ -8,8 +8,10 @@ A :class:`Writing` is one writer's application on its own node and process: it o
 writer (again after a retriable error, as an application would), appends what the world's
 workload asks while its unacknowledged records fit the writer's budget (as the world did
 before), and keeps what its user saw: the values it appended, in offset order, and the end
-of what was acknowledged. :meth:`Writing.crash` is kill -9 of that process (nothing it
-started runs again, its connections reset). The writer is the product's, unchanged.
+of what was acknowledged; and its epoch once PD answered the open (its client's PD answer
+observed: the recovery runs at that epoch, and the newest writer is the one to wait for).
+:meth:`Writing.crash` is kill -9 of that process (nothing it started runs again, its
+connections reset). The writer is the product's, unchanged.
 
 Pure: no I/O (tests only).
 """
@@ -25,6 +27,7 @@ from estream.sdk.client import Client
 from estream.sdk.writer import Writer
 from estream.sdk.writertimings import WriterTimings
 from estream.wire.errors import EstreamError, Fenced
+from estream.wire.meta import StreamMeta
 from tests.sim.simtransport import SimNetwork
 from tests.sim.world import PD_ADDRESS, World
 
@@ -56,7 +59,16 @@ class Writing:
             PD_ADDRESS, timeout_s=PD_TIMEOUT_S, network=net.node(node_id),
             clock=world.clock, writer_timings=WRITER_TIMINGS))
         self.writer: Writer | None = None
-        self.epoch = 0
+        self.epoch = 0  # as soon as PD answered the open (its recovery runs at it)
+        pd = self.client.pd
+        open_writer = pd.open_writer
+
+        async def opened(name: str) -> StreamMeta:
+            meta = await open_writer(name)
+            self.epoch = meta.epoch  # what the writer's open learns first
+            return meta
+
+        pd.open_writer = opened  # type: ignore[method-assign]
         self.start = -1  # the first offset this writer assigns
         self.assigned: list[bytes] = []  # what its user appended, in offset order
         self.acked_end = -1  # every offset below was acknowledged to its user
@@ -91,7 +103,8 @@ class Writing:
                 continue
             break
         stats = writer.statistics()
-        self.writer, self.epoch = writer, writer.epoch
+        self.writer = writer
+        assert self.epoch == writer.epoch
         self.recoveries += 1 + stats.recovery_retries
         if stats.failed:
             self._fenced = True  # a newer writer overtook it while it recovered
