@@ -40,11 +40,16 @@ RUN_S_MAX: Final = 24 * 3600.0  # virtual time a run may take (a livelock ends a
 PROCESS: Final[ContextVar[str | None]] = ContextVar("sim_process", default=None)
 
 
+_CONTEXTS: dict[str, Context] = {}  # node -> a context naming it, copied for each use
+
+
 def context_of(node: str) -> Context:
     """A fresh context for code of ``node`` (what the network delivers to it, say)."""
-    context = Context()
-    context.run(PROCESS.set, node)
-    return context
+    context = _CONTEXTS.get(node)
+    if context is None:
+        context = _CONTEXTS[node] = Context()
+        context.run(PROCESS.set, node)
+    return context.copy()
 
 
 class Stuck(RuntimeError):
@@ -112,15 +117,12 @@ class SimLoop(asyncio.BaseEventLoop):
         else:
             callback(*args)
 
-    def _mortal(self, context: Context | None) -> str | None:
-        process = PROCESS.get() if context is None else context.get(PROCESS)
-        return process if process in self.mortal else None
-
     def call_soon(  # type: ignore[override]
             self, callback: Callable[..., object], *args: Any,
             context: Context | None = None) -> asyncio.Handle:
-        process = self._mortal(context)
-        if process is not None:
+        process = PROCESS.get() if context is None else context.get(PROCESS)
+        if process in self.mortal:
+            assert process is not None
             return super().call_soon(self._guard, process, callback, *args, context=context)
         return super().call_soon(callback, *args, context=context)
 
@@ -138,8 +140,9 @@ class SimLoop(asyncio.BaseEventLoop):
             self, when: float, callback: Callable[..., object], *args: Any,
             context: Context | None = None) -> asyncio.TimerHandle:
         jitter = self.rng.random() * TIE_BREAK_S
-        process = self._mortal(context)
-        if process is not None:
+        process = PROCESS.get() if context is None else context.get(PROCESS)
+        if process in self.mortal:
+            assert process is not None
             return super().call_at(when + jitter, self._guard, process, callback, *args,
                                    context=context)
         return super().call_at(when + jitter, callback, *args, context=context)

@@ -137,9 +137,11 @@ class Writing:
         """Append ``count`` records if the writer's budget has room for them; False if it
         did not (nothing appended)."""
         writer = self.writer
-        if writer is None or not self.opened or self.fenced or self.dead or self.closing:
+        if writer is None or not self.opened or self._fenced or self.dead or self.closing:
             return False
         stats = writer.statistics()
+        if stats.failed:
+            return False  # fenced
         if stats.inflight_bytes + count * RECORD_BYTES > self.config.inflight_bytes_max:
             return False
 
