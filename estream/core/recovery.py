@@ -3,8 +3,8 @@
 :class:`~estream.core.seal.RangeRecovery` decides *what* (which end, which copies, who
 holds); this module decides *in which order and with which waits* the requests go out,
 as one generator that every recovery runs: the asyncio driver
-(:func:`estream.net.recovery.recover_range`, for a new writer and for the PD leader) and
-the simulation (``tests/sim/simwriter.py``). The order is what makes it safe:
+(:func:`estream.net.recovery.recover_range`, for a new writer and for the PD leader; the
+seeded simulation in tests/sim runs the real writer). The order is what makes it safe:
 
 1. **fence** every replica at once (SEAL without an end at the new epoch; CREATE_RANGE
    for one that never had the range); once a seal quorum of sound answers is in, the

@@ -29,9 +29,8 @@ PING as itself; a server that did within ``suspect_cleared_ms`` is not suspected
 
 Each process is a generator: it yields a :data:`Step` (a request to make, a wait, effects
 of the core to carry out, a notice) and is sent the step's answer (or thrown its error).
-It never blocks and never does I/O: the asyncio writer (``estream/sdk/rolldriver.py``) and the
-simulation (``tests/sim/simwriter.py``) carry out the steps, so both run this one
-sequence. The steps and their answers:
+It never blocks and never does I/O: the asyncio writer (``estream/sdk/rolldriver.py``, which
+the seeded simulation in tests/sim runs as well) carries out the steps. The steps and their answers:
 
 ====================  =============================================================
 step                  answer sent back

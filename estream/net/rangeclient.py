@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from estream.core.seal import CopyRecords
 from estream.net.clock import SYSTEM_CLOCK, Clock
@@ -76,6 +77,23 @@ heal_window_s = 120.0  # how long a writer keeps trying to bring a left-out repl
 heal_interval_s = 0.5
 heal_request_timeout_s = 1.0  # one DESCRIBE or SEAL of a heal: the replica may still be out
 copy_reads_max = 1_000_000  # bounds one copy loop (a 1 GiB range is ~130 reads of 8 MiB)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaTimeouts:
+    """:class:`ReplicaClient`'s bounds, in seconds (defaults: this module's constants; a
+    writer's come from its ``WriterTimings``, ``estream/sdk/writertimings.py``)."""
+
+    request_s: float = request_timeout_s  # any request without a tighter bound below
+    seal_s: float = seal_timeout_s
+    create_s: float = create_timeout_s
+    ping_s: float = ping_timeout_s
+    heal_window_s: float = heal_window_s
+    heal_interval_s: float = heal_interval_s
+    heal_request_s: float = heal_request_timeout_s
+
+
+REPLICA_TIMEOUTS: Final = ReplicaTimeouts()
 
 
 # -- the copy loop -------------------------------------------------------------------------
@@ -237,8 +255,10 @@ class ReplicaClient:
     ``estream/net/recovery.py`` drive it."""
 
     def __init__(self, pool: ConnectionPool, epoch: int, *, digest: str | None = None,
-                 appends: AppendSending | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
-        self.client = RangeClient(pool)
+                 appends: AppendSending | None = None, clock: Clock = SYSTEM_CLOCK,
+                 timeouts: ReplicaTimeouts = REPLICA_TIMEOUTS) -> None:
+        self.timeouts = timeouts
+        self.client = RangeClient(pool, timeout_s=timeouts.request_s)
         self.clock = clock  # the heal window's deadline
         # APPENDs go through the client's shared sender (batches of its writers to one
         # server share requests: estream/net/appendsender.py); without one, one by one.
@@ -291,13 +311,15 @@ class ReplicaClient:
             range_index=range_index, start=start, epoch=self.epoch, digest=self.digest,
             timeout_s=timeout_s)
 
-    async def ping(self, replica: str, *, timeout_s: float = ping_timeout_s) -> bool:
-        """Whether the server at ``replica``'s address answers now, as ``replica``."""
+    async def ping(self, replica: str, *, timeout_s: float | None = None) -> bool:
+        """Whether the server at ``replica``'s address answers now, as ``replica``
+        (within ``timeout_s``, default ``timeouts.ping_s``)."""
         address = self.addresses.get(replica)
         if address is None:
             return False
         try:
-            answer = await self.client.ping(address, timeout_s=timeout_s)
+            answer = await self.client.ping(
+                address, timeout_s=self.timeouts.ping_s if timeout_s is None else timeout_s)
         except EstreamError:
             self.client.pool.discard(address)
             return False
@@ -321,7 +343,7 @@ class ReplicaClient:
         results = await asyncio.gather(
             *(self.client.seal(self.addresses[r], server_id=r, stream_id=stream_id,
                                range_index=range_index, epoch=self.epoch, end=end,
-                               timeout_s=seal_timeout_s)
+                               timeout_s=self.timeouts.seal_s)
               for r in replicas),
             return_exceptions=True,
         )
@@ -343,7 +365,7 @@ class ReplicaClient:
         with their errors (a Fenced one is raised)."""
         self.learn(rng)
         results = await asyncio.gather(
-            *(self.create(r.id, stream_id, rng.index, rng.start, timeout_s=create_timeout_s)
+            *(self.create(r.id, stream_id, rng.index, rng.start, timeout_s=self.timeouts.create_s)
               for r in rng.replicas),
             return_exceptions=True,
         )
@@ -371,7 +393,7 @@ class ReplicaClient:
         seal it there, so that every replica of the sealed range serves the same records.
         (Placement-level repair of replicas that never return is PD's job.)"""
         pending = set(short)
-        deadline = self.clock.monotonic_s() + heal_window_s
+        deadline = self.clock.monotonic_s() + self.timeouts.heal_window_s
         while pending and keep_going() and self.clock.monotonic_s() < deadline:
             for replica in sorted(pending):
                 try:
@@ -380,7 +402,7 @@ class ReplicaClient:
                     continue  # not back yet
                 pending.discard(replica)
             if pending:
-                await asyncio.sleep(heal_interval_s)
+                await asyncio.sleep(self.timeouts.heal_interval_s)
 
     async def _heal_one(
         self, stream_id: int, range_index: int, end: int, replica: str, holders: Sequence[str]
@@ -388,7 +410,7 @@ class ReplicaClient:
         try:
             state = await self.client.describe_range(
                 self.addresses[replica], server_id=replica, stream_id=stream_id,
-                range_index=range_index, timeout_s=heal_request_timeout_s)
+                range_index=range_index, timeout_s=self.timeouts.heal_request_s)
         except (RangeNotFound, WrongServer, ReplicaDamaged):
             # It never had the range (nothing stale to serve), or it is another server now,
             # or its data is damaged: nothing to heal in place (PD's repair replaces it).
@@ -410,7 +432,7 @@ class ReplicaClient:
         await self.client.seal(
             self.addresses[replica], server_id=replica, stream_id=stream_id,
             range_index=range_index, epoch=self.epoch, end=end,
-            timeout_s=heal_request_timeout_s)
+            timeout_s=self.timeouts.heal_request_s)
 
 
 __all__ = [
@@ -422,9 +444,11 @@ __all__ = [
     "PingAnswer",
     "Pool",
     "RangeClient",
+    "REPLICA_TIMEOUTS",
     "RangeState",
     "ReadAnswer",
     "ReplicaClient",
+    "ReplicaTimeouts",
     "SealAnswer",
     "SourceFailed",
     "TimeAnswer",

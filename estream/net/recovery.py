@@ -6,7 +6,7 @@ range of a stream; a new writer runs the same steps inside
 them out with :class:`RecoveryDriver`. The sequence (fence with a grace period after a
 quorum, copy round by round, record the seal in PD, then SEAL the holders), the reasons for
 its order and what a failure at each step leaves behind are the pure generator's
-(``estream/core/recovery.py``), which the simulation drives as well; :func:`drive` runs any
+(``estream/core/recovery.py``; the simulation runs this driver too); :func:`drive` runs any
 such generator (the writer's roll too), and this module only carries out the steps:
 
 - :class:`~estream.core.recovery.Fence`: each request a task (SEAL without an end, or

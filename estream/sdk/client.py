@@ -41,6 +41,7 @@ from estream.sdk.reader import (
 from estream.sdk.subscribe import Subscription
 from estream.sdk.timelookup import offset_for_time
 from estream.sdk.writer import Writer
+from estream.sdk.writertimings import WRITER_TIMINGS, WriterTimings
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
@@ -102,17 +103,22 @@ class Client:
         secret: str | bytes | None = None,
         network: Network = TCP,
         clock: Clock = SYSTEM_CLOCK,
+        writer_timings: WriterTimings = WRITER_TIMINGS,
     ) -> None:
         # TLS when a CA or a client certificate is given (estream.net.security); ``token`` is
         # sent (AUTH) on every new connection, to PD and to range servers alike. ``network``
         # and ``clock``: the ports (estream.net.transport, estream.net.clock) every
         # connection and time read of this client and its writers and readers go through.
+        # ``writer_timings``: every wait and timeout of its writers (estream/sdk/writertimings.py).
         tls = client_context(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self.clock = clock
         self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token, network=network,
                            clock=clock)
         self.pool = ConnectionPool(ssl=tls, token=token, network=network)
-        self.appends = AppendSender(self.pool)  # its writers' batches share requests
+        self.writer_timings = writer_timings
+        # Its writers' batches share requests.
+        self.appends = AppendSender(self.pool,
+                                    timeout_s=writer_timings.request_timeout_ms / 1000)
         self.timeout_s = timeout_s
         self._streams: dict[str, StreamMeta] = {}
         self._writers: list[Writer] = []

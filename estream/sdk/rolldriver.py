@@ -7,7 +7,8 @@ lease.
 - **Degraded rolls.** When the core asks for a roll (:class:`RequestRoll`: a replica
   failed, enough remain), the attempts check that PD could place a range without the
   failed servers before the core freezes the end; attempts back off from
-  ``limits.roll_backoff_ms_min`` to ``roll_backoff_ms_max``, never in a hot loop.
+  the writer's ``timings.roll_backoff_ms_min`` to ``roll_backoff_ms_max``, never in a hot
+  loop.
 - **Writer lease.** The client's :class:`~estream.sdk.leases.LeaseKeeper` renews the
   leases of all its writers in one PD request every ``limits.writer_keepalive_ms``;
   ``Fenced`` or ``StreamNotFound`` fences the writer; draining servers are rolled away
@@ -40,7 +41,6 @@ from estream.core.roll import (
 )
 from estream.core.writeeffects import BeginSeal, RequestRoll
 from estream.net.recovery import drive
-from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, StreamNotFound, Unavailable
 from estream.wire.meta import RangeMeta
 
@@ -99,7 +99,8 @@ class RollDriver:
                 "stream %r: range %d cannot roll yet (no placement without %s); retrying "
                 "every %g-%gs", self._writer.stream.name, range_index,
                 ", ".join(sorted(core.roller.suspects)),
-                limits.roll_backoff_ms_min / 1000, limits.roll_backoff_ms_max / 1000,
+                self._writer.timings.roll_backoff_ms_min / 1000,
+                self._writer.timings.roll_backoff_ms_max / 1000,
             )
 
     async def _step(self, step: Step) -> Any:

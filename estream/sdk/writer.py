@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from estream.core.producer import check_writer_producer_id
 from estream.core.rangewriter import RangeWriter
-from estream.core.roll import RollConfig, Roller
+from estream.core.roll import Roller
 from estream.core.writeeffects import WriterConfig, record_size
 from estream.core.writer import WriterCore, WriterStatistics
 from estream.net.rangeclient import ReplicaClient
@@ -38,7 +38,7 @@ from estream.sdk import writeropen
 from estream.sdk.appendqueue import AppendQueue, PendingAppend, checked_record
 from estream.sdk.effects import EffectRunner
 from estream.sdk.rolldriver import RollDriver
-from estream.wire import limits
+from estream.sdk.writertimings import WriterTimings
 from estream.wire.errors import (
     Closed,
     EstreamError,
@@ -55,9 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-close_wait_s = 1.0  # close(): how long background answers and heals may still finish
-confirm_wait_s = limits.request_timeout_ms / 1000  # flush(): the durable CONFIRM's bound
-
 
 class Writer:
     """Appends to one stream; see ``estream/core/writer.py`` for the rules it follows.
@@ -71,10 +68,12 @@ class Writer:
         self.stream = meta
         self.epoch = meta.epoch
         self.config = config
+        self.timings: WriterTimings = client.writer_timings  # every wait of this shell
         self._core: WriterCore | None = None
         self._replicas = ReplicaClient(client.pool, meta.epoch,
                                        digest=getattr(meta, "digest", None),
-                                       appends=client.appends)
+                                       appends=client.appends, clock=client.clock,
+                                       timeouts=self.timings.replica_timeouts())
         self._error: EstreamError | None = None
         self._closed = False
         self._producer_id = ""
@@ -126,7 +125,7 @@ class Writer:
             digest=DIGESTS.get(getattr(meta, "digest", "xxh3"), 0),
             key=self._client.stream_key(meta),
         )
-        roller = Roller(RollConfig(meta.replicas), self.now_ms)
+        roller = Roller(self.timings.roll_config(meta.replicas), self.now_ms)
         self._core = core = WriterCore(ranges, roller, recovery_retries=recovery_retries)
         self._runner.new_range(core)
         return core
@@ -226,7 +225,7 @@ class Writer:
             future = self._queue.wait_for(ranges.next_offset, self.now_ms())
             self._runner.run(core.on_tick(self.now_ms()))
             await future
-        await self._runner.confirm_durably(confirm_wait_s)
+        await self._runner.confirm_durably(self.timings.confirm_wait_ms / 1000)
 
     async def force(self) -> None:
         """Make everything appended so far durable (``DEFERRED_SYNC`` writers): FORCE on
@@ -254,7 +253,7 @@ class Writer:
             if index != ranges.range_index:
                 unforced.pop(index, None)
         self._runner.run(core.on_forced(upto))
-        await self._runner.confirm_durably(confirm_wait_s)
+        await self._runner.confirm_durably(self.timings.confirm_wait_ms / 1000)
 
     async def close(self) -> None:
         """Flush, then stop. Appends after close raise :class:`Closed`. Bounded: pending
@@ -272,7 +271,7 @@ class Writer:
             try:
                 if tasks:
                     # Let answers in flight and replica heals finish, briefly.
-                    await asyncio.wait(list(tasks), timeout=close_wait_s)
+                    await asyncio.wait(list(tasks), timeout=self.timings.close_wait_ms / 1000)
             finally:
                 self._closed = True
                 self._runner.close()

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("estream.sdk.writer")
 
-recovery_backoff_s_min: Final = 0.1
-recovery_backoff_s_max: Final = 2.0
 walk_window: Final = 8  # a producer's open reads the last batch of this many ranges at once
 walk_fetch_ranges: Final = 64  # ... and asks PD for this many earlier ranges at a time
 
@@ -44,7 +42,8 @@ async def recover(writer: Writer, meta: StreamMeta, deadline: float) -> None:
     sequence of :func:`estream.core.recovery.open_range` (retried while it cannot be done
     safely, until ``deadline``, the client clock's ``monotonic_s``), carried out here."""
     client, replicas = writer._client, writer._replicas
-    driver = RecoveryDriver(replicas, meta, writer.seal_in_pd)
+    driver = RecoveryDriver(replicas, meta, writer.seal_in_pd, clock=client.clock)
+    timings = writer.timings
     retries = 0
 
     async def carry_out(step: OpenStep) -> Any:
@@ -65,8 +64,8 @@ async def recover(writer: Writer, meta: StreamMeta, deadline: float) -> None:
 
     steps = open_range(
         meta, writer.epoch, client.clock.monotonic_ms, deadline_ms=int(deadline * 1000),
-        backoff_ms_min=int(recovery_backoff_s_min * 1000),
-        backoff_ms_max=int(recovery_backoff_s_max * 1000),
+        grace_ms=timings.fence_grace_ms, backoff_ms_min=timings.recovery_backoff_ms_min,
+        backoff_ms_max=timings.recovery_backoff_ms_max,
     )
     try:
         opened = await asyncio.wait_for(

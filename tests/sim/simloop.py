@@ -9,7 +9,11 @@ deliveries as timers. Ready callbacks run in asyncio's order (FIFO, which the sh
 on); timers due at the same instant run in an order chosen by the seed (a sub-nanosecond
 seeded tie-break), so a seed explores one interleaving of simultaneous events and replays
 it exactly. A loop with nothing ready and no timer is stuck (everything waits on
-everything else): :class:`Stuck` says so rather than hanging.
+everything else): :class:`Stuck` says so rather than hanging. Code runs in a context
+naming its node (:data:`PROCESS`: the simulated network delivers to a node in its own); a
+node's process made mortal can be killed (:meth:`SimLoop.kill`): from then on none of its
+callbacks, timers or task steps runs (they are set aside, and run only to unwind once the
+run is over: :meth:`SimLoop.revive_all`).
 
 :class:`SimClock` is the :class:`~estream.net.clock.Clock` of a simulated process: both
 readings move with the loop's virtual time.
@@ -23,7 +27,7 @@ import asyncio
 import random
 import selectors
 from collections.abc import Callable, Coroutine, Mapping
-from contextvars import Context
+from contextvars import Context, ContextVar, copy_context
 from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
@@ -31,6 +35,21 @@ T = TypeVar("T")
 TIE_BREAK_S: Final = 1e-10  # the seeded jitter that orders timers due at the same instant
 WALL_AT_ZERO_MS: Final = 1_700_000_000_000  # the simulated wall clock when virtual time is 0
 RUN_S_MAX: Final = 24 * 3600.0  # virtual time a run may take (a livelock ends as a failure)
+# The node whose code runs (None: the world's own): what it schedules, its tasks included,
+# carries it (asyncio copies the context).
+PROCESS: Final[ContextVar[str | None]] = ContextVar("sim_process", default=None)
+
+
+_CONTEXTS: dict[str, Context] = {}  # node -> a context naming it, copied for each use
+
+
+def context_of(node: str) -> Context:
+    """A fresh context for code of ``node`` (what the network delivers to it, say)."""
+    context = _CONTEXTS.get(node)
+    if context is None:
+        context = _CONTEXTS[node] = Context()
+        context.run(PROCESS.set, node)
+    return context.copy()
 
 
 class Stuck(RuntimeError):
@@ -73,6 +92,39 @@ class SimLoop(asyncio.BaseEventLoop):
         self.rng = random.Random(seed)  # the loop's own draws (timer ties)
         self._now = 0.0
         self._selector = _VirtualSelector(self)
+        self.mortal: set[str] = set()  # processes that may be killed
+        self.killed: set[str] = set()  # processes ended (kill -9): nothing of theirs runs
+        # What a killed process would have run: (callback, args, context), for the unwinding.
+        self._set_aside: list[tuple[Callable[..., object], tuple[Any, ...], Context]] = []
+
+    def kill(self, process: str) -> None:
+        """``process`` (made mortal first) ends at once: none of its callbacks, timers or
+        task steps runs again (its tasks stay pending, as in a process that is gone)."""
+        assert process in self.mortal, process
+        self.killed.add(process)
+
+    def revive_all(self) -> None:
+        """The run is over: what the killed processes had pending runs (their tasks can
+        then be cancelled and unwind, and none is left pending)."""
+        self.killed.clear()
+        set_aside, self._set_aside = self._set_aside, []
+        for callback, args, context in set_aside:
+            super().call_soon(callback, *args, context=context)
+
+    def _guard(self, process: str, callback: Callable[..., object], *args: Any) -> None:
+        if process in self.killed:
+            self._set_aside.append((callback, args, copy_context()))
+        else:
+            callback(*args)
+
+    def call_soon(  # type: ignore[override]
+            self, callback: Callable[..., object], *args: Any,
+            context: Context | None = None) -> asyncio.Handle:
+        process = PROCESS.get() if context is None else context.get(PROCESS)
+        if process in self.mortal:
+            assert process is not None
+            return super().call_soon(self._guard, process, callback, *args, context=context)
+        return super().call_soon(callback, *args, context=context)
 
     def time(self) -> float:
         return self._now
@@ -88,6 +140,11 @@ class SimLoop(asyncio.BaseEventLoop):
             self, when: float, callback: Callable[..., object], *args: Any,
             context: Context | None = None) -> asyncio.TimerHandle:
         jitter = self.rng.random() * TIE_BREAK_S
+        process = PROCESS.get() if context is None else context.get(PROCESS)
+        if process in self.mortal:
+            assert process is not None
+            return super().call_at(when + jitter, self._guard, process, callback, *args,
+                                   context=context)
         return super().call_at(when + jitter, callback, *args, context=context)
 
     def _process_events(self, event_list: list[Any]) -> None:

@@ -39,7 +39,7 @@ from ssl import SSLContext
 from typing import Any, Final, TypeVar
 
 from estream.net.transport import Listener, Network
-from tests.sim.simloop import TIE_BREAK_S
+from tests.sim.simloop import TIE_BREAK_S, context_of
 
 _P = TypeVar("_P", bound=asyncio.BaseProtocol)
 
@@ -183,7 +183,8 @@ class SimTransport(asyncio.Transport):
         # Strictly after the write before it: the loop's seeded tie-break would reorder
         # two writes due at the same instant, and TCP keeps a connection's bytes in order.
         self._arrive_at = max(self._arrive_at + 2 * TIE_BREAK_S, loop.time() + delay_s)
-        loop.call_at(self._arrive_at, self._arrive, chunk)
+        # The peer's code runs what arrives (not the writer's: it may die meanwhile).
+        loop.call_at(self._arrive_at, self._arrive, chunk, context=context_of(self.peer_node))
 
     def release_held(self) -> None:
         """The cut healed: what waited goes now, in order."""
@@ -234,7 +235,7 @@ class SimTransport(asyncio.Transport):
         self._net.holding.discard(self)
         protocol = self._protocol
         if protocol is not None:
-            self._net.loop.call_soon(protocol.connection_lost, exc)
+            self._net.loop.call_soon(protocol.connection_lost, exc, context=context_of(self.node))
 
 
 @dataclass
@@ -363,7 +364,7 @@ class SimNetwork:
         self.connections.update((client, server))
         low, high = self.faults.delay_ms
         await asyncio.sleep(self.rng.uniform(low, high) / 1000)  # the handshake
-        server_protocol.connection_made(server)
+        context_of(listener.node).run(server_protocol.connection_made, server)
         protocol.connection_made(client)
         return protocol
 

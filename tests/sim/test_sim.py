@@ -1,7 +1,8 @@
 """Seeded simulation of writers, readers, range servers and the placement driver.
 
 Each seed builds a world (5 real range servers on simulated disks, the real PD node on
-simulated Raft, a stream with 3 replicas and ack 2), runs a writer's workload while the
+simulated Raft, a stream with 3 replicas and ack 2), runs the real writer's workload
+(``tests/sim/writing.py``: ``estream/sdk/writer.py`` through a real ``Client``) while the
 network drops, delays, reorders and partitions messages, servers crash (losing what they
 had not synced) and restart, hang and resume, at most one server loses a copy for good
 (its disk wiped: a new server id at the same address; or a byte flipped inside a stored
@@ -34,10 +35,11 @@ while faults last (never end short silently: a bounded tailing read ends at its 
 
 At the end, once faults heal: the writer with the highest epoch has all its appends
 acknowledged (liveness); the stream has at most a few ranges per fault and per writer
-(no roll loop; size rolls and lossy networks aside); the writer closes (its final CONFIRM
-durable on ``ack_count`` replicas), every range server is killed and restarted, and
-readers still see everything it had acknowledged: replicas a seal left out are sealed
-(what the writer's healing and repair do, not simulated), a plain read from 0 ends at
+(no roll loop; size rolls and lossy networks aside); the writer closes (``close()``:
+its final CONFIRM durable on ``ack_count`` replicas, bounded, then its range sealed, best
+effort), every range server is killed and restarted, and readers still see everything it
+had acknowledged: replicas a seal left out are sealed (what PD's repair does, not
+simulated, and the writer's healing, which may not have finished), a plain read from 0 ends at
 exactly the final writer's end having seen every acknowledged record of every writer,
 and the tailing reader catches up to it.
 
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 from collections.abc import Callable, Coroutine
@@ -68,7 +71,7 @@ from typing import Any, TypeVar
 import pytest
 
 from estream.core.writeeffects import WriterConfig
-from estream.net.rpc import ConnectionPool
+from estream.net.recovery import log as recovery_log
 from estream.wire.errors import EstreamError
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
@@ -80,9 +83,9 @@ from tests.sim.servernode import RangeServerNode
 from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
-from tests.sim.simwriter import SimWriter
 from tests.sim.world import PD_ADDRESS, Faults, Key, World, address_of, pd_node
 from tests.sim.world import PD_NODE as PD
+from tests.sim.writing import Writing
 
 T = TypeVar("T")
 
@@ -97,6 +100,7 @@ SEEDS_DEFAULT = 250  # seeds run by default...
 SEEDS_FAST_MAX = 130  # ...the first this many in make test, the rest marked slow
 SETTLE_STEPS_MAX = 100_000  # Sim.settle: steps for the servers to boot (or create a range)
 REGISTER_LOOKS_MAX = 1_000  # Sim._registered: looks, 10 ms apart, for every first heartbeat
+RECOVERED_LOG = "recovered %s range %d: sealed at %d, holders %s"  # estream/net/recovery.py
 
 
 def seeds() -> list[Any]:
@@ -155,6 +159,7 @@ class Sim:
                         for n in self.nodes}
         self.settle(*(server.boot() for server in self.servers.values()))
         self.settle(self._registered())
+        self._observe_recoveries()
         self.checked_meta: StreamMeta | None = None
         self.checked_acked: dict[str, int] = {}
         self.full_check = False  # a crash or a lost copy: check every acknowledged offset
@@ -173,7 +178,7 @@ class Sim:
             range_bytes_max=rng.choice([1500, 5000, 1 << 30]),
             confirm_idle_ms=2,
         )
-        self.writers: list[SimWriter] = []
+        self.writers: list[Writing] = []
         self.target = rng.randint(80, 200)  # records the final writer must get through
         self.lost: dict[Key, set[str]] = {}  # server ids whose copy of a range is destroyed
         self.destroyed = False  # at most one lost copy per run (a double fault, not more)
@@ -190,14 +195,47 @@ class Sim:
         self.read_failures: list[str] = []  # reads that raised (allowed while faults last)
         self.cut_final_read: list[str] = []  # nodes the final read cannot reach at first
 
-    def new_writer(self) -> SimWriter:
-        node = f"w{len(self.writers) + 1}"
-        w = SimWriter(self.world, node, STREAM, self.config,
-                      ConnectionPool(network=self.net.node(node)))
-        w.on_recovered = self.check_recovery
+    def new_writer(self) -> Writing:
+        w = Writing(self.world, self.net, f"w{len(self.writers) + 1}", STREAM, self.config)
         self.writers.append(w)
         w.open()
         return w
+
+    def _observe_recoveries(self) -> None:
+        """Every recovery that sealed a range (a writer's at open, or PD's), as its driver
+        reports it once the holders were sent their SEAL (``estream/net/recovery.py``'s
+        "recovered" line: the range, the end PD recorded and the holders it named), is
+        checked: :meth:`check_recovery`."""
+        sim = self
+
+        class Recovered(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.msg != RECOVERED_LOG or record.args is None:
+                    return
+                name, index, end, holders = record.args  # type: ignore[misc]
+                if name != STREAM:
+                    return
+                try:
+                    sim.check_recovery(sim.describe(), int(index), int(end),
+                                       tuple(h for h in str(holders).split(", ") if h))
+                except AssertionError as exc:
+                    sim.world.fail(exc)
+
+        handler = Recovered(logging.INFO)
+        level = recovery_log.level
+        recovery_log.addHandler(handler)
+        recovery_log.setLevel(logging.INFO)
+
+        def detach() -> None:
+            recovery_log.removeHandler(handler)
+            recovery_log.setLevel(level)
+
+        self._detach = detach
+
+    def end(self) -> None:
+        """Stop what still runs and stop listening to the recoveries."""
+        self._detach()
+        self.world.close()
 
     @property
     def service(self) -> PdService:
@@ -268,7 +306,7 @@ class Sim:
 
     # -- workload and faults --------------------------------------------------------------
 
-    def workload(self, w: SimWriter) -> None:
+    def workload(self, w: Writing) -> None:
         if w.fenced and w is self.writers[-1] and self.world.now_ms <= END_AT_MS:
             # Fenced by a writer that died just after its open landed: the application
             # opens another one.
@@ -277,7 +315,7 @@ class Sim:
             return
         if w.dead or w.fenced or self.world.now_ms > END_AT_MS:
             return
-        if w.core is not None and len(w.assigned) < self.target:
+        if w.opened and len(w.assigned) < self.target:
             w.submit(self.world.rng.randint(1, 4))
             self.world.after(self.world.rng.randint(1, 3), lambda: self.workload(w))
         else:
@@ -378,7 +416,7 @@ class Sim:
 
     def writer_crash(self) -> None:
         self.note(f"{self.writers[-1].id} crashes")
-        self.writers[-1].dead = True
+        self.writers[-1].crash()
         self.start_writer()
 
     def writer_cut(self) -> None:
@@ -392,7 +430,8 @@ class Sim:
         for pair in list(self.net.faults.cuts):
             self.net.heal(*sorted(pair))
         for node in list(self.faults.down):
-            self.restart(node)
+            if node in self.servers:  # (a crashed writer's node stays down)
+                self.restart(node)
         for server in self.servers.values():
             if server.hung:
                 server.resume()
@@ -401,10 +440,11 @@ class Sim:
         self.repair_seals()
 
     def repair_seals(self) -> None:
-        """What the writer's healing and PD's repair do for the replicas a seal left out
-        (neither is simulated): SEAL at the catalog's end every open replica of a sealed
-        range that holds the whole range. A tailing reader learns of a seal from a
-        replica (until one has it, its long polls come back empty)."""
+        """What PD's repair (not simulated) and the writer's healing (which may not have
+        finished) do for the replicas a seal left out: SEAL at the catalog's end every
+        open replica of a sealed range that holds the whole range. A tailing reader
+        learns of a seal from a replica (until one has it, its long polls come back
+        empty)."""
         meta = self.describe()
         for r in meta.ranges:
             if r.end is None:
@@ -492,7 +532,7 @@ class Sim:
             f"recovery sealed range {index} at {end} with holders {holders}"
         )
 
-    def check_acknowledged(self, meta: StreamMeta, w: SimWriter, since: int) -> None:
+    def check_acknowledged(self, meta: StreamMeta, w: Writing, since: int) -> None:
         if w.start < 0 or w.acked_end <= w.start:
             return
         for r in meta.ranges:
@@ -646,7 +686,7 @@ class Sim:
             seen = self.seen.setdefault(o, value)
             assert seen == value, f"{where}: offset {o} is {value!r}, another read saw {seen!r}"
 
-    def check_final_reads(self, final: SimWriter) -> None:
+    def check_final_reads(self, final: Writing) -> None:
         """After close (and every server restarted): a plain read from 0 ends, having seen
         exactly every offset up to the final writer's end, every acknowledged record among
         them (each writer's, as it appended it), and the tailing reader catches up."""
@@ -701,9 +741,8 @@ class Sim:
             # The other writers' processes end: a zombie still retrying its open would
             # fence the final writer while it closes (and so would a request of theirs
             # held across a cut until the heal: their connections break).
-            if w is not final:
-                w.dead = True
-                self.net.down(w.id)
+            if w is not final and not w.dead:
+                w.crash()
         self.check_visible_after_restart(final)
 
     def check_range_count(self) -> None:
@@ -715,8 +754,9 @@ class Sim:
         bound = 1 + RANGES_PER_FAULT_MAX * (self.fault_count + len(self.writers))
         assert ranges <= bound, f"{ranges} ranges for {self.fault_count} faults"
 
-    def check_visible_after_restart(self, final: SimWriter) -> None:
-        """Close the final writer (its last CONFIRM durable on ack_count replicas), kill
+    def check_visible_after_restart(self, final: Writing) -> None:
+        """Close the final writer (``close()``: its last CONFIRM durable on ack_count
+        replicas within a bound, then its range sealed, best effort), kill
         every range server, restart them: readers see everything it acknowledged. Half
         the time one replica of the open range hangs before a last few appends and the
         close: it misses them and the final CONFIRM, and a plain read that asks it first
@@ -742,7 +782,7 @@ class Sim:
                     lagging.resume()
                     self.cut_final_read = []
         assert self.close(final), (
-            f"{final.id}: close did not get ack_count answers to its final CONFIRM")
+            f"{final.id}: close did not return")
         for server in self.servers.values():
             server.power_loss()
         self.settle(*(server.boot() for server in self.servers.values()))
@@ -767,7 +807,7 @@ class Sim:
                 ends.append(readable_end(state))
         return max(ends)
 
-    def close(self, w: SimWriter, within_ms: int = 2_000) -> bool:
+    def close(self, w: Writing, within_ms: int = 2_000) -> bool:
         if not w.closing:
             w.close()
         deadline = self.world.now_ms + within_ms
@@ -775,15 +815,15 @@ class Sim:
             self.check()
         return w.closed
 
-    def newest(self) -> SimWriter:
+    def newest(self) -> Writing:
         """The live writer with the highest epoch: the one every other must give way to
         (a writer that retried its recovery can hold a higher epoch than a later one)."""
         alive = [w for w in self.writers if not w.dead]
         return max(alive, key=lambda w: (w.epoch, w.id))
 
-    def done(self, w: SimWriter) -> bool:
+    def done(self, w: Writing) -> bool:
         return (
-            w.core is not None
+            w.opened
             and len(w.assigned) >= self.target
             and w.acked_end == w.start + len(w.assigned)
         )
@@ -866,7 +906,7 @@ def lost_copy_down_lagging(destroy: str) -> Callable[[Sim], None]:
             a, b = [r for r in _open_replicas(sim) if r != c]
             key = (sim.stream_id, sim.describe().ranges[-1].index)
             sim.note(f"{sim.writers[-1].id} crashes")
-            sim.writers[-1].dead = True
+            sim.writers[-1].crash()
             if destroy == "wipe":
                 sim.wipe(a, rng.randint(5, 50))
             else:
@@ -907,21 +947,26 @@ def crash_mid_recovery(sim: Sim) -> None:
 
     def die(c: str) -> None:
         b = [r for r in _open_replicas(sim) if r != c][-1]
+        dead_epoch = sim.describe().epoch
         sim.writer_crash()
         sim.crash(b, rng.randint(300, 1_500))  # so that one holder is not enough: a copy
         recovering = sim.writers[-1]
         targets: list[str] = []
 
         def copying() -> bool:
-            # A copy is a batch restamped with the recovering writer's epoch.
-            last = sim.describe().ranges[-1]
+            # A copy is a batch restamped with the recovering writer's epoch (the
+            # stream's in PD once it opened there).
+            meta = sim.describe()
+            if meta.epoch <= dead_epoch:
+                return False
+            last = meta.ranges[-1]
             key = (sim.stream_id, last.index)
             for ref in last.replicas:
                 server = sim.server(ref.id)
                 if (server is not None and sim.is_up(server.node)
-                        and recovering.epoch in server.unsynced_epochs(key)):
+                        and meta.epoch in server.unsynced_epochs(key)):
                     targets.append(server.node)
-                    return recovering.core is None
+                    return not recovering.opened
             return False
 
         def crash() -> None:
@@ -1003,7 +1048,7 @@ def test_seed(seed: int, tmp_path: Path) -> None:
             f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim\n{sim.trace()}"
         ) from exc
     finally:
-        sim.world.close()
+        sim.end()
 
 
 @pytest.mark.parametrize(
@@ -1015,7 +1060,7 @@ def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, s
     try:
         _replay(sim, lambda: sim.run(script))
     finally:
-        sim.world.close()
+        sim.end()
     # The row exercised what it is about (else it proves nothing).
     replay = f"pytest 'tests/sim/test_sim.py::test_double_faults[{name}-{seed}]'"
     trace = f"\nreplay: {replay}\n{sim.trace()}"
@@ -1027,5 +1072,6 @@ def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, s
         assert len(sim.describe().ranges) > 2, f"no roll while it hung{trace}"
     elif name == "crash-mid-recovery":
         assert sim.facts.get("crashed mid-copy"), f"no crash while copying{trace}"
+        assert sim.recoveries_sealed, f"no recovery's seal was checked{trace}"
     elif name == "lost-seal-answer":
         assert sim.facts.get("seal answer lost"), f"the seal's answer was not lost{trace}"

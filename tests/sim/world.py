@@ -19,6 +19,7 @@ Pure: no I/O (tests only).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any, Final, TypeVar
 
 from estream.net.clock import Clock
 from pd.shell.node import PdConfig, PlacementDriverNode
-from tests.sim.simloop import SimClock, SimLoop
+from tests.sim.simloop import SimClock, SimLoop, context_of
 from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import SimNetwork
 
@@ -73,7 +74,8 @@ class World:
         return round(self.loop.time() * 1000)
 
     def at(self, when_ms: int, fn: Callable[[], None]) -> None:
-        self.loop.call_at(max(when_ms, self.now_ms) / 1000, fn)
+        """``fn`` at ``when_ms``, as the world's own event (whichever process asked)."""
+        self.loop.call_at(max(when_ms, self.now_ms) / 1000, fn, context=contextvars.Context())
 
     def after(self, delay_ms: int, fn: Callable[[], None]) -> None:
         self.at(self.now_ms + delay_ms, fn)
@@ -105,6 +107,16 @@ class World:
         finally:
             asyncio.events._set_running_loop(None)
 
+    def as_process(self, process: str, fn: Callable[[], T]) -> T:
+        """:meth:`inside`, as simulated process ``process``: what ``fn`` starts (tasks,
+        timers, callbacks) belongs to it, and stops for good at :meth:`kill`."""
+        self.loop.mortal.add(process)
+        return context_of(process).run(self.inside, fn)
+
+    def kill(self, process: str) -> None:
+        """``process`` dies (kill -9): nothing it started runs again."""
+        self.loop.kill(process)
+
     def fail(self, error: BaseException) -> None:
         """Fail the run with ``error`` (raised by the next :meth:`step`): what a task
         running on the loop hands over when an invariant it checks fails."""
@@ -113,11 +125,15 @@ class World:
     def close(self) -> None:
         """Cancel what still runs on the loop (readers, clients), let it unwind (a bounded
         number of steps), then close the loop."""
-        tasks = asyncio.all_tasks(self.loop)
-        for task in tasks:
-            task.cancel()
+        self.loop.revive_all()  # the dead processes' tasks unwind too
+        cancelled: set[asyncio.Task[Any]] = set()
         for _ in range(CLOSE_STEPS_MAX):
-            if all(task.done() for task in tasks):
+            # Tasks started while unwinding are cancelled as well.
+            tasks = asyncio.all_tasks(self.loop) - cancelled
+            for task in tasks:
+                task.cancel()
+            cancelled |= tasks
+            if all(task.done() for task in cancelled):
                 break
             try:
                 if not self.step():

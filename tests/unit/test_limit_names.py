@@ -45,7 +45,7 @@ NOT_YET: frozenset[tuple[str, str]] = frozenset({
 NOT_YET_FINAL: frozenset[str] = frozenset({
     "estream/cli/streams.py", "estream/core/producer.py", "estream/core/recovery.py",
     "estream/core/roll.py", "estream/net/rangeclient.py",
-    "estream/sdk/client.py", "estream/sdk/writer.py", "pd/shell/node.py",
+    "estream/sdk/client.py", "pd/shell/node.py",
     "pd/shell/service.py",
 })
 QUALIFIERS = ("_max", "_min", "_default")

@@ -1,12 +1,10 @@
 """The simulator runs the real shells on its ports, and its copies of shells only shrink.
 
-tests/sim holds two kinds of ``Sim*`` classes: the ports' simulated sides (a loop on
-virtual time, its clock, the network, the disk, the store's log, PD's consensus), under
-which the real shells run unchanged; and copies of shells, written before the ports
-existed, which drive the cores the way a shell does (issue 29 deletes them as the real
-shells move onto the ports). A new ``Sim*`` class must be a port: this test fails on a
-new copy, and on a copy deleted but still listed (so the list is kept honest as it
-shrinks).
+tests/sim's ``Sim*`` classes are the ports' simulated sides (a loop on virtual time, its
+clock, the network, the disk, the store's log, PD's consensus), under which the real
+shells run unchanged. The copies of shells written before the ports existed (which drove
+the cores the way a shell does) are gone (issue 29): a new ``Sim*`` class must be a port,
+and the world runs the real writer, reader, pool and PD node.
 """
 
 from __future__ import annotations
@@ -18,16 +16,19 @@ ROOT = Path(__file__).resolve().parents[2]
 SIM = ROOT / "tests" / "sim"
 PORTS = frozenset({"SimLoop", "SimClock", "SimNetwork", "SimTransport", "SimDisk", "SimLog",
                    "SimRaft"})
-# Copies still to delete: file -> the classes that repeat a shell.
-COPIES_LEFT = {
-    "simwriter.py": {"SimWriter"},  # Writer._step, step type by step type
-}
+# Copies still to delete: file -> the classes that repeat a shell. None left.
+COPIES_LEFT: dict[str, set[str]] = {}
 REAL_SHELLS = {"RpcClient", "RpcServer", "ConnectionPool"}
+# The pure cores and step drivers the client shells carry out: a module of tests/sim that
+# imports one drives it itself, as a shell does (a copy). Their configs are not in these.
+SHELL_CORES = frozenset({"estream.core.rangewriter", "estream.core.roll",
+                         "estream.core.recovery", "estream.core.seal", "estream.core.writer",
+                         "estream.core.pendingbatch", "estream.core.producer"})
 # Where the seeded world (tests/sim/test_sim.py) runs a real client shell: module -> what it
 # imports of the product for it.
 REAL_IN_WORLD = {
     "reading.py": {"Client", "read_stream", "read_stream_batches", "read_stream_views"},
-    "simwriter.py": {"copy_range", "ConnectionPool", "RangeClient"},
+    "writing.py": {"Client", "Writer", "WriterTimings"},
     "world.py": {"PlacementDriverNode"},  # PD: the real node on SimRaft
 }
 
@@ -44,13 +45,21 @@ def _sim_classes() -> dict[str, set[str]]:
     return found
 
 
-def test_every_sim_class_is_a_port_or_a_listed_copy_still_to_delete() -> None:
+def test_every_sim_class_is_a_port() -> None:
     found = _sim_classes()
     copies = {f: names - PORTS for f, names in found.items() if names - PORTS}
     assert copies == COPIES_LEFT, (
         "a Sim* class in tests/sim must be a port's simulated side (run the real shell on "
         "it); when a copy is deleted, delete it from COPIES_LEFT too")
     assert set().union(*found.values()) >= PORTS
+
+
+def test_the_simulator_drives_no_client_core_itself() -> None:
+    for path in sorted(SIM.glob("*.py")):
+        modules = {node.module for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                   if isinstance(node, ast.ImportFrom) and node.module}
+        assert not modules & SHELL_CORES, (
+            f"{path.name} imports {sorted(modules & SHELL_CORES)}: run the real shell instead")
 
 
 def test_the_real_rpc_shell_runs_on_the_simulated_ports() -> None:
@@ -73,6 +82,6 @@ def _imported(path: Path, package: str) -> set[str]:
     }
 
 
-def test_the_world_runs_the_real_reader_pool_and_pd_node() -> None:
+def test_the_world_runs_the_real_writer_reader_and_pd_node() -> None:
     for name, shells in REAL_IN_WORLD.items():
         assert _imported(SIM / name, "estream.") | _imported(SIM / name, "pd.") >= shells, name
