@@ -83,4 +83,6 @@ def control_in_bounds(control: wf.Control) -> bool:
         values += (control.epoch, control.end)
     elif isinstance(control, wf.Confirmed):
         values += (control.epoch, control.confirm)
+    elif isinstance(control, wf.BatchIndexed):
+        values.append(control.index)
     return all(v <= INT64_MAX for v in values)

@@ -24,6 +24,7 @@ from estream.wire.stripe import ChainEnd, Stripe
 from rangeserver.replica import (
     Accept,
     AlreadySealed,
+    AppendOutcome,
     Damaged,
     Duplicate,
     Fence,
@@ -261,7 +262,69 @@ def chain_end(state: ReplicaState, chain: StripeChain) -> ChainEnd:
     return ChainEnd(chain.durable_index, state.end)
 
 
+def chain_of(state: ReplicaState) -> StripeChain:
+    """A striped replica's chain as its state keeps it (``state.stripe`` must be set).
+
+    >>> chain = chain_of(ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 4)))
+    >>> chain.stripe.ensemble, chain.position, chain.written_index
+    (5, 4, -1)
+    """
+    assert state.stripe is not None, "an unstriped replica has no chain"
+    ensemble, replicas, position = state.stripe
+    return StripeChain(Stripe(ensemble, replicas, 1), position, state.chain_written,
+                       state.chain_durable)
+
+
+def with_chain(state: ReplicaState, chain: StripeChain) -> ReplicaState:
+    """``state`` keeping ``chain``'s written and durable indexes."""
+    return replace(state, chain_written=chain.written_index, chain_durable=chain.durable_index)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMismatch:
+    """A batch index sent to an unstriped replica (``index`` set), or none to a striped
+    one: ``InvalidArgument`` naming ``batch``, nothing stored."""
+
+    index: int | None
+
+
+IndexedAppendOutcome = AppendOutcome | NotInWriteSet | ChainGap | IndexMismatch
+
+
+def decide_indexed_append(
+    state: ReplicaState, batch: BatchHeader, index: int | None
+) -> IndexedAppendOutcome:
+    """The one append decision the shell asks: an unstriped replica's is
+    :func:`~rangeserver.replica.decide_append` (a batch index refused), a striped one's
+    :func:`decide_striped_append` of batch ``index`` (none refused), its accept an
+    :class:`~rangeserver.replica.Accept` whose state keeps the chain.
+
+    >>> def b(base, count): return BatchHeader(1, 0, 1, base, count, 0, 0, 0, 0, 0)
+    >>> st = ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 1))
+    >>> decide_indexed_append(st, b(0, 10), None)
+    IndexMismatch(index=None)
+    >>> ok = decide_indexed_append(st, b(0, 10), 0)
+    >>> ok.state.chain_written, ok.state.written_end, ok.state.stripe
+    (0, 10, (5, 3, 1))
+    >>> decide_indexed_append(ReplicaState.create(1, 0, 0, 1), b(0, 10), 0)
+    IndexMismatch(index=0)
+    """
+    if state.stripe is None:
+        return IndexMismatch(index) if index is not None else decide_append(state, batch)
+    if index is None:
+        return IndexMismatch(None)
+    outcome = decide_striped_append(state, chain_of(state), batch, index)
+    if isinstance(outcome, StripedAccept):
+        return Accept(with_chain(outcome.state, outcome.chain))
+    return outcome
+
+
 __all__ = [
+    "IndexMismatch",
+    "IndexedAppendOutcome",
+    "chain_of",
+    "decide_indexed_append",
+    "with_chain",
     "ChainGap",
     "Elsewhere",
     "Held",

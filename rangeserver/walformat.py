@@ -4,8 +4,8 @@ One append-only log per range server: segment files of entries back to back (16-
 header: magic, type, length, xxh3-64; then the body). A BATCH body is the record batch as
 the client sent it, so its entry checksum covers only the 72-byte batch header and
 :func:`scan` verifies the batch's own checksum: every byte covered once, each batch hashed
-once. Control entries: CREATE_RANGE (its length is its version: with or without the
-digest, or with a stripe), EPOCH, SEAL, DROP, CONFIRM, DAMAGED. Byte layouts: docs/PROTOCOL.md.
+once. Control entries: CREATE_RANGE (its length is its version: digest, stripe), EPOCH,
+SEAL, DROP, CONFIRM, DAMAGED, BATCH_INDEX (a striped BATCH's). Layouts: docs/PROTOCOL.md.
 
 :func:`scan` classifies a segment: ``CLEAN``; ``TORN_TAIL`` (a crash's torn write, zeros
 or garbage after the last valid entry: truncate at ``valid_end``); ``DAMAGED`` (an invalid
@@ -43,6 +43,8 @@ _EPOCH: Final = struct.Struct("<QIQ")
 _SEAL: Final = struct.Struct("<QIQQ")
 _DROP: Final = struct.Struct("<QI")
 _CONFIRM: Final = struct.Struct("<QIQQ")
+_BATCH_INDEX: Final = struct.Struct("<QIQ")  # a striped replica's next BATCH's index
+BATCH_INDEX_ENTRY_BYTES: Final = ENTRY_HEADER_BYTES + _BATCH_INDEX.size  # 36: the whole entry
 _DAMAGED: Final = struct.Struct("<QI")
 # The unit a disk writes whole: a torn write leaves whole sectors unwritten (zeros here).
 torn_sector_bytes: Final = 512
@@ -58,6 +60,7 @@ class EntryType(IntEnum):
     DROP = 5
     CONFIRM = 6
     DAMAGED = 7
+    BATCH_INDEX = 8
 
 
 class Verdict(Enum):
@@ -111,7 +114,18 @@ class DamageMarked:
     range_index: int
 
 
-Control = CreateRange | EpochRaised | Sealed | Dropped | Confirmed | DamageMarked
+@dataclass(frozen=True, slots=True)
+class BatchIndexed:
+    """A striped replica's batch index (docs/ARCHITECTURE.md section 10): logged right
+    before the replica's BATCH entry it names, in the same write."""
+
+    stream_id: int
+    range_index: int
+    index: int
+
+
+Control = (CreateRange | EpochRaised | Sealed | Dropped | Confirmed | DamageMarked
+           | BatchIndexed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +225,9 @@ def encode_control(control: Control) -> bytes:
         body = _CONFIRM.pack(
             control.stream_id, control.range_index, control.epoch, control.confirm
         )
+    elif isinstance(control, BatchIndexed):
+        entry_type = EntryType.BATCH_INDEX
+        body = _BATCH_INDEX.pack(control.stream_id, control.range_index, control.index)
     else:
         entry_type = EntryType.DAMAGED
         body = _DAMAGED.pack(control.stream_id, control.range_index)
@@ -243,6 +260,8 @@ def _decode_control(entry_type: EntryType, body: memoryview) -> Control:
         return Confirmed(*_CONFIRM.unpack(body))
     if entry_type == EntryType.DAMAGED and len(body) == _DAMAGED.size:
         return DamageMarked(*_DAMAGED.unpack(body))
+    if entry_type == EntryType.BATCH_INDEX and len(body) == _BATCH_INDEX.size:
+        return BatchIndexed(*_BATCH_INDEX.unpack(body))
     raise ValueError(f"{entry_type.name} body of {len(body)} bytes")
 
 

@@ -75,8 +75,9 @@ class Carrier:
             if state is None or index is None:
                 continue
             size = index.bytes_total()
+            # A striped replica is not carried yet (its group would need BATCH_INDEX entries).
             found.append(carry.Candidate(key, span, size, _idle(state, seen.get(key))
-                                         and size <= budget))
+                                         and size <= budget and state.stripe is None))
         return found
 
     async def _carry(self, keys: list[Key], seen: dict[Key, ReplicaState]) -> int:

@@ -231,7 +231,8 @@ class RangeServer:
         deferred = optional(header, "deferred", bool, False)
         check_digest(payload, self._stream_key if self._secret is not None else None)
         check_stamp(payload, header.get(ROLES_FIELD, ()))
-        pending, end = self.store.begin_append(payload, deferred=deferred)
+        pending, end = self.store.begin_append(
+            payload, deferred=deferred, index=appendmany.batch_index(header.get("batch")))
         if self.store.append_delay_ms:
             pending = _paced(pending, self.store.append_delay_ms)
         return pending, lambda: ({"end": end()}, b"")
@@ -263,7 +264,9 @@ class RangeServer:
             check_stamp(batch, roles)
 
         # The accepted batches are one log write (Store.begin_appends): one future for all.
-        appends, writes = self.store.begin_appends(batches, deferred=deferred, check=check)
+        appends, writes = self.store.begin_appends(
+            batches, deferred=deferred, check=check,
+            indexes=appendmany.batch_indexes(header, len(batches)))
         confirmed: list[EstreamError | None] = []  # None: taken (checked, then decided)
         checked: list[tuple[int, int, int, int]] = []
         for confirm in confirms:

@@ -222,10 +222,10 @@ class Store(StoreReads, StoreAppends):
             del self._events[key]
             event.set()
 
-    def _on_durable(self, key: Key, end: int) -> None:
+    def _on_durable(self, key: Key, end: int, index: int = -1) -> None:
         state = self.replicas.get(key)
         if state is not None:  # else dropped meanwhile
-            self._set(key, rp.on_durable(state, end))
+            self._set(key, rp.on_durable(state, end, index))
 
     def _extend_span(self, key: Key, segment: int) -> None:
         span = self.spans[key]
@@ -274,12 +274,12 @@ class Store(StoreReads, StoreAppends):
         return answer()
 
     def begin_append(
-        self, batch: bytes, *, deferred: bool = False
+        self, batch: bytes, *, deferred: bool = False, index: int | None = None,
     ) -> tuple[asyncio.Future[None] | None, Callable[[], int]]:
         """:meth:`append` without a coroutine (the server's quick path): decide and queue
         the log entry now; returns the future to wait for (None: nothing to wait for) and
-        what gives the end to answer once it is done."""
-        header, key, outcome = self._decide(batch)
+        what gives the end to answer once it is done. ``index``: a striped range's."""
+        header, key, outcome = self._decide(batch, None, index)
         if isinstance(outcome, rp.Accept):
             pending: asyncio.Future[None] | None = self._accept(
                 key, header, batch, outcome.state, deferred
@@ -295,15 +295,16 @@ class Store(StoreReads, StoreAppends):
         self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
     ) -> asyncio.Future[None]:
         end, base, before = header.end_offset, header.base_offset, self.replicas[key]
-        entry_header = wf.batch_entry_header(batch)
+        index = new.chain_written if new.stripe is not None else -1  # its BATCH_INDEX first
+        parts = (wf.batch_entry_header(batch), batch) if index < 0 else (
+            wf.encode_control(wf.BatchIndexed(*key, index)), wf.batch_entry_header(batch), batch)
         location, done = self.wal.append(
-            (entry_header, batch),
-            wf.ENTRY_HEADER_BYTES + len(batch),
-            sync=not deferred,
-            on_durable=lambda: self._on_durable(key, end),
+            parts, sum(map(len, parts)), sync=not deferred,
+            on_durable=lambda: self._on_durable(key, end, index),
             on_failed=lambda: self._unappend(key, before, base),
         )
-        body = Location(location.segment, location.position + wf.ENTRY_HEADER_BYTES, len(batch))
+        skip = sum(map(len, parts[:-1]))
+        body = Location(location.segment, location.position + skip, len(batch))
         self.indexes[key].add(header.base_offset, end, body)
         self.time_indexes[key].observe(end, header.first_timestamp, header.max_timestamp,
                                        len(batch))
@@ -382,7 +383,8 @@ class Store(StoreReads, StoreAppends):
         reached since (only entries before the cut became durable)."""
         current = self.replicas.get(key)
         if current is not None:
-            self._set(key, replace(before, end=max(before.end, current.end)))
+            self._set(key, replace(before, end=max(before.end, current.end),
+                                   chain_durable=max(before.chain_durable, current.chain_durable)))
 
     def _uncreate(self, key: Key) -> None:
         """A CREATE_RANGE entry was cut back: the replica never existed."""
