@@ -32,7 +32,7 @@ from rangeserver.replica import (
     digest_name,
     stale_error,
 )
-from rangeserver.stripedreplica import ChainGap, IndexMismatch, NotInWriteSet
+from rangeserver.stripedreplica import ChainGap, IndexMismatch, NotInWriteSet, WrongOffset
 
 Key = tuple[int, int]
 
@@ -92,6 +92,20 @@ def indexed_refusal(key: Key, outcome: object) -> EstreamError:
                          actual=outcome.index)
     assert isinstance(outcome, Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest)
     return append_refusal(key, outcome)
+
+
+def striped_read_refusal(key: Key, outcome: NotInWriteSet | WrongOffset) -> InvalidArgument:
+    """A striped READ of a batch not the position's (naming ``batch``) or at an offset
+    that is not the batch's base (naming ``offset``).
+
+    >>> striped_read_refusal((7, 0), WrongOffset(3, 30)).fields
+    {'argument': 'offset'}
+    """
+    if isinstance(outcome, NotInWriteSet):
+        return InvalidArgument(f"batch {outcome.index} of range {key} is not in a write set "
+                               f"of position {outcome.position}", argument="batch")
+    return InvalidArgument(f"batch {outcome.index} of range {key} starts at {outcome.base}",
+                           argument="offset")
 
 
 def create_refusal(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from estream.wire.record import BatchHeader
 from estream.wire.stripe import ChainEnd, Stripe
+from rangeserver.index import IndexedBatch, RangeIndex
 from rangeserver.replica import (
     Accept,
     AlreadySealed,
@@ -319,7 +320,112 @@ def decide_indexed_append(
     return outcome
 
 
+def nth_held(stripe: Stripe, position: int, n: int) -> int:
+    """The index of the chain's ``n``-th batch (from 0): R held in every E, in order.
+
+    >>> [nth_held(Stripe(5, 3, 2), 0, n) for n in range(6)]
+    [0, 3, 4, 5, 8, 9]
+    """
+    residues = sorted((position - i) % stripe.ensemble for i in range(stripe.replicas))
+    return (n // stripe.replicas) * stripe.ensemble + residues[n % stripe.replicas]
+
+
+def held_rank(stripe: Stripe, position: int, index: int) -> int:
+    """How many of the chain's batches come before batch ``index``: its place in the
+    chain when the position holds it (the inverse of :func:`nth_held`).
+
+    >>> [held_rank(Stripe(5, 3, 2), 0, k) for k in (0, 3, 4, 5, 8)]
+    [0, 1, 2, 3, 4]
+    """
+    residues = sorted((position - i) % stripe.ensemble for i in range(stripe.replicas))
+    return ((index // stripe.ensemble) * stripe.replicas
+            + bisect.bisect_left(residues, index % stripe.ensemble))
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """A striped READ serves the replica's batches ``batches`` (a run: contiguous offsets)
+    whose indexes are ``indexes``, possibly none yet (a long poll, or a replica behind:
+    the reader asks another server of the write set)."""
+
+    indexes: list[int]
+    batches: list[IndexedBatch]
+
+
+@dataclass(frozen=True, slots=True)
+class WrongOffset:
+    """READ batch ``index`` with an ``offset`` that is not its base (``base``):
+    ``InvalidArgument`` naming ``offset``."""
+
+    index: int
+    base: int
+
+
+StripedReadOutcome = Serve | Elsewhere | NotInWriteSet | WrongOffset
+
+
+def plan_striped_read(
+    state: ReplicaState, index: RangeIndex, offset: int, batch: int | None,
+    end_max: int, bytes_max: int,
+) -> StripedReadOutcome:
+    """Where a READ of a striped replica is served from. With ``batch`` k (the reader
+    walks batch by batch and knows k's base, ``offset``): k must be the position's
+    (else :class:`NotInWriteSet`) and start at ``offset`` once held (else
+    :class:`WrongOffset`); not held yet: an empty :class:`Serve`. Without it,
+    :func:`locate`: the batch holding ``offset`` is served from it on, else
+    :class:`Elsewhere` names the batch to ask for. A :class:`Serve` carries the run from
+    that batch: batches ending by ``end_max`` (the readable end) whose offsets follow,
+    within ``bytes_max`` but at least one.
+
+    >>> from rangeserver.index import Location
+    >>> st, ix = ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 0)), RangeIndex()
+    >>> for k in (0, 3, 4):
+    ...     ix.add(10 * k, 10 * k + 10, Location(0, k, 1))
+    >>> out = plan_striped_read(st, ix, 30, 3, 50, 100)
+    >>> out.indexes, [b.base for b in out.batches]
+    ([3, 4], [30, 40])
+    >>> plan_striped_read(st, ix, 15, None, 50, 100)
+    Elsewhere(index=1, base=10)
+    >>> plan_striped_read(st, ix, 0, 0, 50, 100).batches[-1].end  # then a gap: the run ends
+    10
+    """
+    assert state.stripe is not None, "an unstriped replica is read by offset"
+    chain = chain_of(state)
+    stripe, position = chain.stripe, chain.position
+    if batch is None:
+        found = index.find(offset)
+        if found is None:
+            ended = index.count_ended_by(offset)
+            if ended == 0:
+                return Elsewhere(0, state.start)
+            return Elsewhere(nth_held(stripe, position, ended - 1) + 1,
+                             index.batch(ended - 1).end)
+        rank = found
+    else:
+        if not stripe.holds(position, batch):
+            return NotInWriteSet(batch, position)
+        rank = held_rank(stripe, position, batch)
+        if rank < len(index) and index.batch(rank).base != offset:
+            return WrongOffset(batch, index.batch(rank).base)
+    run: list[IndexedBatch] = []
+    total = 0
+    for i in range(rank, len(index)):
+        held = index.batch(i)
+        if held.end > end_max or (run and (held.base != run[-1].end
+                                           or total + held.location.size > bytes_max)):
+            break
+        run.append(held)
+        total += held.location.size
+    return Serve([nth_held(stripe, position, rank + i) for i in range(len(run))], run)
+
+
 __all__ = [
+    "Serve",
+    "StripedReadOutcome",
+    "WrongOffset",
+    "held_rank",
+    "nth_held",
+    "plan_striped_read",
     "IndexMismatch",
     "IndexedAppendOutcome",
     "chain_of",

@@ -329,6 +329,13 @@ class RangeServer:
 
     async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         asked = rm.ReadRequest.from_header(header)
+        if self.store.striped(asked.stream_id, asked.range_index, asked.batch):
+            answer = await self.store.read_striped(
+                asked.stream_id, asked.range_index, asked.offset, asked.batch,
+                max_bytes=min(asked.max_bytes, limits.read_bytes_max),
+                wait_ms=min(asked.wait_ms, limits.read_wait_ms_max),
+                unconfirmed=asked.unconfirmed)
+            return answer.to_header(), bytes(answer.payload)
         end, sealed, data = await self.store.read(
             asked.stream_id,
             asked.range_index,

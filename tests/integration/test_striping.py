@@ -33,7 +33,7 @@ from estream.net.rpc import ConnectionPool, RpcClient
 from estream.wire import appendmany
 from estream.wire.errors import Conflict, InvalidArgument, NoPlacement, OffsetGap, StreamExists
 from estream.wire.protocol import Opcode
-from estream.wire.record import Record, encode_batch
+from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=4)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,7 +168,9 @@ async def test_a_striped_range_takes_indexed_appends_across_a_crash(cluster: Clu
     APPEND_MANY; each server holds its chain (a misrouted batch, a gap in the chain and an
     APPEND without an index refused, typed, nothing stored); one server crashed (kill -9,
     the chain replayed from the log) and another restarted (the checkpoint) each take
-    their chain's next batch and nothing else."""
+    their chain's next batch and nothing else; every batch reads back from each server of
+    its write set by index (a run of its chain), and an offset of another server's batch
+    answers the batch to ask for."""
     cluster.wait_servers(4)
     async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
         meta = await client.create_stream("striped-ia", replicas=3, ack_count=2, ensemble=4)
@@ -233,5 +235,20 @@ async def test_a_striped_range_takes_indexed_appends_across_a_crash(cluster: Clu
             assert await append(6, position) == 70
         assert await append(5, 2) == 70  # a duplicate, acknowledged again
         assert [await end_of(p) for p in range(4)] == [70, 60, 70, 70]
+        for position, ref in enumerate(refs):  # every batch back from each of its holders
+            for k in range(7):
+                answer = await rc.read(ref.address, server_id=ref.id, stream_id=meta.id,
+                                       range_index=0, offset=10 * k, unconfirmed=True,
+                                       batch=k if position in write_set(k) else None)
+                if position not in write_set(k):  # by offset: the batch to ask for
+                    assert (answer.payload, answer.next) == (b"", (k, 10 * k))
+                    continue
+                got = [verify_batch(v).base_offset for _, v in iter_batches(answer.payload)]
+                assert answer.batches is not None and answer.batches[0] == k
+                assert got == [10 * i for i in answer.batches] and len(got) <= 3
+        with pytest.raises(InvalidArgument) as info:  # W(1) = 1 2 3
+            await rc.read(refs[0].address, server_id=refs[0].id, stream_id=meta.id,
+                          range_index=0, offset=10, unconfirmed=True, batch=1)
+        assert info.value.fields.get("argument") == "batch"
     finally:
         await pool.close()
