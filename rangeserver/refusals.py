@@ -32,7 +32,13 @@ from rangeserver.replica import (
     digest_name,
     stale_error,
 )
-from rangeserver.stripedreplica import ChainGap, IndexMismatch, NotInWriteSet, WrongOffset
+from rangeserver.stripedreplica import (
+    BatchesMismatch,
+    ChainGap,
+    IndexMismatch,
+    NotInWriteSet,
+    WrongOffset,
+)
 
 Key = tuple[int, int]
 
@@ -92,6 +98,26 @@ def indexed_refusal(key: Key, outcome: object) -> EstreamError:
                          actual=outcome.index)
     assert isinstance(outcome, Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest)
     return append_refusal(key, outcome)
+
+
+def indexed_seal_refusal(key: Key, outcome: object) -> EstreamError:
+    """SEAL refused by :func:`~rangeserver.stripedreplica.decide_indexed_seal`: a batch
+    count where none belongs or none where one does (``InvalidArgument`` naming
+    ``batches``), a chain lacking a batch of its below the count (``OffsetGap``); else as
+    :func:`seal_refusal`.
+
+    >>> indexed_seal_refusal((7, 0), BatchesMismatch(None)).fields
+    {'argument': 'batches'}
+    """
+    if isinstance(outcome, BatchesMismatch):
+        return InvalidArgument(f"a SEAL of range {key} with an end names the range's batch "
+                               "count exactly when the replica is striped", argument="batches")
+    if isinstance(outcome, ChainGap):
+        return OffsetGap(f"range {key}: the replica lacks its batch {outcome.expected} below "
+                         f"the batch count {outcome.index}", expected=outcome.expected,
+                         actual=outcome.index)
+    assert isinstance(outcome, Gap | SealConflict | StaleEpoch | Damaged)
+    return seal_refusal(key, outcome)
 
 
 def striped_read_refusal(key: Key, outcome: NotInWriteSet | WrongOffset) -> InvalidArgument:

@@ -201,7 +201,8 @@ class Replay:
         if isinstance(control, wf.EpochRaised):
             self.replicas[key] = rp.replay_epoch(state, control.epoch)
         elif isinstance(control, wf.Sealed):
-            self.replicas[key] = rp.replay_seal(state, control.epoch, control.end)
+            self.replicas[key] = rp.replay_seal(state, control.epoch, control.end,
+                                                control.batches)
         elif isinstance(control, wf.Confirmed):
             self.replicas[key] = rp.replay_confirm(state, control.confirm)
         elif isinstance(control, wf.BatchIndexed):

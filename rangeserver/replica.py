@@ -59,7 +59,8 @@ class ReplicaState:
       CREATE_RANGE named them: docs/ARCHITECTURE.md section 10); None: it holds every batch.
     - ``chain_written``, ``chain_durable``: a striped replica's chain, the batch indexes of
       its last batch accepted into the log and last durable (-1: none;
-      ``rangeserver/stripedreplica.py``); -1 for every other replica.
+      ``rangeserver/stripedreplica.py``); -1 for every other replica. ``sealed_batches``:
+      once sealed, the range's batch count its SEAL named (None: none named).
 
     """
 
@@ -77,6 +78,7 @@ class ReplicaState:
     stripe: tuple[int, int, int] | None = None  # (ensemble, replicas, position); None: whole
     chain_written: int = -1  # a striped replica's last batch index in the log (-1: none)
     chain_durable: int = -1  # ... and its last durable one
+    sealed_batches: int | None = None  # a sealed striped replica's range batch count
 
     @classmethod
     def create(
@@ -253,7 +255,7 @@ def decide_append(state: ReplicaState, batch: BatchHeader) -> AppendOutcome:
         batch.epoch if batch.epoch > epoch else epoch,
         batch.confirm_offset if batch.confirm_offset > confirm else confirm,
         state.sealed, state.sealed_end, state.damaged, state.digest, state.stripe,
-        state.chain_written, state.chain_durable,
+        state.chain_written, state.chain_durable, state.sealed_batches,
     ))
 
 
@@ -278,7 +280,8 @@ def on_durable(state: ReplicaState, end: int, index: int = -1) -> ReplicaState:
     return ReplicaState(  # not dataclasses.replace: see decide_append
         state.stream_id, state.range_index, state.start, end, state.written_end,
         state.epoch, state.confirm, state.sealed, state.sealed_end, state.damaged,
-        state.digest, state.stripe, state.chain_written, max(state.chain_durable, index))
+        state.digest, state.stripe, state.chain_written, max(state.chain_durable, index),
+        state.sealed_batches)
 
 
 # ------------------------------------------------------------------------------- seal
@@ -458,8 +461,11 @@ def replay_epoch(state: ReplicaState, epoch: int) -> ReplicaState:
     return state if epoch <= state.epoch else replace(state, epoch=epoch)
 
 
-def replay_seal(state: ReplicaState, epoch: int, end: int) -> ReplicaState:
-    return replace(state, epoch=max(state.epoch, epoch), sealed=True, sealed_end=end)
+def replay_seal(
+    state: ReplicaState, epoch: int, end: int, batches: int | None = None
+) -> ReplicaState:
+    return replace(state, epoch=max(state.epoch, epoch), sealed=True, sealed_end=end,
+                   sealed_batches=batches)
 
 
 def replay_confirm(state: ReplicaState, confirm: int) -> ReplicaState:
@@ -469,7 +475,7 @@ def replay_confirm(state: ReplicaState, confirm: int) -> ReplicaState:
     return ReplicaState(  # not dataclasses.replace: see decide_append
         state.stream_id, state.range_index, state.start, state.end, state.written_end,
         state.epoch, confirm, state.sealed, state.sealed_end, state.damaged, state.digest,
-        state.stripe, state.chain_written, state.chain_durable)
+        state.stripe, state.chain_written, state.chain_durable, state.sealed_batches)
 
 
 def mark_damaged(state: ReplicaState) -> ReplicaState:

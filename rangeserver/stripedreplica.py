@@ -34,6 +34,7 @@ from rangeserver.replica import (
     SealConflict,
     SealedOutcome,
     SealNow,
+    SealOutcome,
     StaleEpoch,
     WrongDigest,
     decide_append,
@@ -320,6 +321,39 @@ def decide_indexed_append(
     return outcome
 
 
+@dataclass(frozen=True, slots=True)
+class BatchesMismatch:
+    """A SEAL with an end naming a batch count to an unstriped replica (``batches`` set),
+    or none to a striped one: ``InvalidArgument`` naming ``batches``."""
+
+    batches: int | None
+
+
+def decide_indexed_seal(
+    state: ReplicaState, epoch: int, end: int | None, batches: int | None
+) -> SealOutcome | ChainGap | BatchesMismatch:
+    """The one SEAL decision the shell asks: an unstriped replica's is
+    :func:`~rangeserver.replica.decide_seal`; a striped one's :func:`decide_striped_seal`,
+    a seal with an end naming the range's batch count, kept with the seal.
+
+    >>> st = ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 0))
+    >>> decide_indexed_seal(st, 1, 0, None)
+    BatchesMismatch(batches=None)
+    >>> decide_indexed_seal(st, 1, 0, 0).state.sealed_batches
+    0
+    """
+    if state.stripe is None:
+        if batches is not None:
+            return BatchesMismatch(batches)
+        return decide_seal(state, epoch, end)
+    if end is not None and batches is None:
+        return BatchesMismatch(None)
+    outcome = decide_striped_seal(state, chain_of(state), epoch, end, batches)
+    if isinstance(outcome, SealNow):
+        return SealNow(replace(outcome.state, sealed_batches=batches))
+    return outcome
+
+
 def nth_held(stripe: Stripe, position: int, n: int) -> int:
     """The index of the chain's ``n``-th batch (from 0): R held in every E, in order.
 
@@ -420,6 +454,8 @@ def plan_striped_read(
 
 
 __all__ = [
+    "BatchesMismatch",
+    "decide_indexed_seal",
     "Serve",
     "StripedReadOutcome",
     "WrongOffset",

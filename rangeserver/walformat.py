@@ -41,6 +41,7 @@ _CREATE_V2: Final = struct.Struct("<QIQQBHBH")
 _NO_DIGEST: Final = 255
 _EPOCH: Final = struct.Struct("<QIQ")
 _SEAL: Final = struct.Struct("<QIQQ")
+_SEAL_V1: Final = struct.Struct("<QIQQQ")  # and a striped range's batch count
 _DROP: Final = struct.Struct("<QI")
 _CONFIRM: Final = struct.Struct("<QIQQ")
 _BATCH_INDEX: Final = struct.Struct("<QIQ")  # a striped replica's next BATCH's index
@@ -92,6 +93,7 @@ class Sealed:
     range_index: int
     epoch: int
     end: int
+    batches: int | None = None  # a striped range's batch count (a 36-byte entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +218,9 @@ def encode_control(control: Control) -> bytes:
         body = _EPOCH.pack(control.stream_id, control.range_index, control.epoch)
     elif isinstance(control, Sealed):
         entry_type = EntryType.SEAL
-        body = _SEAL.pack(control.stream_id, control.range_index, control.epoch, control.end)
+        fields = (control.stream_id, control.range_index, control.epoch, control.end)
+        body = (_SEAL.pack(*fields) if control.batches is None
+                else _SEAL_V1.pack(*fields, control.batches))
     elif isinstance(control, Dropped):
         entry_type = EntryType.DROP
         body = _DROP.pack(control.stream_id, control.range_index)
@@ -254,6 +258,8 @@ def _decode_control(entry_type: EntryType, body: memoryview) -> Control:
         return EpochRaised(*_EPOCH.unpack(body))
     if entry_type == EntryType.SEAL and len(body) == _SEAL.size:
         return Sealed(*_SEAL.unpack(body))
+    if entry_type == EntryType.SEAL and len(body) == _SEAL_V1.size:
+        return Sealed(*_SEAL_V1.unpack(body))
     if entry_type == EntryType.DROP and len(body) == _DROP.size:
         return Dropped(*_DROP.unpack(body))
     if entry_type == EntryType.CONFIRM and len(body) == _CONFIRM.size:

@@ -199,12 +199,14 @@ class RangeClient:
     async def seal(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
         epoch: int, end: int | None, timeout_s: float | None = None,
+        batches: int | None = None,
     ) -> SealAnswer:
         """SEAL at ``epoch``: ``end=None`` fences (refuse older writers, answer the
         durable end); an end seals for good (idempotent; another end ``Conflict``,
-        holding less ``OffsetGap``)."""
+        holding less ``OffsetGap``). ``batches``: with an end, a striped range's batch count
+        (docs/ARCHITECTURE.md section 10)."""
         request = SealRequest(stream_id=stream_id, range_index=range_index, epoch=epoch,
-                              end=end)
+                              end=end, batches=batches)
         body, _ = await self._call(address, Opcode.SEAL, request.to_header(), server_id,
                                    timeout_s)
         return SealAnswer.from_header(body)

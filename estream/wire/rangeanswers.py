@@ -86,13 +86,23 @@ class SealAnswer:
 
     end: int
     sealed: bool
+    # A striped replica's (docs/ARCHITECTURE.md section 10, ``ChainEnd``): the index of its
+    # durable chain's last batch (-1: none), and once sealed the range's batch count.
+    last_batch: int | None = None
+    batches: int | None = None
 
     @classmethod
     def from_header(cls, body: Mapping[str, Any]) -> SealAnswer:
-        return cls(answer_int(body, "end"), bool(body.get("sealed")))
+        return cls(answer_int(body, "end"), bool(body.get("sealed")),
+                   _optional_int(body, "last_batch"), _optional_int(body, "batches"))
 
     def to_header(self) -> Header:
-        return {"end": self.end, "sealed": self.sealed}
+        header: Header = {"end": self.end, "sealed": self.sealed}
+        if self.last_batch is not None:
+            header["last_batch"] = self.last_batch
+        if self.batches is not None:
+            header["batches"] = self.batches
+        return header
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ FIELD_BOUNDS: Final[Mapping[str, tuple[int, int]]] = {
     "wait_ms": (0, INT64_MAX),
     "timestamp": (INT64_MIN, INT64_MAX),
     "batch": (0, INT64_MAX),  # a striped range's batch index (docs/ARCHITECTURE.md 10)
+    "batches": (0, INT64_MAX),  # a striped range's batch count (SEAL)
 }
 
 list_ranges_replicas_default: Final = 1000  # replicas a LIST_RANGES answers without "limit"
@@ -195,15 +196,20 @@ class SealRequest:
     range_index: int
     epoch: int
     end: int | None
+    batches: int | None = None  # with an end, a striped range's batch count
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> SealRequest:
         return cls(stream_id=bounded(h, "stream_id"), range_index=bounded(h, "range_index"),
-                   epoch=bounded(h, "epoch"), end=optional_bounded(h, "end"))
+                   epoch=bounded(h, "epoch"), end=optional_bounded(h, "end"),
+                   batches=optional_bounded(h, "batches"))
 
     def to_header(self) -> Header:
-        return {"stream_id": self.stream_id, "range_index": self.range_index,
-                "epoch": self.epoch, "end": self.end}
+        header: Header = {"stream_id": self.stream_id, "range_index": self.range_index,
+                          "epoch": self.epoch, "end": self.end}
+        if self.batches is not None:
+            header["batches"] = self.batches
+        return header
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

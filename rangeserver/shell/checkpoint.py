@@ -48,7 +48,7 @@ class Checkpoint:
                        "stripe": [ensemble, replicas, position] (optional: a striped
                                   replica's, as its CREATE_RANGE entry recorded it),
                        "chain": int (with "stripe": its chain's last batch index, -1
-                                 none)}],
+                                 none), "batches": int (a sealed striped one's count)}],
          "dropped": [[first segment, last segment], ...]}
 
     ``digest`` and ``stripe`` are optional so that checkpoints written before them still
@@ -96,6 +96,8 @@ def encode(checkpoint: Checkpoint) -> bytes:
         if state.stripe is not None:
             replicas[-1]["stripe"] = list(state.stripe)
             replicas[-1]["chain"] = state.chain_written  # as "end": durable once saved
+        if state.sealed_batches is not None:
+            replicas[-1]["batches"] = state.sealed_batches
     body: bytes = msgpack.packb(
         {
             "version": CHECKPOINT_VERSION,
@@ -141,6 +143,7 @@ def decode(data: bytes) -> Checkpoint:
             stripe=_stripe(item.get("stripe")),
             chain_written=_chain(item.get("chain", -1)),
             chain_durable=_chain(item.get("chain", -1)),
+            sealed_batches=None if item.get("batches") is None else _chain(item["batches"]),
         )
         replicas[state.key] = state
         indexes[state.key] = RangeIndex.from_wire(item["index"])

@@ -324,8 +324,12 @@ class RangeServer:
     async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         asked = rm.SealRequest.from_header(header)
         sealed_end, sealed = await self.store.seal(
-            asked.stream_id, asked.range_index, asked.epoch, asked.end)
-        return SealAnswer(sealed_end, sealed).to_header(), b""
+            asked.stream_id, asked.range_index, asked.epoch, asked.end, asked.batches)
+        state = self.store.replicas.get((asked.stream_id, asked.range_index))
+        if state is None or state.stripe is None:
+            return SealAnswer(sealed_end, sealed).to_header(), b""
+        return SealAnswer(sealed_end, sealed, state.chain_durable,  # the fence's ChainEnd
+                          state.sealed_batches if sealed else None).to_header(), b""
 
     async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         asked = rm.ReadRequest.from_header(header)

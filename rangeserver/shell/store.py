@@ -37,7 +37,7 @@ from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default
-from rangeserver.refusals import create_refusal, seal_refusal
+from rangeserver.refusals import create_refusal, indexed_seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
@@ -46,6 +46,7 @@ from rangeserver.shell.logport import LogPort
 from rangeserver.shell.storeappends import StoreAppends
 from rangeserver.shell.storereads import StoreReads
 from rangeserver.shell.wal import Wal
+from rangeserver.stripedreplica import decide_indexed_seal
 from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -442,12 +443,14 @@ class Store(StoreReads, StoreAppends):
                 log.error("checkpoint after dropping replicas failed: %s", exc.message)
 
     async def seal(
-        self, stream_id: int, range_index: int, epoch: int, end: int | None
+        self, stream_id: int, range_index: int, epoch: int, end: int | None,
+        batches: int | None = None,
     ) -> tuple[int, bool]:
-        """Fence (``end`` None) or seal; answers ``(end, sealed)``."""
+        """Fence (``end`` None) or seal (a striped replica's: with the range's ``batches``;
+        ``decide_indexed_seal``); answers ``(end, sealed)``."""
         key = (stream_id, range_index)
         before = self._get(*key)
-        outcome = rp.decide_seal(before, epoch, end)
+        outcome = decide_indexed_seal(before, epoch, end, batches)
         if isinstance(outcome, rp.Fence):
             self._set(key, outcome.state)
             if outcome.log:
@@ -458,14 +461,13 @@ class Store(StoreReads, StoreAppends):
         if isinstance(outcome, rp.SealNow):
             self._set(key, outcome.state)
             state = outcome.state
-            await self._log_control(
-                wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end), before
-            )
+            await self._log_control(wf.Sealed(stream_id, range_index, state.epoch,
+                                              state.sealed_end, state.sealed_batches), before)
             return state.sealed_end, True
         if isinstance(outcome, rp.AlreadySealed):
             await self.wal.barrier()  # the SEAL entry may still be in flight
             return outcome.end, True
-        raise seal_refusal(key, outcome)
+        raise indexed_seal_refusal(key, outcome)
 
     async def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
         """Move the confirm offset forward; returns once it is durable (a CONFIRM entry

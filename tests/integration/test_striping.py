@@ -33,6 +33,7 @@ from estream.net.rpc import ConnectionPool, RpcClient
 from estream.wire import appendmany
 from estream.wire.errors import Conflict, InvalidArgument, NoPlacement, OffsetGap, StreamExists
 from estream.wire.protocol import Opcode
+from estream.wire.rangeanswers import SealAnswer
 from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=4)]
@@ -170,7 +171,9 @@ async def test_a_striped_range_takes_indexed_appends_across_a_crash(cluster: Clu
     the chain replayed from the log) and another restarted (the checkpoint) each take
     their chain's next batch and nothing else; every batch reads back from each server of
     its write set by index (a run of its chain), and an offset of another server's batch
-    answers the batch to ask for."""
+    answers the batch to ask for; a fence answers each chain's last index, a seal names
+    the batch count (a replica lacking one of its batches below it refused) and keeps it
+    across a crash."""
     cluster.wait_servers(4)
     async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
         meta = await client.create_stream("striped-ia", replicas=3, ack_count=2, ensemble=4)
@@ -250,5 +253,32 @@ async def test_a_striped_range_takes_indexed_appends_across_a_crash(cluster: Clu
             await rc.read(refs[0].address, server_id=refs[0].id, stream_id=meta.id,
                           range_index=0, offset=10, unconfirmed=True, batch=1)
         assert info.value.fields.get("argument") == "batch"
+
+        async def seal(position: int, end: int | None, batches: int | None) -> SealAnswer:
+            ref = refs[position]
+            return await rc.seal(ref.address, server_id=ref.id, stream_id=meta.id,
+                                 range_index=0, epoch=2, end=end, batches=batches)
+
+        fenced = [await seal(p, None, None) for p in range(4)]  # each its ChainEnd
+        assert [(f.end, f.last_batch, f.sealed) for f in fenced] == [
+            (70, 6, False), (60, 5, False), (70, 6, False), (70, 6, False)]
+        with pytest.raises(InvalidArgument) as info:  # a striped seal names the count
+            await seal(0, 70, None)
+        assert info.value.fields.get("argument") == "batches"
+        with pytest.raises(OffsetGap):  # W(7) = 3 0 1: position 0 lacks batch 7
+            await seal(0, 80, 8)
+        sealed = [await seal(p, 70, 7) for p in range(4)]  # 1 is whole without batch 6
+        assert {(a.end, a.sealed, a.batches) for a in sealed} == {(70, True, 7)}
+        cluster.kill9(refs[1].address)  # the count comes back from the SEAL entry
+        cluster.server(refs[1].address).start()
+        cluster.wait_servers_alive()
+        fresh = ConnectionPool()  # (the pool's connection to it died with it)
+        try:
+            again = await RangeClient(fresh, timeout_s=10.0).seal(
+                refs[1].address, server_id=refs[1].id, stream_id=meta.id, range_index=0,
+                epoch=2, end=None)
+        finally:
+            await fresh.close()
+        assert (again.end, again.sealed, again.batches) == (70, True, 7)
     finally:
         await pool.close()

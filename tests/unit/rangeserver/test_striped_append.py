@@ -1,7 +1,8 @@
 """A striped replica's indexed append (issue 30, docs/ARCHITECTURE.md section 10): APPEND
 names the batch index, the replica takes only its write sets' batches in its chain's
 order (``decide_indexed_append``), logs a BATCH_INDEX entry before each BATCH, and replay
-and the checkpoint rebuild the chain; an unstriped replica's path is unchanged."""
+and the checkpoint rebuild the chain; SEAL names the range's batch count, logged and
+checkpointed; an unstriped replica's path is unchanged."""
 
 from __future__ import annotations
 
@@ -11,20 +12,24 @@ import pytest
 
 from estream.wire import appendmany
 from estream.wire.errors import InvalidArgument, OffsetGap
+from estream.wire.rangeanswers import SealAnswer
+from estream.wire.rangemessages import SealRequest
 from estream.wire.record import Record, encode_batch, verify_batch
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import RangeIndex
-from rangeserver.refusals import indexed_refusal
+from rangeserver.refusals import indexed_refusal, indexed_seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.stripedreplica import (
+    BatchesMismatch,
     ChainGap,
     IndexMismatch,
     NotInWriteSet,
     decide_indexed_append,
+    decide_indexed_seal,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -153,3 +158,41 @@ def test_append_many_names_one_index_per_batch() -> None:
     with pytest.raises(InvalidArgument) as info:
         appendmany.batch_index(True)
     assert info.value.fields["argument"] == "batch"
+
+
+def test_a_striped_seal_names_the_batch_count() -> None:
+    state = take(fresh(), 0, 3, 4)  # position 0's batches below 5
+    assert decide_indexed_seal(state, 2, 50, None) == BatchesMismatch(None)
+    assert decide_indexed_seal(fresh(None), 2, 0, 5) == BatchesMismatch(5)
+    assert decide_indexed_seal(state, 2, 60, 6) == ChainGap(5, 6)  # lacks batch 5
+    assert isinstance(indexed_seal_refusal(KEY, ChainGap(5, 6)), OffsetGap)
+    assert indexed_seal_refusal(KEY, BatchesMismatch(None)).fields == {"argument": "batches"}
+    sealed = decide_indexed_seal(state, 2, 50, 5)
+    assert isinstance(sealed, rp.SealNow)
+    assert (sealed.state.sealed_end, sealed.state.sealed_batches) == (50, 5)
+    assert isinstance(decide_indexed_seal(state, 2, None, None), rp.Fence)
+    plain = fresh(None)
+    assert decide_indexed_seal(plain, 2, 0, None) == rp.decide_seal(plain, 2, 0)
+
+
+def test_the_seal_entry_and_checkpoint_keep_the_count() -> None:
+    assert len(wf.encode_control(wf.Sealed(*KEY, 2, 50))) == 16 + 28  # unstriped: as before
+    entry = wf.encode_control(wf.Sealed(*KEY, 2, 50, 5))
+    assert len(entry) == 16 + 36
+    assert wf.scan(entry).entries[0].control == wf.Sealed(*KEY, 2, 50, 5)
+    replay = replayed(entries(STRIPE, [0, 3, 4]) + entry)
+    state = replay.replicas[KEY]
+    assert (state.sealed, state.sealed_end, state.sealed_batches) == (True, 50, 5)
+    data = ckpt.encode(ckpt.Checkpoint(0, 0, {KEY: state}, {KEY: RangeIndex()},
+                                       {KEY: Span(0, 0)}, []))
+    assert ckpt.decode(data).replicas[KEY] == state
+
+
+def test_seal_messages_carry_the_count_only_when_striped() -> None:
+    plain = SealRequest(stream_id=7, range_index=2, epoch=1, end=5)
+    assert set(plain.to_header()) == {"stream_id", "range_index", "epoch", "end"}
+    asked = SealRequest(stream_id=7, range_index=2, epoch=1, end=50, batches=5)
+    assert SealRequest.from_header(asked.to_header()) == asked
+    assert SealAnswer(5, False).to_header() == {"end": 5, "sealed": False}
+    answer = SealAnswer(50, True, 4, 5)
+    assert SealAnswer.from_header(answer.to_header()) == answer
