@@ -282,3 +282,32 @@ async def test_a_striped_range_takes_indexed_appends_across_a_crash(cluster: Clu
         assert (again.end, again.sealed, again.batches) == (70, True, 7)
     finally:
         await pool.close()
+
+
+async def test_pds_fence_creates_each_replica_at_its_stripe_position(cluster: Cluster) -> None:
+    """PD's fence (``pd/shell/rangeops.fence``) of a striped range whose replicas were
+    never created: each server gets CREATE_RANGE with its position, so it takes its own
+    write sets' indexed appends (and another position's CREATE_RANGE is a Conflict)."""
+    from pd.shell import rangeops
+
+    cluster.wait_servers(4)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("striped-fence", replicas=3, ack_count=2, ensemble=4)
+    rng = meta.ranges[0]
+    pool = ConnectionPool()
+    rc = RangeClient(pool, timeout_s=10.0)
+    try:
+        fenced = await rangeops.fence(pool, meta, rng, 3)
+        assert fenced == {ref.id: None for ref in rng.replicas}
+        for position, ref in enumerate(rng.replicas):
+            with pytest.raises(Conflict, match="stripe"):
+                await rc.create_range(ref.address, server_id=ref.id, stream_id=meta.id,
+                                      range_index=0, start=0, epoch=3,
+                                      stripe=(4, 3, (position + 1) % 4))
+            first = 0 if position < 3 else 1  # W(0) = 0 1 2, W(1) = 1 2 3
+            batch = encode_batch([Record(b"f", {}, 1)] * 2, stream_id=meta.id, range_index=0,
+                                 epoch=3, base_offset=2 * first)
+            assert await rc.append(ref.address, server_id=ref.id, batch=batch,
+                                   batch_index=first) == 2 * first + 2
+    finally:
+        await pool.close()
