@@ -80,7 +80,9 @@ def control_in_bounds(control: wf.Control) -> bool:
     elif isinstance(control, wf.EpochRaised):
         values.append(control.epoch)
     elif isinstance(control, wf.Sealed):
-        values += (control.epoch, control.end)
+        values += (control.epoch, control.end, control.batches or 0)
     elif isinstance(control, wf.Confirmed):
         values += (control.epoch, control.confirm)
+    elif isinstance(control, wf.BatchIndexed):
+        values.append(control.index)
     return all(v <= INT64_MAX for v in values)

@@ -71,6 +71,10 @@ class RangeIndex:
             return None
         return i
 
+    def count_ended_by(self, offset: int) -> int:
+        """How many batches end at or below ``offset``."""
+        return bisect.bisect_right(self._ends, offset)
+
     def batch(self, i: int) -> IndexedBatch:
         location = Location(self._segments[i], self._positions[i], self._sizes[i])
         return IndexedBatch(self._bases[i], self._ends[i], location)

@@ -22,7 +22,6 @@ from rangeserver.replica import (
     Damaged,
     DigestConflict,
     Gap,
-    ReplicaState,
     SealConflict,
     SealedOutcome,
     StaleEpoch,
@@ -32,6 +31,13 @@ from rangeserver.replica import (
     damaged_error,
     digest_name,
     stale_error,
+)
+from rangeserver.stripedreplica import (
+    BatchesMismatch,
+    ChainGap,
+    IndexMismatch,
+    NotInWriteSet,
+    WrongOffset,
 )
 
 Key = tuple[int, int]
@@ -67,19 +73,65 @@ def append_refusal(
     return _common(key, outcome)
 
 
-def striped_append_refusal(state: ReplicaState) -> EstreamError:
-    """An APPEND without a batch index to a striped replica (``state.stripe`` set):
-    refused, nothing stored (its chain's check needs the index; this server takes no
-    indexed APPEND yet), so that no batch is ever stored on it as on a replica holding
-    every batch.
+def indexed_refusal(key: Key, outcome: object) -> EstreamError:
+    """APPEND refused by :func:`~rangeserver.stripedreplica.decide_indexed_append`: a batch
+    index where none belongs or none where one does, or a batch outside the position's
+    write sets (``InvalidArgument`` naming ``batch``), a chain lacking the position's
+    batch before it (``OffsetGap``); else as :func:`append_refusal`.
 
-    >>> striped_append_refusal(ReplicaState.create(7, 0, 0, 1, stripe=(5, 3, 0))).fields
+    >>> indexed_refusal((7, 0), IndexMismatch(None)).fields
     {'argument': 'batch'}
+    >>> indexed_refusal((7, 0), ChainGap(expected=3, index=4)).fields
+    {'expected': 3, 'actual': 4}
     """
-    return InvalidArgument(
-        f"range {state.key} is striped (ensemble, replicas, position {state.stripe}): an "
-        "APPEND must name its batch index, which this server does not take yet",
-        argument="batch")
+    if isinstance(outcome, IndexMismatch):
+        what = ("names no batch index: a striped replica's APPEND names its batch"
+                if outcome.index is None else
+                f"names batch index {outcome.index}: the replica is not striped")
+        return InvalidArgument(f"an APPEND to range {key} {what}", argument="batch")
+    if isinstance(outcome, NotInWriteSet):
+        return InvalidArgument(f"batch {outcome.index} of range {key} is not in a write set "
+                               f"of position {outcome.position}", argument="batch")
+    if isinstance(outcome, ChainGap):
+        return OffsetGap(f"batch {outcome.index} of range {key}: the replica lacks its batch "
+                         f"{outcome.expected} before it", expected=outcome.expected,
+                         actual=outcome.index)
+    assert isinstance(outcome, Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest)
+    return append_refusal(key, outcome)
+
+
+def indexed_seal_refusal(key: Key, outcome: object) -> EstreamError:
+    """SEAL refused by :func:`~rangeserver.stripedreplica.decide_indexed_seal`: a batch
+    count where none belongs or none where one does (``InvalidArgument`` naming
+    ``batches``), a chain lacking a batch of its below the count (``OffsetGap``); else as
+    :func:`seal_refusal`.
+
+    >>> indexed_seal_refusal((7, 0), BatchesMismatch(None)).fields
+    {'argument': 'batches'}
+    """
+    if isinstance(outcome, BatchesMismatch):
+        return InvalidArgument(f"a SEAL of range {key} with an end names the range's batch "
+                               "count exactly when the replica is striped", argument="batches")
+    if isinstance(outcome, ChainGap):
+        return OffsetGap(f"range {key}: the replica lacks its batch {outcome.expected} below "
+                         f"the batch count {outcome.index}", expected=outcome.expected,
+                         actual=outcome.index)
+    assert isinstance(outcome, Gap | SealConflict | StaleEpoch | Damaged)
+    return seal_refusal(key, outcome)
+
+
+def striped_read_refusal(key: Key, outcome: NotInWriteSet | WrongOffset) -> InvalidArgument:
+    """A striped READ of a batch not the position's (naming ``batch``) or at an offset
+    that is not the batch's base (naming ``offset``).
+
+    >>> striped_read_refusal((7, 0), WrongOffset(3, 30)).fields
+    {'argument': 'offset'}
+    """
+    if isinstance(outcome, NotInWriteSet):
+        return InvalidArgument(f"batch {outcome.index} of range {key} is not in a write set "
+                               f"of position {outcome.position}", argument="batch")
+    return InvalidArgument(f"batch {outcome.index} of range {key} starts at {outcome.base}",
+                           argument="offset")
 
 
 def create_refusal(

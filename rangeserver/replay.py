@@ -22,6 +22,7 @@ from rangeserver import walformat as wf
 from rangeserver.index import Location, RangeIndex
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
+from rangeserver.stripedreplica import chain_of, replay_striped_batch, with_chain
 from rangeserver.timeindex import TimeIndex
 
 Key = tuple[int, int]
@@ -103,6 +104,7 @@ class Replay:
         self.dropped: list[Span] = list(dropped)
         self.report: list[str] = []  # what recovery found that an operator should know
         self._orphans: dict[Key, _Orphan] = {}
+        self._indexed: dict[Key, int] = {}  # a striped replica's next BATCH's index
 
     # ---------------------------------------------------------------------- segments
 
@@ -199,9 +201,12 @@ class Replay:
         if isinstance(control, wf.EpochRaised):
             self.replicas[key] = rp.replay_epoch(state, control.epoch)
         elif isinstance(control, wf.Sealed):
-            self.replicas[key] = rp.replay_seal(state, control.epoch, control.end)
+            self.replicas[key] = rp.replay_seal(state, control.epoch, control.end,
+                                                control.batches)
         elif isinstance(control, wf.Confirmed):
             self.replicas[key] = rp.replay_confirm(state, control.confirm)
+        elif isinstance(control, wf.BatchIndexed):
+            self._indexed[key] = control.index
         else:
             assert isinstance(control, wf.DamageMarked)
             self.replicas[key] = rp.mark_damaged(state)
@@ -224,7 +229,7 @@ class Replay:
                 orphan.last, orphan.count = segment, orphan.count + 1
                 orphan.epoch = max(orphan.epoch, batch.epoch)
             return
-        new = rp.replay_batch(state, batch)
+        new = self._replayed(key, state, batch)
         if new.end != state.end:
             location = Location(segment, start + entry.body_position, len(entry.body))
             self.indexes[key].add(batch.base_offset, new.end, location)
@@ -232,6 +237,17 @@ class Replay:
                 new.end, batch.first_timestamp, batch.max_timestamp, len(entry.body))
         self.replicas[key] = new
         self._extend_span(key, segment)
+
+    def _replayed(self, key: Key, state: ReplicaState, batch: BatchHeader) -> ReplicaState:
+        """The replica after a BATCH entry; a striped one's takes the index of the
+        BATCH_INDEX entry before it (none: an entry lost, the replica damaged)."""
+        if state.stripe is None:
+            return rp.replay_batch(state, batch)
+        index = self._indexed.pop(key, None)
+        if index is None:
+            return rp.mark_damaged(state)
+        new, chain = replay_striped_batch(state, chain_of(state), batch, index)
+        return with_chain(new, chain)
 
     def _out_of_bounds(
         self, segment: int, position: int, key: Key, control: wf.Control

@@ -57,6 +57,10 @@ class ReplicaState:
       which accepts batches of any digest as it always did.
     - ``stripe``: ``(ensemble, replicas, position)`` of a striped range's replica (its
       CREATE_RANGE named them: docs/ARCHITECTURE.md section 10); None: it holds every batch.
+    - ``chain_written``, ``chain_durable``: a striped replica's chain, the batch indexes of
+      its last batch accepted into the log and last durable (-1: none;
+      ``rangeserver/stripedreplica.py``); -1 for every other replica. ``sealed_batches``:
+      once sealed, the range's batch count its SEAL named (None: none named).
 
     """
 
@@ -72,6 +76,9 @@ class ReplicaState:
     damaged: bool = False
     digest: int | None = None  # the stream's digest; None: not recorded, any accepted
     stripe: tuple[int, int, int] | None = None  # (ensemble, replicas, position); None: whole
+    chain_written: int = -1  # a striped replica's last batch index in the log (-1: none)
+    chain_durable: int = -1  # ... and its last durable one
+    sealed_batches: int | None = None  # a sealed striped replica's range batch count
 
     @classmethod
     def create(
@@ -247,7 +254,8 @@ def decide_append(state: ReplicaState, batch: BatchHeader) -> AppendOutcome:
         state.stream_id, state.range_index, state.start, state.end, batch_end,
         batch.epoch if batch.epoch > epoch else epoch,
         batch.confirm_offset if batch.confirm_offset > confirm else confirm,
-        state.sealed, state.sealed_end, state.damaged, state.digest,
+        state.sealed, state.sealed_end, state.damaged, state.digest, state.stripe,
+        state.chain_written, state.chain_durable, state.sealed_batches,
     ))
 
 
@@ -264,14 +272,16 @@ def damaged_error(key: tuple[int, int]) -> ReplicaDamaged:
     return ReplicaDamaged(f"replica {key} is damaged", stream_id=key[0], range_index=key[1])
 
 
-def on_durable(state: ReplicaState, end: int) -> ReplicaState:
-    """The log synced everything up to a batch ending at ``end``."""
+def on_durable(state: ReplicaState, end: int, index: int = -1) -> ReplicaState:
+    """The log synced everything up to a batch ending at ``end`` (a striped replica's:
+    its chain's batch ``index``)."""
     if end <= state.end:
         return state
     return ReplicaState(  # not dataclasses.replace: see decide_append
         state.stream_id, state.range_index, state.start, end, state.written_end,
         state.epoch, state.confirm, state.sealed, state.sealed_end, state.damaged,
-        state.digest)
+        state.digest, state.stripe, state.chain_written, max(state.chain_durable, index),
+        state.sealed_batches)
 
 
 # ------------------------------------------------------------------------------- seal
@@ -451,8 +461,11 @@ def replay_epoch(state: ReplicaState, epoch: int) -> ReplicaState:
     return state if epoch <= state.epoch else replace(state, epoch=epoch)
 
 
-def replay_seal(state: ReplicaState, epoch: int, end: int) -> ReplicaState:
-    return replace(state, epoch=max(state.epoch, epoch), sealed=True, sealed_end=end)
+def replay_seal(
+    state: ReplicaState, epoch: int, end: int, batches: int | None = None
+) -> ReplicaState:
+    return replace(state, epoch=max(state.epoch, epoch), sealed=True, sealed_end=end,
+                   sealed_batches=batches)
 
 
 def replay_confirm(state: ReplicaState, confirm: int) -> ReplicaState:
@@ -461,7 +474,8 @@ def replay_confirm(state: ReplicaState, confirm: int) -> ReplicaState:
         return state
     return ReplicaState(  # not dataclasses.replace: see decide_append
         state.stream_id, state.range_index, state.start, state.end, state.written_end,
-        state.epoch, confirm, state.sealed, state.sealed_end, state.damaged, state.digest)
+        state.epoch, confirm, state.sealed, state.sealed_end, state.damaged, state.digest,
+        state.stripe, state.chain_written, state.chain_durable, state.sealed_batches)
 
 
 def mark_damaged(state: ReplicaState) -> ReplicaState:

@@ -21,9 +21,11 @@ from dataclasses import dataclass, replace
 
 from estream.wire.record import BatchHeader
 from estream.wire.stripe import ChainEnd, Stripe
+from rangeserver.index import IndexedBatch, RangeIndex
 from rangeserver.replica import (
     Accept,
     AlreadySealed,
+    AppendOutcome,
     Damaged,
     Duplicate,
     Fence,
@@ -32,6 +34,7 @@ from rangeserver.replica import (
     SealConflict,
     SealedOutcome,
     SealNow,
+    SealOutcome,
     StaleEpoch,
     WrongDigest,
     decide_append,
@@ -261,7 +264,209 @@ def chain_end(state: ReplicaState, chain: StripeChain) -> ChainEnd:
     return ChainEnd(chain.durable_index, state.end)
 
 
+def chain_of(state: ReplicaState) -> StripeChain:
+    """A striped replica's chain as its state keeps it (``state.stripe`` must be set).
+
+    >>> chain = chain_of(ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 4)))
+    >>> chain.stripe.ensemble, chain.position, chain.written_index
+    (5, 4, -1)
+    """
+    assert state.stripe is not None, "an unstriped replica has no chain"
+    ensemble, replicas, position = state.stripe
+    return StripeChain(Stripe(ensemble, replicas, 1), position, state.chain_written,
+                       state.chain_durable)
+
+
+def with_chain(state: ReplicaState, chain: StripeChain) -> ReplicaState:
+    """``state`` keeping ``chain``'s written and durable indexes."""
+    return replace(state, chain_written=chain.written_index, chain_durable=chain.durable_index)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMismatch:
+    """A batch index sent to an unstriped replica (``index`` set), or none to a striped
+    one: ``InvalidArgument`` naming ``batch``, nothing stored."""
+
+    index: int | None
+
+
+IndexedAppendOutcome = AppendOutcome | NotInWriteSet | ChainGap | IndexMismatch
+
+
+def decide_indexed_append(
+    state: ReplicaState, batch: BatchHeader, index: int | None
+) -> IndexedAppendOutcome:
+    """The one append decision the shell asks: an unstriped replica's is
+    :func:`~rangeserver.replica.decide_append` (a batch index refused), a striped one's
+    :func:`decide_striped_append` of batch ``index`` (none refused), its accept an
+    :class:`~rangeserver.replica.Accept` whose state keeps the chain.
+
+    >>> def b(base, count): return BatchHeader(1, 0, 1, base, count, 0, 0, 0, 0, 0)
+    >>> st = ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 1))
+    >>> decide_indexed_append(st, b(0, 10), None)
+    IndexMismatch(index=None)
+    >>> ok = decide_indexed_append(st, b(0, 10), 0)
+    >>> ok.state.chain_written, ok.state.written_end, ok.state.stripe
+    (0, 10, (5, 3, 1))
+    >>> decide_indexed_append(ReplicaState.create(1, 0, 0, 1), b(0, 10), 0)
+    IndexMismatch(index=0)
+    """
+    if state.stripe is None:
+        return IndexMismatch(index) if index is not None else decide_append(state, batch)
+    if index is None:
+        return IndexMismatch(None)
+    outcome = decide_striped_append(state, chain_of(state), batch, index)
+    if isinstance(outcome, StripedAccept):
+        return Accept(with_chain(outcome.state, outcome.chain))
+    return outcome
+
+
+@dataclass(frozen=True, slots=True)
+class BatchesMismatch:
+    """A SEAL with an end naming a batch count to an unstriped replica (``batches`` set),
+    or none to a striped one: ``InvalidArgument`` naming ``batches``."""
+
+    batches: int | None
+
+
+def decide_indexed_seal(
+    state: ReplicaState, epoch: int, end: int | None, batches: int | None
+) -> SealOutcome | ChainGap | BatchesMismatch:
+    """The one SEAL decision the shell asks: an unstriped replica's is
+    :func:`~rangeserver.replica.decide_seal`; a striped one's :func:`decide_striped_seal`,
+    a seal with an end naming the range's batch count, kept with the seal.
+
+    >>> st = ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 0))
+    >>> decide_indexed_seal(st, 1, 0, None)
+    BatchesMismatch(batches=None)
+    >>> decide_indexed_seal(st, 1, 0, 0).state.sealed_batches
+    0
+    """
+    if state.stripe is None:
+        if batches is not None:
+            return BatchesMismatch(batches)
+        return decide_seal(state, epoch, end)
+    if end is not None and batches is None:
+        return BatchesMismatch(None)
+    outcome = decide_striped_seal(state, chain_of(state), epoch, end, batches)
+    if isinstance(outcome, SealNow):
+        return SealNow(replace(outcome.state, sealed_batches=batches))
+    return outcome
+
+
+def nth_held(stripe: Stripe, position: int, n: int) -> int:
+    """The index of the chain's ``n``-th batch (from 0): R held in every E, in order.
+
+    >>> [nth_held(Stripe(5, 3, 2), 0, n) for n in range(6)]
+    [0, 3, 4, 5, 8, 9]
+    """
+    residues = sorted((position - i) % stripe.ensemble for i in range(stripe.replicas))
+    return (n // stripe.replicas) * stripe.ensemble + residues[n % stripe.replicas]
+
+
+def held_rank(stripe: Stripe, position: int, index: int) -> int:
+    """How many of the chain's batches come before batch ``index``: its place in the
+    chain when the position holds it (the inverse of :func:`nth_held`).
+
+    >>> [held_rank(Stripe(5, 3, 2), 0, k) for k in (0, 3, 4, 5, 8)]
+    [0, 1, 2, 3, 4]
+    """
+    residues = sorted((position - i) % stripe.ensemble for i in range(stripe.replicas))
+    return ((index // stripe.ensemble) * stripe.replicas
+            + bisect.bisect_left(residues, index % stripe.ensemble))
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """A striped READ serves the replica's batches ``batches`` (a run: contiguous offsets)
+    whose indexes are ``indexes``, possibly none yet (a long poll, or a replica behind:
+    the reader asks another server of the write set)."""
+
+    indexes: list[int]
+    batches: list[IndexedBatch]
+
+
+@dataclass(frozen=True, slots=True)
+class WrongOffset:
+    """READ batch ``index`` with an ``offset`` that is not its base (``base``):
+    ``InvalidArgument`` naming ``offset``."""
+
+    index: int
+    base: int
+
+
+StripedReadOutcome = Serve | Elsewhere | NotInWriteSet | WrongOffset
+
+
+def plan_striped_read(
+    state: ReplicaState, index: RangeIndex, offset: int, batch: int | None,
+    end_max: int, bytes_max: int,
+) -> StripedReadOutcome:
+    """Where a READ of a striped replica is served from. With ``batch`` k (the reader
+    walks batch by batch and knows k's base, ``offset``): k must be the position's
+    (else :class:`NotInWriteSet`) and start at ``offset`` once held (else
+    :class:`WrongOffset`); not held yet: an empty :class:`Serve`. Without it,
+    :func:`locate`: the batch holding ``offset`` is served from it on, else
+    :class:`Elsewhere` names the batch to ask for. A :class:`Serve` carries the run from
+    that batch: batches ending by ``end_max`` (the readable end) whose offsets follow,
+    within ``bytes_max`` but at least one.
+
+    >>> from rangeserver.index import Location
+    >>> st, ix = ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 0)), RangeIndex()
+    >>> for k in (0, 3, 4):
+    ...     ix.add(10 * k, 10 * k + 10, Location(0, k, 1))
+    >>> out = plan_striped_read(st, ix, 30, 3, 50, 100)
+    >>> out.indexes, [b.base for b in out.batches]
+    ([3, 4], [30, 40])
+    >>> plan_striped_read(st, ix, 15, None, 50, 100)
+    Elsewhere(index=1, base=10)
+    >>> plan_striped_read(st, ix, 0, 0, 50, 100).batches[-1].end  # then a gap: the run ends
+    10
+    """
+    assert state.stripe is not None, "an unstriped replica is read by offset"
+    chain = chain_of(state)
+    stripe, position = chain.stripe, chain.position
+    if batch is None:
+        found = index.find(offset)
+        if found is None:
+            ended = index.count_ended_by(offset)
+            if ended == 0:
+                return Elsewhere(0, state.start)
+            return Elsewhere(nth_held(stripe, position, ended - 1) + 1,
+                             index.batch(ended - 1).end)
+        rank = found
+    else:
+        if not stripe.holds(position, batch):
+            return NotInWriteSet(batch, position)
+        rank = held_rank(stripe, position, batch)
+        if rank < len(index) and index.batch(rank).base != offset:
+            return WrongOffset(batch, index.batch(rank).base)
+    run: list[IndexedBatch] = []
+    total = 0
+    for i in range(rank, len(index)):
+        held = index.batch(i)
+        if held.end > end_max or (run and (held.base != run[-1].end
+                                           or total + held.location.size > bytes_max)):
+            break
+        run.append(held)
+        total += held.location.size
+    return Serve([nth_held(stripe, position, rank + i) for i in range(len(run))], run)
+
+
 __all__ = [
+    "BatchesMismatch",
+    "decide_indexed_seal",
+    "Serve",
+    "StripedReadOutcome",
+    "WrongOffset",
+    "held_rank",
+    "nth_held",
+    "plan_striped_read",
+    "IndexMismatch",
+    "IndexedAppendOutcome",
+    "chain_of",
+    "decide_indexed_append",
+    "with_chain",
     "ChainGap",
     "Elsewhere",
     "Held",

@@ -4,8 +4,8 @@ One append-only log per range server: segment files of entries back to back (16-
 header: magic, type, length, xxh3-64; then the body). A BATCH body is the record batch as
 the client sent it, so its entry checksum covers only the 72-byte batch header and
 :func:`scan` verifies the batch's own checksum: every byte covered once, each batch hashed
-once. Control entries: CREATE_RANGE (its length is its version: with or without the
-digest, or with a stripe), EPOCH, SEAL, DROP, CONFIRM, DAMAGED. Byte layouts: docs/PROTOCOL.md.
+once. Control entries: CREATE_RANGE (its length is its version: digest, stripe), EPOCH,
+SEAL, DROP, CONFIRM, DAMAGED, BATCH_INDEX (a striped BATCH's). Layouts: docs/PROTOCOL.md.
 
 :func:`scan` classifies a segment: ``CLEAN``; ``TORN_TAIL`` (a crash's torn write, zeros
 or garbage after the last valid entry: truncate at ``valid_end``); ``DAMAGED`` (an invalid
@@ -41,8 +41,11 @@ _CREATE_V2: Final = struct.Struct("<QIQQBHBH")
 _NO_DIGEST: Final = 255
 _EPOCH: Final = struct.Struct("<QIQ")
 _SEAL: Final = struct.Struct("<QIQQ")
+_SEAL_V1: Final = struct.Struct("<QIQQQ")  # and a striped range's batch count
 _DROP: Final = struct.Struct("<QI")
 _CONFIRM: Final = struct.Struct("<QIQQ")
+_BATCH_INDEX: Final = struct.Struct("<QIQ")  # a striped replica's next BATCH's index
+BATCH_INDEX_ENTRY_BYTES: Final = ENTRY_HEADER_BYTES + _BATCH_INDEX.size  # 36: the whole entry
 _DAMAGED: Final = struct.Struct("<QI")
 # The unit a disk writes whole: a torn write leaves whole sectors unwritten (zeros here).
 torn_sector_bytes: Final = 512
@@ -58,6 +61,7 @@ class EntryType(IntEnum):
     DROP = 5
     CONFIRM = 6
     DAMAGED = 7
+    BATCH_INDEX = 8
 
 
 class Verdict(Enum):
@@ -89,6 +93,7 @@ class Sealed:
     range_index: int
     epoch: int
     end: int
+    batches: int | None = None  # a striped range's batch count (a 36-byte entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +116,18 @@ class DamageMarked:
     range_index: int
 
 
-Control = CreateRange | EpochRaised | Sealed | Dropped | Confirmed | DamageMarked
+@dataclass(frozen=True, slots=True)
+class BatchIndexed:
+    """A striped replica's batch index (docs/ARCHITECTURE.md section 10): logged right
+    before the replica's BATCH entry it names, in the same write."""
+
+    stream_id: int
+    range_index: int
+    index: int
+
+
+Control = (CreateRange | EpochRaised | Sealed | Dropped | Confirmed | DamageMarked
+           | BatchIndexed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +218,9 @@ def encode_control(control: Control) -> bytes:
         body = _EPOCH.pack(control.stream_id, control.range_index, control.epoch)
     elif isinstance(control, Sealed):
         entry_type = EntryType.SEAL
-        body = _SEAL.pack(control.stream_id, control.range_index, control.epoch, control.end)
+        fields = (control.stream_id, control.range_index, control.epoch, control.end)
+        body = (_SEAL.pack(*fields) if control.batches is None
+                else _SEAL_V1.pack(*fields, control.batches))
     elif isinstance(control, Dropped):
         entry_type = EntryType.DROP
         body = _DROP.pack(control.stream_id, control.range_index)
@@ -211,6 +229,9 @@ def encode_control(control: Control) -> bytes:
         body = _CONFIRM.pack(
             control.stream_id, control.range_index, control.epoch, control.confirm
         )
+    elif isinstance(control, BatchIndexed):
+        entry_type = EntryType.BATCH_INDEX
+        body = _BATCH_INDEX.pack(control.stream_id, control.range_index, control.index)
     else:
         entry_type = EntryType.DAMAGED
         body = _DAMAGED.pack(control.stream_id, control.range_index)
@@ -237,12 +258,16 @@ def _decode_control(entry_type: EntryType, body: memoryview) -> Control:
         return EpochRaised(*_EPOCH.unpack(body))
     if entry_type == EntryType.SEAL and len(body) == _SEAL.size:
         return Sealed(*_SEAL.unpack(body))
+    if entry_type == EntryType.SEAL and len(body) == _SEAL_V1.size:
+        return Sealed(*_SEAL_V1.unpack(body))
     if entry_type == EntryType.DROP and len(body) == _DROP.size:
         return Dropped(*_DROP.unpack(body))
     if entry_type == EntryType.CONFIRM and len(body) == _CONFIRM.size:
         return Confirmed(*_CONFIRM.unpack(body))
     if entry_type == EntryType.DAMAGED and len(body) == _DAMAGED.size:
         return DamageMarked(*_DAMAGED.unpack(body))
+    if entry_type == EntryType.BATCH_INDEX and len(body) == _BATCH_INDEX.size:
+        return BatchIndexed(*_BATCH_INDEX.unpack(body))
     raise ValueError(f"{entry_type.name} body of {len(body)} bytes")
 
 

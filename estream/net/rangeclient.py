@@ -303,13 +303,14 @@ class ReplicaClient:
             range_index=range_index, epoch=self.epoch, end=None)
 
     async def create(self, replica: str, stream_id: int, range_index: int, start: int,
-                     *, timeout_s: float | None = None) -> Created:
+                     *, timeout_s: float | None = None,
+                     stripe: tuple[int, int, int] | None = None) -> Created:
         """CREATE_RANGE on ``replica`` at our epoch (which fences it as well), with the
-        stream's digest."""
+        stream's digest; ``stripe``: a striped range's (ensemble, replicas, position)."""
         return await self.client.create_range(
             self.addresses[replica], server_id=replica, stream_id=stream_id,
             range_index=range_index, start=start, epoch=self.epoch, digest=self.digest,
-            timeout_s=timeout_s)
+            timeout_s=timeout_s, stripe=stripe)
 
     async def ping(self, replica: str, *, timeout_s: float | None = None) -> bool:
         """Whether the server at ``replica``'s address answers now, as ``replica``

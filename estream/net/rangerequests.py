@@ -124,13 +124,17 @@ class RangeClient:
     async def create_range(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
         start: int, epoch: int, digest: str | None = None, timeout_s: float | None = None,
+        stripe: tuple[int, int, int] | None = None,
     ) -> Created:
         """CREATE_RANGE at ``epoch`` (idempotent; raises the replica's epoch, which fences
         older writers; ``Fenced`` below it, ``Conflict`` for another start or digest).
         ``digest``: the stream's (``StreamMeta.digest``), recorded with a new replica,
-        which then refuses batches of any other digest; None: not sent (none recorded)."""
+        which then refuses batches of any other digest; None: not sent (none recorded).
+        ``stripe``: a striped range's (ensemble, replicas, position) for this server."""
+        ensemble, replicas, position = stripe if stripe is not None else (None, None, None)
         request = CreateRangeRequest(stream_id=stream_id, range_index=range_index,
-                                     start=start, epoch=epoch, digest=digest)
+                                     start=start, epoch=epoch, digest=digest,
+                                     ensemble=ensemble, replicas=replicas, position=position)
         body, _ = await self._call(address, Opcode.CREATE_RANGE, request.to_header(),
                                    server_id, timeout_s)
         return Created.from_header(body)
@@ -148,11 +152,16 @@ class RangeClient:
     async def append(
         self, address: str, *, server_id: str | None, batch: bytes | memoryview,
         deferred: bool = False, timeout_s: float | None = None,
+        batch_index: int | None = None,
     ) -> int:
         """APPEND one encoded batch (it names stream, range, epoch and offsets); returns the
         replica's durable end after it (``deferred``: its written end). A duplicate is
-        acknowledged again. A timeout discards the connection (module docstring)."""
+        acknowledged again. A timeout discards the connection (module docstring).
+        ``batch_index``: the batch's index in its striped range (docs/ARCHITECTURE.md
+        section 10); None for an unstriped one (not sent)."""
         header = self._append_header(deferred, server_id)
+        if batch_index is not None:
+            header = {**header, "batch": batch_index}
         try:
             body, _ = await self.pool.call(address, Opcode.APPEND, header, batch,
                                            timeout_s=self._timeout(timeout_s))
@@ -190,12 +199,14 @@ class RangeClient:
     async def seal(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
         epoch: int, end: int | None, timeout_s: float | None = None,
+        batches: int | None = None,
     ) -> SealAnswer:
         """SEAL at ``epoch``: ``end=None`` fences (refuse older writers, answer the
         durable end); an end seals for good (idempotent; another end ``Conflict``,
-        holding less ``OffsetGap``)."""
+        holding less ``OffsetGap``). ``batches``: with an end, a striped range's batch count
+        (docs/ARCHITECTURE.md section 10)."""
         request = SealRequest(stream_id=stream_id, range_index=range_index, epoch=epoch,
-                              end=end)
+                              end=end, batches=batches)
         body, _ = await self._call(address, Opcode.SEAL, request.to_header(), server_id,
                                    timeout_s)
         return SealAnswer.from_header(body)
@@ -203,15 +214,18 @@ class RangeClient:
     async def read(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
         offset: int, max_bytes: int = limits.read_bytes_max, wait_ms: int = 0,
-        unconfirmed: bool = False, timeout_s: float | None = None,
+        unconfirmed: bool = False, timeout_s: float | None = None, batch: int | None = None,
     ) -> ReadAnswer:
         """READ whole batches from the one holding ``offset`` (at most ``max_bytes``, at
         least one), up to the readable end (``unconfirmed``: the durable end). With
         ``wait_ms``, a long poll: the server answers once there is something, a seal, or
         the wait is over; the request's bound is ``wait_ms`` plus the timeout. Batches are
-        not verified here (the caller does: :func:`~estream.wire.record.verify_batch`)."""
+        not verified here (the caller does: :func:`~estream.wire.record.verify_batch`).
+        ``batch``: a striped range's batch index at ``offset`` (docs/ARCHITECTURE.md
+        section 10; the answer's ``batches`` and ``next``)."""
         request = ReadRequest(stream_id=stream_id, range_index=range_index, offset=offset,
-                              max_bytes=max_bytes, wait_ms=wait_ms, unconfirmed=unconfirmed)
+                              max_bytes=max_bytes, wait_ms=wait_ms, unconfirmed=unconfirmed,
+                              batch=batch)
         body, payload = await self.pool.call(
             address, Opcode.READ, _identified(request.to_header(), server_id),
             timeout_s=wait_ms / 1000 + self._timeout(timeout_s))

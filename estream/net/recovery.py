@@ -10,7 +10,8 @@ its order and what a failure at each step leaves behind are the pure generator's
 such generator (the writer's roll too), and this module only carries out the steps:
 
 - :class:`~estream.core.recovery.Fence`: each request a task (SEAL without an end, or
-  CREATE_RANGE, at the new epoch, naming the server id the catalog lists), its answer or
+  CREATE_RANGE, at the new epoch, naming the server id the catalog lists and, for a
+  striped range, the server's stripe position), its answer or
   error queued for :class:`~estream.core.recovery.AwaitFence`, which waits for the next one
   at most until its deadline (on the monotonic clock); tasks still in flight when the
   fence phase ends are cancelled;
@@ -115,6 +116,7 @@ class RecoveryDriver:
         self.clock = clock
         self.stream_id = meta.id
         self.name = meta.name
+        self.meta = meta  # a striped range's CREATE_RANGE names each server's stripe
         self.seal_in_pd = seal_in_pd
         self.tasks: set[asyncio.Task[FenceAnswer]] = set()
         self.answers: list[FenceAnswer] = []
@@ -165,7 +167,9 @@ class RecoveryDriver:
             if isinstance(request, SendFence):
                 fenced = await self.replicas.fence(replica, self.stream_id, rng.index)
                 return FenceAnswer(replica, fenced.end, fenced.sealed)
-            created = await self.replicas.create(replica, self.stream_id, rng.index, rng.start)
+            created = await self.replicas.create(
+                replica, self.stream_id, rng.index, rng.start,
+                stripe=self.meta.replica_stripe(rng, replica))
             return FenceAnswer(replica, created.end, created.sealed)
         except EstreamError as exc:
             if not isinstance(exc, Unavailable | RangeNotFound):

@@ -26,6 +26,9 @@ SIZES_FIELD: Final = "sizes"
 RESULTS_FIELD: Final = "results"
 CONFIRMS_FIELD: Final = "confirms"
 CONFIRMED_FIELD: Final = "confirmed"
+BATCH_FIELD: Final = "batch"  # APPEND's batch index (a striped range's: ARCHITECTURE 10)
+BATCHES_FIELD: Final = "batches"  # APPEND_MANY's, one per batch (null: none)
+_INDEX_MAX: Final = 2**63 - 1
 
 
 Confirm = tuple[int, int, int, int]  # stream_id, range_index, epoch, confirm
@@ -33,11 +36,14 @@ Confirm = tuple[int, int, int, int]  # stream_id, range_index, epoch, confirm
 
 def encode_request(
     batches: Sequence[bytes | memoryview], deferred: bool, server_id: str | None,
-    confirms: Sequence[Confirm] = (),
+    confirms: Sequence[Confirm] = (), indexes: Sequence[int | None] | None = None,
 ) -> tuple[dict[str, Any], bytes]:
     """The header and payload of an APPEND_MANY carrying ``batches`` and ``confirms`` in
-    order."""
+    order; ``indexes``: each batch's index in its striped range (None: not striped), sent
+    only when one is given."""
     header: dict[str, Any] = {"deferred": deferred, SIZES_FIELD: [len(b) for b in batches]}
+    if indexes is not None and any(i is not None for i in indexes):
+        header[BATCHES_FIELD] = list(indexes)
     if confirms:
         header[CONFIRMS_FIELD] = [list(c) for c in confirms]
     if server_id is not None:
@@ -81,6 +87,36 @@ def decode_request(
         batches.append(payload[at : at + size])
         at += size
     return deferred, batches, confirms
+
+
+def batch_index(value: object, field: str = BATCH_FIELD) -> int | None:
+    """A batch index as sent (None: none): 0..2**63-1, else :class:`InvalidArgument`
+    naming ``field``.
+
+    >>> batch_index(7), batch_index(None)
+    (7, None)
+    """
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value <= _INDEX_MAX:
+        raise InvalidArgument(f"a batch index must be 0..{_INDEX_MAX}, not {value!r}"[:200],
+                              argument=field)
+    return value
+
+
+def batch_indexes(header: dict[str, Any], count: int) -> list[int | None]:
+    """APPEND_MANY's ``"batches"``: one index (or null) per batch; absent, none.
+
+    >>> batch_indexes({}, 2), batch_indexes({"batches": [3, None]}, 2)
+    ([None, None], [3, None])
+    """
+    raw = header.get(BATCHES_FIELD)
+    if raw is None:
+        return [None] * count
+    if not isinstance(raw, list) or len(raw) != count:
+        raise InvalidArgument(f"{BATCHES_FIELD!r} must list one index per batch ({count})",
+                              argument=BATCHES_FIELD)
+    return [batch_index(v, BATCHES_FIELD) for v in raw]
 
 
 def _entries(header: dict[str, Any], field: str, default: list[Any]) -> list[Any]:

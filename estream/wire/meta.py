@@ -191,6 +191,20 @@ class StreamMeta:
         """Whether each batch is on only ``replicas`` of a range's ``ensemble`` servers."""
         return self.ensemble > self.replicas
 
+    def replica_stripe(self, rng: RangeMeta, server_id: str) -> tuple[int, int, int] | None:
+        """What CREATE_RANGE names for ``server_id``'s replica of ``rng``: (ensemble,
+        replicas, its position in the range's servers) when striped, else None.
+
+        >>> rng = RangeMeta(0, 0, None, tuple(ReplicaRef(s, "") for s in "abcd"))
+        >>> s = StreamMeta(1, "s", 3, 2, ranges=(rng,), ensemble=4)
+        >>> s.replica_stripe(rng, "c"), StreamMeta(1, "t").replica_stripe(rng, "c")
+        ((4, 3, 2), None)
+        """
+        if not self.striped:
+            return None
+        position = [ref.id for ref in rng.replicas].index(server_id)
+        return (self.ensemble, self.replicas, position)
+
     @property
     def last_range(self) -> RangeMeta | None:
         return self.ranges[-1] if self.ranges else None

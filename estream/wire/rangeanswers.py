@@ -86,13 +86,23 @@ class SealAnswer:
 
     end: int
     sealed: bool
+    # A striped replica's (docs/ARCHITECTURE.md section 10, ``ChainEnd``): the index of its
+    # durable chain's last batch (-1: none), and once sealed the range's batch count.
+    last_batch: int | None = None
+    batches: int | None = None
 
     @classmethod
     def from_header(cls, body: Mapping[str, Any]) -> SealAnswer:
-        return cls(answer_int(body, "end"), bool(body.get("sealed")))
+        return cls(answer_int(body, "end"), bool(body.get("sealed")),
+                   _optional_int(body, "last_batch"), _optional_int(body, "batches"))
 
     def to_header(self) -> Header:
-        return {"end": self.end, "sealed": self.sealed}
+        header: Header = {"end": self.end, "sealed": self.sealed}
+        if self.last_batch is not None:
+            header["last_batch"] = self.last_batch
+        if self.batches is not None:
+            header["batches"] = self.batches
+        return header
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +113,32 @@ class ReadAnswer:
     end: int
     sealed: bool
     payload: bytes | memoryview
+    # A striped replica's (docs/ARCHITECTURE.md section 10): the index of each batch
+    # answered, and, for an offset in another server's batch, (index, base) of the batch
+    # to ask for next. None: an unstriped replica's answer (not sent).
+    batches: list[int] | None = None
+    next: tuple[int, int] | None = None
 
     @classmethod
     def from_header(cls, body: Mapping[str, Any], payload: bytes | memoryview) -> ReadAnswer:
-        return cls(answer_int(body, "end"), bool(body.get("sealed")), payload)
+        batches, after = body.get("batches"), body.get("next")
+        if batches is not None and (not isinstance(batches, list)
+                                    or not all(type(b) is int for b in batches)):
+            raise MalformedFrame(f"the answer's 'batches' is {batches!r}"[:200])
+        if after is not None and (not isinstance(after, list) or len(after) != 2
+                                  or not all(type(v) is int for v in after)):
+            raise MalformedFrame(f"the answer's 'next' is {after!r}"[:200])
+        return cls(answer_int(body, "end"), bool(body.get("sealed")), payload, batches,
+                   None if after is None else (after[0], after[1]))
 
     def to_header(self) -> Header:
         """The header (the batches are the frame's payload)."""
-        return {"end": self.end, "sealed": self.sealed}
+        header: Header = {"end": self.end, "sealed": self.sealed}
+        if self.batches is not None:
+            header["batches"] = self.batches
+        if self.next is not None:
+            header["next"] = list(self.next)
+        return header
 
 
 @dataclass(frozen=True, slots=True)

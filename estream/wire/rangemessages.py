@@ -42,6 +42,8 @@ FIELD_BOUNDS: Final[Mapping[str, tuple[int, int]]] = {
     "max_bytes": (0, INT64_MAX),
     "wait_ms": (0, INT64_MAX),
     "timestamp": (INT64_MIN, INT64_MAX),
+    "batch": (0, INT64_MAX),  # a striped range's batch index (docs/ARCHITECTURE.md 10)
+    "batches": (0, INT64_MAX),  # a striped range's batch count (SEAL)
 }
 
 list_ranges_replicas_default: Final = 1000  # replicas a LIST_RANGES answers without "limit"
@@ -194,15 +196,20 @@ class SealRequest:
     range_index: int
     epoch: int
     end: int | None
+    batches: int | None = None  # with an end, a striped range's batch count
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> SealRequest:
         return cls(stream_id=bounded(h, "stream_id"), range_index=bounded(h, "range_index"),
-                   epoch=bounded(h, "epoch"), end=optional_bounded(h, "end"))
+                   epoch=bounded(h, "epoch"), end=optional_bounded(h, "end"),
+                   batches=optional_bounded(h, "batches"))
 
     def to_header(self) -> Header:
-        return {"stream_id": self.stream_id, "range_index": self.range_index,
-                "epoch": self.epoch, "end": self.end}
+        header: Header = {"stream_id": self.stream_id, "range_index": self.range_index,
+                          "epoch": self.epoch, "end": self.end}
+        if self.batches is not None:
+            header["batches"] = self.batches
+        return header
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,6 +226,7 @@ class ReadRequest:
     max_bytes: int = limits.read_bytes_max
     wait_ms: int = 0
     unconfirmed: bool = False
+    batch: int | None = None  # a striped range's batch index at ``offset`` (None: none)
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> ReadRequest:
@@ -227,7 +235,7 @@ class ReadRequest:
 
         >>> ReadRequest.from_header({"stream_id": 1, "range_index": 0, "offset": 5})
         ReadRequest(stream_id=1, range_index=0, offset=5, max_bytes=8388608, wait_ms=0, \
-unconfirmed=False)
+unconfirmed=False, batch=None)
         """
         stream_id, range_index = bounded(h, "stream_id"), bounded(h, "range_index")
         offset = bounded(h, "offset")
@@ -235,12 +243,16 @@ unconfirmed=False)
         return cls(stream_id=stream_id, range_index=range_index, offset=offset,
                    max_bytes=limits.read_bytes_max if max_bytes is None else max_bytes,
                    wait_ms=optional_bounded(h, "wait_ms") or 0,
-                   unconfirmed=optional(h, "unconfirmed", bool, False))
+                   unconfirmed=optional(h, "unconfirmed", bool, False),
+                   batch=optional_bounded(h, "batch"))
 
     def to_header(self) -> Header:
-        return {"stream_id": self.stream_id, "range_index": self.range_index,
-                "offset": self.offset, "max_bytes": self.max_bytes, "wait_ms": self.wait_ms,
-                "unconfirmed": self.unconfirmed}
+        header: Header = {"stream_id": self.stream_id, "range_index": self.range_index,
+                          "offset": self.offset, "max_bytes": self.max_bytes,
+                          "wait_ms": self.wait_ms, "unconfirmed": self.unconfirmed}
+        if self.batch is not None:
+            header["batch"] = self.batch
+        return header
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

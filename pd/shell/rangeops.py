@@ -87,7 +87,8 @@ async def fence(
 ) -> dict[str, EstreamError | None]:
     """SEAL without an end at ``epoch`` on every replica of ``rng`` (a replica that never
     had the range gets CREATE_RANGE at ``epoch`` instead, which fences it as well: a late
-    CREATE_RANGE or APPEND of an older writer is refused from then on). Returns each
+    CREATE_RANGE or APPEND of an older writer is refused from then on; a striped range's
+    names the server's stripe position, ``StreamMeta.replica_stripe``). Returns each
     replica's error, or None for a replica now fenced."""
     client = RangeClient(pool)
 
@@ -101,7 +102,8 @@ async def fence(
                 await client.create_range(ref.address, server_id=ref.id, stream_id=stream.id,
                                           range_index=rng.index, start=rng.start,
                                           epoch=epoch, digest=stream.digest,
-                                          timeout_s=timeout_s)
+                                          timeout_s=timeout_s,
+                                          stripe=stream.replica_stripe(rng, ref.id))
             except EstreamError as exc:
                 return exc
         except EstreamError as exc:

@@ -3,12 +3,12 @@
 Each round (before the periodic checkpoint) asks ``rangeserver/carry.py`` which replicas
 pin old segments and may be carried, then, ``replicas_at_once`` at a time: reads their
 batches, and for each replica that did not change meanwhile writes its group
-(CREATE_RANGE, its batches, CONFIRM, SEAL) at the log's head; once the groups are
-durable, each index points into its group, each span starts at its segment, and each old
-span is kept as a dropped one ending there (that segment then stays while any older one
-of the replica's does, so replaying what is left of the log never brings a dropped
-replica back from its first CREATE_RANGE). The checkpoint after the round deletes the
-segments nothing needs any more.
+(CREATE_RANGE, its batches, a striped one's each after its BATCH_INDEX, CONFIRM, SEAL) at
+the log's head; once the groups are durable, each index points into its group, each span
+starts at its segment, and each old span is kept as a dropped one ending there (that
+segment then stays while any older one of the replica's does, so replaying what is left
+of the log never brings a dropped replica back from its first CREATE_RANGE). The
+checkpoint after the round deletes the segments nothing needs any more.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rangeserver import walformat as wf
 from rangeserver.index import IndexedBatch, Location
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
+from rangeserver.stripedreplica import chain_of, nth_held
 
 if TYPE_CHECKING:
     from rangeserver.shell.store import Store
@@ -135,11 +136,17 @@ def _group(
             return None
         if (header.stream_id, header.range_index, header.base_offset) != (*key, b.base):
             return None
+    indexes = striped_indexes(state, len(raw))
+    if indexes is None:
+        return None  # a striped replica whose batches are not its chain's prefix: left
     parts = [wf.encode_control(wf.CreateRange(*key, state.start, state.epoch, state.digest,
                                                    state.stripe))]
     offsets = []
     size = len(parts[0])
-    for data in raw:
+    for i, data in enumerate(raw):
+        if indexes:  # a striped replica's: each BATCH after its BATCH_INDEX entry
+            parts.append(wf.encode_control(wf.BatchIndexed(*key, indexes[i])))
+            size += len(parts[-1])
         entry_header = wf.batch_entry_header(data)
         parts += [entry_header, data]
         offsets.append(size + len(entry_header))
@@ -147,8 +154,20 @@ def _group(
     if state.confirm > state.start:
         parts.append(wf.encode_control(wf.Confirmed(*key, state.epoch, state.confirm)))
     if state.sealed:
-        parts.append(wf.encode_control(wf.Sealed(*key, state.epoch, state.sealed_end)))
+        parts.append(wf.encode_control(wf.Sealed(*key, state.epoch, state.sealed_end,
+                                                  state.sealed_batches)))
     return parts, offsets
+
+
+def striped_indexes(state: ReplicaState, count: int) -> list[int] | None:
+    """The batch indexes of a replica's ``count`` stored batches: a striped replica holds
+    a prefix of its chain (``nth_held``), ending at ``chain_written``; [] for an unstriped
+    one, None when they do not add up (not carried)."""
+    if state.stripe is None:
+        return []
+    chain = chain_of(state)
+    indexes = [nth_held(chain.stripe, chain.position, n) for n in range(count)]
+    return indexes if (indexes[-1] if indexes else -1) == state.chain_written else None
 
 
 def _idle(state: ReplicaState, before: ReplicaState | None) -> bool:

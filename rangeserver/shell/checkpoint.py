@@ -46,7 +46,9 @@ class Checkpoint:
                        "digest": int (optional: the stream's digest as the replica's
                                   CREATE_RANGE entry recorded it; absent: none recorded),
                        "stripe": [ensemble, replicas, position] (optional: a striped
-                                  replica's, as its CREATE_RANGE entry recorded it)}],
+                                  replica's, as its CREATE_RANGE entry recorded it),
+                       "chain": int (with "stripe": its chain's last batch index, -1
+                                 none), "batches": int (a sealed striped one's count)}],
          "dropped": [[first segment, last segment], ...]}
 
     ``digest`` and ``stripe`` are optional so that checkpoints written before them still
@@ -93,6 +95,9 @@ def encode(checkpoint: Checkpoint) -> bytes:
             replicas[-1]["digest"] = state.digest
         if state.stripe is not None:
             replicas[-1]["stripe"] = list(state.stripe)
+            replicas[-1]["chain"] = state.chain_written  # as "end": durable once saved
+        if state.sealed_batches is not None:
+            replicas[-1]["batches"] = state.sealed_batches
     body: bytes = msgpack.packb(
         {
             "version": CHECKPOINT_VERSION,
@@ -136,6 +141,9 @@ def decode(data: bytes) -> Checkpoint:
             damaged=item["damaged"],
             digest=digest,
             stripe=_stripe(item.get("stripe")),
+            chain_written=_chain(item.get("chain", -1)),
+            chain_durable=_chain(item.get("chain", -1)),
+            sealed_batches=None if item.get("batches") is None else _chain(item["batches"]),
         )
         replicas[state.key] = state
         indexes[state.key] = RangeIndex.from_wire(item["index"])
@@ -156,6 +164,12 @@ def _stripe(value: Any) -> tuple[int, int, int] | None:
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
         raise ValueError(f"replica stripe {value!r}")
     return (value[0], value[1], value[2])
+
+
+def _chain(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+        raise ValueError(f"replica chain index {value!r}")
+    return value
 
 
 async def save(directory: Path, data: bytes) -> None:

@@ -231,7 +231,8 @@ class RangeServer:
         deferred = optional(header, "deferred", bool, False)
         check_digest(payload, self._stream_key if self._secret is not None else None)
         check_stamp(payload, header.get(ROLES_FIELD, ()))
-        pending, end = self.store.begin_append(payload, deferred=deferred)
+        pending, end = self.store.begin_append(
+            payload, deferred=deferred, index=appendmany.batch_index(header.get("batch")))
         if self.store.append_delay_ms:
             pending = _paced(pending, self.store.append_delay_ms)
         return pending, lambda: ({"end": end()}, b"")
@@ -263,7 +264,9 @@ class RangeServer:
             check_stamp(batch, roles)
 
         # The accepted batches are one log write (Store.begin_appends): one future for all.
-        appends, writes = self.store.begin_appends(batches, deferred=deferred, check=check)
+        appends, writes = self.store.begin_appends(
+            batches, deferred=deferred, check=check,
+            indexes=appendmany.batch_indexes(header, len(batches)))
         confirmed: list[EstreamError | None] = []  # None: taken (checked, then decided)
         checked: list[tuple[int, int, int, int]] = []
         for confirm in confirms:
@@ -321,11 +324,22 @@ class RangeServer:
     async def seal(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         asked = rm.SealRequest.from_header(header)
         sealed_end, sealed = await self.store.seal(
-            asked.stream_id, asked.range_index, asked.epoch, asked.end)
-        return SealAnswer(sealed_end, sealed).to_header(), b""
+            asked.stream_id, asked.range_index, asked.epoch, asked.end, asked.batches)
+        state = self.store.replicas.get((asked.stream_id, asked.range_index))
+        if state is None or state.stripe is None:
+            return SealAnswer(sealed_end, sealed).to_header(), b""
+        return SealAnswer(sealed_end, sealed, state.chain_durable,  # the fence's ChainEnd
+                          state.sealed_batches if sealed else None).to_header(), b""
 
     async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         asked = rm.ReadRequest.from_header(header)
+        if self.store.striped(asked.stream_id, asked.range_index, asked.batch):
+            answer = await self.store.read_striped(
+                asked.stream_id, asked.range_index, asked.offset, asked.batch,
+                max_bytes=min(asked.max_bytes, limits.read_bytes_max),
+                wait_ms=min(asked.wait_ms, limits.read_wait_ms_max),
+                unconfirmed=asked.unconfirmed)
+            return answer.to_header(), bytes(answer.payload)
         end, sealed, data = await self.store.read(
             asked.stream_id,
             asked.range_index,

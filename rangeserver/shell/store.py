@@ -37,7 +37,7 @@ from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default
-from rangeserver.refusals import create_refusal, seal_refusal
+from rangeserver.refusals import create_refusal, indexed_seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.retention import Span
@@ -46,6 +46,7 @@ from rangeserver.shell.logport import LogPort
 from rangeserver.shell.storeappends import StoreAppends
 from rangeserver.shell.storereads import StoreReads
 from rangeserver.shell.wal import Wal
+from rangeserver.stripedreplica import decide_indexed_seal
 from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -222,10 +223,10 @@ class Store(StoreReads, StoreAppends):
             del self._events[key]
             event.set()
 
-    def _on_durable(self, key: Key, end: int) -> None:
+    def _on_durable(self, key: Key, end: int, index: int = -1) -> None:
         state = self.replicas.get(key)
         if state is not None:  # else dropped meanwhile
-            self._set(key, rp.on_durable(state, end))
+            self._set(key, rp.on_durable(state, end, index))
 
     def _extend_span(self, key: Key, segment: int) -> None:
         span = self.spans[key]
@@ -274,12 +275,12 @@ class Store(StoreReads, StoreAppends):
         return answer()
 
     def begin_append(
-        self, batch: bytes, *, deferred: bool = False
+        self, batch: bytes, *, deferred: bool = False, index: int | None = None,
     ) -> tuple[asyncio.Future[None] | None, Callable[[], int]]:
         """:meth:`append` without a coroutine (the server's quick path): decide and queue
         the log entry now; returns the future to wait for (None: nothing to wait for) and
-        what gives the end to answer once it is done."""
-        header, key, outcome = self._decide(batch)
+        what gives the end to answer once it is done. ``index``: a striped range's."""
+        header, key, outcome = self._decide(batch, None, index)
         if isinstance(outcome, rp.Accept):
             pending: asyncio.Future[None] | None = self._accept(
                 key, header, batch, outcome.state, deferred
@@ -295,15 +296,16 @@ class Store(StoreReads, StoreAppends):
         self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
     ) -> asyncio.Future[None]:
         end, base, before = header.end_offset, header.base_offset, self.replicas[key]
-        entry_header = wf.batch_entry_header(batch)
+        index = new.chain_written if new.stripe is not None else -1  # its BATCH_INDEX first
+        parts = (wf.batch_entry_header(batch), batch) if index < 0 else (
+            wf.encode_control(wf.BatchIndexed(*key, index)), wf.batch_entry_header(batch), batch)
         location, done = self.wal.append(
-            (entry_header, batch),
-            wf.ENTRY_HEADER_BYTES + len(batch),
-            sync=not deferred,
-            on_durable=lambda: self._on_durable(key, end),
+            parts, sum(map(len, parts)), sync=not deferred,
+            on_durable=lambda: self._on_durable(key, end, index),
             on_failed=lambda: self._unappend(key, before, base),
         )
-        body = Location(location.segment, location.position + wf.ENTRY_HEADER_BYTES, len(batch))
+        skip = sum(map(len, parts[:-1]))
+        body = Location(location.segment, location.position + skip, len(batch))
         self.indexes[key].add(header.base_offset, end, body)
         self.time_indexes[key].observe(end, header.first_timestamp, header.max_timestamp,
                                        len(batch))
@@ -382,7 +384,8 @@ class Store(StoreReads, StoreAppends):
         reached since (only entries before the cut became durable)."""
         current = self.replicas.get(key)
         if current is not None:
-            self._set(key, replace(before, end=max(before.end, current.end)))
+            self._set(key, replace(before, end=max(before.end, current.end),
+                                   chain_durable=max(before.chain_durable, current.chain_durable)))
 
     def _uncreate(self, key: Key) -> None:
         """A CREATE_RANGE entry was cut back: the replica never existed."""
@@ -440,12 +443,14 @@ class Store(StoreReads, StoreAppends):
                 log.error("checkpoint after dropping replicas failed: %s", exc.message)
 
     async def seal(
-        self, stream_id: int, range_index: int, epoch: int, end: int | None
+        self, stream_id: int, range_index: int, epoch: int, end: int | None,
+        batches: int | None = None,
     ) -> tuple[int, bool]:
-        """Fence (``end`` None) or seal; answers ``(end, sealed)``."""
+        """Fence (``end`` None) or seal (a striped replica's: with the range's ``batches``;
+        ``decide_indexed_seal``); answers ``(end, sealed)``."""
         key = (stream_id, range_index)
         before = self._get(*key)
-        outcome = rp.decide_seal(before, epoch, end)
+        outcome = decide_indexed_seal(before, epoch, end, batches)
         if isinstance(outcome, rp.Fence):
             self._set(key, outcome.state)
             if outcome.log:
@@ -456,14 +461,13 @@ class Store(StoreReads, StoreAppends):
         if isinstance(outcome, rp.SealNow):
             self._set(key, outcome.state)
             state = outcome.state
-            await self._log_control(
-                wf.Sealed(stream_id, range_index, state.epoch, state.sealed_end), before
-            )
+            await self._log_control(wf.Sealed(stream_id, range_index, state.epoch,
+                                              state.sealed_end, state.sealed_batches), before)
             return state.sealed_end, True
         if isinstance(outcome, rp.AlreadySealed):
             await self.wal.barrier()  # the SEAL entry may still be in flight
             return outcome.end, True
-        raise seal_refusal(key, outcome)
+        raise indexed_seal_refusal(key, outcome)
 
     async def confirm(self, stream_id: int, range_index: int, epoch: int, confirm: int) -> None:
         """Move the confirm offset forward; returns once it is durable (a CONFIRM entry

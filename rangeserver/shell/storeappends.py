@@ -23,9 +23,10 @@ from rangeserver import bounds
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
-from rangeserver.refusals import append_refusal, striped_append_refusal
+from rangeserver.refusals import indexed_refusal
 from rangeserver.replica import ReplicaState
 from rangeserver.shell.logport import LogPort
+from rangeserver.stripedreplica import decide_indexed_append
 from rangeserver.timeindex import TimeIndex
 
 Key = tuple[int, int]
@@ -44,7 +45,8 @@ class Appended:
     wait: int
 
 
-_Taken = tuple[int, Key, BatchHeader, bytes, ReplicaState]  # result index, key, batch, before
+# result index, key, batch, before, the batch's index in its striped range (-1: none)
+_Taken = tuple[int, Key, BatchHeader, bytes, ReplicaState, int]
 
 
 class StoreAppends:
@@ -64,7 +66,7 @@ class StoreAppends:
     def _set(self, key: Key, new: ReplicaState) -> None:
         raise NotImplementedError  # the store's
 
-    def _on_durable(self, key: Key, end: int) -> None:
+    def _on_durable(self, key: Key, end: int, index: int = -1) -> None:
         raise NotImplementedError  # the store's
 
     def _unappend(self, key: Key, before: ReplicaState, base: int) -> None:
@@ -81,6 +83,7 @@ class StoreAppends:
     def begin_appends(
         self, batches: Sequence[bytes], *, deferred: bool = False,
         check: Callable[[bytes], None] | None = None,
+        indexes: Sequence[int | None] | None = None,
     ) -> tuple[list[Appended | EstreamError], list[asyncio.Future[None]]]:
         """APPEND_MANY's batches: each checked (``check``, then as :meth:`begin_append`)
         and decided as an APPEND of its own, in order, then the accepted ones queued as
@@ -95,21 +98,24 @@ class StoreAppends:
         cuts: list[int] = []  # where each write after the first starts in ``accepted``
         size, barrier = 0, False
         now_ms = self.clock.monotonic_ms()  # one request, one moment (``seen``)
-        for batch in batches:
+        for i, batch in enumerate(batches):
             try:
                 if check is not None:
                     check(batch)
-                header, key, outcome = self._decide(batch, now_ms)
+                header, key, outcome = self._decide(
+                    batch, now_ms, None if indexes is None else indexes[i])
             except EstreamError as exc:
                 results.append(exc)
                 continue
             if isinstance(outcome, rp.Accept):
-                entry = wf.ENTRY_HEADER_BYTES + len(batch)
+                index = outcome.state.chain_written if outcome.state.stripe else -1
+                entry = wf.ENTRY_HEADER_BYTES + len(batch) + (
+                    wf.BATCH_INDEX_ENTRY_BYTES if index >= 0 else 0)
                 if size and size + entry > room:  # a write fits in a segment
                     cuts.append(len(accepted))
                     size = 0
                 size += entry
-                accepted.append((len(results), key, header, batch, self.replicas[key]))
+                accepted.append((len(results), key, header, batch, self.replicas[key], index))
                 self.replicas[key] = outcome.state  # the next batch of it decides on this
                 results.append(Appended(key, header.end_offset, len(cuts)))
             else:
@@ -122,7 +128,7 @@ class StoreAppends:
             if start < end:
                 failed = self._write_batches(accepted[start:end], deferred, futures)
                 if failed is not None:  # nothing from here on was queued
-                    for i, key, _, _, before in reversed(accepted[start:]):
+                    for i, key, _, _, before, _ in reversed(accepted[start:]):
                         self.replicas[key] = before
                         results[i] = refused[key] = failed
                     break
@@ -147,20 +153,20 @@ class StoreAppends:
                     r.key, r.end_offset, len(futures) - 1)
 
     def _decide(
-        self, batch: bytes, now_ms: int | None = None
+        self, batch: bytes, now_ms: int | None = None, index: int | None = None,
     ) -> tuple[BatchHeader, Key, rp.Accept | rp.Duplicate]:
         """:meth:`begin_append`'s checks and decision (the outcome: taken or a duplicate);
-        ``now_ms``: the request's moment (None: now)."""
+        ``now_ms``: the request's moment (None: now); ``index``: the batch's in its
+        striped range (``rangeserver/stripedreplica.py``; None: none named)."""
         header = verify_batch(batch)
         bounds.check_batch(header)
         check_records(batch, header)
         key = (header.stream_id, header.range_index)
         state = self._get(*key)
-        if state.stripe is not None:  # (a striped replica's chain needs a batch index)
-            raise striped_append_refusal(state)
-        outcome = rp.decide_append(state, header)
+        outcome = (rp.decide_append(state, header) if index is None and state.stripe is None
+                   else decide_indexed_append(state, header, index))
         if not isinstance(outcome, (rp.Accept, rp.Duplicate)):
-            raise append_refusal(key, outcome)
+            raise indexed_refusal(key, outcome)
         self.seen[key] = (header.epoch,
                           self.clock.monotonic_ms() if now_ms is None else now_ms)
         return header, key, outcome
@@ -171,20 +177,23 @@ class StoreAppends:
         """One log write of ``accepted``'s BATCH entries (:meth:`begin_appends`); the
         log's refusal, if it took nothing."""
         parts: list[bytes | memoryview] = []
-        ends: dict[Key, int] = {}
+        ends: dict[Key, tuple[int, int]] = {}
         size = 0
-        for _, key, header, batch, _ in accepted:
+        for _, key, header, batch, _, index in accepted:
+            if index >= 0:  # a striped replica's: its BATCH_INDEX entry first
+                parts.append(wf.encode_control(wf.BatchIndexed(*key, index)))
             parts.append(wf.batch_entry_header(batch))
             parts.append(batch)
-            size += wf.ENTRY_HEADER_BYTES + len(batch)
-            ends[key] = header.end_offset  # in order: the last is the highest
+            size += wf.ENTRY_HEADER_BYTES + len(batch) + (
+                wf.BATCH_INDEX_ENTRY_BYTES if index >= 0 else 0)
+            ends[key] = (header.end_offset, index)  # in order: the last is the highest
 
         def durable() -> None:
-            for key, end in ends.items():
-                self._on_durable(key, end)
+            for key, (end, index) in ends.items():
+                self._on_durable(key, end, index)
 
         def undo() -> None:  # cut back: each replica as before its entry, newest first
-            for _, key, header, _, before in reversed(accepted):
+            for _, key, header, _, before, _ in reversed(accepted):
                 self._unappend(key, before, header.base_offset)
 
         try:
@@ -194,7 +203,9 @@ class StoreAppends:
             return exc
         futures.append(done)
         segment, position = location.segment, location.position + wf.ENTRY_HEADER_BYTES
-        for _, key, header, batch, before in accepted:
+        for _, key, header, batch, before, index in accepted:
+            if index >= 0:
+                position += wf.BATCH_INDEX_ENTRY_BYTES
             self.indexes[key].add(header.base_offset, header.end_offset,
                                   Location(segment, position, len(batch)))
             self.time_indexes[key].observe(header.end_offset, header.first_timestamp,

@@ -20,13 +20,15 @@ from estream.wire.errors import (
     EstreamError,
     OffsetOutOfRange,
 )
-from estream.wire.rangeanswers import TimeAnswer
+from estream.wire.rangeanswers import ReadAnswer, TimeAnswer
 from estream.wire.record import decode_batch, iter_batches, verify_batch
 from estream.wire.timestamps import first_at_or_after
 from rangeserver import replica as rp
 from rangeserver.index import BatchCache, IndexedBatch, RangeIndex
+from rangeserver.refusals import indexed_refusal, striped_read_refusal
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.shell.logport import LogPort
+from rangeserver.stripedreplica import Elsewhere, IndexMismatch, Serve, plan_striped_read
 from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger("rangeserver.shell.store")  # the store's own log
@@ -97,6 +99,42 @@ class StoreReads:
         chosen = self.indexes[key].select(offset, end, max(1, max_bytes), partial_last=state.sealed)
         payload = await self._load(key, chosen)
         return end, state.sealed, payload
+
+    def striped(self, stream_id: int, range_index: int, batch: int | None) -> bool:
+        """Whether a READ is :meth:`read_striped`'s: it names a batch, or the replica is
+        striped."""
+        state = self.replicas.get((stream_id, range_index))
+        return batch is not None or (state is not None and state.stripe is not None)
+
+    async def read_striped(
+        self, stream_id: int, range_index: int, offset: int, batch: int | None, *,
+        max_bytes: int = limits.read_bytes_max, wait_ms: int = 0, unconfirmed: bool = False,
+    ) -> ReadAnswer:
+        """READ of a striped replica (``rangeserver/stripedreplica.py``'s
+        :func:`plan_striped_read`): by batch index, or by offset (answered where to go on
+        when another server holds it); a long poll waits as :meth:`read` does; a batch
+        index to an unstriped replica is ``InvalidArgument`` naming ``batch``."""
+        key = (stream_id, range_index)
+        state = self._get(*key)
+        if state.stripe is None:
+            raise indexed_refusal(key, IndexMismatch(batch))
+        if offset < state.start:
+            raise OffsetOutOfRange(f"offset {offset} is below the range start {state.start}",
+                                   offset=offset, start=state.start,
+                                   end=readable_end(state, unconfirmed=unconfirmed))
+        if wait_ms > 0 and offset >= readable_end(state, unconfirmed=unconfirmed):
+            await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
+            state = self._get(*key)
+        if state.damaged:
+            raise rp.damaged_error(key)
+        end = readable_end(state, unconfirmed=unconfirmed)
+        plan = plan_striped_read(state, self.indexes[key], offset, batch, end, max(1, max_bytes))
+        if isinstance(plan, Elsewhere):
+            return ReadAnswer(end, state.sealed, b"", next=(plan.index, plan.base))
+        if not isinstance(plan, Serve):
+            raise striped_read_refusal(key, plan)
+        payload = await self._load(key, plan.batches)
+        return ReadAnswer(end, state.sealed, payload, batches=plan.indexes)
 
     async def offset_for_time(
         self, stream_id: int, range_index: int, timestamp_ms: int, end: int | None = None

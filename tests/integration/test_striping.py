@@ -9,7 +9,8 @@ servers is refused, typed, naming the field; an unstriped stream is as before; a
 refuses a striped stream (its batches cannot be spread yet) before fencing anything.
 
 The range servers: CREATE_RANGE with a replica's position in the ensemble, kept across a
-crash and a restart; an APPEND without a batch index refused (the indexed append, reads
+crash and a restart; an APPEND without a batch index refused; indexed appends (APPEND and
+APPEND_MANY) by write set, each server's chain kept across a crash and a restart (reads
 and seals of striped replicas are not served yet).
 """
 
@@ -27,10 +28,13 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
-from estream.net.rpc import RpcClient
-from estream.wire.errors import Conflict, InvalidArgument, NoPlacement, StreamExists
+from estream.net.rangeclient import RangeClient
+from estream.net.rpc import ConnectionPool, RpcClient
+from estream.wire import appendmany
+from estream.wire.errors import Conflict, InvalidArgument, NoPlacement, OffsetGap, StreamExists
 from estream.wire.protocol import Opcode
-from estream.wire.record import Record, encode_batch
+from estream.wire.rangeanswers import SealAnswer
+from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=4)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,3 +161,153 @@ async def test_range_servers_keep_a_striped_replica_across_a_crash(cluster: Clus
         described = await call(address, Opcode.DESCRIBE_RANGE, key)
         assert described["end"] == 0 and not described["damaged"]  # nothing stored
     cluster.wait_servers_alive()
+
+
+async def test_a_striped_range_takes_indexed_appends_across_a_crash(cluster: Cluster) -> None:
+    """A striped range (E 4, R 3) created through PD: batch k appended by hand to the R
+    servers of its write set (positions k..k+2 mod 4) naming its index, by APPEND and
+    APPEND_MANY; each server holds its chain (a misrouted batch, a gap in the chain and an
+    APPEND without an index refused, typed, nothing stored); one server crashed (kill -9,
+    the chain replayed from the log) and another restarted (the checkpoint) each take
+    their chain's next batch and nothing else; every batch reads back from each server of
+    its write set by index (a run of its chain), and an offset of another server's batch
+    answers the batch to ask for; a fence answers each chain's last index, a seal names
+    the batch count (a replica lacking one of its batches below it refused) and keeps it
+    across a crash."""
+    cluster.wait_servers(4)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("striped-ia", replicas=3, ack_count=2, ensemble=4)
+    refs = list(meta.ranges[0].replicas)
+    pool = ConnectionPool()
+    rc = RangeClient(pool, timeout_s=10.0)
+
+    def batch(k: int) -> bytes:  # batch k holds offsets [10k, 10k + 10)
+        return encode_batch([Record(b"r%d" % k, {}, 1)] * 10, stream_id=meta.id,
+                            range_index=0, epoch=1, base_offset=10 * k)
+
+    def write_set(k: int) -> list[int]:
+        return [(k + i) % 4 for i in range(3)]
+
+    async def append(k: int, position: int, index: int | None = -1) -> int:
+        ref = refs[position]
+        return await rc.append(ref.address, server_id=ref.id, batch=batch(k),
+                               batch_index=k if index == -1 else index)
+
+    async def end_of(position: int) -> int:
+        ref = refs[position]
+        state = await rc.describe_range(ref.address, server_id=ref.id, stream_id=meta.id,
+                                        range_index=0)
+        assert not state.damaged
+        return state.end
+
+    try:
+        for position, ref in enumerate(refs):
+            await rc.create_range(ref.address, server_id=ref.id, stream_id=meta.id,
+                                  range_index=0, start=0, epoch=1, stripe=(4, 3, position))
+        for k in range(4):  # batches 0-3 by APPEND
+            for position in write_set(k):
+                assert await append(k, position) == 10 * k + 10
+        # batches 4 and 5 by one APPEND_MANY per server, with their indexes
+        for position in range(4):
+            mine = [k for k in (4, 5) if position in write_set(k)]
+            header, payload = appendmany.encode_request(
+                [batch(k) for k in mine], False, refs[position].id, indexes=mine)
+            body, _ = await pool.call(refs[position].address, Opcode.APPEND_MANY, header,
+                                      payload)
+            assert body["results"] == [10 * mine[-1] + 10] * len(mine)  # the durable end
+        # chains: 0 holds 0 2 3 4 (not 1, 5), 1 holds 0 1 3 4 5, 2: 0 1 2 4 5, 3: 1 2 3 5
+        assert [await end_of(p) for p in range(4)] == [50, 60, 60, 60]
+        with pytest.raises(InvalidArgument) as info:  # W(5) = 1 2 3: not position 0's
+            await append(5, 0)
+        assert info.value.fields.get("argument") == "batch"
+        with pytest.raises(InvalidArgument) as info:  # no index
+            await append(6, 2, None)
+        assert info.value.fields.get("argument") == "batch"
+        with pytest.raises(OffsetGap):  # W(7) = 3 0 1, but position 3's next is batch 6
+            await append(7, 3)
+        assert [await end_of(p) for p in range(4)] == [50, 60, 60, 60]  # nothing stored
+        crashed, stopped = refs[2].address, refs[3].address
+        cluster.kill9(crashed)  # its chain comes back from the log
+        cluster.server(crashed).start()
+        cluster.restart(stopped)  # and from the checkpoint written at shutdown
+        cluster.wait_servers_alive()
+        assert [await end_of(p) for p in range(4)] == [50, 60, 60, 60]
+        with pytest.raises(OffsetGap):  # each replayed chain goes on at its next batch only
+            await append(7, 3)
+        for position in write_set(6):  # W(6) = 2 3 0
+            assert await append(6, position) == 70
+        assert await append(5, 2) == 70  # a duplicate, acknowledged again
+        assert [await end_of(p) for p in range(4)] == [70, 60, 70, 70]
+        for position, ref in enumerate(refs):  # every batch back from each of its holders
+            for k in range(7):
+                answer = await rc.read(ref.address, server_id=ref.id, stream_id=meta.id,
+                                       range_index=0, offset=10 * k, unconfirmed=True,
+                                       batch=k if position in write_set(k) else None)
+                if position not in write_set(k):  # by offset: the batch to ask for
+                    assert (answer.payload, answer.next) == (b"", (k, 10 * k))
+                    continue
+                got = [verify_batch(v).base_offset for _, v in iter_batches(answer.payload)]
+                assert answer.batches is not None and answer.batches[0] == k
+                assert got == [10 * i for i in answer.batches] and len(got) <= 3
+        with pytest.raises(InvalidArgument) as info:  # W(1) = 1 2 3
+            await rc.read(refs[0].address, server_id=refs[0].id, stream_id=meta.id,
+                          range_index=0, offset=10, unconfirmed=True, batch=1)
+        assert info.value.fields.get("argument") == "batch"
+
+        async def seal(position: int, end: int | None, batches: int | None) -> SealAnswer:
+            ref = refs[position]
+            return await rc.seal(ref.address, server_id=ref.id, stream_id=meta.id,
+                                 range_index=0, epoch=2, end=end, batches=batches)
+
+        fenced = [await seal(p, None, None) for p in range(4)]  # each its ChainEnd
+        assert [(f.end, f.last_batch, f.sealed) for f in fenced] == [
+            (70, 6, False), (60, 5, False), (70, 6, False), (70, 6, False)]
+        with pytest.raises(InvalidArgument) as info:  # a striped seal names the count
+            await seal(0, 70, None)
+        assert info.value.fields.get("argument") == "batches"
+        with pytest.raises(OffsetGap):  # W(7) = 3 0 1: position 0 lacks batch 7
+            await seal(0, 80, 8)
+        sealed = [await seal(p, 70, 7) for p in range(4)]  # 1 is whole without batch 6
+        assert {(a.end, a.sealed, a.batches) for a in sealed} == {(70, True, 7)}
+        cluster.kill9(refs[1].address)  # the count comes back from the SEAL entry
+        cluster.server(refs[1].address).start()
+        cluster.wait_servers_alive()
+        fresh = ConnectionPool()  # (the pool's connection to it died with it)
+        try:
+            again = await RangeClient(fresh, timeout_s=10.0).seal(
+                refs[1].address, server_id=refs[1].id, stream_id=meta.id, range_index=0,
+                epoch=2, end=None)
+        finally:
+            await fresh.close()
+        assert (again.end, again.sealed, again.batches) == (70, True, 7)
+    finally:
+        await pool.close()
+
+
+async def test_pds_fence_creates_each_replica_at_its_stripe_position(cluster: Cluster) -> None:
+    """PD's fence (``pd/shell/rangeops.fence``) of a striped range whose replicas were
+    never created: each server gets CREATE_RANGE with its position, so it takes its own
+    write sets' indexed appends (and another position's CREATE_RANGE is a Conflict)."""
+    from pd.shell import rangeops
+
+    cluster.wait_servers(4)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("striped-fence", replicas=3, ack_count=2, ensemble=4)
+    rng = meta.ranges[0]
+    pool = ConnectionPool()
+    rc = RangeClient(pool, timeout_s=10.0)
+    try:
+        fenced = await rangeops.fence(pool, meta, rng, 3)
+        assert fenced == {ref.id: None for ref in rng.replicas}
+        for position, ref in enumerate(rng.replicas):
+            with pytest.raises(Conflict, match="stripe"):
+                await rc.create_range(ref.address, server_id=ref.id, stream_id=meta.id,
+                                      range_index=0, start=0, epoch=3,
+                                      stripe=(4, 3, (position + 1) % 4))
+            first = 0 if position < 3 else 1  # W(0) = 0 1 2, W(1) = 1 2 3
+            batch = encode_batch([Record(b"f", {}, 1)] * 2, stream_id=meta.id, range_index=0,
+                                 epoch=3, base_offset=2 * first)
+            assert await rc.append(ref.address, server_id=ref.id, batch=batch,
+                                   batch_index=first) == 2 * first + 2
+    finally:
+        await pool.close()

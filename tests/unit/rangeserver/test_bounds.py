@@ -45,7 +45,7 @@ def test_each_field_takes_its_range_and_names_itself_outside_it(
 def test_every_field_has_bounds() -> None:
     assert set(bounds.FIELD_BOUNDS) == {
         "stream_id", "range_index", "start", "epoch", "end", "offset", "confirm",
-        "max_bytes", "wait_ms", "timestamp"}
+        "max_bytes", "wait_ms", "timestamp", "batch", "batches"}
 
 
 def header(**changes: int) -> BatchHeader:

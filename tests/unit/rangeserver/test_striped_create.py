@@ -15,11 +15,12 @@ from estream.wire.rangemessages import CreateRangeRequest
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import RangeIndex
-from rangeserver.refusals import create_refusal, striped_append_refusal
+from rangeserver.refusals import create_refusal, indexed_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
 from rangeserver.shell import checkpoint as ckpt
+from rangeserver.stripedreplica import IndexMismatch
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY = (7, 2)
@@ -40,7 +41,7 @@ def test_create_records_the_stripe_and_it_never_changes() -> None:
 
 
 def test_a_striped_replica_refuses_an_append_without_a_batch_index() -> None:
-    error = striped_append_refusal(ReplicaState.create(*KEY, 0, 1, stripe=STRIPE))
+    error = indexed_refusal(KEY, IndexMismatch(None))
     assert isinstance(error, InvalidArgument) and error.fields["argument"] == "batch"
 
 
