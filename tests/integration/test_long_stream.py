@@ -43,6 +43,9 @@ async def seal_empty(client: estream.Client, name: str, count: int) -> None:
         meta = await pd.seal_range(name, meta.epoch, last.index, last.start, known=meta)
 
 
+# In make chaos (8-10 s): paging and lookups of long streams stay in tests/unit/pd
+# (rangelist, paging) and benchmarks/bench_scale.py --phases ranges measures them.
+@pytest.mark.slow
 async def test_a_stream_of_thousands_of_ranges_opens_describes_and_reads(
     cluster: Cluster,
 ) -> None:

@@ -229,6 +229,8 @@ async def test_writer_keepalive_renews_the_lease_on_the_leader_only(cluster: Clu
                           {"name": "leased", "epoch": epoch + 1})
 
 
+# In make chaos (7 s): test_stream_identity.py's idle writer without keepalives stays.
+@pytest.mark.slow
 async def test_a_writer_appending_without_keepalives_is_not_fenced(cluster: Cluster) -> None:
     """Issue 27: a loaded client, PD or network delayed keepalives past the lease and PD
     fenced writers that never died. A writer whose every keepalive is dropped (a fault

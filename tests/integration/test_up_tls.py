@@ -47,6 +47,8 @@ def test_clients_with_the_ca_and_token_work(cluster: UpCluster) -> None:
     assert status == 200 and body["name"] == "secure"
 
 
+# In make chaos (12 s): test_security.py's refusals (no CA, no token, a bad one) stay.
+@pytest.mark.slow
 def test_clients_without_them_are_refused(cluster: UpCluster, tmp_path: Path) -> None:
     no_token = cli(cluster, "stream", "list", env={
         "ESTREAM_TLS_CA": str(cluster.data_dir / "tls" / "ca.pem")})

@@ -51,7 +51,7 @@ crash losing a recovery's unsynced copy; a recovery whose PD seal answer is lost
 stays out of reach.
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
-``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 130..249 are ``slow`` (``-m slow``); one
+``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 60..249 are ``slow`` (``-m slow``); one
 row: ``pytest
 'tests/sim/test_sim.py::test_double_faults[hung-of-three-5]'``. A failure prints its trace.
 """
@@ -97,7 +97,7 @@ HUNG_APPEND_WAIT_MS_MAX = 700  # one hung server of three: no append waits longe
 PLAIN_READS = 2  # plain reads started while the writers write and faults strike
 FINAL_READ_MS_MAX = 3_000  # after close: the final plain read ends, the tail catches up
 SEEDS_DEFAULT = 250  # seeds run by default...
-SEEDS_FAST_MAX = 130  # ...the first this many in make test, the rest marked slow
+SEEDS_FAST_MAX = 60  # ...the first this many in make test, the rest marked slow
 SETTLE_STEPS_MAX = 100_000  # Sim.settle: steps for the servers to boot (or create a range)
 REGISTER_LOOKS_MAX = 1_000  # Sim._registered: looks, 10 ms apart, for every first heartbeat
 RECOVERED_LOG = "recovered %s range %d: sealed at %d, holders %s"  # estream/net/recovery.py
