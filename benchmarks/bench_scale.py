@@ -19,12 +19,21 @@ bounded in count and time:
    (one writer each) beside the same on one stream: records/s and their ratio (target
    >= 0.5), and the CPU per record of this client and of the range servers together;
    ``--client-gc tuned`` runs this client's cyclic GC as the servers run theirs
-   (``tune_gc``: what is open frozen, young collections every 100,000 allocations).
+   (``tune_gc``: what is open frozen, young collections every 100,000 allocations);
+5. ``memory`` (issue 27; not in the default phases): ``--memory-streams`` streams created
+   (64 in flight), then ``--memory-ranges`` empty ranges sealed on one stream, in steps of
+   ``--memory-step``; after each step every PD node's RSS, the catalog's ranges and the
+   leader's Raft journal entries, and the PD leader's loop stalls: a GET of its
+   ``/healthz`` every 50 ms over a new connection, answers later than 100 ms counted
+   (this client's own delays count too). RSS per stream: from the step after the
+   leader's Raft journal was first cut (it holds up to 20,000 entries in memory, by
+   design) to the last; per range: over the ranges' steps.
 
     python -m benchmarks.bench_scale [--phases catalog,ranges,idle,spread]
         [--streams 100000] [--ranges 10000] [--build sessions|seals]
         [--idle-writers 10000] [--idle-clients 10]
         [--spread-streams 1000] [--client-gc default|tuned] [--json out.json]
+        [--memory-streams 40000] [--memory-ranges 20000] [--memory-step 5000]
 """
 
 from __future__ import annotations
@@ -209,6 +218,96 @@ async def ranges(client: estream.Client, count: int, build: str = "sessions") ->
             "ratio": {k: long[k] / short[k] for k in long}}
 
 
+class _Lag:
+    """The PD leader's answer delays: a ``/healthz`` GET every 50 ms on a new connection."""
+
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.delays: list[float] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def _probe(self) -> None:
+        deadline = time.monotonic() + PHASE_S_MAX
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), 10.0)
+                writer.write(b"GET /healthz HTTP/1.0\r\nHost: pd\r\n\r\n")
+                await asyncio.wait_for(reader.read(), 10.0)
+                writer.close()
+            except (TimeoutError, OSError):
+                pass  # (a refused or timed-out probe counts as its delay)
+            self.delays.append(time.perf_counter() - started)
+            await asyncio.sleep(0.05)
+
+    def take(self) -> dict[str, Any]:
+        """The delays since the last take: count over 100 and 250 ms, the longest (s)."""
+        d, self.delays = self.delays, []
+        return {"probes": len(d), "over_100ms": sum(1 for x in d if x > 0.1),
+                "over_250ms": sum(1 for x in d if x > 0.25),
+                "max_s": round(max(d, default=0.0), 3)}
+
+
+def _pd_figures(cluster: Cluster) -> dict[str, Any]:
+    status, text = http_json(cluster.pd_url() + "/metrics")
+    lines = str(text).splitlines() if status == 200 else []
+
+    def gauge(name: str) -> float:
+        return sum(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
+
+    rss = [_rss_mib(node.process.pid) if node.process is not None else float("nan")
+           for node in cluster.pd.nodes]
+    return {"rss_mib": [round(r, 1) for r in rss], "leader": cluster.pd.leader(),
+            "ranges": int(gauge("estream_pd_ranges")),
+            "streams": int(gauge("estream_pd_streams")),
+            "journal_entries": int(gauge("estream_pd_raft_log_entries"))}
+
+
+def _slope_kib(first: dict[str, Any], last: dict[str, Any], key: str) -> list[float]:
+    """Each PD node's RSS growth from ``first`` to ``last`` per ``key`` (streams, ranges)."""
+    count = last[key] - first[key]
+    return [round((b - a) * 1024 / count, 2) if count else float("nan")
+            for a, b in zip(first["rss_mib"], last["rss_mib"], strict=True)]
+
+
+def _after_cut(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first step after the leader's journal was cut (None: never, or at the end)."""
+    cut = next((i for i in range(1, len(steps))
+                if steps[i]["journal_entries"] < steps[i - 1]["journal_entries"]), None)
+    return None if cut is None or cut >= len(steps) - 1 else steps[cut]
+
+
+async def memory(cluster: Cluster, client: estream.Client, streams: int, ranges: int,
+                 step: int) -> dict[str, Any]:
+    lag = _Lag(cluster.pd.nodes[cluster.pd.leader()].http)
+    lag.task = asyncio.get_running_loop().create_task(lag._probe())
+    out: dict[str, Any] = {"start": {**_pd_figures(cluster), "lag": lag.take()}}
+    try:
+        stage: list[dict[str, Any]] = []
+        for at in range(0, streams, step):
+            await _bounded((client.create_stream(f"mem-{i:06d}", replicas=3, ack_count=2)
+                            for i in range(at, min(at + step, streams))), inflight=64)
+            stage.append({**_pd_figures(cluster), "lag": lag.take()})
+            print("memory streams:", json.dumps(stage[-1]), flush=True)
+        out["streams"] = stage
+        first = _after_cut([out["start"], *stage])
+        out["kib_per_stream"] = _slope_kib(first, stage[-1], "streams") if first else None
+        stage = []
+        for at in range(0, ranges, step):
+            await _empty_ranges(client, "mem-000000", min(step, ranges - at))
+            stage.append({**_pd_figures(cluster), "lag": lag.take()})
+            print("memory ranges:", json.dumps(stage[-1]), flush=True)
+        out["ranges"] = stage
+        if stage:  # (from the streams' last step: past the journal's first cut)
+            out["kib_per_range"] = _slope_kib((out["streams"] or [out["start"]])[-1],
+                                              stage[-1], "ranges")
+    finally:
+        lag.task.cancel()
+    return out
+
+
 def _idle_child(pd: str, prefix: str, writers: int, hold_s: float) -> None:
     async def run() -> None:
         async with await estream.connect(pd) as client:
@@ -313,6 +412,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 results["idle"] = await idle(cluster, client, args.idle_writers,
                                              args.idle_clients, args.idle_s)
                 print("idle:", json.dumps(results["idle"]), flush=True)
+            if "memory" in phases:
+                results["memory"] = await memory(cluster, client, args.memory_streams,
+                                                 args.memory_ranges, args.memory_step)
+                print("memory:", json.dumps({k: v for k, v in results["memory"].items()
+                                             if k.startswith("kib")}), flush=True)
             if "catalog" in phases:  # last: it kills and restarts PD
                 results["catalog"] = await catalog(cluster, client, args.streams)
                 print("catalog:", json.dumps(results["catalog"]), flush=True)
@@ -340,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-gc", choices=("default", "tuned"), default="default",
                         help="spread: tuned runs this client's GC as the servers run theirs "
                              "(rangeserver/shell/cli.py tune_gc) once the writers are open")
+    parser.add_argument("--memory-streams", type=int, default=40_000)
+    parser.add_argument("--memory-ranges", type=int, default=20_000)
+    parser.add_argument("--memory-step", type=int, default=5_000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="estream-scale-") as tmp:

@@ -158,6 +158,15 @@ def plan_trim(stream: StreamMeta, cursors: Mapping[str, int], now_ms: int, *,
     return TrimPlan(start, trimmed if start is not None else 0, held)
 
 
+def has_retention(stream: StreamMeta) -> bool:
+    """Whether ``stream`` has a retention limit (time or bytes) for the retainer to apply.
+
+    >>> has_retention(StreamMeta(1, "s")), has_retention(StreamMeta(1, "s", retention_ms=5))
+    (False, True)
+    """
+    return stream.retention_ms is not None or stream.retention_bytes is not None
+
+
 def recorded_bytes(stream: StreamMeta) -> int:
     """The sizes recorded for ``stream``'s sealed ranges, summed (what ``retention_bytes``
     weighs).

@@ -10,7 +10,10 @@ statistics, repair's ranges that still list replicas) or a figure summed over it
 (replica sets, recorded bytes) asks :class:`StreamMemo`: a stream seen in the last pass as
 the same object gets the value derived then; any other is derived afresh. A pass costs
 O(streams) plus the ranges of the streams that changed, not every range the catalog ever
-kept (a stream may hold 100,000 ranges, a catalog 100,000 streams). What it gives is
+kept (a stream may hold 100,000 ranges, a catalog 100,000 streams); given the catalog's
+own persistent map (``view.streams.values()``), :class:`Narrowing` finds the streams that
+changed from the map's shared nodes (:meth:`~pd.pmap.PMap.changes`) and a pass costs
+O(changes + work), not O(streams). What it gives is
 exactly what deriving every stream again would: ``derive`` must be a pure function of the
 stream alone (a predicate that also read the clock or the servers' health could not be
 remembered this way).
@@ -20,11 +23,12 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, ValuesView
 from dataclasses import replace
 from typing import Generic, TypeVar
 
 from estream.wire.meta import RangeMeta, StreamMeta
+from pd.pmap import PMap
 
 T = TypeVar("T")
 
@@ -74,6 +78,16 @@ def narrowed(stream: StreamMeta, keep: Callable[[RangeMeta], bool]) -> StreamMet
     return replace(stream, ranges=ranges) if ranges else None
 
 
+def catalog_map(streams: Iterable[StreamMeta]) -> PMap[StreamMeta] | None:
+    """The persistent map behind ``streams`` when it is one's ``values()`` (the catalog's
+    streams, as a view hands them out), else None."""
+    if isinstance(streams, ValuesView):
+        mapping = getattr(streams, "_mapping", None)  # (collections.abc's own attribute)
+        if isinstance(mapping, PMap):
+            return mapping
+    return None
+
+
 class Narrowing(StreamMemo["StreamMeta | None"]):
     """The catalog narrowed to the ranges ``keep`` accepts: each stream with at least one,
     with only those (its other fields as they are), walked again only when it changed.
@@ -85,11 +99,72 @@ class Narrowing(StreamMemo["StreamMeta | None"]):
     [[0]]
     """
 
-    __slots__ = ()
+    __slots__ = ("_map", "_kept")
 
     def __init__(self, keep: Callable[[RangeMeta], bool]) -> None:
         super().__init__(lambda stream: narrowed(stream, keep))
+        self._map: PMap[StreamMeta] | None = None  # the catalog's map of the last pass
+        self._kept: PMap[StreamMeta] = PMap()  # name -> narrowed, those keeping a range
 
     def narrow(self, streams: Iterable[StreamMeta]) -> list[StreamMeta]:
-        """The narrowed streams that keep a range, in the order of ``streams``."""
-        return [n for _, n in self.over(streams) if n is not None]
+        """The narrowed streams that keep a range, in the order of ``streams``. Over the
+        catalog's map (``view.streams.values()``), only the streams changed since the
+        last pass are looked at (:meth:`~pd.pmap.PMap.changes`)."""
+        catalog = catalog_map(streams)
+        if catalog is None:
+            self._map, self._kept = None, PMap()
+            return [n for _, n in self.over(streams) if n is not None]
+        if self._map is None:
+            self._kept = PMap((name, n) for name, s in catalog.items()
+                              if (n := self._derive(s)) is not None)
+        else:
+            kept = self._kept
+            for name, _, stream in catalog.changes(self._map):
+                n = self._derive(stream) if stream is not None else None
+                kept = kept.set(name, n) if n is not None else kept.delete(name)
+            self._kept = kept
+        self._map, self._seen = catalog, {}
+        return list(self._kept.values())
+
+
+class Chosen(Generic[T]):
+    """``derive(stream)`` for the streams ``choose`` accepts (both pure functions of the
+    stream alone), in the order of the streams. Over the catalog's map
+    (``view.streams.values()``), only the streams changed since the last pass are looked
+    at; over anything else, every stream is.
+
+    >>> chosen = Chosen(lambda s: s.epoch > 0, lambda s: len(s.ranges))
+    >>> m = PMap({"a": StreamMeta(1, "a", epoch=1), "b": StreamMeta(2, "b")})
+    >>> [(s.name, n) for s, n in chosen.over(m.values())]
+    [('a', 0)]
+    >>> [s.name for s, _ in chosen.over(m.set("b", StreamMeta(2, "b", epoch=3)).values())]
+    ['a', 'b']
+    """
+
+    __slots__ = ("_choose", "_derive", "_map", "_kept")
+
+    def __init__(self, choose: Callable[[StreamMeta], bool],
+                 derive: Callable[[StreamMeta], T]) -> None:
+        self._choose = choose
+        self._derive = derive
+        self._map: PMap[StreamMeta] | None = None
+        self._kept: PMap[tuple[StreamMeta, T]] = PMap()
+
+    def over(self, streams: Iterable[StreamMeta]) -> list[tuple[StreamMeta, T]]:
+        catalog = catalog_map(streams)
+        if catalog is None:
+            self._map, self._kept = None, PMap()
+            return [(s, self._derive(s)) for s in streams if self._choose(s)]
+        if self._map is None:
+            self._kept = PMap((name, (s, self._derive(s))) for name, s in catalog.items()
+                              if self._choose(s))
+        else:
+            kept = self._kept
+            for name, _, stream in catalog.changes(self._map):
+                if stream is not None and self._choose(stream):
+                    kept = kept.set(name, (stream, self._derive(stream)))
+                else:
+                    kept = kept.delete(name)
+            self._kept = kept
+        self._map = catalog
+        return list(self._kept.values())

@@ -74,7 +74,6 @@ from estream.wire.pdmessages import (
 )
 from estream.wire.roles import ALL_ROLES, certificate_role, http_action, permits_any
 from pd.crosssite import cross_site_refusal
-from pd.drain import under_replicated
 from pd.metrics import COMMIT_HELP, COMMIT_SECONDS, Family, counter_family, histogram_family
 from pd.openapi import OPENAPI
 from pd.paging import ranges_window, stream_answer
@@ -381,8 +380,8 @@ class _Views:
             "estream_pd_ranges_under_replicated": (
                 "Ranges kept on range servers with fewer live replicas than the stream's "
                 "replica count (per this node's liveness view).",
-                under_replicated(view.streams.values(), {s.id for s in servers if s.alive},
-                                 memo=self.service.replica_sets)),
+                self.service.replica_totals.under_replicated(
+                    view.streams, {s.id for s in servers if s.alive})),
         }
 
 

@@ -59,6 +59,7 @@ from pd.retention import (
     RangeStats,
     bound_stats,
     cursor_lags,
+    has_retention,
     needs_stats,
     object_range_stats,
     plan_trim,
@@ -69,7 +70,7 @@ from pd.retention import (
 )
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
-from pd.streammemo import Narrowing, StreamMemo
+from pd.streammemo import Chosen, Narrowing
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class Retainer:
         # bytes: walked again only for the streams that changed (pd/streammemo.py).
         object_tier = store is not None
         self._stats_work = Narrowing(lambda rng: needs_stats(rng, object_tier))
-        self._bytes: StreamMemo[int] = StreamMemo(recorded_bytes)
+        self._limited = Chosen(has_retention, recorded_bytes)  # (O(changes) a round)
 
     def now_ms(self) -> int:
         return self.clock.wall_ms()  # record timestamps are writers' wall clocks
@@ -197,9 +198,7 @@ class Retainer:
         """Trim every stream its retention allows; returns the ranges trimmed."""
         trimmed = 0
         now = self.now_ms()
-        limited = (s for s in view.streams.values()
-                   if s.retention_ms is not None or s.retention_bytes is not None)
-        for stream, sealed_bytes in self._bytes.over(limited):
+        for stream, sealed_bytes in self._limited.over(view.streams.values()):
             plan = plan_trim(stream, view.cursors.get(stream.name, {}), now,
                              sealed_bytes=sealed_bytes)
             self.service.metrics.set_gauge(HELD, HELD_HELP, plan.held, stream=stream.name)

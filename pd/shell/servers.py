@@ -18,13 +18,12 @@ from estream.wire.errors import Conflict, NotLeader, ServerNotFound, Unavailable
 from estream.wire.meta import ServerInfo
 from pd.catalog import CatalogView, PdNode
 from pd.commands import DrainForget, DrainServer, RegisterPdNode, RegisterServer
-from pd.drain import ReplicaSets, forget_refusal, replica_counts, server_state
+from pd.drain import ReplicaTotals, forget_refusal, server_state
 from pd.liveness import Liveness
 from pd.placement import Candidate, exhausted, filling
 from pd.raftrules import RaftStatus
 from pd.repair import SealedReports, parse_reports
 from pd.shell.consensus import Consensus
-from pd.streammemo import StreamMemo
 
 catch_up_wait_s: Final = 2.0  # longest a decision waits for this node to apply what is committed
 catch_up_poll_s: Final = 0.005
@@ -38,7 +37,7 @@ class ServerOps:
     clock_ms: Callable[[], int]
     liveness: Liveness
     sealed_reports: SealedReports
-    replica_sets: StreamMemo[ReplicaSets]
+    replica_totals: ReplicaTotals
 
     # -- reads -----------------------------------------------------------------------
     def view(self) -> CatalogView:
@@ -134,7 +133,7 @@ class ServerOps:
         """Every registered server (or the one named) as :meth:`servers` has it, with its
         drain ``state`` and how many ranges name it (``replicas``); ServerNotFound."""
         view = await self.read_view()
-        counts = replica_counts(view.streams.values(), memo=self.replica_sets)
+        counts = self.replica_totals.replica_counts(view.streams)
         out = []
         for server in self.servers():
             if server_id is not None and server.id != server_id:

@@ -58,11 +58,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
-from pd.drain import (
-    ReplicaSets,
-    leave_servers,
-    replica_sets,
-)
+from pd.drain import ReplicaTotals, leave_servers
 from pd.lease import Keepalive, LeaseTable, keepalive_refusal
 from pd.liveness import Liveness
 from pd.metrics import Metrics
@@ -77,7 +73,6 @@ from pd.shell.groups import GroupRpc
 from pd.shell.handlers import PdHandlers
 from pd.shell.servers import ServerOps
 from pd.streamfigures import asked_range, stream_figures
-from pd.streammemo import StreamMemo
 
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
 list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
@@ -104,9 +99,9 @@ class PdService(ServerOps):
         self.liveness = Liveness(started_ms=clock_ms())
         self.metrics = Metrics()
         self.sealed_reports = SealedReports()  # sealed replicas heard of (repair)
-        # each stream's replica sets, derived again only when it changed (pd/drain.py):
-        # /metrics and the servers' replica counts cost O(streams), not O(ranges)
-        self.replica_sets: StreamMemo[ReplicaSets] = StreamMemo(replica_sets)
+        # the catalog's ranges by replica set, kept from its changes (pd/drain.py):
+        # /metrics and the servers' replica counts cost O(changes), not O(streams)
+        self.replica_totals = ReplicaTotals()
         self.listings: dict[str, ServerListing] = {}  # the reclaimer's, for repair
         self.leases = LeaseTable()  # writer leases, while this node leads
         self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
