@@ -78,12 +78,7 @@ class StoreReads:
                 start=state.start,
                 end=readable_end(state, unconfirmed=unconfirmed),
             )
-        if wait_ms > 0 and offset >= readable_end(state, unconfirmed=unconfirmed):
-            await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
-            state = self._get(*key)
-        if state.damaged:
-            raise rp.damaged_error(key)
-        end = readable_end(state, unconfirmed=unconfirmed)
+        state, end = await self._readable(key, state, offset, wait_ms, unconfirmed)
         if state.sealed and offset > end:
             raise OffsetOutOfRange(
                 f"offset {offset} is past the sealed end {end}",
@@ -99,6 +94,17 @@ class StoreReads:
         chosen = self.indexes[key].select(offset, end, max(1, max_bytes), partial_last=state.sealed)
         payload = await self._load(key, chosen)
         return end, state.sealed, payload
+
+    async def _readable(self, key: Key, state: ReplicaState, offset: int, wait_ms: int,
+                        unconfirmed: bool) -> tuple[ReplicaState, int]:
+        """A READ's long poll (nothing readable at ``offset``: wait up to ``wait_ms``),
+        then the replica's state and readable end; a damaged replica answers no READ."""
+        if wait_ms > 0 and offset >= readable_end(state, unconfirmed=unconfirmed):
+            await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
+            state = self._get(*key)
+        if state.damaged:
+            raise rp.damaged_error(key)
+        return state, readable_end(state, unconfirmed=unconfirmed)
 
     def striped(self, stream_id: int, range_index: int, batch: int | None) -> bool:
         """Whether a READ is :meth:`read_striped`'s: it names a batch, or the replica is
@@ -122,12 +128,7 @@ class StoreReads:
             raise OffsetOutOfRange(f"offset {offset} is below the range start {state.start}",
                                    offset=offset, start=state.start,
                                    end=readable_end(state, unconfirmed=unconfirmed))
-        if wait_ms > 0 and offset >= readable_end(state, unconfirmed=unconfirmed):
-            await self._wait(key, offset, unconfirmed, min(wait_ms, limits.read_wait_ms_max))
-            state = self._get(*key)
-        if state.damaged:
-            raise rp.damaged_error(key)
-        end = readable_end(state, unconfirmed=unconfirmed)
+        state, end = await self._readable(key, state, offset, wait_ms, unconfirmed)
         plan = plan_striped_read(state, self.indexes[key], offset, batch, end, max(1, max_bytes))
         if isinstance(plan, Elsewhere):
             return ReadAnswer(end, state.sealed, b"", next=(plan.index, plan.base))
