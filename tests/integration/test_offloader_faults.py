@@ -16,7 +16,9 @@ fault lands exactly where the test puts it).
   deadline: catalog and store agree after every round (a committed range has its whole
   object, an uncommitted one its replicas, every object is named by a range or a prepared
   record), and in the end exactly the committed object is left. A PUT that lands after
-  its record expired is deleted by the listing sweep (the backstop).
+  its record expired is deleted by the listing sweep (the backstop). A leader that
+  crashed proposes nothing more (the rig's Raft refuses its term): a release that
+  reaches Raft after the crash, before the crash cancels it, lands nothing.
 - A slow store (a PUT, then a GET, hanging past the store's deadline): the round returns
   after the deadline, the upload backs off with the local copies kept, other work goes
   on meanwhile, the errors are counted; the check before a release hanging keeps the
