@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,8 +35,11 @@ from pd.commands import (  # noqa: E402
     RegisterServer,
     SealRange,
 )
+from pd.compaction import Planner  # noqa: E402
+from pd.compaction import plan as plan_compactions  # noqa: E402
 from pd.drain import replica_counts, replica_sets, under_replicated  # noqa: E402
 from pd.repair import (  # noqa: E402
+    ReplicaReport,
     SealedReports,
     ServerState,
     has_replicas,
@@ -90,6 +93,24 @@ def timed_changing(catalog: Catalog, fn: Callable[[list[StreamMeta]], object],
         catalog.apply(SealRange("s000000", stream.epoch, last.index, last.start + 5 + i,
                                 PLACEMENT))
         streams = list(catalog.view().streams.values())
+        t = time.perf_counter()
+        fn(streams)
+        best = min(best, time.perf_counter() - t)
+    return best * 1000
+
+
+def timed_over_map(catalog: Catalog, fn: Callable[[Iterable[StreamMeta]], object],
+                   rounds: int) -> float:
+    """:func:`timed_changing` with the catalog's own map (``view.streams.values()``, as
+    the leader's loops pass it) instead of a list: what follows the map's changes."""
+    fn(catalog.view().streams.values())
+    best = float("inf")
+    for i in range(rounds):
+        stream = catalog.view().streams["s000000"]
+        last = stream.ranges[-1]
+        catalog.apply(SealRange("s000000", stream.epoch, last.index, last.start + 5 + i,
+                                PLACEMENT))
+        streams = catalog.view().streams.values()
         t = time.perf_counter()
         fn(streams)
         best = min(best, time.perf_counter() - t)
@@ -160,6 +181,26 @@ def main() -> None:
     for name, walk, loop in rows:
         walk_ms = timed_changing(catalog, walk, args.rounds)
         loop_ms = timed_changing(catalog, loop, args.rounds)
+        print(f"{name:40} {walk_ms:9.1f} {loop_ms:9.1f} {loop_ms / walk_ms:9.3f}")
+    # Over the catalog's map, following its changes (pd/sealedreports.py, pd/compaction.py)
+    streams = list(catalog.view().streams.values())
+    heard_walk, heard_loop = SealedReports(), SealedReports()
+    for heard in (heard_walk, heard_loop):  # every sealed replica on rs1 heard of
+        heard.observe("rs1", [ReplicaReport(s.id, r.index, False, True, r.end, r.end)
+                              for s in streams for r in s.ranges if r.end is not None])
+    planner = Planner()
+
+    def compaction_walk(streams: Iterable[StreamMeta]) -> object:
+        return plan_compactions(streams, {}, size_bytes_max=1 << 26, small_bytes=1 << 24)
+
+    def compaction_loop(streams: Iterable[StreamMeta]) -> object:
+        return planner.plan(streams, {}, size_bytes_max=1 << 26, small_bytes=1 << 24)
+
+    for name, walk, loop in (
+            ("repair: prune of sealed replicas heard of", heard_walk.prune, heard_loop.prune),
+            ("compaction planning", compaction_walk, compaction_loop)):
+        walk_ms = timed_changing(catalog, walk, args.rounds)
+        loop_ms = timed_over_map(catalog, loop, args.rounds)
         print(f"{name:40} {walk_ms:9.1f} {loop_ms:9.1f} {loop_ms / walk_ms:9.3f}")
     streams = list(catalog.view().streams.values())
     inline, threaded = (asyncio.run(longest_stall(lambda: repair_loop(streams), t))

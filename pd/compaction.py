@@ -35,6 +35,8 @@ from typing import Final
 
 from estream.wire.meta import ObjectPart, StreamMeta
 from pd.catalog import pack_members_max
+from pd.pmap import PMap
+from pd.streammemo import catalog_map
 
 live_ratio_min_default: Final = 0.5  # rewrite an object whose live bytes are below half
 
@@ -95,7 +97,8 @@ def plan(
     members_max: int = pack_members_max,
     busy: Collection[tuple[int, int]] = (),
 ) -> list[Compaction]:
-    """The rewrites to do now (module docstring).
+    """The rewrites to do now (module docstring), from a walk of every stream and range
+    (:class:`Planner` gives the same from the catalog's changes).
 
     >>> from estream.wire.meta import RangeMeta
     >>> def r(i, key, lo, hi):
@@ -107,17 +110,38 @@ def plan(
     ...                          size_bytes_max=10_000, small_bytes=1_000)]
     [('a', 'b', 'c')]
     """
-    worth: list[tuple[str, list[Move], bool]] = []
-    for key, moves in sorted(live_ranges(streams).items()):
-        size = sizes.get(key)
-        if size is None or size <= 0 or len(moves) > members_max or any(
-                m.part is _NOT_MOVABLE or m.key in busy for m in moves):
-            continue
-        live = sum(m.part.data_bytes for m in moves)
-        garbage = live < live_ratio_min * size
-        if size < small_bytes or garbage:
-            worth.append((key, sorted(moves, key=lambda m: (m.stream_id, m.range_index)),
-                          garbage))
+    rule = _Rule(size_bytes_max, small_bytes, live_ratio_min, members_max)
+    worth = {key: w for key, moves in live_ranges(streams).items()
+             if (w := _worth(moves, sizes.get(key), rule)) is not None}
+    return _grouped(worth, rule, busy)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    size_bytes_max: int
+    small_bytes: int
+    live_ratio_min: float
+    members_max: int
+
+
+_Worth = tuple[list[Move], bool]  # an object's moves (in key order), mostly garbage
+
+
+def _worth(moves: list[Move], size: int | None, rule: _Rule) -> _Worth | None:
+    """An object worth rewriting (small or mostly garbage, every range movable), busy or
+    not: its moves in key order and whether it is mostly garbage; else None."""
+    if size is None or size <= 0 or len(moves) > rule.members_max or any(
+            m.part is _NOT_MOVABLE for m in moves):
+        return None
+    garbage = sum(m.part.data_bytes for m in moves) < rule.live_ratio_min * size
+    if size < rule.small_bytes or garbage:
+        return sorted(moves, key=lambda m: (m.stream_id, m.range_index)), garbage
+    return None
+
+
+def _grouped(worth: Mapping[str, _Worth], rule: _Rule,
+             busy: Collection[tuple[int, int]]) -> list[Compaction]:
+    """The objects worth it and not busy, in key order, grouped into rewrites."""
     out: list[Compaction] = []
     group: list[tuple[str, list[Move], bool]] = []
 
@@ -127,12 +151,102 @@ def plan(
                                   tuple(m for _, ms, _ in group for m in ms)))
         group.clear()
 
-    for item in worth:
+    for key in sorted(worth):
+        moves_of, garbage = worth[key]
+        if any(m.key in busy for m in moves_of):
+            continue
         moves = [m for _, ms, _ in group for m in ms]
         live = sum(m.part.data_bytes for m in moves)
-        if group and (live + sum(m.part.data_bytes for m in item[1]) > size_bytes_max
-                      or len(moves) + len(item[1]) > members_max):
+        if group and (live + sum(m.part.data_bytes for m in moves_of) > rule.size_bytes_max
+                      or len(moves) + len(moves_of) > rule.members_max):
             close()
-        group.append(item)
+        group.append((key, moves_of, garbage))
     close()
     return out
+
+
+class Planner:
+    """:func:`plan` kept up from the catalog's changes: over the catalog's map
+    (``view.streams.values()``), only the streams changed since the last call are walked
+    (:meth:`~pd.pmap.PMap.changes`), and only the objects they name or whose size was
+    learned meanwhile are weighed again; over anything else, every stream is. A call
+    costs O(changes + objects worth rewriting), not every range the catalog keeps.
+
+    >>> from pd.pmap import PMap
+    >>> from estream.wire.meta import RangeMeta
+    >>> part = ObjectPart(0, 100, 900, 952, 1)
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 10, (), "object", "a",
+    ...                                          object_part=part),))
+    >>> planner = Planner()
+    >>> [c.sources for c in planner.plan(PMap({"s": s}).values(), {"a": 5_000},
+    ...                                  size_bytes_max=10_000, small_bytes=1_000)]
+    [('a',)]
+    """
+
+    __slots__ = ("_map", "_named", "_objects", "_sizes", "_rule", "_worth")
+
+    def __init__(self) -> None:
+        self._map: PMap[StreamMeta] | None = None  # the catalog's map of the last call
+        self._named: dict[str, list[Move]] = {}  # stream name -> its moves (any object)
+        self._objects: dict[str, dict[tuple[int, int], Move]] = {}  # key -> its ranges
+        self._sizes: dict[str, int] = {}  # the sizes weighed last
+        self._rule: _Rule | None = None
+        self._worth: dict[str, _Worth] = {}
+
+    def plan(
+        self,
+        streams: Iterable[StreamMeta],
+        sizes: Mapping[str, int],
+        *,
+        size_bytes_max: int,
+        small_bytes: int,
+        live_ratio_min: float = live_ratio_min_default,
+        members_max: int = pack_members_max,
+        busy: Collection[tuple[int, int]] = (),
+    ) -> list[Compaction]:
+        """What :func:`plan` gives for the same arguments."""
+        rule = _Rule(size_bytes_max, small_bytes, live_ratio_min, members_max)
+        catalog = catalog_map(streams)
+        if catalog is None or self._map is None:
+            self._named, self._objects = {}, {}
+            for s in streams:
+                self._name(s.name, s)
+            touched: Iterable[str] = list(self._objects)
+            self._worth, self._sizes = {}, {}
+        else:
+            keys: set[str] = set()
+            for name, _, stream in catalog.changes(self._map):
+                keys.update(self._name(name, stream))
+            touched = keys
+        self._map = catalog
+        if rule != self._rule:  # (a new rule: every object weighed again)
+            self._rule, self._worth, self._sizes = rule, {}, {}
+            touched = list(self._objects)
+        learned = sizes.keys() ^ self._sizes.keys()  # (an object's size never changes)
+        self._sizes = dict(sizes)
+        for key in {*touched, *learned}:
+            moves = self._objects.get(key)
+            w = _worth(list(moves.values()), sizes.get(key), rule) if moves else None
+            if w is None:
+                self._worth.pop(key, None)
+            else:
+                self._worth[key] = w
+        return _grouped(self._worth, rule, busy)
+
+    def _name(self, name: str, stream: StreamMeta | None) -> set[str]:
+        """``stream`` (None: gone) named ``name`` now: its moves replace those it had.
+        Returns the object keys whose ranges changed."""
+        keys: set[str] = set()
+        for m in self._named.pop(name, ()):
+            keys.add(m.old_key)
+            ranges = self._objects[m.old_key]
+            del ranges[m.key]
+            if not ranges:
+                del self._objects[m.old_key]
+        moves = live_ranges([stream]) if stream is not None else {}
+        for key, ms in moves.items():
+            keys.add(key)
+            for m in ms:
+                self._objects.setdefault(key, {})[m.key] = m
+            self._named.setdefault(name, []).extend(ms)
+        return keys

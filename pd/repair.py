@@ -50,8 +50,8 @@ What PD knows of a replica comes from the heartbeat load's ``problem_replicas`` 
 open and sealed-short replicas every time, sealed whole ones a window at a time, each with
 ``sealed_end``) and the reclaimer's periodic ``LIST_RANGES`` of every live server
 (:func:`parse_listing`). Sealed replicas are remembered across both
-(:class:`SealedReports`); the last heartbeat wins where it speaks. A replica a server
-does not mention at all counts as sealed whole.
+(:class:`pd.sealedreports.SealedReports`); the last heartbeat wins where it speaks. A
+replica a server does not mention at all counts as sealed whole.
 
 A range with something to do gets one :class:`RepairTask`: its HEALTHY replicas as sources
 (best first) and one target per replica to fix, at most ``tasks_max`` per round, the
@@ -72,6 +72,7 @@ from typing import Any, Final
 from estream.wire import limits
 from estream.wire.meta import RangeMeta, StreamMeta
 from pd.placement import Candidate, choose_replicas
+from pd.sealedreports import SealedReports as SealedReports  # (its home before)
 
 RangeKey = tuple[int, int]  # (stream_id, range_index)
 ShortKey = tuple[str, int, int]  # (server_id, stream_id, range_index)
@@ -251,69 +252,6 @@ def listed_now(
     if listing is None or now_ms - listing.at_ms > max_age_ms:
         return None
     return listing.keys | {k for k, at in changed_at.items() if at >= listing.at_ms}
-
-
-class SealedReports:
-    """The last report of every sealed replica, per server, across heartbeats and
-    listings. Range servers report sealed whole replicas a window at a time (and
-    ``LIST_RANGES`` every few seconds), while repair plans from one moment: a replica
-    sealed at another end must not be forgotten because the last heartbeat spoke of
-    others. A sealed replica's end never changes; a report of the same replica open again
-    (dropped and created anew) replaces it. Repair checks a replica with DESCRIBE_RANGE
-    before it drops one, so a stale report costs a request, never a copy.
-
-    >>> m = SealedReports()
-    >>> m.observe("a", [ReplicaReport(1, 0, False, True, 9, 9),
-    ...                 ReplicaReport(1, 1, False, False, 3)])
-    >>> m.observe("a", [ReplicaReport(1, 2, False, True, 5, 5)])
-    >>> sorted(m.reports("a"))
-    [(1, 0), (1, 2)]
-    >>> m.observe("a", [ReplicaReport(1, 0, False, False, 0)])  # created anew, open
-    >>> sorted(m.reports("a")), m.reports("b")
-    ([(1, 2)], {})
-    >>> m.observe("a", [], complete=True)  # a listing naming nothing: it holds nothing
-    >>> m.reports("a")
-    {}
-    """
-
-    def __init__(self) -> None:
-        self._by_server: dict[str, dict[RangeKey, ReplicaReport]] = {}
-
-    def observe(
-        self, server_id: str, reports: Iterable[ReplicaReport], *, complete: bool = False
-    ) -> None:
-        """Remember the sealed ones among ``reports``; ``complete`` (a listing: every
-        replica the server has) also forgets those it does not name."""
-        if complete:
-            self._by_server.pop(server_id, None)
-        known = self._by_server.setdefault(server_id, {})
-        for report in reports:
-            key = (report.stream_id, report.range_index)
-            if report.sealed and report.sealed_end is not None:
-                known[key] = report
-            else:
-                known.pop(key, None)
-
-    def forget(self, server_id: str, key: RangeKey) -> None:
-        self._by_server.get(server_id, {}).pop(key, None)
-
-    def reports(self, server_id: str) -> dict[RangeKey, ReplicaReport]:
-        return dict(self._by_server.get(server_id, {}))
-
-    def prune(self, streams: Iterable[StreamMeta]) -> None:
-        """Forget replicas of ranges the catalog (every stream, each with all its ranges)
-        no longer places on their server. Each remembered replica's range is looked up
-        (``StreamMeta.range_at``): O(streams + remembered), not every range's replicas."""
-        by_id = {s.id: s for s in streams}
-        for server_id, known in self._by_server.items():
-            for key in [k for k in known if not _placed_on(by_id, server_id, k)]:
-                del known[key]
-
-
-def _placed_on(by_id: Mapping[int, StreamMeta], server_id: str, key: RangeKey) -> bool:
-    stream = by_id.get(key[0])
-    rng = stream.range_at(key[1]) if stream is not None else None
-    return rng is not None and any(ref.id == server_id for ref in rng.replicas)
 
 
 def has_replicas(rng: RangeMeta) -> bool:

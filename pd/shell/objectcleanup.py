@@ -60,8 +60,7 @@ from pd.commands import (
     PackMember,
     PreparePack,
 )
-from pd.compaction import Compaction
-from pd.compaction import plan as plan_compactions
+from pd.compaction import Compaction, Planner
 from pd.metrics import (
     OBJECTS_COMPACTED,
     OBJECTS_COMPACTED_HELP,
@@ -101,6 +100,7 @@ class ObjectCleanup:
     object_size_bytes: int
     object_sizes: dict[str, int]
     sweep_after: str | None
+    compaction: Planner  # pd.compaction.plan kept up from the catalog's changes
 
     if TYPE_CHECKING:  # the offloader's, used here
         def _count(self, name: str, amount: int = 1, **labels: str) -> None: ...
@@ -127,9 +127,9 @@ class ObjectCleanup:
                     "head", self.store.head(key), stage="compact")
             except EstreamError as exc:
                 log.info("compaction: the size of %s is unknown: %s", key, exc)
-        plans = plan_compactions(view.streams.values(), self.object_sizes,
-                                 size_bytes_max=self.object_size_bytes,
-                                 small_bytes=self.object_size_bytes // 4, busy=self.busy)
+        plans = self.compaction.plan(view.streams.values(), self.object_sizes,
+                                     size_bytes_max=self.object_size_bytes,
+                                     small_bytes=self.object_size_bytes // 4, busy=self.busy)
         if plans:
             await self._rewrite(plans[0])
 

@@ -47,6 +47,7 @@ from typing import Final, TypeVar
 from estream.net.objectstore import ObjectStore
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import EstreamError
+from pd.compaction import Planner
 from pd.metrics import (
     DAMAGE_HELP,
     OBJECT_REQUESTS,
@@ -144,6 +145,7 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.compact_interval_ms = compact_interval_ms
         self.next_compact_ms = 0  # 0: one interval after this leader's first round
         self.object_sizes: dict[str, int] = {}  # object key -> bytes (HEAD; immutable)
+        self.compaction = Planner()  # what to compact, kept up from the catalog's changes
         self.committed = asyncio.Event()  # set by each commit: wakes the releases
         self.reuploaded: set[RangeKey] = set()  # this round: not released in it
         self.damage = DamageInbox()  # readers' reports of damaged objects, to check
