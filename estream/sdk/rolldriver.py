@@ -119,15 +119,17 @@ class RollDriver:
                 return tuple(s for s, ok in zip(step.servers, alive, strict=True) if ok)
             case ListServers():
                 return await client.pd.list_servers()
-            case SealInPd():
+            case SealInPd():  # (step.batches: for PD's record once seal_range takes it)
                 return await client.pd.seal_range(
                     writer.stream.name, writer.epoch, step.range_index, step.end,
                     step.exclude, known=writer.stream)
             case SealReplicas():
                 return await replicas.seal(
-                    core.ranges.stream_id, step.range_index, step.end, step.replicas)
+                    core.ranges.stream_id, step.range_index, step.end, step.replicas,
+                    step.batches)
             case CreateRange():
-                return await replicas.create_range(core.ranges.stream_id, step.range)
+                return await replicas.create_range(core.ranges.stream_id, step.range,
+                                                   writer.stream)
             case Postponed():
                 self._postponed(step.range_index)
             case StartAttempts():
