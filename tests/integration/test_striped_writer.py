@@ -57,6 +57,24 @@ async def holdings(rc: RangeClient, meta: StreamMeta, rng: RangeMeta, end: int,
     return held
 
 
+async def check_striped(cluster: Cluster, meta: StreamMeta, records: int,
+                        skip: frozenset[str] = frozenset()) -> None:
+    """Every range holding records: each batch (one record each) on ``acks`` or more
+    servers of its write set and on no other (``skip``: servers not asked)."""
+    stripe = Stripe(meta.ensemble, meta.replicas, meta.ack_count)
+    pool = ConnectionPool()
+    try:
+        rc = RangeClient(pool, timeout_s=10.0)
+        for rng in meta.ranges:
+            end = rng.end if rng.end is not None else records
+            held = await holdings(rc, meta, rng, end, skip)
+            for k in range(end - rng.start):
+                ws = {rng.replicas[p].id for p in stripe.write_set(k)}
+                assert stripe.acks <= len(held.get(k, set())) and held[k] <= ws, (k, held)
+    finally:
+        await pool.close()
+
+
 async def test_appends_land_on_exactly_their_write_sets(cluster: Cluster) -> None:
     cluster.wait_servers(6)
     pool = ConnectionPool()
@@ -110,15 +128,7 @@ async def test_a_server_killed_mid_stream_leaves_the_range_degraded(cluster: Clu
             stats = writer.statistics()
             assert stats.failed == 0 and stats.degraded_ranges >= 1
         meta = await client.describe_stream(meta.name)
-    pool = ConnectionPool()
-    try:
-        rc = RangeClient(pool, timeout_s=10.0)
-        rng = meta.ranges[0]
-        end = rng.end if rng.end is not None else 20
-        held = await holdings(rc, meta, rng, end, skip=frozenset({victim.id}))
-        assert all(len(held.get(k, set())) >= 2 for k in range(end - rng.start)), held
-    finally:
-        await pool.close()
+    await check_striped(cluster, meta, 20, skip=frozenset({victim.id}))
 
 
 async def test_two_servers_of_one_write_set_killed_roll_to_a_new_ensemble(
@@ -193,6 +203,8 @@ async def test_a_sigstopped_server_does_not_stop_appends(cluster: Cluster) -> No
                 assert writer.statistics().failed == 0
             finally:
                 cluster.resume(hung.address)
+        meta = await client.describe_stream(meta.name)
+    await check_striped(cluster, meta, 16)
 
 
 async def test_an_ensemble_of_replicas_is_todays_writer(cluster: Cluster) -> None:
