@@ -64,6 +64,9 @@ class OpenRange:
     acked_index: dict[int, int] = field(default_factory=dict)
     confirmed_batches: int = 0
     seal_batches: int | None = None
+    # Striped: the live servers the range stays writable without (None: not computed
+    # since the last failure; every deadline asks).
+    droppable: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         self.live = tuple(r for r in self.replicas if r not in self.failed)
@@ -115,6 +118,7 @@ class OpenRange:
         """Drop ``replica`` from the live ones."""
         self.failed.add(replica)
         self.live = tuple(r for r in self.replicas if r not in self.failed)
+        self.droppable = None
 
     def seal_if_drained(self) -> BeginSeal | None:
         """:class:`BeginSeal` once every live replica reached the frozen end (once)."""
@@ -149,9 +153,12 @@ class OpenRange:
         stripe = self.stripe
         if stripe is None:
             return len(self.replicas) - len(self.failed) > ack_count
-        failed = self._positions(self.failed)
-        candidates = self.live if replica is None else (replica,)
-        return any(writable(failed | self._positions({r}), stripe) for r in candidates)
+        droppable = self.droppable
+        if droppable is None:
+            failed = self._positions(self.failed)
+            self.droppable = droppable = frozenset(
+                r for r in self.live if writable(failed | self._positions({r}), stripe))
+        return bool(droppable) if replica is None else replica in droppable
 
 
 def oldest_unacked_ms(batches: Iterable[Batch], rng: OpenRange) -> int | None:
