@@ -162,9 +162,10 @@ class RollDriver:
         self, stream_id: int, rng: RangeMeta, end: int, holders: Sequence[str]
     ) -> None:
         """Bring the replicas of a just-sealed range that did not confirm the seal (dead,
-        cut off, slow) to the same records and seal, in the background."""
+        cut off, slow) to the same records and seal, in the background. Not a striped
+        range's (a replica takes only its chain, by index: PD's repair by write set)."""
         short = tuple(r.id for r in rng.replicas if r.id not in holders)
-        if short and holders:
+        if short and holders and not self._writer.stream.striped:
             writer = self._writer
             self.spawn(writer._replicas.heal(
                 stream_id, rng.index, end, short, tuple(holders), lambda: not writer._closed))

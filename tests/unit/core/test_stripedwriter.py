@@ -253,3 +253,17 @@ def test_force_covers_the_confirmed_batches_by_the_prefix_rule() -> None:
     assert w.forced_by({"b", "c"})
     assert not w.forced_by({"a", "d"})  # batch 0 on a only, 1 on d only
     assert not w.forced_by({"a", "b"})  # batch 1 on b only
+
+
+def test_a_full_range_seals_with_its_batch_count() -> None:
+    stripe = Stripe(5, 3, 2)
+    w = make(stripe, SERVERS[:5], range_bytes_max=1)
+    out = sends(w.submit([rec(0)], 0)[1])  # batch 0 fills the range
+    assert {s.batch for s in out} == {0}
+    assert sends(w.submit([rec(1)], 1)[1]) == []  # waits for the next range
+    effects: list[Effect] = []
+    for s in out:
+        effects += w.on_append_ack(s.replica, 0, s.end, 2)
+    assert seals(effects) == [BeginSeal(0, 1, (), SERVERS[:5], 1)]
+    again = sends(w.on_range_opened(1, 1, SERVERS[1:6], 3))
+    assert {s.batch for s in again} == {0}  # batch 1 is the next range's batch 0
