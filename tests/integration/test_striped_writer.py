@@ -238,3 +238,25 @@ async def test_an_ensemble_of_replicas_is_todays_writer(cluster: Cluster) -> Non
             assert whole >= 2
     finally:
         await pool.close()
+
+
+async def test_a_writer_fencing_another_stripes_the_range_its_recovery_opens(
+        cluster: Cluster) -> None:
+    """The first writer left its range open (not closed, every batch on its whole write
+    set): the next one's recovery seals it and creates the next range, each server at its
+    stripe position (estream/sdk/writeropen.py), so it takes indexed appends: no roll."""
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as first:
+        await first.create_stream("sw-fence", 3, 2, ensemble=5)
+        old = await first.open_writer("sw-fence")
+        for i in range(6):
+            await old.append(b"%d" % i)
+        await old.flush()
+        async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as second:
+            async with await second.open_writer("sw-fence") as writer:
+                assert [await writer.append(b"n%d" % i) for i in range(3)] == [6, 7, 8]
+                assert writer.statistics().rolls == 0 and writer.statistics().degraded == 0
+            meta = await second.describe_stream("sw-fence")
+    rng = meta.ranges[1]
+    assert (meta.ranges[0].end, rng.start) == (6, 6)
+    await check_striped(cluster, meta, 9)
