@@ -119,10 +119,9 @@ class RollDriver:
                 return tuple(s for s, ok in zip(step.servers, alive, strict=True) if ok)
             case ListServers():
                 return await client.pd.list_servers()
-            case SealInPd():  # (step.batches: for PD's record once seal_range takes it)
-                return await client.pd.seal_range(
-                    writer.stream.name, writer.epoch, step.range_index, step.end,
-                    step.exclude, known=writer.stream)
+            case SealInPd():
+                return await writer.seal_in_pd(step.range_index, step.end, step.exclude,
+                                               step.batches)
             case SealReplicas():
                 return await replicas.seal(
                     core.ranges.stream_id, step.range_index, step.end, step.replicas,

@@ -133,11 +133,13 @@ class Writer:
         return core
 
     async def seal_in_pd(
-        self, range_index: int, end: int, exclude: tuple[str, ...]
+        self, range_index: int, end: int, exclude: tuple[str, ...], batches: int | None = None
     ) -> StreamMeta:
         """Recovery's ``seal_in_pd`` (without a placement avoiding ``exclude``, the recovery
         asks once more without it, and the writer then runs the next range degraded; a
-        ``RangeSealed`` is an earlier attempt's seal whose answer was lost: retried)."""
+        ``RangeSealed`` is an earlier attempt's seal whose answer was lost: retried). The
+        writer's one PD seal (its rolls' and close's too); ``batches``: a striped range's
+        count, for PD's record once ``seal_range`` takes it (not sent yet)."""
         return await self._client.pd.seal_range(
             self.stream.name, self.epoch, range_index, end, exclude, known=self.stream)
 
@@ -302,7 +304,7 @@ class Writer:
             return
         end = ranges.next_offset
         try:
-            self.stream = await self.seal_in_pd(ranges.range_index, end, ())
+            self.stream = await self.seal_in_pd(ranges.range_index, end, (), ranges.batches)
             await self._replicas.seal(ranges.stream_id, ranges.range_index, end, ranges.live,
                                       ranges.batches)
         except EstreamError as exc:

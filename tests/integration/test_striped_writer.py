@@ -260,3 +260,17 @@ async def test_a_writer_fencing_another_stripes_the_range_its_recovery_opens(
     rng = meta.ranges[1]
     assert (meta.ranges[0].end, rng.start) == (6, 6)
     await check_striped(cluster, meta, 9)
+
+
+async def test_deferred_sync_force_on_a_striped_stream(cluster: Cluster) -> None:
+    """DEFERRED_SYNC: force() returns once the FORCE answers cover every confirmed batch
+    by the prefix rule, and the confirm offset then moves."""
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        await client.create_stream("sw-force", 3, 2, ensemble=5)
+        async with await client.open_writer("sw-force", deferred_sync=True) as writer:
+            assert [await writer.append(b"%d" % i) for i in range(7)] == list(range(7))
+            await writer.force()
+            assert writer._core is not None and writer._core.ranges.forced == 7
+        meta = await client.describe_stream("sw-force")
+    await check_striped(cluster, meta, 7)
