@@ -267,3 +267,19 @@ def test_a_full_range_seals_with_its_batch_count() -> None:
     assert seals(effects) == [BeginSeal(0, 1, (), SERVERS[:5], 1)]
     again = sends(w.on_range_opened(1, 1, SERVERS[1:6], 3))
     assert {s.batch for s in again} == {0}  # batch 1 is the next range's batch 0
+
+
+def test_a_full_chase_budget_drops_the_server_owing_the_oldest_batch_while_writable() -> None:
+    """Not the lowest acknowledged end (a holds only batch 0, answered: it owes nothing)
+    but the first live server owing the oldest batch kept."""
+    stripe = Stripe(5, 3, 2)
+    w = make(stripe, SERVERS[:5], chase_backlog_batches_max=1)
+    acks = [[("a", 1), ("b", 1), ("c", 1)],  # W(0) = a b c
+            [("b", 2), ("d", 2)],  # W(1) = b c d: c does not answer from here on
+            [("d", 3), ("e", 3)]]  # W(2) = c d e
+    for k, answers in enumerate(acks):
+        w.submit([rec(k)], k)
+        for server, end in answers:
+            w.on_append_ack(server, 0, end, k)
+    assert w.failed == ("c",) and w.degraded and not w.sealing and w.completed == 3
+    assert w.inflight_batches == 0  # nothing kept for c any more
