@@ -26,14 +26,17 @@ measures with 1 KiB records:
    ``--inflight`` workers, each awaiting one ``writer.append`` after another);
 8. ``--phases typical``: a typical application loop: one task per append
    (``asyncio.create_task``), each append awaited with ``asyncio.wait_for``, each value
-   built per record (a small JSON-ish prefix padded to 1 KiB), ``--inflight`` at once.
+   built per record (a small JSON-ish prefix padded to 1 KiB), ``--inflight`` at once;
+9. ``--striped``: on 6 range servers, throughput 1 of a striped stream (ensemble 6,
+   replicas 3, ack 2) beside an unstriped one, alternated ``--repeat`` times (issue 30),
+   and the bytes each of the striped stream's servers holds (each should hold 3/6).
 
 Every throughput phase also reports the client's CPU time per record (steadier than
 records/s on a shared machine). Every phase is bounded in count and time. Usage::
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
         [--phases throughput,one,visible,workers,typical] [--inflight 256]
-        [--kill-replica] [--gray-replica hung|slow] [--exactly-once [--repeat 3]]
+        [--kill-replica] [--gray-replica hung|slow] [--exactly-once [--repeat 3]] [--striped]
         [--batch-bytes N] [--json out.json]
 """
 
@@ -74,10 +77,11 @@ async def throughput(
     name: str = "bench-throughput",
     producer_id: str | None = None,
     digest: str | None = None,
+    create: bool = True,
 ) -> dict[str, Any]:
-    if digest is None:
+    if create and digest is None:
         await client.create_stream(name, replicas=3, ack_count=2)
-    else:
+    elif create:
         await client.create_stream(name, replicas=3, ack_count=2, digest=digest)
     writer = await client.open_writer(name, producer_id=producer_id, **WRITER_OPTIONS)
     started = time.perf_counter()
@@ -456,6 +460,67 @@ async def exactly_once(
     }
 
 
+async def held_bytes(client: estream.Client, name: str) -> dict[str, int]:
+    """Batch bytes each server of ``name``'s ranges holds, read back with the range client:
+    batch k (from 0 at each range's start) asked of every server of its write set by
+    index; a server answering it holds it."""
+    from estream.net.rangeclient import RangeClient
+    from estream.wire.record import iter_batches
+    from estream.wire.stripe import Stripe
+
+    meta = await client.describe_stream(name)
+    stripe = Stripe(meta.ensemble, meta.replicas, meta.ack_count)
+    rc = RangeClient(client.pool)
+    held: dict[str, int] = {}
+    for rng in meta.ranges:
+        end = rng.end if rng.end is not None else rng.start  # (closed: the last is empty)
+        offset, k = rng.start, 0
+        while offset < end:
+            after = offset
+            for p in stripe.write_set(k):
+                ref = rng.replicas[p]
+                answer = await rc.read(ref.address, server_id=ref.id, stream_id=meta.id,
+                                       range_index=rng.index, offset=offset, batch=k,
+                                       unconfirmed=True)
+                if answer.batches and answer.batches[0] == k:
+                    header, raw = next(iter(iter_batches(answer.payload)))
+                    held[ref.id] = held.get(ref.id, 0) + len(raw)
+                    after = header.end_offset
+            if after == offset:
+                raise RuntimeError(f"batch {k} of range {rng.index} held by none")
+            offset, k = after, k + 1
+    return held
+
+
+async def striped(
+    client: estream.Client, records: int, window: int, repeat: int
+) -> dict[str, Any]:
+    """Throughput 1 of an unstriped (E 3) and a striped (E 6) stream, alternated: the
+    median of each, the ratio, and the striped stream's bytes per server."""
+    runs: dict[str, list[int]] = {"unstriped": [], "striped": []}
+    cpu: dict[str, list[float]] = {"unstriped": [], "striped": []}
+    for i in range(repeat):
+        for row, ensemble in (("unstriped", 3), ("striped", 6)):
+            name = f"bench-stripe-{row}-{i}"
+            await client.create_stream(name, replicas=3, ack_count=2, ensemble=ensemble)
+            result = await throughput(client, records, window, name=name, create=False)
+            runs[row].append(result["records_per_s"])
+            cpu[row].append(result["client_cpu_us_per_record"])
+    medians = {row: sorted(v)[len(v) // 2] for row, v in runs.items()}
+    cpu_medians = {row: sorted(v)[len(v) // 2] for row, v in cpu.items()}
+    held = await held_bytes(client, f"bench-stripe-striped-{repeat - 1}")
+    whole = sum(held.values()) / 3  # each batch is held by replicas (3) servers
+    return {
+        "records_per_s": medians, "runs": runs, "client_cpu_us_per_record": cpu_medians,
+        "cpu_runs": cpu,
+        "ratio_striped_to_unstriped": round(medians["striped"] / medians["unstriped"], 3),
+        "cpu_ratio_striped_to_unstriped": round(
+            cpu_medians["striped"] / cpu_medians["unstriped"], 3),
+        # of the stream's bytes, what each of the 6 servers holds (3/6 expected)
+        "striped_share_per_server": sorted(round(b / whole, 3) for b in held.values()),
+    }
+
+
 async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     results: dict[str, Any] = {}
     async with await estream.connect(cluster.pd_addresses, secret="bench-secret") as client:
@@ -467,6 +532,12 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 PHASE_TIMEOUT_S * 4 * args.repeat,
             )
             print("exactly once", results["exactly_once"], flush=True)
+            return results
+        if args.striped:
+            results["striped"] = await asyncio.wait_for(
+                striped(client, args.records, args.window, args.repeat),
+                PHASE_TIMEOUT_S * 2 * args.repeat)
+            print("striped", results["striped"], flush=True)
             return results
         phases = set(args.phases.split(",")) - {""}
         unknown = phases - set(PHASES)
@@ -525,6 +596,8 @@ def main() -> int:
     parser.add_argument("--exactly-once", action="store_true",
                         help="only the producer and digest rows beside plain appends")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--striped", action="store_true",
+                        help="only a striped stream (E 6 of 6 servers) beside an unstriped one")
     parser.add_argument("--batch-bytes", type=int, default=None,
                         help="the writers' batch_bytes (default: the SDK's)")
     parser.add_argument("--json", type=Path, default=None)
@@ -534,7 +607,7 @@ def main() -> int:
     import uvloop
 
     with tempfile.TemporaryDirectory(prefix="bench-append-") as tmp:
-        servers = 4 if args.kill_replica else 3
+        servers = 6 if args.striped else 4 if args.kill_replica else 3
         # No cluster secret of the launcher's: the servers verify hmac-sha256 MACs only when
         # ESTREAM_SECRET is set (the "with the secret" rows of RESULTS.md), as before.
         proxy = None

@@ -167,7 +167,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                    help=f"acks per append (default {ACK_COUNT_DEFAULT})")
     p.add_argument("--ensemble", type=positive_int, default=None, metavar="E",
                    help="servers per range, at least --replicas (default: --replicas); batch "
-                        "k on --replicas of them from k mod E (striping; not writable yet)")
+                        "k on --replicas of them from k mod E (striping)")
     p.add_argument("--retention-ms", type=positive_int, default=None, metavar="MS",
                    help="trim whole sealed ranges whose records are all older than this")
     p.add_argument("--retention-bytes", type=positive_int, default=None, metavar="BYTES",

@@ -15,6 +15,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from estream.core.inflight import Batch, OpenRange
@@ -59,9 +60,10 @@ class ChaseBacklog:
                 or self.bytes > config.chase_backlog_bytes_max)
 
 
-def furthest_behind(rng: OpenRange) -> str:
+def furthest_behind(rng: OpenRange, batches: Iterable[Batch] = ()) -> str:
     """The live replica of ``rng`` with the lowest acknowledged end (the first in replica
-    order on a tie): the one the chase backlog waits for.
+    order on a tie): the one the chase backlog waits for. Striped: the first live server
+    of the write set of the oldest of ``batches`` some live server still owes.
 
     >>> rng = OpenRange(0, 10, ("a", "b", "c"), acked={"a": 20, "b": 15})
     >>> furthest_behind(rng)  # c acknowledged nothing: at the range's start
@@ -73,6 +75,13 @@ def furthest_behind(rng: OpenRange) -> str:
     >>> furthest_behind(rng)
     'c'
     """
+    if rng.stripe is not None:
+        failed = rng.failed
+        for batch in batches:
+            if batch.range_index == rng.index:
+                for r in batch.holders:
+                    if r not in batch.acked_by and r not in failed:
+                        return r
     acked, start = rng.acked, rng.start
     return min(rng.live, key=lambda r: acked.get(r, start))
 

@@ -1,17 +1,23 @@
 """What a stream writer has in flight: its cut batches (:class:`Batch`), the open range's
-replica state (:class:`OpenRange`), and the chase bound over them (a slow replica keeps
-receiving until its backlog, in bytes or age, passes the bound).
+replica state (:class:`OpenRange`: which servers each batch goes to, what each answered,
+when the range is writable and drained), and the chase bound over them (a slow replica
+keeps receiving until its backlog, in bytes or age, passes the bound). A striped range
+(``stripe``: E > replicas) sends batch k only to its write set and confirms per batch
+(:mod:`estream.core.striping`, docs/ARCHITECTURE.md section 10).
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from estream.core.quorum import confirm_offset
+from estream.core.striping import confirmed_batches, writable
 from estream.core.writeeffects import BeginSeal, WriterConfig
 from estream.wire.record import EncodedRecords
+from estream.wire.stripe import Stripe
 
 
 @dataclass(slots=True)
@@ -24,6 +30,8 @@ class Batch:
     range_index: int = -1  # the range it was last sent to; -1 = not sent yet
     sent_ms: int = 0
     acked_by: set[str] = field(default_factory=set)
+    index: int = -1  # its index in a striped range (-1: unsent, or not striped)
+    holders: tuple[str, ...] = ()  # the servers it was sent to hold (its write set)
 
     @property
     def end(self) -> int:
@@ -48,14 +56,69 @@ class OpenRange:
     # The replicas not failed, kept beside ``failed`` (it changes only in ``fail``): every
     # send, ack and deadline asks for them, a replica fails rarely.
     live: tuple[str, ...] = ()
+    # Striping (None: every batch to every replica). Batches sent so far (the next
+    # index), each position's highest acknowledged index, the confirmed count, and the
+    # count frozen with ``seal_end``.
+    stripe: Stripe | None = None
+    sent_batches: int = 0
+    acked_index: dict[int, int] = field(default_factory=dict)
+    confirmed_batches: int = 0
+    seal_batches: int | None = None
+    # Striped: the live servers the range stays writable without (None: not computed
+    # since the last failure; every deadline asks).
+    droppable: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         self.live = tuple(r for r in self.replicas if r not in self.failed)
+
+    def holders(self, k: int) -> tuple[str, ...]:
+        """The servers batch ``k`` goes to: its write set (every replica, unstriped)."""
+        stripe, replicas = self.stripe, self.replicas
+        if stripe is None:
+            return replicas
+        return tuple(replicas[p] for p in stripe.write_set(k))
+
+    def assign(self, batch: Batch) -> int | None:
+        """``batch`` is sent to this range now: its index (None unstriped) and holders."""
+        if self.stripe is None:
+            batch.holders = self.replicas
+            return None
+        batch.index = k = self.sent_batches
+        self.sent_batches = k + 1
+        batch.holders = self.holders(k)
+        return k
+
+    def forced_by(self, answered: Collection[str], ack_count: int) -> bool:
+        """DEFERRED_SYNC: whether the servers that ``answered`` FORCE hold every confirmed
+        record durably: ``ack_count`` live ones, or, striped, the confirm prefix rule over
+        the acknowledgements of those that answered."""
+        if self.stripe is None:
+            return sum(1 for r in self.live if r in answered) >= ack_count
+        acked = {p: k for p, k in self.acked_index.items() if self.replicas[p] in answered}
+        n = self.confirmed_batches
+        return confirmed_batches(acked, n, self.stripe) >= n
+
+    def freeze(self, end: int) -> None:
+        """The end is frozen at ``end`` (the confirmed end): sealing begins."""
+        self.seal_end = end
+        self.seal_batches = self.confirmed_batches if self.stripe is not None else None
+
+    def writable(self, ack_count: int) -> bool:
+        """Whether every batch can still be acknowledged by the live replicas (else the
+        range must roll): ``ack_count`` live, or, striped, ``acks`` live in every write
+        set (:func:`~estream.core.striping.writable`)."""
+        if self.stripe is None:
+            return len(self.live) >= ack_count
+        return writable(self._positions(self.failed), self.stripe)
+
+    def _positions(self, servers: set[str]) -> set[int]:
+        return {p for p, r in enumerate(self.replicas) if r in servers}
 
     def fail(self, replica: str) -> None:
         """Drop ``replica`` from the live ones."""
         self.failed.add(replica)
         self.live = tuple(r for r in self.replicas if r not in self.failed)
+        self.droppable = None
 
     def seal_if_drained(self) -> BeginSeal | None:
         """:class:`BeginSeal` once every live replica reached the frozen end (once)."""
@@ -63,18 +126,39 @@ class OpenRange:
         if seal_end is None or self.seal_sent:
             return None
         live = self.live
-        if any(self.acked.get(r, self.start) < seal_end for r in live):
-            return None  # still draining; on_tick drops a replica that does not catch up
+        stripe = self.stripe
+        if stripe is None:
+            if any(self.acked.get(r, self.start) < seal_end for r in live):
+                return None  # still draining; on_tick drops one that does not catch up
+        else:
+            n = self.seal_batches
+            assert n is not None
+            acked, replicas = self.acked_index, self.replicas
+            for p, r in enumerate(replicas):  # each live one holds its chain below n
+                if r in live and acked.get(p, -1) < stripe.prev_held(p, n):
+                    return None
         self.seal_sent = True
-        return BeginSeal(self.index, seal_end, tuple(sorted(self.failed)), live)
+        return BeginSeal(self.index, seal_end, tuple(sorted(self.failed)), live,
+                         self.seal_batches)
 
-    def may_drop_slow(self, ack_count: int) -> bool:
+    def may_drop_slow(self, ack_count: int, replica: str | None = None) -> bool:
         """Whether a replica past its chase bound is dropped: while appending, only if
         more than ``ack_count`` are live (dropping one of the last ``ack_count`` would stop
         every append until a roll: with exactly ``replicas`` servers and one out, until it
         is back; waiting for a slow one is better, and an error or a request timeout still
-        fails it); while draining for a seal, always."""
-        return self.seal_end is not None or len(self.replicas) - len(self.failed) > ack_count
+        fails it); striped, only if every write set keeps ``acks`` live without
+        ``replica`` (None: any live one); while draining for a seal, always."""
+        if self.seal_end is not None:
+            return True
+        stripe = self.stripe
+        if stripe is None:
+            return len(self.replicas) - len(self.failed) > ack_count
+        droppable = self.droppable
+        if droppable is None:
+            failed = self._positions(self.failed)
+            self.droppable = droppable = frozenset(
+                r for r in self.live if writable(failed | self._positions({r}), stripe))
+        return bool(droppable) if replica is None else replica in droppable
 
 
 def oldest_unacked_ms(batches: Iterable[Batch], rng: OpenRange) -> int | None:
@@ -93,7 +177,10 @@ def oldest_unacked_ms(batches: Iterable[Batch], rng: OpenRange) -> int | None:
         if oldest is not None and batch.sent_ms >= oldest:
             continue
         acked_by = batch.acked_by
-        if len(acked_by) < len(live) or not acked_by.issuperset(live):  # no generator
+        if rng.stripe is not None:
+            if owes_any(batch, rng):
+                oldest = batch.sent_ms
+        elif len(acked_by) < len(live) or not acked_by.issuperset(live):  # no generator
             oldest = batch.sent_ms
     return oldest
 
@@ -111,8 +198,11 @@ def past_chase_bound(
     was in flight, e.g. resent after a roll: a roll loop.)"""
     backlog = 0
     horizon = rng.seal_end  # while draining, only what the seal needs counts
+    striped = rng.stripe is not None
     for batch in batches:
         if batch.range_index != rng.index or replica in batch.acked_by:
+            continue
+        if striped and replica not in batch.holders:
             continue
         if horizon is not None and batch.end > horizon:
             continue
@@ -121,6 +211,54 @@ def past_chase_bound(
         if batch.end <= completed:
             backlog += batch.size
     return backlog > config.chase_backlog_bytes_max
+
+
+def record_ack(batches: Iterable[Batch], rng: OpenRange, replica: str, end: int) -> None:
+    """``replica`` of ``rng`` holds every offset below ``end`` (striped: its chain up to
+    the batch ending there; the log syncs a chain in order, so each earlier one too)."""
+    if end > rng.acked.get(replica, rng.start):
+        rng.acked[replica] = end
+    top = -1
+    for batch in batches:
+        if batch.range_index == rng.index and batch.end <= end:
+            batch.acked_by.add(replica)
+            top = batch.index
+    if top >= 0:
+        p = rng.replicas.index(replica)
+        if top > rng.acked_index.get(p, -1):
+            rng.acked_index[p] = top
+
+
+def confirmed_end(batches: Iterable[Batch], rng: OpenRange, ack_count: int) -> int:
+    """The open range's confirmed end: the ``ack_count``-th highest acknowledged end, or,
+    striped, the end of the prefix of batches each on ``acks`` of its write set
+    (:func:`~estream.core.striping.confirmed_batches`; the batches past the previous
+    confirm are still in memory)."""
+    stripe = rng.stripe
+    if stripe is None:
+        return confirm_offset(rng.acked.values(), ack_count, start=rng.start)
+    before = rng.confirmed_batches
+    rng.confirmed_batches = n = confirmed_batches(
+        rng.acked_index, rng.sent_batches, stripe, first=before)
+    if n == before:
+        return rng.start if n == 0 else -1  # unchanged: not above the completed end
+    return next(b.end for b in batches if b.index == n - 1 and b.range_index == rng.index)
+
+
+def releasable(batch: Batch, rng: OpenRange, completed: int) -> bool:
+    """Whether the front ``batch`` may leave memory: complete, and held by every live
+    replica (striped: of its write set; sealing too, the drain counts their acks)."""
+    if batch.end > completed or batch.range_index != rng.index:
+        return False
+    if rng.stripe is not None:
+        return not owes_any(batch, rng)
+    return rng.seal_end is not None or batch.acked_by.issuperset(rng.live)
+
+
+def owes_any(batch: Batch, rng: OpenRange) -> bool:
+    """Whether a live server of ``batch``'s write set has not acknowledged it (striped)."""
+    acked_by, failed = batch.acked_by, rng.failed
+    return any(r not in acked_by and r not in failed for r in batch.holders)
 
 
 def early_room(batches: Sequence[Batch], completed: int, early_batches: int) -> bool:
@@ -142,5 +280,5 @@ def sent_end(batches: Iterable[Batch], range_index: int, completed: int) -> int:
     return max(ends) if ends else completed
 
 
-__all__ = ["Batch", "OpenRange", "early_room", "oldest_unacked_ms", "past_chase_bound",
-           "sent_end"]
+__all__ = ["Batch", "OpenRange", "confirmed_end", "early_room", "oldest_unacked_ms",
+           "owes_any", "past_chase_bound", "record_ack", "releasable", "sent_end"]

@@ -11,6 +11,8 @@ The rules (``docs/ARCHITECTURE.md`` sections 2.4 and 2.6):
   (Nagle's rule; ``hold_idle`` appends at the end of the driver's turn); or at its linger.
 - Every batch goes to every live replica; the confirmed end is the ``ack_count``-th highest
   acknowledged end (:func:`estream.core.quorum.confirm_offset`): appends complete in order.
+  Striped (E > replicas): batch k goes to its write set only, confirmed per write set
+  (:mod:`estream.core.inflight`, :mod:`estream.core.striping`).
 - A slow replica keeps receiving ("chases"); a batch stays in memory until every live
   replica has it. Complete ones kept for chasers count against the chase budget
   (:mod:`estream.core.chasebudget`), not the in-flight budget: a hung replica costs
@@ -33,20 +35,22 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from estream.core.chasebudget import ChaseBacklog, furthest_behind
 from estream.core.inflight import (
     Batch,
     OpenRange,
+    confirmed_end,
     early_room,
     oldest_unacked_ms,
     past_chase_bound,
+    record_ack,
+    releasable,
     sent_end,
 )
 from estream.core.pendingbatch import PendingBatch
-from estream.core.quorum import confirm_offset
 from estream.core.writeeffects import (
     CompleteAppends,
     Effect,
@@ -67,6 +71,7 @@ from estream.wire.record import (
     is_extended_head,
     wrap_records,
 )
+from estream.wire.stripe import Stripe
 
 _DEFAULT_CONFIG: Final = WriterConfig()
 
@@ -75,18 +80,10 @@ class RangeWriter:
     """The state of one stream writer: offsets, batches, acks, confirm offset, seals."""
 
     def __init__(
-        self,
-        *,
-        stream_id: int,
-        epoch: int,
-        ack_count: int,
-        range_index: int,
-        range_start: int,
-        replicas: Sequence[str],
-        config: WriterConfig = _DEFAULT_CONFIG,
-        producer_id: str = "",
-        digest: int = DIGEST_XXH3,
-        key: bytes | None = None,
+        self, *, stream_id: int, epoch: int, ack_count: int, range_index: int,
+        range_start: int, replicas: Sequence[str], config: WriterConfig = _DEFAULT_CONFIG,
+        producer_id: str = "", digest: int = DIGEST_XXH3, key: bytes | None = None,
+        stripe: Stripe | None = None,
     ) -> None:
         self.stream_id = stream_id
         # Each batch's system block: the producer id and sequences, the digest (MAC: key).
@@ -96,7 +93,8 @@ class RangeWriter:
         self.epoch = epoch
         self.ack_count = ack_count
         self.config = config
-        self._range = OpenRange(range_index, range_start, tuple(replicas))
+        self.stripe = stripe if stripe is not None and stripe.striped else None
+        self._range = OpenRange(range_index, range_start, tuple(replicas), stripe=self.stripe)
         self.next_offset = range_start
         self.completed = range_start  # every offset below is acknowledged
         self.forced = range_start  # DEFERRED_SYNC: everything below is fsynced
@@ -122,6 +120,16 @@ class RangeWriter:
     @property
     def replicas(self) -> tuple[str, ...]:
         return self._range.replicas
+
+    @property
+    def batches(self) -> int | None:
+        """A striped range's confirmed batch count (its SEAL names it); None unstriped."""
+        return self._range.confirmed_batches if self.stripe is not None else None
+
+    def forced_by(self, answered: Collection[str]) -> bool:
+        """DEFERRED_SYNC: whether the servers that ``answered`` FORCE hold the open range's
+        confirmed records durably (:meth:`OpenRange.forced_by`)."""
+        return self._range.forced_by(answered, self.ack_count)
 
     @property
     def sealing(self) -> bool:
@@ -331,11 +339,7 @@ class RangeWriter:
         effects: list[Effect] = []
         if range_index != rng.index or replica in rng.failed or self.error is not None:
             return effects
-        if end > rng.acked.get(replica, rng.start):
-            rng.acked[replica] = end
-        for batch in self._batches:
-            if batch.range_index == rng.index and batch.end <= end:
-                batch.acked_by.add(replica)
+        record_ack(self._batches, rng, replica, end)
         if rng.seal_end is None:
             self._advance(now_ms, effects)
         self._release()
@@ -371,7 +375,7 @@ class RangeWriter:
             self._cut(now_ms, effects)
         if not self._range.seal_sent:
             for replica in self._range.live:
-                if self._range.may_drop_slow(self.ack_count) and past_chase_bound(
+                if self._range.may_drop_slow(self.ack_count, replica) and past_chase_bound(
                         self._batches, self._range, replica, self.completed, now_ms, self.config):
                     self._fail_replica(replica, effects)
         if (
@@ -399,9 +403,8 @@ class RangeWriter:
         return max(self._last_send_ms, self._completed_ms) + self.config.confirm_idle_ms
 
     def _idle_now(self) -> bool:
-        """Nothing pending or in flight (else a batch carries the confirm offset): the only
-        state in which an idle CONFIRM is sent (under load, none: a durable write saved on
-        every replica per batch)."""
+        """Nothing pending or in flight (else a batch carries the confirm offset): only
+        then is an idle CONFIRM sent (none under load: a durable write saved per batch)."""
         return not self._pending.count and not self._unacked_sent()
 
     def on_range_opened(
@@ -414,13 +417,13 @@ class RangeWriter:
             return effects
         assert old.seal_end is not None and start == old.seal_end, (start, old.seal_end)
         assert range_index > old.index
-        self._range = OpenRange(range_index, start, tuple(replicas))
+        self._range = OpenRange(range_index, start, tuple(replicas), stripe=self.stripe)
         self._confirm_sent = start
         while self._batches and self._batches[0].end <= start:
             self._drop_front()
         for batch in self._batches:
             assert batch.base >= start, (batch.base, start)
-            batch.range_index = -1
+            batch.range_index = batch.index = -1  # a new index in the next range
             batch.acked_by.clear()
         self._send_unsent(now_ms, effects)
         return effects
@@ -432,7 +435,7 @@ class RangeWriter:
         rng = self._range
         if self.error is not None or rng.seal_end is not None:
             return effects
-        rng.seal_end = self.completed
+        rng.freeze(self.completed)
         self._release()
         self._seal_if_drained(effects)
         return effects
@@ -445,13 +448,13 @@ class RangeWriter:
         rng = self._range
         if self.error is not None or range_index != rng.index or rng.seal_end is None:
             return effects
-        if len(rng.live) < self.ack_count:
+        if not rng.writable(self.ack_count):
             return effects
         if rng.full:
             rng.full = False
             rng.size_limit_lifted = True
             rng.roll_requested = True
-        rng.seal_end = None
+        rng.seal_end = rng.seal_batches = None
         rng.seal_sent = False
         self._advance(now_ms, effects)
         self._release()
@@ -518,8 +521,10 @@ class RangeWriter:
         rng.sent_bytes += batch.size
         self._confirm_sent = max(self._confirm_sent, confirm)
         self._last_send_ms = now_ms
-        for replica in rng.live:
-            effects.append(SendAppend(replica, rng.index, batch.end, payload))
+        k = rng.assign(batch)  # striped: its index; it goes to its write set only
+        for replica in rng.live if k is None else batch.holders:
+            if replica not in rng.failed:
+                effects.append(SendAppend(replica, rng.index, batch.end, payload, k))
 
     def _send_confirm(self, effects: list[Effect]) -> None:
         rng = self._range
@@ -529,8 +534,7 @@ class RangeWriter:
             effects.append(SendConfirm(replica, rng.index, confirm))
 
     def _advance(self, now_ms: int, effects: list[Effect]) -> None:
-        rng = self._range
-        confirmed = confirm_offset(rng.acked.values(), self.ack_count, start=rng.start)
+        confirmed = confirmed_end(self._batches, self._range, self.ack_count)
         if confirmed <= self.completed:
             return
         self.completed = confirmed
@@ -540,58 +544,51 @@ class RangeWriter:
         self._roll_if_full(effects)
 
     def _release(self) -> None:
-        """Drop batches that are acknowledged and held by every live replica."""
-        live = self._range.live
-        while self._batches:
-            batch = self._batches[0]
-            if batch.end > self.completed or batch.range_index != self._range.index:
-                return
-            if self._range.seal_end is None and not batch.acked_by.issuperset(live):
-                return
+        """Drop the front batches that every live holder has (:func:`releasable`)."""
+        rng, completed = self._range, self.completed
+        while self._batches and releasable(self._batches[0], rng, completed):
             self._drop_front()
 
     def _drop_front(self) -> None:
-        batch = self._batches.popleft()
+        self._chasing.dropped(batch := self._batches.popleft())
         self._batch_bytes -= batch.size
-        self._chasing.dropped(batch)
 
     def _drop_chasers(self, effects: list[Effect]) -> None:
         """The chase budget is full: fail the furthest behind (more than ack_count live)."""
         rng = self._range
-        while (self._chasing.full(self.config) and rng.seal_end is None
-               and rng.may_drop_slow(self.ack_count)):
-            self._fail_replica(furthest_behind(rng), effects)
+        while self._chasing.full(self.config) and rng.seal_end is None:
+            behind = furthest_behind(rng, self._batches)
+            if not rng.may_drop_slow(self.ack_count, behind):
+                return
+            self._fail_replica(behind, effects)
 
     def _fail_replica(self, replica: str, effects: list[Effect]) -> None:
         rng = self._range
         rng.fail(replica)
         if rng.seal_end is None:
-            if len(rng.live) >= self.ack_count:
+            if rng.writable(self.ack_count):
                 # Degraded: keep appending to the live replicas; roll when PD can place.
                 if not rng.roll_requested:
                     rng.roll_requested = True
                     effects.append(RequestRoll(rng.index, tuple(sorted(rng.failed))))
                 self._release()
                 return
-            rng.seal_end = self.completed  # too few to complete anything: must roll
+            rng.freeze(self.completed)  # too few to complete anything: must roll
         self._release()
         self._seal_if_drained(effects)
 
     def _roll_if_full(self, effects: list[Effect]) -> None:
-        rng = self._range
-        completed = self.completed
+        rng, completed = self._range, self.completed
         if rng.full and rng.seal_end is None and completed == sent_end(
                 self._batches, rng.index, completed):
-            rng.seal_end = self.completed
+            rng.freeze(completed)
             self._seal_if_drained(effects)
 
     def _seal_if_drained(self, effects: list[Effect]) -> None:
-        seal = self._range.seal_if_drained()
-        if seal is not None:
+        if (seal := self._range.seal_if_drained()) is not None:
             effects.append(seal)
 
-    def _unacked_sent(self) -> bool:
-        # Batches are kept in offset order: the last one has the highest end.
+    def _unacked_sent(self) -> bool:  # in offset order: the last has the highest end
         batches = self._batches
         return bool(batches) and batches[-1].end > self.completed
 

@@ -106,20 +106,23 @@ class ListServers:
 @dataclass(frozen=True, slots=True)
 class SealInPd:
     """PD ``seal_range`` of ``range_index`` at ``end``, placing the next range without
-    ``exclude``."""
+    ``exclude``; ``batches``: a striped range's batch count (for PD's record)."""
 
     range_index: int
     end: int
     exclude: tuple[str, ...]
+    batches: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SealReplicas:
-    """SEAL with ``end`` on each of ``replicas`` (best effort, bounded)."""
+    """SEAL with ``end`` on each of ``replicas`` (best effort, bounded); ``batches``: a
+    striped range's batch count, which its SEAL names."""
 
     range_index: int
     end: int
     replicas: tuple[str, ...]
+    batches: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +240,7 @@ class Roller:
             meta = yield from self._seal_in_pd(core, seal)
             if meta is None:
                 return  # postponed (the range goes on degraded) or the writer stopped
-            holders = yield SealReplicas(seal.range_index, seal.end, core.live)
+            holders = yield SealReplicas(seal.range_index, seal.end, core.live, seal.batches)
             nxt = meta.range_at(seal.range_index + 1)
             if nxt is None:
                 raise InvalidArgument(f"PD answered without range {seal.range_index + 1}")
@@ -278,14 +281,14 @@ class Roller:
             try:
                 meta: StreamMeta
                 try:
-                    meta = yield SealInPd(seal.range_index, seal.end, exclude)
+                    meta = yield SealInPd(seal.range_index, seal.end, exclude, seal.batches)
                 except NoPlacement:
                     if not (relax and exclude):
                         raise
                     # Nothing can be appended until this range rolls: a range on servers
                     # PD deems alive, suspects included, beats waiting for them (it runs
                     # degraded if one of them fails again).
-                    meta = yield SealInPd(seal.range_index, seal.end, ())
+                    meta = yield SealInPd(seal.range_index, seal.end, (), seal.batches)
                 return meta
             except NoPlacement:
                 # Nothing was sealed (PD first): the range may go on, degraded.

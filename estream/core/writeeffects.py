@@ -38,12 +38,14 @@ class WriterConfig:
 
 @dataclass(frozen=True, slots=True)
 class SendAppend:
-    """Send ``payload`` (one encoded batch) as APPEND to ``replica`` of ``range_index``."""
+    """Send ``payload`` (one encoded batch) as APPEND to ``replica`` of ``range_index``;
+    ``batch``: its index in a striped range (None: unstriped, not sent)."""
 
     replica: str
     range_index: int
     end: int
     payload: bytes
+    batch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +81,14 @@ class BeginSeal:
     """Seal ``range_index`` at ``end``: PD seal_range excluding ``failed`` first, then
     SEAL with the end to ``live`` replicas (best effort), CREATE_RANGE on the next range's
     replicas, then call :meth:`RangeWriter.on_range_opened`. If PD cannot place the next
-    range, call :meth:`RangeWriter.on_roll_postponed` instead."""
+    range, call :meth:`RangeWriter.on_roll_postponed` instead. ``batches``: a striped
+    range's confirmed batch count (its SEAL names it), None unstriped."""
 
     range_index: int
     end: int
     failed: tuple[str, ...]
     live: tuple[str, ...]
+    batches: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 AppendDone = Callable[[int, EstreamError | None], None]
 ConfirmDone = Callable[[EstreamError | None], None]
 _Server = tuple[str, str | None]  # address, server id
-_Batch = tuple[bytes | memoryview, AppendDone]
+_Batch = tuple[bytes | memoryview, AppendDone, int | None]  # + a striped batch's index
 _Confirm = tuple[Confirm, ConfirmDone]
 
 
@@ -72,16 +72,20 @@ class AppendSender:
 
     def start_append(
         self, address: str, done: AppendDone, *, server_id: str | None,
-        batch: bytes | memoryview, deferred: bool = False,
+        batch: bytes | memoryview, deferred: bool = False, batch_index: int | None = None,
     ) -> None:
         """Send ``batch`` to ``address``: now if it is the first entry for that server in
-        this turn, else with the others queued for it at the end of the turn."""
+        this turn, else with the others queued for it at the end of the turn.
+        ``batch_index``: its index in a striped range (APPEND ``batch``, APPEND_MANY
+        ``batches``; None: not sent)."""
         server = (address, server_id)
         if self._first(server):
             self._single.start_append(address, done, server_id=server_id, batch=batch,
-                                      deferred=deferred, timeout_s=self.timeout_s)
+                                      deferred=deferred, timeout_s=self.timeout_s,
+                                      batch_index=batch_index)
         else:
-            self._queued_for(server).batches.setdefault(deferred, []).append((batch, done))
+            self._queued_for(server).batches.setdefault(deferred, []).append(
+                (batch, done, batch_index))
 
     def start_confirm(
         self, address: str, done: ConfirmDone, *, server_id: str | None, stream_id: int,
@@ -121,16 +125,16 @@ class AppendSender:
         for (address, server_id), entries in queued.items():
             confirms = entries.confirms
             for deferred, batches in entries.batches.items():
-                for group in group_entries([len(batch) for batch, _ in batches]):
+                for group in group_entries([len(batch) for batch, _, _ in batches]):
                     # Confirms are durable before they are answered: they ride only with
                     # batches that wait for the fsync anyway, never with DEFERRED_SYNC ones.
                     riding = [] if deferred else confirms[:limits.append_many_entries_max]
                     confirms = confirms[len(riding):]
                     if len(group) == 1 and not riding:
-                        batch, done = batches[group.start]
+                        batch, done, index = batches[group.start]
                         self._single.start_append(address, done, server_id=server_id,
                                                   batch=batch, deferred=deferred,
-                                                  timeout_s=self.timeout_s)
+                                                  timeout_s=self.timeout_s, batch_index=index)
                         continue
                     self._send_many(address, server_id, deferred,
                                     batches[group.start:group.stop], riding)
@@ -150,8 +154,9 @@ class AppendSender:
                    batches: list[_Batch], confirms: list[_Confirm]) -> None:
         """One APPEND_MANY; each entry's answer to its callback."""
         pool = self.pool
-        header, payload = encode_request([batch for batch, _ in batches], deferred, server_id,
-                                         [confirm for confirm, _ in confirms])
+        header, payload = encode_request([batch for batch, _, _ in batches], deferred,
+                                         server_id, [confirm for confirm, _ in confirms],
+                                         [index for _, _, index in batches])
 
         def answered(body: Header | None, error: EstreamError | None) -> None:
             if error is None:
@@ -161,7 +166,7 @@ class AppendSender:
                 except MalformedFrame as exc:
                     error = exc
                 else:
-                    for (_, done), result in zip(batches, results, strict=True):
+                    for (_, done, _), result in zip(batches, results, strict=True):
                         if isinstance(result, int):
                             _call(done, result, None)
                         else:
@@ -171,7 +176,7 @@ class AppendSender:
                     return
             if isinstance(error, Timeout):
                 pool.discard(address)  # a stuck connection: reconnect for the next range
-            for _, done in batches:
+            for _, done, _ in batches:
                 _call(done, -1, error)
             for _, confirmed_done in confirms:
                 _call(confirmed_done, error)

@@ -70,7 +70,7 @@ from estream.wire.errors import (
     Timeout,
     WrongServer,
 )
-from estream.wire.meta import RangeMeta
+from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import BatchHeader, iter_batches, restamp, verify_batch
 
 heal_window_s = 120.0  # how long a writer keeps trying to bring a left-out replica back
@@ -277,12 +277,18 @@ class ReplicaClient:
         return Endpoint(self.addresses[replica], replica)
 
     def start_append(self, replica: str, payload: bytes, deferred: bool,
-                     done: Callable[[int, EstreamError | None], None]) -> None:
+                     done: Callable[[int, EstreamError | None], None],
+                     batch_index: int | None = None) -> None:
         """APPEND one encoded batch to ``replica``, written now:
         ``done(its durable (or written) end, None)`` or ``done(-1, error)`` later
-        (:meth:`RangeClient.start_append`)."""
-        self.appends.start_append(self.addresses[replica], done, server_id=replica,
-                                  batch=payload, deferred=deferred)
+        (:meth:`RangeClient.start_append`); ``batch_index``: a striped range's."""
+        if batch_index is None:
+            self.appends.start_append(self.addresses[replica], done, server_id=replica,
+                                      batch=payload, deferred=deferred)
+        else:
+            self.appends.start_append(self.addresses[replica], done, server_id=replica,
+                                      batch=payload, deferred=deferred,
+                                      batch_index=batch_index)
 
     def start_confirm(self, replica: str, stream_id: int, range_index: int, confirm: int,
                       done: Callable[[EstreamError | None], None], *,
@@ -337,14 +343,16 @@ class ReplicaClient:
             end=copy.end, progress=CopyProgress(copy.start, self.epoch, digest=self.digest))
 
     async def seal(
-        self, stream_id: int, range_index: int, end: int, replicas: Sequence[str]
+        self, stream_id: int, range_index: int, end: int, replicas: Sequence[str],
+        batches: int | None = None,
     ) -> tuple[str, ...]:
         """SEAL with the end on each replica, best effort (PD's record is what counts, and
-        it is made first); returns the replicas that confirmed it."""
+        it is made first); returns the replicas that confirmed it. ``batches``: a striped
+        range's batch count."""
         results = await asyncio.gather(
             *(self.client.seal(self.addresses[r], server_id=r, stream_id=stream_id,
                                range_index=range_index, epoch=self.epoch, end=end,
-                               timeout_s=self.timeouts.seal_s)
+                               timeout_s=self.timeouts.seal_s, batches=batches)
               for r in replicas),
             return_exceptions=True,
         )
@@ -361,12 +369,16 @@ class ReplicaClient:
         return {r for r, res in zip(replicas, results, strict=True)
                 if not isinstance(res, BaseException)}
 
-    async def create_range(self, stream_id: int, rng: RangeMeta) -> dict[str, EstreamError]:
-        """CREATE_RANGE on every replica of ``rng`` at our epoch; the replicas that failed,
-        with their errors (a Fenced one is raised)."""
+    async def create_range(
+        self, stream_id: int, rng: RangeMeta, meta: StreamMeta | None = None
+    ) -> dict[str, EstreamError]:
+        """CREATE_RANGE on every replica of ``rng`` at our epoch (``meta``: the stream,
+        naming each server's stripe when striped); the replicas that failed, with their
+        errors (a Fenced one is raised)."""
         self.learn(rng)
         results = await asyncio.gather(
-            *(self.create(r.id, stream_id, rng.index, rng.start, timeout_s=self.timeouts.create_s)
+            *(self.create(r.id, stream_id, rng.index, rng.start, timeout_s=self.timeouts.create_s,
+                          stripe=None if meta is None else meta.replica_stripe(rng, r.id))
               for r in rng.replicas),
             return_exceptions=True,
         )

@@ -79,6 +79,7 @@ class AppendSending(Protocol):
     def start_append(
         self, address: str, done: Callable[[int, EstreamError | None], None], *,
         server_id: str | None, batch: bytes | memoryview, deferred: bool = False,
+        batch_index: int | None = None,
     ) -> None: ...
 
     def start_confirm(
@@ -173,12 +174,12 @@ class RangeClient:
     def start_append(
         self, address: str, done: Callable[[int, EstreamError | None], None], *,
         server_id: str | None, batch: bytes | memoryview, deferred: bool = False,
-        timeout_s: float | None = None,
+        timeout_s: float | None = None, batch_index: int | None = None,
     ) -> None:
         """:meth:`append` without awaiting (the writer's hot path): the batch is written
         now (once connected), and ``done(end, None)`` or ``done(-1, error)`` is called
         later from the event loop, never from within this call. Same answers and the
-        same timeout policy as :meth:`append`."""
+        same timeout policy as :meth:`append` (``batch_index`` likewise)."""
         pool = self.pool
 
         def answered(body: Header | None, error: EstreamError | None) -> None:
@@ -193,8 +194,11 @@ class RangeClient:
                 pool.discard(address)  # a stuck connection: reconnect for the next range
             done(-1, error)
 
-        pool.start_call(address, Opcode.APPEND, self._append_header(deferred, server_id),
-                        batch, answered, timeout_s=self._timeout(timeout_s))
+        header = self._append_header(deferred, server_id)
+        if batch_index is not None:
+            header = {**header, "batch": batch_index}
+        pool.start_call(address, Opcode.APPEND, header, batch, answered,
+                        timeout_s=self._timeout(timeout_s))
 
     async def seal(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,

@@ -162,7 +162,7 @@ class Client:
         ``exist_ok``: a stream of that name with exactly these settings is returned as it
         is; with other settings (or without ``exist_ok``) it raises ``StreamExists``.
         ``ensemble``: each range's servers, ``replicas`` (None) up to 64 (striping,
-        ``estream/wire/stripe.py``); writers refuse a striped stream for now."""
+        ``estream/wire/stripe.py``: batch k on ``replicas`` of them)."""
         request = CreateStreamRequest(
             name=name, replicas=replicas, ack_count=ack_count, type=type, hints=tuple(hints),
             request_id=uuid.uuid4().hex, retention_ms=retention_ms,
@@ -358,10 +358,6 @@ class Client:
             delivery_timeout_ms=max(1, round(delivery_timeout_s * 1000)),
         )
         meta = await self.stream_meta(name)
-        if meta.striped:  # before fencing anyone: no writer spreads batches over E yet
-            raise InvalidArgument(
-                f"stream {name!r} is striped (ensemble {meta.ensemble} > replicas "
-                f"{meta.replicas}): striped streams are not writable yet", argument="ensemble")
         # DigestKeyMissing, or DigestMismatch for a key that is not the stream's, before
         # fencing anyone.
         await self._check_key(meta, self.stream_key(meta))

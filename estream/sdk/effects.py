@@ -83,7 +83,7 @@ class EffectRunner:
                     replicas.start_append(
                         effect.replica, effect.payload, deferred,
                         partial(self._append_answered, core, effect.replica,
-                                effect.range_index))
+                                effect.range_index), effect.batch)
                 case CompleteAppends():
                     complete_upto = max(complete_upto, effect.upto)
                 case SendConfirm():

@@ -120,14 +120,15 @@ class RollDriver:
             case ListServers():
                 return await client.pd.list_servers()
             case SealInPd():
-                return await client.pd.seal_range(
-                    writer.stream.name, writer.epoch, step.range_index, step.end,
-                    step.exclude, known=writer.stream)
+                return await writer.seal_in_pd(step.range_index, step.end, step.exclude,
+                                               step.batches)
             case SealReplicas():
                 return await replicas.seal(
-                    core.ranges.stream_id, step.range_index, step.end, step.replicas)
+                    core.ranges.stream_id, step.range_index, step.end, step.replicas,
+                    step.batches)
             case CreateRange():
-                return await replicas.create_range(core.ranges.stream_id, step.range)
+                return await replicas.create_range(core.ranges.stream_id, step.range,
+                                                   writer.stream)
             case Postponed():
                 self._postponed(step.range_index)
             case StartAttempts():
@@ -160,9 +161,10 @@ class RollDriver:
         self, stream_id: int, rng: RangeMeta, end: int, holders: Sequence[str]
     ) -> None:
         """Bring the replicas of a just-sealed range that did not confirm the seal (dead,
-        cut off, slow) to the same records and seal, in the background."""
+        cut off, slow) to the same records and seal, in the background. Not a striped
+        range's (a replica takes only its chain, by index: PD's repair by write set)."""
         short = tuple(r.id for r in rng.replicas if r.id not in holders)
-        if short and holders:
+        if short and holders and not self._writer.stream.striped:
             writer = self._writer
             self.spawn(writer._replicas.heal(
                 stream_id, rng.index, end, short, tuple(holders), lambda: not writer._closed))

@@ -49,6 +49,7 @@ from estream.wire.errors import (
 )
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import DIGESTS, Record
+from estream.wire.stripe import Stripe
 
 if TYPE_CHECKING:
     from estream.sdk.client import Client
@@ -124,18 +125,21 @@ class Writer:
             producer_id=self._producer_id,
             digest=DIGESTS.get(getattr(meta, "digest", "xxh3"), 0),
             key=self._client.stream_key(meta),
+            stripe=Stripe(meta.ensemble, meta.replicas, meta.ack_count) if meta.striped else None,
         )
-        roller = Roller(self.timings.roll_config(meta.replicas), self.now_ms)
+        roller = Roller(self.timings.roll_config(meta.ensemble), self.now_ms)
         self._core = core = WriterCore(ranges, roller, recovery_retries=recovery_retries)
         self._runner.new_range(core)
         return core
 
     async def seal_in_pd(
-        self, range_index: int, end: int, exclude: tuple[str, ...]
+        self, range_index: int, end: int, exclude: tuple[str, ...], batches: int | None = None
     ) -> StreamMeta:
         """Recovery's ``seal_in_pd`` (without a placement avoiding ``exclude``, the recovery
         asks once more without it, and the writer then runs the next range degraded; a
-        ``RangeSealed`` is an earlier attempt's seal whose answer was lost: retried)."""
+        ``RangeSealed`` is an earlier attempt's seal whose answer was lost: retried). The
+        writer's one PD seal (its rolls' and close's too); ``batches``: a striped range's
+        count, for PD's record once ``seal_range`` takes it (not sent yet)."""
         return await self._client.pd.seal_range(
             self.stream.name, self.epoch, range_index, end, exclude, known=self.stream)
 
@@ -243,7 +247,11 @@ class Writer:
         replicas = sorted({r for rs in owed.values() for r in rs})
         answered = await self._replicas.force(replicas)
         acks = ranges.ack_count
-        short = sorted(i for i, rs in owed.items() if len(answered.intersection(rs)) < acks)
+        index = ranges.range_index
+        short = sorted(i for i, rs in owed.items() if not (
+            ranges.forced_by(answered) if i == index and ranges.stripe is not None
+            else len(answered.intersection(rs)) >= acks if ranges.stripe is None
+            else answered.issuperset(rs)))  # a sealed striped range: each live holder
         if short:
             raise Unavailable(
                 f"FORCE was answered by fewer than {acks} replicas of range(s) "
@@ -296,8 +304,9 @@ class Writer:
             return
         end = ranges.next_offset
         try:
-            self.stream = await self.seal_in_pd(ranges.range_index, end, ())
-            await self._replicas.seal(ranges.stream_id, ranges.range_index, end, ranges.live)
+            self.stream = await self.seal_in_pd(ranges.range_index, end, (), ranges.batches)
+            await self._replicas.seal(ranges.stream_id, ranges.range_index, end, ranges.live,
+                                      ranges.batches)
         except EstreamError as exc:
             log.info("stream %r: range %d not sealed at close (PD seals it later): %r",
                      self.stream.name, ranges.range_index, exc)

@@ -59,7 +59,7 @@ async def recover(writer: Writer, meta: StreamMeta, deadline: float) -> None:
             await asyncio.sleep(step.ms / 1000)
             return None
         if isinstance(step, CreateRange):
-            return await replicas.create_range(meta.id, step.range)
+            return await replicas.create_range(meta.id, step.range, meta)  # (stripes)
         return await driver.step(step)
 
     steps = open_range(

@@ -164,3 +164,19 @@ async def test_a_confirm_hint_goes_at_once_first_in_its_turn_and_else_is_dropped
     got = await answers.wait()
     assert got == {"h0": (0, None), "b0": (1, None)}
     assert [c[1] for c in pool.calls] == [Opcode.CONFIRM, Opcode.APPEND]
+
+
+async def test_a_striped_batchs_index_goes_with_it_in_append_and_append_many() -> None:
+    """APPEND ``"batch"``, APPEND_MANY ``"batches"`` (one per batch, null for an unstriped
+    range's batch sharing the request); none of it when no batch has an index."""
+    pool = FakePool({Opcode.APPEND: {"end": 1}, Opcode.APPEND_MANY: encode_answer([2, 3, 4])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
+    for name, index in [("s0", 7), ("s1", 8), ("p0", None), ("s2", 9)]:
+        sender.start_append("a:1", answers.to(name), server_id="s", batch=name.encode(),
+                            batch_index=index)
+    assert pool.calls[0][2] == {"deferred": False, "server_id": "s", "batch": 7}
+    await answers.wait()
+    assert pool.calls[1][1:3] == (Opcode.APPEND_MANY, {
+        "deferred": False, "sizes": [2, 2, 2], "batches": [8, None, 9], "server_id": "s"})
+    sender.start_append("a:1", answers.to("plain"), server_id="s", batch=b"x")
+    assert pool.calls[-1][2] == {"deferred": False, "server_id": "s"}  # unchanged

@@ -1,0 +1,276 @@
+"""The writer on striped streams against real processes (issue 30, item 1; docs/
+ARCHITECTURE.md section 10): 1 PD node, 6 range servers.
+
+Appends through ``open_writer`` land on exactly their write sets (each batch read back by
+index from every server of the range with the range client: the SDK reader is made
+stripe-aware elsewhere), also when two writers' batches share APPEND_MANY requests; the
+servers' confirm offsets advance; a server killed mid-stream leaves the range degraded
+with no append failed; two servers of one write set killed roll the range to a new
+ensemble (every acknowledged record once, in order, offsets contiguous across the roll);
+a SIGSTOPped server does not stop appends; E == replicas is today's writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import estream
+from estream.devcluster.cluster import Cluster
+from estream.net.rangeclient import RangeClient
+from estream.net.rpc import ConnectionPool
+from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.record import decode_batch, iter_batches, verify_batch
+from estream.wire.stripe import Stripe
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=6, heal=True)]
+
+
+async def holdings(rc: RangeClient, meta: StreamMeta, rng: RangeMeta, end: int,
+                   skip: frozenset[str] = frozenset()) -> dict[int, set[str]]:
+    """Batch k of ``rng`` (one record each: offsets ``rng.start + k``) -> the servers that
+    answer it by index; every other server (but ``skip``) must not hold it (a READ by
+    offset names the batch to ask for elsewhere)."""
+    stripe = Stripe(meta.ensemble, meta.replicas, meta.ack_count)
+    held: dict[int, set[str]] = {}
+    for position, ref in enumerate(rng.replicas):
+        if ref.id in skip:
+            continue
+        for k in range(end - rng.start):
+            offset = rng.start + k
+            mine = stripe.holds(position, k)
+            answer = await rc.read(ref.address, server_id=ref.id, stream_id=meta.id,
+                                   range_index=rng.index, offset=offset, unconfirmed=True,
+                                   batch=k if mine else None)
+            if not mine:
+                assert answer.payload == b"" and answer.next is not None, (ref.id, k)
+                continue
+            if not answer.payload:
+                continue  # a chain cut short (a roll re-sent the rest)
+            bases = [verify_batch(raw).base_offset for _, raw in iter_batches(answer.payload)]
+            assert answer.batches is not None and answer.batches[0] == k
+            assert bases[0] == offset
+            held.setdefault(k, set()).add(ref.id)
+    return held
+
+
+async def check_striped(cluster: Cluster, meta: StreamMeta, records: int,
+                        skip: frozenset[str] = frozenset()) -> None:
+    """Every range holding records: each batch (one record each) on ``acks`` or more
+    servers of its write set and on no other (``skip``: servers not asked)."""
+    stripe = Stripe(meta.ensemble, meta.replicas, meta.ack_count)
+    pool = ConnectionPool()
+    try:
+        rc = RangeClient(pool, timeout_s=10.0)
+        for rng in meta.ranges:
+            end = rng.end if rng.end is not None else records
+            held = await holdings(rc, meta, rng, end, skip)
+            for k in range(end - rng.start):
+                ws = {rng.replicas[p].id for p in stripe.write_set(k)}
+                assert stripe.acks <= len(held.get(k, set())) and held[k] <= ws, (k, held)
+    finally:
+        await pool.close()
+
+
+async def test_appends_land_on_exactly_their_write_sets(cluster: Cluster) -> None:
+    cluster.wait_servers(6)
+    pool = ConnectionPool()
+    rc = RangeClient(pool, timeout_s=10.0)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        metas = [await client.create_stream(f"sw-ws-{i}", 3, 2, ensemble=5) for i in (0, 1)]
+        writers = [await client.open_writer(m.name) for m in metas]
+        try:
+            for i in range(8):  # one record a batch: batch k holds offset k
+                assert await writers[0].append(b"a%d" % i) == i
+            # two writers in one turn: their batches to a server share APPEND_MANY
+            for i in range(8):
+                got = await asyncio.gather(writers[0].append(b"a%d" % (8 + i)),
+                                           writers[1].append(b"b%d" % i))
+                assert got == [8 + i, i]
+            for w in writers:
+                await w.flush()
+                assert w.statistics().degraded == 0 and w.statistics().rolls == 0
+        finally:
+            for w in writers:
+                await w.close()
+        metas = [await client.describe_stream(m.name) for m in metas]
+    try:
+        for meta, count in zip(metas, (16, 8), strict=True):
+            rng = meta.ranges[0]
+            stripe = Stripe(5, 3, 2)
+            held = await holdings(rc, meta, rng, count)
+            assert held == {k: {rng.replicas[p].id for p in stripe.write_set(k)}
+                            for k in range(count)}
+            states = [await rc.describe_range(ref.address, server_id=ref.id,
+                                              stream_id=meta.id, range_index=0)
+                      for ref in rng.replicas]
+            # each server learned the confirm offset (CONFIRM goes to all E at flush)
+            assert sum(1 for s in states if s.confirm == count) >= 2, states
+            assert all(0 < s.confirm <= count for s in states), states
+        # the next writer opens the fresh range PD placed at the close, and stripes it
+        async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+            async with await client.open_writer(metas[0].name) as writer:
+                assert [await writer.append(b"n%d" % i) for i in range(4)] == [16, 17, 18, 19]
+            meta = await client.describe_stream(metas[0].name)
+        rng = meta.ranges[1]
+        assert rng.start == 16 and await holdings(rc, meta, rng, rng.end or 20) == {
+            k: {rng.replicas[p].id for p in Stripe(5, 3, 2).write_set(k)} for k in range(4)}
+    finally:
+        await pool.close()
+
+
+async def test_a_server_killed_mid_stream_leaves_the_range_degraded(cluster: Cluster) -> None:
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("sw-kill1", 3, 2, ensemble=5)
+        victim = meta.ranges[0].replicas[2]
+        async with await client.open_writer(meta.name) as writer:
+            for i in range(6):
+                assert await writer.append(b"%d" % i) == i
+            cluster.kill9(victim.address)
+            offsets = [await writer.append(b"%d" % i) for i in range(6, 20)]
+            assert offsets == list(range(6, 20))  # nothing failed
+            stats = writer.statistics()
+            assert stats.failed == 0 and stats.degraded_ranges >= 1
+        meta = await client.describe_stream(meta.name)
+    await check_striped(cluster, meta, 20, skip=frozenset({victim.id}))
+
+
+async def test_two_servers_of_one_write_set_killed_roll_to_a_new_ensemble(
+        cluster: Cluster) -> None:
+    """E 4 (6 servers: after two are lost, a new ensemble of 4 can still be placed;
+    with E 5 it could not), R 3, A 2: positions 0 and 1 share W(0) and W(1)."""
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("sw-roll", 3, 2, ensemble=4)
+        first = meta.ranges[0].replicas
+        async with await client.open_writer(meta.name) as writer:
+            acked = [await writer.append(b"r%d" % i) for i in range(8)]
+            cluster.kill9(first[0].address)
+            cluster.kill9(first[1].address)
+            pending = [writer.append(b"r%d" % i) for i in range(8, 30)]
+            acked += [await p for p in pending]
+            assert acked == list(range(30))  # none failed, offsets contiguous
+            assert writer.statistics().rolls >= 1
+        meta = await client.describe_stream(meta.name)
+    ranges = list(meta.ranges)  # (the close sealed the last and PD placed one more)
+    assert ranges[0].end is not None and len(ranges) >= 2
+    assert not {first[0].id, first[1].id} & {r.id for r in ranges[1].replicas}
+    assert len(ranges[1].replicas) == 4
+    pool = ConnectionPool()
+    values: list[bytes] = []
+    try:
+        rc = RangeClient(pool, timeout_s=10.0)
+        for rng in ranges:
+            end = rng.end if rng.end is not None else 30
+            assert rng.start == len(values)  # contiguous across the roll
+            stripe = Stripe(4, 3, 2)
+            k, offset = 0, rng.start
+            while offset < end:  # batch k from a live server of W(k), by its index
+                for p in stripe.write_set(k):
+                    ref = rng.replicas[p]
+                    if ref.id in (first[0].id, first[1].id):
+                        continue
+                    answer = await rc.read(ref.address, server_id=ref.id,
+                                           stream_id=meta.id, range_index=rng.index,
+                                           offset=offset, batch=k, unconfirmed=True)
+                    if answer.payload:
+                        _, raw = next(iter(iter_batches(answer.payload)))
+                        assert verify_batch(raw).base_offset == offset
+                        got = [r.value for r in decode_batch(bytes(raw)).records]
+                        values += got
+                        offset += len(got)
+                        break
+                else:
+                    pytest.fail(f"batch {k} of range {rng.index} held by no live server")
+                k += 1
+    finally:
+        await pool.close()
+    assert values == [b"r%d" % i for i in range(30)]  # each acknowledged record once, in order
+
+
+async def test_a_sigstopped_server_does_not_stop_appends(cluster: Cluster) -> None:
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("sw-stop", 3, 2, ensemble=5)
+        hung = meta.ranges[0].replicas[1]
+        async with await client.open_writer(meta.name) as writer:
+            assert await writer.append(b"0") == 0
+            cluster.pause(hung.address)
+            try:
+                slowest = 0.0
+                for i in range(1, 16):
+                    began = time.monotonic()
+                    assert await writer.append(b"%d" % i) == i
+                    slowest = max(slowest, time.monotonic() - began)
+                # loose: never a request timeout (5 s) per append: the others answer
+                assert slowest < 4.0, slowest
+                assert writer.statistics().failed == 0
+            finally:
+                cluster.resume(hung.address)
+        meta = await client.describe_stream(meta.name)
+    await check_striped(cluster, meta, 16)
+
+
+async def test_an_ensemble_of_replicas_is_todays_writer(cluster: Cluster) -> None:
+    cluster.wait_servers(6)
+    pool = ConnectionPool()
+    try:
+        rc = RangeClient(pool, timeout_s=10.0)
+        async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+            meta = await client.create_stream("sw-plain", 3, 2, ensemble=3)
+            assert not meta.striped
+            async with await client.open_writer(meta.name) as writer:
+                for i in range(5):
+                    assert await writer.append(b"%d" % i) == i
+                await writer.flush()
+            whole = 0
+            for ref in meta.ranges[0].replicas:  # whole replicas: a prefix on each
+                answer = await rc.read(ref.address, server_id=ref.id, stream_id=meta.id,
+                                       range_index=0, offset=0, unconfirmed=True)
+                assert answer.batches is None and answer.next is None
+                bases = [h.base_offset for h, _ in iter_batches(answer.payload)]
+                assert bases == list(range(len(bases)))
+                whole += len(bases) == 5
+            assert whole >= 2
+    finally:
+        await pool.close()
+
+
+async def test_a_writer_fencing_another_stripes_the_range_its_recovery_opens(
+        cluster: Cluster) -> None:
+    """The first writer left its range open (not closed, every batch on its whole write
+    set): the next one's recovery seals it and creates the next range, each server at its
+    stripe position (estream/sdk/writeropen.py), so it takes indexed appends: no roll."""
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as first:
+        await first.create_stream("sw-fence", 3, 2, ensemble=5)
+        old = await first.open_writer("sw-fence")
+        for i in range(6):
+            await old.append(b"%d" % i)
+        await old.flush()
+        async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as second:
+            async with await second.open_writer("sw-fence") as writer:
+                assert [await writer.append(b"n%d" % i) for i in range(3)] == [6, 7, 8]
+                assert writer.statistics().rolls == 0 and writer.statistics().degraded == 0
+            meta = await second.describe_stream("sw-fence")
+    rng = meta.ranges[1]
+    assert (meta.ranges[0].end, rng.start) == (6, 6)
+    await check_striped(cluster, meta, 9)
+
+
+async def test_deferred_sync_force_on_a_striped_stream(cluster: Cluster) -> None:
+    """DEFERRED_SYNC: force() returns once the FORCE answers cover every confirmed batch
+    by the prefix rule, and the confirm offset then moves."""
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        await client.create_stream("sw-force", 3, 2, ensemble=5)
+        async with await client.open_writer("sw-force", deferred_sync=True) as writer:
+            assert [await writer.append(b"%d" % i) for i in range(7)] == list(range(7))
+            await writer.force()
+            assert writer._core is not None and writer._core.ranges.forced == 7
+        meta = await client.describe_stream("sw-force")
+    await check_striped(cluster, meta, 7)
