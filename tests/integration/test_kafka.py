@@ -523,6 +523,47 @@ def test_bad_frames_and_absurd_sizes_get_kafka_errors_and_the_gateway_keeps_serv
     assert 'estream_kafka_requests_total{api="Metadata",error="INVALID_REQUEST"} 1.0' in text
 
 
+def _in_flight(gateway: Gateway) -> float:
+    with urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=WAIT_S) as response:
+        text = response.read().decode()
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("estream_kafka_requests_in_flight ")))
+
+
+def test_one_connection_has_hundreds_of_requests_in_flight(gateway: Gateway) -> None:
+    """librdkafka sends one partition per Produce: over many partitions, hundreds of small
+    requests on one connection. They are all served at once (64 were, the rest waited
+    unread). Long polls show it: each waits at the end of an empty partition until the
+    connection closes, which ends them."""
+    import datetime
+    import io
+
+    from kio.schema.fetch.v4 import request as fetch
+    from kio.schema.types import BrokerId, TopicName
+    from kio.serial import entity_writer
+    from kio.static.primitive import i8, i32
+
+    create_topic(gateway, "inflight")
+    body = fetch.FetchRequest(
+        replica_id=BrokerId(-1), max_wait=datetime.timedelta(seconds=25), min_bytes=i32(1),
+        max_bytes=i32(1 << 20), isolation_level=i8(0), topics=(fetch.FetchTopic(
+            topic=TopicName("inflight"), partitions=(fetch.FetchPartition(
+                partition=i32(0), fetch_offset=0, partition_max_bytes=i32(1 << 20)),)),))
+    out = io.BytesIO()
+    entity_writer(type(body))(out, body)
+    count = 200
+    with _connect(gateway) as sock:
+        sock.sendall(b"".join(_request(1, 4, i, out.getvalue()) for i in range(count)))
+        deadline = time.monotonic() + WAIT_S
+        while _in_flight(gateway) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _in_flight(gateway) >= count
+    deadline = time.monotonic() + WAIT_S
+    while _in_flight(gateway) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _in_flight(gateway) == 0  # (the closed connection's long polls ended)
+
+
 def test_kafka_python_admin_grows_partitions_and_changes_retention(gateway: Gateway) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
     from kafka.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
