@@ -58,6 +58,7 @@ from estream.wire.errors import (
 from estream.wire.roles import ALL_ROLES
 
 log = logging.getLogger("estream.kafka")
+_Answering = tuple[asyncio.Task[bytes | None], bool]  # a request's task, whether a Produce
 
 connections_max: Final = 1024  # open Kafka connections; one past it is closed at once
 read_chunk_bytes: Final = 256 * 1024
@@ -148,7 +149,7 @@ class Gateway(Reads, Fetch, Produce):
         self.connections += 1
         session = auth.open_session(bool(self.token_roles), writer)
         decoder = kp.FrameDecoder()
-        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        answers: asyncio.Queue[_Answering | None] = asyncio.Queue()
         load, room = InFlight(), asyncio.Event()  # (room: set by the sender as it frees)
         sender = asyncio.ensure_future(self._send_in_order(answers, writer, session, load,
                                                            room))
@@ -164,14 +165,16 @@ class Gateway(Reads, Fetch, Produce):
                     break
                 self.bytes_in += len(data)
                 for frame in decoder.feed(data):
-                    while not load.room() and not sender.done():
+                    produce = kp.peek_header(frame)[0] == kp.PRODUCE
+                    while not load.room(produce) and not sender.done():
                         room.clear()
                         await room.wait()
-                    answers.put_nowait(self._start(frame, session, waiting, load))
+                    answers.put_nowait((self._start(frame, session, waiting, load, produce),
+                                        produce))
                 if decoder.failed is not None:
-                    load.started(0)
-                    answers.put_nowait(_charged(asyncio.ensure_future(
-                        self._refuse_stream(decoder.head(), decoder.failed)), 0, load))
+                    load.started(0, False)
+                    answers.put_nowait((_charged(asyncio.ensure_future(
+                        self._refuse_stream(decoder.head(), decoder.failed)), 0, load), False))
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             peer_gone = True
@@ -193,11 +196,11 @@ class Gateway(Reads, Fetch, Produce):
             self.connections -= 1
 
     def _start(self, frame: bytes, session: Session, waiting: set[asyncio.Task[bytes | None]],
-               load: InFlight) -> asyncio.Task[bytes | None]:
+               load: InFlight, produce: bool) -> asyncio.Task[bytes | None]:
         """The task answering ``frame``, counted in :attr:`in_flight` while it runs and
         in its connection's ``load`` until its answer is written; one of
         :data:`~estream.kafka.protocol.WAITING_APIS` is kept in ``waiting``."""
-        load.started(len(frame))
+        load.started(len(frame), produce)
         task = _charged(asyncio.ensure_future(self._answer(frame, session)), len(frame), load)
         self.in_flight += 1
         if kp.peek_header(frame)[0] in kp.WAITING_APIS:
@@ -220,16 +223,17 @@ class Gateway(Reads, Fetch, Produce):
             writer.close()
 
     async def _send_in_order(
-        self, answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        self, answers: asyncio.Queue[_Answering | None],
         writer: asyncio.StreamWriter, session: Session, load: InFlight, room: asyncio.Event,
     ) -> None:
         """Each request's answer in the order they came, each freeing its ``load`` once
         written (``room`` set when the connection may read on; also when this ends)."""
         try:
             while True:
-                task = await answers.get()
-                if task is None:
+                item = await answers.get()
+                if item is None:
                     return
+                task, produce = item
                 # (wait, not await: this task's cancellation must not cancel the request's)
                 await asyncio.wait((task,))
                 answer = _answer_of(task)
@@ -239,9 +243,8 @@ class Gateway(Reads, Fetch, Produce):
                         self.bytes_out += len(answer)
                         await writer.drain()
                 finally:
-                    load.written(0 if answer is None else len(answer))
-                    if load.room():
-                        room.set()
+                    load.written(0 if answer is None else len(answer), produce)
+                    room.set()  # (the reader checks whether its next request fits)
                 if session.closing:  # a failed authentication: answered, then closed
                     writer.close()
                     return
