@@ -318,10 +318,11 @@ class PdService(ServerOps):
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
-        stream_id: int = 0,
+        stream_id: int = 0, batches: int | None = None,
     ) -> StreamMeta:
         """Seal range ``range_index`` at ``end`` and place the next one (avoiding
-        ``exclude``); with ``stream_id``, only of that incarnation (StreamNotFound)."""
+        ``exclude``); with ``stream_id``, only of that incarnation (StreamNotFound);
+        ``batches``: a striped range's batch count (the catalog checks it)."""
         view = await self.decision_view()
         stream = view.stream(name, stream_id)
         current = stream.last_range
@@ -334,7 +335,8 @@ class PdService(ServerOps):
                 self._candidates(view), stream.ensemble, hints=stream.hints, exclude=exclude
             )
         return _stream(await self.raft.propose(
-            SealRange(name, epoch, range_index, end, placement, stream_id)))
+            SealRange(name, epoch, range_index, end, placement, stream_id,
+                      -1 if batches is None else batches)))
 
     async def trim_stream(self, name: str, start_offset: int, stream_id: int = 0
                           ) -> StreamMeta:
