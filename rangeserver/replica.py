@@ -95,10 +95,12 @@ class ReplicaState:
     def describe(self, *, seen_ms: int | None = None) -> dict[str, object]:
         """The DESCRIBE_RANGE answer (``docs/PROTOCOL.md``); ``"digest"`` only when one
         is recorded, ``"seen_ms"`` (the shell's: when it last took a request of
-        ``epoch``) only when given."""
+        ``epoch``) only when given, a striped replica's stripe and chain only for it."""
         return RangeState(self.start, self.end, self.confirm, self.epoch, self.sealed,
                           self.sealed_end if self.sealed else None, self.damaged,
-                          digest_name(self.digest), seen_ms).to_header()
+                          digest_name(self.digest), seen_ms, self.stripe,
+                          self.chain_durable if self.stripe else None,
+                          self.sealed_batches if self.sealed else None).to_header()
 
 
 def digest_name(digest: int | None) -> str | None:

@@ -30,7 +30,7 @@ from estream.net.rangeclient import RangeClient, ReplicaClient
 from estream.net.recovery import recover_range
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
-from estream.wire.errors import EstreamError, InvalidArgument, Unavailable
+from estream.wire.errors import Conflict, EstreamError, InvalidArgument, Unavailable
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 from estream.wire.stripe import Stripe
@@ -266,3 +266,33 @@ async def test_pd_recovers_a_striped_range_whose_writer_stopped_keepalives(
             with contextlib.suppress(EstreamError):
                 await client.delete_stream("sr-lease")
             await pool.close()
+
+
+async def test_a_sealed_striped_replica_keeps_its_count_and_shows_its_stripe(
+        cluster: Cluster) -> None:
+    """Chains of batches 0-9 sealed by hand at 80 with 8 batches: a second SEAL with
+    another count is ``Conflict`` (the same one idempotent), batches 8 and 9 (held, past
+    the sealed end) are not served, and DESCRIBE_RANGE shows each replica's stripe, chain
+    and count."""
+    async with chains(cluster, "sr-sealed") as c:
+        for k in range(10):
+            await c.write(k)
+        refs = c.rng.replicas
+
+        async def seal(p: int, batches: int) -> None:
+            await c.rc.seal(refs[p].address, server_id=refs[p].id, stream_id=c.meta.id,
+                            range_index=0, epoch=c.epoch, end=80, batches=batches)
+
+        for p in range(5):
+            await seal(p, 8)
+        for p in range(5):
+            await seal(p, 8)  # again: the same seal
+            with pytest.raises(Conflict, match="8 batches"):
+                await seal(p, 7)
+            state = await c.rc.describe_range(refs[p].address, server_id=refs[p].id,
+                                              stream_id=c.meta.id, range_index=0)
+            last = max(k for k in range(10) if STRIPE.holds(p, k))
+            assert (state.stripe, state.batches, state.last_batch, state.sealed_end) == (
+                (5, 3, p), 8, last, 80)
+        assert await c.served(8) == [] and await c.served(9) == []
+        assert len(await c.served(7)) == 3
