@@ -208,7 +208,7 @@ class PdService(ServerOps):
         check_stream_args(command)  # bad input is reported before any placement error
         self._require_leader()
         placement = choose_replicas(self._candidates(view), r.ensemble or r.replicas,
-                                    hints=r.hints)
+                                    hints=r.hints, striped=(r.ensemble or 0) > r.replicas)
         return replace(command, placement=placement)
 
     @staticmethod
@@ -332,8 +332,8 @@ class PdService(ServerOps):
         else:
             self._require_leader()
             placement = choose_replicas(
-                self._candidates(view), stream.ensemble, hints=stream.hints, exclude=exclude
-            )
+                self._candidates(view), stream.ensemble, hints=stream.hints, exclude=exclude,
+                striped=stream.striped)
         return _stream(await self.raft.propose(
             SealRange(name, epoch, range_index, end, placement, stream_id,
                       -1 if batches is None else batches)))

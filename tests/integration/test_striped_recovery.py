@@ -26,11 +26,18 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.net.pdclient import PDClient
 from estream.net.rangeclient import RangeClient, ReplicaClient
 from estream.net.recovery import recover_range
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
-from estream.wire.errors import Conflict, EstreamError, InvalidArgument, Unavailable
+from estream.wire.errors import (
+    Conflict,
+    EstreamError,
+    InvalidArgument,
+    NoPlacement,
+    Unavailable,
+)
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 from estream.wire.stripe import Stripe
@@ -296,3 +303,26 @@ async def test_a_sealed_striped_replica_keeps_its_count_and_shows_its_stripe(
                 (5, 3, p), 8, last, 80)
         assert await c.served(8) == [] and await c.served(9) == []
         assert len(await c.served(7)) == 3
+
+
+async def test_striped_ranges_go_only_to_servers_that_announce_them(cluster: Cluster) -> None:
+    """A registered server whose heartbeat does not say it takes striped replicas (an
+    older one, which would read their log entries as damage) is alive for PD but never
+    in a striped range: 7 live servers of which 6 take them, so an ensemble of 7 is
+    ``NoPlacement`` and one of 6 leaves the older one out. (Last: it stays registered.)"""
+    cluster.wait_servers(6)
+    pool = cluster.member_pool()
+    pd = PDClient(cluster.pd_addresses, timeout_s=10.0, pool=pool)
+    try:
+        await pd.register_server("sr-older", "127.0.0.9:9")
+        await pd.heartbeat("sr-older", "127.0.0.9:9", {"ranges": 0, "bytes": 0})
+        cluster.wait_servers(7)
+        async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+            with pytest.raises(NoPlacement, match="striped"):
+                await client.create_stream("sr-seven", replicas=3, ack_count=2, ensemble=7)
+            six = await client.create_stream("sr-six", replicas=3, ack_count=2, ensemble=6)
+            assert "sr-older" not in {r.id for r in six.ranges[0].replicas}
+            await client.delete_stream("sr-six")
+    finally:
+        await pd.close()
+        await pool.close()
