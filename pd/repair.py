@@ -187,7 +187,9 @@ def _report(item: object, *, listed: bool) -> ReplicaReport | None:
     sealed = bool(item.get("sealed", False))
     raw_sealed_end = item.get("sealed_end")
     sealed_end = raw_sealed_end if isinstance(raw_sealed_end, int) and sealed else None
-    if listed and sealed_end is not None:
+    if sealed_end is not None and isinstance(item.get("batches"), int):
+        end = sealed_end  # a striped replica sealed with its count holds its whole chain
+    elif listed and sealed_end is not None:
         end = min(end, sealed_end)  # a listing gives the durable end; a report what it serves
     return ReplicaReport(sid, idx, bool(item.get("damaged", False)), sealed, end, sealed_end)
 

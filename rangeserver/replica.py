@@ -523,7 +523,7 @@ def problem_replicas(
         return (rank, s.range_index, s.stream_id)
 
     def urgent(s: ReplicaState) -> bool:
-        return s.damaged or not s.sealed or s.end < s.sealed_end
+        return s.damaged or not s.sealed or _held_end(s) < s.sealed_end
 
     chosen = sorted((s for s in states if urgent(s)), key=urgency)[: max(0, limit)]
     room = max(0, limit - len(chosen))
@@ -536,12 +536,20 @@ def problem_replicas(
     return [_problem(s) for s in chosen], rotation
 
 
+def _held_end(s: ReplicaState) -> int:
+    """What a replica holds for repair: a striped one sealed with its count holds its
+    whole chain below it (its seal checked that), so the range to its sealed end."""
+    if s.sealed and s.sealed_batches is not None:
+        return s.sealed_end
+    return readable_end(s, unconfirmed=True)
+
+
 def _problem(s: ReplicaState) -> dict[str, object]:
     return {
         "stream_id": s.stream_id,
         "range_index": s.range_index,
         "damaged": s.damaged,
         "sealed": s.sealed,
-        "end": readable_end(s, unconfirmed=True),
+        "end": _held_end(s),
         "sealed_end": s.sealed_end if s.sealed else None,
     }

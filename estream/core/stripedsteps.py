@@ -32,6 +32,7 @@ from estream.core.stripedrecovery import (
     plan_copies,
     sources_for,
 )
+from estream.core.striping import read_order
 from estream.wire.errors import EstreamError, Fenced, NoPlacement, RangeNotFound, Unavailable
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.stripe import ChainEnd, Stripe
@@ -264,6 +265,46 @@ def _copy(walk: _Walk, plan: tuple[Copy, ...], batches: int,
             answers[p] = ChainEnd(k, walk.ends[k])
 
 
+def copy_chain(
+    range_index: int, stripe: Stripe, ids: Sequence[str], position: int, batches: int,
+    *, after_index: int = -1, after_end: int,
+) -> Generator[ReadBatches | AppendBatch, Any, int]:
+    """Repair's copy: give the server at ``position`` (``ids[position]``, the range's
+    servers in ensemble order) exactly its chain below ``batches``, from its batch after
+    ``after_index`` (which ends at ``after_end``: the range's start for none), in order.
+    Every batch from there is read by index (its base the previous one's end) from the
+    other members of its write set, in :func:`read_order`, the first that serves it; the
+    position's own are APPENDed by index (an error there is raised as it is). Returns the
+    bytes appended; ``Unavailable`` when no member serves a batch.
+
+    >>> steps = copy_chain(0, Stripe(5, 3, 2), "abcde", 4, 3, after_end=0)
+    >>> steps.send(None)
+    ReadBatches(range_index=0, replica='c', index=0, base=0)
+    """
+    last = stripe.prev_held(position, batches)
+    base, copied = after_end, 0
+    held: dict[int, HeldBatch] = {}
+    for k in range(after_index + 1, last + 1):
+        got = held.pop(k, None)
+        for p in [] if got is not None else read_order(k, stripe):
+            if p == position:
+                continue
+            try:
+                run: Sequence[HeldBatch] = yield ReadBatches(range_index, ids[p], k, base)
+            except EstreamError:
+                continue
+            if run and run[0].index == k and run[0].base == base:
+                got, held = run[0], {b.index: b for b in run[1:]}
+                break
+        if got is None:
+            raise Unavailable(f"range {range_index}: no server of W({k}) serves batch {k}")
+        if stripe.holds(position, k):
+            yield AppendBatch(ids[position], got)
+            copied += len(got.data)
+        base = got.end
+    return copied
+
+
 __all__ = [
     "AppendBatch",
     "HeldBatch",
@@ -272,6 +313,7 @@ __all__ = [
     "SealStripedReplicas",
     "StripedStep",
     "chain_end",
+    "copy_chain",
     "copy_rounds_max",
     "fence_striped",
     "recover_striped",

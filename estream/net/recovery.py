@@ -61,7 +61,7 @@ from estream.core.stripedsteps import (
     SealStripedReplicas,
 )
 from estream.net.clock import SYSTEM_CLOCK, Clock
-from estream.net.rangeclient import ReplicaClient, SourceFailed
+from estream.net.rangeclient import RangeClient, ReplicaClient, SourceFailed
 from estream.wire.errors import EstreamError, MalformedFrame, RangeNotFound, Unavailable
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import iter_batches, restamp, verify_batch
@@ -98,6 +98,37 @@ async def drive(steps: Generator[S, Any, T], carry_out: Callable[[S], Awaitable[
                 error = exc
     finally:
         steps.close()
+
+
+async def read_held(client: RangeClient, address: str, stream_id: int, step: ReadBatches
+                    ) -> list[HeldBatch]:
+    """A striped range's READ by batch index (unconfirmed, naming the server): the run
+    answered, each batch verified, with its index."""
+    answer = await client.read(address, server_id=step.replica, stream_id=stream_id,
+                               range_index=step.range_index, offset=step.base,
+                               unconfirmed=True, batch=step.index)
+    indexes = answer.batches or []
+    run = []
+    for index, (header, view) in zip(indexes, iter_batches(answer.payload), strict=False):
+        verify_batch(view)
+        run.append(HeldBatch(index, header.base_offset, header.end_offset, bytes(view)))
+    if len(run) != len(indexes):
+        raise MalformedFrame(f"{step.replica} answered {len(indexes)} indexes for "
+                             f"{len(run)} batches")
+    return run
+
+
+async def append_held(client: RangeClient, address: str, step: AppendBatch, epoch: int
+                      ) -> None:
+    """A striped range's indexed APPEND, synced, naming the server; a batch older than
+    ``epoch`` (the target's) is restamped up to it, as :func:`copy_range` does."""
+    raw = step.batch.data
+    header = verify_batch(raw)
+    if header.epoch < epoch:
+        raw = restamp(raw, range_index=header.range_index, epoch=epoch,
+                      confirm_offset=header.confirm_offset)
+    await client.append(address, server_id=step.replica, batch=raw,
+                        batch_index=step.batch.index)
 
 
 async def recover_range(
@@ -216,27 +247,10 @@ class RecoveryDriver:
                      ", ".join(step.replicas))
             return None
         if isinstance(step, AppendBatch):
-            raw, held = step.batch.data, step.batch
-            header = verify_batch(raw)
-            if header.epoch < epoch:
-                raw = restamp(raw, range_index=header.range_index, epoch=epoch,
-                              confirm_offset=header.confirm_offset)
-            await client.append(self.replicas.addresses[step.replica], server_id=step.replica,
-                                batch=raw, batch_index=held.index)
+            await append_held(client, self.replicas.addresses[step.replica], step, epoch)
             return None
-        answer = await client.read(
-            self.replicas.addresses[step.replica], server_id=step.replica,
-            stream_id=self.stream_id, range_index=step.range_index, offset=step.base,
-            unconfirmed=True, batch=step.index)
-        indexes = answer.batches or []
-        run = []
-        for index, (header, view) in zip(indexes, iter_batches(answer.payload), strict=False):
-            verify_batch(view)
-            run.append(HeldBatch(index, header.base_offset, header.end_offset, bytes(view)))
-        if len(run) != len(indexes):
-            raise MalformedFrame(f"{step.replica} answered {len(indexes)} indexes for "
-                                 f"{len(run)} batches")
-        return run
+        return await read_held(client, self.replicas.addresses[step.replica], self.stream_id,
+                               step)
 
     async def _copy(self, range_index: int, copy: CopyRecords) -> CopyOutcome:
         try:
@@ -255,7 +269,9 @@ __all__ = [
     "RecoveryResult",
     "SealInPdCall",
     "SealStripedCall",
+    "append_held",
     "drive",
     "fence_grace_s",
+    "read_held",
     "recover_range",
 ]

@@ -305,6 +305,38 @@ async def test_a_sealed_striped_replica_keeps_its_count_and_shows_its_stripe(
         assert len(await c.served(7)) == 3
 
 
+async def test_repair_gives_a_replacement_exactly_its_chain(cluster: Cluster) -> None:
+    """A sealed striped range (8 batches at 80) loses position 1's server (wiped: a new
+    id at its address, replaced at once): PD's repair gives the replacement at position
+    1 exactly its chain below 8 (batches 0 1 4 5 6, each read by index from a member of
+    its write set, APPENDed by index), sealed naming the count."""
+    async with chains(cluster, "sr-repair") as c:
+        for k in range(8):
+            await c.write(k)
+        await assert_whole(c, await c.recover(), 8, 80)
+        gone = c.rng.replicas[1].id
+        cluster.wipe(c.rng.replicas[1].address)
+        until = time.monotonic() + 60
+        state = None
+        while time.monotonic() < until:
+            await asyncio.sleep(0.5)
+            meta = await c.client.describe_stream("sr-repair")
+            ref = meta.ranges[0].replicas[1]
+            if ref.id == gone:
+                continue
+            with contextlib.suppress(EstreamError):
+                state = await c.rc.describe_range(ref.address, server_id=ref.id,
+                                                  stream_id=meta.id, range_index=0)
+            if state is not None and state.sealed:
+                break
+        assert state is not None and state.sealed, "no replacement sealed in time"
+        assert (state.stripe, state.batches, state.last_batch, state.sealed_end) == (
+            (5, 3, 1), 8, 6, 80)
+        c.meta = meta
+        for k in range(8):
+            assert sorted(await c.served(k)) == sorted(STRIPE.write_set(k)), k
+
+
 async def test_striped_ranges_go_only_to_servers_that_announce_them(cluster: Cluster) -> None:
     """A registered server whose heartbeat does not say it takes striped replicas (an
     older one, which would read their log entries as damage) is alive for PD but never
