@@ -66,6 +66,7 @@ from estream.wire import limits
 from estream.wire.errors import Conflict, EstreamError, RangeNotFound, Timeout, Unavailable
 from estream.wire.meta import StreamMeta
 from estream.wire.stripe import Stripe
+from pd.placement import takes_striped
 from pd.repair import (
     RangeKey,
     RepairPlan,
@@ -190,6 +191,7 @@ class Repairer:
                 listed_now(service.listings.get(server.id), now, listing_age_ms,
                            self.changed_at),
                 draining=server.id in view.draining,  # its replicas move (pd/drain.py)
+                striped=takes_striped(load),  # a striped range's targets only there
             )
         return out
 

@@ -68,3 +68,22 @@ def test_a_replacement_gets_exactly_its_chain_in_order() -> None:
     with pytest.raises(Unavailable, match="W\\(3\\)"):  # batch 3's members all gone
         run(copy_chain(0, STRIPE, "abcde", 1, 8, after_end=0),
             {k: v for k, v in serving.items() if k in "c"})
+
+
+def test_a_striped_ranges_replacement_is_a_server_taking_striped_replicas() -> None:
+    from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+    from pd.repair import ServerState, plan_repairs
+
+    refs = tuple(ReplicaRef(i, f"{i}:1") for i in "abcde")
+    s = StreamMeta(7, "s", 3, 2, epoch=2, ranges=(RangeMeta(0, 0, 80, refs, batches=8),
+                                                  RangeMeta(1, 80, None, refs)), ensemble=5)
+    servers = {i: ServerState(i, striped=True) for i in "abde"}
+    servers["c"] = ServerState("c", alive=False, silent_ms=12_000, striped=True)
+    servers["old"] = ServerState("old")  # free, but an older server: not for striped ranges
+    servers["f"] = ServerState("f", ranges=9, striped=True)
+    tasks = plan_repairs([s], servers, now_ms=50_000).tasks
+    assert [(t.missing, t.targets, t.new_replicas) for t in tasks] == [
+        (("c",), ("f",), ("a", "b", "f", "d", "e"))]
+    del servers["f"]
+    assert [sk.reason for sk in plan_repairs([s], servers, now_ms=50_000).skipped] == [
+        "no target"]
