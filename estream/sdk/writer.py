@@ -139,9 +139,10 @@ class Writer:
         asks once more without it, and the writer then runs the next range degraded; a
         ``RangeSealed`` is an earlier attempt's seal whose answer was lost: retried). The
         writer's one PD seal (its rolls' and close's too); ``batches``: a striped range's
-        count, for PD's record once ``seal_range`` takes it (not sent yet)."""
+        count, kept by PD beside the end."""
         return await self._client.pd.seal_range(
-            self.stream.name, self.epoch, range_index, end, exclude, known=self.stream)
+            self.stream.name, self.epoch, range_index, end, exclude, known=self.stream,
+            batches=batches)
 
     # -- the public API -------------------------------------------------------------------
 
