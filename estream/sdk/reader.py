@@ -41,6 +41,7 @@ from estream.core.readcursor import (
     Sleep,
     replica_order,
 )
+from estream.core.stripedread import striped_fields
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.rangeclient import RangeClient
 from estream.wire.errors import (
@@ -332,20 +333,25 @@ async def _read_replica(
         server_id=step.replica.id,
         stream_id=step.stream_id,
         range_index=step.range.index,
-        offset=step.offset,
+        offset=step.offset if step.base is None else step.base,
         wait_ms=step.wait_ms,
         unconfirmed=step.unconfirmed,
         timeout_s=None if step.timeout_ms is None else step.timeout_ms / 1000,
+        batch=step.batch,
     )
     elapsed_ms = round((clock.monotonic_s() - asked_s) * 1000)
     check_digests(client, step.stream_id, step.range.index, answer.payload)
     items = decoding.decode(answer.payload, step.offset, step.end)
+    indexes, last_end, located = striped_fields(answer)
     return items, Answer(
         count=len(items),
         next_offset=decoding.next_offset(items, step.offset),
         sealed=answer.sealed,
         sealed_end=answer.end if answer.sealed else None,
         elapsed_ms=elapsed_ms,
+        indexes=indexes,
+        last_end=last_end,
+        located=located,
     )
 
 
