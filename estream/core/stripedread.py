@@ -44,6 +44,21 @@ def stripe_of(meta: StreamMeta) -> Stripe | None:
     return Stripe(meta.ensemble, meta.replicas, min(max(meta.ack_count, 1), meta.replicas))
 
 
+Layout = tuple[Stripe, tuple[ReplicaRef, ...]]
+
+
+def layout(meta: StreamMeta, rng: RangeMeta) -> Layout | None:
+    """A striped range's stripe and servers in catalog order (where batch k is), None for
+    an unstriped stream's.
+
+    >>> r = RangeMeta(0, 0, 9, (ReplicaRef("a", ""),) * 4)
+    >>> layout(StreamMeta(1, "s", 3, 2, ensemble=4), r)[0], layout(StreamMeta(1, "s"), r)
+    (Stripe(ensemble=4, replicas=3, acks=2), None)
+    """
+    stripe = stripe_of(meta)
+    return None if stripe is None else (stripe, rng.replicas)
+
+
 def batch_at(rng: RangeMeta, offset: int, known: BatchAt | None) -> BatchAt | None:
     """Where a read of ``rng`` at ``offset`` goes on by batch: ``known`` if it is of this
     range and at or below ``offset``; batch 0 at the range's start; else None (unknown:
@@ -138,6 +153,6 @@ def striped_fields(
     return tuple(answer.batches), ends[-1] if ends else None, answer.next
 
 __all__ = [
-    "BatchAt", "batch_at", "batch_replicas", "empties_needed", "stripe_of", "striped_fields",
-    "walked",
+    "BatchAt", "Layout", "batch_at", "batch_replicas", "empties_needed", "layout", "stripe_of",
+    "striped_fields", "walked",
 ]
