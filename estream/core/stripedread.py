@@ -59,6 +59,23 @@ def layout(meta: StreamMeta, rng: RangeMeta) -> Layout | None:
     return None if stripe is None else (stripe, rng.replicas)
 
 
+def holding(ensemble: int, replicas: int, position: int, batches: int | None) -> str:
+    """How much of a striped range the server at ``position`` holds, by the layout: with
+    the range's batch count (a sealed range's), how many of them (``"6/9 batches"``); else
+    its share, ``replicas`` of every ``ensemble`` batches (``"3/5"``). Operators see it
+    beside each server (``estream stream describe``, the console).
+
+    >>> holding(5, 3, 2, 9), holding(5, 3, 4, 9), holding(5, 3, 0, None), holding(5, 3, 2, 0)
+    ('6/9 batches', '5/9 batches', '3/5', '0/0 batches')
+    """
+    if batches is None:
+        return f"{replicas}/{ensemble}"
+    stripe = Stripe(ensemble, replicas, 1)
+    rounds, rest = divmod(batches, ensemble)
+    held = rounds * replicas + sum(1 for k in range(rest) if stripe.holds(position, k))
+    return f"{held}/{batches} batches"
+
+
 def batch_at(rng: RangeMeta, offset: int, known: BatchAt | None) -> BatchAt | None:
     """Where a read of ``rng`` at ``offset`` goes on by batch: ``known`` if it is of this
     range and at or below ``offset``; batch 0 at the range's start; else None (unknown:
@@ -153,6 +170,6 @@ def striped_fields(
     return tuple(answer.batches), ends[-1] if ends else None, answer.next
 
 __all__ = [
-    "BatchAt", "Layout", "batch_at", "batch_replicas", "empties_needed", "layout", "stripe_of",
-    "striped_fields", "walked",
+    "BatchAt", "Layout", "batch_at", "batch_replicas", "empties_needed", "holding", "layout",
+    "stripe_of", "striped_fields", "walked",
 ]
