@@ -38,6 +38,8 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   ``hung_last_reads`` reads (or until it answers), so the tail stays on the replicas that
   answer while that server hangs, and comes back to it later. A plain read keeps the
   client's timeouts and order;
+- a **striped** range (E > replicas) is read by batch from each batch's write set
+  (:mod:`estream.core.stripedread`; docs/ARCHITECTURE.md section 10, Reads);
 - a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the
   replicas it still lists (kept for a while after the upload: the hot tail stays on range
   servers), and when every one of them fails, or none is left, from the object store
