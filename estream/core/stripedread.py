@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from estream.core.quorum import seal_quorum
 from estream.core.striping import read_order
@@ -22,6 +23,10 @@ from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.rangeanswers import ReadAnswer
 from estream.wire.record import iter_batches
 from estream.wire.stripe import Stripe
+
+fetches_at_once_max: Final = 4  # parts of a sealed striped range read side by side
+part_records_min: Final = 1_000  # ...each at least this many records
+fetch_answers_ahead_max: Final = 2  # answers a part keeps ahead of the delivery, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,49 @@ def holding(ensemble: int, replicas: int, position: int, batches: int | None) ->
     rounds, rest = divmod(batches, ensemble)
     held = rounds * replicas + sum(1 for k in range(rest) if stripe.holds(position, k))
     return f"{held}/{batches} batches"
+
+
+def catch_up_pieces(
+    meta: StreamMeta, start: int, end: int | None, *, parts_max: int = fetches_at_once_max,
+    part_records_min: int = part_records_min,
+) -> list[tuple[int, int | None, int]]:
+    """``[start, end)`` as pieces ``(from, to, parts)`` in offset order: a sealed striped
+    range (its part of the read) cut into ``parts`` pieces of equal offsets, read side by
+    side (their consecutive runs come from different servers) and delivered in order;
+    everything else one piece read as before (``parts`` 1; the last one open-ended when
+    ``end`` is None). An unstriped stream is one piece: today's read.
+
+    >>> r = (RangeMeta(0, 0, 4000, ()), RangeMeta(1, 4000, None, ()))
+    >>> catch_up_pieces(StreamMeta(1, "s", 3, 2, ranges=r, ensemble=6), 1000, None)
+    [(1000, 4000, 3), (4000, None, 1)]
+    >>> catch_up_pieces(StreamMeta(1, "s", 3, 2, ranges=r), 1000, None)
+    [(1000, None, 1)]
+    """
+    if stripe_of(meta) is None or not meta.holds_offset(start):
+        return [(start, end, 1)]
+    pieces: list[tuple[int, int | None, int]] = []
+    at = start
+    for rng in meta.ranges:
+        if rng.end is None or rng.end <= at or rng.start > at or (end is not None and end <= at):
+            continue
+        stop = rng.end if end is None else min(end, rng.end)
+        parts = max(1, min(parts_max, (stop - at) // max(1, part_records_min)))
+        pieces.append((at, stop, parts))
+        at = stop
+    if end is None or at < end:
+        pieces.append((at, end, 1))
+    return pieces
+
+
+def cut(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` in ``parts`` pieces of equal offsets (the last takes the rest).
+
+    >>> cut(1000, 4000, 3), cut(0, 5, 2)
+    ([(1000, 2000), (2000, 3000), (3000, 4000)], [(0, 2), (2, 5)])
+    """
+    step = (hi - lo) // parts
+    bounds = [lo + i * step for i in range(parts)] + [hi]
+    return list(zip(bounds, bounds[1:], strict=False))
 
 
 def batch_at(rng: RangeMeta, offset: int, known: BatchAt | None) -> BatchAt | None:
@@ -170,6 +218,7 @@ def striped_fields(
     return tuple(answer.batches), ends[-1] if ends else None, answer.next
 
 __all__ = [
-    "BatchAt", "Layout", "batch_at", "batch_replicas", "empties_needed", "holding", "layout",
-    "stripe_of", "striped_fields", "walked",
+    "BatchAt", "Layout", "batch_at", "batch_replicas", "catch_up_pieces", "cut",
+    "empties_needed", "fetch_answers_ahead_max", "fetches_at_once_max", "holding", "layout",
+    "part_records_min", "stripe_of", "striped_fields", "walked",
 ]

@@ -7,19 +7,22 @@ to its write set naming its index, CONFIRM to all E, a seal naming the batch cou
 server and ``seal_range`` in PD's catalog. Then ``Client.read`` / ``read_batches`` /
 ``follow=True`` read it back: whole and from offsets inside ranges, with servers of a write
 set SIGSTOPped or killed (failover within the write set; all of it down: the read fails,
-never skipping a batch), and a tail following hand appends and CONFIRMs across a roll.
+never skipping a batch), a tail following hand appends and CONFIRMs across a roll, and a
+long sealed range read in parts side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 
 import estream
+from estream.core.stripedread import catch_up_pieces
 from estream.devcluster.cluster import Cluster
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
@@ -28,7 +31,7 @@ from estream.wire.errors import EstreamError
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record, encode_batch
 from estream.wire.stripe import Stripe
-from tests.integration.test_metrics import http_url, scrape
+from tests.integration.test_metrics import scrape
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(pd_nodes=1, range_servers=6,
@@ -152,9 +155,15 @@ async def client(cluster: Cluster) -> AsyncIterator[Client]:
 
 
 def reads_served(cluster: Cluster) -> int:
-    """READs the range servers answered so far (their /metrics)."""
-    return round(sum(v for server in cluster.servers for k, v in scrape(http_url(server)).items()
-                     if k.startswith("estream_rangeserver_requests_total") and 'op="READ"' in k))
+    """READs the range servers answered so far (their /metrics; a restarted server's
+    HTTP port is the last its log names)."""
+    total = 0.0
+    for server in cluster.servers:
+        assert server.process is not None
+        url = "http://" + re.findall(r"http on (\S+:\d+)", server.process.log_text())[-1]
+        total += sum(v for k, v in scrape(url).items()
+                     if k.startswith("estream_rangeserver_requests_total") and 'op="READ"' in k)
+    return round(total)
 
 
 async def test_striped_ranges_read_whole_and_from_inside(cluster: Cluster, client: Client
@@ -260,3 +269,24 @@ async def test_a_tail_follows_hand_appends_confirms_and_a_roll(client: Client) -
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def test_a_long_sealed_range_is_read_in_parts_side_by_side(
+        cluster: Cluster, client: Client) -> None:
+    """A sealed range of 3,000 records (60 batches) is read in 3 parts at once (each from
+    its own write sets' servers), delivered in order: whole, from inside, by batch."""
+    async with hand_writer(client, "sr-parts") as writer:
+        await writer.create(0)
+        await writer.append(0, [50] * 60)
+        await writer.seal(0)
+        end = writer.offset
+        meta = await client.stream_meta("sr-parts", refresh=True)
+        assert catch_up_pieces(meta, 0, None)[0] == (0, 3_000, 3)
+        before = reads_served(cluster)
+        assert await offsets(client, "sr-parts") == list(range(end))
+        # 3 parts of 20 batches, each READ a run of at most 3 (and a part's locate)
+        assert 21 <= reads_served(cluster) - before <= 3 * 9
+        assert await offsets(client, "sr-parts", 777) == list(range(777, end))
+        columns = [b async for b in client.read_batches("sr-parts", 10, 2_990)]
+        assert [o for b in columns for o in range(b.base_offset, b.end_offset)] == list(
+            range(10, 2_990))
