@@ -26,7 +26,7 @@ from estream.wire.stripe import Stripe
 
 fetches_at_once_max: Final = 4  # parts of a sealed striped range read side by side
 part_records_min: Final = 1_000  # ...each at least this many records
-fetch_answers_ahead_max: Final = 2  # answers a part keeps ahead of the delivery, at most
+queued_answers_max: Final = 2  # answers a part keeps ahead of the delivery, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +219,6 @@ def striped_fields(
 
 __all__ = [
     "BatchAt", "Layout", "batch_at", "batch_replicas", "catch_up_pieces", "cut",
-    "empties_needed", "fetch_answers_ahead_max", "fetches_at_once_max", "holding", "layout",
+    "empties_needed", "queued_answers_max", "fetches_at_once_max", "holding", "layout",
     "part_records_min", "stripe_of", "striped_fields", "walked",
 ]

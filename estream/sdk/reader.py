@@ -44,7 +44,7 @@ from estream.core.readcursor import (
 from estream.core.stripedread import (
     catch_up_pieces,
     cut,
-    fetch_answers_ahead_max,
+    queued_answers_max,
     striped_fields,
 )
 from estream.net.clock import SYSTEM_CLOCK, Clock
@@ -265,10 +265,10 @@ async def _read_answers(
 
 async def _side_by_side(reads: list[AsyncGenerator[list[T], None]]) -> AsyncIterator[list[T]]:
     """The answers of ``reads`` (consecutive parts), read at once, each at most
-    ``fetch_answers_ahead_max`` answers ahead of the delivery, delivered in order; a
+    ``queued_answers_max`` answers ahead of the delivery, delivered in order; a
     part's error is raised once the parts before it are delivered (never skipping)."""
     queues: list[asyncio.Queue[list[T] | BaseException | None]] = [
-        asyncio.Queue(fetch_answers_ahead_max) for _ in reads]
+        asyncio.Queue(queued_answers_max) for _ in reads]
 
     async def pump(read: AsyncGenerator[list[T], None], queue: asyncio.Queue[Any]) -> None:
         try:

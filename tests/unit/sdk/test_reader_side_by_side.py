@@ -1,6 +1,6 @@
 """A sealed striped range read in parts side by side (estream/sdk/reader.py's
 ``_side_by_side``, planned by ``estream/core/stripedread.py``'s ``catch_up_pieces``):
-delivered in order, each part at most ``fetch_answers_ahead_max`` answers ahead, a part's
+delivered in order, each part at most ``queued_answers_max`` answers ahead, a part's
 error raised only after the parts before it, every part stopped when the reader stops."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from estream.core.stripedread import catch_up_pieces, cut, fetch_answers_ahead_max
+from estream.core.stripedread import catch_up_pieces, cut, queued_answers_max
 from estream.sdk.reader import _side_by_side
 from estream.wire.errors import Unavailable
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
@@ -50,7 +50,7 @@ async def test_parts_are_read_at_once_and_delivered_in_order() -> None:
     assert got == ["a0", "a1", "a2", "b0", "b1", "b2", "b3", "b4"]
     # b ran while a was delivered, but never more than the look-ahead past the delivery
     assert log.index("b0") < log.index("a2")
-    assert log.index(f"b{fetch_answers_ahead_max + 1}") > log.index("a2")
+    assert log.index(f"b{queued_answers_max + 1}") > log.index("a2")
 
 
 async def test_a_parts_error_comes_after_the_parts_before_it() -> None:
@@ -69,5 +69,5 @@ async def test_stopping_the_read_stops_every_part() -> None:
     async with contextlib.aclosing(_side_by_side(reads)) as delivered:
         async for _ in delivered:
             break
-    assert len(log) <= 2 * (fetch_answers_ahead_max + 2)
+    assert len(log) <= 2 * (queued_answers_max + 2)
     assert all(r.ag_frame is None for r in reads)  # closed
