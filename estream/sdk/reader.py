@@ -245,7 +245,7 @@ async def _read_answers(
     the same stream id; the rest (everything of an unstriped stream) as one read."""
     meta = await client.stream_meta(name, offset=start)
     pieces = catch_up_pieces(meta, start, end)
-    if len(pieces) == 1:
+    if pieces == [(start, end, 1)]:
         async for items in _read_cursor(client, name, start, end, follow, preferred,
                                         decoding, clock, config):
             yield items

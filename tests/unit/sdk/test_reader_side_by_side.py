@@ -26,6 +26,7 @@ def test_sealed_striped_ranges_are_cut_into_parts_the_rest_read_as_before() -> N
     assert catch_up_pieces(striped, 0, None) == [
         (0, 10_000, 4), (10_000, 10_500, 1), (10_500, None, 1)]
     assert catch_up_pieces(striped, 9_000, 10_200) == [(9_000, 10_000, 1), (10_000, 10_200, 1)]
+    assert catch_up_pieces(striped, 0, 10_000) == [(0, 10_000, 4)]  # one piece, in parts
     assert catch_up_pieces(StreamMeta(1, "s", 3, 2, ranges=ranges), 0, None) == [(0, None, 1)]
     for lo, hi, parts in ((0, 10_000, 4), (3, 7, 3), (5, 6, 1)):
         pieces = cut(lo, hi, parts)
