@@ -17,10 +17,10 @@ discards the connection, as for APPEND: ``estream/net/rangeclient.py``). Request
 server keep the order their entries were started in; within a request, batches are decided
 before confirms. A confirm is answered once durable, so confirms never ride with
 DEFERRED_SYNC batches (whose answers do not wait for an fsync). A confirm hint (a CONFIRM
-with ``durable=False``: ``estream/core/confirmhint.py``) goes only as the first entry for its
-server in a turn; later in the turn it is dropped (its callback never called): idle writers'
-CONFIRMs follow within ``confirm_idle_ms``, so hints cost at most one request per server
-per turn.
+with ``durable=False``: ``estream/core/confirmhint.py``) goes at once when first for its
+server in a turn; later in the turn it is queued and, at the end of the turn, goes as a
+plain CONFIRM of its own (APPEND_MANY's confirms are durable ones): every idle writer's
+hint reaches its replicas, however many writers share the client.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -56,6 +56,7 @@ class _Queued:
 
     batches: dict[bool, list[_Batch]] = field(default_factory=dict)  # by durability
     confirms: list[_Confirm] = field(default_factory=list)
+    hints: list[_Confirm] = field(default_factory=list)  # CONFIRM durable=False, each alone
 
 
 class AppendSender:
@@ -93,14 +94,15 @@ class AppendSender:
     ) -> None:
         """CONFIRM ``confirm``: now if it is the first entry for that server in this turn,
         else with the others queued for it at the end of the turn (a hint, ``durable=False``:
-        dropped instead, module docstring)."""
+        then as a CONFIRM of its own, module docstring)."""
         server = (address, server_id)
         if self._first(server):
             self._single.start_confirm(address, done, server_id=server_id, stream_id=stream_id,
                                        range_index=range_index, epoch=epoch, confirm=confirm,
                                        timeout_s=self.timeout_s, durable=durable)
-        elif durable:
-            self._queued_for(server).confirms.append(
+        else:
+            queued = self._queued_for(server)
+            (queued.confirms if durable else queued.hints).append(
                 ((stream_id, range_index, epoch, confirm), done))
 
     def _first(self, server: _Server) -> bool:
@@ -149,6 +151,11 @@ class AppendSender:
                         timeout_s=self.timeout_s)
                 else:
                     self._send_many(address, server_id, False, [], riding)
+            for (stream_id, range_index, epoch, confirm), hinted in entries.hints:
+                self._single.start_confirm(
+                    address, hinted, server_id=server_id, stream_id=stream_id,
+                    range_index=range_index, epoch=epoch, confirm=confirm,
+                    timeout_s=self.timeout_s, durable=False)
 
     def _send_many(self, address: str, server_id: str | None, deferred: bool,
                    batches: list[_Batch], confirms: list[_Confirm]) -> None:
