@@ -8,7 +8,8 @@
   stopped reading) and the answer, and closing or discarding a connection aborts it and
   fails every request waiting on it at once. ``call`` awaits
   the answer; ``start_call`` (a hot path: the writer's APPEND) writes the request at
-  once and hands the answer to a callback, with no task and no future per request.
+  once and hands the answer to a callback, with no task and no future per request (its
+  handle's ``abandon`` fails it at once: a writer dropped that replica).
 - :class:`ConnectionPool`: one shared connection per address, reconnected on demand; a
   call's deadline covers connecting (and waiting for another caller's connect) too.
 
