@@ -393,6 +393,7 @@ class Writer:
         self._rolls.stop()
 
     def _fail_all(self, error: EstreamError) -> None:
+        self._client.leases.remove(self)  # closed or failed: no lease to renew
         self._queue.fail_all(error)
         self._runner.confirm_changed.set()
 
