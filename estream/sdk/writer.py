@@ -104,6 +104,7 @@ class Writer:
             # A newer writer overtook this one while it recovered: like any fenced writer,
             # it exists, and its appends fail with Fenced.
             writer._error = exc if isinstance(exc, Fenced) else Fenced(str(exc))
+            client.leases.remove(writer)
             return writer
         except BaseException:
             await writer.close()  # its lease is no longer renewed
