@@ -14,13 +14,17 @@ How: the catalog records each sealed range's ``max_timestamp`` after its seal
 ``estream/core/timerange.py``: a few at a time, never the whole catalog entry of a
 stream of thousands of ranges); the first candidate's replicas answer ``TIME_INDEX``
 (:meth:`~estream.net.rangeclient.RangeClient.time_index`) from their sparse time index
-(``rangeserver/timeindex.py``), one replica at a time (the next on an error, a
-timeout or a short replica), and a candidate with no such record (its maximum counts
-records past its end) passes to the next. A range in the object tier is looked up in its
-object's index (per-batch min and max timestamps, ``estream/wire/objectformat.py``): the
-first batch whose maximum reaches the time is read and its records checked. A range
-whose replicas cannot answer (all down) is scanned through ``client.read_batches``, which
-has its own failover and reads the object tier. Inside a batch, the record is picked by
+(``rangeserver/timeindex.py``), one replica at a time (the next on an error, a timeout
+or a short replica), and a candidate with no such record (its maximum counts records
+past its end) passes to the next. A striped range's servers each index only their own
+batches (R of every E), so all E are asked at once and the smallest answer wins (every
+batch below the end is on one of them); if any cannot answer, or the open range's answer
+could lie past what a server saw confirmed, the range is scanned. A range in the object
+tier is looked up in its object's index (per-batch min and max timestamps,
+``estream/wire/objectformat.py``): the first batch whose maximum reaches the time is
+read and its records checked. A range whose replicas cannot answer (all down) is scanned
+through ``client.read_batches``, which has its own failover and reads the object tier.
+Inside a batch, the record is picked by
 :func:`estream.wire.timestamps.first_at_or_after`, the range servers' rule too.
 
 Side effects: network (PD and range servers through the client).
@@ -28,6 +32,7 @@ Side effects: network (PD and range servers through the client).
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from estream.net.rangeclient import RangeClient
@@ -44,12 +49,15 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
     if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
         raise InvalidArgument("timestamp_ms must be an integer (ms since the epoch)",
                               argument="timestamp_ms")
+    meta = await client.stream_meta(name)
+    striped = meta.ensemble > meta.replicas
     after = -1
     while True:
         stream_id, start_offset, ranges, more = await client.pd.time_ranges(
             name, timestamp_ms, after)
         for rng in ranges:
-            found = await _in_range(client, name, stream_id, start_offset, rng, timestamp_ms)
+            found = await _in_range(client, name, stream_id, start_offset, rng, timestamp_ms,
+                                    striped)
             if found is not None:
                 return found
         if not more or not ranges:
@@ -58,7 +66,7 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
 
 
 async def _in_range(client: Client, name: str, stream_id: int, start_offset: int,
-                    rng: RangeMeta, timestamp_ms: int) -> int | None:
+                    rng: RangeMeta, timestamp_ms: int, striped: bool) -> int | None:
     """The answer if ``rng`` holds it, else None (try the next candidate). The open range
     answers its confirmed end when it holds none: nothing later exists."""
     start = max(rng.start, start_offset)
@@ -67,7 +75,8 @@ async def _in_range(client: Client, name: str, stream_id: int, start_offset: int
         if base is None:
             return None  # no record of the range is at or after the time
         return await _scan(client, name, max(base, start), rng.end, timestamp_ms)
-    found, searched = await _ask_replicas(client, stream_id, rng, timestamp_ms)
+    ask = _ask_ensemble if striped else _ask_replicas
+    found, searched = await ask(client, stream_id, rng, timestamp_ms)
     if found is not None and found < start:
         found = searched = None  # the answer was trimmed away: scan what is left
     if searched is None:  # no replica could answer: read the range itself
@@ -101,6 +110,40 @@ async def _ask_replicas(
         if rng.end is None or searched >= rng.end:
             return None, searched
         # a replica short of the sealed end: another may hold the rest
+    return None, None
+
+
+async def _ask_ensemble(
+    client: Client, stream_id: int, rng: RangeMeta, timestamp_ms: int
+) -> tuple[int | None, int | None]:
+    """TIME_INDEX on every server of a striped range at once. Each answers the first of its
+    own records at or after the time, and each batch below the end is on one of them, so
+    the smallest wins: in a sealed range (each server searched all it holds below the
+    end), or in the open range when it lies below every server's searched end (no server
+    can have missed an earlier record it had not yet seen confirmed). Else, or when one
+    cannot answer, ``(None, None)``: the caller scans the range."""
+    ranges = RangeClient(client.pool)
+    answers = await asyncio.gather(*(
+        ranges.time_index(ref.address, server_id=ref.id, stream_id=stream_id,
+                          range_index=rng.index, timestamp_ms=timestamp_ms, end=rng.end)
+        for ref in rng.replicas), return_exceptions=True)
+    found: list[int] = []
+    searched: list[int] = []
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, EstreamError):
+                raise answer
+            return None, None
+        if answer.searched_end is None:
+            return None, None
+        searched.append(answer.searched_end)
+        if answer.offset is not None:
+            found.append(answer.offset)
+    first = min(found, default=None)
+    if rng.end is not None:
+        return first, rng.end
+    if first is not None and first <= min(searched):
+        return first, min(searched)
     return None, None
 
 

@@ -310,3 +310,36 @@ async def test_a_striped_stream_end_to_end_through_the_sdk(cluster: Cluster, tmp
         tail = [(r.offset, r.value) async for r in client.read(meta.name, start=middle,
                                                                 follow=False)]
         assert tail == read[middle:]
+
+
+async def test_time_lookups_on_a_striped_stream_find_the_first_record(cluster: Cluster) -> None:
+    """``offset_for_time`` on a striped stream: each server indexes only its own batches,
+    so the lookup merges the ensemble's answers (asking one server answered the first of
+    ITS records, skipping others' earlier ones); sealed and open ranges, and with a
+    server of the open range killed (the range is then scanned)."""
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("sw-time", 3, 2, ensemble=5)
+        stamps: list[int] = []
+        async with await client.open_writer(meta.name) as writer:  # sealed at close
+            for i in range(40):
+                stamps.append(1_000 + 10 * i)
+                await writer.append(b"t%d" % i, timestamp=stamps[-1])
+        writer = await client.open_writer(meta.name)
+        try:  # the open range
+            for i in range(40, 80):
+                stamps.append(1_000 + 10 * i)
+                await writer.append(b"t%d" % i, timestamp=stamps[-1])
+            await writer.flush()
+
+            def expected(t: int) -> int:
+                return next((o for o, s in enumerate(stamps) if s >= t), len(stamps))
+
+            for t in [995, 1_000, 1_005, 1_105, 1_213, 1_395, 1_400, 1_555, 1_790, 9_999]:
+                assert await client.offset_for_time(meta.name, t) == expected(t), t
+            last = (await client.describe_stream(meta.name)).ranges[-1]
+            cluster.kill9(last.replicas[1].address)  # (the module's cluster heals it)
+            for t in (1_405, 1_615):
+                assert await client.offset_for_time(meta.name, t) == expected(t), t
+        finally:
+            await writer.close()
