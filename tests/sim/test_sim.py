@@ -83,6 +83,7 @@ from tests.sim.servernode import RangeServerNode
 from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
+from tests.sim.striped import StripedStream
 from tests.sim.world import PD_ADDRESS, Faults, Key, World, address_of, pd_node
 from tests.sim.world import PD_NODE as PD
 from tests.sim.writing import Writing
@@ -98,6 +99,8 @@ PLAIN_READS = 2  # plain reads started while the writers write and faults strike
 FINAL_READ_MS_MAX = 3_000  # after close: the final plain read ends, the tail catches up
 SEEDS_DEFAULT = 250  # seeds run by default...
 SEEDS_FAST_MAX = 60  # ...the first this many in make test, the rest marked slow
+STRIPED_SEEDS_DEFAULT = 120  # seeds with a striped stream beside (test_striped_seed)...
+STRIPED_SEEDS_FAST_MAX = 4  # ...the first this many in make test, the rest slow
 SETTLE_STEPS_MAX = 100_000  # Sim.settle: steps for the servers to boot (or create a range)
 REGISTER_LOOKS_MAX = 1_000  # Sim._registered: looks, 10 ms apart, for every first heartbeat
 RECOVERED_LOG = "recovered %s range %d: sealed at %d, holders %s"  # estream/net/recovery.py
@@ -132,7 +135,8 @@ async def _seal(server: RangeServerNode, key: Key, epoch: int, end: int) -> None
 
 
 class Sim:
-    def __init__(self, seed: int, data_dir: Path, *, servers: int = 5) -> None:
+    def __init__(self, seed: int, data_dir: Path, *, servers: int = 5,
+                 striped: bool = False) -> None:
         self.world = World(seed)
         rng = self.world.rng
         self.faults = Faults(drop=rng.choice([0.0, 0.0, 0.003, 0.01]))
@@ -179,6 +183,8 @@ class Sim:
             confirm_idle_ms=2,
         )
         self.writers: list[Writing] = []
+        # A striped stream beside this one (E 5 on 6 servers), under the same faults.
+        self.striped = StripedStream(self, seed, END_AT_MS) if striped else None
         self.target = rng.randint(80, 200)  # records the final writer must get through
         self.lost: dict[Key, set[str]] = {}  # server ids whose copy of a range is destroyed
         self.destroyed = False  # at most one lost copy per run (a double fault, not more)
@@ -472,6 +478,8 @@ class Sim:
             self.full_check = True
             return
         self.note_changes()
+        if self.striped is not None:
+            self.striped.check(self.full_check)
         meta = self.describe()
         full = meta is not self.checked_meta or self.full_check
         if not full and not self.dirty and all(
@@ -726,9 +734,13 @@ class Sim:
             self.world.at(HEAL_AT_MS, self.heal)
         self.schedule_readers()
         self.start_writer()
+        striped = self.striped
+        if striped is not None:
+            striped.start()
         while self.world.now_ms <= END_AT_MS and self.world.step():
             self.check()
-            if self.world.now_ms > HEAL_AT_MS and self.done(self.newest()):
+            if self.world.now_ms > HEAL_AT_MS and self.done(self.newest()) and (
+                    striped is None or striped.done()):
                 break
         final = self.newest()
         assert not final.fenced, "the last writer was fenced"
@@ -737,6 +749,12 @@ class Sim:
             f"{final.start + len(final.assigned)} (target {self.target})"
         )
         self.check_range_count()
+        if striped is not None:
+            sw = striped.writer
+            assert not sw.fenced and striped.done(), (
+                f"liveness: {sw.id} acked {sw.acked_end} of {sw.start + len(sw.assigned)} "
+                f"(target {striped.target})")
+            assert self.close(sw), f"{sw.id}: close did not return"
         for w in self.writers:
             # The other writers' processes end: a zombie still retrying its open would
             # fence the final writer while it closes (and so would a request of theirs
@@ -796,6 +814,8 @@ class Sim:
                 f"range, not the {final.acked_end} acknowledged before close"
             )
         self.check_final_reads(final)
+        if self.striped is not None:
+            self.striped.check_final()
 
     def visible_end(self, meta: StreamMeta, rng: RangeMeta) -> int:
         """The most a reader of the open range finds (its largest readable end)."""
@@ -844,6 +864,8 @@ class Sim:
         meta = self.describe()
         for r in meta.ranges[-12:]:
             lines.append(f"range {r.index} [{r.start}, {r.end}) on {[x.id for x in r.replicas]}")
+        if self.striped is not None:
+            lines += self.striped.trace()
         return "\n".join(lines)
 
 
@@ -1047,6 +1069,30 @@ def test_seed(seed: int, tmp_path: Path) -> None:
         raise AssertionError(
             f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim\n{sim.trace()}"
         ) from exc
+    finally:
+        sim.end()
+
+
+def striped_seeds() -> list[Any]:
+    """The seeds run with a striped stream beside the other (6 servers): as
+    :func:`seeds`, the first ``STRIPED_SEEDS_FAST_MAX`` in make test, the rest slow."""
+    if os.environ.get("ESTREAM_SIM_SEED") is not None or os.environ.get("ESTREAM_SIM_SEEDS"):
+        return seeds()
+    return [s if s < STRIPED_SEEDS_FAST_MAX else pytest.param(s, marks=pytest.mark.slow)
+            for s in range(STRIPED_SEEDS_DEFAULT)]
+
+
+@pytest.mark.parametrize("seed", striped_seeds())
+def test_striped_seed(seed: int, tmp_path: Path) -> None:
+    """A seed's world with 6 servers and a striped stream (E 5, R 3, A 2) beside the
+    unstriped one, both written by the real writer under the seed's faults."""
+    sim = Sim(seed, tmp_path, servers=6, striped=True)
+    try:
+        sim.run()
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim -k striped\n"
+            f"{sim.trace()}") from exc
     finally:
         sim.end()
 
