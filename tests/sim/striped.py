@@ -45,12 +45,14 @@ class StripedStream:
         self.stream_id = meta.id
         self.target = self.rng.randint(80, 200)
         self.writer = Writing(sim.world, sim.net, STRIPED_WRITER, STRIPED_STREAM, sim.config)
+        self.hung_ranges: list[int] = []  # the open range when a fixed row hung its servers
         self.checked = -1  # acknowledged offsets below this were checked
 
     def describe(self) -> StreamMeta:
         return self.sim.service.view().stream(STRIPED_STREAM)
 
     def start(self) -> None:
+        self.writer.config = self.sim.config  # as a fixed row left it
         self.writer.open()
         self.workload()
 

@@ -1025,6 +1025,54 @@ def lost_seal_answer(sim: Sim) -> None:
     service.seal_range = seal_then_cut  # type: ignore[method-assign]
 
 
+def striped_fault(kind: str) -> Callable[[Sim], None]:
+    """Servers of the striped stream's open range fail while its writer appends, nothing
+    else (no lossy network, no size rolls): ``one-hung``; two of one write set (positions p
+    and p + 1) ``two-hung`` (the second longer); or one hung and the other's copy lost
+    (``hung+wiped``: back at once as a new server; ``hung+damaged``: a byte flipped in its
+    last batch, which only a read sees). ARCHITECTURE 10's double-fault table: one failed
+    server leaves every write set A live (degraded, no append waits long); two of one write
+    set leave it fewer than A, so the end freezes and the range rolls to a new ensemble
+    while they are out (E 5 of 6 servers: after one backoff PD may place it on a suspect,
+    which leaves it degraded, ``estream/core/roll.py``), no append failed; nothing
+    acknowledged is lost (with a lost copy: on the other holder)."""
+
+    def script(sim: Sim) -> None:
+        rng = sim.world.rng
+        striped = sim.striped
+        assert striped is not None
+        sim.faults.drop = 0.0
+        sim.net.faults.reset_rate = 0.0
+        sim.config = replace(sim.config, range_bytes_max=1 << 30)
+        striped.target = 600  # still appending while they fail
+        start_at = rng.randint(10, 60)
+
+        def strike() -> None:
+            last = striped.describe().ranges[-1]
+            servers = [r.id for r in last.replicas]
+            p = rng.randrange(len(servers))
+            pair = [servers[p], servers[(p + 1) % len(servers)]]
+            striped.hung_ranges.append(last.index)
+            sim.facts["struck"] = pair
+            ms = rng.randint(600, 1_500)
+            sim.hang(pair[0], ms)
+
+            def rolled() -> None:  # just before the first hung server resumes
+                sim.facts["rolled while out"] = striped.describe().ranges[last.index].sealed
+
+            sim.world.after(ms - 1, rolled)
+            if kind == "two-hung":
+                sim.hang(pair[1], ms + rng.randint(600, 1_000))
+            elif kind == "hung+wiped":
+                sim.wipe(pair[1], rng.randint(20, 400))
+            elif kind == "hung+damaged":
+                sim.damage(pair[1], (striped.stream_id, last.index))
+
+        _when(sim, lambda: len(striped.writer.assigned) >= start_at, strike)
+
+    return script
+
+
 # Seeds chosen so that each row reaches its scenario (the row asserts it did). On the
 # SimLoop (timers due at the same instant in seeded order) seed 0 of the +down+lagging
 # rows stalls on a lost append until the heal (no lag to exploit). With the writer's
@@ -1050,6 +1098,9 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     *[("hung-of-three", hung_of_three, 3, s) for s in (0, 1, 3, 4, 5, 6)],
     *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 2, 3, 4, 5, 8)],
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
+    # A striped stream (E 5, R 3, A 2 on 6 servers) beside the unstriped one.
+    *[(f"striped-{k}", striped_fault(k), 6, s)
+      for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in range(3)],
 ]
 
 
@@ -1102,7 +1153,7 @@ def test_striped_seed(seed: int, tmp_path: Path) -> None:
 )
 def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, seed: int,
                        tmp_path: Path) -> None:
-    sim = Sim(seed, tmp_path, servers=servers)
+    sim = Sim(seed, tmp_path, servers=servers, striped=name.startswith("striped-"))
     try:
         _replay(sim, lambda: sim.run(script))
     finally:
@@ -1121,3 +1172,24 @@ def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, s
         assert sim.recoveries_sealed, f"no recovery's seal was checked{trace}"
     elif name == "lost-seal-answer":
         assert sim.facts.get("seal answer lost"), f"the seal's answer was not lost{trace}"
+    elif name.startswith("striped-"):
+        _striped_row_saw(sim, name, trace)
+
+
+def _striped_row_saw(sim: Sim, name: str, trace: str) -> None:
+    """What a striped row asserts beyond the world's invariants (see striped_fault)."""
+    striped = sim.striped
+    assert striped is not None and striped.hung_ranges, f"nothing failed{trace}"
+    struck = sim.facts["struck"]
+    assert isinstance(struck, list)
+    index = striped.hung_ranges[0]
+    ranges = striped.describe().ranges
+    if name == "striped-one-hung":
+        waited = striped.writer.max_wait_ms
+        assert waited <= HUNG_APPEND_WAIT_MS_MAX, f"an append waited {waited} ms{trace}"
+        return
+    assert sim.destroyed or name == "striped-two-hung", f"no copy lost{trace}"
+    if name == "striped-hung+damaged":
+        return  # the flipped byte is found by reads only: the hung server alone fails
+    assert sim.facts.get("rolled while out") and len(ranges) > index + 1, (
+        f"range {index} did not roll while two of a write set were out{trace}")
