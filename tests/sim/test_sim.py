@@ -50,6 +50,13 @@ down server hold; one hung server of exactly three (no append waits more than 70
 crash losing a recovery's unsynced copy; a recovery whose PD seal answer is lost while PD
 stays out of reach.
 
+Striped (issue 30): ``test_striped_seed`` runs a seed's world on 6 servers with a striped
+stream (ensemble 5, replicas 3, ack 2; ``tests/sim/striped.py``) beside the unstriped one,
+under the same faults but writer crashes (recovering a non-empty striped range is another
+branch's), checked per batch on the servers' disks (no stripe-aware reader yet); the first
+``STRIPED_SEEDS_FAST_MAX`` in make test. Its fixed rows (``striped-*``): one hung server,
+two of one write set hung, one hung and the other wiped or damaged.
+
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
 ``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 60..249 are ``slow`` (``-m slow``); one
 row: ``pytest
@@ -100,7 +107,7 @@ FINAL_READ_MS_MAX = 3_000  # after close: the final plain read ends, the tail ca
 SEEDS_DEFAULT = 250  # seeds run by default...
 SEEDS_FAST_MAX = 60  # ...the first this many in make test, the rest marked slow
 STRIPED_SEEDS_DEFAULT = 120  # seeds with a striped stream beside (test_striped_seed)...
-STRIPED_SEEDS_FAST_MAX = 4  # ...the first this many in make test, the rest slow
+STRIPED_SEEDS_FAST_MAX = 8  # ...the first this many in make test, the rest slow
 SETTLE_STEPS_MAX = 100_000  # Sim.settle: steps for the servers to boot (or create a range)
 REGISTER_LOOKS_MAX = 1_000  # Sim._registered: looks, 10 ms apart, for every first heartbeat
 RECOVERED_LOG = "recovered %s range %d: sealed at %d, holders %s"  # estream/net/recovery.py
@@ -1100,7 +1107,7 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
     # A striped stream (E 5, R 3, A 2 on 6 servers) beside the unstriped one.
     *[(f"striped-{k}", striped_fault(k), 6, s)
-      for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in range(3)],
+      for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in range(2)],
 ]
 
 
