@@ -86,6 +86,7 @@ from pd.catalogmodel import (
     PdNode,
     PreparedObject,
     Result,
+    check_batches,
     check_epoch,
     check_server_id,
     check_stream_args,
@@ -325,8 +326,10 @@ class Catalog(ObjectTierCommands):
         if cmd.epoch > stream.epoch:
             raise Conflict(f"stream {cmd.name!r}: epoch {cmd.epoch} was never issued")
         target = find_range(stream, cmd.range_index)
+        batches = check_batches(stream, target, cmd.end, cmd.batches)
         if target.sealed:
-            if target.end == cmd.end and stream.range_at(cmd.range_index + 1):
+            if (target.end == cmd.end and target.batches == batches
+                    and stream.range_at(cmd.range_index + 1)):
                 return stream  # a retry of a seal that already landed
             raise RangeSealed(
                 f"stream {cmd.name!r} range {cmd.range_index} is sealed at {target.end}",
@@ -339,7 +342,7 @@ class Catalog(ObjectTierCommands):
                 f"seal end {cmd.end} is below the range start {target.start}", argument="end"
             )
         refs = self._replica_refs(cmd.next_replicas, stream.ensemble)
-        sealed = replace(target, end=cmd.end)
+        sealed = replace(target, end=cmd.end, batches=batches)
         following = RangeMeta(target.index + 1, cmd.end, None, refs)
         stream = replace(stream, ranges=RangeList.of(stream.ranges).with_last(sealed, following))
         self._put(cmd.name, stream, keys_same=True)  # (an open range names no object)

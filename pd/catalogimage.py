@@ -5,7 +5,8 @@ decoding (:func:`decode_image`, version 2 and the older 1).
 The image shares the catalog's persistent maps and copy-on-write dicts, so a node takes it
 between two applied commands and encodes it while it goes on applying more. Version 2 is
 positional (docs/ARCHITECTURE.md 3.5): a stream is an array in its dataclass's field
-order, a range an array (4 items while it is local without statistics), its replicas one
+order, a range an array (4 items while it is local without statistics; an 11th, a
+sealed striped range's batch count, when known), its replicas one
 index into a table of replica sets, so a restore builds each record from an array without
 a key lookup per field, and ranges naming the same servers share one tuple of refs.
 The encoding streams one stream at a time: no intermediate copy of the catalog is built.
@@ -90,13 +91,15 @@ class _ReplicaSets:
 def _range_row(r: RangeMeta, sets: _ReplicaSets) -> list[Any]:
     at = sets.position(tuple(r.replicas))
     if (r.tier == "local" and r.object_key is None and r.max_timestamp is None
-            and r.min_timestamp is None and r.size_bytes is None and r.object_part is None):
+            and r.min_timestamp is None and r.size_bytes is None and r.object_part is None
+            and r.batches is None):
         return [r.index, r.start, r.end, at]
     p = r.object_part
-    return [r.index, r.start, r.end, at, TIERS.index(r.tier), r.object_key, r.min_timestamp,
-            r.max_timestamp, r.size_bytes,
-            None if p is None else [p.data_start, p.data_end, p.index_start, p.index_end,
-                                    p.checksum]]
+    row = [r.index, r.start, r.end, at, TIERS.index(r.tier), r.object_key, r.min_timestamp,
+           r.max_timestamp, r.size_bytes,
+           None if p is None else [p.data_start, p.data_end, p.index_start, p.index_end,
+                                   p.checksum]]
+    return row if r.batches is None else [*row, r.batches]  # (absent: none, as before)
 
 
 def _stream_row(s: StreamMeta, sets: _ReplicaSets) -> list[Any]:
@@ -198,11 +201,12 @@ def _streams_v2(body: dict[str, Any], shared: RefMemo) -> PMap[StreamMeta]:
             if len(row) == RANGE_SHORT_ITEMS:
                 ranges.append(RangeMeta(row[0], row[1], row[2], sets[row[3]]))
                 continue
-            index, first, end, at, tier, key, low, high, used, part = row
+            index, first, end, at, tier, key, low, high, used, part, *counted = row
             ranges.append(RangeMeta(
                 index, first, end, sets[at], TIERS[tier], key, min_timestamp=low,
                 max_timestamp=high, size_bytes=used,
-                object_part=None if part is None else ObjectPart(*part)))
+                object_part=None if part is None else ObjectPart(*part),
+                batches=int(counted[0]) if counted else None))
         if not isinstance(name, str) or not isinstance(sid, int):
             raise TypeError(f"stream {name!r}: malformed row")
         pairs.append((name, StreamMeta(sid, name, replicas, ack, kind, tuple(hints), epoch,

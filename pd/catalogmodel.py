@@ -241,3 +241,18 @@ def find_range(stream: StreamMeta, index: int) -> RangeMeta:
             range_index=index,
         )
     return found
+
+
+def check_batches(stream: StreamMeta, target: RangeMeta, end: int, batches: int) -> int | None:
+    """A seal's batch count (-1: none given) as the range keeps it (None: none), or
+    ``InvalidArgument`` naming ``batches``: given for an unstriped stream, negative, or
+    not fitting the end (no batch iff the range ends at its start)."""
+    if batches == -1:
+        return None
+    if not stream.striped:
+        raise InvalidArgument(f"stream {stream.name!r} is not striped: a seal names no "
+                              "batch count", argument="batches")
+    if batches < 0 or (batches == 0) != (end == target.start):
+        raise InvalidArgument(f"a seal of {batches} batches cannot end at {end} (range "
+                              f"start {target.start})", argument="batches")
+    return batches

@@ -112,6 +112,7 @@ class SealRange:
     end: int
     next_replicas: tuple[str, ...]
     stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
+    batches: int = -1  # a striped range's batch count; -1: none (unstriped)
 
 
 @dataclass(frozen=True, slots=True)

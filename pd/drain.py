@@ -101,7 +101,8 @@ def replica_counts(
 def under_replicated(streams: Iterable[StreamMeta], alive: Collection[str], *,
                      memo: StreamMemo[ReplicaSets] | None = None) -> int:
     """Ranges of the local tier with fewer replicas on ``alive`` servers than their stream
-    asks for (``memo`` as for :func:`replica_counts`).
+    asks for (its ensemble: a striped range's E servers; ``memo`` as for
+    :func:`replica_counts`).
 
     >>> from estream.wire.meta import ReplicaRef
     >>> a, b = ReplicaRef("a", "h:1"), ReplicaRef("b", "h:2")
@@ -112,7 +113,7 @@ def under_replicated(streams: Iterable[StreamMeta], alive: Collection[str], *,
     """
     return sum(ranges for stream, per_set in _sets(streams, memo)
                for (local, ids), ranges in per_set.items()
-               if local and sum(1 for i in ids if i in alive) < stream.replicas)
+               if local and sum(1 for i in ids if i in alive) < stream.ensemble)
 
 
 _StreamSets = tuple[int, tuple[tuple[tuple[bool, tuple[str, ...]], int], ...]]
@@ -159,7 +160,7 @@ class ReplicaTotals:
                 shared.pop(mine, None)  # (forgotten with its last stream: no growth)
         else:
             assert stream is not None
-            mine = (stream.replicas, tuple(sorted(replica_sets(stream).items())))
+            mine = (stream.ensemble, tuple(sorted(replica_sets(stream).items())))
             it, uses = shared.get(mine, (mine, 0))
             shared[mine] = (it, uses + 1)
             mine = self._per[name] = it
@@ -276,7 +277,7 @@ class RangeHealth:
     stream: str
     stream_id: int
     range: RangeMeta
-    wanted: int  # the stream's replica count
+    wanted: int  # the stream's replica count (a striped stream's: its ensemble)
     healthy: int  # replicas counted healthy (repair's rules; open ranges: alive)
     replicas: tuple[tuple[str, str], ...]  # (server id, "healthy" | "unavailable" | "missing")
     reasons: Mapping[str, str]  # server id -> why it is (to be) replaced

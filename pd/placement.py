@@ -6,7 +6,10 @@ descriptors (``exhausted`` in its heartbeat load: it refuses new replicas), pref
 servers below their disk watermark (one above it, ``filling``, only when no other can
 take the replica: a roll must not fail while a server has room left), then servers whose
 storage class is in the stream's hints, then the least loaded (open ranges, then bytes),
-then the smallest id so that the choice is deterministic.
+then the smallest id so that the choice is deterministic. A striped range's servers
+(E > replicas) are chosen only among those whose heartbeat says they take striped
+replicas (``striped_replicas`` in the load: an older server reads their log entries as
+damage).
 
 Pure: no I/O.
 """
@@ -31,6 +34,16 @@ class Candidate:
     bytes: int = 0
     exhausted: bool = False  # out of disk or descriptors: never chosen
     filling: bool = False  # its disk above the watermark: chosen last
+    striped: bool = False  # its heartbeat says it takes striped replicas
+
+
+def takes_striped(load: Mapping[str, Any]) -> bool:
+    """Whether a range server's heartbeat load says it takes striped replicas.
+
+    >>> takes_striped({"striped_replicas": True}), takes_striped({})
+    (True, False)
+    """
+    return load.get("striped_replicas") is True
 
 
 def exhausted(load: Mapping[str, Any]) -> bool:
@@ -59,8 +72,10 @@ def choose_replicas(
     *,
     hints: Sequence[str] = (),
     exclude: Iterable[str] = (),
+    striped: bool = False,
 ) -> tuple[str, ...]:
-    """The ids of ``count`` servers for a new range, best first.
+    """The ids of ``count`` servers for a new range, best first; ``striped``: a striped
+    range's, only among servers that take striped replicas.
 
     >>> c = [Candidate("a", "hdd", True, 5), Candidate("b", "ssd", True, 9),
     ...      Candidate("c", "ssd", True, 1), Candidate("d", "ssd", False)]
@@ -74,14 +89,18 @@ def choose_replicas(
     ('c',)
     >>> choose_replicas([*c, Candidate("e", "ssd", True, 0, filling=True)], 3)
     ('c', 'a', 'b')
+    >>> choose_replicas([*c, Candidate("e", "ssd", True, 7, striped=True)], 1, striped=True)
+    ('e',)
 
     Raises :class:`NoPlacement` when fewer than ``count`` servers are eligible.
     """
     excluded = set(exclude)
-    eligible = [c for c in candidates if c.alive and not c.exhausted and c.id not in excluded]
+    eligible = [c for c in candidates if c.alive and not c.exhausted and c.id not in excluded
+                and (c.striped or not striped)]
     if len(eligible) < count:
         raise NoPlacement(
-            f"need {count} live range servers, {len(eligible)} available",
+            f"need {count} live range servers{' taking striped replicas' if striped else ''}"
+            f", {len(eligible)} available",
             needed=count,
             available=len(eligible),
         )

@@ -120,6 +120,7 @@ class ServerState:
     # concerned last changed hands (None: no such listing; nothing counts as absent).
     listed: Collection[RangeKey] | None = None
     draining: bool = False  # an operator drains it: no target, its replicas move away
+    striped: bool = False  # takes striped replicas (pd/placement.py): a striped range's target
 
 
 class Health(Enum):
@@ -188,8 +189,8 @@ def _report(item: object, *, listed: bool) -> ReplicaReport | None:
     sealed = bool(item.get("sealed", False))
     raw_sealed_end = item.get("sealed_end")
     sealed_end = raw_sealed_end if isinstance(raw_sealed_end, int) and sealed else None
-    if listed and sealed_end is not None:
-        end = min(end, sealed_end)  # a listing gives the durable end; a report what it serves
+    if listed and sealed_end is not None:  # its durable end; striped, sealed with a count: whole
+        end = sealed_end if isinstance(item.get("batches"), int) else min(end, sealed_end)
     return ReplicaReport(sid, idx, bool(item.get("damaged", False)), sealed, end, sealed_end)
 
 
@@ -409,10 +410,8 @@ def _report_of(
 
 
 def _candidates(servers: Mapping[str, ServerState]) -> dict[str, Candidate]:
-    return {
-        s.id: Candidate(s.id, s.storage_class, s.alive and not s.draining, s.ranges, s.bytes)
-        for s in servers.values()
-    }
+    return {s.id: Candidate(s.id, s.storage_class, s.alive and not s.draining, s.ranges,
+                            s.bytes, striped=s.striped) for s in servers.values()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,7 +508,8 @@ def plan_repairs(
         # Replicas that must move get the free servers first; those that can be dropped
         # and copied again in place take what is left, and stay in place without.
         excluded = {r.id for r in rng.replicas} | avoided
-        eligible = [c for c in candidates.values() if c.alive and c.id not in excluded]
+        eligible = [c for c in candidates.values() if c.alive and c.id not in excluded
+                    and (c.striped or not stream.striped)]  # striped: only servers taking it
         wanting = where.moved + where.droppable
         count = min(len(wanting), len(eligible))
         dropped = where.droppable[max(0, count - len(where.moved)):]

@@ -33,6 +33,7 @@ from rangeserver.replica import (
     stale_error,
 )
 from rangeserver.stripedreplica import (
+    BatchesConflict,
     BatchesMismatch,
     ChainGap,
     IndexMismatch,
@@ -109,6 +110,9 @@ def indexed_seal_refusal(key: Key, outcome: object) -> EstreamError:
     >>> indexed_seal_refusal((7, 0), BatchesMismatch(None)).fields
     {'argument': 'batches'}
     """
+    if isinstance(outcome, BatchesConflict):
+        return Conflict(f"range {key} is sealed with {outcome.sealed} batches, not "
+                        f"{outcome.asked}")
     if isinstance(outcome, BatchesMismatch):
         return InvalidArgument(f"a SEAL of range {key} with an end names the range's batch "
                                "count exactly when the replica is striped", argument="batches")

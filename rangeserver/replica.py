@@ -95,10 +95,12 @@ class ReplicaState:
     def describe(self, *, seen_ms: int | None = None) -> dict[str, object]:
         """The DESCRIBE_RANGE answer (``docs/PROTOCOL.md``); ``"digest"`` only when one
         is recorded, ``"seen_ms"`` (the shell's: when it last took a request of
-        ``epoch``) only when given."""
+        ``epoch``) only when given, a striped replica's stripe and chain only for it."""
         return RangeState(self.start, self.end, self.confirm, self.epoch, self.sealed,
                           self.sealed_end if self.sealed else None, self.damaged,
-                          digest_name(self.digest), seen_ms).to_header()
+                          digest_name(self.digest), seen_ms, self.stripe,
+                          self.chain_durable if self.stripe else None,
+                          self.sealed_batches if self.sealed else None).to_header()
 
 
 def digest_name(digest: int | None) -> str | None:
@@ -521,7 +523,7 @@ def problem_replicas(
         return (rank, s.range_index, s.stream_id)
 
     def urgent(s: ReplicaState) -> bool:
-        return s.damaged or not s.sealed or s.end < s.sealed_end
+        return s.damaged or not s.sealed or _held_end(s) < s.sealed_end
 
     chosen = sorted((s for s in states if urgent(s)), key=urgency)[: max(0, limit)]
     room = max(0, limit - len(chosen))
@@ -534,12 +536,20 @@ def problem_replicas(
     return [_problem(s) for s in chosen], rotation
 
 
+def _held_end(s: ReplicaState) -> int:
+    """What a replica holds for repair: a striped one sealed with its count holds its
+    whole chain below it (its seal checked that), so the range to its sealed end."""
+    if s.sealed and s.sealed_batches is not None:
+        return s.sealed_end
+    return readable_end(s, unconfirmed=True)
+
+
 def _problem(s: ReplicaState) -> dict[str, object]:
     return {
         "stream_id": s.stream_id,
         "range_index": s.range_index,
         "damaged": s.damaged,
         "sealed": s.sealed,
-        "end": readable_end(s, unconfirmed=True),
+        "end": _held_end(s),
         "sealed_end": s.sealed_end if s.sealed else None,
     }

@@ -322,6 +322,15 @@ def decide_indexed_append(
 
 
 @dataclass(frozen=True, slots=True)
+class BatchesConflict:
+    """A SEAL of a replica sealed with ``sealed`` batches naming ``asked``: ``Conflict``
+    (the catalog keeps one count per range)."""
+
+    sealed: int
+    asked: int
+
+
+@dataclass(frozen=True, slots=True)
 class BatchesMismatch:
     """A SEAL with an end naming a batch count to an unstriped replica (``batches`` set),
     or none to a striped one: ``InvalidArgument`` naming ``batches``."""
@@ -331,7 +340,7 @@ class BatchesMismatch:
 
 def decide_indexed_seal(
     state: ReplicaState, epoch: int, end: int | None, batches: int | None
-) -> SealOutcome | ChainGap | BatchesMismatch:
+) -> SealOutcome | ChainGap | BatchesMismatch | BatchesConflict:
     """The one SEAL decision the shell asks: an unstriped replica's is
     :func:`~rangeserver.replica.decide_seal`; a striped one's :func:`decide_striped_seal`,
     a seal with an end naming the range's batch count, kept with the seal.
@@ -341,6 +350,8 @@ def decide_indexed_seal(
     BatchesMismatch(batches=None)
     >>> decide_indexed_seal(st, 1, 0, 0).state.sealed_batches
     0
+    >>> decide_indexed_seal(replace(st, sealed=True, sealed_batches=0), 1, 0, 1)
+    BatchesConflict(sealed=0, asked=1)
     """
     if state.stripe is None:
         if batches is not None:
@@ -348,6 +359,9 @@ def decide_indexed_seal(
         return decide_seal(state, epoch, end)
     if end is not None and batches is None:
         return BatchesMismatch(None)
+    if (state.sealed and end is not None and batches is not None
+            and state.sealed_batches is not None and batches != state.sealed_batches):
+        return BatchesConflict(state.sealed_batches, batches)  # (another end: decide_seal's)
     outcome = decide_striped_seal(state, chain_of(state), epoch, end, batches)
     if isinstance(outcome, SealNow):
         return SealNow(replace(outcome.state, sealed_batches=batches))
@@ -454,6 +468,7 @@ def plan_striped_read(
 
 
 __all__ = [
+    "BatchesConflict",
     "BatchesMismatch",
     "decide_indexed_seal",
     "Serve",

@@ -66,6 +66,7 @@ from estream.core.seal import (
     RecoveryFailed,
     SendFence,
 )
+from estream.core.stripedsteps import StripedStep, recover_striped
 from estream.wire.errors import (
     EstreamError,
     Fenced,
@@ -102,12 +103,15 @@ class AwaitFence:
 @dataclass(frozen=True, slots=True)
 class FenceAnswer:
     """A fence's (or its CREATE_RANGE's) outcome: the replica's ``end`` and whether it is
-    ``sealed`` for good, or its ``error``."""
+    ``sealed`` for good, or its ``error``; a striped replica's ``last_batch`` and, once
+    sealed, ``batches`` (``ChainEnd``)."""
 
     replica: str
     end: int = 0
     sealed: bool = False
     error: EstreamError | None = None
+    last_batch: int | None = None
+    batches: int | None = None
 
 
 CopyOutcome = Literal["done", "source failed", "target failed"]
@@ -130,7 +134,7 @@ class RecoveryResult:
     holders: tuple[str, ...]  # replica ids that hold everything below end
 
 
-RecoveryStep = Fence | AwaitFence | CopyRound | SealInPd | SealReplicas
+RecoveryStep = Fence | AwaitFence | CopyRound | SealInPd | SealReplicas | StripedStep
 RecoverySteps = Generator[RecoveryStep, Any, RecoveryResult]
 
 
@@ -151,6 +155,9 @@ def recover(
     rng = meta.last_range
     if rng is None or rng.sealed:
         raise InvalidArgument(f"stream {meta.name!r} has no open range to recover")
+    if meta.striped:  # fenced, ended and copied by write set (estream/core/stripedsteps.py)
+        return (yield from recover_striped(meta, rng, clock, grace_ms=grace_ms,
+                                           progress=progress))
     recovery = RangeRecovery.of([r.id for r in rng.replicas], meta.ack_count, rng.start)
     effects = yield from _fence(rng, recovery, clock, grace_ms)
     while True:

@@ -454,9 +454,10 @@ class PDClient:
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
-        *, known: StreamMeta | None = None, stream_id: int = 0,
+        *, known: StreamMeta | None = None, stream_id: int = 0, batches: int | None = None,
     ) -> StreamMeta:
         """Seal range ``range_index`` at ``end`` and open the next (avoiding ``exclude``).
+        ``batches``: a striped range's batch count (None for an unstriped stream).
 
         ``known``: this stream as the caller last saw it. PD then answers only the ranges
         from ``range_index`` on, and the ranges before it are taken from ``known`` (as
@@ -468,7 +469,7 @@ class PDClient:
         request = SealRangeRequest(
             name=name, epoch=epoch, range_index=range_index, end=end, exclude=tuple(exclude),
             stream_id=stream_id or (known.id if known is not None else 0),
-            ranges_from=range_index if known is not None else -1)
+            ranges_from=range_index if known is not None else -1, batches=batches)
         answer = StreamAnswer.from_header(await self.call(request.OPCODE, request.to_header()))
         stream, omitted = answer.stream, answer.omitted
         if known is None or omitted is None:  # a whole stream (or an older PD)

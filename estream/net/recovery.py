@@ -20,7 +20,10 @@ such generator (the writer's roll too), and this module only carries out the ste
   :class:`~estream.net.rangeclient.SourceFailed` reported as the source's failure, any other
   error as the target's;
 - ``SealInPd``: the caller's ``seal_in_pd(index, end, exclude)``; ``SealReplicas``:
-  :meth:`ReplicaClient.seal` (best effort, bounded).
+  :meth:`ReplicaClient.seal` (best effort, bounded);
+- a striped range's (``estream/core/stripedsteps.py``): READ by batch index (verified),
+  indexed APPEND (restamped up to the epoch), ``seal_striped`` (PD, with the batch count)
+  and SEAL naming ``batches``.
 
 Raises what the generator raises: ``Unavailable`` (retry later: fencing again at the same
 epoch is idempotent), ``Fenced``, and PD's errors but for the one ``NoPlacement`` retry.
@@ -50,16 +53,26 @@ from estream.core.recovery import (
 )
 from estream.core.roll import SealInPd, SealReplicas
 from estream.core.seal import CopyRecords, FenceByCreate, SendFence
+from estream.core.stripedsteps import (
+    AppendBatch,
+    HeldBatch,
+    ReadBatches,
+    SealStripedInPd,
+    SealStripedReplicas,
+)
 from estream.net.clock import SYSTEM_CLOCK, Clock
-from estream.net.rangeclient import ReplicaClient, SourceFailed
-from estream.wire.errors import EstreamError, RangeNotFound, Unavailable
+from estream.net.rangeclient import RangeClient, ReplicaClient, SourceFailed
+from estream.wire.errors import EstreamError, MalformedFrame, RangeNotFound, Unavailable
 from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.record import iter_batches, restamp, verify_batch
 
 log = logging.getLogger(__name__)
 
 fence_grace_s: Final = core.fence_grace_ms / 1000  # after a quorum of fence answers
 
 SealInPdCall = Callable[[int, int, tuple[str, ...]], Awaitable[StreamMeta]]
+# A striped range's seal in PD: (range index, end, exclude, batch count).
+SealStripedCall = Callable[[int, int, tuple[str, ...], int], Awaitable[StreamMeta]]
 
 
 T = TypeVar("T")
@@ -87,14 +100,45 @@ async def drive(steps: Generator[S, Any, T], carry_out: Callable[[S], Awaitable[
         steps.close()
 
 
+async def read_held(client: RangeClient, address: str, stream_id: int, step: ReadBatches
+                    ) -> list[HeldBatch]:
+    """A striped range's READ by batch index (unconfirmed, naming the server): the run
+    answered, each batch verified, with its index."""
+    answer = await client.read(address, server_id=step.replica, stream_id=stream_id,
+                               range_index=step.range_index, offset=step.base,
+                               unconfirmed=True, batch=step.index)
+    indexes = answer.batches or []
+    run = []
+    for index, (header, view) in zip(indexes, iter_batches(answer.payload), strict=False):
+        verify_batch(view)
+        run.append(HeldBatch(index, header.base_offset, header.end_offset, bytes(view)))
+    if len(run) != len(indexes):
+        raise MalformedFrame(f"{step.replica} answered {len(indexes)} indexes for "
+                             f"{len(run)} batches")
+    return run
+
+
+async def append_held(client: RangeClient, address: str, step: AppendBatch, epoch: int
+                      ) -> None:
+    """A striped range's indexed APPEND, synced, naming the server; a batch older than
+    ``epoch`` (the target's) is restamped up to it, as :func:`copy_range` does."""
+    raw = step.batch.data
+    header = verify_batch(raw)
+    if header.epoch < epoch:
+        raw = restamp(raw, range_index=header.range_index, epoch=epoch,
+                      confirm_offset=header.confirm_offset)
+    await client.append(address, server_id=step.replica, batch=raw,
+                        batch_index=step.batch.index)
+
+
 async def recover_range(
     replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall, *,
-    clock: Clock = SYSTEM_CLOCK,
+    clock: Clock = SYSTEM_CLOCK, seal_striped: SealStripedCall | None = None,
 ) -> RecoveryResult:
     """Fence, choose the end, copy, record the seal in PD, then seal the holders (see the
     module docstring). ``replicas`` carries the new epoch; ``meta.last_range`` is the open
-    range to recover; ``clock`` the deadlines'."""
-    driver = RecoveryDriver(replicas, meta, seal_in_pd, clock=clock)
+    range to recover; ``clock`` the deadlines'; ``seal_striped``: a striped range's."""
+    driver = RecoveryDriver(replicas, meta, seal_in_pd, clock=clock, seal_striped=seal_striped)
     try:
         return await drive(
             core.recover(meta, clock.monotonic_ms, grace_ms=int(fence_grace_s * 1000)),
@@ -109,15 +153,17 @@ class RecoveryDriver:
 
     def __init__(
         self, replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall, *,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock = SYSTEM_CLOCK, seal_striped: SealStripedCall | None = None,
     ) -> None:
-        """``clock``: the one the steps' deadlines were computed on."""
+        """``clock``: the one the steps' deadlines were computed on; ``seal_striped``: PD's
+        seal of a striped range, with its batch count (needed for striped streams)."""
         self.replicas = replicas
         self.clock = clock
         self.stream_id = meta.id
         self.name = meta.name
         self.meta = meta  # a striped range's CREATE_RANGE names each server's stripe
         self.seal_in_pd = seal_in_pd
+        self.seal_striped = seal_striped
         self.tasks: set[asyncio.Task[FenceAnswer]] = set()
         self.answers: list[FenceAnswer] = []
 
@@ -134,6 +180,8 @@ class RecoveryDriver:
             return await asyncio.gather(*(self._copy(step.range_index, c) for c in step.copies))
         if isinstance(step, SealInPd):
             return await self.seal_in_pd(step.range_index, step.end, step.exclude)
+        if isinstance(step, ReadBatches | AppendBatch | SealStripedInPd | SealStripedReplicas):
+            return await self._striped(step)
         assert isinstance(step, SealReplicas)
         holders = await self.replicas.seal(self.stream_id, step.range_index, step.end,
                                            step.replicas)
@@ -166,7 +214,8 @@ class RecoveryDriver:
         try:
             if isinstance(request, SendFence):
                 fenced = await self.replicas.fence(replica, self.stream_id, rng.index)
-                return FenceAnswer(replica, fenced.end, fenced.sealed)
+                return FenceAnswer(replica, fenced.end, fenced.sealed,
+                                   last_batch=fenced.last_batch, batches=fenced.batches)
             created = await self.replicas.create(
                 replica, self.stream_id, rng.index, rng.start,
                 stripe=self.meta.replica_stripe(rng, replica))
@@ -176,6 +225,32 @@ class RecoveryDriver:
                 log.info("recovery of %s range %d: %s answered %r", self.name, rng.index,
                          replica, exc)
             return FenceAnswer(replica, error=exc)
+
+    async def _striped(
+        self, step: ReadBatches | AppendBatch | SealStripedInPd | SealStripedReplicas,
+    ) -> Any:
+        """A striped range's steps (estream/core/stripedsteps.py)."""
+        client, epoch = self.replicas.client, self.replicas.epoch
+        if isinstance(step, SealStripedInPd):
+            if self.seal_striped is None:
+                raise Unavailable(f"stream {self.name!r}: no striped seal in PD here")
+            return await self.seal_striped(step.range_index, step.end, step.exclude,
+                                           step.batches)
+        if isinstance(step, SealStripedReplicas):
+            await asyncio.gather(*(client.seal(
+                self.replicas.addresses[r], server_id=r, stream_id=self.stream_id,
+                range_index=step.range_index, epoch=epoch, end=step.end,
+                batches=step.batches, timeout_s=self.replicas.timeouts.seal_s)
+                for r in step.replicas), return_exceptions=True)
+            log.info("recovered %s range %d: sealed at %d with %d batches, holders %s",
+                     self.name, step.range_index, step.end, step.batches,
+                     ", ".join(step.replicas))
+            return None
+        if isinstance(step, AppendBatch):
+            await append_held(client, self.replicas.addresses[step.replica], step, epoch)
+            return None
+        return await read_held(client, self.replicas.addresses[step.replica], self.stream_id,
+                               step)
 
     async def _copy(self, range_index: int, copy: CopyRecords) -> CopyOutcome:
         try:
@@ -193,7 +268,10 @@ __all__ = [
     "RecoveryDriver",
     "RecoveryResult",
     "SealInPdCall",
+    "SealStripedCall",
+    "append_held",
     "drive",
     "fence_grace_s",
+    "read_held",
     "recover_range",
 ]

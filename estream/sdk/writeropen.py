@@ -42,7 +42,14 @@ async def recover(writer: Writer, meta: StreamMeta, deadline: float) -> None:
     sequence of :func:`estream.core.recovery.open_range` (retried while it cannot be done
     safely, until ``deadline``, the client clock's ``monotonic_s``), carried out here."""
     client, replicas = writer._client, writer._replicas
-    driver = RecoveryDriver(replicas, meta, writer.seal_in_pd, clock=client.clock)
+
+    async def seal_striped(index: int, end: int, exclude: tuple[str, ...], batches: int
+                           ) -> StreamMeta:  # a striped range's seal names its batch count
+        return await client.pd.seal_range(meta.name, writer.epoch, index, end, exclude,
+                                          known=writer.stream, batches=batches)
+
+    driver = RecoveryDriver(replicas, meta, writer.seal_in_pd, clock=client.clock,
+                            seal_striped=seal_striped)
     timings = writer.timings
     retries = 0
 

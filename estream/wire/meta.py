@@ -6,13 +6,12 @@ The placement driver keeps these in its catalog; the SDK receives them in PD res
     {"id", "name", "replicas", "ack_count", "ensemble" (if > replicas), "type", "hints",
      "epoch", "start_offset", "ranges": [{"index", "start", "end" (None while open), "state",
                  "replicas": [{"id", "address"}] (ensemble order), "tier": "local"|"object",
-                 "object_key", "object_part" (a part of a version-2 object)}]}
+                 "object_key", "object_part" (a part of a version-2 object),
+                 "batches" (a sealed striped range's batch count)}]}
 
 A sealed range may also carry ``"min_timestamp"``, ``"max_timestamp"`` and
 ``"size_bytes"`` (``pd/shell/retainer.py``), a stream ``"retention_ms"`` and
-``"retention_bytes"`` when set (``pd/retention.py``).
-
-Pure: no I/O.
+``"retention_bytes"`` when set (``pd/retention.py``). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -110,6 +109,8 @@ class RangeMeta:
     tier: str = "local"
     object_key: str | None = None
     object_part: ObjectPart | None = field(default=None, kw_only=True)
+    # A sealed striped range's batch count (its replicas' SEAL names it); None otherwise.
+    batches: int | None = field(default=None, kw_only=True)
 
     @property
     def sealed(self) -> bool:
@@ -138,7 +139,8 @@ class RangeMeta:
             "replicas": [r.to_dict() for r in self.replicas],
             "tier": self.tier,
             "object_key": self.object_key,
-        } | ({"object_part": self.object_part.to_dict()} if self.object_part else {})
+        } | ({"object_part": self.object_part.to_dict()} if self.object_part else {}
+        ) | ({"batches": self.batches} if self.batches is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], shared: RefMemo | None = None) -> RangeMeta:
@@ -155,6 +157,7 @@ class RangeMeta:
             max_timestamp=_opt_int(d.get("max_timestamp")),
             size_bytes=_opt_int(d.get("size_bytes")),
             object_part=None if part is None else ObjectPart.from_dict(part),
+            batches=_opt_int(d.get("batches")),
         )
 
 

@@ -225,7 +225,8 @@ class OpenWriterRequest:
 class SealRangeRequest:
     """``PD_SEAL_RANGE``: seal range ``range_index`` at ``end`` and place the next one
     (avoiding ``exclude``). ``ranges_from`` >= 0: answer only the ranges from that index
-    on (the caller holds the earlier ones)."""
+    on (the caller holds the earlier ones). ``batches``: a striped range's batch count
+    (required for a striped stream, refused for another; absent: None)."""
 
     OPCODE: ClassVar[Opcode] = Opcode.PD_SEAL_RANGE
     name: str
@@ -235,13 +236,19 @@ class SealRangeRequest:
     exclude: tuple[str, ...] = ()
     stream_id: int = 0
     ranges_from: int = -1
+    batches: int | None = None
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> SealRangeRequest:
+        batches = optional_int(h, "batches")
+        if batches is not None and batches < 0:
+            raise InvalidArgument("field 'batches' must be an integer >= 0",
+                                  argument="batches")
         return cls(ranges_from=optional(h, "ranges_from", int, -1),
                    name=require(h, "name", str), epoch=require(h, "epoch", int),
                    range_index=require(h, "range_index", int), end=require(h, "end", int),
-                   exclude=str_list(h, "exclude"), stream_id=stream_id_field(h))
+                   exclude=str_list(h, "exclude"), stream_id=stream_id_field(h),
+                   batches=batches)
 
     def to_header(self) -> Header:
         header = _of(self.stream_id, {
@@ -249,6 +256,8 @@ class SealRangeRequest:
             "end": self.end, "exclude": list(self.exclude)})
         if self.ranges_from >= 0:
             header["ranges_from"] = self.ranges_from
+        if self.batches is not None:
+            header["batches"] = self.batches
         return header
 
 

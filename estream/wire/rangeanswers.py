@@ -158,14 +158,23 @@ class RangeState:
     damaged: bool
     digest: str | None = None
     seen_ms: int | None = None
+    # A striped replica's (docs/ARCHITECTURE.md section 10): (ensemble, replicas,
+    # position), its durable chain's last batch index, once sealed the batch count.
+    stripe: tuple[int, int, int] | None = None
+    last_batch: int | None = None
+    batches: int | None = None
 
     @classmethod
     def from_header(cls, body: Mapping[str, Any]) -> RangeState:
+        ensemble = _optional_int(body, "ensemble")
+        stripe = None if ensemble is None else (
+            ensemble, answer_int(body, "replicas"), answer_int(body, "position"))
         return cls(answer_int(body, "start"), answer_int(body, "end"),
                    answer_int(body, "confirm"), answer_int(body, "epoch"),
                    bool(body.get("sealed")), _optional_int(body, "sealed_end"),
                    bool(body.get("damaged")), _optional_str(body, "digest"),
-                   _optional_int(body, "seen_ms"))
+                   _optional_int(body, "seen_ms"), stripe, _optional_int(body, "last_batch"),
+                   _optional_int(body, "batches"))
 
     def to_header(self) -> Header:
         """The wire form (as DESCRIBE_RANGE answers it; ``"digest"`` and ``"seen_ms"``
@@ -177,6 +186,11 @@ class RangeState:
             header["digest"] = self.digest
         if self.seen_ms is not None:
             header["seen_ms"] = self.seen_ms
+        if self.stripe is not None:
+            header["ensemble"], header["replicas"], header["position"] = self.stripe
+            header["last_batch"] = self.last_batch
+            if self.batches is not None:
+                header["batches"] = self.batches
         return header
 
 

@@ -102,7 +102,8 @@ class Drainer:
         if result.kept:  # empty, fenced at PD's epoch: seal it at its start
             try:
                 await self.service.seal_range(stream.name, result.meta.epoch, last.index,
-                                              last.start, (), stream.id)
+                                              last.start, (), stream.id,
+                                              0 if stream.striped else None)
             except (Fenced, RangeSealed) as exc:
                 log.info("stream %r: not sealed, a writer came: %s", stream.name, exc)
                 return 0
@@ -135,7 +136,7 @@ class Drainer:
             if reason and reason != "unsealed":
                 reasons[ref.id] = reason
         healthy = sum(1 for _, h in rows if h == Health.HEALTHY.value)
-        return RangeHealth(stream.name, stream.id, rng, stream.replicas, healthy,
+        return RangeHealth(stream.name, stream.id, rng, stream.ensemble, healthy,
                            tuple(rows), reasons)
 
     def _report(self, view: CatalogView, servers: dict[str, ServerState],

@@ -204,7 +204,8 @@ class PdHandlers:
         request = SealRangeRequest.from_header(h)
         stream = await self.service.seal_range(request.name, request.epoch,
                                                request.range_index, request.end,
-                                               request.exclude, request.stream_id)
+                                               request.exclude, request.stream_id,
+                                               request.batches)
         if request.ranges_from < 0:
             return _answer(stream_answer(stream))
         return stream_tail(stream, request.ranges_from)

@@ -22,6 +22,10 @@ overwrite a newer placement). Copying one range to one target::
         the range's end is ever copied
     SEAL target (stream epoch, end)
 
+A striped range's target instead gets its position's chain below the catalog's batch
+count (``estream/core/stripedsteps.copy_chain``: READ by batch index from the members of
+each batch's write set, APPEND by index), then SEAL naming the count.
+
 What a failure means: a target's error (or a Conflict found describing it) avoids that
 target for the range; a source's error moves to the next source; when none is left the
 repair fails and the next round plans it again. A PD leader that dies midway leaves a
@@ -46,6 +50,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Final, TypeVar
 
+from estream.core.stripedsteps import AppendBatch, HeldBatch, ReadBatches, copy_chain
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rangeclient import (
     CopyProgress,
@@ -55,10 +60,13 @@ from estream.net.rangeclient import (
     SourceFailed,
     copy_range,
 )
+from estream.net.recovery import append_held, drive, read_held
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import Conflict, EstreamError, RangeNotFound, Timeout, Unavailable
 from estream.wire.meta import StreamMeta
+from estream.wire.stripe import Stripe
+from pd.placement import takes_striped
 from pd.repair import (
     RangeKey,
     RepairPlan,
@@ -183,6 +191,7 @@ class Repairer:
                 listed_now(service.listings.get(server.id), now, listing_age_ms,
                            self.changed_at),
                 draining=server.id in view.draining,  # its replicas move (pd/drain.py)
+                striped=takes_striped(load),  # a striped range's targets only there
             )
         return out
 
@@ -296,6 +305,8 @@ class Repairer:
             return 0  # an earlier attempt finished the copy
         # A new target records the stream's digest, as the writer's replicas did.
         stream = self.service.view().streams.get(task.stream)
+        if stream is not None and stream.striped:
+            return await self._copy_chain(task, target, state, stream)
         digest = stream.digest if stream is not None else None
         if state is None:  # created at the first batch's epoch (never above the batches')
             progress = CopyProgress(task.start, 0, create_start=task.start, digest=digest)
@@ -334,6 +345,43 @@ class Repairer:
             range_index=task.range_index, epoch=task.epoch, end=task.end))
         self.service.sealed_reports.forget(target_id, task.key)  # heard of again, sealed
         return progress.copied_bytes
+
+    async def _copy_chain(self, task: RepairTask, target: Endpoint, state: RangeState | None,
+                          stream: StreamMeta) -> int:
+        """A striped range's target at position p gets exactly p's chain below the
+        range's batch count (:func:`~estream.core.stripedsteps.copy_chain`: each batch
+        read by index from a member of its write set, APPENDed by index), created at its
+        position first, then SEALed naming the count."""
+        rng = stream.range_at(task.range_index)
+        batches = rng.batches if rng is not None else None
+        if batches is None:
+            raise Unavailable(f"stream {task.stream!r} range {task.range_index}: its batch "
+                              "count is not known, its chains cannot be checked")
+        position = task.new_replicas.index(target.server_id)
+        epoch = task.epoch if state is None else state.epoch
+        if state is None:
+            await _at_target(self.client.create_range(
+                target.address, server_id=target.server_id, stream_id=task.stream_id,
+                range_index=task.range_index, start=task.start, epoch=epoch,
+                digest=stream.digest, stripe=(stream.ensemble, stream.replicas, position)))
+        after = -1 if state is None or state.last_batch is None else state.last_batch
+
+        async def carry_out(step: ReadBatches | AppendBatch) -> list[HeldBatch] | None:
+            if isinstance(step, AppendBatch):
+                await _at_target(append_held(self.client, target.address, step, epoch))
+                return None
+            return await read_held(self.client, self._endpoint(step.replica).address,
+                                   task.stream_id, step)
+
+        copied = await drive(copy_chain(
+            task.range_index, Stripe(stream.ensemble, stream.replicas, stream.ack_count),
+            task.new_replicas, position, batches, after_index=after,
+            after_end=task.start if state is None else state.end), carry_out)
+        await _at_target(self.client.seal(
+            target.address, server_id=target.server_id, stream_id=task.stream_id,
+            range_index=task.range_index, epoch=task.epoch, end=task.end, batches=batches))
+        self.service.sealed_reports.forget(target.server_id, task.key)
+        return copied
 
     async def _describe(self, task: RepairTask, replica: Endpoint) -> RangeState:
         return await self.client.describe_range(

@@ -20,7 +20,7 @@ from pd.catalog import CatalogView, PdNode
 from pd.commands import DrainForget, DrainServer, RegisterPdNode, RegisterServer
 from pd.drain import ReplicaTotals, forget_refusal, server_state
 from pd.liveness import Liveness
-from pd.placement import Candidate, exhausted, filling
+from pd.placement import Candidate, exhausted, filling, takes_striped
 from pd.raftrules import RaftStatus
 from pd.repair import SealedReports, parse_reports
 from pd.shell.consensus import Consensus
@@ -89,6 +89,7 @@ class ServerOps:
                 load_bytes if isinstance(load_bytes, int) else 0,
                 exhausted(load),  # no new replicas there (pd/placement.py)
                 filling(load),  # new replicas there only when no other server can
+                takes_striped(load),  # a striped range's replicas only there
             ))
         return out
 

@@ -208,7 +208,7 @@ class PdService(ServerOps):
         check_stream_args(command)  # bad input is reported before any placement error
         self._require_leader()
         placement = choose_replicas(self._candidates(view), r.ensemble or r.replicas,
-                                    hints=r.hints)
+                                    hints=r.hints, striped=(r.ensemble or 0) > r.replicas)
         return replace(command, placement=placement)
 
     @staticmethod
@@ -318,10 +318,11 @@ class PdService(ServerOps):
 
     async def seal_range(
         self, name: str, epoch: int, range_index: int, end: int, exclude: Sequence[str] = (),
-        stream_id: int = 0,
+        stream_id: int = 0, batches: int | None = None,
     ) -> StreamMeta:
         """Seal range ``range_index`` at ``end`` and place the next one (avoiding
-        ``exclude``); with ``stream_id``, only of that incarnation (StreamNotFound)."""
+        ``exclude``); with ``stream_id``, only of that incarnation (StreamNotFound);
+        ``batches``: a striped range's batch count (the catalog checks it)."""
         view = await self.decision_view()
         stream = view.stream(name, stream_id)
         current = stream.last_range
@@ -331,10 +332,11 @@ class PdService(ServerOps):
         else:
             self._require_leader()
             placement = choose_replicas(
-                self._candidates(view), stream.ensemble, hints=stream.hints, exclude=exclude
-            )
+                self._candidates(view), stream.ensemble, hints=stream.hints, exclude=exclude,
+                striped=stream.striped)
         return _stream(await self.raft.propose(
-            SealRange(name, epoch, range_index, end, placement, stream_id)))
+            SealRange(name, epoch, range_index, end, placement, stream_id,
+                      -1 if batches is None else batches)))
 
     async def trim_stream(self, name: str, start_offset: int, stream_id: int = 0
                           ) -> StreamMeta:

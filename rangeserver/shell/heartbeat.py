@@ -81,6 +81,7 @@ async def heartbeat_loop(
                 log.exception("load() failed")
                 current = {}
             current.setdefault("storage_class", storage_class)
+            current["striped_replicas"] = True  # PD places striped ranges only here
             try:
                 answered, registered = await client.heartbeat(
                     server_id, address, current, timeout_s=interval_s)

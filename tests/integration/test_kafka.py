@@ -523,6 +523,67 @@ def test_bad_frames_and_absurd_sizes_get_kafka_errors_and_the_gateway_keeps_serv
     assert 'estream_kafka_requests_total{api="Metadata",error="INVALID_REQUEST"} 1.0' in text
 
 
+def _in_flight(gateway: Gateway) -> float:
+    with urllib.request.urlopen(f"http://{gateway.http}/metrics", timeout=WAIT_S) as response:
+        text = response.read().decode()
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("estream_kafka_requests_in_flight ")))
+
+
+def test_one_connection_has_hundreds_of_produce_requests_in_flight(gateway: Gateway) -> None:
+    """librdkafka sends one partition per Produce: over many partitions, hundreds of small
+    requests on one connection. They are read and stored at once, even behind long polls
+    (answers go in order: each waits for the polls'); before, 64 requests were read and the
+    rest waited unread until the polls ended. Closing the connection ends the polls."""
+    import datetime
+    import io
+
+    from kio.schema.fetch.v4 import request as fetch
+    from kio.schema.produce.v3 import request as produce
+    from kio.schema.types import BrokerId, TopicName
+    from kio.serial import entity_writer
+    from kio.static.primitive import i8, i16, i32, i32Timedelta
+
+    from estream.kafka.inflight import others_in_flight_max
+    from estream.kafka.records import KafkaRecord, encode_producer_batch
+
+    def frames(api_key: int, version: int, body: Any, count: int) -> bytes:
+        out = io.BytesIO()
+        entity_writer(type(body))(out, body)
+        return b"".join(_request(api_key, version, i, out.getvalue()) for i in range(count))
+
+    create_topic(gateway, "inflight-idle")
+    create_topic(gateway, "inflight")
+    poll = fetch.FetchRequest(
+        replica_id=BrokerId(-1), max_wait=datetime.timedelta(seconds=25), min_bytes=i32(1),
+        max_bytes=i32(1 << 20), isolation_level=i8(0), topics=(fetch.FetchTopic(
+            topic=TopicName("inflight-idle"), partitions=(fetch.FetchPartition(
+                partition=i32(0), fetch_offset=0, partition_max_bytes=i32(1 << 20)),)),))
+    record = produce.ProduceRequest(
+        transactional_id=None, acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)),
+        topic_data=(produce.TopicProduceData(name=TopicName("inflight"), partition_data=(
+            produce.PartitionProduceData(index=i32(0), records=encode_producer_batch(
+                [KafkaRecord(T0, None, b"r")])),)),))
+    count = 300
+
+    async def stored() -> int:
+        async with await estream.connect(gateway.pd) as sdk:
+            return len([r async for r in sdk.read("inflight-0")])
+
+    with _connect(gateway) as sock:
+        sock.sendall(frames(1, 4, poll, others_in_flight_max - 4)
+                     + frames(0, 3, record, count))
+        deadline = time.monotonic() + 15  # (the polls wait 25 s)
+        while asyncio.run(stored()) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert asyncio.run(stored()) == count
+    deadline = time.monotonic() + WAIT_S
+    while _in_flight(gateway) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _in_flight(gateway) == 0  # (the closed connection's long polls ended)
+
+
 def test_kafka_python_admin_grows_partitions_and_changes_retention(gateway: Gateway) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
     from kafka.errors import InvalidPartitionsError, UnknownTopicOrPartitionError

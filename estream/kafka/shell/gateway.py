@@ -3,8 +3,8 @@
 One :class:`Gateway` per process holds one SDK :class:`~estream.sdk.client.Client`, a
 writer per partition it has produced to (``produce.py``) and the request counters. Each connection
 reads frames (:class:`~estream.kafka.protocol.FrameDecoder`), starts one task per request
-and answers them strictly in order (Kafka clients match answers by order), with at most
-:data:`requests_in_flight_max` requests in flight: past that it stops reading. A request
+and answers them strictly in order (Kafka clients match answers by order), reading on
+while its requests in flight leave room (:mod:`estream.kafka.inflight`). A request
 it does not serve gets an UNSUPPORTED_VERSION answer, a body that does not decode an
 INVALID_REQUEST answer; a frame past the size limit or shorter than a header is answered
 (when its header can be read) and the connection closed: the stream cannot be resynced.
@@ -28,6 +28,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
+from estream.kafka.inflight import InFlight
 from estream.kafka.sasl import Session
 from estream.kafka.shell import auth
 from estream.kafka.shell.admin import TopicAdmin
@@ -57,8 +58,8 @@ from estream.wire.errors import (
 from estream.wire.roles import ALL_ROLES
 
 log = logging.getLogger("estream.kafka")
+_Answering = tuple[asyncio.Task[bytes | None], bool]  # a request's task, whether a Produce
 
-requests_in_flight_max: Final = 64  # per connection; reading pauses past it
 connections_max: Final = 1024  # open Kafka connections; one past it is closed at once
 read_chunk_bytes: Final = 256 * 1024
 NODE_ID: Final = 0
@@ -148,9 +149,10 @@ class Gateway(Reads, Fetch, Produce):
         self.connections += 1
         session = auth.open_session(bool(self.token_roles), writer)
         decoder = kp.FrameDecoder()
-        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
-            requests_in_flight_max)
-        sender = asyncio.ensure_future(self._send_in_order(answers, writer, session))
+        answers: asyncio.Queue[_Answering | None] = asyncio.Queue()
+        load, room = InFlight(), asyncio.Event()  # (room: set by the sender as it frees)
+        sender = asyncio.ensure_future(self._send_in_order(answers, writer, session, load,
+                                                           room))
         deadline = (asyncio.ensure_future(self._auth_deadline(session, writer))
                     if session.required and not session.roles else None)
         waiting: set[asyncio.Task[bytes | None]] = set()  # WAITING_APIS requests, unanswered
@@ -163,10 +165,16 @@ class Gateway(Reads, Fetch, Produce):
                     break
                 self.bytes_in += len(data)
                 for frame in decoder.feed(data):
-                    await answers.put(self._start(frame, session, waiting))
+                    produce = kp.peek_header(frame)[0] == kp.PRODUCE
+                    while not load.room(produce) and not sender.done():
+                        room.clear()
+                        await room.wait()
+                    answers.put_nowait((self._start(frame, session, waiting, load, produce),
+                                        produce))
                 if decoder.failed is not None:
-                    await answers.put(asyncio.ensure_future(
-                        self._refuse_stream(decoder.head(), decoder.failed)))
+                    load.started(0, False)
+                    answers.put_nowait((_charged(asyncio.ensure_future(
+                        self._refuse_stream(decoder.head(), decoder.failed)), 0, load), False))
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             peer_gone = True
@@ -174,8 +182,7 @@ class Gateway(Reads, Fetch, Produce):
             if peer_gone:  # nobody to answer: its waits end now, not at their timeouts
                 for task in list(waiting):
                     task.cancel()
-            with contextlib.suppress(asyncio.QueueFull):
-                answers.put_nowait(None)
+            answers.put_nowait(None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(sender), fetch_wait_ms_max / 1000 + 5)
             sender.cancel()
@@ -188,11 +195,13 @@ class Gateway(Reads, Fetch, Produce):
                 await writer.wait_closed()
             self.connections -= 1
 
-    def _start(self, frame: bytes, session: Session, waiting: set[asyncio.Task[bytes | None]]
-               ) -> asyncio.Task[bytes | None]:
-        """The task answering ``frame``, counted in :attr:`in_flight` while it runs;
-        one of :data:`~estream.kafka.protocol.WAITING_APIS` is kept in ``waiting``."""
-        task = asyncio.ensure_future(self._answer(frame, session))
+    def _start(self, frame: bytes, session: Session, waiting: set[asyncio.Task[bytes | None]],
+               load: InFlight, produce: bool) -> asyncio.Task[bytes | None]:
+        """The task answering ``frame``, counted in :attr:`in_flight` while it runs and
+        in its connection's ``load`` until its answer is written; one of
+        :data:`~estream.kafka.protocol.WAITING_APIS` is kept in ``waiting``."""
+        load.started(len(frame), produce)
+        task = _charged(asyncio.ensure_future(self._answer(frame, session)), len(frame), load)
         self.in_flight += 1
         if kp.peek_header(frame)[0] in kp.WAITING_APIS:
             waiting.add(task)
@@ -214,29 +223,33 @@ class Gateway(Reads, Fetch, Produce):
             writer.close()
 
     async def _send_in_order(
-        self, answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
-        writer: asyncio.StreamWriter, session: Session,
+        self, answers: asyncio.Queue[_Answering | None],
+        writer: asyncio.StreamWriter, session: Session, load: InFlight, room: asyncio.Event,
     ) -> None:
-        while True:
-            task = await answers.get()
-            if task is None:
-                return
-            # (wait, not await: this task's cancellation must not cancel the request's)
-            await asyncio.wait((task,))
-            answer = None
-            if task.cancelled():
-                pass  # its connection closed while it waited: nobody to answer
-            elif task.exception() is not None:  # a handler's bug must not end the others
-                log.error("a Kafka request failed", exc_info=task.exception())
-            else:
-                answer = task.result()
-            if answer is not None:
-                writer.write(answer)
-                self.bytes_out += len(answer)
-                await writer.drain()
-            if session.closing:  # a failed authentication: answered, then closed
-                writer.close()
-                return
+        """Each request's answer in the order they came, each freeing its ``load`` once
+        written (``room`` set when the connection may read on; also when this ends)."""
+        try:
+            while True:
+                item = await answers.get()
+                if item is None:
+                    return
+                task, produce = item
+                # (wait, not await: this task's cancellation must not cancel the request's)
+                await asyncio.wait((task,))
+                answer = _answer_of(task)
+                try:
+                    if answer is not None:
+                        writer.write(answer)
+                        self.bytes_out += len(answer)
+                        await writer.drain()
+                finally:
+                    load.written(0 if answer is None else len(answer), produce)
+                    room.set()  # (the reader checks whether its next request fits)
+                if session.closing:  # a failed authentication: answered, then closed
+                    writer.close()
+                    return
+        finally:
+            room.set()  # (a reader waiting for room sees this task done)
 
     async def _refuse_stream(self, data: bytes, exc: EstreamError) -> bytes | None:
         """The answer to a frame that cannot be delimited (too large, too short; ``data``:
@@ -435,3 +448,28 @@ class Gateway(Reads, Fetch, Produce):
             await self.membership.leave()
         for task in list(self._background):
             task.cancel()
+
+
+def _answer_of(task: asyncio.Task[bytes | None]) -> bytes | None:
+    """A finished request's answer: None when it has none (acks=0), was cancelled (its
+    connection closed while it waited) or failed (logged: a handler's bug must not end the
+    connection's other requests)."""
+    if task.cancelled():
+        return None
+    if task.exception() is not None:
+        log.error("a Kafka request failed", exc_info=task.exception())
+        return None
+    return task.result()
+
+
+def _charged(task: asyncio.Task[bytes | None], frame_bytes: int, load: InFlight
+             ) -> asyncio.Task[bytes | None]:
+    """``task``, whose request holds ``frame_bytes`` of ``load`` until its answer is ready,
+    then the answer's bytes (until :meth:`Gateway._send_in_order` writes it)."""
+
+    def ready(task: asyncio.Task[bytes | None]) -> None:
+        answer = None if task.cancelled() or task.exception() is not None else task.result()
+        load.answered(frame_bytes, 0 if answer is None else len(answer))
+
+    task.add_done_callback(ready)
+    return task
