@@ -1,15 +1,15 @@
 """A striped stream beside the world's unstriped one (issue 30, item 6): ensemble 5,
 replicas 3, ack 2 on the world's 6 range servers, written by the real writer
-(:class:`~tests.sim.writing.Writing`) under the same faults as the other stream.
+(:class:`~tests.sim.writing.Writing`) under the same faults as the other stream; its writers
+crash too (:meth:`StripedStream.crash`: a new writer's open recovers the striped range).
 
 Checked at every step (:meth:`StripedStream.check`): every acknowledged record is held
 durably and soundly, with its value, by ``ack_count`` servers of its range (less the copies
-a wipe or a flipped byte destroyed), at most one open range and it is the last, and a
-sealed last range ends at or beyond every acknowledged offset. After the close and a restart
-of every server (:meth:`StripedStream.check_final`): each range read back batch by batch
-from its servers' disks (a READ's checks) gives every offset below the catalog's end once,
-in order, what the writer appended there, each copy agreeing, every acknowledged one among
-them; a sealed replica is sealed at the end PD recorded.
+a wipe or a flipped byte destroyed), at most one open range and it is the last, and a sealed
+last range ends at or beyond every acknowledged offset. After the close and a restart of
+every server (:meth:`StripedStream.check_final`): each range read back batch by batch from
+its servers' disks (a READ's checks) gives every offset below the catalog's end once, in
+order, what a writer appended there, copies agreeing, every acknowledged one among them.
 
 Pure: no I/O (tests only).
 """
@@ -28,12 +28,11 @@ if TYPE_CHECKING:
 
 STRIPED_STREAM: Final = "striped"
 STRIPED_ENSEMBLE: Final = 5
-STRIPED_WRITER: Final = "x1"
 
 
 class StripedStream:
-    """The striped stream of ``sim`` and its one writer (no writer crashes: recovering a
-    non-empty striped range is not on main yet)."""
+    """The striped stream of ``sim`` and its writers (``x1``, ``x2``, ...: a crashed one is
+    followed by a new one, whose open recovers the striped range it left)."""
 
     def __init__(self, sim: Sim, seed: int, end_at_ms: int) -> None:
         self.sim = sim
@@ -44,25 +43,44 @@ class StripedStream:
         assert meta.striped
         self.stream_id = meta.id
         self.target = self.rng.randint(80, 200)
-        self.writer = Writing(sim.world, sim.net, STRIPED_WRITER, STRIPED_STREAM, sim.config)
+        self.writers: list[Writing] = []
         self.hung_ranges: list[int] = []  # the open range when a fixed row hung its servers
-        self.checked = -1  # acknowledged offsets below this were checked
+        self.checked: dict[str, int] = {}  # per writer: acknowledged offsets checked below
 
     def describe(self) -> StreamMeta:
         return self.sim.service.view().stream(STRIPED_STREAM)
 
-    def start(self) -> None:
-        self.writer.config = self.sim.config  # as a fixed row left it
-        self.writer.open()
-        self.workload()
+    @property
+    def writer(self) -> Writing:
+        """The newest writer."""
+        return self.writers[-1]
 
-    def workload(self) -> None:
-        w, world = self.writer, self.sim.world
+    def start(self) -> None:
+        """A new writer (the config as a fixed row left it) and its workload."""
+        sim = self.sim
+        w = Writing(sim.world, sim.net, f"x{len(self.writers) + 1}", STRIPED_STREAM,
+                    sim.config)
+        self.writers.append(w)
+        w.open()
+        self.workload(w)
+
+    def crash(self) -> None:
+        """kill -9 of the newest writer; a new one opens (and recovers the range)."""
+        self.sim.note(f"{self.writer.id} crashes")
+        self.writer.crash()
+        self.start()
+
+    def workload(self, w: Writing) -> None:
+        world = self.sim.world
+        if w.fenced and w is self.writer and world.now_ms <= self.end_at_ms:
+            self.sim.events.append(f"t={world.now_ms} {w.id} fenced: a new writer opens")
+            self.start()
+            return
         if w.dead or w.fenced or world.now_ms > self.end_at_ms or self.done():
             return
         if w.opened and len(w.assigned) < self.target:
             w.submit(self.rng.randint(1, 4))
-        world.after(self.rng.randint(1, 3), self.workload)
+        world.after(self.rng.randint(1, 3), lambda: self.workload(w))
 
     def done(self) -> bool:
         w = self.writer
@@ -73,16 +91,17 @@ class StripedStream:
 
     def check(self, full: bool) -> None:
         """The newly acknowledged offsets (every one after a crash or a lost copy)."""
-        w = self.writer
-        if w.start < 0:
-            return
-        since = w.start if full or self.checked < 0 else self.checked
-        if w.acked_end > since:
-            self.check_acknowledged(self.describe(), since, w.acked_end)
-        self.checked = w.acked_end
+        meta: StreamMeta | None = None
+        for w in self.writers:
+            if w.start < 0:
+                continue
+            since = w.start if full else self.checked.get(w.id, w.start)
+            if w.acked_end > since:
+                meta = meta or self.describe()
+                self.check_acknowledged(meta, w, since, w.acked_end)
+            self.checked[w.id] = w.acked_end
 
-    def check_acknowledged(self, meta: StreamMeta, lo: int, hi: int) -> None:
-        w = self.writer
+    def check_acknowledged(self, meta: StreamMeta, w: Writing, lo: int, hi: int) -> None:
         open_ranges = [r for r in meta.ranges if not r.sealed]
         assert len(open_ranges) <= 1 and (not open_ranges or open_ranges[0] is meta.ranges[-1])
         last = meta.ranges[-1]
@@ -110,17 +129,19 @@ class StripedStream:
             needed = max(1, meta.ack_count - len(lost))
             short = [a + i for i, n in enumerate(held) if n < needed]
             assert not short, (
-                f"{STRIPED_STREAM}: acknowledged offsets {short[:5]} of range {r.index} held "
-                f"by fewer than {needed} servers (copies lost: {sorted(lost)})")
+                f"{STRIPED_STREAM}: {w.id}'s acknowledged offsets {short[:5]} of range "
+                f"{r.index} held by fewer than {needed} servers (copies lost: {sorted(lost)})")
 
     def check_final(self) -> None:
         """After the close and a restart of every server: each range read back batch by
         batch from its servers gives exactly what was appended below its end."""
         w = self.writer
+        writers = {x.id: x for x in self.writers}
         meta = self.describe()
         assert meta.ranges[0].start == 0
         for before, after in zip(meta.ranges, meta.ranges[1:], strict=False):
             assert before.end == after.start, f"ranges {before.index}, {after.index} not contiguous"
+        read_back: dict[int, bytes] = {}
         for r in meta.ranges:
             end = r.end if r.end is not None else w.acked_end
             key = (meta.id, r.index)
@@ -152,19 +173,29 @@ class StripedStream:
                 f"{STRIPED_STREAM}: range {r.index} [{r.start}, {end}) misses offsets "
                 f"{missing[:10]} on every server")
             for o in range(r.start, end):
-                assert 0 <= o - w.start < len(w.assigned) and seen[o] == w.assigned[o - w.start], (
-                    f"{STRIPED_STREAM}: offset {o} is {seen[o]!r}, not what was appended")
+                wid, _, at = seen[o].decode(errors="replace").partition(":")
+                x = writers.get(wid)
+                assert x is not None and at == str(o) and 0 <= o - x.start < len(x.assigned) \
+                    and seen[o] == x.assigned[o - x.start], (
+                        f"{STRIPED_STREAM}: offset {o} is {seen[o]!r}, not what was appended")
+                read_back[o] = seen[o]
         last = meta.ranges[-1]
         final_end = last.end if last.end is not None else w.acked_end
         assert final_end == w.acked_end, (
             f"{STRIPED_STREAM}: reads end at {final_end}, {w.acked_end} acknowledged")
+        for x in self.writers:
+            for o in range(max(x.start, 0), x.acked_end):
+                assert read_back.get(o) == x.assigned[o - x.start], (
+                    f"{STRIPED_STREAM}: {x.id}'s acknowledged offset {o} reads "
+                    f"{read_back.get(o)!r}")
 
     def trace(self) -> list[str]:
-        w = self.writer
-        lines = [f"{STRIPED_STREAM} {w.id}: epoch={w.epoch} start={w.start} "
-                 f"assigned={len(w.assigned)} acked_end={w.acked_end} fenced={w.fenced} "
-                 f"max_wait_ms={w.max_wait_ms}"]
-        lines += [f"  {line}" for line in w.log[-15:]]
+        lines = []
+        for w in self.writers:
+            lines.append(f"{STRIPED_STREAM} {w.id}: epoch={w.epoch} start={w.start} "
+                         f"assigned={len(w.assigned)} acked_end={w.acked_end} "
+                         f"fenced={w.fenced} dead={w.dead} max_wait_ms={w.max_wait_ms}")
+            lines += [f"  {line}" for line in w.log[-15:]]
         for r in self.describe().ranges[-12:]:
             lines.append(f"  range {r.index} [{r.start}, {r.end}) on "
                          f"{[x.id for x in r.replicas]}")

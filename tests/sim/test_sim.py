@@ -339,6 +339,8 @@ class Sim:
         kinds = ["crash", "crash", "partition", "writer_crash", "writer_cut", "hang"]
         if rng.random() < 0.3:
             kinds.append(rng.choice(["wipe", "damage"]))
+        if self.striped is not None:
+            kinds.append("striped_writer_crash")
         for _ in range(rng.randint(1, 5)):
             at = rng.randint(10, HEAL_AT_MS - 300)
             kind = rng.choice(kinds)
@@ -362,6 +364,8 @@ class Sim:
             self.writer_crash()
         elif kind == "writer_cut":
             self.writer_cut()
+        elif kind == "striped_writer_crash" and self.striped is not None:
+            self.striped.crash()
 
     def is_up(self, node: str) -> bool:
         return node not in self.faults.down and not self.servers[node].hung
