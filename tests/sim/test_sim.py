@@ -1084,6 +1084,59 @@ def striped_fault(kind: str) -> Callable[[Sim], None]:
     return script
 
 
+def striped_writer_dies(sim: Sim) -> None:
+    """The striped writer's link to server p of its open range is cut (it lags, the range
+    runs degraded); once a batch of write set p, p + 1, p + 2 is acknowledged without p, the
+    writer dies and servers p + 1 and p + 2 go down for 1 to 2 s: that write set has one
+    answer, p's, short. The new writer's recovery must not seal short: it waits (the end's
+    quorum of W(k), or a copy with no holder: ``CopyBlocked``) until one is back, then keeps
+    every acknowledged record (ARCHITECTURE 10: "3 and 4 wiped: W(8) = 3 4 0 has one
+    answer: wait"; the writer dying at the fence, end and copy steps)."""
+    rng = sim.world.rng
+    striped = sim.striped
+    assert striped is not None
+    sim.faults.drop = 0.0
+    sim.net.faults.reset_rate = 0.0
+    sim.config = replace(sim.config, range_bytes_max=1 << 30)
+    striped.target = 300
+    lag: list[str] = []
+
+    def exposed(key: Key, acked_end: int) -> bool:
+        """An acknowledged batch of write set p, p + 1, p + 2 that p lacks: held by p + 1
+        and p + 2, not by p nor p + 3."""
+        store = sim.servers[lag[1]].store
+        index = store.indexes.get(key) if store is not None else None
+        for i in range(len(index) if index is not None else 0):
+            assert index is not None
+            base, end = index.batch(i).base, index.batch(i).end
+            if end <= acked_end and sim.servers[lag[2]].batch_at(key, base) is not None \
+                    and sim.servers[lag[0]].batch_at(key, base) is None \
+                    and sim.servers[lag[3]].batch_at(key, base) is None:
+                return True
+        return False
+
+    def start() -> None:
+        last = striped.describe().ranges[-1]
+        servers = [r.id for r in last.replicas]
+        p = rng.randrange(len(servers))
+        lag[:] = [servers[(p + i) % len(servers)] for i in range(4)]
+        w = striped.writer
+        sim.partition(w.id, lag[0], HEAL_AT_MS)
+        key = (striped.stream_id, last.index)
+        _when(sim, lambda: exposed(key, w.acked_end), die)
+
+    def die() -> None:
+        sim.facts["died ahead of the lagging server"] = True
+        sim.note(f"{striped.writer.id} crashes")
+        striped.writer.crash()
+        sim.crash(lag[1], rng.randint(1_000, 2_000))  # past the recovery's first rounds
+        sim.crash(lag[2], rng.randint(1_000, 2_000))
+        sim.world.after(rng.randint(5, 80), striped.start)
+
+    start_at = rng.randint(10, 40)
+    _when(sim, lambda: len(striped.writer.assigned) >= start_at, start)
+
+
 # Seeds chosen so that each row reaches its scenario (the row asserts it did). On the
 # SimLoop (timers due at the same instant in seeded order) seed 0 of the +down+lagging
 # rows stalls on a lost append until the heal (no lag to exploit). With the writer's
@@ -1112,6 +1165,7 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     # A striped stream (E 5, R 3, A 2 on 6 servers) beside the unstriped one.
     *[(f"striped-{k}", striped_fault(k), 6, s)
       for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in range(2)],
+    *[("striped-writer-dies-lagging+down", striped_writer_dies, 6, s) for s in range(8)],
 ]
 
 
@@ -1190,7 +1244,13 @@ def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, s
 def _striped_row_saw(sim: Sim, name: str, trace: str) -> None:
     """What a striped row asserts beyond the world's invariants (see striped_fault)."""
     striped = sim.striped
-    assert striped is not None and striped.hung_ranges, f"nothing failed{trace}"
+    assert striped is not None
+    if name == "striped-writer-dies-lagging+down":
+        assert sim.facts.get("died ahead of the lagging server"), f"the writer did not die{trace}"
+        assert len(striped.writers) >= 2 and striped.writers[1].recoveries >= 2, (
+            f"the recovery did not have to wait{trace}")
+        return
+    assert striped.hung_ranges, f"nothing failed{trace}"
     struck = sim.facts["struck"]
     assert isinstance(struck, list)
     index = striped.hung_ranges[0]
