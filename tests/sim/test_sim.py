@@ -1165,7 +1165,7 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     # A striped stream (E 5, R 3, A 2 on 6 servers) beside the unstriped one.
     *[(f"striped-{k}", striped_fault(k), 6, s)
       for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in range(2)],
-    *[("striped-writer-dies-lagging+down", striped_writer_dies, 6, s) for s in range(8)],
+    *[("striped-writer-dies-lagging+down", striped_writer_dies, 6, s) for s in range(4)],
 ]
 
 
