@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final
 
 from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
+from tests.sim.reading import Delivered, Reading
 from tests.sim.writing import Writing
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 STRIPED_STREAM: Final = "striped"
 STRIPED_ENSEMBLE: Final = 5
+READ_BACK_MS_MAX: Final = 3_000  # after close: the real reader's read from 0 ends
 
 
 class StripedStream:
@@ -46,6 +48,9 @@ class StripedStream:
         self.writers: list[Writing] = []
         self.hung_ranges: list[int] = []  # the open range when a fixed row hung its servers
         self.checked: dict[str, int] = {}  # per writer: acknowledged offsets checked below
+        self.tail: Reading | None = None  # the real reader tailing the stream
+        self.readers = 0
+        self.seen: dict[int, bytes] = {}  # offset -> the value every read saw there
 
     def describe(self) -> StreamMeta:
         return self.sim.service.view().stream(STRIPED_STREAM)
@@ -63,6 +68,8 @@ class StripedStream:
         self.writers.append(w)
         w.open()
         self.workload(w)
+        if self.tail is None:
+            self.start_tail()
 
     def crash(self) -> None:
         """kill -9 of the newest writer; a new one opens (and recovers the range)."""
@@ -188,6 +195,73 @@ class StripedStream:
                 assert read_back.get(o) == x.assigned[o - x.start], (
                     f"{STRIPED_STREAM}: {x.id}'s acknowledged offset {o} reads "
                     f"{read_back.get(o)!r}")
+
+    # -- the real reader ---------------------------------------------------------------
+
+    def start_tail(self, start: int = 0) -> None:
+        """A tailing reader (another takes over where it stopped if it fails)."""
+        self.tail = self._reader(start, follow=True)
+
+    def _reader(self, start: int, *, follow: bool) -> Reading:
+        def ended(reader: Reading) -> None:
+            if reader.error is not None and reader is self.tail and follow:
+                self.sim.world.after(50, lambda: self.start_tail(reader.next_offset))
+
+        self.readers += 1
+        return Reading(self.sim.world, self.sim.net, f"xr{self.readers}", STRIPED_STREAM,
+                       start=start, follow=follow, on_deliver=self.check_delivery,
+                       on_end=ended)
+
+    def check_delivery(self, reader: Reading, offset: int, next_offset: int,
+                       items: Delivered) -> None:
+        """Every answer the real reader hands over: in order without a gap, never past a
+        sealed range's catalog end, each record what its writer appended there (and what
+        other reads saw), from an open range only acknowledged records."""
+        rng = self.describe().range_for(offset)
+        assert offset == reader.next_offset and [o for o, _ in items] == list(
+            range(offset, next_offset)), (
+            f"{STRIPED_STREAM} {reader.id}: delivers [{offset}, {next_offset}) after "
+            f"{reader.next_offset}")
+        assert rng is not None and (rng.end is None or next_offset <= rng.end), (
+            f"{STRIPED_STREAM} {reader.id}: delivers up to {next_offset}, past {rng}")
+        writers = {x.id: x for x in self.writers}
+        for o, value in items:
+            wid, _, at = value.decode(errors="replace").partition(":")
+            x = writers.get(wid)
+            assert x is not None and at == str(o) and 0 <= o - x.start < len(x.assigned) \
+                and x.assigned[o - x.start] == value, (
+                    f"{STRIPED_STREAM} {reader.id}: offset {o} is {value!r}, not appended")
+            assert rng.end is not None or o < x.acked_end, (
+                f"{STRIPED_STREAM} {reader.id}: unacknowledged offset {o} of the open range")
+            assert self.seen.setdefault(o, value) == value, (
+                f"{STRIPED_STREAM} {reader.id}: offset {o} is {value!r}, another read saw "
+                f"{self.seen[o]!r}")
+
+    def read_back(self) -> None:
+        """After close: a plain read from 0 by the real reader ends at the newest writer's
+        end, having seen every acknowledged record of every writer, and the tail catches
+        up to it."""
+        sim, w = self.sim, self.writer
+        reader = self._reader(0, follow=False)
+        deadline = sim.world.now_ms + READ_BACK_MS_MAX
+
+        def settled() -> bool:
+            tail = self.tail
+            return (reader.done or reader.error is not None) and (
+                tail is None or tail.next_offset >= w.acked_end)
+
+        while not settled() and sim.world.now_ms < deadline and sim.world.step():
+            pass
+        assert reader.done and reader.next_offset == w.acked_end, (
+            f"{STRIPED_STREAM}: the final read: {reader.describe()}, {w.acked_end} "
+            f"acknowledged")
+        for x in self.writers:
+            for o in range(max(x.start, 0), x.acked_end):
+                assert self.seen.get(o) == x.assigned[o - x.start], (
+                    f"{STRIPED_STREAM}: the final read saw {self.seen.get(o)!r} at {o}")
+        tail = self.tail
+        assert tail is not None and tail.next_offset == w.acked_end, (
+            f"{STRIPED_STREAM}: the tail did not catch up: {tail.describe() if tail else None}")
 
     def trace(self) -> list[str]:
         lines = []

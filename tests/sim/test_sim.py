@@ -827,6 +827,7 @@ class Sim:
         self.check_final_reads(final)
         if self.striped is not None:
             self.striped.check_final()
+            self.striped.read_back()
 
     def visible_end(self, meta: StreamMeta, rng: RangeMeta) -> int:
         """The most a reader of the open range finds (its largest readable end)."""
