@@ -52,10 +52,10 @@ stays out of reach.
 
 Striped (issue 30): ``test_striped_seed`` runs a seed's world on 6 servers with a striped
 stream (ensemble 5, replicas 3, ack 2; ``tests/sim/striped.py``) beside the unstriped one,
-under the same faults but writer crashes (recovering a non-empty striped range is another
-branch's), checked per batch on the servers' disks (no stripe-aware reader yet); the first
-``STRIPED_SEEDS_FAST_MAX`` in make test. Its fixed rows (``striped-*``): one hung server,
-two of one write set hung, one hung and the other wiped or damaged.
+under the same faults (its writer crashes too), checked per batch on the servers' disks
+and by the real reader; the first ``STRIPED_SEEDS_FAST_MAX`` in make test. Its fixed rows
+(``striped-*``): one hung server, two of one write set hung, one hung and the other wiped
+or damaged, the writer dying with one server lagging and two down.
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
 ``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 60..249 are ``slow`` (``-m slow``); one
