@@ -148,7 +148,7 @@ def check_stream_args(cmd: CreateStream) -> None:
     if not 1 <= cmd.ack_count <= cmd.replicas:
         raise InvalidArgument("ack_count must be 1..replicas", argument="ack_count")
     if cmd.ensemble:
-        Stripe(cmd.ensemble, cmd.replicas, cmd.ack_count)  # replicas..ensemble_servers_max
+        Stripe(cmd.ensemble, cmd.replicas, cmd.ack_count)  # replicas..servers_in_list_max
     if len(cmd.type) > stream_type_chars_max:
         raise InvalidArgument("stream type too long", argument="type")
     if cmd.type.startswith(".") and not cmd.system:

@@ -81,6 +81,7 @@ from typing import Final
 import xxhash
 
 from estream.core.backoff import backoff_delay
+from estream.core.stripedread import Layout, layout
 from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
 from pd.catalog import PreparedObject, expire_keys_max, pack_members_max
 from pd.commands import PackMember
@@ -99,7 +100,9 @@ packs_in_memory_max: Final = 2  # closed packs being put, and the open pack bein
 @dataclass(frozen=True, slots=True)
 class Upload:
     """Upload sealed range ``range_index`` of stream ``name`` (``[start, end)``), reading
-    it from ``sources`` (its replicas, live ones first)."""
+    it from ``sources`` (its replicas, live ones first). ``striped``: a striped range's
+    stripe and servers in catalog order (:func:`~estream.core.stripedread.layout`): each
+    batch is read from a server of its write set (docs/ARCHITECTURE.md section 10)."""
 
     name: str
     stream_id: int
@@ -108,6 +111,7 @@ class Upload:
     end: int
     sources: tuple[ReplicaRef, ...]
     replaces: str = ""  # the committed key of an object found missing or damaged
+    striped: Layout | None = None
 
     @property
     def key(self) -> RangeKey:
@@ -263,7 +267,8 @@ def reusable_packs(
                     m.replaces and rng.object_key == m.replaces and rng.replicas)):
                 break  # (a compaction's record: never rebuilt, it expires)
             uploads.append(Upload(m.name, m.stream_id, m.range_index, m.start, m.end,
-                                  rng.replicas, replaces=m.replaces))
+                                  rng.replicas, replaces=m.replaces,
+                                  striped=layout(stream, rng)))
         else:
             out.append((record, uploads))
     return out
@@ -373,8 +378,9 @@ def uploads_due(
                 continue
             rest = tuple(r for r in rng.replicas if r.id not in alive)
             frees = any(r.id in full for r in rng.replicas)
-            due.append((not frees, since, Upload(stream.name, stream.id, rng.index, rng.start,
-                                                 rng.end, live + rest)))
+            upload = Upload(stream.name, stream.id, rng.index, rng.start, rng.end, live + rest,
+                            striped=layout(stream, rng))
+            due.append((not frees, since, upload))
     due.sort(key=lambda item: (item[0], item[1], item[2].key))
     return [upload for _, _, upload in due]
 

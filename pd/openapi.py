@@ -14,7 +14,6 @@ from estream.wire import limits
 from estream.wire.fields import stream_name_bytes_max, streams_page_default, streams_page_max
 from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT, STORAGE_CLASSES
 from estream.wire.record import DIGESTS
-from estream.wire.stripe import ensemble_servers_max
 from pd.openapikafka import add_groups, add_kafka_field
 
 
@@ -379,8 +378,9 @@ _add_digest()
 
 def _add_ensemble() -> None:
     """Striping (``estream/wire/stripe.py``): each range on ``ensemble`` servers."""
-    ensemble = {"type": "integer", "minimum": 1, "maximum": ensemble_servers_max, "description":
-                "each range's servers (>= replicas; default replicas), in its replicas' order"}
+    ensemble = {"type": "integer", "minimum": 1, "maximum": limits.servers_in_list_max,
+                "description": "each range's servers (>= replicas; default replicas), in its "
+                               "replicas' order"}
     SCHEMAS["Stream"]["properties"]["ensemble"] = SCHEMAS["CreateStream"]["properties"][
         "ensemble"] = ensemble
 

@@ -46,7 +46,6 @@ int64_min: Final = -(2**63)
 int64_max: Final = 2**63 - 1
 address_chars_max: Final = 256  # host:port, a URL
 text_chars_max: Final = 1024  # any other string (request ids, digests, reasons...)
-servers_in_list_max: Final = 64  # hints, placements, replicas, exclusions (ensembles included)
 list_items_max: Final = 1024  # any other list
 
 # A string field's length limit, by field name (others: text_chars_max).
@@ -66,7 +65,7 @@ _CHARS: Final[Mapping[str, int]] = {
 _SERVER_LISTS: Final = ("hints", "placement", "next_replicas", "replicas", "expected", "exclude")
 # A list field's length limit and the field name its items are checked as.
 _LISTS: Final[Mapping[str, tuple[int, str]]] = {
-    **{name: (servers_in_list_max, "server_id") for name in _SERVER_LISTS},
+    **{name: (limits.servers_in_list_max, "server_id") for name in _SERVER_LISTS},
     "object_keys": (expire_keys_max, "object_key"),
     "members": (pack_members_max, "member"),
     # PD_WRITERS_KEEPALIVE: [name, stream_id, epoch] per writer of one client

@@ -16,9 +16,23 @@ from typing import Any
 
 from estream.cli.admin import admin_get
 from estream.cli.output import emit_json, human_bytes, iso_ms, key_values, print_tables, table
+from estream.core.stripedread import holding
 from estream.server.config import non_negative_int, positive_int
 from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT
 from estream.wire.record import DIGESTS
+
+
+def _servers(stream: dict[str, Any], rng: dict[str, Any]) -> str:
+    """A range's servers; for a striped stream each with how much of the range it holds
+    (:func:`~estream.core.stripedread.holding`: of the batch count once sealed with one,
+    else its share, R/E)."""
+    servers = [str(x.get("address")) for x in rng.get("replicas", [])]
+    ensemble, replicas = stream.get("ensemble") or 0, stream.get("replicas") or 0
+    if isinstance(ensemble, int) and isinstance(replicas, int) and ensemble > replicas > 0:
+        batches = rng.get("batches") if isinstance(rng.get("batches"), int) else None
+        servers = [f"{s} ({holding(ensemble, replicas, p, batches)})"
+                   for p, s in enumerate(servers)]
+    return ", ".join(servers) or "-"
 
 
 def _ranges_table(stream: dict[str, Any]) -> Any:
@@ -29,7 +43,7 @@ def _ranges_table(stream: dict[str, Any]) -> Any:
             r.get("end"),
             r.get("state"),
             r.get("tier", "local"),
-            ", ".join(str(x.get("address")) for x in r.get("replicas", [])) or "-",
+            _servers(stream, r),
         )
         for r in stream.get("ranges", [])
     ]

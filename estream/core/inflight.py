@@ -1,7 +1,8 @@
 """What a stream writer has in flight: its cut batches (:class:`Batch`), the open range's
 replica state (:class:`OpenRange`: which servers each batch goes to, what each answered,
 when the range is writable and drained), and the chase bound over them (a slow replica
-keeps receiving until its backlog, in bytes or age, passes the bound). A striped range
+keeps receiving until the oldest batch it owes passes the bound in age; its bytes are the
+chase budget's, :mod:`estream.core.chasebudget`). A striped range
 (``stripe``: E > replicas) sends batch k only to its write set and confirms per batch
 (:mod:`estream.core.striping`, docs/ARCHITECTURE.md section 10).
 
@@ -186,19 +187,15 @@ def oldest_unacked_ms(batches: Iterable[Batch], rng: OpenRange) -> int | None:
 
 
 def past_chase_bound(
-    batches: Iterable[Batch], rng: OpenRange, replica: str, completed: int, now_ms: int,
-    config: WriterConfig,
+    batches: Iterable[Batch], rng: OpenRange, replica: str, now_ms: int, config: WriterConfig,
 ) -> bool:
     """Whether ``replica`` is past its chase bound: a batch it owes is older than
-    ``chase_backlog_ms_max``, or it owes more than ``chase_backlog_bytes_max`` of what a
-    quorum already has (below ``completed``).
-
-    Bytes count once a quorum has them: how far the replica is behind the others.
-    (Counting every unacked byte failed every replica at once when more than the bound
-    was in flight, e.g. resent after a roll: a roll loop.)"""
-    backlog = 0
+    ``chase_backlog_ms_max``. (How many bytes it owes is the chase budget's:
+    ``estream/core/chasebudget.py`` counts every complete batch kept, so a replica owing
+    more than ``chase_backlog_bytes_max`` of them always finds the budget full.)"""
     horizon = rng.seal_end  # while draining, only what the seal needs counts
     striped = rng.stripe is not None
+    oldest_ms = now_ms - config.chase_backlog_ms_max
     for batch in batches:
         if batch.range_index != rng.index or replica in batch.acked_by:
             continue
@@ -206,11 +203,9 @@ def past_chase_bound(
             continue
         if horizon is not None and batch.end > horizon:
             continue
-        if now_ms - batch.sent_ms > config.chase_backlog_ms_max:
+        if batch.sent_ms < oldest_ms:
             return True
-        if batch.end <= completed:
-            backlog += batch.size
-    return backlog > config.chase_backlog_bytes_max
+    return False
 
 
 def record_ack(batches: Iterable[Batch], rng: OpenRange, replica: str, end: int) -> None:

@@ -374,9 +374,11 @@ class RangeWriter:
         if self._pending.count and now_ms >= self._pending.since_ms + self.config.linger_ms:
             self._cut(now_ms, effects)
         if not self._range.seal_sent:
+            if self._chasing.full(self.config):  # a seal's drain may drop who holds it back
+                self._drop_chasers(effects)
             for replica in self._range.live:
                 if self._range.may_drop_slow(self.ack_count, replica) and past_chase_bound(
-                        self._batches, self._range, replica, self.completed, now_ms, self.config):
+                        self._batches, self._range, replica, now_ms, self.config):
                     self._fail_replica(replica, effects)
         if (
             not self.sealing
@@ -554,9 +556,10 @@ class RangeWriter:
         self._batch_bytes -= batch.size
 
     def _drop_chasers(self, effects: list[Effect]) -> None:
-        """The chase budget is full: fail the furthest behind (more than ack_count live)."""
+        """The chase budget is full: fail the furthest behind (more than ack_count live, or
+        draining for a seal)."""
         rng = self._range
-        while self._chasing.full(self.config) and rng.seal_end is None:
+        while self._chasing.full(self.config) and not rng.seal_sent and rng.live:
             behind = furthest_behind(rng, self._batches)
             if not rng.may_drop_slow(self.ack_count, behind):
                 return

@@ -38,6 +38,8 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   ``hung_last_reads`` reads (or until it answers), so the tail stays on the replicas that
   answer while that server hangs, and comes back to it later. A plain read keeps the
   client's timeouts and order;
+- a **striped** range (E > replicas) is read by batch from each batch's write set
+  (:mod:`estream.core.stripedread`; docs/ARCHITECTURE.md section 10, Reads);
 - a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the
   replicas it still lists (kept for a while after the upload: the hot tail stays on range
   servers), and when every one of them fails, or none is left, from the object store
@@ -84,7 +86,14 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from estream.core.quorum import seal_quorum
+from estream.core.stripedread import (
+    BatchAt,
+    batch_at,
+    batch_replicas,
+    empties_needed,
+    stripe_of,
+    walked,
+)
 from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
@@ -148,7 +157,8 @@ class ReadReplica:
     decoded, verified and kept below ``end``; ``wait_ms`` > 0: a long poll;
     ``unconfirmed``: durable records past the confirm offset too (sealed ranges);
     ``timeout_ms``: how long past ``wait_ms`` the answer may take (None: the client's
-    request timeout)."""
+    request timeout); ``batch``: a striped range's batch index starting at ``base``, asked
+    for by it (``offset`` stays where the records kept begin)."""
 
     stream_id: int
     range: RangeMeta
@@ -158,6 +168,8 @@ class ReadReplica:
     wait_ms: int
     unconfirmed: bool
     timeout_ms: int | None = None
+    batch: int | None = None
+    base: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,13 +204,18 @@ Steps = Generator[Step, Any, None]
 class Answer:
     """What a read step found: ``count`` items (records, batches...) covering offsets up
     to ``next_offset``; whether the replica says the range is sealed (and at which end);
-    how long the server took (``elapsed_ms``: whether a long poll was held)."""
+    how long the server took (``elapsed_ms``: whether a long poll was held). A striped
+    replica's: the ``indexes`` of the batches answered, the last one's end (``last_end``),
+    and ``located``, the batch to ask for (its ``"next"``)."""
 
     count: int
     next_offset: int
     sealed: bool = False
     sealed_end: int | None = None
     elapsed_ms: int = 0
+    indexes: tuple[int, ...] = ()
+    last_end: int | None = None
+    located: tuple[int, int] | None = None
 
 
 def replica_order(rng: RangeMeta, preferred: str | None) -> list[ReplicaRef]:
@@ -338,6 +355,8 @@ class ReadCursor:
         self.quiet_polls = 0  # a tail's empty polls since it last looked PD up ...
         self.short_polls = 0  # ... of which some replica of the range did not answer
         self.unanswered = False  # some replica failed in the last _read_range
+        self.at: BatchAt | None = None  # a striped range: the batch the read goes on from
+        self.asked: list[str] = []  # the last round's servers, in order (a tail rotates them)
 
     @property
     def rounds_max(self) -> int:
@@ -359,14 +378,20 @@ class ReadCursor:
                     return  # past the last range: the end of the stream
             wait_ms = self.config.follow_wait_ms if self.follow and not rng.sealed else 0
             try:
-                answer = yield from self._read_range(meta.id, rng, wait_ms, meta.ack_count)
+                answer = yield from self._read_range(meta, rng, wait_ms)
             except EstreamError as exc:
                 meta = yield from self._after_failure(exc)
                 continue
             self.failures = 0
+            moved = walked(rng.index, answer.indexes, answer.last_end, answer.next_offset,
+                           answer.located)
             if answer.count:
+                self.at = moved
                 yield Deliver(self.offset, answer.next_offset)
                 self.offset = answer.next_offset
+                continue
+            if moved is not None:
+                self.at = moved  # a striped range: walked on by batch to the offset, or located
                 continue
             if answer.sealed:
                 # Sealed on the replica: a roll or a recovery is under way; PD names the next.
@@ -411,7 +436,8 @@ class ReadCursor:
         if answer.elapsed_ms < wait_ms // 2:
             yield Sleep(self.config.unheld_poll_pause_ms)
         self.polls += 1
-        self.poll_from = rng.replicas[self.polls % len(rng.replicas)].id if rng.replicas else None
+        ring = self.asked if self.at is not None else [r.id for r in rng.replicas]
+        self.poll_from = ring[self.polls % len(ring)] if ring else None
 
     def _refresh_due(self, rng: RangeMeta) -> bool:
         """After an empty poll: whether the tail looks PD up now (every
@@ -426,22 +452,26 @@ class ReadCursor:
             return True
         return False
 
-    def _order(self, rng: RangeMeta) -> list[ReplicaRef]:
+    def _order(self, rng: RangeMeta, meta: StreamMeta) -> list[ReplicaRef]:
         """The replicas to ask, in order: the one to poll (or the preferred one) first; a
-        tail's replicas that did not answer lately last (one read fewer for each)."""
+        tail's replicas that did not answer lately last (one read fewer for each). A
+        striped range read by batch: that batch's write set (:func:`batch_replicas`)."""
         order = replica_order(rng, self.poll_from or self.preferred)
-        if not self.hung:
-            return order
         for replica, left in list(self.hung.items()):
             if left <= 1:
                 del self.hung[replica]
             else:
                 self.hung[replica] = left - 1
+        stripe = stripe_of(meta)
+        if stripe is not None and self.at is not None:
+            order = batch_replicas(rng, stripe, self.at, first=self.poll_from, last=self.hung)
+            self.asked = [r.id for r in order]
+            return order
         return ([r for r in order if r.id not in self.hung]
                 + [r for r in order if r.id in self.hung])
 
     def _read_range(
-        self, stream_id: int, rng: RangeMeta, wait_ms: int, ack_count: int
+        self, meta: StreamMeta, rng: RangeMeta, wait_ms: int
     ) -> Generator[Step, Any, Answer]:
         """The first good answer from the range's sources: every replica, the preferred one
         first, then for a range in the object tier its object (the replicas a range keeps
@@ -454,7 +484,16 @@ class ReadCursor:
         of replicas said so: an acknowledged record's confirm reached ``ack_count`` replicas
         once its writer closed, and any seal quorum includes one of them. Fewer answers
         (the others failing) cannot tell the end: the round fails and is retried, so a
-        plain read never ends silently short of acknowledged records."""
+        plain read never ends silently short of acknowledged records.
+
+        A striped range (:mod:`estream.core.stripedread`) is read by batch once the cursor
+        knows where one starts: from that batch's write set, a seal quorum of which must
+        answer empty to end; else by offset from all its servers, which answer the batch
+        holding the offset or ``"next"``."""
+        stream_id, ack_count = meta.id, meta.ack_count
+        stripe = stripe_of(meta)
+        self.at = batch_at(rng, self.offset, self.at) if stripe is not None else None
+        at = self.at
         offset = self.offset
         end = clip_end(rng, self.end)
         sealed_range = rng.end is not None
@@ -464,11 +503,13 @@ class ReadCursor:
         empties = 0
         timeout_ms = self.config.tail_answer_ms_max if self.follow else None
         self.unanswered = False
-        for ref in self._order(rng):
+        order = self._order(rng, meta)
+        for ref in order:
             try:
                 answer: Answer = yield ReadReplica(
                     stream_id, rng, ref, offset, end, wait_ms, unconfirmed=sealed_range,
-                    timeout_ms=timeout_ms,
+                    timeout_ms=timeout_ms, batch=None if at is None else at.index,
+                    base=None if at is None else at.base,
                 )
             except Unavailable as exc:
                 # Timed out (a hung server: the tail's bound tells it from a long poll) or
@@ -491,8 +532,8 @@ class ReadCursor:
                 continue
             self.hung.pop(ref.id, None)
             self.unanswered = last is not None
-            if answer.count:
-                return answer
+            if answer.count or answer.indexes or answer.located:
+                return answer  # (striped: walked on below the offset, or located it)
             if sealed_range:
                 last = Unavailable(f"replica {ref.id} has nothing at {offset} of sealed range")
                 continue  # a short replica of a sealed range: another one has it
@@ -510,8 +551,8 @@ class ReadCursor:
             empties += 1
         if not sealed_range and rng.replicas:
             # Replicas never created (identity checked) hold nothing: they answer too.
-            said = (empties + not_created, len(rng.replicas))
-            if said[0] >= seal_quorum(said[1], min(max(ack_count, 1), said[1])):
+            said = (empties + not_created, len(order) if at is not None else len(rng.replicas))
+            if said[0] >= empties_needed(stripe, said[1], ack_count):
                 return empty or Answer(0, offset)
             if empty is not None:
                 last = Unavailable(f"only {said[0]} of {said[1]} replicas of open range "

@@ -21,6 +21,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from estream.core.roll import SealInPd, SealReplicas
 from estream.core.seal import FenceByCreate, SendFence
 from estream.core.stripedrecovery import (
     Copy,
@@ -74,28 +75,7 @@ class AppendBatch:
     batch: HeldBatch
 
 
-@dataclass(frozen=True, slots=True)
-class SealStripedInPd:
-    """PD ``seal_range`` of ``range_index`` at ``end`` with ``batches`` batches, placing
-    the next range without ``exclude``; answer the ``StreamMeta``, an error thrown in."""
-
-    range_index: int
-    end: int
-    exclude: tuple[str, ...]
-    batches: int
-
-
-@dataclass(frozen=True, slots=True)
-class SealStripedReplicas:
-    """SEAL ``replicas`` at ``end`` with ``batches`` (best effort); answer ignored."""
-
-    range_index: int
-    end: int
-    batches: int
-    replicas: tuple[str, ...]
-
-
-StripedStep = ReadBatches | AppendBatch | SealStripedInPd | SealStripedReplicas
+StripedStep = ReadBatches | AppendBatch  # and roll.SealInPd / SealReplicas, with the count
 
 
 def chain_end(answer: FenceAnswer, start: int) -> ChainEnd | None:
@@ -227,12 +207,12 @@ def recover_striped(
         if progress is not None:
             progress.asked_pd = True
         try:
-            new_meta = yield SealStripedInPd(rng.index, decision.end, exclude, decision.batches)
+            new_meta = yield SealInPd(rng.index, decision.end, exclude, decision.batches)
         except NoPlacement:
             if not exclude:
                 raise
-            new_meta = yield SealStripedInPd(rng.index, decision.end, (), decision.batches)
-        yield SealStripedReplicas(rng.index, decision.end, decision.batches, holders)
+            new_meta = yield SealInPd(rng.index, decision.end, (), decision.batches)
+        yield SealReplicas(rng.index, decision.end, holders, decision.batches)
         return RecoveryResult(new_meta, False, decision.end, holders)
     raise Unavailable(f"recovery of stream {meta.name!r} range {rng.index}: copies failed "
                       f"{copy_rounds_max} times")
@@ -309,8 +289,6 @@ __all__ = [
     "AppendBatch",
     "HeldBatch",
     "ReadBatches",
-    "SealStripedInPd",
-    "SealStripedReplicas",
     "StripedStep",
     "chain_end",
     "copy_chain",

@@ -13,14 +13,16 @@ per request instead of one per batch and per confirm.
 
 Each entry's callback is called once, from the event loop: with its own end (or nothing,
 for a confirm) or typed error from the answer, or with the request's error (a timeout
-discards the connection, as for APPEND: ``estream/net/rangeclient.py``). Requests to one
+discards the connection, as for APPEND: ``estream/net/rangeclient.py``), or with the
+error its handle's ``abandon`` is given (a writer dropped the replica): at once, and its
+request is abandoned too (timer, callback, bytes) once all of its entries are. Requests to one
 server keep the order their entries were started in; within a request, batches are decided
 before confirms. A confirm is answered once durable, so confirms never ride with
 DEFERRED_SYNC batches (whose answers do not wait for an fsync). A confirm hint (a CONFIRM
-with ``durable=False``: ``estream/core/confirmhint.py``) goes only as the first entry for its
-server in a turn; later in the turn it is dropped (its callback never called): idle writers'
-CONFIRMs follow within ``confirm_idle_ms``, so hints cost at most one request per server
-per turn.
+with ``durable=False``: ``estream/core/confirmhint.py``) goes at once when first for its
+server in a turn; later in the turn it is queued and, at the end of the turn, goes as a
+plain CONFIRM of its own (APPEND_MANY's confirms are durable ones): every idle writer's
+hint reaches its replicas, however many writers share the client.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -36,6 +38,7 @@ from typing import Any
 
 from estream.net.rangeclient import Pool, RangeClient, request_timeout_s
 from estream.net.rpc import Header
+from estream.net.rpcfields import Started
 from estream.wire import limits
 from estream.wire.appendmany import Confirm, decode_answer, encode_request, group_entries
 from estream.wire.errors import EstreamError, MalformedFrame, Timeout
@@ -46,8 +49,49 @@ log = logging.getLogger(__name__)
 AppendDone = Callable[[int, EstreamError | None], None]
 ConfirmDone = Callable[[EstreamError | None], None]
 _Server = tuple[str, str | None]  # address, server id
-_Batch = tuple[bytes | memoryview, AppendDone, int | None]  # + a striped batch's index
-_Confirm = tuple[Confirm, ConfirmDone]
+
+
+class _Request:
+    """A request carrying entries: abandoned once every one of them is."""
+
+    __slots__ = ("left", "started")
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+        self.started: Started | None = None
+
+
+class _Entry:
+    """One queued batch or confirm: its callback, called once (:class:`Started`)."""
+
+    __slots__ = ("done", "batch", "request")
+
+    def __init__(self, done: Callable[..., None], batch: bool) -> None:
+        self.done: Callable[..., None] | None = done
+        self.batch = batch  # done(end, error), else done(error)
+        self.request: _Request | None = None
+
+    def answer(self, *args: Any) -> None:
+        done, self.done = self.done, None
+        if done is not None:
+            _call(done, *args)
+
+    def abandon(self, error: EstreamError, /) -> None:
+        if self.done is None:
+            return
+        if self.batch:
+            self.answer(-1, error)
+        else:
+            self.answer(error)
+        request = self.request
+        if request is not None:
+            request.left -= 1
+            if request.left == 0 and request.started is not None:
+                request.started.abandon(error)
+
+
+_Batch = tuple[bytes | memoryview, _Entry, int | None]  # + a striped batch's index
+_Confirm = tuple[Confirm, _Entry]
 
 
 @dataclass(slots=True)
@@ -56,6 +100,7 @@ class _Queued:
 
     batches: dict[bool, list[_Batch]] = field(default_factory=dict)  # by durability
     confirms: list[_Confirm] = field(default_factory=list)
+    hints: list[_Confirm] = field(default_factory=list)  # CONFIRM durable=False, each alone
 
 
 class AppendSender:
@@ -73,35 +118,38 @@ class AppendSender:
     def start_append(
         self, address: str, done: AppendDone, *, server_id: str | None,
         batch: bytes | memoryview, deferred: bool = False, batch_index: int | None = None,
-    ) -> None:
+    ) -> Started:
         """Send ``batch`` to ``address``: now if it is the first entry for that server in
         this turn, else with the others queued for it at the end of the turn.
         ``batch_index``: its index in a striped range (APPEND ``batch``, APPEND_MANY
         ``batches``; None: not sent)."""
         server = (address, server_id)
         if self._first(server):
-            self._single.start_append(address, done, server_id=server_id, batch=batch,
-                                      deferred=deferred, timeout_s=self.timeout_s,
-                                      batch_index=batch_index)
-        else:
-            self._queued_for(server).batches.setdefault(deferred, []).append(
-                (batch, done, batch_index))
+            return self._single.start_append(address, done, server_id=server_id, batch=batch,
+                                             deferred=deferred, timeout_s=self.timeout_s,
+                                             batch_index=batch_index)
+        entry = _Entry(done, True)
+        self._queued_for(server).batches.setdefault(deferred, []).append(
+            (batch, entry, batch_index))
+        return entry
 
     def start_confirm(
         self, address: str, done: ConfirmDone, *, server_id: str | None, stream_id: int,
         range_index: int, epoch: int, confirm: int, durable: bool = True,
-    ) -> None:
+    ) -> Started:
         """CONFIRM ``confirm``: now if it is the first entry for that server in this turn,
         else with the others queued for it at the end of the turn (a hint, ``durable=False``:
-        dropped instead, module docstring)."""
+        then as a CONFIRM of its own, module docstring)."""
         server = (address, server_id)
         if self._first(server):
-            self._single.start_confirm(address, done, server_id=server_id, stream_id=stream_id,
-                                       range_index=range_index, epoch=epoch, confirm=confirm,
-                                       timeout_s=self.timeout_s, durable=durable)
-        elif durable:
-            self._queued_for(server).confirms.append(
-                ((stream_id, range_index, epoch, confirm), done))
+            return self._single.start_confirm(
+                address, done, server_id=server_id, stream_id=stream_id,
+                range_index=range_index, epoch=epoch, confirm=confirm,
+                timeout_s=self.timeout_s, durable=durable)
+        queued, entry = self._queued_for(server), _Entry(done, False)
+        (queued.confirms if durable else queued.hints).append(
+            ((stream_id, range_index, epoch, confirm), entry))
+        return entry
 
     def _first(self, server: _Server) -> bool:
         """Whether nothing went to ``server`` yet in this turn (it is marked as sent)."""
@@ -123,18 +171,20 @@ class AppendSender:
         self._sent.clear()
         queued, self._queued = self._queued, {}
         for (address, server_id), entries in queued.items():
-            confirms = entries.confirms
-            for deferred, batches in entries.batches.items():
+            confirms = [c for c in entries.confirms if c[1].done is not None]
+            for deferred, every in entries.batches.items():
+                batches = [b for b in every if b[1].done is not None]  # not abandoned
                 for group in group_entries([len(batch) for batch, _, _ in batches]):
                     # Confirms are durable before they are answered: they ride only with
                     # batches that wait for the fsync anyway, never with DEFERRED_SYNC ones.
                     riding = [] if deferred else confirms[:limits.append_many_entries_max]
                     confirms = confirms[len(riding):]
                     if len(group) == 1 and not riding:
-                        batch, done, index = batches[group.start]
-                        self._single.start_append(address, done, server_id=server_id,
-                                                  batch=batch, deferred=deferred,
-                                                  timeout_s=self.timeout_s, batch_index=index)
+                        batch, entry, index = batches[group.start]
+                        entry.request = request = _Request(1)
+                        request.started = self._single.start_append(
+                            address, entry.answer, server_id=server_id, batch=batch,
+                            deferred=deferred, timeout_s=self.timeout_s, batch_index=index)
                         continue
                     self._send_many(address, server_id, deferred,
                                     batches[group.start:group.stop], riding)
@@ -142,13 +192,21 @@ class AppendSender:
                 riding = confirms[:limits.append_many_entries_max]
                 confirms = confirms[len(riding):]
                 if len(riding) == 1:
-                    (stream_id, range_index, epoch, confirm), confirmed = riding[0]
-                    self._single.start_confirm(
-                        address, confirmed, server_id=server_id, stream_id=stream_id,
-                        range_index=range_index, epoch=epoch, confirm=confirm,
-                        timeout_s=self.timeout_s)
+                    self._confirm_alone(address, server_id, riding[0], durable=True)
                 else:
                     self._send_many(address, server_id, False, [], riding)
+            for hint in entries.hints:
+                if hint[1].done is not None:
+                    self._confirm_alone(address, server_id, hint, durable=False)
+
+    def _confirm_alone(self, address: str, server_id: str | None, queued: _Confirm, *,
+                       durable: bool) -> None:
+        (stream_id, range_index, epoch, confirm), entry = queued
+        entry.request = request = _Request(1)
+        request.started = self._single.start_confirm(
+            address, entry.answer, server_id=server_id, stream_id=stream_id,
+            range_index=range_index, epoch=epoch, confirm=confirm, timeout_s=self.timeout_s,
+            durable=durable)
 
     def _send_many(self, address: str, server_id: str | None, deferred: bool,
                    batches: list[_Batch], confirms: list[_Confirm]) -> None:
@@ -157,32 +215,37 @@ class AppendSender:
         header, payload = encode_request([batch for batch, _, _ in batches], deferred,
                                          server_id, [confirm for confirm, _ in confirms],
                                          [index for _, _, index in batches])
+        appended = [entry for _, entry, _ in batches]  # not the batches: the frame has them
+        confirming = [entry for _, entry in confirms]
+        request = _Request(len(appended) + len(confirming))
+        for entry in appended + confirming:
+            entry.request = request
 
         def answered(body: Header | None, error: EstreamError | None) -> None:
             if error is None:
                 assert body is not None
                 try:
-                    results, confirmed = decode_answer(body, len(batches), len(confirms))
+                    results, confirmed = decode_answer(body, len(appended), len(confirming))
                 except MalformedFrame as exc:
                     error = exc
                 else:
-                    for (_, done, _), result in zip(batches, results, strict=True):
+                    for entry, result in zip(appended, results, strict=True):
                         if isinstance(result, int):
-                            _call(done, result, None)
+                            entry.answer(result, None)
                         else:
-                            _call(done, -1, result)
-                    for (_, confirmed_done), outcome in zip(confirms, confirmed, strict=True):
-                        _call(confirmed_done, outcome)
+                            entry.answer(-1, result)
+                    for entry, outcome in zip(confirming, confirmed, strict=True):
+                        entry.answer(outcome)
                     return
             if isinstance(error, Timeout):
                 pool.discard(address)  # a stuck connection: reconnect for the next range
-            for _, done, _ in batches:
-                _call(done, -1, error)
-            for _, confirmed_done in confirms:
-                _call(confirmed_done, error)
+            for entry in appended:
+                entry.answer(-1, error)
+            for entry in confirming:
+                entry.answer(error)
 
-        pool.start_call(address, Opcode.APPEND_MANY, header, payload, answered,
-                        timeout_s=self.timeout_s)
+        request.started = pool.start_call(address, Opcode.APPEND_MANY, header, payload,
+                                          answered, timeout_s=self.timeout_s)
 
 
 def _call(done: Callable[..., None], *args: Any) -> None:

@@ -37,6 +37,7 @@ Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPoo
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -61,6 +62,7 @@ from estream.net.rangerequests import (
     seal_timeout_s,
 )
 from estream.net.rpc import ConnectionPool
+from estream.net.rpcfields import Started
 from estream.wire.errors import (
     EstreamError,
     Fenced,
@@ -68,6 +70,7 @@ from estream.wire.errors import (
     RangeNotFound,
     ReplicaDamaged,
     Timeout,
+    Unavailable,
     WrongServer,
 )
 from estream.wire.meta import RangeMeta, StreamMeta
@@ -266,6 +269,9 @@ class ReplicaClient:
         self.epoch = epoch
         self.digest = digest  # the stream's: every replica it creates records it
         self.addresses: dict[str, str] = {}
+        # APPENDs and CONFIRMs not answered yet, by replica: abandon() fails them at once.
+        self.outstanding: dict[str, dict[int, Started]] = {}
+        self._ids = itertools.count()
 
     def learn(self, rng: RangeMeta) -> None:
         """Remember the addresses of ``rng``'s replicas."""
@@ -282,13 +288,20 @@ class ReplicaClient:
         """APPEND one encoded batch to ``replica``, written now:
         ``done(its durable (or written) end, None)`` or ``done(-1, error)`` later
         (:meth:`RangeClient.start_append`); ``batch_index``: a striped range's."""
+        outstanding, key = self.outstanding.setdefault(replica, {}), next(self._ids)
+
+        def answered(end: int, error: EstreamError | None) -> None:
+            outstanding.pop(key, None)
+            done(end, error)
+
         if batch_index is None:
-            self.appends.start_append(self.addresses[replica], done, server_id=replica,
-                                      batch=payload, deferred=deferred)
+            outstanding[key] = self.appends.start_append(
+                self.addresses[replica], answered, server_id=replica, batch=payload,
+                deferred=deferred)
         else:
-            self.appends.start_append(self.addresses[replica], done, server_id=replica,
-                                      batch=payload, deferred=deferred,
-                                      batch_index=batch_index)
+            outstanding[key] = self.appends.start_append(
+                self.addresses[replica], answered, server_id=replica, batch=payload,
+                deferred=deferred, batch_index=batch_index)
 
     def start_confirm(self, replica: str, stream_id: int, range_index: int, confirm: int,
                       done: Callable[[EstreamError | None], None], *,
@@ -297,9 +310,26 @@ class ReplicaClient:
         writers' batches and confirms to that server when they share a turn):
         ``done(None)`` once it is durable (a hint, ``durable=False``: once raised), or
         ``done(error)``, later."""
-        self.appends.start_confirm(self.addresses[replica], done, server_id=replica,
-                                   stream_id=stream_id, range_index=range_index,
-                                   epoch=self.epoch, confirm=confirm, durable=durable)
+        outstanding, key = self.outstanding.setdefault(replica, {}), next(self._ids)
+
+        def answered(error: EstreamError | None) -> None:
+            outstanding.pop(key, None)
+            done(error)
+
+        outstanding[key] = self.appends.start_confirm(
+            self.addresses[replica], answered, server_id=replica, stream_id=stream_id,
+            range_index=range_index, epoch=self.epoch, confirm=confirm, durable=durable)
+
+    def abandon(self, replica: str) -> None:
+        """The writer dropped ``replica``: its APPENDs and CONFIRMs not answered yet fail
+        now (``Unavailable``), their timers cancelled and their batches released, instead
+        of each waiting for its timeout on a hung server."""
+        outstanding = self.outstanding.pop(replica, None)
+        if not outstanding:
+            return
+        error = Unavailable(f"replica {replica} was dropped by the writer")
+        for started in list(outstanding.values()):
+            started.abandon(error)
 
     async def fence(self, replica: str, stream_id: int, range_index: int) -> SealAnswer:
         """SEAL without an end at our epoch: ``replica`` refuses older writers and answers

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from estream.net.rpc import Done, Header
+from estream.net.rpcfields import Started
 from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
@@ -67,7 +68,7 @@ class Pool(Protocol):
     def start_call(
         self, address: str, opcode: int, header: Header | None,
         payload: bytes | memoryview, done: Done, *, timeout_s: float = request_timeout_s,
-    ) -> None: ...
+    ) -> Started: ...
 
     def discard(self, address: str) -> None: ...
 
@@ -80,13 +81,13 @@ class AppendSending(Protocol):
         self, address: str, done: Callable[[int, EstreamError | None], None], *,
         server_id: str | None, batch: bytes | memoryview, deferred: bool = False,
         batch_index: int | None = None,
-    ) -> None: ...
+    ) -> Started: ...
 
     def start_confirm(
         self, address: str, done: Callable[[EstreamError | None], None], *,
         server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
         durable: bool = True,
-    ) -> None: ...
+    ) -> Started: ...
 
 
 def _identified(header: Header, server_id: str | None) -> Header:
@@ -175,7 +176,7 @@ class RangeClient:
         self, address: str, done: Callable[[int, EstreamError | None], None], *,
         server_id: str | None, batch: bytes | memoryview, deferred: bool = False,
         timeout_s: float | None = None, batch_index: int | None = None,
-    ) -> None:
+    ) -> Started:
         """:meth:`append` without awaiting (the writer's hot path): the batch is written
         now (once connected), and ``done(end, None)`` or ``done(-1, error)`` is called
         later from the event loop, never from within this call. Same answers and the
@@ -197,8 +198,8 @@ class RangeClient:
         header = self._append_header(deferred, server_id)
         if batch_index is not None:
             header = {**header, "batch": batch_index}
-        pool.start_call(address, Opcode.APPEND, header, batch, answered,
-                        timeout_s=self._timeout(timeout_s))
+        return pool.start_call(address, Opcode.APPEND, header, batch, answered,
+                               timeout_s=self._timeout(timeout_s))
 
     async def seal(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
@@ -265,15 +266,16 @@ class RangeClient:
         self, address: str, done: Callable[[EstreamError | None], None], *,
         server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
         timeout_s: float | None = None, durable: bool = True,
-    ) -> None:
+    ) -> Started:
         """:meth:`confirm` without awaiting (an idle writer's): written now, ``done(None)``
         or ``done(error)`` later from the event loop, never from within this call;
         ``durable=False``: a hint (``estream/core/confirmhint.py``)."""
         request = ConfirmRequest(stream_id=stream_id, range_index=range_index, epoch=epoch,
                                  confirm=confirm, durable=durable)
-        self.pool.start_call(address, Opcode.CONFIRM,
-                             _identified(request.to_header(), server_id), b"",
-                             lambda _, error: done(error), timeout_s=self._timeout(timeout_s))
+        return self.pool.start_call(address, Opcode.CONFIRM,
+                                    _identified(request.to_header(), server_id), b"",
+                                    lambda _, error: done(error),
+                                    timeout_s=self._timeout(timeout_s))
 
     async def list_ranges(
         self, address: str, *, server_id: str | None, timeout_s: float | None = None

@@ -19,11 +19,10 @@ such generator (the writer's roll too), and this module only carries out the ste
   :meth:`ReplicaClient.copy` (:func:`~estream.net.rangeclient.copy_range`), a
   :class:`~estream.net.rangeclient.SourceFailed` reported as the source's failure, any other
   error as the target's;
-- ``SealInPd``: the caller's ``seal_in_pd(index, end, exclude)``; ``SealReplicas``:
-  :meth:`ReplicaClient.seal` (best effort, bounded);
+- ``SealInPd``: the caller's ``seal_in_pd(index, end, exclude, batches)``; ``SealReplicas``:
+  :meth:`ReplicaClient.seal` (best effort, bounded); ``batches``: a striped range's count;
 - a striped range's (``estream/core/stripedsteps.py``): READ by batch index (verified),
-  indexed APPEND (restamped up to the epoch), ``seal_striped`` (PD, with the batch count)
-  and SEAL naming ``batches``.
+  indexed APPEND (restamped up to the epoch).
 
 Raises what the generator raises: ``Unavailable`` (retry later: fencing again at the same
 epoch is idempotent), ``Fenced``, and PD's errors but for the one ``NoPlacement`` retry.
@@ -57,8 +56,6 @@ from estream.core.stripedsteps import (
     AppendBatch,
     HeldBatch,
     ReadBatches,
-    SealStripedInPd,
-    SealStripedReplicas,
 )
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.rangeclient import RangeClient, ReplicaClient, SourceFailed
@@ -70,9 +67,8 @@ log = logging.getLogger(__name__)
 
 fence_grace_s: Final = core.fence_grace_ms / 1000  # after a quorum of fence answers
 
-SealInPdCall = Callable[[int, int, tuple[str, ...]], Awaitable[StreamMeta]]
-# A striped range's seal in PD: (range index, end, exclude, batch count).
-SealStripedCall = Callable[[int, int, tuple[str, ...], int], Awaitable[StreamMeta]]
+# PD's seal: (range index, end, exclude, a striped range's batch count or None).
+SealInPdCall = Callable[[int, int, tuple[str, ...], int | None], Awaitable[StreamMeta]]
 
 
 T = TypeVar("T")
@@ -133,12 +129,12 @@ async def append_held(client: RangeClient, address: str, step: AppendBatch, epoc
 
 async def recover_range(
     replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall, *,
-    clock: Clock = SYSTEM_CLOCK, seal_striped: SealStripedCall | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> RecoveryResult:
     """Fence, choose the end, copy, record the seal in PD, then seal the holders (see the
     module docstring). ``replicas`` carries the new epoch; ``meta.last_range`` is the open
-    range to recover; ``clock`` the deadlines'; ``seal_striped``: a striped range's."""
-    driver = RecoveryDriver(replicas, meta, seal_in_pd, clock=clock, seal_striped=seal_striped)
+    range to recover; ``clock`` the deadlines'."""
+    driver = RecoveryDriver(replicas, meta, seal_in_pd, clock=clock)
     try:
         return await drive(
             core.recover(meta, clock.monotonic_ms, grace_ms=int(fence_grace_s * 1000)),
@@ -153,17 +149,15 @@ class RecoveryDriver:
 
     def __init__(
         self, replicas: ReplicaClient, meta: StreamMeta, seal_in_pd: SealInPdCall, *,
-        clock: Clock = SYSTEM_CLOCK, seal_striped: SealStripedCall | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """``clock``: the one the steps' deadlines were computed on; ``seal_striped``: PD's
-        seal of a striped range, with its batch count (needed for striped streams)."""
+        """``clock``: the one the steps' deadlines were computed on."""
         self.replicas = replicas
         self.clock = clock
         self.stream_id = meta.id
         self.name = meta.name
         self.meta = meta  # a striped range's CREATE_RANGE names each server's stripe
         self.seal_in_pd = seal_in_pd
-        self.seal_striped = seal_striped
         self.tasks: set[asyncio.Task[FenceAnswer]] = set()
         self.answers: list[FenceAnswer] = []
 
@@ -179,12 +173,13 @@ class RecoveryDriver:
         if isinstance(step, CopyRound):
             return await asyncio.gather(*(self._copy(step.range_index, c) for c in step.copies))
         if isinstance(step, SealInPd):
-            return await self.seal_in_pd(step.range_index, step.end, step.exclude)
-        if isinstance(step, ReadBatches | AppendBatch | SealStripedInPd | SealStripedReplicas):
+            return await self.seal_in_pd(step.range_index, step.end, step.exclude,
+                                         step.batches)
+        if isinstance(step, ReadBatches | AppendBatch):
             return await self._striped(step)
         assert isinstance(step, SealReplicas)
         holders = await self.replicas.seal(self.stream_id, step.range_index, step.end,
-                                           step.replicas)
+                                           step.replicas, step.batches)
         log.info("recovered %s range %d: sealed at %d, holders %s", self.name,
                  step.range_index, step.end, ", ".join(step.replicas))
         return holders
@@ -226,26 +221,9 @@ class RecoveryDriver:
                          replica, exc)
             return FenceAnswer(replica, error=exc)
 
-    async def _striped(
-        self, step: ReadBatches | AppendBatch | SealStripedInPd | SealStripedReplicas,
-    ) -> Any:
-        """A striped range's steps (estream/core/stripedsteps.py)."""
+    async def _striped(self, step: ReadBatches | AppendBatch) -> Any:
+        """A striped range's reads and copies (estream/core/stripedsteps.py)."""
         client, epoch = self.replicas.client, self.replicas.epoch
-        if isinstance(step, SealStripedInPd):
-            if self.seal_striped is None:
-                raise Unavailable(f"stream {self.name!r}: no striped seal in PD here")
-            return await self.seal_striped(step.range_index, step.end, step.exclude,
-                                           step.batches)
-        if isinstance(step, SealStripedReplicas):
-            await asyncio.gather(*(client.seal(
-                self.replicas.addresses[r], server_id=r, stream_id=self.stream_id,
-                range_index=step.range_index, epoch=epoch, end=step.end,
-                batches=step.batches, timeout_s=self.replicas.timeouts.seal_s)
-                for r in step.replicas), return_exceptions=True)
-            log.info("recovered %s range %d: sealed at %d with %d batches, holders %s",
-                     self.name, step.range_index, step.end, step.batches,
-                     ", ".join(step.replicas))
-            return None
         if isinstance(step, AppendBatch):
             await append_held(client, self.replicas.addresses[step.replica], step, epoch)
             return None
@@ -268,7 +246,6 @@ __all__ = [
     "RecoveryDriver",
     "RecoveryResult",
     "SealInPdCall",
-    "SealStripedCall",
     "append_held",
     "drive",
     "fence_grace_s",

@@ -8,7 +8,8 @@
   stopped reading) and the answer, and closing or discarding a connection aborts it and
   fails every request waiting on it at once. ``call`` awaits
   the answer; ``start_call`` (a hot path: the writer's APPEND) writes the request at
-  once and hands the answer to a callback, with no task and no future per request.
+  once and hands the answer to a callback, with no task and no future per request (its
+  handle's ``abandon`` fails it at once: a writer dropped that replica).
 - :class:`ConnectionPool`: one shared connection per address, reconnected on demand; a
   call's deadline covers connecting (and waiting for another caller's connect) too.
 
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from ssl import SSLContext
 from typing import Final, Protocol, cast
 
-from estream.net.rpcfields import Done, Header
+from estream.net.rpcfields import Done, Header, Started
 from estream.net.transport import TCP, Network
 from estream.wire import limits
 from estream.wire.errors import (
@@ -152,6 +153,17 @@ def _expire(future: asyncio.Future[Frame]) -> None:
         future.set_exception(TimeoutError())
 
 
+class _Answered:
+    """The handle of a request answered at once (with the error of a call that could not
+    be written): nothing to abandon."""
+
+    def abandon(self, error: EstreamError, /) -> None:
+        pass
+
+
+_ANSWERED: Final = _Answered()
+
+
 class _Started:
     """A request sent by :meth:`RpcClient.start_call`: its answer, error or timeout goes
     to ``done`` once (called from the connection's callbacks, never from ``start_call``)."""
@@ -186,6 +198,12 @@ class _Started:
             exception = Unavailable(f"request to {self._client.address} failed: {exception!r}",
                                     address=self._client.address)
         self._finish(None, exception)
+
+    def abandon(self, error: EstreamError, /) -> None:
+        """Its caller gave up on it (a writer dropped the replica): fail it now."""
+        if self._done is not None:
+            self._client._protocol.pending.pop(self._request_id, None)
+            self._finish(None, error)
 
     def expire(self) -> None:
         self.timer = None
@@ -331,12 +349,14 @@ class RpcClient:
         done: Done,
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
-    ) -> None:
+    ) -> Started:
         """Write a request now; its answer goes to ``done(header, None)`` (the answer's
         payload is dropped: for requests answered by their header), an error to
         ``done(None, error)``: the server's typed error, :class:`Unavailable` when the
-        connection fails, :class:`Timeout` (outcome unknown) after ``timeout_s``. ``done``
-        is called exactly once, from the event loop, never from within this call.
+        connection fails, :class:`Timeout` (outcome unknown) after ``timeout_s``, or the
+        error given to the returned handle's ``abandon`` (at once: timer cancelled, no
+        reference kept). ``done`` is called exactly once, from the event loop, never from
+        within this call.
 
         No waiting for the transport's buffer to drain: the caller bounds what it has in
         flight (the writer's budget). Requests started one after another are written in
@@ -347,17 +367,18 @@ class RpcClient:
         if protocol.closed_error is not None or transport is None:
             loop.call_soon(done, None, protocol.closed_error or Unavailable(
                 f"connection to {self.address} is not open", address=self.address))
-            return
+            return _ANSWERED
         request_id = next(self._ids)
         try:
             frame = encode_frame(opcode, request_id, header, payload)
         except EstreamError as exc:  # a header that cannot be sent: nothing was written
             loop.call_soon(done, None, exc)
-            return
+            return _ANSWERED
         started = _Started(done, self, request_id, opcode, timeout_s)
         protocol.pending[request_id] = started
         started.timer = loop.call_later(timeout_s, started.expire)
         transport.writelines(frame)
+        return started
 
     def abort(self, error: EstreamError) -> None:
         """Fail every request waiting on this connection with ``error`` now, and close
@@ -462,22 +483,23 @@ class ConnectionPool:
         done: Done,
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
-    ) -> None:
+    ) -> Started:
         """:meth:`RpcClient.start_call` on the connection to ``address``: written now when
         it is open; otherwise once it is (requests to one address keep their order), or
         ``done(None, error)`` if it cannot be opened. ``timeout_s`` bounds the whole
         request, the wait for the connection included (:class:`Timeout` after it)."""
         client = self._clients.get(address)
         if client is not None and address not in self._starting and not client.closed:
-            client.start_call(opcode, header, payload, done, timeout_s=timeout_s)
-            return
+            return client.start_call(opcode, header, payload, done, timeout_s=timeout_s)
         waiting = self._starting.get(address)
         if waiting is None:
             waiting = self._starting[address] = []
             task = asyncio.ensure_future(self._connect_and_start(address))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)
-        waiting.append(_Unconnected(address, opcode, header, payload, done, timeout_s))
+        request = _Unconnected(address, opcode, header, payload, done, timeout_s)
+        waiting.append(request)
+        return request
 
     async def _connect_and_start(self, address: str) -> None:
         error: EstreamError | None = None
@@ -497,8 +519,10 @@ class ConnectionPool:
             request.expiry.cancel()
             left_s = request.deadline - now
             if client is not None and left_s > 0:
-                client.start_call(request.opcode, request.header, request.payload,
-                                  request.done, timeout_s=left_s)
+                request.started = client.start_call(request.opcode, request.header,
+                                                    request.payload, request.done,
+                                                    timeout_s=left_s)
+                request.payload = b""  # written: the connection holds it now
                 continue
             request.answer(error if client is None else request.timeout())
 
@@ -523,7 +547,7 @@ class _Unconnected:
     :class:`Timeout` by its own timer if the connection takes longer than its deadline."""
 
     __slots__ = ("address", "opcode", "header", "payload", "done", "timeout_s", "deadline",
-                 "expiry", "answered")
+                 "expiry", "answered", "started")
 
     def __init__(self, address: str, opcode: int, header: Header | None,
                  payload: bytes | memoryview, done: Done, timeout_s: float) -> None:
@@ -532,6 +556,15 @@ class _Unconnected:
         loop = asyncio.get_running_loop()
         self.deadline = loop.time() + timeout_s
         self.expiry = loop.call_at(self.deadline, lambda: self.answer(self.timeout()))
+        self.started: Started | None = None  # once written on its connection
+
+    def abandon(self, error: EstreamError, /) -> None:
+        """:meth:`Started.abandon`, before or after its connection opened."""
+        if self.started is not None:
+            self.started.abandon(error)
+        else:
+            self.payload = b""
+            self.answer(error)
 
     def timeout(self) -> Timeout:
         return Timeout(f"connecting to {self.address} took over {self.timeout_s}s",

@@ -11,7 +11,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from estream.wire.errors import EstreamError
 from estream.wire.fields import Header, optional, require
@@ -30,5 +30,13 @@ ROLES_FIELD: Final = "connection_roles"
 Done = Callable[[Header | None, EstreamError | None], None]
 
 
-__all__ = ["ROLES_FIELD", "Answer", "Done", "Handler", "Header", "QuickHandler", "optional",
-           "require"]
+class Started(Protocol):
+    """A request started by ``start_call`` (or a writer's APPEND or CONFIRM on it)."""
+
+    def abandon(self, error: EstreamError, /) -> None:
+        """Fail it now with ``error`` (its callback, once), cancel its timer and drop its
+        references; a late answer is ignored. Nothing if it was answered already."""
+
+
+__all__ = ["ROLES_FIELD", "Answer", "Done", "Handler", "Header", "QuickHandler", "Started",
+           "optional", "require"]

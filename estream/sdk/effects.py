@@ -96,12 +96,20 @@ class EffectRunner:
                 case RequestRoll():
                     writer._rolls.on_degraded(effect)
                 case BeginSeal():
+                    for replica in effect.failed:
+                        replicas.abandon(replica)
                     writer._rolls.roll(effect)
                 case FailAppends():
                     writer._error = effect.error
                     writer._fail_all(effect.error)
                 case _:
                     assert_never(effect)
+        if core.ranges.degraded:
+            # Requests to a dropped replica (chase budget or bound, an error) fail now: a
+            # hung server would hold each one's timer and batch until its timeout.
+            for replica in core.ranges.failed:
+                if replica in replicas.outstanding:
+                    replicas.abandon(replica)
         if complete_upto >= 0:
             # After the sends: a CONFIRM goes out before the user's next request does.
             writer._queue.complete(complete_upto)

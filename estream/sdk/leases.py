@@ -15,6 +15,9 @@ up to ``keepalive_inflight_rounds_max`` rounds at once. A PD older than the opco
 A writer whose last answered renewal is :func:`estream.core.keepalive.overdue` (half a
 lease without an answer) is asked to :meth:`LeaseHolder.touch` its replicas, once
 every half lease: PD sees an idle writer alive on its data path even when its keepalives are late.
+A round's cost follows what changed: the leases are taken at :meth:`LeaseKeeper.add` and the
+request's list rebuilt only after an add or a :meth:`LeaseKeeper.remove` (a writer closed or
+failed), and the writers are checked for overdue renewals only once a round went unanswered.
 
 Side effects: network (PD); one task per client while it has writers.
 """
@@ -69,8 +72,12 @@ class LeaseKeeper:
         # new holder counts from its add(): its open renewed the lease at PD.
         self._renewed_ms: dict[LeaseHolder, int] = {}
         self._touched_ms: dict[LeaseHolder, int] = {}  # when each was last asked to touch
+        # No holder's renewal is older than this: the start of the last round answered for
+        # every holder (a holder added later counts from its add()).
+        self._answered_ms = clock.monotonic_ms()
         self._batch_max = batch_max
-        self._holders: list[LeaseHolder] = []
+        self._leases: dict[LeaseHolder, Lease] = {}  # what each open writer renews
+        self._due: list[tuple[LeaseHolder, Lease]] | None = []  # None: rebuild
         self._task: asyncio.Task[None] | None = None
         self._rounds: set[asyncio.Task[None]] = set()  # renewals still awaiting PD
         self._batched = True  # False once PD answered that it lacks PD_WRITERS_KEEPALIVE
@@ -78,15 +85,27 @@ class LeaseKeeper:
 
     def add(self, holder: LeaseHolder) -> None:
         """Keep ``holder``'s lease alive from the next interval on, until its
-        :meth:`LeaseHolder.lease` is None."""
-        self._holders.append(holder)
+        :meth:`remove` (closed, failed); a holder whose lease is None is not kept."""
+        lease = holder.lease()
+        if lease is None:
+            return
+        self._leases[holder] = lease
+        self._due = None
         self._renewed_ms[holder] = self._clock.monotonic_ms()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
+    def remove(self, holder: LeaseHolder) -> None:
+        """``holder`` needs no lease any more (closed, failed): not renewed again."""
+        if self._leases.pop(holder, None) is not None:
+            self._due = None
+        self._renewed_ms.pop(holder, None)
+        self._touched_ms.pop(holder, None)
+
     async def close(self) -> None:
         task, self._task = self._task, None
-        self._holders = []
+        self._leases.clear()
+        self._due = []
         self._renewed_ms.clear()
         self._touched_ms.clear()
         tasks = [t for t in (task, *self._rounds) if t is not None]
@@ -103,53 +122,62 @@ class LeaseKeeper:
             # Due once an interval, not an interval after PD's last answer; a loop that
             # fell behind sends at once and keeps the pace from then on (no burst).
             due_at = max(due_at, loop.time()) + self._interval_s
-            now, renewed, touched = self._clock.monotonic_ms(), self._renewed_ms, self._touched_ms
-            due: list[tuple[LeaseHolder, Lease]] = []
-            for h in self._holders:
-                lease = h.lease()
-                if lease is None:
-                    renewed.pop(h, None)
-                    touched.pop(h, None)
-                    continue
-                due.append((h, lease))
-                if keepalive.overdue(renewed.get(h, now), touched.get(h), now,
-                                     self._touch_after_ms):
-                    touched[h] = now
-                    h.touch()  # PD has not answered for a while: show it on the data path
-            self._holders = [h for h, _ in due]
+            now = self._clock.monotonic_ms()
+            due = self._due
+            if due is None:  # an add or a remove since the last round
+                due = self._due = list(self._leases.items())
             if not due:
                 self._task = None  # (no await since the check: add() starts a new one)
                 return
+            if now - self._answered_ms >= self._touch_after_ms:  # a round went unanswered
+                self._touch_overdue(due, now)
             if len(self._rounds) >= keepalive_inflight_rounds_max:
                 log.debug("writer keepalive: %d renewals still awaiting PD; this one "
                           "skipped", len(self._rounds))
                 continue
-            task = asyncio.ensure_future(self.round(due))
+            task = asyncio.ensure_future(self.round(due, started_ms=now))
             self._rounds.add(task)
             task.add_done_callback(self._round_done)
+
+    def _touch_overdue(self, due: Sequence[tuple[LeaseHolder, Lease]], now: int) -> None:
+        renewed, touched = self._renewed_ms, self._touched_ms
+        for h, _ in due:
+            if keepalive.overdue(renewed.get(h, now), touched.get(h), now, self._touch_after_ms):
+                touched[h] = now
+                h.touch()  # PD has not answered for a while: show it on the data path
 
     def _round_done(self, task: asyncio.Task[None]) -> None:
         self._rounds.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("writer keepalive round failed", exc_info=task.exception())
 
-    async def round(self, due: Sequence[tuple[LeaseHolder, Lease]]) -> None:
+    async def round(self, due: Sequence[tuple[LeaseHolder, Lease]],
+                    started_ms: int | None = None) -> None:
         """One renewal of every lease in ``due``, ``batch_max`` writers a request, the
-        requests all at once (the last writers' renewal never waits for the first's)."""
-        await asyncio.gather(*(self._renew(due[lo : lo + self._batch_max])
-                               for lo in range(0, len(due), self._batch_max)))
+        requests all at once (the last writers' renewal never waits for the first's);
+        ``started_ms``: when ``due`` was every holder (answered in full, no renewal is
+        older)."""
+        answered = await asyncio.gather(*(self._renew(due[lo : lo + self._batch_max])
+                                          for lo in range(0, len(due), self._batch_max)))
+        if started_ms is not None and all(answered):
+            self._answered_ms = max(self._answered_ms, started_ms)
 
-    async def _renew(self, chunk: Sequence[tuple[LeaseHolder, Lease]]) -> None:
+    async def _renew(self, chunk: Sequence[tuple[LeaseHolder, Lease]]) -> bool:
+        """Whether PD renewed every lease of ``chunk``."""
         sent = self._clock.monotonic_ms()
         try:
             answers = await self._send([lease for _, lease in chunk])
         except EstreamError as exc:
             log.debug("writer keepalive failed (tried again next interval): %s", exc)
-            return
+            return False
+        every = True
         for (holder, _), answer in zip(chunk, answers, strict=True):
-            if not isinstance(answer, EstreamError) and holder in self._renewed_ms:
+            if isinstance(answer, EstreamError):
+                every = False
+            elif holder in self._renewed_ms:
                 self._renewed_ms[holder] = max(self._renewed_ms[holder], sent)
             holder.on_keepalive(answer)
+        return every
 
     async def _send(self, leases: list[Lease]) -> list[KeepaliveAnswer]:
         if self._batched:

@@ -27,7 +27,7 @@ Side effects: network requests.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from estream.core.readcursor import (
@@ -40,6 +40,12 @@ from estream.core.readcursor import (
     ReadReplica,
     Sleep,
     replica_order,
+)
+from estream.core.stripedread import (
+    catch_up_pieces,
+    cut,
+    queued_answers_max,
+    striped_fields,
 )
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.rangeclient import RangeClient
@@ -233,13 +239,82 @@ async def _read_answers(
     config: CursorConfig | None = None,
 ) -> AsyncIterator[list[T]]:
     """The decoded answers covering ``[start, end)`` of ``name``, in offset order (the
-    read loop shared by :func:`read_stream` and its batch forms): carries out the steps of
-    a :class:`~estream.core.readcursor.ReadCursor`, which decides everything."""
+    read loop shared by :func:`read_stream` and its batch forms). A stream's sealed
+    striped ranges are read in parts side by side (:func:`catch_up_pieces`: their runs
+    come from different servers), delivered in order, each part a read of its own, of
+    the same stream id; the rest (everything of an unstriped stream) as one read."""
+    meta = await client.stream_meta(name, offset=start)
+    pieces = catch_up_pieces(meta, start, end)
+    if pieces == [(start, end, 1)]:
+        async for items in _read_cursor(client, name, start, end, follow, preferred,
+                                        decoding, clock, config):
+            yield items
+        return
+    for lo, hi, parts in pieces:
+        if parts == 1:
+            async for items in _read_cursor(client, name, lo, hi, follow, preferred, decoding,
+                                            clock, config, expect_id=meta.id):
+                yield items
+            continue
+        assert hi is not None  # (a sealed range's piece)
+        async for items in _side_by_side(
+                [_read_cursor(client, name, a, b, False, preferred, decoding, clock, config,
+                              expect_id=meta.id) for a, b in cut(lo, hi, parts)]):
+            yield items
+
+
+async def _side_by_side(reads: list[AsyncGenerator[list[T], None]]) -> AsyncIterator[list[T]]:
+    """The answers of ``reads`` (consecutive parts), read at once, each at most
+    ``queued_answers_max`` answers ahead of the delivery, delivered in order; a
+    part's error is raised once the parts before it are delivered (never skipping)."""
+    queues: list[asyncio.Queue[list[T] | BaseException | None]] = [
+        asyncio.Queue(queued_answers_max) for _ in reads]
+
+    async def pump(read: AsyncGenerator[list[T], None], queue: asyncio.Queue[Any]) -> None:
+        try:
+            async for items in read:
+                await queue.put(items)
+        except Exception as exc:  # (handed to the delivery, in order)
+            await queue.put(exc)
+            return
+        finally:
+            await read.aclose()
+        await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(r, q)) for r, q in zip(reads, queues, strict=True)]
+    try:
+        for queue in queues:
+            while (got := await queue.get()) is not None:
+                if isinstance(got, BaseException):
+                    raise got
+                yield got
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _read_cursor(
+    client: Client,
+    name: str,
+    start: int,
+    end: int | None,
+    follow: bool,
+    preferred: str | None,
+    decoding: _Decoding[T],
+    clock: Clock = SYSTEM_CLOCK,
+    config: CursorConfig | None = None,
+    *,
+    expect_id: int = 0,
+) -> AsyncGenerator[list[T], None]:
+    """One read of ``[start, end)``: carries out the steps of a
+    :class:`~estream.core.readcursor.ReadCursor`, which decides everything. ``expect_id``:
+    the stream id it must be (a part of a read: never started over on another)."""
     steps = ReadCursor(name, start, end, follow, preferred, config).steps()
     items: list[T] = []
     reply: Any = None
     error: EstreamError | None = None
-    stream_id = 0  # the incarnation read (a name is reused once deleted)
+    stream_id = expect_id  # the incarnation read (a name is reused once deleted)
     delivered = False
     restarts = 0
     while True:
@@ -259,7 +334,7 @@ async def _read_answers(
                                                  offset=step.offset)
                 stream_id = stream_id or reply.id
                 if reply.id != stream_id:  # deleted and created again
-                    if not read_again(follow, delivered, restarts):
+                    if expect_id or not read_again(follow, delivered, restarts):
                         break  # the read ends (below), not skipped
                     steps.close()
                     steps = ReadCursor(name, start, end, follow, preferred, config).steps()
@@ -332,20 +407,25 @@ async def _read_replica(
         server_id=step.replica.id,
         stream_id=step.stream_id,
         range_index=step.range.index,
-        offset=step.offset,
+        offset=step.offset if step.base is None else step.base,
         wait_ms=step.wait_ms,
         unconfirmed=step.unconfirmed,
         timeout_s=None if step.timeout_ms is None else step.timeout_ms / 1000,
+        batch=step.batch,
     )
     elapsed_ms = round((clock.monotonic_s() - asked_s) * 1000)
     check_digests(client, step.stream_id, step.range.index, answer.payload)
     items = decoding.decode(answer.payload, step.offset, step.end)
+    indexes, last_end, located = striped_fields(answer)
     return items, Answer(
         count=len(items),
         next_offset=decoding.next_offset(items, step.offset),
         sealed=answer.sealed,
         sealed_end=answer.end if answer.sealed else None,
         elapsed_ms=elapsed_ms,
+        indexes=indexes,
+        last_end=last_end,
+        located=located,
     )
 
 

@@ -94,6 +94,10 @@ class Writer:
         meta = await client.pd.open_writer(name)
         writer = cls(client, meta, config)
         writer._producer_id = producer_id or ""
+        # One keepalive per client, for all its writers; renewed while the writer recovers
+        # too: a recovery that must wait longer than a lease (a copy target down) is not
+        # PD's lease recovery's to take over (it would fence this writer).
+        client.leases.add(writer)
         try:
             await writeropen.recover(writer, meta, deadline)
         except (Fenced, RangeSealed) as exc:
@@ -101,13 +105,15 @@ class Writer:
             # it exists, and its appends fail with Fenced.
             writer._error = exc if isinstance(exc, Fenced) else Fenced(str(exc))
             return writer
+        except BaseException:
+            await writer.close()  # its lease is no longer renewed
+            raise
         if producer_id is not None:
             try:
                 await writeropen.recover_producer(writer, producer_id, deadline)
             except BaseException:
                 await writer.close()
                 raise
-        client.leases.add(writer)  # one keepalive per client, for all its writers
         return writer
 
     def start_core(self, meta: StreamMeta, rng: RangeMeta, *, recovery_retries: int) -> WriterCore:
@@ -139,9 +145,10 @@ class Writer:
         asks once more without it, and the writer then runs the next range degraded; a
         ``RangeSealed`` is an earlier attempt's seal whose answer was lost: retried). The
         writer's one PD seal (its rolls' and close's too); ``batches``: a striped range's
-        count, for PD's record once ``seal_range`` takes it (not sent yet)."""
+        count, kept by PD beside the end."""
         return await self._client.pd.seal_range(
-            self.stream.name, self.epoch, range_index, end, exclude, known=self.stream)
+            self.stream.name, self.epoch, range_index, end, exclude, known=self.stream,
+            batches=batches)
 
     # -- the public API -------------------------------------------------------------------
 
@@ -386,6 +393,7 @@ class Writer:
         self._rolls.stop()
 
     def _fail_all(self, error: EstreamError) -> None:
+        self._client.leases.remove(self)  # closed or failed: no lease to renew
         self._queue.fail_all(error)
         self._runner.confirm_changed.set()
 

@@ -43,13 +43,7 @@ async def recover(writer: Writer, meta: StreamMeta, deadline: float) -> None:
     safely, until ``deadline``, the client clock's ``monotonic_s``), carried out here."""
     client, replicas = writer._client, writer._replicas
 
-    async def seal_striped(index: int, end: int, exclude: tuple[str, ...], batches: int
-                           ) -> StreamMeta:  # a striped range's seal names its batch count
-        return await client.pd.seal_range(meta.name, writer.epoch, index, end, exclude,
-                                          known=writer.stream, batches=batches)
-
-    driver = RecoveryDriver(replicas, meta, writer.seal_in_pd, clock=client.clock,
-                            seal_striped=seal_striped)
+    driver = RecoveryDriver(replicas, meta, writer.seal_in_pd, clock=client.clock)
     timings = writer.timings
     retries = 0
 

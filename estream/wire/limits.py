@@ -65,6 +65,10 @@ writer_early_batch_bytes: Final = 128 * KiB
 writer_early_batches: Final = 3
 writer_inflight_batches_max: Final = 256
 writer_inflight_bytes_max: Final = 32 * MiB
+# A list of servers (hints, placements, replicas, exclusions) and a striped range's
+# ensemble (its E servers are such a list in the catalog; also bounds
+# Stripe.first_unheld's O(E x replicas)): one limit, one constant.
+servers_in_list_max: Final = 64
 chase_backlog_bytes_max: Final = 16 * MiB  # a slow replica's backlog before it is dropped
 chase_backlog_batches_max: Final = 4_096  # complete batches kept for a chasing replica
 chase_backlog_ms_max: Final = 2_000  # a slow replica's oldest unacked batch age before drop

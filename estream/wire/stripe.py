@@ -16,13 +16,9 @@ docs/ARCHITECTURE.md section 10. Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
+from estream.wire import limits
 from estream.wire.errors import InvalidArgument
-
-# A range lists its E servers in the catalog: no more than a server list may hold
-# (pd/validate.py's servers_in_list_max); also bounds first_unheld's O(E x replicas).
-ensemble_servers_max: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +42,10 @@ class Stripe:
             raise InvalidArgument(
                 f"ack_count must be 1..replicas ({self.replicas}), got {self.acks}",
                 argument="ack_count")
-        if not self.replicas <= self.ensemble <= ensemble_servers_max:
+        if not self.replicas <= self.ensemble <= limits.servers_in_list_max:
             raise InvalidArgument(
                 f"ensemble must be at least replicas ({self.replicas}) and at most "
-                f"{ensemble_servers_max}, got {self.ensemble}", argument="ensemble")
+                f"{limits.servers_in_list_max}, got {self.ensemble}", argument="ensemble")
 
     @property
     def striped(self) -> bool:
@@ -137,4 +133,4 @@ class ChainEnd:
     batches: int | None = None
 
 
-__all__ = ["ChainEnd", "Stripe", "ensemble_servers_max"]
+__all__ = ["ChainEnd", "Stripe"]

@@ -350,6 +350,14 @@ function openStream(name) {
 $("detail-close").addEventListener("click", () => {
   state.stream = null; $("stream-detail").classList.add("hidden");
 });
+function holding(s, r, p) {  // a striped range: how much of it position p holds (layout)
+  const e = s.ensemble || 0, n = s.replicas || 0;
+  if (!(e > n)) return "";
+  if (typeof r.batches !== "number") return " (" + n + "/" + e + ")";
+  let held = Math.floor(r.batches / e) * n;
+  for (let k = 0; k < r.batches % e; k++) if (((p - k) % e + e) % e < n) held++;
+  return " (" + held + "/" + r.batches + " batches)";
+}
 async function loadDetail(fill) {
   if (!state.stream) return;
   const [s, c] = await Promise.all([getJson(streamPath()), getJson(streamPath() + "/cursors")]);
@@ -367,7 +375,8 @@ async function loadDetail(fill) {
     ? '<div class="muted">the last 200 of ' + s.ranges.length + " ranges</div>" : "") +
     table(["range", "start", "end", "state", "tier", "replicas"], ranges.map((r) => [
       esc(r.index), esc(r.start), esc(r.end), esc(r.state), esc(r.tier || "local"),
-      (r.replicas || []).map((p) => "<code>" + esc(p.id) + "</code> " + esc(p.address)).join("<br>")
+      (r.replicas || []).map((p, i) => "<code>" + esc(p.id) + "</code> " + esc(p.address) +
+        esc(holding(s, r, i))).join("<br>")
     ]), "ranges-table");
   $("detail-cursors").innerHTML = (c.cursors || []).length
     ? table(["cursor", "offset", "lag", "reset to offset"], c.cursors.map((x) => [

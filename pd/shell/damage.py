@@ -25,6 +25,7 @@ import logging
 from collections.abc import Awaitable, Collection
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from estream.core.stripedread import layout
 from estream.net.objectstore import ObjectStore
 from estream.wire.errors import (
     ChecksumMismatch,
@@ -222,6 +223,7 @@ class DamageChecks:
             self.committed_since.pop((m.stream_id, m.range_index), None)  # (retention anew)
             live = tuple(r for r in rng.replicas if r.id in alive)
             uploads.append(Upload(m.name, m.stream_id, m.range_index, m.start, m.end,
-                                  live + tuple(r for r in rng.replicas if r.id not in alive)))
+                                  live + tuple(r for r in rng.replicas if r.id not in alive),
+                                  striped=layout(stream, rng)))
         if uploads:
             await self._offload(uploads)

@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from estream.core.striping import read_order
 from estream.net.objectstore import ObjectStore
 from estream.net.rangeclient import RangeClient, batches_continuing
 from estream.net.rpc import ConnectionPool
@@ -62,6 +63,7 @@ from estream.wire.objectformat import (
     decode_tail,
     encode_pack_parts,
 )
+from estream.wire.stripe import Stripe
 from pd.commands import (
     CommitPack,
     PreparePack,
@@ -344,6 +346,8 @@ class Uploads:
         bytes, else :data:`LONGER`)."""
         if upload.end == upload.start:
             return []
+        if upload.striped is not None:
+            return await self._read_striped(upload, *upload.striped, window_bytes)
         last: EstreamError = Unavailable(f"range {upload.range_index} of stream "
                                          f"{upload.name!r} has no replica to read")
         for source in upload.sources:
@@ -385,6 +389,47 @@ class Uploads:
             out.extend(bytes(raw) for _, raw in todo)
             offset = todo[-1][0].end_offset
             if window_bytes is not None and offset < upload.end:
+                return LONGER
+        return out
+
+    async def _read_striped(self, upload: Upload, stripe: Stripe,
+                            ensemble: tuple[ReplicaRef, ...], window_bytes: int | None = None
+                            ) -> list[bytes] | _Longer:
+        """A striped range's ``[start, end)`` assembled from its ensemble in index order:
+        batch k (0 at the start, then the last one taken + 1) from a server of its write
+        set, the longest run first (:func:`~estream.core.striping.read_order`), each
+        answer taken by the copy loop's rules (and its indexes by its batches); a server
+        that errs or has nothing is skipped for the next of the write set; none: the last
+        error (the upload is retried later). With ``window_bytes``: :data:`LONGER` past
+        that many bytes."""
+        client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
+        out: list[bytes] = []
+        k, offset, held = 0, upload.start, 0
+        while offset < upload.end:
+            last: EstreamError = Unavailable(f"no server of batch {k}'s write set")
+            for position in read_order(k, stripe):
+                source = ensemble[position]
+                try:
+                    answer = await client.read(
+                        source.address, server_id=source.id, stream_id=upload.stream_id,
+                        range_index=upload.range_index, offset=offset, batch=k,
+                        max_bytes=window_bytes or limits.read_bytes_max)
+                    todo = batches_continuing(answer.payload, offset, upload.end)
+                    if not todo or answer.batches is None or len(answer.batches) < len(todo):
+                        raise Unavailable(f"server {source.id} has no batch {k} of range "
+                                          f"{upload.range_index} at {offset}")
+                except EstreamError as exc:
+                    self._count(OFFLOAD_ERRORS, stage="read")
+                    self.pool.discard(source.address)
+                    last = exc
+                    continue
+                break
+            else:
+                raise last
+            out.extend(bytes(raw) for _, raw in todo)
+            held += sum(len(raw) for _, raw in todo)
+            offset, k = todo[-1][0].end_offset, answer.batches[len(todo) - 1] + 1
+            if window_bytes is not None and offset < upload.end and held >= window_bytes:
                 return LONGER
         return out
 

@@ -42,6 +42,7 @@ from estream.core.readcursor import (
     check_footer,
     object_spans,
 )
+from estream.core.stripedread import striped_fields
 from estream.core.timerange import candidate_ranges
 from estream.net.objectindex import read_range_index
 from estream.net.objectstore import ObjectStore
@@ -119,11 +120,14 @@ async def _read(pool: ConnectionPool, store: ObjectStore | None, describe: Descr
 async def _read_replica(pool: ConnectionPool, step: ReadReplica) -> tuple[list[Record], Answer]:
     answer = await RangeClient(pool).read(
         step.replica.address, server_id=step.replica.id, stream_id=step.stream_id,
-        range_index=step.range.index, offset=step.offset, max_bytes=records_bytes_max,
-        unconfirmed=step.unconfirmed, timeout_s=read_timeout_s)
+        range_index=step.range.index, offset=step.offset if step.base is None else step.base,
+        max_bytes=records_bytes_max, unconfirmed=step.unconfirmed, timeout_s=read_timeout_s,
+        batch=step.batch)
     records = _decode(answer.payload, step.offset, step.end)
+    indexes, last_end, located = striped_fields(answer)
     return records, Answer(len(records), _next(records, step.offset), answer.sealed,
-                           answer.end if answer.sealed else None)
+                           answer.end if answer.sealed else None, indexes=indexes,
+                           last_end=last_end, located=located)
 
 
 async def _read_object(store: ObjectStore | None, step: ReadObject

@@ -52,7 +52,7 @@ from typing import Final
 
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rangeclient import ReplicaClient
-from estream.net.recovery import RecoveryResult, SealInPdCall, SealStripedCall, recover_range
+from estream.net.recovery import RecoveryResult, SealInPdCall, recover_range
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import (
     Conflict,
@@ -195,9 +195,7 @@ class Recoverer:
                          "readable); sealing it at epoch %d", name, last.index, meta.epoch)
             result = await recover_range(ReplicaClient(self.pool, meta.epoch,
                                                        digest=meta.digest), meta,
-                                         self._sealer(name, stream.id, meta.epoch),
-                                         seal_striped=self._striped_sealer(
-                                             name, stream.id, meta.epoch))
+                                         self._sealer(name, stream.id, meta.epoch))
         except (Conflict, Fenced, RangeSealed, StreamNotFound) as exc:
             self._count("superseded")  # a writer opened (or sealed) meanwhile: its business
             log.info("stream %r: recovery not needed any more: %s", name, exc)
@@ -235,17 +233,12 @@ class Recoverer:
                                    outcome=outcome)
 
     def _sealer(self, name: str, stream_id: int, epoch: int) -> SealInPdCall:
-        async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...]) -> StreamMeta:
+        async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...],
+                             batches: int | None) -> StreamMeta:
             # Without a placement avoiding ``exclude`` the recovery asks once more without
             # exclusions (estream/core/recovery.py): the next writer runs it degraded.
-            return await self.service.seal_range(name, epoch, index, end, exclude, stream_id)
-
-        return seal_in_pd
-
-    def _striped_sealer(self, name: str, stream_id: int, epoch: int) -> SealStripedCall:
-        async def seal_striped(index: int, end: int, exclude: tuple[str, ...], batches: int
-                               ) -> StreamMeta:  # a striped range's: with its batch count
+            # ``batches``: a striped range's count, kept beside its end.
             return await self.service.seal_range(name, epoch, index, end, exclude, stream_id,
                                                  batches)
 
-        return seal_striped
+        return seal_in_pd

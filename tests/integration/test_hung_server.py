@@ -8,7 +8,9 @@ range servers.
    and once (the tail moves to another replica within about 2 s), and the writer's roll
    away from the hung server ends while it still hangs (its appends fill the connection
    to the hung server, which stops reading: the roll's probe of the failed server
-   waited, before the fix, for a drain that never came);
+   waited, before the fix, for a drain that never came); once the writer drops the hung
+   server, none of its requests to it still waits (each held a timer and its batch until
+   its 5 s timeout before);
 2. the same with the writer and the reader sharing one client (the tail's reads wait on
    that same stalled connection).
 
@@ -74,6 +76,22 @@ async def append_paced(writer: estream.Writer, duration_s: float,
     return worst_s
 
 
+async def outstanding_at_drop(client: estream.Client, writer: estream.Writer,
+                              victim: str, address: str) -> tuple[int, int]:
+    """Once the writer dropped ``victim`` (or rolled away from it): its requests to it
+    still outstanding, and those waiting on the client's connection to it."""
+    deadline = time.monotonic() + hung_s
+    while time.monotonic() < deadline:
+        core = writer._core
+        if core is not None and (victim in core.ranges.failed
+                                 or victim not in core.ranges.replicas):
+            break
+        await asyncio.sleep(0.01)
+    connection = client.pool._clients.get(address)
+    pending = 0 if connection is None else len(connection._protocol.pending)
+    return len(writer._replicas.outstanding.get(victim, {})), pending
+
+
 async def run_hung_tail(cluster: Cluster, name: str, shared_client: bool) -> None:
     """Scenarios 1 and 2 (module docstring)."""
     async with await estream.connect(cluster.pd_addresses) as writing, \
@@ -90,7 +108,10 @@ async def run_hung_tail(cluster: Cluster, name: str, shared_client: bool) -> Non
             cluster.pause(victim.address)
             try:
                 hung_at = time.monotonic()
+                dropped = asyncio.ensure_future(
+                    outstanding_at_drop(writing, writer, victim.id, victim.address))
                 worst_s = await append_paced(writer, hung_s, acked)
+                left_at_drop = await dropped
                 resumed_at = time.monotonic()
                 during = writer.statistics()
             finally:
@@ -116,6 +137,7 @@ async def run_hung_tail(cluster: Cluster, name: str, shared_client: bool) -> Non
         # The writer's roll away from the hung server ended while it still hung (its
         # appends had filled the connection to it: the roll's probe of it waited on that).
         assert during.rolls >= 1, during
+        assert left_at_drop == (0, 0), left_at_drop  # (writer's, connection's) to the victim
         meta = await writing.describe_stream(name)
         assert victim.id not in [r.id for r in meta.ranges[1].replicas]
 

@@ -140,6 +140,41 @@ async def test_a_follower_sees_a_lone_append_without_another_append_or_idle_conf
             await writer.close()
 
 
+async def test_many_idle_writers_on_one_client_each_hint_their_tail(
+    cluster: Cluster,
+) -> None:
+    """Issue 32: writers of one client whose appends complete in one turn each send their
+    hint (none dropped as not first for its server), so every tail sees its lone record
+    though the idle CONFIRM is a minute away."""
+    from estream.core.writeeffects import WriterConfig
+    from estream.sdk.writer import Writer
+
+    names = [f"hinted-many-{i}" for i in range(6)]
+    async with await estream.connect(cluster.pd_addresses) as client:
+        for name in names:
+            await client.create_stream(name, replicas=3, ack_count=2)
+        writers = [await Writer.open(client, name, WriterConfig(confirm_idle_ms=60_000))
+                   for name in names]
+        seen: dict[str, list[bytes]] = {name: [] for name in names}
+
+        async def follow(name: str) -> None:
+            async for record in client.read(name, follow=True):
+                seen[name].append(record.value)
+
+        followers = [asyncio.ensure_future(follow(name)) for name in names]
+        try:
+            ends = await asyncio.gather(*(w.append(b"one") for w in writers))
+            assert ends == [0] * len(names)
+            await asyncio.wait_for(_until(lambda: all(seen.values())), 10)
+            assert all(values == [b"one"] for values in seen.values())
+        finally:
+            for follower in followers:
+                follower.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
+            for writer in writers:
+                await writer.close()
+
+
 async def _until(check: Callable[[], bool]) -> None:
     while not check():
         await asyncio.sleep(0.01)

@@ -79,16 +79,13 @@ class Chains:
         name = self.meta.name
         meta = await self.client.pd.open_writer(name)
 
-        async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...]) -> StreamMeta:
-            raise AssertionError("a striped range's seal names its batch count")
-
-        async def seal_striped(index: int, end: int, exclude: tuple[str, ...], batches: int
-                               ) -> StreamMeta:
+        async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...],
+                             batches: int | None) -> StreamMeta:
+            assert batches is not None, "a striped range's seal names its batch count"
             return await self.client.pd.seal_range(name, meta.epoch, index, end, exclude,
                                                    batches=batches, stream_id=meta.id)
 
-        result = await recover_range(ReplicaClient(self.pool, meta.epoch), meta, seal_in_pd,
-                                     seal_striped=seal_striped)
+        result = await recover_range(ReplicaClient(self.pool, meta.epoch), meta, seal_in_pd)
         return result.meta
 
     async def served(self, k: int) -> list[int]:

@@ -13,14 +13,9 @@ from typing import Any
 import pytest
 
 from estream.core.recovery import AwaitFence, Fence, FenceAnswer, RecoveryResult, recover
+from estream.core.roll import SealInPd, SealReplicas
 from estream.core.seal import FenceByCreate, SendFence
-from estream.core.stripedsteps import (
-    AppendBatch,
-    HeldBatch,
-    ReadBatches,
-    SealStripedInPd,
-    SealStripedReplicas,
-)
+from estream.core.stripedsteps import AppendBatch, HeldBatch, ReadBatches
 from estream.wire.errors import EstreamError, Fenced, RangeNotFound, Unavailable, WrongServer
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.stripe import Stripe
@@ -89,9 +84,9 @@ class World:
                 self.held[p][-1] if self.held[p] else -1), (p, k, self.held[p])
             self.held[p].append(k)
             return None
-        if isinstance(step, SealStripedInPd):
+        if isinstance(step, SealInPd):
             return META
-        assert isinstance(step, SealStripedReplicas)
+        assert isinstance(step, SealReplicas)
         return None
 
 
@@ -119,15 +114,15 @@ def whole(n: int) -> dict[int, list[int]]:
 
 
 def seals(world: World) -> list[Any]:
-    return [s for s in world.log if isinstance(s, SealStripedInPd | SealStripedReplicas)]
+    return [s for s in world.log if isinstance(s, SealInPd | SealReplicas)]
 
 
 def test_a_writer_that_died_after_batch_7_seals_8_at_80_in_pd_then_on_the_holders() -> None:
     world = World(whole(8))
     result = run(world)
     assert (result.end, result.kept, result.holders) == (80, False, tuple(IDS))
-    assert seals(world) == [SealStripedInPd(0, 80, (), 8),
-                            SealStripedReplicas(0, 80, 8, tuple(IDS))]
+    assert seals(world) == [SealInPd(0, 80, (), 8),
+                            SealReplicas(0, 80, tuple(IDS), 8)]
     assert not [s for s in world.log if isinstance(s, ReadBatches | AppendBatch)]
 
 
@@ -139,7 +134,7 @@ def test_a_short_write_set_is_copied_in_chain_order_from_holders() -> None:
     assert appended == [("d", 3), ("d", 6), ("d", 7)]
     for k in range(8):
         assert sum(k in world.held[p] for p in STRIPE.write_set(k)) >= 2, k
-    assert seals(world)[0] == SealStripedInPd(0, 80, (), 8)
+    assert seals(world)[0] == SealInPd(0, 80, (), 8)
 
 
 def test_a_failed_source_and_a_failed_target_are_replaced() -> None:
@@ -153,7 +148,7 @@ def test_a_failed_source_and_a_failed_target_are_replaced() -> None:
     # without batch 3, which was never acknowledged: the end is decided again, at 30
     world = World(held, bad_sources=frozenset({0}))
     assert run(world).end == 30
-    assert seals(world)[0] == SealStripedInPd(0, 30, ("a",), 3)
+    assert seals(world)[0] == SealInPd(0, 30, ("a",), 3)
 
 
 def test_the_boundary_batch_is_read_by_index_for_its_end() -> None:
@@ -164,7 +159,7 @@ def test_the_boundary_batch_is_read_by_index_for_its_end() -> None:
     result = run(world)
     reads = [s for s in world.log if isinstance(s, ReadBatches)]
     assert reads[0] == ReadBatches(0, "c", 2, 20)
-    assert result.end == 30 and seals(world)[0] == SealStripedInPd(0, 30, ("b",), 3)
+    assert result.end == 30 and seals(world)[0] == SealInPd(0, 30, ("b",), 3)
 
 
 def test_too_few_answers_in_the_next_write_set_is_unavailable_never_a_short_seal() -> None:
@@ -187,6 +182,6 @@ def test_an_empty_range_is_kept_one_batch_sealed_with_its_count_a_newer_epoch_en
     assert isinstance(world.log[0], Fence) and all(
         isinstance(r, SendFence) for r in world.log[0].requests)
     world = World(whole(1))
-    assert run(world).end == 10 and seals(world)[0] == SealStripedInPd(0, 10, (), 1)
+    assert run(world).end == 10 and seals(world)[0] == SealInPd(0, 10, (), 1)
     with pytest.raises(Fenced):
         run(World(whole(2), errors={0: Fenced("newer", epoch=5, current_epoch=6)}))

@@ -283,3 +283,20 @@ def test_a_full_chase_budget_drops_the_server_owing_the_oldest_batch_while_writa
             w.on_append_ack(server, 0, end, k)
     assert w.failed == ("c",) and w.degraded and not w.sealing and w.completed == 3
     assert w.inflight_batches == 0  # nothing kept for c any more
+
+
+def test_a_full_chase_budget_drops_a_server_holding_back_the_seals_drain() -> None:
+    """One rule for a chaser's bytes (the chase budget; the chase bound is its age only):
+    a server the range could not lose while appending (the budget full, appends held
+    back) is dropped once the roll's drain waits on it."""
+    stripe = Stripe(5, 3, 2)
+    w = make(stripe, SERVERS[:5], chase_backlog_bytes_max=1)
+    w.on_append_error("b", 0, Unavailable("gone"), 0)  # every write set keeps just 2
+    assert w.degraded and not w.sealing
+    for k in range(3):  # W(0) = a c, W(1) = c d, W(2) = c d e: e does not answer
+        w.submit([rec(k)], k)
+        for server in ("a", "c", "d"):
+            w.on_append_ack(server, 0, k + 1, k)
+    assert w.completed == 3 and w.failed == ("b",)  # e held back appends, not dropped
+    assert seals(w.begin_roll(4)) == []  # the drain waits for e's batch 2
+    assert seals(w.on_tick(5)) == [BeginSeal(0, 3, ("b", "e"), ("a", "c", "d"), 3)]

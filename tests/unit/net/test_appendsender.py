@@ -148,22 +148,31 @@ async def test_an_answer_without_a_result_per_entry_fails_them_all() -> None:
     assert all(isinstance(got[n][1], MalformedFrame) for n in ("1", "2"))
 
 
-async def test_a_confirm_hint_goes_at_once_first_in_its_turn_and_else_is_dropped() -> None:
-    """A hint (``durable=False``) is a plain CONFIRM naming it when first for its server
-    in the turn; after another entry it is dropped: the idle CONFIRM follows anyway."""
+async def test_every_writers_confirm_hint_reaches_its_server() -> None:
+    """Issue 32: a hint (``durable=False``) is a plain CONFIRM naming it, at once when first
+    for its server in the turn; many idle writers' hints to one server in one turn each go,
+    after the turn's batches, as a CONFIRM of their own (none dropped)."""
     pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1}})
-    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(2)
+    writers = 50
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(writers + 2)
     sender.start_confirm("a:1", lambda error: answers.to("h0")(0, error), server_id="s",
                          stream_id=1, range_index=0, epoch=3, confirm=10, durable=False)
     assert pool.calls[-1][1:3] == (Opcode.CONFIRM, {
         "stream_id": 1, "range_index": 0, "epoch": 3, "confirm": 10, "durable": False,
         "server_id": "s"})
     sender.start_append("b:1", answers.to("b0"), server_id="s", batch=b"x")
-    sender.start_confirm("b:1", lambda error: answers.to("h1")(0, error), server_id="s",
-                         stream_id=2, range_index=0, epoch=3, confirm=4, durable=False)
+    for stream in range(2, writers + 2):
+        sender.start_confirm("b:1", lambda error, s=stream: answers.to(f"h{s}")(0, error),
+                             server_id="s", stream_id=stream, range_index=0, epoch=3,
+                             confirm=stream, durable=False)
     got = await answers.wait()
-    assert got == {"h0": (0, None), "b0": (1, None)}
-    assert [c[1] for c in pool.calls] == [Opcode.CONFIRM, Opcode.APPEND]
+    assert got == {"h0": (0, None), "b0": (1, None)} | {
+        f"h{s}": (0, None) for s in range(2, writers + 2)}
+    assert [c[1] for c in pool.calls] == [Opcode.CONFIRM, Opcode.APPEND] + [
+        Opcode.CONFIRM] * writers
+    assert [(c[0], c[2]) for c in pool.calls[2:]] == [("b:1", {
+        "stream_id": s, "range_index": 0, "epoch": 3, "confirm": s, "durable": False,
+        "server_id": "s"}) for s in range(2, writers + 2)]
 
 
 async def test_a_striped_batchs_index_goes_with_it_in_append_and_append_many() -> None:

@@ -77,13 +77,14 @@ class FakeReplicas:
             raise SourceFailed("bad", source=copy.source) from ChecksumMismatch("flip")
 
     async def seal(self, stream_id: int, range_index: int, end: int,
-                   replicas: tuple[str, ...]) -> tuple[str, ...]:
+                   replicas: tuple[str, ...], batches: int | None = None) -> tuple[str, ...]:
         self.log.append(("seal", replicas, end))
         return replicas
 
 
 def pd_log(log: list[tuple[Any, ...]]) -> Any:
-    async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...]) -> StreamMeta:
+    async def seal_in_pd(index: int, end: int, exclude: tuple[str, ...],
+                         batches: int | None = None) -> StreamMeta:
         log.append(("pd", index, end, exclude))
         return SEALED
 

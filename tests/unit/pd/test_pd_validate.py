@@ -137,3 +137,23 @@ def test_a_valid_request_passes() -> None:
                    "request_id": "ab" * 16, "retention_ms": 86_400_000, "after": -1,
                    "ranges_from": -1, "timestamp": -5, "epoch": 7,
                    "load": {"ranges": 10**6, "bytes": 2**40, "free": "x" * 5000}})
+
+
+def test_one_constant_bounds_a_server_list_and_a_striped_ensemble() -> None:
+    """A striped range's ensemble is a server list in the catalog: its bound is
+    ``limits.servers_in_list_max``, the one PD's server lists have (no second constant)."""
+    import estream.wire.stripe
+    from estream.wire import limits
+    from estream.wire.stripe import Stripe
+
+    most = limits.servers_in_list_max
+    assert not hasattr(estream.wire.stripe, "ensemble_servers_max")
+    assert not hasattr(pd.validate, "servers_in_list_max")
+    check_request({"replicas": [f"s{i}" for i in range(most)]})
+    Stripe(most, 3, 2)
+    with pytest.raises(InvalidArgument) as listed:
+        check_request({"replicas": [f"s{i}" for i in range(most + 1)]})
+    with pytest.raises(InvalidArgument) as striped:
+        Stripe(most + 1, 3, 2)
+    assert (listed.value.fields["argument"], striped.value.fields["argument"]) == (
+        "replicas", "ensemble")

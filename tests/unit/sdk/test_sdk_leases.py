@@ -180,3 +180,36 @@ async def test_a_writer_pd_does_not_answer_is_asked_to_show_itself_on_its_data_p
     finally:
         await k.close()
         await k_ok.close()
+
+
+class CountingHolder(Holder):
+    def __init__(self, name: str, stream_id: int) -> None:
+        super().__init__(name, stream_id)
+        self.asked = 0
+
+    def lease(self) -> Lease | None:
+        self.asked += 1
+        return self.held
+
+
+async def test_a_rounds_cost_follows_what_changed_not_every_writer_each_interval() -> None:
+    """Issue 27 (10,000 open writers a client): a round asked every writer for its lease
+    and rebuilt the list each interval; now a lease is taken once, at add(), the list
+    changes on add() and remove() only, and no writer is checked for an overdue renewal
+    while every round is answered."""
+    pd = FakePd()
+    k = LeaseKeeper(cast(PDClient, pd), interval_ms=1, touch_after_ms=10_000)
+    holders = [CountingHolder(f"s{i}", i) for i in range(50)]
+    for h in holders:
+        k.add(h)
+    try:
+        await asyncio.wait_for(_until(lambda: len(pd.batches) >= 3), timeout=5.0)
+        assert all(h.asked == 1 for h in holders)
+        assert pd.batches[0] == [h.held for h in holders]
+        k.remove(holders[0])  # closed or failed: renewed no more
+        sent = len(pd.batches)
+        await asyncio.wait_for(_until(lambda: len(pd.batches) >= sent + 2), timeout=5.0)
+        assert pd.batches[-1] == [h.held for h in holders[1:]]
+        assert all(h.asked == 1 and h.touches == 0 for h in holders)
+    finally:
+        await k.close()
