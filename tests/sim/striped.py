@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 
 from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
-from tests.sim.reading import Delivered, Reading
+from tests.sim.reading import DECODINGS, Delivered, Reading
 from tests.sim.writing import Writing
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class StripedStream:
         self.checked: dict[str, int] = {}  # per writer: acknowledged offsets checked below
         self.tail: Reading | None = None  # the real reader tailing the stream
         self.readers = 0
+        self.read_rng = random.Random(seed * 7_919 + 6)  # each read's form: the reader's three
         self.seen: dict[int, bytes] = {}  # offset -> the value every read saw there
 
     def describe(self) -> StreamMeta:
@@ -209,8 +210,8 @@ class StripedStream:
 
         self.readers += 1
         return Reading(self.sim.world, self.sim.net, f"xr{self.readers}", STRIPED_STREAM,
-                       start=start, follow=follow, on_deliver=self.check_delivery,
-                       on_end=ended)
+                       start=start, follow=follow, decoding=self.read_rng.choice(DECODINGS),
+                       on_deliver=self.check_delivery, on_end=ended)
 
     def check_delivery(self, reader: Reading, offset: int, next_offset: int,
                        items: Delivered) -> None:
