@@ -1102,17 +1102,21 @@ def striped_writer_dies(sim: Sim) -> None:
     striped.target = 300
     lag: list[str] = []
 
+    def unwritten(node: str, key: Key, base: int) -> bool:
+        store = sim.servers[node].store
+        index = store.indexes.get(key) if store is not None else None
+        return index is not None and index.find(base) is None
+
     def exposed(key: Key, acked_end: int) -> bool:
         """An acknowledged batch of write set p, p + 1, p + 2 that p lacks: held by p + 1
-        and p + 2, not by p nor p + 3."""
+        and p + 2, not written by p nor p + 3."""
         store = sim.servers[lag[1]].store
         index = store.indexes.get(key) if store is not None else None
         for i in range(len(index) if index is not None else 0):
             assert index is not None
             base, end = index.batch(i).base, index.batch(i).end
             if end <= acked_end and sim.servers[lag[2]].batch_at(key, base) is not None \
-                    and sim.servers[lag[0]].batch_at(key, base) is None \
-                    and sim.servers[lag[3]].batch_at(key, base) is None:
+                    and unwritten(lag[0], key, base) and unwritten(lag[3], key, base):
                 return True
         return False
 
