@@ -271,6 +271,23 @@ class RangeServerNode:
             sound = self._sound[place] = [r.value for r in decode_batch(data).records]
         return sound
 
+    def batch_at(self, key: tuple[int, int], offset: int) -> tuple[int, list[bytes]] | None:
+        """The durable stored batch of replica ``key`` holding ``offset`` (its base and
+        values) if it passes a READ's checks: a striped replica holds only its chain's
+        batches, so the end checks look per batch (None: not held, not durable, damaged)."""
+        state = self.replica(key)
+        if state is None or state.damaged or self.store is None:
+            return None
+        index = self.store.indexes.get(key)
+        i = index.find(offset) if index is not None else None
+        if index is None or i is None:
+            return None
+        batch = index.batch(i)
+        if batch.end > state.end:
+            return None  # written, not yet durable
+        sound = self._read_sound(key, batch)
+        return None if sound is None else (batch.base, sound)
+
     def holds(self, key: tuple[int, int], lo: int, hi: int, truth: list[bytes]) -> bool:
         """Whether the running store durably and soundly holds ``truth`` as the records
         ``[lo, hi)`` of ``key``: a replica not damaged, durable up to ``hi``, every batch

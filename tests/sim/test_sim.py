@@ -50,6 +50,13 @@ down server hold; one hung server of exactly three (no append waits more than 70
 crash losing a recovery's unsynced copy; a recovery whose PD seal answer is lost while PD
 stays out of reach.
 
+Striped (issue 30): ``test_striped_seed`` runs a seed's world on 6 servers with a striped
+stream (ensemble 5, replicas 3, ack 2; ``tests/sim/striped.py``) beside the unstriped one,
+under the same faults (its writer crashes too), checked per batch on the servers' disks
+and by the real reader; the first ``STRIPED_SEEDS_FAST_MAX`` in make test. Its fixed rows
+(``striped-*``): one hung server, two of one write set hung, one hung and the other wiped
+or damaged, the writer dying with one server lagging and two down.
+
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
 ``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 60..249 are ``slow`` (``-m slow``); one
 row: ``pytest
@@ -83,6 +90,7 @@ from tests.sim.servernode import RangeServerNode
 from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
+from tests.sim.striped import StripedStream
 from tests.sim.world import PD_ADDRESS, Faults, Key, World, address_of, pd_node
 from tests.sim.world import PD_NODE as PD
 from tests.sim.writing import Writing
@@ -98,6 +106,8 @@ PLAIN_READS = 2  # plain reads started while the writers write and faults strike
 FINAL_READ_MS_MAX = 3_000  # after close: the final plain read ends, the tail catches up
 SEEDS_DEFAULT = 250  # seeds run by default...
 SEEDS_FAST_MAX = 60  # ...the first this many in make test, the rest marked slow
+STRIPED_SEEDS_DEFAULT = 120  # seeds with a striped stream beside (test_striped_seed)...
+STRIPED_SEEDS_FAST_MAX = 8  # ...the first this many in make test, the rest slow
 SETTLE_STEPS_MAX = 100_000  # Sim.settle: steps for the servers to boot (or create a range)
 REGISTER_LOOKS_MAX = 1_000  # Sim._registered: looks, 10 ms apart, for every first heartbeat
 RECOVERED_LOG = "recovered %s range %d: sealed at %d, holders %s"  # estream/net/recovery.py
@@ -132,7 +142,8 @@ async def _seal(server: RangeServerNode, key: Key, epoch: int, end: int) -> None
 
 
 class Sim:
-    def __init__(self, seed: int, data_dir: Path, *, servers: int = 5) -> None:
+    def __init__(self, seed: int, data_dir: Path, *, servers: int = 5,
+                 striped: bool = False) -> None:
         self.world = World(seed)
         rng = self.world.rng
         self.faults = Faults(drop=rng.choice([0.0, 0.0, 0.003, 0.01]))
@@ -179,6 +190,8 @@ class Sim:
             confirm_idle_ms=2,
         )
         self.writers: list[Writing] = []
+        # A striped stream beside this one (E 5 on 6 servers), under the same faults.
+        self.striped = StripedStream(self, seed, END_AT_MS) if striped else None
         self.target = rng.randint(80, 200)  # records the final writer must get through
         self.lost: dict[Key, set[str]] = {}  # server ids whose copy of a range is destroyed
         self.destroyed = False  # at most one lost copy per run (a double fault, not more)
@@ -326,6 +339,8 @@ class Sim:
         kinds = ["crash", "crash", "partition", "writer_crash", "writer_cut", "hang"]
         if rng.random() < 0.3:
             kinds.append(rng.choice(["wipe", "damage"]))
+        if self.striped is not None:
+            kinds.append("striped_writer_crash")
         for _ in range(rng.randint(1, 5)):
             at = rng.randint(10, HEAL_AT_MS - 300)
             kind = rng.choice(kinds)
@@ -349,6 +364,8 @@ class Sim:
             self.writer_crash()
         elif kind == "writer_cut":
             self.writer_cut()
+        elif kind == "striped_writer_crash" and self.striped is not None:
+            self.striped.crash()
 
     def is_up(self, node: str) -> bool:
         return node not in self.faults.down and not self.servers[node].hung
@@ -472,6 +489,8 @@ class Sim:
             self.full_check = True
             return
         self.note_changes()
+        if self.striped is not None:
+            self.striped.check(self.full_check)
         meta = self.describe()
         full = meta is not self.checked_meta or self.full_check
         if not full and not self.dirty and all(
@@ -726,9 +745,13 @@ class Sim:
             self.world.at(HEAL_AT_MS, self.heal)
         self.schedule_readers()
         self.start_writer()
+        striped = self.striped
+        if striped is not None:
+            striped.start()
         while self.world.now_ms <= END_AT_MS and self.world.step():
             self.check()
-            if self.world.now_ms > HEAL_AT_MS and self.done(self.newest()):
+            if self.world.now_ms > HEAL_AT_MS and self.done(self.newest()) and (
+                    striped is None or striped.done()):
                 break
         final = self.newest()
         assert not final.fenced, "the last writer was fenced"
@@ -737,6 +760,12 @@ class Sim:
             f"{final.start + len(final.assigned)} (target {self.target})"
         )
         self.check_range_count()
+        if striped is not None:
+            sw = striped.writer
+            assert not sw.fenced and striped.done(), (
+                f"liveness: {sw.id} acked {sw.acked_end} of {sw.start + len(sw.assigned)} "
+                f"(target {striped.target})")
+            assert self.close(sw), f"{sw.id}: close did not return"
         for w in self.writers:
             # The other writers' processes end: a zombie still retrying its open would
             # fence the final writer while it closes (and so would a request of theirs
@@ -796,6 +825,9 @@ class Sim:
                 f"range, not the {final.acked_end} acknowledged before close"
             )
         self.check_final_reads(final)
+        if self.striped is not None:
+            self.striped.check_final()
+            self.striped.read_back()
 
     def visible_end(self, meta: StreamMeta, rng: RangeMeta) -> int:
         """The most a reader of the open range finds (its largest readable end)."""
@@ -844,6 +876,8 @@ class Sim:
         meta = self.describe()
         for r in meta.ranges[-12:]:
             lines.append(f"range {r.index} [{r.start}, {r.end}) on {[x.id for x in r.replicas]}")
+        if self.striped is not None:
+            lines += self.striped.trace()
         return "\n".join(lines)
 
 
@@ -1003,6 +1037,111 @@ def lost_seal_answer(sim: Sim) -> None:
     service.seal_range = seal_then_cut  # type: ignore[method-assign]
 
 
+def striped_fault(kind: str) -> Callable[[Sim], None]:
+    """Servers of the striped stream's open range fail while its writer appends, nothing
+    else (no lossy network, no size rolls): ``one-hung``; two of one write set (positions p
+    and p + 1) ``two-hung`` (the second longer); or one hung and the other's copy lost
+    (``hung+wiped``: back at once as a new server; ``hung+damaged``: a byte flipped in its
+    last batch, which only a read sees). ARCHITECTURE 10's double-fault table: one failed
+    server leaves every write set A live (degraded, no append waits long); two of one write
+    set leave it fewer than A, so the end freezes and the range rolls to a new ensemble
+    while they are out (E 5 of 6 servers: after one backoff PD may place it on a suspect,
+    which leaves it degraded, ``estream/core/roll.py``), no append failed; nothing
+    acknowledged is lost (with a lost copy: on the other holder)."""
+
+    def script(sim: Sim) -> None:
+        rng = sim.world.rng
+        striped = sim.striped
+        assert striped is not None
+        sim.faults.drop = 0.0
+        sim.net.faults.reset_rate = 0.0
+        sim.config = replace(sim.config, range_bytes_max=1 << 30)
+        striped.target = 600  # still appending while they fail
+        start_at = rng.randint(10, 60)
+
+        def strike() -> None:
+            last = striped.describe().ranges[-1]
+            servers = [r.id for r in last.replicas]
+            p = rng.randrange(len(servers))
+            pair = [servers[p], servers[(p + 1) % len(servers)]]
+            striped.hung_ranges.append(last.index)
+            sim.facts["struck"] = pair
+            ms = rng.randint(600, 1_500)
+            sim.hang(pair[0], ms)
+
+            def rolled() -> None:  # just before the first hung server resumes
+                sim.facts["rolled while out"] = striped.describe().ranges[last.index].sealed
+
+            sim.world.after(ms - 1, rolled)
+            if kind == "two-hung":
+                sim.hang(pair[1], ms + rng.randint(600, 1_000))
+            elif kind == "hung+wiped":
+                sim.wipe(pair[1], rng.randint(20, 400))
+            elif kind == "hung+damaged":
+                sim.damage(pair[1], (striped.stream_id, last.index))
+
+        _when(sim, lambda: len(striped.writer.assigned) >= start_at, strike)
+
+    return script
+
+
+def striped_writer_dies(sim: Sim) -> None:
+    """The striped writer's link to server p of its open range is cut (it lags, the range
+    runs degraded); once a batch of write set p, p + 1, p + 2 is acknowledged without p, the
+    writer dies and servers p + 1 and p + 2 go down for 1 to 2 s: that write set has one
+    answer, p's, short. The new writer's recovery must not seal short: it waits (the end's
+    quorum of W(k), or a copy with no holder: ``CopyBlocked``) until one is back, then keeps
+    every acknowledged record (ARCHITECTURE 10: "3 and 4 wiped: W(8) = 3 4 0 has one
+    answer: wait"; the writer dying at the fence, end and copy steps)."""
+    rng = sim.world.rng
+    striped = sim.striped
+    assert striped is not None
+    sim.faults.drop = 0.0
+    sim.net.faults.reset_rate = 0.0
+    sim.config = replace(sim.config, range_bytes_max=1 << 30)
+    striped.target = 300
+    lag: list[str] = []
+
+    def unwritten(node: str, key: Key, base: int) -> bool:
+        store = sim.servers[node].store
+        index = store.indexes.get(key) if store is not None else None
+        return index is not None and index.find(base) is None
+
+    def exposed(key: Key, acked_end: int) -> bool:
+        """An acknowledged batch of write set p, p + 1, p + 2 that p lacks: held by p + 1
+        and p + 2, not written by p nor p + 3."""
+        store = sim.servers[lag[1]].store
+        index = store.indexes.get(key) if store is not None else None
+        for i in range(len(index) if index is not None else 0):
+            assert index is not None
+            base, end = index.batch(i).base, index.batch(i).end
+            if end <= acked_end and sim.servers[lag[2]].batch_at(key, base) is not None \
+                    and unwritten(lag[0], key, base) and unwritten(lag[3], key, base):
+                return True
+        return False
+
+    def start() -> None:
+        last = striped.describe().ranges[-1]
+        servers = [r.id for r in last.replicas]
+        p = rng.randrange(len(servers))
+        lag[:] = [servers[(p + i) % len(servers)] for i in range(4)]
+        w = striped.writer
+        sim.partition(w.id, lag[0], HEAL_AT_MS)
+        key = (striped.stream_id, last.index)
+        _when(sim, lambda: exposed(key, w.acked_end), die)
+
+    def die() -> None:
+        sim.facts["died ahead of the lagging server"] = True
+        sim.note(f"{striped.writer.id} crashes")
+        striped.writer.crash()
+        sim.crash(lag[1], rng.randint(1_000, 2_000))  # past the recovery's first rounds
+        sim.crash(lag[2], rng.randint(1_000, 2_000))
+        sim.world.after(rng.randint(5, 80), striped.start)
+
+    start_at = rng.randint(10, 40)
+    _when(sim, lambda: len(striped.writer.assigned) >= start_at, start)
+
+
 # Seeds chosen so that each row reaches its scenario (the row asserts it did). On the
 # SimLoop (timers due at the same instant in seeded order) seed 0 of the +down+lagging
 # rows stalls on a lost append until the heal (no lag to exploit). With the writer's
@@ -1028,6 +1167,10 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     *[("hung-of-three", hung_of_three, 3, s) for s in (0, 1, 3, 4, 5, 6)],
     *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 2, 3, 4, 5, 8)],
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
+    # A striped stream (E 5, R 3, A 2 on 6 servers) beside the unstriped one.
+    *[(f"striped-{k}", striped_fault(k), 6, s)
+      for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in range(2)],
+    *[("striped-writer-dies-lagging+down", striped_writer_dies, 6, s) for s in range(4)],
 ]
 
 
@@ -1051,12 +1194,36 @@ def test_seed(seed: int, tmp_path: Path) -> None:
         sim.end()
 
 
+def striped_seeds() -> list[Any]:
+    """The seeds run with a striped stream beside the other (6 servers): as
+    :func:`seeds`, the first ``STRIPED_SEEDS_FAST_MAX`` in make test, the rest slow."""
+    if os.environ.get("ESTREAM_SIM_SEED") is not None or os.environ.get("ESTREAM_SIM_SEEDS"):
+        return seeds()
+    return [s if s < STRIPED_SEEDS_FAST_MAX else pytest.param(s, marks=pytest.mark.slow)
+            for s in range(STRIPED_SEEDS_DEFAULT)]
+
+
+@pytest.mark.parametrize("seed", striped_seeds())
+def test_striped_seed(seed: int, tmp_path: Path) -> None:
+    """A seed's world with 6 servers and a striped stream (E 5, R 3, A 2) beside the
+    unstriped one, both written by the real writer under the seed's faults."""
+    sim = Sim(seed, tmp_path, servers=6, striped=True)
+    try:
+        sim.run()
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\nreplay: ESTREAM_SIM_SEED={seed} pytest tests/sim -k striped\n"
+            f"{sim.trace()}") from exc
+    finally:
+        sim.end()
+
+
 @pytest.mark.parametrize(
     ("name", "script", "servers", "seed"), SCENARIOS, ids=[f"{s[0]}-{s[3]}" for s in SCENARIOS]
 )
 def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, seed: int,
                        tmp_path: Path) -> None:
-    sim = Sim(seed, tmp_path, servers=servers)
+    sim = Sim(seed, tmp_path, servers=servers, striped=name.startswith("striped-"))
     try:
         _replay(sim, lambda: sim.run(script))
     finally:
@@ -1075,3 +1242,30 @@ def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, s
         assert sim.recoveries_sealed, f"no recovery's seal was checked{trace}"
     elif name == "lost-seal-answer":
         assert sim.facts.get("seal answer lost"), f"the seal's answer was not lost{trace}"
+    elif name.startswith("striped-"):
+        _striped_row_saw(sim, name, trace)
+
+
+def _striped_row_saw(sim: Sim, name: str, trace: str) -> None:
+    """What a striped row asserts beyond the world's invariants (see striped_fault)."""
+    striped = sim.striped
+    assert striped is not None
+    if name == "striped-writer-dies-lagging+down":
+        assert sim.facts.get("died ahead of the lagging server"), f"the writer did not die{trace}"
+        assert len(striped.writers) >= 2 and striped.writers[1].recoveries >= 2, (
+            f"the recovery did not have to wait{trace}")
+        return
+    assert striped.hung_ranges, f"nothing failed{trace}"
+    struck = sim.facts["struck"]
+    assert isinstance(struck, list)
+    index = striped.hung_ranges[0]
+    ranges = striped.describe().ranges
+    if name == "striped-one-hung":
+        waited = striped.writer.max_wait_ms
+        assert waited <= HUNG_APPEND_WAIT_MS_MAX, f"an append waited {waited} ms{trace}"
+        return
+    assert sim.destroyed or name == "striped-two-hung", f"no copy lost{trace}"
+    if name == "striped-hung+damaged":
+        return  # the flipped byte is found by reads only: the hung server alone fails
+    assert sim.facts.get("rolled while out") and len(ranges) > index + 1, (
+        f"range {index} did not roll while two of a write set were out{trace}")
