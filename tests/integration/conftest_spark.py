@@ -58,11 +58,13 @@ def spark_session() -> Iterator[Any]:
 # --------------------------------------------------------------------------- data helpers
 
 
-async def _create(pd: str, name: str) -> None:
+async def _create(pd: str, name: str, replicas: int, ack_count: int,
+                  ensemble: int | None) -> None:
     import estream
 
     async with await estream.connect(pd) as client:
-        await client.create_stream(name, replicas=3, ack_count=2)
+        await client.create_stream(name, replicas=replicas, ack_count=ack_count,
+                                   ensemble=ensemble)
 
 
 async def _append(
@@ -93,8 +95,9 @@ async def _read(pd: str, name: str, start: int) -> list[Any]:
         return [r async for r in client.read(name, start=start, end=end)]
 
 
-def create_stream(pd: str, name: str) -> None:
-    asyncio.run(_create(pd, name))
+def create_stream(pd: str, name: str, replicas: int = 3, ack_count: int = 2,
+                  ensemble: int | None = None) -> None:
+    asyncio.run(_create(pd, name, replicas, ack_count, ensemble))
 
 
 def append(

@@ -153,6 +153,30 @@ def test_batch_read_with_starting_and_ending_offsets(spark: Any, estream_pd: str
     assert {r.value for r in rows if r.stream == "batch_a"} == set(values("a", 300)[10:250])
 
 
+def test_a_striped_stream_reads_as_an_unstriped_one(spark: Any, estream_pd: str) -> None:
+    """Issue 30: the source over a striped stream (ensemble 3, replicas 2 on the module's
+    3 servers: each server holds 2 of every 3 batches) partitions by range and offsets and
+    reads each record once, as for an unstriped stream."""
+    create_stream(estream_pd, "striped_src", replicas=2, ack_count=2, ensemble=3)
+    append(estream_pd, "striped_src", values("s", 300))  # a writer session: one range
+    append(estream_pd, "striped_src", values("t", 100))  # the next range
+    df = (
+        spark.read.format("estream")
+        .option("pd", estream_pd)
+        .option("streams", "striped_src")
+        .option("startingOffsets", '{"striped_src": 20}')
+        .option("endingOffsets", '{"striped_src": 390}')
+        .option("partitionRecords", 100)
+        .load()
+    )
+    assert df.rdd.getNumPartitions() >= 4
+    rows = df.collect()
+    assert sorted(r.offset for r in rows) == list(range(20, 390))
+    expected = values("s", 300) + values("t", 100)
+    assert sorted((r.offset, r.value) for r in rows) == [
+        (o, expected[o]) for o in range(20, 390)]
+
+
 def test_trimmed_start_fails_clearly_unless_fail_on_data_loss_is_false(
     spark: Any, estream_pd: str
 ) -> None:
