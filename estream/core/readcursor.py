@@ -509,7 +509,7 @@ class ReadCursor:
         order = self._order(rng, meta)
         asked = len(order) if at is not None else len(rng.replicas)
         for ref in order:
-            if (ref.id in self.hung and not sealed_range and empty is not None
+            if (ref.id in self.hung and not sealed_range
                     and empties + not_created >= empties_needed(stripe, asked, ack_count)):
                 break  # the end is known without the ones that did not answer lately
             try:

@@ -486,6 +486,12 @@ def test_a_plain_read_asks_a_hung_replica_once() -> None:
     trace, error = drive(ReadCursor("s", preferred="a"), world)
     assert error is None and delivered(trace) == [(0, 10), (10, 15)]
     assert reads(trace) == ["a", "b", "b", "b", "c"]
+    # the open range not created on the others yet: their RangeNotFound ends it too
+    world = World([meta(SEALED0, OPEN1)], held={(r.id, 0): 10 for r in ABC} | {("a", 1): 10},
+                  errors={"a": [hung] * 99})
+    trace, error = drive(ReadCursor("s", preferred="a"), world)
+    assert error is None and delivered(trace) == [(0, 10)]
+    assert reads(trace) == ["a", "b", "b", "c"]
 
 
 def test_the_parts_of_a_read_share_the_replicas_that_did_not_answer() -> None:
