@@ -36,8 +36,10 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   else it fails and the next replica is asked at once; a replica whose read failed as
   unavailable (timed out, or its server cannot be reached) is asked last for the next
   ``hung_last_reads`` reads (or until it answers), so the tail stays on the replicas that
-  answer while that server hangs, and comes back to it later. A plain read keeps the
-  client's timeouts and order;
+  answer while that server hangs, and comes back to it later. A plain read (each READ
+  bounded by the client's timeout) orders such a replica last the same way, for the rest
+  of the read (all its parts: ``hung`` may be shared), and ends an open range without
+  asking it once a seal quorum of the others has nothing more;
 - a **striped** range (E > replicas) is read by batch from each batch's write set
   (:mod:`estream.core.stripedread`; docs/ARCHITECTURE.md section 10, Reads);
 - a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the
@@ -340,6 +342,7 @@ class ReadCursor:
         follow: bool = False,
         preferred: str | None = None,
         config: CursorConfig | None = None,
+        hung: dict[str, int] | None = None,
     ) -> None:
         self.name = name
         self.start = start
@@ -351,7 +354,7 @@ class ReadCursor:
         self.failures = 0  # failed rounds in a row
         self.polls = 0  # empty long polls so far (rotates the replica polled)
         self.poll_from: str | None = None  # after an empty long poll: the replica to ask
-        self.hung: dict[str, int] = {}  # a tail's replicas that did not answer: reads left
+        self.hung = {} if hung is None else hung  # replicas that did not answer: reads left
         self.quiet_polls = 0  # a tail's empty polls since it last looked PD up ...
         self.short_polls = 0  # ... of which some replica of the range did not answer
         self.unanswered = False  # some replica failed in the last _read_range
@@ -504,7 +507,11 @@ class ReadCursor:
         timeout_ms = self.config.tail_answer_ms_max if self.follow else None
         self.unanswered = False
         order = self._order(rng, meta)
+        asked = len(order) if at is not None else len(rng.replicas)
         for ref in order:
+            if (ref.id in self.hung and not sealed_range
+                    and empties + not_created >= empties_needed(stripe, asked, ack_count)):
+                break  # the end is known without the ones that did not answer lately
             try:
                 answer: Answer = yield ReadReplica(
                     stream_id, rng, ref, offset, end, wait_ms, unconfirmed=sealed_range,
@@ -513,9 +520,8 @@ class ReadCursor:
                 )
             except Unavailable as exc:
                 # Timed out (a hung server: the tail's bound tells it from a long poll) or
-                # unreachable: a tail asks it last for a while (another replica now).
-                if self.follow:
-                    self.hung[ref.id] = self.config.hung_last_reads
+                # unreachable: asked last for a while (another replica now).
+                self.hung[ref.id] = self.config.hung_last_reads
                 last = exc
                 continue
             except RangeNotFound as exc:
@@ -551,7 +557,7 @@ class ReadCursor:
             empties += 1
         if not sealed_range and rng.replicas:
             # Replicas never created (identity checked) hold nothing: they answer too.
-            said = (empties + not_created, len(order) if at is not None else len(rng.replicas))
+            said = (empties + not_created, asked)
             if said[0] >= empties_needed(stripe, said[1], ack_count):
                 return empty or Answer(0, offset)
             if empty is not None:

@@ -245,21 +245,22 @@ async def _read_answers(
     the same stream id; the rest (everything of an unstriped stream) as one read."""
     meta = await client.stream_meta(name, offset=start)
     pieces = catch_up_pieces(meta, start, end)
+    hung: dict[str, int] = {}  # servers that did not answer: last, in every part
     if pieces == [(start, end, 1)]:
         async for items in _read_cursor(client, name, start, end, follow, preferred,
-                                        decoding, clock, config):
+                                        decoding, clock, config, hung=hung):
             yield items
         return
     for lo, hi, parts in pieces:
         if parts == 1:
             async for items in _read_cursor(client, name, lo, hi, follow, preferred, decoding,
-                                            clock, config, expect_id=meta.id):
+                                            clock, config, expect_id=meta.id, hung=hung):
                 yield items
             continue
         assert hi is not None  # (a sealed range's piece)
         async for items in _side_by_side(
                 [_read_cursor(client, name, a, b, False, preferred, decoding, clock, config,
-                              expect_id=meta.id) for a, b in cut(lo, hi, parts)]):
+                              expect_id=meta.id, hung=hung) for a, b in cut(lo, hi, parts)]):
             yield items
 
 
@@ -306,11 +307,14 @@ async def _read_cursor(
     config: CursorConfig | None = None,
     *,
     expect_id: int = 0,
+    hung: dict[str, int] | None = None,
 ) -> AsyncGenerator[list[T], None]:
     """One read of ``[start, end)``: carries out the steps of a
     :class:`~estream.core.readcursor.ReadCursor`, which decides everything. ``expect_id``:
-    the stream id it must be (a part of a read: never started over on another)."""
-    steps = ReadCursor(name, start, end, follow, preferred, config).steps()
+    the stream id it must be (a part of a read: never started over on another); ``hung``:
+    the cursor's servers that did not answer, shared by the parts of a read."""
+    hung = {} if hung is None else hung
+    steps = ReadCursor(name, start, end, follow, preferred, config, hung).steps()
     items: list[T] = []
     reply: Any = None
     error: EstreamError | None = None
@@ -337,7 +341,8 @@ async def _read_cursor(
                     if expect_id or not read_again(follow, delivered, restarts):
                         break  # the read ends (below), not skipped
                     steps.close()
-                    steps = ReadCursor(name, start, end, follow, preferred, config).steps()
+                    steps = ReadCursor(name, start, end, follow, preferred, config,
+                                       hung).steps()
                     stream_id, reply, restarts = reply.id, None, restarts + 1
                     continue
                 client.stream_key(reply)  # DigestKeyMissing at once, not after retries
@@ -400,9 +405,9 @@ async def _read_replica(
     client: Client, step: ReadReplica, decoding: _Decoding[T], clock: Clock = SYSTEM_CLOCK
 ) -> tuple[list[T], Answer]:
     """One READ of a replica (naming its server), decoded and verified; the answer is
-    awaited ``step.wait_ms`` plus ``step.timeout_ms`` (or the client's timeout) at most."""
+    awaited ``step.wait_ms`` plus ``step.timeout_ms`` (or the client's ``timeout_s``) at most."""
     asked_s = clock.monotonic_s()
-    answer = await RangeClient(client.pool).read(
+    answer = await RangeClient(client.pool, timeout_s=client.timeout_s).read(
         step.replica.address,
         server_id=step.replica.id,
         stream_id=step.stream_id,

@@ -8,7 +8,8 @@ server and ``seal_range`` in PD's catalog. Then ``Client.read`` / ``read_batches
 ``follow=True`` read it back: whole and from offsets inside ranges, with servers of a write
 set SIGSTOPped or killed (failover within the write set; all of it down: the read fails,
 never skipping a batch), a tail following hand appends and CONFIRMs across a roll, and a
-long sealed range read in parts side by side.
+long sealed range read in parts side by side; and a plain read (striped, and an unstriped
+R3 stream) asking a hung server once.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -294,3 +296,60 @@ async def test_a_long_sealed_range_is_read_in_parts_side_by_side(
         columns = [b async for b in client.read_batches("sr-parts", 10, 2_990)]
         assert [o for b in columns for o in range(b.base_offset, b.end_offset)] == list(
             range(10, 2_990))
+
+
+@contextlib.contextmanager
+def reads_counted(address: str) -> Iterator[list[int]]:
+    """READs this process sends to ``address`` while inside (one per call)."""
+    asked = [0]
+    read = RangeClient.read
+
+    async def counted(self: RangeClient, to: str, *args: Any, **kwargs: Any) -> Any:
+        asked[0] += to == address
+        return await read(self, to, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RangeClient, "read", counted)
+        yield asked
+
+
+async def read_hung(cluster: Cluster, client: Client, name: str, address: str,
+                    preferred: str | None, end: int) -> int:
+    """``Client.read`` of all of ``name`` with the server at ``address`` hung: every record
+    once and in order; returns the READs sent to it."""
+    cluster.pause(address)
+    try:
+        with reads_counted(address) as asked:
+            got = [r.offset async for r in client.read(name, replica=preferred)]
+    finally:
+        cluster.resume(address)
+    assert got == list(range(end))
+    return asked[0]
+
+
+async def test_a_plain_read_asks_a_hung_server_once(cluster: Cluster, client: Client) -> None:
+    """Issue 27 item 3: a plain read whose preferred server hangs (SIGSTOP) asks it once
+    (one client timeout, 2 s here), then last for the rest of the read: four ranges of an
+    unstriped R3 stream, its open range's end taken from the two others. It asked it at
+    every range and at the end, 5 s each, before (also at the new writer's last range, its
+    other replicas not created yet)."""
+    await client.create_stream("rh-plain", replicas=3, ack_count=2)
+    for _ in range(4):  # a range per writer: each new one seals the last
+        writer = await client.open_writer("rh-plain")
+        for _ in range(5):
+            await writer.append(b"x")
+        await writer.close()
+    meta = await client.stream_meta("rh-plain", refresh=True)
+    hung = meta.ranges[0].replicas[0]
+    assert sum(hung.id in {r.id for r in rng.replicas} for rng in meta.ranges) >= 2
+    assert await read_hung(cluster, client, "rh-plain", hung.address, hung.id, 20) == 1
+
+
+async def test_a_striped_read_asks_a_hung_server_once(cluster: Cluster, client: Client
+                                                      ) -> None:
+    """The same for E 5 R 3 A 2: position 2 of range 0 (first in the read order of
+    batches 0-2) hung, two sealed ranges and the open one read by write set."""
+    async with hand_writer(client, "rh-striped") as writer:
+        end = await build(writer)
+        hung = writer.range(0).replicas[2]
+        assert await read_hung(cluster, client, "rh-striped", hung.address, None, end) <= 2

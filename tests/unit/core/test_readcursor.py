@@ -462,7 +462,7 @@ def test_a_tail_leaves_a_hung_replica_for_the_others_and_comes_back_later() -> N
     assert all(x[1] == y[0] for x, y in zip(offsets, offsets[1:], strict=False))
 
 
-def test_a_tail_leaves_an_unreachable_replica_but_a_plain_read_keeps_its_order() -> None:
+def test_a_tail_and_a_plain_read_leave_an_unreachable_replica() -> None:
     rng = RangeMeta(0, 0, None, ABC)
     down = Unavailable("connection refused")
     world = World([meta(rng)], held={(r.id, 0): 0 for r in ABC},
@@ -472,7 +472,35 @@ def test_a_tail_leaves_an_unreachable_replica_but_a_plain_read_keeps_its_order()
     world = World([meta(rng)], held={(r.id, 0): 5 for r in ABC}, errors={"a": [down] * 99})
     cursor = ReadCursor("s", start=0, end=5, preferred="a")
     trace, error = drive(cursor, world)
-    assert error is None and reads(trace) == ["a", "b"] and cursor.hung == {}
+    assert error is None and reads(trace) == ["a", "b"]
+    assert cursor.hung == {"a": CursorConfig().hung_last_reads}
+
+
+def test_a_plain_read_asks_a_hung_replica_once() -> None:
+    """Issue 27: a plain read whose preferred replica times out asks it once, then last for
+    the rest of the read: the next range goes to the others first, and the open range's
+    end (a seal quorum of the others empty) is known without asking it again."""
+    hung = Timeout("read timed out")
+    world = World([meta(SEALED0, OPEN1)], held={(r.id, i): 10 + 5 * i for r in ABC
+                                                  for i in (0, 1)}, errors={"a": [hung] * 99})
+    trace, error = drive(ReadCursor("s", preferred="a"), world)
+    assert error is None and delivered(trace) == [(0, 10), (10, 15)]
+    assert reads(trace) == ["a", "b", "b", "b", "c"]
+    # the open range not created on the others yet: their RangeNotFound ends it too
+    world = World([meta(SEALED0, OPEN1)], held={(r.id, 0): 10 for r in ABC} | {("a", 1): 10},
+                  errors={"a": [hung] * 99})
+    trace, error = drive(ReadCursor("s", preferred="a"), world)
+    assert error is None and delivered(trace) == [(0, 10)]
+    assert reads(trace) == ["a", "b", "b", "c"]
+
+
+def test_the_parts_of_a_read_share_the_replicas_that_did_not_answer() -> None:
+    shared: dict[str, int] = {}
+    world = World([meta(SEALED0)], held={(r.id, 0): 10 for r in ABC},
+                  errors={"a": [Timeout("read timed out")] * 99})
+    first, _ = drive(ReadCursor("s", 0, 5, preferred="a", hung=shared), world)
+    second, _ = drive(ReadCursor("s", 5, 10, preferred="a", hung=shared), world)
+    assert reads(first) == ["a", "b"] and reads(second) == ["b"]
 
 
 def test_follow_waits_for_pd_to_show_a_seal_then_crosses_into_the_next_range() -> None:
