@@ -97,9 +97,10 @@ def _chain_whole(stripe: Stripe, position: int, batches: object, d: dict[str, An
 
 async def sealed_batches(pd_url: str, name: str) -> dict[int, tuple[int | None, int, Held]]:
     """For each non-empty sealed range of a striped stream: PD's batch count, the ack
-    count and batch k -> server id -> the records each server of W(k) that answers (with the identity PD lists) holds durably
-    for it, read by index from k = 0 on, the next batch's base after the last batch read;
-    where no server holds batch k, the walk of that range ends."""
+    count and batch k -> server id -> the records each server of W(k) that answers (with
+    the identity PD lists) holds durably for it, read by index from k = 0 on, the next
+    batch's base after the last batch read; where no server holds batch k, the walk of
+    that range ends."""
     status, stream = await asyncio.to_thread(http_json, pd_url + f"/v1/streams/{name}")
     assert status == 200, stream
     stripe = stream_stripe(stream)
