@@ -20,7 +20,8 @@ The seed is printed; ``ESTREAM_CHAOS_SEED=N`` replays it.
 ``make test`` runs 3 cycles; ``make chaos`` runs 25 (``@pytest.mark.slow``;
 ``ESTREAM_NEMESIS_CYCLES=N`` runs N instead), and a striped run (issue 30): 6 range servers,
 a striped stream (ensemble 5, replicas 3, ack 2) beside an unstriped one, each sealed
-striped range judged per batch (``ESTREAM_NEMESIS_STRIPED_CYCLES``, 10 by default).
+striped range judged per batch (``ESTREAM_NEMESIS_STRIPED_CYCLES``, 10 by default), and
+the harness's striped paths on their own (a flipped striped replica, repaired).
 """
 
 from __future__ import annotations
