@@ -23,7 +23,8 @@ from estream.devcluster.pd import PdCluster
 from tests.harness.faultproxy import start_fault_proxy
 
 PD_HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
-RS_HOSTS = ("127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24")
+# 6: the nemesis's striped run (E 5 on 6 servers); the other runs use the first 3 or 4.
+RS_HOSTS = ("127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24", "127.0.0.25", "127.0.0.26")
 RangeServerNode = RangeServerProcess  # the name the scenarios knew it by
 
 

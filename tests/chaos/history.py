@@ -14,7 +14,9 @@ answers to a direct READ. :func:`check` then states what went wrong, if anything
   repeated an offset (every reader sees the same order);
 - two replicas of a sealed range disagree: each must hold a prefix of the longest copy
   (a replica that failed mid-range stops short until repair copies the rest), and at
-  least ``complete_copies_min`` of them must hold the whole range;
+  least ``complete_copies_min`` of them must hold the whole range; a sealed striped
+  range is judged per batch instead (:class:`StripedRange`: every batch below its count
+  held alike by ``acks`` or more servers of its write set, the batches' offsets following);
 - a value is read that no writer ever attempted (phantom);
 - with ``delivery_deadline_s`` set: an append that took longer than that to complete or
   fail (the writer's delivery timeout plus a grace), or that failed with an error that is
@@ -54,6 +56,15 @@ class Append:
     typed: bool = True  # the error, if any, was an estream error
 
 
+@dataclass(frozen=True, slots=True)
+class StripedRange:
+    """What the servers of a sealed striped range's write sets answered, batch by batch."""
+
+    batches: int | None  # the range's batch count in PD (None: not known)
+    acks: int  # ack_count: the copies every batch needs
+    held: Mapping[int, Mapping[str, Sequence[Entry]]]  # batch -> server id -> its records
+
+
 @dataclass(slots=True)
 class History:
     """Everything one scenario observed."""
@@ -64,6 +75,7 @@ class History:
     start_offset: int = 0
     # sealed range index -> server id -> entries that replica answered for the range
     replicas: dict[int, dict[str, list[Entry]]] = field(default_factory=dict)
+    striped: dict[int, StripedRange] = field(default_factory=dict)  # sealed striped ranges
     delivery_deadline_s: float | None = None  # every append must end within this
 
     def ack(self, writer: str, value: bytes, offset: int, *,
@@ -125,6 +137,8 @@ def check(history: History) -> Verdict:
         problems += _check_reader(name, seen, history.final, history.start_offset)
     for index, answers in sorted(history.replicas.items()):
         problems += _check_replicas(index, answers)
+    for index, striped in sorted(history.striped.items()):
+        problems += _check_striped(index, striped)
     late = _check_delivery(history.appends, history.delivery_deadline_s)
     problems += late
     stored = set(counts)
@@ -138,7 +152,8 @@ def check(history: History) -> Verdict:
         lost=lost,
         duplicates=duplicates,
         readers=len(history.readers),
-        sealed_ranges_compared=sum(1 for a in history.replicas.values() if len(a) > 1),
+        sealed_ranges_compared=sum(1 for a in history.replicas.values() if len(a) > 1)
+        + len(history.striped),
         violations=tuple(problems),
         late=len(late),
     )
@@ -219,4 +234,31 @@ def _check_replicas(index: int, answers: Mapping[str, Sequence[Entry]]) -> list[
     if complete < complete_copies_min:
         problems.append(f"sealed range {index}: only {complete} complete copies "
                         f"({len(reference)} records), expected {complete_copies_min}")
+    return problems
+
+
+def _check_striped(index: int, striped: StripedRange) -> list[str]:
+    """Each batch below the count held alike by ``acks`` or more servers of its write set
+    (the collector asks only those), each batch's first offset right after the one before."""
+    held = striped.held
+    count = striped.batches if striped.batches is not None else max(held, default=-1) + 1
+    problems: list[str] = []
+    after: int | None = None  # the offset after the previous batch
+    for k in range(count):
+        answers = {sid: list(entries) for sid, entries in held.get(k, {}).items() if entries}
+        if len(answers) < striped.acks:
+            problems.append(f"sealed striped range {index}: batch {k} held by "
+                            f"{sorted(answers)}, expected {striped.acks} copies")
+        contents = {tuple(entries) for entries in answers.values()}
+        if len(contents) > 1:
+            problems.append(f"sealed striped range {index}: batch {k} differs between "
+                            f"servers {sorted(answers)}")
+        if not answers:
+            after = None
+            continue
+        first, last = min(contents)[0][0], min(contents)[-1][0]
+        if after is not None and first != after:
+            problems.append(f"sealed striped range {index}: batch {k} starts at {first}, "
+                            f"the batch before it ends at {after}")
+        after = last + 1
     return problems

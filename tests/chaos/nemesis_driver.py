@@ -2,9 +2,9 @@
 
 :class:`Nemesis` drives a :class:`~estream.devcluster.cluster.Cluster` started with
 ``proxied=True`` through a :class:`~tests.chaos.nemesis.RunPlan`. Two streams
-(``replicas=3, ack_count=2``), each with a writer process
-(:mod:`tests.chaos.nemesis_writer`, opened with ``delivery_timeout_s``) and a tailing reader
-(``follow=True``, resuming after errors) in this process. Each cycle:
+(``replicas=3, ack_count=2``; :data:`STRIPED`: one of them with ``ensemble=5``), each with a
+writer process (:mod:`tests.chaos.nemesis_writer`, opened with ``delivery_timeout_s``) and a
+tailing reader (``follow=True``, resuming after errors) in this process. Each cycle:
 
 1. start the writers (a new process each cycle: its open recovers the stream) and wait
    for acknowledgements;
@@ -35,7 +35,8 @@ or died unless a fault of the nemesis did it (its PID is the one it had), and sa
 server's RSS: none may exceed ``pd_rss_mib_max`` / ``rs_rss_mib_max``.
 
 At the end: every stream read back, repair given time to make every sealed range whole,
-each replica of each sealed range read directly, and :func:`tests.chaos.history.check` run
+each replica of each sealed range read directly (a striped range's batch by batch from its
+write sets, :func:`tests.harness.repair.sealed_batches`), and :func:`tests.chaos.history.check` run
 per stream incarnation with the delivery deadline (the writer's delivery timeout plus a
 grace): acknowledged records lost or moved, duplicates, phantoms, readers disagreeing,
 replicas disagreeing, appends that neither completed nor failed in time, untyped errors.
@@ -52,7 +53,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ from estream.net.rpc import RpcClient
 from estream.wire.errors import EstreamError
 from estream.wire.protocol import Opcode
 from tests.chaos import nemesis_writer
-from tests.chaos.history import History, Verdict, check
+from tests.chaos.history import History, StripedRange, Verdict, check
 from tests.chaos.hostile import HostileClient, HostileReport, Member, Ports
 from tests.chaos.nemesis import (
     DESTRUCTIVE,
@@ -76,11 +77,15 @@ from tests.chaos.nemesis import (
     fold_writer_log,
     one_server_down,
 )
-from tests.harness.repair import wait_fully_replicated
+from tests.harness.repair import sealed_batches, wait_fully_replicated
 from tests.harness.walfiles import damage_replica
 
 REPO = Path(__file__).resolve().parents[2]
 STREAMS = ("nemesis-a", "nemesis-b")
+# A run's streams, by name: each one's ensemble (3, its replicas: unstriped).
+UNSTRIPED: Mapping[str, int] = {name: 3 for name in STREAMS}
+# Issue 30: a striped stream (E 5, R 3, A 2; on 6 range servers) beside an unstriped one.
+STRIPED: Mapping[str, int] = {"nemesis-a": 3, "nemesis-striped": 5}
 SESSIONS_STREAMS = ("nemesis-sessions-0", "nemesis-sessions-1")  # short sessions' own
 SESSIONS_PREFIX = "nemesis-sessions"
 FILLER = "nemesis-filler"  # the file that fills a range server's disk (full-disk)
@@ -146,8 +151,11 @@ class Outcome:
 
 class Nemesis:
     def __init__(self, cluster: Cluster, plan: RunPlan, root: Path,
-                 config: NemesisConfig | None = None) -> None:
+                 config: NemesisConfig | None = None,
+                 streams: Mapping[str, int] = UNSTRIPED) -> None:
         self.cluster, self.plan, self.root = cluster, plan, root
+        self.ensembles = dict(streams)  # each cycle's stream -> its ensemble
+        self.streams = tuple(streams)
         self.config = config or NemesisConfig()
         self.rng = random.Random(plan.seed ^ 0x5EED)  # which batch a flip hits
         self.histories: dict[int, History] = {}  # stream id (an incarnation) -> its history
@@ -189,14 +197,15 @@ class Nemesis:
                   f"(replay: ESTREAM_CHAOS_SEED={self.plan.seed})")
         for i, cycle in enumerate(self.plan.cycles):
             self.line(f"plan cycle {i}: {cycle}")
-        names = [*STREAMS, *(SESSIONS_STREAMS if self.config.sessions else ())]
+        names = [*self.streams, *(SESSIONS_STREAMS if self.config.sessions else ())]
         async with await estream.connect(self.cluster.pd_addresses, timeout_s=10.0) as client:
             for name in names:
-                meta = await client.create_stream(name, replicas=3, ack_count=2)
+                meta = await client.create_stream(name, replicas=3, ack_count=2,
+                                                  ensemble=self.ensembles.get(name, 3))
                 self.current[name] = meta.id
                 self.history(name, meta.id)
         self.pids = self.processes()
-        readers = [asyncio.ensure_future(self.tail(name)) for name in STREAMS]
+        readers = [asyncio.ensure_future(self.tail(name)) for name in self.streams]
         stop_hostile = asyncio.Event()
         hostile: asyncio.Future[HostileReport] | None = None
         if self.config.hostile:
@@ -278,7 +287,7 @@ class Nemesis:
         return process, log
 
     def start_writers(self, cycle: int) -> None:
-        for name in STREAMS:
+        for name in self.streams:
             self.writers[name] = self.start_writer(name, f"{name}-c{cycle}")
 
     def start_sessions(self) -> dict[str, tuple[ManagedProcess, Path]]:
@@ -444,7 +453,7 @@ class Nemesis:
             return str(injection)
         assert injection.target is not None
         if fault is Fault.RECREATE:
-            return f"{injection}: {await self.recreate(STREAMS[injection.target.stream or 0])}"
+            return f"{injection}: {await self.recreate(self.streams[injection.target.stream or 0])}"
         address = await self.resolve(injection.target)
         servers = [s.address for s in self.cluster.servers]
         while address in targeted:
@@ -501,6 +510,7 @@ class Nemesis:
                             pass  # an earlier try went through
                         deleted = True
                     meta = await client.create_stream(name, replicas=3, ack_count=2,
+                                                      ensemble=self.ensembles[name],
                                                       exist_ok=True)
             except estream.EstreamError:
                 await asyncio.sleep(0.5)
@@ -520,17 +530,17 @@ class Nemesis:
         servers = self.cluster.servers
         if target.stream is None:
             return servers[target.replica % len(servers)].address
-        stream = await self.describe(STREAMS[target.stream])
+        stream = await self.describe(self.streams[target.stream])
         replicas = stream["ranges"][-1]["replicas"]
         return str(replicas[target.replica % len(replicas)]["address"])
 
     async def flip(self, address: str) -> str:
         """A byte flipped in an acknowledged batch of a replica on ``address``: one of a
         stream's open range if it holds one, else of a sealed range."""
-        for name in STREAMS:
+        for name in self.streams:
             self.fold_running(name)
         choices: list[tuple[str, int, int]] = []
-        for name in STREAMS:
+        for name in self.streams:
             stream = await self.describe(name)
             for r in reversed(stream["ranges"]):
                 if any(ref["address"] == address for ref in r["replicas"]):
@@ -566,7 +576,7 @@ class Nemesis:
         must wait until there are none, so copies destroyed never add up)."""
         problems: list[str] = []
         pd_url = await asyncio.to_thread(self.cluster.pd_url)
-        for name in STREAMS:
+        for name in self.streams:
             problems += await wait_fully_replicated(pd_url, name, 0.0)
             stream = await self.describe(name)
             last = stream["ranges"][-1]
@@ -688,8 +698,8 @@ class Nemesis:
         by an earlier cycle's check); returns how long it took, or "never"."""
         started = time.monotonic()
         deadline = started + self.config.visible_within_s
-        missing = await asyncio.gather(*(self.unseen(name, deadline) for name in STREAMS))
-        for name, unseen in zip(STREAMS, missing, strict=True):
+        missing = await asyncio.gather(*(self.unseen(name, deadline) for name in self.streams))
+        for name, unseen in zip(self.streams, missing, strict=True):
             if unseen:
                 self.find(f"cycle {cycle}: hidden: {len(unseen)} acknowledged records of "
                           f"{name} not readable {self.config.visible_within_s}s after the "
@@ -737,7 +747,15 @@ class Nemesis:
                 self.find(f"{name}: {len(left)} replicas of sealed ranges not whole (or not "
                           f"sealed at the catalog's end) {self.config.repair_wait_s}s after "
                           f"the last fault: {left[:3]}")
-            history.replicas = await self.cluster.sealed_replicas(name)
+            if self.ensembles.get(name, 3) > 3:
+                history.striped = {index: StripedRange(count, acks, held) for index, (
+                    count, acks, held) in (await sealed_batches(pd_url, name)).items()}
+                copies = [len(h) for r in history.striped.values() for h in r.held.values()]
+                self.line(f"{name}: {len(history.striped)} sealed striped ranges, "
+                          f"{len(copies)} batches read from their write sets, "
+                          f"{min(copies, default=0)}-{max(copies, default=0)} copies each")
+            else:
+                history.replicas = await self.cluster.sealed_replicas(name)
             self.outcome.verdicts[f"{name}#{stream_id}"] = check(history)
         retired = {sid: h for sid, h in self.histories.items()
                    if sid not in self.current.values()}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.chaos.history import History, Outcome, check
+from tests.chaos.history import History, Outcome, StripedRange, check
 
 
 def _good() -> History:
@@ -159,3 +159,43 @@ def test_no_delivery_deadline_no_delivery_check() -> None:
     h = _good()
     h.fail("w1", b"slow", "Timeout", unknown=True, elapsed_s=600.0)
     assert check(h).ok
+
+
+def _striped() -> StripedRange:
+    """A sealed range of E 5, R 3, A 2 with 4 batches of 2 records: each on its write set,
+    batch 1 on only A of it (one copy never made, e.g. a server that failed)."""
+    batches = [[(2 * k, b"v%d" % (2 * k)), (2 * k + 1, b"v%d" % (2 * k + 1))] for k in range(4)]
+    held = {k: {f"s{(k + i) % 5}": batches[k] for i in range(3)} for k in range(4)}
+    del held[1]["s3"]
+    return StripedRange(batches=4, acks=2, held=held)
+
+
+def test_a_striped_range_is_judged_per_batch_not_as_prefixes() -> None:
+    """No striped server holds a prefix of the range, yet the range is whole: each batch
+    on A servers of its write set, alike, the batches' offsets following."""
+    h = _good()
+    h.striped = {1: _striped()}
+    verdict = check(h)
+    assert verdict.ok, verdict.violations
+    assert verdict.sealed_ranges_compared == 2
+
+
+def test_a_striped_batch_short_of_its_copies_or_differing_or_missing() -> None:
+    few = _striped()
+    del few.held[1]["s2"]  # type: ignore[attr-defined]
+    differ = _striped()
+    differ.held[2]["s2"] = [(4, b"v4"), (5, b"other")]  # type: ignore[index]
+    missing = _striped()
+    del missing.held[3]  # type: ignore[attr-defined]
+    moved = _striped()
+    moved.held[2] = {s: [(5, b"v5"), (6, b"v6")] for s in moved.held[2]}  # type: ignore[index]
+    expected = {"few": "batch 1 held by ['s1'], expected 2 copies",
+                "differ": "batch 2 differs between servers",
+                "missing": "batch 3 held by [], expected 2 copies",
+                "moved": "batch 2 starts at 5, the batch before it ends at 4"}
+    for name, striped in [("few", few), ("differ", differ), ("missing", missing),
+                          ("moved", moved)]:
+        h = _good()
+        h.striped = {1: striped}
+        violations = check(h).violations
+        assert any(expected[name] in v for v in violations), (name, violations)

@@ -18,11 +18,15 @@ range, no server restarted but by a fault, and no server's RSS passed its bound
 The seed is printed; ``ESTREAM_CHAOS_SEED=N`` replays it.
 
 ``make test`` runs 3 cycles; ``make chaos`` runs 25 (``@pytest.mark.slow``;
-``ESTREAM_NEMESIS_CYCLES=N`` runs N instead).
+``ESTREAM_NEMESIS_CYCLES=N`` runs N instead), and a striped run (issue 30): 6 range servers,
+a striped stream (ensemble 5, replicas 3, ack 2) beside an unstriped one, each sealed
+striped range judged per batch (``ESTREAM_NEMESIS_STRIPED_CYCLES``, 10 by default), and
+the harness's striped paths on their own (a flipped striped replica, repaired).
 """
 
 from __future__ import annotations
 
+import asyncio
 import doctest
 import os
 import random
@@ -32,10 +36,11 @@ from pathlib import Path
 
 import pytest
 
+import estream
 from estream.devcluster.cluster import Cluster, start_cluster
 from tests.chaos import nemesis
 from tests.chaos.harness import PD_HOSTS, RS_HOSTS
-from tests.chaos.history import History, Outcome
+from tests.chaos.history import History, Outcome, StripedRange, check
 from tests.chaos.nemesis import (
     CLUSTER_WIDE,
     DESTRUCTIVE,
@@ -47,17 +52,22 @@ from tests.chaos.nemesis import (
 from tests.chaos.nemesis_driver import (
     SESSIONS_PREFIX,
     STREAMS,
+    STRIPED,
     Nemesis,
     NemesisConfig,
     tmpfs_mib,
 )
 from tests.harness.faultproxy import start_fault_proxy
+from tests.harness.repair import sealed_batches, wait_fully_replicated
+from tests.harness.walfiles import damage_replica
 
 quick_cycles = 3
 quick_budget_s = 50.0  # for the cycles (one that is slow to heal can take ~30 s)
 quick_repair_wait_s = 25.0  # a fault in the last cycle: repair_after_ms (10 s) + rounds
 slow_cycles = int(os.environ.get("ESTREAM_NEMESIS_CYCLES", "25"))
 slow_budget_s = slow_cycles * 40.0
+striped_cycles = int(os.environ.get("ESTREAM_NEMESIS_STRIPED_CYCLES", "10"))
+striped_range_servers = 6  # E 5: a server out still leaves a full ensemble for a roll
 SECRET = b"the nemesis cluster's member credential"
 # Every PD node's and range server's resident memory at every cycle's end. Measured in a
 # 25-cycle run with the hostile client and ~2,300 short sessions (seed 1602209132): PD nodes
@@ -205,12 +215,15 @@ def can_mount_tmpfs() -> bool:
 
 
 async def run_nemesis(start: StartCluster, root: Path, cycles: int,
-                      config: NemesisConfig) -> None:
+                      config: NemesisConfig, *, striped: bool = False) -> None:
     faults = frozenset(Fault) - (set() if can_mount_tmpfs() else {Fault.FULL_DISK})
-    plan: RunPlan = plan_run(chaos_seed(), cycles, len(STREAMS), faults=faults)
+    plan: RunPlan = plan_run(chaos_seed(), cycles, len(STREAMS), faults=faults,
+                             range_servers=striped_range_servers if striped else None)
     print(f"[nemesis] seed {plan.seed} (replay: ESTREAM_CHAOS_SEED={plan.seed})", flush=True)
     cluster = start(plan.range_servers)
-    outcome = await Nemesis(cluster, plan, root, config).run()
+    nemesis = (Nemesis(cluster, plan, root, config, STRIPED) if striped
+               else Nemesis(cluster, plan, root, config))
+    outcome = await nemesis.run()
     print(outcome.report(), flush=True)
     assert outcome.ok, (f"nemesis seed {plan.seed} (replay: ESTREAM_CHAOS_SEED={plan.seed}):\n"
                         + "\n".join(outcome.violations()) + "\n" + outcome.report())
@@ -236,3 +249,57 @@ async def test_nemesis_25_cycles(start_nemesis_cluster: StartCluster, tmp_path: 
     await run_nemesis(start_nemesis_cluster, tmp_path, slow_cycles,
                       NemesisConfig(cycles_budget_s=slow_budget_s, pd_rss_mib_max=pd_rss_mib_max,
                                     rs_rss_mib_max=rangeserver_rss_mib_max))
+
+
+@pytest.mark.integration
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.slow
+async def test_nemesis_striped(start_nemesis_cluster: StartCluster, tmp_path: Path) -> None:
+    """Issue 30, item 6: a striped stream (E 5, R 3, A 2) beside an unstriped one on 6
+    range servers under the nemesis's faults; 0 acknowledged records lost, hidden or
+    duplicated, and each batch of every sealed striped range on A servers of its write
+    set once repair has had its time."""
+    await run_nemesis(start_nemesis_cluster, tmp_path, striped_cycles, NemesisConfig(
+        cycles_budget_s=striped_cycles * 40.0, pd_rss_mib_max=pd_rss_mib_max,
+        rs_rss_mib_max=rangeserver_rss_mib_max), striped=True)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_a_flipped_striped_replica_is_seen_and_repaired_batch_by_batch(
+        start_nemesis_cluster: StartCluster) -> None:
+    """The harness paths the striped run relies on, on their own: a sealed striped range
+    (40 one-record batches) is whole by ``wait_fully_replicated`` and every batch on its
+    R servers by ``sealed_batches``; a byte flipped by ``damage_replica`` in one of its
+    replicas is seen as not whole, and PD's repair makes it whole again (repair_after_ms,
+    10 s, then a round), every batch back on A or more servers of its write set."""
+    name, records = "nemesis-striped-flip", 40
+    cluster = start_nemesis_cluster(striped_range_servers)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream(name, replicas=3, ack_count=2, ensemble=5)
+        writer = await client.open_writer(name)
+        assert [await writer.append(b"v%d" % i) for i in range(records)] == list(range(records))
+        await writer.close()  # seals range 0 at 40, 40 batches
+
+    async def judged() -> History:
+        history = History(final=[(i, b"v%d" % i) for i in range(records)])
+        for i in range(records):
+            history.ack("w", b"v%d" % i, i)
+        history.striped = {index: StripedRange(count, acks, held) for index, (
+            count, acks, held) in (await sealed_batches(pd_url, name)).items()}
+        return history
+
+    pd_url = cluster.pd_url()
+    assert await wait_fully_replicated(pd_url, name, 30.0) == []
+    before = await judged()
+    assert check(before).ok, check(before).violations
+    assert [len(before.striped[0].held[k]) for k in range(records)] == [3] * records
+    victim = cluster.describe(name)["ranges"][0]["replicas"][1]["address"]
+    damaged = await asyncio.to_thread(damage_replica, cluster, victim, meta.id, 0,
+                                      below=records)
+    assert damaged is not None and damaged.count == 1
+    cluster.wait_servers_alive(20.0)
+    assert await wait_fully_replicated(pd_url, name, 0.0) != []
+    assert await wait_fully_replicated(pd_url, name, 60.0) == []
+    after = await judged()
+    assert check(after).ok, check(after).violations
