@@ -476,6 +476,10 @@ def test_cli_read_with_every_range_server_stopped(cluster: Cluster,
     assert result.stdout.splitlines() == [expected_value(i).decode() for i in range(5, TOTAL)]
 
 
+# In `make chaos` (the suite's 25-minute budget): the SDK's reads of offloaded ranges
+# (test_every_form_of_read_returns_the_offloaded_records) and the Spark source's own tests
+# (test_spark_connector.py) run in make test.
+@pytest.mark.slow
 @pytest.mark.spark
 def test_spark_source_reads_offloaded_ranges_from_the_object_store(
     cluster: Cluster, offloaded: StreamMeta, spark: Any
