@@ -103,8 +103,7 @@ class Writer:
         except (Fenced, RangeSealed) as exc:
             # A newer writer overtook this one while it recovered: like any fenced writer,
             # it exists, and its appends fail with Fenced.
-            writer._error = exc if isinstance(exc, Fenced) else Fenced(str(exc))
-            client.leases.remove(writer)
+            writer.fail_writer(exc if isinstance(exc, Fenced) else Fenced(str(exc)))
             return writer
         except BaseException:
             await writer.close()  # its lease is no longer renewed
