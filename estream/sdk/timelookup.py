@@ -49,12 +49,16 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
     if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
         raise InvalidArgument("timestamp_ms must be an integer (ms since the epoch)",
                               argument="timestamp_ms")
-    meta = await client.stream_meta(name)
-    striped = meta.ensemble > meta.replicas
+    striped: bool | None = None
     after = -1
     while True:
         stream_id, start_offset, ranges, more = await client.pd.time_ranges(
             name, timestamp_ms, after)
+        if striped is None:  # the layout of the incarnation PD answered for
+            meta = await client.stream_meta(name)
+            if meta.id != stream_id:  # the cached view is of a deleted namesake
+                meta = await client.stream_meta(name, refresh=True)
+            striped = meta.ensemble > meta.replicas
         for rng in ranges:
             found = await _in_range(client, name, stream_id, start_offset, rng, timestamp_ms,
                                     striped)
