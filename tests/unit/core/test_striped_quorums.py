@@ -1,6 +1,7 @@
 """A quorum of every write set (``short_write_set``, ``sealed_forced``,
-``fenced_against_writers``: estream/core/striping.py): rows for E 5 and E 6 (R 3, A 2) and
-unstriped ranges, and a naive model that walks every batch's write set."""
+``fenced_against_writers``: estream/core/striping.py; the writer's ``force_short``): rows
+for E 5 and E 6 (R 3, A 2) and unstriped ranges, and a naive model that walks every
+batch's write set."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estream.core.quorum import seal_quorum
+from estream.core.rangewriter import RangeWriter
+from estream.core.roll import RollConfig, Roller
 from estream.core.striping import fenced_against_writers, sealed_forced, short_write_set
+from estream.core.writer import WriterCore
+from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.stripe import Stripe
 
 SERVERS = ("a", "b", "c", "d", "e", "f")
@@ -86,7 +91,7 @@ def naive_short(positions: set[int], stripe: Stripe, need: int, batches: int | N
         for k in range(last))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(stripes, st.sets(st.integers(0, 6)), st.integers(0, 4),
        st.one_of(st.none(), st.integers(0, 15)))
 def test_short_write_set_matches_a_walk_over_every_batch(
@@ -98,7 +103,7 @@ def test_short_write_set_matches_a_walk_over_every_batch(
         assert sum(1 for p in stripe.write_set(short) if p in positions) < need
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(1, 6).flatmap(lambda r: st.tuples(st.just(r), st.integers(1, r))),
        st.sets(st.integers(0, 5)))
 def test_unstriped_fence_is_todays_seal_quorum(ra: tuple[int, int], fenced: set[int]) -> None:
@@ -108,7 +113,7 @@ def test_unstriped_fence_is_todays_seal_quorum(ra: tuple[int, int], fenced: set[
     assert (fenced_against_writers(fenced, Stripe(replicas, replicas, acks)) is None) == today
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(1, 6).flatmap(lambda r: st.tuples(st.just(r), st.integers(1, r))),
        st.sets(st.sampled_from(SERVERS)), st.sets(st.sampled_from(SERVERS)))
 def test_unstriped_force_is_todays_ack_count(ra: tuple[int, int], answered: set[str],
@@ -118,3 +123,49 @@ def test_unstriped_force_is_todays_ack_count(ra: tuple[int, int], answered: set[
     today = len(answered & live & set(servers)) >= acks
     got = sealed_forced(answered, live, servers, Stripe(replicas, replicas, acks))
     assert (got is None) == today
+
+
+def writer_core(stripe: Stripe | None, servers: tuple[str, ...]) -> WriterCore:
+    """A writer core whose open range is range 2 (nothing written there yet)."""
+    ranges = RangeWriter(stream_id=7, epoch=3, ack_count=2, range_index=2, range_start=40,
+                         replicas=servers, stripe=stripe)
+    return WriterCore(ranges, Roller(RollConfig(len(servers)), lambda: 0))
+
+
+def refs(servers: str) -> tuple[ReplicaRef, ...]:
+    return tuple(ReplicaRef(s, f"127.0.0.1:{9000 + i}") for i, s in enumerate(servers))
+
+
+@pytest.mark.parametrize(
+    ("answered", "expected"),
+    [
+        ("abcdef", []),
+        ("abde", []),  # c hung or down: every write set of ranges 0 and 1 keeps two
+        ("cdef", [0]),  # range 0 (a b c d e): W(4) = e a b has e alone
+        ("abcd", [1]),  # range 1 (b c d e f): W(2) = d e f has d alone
+        ("ade", [0, 1]),  # W(1) = b c d of range 0, W(0) = b c d of range 1: d alone
+        ("", [0, 1]),  # (the open range has nothing confirmed: nothing owed there)
+    ],
+)
+def test_force_short_per_write_set(answered: str, expected: list[int]) -> None:
+    """Sealed striped ranges 0 (a b c d e, 9 batches) and 1 (b c d e f, 4 batches) and the
+    open range 2, E 5, R 3, A 2: ``acks`` live answers of each write set, not every live
+    server (before: ``answered`` had to hold every live server of 0 and 1)."""
+    stream = StreamMeta(7, "s", 3, 2, ensemble=5, ranges=(
+        RangeMeta(0, 0, 20, refs("abcde"), batches=9),
+        RangeMeta(1, 20, 40, refs("bcdef"), batches=4),
+        RangeMeta(2, 40, None, refs("abcde"))))
+    core = writer_core(Stripe(5, 3, 2), tuple("abcde"))
+    owed = {0: tuple("abcde"), 1: tuple("bcdef"), 2: tuple("abcde")}
+    assert core.force_short(owed, set(answered), stream) == expected
+
+
+def test_force_short_unstriped_is_ack_count_live() -> None:
+    stream = StreamMeta(7, "s", 3, 2, ranges=(RangeMeta(0, 0, 20, refs("abc")),
+                                              RangeMeta(1, 20, 40, refs("bcd")),
+                                              RangeMeta(2, 40, None, refs("abc"))))
+    core = writer_core(None, tuple("abc"))
+    owed = {0: tuple("abc"), 1: tuple("cd"), 2: tuple("abc")}  # b failed before 1's seal
+    assert core.force_short(owed, {"a", "c"}, stream) == [1]
+    assert core.force_short(owed, {"b", "c", "d"}, stream) == []
+    assert core.force_short(owed, {"c"}, stream) == [0, 1, 2]

@@ -94,7 +94,7 @@ def naive_hidden(chains: dict[int, int], confirms: dict[int, int], stripe: Strip
     return False
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.sampled_from([E5, E6, Stripe(4, 2, 1), Stripe(7, 3, 2)]), st.data())
 def test_striped_rule_matches_a_walk_over_every_batch(stripe: Stripe, data: st.DataObject
                                                       ) -> None:
