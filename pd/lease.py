@@ -39,6 +39,7 @@ from typing import Any, Final, NamedTuple
 from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, InvalidArgument
 from estream.wire.meta import StreamMeta
+from estream.wire.stripe import Stripe
 
 recheck_ms_min: Final = 1_000  # a stream found clean is looked at again after this ...
 recheck_ms_max: Final = 16_000  # ... doubling up to this while it stays clean
@@ -64,6 +65,10 @@ class ReplicaAnswer:
     sealed_end: int | None = None
     seen_ms: int | None = None  # how long ago it took an APPEND or CONFIRM of ...
     seen_epoch: int = -1  # ... its epoch, this one (-1: no age said)
+    # A striped replica's position in the ensemble and its chain's last batch (-1: none);
+    # None for an unstriped one.
+    position: int | None = None
+    last_batch: int | None = None
 
     @property
     def readable(self) -> int:
@@ -81,13 +86,18 @@ class ReplicaAnswer:
         epoch, seen_ms = body.get("epoch"), body.get("seen_ms")
         if type(seen_ms) is not int or seen_ms < 0 or type(epoch) is not int:
             seen_ms, epoch = None, -1
+        position, last_batch = body.get("position"), body.get("last_batch")
+        if type(position) is not int or type(last_batch) is not int:
+            position = last_batch = None
         return cls(end, confirm, bool(body.get("sealed")),
-                   sealed_end if isinstance(sealed_end, int) else None, seen_ms, epoch)
+                   sealed_end if isinstance(sealed_end, int) else None, seen_ms, epoch,
+                   position, last_batch)
 
 
-def needs_recovery(answers: Iterable[ReplicaAnswer]) -> bool:
+def needs_recovery(answers: Iterable[ReplicaAnswer], stripe: Stripe | None = None) -> bool:
     """Whether a reader could miss durable records of an open range whose writer's lease
-    ran out: some sound replica serves less than the most any sound replica holds.
+    ran out: some sound replica serves less than the most any sound replica holds (of a
+    striped range, ``stripe``: :func:`striped_hidden`, per write set).
 
     An acknowledged record is durable on ``ack_count`` replicas but becomes readable only
     when the writer's confirm offset reaches it (piggybacked on a later batch, or CONFIRM).
@@ -117,12 +127,68 @@ def needs_recovery(answers: Iterable[ReplicaAnswer]) -> bool:
     found = list(answers)
     if not found:
         return False
+    if stripe is not None and stripe.striped:
+        return striped_hidden(found, stripe)
     return max(a.end for a in found) > min(a.readable for a in found)
 
 
-def must_seal(answers: Iterable[ReplicaAnswer], start: int) -> bool:
+def striped_hidden(answers: Sequence[ReplicaAnswer], stripe: Stripe) -> bool:
+    """:func:`needs_recovery` of a striped range. Its servers hold different ends by
+    design (each its own chain: batch k only on W(k)), so comparing ends across the
+    ensemble would find records hidden in every range written to; a reader reads batch k
+    from W(k). So, per write set: some sound server serves less than it holds (its confirm
+    is below its chain's end: a dead writer's last batches), or holds less of a write set
+    than another member of it (its chain stops before a batch of theirs that both hold).
+    An answer without its position or chain (an older server) is judged by the first
+    rule only. With E == replicas it is today's rule.
+
+    E 5, R 3, A 2, batch k ends at 10(k + 1); the writer closed cleanly after batch 7
+    (its CONFIRM at 80 on every server): chains 0:5 1:6 2:7 3:7 4:7, all served:
+
+    >>> def a(p, k, confirm=80):
+    ...     return ReplicaAnswer(10 * (k + 1), confirm, position=p, last_batch=k)
+    >>> s = Stripe(5, 3, 2)
+    >>> clean = [a(0, 5), a(1, 6), a(2, 7), a(3, 7), a(4, 7)]
+    >>> striped_hidden(clean, s)
+    False
+
+    The writer died after batch 7: its last batches unconfirmed where they are (2, 3, 4
+    learned the confirm 60 from their own batches):
+
+    >>> striped_hidden([a(0, 5), a(1, 6), a(2, 7, 60), a(3, 7, 60), a(4, 7, 60)], s)
+    True
+
+    Server 1 stopped at batch 4 (failed; the range went on degraded): W(5) = 0 1 2 and
+    W(6) = 1 2 3 hold 5 and 6 on the others, all confirmed:
+
+    >>> striped_hidden([a(0, 5), a(1, 4), a(2, 7), a(3, 7), a(4, 7)], s)
+    True
+    >>> striped_hidden([a(0, 5), a(2, 7), a(3, 7), a(4, 7)], s)   # 1 did not answer
+    False
+    """
+    if any(a.readable < a.end for a in answers):
+        return True
+    e = stripe.ensemble
+    chains = {a.position: a.last_batch for a in answers
+              if a.position is not None and a.last_batch is not None and 0 <= a.position < e}
+    for p, last in chains.items():
+        for q, other in chains.items():
+            if other <= last:
+                continue
+            # the first batch after p's last that p and q both hold (the pattern repeats
+            # every E batches): q holding it means p lags within that write set
+            shared = next((k for k in range(last + 1, last + 1 + e)
+                           if stripe.holds(p, k) and stripe.holds(q, k)), None)
+            if shared is not None and shared <= other:
+                return True
+    return False
+
+
+def must_seal(answers: Iterable[ReplicaAnswer], start: int, stripe: Stripe | None = None
+              ) -> bool:
     """Whether the leader seals the open range (from ``start``) of a stream whose writer's
-    lease ran out: a reader could miss durable records (:func:`needs_recovery`), or any
+    lease ran out: a reader could miss durable records (:func:`needs_recovery`; ``stripe``:
+    a striped range's), or any
     replica holds records at all. A writer that closed cleanly leaves its range open on
     its servers, where an open replica keeps every log segment from its creation on (a
     range server frees a segment only once no live replica spans it) and the range never
@@ -134,7 +200,7 @@ def must_seal(answers: Iterable[ReplicaAnswer], start: int) -> bool:
     (True, False, False)
     """
     found = list(answers)
-    return needs_recovery(found) or any(a.end > start for a in found)
+    return needs_recovery(found, stripe) or any(a.end > start for a in found)
 
 
 def seen_alive_ms(answers: Iterable[ReplicaAnswer], epoch: int, ack_count: int,

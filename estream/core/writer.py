@@ -46,7 +46,7 @@ Pure: no I/O (the roller's clock is passed in).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from estream.core.confirmhint import ConfirmHints
@@ -58,8 +58,10 @@ from estream.core.producer import (
 )
 from estream.core.rangewriter import RangeWriter
 from estream.core.roll import Roller, Steps
+from estream.core.striping import sealed_forced
 from estream.core.writeeffects import BeginSeal, Effect, RequestRoll, WriterConfig
 from estream.wire.errors import EstreamError, InvalidArgument
+from estream.wire.meta import StreamMeta
 from estream.wire.record import Record
 
 
@@ -264,6 +266,30 @@ class WriterCore:
 
     def on_forced(self, upto: int) -> list[Effect]:
         return self.ranges.on_forced(upto)
+
+    def force_short(self, owed: Mapping[int, Sequence[str]], answered: Collection[str],
+                    stream: StreamMeta) -> list[int]:
+        """DEFERRED_SYNC: the ranges of ``owed`` (index -> the live replicas FORCE went
+        to) that the servers which ``answered`` do not make durable, in order. The open
+        range: the confirm prefix rule (:meth:`RangeWriter.forced_by`). A sealed one:
+        ``ack_count`` of its live replicas; striped, ``acks`` live ones of each write set
+        (:func:`~estream.core.striping.sealed_forced`, in ``stream``'s ensemble order
+        and with its batch count), never every live one."""
+        ranges = self.ranges
+        short: list[int] = []
+        for index, live in sorted(owed.items()):
+            if index == ranges.range_index:
+                done = ranges.forced_by(answered)
+            elif ranges.stripe is None:
+                done = len(set(answered).intersection(live)) >= ranges.ack_count
+            else:
+                rng = stream.range_at(index)
+                done = set(answered).issuperset(live) if rng is None else sealed_forced(
+                    answered, live, [r.id for r in rng.replicas], ranges.stripe,
+                    batches=rng.batches) is None
+            if not done:
+                short.append(index)
+        return short
 
     def on_fenced(self, error: EstreamError) -> list[Effect]:
         return self.ranges.on_fenced(error)

@@ -389,15 +389,26 @@ class ReplicaClient:
         return tuple(r for r, res in zip(replicas, results, strict=True)
                      if isinstance(res, SealAnswer))
 
-    async def force(self, replicas: Sequence[str]) -> set[str]:
+    async def force(self, replicas: Sequence[str],
+                    enough: Callable[[set[str]], bool] | None = None) -> set[str]:
         """FORCE on each replica's server (everything written there so far is fsynced);
-        returns the replicas whose server answered."""
-        results = await asyncio.gather(
-            *(self.client.force(self.addresses[r], server_id=r) for r in replicas),
-            return_exceptions=True,
-        )
-        return {r for r, res in zip(replicas, results, strict=True)
-                if not isinstance(res, BaseException)}
+        returns the replicas whose server answered: all of them, or, once ``enough`` says
+        the answers so far suffice, those (the rest are abandoned: a hung server does not
+        hold a force the others made durable)."""
+        tasks = {asyncio.ensure_future(self.client.force(self.addresses[r], server_id=r)): r
+                 for r in replicas}
+        answered: set[str] = set()
+        pending = set(tasks)
+        try:
+            while pending and not (enough is not None and enough(answered)):
+                done, pending = await asyncio.wait(pending,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                answered.update(tasks[t] for t in done
+                                if not t.cancelled() and t.exception() is None)
+        finally:
+            for task in pending:
+                task.cancel()
+        return answered
 
     async def create_range(
         self, stream_id: int, rng: RangeMeta, meta: StreamMeta | None = None

@@ -241,9 +241,10 @@ class Writer:
     async def force(self) -> None:
         """Make everything appended so far durable (``DEFERRED_SYNC`` writers): FORCE on
         the replicas of every range written since the last force, then move the confirm
-        offset. Returns only when, for each such range, at least ``ack_count`` of its
-        replicas answered; otherwise raises :class:`Unavailable` (what is owed stays owed
-        for the next force)."""
+        offset. Returns once, for each such range, at least ``ack_count`` of its live
+        replicas answered (striped: of each write set, ``WriterCore.force_short``), without
+        waiting for the rest; otherwise raises :class:`Unavailable` (what is owed stays
+        owed for the next force)."""
         await self.flush()
         core = self._check_open()
         ranges = core.ranges
@@ -252,16 +253,15 @@ class Writer:
         owed = dict(unforced)
         owed[ranges.range_index] = ranges.live
         replicas = sorted({r for rs in owed.values() for r in rs})
-        answered = await self._replicas.force(replicas)
-        acks = ranges.ack_count
-        index = ranges.range_index
-        short = sorted(i for i, rs in owed.items() if not (
-            ranges.forced_by(answered) if i == index and ranges.stripe is not None
-            else len(answered.intersection(rs)) >= acks if ranges.stripe is None
-            else answered.issuperset(rs)))  # a sealed striped range: each live holder
+        stream = self.stream
+        answered = await self._replicas.force(
+            replicas, lambda got: not core.force_short(owed, got, stream))
+        short = core.force_short(owed, answered, stream)
         if short:
+            acks = ranges.ack_count
+            per = " of a write set" if ranges.stripe is not None else ""
             raise Unavailable(
-                f"FORCE was answered by fewer than {acks} replicas of range(s) "
+                f"FORCE was answered by fewer than {acks} replicas{per} of range(s) "
                 f"{', '.join(map(str, short))} (answered: {', '.join(sorted(answered)) or 'none'})"
             )
         for index in owed:

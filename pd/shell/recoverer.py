@@ -11,7 +11,8 @@ CONFIRM of its epoch) is alive whatever its keepalives did: its lease is renewed
 then (outcome ``alive``) and nothing is fenced. Otherwise, when
 :func:`pd.lease.must_seal` says so (a reader could miss durable records, or the range
 holds records at all: a writer that closed cleanly leaves it open, pinning its servers'
-logs and out of the object tier's reach), recovers it:
+logs and out of the object tier's reach; a striped range is judged per write set, with
+the stream's stripe), recovers it:
 
 1. a new epoch through Raft, compare-and-set on the epoch it decided from (a writer that
    opened meanwhile makes it a Conflict: nothing is done). This fences the dead writer at
@@ -50,6 +51,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Final
 
+from estream.core.stripedread import stripe_of
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rangeclient import ReplicaClient
 from estream.net.recovery import RecoveryResult, SealInPdCall, recover_range
@@ -127,10 +129,11 @@ class Recoverer:
         answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
         if self._seen_alive(stream, answers.values()):
             return None
-        if not must_seal(answers.values(), last.start):
+        stripe = stripe_of(stream)  # (None unstriped: today's rule)
+        if not must_seal(answers.values(), last.start, stripe):
             self.service.leases.checked_clean(stream, self.clock_ms())
             return None
-        return await self.recover(stream, hidden=needs_recovery(answers.values()))
+        return await self.recover(stream, hidden=needs_recovery(answers.values(), stripe))
 
     async def seen_alive(self, stream: StreamMeta) -> bool:
         """Whether ``stream``'s writer was seen at work on its open range's replicas

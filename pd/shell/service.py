@@ -32,6 +32,8 @@ from typing import Any
 import msgpack
 
 from estream.core.quorum import seal_quorum
+from estream.core.stripedread import stripe_of
+from estream.core.striping import fenced_against_writers
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rpc import ConnectionPool, Handler, QuickHandler
 from estream.wire.errors import (
@@ -219,8 +221,9 @@ class PdService(ServerOps):
     async def delete_stream(self, name: str) -> None:
         """Forget ``name``, once no writer can have an append acknowledged any more: a
         new epoch through Raft (PD refuses the older writers' seals and rolls from then
-        on), the open range's replicas fenced at it (a quorum, so that no older append can
-        gather ``ack_count`` acknowledgements), then the delete, compare-and-set on that
+        on), the open range's replicas fenced at it (a seal quorum; striped, of every write
+        set: :func:`~estream.core.striping.fenced_against_writers`; so that no older append
+        can gather ``ack_count`` acknowledgements), then the delete, compare-and-set on that
         epoch (a writer that opened meanwhile was not fenced: start over). A stream no
         writer ever opened (epoch 0) has nothing to fence. Raises Unavailable, deleting
         nothing, when too few replicas answer the fence."""
@@ -243,14 +246,27 @@ class PdService(ServerOps):
             return
         results = await rangeops.fence(self.pool, stream, last, stream.epoch)
         fenced = [r for r, error in results.items() if error is None]
-        needed = seal_quorum(len(last.replicas), stream.ack_count)
-        if len(fenced) < needed:
-            failures = "; ".join(f"{r}: {type(e).__name__}" for r, e in results.items() if e)
+        failures = "; ".join(f"{r}: {type(e).__name__}" for r, e in results.items() if e)
+        stripe = stripe_of(stream)
+        if stripe is None:
+            needed = seal_quorum(len(last.replicas), stream.ack_count)
+            if len(fenced) < needed:
+                raise Unavailable(
+                    f"stream {stream.name!r} not deleted: only {len(fenced)} of "
+                    f"{len(last.replicas)} replicas of its open range {last.index} could be "
+                    f"fenced ({needed} needed, so that no earlier writer's append can still "
+                    f"be acknowledged); {failures}")
+            return
+        # Striped: a quorum of every write set (BookKeeper's fence), not of the ensemble.
+        positions = [p for p, ref in enumerate(last.replicas) if ref.id in fenced]
+        short = fenced_against_writers(positions, stripe)
+        if short is not None:
+            members = ", ".join(last.replicas[p].id for p in stripe.write_set(short))
             raise Unavailable(
-                f"stream {stream.name!r} not deleted: only {len(fenced)} of "
-                f"{len(last.replicas)} replicas of its open range {last.index} could be "
-                f"fenced ({needed} needed, so that no earlier writer's append can still be "
-                f"acknowledged); {failures}")
+                f"stream {stream.name!r} not deleted: the write set of batch {short} of its "
+                f"open range {last.index} ({members}) has fewer than "
+                f"{stripe.tolerated + 1} of its {stripe.replicas} servers fenced (so an "
+                f"earlier writer could still get a batch acknowledged there); {failures}")
 
     async def open_writer(self, name: str, *, expected_epoch: int = -1, stream_id: int = 0,
                           request_id: str = "") -> StreamMeta:

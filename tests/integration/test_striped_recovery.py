@@ -11,7 +11,8 @@ set copied, two wiped servers of W(8) (wait, then ``Unavailable``, nothing seale
 hung ones (the end decided without them within the grace; the copies that need them
 wait). Afterwards every batch below the end reads back by index from ``ack_count`` servers
 of its own write set. PD's lease recovery seals a striped range whose writer (opened
-through ``PDClient``, no SDK writer) stopped its keepalives, with the batch count.
+through ``PDClient``, no SDK writer) stopped its keepalives, with the batch count; its
+judgement of hidden records goes per write set, on the servers' real answers.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from estream.wire.errors import (
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 from estream.wire.stripe import Stripe
+from pd.lease import ReplicaAnswer, needs_recovery
+from pd.shell import rangeops
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=6)]
 STRIPE = Stripe(5, 3, 2)
@@ -332,6 +335,39 @@ async def test_repair_gives_a_replacement_exactly_its_chain(cluster: Cluster) ->
         c.meta = meta
         for k in range(8):
             assert sorted(await c.served(k)) == sorted(STRIPE.write_set(k)), k
+
+
+async def test_lease_recovery_judges_hidden_records_per_write_set(cluster: Cluster) -> None:
+    """PD's lease recovery asks whether an open range hides records
+    (``pd.lease.needs_recovery``, which the recoverer logs as a dead writer's hidden tail
+    or a clean close), here on the real DESCRIBE_RANGE answers of E 5 (R 3, A 2). Before:
+    the ends of the whole ensemble were compared, but each server's chain ends at its own
+    last batch (E 5 or E 6 alike), so every striped range holding records looked as if
+    it hid some, a clean close too. Now, per write set: batches 0-7 unconfirmed (a dead
+    writer) hide records; confirmed at 80 on every server, nothing is hidden; batch 8 on
+    3 and 4 only (W(8) = 3 4 0, all confirmed at 90) leaves 0 behind in its write set."""
+    async with chains(cluster, "sr-hidden") as c:
+        async def answers() -> list[ReplicaAnswer]:
+            found = await rangeops.describe(c.pool, c.meta, c.rng, timeout_s=3.0)
+            assert len(found) == 5
+            return list(found.values())
+
+        async def confirm(offset: int) -> None:
+            for ref in c.rng.replicas:
+                await c.rc.confirm(ref.address, server_id=ref.id, stream_id=c.meta.id,
+                                   range_index=0, epoch=c.epoch, confirm=offset)
+
+        for k in range(8):
+            await c.write(k)
+        assert needs_recovery(await answers(), STRIPE)  # a dead writer's tail
+        await confirm(80)
+        clean = await answers()
+        assert {a.position: a.last_batch for a in clean} == {0: 5, 1: 6, 2: 7, 3: 7, 4: 7}
+        assert not needs_recovery(clean, STRIPE)
+        assert needs_recovery(clean)  # the whole-range rule: a false alarm
+        await c.write(8, positions=(3, 4))
+        await confirm(90)
+        assert needs_recovery(await answers(), STRIPE)  # 0 lacks batch 8 of W(8)
 
 
 async def test_striped_ranges_go_only_to_servers_that_announce_them(cluster: Cluster) -> None:

@@ -7,12 +7,15 @@ stripe-aware elsewhere), also when two writers' batches share APPEND_MANY reques
 servers' confirm offsets advance; a server killed mid-stream leaves the range degraded
 with no append failed; two servers of one write set killed roll the range to a new
 ensemble (every acknowledged record once, in order, offsets contiguous across the roll);
-a SIGSTOPped server does not stop appends; E == replicas is today's writer.
+a SIGSTOPped server does not stop appends; E == replicas is today's writer; a
+DEFERRED_SYNC force of sealed striped ranges needs ``acks`` servers of each write set,
+and PD's delete fences a striped range per write set (the name then made again is new).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -22,6 +25,8 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
+from estream.sdk.writer import Writer, WriterConfig
+from estream.wire.errors import EstreamError, StreamNotFound, Unavailable
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import decode_batch, iter_batches, verify_batch
 from estream.wire.stripe import Stripe
@@ -343,3 +348,113 @@ async def test_time_lookups_on_a_striped_stream_find_the_first_record(cluster: C
                 assert await client.offset_for_time(meta.name, t) == expected(t), t
         finally:
             await writer.close()
+
+
+async def test_force_of_sealed_striped_ranges_needs_acks_of_each_write_set(
+        cluster: Cluster) -> None:
+    """DEFERRED_SYNC ``force()`` over sealed striped ranges (E 5, R 3, A 2; rolled by
+    size, every server live). Before: a sealed striped range needed FORCE answered by
+    every live server of its ensemble, so one server down (E 5 or E 6 alike) failed the
+    force with ``Unavailable``, after the request timeout (5 s) when it hung. Now: ``acks``
+    live servers of each write set (``WriterCore.force_short``); the force returns once
+    they answered, a SIGSTOPped server left behind. Two servers sharing a write set down
+    fail it with ``Unavailable`` naming the range."""
+    cluster.wait_servers(6)
+    config = WriterConfig(range_bytes_max=1_000, deferred=True)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        await client.create_stream("sf-force", 3, 2, ensemble=5)
+        writer = await Writer.open(client, "sf-force", config)
+        try:
+            for i in range(12):
+                assert await writer.append(b"%03d" % i + b"x" * 200) == i
+            await writer.flush()
+            await asyncio.sleep(0.3)  # every live server of each write set answered
+            meta = await client.describe_stream("sf-force")
+            sealed = [r for r in meta.ranges if r.end is not None]
+            assert len(sealed) >= 2 and all(r.batches for r in sealed), meta.ranges
+            hung = sealed[0].replicas[2]
+            cluster.pause(hung.address)
+            try:
+                started = time.monotonic()
+                await writer.force()
+                assert time.monotonic() - started < 3.0  # not the 5 s request timeout
+                assert writer._core is not None and writer._core.ranges.forced == 12
+            finally:
+                cluster.resume(hung.address)
+            for i in range(12, 24):
+                assert await writer.append(b"%03d" % i + b"x" * 200) == i
+            await writer.flush()
+            meta = await client.describe_stream("sf-force")
+            owed = [r for r in meta.ranges
+                    if r.end is not None and r.index > sealed[-1].index]
+            assert owed, meta.ranges
+            down = [owed[0].replicas[0].address, owed[0].replicas[1].address]  # W(0)
+            for address in down:
+                cluster.kill9(address)
+            try:
+                with pytest.raises(Unavailable, match=f"range\\(s\\) {owed[0].index}"):
+                    await writer.force()
+            finally:
+                for address in down:
+                    cluster.restart(address)
+        finally:
+            await writer.close()
+
+
+async def test_delete_fences_a_striped_range_per_write_set(cluster: Cluster) -> None:
+    """``delete_stream`` of a striped stream fences its open range per write set. Before:
+    a quorum of the whole ensemble (E - A + 1): with E 5 (R 3, A 2) that is 4 of 5, the
+    same as two of every write set (any two servers of five share a write set); with E 6
+    it is 5 of 6, so two servers three apart down (no write set has both, every one keeps
+    two fenced) failed the delete with ``Unavailable`` although no earlier writer could
+    get a batch acknowledged any more. Now: E 6 with positions 0 and 3 hung deletes (the
+    old writer's next append is refused, the name made again is a new stream holding only
+    its own records); with 0 and 1 hung (W(5) = 5 0 1 keeps one fenced) the delete fails
+    with ``Unavailable``, within the fence's timeout, deleting nothing, and succeeds once
+    they answer again."""
+    cluster.wait_servers(6)
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        meta = await client.create_stream("sd-del", 3, 2, ensemble=6)
+        old = await client.open_writer("sd-del")
+        try:
+            assert [await old.append(b"old%d" % i) for i in range(6)] == list(range(6))
+            await old.flush()
+            hung = [meta.ranges[0].replicas[p].address for p in (0, 3)]
+            for address in hung:
+                cluster.pause(address)
+            try:
+                await client.delete_stream("sd-del")
+                with pytest.raises(StreamNotFound):
+                    await client.describe_stream("sd-del")
+                with pytest.raises(EstreamError):  # Fenced: never acknowledged
+                    await old.append(b"late")
+            finally:
+                for address in hung:
+                    cluster.resume(address)
+        finally:
+            with contextlib.suppress(EstreamError):
+                await old.close()
+        again = await client.create_stream("sd-del", 3, 2, ensemble=6)
+        assert again.id != meta.id
+        async with await client.open_writer("sd-del") as writer:
+            assert [await writer.append(b"new%d" % i) for i in range(3)] == [0, 1, 2]
+        got = [r.value async for r in client.read("sd-del", follow=False)]
+        assert got == [b"new0", b"new1", b"new2"]
+        last = (await client.describe_stream("sd-del")).ranges[-1]  # open, placed at close
+        hung = [last.replicas[p].address for p in (0, 1)]
+        for address in hung:
+            cluster.pause(address)
+        try:
+            # (PD's Unavailable is retried by the client until its timeout: 4 s here)
+            async with await estream.connect(cluster.pd_addresses, timeout_s=4.0) as brief:
+                started = time.monotonic()
+                with pytest.raises(Unavailable):
+                    await brief.delete_stream("sd-del")
+                assert time.monotonic() - started < 8.0
+            assert (await client.describe_stream("sd-del")).id == again.id
+        finally:
+            for address in hung:
+                cluster.resume(address)
+        await client.delete_stream("sd-del")
+        with pytest.raises(StreamNotFound):
+            await client.describe_stream("sd-del")
