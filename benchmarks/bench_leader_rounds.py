@@ -39,13 +39,13 @@ from pd.compaction import Planner  # noqa: E402
 from pd.compaction import plan as plan_compactions  # noqa: E402
 from pd.drain import replica_counts, replica_sets, under_replicated  # noqa: E402
 from pd.repair import (  # noqa: E402
-    ReplicaReport,
     SealedReports,
     ServerState,
     has_replicas,
     plan_repairs,
     track_short,
 )
+from pd.replicareports import ReplicaReport  # noqa: E402
 from pd.retention import needs_stats, plan_trim, recorded_bytes, stats_due  # noqa: E402
 from pd.streammemo import Narrowing, StreamMemo  # noqa: E402
 

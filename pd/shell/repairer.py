@@ -74,12 +74,11 @@ from pd.repair import (
     ServerState,
     ShortKey,
     has_replicas,
-    listed_now,
-    parse_reports,
     plan_repairs,
     track_short,
 )
 from pd.repairnotice import describe, routine
+from pd.replicareports import listed_now, parse_reports
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 from pd.streammemo import Narrowing

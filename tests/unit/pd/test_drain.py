@@ -23,7 +23,8 @@ from pd.commands import (
     encode_command,
 )
 from pd.drain import forget_refusal, leave_servers, open_ranges_leaving, replica_counts
-from pd.repair import REASON_DRAIN, ReplicaReport, ServerState, plan_repairs
+from pd.repair import REASON_DRAIN, ServerState, plan_repairs
+from pd.replicareports import ReplicaReport
 
 NOW = 100_000
 

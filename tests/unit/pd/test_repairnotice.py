@@ -11,8 +11,9 @@ import pytest
 
 import pd.repairnotice
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
-from pd.repair import RepairTask, ReplicaReport, ServerState, plan_repairs
+from pd.repair import RepairTask, ServerState, plan_repairs
 from pd.repairnotice import describe
+from pd.replicareports import ReplicaReport
 
 
 def test_doctests() -> None:

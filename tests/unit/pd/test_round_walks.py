@@ -19,7 +19,8 @@ import pd.sealedreports
 from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
 from pd.compaction import Compaction, Planner, plan
 from pd.pmap import PMap
-from pd.repair import ReplicaReport, SealedReports
+from pd.repair import SealedReports
+from pd.replicareports import ReplicaReport
 from tests.unit.pd.test_catalog_changes import no_walk
 
 SERVERS = ("a", "b", "c", "d")
