@@ -346,7 +346,7 @@ def tiered(index: int, key: str, lo: int, hi: int, replicas: tuple[ReplicaRef, .
 
 
 def test_compaction_plans() -> None:
-    from pd.compaction import Compaction, plan
+    from pd.compaction import Compaction, CompactionRule, plan
 
     def sources(streams: list[StreamMeta], sizes: dict[str, int], size_max: int = 10_000,
                 busy: set[tuple[int, int]] | None = None) -> list[tuple[str, ...]]:
@@ -354,7 +354,7 @@ def test_compaction_plans() -> None:
 
     def planned(streams: list[StreamMeta], sizes: dict[str, int], size_max: int = 10_000,
                 busy: set[tuple[int, int]] | None = None) -> list[Compaction]:
-        return plan(streams, sizes, size_bytes_max=size_max, small_bytes=1_000,
+        return plan(streams, sizes, CompactionRule(size_max, small_bytes=1_000),
                     busy=busy or set())
 
     s = StreamMeta(1, "s", ranges=(tiered(0, "a", 0, 100), tiered(1, "b", 0, 100),
