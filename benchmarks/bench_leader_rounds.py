@@ -35,17 +35,17 @@ from pd.commands import (  # noqa: E402
     RegisterServer,
     SealRange,
 )
-from pd.compaction import Planner  # noqa: E402
+from pd.compaction import CompactionRule, Planner  # noqa: E402
 from pd.compaction import plan as plan_compactions  # noqa: E402
 from pd.drain import replica_counts, replica_sets, under_replicated  # noqa: E402
 from pd.repair import (  # noqa: E402
-    ReplicaReport,
     SealedReports,
     ServerState,
     has_replicas,
     plan_repairs,
     track_short,
 )
+from pd.replicareports import ReplicaReport  # noqa: E402
 from pd.retention import needs_stats, plan_trim, recorded_bytes, stats_due  # noqa: E402
 from pd.streammemo import Narrowing, StreamMemo  # noqa: E402
 
@@ -194,7 +194,7 @@ def main() -> None:
         return plan_compactions(streams, {}, size_bytes_max=1 << 26, small_bytes=1 << 24)
 
     def compaction_loop(streams: Iterable[StreamMeta]) -> object:
-        return planner.plan(streams, {}, size_bytes_max=1 << 26, small_bytes=1 << 24)
+        return planner.plan(streams, {}, CompactionRule(1 << 26, small_bytes=1 << 24))
 
     for name, walk, loop in (
             ("repair: prune of sealed replicas heard of", heard_walk.prune, heard_loop.prune),

@@ -21,9 +21,9 @@ Rules it keeps:
   at its end; a sealed range's end never changes (:class:`RangeSealed`);
 - the start offset only grows (trim);
 - named cursors (``commit_cursor``) belong to an existing stream, have valid names and
-  non-negative offsets (``pd/retention.py``), and go with their stream's delete;
-  ``delete_cursor`` names an existing cursor (else :class:`InvalidArgument`, as every
-  other unknown-cursor answer);
+  offsets at or above the stream's start (below: :class:`OffsetOutOfRange`;
+  ``pd/retention.py``), and go with their stream's delete; ``delete_cursor`` names an
+  existing cursor (else :class:`InvalidArgument`, as every other unknown-cursor answer);
 - ``set_retention`` changes a stream's limits (each > 0, 0 for none, -1 unchanged);
 - a range's statistics (``record_range_stats``) are recorded only while it is sealed at
   the end the command names (else :class:`Conflict`);
@@ -370,7 +370,7 @@ class Catalog(ObjectTierCommands):
 
     def _commit_cursor(self, cmd: CommitCursor) -> StreamMeta:
         stream = self.stream(cmd.name)
-        check_cursor(cmd.cursor, cmd.offset)
+        check_cursor(cmd.cursor, cmd.offset, stream.start_offset)  # (here: atomic with trims)
         current = self._cursors.get(cmd.name, {})
         if cmd.cursor not in current and len(current) >= cursors_per_stream_max:
             raise InvalidArgument(

@@ -87,16 +87,18 @@ def live_ranges(streams: Iterable[StreamMeta]) -> dict[str, list[Move]]:
 _NOT_MOVABLE: Final = ObjectPart(-1, -1, -1, -1, 0)
 
 
-def plan(
-    streams: Iterable[StreamMeta],
-    sizes: Mapping[str, int],
-    *,
-    size_bytes_max: int,
-    small_bytes: int,
-    live_ratio_min: float = live_ratio_min_default,
-    members_max: int = pack_members_max,
-    busy: Collection[tuple[int, int]] = (),
-) -> list[Compaction]:
+@dataclass(frozen=True, slots=True)
+class CompactionRule:
+    """Which objects are worth rewriting, and how big a rewrite may be (module docstring)."""
+
+    size_bytes_max: int  # live bytes of one new object
+    small_bytes: int  # an object below this is small
+    live_ratio_min: float = live_ratio_min_default  # below this share live: mostly garbage
+    members_max: int = pack_members_max  # ranges of one new object
+
+
+def plan(streams: Iterable[StreamMeta], sizes: Mapping[str, int], rule: CompactionRule, *,
+         busy: Collection[tuple[int, int]] = ()) -> list[Compaction]:
     """The rewrites to do now (module docstring), from a walk of every stream and range
     (:class:`Planner` gives the same from the catalog's changes).
 
@@ -107,27 +109,18 @@ def plan(
     >>> s = StreamMeta(1, "s", ranges=(r(0, "a", 0, 100), r(1, "b", 0, 100),
     ...                                r(2, "c", 500, 600)))
     >>> [c.sources for c in plan([s], {"a": 200, "b": 300, "c": 5000},
-    ...                          size_bytes_max=10_000, small_bytes=1_000)]
+    ...                          CompactionRule(size_bytes_max=10_000, small_bytes=1_000))]
     [('a', 'b', 'c')]
     """
-    rule = _Rule(size_bytes_max, small_bytes, live_ratio_min, members_max)
     worth = {key: w for key, moves in live_ranges(streams).items()
              if (w := _worth(moves, sizes.get(key), rule)) is not None}
     return _grouped(worth, rule, busy)
 
 
-@dataclass(frozen=True, slots=True)
-class _Rule:
-    size_bytes_max: int
-    small_bytes: int
-    live_ratio_min: float
-    members_max: int
-
-
 _Worth = tuple[list[Move], bool]  # an object's moves (in key order), mostly garbage
 
 
-def _worth(moves: list[Move], size: int | None, rule: _Rule) -> _Worth | None:
+def _worth(moves: list[Move], size: int | None, rule: CompactionRule) -> _Worth | None:
     """An object worth rewriting (small or mostly garbage, every range movable), busy or
     not: its moves in key order and whether it is mostly garbage; else None."""
     if size is None or size <= 0 or len(moves) > rule.members_max or any(
@@ -139,7 +132,7 @@ def _worth(moves: list[Move], size: int | None, rule: _Rule) -> _Worth | None:
     return None
 
 
-def _grouped(worth: Mapping[str, _Worth], rule: _Rule,
+def _grouped(worth: Mapping[str, _Worth], rule: CompactionRule,
              busy: Collection[tuple[int, int]]) -> list[Compaction]:
     """The objects worth it and not busy, in key order, grouped into rewrites."""
     out: list[Compaction] = []
@@ -178,8 +171,8 @@ class Planner:
     >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, 10, (), "object", "a",
     ...                                          object_part=part),))
     >>> planner = Planner()
-    >>> [c.sources for c in planner.plan(PMap({"s": s}).values(), {"a": 5_000},
-    ...                                  size_bytes_max=10_000, small_bytes=1_000)]
+    >>> rule = CompactionRule(size_bytes_max=10_000, small_bytes=1_000)
+    >>> [c.sources for c in planner.plan(PMap({"s": s}).values(), {"a": 5_000}, rule)]
     [('a',)]
     """
 
@@ -190,22 +183,13 @@ class Planner:
         self._named: dict[str, list[Move]] = {}  # stream name -> its moves (any object)
         self._objects: dict[str, dict[tuple[int, int], Move]] = {}  # key -> its ranges
         self._sizes: dict[str, int] = {}  # the sizes weighed last
-        self._rule: _Rule | None = None
+        self._rule: CompactionRule | None = None
         self._worth: dict[str, _Worth] = {}
 
-    def plan(
-        self,
-        streams: Iterable[StreamMeta],
-        sizes: Mapping[str, int],
-        *,
-        size_bytes_max: int,
-        small_bytes: int,
-        live_ratio_min: float = live_ratio_min_default,
-        members_max: int = pack_members_max,
-        busy: Collection[tuple[int, int]] = (),
-    ) -> list[Compaction]:
+    def plan(self, streams: Iterable[StreamMeta], sizes: Mapping[str, int],
+             rule: CompactionRule, *,
+             busy: Collection[tuple[int, int]] = ()) -> list[Compaction]:
         """What :func:`plan` gives for the same arguments."""
-        rule = _Rule(size_bytes_max, small_bytes, live_ratio_min, members_max)
         catalog = catalog_map(streams)
         if catalog is None or self._map is None:
             self._named, self._objects = {}, {}

@@ -46,10 +46,8 @@ a wiped server registers a new id, so the old one falls silent and counts as dea
 replicas sealed at another end are never sources. Copies stop at ``end``: nothing past the
 catalog's end is copied.
 
-What PD knows of a replica comes from the heartbeat load's ``problem_replicas`` (damaged,
-open and sealed-short replicas every time, sealed whole ones a window at a time, each with
-``sealed_end``) and the reclaimer's periodic ``LIST_RANGES`` of every live server
-(:func:`parse_listing`). Sealed replicas are remembered across both
+What PD knows of a replica comes from its server's reports (:mod:`pd.replicareports`:
+heartbeats and listings). Sealed replicas are remembered across both
 (:class:`pd.sealedreports.SealedReports`); the last heartbeat wins where it speaks. A
 replica a server does not mention at all counts as sealed whole.
 
@@ -67,14 +65,16 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Final
+from typing import Final
 
 from estream.wire import limits
 from estream.wire.meta import RangeMeta, StreamMeta
 from pd.placement import Candidate, choose_replicas
+from pd.replicareports import RangeKey as RangeKey  # (the key repair and its shells use)
+from pd.replicareports import ReplicaReport
+from pd.replicareports import ServerListing as ServerListing  # (its home before)
 from pd.sealedreports import SealedReports as SealedReports  # (its home before)
 
-RangeKey = tuple[int, int]  # (stream_id, range_index)
 ShortKey = tuple[str, int, int]  # (server_id, stream_id, range_index)
 
 REASON_DEAD: Final = "dead"
@@ -87,22 +87,6 @@ REASON_DRAIN: Final = "drain"  # on a draining server (pd/drain.py): moved, neve
 _REASON_ORDER: Final = {REASON_DAMAGED: 0, REASON_DEAD: 1, REASON_MISSEALED: 2,
                         REASON_SHORT: 3, REASON_ABSENT: 4, REASON_UNSEALED: 5,
                         REASON_DRAIN: 6}
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaReport:
-    """One problem replica a range server reported in its heartbeat load."""
-
-    stream_id: int
-    range_index: int
-    damaged: bool
-    sealed: bool
-    end: int  # what it serves: its durable end (sealed: min(end, sealed end))
-    sealed_end: int | None = None  # where it is sealed (None: open, or not reported)
-
-    def sealed_elsewhere(self, end: int) -> bool:
-        """Sealed at an end other than ``end`` (the catalog's)."""
-        return self.sealed and self.sealed_end is not None and self.sealed_end != end
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,82 +161,6 @@ class RepairPlan:
 
 
 # -------------------------------------------------------------------------- reports
-
-
-def _report(item: object, *, listed: bool) -> ReplicaReport | None:
-    if not isinstance(item, Mapping):
-        return None
-    sid, idx, end = item.get("stream_id"), item.get("range_index"), item.get("end")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (sid, idx, end)):
-        return None
-    assert isinstance(sid, int) and isinstance(idx, int) and isinstance(end, int)
-    sealed = bool(item.get("sealed", False))
-    raw_sealed_end = item.get("sealed_end")
-    sealed_end = raw_sealed_end if isinstance(raw_sealed_end, int) and sealed else None
-    if listed and sealed_end is not None:  # its durable end; striped, sealed with a count: whole
-        end = sealed_end if isinstance(item.get("batches"), int) else min(end, sealed_end)
-    return ReplicaReport(sid, idx, bool(item.get("damaged", False)), sealed, end, sealed_end)
-
-
-def parse_reports(load: Mapping[str, Any]) -> dict[RangeKey, ReplicaReport]:
-    """The ``problem_replicas`` of a heartbeat load, keyed by range; malformed entries
-    (an older or buggy server) are ignored.
-
-    >>> parse_reports({"problem_replicas": [
-    ...     {"stream_id": 1, "range_index": 0, "damaged": True, "sealed": True, "end": 7,
-    ...      "sealed_end": 9},
-    ...     {"stream_id": "x"}]})[(1, 0)]
-    ReplicaReport(stream_id=1, range_index=0, damaged=True, sealed=True, end=7, sealed_end=9)
-    """
-    found: dict[RangeKey, ReplicaReport] = {}
-    raw = load.get("problem_replicas")
-    if not isinstance(raw, list):
-        return found
-    for item in raw:
-        report = _report(item, listed=False)
-        if report is not None:
-            found[(report.stream_id, report.range_index)] = report
-    return found
-
-
-def parse_listing(listed: Iterable[object]) -> list[ReplicaReport]:
-    """The well-formed entries of a server's ``LIST_RANGES`` answer as reports (its
-    ``end`` is the durable end: a report's is what it serves, so a sealed one's is cut at
-    its sealed end).
-
-    >>> parse_listing([{"stream_id": 1, "range_index": 0, "end": 12, "sealed": True,
-    ...                 "sealed_end": 10}, "junk"])
-    [ReplicaReport(stream_id=1, range_index=0, damaged=False, sealed=True, end=10, sealed_end=10)]
-    """
-    found = (_report(item, listed=True) for item in listed)
-    return [r for r in found if r is not None]
-
-
-@dataclass(frozen=True, slots=True)
-class ServerListing:
-    """The replicas a server's ``LIST_RANGES`` named, and when it was asked."""
-
-    at_ms: int
-    keys: frozenset[RangeKey]
-
-
-def listed_now(
-    listing: ServerListing | None, now_ms: int, max_age_ms: int,
-    changed_at: Mapping[RangeKey, int],
-) -> frozenset[RangeKey] | None:
-    """What counts as listed on a server now: None without a listing younger than
-    ``max_age_ms`` (nothing is then called absent); a range repair worked on since the
-    listing was asked for (``changed_at``) counts as listed (the listing cannot know).
-
-    >>> seen = ServerListing(1_000, frozenset({(1, 0)}))
-    >>> sorted(listed_now(seen, 2_000, 15_000, {(1, 1): 1_500, (1, 2): 900}))
-    [(1, 0), (1, 1)]
-    >>> listed_now(seen, 20_000, 15_000, {}) is None
-    True
-    """
-    if listing is None or now_ms - listing.at_ms > max_age_ms:
-        return None
-    return listing.keys | {k for k, at in changed_at.items() if at >= listing.at_ms}
 
 
 def has_replicas(rng: RangeMeta) -> bool:

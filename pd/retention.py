@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final
 
-from estream.wire.errors import InvalidArgument
+from estream.wire.errors import InvalidArgument, OffsetOutOfRange
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import ObjectIndex
 from estream.wire.pdmessages import RETENTION_FIELDS, retention_changes
@@ -80,10 +80,19 @@ cursors_per_stream_max: Final = 1000
 _CURSOR_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
-def check_cursor(cursor: str, offset: int) -> None:
-    """Raise :class:`InvalidArgument` for a bad cursor name or a negative offset.
+def check_cursor(cursor: str, offset: int, start: int = 0) -> None:
+    """Raise :class:`InvalidArgument` for a bad cursor name or a negative offset, and
+    :class:`OffsetOutOfRange` (naming ``start``) for an offset below the stream's start.
 
-    >>> check_cursor("billing-1", 0)
+    Below the start is refused, not stored (Kafka stores such a commit and resets the
+    consumer at its next fetch): no record there can be read, and such a cursor would hold
+    every range left against retention for good (rule 4 above).
+
+    >>> check_cursor("billing-1", 10, start=10)
+    >>> check_cursor("b", 9, start=10)
+    Traceback (most recent call last):
+    ...
+    estream.wire.errors.OffsetOutOfRange: cursor 'b' at 9 is below the stream's start 10 (trimmed)
     """
     if len(cursor) > cursor_name_chars_max or not _CURSOR_RE.fullmatch(cursor):
         raise InvalidArgument(
@@ -92,6 +101,10 @@ def check_cursor(cursor: str, offset: int) -> None:
             f"{cursor_name_chars_max} characters", argument="cursor")
     if offset < 0:
         raise InvalidArgument(f"cursor offset {offset} is negative", argument="offset")
+    if offset < start:
+        raise OffsetOutOfRange(
+            f"cursor {cursor!r} at {offset} is below the stream's start {start} (trimmed)",
+            offset=offset, start=start)
 
 
 def check_retention(retention_ms: int | None, retention_bytes: int | None) -> None:

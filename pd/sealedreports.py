@@ -17,7 +17,7 @@ from pd.pmap import PMap
 from pd.streammemo import catalog_map
 
 if TYPE_CHECKING:
-    from pd.repair import ReplicaReport
+    from pd.replicareports import ReplicaReport
 
 RangeKey = tuple[int, int]  # (stream_id, range_index)
 Held = tuple[str, int]  # (server_id, range_index): one remembered replica of a stream
@@ -32,7 +32,7 @@ class SealedReports:
     (dropped and created anew) replaces it. Repair checks a replica with DESCRIBE_RANGE
     before it drops one, so a stale report costs a request, never a copy.
 
-    >>> from pd.repair import ReplicaReport
+    >>> from pd.replicareports import ReplicaReport
     >>> m = SealedReports()
     >>> m.observe("a", [ReplicaReport(1, 0, False, True, 9, 9),
     ...                 ReplicaReport(1, 1, False, False, 3)])

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 
 from estream.net.rangeclient import RangeClient
 from estream.wire.errors import EstreamError, InvalidArgument
-from estream.wire.meta import RangeMeta
+from estream.wire.meta import RangeMeta, ReplicaRef
+from estream.wire.rangeanswers import TimeAnswer
 from estream.wire.timestamps import first_at_or_after
 
 if TYPE_CHECKING:
@@ -97,13 +98,9 @@ async def _ask_replicas(
 ) -> tuple[int | None, int | None]:
     """TIME_INDEX on ``rng``'s replicas in turn: ``(offset or None, end searched)``, or
     ``(None, None)`` when none answered for the whole range."""
-    ranges = RangeClient(client.pool)
     for ref in rng.replicas:
         try:
-            # sealed: everything below the catalog's end, unconfirmed
-            answer = await ranges.time_index(
-                ref.address, server_id=ref.id, stream_id=stream_id, range_index=rng.index,
-                timestamp_ms=timestamp_ms, end=rng.end)
+            answer = await _time_index(client, ref, stream_id, rng, timestamp_ms)
         except EstreamError:
             continue
         offset, searched = answer.offset, answer.searched_end
@@ -126,11 +123,9 @@ async def _ask_ensemble(
     end), or in the open range when it lies below every server's searched end (no server
     can have missed an earlier record it had not yet seen confirmed). Else, or when one
     cannot answer, ``(None, None)``: the caller scans the range."""
-    ranges = RangeClient(client.pool)
     answers = await asyncio.gather(*(
-        ranges.time_index(ref.address, server_id=ref.id, stream_id=stream_id,
-                          range_index=rng.index, timestamp_ms=timestamp_ms, end=rng.end)
-        for ref in rng.replicas), return_exceptions=True)
+        _time_index(client, ref, stream_id, rng, timestamp_ms) for ref in rng.replicas),
+        return_exceptions=True)
     found: list[int] = []
     searched: list[int] = []
     for answer in answers:
@@ -149,6 +144,15 @@ async def _ask_ensemble(
     if first is not None and first <= min(searched):
         return first, min(searched)
     return None, None
+
+
+async def _time_index(client: Client, ref: ReplicaRef, stream_id: int, rng: RangeMeta,
+                      timestamp_ms: int) -> TimeAnswer:
+    """TIME_INDEX on one server of ``rng``: a sealed range searched below the catalog's
+    end, unconfirmed; the open one below the server's confirmed end."""
+    return await RangeClient(client.pool).time_index(
+        ref.address, server_id=ref.id, stream_id=stream_id, range_index=rng.index,
+        timestamp_ms=timestamp_ms, end=rng.end)
 
 
 async def _object_start(client: Client, stream_id: int, rng: RangeMeta,

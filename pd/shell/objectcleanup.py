@@ -60,7 +60,7 @@ from pd.commands import (
     PackMember,
     PreparePack,
 )
-from pd.compaction import Compaction, Planner
+from pd.compaction import Compaction, CompactionRule, Planner
 from pd.metrics import (
     OBJECTS_COMPACTED,
     OBJECTS_COMPACTED_HELP,
@@ -127,9 +127,9 @@ class ObjectCleanup:
                     "head", self.store.head(key), stage="compact")
             except EstreamError as exc:
                 log.info("compaction: the size of %s is unknown: %s", key, exc)
-        plans = self.compaction.plan(view.streams.values(), self.object_sizes,
-                                     size_bytes_max=self.object_size_bytes,
-                                     small_bytes=self.object_size_bytes // 4, busy=self.busy)
+        rule = CompactionRule(self.object_size_bytes, small_bytes=self.object_size_bytes // 4)
+        plans = self.compaction.plan(view.streams.values(), self.object_sizes, rule,
+                                     busy=self.busy)
         if plans:
             await self._rewrite(plans[0])
 

@@ -12,7 +12,7 @@ answer is tried again next round; a drop is idempotent.
 Each listing also tells repair which replicas are sealed, and where
 (:class:`~pd.repair.SealedReports`): one sealed whole at an end other than the catalog's
 is seen here (and in heartbeats, a window at a time); and which replicas the server does
-not have at all (:class:`~pd.repair.ServerListing`: "absent", copied in place).
+not have at all (:class:`~pd.replicareports.ServerListing`: "absent", copied in place).
 Requests name the server they are meant for (``"server_id"``): a server with another
 identity at that address answers WrongServer, and nothing is dropped there.
 
@@ -41,7 +41,7 @@ from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import EstreamError
 from pd.reclaim import Drop, Suspects, confirmed, droppable
-from pd.repair import RangeKey, ServerListing, parse_listing
+from pd.replicareports import RangeKey, ServerListing, parse_listing
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 

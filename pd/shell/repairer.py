@@ -74,12 +74,11 @@ from pd.repair import (
     ServerState,
     ShortKey,
     has_replicas,
-    listed_now,
-    parse_reports,
     plan_repairs,
     track_short,
 )
-from pd.repairnotice import routine
+from pd.repairnotice import describe, routine
+from pd.replicareports import listed_now, parse_reports
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 from pd.streammemo import Narrowing
@@ -256,9 +255,8 @@ class Repairer:
             metrics.count(REPAIR_REPLICAS_TOTAL, REPAIR_REPLICAS_HELP, reason=reason)
         level = logging.DEBUG if routine(task) else logging.WARNING
         log.log(
-            level, "repairing stream %r range %d [%d, %d): replacing %s (%s) with %s",
-            task.stream, task.range_index, task.start, task.end, list(task.missing),
-            ", ".join(task.reasons), list(task.targets),
+            level, "repairing stream %r range %d [%d, %d): %s",
+            task.stream, task.range_index, task.start, task.end, describe(task),
         )
         target = ""
         try:

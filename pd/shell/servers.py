@@ -22,7 +22,8 @@ from pd.drain import ReplicaTotals, forget_refusal, server_state
 from pd.liveness import Liveness
 from pd.placement import Candidate, exhausted, filling, takes_striped
 from pd.raftrules import RaftStatus
-from pd.repair import SealedReports, parse_reports
+from pd.repair import SealedReports
+from pd.replicareports import parse_reports
 from pd.shell.consensus import Consensus
 
 catch_up_wait_s: Final = 2.0  # longest a decision waits for this node to apply what is committed

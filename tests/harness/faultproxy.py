@@ -24,8 +24,8 @@ and tests can wait for a count ("the 5th APPEND answer has passed").
 
 Bytes that are not estream frames (a bad magic: abuse tests, TLS) pass through unparsed.
 
-Two layers: :class:`FrameSplitter` and :class:`FaultRules` are pure (no I/O, no clock;
-``tests/unit/harness/test_faultproxy.py``); :class:`FaultProxy` is the shell: its own
+Two layers: :class:`FrameSplitter` and :class:`FaultRules` are pure
+(``tests/harness/faultrules.py``); :class:`FaultProxy` is the shell: its own
 asyncio loop in a background thread, so synchronous and asynchronous tests can both drive
 it (every public method is thread-safe); :meth:`FaultProxy.close` stops it.
 
@@ -39,188 +39,27 @@ import concurrent.futures
 import socket
 import struct
 import threading
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum, StrEnum
-from typing import Final, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 from estream.net.rpc import parse_address
-from estream.wire.protocol import FRAME_MAGIC, FRAME_PREFIX_BYTES
+from tests.harness.faultrules import (
+    PASS,
+    Action,
+    Direction,
+    FaultRules,
+    FrameSplitter,
+    Key,
+    RawFrame,
+    Rule,
+)
 
-_PREFIX: Final = struct.Struct("<HBBHQII")  # the frame prefix of estream/wire/protocol.py
-assert _PREFIX.size == FRAME_PREFIX_BYTES
 read_chunk_bytes: Final = 256 * 1024
 queued_bytes_max: Final = 8 * 1024 * 1024  # per connection and direction, then backpressure
 call_timeout_s: Final = 10.0  # a public method waiting for the proxy's loop
 
 T = TypeVar("T")
-
-
-class Direction(StrEnum):
-    """Which way a frame travels through the proxy."""
-
-    REQUEST = "request"  # client -> server
-    ANSWER = "answer"  # server -> client
-
-
-class Action(Enum):
-    PASS = "pass"
-    DROP = "drop"  # not forwarded: the caller times out
-    DELAY = "delay"  # forwarded after delay_ms, order kept
-    BLACKHOLE = "blackhole"  # this frame and everything after it held until heal()
-    RESET = "reset"  # this connection closed on both sides; the frame is not forwarded
-
-
-@dataclass(frozen=True, slots=True)
-class RawFrame:
-    """One frame as it travels: its prefix fields and its exact bytes (``opcode`` None:
-    bytes that are not estream frames, passed through unparsed)."""
-
-    opcode: int | None
-    flags: int
-    request_id: int
-    data: bytes
-
-
-class FrameSplitter:
-    """Cuts a byte stream into whole frames without decoding them.
-
-    >>> s = FrameSplitter()
-    >>> frame = _PREFIX.pack(FRAME_MAGIC, 1, 11, 0, 7, 1, 2) + b"\\x80ab"
-    >>> s.feed(frame[:10]), [f.opcode for f in s.feed(frame[10:])]
-    ([], [11])
-
-    A bad magic turns the splitter opaque for good: from then on, everything it is fed comes
-    back as one unparsed chunk (a byte stream cannot be resynchronised).
-
-    Pure: no I/O.
-    """
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self.opaque = False
-
-    @property
-    def buffered_bytes(self) -> int:
-        return len(self._buf)
-
-    def feed(self, data: bytes) -> list[RawFrame]:
-        if self.opaque:
-            return [RawFrame(None, 0, 0, bytes(data))] if data else []
-        self._buf += data
-        frames: list[RawFrame] = []
-        pos = 0
-        buf = self._buf
-        while len(buf) - pos >= FRAME_PREFIX_BYTES:
-            magic, _, opcode, flags, request_id, header, payload = _PREFIX.unpack_from(buf, pos)
-            if magic != FRAME_MAGIC:
-                self.opaque = True
-                frames.append(RawFrame(None, 0, 0, bytes(buf[pos:])))
-                pos = len(buf)
-                break
-            total = FRAME_PREFIX_BYTES + header + payload
-            if len(buf) - pos < total:
-                break
-            frames.append(RawFrame(opcode, flags, request_id, bytes(buf[pos : pos + total])))
-            pos += total
-        del buf[:pos]
-        return frames
-
-
-@dataclass(slots=True)
-class Rule:
-    """What to do with the frames it matches (``opcode``/``direction`` None: any).
-
-    ``skip`` matching frames are let through first (they go on to later rules); then the
-    rule applies to ``count`` frames (None: forever) and is removed when used up.
-    """
-
-    action: Action
-    opcode: int | None = None
-    direction: Direction | None = None
-    count: int | None = None
-    skip: int = 0
-    delay_ms: int = 0
-    applied: int = 0  # frames this rule acted on so far
-
-    def matches(self, direction: Direction, opcode: int) -> bool:
-        return (self.opcode is None or self.opcode == opcode) and (
-            self.direction is None or self.direction is direction
-        )
-
-    @property
-    def used_up(self) -> bool:
-        return self.count is not None and self.applied >= self.count
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    action: Action
-    delay_ms: int = 0
-
-
-PASS: Final = Decision(Action.PASS)
-Key = tuple[Direction, int]  # (direction, opcode)
-
-
-@dataclass(slots=True)
-class FaultRules:
-    """The proxy's decisions, frame by frame, and its counters. Shared by every connection
-    of one proxy (faults are server-wide, as a hung or sick server's are).
-
-    >>> rules = FaultRules()
-    >>> _ = rules.add(Rule(Action.DROP, opcode=11, direction=Direction.ANSWER, count=1, skip=1))
-    >>> [rules.decide(Direction.ANSWER, 11).action.value for _ in range(3)]
-    ['pass', 'drop', 'pass']
-    >>> rules.seen[(Direction.ANSWER, 11)], rules.dropped[(Direction.ANSWER, 11)]
-    (3, 1)
-
-    Pure: no I/O.
-    """
-
-    rules: list[Rule] = field(default_factory=list)
-    partitioned: bool = False
-    seen: Counter[Key] = field(default_factory=Counter)
-    passed: Counter[Key] = field(default_factory=Counter)
-    dropped: Counter[Key] = field(default_factory=Counter)
-
-    def add(self, rule: Rule) -> Rule:
-        if rule.action is Action.DELAY and rule.delay_ms <= 0:
-            raise ValueError("a delay rule needs delay_ms > 0")
-        if rule.count is not None and rule.count <= 0 or rule.skip < 0:
-            raise ValueError(f"bad count or skip in {rule}")
-        self.rules.append(rule)
-        return rule
-
-    def clear(self) -> None:
-        self.rules.clear()
-
-    def decide(self, direction: Direction, opcode: int) -> Decision:
-        """The action for the next frame ``opcode`` going ``direction``; the first matching
-        rule that is not skipping it decides. A blackhole partitions the proxy."""
-        self.seen[(direction, opcode)] += 1
-        for rule in self.rules:
-            if not rule.matches(direction, opcode):
-                continue
-            if rule.skip > 0:
-                rule.skip -= 1
-                continue
-            rule.applied += 1
-            if rule.used_up:
-                self.rules.remove(rule)
-            if rule.action in (Action.DROP, Action.RESET):
-                self.dropped[(direction, opcode)] += 1
-            if rule.action is Action.BLACKHOLE:
-                self.partitioned = True
-            return Decision(rule.action, rule.delay_ms)
-        return PASS
-
-    def forwarded(self, direction: Direction, opcode: int) -> int:
-        """Count a frame written to the other side; returns the new count."""
-        key = (direction, opcode)
-        self.passed[key] += 1
-        return self.passed[key]
 
 
 class FaultProxy:
@@ -237,6 +76,8 @@ class FaultProxy:
         self._server: asyncio.AbstractServer | None = None
         self._healed: asyncio.Event | None = None
         self._connections: set[_Connection] = set()
+        self._transports: set[asyncio.BaseTransport] = set()  # every socket it opened
+        self._closing = False
         self._waiters: list[tuple[Key, int, concurrent.futures.Future[int]]] = []
         self.accepted = 0
 
@@ -372,22 +213,34 @@ class FaultProxy:
     async def _listen(self) -> None:
         self._healed = asyncio.Event()
         self._healed.set()
-        self._server = await asyncio.start_server(
-            self._accept, self._host, self._port, limit=read_chunk_bytes)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Accepted(self, asyncio.StreamReader(read_chunk_bytes), self._accept),
+            self._host, self._port)
         bound = self._server.sockets[0].getsockname()
         self.address = f"{bound[0]}:{bound[1]}"
 
     async def _shutdown(self) -> None:
+        """Stop accepting; let the accepts under way make their transports (reset at once:
+        3.11 leaks a socket accepted after the server closed); cancel every task until none
+        is left; then close every socket still open. Nothing is left to the garbage
+        collector (a ResourceWarning)."""
+        self._closing = True
         if self._server is not None:
+            for sock in self._server.sockets:
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+            await asyncio.sleep(0)  # the accept tasks started so far take their first step
             self._server.close()
-        self._reset_all()
         for _, _, future in self._waiters:
             future.cancel()
         self._waiters.clear()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        while tasks := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for transport in list(self._transports):
+            _abort_transport(transport)
+        await asyncio.sleep(0)  # the aborts' connection_lost callbacks close the sockets
 
     def _call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the proxy's loop thread and return its result."""
@@ -463,6 +316,7 @@ class FaultProxy:
         except asyncio.CancelledError:  # the proxy closed while it connected
             _abort(client_writer)
             raise
+        self._transports.add(upstream_writer.transport)
         connection = _Connection(self, client_writer, upstream_writer)
         self._connections.add(connection)
         try:
@@ -470,6 +324,7 @@ class FaultProxy:
         finally:
             self._connections.discard(connection)
             connection.abort()
+            self._transports.discard(upstream_writer.transport)
 
 
 @dataclass(slots=True)
@@ -576,9 +431,36 @@ class _Connection:
             task.cancel()
 
 
+class _Accepted(asyncio.StreamReaderProtocol):
+    """A client connection's protocol: its socket is known to the proxy from the moment it
+    is accepted (before its ``_accept`` task runs, which a close may cancel before it
+    starts), and one accepted while the proxy closes is reset at once."""
+
+    def __init__(self, proxy: FaultProxy, reader: asyncio.StreamReader,
+                 accept: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]) -> None:
+        super().__init__(reader, accept)
+        self.proxy = proxy
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.proxy._closing:
+            _abort_transport(transport)
+            return
+        self.transport = transport
+        self.proxy._transports.add(transport)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy._transports.discard(self.transport)  # type: ignore[arg-type]
+        super().connection_lost(exc)
+
+
 def _abort(writer: asyncio.StreamWriter) -> None:
+    _abort_transport(writer.transport)
+
+
+def _abort_transport(transport: asyncio.BaseTransport) -> None:
     """Close with a reset (SO_LINGER 0), not an orderly FIN."""
-    transport = writer.transport
     if transport.is_closing():
         return
     sock = transport.get_extra_info("socket")

@@ -10,7 +10,12 @@ frames are counted by opcode and direction, and a test can wait for a count.
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
+import socket
+import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,6 +224,48 @@ async def test_a_dead_server_behind_the_proxy_fails_connections(proxied: Proxied
             await client.call(Opcode.PING, timeout_s=2.0)
         finally:
             await client.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("upstream", ["listening", "gone"])
+def test_close_racing_new_connections_leaves_no_socket_open(upstream: str) -> None:
+    """Connections opened just before and while the proxy closes (accepted, connecting
+    upstream, or forwarding) are all closed by close(), and no socket is left to the
+    garbage collector (a ResourceWarning: once a CI teardown error)."""
+    with socket.create_server(("127.0.0.1", 0), backlog=512) as target:
+        address = f"127.0.0.1:{target.getsockname()[1]}"
+        if upstream == "gone":
+            target.close()  # connecting upstream fails: each accepted client is reset
+        gc.collect()
+        before = _open_fds()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            for round_ in range(30):
+                proxy = FaultProxy(address).start()
+                host, port = proxy.address.split(":")
+                clients = [_try_connect(host, int(port)) for _ in range(round_ % 6)]
+                closing = threading.Thread(target=proxy.close)
+                closing.start()
+                clients += [_try_connect(host, int(port)) for _ in range(3)]
+                closing.join(15)
+                for client in clients:
+                    if client is not None:
+                        client.close()
+                assert not closing.is_alive()
+            leaked = _open_fds() - before
+            gc.collect()
+        warned = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert (leaked, warned) == (0, [])
+
+
+def _try_connect(host: str, port: int) -> socket.socket | None:
+    try:
+        return socket.create_connection((host, port), timeout=5)
+    except OSError:
+        return None  # the proxy stopped listening first, or reset it (nothing upstream)
 
 
 # -- the proxied cluster and its fault helpers (estream/devcluster/cluster.py) -------------------

@@ -191,6 +191,15 @@ async def test_retention_trims_whole_ranges_and_cursors_hold(cluster: Cluster) -
         assert [r.start for r in meta.ranges] == [8]  # the open range stays, whole
         values = [r.value async for r in client.read("ret", start=8)]
         assert values == [b"%d" % i for i in range(8, len(stamps))]
+        # Below the start now: refused, naming the start (it would hold every range left).
+        with pytest.raises(OffsetOutOfRange) as below:
+            await client.commit_cursor("ret", "late", 2)
+        assert (below.value.offset, below.value.start) == (2, 8)
+        status, body = http_json(cluster.pd_url() + "/v1/streams/ret/cursors", "POST",
+                                 {"cursor": "late", "offset": 7})
+        assert status == 400 and body["error"]["code"] == "OFFSET_OUT_OF_RANGE", body
+        assert await client.cursor_offset("ret", "late") is None
+        await client.commit_cursor("ret", "late", 8)
 
         await client.create_stream("ret-bytes", retention_bytes=1)
         await write_ranges(client, "ret-bytes", [[old] * 3] * 4)

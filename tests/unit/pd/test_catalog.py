@@ -29,6 +29,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
+from tests.unit.pd.catalogs import registered
 
 SERVERS = ("rs1", "rs2", "rs3", "rs4")
 
@@ -43,10 +44,7 @@ def create(name: str = "orders", **kw: object) -> CreateStream:
 
 @pytest.fixture
 def catalog() -> Catalog:
-    c = Catalog()
-    for i, sid in enumerate(SERVERS):
-        c.apply(RegisterServer(sid, f"127.0.0.1:{7200 + i}", "ssd"))
-    return c
+    return registered(SERVERS)
 
 
 def stream(result: object) -> StreamMeta:

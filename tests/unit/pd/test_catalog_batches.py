@@ -19,11 +19,11 @@ from pd.catalogimage import image_fields
 from pd.commands import (
     CreateStream,
     OpenWriter,
-    RegisterServer,
     SealRange,
     decode_command,
     encode_command,
 )
+from tests.unit.pd.catalogs import registered
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVERS = tuple(f"rs{i}" for i in range(1, 8))
@@ -31,9 +31,7 @@ SERVERS = tuple(f"rs{i}" for i in range(1, 8))
 
 @pytest.fixture
 def catalog() -> Catalog:
-    c = Catalog()
-    for i, sid in enumerate(SERVERS):
-        c.apply(RegisterServer(sid, f"127.0.0.1:{7300 + i}", "ssd"))
+    c = registered(SERVERS, port=7300)
     c.apply(CreateStream("s", 3, 2, "", (), SERVERS[:5], ensemble=5))
     c.apply(CreateStream("plain", 3, 2, "", (), SERVERS[:3]))
     c.apply(OpenWriter("s"))

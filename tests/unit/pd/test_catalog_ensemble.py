@@ -17,13 +17,13 @@ from pd.catalog import Catalog
 from pd.commands import (
     CreateStream,
     OpenWriter,
-    RegisterServer,
     SealRange,
     UpdateReplicas,
     decode_command,
     encode_command,
 )
 from pd.shell.service import PdService
+from tests.unit.pd.catalogs import registered
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVERS = tuple(f"rs{i}" for i in range(1, 8))
@@ -31,10 +31,7 @@ SERVERS = tuple(f"rs{i}" for i in range(1, 8))
 
 @pytest.fixture
 def catalog() -> Catalog:
-    c = Catalog()
-    for i, sid in enumerate(SERVERS):
-        c.apply(RegisterServer(sid, f"127.0.0.1:{7200 + i}", "ssd"))
-    return c
+    return registered(SERVERS)
 
 
 def create(name: str = "s", ensemble: int = 5, placement: tuple[str, ...] = SERVERS[:5],

@@ -24,19 +24,17 @@ from pd.commands import (
     ExpirePrepared,
     OpenWriter,
     PrepareObject,
-    RegisterServer,
     SealRange,
     UpdateReplicas,
     decode_command,
     encode_command,
 )
+from tests.unit.pd.catalogs import registered
 
 
 @pytest.fixture
 def catalog() -> Catalog:
-    c = Catalog()
-    for i, sid in enumerate(("rs1", "rs2", "rs3", "rs4")):
-        c.apply(RegisterServer(sid, f"127.0.0.1:{7200 + i}", "ssd"))
+    c = registered(("rs1", "rs2", "rs3", "rs4"))
     c.apply(CreateStream("orders", 3, 2, "", (), ("rs1", "rs2", "rs3")))
     c.apply(OpenWriter("orders"))
     c.apply(SealRange("orders", 1, 0, 10, ("rs1", "rs2", "rs3")))

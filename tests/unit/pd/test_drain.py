@@ -23,7 +23,9 @@ from pd.commands import (
     encode_command,
 )
 from pd.drain import forget_refusal, leave_servers, open_ranges_leaving, replica_counts
-from pd.repair import REASON_DRAIN, ReplicaReport, ServerState, plan_repairs
+from pd.repair import REASON_DRAIN, ServerState, plan_repairs
+from pd.replicareports import ReplicaReport
+from tests.unit.pd.catalogs import registered
 
 NOW = 100_000
 
@@ -33,9 +35,7 @@ def test_doctests() -> None:
 
 
 def catalog(servers: str = "abcd") -> Catalog:
-    c = Catalog()
-    for i, sid in enumerate(servers):
-        c.apply(RegisterServer(sid, f"127.0.0.1:{7000 + i}", "ssd"))
+    c = registered(servers, port=7000)
     c.apply(CreateStream("s", 3, 2, "", (), ("a", "b", "c")))
     c.apply(OpenWriter("s"))
     c.apply(SealRange("s", 1, 0, 10, ("a", "b", "c")))

@@ -20,14 +20,8 @@ from pd.catalog import Catalog
 from pd.commands import CreateStream, OpenWriter, RecordRangeStats, RegisterServer, SealRange
 from pd.drain import replica_counts, replica_sets, under_replicated
 from pd.metrics import Metrics
-from pd.repair import (
-    ReplicaReport,
-    SealedReports,
-    ServerState,
-    has_replicas,
-    plan_repairs,
-    track_short,
-)
+from pd.repair import SealedReports, ServerState, has_replicas, plan_repairs, track_short
+from pd.replicareports import ReplicaReport
 from pd.retention import needs_stats, plan_trim, recorded_bytes, stats_due
 from pd.shell.retainer import Retainer
 from pd.streammemo import Narrowing, StreamMemo

@@ -18,19 +18,16 @@ from pd.catalog import Catalog
 from pd.commands import (
     Command,
     CommitPack,
-    CreateStream,
     DropLocalReplicas,
     ObjectDamaged,
-    OpenWriter,
     PackMember,
     PreparePack,
-    RegisterServer,
-    SealRange,
     TrimStream,
     decode_command,
     encode_command,
 )
 from pd.objectdamage import DamageInbox, DamageReport, plan_damage, ranges_naming
+from tests.unit.pd.catalogs import members, registered, two_sealed_streams
 
 SERVERS = ("rs1", "rs2", "rs3")
 REFS = (ReplicaRef("rs1", "127.0.0.1:1"),)
@@ -105,25 +102,7 @@ def test_plan_damage_by_range() -> None:
 
 @pytest.fixture
 def catalog() -> Catalog:
-    c = Catalog()
-    for i, sid in enumerate((*SERVERS, "rs4")):
-        c.apply(RegisterServer(sid, f"127.0.0.1:{7200 + i}", "ssd"))
-    for name in ("a", "b"):
-        c.apply(CreateStream(name, 3, 2, "", (), SERVERS))
-        c.apply(OpenWriter(name))
-        c.apply(SealRange(name, 1, 0, 10, SERVERS))
-        c.apply(SealRange(name, 1, 1, 20, SERVERS))
-    return c
-
-
-def members(c: Catalog, *which: tuple[str, int]) -> tuple[PackMember, ...]:
-    out = []
-    for name, index in which:
-        s = c.stream(name)
-        r = s.ranges[index - s.ranges[0].index]
-        assert r.end is not None
-        out.append(PackMember(name, s.id, index, r.start, r.end))
-    return tuple(out)
+    return two_sealed_streams(registered((*SERVERS, "rs4")), SERVERS)
 
 
 def committed(c: Catalog, key: str, ms: tuple[PackMember, ...]) -> None:

@@ -29,15 +29,11 @@ from pd.catalog import Catalog, PreparedObject
 from pd.commands import (
     CommitObject,
     CommitPack,
-    CreateStream,
     DeleteStream,
     ObjectsDeleted,
-    OpenWriter,
     PackMember,
     PrepareObject,
     PreparePack,
-    RegisterServer,
-    SealRange,
     TrimStream,
     decode_command,
     encode_command,
@@ -52,6 +48,7 @@ from pd.offload import (
     reusable_packs,
     still_wanted,
 )
+from tests.unit.pd.catalogs import members, registered, two_sealed_streams
 
 SERVERS = ("rs1", "rs2", "rs3")
 
@@ -153,25 +150,7 @@ def test_version_1_objects_still_read() -> None:
 
 @pytest.fixture
 def catalog() -> Catalog:
-    c = Catalog()
-    for i, sid in enumerate(SERVERS):
-        c.apply(RegisterServer(sid, f"127.0.0.1:{7300 + i}", "ssd"))
-    for name in ("a", "b"):
-        c.apply(CreateStream(name, 3, 2, "", (), SERVERS))
-        c.apply(OpenWriter(name))
-        c.apply(SealRange(name, 1, 0, 10, SERVERS))
-        c.apply(SealRange(name, 1, 1, 20, SERVERS))
-    return c
-
-
-def members(c: Catalog, *which: tuple[str, int], replaces: str = "") -> tuple[PackMember, ...]:
-    out = []
-    for name, index in which:
-        s = c.stream(name)
-        r = s.ranges[index - s.ranges[0].index]
-        assert r.end is not None
-        out.append(PackMember(name, s.id, index, r.start, r.end, replaces=replaces))
-    return tuple(out)
+    return two_sealed_streams(registered(SERVERS, port=7300), SERVERS)
 
 
 def parts(ms: tuple[PackMember, ...]) -> tuple[PackMember, ...]:
@@ -346,7 +325,7 @@ def tiered(index: int, key: str, lo: int, hi: int, replicas: tuple[ReplicaRef, .
 
 
 def test_compaction_plans() -> None:
-    from pd.compaction import Compaction, plan
+    from pd.compaction import Compaction, CompactionRule, plan
 
     def sources(streams: list[StreamMeta], sizes: dict[str, int], size_max: int = 10_000,
                 busy: set[tuple[int, int]] | None = None) -> list[tuple[str, ...]]:
@@ -354,7 +333,7 @@ def test_compaction_plans() -> None:
 
     def planned(streams: list[StreamMeta], sizes: dict[str, int], size_max: int = 10_000,
                 busy: set[tuple[int, int]] | None = None) -> list[Compaction]:
-        return plan(streams, sizes, size_bytes_max=size_max, small_bytes=1_000,
+        return plan(streams, sizes, CompactionRule(size_max, small_bytes=1_000),
                     busy=busy or set())
 
     s = StreamMeta(1, "s", ranges=(tiered(0, "a", 0, 100), tiered(1, "b", 0, 100),

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 import pd.retention
-from estream.wire.errors import Conflict, InvalidArgument, StreamNotFound
+from estream.wire.errors import Conflict, InvalidArgument, OffsetOutOfRange, StreamNotFound
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import ObjectIndex, decode_object, encode_object
 from estream.wire.record import Record, encode_batch
@@ -23,6 +23,7 @@ from pd.commands import (
     RecordRangeStats,
     RegisterServer,
     SealRange,
+    TrimStream,
     decode_command,
     encode_command,
 )
@@ -132,6 +133,11 @@ def test_checks_and_lags() -> None:
             check_cursor(bad, 0)
     with pytest.raises(InvalidArgument):
         check_cursor("ok", -1)
+    check_cursor("ok", 7, start=7)
+    with pytest.raises(OffsetOutOfRange) as below:
+        check_cursor("ok", 6, start=7)
+    assert (below.value.offset, below.value.start) == (6, 7)
+    assert "start 7" in str(below.value)
     check_retention(None, None)
     for bad_ms, bad_bytes in ((0, None), (None, -5), (-1, 1)):
         with pytest.raises(InvalidArgument):
@@ -183,6 +189,23 @@ def test_catalog_refusals_change_nothing() -> None:
     with pytest.raises(InvalidArgument):
         catalog.apply(CreateStream("t", 3, 2, "", (), SERVERS, retention_ms=-5))
     assert catalog.snapshot() == before
+
+
+def test_a_cursor_below_the_start_is_refused_and_changes_nothing() -> None:
+    """After a trim, a commit below the new start is OffsetOutOfRange naming the start (it
+    would hold every range left against retention); at the start it is stored."""
+    catalog = catalog_with_stream()
+    catalog.apply(OpenWriter("s"))
+    catalog.apply(SealRange("s", 1, 0, 40, SERVERS))
+    catalog.apply(CommitCursor("s", "slow", 10))  # below the start-to-be: a trim moves past it
+    catalog.apply(TrimStream("s", 40))
+    before = catalog.snapshot()
+    with pytest.raises(OffsetOutOfRange) as below:
+        catalog.apply(CommitCursor("s", "late", 39))
+    assert (below.value.offset, below.value.start) == (39, 40)
+    assert catalog.snapshot() == before
+    catalog.apply(CommitCursor("s", "late", 40))
+    assert catalog.view().cursors["s"] == {"slow": 10, "late": 40}
 
 
 def test_new_commands_round_trip_the_codec() -> None:

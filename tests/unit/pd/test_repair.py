@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+import pd.replicareports
 from estream.server.metrics import FamiliesCollector, exposition, new_registry
 from estream.wire.errors import Conflict
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
@@ -19,15 +20,8 @@ from pd import repair as repair_module
 from pd.catalog import Catalog
 from pd.commands import CreateStream, RegisterServer, SealRange, UpdateReplicas
 from pd.metrics import Metrics
-from pd.repair import (
-    ReplicaReport,
-    SealedReports,
-    ServerState,
-    parse_listing,
-    parse_reports,
-    plan_repairs,
-    track_short,
-)
+from pd.repair import SealedReports, ServerState, plan_repairs, track_short
+from pd.replicareports import ReplicaReport, parse_listing, parse_reports
 
 GRACE = 10_000
 NOW = 100_000
@@ -48,6 +42,8 @@ OPEN = RangeMeta(1, 100, None, refs("a", "b", "d"))
 
 def test_doctests() -> None:
     assert doctest.testmod(repair_module, verbose=False).failed == 0
+    assert doctest.testmod(pd.replicareports, verbose=False).attempted > 0
+    assert doctest.testmod(pd.replicareports, verbose=False).failed == 0
     assert doctest.testmod(liveness, verbose=False).failed == 0  # superseded servers
 
 

@@ -16,7 +16,7 @@ import pytest
 from estream.core.stripedsteps import AppendBatch, HeldBatch, ReadBatches, copy_chain
 from estream.wire.errors import Unavailable
 from estream.wire.stripe import Stripe
-from pd.repair import parse_listing, parse_reports
+from pd.replicareports import parse_listing, parse_reports
 from rangeserver.replica import ReplicaState, problem_replicas
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -17,9 +17,10 @@ import pytest
 import pd.compaction
 import pd.sealedreports
 from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
-from pd.compaction import Compaction, Planner, plan
+from pd.compaction import Compaction, CompactionRule, Planner, plan
 from pd.pmap import PMap
-from pd.repair import ReplicaReport, SealedReports
+from pd.repair import SealedReports
+from pd.replicareports import ReplicaReport
 from tests.unit.pd.test_catalog_changes import no_walk
 
 SERVERS = ("a", "b", "c", "d")
@@ -174,10 +175,10 @@ def test_the_planner_over_the_catalog_plans_what_a_whole_walk_plans() -> None:
             busy = {(s.id, r.index) for s in rng.sample(streams, min(3, len(streams)))
                     for r in s.ranges}
             size_max = 1_000 if step == 20 else 10_000  # (a new rule: weighed again)
-            options: dict[str, Any] = dict(size_bytes_max=size_max, small_bytes=1_000,
-                                           members_max=12, busy=busy)
-            got = planner.plan((no_walk(m) if step else m).values(), dict(sizes), **options)
-            assert _sources(got) == _sources(plan(streams, sizes, **options)), (seed, step)
+            rule = CompactionRule(size_max, small_bytes=1_000, members_max=12)
+            got = planner.plan((no_walk(m) if step else m).values(), dict(sizes), rule,
+                               busy=busy)
+            assert _sources(got) == _sources(plan(streams, sizes, rule, busy=busy)), (seed, step)
 
 
 def test_the_planner_weighs_only_the_objects_that_changed(
@@ -188,16 +189,16 @@ def test_the_planner_weighs_only_the_objects_that_changed(
         for j in range(5)))) for i in range(1000))
     sizes = {f"k{i:04d}-{j}": 200 for i in range(1000) for j in range(5)}
     planner = Planner()
-    options: dict[str, Any] = dict(size_bytes_max=10**9, small_bytes=1_000)
-    assert planner.plan(m.values(), sizes, **options)  # (small: worth rewriting)
+    rule = CompactionRule(10**9, small_bytes=1_000)
+    assert planner.plan(m.values(), sizes, rule)  # (small: worth rewriting)
     weighed: list[str] = []
     real = pd.compaction._worth
     monkeypatch.setattr(pd.compaction, "_worth", lambda moves, size, rule: weighed.append(
         moves[0].old_key) or real(moves, size, rule))
-    planner.plan(no_walk(m).values(), sizes, **options)
+    planner.plan(no_walk(m).values(), sizes, rule)
     assert weighed == []  # nothing changed: nothing weighed
     s7 = m["s0007"]
     m = m.set("s0007", replace(s7, ranges=(*s7.ranges[:2], replace(
         s7.ranges[2], object_part=ObjectPart(0, 50, 900, 952, 1)), *s7.ranges[3:])))
-    planner.plan(no_walk(m).values(), {**sizes, "new": 300}, **options)
+    planner.plan(no_walk(m).values(), {**sizes, "new": 300}, rule)
     assert sorted(weighed) == [f"k0007-{j}" for j in range(5)]  # (no range names "new")

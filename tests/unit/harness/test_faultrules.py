@@ -1,5 +1,5 @@
 """The fault proxy's pure core: cutting byte streams into frames, and the rules that decide
-what happens to each frame (``tests/harness/faultproxy.py``)."""
+what happens to each frame (``tests/harness/faultrules.py``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import doctest
 import pytest
 
 from estream.wire.protocol import FrameFlags, Opcode, encode_frame_bytes
-from tests.harness import faultproxy
-from tests.harness.faultproxy import Action, Direction, FaultRules, FrameSplitter, Rule
+from tests.harness import faultrules
+from tests.harness.faultrules import Action, Direction, FaultRules, FrameSplitter, Rule
 
 REQ, ANS = Direction.REQUEST, Direction.ANSWER
 
@@ -24,7 +24,7 @@ def frames_bytes() -> list[bytes]:
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(faultproxy, verbose=False).failed == 0
+    assert doctest.testmod(faultrules, verbose=False).failed == 0
 
 
 def test_splitter_returns_each_frame_exactly_with_its_prefix_fields() -> None:

@@ -1,0 +1,111 @@
+"""What PD knows of each replica from its range server: the heartbeat load's
+``problem_replicas`` (damaged, open and sealed-short replicas every time, sealed whole ones
+a window at a time, each with ``sealed_end``: :func:`parse_reports`) and the reclaimer's
+periodic ``LIST_RANGES`` of every live server (:func:`parse_listing`; what a listing says
+is absent, and until when it counts: :func:`listed_now`). Repair (:mod:`pd.repair`) plans
+from these; :class:`pd.sealedreports.SealedReports` remembers the sealed ones.
+
+Malformed entries (an older or buggy server) are ignored, never trusted.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+RangeKey = tuple[int, int]  # (stream_id, range_index)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    """One problem replica a range server reported in its heartbeat load."""
+
+    stream_id: int
+    range_index: int
+    damaged: bool
+    sealed: bool
+    end: int  # what it serves: its durable end (sealed: min(end, sealed end))
+    sealed_end: int | None = None  # where it is sealed (None: open, or not reported)
+
+    def sealed_elsewhere(self, end: int) -> bool:
+        """Sealed at an end other than ``end`` (the catalog's)."""
+        return self.sealed and self.sealed_end is not None and self.sealed_end != end
+
+
+def _report(item: object, *, listed: bool) -> ReplicaReport | None:
+    if not isinstance(item, Mapping):
+        return None
+    sid, idx, end = item.get("stream_id"), item.get("range_index"), item.get("end")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (sid, idx, end)):
+        return None
+    assert isinstance(sid, int) and isinstance(idx, int) and isinstance(end, int)
+    sealed = bool(item.get("sealed", False))
+    raw_sealed_end = item.get("sealed_end")
+    sealed_end = raw_sealed_end if isinstance(raw_sealed_end, int) and sealed else None
+    if listed and sealed_end is not None:  # its durable end; striped, sealed with a count: whole
+        end = sealed_end if isinstance(item.get("batches"), int) else min(end, sealed_end)
+    return ReplicaReport(sid, idx, bool(item.get("damaged", False)), sealed, end, sealed_end)
+
+
+def parse_reports(load: Mapping[str, Any]) -> dict[RangeKey, ReplicaReport]:
+    """The ``problem_replicas`` of a heartbeat load, keyed by range; malformed entries
+    (an older or buggy server) are ignored.
+
+    >>> parse_reports({"problem_replicas": [
+    ...     {"stream_id": 1, "range_index": 0, "damaged": True, "sealed": True, "end": 7,
+    ...      "sealed_end": 9},
+    ...     {"stream_id": "x"}]})[(1, 0)]
+    ReplicaReport(stream_id=1, range_index=0, damaged=True, sealed=True, end=7, sealed_end=9)
+    """
+    found: dict[RangeKey, ReplicaReport] = {}
+    raw = load.get("problem_replicas")
+    if not isinstance(raw, list):
+        return found
+    for item in raw:
+        report = _report(item, listed=False)
+        if report is not None:
+            found[(report.stream_id, report.range_index)] = report
+    return found
+
+
+def parse_listing(listed: Iterable[object]) -> list[ReplicaReport]:
+    """The well-formed entries of a server's ``LIST_RANGES`` answer as reports (its
+    ``end`` is the durable end: a report's is what it serves, so a sealed one's is cut at
+    its sealed end).
+
+    >>> parse_listing([{"stream_id": 1, "range_index": 0, "end": 12, "sealed": True,
+    ...                 "sealed_end": 10}, "junk"])
+    [ReplicaReport(stream_id=1, range_index=0, damaged=False, sealed=True, end=10, sealed_end=10)]
+    """
+    found = (_report(item, listed=True) for item in listed)
+    return [r for r in found if r is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerListing:
+    """The replicas a server's ``LIST_RANGES`` named, and when it was asked."""
+
+    at_ms: int
+    keys: frozenset[RangeKey]
+
+
+def listed_now(
+    listing: ServerListing | None, now_ms: int, max_age_ms: int,
+    changed_at: Mapping[RangeKey, int],
+) -> frozenset[RangeKey] | None:
+    """What counts as listed on a server now: None without a listing younger than
+    ``max_age_ms`` (nothing is then called absent); a range repair worked on since the
+    listing was asked for (``changed_at``) counts as listed (the listing cannot know).
+
+    >>> seen = ServerListing(1_000, frozenset({(1, 0)}))
+    >>> sorted(listed_now(seen, 2_000, 15_000, {(1, 1): 1_500, (1, 2): 900}))
+    [(1, 0), (1, 1)]
+    >>> listed_now(seen, 20_000, 15_000, {}) is None
+    True
+    """
+    if listing is None or now_ms - listing.at_ms > max_age_ms:
+        return None
+    return listing.keys | {k for k, at in changed_at.items() if at >= listing.at_ms}
