@@ -36,10 +36,16 @@ class WriterConfig:
     delivery_timeout_ms: int = limits.delivery_timeout_ms  # the driver's: append deadline
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SendAppend:
     """Send ``payload`` (one encoded batch) as APPEND to ``replica`` of ``range_index``;
-    ``batch``: its index in a striped range (None: unstriped, not sent)."""
+    ``batch``: its index in a striped range (None: unstriped, not sent).
+
+    A value, never changed once made, like every effect; the three made per batch
+    (:class:`SendAppend`, :class:`SendConfirm`, :class:`CompleteAppends`) are not
+    ``frozen``, whose construction costs about five times as much (``object.__setattr__``
+    per field): with a writer per stream a record is its own batch, and ten of them are
+    made per record (``rangeserver/replica.py``'s ``ReplicaState`` likewise)."""
 
     replica: str
     range_index: int
@@ -48,7 +54,7 @@ class SendAppend:
     batch: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # a value; not frozen: see SendAppend
 class SendConfirm:
     """Send CONFIRM ``confirm`` to ``replica``, so tailing readers see the last records;
     ``durable=False``: a hint (:mod:`estream.core.confirmhint`), not logged by the replica."""
@@ -59,7 +65,7 @@ class SendConfirm:
     durable: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # a value; not frozen: see SendAppend
 class CompleteAppends:
     """Every append with an offset below ``upto`` is acknowledged."""
 

@@ -20,9 +20,10 @@ server keep the order their entries were started in; within a request, batches a
 before confirms. A confirm is answered once durable, so confirms never ride with
 DEFERRED_SYNC batches (whose answers do not wait for an fsync). A confirm hint (a CONFIRM
 with ``durable=False``: ``estream/core/confirmhint.py``) goes at once when first for its
-server in a turn; later in the turn it is queued and, at the end of the turn, goes as a
-plain CONFIRM of its own (APPEND_MANY's confirms are durable ones): every idle writer's
-hint reaches its replicas, however many writers share the client.
+server in a turn; later in the turn it is queued and, at the end of the turn, rides in the
+APPEND_MANY's ``hints`` (raised in memory, nothing logged; with DEFERRED_SYNC batches too,
+since nothing waits for it): every idle writer's hint reaches its replicas, however many
+writers share the client, in one request per server rather than one each.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -100,7 +101,7 @@ class _Queued:
 
     batches: dict[bool, list[_Batch]] = field(default_factory=dict)  # by durability
     confirms: list[_Confirm] = field(default_factory=list)
-    hints: list[_Confirm] = field(default_factory=list)  # CONFIRM durable=False, each alone
+    hints: list[_Confirm] = field(default_factory=list)  # CONFIRM durable=False: "hints"
 
 
 class AppendSender:
@@ -170,16 +171,19 @@ class AppendSender:
         self._flush = None
         self._sent.clear()
         queued, self._queued = self._queued, {}
+        most = limits.append_many_entries_max
         for (address, server_id), entries in queued.items():
             confirms = [c for c in entries.confirms if c[1].done is not None]
+            hints = [h for h in entries.hints if h[1].done is not None]
             for deferred, every in entries.batches.items():
                 batches = [b for b in every if b[1].done is not None]  # not abandoned
                 for group in group_entries([len(batch) for batch, _, _ in batches]):
                     # Confirms are durable before they are answered: they ride only with
                     # batches that wait for the fsync anyway, never with DEFERRED_SYNC ones.
-                    riding = [] if deferred else confirms[:limits.append_many_entries_max]
+                    riding = [] if deferred else confirms[:most]
                     confirms = confirms[len(riding):]
-                    if len(group) == 1 and not riding:
+                    hinting, hints = hints[:most], hints[most:]
+                    if len(group) == 1 and not riding and not hinting:
                         batch, entry, index = batches[group.start]
                         entry.request = request = _Request(1)
                         request.started = self._single.start_append(
@@ -187,17 +191,15 @@ class AppendSender:
                             deferred=deferred, timeout_s=self.timeout_s, batch_index=index)
                         continue
                     self._send_many(address, server_id, deferred,
-                                    batches[group.start:group.stop], riding)
-            while confirms:
-                riding = confirms[:limits.append_many_entries_max]
-                confirms = confirms[len(riding):]
-                if len(riding) == 1:
-                    self._confirm_alone(address, server_id, riding[0], durable=True)
+                                    batches[group.start:group.stop], riding, hinting)
+            while confirms or hints:
+                riding, confirms = confirms[:most], confirms[most:]
+                hinting, hints = hints[:most], hints[most:]
+                if len(riding) + len(hinting) == 1:
+                    self._confirm_alone(address, server_id, (riding or hinting)[0],
+                                        durable=bool(riding))
                 else:
-                    self._send_many(address, server_id, False, [], riding)
-            for hint in entries.hints:
-                if hint[1].done is not None:
-                    self._confirm_alone(address, server_id, hint, durable=False)
+                    self._send_many(address, server_id, False, [], riding, hinting)
 
     def _confirm_alone(self, address: str, server_id: str | None, queued: _Confirm, *,
                        durable: bool) -> None:
@@ -209,14 +211,17 @@ class AppendSender:
             durable=durable)
 
     def _send_many(self, address: str, server_id: str | None, deferred: bool,
-                   batches: list[_Batch], confirms: list[_Confirm]) -> None:
+                   batches: list[_Batch], confirms: list[_Confirm],
+                   hints: list[_Confirm]) -> None:
         """One APPEND_MANY; each entry's answer to its callback."""
         pool = self.pool
         header, payload = encode_request([batch for batch, _, _ in batches], deferred,
                                          server_id, [confirm for confirm, _ in confirms],
-                                         [index for _, _, index in batches])
+                                         [index for _, _, index in batches],
+                                         [hint for hint, _ in hints])
         appended = [entry for _, entry, _ in batches]  # not the batches: the frame has them
-        confirming = [entry for _, entry in confirms]
+        confirming = [entry for _, entry in confirms] + [entry for _, entry in hints]
+        hinted = len(hints)
         request = _Request(len(appended) + len(confirming))
         for entry in appended + confirming:
             entry.request = request
@@ -225,7 +230,8 @@ class AppendSender:
             if error is None:
                 assert body is not None
                 try:
-                    results, confirmed = decode_answer(body, len(appended), len(confirming))
+                    results, confirmed = decode_answer(
+                        body, len(appended), len(confirming) - hinted, hinted)
                 except MalformedFrame as exc:
                     error = exc
                 else:

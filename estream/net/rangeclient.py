@@ -252,6 +252,23 @@ async def _copy_batch(
 # -- the writer's view ---------------------------------------------------------------------
 
 
+class _Answered:
+    """An APPEND's or CONFIRM's callback that first forgets it as outstanding: one object
+    per request and replica instead of a closure's function, cells and tuple (a record
+    spread over many streams is a request per replica, and each object is the cyclic
+    GC's to count and walk)."""
+
+    __slots__ = ("done", "key", "outstanding")
+
+    def __init__(self, outstanding: dict[int, Started], key: int,
+                 done: Callable[..., None]) -> None:
+        self.outstanding, self.key, self.done = outstanding, key, done
+
+    def __call__(self, *answer: object) -> None:
+        self.outstanding.pop(self.key, None)
+        self.done(*answer)
+
+
 class ReplicaClient:
     """The writer's requests to the replicas of its ranges, by replica id (addresses learned
     from range metadata), at its epoch. It decides nothing: ``estream/sdk/writer.py`` and
@@ -289,11 +306,7 @@ class ReplicaClient:
         ``done(its durable (or written) end, None)`` or ``done(-1, error)`` later
         (:meth:`RangeClient.start_append`); ``batch_index``: a striped range's."""
         outstanding, key = self.outstanding.setdefault(replica, {}), next(self._ids)
-
-        def answered(end: int, error: EstreamError | None) -> None:
-            outstanding.pop(key, None)
-            done(end, error)
-
+        answered = _Answered(outstanding, key, done)
         if batch_index is None:
             outstanding[key] = self.appends.start_append(
                 self.addresses[replica], answered, server_id=replica, batch=payload,
@@ -311,14 +324,10 @@ class ReplicaClient:
         ``done(None)`` once it is durable (a hint, ``durable=False``: once raised), or
         ``done(error)``, later."""
         outstanding, key = self.outstanding.setdefault(replica, {}), next(self._ids)
-
-        def answered(error: EstreamError | None) -> None:
-            outstanding.pop(key, None)
-            done(error)
-
         outstanding[key] = self.appends.start_confirm(
-            self.addresses[replica], answered, server_id=replica, stream_id=stream_id,
-            range_index=range_index, epoch=self.epoch, confirm=confirm, durable=durable)
+            self.addresses[replica], _Answered(outstanding, key, done), server_id=replica,
+            stream_id=stream_id, range_index=range_index, epoch=self.epoch, confirm=confirm,
+            durable=durable)
 
     def abandon(self, replica: str) -> None:
         """The writer dropped ``replica``: its APPENDs and CONFIRMs not answered yet fail

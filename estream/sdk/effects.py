@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
 from typing import TYPE_CHECKING, assert_never
 
 from estream.core.writeeffects import (
@@ -82,8 +81,7 @@ class EffectRunner:
                     # through the callback (no task per batch and replica).
                     replicas.start_append(
                         effect.replica, effect.payload, deferred,
-                        partial(self._append_answered, core, effect.replica,
-                                effect.range_index), effect.batch)
+                        _AppendAnswer(self, core, effect), effect.batch)
                 case CompleteAppends():
                     complete_upto = max(complete_upto, effect.upto)
                 case SendConfirm():
@@ -91,7 +89,7 @@ class EffectRunner:
                         self._confirm_asked = max(self._confirm_asked, effect.confirm)
                     replicas.start_confirm(
                         effect.replica, core.ranges.stream_id, effect.range_index,
-                        effect.confirm, partial(self._confirm_answered, core, effect),
+                        effect.confirm, _ConfirmAnswer(self, core, effect),
                         durable=effect.durable)
                 case RequestRoll():
                     writer._rolls.on_degraded(effect)
@@ -237,6 +235,36 @@ class EffectRunner:
     def _confirms_at(self, core: WriterCore, target: int) -> int:
         live = core.ranges.live
         return sum(1 for r, c in self._confirmed.items() if c >= target and r in live)
+
+
+class _AppendAnswer:
+    """A replica's answer to one :class:`SendAppend`, to :meth:`EffectRunner._append_answered`:
+    one object per batch and replica, where a ``functools.partial`` is three (itself, its
+    arguments and keywords) for the cyclic GC to count and walk while the request is out
+    (with a writer per stream, a record is its own batch)."""
+
+    __slots__ = ("core", "range_index", "replica", "runner")
+
+    def __init__(self, runner: EffectRunner, core: WriterCore, effect: SendAppend) -> None:
+        # Not the effect: its payload is the writer's to release (abandon, chase).
+        self.runner, self.core = runner, core
+        self.replica, self.range_index = effect.replica, effect.range_index
+
+    def __call__(self, end: int, error: EstreamError | None) -> None:
+        self.runner._append_answered(self.core, self.replica, self.range_index, end, error)
+
+
+class _ConfirmAnswer:
+    """A replica's answer to one :class:`SendConfirm`, to
+    :meth:`EffectRunner._confirm_answered` (one object: see :class:`_AppendAnswer`)."""
+
+    __slots__ = ("core", "effect", "runner")
+
+    def __init__(self, runner: EffectRunner, core: WriterCore, effect: SendConfirm) -> None:
+        self.runner, self.core, self.effect = runner, core, effect
+
+    def __call__(self, error: EstreamError | None) -> None:
+        self.runner._confirm_answered(self.core, self.effect, error)
 
 
 __all__ = ["EffectRunner"]

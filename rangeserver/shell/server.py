@@ -249,13 +249,14 @@ class RangeServer:
     ) -> tuple[asyncio.Future[None] | None, Callable[[], tuple[Header, bytes]]]:
         """APPEND_MANY as a quick handler: every batch checked and decided as an APPEND of
         its own (:meth:`append_now`), every confirm as a CONFIRM of its own, all queued to
-        the log in this turn (one log write, one fsync group); answered once every entry's
+        the log in this turn, then every confirm hint as a CONFIRM ``durable=False`` (in
+        memory, nothing logged) (one log write, one fsync group); answered once every entry's
         outcome is known, each with its own end or typed error
         (``estream/wire/appendmany.py``)."""
         asked = header.get("server_id")
         if asked is not None and asked != self.server_id:
             raise _wrong_server(asked, self.server_id)
-        deferred, batches, confirms = appendmany.decode_request(header, payload)
+        deferred, batches, confirms, hints = appendmany.decode_request(header, payload)
         key = self._stream_key if self._secret is not None else None
         roles = header.get(ROLES_FIELD, ())
 
@@ -283,6 +284,7 @@ class RangeServer:
         decided, durable = self.store.begin_confirms(checked) if checked else ([], None)
         taken = iter(decided)
         confirmed = [next(taken) if c is None else c for c in confirmed]
+        hinted = [self._hint(hint) for hint in hints]  # in memory, answered with the rest
         waits = list(writes)
         if durable is not None:
             waits.append(durable)
@@ -291,7 +293,19 @@ class RangeServer:
             done = _paced(done, self.store.append_delay_ms)
         return done, lambda: (appendmany.encode_answer(
             [self._entry_result(e, writes, deferred) for e in appends],
-            [_durable_result(durable) if c is None else c for c in confirmed]), b"")
+            [_durable_result(durable) if c is None else c for c in confirmed], hinted), b"")
+
+    def _hint(self, hint: appendmany.Confirm) -> EstreamError | None:
+        """One APPEND_MANY confirm hint, taken as a CONFIRM ``durable=False`` of its own
+        (:meth:`confirm_now`): None, or the typed error it was refused with."""
+        try:
+            stream_id, range_index, epoch, offset = (
+                bounds.check_field(name, value) for name, value in zip(
+                    ("stream_id", "range_index", "epoch", "confirm"), hint, strict=True))
+            self.store.hint_confirm(stream_id, range_index, epoch, offset)
+        except EstreamError as exc:
+            return exc
+        return None
 
     def _entry_result(
         self, entry: Appended | EstreamError, writes: list[asyncio.Future[None]],

@@ -1,7 +1,8 @@
 """APPEND_MANY's confirms on a real :class:`Store` (real files, fdatasync): the CONFIRM
 entries of one request are one log write, each still its own CONFIRM entry, durable
 before the answer and found again after a restart; a bad confirm is refused alone; a
-log that cuts the write back undoes every confirm in it."""
+log that cuts the write back undoes every confirm in it; a confirm hint riding in the request
+is raised in memory and logs nothing."""
 
 from __future__ import annotations
 
@@ -33,14 +34,16 @@ def counted_log_writes(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[in
 
 
 async def append_many(server: RangeServer, confirms: list[tuple[int, int, int, int]],
-                      batches: tuple[bytes, ...] = ()) -> tuple[list[Any], list[Any]]:
-    """One APPEND_MANY through the server's quick handler: (results, confirmed)."""
-    header, payload = appendmany.encode_request(batches, False, None, confirms)
+                      batches: tuple[bytes, ...] = (),
+                      hints: tuple[tuple[int, int, int, int], ...] = (),
+                      ) -> tuple[list[Any], list[Any]]:
+    """One APPEND_MANY through the server's quick handler: (results, confirmed + hinted)."""
+    header, payload = appendmany.encode_request(batches, False, None, confirms, hints=hints)
     pending, answer = server.append_many_now(header, payload)
     if pending is not None:
         await pending
     body, _ = answer()
-    return appendmany.decode_answer(body, len(batches), len(confirms))
+    return appendmany.decode_answer(body, len(batches), len(confirms), len(hints))
 
 
 async def three_replicas(store: Store) -> None:
@@ -105,3 +108,28 @@ async def test_confirms_of_one_request_cut_off_by_the_log_are_undone_together(
     reopened = await open_store(tmp_path, io)
     assert [reopened.replicas[k].confirm for k in (A, B, C)] == [4, 4, 0]
     await reopened.close()
+
+
+async def test_the_hints_of_a_request_are_raised_in_memory_and_log_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """APPEND_MANY's ``hints``: each a CONFIRM ``durable=False`` of its own (raised at once,
+    no log entry, refused alone), answered with the request; a later durable confirm logs
+    what a hint raised."""
+    store = await open_store(tmp_path, "thread")
+    server = RangeServer(store, "rs-1")
+    await three_replicas(store)
+    writes = counted_log_writes(store, monkeypatch)
+    _, hinted = await append_many(server, [], hints=((*A, 1, 3), (*B, 1, 4), (*C, 0, 4),
+                                                     (5, 0, 1, 1), (*C, 1, 2**63)))
+    assert hinted[:2] == [None, None]
+    assert isinstance(hinted[2], Fenced)
+    assert isinstance(hinted[3], RangeNotFound)
+    assert isinstance(hinted[4], InvalidArgument)
+    assert writes == [], "a hint logs nothing"
+    assert [store.replicas[k].confirm for k in (A, B, C)] == [3, 4, 0]
+    # A hint rides with a durable confirm of another replica: one write, the confirm's.
+    _, confirmed = await append_many(server, [(*C, 1, 2)], hints=((*A, 1, 4),))
+    assert confirmed == [None, None] and writes == [44]
+    assert [store.replicas[k].confirm for k in (A, B, C)] == [4, 4, 2]
+    await store.close()

@@ -148,12 +148,14 @@ async def test_an_answer_without_a_result_per_entry_fails_them_all() -> None:
     assert all(isinstance(got[n][1], MalformedFrame) for n in ("1", "2"))
 
 
-async def test_every_writers_confirm_hint_reaches_its_server() -> None:
+async def test_every_writers_confirm_hint_reaches_its_server_in_one_request() -> None:
     """Issue 32: a hint (``durable=False``) is a plain CONFIRM naming it, at once when first
-    for its server in the turn; many idle writers' hints to one server in one turn each go,
-    after the turn's batches, as a CONFIRM of their own (none dropped)."""
-    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1}})
+    for its server in the turn; many idle writers' hints to one server in one turn all go,
+    none dropped, in one APPEND_MANY's ``hints`` (not a CONFIRM request each)."""
     writers = 50
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer(
+                         [], [], [Fenced("old", epoch=3, current_epoch=4)] + [None] * 49)})
     sender, answers = AppendSender(pool, timeout_s=3.0), Answers(writers + 2)
     sender.start_confirm("a:1", lambda error: answers.to("h0")(0, error), server_id="s",
                          stream_id=1, range_index=0, epoch=3, confirm=10, durable=False)
@@ -166,13 +168,36 @@ async def test_every_writers_confirm_hint_reaches_its_server() -> None:
                              server_id="s", stream_id=stream, range_index=0, epoch=3,
                              confirm=stream, durable=False)
     got = await answers.wait()
+    assert isinstance(got.pop("h2")[1], Fenced)
     assert got == {"h0": (0, None), "b0": (1, None)} | {
-        f"h{s}": (0, None) for s in range(2, writers + 2)}
-    assert [c[1] for c in pool.calls] == [Opcode.CONFIRM, Opcode.APPEND] + [
-        Opcode.CONFIRM] * writers
-    assert [(c[0], c[2]) for c in pool.calls[2:]] == [("b:1", {
-        "stream_id": s, "range_index": 0, "epoch": 3, "confirm": s, "durable": False,
-        "server_id": "s"}) for s in range(2, writers + 2)]
+        f"h{s}": (0, None) for s in range(3, writers + 2)}
+    assert [c[1:4] for c in pool.calls[1:]] == [
+        (Opcode.APPEND, {"deferred": False, "server_id": "s"}, b"x"),
+        (Opcode.APPEND_MANY, {"deferred": False, "sizes": [], "server_id": "s",
+                              "hints": [[s, 0, 3, s] for s in range(2, writers + 2)]}, b"")]
+
+
+async def test_hints_ride_with_the_turns_batches_deferred_ones_too() -> None:
+    """A hint is answered at once by the server (nothing logged), so it rides with any
+    batches, DEFERRED_SYNC ones too; a lone hint left over goes as a plain CONFIRM."""
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer([2], [], [None])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(5)
+    sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"x", deferred=True)
+    sender.start_append("a:1", answers.to("b1"), server_id="s", batch=b"y", deferred=True)
+    sender.start_append("c:1", answers.to("b2"), server_id="s", batch=b"z")
+    for name, address in (("h0", "a:1"), ("h1", "c:1")):
+        sender.start_confirm(address, lambda error, name=name: answers.to(name)(0, error),
+                             server_id="s", stream_id=1, range_index=0, epoch=1, confirm=3,
+                             durable=False)
+    got = await answers.wait()
+    assert got == {"b0": (1, None), "b1": (2, None), "b2": (1, None), "h0": (0, None),
+                   "h1": (0, None)}
+    assert [c[:4] for c in pool.calls[2:]] == [
+        ("a:1", Opcode.APPEND_MANY, {"deferred": True, "sizes": [1], "server_id": "s",
+                                     "hints": [[1, 0, 1, 3]]}, b"y"),
+        ("c:1", Opcode.CONFIRM, {"stream_id": 1, "range_index": 0, "epoch": 1, "confirm": 3,
+                                 "durable": False, "server_id": "s"}, b"")]
 
 
 async def test_a_striped_batchs_index_goes_with_it_in_append_and_append_many() -> None:

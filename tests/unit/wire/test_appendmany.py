@@ -26,15 +26,35 @@ def test_request_round_trips_entries_in_order() -> None:
     assert header == {"deferred": True, "sizes": [3, 2, 1], "server_id": "rs-1"}
     assert payload == b"aaabbc"
     assert decode_request(msgpack.unpackb(msgpack.packb(header)), payload) == (
-        True, [b"aaa", b"bb", b"c"], [])
+        True, [b"aaa", b"bb", b"c"], [], [])
     header, _ = encode_request([b"x"], False, None)
     assert header == {"deferred": False, "sizes": [1]}  # no server id: no identity check
     header, payload = encode_request([b"x"], False, None, [(1, 2, 3, 4), (5, 0, 1, 9)])
     assert header["confirms"] == [[1, 2, 3, 4], [5, 0, 1, 9]]
     assert decode_request(msgpack.unpackb(msgpack.packb(header)), payload) == (
-        False, [b"x"], [(1, 2, 3, 4), (5, 0, 1, 9)])
+        False, [b"x"], [(1, 2, 3, 4), (5, 0, 1, 9)], [])
     header, payload = encode_request([], False, None, [(1, 2, 3, 4)])
-    assert decode_request(header, payload) == (False, [], [(1, 2, 3, 4)])  # confirms alone
+    assert decode_request(header, payload) == (False, [], [(1, 2, 3, 4)], [])  # confirms alone
+
+
+def test_confirm_hints_round_trip_after_the_confirms() -> None:
+    """Confirm hints (CONFIRM durable=False) ride in their own field; their answers follow
+    the confirms' in ``decode_answer``; an answer without ``hinted`` (a server older than
+    hints ignored them) answers each with None."""
+    header, payload = encode_request([b"x"], True, None, [(1, 2, 3, 4)], hints=[(5, 0, 1, 9)])
+    assert header["hints"] == [[5, 0, 1, 9]]
+    assert decode_request(msgpack.unpackb(msgpack.packb(header)), payload) == (
+        True, [b"x"], [(1, 2, 3, 4)], [(5, 0, 1, 9)])
+    header, payload = encode_request([], False, None, hints=[(5, 0, 1, 9), (6, 1, 2, 3)])
+    assert decode_request(header, payload) == (False, [], [], [(5, 0, 1, 9), (6, 1, 2, 3)])
+    body = msgpack.unpackb(msgpack.packb(encode_answer(
+        [3], [None], [Fenced("old", epoch=1, current_epoch=2), None])))
+    results, confirmed = decode_answer(body, 1, 1, 2)
+    assert results == [3] and confirmed[0] is None and confirmed[2] is None
+    assert isinstance(confirmed[1], Fenced)
+    assert decode_answer({"results": [3]}, 1, 0, 2) == ([3], [None, None])
+    with pytest.raises(MalformedFrame):
+        decode_answer({"results": [3], "hinted": [None]}, 1, 0, 2)
 
 
 @pytest.mark.parametrize(("header", "payload", "field"), [
@@ -49,6 +69,11 @@ def test_request_round_trips_entries_in_order() -> None:
     ({"sizes": [], "confirms": [[1, 2, 3, "4"]]}, b"", "confirms"),
     ({"sizes": [], "confirms": [[1, 2, 3, True]]}, b"", "confirms"),
     ({"sizes": [], "confirms": [{"stream_id": 1}]}, b"", "confirms"),
+    ({"sizes": [], "hints": []}, b"", "sizes"),
+    ({"sizes": [], "hints": 1}, b"", "hints"),
+    ({"sizes": [], "hints": [[1, 2, 3]]}, b"", "hints"),
+    ({"sizes": [], "hints": [[1, 2, 3, 4]] * (limits.append_many_entries_max + 1)}, b"",
+     "hints"),
     ({"sizes": [], "confirms": [[1, 2, 3, 4]] * (limits.append_many_entries_max + 1)}, b"",
      "confirms"),
     ({"sizes": 3}, b"abc", "sizes"),
