@@ -82,12 +82,12 @@ async def read_chains(
     avoid = {p for p, r in enumerate(refs) if r.id in hung}
     positions = cover(stripe, avoid) or cover(stripe) or ()
     merge: ChainMerge[T] = ChainMerge(stripe, positions, lo, hi)
-    queues: dict[int, asyncio.Queue[list[Batch[T]] | EstreamError | None]] = {}
+    queues: dict[int, asyncio.Queue[list[Batch[T]] | Exception | None]] = {}
     tasks: list[asyncio.Task[None]] = []
     reads = RangeClient(client.pool, timeout_s=client.timeout_s)
 
     async def pump(ref: ReplicaRef, at: int,
-                   queue: asyncio.Queue[list[Batch[T]] | EstreamError | None]) -> None:
+                   queue: asyncio.Queue[list[Batch[T]] | Exception | None]) -> None:
         try:
             while at < hi:
                 answer = await reads.read(ref.address, server_id=ref.id, stream_id=meta.id,
@@ -100,13 +100,13 @@ async def read_chains(
                     break
                 await queue.put(batches)
                 at = batches[-1].end
-        except EstreamError as exc:
+        except Exception as exc:  # (handed to the merge: a server's error, or raised)
             await queue.put(exc)
             return
         await queue.put(None)
 
     def start(position: int) -> None:
-        queue: asyncio.Queue[list[Batch[T]] | EstreamError | None] = asyncio.Queue(
+        queue: asyncio.Queue[list[Batch[T]] | Exception | None] = asyncio.Queue(
             queued_chain_answers_max)
         queues[position] = queue
         tasks.append(asyncio.create_task(pump(refs[position], merge.next_offset, queue)))
@@ -126,6 +126,8 @@ async def read_chains(
                     merge.add(step.position, got)
                 elif got is None:
                     merge.finish(step.position)
+                elif not isinstance(got, EstreamError):
+                    raise got  # (a bug, not a server's answer)
                 else:
                     if isinstance(got, Unavailable):  # timed out or unreachable
                         hung[refs[step.position].id] = hung_last_reads
