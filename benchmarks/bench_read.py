@@ -15,7 +15,7 @@ and time. ``--striped``: instead, 6 range servers and two sealed streams of the 
 records in batches of ``--batch-records``, one unstriped (replicas 3) and one striped (E 6,
 replicas 3: written by hand by write set, as the SDK writer does not stripe yet), each
 read whole with ``read_batches`` in turn, ``--runs`` times: the striped read's ratio to
-the unstriped one (issue 30). Usage::
+the unstriped one (issue 30), and the reading process's CPU time a record. Usage::
 
     .venv/bin/python benchmarks/bench_read.py [--records 200000] [--runs 3] [--json out.json]
     .venv/bin/python benchmarks/bench_read.py --striped [--records 50000] [--batch-records 500]
@@ -174,9 +174,10 @@ async def measure_striped(pd: str, args: argparse.Namespace) -> dict[str, Any]:
         await fill_striped(client, names["striped"], args.records, args.value_bytes,
                            args.batch_records)
         rates: dict[str, list[float]] = {kind: [] for kind in names}
+        cpu: dict[str, list[float]] = {kind: [] for kind in names}  # the reading process's
         for _ in range(args.runs):
             for kind, name in names.items():
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
 
                 async def read_all(name: str = name) -> int:
                     n = 0
@@ -188,12 +189,14 @@ async def measure_striped(pd: str, args: argparse.Namespace) -> dict[str, Any]:
                 if count != args.records:
                     raise RuntimeError(f"{kind} read {count} records, expected {args.records}")
                 rates[kind].append(count / (time.perf_counter() - started))
+                cpu[kind].append((time.process_time() - cpu_started) / count * 1e6)
     best = {kind: max(r) for kind, r in rates.items()}
     return {
         "records": args.records, "value_bytes": args.value_bytes,
         "batch_records": args.batch_records,
         **{kind: {"best_records_per_s": round(best[kind]),
-                  "median_records_per_s": round(statistics.median(r))}
+                  "median_records_per_s": round(statistics.median(r)),
+                  "client_cpu_us_per_record_median": round(statistics.median(cpu[kind]), 2)}
            for kind, r in rates.items()},
         "striped_over_unstriped_best": round(best["striped"] / best["unstriped"], 2),
     }
@@ -244,7 +247,8 @@ def main_striped(args: argparse.Namespace) -> int:
     for kind in ("unstriped", "striped"):
         r = result[kind]
         print(f"{kind:>10}: best {r['best_records_per_s']:>9,} records/s, "
-              f"median {r['median_records_per_s']:,}")
+              f"median {r['median_records_per_s']:,}; the reader's CPU "
+              f"{r['client_cpu_us_per_record_median']} us a record (median)")
     print(f"striped / unstriped (best): {result['striped_over_unstriped_best']}x")
     print(json.dumps(result))
     if args.json:

@@ -414,7 +414,7 @@ StripedReadOutcome = Serve | Elsewhere | NotInWriteSet | WrongOffset
 
 def plan_striped_read(
     state: ReplicaState, index: RangeIndex, offset: int, batch: int | None,
-    end_max: int, bytes_max: int,
+    end_max: int, bytes_max: int, *, chain: bool = False,
 ) -> StripedReadOutcome:
     """Where a READ of a striped replica is served from. With ``batch`` k (the reader
     walks batch by batch and knows k's base, ``offset``): k must be the position's
@@ -423,7 +423,11 @@ def plan_striped_read(
     :func:`locate`: the batch holding ``offset`` is served from it on, else
     :class:`Elsewhere` names the batch to ask for. A :class:`Serve` carries the run from
     that batch: batches ending by ``end_max`` (the readable end) whose offsets follow,
-    within ``bytes_max`` but at least one.
+    within ``bytes_max`` but at least one. With ``chain`` (the reader merges several
+    servers' chains) the run does not end where another server's batches come between:
+    every batch of the chain ending by ``end_max``, within ``bytes_max``; asked by offset,
+    from the first of the chain's batches ending past it (none: an empty :class:`Serve`),
+    never :class:`Elsewhere`.
 
     >>> from rangeserver.index import Location
     >>> st, ix = ReplicaState.create(1, 0, 0, 1, stripe=(5, 3, 0)), RangeIndex()
@@ -436,12 +440,20 @@ def plan_striped_read(
     Elsewhere(index=1, base=10)
     >>> plan_striped_read(st, ix, 0, 0, 50, 100).batches[-1].end  # then a gap: the run ends
     10
+    >>> plan_striped_read(st, ix, 0, None, 50, 100, chain=True).indexes  # the whole chain
+    [0, 3, 4]
+    >>> plan_striped_read(st, ix, 15, None, 50, 100, chain=True).indexes  # from 15 on
+    [3, 4]
+    >>> plan_striped_read(st, ix, 50, None, 60, 100, chain=True).indexes  # past its end
+    []
     """
     assert state.stripe is not None, "an unstriped replica is read by offset"
-    chain = chain_of(state)
-    stripe, position = chain.stripe, chain.position
+    held_chain = chain_of(state)
+    stripe, position = held_chain.stripe, held_chain.position
     if batch is None:
         found = index.find(offset)
+        if found is None and chain:
+            found = index.count_ended_by(offset)
         if found is None:
             ended = index.count_ended_by(offset)
             if ended == 0:
@@ -459,7 +471,7 @@ def plan_striped_read(
     total = 0
     for i in range(rank, len(index)):
         held = index.batch(i)
-        if held.end > end_max or (run and (held.base != run[-1].end
+        if held.end > end_max or (run and ((held.base != run[-1].end and not chain)
                                            or total + held.location.size > bytes_max)):
             break
         run.append(held)

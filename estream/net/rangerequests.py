@@ -220,6 +220,7 @@ class RangeClient:
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
         offset: int, max_bytes: int = limits.read_bytes_max, wait_ms: int = 0,
         unconfirmed: bool = False, timeout_s: float | None = None, batch: int | None = None,
+        chain: bool = False,
     ) -> ReadAnswer:
         """READ whole batches from the one holding ``offset`` (at most ``max_bytes``, at
         least one), up to the readable end (``unconfirmed``: the durable end). With
@@ -227,10 +228,11 @@ class RangeClient:
         the wait is over; the request's bound is ``wait_ms`` plus the timeout. Batches are
         not verified here (the caller does: :func:`~estream.wire.record.verify_batch`).
         ``batch``: a striped range's batch index at ``offset`` (docs/ARCHITECTURE.md
-        section 10; the answer's ``batches`` and ``next``)."""
+        section 10; the answer's ``batches`` and ``next``); ``chain``: a striped replica's
+        whole chain from ``offset`` on, not one run."""
         request = ReadRequest(stream_id=stream_id, range_index=range_index, offset=offset,
                               max_bytes=max_bytes, wait_ms=wait_ms, unconfirmed=unconfirmed,
-                              batch=batch)
+                              batch=batch, chain=chain)
         body, payload = await self.pool.call(
             address, Opcode.READ, _identified(request.to_header(), server_id),
             timeout_s=wait_ms / 1000 + self._timeout(timeout_s))

@@ -27,6 +27,7 @@ Side effects: network requests.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
@@ -41,6 +42,7 @@ from estream.core.readcursor import (
     Sleep,
     replica_order,
 )
+from estream.core.stripedchain import chain_range
 from estream.core.stripedread import (
     catch_up_pieces,
     cut,
@@ -49,6 +51,7 @@ from estream.core.stripedread import (
 )
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.rangeclient import RangeClient
+from estream.sdk.chainread import read_chains
 from estream.wire.errors import (
     DigestKeyMissing,
     EstreamError,
@@ -240,9 +243,11 @@ async def _read_answers(
 ) -> AsyncIterator[list[T]]:
     """The decoded answers covering ``[start, end)`` of ``name``, in offset order (the
     read loop shared by :func:`read_stream` and its batch forms). A stream's sealed
-    striped ranges are read in parts side by side (:func:`catch_up_pieces`: their runs
-    come from different servers), delivered in order, each part a read of its own, of
-    the same stream id; the rest (everything of an unstriped stream) as one read."""
+    striped ranges (:func:`catch_up_pieces`) are read by whole chains, a cover of their
+    servers side by side (:func:`~estream.sdk.chainread.read_chains`), in the local tier,
+    else in parts side by side (their runs come from different servers), delivered in
+    order, each part a read of its own, of the same stream id; the rest (everything of an
+    unstriped stream) as one read."""
     meta = await client.stream_meta(name, offset=start)
     pieces = catch_up_pieces(meta, start, end)
     hung: dict[str, int] = {}  # servers that did not answer: last, in every part
@@ -252,6 +257,15 @@ async def _read_answers(
             yield items
         return
     for lo, hi, parts in pieces:
+        rng = chain_range(meta, lo, hi)
+        if rng is not None and hi is not None:
+            async for items in read_chains(
+                    client, meta, rng, lo, hi, decoding.decode,
+                    functools.partial(check_digests, client, meta.id, rng.index),
+                    functools.partial(_fill, client, name, preferred, decoding, clock, config,
+                                      meta.id, hung), hung):
+                yield items
+            continue
         if parts == 1:
             async for items in _read_cursor(client, name, lo, hi, follow, preferred, decoding,
                                             clock, config, expect_id=meta.id, hung=hung):
@@ -262,6 +276,15 @@ async def _read_answers(
                 [_read_cursor(client, name, a, b, False, preferred, decoding, clock, config,
                               expect_id=meta.id, hung=hung) for a, b in cut(lo, hi, parts)]):
             yield items
+
+
+def _fill(
+    client: Client, name: str, preferred: str | None, decoding: _Decoding[T], clock: Clock,
+    config: CursorConfig | None, expect_id: int, hung: dict[str, int], lo: int, hi: int,
+) -> AsyncGenerator[list[T], None]:
+    """``[lo, hi)`` of a chain read that no chain answered: the cursor's plain read."""
+    return _read_cursor(client, name, lo, hi, False, preferred, decoding, clock, config,
+                        expect_id=expect_id, hung=hung)
 
 
 async def _side_by_side(reads: list[AsyncGenerator[list[T], None]]) -> AsyncIterator[list[T]]:

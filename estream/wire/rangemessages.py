@@ -217,7 +217,9 @@ class ReadRequest:
     """``READ`` whole batches from the one holding ``offset``: at most ``max_bytes``
     (the server holds it to ``limits.read_bytes_max``), waiting up to ``wait_ms`` (held
     to ``limits.read_wait_ms_max``) for something to read; ``unconfirmed``: up to the
-    durable end rather than the confirm offset."""
+    durable end rather than the confirm offset; ``chain``: a striped replica's whole chain
+    from the offset on (its batches in order, skipping other servers' runs), not one run
+    (travels only when true: an older server answers one run)."""
 
     OPCODE: ClassVar[Opcode] = Opcode.READ
     stream_id: int
@@ -227,6 +229,7 @@ class ReadRequest:
     wait_ms: int = 0
     unconfirmed: bool = False
     batch: int | None = None  # a striped range's batch index at ``offset`` (None: none)
+    chain: bool = False
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> ReadRequest:
@@ -235,7 +238,7 @@ class ReadRequest:
 
         >>> ReadRequest.from_header({"stream_id": 1, "range_index": 0, "offset": 5})
         ReadRequest(stream_id=1, range_index=0, offset=5, max_bytes=8388608, wait_ms=0, \
-unconfirmed=False, batch=None)
+unconfirmed=False, batch=None, chain=False)
         """
         stream_id, range_index = bounded(h, "stream_id"), bounded(h, "range_index")
         offset = bounded(h, "offset")
@@ -244,7 +247,8 @@ unconfirmed=False, batch=None)
                    max_bytes=limits.read_bytes_max if max_bytes is None else max_bytes,
                    wait_ms=optional_bounded(h, "wait_ms") or 0,
                    unconfirmed=optional(h, "unconfirmed", bool, False),
-                   batch=optional_bounded(h, "batch"))
+                   batch=optional_bounded(h, "batch"),
+                   chain=optional(h, "chain", bool, False))
 
     def to_header(self) -> Header:
         header: Header = {"stream_id": self.stream_id, "range_index": self.range_index,
@@ -252,6 +256,8 @@ unconfirmed=False, batch=None)
                           "wait_ms": self.wait_ms, "unconfirmed": self.unconfirmed}
         if self.batch is not None:
             header["batch"] = self.batch
+        if self.chain:
+            header["chain"] = True
         return header
 
 

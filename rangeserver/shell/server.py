@@ -352,7 +352,7 @@ class RangeServer:
                 asked.stream_id, asked.range_index, asked.offset, asked.batch,
                 max_bytes=min(asked.max_bytes, limits.read_bytes_max),
                 wait_ms=min(asked.wait_ms, limits.read_wait_ms_max),
-                unconfirmed=asked.unconfirmed)
+                unconfirmed=asked.unconfirmed, chain=asked.chain)
             return answer.to_header(), bytes(answer.payload)
         end, sealed, data = await self.store.read(
             asked.stream_id,

@@ -115,11 +115,13 @@ class StoreReads:
     async def read_striped(
         self, stream_id: int, range_index: int, offset: int, batch: int | None, *,
         max_bytes: int = limits.read_bytes_max, wait_ms: int = 0, unconfirmed: bool = False,
+        chain: bool = False,
     ) -> ReadAnswer:
         """READ of a striped replica (``rangeserver/stripedreplica.py``'s
         :func:`plan_striped_read`): by batch index, or by offset (answered where to go on
         when another server holds it); a long poll waits as :meth:`read` does; a batch
-        index to an unstriped replica is ``InvalidArgument`` naming ``batch``."""
+        index to an unstriped replica is ``InvalidArgument`` naming ``batch``; ``chain``:
+        the chain from the offset on, not one run."""
         key = (stream_id, range_index)
         state = self._get(*key)
         if state.stripe is None:
@@ -129,7 +131,8 @@ class StoreReads:
                                    offset=offset, start=state.start,
                                    end=readable_end(state, unconfirmed=unconfirmed))
         state, end = await self._readable(key, state, offset, wait_ms, unconfirmed)
-        plan = plan_striped_read(state, self.indexes[key], offset, batch, end, max(1, max_bytes))
+        plan = plan_striped_read(state, self.indexes[key], offset, batch, end, max(1, max_bytes),
+                                 chain=chain)
         if isinstance(plan, Elsewhere):
             return ReadAnswer(end, state.sealed, b"", next=(plan.index, plan.base))
         if not isinstance(plan, Serve):

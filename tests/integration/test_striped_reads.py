@@ -7,8 +7,9 @@ to its write set naming its index, CONFIRM to all E, a seal naming the batch cou
 server and ``seal_range`` in PD's catalog. Then ``Client.read`` / ``read_batches`` /
 ``follow=True`` read it back: whole and from offsets inside ranges, with servers of a write
 set SIGSTOPped or killed (failover within the write set; all of it down: the read fails,
-never skipping a batch), a tail following hand appends and CONFIRMs across a roll, and a
-long sealed range read in parts side by side; and a plain read (striped, and an unstriped
+never skipping a batch), a tail following hand appends and CONFIRMs across a roll, a
+long sealed range read by whole chains, and a chain read whose server is killed or hung
+mid-read (the chains of a cover without it); and a plain read (striped, and an unstriped
 R3 stream) asking a hung server once.
 """
 
@@ -28,6 +29,7 @@ from estream.core.stripedread import catch_up_pieces
 from estream.devcluster.cluster import Cluster
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
+from estream.sdk import chainread
 from estream.sdk.client import Client
 from estream.wire.errors import EstreamError
 from estream.wire.meta import RangeMeta, StreamMeta
@@ -273,10 +275,11 @@ async def test_a_tail_follows_hand_appends_confirms_and_a_roll(client: Client) -
                 await task
 
 
-async def test_a_long_sealed_range_is_read_in_parts_side_by_side(
+async def test_a_long_sealed_range_is_read_by_whole_chains(
         cluster: Cluster, client: Client) -> None:
-    """A sealed range of 3,000 records (60 batches) is read in 3 parts at once (each from
-    its own write sets' servers), delivered in order: whole, from inside, by batch."""
+    """A sealed range of 3,000 records (60 batches) is read by whole chains: positions 0
+    and 2 (every write set has one) each answer their chain in one READ, merged in order:
+    whole, from inside, by batch. (By write set it took 20 READs, runs of 3.)"""
     async with hand_writer(client, "sr-parts") as writer:
         await writer.create(0)
         await writer.append(0, [50] * 60)
@@ -286,16 +289,69 @@ async def test_a_long_sealed_range_is_read_in_parts_side_by_side(
         assert catch_up_pieces(meta, 0, None)[0] == (0, 3_000, 3)
         before = reads_served(cluster)
         assert await offsets(client, "sr-parts", 0, end) == list(range(end))
-        # parts [0, 1000) [1000, 2000) [2000, 3000), batches 0-19, 20-39, 40-59: the first
-        # in 7 runs of 3 from batch 0; the others each locate their start by offset (the
-        # first server, position 0, holds batches 20 and 40, alone in its run) then 7 runs
-        # (one cursor: 20 READs, runs of 3 from batch 0)
-        assert reads_served(cluster) - before == 7 + 8 + 8
+        # position 2's chain ends at batch 57 (2,900): one more READ there finds nothing
+        assert reads_served(cluster) - before == 3
         assert await offsets(client, "sr-parts") == list(range(end))
         assert await offsets(client, "sr-parts", 777) == list(range(777, end))
         columns = [b async for b in client.read_batches("sr-parts", 10, 2_990)]
         assert [o for b in columns for o in range(b.base_offset, b.end_offset)] == list(
             range(10, 2_990))
+
+
+@contextlib.contextmanager
+def chain_reads_counted() -> Iterator[dict[str, int]]:
+    """READs naming ``chain`` this process sends, by address, while inside."""
+    asked: dict[str, int] = {}
+    read = RangeClient.read
+
+    async def counted(self: RangeClient, to: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("chain"):
+            asked[to] = asked.get(to, 0) + 1
+        return await read(self, to, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RangeClient, "read", counted)
+        yield asked
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+async def test_a_chain_read_fails_over_when_a_server_of_its_cover_fails(
+        cluster: Cluster, client: Client, fault: str) -> None:
+    """Two sealed ranges of 40 batches and the open one, read with chain answers of about
+    two batches: position 2 of range 0 (of the cover 0, 2) killed, or SIGSTOPped (its READ
+    times out: 2 s), once the read delivered its first records. The read goes on by the
+    chains of positions 1 and 4 (a cover without 2), every record once, in order."""
+    name = f"sr-chain-{fault}"
+    async with hand_writer(client, name) as writer:
+        for index in range(2):
+            await writer.create(index)
+            await writer.append(index, [7] * 40)
+            await writer.seal(index)
+        await writer.create(2)
+        await writer.append(2, SIZES[:4])
+        end = writer.offset
+        refs = writer.range(0).replicas
+        victim = refs[2].address
+        await client.stream_meta(name, refresh=True)  # (the read plans from the cached view)
+        got: list[int] = []
+        with pytest.MonkeyPatch.context() as patch, chain_reads_counted() as asked:
+            patch.setattr(chainread, "chain_bytes_max", 600)  # about 2 batches a READ
+            try:
+                async for record in client.read(name):
+                    assert record.value == value(record.offset)
+                    got.append(record.offset)
+                    if len(got) == 10:
+                        (cluster.kill9 if fault == "kill" else cluster.pause)(victim)
+                        in_range_0 = dict(asked)
+            finally:
+                if fault == "kill":
+                    cluster.server(victim).start()
+                    cluster.wait_servers_alive()
+                else:
+                    cluster.resume(victim)
+        assert got == list(range(end))
+        assert set(in_range_0) == {refs[0].address, refs[2].address}
+        assert asked.get(refs[1].address, 0) > 0 and asked.get(refs[4].address, 0) > 0
 
 
 @contextlib.contextmanager

@@ -89,3 +89,34 @@ def test_read_messages_carry_the_batch_only_when_striped() -> None:
     assert ReadAnswer.from_header(answer.to_header(), b"") == answer
     with pytest.raises(MalformedFrame):
         ReadAnswer.from_header({"end": 1, "batches": ["x"]}, b"")
+
+
+@pytest.mark.parametrize(("offset", "batch", "end_max", "bytes_max", "expected"), [
+    (0, None, 100, 10**6, [0, 3, 4, 5, 8]),  # the whole chain, across the others' runs
+    (15, None, 100, 10**6, [3, 4, 5, 8]),  # from the first of its batches past the offset
+    (45, None, 100, 10**6, [4, 5, 8]),
+    (0, None, 60, 10**6, [0, 3, 4, 5]),  # clipped at the readable end
+    (0, None, 100, 350, [0, 3, 4]),  # within bytes_max
+    (0, None, 100, 50, [0]),  # at least one
+    (90, None, 100, 10**6, []),  # past its last batch: nothing (never "next")
+    (30, 3, 100, 10**6, [3, 4, 5, 8]),  # by batch too
+])
+def test_a_chain_read_serves_the_chain_not_one_run(
+    offset: int, batch: int | None, end_max: int, bytes_max: int, expected: list[int],
+) -> None:
+    plan = plan_striped_read(STATE, index_of(0, 3, 4, 5, 8), offset, batch, end_max,
+                             bytes_max, chain=True)
+    assert isinstance(plan, Serve)
+    assert plan.indexes == expected
+    assert [b.base for b in plan.batches] == [10 * k for k in expected]
+
+
+def test_read_messages_carry_chain_only_when_asked() -> None:
+    plain = ReadRequest(stream_id=7, range_index=2, offset=5)
+    assert "chain" not in plain.to_header() and not plain.chain  # unstriped READs unchanged
+    asked = ReadRequest(stream_id=7, range_index=2, offset=5, chain=True)
+    assert asked.to_header()["chain"] is True
+    assert ReadRequest.from_header(asked.to_header()) == asked
+    with pytest.raises(InvalidArgument) as info:
+        ReadRequest.from_header(plain.to_header() | {"chain": 1})
+    assert info.value.fields["argument"] == "chain"
