@@ -86,17 +86,19 @@ class Drainer:
         rolled = 0
         service.leases.lead(service.raft.status().term, self.clock_ms())
         for stream in open_ranges_leaving(view.streams.values(), view.draining):
-            if (service.leases.expired(stream, self.clock_ms())
-                    and not await self.recoverer.seen_alive(stream)):
-                rolled += await self._roll(stream)
+            if not service.leases.expired(stream, self.clock_ms()):
+                continue
+            hidden = await self.recoverer.hidden(stream)  # None: its writer seen at work
+            if hidden is not None:
+                rolled += await self._roll(stream, hidden)
         return rolled
 
-    async def _roll(self, stream: StreamMeta) -> int:
+    async def _roll(self, stream: StreamMeta, hidden: bool) -> int:
         last = stream.last_range
         assert last is not None
         log.warning("stream %r: open range %d is on a draining server and has no live "
                     "writer: PD rolls it", stream.name, last.index)
-        result = await self.recoverer.recover(stream)
+        result = await self.recoverer.recover(stream, hidden=hidden)
         if result is None:
             return 0
         if result.kept:  # empty, fenced at PD's epoch: seal it at its start

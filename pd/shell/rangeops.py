@@ -1,11 +1,12 @@
 """PD's own requests to the replicas of one range: describe them, fence them.
 
 Used by ``delete_stream`` (fence the open range before the stream is forgotten), ``trim``
-(the readable end) and the writer-lease recoverer (:mod:`pd.shell.recoverer`: which replicas
-hide records). Every request names the server it is meant for (``"server_id"``, the
-replica's id in the catalog): a server with another identity at that address (its disk
-was wiped) answers ``WrongServer`` and never counts, and a ``RangeNotFound`` from a server
-whose identity was checked means it really never had the replica.
+and a cursor's lag (the replicas' answers, judged by :func:`pd.readable.readable_end`) and
+the writer-lease recoverer (:mod:`pd.shell.recoverer`: which replicas hide records). Every
+request names the server it is meant for (``"server_id"``, the replica's id in the catalog):
+a server with another identity at that address (its disk was wiped) answers ``WrongServer``
+and never counts, and a ``RangeNotFound`` from a server whose identity was checked means it
+really never had the replica.
 
 Side effects: network (range servers through a
 :class:`~estream.net.rangeclient.RangeClient` over the caller's :class:`ConnectionPool`).
@@ -14,7 +15,6 @@ Side effects: network (range servers through a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Final
 
 from estream.net.rangeclient import RangeClient
@@ -64,21 +64,6 @@ async def open_stats(
             continue
         return OpenStats(answer.bytes, answer.min_timestamp, answer.max_timestamp)
     return None
-
-
-def readable_end(rng: RangeMeta, answers: Mapping[str, ReplicaAnswer]) -> int:
-    """What readers can read of a stream whose last range is ``rng``: its sealed end, or
-    for an open one the most any sound replica serves (its start if none answered).
-
-    >>> r = RangeMeta(2, 100, None, ())
-    >>> readable_end(r, {"a": ReplicaAnswer(130, 120), "b": ReplicaAnswer(125, 125)})
-    125
-    >>> readable_end(r, {}), readable_end(RangeMeta(2, 100, 140, ()), {})
-    (100, 140)
-    """
-    if rng.end is not None:
-        return rng.end
-    return max([rng.start, *(a.readable for a in answers.values())])
 
 
 async def fence(

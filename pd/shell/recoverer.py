@@ -135,15 +135,19 @@ class Recoverer:
             return None
         return await self.recover(stream, hidden=needs_recovery(answers.values(), stripe))
 
-    async def seen_alive(self, stream: StreamMeta) -> bool:
-        """Whether ``stream``'s writer was seen at work on its open range's replicas
-        within the lease (then its lease is renewed as of then): the drainer asks it
-        before rolling a range whose lease ran out."""
+    async def hidden(self, stream: StreamMeta) -> bool | None:
+        """What the drainer asks before rolling a range whose lease ran out: None when
+        ``stream``'s writer was seen at work on its open range's replicas within the lease
+        (then its lease is renewed as of then), else whether the replicas hide records
+        (:func:`pd.lease.needs_recovery`, per write set if striped), for
+        :meth:`recover`'s ``hidden``."""
         last = stream.last_range
         if last is None or last.sealed:
             return False
         answers = await rangeops.describe(self.pool, stream, last, timeout_s=describe_timeout_s)
-        return self._seen_alive(stream, answers.values())
+        if self._seen_alive(stream, answers.values()):
+            return None
+        return needs_recovery(answers.values(), stripe_of(stream))
 
     def _seen_alive(self, stream: StreamMeta, answers: Iterable[ReplicaAnswer]) -> bool:
         age = seen_alive_ms(answers, stream.epoch, stream.ack_count,
@@ -156,8 +160,7 @@ class Recoverer:
                   "ago: renewed", stream.name, age)
         return True
 
-    async def recover(self, stream: StreamMeta, *, hidden: bool = True
-                      ) -> RecoveryResult | None:
+    async def recover(self, stream: StreamMeta, *, hidden: bool) -> RecoveryResult | None:
         """Recover the open last range of ``stream`` as it was looked at, unless it has
         changed since (another epoch or range), its lease is alive again, or another
         task works on it. ``hidden``: its replicas hide records from readers (else its

@@ -48,6 +48,7 @@ from estream.wire.fields import streams_page_default
 from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest, SetRetentionRequest
 from estream.wire.stripe import Stripe
+from pd import readable
 from pd.catalog import CatalogView, PdNode, check_stream_args
 from pd.commands import (
     CommitCursor,
@@ -357,15 +358,16 @@ class PdService(ServerOps):
     async def trim_stream(self, name: str, start_offset: int, stream_id: int = 0
                           ) -> StreamMeta:
         """Move the stream's start to ``start_offset``; never past what readers can read
-        (the sealed end of the last range, or the most a sound replica of the open one
-        serves): records below the start are gone for readers, so an acknowledged record
-        must never land there. Past it: InvalidArgument, nothing changes. With
-        ``stream_id``: only that incarnation of ``name`` (StreamNotFound)."""
+        (the sealed end of the last range, or what sound replicas of the open one serve, per
+        write set if striped: :func:`pd.readable.readable_end`): records below the start are
+        gone for readers, so an acknowledged record must never land there. Past it:
+        InvalidArgument, nothing changes. With ``stream_id``: only that incarnation of
+        ``name`` (StreamNotFound)."""
         stream = (await self.decision_view()).stream(name, stream_id)
         last = stream.last_range
         if start_offset > stream.start_offset and last is not None:
             answers = {} if last.sealed else await rangeops.describe(self.pool, stream, last)
-            end = rangeops.readable_end(last, answers)
+            end = readable.readable_end(last, answers, stripe_of(stream))
             if start_offset > end:
                 raise InvalidArgument(
                     f"cannot trim stream {name!r} to {start_offset}: readers can read up to "
@@ -392,15 +394,16 @@ class PdService(ServerOps):
         return stream_figures(stream, end, stats)
 
     async def readable_end(self, stream: StreamMeta, *, timeout_s: float = 1.0) -> int:
-        """What readers can read of ``stream`` now: its last range's sealed end, or the
-        most a sound replica of its open range serves (DESCRIBE_RANGE, ``timeout_s``;
-        the range's start when none answers)."""
+        """What readers can read of ``stream`` now: its last range's sealed end, or what
+        sound replicas of its open range serve (DESCRIBE_RANGE, ``timeout_s``; per write
+        set if striped: :func:`pd.readable.readable_end`; the range's start when none
+        answers)."""
         last = stream.last_range
         if last is None:
             return stream.start_offset
         answers = {} if last.sealed else await rangeops.describe(
             self.pool, stream, last, timeout_s=timeout_s)
-        return max(stream.start_offset, rangeops.readable_end(last, answers))
+        return max(stream.start_offset, readable.readable_end(last, answers, stripe_of(stream)))
 
     async def commit_cursor(self, name: str, cursor: str, offset: int) -> int:
         """Set the named cursor of ``name`` to ``offset`` (the next offset its consumer

@@ -12,7 +12,8 @@ hung ones (the end decided without them within the grace; the copies that need t
 wait). Afterwards every batch below the end reads back by index from ``ack_count`` servers
 of its own write set. PD's lease recovery seals a striped range whose writer (opened
 through ``PDClient``, no SDK writer) stopped its keepalives, with the batch count; its
-judgement of hidden records goes per write set, on the servers' real answers.
+judgement of hidden records goes per write set, on the servers' real answers, and so
+does its readable end (trim, cursor commits and lag) with one server stopped.
 """
 
 from __future__ import annotations
@@ -391,3 +392,50 @@ async def test_striped_ranges_go_only_to_servers_that_announce_them(cluster: Clu
     finally:
         await pd.close()
         await pool.close()
+
+
+async def test_trim_and_lag_stop_where_a_reader_stops(cluster: Cluster) -> None:
+    """PD's readable end of an open striped range (trim's bound, a cursor commit's, the
+    end a cursor's lag counts to: ``pd.readable``) with one server stopped. Batches 0-7
+    on their write sets, confirmed at 80; position 0 dropped (slow) before batch 8;
+    batch 8 on 3 and 4, batch 9 on 4 and 1 with the confirm 90; then 4 stops. Batch 8 is
+    on 3 alone, which knows the confirm 80: a reader stops at 80. Before, PD took the
+    most any server served, 90 (server 1, whose chain has 9 but not 8): a trim to 90
+    was accepted, a commit at 90 too, and a cursor at 80 showed a lag of 10 that no
+    reader could read. Now 80; with 4 back, 90."""
+    async with chains(cluster, "sr-ends") as c:
+        async def confirm(offset: int, positions: Sequence[int]) -> None:
+            for p in positions:
+                ref = c.rng.replicas[p]
+                await c.rc.confirm(ref.address, server_id=ref.id, stream_id=c.meta.id,
+                                   range_index=0, epoch=c.epoch, confirm=offset)
+
+        for k in range(8):
+            await c.write(k)
+        await confirm(80, range(5))
+        await c.write(8, positions=(3, 4))
+        await c.write(9, positions=(4, 1))
+        await confirm(90, (4, 1))
+        pd, name = c.client.pd, c.meta.name
+        await pd.commit_cursor(name, "r", 80)
+        stopped = c.rng.replicas[4].address
+        # (in a thread: the writer's keepalives go on meanwhile, no lease recovery)
+        await asyncio.to_thread(cluster.server(stopped).stop)
+        try:
+            third = c.rng.replicas[3]
+            with contextlib.suppress(EstreamError):  # (nothing there, or refused)
+                got = await c.rc.read(third.address, server_id=third.id,
+                                      stream_id=c.meta.id, range_index=0, offset=80,
+                                      batch=8, timeout_s=3.0)
+                assert not list(iter_batches(got.payload)), "3 serves batch 8 unconfirmed"
+            end, cursors = await pd.list_cursors(name)
+            assert (end, [x["lag"] for x in cursors]) == (80, [0])
+            with pytest.raises(InvalidArgument, match="up to 80"):
+                await pd.trim_stream(name, 90)
+            with pytest.raises(EstreamError, match="up to 80"):
+                await pd.commit_cursor(name, "r", 90)
+            assert (await pd.trim_stream(name, 80)).start_offset == 80
+        finally:
+            await asyncio.to_thread(cluster.restart, stopped)
+            await asyncio.to_thread(cluster.wait_servers_alive)
+        assert (await pd.list_cursors(name))[0] == 90

@@ -25,7 +25,6 @@ from pd.lease import (
     parse_keepalives,
 )
 from pd.pmap import PMap
-from pd.shell import rangeops
 
 LEASE = 4_000
 
@@ -50,7 +49,6 @@ def table(now: int = 0, term: int = 1) -> LeaseTable:
 
 def test_doctests() -> None:
     assert doctest.testmod(lease_module, verbose=False).failed == 0
-    assert doctest.testmod(rangeops, verbose=False).failed == 0  # readable_end (pure)
 
 
 def test_a_renewed_lease_is_never_due() -> None:
