@@ -6,9 +6,12 @@ it. When appends complete and, once the application had its turn to append again
 writer is still idle (nothing pending, nothing unacknowledged: no batch will carry the
 offset soon), it sends each live replica a CONFIRM with ``durable=False``: the replica
 raises its confirm offset in memory (its long polls answer at once) and logs nothing. The
-idle CONFIRM still follows as before and makes it durable. One append after another, or
-under load, the next batch carries the offset and no hint is sent
-(docs/ARCHITECTURE.md 2.4).
+idle CONFIRM still follows and makes it durable, ``confirm_hinted_idle_ms`` (50 ms) after
+the completion rather than a linger: readers have the offset, the CONFIRM only saves it
+from a crash, and a writer appending again within it sends none (its batch carries the
+offset), so the CONFIRM's log write and fsync do not sit in front of that batch's on
+every replica. One append after another, or under load, the next batch carries the offset
+and no hint is sent (docs/ARCHITECTURE.md 2.4).
 
 Pure: no I/O.
 """
@@ -54,6 +57,7 @@ class ConfirmHints:
         if confirm <= self.hinted:
             return []
         self.hinted = confirm
+        ranges.hint(confirm)  # its durable idle CONFIRM waits confirm_hinted_idle_ms
         return [SendConfirm(replica, index, confirm, durable=False) for replica in ranges.live]
 
 

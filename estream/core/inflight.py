@@ -68,6 +68,7 @@ class OpenRange:
     # Striped: the live servers the range stays writable without (None: not computed
     # since the last failure; every deadline asks).
     droppable: frozenset[str] | None = None
+    hinted: int = -1  # the highest confirm offset hinted to the replicas (confirmhint.py)
 
     def __post_init__(self) -> None:
         self.live = tuple(r for r in self.replicas if r not in self.failed)

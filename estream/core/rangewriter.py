@@ -127,8 +127,7 @@ class RangeWriter:
         return self._range.confirmed_batches if self.stripe is not None else None
 
     def forced_by(self, answered: Collection[str]) -> bool:
-        """DEFERRED_SYNC: whether the servers that ``answered`` FORCE hold the open range's
-        confirmed records durably (:meth:`OpenRange.forced_by`)."""
+        """DEFERRED_SYNC: ``answered`` FORCE hold the confirmed records (OpenRange's)."""
         return self._range.forced_by(answered, self.ack_count)
 
     @property
@@ -170,9 +169,8 @@ class RangeWriter:
         return self._batch_bytes + self._pending.bytes
 
     def can_accept(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more fit in the in-flight budget (backpressure otherwise): what
-        is not complete (chasers': :mod:`~estream.core.chasebudget`); an empty writer always
-        accepts, so one oversized append cannot wait forever."""
+        """Whether ``nbytes`` more fit in the in-flight budget (what is not complete; chasers':
+        :mod:`~estream.core.chasebudget`); an empty writer always accepts (an oversized one)."""
         chasing = self._chasing
         inflight = self._batch_bytes - chasing.bytes + self._pending.bytes
         if inflight == 0:
@@ -291,13 +289,11 @@ class RangeWriter:
 
     @property
     def idle_cut_wanted(self) -> bool:
-        """Records are pending and nothing sent is unacknowledged: :meth:`cut_idle` would
-        send them now."""
+        """Records are pending, nothing sent unacknowledged: :meth:`cut_idle` sends them."""
         return bool(self._pending.count) and self._may_go()
 
     def cut_idle(self, now_ms: int) -> list[Effect]:
-        """Send the pending records now if nothing sent is unacknowledged (else they keep
-        lingering): what :meth:`submit` does at once, for ``hold_idle`` submissions."""
+        """:meth:`submit`'s cut for ``hold_idle`` ones: now if nothing sent is unacked."""
         effects: list[Effect] = []
         if self.error is None:
             self._cut_if_due(now_ms, effects)
@@ -307,8 +303,7 @@ class RangeWriter:
         self, head: bytes, value: bytes, timestamp: int, now_ms: int, sequence: int,
         effects: list[Effect],
     ) -> None:
-        """Assign the next offset to a record (``head``: :func:`encode_record_head`) and
-        add it to the pending batch."""
+        """The next offset to a record (``head``: :func:`encode_record_head`), pending."""
         pending = self._pending
         if pending.count and pending.bytes + len(head) + len(value) > self.config.batch_bytes:
             self._cut(now_ms, effects)
@@ -323,8 +318,7 @@ class RangeWriter:
             self._cut(now_ms, effects)
 
     def _may_go(self) -> bool:
-        """Whether the pending batch goes now rather than lingering (the module's first
-        rule: full, early, or nothing sent unacknowledged)."""
+        """The pending batch goes now, not lingering (first rule: full, early, none unacked)."""
         pending = self._pending.bytes
         config = self.config
         if pending >= config.batch_bytes:
@@ -400,13 +394,19 @@ class RangeWriter:
             self._send_confirm(effects)
         return effects
 
+    def hint(self, confirm: int) -> None:
+        """``confirm`` was hinted (:mod:`estream.core.confirmhint`): readers have it."""
+        self._range.hinted = confirm
+
     def _confirm_due_ms(self) -> int:
-        """An idle CONFIRM is due ``confirm_idle_ms`` after the last batch or completion."""
-        return max(self._last_send_ms, self._completed_ms) + self.config.confirm_idle_ms
+        """An idle CONFIRM is due ``confirm_idle_ms`` after the last batch or completion;
+        ``confirm_hinted_idle_ms`` once hinted (it only saves the offset from a crash)."""
+        config, hinted = self.config, self._range.hinted >= self.visible_confirm
+        idle = config.confirm_hinted_idle_ms if hinted else config.confirm_idle_ms
+        return max(self._last_send_ms, self._completed_ms) + idle
 
     def _idle_now(self) -> bool:
-        """Nothing pending or in flight (else a batch carries the confirm offset): only
-        then is an idle CONFIRM sent (none under load: a durable write saved per batch)."""
+        """Nothing pending or in flight (else a batch carries the confirm offset)."""
         return not self._pending.count and not self._unacked_sent()
 
     def on_range_opened(

@@ -210,27 +210,24 @@ class EffectRunner:
         if core is None:
             return
         ranges = core.ranges
-        clock = writer._client.clock
-        deadline = clock.monotonic_s() + timeout_s
         target = ranges.visible_confirm
-        while writer._core is core and writer._error is None and not ranges.sealing:
-            if target <= ranges.range_start or self._confirms_at(core, target) >= ranges.ack_count:
-                return
-            if self._confirm_asked < target:
-                self.run(core.confirm_now(again=True))
-            remaining = deadline - clock.monotonic_s()
-            if remaining <= 0:
-                log.info(
-                    "stream %r: the CONFIRM of %d was answered by %d replicas, not %d",
-                    writer.stream.name, target, self._confirms_at(core, target),
-                    ranges.ack_count,
-                )
-                return
-            self.confirm_changed.clear()
-            try:
-                await asyncio.wait_for(self.confirm_changed.wait(), remaining)
-            except TimeoutError:
-                pass
+        try:
+            # One deadline for the whole wait (not a wait_for of what remains each round:
+            # a remainder below the loop's clock resolution fires at once, for ever, on a
+            # loop whose time moves only when it is idle, as the simulator's).
+            async with asyncio.timeout(timeout_s):
+                while writer._core is core and writer._error is None and not ranges.sealing:
+                    if (target <= ranges.range_start
+                            or self._confirms_at(core, target) >= ranges.ack_count):
+                        return
+                    if self._confirm_asked < target:
+                        self.run(core.confirm_now(again=True))
+                    self.confirm_changed.clear()
+                    await self.confirm_changed.wait()
+        except TimeoutError:
+            log.info("stream %r: the CONFIRM of %d was answered by %d replicas, not %d",
+                     writer.stream.name, target, self._confirms_at(core, target),
+                     ranges.ack_count)
 
     def _confirms_at(self, core: WriterCore, target: int) -> int:
         live = core.ranges.live

@@ -175,6 +175,52 @@ async def test_many_idle_writers_on_one_client_each_hint_their_tail(
                 await writer.close()
 
 
+async def test_a_tail_loops_next_append_carries_the_hinted_offset_not_a_confirm(
+    cluster: Cluster,
+) -> None:
+    """Issue 32: a writer appending a few ms after each record reached its tail sends a
+    hint per record and no durable CONFIRM (its next batch carries the offset, no CONFIRM's
+    log write and fsync in front of it: ``confirm_hinted_idle_ms``); once it stays idle, the
+    durable CONFIRM of its last offset follows."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("tail-loop", replicas=3, ack_count=2)
+        writer = await client.open_writer("tail-loop")
+        sent: list[tuple[bool, int]] = []
+        start_confirm = writer._replicas.start_confirm
+
+        def spy(replica: str, stream_id: int, range_index: int, confirm: int,
+                done: Callable[..., None], *, durable: bool = True) -> None:
+            sent.append((durable, confirm))
+            start_confirm(replica, stream_id, range_index, confirm, done, durable=durable)
+
+        writer._replicas.start_confirm = spy  # type: ignore[method-assign]
+        seen: list[int] = []
+
+        async def follow() -> None:
+            async for record in client.read("tail-loop", follow=True):
+                seen.append(record.offset)
+
+        follower = asyncio.ensure_future(follow())
+        records = 20
+        try:
+            for i in range(records):
+                assert await writer.append(b"r%d" % i) == i
+                await asyncio.wait_for(_until(lambda i=i: len(seen) > i), 10)
+                await asyncio.sleep(0.005)  # an application's next record, 5 ms on
+            hinted = {c for durable, c in sent if not durable}
+            durable = {c for d, c in sent if d}
+            assert hinted == set(range(1, records + 1))
+            # One a linger after each completion before; none now but on a stall of 45 ms.
+            assert len(durable) <= 3, sorted(durable)
+            await asyncio.wait_for(_until(lambda: (True, records) in sent), 5)
+            assert sent.count((True, records)) == 3  # every replica's, once
+            assert seen == list(range(records))
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+            await writer.close()
+
+
 async def _until(check: Callable[[], bool]) -> None:
     while not check():
         await asyncio.sleep(0.01)

@@ -95,3 +95,42 @@ def test_the_writer_core_answers_its_hints_as_its_docstring_shows() -> None:
     assert core.on_append_ack("b", 0, 2, 1) == [CompleteAppends(2)]
     assert core.confirm_hints() == hints(2)
     assert core.confirm_hints() == []
+
+
+def durable_confirms(effects: list[object]) -> list[tuple[str, int]]:
+    return [(e.replica, e.confirm) for e in effects if isinstance(e, SendConfirm) and e.durable]
+
+
+def test_a_hinted_offsets_idle_confirm_waits_confirm_hinted_idle_ms() -> None:
+    """Issue 32: readers have a hinted offset, so its durable idle CONFIRM waits
+    ``confirm_hinted_idle_ms`` (50), not a linger (``confirm_idle_ms`` 1): a tail's next
+    append, a few ms later, carries the offset and has no CONFIRM's fsync in front of it."""
+    w, due = make(confirm_idle_ms=1, confirm_hinted_idle_ms=50), ConfirmHints()
+    sent_one(w)
+    w.on_append_ack("a", 0, 1, 10)
+    w.on_append_ack("b", 0, 1, 10)
+    assert w.next_deadline_ms() == 11  # not hinted yet: a linger
+    assert due.due(w) == hints(1)
+    assert w.next_deadline_ms() == 60
+    assert durable_confirms(w.on_tick(11)) == []
+    assert durable_confirms(w.on_tick(59)) == []
+    assert durable_confirms(w.on_tick(60)) == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_an_offset_not_hinted_is_confirmed_after_a_linger_as_before() -> None:
+    for config in ({"confirm_hint": False}, {}):
+        w, due = make(confirm_idle_ms=1, confirm_hinted_idle_ms=50, **config), ConfirmHints()
+        sent_one(w)
+        w.on_append_ack("a", 0, 1, 10)
+        w.on_append_ack("b", 0, 1, 10)
+        if config:
+            assert due.due(w) == []
+        else:
+            due.due(w)  # offset 1 hinted; offset 2 below is not, yet
+            w.submit([Record(b"w", {}, TS)], 12)
+            w.on_append_ack("a", 0, 2, 13)
+            w.on_append_ack("b", 0, 2, 13)
+        assert w.next_deadline_ms() == (11 if config else 14), config
+        end = 1 if config else 2
+        assert durable_confirms(w.on_tick(w.next_deadline_ms() or 0)) == [
+            ("a", end), ("b", end), ("c", end)], config
