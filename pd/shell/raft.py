@@ -334,6 +334,7 @@ class RaftNode:
         self.proposals += 1
         obj.apply_command(data, callback=done)
         obj.tick_for_proposal()  # appended and sent on this thread, now or in a moment
+        obj.decode_ahead(data)  # (while the entry is synced and replicated)
         # Not asyncio.wait_for (one more loop callback between the commit and the answer).
         timer = obj.loop.call_later(self.propose_timeout_s, _expire, future,
                                     self.propose_timeout_s)

@@ -31,7 +31,7 @@ from estream.wire.errors import ChecksumMismatch, EstreamError
 from pd import prevote, raftrules
 from pd.catalog import Catalog, Result
 from pd.catalogimage import CatalogImage, encode_image
-from pd.commands import decode_command
+from pd.commands import Command, decode_command
 from pd.raftrules import EAGER_TYPES, LeaderContact, Outgoing, RaftStatus
 from pd.shell import raftpatch
 from pd.shell.journal import ChecksummedJournal, decode_checked, encode_checked
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 proposal_batch_s: Final = 0.001  # proposals closer than this wait for one tick together
 commit_hold_s: Final = 0.002  # a commit index alone waits this long for the next append
 status_refresh_s: Final = 0.05
+ahead_decoded_commands_max: Final = 1024  # commands decoded before their commit (decode_ahead)
 # A node started on an empty data dir stands for election only this long after its start:
 # a peer that holds the catalog asks for its vote first (it reconnects within
 # connectionRetryTime, 1 s, and stands at once if its election deadline has passed).
@@ -137,6 +138,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._after_sync: list[Outgoing] = []
         self._held: list[Outgoing] = []  # commit indexes alone, see _hold_commit_indexes
         self._held_timer: asyncio.TimerHandle | None = None
+        self._decoded: dict[bytes, Command] = {}  # see decode_ahead
         with raftpatch.next_poller(self._loop_poller):
             super().__init__(self_address, list(peers), conf, transportClass=LoopTransport)
         assert self._poller is self._loop_poller
@@ -509,10 +511,26 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         journal = self._journal
         return journal.failed if isinstance(journal, ChecksummedJournal) else None
 
+    def decode_ahead(self, data: bytes) -> None:
+        """Decode a command this node proposed while its entry is synced and replicated:
+        its commit applies it without decoding the entry again (the same bytes decode to
+        an equal, frozen command: every node applies the same). One never applied here
+        (a lost leadership) is dropped once ``ahead_decoded_commands_max`` newer ones wait."""
+        try:
+            command = decode_command(data)
+        except EstreamError:
+            return  # (its apply decodes it again and returns the same rejection)
+        decoded = self._decoded
+        decoded[data] = command
+        if len(decoded) > ahead_decoded_commands_max:
+            del decoded[next(iter(decoded))]
+
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> Result | EstreamError:
         try:
-            command = decode_command(data)
+            command = self._decoded.pop(data, None)
+            if command is None:
+                command = decode_command(data)
             with self.lock:
                 return self.catalog.apply(command)
         except EstreamError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -289,6 +290,32 @@ async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
         await asyncio.wait([pending])
         with pytest.raises(Unavailable, match="catching up"):
             answer()
+
+
+async def test_a_commit_applies_the_command_decoded_while_it_was_replicated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node that proposed a command decodes it while its entry is synced and sent
+    (RaftNode.start_proposal): the commit applies that command without decoding the entry
+    again, with the same result; a rejection decodes as before."""
+    applying: list[bool] = []
+    decode = raftsyncobj.decode_command
+
+    def counted(data: bytes) -> object:
+        applying.append(sys._getframe(1).f_code.co_name == "apply_command")
+        return decode(data)
+
+    monkeypatch.setattr(raftsyncobj, "decode_command", counted)
+    async with _node(tmp_path / "single", peers=0) as single:
+        await _wait_leader(single)
+        await single.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        for i in range(5):
+            result = await single.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",)))
+            assert isinstance(result, StreamMeta) and result.name == f"s{i}"
+        assert applying == [False] * 6  # each decoded once, before its commit
+        with pytest.raises(StreamExists):
+            await single.propose(CreateStream("s0", 1, 1, "", (), ("rs1",)))
+        assert single.view().stream("s4").ranges[0].replicas[0].id == "rs1"
+        assert raftsyncobj.ahead_decoded_commands_max >= 64 and not single._sync._decoded
 
 
 async def test_a_follower_reads_its_sockets_before_it_stands_for_election(
