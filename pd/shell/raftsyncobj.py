@@ -114,6 +114,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._deferring = False
         self._send_direct: Any = None
         self._ack_cap: tuple[Any, int] | None = None  # (node, highest next_node_idx)
+        self._quiet_to: Any = None  # the leader whose quiet commit index is handled
         self._failure_logged = False
         self.answered = False  # a proposal's callback ran in this tick (see _onTick)
         self._tick_soon_pending = False
@@ -351,7 +352,8 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
     def _release_held(self) -> None:
         self._held_timer = None
         if self._held and not self._closed:
-            self._outbox[:0], self._held = self._held, []
+            held, self._held = self._held, []
+            self._outbox[:0] = [(node, raftrules.quiet(message)) for node, message in held]
             if not self._deferring and self._sync_running is None:
                 self._flush_outbox()
 
@@ -436,10 +438,11 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
             self._prevote, self._prevoted = None, False  # a live leader: no election
         message, cap = raftrules.trim_append(message, self._term_at, self.log_end())
         self._ack_cap = None if cap is None else (node, cap)
+        self._quiet_to = node if message.get(raftrules.QUIET) else None
         try:
             self._receive(node, message)
         finally:
-            self._ack_cap = None
+            self._ack_cap = self._quiet_to = None
 
     def _term_at(self, index: int) -> int | None:
         raft_log = self._journal
@@ -447,6 +450,8 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         return int(raft_log[at][2]) if 0 <= at < len(raft_log) else None
 
     def _send_after_sync(self, node: Any, message: Any) -> bool:
+        if self._quiet_to is not None and self._quiet_to == node and raftrules.is_ack(message):
+            return True  # a commit index sent alone, applied: not answered (raftrules.quiet)
         cap = self._ack_cap
         if cap is not None and cap[0] == node:
             message = raftrules.cap_ack(message, cap[1])
@@ -513,15 +518,11 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
 
     def decode_ahead(self, data: bytes) -> None:
         """Decode a command this node proposed while its entry is synced and replicated:
-        its commit applies it without decoding the entry again (the same bytes decode to
-        an equal, frozen command: every node applies the same). One never applied here
-        (a lost leadership) is dropped once ``ahead_decoded_commands_max`` newer ones wait."""
-        try:
-            command = decode_command(data)
-        except EstreamError:
-            return  # (its apply decodes it again and returns the same rejection)
+        its commit applies that (equal bytes decode to an equal, frozen command); one not
+        applied here (a lost leadership) goes once ``ahead_decoded_commands_max`` wait."""
+        with contextlib.suppress(EstreamError):  # (its apply: the same rejection)
+            self._decoded[data] = decode_command(data)
         decoded = self._decoded
-        decoded[data] = command
         if len(decoded) > ahead_decoded_commands_max:
             del decoded[next(iter(decoded))]
 
