@@ -463,14 +463,20 @@ _SCHEMAS: Final[dict[str, tuple[tuple[str, Any, type], ...]]] = {
     for kind, cls in COMMAND_TYPES.items()}
 
 
+# Each command kind's field names, in order (encode_command).
+_FIELD_NAMES: Final[dict[str, tuple[str, ...]]] = {
+    kind: tuple(name for name, _, _ in schema) for kind, schema in _SCHEMAS.items()}
+_ABSENT: Final = object()
+
+
 def encode_command(command: Command) -> bytes:
     """The msgpack bytes of ``command`` (tuples become lists)."""
     body: dict[str, Any] = {"v": COMMAND_VERSION, "kind": command.kind}
-    for f in dataclasses.fields(command):
-        value = getattr(command, f.name)
+    for name in _FIELD_NAMES[command.kind]:
+        value = getattr(command, name)
         if isinstance(value, tuple):
             value = [v.to_dict() if isinstance(v, PackMember) else v for v in value]
-        body[f.name] = value
+        body[name] = value
     data: bytes = msgpack.packb(body, use_bin_type=True)
     return data
 
@@ -492,8 +498,12 @@ def decode_command(data: bytes) -> Command:
     if not isinstance(kind, str) or kind not in COMMAND_TYPES:
         raise InvalidArgument(f"unknown command kind {kind!r}", argument="kind")
     cls = COMMAND_TYPES[kind]
-    kwargs = {name: _field(body, name, default, expected)
-              for name, default, expected in _SCHEMAS[kind]}
+    kwargs = {}
+    for name, default, expected in _SCHEMAS[kind]:
+        value = body.get(name, _ABSENT)
+        # As _field decides, sooner: a str, int (not bool), bool or bytes as is.
+        kwargs[name] = value if type(value) is expected else _field(body, name, default,
+                                                                     expected)
     command: Command = cls(**kwargs)
     return command
 

@@ -33,6 +33,10 @@ paused_gap_s: Final = 1.0
 # sender's journal is synced; every other message (next_node_idx, votes) may not.
 EAGER_TYPES: Final = frozenset({"append_entries", "apply_command", "apply_command_response"})
 
+# The key marking an append_entries its follower answers only if it fails (see quiet);
+# a node of an earlier version ignores it and answers.
+QUIET: Final = "quiet"
+
 ROLES: Final = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's raft states
 
 
@@ -114,8 +118,10 @@ def merge_appends(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]
     if (then["term"] != first["term"] or then["prevLogIdx"] != end_idx
             or then["prevLogTerm"] != end_term):
         return None
-    return {**first, "entries": [*entries, *then["entries"]],
-            "commit_index": max(first["commit_index"], then["commit_index"])}
+    merged = {**first, "entries": [*entries, *then["entries"]],
+              "commit_index": max(first["commit_index"], then["commit_index"])}
+    merged.pop(QUIET, None)  # (it carries entries: answered)
+    return merged
 
 
 def trim_append(message: dict[str, Any], term_at: Callable[[int], int | None],
@@ -183,6 +189,16 @@ def is_commit_index_only(message: Mapping[str, Any]) -> bool:
     """An ``append_entries`` that carries no entry: only the leader's commit index."""
     return (message.get("type") == "append_entries" and mergeable_append(message)
             and not message["entries"])
+
+
+def quiet(message: dict[str, Any]) -> dict[str, Any]:
+    """A held commit index sent alone (no append to merge it into came within the hold):
+    marked so that its follower, which applies it, does not acknowledge it. The answer
+    would tell the leader nothing new (no entry: its match index stays) and cost it a
+    wake-up and a tick per follower and commit whenever commits come more than the hold
+    apart; heartbeats, and every message carrying entries, are still answered (a merge
+    drops the mark), and so is a failed check (the follower needs entries)."""
+    return {**message, QUIET: True} if is_commit_index_only(message) else message
 
 
 def carries_entries(outbox: Iterable[Outgoing]) -> bool:

@@ -118,8 +118,20 @@ def check_command(command: Command) -> bytes:
 
 
 def _check_fields(record: Any) -> None:
-    for f in dataclasses.fields(record):
-        _check(f.name, getattr(record, f.name))
+    kind = type(record)
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(record))
+    for name in names:
+        value = getattr(record, name)
+        if type(value) is str:  # (the most common, as _check decides)
+            if len(value) > _CHARS.get(name, text_chars_max):
+                _check(name, value)
+        else:
+            _check(name, value)
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, worked out once
 
 
 def _check(name: str, value: Any) -> None:

@@ -47,7 +47,9 @@ in `pd/raftrules.py` (pure). What they add to pysyncobj 0.3.17:
   proposals (and has nothing to sync and no new entries to send) answers them first and
   holds the new commit index (``_hold_commit_indexes``): it goes
   inside the next ``append_entries`` to each follower (one message and one wake-up per
-  follower and commit, not two), or alone after ``commit_hold_s``. Every message is sealed
+  follower and commit, not two), or alone after ``commit_hold_s``, marked quiet: its
+  followers apply it without answering (:func:`~pd.raftrules.quiet`; the answer told the
+  leader nothing and cost it a wake-up and a tick). Every message is sealed
   with AES-GCM (:mod:`pd.shell.raftwire`), not pickled, compressed and Fernet-encrypted as
   pysyncobj does.
 - **Raft on the event loop.** pysyncobj's tick runs on the PD's asyncio loop
@@ -334,6 +336,7 @@ class RaftNode:
         self.proposals += 1
         obj.apply_command(data, callback=done)
         obj.tick_for_proposal()  # appended and sent on this thread, now or in a moment
+        obj.decode_ahead(data)  # (while the entry is synced and replicated)
         # Not asyncio.wait_for (one more loop callback between the commit and the answer).
         timer = obj.loop.call_later(self.propose_timeout_s, _expire, future,
                                     self.propose_timeout_s)

@@ -31,7 +31,7 @@ from estream.wire.errors import ChecksumMismatch, EstreamError
 from pd import prevote, raftrules
 from pd.catalog import Catalog, Result
 from pd.catalogimage import CatalogImage, encode_image
-from pd.commands import decode_command
+from pd.commands import Command, decode_command
 from pd.raftrules import EAGER_TYPES, LeaderContact, Outgoing, RaftStatus
 from pd.shell import raftpatch
 from pd.shell.journal import ChecksummedJournal, decode_checked, encode_checked
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 proposal_batch_s: Final = 0.001  # proposals closer than this wait for one tick together
 commit_hold_s: Final = 0.002  # a commit index alone waits this long for the next append
 status_refresh_s: Final = 0.05
+ahead_decoded_commands_max: Final = 1024  # commands decoded before their commit (decode_ahead)
 # A node started on an empty data dir stands for election only this long after its start:
 # a peer that holds the catalog asks for its vote first (it reconnects within
 # connectionRetryTime, 1 s, and stands at once if its election deadline has passed).
@@ -113,6 +114,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._deferring = False
         self._send_direct: Any = None
         self._ack_cap: tuple[Any, int] | None = None  # (node, highest next_node_idx)
+        self._quiet_to: Any = None  # the leader whose quiet commit index is handled
         self._failure_logged = False
         self.answered = False  # a proposal's callback ran in this tick (see _onTick)
         self._tick_soon_pending = False
@@ -137,6 +139,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._after_sync: list[Outgoing] = []
         self._held: list[Outgoing] = []  # commit indexes alone, see _hold_commit_indexes
         self._held_timer: asyncio.TimerHandle | None = None
+        self._decoded: dict[bytes, Command] = {}  # see decode_ahead
         with raftpatch.next_poller(self._loop_poller):
             super().__init__(self_address, list(peers), conf, transportClass=LoopTransport)
         assert self._poller is self._loop_poller
@@ -349,7 +352,8 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
     def _release_held(self) -> None:
         self._held_timer = None
         if self._held and not self._closed:
-            self._outbox[:0], self._held = self._held, []
+            held, self._held = self._held, []
+            self._outbox[:0] = [(node, raftrules.quiet(message)) for node, message in held]
             if not self._deferring and self._sync_running is None:
                 self._flush_outbox()
 
@@ -434,10 +438,11 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
             self._prevote, self._prevoted = None, False  # a live leader: no election
         message, cap = raftrules.trim_append(message, self._term_at, self.log_end())
         self._ack_cap = None if cap is None else (node, cap)
+        self._quiet_to = node if message.get(raftrules.QUIET) else None
         try:
             self._receive(node, message)
         finally:
-            self._ack_cap = None
+            self._ack_cap = self._quiet_to = None
 
     def _term_at(self, index: int) -> int | None:
         raft_log = self._journal
@@ -445,6 +450,8 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         return int(raft_log[at][2]) if 0 <= at < len(raft_log) else None
 
     def _send_after_sync(self, node: Any, message: Any) -> bool:
+        if self._quiet_to is not None and self._quiet_to == node and raftrules.is_ack(message):
+            return True  # a commit index sent alone, applied: not answered (raftrules.quiet)
         cap = self._ack_cap
         if cap is not None and cap[0] == node:
             message = raftrules.cap_ack(message, cap[1])
@@ -509,10 +516,22 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         journal = self._journal
         return journal.failed if isinstance(journal, ChecksummedJournal) else None
 
+    def decode_ahead(self, data: bytes) -> None:
+        """Decode a command this node proposed while its entry is synced and replicated:
+        its commit applies that (equal bytes decode to an equal, frozen command); one not
+        applied here (a lost leadership) goes once ``ahead_decoded_commands_max`` wait."""
+        with contextlib.suppress(EstreamError):  # (its apply: the same rejection)
+            self._decoded[data] = decode_command(data)
+        decoded = self._decoded
+        if len(decoded) > ahead_decoded_commands_max:
+            del decoded[next(iter(decoded))]
+
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> Result | EstreamError:
         try:
-            command = decode_command(data)
+            command = self._decoded.pop(data, None)
+            if command is None:
+                command = decode_command(data)
             with self.lock:
                 return self.catalog.apply(command)
         except EstreamError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -289,6 +290,83 @@ async def test_quick_create_answers_as_the_task_path(tmp_path: Path) -> None:
         await asyncio.wait([pending])
         with pytest.raises(Unavailable, match="catching up"):
             answer()
+
+
+async def test_a_commit_applies_the_command_decoded_while_it_was_replicated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node that proposed a command decodes it while its entry is synced and sent
+    (RaftNode.start_proposal): the commit applies that command without decoding the entry
+    again, with the same result; a rejection decodes as before."""
+    applying: list[bool] = []
+    decode = raftsyncobj.decode_command
+
+    def counted(data: bytes) -> object:
+        applying.append(sys._getframe(1).f_code.co_name == "apply_command")
+        return decode(data)
+
+    monkeypatch.setattr(raftsyncobj, "decode_command", counted)
+    async with _node(tmp_path / "single", peers=0) as single:
+        await _wait_leader(single)
+        await single.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        for i in range(5):
+            result = await single.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",)))
+            assert isinstance(result, StreamMeta) and result.name == f"s{i}"
+        assert applying == [False] * 6  # each decoded once, before its commit
+        with pytest.raises(StreamExists):
+            await single.propose(CreateStream("s0", 1, 1, "", (), ("rs1",)))
+        assert single.view().stream("s4").ranges[0].replicas[0].id == "rs1"
+        assert raftsyncobj.ahead_decoded_commands_max >= 64 and not single._sync._decoded
+
+
+async def test_followers_do_not_answer_a_commit_index_sent_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proposals further apart than commit_hold_s: each commit index goes alone after it
+    (pd.raftrules.quiet); the followers apply it without answering (before, each answered:
+    a wake-up and a tick of the leader per follower and commit). Every entry is still
+    acknowledged, and every node applies every command."""
+    answers: list[tuple[object, object, int]] = []  # (to, from, next_node_idx): answers
+    receive = raftsyncobj.CatalogSyncObj._on_message
+
+    def counted(self: raftsyncobj.CatalogSyncObj, node: object, message: dict[str, object]
+                ) -> None:
+        if message.get("type") == "next_node_idx" and message.get("success"):
+            answers.append((self, node, int(message["next_node_idx"])))  # type: ignore[call-overload]
+        receive(self, node, message)
+
+    monkeypatch.setattr(raftsyncobj.CatalogSyncObj, "_on_message", counted)
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes = [RaftNode(a, [p for p in addresses if p != a], tmp_path / str(i), password=None)
+             for i, a in enumerate(addresses)]
+    for node in nodes:
+        node.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not any(n.leader() == n.self_address and n.ready() for n in nodes):
+            assert time.monotonic() < deadline, "no leader"
+            await asyncio.sleep(0.02)
+        leader = next(n for n in nodes if n.leader() == n.self_address)
+        await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        await asyncio.sleep(0.2)
+        proposals = 10
+        answers.clear()
+        for i in range(proposals):
+            await leader.propose(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",)))
+            await asyncio.sleep(raftsyncobj.commit_hold_s * 8)  # the commit index goes alone
+        end = leader._sync.log_end()
+        deadline = time.monotonic() + 10
+        while any(n._sync.raftLastApplied < end for n in nodes):
+            assert time.monotonic() < deadline, "a follower did not apply every entry"
+            await asyncio.sleep(0.02)
+        seen = [(sender, i) for to, sender, i in answers if to is leader._sync]
+        again = len(seen) - len(set(seen))  # answers that acknowledged nothing new
+        # Before: two a commit (one per follower), 20 here; now the heartbeats' only
+        # (every appendEntriesPeriod, 0.1 s, to each follower).
+        assert again < proposals, seen
+        assert {i for _, i in seen} >= set(range(end - proposals + 2, end + 2))  # (next index)
+        assert all(n.view().stream(f"s{proposals - 1}").name for n in nodes)
+    finally:
+        for node in nodes:
+            await asyncio.to_thread(node.close)
 
 
 async def test_a_follower_reads_its_sockets_before_it_stands_for_election(

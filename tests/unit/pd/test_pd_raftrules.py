@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pd.raftrules import (
+    QUIET,
     LeaderContact,
     RaftStatus,
     cap_ack,
@@ -17,6 +18,7 @@ from pd.raftrules import (
     majority_answered,
     may_hold_commit_indexes,
     plan_flush,
+    quiet,
     status_of,
     would_stand,
 )
@@ -61,6 +63,19 @@ def test_commit_indexes_alone_are_held_and_the_rest_kept_in_order() -> None:
     held, kept = hold_commit_indexes(outbox)
     assert held == [outbox[0]]
     assert kept == [outbox[1], outbox[2], outbox[3]]
+
+
+def test_a_commit_index_sent_alone_is_quiet_until_merged_with_entries() -> None:
+    """A held commit index released alone is marked: its follower does not answer it. Merged
+    into an append (either side), the message carries entries and loses the mark."""
+    alone = quiet(append(9, [], commit=9))
+    assert alone == {**append(9, [], commit=9), QUIET: True}
+    assert quiet(append(9, [10])) == append(9, [10])  # entries: always answered
+    eager, _ = plan_flush([("a", alone), ("a", append(9, [10], commit=9))])
+    assert eager == [("a", append(9, [10], commit=9))]
+    eager, _ = plan_flush([("a", append(8, [9], commit=8)), ("a", alone)])
+    assert eager == [("a", append(8, [9], commit=9))]
+    assert plan_flush([("a", alone), ("b", alone)])[0] == [("a", alone), ("b", alone)]
 
 
 @pytest.mark.parametrize(("answered", "syncing", "dirty", "outbox", "hold"), [
