@@ -5,43 +5,20 @@ the followers of a leader whose connections closed stand within a fraction of a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from pysyncobj.monotonic import monotonic as raft_clock
 
-from estream.devcluster.process import free_port
 from pd.commands import RegisterServer
 from pd.prevote import lost_leader_election_s_max
 from pd.shell import raftpatch
-from pd.shell.raft import RaftNode
+from tests.harness.raftgroup import raft_group
 
 pytestmark = pytest.mark.integration
 
 wait_s_max = 10.0
-
-
-@contextlib.asynccontextmanager
-async def _group(tmp_path: Path) -> AsyncIterator[list[RaftNode]]:
-    """Three started nodes on this loop with one leader they all know, closed afterwards."""
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    nodes = [RaftNode(a, [p for p in addresses if p != a], tmp_path / str(i), password=None)
-             for i, a in enumerate(addresses)]
-    for node in nodes:
-        node.start()
-    try:
-        deadline = time.monotonic() + wait_s_max
-        while len({n.leader() for n in nodes} - {None}) != 1 or any(
-                n.leader() is None for n in nodes):
-            assert time.monotonic() < deadline, "no leader"
-            await asyncio.sleep(0.02)
-        yield nodes
-    finally:
-        for node in nodes:
-            await asyncio.to_thread(node.close)
 
 
 async def test_a_live_leader_is_kept_and_a_gone_one_replaced_at_once(tmp_path: Path) -> None:
@@ -54,7 +31,7 @@ async def test_a_live_leader_is_kept_and_a_gone_one_replaced_at_once(tmp_path: P
        deadline moves to within lost_leader_election_s_max (before: a whole election
        timeout, 0.4-1.2 s after it last heard the leader), and they elect a new leader.
     """
-    async with _group(tmp_path) as nodes:
+    async with raft_group(tmp_path, wait_s_max) as nodes:
         leader = next(n for n in nodes if n.leader() == n.self_address)
         follower = next(n for n in nodes if n is not leader)
         obj = follower._sync
