@@ -7,7 +7,8 @@ writers, chosen at :meth:`Wal.start`: **direct** (``directwriter.py``: O_DIRECT 
 AIO from the event loop) and **thread** (here: one ``pwritev`` per segment and one
 ``fdatasync`` per group, or one ``pwritev(RWF_DSYNC)``). A resource running out
 (``exhaustion.py``) *cuts back* the log to the failed write and probes until it is back; any
-other write or fdatasync error fails every later append (fsyncgate). Why and how:
+other write or fdatasync error fails every later append (fsyncgate). With
+``--disk-bytes-per-s-max`` entries reach the writer through ``diskpacer.py``. Why and how:
 docs/ARCHITECTURE.md 2.1; the syscalls themselves: ``segmentfiles.py``.
 
 Side effects: the segment files (create, write, fdatasync, read, truncate).
