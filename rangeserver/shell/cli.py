@@ -47,6 +47,7 @@ from estream.server.config import parse_with_config
 from estream.server.durable import write_atomically
 from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument, StorageError
+from rangeserver import diskbudget
 from rangeserver.shell.carrier import Carrier
 from rangeserver.shell.http import build_app, start_http
 from rangeserver.shell.metrics import RangeServerMetrics
@@ -165,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.segment_bytes_max // limits.MiB,
         help="size of a log segment file (default %(default)s)")
     parser.add_argument(
+        "--disk-bytes-per-s-max", metavar="N", default=None,
+        type=_count(diskbudget.rate_bytes_per_s_min, diskbudget.rate_bytes_per_s_max, "bytes/s"),
+        help="write the log (appends, confirms, copies) at no more than N bytes/s, with "
+        "bursts of 1/10 s of N (a disk shared with noisy neighbours; benchmarks); "
+        "default: no limit")
+    parser.add_argument(
         "--disk-watermark-percent", type=_count(1, 100, "percent"), metavar="P",
         default=disk_watermark_percent_default,
         help="above P%% of the data directory's disk used, get new replicas only when no "
@@ -232,6 +239,7 @@ async def serve(args: argparse.Namespace) -> int:
         segment_bytes_max=args.wal_segment_mib * limits.MiB,
         wal_spares=args.wal_spares,
         wal_io=args.wal_io,
+        disk_bytes_per_s_max=args.disk_bytes_per_s_max,
         disk_watermark_percent=args.disk_watermark_percent,
     )
     await store.open()

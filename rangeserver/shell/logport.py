@@ -17,6 +17,7 @@ from typing import Protocol
 
 from estream.wire.errors import StorageError
 from rangeserver.index import Location
+from rangeserver.shell.diskpacer import DiskPacer
 
 
 class SpareCount(Protocol):
@@ -37,6 +38,7 @@ class LogPort(Protocol):
     failed: StorageError | None  # a write or fdatasync failed: appends fail until restart
     exhausted: str | None  # the resource that ran out: batches refused until it is back
     exhaustions: int
+    pacer: DiskPacer | None  # --disk-bytes-per-s-max's (None: off)
     on_resumed: Callable[[], None] | None  # a new writer took over after a cut back
     on_sync: Callable[[float], None] | None  # seconds each durable write took
 

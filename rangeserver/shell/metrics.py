@@ -248,6 +248,9 @@ class RangeServerMetrics:
                                "resource": {r: float(wal.exhausted == r) for r in RESOURCES}})
         yield counter_family("estream_rangeserver_storage_exhaustions_total", "Times the log "
                              "ran out of disk or descriptors and cut back.", wal.exhaustions)
+        yield counter_family("estream_rangeserver_disk_throttle_seconds_total", "Seconds log "
+                             "entries waited for --disk-bytes-per-s-max (0 without it).",
+                             wal.pacer.throttled_s if wal.pacer is not None else 0.0)
         load = self.store.load()
         yield gauge_family("estream_rangeserver_disk_above_watermark", "1 while the data "
                            "directory's disk is above the watermark (new replicas go "

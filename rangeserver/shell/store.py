@@ -65,19 +65,20 @@ class Store(StoreReads, StoreAppends):
         cache_bytes_max: int = limits.cache_bytes_max,
         wal_spares: int = 0,
         wal_io: str = "auto",
+        disk_bytes_per_s_max: int | None = None,
         disk_watermark_percent: int = disk_watermark_percent_default,
         log: LogPort | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``log``: the write-ahead log (the simulator's); None: a :class:`Wal` in
-        ``data_dir/wal`` with ``segment_bytes_max``, ``wal_spares``, ``wal_io``."""
+        ``data_dir/wal`` with ``segment_bytes_max``, ``wal_*``, ``disk_bytes_per_s_max``."""
         self.data_dir = data_dir
         self.clock = clock
         self.disk_watermark_percent = disk_watermark_percent
         self.append_delay_ms = 0  # appends answered this much later (rangeserver/pacing.py)
         self.wal: LogPort = log if log is not None else Wal(
-            data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io
-        )
+            data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io,
+            disk_bytes_per_s_max=disk_bytes_per_s_max)
         self.cache = BatchCache(cache_bytes_max)
         self.replicas: dict[Key, ReplicaState] = {}
         self.keys = ReplicaKeys()  # the replicas' keys in order (LIST_RANGES pages)

@@ -7,7 +7,8 @@ writers, chosen at :meth:`Wal.start`: **direct** (``directwriter.py``: O_DIRECT 
 AIO from the event loop) and **thread** (here: one ``pwritev`` per segment and one
 ``fdatasync`` per group, or one ``pwritev(RWF_DSYNC)``). A resource running out
 (``exhaustion.py``) *cuts back* the log to the failed write and probes until it is back; any
-other write or fdatasync error fails every later append (fsyncgate). Why and how:
+other write or fdatasync error fails every later append (fsyncgate). With
+``--disk-bytes-per-s-max`` entries reach the writer through ``diskpacer.py``. Why and how:
 docs/ARCHITECTURE.md 2.1; the syscalls themselves: ``segmentfiles.py``.
 
 Side effects: the segment files (create, write, fdatasync, read, truncate).
@@ -31,6 +32,7 @@ from estream.wire.errors import StorageError
 from rangeserver.index import Location
 from rangeserver.shell import exhaustion, linuxaio, segmentfiles
 from rangeserver.shell.directwriter import DirectWriter, WalItem, block_floor
+from rangeserver.shell.diskpacer import DiskPacer
 from rangeserver.shell.spares import SparePool
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class Wal:
         segment_bytes_max: int = limits.segment_bytes_max,
         spares: int = 0,
         io: str = "auto",
+        disk_bytes_per_s_max: int | None = None,
     ):
         if io not in IO_MODES:
             raise ValueError(f"io must be one of {IO_MODES}, not {io!r}")
@@ -93,6 +96,8 @@ class Wal:
         self._retired_fds: list[int] = []  # of deleted segments: closed on the next delete
         self._dsync = False  # RWF_DSYNC writes: probed by start()
         self._writer_fd = -1  # the writer thread's open segment (its thread only)
+        self.disk_bytes_per_s_max = disk_bytes_per_s_max  # None: no pacer, entries go at once
+        self.pacer: DiskPacer | None = None
 
     # ------------------------------------------------------------------ startup (sync)
 
@@ -146,6 +151,8 @@ class Wal:
         self.bytes_total = earlier + position
         self.spares.open()
         self.headroom.restore()
+        if self.disk_bytes_per_s_max is not None:
+            self.pacer = DiskPacer(loop, self.disk_bytes_per_s_max, self._hand)
         self.mode = self._choose_mode()
         if self.mode == "direct":
             self._start_direct(loop, segment, position)
@@ -273,6 +280,12 @@ class Wal:
 
     def _put(self, item: WalItem) -> None:
         self._pending.append(item)
+        if self.pacer is not None:
+            self.pacer.put(item)  # on to _hand in order, at the disk budget's pace
+        else:
+            self._hand(item)
+
+    def _hand(self, item: WalItem) -> None:
         if self._direct is not None:
             self._direct.put(item)
         else:
@@ -325,6 +338,8 @@ class Wal:
     async def close(self) -> None:
         """Sync and stop the writer thread; close every file."""
         self.spares.stop()
+        if self.pacer is not None:
+            await self.pacer.flush()
         if self._recovery is not None:
             self._recovery.cancel()
             await asyncio.gather(self._recovery, return_exceptions=True)
@@ -401,6 +416,8 @@ class Wal:
             else:
                 kept.append(item)
         self._pending = deque(kept)
+        if self.pacer is not None:
+            self.pacer.drop()  # entries it holds come after the cut: lost
         for item in reversed(lost):
             if item.on_failed is not None:
                 item.on_failed()

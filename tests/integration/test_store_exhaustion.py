@@ -18,6 +18,7 @@ import pytest
 
 from estream.wire.errors import StorageError
 from estream.wire.record import Record, encode_batch
+from rangeserver.diskbudget import DiskBudget
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell import exhaustion, linuxaio
 from rangeserver.shell.store import Store
@@ -180,6 +181,41 @@ async def test_seal_and_confirm_cut_off_by_the_log_are_undone(
     again = await open_store(tmp_path)
     state = again.replicas[KEY]
     assert (state.end, state.epoch, state.sealed, state.sealed_end) == (4, 2, True, 4)
+    await again.close()
+
+
+async def test_entries_waiting_for_the_disk_budget_at_a_cut_back_are_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--disk-bytes-per-s-max: an entry still waiting for the budget when the log cuts
+    back (rangeserver/shell/diskpacer.py) is refused with the cut and never reaches the
+    new writer: the log holds what was answered."""
+    disk = Disk(monkeypatch, tmp_path)
+    store = Store(tmp_path, segment_bytes_max=SEGMENT, wal_io="thread",
+                  disk_bytes_per_s_max=64 * 1024)
+    await store.open()
+    await store.create_range(*KEY, 0, 1)
+    await store.append(batch(KEY, 0))
+    pacer = store.wal.pacer
+    assert pacer is not None
+    loop = asyncio.get_running_loop()
+    pacer.budget = DiskBudget(4_000, 1_500, 0.0, loop.time() * 1000)  # each batch waits
+    disk.full = True
+    first = asyncio.ensure_future(store.append(batch(KEY, 4)))
+    second = asyncio.ensure_future(store.append(batch(KEY, 8)))
+    for pending in (first, second):
+        with pytest.raises(StorageError):
+            await pending
+    pacer.budget = DiskBudget(64 * 1024 * 1024, 64 * 1024, 65536.0, loop.time() * 1000)
+    disk.full = False
+    await until(lambda: store.wal.exhausted is None)
+    assert await store.append(batch(KEY, 4)) == 8
+    await asyncio.sleep(1.0)  # (a second's budget: time for a forgotten entry to be written)
+    assert await read_all(store, KEY) == expected(KEY, 8)
+    await store.close()
+    again = await open_store(tmp_path)
+    assert await read_all(again, KEY) == expected(KEY, 8)
+    assert not [m for m in again.recovery_report if "damage" in m.lower()]
     await again.close()
 
 

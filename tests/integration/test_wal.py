@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rangeserver import walformat as wf
+from rangeserver.diskbudget import DiskBudget
 from rangeserver.shell import linuxaio
 from rangeserver.shell.wal import Wal
 
@@ -197,3 +198,35 @@ def test_reading_a_segment_for_recovery_stops_where_only_a_hole_follows(tmp_path
         f.write(data)  # data after the hole
     got = wal.read_segment(0)
     assert len(got) == 4 * 1024 * 1024 and got[2 * 1024 * 1024 :].startswith(data)
+
+
+async def test_a_disk_budget_paces_entries_in_order(tmp_path: Path, io: str) -> None:
+    """--disk-bytes-per-s-max (rangeserver/shell/diskpacer.py): entries reach the writer
+    at the budget's rate, in log order, and durable; those still waiting at close are
+    written."""
+    wal = Wal(tmp_path, io=io, disk_bytes_per_s_max=64 * 1024)
+    loop = asyncio.get_running_loop()
+    wal.start(loop, 0, 0)
+    assert wal.pacer is not None
+    rate, burst = 20_000, 1_000  # smaller than the flag allows: a few KB take a while
+    wal.pacer.budget = DiskBudget(rate, burst, float(burst), loop.time() * 1000)
+    durable: list[int] = []
+    futures = []
+    started = loop.time()
+    for i in range(150):
+        data = entry(i)
+        _, done = wal.append((data,), len(data), on_durable=lambda i=i: durable.append(i))
+        futures.append(done)
+    await asyncio.gather(*futures)
+    elapsed_s = loop.time() - started
+    total = sum(len(entry(i)) for i in range(150))
+    assert elapsed_s >= (total - burst) / rate, "at the budget's rate"
+    assert durable == list(range(150)), "completions in log order"
+    assert wal.pacer.throttled_s > 0
+    for i in range(150, 300):  # these wait for the budget; close writes them
+        data = entry(i)
+        _, done = wal.append((data,), len(data), on_durable=lambda i=i: durable.append(i))
+    await wal.close()
+    assert durable == list(range(300))
+    result = assert_clean(wal.read_segment(0))
+    assert [e.control.epoch for e in result.entries] == list(range(300))  # type: ignore[union-attr]

@@ -48,6 +48,7 @@ class SimLog:
     """The log port on a simulated disk (see the module)."""
 
     mode = "sim"
+    pacer = None  # no --disk-bytes-per-s-max in the simulator
 
     def __init__(self, disk: SimDisk, *,
                  segment_bytes_max: int = limits.segment_bytes_max) -> None:

@@ -19,7 +19,7 @@ from rangeserver.shell.metrics import RangeServerMetrics
 
 def fake_store(*states: ReplicaState) -> Any:
     wal = SimpleNamespace(bytes_total=4096, failed=None, mode="direct", on_sync=None,
-                          exhausted=None, exhaustions=0)
+                          exhausted=None, exhaustions=0, pacer=None)
     return SimpleNamespace(replicas={s.key: s for s in states}, wal=wal,
                            load=lambda: {"above_watermark": False})
 
@@ -190,6 +190,14 @@ def test_exhaustion_shows_in_the_metrics() -> None:
     assert samples(metrics)["estream_rangeserver_storage_exhaustions_total"] == 1
     store.wal.exhausted = None
     assert exhausted() == {"disk": 0, "descriptors": 0}
+
+
+def test_the_disk_budget_waits_show_in_the_metrics() -> None:
+    store = fake_store()
+    metrics = RangeServerMetrics(store, fake_rpc({}, {}), data_dir="/")
+    assert samples(metrics)["estream_rangeserver_disk_throttle_seconds_total"] == 0  # no flag
+    store.wal.pacer = SimpleNamespace(throttled_s=1.5)
+    assert samples(metrics)["estream_rangeserver_disk_throttle_seconds_total"] == 1.5
 
 
 def test_pacing_and_carried_replicas_show_in_the_metrics() -> None:
