@@ -201,10 +201,6 @@ async def wait_drained(cluster: Cluster, server_id: str, timeout_s: float) -> di
         await asyncio.sleep(1.0)
 
 
-# About 11 s: in `make chaos` (the suite's time). In every `make test`,
-# test_drain_under_load_loses_nothing_and_ends_drained drains, and tests/chaos kills the PD
-# leader under load.
-@pytest.mark.slow
 async def test_a_drain_goes_on_after_the_pd_leader_dies(cluster: Cluster) -> None:
     import estream
 
