@@ -479,6 +479,9 @@ def test_up_makes_a_cluster_secret_once_and_gives_it_to_every_range_server(
         tmp_path, 1, 2, "127.0.0.1", 7100).range_servers)
 
 
+# About 12 s: in `make chaos` (the suite's time);
+# test_up_makes_a_cluster_secret_once_and_gives_it_to_every_range_server runs in every `make test`.
+@pytest.mark.slow
 async def test_an_up_cluster_verifies_macs_and_keeps_its_secret_across_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

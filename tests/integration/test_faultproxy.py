@@ -271,6 +271,9 @@ def _try_connect(host: str, port: int) -> socket.socket | None:
 # -- the proxied cluster and its fault helpers (estream/devcluster/cluster.py) -------------------
 
 
+# About 13 s: in `make chaos` (the suite's time); the tests above drive each fault through
+# the same proxy in every `make test`.
+@pytest.mark.slow
 async def test_proxied_cluster_and_its_faults(cluster: Cluster) -> None:
     import estream
 

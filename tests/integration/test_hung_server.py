@@ -147,6 +147,9 @@ async def run_hung_tail(cluster: Cluster, name: str, shared_client: bool) -> Non
         assert victim.id not in [r.id for r in meta.ranges[1].replicas]
 
 
+# About 10 s: in `make chaos` (the suite's time); test_striped_reads' reads that ask a hung
+# server once run in every `make test`.
+@pytest.mark.slow
 async def test_a_tail_moves_off_a_hung_server_and_records_keep_arriving(
     cluster: Cluster,
 ) -> None:

@@ -269,6 +269,9 @@ async def deleted_object_is_repaired(cluster: Cluster, tier: Tier, name: str,
     assert not await exists(old)  # (deleted behind our back; never written again)
 
 
+# About 9 s: in `make chaos` (the suite's time). The same repair path runs in every `make test`:
+# test_a_deleted_object_is_uploaded_again_from_the_replicas.
+@pytest.mark.slow
 async def test_a_flipped_byte_is_uploaded_again_from_the_replicas(
     cluster: Cluster, objects_dir: Path
 ) -> None:

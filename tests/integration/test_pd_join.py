@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_only=True, fresh=T
 no_leader_watch_s = 6.0
 
 
+# About 10 s: in `make chaos` (the suite's time); test_join_is_ignored_on_a_node_that_has_a_catalog
+# and the nemesis' wiped PD nodes run in every `make test`.
+@pytest.mark.slow
 async def test_two_wiped_nodes_joining_elect_nobody_and_then_copy_the_catalog(
     cluster: PdCluster,
 ) -> None:

@@ -58,6 +58,9 @@ async def test_a_failed_recovery_copy_leaves_the_range_open_until_it_can_succeed
         assert await wait_read_all(client, "copy", acked) == sorted(acked.items())
 
 
+# About 11 s (two leases): in `make chaos` (the suite's time); the failed copy above runs in
+# every `make test`.
+@pytest.mark.slow
 async def test_a_recovery_waiting_longer_than_a_lease_keeps_its_writer(cluster: Cluster) -> None:
     """The same copy, refused for two leases while the new writer's open waits: the opening
     writer renews its lease meanwhile, so PD's lease recovery does not take the stream over

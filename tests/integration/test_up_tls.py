@@ -120,6 +120,9 @@ def test_the_kafka_gateway_serves_sasl_ssl_and_client_certificates(cluster: UpCl
     assert cli(cluster, "read", "ktls-0", env=env).stdout == "over-sasl-ssl\nby-certificate\n"
 
 
+# About 8 s: in `make chaos` (the suite's time); test_up's restart that keeps the data runs in
+# every `make test`.
+@pytest.mark.slow
 def test_a_restart_keeps_the_certificates(cluster: UpCluster) -> None:
     ca = (cluster.data_dir / "tls" / "ca.pem").read_bytes()
     cluster.stop()
