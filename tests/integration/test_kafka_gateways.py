@@ -205,6 +205,7 @@ def test_a_gateway_killed_under_load_loses_nothing(
     errors: list[Any] = []
     acked = Counter[str]()
     threads: list[threading.Thread] = []
+    kp: Any = None
     try:
         everyone = [*gateways, address]
         topic = split_topic("kill", 4, everyone, everyone)
@@ -219,8 +220,8 @@ def test_a_gateway_killed_under_load_loses_nothing(
                 for i in range(records):
                     futures.append(kp.send(topic, b"kp-%d" % i, partition=i % 4))
                     futures[-1].add_callback(lambda _: acked.update(["kp"]))
-                    if i % 50 == 49:
-                        time.sleep(0.02)
+                    if i % 50 == 49:  # paced: the kill lands while both still send
+                        time.sleep(0.05)
                 for future in futures:
                     future.get(WAIT_S)
             except Exception as exc:  # noqa: BLE001 - reported by the test
@@ -236,7 +237,7 @@ def test_a_gateway_killed_under_load_loses_nothing(
                 ck.produce(topic, b"ck-%d" % i, partition=i % 4, on_delivery=delivered)
                 ck.poll(0)
                 if i % 50 == 49:
-                    time.sleep(0.02)
+                    time.sleep(0.05)
             if ck.flush(WAIT_S) != 0:
                 errors.append("confluent: records left unsent")
 
@@ -252,8 +253,9 @@ def test_a_gateway_killed_under_load_loses_nothing(
         for thread in threads:
             thread.join(WAIT_S + 30)
         assert not any(t.is_alive() for t in threads) and errors == []
-        kp.close(WAIT_S)
     finally:
+        if kp is not None:  # (also after a failure: its sockets would fail the next setup)
+            kp.close(WAIT_S)
         victim.stop()
     values = Counter(stored(module_cluster.pd_addresses, [f"{topic}-{p}" for p in range(4)]))
     expected = Counter([b"kp-%d" % i for i in range(records)]
