@@ -49,6 +49,7 @@ from estream.wire import limits
 from estream.wire.errors import (
     Closed,
     EstreamError,
+    FenceIncomplete,
     MalformedFrame,
     NotLeader,
     Overloaded,
@@ -191,6 +192,8 @@ class PDClient:
                     if len(wrong) == len(self.addresses):
                         raise rangeserver_port(wrong) from None
                     continue
+                except FenceIncomplete:
+                    raise  # each try fences at a new epoch: the caller decides (the message)
                 except _RETRIABLE as exc:
                     last = exc
                     if isinstance(exc, Unavailable):
