@@ -22,7 +22,8 @@ Rules it keeps:
 - the start offset only grows (trim);
 - named cursors (``commit_cursor``) belong to an existing stream, have valid names and
   offsets at or above the stream's start (below: :class:`OffsetOutOfRange`;
-  ``pd/retention.py``), and go with their stream's delete; ``delete_cursor`` names an
+  ``pd/retention.py``; a trim past a cursor moves it to the new start in the same
+  command), and go with their stream's delete; ``delete_cursor`` names an
   existing cursor (else :class:`InvalidArgument`, as every other unknown-cursor answer);
 - ``set_retention`` changes a stream's limits (each > 0, 0 for none, -1 unchanged);
 - a range's statistics (``record_range_stats``) are recorded only while it is sealed at
@@ -134,7 +135,7 @@ from pd.commands import (
 from pd.groups import Group, apply_change
 from pd.pmap import PMap
 from pd.rangelist import RangeList
-from pd.retention import check_cursor, cursors_per_stream_max
+from pd.retention import check_cursor, cursors_at_start, cursors_per_stream_max
 
 V = TypeVar("V")
 
@@ -366,6 +367,10 @@ class Catalog(ObjectTierCommands):
         self._put(cmd.name, stream, keys_same=True)  # (only the ranges gone lose their keys)
         self._change_refs(set(), {(r.object_key, stream.id, r.index) for r in gone
                                   if r.object_key})
+        cursors = self._cursors.get(cmd.name)
+        if cursors and min(cursors.values()) < cmd.start_offset:  # an admin trim past them
+            self._cursors = self._cursors.set(cmd.name, cursors_at_start(cursors,
+                                                                         cmd.start_offset))
         return stream
 
     def _commit_cursor(self, cmd: CommitCursor) -> StreamMeta:

@@ -22,7 +22,10 @@ replicas. Rules, in order, for the stream's ranges from its first:
    counted as ``held`` (the ``estream_retention_held_ranges`` gauge), never trimmed
    silently. Why hold rather than trim: a named cursor is a consumer's durable position
    (BookKeeper's managed-ledger cursors, Pulsar's subscriptions keep their backlog too);
-   an operator who wants the space moves the cursor (``commit_cursor``) on purpose.
+   an operator who wants the space moves the cursor (``commit_cursor``) on purpose. An
+   admin's ``trim_stream`` past a cursor moves it to the new start, in the same catalog
+   command (:func:`cursors_at_start`), so no cursor is below its stream's start (one an
+   older version left there holds what a cursor at the start holds: every range left).
 
 **Statistics** (``min_timestamp``, ``max_timestamp``, ``size_bytes``), recorded once per
 sealed range by the retainer, come from one of two sources, each covering the whole range:
@@ -105,6 +108,19 @@ def check_cursor(cursor: str, offset: int, start: int = 0) -> None:
         raise OffsetOutOfRange(
             f"cursor {cursor!r} at {offset} is below the stream's start {start} (trimmed)",
             offset=offset, start=start)
+
+
+def cursors_at_start(cursors: Mapping[str, int], start: int) -> dict[str, int]:
+    """``cursors`` after a trim to ``start``: each one below it moved to it. A trim past a
+    cursor (only an admin's: retention never trims past the lowest) leaves nothing below the
+    start to read, so the consumer resumes at the start (Kafka's reset to the earliest); a
+    cursor left below would list a lag of records that are gone and a position no read
+    can start at.
+
+    >>> cursors_at_start({"slow": 10, "fast": 55}, 40)
+    {'slow': 40, 'fast': 55}
+    """
+    return {name: max(offset, start) for name, offset in cursors.items()}
 
 
 def check_retention(retention_ms: int | None, retention_bytes: int | None) -> None:

@@ -11,8 +11,7 @@
   write set to get a batch acknowledged in (PD's delete);
 - :func:`read_order`: which server of batch k's write set a reader asks first (the one
   holding the longest run from k, so one answer carries the most batches), failing over
-  within the write set; :func:`fetch_plan`: consecutive batches split into runs, one per
-  server, fetched side by side.
+  within the write set.
 
 With E == replicas each reduces to today's rule (:func:`estream.core.quorum.confirm_offset`,
 :func:`estream.core.readcursor.replica_order`): ``tests/unit/core/test_striping.py``
@@ -192,34 +191,7 @@ def read_order(
     return sorted(stripe.write_set(k), key=key)
 
 
-def fetch_plan(
-    first: int, count: int, stripe: Stripe, *, preferred: int | None = None,
-    last: Collection[int] = (),
-) -> list[tuple[int, int, int]]:
-    """Batches ``first .. first+count-1`` as ``(position, first batch, batches)`` runs,
-    each from the first position of :func:`read_order` for its first batch, as many as
-    it holds in a row: runs of different servers that a reader may fetch side by side
-    (then deliver in order). One run when E == replicas.
-
-    >>> fetch_plan(0, 7, Stripe(5, 3, 2))
-    [(2, 0, 3), (0, 3, 3), (3, 6, 1)]
-    >>> fetch_plan(4, 100, Stripe(3, 3, 2), preferred=1)
-    [(1, 4, 100)]
-    >>> fetch_plan(0, 3, Stripe(5, 3, 2), last={2})
-    [(1, 0, 2), (4, 2, 1)]
-    """
-    plan: list[tuple[int, int, int]] = []
-    k, stop = first, first + count
-    while k < stop:
-        p = read_order(k, stripe, preferred=preferred, last=last)[0]
-        run = stripe.run_from(p, k)
-        n = stop - k if run is None else min(run, stop - k)
-        plan.append((p, k, n))
-        k += n
-    return plan
-
-
 __all__ = [
-    "confirmed_batches", "fenced_against_writers", "fetch_plan", "read_order",
+    "confirmed_batches", "fenced_against_writers", "read_order",
     "sealed_forced", "short_write_set", "striped_confirm_offset", "writable",
 ]

@@ -26,13 +26,14 @@ Side effects: sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from ssl import SSLContext
 from typing import Any, Final
 
-from estream.core.backoff import delays_until
+from estream.core.backoff import delays
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.portprobe import (
     answers_http,
@@ -49,6 +50,7 @@ from estream.wire import limits
 from estream.wire.errors import (
     Closed,
     EstreamError,
+    FenceIncomplete,
     MalformedFrame,
     NotLeader,
     Overloaded,
@@ -132,7 +134,7 @@ class PDClient:
     ) -> None:
         """``ssl``/``token``/``network``: TLS, the AUTH token and the transport port of the
         pool created here (see :mod:`estream.net.security`); ignored when a ``pool`` is
-        given. ``clock``: where the retry deadlines are read (:mod:`estream.net.clock`)."""
+        given. ``clock``: the process's (:mod:`estream.net.clock`); deadlines are loop timers."""
         self._clock = clock
         self.addresses = (
             parse_addresses(addresses) if isinstance(addresses, str)
@@ -158,62 +160,67 @@ class PDClient:
         """Send one request to the best PD node, failing over and retrying until timeout."""
         if self._closed:
             raise Closed("the PD client is closed")
-        deadline = self._clock.monotonic_s() + self.timeout_s
-        if not self._leader_checked and opcode != Opcode.PD_CLUSTER:
-            await self._find_leader(deadline)
-        waits = delays_until(backoff_s_min, backoff_s_max, deadline, self._clock.monotonic_s)
         attempt_s_max = read_timeout_s_max if opcode in _READS else call_timeout_s_max
         last: EstreamError | None = None
         http: list[str] = []  # addresses that answered HTTP: skipped from then on
         wrong: list[str] = []  # range servers' addresses: skipped from then on
-        while True:
-            for address in self._order():
-                remaining = deadline - self._clock.monotonic_s()
-                if remaining <= 0:
-                    break
-                if address in http or address in wrong:
-                    continue
-                try:
-                    body, _ = await self._pool.call(
-                        address, opcode, header or {},
-                        timeout_s=min(remaining, attempt_s_max))
-                except MalformedFrame as exc:
-                    if not answers_http(exc):
-                        raise
-                    self._pool.discard(address)
-                    http.append(address)
-                    if len(http) == len(self.addresses):
-                        raise http_port(http) from None
-                    continue
-                except UnsupportedOpcode:  # a range server: it serves opcodes 1..39 only
-                    self._pool.discard(address)
-                    wrong.append(address)
-                    if len(wrong) == len(self.addresses):
-                        raise rangeserver_port(wrong) from None
-                    continue
-                except _RETRIABLE as exc:
-                    last = exc
-                    if isinstance(exc, Unavailable):
-                        self._pool.discard(address)
-                    if self._preferred == address:
-                        self._preferred = None
-                        self._leader_checked = False
-                    continue
-                if self._preferred is None:
-                    self._preferred = address
-                self._answered = True
-                return body
-            wait = next(waits, None)  # None: the deadline has passed
-            if wait is None:
-                if wrong:
-                    raise rangeserver_port(wrong)
-                await self._raise_wrong_port(http, last)
-                raise Unavailable(
-                    f"no placement-driver node answered within {self.timeout_s}s "
-                    f"(tried {', '.join(self.addresses)}); last error: "
-                    f"{last.message if last else 'none'}"
-                )
-            await asyncio.sleep(wait)
+        trying: str | None = None  # the address of the attempt in flight
+        # One deadline for all tries (tests/sim/test_deadlines.py); a try's Timeout is caught below
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.timeout_s):
+                if not self._leader_checked and opcode != Opcode.PD_CLUSTER:
+                    await self._find_leader()
+                waits = delays(backoff_s_min, backoff_s_max)
+                while True:
+                    for address in self._order():
+                        if address in http or address in wrong:
+                            continue
+                        trying = address
+                        try:
+                            body, _ = await self._pool.call(
+                                address, opcode, header or {}, timeout_s=attempt_s_max)
+                        except MalformedFrame as exc:
+                            if not answers_http(exc):
+                                raise
+                            self._pool.discard(address)
+                            http.append(address)
+                            if len(http) == len(self.addresses):
+                                raise http_port(http) from None
+                            continue
+                        except UnsupportedOpcode:  # a range server: opcodes 1..39 only
+                            self._pool.discard(address)
+                            wrong.append(address)
+                            if len(wrong) == len(self.addresses):
+                                raise rangeserver_port(wrong) from None
+                            continue
+                        except FenceIncomplete:
+                            raise  # each try fences at a new epoch: the caller decides
+                        except _RETRIABLE as exc:
+                            last = exc
+                            self._failed(address, exc)
+                            continue
+                        trying = None
+                        self._preferred = self._preferred or address
+                        self._answered = True
+                        return body
+                    trying = None
+                    await asyncio.sleep(next(waits))
+        if trying is not None:  # the deadline cut this attempt short
+            last = Timeout(f"request {opcode.name} to {trying} timed out")
+            self._failed(trying, last)
+        if wrong:
+            raise rangeserver_port(wrong)
+        await self._raise_wrong_port(http, last)
+        raise Unavailable(f"no placement-driver node answered within {self.timeout_s}s (tried "
+                          f"{', '.join(self.addresses)}); last error: "
+                          f"{last.message if last else 'none'}")
+
+    def _failed(self, address: str, exc: EstreamError) -> None:
+        """A try at ``address`` failed with ``exc``: forget its connection and preference."""
+        if isinstance(exc, Unavailable):
+            self._pool.discard(address)
+        if self._preferred == address:
+            self._preferred, self._leader_checked = None, False
 
     async def _raise_wrong_port(self, http: list[str], last: EstreamError | None) -> None:
         """After no node answered in time: raise :class:`WrongPort` when some address
@@ -234,17 +241,13 @@ class PDClient:
         if found:
             raise raft_port(found)
 
-    async def _find_leader(self, deadline: float) -> None:
+    async def _find_leader(self) -> None:
         """Point ``_preferred`` at the leader's RPC address when a node can name it."""
         self._leader_checked = True  # once per failover, not on every call
         for address in self.addresses:
-            remaining = deadline - self._clock.monotonic_s()
-            if remaining <= 0:
-                return
             try:
                 body, _ = await self._pool.call(
-                    address, Opcode.PD_CLUSTER, {},
-                    timeout_s=min(remaining, read_timeout_s_max))
+                    address, Opcode.PD_CLUSTER, {}, timeout_s=read_timeout_s_max)
             except EstreamError:
                 continue
             leader = body.get("leader") or {}

@@ -211,7 +211,8 @@ class Client:
         await self.pd.delete_stream(name)
 
     async def trim(self, name: str, start_offset: int) -> StreamMeta:
-        """Drop the records below ``start_offset``: reads start there from now on.
+        """Drop the records below ``start_offset``: reads start there from now on, and
+        the stream's cursors below it move to it.
 
         Raises :class:`OffsetOutOfRange` when ``start_offset`` is past the stream's
         confirmed end (it would drop records not written yet; PD alone cannot tell, as

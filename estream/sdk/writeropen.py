@@ -94,37 +94,43 @@ async def recover(writer: Writer, meta: StreamMeta, deadline: float) -> None:
 async def recover_producer(writer: Writer, producer_id: str, deadline: float) -> None:
     """Find the producer's last stored sequence and start the core's producer with it:
     every range but an empty open last one is sealed now, so walk the sealed ranges from
-    the last one back (module docstring)."""
+    the last one back (module docstring). Unavailable when the walk is not done by
+    ``deadline`` (the client clock's ``monotonic_s``)."""
     meta = writer.stream
     client = writer._client
     client._streams[meta.name] = meta  # reads below see the sealed ends
     tail: ProducerTail | None = None
-    async for window in _written_ranges_back(writer, meta, deadline):
-        remaining = deadline - client.clock.monotonic_s()
-        if remaining <= 0:
-            raise Unavailable(
-                f"stream {meta.name!r}: cannot read producer {producer_id!r}'s last "
-                "sequence in time")
-        answers = await asyncio.wait_for(
-            asyncio.gather(*(_last_views(writer, meta.name, r.end or 0) for r in window)),
-            remaining)
-        for rng, views in zip(window, answers, strict=True):
-            if not views:
-                raise Unavailable(f"stream {meta.name!r}: range {rng.index} read empty")
-            view = views[-1]
-            system = decode_system(view.batch, view.header)
-            tail = last_in_range(system, view.header.base_offset, rng.end or 0, producer_id)
-            if tail is not None:
-                break
-        if tail is not None:
-            break
+    # One deadline for the whole walk, not a wait_for of what remains each window.
+    walk = asyncio.timeout(max(deadline - client.clock.monotonic_s(), 0))
+    try:
+        async with walk:
+            async for window in _written_ranges_back(writer, meta):
+                answers = await asyncio.gather(
+                    *(_last_views(writer, meta.name, r.end or 0) for r in window))
+                for rng, views in zip(window, answers, strict=True):
+                    if not views:
+                        raise Unavailable(f"stream {meta.name!r}: range {rng.index} read empty")
+                    view = views[-1]
+                    system = decode_system(view.batch, view.header)
+                    tail = last_in_range(system, view.header.base_offset, rng.end or 0,
+                                         producer_id)
+                    if tail is not None:
+                        break
+                if tail is not None:
+                    break
+    except TimeoutError as exc:
+        if not walk.expired():
+            raise  # a request's own Timeout
+        raise Unavailable(
+            f"stream {meta.name!r}: cannot read producer {producer_id!r}'s last "
+            "sequence in time") from exc
     core = writer._core
     assert core is not None
     core.start_producer(producer_id, tail)
 
 
 async def _written_ranges_back(
-    writer: Writer, meta: StreamMeta, deadline: float
+    writer: Writer, meta: StreamMeta
 ) -> AsyncIterator[list[RangeMeta]]:
     """The sealed ranges of ``meta`` holding records at or past its start offset, from
     the last back, ``walk_window`` at a time: first those of ``meta``'s window, then
@@ -144,9 +150,8 @@ async def _written_ranges_back(
             return
         first = ranges[0].index
         count = min(omitted, walk_fetch_ranges)
-        window = await asyncio.wait_for(
-            writer._client.pd.describe_stream(meta.name, index=first - count, limit=count),
-            max(deadline - writer._client.clock.monotonic_s(), 0))
+        window = await writer._client.pd.describe_stream(meta.name, index=first - count,
+                                                         limit=count)
         if window.id != meta.id:
             raise StreamNotFound(f"stream {meta.name!r} was deleted while writer "
                                  "recovery read it", stream=meta.name)

@@ -47,6 +47,7 @@ class ErrorCode(IntEnum):
     SERVER_NOT_FOUND = 33
     DIGEST_MISMATCH = 37
     DIGEST_KEY_MISSING = 38
+    FENCE_INCOMPLETE = 39
 
 
 class EstreamError(Exception):
@@ -196,7 +197,7 @@ class Unavailable(EstreamError):
 
     code = ErrorCode.UNAVAILABLE
     retriable = True
-    field_names = ("address",)
+    field_names: ClassVar[tuple[str, ...]] = ("address",)
 
 
 class Timeout(Unavailable, TimeoutError):
@@ -204,6 +205,17 @@ class Timeout(Unavailable, TimeoutError):
     :class:`TimeoutError`, so ``except TimeoutError`` catches it too."""
 
     code = ErrorCode.TIMEOUT
+
+
+class FenceIncomplete(Unavailable):
+    """``delete_stream`` could not fence enough replicas of the stream's open range: the
+    ``servers`` (ids) did not answer. Nothing was deleted; the stream's writers are fenced
+    (a new ``open_writer`` writes again), and deleting again is safe: it finishes once
+    they answer. The PD client does not retry it on its own (each try fences at a new
+    epoch, and the servers' names would be lost in a timeout): the caller decides."""
+
+    code = ErrorCode.FENCE_INCOMPLETE
+    field_names = ("address", "stream", "servers")
 
 
 class WrongServer(EstreamError):

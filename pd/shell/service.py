@@ -39,6 +39,7 @@ from estream.net.rpc import ConnectionPool, Handler, QuickHandler
 from estream.wire.errors import (
     Conflict,
     EstreamError,
+    FenceIncomplete,
     InvalidArgument,
     OffsetOutOfRange,
     StreamExists,
@@ -226,8 +227,9 @@ class PdService(ServerOps):
         set: :func:`~estream.core.striping.fenced_against_writers`; so that no older append
         can gather ``ack_count`` acknowledgements), then the delete, compare-and-set on that
         epoch (a writer that opened meanwhile was not fenced: start over). A stream no
-        writer ever opened (epoch 0) has nothing to fence. Raises Unavailable, deleting
-        nothing, when too few replicas answer the fence."""
+        writer ever opened (epoch 0) has nothing to fence. Raises FenceIncomplete, deleting
+        nothing, when too few replicas answer the fence: the stream stays with its writers
+        fenced (a new open writes again), and a delete again is safe."""
         for _ in range(delete_attempts_max):
             stream = (await self.decision_view()).stream(name)
             try:
@@ -247,27 +249,31 @@ class PdService(ServerOps):
             return
         results = await rangeops.fence(self.pool, stream, last, stream.epoch)
         fenced = [r for r, error in results.items() if error is None]
-        failures = "; ".join(f"{r}: {type(e).__name__}" for r, e in results.items() if e)
         stripe = stripe_of(stream)
         if stripe is None:
             needed = seal_quorum(len(last.replicas), stream.ack_count)
-            if len(fenced) < needed:
-                raise Unavailable(
-                    f"stream {stream.name!r} not deleted: only {len(fenced)} of "
-                    f"{len(last.replicas)} replicas of its open range {last.index} could be "
-                    f"fenced ({needed} needed, so that no earlier writer's append can still "
-                    f"be acknowledged); {failures}")
-            return
-        # Striped: a quorum of every write set (BookKeeper's fence), not of the ensemble.
-        positions = [p for p, ref in enumerate(last.replicas) if ref.id in fenced]
-        short = fenced_against_writers(positions, stripe)
-        if short is not None:
-            members = ", ".join(last.replicas[p].id for p in stripe.write_set(short))
-            raise Unavailable(
-                f"stream {stream.name!r} not deleted: the write set of batch {short} of its "
-                f"open range {last.index} ({members}) has fewer than "
-                f"{stripe.tolerated + 1} of its {stripe.replicas} servers fenced (so an "
-                f"earlier writer could still get a batch acknowledged there); {failures}")
+            if len(fenced) >= needed:
+                return
+            short = (f"only {len(fenced)} of {len(last.replicas)} replicas of its open range "
+                     f"{last.index} are fenced, {needed} needed")
+        else:  # a quorum of every write set (BookKeeper's fence), not of the ensemble
+            positions = [p for p, ref in enumerate(last.replicas) if ref.id in fenced]
+            batch = fenced_against_writers(positions, stripe)
+            if batch is None:
+                return
+            members = ", ".join(last.replicas[p].id for p in stripe.write_set(batch))
+            short = (f"the write set of batch {batch} of its open range {last.index} "
+                     f"({members}) has fewer than {stripe.tolerated + 1} of its "
+                     f"{stripe.replicas} servers fenced")
+        silent = [ref for ref in last.replicas if results.get(ref.id) is not None]
+        named = ", ".join(f"{ref.id} at {ref.address} ({type(results[ref.id]).__name__})"
+                          for ref in silent)
+        raise FenceIncomplete(
+            f"stream {stream.name!r} not deleted: range servers {named} did not take the "
+            f"fence; {short}, so that no earlier writer's append can still be acknowledged. "
+            f"The stream stays, its writers fenced at epoch {stream.epoch} (a new writer "
+            f"may open); deleting it again is safe and finishes once they answer",
+            stream=stream.name, servers=[ref.id for ref in silent])
 
     async def open_writer(self, name: str, *, expected_epoch: int = -1, stream_id: int = 0,
                           request_id: str = "") -> StreamMeta:

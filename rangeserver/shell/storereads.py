@@ -186,25 +186,24 @@ class StoreReads:
         return TimeAnswer(**self.time_indexes[key].stats(), end=state.end, sealed=state.sealed)
 
     async def _wait(self, key: Key, offset: int, unconfirmed: bool, wait_ms: int) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
-        while True:
-            state = self.replicas.get(key)
-            if (
-                state is None  # dropped
-                or state.sealed
-                or state.damaged
-                or readable_end(state, unconfirmed=unconfirmed) > (offset)
-            ):
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            event = self._events.setdefault(key, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                return
+        """Until something is readable at ``offset`` (or the replica is sealed, damaged or
+        dropped), at most ``wait_ms``: one deadline for the whole wait, however often the
+        replica changes meanwhile without that (not a wait_for of what remains, armed
+        again at each change)."""
+        try:
+            async with asyncio.timeout(wait_ms / 1000):
+                while True:
+                    state = self.replicas.get(key)
+                    if (
+                        state is None  # dropped
+                        or state.sealed
+                        or state.damaged
+                        or readable_end(state, unconfirmed=unconfirmed) > offset
+                    ):
+                        return
+                    await self._events.setdefault(key, asyncio.Event()).wait()
+        except TimeoutError:
+            return
 
     async def _load(self, key: Key, chosen: list[IndexedBatch]) -> bytes:
         parts: list[bytes | None] = []

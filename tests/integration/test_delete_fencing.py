@@ -5,8 +5,9 @@ processes: 3 PD nodes, 3 range servers).
    started after ``delete_stream`` returned fails with ``Fenced``, and none of them is
    acknowledged (PD took a new epoch and fenced the open range's replicas before it
    forgot the stream).
-2. With two of the three replicas hung, the delete cannot fence a quorum: it fails with
-   ``Unavailable`` and the stream is still there; once they answer again it succeeds.
+2. With two of the three replicas hung, the delete cannot fence a quorum: it fails at once
+   with ``FenceIncomplete`` naming them and the stream is still there; once they answer
+   again it succeeds (``tests/harness/deletes.py``, shared with the striped delete).
 3. A trim to a readable offset keeps the writer going (its next append is acknowledged and
    readable); a trim past the readable end is refused (``InvalidArgument``).
 """
@@ -21,7 +22,8 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound, Unavailable
+from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound
+from tests.harness.deletes import delete_refused_while_hung
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
 
@@ -82,23 +84,12 @@ async def test_no_append_started_after_delete_returned_is_acknowledged(cluster: 
 
 
 async def test_delete_that_cannot_fence_a_quorum_deletes_nothing(cluster: Cluster) -> None:
-    async with await estream.connect(cluster.pd_addresses) as client:
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
         meta = await client.create_stream("doomed-hung", replicas=3, ack_count=2)
         async with await client.open_writer("doomed-hung") as writer:
             await writer.append(b"one")
-        hung = [ref.address for ref in meta.ranges[0].replicas[:2]]
-        for address in hung:
-            cluster.pause(address)
-        try:
-            with pytest.raises(Unavailable):
-                await client.delete_stream("doomed-hung")
-            assert (await client.describe_stream("doomed-hung")).name == "doomed-hung"
-        finally:
-            for address in hung:
-                cluster.resume(address)
-        await client.delete_stream("doomed-hung")
-        with pytest.raises(StreamNotFound):
-            await client.describe_stream("doomed-hung")
+        await delete_refused_while_hung(cluster, client, "doomed-hung",
+                                        meta.ranges[0].replicas[:2])
 
 
 async def test_trim_keeps_the_writer_going_and_stops_at_the_readable_end(

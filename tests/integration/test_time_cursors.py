@@ -221,6 +221,40 @@ async def test_retention_trims_whole_ranges_and_cursors_hold(cluster: Cluster) -
         assert status == 400
 
 
+async def test_an_admin_trim_past_a_cursor_moves_it_to_the_new_start(cluster: Cluster) -> None:
+    """A trim past a committed cursor moves it to the new start in the same command: it
+    reads as the start with its lag from there, and retention holds the ranges after the
+    start for it until it moves on, then trims them."""
+    old = int(time.time() * 1000) - 3_600_000
+    url = cluster.pd_url()
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("trim-cur", retention_ms=60_000)
+        await client.commit_cursor("trim-cur", "slow", 0)  # holds every range from the first
+        await write_ranges(client, "trim-cur", [[old] * 4, [old] * 4, [old] * 4])
+        assert (await client.trim("trim-cur", 4)).start_offset == 4
+        assert await client.cursor_offset("trim-cur", "slow") == 4
+
+        async def lag_from_the_start() -> bool:
+            rows = http_json(url + "/v1/streams/trim-cur/cursors")[1]["cursors"]
+            return rows == [{"cursor": "slow", "offset": 4, "lag": 8}]
+
+        await wait_for(lag_from_the_start)
+
+        async def held_shown() -> bool:  # range [4, 8): the cursor at 4 has not read it
+            text = http_json(url + "/metrics")[1]
+            return 'estream_retention_held_ranges{stream="trim-cur"} 1' in text
+
+        await wait_for(held_shown)
+        await client.commit_cursor("trim-cur", "slow", 8)
+
+        async def trimmed() -> bool:
+            return (await client.describe_stream("trim-cur")).start_offset == 8
+
+        await wait_for(trimmed)
+        assert [r.value async for r in client.read("trim-cur", start=8)] == [
+            b"%d" % i for i in range(8, 12)]
+
+
 def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "estream.cli.main", *args, "--pd", cluster.pd_addresses],

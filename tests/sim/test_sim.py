@@ -1156,6 +1156,9 @@ def striped_writer_dies(sim: Sim) -> None:
 # seeds 5 and 9 of damaged+down+lagging no longer make the recovery wait and seed 2 of
 # hung-of-three no longer rolls while the server hangs (scanned with seeds 1..12): their
 # places went to 6, 7 and 1.
+# With the PD client's call on one deadline (one timer, not one per try: the seeded
+# tie-breaks draw differently), seed 2 of crash-mid-recovery no longer crashes mid-copy
+# (scanned with seeds 0..15): its place went to 6.
 # lost-seal-answer keeps PD out of reach longer (0.7 to 1.2 s, not 0.35 to 0.6 s): the PD
 # client's own timeout and retries outlasted the shorter cut, so the writer read the
 # stream afresh and the old-view bug went unseen.
@@ -1165,7 +1168,7 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     *[("damaged+down+lagging", lost_copy_down_lagging("damage"), 3, s)
       for s in (1, 2, 3, 4, 6, 7)],
     *[("hung-of-three", hung_of_three, 3, s) for s in (0, 1, 3, 4, 5, 6)],
-    *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 2, 3, 4, 5, 8)],
+    *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 3, 4, 5, 6, 8)],
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
     # A striped stream (E 5, R 3, A 2 on 6 servers) beside the unstriped one.
     *[(f"striped-{k}", striped_fault(k), 6, s)

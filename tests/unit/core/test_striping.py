@@ -15,7 +15,6 @@ from estream.core.quorum import confirm_offset
 from estream.core.readcursor import replica_order
 from estream.core.striping import (
     confirmed_batches,
-    fetch_plan,
     read_order,
     striped_confirm_offset,
     writable,
@@ -111,22 +110,6 @@ def test_read_order_is_the_write_set_longest_run_first(
     if s.striped:
         runs = [s.run_from(p, k) or 0 for p in fresh]
         assert runs == sorted(runs, reverse=True)
-
-
-@settings(max_examples=40, deadline=None)
-@given(stripes, st.integers(0, 20), st.integers(0, 30), st.data())
-def test_fetch_plan_covers_each_batch_once_from_a_holder(
-    s: Stripe, first: int, count: int, data: st.DataObject
-) -> None:
-    last = data.draw(st.frozensets(st.integers(0, s.ensemble - 1)))
-    plan = fetch_plan(first, count, s, last=last)
-    covered = [k for _, start, n in plan for k in range(start, start + n)]
-    assert covered == list(range(first, first + count))
-    assert all(s.holds(p, k) for p, start, n in plan for k in range(start, start + n))
-    if s.striped and not last:  # the longest runs: a new server only every `replicas`
-        assert len(plan) == -(-count // s.replicas)
-    if not s.striped and count:
-        assert len(plan) == 1
 
 
 @settings(max_examples=40, deadline=None)

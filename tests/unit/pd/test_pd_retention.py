@@ -205,7 +205,54 @@ def test_a_cursor_below_the_start_is_refused_and_changes_nothing() -> None:
     assert (below.value.offset, below.value.start) == (39, 40)
     assert catalog.snapshot() == before
     catalog.apply(CommitCursor("s", "late", 40))
-    assert catalog.view().cursors["s"] == {"slow": 10, "late": 40}
+    assert catalog.view().cursors["s"] == {"slow": 40, "late": 40}
+
+
+def test_a_trim_past_cursors_moves_them_to_the_new_start_in_the_same_command() -> None:
+    """An admin's trim past a cursor moves it to the new start (a cursor below the start
+    would list the lag of records gone and a position no read starts at); cursors at or
+    past it stay; a trim that moves none leaves the cursors as they were; retention then
+    holds from the start and trims once the cursor moves on."""
+    catalog = catalog_with_stream(retention_ms=60_000)
+    catalog.apply(OpenWriter("s"))
+    for i in range(3):
+        catalog.apply(SealRange("s", 1, i, 10 * (i + 1), SERVERS))
+        catalog.apply(RecordRangeStats("s", i, 10 * (i + 1), 1, 1, 100))
+    catalog.apply(CommitCursor("s", "slow", 2))
+    catalog.apply(CommitCursor("s", "fast", 25))
+    catalog.apply(TrimStream("s", 5))  # inside range 0: it stays
+    assert catalog.view().cursors["s"] == {"slow": 5, "fast": 25}
+    catalog.apply(TrimStream("s", 10))
+    assert catalog.view().cursors["s"] == {"slow": 10, "fast": 25}
+    assert Catalog.restore(catalog.snapshot()).view().cursors["s"] == {"slow": 10, "fast": 25}
+    view = catalog.view()
+    held = plan_trim(view.streams["s"], view.cursors["s"], now_ms=10**9)
+    assert held == TrimPlan(None, 0, 2)  # the cursor at the start has read nothing left
+    catalog.apply(CommitCursor("s", "slow", 20))
+    view = catalog.view()
+    assert plan_trim(view.streams["s"], view.cursors["s"], now_ms=10**9) == TrimPlan(20, 1, 1)
+    cursors = view.cursors
+    catalog.apply(TrimStream("s", 20))  # past no cursor: the same map
+    assert catalog.view().cursors is cursors
+
+
+def test_a_logged_commit_below_the_start_replays_as_the_same_rejection_everywhere() -> None:
+    """A log holding a commit below the start (older code stored it) applies alike on every
+    node of this version: rejected, nothing changed, the same catalog."""
+    log = [encode_command(c) for c in (
+        OpenWriter("s"), SealRange("s", 1, 0, 40, SERVERS), CommitCursor("s", "c", 10),
+        TrimStream("s", 40), CommitCursor("s", "late", 12), CommitCursor("s", "late", 41))]
+    snapshots, refused = [], []
+    for _ in range(2):
+        catalog = catalog_with_stream()
+        for entry in log:
+            try:
+                catalog.apply(decode_command(entry))
+            except OffsetOutOfRange as exc:
+                refused.append((exc.offset, exc.start))
+        snapshots.append(catalog.snapshot())
+        assert catalog.view().cursors["s"] == {"c": 40, "late": 41}
+    assert snapshots[0] == snapshots[1] and refused == [(12, 40)] * 2
 
 
 def test_new_commands_round_trip_the_codec() -> None:

@@ -116,6 +116,7 @@ RETRIABLE = {
     "ChecksumMismatch", "ReplicaDamaged", "StorageError", "NotLeader", "Unavailable",
     "DigestMismatch",
     "Timeout", "NoPlacement", "Overloaded", "ObjectStoreError",
+    "FenceIncomplete",  # a delete again is safe (the PD client leaves it to its caller)
 }
 
 
