@@ -56,7 +56,13 @@ from pathlib import Path
 from typing import Any
 
 import estream
-from benchmarks.tailprobe import GcPasses, fdatasync_ceiling, percentile, tail_figures
+from benchmarks.tailprobe import (
+    GcPasses,
+    LoopStalls,
+    fdatasync_ceiling,
+    percentile,
+    tail_figures,
+)
 from estream.devcluster.cluster import Cluster, start_cluster
 
 RECORD = b"x" * 1024
@@ -354,7 +360,8 @@ async def kill_replica(
 
 
 async def gray_replica(
-    client: estream.Client, cluster: Cluster, mode: str, rate: int, seconds: float
+    client: estream.Client, cluster: Cluster, mode: str, rate: int, seconds: float,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """Scenario 5 (module docstring): ``mode`` is ``hung`` or ``slow``."""
     name = f"bench-{mode}"
@@ -380,6 +387,7 @@ async def gray_replica(
     fault_at = begin + seconds / 2
     faulted = False
     passes = GcPasses().__enter__()
+    stalls = LoopStalls() if trace else None
     try:
         for i in range(count):
             due = begin + i / rate
@@ -394,6 +402,8 @@ async def gray_replica(
         await asyncio.wait_for(asyncio.gather(*tasks), PHASE_TIMEOUT_S)
     finally:
         passes.__exit__()
+        if stalls is not None:
+            stalls.stop()
         if mode == "hung":
             cluster.resume(victim)
         else:
@@ -419,6 +429,7 @@ async def gray_replica(
                                  *passes.within(due, due + lat / 1000)) for due, lat in
                                 sorted(latencies, key=lambda x: -x[1]) if due >= fault_at][:5],
         "rolls": statistics.rolls, "degraded_ranges": statistics.degraded_ranges,
+        **({} if stalls is None else {"loop_stalls_after_fault": stalls.longest(fault_at)}),
     }
 
 
@@ -579,7 +590,7 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
         if args.gray_replica:
             results["gray_replica"] = await asyncio.wait_for(
                 gray_replica(client, cluster, args.gray_replica, args.gray_rate,
-                             args.gray_seconds), PHASE_TIMEOUT_S)
+                             args.gray_seconds, args.trace), PHASE_TIMEOUT_S)
             print("gray replica", results["gray_replica"], flush=True)
     return results
 
@@ -611,7 +622,8 @@ def main() -> int:
     parser.add_argument("--batch-bytes", type=int, default=None,
                         help="the writers' batch_bytes (default: the SDK's)")
     parser.add_argument("--trace", action="store_true",
-                        help="one in flight: the slowest appends, each with the client's GC in it")
+                        help="one in flight: the slowest appends, each with the client's GC in "
+                        "it; gray replica: the client's longest event-loop stalls")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.batch_bytes is not None:

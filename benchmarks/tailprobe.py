@@ -1,6 +1,6 @@
 """Where an append's tail goes, beside ``bench_append.py``'s one-in-flight phase: the
 machine's own fdatasync tail in the same run, and the client's cyclic GC passes during the
-phase (``--trace``).
+phase and its event-loop stalls in the gray-replica phase (``--trace``).
 
 Side effects: a scratch file under the work dir (the ceiling); a ``gc.callbacks`` entry while
 watching.
@@ -8,6 +8,7 @@ watching.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from pathlib import Path
@@ -73,3 +74,30 @@ class GcPasses:
                 ms += (min(b, end) - max(a, start)) * 1000
                 oldest = max(oldest, generation)
         return round(ms, 3), oldest
+
+
+class LoopStalls:
+    """The client's event-loop stalls while it runs: a task sleeping 1 ms at a time notes
+    each wake more than ``late_ms`` late (``(start on the perf_counter clock, ms late)``).
+    It wakes the loop 1,000 times a second: a probe, not for figures that are judged."""
+
+    def __init__(self, late_ms: float = 2.0) -> None:
+        self.late_ms = late_ms
+        self.stalls: list[tuple[float, float]] = []
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(0.001)
+            late = (time.perf_counter() - before) * 1000 - 1.0
+            if late > self.late_ms:
+                self.stalls.append((before, late))
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+    def longest(self, since: float, count: int = 8) -> list[tuple[float, float]]:
+        """The ``count`` longest after ``since``: (s after it, ms late)."""
+        after = sorted((s for s in self.stalls if s[0] >= since), key=lambda s: -s[1])
+        return [(round(start - since, 3), round(late, 2)) for start, late in after[:count]]
