@@ -385,7 +385,7 @@ async def gray_replica(
     tasks = []
     begin = time.perf_counter()
     fault_at = begin + seconds / 2
-    faulted = False
+    faulted, tracked = False, None
     passes = GcPasses().__enter__()
     stalls = LoopStalls() if trace else None
     try:
@@ -393,6 +393,7 @@ async def gray_replica(
             due = begin + i / rate
             if not faulted and due >= fault_at:
                 faulted = True
+                tracked = len(gc.get_objects()) if trace else None
                 if mode == "hung":
                     cluster.pause(victim)
                 else:
@@ -429,7 +430,8 @@ async def gray_replica(
                                  *passes.within(due, due + lat / 1000)) for due, lat in
                                 sorted(latencies, key=lambda x: -x[1]) if due >= fault_at][:5],
         "rolls": statistics.rolls, "degraded_ranges": statistics.degraded_ranges,
-        **({} if stalls is None else {"loop_stalls_after_fault": stalls.longest(fault_at)}),
+        **({} if stalls is None else {"loop_stalls_after_fault": stalls.longest(fault_at),
+                                      "client_gc_tracked_at_fault": tracked}),
     }
 
 
