@@ -546,6 +546,8 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     async with await estream.connect(cluster.pd_addresses, secret="bench-secret") as client:
         if args.gc_freeze:
             gc.freeze()
+        if args.tune_gc:
+            estream.tune_gc()
         if args.exactly_once:
             results["exactly_once"] = await asyncio.wait_for(
                 exactly_once(client, args.records, args.window, args.repeat),
@@ -616,6 +618,8 @@ def main() -> int:
     parser.add_argument("--gray-seconds", type=float, default=8.0)
     parser.add_argument("--gc-freeze", action="store_true",
                         help="gc.freeze() once connected (no full GC pass over the start-up heap)")
+    parser.add_argument("--tune-gc", action="store_true",
+                        help="estream.tune_gc() once connected (the SDK's documented option)")
     parser.add_argument("--exactly-once", action="store_true",
                         help="only the producer and digest rows beside plain appends")
     parser.add_argument("--repeat", type=int, default=3)
