@@ -5,7 +5,10 @@ servers for a 3-replica range), creates a stream (replicas 3, ack 2, fsync on), 
 measures with 1 KiB records:
 
 1. throughput with many appends in flight: records/s and MB/s;
-2. latency with one append in flight: p50 / p99 / p99.9;
+2. latency with one append in flight: p50 / p99 / p99.9 (``--trace``: the slowest appends,
+   each with the client's cyclic GC passes in it); ``--phases ceiling`` first gives the
+   machine's own tail in the same run (a 1 KiB ``os.write`` + ``os.fdatasync`` loop on the
+   cluster's filesystem);
 3. append-to-visible latency: from the call to ``append`` until a tailing reader
    (``follow=True``) yields the record (``visible``: an append every millisecond or so;
    ``tail``: the next append once the reader holds the last, as ``compare.py``'s
@@ -35,7 +38,7 @@ Every throughput phase also reports the client's CPU time per record (steadier t
 records/s on a shared machine). Every phase is bounded in count and time. Usage::
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
-        [--phases throughput,one,visible,workers,typical] [--inflight 256]
+        [--phases ceiling,throughput,one,visible,workers,typical] [--inflight 256] [--trace]
         [--kill-replica] [--gray-replica hung|slow] [--exactly-once [--repeat 3]] [--striped]
         [--batch-bytes N] [--json out.json]
 """
@@ -53,20 +56,18 @@ from pathlib import Path
 from typing import Any
 
 import estream
+from benchmarks.tailprobe import (
+    GcPasses,
+    LoopStalls,
+    fdatasync_ceiling,
+    percentile,
+    tail_figures,
+)
 from estream.devcluster.cluster import Cluster, start_cluster
 
 RECORD = b"x" * 1024
 PHASE_TIMEOUT_S = 120.0
 WRITER_OPTIONS: dict[str, Any] = {}  # open_writer's options for every phase (--batch-bytes)
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100])."""
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
-    return ordered[rank - 1]
 
 
 async def throughput(
@@ -207,27 +208,34 @@ def _loop_figures(
     }
 
 
-async def one_in_flight(client: estream.Client, samples: int) -> dict[str, Any]:
+async def one_in_flight(client: estream.Client, samples: int, trace: bool = False
+                        ) -> dict[str, Any]:
     await client.create_stream("bench-latency", replicas=3, ack_count=2)
     writer = await client.open_writer("bench-latency", **WRITER_OPTIONS)
     for _ in range(min(200, samples)):  # warm up connections and caches
         await writer.append(RECORD)
     latencies: list[float] = []
+    starts: list[float] = []
     deadline = time.monotonic() + PHASE_TIMEOUT_S
-    for _ in range(samples):
-        started = time.perf_counter()
-        await writer.append(RECORD)
-        latencies.append((time.perf_counter() - started) * 1000)
-        if time.monotonic() > deadline:
-            break
+    with GcPasses() as passes:
+        for _ in range(samples):
+            started = time.perf_counter()
+            await writer.append(RECORD)
+            latencies.append((time.perf_counter() - started) * 1000)
+            starts.append(started)
+            if time.monotonic() > deadline:
+                break
     await writer.close()
-    return {
-        "samples": len(latencies),
-        "p50_ms": round(percentile(latencies, 50), 3),
-        "p99_ms": round(percentile(latencies, 99), 3),
-        "p99_9_ms": round(percentile(latencies, 99.9), 3),
-        "max_ms": round(max(latencies), 3),
-    }
+    figures = tail_figures(latencies)
+    figures["client_gc_passes"] = [sum(1 for p in passes.passes if p[2] == g) for g in range(3)]
+    if trace:  # the slowest 0.5%: when (s into the phase), how long, the client's GC in it
+        figures["phase_start_perf_counter"] = round(starts[0], 6)  # CLOCK_MONOTONIC, s
+        slowest = sorted(range(len(latencies)), key=lambda i: -latencies[i])
+        figures["slowest"] = [
+            (round(starts[i] - starts[0], 3), round(latencies[i], 3),
+             *passes.within(starts[i], starts[i] + latencies[i] / 1000))
+            for i in slowest[:max(5, len(latencies) // 200)]]
+    return figures
 
 
 async def append_to_visible(client: estream.Client, samples: int) -> dict[str, Any]:
@@ -352,7 +360,8 @@ async def kill_replica(
 
 
 async def gray_replica(
-    client: estream.Client, cluster: Cluster, mode: str, rate: int, seconds: float
+    client: estream.Client, cluster: Cluster, mode: str, rate: int, seconds: float,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """Scenario 5 (module docstring): ``mode`` is ``hung`` or ``slow``."""
     name = f"bench-{mode}"
@@ -376,12 +385,15 @@ async def gray_replica(
     tasks = []
     begin = time.perf_counter()
     fault_at = begin + seconds / 2
-    faulted = False
+    faulted, tracked = False, None
+    passes = GcPasses().__enter__()
+    stalls = LoopStalls() if trace else None
     try:
         for i in range(count):
             due = begin + i / rate
             if not faulted and due >= fault_at:
                 faulted = True
+                tracked = len(gc.get_objects()) if trace else None
                 if mode == "hung":
                     cluster.pause(victim)
                 else:
@@ -390,6 +402,9 @@ async def gray_replica(
             tasks.append(asyncio.ensure_future(one(due)))
         await asyncio.wait_for(asyncio.gather(*tasks), PHASE_TIMEOUT_S)
     finally:
+        passes.__exit__()
+        if stalls is not None:
+            stalls.stop()
         if mode == "hung":
             cluster.resume(victim)
         else:
@@ -410,13 +425,18 @@ async def gray_replica(
         # the same machine's noise: the worst before the fault, and the slowest appends
         # after it with when they were due (seconds from the fault)
         "worst_before_fault_ms": round(max(lat for due, lat in latencies if due < fault_at), 2),
-        "slowest_after_fault": [(round(due - fault_at, 3), round(lat, 1)) for due, lat in
+        # (and the client's GC in each: ms, oldest generation)
+        "slowest_after_fault": [(round(due - fault_at, 3), round(lat, 1),
+                                 *passes.within(due, due + lat / 1000)) for due, lat in
                                 sorted(latencies, key=lambda x: -x[1]) if due >= fault_at][:5],
         "rolls": statistics.rolls, "degraded_ranges": statistics.degraded_ranges,
+        **({} if stalls is None else {"loop_stalls_after_fault": stalls.longest(fault_at),
+                                      "client_gc_tracked_at_fault": tracked}),
     }
 
 
 PHASES = {  # --phases name: results key, in the order they run
+    "ceiling": "fdatasync_ceiling",
     "throughput": "throughput",
     "workers": "workers",
     "typical": "typical",
@@ -526,6 +546,8 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     async with await estream.connect(cluster.pd_addresses, secret="bench-secret") as client:
         if args.gc_freeze:
             gc.freeze()
+        if args.tune_gc:
+            estream.tune_gc()
         if args.exactly_once:
             results["exactly_once"] = await asyncio.wait_for(
                 exactly_once(client, args.records, args.window, args.repeat),
@@ -552,8 +574,11 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
                 coro = workers(client, args.records, args.inflight)
             elif phase == "typical":
                 coro = typical(client, args.records, args.inflight)
+            elif phase == "ceiling":
+                coro = asyncio.to_thread(fdatasync_ceiling, args.work, len(RECORD),
+                                         args.latency_samples, PHASE_TIMEOUT_S / 4)
             elif phase == "one":
-                coro = one_in_flight(client, args.latency_samples)
+                coro = one_in_flight(client, args.latency_samples, args.trace)
             elif phase == "visible":
                 coro = append_to_visible(client, args.visible_samples)
             else:
@@ -569,7 +594,7 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
         if args.gray_replica:
             results["gray_replica"] = await asyncio.wait_for(
                 gray_replica(client, cluster, args.gray_replica, args.gray_rate,
-                             args.gray_seconds), PHASE_TIMEOUT_S)
+                             args.gray_seconds, args.trace), PHASE_TIMEOUT_S)
             print("gray replica", results["gray_replica"], flush=True)
     return results
 
@@ -593,6 +618,8 @@ def main() -> int:
     parser.add_argument("--gray-seconds", type=float, default=8.0)
     parser.add_argument("--gc-freeze", action="store_true",
                         help="gc.freeze() once connected (no full GC pass over the start-up heap)")
+    parser.add_argument("--tune-gc", action="store_true",
+                        help="estream.tune_gc() once connected (the SDK's documented option)")
     parser.add_argument("--exactly-once", action="store_true",
                         help="only the producer and digest rows beside plain appends")
     parser.add_argument("--repeat", type=int, default=3)
@@ -600,6 +627,9 @@ def main() -> int:
                         help="only a striped stream (E 6 of 6 servers) beside an unstriped one")
     parser.add_argument("--batch-bytes", type=int, default=None,
                         help="the writers' batch_bytes (default: the SDK's)")
+    parser.add_argument("--trace", action="store_true",
+                        help="one in flight: the slowest appends, each with the client's GC in "
+                        "it; gray replica: the client's longest event-loop stalls")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.batch_bytes is not None:
@@ -607,6 +637,7 @@ def main() -> int:
     import uvloop
 
     with tempfile.TemporaryDirectory(prefix="bench-append-") as tmp:
+        args.work = Path(tmp)
         servers = 6 if args.striped else 4 if args.kill_replica else 3
         # No cluster secret of the launcher's: the servers verify hmac-sha256 MACs only when
         # ESTREAM_SECRET is set (the "with the secret" rows of RESULTS.md), as before.

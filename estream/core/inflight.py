@@ -165,61 +165,85 @@ class OpenRange:
 
 def oldest_unacked_ms(batches: Iterable[Batch], rng: OpenRange) -> int | None:
     """When the oldest batch some live replica of ``rng`` still owes was sent (the chase
-    deadline's start); None when nothing is owed or the seal was sent."""
+    deadline's start); None when nothing is owed or the seal was sent. Batches go to a
+    range in offset order, each at a time no earlier than the one before, so the first
+    owed is the oldest: a chaser's kept batches cost this nothing per call."""
     if rng.seal_sent:
         return None
-    oldest: int | None = None
     live = rng.live
     index, seal_end = rng.index, rng.seal_end
     for batch in batches:
         if batch.range_index != index:
             continue
         if seal_end is not None and batch.end > seal_end:
-            continue
-        if oldest is not None and batch.sent_ms >= oldest:
-            continue
-        acked_by = batch.acked_by
+            return None  # the rest are past the frozen end too
         if rng.stripe is not None:
             if owes_any(batch, rng):
-                oldest = batch.sent_ms
-        elif len(acked_by) < len(live) or not acked_by.issuperset(live):  # no generator
-            oldest = batch.sent_ms
-    return oldest
+                return batch.sent_ms
+        elif len(batch.acked_by) < len(live) or not batch.acked_by.issuperset(live):
+            return batch.sent_ms
+    return None
 
 
 def past_chase_bound(
-    batches: Iterable[Batch], rng: OpenRange, replica: str, now_ms: int, config: WriterConfig,
+    batches: Sequence[Batch], rng: OpenRange, replica: str, now_ms: int, config: WriterConfig,
 ) -> bool:
     """Whether ``replica`` is past its chase bound: a batch it owes is older than
-    ``chase_backlog_ms_max``. (How many bytes it owes is the chase budget's:
-    ``estream/core/chasebudget.py`` counts every complete batch kept, so a replica owing
-    more than ``chase_backlog_bytes_max`` of them always finds the budget full.)"""
-    horizon = rng.seal_end  # while draining, only what the seal needs counts
-    striped = rng.stripe is not None
-    oldest_ms = now_ms - config.chase_backlog_ms_max
+    ``chase_backlog_ms_max`` (the first it owes is the oldest: :func:`oldest_unacked_ms`).
+    (How many bytes it owes is the chase budget's: ``estream/core/chasebudget.py`` counts
+    every complete batch kept, so a replica owing more than ``chase_backlog_bytes_max`` of
+    them always finds the budget full.)"""
+    owed = first_owed(batches, rng, replica)
+    return owed is not None and owed.sent_ms < now_ms - config.chase_backlog_ms_max
+
+
+def first_owed(batches: Sequence[Batch], rng: OpenRange, replica: str) -> Batch | None:
+    """The first batch of ``rng`` sent to ``replica`` that it does not hold (while draining,
+    below the frozen end). What a replica holds is a prefix of the range's batches (each
+    ack marks every batch below its end): a replica far behind owes the front one, one
+    keeping up only its newest, found from the back; neither walks a chaser's backlog."""
+    horizon, striped = rng.seal_end, rng.stripe is not None
+
+    def owes(batch: Batch) -> bool:
+        return ((horizon is None or batch.end <= horizon)
+                and (not striped or replica in batch.holders))
+
     for batch in batches:
-        if batch.range_index != rng.index or replica in batch.acked_by:
+        if batch.range_index == rng.index:
+            if replica not in batch.acked_by and owes(batch):
+                return batch
+            break
+    first = None
+    for batch in reversed(batches):
+        if batch.range_index != rng.index:
             continue
-        if striped and replica not in batch.holders:
-            continue
-        if horizon is not None and batch.end > horizon:
-            continue
-        if batch.sent_ms < oldest_ms:
-            return True
-    return False
+        if replica in batch.acked_by:
+            break
+        if owes(batch):
+            first = batch
+    return first
 
 
-def record_ack(batches: Iterable[Batch], rng: OpenRange, replica: str, end: int) -> None:
+def record_ack(batches: Sequence[Batch], rng: OpenRange, replica: str, end: int) -> None:
     """``replica`` of ``rng`` holds every offset below ``end`` (striped: its chain up to
-    the batch ending there; the log syncs a chain in order, so each earlier one too)."""
+    the batch ending there; the log syncs a chain in order, so each earlier one too).
+    Marked from the newest batch back to the first that already names ``replica``: every
+    ack marks all the range's batches below its end, so each one before that does too,
+    and a chaser's kept batches cost an ack nothing."""
     if end > rng.acked.get(replica, rng.start):
         rng.acked[replica] = end
-    top = -1
-    for batch in batches:
-        if batch.range_index == rng.index and batch.end <= end:
-            batch.acked_by.add(replica)
+    top: int | None = None  # the index of the last batch below ``end``
+    index = rng.index
+    for batch in reversed(batches):
+        if batch.range_index != index or batch.end > end:
+            continue
+        if top is None:
             top = batch.index
-    if top >= 0:
+        acked_by = batch.acked_by
+        if replica in acked_by:
+            break
+        acked_by.add(replica)
+    if top is not None and top >= 0:
         p = rng.replicas.index(replica)
         if top > rng.acked_index.get(p, -1):
             rng.acked_index[p] = top
@@ -270,6 +294,19 @@ def early_room(batches: Sequence[Batch], completed: int, early_batches: int) -> 
     return True
 
 
+def unsent(batches: Sequence[Batch], range_index: int) -> list[Batch]:
+    """The batches not sent to ``range_index`` yet, in offset order: those after the last
+    sent there (batches go to a range in offset order), found from the newest back, so a
+    chaser's kept batches cost each cut nothing."""
+    found: list[Batch] = []
+    for batch in reversed(batches):
+        if batch.range_index == range_index:
+            break
+        found.append(batch)
+    found.reverse()
+    return found
+
+
 def sent_end(batches: Iterable[Batch], range_index: int, completed: int) -> int:
     """The end of what was sent to ``range_index`` (``completed`` if nothing was)."""
     ends = [b.end for b in batches if b.range_index == range_index]
@@ -277,4 +314,5 @@ def sent_end(batches: Iterable[Batch], range_index: int, completed: int) -> int:
 
 
 __all__ = ["Batch", "OpenRange", "confirmed_end", "early_room", "oldest_unacked_ms",
-           "owes_any", "past_chase_bound", "record_ack", "releasable", "sent_end"]
+           "first_owed", "owes_any", "past_chase_bound", "record_ack", "releasable", "sent_end",
+           "unsent"]

@@ -49,6 +49,7 @@ from estream.core.inflight import (
     record_ack,
     releasable,
     sent_end,
+    unsent,
 )
 from estream.core.pendingbatch import PendingBatch
 from estream.core.writeeffects import (
@@ -502,9 +503,7 @@ class RangeWriter:
         rng = self._range
         if rng.seal_end is not None:
             return
-        for batch in self._batches:
-            if batch.range_index == rng.index:
-                continue
+        for batch in unsent(self._batches, rng.index):
             if rng.sent_bytes >= self.config.range_bytes_max and not rng.size_limit_lifted:
                 rng.full = True  # size limit: seal once what was sent completes
                 self._roll_if_full(effects)

@@ -27,6 +27,7 @@ from estream.core.writeeffects import (
     RequestRoll,
     SendAppend,
     SendConfirm,
+    fails_the_writer,
 )
 from estream.sdk.appendqueue import timer_min_s
 from estream.wire.errors import DigestKeyMissing, DigestMismatch, EstreamError, Fenced
@@ -183,8 +184,10 @@ class EffectRunner:
                 f"{name!r} ({error.message}): the client's cluster secret "
                 "(connect(secret=), ESTREAM_SECRET) differs from the range server's",
                 **error.fields)))
-        else:
+        elif replica not in core.ranges.failed or fails_the_writer(error):
             self.run(core.on_append_error(replica, range_index, error, writer.now_ms()))
+        # else already dropped (its requests abandoned at once: a hung server's backlog of
+        # them in one turn): nothing for the core or the runner to do.
 
     def _confirm_answered(self, core: WriterCore, effect: SendConfirm,
                           error: EstreamError | None) -> None:
