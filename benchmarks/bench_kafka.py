@@ -18,7 +18,10 @@ Starts 3 PD nodes, 3 range servers (fsync on) and one gateway, then with 1 KiB r
    Target >= 1.
 
 Each producer phase first sends one record to every partition (not timed), so the
-gateway's partition writers are open, as in a system already running.
+gateway's partition writers are open, as in a system already running. Each Kafka side
+of a phase also reports each process's CPU over it (from /proc, % of one core): the
+gateway, the range servers, PD, and this process (librdkafka's threads and the Python
+calling them; the SDK is idle then).
 
 Every phase is bounded in count and time (``PHASE_TIMEOUT_S``). Usage::
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -47,6 +51,32 @@ RECORD = b"x" * 1024
 PHASE_TIMEOUT_S = 120.0
 LINGER_MS = 5  # what a user sets for throughput without hurting latency much
 PHASES = ("produce", "consume", "one", "partitions")
+
+
+class Cpu:
+    """CPU seconds of named processes from /proc (user + system, every thread)."""
+
+    def __init__(self, pids: dict[str, list[int]]) -> None:
+        self.pids = pids
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def _seconds(self, pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime
+
+    def now(self) -> tuple[float, dict[str, float]]:
+        return time.perf_counter(), {name: sum(self._seconds(p) for p in pids)
+                                     for name, pids in self.pids.items()}
+
+    def since(self, before: tuple[float, dict[str, float]]) -> dict[str, float]:
+        """% of one core each used since ``before`` (a :meth:`now`)."""
+        at, after = self.now()
+        wall = max(at - before[0], 1e-9)
+        return {name: round(100 * (after[name] - before[1][name]) / wall, 1)
+                for name in self.pids}
 
 
 def _create_topic(bootstrap: str, name: str, partitions: int) -> None:
@@ -179,22 +209,31 @@ def _quantile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run(args: argparse.Namespace, pd: str, bootstrap: str) -> dict[str, Any]:
+async def run(args: argparse.Namespace, pd: str, bootstrap: str, cpu: Cpu
+              ) -> dict[str, Any]:
     phases = set(args.phases.split(","))
     out: dict[str, Any] = {}
+    cpus: dict[str, dict[str, float]] = {}
     async with await estream.connect(pd) as client:
         if phases & {"produce", "consume", "partitions"}:
             await asyncio.to_thread(_create_topic, bootstrap, "bench", 1)
+            before = cpu.now()
             kafka = await asyncio.to_thread(kafka_produce, bootstrap, "bench", args.records)
+            cpus["produce"] = cpu.since(before)
             sdk = await sdk_append(client, "bench-sdk", args.records, args.window)
             out["produce"] = {"kafka_records_s": kafka, "sdk_records_s": sdk,
                               "ratio": kafka / sdk}
         if "consume" in phases:  # alternating, each side's median (a loaded machine)
             kafkas, sdks = [], []
+            used: list[dict[str, float]] = []
             for _ in range(args.consume_rounds):
+                before = cpu.now()
                 kafkas.append(await asyncio.to_thread(kafka_consume, bootstrap, "bench",
                                                       args.records))
+                used.append(cpu.since(before))
                 sdks.append(await sdk_read(client, "bench-sdk", args.records))
+            cpus["consume"] = {name: statistics.median(u[name] for u in used)
+                               for name in used[0]}
             kafka, sdk = statistics.median(kafkas), statistics.median(sdks)
             out["consume"] = {"kafka_records_s": kafka, "sdk_records_s": sdk,
                               "ratio": kafka / sdk,
@@ -212,12 +251,16 @@ async def run(args: argparse.Namespace, pd: str, bootstrap: str) -> dict[str, An
                           "ratio": statistics.median(kafka_s) / statistics.median(sdk_s)}
         if "partitions" in phases:
             await asyncio.to_thread(_create_topic, bootstrap, "bench-many", args.partitions)
+            before = cpu.now()
             many = await asyncio.to_thread(kafka_produce, bootstrap, "bench-many",
                                            args.records, args.partitions)
+            cpus["partitions"] = cpu.since(before)
             single = out.get("produce", {}).get("kafka_records_s")
             out["partitions"] = {"partitions": args.partitions, "kafka_records_s": many,
                                  "single_partition_records_s": single,
                                  "ratio": many / single if single else None}
+    for phase, used in cpus.items():  # (the consume phase's: the medians of its rounds)
+        out[f"cpu_{phase}"] = {f"{name}_pct": value for name, value in used.items()}
     return out
 
 
@@ -239,8 +282,14 @@ def main() -> int:
         cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=3, secret=None)
         try:
             gateway, bootstrap, _ = start_kafka(Path(tmp) / "kafka", cluster.pd_addresses)
+            cpu = Cpu({"gateway": [gateway.pid],
+                       **{f"rs{i}": [s.process.pid] for i, s in enumerate(cluster.servers)
+                          if s.process is not None},
+                       "pd": [n.process.pid for n in cluster.pd.nodes
+                              if n.process is not None],
+                       "bench": [os.getpid()]})
             try:
-                results = uvloop.run(run(args, cluster.pd_addresses, bootstrap))
+                results = uvloop.run(run(args, cluster.pd_addresses, bootstrap, cpu))
             finally:
                 gateway.stop()
         finally:

@@ -296,6 +296,50 @@ def test_a_batch_the_dead_leader_stored_is_a_duplicate_at_the_new_leader(
     assert stored(module_cluster.pd_addresses, [f"{topic}-0"]) == [b"once"]
 
 
+def test_a_gateway_stopped_with_clients_connected_ends_them_without_a_traceback(
+    gateways: list[str], module_cluster: Any, tmp_path: Path,
+) -> None:
+    """SIGTERM to a gateway with connections open (one idle after ApiVersions, one in a
+    25 s Fetch long poll): it ends them (the poll cancelled, not waited for), awaits
+    their tasks, and exits 0 with no traceback (each connection task was left to the
+    loop's shutdown, whose cancellation asyncio's server logs as an error)."""
+    from kio.schema.fetch.v4 import request as fetch
+    from kio.schema.types import BrokerId, TopicName
+    from kio.serial import entity_writer
+    from kio.static.primitive import i8, i32
+
+    stopping, address, _ = start_kafka(tmp_path, module_cluster.pd_addresses, name="stopping")
+    host, _, port = address.rpartition(":")
+    socks: list[socket.socket] = []
+    try:
+        create_topic(gateways[0], "stopping", 1)
+        poll = fetch.FetchRequest(
+            replica_id=BrokerId(-1), max_wait=datetime.timedelta(seconds=25),
+            min_bytes=i32(1), max_bytes=i32(1 << 20), isolation_level=i8(0),
+            topics=(fetch.FetchTopic(topic=TopicName("stopping"), partitions=(
+                fetch.FetchPartition(partition=i32(0), fetch_offset=0,
+                                     partition_max_bytes=i32(1 << 20)),)),))
+        body = io.BytesIO()
+        entity_writer(type(poll))(body, poll)
+        for api_key, version, payload in ((18, 0, b""), (1, 4, body.getvalue())):
+            sock = socket.create_connection((host, int(port)), timeout=WAIT_S)
+            socks.append(sock)
+            head = struct.pack(">hhih", api_key, version, 7, 4) + b"test"
+            sock.sendall(struct.pack(">i", len(head) + len(payload)) + head + payload)
+        assert socks[0].recv(4)  # ApiVersions answered: both connections are served
+        time.sleep(0.5)  # (the fetch reaches its long poll)
+        started = time.monotonic()
+        assert stopping.stop(timeout_s=20) == 0
+        assert time.monotonic() - started < 10, "the stop waited for the long poll"
+    finally:
+        for sock in socks:
+            sock.close()
+        stopping.stop()
+    log = stopping.log_text()
+    assert "stopped" in log
+    assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+
+
 def produce_at_leader(address: str, topic: str, batch: bytes) -> tuple[int, int]:
     """Partition 0's (error code, base offset) for ``batch`` produced at ``address``,
     retried while it answers NOT_LEADER_OR_FOLLOWER (leadership moving)."""

@@ -19,6 +19,7 @@ Side effects: the SDK's reads; the loop's clock (the age of an end looked up).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -186,25 +187,33 @@ class Fetch:
         return b"".join(parts), records  # (bytes: what kio's Records takes)
 
     async def _fetch(self, request: Any, version: int) -> Any:
+        """The partitions asked, read once, then read again each time one of them has
+        more, until ``min_bytes`` or ``max_wait``: one deadline for the whole long poll
+        (not a wait of what remains, re-armed each round, which a round's reads could
+        outlast); when it passes while a round reads again, the last round's results
+        answer (the same offsets: what was read then is still there)."""
         loop = asyncio.get_running_loop()
         wait_s = min(max(request.max_wait.total_seconds(), 0.0), fetch_wait_ms_max / 1000)
         deadline = loop.time() + wait_s
         asked = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
                  for t in request.topics for p in t.partitions]
-        while True:
-            results = await asyncio.gather(*(
-                self._fetch_partition(topic, index, offset, max(1, limit))
-                for topic, index, offset, limit in asked))
-            total = sum(len(r[3]) for r in results)
-            remaining = deadline - loop.time()
-            if total >= max(1, request.min_bytes) or remaining <= 0 or not asked:
-                break
-            waits = [(topic, index, offset) for (topic, index, offset, _), r in
-                     zip(asked, results, strict=True) if r[0] == ErrorCode.none]
-            if not waits:
-                break
-            await self._wait_for_records(waits, remaining)
+        results = await self._fetch_round(asked)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                while sum(len(r[3]) for r in results) < max(1, request.min_bytes):
+                    waits = [(topic, index, offset) for (topic, index, offset, _), r in
+                             zip(asked, results, strict=True) if r[0] == ErrorCode.none]
+                    if not waits:
+                        break
+                    await self._wait_for_records(waits)
+                    results = await self._fetch_round(asked)
         return self._fetch_response(version, asked, results, request.max_bytes)
+
+    async def _fetch_round(self, asked: list[tuple[str, int, int, int]]
+                           ) -> list[tuple[ErrorCode, int, int, bytes]]:
+        return list(await asyncio.gather(*(
+            self._fetch_partition(topic, index, offset, max(1, limit))
+            for topic, index, offset, limit in asked)))
 
     def _fetch_response(self, version: int, asked: list[tuple[str, int, int, int]],
                         results: list[tuple[ErrorCode, int, int, bytes]],
@@ -227,9 +236,9 @@ class Fetch:
                         responses=tuple(kp.build(topic_cls, topic=t, partitions=tuple(p))
                                         for t, p in by_topic.items()))
 
-    async def _wait_for_records(self, waits: list[tuple[str, int, int]], timeout_s: float
-                                ) -> None:
-        """Until one of the partitions has a record at or past its offset, or the time."""
+    async def _wait_for_records(self, waits: list[tuple[str, int, int]]) -> None:
+        """Until one of the partitions has a record at or past its offset (the caller's
+        deadline bounds it)."""
 
         async def first(name: str, offset: int) -> None:
             batches: AsyncIterator[Any] = self.client.read_batches(name, offset, follow=True)
@@ -240,7 +249,7 @@ class Fetch:
 
         tasks = [asyncio.ensure_future(first(stream_name(t, p), o)) for t, p, o in waits]
         try:
-            await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in tasks:
                 task.cancel()

@@ -12,6 +12,9 @@ The process keeps serving every other connection. When the peer closes, its requ
 only wait (:data:`~estream.kafka.protocol.WAITING_APIS`: a JoinGroup at its barrier for up
 to 300 s, a Fetch's long poll) are cancelled; a cancelled join leaves its member in PD as
 a crashed client would (each PD call is one command), until its session times out.
+At stop (:meth:`Gateway.close`) every connection stops reading as if its peer had closed
+it, answers what it has in flight (its writers still open) and closes; the gateway waits
+for each connection's task to end, so the loop's shutdown has none to cancel.
 
 Side effects: the listening socket, the SDK's connections.
 """
@@ -23,7 +26,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from kio.schema.errors import ErrorCode
 
@@ -61,6 +64,8 @@ log = logging.getLogger("estream.kafka")
 _Answering = tuple[asyncio.Task[bytes | None], bool]  # a request's task, whether a Produce
 
 connections_max: Final = 1024  # open Kafka connections; one past it is closed at once
+close_wait_ms_max: Final = 10_000  # at stop, how long connections may take to answer what
+#   they have in flight; past it their tasks are cancelled (and end quietly)
 read_chunk_bytes: Final = 256 * 1024
 NODE_ID: Final = 0
 CLUSTER_ID: Final = "estream"
@@ -82,6 +87,9 @@ class Gateway(Reads, Fetch, Produce):
         self.bytes_out = 0
         self.connections = 0
         self.in_flight = 0  # requests being served, every connection
+        # Each open connection's task -> its reader and writer (ended at close()).
+        self._connections: dict[asyncio.Task[Any], tuple[asyncio.StreamReader,
+                                                         asyncio.StreamWriter]] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # per stream while its writer opens
         self._background: set[asyncio.Task[Any]] = set()
         self._init_produce()
@@ -140,13 +148,28 @@ class Gateway(Reads, Fetch, Produce):
     # -- connections --------------------------------------------------------------------
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection, until the peer closes it or sends a frame that cannot be
-        delimited."""
+        """One connection, until the peer closes it, sends a frame that cannot be
+        delimited or the gateway stops. Cancelled (a stop that outwaited
+        :data:`close_wait_ms_max`, the loop's shutdown), it ends quietly: asyncio's
+        server logs a connection task that ends cancelled as an error."""
         if self.connections >= connections_max:
             self.requests[("connection", "REFUSED")] += 1
             writer.close()
             return
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[task] = (reader, writer)
         self.connections += 1
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            writer.transport.abort()
+        finally:
+            self.connections -= 1
+            del self._connections[task]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                     ) -> None:
         session = auth.open_session(bool(self.token_roles), writer)
         decoder = kp.FrameDecoder()
         answers: asyncio.Queue[_Answering | None] = asyncio.Queue()
@@ -193,7 +216,6 @@ class Gateway(Reads, Fetch, Produce):
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-            self.connections -= 1
 
     def _start(self, frame: bytes, session: Session, waiting: set[asyncio.Task[bytes | None]],
                load: InFlight, produce: bool) -> asyncio.Task[bytes | None]:
@@ -443,11 +465,32 @@ class Gateway(Reads, Fetch, Produce):
         return kp.build(schema, throttle_time=0, responses=tuple(results))
 
     async def close(self) -> None:
+        """Stop: end every connection (:meth:`_end_connections`), then close the
+        partitions' writers and leave PD."""
+        await self._end_connections()
         await self._close_writers()
         if self.membership is not None:  # its partitions move now, not after the TTL
             await self.membership.leave()
         for task in list(self._background):
             task.cancel()
+
+    async def _end_connections(self) -> None:
+        """Every connection stops reading, as when its peer closes it (its long polls
+        cancelled, its other requests answered), and closes; its task is awaited (at most
+        :data:`close_wait_ms_max`, then cancelled)."""
+        for reader, writer in list(self._connections.values()):
+            with contextlib.suppress(Exception):
+                cast(asyncio.Transport, writer.transport).pause_reading()  # (no data
+                #   after the end fed below: a StreamReader refuses it)
+            reader.feed_eof()
+        tasks = list(self._connections)
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=close_wait_ms_max / 1000)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
 
 
 def _answer_of(task: asyncio.Task[bytes | None]) -> bytes | None:

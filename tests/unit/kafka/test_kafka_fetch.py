@@ -6,6 +6,7 @@ fetch behind an old end answered while the end is looked up in the background.""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import doctest
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -143,3 +144,67 @@ async def test_a_fetch_behind_an_old_end_is_answered_while_the_end_is_looked_up(
     finally:
         client.release.set()
         await gateway.close()
+
+
+class AppendedClient(FakeClient):
+    """A stream that gets a small record every ``append_s`` (what wakes a long poll
+    without reaching its ``min_bytes``), whose reads take ``read_s`` each."""
+
+    def __init__(self, append_s: float, read_s: float) -> None:
+        super().__init__(1)
+        self.append_s, self.read_s = append_s, read_s
+        self.appended = asyncio.Event()
+
+    async def appending(self) -> None:
+        while True:
+            await asyncio.sleep(self.append_s)
+            self.records += 1
+            self.appended.set()
+            self.appended = asyncio.Event()
+
+    async def end_offset(self, name: str) -> int:
+        return self.records
+
+    async def read_batches(self, name: str, start: int, end: int | None = None,  # type: ignore[override]
+                           follow: bool = False) -> AsyncIterator[BatchColumns]:
+        if follow:
+            while self.records <= start:
+                await self.appended.wait()
+            yield decode_columns(estream_batch([Record(VALUE, {}, BASE_TS)], stream_id=1,
+                                               range_index=0, epoch=1, base_offset=start))
+            return
+        await asyncio.sleep(self.read_s)
+        async for columns in super().read_batches(name, start, min(end or self.records,
+                                                                   self.records)):
+            yield columns
+
+
+def test_a_long_poll_woken_by_appends_answers_by_its_max_wait() -> None:
+    """A Fetch whose ``min_bytes`` the appends never reach is woken by each of them and
+    reads again; a round still reading at ``max_wait`` does not hold the answer past it
+    (a wait of what remains, re-armed per round, answered after the round that
+    straddled the deadline: 560 ms for 500 here). On virtual time: no real sleep."""
+    from tests.sim.simloop import run
+
+    max_wait_ms = 500
+
+    async def main() -> tuple[float, bytes]:
+        client = AppendedClient(append_s=0.02, read_s=0.07)
+        gateway = Gateway(client)
+        appending = asyncio.ensure_future(client.appending())
+        request = SimpleNamespace(
+            max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=1 << 20,
+            max_bytes=1 << 20, topics=[SimpleNamespace(topic="t", partitions=[
+                SimpleNamespace(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            answer = await gateway._fetch(request, 11)
+        finally:
+            appending.cancel()
+            await gateway.close()
+        return loop.time() - started, answer.responses[0].partitions[0].records
+
+    took, records = run(main(), seed=1)
+    assert took <= max_wait_ms / 1000 + 0.001, f"answered after {took * 1000:.0f} ms"
+    assert offsets(records)[0] == 0  # (the last round read answers)
