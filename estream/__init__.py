@@ -19,6 +19,7 @@ from estream.wire.errors import *  # noqa: F403
 from estream.wire.errors import EstreamError
 
 if TYPE_CHECKING:
+    from estream.net.gctune import tune_gc
     from estream.net.portprobe import WrongPort
     from estream.sdk.client import Client, connect
     from estream.sdk.writer import Writer
@@ -35,6 +36,7 @@ _LAZY: dict[str, str] = {
     "Writer": "estream.sdk.writer",
     "WrongPort": "estream.net.portprobe",
     "connect": "estream.sdk.client",
+    "tune_gc": "estream.net.gctune",
 }
 
 
@@ -62,6 +64,7 @@ __all__ = [
     "Writer",
     "WrongPort",
     "connect",
+    "tune_gc",
     *sorted(
         name
         for name, value in vars(_errors).items()

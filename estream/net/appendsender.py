@@ -23,7 +23,13 @@ with ``durable=False``: ``estream/core/confirmhint.py``) goes at once when first
 server in a turn; later in the turn it is queued and, at the end of the turn, rides in the
 APPEND_MANY's ``hints`` (raised in memory, nothing logged; with DEFERRED_SYNC batches too,
 since nothing waits for it): every idle writer's hint reaches its replicas, however many
-writers share the client, in one request per server rather than one each.
+writers share the client, in one request per server rather than one each. A hint riding
+with what the server logs anyway (batches that wait for the fsync, or durable confirms)
+goes as a durable confirm of that request instead: its entry shares their log write and
+fsync, and once answered the writer's durable CONFIRM of that offset (its idle CONFIRM, a
+flush's) is answered at once without a request: with one writer per stream over many
+streams, an idle CONFIRM followed every record on every replica, half the range servers'
+log entries.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -50,6 +56,8 @@ log = logging.getLogger(__name__)
 AppendDone = Callable[[int, EstreamError | None], None]
 ConfirmDone = Callable[[EstreamError | None], None]
 _Server = tuple[str, str | None]  # address, server id
+_Logged = tuple[_Server, int, int]  # a server's replica: stream id, range index
+_LOGGED_MAX = 65_536  # durable confirms remembered; past it forgotten (then sent again)
 
 
 class _Request:
@@ -115,6 +123,8 @@ class AppendSender:
         self._sent: set[_Server] = set()  # servers sent an entry at once in this turn
         self._queued: dict[_Server, _Queued] = {}
         self._flush: asyncio.Handle | None = None
+        # Confirms a server answered as logged, riding in an APPEND_MANY: (epoch, confirm).
+        self._logged: dict[_Logged, tuple[int, int]] = {}
 
     def start_append(
         self, address: str, done: AppendDone, *, server_id: str | None,
@@ -140,8 +150,15 @@ class AppendSender:
     ) -> Started:
         """CONFIRM ``confirm``: now if it is the first entry for that server in this turn,
         else with the others queued for it at the end of the turn (a hint, ``durable=False``:
-        then as a CONFIRM of its own, module docstring)."""
+        then as a CONFIRM of its own, module docstring). A durable one the server already
+        answered as logged (a hint that rode as a durable confirm) is answered at once."""
         server = (address, server_id)
+        if durable:
+            logged = self._logged.get((server, stream_id, range_index))
+            if logged is not None and logged[0] == epoch and logged[1] >= confirm:
+                entry = _Entry(done, False)
+                asyncio.get_running_loop().call_soon(entry.answer, None)
+                return entry
         if self._first(server):
             return self._single.start_confirm(
                 address, done, server_id=server_id, stream_id=stream_id,
@@ -175,6 +192,8 @@ class AppendSender:
         for (address, server_id), entries in queued.items():
             confirms = [c for c in entries.confirms if c[1].done is not None]
             hints = [h for h in entries.hints if h[1].done is not None]
+            if hints and (confirms or entries.batches.get(False)):
+                confirms, hints = confirms + hints, []  # logged anyway: durable (docstring)
             for deferred, every in entries.batches.items():
                 batches = [b for b in every if b[1].done is not None]  # not abandoned
                 for group in group_entries([len(batch) for batch, _, _ in batches]):
@@ -190,7 +209,7 @@ class AppendSender:
                             address, entry.answer, server_id=server_id, batch=batch,
                             deferred=deferred, timeout_s=self.timeout_s, batch_index=index)
                         continue
-                    self._send_many(address, server_id, deferred,
+                    self._send_many((address, server_id), deferred,
                                     batches[group.start:group.stop], riding, hinting)
             while confirms or hints:
                 riding, confirms = confirms[:most], confirms[most:]
@@ -199,7 +218,7 @@ class AppendSender:
                     self._confirm_alone(address, server_id, (riding or hinting)[0],
                                         durable=bool(riding))
                 else:
-                    self._send_many(address, server_id, False, [], riding, hinting)
+                    self._send_many((address, server_id), False, [], riding, hinting)
 
     def _confirm_alone(self, address: str, server_id: str | None, queued: _Confirm, *,
                        durable: bool) -> None:
@@ -210,11 +229,11 @@ class AppendSender:
             range_index=range_index, epoch=epoch, confirm=confirm, timeout_s=self.timeout_s,
             durable=durable)
 
-    def _send_many(self, address: str, server_id: str | None, deferred: bool,
-                   batches: list[_Batch], confirms: list[_Confirm],
-                   hints: list[_Confirm]) -> None:
-        """One APPEND_MANY; each entry's answer to its callback."""
-        pool = self.pool
+    def _send_many(self, server: _Server, deferred: bool, batches: list[_Batch],
+                   confirms: list[_Confirm], hints: list[_Confirm]) -> None:
+        """One APPEND_MANY; each entry's answer to its callback (a durable confirm's, once
+        taken, remembered: :meth:`start_confirm`)."""
+        pool, (address, server_id), logged = self.pool, server, self._logged
         header, payload = encode_request([batch for batch, _, _ in batches], deferred,
                                          server_id, [confirm for confirm, _ in confirms],
                                          [index for _, _, index in batches],
@@ -240,6 +259,12 @@ class AppendSender:
                             entry.answer(result, None)
                         else:
                             entry.answer(-1, result)
+                    if len(logged) > _LOGGED_MAX:
+                        logged.clear()
+                    for ((stream_id, range_index, epoch, offset), _), outcome in zip(
+                            confirms, confirmed, strict=False):  # durable ones come first
+                        if outcome is None:
+                            logged[(server, stream_id, range_index)] = (epoch, offset)
                     for entry, outcome in zip(confirming, confirmed, strict=True):
                         entry.answer(outcome)
                     return

@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import uvloop
 
+from estream.net import gctune
 from estream.net.objectstore import ObjectStore
 from estream.net.rpc import parse_address
 from estream.net.security import (
@@ -55,7 +55,6 @@ from pd.retention import timestamp_skew_ms_max
 from pd.scrub import scrub_bytes_per_s_max_default, scrub_period_s_default
 from pd.shell.node import PdConfig, PlacementDriverNode
 
-gc_gen0_allocations: Final = 100_000  # allocations between young collections (CPython default: 700)
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -280,9 +279,7 @@ def tune_gc() -> None:
     rare (requests and Raft messages are refcounted and freed without it). A full
     collection walked every object of the process, tens of milliseconds, a few times a
     second under load."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(gc_gen0_allocations, 50, 1000)
+    gctune.tune_gc()
 
 
 async def serve(config: PdConfig) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import re
@@ -30,6 +29,7 @@ from typing import Final, NoReturn
 
 import uvloop
 
+from estream.net import gctune
 from estream.net.rpc import parse_addresses
 from estream.net.security import (
     SecurityConfig,
@@ -61,7 +61,6 @@ STORAGE_CLASSES = ("nvme", "ssd", "hdd")
 checkpoint_interval_s: Final = 30.0
 _SERVER_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what PD accepts as a server id
 _CPU_MAX = 4095  # a CPU list names no CPU above this (Linux's default NR_CPUS limit)
-gc_gen0_allocations: Final = 100_000  # allocations between young collections (CPython default: 700)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -217,9 +216,7 @@ def tune_gc() -> None:
     batch, and a full collection walking them stalls appends for tens of milliseconds
     (the append tail shrinks with it off). Record data is refcounted bytes and freed
     without the cyclic GC."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(gc_gen0_allocations, 50, 1000)
+    gctune.tune_gc()
 
 
 def tune_thread_switching() -> None:

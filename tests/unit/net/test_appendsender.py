@@ -214,3 +214,47 @@ async def test_a_striped_batchs_index_goes_with_it_in_append_and_append_many() -
         "deferred": False, "sizes": [2, 2, 2], "batches": [8, None, 9], "server_id": "s"})
     sender.start_append("a:1", answers.to("plain"), server_id="s", batch=b"x")
     assert pool.calls[-1][2] == {"deferred": False, "server_id": "s"}  # unchanged
+
+
+async def test_a_hint_riding_with_logged_batches_is_durable_and_spares_the_idle_confirm(
+) -> None:
+    """Issue 27: a hint queued beside batches that wait for the fsync goes as a durable
+    confirm of that APPEND_MANY (its entry shares their log write); once answered, the
+    writer's idle CONFIRM of that offset (same server, range and epoch) is answered at once
+    without a request. A refused one, a higher offset or another epoch still goes."""
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer([2], [None, Fenced(
+                         "old", epoch=1, current_epoch=2)])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
+
+    def confirm(name: str, stream: int, offset: int, *, durable: bool, epoch: int = 1) -> None:
+        sender.start_confirm("a:1", lambda error: answers.to(name)(0, error), server_id="s",
+                             stream_id=stream, range_index=0, epoch=epoch, confirm=offset,
+                             durable=durable)
+
+    sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"x")
+    sender.start_append("a:1", answers.to("b1"), server_id="s", batch=b"y")
+    confirm("h1", 1, 3, durable=False)
+    confirm("h2", 2, 5, durable=False)
+    got = await answers.wait()
+    assert pool.calls[-1][1:4] == (Opcode.APPEND_MANY, {
+        "deferred": False, "sizes": [1], "confirms": [[1, 0, 1, 3], [2, 0, 1, 5]],
+        "server_id": "s"}, b"y")
+    assert got["h1"] == (0, None) and isinstance(got["h2"][1], Fenced)
+    sent = len(pool.calls)
+    answers = Answers(2)
+    confirm("c1", 1, 3, durable=True)  # logged by the hint: answered without a request
+    confirm("c0", 1, 2, durable=True)
+    assert await answers.wait() == {"c1": (0, None), "c0": (0, None)}
+    assert len(pool.calls) == sent
+    await asyncio.sleep(0)  # a new turn
+    answers = Answers(3)
+    confirm("c2", 2, 5, durable=True)  # its hint was refused
+    confirm("c3", 1, 4, durable=True)  # past what was logged
+    confirm("c4", 1, 3, durable=True, epoch=2)  # another epoch
+    await answers.wait()
+    assert [c[1:3] for c in pool.calls[sent:]] == [
+        (Opcode.CONFIRM, {"stream_id": 2, "range_index": 0, "epoch": 1, "confirm": 5,
+                          "server_id": "s"}),
+        (Opcode.APPEND_MANY, {"deferred": False, "sizes": [], "server_id": "s",
+                              "confirms": [[1, 0, 1, 4], [1, 0, 2, 3]]})]
