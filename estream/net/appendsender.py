@@ -24,12 +24,12 @@ server in a turn; later in the turn it is queued and, at the end of the turn, ri
 APPEND_MANY's ``hints`` (raised in memory, nothing logged; with DEFERRED_SYNC batches too,
 since nothing waits for it): every idle writer's hint reaches its replicas, however many
 writers share the client, in one request per server rather than one each. A hint riding
-with what the server logs anyway (batches that wait for the fsync, or durable confirms)
-goes as a durable confirm of that request instead: its entry shares their log write and
-fsync, and once answered the writer's durable CONFIRM of that offset (its idle CONFIRM, a
-flush's) is answered at once without a request: with one writer per stream over many
-streams, an idle CONFIRM followed every record on every replica, half the range servers'
-log entries.
+with what the server logs anyway (batches that wait for the fsync, or durable confirms),
+or with other hints, goes as a durable confirm of that request instead: their entries
+share one log write. A CONFIRM or hint that a durable confirm sent in an APPEND_MANY
+covers (same replica and epoch, no higher offset: the writer's idle CONFIRM, 50 ms after
+its hint) takes that one's answer instead of going out: with one writer per stream over
+many streams, an idle CONFIRM followed every record on every replica beside its hint.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -103,6 +103,18 @@ _Batch = tuple[bytes | memoryview, _Entry, int | None]  # + a striped batch's in
 _Confirm = tuple[Confirm, _Entry]
 
 
+class _Logging:
+    """A durable confirm sent in an APPEND_MANY: the CONFIRMs it covers (same replica and
+    epoch, no higher offset) wait for its answer instead of going out themselves."""
+
+    __slots__ = ("confirm", "epoch", "logged", "waiting")
+
+    def __init__(self, epoch: int, confirm: int) -> None:
+        self.epoch, self.confirm = epoch, confirm
+        self.logged = False  # answered without an error: the server logged it
+        self.waiting: list[tuple[_Entry, Confirm]] = []
+
+
 @dataclass(slots=True)
 class _Queued:
     """What waits for the end of the turn for one server."""
@@ -123,8 +135,8 @@ class AppendSender:
         self._sent: set[_Server] = set()  # servers sent an entry at once in this turn
         self._queued: dict[_Server, _Queued] = {}
         self._flush: asyncio.Handle | None = None
-        # Confirms a server answered as logged, riding in an APPEND_MANY: (epoch, confirm).
-        self._logged: dict[_Logged, tuple[int, int]] = {}
+        # The last durable confirm sent to each replica in an APPEND_MANY (start_confirm).
+        self._logging: dict[_Logged, _Logging] = {}
 
     def start_append(
         self, address: str, done: AppendDone, *, server_id: str | None,
@@ -150,15 +162,19 @@ class AppendSender:
     ) -> Started:
         """CONFIRM ``confirm``: now if it is the first entry for that server in this turn,
         else with the others queued for it at the end of the turn (a hint, ``durable=False``:
-        then as a CONFIRM of its own, module docstring). A durable one the server already
-        answered as logged (a hint that rode as a durable confirm) is answered at once."""
+        then as a CONFIRM of its own, module docstring). A durable one that a durable
+        confirm sent in an APPEND_MANY covers (same replica and epoch, no lower offset: a
+        hint that rode as one) takes that one's answer: at once if it came without an
+        error; else when it comes (sent itself after all if that one failed)."""
         server = (address, server_id)
-        if durable:
-            logged = self._logged.get((server, stream_id, range_index))
-            if logged is not None and logged[0] == epoch and logged[1] >= confirm:
-                entry = _Entry(done, False)
+        logging = self._logging.get((server, stream_id, range_index))
+        if logging is not None and logging.epoch == epoch and logging.confirm >= confirm:
+            entry = _Entry(done, False)
+            if logging.logged:
                 asyncio.get_running_loop().call_soon(entry.answer, None)
-                return entry
+            else:
+                logging.waiting.append((entry, (stream_id, range_index, epoch, confirm)))
+            return entry
         if self._first(server):
             return self._single.start_confirm(
                 address, done, server_id=server_id, stream_id=stream_id,
@@ -192,8 +208,8 @@ class AppendSender:
         for (address, server_id), entries in queued.items():
             confirms = [c for c in entries.confirms if c[1].done is not None]
             hints = [h for h in entries.hints if h[1].done is not None]
-            if hints and (confirms or entries.batches.get(False)):
-                confirms, hints = confirms + hints, []  # logged anyway: durable (docstring)
+            if len(hints) > 1 or hints and (confirms or entries.batches.get(False)):
+                confirms, hints = confirms + hints, []  # durable (module docstring)
             for deferred, every in entries.batches.items():
                 batches = [b for b in every if b[1].done is not None]  # not abandoned
                 for group in group_entries([len(batch) for batch, _, _ in batches]):
@@ -220,6 +236,24 @@ class AppendSender:
                 else:
                     self._send_many((address, server_id), False, [], riding, hinting)
 
+    def _logged(self, key: _Logged, this: _Logging, logged: bool) -> None:
+        """``this`` durable confirm was answered: the CONFIRMs waiting on it are answered
+        (logged) or sent themselves (it failed: it covers nothing any more)."""
+        waiting, this.waiting = this.waiting, []
+        if logged:
+            this.logged = True
+            for entry, _ in waiting:
+                entry.answer(None)
+            return
+        if self._logging.get(key) is this:
+            del self._logging[key]
+        (address, server_id), _, _ = key
+        for entry, (stream_id, range_index, epoch, confirm) in waiting:
+            if entry.done is not None:  # not abandoned meanwhile (then answered already)
+                self.start_confirm(
+                    address, entry.answer, server_id=server_id, stream_id=stream_id,
+                    range_index=range_index, epoch=epoch, confirm=confirm)
+
     def _confirm_alone(self, address: str, server_id: str | None, queued: _Confirm, *,
                        durable: bool) -> None:
         (stream_id, range_index, epoch, confirm), entry = queued
@@ -233,7 +267,24 @@ class AppendSender:
                    confirms: list[_Confirm], hints: list[_Confirm]) -> None:
         """One APPEND_MANY; each entry's answer to its callback (a durable confirm's, once
         taken, remembered: :meth:`start_confirm`)."""
-        pool, (address, server_id), logged = self.pool, server, self._logged
+        pool, (address, server_id) = self.pool, server
+        logging = self._logging
+        if len(logging) > _LOGGED_MAX:
+            logging.clear()
+        sent: list[tuple[_Logged, _Logging]] = []
+        taken: dict[_Logged, _Logging] = {}  # this request's
+        kept: list[_Confirm] = []
+        for confirm, entry in confirms:
+            stream_id, range_index, epoch, offset = confirm
+            key = (server, stream_id, range_index)
+            this = taken.get(key)
+            if this is not None and this.epoch == epoch and this.confirm >= offset:
+                this.waiting.append((entry, confirm))  # a hint and an idle CONFIRM: one entry
+                continue
+            logging[key] = taken[key] = this = _Logging(epoch, offset)
+            sent.append((key, this))
+            kept.append((confirm, entry))
+        confirms = kept
         header, payload = encode_request([batch for batch, _, _ in batches], deferred,
                                          server_id, [confirm for confirm, _ in confirms],
                                          [index for _, _, index in batches],
@@ -259,14 +310,10 @@ class AppendSender:
                             entry.answer(result, None)
                         else:
                             entry.answer(-1, result)
-                    if len(logged) > _LOGGED_MAX:
-                        logged.clear()
-                    for ((stream_id, range_index, epoch, offset), _), outcome in zip(
-                            confirms, confirmed, strict=False):  # durable ones come first
-                        if outcome is None:
-                            logged[(server, stream_id, range_index)] = (epoch, offset)
                     for entry, outcome in zip(confirming, confirmed, strict=True):
                         entry.answer(outcome)
+                    for (key, this), outcome in zip(sent, confirmed, strict=False):
+                        self._logged(key, this, outcome is None)  # durable ones come first
                     return
             if isinstance(error, Timeout):
                 pool.discard(address)  # a stuck connection: reconnect for the next range
@@ -274,6 +321,8 @@ class AppendSender:
                 entry.answer(-1, error)
             for entry in confirming:
                 entry.answer(error)
+            for key, this in sent:
+                self._logged(key, this, False)
 
         request.started = pool.start_call(address, Opcode.APPEND_MANY, header, payload,
                                           answered, timeout_s=self.timeout_s)
