@@ -19,7 +19,8 @@ bounded in count and time:
    (one writer each) beside the same on one stream: records/s and their ratio (target
    >= 0.5), and the CPU per record of this client and of the range servers together;
    ``--client-gc tuned`` runs this client's cyclic GC as the servers run theirs
-   (``tune_gc``: what is open frozen, young collections every 100,000 allocations);
+   (``estream.tune_gc()``, documented for applications writing many streams: what is
+   open frozen, young collections every 100,000 allocations);
 5. ``memory`` (issue 27; not in the default phases): ``--memory-streams`` streams created
    (64 in flight), then ``--memory-ranges`` empty ranges sealed on one stream, in steps of
    ``--memory-step``; after each step every PD node's RSS, the catalog's ranges and the
@@ -52,7 +53,6 @@ from typing import Any
 import estream
 from estream.devcluster.cluster import Cluster, start_cluster
 from estream.devcluster.pd import http_json
-from rangeserver.shell.cli import tune_gc
 
 RECORD = b"x" * 1024
 INFLIGHT = 256
@@ -354,7 +354,7 @@ async def spread(cluster: Cluster, client: estream.Client, streams: int,
     many = await _bounded(client.open_writer(n) for n in names)
     one = await client.open_writer("one")
     if client_gc == "tuned":
-        tune_gc()  # this client as the servers run: what opened is frozen, rare collections
+        estream.tune_gc()  # what opened is frozen, rare collections (README, many streams)
     servers = [s.process.pid for s in cluster.servers if s.process is not None]
     try:
         one_rate, one_cpu = await _measured(servers, [one], records)
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--client-gc", choices=("default", "tuned"), default="default",
                         help="spread: tuned runs this client's GC as the servers run theirs "
-                             "(rangeserver/shell/cli.py tune_gc) once the writers are open")
+                             "(estream.tune_gc()) once the writers are open")
     parser.add_argument("--memory-streams", type=int, default=40_000)
     parser.add_argument("--memory-ranges", type=int, default=20_000)
     parser.add_argument("--memory-step", type=int, default=5_000)

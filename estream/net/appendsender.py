@@ -23,7 +23,13 @@ with ``durable=False``: ``estream/core/confirmhint.py``) goes at once when first
 server in a turn; later in the turn it is queued and, at the end of the turn, rides in the
 APPEND_MANY's ``hints`` (raised in memory, nothing logged; with DEFERRED_SYNC batches too,
 since nothing waits for it): every idle writer's hint reaches its replicas, however many
-writers share the client, in one request per server rather than one each.
+writers share the client, in one request per server rather than one each. A hint riding
+with what the server logs anyway (batches that wait for the fsync, or durable confirms),
+or with other hints, goes as a durable confirm of that request instead: their entries
+share one log write. A CONFIRM or hint that a durable confirm sent in an APPEND_MANY
+covers (same replica and epoch, no higher offset: the writer's idle CONFIRM, 50 ms after
+its hint) takes that one's answer instead of going out: with one writer per stream over
+many streams, an idle CONFIRM followed every record on every replica beside its hint.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -50,6 +56,8 @@ log = logging.getLogger(__name__)
 AppendDone = Callable[[int, EstreamError | None], None]
 ConfirmDone = Callable[[EstreamError | None], None]
 _Server = tuple[str, str | None]  # address, server id
+_Logged = tuple[_Server, int, int]  # a server's replica: stream id, range index
+_LOGGED_MAX = 65_536  # durable confirms remembered; past it forgotten (then sent again)
 
 
 class _Request:
@@ -95,6 +103,18 @@ _Batch = tuple[bytes | memoryview, _Entry, int | None]  # + a striped batch's in
 _Confirm = tuple[Confirm, _Entry]
 
 
+class _Logging:
+    """A durable confirm sent in an APPEND_MANY: the CONFIRMs it covers (same replica and
+    epoch, no higher offset) wait for its answer instead of going out themselves."""
+
+    __slots__ = ("confirm", "epoch", "logged", "waiting")
+
+    def __init__(self, epoch: int, confirm: int) -> None:
+        self.epoch, self.confirm = epoch, confirm
+        self.logged = False  # answered without an error: the server logged it
+        self.waiting: list[tuple[_Entry, Confirm]] = []
+
+
 @dataclass(slots=True)
 class _Queued:
     """What waits for the end of the turn for one server."""
@@ -115,6 +135,8 @@ class AppendSender:
         self._sent: set[_Server] = set()  # servers sent an entry at once in this turn
         self._queued: dict[_Server, _Queued] = {}
         self._flush: asyncio.Handle | None = None
+        # The last durable confirm sent to each replica in an APPEND_MANY (start_confirm).
+        self._logging: dict[_Logged, _Logging] = {}
 
     def start_append(
         self, address: str, done: AppendDone, *, server_id: str | None,
@@ -140,8 +162,19 @@ class AppendSender:
     ) -> Started:
         """CONFIRM ``confirm``: now if it is the first entry for that server in this turn,
         else with the others queued for it at the end of the turn (a hint, ``durable=False``:
-        then as a CONFIRM of its own, module docstring)."""
+        then as a CONFIRM of its own, module docstring). A durable one that a durable
+        confirm sent in an APPEND_MANY covers (same replica and epoch, no lower offset: a
+        hint that rode as one) takes that one's answer: at once if it came without an
+        error; else when it comes (sent itself after all if that one failed)."""
         server = (address, server_id)
+        logging = self._logging.get((server, stream_id, range_index))
+        if logging is not None and logging.epoch == epoch and logging.confirm >= confirm:
+            entry = _Entry(done, False)
+            if logging.logged:
+                asyncio.get_running_loop().call_soon(entry.answer, None)
+            else:
+                logging.waiting.append((entry, (stream_id, range_index, epoch, confirm)))
+            return entry
         if self._first(server):
             return self._single.start_confirm(
                 address, done, server_id=server_id, stream_id=stream_id,
@@ -175,6 +208,8 @@ class AppendSender:
         for (address, server_id), entries in queued.items():
             confirms = [c for c in entries.confirms if c[1].done is not None]
             hints = [h for h in entries.hints if h[1].done is not None]
+            if len(hints) > 1 or hints and (confirms or entries.batches.get(False)):
+                confirms, hints = confirms + hints, []  # durable (module docstring)
             for deferred, every in entries.batches.items():
                 batches = [b for b in every if b[1].done is not None]  # not abandoned
                 for group in group_entries([len(batch) for batch, _, _ in batches]):
@@ -190,7 +225,7 @@ class AppendSender:
                             address, entry.answer, server_id=server_id, batch=batch,
                             deferred=deferred, timeout_s=self.timeout_s, batch_index=index)
                         continue
-                    self._send_many(address, server_id, deferred,
+                    self._send_many((address, server_id), deferred,
                                     batches[group.start:group.stop], riding, hinting)
             while confirms or hints:
                 riding, confirms = confirms[:most], confirms[most:]
@@ -199,7 +234,25 @@ class AppendSender:
                     self._confirm_alone(address, server_id, (riding or hinting)[0],
                                         durable=bool(riding))
                 else:
-                    self._send_many(address, server_id, False, [], riding, hinting)
+                    self._send_many((address, server_id), False, [], riding, hinting)
+
+    def _logged(self, key: _Logged, this: _Logging, logged: bool) -> None:
+        """``this`` durable confirm was answered: the CONFIRMs waiting on it are answered
+        (logged) or sent themselves (it failed: it covers nothing any more)."""
+        waiting, this.waiting = this.waiting, []
+        if logged:
+            this.logged = True
+            for entry, _ in waiting:
+                entry.answer(None)
+            return
+        if self._logging.get(key) is this:
+            del self._logging[key]
+        (address, server_id), _, _ = key
+        for entry, (stream_id, range_index, epoch, confirm) in waiting:
+            if entry.done is not None:  # not abandoned meanwhile (then answered already)
+                self.start_confirm(
+                    address, entry.answer, server_id=server_id, stream_id=stream_id,
+                    range_index=range_index, epoch=epoch, confirm=confirm)
 
     def _confirm_alone(self, address: str, server_id: str | None, queued: _Confirm, *,
                        durable: bool) -> None:
@@ -210,11 +263,28 @@ class AppendSender:
             range_index=range_index, epoch=epoch, confirm=confirm, timeout_s=self.timeout_s,
             durable=durable)
 
-    def _send_many(self, address: str, server_id: str | None, deferred: bool,
-                   batches: list[_Batch], confirms: list[_Confirm],
-                   hints: list[_Confirm]) -> None:
-        """One APPEND_MANY; each entry's answer to its callback."""
-        pool = self.pool
+    def _send_many(self, server: _Server, deferred: bool, batches: list[_Batch],
+                   confirms: list[_Confirm], hints: list[_Confirm]) -> None:
+        """One APPEND_MANY; each entry's answer to its callback (a durable confirm's, once
+        taken, remembered: :meth:`start_confirm`)."""
+        pool, (address, server_id) = self.pool, server
+        logging = self._logging
+        if len(logging) > _LOGGED_MAX:
+            logging.clear()
+        sent: list[tuple[_Logged, _Logging]] = []
+        taken: dict[_Logged, _Logging] = {}  # this request's
+        kept: list[_Confirm] = []
+        for confirm, entry in confirms:
+            stream_id, range_index, epoch, offset = confirm
+            key = (server, stream_id, range_index)
+            this = taken.get(key)
+            if this is not None and this.epoch == epoch and this.confirm >= offset:
+                this.waiting.append((entry, confirm))  # a hint and an idle CONFIRM: one entry
+                continue
+            logging[key] = taken[key] = this = _Logging(epoch, offset)
+            sent.append((key, this))
+            kept.append((confirm, entry))
+        confirms = kept
         header, payload = encode_request([batch for batch, _, _ in batches], deferred,
                                          server_id, [confirm for confirm, _ in confirms],
                                          [index for _, _, index in batches],
@@ -242,6 +312,8 @@ class AppendSender:
                             entry.answer(-1, result)
                     for entry, outcome in zip(confirming, confirmed, strict=True):
                         entry.answer(outcome)
+                    for (key, this), outcome in zip(sent, confirmed, strict=False):
+                        self._logged(key, this, outcome is None)  # durable ones come first
                     return
             if isinstance(error, Timeout):
                 pool.discard(address)  # a stuck connection: reconnect for the next range
@@ -249,6 +321,8 @@ class AppendSender:
                 entry.answer(-1, error)
             for entry in confirming:
                 entry.answer(error)
+            for key, this in sent:
+                self._logged(key, this, False)
 
         request.started = pool.start_call(address, Opcode.APPEND_MANY, header, payload,
                                           answered, timeout_s=self.timeout_s)

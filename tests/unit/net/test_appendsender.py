@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from estream.net.appendsender import AppendSender
 from estream.wire.appendmany import encode_answer
@@ -112,9 +113,9 @@ async def test_confirms_go_at_once_or_ride_along_with_the_turns_batches() -> Non
 
 async def test_confirms_never_wait_on_with_deferred_batches() -> None:
     """A confirm is answered once durable: riding with DEFERRED_SYNC batches would make
-    their answers wait for an fsync."""
+    their answers wait for an fsync. Two of one replica in a request are one entry."""
     pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
-                     Opcode.APPEND_MANY: encode_answer([], [None, None])})
+                     Opcode.APPEND_MANY: encode_answer([], [None])})
     sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
     sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"x", deferred=True)
     sender.start_append("a:1", answers.to("b1"), server_id="s", batch=b"y", deferred=True)
@@ -124,7 +125,7 @@ async def test_confirms_never_wait_on_with_deferred_batches() -> None:
     await answers.wait()
     assert [(c[1], c[2]) for c in pool.calls[1:]] == [
         (Opcode.APPEND, {"deferred": True, "server_id": "s"}),
-        (Opcode.APPEND_MANY, {"deferred": False, "sizes": [], "confirms": [[1, 0, 1, 3]] * 2,
+        (Opcode.APPEND_MANY, {"deferred": False, "sizes": [], "confirms": [[1, 0, 1, 3]],
                               "server_id": "s"})]
 
 
@@ -151,11 +152,12 @@ async def test_an_answer_without_a_result_per_entry_fails_them_all() -> None:
 async def test_every_writers_confirm_hint_reaches_its_server_in_one_request() -> None:
     """Issue 32: a hint (``durable=False``) is a plain CONFIRM naming it, at once when first
     for its server in the turn; many idle writers' hints to one server in one turn all go,
-    none dropped, in one APPEND_MANY's ``hints`` (not a CONFIRM request each)."""
+    none dropped, in one APPEND_MANY (not a CONFIRM request each): as its durable
+    ``confirms`` (issue 27: one log write for all, and no idle CONFIRM after them)."""
     writers = 50
     pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
                      Opcode.APPEND_MANY: encode_answer(
-                         [], [], [Fenced("old", epoch=3, current_epoch=4)] + [None] * 49)})
+                         [], [Fenced("old", epoch=3, current_epoch=4)] + [None] * 49)})
     sender, answers = AppendSender(pool, timeout_s=3.0), Answers(writers + 2)
     sender.start_confirm("a:1", lambda error: answers.to("h0")(0, error), server_id="s",
                          stream_id=1, range_index=0, epoch=3, confirm=10, durable=False)
@@ -174,7 +176,8 @@ async def test_every_writers_confirm_hint_reaches_its_server_in_one_request() ->
     assert [c[1:4] for c in pool.calls[1:]] == [
         (Opcode.APPEND, {"deferred": False, "server_id": "s"}, b"x"),
         (Opcode.APPEND_MANY, {"deferred": False, "sizes": [], "server_id": "s",
-                              "hints": [[s, 0, 3, s] for s in range(2, writers + 2)]}, b"")]
+                              "confirms": [[s, 0, 3, s] for s in range(2, writers + 2)]},
+         b"")]
 
 
 async def test_hints_ride_with_the_turns_batches_deferred_ones_too() -> None:
@@ -214,3 +217,108 @@ async def test_a_striped_batchs_index_goes_with_it_in_append_and_append_many() -
         "deferred": False, "sizes": [2, 2, 2], "batches": [8, None, 9], "server_id": "s"})
     sender.start_append("a:1", answers.to("plain"), server_id="s", batch=b"x")
     assert pool.calls[-1][2] == {"deferred": False, "server_id": "s"}  # unchanged
+
+
+async def test_a_hint_riding_with_logged_batches_is_durable_and_spares_the_idle_confirm(
+) -> None:
+    """Issue 27: a hint queued beside batches that wait for the fsync goes as a durable
+    confirm of that APPEND_MANY (its entry shares their log write); once answered, the
+    writer's idle CONFIRM of that offset (same server, range and epoch) is answered at once
+    without a request. A refused one, a higher offset or another epoch still goes."""
+    pool = FakePool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer([2], [None, Fenced(
+                         "old", epoch=1, current_epoch=2)])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
+
+    def confirm(name: str, stream: int, offset: int, *, durable: bool, epoch: int = 1) -> None:
+        sender.start_confirm("a:1", lambda error: answers.to(name)(0, error), server_id="s",
+                             stream_id=stream, range_index=0, epoch=epoch, confirm=offset,
+                             durable=durable)
+
+    sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"x")
+    sender.start_append("a:1", answers.to("b1"), server_id="s", batch=b"y")
+    confirm("h1", 1, 3, durable=False)
+    confirm("h2", 2, 5, durable=False)
+    got = await answers.wait()
+    assert pool.calls[-1][1:4] == (Opcode.APPEND_MANY, {
+        "deferred": False, "sizes": [1], "confirms": [[1, 0, 1, 3], [2, 0, 1, 5]],
+        "server_id": "s"}, b"y")
+    assert got["h1"] == (0, None) and isinstance(got["h2"][1], Fenced)
+    sent = len(pool.calls)
+    answers = Answers(3)
+    confirm("c1", 1, 3, durable=True)  # logged by the hint: answered without a request
+    confirm("c0", 1, 2, durable=True)
+    confirm("h0", 1, 3, durable=False)  # a hint it covers too
+    assert await answers.wait() == {"c1": (0, None), "c0": (0, None), "h0": (0, None)}
+    assert len(pool.calls) == sent
+    await asyncio.sleep(0)  # a new turn
+    answers = Answers(3)
+    confirm("c2", 2, 5, durable=True)  # its hint was refused
+    confirm("c3", 1, 4, durable=True)  # past what was logged
+    confirm("c4", 1, 3, durable=True, epoch=2)  # another epoch
+    await answers.wait()
+    assert [c[1:3] for c in pool.calls[sent:]] == [
+        (Opcode.CONFIRM, {"stream_id": 2, "range_index": 0, "epoch": 1, "confirm": 5,
+                          "server_id": "s"}),
+        (Opcode.APPEND_MANY, {"deferred": False, "sizes": [], "server_id": "s",
+                              "confirms": [[1, 0, 1, 4], [1, 0, 2, 3]]})]
+
+
+class HeldPool(FakePool):
+    """A :class:`FakePool` whose APPEND_MANY answers wait for :meth:`answer`."""
+
+    def __init__(self, answers: dict[Opcode, Any]) -> None:
+        super().__init__(answers)
+        self.held: list[Callable[..., None]] = []
+
+    def start_call(self, address: str, opcode: int, header: dict[str, Any] | None,
+                   payload: bytes | memoryview, done: Any, *, timeout_s: float = 5.0) -> None:
+        if opcode != Opcode.APPEND_MANY:
+            return super().start_call(address, opcode, header, payload, done,
+                                      timeout_s=timeout_s)
+        self.calls.append((address, Opcode(opcode), dict(header or {}), bytes(payload),
+                           timeout_s))
+        self.held.append(done)
+
+
+async def test_a_confirm_covered_by_one_in_flight_waits_for_its_answer() -> None:
+    """Under load the hint's APPEND_MANY is answered after the idle CONFIRM is due (50 ms):
+    that CONFIRM waits for the hint's answer rather than going out; if the hint's request
+    fails, it goes out itself."""
+    pool = HeldPool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1}})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(4)
+
+    def confirm(name: str, stream: int, offset: int, *, durable: bool) -> None:
+        sender.start_confirm("a:1", lambda error: answers.to(name)(0, error), server_id="s",
+                             stream_id=stream, range_index=0, epoch=1, confirm=offset,
+                             durable=durable)
+
+    sender.start_append("a:1", answers.to("b0"), server_id="s", batch=b"x")
+    confirm("h1", 1, 3, durable=False)
+    confirm("h2", 2, 5, durable=False)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the APPEND_MANY of the two hints is out, not answered
+    assert pool.calls[-1][1:3] == (Opcode.APPEND_MANY, {
+        "deferred": False, "sizes": [], "confirms": [[1, 0, 1, 3], [2, 0, 1, 5]],
+        "server_id": "s"})
+    confirm("c1", 1, 3, durable=True)
+    confirm("c2", 2, 5, durable=True)
+    sent = len(pool.calls)
+    await asyncio.sleep(0)
+    assert len(pool.calls) == sent and "c1" not in answers.got  # waiting
+    pool.held.pop()(encode_answer([], [None, None]), None)
+    assert answers.got["c1"] == answers.got["c2"] == (0, None)
+    assert len(pool.calls) == sent
+    # Failed: the covered CONFIRM goes out after all.
+    answers = Answers(4)
+    sender.start_append("a:1", answers.to("b1"), server_id="s", batch=b"y")
+    confirm("h3", 3, 7, durable=False)
+    confirm("h4", 4, 8, durable=False)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    confirm("c3", 3, 7, durable=True)
+    pool.held.pop()(None, Timeout("slow"))
+    got = await answers.wait()
+    assert isinstance(got["h3"][1], Timeout) and got["c3"] == (0, None)
+    assert pool.calls[-1][1:3] == (Opcode.CONFIRM, {
+        "stream_id": 3, "range_index": 0, "epoch": 1, "confirm": 7, "server_id": "s"})
