@@ -35,3 +35,14 @@ def test_the_sdk_face_still_loads_on_use() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True, timeout=60, cwd=ROOT)
     assert result.stdout.strip() == "True"
+
+
+def test_a_range_server_without_http_loads_no_aiohttp() -> None:
+    """``estream rangeserver`` imports aiohttp and the metrics registry only with
+    ``--http``: a second of CPU at each start otherwise (a test cluster starts six
+    processes on two cores at once)."""
+    probe = ("import sys; import rangeserver.shell.cli; "
+             "print(','.join(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True, timeout=60, cwd=ROOT)
+    assert result.stdout.strip() == "", f"loaded {result.stdout.strip()}"
