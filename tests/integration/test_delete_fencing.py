@@ -23,7 +23,8 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound, Unavailable
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, shared=True)]
 
 appenders = 8
 
