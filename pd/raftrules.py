@@ -40,6 +40,22 @@ QUIET: Final = "quiet"
 ROLES: Final = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's raft states
 
 
+def holds_empty_start(empty: bool, has_peers: bool, new_cluster: bool) -> bool:
+    """Whether a node started on an empty data dir holds its first election off (for
+    ``empty_start_election_s``): a wiped node of a running cluster waits for the peer
+    that holds the catalog to ask for its vote, so two wiped nodes never elect each other
+    on an empty catalog. Not a node with data, a one-node cluster, or the first start of
+    a new cluster (``--new-cluster``: every node starts empty together, so there is no
+    catalog to wait for; Raft's own randomized timeout applies).
+
+    >>> holds_empty_start(True, True, False), holds_empty_start(True, True, True)
+    (True, False)
+    >>> holds_empty_start(False, True, False), holds_empty_start(True, False, False)
+    (False, False)
+    """
+    return empty and has_peers and not new_cluster
+
+
 def would_stand(leads: bool, deadline: float, now: float) -> bool:
     """Whether the next tick stands for election: a follower or candidate whose deadline
     passed. The shell then first handles what its Raft sockets hold: after a stall of

@@ -15,6 +15,13 @@ fresh cluster secret, so a test sending member opcodes uses ``cluster.member_poo
 
 By default one cluster serves every test of the module (``module_cluster``: starting one
 costs seconds), so its tests use their own stream names and leave no fault behind.
+``shared=True`` lends the module a cluster of the session instead, one per set of
+options (the other keywords): the modules marked alike run one after another on it (the
+collection moves them together) and each starts on it healed (:func:`healthy`: every
+process running, proxies cleared, PD leading and listing every range server alive;
+started again if that fails); for modules that only need an ordinary healthy cluster and
+leave nothing another module could trip on (their own stream names; no counting what the
+whole cluster holds, no timing of PD's CPU or journal; faults undone or healable).
 ``heal=True`` heals the module's cluster after each test (proxies cleared, every process
 resumed or started again: :meth:`~estream.devcluster.cluster.Cluster.heal`), for tests that
 leave faults behind. ``fresh=True`` (on the module, or on one test) gives each such test a
@@ -37,8 +44,10 @@ PID; the session's reaper kills any survivor); every wait in the launcher is bou
 
 from __future__ import annotations
 
+import compileall
 import re
 import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -46,7 +55,7 @@ from typing import Any, Final
 import pytest
 import uvloop
 
-from estream.devcluster.cluster import start_cluster
+from estream.devcluster.cluster import Cluster, start_cluster
 from estream.devcluster.pd import start_pd_cluster
 from estream.devcluster.process import reap_all
 from estream.devcluster.seaweed import SeaweedS3, start_seaweed
@@ -54,7 +63,9 @@ from estream.devcluster.upcluster import UpCluster
 from estream.net.rpc import RpcClient
 from tests.integration.conftest_spark import cluster_pd, spark_session
 
-UNIT: Final = Path(__file__).resolve().parent / "unit"
+ROOT: Final = Path(__file__).resolve().parents[1]
+UNIT: Final = ROOT / "tests" / "unit"
+PACKAGES: Final = ("estream", "pd", "rangeserver")
 FILE_FIXTURES: Final = frozenset({"tmp_path", "tmp_path_factory", "tmpdir", "tmpdir_factory"})
 
 
@@ -64,7 +75,10 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """``@pytest.mark.slow`` scenarios run only when asked for (``make chaos``: ``-m slow``);
-    every other test runs in ``pytest tests`` (``make test``, within its time budget)."""
+    every other test runs in ``pytest tests`` (``make test``, within its time budget).
+    Modules that share a session cluster (``cluster(shared=True)``) run together, at the
+    place of the first of them."""
+    items[:] = shared_modules_together(items)
     if "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="long scenario: run with `make chaos`")
@@ -73,11 +87,25 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             item.add_marker(skip)
 
 
+def compile_project() -> None:
+    """With PYTHONDONTWRITEBYTECODE set (as in many containers), every child a test starts
+    (three PD nodes and three range servers per cluster, CLI runs) compiled the project's
+    modules from source again: a quarter of a PD node's start-up CPU. Compiled once here
+    into ``__pycache__`` (ignored by git; up-to-date files are skipped), which the
+    children read; without the setting, Python writes them itself."""
+    if not sys.dont_write_bytecode:
+        return
+    for package in PACKAGES:
+        compileall.compile_dir(ROOT / package, quiet=2)
+
+
 def pytest_configure(config: Any) -> None:
+    compile_project()
     config.addinivalue_line(
-        "markers", "cluster(fresh=False, heal=False, chaos=False, pd_only=False, up=False, "
-        "object_tier=None, **start_cluster_options): the cluster the `cluster` fixture gives "
-        "(tests/conftest.py); fresh: one per test; heal: the module's, healed after each test")
+        "markers", "cluster(fresh=False, heal=False, shared=False, chaos=False, pd_only=False, "
+        "up=False, object_tier=None, **start_cluster_options): the cluster the `cluster` "
+        "fixture gives (tests/conftest.py); fresh: one per test; heal: the module's, healed "
+        "after each test; shared: the session's cluster of these options, healed per module")
 
     # SIGTERM (a CI time-out, `timeout`) becomes an interrupt: fixtures' finalizers run.
     def interrupt(signum: int, frame: Any) -> None:
@@ -133,12 +161,96 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
 
 def cluster_options(node: pytest.Item | pytest.Collector) -> tuple[dict[str, Any], bool, bool]:
     """The ``cluster`` marker closest to ``node``: (its start_cluster keywords, fresh,
-    heal)."""
+    heal); ``shared`` is :func:`shared_key`'s."""
     marker = node.get_closest_marker("cluster")
     options = dict(marker.kwargs) if marker is not None else {}
+    options.pop("shared", None)
     fresh = bool(options.pop("fresh", False))
     heal = bool(options.pop("heal", False))
     return options, fresh, heal
+
+
+SHARED_REFUSED: Final = ("fresh", "pd_only", "chaos", "up", "object_tier")
+
+
+def shared_key(node: pytest.Item | pytest.Collector) -> str | None:
+    """The session cluster a module shares (``cluster(shared=True)``), named by its
+    options; None: the module has a cluster of its own. Only a plain ``start_cluster``
+    cluster is shared (its :meth:`~estream.devcluster.cluster.Cluster.heal` restores it)."""
+    marker = node.get_closest_marker("cluster")
+    if marker is None or not marker.kwargs.get("shared"):
+        return None
+    refused = [k for k in SHARED_REFUSED if marker.kwargs.get(k)]
+    if refused:
+        raise pytest.UsageError(f"cluster(shared=True) with {refused}: a shared cluster is "
+                                "a plain start_cluster one")
+    options, _, _ = cluster_options(node)
+    return repr(sorted(options.items()))
+
+
+def shared_modules_together(items: list[Any]) -> list[Any]:
+    """``items`` with the modules sharing one session cluster moved together, at the place
+    of the first of them (each module's tests stay in their order; the rest stay put)."""
+    groups: dict[str, list[Any]] = {}
+    order: list[Any] = []  # an item, or a group's list in its first module's place
+    for item in items:
+        module = item.getparent(pytest.Module)
+        key = shared_key(module) if module is not None else None
+        if key is None:
+            order.append(item)
+            continue
+        if key not in groups:
+            groups[key] = []
+            order.append(groups[key])
+        groups[key].append(item)
+    together: list[Any] = []
+    for entry in order:
+        if isinstance(entry, list):
+            together.extend(entry)  # (stable: modules in collection order)
+        else:
+            together.append(entry)
+    return together
+
+
+def healthy(cluster: Cluster) -> bool:
+    """Heal a shared cluster a module is about to use: resume paused PD nodes, clear the
+    proxies, start what is not running, wait for a leader and every range server alive.
+    False if it does not come back (the caller starts a new one)."""
+    for node in cluster.pd.nodes:
+        if node.process is not None:
+            node.process.signal(signal.SIGCONT)
+    try:
+        cluster.heal()
+        cluster.pd.wait_ready(timeout_s=15.0)
+    except (TimeoutError, RuntimeError, OSError, AssertionError):
+        return False
+    return True
+
+
+class SharedClusters:
+    """The session's shared cluster: one at a time (modules sharing one run together), by
+    its key; the previous one stops when a module asks for another."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.tmp_path_factory = tmp_path_factory
+        self.key: str | None = None
+        self.cluster: Cluster | None = None
+        self.starts = 0
+
+    def lend(self, key: str, options: dict[str, Any]) -> Cluster:
+        if self.cluster is not None and (key != self.key or not healthy(self.cluster)):
+            self.close()
+        if self.cluster is None:
+            self.starts += 1
+            root = self.tmp_path_factory.mktemp(f"shared{self.starts}")
+            self.cluster = start_cluster(root, **options)
+            self.key = key
+        return self.cluster
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            cluster, self.cluster, self.key = self.cluster, None, None
+            cluster.stop()
 
 
 def _running(request: pytest.FixtureRequest, root: Any, options: dict[str, Any]) -> Any:
@@ -162,11 +274,46 @@ def _dir_name(name: str) -> str:
     return re.sub(r"\W+", "-", name)[:40]
 
 
+_shared: list[SharedClusters] = []  # the session's, once a module asked for it
+
+
+@pytest.fixture(scope="session")
+def shared_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedClusters]:
+    """The session's shared cluster (``cluster(shared=True)``), stopped at the end."""
+    shared = SharedClusters(tmp_path_factory)
+    _shared.append(shared)
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test of a group sharing a cluster, stop it: an idle cluster's ticks
+    and heartbeats would slow every module after it."""
+    yield
+    if not _shared or _shared[0].cluster is None:
+        return
+    module = item.getparent(pytest.Module)
+    following = None if nextitem is None else nextitem.getparent(pytest.Module)
+    if module is following:
+        return
+    key = None if following is None else shared_key(following)
+    if key != _shared[0].key:
+        _shared[0].close()
+
+
 @pytest.fixture(scope="module")
 def module_cluster(request: pytest.FixtureRequest,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One cluster for the whole module, shaped by the module's ``cluster`` marker."""
+    """One cluster for the whole module, shaped by the module's ``cluster`` marker (with
+    ``shared=True``, the session's cluster of those options, healed for it)."""
     options, _, _ = cluster_options(request.node)
+    key = shared_key(request.node)
+    if key is not None:
+        yield request.getfixturevalue("shared_clusters").lend(key, options)
+        return
     root = tmp_path_factory.mktemp(_dir_name(request.module.__name__.rpartition(".")[2]))
     with _running(request, root, options) as cluster:
         yield cluster

@@ -253,19 +253,27 @@ class Cluster:
     def alive_servers(self) -> list[dict[str, Any]]:
         return alive_rangeservers(self.pd.http_urls, self.pd.context)
 
+    def placeable_servers(self) -> list[dict[str, Any]]:
+        """The live range servers PD has had a heartbeat from (a load: what placement reads,
+        e.g. whether it takes striped replicas); a server just registered has none yet."""
+        return [s for s in self.alive_servers() if s.get("load")]
+
     def wait_servers(self, count: int, timeout_s: float = 20.0) -> None:
+        """Until PD could place a range on ``count`` live servers (each has heartbeated)."""
         try:
-            poll_until(lambda: True if len(self.alive_servers()) >= count else None,
+            poll_until(lambda: True if len(self.placeable_servers()) >= count else None,
                        timeout_s, f"{count} live range servers in PD", interval_s=0.1)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}: {self.alive_servers()}") from None
 
     def wait_servers_alive(self, timeout_s: float = 20.0) -> None:
-        """Until PD lists every running range server alive, by its current id and address."""
+        """Until PD lists every running range server alive, by its current id and address,
+        and has its first heartbeat (a load): a create right after a restart could
+        otherwise find it registered but not yet placeable."""
         want = {(s.server_id, s.address) for s in self.servers if s.alive()}
 
         def missing() -> set[tuple[str, str]]:
-            return want - {(s["id"], s["address"]) for s in self.alive_servers()}
+            return want - {(s["id"], s["address"]) for s in self.placeable_servers()}
 
         try:
             poll_until(lambda: True if not missing() else None, timeout_s,

@@ -39,13 +39,21 @@ class PdNodeProcess:
     env: dict[str, str] = field(default_factory=dict)
     tls_ca: Path | None = None  # the admin API is https, checked against this CA
 
-    def args(self) -> list[str]:
+    def args(self, new_cluster: bool = False) -> list[str]:
+        extra = [*self.extra_args, *(("--new-cluster",) if new_cluster else ())]
         return estream_argv("pd", pd_args(self.id, self.rpc, self.raft, self.peers, self.http,
-                                          self.data_dir, self.extra_args))
+                                          self.data_dir, extra))
 
-    def start(self) -> None:
-        self.process = ManagedProcess(self.args(), self.log_path, self.env,
+    def start(self, new_cluster: bool = False) -> None:
+        """Start (or restart) the node. ``new_cluster``: the first start of a new cluster,
+        every node empty (``estream pd --new-cluster``: no 2 s wait before the first
+        election); only :meth:`PdCluster.launch` passes it, never a restart."""
+        self.process = ManagedProcess(self.args(new_cluster), self.log_path, self.env,
                                       name=f"pd{self.id}").start()
+
+    def empty(self) -> bool:
+        """Whether its data dir holds nothing yet (a node never started)."""
+        return not self.data_dir.exists() or not any(self.data_dir.iterdir())
 
     def wait_serving(self, timeout_s: float = 20.0) -> None:
         assert self.process is not None
@@ -173,9 +181,12 @@ class PdCluster:
         self.nodes[i].wait_serving()
 
     def launch(self) -> None:
-        """Start every node's process (no wait)."""
+        """Start every node's process (no wait): when every node is empty, as the first
+        start of a new cluster (``--new-cluster``)."""
+        new_cluster = len(self.nodes) > 1 and all(
+            node.empty() and "--join" not in node.extra_args for node in self.nodes)
         for node in self.nodes:
-            node.start()
+            node.start(new_cluster)
 
     def wait_started(self) -> None:
         """Until every node serves, one is leader and every node names them all."""

@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "never stands for election before a leader gave it the catalog "
                         "(etcd's initial-cluster-state=existing); leave it off only for the "
                         "first start of a new cluster")
+    p.add_argument("--new-cluster", action="store_true", default=False,
+                   help="the first start of a new cluster whose nodes all start empty "
+                        "together (etcd's initial-cluster-state=new): an empty node stands "
+                        "for election after Raft's own timeout instead of waiting 2 s for a "
+                        "peer that holds the catalog; never on a restart (a wiped node must "
+                        "wait for that peer). The test launcher passes it at a cluster's "
+                        "first start")
     p.add_argument("--admin-hosts", default="", metavar="NAME,NAME",
                    help="names the admin API may be reached by besides IP addresses, "
                         "localhost and the --http and --listen hosts (a request naming "
@@ -198,6 +205,8 @@ def parse_config(argv: list[str]) -> PdConfig:
         build_parser().error(exc.message)
     if args.raft in peers:
         build_parser().error("--peers must list the other nodes only, not --raft")
+    if args.join and args.new_cluster:
+        build_parser().error("--join and --new-cluster exclude each other")
     try:
         security = config_from_args(args)
         member_secret = load_cluster_secret(args)
@@ -230,7 +239,7 @@ def parse_config(argv: list[str]) -> PdConfig:
                     object_scrub_period_s=args.object_scrub_period_s,
                     object_scrub_bytes_per_s=args.object_scrub_bytes_per_s,
                     member_secret=member_secret,
-                    join=bool(args.join),
+                    join=bool(args.join), new_cluster=bool(args.new_cluster),
                     admin_hosts=tuple(h.strip() for h in args.admin_hosts.split(",")
                                       if h.strip()))
 

@@ -77,6 +77,7 @@ class PdConfig:
     member_secret: bytes | None = field(default=None, repr=False)
     admin_hosts: tuple[str, ...] = ()  # names Host may give the admin API (pd/crosssite.py)
     join: bool = False  # an empty node joins an existing cluster (pd/shell/raft.py)
+    new_cluster: bool = False  # the first start of a new cluster: no empty-start wait
 
 
 def admin_host_names(config: PdConfig) -> tuple[str, ...]:
@@ -97,7 +98,7 @@ class PlacementDriverNode:
         self.config = config
         self.raft: Consensus = raft if raft is not None else RaftNode(
             config.raft, config.peers, config.data_dir, password=config.password,
-            join=config.join)
+            join=config.join, new_cluster=config.new_cluster)
         self.network = network
         self.clock = clock
         self.serve_http = serve_http

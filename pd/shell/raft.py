@@ -74,7 +74,8 @@ in `pd/raftrules.py` (pure). What they add to pysyncobj 0.3.17:
 - **Reads that see every acknowledged write**, on any node and across leader changes
   (:meth:`RaftNode.read_barrier`; pysyncobj reads whatever a node applied). A node on an
   empty data dir stands for election only after ``empty_start_election_s``, so that two
-  wiped nodes do not elect each other on an empty catalog.
+  wiped nodes do not elect each other on an empty catalog (not at the first start of a
+  new cluster, ``--new-cluster``: every node is empty then).
 
 Side effects: a journal-sync thread per node, files in ``data_dir``, TCP sockets served
 by the running event loop (:meth:`RaftNode.start` and every call but :meth:`RaftNode.close`
@@ -99,7 +100,7 @@ from estream.wire.errors import EstreamError, Overloaded, Timeout, Unavailable
 from pd.catalog import CatalogView, Result
 from pd.commands import Command
 from pd.metrics import Histogram
-from pd.raftrules import RaftStatus, leaderless_reads_s
+from pd.raftrules import RaftStatus, holds_empty_start, leaderless_reads_s
 from pd.shell import raftpatch
 from pd.shell.journal import ChecksummedJournal
 from pd.shell.raftsyncobj import CatalogSyncObj, empty_start_election_s, read_dump
@@ -136,11 +137,15 @@ class RaftNode:
         propose_timeout_s: float = propose_timeout_s,
         compaction_entries: int = log_compaction_entries,
         join: bool = False,
+        new_cluster: bool = False,
     ) -> None:
         """``join``: join an existing cluster (etcd's ``initial-cluster-state=existing``):
         started on an empty data dir, this node never stands for election before a
-        leader has given it the catalog."""
+        leader has given it the catalog. ``new_cluster``: the first start of a new
+        cluster (every node empty): no wait before the first election
+        (:func:`~pd.raftrules.holds_empty_start`)."""
         self.join = join
+        self.new_cluster = new_cluster
         self.self_address = self_address
         self.peers = list(peers)
         self.data_dir = data_dir
@@ -191,7 +196,7 @@ class RaftNode:
             dynamicMembershipChange=False,
         )
         self._obj = CatalogSyncObj(self.self_address, self.peers, conf, loop)
-        if empty and self.peers:
+        if holds_empty_start(empty, bool(self.peers), self.new_cluster):
             # A new disk (a wiped node) or a new cluster. Two wiped nodes would elect each
             # other at once and commit on an empty catalog (later overwritten by the peer
             # holding the real one, with everything acknowledged meanwhile); the peer's

@@ -13,6 +13,7 @@ Side effects: :func:`install` rebinds pysyncobj's module globals for the whole p
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -89,6 +90,14 @@ def library_mismatches() -> list[str]:
     return problems
 
 
+@functools.cache
+def class_source(cls: type) -> str:
+    """A class's source, read once per process: finding it parses its whole module (most
+    names checked are on SyncObj, whose module is long), and each PD start checks them
+    all (a second of CPU when read again for each name)."""
+    return inspect.getsource(cls)
+
+
 def missing_name(module_name: str, cls_name: str, attr: str) -> str | None:
     """Why ``cls_name`` of ``module_name`` lacks ``attr`` (a method or class attribute, or
     an attribute its code assigns on ``self``), or None if it has it."""
@@ -97,7 +106,7 @@ def missing_name(module_name: str, cls_name: str, attr: str) -> str | None:
         return f"{module_name}.{cls_name} is gone"
     if hasattr(cls, _mangled(cls_name, attr)):
         return None
-    if re.search(rf"self\.{re.escape(attr)}\b[^=\n]*=(?!=)", inspect.getsource(cls)):
+    if re.search(rf"self\.{re.escape(attr)}\b[^=\n]*=(?!=)", class_source(cls)):
         return None
     return f"{module_name}.{cls_name} no longer has {attr!r} (renamed by an upgrade?)"
 

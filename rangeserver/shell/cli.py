@@ -25,7 +25,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 import uvloop
 
@@ -49,11 +49,12 @@ from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument, StorageError
 from rangeserver import diskbudget
 from rangeserver.shell.carrier import Carrier
-from rangeserver.shell.http import build_app, start_http
-from rangeserver.shell.metrics import RangeServerMetrics
 from rangeserver.shell.server import RangeServer
 from rangeserver.shell.store import Store, disk_watermark_percent_default
 from rangeserver.shell.wal import IO_MODES
+
+if TYPE_CHECKING:
+    from rangeserver.shell.metrics import RangeServerMetrics
 
 log = logging.getLogger("rangeserver")
 
@@ -250,6 +251,10 @@ async def serve(args: argparse.Namespace) -> int:
     carrier = Carrier(store)
     metrics: RangeServerMetrics | None = None
     if args.http is not None:
+        # Only with --http: aiohttp and the metrics registry (a second of start-up CPU).
+        from rangeserver.shell.http import build_app, start_http
+        from rangeserver.shell.metrics import RangeServerMetrics
+
         metrics = RangeServerMetrics(store, server.rpc, data_dir=str(data_dir), carrier=carrier)
         metrics.instrument()
     host, port = args.listen

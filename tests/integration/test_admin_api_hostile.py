@@ -19,7 +19,8 @@ from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from pd.openapi import OPENAPI
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, shared=True)]
 
 HOSTILE_BODIES: list[bytes] = [
     b"not json",

@@ -11,7 +11,8 @@ import pytest
 
 from estream.devcluster.cluster import Cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, shared=True)]
 
 JSON = {"Content-Type": "application/json"}
 

@@ -25,7 +25,8 @@ from estream.devcluster.cluster import Cluster
 from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound
 from tests.harness.deletes import delete_refused_while_hung
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, shared=True)]
 
 appenders = 8
 

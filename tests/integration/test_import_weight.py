@@ -35,3 +35,28 @@ def test_the_sdk_face_still_loads_on_use() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True, timeout=60, cwd=ROOT)
     assert result.stdout.strip() == "True"
+
+
+def test_a_range_server_without_http_loads_no_aiohttp() -> None:
+    """``estream rangeserver`` imports aiohttp and the metrics registry only with
+    ``--http``: a second of CPU at each start otherwise (a test cluster starts six
+    processes on two cores at once)."""
+    probe = ("import sys; import rangeserver.shell.cli; "
+             "print(','.join(m for m in ('aiohttp', 'prometheus_client') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True, timeout=60, cwd=ROOT)
+    assert result.stdout.strip() == "", f"loaded {result.stdout.strip()}"
+
+
+def test_the_servers_modules_are_compiled_for_the_children() -> None:
+    """Each PD node, range server and CLI run a test starts reads the project's modules
+    compiled (tests/conftest.py compiles them once when PYTHONDONTWRITEBYTECODE keeps
+    Python from writing them): compiling them again was a quarter of a PD node's start."""
+    import importlib.util
+
+    import pd.shell.node  # noqa: F401 - (Python writes its cache here unless told not to)
+
+    for source in (ROOT / "pd/shell/node.py", ROOT / "rangeserver/shell/server.py",
+                   ROOT / "estream/cli/main.py"):
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        assert cached.exists() and cached.stat().st_mtime >= source.stat().st_mtime, source

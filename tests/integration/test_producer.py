@@ -14,7 +14,8 @@ import estream
 from estream.devcluster.cluster import Cluster
 from tests.harness.writer import acked, run_producer
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=4)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=4, shared=True)]
 
 
 

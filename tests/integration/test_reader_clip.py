@@ -16,7 +16,8 @@ from estream.devcluster.cluster import Cluster
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_records, wrap_records
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, shared=True)]
 
 COUNT = 20
 

@@ -14,7 +14,8 @@ import estream
 from estream.devcluster.cluster import Cluster
 from tests.harness.writer import run_and_kill_writer
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=4)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=4, shared=True)]
 
 
 

@@ -11,7 +11,8 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=4)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=4, shared=True)]
 
 TOTAL = 100_000
 WAVE = 5_000  # appends in flight at once

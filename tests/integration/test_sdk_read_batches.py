@@ -10,7 +10,8 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.wire.record import Record, decode_views
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, shared=True)]
 
 
 async def by_batches(

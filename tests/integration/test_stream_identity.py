@@ -36,7 +36,8 @@ from estream.wire.record import Record
 from tests.harness.faultproxy import start_fault_proxy
 from tests.harness.metrics import pd_metric_total
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, shared=True)]
 
 old_records = 100
 new_writing_s = limits.writer_lease_ms / 1000 + 4.0  # past the lease and recovery rounds

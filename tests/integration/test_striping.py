@@ -36,7 +36,8 @@ from estream.wire.protocol import Opcode
 from estream.wire.rangeanswers import SealAnswer
 from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=4)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=4, shared=True)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

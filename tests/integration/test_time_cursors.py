@@ -32,7 +32,8 @@ from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from estream.wire.errors import InvalidArgument, OffsetOutOfRange, StreamNotFound
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=3, range_servers=3, shared=True)]
 
 T0 = 1_700_000_000_000
 

@@ -12,7 +12,8 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.cluster(pd_nodes=1, range_servers=3, shared=True)]
 
 
 async def test_append_is_awaited_every_way_and_keeps_call_order(cluster: Cluster) -> None:

@@ -24,6 +24,11 @@ def test_parses_the_documented_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert build_parser().prog == "estream pd"
 
 
+def test_new_cluster_is_a_first_start_flag() -> None:
+    assert not parse_config(GOOD).new_cluster
+    assert parse_config([*GOOD, "--new-cluster"]).new_cluster
+
+
 def test_empty_peers_is_a_single_node_cluster() -> None:
     args = list(GOOD)
     args[args.index("--peers") + 1] = ""
@@ -38,6 +43,7 @@ def test_empty_peers_is_a_single_node_cluster() -> None:
         [a if a != "127.0.0.1:7100" else "nohost" for a in GOOD],
         [a if a != "127.0.0.1:7201,127.0.0.1:7202" else "127.0.0.1:x" for a in GOOD],
         [a if a != "127.0.0.1:7201,127.0.0.1:7202" else "127.0.0.1:7200" for a in GOOD],
+        [*GOOD, "--join", "--new-cluster"],
     ],
 )
 def test_bad_flags_print_one_line_and_exit_2(

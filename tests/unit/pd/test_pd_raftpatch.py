@@ -32,6 +32,25 @@ def test_every_private_name_relied_on_exists() -> None:
     assert problems == [], "pysyncobj changed under PD's adapter:\n" + "\n".join(problems)
 
 
+def test_the_check_reads_each_class_source_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every PD start runs the check: finding a class's source parses its module, which
+    cost a second or two of CPU per start when done again for each of SyncObj's names."""
+    read: list[type] = []
+    getsource = raftpatch.inspect.getsource
+
+    def counted(obj: type) -> str:
+        read.append(obj)
+        return getsource(obj)
+
+    monkeypatch.setattr(raftpatch.inspect, "getsource", counted)
+    raftpatch.class_source.cache_clear()
+    try:
+        assert raftpatch.library_mismatches() == []
+    finally:
+        raftpatch.class_source.cache_clear()
+    assert read and len(read) == len(set(read)), read
+
+
 def test_a_renamed_name_is_reported_clearly() -> None:
     assert raftpatch.missing_name("pysyncobj.syncobj", "SyncObj", "__raftLog") is None
     assert raftpatch.missing_name("pysyncobj.syncobj", "SyncObj", "_isLeader") is None

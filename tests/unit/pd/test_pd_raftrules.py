@@ -15,6 +15,7 @@ from pd.raftrules import (
     RaftStatus,
     cap_ack,
     hold_commit_indexes,
+    holds_empty_start,
     majority_answered,
     may_hold_commit_indexes,
     plan_flush,
@@ -143,3 +144,14 @@ def test_only_a_follower_or_candidate_past_its_deadline_would_stand() -> None:
     assert would_stand(False, deadline=10.0, now=10.5)
     assert not would_stand(False, deadline=10.0, now=9.9)  # heard its leader lately
     assert not would_stand(True, deadline=0.0, now=10.0)  # a leader never stands
+
+
+@pytest.mark.parametrize(("empty", "has_peers", "new_cluster", "holds"), [
+    (True, True, False, True),    # a wiped node: waits for the peer holding the catalog
+    (True, True, True, False),    # the first start of a new cluster: nothing to wait for
+    (False, True, False, False),  # a node with data
+    (True, False, False, False),  # a one-node cluster
+])
+def test_an_empty_node_holds_its_first_election_unless_the_cluster_is_new(
+        empty: bool, has_peers: bool, new_cluster: bool, holds: bool) -> None:
+    assert holds_empty_start(empty, has_peers, new_cluster) is holds
