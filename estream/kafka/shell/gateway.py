@@ -458,8 +458,9 @@ class Gateway(Reads, Fetch, Produce):
             if name not in counts:
                 error = ErrorCode.unknown_topic_or_partition
             else:
-                try:
-                    for p in range(counts[name]):
+                try:  # the last partition first: one that fails keeps those below it,
+                    #   so the topic still lists them and deleting it again finishes
+                    for p in reversed(range(counts[name])):
                         stream = stream_name(name, p)
                         writer = self._writers.get(stream)
                         if writer is not None:

@@ -1,5 +1,5 @@
 """The Kafka gateway's connection loop (estream/kafka/shell/gateway.py) on in-memory streams:
-what it writes once the peer left, and at a stop."""
+what it writes once the peer left, and at a stop; a DeleteTopics that could not fence."""
 
 from __future__ import annotations
 
@@ -7,16 +7,20 @@ import asyncio
 import datetime
 import io
 import struct
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+from kio.schema.delete_topics.v5 import request as delete_topics
+from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v4 import request as fetch
 from kio.schema.types import BrokerId, TopicName
 from kio.serial import entity_writer
-from kio.static.primitive import i8, i32
+from kio.static.primitive import i8, i32, i32Timedelta
 
 from estream.kafka import protocol as kp
 from estream.kafka.shell.gateway import Gateway
+from estream.wire.errors import FenceIncomplete
 
 
 def frame(api_key: int, version: int, correlation: int, body: Any = None) -> bytes:
@@ -109,3 +113,41 @@ async def test_a_stop_cancels_the_long_poll_and_answers_what_is_queued_behind_it
     size, correlation = struct.unpack_from(">ii", writer.written)
     assert correlation == 2 and len(writer.written) == 4 + size  # ApiVersions' answer only
     assert served.bytes_out == len(writer.written) and writer.closed
+
+
+class Deleting:
+    """A client holding topic ``gone``'s three partitions; partition 1's first delete
+    cannot fence its open range (a replica did not answer), its next one goes through."""
+
+    pd = None
+
+    def __init__(self) -> None:
+        self.streams = {"gone-0", "gone-1", "gone-2"}
+        self.refused: list[str] = []
+
+    async def iter_streams(self) -> AsyncIterator[Any]:
+        for name in sorted(self.streams):
+            yield SimpleNamespace(name=name)
+
+    async def delete_stream(self, name: str) -> None:
+        if name == "gone-1" and not self.refused:
+            self.refused.append(name)
+            raise FenceIncomplete("1 of 3 replicas did not answer", stream=name,
+                                  servers=["s1"])
+        self.streams.remove(name)
+
+
+async def test_delete_topics_that_could_not_fence_is_retriable_and_a_retry_finishes() -> None:
+    """FenceIncomplete (that partition not deleted) is a retriable Kafka error, its message
+    the servers', so a client deletes again; the partitions below it are kept (the last is
+    deleted first), so the topic is still listed and the retry deletes the rest."""
+    client = Deleting()
+    served, _ = gateway(client)
+    request = delete_topics.DeleteTopicsRequest(
+        topic_names=(TopicName("gone"),), timeout=i32Timedelta.parse(datetime.timedelta(1)))
+    (result,) = (await served._delete_topics(request, 5)).responses
+    assert result.error_code.retriable and result.error_code == kp.error_code(
+        FenceIncomplete("x"))
+    assert "did not answer" in (result.error_message or "")
+    (retried,) = (await served._delete_topics(request, 5)).responses
+    assert retried.error_code == ErrorCode.none and client.streams == set()
