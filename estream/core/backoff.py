@@ -1,22 +1,21 @@
 """Bounded exponential backoff: the waits between retries, with explicit limits.
 
 One rule for every retry loop: the first wait is ``low``, each next one doubles, none is
-longer than ``high``, and with a deadline no wait runs past it and the waits stop once
-it has passed. Callers keep their own limits (each in :mod:`estream.wire.limits` or named
-next to its loop); this module only spells out the arithmetic once.
+longer than ``high``. Callers keep their own limits (each in :mod:`estream.wire.limits` or
+named next to its loop); this module only spells out the arithmetic once.
 
 - :func:`backoff_delay`: the wait after ``failures`` failures in a row (a function of a
   count, for loops that keep one);
-- :func:`delays`: the same waits as an endless iterator;
-- :func:`delays_until`: those waits cut to what is left before ``deadline`` on ``clock``,
-  ending once nothing is left (the caller then gives up with its own error).
+- :func:`delays`: the same waits as an endless iterator (a caller with a deadline arms
+  one ``asyncio.timeout`` around its whole loop: a wait cut to what remains can fall
+  below the loop's clock resolution and spin).
 
-Pure: the clock is passed in (any monotonic ``() -> float`` in the deadline's unit).
+Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import overload
 
 # Doubling stops growing the factor past 2**64: far past any ``high`` in use, and it keeps
@@ -54,25 +53,3 @@ def delays(low: float, high: float) -> Iterator[float]:
         yield backoff_delay(failures, low, high)
         failures += 1
 
-
-def delays_until(low: float, high: float, deadline: float,
-                 clock: Callable[[], float]) -> Iterator[float]:
-    """The waits of :func:`delays`, each cut to ``deadline - clock()`` when that is
-    shorter; ends (instead of yielding) once ``clock()`` reaches ``deadline``.
-
-    >>> now = [0.0]
-    >>> waits = delays_until(1.0, 4.0, 6.0, lambda: now[0])
-    >>> [next(waits), next(waits)]
-    [1.0, 2.0]
-    >>> now[0] = 5.5
-    >>> next(waits)
-    0.5
-    >>> now[0] = 6.0
-    >>> next(waits, None) is None
-    True
-    """
-    for delay in delays(low, high):
-        remaining = deadline - clock()
-        if remaining <= 0:
-            return
-        yield min(delay, remaining)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from estream.devcluster.cmdline import estream_argv, pd_args
+from estream.devcluster.cmdline import NEW_CLUSTER, estream_argv, pd_args
 from estream.devcluster.process import ManagedProcess, free_port, poll_until, stop_processes
 
 
@@ -40,7 +40,7 @@ class PdNodeProcess:
     tls_ca: Path | None = None  # the admin API is https, checked against this CA
 
     def args(self, new_cluster: bool = False) -> list[str]:
-        extra = [*self.extra_args, *(("--new-cluster",) if new_cluster else ())]
+        extra = [*self.extra_args, *((NEW_CLUSTER,) if new_cluster else ())]
         return estream_argv("pd", pd_args(self.id, self.rpc, self.raft, self.peers, self.http,
                                           self.data_dir, extra))
 

@@ -197,7 +197,8 @@ def run_cli(args: Sequence[str], *, stdin: str = "", env: dict[str, str] | None 
 
 class ManagedProcess:
     """A child process (an estream server, ``estream up``, a peer's server), always
-    stopped by PID. ``start`` again after it exited restarts it (same command, same log)."""
+    stopped by PID. ``start`` again after it exited restarts it (same command, same log;
+    ``start(extra)`` adds arguments to that start only)."""
 
     def __init__(self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
                  *, name: str = "", cwd: Path | None = None,
@@ -212,13 +213,13 @@ class ManagedProcess:
         self.started_at = 0.0  # time.monotonic() of the last start
         self._log: IO[bytes] | None = None
 
-    def start(self) -> ManagedProcess:
+    def start(self, extra: Sequence[str] = ()) -> ManagedProcess:
         self.close_log()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log = log
         self.proc = track(subprocess.Popen(
-            self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [*self.args, *extra], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self.env, cwd=self.cwd, start_new_session=True,
             preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
         ))

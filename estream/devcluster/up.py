@@ -4,8 +4,9 @@ foreground.
 :func:`plan_cluster` (pure: the port scheme from ``--base-port``, data dirs under
 ``DATA_DIR``, ``--tls`` and the cluster secret) and :func:`restart_delay_s` decide;
 :class:`Supervisor` starts every child through the one launcher, restarts a child that
-dies (backoff), prints readiness and, on SIGINT/SIGTERM, stops them all. Restarting on the
-same data dir keeps all data (PD nodes then ``--join``). The cluster secret
+dies (backoff), prints readiness and, on SIGINT/SIGTERM, stops them all. A new cluster's
+PD nodes start the first time with ``--new-cluster`` (restarted without it); restarting on
+the same data dir keeps all data (PD nodes then ``--join``). The cluster secret
 (:func:`ensure_cluster_secret`, ``DATA_DIR/cluster-secret``) is the member credential and
 the key of ``hmac-sha256`` streams. Ports, TLS and the secret for users: README.md.
 
@@ -32,9 +33,16 @@ from typing import Any
 
 from estream.core.backoff import backoff_delay
 from estream.devcluster.certs import ClusterTls, ensure_cluster_tls
-from estream.devcluster.cmdline import estream_argv, kafka_args, pd_args, rangeserver_args
+from estream.devcluster.cmdline import (
+    NEW_CLUSTER,
+    estream_argv,
+    kafka_args,
+    pd_args,
+    rangeserver_args,
+)
 from estream.devcluster.pd import alive_rangeservers, http_json
 from estream.devcluster.process import ManagedProcess, stop_processes
+from estream.devcluster.upbanner import banner
 from estream.server.config import one_line_errors, port_number, positive_int
 from estream.server.durable import fsync_dir
 
@@ -68,9 +76,11 @@ class ChildSpec:
     args: tuple[str, ...]
     address: str
     http: str | None = None
+    first_args: tuple[str, ...] = ()  # added at its first start only (a new PD: --new-cluster)
 
-    def argv(self) -> list[str]:
-        return estream_argv(self.kind, self.args)
+    def argv(self, first: bool = False) -> list[str]:
+        """Its command line; ``first``: its first start's (a restart runs without those)."""
+        return estream_argv(self.kind, (*self.args, *self.first_args) if first else self.args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +123,9 @@ def plan_cluster(
     """The processes, ports and data dirs of a local cluster (``secret_file``: every
     PD node and range server gets ``--secret-file`` with it; ``join``: the cluster was
     bootstrapped before, so every PD node starts with ``--join``: one whose data dir is
-    gone copies the catalog from the others instead of electing on an empty one). Pure.
+    gone copies the catalog from the others instead of electing on an empty one; without
+    it, several PD nodes start the first time with ``--new-cluster``, no 2 s wait before
+    their first election, in :attr:`ChildSpec.first_args`: a restart waits). Pure.
 
     >>> p = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100)
     >>> p.pd_addresses
@@ -175,7 +187,8 @@ def plan_cluster(
             member = (*member, "--join")
         args = pd_args(str(i), rpc[i], raft[i], peers, http, data_dir / f"pd-{i}",
                        (*tier, *member))
-        pds.append(ChildSpec(f"pd-{i}", "pd", args, rpc[i], http))
+        first = (NEW_CLUSTER,) if peers and not join else ()
+        pds.append(ChildSpec(f"pd-{i}", "pd", args, rpc[i], http, first))
     servers = []
     for j in range(range_servers):
         address = f"{host}:{base_port + RS_OFFSET + j}"
@@ -292,13 +305,14 @@ class Supervisor:
     def pids(self) -> dict[str, int]:
         return {c.spec.name: c.process.pid for c in self.children if c.process.alive()}
 
-    def _start(self, child: Child) -> None:
-        child.process.start()
+    def _start(self, child: Child, first: bool = False) -> None:
+        child.process.start(child.spec.first_args if first else ())
         child.restart_at = None
 
     def start_all(self) -> None:
+        """Start every child, with its :attr:`ChildSpec.first_args` (a restart: without)."""
         for child in self.children:
-            self._start(child)
+            self._start(child, first=True)
 
     def tick(self, now: float) -> None:
         """Notice dead children, schedule and carry out their restarts."""
@@ -434,58 +448,6 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _banner(plan: ClusterPlan, elapsed_s: float) -> str:
-    admin = plan.admin_urls
-    return "\n".join(
-        [
-            f"estream cluster ready in {elapsed_s:.1f}s",
-            f"  PD addresses:  {plan.pd_addresses}",
-            f"  admin API:     {admin[0]}"
-            + (
-                f"  (also {', '.join(':' + a.rpartition(':')[2] for a in admin[1:])})"
-                if admin[1:]
-                else ""
-            ),
-            f"  range servers: {', '.join(c.address for c in plan.range_servers)}",
-            *([f"  kafka: {plan.kafka_addresses}"] if plan.kafka else []),
-            f"  metrics:       {_metrics_urls(plan)}",
-            f"  data dir:      {plan.data_dir}   logs: {plan.data_dir / 'logs'}",
-            *_tls_lines(plan),
-            *_secret_lines(plan),
-            f"  try:           {_client_env(plan)}ESTREAM_PD={plan.pd_addresses} "
-            "estream cluster status",
-            "Press Ctrl-C to stop.",
-        ]
-    )
-
-
-def _client_env(plan: ClusterPlan) -> str:
-    env = plan.tls.client_env() if plan.tls is not None else {}
-    return "".join(f"{k}={v} " for k, v in env.items())
-
-
-def _tls_lines(plan: ClusterPlan) -> list[str]:
-    if plan.tls is None:
-        return []
-    return [f"  TLS:           CA {plan.tls.ca}, token file {plan.tls.token} "
-            f"(client certificate {plan.tls.client_cert})"]
-
-
-def _secret_lines(plan: ClusterPlan) -> list[str]:
-    if plan.secret_file is None:
-        return []
-    return [f"  secret:        {plan.secret_file} (the member credential; range servers verify "
-            "hmac-sha256 streams' MACs; clients of such streams: "
-            f'ESTREAM_SECRET="$(cat {plan.secret_file})" or connect(secret=...))']
-
-
-def _metrics_urls(plan: ClusterPlan) -> str:
-    """Every process's /metrics: the PD admin ports and the range servers' --http ports."""
-    scheme = "https" if getattr(plan, "tls", None) is not None else "http"
-    ports = [c.http.rpartition(":")[2] for c in plan.children if c.http]
-    return f"{scheme}://{plan.host}:{{{','.join(ports)}}}/metrics"
-
-
 class _Readiness:
     """Probes the cluster each poll (at most every 0.5 s) until ready; prints once."""
 
@@ -506,7 +468,7 @@ class _Readiness:
         waiting = probe_ready(self.plan)
         if waiting is None:
             self.ready = True
-            _say(_banner(self.plan, now - self.started))
+            _say(banner(self.plan, now - self.started))
         elif not self.warned and now - self.started > self.timeout_s:
             self.warned = True
             _say(f"still not ready after {self.timeout_s:.0f}s: waiting for {waiting}")

@@ -34,7 +34,6 @@ from ssl import SSLContext
 from typing import Any, Final
 
 from estream.core.backoff import delays
-from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.portprobe import (
     answers_http,
     http_port,
@@ -130,12 +129,10 @@ class PDClient:
         ssl: SSLContext | None = None,
         token: str | None = None,
         network: Network = TCP,
-        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``ssl``/``token``/``network``: TLS, the AUTH token and the transport port of the
         pool created here (see :mod:`estream.net.security`); ignored when a ``pool`` is
-        given. ``clock``: the process's (:mod:`estream.net.clock`); deadlines are loop timers."""
-        self._clock = clock
+        given. It reads no clock: its deadlines are the event loop's timers."""
         self.addresses = (
             parse_addresses(addresses) if isinstance(addresses, str)
             else parse_addresses(",".join(addresses))

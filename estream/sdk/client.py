@@ -112,8 +112,7 @@ class Client:
         # ``writer_timings``: every wait and timeout of its writers (estream/sdk/writertimings.py).
         tls = client_context(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self.clock = clock
-        self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token, network=network,
-                           clock=clock)
+        self.pd = PDClient(pd, timeout_s=timeout_s, ssl=tls, token=token, network=network)
         self.pool = ConnectionPool(ssl=tls, token=token, network=network)
         self.writer_timings = writer_timings
         # Its writers' batches share requests.

@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "together (etcd's initial-cluster-state=new): an empty node stands "
                         "for election after Raft's own timeout instead of waiting 2 s for a "
                         "peer that holds the catalog; never on a restart (a wiped node must "
-                        "wait for that peer). The test launcher passes it at a cluster's "
-                        "first start")
+                        "wait for that peer). The test launcher and `estream up` pass it at "
+                        "a cluster's first start")
     p.add_argument("--admin-hosts", default="", metavar="NAME,NAME",
                    help="names the admin API may be reached by besides IP addresses, "
                         "localhost and the --http and --listen hosts (a request naming "

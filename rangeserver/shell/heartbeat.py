@@ -17,7 +17,6 @@ from collections.abc import Callable
 from ssl import SSLContext
 from typing import Any, Final
 
-from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.pdclient import PDClient
 from estream.net.rpc import ConnectionPool
 from estream.net.transport import TCP, Network
@@ -55,17 +54,16 @@ async def heartbeat_loop(
     member_secret: bytes | None = None,
     on_registered: Callable[[], None] | None = None,
     network: Network = TCP,
-    clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     """Register, then heartbeat forever (until cancelled). ``ssl``/``token``: how this
     member connects to PD (its certificate for mutual TLS, the cluster token);
     ``member_secret``: the cluster secret it proves on each connection, without which PD
     nodes holding it refuse registration and heartbeats.
     ``on_registered`` runs once the first registration is committed (readiness).
-    ``network``, ``clock``: the transport and clock ports (the simulator's, in tests/sim)."""
+    ``network``: the transport port (the simulator's, in tests/sim)."""
     interval_s = limits.heartbeat_interval_ms / 1000
     pool = ConnectionPool(ssl=ssl, token=token, member_secret=member_secret, network=network)
-    client = PDClient(pd_addresses, timeout_s=5.0, ssl=ssl, pool=pool, clock=clock)
+    client = PDClient(pd_addresses, timeout_s=5.0, ssl=ssl, pool=pool)
     try:
         await register(client, server_id, address, storage_class)
         if on_registered is not None:

@@ -3,7 +3,8 @@ SDK and the README's own snippets.
 
 Checks: ready within 30 s; streams work through the CLI and the SDK; an unknown stream is
 a one-line error with exit code 1; a child killed with kill -9 is restarted; SIGINT stops
-every child (their PIDs are gone); a restart on the same data dir keeps the data; every
+every child (their PIDs are gone); a new cluster's PD nodes start with --new-cluster, and
+after a restart without it; a restart on the same data dir keeps the data; every
 runnable README snippet passes against the cluster.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from estream.devcluster.cmdline import NEW_CLUSTER
 from estream.devcluster.process import free_port_block, run_cli
 from estream.devcluster.up import PORT_SPAN, probe_ready
 from estream.devcluster.upcluster import UpCluster, pid_alive
@@ -169,6 +171,7 @@ def test_sigint_stops_every_child_and_a_restart_keeps_the_data(cluster: UpCluste
     up.cli("append", "durable", stdin="".join(f"rec-{i}\n" for i in range(20)))
     pids = up.child_pids()
     assert len(pids) == 7 and all(pid_alive(p) for p in pids.values())  # and kafka-0
+    assert NEW_CLUSTER in proc_args(pids["pd-0"])  # empty dirs: no 2 s wait to elect
     assert up.stop(signal.SIGINT) == 0
     assert "stopped every process" in up.output()
     assert up.leftover == [] and not any(pid_alive(p) for p in pids.values())
@@ -178,8 +181,14 @@ def test_sigint_stops_every_child_and_a_restart_keeps_the_data(cluster: UpCluste
     assert up.cli("read", "durable", "--from", "20").stdout == "after\n"
     new_pids = up.child_pids()
     assert set(new_pids.values()).isdisjoint(pids.values())
+    assert "--join" in proc_args(new_pids["pd-0"])
+    assert NEW_CLUSTER not in proc_args(new_pids["pd-0"])  # restarted: it may wait
     assert up.stop(signal.SIGTERM) == 0
     assert up.leftover == [] and not any(pid_alive(p) for p in new_pids.values())
+
+
+def proc_args(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
 
 
 def run_up(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,7 @@
 """The `estream up` supervisor against trivial child processes (no estream servers needed).
 
-Checks restart after kill -9 (with a new PID), stop on request (every PID gone), and the
-escalation to SIGKILL for a child that ignores SIGTERM.
+Checks restart after kill -9 (with a new PID, without its first start's arguments), stop on
+request (every PID gone), and the escalation to SIGKILL for a child that ignores SIGTERM.
 """
 
 from __future__ import annotations
@@ -68,6 +68,30 @@ def test_child_killed_with_sigkill_is_reported_and_restarted(supervisor: Supervi
     assert any("a (pid" in m and "exited with code -9" in m for m in supervisor.messages)  # type: ignore[attr-defined]
     assert not pid_alive(first)
     assert set(supervisor.pids()) == {"a", "b", "c"}
+
+
+def cmdline(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+
+
+def test_a_childs_first_args_go_to_its_first_start_only(tmp_path: Path) -> None:
+    """As a new cluster's PD node gets ``--new-cluster`` once: restarted, it runs without."""
+    first_only = ChildSpec("a", "test", (), "127.0.0.1:1", first_args=("--first",))
+    sup = Supervisor([(first_only, SLEEPER)], tmp_path / "logs", out=[].append,
+                     stop_timeout_s=1.0)
+    sup.start_all()
+    thread = threading.Thread(target=sup.run, daemon=True)
+    thread.start()
+    try:
+        first = sup.pids()["a"]
+        assert cmdline(first)[-1] == b"--first"
+        os.kill(first, signal.SIGKILL)
+        assert wait_until(lambda: sup.pids().get("a", first) != first, 10.0)
+        assert cmdline(sup.pids()["a"]) == [a.encode() for a in SLEEPER]
+    finally:
+        sup.request_stop()
+        thread.join(timeout=20)
+    assert not thread.is_alive()
 
 
 def test_stop_terminates_every_child_escalating_to_sigkill(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ class RangeServerNode:
         if self.pd:
             self.beats = asyncio.ensure_future(heartbeat_loop(
                 list(self.pd), self.server_id, server.address, "ssd", server.load,
-                network=network, clock=self.clock))
+                network=network))
         self.running = True
         return store
 

@@ -68,7 +68,7 @@ def test_a_pd_call_ends_at_its_deadline_while_the_loop_never_idles() -> None:
                 pass
 
         client = PDClient("127.0.0.1:1,127.0.0.1:2", timeout_s=timeout_s,
-                          pool=Pool(), clock=SimClock(loop))  # type: ignore[arg-type]
+                          pool=Pool())  # type: ignore[arg-type]
         other = asyncio.ensure_future(busy())
         with pytest.raises(Unavailable, match="no placement-driver node answered"):
             await client.delete_stream("s")

@@ -55,8 +55,7 @@ class Cluster:
             RangeServerNode(self.net, sid, SERVERS[sid], sid, tmp_path / f"{seed}-{sid}",
                             rng=random.Random(seed), clock=self.clock, pd=(PD_ADDRESS,))
             for sid in SERVERS]
-        self.client = PDClient([PD_ADDRESS], network=self.net.node("client"),
-                               clock=self.clock)
+        self.client = PDClient([PD_ADDRESS], network=self.net.node("client"))
         self.service: PdService | None = None
 
     async def start(self, *, servers: bool = True) -> PdService:

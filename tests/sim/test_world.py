@@ -185,7 +185,7 @@ def test_the_real_pd_client_opens_seals_and_lists_on_the_real_pd(tmp_path: Path)
 
     async def main() -> tuple[int, list[bool], int, list[str]]:
         pool = ConnectionPool(network=fronts.net.node("app"))
-        pd = PDClient([PD_ADDRESS], timeout_s=1.0, pool=pool, clock=SimClock(world.loop))
+        pd = PDClient([PD_ADDRESS], timeout_s=1.0, pool=pool)
         opened = await pd.open_writer("orders")
         sealed = await pd.seal_range("orders", opened.epoch, 0, 2, known=opened)
         servers = await pd.list_servers()

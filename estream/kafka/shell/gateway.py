@@ -10,8 +10,10 @@ INVALID_REQUEST answer; a frame past the size limit or shorter than a header is 
 (when its header can be read) and the connection closed: the stream cannot be resynced.
 The process keeps serving every other connection. When the peer closes, its requests that
 only wait (:data:`~estream.kafka.protocol.WAITING_APIS`: a JoinGroup at its barrier for up
-to 300 s, a Fetch's long poll) are cancelled; a cancelled join leaves its member in PD as
-a crashed client would (each PD call is one command), until its session times out.
+to 300 s, a Fetch's long poll) are cancelled, the others run to their end unanswered (nothing
+more is written to a connection whose peer left or that is closing); a cancelled join leaves
+its member in PD as a crashed client would (each PD call is one command), until its session
+times out.
 At stop (:meth:`Gateway.close`) every connection stops reading as if its peer had closed
 it, answers what it has in flight (its writers still open) and closes; the gateway waits
 for each connection's task to end, so the loop's shutdown has none to cancel.
@@ -92,6 +94,7 @@ class Gateway(Reads, Fetch, Produce):
                                                          asyncio.StreamWriter]] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # per stream while its writer opens
         self._background: set[asyncio.Task[Any]] = set()
+        self._stopping = False  # close() ends the connections: they still answer
         self._init_produce()
         self._init_fetch()
         self._handlers: dict[int, Callable[[Any, int], Awaitable[Any]]] = {
@@ -174,8 +177,9 @@ class Gateway(Reads, Fetch, Produce):
         decoder = kp.FrameDecoder()
         answers: asyncio.Queue[_Answering | None] = asyncio.Queue()
         load, room = InFlight(), asyncio.Event()  # (room: set by the sender as it frees)
+        peer_left = asyncio.Event()  # nobody to answer: nothing more is written
         sender = asyncio.ensure_future(self._send_in_order(answers, writer, session, load,
-                                                           room))
+                                                           room, peer_left))
         deadline = (asyncio.ensure_future(self._auth_deadline(session, writer))
                     if session.required and not session.roles else None)
         waiting: set[asyncio.Task[bytes | None]] = set()  # WAITING_APIS requests, unanswered
@@ -203,6 +207,8 @@ class Gateway(Reads, Fetch, Produce):
             peer_gone = True
         finally:
             if peer_gone:  # nobody to answer: its waits end now, not at their timeouts
+                if not self._stopping:  # (at a stop the peer is there: answered)
+                    peer_left.set()
                 for task in list(waiting):
                     task.cancel()
             answers.put_nowait(None)
@@ -247,9 +253,11 @@ class Gateway(Reads, Fetch, Produce):
     async def _send_in_order(
         self, answers: asyncio.Queue[_Answering | None],
         writer: asyncio.StreamWriter, session: Session, load: InFlight, room: asyncio.Event,
+        peer_left: asyncio.Event,
     ) -> None:
         """Each request's answer in the order they came, each freeing its ``load`` once
-        written (``room`` set when the connection may read on; also when this ends)."""
+        written (``room`` set when the connection may read on; also when this ends). Once
+        ``peer_left`` is set or the connection is closing, answers are dropped unwritten."""
         try:
             while True:
                 item = await answers.get()
@@ -260,7 +268,7 @@ class Gateway(Reads, Fetch, Produce):
                 await asyncio.wait((task,))
                 answer = _answer_of(task)
                 try:
-                    if answer is not None:
+                    if answer is not None and not (peer_left.is_set() or writer.is_closing()):
                         writer.write(answer)
                         self.bytes_out += len(answer)
                         await writer.drain()
@@ -450,8 +458,9 @@ class Gateway(Reads, Fetch, Produce):
             if name not in counts:
                 error = ErrorCode.unknown_topic_or_partition
             else:
-                try:
-                    for p in range(counts[name]):
+                try:  # the last partition first: one that fails keeps those below it,
+                    #   so the topic still lists them and deleting it again finishes
+                    for p in reversed(range(counts[name])):
                         stream = stream_name(name, p)
                         writer = self._writers.get(stream)
                         if writer is not None:
@@ -478,6 +487,7 @@ class Gateway(Reads, Fetch, Produce):
         """Every connection stops reading, as when its peer closes it (its long polls
         cancelled, its other requests answered), and closes; its task is awaited (at most
         :data:`close_wait_ms_max`, then cancelled)."""
+        self._stopping = True
         for reader, writer in list(self._connections.values()):
             with contextlib.suppress(Exception):
                 cast(asyncio.Transport, writer.transport).pause_reading()  # (no data

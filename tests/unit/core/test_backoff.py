@@ -7,9 +7,8 @@ from itertools import islice
 
 import pytest
 
-from estream.core.backoff import backoff_delay, delays, delays_until
+from estream.core.backoff import backoff_delay, delays
 from estream.devcluster.up import RESTART_DELAY_S_MAX, RESTART_DELAY_S_MIN, restart_delay_s
-from estream.net.pdclient import backoff_s_max, backoff_s_min
 from pd.offload import retry_backoff_ms_max, retry_backoff_ms_min, retry_delay_ms
 
 
@@ -22,33 +21,6 @@ def test_doubles_from_low_and_stops_at_high() -> None:
 
 def test_delays_iterates_the_same_waits() -> None:
     assert list(islice(delays(3, 20), 5)) == [3, 6, 12, 20, 20]
-
-
-def test_delays_until_cuts_the_last_wait_and_ends_at_the_deadline() -> None:
-    now = [10.0]
-    waits = delays_until(1.0, 8.0, 17.0, lambda: now[0])
-    seen = []
-    for wait in waits:
-        seen.append(wait)
-        now[0] += wait
-    assert seen == [1.0, 2.0, 4.0] and now[0] == 17.0
-    assert list(delays_until(1.0, 8.0, 5.0, lambda: 5.0)) == []  # already past
-
-
-def test_pd_client_waits_are_unchanged() -> None:
-    """The PD client slept min(backoff, remaining), doubling backoff up to its maximum."""
-    deadline, clock = 1.0, [0.0]
-    old, backoff = [], backoff_s_min
-    while (remaining := deadline - clock[0]) > 0:
-        old.append(min(backoff, remaining))
-        backoff = min(backoff * 2, backoff_s_max)
-        clock[0] += old[-1]
-    clock[0] = 0.0
-    new = []
-    for wait in delays_until(backoff_s_min, backoff_s_max, deadline, lambda: clock[0]):
-        new.append(wait)
-        clock[0] += wait
-    assert new == old and len(new) > 3
 
 
 @pytest.mark.parametrize("failures", [*range(-1, 40), 10**4])

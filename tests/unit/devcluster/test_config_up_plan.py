@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from estream.devcluster.certs import ClusterTls
+from estream.devcluster.cmdline import NEW_CLUSTER
 from estream.devcluster.up import PlanError, plan_cluster, restart_delay_s
+from pd.shell.cli import build_parser as pd_parser
 
 
 def test_default_plan_matches_the_default_pd_addresses() -> None:
@@ -66,6 +68,19 @@ def test_pd_nodes_join_once_the_cluster_was_bootstrapped() -> None:
     later = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100, join=True)
     assert all("--join" in pd.args for pd in later.pd)
     assert all("--join" not in rs.args for rs in later.range_servers)
+
+
+def test_a_new_clusters_pd_nodes_say_new_cluster_at_their_first_start_only() -> None:
+    new = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100)
+    for pd in new.pd:
+        first = pd_parser().parse_args(pd.argv(first=True)[4:])  # (after `-m MODULE pd`)
+        assert first.new_cluster and not first.join  # no 2 s wait before the first election
+        assert NEW_CLUSTER not in pd.argv()  # a restart (the supervisor's) waits as before
+    assert not any(c.first_args for c in (*new.range_servers, *new.kafka))
+    bootstrapped = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100, join=True)
+    assert all(NEW_CLUSTER not in pd.argv(first=True) for pd in bootstrapped.pd)
+    alone = plan_cluster(Path("d"), 1, 3, "127.0.0.1", 7100)  # no peer to wait for anyway
+    assert NEW_CLUSTER not in alone.pd[0].argv(first=True)
 
 
 def test_one_kafka_gateway_at_b_plus_40_by_default() -> None:
