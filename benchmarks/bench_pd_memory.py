@@ -16,10 +16,11 @@ through PD (no data, nothing offloaded: quicker). Printed per node (leader first
 growth between the probes per catalog range of RSS, Python's traced bytes, malloc's bytes
 in use and free, the Raft journal's entries in memory, and the code whose traced
 allocations grew most per range (tracemalloc's ``compare_to`` by line); ``--json`` keeps
-it all. Every phase is bounded by ``PHASE_S_MAX``.
+it all. ``--no-trace``: the PD nodes run without tracemalloc (RSS and malloc figures
+without its cost; no code named). Every phase is bounded by ``PHASE_S_MAX``.
 
     python -m benchmarks.bench_pd_memory [--warm 2000] [--ranges 4000] [--streams 20]
-        [--inflight 8] [--build sessions|seals] [--json out.json]
+        [--inflight 8] [--build sessions|seals] [--no-trace] [--json out.json]
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ async def _settle(cluster: Cluster) -> float:
     return time.monotonic() - started
 
 
-async def _probe(cluster: Cluster, probes: Path, n: int) -> dict[str, Any]:
+async def _probe(cluster: Cluster, probes: Path, n: int, traced: bool) -> dict[str, Any]:
     """SIGUSR2 to every PD node; their ``n``-th probe files, by node id."""
     for pid in _pids(cluster):
         os.kill(pid, signal.SIGUSR2)
@@ -91,8 +92,9 @@ async def _probe(cluster: Cluster, probes: Path, n: int) -> dict[str, Any]:
         for node_id in ids:
             path = probes / f"pd-{node_id}-{n}.json"
             snap = probes / f"pd-{node_id}-{n}.tracemalloc"
-            if node_id not in out and path.exists() and snap.exists():
-                out[node_id] = {**json.loads(path.read_text()), "snapshot": str(snap)}
+            if node_id not in out and path.exists() and (snap.exists() or not traced):
+                out[node_id] = {**json.loads(path.read_text()),
+                                "snapshot": str(snap) if traced else ""}
     ranges = await asyncio.to_thread(metric, cluster, "estream_pd_ranges ")
     leader = await asyncio.to_thread(cluster.pd.leader)
     return {"ranges": int(ranges), "leader": ids[leader], "nodes": out}
@@ -107,11 +109,13 @@ def _growth(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
         def per(x: float, y: float) -> float:
             return round((y - x) / count, 1) if count else float("nan")
 
-        old = tracemalloc.Snapshot.load(a["snapshot"])
-        new = tracemalloc.Snapshot.load(b["snapshot"])
-        top = [{"where": str(s.traceback[0]), "bytes_per_range": per(0, s.size_diff),
-                "objects_per_range": per(0, s.count_diff)}
-               for s in new.compare_to(old, "lineno")[:TOP_LINES]]
+        top = []
+        if a["snapshot"] and b["snapshot"]:
+            old = tracemalloc.Snapshot.load(a["snapshot"])
+            new = tracemalloc.Snapshot.load(b["snapshot"])
+            top = [{"where": str(s.traceback[0]), "bytes_per_range": per(0, s.size_diff),
+                    "objects_per_range": per(0, s.count_diff)}
+                   for s in new.compare_to(old, "lineno")[:TOP_LINES]]
         rows[node_id] = {
             "rss": per(a["rss_bytes"], b["rss_bytes"]),
             "traced": per(a["traced_bytes"], b["traced_bytes"]),
@@ -131,8 +135,9 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     objects.mkdir()
     pd_args = ["--object-store", f"file://{objects}", "--offload-delay-s", "2",
                "--local-retention-s", "3", "--object-max-age-s", "2"]
-    cluster = start_cluster(root, range_servers=3, pd_args=pd_args,
-                            env={"ESTREAM_PD_MEMPROBE": str(probes)})
+    env = {"ESTREAM_PD_MEMPROBE": str(probes),
+           "ESTREAM_PD_MEMPROBE_FRAMES": "0" if args.no_trace else "1"}
+    cluster = start_cluster(root, range_servers=3, pd_args=pd_args, env=env)
     try:
         client = await estream.connect(cluster.pd_addresses)
         async with client:
@@ -151,10 +156,10 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
             out["warm_s"] = await build(args.warm)
             out["settle_s"] = [await _settle(cluster)]
-            first = await _probe(cluster, probes, 1)
+            first = await _probe(cluster, probes, 1, not args.no_trace)
             out["build_s"] = await build(args.ranges)
             out["settle_s"].append(await _settle(cluster))
-            last = await _probe(cluster, probes, 2)
+            last = await _probe(cluster, probes, 2, not args.no_trace)
             out["probes"] = [first, last]
             out["per_range"] = _growth(first, last)
             return out
@@ -183,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=20)
     parser.add_argument("--inflight", type=int, default=8)
     parser.add_argument("--build", choices=("sessions", "seals"), default="sessions")
+    parser.add_argument("--no-trace", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="estream-pdmem-") as tmp:

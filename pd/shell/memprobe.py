@@ -1,16 +1,17 @@
 """Where a PD node's memory goes, on request: a debug hook, off by default.
 
 With ``ESTREAM_PD_MEMPROBE=DIR`` in its environment, a PD node starts :mod:`tracemalloc`
-as it starts (``ESTREAM_PD_MEMPROBE_FRAMES`` frames a trace, default 1: tracing costs
-time and memory, so measure with it on both sides of a comparison) and, on each
-``SIGUSR2``, collects garbage and writes two files into ``DIR``:
+as it starts (``ESTREAM_PD_MEMPROBE_FRAMES`` frames a trace, default 1; 0: no tracing,
+for RSS figures without its cost: a few dozen bytes for every live allocation) and, on
+each ``SIGUSR2``, collects garbage and writes two files into ``DIR``:
 
 - ``pd-<node>-<n>.json``: the process's RSS, Python's traced bytes (current and peak),
   glibc malloc's view (``mallinfo2``: bytes in use, free inside its heap, mapped), the
   live objects counted by type (``gc.get_objects()``, the 40 most numerous), and the Raft
   journal's entries kept in memory (count and command bytes);
-- ``pd-<node>-<n>.tracemalloc``: the snapshot (``tracemalloc.Snapshot.load``; two of
-  them diffed by line or traceback with ``compare_to`` say which code holds the growth).
+- ``pd-<node>-<n>.tracemalloc`` while tracing: the snapshot (``tracemalloc.Snapshot.load``;
+  two of them diffed by line or traceback with ``compare_to`` say which code holds the
+  growth).
 
 ``benchmarks/bench_pd_memory.py`` drives it. Without the variable nothing here runs.
 
@@ -53,7 +54,9 @@ def start_from_env() -> Path | None:
     where = os.environ.get(DIR_ENV)
     if not where:
         return None
-    tracemalloc.start(int(os.environ.get(FRAMES_ENV) or 1))
+    frames = int(os.environ.get(FRAMES_ENV) or 1)
+    if frames > 0:
+        tracemalloc.start(frames)
     out = Path(where)
     out.mkdir(parents=True, exist_ok=True)
     return out
@@ -70,14 +73,15 @@ def install(out: Path, node_id: str, raft: Any) -> None:
         stem = out / f"pd-{node_id}-{count}"
         try:
             figures = measure(raft)
-            tracemalloc.take_snapshot().dump(str(stem) + ".tracemalloc")
+            if tracemalloc.is_tracing():
+                tracemalloc.take_snapshot().dump(str(stem) + ".tracemalloc")
             (out / f"{stem.name}.json").write_text(json.dumps(figures, indent=1))
         except Exception:  # a debug hook must not stop the node
             log.exception("memory probe %s failed", stem)
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, probe)
-    log.warning("memory probe on (%s=%s): tracemalloc traces every allocation; SIGUSR2 "
-                "writes a probe", DIR_ENV, out)
+    log.warning("memory probe on (%s=%s, tracing: %s): SIGUSR2 writes a probe", DIR_ENV, out,
+                tracemalloc.is_tracing())
 
 
 def measure(raft: Any) -> dict[str, Any]:

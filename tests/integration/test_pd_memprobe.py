@@ -24,6 +24,17 @@ def test_the_probe_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tracemalloc.is_tracing() == tracing
 
 
+def test_frames_0_probes_without_tracing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(memprobe.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(memprobe.FRAMES_ENV, "0")
+    if tracemalloc.is_tracing():
+        pytest.skip("traced from outside")
+    assert memprobe.start_from_env() == tmp_path and not tracemalloc.is_tracing()
+    figures = memprobe.measure(SimpleNamespace(_obj=None))
+    assert figures["traced_bytes"] == 0 and figures["rss_bytes"] > 0
+
+
 async def test_sigusr2_writes_the_figures_and_a_snapshot(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(memprobe.DIR_ENV, str(tmp_path / "probes"))
