@@ -13,11 +13,12 @@ of one append (``open_writer``, one record, ``close``) on one of ``--streams`` s
 ``--inflight`` sessions at once; the range is sealed, its statistics recorded, uploaded
 in a packed object and its replicas released. ``--build seals``: empty ranges sealed
 through PD (no data, nothing offloaded: quicker). Printed per node (leader first): the
-growth between the probes per catalog range of RSS, Python's traced bytes, malloc's bytes
-in use and free, the Raft journal's entries in memory, and the code whose traced
-allocations grew most per range (tracemalloc's ``compare_to`` by line); ``--json`` keeps
-it all. ``--no-trace``: the PD nodes run without tracemalloc (RSS and malloc figures
-without its cost; no code named). Every phase is bounded by ``PHASE_S_MAX``.
+growth between the probes per catalog range of RSS, Python's traced bytes, pymalloc's
+bytes in use and its arenas (``--no-trace`` only), malloc's bytes in use and free, the
+Raft journal's entries in memory, and the code whose traced allocations grew most per
+range (tracemalloc's ``compare_to`` by line); ``--json`` keeps it all. ``--no-trace``:
+the PD nodes run without tracemalloc (RSS and allocator figures without its cost; no
+code named). Every phase is bounded by ``PHASE_S_MAX``.
 
     python -m benchmarks.bench_pd_memory [--warm 2000] [--ranges 4000] [--streams 20]
         [--inflight 8] [--build sessions|seals] [--no-trace] [--json out.json]
@@ -119,6 +120,9 @@ def _growth(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
         rows[node_id] = {
             "rss": per(a["rss_bytes"], b["rss_bytes"]),
             "traced": per(a["traced_bytes"], b["traced_bytes"]),
+            "pymalloc_in_use": per(a["pymalloc"].get("in_use", 0),
+                                   b["pymalloc"].get("in_use", 0)),
+            "pymalloc_arenas": per(a["pymalloc"].get("total", 0), b["pymalloc"].get("total", 0)),
             "malloc_in_use": per(a["malloc"].get("in_use", 0), b["malloc"].get("in_use", 0)),
             "malloc_free": per(a["malloc"].get("free", 0), b["malloc"].get("free", 0)),
             "journal_entries": [a["journal_entries"], b["journal_entries"]],
@@ -170,11 +174,13 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 def _print(out: dict[str, Any]) -> None:
     g = out["per_range"]
     print(f"ranges {g['ranges']} (build {out['build_s']:.0f} s), leader {g['leader']}")
-    print("node | RSS B/range | traced | malloc in use | malloc free | journal entries")
+    print("node | RSS B/range | traced | pymalloc in use | pymalloc arenas | malloc in use | "
+          "malloc free | journal entries")
     for node_id, row in g.items():
         if not isinstance(row, dict):
             continue
-        print(f"{node_id} | {row['rss']} | {row['traced']} | {row['malloc_in_use']} | "
+        print(f"{node_id} | {row['rss']} | {row['traced']} | {row['pymalloc_in_use']} | "
+              f"{row['pymalloc_arenas']} | {row['malloc_in_use']} | "
               f"{row['malloc_free']} | {row['journal_entries']}")
         for t in row["top"]:
             print(f"    {t['bytes_per_range']:>8} B {t['objects_per_range']:>6} obj  {t['where']}")

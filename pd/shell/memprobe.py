@@ -6,7 +6,9 @@ for RSS figures without its cost: a few dozen bytes for every live allocation) a
 each ``SIGUSR2``, collects garbage and writes two files into ``DIR``:
 
 - ``pd-<node>-<n>.json``: the process's RSS, Python's traced bytes (current and peak),
-  glibc malloc's view (``mallinfo2``: bytes in use, free inside its heap, mapped), the
+  pymalloc's arenas (objects up to 512 bytes: bytes in blocks in use, free in its pools,
+  its arenas' total, from ``sys._debugmallocstats``; none while tracing), glibc malloc's
+  view (``mallinfo2``: the larger blocks; bytes in use, free inside its heap, mapped), the
   live objects counted by type (``gc.get_objects()``, the 40 most numerous), and the Raft
   journal's entries kept in memory (count and command bytes);
 - ``pd-<node>-<n>.tracemalloc`` while tracing: the snapshot (``tracemalloc.Snapshot.load``;
@@ -29,6 +31,8 @@ import json
 import logging
 import os
 import signal
+import sys
+import tempfile
 import tracemalloc
 from pathlib import Path
 from typing import Any, Final
@@ -91,7 +95,7 @@ def measure(raft: Any) -> dict[str, Any]:
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
     entries, command_bytes = _journal(raft)
     return {"rss_bytes": _rss_bytes(), "traced_bytes": current, "traced_peak_bytes": peak,
-            "malloc": _mallinfo2(), "journal_entries": entries,
+            "pymalloc": _pymalloc(), "malloc": _mallinfo2(), "journal_entries": entries,
             "journal_command_bytes": command_bytes,
             "gc_objects": dict(counts.most_common(types_listed_max))}
 
@@ -109,6 +113,35 @@ def _rss_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return -1
+
+
+_PYMALLOC_LINES: Final = {"# bytes in allocated blocks": "in_use",
+                          "# bytes in available blocks": "free",
+                          "# arenas allocated current": "arenas"}
+
+
+def _pymalloc() -> dict[str, int]:
+    """pymalloc's figures: its stats go to the C stderr, read back through a file."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode("ascii", "replace")
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        label, _, value = line.partition("=")
+        name = _PYMALLOC_LINES.get(label.strip())
+        if name is not None and name not in found:
+            found[name] = int(value.strip().replace(",", ""))
+        elif line.startswith("Total") and "total" not in found:
+            found["total"] = int(value.strip().replace(",", ""))
+    return found
 
 
 def _mallinfo2() -> dict[str, int]:

@@ -33,6 +33,7 @@ def test_frames_0_probes_without_tracing(
     assert memprobe.start_from_env() == tmp_path and not tracemalloc.is_tracing()
     figures = memprobe.measure(SimpleNamespace(_obj=None))
     assert figures["traced_bytes"] == 0 and figures["rss_bytes"] > 0
+    assert figures["pymalloc"]["total"] >= figures["pymalloc"]["in_use"] > 0
 
 
 async def test_sigusr2_writes_the_figures_and_a_snapshot(
@@ -56,6 +57,7 @@ async def test_sigusr2_writes_the_figures_and_a_snapshot(
         assert (figures["journal_entries"], figures["journal_command_bytes"]) == (2, 8)
         assert figures["rss_bytes"] > 0 and figures["traced_bytes"] > 0
         assert figures["gc_objects"]["tuple"] > 0
+        assert figures["pymalloc"] == {}  # (pymalloc's own stats: not while tracing)
         assert tracemalloc.Snapshot.load(str(snapshot_path)).traces
     finally:
         loop.remove_signal_handler(signal.SIGUSR2)
