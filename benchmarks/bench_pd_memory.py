@@ -13,7 +13,11 @@ of one append (``open_writer``, one record, ``close``) on one of ``--streams`` s
 ``--inflight`` sessions at once; the range is sealed, its statistics recorded, uploaded
 in a packed object and its replicas released. ``--build seals``: empty ranges sealed
 through PD (no data, nothing offloaded: quicker). Printed per node (leader first): the
-growth between the probes per catalog range of RSS, Python's traced bytes, pymalloc's
+growth between the probes per catalog range of RSS, what the allocations hold outside
+the Raft journal (traced bytes, or pymalloc's and malloc's bytes in use, less the
+journal's entries: a snapshot cuts the journal at 20,000 entries, so between two probes
+it may have grown or been cut), the journal's entries, the allocators' slack (RSS less
+what is held: free blocks, pools and arenas kept), pymalloc's
 bytes in use and its arenas (``--no-trace`` only), malloc's bytes in use and free, the
 Raft journal's entries in memory, and the code whose traced allocations grew most per
 range (tracemalloc's ``compare_to`` by line); ``--json`` keeps it all. ``--no-trace``:
@@ -46,6 +50,7 @@ from estream.devcluster.cluster import Cluster, start_cluster
 PHASE_S_MAX = 900.0
 SETTLE_S_MAX = 120.0
 TOP_LINES = 12
+JOURNAL_ENTRY_BYTES = 177  # a journal entry in memory beyond its command's bytes
 
 
 def _pids(cluster: Cluster) -> list[int]:
@@ -101,6 +106,22 @@ async def _probe(cluster: Cluster, probes: Path, n: int, traced: bool) -> dict[s
     return {"ranges": int(ranges), "leader": ids[leader], "nodes": out}
 
 
+def _journal_bytes(probe: dict[str, Any]) -> int:
+    """What the Raft journal's entries in memory hold: each command's bytes, and about
+    177 bytes around it (the bytes object's header, the entry's tuple, its index and file
+    offset as ints, two list slots)."""
+    return int(probe["journal_command_bytes"]) + JOURNAL_ENTRY_BYTES * int(
+        probe["journal_entries"])
+
+
+def _held_bytes(probe: dict[str, Any]) -> int:
+    """The bytes the process's allocations hold: traced, or (without tracing) pymalloc's
+    blocks in use and malloc's bytes in use."""
+    if probe["traced_bytes"]:
+        return int(probe["traced_bytes"])
+    return int(probe["pymalloc"].get("in_use", 0)) + int(probe["malloc"].get("in_use", 0))
+
+
 def _growth(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     count = last["ranges"] - first["ranges"]
     rows: dict[str, Any] = {"ranges": count, "leader": [first["leader"], last["leader"]]}
@@ -117,8 +138,14 @@ def _growth(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
             top = [{"where": str(s.traceback[0]), "bytes_per_range": per(0, s.size_diff),
                     "objects_per_range": per(0, s.count_diff)}
                    for s in new.compare_to(old, "lineno")[:TOP_LINES]]
+        journal = per(_journal_bytes(a), _journal_bytes(b))
+        held = per(_held_bytes(a), _held_bytes(b))
         rows[node_id] = {
             "rss": per(a["rss_bytes"], b["rss_bytes"]),
+            "held": held,
+            "journal": journal,
+            "held_outside_journal": round(held - journal, 1),
+            "allocators_slack": round(per(a["rss_bytes"], b["rss_bytes"]) - held, 1),
             "traced": per(a["traced_bytes"], b["traced_bytes"]),
             "pymalloc_in_use": per(a["pymalloc"].get("in_use", 0),
                                    b["pymalloc"].get("in_use", 0)),
@@ -174,12 +201,13 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 def _print(out: dict[str, Any]) -> None:
     g = out["per_range"]
     print(f"ranges {g['ranges']} (build {out['build_s']:.0f} s), leader {g['leader']}")
-    print("node | RSS B/range | traced | pymalloc in use | pymalloc arenas | malloc in use | "
-          "malloc free | journal entries")
+    print("node | RSS B/range | held outside the journal | journal | allocators' slack | "
+          "pymalloc in use | pymalloc arenas | malloc in use | malloc free | journal entries")
     for node_id, row in g.items():
         if not isinstance(row, dict):
             continue
-        print(f"{node_id} | {row['rss']} | {row['traced']} | {row['pymalloc_in_use']} | "
+        print(f"{node_id} | {row['rss']} | {row['held_outside_journal']} | "
+              f"{row['journal']} | {row['allocators_slack']} | {row['pymalloc_in_use']} | "
               f"{row['pymalloc_arenas']} | {row['malloc_in_use']} | "
               f"{row['malloc_free']} | {row['journal_entries']}")
         for t in row["top"]:
