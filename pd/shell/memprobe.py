@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 DIR_ENV: Final = "ESTREAM_PD_MEMPROBE"
 FRAMES_ENV: Final = "ESTREAM_PD_MEMPROBE_FRAMES"
-types_listed_max: Final = 40
+listed_types_max: Final = 40
 
 
 class _MallInfo2(ctypes.Structure):
@@ -97,7 +97,7 @@ def measure(raft: Any) -> dict[str, Any]:
     return {"rss_bytes": _rss_bytes(), "traced_bytes": current, "traced_peak_bytes": peak,
             "pymalloc": _pymalloc(), "malloc": _mallinfo2(), "journal_entries": entries,
             "journal_command_bytes": command_bytes,
-            "gc_objects": dict(counts.most_common(types_listed_max))}
+            "gc_objects": dict(counts.most_common(listed_types_max))}
 
 
 def _journal(raft: Any) -> tuple[int, int]:
