@@ -205,11 +205,22 @@ class ObjectTierCommands:
         if not adopted:
             raise Conflict(f"object {key!r}: none of its ranges can take it any more")
         for name, changes in adopted.items():
-            new = {id(old): tiered for old, tiered in changes}
-            stream = self.stream(name)
-            self._put(name, replace(stream, ranges=tuple(
-                new.get(id(r), r) for r in stream.ranges)))
+            self._replace_ranges(name, [tiered for _, tiered in changes],
+                                 [old for old, _ in changes])
         self._prepared = self._prepared.delete(key)
+
+    def _replace_ranges(self, name: str, new: list[RangeMeta], old: list[RangeMeta]) -> None:
+        """Stream ``name`` with each of its ranges ``old[i]`` replaced by ``new[i]``: a
+        chunk copied for each (no walk over its other ranges, no copy of them: a stream
+        of a range per writer session for months), the object references changed by
+        these ranges only, as a walk over the stream would change them."""
+        stream = self.stream(name)
+        for rng in new:
+            stream = with_range(stream, rng)
+        self._change_refs(
+            {(r.object_key, stream.id, r.index) for r in new if r.object_key},
+            {(r.object_key, stream.id, r.index) for r in old if r.object_key})
+        self._put(name, stream, keys_same=True)
 
     def _live_range(self, m: PackMember) -> RangeMeta | None:
         """The range a pack member names, if its stream (same id) still has it."""
@@ -244,10 +255,8 @@ class ObjectTierCommands:
                 continue  # (a range naming a key is sealed; another span: another range)
             back.setdefault(m.name, []).append(target)
         for name, targets in back.items():
-            stream = self.stream(name)
-            self._put(name, replace(stream, ranges=tuple(
-                replace(r, tier="local", object_key=None, object_part=None)
-                if any(r is t for t in targets) else r for r in stream.ranges)))
+            self._replace_ranges(name, [replace(r, tier="local", object_key=None,
+                                                object_part=None) for r in targets], targets)
 
     def _expire_prepared(self, cmd: ExpirePrepared) -> None:
         if len(cmd.object_keys) > expire_keys_max:

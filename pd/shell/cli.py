@@ -53,6 +53,7 @@ from estream.wire import limits
 from estream.wire.errors import ChecksumMismatch, InvalidArgument
 from pd.retention import timestamp_skew_ms_max
 from pd.scrub import scrub_bytes_per_s_max_default, scrub_period_s_default
+from pd.shell import memprobe
 from pd.shell.node import PdConfig, PlacementDriverNode
 
 
@@ -292,6 +293,7 @@ def tune_gc() -> None:
 
 
 async def serve(config: PdConfig) -> int:
+    probes = memprobe.start_from_env()  # a debug hook, off unless ESTREAM_PD_MEMPROBE is set
     node = PlacementDriverNode(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -299,6 +301,8 @@ async def serve(config: PdConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     await node.start()
     tune_gc()
+    if probes is not None:
+        memprobe.install(probes, config.node_id, node.raft)
     print(f"listening on {node.rpc_address}", flush=True)
     print(f"http on {node.http_address}", flush=True)
     try:

@@ -350,9 +350,12 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
         # Not needed for safety (a restarted node learns the commit index from the
-        # leader): stored with the next term change, once a second, or at close.
-        self._meta["commit_index"] = raftCommitIndex
-        self._meta_dirty = True
+        # leader): stored with the next term change, once a second, or at close. A
+        # follower is told it with every append (heartbeats too): only a change marks
+        # the file dirty, so an idle node writes and fsyncs nothing once a second.
+        if self._meta.get("commit_index") != raftCommitIndex:
+            self._meta["commit_index"] = raftCommitIndex
+            self._meta_dirty = True
 
     def getRaftCommitIndex(self) -> int:  # noqa: N802
         return int(self._meta.get("commit_index", 1))
@@ -371,6 +374,8 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         return self._meta.get("voted_for")
 
     def onOneSecondTimer(self) -> None:  # noqa: N802
+        """Store the metadata if it changed since it was last stored (the commit index:
+        the term and vote are stored at once)."""
         if self._meta_dirty:
             self._store_meta()
             self._meta_dirty = False

@@ -156,6 +156,12 @@ class Repairer:
     def _on_follower(self) -> None:
         self.short_since.clear()
         self._report_backlog(0)  # the leader reports it
+        # Range servers heartbeat every PD node: a follower hears every sealed replica
+        # too, and remembers it for when it leads. It forgets what the catalog no longer
+        # places as the leader does (O(changes)); before, only a leader's round did, so
+        # a follower kept a report of every replica ever sealed (issue 27: about 1 KiB a
+        # range, the soak's PD RSS per range).
+        self.service.sealed_reports.prune(self.service.view().streams.values())
 
     def _report_backlog(self, ranges: int) -> None:
         self.service.metrics.set_gauge(

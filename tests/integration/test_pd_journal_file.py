@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from estream.wire.errors import ChecksumMismatch
+from pd.shell import journal as journal_module
 from pd.shell.journal import (
     HEADER,
     ChecksummedJournal,
@@ -116,3 +117,30 @@ def test_a_new_journal_cut_inside_its_header_starts_empty(tmp_path: Path, cut: i
     journal.add(b"first", 1, 1)
     journal._destroy()
     assert scan(path.read_bytes()).entries == [(b"first", 1, 1)]
+
+
+def test_the_meta_file_is_written_only_when_it_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower is told the commit index with every append, heartbeats too: an idle
+    node's once-a-second timer wrote and fsynced the meta file every second."""
+    path = str(tmp_path / "raft.journal")
+    written: list[Path] = []
+    real = journal_module.write_atomically
+    monkeypatch.setattr(journal_module, "write_atomically",
+                        lambda p, data: (written.append(p), real(p, data))[1])
+    journal = ChecksummedJournal(path)
+    journal.setCurrentTerm(2, "node-b")  # stored at once
+    journal.setRaftCommitIndex(7)
+    journal.onOneSecondTimer()  # the new commit index is stored
+    assert len(written) == 2
+    for _ in range(3):  # heartbeats: the same commit index, then the timer
+        journal.setRaftCommitIndex(7)
+        journal.onOneSecondTimer()
+    assert len(written) == 2  # nothing changed: nothing written
+    journal.setRaftCommitIndex(8)
+    journal.onOneSecondTimer()
+    assert len(written) == 3
+    journal._destroy()
+    again = ChecksummedJournal(path)
+    assert again.getRaftCommitIndex() == 8
+    again._destroy()

@@ -19,15 +19,18 @@ from estream.net.pdclient import PDClient
 from estream.wire import limits
 from estream.wire.errors import InvalidArgument, StreamNotFound
 from estream.wire.fields import window_args
-from estream.wire.meta import StreamMeta
+from estream.wire.meta import ObjectPart, StreamMeta
 from estream.wire.protocol import Opcode
 from pd.catalog import Catalog
 from pd.commands import (
     CommitObject,
+    CommitPack,
     CreateStream,
     DropLocalReplicas,
     OpenWriter,
+    PackMember,
     PrepareObject,
+    PreparePack,
     RecordRangeStats,
     RegisterServer,
     SealRange,
@@ -154,12 +157,16 @@ def one_range_commands(catalog: Catalog) -> list[tuple[str, Any]]:
     """Commands on one range in the middle of the long stream (each applied in turn)."""
     sid, mid = catalog.stream("long").id, RANGES // 2
     start, end = 5 * mid, 5 * mid + 5
+    pack = tuple(PackMember("long", sid, i, 5 * i, 5 * i + 5) for i in (mid + 1, mid + 2))
     return [
         ("record stats", RecordRangeStats("long", mid, end, 1, 2, 100)),
         ("update replicas", UpdateReplicas("long", mid, ("rs3", "rs2", "rs1"))),
         ("prepare object", PrepareObject("long", sid, mid, start, end, "k1", 10**15)),
         ("commit object", CommitObject("long", sid, mid, start, end, "k1", prepared=True)),
         ("drop local replicas", DropLocalReplicas("long", sid, mid, "k1")),
+        ("prepare pack", PreparePack("k2", 10**15, pack)),
+        ("commit pack", CommitPack("k2", tuple(replace(m, part=ObjectPart(0, 5, 5, 9, 7))
+                                               for m in pack))),
         ("open writer", OpenWriter("long")),
         ("seal", SealRange("long", 2, RANGES, 5 * RANGES + 5, PLACEMENT)),
         ("trim", TrimStream("long", 5 * 10)),  # (what a trim drops, it reads: 10 ranges)
@@ -184,11 +191,13 @@ def test_a_command_on_one_range_reads_no_other_and_copies_a_chunk() -> None:
     mid = stream.range_at(RANGES // 2)
     assert mid is not None and mid.object_key == "k1" and mid.replicas == ()
     assert mid.size_bytes == 100 and stream.ranges[0].index == 10
-    assert dict(catalog.view().object_refs) == {"k1": frozenset({(stream.id, RANGES // 2)})}
+    assert dict(catalog.view().object_refs) == {
+        "k1": frozenset({(stream.id, RANGES // 2)}),
+        "k2": frozenset({(stream.id, RANGES // 2 + 1), (stream.id, RANGES // 2 + 2)})}
     restored = Catalog.restore(catalog.snapshot()).view()  # derived again, in one pass
     assert dict(restored.object_refs) == dict(catalog.view().object_refs)
     catalog.apply(TrimStream("long", 5 * RANGES))  # past k1's range: its last reference
-    assert "k1" not in catalog.view().object_refs and catalog.view().unreferenced == ("k1",)
+    assert not catalog.view().object_refs and catalog.view().unreferenced == ("k1", "k2")
 
 
 def test_a_trim_keeps_what_a_walk_kept() -> None:
