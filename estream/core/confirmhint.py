@@ -65,22 +65,34 @@ class ConfirmHints:
         ranges.hint(confirm)  # its durable idle CONFIRM waits confirm_hinted_idle_ms
         return [SendConfirm(replica, index, confirm, durable=False) for replica in ranges.live]
 
-    def durable(self, ranges: RangeWriter, replica: str, range_index: int, confirm: int) -> None:
+    def soon(self, ranges: RangeWriter) -> None:
+        """Appends completed and the shell asks for :meth:`due` in the next turn: the idle
+        CONFIRM of the confirm offset waits as a hinted one's (``confirm_hinted_idle_ms``)
+        from now, not a linger. The hint goes first unless the writer appends again (its
+        batch carries the offset); on a loaded event loop a linger's timer ran before the
+        next turn's callbacks, and the idle CONFIRM went out before the hint did."""
+        config = ranges.config
+        if config.confirm_hint and not config.deferred:
+            ranges.hint(ranges.visible_confirm)
+
+    def durable(self, ranges: RangeWriter, replica: str, range_index: int, confirm: int) -> bool:
         """The hint of ``confirm`` to ``replica`` goes as a durable confirm (it shares an
         APPEND_MANY with what the server logs). Once every live replica's hint of the
         hinted offset did, the writer's idle CONFIRM of it is not due (as if it was sent);
-        a hint of an older offset or range changes nothing. Worked example (hinted 1 to
-        a, b, c)::
+        a hint of an older offset or range changes nothing. Whether it is no longer due
+        (this call made it so). Worked example (hinted 1 to a, b, c)::
 
             durable(ranges, "a", 0, 1); durable(ranges, "b", 0, 1)  # idle CONFIRM still due
             durable(ranges, "c", 0, 1)                # not due: every live replica's went
         """
         if range_index != self.range_index or confirm != self.hinted:
-            return
+            return False
         durables = self.durables
         durables.add(replica)
         if durables.issuperset(ranges.live):
             ranges.confirm_sent(confirm)
+            return True
+        return False
 
     def lost(self, ranges: RangeWriter, replica: str, range_index: int, confirm: int) -> None:
         """A hint that went as a durable confirm failed (its request did): the idle CONFIRM

@@ -113,10 +113,13 @@ class EffectRunner:
         if complete_upto >= 0:
             # After the sends: a CONFIRM goes out before the user's next request does.
             writer._queue.complete(complete_upto)
-            if not self._hint_soon and core.ranges.idle():
-                # After the woken appenders' turn: a writer still idle hints its confirm.
-                self._hint_soon = True
-                self._loop.call_soon(self._hint, core)
+            if core.ranges.idle():
+                # After the woken appenders' turn: a writer still idle hints its confirm
+                # (its idle CONFIRM waits as a hinted one's from now: ConfirmHints.soon).
+                core.hint_soon()
+                if not self._hint_soon:
+                    self._hint_soon = True
+                    self._loop.call_soon(self._hint, core)
         writer._queue.make_room(core)
 
     def _hint(self, core: WriterCore) -> None:
@@ -197,7 +200,11 @@ class EffectRunner:
         if core is writer._core and not writer._closed:
             if effect.range_index == core.ranges.range_index:
                 self._confirm_asked = max(self._confirm_asked, effect.confirm)
-            core.hint_durable(effect.replica, effect.range_index, effect.confirm)
+            if (core.hint_durable(effect.replica, effect.range_index, effect.confirm)
+                    and self._timer is not None and core.next_deadline_ms() is None):
+                # Its idle CONFIRM was what the timer waited for: nothing is left to tick.
+                self._timer.cancel()
+                self._timer = None
 
     def _confirm_answered(self, core: WriterCore, effect: SendConfirm, durable: bool,
                           error: EstreamError | None) -> None:

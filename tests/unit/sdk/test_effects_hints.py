@@ -98,6 +98,7 @@ async def test_hints_that_went_durable_spare_the_writers_idle_confirm() -> None:
     writers = await hinted(pool, sender, range(1, 4))
     # Every live replica's hint went durable: no idle CONFIRM is due, nothing to tick for.
     assert [w._core.next_deadline_ms() for w in writers[1:]] == [None, None]
+    assert [w.runner._timer is None for w in writers] == [False, True, True]
     for done in pool.held:
         done(encode_answer([], [None, None]), None)
     since = len(pool.calls)
