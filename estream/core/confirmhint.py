@@ -65,16 +65,6 @@ class ConfirmHints:
         ranges.hint(confirm)  # its durable idle CONFIRM waits confirm_hinted_idle_ms
         return [SendConfirm(replica, index, confirm, durable=False) for replica in ranges.live]
 
-    def soon(self, ranges: RangeWriter) -> None:
-        """Appends completed and the shell asks for :meth:`due` in the next turn: the idle
-        CONFIRM of the confirm offset waits as a hinted one's (``confirm_hinted_idle_ms``)
-        from now, not a linger. The hint goes first unless the writer appends again (its
-        batch carries the offset); on a loaded event loop a linger's timer ran before the
-        next turn's callbacks, and the idle CONFIRM went out before the hint did."""
-        config = ranges.config
-        if config.confirm_hint and not config.deferred:
-            ranges.hint(ranges.visible_confirm)
-
     def durable(self, ranges: RangeWriter, replica: str, range_index: int, confirm: int) -> bool:
         """The hint of ``confirm`` to ``replica`` goes as a durable confirm (it shares an
         APPEND_MANY with what the server logs). Once every live replica's hint of the

@@ -16,7 +16,6 @@ event                           answer
 ``on_append_ack`` / ``_error``  effects (:data:`~estream.core.writeeffects.Effect`)
 ``on_tick(now_ms)``             effects; ``next_deadline_ms()`` says when to tick next
 ``confirm_hints()``             idle writer's confirm hints (after completions' turn)
-``hint_soon()``                 nothing: the shell asks for the hints next turn
 ``hint_durable`` / ``_lost``    nothing: a hint went as a durable confirm (or it failed)
 ``on_degraded(RequestRoll)``    the roll attempts process to start (or None: one runs)
 ``roll(BeginSeal)``             the roll process (:data:`~estream.core.roll.Steps`)
@@ -127,10 +126,6 @@ class WriterCore:
         """The confirm hints due now (:mod:`estream.core.confirmhint`): the shell asks
         in the turn after appends complete, once the application could append again."""
         return list(self._hints.due(self.ranges))
-
-    def hint_soon(self) -> None:
-        """The shell asks for :meth:`confirm_hints` next turn (:meth:`ConfirmHints.soon`)."""
-        self._hints.soon(self.ranges)
 
     def hint_durable(self, replica: str, range_index: int, confirm: int) -> bool:
         """The hint of ``confirm`` to ``replica`` goes as a durable confirm (it shares an

@@ -113,18 +113,17 @@ class EffectRunner:
         if complete_upto >= 0:
             # After the sends: a CONFIRM goes out before the user's next request does.
             writer._queue.complete(complete_upto)
-            if core.ranges.idle():
-                # After the woken appenders' turn: a writer still idle hints its confirm
-                # (its idle CONFIRM waits as a hinted one's from now: ConfirmHints.soon).
-                core.hint_soon()
-                if not self._hint_soon:
-                    self._hint_soon = True
-                    self._loop.call_soon(self._hint, core)
+            if not self._hint_soon and core.ranges.idle():
+                # After the woken appenders' turn: a writer still idle hints its confirm.
+                self._hint_soon = True
+                self._loop.call_soon(self._hint, core)
         writer._queue.make_room(core)
 
     def _hint(self, core: WriterCore) -> None:
         """The turn after appends completed: unless the application appended again (the
         batch will carry the confirm offset), the core's confirm hints go out."""
+        if not self._hint_soon:
+            return  # sent already, by the timer (_on_timer)
         self._hint_soon = False
         writer = self._writer
         if writer._core is core and not writer._closed and writer._error is None:
@@ -153,6 +152,11 @@ class EffectRunner:
         core = writer._core
         if core is None or writer._closed:
             return
+        if self._hint_soon:
+            # On a loaded loop the idle CONFIRM's linger ran out before the turn that
+            # hints (uvloop runs due timers first): the hints go first, and the idle
+            # CONFIRM then waits as a hinted one's (or is not made: a durable hint).
+            self._hint(core)
         self.run(core.on_tick(writer.now_ms()))
 
     def close(self) -> None:

@@ -172,17 +172,3 @@ def test_a_dropped_replicas_hint_is_not_waited_for() -> None:
     due.durable(w, "b", 0, 1)
     assert w.next_deadline_ms() is None
 
-
-def test_a_hint_asked_for_next_turn_makes_the_idle_confirm_wait_as_a_hinted_ones() -> None:
-    """Issue 27: the shell asks for the hints a turn after the completion; on a loaded loop
-    the linger's timer ran first and the idle CONFIRM went out before the hint. Once the
-    shell says it will ask (``soon``), the idle CONFIRM waits ``confirm_hinted_idle_ms``;
-    with hints off (or DEFERRED_SYNC) it stays a linger."""
-    for config, due_ms in (({}, 60), ({"confirm_hint": False}, 11), ({"deferred": True}, None)):
-        w, hints_ = make(confirm_idle_ms=1, confirm_hinted_idle_ms=50, **config), ConfirmHints()
-        sent_one(w)
-        w.on_append_ack("a", 0, 1, 10)
-        w.on_append_ack("b", 0, 1, 10)
-        w.on_append_ack("c", 0, 1, 10)
-        hints_.soon(w)
-        assert w.next_deadline_ms() == due_ms, config
