@@ -11,7 +11,10 @@ the completion rather than a linger: readers have the offset, the CONFIRM only s
 from a crash, and a writer appending again within it sends none (its batch carries the
 offset), so the CONFIRM's log write and fsync do not sit in front of that batch's on
 every replica. One append after another, or under load, the next batch carries the offset
-and no hint is sent (docs/ARCHITECTURE.md 2.4).
+and no hint is sent (docs/ARCHITECTURE.md 2.4). A hint that shares an APPEND_MANY with what
+the server logs anyway goes as a durable confirm after all (``estream/net/appendsender.py``):
+once every live replica's did, the idle CONFIRM would only repeat them, and none is made
+(:meth:`ConfirmHints.durable`); if one of them fails, it is due again (:meth:`ConfirmHints.lost`).
 
 Pure: no I/O.
 """
@@ -25,11 +28,12 @@ from estream.core.writeeffects import SendConfirm
 class ConfirmHints:
     """The highest confirm offset hinted to the open range's replicas."""
 
-    __slots__ = ("hinted", "range_index")
+    __slots__ = ("durables", "hinted", "range_index")
 
     def __init__(self) -> None:
         self.range_index = -1
         self.hinted = -1
+        self.durables: set[str] = set()  # the replicas whose hint of ``hinted`` went durable
 
     def due(self, ranges: RangeWriter) -> list[SendConfirm]:
         """The hints to send now: one ``SendConfirm(durable=False)`` per live replica when
@@ -57,8 +61,37 @@ class ConfirmHints:
         if confirm <= self.hinted:
             return []
         self.hinted = confirm
+        self.durables.clear()
         ranges.hint(confirm)  # its durable idle CONFIRM waits confirm_hinted_idle_ms
         return [SendConfirm(replica, index, confirm, durable=False) for replica in ranges.live]
+
+    def durable(self, ranges: RangeWriter, replica: str, range_index: int, confirm: int) -> bool:
+        """The hint of ``confirm`` to ``replica`` goes as a durable confirm (it shares an
+        APPEND_MANY with what the server logs). Once every live replica's hint of the
+        hinted offset did, the writer's idle CONFIRM of it is not due (as if it was sent);
+        a hint of an older offset or range changes nothing. Whether it is no longer due
+        (this call made it so). Worked example (hinted 1 to a, b, c)::
+
+            durable(ranges, "a", 0, 1); durable(ranges, "b", 0, 1)  # idle CONFIRM still due
+            durable(ranges, "c", 0, 1)                # not due: every live replica's went
+        """
+        if range_index != self.range_index or confirm != self.hinted:
+            return False
+        durables = self.durables
+        durables.add(replica)
+        if durables.issuperset(ranges.live):
+            ranges.confirm_sent(confirm)
+            return True
+        return False
+
+    def lost(self, ranges: RangeWriter, replica: str, range_index: int, confirm: int) -> None:
+        """A hint that went as a durable confirm failed (its request did): the idle CONFIRM
+        of ``confirm`` is due again, as if it had never gone (the CONFIRM is best effort:
+        the next batch carries the offset too)."""
+        if range_index != self.range_index:
+            return
+        self.durables.discard(replica)
+        ranges.confirm_sent(confirm, lost=True)
 
 
 __all__ = ["ConfirmHints"]

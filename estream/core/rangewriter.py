@@ -226,13 +226,6 @@ class RangeWriter:
         self._cut_if_due(now_ms, effects)
         return base, effects
 
-    def submit_one(
-        self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
-        sequence: int = -1, hold_idle: bool = False, key: bytes | None = None,
-    ) -> list[Effect] | None:
-        """:meth:`take_one`'s effects (its offset is :attr:`next_offset` before the call)."""
-        return self.take_one(value, headers, timestamp, now_ms, sequence, key, hold_idle)[2]
-
     def take_one(
         self, value: bytes, headers: Mapping[str, str] | None, timestamp: int, now_ms: int,
         sequence: int | None = None, key: bytes | None = None, hold_idle: bool = True,
@@ -398,6 +391,14 @@ class RangeWriter:
     def hint(self, confirm: int) -> None:
         """``confirm`` was hinted (:mod:`estream.core.confirmhint`): readers have it."""
         self._range.hinted = confirm
+
+    def confirm_sent(self, confirm: int, lost: bool = False) -> None:
+        """Every live replica's hint of ``confirm`` went as a durable confirm: no idle CONFIRM
+        of it is due (``lost``: one failed, it is due again unless more went since)."""
+        if not lost:
+            self._confirm_sent = max(self._confirm_sent, confirm)
+        elif self._confirm_sent == confirm:
+            self._confirm_sent = confirm - 1
 
     def _confirm_due_ms(self) -> int:
         """An idle CONFIRM is due ``confirm_idle_ms`` after the last batch or completion;

@@ -16,6 +16,7 @@ event                           answer
 ``on_append_ack`` / ``_error``  effects (:data:`~estream.core.writeeffects.Effect`)
 ``on_tick(now_ms)``             effects; ``next_deadline_ms()`` says when to tick next
 ``confirm_hints()``             idle writer's confirm hints (after completions' turn)
+``hint_durable`` / ``_lost``    nothing: a hint went as a durable confirm (or it failed)
 ``on_degraded(RequestRoll)``    the roll attempts process to start (or None: one runs)
 ``roll(BeginSeal)``             the roll process (:data:`~estream.core.roll.Steps`)
 ``on_fenced(error)``            effects (:class:`~estream.core.writeeffects.FailAppends`)
@@ -125,6 +126,17 @@ class WriterCore:
         """The confirm hints due now (:mod:`estream.core.confirmhint`): the shell asks
         in the turn after appends complete, once the application could append again."""
         return list(self._hints.due(self.ranges))
+
+    def hint_durable(self, replica: str, range_index: int, confirm: int) -> bool:
+        """The hint of ``confirm`` to ``replica`` goes as a durable confirm (it shares an
+        APPEND_MANY with what the server logs): once every live replica's did, no idle
+        CONFIRM of it is made (:meth:`ConfirmHints.durable`; True: this call did it)."""
+        return self._hints.durable(self.ranges, replica, range_index, confirm)
+
+    def hint_lost(self, replica: str, range_index: int, confirm: int) -> None:
+        """A hint that went as a durable confirm failed: its idle CONFIRM is due again (the
+        shell re-arms its timer)."""
+        self._hints.lost(self.ranges, replica, range_index, confirm)
 
     @property
     def config(self) -> WriterConfig:

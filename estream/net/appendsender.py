@@ -26,10 +26,12 @@ since nothing waits for it): every idle writer's hint reaches its replicas, howe
 writers share the client, in one request per server rather than one each. A hint riding
 with what the server logs anyway (batches that wait for the fsync, or durable confirms),
 or with other hints, goes as a durable confirm of that request instead: their entries
-share one log write. A CONFIRM or hint that a durable confirm sent in an APPEND_MANY
-covers (same replica and epoch, no higher offset: the writer's idle CONFIRM, 50 ms after
-its hint) takes that one's answer instead of going out: with one writer per stream over
-many streams, an idle CONFIRM followed every record on every replica beside its hint.
+share one log write, and the hint's ``on_durable`` tells its writer so, which then makes no
+idle CONFIRM of that offset (``estream/core/confirmhint.py``). A CONFIRM or hint that a
+durable confirm sent in an APPEND_MANY covers (same replica and epoch, no higher offset: an
+idle CONFIRM after a hint that went alone to another replica, or a flush's) takes that
+one's answer instead of going out: with one writer per stream over many streams, an idle
+CONFIRM followed every record on every replica beside its hint.
 
 Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPool`) and
 one ``call_soon`` per turn with queued entries.
@@ -73,11 +75,13 @@ class _Request:
 class _Entry:
     """One queued batch or confirm: its callback, called once (:class:`Started`)."""
 
-    __slots__ = ("done", "batch", "request")
+    __slots__ = ("done", "batch", "on_durable", "request")
 
-    def __init__(self, done: Callable[..., None], batch: bool) -> None:
+    def __init__(self, done: Callable[..., None], batch: bool,
+                 on_durable: Callable[[], None] | None = None) -> None:
         self.done: Callable[..., None] | None = done
         self.batch = batch  # done(end, error), else done(error)
+        self.on_durable = on_durable  # a hint's: it goes as a durable confirm
         self.request: _Request | None = None
 
     def answer(self, *args: Any) -> None:
@@ -159,13 +163,15 @@ class AppendSender:
     def start_confirm(
         self, address: str, done: ConfirmDone, *, server_id: str | None, stream_id: int,
         range_index: int, epoch: int, confirm: int, durable: bool = True,
+        on_durable: Callable[[], None] | None = None,
     ) -> Started:
         """CONFIRM ``confirm``: now if it is the first entry for that server in this turn,
         else with the others queued for it at the end of the turn (a hint, ``durable=False``:
-        then as a CONFIRM of its own, module docstring). A durable one that a durable
-        confirm sent in an APPEND_MANY covers (same replica and epoch, no lower offset: a
-        hint that rode as one) takes that one's answer: at once if it came without an
-        error; else when it comes (sent itself after all if that one failed)."""
+        then as a CONFIRM of its own, module docstring; ``on_durable()`` at the end of the
+        turn if it goes as a durable confirm after all, before its answer). A durable one
+        that a durable confirm sent in an APPEND_MANY covers (same replica and epoch, no
+        lower offset: a hint that rode as one) takes that one's answer: at once if it came
+        without an error; else when it comes (sent itself after all if that one failed)."""
         server = (address, server_id)
         logging = self._logging.get((server, stream_id, range_index))
         if logging is not None and logging.epoch == epoch and logging.confirm >= confirm:
@@ -180,7 +186,8 @@ class AppendSender:
                 address, done, server_id=server_id, stream_id=stream_id,
                 range_index=range_index, epoch=epoch, confirm=confirm,
                 timeout_s=self.timeout_s, durable=durable)
-        queued, entry = self._queued_for(server), _Entry(done, False)
+        queued = self._queued_for(server)
+        entry = _Entry(done, False, None if durable else on_durable)
         (queued.confirms if durable else queued.hints).append(
             ((stream_id, range_index, epoch, confirm), entry))
         return entry
@@ -210,6 +217,9 @@ class AppendSender:
             hints = [h for h in entries.hints if h[1].done is not None]
             if len(hints) > 1 or hints and (confirms or entries.batches.get(False)):
                 confirms, hints = confirms + hints, []  # durable (module docstring)
+                for _, entry in confirms:
+                    if entry.on_durable is not None:
+                        _call(entry.on_durable)
             for deferred, every in entries.batches.items():
                 batches = [b for b in every if b[1].done is not None]  # not abandoned
                 for group in group_entries([len(batch) for batch, _, _ in batches]):

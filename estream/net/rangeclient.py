@@ -318,16 +318,18 @@ class ReplicaClient:
 
     def start_confirm(self, replica: str, stream_id: int, range_index: int, confirm: int,
                       done: Callable[[EstreamError | None], None], *,
-                      durable: bool = True) -> None:
+                      durable: bool = True,
+                      on_durable: Callable[[], None] | None = None) -> None:
         """CONFIRM ``confirm`` on ``replica`` at our epoch, written now (with other
         writers' batches and confirms to that server when they share a turn):
         ``done(None)`` once it is durable (a hint, ``durable=False``: once raised), or
-        ``done(error)``, later."""
+        ``done(error)``, later; ``on_durable()`` if a hint goes as a durable confirm
+        after all (``estream/net/appendsender.py``), before its answer."""
         outstanding, key = self.outstanding.setdefault(replica, {}), next(self._ids)
         outstanding[key] = self.appends.start_confirm(
             self.addresses[replica], _Answered(outstanding, key, done), server_id=replica,
             stream_id=stream_id, range_index=range_index, epoch=self.epoch, confirm=confirm,
-            durable=durable)
+            durable=durable, on_durable=on_durable)
 
     def abandon(self, replica: str) -> None:
         """The writer dropped ``replica``: its APPENDs and CONFIRMs not answered yet fail

@@ -86,7 +86,7 @@ class AppendSending(Protocol):
     def start_confirm(
         self, address: str, done: Callable[[EstreamError | None], None], *,
         server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
-        durable: bool = True,
+        durable: bool = True, on_durable: Callable[[], None] | None = None,
     ) -> Started: ...
 
 
@@ -268,10 +268,12 @@ class RangeClient:
         self, address: str, done: Callable[[EstreamError | None], None], *,
         server_id: str | None, stream_id: int, range_index: int, epoch: int, confirm: int,
         timeout_s: float | None = None, durable: bool = True,
+        on_durable: Callable[[], None] | None = None,
     ) -> Started:
         """:meth:`confirm` without awaiting (an idle writer's): written now, ``done(None)``
         or ``done(error)`` later from the event loop, never from within this call;
-        ``durable=False``: a hint (``estream/core/confirmhint.py``)."""
+        ``durable=False``: a hint (``estream/core/confirmhint.py``), sent as it is here
+        (``on_durable`` is never called: :class:`~estream.net.appendsender.AppendSender`'s)."""
         request = ConfirmRequest(stream_id=stream_id, range_index=range_index, epoch=epoch,
                                  confirm=confirm, durable=durable)
         return self.pool.start_call(address, Opcode.CONFIRM,

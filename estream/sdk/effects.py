@@ -88,10 +88,11 @@ class EffectRunner:
                 case SendConfirm():
                     if effect.durable and effect.range_index == core.ranges.range_index:
                         self._confirm_asked = max(self._confirm_asked, effect.confirm)
+                    answer = _ConfirmAnswer(self, core, effect)
                     replicas.start_confirm(
                         effect.replica, core.ranges.stream_id, effect.range_index,
-                        effect.confirm, _ConfirmAnswer(self, core, effect),
-                        durable=effect.durable)
+                        effect.confirm, answer, durable=effect.durable,
+                        on_durable=None if effect.durable else answer.went_durable)
                 case RequestRoll():
                     writer._rolls.on_degraded(effect)
                 case BeginSeal():
@@ -121,6 +122,8 @@ class EffectRunner:
     def _hint(self, core: WriterCore) -> None:
         """The turn after appends completed: unless the application appended again (the
         batch will carry the confirm offset), the core's confirm hints go out."""
+        if not self._hint_soon:
+            return  # sent already, by the timer (_on_timer)
         self._hint_soon = False
         writer = self._writer
         if writer._core is core and not writer._closed and writer._error is None:
@@ -149,6 +152,11 @@ class EffectRunner:
         core = writer._core
         if core is None or writer._closed:
             return
+        if self._hint_soon:
+            # On a loaded loop the idle CONFIRM's linger ran out before the turn that
+            # hints (uvloop runs due timers first): the hints go first, and the idle
+            # CONFIRM then waits as a hinted one's (or is not made: a durable hint).
+            self._hint(core)
         self.run(core.on_tick(writer.now_ms()))
 
     def close(self) -> None:
@@ -189,15 +197,34 @@ class EffectRunner:
         # else already dropped (its requests abandoned at once: a hung server's backlog of
         # them in one turn): nothing for the core or the runner to do.
 
-    def _confirm_answered(self, core: WriterCore, effect: SendConfirm,
+    def _hint_durable(self, core: WriterCore, effect: SendConfirm) -> None:
+        """A hint goes as a durable confirm (``estream/net/appendsender.py``): the core
+        makes no idle CONFIRM of its offset once every live replica's did."""
+        writer = self._writer
+        if core is writer._core and not writer._closed:
+            if effect.range_index == core.ranges.range_index:
+                self._confirm_asked = max(self._confirm_asked, effect.confirm)
+            if (core.hint_durable(effect.replica, effect.range_index, effect.confirm)
+                    and self._timer is not None and core.next_deadline_ms() is None):
+                # Its idle CONFIRM was what the timer waited for: nothing is left to tick.
+                self._timer.cancel()
+                self._timer = None
+
+    def _confirm_answered(self, core: WriterCore, effect: SendConfirm, durable: bool,
                           error: EstreamError | None) -> None:
+        """A CONFIRM's answer; ``durable``: a durable one, or a hint that went as one."""
         writer = self._writer
         if core is not writer._core or writer._closed:
             return
         if isinstance(error, Fenced):
             self.run(core.on_fenced(error))
             return
-        if error is not None or not effect.durable:
+        if error is not None and durable and not effect.durable:
+            # A hint that went durable failed: its idle CONFIRM is due again.
+            core.hint_lost(effect.replica, effect.range_index, effect.confirm)
+            self.arm_timer()
+            return
+        if error is not None or not durable:
             return  # best effort: the next batch carries the confirm offset too
         if effect.range_index == core.ranges.range_index:
             have = self._confirmed.get(effect.replica, -1)
@@ -258,13 +285,20 @@ class _ConfirmAnswer:
     """A replica's answer to one :class:`SendConfirm`, to
     :meth:`EffectRunner._confirm_answered` (one object: see :class:`_AppendAnswer`)."""
 
-    __slots__ = ("core", "effect", "runner")
+    __slots__ = ("core", "durable", "effect", "runner")
 
     def __init__(self, runner: EffectRunner, core: WriterCore, effect: SendConfirm) -> None:
         self.runner, self.core, self.effect = runner, core, effect
+        self.durable = effect.durable  # a hint's: once it goes as a durable confirm
+
+    def went_durable(self) -> None:
+        """The hint goes as a durable confirm (``ReplicaClient.start_confirm``'s
+        ``on_durable``)."""
+        self.durable = True
+        self.runner._hint_durable(self.core, self.effect)
 
     def __call__(self, error: EstreamError | None) -> None:
-        self.runner._confirm_answered(self.core, self.effect, error)
+        self.runner._confirm_answered(self.core, self.effect, self.durable, error)
 
 
 __all__ = ["EffectRunner"]

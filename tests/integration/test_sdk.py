@@ -190,9 +190,11 @@ async def test_a_tail_loops_next_append_carries_the_hinted_offset_not_a_confirm(
         start_confirm = writer._replicas.start_confirm
 
         def spy(replica: str, stream_id: int, range_index: int, confirm: int,
-                done: Callable[..., None], *, durable: bool = True) -> None:
+                done: Callable[..., None], *, durable: bool = True,
+                on_durable: Callable[[], None] | None = None) -> None:
             sent.append((durable, confirm))
-            start_confirm(replica, stream_id, range_index, confirm, done, durable=durable)
+            start_confirm(replica, stream_id, range_index, confirm, done, durable=durable,
+                          on_durable=on_durable)
 
         writer._replicas.start_confirm = spy  # type: ignore[method-assign]
         seen: list[int] = []

@@ -134,3 +134,41 @@ def test_an_offset_not_hinted_is_confirmed_after_a_linger_as_before() -> None:
         end = 1 if config else 2
         assert durable_confirms(w.on_tick(w.next_deadline_ms() or 0)) == [
             ("a", end), ("b", end), ("c", end)], config
+
+
+def test_hints_gone_durable_to_every_live_replica_make_no_idle_confirm() -> None:
+    """Issue 27: a hint sharing an APPEND_MANY with what the server logs goes as a durable
+    confirm (estream/net/appendsender.py); once every live replica's did, the idle CONFIRM
+    of that offset would only repeat them: none is due. One that failed makes it due
+    again; a hint of an older offset or range changes nothing."""
+    w, due = make(confirm_idle_ms=1, confirm_hinted_idle_ms=50), ConfirmHints()
+    sent_one(w)
+    w.on_append_ack("a", 0, 1, 10)
+    w.on_append_ack("b", 0, 1, 10)
+    w.on_append_ack("c", 0, 1, 10)
+    assert due.due(w) == hints(1)
+    due.durable(w, "a", 0, 1)
+    due.durable(w, "b", 0, 1)
+    due.durable(w, "c", 1, 1)  # another range's
+    due.durable(w, "c", 0, 0)  # an older offset's
+    assert w.next_deadline_ms() == 60  # c's hint went alone: the idle CONFIRM is due
+    due.durable(w, "c", 0, 1)
+    assert w.next_deadline_ms() is None
+    assert durable_confirms(w.on_tick(1_000)) == []
+    assert w.confirm_now() == []  # a close's CONFIRM: sent already
+    due.lost(w, "b", 0, 1)
+    assert w.next_deadline_ms() == 60
+    assert durable_confirms(w.on_tick(60)) == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_a_dropped_replicas_hint_is_not_waited_for() -> None:
+    w, due = make(), ConfirmHints()
+    sent_one(w)
+    w.on_append_error("c", 0, Timeout("no answer"), 1)
+    w.on_append_ack("a", 0, 1, 1)
+    w.on_append_ack("b", 0, 1, 1)
+    assert due.due(w) == hints(1, ("a", "b"))
+    due.durable(w, "a", 0, 1)
+    due.durable(w, "b", 0, 1)
+    assert w.next_deadline_ms() is None
+

@@ -54,7 +54,7 @@ def rec(i: int) -> Record:
 
 
 def one(i: int) -> tuple[bytes, None, int]:
-    """submit_one's value, headers and timestamp of rec(i)."""
+    """take_one's value, headers and timestamp of rec(i)."""
     return rec(i).value, None, rec(i).timestamp
 
 
@@ -431,24 +431,25 @@ def test_confirm_now_again_resends_the_confirm_a_batch_carried() -> None:
     assert sorted(c.replica for c in again) == ["a", "b"]
 
 
-def test_submit_one_says_when_the_next_deadline_may_have_moved() -> None:
+def test_take_one_says_when_the_next_deadline_may_have_moved() -> None:
     w = make(linger_ms=5)
-    assert w.submit_one(*one(0), 0) is not None  # sent at once
-    assert sends(w.submit_one(*one(1), 1) or []) == []  # a new linger
+    assert w.take_one(*one(0), 0, hold_idle=False)[2] is not None  # sent at once
+    assert sends(w.take_one(*one(1), 1, hold_idle=False)[2] or []) == []  # a new linger
     deadline = w.next_deadline_ms()
-    assert w.submit_one(*one(2), 2) is None  # joined it: unchanged
+    assert w.take_one(*one(2), 2, hold_idle=False)[2] is None  # joined it: unchanged
     assert w.next_deadline_ms() == deadline
     assert w.next_offset == 3
     out = sends(w.on_tick(6))
     assert len(out) == 3 and decode_batch(out[0].payload).header.count == 2
 
 
-def test_submit_one_matches_submit() -> None:
+def test_take_one_matches_submit() -> None:
     single, many = make(linger_ms=5, batch_bytes=64), make(linger_ms=5, batch_bytes=64)
     got_one: list[bytes] = []
     got_many: list[bytes] = []
     for i in range(10):
-        got_one += [s.payload for s in sends(single.submit_one(*one(i), i) or [])]
+        effects = single.take_one(*one(i), i, hold_idle=False)[2]
+        got_one += [s.payload for s in sends(effects or [])]
         got_many += [s.payload for s in sends(many.submit([rec(i)], i)[1])]
     assert got_one == got_many and single.next_offset == many.next_offset == 10
     assert single.next_deadline_ms() == many.next_deadline_ms()
@@ -456,33 +457,33 @@ def test_submit_one_matches_submit() -> None:
 
 def test_hold_idle_sends_the_appends_of_one_turn_as_one_batch() -> None:
     w = make(linger_ms=5)
-    first = w.submit_one(*one(0), 0, hold_idle=True)
+    first = w.take_one(*one(0), 0)[2]
     assert first == [] and w.idle_cut_wanted  # nothing sent yet: a new linger began
     for i in range(1, 4):
-        assert w.submit_one(*one(i), 0, hold_idle=True) is None
+        assert w.take_one(*one(i), 0)[2] is None
     out = sends(w.cut_idle(0))
     assert len(out) == 3 and decode_batch(out[0].payload).header.count == 4
     assert not w.idle_cut_wanted
     # With a batch in flight the next records linger, cut_idle or not.
-    w.submit_one(*one(4), 1, hold_idle=True)
+    w.take_one(*one(4), 1)[2]
     assert not w.idle_cut_wanted and sends(w.cut_idle(1)) == []
     assert len(sends(w.on_tick(6))) == 3
 
 
 def test_hold_idle_cuts_a_batch_once_it_is_full() -> None:
-    """Records joining a pending batch (submit_one's inline path) cut it when it reaches
+    """Records joining a pending batch (take_one's inline path) cut it when it reaches
     batch_bytes exactly, or before a record that would not fit, as submit does."""
     size = 16 + 2  # the record prefix and a value "vN"
     w = make(linger_ms=5, batch_bytes=3 * size)
-    assert w.submit_one(*one(0), 0, hold_idle=True) == []
-    assert w.submit_one(*one(1), 0, hold_idle=True) is None
-    out = sends(w.submit_one(*one(2), 0, hold_idle=True) or [])
+    assert w.take_one(*one(0), 0)[2] == []
+    assert w.take_one(*one(1), 0)[2] is None
+    out = sends(w.take_one(*one(2), 0)[2] or [])
     assert len(out) == 3 and decode_batch(out[0].payload).header.count == 3
     assert w.inflight_bytes == 72 + 3 * size and out[0].end == 3
     w = make(linger_ms=5, batch_bytes=3 * size - 1)
     for i in range(2):
-        w.submit_one(*one(i), 0, hold_idle=True)
-    out = sends(w.submit_one(*one(2), 0, hold_idle=True) or [])
+        w.take_one(*one(i), 0)[2]
+    out = sends(w.take_one(*one(2), 0)[2] or [])
     assert len(out) == 3 and decode_batch(out[0].payload).header.count == 2
     assert w.next_offset == 3 and sends(w.on_tick(6))[0].end == 3
 
@@ -512,14 +513,14 @@ def test_no_idle_confirm_while_a_batch_is_in_flight_or_records_pending() -> None
         ("a", 3), ("b", 3), ("c", 3)}
 
 
-def test_submit_one_encodes_headers_and_refuses_a_bad_record_without_taking_it() -> None:
+def test_take_one_encodes_headers_and_refuses_a_bad_record_without_taking_it() -> None:
     w = make(linger_ms=5)
-    out = sends(w.submit_one(b"v", {"k": "x"}, 5, 0) or [])
+    out = sends(w.take_one(b"v", {"k": "x"}, 5, 0, hold_idle=False)[2] or [])
     assert decode_batch(out[0].payload).records[0].headers == {"k": "x"}
     with pytest.raises(MalformedBatch):
-        w.submit_one(b"v", {"k": 1}, 5, 1)  # type: ignore[dict-item]
+        w.take_one(b"v", {"k": 1}, 5, 1)  # type: ignore[dict-item]
     with pytest.raises(MalformedBatch):
-        w.submit_one(b"v", None, 1 << 64, 1)
+        w.take_one(b"v", None, 1 << 64, 1)
     with pytest.raises(MalformedBatch):
         w.submit([rec(1), Record(b"bad", {}, -(1 << 64))], 1)
     assert w.next_offset == 1 and w.error is None
@@ -541,10 +542,10 @@ def test_an_acknowledgement_that_leaves_nothing_unacknowledged_sends_what_is_pen
     """Nagle's rule: the records pending behind a batch in flight go as soon as it is
     acknowledged, not at their linger."""
     w = make(linger_ms=50)
-    assert len(sends(w.submit_one(*one(0), 0, hold_idle=True) or [])) == 0
+    assert len(sends(w.take_one(*one(0), 0)[2] or [])) == 0
     assert len(sends(w.cut_idle(0))) == 3  # nothing in flight: goes
     for i in range(1, 4):  # behind it: lingering
-        assert not sends(w.submit_one(*one(i), 1, hold_idle=True) or [])
+        assert not sends(w.take_one(*one(i), 1)[2] or [])
     assert sends(w.on_append_ack("a", 0, 1, 2)) == []  # one ack: not yet acknowledged
     out = sends(w.on_append_ack("b", 0, 1, 2))
     assert [s.replica for s in out] == ["a", "b", "c"]
@@ -561,7 +562,7 @@ def test_a_burst_goes_in_early_batches_while_few_are_unacknowledged() -> None:
     w = make(linger_ms=50, early_bytes=2 * size, early_batches=2, batch_bytes=5 * size)
     ends: list[int] = []
     for i in range(12):
-        out = sends(w.submit_one(*one(i), 0, hold_idle=True) or [])
+        out = sends(w.take_one(*one(i), 0)[2] or [])
         ends += [s.end for s in out if s.replica == "a"]
     # Two early batches of two records, then a full one of five; three records pending.
     assert ends == [2, 4, 9] and w.next_offset == 12
@@ -570,7 +571,7 @@ def test_a_burst_goes_in_early_batches_while_few_are_unacknowledged() -> None:
     out = sends(w.on_append_ack("b", 0, 4, 1))  # room again: the three pending go
     assert [s.end for s in out if s.replica == "a"] == [12]
     # Small pending records behind unacknowledged batches linger (or wait for an ack).
-    assert not sends(w.submit_one(*one(12), 1, hold_idle=True) or [])
+    assert not sends(w.take_one(*one(12), 1)[2] or [])
     assert not w.idle_cut_wanted and sends(w.cut_idle(1)) == []
     assert w.next_deadline_ms() == 51
 
@@ -580,7 +581,7 @@ def test_early_batches_keep_offsets_and_records() -> None:
     w = make(linger_ms=50, early_bytes=64, early_batches=3, batch_bytes=256)
     got: list[bytes] = []
     for i in range(100):
-        out = w.submit_one(*one(i), 0, hold_idle=True) or []
+        out = w.take_one(*one(i), 0)[2] or []
         got += [r.value for s in sends(out) if s.replica == "a"
                 for r in decode_batch(s.payload).records]
         if i % 7 == 0:
@@ -612,7 +613,7 @@ def test_an_ack_without_effects_never_brings_the_deadline_sooner(seed: int) -> N
         now += rng.randrange(3)
         roll = rng.random()
         if roll < 0.35 and w.error is None and not w.sealing:
-            sent += sends(w.submit_one(*one(i), now, hold_idle=rng.random() < 0.5) or [])
+            sent += sends(w.take_one(*one(i), now, hold_idle=rng.random() < 0.5)[2] or [])
         elif roll < 0.45:
             sent += sends(w.on_tick(now) + w.cut_idle(now))
         elif roll < 0.47 and sent:

@@ -322,3 +322,32 @@ async def test_a_confirm_covered_by_one_in_flight_waits_for_its_answer() -> None
     assert isinstance(got["h3"][1], Timeout) and got["c3"] == (0, None)
     assert pool.calls[-1][1:3] == (Opcode.CONFIRM, {
         "stream_id": 3, "range_index": 0, "epoch": 1, "confirm": 7, "server_id": "s"})
+
+
+async def test_a_hint_that_goes_durable_tells_its_writer_before_its_answer() -> None:
+    """``on_durable`` is called at the turn's end for each hint that goes as a durable
+    confirm (its writer then makes no idle CONFIRM of it), never for one that goes as a
+    hint: first for its server in the turn, or alone in the queue."""
+    pool = HeldPool({Opcode.CONFIRM: {}, Opcode.APPEND: {"end": 1}})
+    sender = AppendSender(pool, timeout_s=3.0)
+    told: list[str] = []
+
+    def hint(name: str, stream: int) -> None:
+        sender.start_confirm("a:1", lambda error: None, server_id="s", stream_id=stream,
+                             range_index=0, epoch=1, confirm=3, durable=False,
+                             on_durable=lambda: told.append(name))
+
+    hint("first", 1)  # at once, as a hint
+    hint("h2", 2)
+    hint("h3", 3)
+    assert told == []
+    await asyncio.sleep(0)
+    assert told == ["h2", "h3"]
+    sender.start_append("a:1", lambda end, error: None, server_id="s", batch=b"x")
+    hint("alone", 4)  # the only one queued: a hint of its own
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert told == ["h2", "h3"]
+    assert pool.calls[-1][1:3] == (Opcode.CONFIRM, {
+        "stream_id": 4, "range_index": 0, "epoch": 1, "confirm": 3, "durable": False,
+        "server_id": "s"})
