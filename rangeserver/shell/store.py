@@ -212,9 +212,9 @@ class Store(StoreReads, StoreAppends):
                              stream_id=key[0], range_index=key[1])
 
     def _set(self, key: Key, new: ReplicaState) -> None:
-        old = self.replicas[key]
-        self.replicas[key] = new
         event = self._events.get(key)
+        old = self.replicas[key] if event is not None else new
+        self.replicas[key] = new
         if event is not None and (
             readable_end(old, unconfirmed=True) != readable_end(new, unconfirmed=True)
             or readable_end(old) != readable_end(new)
