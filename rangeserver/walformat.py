@@ -64,6 +64,13 @@ class EntryType(IntEnum):
     BATCH_INDEX = 8
 
 
+# An entry header's parts as its encoders pack them per entry (a batch and a confirm per
+# spread record and replica): the type as a plain int, a CONFIRM's fixed prefix made once.
+_CHECKSUM: Final = struct.Struct("<Q")
+_BATCH_TYPE: Final = int(EntryType.BATCH)
+_CONFIRM_PREFIX: Final = _ENTRY_PREFIX.pack(ENTRY_MAGIC, EntryType.CONFIRM, 0, _CONFIRM.size)
+
+
 class Verdict(Enum):
     CLEAN = "clean"
     TORN_TAIL = "torn_tail"
@@ -188,17 +195,16 @@ class ScanResult:
 # ----------------------------------------------------------------------------- encode
 
 
-def _entry_header(entry_type: EntryType, body: bytes | memoryview, covered: int) -> bytes:
+def _entry_header(entry_type: int, body: bytes | memoryview, covered: int) -> bytes:
     # One hash call over prefix and covered bytes (what one hasher fed both would give):
     # the log entry of every batch and control entry, so a hasher object per entry shows.
     prefix = _ENTRY_PREFIX.pack(ENTRY_MAGIC, entry_type, 0, len(body))
-    digest = xxhash.xxh3_64_intdigest(prefix + bytes(body[:covered]))
-    return prefix + digest.to_bytes(8, "little")
+    return prefix + _CHECKSUM.pack(xxhash.xxh3_64_intdigest(prefix + body[:covered]))
 
 
 def batch_entry_header(batch: bytes | memoryview) -> bytes:
     """The 16-byte entry header to write before a (verified) record batch."""
-    return _entry_header(EntryType.BATCH, batch, BATCH_HEADER_BYTES)
+    return _entry_header(_BATCH_TYPE, batch, BATCH_HEADER_BYTES)
 
 
 def encode_control(control: Control) -> bytes:
@@ -242,7 +248,8 @@ def confirm_entry(stream_id: int, range_index: int, epoch: int, confirm: int) ->
     """A whole CONFIRM entry: :func:`encode_control` of :class:`Confirmed`, the same bytes
     without the object (a confirm per record and replica when writers idle)."""
     body = _CONFIRM.pack(stream_id, range_index, epoch, confirm)
-    return _entry_header(EntryType.CONFIRM, body, len(body)) + body
+    return _CONFIRM_PREFIX + _CHECKSUM.pack(
+        xxhash.xxh3_64_intdigest(_CONFIRM_PREFIX + body)) + body
 
 
 def _decode_control(entry_type: EntryType, body: memoryview) -> Control:

@@ -268,22 +268,19 @@ class RangeServer:
         appends, writes = self.store.begin_appends(
             batches, deferred=deferred, check=check,
             indexes=appendmany.batch_indexes(header, len(batches)))
-        confirmed: list[EstreamError | None] = []  # None: taken (checked, then decided)
-        checked: list[tuple[int, int, int, int]] = []
-        for confirm in confirms:
+        checked: list[appendmany.Confirm] = []
+        refused: dict[int, EstreamError] = {}  # a confirm's position: its bounds' error
+        for i, confirm in enumerate(confirms):
             try:
-                stream_id, range_index, epoch, offset = (
-                    bounds.check_field(name, value) for name, value in zip(
-                        ("stream_id", "range_index", "epoch", "confirm"), confirm, strict=True))
+                checked.append(bounds.check_confirm(confirm))
             except EstreamError as exc:
-                confirmed.append(exc)
-            else:
-                confirmed.append(None)
-                checked.append((stream_id, range_index, epoch, offset))
+                refused[i] = exc
         # The confirms are one log write (Store.begin_confirms): one future for all.
         decided, durable = self.store.begin_confirms(checked) if checked else ([], None)
-        taken = iter(decided)
-        confirmed = [next(taken) if c is None else c for c in confirmed]
+        if refused:  # each refused one back at its place, the decided ones in order
+            taken = iter(decided)
+            decided = [refused[i] if i in refused else next(taken)
+                       for i in range(len(confirms))]
         hinted = [self._hint(hint) for hint in hints]  # in memory, answered with the rest
         waits = list(writes)
         if durable is not None:
@@ -291,31 +288,35 @@ class RangeServer:
         done = _all_done(waits)
         if self.store.append_delay_ms and batches:
             done = _paced(done, self.store.append_delay_ms)
-        return done, lambda: (appendmany.encode_answer(
-            [self._entry_result(e, writes, deferred) for e in appends],
-            [_durable_result(durable) if c is None else c for c in confirmed], hinted), b"")
+
+        def answer() -> tuple[Header, bytes]:
+            failed = [_outcome(write) for write in writes]  # each write's, read once
+            durable_error = _durable_result(durable)
+            return appendmany.encode_answer(
+                [self._entry_result(e, failed, deferred) for e in appends],
+                [durable_error if c is None else c for c in decided], hinted), b""
+
+        return done, answer
 
     def _hint(self, hint: appendmany.Confirm) -> EstreamError | None:
         """One APPEND_MANY confirm hint, taken as a CONFIRM ``durable=False`` of its own
         (:meth:`confirm_now`): None, or the typed error it was refused with."""
         try:
-            stream_id, range_index, epoch, offset = (
-                bounds.check_field(name, value) for name, value in zip(
-                    ("stream_id", "range_index", "epoch", "confirm"), hint, strict=True))
-            self.store.hint_confirm(stream_id, range_index, epoch, offset)
+            self.store.hint_confirm(*bounds.check_confirm(hint))
         except EstreamError as exc:
             return exc
         return None
 
     def _entry_result(
-        self, entry: Appended | EstreamError, writes: list[asyncio.Future[None]],
+        self, entry: Appended | EstreamError, failed: list[EstreamError | None],
         deferred: bool,
     ) -> appendmany.Result:
         """One APPEND_MANY batch's result: its end (a deferred one's own; else its
-        replica's durable end), or the typed error it or its log write failed with."""
+        replica's durable end), or the typed error it or its log write failed with
+        (``failed``: each write's, :func:`_outcome`)."""
         if isinstance(entry, EstreamError):
             return entry
-        error = None if entry.wait < 0 else _outcome(writes[entry.wait])
+        error = None if entry.wait < 0 else failed[entry.wait]
         if error is not None:
             return error
         if deferred:

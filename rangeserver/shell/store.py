@@ -212,9 +212,9 @@ class Store(StoreReads, StoreAppends):
                              stream_id=key[0], range_index=key[1])
 
     def _set(self, key: Key, new: ReplicaState) -> None:
-        old = self.replicas[key]
-        self.replicas[key] = new
         event = self._events.get(key)
+        old = self.replicas[key] if event is not None else new
+        self.replicas[key] = new
         if event is not None and (
             readable_end(old, unconfirmed=True) != readable_end(new, unconfirmed=True)
             or readable_end(old) != readable_end(new)
@@ -551,11 +551,11 @@ class Store(StoreReads, StoreAppends):
             for key, before in reversed(raised):
                 self._restore(key, before)
             return [exc if error is None else error for error in errors], None
-        for key in logged:
-            if key in self.spans:
-                self._extend_span(key, location.segment)
-            else:
-                self.spans[key] = Span(location.segment, location.segment)
+        segment = location.segment
+        for key in logged:  # each replica's span reaches this segment
+            span = self.spans.get(key)
+            if span is None or segment > span.last:
+                self.spans[key] = Span(segment if span is None else span.first, segment)
         return errors, done
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:

@@ -25,6 +25,7 @@ from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.refusals import indexed_refusal
 from rangeserver.replica import ReplicaState
+from rangeserver.retention import Span
 from rangeserver.shell.logport import LogPort
 from rangeserver.stripedreplica import decide_indexed_append
 from rangeserver.timeindex import TimeIndex
@@ -58,6 +59,7 @@ class StoreAppends:
     cache: BatchCache
     wal: LogPort
     seen: dict[Key, tuple[int, int]]
+    spans: dict[Key, Span]
     clock: Clock
 
     def _get(self, stream_id: int, range_index: int) -> ReplicaState:
@@ -162,7 +164,9 @@ class StoreAppends:
         bounds.check_batch(header)
         check_records(batch, header)
         key = (header.stream_id, header.range_index)
-        state = self._get(*key)
+        state = self.replicas.get(key)
+        if state is None:
+            state = self._get(*key)  # its RangeNotFound
         outcome = (rp.decide_append(state, header) if index is None and state.stripe is None
                    else decide_indexed_append(state, header, index))
         if not isinstance(outcome, (rp.Accept, rp.Duplicate)):
@@ -178,15 +182,13 @@ class StoreAppends:
         log's refusal, if it took nothing."""
         parts: list[bytes | memoryview] = []
         ends: dict[Key, tuple[int, int]] = {}
-        size = 0
         for _, key, header, batch, _, index in accepted:
             if index >= 0:  # a striped replica's: its BATCH_INDEX entry first
                 parts.append(wf.encode_control(wf.BatchIndexed(*key, index)))
             parts.append(wf.batch_entry_header(batch))
             parts.append(batch)
-            size += wf.ENTRY_HEADER_BYTES + len(batch) + (
-                wf.BATCH_INDEX_ENTRY_BYTES if index >= 0 else 0)
             ends[key] = (header.end_offset, index)  # in order: the last is the highest
+        size = sum(map(len, parts))
 
         def durable() -> None:
             for key, (end, index) in ends.items():
@@ -203,18 +205,21 @@ class StoreAppends:
             return exc
         futures.append(done)
         segment, position = location.segment, location.position + wf.ENTRY_HEADER_BYTES
+        indexes, time_indexes, spans = self.indexes, self.time_indexes, self.spans
+        replicas, cache = self.replicas, self.cache
         for _, key, header, batch, before, index in accepted:
             if index >= 0:
                 position += wf.BATCH_INDEX_ENTRY_BYTES
-            self.indexes[key].add(header.base_offset, header.end_offset,
-                                  Location(segment, position, len(batch)))
-            self.time_indexes[key].observe(header.end_offset, header.first_timestamp,
-                                           header.max_timestamp, len(batch))
-            self._extend_span(key, segment)
-            self.cache.put((key[0], key[1], header.base_offset), batch)
-            new = self.replicas[key]
+            size = len(batch)
+            base, end = header.base_offset, header.end_offset
+            indexes[key].add(base, end, Location(segment, position, size))
+            time_indexes[key].observe(end, header.first_timestamp, header.max_timestamp, size)
+            if segment > spans[key].last:
+                self._extend_span(key, segment)
+            cache.put((key[0], key[1], base), batch)
+            new = replicas[key]
             if new.confirm != before.confirm:  # readers may see more: wake long polls
-                self.replicas[key] = before
+                replicas[key] = before
                 self._set(key, new)
-            position += len(batch) + wf.ENTRY_HEADER_BYTES
+            position += size + wf.ENTRY_HEADER_BYTES
         return None

@@ -95,3 +95,23 @@ def test_a_batch_up_to_the_last_offset_is_in_bounds() -> None:
 )
 def test_control_entries_are_held_to_the_same_bounds(control: wf.Control, ok: bool) -> None:
     assert bounds.control_in_bounds(control) is ok
+
+
+@pytest.mark.parametrize("at", range(4))
+def test_a_confirm_is_held_to_its_four_fields_bounds_and_names_the_first_outside(
+    at: int,
+) -> None:
+    names = ("stream_id", "range_index", "epoch", "confirm")
+    top = tuple(bounds.FIELD_BOUNDS[name][1] for name in names)
+    assert bounds.check_confirm((0, 0, 0, 0)) == (0, 0, 0, 0)
+    assert bounds.check_confirm(top) == top  # type: ignore[arg-type]
+    for bad in (-1, top[at] + 1):
+        confirm = tuple(bad if i == at else 1 for i in range(4))
+        with pytest.raises(InvalidArgument) as err:
+            bounds.check_confirm(confirm)  # type: ignore[arg-type]
+        assert err.value.argument == names[at]
+        with pytest.raises(InvalidArgument) as again:  # the same error as field by field
+            for name, value in zip(names, confirm, strict=True):
+                bounds.check_field(name, value)
+        assert str(err.value) == str(again.value)
+    assert bounds.check_confirm((INT64_MAX, 3, 2, 1)) == (INT64_MAX, 3, 2, 1)
