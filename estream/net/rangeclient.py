@@ -331,8 +331,8 @@ class ReplicaClient:
 
     def abandon(self, replica: str) -> None:
         """The writer dropped ``replica``: its APPENDs and CONFIRMs not answered yet fail
-        now (``Unavailable``), their timers cancelled and their batches released, instead
-        of each waiting for its timeout on a hung server."""
+        now (``Unavailable``) and their batches are released, instead of each waiting for
+        its timeout on a hung server."""
         outstanding = self.outstanding.pop(replica, None)
         if not outstanding:
             return
