@@ -90,8 +90,9 @@ async def test_an_abandoned_request_fails_now_and_cancels_no_timer() -> None:
 
 async def test_dropping_a_replica_abandons_its_appends_and_confirms_only() -> None:
     """Batches of one turn to three replicas (the first at once, the rest in an
-    APPEND_MANY) and a confirm: dropping ``c`` fails c's now and releases its requests;
-    a's and b's still wait for their answers."""
+    APPEND_MANY) and a confirm: dropping ``c`` abandons c's now and releases its requests,
+    calling none of their callbacks (the writer dropped c: nothing to tell it, and a hung
+    server's backlog is thousands); a's and b's still wait for their answers."""
     pool = HungPool()
     replicas = ReplicaClient(pool, 1, appends=AppendSender(pool))  # type: ignore[arg-type]
     replicas.addresses = {"a": "a:1", "b": "b:1", "c": "c:1"}
@@ -107,7 +108,7 @@ async def test_dropping_a_replica_abandons_its_appends_and_confirms_only() -> No
         + [(a, Opcode.APPEND_MANY) for a in ("a:1", "b:1", "c:1")] + [("c:1", Opcode.CONFIRM)])
     assert len(pool.waiting) == 7
     replicas.abandon("c")
-    assert len(answers["c"]) == 11 and all(isinstance(e, Unavailable) for e in answers["c"])
+    assert answers["c"] == []
     assert len(pool.waiting) == 4  # a's and b's APPEND and APPEND_MANY
     assert "c" not in replicas.outstanding and len(replicas.outstanding["a"]) == 10
     assert answers["a"] == answers["b"] == []
@@ -123,4 +124,4 @@ async def test_an_entry_abandoned_before_its_turn_ends_is_never_sent() -> None:
     replicas.abandon("c")
     await asyncio.sleep(0)
     assert pool.calls == [("c:1", Opcode.APPEND)] and pool.waiting == []
-    assert len(answers) == 3
+    assert answers == []  # dropped: no callback
