@@ -97,7 +97,9 @@ class LoopStalls:
     def stop(self) -> None:
         self._task.cancel()
 
-    def longest(self, since: float, count: int = 8) -> list[tuple[float, float]]:
-        """The ``count`` longest after ``since``: (s after it, ms late)."""
-        after = sorted((s for s in self.stalls if s[0] >= since), key=lambda s: -s[1])
-        return [(round(start - since, 3), round(late, 2)) for start, late in after[:count]]
+    def longest(self, around: float, within_s: float, count: int = 8
+                ) -> list[tuple[float, float]]:
+        """The ``count`` longest within ``within_s`` of ``around``: (s from it, ms late)."""
+        near = sorted((s for s in self.stalls if abs(s[0] - around) < within_s),
+                      key=lambda s: -s[1])
+        return [(round(start - around, 3), round(late, 2)) for start, late in near[:count]]

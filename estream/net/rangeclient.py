@@ -256,17 +256,22 @@ class _Answered:
     """An APPEND's or CONFIRM's callback that first forgets it as outstanding: one object
     per request and replica instead of a closure's function, cells and tuple (a record
     spread over many streams is a request per replica, and each object is the cyclic
-    GC's to count and walk)."""
+    GC's to count and walk). ``started``: the request's handle, to abandon it."""
 
-    __slots__ = ("done", "key", "outstanding")
+    __slots__ = ("done", "key", "outstanding", "started")
 
-    def __init__(self, outstanding: dict[int, Started], key: int,
+    def __init__(self, outstanding: dict[int, _Answered], key: int,
                  done: Callable[..., None]) -> None:
         self.outstanding, self.key, self.done = outstanding, key, done
+        self.started: Started | None = None
 
     def __call__(self, *answer: object) -> None:
         self.outstanding.pop(self.key, None)
         self.done(*answer)
+
+
+def _dropped(*answer: object) -> None:
+    """The callback of a request to a replica the writer dropped: nothing to tell it."""
 
 
 class ReplicaClient:
@@ -287,7 +292,7 @@ class ReplicaClient:
         self.digest = digest  # the stream's: every replica it creates records it
         self.addresses: dict[str, str] = {}
         # APPENDs and CONFIRMs not answered yet, by replica: abandon() fails them at once.
-        self.outstanding: dict[str, dict[int, Started]] = {}
+        self.outstanding: dict[str, dict[int, _Answered]] = {}
         self._ids = itertools.count()
 
     def learn(self, rng: RangeMeta) -> None:
@@ -308,13 +313,14 @@ class ReplicaClient:
         outstanding, key = self.outstanding.setdefault(replica, {}), next(self._ids)
         answered = _Answered(outstanding, key, done)
         if batch_index is None:
-            outstanding[key] = self.appends.start_append(
+            answered.started = self.appends.start_append(
                 self.addresses[replica], answered, server_id=replica, batch=payload,
                 deferred=deferred)
         else:
-            outstanding[key] = self.appends.start_append(
+            answered.started = self.appends.start_append(
                 self.addresses[replica], answered, server_id=replica, batch=payload,
                 deferred=deferred, batch_index=batch_index)
+        outstanding[key] = answered
 
     def start_confirm(self, replica: str, stream_id: int, range_index: int, confirm: int,
                       done: Callable[[EstreamError | None], None], *,
@@ -326,21 +332,27 @@ class ReplicaClient:
         ``done(error)``, later; ``on_durable()`` if a hint goes as a durable confirm
         after all (``estream/net/appendsender.py``), before its answer."""
         outstanding, key = self.outstanding.setdefault(replica, {}), next(self._ids)
-        outstanding[key] = self.appends.start_confirm(
-            self.addresses[replica], _Answered(outstanding, key, done), server_id=replica,
+        answered = _Answered(outstanding, key, done)
+        answered.started = self.appends.start_confirm(
+            self.addresses[replica], answered, server_id=replica,
             stream_id=stream_id, range_index=range_index, epoch=self.epoch, confirm=confirm,
             durable=durable, on_durable=on_durable)
+        outstanding[key] = answered
 
     def abandon(self, replica: str) -> None:
-        """The writer dropped ``replica``: its APPENDs and CONFIRMs not answered yet fail
-        now (``Unavailable``), their timers cancelled and their batches released, instead
-        of each waiting for its timeout on a hung server."""
+        """The writer dropped ``replica``: its APPENDs and CONFIRMs not answered yet are
+        abandoned now (``Unavailable``) and their batches released, instead of each waiting
+        for its timeout on a hung server. Their callbacks are not called: the writer that
+        dropped the replica has nothing to learn from them (a hung server's backlog is
+        thousands of requests, abandoned in one turn)."""
         outstanding = self.outstanding.pop(replica, None)
         if not outstanding:
             return
         error = Unavailable(f"replica {replica} was dropped by the writer")
-        for started in list(outstanding.values()):
-            started.abandon(error)
+        for answered in list(outstanding.values()):
+            answered.done = _dropped
+            assert answered.started is not None  # set before it is outstanding
+            answered.started.abandon(error)
 
     async def fence(self, replica: str, stream_id: int, range_index: int) -> SealAnswer:
         """SEAL without an end at our epoch: ``replica`` refuses older writers and answers

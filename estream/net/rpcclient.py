@@ -27,6 +27,7 @@ from collections.abc import Callable
 from ssl import SSLContext
 from typing import Final, Protocol, cast
 
+from estream.net.deadlines import Deadlines
 from estream.net.rpcfields import Done, Header, Started
 from estream.net.transport import TCP, Network
 from estream.wire import limits
@@ -166,7 +167,9 @@ _ANSWERED: Final = _Answered()
 
 class _Started:
     """A request sent by :meth:`RpcClient.start_call`: its answer, error or timeout goes
-    to ``done`` once (called from the connection's callbacks, never from ``start_call``)."""
+    to ``done`` once (called from the connection's callbacks, never from ``start_call``).
+    Its deadline is the connection's :class:`~estream.net.deadlines.Deadlines`' (``timer``:
+    a loop timer of its own only when that could not take it)."""
 
     __slots__ = ("_done", "_client", "_request_id", "_opcode", "_timeout_s", "timer")
 
@@ -237,6 +240,7 @@ class RpcClient:
         self._loop = asyncio.get_running_loop()  # the connection's, where every call runs
         self._ids = itertools.count(1)
         self._tls = False
+        self._deadlines = Deadlines(self._loop)  # start_call's: one timer for all
 
     @classmethod
     async def connect(
@@ -354,9 +358,9 @@ class RpcClient:
         payload is dropped: for requests answered by their header), an error to
         ``done(None, error)``: the server's typed error, :class:`Unavailable` when the
         connection fails, :class:`Timeout` (outcome unknown) after ``timeout_s``, or the
-        error given to the returned handle's ``abandon`` (at once: timer cancelled, no
-        reference kept). ``done`` is called exactly once, from the event loop, never from
-        within this call.
+        error given to the returned handle's ``abandon`` (at once; its callback is dropped
+        and its deadline left to the connection's queue, which forgets it). ``done`` is
+        called exactly once, from the event loop, never from within this call.
 
         No waiting for the transport's buffer to drain: the caller bounds what it has in
         flight (the writer's budget). Requests started one after another are written in
@@ -376,7 +380,8 @@ class RpcClient:
             return _ANSWERED
         started = _Started(done, self, request_id, opcode, timeout_s)
         protocol.pending[request_id] = started
-        started.timer = loop.call_later(timeout_s, started.expire)
+        if not self._deadlines.add(timeout_s, started):  # sooner than the last: its own
+            started.timer = loop.call_later(timeout_s, started.expire)
         transport.writelines(frame)
         return started
 
@@ -386,6 +391,7 @@ class RpcClient:
         which a hung peer never would; else gracefully."""
         protocol = self._protocol
         protocol._fail_all(error)
+        self._deadlines.clear()
         protocol.resume_writing()  # wake the calls waiting for a drain: they fail now
         transport = protocol.transport
         if transport is None:

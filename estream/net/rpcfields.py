@@ -34,8 +34,9 @@ class Started(Protocol):
     """A request started by ``start_call`` (or a writer's APPEND or CONFIRM on it)."""
 
     def abandon(self, error: EstreamError, /) -> None:
-        """Fail it now with ``error`` (its callback, once), cancel its timer and drop its
-        references; a late answer is ignored. Nothing if it was answered already."""
+        """Fail it now with ``error`` (its callback, once) and drop its references (its
+        deadline costs nothing more); a late answer is ignored. Nothing if it was answered
+        already."""
 
 
 __all__ = ["ROLES_FIELD", "Answer", "Done", "Handler", "Header", "QuickHandler", "Started",

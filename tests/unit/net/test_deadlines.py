@@ -1,0 +1,65 @@
+"""A connection's request deadlines on one loop timer (``estream/net/deadlines.py``): each
+request still waiting at its deadline expires then, answered ones never do, and a deadline
+sooner than the queue's last is left to its caller."""
+
+from __future__ import annotations
+
+import asyncio
+
+from estream.net.deadlines import Deadlines
+
+
+class Request:
+    def __init__(self, log: list[str], name: str, deadlines: Deadlines | None = None) -> None:
+        self.log, self.name, self.answered = log, name, False
+        self.deadlines = deadlines  # on expiry: queue another (a retry)
+
+    def done(self) -> bool:
+        return self.answered
+
+    def expire(self) -> None:
+        self.answered = True
+        self.log.append(self.name)
+        if self.deadlines is not None:
+            self.deadlines.add(0.01, Request(self.log, self.name + "'"))
+
+
+async def test_waiting_requests_expire_at_their_deadline_answered_ones_never() -> None:
+    deadlines, expired = Deadlines(asyncio.get_running_loop()), []
+    a, b = Request(expired, "a"), Request(expired, "b")
+    assert deadlines.add(0.01, a) and deadlines.add(0.01, b)
+    await asyncio.sleep(0.005)
+    c = Request(expired, "c")
+    assert deadlines.add(0.03, c)
+    a.answered = True
+    await asyncio.sleep(0.015)
+    assert expired == ["b"]  # a was answered, c's deadline is later
+    await asyncio.sleep(0.03)
+    assert expired == ["b", "c"] and len(deadlines) == 0
+
+
+async def test_a_sooner_deadline_is_not_queued() -> None:
+    deadlines, expired = Deadlines(asyncio.get_running_loop()), []
+    assert deadlines.add(1.0, Request(expired, "long"))
+    assert not deadlines.add(0.01, Request(expired, "short"))  # its caller's own timer
+    deadlines.clear()
+    await asyncio.sleep(0.02)
+    assert expired == [] and len(deadlines) == 0
+
+
+async def test_an_expiry_that_queues_another_deadline_arms_the_timer_for_it() -> None:
+    loop = asyncio.get_running_loop()
+    deadlines, expired = Deadlines(loop), []
+    deadlines.add(0.01, Request(expired, "a", deadlines))
+    await asyncio.sleep(0.05)
+    assert expired == ["a", "a'"]
+
+
+async def test_answered_requests_leave_the_queue_as_new_ones_come() -> None:
+    deadlines, expired = Deadlines(asyncio.get_running_loop()), []
+    requests = [Request(expired, str(i)) for i in range(1000)]
+    for request in requests:
+        deadlines.add(5.0, request)
+        request.answered = True  # answered long before its deadline, as nearly all are
+    assert len(deadlines) == 1
+    deadlines.clear()
