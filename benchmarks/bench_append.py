@@ -18,9 +18,9 @@ measures with 1 KiB records:
    overall and in the second around the kill;
 5. ``--gray-replica hung|slow``: open-loop appends at ``--gray-rate``/s on exactly 3 range
    servers; mid-run one replica of the open range is stopped (SIGSTOP) or slowed (the
-   test fault proxy, each in a process of its own, delays each request to it by 50 ms):
-   worst and p99.9 latency (from each append's due time) within 2.5 s of the fault,
-   failed appends, lost or duplicated offsets (issue 32);
+   test fault proxy delays each request to it by 50 ms): worst and p99.9 latency (from
+   each append's due time) within 2.5 s of the fault, failed appends, lost or duplicated
+   offsets (issue 32);
 6. ``--exactly-once``: throughput 1 again beside the same with an idempotent producer
    (``producer_id`` set, every append with its ``sequence``) and with the ``crc32c`` and
    ``hmac-sha256`` entry digests, alternated ``--repeat`` times (the median of each, and
@@ -652,9 +652,7 @@ def main() -> int:
         # ESTREAM_SECRET is set (the "with the secret" rows of RESULTS.md), as before.
         proxy = None
         if args.gray_replica == "slow":
-            # In processes of their own: a proxy thread would relay every server's traffic
-            # under the client's interpreter lock, and the row would measure the relay.
-            from tests.harness.proxyprocess import start_proxy_process as proxy
+            from tests.harness.faultproxy import start_fault_proxy as proxy
         cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=servers, secret=None,
                                 proxy=proxy)
         try:

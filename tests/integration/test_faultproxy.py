@@ -30,7 +30,6 @@ from estream.wire.errors import RangeSealed, Timeout, Unavailable
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
 from tests.harness.faultproxy import FaultProxy, start_fault_proxy
-from tests.harness.proxyprocess import ProxyProcess
 from tests.harness.walfiles import damage_replica
 
 pytestmark = [pytest.mark.integration,
@@ -225,42 +224,6 @@ async def test_a_dead_server_behind_the_proxy_fails_connections(proxied: Proxied
             await client.call(Opcode.PING, timeout_s=2.0)
         finally:
             await client.close()
-
-
-async def test_the_proxy_in_its_own_process_delays_partitions_heals_and_stops(
-        tmp_path: Path) -> None:
-    """The benchmarks' proxy (tests/harness/proxyprocess.py): the same rules, carried out in
-    a child process, so the relay does not share the client's interpreter lock."""
-    host = "127.0.0.1"
-    port = free_port(host)
-    proxy = ProxyProcess(f"{host}:{port}", host)
-    pid = proxy.pid
-    assert pid is not None and pid != os.getpid()
-    try:
-        server, _ = start_rangeserver(
-            tmp_path / "rs", host, port=port, extra_args=["--advertise", proxy.address])
-        client = await RpcClient.connect(proxy.address)
-        try:
-            await create_and_fill(client, 1)
-            proxy.delay(Opcode.APPEND, "request", 200, count=1)
-            started = time.monotonic()
-            await client.call(Opcode.APPEND, {}, batch(1))
-            assert time.monotonic() - started >= 0.2
-            assert proxy.passed(Opcode.APPEND, "request") == 2
-            proxy.partition()
-            with pytest.raises(Timeout):
-                await client.call(Opcode.PING, timeout_s=short_timeout_s)
-            proxy.heal()
-            header, _ = await client.call(Opcode.PING)
-            assert header["address"] == proxy.address
-            with pytest.raises(AttributeError):
-                proxy._loop  # noqa: B018 - only the proxy's public calls are forwarded
-        finally:
-            await client.close()
-            server.stop()
-    finally:
-        proxy.close()
-    assert not os.path.exists(f"/proc/{pid}"), "close() stops the child and reaps it"
 
 
 def _open_fds() -> int:
