@@ -200,7 +200,7 @@ async def test_reads_fail_over_within_the_write_set(cluster: Cluster, client: Cl
         refs = writer.range(0).replicas
         # batch 0: position 2 is asked first (the longest run), hung; then 1 (W(0) = 0 1 2)
         cluster.pause(refs[2].address)
-        try:  # (each read of a hung server costs the request timeout: batches 0-1, one)
+        try:  # (a read of a hung server costs its READ bound, 1.5 s: batches 0-1, one)
             assert await offsets(client, "sr-fail", 0, 8) == list(range(8))
         finally:
             cluster.resume(refs[2].address)
@@ -323,7 +323,7 @@ async def test_a_chain_read_fails_over_when_a_server_of_its_cover_fails(
         cluster: Cluster, client: Client, fault: str) -> None:
     """Two sealed ranges of 40 batches and the open one, read with chain answers of about
     two batches: position 2 of range 0 (of the cover 0, 2) killed, or SIGSTOPped (its READ
-    times out: 2 s), once the read delivered its first records. The read goes on by the
+    times out: 1.5 s), once the read delivered its first records. The read goes on by the
     chains of positions 1 and 4 (a cover without 2), every record once, in order."""
     name = f"sr-chain-{fault}"
     async with hand_writer(client, name) as writer:
