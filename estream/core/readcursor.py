@@ -37,17 +37,21 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   unavailable (timed out, or its server cannot be reached) is asked last for the next
   ``hung_last_reads`` reads (or until it answers), so the tail stays on the replicas that
   answer while that server hangs, and comes back to it later. A plain read (each READ
-  bounded by the client's timeout) orders such a replica last the same way, for the rest
-  of the read (all its parts: ``hung`` may be shared), and ends an open range without
-  asking it once a seal quorum of the others has nothing more;
+  bounded as below) orders such a replica last the same way, for the rest of the read
+  (all its parts: ``hung`` may be shared), and ends an open range without asking it once a
+  seal quorum of the others has nothing more;
+- a **plain** (catch-up) read's READ is no long poll, so a healthy server answers at once:
+  each is bounded by ``read_answer_ms_max`` and on :class:`Timeout` the replica counts as
+  hung (as above), the next holder asked. A round that finds nothing after such a timeout
+  is asked again at once (not counted) with the client's full timeout, and so is the rest
+  of the read: a slow network is not a hung server;
 - a **striped** range (E > replicas) is read by batch from each batch's write set
   (:mod:`estream.core.stripedread`; docs/ARCHITECTURE.md section 10, Reads);
 - a range in the **object tier** (``RangeMeta.tier == "object"``) is read from the
-  replicas it still lists (kept for a while after the upload: the hot tail stays on range
-  servers), and when every one of them fails, or none is left, from the object store
-  (:class:`ReadObject`, clipped at the range's end like any sealed range). A range whose
-  replicas all fail is looked up again in fresh metadata, so a range that moved to the
-  object tier meanwhile (and lost its replicas) is read from there.
+  replicas it still lists (the hot tail stays on range servers a while), and when every
+  one fails, or none is left, from the object store (:class:`ReadObject`, clipped at the
+  range's end); a range whose replicas all fail is looked up again in fresh metadata (it
+  may have moved to the object tier meanwhile).
 
 Steps and the answers sent back (an error of the step is thrown in instead):
 
@@ -65,18 +69,14 @@ The driver keeps the items of the last answer; :class:`Deliver` tells it to hand
 over. The read is over when the generator returns; an exception raised from it is the
 read's error.
 
-Double faults: the cursor holds no state a crash could lose (a reader that dies simply
-stops); a replica wiped, damaged or hung costs one failed step (every step the driver runs
-has a timeout) and the next replica is asked; a PD leader change costs a retried
-:class:`Describe` inside the PD client. Replicas dropped under a reader after an upload
-answer ``RangeNotFound``: the object is read in the same round (or after one refresh, when
-the reader's view predates the upload), with no error. An object store that is down or
-slow fails a :class:`ReadObject` within its deadline: the rounds above are retried, then
-its error is raised (never a silent end); an object that is missing, damaged or not what
-the catalog names is a typed error, and the range's replicas serve it while it has any.
-Nothing past a sealed range's catalog end or an open
-range's confirm offset is ever delivered, and offsets only move forward from one delivered
-answer's end, so no record is delivered twice or skipped.
+Double faults: the cursor holds no state a crash could lose; a replica wiped, damaged or
+hung costs one failed step (every step has a timeout) and the next replica is asked; a PD
+leader change costs a retried :class:`Describe` inside the PD client. Replicas dropped
+after an upload answer ``RangeNotFound``: the object is read in the same round (or after
+one refresh). An object store down or slow fails a :class:`ReadObject` within its
+deadline: the rounds above are retried, then its error is raised (never a silent end).
+Nothing past a sealed range's catalog end or an open range's confirm offset is delivered,
+and offsets only move forward from a delivered answer's end: none twice, none skipped.
 
 Pure: no I/O.
 """
@@ -102,6 +102,7 @@ from estream.wire.errors import (
     MalformedObject,
     OffsetOutOfRange,
     RangeNotFound,
+    Timeout,
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
@@ -118,6 +119,7 @@ follow_refresh_polls: Final = 10  # a tail looks PD up after this many empty lon
 short_refresh_polls: Final = 2  # ... this many while a replica of the range did not answer
 tail_answer_ms_max: Final = 1_000  # a tail's read not answered this long past its long poll:
 #   the server is taken as hung (a long poll of follow_wait_ms: another replica within 2 s)
+read_answer_ms_max: Final = 1_500  # a plain read's READ not answered this long: hung, next one
 hung_last_reads: Final = 1_000  # reads for which a replica that did not answer is asked last
 object_read_bytes_max: Final = limits.read_bytes_max  # one ReadObject's batches, at most
 object_part_bytes_max: Final = limits.read_bytes_max  # one ranged GET of them (several: at once)
@@ -137,6 +139,7 @@ class CursorConfig:
     follow_refresh_polls: int = follow_refresh_polls
     short_refresh_polls: int = short_refresh_polls
     tail_answer_ms_max: int = tail_answer_ms_max
+    read_answer_ms_max: int = read_answer_ms_max
     hung_last_reads: int = hung_last_reads
 
 
@@ -146,8 +149,7 @@ class CursorConfig:
 @dataclass(frozen=True, slots=True)
 class Describe:
     """The stream's metadata: cached unless ``refresh`` (then from PD), with the range
-    holding ``offset`` among its ranges when the stream has it (PD answers a window of a
-    long stream's ranges)."""
+    holding ``offset`` among its ranges (PD answers a window of a long stream's)."""
 
     refresh: bool
     offset: int | None = field(default=None, compare=False)  # a hint, not another step
@@ -360,6 +362,8 @@ class ReadCursor:
         self.unanswered = False  # some replica failed in the last _read_range
         self.at: BatchAt | None = None  # a striped range: the batch the read goes on from
         self.asked: list[str] = []  # the last round's servers, in order (a tail rotates them)
+        self.patient = False  # a plain read's READs wait the client's full timeout
+        self.hurried = False  # the last round failed after a read_answer_ms_max timeout
 
     @property
     def rounds_max(self) -> int:
@@ -424,6 +428,10 @@ class ReadCursor:
             meta: StreamMeta = yield Describe(refresh=True, offset=self.offset)
             if self.offset < meta.start_offset:
                 raise exc  # trimmed meanwhile
+        if self.hurried:  # some timed out by read_answer_ms_max: a slow network, not hung?
+            self.hurried, self.patient = False, True
+            meta = yield Describe(refresh=True, offset=self.offset)
+            return meta
         self.failures += 1
         if self.failures >= self.rounds_max:
             raise exc
@@ -481,13 +489,11 @@ class ReadCursor:
         for a while after its upload serve the hot tail; once they are dropped, the
         object is the only source).
 
-        Errors move on to the next source; a sealed range's source with nothing at the
-        offset (short) too. On the open range an empty answer is returned once no replica
-        has more confirmed (a long poll's empty answer at once), and only when a seal quorum
-        of replicas said so: an acknowledged record's confirm reached ``ack_count`` replicas
-        once its writer closed, and any seal quorum includes one of them. Fewer answers
-        (the others failing) cannot tell the end: the round fails and is retried, so a
-        plain read never ends silently short of acknowledged records.
+        Errors move on to the next source; a sealed range's short source too. On the open
+        range an empty answer is returned (a long poll's at once) only when a seal quorum
+        of replicas said so: an acknowledged record's confirm reached ``ack_count``
+        replicas once its writer closed, and any seal quorum includes one. Fewer answers
+        cannot tell the end: the round fails and is retried (never a silent short end).
 
         A striped range (:mod:`estream.core.stripedread`) is read by batch once the cursor
         knows where one starts: from that batch's write set, a seal quorum of which must
@@ -503,8 +509,9 @@ class ReadCursor:
         last: EstreamError | None = None
         not_created = 0
         empty: Answer | None = None
-        empties = 0
-        timeout_ms = self.config.tail_answer_ms_max if self.follow else None
+        empties, timed_out = 0, False
+        timeout_ms = (self.config.tail_answer_ms_max if self.follow
+                      else None if self.patient else self.config.read_answer_ms_max)
         self.unanswered = False
         order = self._order(rng, meta)
         asked = len(order) if at is not None else len(rng.replicas)
@@ -518,22 +525,18 @@ class ReadCursor:
                     timeout_ms=timeout_ms, batch=None if at is None else at.index,
                     base=None if at is None else at.base,
                 )
-            except Unavailable as exc:
-                # Timed out (a hung server: the tail's bound tells it from a long poll) or
-                # unreachable: asked last for a while (another replica now).
+            except Unavailable as exc:  # timed out (hung) or unreachable: asked last a while
                 self.hung[ref.id] = self.config.hung_last_reads
+                timed_out = timed_out or isinstance(exc, Timeout)
                 last = exc
                 continue
-            except RangeNotFound as exc:
-                # The server's identity was checked: it never had this replica (no writer
-                # has created it yet), or dropped it.
+            except RangeNotFound as exc:  # (identity checked) never created yet, or dropped
                 not_created += 1
                 last = exc
                 continue
             except EstreamError as exc:
-                # An error, a timeout, a damaged replica, another server at the address
-                # (WrongServer), a replica sealed below this offset (OffsetOutOfRange), a
-                # checksum mismatch: another replica may have the records.
+                # An error, a damaged replica, another server at the address, a replica
+                # sealed below the offset, a checksum mismatch: another may have them.
                 last = exc
                 continue
             self.hung.pop(ref.id, None)
@@ -572,6 +575,7 @@ class ReadCursor:
                 if found.count:
                     return found
                 last = Unavailable(f"the object of range {rng.index} has nothing at {offset}")
+        self.hurried = timed_out and timeout_ms is not None and not self.follow  # (patient next)
         raise last or Unavailable(f"range {rng.index} has no replica")
 
 

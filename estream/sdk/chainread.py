@@ -71,11 +71,15 @@ def chain_batches(answer: ReadAnswer, decode: Decode[T], lo: int, hi: int) -> li
 async def read_chains(
     client: Client, meta: StreamMeta, rng: RangeMeta, lo: int, hi: int, decode: Decode[T],
     check: Check, fill: Callable[[int, int], AsyncIterator[list[T]]], hung: dict[str, int],
+    timeout_ms: int | None = None,
 ) -> AsyncIterator[list[T]]:
     """``[lo, hi)`` of the sealed striped range ``rng`` (``hi`` at most its end), in offset
     order: the chains of a cover of its servers (the ones in ``hung`` avoided when a cover
     without them exists), merged; ``check(payload)`` verifies an answer's digests; what no
-    chain answers is read by ``fill(lo, hi)``."""
+    chain answers is read by ``fill(lo, hi)``. Each READ is answered within ``timeout_ms``
+    (the cursor's ``read_answer_ms_max``; None: the client's timeout), else its server is
+    taken as hung and its chain failed over (``fill``: the cursor's read, which waits the
+    client's full timeout when every holder timed out)."""
     stripe = stripe_of(meta)
     assert stripe is not None, "an unstriped stream is read by offset"
     refs = rng.replicas
@@ -85,6 +89,7 @@ async def read_chains(
     queues: dict[int, asyncio.Queue[list[Batch[T]] | Exception | None]] = {}
     tasks: list[asyncio.Task[None]] = []
     reads = RangeClient(client.pool, timeout_s=client.timeout_s)
+    timeout_s = None if timeout_ms is None else timeout_ms / 1000
 
     async def pump(ref: ReplicaRef, at: int,
                    queue: asyncio.Queue[list[Batch[T]] | Exception | None]) -> None:
@@ -93,7 +98,7 @@ async def read_chains(
                 answer = await reads.read(ref.address, server_id=ref.id, stream_id=meta.id,
                                           range_index=rng.index, offset=at,
                                           max_bytes=chain_bytes_max, unconfirmed=True,
-                                          chain=True)
+                                          chain=True, timeout_s=timeout_s)
                 check(answer.payload)
                 batches = chain_batches(answer, decode, lo, hi)
                 if not batches or batches[-1].end <= at:

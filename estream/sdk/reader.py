@@ -263,7 +263,8 @@ async def _read_answers(
                     client, meta, rng, lo, hi, decoding.decode,
                     functools.partial(check_digests, client, meta.id, rng.index),
                     functools.partial(_fill, client, name, preferred, decoding, clock, config,
-                                      meta.id, hung), hung):
+                                      meta.id, hung), hung,
+                    (config or CursorConfig()).read_answer_ms_max):
                 yield items
             continue
         if parts == 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ pytestmark = [pytest.mark.integration,
 STRIPE = Stripe(5, 3, 2)
 keepalive_s = 0.5  # the hand writer's lease renewals (the lease is 4 s)
 wait_s_max = 30.0  # a tail's records show within this (bounded loops)
+hung_read_s_max = 3.0  # a plain read meeting a hung server (READs bounded by 1.5 s) ends within
 
 
 def value(offset: int) -> bytes:
@@ -198,7 +200,7 @@ async def test_reads_fail_over_within_the_write_set(cluster: Cluster, client: Cl
         refs = writer.range(0).replicas
         # batch 0: position 2 is asked first (the longest run), hung; then 1 (W(0) = 0 1 2)
         cluster.pause(refs[2].address)
-        try:  # (each read of a hung server costs the request timeout: batches 0-1, one)
+        try:  # (a read of a hung server costs its READ bound, 1.5 s: batches 0-1, one)
             assert await offsets(client, "sr-fail", 0, 8) == list(range(8))
         finally:
             cluster.resume(refs[2].address)
@@ -321,7 +323,7 @@ async def test_a_chain_read_fails_over_when_a_server_of_its_cover_fails(
         cluster: Cluster, client: Client, fault: str) -> None:
     """Two sealed ranges of 40 batches and the open one, read with chain answers of about
     two batches: position 2 of range 0 (of the cover 0, 2) killed, or SIGSTOPped (its READ
-    times out: 2 s), once the read delivered its first records. The read goes on by the
+    times out: 1.5 s), once the read delivered its first records. The read goes on by the
     chains of positions 1 and 4 (a cover without 2), every record once, in order."""
     name = f"sr-chain-{fault}"
     async with hand_writer(client, name) as writer:
@@ -371,26 +373,33 @@ def reads_counted(address: str) -> Iterator[list[int]]:
         yield asked
 
 
-async def read_hung(cluster: Cluster, client: Client, name: str, address: str,
-                    preferred: str | None, end: int) -> int:
-    """``Client.read`` of all of ``name`` with the server at ``address`` hung: every record
-    once and in order; returns the READs sent to it."""
-    cluster.pause(address)
-    try:
-        with reads_counted(address) as asked:
-            got = [r.offset async for r in client.read(name, replica=preferred)]
-    finally:
-        cluster.resume(address)
+async def read_hung(cluster: Cluster, name: str, address: str, preferred: str | None,
+                    end: int) -> tuple[int, float]:
+    """``Client.read`` of all of ``name`` with the server at ``address`` hung, by a client
+    with the default request timeout (5 s): every record once and in order; returns the
+    READs sent to it and how long the read took."""
+    async with await estream.connect(cluster.pd_addresses) as reader:
+        await reader.stream_meta(name)  # (the read's PD look-up is not what is timed)
+        cluster.pause(address)
+        try:
+            with reads_counted(address) as asked:
+                began = time.monotonic()
+                got = [r.offset async for r in reader.read(name, replica=preferred)]
+                took_s = time.monotonic() - began
+        finally:
+            cluster.resume(address)
+    print(f"{name}: {asked[0]} READs to the hung server, read in {took_s:.2f}s")
     assert got == list(range(end))
-    return asked[0]
+    return asked[0], took_s
 
 
 async def test_a_plain_read_asks_a_hung_server_once(cluster: Cluster, client: Client) -> None:
     """Issue 27 item 3: a plain read whose preferred server hangs (SIGSTOP) asks it once
-    (one client timeout, 2 s here), then last for the rest of the read: four ranges of an
-    unstriped R3 stream, its open range's end taken from the two others. It asked it at
-    every range and at the end, 5 s each, before (also at the new writer's last range, its
-    other replicas not created yet)."""
+    (its READ bounded by the cursor's read_answer_ms_max, 1.5 s, not the client's 5 s),
+    then last for the rest of the read: four ranges of an unstriped R3 stream, its open
+    range's end taken from the two others; the read ends within ``hung_read_s_max``. It
+    asked it at every range and at the end, 5 s each, before (also at the new writer's last
+    range, its other replicas not created yet), and then waited the client's 5 s once."""
     await client.create_stream("rh-plain", replicas=3, ack_count=2)
 
     def ranges_of(ref: ReplicaRef) -> int:
@@ -407,15 +416,17 @@ async def test_a_plain_read_asks_a_hung_server_once(cluster: Cluster, client: Cl
         if written >= 4 and ranges_of(hung) >= 2:
             break
     assert ranges_of(hung) >= 2
-    assert await read_hung(cluster, client, "rh-plain", hung.address, hung.id,
-                           5 * written) == 1
+    asked, took_s = await read_hung(cluster, "rh-plain", hung.address, hung.id, 5 * written)
+    assert asked == 1 and took_s < hung_read_s_max, (asked, took_s)
 
 
 async def test_a_striped_read_asks_a_hung_server_once(cluster: Cluster, client: Client
                                                       ) -> None:
     """The same for E 5 R 3 A 2: position 2 of range 0 (first in the read order of
-    batches 0-2) hung, two sealed ranges and the open one read by write set."""
+    batches 0-2, and of the sealed ranges' chain cover) hung, two sealed ranges read by
+    chains and the open one read by write set."""
     async with hand_writer(client, "rh-striped") as writer:
         end = await build(writer)
         hung = writer.range(0).replicas[2]
-        assert await read_hung(cluster, client, "rh-striped", hung.address, None, end) <= 2
+        asked, took_s = await read_hung(cluster, "rh-striped", hung.address, None, end)
+        assert asked <= 2 and took_s < hung_read_s_max, (asked, took_s)

@@ -36,6 +36,7 @@ CURSOR_CONFIG: Final = CursorConfig(
     retry_pause_ms_max=100,
     sealed_wait_ms=5,
     tail_answer_ms_max=200,
+    read_answer_ms_max=300,  # (a plain read's READ: 1.5 s at full scale)
 )
 
 Delivered = list[tuple[int, bytes]]  # (offset, value), in the order handed over

@@ -55,7 +55,9 @@ stream (ensemble 5, replicas 3, ack 2; ``tests/sim/striped.py``) beside the unst
 under the same faults (its writer crashes too), checked per batch on the servers' disks
 and by the real reader; the first ``STRIPED_SEEDS_FAST_MAX`` in make test. Its fixed rows
 (``striped-*``): one hung server, two of one write set hung, one hung and the other wiped
-or damaged, the writer dying with one server lagging and two down.
+or damaged, the writer dying with one server lagging and two down. ``hung-holder-read``
+(and ``striped-``): a plain read's first choice hangs; it reads on from the next holder
+after its READ bound (``tests/sim/hungread.py``).
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
 ``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 60..249 are ``slow`` (``-m slow``); one
@@ -85,6 +87,7 @@ from estream.wire.pdmessages import CreateStreamRequest
 from pd.shell.service import PdService
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.shell.store import Store
+from tests.sim.hungread import check_hung_holder_read, hung_holder_read
 from tests.sim.reading import DECODINGS, Delivered, Reading
 from tests.sim.servernode import RangeServerNode
 from tests.sim.simraft import SimRaft
@@ -1085,6 +1088,11 @@ def striped_fault(kind: str) -> Callable[[Sim], None]:
     return script
 
 
+def hung_first_choice(sim: Sim) -> None:
+    """A plain read's first choice hangs (``tests/sim/hungread.py``)."""
+    hung_holder_read(sim, STREAM, HEAL_AT_MS)
+
+
 def striped_writer_dies(sim: Sim) -> None:
     """The striped writer's link to server p of its open range is cut (it lags, the range
     runs degraded); once a batch of write set p, p + 1, p + 2 is acknowledged without p, the
@@ -1174,6 +1182,9 @@ SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     *[(f"striped-{k}", striped_fault(k), 6, s)
       for k in ("one-hung", "two-hung", "hung+wiped", "hung+damaged") for s in range(2)],
     *[("striped-writer-dies-lagging+down", striped_writer_dies, 6, s) for s in range(4)],
+    # A plain read's first choice hung (issue 27 item 3), unstriped and striped.
+    *[("hung-holder-read", hung_first_choice, 3, s) for s in range(2)],
+    *[("striped-hung-holder-read", hung_first_choice, 6, s) for s in range(2)],
 ]
 
 
@@ -1245,6 +1256,8 @@ def test_double_faults(name: str, script: Callable[[Sim], None], servers: int, s
         assert sim.recoveries_sealed, f"no recovery's seal was checked{trace}"
     elif name == "lost-seal-answer":
         assert sim.facts.get("seal answer lost"), f"the seal's answer was not lost{trace}"
+    elif name.endswith("hung-holder-read"):
+        check_hung_holder_read(sim, trace)
     elif name.startswith("striped-"):
         _striped_row_saw(sim, name, trace)
 

@@ -291,8 +291,8 @@ def test_failed_rounds_pause_longer_refresh_and_raise_the_last_error() -> None:
     trace, error = drive(ReadCursor("s"), world)
     assert isinstance(error, Timeout)
     assert sleeps(trace) == [50, 100, 150, 200]
-    assert len(reads(trace)) == 5 * 3
-    assert trace.count(Describe(refresh=True)) == 4
+    assert len(reads(trace)) == 6 * 3  # (the first by the short bound, again at once)
+    assert trace.count(Describe(refresh=True)) == 5
 
 
 def test_a_tailing_reader_retries_longer_with_the_pause_capped() -> None:
@@ -304,7 +304,7 @@ def test_a_tailing_reader_retries_longer_with_the_pause_capped() -> None:
 
 
 def test_a_success_resets_the_failed_rounds() -> None:
-    errors: dict[str, list[EstreamError]] = {r.id: [Timeout("t")] for r in ABC}
+    errors: dict[str, list[EstreamError]] = {r.id: [ChecksumMismatch("x")] for r in ABC}
     held = {(r.id, 0): 10 for r in ABC} | {(r.id, 1): 20 for r in ABC}
     world = World([meta(SEALED0, OPEN1)], held=held, errors=errors)
     cursor = ReadCursor("s", end=20)
@@ -424,7 +424,7 @@ def test_follow_does_not_long_poll_a_sealed_range() -> None:
     assert [s.wait_ms for s in trace if isinstance(s, ReadReplica)] == [0]
 
 
-def test_a_tail_bounds_each_read_past_its_long_poll_and_a_plain_read_does_not() -> None:
+def test_a_tail_bounds_each_read_past_its_long_poll_and_a_plain_read_by_its_own() -> None:
     rng = RangeMeta(0, 0, None, ABC)
     world = World([meta(SEALED0, OPEN1)], held={(r.id, 0): 10 for r in ABC}
                   | {(r.id, 1): 12 for r in ABC})
@@ -433,7 +433,45 @@ def test_a_tail_bounds_each_read_past_its_long_poll_and_a_plain_read_does_not() 
     assert tail == [(0, 1_000), (1_000, 1_000)]  # another replica within 2 s of a hang
     world = World([meta(rng)], held={(r.id, 0): 10 for r in ABC})
     trace, _ = drive(ReadCursor("s", end=10), world)
-    assert [s.timeout_ms for s in trace if isinstance(s, ReadReplica)] == [None]
+    assert [s.timeout_ms for s in trace if isinstance(s, ReadReplica)] == [1_500]  # no poll
+
+
+def timeouts(trace: list[Step]) -> list[tuple[str, int | None]]:
+    return [(s.replica.id, s.timeout_ms) for s in trace if isinstance(s, ReadReplica)]
+
+
+@pytest.mark.parametrize("rng", [SEALED0, RangeMeta(0, 0, None, ABC)], ids=["sealed", "open"])
+def test_a_plain_read_leaves_a_hung_holder_after_its_answer_bound(rng: RangeMeta) -> None:
+    """Issue 27: a catch-up read's READ is no long poll, so it is bounded by
+    ``read_answer_ms_max`` (not the client's 5 s): the hung preferred replica times out
+    there, the next one serves at once, every record once, in order."""
+    world = World([meta(rng)], held={(r.id, 0): 10 for r in ABC},
+                  errors={"a": [Timeout("read timed out")] * 99})
+    trace, error = drive(ReadCursor("s", end=10, preferred="a"), world)
+    assert error is None and delivered(trace) == [(0, 10)]
+    assert timeouts(trace) == [("a", 1_500), ("b", 1_500)]
+    assert not [s for s in trace if isinstance(s, Sleep)]  # no pause: the next one at once
+
+
+def test_every_holder_timing_out_is_asked_again_with_the_full_timeout() -> None:
+    """A slow network is not a hung server: a round in which every holder timed out by
+    the short bound is asked again at once (not a counted round, no pause) with the
+    client's full timeout (None), and so is the rest of the read; nothing is skipped."""
+    slow = Timeout("read timed out")
+    world = World([meta(SEALED0, OPEN1)], held={(r.id, i): 10 + 5 * i for r in ABC
+                                                  for i in (0, 1)},
+                  errors={r.id: [slow] for r in ABC})
+    config = CursorConfig(read_rounds_max=1)  # the fallback comes even before a last round
+    trace, error = drive(ReadCursor("s", preferred="a", config=config), world)
+    assert error is None and delivered(trace) == [(0, 10), (10, 15)]
+    assert timeouts(trace) == [("a", 1_500), ("b", 1_500), ("c", 1_500), ("a", None),
+                               ("a", None), ("a", None), ("b", None)]  # (the open range's end)
+    assert not sleeps(trace)
+    world = World([meta(SEALED0)], held={(r.id, 0): 10 for r in ABC},
+                  errors={r.id: [slow] * 99 for r in ABC})
+    trace, error = drive(ReadCursor("s", end=10, config=config), world)
+    assert isinstance(error, Timeout)  # every one hung past the full timeout too: raised
+    assert [t for _, t in timeouts(trace)] == [1_500] * 3 + [None] * 3
 
 
 def _growing(world: World, step: Step) -> None:
@@ -680,7 +718,7 @@ def test_a_failed_object_read_is_retried_with_the_replicas_first(error: EstreamE
     assert failed is None
     assert delivered(trace) == [(0, 10)]
     assert reads(trace) == ["a", "b", "c", "a"]  # the next round: a answers again
-    assert sleeps(trace) == [50]
+    assert sleeps(trace) == []  # (timed out by the short bound: asked again at once)
 
 
 def test_an_object_with_nothing_at_the_offset_is_unavailable() -> None:
