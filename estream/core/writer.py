@@ -60,7 +60,7 @@ from estream.core.producer import (
 from estream.core.rangewriter import RangeWriter
 from estream.core.roll import Roller, Steps
 from estream.core.striping import sealed_forced
-from estream.core.writeeffects import BeginSeal, Effect, RequestRoll, WriterConfig
+from estream.core.writeeffects import BeginSeal, Effect, RequestRoll, SendConfirm, WriterConfig
 from estream.wire.errors import EstreamError, InvalidArgument
 from estream.wire.meta import StreamMeta
 from estream.wire.record import Record
@@ -122,10 +122,10 @@ class WriterCore:
         self.next_deadline_ms = ranges.next_deadline_ms
         self._hints = ConfirmHints()
 
-    def confirm_hints(self) -> list[Effect]:
+    def confirm_hints(self) -> list[SendConfirm]:
         """The confirm hints due now (:mod:`estream.core.confirmhint`): the shell asks
         in the turn after appends complete, once the application could append again."""
-        return list(self._hints.due(self.ranges))
+        return self._hints.due(self.ranges)
 
     def hint_durable(self, replica: str, range_index: int, confirm: int) -> bool:
         """The hint of ``confirm`` to ``replica`` goes as a durable confirm (it shares an

@@ -86,13 +86,14 @@ class EffectRunner:
                 case CompleteAppends():
                     complete_upto = max(complete_upto, effect.upto)
                 case SendConfirm():
-                    if effect.durable and effect.range_index == core.ranges.range_index:
-                        self._confirm_asked = max(self._confirm_asked, effect.confirm)
-                    answer = _ConfirmAnswer(self, core, effect)
-                    replicas.start_confirm(
-                        effect.replica, core.ranges.stream_id, effect.range_index,
-                        effect.confirm, answer, durable=effect.durable,
-                        on_durable=None if effect.durable else answer.went_durable)
+                    if effect.durable:
+                        if effect.range_index == core.ranges.range_index:
+                            self._confirm_asked = max(self._confirm_asked, effect.confirm)
+                        replicas.start_confirm(
+                            effect.replica, core.ranges.stream_id, effect.range_index,
+                            effect.confirm, _ConfirmAnswer(self, core, effect))
+                    else:
+                        self._send_hint(core, effect)
                 case RequestRoll():
                     writer._rolls.on_degraded(effect)
                 case BeginSeal():
@@ -127,7 +128,17 @@ class EffectRunner:
         self._hint_soon = False
         writer = self._writer
         if writer._core is core and not writer._closed and writer._error is None:
-            self.carry_out(core.confirm_hints())
+            # Only hints (SendConfirm, durable=False): sent without carry_out's dispatch
+            # and its tail (a hint fails no replica and frees no room).
+            for effect in core.confirm_hints():
+                self._send_hint(core, effect)
+
+    def _send_hint(self, core: WriterCore, effect: SendConfirm) -> None:
+        """One confirm hint to its replica (``on_durable``: it went as a durable confirm)."""
+        answer = _ConfirmAnswer(self, core, effect)
+        self._writer._replicas.start_confirm(
+            effect.replica, core.ranges.stream_id, effect.range_index, effect.confirm,
+            answer, durable=False, on_durable=answer.went_durable)
 
     def arm_timer(self) -> None:
         writer = self._writer

@@ -149,6 +149,34 @@ async def test_an_answer_without_a_result_per_entry_fails_them_all() -> None:
     assert all(isinstance(got[n][1], MalformedFrame) for n in ("1", "2"))
 
 
+async def test_a_failing_callback_or_an_abandoned_entry_keeps_no_other_from_its_answer(
+) -> None:
+    # The answer's fan-out calls each entry's callback itself (estream/net/appendsender.py):
+    # one that raises is logged, one abandoned after the request went is not called again.
+    pool = FakePool({Opcode.APPEND: {"end": 1},
+                     Opcode.APPEND_MANY: encode_answer([4, 5, 6], [None])})
+    sender, answers = AppendSender(pool, timeout_s=3.0), Answers(2)
+    calls: list[tuple[int, EstreamError | None]] = []
+
+    def failing(end: int, error: EstreamError | None) -> None:
+        calls.append((end, error))
+        raise RuntimeError("a writer's bug")
+
+    sender.start_append("a:1", answers.to("0"), server_id=None, batch=b"b")
+    sender.start_append("a:1", failing, server_id=None, batch=b"b")
+    gone = sender.start_append("a:1", failing, server_id=None, batch=b"b")
+    sender.start_append("a:1", answers.to("3"), server_id=None, batch=b"b")
+    confirmed: list[EstreamError | None] = []
+    sender.start_confirm("a:1", confirmed.append, server_id=None, stream_id=1,
+                         range_index=0, epoch=1, confirm=1)
+    # After the end of the turn's APPEND_MANY went, before its answer.
+    asyncio.get_running_loop().call_soon(gone.abandon, Timeout("dropped"))
+    got = await answers.wait()
+    assert got == {"0": (1, None), "3": (6, None)} and confirmed == [None]
+    assert calls[0][0] == -1 and isinstance(calls[0][1], Timeout)
+    assert calls[1:] == [(4, None)]  # the abandoned one's 5 is not called
+
+
 async def test_every_writers_confirm_hint_reaches_its_server_in_one_request() -> None:
     """Issue 32: a hint (``durable=False``) is a plain CONFIRM naming it, at once when first
     for its server in the turn; many idle writers' hints to one server in one turn all go,
