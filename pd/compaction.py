@@ -212,6 +212,8 @@ class Planner:
             for _, was, stream in catalog.changes(self._map):
                 before, after = range_changes(was.ranges if was is not None else (),
                                               stream.ranges if stream is not None else ())
+                if was is not None and stream is not None and was.id != stream.id:
+                    before, after = list(was.ranges), list(stream.ranges)  # (re-created)
                 if was is not None:
                     gone.append((was, before))
                 if stream is not None:

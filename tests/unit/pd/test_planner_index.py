@@ -179,3 +179,19 @@ def test_a_change_on_a_long_stream_costs_the_ranges_it_changed() -> None:
     fresh = Planner()
     fresh.plan(m1.values(), {}, RULE)
     assert planner.index() == fresh.index() and len(fresh.index()) == 20_000
+
+
+def test_a_stream_under_a_new_id_is_indexed_again_whole() -> None:
+    """A name whose stream has another id now (re-created) holding the very same range
+    objects: every entry is made again under the new id, none left under the old."""
+    part = ObjectPart(0, 100, 900, 952, 1)
+    ranges = RangeList(RangeMeta(i, i, i + 1, (), "object", "k.eso", object_part=part)
+                       for i in range(3))
+    s0 = StreamMeta(1, "s", ranges=ranges)
+    m0, m1 = PMap({"s": s0}), PMap({"s": replace(s0, id=2)})
+    planner, fresh = Planner(), Planner()
+    planner.plan(m0.values(), {}, RULE)
+    planner.plan(m1.values(), {}, RULE)
+    fresh.plan(m1.values(), {}, RULE)
+    assert planner.index() == fresh.index()
+    assert set(planner.index()["k.eso"]) == {(2, 0), (2, 1), (2, 2)}
