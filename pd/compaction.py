@@ -33,9 +33,10 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from estream.wire.meta import ObjectPart, StreamMeta
+from estream.wire.meta import ObjectPart, RangeMeta, StreamMeta
 from pd.catalog import pack_members_max
 from pd.pmap import PMap
+from pd.rangelist import range_changes
 from pd.streammemo import catalog_map
 
 live_ratio_min_default: Final = 0.5  # rewrite an object whose live bytes are below half
@@ -75,13 +76,19 @@ def live_ranges(streams: Iterable[StreamMeta]) -> dict[str, list[Move]]:
     out: dict[str, list[Move]] = {}
     for s in streams:
         for r in s.ranges:
-            if r.object_key is None or r.end is None:
-                continue
-            part = r.object_part if r.object_part is not None and not r.replicas else None
-            out.setdefault(r.object_key, []).append(
-                Move(s.name, s.id, r.index, r.start, r.end, r.object_key,
-                     part if part is not None else _NOT_MOVABLE))
+            if (m := _move(s, r)) is not None:
+                out.setdefault(m.old_key, []).append(m)
     return out
+
+
+def _move(stream: StreamMeta, r: RangeMeta) -> Move | None:
+    """Range ``r`` of ``stream`` as its object's entry (not movable: a version-1 object's,
+    or one still holding replicas), or None when it names no object (or is open)."""
+    if r.object_key is None or r.end is None:
+        return None
+    part = r.object_part if r.object_part is not None and not r.replicas else None
+    return Move(stream.name, stream.id, r.index, r.start, r.end, r.object_key,
+                part if part is not None else _NOT_MOVABLE)
 
 
 _NOT_MOVABLE: Final = ObjectPart(-1, -1, -1, -1, 0)
@@ -160,10 +167,14 @@ def _grouped(worth: Mapping[str, _Worth], rule: CompactionRule,
 
 class Planner:
     """:func:`plan` kept up from the catalog's changes: over the catalog's map
-    (``view.streams.values()``), only the streams changed since the last call are walked
-    (:meth:`~pd.pmap.PMap.changes`), and only the objects they name or whose size was
-    learned meanwhile are weighed again; over anything else, every stream is. A call
-    costs O(changes + objects worth rewriting), not every range the catalog keeps.
+    (``view.streams.values()``), only the streams changed since the last call are looked
+    at (:meth:`~pd.pmap.PMap.changes`), and of each only the ranges that changed
+    (:func:`~pd.rangelist.range_changes`: the chunks of its range list a command copied);
+    only the objects they name or whose size was learned meanwhile are weighed again; over
+    anything else, every stream is. A call costs O(changes + objects worth rewriting), not
+    every range the catalog keeps (a stream of 100,000 ranges, one of them sealed: one
+    chunk's ranges). The index is what a walk of every stream would build
+    (:meth:`index`); the leader's offloader drops the planner when it stops leading.
 
     >>> from pd.pmap import PMap
     >>> from estream.wire.meta import RangeMeta
@@ -176,11 +187,10 @@ class Planner:
     [('a',)]
     """
 
-    __slots__ = ("_map", "_named", "_objects", "_sizes", "_rule", "_worth")
+    __slots__ = ("_map", "_objects", "_sizes", "_rule", "_worth")
 
     def __init__(self) -> None:
         self._map: PMap[StreamMeta] | None = None  # the catalog's map of the last call
-        self._named: dict[str, list[Move]] = {}  # stream name -> its moves (any object)
         self._objects: dict[str, dict[tuple[int, int], Move]] = {}  # key -> its ranges
         self._sizes: dict[str, int] = {}  # the sizes weighed last
         self._rule: CompactionRule | None = None
@@ -192,16 +202,23 @@ class Planner:
         """What :func:`plan` gives for the same arguments."""
         catalog = catalog_map(streams)
         if catalog is None or self._map is None:
-            self._named, self._objects = {}, {}
-            for s in streams:
-                self._name(s.name, s)
+            self._objects = {}
+            self._index([], [(s, s.ranges) for s in streams])
             touched: Iterable[str] = list(self._objects)
             self._worth, self._sizes = {}, {}
         else:
-            keys: set[str] = set()
-            for name, _, stream in catalog.changes(self._map):
-                keys.update(self._name(name, stream))
-            touched = keys
+            gone: list[tuple[StreamMeta, list[RangeMeta]]] = []
+            come: list[tuple[StreamMeta, list[RangeMeta]]] = []
+            for _, was, stream in catalog.changes(self._map):
+                before, after = range_changes(was.ranges if was is not None else (),
+                                              stream.ranges if stream is not None else ())
+                if was is not None and stream is not None and was.id != stream.id:
+                    before, after = list(was.ranges), list(stream.ranges)  # (re-created)
+                if was is not None:
+                    gone.append((was, before))
+                if stream is not None:
+                    come.append((stream, after))
+            touched = self._index(gone, come)
         self._map = catalog
         if rule != self._rule:  # (a new rule: every object weighed again)
             self._rule, self._worth, self._sizes = rule, {}, {}
@@ -217,20 +234,28 @@ class Planner:
                 self._worth[key] = w
         return _grouped(self._worth, rule, busy)
 
-    def _name(self, name: str, stream: StreamMeta | None) -> set[str]:
-        """``stream`` (None: gone) named ``name`` now: its moves replace those it had.
-        Returns the object keys whose ranges changed."""
+    def index(self) -> dict[str, dict[tuple[int, int], Move]]:
+        """The index kept: each object key named by a range, with the ranges naming it
+        (as :func:`live_ranges` gives them, by ``(stream id, range index)``)."""
+        return self._objects
+
+    def _index(self, gone: Iterable[tuple[StreamMeta, Iterable[RangeMeta]]],
+               come: Iterable[tuple[StreamMeta, Iterable[RangeMeta]]]) -> set[str]:
+        """The ranges ``gone`` (each with its stream then) out of the index, then those
+        ``come`` in (all of the gone first: a range both gone and come stays). Returns
+        the object keys whose ranges changed."""
         keys: set[str] = set()
-        for m in self._named.pop(name, ()):
-            keys.add(m.old_key)
-            ranges = self._objects[m.old_key]
-            del ranges[m.key]
-            if not ranges:
-                del self._objects[m.old_key]
-        moves = live_ranges([stream]) if stream is not None else {}
-        for key, ms in moves.items():
-            keys.add(key)
-            for m in ms:
-                self._objects.setdefault(key, {})[m.key] = m
-            self._named.setdefault(name, []).extend(ms)
+        for stream, ranges in gone:
+            for r in ranges:
+                if r.object_key is not None and r.end is not None:
+                    keys.add(r.object_key)
+                    named = self._objects[r.object_key]
+                    del named[(stream.id, r.index)]
+                    if not named:
+                        del self._objects[r.object_key]
+        for stream, ranges in come:
+            for r in ranges:
+                if (m := _move(stream, r)) is not None:
+                    keys.add(m.old_key)
+                    self._objects.setdefault(m.old_key, {})[m.key] = m
         return keys

@@ -16,7 +16,8 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain, islice
+from itertools import chain, compress, islice
+from operator import not_
 from typing import Any, Final, overload
 
 from estream.wire.meta import RangeMeta
@@ -125,6 +126,23 @@ class RangeList(Sequence[RangeMeta]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (RangeList, (tuple(self),))
 
+    def _unshared(self, other: RangeList) -> list[RangeMeta]:
+        """This list's ranges but those of the chunks it shares with ``other``: a chunk
+        both hold whole (neither's first), or the first of both with the same trim.
+        (The chunks are filtered in C: a long list's shared chunks cost little.)"""
+        if not self._chunks:
+            return []
+        out: list[RangeMeta] = []
+        first = self._chunks[0]
+        if not (other._chunks and first is other._chunks[0] and self._skip == other._skip):
+            out.extend(first[self._skip:])
+        later = self._chunks[1:]
+        if later:
+            shared = set(map(id, other._chunks[1:]))
+            out.extend(chain.from_iterable(compress(later, map(
+                not_, map(shared.__contains__, map(id, later))))))
+        return out
+
     # -- changes: a new list sharing every chunk but the one changed ----------------------
     def replace_at(self, position: int, item: RangeMeta) -> RangeList:
         """This list with the range at ``position`` (>= 0) replaced by ``item``."""
@@ -153,6 +171,37 @@ class RangeList(Sequence[RangeMeta]):
             return RangeList()
         at = count + self._skip
         return RangeList._make(self._chunks[at // chunk_ranges_max:], at % chunk_ranges_max)
+
+
+def range_changes(old: Sequence[RangeMeta],
+                  new: Sequence[RangeMeta]) -> tuple[list[RangeMeta], list[RangeMeta]]:
+    """What changed from ``old`` to ``new`` (a stream's ranges before and after): the ranges
+    gone and the ranges come, a range that is the same object in both in neither. Between
+    two :class:`RangeList` s only the chunks one holds and the other does not are looked
+    at (a chunk both hold whole, or the first of both cut by the same trim, is skipped):
+    O(chunks + ranges of the chunks a command copied), never every range. Between
+    anything else, every range is. Taking the gone away, then adding the come, turns
+    ``old`` into ``new``.
+
+    >>> rs = RangeList(RangeMeta(i, i, i + 1, ()) for i in range(600))
+    >>> gone, come = range_changes(rs, rs.with_last(RangeMeta(599, 599, 600, ()),
+    ...                                             RangeMeta(600, 600, None, ())))
+    >>> [r.index for r in gone], [r.index for r in come]
+    ([599], [599, 600])
+    >>> gone, come = range_changes(rs, rs.drop_front(300))
+    >>> len(gone), [r.index for r in gone][-1], come
+    (300, 299, [])
+    """
+    if not (isinstance(old, RangeList) and isinstance(new, RangeList)):
+        gone, come = list(old), list(new)
+    elif old._chunks is new._chunks and old._skip == new._skip:
+        return [], []
+    else:
+        gone, come = old._unshared(new), new._unshared(old)
+    kept = set(map(id, gone)).intersection(map(id, come))  # (the same range object: as it was)
+    if not kept:
+        return gone, come
+    return [r for r in gone if id(r) not in kept], [r for r in come if id(r) not in kept]
 
 
 def _split(items: tuple[RangeMeta, ...], size: int) -> tuple[tuple[RangeMeta, ...], ...]:

@@ -222,7 +222,8 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.committed_since = track(self.committed_since, tiered_with_replicas(streams), now)
 
     def _forget(self) -> None:
-        """Not the leader (or a new term): the leader's memory goes (the clocks stay:
+        """Not the leader (or a new term): the leader's memory goes, the compaction
+        planner's index and the object sizes learnt with it too (the clocks stay:
         :meth:`_follow`)."""
         self.failures.clear()
         self.retry_at.clear()
@@ -231,6 +232,8 @@ class Offloader(Uploads, Releases, ObjectCleanup, DamageChecks):
         self.pending_data = {}
         self.next_compact_ms = 0
         self.damage.clear()
+        self.object_sizes = {}  # (learnt again by HEAD, a few a compaction step)
+        self.compaction = Planner()  # (its index built once, at the next compaction)
 
     def _gauge_backlog(self, now: int | None) -> None:
         """PD's backlog gauges by stage (:func:`pd.offloadpacing.backlog`); ``now`` None:

@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 
+import pd.compaction
 from estream.net.objectstore import ObjectStore
 from estream.wire.errors import (
     EstreamError,
@@ -940,6 +941,33 @@ async def test_compaction_merges_small_objects_and_deletes_the_old_ones(rig: Rig
     assert rig.service.metrics.counter("estream_objects_compacted_total") == 2
     await rig.offloader._compact()  # one object now: nothing more to gain
     assert rig.range0().object_key == s0.object_key
+
+
+async def test_a_node_that_stops_leading_frees_the_planner_and_builds_it_once_back(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off the leader, the compaction planner's index and the object sizes learnt go
+    (they would go stale and never be freed); leading again, the first compaction builds
+    the index from the catalog once, the next looks at what changed only (nothing)."""
+    await two_released_objects(rig)
+    rig.offloader.object_size_bytes = 1  # (nothing worth rewriting: the index stays)
+    await rig.offloader._compact()
+    assert rig.offloader.compaction.index() and rig.offloader.object_sizes
+    rig.offloader._follow()
+    assert not rig.offloader.compaction.index() and not rig.offloader.object_sizes
+    rig.raft.term += 1
+    await rig.round_at(0)  # (a new term: its first round sets the compaction's time)
+    built: list[int] = []
+    real = pd.compaction.Move
+
+    def counted(*fields: Any) -> Any:
+        built.append(1)
+        return real(*fields)
+
+    monkeypatch.setattr(pd.compaction, "Move", counted)
+    await rig.offloader._compact()
+    assert len(built) == 2 and rig.offloader.object_sizes  # s/0 and t/0, once
+    await rig.offloader._compact()
+    assert len(built) == 2
 
 
 async def test_a_trim_during_compaction_wins(rig: Rig) -> None:
