@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import math
 import os
@@ -59,6 +58,7 @@ from benchmarks.scenarios import (
     kill_one,
     one_in_flight,
 )
+from benchmarks.tailprobe import tuned_gc
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLES_KEPT = 5_000
@@ -129,23 +129,6 @@ async def estream_block(run: Run, work: Path) -> None:
 
 
 TUNED_GC_NOTE = "the client called estream.tune_gc() (README: a latency-minded client's option)"
-
-
-@contextlib.contextmanager
-def tuned_gc() -> Iterator[None]:
-    """``estream.tune_gc()`` for one block, as a latency-minded client calls it once it is
-    connected (README), so a full collection of the comparison's own heap does not land
-    in a latency row's window; the interpreter's settings again after it, for the blocks
-    (and systems) that follow."""
-    import estream
-
-    threshold = gc.get_threshold()
-    estream.tune_gc()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*threshold)
 
 
 async def bench_append_cross_check(run: Run, client: Any) -> None:

@@ -3,14 +3,16 @@ machine's own fdatasync tail in the same run, and the client's cyclic GC passes 
 phase and its event-loop stalls in the gray-replica phase (``--trace``).
 
 Side effects: a scratch file under the work dir (the ceiling); a ``gc.callbacks`` entry while
-watching.
+watching; the interpreter's GC settings inside a :func:`tuned_gc` block.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,20 @@ class LoopStalls:
         near = sorted((s for s in self.stalls if abs(s[0] - around) < within_s),
                       key=lambda s: -s[1])
         return [(round(start - around, 3), round(late, 2)) for start, late in near[:count]]
+
+
+@contextlib.contextmanager
+def tuned_gc() -> Iterator[None]:
+    """``estream.tune_gc()`` for one block, as a latency-minded client calls it once it is
+    connected (README), so a full collection of the comparison's own heap does not land
+    in a latency row's window; the interpreter's settings again after it, for the blocks
+    (and systems) that follow."""
+    import estream
+
+    threshold = gc.get_threshold()
+    estream.tune_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)

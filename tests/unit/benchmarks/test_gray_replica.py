@@ -1,10 +1,11 @@
 """The gray-replica figures' pure parts: ``benchmarks/tailprobe.py``'s loop-stall probe
 reports the stalls on both sides of the fault, within its window (the window's p99.9 counts
-both), and ``compare.py``'s hung-replica row tunes the client's GC for its block only."""
+both), and ``tuned_gc`` (``compare.py``'s hung-replica row) tunes the client's GC for its
+block only."""
 
 from __future__ import annotations
 
-from benchmarks.tailprobe import LoopStalls
+from benchmarks.tailprobe import LoopStalls, tuned_gc
 
 
 async def test_the_longest_stalls_are_those_within_the_window_on_both_sides() -> None:
@@ -20,8 +21,6 @@ def test_the_hung_replica_row_tunes_the_gc_for_its_block_only() -> None:
     client's option, said beside the row); the blocks after it get the interpreter's
     settings back."""
     import gc
-
-    from benchmarks.compare import tuned_gc
 
     before = gc.get_threshold()
     with tuned_gc():
