@@ -315,29 +315,13 @@ class AppendSender:
                 except MalformedFrame as exc:
                     error = exc
                 else:
-                    # Each callback called here, not through _Entry.answer and _call: two
-                    # frames and two argument tuples less per entry (~190 a request).
                     for entry, result in zip(appended, results, strict=True):
-                        done = entry.done
-                        if done is None:
-                            continue
-                        entry.done = None
-                        try:
-                            if isinstance(result, int):
-                                done(result, None)
-                            else:
-                                done(-1, result)
-                        except Exception:  # noqa: BLE001 - as _call
-                            log.exception(_FAILED)
+                        if isinstance(result, int):
+                            entry.answer(result, None)
+                        else:
+                            entry.answer(-1, result)
                     for entry, outcome in zip(confirming, confirmed, strict=True):
-                        done = entry.done
-                        if done is None:
-                            continue
-                        entry.done = None
-                        try:
-                            done(outcome)
-                        except Exception:  # noqa: BLE001 - as _call
-                            log.exception(_FAILED)
+                        entry.answer(outcome)
                     for (key, this), outcome in zip(sent, confirmed, strict=False):
                         self._logged(key, this, outcome is None)  # durable ones come first
                     return
@@ -359,10 +343,7 @@ def _call(done: Callable[..., None], *args: Any) -> None:
     try:
         done(*args)
     except Exception:  # noqa: BLE001 - the other entries of the request get theirs
-        log.exception(_FAILED)
-
-
-_FAILED = "the callback of an APPEND_MANY entry failed"
+        log.exception("the callback of an APPEND_MANY entry failed")
 
 
 __all__ = ["AppendDone", "AppendSender", "ConfirmDone"]
