@@ -81,13 +81,23 @@ def live_ranges(streams: Iterable[StreamMeta]) -> dict[str, list[Move]]:
     return out
 
 
+def _in_object(r: RangeMeta) -> tuple[str, int] | None:
+    """Range ``r``'s object key and end when it names an object and is sealed (the ranges
+    the planner keeps, by :func:`_move`), else None."""
+    if r.object_key is None or r.end is None:
+        return None
+    return r.object_key, r.end
+
+
 def _move(stream: StreamMeta, r: RangeMeta) -> Move | None:
     """Range ``r`` of ``stream`` as its object's entry (not movable: a version-1 object's,
     or one still holding replicas), or None when it names no object (or is open)."""
-    if r.object_key is None or r.end is None:
+    named = _in_object(r)
+    if named is None:
         return None
+    key, end = named
     part = r.object_part if r.object_part is not None and not r.replicas else None
-    return Move(stream.name, stream.id, r.index, r.start, r.end, r.object_key,
+    return Move(stream.name, stream.id, r.index, r.start, end, key,
                 part if part is not None else _NOT_MOVABLE)
 
 
@@ -247,12 +257,13 @@ class Planner:
         keys: set[str] = set()
         for stream, ranges in gone:
             for r in ranges:
-                if r.object_key is not None and r.end is not None:
-                    keys.add(r.object_key)
-                    named = self._objects[r.object_key]
-                    del named[(stream.id, r.index)]
-                    if not named:
-                        del self._objects[r.object_key]
+                if (named := _in_object(r)) is not None:
+                    key = named[0]
+                    keys.add(key)
+                    moves = self._objects[key]
+                    del moves[(stream.id, r.index)]
+                    if not moves:
+                        del self._objects[key]
         for stream, ranges in come:
             for r in ranges:
                 if (m := _move(stream, r)) is not None:

@@ -21,7 +21,7 @@ from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import Location, RangeIndex
 from rangeserver.replica import ReplicaState
-from rangeserver.retention import Span
+from rangeserver.retention import Span, extend_span
 from rangeserver.stripedreplica import chain_of, replay_striped_batch, with_chain
 from rangeserver.timeindex import TimeIndex
 
@@ -142,7 +142,7 @@ class Replay:
         keys = self._damaged_keys(tail)
         for key in keys:
             self.replicas[key] = rp.mark_damaged(self.replicas[key])
-            self._extend_span(key, segment)
+            extend_span(self.spans, key, segment)
         marks = b"".join(wf.encode_control(wf.DamageMarked(*key)) for key in keys)
         self._note(
             f"segment {segment}: damaged last entry at {valid_end} ({tail.reason}, "
@@ -197,7 +197,7 @@ class Replay:
         state = self.replicas.get(key)
         if state is None:
             return
-        self._extend_span(key, segment)
+        extend_span(self.spans, key, segment)
         if isinstance(control, wf.EpochRaised):
             self.replicas[key] = rp.replay_epoch(state, control.epoch)
         elif isinstance(control, wf.Sealed):
@@ -236,7 +236,7 @@ class Replay:
             self.time_indexes[key].observe(
                 new.end, batch.first_timestamp, batch.max_timestamp, len(entry.body))
         self.replicas[key] = new
-        self._extend_span(key, segment)
+        extend_span(self.spans, key, segment)
 
     def _replayed(self, key: Key, state: ReplicaState, batch: BatchHeader) -> ReplicaState:
         """The replica after a BATCH entry; a striped one's takes the index of the
@@ -266,7 +266,7 @@ class Replay:
             self.time_indexes[key] = TimeIndex()
             self.spans[key] = Span(segment, segment)
         self.replicas[key] = rp.mark_damaged(state)
-        self._extend_span(key, segment)
+        extend_span(self.spans, key, segment)
 
     def _forget(self, key: Key, segment: int) -> None:
         """A DROP entry: the replica's span becomes a dropped span."""
@@ -280,11 +280,6 @@ class Replay:
         self.indexes.pop(key, None)
         self.time_indexes.pop(key, None)
         self.dropped.append(Span(first, segment))
-
-    def _extend_span(self, key: Key, segment: int) -> None:
-        span = self.spans[key]
-        if segment > span.last:
-            self.spans[key] = Span(span.first, segment)
 
     # ------------------------------------------------------------------------ damage
 

@@ -15,6 +15,8 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+Key = tuple[int, int]  # (stream_id, range_index)
+
 
 @dataclass(frozen=True, slots=True)
 class Span:
@@ -24,9 +26,23 @@ class Span:
     first: int
     last: int
 
-    def extended(self, segment: int) -> Span:
-        """The span once an entry in ``segment`` (at or after the log's end) is added."""
-        return Span(self.first, max(self.last, segment))
+
+def extend_span(spans: dict[Key, Span], key: Key, segment: int) -> None:
+    """The one way a replica's span grows: an entry of replica ``key`` was written in
+    ``segment`` (at or after the log's end), so its span reaches it (a replica without a
+    span yet starts one there). Nothing is built when the span already reaches it.
+
+    >>> spans: dict[Key, Span] = {}
+    >>> for segment in (3, 5, 4):
+    ...     extend_span(spans, (1, 0), segment)
+    >>> spans
+    {(1, 0): Span(first=3, last=5)}
+    """
+    span = spans.get(key)
+    if span is None:
+        spans[key] = Span(segment, segment)
+    elif segment > span.last:
+        spans[key] = Span(span.first, segment)
 
 
 def reclaimable(

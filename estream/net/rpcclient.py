@@ -380,7 +380,7 @@ class RpcClient:
             return _ANSWERED
         started = _Started(done, self, request_id, opcode, timeout_s)
         protocol.pending[request_id] = started
-        if not self._deadlines.add(timeout_s, started):  # sooner than the last: its own
+        if not self._deadlines.add(timeout_s, started):  # too many timeouts waiting: its own
             started.timer = loop.call_later(timeout_s, started.expire)
         transport.writelines(frame)
         return started

@@ -4,12 +4,15 @@
 first record at or after a time, at most ``limit`` records (and
 :data:`pd.console.records_bytes_max` bytes of values). The read is the one read machinery:
 every decision (which range, which replica next, clipping a sealed range at the catalog's
-end, the open range only up to its confirm offset, retries) is the pure
+end, the open range only up to its confirm offset, retries, each READ's bound) is the pure
 :class:`~estream.core.readcursor.ReadCursor`'s; this module only carries out its steps
 over :class:`~estream.net.rangeclient.RangeClient` with the node's connection pool, each
-batch verified as it is decoded (:func:`estream.wire.record.decode_batch`). A time is
-found as the SDK finds it: the catalog's candidate ranges
-(:func:`estream.core.timerange.candidate_ranges`), then their replicas' ``TIME_INDEX``.
+batch verified as it is decoded (:func:`estream.wire.record.decode_batch`). A hung holder
+costs a browse one ``read_answer_ms_max`` (1.5 s): the replica is then asked last. A time
+is found as the SDK finds it: the catalog's candidate ranges
+(:func:`estream.core.timerange.candidate_ranges`), then their replicas' ``TIME_INDEX``,
+each bounded as the cursor bounds a READ (a replica that times out is asked last, by the
+read too).
 
 A range in the object tier is read from its object when the cursor asks
 (:class:`~estream.core.readcursor.ReadObject`): the range's index
@@ -40,16 +43,17 @@ from estream.core.readcursor import (
     ReadReplica,
     Sleep,
     check_footer,
+    hung_last_reads,
     object_spans,
 )
 from estream.core.stripedread import striped_fields
 from estream.core.timerange import candidate_ranges
 from estream.net.objectindex import read_range_index
 from estream.net.objectstore import ObjectStore
-from estream.net.rangeclient import RangeClient
+from estream.net.rangeclient import RangeClient, TimeAnswer
 from estream.net.rpc import ConnectionPool
-from estream.wire.errors import DigestKeyMissing, EstreamError, Unavailable
-from estream.wire.meta import StreamMeta
+from estream.wire.errors import DigestKeyMissing, EstreamError, Timeout, Unavailable
+from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.record import Record, decode_batch, iter_batches
 from pd.console import RecordsQuery, record_row, records_bytes_max, within_budget
 
@@ -57,7 +61,6 @@ from pd.console import RecordsQuery, record_row, records_bytes_max, within_budge
 BROWSE_CURSOR: Final = CursorConfig(read_rounds_max=2, retry_pause_step_ms=100,
                                     retry_pause_ms_max=200)
 time_candidates_max: Final = 8  # candidate ranges looked at for a time
-read_timeout_s: Final = 2.0
 
 Describer = Callable[[str, bool], Awaitable[StreamMeta]]
 
@@ -73,13 +76,14 @@ async def browse(pool: ConnectionPool, store: ObjectStore | None, describe: Desc
             "cluster secret its key derives from: read it with `estream read` and the "
             "secret (ESTREAM_SECRET)", stream=name)
     offset = query.offset
+    hung: dict[str, int] = {}  # replicas that did not answer: asked last (the cursor's)
     if query.timestamp_ms is not None:
-        offset = await _offset_for_time(pool, meta, query.timestamp_ms)
+        offset = await _offset_for_time(pool, meta, query.timestamp_ms, hung)
         if offset is None:  # no record at or after the time
             return {"stream": name, "offset": None, "start_offset": meta.start_offset,
                     "records": [], "next": None}
     start = meta.start_offset if offset is None else offset
-    records = await _read(pool, store, describe, name, start, query.limit)
+    records = await _read(pool, store, describe, name, start, query.limit, hung)
     kept = within_budget((len(r.value) for r in records), query.limit)
     rows = [record_row(r.offset, r.timestamp, r.headers, r.value) for r in records[:kept]]
     return {"stream": name, "offset": start, "start_offset": meta.start_offset,
@@ -87,9 +91,10 @@ async def browse(pool: ConnectionPool, store: ObjectStore | None, describe: Desc
 
 
 async def _read(pool: ConnectionPool, store: ObjectStore | None, describe: Describer,
-                name: str, start: int, limit: int) -> list[Record]:
-    """Carry out a :class:`ReadCursor` over ``[start, start + limit)``."""
-    steps = ReadCursor(name, start, start + limit, config=BROWSE_CURSOR).steps()
+                name: str, start: int, limit: int, hung: dict[str, int]) -> list[Record]:
+    """Carry out a :class:`ReadCursor` over ``[start, start + limit)`` (``hung``: its
+    replicas that did not answer)."""
+    steps = ReadCursor(name, start, start + limit, config=BROWSE_CURSOR, hung=hung).steps()
     out: list[Record] = []
     items: list[Record] = []
     reply: Any = None
@@ -118,10 +123,13 @@ async def _read(pool: ConnectionPool, store: ObjectStore | None, describe: Descr
 
 
 async def _read_replica(pool: ConnectionPool, step: ReadReplica) -> tuple[list[Record], Answer]:
+    """One READ, answered within the cursor's ``step.timeout_ms`` (its
+    ``read_answer_ms_max``; None: the client's full timeout, once every holder timed out)."""
     answer = await RangeClient(pool).read(
         step.replica.address, server_id=step.replica.id, stream_id=step.stream_id,
         range_index=step.range.index, offset=step.offset if step.base is None else step.base,
-        max_bytes=records_bytes_max, unconfirmed=step.unconfirmed, timeout_s=read_timeout_s,
+        max_bytes=records_bytes_max, unconfirmed=step.unconfirmed,
+        timeout_s=None if step.timeout_ms is None else step.timeout_ms / 1000,
         batch=step.batch)
     records = _decode(answer.payload, step.offset, step.end)
     indexes, last_end, located = striped_fields(answer)
@@ -159,21 +167,45 @@ def _next(records: list[Record], offset: int) -> int:
     return records[-1].offset + 1 if records else offset
 
 
-async def _offset_for_time(pool: ConnectionPool, meta: StreamMeta, timestamp_ms: int) -> int | None:
+async def _offset_for_time(pool: ConnectionPool, meta: StreamMeta, timestamp_ms: int,
+                           hung: dict[str, int]) -> int | None:
     """The first offset at or after ``timestamp_ms`` among the candidate ranges' replicas
-    (None: no record is)."""
+    (None: no record is). Each TIME_INDEX is bounded as the cursor bounds a READ
+    (``read_answer_ms_max``; a replica that times out is put in ``hung``, asked last here
+    and by the read that follows); a range whose every replica timed out is asked again
+    with the client's full timeout (a slow network is not a hung server)."""
     client = RangeClient(pool)
+    bound_s = BROWSE_CURSOR.read_answer_ms_max / 1000
     for rng in candidate_ranges(meta, timestamp_ms, limit=time_candidates_max):
-        for ref in rng.replicas:
-            try:
-                found = await client.time_index(
-                    ref.address, server_id=ref.id, stream_id=meta.id, range_index=rng.index,
-                    timestamp_ms=timestamp_ms, end=rng.end, timeout_s=read_timeout_s)
-            except EstreamError:
-                continue
-            if found.offset is not None:
-                return max(found.offset, meta.start_offset)
-            if found.searched_end is not None and (rng.end is None
-                                                   or found.searched_end >= rng.end):
-                break  # none in this range: the next candidate
+        found, timed_out = await _time_in_range(client, meta, rng, timestamp_ms, hung, bound_s)
+        if timed_out:
+            found, _ = await _time_in_range(client, meta, rng, timestamp_ms, hung, None)
+        if found is not None:
+            return max(found, meta.start_offset)
     return None
+
+
+async def _time_in_range(client: RangeClient, meta: StreamMeta, rng: RangeMeta,
+                         timestamp_ms: int, hung: dict[str, int], timeout_s: float | None
+                         ) -> tuple[int | None, bool]:
+    """TIME_INDEX on ``rng``'s replicas in turn (those in ``hung`` last) until one answers
+    for the whole range: (the offset found or None, whether every replica timed out)."""
+    order = ([r for r in rng.replicas if r.id not in hung]
+             + [r for r in rng.replicas if r.id in hung])
+    timeouts = 0
+    for ref in order:
+        try:
+            found: TimeAnswer = await client.time_index(
+                ref.address, server_id=ref.id, stream_id=meta.id, range_index=rng.index,
+                timestamp_ms=timestamp_ms, end=rng.end, timeout_s=timeout_s)
+        except Timeout:
+            hung[ref.id] = hung_last_reads
+            timeouts += 1
+            continue
+        except EstreamError:
+            continue
+        if found.offset is not None:
+            return found.offset, False
+        if found.searched_end is not None and (rng.end is None or found.searched_end >= rng.end):
+            return None, False  # none in this range: the next candidate
+    return None, bool(order) and timeouts == len(order)

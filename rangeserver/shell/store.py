@@ -40,7 +40,7 @@ from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default
 from rangeserver.refusals import create_refusal, indexed_seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
-from rangeserver.retention import Span
+from rangeserver.retention import Span, extend_span
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.logport import LogPort
 from rangeserver.shell.storeappends import StoreAppends
@@ -229,11 +229,6 @@ class Store(StoreReads, StoreAppends):
         if state is not None:  # else dropped meanwhile
             self._set(key, rp.on_durable(state, end, index))
 
-    def _extend_span(self, key: Key, segment: int) -> None:
-        span = self.spans[key]
-        if segment > span.last:
-            self.spans[key] = Span(span.first, segment)
-
     def _forget(self, key: Key, segment: int) -> None:
         """A replica dropped by a DROP entry in ``segment``: its span becomes a dropped
         span, and long polls on it wake (to find it gone)."""
@@ -310,7 +305,7 @@ class Store(StoreReads, StoreAppends):
         self.indexes[key].add(header.base_offset, end, body)
         self.time_indexes[key].observe(end, header.first_timestamp, header.max_timestamp,
                                        len(batch))
-        self._extend_span(key, location.segment)
+        extend_span(self.spans, key, location.segment)
         self.cache.put((key[0], key[1], header.base_offset), batch)
         self._set(key, new)
         return done
@@ -365,10 +360,8 @@ class Store(StoreReads, StoreAppends):
         location, done = self.wal.append((entry,), len(entry), on_failed=undo, control=True)
         if isinstance(control, wf.Dropped):
             self._forget(key, location.segment)
-        elif key in self.spans:
-            self._extend_span(key, location.segment)
         else:
-            self.spans[key] = Span(location.segment, location.segment)
+            extend_span(self.spans, key, location.segment)
         return done
 
     # ------------------------------------------------------------- undone by a cut back
@@ -551,11 +544,8 @@ class Store(StoreReads, StoreAppends):
             for key, before in reversed(raised):
                 self._restore(key, before)
             return [exc if error is None else error for error in errors], None
-        segment = location.segment
         for key in logged:  # each replica's span reaches this segment
-            span = self.spans.get(key)
-            if span is None or segment > span.last:
-                self.spans[key] = Span(segment if span is None else span.first, segment)
+            extend_span(self.spans, key, location.segment)
         return errors, done
 
     def describe(self, stream_id: int, range_index: int) -> dict[str, object]:

@@ -25,7 +25,7 @@ from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
 from rangeserver.refusals import indexed_refusal
 from rangeserver.replica import ReplicaState
-from rangeserver.retention import Span
+from rangeserver.retention import Span, extend_span
 from rangeserver.shell.logport import LogPort
 from rangeserver.stripedreplica import decide_indexed_append
 from rangeserver.timeindex import TimeIndex
@@ -72,9 +72,6 @@ class StoreAppends:
         raise NotImplementedError  # the store's
 
     def _unappend(self, key: Key, before: ReplicaState, base: int) -> None:
-        raise NotImplementedError  # the store's
-
-    def _extend_span(self, key: Key, segment: int) -> None:
         raise NotImplementedError  # the store's
 
     def durable_end(self, key: Key) -> int:
@@ -188,7 +185,7 @@ class StoreAppends:
             parts.append(wf.batch_entry_header(batch))
             parts.append(batch)
             ends[key] = (header.end_offset, index)  # in order: the last is the highest
-        size = sum(map(len, parts))
+        write_bytes = sum(map(len, parts))
 
         def durable() -> None:
             for key, (end, index) in ends.items():
@@ -200,7 +197,7 @@ class StoreAppends:
 
         try:
             location, done = self.wal.append(
-                parts, size, sync=not deferred, on_durable=durable, on_failed=undo)
+                parts, write_bytes, sync=not deferred, on_durable=durable, on_failed=undo)
         except EstreamError as exc:
             return exc
         futures.append(done)
@@ -210,16 +207,16 @@ class StoreAppends:
         for _, key, header, batch, before, index in accepted:
             if index >= 0:
                 position += wf.BATCH_INDEX_ENTRY_BYTES
-            size = len(batch)
+            batch_bytes = len(batch)
             base, end = header.base_offset, header.end_offset
-            indexes[key].add(base, end, Location(segment, position, size))
-            time_indexes[key].observe(end, header.first_timestamp, header.max_timestamp, size)
-            if segment > spans[key].last:
-                self._extend_span(key, segment)
+            indexes[key].add(base, end, Location(segment, position, batch_bytes))
+            time_indexes[key].observe(end, header.first_timestamp, header.max_timestamp,
+                                      batch_bytes)
+            extend_span(spans, key, segment)
             cache.put((key[0], key[1], base), batch)
             new = replicas[key]
             if new.confirm != before.confirm:  # readers may see more: wake long polls
                 replicas[key] = before
                 self._set(key, new)
-            position += size + wf.ENTRY_HEADER_BYTES
+            position += batch_bytes + wf.ENTRY_HEADER_BYTES
         return None

@@ -37,6 +37,7 @@ from tests.system_tools import require_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(range_servers=4)]
 
+hung_browse_s_max = 3.0  # a browse whose first holder hangs: one 1.5 s bound, and the rest
 RECORDS = [(b'{"a": 1, "b": [2, 3]}', {"kind": "json"}), (b"plain text", {}),
            (b"\x00\xffbin", {"kind": "binary"})]
 
@@ -318,6 +319,28 @@ def test_samples_and_drain_outlook_in_the_api(cluster: Cluster) -> None:
     validate("/v1/rangeservers/{id}", "GET", 200, described)
     outlook = described["drain"]
     assert outlook["available_servers"] == 3 and outlook["can_finish"] is True
+
+
+async def test_records_browse_outlasts_a_hung_holder(cluster: Cluster) -> None:
+    """The browse's first holder hangs (SIGSTOP): its READ and TIME_INDEX are each bounded
+    by the read cursor's ``read_answer_ms_max`` (1.5 s), the replica is then asked last, and
+    each browse answers in full within ``hung_browse_s_max``. Before, a fixed 2 s bound on
+    each request: the time browse asked the hung one twice (about 4 s)."""
+    api(cluster, "/v1/streams", "POST", {"name": "browse-hung"})
+    before_ms = int(time.time() * 1000)
+    await append(cluster, "browse-hung", [(b"v%d" % i, {}) for i in range(5)])
+    hung = api(cluster, "/v1/streams/browse-hung")["ranges"][0]["replicas"][0]["address"]
+    cluster.pause(hung)
+    try:
+        for query in ("offset=0", f"timestamp={before_ms}"):
+            began = time.monotonic()
+            answer = api(cluster, f"/v1/streams/browse-hung/records?{query}")
+            took_s = time.monotonic() - began
+            print(f"browse {query} with a hung holder: {took_s:.2f}s")
+            assert [r["offset"] for r in answer["records"]] == [0, 1, 2, 3, 4], (query, answer)
+            assert took_s < hung_browse_s_max, (query, took_s)
+    finally:
+        cluster.resume(hung)
 
 
 @pytest.mark.cluster(fresh=True, pd_nodes=1, range_servers=3, object_tier=ObjectTier("file"))

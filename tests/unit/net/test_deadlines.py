@@ -1,12 +1,13 @@
 """A connection's request deadlines on one loop timer (``estream/net/deadlines.py``): each
-request still waiting at its deadline expires then, answered ones never do, and a deadline
-sooner than the queue's last is left to its caller."""
+request still waiting at its deadline expires then, answered ones never do, a shorter
+timeout after a longer one (a long poll's) is queued too, and one past ``timeouts_max``
+waiting timeouts is left to its caller."""
 
 from __future__ import annotations
 
 import asyncio
 
-from estream.net.deadlines import Deadlines
+from estream.net.deadlines import Deadlines, timeouts_max
 
 
 class Request:
@@ -38,13 +39,32 @@ async def test_waiting_requests_expire_at_their_deadline_answered_ones_never() -
     assert expired == ["b", "c"] and len(deadlines) == 0
 
 
-async def test_a_sooner_deadline_is_not_queued() -> None:
+async def test_a_sooner_deadline_after_a_long_poll_is_queued_and_expires_first() -> None:
+    """A long poll's longer timeout has a queue of its own: the shorter requests after it
+    are queued too (no timer of their own) and expire at their deadlines, before it."""
     deadlines, expired = Deadlines(asyncio.get_running_loop()), []
-    assert deadlines.add(1.0, Request(expired, "long"))
-    assert not deadlines.add(0.01, Request(expired, "short"))  # its caller's own timer
+    assert deadlines.add(0.5, Request(expired, "long"))
+    assert deadlines.add(0.01, Request(expired, "short"))
+    assert deadlines.add(0.02, Request(expired, "middle"))
+    assert deadlines.add(0.01, Request(expired, "short2"))
+    await asyncio.sleep(0.1)
+    assert expired == ["short", "short2", "middle"]
+    await asyncio.sleep(0.5)
+    assert expired == ["short", "short2", "middle", "long"] and len(deadlines) == 0
+
+
+async def test_a_timeout_past_timeouts_max_waiting_ones_is_not_queued() -> None:
+    deadlines, expired = Deadlines(asyncio.get_running_loop()), []
+    waiting = [Request(expired, str(i)) for i in range(timeouts_max)]
+    for i, request in enumerate(waiting):
+        assert deadlines.add(1.0 + i, request)
+    assert not deadlines.add(0.5, Request(expired, "more"))  # its caller's own timer
+    waiting[0].answered = True  # its queue has none waiting: dropped for the new timeout
+    assert deadlines.add(0.01, Request(expired, "more"))
+    await asyncio.sleep(0.03)
+    assert expired == ["more"]
     deadlines.clear()
-    await asyncio.sleep(0.02)
-    assert expired == [] and len(deadlines) == 0
+    assert len(deadlines) == 0
 
 
 async def test_an_expiry_that_queues_another_deadline_arms_the_timer_for_it() -> None:

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+import doctest
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rangeserver.retention import Span, reclaimable, still_needed
+from rangeserver import retention
+from rangeserver.retention import Span, extend_span, reclaimable, still_needed
+
+
+@pytest.mark.parametrize(("before", "segment", "after"), [
+    (None, 3, Span(3, 3)),  # a replica's first entry starts its span
+    (Span(3, 3), 5, Span(3, 5)),
+    (Span(3, 5), 4, Span(3, 5)),  # already covered: the same span kept
+    (Span(3, 5), 5, Span(3, 5)),
+])
+def test_a_span_grows_to_the_segment_of_a_new_entry(
+    before: Span | None, segment: int, after: Span
+) -> None:
+    spans = {} if before is None else {(1, 0): before}
+    extend_span(spans, (1, 0), segment)
+    assert spans == {(1, 0): after}
+    if before == after:
+        assert spans[(1, 0)] is before  # nothing built
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(retention).failed == 0
 
 
 def test_only_segments_before_keep_from_and_outside_live_spans_go() -> None:
