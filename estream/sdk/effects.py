@@ -230,6 +230,10 @@ class EffectRunner:
         if isinstance(error, Fenced):
             self.run(core.on_fenced(error))
             return
+        if not effect.durable and writer._error is None:
+            # One hint out per replica: the newest waited for this answer (issue 32).
+            for hint in core.hint_answered(effect.replica, effect.range_index, effect.confirm):
+                self._send_hint(core, hint)
         if error is not None and durable and not effect.durable:
             # A hint that went durable failed: its idle CONFIRM is due again.
             core.hint_lost(effect.replica, effect.range_index, effect.confirm)

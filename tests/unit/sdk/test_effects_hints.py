@@ -129,3 +129,44 @@ async def test_a_durable_hint_that_failed_makes_the_idle_confirm_due_again() -> 
     for w in writers:
         assert w.runner._confirmed == dict.fromkeys(REPLICAS, 1)
         w.runner.close()
+
+
+class HungC(HeldPool):
+    """Replica ``c`` never answers (its calls are held); ``a`` and ``b`` answer at once."""
+
+    def start_call(self, address: str, opcode: int, header: dict[str, Any] | None,
+                   payload: bytes | memoryview, done: Any, *, timeout_s: float = 5.0) -> None:
+        if address != "c:1":
+            return super().start_call(address, opcode, header, payload, done,
+                                      timeout_s=timeout_s)
+        self.calls.append((address, Opcode(opcode), dict(header or {}), bytes(payload),
+                           timeout_s))
+        self.held.append(done)
+
+
+async def test_a_hung_replica_is_sent_one_hint_at_a_time() -> None:
+    """Issue 32: the writer sent a hung replica a hint per completion (a third of the
+    requests abandoned when it was dropped). Now one at a time: the newest goes when the
+    one out is answered."""
+    pool = HungC({Opcode.CONFIRM: {}})
+    w = writer(AppendSender(pool, timeout_s=3.0), 1)
+    core = w._core
+    for i in range(20):
+        if i:
+            core.ranges.submit([Record(b"x")], w.now_ms())
+        now = w.now_ms()
+        core.on_append_ack("a", 0, i + 1, now)
+        w.runner.run(core.on_append_ack("b", 0, i + 1, now))
+        core.on_append_ack("c", 0, i + 1, now)
+        await asyncio.sleep(0)  # the hints
+        await asyncio.sleep(0)  # a's and b's answers
+
+    def hints_to(address: str) -> list[int]:
+        return [c[2]["confirm"] for c in pool.calls
+                if c[0] == address and c[1] == Opcode.CONFIRM and not c[2]["durable"]]
+
+    assert hints_to("a:1") == hints_to("b:1") == list(range(1, 21))
+    assert hints_to("c:1") == [1]
+    pool.held.pop()(None, Timeout("no answer"))  # its deadline: the newest goes
+    assert hints_to("c:1") == [1, 20]
+    w.runner.close()
