@@ -21,6 +21,7 @@ from estream.core.writer import WriterCore
 from estream.net.appendsender import AppendSender
 from estream.net.rangeclient import ReplicaClient
 from estream.sdk.effects import EffectRunner
+from estream.sdk.writerticks import WriterTicks
 from estream.wire.appendmany import encode_answer
 from estream.wire.errors import Timeout
 from estream.wire.protocol import Opcode
@@ -33,7 +34,7 @@ REPLICAS = ("a", "b", "c")
 CONFIG = WriterConfig(confirm_idle_ms=60_000, confirm_hinted_idle_ms=60_000)
 
 
-def writer(sender: AppendSender, stream_id: int) -> Any:
+def writer(sender: AppendSender, stream_id: int, ticks: WriterTicks | None = None) -> Any:
     """A writer shell around a real core whose one record ``[0, 1)`` is in flight."""
     loop = asyncio.get_running_loop()
     ranges = RangeWriter(stream_id=stream_id, epoch=1, ack_count=2, range_index=0,
@@ -44,7 +45,8 @@ def writer(sender: AppendSender, stream_id: int) -> Any:
     shell = SimpleNamespace(
         _loop=loop, _core=WriterCore(ranges, Roller(RollConfig(3), lambda: 0)),
         _closed=False, _error=None, now_ms=lambda: int(loop.time() * 1000),
-        config=CONFIG, _replicas=replicas, stream=SimpleNamespace(name=str(stream_id)),
+        config=CONFIG, _replicas=replicas, _ticks=ticks or WriterTicks(),
+        stream=SimpleNamespace(name=str(stream_id)),
         _queue=SimpleNamespace(complete=lambda upto: None, make_room=lambda core: None))
     shell.runner = EffectRunner(shell)  # type: ignore[arg-type]
     return shell
@@ -98,7 +100,7 @@ async def test_hints_that_went_durable_spare_the_writers_idle_confirm() -> None:
     writers = await hinted(pool, sender, range(1, 4))
     # Every live replica's hint went durable: no idle CONFIRM is due, nothing to tick for.
     assert [w._core.next_deadline_ms() for w in writers[1:]] == [None, None]
-    assert [w.runner._timer is None for w in writers] == [False, True, True]
+    assert [w.runner.tick == 0 for w in writers] == [False, True, True]
     for done in pool.held:
         done(encode_answer([], [None, None]), None)
     since = len(pool.calls)
