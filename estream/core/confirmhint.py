@@ -16,6 +16,11 @@ the server logs anyway goes as a durable confirm after all (``estream/net/append
 once every live replica's did, the idle CONFIRM would only repeat them, and none is made
 (:meth:`ConfirmHints.durable`); if one of them fails, it is due again (:meth:`ConfirmHints.lost`).
 
+A replica is sent no hint while its previous one is unanswered (issue 32: a hung replica
+was sent one per completion until it was dropped, each held until its deadline or the
+drop); when that one is answered (or failed), the newest offset hinted since goes, which
+covers the older ones (:meth:`ConfirmHints.answered`).
+
 Pure: no I/O.
 """
 
@@ -28,12 +33,13 @@ from estream.core.writeeffects import SendConfirm
 class ConfirmHints:
     """The highest confirm offset hinted to the open range's replicas."""
 
-    __slots__ = ("durables", "hinted", "range_index")
+    __slots__ = ("durables", "hinted", "out", "range_index")
 
     def __init__(self) -> None:
         self.range_index = -1
         self.hinted = -1
         self.durables: set[str] = set()  # the replicas whose hint of ``hinted`` went durable
+        self.out: dict[str, int] = {}  # replica -> the offset of its hint not answered yet
 
     def due(self, ranges: RangeWriter) -> list[SendConfirm]:
         """The hints to send now: one ``SendConfirm(durable=False)`` per live replica when
@@ -45,6 +51,9 @@ class ConfirmHints:
             on_append_ack("a", 0, 1, now); on_append_ack("b", 0, 1, now)  # completes 1
             due(ranges) -> [SendConfirm(a, 0, 1, durable=False), ...b, ...c]
             due(ranges) -> []                                # hinted already
+
+        A replica whose previous hint is unanswered is skipped: it is sent the newest
+        offset when that one is answered (:meth:`answered`).
         """
         config = ranges.config
         if (
@@ -58,12 +67,47 @@ class ConfirmHints:
         index, confirm = ranges.range_index, ranges.visible_confirm
         if index != self.range_index:
             self.range_index, self.hinted = index, ranges.range_start
+            self.out = {}
         if confirm <= self.hinted:
             return []
         self.hinted = confirm
         self.durables.clear()
         ranges.hint(confirm)  # its durable idle CONFIRM waits confirm_hinted_idle_ms
-        return [SendConfirm(replica, index, confirm, durable=False) for replica in ranges.live]
+        out = self.out
+        if not out:
+            for replica in ranges.live:
+                out[replica] = confirm
+            return [SendConfirm(replica, index, confirm, durable=False)
+                    for replica in ranges.live]
+        hints = []
+        for replica in ranges.live:
+            if replica not in out:
+                out[replica] = confirm
+                hints.append(SendConfirm(replica, index, confirm, durable=False))
+        return hints
+
+    def answered(
+        self, ranges: RangeWriter, replica: str, range_index: int, confirm: int
+    ) -> list[SendConfirm]:
+        """``replica`` answered its hint of ``confirm`` (or it failed): the newest offset
+        hinted since, if any, goes to it now (one ``SendConfirm(durable=False)``), unless
+        it was dropped, the range is sealing or failed, or the hint was another range's.
+        Worked example (hinted 1 to a, b, c; c's unanswered)::
+
+            due(ranges) -> [a, b]              # offset 2 completes: c's hint of 1 is out
+            answered(ranges, "c", 0, 1) -> [SendConfirm(c, 0, 2, durable=False)]
+            answered(ranges, "c", 0, 2) -> []  # nothing newer
+        """
+        out = self.out
+        if range_index != self.range_index or out.get(replica) != confirm:
+            return []
+        hinted = self.hinted
+        if (hinted <= confirm or ranges.error is not None or ranges.sealing
+                or replica not in ranges.live):
+            del out[replica]
+            return []
+        out[replica] = hinted
+        return [SendConfirm(replica, range_index, hinted, durable=False)]
 
     def durable(self, ranges: RangeWriter, replica: str, range_index: int, confirm: int) -> bool:
         """The hint of ``confirm`` to ``replica`` goes as a durable confirm (it shares an

@@ -17,6 +17,7 @@ event                           answer
 ``on_tick(now_ms)``             effects; ``next_deadline_ms()`` says when to tick next
 ``confirm_hints()``             idle writer's confirm hints (after completions' turn)
 ``hint_durable`` / ``_lost``    nothing: a hint went as a durable confirm (or it failed)
+``hint_answered``               the newest hint for that replica, if one waited for it
 ``on_degraded(RequestRoll)``    the roll attempts process to start (or None: one runs)
 ``roll(BeginSeal)``             the roll process (:data:`~estream.core.roll.Steps`)
 ``on_fenced(error)``            effects (:class:`~estream.core.writeeffects.FailAppends`)
@@ -132,6 +133,11 @@ class WriterCore:
         APPEND_MANY with what the server logs): once every live replica's did, no idle
         CONFIRM of it is made (:meth:`ConfirmHints.durable`; True: this call did it)."""
         return self._hints.durable(self.ranges, replica, range_index, confirm)
+
+    def hint_answered(self, replica: str, range_index: int, confirm: int) -> list[SendConfirm]:
+        """``replica`` answered its hint of ``confirm`` (or it failed): the newest hinted
+        since goes to it now (:meth:`ConfirmHints.answered`: one hint out per replica)."""
+        return self._hints.answered(self.ranges, replica, range_index, confirm)
 
     def hint_lost(self, replica: str, range_index: int, confirm: int) -> None:
         """A hint that went as a durable confirm failed: its idle CONFIRM is due again (the

@@ -41,6 +41,7 @@ from estream.sdk.reader import (
 from estream.sdk.subscribe import Subscription
 from estream.sdk.timelookup import offset_for_time
 from estream.sdk.writer import Writer
+from estream.sdk.writerticks import WriterTicks
 from estream.sdk.writertimings import WRITER_TIMINGS, WriterTimings
 from estream.wire import limits
 from estream.wire.errors import (
@@ -130,6 +131,7 @@ class Client:
         self._secret = secret.encode() if isinstance(secret, str) else secret
         self._object_reads: ObjectReads | None = None  # once PD named an object store
         self._reports: set[asyncio.Task[None]] = set()  # damage reports on their way to PD
+        self.writer_ticks = WriterTicks()  # its writers' one timer
 
     async def __aenter__(self) -> Client:
         return self

@@ -10,7 +10,8 @@ visibility: :meth:`EffectRunner.confirm_durably` waits (bounded) until ``ack_cou
 replicas answered a CONFIRM carrying the final confirm offset (range servers log it durably
 before answering).
 
-Side effects: network requests (through the client's replica client) and a timer.
+Side effects: network requests (through the client's replica client) and a tick on the
+client's writers' one timer (``estream/sdk/writerticks.py``).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ class EffectRunner:
     def __init__(self, writer: Writer) -> None:
         self._writer = writer
         self._loop = writer._loop
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0
+        self._ticks = writer._ticks  # the client's writers' one timer
+        self.tick = 0  # the seq of this writer's armed tick (0: none)
+        self._timer_at = 0  # its deadline (ms)
         # Durable confirms of the open range: replica -> highest CONFIRM it answered.
         self._confirmed: dict[str, int] = {}
         self._confirm_asked = 0  # highest confirm sent to the open range
@@ -124,7 +126,7 @@ class EffectRunner:
         """The turn after appends completed: unless the application appended again (the
         batch will carry the confirm offset), the core's confirm hints go out."""
         if not self._hint_soon:
-            return  # sent already, by the timer (_on_timer)
+            return  # sent already, by the tick (on_tick)
         self._hint_soon = False
         writer = self._writer
         if writer._core is core and not writer._closed and writer._error is None:
@@ -148,17 +150,15 @@ class EffectRunner:
         deadline = core.next_deadline_ms()
         if deadline is None:
             return
-        if self._timer is not None and not self._timer.cancelled() and self._timer_at <= deadline:
+        if self.tick and self._timer_at <= deadline:
             return
-        if self._timer is not None:
-            self._timer.cancel()
         delay_s = deadline / 1000 - self._loop.time()
         self._timer_at = deadline
         # Never sooner than timer_min_s: a deadline already due runs on the next turn.
-        self._timer = self._loop.call_later(max(delay_s, timer_min_s), self._on_timer)
+        self._ticks.arm(self, max(delay_s, timer_min_s))
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def on_tick(self) -> None:
+        """The core's deadline came (``WriterTicks``: this runner's tick is no longer armed)."""
         writer = self._writer
         core = writer._core
         if core is None or writer._closed:
@@ -171,8 +171,7 @@ class EffectRunner:
         self.run(core.on_tick(writer.now_ms()))
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._ticks.cancel(self)
 
     def _append_answered(
         self, core: WriterCore, replica: str, range_index: int, end: int,
@@ -184,7 +183,7 @@ class EffectRunner:
             return
         if error is None:
             effects = core.on_append_ack(replica, range_index, end, writer.now_ms())
-            if effects or self._timer is None:
+            if effects or not self.tick:
                 self.run(effects)
             else:
                 # An ack without effects moves the core's deadline later or not at all,
@@ -216,10 +215,9 @@ class EffectRunner:
             if effect.range_index == core.ranges.range_index:
                 self._confirm_asked = max(self._confirm_asked, effect.confirm)
             if (core.hint_durable(effect.replica, effect.range_index, effect.confirm)
-                    and self._timer is not None and core.next_deadline_ms() is None):
+                    and self.tick and core.next_deadline_ms() is None):
                 # Its idle CONFIRM was what the timer waited for: nothing is left to tick.
-                self._timer.cancel()
-                self._timer = None
+                self._ticks.cancel(self)
 
     def _confirm_answered(self, core: WriterCore, effect: SendConfirm, durable: bool,
                           error: EstreamError | None) -> None:
@@ -230,6 +228,10 @@ class EffectRunner:
         if isinstance(error, Fenced):
             self.run(core.on_fenced(error))
             return
+        if not effect.durable and writer._error is None:
+            # One hint out per replica: the newest waited for this answer (issue 32).
+            for hint in core.hint_answered(effect.replica, effect.range_index, effect.confirm):
+                self._send_hint(core, hint)
         if error is not None and durable and not effect.durable:
             # A hint that went durable failed: its idle CONFIRM is due again.
             core.hint_lost(effect.replica, effect.range_index, effect.confirm)

@@ -78,6 +78,7 @@ class Writer:
         self._error: EstreamError | None = None
         self._closed = False
         self._producer_id = ""
+        self._ticks = client.writer_ticks  # the client's writers' one timer
         self._queue = AppendQueue(self)
         self._runner = EffectRunner(self)
         self._rolls = RollDriver(self)

@@ -172,3 +172,43 @@ def test_a_dropped_replicas_hint_is_not_waited_for() -> None:
     due.durable(w, "b", 0, 1)
     assert w.next_deadline_ms() is None
 
+
+
+def test_a_replica_is_sent_no_hint_while_its_previous_one_is_unanswered() -> None:
+    """Issue 32: a hung replica was sent a hint per completion (1,076 of 3,064 abandoned
+    requests in one hung-replica run). Now one is out per replica at a time; when it is
+    answered (or failed), the newest offset hinted since goes, covering the older ones."""
+    w, due = make(), ConfirmHints()
+    sent = {"a": 0, "b": 0, "c": 0}
+    for i in range(100):  # c never answers; a and b answer each hint at once
+        sent_one(w)
+        w.on_append_ack("a", 0, i + 1, i)
+        w.on_append_ack("b", 0, i + 1, i)
+        for hint in due.due(w):
+            sent[hint.replica] += 1
+            assert hint.confirm == i + 1
+            if hint.replica != "c":
+                assert due.answered(w, hint.replica, 0, hint.confirm) == []
+    assert sent == {"a": 100, "b": 100, "c": 1}
+    assert due.answered(w, "c", 0, 5) == []  # not the hint that is out
+    assert due.answered(w, "c", 0, 1) == [SendConfirm("c", 0, 100, durable=False)]
+    assert due.answered(w, "c", 0, 100) == []  # nothing newer: none out now
+    sent_one(w)
+    w.on_append_ack("a", 0, 101, 101)
+    w.on_append_ack("b", 0, 101, 101)
+    assert due.due(w) == hints(101)
+
+
+def test_no_newest_hint_to_a_dropped_replica_or_another_ranges() -> None:
+    w, due = make(), ConfirmHints()
+    for i in range(2):
+        sent_one(w)
+        w.on_append_ack("a", 0, i + 1, i)
+        w.on_append_ack("b", 0, i + 1, i)
+        w.on_append_ack("c", 0, i + 1, i)
+        assert due.due(w) == (hints(1) if i == 0 else [])  # the first hints are out
+    assert due.answered(w, "a", 1, 1) == []  # another range's
+    assert due.answered(w, "a", 0, 1) == [SendConfirm("a", 0, 2, durable=False)]
+    sent_one(w)
+    w.on_append_error("c", 0, Timeout("no answer"), 3)  # c dropped
+    assert due.answered(w, "c", 0, 1) == []

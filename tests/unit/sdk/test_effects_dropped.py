@@ -15,6 +15,7 @@ import pytest
 from estream.core.rangewriter import RangeWriter
 from estream.core.writeeffects import Effect, WriterConfig
 from estream.sdk.effects import EffectRunner
+from estream.sdk.writerticks import WriterTicks
 from estream.wire.errors import EstreamError, Fenced, Unavailable
 from estream.wire.record import Record
 
@@ -26,7 +27,7 @@ def runner_with_c_dropped() -> tuple[EffectRunner, Any, list[list[Effect]]]:
     assert ranges.on_append_error("c", 0, Unavailable("hung"), 0)  # dropped: RequestRoll
     core = SimpleNamespace(ranges=ranges, on_append_error=ranges.on_append_error)
     writer = SimpleNamespace(_loop=asyncio.new_event_loop(), _core=core, _closed=False,
-                             now_ms=lambda: 0)
+                             now_ms=lambda: 0, _ticks=WriterTicks())
     runner = EffectRunner(writer)  # type: ignore[arg-type]
     ran: list[list[Effect]] = []
     runner.run = ran.append  # type: ignore[method-assign]

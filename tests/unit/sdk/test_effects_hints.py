@@ -21,6 +21,7 @@ from estream.core.writer import WriterCore
 from estream.net.appendsender import AppendSender
 from estream.net.rangeclient import ReplicaClient
 from estream.sdk.effects import EffectRunner
+from estream.sdk.writerticks import WriterTicks
 from estream.wire.appendmany import encode_answer
 from estream.wire.errors import Timeout
 from estream.wire.protocol import Opcode
@@ -33,7 +34,7 @@ REPLICAS = ("a", "b", "c")
 CONFIG = WriterConfig(confirm_idle_ms=60_000, confirm_hinted_idle_ms=60_000)
 
 
-def writer(sender: AppendSender, stream_id: int) -> Any:
+def writer(sender: AppendSender, stream_id: int, ticks: WriterTicks | None = None) -> Any:
     """A writer shell around a real core whose one record ``[0, 1)`` is in flight."""
     loop = asyncio.get_running_loop()
     ranges = RangeWriter(stream_id=stream_id, epoch=1, ack_count=2, range_index=0,
@@ -44,7 +45,8 @@ def writer(sender: AppendSender, stream_id: int) -> Any:
     shell = SimpleNamespace(
         _loop=loop, _core=WriterCore(ranges, Roller(RollConfig(3), lambda: 0)),
         _closed=False, _error=None, now_ms=lambda: int(loop.time() * 1000),
-        config=CONFIG, _replicas=replicas, stream=SimpleNamespace(name=str(stream_id)),
+        config=CONFIG, _replicas=replicas, _ticks=ticks or WriterTicks(),
+        stream=SimpleNamespace(name=str(stream_id)),
         _queue=SimpleNamespace(complete=lambda upto: None, make_room=lambda core: None))
     shell.runner = EffectRunner(shell)  # type: ignore[arg-type]
     return shell
@@ -98,7 +100,7 @@ async def test_hints_that_went_durable_spare_the_writers_idle_confirm() -> None:
     writers = await hinted(pool, sender, range(1, 4))
     # Every live replica's hint went durable: no idle CONFIRM is due, nothing to tick for.
     assert [w._core.next_deadline_ms() for w in writers[1:]] == [None, None]
-    assert [w.runner._timer is None for w in writers] == [False, True, True]
+    assert [w.runner.tick == 0 for w in writers] == [False, True, True]
     for done in pool.held:
         done(encode_answer([], [None, None]), None)
     since = len(pool.calls)
@@ -129,3 +131,44 @@ async def test_a_durable_hint_that_failed_makes_the_idle_confirm_due_again() -> 
     for w in writers:
         assert w.runner._confirmed == dict.fromkeys(REPLICAS, 1)
         w.runner.close()
+
+
+class HungC(HeldPool):
+    """Replica ``c`` never answers (its calls are held); ``a`` and ``b`` answer at once."""
+
+    def start_call(self, address: str, opcode: int, header: dict[str, Any] | None,
+                   payload: bytes | memoryview, done: Any, *, timeout_s: float = 5.0) -> None:
+        if address != "c:1":
+            return super().start_call(address, opcode, header, payload, done,
+                                      timeout_s=timeout_s)
+        self.calls.append((address, Opcode(opcode), dict(header or {}), bytes(payload),
+                           timeout_s))
+        self.held.append(done)
+
+
+async def test_a_hung_replica_is_sent_one_hint_at_a_time() -> None:
+    """Issue 32: the writer sent a hung replica a hint per completion (a third of the
+    requests abandoned when it was dropped). Now one at a time: the newest goes when the
+    one out is answered."""
+    pool = HungC({Opcode.CONFIRM: {}})
+    w = writer(AppendSender(pool, timeout_s=3.0), 1)
+    core = w._core
+    for i in range(20):
+        if i:
+            core.ranges.submit([Record(b"x")], w.now_ms())
+        now = w.now_ms()
+        core.on_append_ack("a", 0, i + 1, now)
+        w.runner.run(core.on_append_ack("b", 0, i + 1, now))
+        core.on_append_ack("c", 0, i + 1, now)
+        await asyncio.sleep(0)  # the hints
+        await asyncio.sleep(0)  # a's and b's answers
+
+    def hints_to(address: str) -> list[int]:
+        return [c[2]["confirm"] for c in pool.calls
+                if c[0] == address and c[1] == Opcode.CONFIRM and not c[2]["durable"]]
+
+    assert hints_to("a:1") == hints_to("b:1") == list(range(1, 21))
+    assert hints_to("c:1") == [1]
+    pool.held.pop()(None, Timeout("no answer"))  # its deadline: the newest goes
+    assert hints_to("c:1") == [1, 20]
+    w.runner.close()
