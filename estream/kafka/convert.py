@@ -12,16 +12,32 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from estream.kafka.records import KafkaRecord, encode_batch, encode_plain_batch
-from estream.wire.record import BatchColumns
+from estream.wire.record import BatchColumns, Record
 
 
 def estream_headers(record: KafkaRecord) -> dict[str, str] | None:
     """A Kafka record's headers as estream's (None without any)."""
-    if not record.headers:
-        return None
-    return {name: (value or b"").decode("utf-8", "surrogateescape")
-            for name, value in record.headers}
+    return _headers(record.headers) if record.headers else None
+
+
+def _headers(headers: tuple[tuple[str, bytes | None], ...]) -> dict[str, str]:
+    return {name: (value or b"").decode("utf-8", "surrogateescape") for name, value in headers}
+
+
+def estream_records(records: Sequence[KafkaRecord], now_ms: int) -> list[Record]:
+    """Kafka records as the estream records Produce appends (a record without a
+    timestamp, -1: ``now_ms``).
+
+    >>> [(r.value, r.headers, r.timestamp, r.key) for r in estream_records(
+    ...     [KafkaRecord(5, b"k", None, (("h", b"v"),)), KafkaRecord(-1, None, b"x")], 9)]
+    [(b'', {'h': 'v'}, 5, b'k'), (b'x', {}, 9, None)]
+    """
+    return [Record(value or b"", _headers(headers) if headers else {},
+                   timestamp if timestamp >= 0 else now_ms, key=key)
+            for timestamp, key, value, headers in records]
 
 
 def kafka_records(columns: BatchColumns) -> list[KafkaRecord]:

@@ -1,9 +1,10 @@
 """The writer's append queue: checks each append, submits it to the core or queues it
 while the in-flight budget is spent, and completes the user's futures in offset order.
 
-One enqueue path (:meth:`AppendQueue.enqueue`): an append is checked, then submitted at
-the call when the budget has room and nothing waits before it, else queued (a
-:class:`QueuedAppend`) and submitted in call order as acknowledgements free the budget.
+One enqueue path (:meth:`AppendQueue.enqueue`, and :meth:`AppendQueue.enqueue_batch` for
+many records with one future): an append is checked, then submitted at the call when the
+budget has room and nothing waits before it, else queued (a :class:`QueuedAppend`, a
+:class:`QueuedBatch`) and submitted in call order as acknowledgements free the budget.
 Futures wait in offset order (no entry per append besides the future itself) and one
 watchdog timer bounds the oldest one's wait by the delivery timeout.
 
@@ -15,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from estream.core.writeeffects import Effect, value_size
+from estream.core.writeeffects import Effect, record_size, value_size
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.wire import limits
 from estream.wire.errors import EstreamError, InvalidArgument, Timeout
@@ -62,6 +63,29 @@ def checked_record(
                       key, "key", limits.record_key_bytes_max))
 
 
+def checked_records(values: Sequence[bytes | Record], clock: Clock = SYSTEM_CLOCK,
+                    zero_is_now: bool = True) -> list[Record]:
+    """``values`` as :func:`checked_record` makes them (bytes: a record of them, now; a
+    record's timestamp 0: now, unless not ``zero_is_now``); a :class:`Record` that is
+    sound already (bytes value and key within their limits, a timestamp, no headers to
+    copy) is taken as it is."""
+    key_max = limits.record_key_bytes_max
+    out: list[Record] = []
+    for v in values:
+        if not isinstance(v, Record):
+            out.append(checked_record(v, None, None, clock=clock))
+            continue
+        value, key, ts = v.value, v.key, v.timestamp
+        if ((ts or not zero_is_now) and not v.headers and type(value) is bytes
+                and len(value) <= _value_bytes_max
+                and (key is None or (type(key) is bytes and len(key) <= key_max))):
+            out.append(v)
+        else:
+            out.append(checked_record(value, v.headers, ts if ts or not zero_is_now else None,
+                                      key, clock))
+    return out
+
+
 class Waiter(asyncio.Future[_T]):
     """A future the queue completes with ``_value`` once every offset below ``_end`` is
     acknowledged; ``_since``: when it was submitted (ms, the delivery deadline's start)."""
@@ -98,6 +122,19 @@ class QueuedAppend:
     stamp: str | None = None  # a batch-level stamp (Writer.append)
 
 
+@dataclass(slots=True)
+class QueuedBatch:
+    """Many appends waiting for in-flight budget as one (:meth:`Writer.append_batch`):
+    their checked records, total size, one future (their offsets) and, for a producer's
+    writer or a ``stamp``, one sequence each."""
+
+    records: list[Record]
+    size: int
+    future: Waiter[list[int]]
+    sequences: Sequence[int] | None
+    stamp: str | None
+
+
 class AppendQueue:
     """One writer's appends between the user and the core (module docstring)."""
 
@@ -106,8 +143,7 @@ class AppendQueue:
         self._loop = writer._loop
         self._wall_ms = writer._client.clock.wall_ms  # record timestamps (the clock port)
         self.waiters: deque[Waiter[Any]] = deque()  # completed in offset order
-        self._space: list[asyncio.Future[None]] = []  # append_batch waiting for budget
-        self._queued: deque[QueuedAppend] = deque()
+        self._queued: deque[QueuedAppend | QueuedBatch] = deque()
         self._draining = False
         self._cut_soon = False  # a call_soon of _cut_idle is pending
         self._watchdog: asyncio.TimerHandle | None = None
@@ -155,6 +191,55 @@ class AppendQueue:
         if effects is not None:
             self._submitted(core, effects)
 
+    def enqueue_batch(
+        self, future: Waiter[list[int]], records: list[Record],
+        sequences: Sequence[int] | None, stamp: str | None, waited: bool = False,
+    ) -> None:
+        """:meth:`enqueue` of many checked records at once, with one future (completed with
+        their offsets once the last is acknowledged; a producer's duplicates answered as
+        :meth:`enqueue` answers them): submitted now when the budget has room for all of
+        them and nothing waits before them, else queued whole. ``stamp``: every record's
+        batch records it with the record's sequence (as :meth:`enqueue`'s). Raises what is
+        wrong with them (nothing taken)."""
+        writer = self._writer
+        core = writer._core
+        if core is None or writer._error is not None or writer._closed:
+            core = writer._check_open()
+        if sequences is not None or stamp is not None:
+            if sequences is None or len(sequences) != len(records):
+                raise InvalidArgument("one sequence per record", argument="sequences")
+            if stamp is not None:
+                for seq in sequences:
+                    core.check_stamp(stamp, seq)
+            else:
+                if core.producer is None:
+                    raise InvalidArgument("sequence needs a writer opened with producer_id",
+                                          argument="sequence")
+                for seq in sequences:
+                    core.check_sequence(seq)
+        size = sum(map(record_size, records))
+        if not waited and (self._queued or not core.can_accept(size)):
+            self._queued.append(QueuedBatch(records, size, future, sequences, stamp))
+            return
+        now = round(self._loop.time() * 1000)
+        if stamp is None:
+            offsets, end, effects = core.submit_many(records, sequences, now)
+        else:  # (the core stamps one record at a time: the first cuts, the rest join)
+            assert sequences is not None
+            offsets, effects, end = [], [], 0
+            for record, seq in zip(records, sequences, strict=True):
+                offset, end, more = core.submit_stamped(
+                    record.value, record.headers, record.timestamp, now, stamp, seq,
+                    record.key)
+                offsets.append(offset)
+                if more:
+                    effects += more
+        if end > core.ranges.completed:
+            self.add_waiter(future, end, now, offsets)
+        else:
+            future.set_result(offsets)  # a producer's duplicates, already acknowledged
+        self._submitted(core, effects)
+
     def _submitted(self, core: WriterCore, effects: list[Effect]) -> None:
         """After an append's record was submitted with effects (or a new linger)."""
         runner = self._writer._runner
@@ -178,15 +263,9 @@ class AppendQueue:
             writer._runner.run(core.cut_idle(writer.now_ms()))
 
     def make_room(self, core: WriterCore) -> None:
-        """Submit queued appends and wake those waiting for space, if the in-flight budget
-        has room now."""
+        """Submit queued appends, if the in-flight budget has room now."""
         if self._queued and not self._draining and core.can_accept(self._queued[0].size):
             self._drain_queued()
-        if self._space and not self._queued and core.can_accept(1):
-            space, self._space = self._space, []
-            for future in space:
-                if not future.done():
-                    future.set_result(None)
 
     def _drain_queued(self) -> None:
         """Submit the appends that waited for budget, oldest first, while it lasts."""
@@ -203,23 +282,17 @@ class AppendQueue:
                 if item.future.done():
                     continue  # cancelled while it waited: never submitted
                 try:
-                    self.enqueue(item.future, item.value, item.headers, item.timestamp,
-                                 item.sequence, item.key, True, item.stamp)
+                    if isinstance(item, QueuedBatch):
+                        self.enqueue_batch(item.future, item.records, item.sequences,
+                                           item.stamp, True)
+                    else:
+                        self.enqueue(item.future, item.value, item.headers, item.timestamp,
+                                     item.sequence, item.key, True, item.stamp)
                 except Exception as exc:  # noqa: BLE001 - raised where it is awaited
                     if not item.future.done():
                         item.future.set_exception(exc)
         finally:
             self._draining = False
-
-    async def wait_space(self, size: int) -> WriterCore:
-        """The core once ``size`` bytes fit in the budget and nothing queued is ahead."""
-        core = self._writer._check_open()
-        while self._queued or not core.can_accept(size):
-            future: asyncio.Future[None] = self._loop.create_future()
-            self._space.append(future)
-            await future
-            core = self._writer._check_open()
-        return core
 
     def wait_for(self, end: int, now_ms: int) -> Waiter[None]:
         """A future completed once every offset below ``end`` is acknowledged."""
@@ -253,10 +326,6 @@ class AppendQueue:
         for item in queued:
             if not item.future.done():
                 item.future.set_exception(error)
-        space, self._space = self._space, []
-        for room in space:
-            if not room.done():
-                room.set_exception(error)
 
     def close(self) -> None:
         if self._watchdog is not None:
@@ -287,4 +356,5 @@ class AppendQueue:
         writer.fail_writer(error)
 
 
-__all__ = ["AppendQueue", "PendingAppend", "QueuedAppend", "Waiter", "checked_record"]
+__all__ = ["AppendQueue", "PendingAppend", "QueuedAppend", "QueuedBatch", "Waiter",
+           "checked_record", "checked_records"]

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 from estream.core.producer import check_writer_producer_id
 from estream.core.rangewriter import RangeWriter
 from estream.core.roll import Roller
-from estream.core.writeeffects import WriterConfig, record_size
+from estream.core.writeeffects import WriterConfig
 from estream.core.writer import WriterCore, WriterStatistics
 from estream.net.rangeclient import ReplicaClient
 from estream.sdk import writeropen
-from estream.sdk.appendqueue import AppendQueue, PendingAppend, checked_record
+from estream.sdk.appendqueue import AppendQueue, PendingAppend, Waiter, checked_records
 from estream.sdk.effects import EffectRunner
 from estream.sdk.rolldriver import RollDriver
 from estream.sdk.writertimings import WriterTimings
@@ -193,39 +193,37 @@ class Writer:
                 future.set_exception(exc)
         return future
 
+    def submit_batch(
+        self, values: Sequence[bytes | Record], *, sequences: Sequence[int] | None = None,
+        stamp: str | None = None, zero_is_now: bool = True,
+    ) -> Waiter[list[int]]:
+        """Submit many records at the call, in call order with every other append, with
+        one future for all of them: it completes with their offsets (consecutive; a
+        producer's duplicates answered as :meth:`append` answers them) once the last is
+        durable on ``ack_count`` replicas. A producer's writer takes one sequence per record
+        (as :meth:`append`); so does ``stamp`` (as :meth:`append`'s, one batch stamp for
+        them all: the Kafka gateway's). A :class:`Record`'s timestamp 0 means now, unless
+        not ``zero_is_now`` (a Kafka record's CreateTime 0 is kept). Errors are raised when
+        it is awaited."""
+        future: Waiter[list[int]] = Waiter(loop=self._loop)
+        try:
+            self._queue.enqueue_batch(
+                future, checked_records(values, self._client.clock, zero_is_now),
+                sequences, stamp)
+        except Exception as exc:  # noqa: BLE001 - raised where it is awaited
+            if not future.done():
+                future.set_exception(exc)
+        return future
+
     async def append_batch(
         self, values: Sequence[bytes | Record], *, sequences: Sequence[int] | None = None
     ) -> list[int]:
         """Append many records at once; returns their offsets (consecutive). A
-        producer's writer takes one sequence per record (as :meth:`append`)."""
+        producer's writer takes one sequence per record (as :meth:`append`).
+        :meth:`submit_batch`, awaited."""
         if not values:
             return []
-        clock = self._client.clock
-        records = [
-            checked_record(v.value, v.headers, v.timestamp or None, v.key, clock)
-            if isinstance(v, Record)
-            else checked_record(v, None, None, clock=clock)
-            for v in values
-        ]
-        core = self._check_open()  # a writer fenced while it opened has no producer state
-        if sequences is not None:
-            if core.producer is None:
-                raise InvalidArgument(
-                    "sequence needs a writer opened with producer_id", argument="sequence")
-            if len(sequences) != len(records):
-                raise InvalidArgument("one sequence per record", argument="sequences")
-            for seq in sequences:
-                core.check_sequence(seq)
-        core = await self._queue.wait_space(sum(record_size(r) for r in records))
-        # No await from here to submit: a producer's sequences are decided against the
-        # current last.
-        now = self.now_ms()
-        offsets, end, effects = core.submit_many(records, sequences, now)
-        future = self._queue.wait_for(end, now) if end > core.ranges.completed else None
-        self._runner.run(effects)
-        if future is not None:
-            await future
-        return offsets
+        return await self.submit_batch(values, sequences=sequences)
 
     async def flush(self) -> None:
         """Wait until everything appended so far is acknowledged, then (bounded) until
@@ -406,4 +404,4 @@ class Writer:
         return found
 
 
-__all__ = ["PendingAppend", "Writer", "WriterConfig", "WriterStatistics"]
+__all__ = ["PendingAppend", "Waiter", "Writer", "WriterConfig", "WriterStatistics"]

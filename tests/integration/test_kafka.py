@@ -343,6 +343,39 @@ async def test_idempotent_batches_retried_are_stored_once_and_gaps_refused(
     assert values == [b"s0", b"s1", b"s2", b"s3", b"s4", b"s0", b"s0"]
 
 
+async def test_a_batch_partly_stored_keeps_its_new_records_and_a_create_time_of_zero(
+    gateway: Gateway,
+) -> None:
+    """An idempotent batch whose first records a gateway finds stored (its writer newly
+    opened, the producers restored from the stamps) appends the rest, answered with the
+    first one's offset; each Kafka record is one estream record with its key, headers and
+    timestamp, CreateTime 0 included (not taken as "now")."""
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, encode_producer_batch
+    from estream.kafka.shell import gateway as shell
+
+    await asyncio.to_thread(create_topic, gateway, "kept", 1)
+    sent = [KafkaRecord(0, b"k", b"z0", (("h", b"v"),)), KafkaRecord(5, None, b"z1")]
+    again = [KafkaRecord(5, None, b"z1"), KafkaRecord(6, None, b"z2")]
+    async with await estream.connect(gateway.pd) as client:
+        answers = []
+        for records, first in ((sent, 0), (again, 1)):  # a new gateway each: restored
+            inproc = shell.Gateway(client, ("127.0.0.1", 0))
+            try:
+                if not first:
+                    pid = await inproc._new_producer_id()
+                answers.append(await inproc._produce_partition("kept", 0, encode_producer_batch(
+                    records, producer_id=pid, producer_epoch=0, base_sequence=first)))
+            finally:
+                await inproc.close()
+        assert answers == [(ErrorCode.none, 0), (ErrorCode.none, 1)]
+        records = [r async for r in client.read("kept-0")]
+    assert [(r.offset, r.value, r.key, r.timestamp) for r in records] == [
+        (0, b"z0", b"k", 0), (1, b"z1", None, 5), (2, b"z2", None, 6)]
+    assert dict(records[0].headers) == {"h": "v"}
+
+
 def _brokers(gateway: Gateway) -> set[str]:
     from confluent_kafka.admin import AdminClient
 

@@ -66,6 +66,38 @@ async def test_errors_are_raised_where_the_append_is_awaited(cluster: Cluster) -
         assert [r.value async for r in client.read("errors")] == [b"x", b"y"]
 
 
+async def test_a_batch_submitted_at_the_call_keeps_call_order_under_backpressure(
+        cluster: Cluster) -> None:
+    """``submit_batch``: many records with one future, submitted (or queued whole while the
+    budget is spent) at the call, in call order with single appends; a timestamp 0 kept
+    when asked (a Kafka record's CreateTime), a stamp on every record of the batch."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("batched", replicas=3, ack_count=2)
+        async with await client.open_writer("batched") as writer:
+            core = writer._core
+            assert core is not None
+            core.config = dataclasses.replace(
+                core.config, inflight_bytes_max=4 * 1100, inflight_batches_max=2)
+            before = [writer.append(b"%04d" % i + b"x" * 1000) for i in range(20)]
+            batch = writer.submit_batch([b"b0", estream.Record(b"b1", timestamp=0),
+                                         estream.Record(b"b2", key=b"k", timestamp=7)],
+                                        zero_is_now=False)
+            assert any(getattr(q, "future", None) is batch for q in writer._queue._queued)
+            after = writer.append(b"after")
+            assert await asyncio.gather(*before) == list(range(20))
+            assert await batch == [20, 21, 22] and await after == 23
+            assert await writer.submit_batch([]) == []
+            bad = writer.submit_batch([b"ok", "not bytes"])  # type: ignore[list-item]
+            with pytest.raises(estream.InvalidArgument):
+                await bad
+            assert await writer.append_batch([b"last"]) == [24]
+        records = [r async for r in client.read("batched")]
+        assert [r.value[:4] for r in records] == [b"%04d" % i for i in range(20)] + [
+            b"b0", b"b1", b"b2", b"afte", b"last"]
+        assert (records[21].timestamp, records[22].timestamp, records[22].key) == (0, 7, b"k")
+        assert records[20].timestamp > 0 and records[21].key is None
+
+
 async def test_an_append_cancelled_by_wait_for_is_still_stored_in_order(cluster: Cluster) -> None:
     """A ``wait_for`` that times out cancels the append's future, not its record: it was
     submitted at the call, so it is stored, in call order, and later appends go on."""

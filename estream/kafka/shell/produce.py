@@ -3,10 +3,11 @@
 A mixin of :class:`~estream.kafka.shell.gateway.Gateway`. One SDK writer per partition
 (opened on first use under a lock, so that it never fences itself; dropped when it fails;
 the least recently used closed past :data:`writers_max`). A request's partitions are
-decoded and their missing writers opened first; then every record of every partition is
-submitted in one pass with no await, so the SDK's append sender carries what the request
-adds to each range server as one APPEND_MANY (not one APPEND per partition and replica).
-Each partition's answer is taken from a callback on its last append (a writer completes
+decoded and their missing writers opened first; then every Kafka batch of every partition
+is submitted in one pass with no await, each with one call and one future for its records
+(:meth:`Writer.submit_batch`), so the SDK's append sender carries what the request adds to
+each range server as one APPEND_MANY (not one APPEND per partition and replica). Each
+partition's answer is taken from a callback on its last batch's future (a writer completes
 its appends in offset order): no task, no gather per partition. An idempotent producer's
 records are stamped ``__kafka/<producer id>/<epoch>`` with their Kafka sequences; a
 partition's new writer rebuilds its producers from the last stamps stored
@@ -29,13 +30,13 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
-from estream.kafka.convert import estream_headers
+from estream.kafka.convert import estream_records
 from estream.kafka.producers import ProducerTable, restored_records_max
 from estream.kafka.records import KafkaBatch, decode_batches, plain_batch_at
 from estream.kafka.tailcache import TailCache
 from estream.kafka.topics import stream_name
 from estream.sdk.client import Client
-from estream.sdk.writer import PendingAppend, Writer
+from estream.sdk.writer import Waiter, Writer
 from estream.wire.errors import EstreamError, InvalidArgument, MalformedFrame, StreamExists
 from estream.wire.kafkanames import KAFKA_PRODUCER_PREFIX, kafka_producer_id
 from estream.wire.record import decode_system
@@ -63,10 +64,10 @@ class _Partition:
     error: ErrorCode = ErrorCode.none
     base: int = -1  # the answer's: the first record's offset
     duplicate: int | None = None  # the offset of a first batch already stored (or -1)
-    taken: list[tuple[KafkaBatch, PendingAppend, int, int]] = field(default_factory=list)
-    #   (, its first appended record's append, records skipped as stored, the first one's
-    #   offset if any)
-    appends: list[PendingAppend] = field(default_factory=list)  # every record's, in order
+    taken: list[tuple[KafkaBatch, Waiter[list[int]], int, int]] = field(default_factory=list)
+    #   (, its records' one submission (their offsets), records skipped as stored, the first
+    #   one's offset if any)
+    appends: list[Waiter[list[int]]] = field(default_factory=list)  # each batch's, in order
 
     def answer(self, error: ErrorCode, base: int = -1) -> None:
         self.error, self.base, self.answered = error, base, True
@@ -207,7 +208,7 @@ class Produce:
 
         def finished(part: _Partition, _: object) -> None:
             waiting = next((p for p in part.appends if not p.done()), None)
-            if waiting is not None:  # (not expected: appends complete in offset order)
+            if waiting is not None:  # (not expected: batches complete in offset order)
                 waiting.add_done_callback(functools.partial(finished, part))
                 return
             try:
@@ -261,12 +262,11 @@ class Produce:
                                batch.base_sequence + skip, count - skip)
                 stamp = kafka_producer_id(batch.producer_id, batch.producer_epoch)
             first = batch.base_sequence + skip
-            appends = [writer.append(r.value or b"", estream_headers(r),
-                                     r.timestamp if r.timestamp >= 0 else now, key=r.key,
-                                     stamp=stamp, sequence=None if stamp is None else first + i)
-                       for i, r in enumerate(records)]
-            part.taken.append((batch, appends[0], skip, stored))
-            part.appends += appends
+            pending = writer.submit_batch(
+                estream_records(records, now), stamp=stamp, zero_is_now=False,
+                sequences=None if stamp is None else range(first, first + len(records)))
+            part.taken.append((batch, pending, skip, stored))
+            part.appends.append(pending)
         if not part.answered and not part.appends:  # duplicates only
             part.answer(ErrorCode.none, -1 if part.duplicate is None else part.duplicate)
         elif part.answered and part.appends:
@@ -303,13 +303,13 @@ class Produce:
             part.answer(kp.error_code(error) if isinstance(error, EstreamError | TimeoutError)
                         else ErrorCode.unknown_server_error)
             return
-        first_offset, at = part.duplicate, 0
-        for batch, first, skip, stored in part.taken:
-            offset = first.result()
-            at += len(batch.records) - skip
+        first_offset = part.duplicate
+        for batch, pending, skip, stored in part.taken:
+            offsets = pending.result()
+            offset = offsets[0]
             if batch.producer_id >= 0:
                 table.stored(batch.producer_id, batch.base_sequence + skip, offset)
-            if not skip and part.appends[at - 1].result() == offset + len(batch.records) - 1:
+            if not skip and offsets[-1] == offset + len(batch.records) - 1:
                 self._keep(part, batch, offset)
             offset = stored if skip else offset
             first_offset = offset if first_offset is None else first_offset
