@@ -11,6 +11,7 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.wire.meta import StreamMeta
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(pd_nodes=1, range_servers=3, shared=True)]
@@ -120,6 +121,14 @@ async def test_an_append_cancelled_by_wait_for_is_still_stored_in_order(cluster:
             b"n%02d" % i for i in range(50)]
 
 
+def _placement(stream: StreamMeta) -> StreamMeta:
+    """``stream`` without its ranges' statistics."""
+    return dataclasses.replace(stream, ranges=tuple(
+        dataclasses.replace(r, min_timestamp=None, max_timestamp=None, size_bytes=None,
+                            batches=None)
+        for r in stream.ranges))
+
+
 async def test_rolls_ask_pd_for_the_new_ranges_only_and_keep_the_stream_whole(
     cluster: Cluster,
 ) -> None:
@@ -143,6 +152,9 @@ async def test_rolls_ask_pd_for_the_new_ranges_only_and_keep_the_stream_whole(
                 assert await writer.append(b"%03d" % i + b"x" * 1000) == i
             assert writer.statistics().rolls >= 4 and len(knowns) == writer.statistics().rolls
             assert all(known is not None for known in knowns)
-            assert writer.stream == await client.describe_stream("rolls")
+            described = await client.describe_stream("rolls")
+            # (a sealed range's statistics reach PD from its servers after the seal, so
+            # they may be in PD's answer and never in the writer's view: compared apart)
+            assert _placement(writer.stream) == _placement(described)
         values = [r.value[:3] async for r in client.read("rolls")]
         assert values == [b"%03d" % i for i in range(12)]
