@@ -2,7 +2,8 @@
 ``compare.py`` runs the same code against estream, NATS JetStream and Redis.
 
 A driver creates logs (an estream stream, a JetStream R3 stream, a Redis stream key),
-returns an append op for the bounded load loop (:func:`benchmarks.peers.load.run_ops`),
+returns an append op for the bounded load loop (:func:`benchmarks.peers.load.run_ops`)
+on one log or spread over many,
 fills a log, reads it back from the start, and measures tail latency. Redis's "many in
 flight" is pipelines of ``REDIS_BATCH`` XADDs (the way a user drives Redis fast).
 
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 from benchmarks.peers import estream as pe
 from benchmarks.peers import nats as pn
 from benchmarks.peers import redis as pr
-from benchmarks.peers.load import Op, payload
+from benchmarks.peers.load import Op, payload, round_robin
 
 REDIS_BATCH = 32
 BATCH = 32  # records per batch for the batched rows (as Redis's pipelines)
@@ -29,6 +30,7 @@ class Driver(Protocol):
 
     async def new_log(self, name: str) -> Any: ...
     def append_op(self, log: Any, size: int, inflight: int) -> tuple[Op, int]: ...
+    def spread_op(self, logs: list[Any], size: int, inflight: int) -> tuple[Op, int]: ...
     async def fill(self, log: Any, count: int, size: int, time_s: float) -> int: ...
     async def catch_up(self, log: Any, count: int, time_s: float) -> int: ...
     async def tail(self, name: str, count: int, size: int, time_s: float) -> list[float]: ...
@@ -56,6 +58,10 @@ class EstreamDriver:
             return 1
 
         return op, inflight
+
+    def spread_op(self, logs: list[tuple[str, Any]], size: int,
+                  inflight: int) -> tuple[Op, int]:
+        return round_robin([self.append_op(log, size, 1)[0] for log in logs]), inflight
 
     async def append_many(self, log: tuple[str, Any], values: list[bytes]) -> int:
         await log[1].append_batch(values)
@@ -101,6 +107,9 @@ class NatsDriver:
 
         return op, inflight
 
+    def spread_op(self, logs: list[str], size: int, inflight: int) -> tuple[Op, int]:
+        return round_robin([self.append_op(log, size, 1)[0] for log in logs]), inflight
+
     async def append_many(self, log: str, values: list[bytes]) -> int:
         futures = [await self.js.publish_async(log, value) for value in values]
         await asyncio.gather(*futures)
@@ -136,6 +145,16 @@ class RedisDriver:
 
         async def op(i: int) -> int:
             return await pr.xadd_batch(client, log, [payload(size, i + j) for j in range(batch)])
+
+        return op, max(1, inflight // batch)
+
+    def spread_op(self, logs: list[str], size: int, inflight: int) -> tuple[Op, int]:
+        """Pipelines of ``REDIS_BATCH`` XADDs, each to the next key (as ``append_op``'s)."""
+        batch, n, client = min(REDIS_BATCH, inflight), len(logs), self.client
+
+        async def op(i: int) -> int:
+            return await pr.xadd_spread(client, [(logs[(i * batch + j) % n], payload(size, i + j))
+                                                 for j in range(batch)])
 
         return op, max(1, inflight // batch)
 

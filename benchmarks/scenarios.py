@@ -1,6 +1,7 @@
 """The comparison's scenarios, each run against one system's driver (``drivers.py``), and
 the scales that bound them: append bursts (1), one in flight (2), catch-up and tail (3),
-a server killed mid-run (4) and scaling over writers (6). Scenario 5 (placement-driver
+a server killed mid-run (4), scaling over writers (6) and appends spread over many logs (7,
+issue 27: each system's spread beside its own one-log figure). Scenario 5 (placement-driver
 commits) comes from ``bench_pd.py``.
 
 Every loop is bounded in count and time (:class:`Scale`); every figure goes through
@@ -53,6 +54,7 @@ class Scale:
     small_records: bool = True  # scenario 1 with 100 B records too
     catch_up: bool = True  # scenario 3
     scaling: bool = True  # scenario 6
+    spread_logs: int = 1_000  # scenario 7 (0: not run)
     leader_kill: bool = True  # scenario 4 also with NATS's stream leader killed
 
 
@@ -62,12 +64,12 @@ SCALES = {
     "quick": Scale(burst_count=20_000, burst_s=3.0, one_count=1_000, one_s=2.0,
                    kill_run_s=5.0, kill_at_s=2.0, pd_ops=100, pd_failovers=0,
                    fsync_s=1.0, small_records=False, catch_up=False, scaling=False,
-                   leader_kill=False),
+                   leader_kill=False, spread_logs=0),
     "smoke": Scale(inflight=32, burst_count=500, burst_s=2.0, one_count=100, one_s=1.0,
                    read_count=2_000, fill_s=5.0, read_s=5.0, tail_count=20, tail_s=1.0,
                    kill_run_s=4.0, kill_at_s=1.5, kill_rate=200.0, pd_ops=30,
                    pd_failovers=0, writers=(1, 2), scale_s=1.0,
-                   fsync_count=200, fsync_s=0.5),
+                   fsync_count=200, fsync_s=0.5, spread_logs=20),
 }
 
 
@@ -151,6 +153,35 @@ async def scaling(run: Run, drv: Any) -> None:
         run.add(m)
 
 
+SPREAD = "7 append spread over many logs 1KiB"
+ONE_LOG = "1 append many in flight 1KiB"
+CREATES_IN_FLIGHT = 16
+
+
+async def spread(run: Run, drv: Any) -> Measurement:
+    """Scenario 7: ``inflight`` single-record appends at once, op ``i`` on log ``i mod n`` (so
+    every append in flight is on its own log), beside the same system's one-log row of
+    scenario 1 in this run (``÷ one log``; issue 27 asks estream for >= 0.5)."""
+    s = run.scale
+    gate = asyncio.Semaphore(CREATES_IN_FLIGHT)
+
+    async def created(k: int) -> Any:
+        async with gate:
+            return await drv.new_log(f"spread{k}")
+
+    logs = list(await asyncio.gather(*(created(k) for k in range(s.spread_logs))))
+    op, workers = drv.spread_op(logs, KIB, s.inflight)
+    m = Measurement(SPREAD, drv.name, extra={"inflight": s.inflight, "logs": len(logs)})
+    await run_ops(m, op, count=s.burst_count // max(1, s.inflight // workers),
+                  inflight=workers, time_s=s.burst_s)
+    one = next((x for x in run.measurements
+                if x.scenario == ONE_LOG and x.system == drv.name and x.ops), None)
+    if one is not None:
+        m.extra["one_log_rate"] = one.rate
+        m.note = f"÷ one log {m.rate / one.rate:.2f} ({m.rate:,.0f} vs {one.rate:,.0f}/s)"
+    return run.add(m)
+
+
 async def kill_one(run: Run, drv: Any, log: Any, kill: Callable[[], None],
                    system: str, retry_s: float = 0.0) -> Measurement:
     """Paced appends; ``kill()`` one server at ``kill_at_s``; latency over time.
@@ -199,7 +230,7 @@ def retrying(op: Any, retry_s: float) -> Any:
 
 async def common_scenarios(run: Run, drv: Any, *, full: bool = True,
                            batched: str = "") -> None:
-    """Scenarios 1, 2, 3 and 6; ``batched`` (a label) adds scenario 1 rows in batches."""
+    """Scenarios 1, 2, 3, 6 and 7; ``batched`` (a label) adds scenario 1 rows in batches."""
     s = run.scale
     variants = [drv, *([drivers.Batched(drv, batched)] if batched else [])]
     for variant in variants:
@@ -212,3 +243,5 @@ async def common_scenarios(run: Run, drv: Any, *, full: bool = True,
         await catch_up_and_tail(run, drv)
     if full and s.scaling:
         await scaling(run, drv)
+    if full and s.spread_logs:
+        await spread(run, drv)

@@ -74,6 +74,16 @@ async def run_ops(
     return measurement
 
 
+def round_robin(ops: list[Op]) -> Op:
+    """Op ``i`` runs ``ops[i mod n]``: the ops in flight at once go to different logs."""
+    n = len(ops)
+
+    async def op(i: int) -> int:
+        return await ops[i % n](i)
+
+    return op
+
+
 def payload(size: int, i: int = 0) -> bytes:
     """A record value of ``size`` bytes (not all zero, so nothing compresses it away)."""
     stamp = i.to_bytes(8, "little")

@@ -72,6 +72,15 @@ async def xadd_batch(client: aioredis.Redis, key: str, values: list[bytes]) -> i
     return len(values)
 
 
+async def xadd_spread(client: aioredis.Redis, items: list[tuple[str, bytes]]) -> int:
+    """XADD each (key, value) in one pipeline (no MULTI); returns how many were added."""
+    pipe = client.pipeline(transaction=False)
+    for key, value in items:
+        pipe.xadd(key, {b"v": value})
+    await pipe.execute()
+    return len(items)
+
+
 async def fill(client: aioredis.Redis, key: str, count: int, size: int, time_s: float,
                batch: int = 256) -> int:
     done = 0

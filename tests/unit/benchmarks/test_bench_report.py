@@ -8,7 +8,7 @@ import math
 import pytest
 
 from benchmarks import report
-from benchmarks.peers.load import run_ops
+from benchmarks.peers.load import round_robin, run_ops
 from benchmarks.peers.stats import Measurement, percentile, window
 
 
@@ -103,3 +103,29 @@ def test_typical_loop_target_is_its_own_row_beside_nats_per_record_row() -> None
     assert {t: v for t, _, _, v in report.targets(rows)}[target] == "met (ratio 2.03)"
     verdicts = {t: v for t, _, _, v in report.targets(rows[:1] + rows[2:])}
     assert verdicts[target] == "pending"
+
+
+def test_spread_target_is_estreams_own_ratio_with_the_peers_ratios_beside_it() -> None:
+    sc = "7 append spread over many logs 1KiB"
+    rows = [_row(sc, "estream R3", rate=3_000.0, one_log_rate=50_000.0),
+            _row(sc, "NATS JetStream R3 sync always", rate=2_000.0, one_log_rate=10_000.0),
+            _row(sc, "Redis 7", rate=30_000.0, one_log_rate=30_000.0)]
+    (name, est, peers, verdict), = [t for t in report.targets(rows) if "spread" in t[0]]
+    assert est.startswith("0.06 ") and verdict == "MISSED (ratio 0.06)"
+    assert "NATS JetStream R3 sync always 0.20" in peers and "Redis 7 1.00" in peers
+    rows[0]["rate"] = 26_000.0
+    assert [t[3] for t in report.targets(rows) if "spread" in t[0]] == ["met (ratio 0.52)"]
+
+
+async def test_spread_ops_in_flight_at_once_are_on_different_logs() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def on(log: int):  # type: ignore[no-untyped-def]
+        async def op(i: int) -> int:
+            seen.append((log, i))
+            return 1
+        return op
+
+    op = round_robin([on(k) for k in range(5)])
+    m = await run_ops(Measurement("s", "x"), op, count=12, inflight=3, time_s=30.0)
+    assert m.ops == 12 and sorted(seen, key=lambda x: x[1]) == [(i % 5, i) for i in range(12)]
