@@ -61,6 +61,7 @@ from estream.devcluster.process import reap_all
 from estream.devcluster.seaweed import SeaweedS3, start_seaweed
 from estream.devcluster.upcluster import UpCluster
 from estream.net.rpc import RpcClient
+from tests.heap import GcClock, freeze_session_heap, keep_frozen, notice_unfreezes
 from tests.integration.conftest_spark import cluster_pd, spark_session
 
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -99,8 +100,13 @@ def compile_project() -> None:
         compileall.compile_dir(ROOT / package, quiet=2)
 
 
+GC_CLOCK: Final = GcClock()
+
+
 def pytest_configure(config: Any) -> None:
     compile_project()
+    GC_CLOCK.start()
+    notice_unfreezes()
     config.addinivalue_line(
         "markers", "cluster(fresh=False, heal=False, shared=False, chaos=False, pd_only=False, "
         "up=False, object_tier=None, **start_cluster_options): the cluster the `cluster` "
@@ -112,6 +118,12 @@ def pytest_configure(config: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The collected items and the modules they imported stay for the whole session: frozen,
+    no collection walks them again (``tests/heap.py``)."""
+    freeze_session_heap()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -135,7 +147,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The slowest files and each tier's total: where the suite's 25-minute budget goes."""
+    """The slowest files and each tier's total: where the suite's 25-minute budget goes;
+    the cyclic GC's share of it."""
     if not _FILE_SECONDS:
         return
     write = terminalreporter.write_line
@@ -148,6 +161,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         tiers[tier] = tiers.get(tier, 0.0) + seconds
     write("tiers: " + ", ".join(f"{t} {s:.0f}s" for t, s in sorted(tiers.items(),
                                                                   key=lambda kv: -kv[1])))
+    write(GC_CLOCK.summary())
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
@@ -291,8 +305,10 @@ def shared_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """After the last test of a group sharing a cluster, stop it: an idle cluster's ticks
-    and heartbeats would slow every module after it."""
+    and heartbeats would slow every module after it. A test that unfroze the session's
+    heap leaves it frozen again (``tests/heap.py``)."""
     yield
+    keep_frozen()
     if not _shared or _shared[0].cluster is None:
         return
     module = item.getparent(pytest.Module)

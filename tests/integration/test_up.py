@@ -164,29 +164,6 @@ def test_child_killed_with_kill9_is_restarted(cluster: UpCluster) -> None:
     assert cluster.cli("read", "after-restart").stdout == "x\ny\n"
 
 
-@pytest.mark.cluster(fresh=True, up=True, cwd=ROOT)
-def test_sigint_stops_every_child_and_a_restart_keeps_the_data(cluster: UpCluster) -> None:
-    up = cluster
-    up.cli("stream", "create", "durable")
-    up.cli("append", "durable", stdin="".join(f"rec-{i}\n" for i in range(20)))
-    pids = up.child_pids()
-    assert len(pids) == 7 and all(pid_alive(p) for p in pids.values())  # and kafka-0
-    assert NEW_CLUSTER in proc_args(pids["pd-0"])  # empty dirs: no 2 s wait to elect
-    assert up.stop(signal.SIGINT) == 0
-    assert "stopped every process" in up.output()
-    assert up.leftover == [] and not any(pid_alive(p) for p in pids.values())
-    up.start()
-    assert up.cli("read", "durable").stdout == "".join(f"rec-{i}\n" for i in range(20))
-    up.cli("append", "durable", stdin="after\n")
-    assert up.cli("read", "durable", "--from", "20").stdout == "after\n"
-    new_pids = up.child_pids()
-    assert set(new_pids.values()).isdisjoint(pids.values())
-    assert "--join" in proc_args(new_pids["pd-0"])
-    assert NEW_CLUSTER not in proc_args(new_pids["pd-0"])  # restarted: it may wait
-    assert up.stop(signal.SIGTERM) == 0
-    assert up.leftover == [] and not any(pid_alive(p) for p in new_pids.values())
-
-
 def proc_args(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
 
@@ -223,3 +200,27 @@ def test_one_pd_node_and_four_range_servers(cluster: UpCluster) -> None:
     up.cli("append", "small", stdin="1\n2\n")
     assert up.cli("read", "small").stdout == "1\n2\n"
     assert up.stop() == 0 and up.leftover == []
+
+
+# Last in the module: it stops and restarts the module's cluster and leaves it stopped (a
+# fresh cluster of its own cost one more start).
+def test_sigint_stops_every_child_and_a_restart_keeps_the_data(cluster: UpCluster) -> None:
+    up = cluster
+    up.cli("stream", "create", "durable")
+    up.cli("append", "durable", stdin="".join(f"rec-{i}\n" for i in range(20)))
+    pids = up.child_pids()
+    assert len(pids) == 7 and all(pid_alive(p) for p in pids.values())  # and kafka-0
+    assert NEW_CLUSTER in proc_args(pids["pd-0"])  # empty dirs: no 2 s wait to elect
+    assert up.stop(signal.SIGINT) == 0
+    assert "stopped every process" in up.output()
+    assert up.leftover == [] and not any(pid_alive(p) for p in pids.values())
+    up.start()
+    assert up.cli("read", "durable").stdout == "".join(f"rec-{i}\n" for i in range(20))
+    up.cli("append", "durable", stdin="after\n")
+    assert up.cli("read", "durable", "--from", "20").stdout == "after\n"
+    new_pids = up.child_pids()
+    assert set(new_pids.values()).isdisjoint(pids.values())
+    assert "--join" in proc_args(new_pids["pd-0"])
+    assert NEW_CLUSTER not in proc_args(new_pids["pd-0"])  # restarted: it may wait
+    assert up.stop(signal.SIGTERM) == 0
+    assert up.leftover == [] and not any(pid_alive(p) for p in new_pids.values())

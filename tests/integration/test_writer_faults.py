@@ -54,9 +54,10 @@ hung_append_wait_s_max = 0.75
 @pytest.fixture
 def frozen_heap() -> Iterator[None]:
     """The test process's heap kept out of the cyclic GC for one latency-bound test, as a
-    latency-minded application does with ``estream.tune_gc()`` (README "Latency"): late in
-    a session it holds every earlier test's objects (800,000 after tests/unit and tests/sim),
-    and one full pass over them (0.5-1 s) in the window would be the test's worst append."""
+    latency-minded application does with ``estream.tune_gc()`` (README "Latency"): what
+    the session made since its collection was frozen (``tests/heap.py``), and a full pass
+    over it in the window would be the test's worst append. (The session's heap is
+    frozen again after the test.)"""
     gc.freeze()
     try:
         yield
