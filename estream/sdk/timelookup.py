@@ -30,12 +30,13 @@ or a striped range's E at once), they are asked once more with the client's full
 a slow network costs time, not a failure (the rule of ``pd/shell/records.py`` too). So a
 hung replica costs a lookup about 1.5 s once, and one hung server of a striped range
 costs its TIME_INDEX round at most the bound (the range is then scanned, as for any server
-that cannot answer; the scan's READs are bounded the same way). A range in the object
+that cannot answer: a read whose READs are bounded the same way and that asks the servers
+that timed out here last, so the hung one is not waited on twice). A range in the object
 tier is looked up in its object's index (per-batch min and max timestamps,
 ``estream/wire/objectformat.py``): the first batch whose maximum reaches the time is
 read and its records checked. A range whose replicas cannot answer (all down) is scanned
-through ``client.read_batches``, which has its own failover and reads the object tier.
-Inside a batch, the record is picked by
+through the reader (``client.read_batches``'s), which has its own failover and reads the
+object tier. Inside a batch, the record is picked by
 :func:`estream.wire.timestamps.first_at_or_after`, the range servers' rule too.
 
 Side effects: network (PD and range servers through the client).
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from estream.core.readcursor import hung_last, hung_last_reads, read_answer_ms_max
 from estream.net.rangeclient import RangeClient
+from estream.sdk.reader import read_stream_batches
 from estream.wire.errors import EstreamError, InvalidArgument, Timeout
 from estream.wire.meta import RangeMeta, ReplicaRef
 from estream.wire.rangeanswers import TimeAnswer
@@ -93,14 +95,14 @@ async def _in_range(client: Client, name: str, stream_id: int, start_offset: int
         base = await _object_start(client, stream_id, rng, timestamp_ms)
         if base is None:
             return None  # no record of the range is at or after the time
-        return await _scan(client, name, max(base, start), rng.end, timestamp_ms)
+        return await _scan(client, name, max(base, start), rng.end, timestamp_ms, hung)
     ask = _ask_ensemble if striped else _ask_replicas
     found, searched = await ask(client, stream_id, rng, timestamp_ms, hung)
     if found is not None and found < start:
         found = searched = None  # the answer was trimmed away: scan what is left
     if searched is None:  # no replica could answer: read the range itself
         end = rng.end if rng.end is not None else await client.end_offset(name)
-        found = await _scan(client, name, start, end, timestamp_ms)
+        found = await _scan(client, name, start, end, timestamp_ms, hung)
         searched = end
     if found is not None:
         return found
@@ -206,10 +208,14 @@ async def _object_start(client: Client, stream_id: int, rng: RangeMeta,
     return index.first_at_or_after(timestamp_ms)
 
 
-async def _scan(client: Client, name: str, start: int, end: int, timestamp_ms: int) -> int | None:
+async def _scan(client: Client, name: str, start: int, end: int, timestamp_ms: int,
+                hung: dict[str, int]) -> int | None:
+    """The first offset of ``[start, end)`` at or after the time, read (``hung``: asked
+    last by the read too)."""
     if start >= end:
         return None
-    async for columns in client.read_batches(name, start, end):
+    async for columns in read_stream_batches(client, name, start, end, clock=client.clock,
+                                             hung=hung):
         found = first_at_or_after(columns.timestamps, columns.base_offset, timestamp_ms)
         if found is not None:
             return found

@@ -453,3 +453,27 @@ async def test_offset_for_time_asks_past_a_hung_holder_within_the_bound(cluster:
             cluster.resume(hung.address)
     print(f"offset_for_time with a hung holder: {took_s:.2f}s")
     assert found == 3 and took_s < hung_read_s_max, (found, took_s)
+
+
+async def test_offset_for_time_on_a_striped_range_with_a_hung_server(cluster: Cluster
+                                                                     ) -> None:
+    """The same for E 5 R 3 A 2, a sealed range: all E asked at once, the hung one's
+    TIME_INDEX bounded (1.5 s), then the range scanned (a server could not answer), its
+    READs asking the hung server last: exact within ``hung_read_s_max``. Before, the
+    client's 5 s on the TIME_INDEX round, and more in the scan."""
+    async with await estream.connect(cluster.pd_addresses) as client:  # timeout_s 5 s
+        await client.create_stream("rh-time-striped", replicas=3, ack_count=2, ensemble=5)
+        async with await client.open_writer("rh-time-striped") as writer:  # sealed at close
+            for i in range(20):
+                await writer.append(b"t%d" % i, timestamp=1_000 * (i + 1))
+        meta = await client.stream_meta("rh-time-striped", refresh=True)
+        hung = meta.ranges[0].replicas[0]
+        cluster.pause(hung.address)
+        try:
+            began = time.monotonic()
+            found = await client.offset_for_time("rh-time-striped", 12_500)
+            took_s = time.monotonic() - began
+        finally:
+            cluster.resume(hung.address)
+    print(f"offset_for_time on a striped range with a hung server: {took_s:.2f}s")
+    assert found == 12 and took_s < hung_read_s_max, (found, took_s)
