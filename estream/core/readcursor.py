@@ -84,7 +84,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Generator
+from collections.abc import Container, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -233,6 +233,12 @@ def replica_order(rng: RangeMeta, preferred: str | None) -> list[ReplicaRef]:
     return first + [r for r in rng.replicas if r.id != preferred]
 
 
+def hung_last(replicas: Iterable[ReplicaRef], hung: Container[str]) -> list[ReplicaRef]:
+    """``replicas`` in order, those that did not answer lately (``hung``) last: the order of
+    a plain read's READs and of ``TIME_INDEX`` lookups (``estream/sdk/timelookup.py``)."""
+    return sorted(replicas, key=lambda r: r.id in hung)
+
+
 def clip_end(rng: RangeMeta, end: int | None) -> int | None:
     """The end of what may be read from ``rng``: a sealed range's catalog end (every record
     below it is acknowledged, nothing a replica holds past it ever is), or ``end``.
@@ -336,16 +342,9 @@ def trimmed(name: str, offset: int, start: int) -> OffsetOutOfRange:
 class ReadCursor:
     """One read of ``[start, end)`` of stream ``name``: :meth:`steps` is its process."""
 
-    def __init__(
-        self,
-        name: str,
-        start: int = 0,
-        end: int | None = None,
-        follow: bool = False,
-        preferred: str | None = None,
-        config: CursorConfig | None = None,
-        hung: dict[str, int] | None = None,
-    ) -> None:
+    def __init__(self, name: str, start: int = 0, end: int | None = None, follow: bool = False,
+                 preferred: str | None = None, config: CursorConfig | None = None,
+                 hung: dict[str, int] | None = None) -> None:
         self.name = name
         self.start = start
         self.end = end
@@ -478,8 +477,7 @@ class ReadCursor:
             order = batch_replicas(rng, stripe, self.at, first=self.poll_from, last=self.hung)
             self.asked = [r.id for r in order]
             return order
-        return ([r for r in order if r.id not in self.hung]
-                + [r for r in order if r.id in self.hung])
+        return hung_last(order, self.hung)
 
     def _read_range(
         self, meta: StreamMeta, rng: RangeMeta, wait_ms: int
@@ -592,6 +590,7 @@ __all__ = [
     "Steps",
     "check_footer",
     "clip_end",
+    "hung_last",
     "in_object_tier",
     "object_spans",
     "offset_at",

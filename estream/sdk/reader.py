@@ -202,11 +202,14 @@ async def read_stream_batches(
     *,
     clock: Clock = SYSTEM_CLOCK,
     config: CursorConfig | None = None,
+    hung: dict[str, int] | None = None,
 ) -> AsyncIterator[BatchColumns]:
     """:func:`read_stream` by batch: the same records, as :class:`BatchColumns` (one per
-    stored batch, the first and last trimmed to ``[start, end)``; never empty)."""
+    stored batch, the first and last trimmed to ``[start, end)``; never empty). ``hung``:
+    servers already known not to answer, asked last (shared with the caller, as a read's
+    parts share it)."""
     async for batches in _read_answers(client, name, start, end, follow, preferred, COLUMNS,
-                                        clock, config):
+                                        clock, config, hung):
         for columns in batches:
             yield columns
 
@@ -240,6 +243,7 @@ async def _read_answers(
     decoding: _Decoding[T],
     clock: Clock = SYSTEM_CLOCK,
     config: CursorConfig | None = None,
+    hung: dict[str, int] | None = None,
 ) -> AsyncIterator[list[T]]:
     """The decoded answers covering ``[start, end)`` of ``name``, in offset order (the
     read loop shared by :func:`read_stream` and its batch forms). A stream's sealed
@@ -250,7 +254,7 @@ async def _read_answers(
     unstriped stream) as one read."""
     meta = await client.stream_meta(name, offset=start)
     pieces = catch_up_pieces(meta, start, end)
-    hung: dict[str, int] = {}  # servers that did not answer: last, in every part
+    hung = {} if hung is None else hung  # servers that did not answer: last, in every part
     if pieces == [(start, end, 1)]:
         async for items in _read_cursor(client, name, start, end, follow, preferred,
                                         decoding, clock, config, hung=hung):

@@ -19,12 +19,24 @@ or a short replica), and a candidate with no such record (its maximum counts rec
 past its end) passes to the next. A striped range's servers each index only their own
 batches (R of every E), so all E are asked at once and the smallest answer wins (every
 batch below the end is on one of them); if any cannot answer, or the open range's answer
-could lie past what a server saw confirmed, the range is scanned. A range in the object
+could lie past what a server saw confirmed, the range is scanned.
+
+No lookup waits on a hung server: each TIME_INDEX is bounded as the read cursor bounds a
+catch-up READ, by :data:`~estream.core.readcursor.read_answer_ms_max` (1.5 s), not the
+client's ``timeout_s``; a server that times out counts as hung and is asked last for the
+rest of the lookup (:func:`~estream.core.readcursor.hung_last`, the cursor's order), the
+next holder asked at once. When every server asked timed out (a range's replicas in turn,
+or a striped range's E at once), they are asked once more with the client's full timeout:
+a slow network costs time, not a failure (the rule of ``pd/shell/records.py`` too). So a
+hung replica costs a lookup about 1.5 s once, and one hung server of a striped range
+costs its TIME_INDEX round at most the bound (the range is then scanned, as for any server
+that cannot answer: a read whose READs are bounded the same way and that asks the servers
+that timed out here last, so the hung one is not waited on twice). A range in the object
 tier is looked up in its object's index (per-batch min and max timestamps,
 ``estream/wire/objectformat.py``): the first batch whose maximum reaches the time is
 read and its records checked. A range whose replicas cannot answer (all down) is scanned
-through ``client.read_batches``, which has its own failover and reads the object tier.
-Inside a batch, the record is picked by
+through the reader (``client.read_batches``'s), which has its own failover and reads the
+object tier. Inside a batch, the record is picked by
 :func:`estream.wire.timestamps.first_at_or_after`, the range servers' rule too.
 
 Side effects: network (PD and range servers through the client).
@@ -35,8 +47,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from estream.core.readcursor import hung_last, hung_last_reads, read_answer_ms_max
 from estream.net.rangeclient import RangeClient
-from estream.wire.errors import EstreamError, InvalidArgument
+from estream.sdk.reader import read_stream_batches
+from estream.wire.errors import EstreamError, InvalidArgument, Timeout
 from estream.wire.meta import RangeMeta, ReplicaRef
 from estream.wire.rangeanswers import TimeAnswer
 from estream.wire.timestamps import first_at_or_after
@@ -52,6 +66,7 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
                               argument="timestamp_ms")
     striped: bool | None = None
     after = -1
+    hung: dict[str, int] = {}  # servers that timed out: asked last (module docstring)
     while True:
         stream_id, start_offset, ranges, more = await client.pd.time_ranges(
             name, timestamp_ms, after)
@@ -62,7 +77,7 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
             striped = meta.ensemble > meta.replicas
         for rng in ranges:
             found = await _in_range(client, name, stream_id, start_offset, rng, timestamp_ms,
-                                    striped)
+                                    striped, hung)
             if found is not None:
                 return found
         if not more or not ranges:
@@ -71,7 +86,8 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
 
 
 async def _in_range(client: Client, name: str, stream_id: int, start_offset: int,
-                    rng: RangeMeta, timestamp_ms: int, striped: bool) -> int | None:
+                    rng: RangeMeta, timestamp_ms: int, striped: bool,
+                    hung: dict[str, int]) -> int | None:
     """The answer if ``rng`` holds it, else None (try the next candidate). The open range
     answers its confirmed end when it holds none: nothing later exists."""
     start = max(rng.start, start_offset)
@@ -79,14 +95,14 @@ async def _in_range(client: Client, name: str, stream_id: int, start_offset: int
         base = await _object_start(client, stream_id, rng, timestamp_ms)
         if base is None:
             return None  # no record of the range is at or after the time
-        return await _scan(client, name, max(base, start), rng.end, timestamp_ms)
+        return await _scan(client, name, max(base, start), rng.end, timestamp_ms, hung)
     ask = _ask_ensemble if striped else _ask_replicas
-    found, searched = await ask(client, stream_id, rng, timestamp_ms)
+    found, searched = await ask(client, stream_id, rng, timestamp_ms, hung)
     if found is not None and found < start:
         found = searched = None  # the answer was trimmed away: scan what is left
     if searched is None:  # no replica could answer: read the range itself
         end = rng.end if rng.end is not None else await client.end_offset(name)
-        found = await _scan(client, name, start, end, timestamp_ms)
+        found = await _scan(client, name, start, end, timestamp_ms, hung)
         searched = end
     if found is not None:
         return found
@@ -94,38 +110,59 @@ async def _in_range(client: Client, name: str, stream_id: int, start_offset: int
 
 
 async def _ask_replicas(
-    client: Client, stream_id: int, rng: RangeMeta, timestamp_ms: int
+    client: Client, stream_id: int, rng: RangeMeta, timestamp_ms: int, hung: dict[str, int]
 ) -> tuple[int | None, int | None]:
-    """TIME_INDEX on ``rng``'s replicas in turn: ``(offset or None, end searched)``, or
+    """TIME_INDEX on ``rng``'s replicas in turn, those in ``hung`` last, each bounded by
+    ``read_answer_ms_max`` (one that times out is put in ``hung``); when every one timed
+    out, once more with the client's full timeout: ``(offset or None, end searched)``, or
     ``(None, None)`` when none answered for the whole range."""
-    for ref in rng.replicas:
-        try:
-            answer = await _time_index(client, ref, stream_id, rng, timestamp_ms)
-        except EstreamError:
-            continue
-        offset, searched = answer.offset, answer.searched_end
-        if searched is None:
-            continue
-        if offset is not None:
-            return offset, searched
-        if rng.end is None or searched >= rng.end:
-            return None, searched
-        # a replica short of the sealed end: another may hold the rest
+    for timeout_s in (read_answer_ms_max / 1000, None):
+        timeouts = 0
+        for ref in hung_last(rng.replicas, hung):
+            try:
+                answer = await _time_index(client, ref, stream_id, rng, timestamp_ms, timeout_s)
+            except Timeout:
+                hung[ref.id] = hung_last_reads
+                timeouts += 1
+                continue
+            except EstreamError:
+                continue
+            hung.pop(ref.id, None)
+            offset, searched = answer.offset, answer.searched_end
+            if searched is None:
+                continue
+            if offset is not None:
+                return offset, searched
+            if rng.end is None or searched >= rng.end:
+                return None, searched
+            # a replica short of the sealed end: another may hold the rest
+        if not rng.replicas or timeouts < len(rng.replicas):
+            break  # some answered or failed at once: not a slow network
     return None, None
 
 
 async def _ask_ensemble(
-    client: Client, stream_id: int, rng: RangeMeta, timestamp_ms: int
+    client: Client, stream_id: int, rng: RangeMeta, timestamp_ms: int, hung: dict[str, int]
 ) -> tuple[int | None, int | None]:
     """TIME_INDEX on every server of a striped range at once. Each answers the first of its
     own records at or after the time, and each batch below the end is on one of them, so
     the smallest wins: in a sealed range (each server searched all it holds below the
     end), or in the open range when it lies below every server's searched end (no server
     can have missed an earlier record it had not yet seen confirmed). Else, or when one
-    cannot answer, ``(None, None)``: the caller scans the range."""
-    answers = await asyncio.gather(*(
-        _time_index(client, ref, stream_id, rng, timestamp_ms) for ref in rng.replicas),
-        return_exceptions=True)
+    cannot answer, ``(None, None)``: the caller scans the range. Each is bounded by
+    ``read_answer_ms_max`` (a hung one costs the round that, not the full timeout, and is
+    put in ``hung``); when all E timed out, they are asked once more with the full one."""
+    for timeout_s in (read_answer_ms_max / 1000, None):
+        answers = await asyncio.gather(*(
+            _time_index(client, ref, stream_id, rng, timestamp_ms, timeout_s)
+            for ref in rng.replicas), return_exceptions=True)
+        for ref, result in zip(rng.replicas, answers, strict=True):
+            if isinstance(result, Timeout):
+                hung[ref.id] = hung_last_reads
+            elif not isinstance(result, BaseException):
+                hung.pop(ref.id, None)
+        if not answers or not all(isinstance(a, Timeout) for a in answers):
+            break
     found: list[int] = []
     searched: list[int] = []
     for answer in answers:
@@ -147,12 +184,13 @@ async def _ask_ensemble(
 
 
 async def _time_index(client: Client, ref: ReplicaRef, stream_id: int, rng: RangeMeta,
-                      timestamp_ms: int) -> TimeAnswer:
+                      timestamp_ms: int, timeout_s: float | None) -> TimeAnswer:
     """TIME_INDEX on one server of ``rng``: a sealed range searched below the catalog's
-    end, unconfirmed; the open one below the server's confirmed end."""
+    end, unconfirmed; the open one below the server's confirmed end; answered within
+    ``timeout_s`` (None: the client's request timeout)."""
     return await RangeClient(client.pool).time_index(
         ref.address, server_id=ref.id, stream_id=stream_id, range_index=rng.index,
-        timestamp_ms=timestamp_ms, end=rng.end)
+        timestamp_ms=timestamp_ms, end=rng.end, timeout_s=timeout_s)
 
 
 async def _object_start(client: Client, stream_id: int, rng: RangeMeta,
@@ -170,10 +208,14 @@ async def _object_start(client: Client, stream_id: int, rng: RangeMeta,
     return index.first_at_or_after(timestamp_ms)
 
 
-async def _scan(client: Client, name: str, start: int, end: int, timestamp_ms: int) -> int | None:
+async def _scan(client: Client, name: str, start: int, end: int, timestamp_ms: int,
+                hung: dict[str, int]) -> int | None:
+    """The first offset of ``[start, end)`` at or after the time, read (``hung``: asked
+    last by the read too)."""
     if start >= end:
         return None
-    async for columns in client.read_batches(name, start, end):
+    async for columns in read_stream_batches(client, name, start, end, clock=client.clock,
+                                             hung=hung):
         found = first_at_or_after(columns.timestamps, columns.base_offset, timestamp_ms)
         if found is not None:
             return found

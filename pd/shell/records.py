@@ -43,6 +43,7 @@ from estream.core.readcursor import (
     ReadReplica,
     Sleep,
     check_footer,
+    hung_last,
     hung_last_reads,
     object_spans,
 )
@@ -190,8 +191,7 @@ async def _time_in_range(client: RangeClient, meta: StreamMeta, rng: RangeMeta,
                          ) -> tuple[int | None, bool]:
     """TIME_INDEX on ``rng``'s replicas in turn (those in ``hung`` last) until one answers
     for the whole range: (the offset found or None, whether every replica timed out)."""
-    order = ([r for r in rng.replicas if r.id not in hung]
-             + [r for r in rng.replicas if r.id in hung])
+    order = hung_last(rng.replicas, hung)
     timeouts = 0
     for ref in order:
         try:

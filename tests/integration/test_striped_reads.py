@@ -9,8 +9,8 @@ server and ``seal_range`` in PD's catalog. Then ``Client.read`` / ``read_batches
 set SIGSTOPped or killed (failover within the write set; all of it down: the read fails,
 never skipping a batch), a tail following hand appends and CONFIRMs across a roll, a
 long sealed range read by whole chains, and a chain read whose server is killed or hung
-mid-read (the chains of a cover without it); and a plain read (striped, and an unstriped
-R3 stream) asking a hung server once.
+mid-read (the chains of a cover without it); a plain read (striped, and an unstriped
+R3 stream) asking a hung server once; and ``offset_for_time`` past a hung holder.
 """
 
 from __future__ import annotations
@@ -430,3 +430,50 @@ async def test_a_striped_read_asks_a_hung_server_once(cluster: Cluster, client: 
         hung = writer.range(0).replicas[2]
         asked, took_s = await read_hung(cluster, "rh-striped", hung.address, None, end)
         assert asked <= 2 and took_s < hung_read_s_max, (asked, took_s)
+
+
+async def test_offset_for_time_asks_past_a_hung_holder_within_the_bound(cluster: Cluster
+                                                                       ) -> None:
+    """Issue 27 item 3: ``offset_for_time``'s TIME_INDEX to a hung replica (SIGSTOP, the
+    first one asked) is bounded by the cursor's read_answer_ms_max (1.5 s), not the client's
+    5 s, the next holder answering: exact within ``hung_read_s_max``. Before, 5 s+."""
+    async with await estream.connect(cluster.pd_addresses) as client:  # timeout_s 5 s
+        await client.create_stream("rh-time", replicas=3, ack_count=2)
+        async with await client.open_writer("rh-time") as writer:
+            for i in range(6):
+                await writer.append(b"t%d" % i, timestamp=1_000 * (i + 1))
+        meta = await client.stream_meta("rh-time", refresh=True)
+        hung = meta.ranges[0].replicas[0]
+        cluster.pause(hung.address)
+        try:
+            began = time.monotonic()
+            found = await client.offset_for_time("rh-time", 3_500)
+            took_s = time.monotonic() - began
+        finally:
+            cluster.resume(hung.address)
+    print(f"offset_for_time with a hung holder: {took_s:.2f}s")
+    assert found == 3 and took_s < hung_read_s_max, (found, took_s)
+
+
+async def test_offset_for_time_on_a_striped_range_with_a_hung_server(cluster: Cluster
+                                                                     ) -> None:
+    """The same for E 5 R 3 A 2, a sealed range: all E asked at once, the hung one's
+    TIME_INDEX bounded (1.5 s), then the range scanned (a server could not answer), its
+    READs asking the hung server last: exact within ``hung_read_s_max``. Before, the
+    client's 5 s on the TIME_INDEX round, and more in the scan."""
+    async with await estream.connect(cluster.pd_addresses) as client:  # timeout_s 5 s
+        await client.create_stream("rh-time-striped", replicas=3, ack_count=2, ensemble=5)
+        async with await client.open_writer("rh-time-striped") as writer:  # sealed at close
+            for i in range(20):
+                await writer.append(b"t%d" % i, timestamp=1_000 * (i + 1))
+        meta = await client.stream_meta("rh-time-striped", refresh=True)
+        hung = meta.ranges[0].replicas[0]
+        cluster.pause(hung.address)
+        try:
+            began = time.monotonic()
+            found = await client.offset_for_time("rh-time-striped", 12_500)
+            took_s = time.monotonic() - began
+        finally:
+            cluster.resume(hung.address)
+    print(f"offset_for_time on a striped range with a hung server: {took_s:.2f}s")
+    assert found == 12 and took_s < hung_read_s_max, (found, took_s)

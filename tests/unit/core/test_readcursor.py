@@ -26,6 +26,7 @@ from estream.core.readcursor import (
     Step,
     check_footer,
     clip_end,
+    hung_last,
     object_spans,
     replica_order,
 )
@@ -147,6 +148,12 @@ def test_replica_order_puts_the_preferred_first() -> None:
     assert [r.id for r in replica_order(rng, "c")] == ["c", "a", "b"]
     assert [r.id for r in replica_order(rng, None)] == ["a", "b", "c"]
     assert [r.id for r in replica_order(rng, "zz")] == ["a", "b", "c"]
+
+
+def test_hung_last_keeps_the_order_with_those_that_did_not_answer_last() -> None:
+    refs = tuple(ReplicaRef(x, f"h:{i}") for i, x in enumerate("abcd"))
+    assert [r.id for r in hung_last(refs, {"a": 3, "c": 1})] == ["b", "d", "a", "c"]
+    assert [r.id for r in hung_last(refs, {})] == ["a", "b", "c", "d"]
 
 
 def test_clip_end_is_the_catalog_end_of_a_sealed_range() -> None:
