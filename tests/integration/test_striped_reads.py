@@ -1,8 +1,7 @@
 """Reading striped streams on real processes (issue 30, Reads; docs/ARCHITECTURE.md
 section 10): 1 PD node, 6 range servers, streams of E 5, R 3, A 2.
 
-The SDK's writer does not stripe yet, so each test writes by hand as a striped writer
-would: a writer epoch from PD, CREATE_RANGE with each server's position, batch k APPENDed
+Most tests write by hand, as a striped writer does, to place each batch exactly: a writer epoch from PD, CREATE_RANGE with each server's position, batch k APPENDed
 to its write set naming its index, CONFIRM to all E, a seal naming the batch count on each
 server and ``seal_range`` in PD's catalog. Then ``Client.read`` / ``read_batches`` /
 ``follow=True`` read it back: whole and from offsets inside ranges, with servers of a write
@@ -10,7 +9,8 @@ set SIGSTOPped or killed (failover within the write set; all of it down: the rea
 never skipping a batch), a tail following hand appends and CONFIRMs across a roll, a
 long sealed range read by whole chains, and a chain read whose server is killed or hung
 mid-read (the chains of a cover without it); a plain read (striped, and an unstriped
-R3 stream) asking a hung server once; and ``offset_for_time`` past a hung holder.
+R3 stream) asking a hung server once; and ``offset_for_time`` past a hung holder (those
+streams written with the SDK's writer).
 """
 
 from __future__ import annotations
