@@ -25,12 +25,12 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
   retried, then raises: never a silent short end); with ``follow`` each read is a long
   poll (``follow_wait_ms``), each empty poll goes to the next replica (the one polled may
   have missed later confirms), and a poll the server did not hold is followed by a short
-  pause; a replica that answers "sealed" with nothing more means a roll or a recovery is
-  under way: the metadata is refreshed to find the next range (a plain read ends if PD does
-  not show the seal yet: nothing more is readable now); a tail also refreshes it every
-  ``follow_refresh_polls`` empty polls, since a seal no replica heard of shows only in PD,
-  and every ``short_refresh_polls`` while some replica of the range does not answer (the
-  tail then hears only the others: a lagging one the seal left out says nothing of it);
+  pause; "sealed" with nothing more (or an end told by replicas without the range: a cached
+  view's dropped ones) means a roll or a recovery: the metadata is refreshed to find the
+  next range (a plain read ends if PD shows no seal: nothing more to read); a tail also
+  refreshes it every ``follow_refresh_polls`` empty polls, since a seal no replica heard of
+  shows only in PD, and every ``short_refresh_polls`` while some replica of the range does
+  not answer (the tail hears only the others: a lagging one the seal left out says nothing);
 - a **tail** (``follow``) tells a hung server from a long poll: each of its reads must be
   answered within ``tail_answer_ms_max`` past its long poll (``ReadReplica.timeout_ms``),
   else it fails and the next replica is asked at once; a replica whose read failed as
@@ -403,7 +403,7 @@ class ReadCursor:
                 # Sealed on the replica: a roll or a recovery is under way; PD names the next.
                 meta = yield Describe(refresh=True, offset=self.offset)
                 current = meta.range_for(self.offset)
-                if current is not None and current.index == rng.index:
+                if current is not None and current.index == rng.index and not current.sealed:
                     if not self.follow:
                         return  # not sealed in PD yet: nothing more is readable now
                     yield Sleep(self.config.sealed_wait_ms)
@@ -558,8 +558,10 @@ class ReadCursor:
             empties += 1
         if not sealed_range and rng.replicas:
             # Replicas never created (identity checked) hold nothing: they answer too.
-            said = (empties + not_created, asked)
-            if said[0] >= empties_needed(stripe, said[1], ack_count):
+            said, needed = (empties + not_created, asked), empties_needed(stripe, asked, ack_count)
+            if said[0] >= needed:
+                if not_created and empties < needed:  # no such range: never created, or
+                    return Answer(0, offset, sealed=True)  # dropped: PD looked up (steps)
                 return empty or Answer(0, offset)
             if empty is not None:
                 last = Unavailable(f"only {said[0]} of {said[1]} replicas of open range "

@@ -224,3 +224,27 @@ def committed_keys(cluster: Cluster) -> set[str]:
     assert status == 200
     return {r["object_key"] for s in body["streams"]
             for r in cluster.describe(s["name"])["ranges"] if r["object_key"]}
+
+
+async def test_a_cached_view_of_a_range_released_since_reads_it_from_its_object(
+    cluster: Cluster,
+) -> None:
+    """A long-lived client caches the stream while range 0 is open; another client seals
+    it (range 1 follows), it is uploaded and its replicas are released. The first
+    client's plain read meets range 0's replicas gone (RangeNotFound, as if never created)
+    and looks PD up instead of ending there: every record comes back (the soak's verify
+    found reads ending short at such a range)."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("stale", replicas=3, ack_count=2)
+        async with await client.open_writer("stale") as writer:
+            first = [f"stale-{i}".encode() for i in range(10)]
+            for value in first:
+                await writer.append(value)
+        assert (await client.stream_meta("stale")).ranges[-1].end is None  # cached, open
+        async with await estream.connect(cluster.pd_addresses) as other:
+            rest = await write_ranges(other, "stale", [5])  # range 0 sealed, 1 written
+        await wait_for(lambda: all_tiered(cluster, "stale", released=True),
+                       tier_timeout_s, "the sealed ranges in the object tier, released")
+        assert (await client.stream_meta("stale")).ranges[0].end is None  # still stale
+        got = [r.value async for r in client.read("stale", start=0, follow=False)]
+        assert got == first + rest

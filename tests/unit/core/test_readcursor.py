@@ -933,3 +933,23 @@ def test_a_stale_replica_answering_first_is_overruled_once_the_others_are_back()
     trace, error = drive(ReadCursor("s", start=3, preferred="a"), world)
     assert error is None
     assert delivered(trace) == [(3, 8)]
+
+
+def test_a_cached_open_range_whose_replicas_are_gone_is_looked_up_before_the_read_ends() -> None:
+    """A long-lived client's cached view shows range 1 open, but it was sealed, uploaded
+    and its replicas dropped since (they answer RangeNotFound, as replicas never created
+    would): the read looks PD up before it ends, and reads range 1 from its object and
+    range 2 on. Before, the RangeNotFound answers ended the read at 10 (found by the soak's
+    verify: an acknowledged range skipped)."""
+    stale = meta(SEALED0, OPEN1)
+    fresh = meta(SEALED0, RangeMeta(1, 10, 15, (), tier="object", object_key="k"),
+                 RangeMeta(2, 15, None, ABC))
+    held = {(r.id, 0): 10 for r in ABC} | {(r.id, 2): 18 for r in ABC}
+    world = World([stale, fresh], held=held, objects={1: 15})
+    trace, error = drive(ReadCursor("s"), world)
+    assert error is None
+    assert delivered(trace) == [(0, 10), (10, 15), (15, 18)]
+    # PD still shows it open (replicas not created yet): the read ends there, as before
+    world = World([stale], held={(r.id, 0): 10 for r in ABC})
+    trace, error = drive(ReadCursor("s"), world)
+    assert error is None and delivered(trace) == [(0, 10)]
