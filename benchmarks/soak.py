@@ -22,7 +22,13 @@ The workload, bounded by ``--duration-s`` (every loop checks the clock and stops
   server, the bytes under the range servers' data dirs and in the object store, the PD
   leader's CPU share, append latency percentiles, sessions and errors per second, the
   offloader's backlog (ranges waiting for upload and for release, the oldest's age:
-  ``estream_pd_offload_backlog_*``) and the most replicas one range server holds.
+  ``estream_pd_offload_backlog_*``) and the most replicas one range server holds;
+- with ``--memprobe DIR``: every PD node runs with the memory probe
+  (``ESTREAM_PD_MEMPROBE``, :mod:`pd.shell.memprobe`; ``--memprobe-frames`` frames a
+  trace, 0: no tracing) and is probed every ``--probe-s`` (as
+  ``benchmarks/bench_pd_memory.py`` probes, whose growth per catalog range between the
+  second probe and the last is printed at the end and kept in the JSON); the probe files
+  stay in ``DIR``.
 
 SIGTERM (or Ctrl-C) stops the workload and the cluster, then exits (no table).
 
@@ -34,7 +40,7 @@ a chart (with matplotlib, when installed: ``make soak`` installs it). Usage::
     python -m benchmarks.soak [--duration-s 3600] [--streams 2000] [--sessions 32]
         [--sessions-per-s 0]
         [--readers 4] [--churn-s 1] [--sample-s 10] [--segment-mib 4]
-        [--out benchmarks/results/soak.json]
+        [--memprobe DIR [--memprobe-frames 1] [--probe-s 120]] [--out benchmarks/results/soak.json]
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from typing import Any
 
 import estream
 from benchmarks.bench_object_tier import metric
+from benchmarks.bench_pd_memory import _growth, _print, _probe
 from benchmarks.bench_tier_disk import disk_use
 from estream.devcluster.cluster import Cluster, RangeServerProcess, start_cluster
 from estream.devcluster.pd import http_json
@@ -323,9 +330,13 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     # Small log segments: a server frees disk a whole segment at a time, so with the
     # default 256 MiB its disk could only grow for the first hour of this workload.
-    cluster = start_cluster(root, range_servers=4, pd_args=pd_args, rangeserver_args=[
+    env = None if args.memprobe is None else {
+        "ESTREAM_PD_MEMPROBE": str(args.memprobe.resolve()),
+        "ESTREAM_PD_MEMPROBE_FRAMES": str(args.memprobe_frames)}
+    cluster = start_cluster(root, range_servers=4, pd_args=pd_args, env=env, rangeserver_args=[
         "--wal-segment-mib", str(args.segment_mib), "--http", "127.0.0.1:0"])
     rows: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
     try:
         client = await estream.connect(cluster.pd_addresses)
         async with client:
@@ -354,8 +365,20 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
 
+            async def probe() -> None:  # --memprobe: every PD node, every --probe-s
+                while soak.running():
+                    left_s = max(0.0, soak.deadline - time.monotonic())
+                    await asyncio.sleep(min(args.probe_s, left_s))
+                    found = await _probe(cluster, args.memprobe, len(probes) + 1,
+                                         args.memprobe_frames > 0)
+                    found["t_s"] = round(time.monotonic() - started, 1)
+                    probes.append(found)
+                    print(f"probe {len(probes)} at {found['t_s']} s: {found['ranges']} ranges, "
+                          f"leader {found['leader']}", flush=True)
+
             await asyncio.gather(
                 sample(),
+                *([probe()] if args.memprobe is not None else []),
                 *(soak.loop(soak.session) for _ in range(args.sessions)),
                 *(soak.loop(soak.read) for _ in range(args.readers)),
                 soak.loop(soak.churn, pause_s=args.churn_s))
@@ -363,7 +386,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             print(f"verified {checked} records acknowledged to kept streams", flush=True)
     finally:
         cluster.stop()
-    return {"args": vars(args), "rows": rows, "verified_records": checked}
+    out: dict[str, Any] = {"args": vars(args), "rows": rows, "verified_records": checked,
+                           "probes": probes}
+    if len(probes) >= 3:  # the first is warm-up, as the curves' first quarter
+        out["pd_memory_per_range"] = _growth(probes[1], probes[-1])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=10.0)
     parser.add_argument("--segment-mib", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--memprobe", type=Path, default=None)
+    parser.add_argument("--memprobe-frames", type=int, default=1)
+    parser.add_argument("--probe-s", type=float, default=120.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="estream-soak-") as tmp:
@@ -393,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(data, indent=1, default=str))
     print("\n".join(table(rows)))
     drawn = chart(rows, args.out.with_suffix(".png"))
+    if "pd_memory_per_range" in data:
+        _print({"per_range": data["pd_memory_per_range"], "build_s": rows[-1]["t_s"]})
     print(f"samples: {args.out}" + (f", chart: {drawn}" if drawn else ""))
     return 0
 
