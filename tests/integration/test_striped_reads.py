@@ -1,8 +1,9 @@
 """Reading striped streams on real processes (issue 30, Reads; docs/ARCHITECTURE.md
 section 10): 1 PD node, 6 range servers, streams of E 5, R 3, A 2.
 
-Most tests write by hand, as a striped writer does, to place each batch exactly: a writer epoch from PD, CREATE_RANGE with each server's position, batch k APPENDed
-to its write set naming its index, CONFIRM to all E, a seal naming the batch count on each
+Most tests write by hand, as a striped writer does, to place each batch exactly: a writer
+epoch from PD, CREATE_RANGE with each server's position, batch k APPENDed to its write set
+naming its index, CONFIRM to all E, a seal naming the batch count on each
 server and ``seal_range`` in PD's catalog. Then ``Client.read`` / ``read_batches`` /
 ``follow=True`` read it back: whole and from offsets inside ranges, with servers of a write
 set SIGSTOPped or killed (failover within the write set; all of it down: the read fails,
