@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from estream.core.readcursor import hung_last, hung_last_reads
 from estream.core.seal import CopyRecords
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.rangerequests import (
@@ -512,6 +513,43 @@ class ReplicaClient:
             timeout_s=self.timeouts.heal_request_s)
 
 
+
+async def time_index_in_turn(
+    client: RangeClient, stream_id: int, rng: RangeMeta, timestamp_ms: int,
+    hung: dict[str, int], bound_s: float,
+) -> tuple[int | None, int | None]:
+    """TIME_INDEX on ``rng``'s replicas in turn, those in ``hung`` last, each bounded by
+    ``bound_s`` (the read cursor's ``read_answer_ms_max``: one that times out is put in
+    ``hung``, one that answers taken out); when every one timed out, once more with the
+    client's full timeout (a slow network is not a hung server): ``(offset or None, end
+    searched)``, or ``(None, None)`` when none answered for the whole range. The SDK's
+    ``offset_for_time`` and PD's record browse both ask this way."""
+    for timeout_s in (bound_s, None):
+        timeouts = 0
+        for ref in hung_last(rng.replicas, hung):
+            try:
+                answer = await client.time_index(
+                    ref.address, server_id=ref.id, stream_id=stream_id, range_index=rng.index,
+                    timestamp_ms=timestamp_ms, end=rng.end, timeout_s=timeout_s)
+            except Timeout:
+                hung[ref.id] = hung_last_reads
+                timeouts += 1
+                continue
+            except EstreamError:
+                continue
+            hung.pop(ref.id, None)
+            offset, searched = answer.offset, answer.searched_end
+            if searched is None:
+                continue
+            if offset is not None:
+                return offset, searched
+            if rng.end is None or searched >= rng.end:
+                return None, searched
+            # a replica short of the sealed end: another may hold the rest
+        if not rng.replicas or timeouts < len(rng.replicas):
+            break  # some answered or failed at once: not a slow network
+    return None, None
+
 __all__ = [
     "AppendSending",
     "CopyProgress",
@@ -540,4 +578,5 @@ __all__ = [
     "ping_timeout_s",
     "request_timeout_s",
     "seal_timeout_s",
+    "time_index_in_turn",
 ]

@@ -47,8 +47,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from estream.core.readcursor import hung_last, hung_last_reads, read_answer_ms_max
-from estream.net.rangeclient import RangeClient
+from estream.core.readcursor import hung_last_reads, read_answer_ms_max
+from estream.net.rangeclient import RangeClient, time_index_in_turn
 from estream.sdk.reader import read_stream_batches
 from estream.wire.errors import EstreamError, InvalidArgument, Timeout
 from estream.wire.meta import RangeMeta, ReplicaRef
@@ -112,33 +112,10 @@ async def _in_range(client: Client, name: str, stream_id: int, start_offset: int
 async def _ask_replicas(
     client: Client, stream_id: int, rng: RangeMeta, timestamp_ms: int, hung: dict[str, int]
 ) -> tuple[int | None, int | None]:
-    """TIME_INDEX on ``rng``'s replicas in turn, those in ``hung`` last, each bounded by
-    ``read_answer_ms_max`` (one that times out is put in ``hung``); when every one timed
-    out, once more with the client's full timeout: ``(offset or None, end searched)``, or
-    ``(None, None)`` when none answered for the whole range."""
-    for timeout_s in (read_answer_ms_max / 1000, None):
-        timeouts = 0
-        for ref in hung_last(rng.replicas, hung):
-            try:
-                answer = await _time_index(client, ref, stream_id, rng, timestamp_ms, timeout_s)
-            except Timeout:
-                hung[ref.id] = hung_last_reads
-                timeouts += 1
-                continue
-            except EstreamError:
-                continue
-            hung.pop(ref.id, None)
-            offset, searched = answer.offset, answer.searched_end
-            if searched is None:
-                continue
-            if offset is not None:
-                return offset, searched
-            if rng.end is None or searched >= rng.end:
-                return None, searched
-            # a replica short of the sealed end: another may hold the rest
-        if not rng.replicas or timeouts < len(rng.replicas):
-            break  # some answered or failed at once: not a slow network
-    return None, None
+    """TIME_INDEX on ``rng``'s replicas in turn, each bounded by ``read_answer_ms_max``
+    (:func:`~estream.net.rangeclient.time_index_in_turn`)."""
+    return await time_index_in_turn(RangeClient(client.pool), stream_id, rng, timestamp_ms,
+                                    hung, read_answer_ms_max / 1000)
 
 
 async def _ask_ensemble(

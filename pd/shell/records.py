@@ -43,18 +43,16 @@ from estream.core.readcursor import (
     ReadReplica,
     Sleep,
     check_footer,
-    hung_last,
-    hung_last_reads,
     object_spans,
 )
 from estream.core.stripedread import striped_fields
 from estream.core.timerange import candidate_ranges
 from estream.net.objectindex import read_range_index
 from estream.net.objectstore import ObjectStore
-from estream.net.rangeclient import RangeClient, TimeAnswer
+from estream.net.rangeclient import RangeClient, time_index_in_turn
 from estream.net.rpc import ConnectionPool
-from estream.wire.errors import DigestKeyMissing, EstreamError, Timeout, Unavailable
-from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.errors import DigestKeyMissing, EstreamError, Unavailable
+from estream.wire.meta import StreamMeta
 from estream.wire.record import Record, decode_batch, iter_batches
 from pd.console import RecordsQuery, record_row, records_bytes_max, within_budget
 
@@ -178,34 +176,7 @@ async def _offset_for_time(pool: ConnectionPool, meta: StreamMeta, timestamp_ms:
     client = RangeClient(pool)
     bound_s = BROWSE_CURSOR.read_answer_ms_max / 1000
     for rng in candidate_ranges(meta, timestamp_ms, limit=time_candidates_max):
-        found, timed_out = await _time_in_range(client, meta, rng, timestamp_ms, hung, bound_s)
-        if timed_out:
-            found, _ = await _time_in_range(client, meta, rng, timestamp_ms, hung, None)
+        found, _ = await time_index_in_turn(client, meta.id, rng, timestamp_ms, hung, bound_s)
         if found is not None:
             return max(found, meta.start_offset)
     return None
-
-
-async def _time_in_range(client: RangeClient, meta: StreamMeta, rng: RangeMeta,
-                         timestamp_ms: int, hung: dict[str, int], timeout_s: float | None
-                         ) -> tuple[int | None, bool]:
-    """TIME_INDEX on ``rng``'s replicas in turn (those in ``hung`` last) until one answers
-    for the whole range: (the offset found or None, whether every replica timed out)."""
-    order = hung_last(rng.replicas, hung)
-    timeouts = 0
-    for ref in order:
-        try:
-            found: TimeAnswer = await client.time_index(
-                ref.address, server_id=ref.id, stream_id=meta.id, range_index=rng.index,
-                timestamp_ms=timestamp_ms, end=rng.end, timeout_s=timeout_s)
-        except Timeout:
-            hung[ref.id] = hung_last_reads
-            timeouts += 1
-            continue
-        except EstreamError:
-            continue
-        if found.offset is not None:
-            return found.offset, False
-        if found.searched_end is not None and (rng.end is None or found.searched_end >= rng.end):
-            return None, False  # none in this range: the next candidate
-    return None, bool(order) and timeouts == len(order)
