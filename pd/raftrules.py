@@ -70,6 +70,21 @@ def would_stand(leads: bool, deadline: float, now: float) -> bool:
     return not leads and deadline < now
 
 
+def sync_on_loop(unsynced_entries: int, proposals_in_flight: int) -> bool:
+    """Whether the leader syncs its journal on the event loop, right after sending the
+    entries, rather than on its sync thread: when one entry waits for the sync and this
+    node has no proposal in flight but that entry's own (one at a time: the loop has
+    nothing else to do meanwhile, and the hand-over to the sync thread and back, each a
+    wake-up and a wait for the GIL, cost a lone commit more than the sync itself). With
+    more in flight the sync runs on the thread: the loop takes the next requests
+    meanwhile, and they share the next sync.
+
+    >>> sync_on_loop(1, 1), sync_on_loop(1, 0), sync_on_loop(2, 1), sync_on_loop(1, 2)
+    (True, True, False, False)
+    """
+    return unsynced_entries <= 1 and proposals_in_flight <= 1
+
+
 def plan_flush(outbox: Sequence[Outgoing]) -> tuple[list[Outgoing], list[Outgoing]]:
     """Split a tick's outgoing messages into those sent before the journal sync and those
     sent after it, in order, with fewer messages (the messages are not changed):

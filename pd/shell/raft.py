@@ -63,6 +63,11 @@ in `pd/raftrules.py` (pure). What they add to pysyncobj 0.3.17:
   meanwhile; Raft's socket events are held and no tick runs until it ends, so nothing
   touches the journal concurrently); its end is the one hand-over, and it overlaps the
   followers' round trip: the events held are handled, and a tick runs, as soon as it ends.
+  One at a time (one entry to sync, no other proposal of this node in flight:
+  :func:`~pd.raftrules.sync_on_loop`) the leader syncs on the loop instead, right after
+  sending the entry: the hand-over to the thread and back (a wake-up and a wait for the
+  GIL each way) took longer than the fdatasync itself, and the loop had nothing else to
+  do; the followers' syncs overlap it all the same.
   A follower syncs on the loop: its acknowledgement waits for the sync anyway.
   A proposal made on a follower is forwarded to the leader by pysyncobj itself, and its
   callback fires once the follower applied the entry (read-your-writes on that node).
@@ -339,14 +344,20 @@ class RaftNode:
 
         started = time.perf_counter()
         self.proposals += 1
-        obj.apply_command(data, callback=done)
-        obj.tick_for_proposal()  # appended and sent on this thread, now or in a moment
+        obj.in_flight += 1  # (one at a time, the leader syncs on the loop: _flush_outbox)
+        try:
+            obj.apply_command(data, callback=done)
+            obj.tick_for_proposal()  # appended and sent on this thread, now or in a moment
+        except BaseException:
+            obj.in_flight -= 1
+            raise
         obj.decode_ahead(data)  # (while the entry is synced and replicated)
         # Not asyncio.wait_for (one more loop callback between the commit and the answer).
         timer = obj.loop.call_later(self.propose_timeout_s, _expire, future,
                                     self.propose_timeout_s)
 
         def finished(future: asyncio.Future[Any]) -> None:
+            obj.in_flight -= 1
             timer.cancel()
             if not future.cancelled() and future.exception() is None:
                 self.commit_seconds.observe(time.perf_counter() - started)

@@ -117,6 +117,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._quiet_to: Any = None  # the leader whose quiet commit index is handled
         self._failure_logged = False
         self.answered = False  # a proposal's callback ran in this tick (see _onTick)
+        self.in_flight = 0  # proposals of this node not answered yet (RaftNode's)
         self._tick_soon_pending = False
         self._reading_ahead = False  # reading the sockets before standing for election
         self._timer: asyncio.TimerHandle | None = None
@@ -470,10 +471,11 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         for node, message in eager:
             self._send_direct(node, message)
         journal = self._journal
-        if (isinstance(journal, ChecksummedJournal) and journal.dirty
-                and journal.failed is None and self._isLeader()):
-            # Off the loop: Raft's sockets and ticks wait (the poller holds their events)
-            # so that nothing touches the journal meanwhile; PD requests go on.
+        if (isinstance(journal, ChecksummedJournal) and journal.dirty and journal.failed is None
+                and self._isLeader() and not raftrules.sync_on_loop(
+                    self.log_end() - journal.durable_index, self.in_flight)):
+            # Off the loop (one at a time, on it: below): Raft's sockets and ticks wait (the
+            # poller holds their events) so nothing touches the journal; PD requests go on.
             self._after_sync = after
             self._loop_poller.paused = True
             running = self._syncer.submit(journal.sync)

@@ -144,6 +144,40 @@ async def test_an_acknowledged_command_is_synced_on_the_leader_and_a_follower(
     assert term[0] and _pinned_leader_term(leader) == term  # still the leader, same term
 
 
+async def test_a_lone_proposal_is_synced_on_the_leaders_loop_and_a_burst_on_its_thread(
+        three: list[RaftNode]) -> None:
+    """One proposal at a time (the last one older than proposal_batch_s): the leader syncs
+    its journal on the event loop right after sending the entries (no hand-over to the
+    sync thread and back), and still acknowledges only what is synced on it and a
+    follower. Proposals together: one sync on the sync thread, the loop free meanwhile."""
+    leader = await _leader(three)
+    followers = [n for n in three if n is not leader]
+    _pin(leader, followers)
+    await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+    journal = _journal(leader)
+    real = journal.fdatasync
+    synced_on: list[int] = []
+
+    def sync(fd: int) -> None:
+        synced_on.append(threading.get_ident())
+        real(fd)
+
+    journal.fdatasync = sync
+    loop_thread = threading.get_ident()
+    for i in range(5):
+        await asyncio.sleep(0.005)  # alone: the last proposal 5 ms ago
+        synced_on.clear()
+        await leader.propose(_create(i))
+        assert synced_on and set(synced_on) == {loop_thread}
+        committed = leader._sync.raftCommitIndex
+        assert journal.durable_index >= committed
+        assert any(_journal(f).durable_index >= committed for f in followers)
+    synced_on.clear()
+    await asyncio.gather(*(leader.propose(_create(i)) for i in range(5, 25)))
+    assert any(thread != loop_thread for thread in synced_on)
+    assert all(f"s{i}" in leader.view().streams for i in range(25))
+
+
 async def test_the_answer_leaves_before_the_commit_index_and_followers_still_learn_it(
         tmp_path: Path) -> None:
     """With a password (pd/shell/raftwire.py on every connection): the leader answers a

@@ -21,6 +21,7 @@ from pd.raftrules import (
     plan_flush,
     quiet,
     status_of,
+    sync_on_loop,
     would_stand,
 )
 
@@ -144,6 +145,18 @@ def test_only_a_follower_or_candidate_past_its_deadline_would_stand() -> None:
     assert would_stand(False, deadline=10.0, now=10.5)
     assert not would_stand(False, deadline=10.0, now=9.9)  # heard its leader lately
     assert not would_stand(True, deadline=0.0, now=10.0)  # a leader never stands
+
+
+@pytest.mark.parametrize(("unsynced", "in_flight", "on_loop"), [
+    (1, 1, True),   # one at a time: the entry of the one proposal waiting
+    (1, 0, True),   # a new term's first entry, or a command a follower forwarded
+    (2, 1, False),  # a tick of several entries: on the sync thread
+    (1, 2, False),  # another proposal in flight: the loop takes it meanwhile
+    (3, 5, False),
+])
+def test_the_leader_syncs_on_the_loop_only_one_entry_at_a_time(
+        unsynced: int, in_flight: int, on_loop: bool) -> None:
+    assert sync_on_loop(unsynced, in_flight) is on_loop
 
 
 @pytest.mark.parametrize(("empty", "has_peers", "new_cluster", "holds"), [
