@@ -31,6 +31,7 @@ import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
+from estream.core.incarnation import check_incarnation
 from estream.core.readcursor import (
     Answer,
     CursorConfig,
@@ -56,7 +57,6 @@ from estream.wire.errors import (
     DigestKeyMissing,
     EstreamError,
     ReplicaDamaged,
-    StreamNotFound,
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
@@ -396,17 +396,6 @@ def read_again(follow: bool, delivered: bool, restarts: int) -> bool:
     (True, False, False)
     """
     return not follow and not delivered and restarts < incarnation_restarts_max
-
-
-def check_incarnation(name: str, stream_id: int, meta: StreamMeta) -> None:
-    """A read of stream ``stream_id`` ends with ``StreamNotFound`` once the name is
-    another stream's (deleted and created again): it never goes on into the new stream
-    (its offsets mean other records), and a tail of the deleted one ends instead of
-    waiting forever. Pure."""
-    if meta.id != stream_id:
-        raise StreamNotFound(
-            f"stream {name!r} (id {stream_id}) not found: the name is stream id {meta.id} "
-            "now (deleted and created again)", stream=name)
 
 
 def check_digests(
