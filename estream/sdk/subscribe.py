@@ -27,7 +27,7 @@ import msgpack
 
 from estream.core.assign import range_assign
 from estream.sdk.groups import GroupClient
-from estream.wire.errors import EstreamError
+from estream.wire.errors import EstreamError, StreamNotFound
 from estream.wire.record import Record
 
 if TYPE_CHECKING:
@@ -166,8 +166,19 @@ class Subscription:
             self._heartbeat = asyncio.ensure_future(self._beat())
 
     async def _read(self, generation: int, stream: str, start: int) -> None:
-        async for record in self.client.read(stream, start, follow=True):
-            await self._queue.put((generation, stream, record))
+        """Tail ``stream``; when the tail ends (its stream deleted, maybe made again under
+        its name; its rounds out), the member joins again, which reads on from the
+        group's offsets (a stream made again: from its start, its positions here being
+        the old one's), instead of never delivering from it again."""
+        try:
+            async for record in self.client.read(stream, start, follow=True):
+                await self._queue.put((generation, stream, record))
+        except (EstreamError, TimeoutError) as exc:
+            if isinstance(exc, StreamNotFound):
+                self._delivered.pop(stream, None)  # (not committed into a namesake)
+            if generation == self.generation:
+                await asyncio.sleep(rejoin_pause_s)
+                self._rejoin.set()
 
     async def _stop_readers(self) -> None:
         for task in self._readers:
