@@ -18,6 +18,9 @@ The workload, bounded by ``--duration-s`` (every loop checks the clock and stops
   close without appending; ``--sessions-per-s R`` starts them at a steady R a second
   (the curves then compare like with like on a machine whose load changes);
 - ``--readers`` readers at once, each reading a random stream from its start to its end;
+- with ``--fault-every-s S``: every S seconds a range server (odd turns) or the PD leader
+  (even turns) is killed (-9) and started again 3 s later; every process runs again
+  before the final check;
 - every ``--sample-s``: the RSS, open descriptors and CPU of every PD node and range
   server, the bytes under the range servers' data dirs and in the object store, the PD
   leader's CPU share, append latency percentiles, sessions and errors per second, the
@@ -32,7 +35,9 @@ The workload, bounded by ``--duration-s`` (every loop checks the clock and stops
 
 SIGTERM (or Ctrl-C) stops the workload and the cluster, then exits (no table).
 
-At the end it checks every record acknowledged to a kept stream (each once, in order),
+A reader of a kept stream checks that it saw every record acknowledged before it began
+(printed as ``SHORT READ`` and failing the run at the end). At the end it checks every
+record acknowledged to a kept stream (each once, in order),
 prints a table (first, middle and last window of each curve; ``growth`` is the last
 quarter's mean over the second quarter's: 1.0 is flat) and writes the samples to JSON and
 a chart (with matplotlib, when installed: ``make soak`` installs it). Usage::
@@ -40,7 +45,8 @@ a chart (with matplotlib, when installed: ``make soak`` installs it). Usage::
     python -m benchmarks.soak [--duration-s 3600] [--streams 2000] [--sessions 32]
         [--sessions-per-s 0]
         [--readers 4] [--churn-s 1] [--sample-s 10] [--segment-mib 4]
-        [--memprobe DIR [--memprobe-frames 1] [--probe-s 120]] [--out benchmarks/results/soak.json]
+        [--memprobe DIR [--memprobe-frames 1] [--probe-s 120]]
+        [--fault-every-s 0] [--out benchmarks/results/soak.json]
 """
 
 from __future__ import annotations
@@ -99,6 +105,8 @@ class Soak:
     session_ids: int = 0
     pace_s: float = 0.0  # --sessions-per-s: sessions start this far apart (0: unpaced)
     next_start: float = 0.0  # the monotonic time the next paced session may start
+    short_reads: list[str] = field(default_factory=list)  # reads missing acknowledged records
+    faults: int = 0  # processes killed by --fault-every-s
 
     def running(self) -> bool:
         return time.monotonic() < self.deadline
@@ -142,13 +150,49 @@ class Soak:
 
     async def read(self) -> None:
         name = self.rng.choice(self.kept + self.churned)
+        want = dict(self.acked.get(name, ()))  # a kept stream's records acknowledged so far
+        seen: dict[int, bytes] = {}
         try:
             start = (await self.client.describe_stream(name)).start_offset  # retention trims
-            async for _ in self.client.read(name, start=start, follow=False):
-                pass
+            async for record in self.client.read(name, start=start, follow=False):
+                if want:
+                    seen[record.offset] = record.value
             self.window.reads += 1
         except estream.EstreamError as exc:
             self.window.error(exc)
+            return
+        wrong = [o for o, v in want.items() if seen.get(o) != v]
+        if wrong:  # a read that ended short, or read another record: a bug, kept for verify
+            self.short_reads.append(f"{name}: read from 0 missed or changed {len(wrong)} "
+                                    f"acknowledged offsets, first {min(wrong)}")
+            print(f"SHORT READ {self.short_reads[-1]}", flush=True)
+
+    async def fault(self, cluster: Cluster, sampler: Sampler, every_s: float) -> None:
+        """--fault-every-s: kill -9 a range server or the PD leader (in turn), restart it
+        after a few seconds, every ``every_s`` (bounded by the soak's deadline)."""
+        turn = 0
+        while self.running():
+            await asyncio.sleep(min(every_s, max(0.0, self.deadline - time.monotonic())))
+            if not self.running():
+                return
+            turn += 1
+            try:
+                if turn % 2:
+                    at = self.rng.randrange(len(cluster.servers))
+                    server = cluster.servers[at]
+                    print(f"fault {turn}: kill -9 range server {server.listen}", flush=True)
+                    await asyncio.to_thread(server.kill9)
+                    await asyncio.sleep(3.0)
+                    await asyncio.to_thread(cluster.restart, server.listen)
+                    sampler.urls[at] = await asyncio.to_thread(_http_url, server)  # (new port)
+                else:
+                    leader = await asyncio.to_thread(cluster.kill_pd_leader)
+                    print(f"fault {turn}: kill -9 PD leader (node {leader})", flush=True)
+                    await asyncio.sleep(3.0)
+                    await asyncio.to_thread(cluster.restart_pd, leader)
+                self.faults += 1
+            except Exception as exc:  # (the soak goes on; the final check restarts all)
+                print(f"fault {turn} failed: {exc!r}", file=sys.stderr, flush=True)
 
     async def churn(self) -> None:
         name = self.rng.choice(self.churned)
@@ -162,8 +206,7 @@ class Soak:
     async def loop(self, step: Any, pause_s: float = 0.0) -> None:
         while self.running():
             await step()
-            if pause_s:
-                await asyncio.sleep(pause_s)
+            await asyncio.sleep(pause_s)  # (0: a step that fails at once cannot starve the loop)
 
 
 def _proc(pid: int) -> dict[str, float]:
@@ -188,7 +231,10 @@ def _http_url(server: RangeServerProcess) -> str:
 def _replicas(url: str) -> float:
     """The replicas one range server holds (its ``estream_rangeserver_replicas``, all
     states; 0 when it does not answer)."""
-    status, text = http_json(url + "/metrics")
+    try:
+        status, text = http_json(url + "/metrics")
+    except OSError:  # (killed by --fault-every-s, not restarted yet)
+        return 0.0
     if status != 200:
         return 0.0
     return sum(float(line.split()[-1]) for line in str(text).splitlines()
@@ -361,7 +407,12 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 while soak.running():
                     left_s = max(0.0, soak.deadline - time.monotonic())
                     await asyncio.sleep(min(args.sample_s, left_s))
-                    row = await asyncio.to_thread(sampler.row, soak, time.monotonic() - started)
+                    try:
+                        row = await asyncio.to_thread(sampler.row, soak,
+                                                      time.monotonic() - started)
+                    except Exception as exc:  # (a process killed by --fault-every-s)
+                        print(f"sample failed: {exc!r}", file=sys.stderr, flush=True)
+                        continue
                     rows.append(row)
                     print(json.dumps(row), flush=True)
 
@@ -381,9 +432,14 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 *([probe()] if args.memprobe is not None else []),
                 *(soak.loop(soak.session) for _ in range(args.sessions)),
                 *(soak.loop(soak.read) for _ in range(args.readers)),
-                soak.loop(soak.churn, pause_s=args.churn_s))
+                soak.loop(soak.churn, pause_s=args.churn_s),
+                *([soak.fault(cluster, sampler, args.fault_every_s)] if args.fault_every_s else []))
+            if soak.faults:
+                await asyncio.to_thread(cluster.restart_all)
             checked = await verify(client, soak.acked)
-            print(f"verified {checked} records acknowledged to kept streams", flush=True)
+            print(f"verified {checked} records acknowledged to kept streams "
+                  f"({soak.faults} faults)", flush=True)
+            assert not soak.short_reads, f"reads during the run: {soak.short_reads[:5]}"
     finally:
         cluster.stop()
     out: dict[str, Any] = {"args": vars(args), "rows": rows, "verified_records": checked,
@@ -407,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memprobe", type=Path, default=None)
     parser.add_argument("--memprobe-frames", type=int, default=1)
     parser.add_argument("--probe-s", type=float, default=120.0)
+    parser.add_argument("--fault-every-s", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="estream-soak-") as tmp:

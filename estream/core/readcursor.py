@@ -22,7 +22,9 @@ the stream's metadata and the answers it is given, what to ask next; the asyncio
 - on the **open** range replicas serve only up to the writer's confirm offset: an empty
   answer ends a plain read once a seal quorum of replicas answered with nothing more (one
   of them heard a closed writer's last confirm; with fewer answers the round fails and is
-  retried, then raises: never a silent short end); with ``follow`` each read is a long
+  retried, then raises: never a silent short end) and PD, asked once a range, still shows
+  it open (a roll's SEALs are best effort: a cached view may show open a range sealed in
+  PD only, the records after it in the next); with ``follow`` each read is a long
   poll (``follow_wait_ms``), each empty poll goes to the next replica (the one polled may
   have missed later confirms), and a poll the server did not hold is followed by a short
   pause; "sealed" with nothing more (or an end told by replicas without the range: a cached
@@ -363,6 +365,7 @@ class ReadCursor:
         self.asked: list[str] = []  # the last round's servers, in order (a tail rotates them)
         self.patient = False  # a plain read's READs wait the client's full timeout
         self.hurried = False  # the last round failed after a read_answer_ms_max timeout
+        self.ended: int | None = None  # the open range whose end a plain read checked in PD
 
     @property
     def rounds_max(self) -> int:
@@ -416,6 +419,12 @@ class ReadCursor:
                     # PD: look it up now and then (sooner while some do not answer).
                     meta = yield Describe(refresh=True, offset=self.offset)
                 continue
+            if self.ended != rng.index:  # a cached view may miss a seal in PD that the
+                self.ended = rng.index  # replicas missed (a roll's SEALs are best effort)
+                meta = yield Describe(refresh=True, offset=self.offset)
+                current = meta.range_for(self.offset)
+                if current is None or current.index != rng.index or current.sealed:
+                    continue
             return  # the open range has nothing more confirmed on any replica
 
     # -- internals ------------------------------------------------------------------------
@@ -579,22 +588,6 @@ class ReadCursor:
         raise last or Unavailable(f"range {rng.index} has no replica")
 
 
-__all__ = [
-    "Answer",
-    "CursorConfig",
-    "Deliver",
-    "Describe",
-    "ReadCursor",
-    "ReadObject",
-    "ReadReplica",
-    "Sleep",
-    "Step",
-    "Steps",
-    "check_footer",
-    "clip_end",
-    "hung_last",
-    "in_object_tier",
-    "object_spans",
-    "offset_at",
-    "replica_order",
-]
+__all__ = ["Answer", "CursorConfig", "Deliver", "Describe", "ReadCursor", "ReadObject",
+           "ReadReplica", "Sleep", "Step", "Steps", "check_footer", "clip_end", "hung_last",
+           "in_object_tier", "object_spans", "offset_at", "replica_order"]

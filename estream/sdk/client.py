@@ -33,6 +33,7 @@ from estream.net.transport import TCP, Network
 from estream.sdk.leases import LeaseKeeper
 from estream.sdk.objectreads import ObjectReads, ObjectReadStats
 from estream.sdk.reader import (
+    keyed_meta,
     read_stream,
     read_stream_batches,
     read_stream_views,
@@ -359,7 +360,7 @@ class Client:
             deferred=deferred_sync,
             delivery_timeout_ms=max(1, round(delivery_timeout_s * 1000)),
         )
-        meta = await self.stream_meta(name)
+        meta = await keyed_meta(self, name, await self.stream_meta(name))
         # DigestKeyMissing, or DigestMismatch for a key that is not the stream's, before
         # fencing anyone.
         await self._check_key(meta, self.stream_key(meta))

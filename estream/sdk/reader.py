@@ -31,6 +31,7 @@ import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
+from estream.core.incarnation import check_incarnation
 from estream.core.readcursor import (
     Answer,
     CursorConfig,
@@ -56,7 +57,6 @@ from estream.wire.errors import (
     DigestKeyMissing,
     EstreamError,
     ReplicaDamaged,
-    StreamNotFound,
     Unavailable,
 )
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
@@ -252,7 +252,7 @@ async def _read_answers(
     else in parts side by side (their runs come from different servers), delivered in
     order, each part a read of its own, of the same stream id; the rest (everything of an
     unstriped stream) as one read."""
-    meta = await client.stream_meta(name, offset=start)
+    meta = await keyed_meta(client, name, await client.stream_meta(name, offset=start), start)
     pieces = catch_up_pieces(meta, start, end)
     hung = {} if hung is None else hung  # servers that did not answer: last, in every part
     if pieces == [(start, end, 1)]:
@@ -364,6 +364,8 @@ async def _read_cursor(
             if isinstance(step, Describe):
                 reply = await client.stream_meta(name, refresh=step.refresh,
                                                  offset=step.offset)
+                if not step.refresh:
+                    reply = await keyed_meta(client, name, reply, step.offset)
                 stream_id = stream_id or reply.id
                 if reply.id != stream_id:  # deleted and created again
                     if expect_id or not read_again(follow, delivered, restarts):
@@ -386,6 +388,21 @@ async def _read_cursor(
     check_incarnation(name, stream_id, reply)
 
 
+async def keyed_meta(client: Client, name: str, meta: StreamMeta,
+                     offset: int | None = None) -> StreamMeta:
+    """``meta`` (a cached view) when this client holds its MAC key or it needs none, else
+    ``name``'s metadata from PD: the view may be of a deleted namesake whose
+    ``hmac-sha256`` the stream of that name now does not have (a keyless client would
+    otherwise fail every read and open of it until something refreshed its cache).
+    Raises :class:`DigestKeyMissing` when the stream of the name now needs the key."""
+    try:
+        client.stream_key(meta)
+    except DigestKeyMissing:
+        meta = await client.stream_meta(name, refresh=True, offset=offset)
+        client.stream_key(meta)
+    return meta
+
+
 def read_again(follow: bool, delivered: bool, restarts: int) -> bool:
     """Whether a read that finds its stream's name is another stream's now starts over
     on the new one: only a plain read (not a tail) that delivered nothing yet (it began
@@ -396,17 +413,6 @@ def read_again(follow: bool, delivered: bool, restarts: int) -> bool:
     (True, False, False)
     """
     return not follow and not delivered and restarts < incarnation_restarts_max
-
-
-def check_incarnation(name: str, stream_id: int, meta: StreamMeta) -> None:
-    """A read of stream ``stream_id`` ends with ``StreamNotFound`` once the name is
-    another stream's (deleted and created again): it never goes on into the new stream
-    (its offsets mean other records), and a tail of the deleted one ends instead of
-    waiting forever. Pure."""
-    if meta.id != stream_id:
-        raise StreamNotFound(
-            f"stream {name!r} (id {stream_id}) not found: the name is stream id {meta.id} "
-            "now (deleted and created again)", stream=name)
 
 
 def check_digests(

@@ -27,7 +27,7 @@ import msgpack
 
 from estream.core.assign import range_assign
 from estream.sdk.groups import GroupClient
-from estream.wire.errors import EstreamError
+from estream.wire.errors import EstreamError, StreamNotFound
 from estream.wire.record import Record
 
 if TYPE_CHECKING:
@@ -65,7 +65,8 @@ class Subscription:
         self._heartbeat_s = heartbeat_s
         self._positions: dict[str, int] = {}  # next offset to deliver, per assigned stream
         self._delivered: dict[str, int] = {}  # next offset after what was delivered
-        self._queue: asyncio.Queue[tuple[int, str, Record]] = asyncio.Queue(queued_records_max)
+        self._queue: asyncio.Queue[tuple[int, str, Record | Exception]] = asyncio.Queue(
+            queued_records_max)  # a tail's error too, raised by __anext__
         self._readers: list[asyncio.Task[None]] = []
         self._heartbeat: asyncio.Task[None] | None = None
         self._rejoin = asyncio.Event()
@@ -97,6 +98,8 @@ class Subscription:
             generation, stream, record = getting.result()
             if generation != self.generation or stream not in self.assignment:
                 continue  # read before a rebalance took the stream away
+            if isinstance(record, Exception):
+                raise record  # (its tail ended: see _read)
             self._delivered[stream] = record.offset + 1
             return GroupRecord(stream, record)
 
@@ -166,8 +169,22 @@ class Subscription:
             self._heartbeat = asyncio.ensure_future(self._beat())
 
     async def _read(self, generation: int, stream: str, start: int) -> None:
-        async for record in self.client.read(stream, start, follow=True):
-            await self._queue.put((generation, stream, record))
+        """Tail ``stream``. When the tail ends because its stream is gone (deleted, maybe
+        made again under its name) the member joins again, which reads on from the
+        group's offsets (a stream made again: from its start; its positions here are the
+        old one's, never committed into it); any other error of the tail (its rounds
+        out, a key missing) is raised by the iterator. Before, the tail ended silently
+        and the subscription never delivered from that stream again."""
+        try:
+            async for record in self.client.read(stream, start, follow=True):
+                await self._queue.put((generation, stream, record))
+        except StreamNotFound:
+            self._delivered.pop(stream, None)
+            if generation == self.generation:
+                await asyncio.sleep(rejoin_pause_s)
+                self._rejoin.set()
+        except (EstreamError, TimeoutError) as exc:
+            await self._queue.put((generation, stream, exc))
 
     async def _stop_readers(self) -> None:
         for task in self._readers:

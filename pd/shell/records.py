@@ -33,6 +33,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+from estream.core.incarnation import check_incarnation
 from estream.core.readcursor import (
     Answer,
     CursorConfig,
@@ -82,7 +83,7 @@ async def browse(pool: ConnectionPool, store: ObjectStore | None, describe: Desc
             return {"stream": name, "offset": None, "start_offset": meta.start_offset,
                     "records": [], "next": None}
     start = meta.start_offset if offset is None else offset
-    records = await _read(pool, store, describe, name, start, query.limit, hung)
+    records = await _read(pool, store, describe, meta.id, name, start, query.limit, hung)
     kept = within_budget((len(r.value) for r in records), query.limit)
     rows = [record_row(r.offset, r.timestamp, r.headers, r.value) for r in records[:kept]]
     return {"stream": name, "offset": start, "start_offset": meta.start_offset,
@@ -90,9 +91,13 @@ async def browse(pool: ConnectionPool, store: ObjectStore | None, describe: Desc
 
 
 async def _read(pool: ConnectionPool, store: ObjectStore | None, describe: Describer,
-                name: str, start: int, limit: int, hung: dict[str, int]) -> list[Record]:
-    """Carry out a :class:`ReadCursor` over ``[start, start + limit)`` (``hung``: its
-    replicas that did not answer)."""
+                stream_id: int, name: str, start: int, limit: int, hung: dict[str, int]
+                ) -> list[Record]:
+    """Carry out a :class:`ReadCursor` over ``[start, start + limit)`` of stream
+    ``stream_id`` (``hung``: its replicas that did not answer): metadata naming another id
+    (the name deleted and created again meanwhile) ends it with ``StreamNotFound``
+    (:func:`~estream.core.incarnation.check_incarnation`, the SDK reader's rule), never
+    one page of two incarnations."""
     steps = ReadCursor(name, start, start + limit, config=BROWSE_CURSOR, hung=hung).steps()
     out: list[Record] = []
     items: list[Record] = []
@@ -111,6 +116,7 @@ async def _read(pool: ConnectionPool, store: ObjectStore | None, describe: Descr
                     return out
             elif isinstance(step, Describe):
                 reply = await describe(name, step.refresh)
+                check_incarnation(name, stream_id, reply)
             elif isinstance(step, Sleep):
                 await asyncio.sleep(step.ms / 1000)
             elif isinstance(step, ReadReplica):

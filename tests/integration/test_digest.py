@@ -3,7 +3,9 @@
 forged batch (right checksum, wrong key) and a batch replayed into another stream or into
 another range of the same stream, and keep serving; a writer with another secret fails at
 open without fencing anyone; readers still verify; an hmac-sha256 stream survives a range
-roll and a writer recovery; a reader without the key gets a clear error.
+roll and a writer recovery; a reader without the key gets a clear error, and a keyless
+client's cached view of a deleted hmac-sha256 namesake does not refuse the new stream (a
+keyless subscription raises the error rather than waiting).
 
 Every replica records its stream's digest (CREATE_RANGE): an xxh3 or crc32c batch with a
 valid checksum sent into an hmac-sha256 stream's range is refused (whatever the secret),
@@ -104,6 +106,46 @@ async def test_reader_without_the_key_gets_a_clear_error(cluster: Cluster) -> No
             await values(keyless, "d-keyless")
         with pytest.raises(estream.DigestKeyMissing):
             await keyless.open_writer("d-keyless")
+
+
+async def test_a_keyless_subscription_raises_rather_than_waits(cluster: Cluster) -> None:
+    """A client without the secret subscribes to an hmac-sha256 stream: its tail fails
+    (DigestKeyMissing) and the iterator raises it. Before, the failed tail ended silently
+    and the subscription waited forever."""
+    async with await estream.connect(cluster.pd_addresses, secret=SECRET) as owner, \
+            await estream.connect(cluster.pd_addresses, secret="") as keyless:
+        await owner.create_stream("d-keyed-sub", digest="hmac-sha256")
+        async with await owner.open_writer("d-keyed-sub") as writer:
+            await writer.append(b"secret record")
+        async with keyless.subscribe("d-keyed-g", ["d-keyed-sub"], heartbeat_s=0.2) as sub:
+            with pytest.raises(estream.DigestKeyMissing):
+                await asyncio.wait_for(anext(sub), 20)
+
+
+async def test_a_keyless_clients_view_of_a_deleted_hmac_namesake_does_not_stick(
+    cluster: Cluster,
+) -> None:
+    """A client without the secret cached an hmac-sha256 stream; it is deleted and made
+    again with the default digest. That client reads it and opens a writer on it: its
+    cached view is looked up again before DigestKeyMissing is raised. Before, every
+    read and open of the new stream raised DigestKeyMissing (the deleted one's digest)
+    until something else refreshed its cache."""
+    async with await estream.connect(cluster.pd_addresses, secret=SECRET) as owner, \
+            await estream.connect(cluster.pd_addresses, secret="") as keyless:
+        await owner.create_stream("d-was-keyed", digest="hmac-sha256")
+        assert (await keyless.describe_stream("d-was-keyed")).digest == "hmac-sha256"
+        await owner.delete_stream("d-was-keyed")
+        await owner.create_stream("d-was-keyed")
+        async with await owner.open_writer("d-was-keyed") as writer:
+            await writer.append(b"plain")
+        assert await values(keyless, "d-was-keyed") == [b"plain"]
+        await owner.delete_stream("d-was-keyed")
+        await owner.create_stream("d-was-keyed", digest="hmac-sha256")
+        assert (await keyless.describe_stream("d-was-keyed")).digest == "hmac-sha256"
+        await owner.delete_stream("d-was-keyed")
+        await owner.create_stream("d-was-keyed")
+        async with await keyless.open_writer("d-was-keyed") as writer:
+            assert await writer.append(b"keyless") == 0
 
 
 async def first_batch(client: estream.Client, name: str, range_index: int) -> bytes:

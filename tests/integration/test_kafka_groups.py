@@ -3,7 +3,8 @@ kafka-python (its defaults: auto commit), confluent-kafka (librdkafka) and aioka
 groups, share partitions, rebalance when a member leaves, and resume from the offsets
 they committed (the streams' named cursors, read back through the SDK); hostile group
 requests get Kafka error codes and the gateway keeps serving; a PD leader change in the
-middle of a group loses no committed offset. One cluster and gateway for the module.
+middle of a group loses no committed offset; an SDK subscription reads on into a stream
+deleted and made again under its name. One cluster and gateway for the module.
 """
 
 from __future__ import annotations
@@ -467,6 +468,35 @@ async def test_sdk_subscribe_shares_streams_rebalances_and_resumes(gateway: Gate
             for writer in writers:
                 await writer.close()
         assert [await sdk.cursor_offset(n, "sdk-g") for n in names] == [12, 12, 12]
+
+
+async def test_sdk_subscribe_reads_a_stream_deleted_and_made_again(gateway: Gateway) -> None:
+    """A member's stream is deleted and made again under its name: its tail ends
+    (StreamNotFound), the member joins again and reads the new stream from its start.
+    Before, the ended tail was dropped silently and the subscription waited forever."""
+    async with await estream.connect(gateway.pd) as sdk:
+        await sdk.create_stream("sdk-reborn")
+        async with await sdk.open_writer("sdk-reborn") as writer:
+            for i in range(3):
+                await writer.append(b"old-%d" % i)
+        got: list[tuple[int, bytes]] = []
+        async with sdk.subscribe("sdk-reborn-g", ["sdk-reborn"], heartbeat_s=0.2) as sub:
+
+            async def take(count: int) -> None:
+                async for item in sub:
+                    got.append((item.record.offset, item.record.value))
+                    if len(got) == count:
+                        return
+
+            await asyncio.wait_for(take(3), WAIT_S)
+            await sub.commit()
+            await sdk.delete_stream("sdk-reborn")
+            await sdk.create_stream("sdk-reborn")
+            async with await sdk.open_writer("sdk-reborn") as writer:
+                for i in range(2):
+                    await writer.append(b"new-%d" % i)
+            await asyncio.wait_for(take(5), WAIT_S)
+        assert got == [(0, b"old-0"), (1, b"old-1"), (2, b"old-2"), (0, b"new-0"), (1, b"new-1")]
 
 
 def commit_from_partition_0(consumer: Any, topic: str, count: int) -> None:

@@ -1,7 +1,10 @@
 """Idempotent producers under a double fault: the writer dies (kill -9) after a batch
 reached one replica of three, and recovery either keeps it (the replica answers the
 fence) or not (it is cut off): either way the reopened producer's last_sequence is what
-readers see, and a replay stores exactly what is missing."""
+readers see, and a replay stores exactly what is missing.
+
+On the same cluster (its proxies), a roll whose SEAL reaches no replica that a reader asks:
+a reader whose cached view shows the sealed range open reads on into the next range."""
 
 from __future__ import annotations
 
@@ -84,3 +87,33 @@ async def test_a_batch_on_one_replica_then_the_writer_dies(
         assert replay[seen[-1]] == seen[-1]  # the last stored one's offset is known
         await writer.close()
         assert [int(r.value[1:]) async for r in client.read(name)] == list(range(INPUT + 5))
+
+
+async def test_a_cached_view_reads_past_a_seal_no_replica_heard(cluster: Cluster) -> None:
+    """A reader caches the stream while range 0 is open. One replica dies; the writer rolls
+    (PD's seal first, then SEAL to the replicas, best effort: the proxy drops the one to
+    the survivor), and the next five records are acknowledged in range 1. The reader's
+    plain read from 0 asks range 0's survivor: nothing past 5, not sealed, a seal quorum
+    with ack_count 2 of 2. It looks PD up before it ends there and reads range 1 too.
+    Before, it ended silently at 5 (a fresh client read all ten)."""
+    async with await estream.connect(cluster.pd_addresses) as reader, \
+            await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("unheard-seal", replicas=2, ack_count=2)
+        writer = await client.open_writer("unheard-seal")
+        for i in range(5):
+            await writer.append(b"v%d" % i)
+        await writer.flush()
+        assert len([r async for r in reader.read("unheard-seal")]) == 5  # range 0, cached
+        survivor, victim = (r["address"] for r in
+                            cluster.describe("unheard-seal")["ranges"][0]["replicas"])
+        cluster.proxy(survivor).drop(Opcode.SEAL, "request", count=None)
+        cluster.kill9(victim)
+        for i in range(5, 10):
+            await writer.append(b"v%d" % i)
+        await writer.flush()
+        assert cluster.describe("unheard-seal")["ranges"][0]["end"] == 5
+        assert cluster.proxy(survivor).dropped(Opcode.SEAL, "request") >= 1
+        assert (await reader.stream_meta("unheard-seal")).ranges[-1].end is None  # stale
+        got = [r.value async for r in reader.read("unheard-seal")]
+        assert got == [b"v%d" % i for i in range(10)]
+        await writer.close()

@@ -13,7 +13,10 @@ again. Nothing of the old incarnation may fence, hide or serve into the new one:
   acknowledged to it reads back;
 - a ``follow=True`` tail of the old incarnation ends with ``StreamNotFound`` instead of
   skipping into the new one, and a fresh read through that same long-lived client reads
-  the new stream.
+  the new stream;
+- PD's record browse (``GET /v1/streams/{name}/records``) that began on the old
+  incarnation ends with ``StreamNotFound`` when its next lookup names the new one, never
+  one page of both.
 
 And (item 1) a client's writers renew their leases in one PD request per interval; an
 idle writer whose keepalives PD does not get keeps its lease (it CONFIRMs again); an
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -31,8 +35,11 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, StreamNotFound
+from estream.wire.meta import StreamMeta
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record
+from pd.console import RecordsQuery
+from pd.shell.records import browse
 from tests.harness.faultproxy import start_fault_proxy
 from tests.harness.metrics import pd_metric_total
 
@@ -116,6 +123,39 @@ async def test_a_stream_created_again_is_a_new_stream(cluster: Cluster) -> None:
         assert (await long_lived.stream_meta(name)).id == new.id
         await w2.close()
         await w1.close()
+
+
+async def test_a_browse_begun_on_the_old_stream_never_reads_into_the_new(
+    cluster: Cluster,
+) -> None:
+    """PD's record browse looked the stream up as it began; the stream is deleted and
+    created again before the browse asks PD once more (here: the open range of its first
+    view has no replica left, RangeNotFound, so it looks up the seal). It ends with
+    StreamNotFound; before, it read on at offset 10 in the new stream and answered one page
+    of old-0..9 and new-10..19."""
+    name = "browsed-reborn"
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream(name, replicas=3, ack_count=2)
+        for k in range(2):  # two ranges, the second open
+            async with await client.open_writer(name) as writer:
+                for i in range(5):
+                    await writer.append(b"old-%d" % (5 * k + i))
+        old = await client.describe_stream(name)
+        await client.delete_stream(name)
+        await client.create_stream(name, replicas=3, ack_count=2)
+        async with await client.open_writer(name) as writer:
+            for i in range(20):
+                await writer.append(b"new-%d" % i)
+        # The browse's first view: the old stream, its open range's replicas gone since.
+        last = replace(old.ranges[-1], index=old.ranges[-1].index + 50)
+        first = replace(old, ranges=(*old.ranges[:-1], last))
+
+        async def describe(stream: str, refresh: bool) -> StreamMeta:
+            return await client.describe_stream(stream) if refresh else first
+
+        query = RecordsQuery(offset=0, timestamp_ms=None, limit=100)
+        with pytest.raises(StreamNotFound):
+            await browse(client.pool, None, describe, name, query)
 
 
 def pd_requests(cluster: Cluster, op: str) -> int:

@@ -1170,12 +1170,15 @@ def striped_writer_dies(sim: Sim) -> None:
 # lost-seal-answer keeps PD out of reach longer (0.7 to 1.2 s, not 0.35 to 0.6 s): the PD
 # client's own timeout and retries outlasted the shorter cut, so the writer read the
 # stream afresh and the old-view bug went unseen.
+# With a plain read's end at the open range looked up in PD (once a range), seed 0 of
+# hung-of-three no longer rolls while the server hangs (scanned with seeds 2, 7..12, all
+# roll): its place went to 2.
 SCENARIOS: list[tuple[str, Callable[[Sim], None], int, int]] = [
     # (name, script, range servers, seed)
     *[("wiped+down+lagging", lost_copy_down_lagging("wipe"), 3, s) for s in range(1, 7)],
     *[("damaged+down+lagging", lost_copy_down_lagging("damage"), 3, s)
       for s in (1, 2, 3, 4, 6, 7)],
-    *[("hung-of-three", hung_of_three, 3, s) for s in (0, 1, 3, 4, 5, 6)],
+    *[("hung-of-three", hung_of_three, 3, s) for s in (1, 2, 3, 4, 5, 6)],
     *[("crash-mid-recovery", crash_mid_recovery, 5, s) for s in (1, 3, 4, 5, 6, 8)],
     *[("lost-seal-answer", lost_seal_answer, 5, s) for s in range(3)],
     # A striped stream (E 5, R 3, A 2 on 6 servers) beside the unstriped one.

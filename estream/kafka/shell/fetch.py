@@ -117,9 +117,13 @@ class Fetch:
 
     async def _look_up(self, name: str, state: _Partition, now_ms: float) -> None:
         """The stream's end and start now (in the background, a failure leaves them as
-        they were: the next fetch tries again)."""
+        they were: the next fetch tries again). Another stream id than before (made again
+        under the name) drops the read-ahead; the one fetch that starts a background
+        lookup may still take a chunk of the old stream (``end_refresh_ms``' staleness)."""
         state.end = await self.client.end_offset(name)
         meta = await self.client.stream_meta(name)
+        if meta.id != state.stream_id:  # made again under the name: the chunks read ahead
+            self._drop_ahead(state)  # are the old stream's records
         state.start, state.stream_id = meta.start_offset, meta.id
         state.checked_ms = now_ms
 

@@ -953,3 +953,22 @@ def test_a_cached_open_range_whose_replicas_are_gone_is_looked_up_before_the_rea
     world = World([stale], held={(r.id, 0): 10 for r in ABC})
     trace, error = drive(ReadCursor("s"), world)
     assert error is None and delivered(trace) == [(0, 10)]
+
+
+def test_a_cached_open_range_sealed_in_pd_only_is_read_past() -> None:
+    """A cached view shows range 1 open; a roll sealed it in PD at 15 and opened range 2,
+    but its SEALs (best effort) reached no replica: they answer nothing past 15, not
+    sealed, a seal quorum. The plain read looks PD up before it ends there (once a range),
+    and reads range 2 (before, it ended at 15). PD still showing it open: the read ends."""
+    stale = meta(SEALED0, OPEN1)
+    fresh = meta(SEALED0, RangeMeta(1, 10, 15, ABC), RangeMeta(2, 15, None, ABC))
+    held = {(r.id, 0): 10 for r in ABC} | {(r.id, 1): 15 for r in ABC}
+    world = World([stale, fresh], held=held | {(r.id, 2): 18 for r in ABC})
+    trace, error = drive(ReadCursor("s"), world)
+    assert error is None
+    assert delivered(trace) == [(0, 10), (10, 15), (15, 18)]
+    assert sum(isinstance(s, Describe) and s.refresh for s in trace) == 2  # ranges 1 and 2
+    world = World([stale], held=held)
+    trace, error = drive(ReadCursor("s"), world)
+    assert error is None and delivered(trace) == [(0, 10), (10, 15)]
+    assert sum(isinstance(s, Describe) and s.refresh for s in trace) == 1

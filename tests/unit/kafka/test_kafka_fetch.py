@@ -208,3 +208,52 @@ def test_a_long_poll_woken_by_appends_answers_by_its_max_wait() -> None:
     took, records = run(main(), seed=1)
     assert took <= max_wait_ms / 1000 + 0.001, f"answered after {took * 1000:.0f} ms"
     assert offsets(records)[0] == 0  # (the last round read answers)
+
+
+class RecreatedClient(FakeClient):
+    """:class:`FakeClient` whose stream can be made again under its name (``recreate``):
+    another id, and records whose value names their incarnation."""
+
+    def __init__(self, records: int) -> None:
+        super().__init__(records)
+        self.release.set()
+        self.id = 1
+
+    async def stream_meta(self, name: str) -> Any:
+        return SimpleNamespace(start_offset=0, id=self.id)
+
+    async def read_batches(self, name: str, start: int, end: int) -> AsyncIterator[BatchColumns]:
+        value = b"incarnation %d" % self.id
+        for first in range(start, end, 10):
+            last = min(end, first + 10)
+            batch = estream_batch([Record(value, {}, BASE_TS) for _ in range(first, last)],
+                                  stream_id=self.id, range_index=0, epoch=1, base_offset=first)
+            yield decode_columns(batch)
+
+
+def values(data: bytes) -> set[bytes]:
+    return {r.value for b in decode_batches(data) for r in b.records}
+
+
+async def test_a_stream_made_again_drops_what_was_read_ahead_of_the_old_one() -> None:
+    """The gateway read ahead of a consumer; the stream is deleted and made again under its
+    name. Once a lookup shows the new id, the chunks read ahead of the old stream are
+    dropped: the next fetches read the new one (before, they were answered from the old
+    incarnation's read-ahead)."""
+    client = RecreatedClient(200)
+    gateway = Gateway(client)
+    try:
+        error, _, _, data = await gateway._fetch_partition("t", 0, 0, 1_000)
+        assert error == ErrorCode.none and values(data) == {b"incarnation 1"}
+        for _ in range(5):
+            await asyncio.sleep(0)  # (the reads ahead run, of the first incarnation)
+        state = gateway._fetched["t-0"]
+        assert state.ahead and all(task.done() for *_, task in state.ahead)
+        client.id = 2  # deleted and made again: another id, other records
+        await gateway._look_up("t-0", state, asyncio.get_running_loop().time() * 1000)
+        assert state.stream_id == 2
+        error, _, _, more = await gateway._fetch_partition("t", 0, offsets(data)[-1] + 1,
+                                                           1_000)
+        assert error == ErrorCode.none and values(more) == {b"incarnation 2"}
+    finally:
+        await gateway.close()
