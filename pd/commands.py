@@ -29,6 +29,7 @@ import msgpack
 
 from estream.wire.errors import InvalidArgument
 from estream.wire.meta import DIGEST_DEFAULT, ObjectPart
+from estream.wire.packing import packb
 
 COMMAND_VERSION: Final = 1
 command_bytes_max: Final = 64 * 1024
@@ -477,8 +478,7 @@ def encode_command(command: Command) -> bytes:
         if isinstance(value, tuple):
             value = [v.to_dict() if isinstance(v, PackMember) else v for v in value]
         body[name] = value
-    data: bytes = msgpack.packb(body, use_bin_type=True)
-    return data
+    return packb(body)
 
 
 def decode_command(data: bytes) -> Command:

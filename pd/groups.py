@@ -59,6 +59,7 @@ import msgpack
 
 from estream.wire import limits
 from estream.wire.errors import Conflict, InvalidArgument
+from estream.wire.packing import packb
 from pd.pmap import PMap
 
 groups_max: Final = 10_000
@@ -282,20 +283,15 @@ OPS: Final = (JOIN, COMPLETE, ASSIGN, REMOVE)
 
 
 def join_body(member: Member, protocol_type: str) -> bytes:
-    body: bytes = msgpack.packb({"member": member.to_wire(), "protocol_type": protocol_type},
-                                use_bin_type=True)
-    return body
+    return packb({"member": member.to_wire(), "protocol_type": protocol_type})
 
 
 def assign_body(leader: str, assignments: Iterable[tuple[str, bytes]]) -> bytes:
-    body: bytes = msgpack.packb({"leader": leader, "assignments": [list(a) for a in assignments]},
-                                use_bin_type=True)
-    return body
+    return packb({"leader": leader, "assignments": [list(a) for a in assignments]})
 
 
 def remove_body(member_ids: Iterable[str]) -> bytes:
-    body: bytes = msgpack.packb({"members": list(member_ids)}, use_bin_type=True)
-    return body
+    return packb({"members": list(member_ids)})
 
 
 def apply_change(groups: PMap[Group], name: str, op: str, generation: int,

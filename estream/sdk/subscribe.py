@@ -28,6 +28,7 @@ import msgpack
 from estream.core.assign import range_assign
 from estream.sdk.groups import GroupClient
 from estream.wire.errors import EstreamError, StreamNotFound
+from estream.wire.packing import packb
 from estream.wire.record import Record
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ class Subscription:
                 await self.commit()  # what was delivered, before the streams move
         await self._stop_readers()
         self._rejoin.clear()
-        metadata = msgpack.packb(self.streams)
+        metadata = packb(self.streams)
         joined = await self._groups.join(
             self.group, self.member, PROTOCOL_TYPE, [(PROTOCOL, metadata)],
             session_timeout_ms=self._session_ms, rebalance_timeout_ms=self._rebalance_ms,
@@ -147,7 +148,7 @@ class Subscription:
         assignments = None
         if joined.leader == self.member:
             subscriptions = {m: [str(s) for s in msgpack.unpackb(d)] for m, d in joined.members}
-            assignments = [(m, msgpack.packb(s))
+            assignments = [(m, packb(s))
                            for m, s in range_assign(subscriptions).items()]
         error, mine = await self._groups.sync(self.group, self.member, joined.generation,
                                               assignments)

@@ -22,6 +22,7 @@ import msgpack
 
 from estream.wire import limits
 from estream.wire.errors import EstreamError, FrameTooLarge, InvalidArgument, MalformedFrame
+from estream.wire.packing import packb
 
 FRAME_MAGIC: Final = 0xE5F1
 FRAME_VERSION: Final = 1
@@ -144,7 +145,7 @@ def encode_frame(
     A header value msgpack cannot encode (an integer past 64 bits, an object) is
     ``InvalidArgument`` naming its field, as a server would answer it."""
     try:
-        head = msgpack.packb(header) if header else b""
+        head = packb(header) if header else b""
     except (OverflowError, TypeError, ValueError) as exc:
         raise _unencodable(header or {}, exc) from None
     if len(head) > limits.frame_header_bytes_max:
@@ -170,7 +171,7 @@ def _unencodable(header: dict[str, Any], exc: Exception) -> InvalidArgument:
     """The error for a header msgpack refused, naming the first field it refuses."""
     for key, value in header.items():
         try:
-            msgpack.packb(value)
+            packb(value)
         except (OverflowError, TypeError, ValueError):
             return InvalidArgument(f"field {str(key)[:64]!r} cannot be sent: {exc} (integers "
                                    f"are at most 64 bits)", argument=str(key)[:64])

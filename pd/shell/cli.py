@@ -48,6 +48,7 @@ from estream.net.security import (
     member_certificate_warning,
     raft_password,
 )
+from estream.server import mallocarenas
 from estream.server.config import parse_with_config, positive_int
 from estream.wire import limits
 from estream.wire.errors import ChecksumMismatch, InvalidArgument
@@ -315,6 +316,7 @@ async def serve(config: PdConfig) -> int:
 def main(argv: list[str]) -> int:
     config = parse_config(argv)
     sys.setswitchinterval(limits.gil_switch_interval_s)  # asyncio + pysyncobj's tick thread
+    mallocarenas.limit_arenas()  # before any thread: obstore's pool would spread over 16
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -53,6 +53,7 @@ from pysyncobj.journal import Journal
 
 from estream.server.durable import fsync_dir, write_atomically
 from estream.wire.errors import ChecksumMismatch, EstreamError
+from estream.wire.packing import packb
 
 MAGIC: Final = b"ESPDJRNL"
 VERSION: Final = 1
@@ -169,7 +170,7 @@ def _claimed_end(view: memoryview, pos: int) -> int:
 
 def encode_checked(meta: dict[str, Any]) -> bytes:
     """A msgpack map followed by its xxh3-64 (the metadata file, the PD's snapshot)."""
-    body: bytes = msgpack.packb(meta, use_bin_type=True)
+    body = packb(meta)
     return body + xxhash.xxh3_64_digest(body)
 
 

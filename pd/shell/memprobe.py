@@ -8,7 +8,8 @@ each ``SIGUSR2``, collects garbage and writes two files into ``DIR``:
 - ``pd-<node>-<n>.json``: the process's RSS, Python's traced bytes (current and peak),
   pymalloc's arenas (objects up to 512 bytes: bytes in blocks in use, free in its pools,
   its arenas' total, from ``sys._debugmallocstats``; none while tracing), glibc malloc's
-  view (``mallinfo2``: the larger blocks; bytes in use, free inside its heap, mapped), the
+  view (``mallinfo2``: the larger blocks; bytes in use, free inside its heap, mapped; and
+  ``malloc_info``'s arenas, each one's size and free bytes: threads get arenas of their own), the
   live objects counted by type (``gc.get_objects()``, the 40 most numerous), and the Raft
   journal's entries kept in memory (count and command bytes);
 - ``pd-<node>-<n>.tracemalloc`` while tracing: the snapshot (``tracemalloc.Snapshot.load``;
@@ -30,6 +31,7 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -95,7 +97,8 @@ def measure(raft: Any) -> dict[str, Any]:
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
     entries, command_bytes = _journal(raft)
     return {"rss_bytes": _rss_bytes(), "traced_bytes": current, "traced_peak_bytes": peak,
-            "pymalloc": _pymalloc(), "malloc": _mallinfo2(), "journal_entries": entries,
+            "pymalloc": _pymalloc(), "malloc": _mallinfo2(), "arenas": _arenas(),
+            "journal_entries": entries,
             "journal_command_bytes": command_bytes,
             "gc_objects": dict(counts.most_common(listed_types_max))}
 
@@ -153,3 +156,27 @@ def _mallinfo2() -> dict[str, int]:
     info = libc.mallinfo2()
     return {"arena": info.arena, "mmapped": info.hblkhd, "in_use": info.uordblks,
             "free": info.fordblks, "releasable": info.keepcost}
+
+
+_ARENA: Final = re.compile(r'<heap nr="\d+">.*?<total type="rest" count="\d+" size="(\d+)"/>'
+                           r'.*?<system type="current" size="(\d+)"/>', re.S)
+
+
+def _arenas() -> list[dict[str, int]]:
+    """Each malloc arena's bytes from the system and free bytes in it (``malloc_info``'s
+    XML, read back through a file), the main arena first; [] off glibc."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is None or not hasattr(libc, "malloc_info"):
+        return []
+    libc.fdopen.restype = ctypes.c_void_p
+    libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.TemporaryFile() as out:
+        stream = libc.fdopen(os.dup(out.fileno()), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        out.seek(0)
+        text = out.read().decode("ascii", "replace")
+    return [{"system": int(system), "free": int(free)} for free, system in _ARENA.findall(text)]

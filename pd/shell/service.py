@@ -29,8 +29,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-import msgpack
-
 from estream.core.quorum import seal_quorum
 from estream.core.stripedread import stripe_of
 from estream.core.striping import fenced_against_writers
@@ -47,6 +45,7 @@ from estream.wire.errors import (
 )
 from estream.wire.fields import streams_page_default
 from estream.wire.meta import StreamMeta
+from estream.wire.packing import packb
 from estream.wire.pdmessages import CreateStreamRequest, SetRetentionRequest
 from estream.wire.stripe import Stripe
 from pd import readable
@@ -84,7 +83,7 @@ list_figures_timeout_s = 0.5  # ... and how long each range server may take
 
 
 def _packed_size(item: dict[str, Any]) -> int:
-    return len(msgpack.packb(item))
+    return len(packb(item))
 
 
 class PdService(ServerOps):

@@ -23,6 +23,7 @@ import xxhash
 
 from estream.server.durable import fsync_dir
 from estream.wire.errors import StorageError
+from estream.wire.packing import packb
 from rangeserver.index import RangeIndex
 from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span
@@ -98,7 +99,7 @@ def encode(checkpoint: Checkpoint) -> bytes:
             replicas[-1]["chain"] = state.chain_written  # as "end": durable once saved
         if state.sealed_batches is not None:
             replicas[-1]["batches"] = state.sealed_batches
-    body: bytes = msgpack.packb(
+    body = packb(
         {
             "version": CHECKPOINT_VERSION,
             "segment": checkpoint.segment,

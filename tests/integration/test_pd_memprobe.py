@@ -34,6 +34,8 @@ def test_frames_0_probes_without_tracing(
     figures = memprobe.measure(SimpleNamespace(_obj=None))
     assert figures["traced_bytes"] == 0 and figures["rss_bytes"] > 0
     assert figures["pymalloc"]["total"] >= figures["pymalloc"]["in_use"] > 0
+    main_arena = figures["arenas"][0]  # malloc_info's arenas, the main one first
+    assert main_arena["system"] >= main_arena["free"] >= 0 and main_arena["system"] > 0
 
 
 async def test_sigusr2_writes_the_figures_and_a_snapshot(

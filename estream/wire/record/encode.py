@@ -10,7 +10,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 
-import msgpack
 import xxhash
 
 from estream.wire import limits
@@ -18,6 +17,7 @@ from estream.wire.errors import (
     DigestKeyMissing,
     MalformedBatch,
 )
+from estream.wire.packing import packb
 from estream.wire.record.decode import verify_batch
 from estream.wire.record.layout import (
     _CHECKSUM_AT,
@@ -257,10 +257,8 @@ def _encode_headers(headers: Mapping[str, str], *, escaped: bool = False) -> byt
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise MalformedBatch("record headers must be a map of str to str")
     if escaped:
-        escaped_bytes: bytes = msgpack.packb(dict(headers), unicode_errors="surrogateescape")
-        return escaped_bytes
-    packed: bytes = msgpack.packb(dict(headers))
-    return packed
+        return packb(dict(headers), unicode_errors="surrogateescape")
+    return packb(dict(headers))
 
 
 def wrap_records(
