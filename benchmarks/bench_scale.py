@@ -114,6 +114,7 @@ async def catalog(cluster: Cluster, client: estream.Client, streams: int) -> dic
     listed = await client.list_streams()
     list_s = time.perf_counter() - started
     pages, seen, after = 0, 0, ""
+    http_names: set[str] = set()
     started = time.perf_counter()
     while True:
         query = "limit=1000" + (f"&after={after}" if after else "")
@@ -122,6 +123,7 @@ async def catalog(cluster: Cluster, client: estream.Client, streams: int) -> dic
         assert status == 200, body
         page = body["streams"]
         pages, seen = pages + 1, seen + len(page)
+        http_names.update(s["name"] for s in page)
         after = body.get("next") or ""
         if not after or not page or pages > streams:
             break
@@ -135,7 +137,9 @@ async def catalog(cluster: Cluster, client: estream.Client, streams: int) -> dic
     restart_s = await _until_create(client, "cat-after-restart", timeout_s=300.0)
     return {
         "streams": streams, "create_per_s": streams / create_s, "list_s": list_s,
-        "listed": len(listed), "http_pages": pages, "http_listed": seen, "http_s": http_s,
+        "listed": len(listed), "listed_distinct": len({m.name for m in listed}),
+        "http_pages": pages, "http_listed": seen, "http_distinct": len(http_names),
+        "http_s": http_s,
         "pd_rss_kib_per_stream": (rss_after - rss_before) * 1024 / streams,
         "failover_s": failover_s, "restart_s": restart_s,
     }

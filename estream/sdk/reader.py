@@ -65,7 +65,6 @@ from estream.wire.record import (
     BatchColumns,
     BatchView,
     Record,
-    decode_batch,
     decode_columns,
     iter_batches,
     verify_digest,
@@ -80,19 +79,11 @@ incarnation_restarts_max: Final = 1  # a plain read starts over on a stream crea
 
 def decode_answer(payload: bytes | memoryview, offset: int, end: int | None) -> list[Record]:
     """The records at or past ``offset`` (and below ``end``) in a READ answer's batches;
-    raises :class:`ChecksumMismatch` or :class:`MalformedBatch` on bad bytes."""
-    records: list[Record] = []
-    for header, raw in iter_batches(payload):
-        if header.end_offset <= offset:
-            continue
-        batch = decode_batch(raw)
-        for record in batch.records:
-            if record.offset < offset:
-                continue
-            if end is not None and record.offset >= end:
-                return records
-            records.append(record)
-    return records
+    raises :class:`ChecksumMismatch` or :class:`MalformedBatch` on bad bytes. A
+    :class:`Record` is made for those only (:func:`decode_answer_columns`' window): a read
+    of one record in a batch of 65,536 builds one, not the batch's."""
+    return [r for columns in decode_answer_columns(payload, offset, end)
+            for r in columns.records()]
 
 
 def decode_answer_columns(
