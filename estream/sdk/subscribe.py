@@ -38,6 +38,7 @@ PROTOCOL_TYPE: Final = "estream"
 PROTOCOL: Final = "range"
 queued_records_max: Final = 1_000  # read ahead of the consumer, all streams together
 rejoin_pause_s: Final = 0.2
+gone_poll_s: Final = 1.0  # a deleted stream's name looked up again, to rejoin once made
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,18 +172,26 @@ class Subscription:
 
     async def _read(self, generation: int, stream: str, start: int) -> None:
         """Tail ``stream``. When the tail ends because its stream is gone (deleted, maybe
-        made again under its name) the member joins again, which reads on from the
-        group's offsets (a stream made again: from its start; its positions here are the
-        old one's, never committed into it); any other error of the tail (its rounds
-        out, a key missing) is raised by the iterator. Before, the tail ended silently
-        and the subscription never delivered from that stream again."""
+        made again under its name) the member joins again once a stream of that name
+        exists (looked up every ``gone_poll_s``: a stream deleted for good costs the group
+        no rebalance), which reads on from the group's offsets (a stream made again: from
+        its start; its positions here are the old one's, never committed into it); any
+        other error of the tail (its rounds out, a key missing) is raised by the
+        iterator. Before, the tail ended silently and the subscription never delivered
+        from that stream again."""
         try:
             async for record in self.client.read(stream, start, follow=True):
                 await self._queue.put((generation, stream, record))
         except StreamNotFound:
             self._delivered.pop(stream, None)
+            await asyncio.sleep(rejoin_pause_s)
+            while True:
+                try:
+                    await self.client.stream_meta(stream, refresh=True)
+                    break
+                except (EstreamError, TimeoutError):
+                    await asyncio.sleep(gone_poll_s)
             if generation == self.generation:
-                await asyncio.sleep(rejoin_pause_s)
                 self._rejoin.set()
         except (EstreamError, TimeoutError) as exc:
             await self._queue.put((generation, stream, exc))

@@ -499,6 +499,28 @@ async def test_sdk_subscribe_reads_a_stream_deleted_and_made_again(gateway: Gate
         assert got == [(0, b"old-0"), (1, b"old-1"), (2, b"old-2"), (0, b"new-0"), (1, b"new-1")]
 
 
+async def test_sdk_subscribe_to_a_stream_deleted_for_good_rebalances_nothing(
+        gateway: Gateway) -> None:
+    """A member's stream is deleted and not made again: the member waits for the name
+    (looked up every gone_poll_s) instead of joining again and again, and keeps
+    delivering its other stream in the same generation."""
+    async with await estream.connect(gateway.pd) as sdk:
+        for name in ("gone-a", "gone-b"):
+            await sdk.create_stream(name)
+        async with sdk.subscribe("gone-g", ["gone-a", "gone-b"], heartbeat_s=0.2) as sub:
+            async with await sdk.open_writer("gone-b") as writer:
+                await writer.append(b"b-0")
+                it = aiter(sub)
+                first = await asyncio.wait_for(anext(it), WAIT_S)
+                generation = sub.generation
+                await sdk.delete_stream("gone-a")
+                await asyncio.sleep(1.5)  # about seven rejoins at rejoin_pause_s before
+                await writer.append(b"b-1")
+                second = await asyncio.wait_for(anext(it), WAIT_S)
+        assert [first.record.value, second.record.value] == [b"b-0", b"b-1"]
+        assert sub.generation == generation
+
+
 def commit_from_partition_0(consumer: Any, topic: str, count: int) -> None:
     """Subscribe ``consumer`` (a confluent-kafka one) to ``topic`` and consume, committing
     each, ``count`` records of its partition 0 (within WAIT_S)."""
