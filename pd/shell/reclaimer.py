@@ -44,6 +44,7 @@ from pd.reclaim import Drop, Suspects, confirmed, droppable
 from pd.replicareports import RangeKey, ServerListing, parse_listing
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
+from pd.streammemo import StreamsById
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class Reclaimer:
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
         self.suspects_term = -1  # the Raft term they were suspected in
         self.backlog: dict[str, int] = {}  # server id -> droppable replicas left there
+        self.streams = StreamsById()  # the catalog's streams by id, as of the last listing
         self.pool = ConnectionPool() if pool is None else pool
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
 
@@ -121,14 +123,14 @@ class Reclaimer:
             try:
                 asked_ms = self.service.clock_ms()
                 listing = await self.client.list_ranges(server.address, server_id=server.id)
-                listed = [entry.to_header() for entry in listing]
-                reports = parse_listing(listed)
+                reports = parse_listing(listing)
                 self.service.sealed_reports.observe(server.id, reports, complete=True)
-                self.service.listings[server.id] = ServerListing(asked_ms, frozenset(
-                    (r.stream_id, r.range_index) for r in reports))
+                keys = [(r.stream_id, r.range_index) for r in reports]
+                self.service.listings[server.id] = ServerListing(asked_ms, frozenset(keys))
                 view = self.service.view()  # after the listing: what the catalog says now
+                self.streams.follow(view.streams.values())
                 drops, suspected = confirmed(server.id, droppable(
-                    listed, view.streams.values(), view.next_stream_id, server.id, self.busy,
+                    keys, self.streams.by_id, view.next_stream_id, server.id, self.busy,
                 ), self.suspects)
                 suspects.update(suspected)
                 left = len(drops) + len(suspected)

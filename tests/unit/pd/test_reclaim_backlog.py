@@ -8,17 +8,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from estream.wire.rangeanswers import ListedRange, RangeState
 from pd.metrics import Metrics
 from pd.shell.reclaimer import BACKLOG, Reclaimer
 
 
-class Listed:
-    def __init__(self, stream_id: int, range_index: int) -> None:
-        self.entry = {"stream_id": stream_id, "range_index": range_index, "end": 1,
-                      "sealed": True}
-
-    def to_header(self) -> dict[str, Any]:
-        return self.entry
+def listed(stream_id: int, range_index: int) -> ListedRange:
+    return ListedRange(stream_id, range_index, RangeState(0, 1, 1, 1, True, 1, False))
 
 
 class FakeRangeClient:
@@ -27,8 +23,8 @@ class FakeRangeClient:
     def __init__(self, servers: list[str]) -> None:
         self.held = {address: set(range(5)) for address in servers}
 
-    async def list_ranges(self, address: str, *, server_id: str | None) -> list[Listed]:
-        return [Listed(3, i) for i in sorted(self.held[address])]
+    async def list_ranges(self, address: str, *, server_id: str | None) -> list[ListedRange]:
+        return [listed(3, i) for i in sorted(self.held[address])]
 
     async def drop_range(self, address: str, *, server_id: str | None, stream_id: int,
                          range_index: int) -> bool:
