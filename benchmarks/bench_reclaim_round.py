@@ -56,9 +56,9 @@ def main() -> None:
             listing = [e for e in map(ListedRange.from_header, raw) if e is not None]
             took_decode += time.perf_counter() - t
             t = time.perf_counter()
-            reports = parse_listing(listing)
+            reports = parse_listing([entry for entry in listing if entry.state.sealed])
             sealed.observe(sid, reports, complete=True)
-            keys = [(r.stream_id, r.range_index) for r in reports]
+            keys = [(entry.stream_id, entry.range_index) for entry in listing]
             listings[sid] = ServerListing(0, frozenset(keys))
             streams.follow(catalog.view().streams.values())
             confirmed(sid, droppable(keys, streams.by_id, view.next_stream_id, sid), {})

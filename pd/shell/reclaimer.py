@@ -123,9 +123,11 @@ class Reclaimer:
             try:
                 asked_ms = self.service.clock_ms()
                 listing = await self.client.list_ranges(server.address, server_id=server.id)
-                reports = parse_listing(listing)
-                self.service.sealed_reports.observe(server.id, reports, complete=True)
-                keys = [(r.stream_id, r.range_index) for r in reports]
+                # Only the sealed ones are remembered (a complete listing forgets the
+                # others): 10,000 open replicas a server are only keys here.
+                sealed = parse_listing([entry for entry in listing if entry.state.sealed])
+                self.service.sealed_reports.observe(server.id, sealed, complete=True)
+                keys = [(entry.stream_id, entry.range_index) for entry in listing]
                 self.service.listings[server.id] = ServerListing(asked_ms, frozenset(keys))
                 view = self.service.view()  # after the listing: what the catalog says now
                 self.streams.follow(view.streams.values())
