@@ -44,7 +44,6 @@ from pd.reclaim import Drop, Suspects, confirmed, droppable
 from pd.replicareports import RangeKey, ServerListing, parse_listing
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
-from pd.streammemo import StreamsById
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,6 @@ class Reclaimer:
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
         self.suspects_term = -1  # the Raft term they were suspected in
         self.backlog: dict[str, int] = {}  # server id -> droppable replicas left there
-        self.streams = StreamsById()  # the catalog's streams by id, as of the last listing
         self.pool = ConnectionPool() if pool is None else pool
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
 
@@ -130,9 +128,10 @@ class Reclaimer:
                 keys = [(entry.stream_id, entry.range_index) for entry in listing]
                 self.service.listings[server.id] = ServerListing(asked_ms, frozenset(keys))
                 view = self.service.view()  # after the listing: what the catalog says now
-                self.streams.follow(view.streams.values())
+                streams = self.service.streams_by_id  # (followed from the catalog's changes)
+                streams.follow(view.streams.values())
                 drops, suspected = confirmed(server.id, droppable(
-                    keys, self.streams.by_id, view.next_stream_id, server.id, self.busy,
+                    keys, streams.by_id, view.next_stream_id, server.id, self.busy,
                 ), self.suspects)
                 suspects.update(suspected)
                 left = len(drops) + len(suspected)

@@ -11,6 +11,7 @@ from typing import Any
 from estream.wire.rangeanswers import ListedRange, RangeState
 from pd.metrics import Metrics
 from pd.shell.reclaimer import BACKLOG, Reclaimer
+from pd.streammemo import StreamsById
 
 
 def listed(stream_id: int, range_index: int) -> ListedRange:
@@ -38,6 +39,7 @@ def fake_service(servers: list[str]) -> Any:
         streams={}, next_stream_id=10)  # stream 3 was deleted
     return SimpleNamespace(
         clock_ms=lambda: 1_000, view=lambda: view, metrics=Metrics(), listings={},
+        streams_by_id=StreamsById(),
         raft=SimpleNamespace(status=lambda: SimpleNamespace(term=1), caught_up=lambda: True),
         liveness=SimpleNamespace(alive=lambda server_id, now: True),
         sealed_reports=SimpleNamespace(observe=lambda *args, **kwargs: None))
