@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from estream.wire.meta import StreamMeta
 
@@ -47,31 +46,29 @@ Suspects = Mapping[tuple[str, int, int], tuple[str, ...]]  # (server, stream, ra
 
 
 def droppable(
-    listed: Iterable[Mapping[str, Any]],
-    streams: Iterable[StreamMeta],
+    listed: Iterable[tuple[int, int]],
+    streams: Mapping[int, StreamMeta],
     next_stream_id: int,
     server_id: str = "",
     busy: Collection[tuple[int, int]] = (),
 ) -> list[Drop]:
-    """The replicas of server ``server_id``'s ``LIST_RANGES`` answer (``listed``) to
-    drop, given the catalog's ``streams`` and ``next_stream_id``; "moved" ones are
-    suspects (see :func:`confirmed`). Entries that are not well formed are left alone."""
-    by_id = {s.id: s for s in streams}
+    """The replicas of server ``server_id``'s ``LIST_RANGES`` answer (``listed``: each
+    ``(stream_id, range_index)``) to drop, given the catalog's ``streams`` by id
+    (:class:`~pd.streammemo.StreamsById`: a lookup, not a walk of the catalog, per
+    server) and ``next_stream_id``; "moved" ones are suspects (see :func:`confirmed`)."""
     drops = []
-    for replica in listed:
-        stream_id, range_index = replica.get("stream_id"), replica.get("range_index")
-        if not isinstance(stream_id, int) or not isinstance(range_index, int):
-            continue
-        stream = by_id.get(stream_id)
+    for stream_id, range_index in listed:
+        stream = streams.get(stream_id)
         if stream is None:
             if 0 < stream_id < next_stream_id:
                 drops.append(Drop(stream_id, range_index, "deleted"))
             continue
-        if stream.ranges and range_index < stream.ranges[0].index:
-            drops.append(Drop(stream_id, range_index, "trimmed"))
-            continue
         held = stream.range_at(range_index)
-        if held is None or not held.sealed or (stream_id, range_index) in busy:
+        if held is None:
+            if stream.ranges and range_index < stream.ranges[0].index:
+                drops.append(Drop(stream_id, range_index, "trimmed"))
+            continue
+        if not held.sealed or (stream_id, range_index) in busy:
             continue
         placement = tuple(ref.id for ref in held.replicas)
         if server_id and server_id not in placement:

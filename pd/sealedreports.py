@@ -13,8 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from estream.wire.meta import StreamMeta
-from pd.pmap import PMap
-from pd.streammemo import catalog_map
+from pd.streammemo import StreamsById
 
 if TYPE_CHECKING:
     from pd.replicareports import ReplicaReport
@@ -51,8 +50,7 @@ class SealedReports:
         self._by_server: dict[str, dict[RangeKey, ReplicaReport]] = {}
         self._held: dict[int, set[Held]] = {}  # stream id -> its remembered replicas
         self._fresh: set[tuple[str, RangeKey]] = set()  # remembered since the last prune
-        self._map: PMap[StreamMeta] | None = None  # the catalog's map at the last prune
-        self._by_id: dict[int, StreamMeta] = {}  # its streams by id
+        self._streams = StreamsById()  # the catalog's streams at the last prune, by id
 
     def observe(
         self, server_id: str, reports: Iterable[ReplicaReport], *, complete: bool = False
@@ -85,31 +83,21 @@ class SealedReports:
         after a first prune, only the replicas reported since the last prune and those of
         the streams changed since (:meth:`~pd.pmap.PMap.changes`) are looked up:
         O(changes + reports); over anything else, every remembered replica is."""
-        catalog = catalog_map(streams)
-        if catalog is None or self._map is None:
-            self._by_id = {s.id: s for s in streams}
+        changed = self._streams.follow(streams)
+        if changed is None:
             check: Iterable[tuple[str, RangeKey]] = [
                 (server_id, key) for server_id, known in self._by_server.items()
                 for key in known]
         else:
-            changed: set[int] = set()
-            for _, was, stream in catalog.changes(self._map):  # (ids are never reused)
-                if was is not None:
-                    self._by_id.pop(was.id, None)
-                    changed.add(was.id)
-                if stream is not None:
-                    self._by_id[stream.id] = stream
-                    changed.add(stream.id)
             check = self._fresh | {(server_id, (sid, index)) for sid in changed
                                    for server_id, index in self._held.get(sid, ())}
-        self._map = catalog
         self._fresh = set()
         for server_id, key in check:
             if not self._placed_on(server_id, key):
                 self.forget(server_id, key)
 
     def _placed_on(self, server_id: str, key: RangeKey) -> bool:
-        stream = self._by_id.get(key[0])
+        stream = self._streams.by_id.get(key[0])
         rng = stream.range_at(key[1]) if stream is not None else None
         return rng is not None and any(ref.id == server_id for ref in rng.replicas)
 

@@ -215,9 +215,14 @@ class StreamMeta:
     def range_at(self, index: int) -> RangeMeta | None:
         """The range with this index, if the stream still has it. Ranges are contiguous
         from the first one kept, so this is a lookup, not a scan."""
-        at = index - self.ranges[0].index if self.ranges else -1
-        if 0 <= at < len(self.ranges) and self.ranges[at].index == index:
-            return self.ranges[at]
+        ranges = self.ranges
+        if not ranges:
+            return None
+        at = index - ranges[0].index
+        if 0 <= at < len(ranges):
+            found = ranges[at]
+            if found.index == index:
+                return found
         return None
 
     def settings_differ(self, **wanted: Any) -> list[str]:

@@ -166,6 +166,22 @@ class RangeState:
 
     @classmethod
     def from_header(cls, body: Mapping[str, Any]) -> RangeState:
+        get = body.get
+        start, end, confirm, epoch = get("start"), get("end"), get("confirm"), get("epoch")
+        sealed_end, seen_ms, last_batch = get("sealed_end"), get("seen_ms"), get("last_batch")
+        batches = get("batches")
+        if (type(start) is int and type(end) is int and type(confirm) is int  # noqa: E721
+                and type(epoch) is int and get("ensemble") is None  # noqa: E721
+                and (sealed_end is None or type(sealed_end) is int)  # noqa: E721
+                and (seen_ms is None or type(seen_ms) is int)  # noqa: E721
+                and (last_batch is None or type(last_batch) is int)  # noqa: E721
+                and (batches is None or type(batches) is int)):  # noqa: E721
+            # An unstriped replica's, well formed: the checks below, inlined (a PD leader
+            # decodes every replica of every server each reclaim round: issue 27).
+            digest = get("digest")
+            return cls(start, end, confirm, epoch, bool(get("sealed")), sealed_end,
+                       bool(get("damaged")), None if digest is None else str(digest),
+                       seen_ms, None, last_batch, batches)
         ensemble = _optional_int(body, "ensemble")
         stripe = None if ensemble is None else (
             ensemble, answer_int(body, "replicas"), answer_int(body, "position"))
@@ -207,9 +223,12 @@ class ListedRange:
         """None for an entry that is not well formed (it is left alone, not an error)."""
         if not isinstance(item, Mapping):
             return None
+        stream_id, range_index = item.get("stream_id"), item.get("range_index")
         try:
-            return cls(answer_int(item, "stream_id"), answer_int(item, "range_index"),
-                       RangeState.from_header(item))
+            if type(stream_id) is not int or type(range_index) is not int:  # noqa: E721
+                stream_id = answer_int(item, "stream_id")  # (an int's subclass, or not one)
+                range_index = answer_int(item, "range_index")
+            return cls(stream_id, range_index, RangeState.from_header(item))
         except MalformedFrame:
             return None
 

@@ -121,14 +121,17 @@ class Reclaimer:
             try:
                 asked_ms = self.service.clock_ms()
                 listing = await self.client.list_ranges(server.address, server_id=server.id)
-                listed = [entry.to_header() for entry in listing]
-                reports = parse_listing(listed)
-                self.service.sealed_reports.observe(server.id, reports, complete=True)
-                self.service.listings[server.id] = ServerListing(asked_ms, frozenset(
-                    (r.stream_id, r.range_index) for r in reports))
+                # Only the sealed ones are remembered (a complete listing forgets the
+                # others): 10,000 open replicas a server are only keys here.
+                sealed = parse_listing([entry for entry in listing if entry.state.sealed])
+                self.service.sealed_reports.observe(server.id, sealed, complete=True)
+                keys = [(entry.stream_id, entry.range_index) for entry in listing]
+                self.service.listings[server.id] = ServerListing(asked_ms, frozenset(keys))
                 view = self.service.view()  # after the listing: what the catalog says now
+                streams = self.service.streams_by_id  # (followed from the catalog's changes)
+                streams.follow(view.streams.values())
                 drops, suspected = confirmed(server.id, droppable(
-                    listed, view.streams.values(), view.next_stream_id, server.id, self.busy,
+                    keys, streams.by_id, view.next_stream_id, server.id, self.busy,
                 ), self.suspects)
                 suspects.update(suspected)
                 left = len(drops) + len(suspected)

@@ -62,7 +62,7 @@ from pd.commands import (
     UpdateReplicas,
 )
 from pd.drain import ReplicaTotals, leave_servers
-from pd.lease import Keepalive, LeaseTable, keepalive_refusal
+from pd.lease import Keepalive, LeaseTable, keepalive_refusal, renewed_stream
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import DamageReport
@@ -76,6 +76,7 @@ from pd.shell.groups import GroupRpc
 from pd.shell.handlers import PdHandlers
 from pd.shell.servers import ServerOps
 from pd.streamfigures import asked_range, stream_figures
+from pd.streammemo import StreamsById
 
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
 list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
@@ -107,6 +108,8 @@ class PdService(ServerOps):
         self.replica_totals = ReplicaTotals()
         self.listings: dict[str, ServerListing] = {}  # the reclaimer's, for repair
         self.leases = LeaseTable()  # writer leases, while this node leads
+        # the catalog's streams by id, kept from its changes: keepalives and the reclaimer
+        self.streams_by_id = StreamsById()
         self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
         # The object-storage tier's store, published in the cluster answer so that range
         # servers and clients learn it from PD: {"url", "endpoint"}, or None (no tier).
@@ -318,9 +321,11 @@ class PdService(ServerOps):
         self.leases.lead(status.term, now)
         alive: int | None = None  # live servers, counted once if any writer must leave
         out: list[tuple[str, ...] | EstreamError] = []
+        self.streams_by_id.follow(view.streams.values())
+        by_id, streams = self.streams_by_id.by_id, view.streams
         for writer in writers:
             try:
-                stream = view.stream(writer.name, writer.stream_id)
+                stream = renewed_stream(by_id, streams, writer)
             except EstreamError as exc:
                 out.append(exc)
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.rangeanswers import ListedRange
 from pd.reclaim import Drop, confirmed, droppable
 
 
@@ -11,12 +12,16 @@ def stream(stream_id: int, *indexes: int) -> StreamMeta:
     return StreamMeta(id=stream_id, name=f"s{stream_id}", ranges=ranges)
 
 
-def listed(*keys: tuple[int, int]) -> list[dict[str, object]]:
-    return [{"stream_id": s, "range_index": r, "start": 0, "end": 0} for s, r in keys]
+def listed(*keys: tuple[int, int]) -> list[tuple[int, int]]:
+    return list(keys)
+
+
+def by_id(*streams: StreamMeta) -> dict[int, StreamMeta]:
+    return {s.id: s for s in streams}
 
 
 def test_deleted_streams_and_trimmed_ranges_are_dropped_nothing_else() -> None:
-    streams = [stream(1, 2, 3), stream(3, 0)]
+    streams = by_id(stream(1, 2, 3), stream(3, 0))
     held = listed((1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (2, 0), (3, 0), (4, 0), (9, 0))
     assert droppable(held, streams, next_stream_id=5) == [
         Drop(1, 0, "trimmed"),
@@ -28,19 +33,19 @@ def test_deleted_streams_and_trimmed_ranges_are_dropped_nothing_else() -> None:
 
 def test_a_lagging_catalog_drops_less_never_more() -> None:
     held = listed((1, 0), (2, 0))
-    behind = droppable(held, [stream(1, 0)], next_stream_id=2)  # stream 2 unknown yet
+    behind = droppable(held, by_id(stream(1, 0)), next_stream_id=2)  # stream 2 unknown yet
     assert behind == []
-    assert droppable(held, [stream(1, 1)], next_stream_id=3) == [
+    assert droppable(held, by_id(stream(1, 1)), next_stream_id=3) == [
         Drop(1, 0, "trimmed"), Drop(2, 0, "deleted")
     ]
 
 
-def test_malformed_entries_are_left_alone() -> None:
-    held: list[dict[str, object]] = [
+def test_malformed_entries_are_left_out_of_a_listing() -> None:
+    held: list[object] = [
         {"stream_id": "1", "range_index": 0}, {"range_index": 0}, {"stream_id": 2},
-        {"stream_id": 2, "range_index": None},
+        {"stream_id": 2, "range_index": None}, "junk",
     ]
-    assert droppable(held, [], next_stream_id=10) == []
+    assert [ListedRange.from_header(item) for item in held] == [None] * 5
 
 
 def placed(stream_id: int, *replicas_per_range: tuple[str, ...]) -> StreamMeta:
@@ -55,7 +60,7 @@ def placed(stream_id: int, *replicas_per_range: tuple[str, ...]) -> StreamMeta:
 
 
 def test_a_sealed_range_placed_elsewhere_is_a_moved_suspect_unless_busy() -> None:
-    streams = [placed(1, ("a", "b", "c"), ("b", "c", "d"), ("a", "b", "c"))]
+    streams = by_id(placed(1, ("a", "b", "c"), ("b", "c", "d"), ("a", "b", "c")))
     held = listed((1, 0), (1, 1), (1, 2))
     assert droppable(held, streams, 2, "d") == [Drop(1, 0, "moved", ("a", "b", "c"), "s1")]
     assert droppable(held, streams, 2, "a") == [Drop(1, 1, "moved", ("b", "c", "d"), "s1")], (

@@ -8,17 +8,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from estream.wire.rangeanswers import ListedRange, RangeState
 from pd.metrics import Metrics
 from pd.shell.reclaimer import BACKLOG, Reclaimer
+from pd.streammemo import StreamsById
 
 
-class Listed:
-    def __init__(self, stream_id: int, range_index: int) -> None:
-        self.entry = {"stream_id": stream_id, "range_index": range_index, "end": 1,
-                      "sealed": True}
-
-    def to_header(self) -> dict[str, Any]:
-        return self.entry
+def listed(stream_id: int, range_index: int) -> ListedRange:
+    return ListedRange(stream_id, range_index, RangeState(0, 1, 1, 1, True, 1, False))
 
 
 class FakeRangeClient:
@@ -27,8 +24,8 @@ class FakeRangeClient:
     def __init__(self, servers: list[str]) -> None:
         self.held = {address: set(range(5)) for address in servers}
 
-    async def list_ranges(self, address: str, *, server_id: str | None) -> list[Listed]:
-        return [Listed(3, i) for i in sorted(self.held[address])]
+    async def list_ranges(self, address: str, *, server_id: str | None) -> list[ListedRange]:
+        return [listed(3, i) for i in sorted(self.held[address])]
 
     async def drop_range(self, address: str, *, server_id: str | None, stream_id: int,
                          range_index: int) -> bool:
@@ -42,6 +39,7 @@ def fake_service(servers: list[str]) -> Any:
         streams={}, next_stream_id=10)  # stream 3 was deleted
     return SimpleNamespace(
         clock_ms=lambda: 1_000, view=lambda: view, metrics=Metrics(), listings={},
+        streams_by_id=StreamsById(),
         raft=SimpleNamespace(status=lambda: SimpleNamespace(term=1), caught_up=lambda: True),
         liveness=SimpleNamespace(alive=lambda server_id, now: True),
         sealed_reports=SimpleNamespace(observe=lambda *args, **kwargs: None))

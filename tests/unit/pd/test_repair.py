@@ -15,6 +15,7 @@ import pd.replicareports
 from estream.server.metrics import FamiliesCollector, exposition, new_registry
 from estream.wire.errors import Conflict
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.rangeanswers import ListedRange, RangeState
 from pd import liveness
 from pd import repair as repair_module
 from pd.catalog import Catalog
@@ -248,10 +249,8 @@ def test_sources_put_replicas_sealed_in_place_this_round_last() -> None:
 
 
 def test_listing_and_sealed_reports_memory() -> None:
-    listed = [{"stream_id": 1, "range_index": 0, "end": 120, "sealed": True,
-               "sealed_end": 120, "damaged": False, "start": 0, "confirm": 0, "epoch": 5},
-              {"stream_id": 1, "range_index": 1, "end": 130, "sealed": False,
-               "sealed_end": None, "damaged": False}, {"stream_id": "x"}]
+    listed = [ListedRange(1, 0, RangeState(0, 120, 0, 5, True, 120, False)),
+              ListedRange(1, 1, RangeState(0, 130, 0, 5, False, None, False))]
     reports = parse_listing(listed)
     assert [(r.range_index, r.sealed, r.end, r.sealed_end) for r in reports] == [
         (0, True, 120, 120), (1, False, 130, None)]

@@ -15,6 +15,7 @@ import pytest
 
 from estream.core.stripedsteps import AppendBatch, HeldBatch, ReadBatches, copy_chain
 from estream.wire.errors import Unavailable
+from estream.wire.rangeanswers import ListedRange, RangeState
 from estream.wire.stripe import Stripe
 from pd.replicareports import parse_listing, parse_reports
 from rangeserver.replica import ReplicaState, problem_replicas
@@ -29,10 +30,10 @@ def test_a_replica_sealed_with_its_count_is_whole_for_repair() -> None:
     found, _ = problem_replicas([whole], 1)
     assert [(p["end"], p["sealed_end"]) for p in found] == [(80, 80)]  # not urgent
     assert parse_reports({"problem_replicas": found})[(7, 0)].end == 80
-    listed = {"stream_id": 7, "range_index": 0, "end": 60, "sealed": True,
-              "sealed_end": 80, "damaged": False, "batches": 8}
+    listed = ListedRange(7, 0, RangeState.from_header(whole.describe()))
     assert parse_listing([listed])[0].end == 80
-    assert parse_listing([{**listed, "batches": None}])[0].end == 60  # unstriped: as before
+    unstriped = replace(listed.state, stripe=None, last_batch=None, batches=None)
+    assert parse_listing([replace(listed, state=unstriped)])[0].end == 60  # as before
 
 
 def run(steps: Generator[Any, Any, int], serving: dict[str, list[int]]) -> list[Any]:

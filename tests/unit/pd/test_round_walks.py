@@ -16,11 +16,14 @@ import pytest
 
 import pd.compaction
 import pd.sealedreports
+import pd.streammemo
 from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
 from pd.compaction import Compaction, CompactionRule, Planner, plan
 from pd.pmap import PMap
+from pd.reclaim import Drop, droppable
 from pd.repair import SealedReports
 from pd.replicareports import ReplicaReport
+from pd.streammemo import StreamsById
 from tests.unit.pd.test_catalog_changes import no_walk
 
 SERVERS = ("a", "b", "c", "d")
@@ -28,7 +31,7 @@ REFS = {s: ReplicaRef(s, f"127.0.0.1:{i + 1}") for i, s in enumerate(SERVERS)}
 
 
 def test_doctests() -> None:
-    for module in (pd.compaction, pd.sealedreports):
+    for module in (pd.compaction, pd.sealedreports, pd.streammemo):
         assert doctest.testmod(module).failed == 0
 
 
@@ -119,6 +122,22 @@ def test_a_prune_looks_only_at_new_reports_and_the_streams_that_changed(
     assert sorted(k for k in memory.reports("a") if k[0] == 42) == []
     assert len(memory.reports("a")) == 2997
 
+
+
+def test_the_reclaimers_index_follows_deletions_and_trims_without_a_walk() -> None:
+    m: PMap[StreamMeta] = PMap((s.name, s) for s in (
+        StreamMeta(i, f"s{i:04d}", ranges=tuple(RangeMeta(j, j, j + 1, (REFS["a"],))
+                                                for j in range(3))) for i in range(1, 1001)))
+    held = [(i, j) for i in range(1, 1001) for j in range(3)]
+    index = StreamsById()
+    assert index.follow(m.values()) is None  # the first pass: built
+    assert droppable(held, index.by_id, 1001, "a") == []
+    m = m.delete("s0007").set("s0042", replace(m["s0042"], ranges=m["s0042"].ranges[1:]))
+    assert index.follow(no_walk(m).values()) == {7, 42}
+    assert droppable(held, index.by_id, 1001, "a") == [
+        Drop(7, 0, "deleted"), Drop(7, 1, "deleted"), Drop(7, 2, "deleted"),
+        Drop(42, 0, "trimmed")]
+    assert index.follow(no_walk(m).values()) == set()
 
 # -- compaction planning ---------------------------------------------------------------------
 

@@ -122,6 +122,29 @@ def test_read_and_listed_answers_round_trip() -> None:
         SealAnswer.from_header({"end": "4"})
 
 
+
+class _Int(int):
+    """An int's subclass (an IntEnum's kind): an integer, off the common path."""
+
+
+def test_a_range_state_is_checked_alike_on_the_listing_fast_path() -> None:
+    plain = {"start": 0, "end": 5, "confirm": 5, "epoch": 1, "sealed": True, "sealed_end": 5,
+             "damaged": False, "digest": "xxh3", "seen_ms": 7}
+    state = RangeState(0, 5, 5, 1, True, 5, False, "xxh3", 7)
+    assert RangeState.from_header(plain) == state
+    assert RangeState.from_header({**plain, "end": _Int(5), "seen_ms": _Int(7)}) == state
+    striped = RangeState(0, 5, 5, 1, True, 5, False, None, None, (5, 3, 1), 4, 8)
+    assert RangeState.from_header(striped.to_header()) == striped
+    for field, bad in [("start", True), ("end", None), ("confirm", "5"), ("epoch", 1.0),
+                       ("sealed_end", False), ("seen_ms", "7"), ("last_batch", True),
+                       ("batches", "8"), ("ensemble", "5")]:
+        with pytest.raises(MalformedFrame, match=repr(field)):
+            RangeState.from_header({**plain, field: bad})
+        assert ListedRange.from_header({**KEY, **plain, field: bad}) is None
+    assert ListedRange.from_header({**plain, "stream_id": True, "range_index": 2}) is None
+    assert ListedRange.from_header({**plain, "stream_id": _Int(7), "range_index": 2}) == (
+        ListedRange(7, 2, state))
+
 def _int_fields(cls: type) -> list[str]:
     return [name for name in WIRE_FIELDS.get(getattr(cls, "OPCODE", Opcode.DESCRIBE_RANGE), ())
             if name in FIELD_BOUNDS]

@@ -1,0 +1,79 @@
+"""What one reclaim round costs the PD leader in process (issue 27: "10,000 open writers
+from 10 client processes: PD leader CPU at idle <= 10% of a core"): each live server's
+``LIST_RANGES`` answer decoded, parsed into reports, remembered for repair
+(``SealedReports``, ``ServerListing``) and decided on (``droppable``, ``confirmed``), as
+``pd/shell/reclaimer.py``'s round does, with no servers.
+
+    .venv/bin/python -m benchmarks.bench_reclaim_round [--streams 10000] [--servers 3]
+        [--rounds 5]
+
+Builds a catalog through real catalog commands: ``--streams`` streams of one open range
+on the ``--servers`` servers (every server lists one replica of each: 30,000 replicas a
+round with the defaults). Prints the milliseconds of a round, the best of ``--rounds``
+(one stream sealed between rounds, as a writer's roll), split into the wire decode
+(``ListedRange.from_header``) and the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from estream.wire.rangeanswers import ListedRange, RangeState
+from pd.catalog import Catalog
+from pd.commands import CreateStream, OpenWriter, RegisterServer, SealRange
+from pd.reclaim import confirmed, droppable
+from pd.replicareports import ServerListing, parse_listing
+from pd.sealedreports import SealedReports
+from pd.streammemo import StreamsById
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--streams", type=int, default=10_000)
+    parser.add_argument("--servers", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    servers = tuple(f"rs{i}" for i in range(1, args.servers + 1))
+    catalog = Catalog()
+    for sid in servers:
+        catalog.apply(RegisterServer(sid, "127.0.0.1:1", "ssd"))
+    for n in range(args.streams):
+        catalog.apply(CreateStream(f"s{n:06d}", len(servers), 2, "", (), servers))
+        catalog.apply(OpenWriter(f"s{n:06d}"))
+    sealed = SealedReports()
+    streams = StreamsById()
+    listings: dict[str, ServerListing] = {}
+    decode = rest = float("inf")
+    for i in range(args.rounds + 1):
+        view = catalog.view()
+        raw = [{"stream_id": s.id, "range_index": s.ranges[-1].index,
+                **RangeState(0, 100, 90, s.epoch, False, None, False, "xxh3", 50).to_header()}
+               for s in view.streams.values()]
+        took_decode = took_rest = 0.0
+        for sid in servers:
+            t = time.perf_counter()
+            listing = [e for e in map(ListedRange.from_header, raw) if e is not None]
+            took_decode += time.perf_counter() - t
+            t = time.perf_counter()
+            reports = parse_listing([entry for entry in listing if entry.state.sealed])
+            sealed.observe(sid, reports, complete=True)
+            keys = [(entry.stream_id, entry.range_index) for entry in listing]
+            listings[sid] = ServerListing(0, frozenset(keys))
+            streams.follow(catalog.view().streams.values())
+            confirmed(sid, droppable(keys, streams.by_id, view.next_stream_id, sid), {})
+            took_rest += time.perf_counter() - t
+        if i:  # (the first round builds the index)
+            decode, rest = min(decode, took_decode), min(rest, took_rest)
+        stream = catalog.view().streams["s000000"]
+        last = stream.ranges[-1]
+        catalog.apply(SealRange("s000000", stream.epoch, last.index, last.start + 5 + i,
+                                servers))
+    replicas = args.streams * len(servers)
+    print(f"reclaim round, {replicas} listed replicas, {args.streams} streams: "
+          f"decode {decode * 1000:.1f} ms, the rest {rest * 1000:.1f} ms "
+          f"({rest / replicas * 1e6:.2f} us a replica)")
+
+
+if __name__ == "__main__":
+    main()
