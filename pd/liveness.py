@@ -45,7 +45,21 @@ class Liveness:
     def on_heartbeat(
         self, server_id: str, now_ms: int, address: str = "", load: dict[str, Any] | None = None
     ) -> None:
-        self._beats[server_id] = Beat(now_ms, address, dict(load or {}))
+        """A heartbeat, or with no ``load`` a registration: it carries none, so the load
+        last reported stays until the next beat (a server restarted in place must not look
+        unable to take striped replicas, or unloaded, between its registration and its
+        first beat: placement reads the load).
+
+        >>> live = Liveness(started_ms=0)
+        >>> live.on_heartbeat("rs", 100, "h:1", {"striped_replicas": True})
+        >>> live.on_heartbeat("rs", 200, "h:1")  # registered again after a restart
+        >>> live.load("rs"), live.last("rs").at_ms
+        ({'striped_replicas': True}, 200)
+        """
+        if load is None:
+            previous = self._beats.get(server_id)
+            load = previous.load if previous is not None else {}
+        self._beats[server_id] = Beat(now_ms, address, dict(load))
         self._superseded.discard(server_id)
 
     def supersede(self, server_id: str) -> None:

@@ -91,3 +91,17 @@ def test_liveness_suspects_after_silence() -> None:
     assert beat is not None and beat.at_ms == 14_500
     live.forget("rs1")
     assert live.last("rs1") is None and live.load("rs1") == {}
+
+
+def test_a_registration_keeps_the_load_last_reported() -> None:
+    """A range server restarted in place registers before it beats again: its striped
+    flag (and the rest of its load) stays, so a striped create in that moment still
+    finds it (CI once refused one: ``need 4 ... taking striped replicas, 3 available``)."""
+    live = Liveness(started_ms=0)
+    live.on_heartbeat("rs1", 1_000, "127.0.0.1:1", {"striped_replicas": True, "ranges": 2})
+    live.on_heartbeat("rs1", 1_500, "127.0.0.1:1")  # RegisterServer: no load
+    assert live.load("rs1") == {"striped_replicas": True, "ranges": 2}
+    live.on_heartbeat("rs1", 2_000, "127.0.0.1:1", {"ranges": 0})  # the next beat wins
+    assert live.load("rs1") == {"ranges": 0}
+    live.on_heartbeat("new", 2_000, "127.0.0.1:2")  # never heard from: no load yet
+    assert live.load("new") == {}
