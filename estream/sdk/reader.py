@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from estream.core.incarnation import check_incarnation
@@ -63,6 +63,7 @@ from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.record import (
     DIGEST_HMAC_SHA256,
     BatchColumns,
+    BatchHeader,
     BatchView,
     Record,
     decode_batch,
@@ -85,11 +86,7 @@ def decode_answer(payload: bytes | memoryview, offset: int, end: int | None) -> 
     window: a read of one record in a batch of 65,536 builds one); a whole batch is
     decoded at once, the quicker way for small batches."""
     records: list[Record] = []
-    for header, raw in iter_batches(payload):
-        if header.end_offset <= offset:
-            continue
-        if end is not None and header.base_offset >= end:
-            break
+    for header, raw in _overlapping(payload, offset, end):
         if header.base_offset >= offset and (end is None or header.end_offset <= end):
             records += decode_batch(raw).records
         else:
@@ -130,15 +127,23 @@ def _windowed(
     """``cut(batch, start=offset, end=end)`` of every batch of the answer that overlaps
     ``[offset, end)``, the empty ones left out."""
     out: list[_C] = []
-    for header, raw in iter_batches(payload):
-        if header.end_offset <= offset:
-            continue
-        if end is not None and header.base_offset >= end:
-            break
+    for _, raw in _overlapping(payload, offset, end):
         item = cut(raw, start=offset, end=end)
         if item.count:
             out.append(item)
     return out
+
+
+def _overlapping(
+    payload: bytes | memoryview, offset: int, end: int | None
+) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """The answer's batches (header, bytes) that overlap ``[offset, end)``, in order."""
+    for header, raw in iter_batches(payload):
+        if header.end_offset <= offset:
+            continue
+        if end is not None and header.base_offset >= end:
+            return
+        yield header, raw
 
 
 def _records_end(records: list[Record], offset: int) -> int:
