@@ -232,20 +232,21 @@ class Client:
         return meta
 
     async def offset_for_time(self, name: str, timestamp_ms: int) -> int:
-        """The first offset whose record timestamp is at or after ``timestamp_ms`` (ms
-        since the epoch), the stream's end offset if none (``estream/sdk/timelookup.py``:
-        exact also when writers' clocks went backwards)."""
+        """The first offset whose record timestamp is at or after ``timestamp_ms`` (ms since
+        the epoch), else the stream's end (exact also when writers' clocks went back)."""
         self._check_open()
         return await offset_for_time(self, name, timestamp_ms)
 
-    async def commit_cursor(self, name: str, cursor: str, offset: int) -> None:
+    async def commit_cursor(self, name: str, cursor: str, offset: int, *, stream_id: int = 0
+                            ) -> None:
         """Store the named ``cursor`` of stream ``name`` at ``offset`` (the next offset its
-        consumer reads) in the catalog: it survives PD leader changes. Raises
-        ``StreamNotFound``, ``InvalidArgument`` (negative offset, a bad or too long name:
-        letters, digits, '.', '_', '-', at most 200) or ``OffsetOutOfRange`` (past the
-        stream's readable end)."""
+        consumer reads) in the catalog: it survives PD leader changes; with ``stream_id``
+        (the id of the stream read), only on that incarnation of the name. Raises
+        ``StreamNotFound`` (also for another incarnation), ``InvalidArgument`` (negative
+        offset, a bad or too long name: letters, digits, '.', '_', '-', at most 200) or
+        ``OffsetOutOfRange`` (past the stream's readable end)."""
         self._check_open()
-        await self.pd.commit_cursor(name, cursor, offset)
+        await self.pd.commit_cursor(name, cursor, offset, stream_id=stream_id)
 
     async def delete_cursor(self, name: str, cursor: str) -> None:
         """Forget the named ``cursor`` of stream ``name``: the ranges it had not read no
