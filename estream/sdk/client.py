@@ -372,17 +372,15 @@ class Client:
         return writer
 
     def read(
-        self,
-        name: str,
-        start: int = 0,
-        end: int | None = None,
-        follow: bool = False,
-        *,
-        replica: str | None = None,
+        self, name: str, start: int = 0, end: int | None = None, follow: bool = False, *,
+        replica: str | None = None, stream_id: int = 0,
     ) -> AsyncIterator[Record]:
-        """Records with offsets in ``[start, end)``; see :mod:`estream.sdk.reader`."""
+        """Records with offsets in ``[start, end)``; see :mod:`estream.sdk.reader`. With
+        ``stream_id`` (a :class:`StreamMeta`'s id), of that incarnation of ``name`` only:
+        ``StreamNotFound`` once the name is another stream's."""
         self._check_open()
-        return read_stream(self, name, start, end, follow, replica, clock=self.clock)
+        return read_stream(self, name, start, end, follow, replica, clock=self.clock,
+                           stream_id=stream_id)
 
     def subscribe(self, group: str, streams: Sequence[str], *,
                   session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 30_000,
@@ -395,35 +393,27 @@ class Client:
                             rebalance_timeout_ms=rebalance_timeout_ms, heartbeat_s=heartbeat_s)
 
     def read_batches(
-        self,
-        name: str,
-        start: int = 0,
-        end: int | None = None,
-        follow: bool = False,
-        *,
-        replica: str | None = None,
+        self, name: str, start: int = 0, end: int | None = None, follow: bool = False, *,
+        replica: str | None = None, stream_id: int = 0,
     ) -> AsyncIterator[BatchColumns]:
         """:meth:`read` by batch: the same records as :class:`BatchColumns` (offsets,
         timestamps, values in one buffer, headers), one per stored batch, the first and
         last trimmed to ``[start, end)``. Same failover, confirm-offset and range rules."""
         self._check_open()
-        return read_stream_batches(self, name, start, end, follow, replica, clock=self.clock)
+        return read_stream_batches(self, name, start, end, follow, replica, clock=self.clock,
+                                   stream_id=stream_id)
 
     def read_batch_views(
-        self,
-        name: str,
-        start: int = 0,
-        end: int | None = None,
-        follow: bool = False,
-        *,
-        replica: str | None = None,
+        self, name: str, start: int = 0, end: int | None = None, follow: bool = False, *,
+        replica: str | None = None, stream_id: int = 0,
     ) -> AsyncIterator[list[BatchView]]:
         """:meth:`read_batches` undecoded: per READ answer, its batches (checksums
         verified) as :class:`BatchView` windows of the answer's bytes, to be decoded many
         at once with :func:`estream.wire.record.decode_views` (one copy of the values). Same
         failover, confirm-offset and range rules."""
         self._check_open()
-        return read_stream_views(self, name, start, end, follow, replica, clock=self.clock)
+        return read_stream_views(self, name, start, end, follow, replica, clock=self.clock,
+                                 stream_id=stream_id)
 
     async def end_offset(self, name: str) -> int:
         """The confirmed (readable) end of the stream right now."""
