@@ -512,10 +512,13 @@ async def _read_object(
     )
 
 
-async def stream_end_offset(client: Client, name: str) -> int:
+async def stream_end_offset(client: Client, name: str, stream_id: int = 0) -> int:
     """The readable end now: the sealed end of the last range, or for an open last range
-    the highest confirm offset its replicas report."""
+    the highest confirm offset its replicas report; with ``stream_id``, of that
+    incarnation only (``StreamNotFound`` when the name is another's now)."""
     meta = await client.stream_meta(name, refresh=True)
+    if stream_id:
+        check_incarnation(name, stream_id, meta)
     last = meta.last_range
     if last is None:
         return meta.start_offset
