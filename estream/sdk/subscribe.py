@@ -165,7 +165,8 @@ class Subscription:
         self._delivered = {}
         # Each stream's incarnation before its offset: an offset committed later is of it
         # or of a newer one (a delete drops the cursors), never applied to another.
-        metas = {s: await self.client.describe_stream(s) for s in self.assignment}
+        metas = dict(zip(self.assignment, await asyncio.gather(
+            *(self.client.describe_stream(s) for s in self.assignment)), strict=True))
         self._ids = {s: meta.id for s, meta in metas.items()}
         committed = await self._groups.offsets(self.group, list(self.assignment))
         for stream in self.assignment:
