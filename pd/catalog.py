@@ -374,7 +374,7 @@ class Catalog(ObjectTierCommands):
         return stream
 
     def _commit_cursor(self, cmd: CommitCursor) -> StreamMeta:
-        stream = self.stream(cmd.name)
+        stream = self.stream(cmd.name, cmd.stream_id)
         check_cursor(cmd.cursor, cmd.offset, stream.start_offset)  # (here: atomic with trims)
         current = self._cursors.get(cmd.name, {})
         if cmd.cursor not in current and len(current) >= cursors_per_stream_max:

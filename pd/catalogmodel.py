@@ -7,13 +7,13 @@ and the checks of a command's own fields (pure: no I/O).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final
 
 from estream.wire.errors import Conflict, InvalidArgument, RangeNotFound, StreamNotFound
+from estream.wire.fields import NAME_RE
 from estream.wire.meta import STORAGE_CLASSES, RangeMeta, ServerInfo, StreamMeta
 from estream.wire.record import DIGESTS
 from estream.wire.stripe import Stripe
@@ -33,7 +33,6 @@ pack_members_max: Final = 128  # ranges in one packed object (a commit stays wel
 # 2: positional streams and ranges (pd/catalogimage.py; 1 is still read). Fields added
 # to the map since 1 ("prepared", ...) are optional on restore.
 SNAPSHOT_VERSION: Final = 2
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 @dataclass(frozen=True, slots=True)
 class PdNode:
@@ -137,7 +136,7 @@ def check_server_id(server_id: str) -> None:
 
 def check_stream_args(cmd: CreateStream) -> None:
     """Validate a create_stream's own arguments (not the catalog-dependent ones)."""
-    if len(cmd.name) > stream_name_chars_max or not _NAME_RE.fullmatch(cmd.name):
+    if len(cmd.name) > stream_name_chars_max or not NAME_RE.fullmatch(cmd.name):
         raise InvalidArgument(
             f"bad stream name {cmd.name!r}: letters, digits, '.', '_', '-' "
             f"(not starting with '.' or '-'), at most {stream_name_chars_max}",

@@ -336,12 +336,15 @@ class DropLocalReplicas:
 @dataclass(frozen=True, slots=True)
 class CommitCursor:
     """A consumer's named position in a stream: the next offset it will read. The
-    proposer checked that ``offset`` is not past the stream's readable end."""
+    proposer checked that ``offset`` is not past the readable end of the incarnation it
+    names (``stream_id``): a stream deleted and made again meanwhile keeps no cursor of
+    the old one."""
 
     kind: ClassVar[str] = "commit_cursor"
     name: str
     cursor: str
     offset: int
+    stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
 
 
 @dataclass(frozen=True, slots=True)

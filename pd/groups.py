@@ -49,7 +49,6 @@ Pure: no I/O, no clock (callers pass ``now_ms``).
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -59,6 +58,7 @@ import msgpack
 
 from estream.wire import limits
 from estream.wire.errors import Conflict, InvalidArgument
+from estream.wire.fields import NAME_RE
 from estream.wire.packing import packb
 from pd.pmap import PMap
 
@@ -72,7 +72,6 @@ member_id_chars_max: Final = 256
 session_timeout_ms_min: Final = 1_000
 session_timeout_ms_max: Final = 1_800_000  # Kafka's group.max.session.timeout.ms
 rebalance_timeout_ms_max: Final = 1_800_000
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 EMPTY: Final = "Empty"
 PREPARING: Final = "PreparingRebalance"
@@ -166,7 +165,7 @@ def check_group_name(name: str) -> None:
     ...
     estream.wire.errors.InvalidArgument: bad group name 'a b': letters, digits, ...
     """
-    if len(name) > group_name_chars_max or not _NAME_RE.fullmatch(name):
+    if len(name) > group_name_chars_max or not NAME_RE.fullmatch(name):
         raise InvalidArgument(
             f"bad group name {name[:group_name_chars_max]!r}: letters, digits, '.', '_', '-' "
             f"(not starting with '.' or '-'), at most {group_name_chars_max}",

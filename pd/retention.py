@@ -61,13 +61,13 @@ Pure: no I/O, no clock (the caller passes ``now_ms``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final
 
 from estream.wire.errors import InvalidArgument, OffsetOutOfRange
+from estream.wire.fields import NAME_RE
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.objectformat import ObjectIndex
 from estream.wire.pdmessages import RETENTION_FIELDS, retention_changes
@@ -80,7 +80,6 @@ cursor_name_chars_max: Final = 200
 # and a clock further ahead delays retention by at most this much.
 timestamp_skew_ms_max: Final = 3_600_000
 cursors_per_stream_max: Final = 1000
-_CURSOR_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 def check_cursor(cursor: str, offset: int, start: int = 0) -> None:
@@ -97,7 +96,7 @@ def check_cursor(cursor: str, offset: int, start: int = 0) -> None:
     ...
     estream.wire.errors.OffsetOutOfRange: cursor 'b' at 9 is below the stream's start 10 (trimmed)
     """
-    if len(cursor) > cursor_name_chars_max or not _CURSOR_RE.fullmatch(cursor):
+    if len(cursor) > cursor_name_chars_max or not NAME_RE.fullmatch(cursor):
         raise InvalidArgument(
             f"bad cursor name {cursor[:40]!r}{'...' if len(cursor) > 40 else ''}: cursor "
             f"name letters, digits, '.', '_', '-' (not starting with '.' or '-'), at most "

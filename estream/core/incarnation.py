@@ -23,10 +23,16 @@ def check_incarnation(name: str, stream_id: int, meta: StreamMeta) -> None:
     ...
     estream.wire.errors.StreamNotFound: stream 's' (id 7) not found: the name is stream id 8 ...
     """
-    if meta.id != stream_id:
+    check_stream_id(name, stream_id, meta.id)
+
+
+def check_stream_id(name: str, stream_id: int, now_id: int) -> None:
+    """:func:`check_incarnation` of an answer that names only the stream id it is of
+    (``now_id``), as a page of PD's time ranges does."""
+    if now_id != stream_id:
         raise StreamNotFound(
-            f"stream {name!r} (id {stream_id}) not found: the name is stream id {meta.id} "
+            f"stream {name!r} (id {stream_id}) not found: the name is stream id {now_id} "
             "now (deleted and created again)", stream=name)
 
 
-__all__ = ["check_incarnation"]
+__all__ = ["check_incarnation", "check_stream_id"]

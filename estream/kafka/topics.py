@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from typing import Final
 
 from estream.wire.errors import InvalidArgument
-from estream.wire.kafkanames import TOPIC_RE, parse_stream, stream_name
+from estream.wire.fields import NAME_RE
+from estream.wire.kafkanames import parse_stream, stream_name
 
 topic_chars_max: Final = 190  # a stream name is at most 200 characters: room for "-p"
 partitions_per_topic_max: Final = 10_000
@@ -34,7 +35,7 @@ def check_topic(topic: str) -> None:
     """Raise :class:`InvalidArgument` (argument ``topic``) for a name Kafka or estream
     would refuse: 1..190 characters of ``[A-Za-z0-9._-]``, not starting with ``.`` or
     ``-``."""
-    if not topic or len(topic) > topic_chars_max or not TOPIC_RE.fullmatch(topic):
+    if not topic or len(topic) > topic_chars_max or not NAME_RE.fullmatch(topic):
         raise InvalidArgument(
             f"topic {topic[:50]!r}: 1..{topic_chars_max} characters of [A-Za-z0-9._-], "
             "not starting with '.' or '-'", argument="topic")

@@ -31,7 +31,9 @@ requests still running, so that none calls back into an interpreter that is shut
 (which aborts the process); a process that reads or writes objects closes its stores. The
 thread that hands an answer over may still need the interpreter for a moment after the
 answer is in, so at exit the process waits until ``exit_quiet_s`` has passed since the last
-answer (pyo3-async-runtimes, under which obstore runs, has no shutdown of its own).
+answer (pyo3-async-runtimes, under which obstore runs, has no shutdown of its own). One
+store runs at most ``requests_in_flight_max`` requests at once (each a thread of that
+runtime for a ``file://`` store); more callers wait for a slot, within their deadline.
 
 Side effects: network (S3) or files (``file://``), through obstore's Rust runtime.
 """
@@ -61,6 +63,10 @@ request_timeout_s: Final = 30.0  # one PUT/GET/HEAD/DELETE/LIST page, retries in
 # MiB: 205 part requests per GiB; 16 MiB makes it 64, and an object up to 16 MiB one PUT).
 put_part_bytes: Final = 16 * 1024 * 1024
 list_objects_max: Final = 10_000  # keys one list() call returns at most
+# Requests one store runs at once: obstore runs a file:// request on a thread of its Rust
+# runtime's blocking pool (up to 512 threads), so without a bound a burst of deletes or
+# reads would start a thread each. Callers beyond it wait their turn (within their deadline).
+requests_in_flight_max: Final = 32
 close_wait_s: Final = 5.0  # close(): how long the requests still running may take
 exit_quiet_s: Final = 0.05  # at exit: the time after the last answer its thread may need
 _T = TypeVar("_T")
@@ -86,6 +92,7 @@ class ObjectStore:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._running: set[asyncio.Future[Any]] = set()  # requests the store still runs
+        self._slots = asyncio.Semaphore(requests_in_flight_max)  # held until each has
 
     @classmethod
     def from_url(
@@ -116,15 +123,25 @@ class ObjectStore:
         """What PD publishes to range servers and clients: ``{"url", "endpoint"}``."""
         return {"url": self.url, "endpoint": self.endpoint}
 
-    async def _request(self, started: Awaitable[_T]) -> _T:
-        """The answer of one request just made (the future obstore returned), shielded:
-        cancelling the caller leaves the request to finish, and it is kept in
-        ``_running`` until it has."""
-        request = asyncio.ensure_future(started)
+    async def _request(self, start: Callable[[], Awaitable[_T]]) -> _T:
+        """The answer of the request ``start()`` makes (obstore starts it at once), once
+        one of ``requests_in_flight_max`` slots is free, shielded: cancelling the caller
+        leaves the request to finish, and it is kept in ``_running``, holding its slot,
+        until it has."""
+        await self._slots.acquire()
+        try:
+            request = asyncio.ensure_future(start())
+        except BaseException:
+            self._slots.release()
+            raise
         self._running.add(request)
         request.add_done_callback(self._running.discard)
+        request.add_done_callback(self._release)
         request.add_done_callback(_answered)
         return await asyncio.shield(request)
+
+    def _release(self, _: object) -> None:
+        self._slots.release()
 
     async def close(self, wait_s: float = close_wait_s) -> None:
         """Wait (at most ``wait_s``) for the requests still running, such as those of
@@ -152,21 +169,22 @@ class ObjectStore:
         store has one) in parts of ``put_part_bytes``, streamed from ``data``."""
         size = len(data) if isinstance(data, bytes | memoryview) else sum(
             len(p) for p in data)
-        if self._root is not None:
+        root = self._root
+        if root is not None:
             chunks = [data] if isinstance(data, bytes | memoryview) else list(data)
-            await self._call(key, self._request(asyncio.to_thread(
-                put_file, self._root, key, chunks)))
+            await self._call(key, self._request(lambda: asyncio.to_thread(
+                put_file, root, key, chunks)))
             return
         body: Any
         if size <= put_part_bytes:
             body = data if isinstance(data, bytes | memoryview) else b"".join(data)
-            work = self._request(obstore.put_async(self._store, key, body,
-                                                     use_multipart=False))
+            work = self._request(lambda: obstore.put_async(self._store, key, body,
+                                                             use_multipart=False))
         else:
             body = data if isinstance(data, bytes | memoryview) else iter(data)
-            work = self._request(obstore.put_async(self._store, key, body,
-                                                   use_multipart=True,
-                                                   chunk_size=put_part_bytes))
+            work = self._request(lambda: obstore.put_async(self._store, key, body,
+                                                           use_multipart=True,
+                                                           chunk_size=put_part_bytes))
         await self._call(key, work)
 
     @staticmethod
@@ -178,8 +196,8 @@ class ObjectStore:
     async def get(self, key: str) -> bytes:
         """The whole object."""
         async def work() -> bytes:
-            result = await self._request(obstore.get_async(self._store, key))
-            return bytes(await self._request(result.bytes_async()))
+            result = await self._request(lambda: obstore.get_async(self._store, key))
+            return bytes(await self._request(result.bytes_async))
         return await self._call(key, work())
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -192,7 +210,7 @@ class ObjectStore:
         if not 0 <= start < end:
             raise InvalidArgument(f"bad byte range [{start}, {end})", argument="range")
         data = await self._call(key, self._request(
-            obstore.get_range_async(self._store, key, start=start, end=end)))
+            lambda: obstore.get_range_async(self._store, key, start=start, end=end)))
         view = memoryview(data)
         if view.nbytes != end - start:
             raise ObjectStoreError(f"object {key!r}: asked bytes [{start}, {end}), got "
@@ -206,13 +224,14 @@ class ObjectStore:
         for start, end in spans:
             if not 0 <= start < end:
                 raise InvalidArgument(f"bad byte range [{start}, {end})", argument="range")
-        data = await self._call(key, self._request(obstore.get_ranges_async(
+        data = await self._call(key, self._request(lambda: obstore.get_ranges_async(
             self._store, key, starts=[s for s, _ in spans], ends=[e for _, e in spans])))
         return [bytes(d) for d in data]
 
     async def head(self, key: str) -> int:
         """The object's size in bytes (ObjectStoreError with ``not_found`` if missing)."""
-        meta = await self._call(key, self._request(obstore.head_async(self._store, key)))
+        meta = await self._call(key, self._request(
+            lambda: obstore.head_async(self._store, key)))
         return int(meta["size"])
 
     size = head
@@ -220,7 +239,8 @@ class ObjectStore:
     async def delete(self, key: str) -> None:
         """Delete the object; a missing one is not an error (deletes are retried)."""
         try:
-            await self._call(key, self._request(obstore.delete_async(self._store, key)))
+            await self._call(key, self._request(
+                lambda: obstore.delete_async(self._store, key)))
         except ObjectStoreError as exc:
             if not exc.fields.get("not_found"):
                 raise
@@ -236,7 +256,7 @@ class ObjectStore:
             stream = obstore.list(self._store, prefix or None, offset=after, chunk_size=1000)
             while True:
                 try:
-                    chunk = await self._request(stream.__anext__())
+                    chunk = await self._request(stream.__anext__)
                 except StopAsyncIteration:
                     break
                 for meta in chunk:

@@ -285,10 +285,12 @@ class PDClient:
         body = await self.call(request.OPCODE, request.to_header())
         return StreamAnswer.from_header(body).stream
 
-    async def commit_cursor(self, name: str, cursor: str, offset: int) -> None:
-        """Set a named cursor (kept in the catalog, through Raft)."""
-        await self.call(Opcode.PD_COMMIT_CURSOR,
-                        CursorRequest(name=name, cursor=cursor, offset=offset).to_header())
+    async def commit_cursor(self, name: str, cursor: str, offset: int, *, stream_id: int = 0
+                            ) -> None:
+        """Set a named cursor (kept in the catalog, through Raft); with ``stream_id``,
+        only on that incarnation of ``name``."""
+        request = CursorRequest(name=name, cursor=cursor, offset=offset, stream_id=stream_id)
+        await self.call(Opcode.PD_COMMIT_CURSOR, request.to_header())
 
     async def delete_cursor(self, name: str, cursor: str) -> None:
         """Forget a named cursor (through Raft)."""

@@ -232,20 +232,21 @@ class Client:
         return meta
 
     async def offset_for_time(self, name: str, timestamp_ms: int) -> int:
-        """The first offset whose record timestamp is at or after ``timestamp_ms`` (ms
-        since the epoch), the stream's end offset if none (``estream/sdk/timelookup.py``:
-        exact also when writers' clocks went backwards)."""
+        """The first offset whose record timestamp is at or after ``timestamp_ms`` (ms since
+        the epoch), else the stream's end (exact also when writers' clocks went back)."""
         self._check_open()
         return await offset_for_time(self, name, timestamp_ms)
 
-    async def commit_cursor(self, name: str, cursor: str, offset: int) -> None:
+    async def commit_cursor(self, name: str, cursor: str, offset: int, *, stream_id: int = 0
+                            ) -> None:
         """Store the named ``cursor`` of stream ``name`` at ``offset`` (the next offset its
-        consumer reads) in the catalog: it survives PD leader changes. Raises
-        ``StreamNotFound``, ``InvalidArgument`` (negative offset, a bad or too long name:
-        letters, digits, '.', '_', '-', at most 200) or ``OffsetOutOfRange`` (past the
-        stream's readable end)."""
+        consumer reads) in the catalog: it survives PD leader changes; with ``stream_id``
+        (the id of the stream read), only on that incarnation of the name. Raises
+        ``StreamNotFound`` (also for another incarnation), ``InvalidArgument`` (negative
+        offset, a bad or too long name: letters, digits, '.', '_', '-', at most 200) or
+        ``OffsetOutOfRange`` (past the stream's readable end)."""
         self._check_open()
-        await self.pd.commit_cursor(name, cursor, offset)
+        await self.pd.commit_cursor(name, cursor, offset, stream_id=stream_id)
 
     async def delete_cursor(self, name: str, cursor: str) -> None:
         """Forget the named ``cursor`` of stream ``name``: the ranges it had not read no
@@ -371,17 +372,15 @@ class Client:
         return writer
 
     def read(
-        self,
-        name: str,
-        start: int = 0,
-        end: int | None = None,
-        follow: bool = False,
-        *,
-        replica: str | None = None,
+        self, name: str, start: int = 0, end: int | None = None, follow: bool = False, *,
+        replica: str | None = None, stream_id: int = 0,
     ) -> AsyncIterator[Record]:
-        """Records with offsets in ``[start, end)``; see :mod:`estream.sdk.reader`."""
+        """Records with offsets in ``[start, end)``; see :mod:`estream.sdk.reader`. With
+        ``stream_id`` (a :class:`StreamMeta`'s id), of that incarnation of ``name`` only:
+        ``StreamNotFound`` once the name is another stream's."""
         self._check_open()
-        return read_stream(self, name, start, end, follow, replica, clock=self.clock)
+        return read_stream(self, name, start, end, follow, replica, clock=self.clock,
+                           stream_id=stream_id)
 
     def subscribe(self, group: str, streams: Sequence[str], *,
                   session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 30_000,
@@ -394,35 +393,27 @@ class Client:
                             rebalance_timeout_ms=rebalance_timeout_ms, heartbeat_s=heartbeat_s)
 
     def read_batches(
-        self,
-        name: str,
-        start: int = 0,
-        end: int | None = None,
-        follow: bool = False,
-        *,
-        replica: str | None = None,
+        self, name: str, start: int = 0, end: int | None = None, follow: bool = False, *,
+        replica: str | None = None, stream_id: int = 0,
     ) -> AsyncIterator[BatchColumns]:
         """:meth:`read` by batch: the same records as :class:`BatchColumns` (offsets,
         timestamps, values in one buffer, headers), one per stored batch, the first and
         last trimmed to ``[start, end)``. Same failover, confirm-offset and range rules."""
         self._check_open()
-        return read_stream_batches(self, name, start, end, follow, replica, clock=self.clock)
+        return read_stream_batches(self, name, start, end, follow, replica, clock=self.clock,
+                                   stream_id=stream_id)
 
     def read_batch_views(
-        self,
-        name: str,
-        start: int = 0,
-        end: int | None = None,
-        follow: bool = False,
-        *,
-        replica: str | None = None,
+        self, name: str, start: int = 0, end: int | None = None, follow: bool = False, *,
+        replica: str | None = None, stream_id: int = 0,
     ) -> AsyncIterator[list[BatchView]]:
         """:meth:`read_batches` undecoded: per READ answer, its batches (checksums
         verified) as :class:`BatchView` windows of the answer's bytes, to be decoded many
         at once with :func:`estream.wire.record.decode_views` (one copy of the values). Same
         failover, confirm-offset and range rules."""
         self._check_open()
-        return read_stream_views(self, name, start, end, follow, replica, clock=self.clock)
+        return read_stream_views(self, name, start, end, follow, replica, clock=self.clock,
+                                 stream_id=stream_id)
 
     async def end_offset(self, name: str) -> int:
         """The confirmed (readable) end of the stream right now."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -117,15 +118,17 @@ class GroupClient:
         return list(gm.ErrorsAnswer.from_header(got).errors)
 
     async def commit(self, group: str, offsets: dict[str, int], *, member: str = "",
-                     generation: int = -1) -> dict[str, str]:
+                     generation: int = -1, ids: Mapping[str, int] | None = None
+                     ) -> dict[str, str]:
         """Commit each stream's offset (the next to read) as the group's cursor: the
-        error of each (``""``: committed)."""
-        items = list(offsets.items())
+        error of each (``""``: committed). ``ids``: the stream id each offset was read
+        from (a stream made again since is ``unknown_topic_or_partition``)."""
+        ids = ids or {}
+        items = tuple((s, o, ids.get(s, 0)) for s, o in offsets.items())
         got = await self.pd.call(Opcode.PD_GROUP_COMMIT, gm.CommitRequest(
-            group=group, member=member, generation=generation,
-            offsets=tuple(items)).to_header())
+            group=group, member=member, generation=generation, offsets=items).to_header())
         errors = gm.ErrorsAnswer.from_header(got).errors
-        return {s: e for (s, _), e in zip(items, errors, strict=True)}
+        return {s: e for (s, _, _), e in zip(items, errors, strict=True)}
 
     async def offsets(self, group: str, streams: list[str] | None = None) -> dict[str, int]:
         """The group's committed offsets (-1: none) of ``streams``, or of every stream

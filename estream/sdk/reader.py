@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from estream.core.incarnation import check_incarnation
@@ -63,6 +63,7 @@ from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from estream.wire.record import (
     DIGEST_HMAC_SHA256,
     BatchColumns,
+    BatchHeader,
     BatchView,
     Record,
     decode_batch,
@@ -85,11 +86,7 @@ def decode_answer(payload: bytes | memoryview, offset: int, end: int | None) -> 
     window: a read of one record in a batch of 65,536 builds one); a whole batch is
     decoded at once, the quicker way for small batches."""
     records: list[Record] = []
-    for header, raw in iter_batches(payload):
-        if header.end_offset <= offset:
-            continue
-        if end is not None and header.base_offset >= end:
-            break
+    for header, raw in _overlapping(payload, offset, end):
         if header.base_offset >= offset and (end is None or header.end_offset <= end):
             records += decode_batch(raw).records
         else:
@@ -130,15 +127,23 @@ def _windowed(
     """``cut(batch, start=offset, end=end)`` of every batch of the answer that overlaps
     ``[offset, end)``, the empty ones left out."""
     out: list[_C] = []
-    for header, raw in iter_batches(payload):
-        if header.end_offset <= offset:
-            continue
-        if end is not None and header.base_offset >= end:
-            break
+    for _, raw in _overlapping(payload, offset, end):
         item = cut(raw, start=offset, end=end)
         if item.count:
             out.append(item)
     return out
+
+
+def _overlapping(
+    payload: bytes | memoryview, offset: int, end: int | None
+) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """The answer's batches (header, bytes) that overlap ``[offset, end)``, in order."""
+    for header, raw in iter_batches(payload):
+        if header.end_offset <= offset:
+            continue
+        if end is not None and header.base_offset >= end:
+            return
+        yield header, raw
 
 
 def _records_end(records: list[Record], offset: int) -> int:
@@ -185,11 +190,13 @@ async def read_stream(
     *,
     clock: Clock = SYSTEM_CLOCK,
     config: CursorConfig | None = None,
+    stream_id: int = 0,
 ) -> AsyncIterator[Record]:
     """Yield the records of ``name`` with offsets in ``[start, end)`` (see the module).
-    ``config``: the cursor's waits (default: its module's constants)."""
+    ``config``: the cursor's waits (default: its module's constants); ``stream_id``: only
+    that incarnation of ``name`` (``StreamNotFound`` when the name is another's)."""
     async for records in _read_answers(client, name, start, end, follow, preferred, RECORDS,
-                                        clock, config):
+                                        clock, config, stream_id=stream_id):
         for record in records:
             yield record
 
@@ -205,13 +212,14 @@ async def read_stream_batches(
     clock: Clock = SYSTEM_CLOCK,
     config: CursorConfig | None = None,
     hung: dict[str, int] | None = None,
+    stream_id: int = 0,
 ) -> AsyncIterator[BatchColumns]:
     """:func:`read_stream` by batch: the same records, as :class:`BatchColumns` (one per
     stored batch, the first and last trimmed to ``[start, end)``; never empty). ``hung``:
     servers already known not to answer, asked last (shared with the caller, as a read's
     parts share it)."""
     async for batches in _read_answers(client, name, start, end, follow, preferred, COLUMNS,
-                                        clock, config, hung):
+                                        clock, config, hung, stream_id=stream_id):
         for columns in batches:
             yield columns
 
@@ -226,12 +234,13 @@ async def read_stream_views(
     *,
     clock: Clock = SYSTEM_CLOCK,
     config: CursorConfig | None = None,
+    stream_id: int = 0,
 ) -> AsyncIterator[list[BatchView]]:
     """:func:`read_stream_batches` undecoded: per READ answer, its verified batches as
     :class:`BatchView` windows (never an empty list), for consumers that decode many
     batches at once (:func:`estream.wire.record.decode_views`)."""
     async for views in _read_answers(client, name, start, end, follow, preferred, VIEWS,
-                                        clock, config):
+                                        clock, config, stream_id=stream_id):
         yield views
 
 
@@ -246,20 +255,28 @@ async def _read_answers(
     clock: Clock = SYSTEM_CLOCK,
     config: CursorConfig | None = None,
     hung: dict[str, int] | None = None,
+    *,
+    stream_id: int = 0,
 ) -> AsyncIterator[list[T]]:
     """The decoded answers covering ``[start, end)`` of ``name``, in offset order (the
-    read loop shared by :func:`read_stream` and its batch forms). A stream's sealed
-    striped ranges (:func:`catch_up_pieces`) are read by whole chains, a cover of their
+    read loop shared by :func:`read_stream` and its batch forms); with ``stream_id``, of
+    that incarnation only (a cached view of another is looked up again once). A stream's
+    sealed striped ranges (:func:`catch_up_pieces`) are read by whole chains, a cover of their
     servers side by side (:func:`~estream.sdk.chainread.read_chains`), in the local tier,
     else in parts side by side (their runs come from different servers), delivered in
     order, each part a read of its own, of the same stream id; the rest (everything of an
     unstriped stream) as one read."""
-    meta = await keyed_meta(client, name, await client.stream_meta(name, offset=start), start)
+    meta = await client.stream_meta(name, offset=start)
+    if stream_id and meta.id != stream_id:  # a stale view, or the name is another's now
+        meta = await client.stream_meta(name, refresh=True, offset=start)
+        check_incarnation(name, stream_id, meta)
+    meta = await keyed_meta(client, name, meta, start)
     pieces = catch_up_pieces(meta, start, end)
     hung = {} if hung is None else hung  # servers that did not answer: last, in every part
     if pieces == [(start, end, 1)]:
         async for items in _read_cursor(client, name, start, end, follow, preferred,
-                                        decoding, clock, config, hung=hung):
+                                        decoding, clock, config, expect_id=stream_id,
+                                        hung=hung):
             yield items
         return
     for lo, hi, parts in pieces:
@@ -495,10 +512,13 @@ async def _read_object(
     )
 
 
-async def stream_end_offset(client: Client, name: str) -> int:
+async def stream_end_offset(client: Client, name: str, stream_id: int = 0) -> int:
     """The readable end now: the sealed end of the last range, or for an open last range
-    the highest confirm offset its replicas report."""
+    the highest confirm offset its replicas report; with ``stream_id``, of that
+    incarnation only (``StreamNotFound`` when the name is another's now)."""
     meta = await client.stream_meta(name, refresh=True)
+    if stream_id:
+        check_incarnation(name, stream_id, meta)
     last = meta.last_range
     if last is None:
         return meta.start_offset

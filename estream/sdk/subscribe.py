@@ -10,7 +10,9 @@ their tails. A heartbeat task keeps the membership; when PD answers that a round
 (another member joined or left), the positions delivered so far are committed, the
 readers stop and the member joins again. :meth:`Subscription.commit` commits the next
 offset of every stream it delivered from; :meth:`Subscription.close` commits nothing more
-and leaves the group (the others take its streams).
+and leaves the group (the others take its streams). Reads and commits name the stream id
+each stream had when assigned: a stream made again under its name meanwhile is never
+read at, or given, the old one's positions.
 
 Side effects: PD requests (:class:`~estream.sdk.groups.GroupClient`), reads, tasks.
 """
@@ -67,6 +69,7 @@ class Subscription:
         self._heartbeat_s = heartbeat_s
         self._positions: dict[str, int] = {}  # next offset to deliver, per assigned stream
         self._delivered: dict[str, int] = {}  # next offset after what was delivered
+        self._ids: dict[str, int] = {}  # the stream id each assigned stream is read from
         self._queue: asyncio.Queue[tuple[int, str, Record | Exception]] = asyncio.Queue(
             queued_records_max)  # a tail's error too, raised by __anext__
         self._readers: list[asyncio.Task[None]] = []
@@ -112,7 +115,8 @@ class Subscription:
         if not self._delivered:
             return
         errors = await self._groups.commit(self.group, dict(self._delivered),
-                                           member=self.member, generation=self.generation)
+                                           member=self.member, generation=self.generation,
+                                           ids=self._ids)
         failed = {s: e for s, e in errors.items() if e}
         if failed:
             raise EstreamError(f"group {self.group!r}: commit refused {failed}")
@@ -159,11 +163,16 @@ class Subscription:
         self.generation = joined.generation
         self.assignment = tuple(str(s) for s in msgpack.unpackb(mine)) if mine else ()
         self._delivered = {}
+        # Each stream's incarnation before its offset: an offset committed later is of it
+        # or of a newer one (a delete drops the cursors), never applied to another.
+        metas = dict(zip(self.assignment, await asyncio.gather(
+            *(self.client.describe_stream(s) for s in self.assignment)), strict=True))
+        self._ids = {s: meta.id for s, meta in metas.items()}
         committed = await self._groups.offsets(self.group, list(self.assignment))
         for stream in self.assignment:
             start = committed.get(stream, -1)
             if start < 0:
-                start = (await self.client.describe_stream(stream)).start_offset
+                start = metas[stream].start_offset
             self._positions[stream] = start
             self._readers.append(asyncio.ensure_future(
                 self._read(self.generation, stream, start)))
@@ -180,7 +189,8 @@ class Subscription:
         iterator. Before, the tail ended silently and the subscription never delivered
         from that stream again."""
         try:
-            async for record in self.client.read(stream, start, follow=True):
+            async for record in self.client.read(stream, start, follow=True,
+                                                 stream_id=self._ids.get(stream, 0)):
                 await self._queue.put((generation, stream, record))
         except StreamNotFound:
             self._delivered.pop(stream, None)

@@ -37,7 +37,9 @@ tier is looked up in its object's index (per-batch min and max timestamps,
 read and its records checked. A range whose replicas cannot answer (all down) is scanned
 through the reader (``client.read_batches``'s), which has its own failover and reads the
 object tier. Inside a batch, the record is picked by
-:func:`estream.wire.timestamps.first_at_or_after`, the range servers' rule too.
+:func:`estream.wire.timestamps.first_at_or_after`, the range servers' rule too. A lookup
+is of the stream PD first answered for: its later pages, scans and end are of that id
+(``StreamNotFound`` once the name is another stream's).
 
 Side effects: network (PD and range servers through the client).
 """
@@ -47,9 +49,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from estream.core.incarnation import check_stream_id
 from estream.core.readcursor import hung_last_reads, read_answer_ms_max
 from estream.net.rangeclient import RangeClient, time_index_in_turn
-from estream.sdk.reader import read_stream_batches
+from estream.sdk.reader import read_stream_batches, stream_end_offset
 from estream.wire.errors import EstreamError, InvalidArgument, Timeout
 from estream.wire.meta import RangeMeta, ReplicaRef
 from estream.wire.rangeanswers import TimeAnswer
@@ -67,9 +70,13 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
     striped: bool | None = None
     after = -1
     hung: dict[str, int] = {}  # servers that timed out: asked last (module docstring)
+    first_id = 0  # the incarnation looked up: every page, read and end must be of it
     while True:
         stream_id, start_offset, ranges, more = await client.pd.time_ranges(
             name, timestamp_ms, after)
+        if first_id:
+            check_stream_id(name, first_id, stream_id)
+        first_id = stream_id
         if striped is None:  # the layout of the incarnation PD answered for
             meta = await client.stream_meta(name)
             if meta.id != stream_id:  # the cached view is of a deleted namesake
@@ -81,7 +88,7 @@ async def offset_for_time(client: Client, name: str, timestamp_ms: int) -> int:
             if found is not None:
                 return found
         if not more or not ranges:
-            return await client.end_offset(name)
+            return await stream_end_offset(client, name, stream_id)
         after = ranges[-1].index
 
 
@@ -95,14 +102,16 @@ async def _in_range(client: Client, name: str, stream_id: int, start_offset: int
         base = await _object_start(client, stream_id, rng, timestamp_ms)
         if base is None:
             return None  # no record of the range is at or after the time
-        return await _scan(client, name, max(base, start), rng.end, timestamp_ms, hung)
+        return await _scan(client, name, stream_id, max(base, start), rng.end, timestamp_ms,
+                           hung)
     ask = _ask_ensemble if striped else _ask_replicas
     found, searched = await ask(client, stream_id, rng, timestamp_ms, hung)
     if found is not None and found < start:
         found = searched = None  # the answer was trimmed away: scan what is left
     if searched is None:  # no replica could answer: read the range itself
-        end = rng.end if rng.end is not None else await client.end_offset(name)
-        found = await _scan(client, name, start, end, timestamp_ms, hung)
+        end = rng.end if rng.end is not None else await stream_end_offset(client, name,
+                                                                          stream_id)
+        found = await _scan(client, name, stream_id, start, end, timestamp_ms, hung)
         searched = end
     if found is not None:
         return found
@@ -185,14 +194,14 @@ async def _object_start(client: Client, stream_id: int, rng: RangeMeta,
     return index.first_at_or_after(timestamp_ms)
 
 
-async def _scan(client: Client, name: str, start: int, end: int, timestamp_ms: int,
-                hung: dict[str, int]) -> int | None:
-    """The first offset of ``[start, end)`` at or after the time, read (``hung``: asked
-    last by the read too)."""
+async def _scan(client: Client, name: str, stream_id: int, start: int, end: int,
+                timestamp_ms: int, hung: dict[str, int]) -> int | None:
+    """The first offset of ``[start, end)`` of stream ``stream_id`` at or after the time,
+    read (``hung``: asked last by the read too)."""
     if start >= end:
         return None
     async for columns in read_stream_batches(client, name, start, end, clock=client.clock,
-                                             hung=hung):
+                                             hung=hung, stream_id=stream_id):
         found = first_at_or_after(columns.timestamps, columns.base_offset, timestamp_ms)
         if found is not None:
             return found

@@ -192,12 +192,14 @@ def cap_offsets(latest: Mapping[str, int], target: Mapping[str, int] | None) -> 
 @dataclass(frozen=True, slots=True)
 class PartitionSpec:
     """One Spark task's work: records ``[start, end)`` of ``stream``, read preferably from
-    range server ``replica`` (None when the range has no replica listed)."""
+    range server ``replica`` (None when the range has no replica listed); ``stream_id``:
+    the incarnation planned (a name deleted and made again meanwhile is not read)."""
 
     stream: str
     start: int
     end: int
     replica: str | None
+    stream_id: int = 0
 
     @property
     def count(self) -> int:
@@ -232,20 +234,22 @@ def plan_partitions(
             piece_end = end if rng.end is None else min(end, rng.end)
             replicas = tuple(r.id for r in rng.replicas)
             turn = rng.index
-        specs.extend(_cut(meta.name, offset, piece_end, records_max, replicas, turn))
+        specs.extend(_cut(meta, offset, piece_end, records_max, replicas, turn))
         offset = piece_end
     return specs
 
 
 def _cut(
-    name: str, start: int, end: int, records_max: int, replicas: Sequence[str], turn: int
+    meta: StreamMeta, start: int, end: int, records_max: int, replicas: Sequence[str],
+    turn: int,
 ) -> list[PartitionSpec]:
     """``[start, end)`` in pieces of at most ``records_max``; piece ``k`` prefers replica
     ``(turn + k) mod n`` (``turn`` shifts the rotation from range to range)."""
     pieces: list[PartitionSpec] = []
     for k, lo in enumerate(range(start, end, records_max)):
         replica = replicas[(turn + k) % len(replicas)] if replicas else None
-        pieces.append(PartitionSpec(name, lo, min(end, lo + records_max), replica))
+        pieces.append(PartitionSpec(meta.name, lo, min(end, lo + records_max), replica,
+                                    meta.id))
     return pieces
 
 

@@ -107,10 +107,11 @@ class EstreamPartition(InputPartition):
     start: int
     end: int
     replica: str | None
+    stream_id: int = 0  # the incarnation planned: another of the name is StreamNotFound
 
     @classmethod
     def of(cls, spec: PartitionSpec) -> EstreamPartition:
-        return cls(spec.stream, spec.start, spec.end, spec.replica)
+        return cls(spec.stream, spec.start, spec.end, spec.replica, spec.stream_id)
 
 
 # ---------------------------------------------------------------- driver-side cluster calls
@@ -364,7 +365,8 @@ async def _chunks(
         while offset < part.end:
             try:
                 async for views in client.read_batch_views(
-                    part.stream, start=offset, end=part.end, replica=part.replica
+                    part.stream, start=offset, end=part.end, replica=part.replica,
+                    stream_id=part.stream_id,
                 ):
                     pending.extend(views)
                     rows += sum(view.count for view in views)

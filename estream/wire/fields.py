@@ -10,6 +10,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, Final
@@ -22,6 +23,9 @@ Header = dict[str, Any]  # a frame's header: the request arguments / answer fiel
 streams_page_default: Final = 100  # PD_LIST_STREAMS, GET /v1/streams without a limit
 streams_page_max: Final = 1000  # the most a caller may ask for in one page
 stream_name_bytes_max: Final = 1024  # an ``after`` cursor longer than any name is refused
+# The characters of a stream, cursor, group or Kafka topic name (each kind has its own length
+# bound): letters, digits, '.', '_', '-', not starting with '.' or '-'.
+NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 def require(header: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:

@@ -41,15 +41,16 @@ def _strings(h: Mapping[str, Any], name: str, what: str, *, required: bool) -> t
     return tuple(value)
 
 
-def _stream_offsets(items: list[Any]) -> tuple[tuple[str, int], ...]:
+def _stream_offsets(items: list[Any]) -> tuple[tuple[str, int, int], ...]:
+    """``[[stream, offset]]``, each entry optionally with the stream's id (the incarnation
+    read: ``[stream, offset, stream_id]``), as ``(stream, offset, stream_id or 0)``."""
     out = []
     for item in items:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], int) and not isinstance(item[1], bool)
-                and 0 <= item[1] < 2**63):
-            raise InvalidArgument("offsets: a list of [stream, offset >= 0]",
+        if not (isinstance(item, list) and len(item) in (2, 3) and isinstance(item[0], str)
+                and all(type(n) is int and 0 <= n < 2**63 for n in item[1:])):
+            raise InvalidArgument("offsets: a list of [stream, offset >= 0, stream_id?]",
                                   argument="offsets")
-        out.append((item[0], item[1]))
+        out.append((item[0], item[1], item[2] if len(item) == 3 else 0))
     return tuple(out)
 
 
@@ -151,11 +152,12 @@ class LeaveRequest:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommitRequest:
     """``PD_GROUP_COMMIT``: each stream's next offset to read, as the group's cursor;
-    with ``member`` and ``generation`` (>= 0) only while that member is of it."""
+    with ``member`` and ``generation`` (>= 0) only while that member is of it. An entry's
+    stream id (0: by name) names the incarnation read: another one refuses the commit."""
 
     OPCODE: ClassVar[Opcode] = Opcode.PD_GROUP_COMMIT
     group: str
-    offsets: tuple[tuple[str, int], ...]
+    offsets: tuple[tuple[str, int, int], ...]
     member: str = ""
     generation: int = -1
 
@@ -168,7 +170,7 @@ class CommitRequest:
 
     def to_header(self) -> Header:
         return {"group": self.group, "member": self.member, "generation": self.generation,
-                "offsets": [[s, o] for s, o in self.offsets]}
+                "offsets": [[s, o, i] if i else [s, o] for s, o, i in self.offsets]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

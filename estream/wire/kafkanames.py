@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
-TOPIC_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+from estream.wire.fields import NAME_RE
+
 _STREAM_RE: Final = re.compile(r"(.+)-(0|[1-9][0-9]{0,8})")
 # A Kafka idempotent producer's batches carry the system producer id kafka_producer_id():
 # only gateways write this namespace (docs/KAFKA.md, "Idempotent producers").
@@ -36,7 +37,7 @@ def stream_name(topic: str, partition: int) -> str:
 def parse_stream(name: str) -> tuple[str, int] | None:
     """(topic, partition) of a stream named like a partition, else None."""
     match = _STREAM_RE.fullmatch(name)
-    if match is None or not TOPIC_RE.fullmatch(match.group(1)):
+    if match is None or not NAME_RE.fullmatch(match.group(1)):
         return None
     return match.group(1), int(match.group(2))
 

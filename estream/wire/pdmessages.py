@@ -362,12 +362,14 @@ class CursorRequest:
     name: str
     cursor: str
     offset: int | None = None
+    stream_id: int = 0  # a commit's: only this incarnation of ``name``
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any], *, commit: bool) -> CursorRequest:
         cursor = require(h, "cursor", str)
         return cls(name=require(h, "name", str), cursor=cursor,
-                   offset=require(h, "offset", int) if commit else None)
+                   offset=require(h, "offset", int) if commit else None,
+                   stream_id=stream_id_field(h) if commit else 0)
 
     @classmethod
     def from_body(cls, name: str, body: Mapping[str, Any]) -> CursorRequest:
@@ -383,7 +385,7 @@ class CursorRequest:
         header: Header = {"name": self.name, "cursor": self.cursor}
         if self.offset is not None:
             header["offset"] = self.offset
-        return header
+        return _of(self.stream_id, header)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -215,9 +215,9 @@ class GroupRpc:
         if error:
             return ErrorsAnswer((error,) * len(pairs)).to_header()
 
-        async def one(stream: str, offset: int) -> str:
+        async def one(stream: str, offset: int, stream_id: int) -> str:
             try:
-                await self.service.commit_cursor(stream, name, offset)
+                await self.service.commit_cursor(stream, name, offset, stream_id)
             except StreamNotFound:
                 return "unknown_topic_or_partition"
             except EstreamError as exc:
@@ -225,7 +225,7 @@ class GroupRpc:
                     else "invalid_commit_offset_size"
             return ""
 
-        return ErrorsAnswer(tuple(await asyncio.gather(*(one(s, o) for s, o in pairs)))
+        return ErrorsAnswer(tuple(await asyncio.gather(*(one(*e) for e in pairs)))
                             ).to_header()
 
     async def _rpc_offsets(self, h: Header) -> Header:

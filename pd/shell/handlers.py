@@ -250,7 +250,7 @@ class PdHandlers:
         request = CursorRequest.from_header(h, commit=True)
         assert request.offset is not None
         offset = await self.service.commit_cursor(request.name, request.cursor,
-                                                  request.offset)
+                                                  request.offset, request.stream_id)
         return CursorAnswer(cursor=request.cursor, offset=offset).to_header()
 
     async def delete_cursor(self, h: Header) -> Header:

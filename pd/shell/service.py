@@ -415,13 +415,16 @@ class PdService(ServerOps):
             self.pool, stream, last, timeout_s=timeout_s)
         return max(stream.start_offset, readable.readable_end(last, answers, stripe_of(stream)))
 
-    async def commit_cursor(self, name: str, cursor: str, offset: int) -> int:
+    async def commit_cursor(self, name: str, cursor: str, offset: int, stream_id: int = 0
+                            ) -> int:
         """Set the named cursor of ``name`` to ``offset`` (the next offset its consumer
         reads), through Raft: it survives the loss of the leader. ``InvalidArgument`` for a
-        bad name or a negative offset, ``StreamNotFound``, ``OffsetOutOfRange`` past what
-        readers can read (nobody can have consumed records not readable yet)."""
+        bad name or a negative offset, ``StreamNotFound`` (also when ``stream_id`` names
+        another incarnation), ``OffsetOutOfRange`` past what readers can read (nobody can
+        have consumed records not readable yet). The command names the incarnation whose
+        end was checked: one made again meanwhile gets no cursor of the old one."""
         check_cursor(cursor, offset)
-        stream = (await self.decision_view()).stream(name)
+        stream = (await self.decision_view()).stream(name, stream_id)
         if offset > stream.start_offset:
             end = await self.readable_end(stream)
             if offset > end:
@@ -429,7 +432,7 @@ class PdService(ServerOps):
                     f"cannot commit cursor {cursor!r} of stream {name!r} at {offset}: "
                     f"readers can read up to {end} only",
                     offset=offset, start=stream.start_offset, end=end)
-        await self.raft.propose(CommitCursor(name, cursor, offset))
+        await self.raft.propose(CommitCursor(name, cursor, offset, stream.id))
         return offset
 
     async def delete_cursor(self, name: str, cursor: str) -> None:

@@ -499,6 +499,26 @@ async def test_sdk_subscribe_reads_a_stream_deleted_and_made_again(gateway: Gate
         assert got == [(0, b"old-0"), (1, b"old-1"), (2, b"old-2"), (0, b"new-0"), (1, b"new-1")]
 
 
+async def test_a_group_commit_read_from_a_deleted_stream_is_refused(gateway: Gateway) -> None:
+    """A member read a stream, which is deleted and made again before its commit: the
+    commit names the stream id it read, so PD refuses it (``unknown_topic_or_partition``)
+    and the new stream keeps no cursor; a commit naming the new id, or none, is taken."""
+    from estream.sdk.groups import GroupClient
+
+    async with await estream.connect(gateway.pd) as sdk:
+        old = await sdk.create_stream("commit-reborn")
+        await sdk.delete_stream("commit-reborn")
+        new = await sdk.create_stream("commit-reborn")
+        groups = GroupClient(sdk.pd)
+        stale = await groups.commit("commit-reborn-g", {"commit-reborn": 0},
+                                    ids={"commit-reborn": old.id})
+        assert stale == {"commit-reborn": "unknown_topic_or_partition"}
+        assert await sdk.cursor_offset("commit-reborn", "commit-reborn-g") is None
+        assert await groups.commit("commit-reborn-g", {"commit-reborn": 0},
+                                   ids={"commit-reborn": new.id}) == {"commit-reborn": ""}
+        assert await sdk.cursor_offset("commit-reborn", "commit-reborn-g") == 0
+
+
 async def test_sdk_subscribe_to_a_stream_deleted_for_good_rebalances_nothing(
         gateway: Gateway) -> None:
     """A member's stream is deleted and not made again: the member waits for the name

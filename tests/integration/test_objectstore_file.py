@@ -191,3 +191,28 @@ def test_the_exit_waits_out_the_quiet_time_after_the_last_answer(
     monkeypatch.setattr(objectstore, "_last_answer_s", time.monotonic() - 10)
     objectstore._settle_at_exit()
     assert len(slept) == 2 and 0 < slept[0] <= objectstore.exit_quiet_s and slept[1] == 0
+
+
+async def test_a_store_runs_a_bounded_number_of_requests_at_once(tmp_path: Path) -> None:
+    """A burst of callers (a release backlog's deletes, a reader's gets) waits for slots:
+    at most ``requests_in_flight_max`` requests run at once (each would take a thread of
+    obstore's runtime), and every caller gets its own answer."""
+    store = ObjectStore.from_url(f"file://{tmp_path}/objects")
+    count = 4 * objectstore.requests_in_flight_max
+    await asyncio.gather(*(store.put(f"k/{i}", str(i).encode()) for i in range(count)))
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            most = max(most, len(store._running))
+            await asyncio.sleep(0)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        got = await asyncio.gather(*(store.get(f"k/{i}") for i in range(count)))
+    finally:
+        watcher.cancel()
+    assert got == [str(i).encode() for i in range(count)]
+    assert 1 <= most <= objectstore.requests_in_flight_max
+    assert not store._running

@@ -33,6 +33,7 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.net.rangeclient import RangeClient
 from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, StreamNotFound
 from estream.wire.meta import StreamMeta
@@ -156,6 +157,89 @@ async def test_a_browse_begun_on_the_old_stream_never_reads_into_the_new(
         query = RecordsQuery(offset=0, timestamp_ms=None, limit=100)
         with pytest.raises(StreamNotFound):
             await browse(client.pool, None, describe, name, query)
+
+
+async def test_a_read_pinned_to_an_incarnation_never_reads_its_namesake(
+        cluster: Cluster) -> None:
+    """``read(..., stream_id=)`` (what a Spark task does with the id its plan saw) of a
+    stream deleted and created again ends with StreamNotFound, never reading the new
+    stream, also from a client whose cached view is the old one; pinned to the new id,
+    both read the new stream (the one with the old view looks it up again)."""
+    name = "pinned-reborn"
+    async with await estream.connect(cluster.pd_addresses) as client, \
+            await estream.connect(cluster.pd_addresses) as other:
+        await client.create_stream(name, replicas=3, ack_count=2)
+        async with await client.open_writer(name) as writer:
+            for i in range(5):
+                await writer.append(b"old-%d" % i)
+        old = await client.describe_stream(name)
+        assert [r.value async for r in other.read(name, 0, 5)] == [b"old-%d" % i
+                                                                  for i in range(5)]
+        await client.delete_stream(name)
+        await client.create_stream(name, replicas=3, ack_count=2)
+        async with await client.open_writer(name) as writer:
+            for i in range(5):
+                await writer.append(b"new-%d" % i)
+        new = await client.describe_stream(name)
+        with pytest.raises(StreamNotFound):  # PD names the new stream: the pin refuses it
+            _ = [r async for r in client.read(name, 0, 5, stream_id=old.id)]
+        with pytest.raises(StreamNotFound):
+            _ = [v async for v in client.read_batch_views(name, 0, 5, stream_id=old.id)]
+        # other's cached view is the old stream: its replicas may still serve it for a
+        # moment (a read of the incarnation asked for), never a record of the new one
+        try:
+            got = [r.value async for r in other.read(name, 0, 5, stream_id=old.id)]
+            assert got == [b"old-%d" % i for i in range(5)]
+        except StreamNotFound:
+            pass
+        for reader in (client, other):
+            got = [r.value async for r in reader.read(name, 0, 5, stream_id=new.id)]
+            assert got == [b"new-%d" % i for i in range(5)]
+
+
+async def test_a_time_lookup_answered_for_a_deleted_stream_never_reads_its_namesake(
+        cluster: Cluster) -> None:
+    """PD answers ``offset_for_time``'s candidates for a stream that is deleted and made
+    again before the lookup reads them, its old replicas gone: the lookup ends with
+    StreamNotFound. Before, it scanned the new stream by name and answered one of its
+    offsets for the old stream's time."""
+    name = "timed-reborn"
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream(name, replicas=3, ack_count=2)
+        async with await client.open_writer(name) as writer:
+            for i in range(3):
+                await writer.append(b"old-%d" % i, timestamp=1_000 + i)
+        old = await client.describe_stream(name)
+        real = client.pd.time_ranges
+
+        async def answered_then_made_again(*args: object) -> tuple[int, int, list[object],
+                                                                   bool]:
+            answer = await real(*args)  # type: ignore[arg-type]
+            await client.delete_stream(name)
+            await client.create_stream(name, replicas=3, ack_count=2)
+            async with await client.open_writer(name) as writer:
+                for i in range(10):
+                    await writer.append(b"new-%d" % i, timestamp=5_000 + i)
+            rc = RangeClient(client.pool, timeout_s=2.0)
+            rng = old.ranges[-1]
+            for ref in rng.replicas:  # until no old replica answers a TIME_INDEX
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    try:
+                        await rc.describe_range(ref.address, server_id=ref.id,
+                                                stream_id=old.id, range_index=rng.index)
+                    except EstreamError:
+                        break
+                    await asyncio.sleep(0.2)
+            return answer  # type: ignore[return-value]
+
+        client.pd.time_ranges = answered_then_made_again  # type: ignore[method-assign]
+        try:
+            with pytest.raises(StreamNotFound):
+                await client.offset_for_time(name, 1_001)
+        finally:
+            client.pd.time_ranges = real  # type: ignore[method-assign]
+        assert await client.offset_for_time(name, 5_003) == 3  # the new stream's
 
 
 def pd_requests(cluster: Cluster, op: str) -> int:

@@ -140,6 +140,15 @@ async def test_cursors_typed_errors_http_and_leader_loss(cluster: Cluster) -> No
             await client.commit_cursor("cur", "c" * 201, 0)
         with pytest.raises(OffsetOutOfRange):
             await client.commit_cursor("cur", "c", 11)
+        # a position read from a stream since deleted is not committed into its namesake
+        await client.create_stream("cur-again")
+        old = (await client.describe_stream("cur-again")).id
+        await client.commit_cursor("cur-again", "c", 0, stream_id=old)
+        await client.delete_stream("cur-again")
+        await client.create_stream("cur-again")
+        with pytest.raises(StreamNotFound):
+            await client.commit_cursor("cur-again", "c", 0, stream_id=old)
+        assert await client.cursor_offset("cur-again", "c") is None
         url = cluster.pd_url()
         assert http_json(url + "/v1/streams/nope/cursors")[0] == 404
         status, body = http_json(url + "/v1/streams/cur/cursors", "POST",

@@ -191,6 +191,23 @@ def test_catalog_refusals_change_nothing() -> None:
     assert catalog.snapshot() == before
 
 
+def test_a_cursor_commit_names_its_incarnation() -> None:
+    """A commit checked against one incarnation of a name never lands in the next: the
+    stream deleted and made again meanwhile refuses it (StreamNotFound), keeping no cursor."""
+    catalog = catalog_with_stream()
+    old = catalog.stream("s").id
+    catalog.apply(CommitCursor("s", "c", 0, old))
+    catalog.apply(DeleteStream("s"))
+    catalog.apply(CreateStream("s", 3, 2, "", (), SERVERS))
+    assert catalog.stream("s").id != old
+    before = catalog.snapshot()
+    with pytest.raises(StreamNotFound):
+        catalog.apply(CommitCursor("s", "c", 0, old))
+    assert catalog.snapshot() == before and "s" not in catalog.view().cursors
+    catalog.apply(CommitCursor("s", "c", 0, catalog.stream("s").id))
+    assert catalog.view().cursors["s"] == {"c": 0}
+
+
 def test_a_cursor_below_the_start_is_refused_and_changes_nothing() -> None:
     """After a trim, a commit below the new start is OffsetOutOfRange naming the start (it
     would hold every range left against retention); at the start it is stored."""

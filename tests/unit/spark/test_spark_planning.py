@@ -176,7 +176,7 @@ def test_available_now_target_caps_latest() -> None:
 def test_partitions_split_at_range_boundaries_with_that_ranges_replicas() -> None:
     meta = stream("s", (0, 100, ("r1", "r2", "r3")), (100, None, ("r4", "r5", "r6")))
     specs = plan_partitions(meta, 40, 160, records_max=1000)
-    assert specs == [PartitionSpec("s", 40, 100, "r1"), PartitionSpec("s", 100, 160, "r5")]
+    assert specs == [PartitionSpec("s", 40, 100, "r1", 1), PartitionSpec("s", 100, 160, "r5", 1)]
 
 
 def test_partitions_split_at_the_size_limit_rotating_replicas() -> None:
@@ -226,8 +226,8 @@ def test_partitions_property(sizes: list[int], a: int, b: int, records_max: int)
 def test_offsets_no_range_covers_get_no_preferred_replica() -> None:
     meta = stream("s", (10, None, ("r1",)))
     assert plan_partitions(meta, 0, 15, records_max=100) == [
-        PartitionSpec("s", 0, 10, None),
-        PartitionSpec("s", 10, 15, "r1"),
+        PartitionSpec("s", 0, 10, None, 1),  # each names the incarnation planned (id 1)
+        PartitionSpec("s", 10, 15, "r1", 1),
     ]
 
 

@@ -271,7 +271,8 @@ def test_openapi_bodies_have_the_request_fields() -> None:
     assert set(TrimStreamRequest.BODY_FIELDS) < {f.name for f in fields(TrimStreamRequest)}
     commit = paths["/v1/streams/{name}/cursors"]["post"]["requestBody"]["content"]
     assert set(commit["application/json"]["schema"]["properties"]) == set(
-        CursorRequest.BODY_FIELDS) == {f.name for f in fields(CursorRequest)} - {"name"}
+        CursorRequest.BODY_FIELDS) == {f.name for f in fields(CursorRequest)} - {
+            "name", "stream_id"}
 
 
 def _protocol_rows() -> dict[str, str]:
