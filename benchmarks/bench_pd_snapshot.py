@@ -39,7 +39,7 @@ from pd.commands import (  # noqa: E402
 )
 
 try:
-    from pd.shell.raftsyncobj import restore_catalog
+    from pd.shell.raftdump import restore_catalog
 except ImportError:  # an older commit (see above): PD restored with the GC on
     restore_catalog = Catalog.restore
 

@@ -1,11 +1,12 @@
 """The pysyncobj adapter: replicates catalog commands with Raft and bridges to asyncio.
 
 This module (:class:`RaftNode`, the asyncio face), `pd/shell/raftsyncobj.py` (the SyncObj it
-drives), `pd/shell/raftpoller.py` (pysyncobj on the event loop), `pd/shell/journal.py` (its
-journal), `pd/shell/raftwire.py` (its messages' encoding) and `pd/shell/raftpatch.py` (every
-patch of pysyncobj, applied by :func:`~pd.shell.raftpatch.install` in :meth:`RaftNode.start`,
-and every private name relied on) are the only ones that know pysyncobj; the decisions are
-in `pd/raftrules.py` (pure). What they add to pysyncobj 0.3.17:
+drives; its snapshot file `pd/shell/raftdump.py`), `pd/shell/raftpoller.py` (pysyncobj on
+the event loop), `pd/shell/journal.py` (its journal), `pd/shell/raftwire.py` (its messages'
+encoding) and `pd/shell/raftpatch.py` (every patch of pysyncobj, applied by
+:func:`~pd.shell.raftpatch.install` in :meth:`RaftNode.start`, and every private name relied
+on) are the only ones that know pysyncobj; the decisions are in `pd/raftrules.py` (pure).
+What they add to pysyncobj 0.3.17:
 
 - **A durable, checksummed log, with group commit.** pysyncobj's own file journal has no
   checksum and is never synced (its issue #84); here the journal is
@@ -108,7 +109,8 @@ from pd.metrics import Histogram
 from pd.raftrules import RaftStatus, holds_empty_start, leaderless_reads_s
 from pd.shell import raftpatch
 from pd.shell.journal import ChecksummedJournal
-from pd.shell.raftsyncobj import CatalogSyncObj, empty_start_election_s, read_dump
+from pd.shell.raftdump import read_dump
+from pd.shell.raftsyncobj import CatalogSyncObj, empty_start_election_s
 from pd.validate import check_command
 
 __all__ = ["RaftNode", "RaftStatus", "proposal_result", "read_dump"]

@@ -1,6 +1,6 @@
 """The SyncObj that replicates catalog commands: pysyncobj ticked on the event loop, its
-outbox flushed around one journal sync per tick, its snapshots the catalog's msgpack, a
-pre-vote before it stands for election (:mod:`pd.prevote`).
+outbox flushed around one journal sync per tick, its snapshots the catalog's msgpack
+(:mod:`pd.shell.raftdump`), a pre-vote before it stands for election (:mod:`pd.prevote`).
 
 :mod:`pd.shell.raft` (its docstring tells the design) builds one per PD node and drives
 it; the decisions are :mod:`pd.raftrules`, the private names of pysyncobj it touches go
@@ -14,27 +14,25 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import gc
 import logging
 import os
 import random
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from pysyncobj import SERIALIZER_STATE, SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as raft_clock  # CLOCK_MONOTONIC_RAW, not time's
 
-from estream.wire.errors import ChecksumMismatch, EstreamError
+from estream.wire.errors import EstreamError
 from pd import prevote, raftrules
 from pd.catalog import Catalog, Result
-from pd.catalogimage import CatalogImage, encode_image
 from pd.commands import Command, decode_command
 from pd.raftrules import EAGER_TYPES, LeaderContact, Outgoing, RaftStatus
 from pd.shell import raftpatch
-from pd.shell.journal import ChecksummedJournal, decode_checked, encode_checked
+from pd.shell.journal import ChecksummedJournal
+from pd.shell.raftdump import read_dump, restore_catalog, write_dump
 from pd.shell.raftpoller import LoopPoller, LoopTransport
 
 log = logging.getLogger(__name__)
@@ -47,53 +45,11 @@ ahead_decoded_commands_max: Final = 1024  # commands decoded before their commit
 # a peer that holds the catalog asks for its vote first (it reconnects within
 # connectionRetryTime, 1 s, and stands at once if its election deadline has passed).
 empty_start_election_s: Final = 2.0
-DUMP_VERSION: Final = 1
 # What _dump_state tells pysyncobj (its SERIALIZER_STATE, typed).
 DUMP_IDLE: Final[int] = SERIALIZER_STATE.NOT_SERIALIZING
 DUMP_RUNNING: Final[int] = SERIALIZER_STATE.SERIALIZING
 DUMP_DONE: Final[int] = SERIALIZER_STATE.SUCCESS
 DUMP_FAILED: Final[int] = SERIALIZER_STATE.FAILED
-
-
-def write_dump(path: str, image: CatalogImage, entries: list[list[Any]],
-               cluster: list[str]) -> None:
-    """Write the snapshot file at ``path`` whole or not at all: encoded, checksummed and
-    fsynced beside it, then renamed into place (the directory fsynced)."""
-    body = {"v": DUMP_VERSION, "catalog": encode_image(image), "entries": entries,
-            "cluster": cluster}
-    writing = path + ".writing"
-    with open(writing, "wb") as f:
-        f.write(encode_checked(body))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(writing, path)
-    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def read_dump(path: str | Path) -> dict[str, Any]:
-    """The snapshot file's map; raises :class:`ChecksumMismatch` if it is damaged."""
-    with open(path, "rb") as f:
-        body = decode_checked(f.read(), str(path))
-    if body.get("v") != DUMP_VERSION:
-        raise ChecksumMismatch(f"{path}: unknown snapshot version {body.get('v')!r}")
-    return body
-
-
-def restore_catalog(data: bytes) -> Catalog:
-    """:meth:`Catalog.restore` with the cyclic GC paused: a restore allocates millions of
-    objects that all stay, and with the GC on each full collection walked the growing
-    catalog again (more than half of a restore's CPU at 30,000 streams)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return Catalog.restore(data)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class CatalogSyncObj(SyncObj):  # type: ignore[misc]
@@ -117,6 +73,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._quiet_to: Any = None  # the leader whose quiet commit index is handled
         self._failure_logged = False
         self.answered = False  # a proposal's callback ran in this tick (see _onTick)
+        self._answering = False  # answers wait in the loop's callbacks (_after_socket_event)
         self.in_flight = 0  # proposals of this node not answered yet (RaftNode's)
         self._tick_soon_pending = False
         self._reading_ahead = False  # reading the sockets before standing for election
@@ -168,9 +125,17 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         syncs and acknowledges what it received, the leader commits what was
         acknowledged, one loop iteration sooner. (Ticks no more often: a tick per event
         instead of per loop iteration, and Raft events are a few messages from the other
-        nodes, each read whole.)"""
+        nodes, each read whole.)
+
+        Once a tick answered proposals, the ticks of later events in the same loop
+        iteration run after the answers (their callbacks, already queued): one at a time,
+        the second follower's acknowledgement, read with the first, commits nothing more,
+        and its tick (a whole pysyncobj tick) no longer delays the answer."""
         if self._tick_soon_pending:
             return  # a tick is due in this loop iteration anyway
+        if self._answering:
+            self.tick_soon()
+            return
         self._run_tick()
 
     def tick_for_proposal(self) -> None:
@@ -320,6 +285,9 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
             if self._applied_waiters:
                 self._wake_applied()
             answered, self.answered = self.answered, False
+            if answered and not self._answering:
+                self._answering = True  # until the answers queued meanwhile have run
+                self.loop.call_soon(self._answers_run)
             journal = self._journal
             dirty = isinstance(journal, ChecksummedJournal) and journal.dirty
             if raftrules.may_hold_commit_indexes(answered, self._sync_running is not None,
@@ -338,6 +306,9 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
                 self._deferring = False
                 if self._sync_running is None:
                     self._flush_outbox()
+
+    def _answers_run(self) -> None:
+        self._answering = False
 
     def _hold_commit_indexes(self) -> None:
         """Move the outbox's commit-index-only ``append_entries`` to ``_held``, released

@@ -20,7 +20,7 @@ from pd.catalog import PdNode
 from pd.catalogimage import CatalogImage, encode_image
 from pd.commands import CreateStream, OpenWriter, RegisterServer
 from pd.paging import StreamPage
-from pd.shell import raftpatch, raftsyncobj
+from pd.shell import raftdump, raftpatch, raftsyncobj
 from pd.shell.journal import ChecksummedJournal
 from pd.shell.raft import RaftNode
 from pd.shell.service import PdService
@@ -160,7 +160,7 @@ async def test_a_snapshot_is_written_off_the_loop_and_only_then_compacts(
         assert gate.wait(30), "the test never opened the gate"
         return encode_image(image)
 
-    monkeypatch.setattr(raftsyncobj, "encode_image", slow_encode)
+    monkeypatch.setattr(raftdump, "encode_image", slow_encode)
     address = f"127.0.0.1:{free_port()}"
     node = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
     node.start()
@@ -197,7 +197,7 @@ async def test_a_stop_during_a_snapshot_loses_no_entry_after_it(
         assert gate.wait(30), "the test never opened the gate"
         return encode_image(image)
 
-    monkeypatch.setattr(raftsyncobj, "encode_image", held_encode)
+    monkeypatch.setattr(raftdump, "encode_image", held_encode)
     address = f"127.0.0.1:{free_port()}"
     node = RaftNode(address, [], tmp_path, password=None, compaction_entries=20)
     node.start()
@@ -396,3 +396,43 @@ async def test_a_follower_reads_its_sockets_before_it_stands_for_election(
     finally:
         for node in nodes:
             await asyncio.to_thread(node.close)
+
+
+async def test_an_answer_leaves_before_the_tick_of_a_later_acknowledgement(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One at a time, both followers' acknowledgements are read in one loop iteration: the
+    first commits and answers; the second's tick (a whole pysyncobj tick that commits
+    nothing more) runs after the answer's callbacks (CatalogSyncObj._after_socket_event),
+    no longer between the commit and the answer."""
+    seen = {"leader": None, "future": None, "answered": False, "before": 0}
+    tick = raftsyncobj.CatalogSyncObj._onTick
+
+    def counted(self: raftsyncobj.CatalogSyncObj, timeToWait: float = 0.0) -> None:  # noqa: N803
+        future = seen["future"]
+        if (self is seen["leader"] and isinstance(future, asyncio.Future) and future.done()
+                and not seen["answered"]):
+            seen["before"] += 1  # a tick between the commit and the answer
+        tick(self, timeToWait)
+
+    monkeypatch.setattr(raftsyncobj.CatalogSyncObj, "_onTick", counted)
+    async with raft_group(tmp_path) as nodes:
+        leader = await _group_leader(nodes)
+        await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        seen["leader"] = leader._sync
+        proposals = 30
+        for i in range(proposals):
+            seen["answered"] = False
+            future = leader.start_proposal(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",)))
+            seen["future"] = future
+            future.add_done_callback(lambda _: seen.__setitem__("answered", True))
+            assert isinstance(await future, StreamMeta)
+        # Before: 60 and 59 such ticks for the 30 proposals in two runs.
+        assert seen["before"] <= proposals // 10, seen["before"]
+
+
+async def _group_leader(nodes: list[RaftNode]) -> RaftNode:
+    deadline = time.monotonic() + 10
+    while not any(n.leader() == n.self_address and n.ready() for n in nodes):
+        assert time.monotonic() < deadline, "no leader"
+        await asyncio.sleep(0.02)
+    return next(n for n in nodes if n.leader() == n.self_address)

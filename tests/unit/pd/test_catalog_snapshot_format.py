@@ -34,7 +34,7 @@ from pd.commands import (
     SealRange,
     TrimStream,
 )
-from pd.shell import raftsyncobj
+from pd.shell import raftdump, raftsyncobj
 
 ONE = ("rs1", "rs2", "rs3")
 TWO = ("rs2", "rs3", "rs4")
@@ -201,6 +201,6 @@ def test_pd_restores_a_snapshot_with_the_cyclic_gc_paused(
 
     monkeypatch.setattr(raftsyncobj.Catalog, "restore", restore)
     assert gc.isenabled()
-    restored = raftsyncobj.restore_catalog(rich_catalog().snapshot())
+    restored = raftdump.restore_catalog(rich_catalog().snapshot())
     assert seen == [False] and gc.isenabled()  # paused for it, on again after
     assert restored.view().streams == rich_catalog().view().streams
