@@ -1,7 +1,8 @@
 """Writer leases, and when the PD leader must recover a stream's open range itself.
 
 A live writer renews its stream's lease every ``limits.writer_keepalive_ms`` (a client
-renews all its writers in one ``PD_WRITERS_KEEPALIVE``, :class:`Keepalive` each;
+renews all its writers in one ``PD_WRITERS_KEEPALIVE``, :mod:`pd.keepalives`, or names
+only its session, which renews every lease bound to it;
 ``PD_WRITER_KEEPALIVE`` renews one; ``PD_OPEN_WRITER`` counts as one). The lease table
 lives on the Raft leader only, in memory, keyed by stream id (a name deleted and created
 again is a new stream: the old one's lease never counts for it, nor its renewals for
@@ -37,10 +38,8 @@ from heapq import heappop, heappush
 from typing import Any, Final, NamedTuple
 
 from estream.wire import limits
-from estream.wire.errors import EstreamError, Fenced, InvalidArgument
 from estream.wire.meta import StreamMeta
 from estream.wire.stripe import Stripe
-from pd.catalogmodel import incarnation
 
 recheck_ms_min: Final = 1_000  # a stream found clean is looked at again after this ...
 recheck_ms_max: Final = 16_000  # ... doubling up to this while it stays clean
@@ -49,11 +48,14 @@ sweep_streams_max: Final = 512  # streams a round's sweep looks at (all on a new
 
 
 class Lease(NamedTuple):  # (a tuple: renewed by every writer every second)
-    """The newest epoch that renewed a stream's lease, and when (this leader's clock)."""
+    """The newest epoch that renewed a stream's lease, and when (this leader's clock);
+    ``session``: the keepalive session it is bound to (``pd/keepalives.py``),
+    whose renewals renew it too (:meth:`LeaseTable.renewed_ms`)."""
 
     epoch: int
     renewed_ms: int
     held: bool = False  # PD's own epoch (a recovery): no writer of it to see alive
+    session: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,104 +244,6 @@ def seen_alive_ms(answers: Iterable[ReplicaAnswer], epoch: int, ack_count: int,
     return ages[ack_count - 1]
 
 
-class Keepalive(NamedTuple):  # (a tuple: thousands a request)
-    """One writer's renewal in a ``PD_WRITERS_KEEPALIVE`` request: stream ``name``, of
-    id ``stream_id`` (0: by name alone), by its writer of ``epoch``. On the wire a list
-    ``[name, stream_id, epoch]`` (thousands a request: no field names)."""
-
-    name: str
-    stream_id: int
-    epoch: int
-
-    def to_wire(self) -> list[Any]:
-        return [self.name, self.stream_id, self.epoch]
-
-
-def parse_keepalives(items: Any) -> list[Keepalive]:
-    """The ``writers`` of a ``PD_WRITERS_KEEPALIVE`` request; ``InvalidArgument`` (naming
-    the field) for anything but a list of at most ``limits.keepalive_writers_max`` lists
-    ``[name: str, stream_id: int >= 0, epoch: int >= 0]``.
-
-    >>> parse_keepalives([["s", 4, 2]])
-    [Keepalive(name='s', stream_id=4, epoch=2)]
-    """
-    if not isinstance(items, list):
-        raise InvalidArgument("field 'writers' must be a list", argument="writers")
-    if len(items) > limits.keepalive_writers_max:
-        raise InvalidArgument(f"{len(items)} writers in one keepalive: at most "
-                              f"{limits.keepalive_writers_max}", argument="writers")
-    out: list[Keepalive] = []
-    for item in items:  # (one a writer of every client every second: kept lean)
-        if type(item) is not list or len(item) != 3:
-            raise InvalidArgument("each of 'writers' must be [name, stream_id, epoch]",
-                                  argument="writers")
-        name, stream_id, epoch = item
-        if type(name) is not str:
-            raise InvalidArgument("a writer's name must be a string", argument="name")
-        if type(stream_id) is not int or stream_id < 0:
-            raise InvalidArgument("a writer's stream_id must be an integer >= 0",
-                                  argument="stream_id")
-        if type(epoch) is not int or epoch < 0:
-            raise InvalidArgument("a writer's epoch must be an integer >= 0", argument="epoch")
-        out.append(Keepalive(name, stream_id, epoch))
-    return out
-
-
-def keepalive_answer(answers: Sequence[tuple[str, ...] | EstreamError]) -> dict[str, Any]:
-    """The ``PD_WRITERS_KEEPALIVE`` answer for ``answers`` (one per writer asked, in
-    order), sparse: most writers are simply renewed and are not named at all.
-
-    >>> keepalive_answer([(), ("rs2",), Fenced("f", epoch=1, current_epoch=2), ()])["leave"]
-    [[1, ['rs2']]]
-    """
-    leave: list[list[Any]] = []
-    errors: list[list[Any]] = []
-    for i, answer in enumerate(answers):
-        if isinstance(answer, EstreamError):
-            errors.append([i, answer.to_wire()])
-        elif answer:
-            leave.append([i, list(answer)])
-    return {"count": len(answers), "leave": leave, "errors": errors}
-
-
-def renewed_stream(
-    by_id: Mapping[int, StreamMeta], streams: Mapping[str, StreamMeta], writer: Keepalive
-) -> StreamMeta:
-    """The stream ``writer`` renews: what :func:`~pd.catalogmodel.incarnation` of the
-    stream named ``writer.name`` gives (StreamNotFound when gone or another incarnation),
-    looked up by its id in ``by_id`` (the catalog's streams by id, a dict) when the
-    writer gives one: one lookup per writer renewed, thousands a second.
-
-    >>> s = StreamMeta(7, "orders")
-    >>> renewed_stream({7: s}, {}, Keepalive("orders", 7, 1)) is s
-    True
-    >>> renewed_stream({}, {"orders": s}, Keepalive("orders", 0, 1)) is s
-    True
-    >>> renewed_stream({7: s}, {"orders": s}, Keepalive("orders", 3, 1))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    estream.wire.errors.StreamNotFound: stream 'orders' (id 3) not found: the name is ...
-    """
-    found = by_id.get(writer.stream_id) if writer.stream_id > 0 else None
-    if found is not None and found.name == writer.name:
-        return found
-    return incarnation(streams.get(writer.name), writer.name, writer.stream_id)
-
-
-def keepalive_refusal(stream: StreamMeta, epoch: int) -> Fenced | None:
-    """Why the writer of ``epoch`` may not renew ``stream``'s lease: ``Fenced`` when a
-    newer epoch exists (a newer writer, a delete's or a recovery's epoch), else None.
-
-    >>> s = StreamMeta(1, "s", epoch=3)
-    >>> keepalive_refusal(s, 3) is None, type(keepalive_refusal(s, 2)).__name__
-    (True, 'Fenced')
-    """
-    if epoch < stream.epoch:
-        return Fenced(f"stream {stream.name!r}: epoch {epoch} is fenced by {stream.epoch}",
-                      epoch=epoch, current_epoch=stream.epoch)
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class _Recheck:
     epoch: int
@@ -397,9 +301,10 @@ class LeaseTable:
         self._queued: dict[int, int] = {}  # an entry counts while it is here (id -> when)
         self._sweep: Iterator[StreamMeta] | None = None  # still to sweep (a snapshot)
         self._sweep_all = True  # the next round sweeps every stream (a new term)
+        self._sessions: dict[str, int] = {}  # keepalive session -> its last renewal
 
     def _forget_all(self) -> None:
-        for table in (self._leases, self._rechecks, self._names, self._queued):
+        for table in (self._leases, self._rechecks, self._names, self._queued, self._sessions):
             table.clear()
         self._heap.clear()
         self._sweep = None
@@ -417,16 +322,54 @@ class LeaseTable:
         self.term = None
         self._forget_all()
 
-    def renew(self, stream: StreamMeta, epoch: int, now_ms: int) -> None:
+    def renew(self, stream: StreamMeta, epoch: int, now_ms: int, session: str = "") -> None:
         """The writer of ``epoch`` of ``stream`` (by its id) is alive (a keepalive, or the
-        open itself). A renewal by an older epoch than the lease's changes nothing."""
+        open itself); ``session``: its keepalive session, whose renewals
+        (:meth:`renew_session`) renew this lease from now on. A renewal by an older epoch
+        than the lease's changes nothing."""
         lease = self._leases.get(stream.id)
         if lease is None or epoch >= lease.epoch:
-            self._leases[stream.id] = Lease(epoch, now_ms)
+            if not session and lease is not None and lease.epoch == epoch:
+                session = lease.session  # (only unbind() or a new epoch unbinds)
+            self._leases[stream.id] = Lease(epoch, now_ms, False, session)
             self._names[stream.id] = stream.name
             self._rechecks.pop(stream.id, None)
             if stream.id not in self._queued:  # (else looked at then, and pushed back)
                 self._push(stream, now_ms + self.lease_ms)
+
+    def renew_session(self, session: str, now_ms: int) -> None:
+        """Every lease bound to ``session`` is renewed as of ``now_ms`` (one update: a
+        client's keepalive costs O(1) here, not O(writers)).
+
+        >>> t = LeaseTable(lease_ms=4_000)
+        >>> t.lead(term=1, now_ms=0)
+        >>> s = StreamMeta(1, "s", epoch=2)
+        >>> t.renew(s, 2, now_ms=0, session="c/0"); t.renew_session("c/0", now_ms=3_000)
+        >>> t.expired(s, 6_999), t.expired(s, 7_000)
+        (False, True)
+        >>> t.unbind(1, "c/0"); t.renew_session("c/0", now_ms=6_000); t.expired(s, 7_000)
+        True
+        """
+        self._sessions[session] = now_ms
+
+    def unbind(self, stream_id: int, session: str) -> None:
+        """``session`` no longer renews ``stream_id``'s lease (its writer left the list):
+        the lease stands as of the session's last renewal."""
+        lease = self._leases.get(stream_id)
+        if lease is not None and lease.session == session:
+            self._leases[stream_id] = Lease(lease.epoch, self.renewed_ms(lease), lease.held)
+
+    def forget_sessions(self, sessions: Iterable[str]) -> None:
+        """Forget idle sessions (:class:`~pd.keepalives.KeepaliveSessions`): their
+        leases stand as of their own renewals, long run out."""
+        for session in sessions:
+            self._sessions.pop(session, None)
+
+    def renewed_ms(self, lease: Lease) -> int:
+        """When ``lease`` was last renewed: by its writer, or through its session."""
+        if not lease.session:
+            return lease.renewed_ms
+        return max(lease.renewed_ms, self._sessions.get(lease.session, lease.renewed_ms))
 
     def seen(self, stream: StreamMeta, at_ms: int) -> None:
         """The writer of ``stream``'s current epoch was seen alive on its data path at
@@ -434,9 +377,10 @@ class LeaseTable:
         than its last renewal. Never renews an epoch PD took itself (:meth:`hold`)."""
         lease = self._leases.get(stream.id)
         if lease is not None and (lease.epoch > stream.epoch or (
-                lease.epoch == stream.epoch and (lease.held or lease.renewed_ms >= at_ms))):
+                lease.epoch == stream.epoch and (lease.held or self.renewed_ms(lease) >= at_ms))):
             return
-        self._leases[stream.id] = Lease(stream.epoch, at_ms)
+        session = lease.session if lease is not None and lease.epoch == stream.epoch else ""
+        self._leases[stream.id] = Lease(stream.epoch, at_ms, False, session)
         self._names[stream.id] = stream.name
 
     def lease(self, stream_id: int) -> Lease | None:
@@ -451,7 +395,7 @@ class LeaseTable:
             self._leases[stream.id] = Lease(stream.epoch, now_ms)
             self._names[stream.id] = stream.name  # (kept while the stream is)
             return False
-        return now_ms - lease.renewed_ms >= self.lease_ms
+        return now_ms - self.renewed_ms(lease) >= self.lease_ms
 
     def due(self, streams: Mapping[str, StreamMeta], now_ms: int, limit: int | None = None
             ) -> list[StreamMeta]:
@@ -471,6 +415,13 @@ class LeaseTable:
             if queued.get(stream_id) != when:
                 continue  # superseded by a later push
             del queued[stream_id]
+            lease = self._leases.get(stream_id)
+            if lease is not None and not lease.held:
+                renewed = self.renewed_ms(lease) + self.lease_ms
+                if renewed > now_ms:  # renewed since it was queued: not due before then
+                    queued[stream_id] = renewed  # (a look then finds what changed since)
+                    heappush(heap, (renewed, stream_id))
+                    continue
             stream = streams.get(self._names.get(stream_id, ""))
             if stream is None or stream.id != stream_id:
                 self._forget(stream_id)  # deleted (maybe created again: another id)
@@ -517,7 +468,7 @@ class LeaseTable:
         if lease is None or lease.epoch < stream.epoch:
             lease = self._leases[stream.id] = Lease(stream.epoch, now_ms)  # first seen
             self._names[stream.id] = stream.name
-        at = lease.renewed_ms + self.lease_ms
+        at = self.renewed_ms(lease) + self.lease_ms
         recheck = self._rechecks.get(stream.id)
         if recheck is not None and (recheck.epoch, recheck.range_index) == (
                 stream.epoch, last.index):

@@ -6,16 +6,22 @@ and says whether there are ``more`` (the caller asks again after the last one it
 :class:`ReplicaKeys` keeps the keys sorted as replicas come and go (a bisect and a short
 move each), so a page costs O(log n + limit), not a sort of every replica.
 
+An entry is the replica's DESCRIBE_RANGE answer with its key; ``compact`` (PD's reclaimer)
+lists an open sound replica by its key alone (:func:`page_entries`): PD keeps only that it
+is there. A listing is always complete: nothing depends on an earlier answer.
+
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 # The request's "after" and "limit" are read by ListRangesRequest (the limits are its).
 from estream.wire.rangemessages import list_ranges_replicas_default, list_ranges_replicas_max
+from rangeserver.replica import ReplicaState
 
 Key = tuple[int, int]  # (stream_id, range_index)
 
@@ -56,4 +62,30 @@ class ReplicaKeys:
         return taken, start + limit < len(self._keys)
 
 
-__all__ = ["Key", "ReplicaKeys", "list_ranges_replicas_default", "list_ranges_replicas_max"]
+def page_entries(keys: Sequence[Key], replicas: Mapping[Key, ReplicaState], *,
+                 compact: bool = False) -> list[Any]:
+    """The LIST_RANGES entries of ``keys`` (a page, in order): each replica's DESCRIBE_RANGE
+    answer with ``"stream_id"`` and ``"range_index"``; with ``compact``, an open replica
+    that is not damaged is ``[stream_id, range_index]`` alone.
+
+    >>> from dataclasses import replace
+    >>> open_ = ReplicaState.create(1, 1, 0, epoch=1)
+    >>> held = {(1, 0): replace(open_, range_index=0, sealed=True), (1, 1): open_}
+    >>> sealed, opened = page_entries([(1, 0), (1, 1)], held, compact=True)
+    >>> sealed["range_index"], sealed["sealed"], opened
+    (0, True, [1, 1])
+    >>> page_entries([(1, 1)], held)[0]["sealed"]
+    False
+    """
+    out: list[Any] = []
+    for key in keys:
+        state = replicas[key]
+        if compact and not (state.sealed or state.damaged):
+            out.append([key[0], key[1]])
+        else:
+            out.append({"stream_id": key[0], "range_index": key[1], **state.describe()})
+    return out
+
+
+__all__ = ["Key", "ReplicaKeys", "list_ranges_replicas_default", "list_ranges_replicas_max",
+           "page_entries"]

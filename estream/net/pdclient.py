@@ -57,7 +57,6 @@ from estream.wire.errors import (
     Timeout,
     Unavailable,
     UnsupportedOpcode,
-    from_wire,
 )
 from estream.wire.limits import raft_port_probe_timeout_s
 from estream.wire.meta import (
@@ -79,6 +78,7 @@ from estream.wire.pdanswers import (
     StreamAnswer,
     StreamsPage,
     TimeRangesAnswer,
+    keepalive_answers,
     leave_of,
 )
 from estream.wire.pdmessages import (
@@ -411,6 +411,24 @@ class PDClient:
             "writers": [[name, stream_id, epoch] for name, stream_id, epoch in writers]})
         return keepalive_answers(body, len(writers))
 
+    async def keepalive_session(
+        self, session: str, generation: int, writers: Sequence[tuple[str, int, int]] | None,
+        count: int,
+    ) -> tuple[list[tuple[str, ...] | EstreamError], bool] | None:
+        """:meth:`keepalive_writers` as keepalive session ``session`` (``pd/keepalives.py``)
+        at ``generation`` of its list of ``count`` writers: with ``writers``, the whole
+        list (PD records it); without, the session alone (PD renews every lease it bound
+        to it and answers as for the recorded list). Returns the answers and whether PD
+        holds the session now (an older PD answers the list and ignores the session), or
+        None when PD does not hold it at ``generation`` (nothing renewed: send the list)."""
+        header: Header = {"session": session, "generation": generation}
+        if writers is not None:
+            header["writers"] = [[name, stream_id, epoch] for name, stream_id, epoch in writers]
+        body = await self.call(Opcode.PD_WRITERS_KEEPALIVE, header)
+        if writers is None and body.get("resend") is True:
+            return None
+        return keepalive_answers(body, count), body.get("session") is True
+
     async def report_object_damage(self, stream_id: int, range_index: int, object_key: str,
                                    reason: str) -> str:
         """Tell the PD leader that ``object_key`` (of range ``range_index`` of stream
@@ -558,28 +576,6 @@ class PDClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def keepalive_answers(body: Header, count: int) -> list[tuple[str, ...] | EstreamError]:
-    """The per-writer answers of a ``PD_WRITERS_KEEPALIVE`` answer to ``count`` writers
-    (sparse: ``"leave"`` and ``"errors"`` name the writers by index; every other one was
-    renewed). Pure.
-
-    >>> keepalive_answers({"count": 3, "leave": [[2, ["rs1"]]], "errors": []}, 3)
-    [(), (), ('rs1',)]
-    """
-    if body.get("count") != count:
-        raise EstreamError(f"malformed keepalive answer for {count} writers")
-    out: list[tuple[str, ...] | EstreamError] = [()] * count
-    for item in body.get("leave") or ():
-        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) \
-                and 0 <= item[0] < count and isinstance(item[1], list):
-            out[item[0]] = tuple(s for s in item[1] if isinstance(s, str))
-    for item in body.get("errors") or ():
-        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) \
-                and 0 <= item[0] < count:
-            out[item[0]] = from_wire(item[1])
-    return out
 
 
 def with_earlier_ranges(tail: StreamMeta, known: StreamMeta, ranges_from: int,

@@ -4,8 +4,9 @@ One ``async`` method per range-server opcode (PING, CREATE_RANGE, APPEND, SEAL, 
 DESCRIBE_RANGE, FORCE, CONFIRM, LIST_RANGES, DROP_RANGE, TIME_INDEX), with keyword
 arguments; each sends its typed request (``estream/wire/rangemessages.py``) and returns
 its typed answer (``estream/wire/rangeanswers.py``: :class:`Created`, :class:`SealAnswer`,
-:class:`ReadAnswer`, :class:`RangeState`, :class:`ListedRange`, :class:`PingAnswer`,
-:class:`TimeAnswer`).
+:class:`ReadAnswer`, :class:`RangeState`, :class:`ListedRange`, :class:`ReplicaListing`,
+:class:`PingAnswer`, :class:`TimeAnswer`); LIST_RANGES has two (``list_ranges`` with
+every state, ``list_replicas`` compact, for PD's reclaimer).
 :mod:`estream.net.rangeclient` builds the copy loop and the writer's view on it (and
 re-exports it: import from there); its docstring has the timeout policy and why requests
 name a server id.
@@ -16,6 +17,7 @@ Side effects: network requests (through a :class:`~estream.net.rpc.ConnectionPoo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Final, Protocol
 
 from estream.net.rpc import Done, Header
@@ -31,11 +33,14 @@ from estream.wire.rangeanswers import (
     Created,
     ListedRange,
     PingAnswer,
+    RangeKey,
     RangeState,
     ReadAnswer,
+    ReplicaListing,
     SealAnswer,
     TimeAnswer,
     answer_int,
+    listed_entries,
 )
 from estream.wire.rangemessages import (
     ConfirmRequest,
@@ -45,6 +50,7 @@ from estream.wire.rangemessages import (
     ReadRequest,
     SealRequest,
     TimeIndexRequest,
+    list_ranges_replicas_max,
 )
 
 request_timeout_s: Final = limits.request_timeout_ms / 1000
@@ -284,23 +290,34 @@ class RangeClient:
     async def list_ranges(
         self, address: str, *, server_id: str | None, timeout_s: float | None = None
     ) -> tuple[ListedRange, ...]:
-        """LIST_RANGES: every replica the server has, asked a page at a time (entries
-        not well formed are left out). ``timeout_s`` bounds each page."""
-        out: list[ListedRange] = []
-        request = ListRangesRequest()
+        """LIST_RANGES: every replica the server has with its state, asked a page at a
+        time (entries not well formed are left out). ``timeout_s`` bounds each page."""
+        return (await self._listing(address, server_id, timeout_s, ListRangesRequest())).ranges
+
+    async def list_replicas(
+        self, address: str, *, server_id: str | None, timeout_s: float | None = None
+    ) -> ReplicaListing:
+        """LIST_RANGES ``compact``: every replica's key, and the state of the sealed or
+        damaged ones (an open sound replica is named by its key alone), in pages of the
+        most one answer holds. ``timeout_s`` bounds each page."""
+        return await self._listing(address, server_id, timeout_s, ListRangesRequest(
+            limit=list_ranges_replicas_max, compact=True))
+
+    async def _listing(self, address: str, server_id: str | None, timeout_s: float | None,
+                       request: ListRangesRequest) -> ReplicaListing:
+        keys: list[RangeKey] = []
+        ranges: list[ListedRange] = []
         for _ in range(list_pages_max):
             body, _ = await self._call(address, Opcode.LIST_RANGES, request.to_header(),
                                        server_id, timeout_s)
             raw = body.get("ranges")
             items = raw if isinstance(raw, list) else []
-            found = (ListedRange.from_header(item) for item in items)
-            out.extend(r for r in found if r is not None)
-            last = out[-1] if out else None
-            after = None if last is None else (last.stream_id, last.range_index)
+            listed_entries(items, keys, ranges)
+            after = keys[-1] if keys else None
             if body.get("more") is not True or not items or after == request.after:
                 break  # the last page (a server that does not page answers all at once)
-            request = ListRangesRequest(after=after)
-        return tuple(out)
+            request = replace(request, after=after)
+        return ReplicaListing(tuple(keys), tuple(ranges))
 
     async def drop_range(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,
@@ -341,6 +358,7 @@ __all__ = [
     "RangeClient",
     "RangeState",
     "ReadAnswer",
+    "ReplicaListing",
     "SealAnswer",
     "TimeAnswer",
 ]

@@ -18,6 +18,10 @@ every half lease: PD sees an idle writer alive on its data path even when its ke
 A round's cost follows what changed: the leases are taken at :meth:`LeaseKeeper.add` and the
 request's list rebuilt only after an add or a :meth:`LeaseKeeper.remove` (a writer closed or
 failed), and the writers are checked for overdue renewals only once a round went unanswered.
+PD's cost too: each part of the list is a keepalive session (``pd/keepalives.py``, a name
+picked at random and the part's index) with a generation, new at each rebuild; once PD
+holds a part at its generation, the part's request names the session alone, and PD renews
+every lease bound to it at once (a PD that does not hold it asks for the list again).
 
 Side effects: network (PD); one task per client while it has writers.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Sequence
 from typing import Final, Protocol
 
@@ -81,6 +86,9 @@ class LeaseKeeper:
         self._task: asyncio.Task[None] | None = None
         self._rounds: set[asyncio.Task[None]] = set()  # renewals still awaiting PD
         self._batched = True  # False once PD answered that it lacks PD_WRITERS_KEEPALIVE
+        self._session = secrets.token_hex(8)  # this keeper's keepalive sessions' prefix
+        self._generation = 0  # of the list, new at each rebuild
+        self._held: dict[int, int] = {}  # part -> the generation PD holds its session at
         self.requests = 0  # keepalive requests sent (statistics)
 
     def add(self, holder: LeaseHolder) -> None:
@@ -126,6 +134,7 @@ class LeaseKeeper:
             due = self._due
             if due is None:  # an add or a remove since the last round
                 due = self._due = list(self._leases.items())
+                self._generation += 1
             if not due:
                 self._task = None  # (no await since the check: add() starts a new one)
                 return
@@ -135,7 +144,8 @@ class LeaseKeeper:
                 log.debug("writer keepalive: %d renewals still awaiting PD; this one "
                           "skipped", len(self._rounds))
                 continue
-            task = asyncio.ensure_future(self.round(due, started_ms=now))
+            task = asyncio.ensure_future(self.round(due, started_ms=now,
+                                                    generation=self._generation))
             self._rounds.add(task)
             task.add_done_callback(self._round_done)
 
@@ -152,21 +162,26 @@ class LeaseKeeper:
             log.error("writer keepalive round failed", exc_info=task.exception())
 
     async def round(self, due: Sequence[tuple[LeaseHolder, Lease]],
-                    started_ms: int | None = None) -> None:
+                    started_ms: int | None = None, generation: int | None = None) -> None:
         """One renewal of every lease in ``due``, ``batch_max`` writers a request, the
         requests all at once (the last writers' renewal never waits for the first's);
         ``started_ms``: when ``due`` was every holder (answered in full, no renewal is
-        older)."""
-        answered = await asyncio.gather(*(self._renew(due[lo : lo + self._batch_max])
-                                          for lo in range(0, len(due), self._batch_max)))
+        older); ``generation``: ``due``'s, renewed as keepalive sessions (None: by list)."""
+        step = self._batch_max
+        answered = await asyncio.gather(*(
+            self._renew(due[lo : lo + step], None if generation is None else (lo // step,
+                                                                              generation))
+            for lo in range(0, len(due), step)))
         if started_ms is not None and all(answered):
             self._answered_ms = max(self._answered_ms, started_ms)
 
-    async def _renew(self, chunk: Sequence[tuple[LeaseHolder, Lease]]) -> bool:
-        """Whether PD renewed every lease of ``chunk``."""
+    async def _renew(self, chunk: Sequence[tuple[LeaseHolder, Lease]],
+                     part: tuple[int, int] | None = None) -> bool:
+        """Whether PD renewed every lease of ``chunk`` (``part``: its index in the list
+        and the list's generation, as a keepalive session)."""
         sent = self._clock.monotonic_ms()
         try:
-            answers = await self._send([lease for _, lease in chunk])
+            answers = await self._send([lease for _, lease in chunk], part)
         except EstreamError as exc:
             log.debug("writer keepalive failed (tried again next interval): %s", exc)
             return False
@@ -179,9 +194,12 @@ class LeaseKeeper:
             holder.on_keepalive(answer)
         return every
 
-    async def _send(self, leases: list[Lease]) -> list[KeepaliveAnswer]:
+    async def _send(self, leases: list[Lease], part: tuple[int, int] | None = None
+                    ) -> list[KeepaliveAnswer]:
         if self._batched:
             try:
+                if part is not None:
+                    return await self._send_session(leases, *part)
                 self.requests += 1
                 return await self._pd.keepalive_writers(leases)
             except UnsupportedOpcode:
@@ -189,6 +207,30 @@ class LeaseKeeper:
                 self._batched = False
         self.requests += len(leases)
         return list(await asyncio.gather(*(self._one(lease) for lease in leases)))
+
+    async def _send_session(self, leases: list[Lease], index: int, generation: int
+                            ) -> list[KeepaliveAnswer]:
+        """Part ``index`` of the list at ``generation`` as its keepalive session: by name
+        alone while PD holds it at that generation, else the whole part."""
+        session = f"{self._session}/{index}"
+        try:
+            if self._held.get(index) == generation:
+                self.requests += 1
+                got = await self._pd.keepalive_session(session, generation, None, len(leases))
+                if got is not None:
+                    return got[0]
+                self._held.pop(index, None)  # (another leader, a new term: all again)
+            self.requests += 1
+            sent = await self._pd.keepalive_session(session, generation, leases, len(leases))
+            if sent is None:  # (never for a list: a PD not following the protocol)
+                raise EstreamError("writer keepalive: PD asked again for the list it was sent")
+            answers, held = sent
+        except EstreamError:
+            self._held.pop(index, None)  # (the next round sends the list)
+            raise
+        if held and self._held.get(index, -1) < generation:
+            self._held[index] = generation
+        return answers
 
     async def _one(self, lease: Lease) -> KeepaliveAnswer:
         name, stream_id, epoch = lease

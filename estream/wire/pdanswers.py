@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from estream.wire.errors import EstreamError, from_wire
 from estream.wire.fields import Header
 from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
@@ -214,3 +215,25 @@ def leave_of(body: Mapping[str, Any]) -> tuple[str, ...]:
 def leave_header(leave: Sequence[str]) -> Header:
     """The answer :func:`leave_of` reads (nothing to leave: an empty map)."""
     return {"leave": list(leave)} if leave else {}
+
+
+def keepalive_answers(body: Header, count: int) -> list[tuple[str, ...] | EstreamError]:
+    """The per-writer answers of a ``PD_WRITERS_KEEPALIVE`` answer to ``count`` writers
+    (sparse: ``"leave"`` and ``"errors"`` name the writers by index; every other one was
+    renewed).
+
+    >>> keepalive_answers({"count": 3, "leave": [[2, ["rs1"]]], "errors": []}, 3)
+    [(), (), ('rs1',)]
+    """
+    if body.get("count") != count:
+        raise EstreamError(f"malformed keepalive answer for {count} writers")
+    out: list[tuple[str, ...] | EstreamError] = [()] * count
+    for item in body.get("leave") or ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) \
+                and 0 <= item[0] < count and isinstance(item[1], list):
+            out[item[0]] = tuple(s for s in item[1] if isinstance(s, str))
+    for item in body.get("errors") or ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) \
+                and 0 <= item[0] < count:
+            out[item[0]] = from_wire(item[1])
+    return out

@@ -552,7 +552,7 @@ WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
     Opcode.PD_CLUSTER: (),
     Opcode.PD_UPDATE_REPLICAS: field_names(UpdateReplicasRequest),
     Opcode.PD_WRITER_KEEPALIVE: field_names(WriterKeepaliveRequest),
-    Opcode.PD_WRITERS_KEEPALIVE: ("writers",),
+    Opcode.PD_WRITERS_KEEPALIVE: ("writers", "session", "generation"),
     Opcode.PD_DRAIN_SERVER: field_names(ServerRequest),
     Opcode.PD_FORGET_SERVER: ("server_id",),
     Opcode.PD_DESCRIBE_SERVERS: ("server_id",),

@@ -64,8 +64,9 @@ class Opcode(IntEnum):
     PD_CLUSTER = 50
     PD_UPDATE_REPLICAS = 51
     PD_WRITER_KEEPALIVE = 52
-    PD_WRITERS_KEEPALIVE = 53  # {"writers": [{"name", "stream_id", "epoch"}]} -> {"writers":
-    #   [{"leave"?} or {"error"}]}: a client's writers renewed at once (pd/lease.py)
+    PD_WRITERS_KEEPALIVE = 53  # {"writers": [[name, stream_id, epoch]], "session"?,
+    #   "generation"?} -> {"count", "leave", "errors"}: a client's writers renewed at once; a
+    #   session's by its name alone once PD holds its list (pd/keepalives.py, docs/PROTOCOL.md)
     PD_DRAIN_SERVER = 65  # {"server_id", "cancel"} -> {"server"}: see pd/drain.py
     PD_FORGET_SERVER = 66  # {"server_id"} -> {"forgotten"}
     PD_DESCRIBE_SERVERS = 67  # {"server_id"?} -> {"servers": [server + state, replicas]}

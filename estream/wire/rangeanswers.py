@@ -238,6 +238,42 @@ class ListedRange:
                 **self.state.to_header()}
 
 
+RangeKey = tuple[int, int]  # (stream_id, range_index)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaListing:
+    """A whole LIST_RANGES listing asked ``compact`` (:func:`listed_entries` of each
+    page): ``keys``, every replica the server named, in its order; ``ranges``, the
+    entries it listed whole (sealed or damaged replicas; every one, from a server that
+    does not know ``compact``). An open sound replica is in ``keys`` only."""
+
+    keys: tuple[RangeKey, ...]
+    ranges: tuple[ListedRange, ...]
+
+
+def listed_entries(items: list[Any], keys: list[RangeKey], ranges: list[ListedRange]) -> None:
+    """Add a LIST_RANGES page's ``items`` to ``keys`` (every one) and ``ranges`` (those
+    listed whole); an entry not well formed is left out of both.
+
+    >>> keys, ranges = [], []
+    >>> listed_entries([[4, 0], {"stream_id": 4, "range_index": 1, "start": 0, "end": 3,
+    ...     "confirm": 3, "epoch": 1, "sealed": True, "sealed_end": 3}, [4, "x"], 7],
+    ...     keys, ranges)
+    >>> keys, [(r.range_index, r.state.sealed) for r in ranges]
+    ([(4, 0), (4, 1)], [(1, True)])
+    """
+    for item in items:
+        if type(item) is list:
+            if len(item) == 2 and type(item[0]) is int and type(item[1]) is int:
+                keys.append((item[0], item[1]))
+            continue
+        entry = ListedRange.from_header(item)
+        if entry is not None:
+            keys.append((entry.stream_id, entry.range_index))
+            ranges.append(entry)
+
+
 @dataclass(frozen=True, slots=True)
 class TimeAnswer:
     """TIME_INDEX: a replica's time statistics (``rangeserver/timeindex.py``) and, when a

@@ -291,11 +291,13 @@ class ConfirmRequest:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ListRangesRequest:
     """``LIST_RANGES``: a page of at most ``limit`` replicas after the key ``after``
-    (``(stream_id, range_index)``; None: from the first)."""
+    (``(stream_id, range_index)``; None: from the first); ``compact``: an open sound
+    replica is listed by its key alone (``rangeserver/listing.py``)."""
 
     OPCODE: ClassVar[Opcode] = Opcode.LIST_RANGES
     after: tuple[int, int] | None = None
     limit: int = list_ranges_replicas_default
+    compact: bool = False
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> ListRangesRequest:
@@ -303,7 +305,7 @@ class ListRangesRequest:
         ``[stream_id, range_index]``; ``InvalidArgument`` naming the field otherwise.
 
         >>> ListRangesRequest.from_header({"after": [7, 2], "limit": 10})
-        ListRangesRequest(after=(7, 2), limit=10)
+        ListRangesRequest(after=(7, 2), limit=10, compact=False)
         """
         limit = h.get("limit", list_ranges_replicas_default)
         if not isinstance(limit, int) or isinstance(limit, bool) \
@@ -311,14 +313,15 @@ class ListRangesRequest:
             raise InvalidArgument(
                 f"limit must be an integer from 1 to {list_ranges_replicas_max}",
                 argument="limit")
+        compact = optional(h, "compact", bool, False)
         after = h.get("after")
         if after is None:
-            return cls(limit=limit)
+            return cls(limit=limit, compact=compact)
         if not isinstance(after, list | tuple) or len(after) != 2 or not all(
                 isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U64_MAX
                 for v in after):
             raise InvalidArgument("after must be [stream_id, range_index]", argument="after")
-        return cls(after=(after[0], after[1]), limit=limit)
+        return cls(after=(after[0], after[1]), limit=limit, compact=compact)
 
     def to_header(self) -> Header:
         header: Header = {}
@@ -326,6 +329,8 @@ class ListRangesRequest:
             header["after"] = list(self.after)
         if self.limit != list_ranges_replicas_default:
             header["limit"] = self.limit
+        if self.compact:
+            header["compact"] = True
         return header
 
 

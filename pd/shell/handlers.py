@@ -52,7 +52,7 @@ from estream.wire.pdmessages import (
     WriterKeepaliveRequest,
 )
 from estream.wire.protocol import Opcode
-from pd.lease import keepalive_answer, parse_keepalives
+from pd.keepalives import keepalive_answer, parse_keepalives, parse_session
 from pd.objectdamage import REASONS, DamageReport
 from pd.paging import ranges_window, stream_answer, stream_tail
 from pd.retention import cursor_rows
@@ -230,8 +230,13 @@ class PdHandlers:
         return leave_header(leave)
 
     async def keepalives(self, h: Header) -> Header:
-        return keepalive_answer(await self.service.keepalive_writers(
-            parse_keepalives(require(h, "writers", list))))
+        session = parse_session(h)
+        if session is not None and h.get("writers") is None:  # a session's list, unnamed
+            answer = await self.service.keepalive_session(*session)
+            return {"resend": True} if answer is None else answer
+        answer = keepalive_answer(await self.service.keepalive_writers(
+            parse_keepalives(require(h, "writers", list)), session))
+        return answer if session is None else {**answer, "session": True}
 
     async def time_ranges(self, h: Header) -> Header:
         """The ranges that may hold the first record at or after ``timestamp``, after

@@ -1,13 +1,15 @@
 """The PD leader's reclaimer: tells range servers to drop replicas nothing can read.
 
 Every ``limits.reclaim_interval_ms``, while this node is the Raft leader, it asks each
-live range server for its replicas (``LIST_RANGES``), decides with :func:`pd.reclaim.droppable`
-which belong to deleted streams, to ranges trimmed away, or to ranges repair moved
-elsewhere (those confirmed over two rounds), and sends ``DROP_RANGE`` for each (at most
-``limits.reclaim_drops_per_round_max`` a round). The server logs the drop and deletes
-the log segments nothing else needs (``rangeserver/retention.py``), so deleting or
-trimming a stream frees disk space on every server that held it. A server that does not
-answer is tried again next round; a drop is idempotent.
+live range server for its replicas (``LIST_RANGES`` compact: every replica's key, the
+sealed and damaged ones with their state; each listing complete), decides with
+:func:`pd.reclaim.droppable` which belong to deleted streams, to ranges trimmed away, or
+to ranges repair moved elsewhere (those confirmed over two rounds), and sends
+``DROP_RANGE`` for each (at most ``limits.reclaim_drops_per_round_max`` a round). The
+server logs the drop and deletes the log segments nothing else needs
+(``rangeserver/retention.py``), so deleting or trimming a stream frees disk space on
+every server that held it. A server that does not answer is tried again next round; a
+drop is idempotent.
 
 Each listing also tells repair which replicas are sealed, and where
 (:class:`~pd.repair.SealedReports`): one sealed whole at an end other than the catalog's
@@ -120,12 +122,13 @@ class Reclaimer:
                 continue
             try:
                 asked_ms = self.service.clock_ms()
-                listing = await self.client.list_ranges(server.address, server_id=server.id)
-                # Only the sealed ones are remembered (a complete listing forgets the
-                # others): 10,000 open replicas a server are only keys here.
-                sealed = parse_listing([entry for entry in listing if entry.state.sealed])
+                # Compact: an open sound replica comes as its key alone (10,000 a server
+                # here every round: issue 27); the sealed ones whole. Only the sealed
+                # ones are remembered (a complete listing forgets the others).
+                listing = await self.client.list_replicas(server.address, server_id=server.id)
+                sealed = parse_listing([entry for entry in listing.ranges if entry.state.sealed])
                 self.service.sealed_reports.observe(server.id, sealed, complete=True)
-                keys = [(entry.stream_id, entry.range_index) for entry in listing]
+                keys = listing.keys
                 self.service.listings[server.id] = ServerListing(asked_ms, frozenset(keys))
                 view = self.service.view()  # after the listing: what the catalog says now
                 streams = self.service.streams_by_id  # (followed from the catalog's changes)

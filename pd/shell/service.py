@@ -34,6 +34,7 @@ from estream.core.stripedread import stripe_of
 from estream.core.striping import fenced_against_writers
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rpc import ConnectionPool, Handler, QuickHandler
+from estream.wire import limits
 from estream.wire.errors import (
     Conflict,
     EstreamError,
@@ -43,7 +44,7 @@ from estream.wire.errors import (
     StreamExists,
     Unavailable,
 )
-from estream.wire.fields import streams_page_default
+from estream.wire.fields import Header, streams_page_default
 from estream.wire.meta import StreamMeta
 from estream.wire.packing import packb
 from estream.wire.pdmessages import CreateStreamRequest, SetRetentionRequest
@@ -62,7 +63,14 @@ from pd.commands import (
     UpdateReplicas,
 )
 from pd.drain import ReplicaTotals, leave_servers
-from pd.lease import Keepalive, LeaseTable, keepalive_refusal, renewed_stream
+from pd.keepalives import (
+    Keepalive,
+    KeepaliveResult,
+    KeepaliveSessions,
+    keepalive_refusal,
+    renewed_stream,
+)
+from pd.lease import LeaseTable
 from pd.liveness import Liveness
 from pd.metrics import Metrics
 from pd.objectdamage import DamageReport
@@ -76,7 +84,7 @@ from pd.shell.groups import GroupRpc
 from pd.shell.handlers import PdHandlers
 from pd.shell.servers import ServerOps
 from pd.streamfigures import asked_range, stream_figures
-from pd.streammemo import StreamsById
+from pd.streammemo import StreamsById, catalog_map
 
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
 list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
@@ -108,6 +116,8 @@ class PdService(ServerOps):
         self.replica_totals = ReplicaTotals()
         self.listings: dict[str, ServerListing] = {}  # the reclaimer's, for repair
         self.leases = LeaseTable()  # writer leases, while this node leads
+        self.keepalive_sessions = KeepaliveSessions()  # clients' writer lists (pd/keepalives.py)
+        self._sessions_swept_ms = 0  # when idle sessions were last forgotten
         # the catalog's streams by id, kept from its changes: keepalives and the reclaimer
         self.streams_by_id = StreamsById()
         self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
@@ -307,20 +317,68 @@ class PdService(ServerOps):
         return answer
 
     async def keepalive_writers(
-        self, writers: Sequence[Keepalive]
-    ) -> list[tuple[str, ...] | EstreamError]:
+        self, writers: Sequence[Keepalive], session: tuple[str, int] | None = None,
+    ) -> list[KeepaliveResult]:
         """:meth:`keepalive_writer` for many writers at once (``PD_WRITERS_KEEPALIVE``: a
         client renews all its writers in one request per interval, so leases cost PD
         O(clients) requests, not O(writers)): each answered in order, its ``leave`` or
-        the error refusing it. NotLeader or Unavailable refuse the whole request."""
+        the error refusing it. NotLeader or Unavailable refuse the whole request.
+        ``session``: ``(name, generation)`` of the client's list (``pd/keepalives.py``):
+        the list and its answers are recorded, and the leases renewed bound to it."""
         status = self.require_leading("writer leases are kept by the leader")
         # Caught up first: a new leader still applying the log could miss the stream
         # (and StreamNotFound fences the writer).
         view = await self.decision_view()
         now = self.clock_ms()
         self.leases.lead(status.term, now)
+        name = "" if session is None else session[0]
+        before = self.keepalive_sessions.previous(name) if session is not None else None
+        if session is not None and before is not None and before.term == status.term \
+                and before.generation > session[1]:
+            session = None  # a late request of an older list: answered, bound to nothing
+            name = ""
+        results = self._keepalive_results(view, writers, now, name)
+        if session is not None:
+            if before is not None:  # writers gone from the list: their leases unbound
+                listed = {w.stream_id for w in writers}
+                for gone in {w.stream_id for w in before.writers} - listed:
+                    self.leases.unbind(gone, name)
+            self.keepalive_sessions.record(
+                name, session[1], list(writers), results, catalog_map(view.streams.values()),
+                term=status.term, now_ms=now)
+            self.leases.renew_session(name, now)
+            if now - self._sessions_swept_ms >= limits.writer_keepalive_ms:
+                self._sessions_swept_ms = now
+                self.leases.forget_sessions(self.keepalive_sessions.forget_idle(now))
+        return results
+
+    async def keepalive_session(self, session: str, generation: int) -> Header | None:
+        """A session's keepalive without its list (``pd/keepalives.py``): every lease bound
+        to it renewed, and the ``PD_WRITERS_KEEPALIVE`` answer to its recorded list
+        (worked out again for the writers whose stream changed since); None when this
+        leader does not hold the session at ``generation`` (nothing renewed: the client
+        sends its list)."""
+        status = self.require_leading("writer leases are kept by the leader")
+        view = await self.decision_view()
+        now = self.clock_ms()
+        self.leases.lead(status.term, now)
+        record = self.keepalive_sessions.get(session, generation, status.term)
+        if record is None:
+            return None
+        self.leases.renew_session(session, now)
+        catalog = catalog_map(view.streams.values())
+        stale = record.stale(catalog, bool(view.draining))
+        results = self._keepalive_results(view, [record.writers[i] for i in stale], now,
+                                          session)
+        record.update(list(zip(stale, results, strict=True)), catalog, now)
+        return record.answer
+
+    def _keepalive_results(self, view: CatalogView, writers: Sequence[Keepalive], now: int,
+                           session: str) -> list[KeepaliveResult]:
+        """Each writer's keepalive answer, its lease renewed (bound to ``session``, when
+        named by its stream id) unless refused."""
         alive: int | None = None  # live servers, counted once if any writer must leave
-        out: list[tuple[str, ...] | EstreamError] = []
+        out: list[KeepaliveResult] = []
         self.streams_by_id.follow(view.streams.values())
         by_id, streams = self.streams_by_id.by_id, view.streams
         for writer in writers:
@@ -333,7 +391,7 @@ class PdService(ServerOps):
             if refusal is not None:
                 out.append(refusal)
                 continue
-            self.leases.renew(stream, writer.epoch, now)
+            self.leases.renew(stream, writer.epoch, now, session if writer.stream_id else "")
             leave = leave_servers(stream, view.draining) if view.draining else ()
             if leave:
                 if alive is None:

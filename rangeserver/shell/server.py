@@ -401,7 +401,7 @@ class RangeServer:
 
     async def list_ranges(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         asked = rm.ListRangesRequest.from_header(header)
-        ranges, more = self.store.list_ranges(asked.after, asked.limit)
+        ranges, more = self.store.list_ranges(asked.after, asked.limit, compact=asked.compact)
         return {"ranges": ranges, "more": more}, b""
 
     async def drop_range(self, header: Header, payload: bytes) -> tuple[Header, bytes]:

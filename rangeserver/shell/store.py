@@ -36,7 +36,7 @@ from rangeserver import pacing, retention
 from rangeserver import replica as rp
 from rangeserver import walformat as wf
 from rangeserver.index import BatchCache, Location, RangeIndex
-from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default
+from rangeserver.listing import ReplicaKeys, list_ranges_replicas_default, page_entries
 from rangeserver.refusals import create_refusal, indexed_seal_refusal
 from rangeserver.replay import Replay
 from rangeserver.replica import ReplicaState, readable_end
@@ -558,15 +558,16 @@ class Store(StoreReads, StoreAppends):
         return state.describe(seen_ms=age)
 
     def list_ranges(
-        self, after: Key | None = None, limit: int = list_ranges_replicas_default
-    ) -> tuple[list[dict[str, object]], bool]:
+        self, after: Key | None = None, limit: int = list_ranges_replicas_default, *,
+        compact: bool = False,
+    ) -> tuple[list[object], bool]:
         """A page of the replicas in key order after ``after`` (rangeserver/listing.py),
-        each as DESCRIBE_RANGE answers it, and whether more are left."""
+        each as DESCRIBE_RANGE answers it (``compact``: an open sound one by its key
+        alone), and whether more are left."""
         if len(self.keys) != len(self.replicas):  # never expected: rebuild, not mislist
             self.keys = ReplicaKeys(self.replicas)
         keys, more = self.keys.page(after, limit)
-        return [{"stream_id": k[0], "range_index": k[1], **self.replicas[k].describe()}
-                for k in keys], more
+        return page_entries(keys, self.replicas, compact=compact), more
 
     async def force(self) -> None:
         await self.wal.force()

@@ -278,3 +278,31 @@ async def describe_replicas(client: estream.Client, stream: StreamMeta) -> list[
             for ref in last.replicas]
     finally:
         await pool.close()
+
+
+# In make chaos (about 15 s); the quicker counterpart is tests/sim/test_simpd.py's
+# test_a_keepalive_session_renews_its_list_by_name_and_a_new_term_asks_for_it.
+@pytest.mark.slow
+async def test_an_idle_writers_keepalive_session_outlives_a_pd_leader_kill(
+        cluster: Cluster) -> None:
+    """Keepalive sessions (pd/keepalives.py) on real processes: an idle writer with an
+    unconfirmed tail (a range PD would seal) renews its lease by its session's name
+    alone; the PD leader is killed, the new one holds no session and asks for the list,
+    and the writer is never recovered: its lease is renewed through the new leader."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("sessioned", replicas=3, ack_count=2)
+        writer = await client.open_writer("sessioned")
+        for i in range(5):
+            await writer.append(b"s%d" % i)
+        hide_confirms(cluster)  # its last batch stays unconfirmed; no CONFIRM seen alive
+        await writer.append(b"last")
+        await asyncio.sleep(limits.writer_lease_ms / 1000 + 1)  # renewed by session only
+        killed = cluster.kill_pd_leader()
+        await asyncio.sleep(2 * limits.writer_lease_ms / 1000 + 2)  # a new term's lease, over
+        stream = await client.describe_stream("sessioned")
+        assert stream.epoch == writer.epoch and stream.ranges[-1].end is None, \
+            "a live writer's range must never be recovered by PD"
+        show_confirms(cluster)
+        await writer.append(b"after")  # not fenced
+        await writer.close()
+    cluster.restart_pd(killed)

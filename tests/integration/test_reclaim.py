@@ -12,7 +12,7 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
-from estream.net.rangeclient import RangeClient
+from estream.net.rangeclient import ListedRange, RangeClient, ReplicaListing
 from estream.net.rpc import RpcClient
 from estream.wire import limits
 from estream.wire.protocol import Opcode
@@ -102,6 +102,37 @@ async def test_trimming_drops_the_ranges_it_removed_and_keeps_the_rest(
         assert set().union(*held.values()) == {r.index for r in ranges if r.sealed} - gone
         offsets = [r.offset async for r in client.read("trimmed-away", start=cut)]
         assert offsets == list(range(cut, 150))
+
+
+async def test_the_reclaimers_compact_listing_names_what_a_full_one_does(
+    cluster: Cluster,
+) -> None:
+    """LIST_RANGES compact (the reclaimer's, every round) on the real servers: every replica
+    named, the sealed one with its whole state as the full listing gives it, the open one
+    by its key alone."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        meta = await client.create_stream("listed-compact", replicas=3, ack_count=2)
+        async with await client.open_writer("listed-compact") as writer:
+            await writer.append_batch([b"a", b"b"])  # sealed at 2 at close
+        writer = await client.open_writer("listed-compact")  # range 1: open
+        await writer.append(b"c")
+
+        async def both(server: str) -> tuple[list[ListedRange], ReplicaListing]:
+            pool = cluster.member_pool()
+            try:
+                listings = RangeClient(pool)
+                full = await listings.list_ranges(server, server_id=None)
+                return ([r for r in full if r.stream_id == meta.id],
+                        await listings.list_replicas(server, server_id=None))
+            finally:
+                await pool.close()
+
+        for server in cluster.servers:
+            full, compact = await both(server.address)
+            assert [(r.range_index, r.state.sealed) for r in full] == [(0, True), (1, False)]
+            assert [k for k in compact.keys if k[0] == meta.id] == [(meta.id, 0), (meta.id, 1)]
+            assert [r for r in compact.ranges if r.stream_id == meta.id] == full[:1]
+        await writer.close()
 
 
 FILLER_REPLICAS = 15_000  # one LIST_RANGES answer of them all would pass the 1 MiB header cap

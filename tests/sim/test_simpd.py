@@ -321,3 +321,57 @@ def test_a_decision_waits_for_the_catch_up_on_the_services_clock(tmp_path: Path)
 
     waited = on_cluster(tmp_path, 8, body, servers=False)
     assert 2.0 <= waited < 2.1, waited
+
+
+def test_a_keepalive_session_renews_its_list_by_name_and_a_new_term_asks_for_it(
+        tmp_path: Path) -> None:
+    """Issue 27: leases renewed per client. After one request naming its writers, a
+    session's keepalives name only the session: its writers are never recovered, one
+    taken off its list is (a lease after it left), the other incarnation of a name
+    answers StreamNotFound, a newer epoch Fenced, and a new term renews nothing until
+    the list is sent again."""
+    async def body(c: Cluster) -> dict[str, Any]:
+        client = c.client
+        for name in ("kept", "left", "again", "fenced"):
+            await client.create_stream(name, 3, 2)
+        kept, left, again, fenced = [await client.open_writer(n)
+                                     for n in ("kept", "left", "again", "fenced")]
+        for writer in (kept, left):  # records a dead writer would hide: recovery seals
+            await write_unconfirmed(c, writer, 3)
+        writers = [(w.name, w.id, w.epoch) for w in (kept, left, again, fenced)]
+        out: dict[str, Any] = {"first": await client.keepalive_session("c/0", 1, writers, 4)}
+        listed = [w for w in writers if w[0] != "left"]
+        out["second"] = await client.keepalive_session("c/0", 2, listed, 3)
+        out["stale"] = await client.keepalive_session("c/0", 1, None, 4)  # an older list
+        shorts = []
+        for _ in range(8):  # a lease is 4 s
+            shorts.append(await client.keepalive_session("c/0", 2, None, 3))
+            await asyncio.sleep(1.0)
+        out["shorts"] = shorts
+        out["left_epoch"] = c.service_().view().stream("left").epoch
+        await client.delete_stream("again")
+        await client.create_stream("again", 3, 2)
+        await client.open_writer("fenced")  # another writer fences this session's
+        out["changed"] = await client.keepalive_session("c/0", 2, None, 3)
+        c.raft.lose_leader()
+        await asyncio.sleep(0.5)
+        c.raft.elect()
+        out["new_term"] = await client.keepalive_session("c/0", 2, None, 3)
+        out["resent"] = await client.keepalive_session("c/0", 2, listed, 3)
+        out["after"] = await client.keepalive_session("c/0", 2, None, 3)
+        out["kept"] = c.service_().view().stream("kept")
+        return out
+
+    out = on_cluster(tmp_path, 10, body)
+    assert out["first"] == ([(), (), (), ()], True)
+    assert out["second"] == ([(), (), ()], True)
+    assert out["stale"] is None  # PD holds generation 2: send the list
+    assert all(short == ([(), (), ()], False) for short in out["shorts"])
+    assert out["left_epoch"] > 1  # off the list: its lease ran out, PD recovered it
+    answers, _ = out["changed"]
+    assert answers[0] == () and type(answers[1]).__name__ == "StreamNotFound"
+    assert type(answers[2]).__name__ == "Fenced"
+    assert out["new_term"] is None  # a new term holds no session
+    assert out["resent"][1] is True and out["after"] is not None
+    kept: StreamMeta = out["kept"]
+    assert kept.epoch == 1 and not kept.ranges[0].sealed  # renewed by its session alone

@@ -15,15 +15,8 @@ from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, InvalidArgument, StreamNotFound
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd import lease as lease_module
-from pd.lease import (
-    Keepalive,
-    LeaseTable,
-    ReplicaAnswer,
-    keepalive_answer,
-    must_seal,
-    needs_recovery,
-    parse_keepalives,
-)
+from pd.keepalives import Keepalive, keepalive_answer, parse_keepalives
+from pd.lease import LeaseTable, ReplicaAnswer, must_seal, needs_recovery
 from pd.pmap import PMap
 
 LEASE = 4_000
@@ -327,3 +320,52 @@ def test_a_range_left_open_by_a_writer_that_closed_cleanly_is_sealed_unless_empt
     assert not must_seal(clean, start=10), "nothing written to it: left as it is"
     assert must_seal([ReplicaAnswer(12, 10), ReplicaAnswer(10, 10)], start=10), "hidden"
     assert not must_seal([], start=0), "nobody answered"
+
+
+def test_a_session_renews_every_lease_bound_to_it_at_once() -> None:
+    """Issue 27: leases renewed per client. A lease renewed through a keepalive session
+    is renewed by each of the session's renewals; a sessionless renewal of its epoch
+    keeps it bound (only ``unbind`` or a new epoch ends that); the writer seen alive
+    stays bound; a new term forgets sessions."""
+    t, s = table(), stream()
+    t.renew(s, 1, 0, session="c/0")
+    for now in range(1_000, 20_000, 1_000):
+        t.renew_session("c/0", now)
+        assert t.due(of(s), now + 999) == []
+    t.renew(s, 1, 19_500)  # (an older PD_WRITER_KEEPALIVE path): still bound
+    t.seen(s, 19_800)
+    t.renew_session("c/0", 21_000)
+    assert t.due(of(s), 24_999) == [] and t.lease(1).session == "c/0"
+    t.unbind(1, "c/1")  # another session's unbind: not this lease's
+    t.unbind(1, "c/0")  # off the list: stands as of the session's last renewal
+    t.renew_session("c/0", 24_000)
+    assert t.due(of(s), 24_999) == [] and t.due(of(s), 25_000) == [s]
+    t.renew(stream(epoch=2), 2, 25_000, session="c/0")
+    t.renew(stream(epoch=3), 3, 25_100)  # a newer writer, elsewhere: unbound
+    t.renew_session("c/0", 28_000)
+    assert t.due(of(stream(epoch=3)), 29_100) == [stream(epoch=3)]
+    t.renew(stream(epoch=3), 3, 30_000, session="c/0")
+    t.lead(term=2, now_ms=30_000)
+    t.renew_session("c/0", 34_000)  # (a new term's leader would not: it asks for the list)
+    assert t.lease(1) is None
+
+
+def test_a_lease_renewed_since_it_was_queued_is_pushed_back_without_a_look() -> None:
+    """Issue 27: the recovery round popped every live writer's stream once a lease and
+    looked it up in the catalog to push it back; a lease renewed since is pushed back to
+    its renewal's end straight away (looked at only when that ends)."""
+    n = 1_000
+    t = LeaseTable(lease_ms=LEASE, sweep_max=0)
+    t.lead(1, 0)
+    catalog = Counting(open_streams(n))
+    t.due(catalog, 0)
+    for s in catalog.streams.values():
+        t.renew(s, 1, 0, session="c/0")
+    catalog.touched = 0
+    for now in range(500, 20_000, 500):
+        t.renew_session("c/0", now)
+        assert t.due(catalog, now) == []
+    assert catalog.touched == 0
+    t.unbind(5, "c/0")  # (stream ids 1..n): stands as of 19,500
+    t.renew_session("c/0", 21_000)
+    assert [s.id for s in t.due(catalog, 19_500 + LEASE)] == [5]

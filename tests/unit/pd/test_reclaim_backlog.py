@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from estream.wire.rangeanswers import ListedRange, RangeState
+from estream.wire.rangeanswers import ListedRange, RangeState, ReplicaListing
 from pd.metrics import Metrics
 from pd.shell.reclaimer import BACKLOG, Reclaimer
 from pd.streammemo import StreamsById
@@ -24,8 +24,9 @@ class FakeRangeClient:
     def __init__(self, servers: list[str]) -> None:
         self.held = {address: set(range(5)) for address in servers}
 
-    async def list_ranges(self, address: str, *, server_id: str | None) -> list[ListedRange]:
-        return [listed(3, i) for i in sorted(self.held[address])]
+    async def list_replicas(self, address: str, *, server_id: str | None) -> ReplicaListing:
+        ranges = tuple(listed(3, i) for i in sorted(self.held[address]))
+        return ReplicaListing(tuple((r.stream_id, r.range_index) for r in ranges), ranges)
 
     async def drop_range(self, address: str, *, server_id: str | None, stream_id: int,
                          range_index: int) -> bool:

@@ -4,6 +4,7 @@ and the client that asks for every page."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -13,17 +14,31 @@ from estream.net.rangeclient import RangeClient
 from estream.wire.errors import InvalidArgument
 from estream.wire.limits import frame_header_bytes_max
 from estream.wire.protocol import Opcode
+from estream.wire.rangeanswers import ListedRange, RangeState, listed_entries
 from estream.wire.rangemessages import ListRangesRequest
 from rangeserver.listing import (
     ReplicaKeys,
     list_ranges_replicas_default,
     list_ranges_replicas_max,
+    page_entries,
 )
+from rangeserver.replica import ReplicaState
 
 
 def parse_page(header: dict[str, Any]) -> tuple[tuple[int, int] | None, int]:
     request = ListRangesRequest.from_header(header)
     return request.after, request.limit
+
+
+def held_replicas(n: int) -> dict[tuple[int, int], ReplicaState]:
+    """Replica ``i`` of ``n``: key ``(i // 3, i % 3)``; every third one sealed at 4, every
+    fifth damaged, the rest open and sound."""
+    held = {}
+    for i in range(n):
+        state = ReplicaState.create(i // 3, i % 3, 0, epoch=1)
+        held[state.key] = replace(state, end=4, written_end=4, confirm=4, sealed=i % 3 == 0,
+                                  sealed_end=4 if i % 3 == 0 else 0, damaged=i % 5 == 0)
+    return held
 
 
 def test_pages_walk_every_key_once_as_keys_come_and_go() -> None:
@@ -68,7 +83,7 @@ def test_the_largest_page_fits_a_frame_header() -> None:
     ({"limit": 0}, "limit"), ({"limit": list_ranges_replicas_max + 1}, "limit"),
     ({"limit": "5"}, "limit"), ({"limit": True}, "limit"), ({"after": 5}, "after"),
     ({"after": [1]}, "after"), ({"after": [1, -1]}, "after"), ({"after": [1, "x"]}, "after"),
-    ({"after": [2**64, 0]}, "after"),
+    ({"after": [2**64, 0]}, "after"), ({"compact": 1}, "compact"),
 ])
 def test_bad_page_arguments_are_refused(header: dict[str, Any], argument: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
@@ -82,10 +97,12 @@ def test_defaults() -> None:
 
 
 class PagingServer:
-    """A fake pool answering LIST_RANGES a page of ``limit`` at a time."""
+    """A fake pool answering LIST_RANGES a page of ``limit`` at a time (``compact`` as
+    the request asks, through the range server's own :func:`page_entries`)."""
 
     def __init__(self, n: int, limit: int) -> None:
-        self.keys = ReplicaKeys((i // 3, i % 3) for i in range(n))
+        self.held = held_replicas(n)
+        self.keys = ReplicaKeys(self.held)
         self.limit = limit
         self.headers: list[dict[str, Any]] = []
 
@@ -94,11 +111,9 @@ class PagingServer:
         assert opcode == Opcode.LIST_RANGES
         h = dict(header or {})
         self.headers.append(h)
-        after, _ = parse_page({k: v for k, v in h.items() if k != "server_id"})
-        page, more = self.keys.page(after, self.limit)
-        state = {"start": 0, "end": 0, "confirm": 0, "epoch": 1, "sealed": False,
-                 "sealed_end": None, "damaged": False}
-        return {"ranges": [{"stream_id": s, "range_index": r, **state} for s, r in page],
+        asked = ListRangesRequest.from_header({k: v for k, v in h.items() if k != "server_id"})
+        page, more = self.keys.page(asked.after, min(self.limit, asked.limit))
+        return {"ranges": page_entries(page, self.held, compact=asked.compact),
                 "more": more}, b""
 
     def discard(self, address: str) -> None:
@@ -111,3 +126,49 @@ async def test_the_client_asks_for_every_page() -> None:
     assert [(r.stream_id, r.range_index) for r in listed] == [
         (i // 3, i % 3) for i in range(2_500)]
     assert [h.get("after") for h in server.headers] == [None, [333, 0], [666, 1]]
+    assert all("compact" not in h for h in server.headers)
+    assert [r.state for r in listed] == [
+        RangeState.from_header(server.held[r.stream_id, r.range_index].describe())
+        for r in listed]
+
+
+async def test_a_compact_listing_names_every_replica_and_states_the_sealed_and_damaged() -> None:
+    """PD's reclaimer asks compact: every key, in order, across pages that end on a key
+    alone; each sealed or damaged replica with its whole state, as a full listing has it;
+    an open sound one by its key alone (no state to keep in sync)."""
+    server = PagingServer(10_000, list_ranges_replicas_max)
+    listing = await RangeClient(server).list_replicas(  # type: ignore[arg-type]
+        "a:1", server_id="s1")
+    assert list(listing.keys) == [(i // 3, i % 3) for i in range(10_000)]
+    assert all(h["compact"] is True and h.get("limit") == list_ranges_replicas_max
+               for h in server.headers)
+    assert len(server.headers) == 3  # 10,000 replicas: three pages of the most one holds
+    full = {(r.stream_id, r.range_index): r
+            for r in await RangeClient(server).list_ranges(  # type: ignore[arg-type]
+                "a:1", server_id="s1")}
+    whole = [k for k, r in full.items() if r.state.sealed or r.state.damaged]
+    assert [(r.stream_id, r.range_index) for r in listing.ranges] == whole
+    assert list(listing.ranges) == [full[k] for k in whole]
+    assert 0 < len(whole) < 10_000
+
+
+def test_page_entries_list_an_open_sound_replica_by_key_only_when_compact() -> None:
+    held = held_replicas(30)
+    keys = sorted(held)
+    entries = page_entries(keys, held, compact=True)
+    for key, entry in zip(keys, entries, strict=True):
+        state = held[key]
+        if state.sealed or state.damaged:
+            assert entry == {"stream_id": key[0], "range_index": key[1], **state.describe()}
+        else:
+            assert entry == [key[0], key[1]]
+    assert page_entries(keys, held) == [
+        {"stream_id": k[0], "range_index": k[1], **held[k].describe()} for k in keys]
+
+
+def test_an_older_servers_full_answer_to_a_compact_request_is_read_whole() -> None:
+    held = held_replicas(6)
+    keys: list[tuple[int, int]] = []
+    ranges: list[ListedRange] = []
+    listed_entries(page_entries(sorted(held), held), keys, ranges)
+    assert keys == sorted(held) and [(r.stream_id, r.range_index) for r in ranges] == keys

@@ -24,12 +24,28 @@ class FakePd:
         self.batched = batched
         self.batches: list[list[Lease]] = []
         self.singles: list[Lease] = []
+        self.shorts: list[tuple[str, int]] = []  # sessions renewed by name alone
+        self.held: dict[str, int] = {}  # session -> the generation recorded
+        self.lists: dict[str, list[Lease]] = {}
 
     async def keepalive_writers(self, leases: list[Lease]) -> list[KeepaliveAnswer]:
         if not self.batched:
             raise UnsupportedOpcode("unsupported opcode 53", opcode=53)
         self.batches.append(list(leases))
         return [self.answer(lease) for lease in leases]
+
+    async def keepalive_session(self, session: str, generation: int,
+                                leases: list[Lease] | None, count: int
+                                ) -> tuple[list[KeepaliveAnswer], bool] | None:
+        """PD's keepalive sessions (pd/keepalives.py): a list recorded, then named alone."""
+        if leases is None:
+            self.shorts.append((session, generation))
+            if self.held.get(session) != generation:
+                return None
+            return [self.answer(lease) for lease in self.lists[session]], False
+        answers = await self.keepalive_writers(leases)
+        self.held[session], self.lists[session] = generation, list(leases)
+        return answers, True
 
     async def keepalive_writer(self, name: str, epoch: int, *, stream_id: int = 0
                                ) -> tuple[str, ...]:
@@ -92,6 +108,29 @@ async def test_an_older_pd_gets_one_keepalive_per_writer() -> None:
     assert pd.singles == [("s1", 1, 1), ("gone", 2, 1)] * 2
     assert holders[0].answers == [(), ()]
     assert all(isinstance(a, StreamNotFound) for a in holders[1].answers)
+
+
+async def test_a_session_sends_its_list_once_then_its_name_alone() -> None:
+    """Issue 27: keepalives cost PD O(clients). Each part of the list is a session: sent
+    whole once a generation, then by name (answered for the list PD holds); a PD that
+    does not hold it (a new leader) gets the list again at once; a new generation too."""
+    pd = FakePd()
+    holders = [Holder("s1", 1), Holder("gone", 2), Holder("s3", 3)]
+    k = keeper(pd, batch_max=2)
+    due = [(h, h.held) for h in holders]
+    await k.round(due, generation=1)
+    assert [len(b) for b in pd.batches] == [2, 1] and pd.shorts == []
+    await k.round(due, generation=1)
+    assert len(pd.batches) == 2 and len(pd.shorts) == 2  # by name alone
+    assert holders[0].answers == [(), ()] and holders[2].answers == [(), ()]
+    assert all(isinstance(a, StreamNotFound) for a in holders[1].answers)
+    pd.held.clear()  # another leader: holds no session
+    await k.round(due, generation=1)
+    assert len(pd.shorts) == 4 and [len(b) for b in pd.batches] == [2, 1, 2, 1]
+    assert holders[0].answers == [(), (), ()]  # answered once, from the list sent again
+    await k.round(due[:2], generation=2)  # a writer closed: a new generation, sent whole
+    assert len(pd.shorts) == 4 and [len(b) for b in pd.batches[4:]] == [2]
+    assert k.requests == 2 + 2 + 4 + 1
 
 
 class HungPd(FakePd):
@@ -203,13 +242,14 @@ async def test_a_rounds_cost_follows_what_changed_not_every_writer_each_interval
     for h in holders:
         k.add(h)
     try:
-        await asyncio.wait_for(_until(lambda: len(pd.batches) >= 3), timeout=5.0)
+        await asyncio.wait_for(_until(lambda: len(pd.shorts) >= 3), timeout=5.0)
         assert all(h.asked == 1 for h in holders)
-        assert pd.batches[0] == [h.held for h in holders]
+        assert pd.batches[0] == [h.held for h in holders]  # then the session's name alone
+        assert all(b == pd.batches[0] for b in pd.batches)  # (rounds in flight at once)
         k.remove(holders[0])  # closed or failed: renewed no more
-        sent = len(pd.batches)
-        await asyncio.wait_for(_until(lambda: len(pd.batches) >= sent + 2), timeout=5.0)
-        assert pd.batches[-1] == [h.held for h in holders[1:]]
+        sent = len(pd.shorts)
+        await asyncio.wait_for(_until(lambda: pd.batches[-1] == [h.held for h in holders[1:]]
+                                      and len(pd.shorts) >= sent + 2), timeout=5.0)
         assert all(h.asked == 1 and h.touches == 0 for h in holders)
     finally:
         await k.close()

@@ -59,6 +59,7 @@ REQUESTS: list[tuple[Any, Header]] = [
     (ListRangesRequest(), {}),
     (ListRangesRequest(after=(7, 2)), {"after": [7, 2]}),
     (ListRangesRequest(after=(7, 2), limit=10), {"after": [7, 2], "limit": 10}),
+    (ListRangesRequest(limit=4000, compact=True), {"limit": 4000, "compact": True}),
     (TimeIndexRequest(stream_id=7, range_index=2), dict(KEY)),
     (TimeIndexRequest(stream_id=7, range_index=2, timestamp=-5), {**KEY, "timestamp": -5}),
     (TimeIndexRequest(stream_id=7, range_index=2, timestamp=120, end=30),
