@@ -162,20 +162,12 @@ class Produce:
             work.add_done_callback(self._background.discard)
             return None
         await asyncio.wait([work], timeout=timeout_s)
-        schema = kp.response_schema(kp.PRODUCE, version)
-        topic_cls = kp.nested(schema, "TopicProduceResponse")
-        part_cls = kp.nested(schema, "PartitionProduceResponse")
-        by_topic: dict[str, list[Any]] = {}
+        by_topic: dict[str, list[tuple[int, int, int]]] = {}
         for part in parts:
             error, base = (part.error, part.base) if part.answered else (
                 ErrorCode.request_timed_out, -1)
-            by_topic.setdefault(part.topic, []).append(kp.build(
-                part_cls, index=part.index, error_code=error, base_offset=base,
-                log_append_time=-1, log_start_offset=-1, record_errors=(),
-                error_message=None))
-        return kp.build(schema, throttle_time=0, responses=tuple(
-            kp.build(topic_cls, name=t, partition_responses=tuple(p))
-            for t, p in by_topic.items()))
+            by_topic.setdefault(part.topic, []).append((part.index, int(error), base))
+        return kp.ProduceAnswer(version, tuple((t, tuple(p)) for t, p in by_topic.items()))
 
     async def _produce_partition(self, topic: str, index: int, records: bytes | None
                                  ) -> tuple[ErrorCode, int]:
