@@ -219,3 +219,53 @@ async def test_a_produce_not_acknowledged_in_its_timeout_is_answered_timed_out()
     assert writer.written == kp.ProduceAnswer(7, (("t", ((0, timed_out, -1),)),)).frame(8)
     reader.feed_eof()
     await serving
+
+
+async def test_answers_ready_in_order_are_written_in_one_turn() -> None:
+    # Three requests answered before the connection writes: all three written in the turn
+    # of the first, not one loop turn each (an asyncio.wait per answer already done).
+    served, _ = gateway()
+    writers = [OpenWriter() for _ in range(3)]
+    served._writers.update({f"t-{p}": w for p, w in enumerate(writers)})  # type: ignore[misc]
+    reader, writer = asyncio.StreamReader(), Writer()
+    reader.feed_data(b"".join(frame(kp.PRODUCE, 7, c, produce.ProduceRequest(
+        transactional_id=None, acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(produce.TopicProduceData(name=TopicName("t"), partition_data=(
+            produce.PartitionProduceData(index=i32(c), records=encode_producer_batch(
+                [KafkaRecord(1_700_000_000_000, None, b"v")])),)),)))
+        for c in range(3)))
+    serving = asyncio.ensure_future(served.serve(reader, writer))  # type: ignore[arg-type]
+    while not all(w.submitted for w in writers):
+        await asyncio.sleep(0)
+    for p in (2, 1):  # the later requests are done first: the first holds the others
+        writers[p].submitted[0][0].set_result([p])
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert writer.written == b""
+    written_in_turn: list[int] = []  # answers written when the next turn began
+    write, writes = writer.write, []
+
+    def counting(data: bytes) -> None:
+        if not writes:
+            asyncio.get_running_loop().call_soon(
+                lambda: written_in_turn.append(len(answers(writer.written))))
+        writes.append(data)
+        write(data)
+
+    writer.write = counting  # type: ignore[method-assign]
+    writers[0].submitted[0][0].set_result([0])
+    while not written_in_turn:
+        await asyncio.sleep(0)
+    assert written_in_turn == [3]
+    reader.feed_eof()
+    await serving
+
+
+def answers(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        (size,) = struct.unpack_from(">i", data, pos)
+        out.append(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    return out
