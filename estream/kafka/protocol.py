@@ -5,7 +5,9 @@ A request frame starts with its header (api_key i16, api_version i16, correlatio
 client_id nullable string; flexible versions add tagged fields), then the body, decoded
 with kio's generated reader for that API and version (docs/ARCHITECTURE.md 2.12 says why
 kio). A response is the correlation id (flexible versions but ApiVersions: then empty
-tagged fields) and the body, encoded with kio's writer.
+tagged fields) and the body, encoded with kio's writer, but for Produce's
+(:class:`ProduceAnswer`, by hand: the answer every produced batch gets, 2.8 us of CPU
+against kio's 25 to build and write).
 
 :data:`SUPPORTED` lists the APIs and versions the gateway serves (what ApiVersions
 answers). A request for anything else gets :func:`unsupported_response`: the same API and
@@ -128,6 +130,7 @@ frame_bytes_min: Final = 8  # api key, version, correlation id
 client_id_bytes_max: Final = 32 * 1024
 _SIZE: Final = struct.Struct(">i")
 _HEAD: Final = struct.Struct(">hhi")
+_I16: Final = struct.Struct(">h")
 
 E = TypeVar("E")
 
@@ -298,6 +301,65 @@ def encode_response(api_key: int, correlation_id: int, body: Any) -> bytes:
     out.seek(0)
     out.write(_SIZE.pack(size - 4))
     return out.getvalue()  # (the buffer itself: no copy of a large answer)
+
+
+_PRODUCE_PART: Final = struct.Struct(">ihqq")  # index, error code, base offset, append time
+_PRODUCE_PART_V5: Final = struct.Struct(">ihqqq")  # and the log start offset
+_PRODUCE_V8_TAIL: Final = b"\x00\x00\x00\x00\xff\xff"  # no record errors, no message
+_PRODUCE_V9_TAIL: Final = b"\x01\x00\x00"  # compact: no record errors, no message, no tags
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceAnswer:
+    """A Produce response (versions 3 to 9) of plain values: per topic, per partition its
+    (index, error code, base offset); the append time and log start offset are -1, no
+    record errors. :meth:`frame` encodes it by hand, as kio's writer would byte for byte
+    (tests/unit/kafka/test_kafka_protocol.py), in 2.8 us of CPU instead of kio's 25
+    (the one answer every Produce request gets, so one per batch a producer sends).
+
+    >>> ProduceAnswer(3, (("t", ((0, 0, 7),)),)).frame(5).hex()
+    '000000290000000500000001000174000000010000000000000000000000000007ffffffffffffffff00000000'
+    """
+
+    version: int
+    topics: tuple[tuple[str, tuple[tuple[int, int, int], ...]], ...]
+
+    def frame(self, correlation_id: int) -> bytes:
+        """The whole response frame, size prefix included."""
+        version = self.version
+        flexible = version >= 9
+        parts = _PRODUCE_PART_V5 if version >= 5 else _PRODUCE_PART
+        tail = _PRODUCE_V9_TAIL if flexible else _PRODUCE_V8_TAIL if version >= 8 else b""
+        out = [b"", _SIZE.pack(correlation_id), b"\x00" if flexible else b""]
+        out.append(_compact_length(len(self.topics)) if flexible else
+                   _SIZE.pack(len(self.topics)))
+        for name, partitions in self.topics:
+            encoded = name.encode()
+            out.append(_compact_length(len(encoded)) if flexible else
+                       _I16.pack(len(encoded)))
+            out.append(encoded)
+            out.append(_compact_length(len(partitions)) if flexible else
+                       _SIZE.pack(len(partitions)))
+            for index, error, base in partitions:
+                out.append(parts.pack(index, error, base, -1, -1) if version >= 5 else
+                           parts.pack(index, error, base, -1))
+                out.append(tail)
+            if flexible:
+                out.append(b"\x00")
+        out.append(b"\x00\x00\x00\x00\x00" if flexible else b"\x00\x00\x00\x00")  # throttle
+        out[0] = _SIZE.pack(sum(map(len, out)))
+        return b"".join(out)
+
+
+def _compact_length(n: int) -> bytes:
+    """A compact array's or string's length (``n + 1``, unsigned varint)."""
+    n += 1
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def response_schema(api_key: int, api_version: int) -> Any:

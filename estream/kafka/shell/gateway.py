@@ -264,8 +264,9 @@ class Gateway(Reads, Fetch, Produce):
                 if item is None:
                     return
                 task, produce = item
-                # (wait, not await: this task's cancellation must not cancel the request's)
-                await asyncio.wait((task,))
+                if not task.done():  # (one done already is written in this turn: no wait)
+                    # (wait, not await: this task's cancellation must not cancel the request's)
+                    await asyncio.wait((task,))
                 answer = _answer_of(task)
                 try:
                     if answer is not None and not (peer_left.is_set() or writer.is_closing()):
@@ -335,6 +336,8 @@ class Gateway(Reads, Fetch, Produce):
         self.requests[(api, error.name.upper() if isinstance(error, ErrorCode) else "NONE")] += 1
         if body is None:  # Produce with acks=0: no answer
             return None
+        if type(body) is kp.ProduceAnswer:  # (encoded by hand: the hot answer)
+            return body.frame(correlation)
         return kp.encode_response(key, correlation, body)
 
     def _role_of(self, password: str) -> str | None:

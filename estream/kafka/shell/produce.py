@@ -8,7 +8,10 @@ is submitted in one pass with no await, each with one call and one future for it
 (:meth:`Writer.submit_batch`), so the SDK's append sender carries what the request adds to
 each range server as one APPEND_MANY (not one APPEND per partition and replica). Each
 partition's answer is taken from a callback on its last batch's future (a writer completes
-its appends in offset order): no task, no gather per partition. An idempotent producer's
+its appends in offset order): no task, no gather per partition. When every writer the
+request needs is open (all but a partition's first produce here), the request's own task
+submits and awaits one future with one timer for its timeout: no task of its own. An
+idempotent producer's
 records are stamped ``__kafka/<producer id>/<epoch>`` with their Kafka sequences; a
 partition's new writer rebuilds its producers from the last stamps stored
 (:meth:`Produce._restored`, docs/KAFKA.md).
@@ -156,26 +159,27 @@ class Produce:
                         produce_timeout_ms_max / 1000)
         parts = [_decoded(topic.name, part.index, part.records)
                  for topic in request.topic_data for part in topic.partition_data]
-        work = asyncio.ensure_future(self._append_all(parts))
         if request.acks == 0:
-            self._background.add(work)
-            work.add_done_callback(self._background.discard)
+            self._spawn(self._append_all(parts))
             return None
-        await asyncio.wait([work], timeout=timeout_s)
-        schema = kp.response_schema(kp.PRODUCE, version)
-        topic_cls = kp.nested(schema, "TopicProduceResponse")
-        part_cls = kp.nested(schema, "PartitionProduceResponse")
-        by_topic: dict[str, list[Any]] = {}
+        if self._missing(parts):  # (a partition's first produce here: its writer opens)
+            await asyncio.wait([asyncio.ensure_future(self._append_all(parts))],
+                               timeout=timeout_s)
+        else:  # every writer open: submitted now, no task of its own, one timer
+            done = self._submit_all(parts)
+            if done is not None:
+                timer = asyncio.get_running_loop().call_later(
+                    timeout_s, _resolve, done)  # (the rest go on, answered as timed out)
+                try:
+                    await done
+                finally:
+                    timer.cancel()
+        by_topic: dict[str, list[tuple[int, int, int]]] = {}
         for part in parts:
             error, base = (part.error, part.base) if part.answered else (
                 ErrorCode.request_timed_out, -1)
-            by_topic.setdefault(part.topic, []).append(kp.build(
-                part_cls, index=part.index, error_code=error, base_offset=base,
-                log_append_time=-1, log_start_offset=-1, record_errors=(),
-                error_message=None))
-        return kp.build(schema, throttle_time=0, responses=tuple(
-            kp.build(topic_cls, name=t, partition_responses=tuple(p))
-            for t, p in by_topic.items()))
+            by_topic.setdefault(part.topic, []).append((part.index, int(error), base))
+        return kp.ProduceAnswer(version, tuple((t, tuple(p)) for t, p in by_topic.items()))
 
     async def _produce_partition(self, topic: str, index: int, records: bytes | None
                                  ) -> tuple[ErrorCode, int]:
@@ -190,19 +194,31 @@ class Produce:
         decided in the order they came), then wait until every partition is answered. A
         partition another gateway leads is answered NOT_LEADER_OR_FOLLOWER, nothing stored
         (clients refresh Metadata)."""
+        missing = self._missing(parts)
+        if missing:
+            await asyncio.gather(*(self._open(p) for p in missing))
+        done = self._submit_all(parts)
+        if done is not None:
+            await done
+
+    def _missing(self, parts: list[_Partition]) -> list[_Partition]:
+        """The partitions whose writers are not open here yet (the others' are set); a
+        partition another gateway leads is answered NOT_LEADER_OR_FOLLOWER."""
         for part in parts:
             if not part.answered and not self.leads(part.name):
                 part.answer(ErrorCode.not_leader_or_follower)
-        missing = [p for p in parts if not p.answered and not self._open_writer(p)]
-        if missing:
-            await asyncio.gather(*(self._open(p) for p in missing))
+        return [p for p in parts if not p.answered and not self._open_writer(p)]
+
+    def _submit_all(self, parts: list[_Partition]) -> asyncio.Future[None] | None:
+        """Submit every partition's records in one pass, no await (:meth:`_append_all`):
+        a future completed once every partition is answered, None if all are already."""
         now = int(time.time() * 1000)
         for part in parts:
             if not part.answered and part.writer is not None:
                 self._submit(part, now)
         left = [p for p in parts if not p.answered]
         if not left:
-            return
+            return None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         count = [len(left)]
 
@@ -215,12 +231,12 @@ class Produce:
                 self._finish(part)
             finally:
                 count[0] -= 1
-                if not count[0] and not done.done():
-                    done.set_result(None)
+                if not count[0]:
+                    _resolve(done)
 
         for part in left:
             part.appends[-1].add_done_callback(functools.partial(finished, part))
-        await done
+        return done
 
     def _open_writer(self, part: _Partition) -> bool:
         """Whether ``part``'s writer is open already (then it is set)."""
@@ -352,6 +368,11 @@ class Produce:
             writer = await self.client.open_writer(PRODUCER_IDS_STREAM)
             self._spawn(writer.close())
             return int(writer.epoch)
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 def _decoded(topic: str, index: int, records: bytes | None) -> _Partition:

@@ -14,11 +14,13 @@ from typing import Any
 from kio.schema.delete_topics.v5 import request as delete_topics
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v4 import request as fetch
+from kio.schema.produce.v7 import request as produce
 from kio.schema.types import BrokerId, TopicName
 from kio.serial import entity_writer
-from kio.static.primitive import i8, i32, i32Timedelta
+from kio.static.primitive import i8, i16, i32, i32Timedelta
 
 from estream.kafka import protocol as kp
+from estream.kafka.records import KafkaRecord, encode_producer_batch
 from estream.kafka.shell.gateway import Gateway
 from estream.wire.errors import FenceIncomplete
 
@@ -151,3 +153,119 @@ async def test_delete_topics_that_could_not_fence_is_retriable_and_a_retry_finis
     assert "did not answer" in (result.error_message or "")
     (retried,) = (await served._delete_topics(request, 5)).responses
     assert retried.error_code == ErrorCode.none and client.streams == set()
+
+
+class OpenWriter:
+    """A partition's open writer: each batch submitted is kept with the task that
+    submitted it, its future completed by the test."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.stream = SimpleNamespace(id=1)
+        self.submitted: list[tuple[asyncio.Future[list[int]], asyncio.Task[Any] | None]] = []
+
+    def submit_batch(self, records: list[Any], **_: Any) -> asyncio.Future[list[int]]:
+        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self.submitted.append((future, asyncio.current_task()))
+        return future
+
+
+def produce_frame(correlation: int, timeout_ms: int, partitions: int) -> bytes:
+    batch = encode_producer_batch([KafkaRecord(1_700_000_000_000, None, b"v")])
+    return frame(kp.PRODUCE, 7, correlation, produce.ProduceRequest(
+        transactional_id=None, acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=timeout_ms)),
+        topic_data=(produce.TopicProduceData(name=TopicName("t"), partition_data=tuple(
+            produce.PartitionProduceData(index=i32(p), records=batch)
+            for p in range(partitions))),)))
+
+
+async def test_a_produce_to_open_writers_is_submitted_by_its_request_and_answered_once() -> None:
+    # Every writer open: the request's own task submits (no task per request besides it)
+    # and the answer (encoded by hand) is written once every partition's batch is done.
+    served, _ = gateway()
+    writers = [OpenWriter(), OpenWriter()]
+    served._writers.update({"t-0": writers[0], "t-1": writers[1]})  # type: ignore[dict-item]
+    reader, writer = asyncio.StreamReader(), Writer()
+    reader.feed_data(produce_frame(7, 30_000, 2))
+    serving = asyncio.ensure_future(served.serve(reader, writer))  # type: ignore[arg-type]
+    while not writers[1].submitted:
+        await asyncio.sleep(0)
+    (first, task), (second, other) = writers[0].submitted[0], writers[1].submitted[0]
+    assert task is other and task is not None
+    assert task.get_coro().__qualname__ == "Gateway._answer"  # type: ignore[union-attr]
+    first.set_result([5])
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert writer.written == b""  # partition 1 not acknowledged yet: no answer
+    second.set_result([9])
+    while not writer.written:
+        await asyncio.sleep(0)
+    assert writer.written == kp.ProduceAnswer(7, (("t", ((0, 0, 5), (1, 0, 9))),)).frame(7)
+    reader.feed_eof()
+    await serving
+
+
+async def test_a_produce_not_acknowledged_in_its_timeout_is_answered_timed_out() -> None:
+    served, _ = gateway()
+    served._writers["t-0"] = OpenWriter()  # type: ignore[assignment]
+    reader, writer = asyncio.StreamReader(), Writer()
+    reader.feed_data(produce_frame(8, 1, 1))
+    serving = asyncio.ensure_future(served.serve(reader, writer))  # type: ignore[arg-type]
+    while not writer.written:
+        await asyncio.sleep(0.001)
+    timed_out = int(ErrorCode.request_timed_out)
+    assert writer.written == kp.ProduceAnswer(7, (("t", ((0, timed_out, -1),)),)).frame(8)
+    reader.feed_eof()
+    await serving
+
+
+async def test_answers_ready_in_order_are_written_in_one_turn() -> None:
+    # Three requests answered before the connection writes: all three written in the turn
+    # of the first, not one loop turn each (an asyncio.wait per answer already done).
+    served, _ = gateway()
+    writers = [OpenWriter() for _ in range(3)]
+    served._writers.update({f"t-{p}": w for p, w in enumerate(writers)})  # type: ignore[misc]
+    reader, writer = asyncio.StreamReader(), Writer()
+    reader.feed_data(b"".join(frame(kp.PRODUCE, 7, c, produce.ProduceRequest(
+        transactional_id=None, acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(produce.TopicProduceData(name=TopicName("t"), partition_data=(
+            produce.PartitionProduceData(index=i32(c), records=encode_producer_batch(
+                [KafkaRecord(1_700_000_000_000, None, b"v")])),)),)))
+        for c in range(3)))
+    serving = asyncio.ensure_future(served.serve(reader, writer))  # type: ignore[arg-type]
+    while not all(w.submitted for w in writers):
+        await asyncio.sleep(0)
+    for p in (2, 1):  # the later requests are done first: the first holds the others
+        writers[p].submitted[0][0].set_result([p])
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert writer.written == b""
+    written_in_turn: list[int] = []  # answers written when the next turn began
+    write, writes = writer.write, []
+
+    def counting(data: bytes) -> None:
+        if not writes:
+            asyncio.get_running_loop().call_soon(
+                lambda: written_in_turn.append(len(answers(writer.written))))
+        writes.append(data)
+        write(data)
+
+    writer.write = counting  # type: ignore[method-assign]
+    writers[0].submitted[0][0].set_result([0])
+    while not written_in_turn:
+        await asyncio.sleep(0)
+    assert written_in_turn == [3]
+    reader.feed_eof()
+    await serving
+
+
+def answers(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        (size,) = struct.unpack_from(">i", data, pos)
+        out.append(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    return out

@@ -95,6 +95,32 @@ def test_api_versions_v0_answer_golden_bytes() -> None:
     assert answer == struct.pack(">i", len(body)) + body
 
 
+_PRODUCE_ANSWERS = [
+    (("t", ((0, 0, 7),)),),
+    (("orders", ((0, 0, 1 << 40), (5, int(ErrorCode.not_leader_or_follower), -1))),
+     ("\u00e9" * 100, tuple((i, 0, i) for i in range(200)))),  # lengths past one varint byte
+    (),
+]
+
+
+@pytest.mark.parametrize("version", range(kp.SUPPORTED[kp.PRODUCE][0],
+                                          kp.SUPPORTED[kp.PRODUCE][1] + 1))
+@pytest.mark.parametrize("topics", _PRODUCE_ANSWERS)
+def test_a_produce_answer_is_kios_byte_for_byte(
+        version: int, topics: tuple[tuple[str, tuple[tuple[int, int, int], ...]], ...]) -> None:
+    schema = kp.response_schema(kp.PRODUCE, version)
+    topic_cls = kp.nested(schema, "TopicProduceResponse")
+    part_cls = kp.nested(schema, "PartitionProduceResponse")
+    body = kp.build(schema, throttle_time=0, responses=tuple(
+        kp.build(topic_cls, name=name, partition_responses=tuple(
+            kp.build(part_cls, index=index, error_code=ErrorCode(error), base_offset=base,
+                     log_append_time=-1, log_start_offset=-1, record_errors=(),
+                     error_message=None) for index, error, base in parts))
+        for name, parts in topics))
+    expected = kp.encode_response(kp.PRODUCE, 123_456, body)
+    assert kp.ProduceAnswer(version, topics).frame(123_456) == expected
+
+
 def test_unsupported_apis_and_versions_get_error_answers() -> None:
     # An ApiVersions version past ours: v0 with the error and the supported list.
     answer = kp.error_response(kp.API_VERSIONS, 9, 3)
