@@ -35,10 +35,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.rangeanswers import RangeKey
 from pd.catalog import pack_members_max
 from pd.commands import PackMember
-
-RangeKey = tuple[int, int]  # (stream_id, range_index)
 
 REASONS: Final = ("missing", "checksum", "malformed")  # what a reader may report
 recheck_ms_default: Final = 60_000  # a key found sound is not checked again before this

@@ -83,11 +83,10 @@ import xxhash
 from estream.core.backoff import backoff_delay
 from estream.core.stripedread import Layout, layout
 from estream.wire.meta import ObjectPart, RangeMeta, ReplicaRef, StreamMeta
+from estream.wire.rangeanswers import RangeKey
 from pd.catalog import PreparedObject, expire_keys_max, pack_members_max
 from pd.commands import PackMember
 from pd.streammemo import Narrowing
-
-RangeKey = tuple[int, int]  # (stream_id, range_index)
 
 OBJECT_SUFFIX: Final = ".eso"
 retry_backoff_ms_min: Final = 1_000  # an upload that failed waits this long, doubling

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from estream.wire.meta import StreamMeta
-from pd.offload import LocalDrop, RangeKey, Upload
+from estream.wire.rangeanswers import RangeKey
+from pd.offload import LocalDrop, Upload
 
 
 def backlog(since: Mapping[RangeKey, int], now_ms: int) -> tuple[int, int]:

@@ -69,8 +69,8 @@ from typing import Final
 
 from estream.wire import limits
 from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.rangeanswers import RangeKey
 from pd.placement import Candidate, choose_replicas
-from pd.replicareports import RangeKey as RangeKey  # (the key repair and its shells use)
 from pd.replicareports import ReplicaReport
 from pd.replicareports import ServerListing as ServerListing  # (its home before)
 from pd.sealedreports import SealedReports as SealedReports  # (its home before)

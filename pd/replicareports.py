@@ -16,9 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from estream.wire.rangeanswers import ListedRange
-
-RangeKey = tuple[int, int]  # (stream_id, range_index)
+from estream.wire.rangeanswers import ListedRange, RangeKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from estream.wire.meta import StreamMeta
+from estream.wire.rangeanswers import RangeKey
 from pd.streammemo import StreamsById
 
 if TYPE_CHECKING:
     from pd.replicareports import ReplicaReport
 
-RangeKey = tuple[int, int]  # (stream_id, range_index)
 Held = tuple[str, int]  # (server_id, range_index): one remembered replica of a stream
 
 

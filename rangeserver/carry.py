@@ -19,9 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from estream.wire.rangeanswers import RangeKey
 from rangeserver.retention import Span
-
-Key = tuple[int, int]
 
 segments_per_round_max: Final = 64  # old segments looked at per round (the oldest first)
 
@@ -30,7 +29,7 @@ segments_per_round_max: Final = 64  # old segments looked at per round (the olde
 class Candidate:
     """A live replica: its span, the bytes its batches take, whether it may be carried."""
 
-    key: Key
+    key: RangeKey
     span: Span
     bytes: int
     idle: bool
@@ -38,7 +37,7 @@ class Candidate:
 
 def choose(
     segments: Sequence[int], head: int, live: Iterable[Candidate], bytes_max: int
-) -> list[Key]:
+) -> list[RangeKey]:
     """The replicas to carry this round: those covering a segment before ``head`` (the
     segment being written, or the checkpoint's if older) that carrying them all frees,
     oldest segment first, within ``bytes_max`` bytes of batches in all."""
@@ -47,7 +46,7 @@ def choose(
         return []
     oldest_last = old[-1]
     pinning = [c for c in live if c.span.first <= oldest_last and c.span.last >= old[0]]
-    chosen: dict[Key, None] = {}
+    chosen: dict[RangeKey, None] = {}
     spent = 0
     for segment in old:
         pinners = [c for c in pinning if c.span.first <= segment <= c.span.last]

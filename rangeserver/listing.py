@@ -19,11 +19,11 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from estream.wire.rangeanswers import RangeKey
+
 # The request's "after" and "limit" are read by ListRangesRequest (the limits are its).
 from estream.wire.rangemessages import list_ranges_replicas_default, list_ranges_replicas_max
 from rangeserver.replica import ReplicaState
-
-Key = tuple[int, int]  # (stream_id, range_index)
 
 
 class ReplicaKeys:
@@ -31,23 +31,23 @@ class ReplicaKeys:
 
     __slots__ = ("_keys",)
 
-    def __init__(self, keys: Iterable[Key] = ()) -> None:
+    def __init__(self, keys: Iterable[RangeKey] = ()) -> None:
         self._keys = sorted(set(keys))
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def add(self, key: Key) -> None:
+    def add(self, key: RangeKey) -> None:
         at = bisect_left(self._keys, key)
         if at == len(self._keys) or self._keys[at] != key:
             self._keys.insert(at, key)
 
-    def discard(self, key: Key) -> None:
+    def discard(self, key: RangeKey) -> None:
         at = bisect_left(self._keys, key)
         if at < len(self._keys) and self._keys[at] == key:
             del self._keys[at]
 
-    def page(self, after: Key | None, limit: int) -> tuple[list[Key], bool]:
+    def page(self, after: RangeKey | None, limit: int) -> tuple[list[RangeKey], bool]:
         """The first ``limit`` keys above ``after`` (None: from the first), and whether
         any are left after them.
 
@@ -62,7 +62,7 @@ class ReplicaKeys:
         return taken, start + limit < len(self._keys)
 
 
-def page_entries(keys: Sequence[Key], replicas: Mapping[Key, ReplicaState], *,
+def page_entries(keys: Sequence[RangeKey], replicas: Mapping[RangeKey, ReplicaState], *,
                  compact: bool = False) -> list[Any]:
     """The LIST_RANGES entries of ``keys`` (a page, in order): each replica's DESCRIBE_RANGE
     answer with ``"stream_id"`` and ``"range_index"``; with ``compact``, an open replica
@@ -87,5 +87,5 @@ def page_entries(keys: Sequence[Key], replicas: Mapping[Key, ReplicaState], *,
     return out
 
 
-__all__ = ["Key", "ReplicaKeys", "list_ranges_replicas_default", "list_ranges_replicas_max",
+__all__ = ["ReplicaKeys", "list_ranges_replicas_default", "list_ranges_replicas_max",
            "page_entries"]

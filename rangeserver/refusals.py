@@ -18,6 +18,7 @@ from estream.wire.errors import (
     OffsetGap,
     RangeSealed,
 )
+from estream.wire.rangeanswers import RangeKey
 from rangeserver.replica import (
     Damaged,
     DigestConflict,
@@ -41,11 +42,9 @@ from rangeserver.stripedreplica import (
     WrongOffset,
 )
 
-Key = tuple[int, int]
-
 
 def append_refusal(
-    key: Key, outcome: Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest
+    key: RangeKey, outcome: Gap | SealedOutcome | StaleEpoch | Damaged | WrongDigest
 ) -> EstreamError:
     """APPEND refused (:func:`~rangeserver.replica.decide_append`): a batch of another
     digest than the replica's (``DigestMismatch``), one that does not continue its end
@@ -74,7 +73,7 @@ def append_refusal(
     return _common(key, outcome)
 
 
-def indexed_refusal(key: Key, outcome: object) -> EstreamError:
+def indexed_refusal(key: RangeKey, outcome: object) -> EstreamError:
     """APPEND refused by :func:`~rangeserver.stripedreplica.decide_indexed_append`: a batch
     index where none belongs or none where one does, or a batch outside the position's
     write sets (``InvalidArgument`` naming ``batch``), a chain lacking the position's
@@ -101,7 +100,7 @@ def indexed_refusal(key: Key, outcome: object) -> EstreamError:
     return append_refusal(key, outcome)
 
 
-def indexed_seal_refusal(key: Key, outcome: object) -> EstreamError:
+def indexed_seal_refusal(key: RangeKey, outcome: object) -> EstreamError:
     """SEAL refused by :func:`~rangeserver.stripedreplica.decide_indexed_seal`: a batch
     count where none belongs or none where one does (``InvalidArgument`` naming
     ``batches``), a chain lacking a batch of its below the count (``OffsetGap``); else as
@@ -124,7 +123,7 @@ def indexed_seal_refusal(key: Key, outcome: object) -> EstreamError:
     return seal_refusal(key, outcome)
 
 
-def striped_read_refusal(key: Key, outcome: NotInWriteSet | WrongOffset) -> InvalidArgument:
+def striped_read_refusal(key: RangeKey, outcome: NotInWriteSet | WrongOffset) -> InvalidArgument:
     """A striped READ of a batch not the position's (naming ``batch``) or at an offset
     that is not the batch's base (naming ``offset``).
 
@@ -139,7 +138,7 @@ def striped_read_refusal(key: Key, outcome: NotInWriteSet | WrongOffset) -> Inva
 
 
 def create_refusal(
-    key: Key, outcome: StartConflict | DigestConflict | StripeConflict | StaleEpoch | Damaged
+    key: RangeKey, outcome: StartConflict | DigestConflict | StripeConflict | StaleEpoch | Damaged
 ) -> EstreamError:
     """CREATE_RANGE refused: another start, digest or stripe (``Conflict``), an older epoch
     (``Fenced``), a damaged replica (``ReplicaDamaged``).
@@ -159,7 +158,7 @@ def create_refusal(
 
 
 def seal_refusal(
-    key: Key, outcome: SealConflict | Gap | StaleEpoch | Damaged
+    key: RangeKey, outcome: SealConflict | Gap | StaleEpoch | Damaged
 ) -> EstreamError:
     """SEAL refused: sealed at another end (``Conflict``), holding less than the end
     (``OffsetGap`` with both offsets), an older epoch (``Fenced``), a damaged replica
@@ -182,7 +181,7 @@ def _gap(message: str, outcome: Gap) -> OffsetGap:
     return OffsetGap(message, expected=outcome.expected, actual=outcome.actual)
 
 
-def _common(key: Key, outcome: StaleEpoch | Damaged) -> EstreamError:
+def _common(key: RangeKey, outcome: StaleEpoch | Damaged) -> EstreamError:
     """The refusals every opcode shares: an older epoch, a damaged replica."""
     if isinstance(outcome, Damaged):
         return damaged_error(key)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from estream.wire.rangeanswers import RangeKey
 from estream.wire.record import BatchHeader
 from rangeserver import bounds
 from rangeserver import replica as rp
@@ -24,8 +25,6 @@ from rangeserver.replica import ReplicaState
 from rangeserver.retention import Span, extend_span
 from rangeserver.stripedreplica import chain_of, replay_striped_batch, with_chain
 from rangeserver.timeindex import TimeIndex
-
-Key = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,24 +86,24 @@ class Replay:
 
     def __init__(
         self,
-        replicas: Mapping[Key, ReplicaState] | None = None,
-        indexes: Mapping[Key, RangeIndex] | None = None,
-        spans: Mapping[Key, Span] | None = None,
+        replicas: Mapping[RangeKey, ReplicaState] | None = None,
+        indexes: Mapping[RangeKey, RangeIndex] | None = None,
+        spans: Mapping[RangeKey, Span] | None = None,
         dropped: Sequence[Span] = (),
-        time_indexes: Mapping[Key, TimeIndex] | None = None,
+        time_indexes: Mapping[RangeKey, TimeIndex] | None = None,
     ) -> None:
-        self.replicas: dict[Key, ReplicaState] = dict(replicas or {})
-        self.indexes: dict[Key, RangeIndex] = dict(indexes or {})
+        self.replicas: dict[RangeKey, ReplicaState] = dict(replicas or {})
+        self.indexes: dict[RangeKey, RangeIndex] = dict(indexes or {})
         # A checkpoint without a replica's time index: lookups scan it (timeindex.py).
-        self.time_indexes: dict[Key, TimeIndex] = {
+        self.time_indexes: dict[RangeKey, TimeIndex] = {
             key: (time_indexes or {}).get(key) or TimeIndex(partial=True)
             for key in self.replicas
         }
-        self.spans: dict[Key, Span] = dict(spans or {})
+        self.spans: dict[RangeKey, Span] = dict(spans or {})
         self.dropped: list[Span] = list(dropped)
         self.report: list[str] = []  # what recovery found that an operator should know
-        self._orphans: dict[Key, _Orphan] = {}
-        self._indexed: dict[Key, int] = {}  # a striped replica's next BATCH's index
+        self._orphans: dict[RangeKey, _Orphan] = {}
+        self._indexed: dict[RangeKey, int] = {}  # a striped replica's next BATCH's index
 
     # ---------------------------------------------------------------------- segments
 
@@ -238,7 +237,7 @@ class Replay:
         self.replicas[key] = new
         extend_span(self.spans, key, segment)
 
-    def _replayed(self, key: Key, state: ReplicaState, batch: BatchHeader) -> ReplicaState:
+    def _replayed(self, key: RangeKey, state: ReplicaState, batch: BatchHeader) -> ReplicaState:
         """The replica after a BATCH entry; a striped one's takes the index of the
         BATCH_INDEX entry before it (none: an entry lost, the replica damaged)."""
         if state.stripe is None:
@@ -250,7 +249,7 @@ class Replay:
         return with_chain(new, chain)
 
     def _out_of_bounds(
-        self, segment: int, position: int, key: Key, control: wf.Control
+        self, segment: int, position: int, key: RangeKey, control: wf.Control
     ) -> None:
         """A control entry with a number out of bounds: its replica becomes damaged (a
         new one created so, within bounds, when the entry is its CREATE_RANGE)."""
@@ -268,7 +267,7 @@ class Replay:
         self.replicas[key] = rp.mark_damaged(state)
         extend_span(self.spans, key, segment)
 
-    def _forget(self, key: Key, segment: int) -> None:
+    def _forget(self, key: RangeKey, segment: int) -> None:
         """A DROP entry: the replica's span becomes a dropped span."""
         span = self.spans.pop(key, None)
         orphan = self._orphans.pop(key, None)
@@ -283,7 +282,7 @@ class Replay:
 
     # ------------------------------------------------------------------------ damage
 
-    def _damaged_keys(self, damage: wf.Damage) -> list[Key]:
+    def _damaged_keys(self, damage: wf.Damage) -> list[RangeKey]:
         """The replicas that may have lost data in damaged bytes: the one they name, if
         known; none for a CREATE_RANGE of an unknown replica (it held nothing yet: its
         later batches, if any, make it a damaged replica in :meth:`finish`); else every

@@ -15,7 +15,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-Key = tuple[int, int]  # (stream_id, range_index)
+from estream.wire.rangeanswers import RangeKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +27,12 @@ class Span:
     last: int
 
 
-def extend_span(spans: dict[Key, Span], key: Key, segment: int) -> None:
+def extend_span(spans: dict[RangeKey, Span], key: RangeKey, segment: int) -> None:
     """The one way a replica's span grows: an entry of replica ``key`` was written in
     ``segment`` (at or after the log's end), so its span reaches it (a replica without a
     span yet starts one there). Nothing is built when the span already reaches it.
 
-    >>> spans: dict[Key, Span] = {}
+    >>> spans: dict[RangeKey, Span] = {}
     >>> for segment in (3, 5, 4):
     ...     extend_span(spans, (1, 0), segment)
     >>> spans

@@ -268,12 +268,16 @@ class Cluster:
 
     def wait_servers_alive(self, timeout_s: float = 20.0) -> None:
         """Until PD lists every running range server alive, by its current id and address,
-        and has its first heartbeat (a load): a create right after a restart could
-        otherwise find it registered but not yet placeable."""
-        want = {(s.server_id, s.address) for s in self.servers if s.alive()}
+        with a heartbeat from its current process (the load's ``pid``): a restarted
+        server's predecessor stays listed alive, with its last load, until its beats
+        age out, so a create right after a restart could otherwise land before the new
+        process registered and beat."""
+        want = {(s.server_id, s.address, s.process.pid) for s in self.servers
+                if s.alive() and s.process is not None}
 
-        def missing() -> set[tuple[str, str]]:
-            return want - {(s["id"], s["address"]) for s in self.placeable_servers()}
+        def missing() -> set[tuple[str, str, int]]:
+            return want - {(s["id"], s["address"], s["load"].get("pid"))
+                           for s in self.placeable_servers()}
 
         try:
             poll_until(lambda: True if not missing() else None, timeout_s,

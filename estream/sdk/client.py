@@ -26,7 +26,6 @@ from estream.net.appendsender import AppendSender
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.objectstore import ObjectStore
 from estream.net.pdclient import PDClient
-from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.net.security import client_context
 from estream.net.transport import TCP, Network
@@ -39,6 +38,7 @@ from estream.sdk.reader import (
     read_stream_views,
     stream_end_offset,
 )
+from estream.sdk.streamkeys import cached_entry_digest, check_key, stream_key_of
 from estream.sdk.subscribe import Subscription
 from estream.sdk.timelookup import offset_for_time
 from estream.sdk.writer import Writer
@@ -47,8 +47,6 @@ from estream.sdk.writertimings import WRITER_TIMINGS, WriterTimings
 from estream.wire import limits
 from estream.wire.errors import (
     Closed,
-    DigestKeyMissing,
-    DigestMismatch,
     EstreamError,
     InvalidArgument,
     OffsetOutOfRange,
@@ -61,25 +59,16 @@ from estream.wire.meta import (
     ACK_COUNT_DEFAULT,
     DIGEST_DEFAULT,
     REPLICAS_DEFAULT,
-    RangeMeta,
     ServerInfo,
     StreamMeta,
 )
 from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.record import (
-    DIGEST_HMAC_SHA256,
-    DIGEST_XXH3,
-    DIGESTS,
     BatchColumns,
     BatchView,
     Record,
-    iter_batches,
-    stream_key,
-    verify_batch,
-    verify_digest,
 )
 
-key_check_timeout_s = 2.0  # each READ of open_writer's key check (an hmac-sha256 stream)
 damage_reports_in_flight_max = 8  # reports of damaged objects on their way to PD at once
 
 
@@ -364,7 +353,7 @@ class Client:
         meta = await keyed_meta(self, name, await self.stream_meta(name))
         # DigestKeyMissing, or DigestMismatch for a key that is not the stream's, before
         # fencing anyone.
-        await self._check_key(meta, self.stream_key(meta))
+        await check_key(self.pool, meta, self.stream_key(meta))
         writer = await Writer.open(self, name, config, producer_id)
         self._streams[name] = writer.stream
         self._writers = [w for w in self._writers if not w.closed]
@@ -488,73 +477,12 @@ class Client:
         """The MAC key of a stream whose digest is ``hmac-sha256`` (None for other
         digests), derived from this client's cluster secret; :class:`DigestKeyMissing`
         when the client has none."""
-        if getattr(meta, "digest", DIGEST_DEFAULT) != "hmac-sha256":
-            return None
-        if not self._secret:
-            raise DigestKeyMissing(
-                f"stream {meta.name!r} is MACed (hmac-sha256): connect with secret= (or "
-                "set ESTREAM_SECRET) to the cluster secret", stream=meta.name)
-        return stream_key(self._secret, meta.id)
-
-    async def _check_key(self, meta: StreamMeta, key: bytes | None) -> None:
-        """Check ``key`` against the first stored batch of the stream's last non-empty
-        range (one writer session wrote all of a range; its first batch is there however
-        far the range got): :class:`DigestMismatch` when it verifies on no replica and
-        fails on one. So a writer with another cluster secret fails at open instead of
-        fencing the stream's writer and then having its appends refused (by range servers
-        holding the secret) or stored for readers to refuse (by servers without it), and
-        no writer appends behind a range of forged entries. Inconclusive (no replica
-        answers, or nothing is stored yet): the range servers' own check remains."""
-        if key is None:
-            return
-        ranges = [r for r in meta.ranges if r.end is None or r.end > r.start]
-        for rng in reversed(ranges[-2:]):
-            if rng.end is not None and rng.end <= meta.start_offset:
-                return
-            verified = await self._check_key_on(meta, rng, key)
-            if verified is not None:
-                return
-
-    async def _check_key_on(self, meta: StreamMeta, rng: RangeMeta, key: bytes) -> bool | None:
-        """True: the range's first batch verifies under ``key`` on a replica; None: no
-        replica had one to check; raises :class:`DigestMismatch` when one refused it."""
-        reads = RangeClient(self.pool)
-        refused: DigestMismatch | None = None
-        for ref in rng.replicas:
-            try:
-                answer = await reads.read(
-                    ref.address, server_id=ref.id, stream_id=meta.id, range_index=rng.index,
-                    offset=rng.start, max_bytes=1, unconfirmed=True,
-                    timeout_s=key_check_timeout_s)
-                for header, raw in iter_batches(answer.payload):
-                    verify_batch(raw)
-                    verify_digest(raw, digest=DIGEST_HMAC_SHA256, key=key, stream_id=meta.id,
-                                  range_index=rng.index, header=header)
-                    return True
-            except DigestMismatch as exc:
-                refused = exc
-            except EstreamError:
-                continue  # down, damaged or behind: another replica may tell
-        if refused is not None:
-            raise DigestMismatch(
-                f"stream {meta.name!r}: its stored entries do not verify under this client's "
-                "key: the cluster secret (connect(secret=), ESTREAM_SECRET) is not the one "
-                f"they were written with, or range {rng.index} holds forged entries "
-                f"({refused.message})", **refused.fields)
-        return None
+        return stream_key_of(self._secret, meta)
 
     def entry_digest(self, stream_id: int) -> tuple[int, bytes | None] | None:
         """The digest kind and MAC key of a cached stream, by id (None if not cached):
         what a reader checks every batch against."""
-        for meta in self._streams.values():
-            if meta.id == stream_id:
-                digest = DIGESTS.get(getattr(meta, "digest", DIGEST_DEFAULT), DIGEST_XXH3)
-                try:
-                    return digest, self.stream_key(meta)
-                except DigestKeyMissing:
-                    return digest, None
-        return None
-
+        return cached_entry_digest(self._streams.values(), stream_id, self._secret)
 
 async def connect(
     pd: str | Sequence[str],

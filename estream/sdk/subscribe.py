@@ -30,6 +30,7 @@ import msgpack
 from estream.core.assign import range_assign
 from estream.sdk.groups import GroupClient
 from estream.wire.errors import EstreamError, StreamNotFound
+from estream.wire.meta import StreamMeta
 from estream.wire.packing import packb
 from estream.wire.record import Record
 
@@ -41,6 +42,7 @@ PROTOCOL: Final = "range"
 queued_records_max: Final = 1_000  # read ahead of the consumer, all streams together
 rejoin_pause_s: Final = 0.2
 gone_poll_s: Final = 1.0  # a deleted stream's name looked up again, to rejoin once made
+describes_in_flight_max: Final = 32  # assigned streams described at once by a rebalance
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +167,7 @@ class Subscription:
         self._delivered = {}
         # Each stream's incarnation before its offset: an offset committed later is of it
         # or of a newer one (a delete drops the cursors), never applied to another.
-        metas = dict(zip(self.assignment, await asyncio.gather(
-            *(self.client.describe_stream(s) for s in self.assignment)), strict=True))
+        metas = await self._describe_assigned()
         self._ids = {s: meta.id for s, meta in metas.items()}
         committed = await self._groups.offsets(self.group, list(self.assignment))
         for stream in self.assignment:
@@ -178,6 +179,18 @@ class Subscription:
                 self._read(self.generation, stream, start)))
         if self._heartbeat is None:
             self._heartbeat = asyncio.ensure_future(self._beat())
+
+    async def _describe_assigned(self) -> dict[str, StreamMeta]:
+        """Each assigned stream's metadata, ``describes_in_flight_max`` requests at a
+        time (a member assigned 10,000 streams does not open 10,000 at once)."""
+        gate = asyncio.Semaphore(describes_in_flight_max)
+
+        async def describe(stream: str) -> StreamMeta:
+            async with gate:
+                return await self.client.describe_stream(stream)
+
+        metas = await asyncio.gather(*(describe(s) for s in self.assignment))
+        return dict(zip(self.assignment, metas, strict=True))
 
     async def _read(self, generation: int, stream: str, start: int) -> None:
         """Tail ``stream``. When the tail ends because its stream is gone (deleted, maybe

@@ -166,31 +166,33 @@ class RangeState:
 
     @classmethod
     def from_header(cls, body: Mapping[str, Any]) -> RangeState:
+        # Each field checked once, the common case (an exact int, or None where optional)
+        # without a call: a PD leader decodes every replica of every server each reclaim
+        # round (issue 27); anything else goes to answer_int (an int's subclass, or
+        # MalformedFrame naming the field).
         get = body.get
         start, end, confirm, epoch = get("start"), get("end"), get("confirm"), get("epoch")
         sealed_end, seen_ms, last_batch = get("sealed_end"), get("seen_ms"), get("last_batch")
-        batches = get("batches")
-        if (type(start) is int and type(end) is int and type(confirm) is int  # noqa: E721
-                and type(epoch) is int and get("ensemble") is None  # noqa: E721
-                and (sealed_end is None or type(sealed_end) is int)  # noqa: E721
-                and (seen_ms is None or type(seen_ms) is int)  # noqa: E721
-                and (last_batch is None or type(last_batch) is int)  # noqa: E721
-                and (batches is None or type(batches) is int)):  # noqa: E721
-            # An unstriped replica's, well formed: the checks below, inlined (a PD leader
-            # decodes every replica of every server each reclaim round: issue 27).
-            digest = get("digest")
-            return cls(start, end, confirm, epoch, bool(get("sealed")), sealed_end,
-                       bool(get("damaged")), None if digest is None else str(digest),
-                       seen_ms, None, last_batch, batches)
-        ensemble = _optional_int(body, "ensemble")
-        stripe = None if ensemble is None else (
-            ensemble, answer_int(body, "replicas"), answer_int(body, "position"))
-        return cls(answer_int(body, "start"), answer_int(body, "end"),
-                   answer_int(body, "confirm"), answer_int(body, "epoch"),
-                   bool(body.get("sealed")), _optional_int(body, "sealed_end"),
-                   bool(body.get("damaged")), _optional_str(body, "digest"),
-                   _optional_int(body, "seen_ms"), stripe, _optional_int(body, "last_batch"),
-                   _optional_int(body, "batches"))
+        batches, digest, ensemble = get("batches"), get("digest"), get("ensemble")
+        return cls(
+            start if type(start) is int else answer_int(body, "start"),  # noqa: E721
+            end if type(end) is int else answer_int(body, "end"),  # noqa: E721
+            confirm if type(confirm) is int else answer_int(body, "confirm"),  # noqa: E721
+            epoch if type(epoch) is int else answer_int(body, "epoch"),  # noqa: E721
+            bool(get("sealed")),
+            sealed_end if sealed_end is None or type(sealed_end) is int  # noqa: E721
+            else answer_int(body, "sealed_end"),
+            bool(get("damaged")),
+            None if digest is None else str(digest),
+            seen_ms if seen_ms is None or type(seen_ms) is int  # noqa: E721
+            else answer_int(body, "seen_ms"),
+            None if ensemble is None else (answer_int(body, "ensemble"),
+                                           answer_int(body, "replicas"),
+                                           answer_int(body, "position")),
+            last_batch if last_batch is None or type(last_batch) is int  # noqa: E721
+            else answer_int(body, "last_batch"),
+            batches if batches is None or type(batches) is int  # noqa: E721
+            else answer_int(body, "batches"))
 
     def to_header(self) -> Header:
         """The wire form (as DESCRIBE_RANGE answers it; ``"digest"`` and ``"seen_ms"``

@@ -35,6 +35,7 @@ from estream.wire.errors import (
     ObjectStoreError,
 )
 from estream.wire.meta import ObjectPart, RangeMeta, StreamMeta
+from estream.wire.rangeanswers import RangeKey
 from pd.commands import ObjectDamaged, PackMember
 from pd.metrics import (
     DAMAGE_CHECKS,
@@ -44,7 +45,7 @@ from pd.metrics import (
     OFFLOAD_ERRORS,
 )
 from pd.objectdamage import DamageInbox, DamageReport, plan_damage, ranges_naming
-from pd.offload import LocalDrop, RangeKey, Upload
+from pd.offload import LocalDrop, Upload
 from pd.shell.service import PdService
 
 log = logging.getLogger("pd.shell.offloader")  # (the offloader's log, as before the split)

@@ -38,9 +38,10 @@ from typing import Any, Final
 from estream.net.clock import SYSTEM_CLOCK
 from estream.wire.errors import EstreamError, Fenced, RangeSealed
 from estream.wire.meta import RangeMeta, StreamMeta
+from estream.wire.rangeanswers import RangeKey
 from pd.catalog import CatalogView
 from pd.drain import RangeHealth, open_ranges_leaving
-from pd.repair import Health, RangeKey, ServerState, ShortKey, replica_health
+from pd.repair import Health, ServerState, ShortKey, replica_health
 from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
 from pd.shell.rounds import leader_rounds

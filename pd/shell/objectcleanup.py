@@ -53,6 +53,7 @@ from estream.wire.objectformat import (
     encode_pack_parts,
     iter_object_batches,
 )
+from estream.wire.rangeanswers import RangeKey
 from pd.commands import (
     CommitPack,
     ExpirePrepared,
@@ -69,7 +70,6 @@ from pd.metrics import (
 )
 from pd.offload import (
     LocalDrop,
-    RangeKey,
     deletable_after_expiry,
     deletions_due,
     expired,

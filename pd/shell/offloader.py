@@ -47,6 +47,7 @@ from typing import Final, TypeVar
 from estream.net.objectstore import ObjectStore
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import EstreamError
+from estream.wire.rangeanswers import RangeKey
 from pd.compaction import Planner
 from pd.metrics import (
     DAMAGE_HELP,
@@ -61,7 +62,6 @@ from pd.metrics import (
 from pd.objectdamage import DamageInbox
 from pd.offload import (
     Pending,
-    RangeKey,
     TierWork,
     next_due_ms,
     object_size_bytes_default,

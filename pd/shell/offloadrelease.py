@@ -47,6 +47,7 @@ from estream.wire.objectformat import (
     decode_part,
     iter_object_batches,
 )
+from estream.wire.rangeanswers import RangeKey
 from estream.wire.record import verify_batch
 from pd.commands import DropLocalReplicas
 from pd.metrics import (
@@ -56,7 +57,6 @@ from pd.metrics import (
 )
 from pd.offload import (
     LocalDrop,
-    RangeKey,
     TierWork,
     check_bytes,
     drops_due,

@@ -63,6 +63,7 @@ from estream.wire.objectformat import (
     decode_tail,
     encode_pack_parts,
 )
+from estream.wire.rangeanswers import RangeKey
 from estream.wire.stripe import Stripe
 from pd.commands import (
     CommitPack,
@@ -75,7 +76,6 @@ from pd.metrics import (
 )
 from pd.offload import (
     Pending,
-    RangeKey,
     TierWork,
     Upload,
     close_packs,

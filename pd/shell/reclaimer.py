@@ -42,8 +42,9 @@ from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import EstreamError
+from estream.wire.rangeanswers import RangeKey
 from pd.reclaim import Drop, Suspects, confirmed, droppable
-from pd.replicareports import RangeKey, ServerListing, parse_listing
+from pd.replicareports import ServerListing, parse_listing
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 

@@ -66,9 +66,9 @@ from estream.wire.errors import (
     Unavailable,
 )
 from estream.wire.meta import StreamMeta
+from estream.wire.rangeanswers import RangeKey
 from pd.lease import ReplicaAnswer, must_seal, needs_recovery, retry_ms_max, seen_alive_ms
 from pd.metrics import WRITER_RECOVERIES_HELP, WRITER_RECOVERIES_TOTAL
-from pd.repair import RangeKey
 from pd.shell import rangeops
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService

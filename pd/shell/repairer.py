@@ -65,10 +65,10 @@ from estream.net.rpc import ConnectionPool
 from estream.wire import limits
 from estream.wire.errors import Conflict, EstreamError, RangeNotFound, Timeout, Unavailable
 from estream.wire.meta import StreamMeta
+from estream.wire.rangeanswers import RangeKey
 from estream.wire.stripe import Stripe
 from pd.placement import takes_striped
 from pd.repair import (
-    RangeKey,
     RepairPlan,
     RepairTask,
     ServerState,

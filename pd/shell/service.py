@@ -76,6 +76,7 @@ from pd.metrics import Metrics
 from pd.objectdamage import DamageReport
 from pd.paging import StreamPage, stream_page
 from pd.placement import choose_replicas
+from pd.raftrules import RaftStatus
 from pd.repair import SealedReports, ServerListing
 from pd.retention import check_cursor, check_retention, retention_change
 from pd.shell import rangeops
@@ -325,12 +326,7 @@ class PdService(ServerOps):
         the error refusing it. NotLeader or Unavailable refuse the whole request.
         ``session``: ``(name, generation)`` of the client's list (``pd/keepalives.py``):
         the list and its answers are recorded, and the leases renewed bound to it."""
-        status = self.require_leading("writer leases are kept by the leader")
-        # Caught up first: a new leader still applying the log could miss the stream
-        # (and StreamNotFound fences the writer).
-        view = await self.decision_view()
-        now = self.clock_ms()
-        self.leases.lead(status.term, now)
+        status, view, now = await self._leading_leases()
         name = "" if session is None else session[0]
         before = self.keepalive_sessions.previous(name) if session is not None else None
         if session is not None and before is not None and before.term == status.term \
@@ -358,10 +354,7 @@ class PdService(ServerOps):
         (worked out again for the writers whose stream changed since); None when this
         leader does not hold the session at ``generation`` (nothing renewed: the client
         sends its list)."""
-        status = self.require_leading("writer leases are kept by the leader")
-        view = await self.decision_view()
-        now = self.clock_ms()
-        self.leases.lead(status.term, now)
+        status, view, now = await self._leading_leases()
         record = self.keepalive_sessions.get(session, generation, status.term)
         if record is None:
             return None
@@ -372,6 +365,17 @@ class PdService(ServerOps):
                                           session)
         record.update(list(zip(stale, results, strict=True)), catalog, now)
         return record.answer
+
+    async def _leading_leases(self) -> tuple[RaftStatus, CatalogView, int]:
+        """A keepalive's preamble: this node's Raft status (NotLeader unless it leads),
+        its caught-up view and now, the lease table told the term it leads in."""
+        status = self.require_leading("writer leases are kept by the leader")
+        # Caught up first: a new leader still applying the log could miss the stream
+        # (and StreamNotFound fences the writer).
+        view = await self.decision_view()
+        now = self.clock_ms()
+        self.leases.lead(status.term, now)
+        return status, view, now
 
     def _keepalive_results(self, view: CatalogView, writers: Sequence[Keepalive], now: int,
                            session: str) -> list[KeepaliveResult]:

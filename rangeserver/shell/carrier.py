@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from estream.wire.errors import EstreamError
+from estream.wire.rangeanswers import RangeKey
 from estream.wire.record import verify_batch
 from rangeserver import carry
 from rangeserver import walformat as wf
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Key = tuple[int, int]
 carry_bytes_per_round_max: Final = 64 * 1024 * 1024  # batches copied forward per round, at most
 replicas_at_once: Final = 256  # read together, written together, one wait for their durability
 
@@ -41,7 +41,7 @@ class Carrier:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._seen: dict[Key, ReplicaState] = {}  # the states of the last round
+        self._seen: dict[RangeKey, ReplicaState] = {}  # the states of the last round
         self.carried = 0  # replicas carried since start
         self.carried_bytes = 0  # their batches' bytes written again at the log's head
 
@@ -64,7 +64,7 @@ class Carrier:
         self.carried += done
         return done
 
-    def _candidates(self, seen: dict[Key, ReplicaState], budget: int) -> list[carry.Candidate]:
+    def _candidates(self, seen: dict[RangeKey, ReplicaState], budget: int) -> list[carry.Candidate]:
         store = self.store
         head = store.wal.segment
         found = []
@@ -80,7 +80,7 @@ class Carrier:
                                          and size <= budget))
         return found
 
-    async def _carry(self, keys: list[Key], seen: dict[Key, ReplicaState]) -> int:
+    async def _carry(self, keys: list[RangeKey], seen: dict[RangeKey, ReplicaState]) -> int:
         """Carry these replicas: their batches read at once, each group written if its
         replica did not change meanwhile, then one wait for all of them to be durable."""
         store = self.store
@@ -124,7 +124,7 @@ class Carrier:
 
 
 def _group(
-    key: Key, state: ReplicaState, batches: list[IndexedBatch], raw: list[bytes]
+    key: RangeKey, state: ReplicaState, batches: list[IndexedBatch], raw: list[bytes]
 ) -> tuple[list[bytes], list[int]] | None:
     """The entries that state the replica whole (and where each batch's body is in
     them), or None if a batch read back is not the one indexed (left for a read to find

@@ -25,7 +25,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import uvloop
 
@@ -294,10 +294,17 @@ async def serve(args: argparse.Namespace) -> int:
     if args.pd:
         from rangeserver.shell.heartbeat import heartbeat_loop
 
+        pid = os.getpid()
+
+        def load() -> dict[str, Any]:
+            # pid: which process beats (a restarted server's first beat from its
+            # predecessor's last one, for operators and the test harness)
+            return {**server.load(), "pid": pid}
+
         tasks.append(
             asyncio.ensure_future(
                 heartbeat_loop(
-                    args.pd, server.server_id, server.address, args.storage_class, server.load,
+                    args.pd, server.server_id, server.address, args.storage_class, load,
                     ssl=member_client_context(security), token=security.token,
                     member_secret=args.cluster_secret,
                     on_registered=None if metrics is None else metrics.set_registered,

@@ -29,6 +29,7 @@ from estream.wire.errors import (
     EstreamError,
     RangeNotFound,
 )
+from estream.wire.rangeanswers import RangeKey
 from estream.wire.record import (
     BatchHeader,
 )
@@ -51,7 +52,6 @@ from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger(__name__)
 
-Key = tuple[int, int]
 reclaim_delay_s: Final = 0.2  # after a drop, before the checkpoint that deletes its segments
 disk_watermark_percent_default: Final = 90  # disk use above this: new replicas go elsewhere first
 
@@ -80,13 +80,13 @@ class Store(StoreReads, StoreAppends):
             data_dir / "wal", segment_bytes_max=segment_bytes_max, spares=wal_spares, io=wal_io,
             disk_bytes_per_s_max=disk_bytes_per_s_max)
         self.cache = BatchCache(cache_bytes_max)
-        self.replicas: dict[Key, ReplicaState] = {}
+        self.replicas: dict[RangeKey, ReplicaState] = {}
         self.keys = ReplicaKeys()  # the replicas' keys in order (LIST_RANGES pages)
-        self.indexes: dict[Key, RangeIndex] = {}
-        self.time_indexes: dict[Key, TimeIndex] = {}  # rangeserver/timeindex.py
-        self.spans: dict[Key, Span] = {}  # the log segments holding each replica's entries
+        self.indexes: dict[RangeKey, RangeIndex] = {}
+        self.time_indexes: dict[RangeKey, TimeIndex] = {}  # rangeserver/timeindex.py
+        self.spans: dict[RangeKey, Span] = {}  # the log segments holding each replica's entries
         self.dropped: list[Span] = []  # dropped replicas' spans whose DROP entry is on disk
-        self._events: dict[Key, asyncio.Event] = {}
+        self._events: dict[RangeKey, asyncio.Event] = {}
         self._checkpointed_at: tuple[int, int] = (-1, -1)
         self._reclaimer: asyncio.Task[None] | None = None
         self._checkpointing = asyncio.Lock()
@@ -96,10 +96,10 @@ class Store(StoreReads, StoreAppends):
         self.recovery_report: list[str] = []
         # When each replica last took an APPEND or CONFIRM, and of which epoch (monotonic
         # ms; in memory: DESCRIBE_RANGE's "seen_ms", PD's sign of a live writer).
-        self.seen: dict[Key, tuple[int, int]] = {}
+        self.seen: dict[RangeKey, tuple[int, int]] = {}
         # Confirm offsets raised by a hint (CONFIRM durable=False) and maybe not logged: a
         # durable CONFIRM of such a replica logs its entry even if it raises nothing.
-        self._hinted: dict[Key, int] = {}
+        self._hinted: dict[RangeKey, int] = {}
 
     # ---------------------------------------------------------------------- lifecycle
 
@@ -207,11 +207,11 @@ class Store(StoreReads, StoreAppends):
         return state
 
     @staticmethod
-    def _missing(key: Key) -> RangeNotFound:
+    def _missing(key: RangeKey) -> RangeNotFound:
         return RangeNotFound(f"no replica of range {key[1]} of stream {key[0]}",
                              stream_id=key[0], range_index=key[1])
 
-    def _set(self, key: Key, new: ReplicaState) -> None:
+    def _set(self, key: RangeKey, new: ReplicaState) -> None:
         event = self._events.get(key)
         old = self.replicas[key] if event is not None else new
         self.replicas[key] = new
@@ -224,12 +224,12 @@ class Store(StoreReads, StoreAppends):
             del self._events[key]
             event.set()
 
-    def _on_durable(self, key: Key, end: int, index: int = -1) -> None:
+    def _on_durable(self, key: RangeKey, end: int, index: int = -1) -> None:
         state = self.replicas.get(key)
         if state is not None:  # else dropped meanwhile
             self._set(key, rp.on_durable(state, end, index))
 
-    def _forget(self, key: Key, segment: int) -> None:
+    def _forget(self, key: RangeKey, segment: int) -> None:
         """A replica dropped by a DROP entry in ``segment``: its span becomes a dropped
         span, and long polls on it wake (to find it gone)."""
         span = self.spans.pop(key, None)
@@ -246,7 +246,7 @@ class Store(StoreReads, StoreAppends):
         if event is not None:
             event.set()
 
-    async def _mark_damaged(self, key: Key) -> None:
+    async def _mark_damaged(self, key: RangeKey) -> None:
         """A read found the replica's stored data damaged: it serves no more reads and
         never counts as a copy again, also after a restart (a DAMAGED entry, durable
         before this returns: the checkpoint may already cover the damaged bytes, and
@@ -289,7 +289,7 @@ class Store(StoreReads, StoreAppends):
         return pending, lambda: self._get(*key).end
 
     def _accept(
-        self, key: Key, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
+        self, key: RangeKey, header: BatchHeader, batch: bytes, new: ReplicaState, deferred: bool
     ) -> asyncio.Future[None]:
         end, base, before = header.end_offset, header.base_offset, self.replicas[key]
         index = new.chain_written if new.stripe is not None else -1  # its BATCH_INDEX first
@@ -366,14 +366,14 @@ class Store(StoreReads, StoreAppends):
 
     # ------------------------------------------------------------- undone by a cut back
 
-    def _unappend(self, key: Key, before: ReplicaState, base: int) -> None:
+    def _unappend(self, key: RangeKey, before: ReplicaState, base: int) -> None:
         """A batch's log entry was cut back: the replica holds what it held before."""
         if key in self.replicas:
             self._restore(key, before)
             self.indexes[key].truncate(base)
             self.cache.drop_range(*key)
 
-    def _restore(self, key: Key, before: ReplicaState) -> None:
+    def _restore(self, key: RangeKey, before: ReplicaState) -> None:
         """The replica's state before an entry the log cut back, with the durable end it
         reached since (only entries before the cut became durable)."""
         current = self.replicas.get(key)
@@ -381,7 +381,7 @@ class Store(StoreReads, StoreAppends):
             self._set(key, replace(before, end=max(before.end, current.end),
                                    chain_durable=max(before.chain_durable, current.chain_durable)))
 
-    def _uncreate(self, key: Key) -> None:
+    def _uncreate(self, key: RangeKey) -> None:
         """A CREATE_RANGE entry was cut back: the replica never existed."""
         for table in (self.replicas, self.indexes, self.time_indexes, self.spans):
             table.pop(key, None)
@@ -503,8 +503,8 @@ class Store(StoreReads, StoreAppends):
         CONFIRM writes it), or a barrier when none does. Returns each one's refusal (None:
         taken) and the one future of their durability (None: every one refused)."""
         errors: list[EstreamError | None] = []
-        raised: list[tuple[Key, ReplicaState]] = []  # (key, state before) per raising entry
-        logged: list[Key] = []  # every entry's replica
+        raised: list[tuple[RangeKey, ReplicaState]] = []  # (key, state before) per raising entry
+        logged: list[RangeKey] = []  # every entry's replica
         entries: list[bytes] = []
         now_ms = self.clock.monotonic_ms()  # one request, one moment (``seen``)
         for stream_id, range_index, epoch, confirm in confirms:
@@ -558,7 +558,7 @@ class Store(StoreReads, StoreAppends):
         return state.describe(seen_ms=age)
 
     def list_ranges(
-        self, after: Key | None = None, limit: int = list_ranges_replicas_default, *,
+        self, after: RangeKey | None = None, limit: int = list_ranges_replicas_default, *,
         compact: bool = False,
     ) -> tuple[list[object], bool]:
         """A page of the replicas in key order after ``after`` (rangeserver/listing.py),

@@ -18,6 +18,7 @@ from typing import Final
 
 from estream.net.clock import Clock
 from estream.wire.errors import EstreamError
+from estream.wire.rangeanswers import RangeKey
 from estream.wire.record import BatchHeader, check_records, verify_batch
 from rangeserver import bounds
 from rangeserver import replica as rp
@@ -30,7 +31,6 @@ from rangeserver.shell.logport import LogPort
 from rangeserver.stripedreplica import decide_indexed_append
 from rangeserver.timeindex import TimeIndex
 
-Key = tuple[int, int]
 _BARRIER: Final = -2  # a duplicate that may still be in flight: a barrier, to come
 _NO_WAIT: Final = -1  # a duplicate already durable
 
@@ -41,40 +41,40 @@ class Appended:
     the end a deferred append answers, and the index of the returned future it waits
     for (-1: none, a duplicate already durable)."""
 
-    key: Key
+    key: RangeKey
     end_offset: int
     wait: int
 
 
 # result index, key, batch, before, the batch's index in its striped range (-1: none)
-_Taken = tuple[int, Key, BatchHeader, bytes, ReplicaState, int]
+_Taken = tuple[int, RangeKey, BatchHeader, bytes, ReplicaState, int]
 
 
 class StoreAppends:
     """The many-batch append path; the store holds the state it changes."""
 
-    replicas: dict[Key, ReplicaState]
-    indexes: dict[Key, RangeIndex]
-    time_indexes: dict[Key, TimeIndex]
+    replicas: dict[RangeKey, ReplicaState]
+    indexes: dict[RangeKey, RangeIndex]
+    time_indexes: dict[RangeKey, TimeIndex]
     cache: BatchCache
     wal: LogPort
-    seen: dict[Key, tuple[int, int]]
-    spans: dict[Key, Span]
+    seen: dict[RangeKey, tuple[int, int]]
+    spans: dict[RangeKey, Span]
     clock: Clock
 
     def _get(self, stream_id: int, range_index: int) -> ReplicaState:
         raise NotImplementedError  # the store's
 
-    def _set(self, key: Key, new: ReplicaState) -> None:
+    def _set(self, key: RangeKey, new: ReplicaState) -> None:
         raise NotImplementedError  # the store's
 
-    def _on_durable(self, key: Key, end: int, index: int = -1) -> None:
+    def _on_durable(self, key: RangeKey, end: int, index: int = -1) -> None:
         raise NotImplementedError  # the store's
 
-    def _unappend(self, key: Key, before: ReplicaState, base: int) -> None:
+    def _unappend(self, key: RangeKey, before: ReplicaState, base: int) -> None:
         raise NotImplementedError  # the store's
 
-    def durable_end(self, key: Key) -> int:
+    def durable_end(self, key: RangeKey) -> int:
         """The replica's durable end (what a batch it took answers); RangeNotFound once
         it is dropped."""
         return self._get(*key).end
@@ -122,7 +122,7 @@ class StoreAppends:
                 results.append(Appended(
                     key, header.end_offset, _NO_WAIT if outcome.durable else _BARRIER))
         futures: list[asyncio.Future[None]] = []
-        refused: dict[Key, EstreamError] = {}
+        refused: dict[RangeKey, EstreamError] = {}
         for start, end in zip([0, *cuts], [*cuts, len(accepted)], strict=True):
             if start < end:
                 failed = self._write_batches(accepted[start:end], deferred, futures)
@@ -137,7 +137,7 @@ class StoreAppends:
 
     def _barrier(
         self, results: list[Appended | EstreamError], futures: list[asyncio.Future[None]],
-        refused: dict[Key, EstreamError], deferred: bool,
+        refused: dict[RangeKey, EstreamError], deferred: bool,
     ) -> None:
         """The duplicates that may still be in flight wait for a barrier after the
         writes; a duplicate of a batch the log just refused is refused with it."""
@@ -153,7 +153,7 @@ class StoreAppends:
 
     def _decide(
         self, batch: bytes, now_ms: int | None = None, index: int | None = None,
-    ) -> tuple[BatchHeader, Key, rp.Accept | rp.Duplicate]:
+    ) -> tuple[BatchHeader, RangeKey, rp.Accept | rp.Duplicate]:
         """:meth:`begin_append`'s checks and decision (the outcome: taken or a duplicate);
         ``now_ms``: the request's moment (None: now); ``index``: the batch's in its
         striped range (``rangeserver/stripedreplica.py``; None: none named)."""
@@ -178,7 +178,7 @@ class StoreAppends:
         """One log write of ``accepted``'s BATCH entries (:meth:`begin_appends`); the
         log's refusal, if it took nothing."""
         parts: list[bytes | memoryview] = []
-        ends: dict[Key, tuple[int, int]] = {}
+        ends: dict[RangeKey, tuple[int, int]] = {}
         for _, key, header, batch, _, index in accepted:
             if index >= 0:  # a striped replica's: its BATCH_INDEX entry first
                 parts.append(wf.encode_control(wf.BatchIndexed(*key, index)))

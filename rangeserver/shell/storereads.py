@@ -20,7 +20,7 @@ from estream.wire.errors import (
     EstreamError,
     OffsetOutOfRange,
 )
-from estream.wire.rangeanswers import ReadAnswer, TimeAnswer
+from estream.wire.rangeanswers import RangeKey, ReadAnswer, TimeAnswer
 from estream.wire.record import decode_batch, iter_batches, verify_batch
 from estream.wire.timestamps import first_at_or_after
 from rangeserver import replica as rp
@@ -33,24 +33,23 @@ from rangeserver.timeindex import TimeIndex
 
 log = logging.getLogger("rangeserver.shell.store")  # the store's own log
 
-Key = tuple[int, int]
 time_scan_bytes: Final = 1024 * 1024  # batches read at once by a time lookup's scan
 
 
 class StoreReads:
     """The read side of the store; the store holds the state it reads."""
 
-    replicas: dict[Key, ReplicaState]
-    indexes: dict[Key, RangeIndex]
-    time_indexes: dict[Key, TimeIndex]
+    replicas: dict[RangeKey, ReplicaState]
+    indexes: dict[RangeKey, RangeIndex]
+    time_indexes: dict[RangeKey, TimeIndex]
     cache: BatchCache
     wal: LogPort
-    _events: dict[Key, asyncio.Event]
+    _events: dict[RangeKey, asyncio.Event]
 
     def _get(self, stream_id: int, range_index: int) -> ReplicaState:
         raise NotImplementedError  # the store's
 
-    async def _mark_damaged(self, key: Key) -> None:
+    async def _mark_damaged(self, key: RangeKey) -> None:
         raise NotImplementedError  # the store's
 
     async def read(
@@ -95,7 +94,7 @@ class StoreReads:
         payload = await self._load(key, chosen)
         return end, state.sealed, payload
 
-    async def _readable(self, key: Key, state: ReplicaState, offset: int, wait_ms: int,
+    async def _readable(self, key: RangeKey, state: ReplicaState, offset: int, wait_ms: int,
                         unconfirmed: bool) -> tuple[ReplicaState, int]:
         """A READ's long poll (nothing readable at ``offset``: wait up to ``wait_ms``),
         then the replica's state and readable end; a damaged replica answers no READ."""
@@ -185,7 +184,7 @@ class StoreReads:
             raise rp.damaged_error(key)
         return TimeAnswer(**self.time_indexes[key].stats(), end=state.end, sealed=state.sealed)
 
-    async def _wait(self, key: Key, offset: int, unconfirmed: bool, wait_ms: int) -> None:
+    async def _wait(self, key: RangeKey, offset: int, unconfirmed: bool, wait_ms: int) -> None:
         """Until something is readable at ``offset`` (or the replica is sealed, damaged or
         dropped), at most ``wait_ms``: one deadline for the whole wait, however often the
         replica changes meanwhile without that (not a wait_for of what remains, armed
@@ -205,7 +204,7 @@ class StoreReads:
         except TimeoutError:
             return
 
-    async def _load(self, key: Key, chosen: list[IndexedBatch]) -> bytes:
+    async def _load(self, key: RangeKey, chosen: list[IndexedBatch]) -> bytes:
         parts: list[bytes | None] = []
         missing: list[int] = []
         for i, batch in enumerate(chosen):
@@ -227,7 +226,7 @@ class StoreReads:
                 parts[i] = data
         return b"".join(p for p in parts if p is not None)
 
-    def _verify_read(self, key: Key, batch: IndexedBatch, data: bytes) -> EstreamError | None:
+    def _verify_read(self, key: RangeKey, batch: IndexedBatch, data: bytes) -> EstreamError | None:
         """A batch read from disk is served only if it is whole, is the expected batch,
         and its checksum verifies; otherwise the error to answer (and the replica is to
         be marked damaged)."""

@@ -73,7 +73,8 @@ class ChaosCluster:
         return self.cluster.servers
 
     def wait_servers_alive(self, timeout_s: float = 20.0) -> None:
-        """Until PD lists every running range server alive (under its current id)."""
+        """Until PD lists every running range server alive (under its current id, heard
+        from its current process)."""
         self.cluster.wait_servers_alive(timeout_s)
 
     def pd_url(self) -> str:

@@ -84,6 +84,7 @@ from estream.net.recovery import log as recovery_log
 from estream.wire.errors import EstreamError
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
+from estream.wire.rangeanswers import RangeKey
 from pd.shell.service import PdService
 from rangeserver.replica import ReplicaState, readable_end
 from rangeserver.shell.store import Store
@@ -94,7 +95,7 @@ from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import Faults as NetFaults
 from tests.sim.simtransport import SimNetwork
 from tests.sim.striped import StripedStream
-from tests.sim.world import PD_ADDRESS, Faults, Key, World, address_of, pd_node
+from tests.sim.world import PD_ADDRESS, Faults, World, address_of, pd_node
 from tests.sim.world import PD_NODE as PD
 from tests.sim.writing import Writing
 
@@ -137,7 +138,7 @@ def _store(server: RangeServerNode) -> Store:
     return server.store
 
 
-async def _seal(server: RangeServerNode, key: Key, epoch: int, end: int) -> None:
+async def _seal(server: RangeServerNode, key: RangeKey, epoch: int, end: int) -> None:
     """SEAL as the writer's healing would send it (refused by now, or the process gone:
     nothing to repair)."""
     with contextlib.suppress(EstreamError, OSError):
@@ -151,8 +152,8 @@ class Sim:
         rng = self.world.rng
         self.faults = Faults(drop=rng.choice([0.0, 0.0, 0.003, 0.01]))
         self.lossy = self.faults.drop > 0  # lost messages fail replicas: rolls beyond faults
-        self.dirty: set[Key] = set()
-        self.states: dict[str, dict[Key, ReplicaState]] = {}  # what check() last saw
+        self.dirty: set[RangeKey] = set()
+        self.states: dict[str, dict[RangeKey, ReplicaState]] = {}  # what check() last saw
         self.booting: set[str] = set()  # nodes whose process is replaying its disk
         self.nodes = [f"s{i}" for i in range(servers)]
         # One network for every message (the real clients' and servers'), sharing the
@@ -196,7 +197,7 @@ class Sim:
         # A striped stream beside this one (E 5 on 6 servers), under the same faults.
         self.striped = StripedStream(self, seed, END_AT_MS) if striped else None
         self.target = rng.randint(80, 200)  # records the final writer must get through
-        self.lost: dict[Key, set[str]] = {}  # server ids whose copy of a range is destroyed
+        self.lost: dict[RangeKey, set[str]] = {}  # server ids whose copy of a range is destroyed
         self.destroyed = False  # at most one lost copy per run (a double fault, not more)
         self.events: list[str] = []  # faults injected, for the trace
         self.facts: dict[str, object] = {}  # what a scripted run saw happen
@@ -409,7 +410,7 @@ class Sim:
         self.full_check = True
         self.world.after(down_ms, lambda: self.restart(node))
 
-    def damage(self, node: str, key: Key | None = None, at_or_after: int = 0) -> None:
+    def damage(self, node: str, key: RangeKey | None = None, at_or_after: int = 0) -> None:
         """A byte flipped inside a stored record of one replica (the last range's it has,
         unless ``key``; at or after ``at_or_after`` if it can)."""
         if self.destroyed:
@@ -582,7 +583,7 @@ class Sim:
         # ranges are contiguous, so only a sealed last range could cut offsets off.
         assert last.end is None or w.acked_end <= last.end
 
-    def check_agreement(self, meta: StreamMeta, only: set[Key] | None) -> None:
+    def check_agreement(self, meta: StreamMeta, only: set[RangeKey] | None) -> None:
         ranges = (
             meta.ranges if only is None else [r for r in meta.ranges if (meta.id, r.index) in only]
         )
@@ -1110,12 +1111,12 @@ def striped_writer_dies(sim: Sim) -> None:
     striped.target = 300
     lag: list[str] = []
 
-    def unwritten(node: str, key: Key, base: int) -> bool:
+    def unwritten(node: str, key: RangeKey, base: int) -> bool:
         store = sim.servers[node].store
         index = store.indexes.get(key) if store is not None else None
         return index is not None and index.find(base) is None
 
-    def exposed(key: Key, acked_end: int) -> bool:
+    def exposed(key: RangeKey, acked_end: int) -> bool:
         """An acknowledged batch of write set p, p + 1, p + 2 that p lacks: held by p + 1
         and p + 2, not written by p nor p + 3."""
         store = sim.servers[lag[1]].store

@@ -32,7 +32,6 @@ from tests.sim.simraft import SimRaft
 from tests.sim.simtransport import SimNetwork
 
 T = TypeVar("T")
-Key = tuple[int, int]
 
 PD_NODE: Final = "pd"
 PD_ADDRESS: Final = "127.0.0.1:7100"
