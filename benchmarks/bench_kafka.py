@@ -1,7 +1,9 @@
 """Benchmark: Kafka clients through one ``estream kafka`` gateway against the native SDK,
 in the same run on the same cluster (issue 31's targets).
 
-Starts 3 PD nodes, 3 range servers (fsync on) and one gateway, then with 1 KiB records:
+Starts 3 PD nodes, 3 range servers (fsync on) and one gateway (``--gateways N``: N of one
+pool, each leading its share of the partitions, docs/KAFKA.md; the clients bootstrap from
+all of them and the phases start once each lists all N as brokers), then with 1 KiB records:
 
 1. ``produce``: confluent-kafka's producer (acks=all, ``linger.ms`` 5 as a user would
    set it, idempotence off) sends ``--records`` to a one-partition topic; beside it the
@@ -20,14 +22,14 @@ Starts 3 PD nodes, 3 range servers (fsync on) and one gateway, then with 1 KiB r
 Each producer phase first sends one record to every partition (not timed), so the
 gateway's partition writers are open, as in a system already running. Each Kafka side
 of a phase also reports each process's CPU over it (from /proc, % of one core): the
-gateway, the range servers, PD, and this process (librdkafka's threads and the Python
-calling them; the SDK is idle then).
+gateway (with several: ``gateway`` their sum, ``gatewayI`` each), the range servers, PD, and
+this process (librdkafka's threads and the Python calling them; the SDK is idle then).
 
 Every phase is bounded in count and time (``PHASE_TIMEOUT_S``). Usage::
 
     .venv/bin/python -m benchmarks.bench_kafka [--records 20000] [--latency-samples 300]
         [--partitions 100] [--consume-rounds 3] [--phases produce,consume,one,partitions]
-        [--json out.json]
+        [--gateways 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -84,6 +86,26 @@ def _create_topic(bootstrap: str, name: str, partitions: int) -> None:
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(name, partitions)])[name].result(PHASE_TIMEOUT_S)
+
+
+def wait_brokers(addresses: list[str], timeout_s: float = 30.0) -> None:
+    """Until every gateway's Metadata lists all of them as brokers (each has seen the
+    others' registration in PD, so all compute the same partition leaders)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout_s
+    for address in addresses:
+        admin = AdminClient({"bootstrap.servers": address})
+        while True:
+            try:  # (a topic named: a listing of none is a partial answer to librdkafka)
+                if len(admin.list_topics("bench", timeout=timeout_s).brokers) >= len(addresses):
+                    break
+            except KafkaException:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} does not list {len(addresses)} gateways")
+            time.sleep(0.2)
 
 
 def kafka_produce(bootstrap: str, topic: str, records: int, partitions: int = 1) -> float:
@@ -274,27 +296,39 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=100)
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated, of: {', '.join(PHASES)}")
+    parser.add_argument("--gateways", type=int, default=1,
+                        help="gateways of one pool, the partitions led by each in turn")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     import uvloop
 
     with tempfile.TemporaryDirectory(prefix="bench-kafka-") as tmp:
         cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=3, secret=None)
+        gateways = []
         try:
-            gateway, bootstrap, _ = start_kafka(Path(tmp) / "kafka", cluster.pd_addresses)
-            cpu = Cpu({"gateway": [gateway.pid],
+            addresses = []
+            for i in range(args.gateways):
+                gateway, address, _ = start_kafka(Path(tmp) / "kafka", cluster.pd_addresses,
+                                                  name=f"kafka{i}")
+                gateways.append(gateway)
+                addresses.append(address)
+            if len(addresses) > 1:
+                wait_brokers(addresses)
+            each = {f"gateway{i}": [g.pid] for i, g in enumerate(gateways)}
+            cpu = Cpu({"gateway": [g.pid for g in gateways],
+                       **(each if len(gateways) > 1 else {}),
                        **{f"rs{i}": [s.process.pid] for i, s in enumerate(cluster.servers)
                           if s.process is not None},
                        "pd": [n.process.pid for n in cluster.pd.nodes
                               if n.process is not None],
                        "bench": [os.getpid()]})
-            try:
-                results = uvloop.run(run(args, cluster.pd_addresses, bootstrap, cpu))
-            finally:
-                gateway.stop()
+            results = uvloop.run(run(args, cluster.pd_addresses, ",".join(addresses), cpu))
         finally:
+            for gateway in gateways:
+                gateway.stop()
             cluster.stop()
-    results["setup"] = {"pd_nodes": 3, "range_servers": 3, "replicas": 3, "ack_count": 2,
+    results["setup"] = {"pd_nodes": 3, "range_servers": 3, "gateways": args.gateways,
+                        "replicas": 3, "ack_count": 2,
                         "record_bytes": len(RECORD), "linger_ms": LINGER_MS,
                         "records": args.records, "fsync": True}
     for name, row in results.items():

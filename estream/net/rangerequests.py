@@ -28,7 +28,7 @@ from estream.wire.errors import (
     MalformedFrame,
     Timeout,
 )
-from estream.wire.protocol import Opcode
+from estream.wire.protocol import Opcode, Payload
 from estream.wire.rangeanswers import (
     Created,
     ListedRange,
@@ -68,12 +68,12 @@ class Pool(Protocol):
 
     async def call(
         self, address: str, opcode: int, header: Header | None = None,
-        payload: bytes | memoryview = b"", *, timeout_s: float = request_timeout_s,
+        payload: Payload = b"", *, timeout_s: float = request_timeout_s,
     ) -> tuple[Header, bytes | memoryview]: ...
 
     def start_call(
         self, address: str, opcode: int, header: Header | None,
-        payload: bytes | memoryview, done: Done, *, timeout_s: float = request_timeout_s,
+        payload: Payload, done: Done, *, timeout_s: float = request_timeout_s,
     ) -> Started: ...
 
     def discard(self, address: str) -> None: ...

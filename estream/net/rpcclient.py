@@ -49,6 +49,7 @@ from estream.wire.protocol import (
     Frame,
     FrameDecoder,
     Opcode,
+    Payload,
     encode_frame,
     parse_address,
 )
@@ -304,7 +305,7 @@ class RpcClient:
         self,
         opcode: int,
         header: Header | None = None,
-        payload: bytes | memoryview = b"",
+        payload: Payload = b"",
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
     ) -> tuple[Header, bytes | memoryview]:
@@ -349,7 +350,7 @@ class RpcClient:
         self,
         opcode: int,
         header: Header | None,
-        payload: bytes | memoryview,
+        payload: Payload,
         done: Done,
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
@@ -458,7 +459,7 @@ class ConnectionPool:
         address: str,
         opcode: int,
         header: Header | None = None,
-        payload: bytes | memoryview = b"",
+        payload: Payload = b"",
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
     ) -> tuple[Header, bytes | memoryview]:
@@ -485,7 +486,7 @@ class ConnectionPool:
         address: str,
         opcode: int,
         header: Header | None,
-        payload: bytes | memoryview,
+        payload: Payload,
         done: Done,
         *,
         timeout_s: float = limits.request_timeout_ms / 1000,
@@ -556,7 +557,7 @@ class _Unconnected:
                  "expiry", "answered", "started")
 
     def __init__(self, address: str, opcode: int, header: Header | None,
-                 payload: bytes | memoryview, done: Done, timeout_s: float) -> None:
+                 payload: Payload, done: Done, timeout_s: float) -> None:
         self.address, self.opcode, self.header, self.payload = address, opcode, header, payload
         self.done, self.timeout_s, self.answered = done, timeout_s, False
         loop = asyncio.get_running_loop()

@@ -42,10 +42,12 @@ def encode_request(
     batches: Sequence[bytes | memoryview], deferred: bool, server_id: str | None,
     confirms: Sequence[Confirm] = (), indexes: Sequence[int | None] | None = None,
     hints: Sequence[Confirm] = (),
-) -> tuple[dict[str, Any], bytes]:
+) -> tuple[dict[str, Any], list[bytes | memoryview]]:
     """The header and payload of an APPEND_MANY carrying ``batches``, ``confirms`` and
     confirm ``hints`` in order; ``indexes``: each batch's index in its striped range (None:
-    not striped), sent only when one is given."""
+    not striped), sent only when one is given. The payload is the batches as they are, one
+    after another: a list of buffers that ``encode_frame`` writes without joining them
+    (joined, it is the bytes :func:`decode_request` takes)."""
     header: dict[str, Any] = {"deferred": deferred, SIZES_FIELD: [len(b) for b in batches]}
     if indexes is not None and any(i is not None for i in indexes):
         header[BATCHES_FIELD] = list(indexes)
@@ -55,7 +57,7 @@ def encode_request(
         header[HINTS_FIELD] = [list(c) for c in hints]
     if server_id is not None:
         header["server_id"] = server_id
-    return header, b"".join(batches)
+    return header, list(batches)
 
 
 def decode_request(

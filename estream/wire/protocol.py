@@ -135,16 +135,22 @@ class Frame:
         return value
 
 
+# A frame's payload: one buffer, or a list of them sent one after another as one payload
+# (an APPEND_MANY's batches: written as they are, never joined into a copy).
+Payload = bytes | memoryview | list[bytes | memoryview]
+
+
 def encode_frame(
     opcode: int,
     request_id: int,
     header: dict[str, Any] | None = None,
-    payload: bytes | memoryview = b"",
+    payload: Payload = b"",
     flags: FrameFlags = FrameFlags.NONE,
 ) -> list[bytes | memoryview]:
-    """Encode one frame as a list of buffers for ``transport.writelines`` (no payload copy).
-    A header value msgpack cannot encode (an integer past 64 bits, an object) is
-    ``InvalidArgument`` naming its field, as a server would answer it."""
+    """Encode one frame as a list of buffers for ``transport.writelines`` (no payload copy:
+    a payload given as a list of buffers is a part each). A header value msgpack cannot
+    encode (an integer past 64 bits, an object) is ``InvalidArgument`` naming its field, as
+    a server would answer it."""
     try:
         head = packb(header) if header else b""
     except (OverflowError, TypeError, ValueError) as exc:
@@ -153,19 +159,23 @@ def encode_frame(
         raise FrameTooLarge(
             "frame header too large", size=len(head), limit=limits.frame_header_bytes_max
         )
-    total = FRAME_PREFIX_BYTES + len(head) + len(payload)
+    if isinstance(payload, list):
+        parts, size = payload, sum(map(len, payload))
+    else:
+        parts, size = [payload] if payload else [], len(payload)
+    total = FRAME_PREFIX_BYTES + len(head) + size
     if total > limits.frame_bytes_max:
         raise FrameTooLarge("frame too large", size=total, limit=limits.frame_bytes_max)
     try:
         prefix = _PREFIX.pack(
-            FRAME_MAGIC, FRAME_VERSION, opcode, int(flags), request_id, len(head), len(payload)
+            FRAME_MAGIC, FRAME_VERSION, opcode, int(flags), request_id, len(head), size
         )
     except struct.error:
         raise InvalidArgument(
             f"opcode {opcode} or request id {request_id} does not fit the frame prefix",
             argument="request_id",
         ) from None
-    return [prefix + head, payload] if payload else [prefix + head]
+    return [prefix + head, *parts]
 
 
 def _unencodable(header: dict[str, Any], exc: Exception) -> InvalidArgument:

@@ -38,8 +38,8 @@ async def append_many(server: RangeServer, confirms: list[tuple[int, int, int, i
                       hints: tuple[tuple[int, int, int, int], ...] = (),
                       ) -> tuple[list[Any], list[Any]]:
     """One APPEND_MANY through the server's quick handler: (results, confirmed + hinted)."""
-    header, payload = appendmany.encode_request(batches, False, None, confirms, hints=hints)
-    pending, answer = server.append_many_now(header, payload)
+    header, parts = appendmany.encode_request(batches, False, None, confirms, hints=hints)
+    pending, answer = server.append_many_now(header, b"".join(parts))
     if pending is not None:
         await pending
     body, _ = answer()

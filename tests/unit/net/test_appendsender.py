@@ -11,8 +11,8 @@ from typing import Any
 from estream.net.appendsender import AppendSender
 from estream.wire.appendmany import encode_answer
 from estream.wire.errors import EstreamError, Fenced, MalformedFrame, Timeout
-from estream.wire.protocol import Opcode
-from tests.unit.net.test_rangeclient import FakePool
+from estream.wire.protocol import Opcode, Payload
+from tests.unit.net.test_rangeclient import FakePool, joined
 
 
 class Answers:
@@ -300,11 +300,11 @@ class HeldPool(FakePool):
         self.held: list[Callable[..., None]] = []
 
     def start_call(self, address: str, opcode: int, header: dict[str, Any] | None,
-                   payload: bytes | memoryview, done: Any, *, timeout_s: float = 5.0) -> None:
+                   payload: Payload, done: Any, *, timeout_s: float = 5.0) -> None:
         if opcode != Opcode.APPEND_MANY:
             return super().start_call(address, opcode, header, payload, done,
                                       timeout_s=timeout_s)
-        self.calls.append((address, Opcode(opcode), dict(header or {}), bytes(payload),
+        self.calls.append((address, Opcode(opcode), dict(header or {}), joined(payload),
                            timeout_s))
         self.held.append(done)
 

@@ -32,10 +32,15 @@ from estream.wire.errors import (
     StorageError,
     Timeout,
 )
-from estream.wire.protocol import Opcode
+from estream.wire.protocol import Opcode, Payload
 from estream.wire.record import Record, decode_header, encode_batch, verify_batch
 
 Call = tuple[str, Opcode, dict[str, Any], bytes, float]
+
+
+def joined(payload: Payload) -> bytes:
+    """A request's payload as one ``bytes`` (an APPEND_MANY's comes as its batches)."""
+    return b"".join(payload) if isinstance(payload, list) else bytes(payload)
 
 
 class FakePool:
@@ -47,10 +52,10 @@ class FakePool:
         self.discarded: list[str] = []
 
     async def call(self, address: str, opcode: int, header: dict[str, Any] | None = None,
-                   payload: bytes | memoryview = b"", *, timeout_s: float = 5.0,
+                   payload: Payload = b"", *, timeout_s: float = 5.0,
                    ) -> tuple[dict[str, Any], bytes | memoryview]:
         op = Opcode(opcode)
-        self.calls.append((address, op, dict(header or {}), bytes(payload), timeout_s))
+        self.calls.append((address, op, dict(header or {}), joined(payload), timeout_s))
         answer = self.answers.get(op, {})
         if isinstance(answer, EstreamError):
             raise answer
@@ -59,10 +64,10 @@ class FakePool:
         return answer, b""
 
     def start_call(self, address: str, opcode: int, header: dict[str, Any] | None,
-                   payload: bytes | memoryview, done: Any, *, timeout_s: float = 5.0) -> None:
+                   payload: Payload, done: Any, *, timeout_s: float = 5.0) -> None:
         """As ``call``, answered on the event loop's next turn."""
         op = Opcode(opcode)
-        self.calls.append((address, op, dict(header or {}), bytes(payload), timeout_s))
+        self.calls.append((address, op, dict(header or {}), joined(payload), timeout_s))
         answer = self.answers.get(op, {})
         loop = asyncio.get_running_loop()
         if isinstance(answer, EstreamError):

@@ -22,31 +22,33 @@ from estream.wire.errors import Fenced, InvalidArgument, MalformedFrame, RangeSe
 
 def test_request_round_trips_entries_in_order() -> None:
     batches = [b"a" * 3, memoryview(b"bb"), b"c"]
-    header, payload = encode_request(batches, True, "rs-1")
+    header, parts = encode_request(batches, True, "rs-1")
     assert header == {"deferred": True, "sizes": [3, 2, 1], "server_id": "rs-1"}
-    assert payload == b"aaabbc"
+    assert parts == batches  # the batches as they are: written without a joined copy
+    payload = b"".join(parts)
     assert decode_request(msgpack.unpackb(msgpack.packb(header)), payload) == (
         True, [b"aaa", b"bb", b"c"], [], [])
     header, _ = encode_request([b"x"], False, None)
     assert header == {"deferred": False, "sizes": [1]}  # no server id: no identity check
-    header, payload = encode_request([b"x"], False, None, [(1, 2, 3, 4), (5, 0, 1, 9)])
+    header, parts = encode_request([b"x"], False, None, [(1, 2, 3, 4), (5, 0, 1, 9)])
     assert header["confirms"] == [[1, 2, 3, 4], [5, 0, 1, 9]]
-    assert decode_request(msgpack.unpackb(msgpack.packb(header)), payload) == (
+    assert decode_request(msgpack.unpackb(msgpack.packb(header)), b"".join(parts)) == (
         False, [b"x"], [(1, 2, 3, 4), (5, 0, 1, 9)], [])
-    header, payload = encode_request([], False, None, [(1, 2, 3, 4)])
-    assert decode_request(header, payload) == (False, [], [(1, 2, 3, 4)], [])  # confirms alone
+    header, parts = encode_request([], False, None, [(1, 2, 3, 4)])
+    assert decode_request(header, b"".join(parts)) == (  # confirms alone
+        False, [], [(1, 2, 3, 4)], [])
 
 
 def test_confirm_hints_round_trip_after_the_confirms() -> None:
     """Confirm hints (CONFIRM durable=False) ride in their own field; their answers follow
     the confirms' in ``decode_answer``; an answer without ``hinted`` (a server older than
     hints ignored them) answers each with None."""
-    header, payload = encode_request([b"x"], True, None, [(1, 2, 3, 4)], hints=[(5, 0, 1, 9)])
+    header, parts = encode_request([b"x"], True, None, [(1, 2, 3, 4)], hints=[(5, 0, 1, 9)])
     assert header["hints"] == [[5, 0, 1, 9]]
-    assert decode_request(msgpack.unpackb(msgpack.packb(header)), payload) == (
+    assert decode_request(msgpack.unpackb(msgpack.packb(header)), b"".join(parts)) == (
         True, [b"x"], [(1, 2, 3, 4)], [(5, 0, 1, 9)])
-    header, payload = encode_request([], False, None, hints=[(5, 0, 1, 9), (6, 1, 2, 3)])
-    assert decode_request(header, payload) == (False, [], [], [(5, 0, 1, 9), (6, 1, 2, 3)])
+    header, parts = encode_request([], False, None, hints=[(5, 0, 1, 9), (6, 1, 2, 3)])
+    assert decode_request(header, b"".join(parts)) == (False, [], [], [(5, 0, 1, 9), (6, 1, 2, 3)])
     body = msgpack.unpackb(msgpack.packb(encode_answer(
         [3], [None], [Fenced("old", epoch=1, current_epoch=2), None])))
     results, confirmed = decode_answer(body, 1, 1, 2)

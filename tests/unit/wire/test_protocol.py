@@ -110,6 +110,17 @@ def test_payload_is_a_separate_buffer() -> None:
     assert len(parts) == 2 and parts[1] is payload
 
 
+def test_a_payload_of_parts_is_written_as_they_are() -> None:
+    """An APPEND_MANY's batches go as buffers of their own (no joined copy), and the frame
+    is byte for byte the one of their joined payload."""
+    batches = [b"first", memoryview(b"second"), b"3"]
+    parts = encode_frame(Opcode.APPEND_MANY, 7, {"sizes": [5, 6, 1]}, batches)
+    assert parts[1:] == batches and all(a is b for a, b in zip(parts[1:], batches, strict=True))
+    joined = encode_frame_bytes(Opcode.APPEND_MANY, 7, {"sizes": [5, 6, 1]}, b"firstsecond3")
+    assert b"".join(bytes(part) for part in parts) == joined
+    assert encode_frame(Opcode.PING, 1, None, [])[1:] == []
+
+
 def sample_frame(request_id: int = 3, payload: bytes = b"payload!") -> bytes:
     return encode_frame_bytes(Opcode.APPEND, request_id, {"deferred": True}, payload)
 
