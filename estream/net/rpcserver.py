@@ -26,6 +26,7 @@ from contextvars import ContextVar
 from ssl import SSLContext
 from typing import Any, Final, cast
 
+from estream.net.eagerfuture import EagerFuture
 from estream.net.rpcauth import ConnectionAuth
 from estream.net.rpcfields import ROLES_FIELD, Answer, Handler, QuickHandler
 from estream.net.transport import TCP, Listener, Network
@@ -322,6 +323,9 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
             self._answer_quick(frame, size, answer, None)
             return
         self.tasks.add(pending)
+        if isinstance(pending, EagerFuture):  # answered as it is resolved (a PD commit)
+            pending.on_done(lambda done: self._answer_quick(frame, size, answer, done))
+            return
         pending.add_done_callback(
             lambda done: self._answer_quick(frame, size, answer, done)
         )
@@ -380,8 +384,10 @@ class RpcServer:
     :class:`EstreamError` answers that error; any other exception answers a generic error
     and is logged. The server keeps serving every other request and connection.
     ``quick_handlers`` are plain functions returning ``(future or None, answer)``: run as
-    the frame is decoded, answered (``answer()``) once the future completes, with the same
-    error handling; a connection whose peer is not reading its answers takes the task path.
+    the frame is decoded, answered (``answer()``) once the future completes (an
+    :class:`~estream.net.eagerfuture.EagerFuture` as it is resolved, not in a later loop
+    callback), with the same error handling; a connection whose peer is not reading its
+    answers takes the task path.
     """
 
     def __init__(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from estream.net.eagerfuture import EagerFuture
 from estream.net.rpc import (
     ConnectionPool,
     Handler,
@@ -492,6 +493,39 @@ async def test_quick_handlers_answer_from_their_future_in_completion_order(
         waiting[0].set_exception(InvalidArgument("late", argument="x"))
         with pytest.raises(InvalidArgument):
             await first
+    finally:
+        await client.close()
+
+
+async def test_a_quick_handler_s_eager_future_is_answered_as_it_is_resolved(
+    start_server: StartServer,
+) -> None:
+    """An EagerFuture (a PD commit's) is answered from within its set_result, not in a
+    later loop callback: the answer is built before set_result returns."""
+    loop = asyncio.get_running_loop()
+    pending: list[EagerFuture[None]] = []
+    answered: list[int] = []
+
+    def quick(header: Header, payload: bytes) -> tuple[asyncio.Future[None] | None, Any]:
+        i = require(header, "i", int)
+        pending.append(EagerFuture(loop=loop))
+
+        def answer() -> tuple[Header, bytes]:
+            answered.append(i)
+            return {"i": i}, payload
+
+        return pending[-1], answer
+
+    server = await start_server({}, quick_handlers={Opcode.APPEND: quick})
+    client = await RpcClient.connect(server.address)
+    try:
+        call = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 5}, b"e"))
+        while not pending:
+            await asyncio.sleep(0.001)
+        assert answered == []
+        pending[0].set_result(None)
+        assert answered == [5], "answered inside set_result"
+        assert await call == ({"i": 5}, b"e")
     finally:
         await client.close()
 
