@@ -57,7 +57,9 @@ What they add to pysyncobj 0.3.17:
   (``autoTick=False``): :class:`~pd.shell.raftpoller.LoopPoller` makes its sockets the
   loop's readers and writers, a tick runs every ``autoTickPeriod``, right after a socket
   event, and after a proposal (at once on an idle node, else in the next loop iteration
-  with the other proposals of that iteration). A proposal is thus appended and sent on the
+  with the other proposals of that iteration; an idle leader runs only the tick's append
+  and its flush, ``CatalogSyncObj._append_now``: the commit count, applies and checks
+  before it wait for the next tick). A proposal is thus appended and sent on the
   loop thread, and the commit callback resolves its future directly: the two thread
   hand-overs per commit of pysyncobj's tick thread (mostly waiting for the GIL) are gone.
   The future is an :class:`~estream.net.eagerfuture.EagerFuture`: a quick handler's answer

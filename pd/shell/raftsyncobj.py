@@ -146,10 +146,32 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         now = self.loop.time()
         idle = now - self._proposed_at > proposal_batch_s
         self._proposed_at = now
-        if idle and not self._tick_soon_pending:
-            self._run_tick()
-        else:
+        if not idle or self._tick_soon_pending:
             self.tick_soon()
+        elif self._isLeader():
+            self._append_now()
+        else:
+            self._run_tick()  # (forwarded to the leader by the tick)
+
+    def _append_now(self) -> None:
+        """The leader appends and sends the queued proposals (pysyncobj's
+        ``_checkCommandsToApply``), then flushes as a tick ends (the sends, then the sync):
+        not a whole tick, whose commit count, applies, election and compaction checks come
+        first (the next tick does them). As after any tick, nothing counts these entries
+        before the sync that ends the flush."""
+        if self._closed or self._sync_running is not None or self.journal_failed() is not None:
+            return  # (a tick follows the sync; a failed journal: _onTick stops)
+        self._deferring = True
+        try:
+            self._flush_outbox()  # what the socket events since the last tick produced
+            if self._sync_running is None:
+                self._checkCommandsToApply()
+        except Exception:
+            log.exception("Raft append failed")
+        finally:
+            self._deferring = False
+            if self._sync_running is None:
+                self._flush_outbox()
 
     def tick_soon(self) -> None:
         if not self._tick_soon_pending and not self._closed:

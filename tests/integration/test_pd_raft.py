@@ -430,6 +430,32 @@ async def test_an_answer_leaves_before_the_tick_of_a_later_acknowledgement(
         assert seen["before"] <= proposals // 10, seen["before"]
 
 
+async def test_an_idle_leader_appends_a_lone_proposal_without_a_tick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One at a time, the leader appends and sends a proposal within start_proposal
+    (CatalogSyncObj._append_now), without running a whole pysyncobj tick first; the
+    proposals still commit, one journal entry each."""
+    ticks = {"count": 0}
+    tick = raftsyncobj.CatalogSyncObj._onTick
+
+    def counted(self: raftsyncobj.CatalogSyncObj, timeToWait: float = 0.0) -> None:  # noqa: N803
+        ticks["count"] += 1
+        tick(self, timeToWait)
+
+    monkeypatch.setattr(raftsyncobj.CatalogSyncObj, "_onTick", counted)
+    async with raft_group(tmp_path) as nodes:
+        leader = await _group_leader(nodes)
+        await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        obj = leader._sync
+        for i in range(10):
+            await asyncio.sleep(2 * raftsyncobj.proposal_batch_s)  # (an idle leader)
+            before, end = ticks["count"], obj.log_end()
+            future = leader.start_proposal(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",)))
+            assert obj.log_end() == end + 1, "appended within start_proposal"
+            assert ticks["count"] == before, "no tick ran for the append"
+            assert isinstance(await future, StreamMeta)
+
+
 async def _group_leader(nodes: list[RaftNode]) -> RaftNode:
     deadline = time.monotonic() + 10
     while not any(n.leader() == n.self_address and n.ready() for n in nodes):
