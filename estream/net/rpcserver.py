@@ -324,7 +324,7 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
             return
         self.tasks.add(pending)
         if isinstance(pending, EagerFuture):  # answered as it is resolved (a PD commit)
-            pending.on_done(lambda done: self._answer_quick(frame, size, answer, done))
+            pending.on_done(lambda done: self._answer_quick(frame, size, answer, done, True))
             return
         pending.add_done_callback(
             lambda done: self._answer_quick(frame, size, answer, done)
@@ -336,7 +336,11 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
         size: int,
         answer: Callable[[], Answer],
         done: asyncio.Future[Any] | None,
+        eager: bool = False,
     ) -> None:
+        """``eager``: inside the code that resolved ``done`` (an EagerFuture: a PD commit's
+        tick); requests waiting for this one's slot start in a later loop callback, not
+        there (a create would propose from inside the tick)."""
         if done is not None:
             self.tasks.discard(done)
             if done.cancelled():  # the connection is gone
@@ -349,7 +353,7 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
             out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
         except Exception as exc:
             out = self._encode_failure(frame, exc)
-        self._served(size)
+        self._served(size, take_waiting=not eager)
         self._reply(out)
 
     def _encode_failure(self, frame: Frame, exc: Exception) -> list[bytes | memoryview]:
@@ -362,11 +366,16 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
         )
         return encode_error(frame.opcode, frame.request_id, EstreamError("internal server error"))
 
-    def _served(self, size: int) -> None:
+    def _served(self, size: int, *, take_waiting: bool = True) -> None:
+        """A request answered: its slot is free; the requests that waited for one start
+        now (``take_waiting``) or in a loop callback."""
         self.inflight_bytes -= size
         self.inflight_requests -= 1
         if self.waiting and not self._taking:
-            self._take_waiting()
+            if take_waiting:
+                self._take_waiting()
+            else:
+                asyncio.get_running_loop().call_soon(self._take_waiting)
         self._update_reading()
 
     def _reply(self, parts: list[bytes | memoryview]) -> None:

@@ -64,7 +64,9 @@ What they add to pysyncobj 0.3.17:
   hand-overs per commit of pysyncobj's tick thread (mostly waiting for the GIL) are gone.
   The future is an :class:`~estream.net.eagerfuture.EagerFuture`: a quick handler's answer
   (``create_stream``) is written from the commit callback itself, once the entry is
-  committed and applied, not after the rest of that tick and a loop turn.
+  committed and applied, not after the rest of that tick and a loop turn. Nothing starts
+  a tick inside a tick: a proposal made there (a create that waited for the answered
+  one's slot starts in a later callback anyway) is appended by the next tick.
   The leader's journal sync runs on a worker thread (the loop serves PD requests
   meanwhile; Raft's socket events are held and no tick runs until it ends, so nothing
   touches the journal concurrently); its end is the one hand-over, and it overlaps the

@@ -76,6 +76,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._answering = False  # answers wait in the loop's callbacks (_after_socket_event)
         self.in_flight = 0  # proposals of this node not answered yet (RaftNode's)
         self._tick_soon_pending = False
+        self._ticking = False  # inside pysyncobj's tick (its commit callbacks run there)
         self._reading_ahead = False  # reading the sockets before standing for election
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -146,8 +147,8 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         now = self.loop.time()
         idle = now - self._proposed_at > proposal_batch_s
         self._proposed_at = now
-        if not idle or self._tick_soon_pending:
-            self.tick_soon()
+        if not idle or self._tick_soon_pending or self._ticking:
+            self.tick_soon()  # (never a tick inside a tick: from a commit's eager callback)
         elif self._isLeader():
             self._append_now()
         else:
@@ -302,7 +303,11 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
             if self.joining:
                 self._hold_election_while_joining()
             self._ask_before_standing()
-            super()._onTick(0.0)
+            self._ticking = True
+            try:
+                super()._onTick(0.0)
+            finally:
+                self._ticking = False
         finally:
             if self._applied_waiters:
                 self._wake_applied()

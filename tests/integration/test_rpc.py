@@ -530,6 +530,44 @@ async def test_a_quick_handler_s_eager_future_is_answered_as_it_is_resolved(
         await client.close()
 
 
+async def test_a_request_waiting_for_an_eager_answer_s_slot_starts_after_it(
+    start_server: StartServer,
+) -> None:
+    """The request that waited for an eagerly answered one's slot starts in a later loop
+    callback, not inside set_result (a PD create would propose inside a Raft tick)."""
+    loop = asyncio.get_running_loop()
+    pending: list[EagerFuture[None]] = []
+    started: list[int] = []
+
+    def quick(header: Header, payload: bytes) -> tuple[asyncio.Future[None] | None, Any]:
+        i = require(header, "i", int)
+        started.append(i)
+        pending.append(EagerFuture(loop=loop))
+        return pending[-1], lambda: ({"i": i}, payload)
+
+    server = await start_server({}, quick_handlers={Opcode.APPEND: quick})
+    server.inflight_requests_max = 1
+    client = await RpcClient.connect(server.address)
+    try:
+        first = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 0}))
+        second = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 1}))
+        while not pending:
+            await asyncio.sleep(0.001)
+        for _ in range(20):  # (the second frame arrives and waits for the slot)
+            await asyncio.sleep(0.001)
+        assert started == [0]
+        pending[0].set_result(None)
+        assert started == [0], "not started inside set_result"
+        assert await first == ({"i": 0}, b"")
+        while len(pending) < 2:
+            await asyncio.sleep(0.001)
+        assert started == [0, 1]
+        pending[1].set_result(None)
+        assert await second == ({"i": 1}, b"")
+    finally:
+        await client.close()
+
+
 class Answers:
     """start_call's callback: every (header, error) it was given, and an event per call."""
 
