@@ -26,6 +26,7 @@ from contextvars import ContextVar
 from ssl import SSLContext
 from typing import Any, Final, cast
 
+from estream.net.eagerfuture import EagerFuture
 from estream.net.rpcauth import ConnectionAuth
 from estream.net.rpcfields import ROLES_FIELD, Answer, Handler, QuickHandler
 from estream.net.transport import TCP, Listener, Network
@@ -322,6 +323,9 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
             self._answer_quick(frame, size, answer, None)
             return
         self.tasks.add(pending)
+        if isinstance(pending, EagerFuture):  # answered as it is resolved (a PD commit)
+            pending.on_done(lambda done: self._answer_quick(frame, size, answer, done, True))
+            return
         pending.add_done_callback(
             lambda done: self._answer_quick(frame, size, answer, done)
         )
@@ -332,7 +336,11 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
         size: int,
         answer: Callable[[], Answer],
         done: asyncio.Future[Any] | None,
+        eager: bool = False,
     ) -> None:
+        """``eager``: inside the code that resolved ``done`` (an EagerFuture: a PD commit's
+        tick); requests waiting for this one's slot start in a later loop callback, not
+        there (a create would propose from inside the tick)."""
         if done is not None:
             self.tasks.discard(done)
             if done.cancelled():  # the connection is gone
@@ -345,7 +353,7 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
             out = encode_frame(frame.opcode, frame.request_id, header, payload, FrameFlags.RESPONSE)
         except Exception as exc:
             out = self._encode_failure(frame, exc)
-        self._served(size)
+        self._served(size, take_waiting=not eager)
         self._reply(out)
 
     def _encode_failure(self, frame: Frame, exc: Exception) -> list[bytes | memoryview]:
@@ -358,11 +366,16 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
         )
         return encode_error(frame.opcode, frame.request_id, EstreamError("internal server error"))
 
-    def _served(self, size: int) -> None:
+    def _served(self, size: int, *, take_waiting: bool = True) -> None:
+        """A request answered: its slot is free; the requests that waited for one start
+        now (``take_waiting``) or in a loop callback."""
         self.inflight_bytes -= size
         self.inflight_requests -= 1
         if self.waiting and not self._taking:
-            self._take_waiting()
+            if take_waiting:
+                self._take_waiting()
+            else:
+                asyncio.get_running_loop().call_soon(self._take_waiting)
         self._update_reading()
 
     def _reply(self, parts: list[bytes | memoryview]) -> None:
@@ -380,8 +393,10 @@ class RpcServer:
     :class:`EstreamError` answers that error; any other exception answers a generic error
     and is logged. The server keeps serving every other request and connection.
     ``quick_handlers`` are plain functions returning ``(future or None, answer)``: run as
-    the frame is decoded, answered (``answer()``) once the future completes, with the same
-    error handling; a connection whose peer is not reading its answers takes the task path.
+    the frame is decoded, answered (``answer()``) once the future completes (an
+    :class:`~estream.net.eagerfuture.EagerFuture` as it is resolved, not in a later loop
+    callback), with the same error handling; a connection whose peer is not reading its
+    answers takes the task path.
     """
 
     def __init__(

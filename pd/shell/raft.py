@@ -57,9 +57,16 @@ What they add to pysyncobj 0.3.17:
   (``autoTick=False``): :class:`~pd.shell.raftpoller.LoopPoller` makes its sockets the
   loop's readers and writers, a tick runs every ``autoTickPeriod``, right after a socket
   event, and after a proposal (at once on an idle node, else in the next loop iteration
-  with the other proposals of that iteration). A proposal is thus appended and sent on the
+  with the other proposals of that iteration; an idle leader runs only the tick's append
+  and its flush, ``CatalogSyncObj._append_now``: the commit count, applies and checks
+  before it wait for the next tick). A proposal is thus appended and sent on the
   loop thread, and the commit callback resolves its future directly: the two thread
   hand-overs per commit of pysyncobj's tick thread (mostly waiting for the GIL) are gone.
+  The future is an :class:`~estream.net.eagerfuture.EagerFuture`: a quick handler's answer
+  (``create_stream``) is written from the commit callback itself, once the entry is
+  committed and applied, not after the rest of that tick and a loop turn. Nothing starts
+  a tick inside a tick: a proposal made there (a create that waited for the answered
+  one's slot starts in a later callback anyway) is appended by the next tick.
   The leader's journal sync runs on a worker thread (the loop serves PD requests
   meanwhile; Raft's socket events are held and no tick runs until it ends, so nothing
   touches the journal concurrently); its end is the one hand-over, and it overlaps the
@@ -102,6 +109,7 @@ from typing import Any, Final
 from pysyncobj import FAIL_REASON, SyncObjConf
 from pysyncobj.monotonic import monotonic as raft_clock  # CLOCK_MONOTONIC_RAW, not time's
 
+from estream.net.eagerfuture import EagerFuture
 from estream.wire.errors import EstreamError, Overloaded, Timeout, Unavailable
 from pd.catalog import CatalogView, Result
 from pd.commands import Command
@@ -328,17 +336,20 @@ class RaftNode:
         """
         return proposal_result(await self.start_proposal(command))
 
-    def start_proposal(self, command: Command) -> asyncio.Future[Any]:
+    def start_proposal(self, command: Command) -> EagerFuture[Any]:
         """:meth:`propose` without a task: the future of the catalog's result (a typed
         rejection is a result: :func:`proposal_result` raises it), or of Timeout /
-        Unavailable / Overloaded. Raises InvalidArgument for a command out of bounds
-        (:func:`pd.validate.check_command`: nothing is proposed) and Unavailable at once
-        when there is no leader."""
+        Unavailable / Overloaded; an :class:`~estream.net.eagerfuture.EagerFuture`,
+        resolved in the tick that commits and applies the entry (its ``on_done``
+        callbacks run there, before the rest of the tick). Raises InvalidArgument for a
+        command out of bounds (:func:`pd.validate.check_command`: nothing is proposed)
+        and Unavailable at once when there is no leader."""
         data = check_command(command)
         if self.leader() is None:
             raise Unavailable("the placement driver has no leader (no majority reachable)")
         obj = self._sync
-        future: asyncio.Future[Any] = obj.loop.create_future()
+        # Resolved in the commit's tick: a quick handler's answer leaves from there.
+        future: EagerFuture[Any] = EagerFuture(loop=obj.loop)
 
         def done(result: Any, error: int) -> None:  # on the loop thread (a tick)
             obj.answered = True

@@ -41,6 +41,7 @@ PRIVATE_NAMES: Final = (
     ("pysyncobj.syncobj", "SyncObj", "__onMessageReceived"),  # append_entries trimmed first
     ("pysyncobj.syncobj", "SyncObj", "_poller"),  # must be the event loop's poller
     ("pysyncobj.syncobj", "SyncObj", "_onTick"),  # overridden: the outbox around a tick
+    ("pysyncobj.syncobj", "SyncObj", "_checkCommandsToApply"),  # a proposal's append alone
     ("pysyncobj.syncobj", "SyncObj", "_isLeader"),
     ("pysyncobj.syncobj", "SyncObj", "_getLeader"),
     ("pysyncobj.syncobj", "SyncObj", "_getTerm"),

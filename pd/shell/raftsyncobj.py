@@ -76,6 +76,7 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         self._answering = False  # answers wait in the loop's callbacks (_after_socket_event)
         self.in_flight = 0  # proposals of this node not answered yet (RaftNode's)
         self._tick_soon_pending = False
+        self._ticking = False  # inside pysyncobj's tick (its commit callbacks run there)
         self._reading_ahead = False  # reading the sockets before standing for election
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -146,10 +147,32 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         now = self.loop.time()
         idle = now - self._proposed_at > proposal_batch_s
         self._proposed_at = now
-        if idle and not self._tick_soon_pending:
-            self._run_tick()
+        if not idle or self._tick_soon_pending or self._ticking:
+            self.tick_soon()  # (never a tick inside a tick: from a commit's eager callback)
+        elif self._isLeader():
+            self._append_now()
         else:
-            self.tick_soon()
+            self._run_tick()  # (forwarded to the leader by the tick)
+
+    def _append_now(self) -> None:
+        """The leader appends and sends the queued proposals (pysyncobj's
+        ``_checkCommandsToApply``), then flushes as a tick ends (the sends, then the sync):
+        not a whole tick, whose commit count, applies, election and compaction checks come
+        first (the next tick does them). As after any tick, nothing counts these entries
+        before the sync that ends the flush."""
+        if self._closed or self._sync_running is not None or self.journal_failed() is not None:
+            return  # (a tick follows the sync; a failed journal: _onTick stops)
+        self._deferring = True
+        try:
+            self._flush_outbox()  # what the socket events since the last tick produced
+            if self._sync_running is None:
+                self._checkCommandsToApply()
+        except Exception:
+            log.exception("Raft append failed")
+        finally:
+            self._deferring = False
+            if self._sync_running is None:
+                self._flush_outbox()
 
     def tick_soon(self) -> None:
         if not self._tick_soon_pending and not self._closed:
@@ -280,7 +303,11 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
             if self.joining:
                 self._hold_election_while_joining()
             self._ask_before_standing()
-            super()._onTick(0.0)
+            self._ticking = True
+            try:
+                super()._onTick(0.0)
+            finally:
+                self._ticking = False
         finally:
             if self._applied_waiters:
                 self._wake_applied()

@@ -430,6 +430,78 @@ async def test_an_answer_leaves_before_the_tick_of_a_later_acknowledgement(
         assert seen["before"] <= proposals // 10, seen["before"]
 
 
+async def test_an_idle_leader_appends_a_lone_proposal_without_a_tick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One at a time, the leader appends and sends a proposal within start_proposal
+    (CatalogSyncObj._append_now), without running a whole pysyncobj tick first; the
+    proposals still commit, one journal entry each."""
+    ticks = {"count": 0}
+    tick = raftsyncobj.CatalogSyncObj._onTick
+
+    def counted(self: raftsyncobj.CatalogSyncObj, timeToWait: float = 0.0) -> None:  # noqa: N803
+        ticks["count"] += 1
+        tick(self, timeToWait)
+
+    monkeypatch.setattr(raftsyncobj.CatalogSyncObj, "_onTick", counted)
+    async with raft_group(tmp_path) as nodes:
+        leader = await _group_leader(nodes)
+        await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        obj = leader._sync
+        for i in range(10):
+            await asyncio.sleep(2 * raftsyncobj.proposal_batch_s)  # (an idle leader)
+            before, end = ticks["count"], obj.log_end()
+            future = leader.start_proposal(CreateStream(f"s{i}", 1, 1, "", (), ("rs1",)))
+            assert obj.log_end() == end + 1, "appended within start_proposal"
+            assert ticks["count"] == before, "no tick ran for the append"
+            assert isinstance(await future, StreamMeta)
+
+
+async def test_a_proposal_from_a_commit_s_eager_callback_waits_for_the_next_tick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proposal started inside a commit's tick (an EagerFuture's on_done, as a waiting
+    create's would be) neither ticks nor appends there: pysyncobj would apply the same
+    entries twice. It is appended by a later tick and commits once."""
+    inside = {"callback": False, "nested": 0}
+    check = raftsyncobj.CatalogSyncObj._checkCommandsToApply
+    tick = raftsyncobj.CatalogSyncObj._onTick
+
+    def checked(self: raftsyncobj.CatalogSyncObj) -> None:
+        inside["nested"] += inside["callback"]
+        check(self)
+
+    def ticked(self: raftsyncobj.CatalogSyncObj, timeToWait: float = 0.0) -> None:  # noqa: N803
+        inside["nested"] += inside["callback"]
+        tick(self, timeToWait)
+
+    monkeypatch.setattr(raftsyncobj.CatalogSyncObj, "_checkCommandsToApply", checked)
+    monkeypatch.setattr(raftsyncobj.CatalogSyncObj, "_onTick", ticked)
+    async with raft_group(tmp_path) as nodes:
+        leader = await _group_leader(nodes)
+        await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
+        created: list[str] = []
+        for at in (leader, next(n for n in nodes if n is not leader)):  # and a follower's
+            name = at.self_address.replace(":", "_")
+            later: list[asyncio.Future[object]] = []
+
+            def propose_again(_: object, at: RaftNode = at, name: str = name,
+                              later: list[asyncio.Future[object]] = later) -> None:
+                inside["callback"] = True
+                try:
+                    later.append(at.start_proposal(
+                        CreateStream(f"later-{name}", 1, 1, "", (), ("rs1",))))
+                finally:
+                    inside["callback"] = False
+
+            await asyncio.sleep(2 * raftsyncobj.proposal_batch_s)  # (an idle node)
+            first = at.start_proposal(CreateStream(f"first-{name}", 1, 1, "", (), ("rs1",)))
+            first.on_done(propose_again)
+            assert isinstance(await first, StreamMeta)
+            assert later and isinstance(await later[0], StreamMeta)
+            created.extend((f"first-{name}", f"later-{name}"))
+        assert inside["nested"] == 0
+        assert all(name in leader.view().streams for name in created)
+
+
 async def _group_leader(nodes: list[RaftNode]) -> RaftNode:
     deadline = time.monotonic() + 10
     while not any(n.leader() == n.self_address and n.ready() for n in nodes):

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from estream.net.eagerfuture import EagerFuture
 from estream.net.rpc import (
     ConnectionPool,
     Handler,
@@ -492,6 +493,77 @@ async def test_quick_handlers_answer_from_their_future_in_completion_order(
         waiting[0].set_exception(InvalidArgument("late", argument="x"))
         with pytest.raises(InvalidArgument):
             await first
+    finally:
+        await client.close()
+
+
+async def test_a_quick_handler_s_eager_future_is_answered_as_it_is_resolved(
+    start_server: StartServer,
+) -> None:
+    """An EagerFuture (a PD commit's) is answered from within its set_result, not in a
+    later loop callback: the answer is built before set_result returns."""
+    loop = asyncio.get_running_loop()
+    pending: list[EagerFuture[None]] = []
+    answered: list[int] = []
+
+    def quick(header: Header, payload: bytes) -> tuple[asyncio.Future[None] | None, Any]:
+        i = require(header, "i", int)
+        pending.append(EagerFuture(loop=loop))
+
+        def answer() -> tuple[Header, bytes]:
+            answered.append(i)
+            return {"i": i}, payload
+
+        return pending[-1], answer
+
+    server = await start_server({}, quick_handlers={Opcode.APPEND: quick})
+    client = await RpcClient.connect(server.address)
+    try:
+        call = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 5}, b"e"))
+        while not pending:
+            await asyncio.sleep(0.001)
+        assert answered == []
+        pending[0].set_result(None)
+        assert answered == [5], "answered inside set_result"
+        assert await call == ({"i": 5}, b"e")
+    finally:
+        await client.close()
+
+
+async def test_a_request_waiting_for_an_eager_answer_s_slot_starts_after_it(
+    start_server: StartServer,
+) -> None:
+    """The request that waited for an eagerly answered one's slot starts in a later loop
+    callback, not inside set_result (a PD create would propose inside a Raft tick)."""
+    loop = asyncio.get_running_loop()
+    pending: list[EagerFuture[None]] = []
+    started: list[int] = []
+
+    def quick(header: Header, payload: bytes) -> tuple[asyncio.Future[None] | None, Any]:
+        i = require(header, "i", int)
+        started.append(i)
+        pending.append(EagerFuture(loop=loop))
+        return pending[-1], lambda: ({"i": i}, payload)
+
+    server = await start_server({}, quick_handlers={Opcode.APPEND: quick})
+    server.inflight_requests_max = 1
+    client = await RpcClient.connect(server.address)
+    try:
+        first = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 0}))
+        second = asyncio.ensure_future(client.call(Opcode.APPEND, {"i": 1}))
+        while not pending:
+            await asyncio.sleep(0.001)
+        for _ in range(20):  # (the second frame arrives and waits for the slot)
+            await asyncio.sleep(0.001)
+        assert started == [0]
+        pending[0].set_result(None)
+        assert started == [0], "not started inside set_result"
+        assert await first == ({"i": 0}, b"")
+        while len(pending) < 2:
+            await asyncio.sleep(0.001)
+        assert started == [0, 1]
+        pending[1].set_result(None)
+        assert await second == ({"i": 1}, b"")
     finally:
         await client.close()
 
