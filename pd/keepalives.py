@@ -18,6 +18,17 @@ stay the full keepalive's, writer by writer. A session the leader does not hold 
 generation (another leader, a new term, a lost request, one forgotten after
 ``idle_ms`` without a keepalive) renews nothing: the answer asks for the whole list.
 
+Bounds (a client with the writer role may send the worst the protocol allows): a list
+holds at most ``limits.keepalive_writers_max`` writers, a name ``session_chars_max``
+characters, a generation 0 .. 2**63-1 (anything else is ``InvalidArgument`` naming the
+field). The leader keeps a session only while a lease is bound to it
+(:meth:`pd.lease.LeaseTable.take_released`): a new name per request, or a list of
+writers that are fenced, gone or bound to a newer session, leaves nothing behind, so the
+sessions held never outnumber the leases held (``estream_pd_keepalive_sessions``).
+Identity stays the lease table's: a lease is bound by stream id and epoch, so a session
+replayed after its writers were fenced, or their stream deleted and created again,
+renews nothing of the newer epoch or incarnation.
+
 Pure: no I/O (the caller passes the clock, the term and the catalog's map).
 """
 
@@ -224,6 +235,14 @@ class KeepaliveSessions:
         record = SessionRecord(term, generation, writers, results, catalog, now_ms)
         self._records[session] = record
         return record
+
+    def forget(self, session: str) -> None:
+        """Forget ``session`` (it holds no lease: its keepalive would renew nothing)."""
+        self._records.pop(session, None)
+
+    def writers(self) -> int:
+        """The writers listed in the sessions held (what they cost in memory)."""
+        return sum(len(r.writers) for r in self._records.values())
 
     def forget_idle(self, now_ms: int) -> list[str]:
         """Forget the sessions not renewed for ``idle_ms``; returns their names."""

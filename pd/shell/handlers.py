@@ -236,7 +236,10 @@ class PdHandlers:
             return {"resend": True} if answer is None else answer
         answer = keepalive_answer(await self.service.keepalive_writers(
             parse_keepalives(require(h, "writers", list)), session))
-        return answer if session is None else {**answer, "session": True}
+        if session is None:
+            return answer
+        # Held only while it holds a lease (pd/lease.py): else the client sends the list.
+        return {**answer, "session": self.service.leases.holds_session(session[0])}
 
     async def time_ranges(self, h: Header) -> Header:
         """The ranges that may hold the first record at or after ``timestamp``, after

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import estream
 from estream.devcluster.cluster import Cluster
@@ -135,3 +136,49 @@ def test_the_admin_api_refuses_a_hostile_field_before_raft(
     assert journal_bytes(cluster) == before
     status, _ = http_json(cluster.pd.nodes[0].url + f"/v1/streams/{stream}")
     assert status == 200
+
+
+def keepalive_gauges(cluster: Cluster) -> tuple[float, float]:
+    """The PD leader's ``estream_pd_keepalive_sessions`` and ``..._session_writers``."""
+    status, text = http_json(cluster.pd.nodes[0].url + "/metrics")
+    assert status == 200 and isinstance(text, str)
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return found["estream_pd_keepalive_sessions"], found["estream_pd_keepalive_session_writers"]
+
+
+async def test_a_new_session_name_per_keepalive_leaves_one_session_per_lease(
+        cluster: Cluster) -> None:
+    """Adversarial review (issue 27): a client sending its writers' whole list under a
+    new session name each time made the leader keep a session per request (each with its
+    list) until 16 s idle. Sessions held follow leases held: 300 names, 2 leases, at most
+    2 sessions; a name replayed after its writers moved on renews nothing; the fields at
+    the protocol's worst are refused naming the field."""
+    async with PDClient(cluster.pd_addresses, timeout_s=10) as pd:
+        writers = []
+        for name in ("ka-0", "ka-1"):
+            with contextlib.suppress(estream.StreamExists):
+                await pd.create_stream(name)
+            meta = await pd.open_writer(name)
+            writers.append((name, meta.id, meta.epoch))
+        for i in range(300):
+            answers, held = await pd.keepalive_session(f"h/{i}", 0, writers, len(writers))
+            assert answers == [(), ()] and held
+        sessions, listed = keepalive_gauges(cluster)
+        assert sessions <= len(writers) and listed <= len(writers) * len(writers)
+        # An old name replayed: not held (its leases are bound to h/299): send the list.
+        assert await pd.keepalive_session("h/0", 0, None, len(writers)) is None
+        # Its writers fenced (a newer epoch): the newest session is let go at once.
+        for name, _, _ in writers:
+            await pd.open_writer(name)
+        answers, held = await pd.keepalive_session("h/299", 1, writers, len(writers))
+        assert all(isinstance(a, estream.Fenced) for a in answers) and not held
+        assert keepalive_gauges(cluster) == (0, 0)
+        for header, field in [({"session": "s", "generation": g}, "generation")
+                              for g in (-1, 2**63, 2**64 - 1, True, 1.5, "0", None)] + [
+                ({"session": s, "generation": 0}, "session")
+                for s in ("", "x" * 65, 7, ["s"], None)]:
+            with pytest.raises(InvalidArgument) as info:
+                await pd.call(Opcode.PD_WRITERS_KEEPALIVE, {**header, "writers": []})
+            assert info.value.argument == field, header
+        answers, held = await pd.keepalive_session("x" * 64, 2**63 - 1, [], 0)
+        assert answers == [] and not held  # (the bounds themselves: accepted, nothing bound)
