@@ -182,3 +182,46 @@ async def test_a_new_session_name_per_keepalive_leaves_one_session_per_lease(
             assert info.value.argument == field, header
         answers, held = await pd.keepalive_session("x" * 64, 2**63 - 1, [], 0)
         assert answers == [] and not held  # (the bounds themselves: accepted, nothing bound)
+
+
+async def test_commits_at_the_worst_numbers_and_other_incarnations_are_refused(
+        cluster: Cluster) -> None:
+    """Adversarial review: PD_COMMIT_CURSOR's ``stream_id`` and PD_GROUP_COMMIT's entries
+    ``[stream, offset, stream_id?]`` at the worst the protocol allows are refused naming
+    the field before Raft; a stream id of another stream, or of a deleted one, commits
+    nothing; PD keeps serving."""
+    async with PDClient(cluster.pd_addresses, timeout_s=10) as pd:
+        for name in ("c-a", "c-b"):
+            with contextlib.suppress(estream.StreamExists):
+                await pd.create_stream(name)
+        a, b = await pd.describe_stream("c-a"), await pd.describe_stream("c-b")
+        for stream_id, field in [(2**63, "stream_id"), (2**64 - 1, "stream_id"),
+                                 (-1, "stream_id"), (True, "stream_id"),
+                                 (1.5, "stream_id"), ("1", "stream_id")]:
+            with pytest.raises(InvalidArgument) as info:
+                await pd.call(Opcode.PD_COMMIT_CURSOR, {"name": "c-a", "cursor": "c",
+                                                        "offset": 0, "stream_id": stream_id})
+            assert info.value.argument == field, stream_id
+        with pytest.raises(estream.StreamNotFound):  # another stream's id
+            await pd.call(Opcode.PD_COMMIT_CURSOR, {"name": "c-a", "cursor": "c",
+                                                    "offset": 0, "stream_id": b.id})
+        for entry in (["c-a", 2**63], ["c-a", -1], ["c-a", True], ["c-a", 1.5],
+                      ["c-a", 0, 2**63], ["c-a", 0, -1], ["c-a", 0, False], ["c-a"],
+                      ["c-a", 0, a.id, 0], [7, 0], "c-a"):
+            with pytest.raises(InvalidArgument) as info:
+                await pd.call(Opcode.PD_GROUP_COMMIT, {"group": "g", "offsets": [entry]})
+            assert info.value.argument == "offsets", entry
+        with pytest.raises(InvalidArgument) as info:
+            await pd.call(Opcode.PD_GROUP_COMMIT, {"group": "g",
+                                                   "offsets": [["c-a", 0]] * 10_000})
+        assert info.value.argument == "offsets"
+        answer = await pd.call(Opcode.PD_GROUP_COMMIT, {"group": "g", "offsets": [
+            ["c-a", 0, b.id], ["c-a", 0, a.id], ["c-b", 0, b.id]]})
+        assert answer["errors"] == ["unknown_topic_or_partition", "", ""]
+        await pd.delete_stream("c-b")
+        await pd.create_stream("c-b")
+        answer = await pd.call(Opcode.PD_GROUP_COMMIT, {"group": "g", "offsets": [
+            ["c-b", 0, b.id]]})
+        assert answer["errors"] == ["unknown_topic_or_partition"]
+        _, cursors = await pd.list_cursors("c-b")
+        assert cursors == []  # the old incarnation's commit left nothing on the new one
