@@ -307,10 +307,12 @@ class LeaseTable:
         self._bound: dict[str, int] = {}
         self._released: set[str] = set()  # sessions that lost their last lease since asked
 
-    def _set(self, stream_id: int, lease: Lease) -> None:
-        """``stream_id``'s lease is now ``lease``: the session it was bound to (if
-        another) holds one lease fewer, ``lease``'s one more."""
-        old = self._leases.get(stream_id)
+    def _set(self, stream_id: int, lease: Lease, old: Lease | None = None) -> None:
+        """``stream_id``'s lease is now ``lease`` (``old``: what it was, when the caller
+        has it): the session it was bound to (if another) holds one lease fewer,
+        ``lease``'s one more."""
+        if old is None:
+            old = self._leases.get(stream_id)
         self._leases[stream_id] = lease
         if old is not None and old.session == lease.session:
             return
@@ -380,7 +382,7 @@ class LeaseTable:
         if lease is None or epoch >= lease.epoch:
             if not session and lease is not None and lease.epoch == epoch:
                 session = lease.session  # (only unbind() or a new epoch unbinds)
-            self._set(stream.id, Lease(epoch, now_ms, False, session))
+            self._set(stream.id, Lease(epoch, now_ms, False, session), lease)
             self._names[stream.id] = stream.name
             self._rechecks.pop(stream.id, None)
             if stream.id not in self._queued:  # (else looked at then, and pushed back)

@@ -173,6 +173,21 @@ async def test_a_new_session_name_per_keepalive_leaves_one_session_per_lease(
         answers, held = await pd.keepalive_session("h/299", 1, writers, len(writers))
         assert all(isinstance(a, estream.Fenced) for a in answers) and not held
         assert keepalive_gauges(cluster) == (0, 0)
+        # A stream deleted and made again: the old incarnation's session renews nothing.
+        with contextlib.suppress(estream.StreamExists):
+            await pd.create_stream("ka-2")
+        old = await pd.open_writer("ka-2")
+        mine = [("ka-2", old.id, old.epoch)]
+        assert await pd.keepalive_session("d/0", 0, mine, 1) == ([()], True)
+        await pd.delete_stream("ka-2")
+        await pd.create_stream("ka-2")
+        new = await pd.open_writer("ka-2")
+        replayed = await pd.keepalive_session("d/0", 0, None, 1)
+        assert replayed is None or isinstance(replayed[0][0], estream.StreamNotFound)
+        answers, held = await pd.keepalive_session("d/0", 1, mine, 1)
+        assert isinstance(answers[0], estream.StreamNotFound) and not held
+        assert await pd.keepalive_session("d/1", 0, [("ka-2", new.id, new.epoch)], 1) == (
+            [()], True)
         for header, field in [({"session": "s", "generation": g}, "generation")
                               for g in (-1, 2**63, 2**64 - 1, True, 1.5, "0", None)] + [
                 ({"session": s, "generation": 0}, "session")
