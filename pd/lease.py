@@ -344,6 +344,10 @@ class LeaseTable:
         self._released.clear()
         return gone
 
+    def __len__(self) -> int:
+        """The leases held."""
+        return len(self._leases)
+
     def sessions(self) -> int:
         """How many keepalive sessions hold a lease (at most the leases held)."""
         return len(self._bound)

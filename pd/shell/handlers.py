@@ -238,8 +238,10 @@ class PdHandlers:
             parse_keepalives(require(h, "writers", list)), session))
         if session is None:
             return answer
-        # Held only while it holds a lease (pd/lease.py): else the client sends the list.
-        return {**answer, "session": self.service.leases.holds_session(session[0])}
+        # Kept only while it holds a lease and within room (pd/keepalives.py): else the
+        # client sends the list each time.
+        held = self.service.keepalive_sessions.previous(session[0])
+        return {**answer, "session": held is not None and held.generation == session[1]}
 
     async def time_ranges(self, h: Header) -> Header:
         """The ranges that may hold the first record at or after ``timestamp``, after

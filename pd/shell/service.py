@@ -339,7 +339,8 @@ class PdService(ServerOps):
                 listed = {w.stream_id for w in writers}
                 for gone in {w.stream_id for w in before.writers} - listed:
                     self.leases.unbind(gone, name)
-            if self.leases.holds_session(name):  # (else it would renew nothing: not kept)
+            if self.leases.holds_session(name) and self.keepalive_sessions.room(
+                    name, len(writers), len(self.leases)):  # (else: answered, not kept)
                 self.keepalive_sessions.record(
                     name, session[1], list(writers), results,
                     catalog_map(view.streams.values()), term=status.term, now_ms=now)

@@ -18,6 +18,7 @@ import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from estream.net.pdclient import PDClient
+from estream.wire import limits
 from estream.wire.errors import InvalidArgument
 from estream.wire.protocol import Opcode
 
@@ -138,11 +139,15 @@ def test_the_admin_api_refuses_a_hostile_field_before_raft(
     assert status == 200
 
 
-def keepalive_gauges(cluster: Cluster) -> tuple[float, float]:
-    """The PD leader's ``estream_pd_keepalive_sessions`` and ``..._session_writers``."""
+def leader_gauges(cluster: Cluster) -> dict[str, float]:
     status, text = http_json(cluster.pd.nodes[0].url + "/metrics")
     assert status == 200 and isinstance(text, str)
-    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def keepalive_gauges(cluster: Cluster) -> tuple[float, float]:
+    """The PD leader's ``estream_pd_keepalive_sessions`` and ``..._session_writers``."""
+    found = leader_gauges(cluster)
     return found["estream_pd_keepalive_sessions"], found["estream_pd_keepalive_session_writers"]
 
 
@@ -240,3 +245,27 @@ async def test_commits_at_the_worst_numbers_and_other_incarnations_are_refused(
         assert answer["errors"] == ["unknown_topic_or_partition"]
         _, cursors = await pd.list_cursors("c-b")
         assert cursors == []  # the old incarnation's commit left nothing on the new one
+
+
+async def test_lists_padded_with_writers_that_renew_nothing_are_not_kept(
+        cluster: Cluster) -> None:
+    """Adversarial review (issue 27): a session holding one lease could list 4,095 more
+    writers that renew nothing (no such stream), each list kept: memory leases x 4,096.
+    The writers the leader keeps listed stay within twice its leases plus one list; a
+    list past that is answered (the lease renewed) but not kept."""
+    async with PDClient(cluster.pd_addresses, timeout_s=10) as pd:
+        padding = [(f"none-{i}", 10**9 + i, 1) for i in range(limits.keepalive_writers_max - 1)]
+        for i in range(3):
+            name = f"pad-{i}"
+            with contextlib.suppress(estream.StreamExists):
+                await pd.create_stream(name)
+            meta = await pd.open_writer(name)
+            answers, _ = await pd.keepalive_session(
+                f"pad/{i}", 0, [(name, meta.id, meta.epoch), *padding], len(padding) + 1)
+            assert answers[0] == () and all(
+                isinstance(a, estream.StreamNotFound) for a in answers[1:])
+        found = leader_gauges(cluster)
+        leases = found["estream_pd_writer_leases"]
+        assert 1 <= found["estream_pd_keepalive_sessions"] <= 3 and 3 <= leases
+        assert found["estream_pd_keepalive_session_writers"] <= (
+            2 * leases + limits.keepalive_writers_max)
