@@ -18,6 +18,20 @@ stay the full keepalive's, writer by writer. A session the leader does not hold 
 generation (another leader, a new term, a lost request, one forgotten after
 ``idle_ms`` without a keepalive) renews nothing: the answer asks for the whole list.
 
+Bounds (a client with the writer role may send the worst the protocol allows): a list
+holds at most ``limits.keepalive_writers_max`` writers, a name ``session_chars_max``
+characters, a generation 0 .. 2**63-1 (anything else is ``InvalidArgument`` naming the
+field). The leader keeps a session only while a lease is bound to it
+(:meth:`pd.lease.LeaseTable.take_released`): a new name per request, or a list of
+writers that are fenced, gone or bound to a newer session, leaves nothing behind, so the
+sessions held never outnumber the leases held (``estream_pd_keepalive_sessions``); and
+the writers listed in them together stay within twice the leases held plus one list
+(:meth:`KeepaliveSessions.room`: a list padded with writers that renew nothing is
+answered but not kept, ``estream_pd_keepalive_session_writers``).
+Identity stays the lease table's: a lease is bound by stream id and epoch, so a session
+replayed after its writers were fenced, or their stream deleted and created again,
+renews nothing of the newer epoch or incarnation.
+
 Pure: no I/O (the caller passes the clock, the term and the catalog's map).
 """
 
@@ -205,6 +219,26 @@ class KeepaliveSessions:
     def __init__(self, idle_ms: int = session_idle_ms) -> None:
         self.idle_ms = idle_ms
         self._records: dict[str, SessionRecord] = {}
+        self._listed = 0  # the writers listed in them together
+
+    def room(self, session: str, count: int, leases: int) -> bool:
+        """Whether ``session``'s list of ``count`` writers may be recorded while the
+        leader holds ``leases`` leases: the writers listed in every session stay within
+        twice the leases plus one list (an honest client lists each writer it holds once;
+        lists of writers that renew nothing, fenced or of no stream, are not worth
+        keeping: such a client sends its list each time, as without a session).
+
+        >>> s = KeepaliveSessions()
+        >>> s.room("a", limits.keepalive_writers_max + 4, leases=2), s.room("a", 5, leases=0)
+        (True, True)
+        >>> _ = s.record("a", 0, [Keepalive("x", 1, 1)] * 4_000, [()] * 4_000, None,
+        ...              term=1, now_ms=0)
+        >>> s.room("b", 200, leases=1), s.room("a", 4_100, leases=1)
+        (False, True)
+        """
+        held = self._records.get(session)
+        after = self._listed - (0 if held is None else len(held.writers)) + count
+        return after <= 2 * leases + limits.keepalive_writers_max
 
     def get(self, session: str, generation: int, term: int) -> SessionRecord | None:
         """The session's record at ``generation`` in ``term``, else None (send it all)."""
@@ -221,15 +255,27 @@ class KeepaliveSessions:
                results: list[KeepaliveResult], catalog: PMap[Any] | None, *, term: int,
                now_ms: int) -> SessionRecord:
         """Record a session's whole list and its answers (replacing any earlier one)."""
+        self.forget(session)
         record = SessionRecord(term, generation, writers, results, catalog, now_ms)
         self._records[session] = record
+        self._listed += len(writers)
         return record
+
+    def forget(self, session: str) -> None:
+        """Forget ``session`` (it holds no lease: its keepalive would renew nothing)."""
+        record = self._records.pop(session, None)
+        if record is not None:
+            self._listed -= len(record.writers)
+
+    def writers(self) -> int:
+        """The writers listed in the sessions held (what they cost in memory)."""
+        return self._listed
 
     def forget_idle(self, now_ms: int) -> list[str]:
         """Forget the sessions not renewed for ``idle_ms``; returns their names."""
         gone = [s for s, r in self._records.items() if now_ms - r.renewed_ms >= self.idle_ms]
         for session in gone:
-            del self._records[session]
+            self.forget(session)
         return gone
 
     def __len__(self) -> int:

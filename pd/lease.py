@@ -301,10 +301,65 @@ class LeaseTable:
         self._queued: dict[int, int] = {}  # an entry counts while it is here (id -> when)
         self._sweep: Iterator[StreamMeta] | None = None  # still to sweep (a snapshot)
         self._sweep_all = True  # the next round sweeps every stream (a new term)
-        self._sessions: dict[str, int] = {}  # keepalive session -> its last renewal
+        # Keepalive sessions, held only while a lease is bound to one (O(leases held),
+        # whatever names clients send): its last renewal, and how many leases it holds.
+        self._sessions: dict[str, int] = {}
+        self._bound: dict[str, int] = {}
+        self._released: set[str] = set()  # sessions that lost their last lease since asked
+
+    def _set(self, stream_id: int, lease: Lease, old: Lease | None = None) -> None:
+        """``stream_id``'s lease is now ``lease`` (``old``: what it was, when the caller
+        has it): the session it was bound to (if another) holds one lease fewer,
+        ``lease``'s one more."""
+        if old is None:
+            old = self._leases.get(stream_id)
+        self._leases[stream_id] = lease
+        if old is not None and old.session == lease.session:
+            return
+        if old is not None and old.session:
+            self._release(old.session)
+        if lease.session:
+            self._bound[lease.session] = self._bound.get(lease.session, 0) + 1
+
+    def _release(self, session: str) -> None:
+        left = self._bound[session] - 1
+        if left:
+            self._bound[session] = left
+        else:
+            del self._bound[session]
+            self._sessions.pop(session, None)
+            self._released.add(session)
+
+    def take_released(self) -> list[str]:
+        """The sessions that hold no lease now and did when last asked (their leases
+        were bound to another session, unbound, taken by a newer epoch, their streams
+        deleted, or the term ended): the caller forgets what it kept for them.
+
+        >>> t = LeaseTable(); t.lead(term=1, now_ms=0); s = StreamMeta(1, "s", epoch=2)
+        >>> t.renew(s, 2, now_ms=0, session="a"); t.renew(s, 2, now_ms=1, session="b")
+        >>> t.take_released(), t.sessions(), t.take_released()
+        (['a'], 1, [])
+        """
+        gone = [s for s in self._released if s not in self._bound]
+        self._released.clear()
+        return gone
+
+    def __len__(self) -> int:
+        """The leases held."""
+        return len(self._leases)
+
+    def sessions(self) -> int:
+        """How many keepalive sessions hold a lease (at most the leases held)."""
+        return len(self._bound)
+
+    def holds_session(self, session: str) -> bool:
+        """Whether a lease is bound to ``session``."""
+        return session in self._bound
 
     def _forget_all(self) -> None:
-        for table in (self._leases, self._rechecks, self._names, self._queued, self._sessions):
+        self._released.update(self._bound)
+        for table in (self._leases, self._rechecks, self._names, self._queued, self._sessions,
+                      self._bound):
             table.clear()
         self._heap.clear()
         self._sweep = None
@@ -331,7 +386,7 @@ class LeaseTable:
         if lease is None or epoch >= lease.epoch:
             if not session and lease is not None and lease.epoch == epoch:
                 session = lease.session  # (only unbind() or a new epoch unbinds)
-            self._leases[stream.id] = Lease(epoch, now_ms, False, session)
+            self._set(stream.id, Lease(epoch, now_ms, False, session), lease)
             self._names[stream.id] = stream.name
             self._rechecks.pop(stream.id, None)
             if stream.id not in self._queued:  # (else looked at then, and pushed back)
@@ -350,20 +405,15 @@ class LeaseTable:
         >>> t.unbind(1, "c/0"); t.renew_session("c/0", now_ms=6_000); t.expired(s, 7_000)
         True
         """
-        self._sessions[session] = now_ms
+        if session in self._bound:  # (one holding no lease renews nothing: not kept)
+            self._sessions[session] = now_ms
 
     def unbind(self, stream_id: int, session: str) -> None:
         """``session`` no longer renews ``stream_id``'s lease (its writer left the list):
         the lease stands as of the session's last renewal."""
         lease = self._leases.get(stream_id)
         if lease is not None and lease.session == session:
-            self._leases[stream_id] = Lease(lease.epoch, self.renewed_ms(lease), lease.held)
-
-    def forget_sessions(self, sessions: Iterable[str]) -> None:
-        """Forget idle sessions (:class:`~pd.keepalives.KeepaliveSessions`): their
-        leases stand as of their own renewals, long run out."""
-        for session in sessions:
-            self._sessions.pop(session, None)
+            self._set(stream_id, Lease(lease.epoch, self.renewed_ms(lease), lease.held))
 
     def renewed_ms(self, lease: Lease) -> int:
         """When ``lease`` was last renewed: by its writer, or through its session."""
@@ -380,7 +430,7 @@ class LeaseTable:
                 lease.epoch == stream.epoch and (lease.held or self.renewed_ms(lease) >= at_ms))):
             return
         session = lease.session if lease is not None and lease.epoch == stream.epoch else ""
-        self._leases[stream.id] = Lease(stream.epoch, at_ms, False, session)
+        self._set(stream.id, Lease(stream.epoch, at_ms, False, session))
         self._names[stream.id] = stream.name
 
     def lease(self, stream_id: int) -> Lease | None:
@@ -392,7 +442,7 @@ class LeaseTable:
         is given a whole lease from the first time it is asked about."""
         lease = self._leases.get(stream.id)
         if lease is None or lease.epoch < stream.epoch:
-            self._leases[stream.id] = Lease(stream.epoch, now_ms)
+            self._set(stream.id, Lease(stream.epoch, now_ms))
             self._names[stream.id] = stream.name  # (kept while the stream is)
             return False
         return now_ms - self.renewed_ms(lease) >= self.lease_ms
@@ -466,7 +516,8 @@ class LeaseTable:
             return None
         lease = self._leases.get(stream.id)
         if lease is None or lease.epoch < stream.epoch:
-            lease = self._leases[stream.id] = Lease(stream.epoch, now_ms)  # first seen
+            lease = Lease(stream.epoch, now_ms)  # first seen
+            self._set(stream.id, lease)
             self._names[stream.id] = stream.name
         at = self.renewed_ms(lease) + self.lease_ms
         recheck = self._rechecks.get(stream.id)
@@ -481,7 +532,10 @@ class LeaseTable:
         heappush(self._heap, (at, stream.id))
 
     def _forget(self, stream_id: int) -> None:
-        for table in (self._leases, self._rechecks, self._names, self._queued):
+        lease = self._leases.pop(stream_id, None)
+        if lease is not None and lease.session:
+            self._release(lease.session)
+        for table in (self._rechecks, self._names, self._queued):
             table.pop(stream_id, None)
 
     def _forget_gone(self, streams: Mapping[str, StreamMeta]) -> None:
@@ -510,5 +564,5 @@ class LeaseTable:
         """PD itself took ``epoch`` to recover ``stream``: no writer will renew it, so its
         lease is over at once (a recovery that could not finish is tried again next
         round, and a recovered stream is looked at like any other)."""
-        self._leases[stream.id] = Lease(epoch, -self.lease_ms, held=True)
+        self._set(stream.id, Lease(epoch, -self.lease_ms, held=True))
         self._names[stream.id] = stream.name

@@ -27,7 +27,17 @@ from rangeserver.replica import ReplicaState
 
 
 class ReplicaKeys:
-    """The keys of a server's replicas, in order."""
+    """The keys of a server's replicas, in order.
+
+    Bounds: ``limit`` is 1..``list_ranges_replicas_max`` and ``after`` two integers
+    0..2**64-1 (else ``InvalidArgument`` naming the field: ``ListRangesRequest``), so an answer
+    is at most that many entries of at most about 250 bytes each (every field at its largest,
+    a striped replica's included: about 0.93 of ``limits.frame_header_bytes_max``,
+    ``tests/unit/rangeserver/test_rangeserver_listing.py``), whatever the server holds. Pages
+    go by key, not position: a key above every replica answers an empty last page, and a
+    replica added or dropped between pages moves no other one (each present throughout is
+    listed once). The client (``estream/net/rangerequests.py``) stops after
+    ``list_pages_max`` pages or a page that does not move ``after`` forward."""
 
     __slots__ = ("_keys",)
 

@@ -153,7 +153,15 @@ class LeaveRequest:
 class CommitRequest:
     """``PD_GROUP_COMMIT``: each stream's next offset to read, as the group's cursor;
     with ``member`` and ``generation`` (>= 0) only while that member is of it. An entry's
-    stream id (0: by name) names the incarnation read: another one refuses the commit."""
+    stream id (0: by name) names the incarnation read: another one refuses the commit.
+
+    Bounds: at most ``pd.validate.list_items_max`` entries (checked before any handler),
+    each ``[str, int, int?]`` with the integers 0..2**63-1 (bool, float, another arity:
+    ``InvalidArgument`` naming ``offsets``). An entry's stream id of another stream, of a
+    deleted one or a name made again answers ``unknown_topic_or_partition`` and commits
+    nothing; which streams the member was assigned is not checked (as Kafka's
+    OffsetCommit: a group's offsets are its own to set). Each entry is one cursor commit,
+    one Raft command (``tests/integration/test_pd_hostile_inputs.py``)."""
 
     OPCODE: ClassVar[Opcode] = Opcode.PD_GROUP_COMMIT
     group: str

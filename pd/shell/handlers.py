@@ -236,7 +236,12 @@ class PdHandlers:
             return {"resend": True} if answer is None else answer
         answer = keepalive_answer(await self.service.keepalive_writers(
             parse_keepalives(require(h, "writers", list)), session))
-        return answer if session is None else {**answer, "session": True}
+        if session is None:
+            return answer
+        # Kept only while it holds a lease and within room (pd/keepalives.py): else the
+        # client sends the list each time.
+        held = self.service.keepalive_sessions.previous(session[0])
+        return {**answer, "session": held is not None and held.generation == session[1]}
 
     async def time_ranges(self, h: Header) -> Header:
         """The ranges that may hold the first record at or after ``timestamp``, after

@@ -377,6 +377,14 @@ class _Views:
             "estream_pd_ready": ("1 while /readyz answers 200 (a leader known, caught up).",
                                  float(not_ready_reason(status, self.service.raft.ready())
                                        is None)),
+            "estream_pd_writer_leases": ("Writer leases the leader holds (0 on followers).",
+                                         len(self.service.leases)),
+            "estream_pd_keepalive_sessions": (
+                "Writer keepalive sessions the leader holds (each holds a lease: at most the "
+                "leases held; 0 on followers).", len(self.service.keepalive_sessions)),
+            "estream_pd_keepalive_session_writers": (
+                "Writers listed in those sessions (at most keepalive_writers_max each).",
+                self.service.keepalive_sessions.writers()),
             "estream_pd_ranges_under_replicated": (
                 "Ranges kept on range servers with fewer live replicas than the stream's "
                 "replica count (per this node's liveness view).",

@@ -108,6 +108,7 @@ class Recoverer:
 
     def _step_down(self) -> None:
         self.service.leases.step_down()
+        self.service.forget_released_sessions()  # (its sessions' records too)
         self.pd_epochs.clear()
 
     async def round(self) -> list[RecoveryResult]:

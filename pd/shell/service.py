@@ -339,14 +339,26 @@ class PdService(ServerOps):
                 listed = {w.stream_id for w in writers}
                 for gone in {w.stream_id for w in before.writers} - listed:
                     self.leases.unbind(gone, name)
-            self.keepalive_sessions.record(
-                name, session[1], list(writers), results, catalog_map(view.streams.values()),
-                term=status.term, now_ms=now)
-            self.leases.renew_session(name, now)
+            if self.leases.holds_session(name) and self.keepalive_sessions.room(
+                    name, len(writers), len(self.leases)):  # (else: answered, not kept)
+                self.keepalive_sessions.record(
+                    name, session[1], list(writers), results,
+                    catalog_map(view.streams.values()), term=status.term, now_ms=now)
+                self.leases.renew_session(name, now)
+            else:
+                self.keepalive_sessions.forget(name)
+            self.forget_released_sessions()
             if now - self._sessions_swept_ms >= limits.writer_keepalive_ms:
                 self._sessions_swept_ms = now
-                self.leases.forget_sessions(self.keepalive_sessions.forget_idle(now))
+                self.keepalive_sessions.forget_idle(now)
         return results
+
+    def forget_released_sessions(self) -> None:
+        """Forget the keepalive sessions that hold no lease any more (their writers
+        bound to another session, fenced, deleted, or a term ended): the leader's session
+        memory follows the leases it holds, not the session names clients send."""
+        for session in self.leases.take_released():
+            self.keepalive_sessions.forget(session)
 
     async def keepalive_session(self, session: str, generation: int) -> Header | None:
         """A session's keepalive without its list (``pd/keepalives.py``): every lease bound
@@ -364,7 +376,9 @@ class PdService(ServerOps):
         results = self._keepalive_results(view, [record.writers[i] for i in stale], now,
                                           session)
         record.update(list(zip(stale, results, strict=True)), catalog, now)
-        return record.answer
+        answer = record.answer
+        self.forget_released_sessions()  # (a writer fenced or gone just now: maybe this one)
+        return answer
 
     async def _leading_leases(self) -> tuple[RaftStatus, CatalogView, int]:
         """A keepalive's preamble: this node's Raft status (NotLeader unless it leads),
@@ -375,6 +389,7 @@ class PdService(ServerOps):
         view = await self.decision_view()
         now = self.clock_ms()
         self.leases.lead(status.term, now)
+        self.forget_released_sessions()  # (a new term: every one)
         return status, view, now
 
     def _keepalive_results(self, view: CatalogView, writers: Sequence[Keepalive], now: int,

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import estream
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from estream.net.pdclient import PDClient
+from estream.wire import limits
 from estream.wire.errors import InvalidArgument
 from estream.wire.protocol import Opcode
 
@@ -135,3 +137,135 @@ def test_the_admin_api_refuses_a_hostile_field_before_raft(
     assert journal_bytes(cluster) == before
     status, _ = http_json(cluster.pd.nodes[0].url + f"/v1/streams/{stream}")
     assert status == 200
+
+
+def leader_gauges(cluster: Cluster) -> dict[str, float]:
+    status, text = http_json(cluster.pd.nodes[0].url + "/metrics")
+    assert status == 200 and isinstance(text, str)
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def keepalive_gauges(cluster: Cluster) -> tuple[float, float]:
+    """The PD leader's ``estream_pd_keepalive_sessions`` and ``..._session_writers``."""
+    found = leader_gauges(cluster)
+    return found["estream_pd_keepalive_sessions"], found["estream_pd_keepalive_session_writers"]
+
+
+async def test_a_new_session_name_per_keepalive_leaves_one_session_per_lease(
+        cluster: Cluster) -> None:
+    """Adversarial review (issue 27): a client sending its writers' whole list under a
+    new session name each time made the leader keep a session per request (each with its
+    list) until 16 s idle. Sessions held follow leases held: 300 names, 2 leases, at most
+    2 sessions; a name replayed after its writers moved on renews nothing; the fields at
+    the protocol's worst are refused naming the field."""
+    async with PDClient(cluster.pd_addresses, timeout_s=10) as pd:
+        writers = []
+        for name in ("ka-0", "ka-1"):
+            with contextlib.suppress(estream.StreamExists):
+                await pd.create_stream(name)
+            meta = await pd.open_writer(name)
+            writers.append((name, meta.id, meta.epoch))
+        for i in range(300):
+            answers, held = await pd.keepalive_session(f"h/{i}", 0, writers, len(writers))
+            assert answers == [(), ()] and held
+        sessions, listed = keepalive_gauges(cluster)
+        assert sessions <= len(writers) and listed <= len(writers) * len(writers)
+        # An old name replayed: not held (its leases are bound to h/299): send the list.
+        assert await pd.keepalive_session("h/0", 0, None, len(writers)) is None
+        # Its writers fenced (a newer epoch): the newest session is let go at once.
+        for name, _, _ in writers:
+            await pd.open_writer(name)
+        answers, held = await pd.keepalive_session("h/299", 1, writers, len(writers))
+        assert all(isinstance(a, estream.Fenced) for a in answers) and not held
+        assert keepalive_gauges(cluster) == (0, 0)
+        # A stream deleted and made again: the old incarnation's session renews nothing.
+        with contextlib.suppress(estream.StreamExists):
+            await pd.create_stream("ka-2")
+        old = await pd.open_writer("ka-2")
+        mine = [("ka-2", old.id, old.epoch)]
+        assert await pd.keepalive_session("d/0", 0, mine, 1) == ([()], True)
+        await pd.delete_stream("ka-2")
+        await pd.create_stream("ka-2")
+        new = await pd.open_writer("ka-2")
+        replayed = await pd.keepalive_session("d/0", 0, None, 1)
+        assert replayed is None or isinstance(replayed[0][0], estream.StreamNotFound)
+        answers, held = await pd.keepalive_session("d/0", 1, mine, 1)
+        assert isinstance(answers[0], estream.StreamNotFound) and not held
+        assert await pd.keepalive_session("d/1", 0, [("ka-2", new.id, new.epoch)], 1) == (
+            [()], True)
+        for header, field in [({"session": "s", "generation": g}, "generation")
+                              for g in (-1, 2**63, 2**64 - 1, True, 1.5, "0", None)] + [
+                ({"session": s, "generation": 0}, "session")
+                for s in ("", "x" * 65, 7, ["s"], None)]:
+            with pytest.raises(InvalidArgument) as info:
+                await pd.call(Opcode.PD_WRITERS_KEEPALIVE, {**header, "writers": []})
+            assert info.value.argument == field, header
+        answers, held = await pd.keepalive_session("x" * 64, 2**63 - 1, [], 0)
+        assert answers == [] and not held  # (the bounds themselves: accepted, nothing bound)
+
+
+async def test_commits_at_the_worst_numbers_and_other_incarnations_are_refused(
+        cluster: Cluster) -> None:
+    """Adversarial review: PD_COMMIT_CURSOR's ``stream_id`` and PD_GROUP_COMMIT's entries
+    ``[stream, offset, stream_id?]`` at the worst the protocol allows are refused naming
+    the field before Raft; a stream id of another stream, or of a deleted one, commits
+    nothing; PD keeps serving."""
+    async with PDClient(cluster.pd_addresses, timeout_s=10) as pd:
+        for name in ("c-a", "c-b"):
+            with contextlib.suppress(estream.StreamExists):
+                await pd.create_stream(name)
+        a, b = await pd.describe_stream("c-a"), await pd.describe_stream("c-b")
+        for stream_id, field in [(2**63, "stream_id"), (2**64 - 1, "stream_id"),
+                                 (-1, "stream_id"), (True, "stream_id"),
+                                 (1.5, "stream_id"), ("1", "stream_id")]:
+            with pytest.raises(InvalidArgument) as info:
+                await pd.call(Opcode.PD_COMMIT_CURSOR, {"name": "c-a", "cursor": "c",
+                                                        "offset": 0, "stream_id": stream_id})
+            assert info.value.argument == field, stream_id
+        with pytest.raises(estream.StreamNotFound):  # another stream's id
+            await pd.call(Opcode.PD_COMMIT_CURSOR, {"name": "c-a", "cursor": "c",
+                                                    "offset": 0, "stream_id": b.id})
+        for entry in (["c-a", 2**63], ["c-a", -1], ["c-a", True], ["c-a", 1.5],
+                      ["c-a", 0, 2**63], ["c-a", 0, -1], ["c-a", 0, False], ["c-a"],
+                      ["c-a", 0, a.id, 0], [7, 0], "c-a"):
+            with pytest.raises(InvalidArgument) as info:
+                await pd.call(Opcode.PD_GROUP_COMMIT, {"group": "g", "offsets": [entry]})
+            assert info.value.argument == "offsets", entry
+        with pytest.raises(InvalidArgument) as info:
+            await pd.call(Opcode.PD_GROUP_COMMIT, {"group": "g",
+                                                   "offsets": [["c-a", 0]] * 10_000})
+        assert info.value.argument == "offsets"
+        answer = await pd.call(Opcode.PD_GROUP_COMMIT, {"group": "g", "offsets": [
+            ["c-a", 0, b.id], ["c-a", 0, a.id], ["c-b", 0, b.id]]})
+        assert answer["errors"] == ["unknown_topic_or_partition", "", ""]
+        await pd.delete_stream("c-b")
+        await pd.create_stream("c-b")
+        answer = await pd.call(Opcode.PD_GROUP_COMMIT, {"group": "g", "offsets": [
+            ["c-b", 0, b.id]]})
+        assert answer["errors"] == ["unknown_topic_or_partition"]
+        _, cursors = await pd.list_cursors("c-b")
+        assert cursors == []  # the old incarnation's commit left nothing on the new one
+
+
+async def test_lists_padded_with_writers_that_renew_nothing_are_not_kept(
+        cluster: Cluster) -> None:
+    """Adversarial review (issue 27): a session holding one lease could list 4,095 more
+    writers that renew nothing (no such stream), each list kept: memory leases x 4,096.
+    The writers the leader keeps listed stay within twice its leases plus one list; a
+    list past that is answered (the lease renewed) but not kept."""
+    async with PDClient(cluster.pd_addresses, timeout_s=10) as pd:
+        padding = [(f"none-{i}", 10**9 + i, 1) for i in range(limits.keepalive_writers_max - 1)]
+        for i in range(3):
+            name = f"pad-{i}"
+            with contextlib.suppress(estream.StreamExists):
+                await pd.create_stream(name)
+            meta = await pd.open_writer(name)
+            answers, _ = await pd.keepalive_session(
+                f"pad/{i}", 0, [(name, meta.id, meta.epoch), *padding], len(padding) + 1)
+            assert answers[0] == () and all(
+                isinstance(a, estream.StreamNotFound) for a in answers[1:])
+        found = leader_gauges(cluster)
+        leases = found["estream_pd_writer_leases"]
+        assert 1 <= found["estream_pd_keepalive_sessions"] <= 3 and 3 <= leases
+        assert found["estream_pd_keepalive_session_writers"] <= (
+            2 * leases + limits.keepalive_writers_max)

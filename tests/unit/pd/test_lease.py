@@ -369,3 +369,30 @@ def test_a_lease_renewed_since_it_was_queued_is_pushed_back_without_a_look() -> 
     t.unbind(5, "c/0")  # (stream ids 1..n): stands as of 19,500
     t.renew_session("c/0", 21_000)
     assert [s.id for s in t.due(catalog, 19_500 + LEASE)] == [5]
+
+
+def test_a_session_is_held_only_while_a_lease_is_bound_to_it() -> None:
+    """Adversarial review (issue 27): a client sending the same writers under a new
+    session name each time left one session per request on the leader. A session that
+    loses its last lease (bound elsewhere, unbound, a newer epoch, its stream gone, a new
+    term) is released at once, so sessions never outnumber leases."""
+    t, a, b = table(), stream(), stream("t")
+    b = StreamMeta(2, "t", epoch=1, ranges=b.ranges)
+    for i in range(1_000):  # the same two writers under a new name each time
+        t.renew(a, 1, i, session=f"x/{i}")
+        t.renew(b, 1, i, session=f"x/{i}")
+        assert t.sessions() == 1 and t.holds_session(f"x/{i}")
+        if i:
+            assert t.take_released() == [f"x/{i - 1}"] and not t.holds_session(f"x/{i - 1}")
+    t.renew_session("nobody", 2_000)  # holds no lease: nothing kept
+    assert not t.holds_session("nobody") and t.take_released() == []
+    t.unbind(1, "x/999")
+    assert t.sessions() == 1 and t.take_released() == []
+    t.renew(StreamMeta(2, "t", epoch=2, ranges=b.ranges), 2, 2_000)  # a newer writer
+    assert t.sessions() == 0 and t.take_released() == ["x/999"]
+    t.renew(a, 1, 3_000, session="y/0")
+    t.due({}, 3_000)  # its stream deleted
+    assert t.lease(1) is None and t.take_released() == ["y/0"]
+    t.renew(a, 1, 3_000, session="z/0")
+    t.lead(term=2, now_ms=4_000)
+    assert t.sessions() == 0 and t.take_released() == ["z/0"]

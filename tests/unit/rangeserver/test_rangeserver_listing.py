@@ -72,9 +72,12 @@ def test_pages_walk_every_key_once_as_keys_come_and_go() -> None:
 
 def test_the_largest_page_fits_a_frame_header() -> None:
     big = 2**64 - 1
+    # every field a replica's entry may hold, each at its largest (a striped one's too;
+    # an unknown digest is its number as text, at most "255")
     entry = {"stream_id": big, "range_index": 2**32 - 1, "start": big, "end": big,
              "confirm": big, "epoch": big, "sealed": True, "sealed_end": big,
-             "damaged": False, "digest": "hmac-sha256"}
+             "damaged": False, "digest": "hmac-sha256", "ensemble": 64, "replicas": 64,
+             "position": 63, "last_batch": big, "batches": big}
     answer = {"ranges": [entry] * list_ranges_replicas_max, "more": True}
     assert len(msgpack.packb(answer)) < frame_header_bytes_max
 
