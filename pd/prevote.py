@@ -9,7 +9,7 @@ node that stalled, or lost only its own link to the leader, no longer deposes a 
 others still hear (pysyncobj's candidate raises the term, and a leader that sees it steps
 down). A follower whose connection to its leader closes stands after
 :func:`early_deadline`, not a whole election timeout: a leader killed (its kernel closes
-its sockets) is replaced in about a tenth of a second. :mod:`pd.shell.raftsyncobj` carries
+its sockets) is replaced in about a tenth of a second. :mod:`pd.shell.raftprevote` carries
 these out.
 """
 

@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
-from estream.devcluster.pd import PdCluster, alive_rangeservers, http_json, plan_pd_cluster
+from estream.devcluster.pd import (
+    PdCluster,
+    alive_rangeservers,
+    http_json,
+    plan_pd_cluster,
+    servers_not_beating,
+)
 from estream.devcluster.process import ManagedProcess, free_port, poll_until, stop_processes
 from estream.devcluster.rangeserver import launch_rangeserver, wait_rangeserver
 from estream.net.rangeclient import RangeClient
@@ -267,17 +273,15 @@ class Cluster:
             raise TimeoutError(f"{exc}: {self.alive_servers()}") from None
 
     def wait_servers_alive(self, timeout_s: float = 20.0) -> None:
-        """Until PD lists every running range server alive, by its current id and address,
-        with a heartbeat from its current process (the load's ``pid``): a restarted
-        server's predecessor stays listed alive, with its last load, until its beats
-        age out, so a create right after a restart could otherwise land before the new
-        process registered and beat."""
-        want = {(s.server_id, s.address, s.process.pid) for s in self.servers
-                if s.alive() and s.process is not None}
+        """Until PD lists every running range server alive with a heartbeat from its
+        current process (:func:`~estream.devcluster.pd.servers_not_beating`): a create right
+        after a restart could otherwise land before the new process registered and beat
+        (a new identity, after a wipe, is a new process too)."""
+        want = [(s.address, s.process.pid) for s in self.servers
+                if s.alive() and s.process is not None]
 
-        def missing() -> set[tuple[str, str, int]]:
-            return want - {(s["id"], s["address"], s["load"].get("pid"))
-                           for s in self.placeable_servers()}
+        def missing() -> list[tuple[str, int]]:
+            return servers_not_beating(want, self.alive_servers())
 
         try:
             poll_until(lambda: True if not missing() else None, timeout_s,

@@ -13,7 +13,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,25 @@ def alive_rangeservers(urls: Sequence[str], context: ssl.SSLContext | None = Non
         if status == 200 and isinstance(body, dict):
             return [s for s in body.get("rangeservers", []) if s.get("alive")]
     return []
+
+
+def servers_not_beating(want: Iterable[tuple[str, int]],
+                        listed: Iterable[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """Which of ``want`` (a range server's address, the PID of its current process) PD does
+    not list alive with a heartbeat from that process (its load's ``pid``), in ``want``'s
+    order. A restarted server's predecessor stays listed alive, with its last load, until
+    its beats age out: by address alone it looks up before the new process registered and
+    beat. One rule for every launcher (the test harness, ``estream up``). Pure.
+
+    >>> listed = [{"address": "a:1", "alive": True, "load": {"pid": 7}},
+    ...           {"address": "b:1", "alive": True, "load": {}},
+    ...           {"address": "c:1", "alive": False, "load": {"pid": 9}}]
+    >>> servers_not_beating([("a:1", 7), ("a:1", 8), ("b:1", 5), ("c:1", 9)], listed)
+    [('a:1', 8), ('b:1', 5), ('c:1', 9)]
+    """
+    beating = {(s.get("address"), (s.get("load") or {}).get("pid"))
+               for s in listed if s.get("alive")}
+    return [w for w in want if w not in beating]
 
 
 class PdCluster:

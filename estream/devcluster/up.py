@@ -26,7 +26,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from estream.devcluster.cmdline import (
     pd_args,
     rangeserver_args,
 )
-from estream.devcluster.pd import alive_rangeservers, http_json
+from estream.devcluster.pd import alive_rangeservers, http_json, servers_not_beating
 from estream.devcluster.process import ManagedProcess, stop_processes
 from estream.devcluster.upbanner import banner
 from estream.server.config import one_line_errors, port_number, positive_int
@@ -222,8 +222,11 @@ def restart_delay_s(failures: int) -> float:
 # --- readiness probe (HTTP to the PD admin API) ---------------------------------------------
 
 
-def probe_ready(plan: ClusterPlan) -> str | None:
-    """None when the cluster is ready, else what it still waits for (one phrase)."""
+def probe_ready(plan: ClusterPlan, pids: Mapping[str, int]) -> str | None:
+    """None when the cluster is ready, else what it still waits for (one phrase). ``pids``:
+    the PID of each child's running process by name; every range server is ready once PD
+    has a heartbeat from that process (:func:`~estream.devcluster.pd.servers_not_beating`,
+    the test harness's rule: a restarted one's predecessor stays listed alive a while)."""
     leader: Any = None
     context = _probe_context(plan)
     for url, child in zip(plan.admin_urls, plan.pd, strict=True):
@@ -236,8 +239,11 @@ def probe_ready(plan: ClusterPlan) -> str | None:
         leader = leader or (cluster.get("leader") if isinstance(cluster, dict) else None)
     if not leader or leader.get("id") is None:
         return "a PD leader"
-    alive = {s.get("address") for s in alive_rangeservers(plan.admin_urls[:1], context)}
-    missing = [c.name for c in plan.range_servers if c.address not in alive]
+    running = [c for c in plan.range_servers if c.name in pids]
+    listed = alive_rangeservers(plan.admin_urls[:1], context)
+    silent = set(servers_not_beating([(c.address, pids[c.name]) for c in running], listed))
+    missing = [c.name for c in plan.range_servers
+               if c.name not in pids or (c.address, pids[c.name]) in silent]
     if missing:
         return f"range servers {', '.join(missing)} to register"
     for gateway in plan.kafka:
@@ -449,26 +455,43 @@ def _say(text: str) -> None:
 
 
 class _Readiness:
-    """Probes the cluster each poll (at most every 0.5 s) until ready; prints once."""
+    """Probes the cluster each poll (at most every 0.5 s) until ready; prints the banner
+    once. After a child died (restarted or waiting to be), probes again until the cluster
+    is ready with its new processes, and says so (``ready again``)."""
 
-    def __init__(self, plan: ClusterPlan, timeout_s: float) -> None:
+    def __init__(self, plan: ClusterPlan, timeout_s: float,
+                 pids: Callable[[], dict[str, int]]) -> None:
         self.plan = plan
+        self.pids = pids
         self.started = time.monotonic()
         self.timeout_s = timeout_s
         self.ready = False
+        self.ready_pids: dict[str, int] = {}  # the children's PIDs when last ready
+        self.announced = False  # the banner was printed
         self.warned = False
         self.next_probe = 0.0
         self.last_report = self.started
 
     def __call__(self) -> None:
         now = time.monotonic()
+        pids = self.pids()
+        if self.ready and pids != self.ready_pids:  # a child died or was restarted
+            self.ready, self.warned = False, False
+            self.started = self.last_report = now
+            self.next_probe = 0.0
         if self.ready or now < self.next_probe:
             return
         self.next_probe = now + 0.5
-        waiting = probe_ready(self.plan)
+        waiting = probe_ready(self.plan, pids)
         if waiting is None:
-            self.ready = True
-            _say(banner(self.plan, now - self.started))
+            if self.announced:
+                new = ", ".join(f"{n} (pid {p})" for n, p in pids.items()
+                                if self.ready_pids.get(n) != p)
+                _say(f"ready again in {now - self.started:.1f}s: {new}")
+            else:
+                self.announced = True
+                _say(banner(self.plan, now - self.started))
+            self.ready, self.ready_pids = True, pids
         elif not self.warned and now - self.started > self.timeout_s:
             self.warned = True
             _say(f"still not ready after {self.timeout_s:.0f}s: waiting for {waiting}")
@@ -529,7 +552,7 @@ def _run(plan: ClusterPlan, ready_timeout_s: float) -> int:
         )
         supervisor.start_all()
         _say("pids: " + ", ".join(f"{n}={p}" for n, p in supervisor.pids().items()))
-        supervisor.run(on_poll=_Readiness(plan, ready_timeout_s))
+        supervisor.run(on_poll=_Readiness(plan, ready_timeout_s, supervisor.pids))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

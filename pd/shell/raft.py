@@ -1,11 +1,13 @@
 """The pysyncobj adapter: replicates catalog commands with Raft and bridges to asyncio.
 
 This module (:class:`RaftNode`, the asyncio face), `pd/shell/raftsyncobj.py` (the SyncObj it
-drives; its snapshot file `pd/shell/raftdump.py`), `pd/shell/raftpoller.py` (pysyncobj on
-the event loop), `pd/shell/journal.py` (its journal), `pd/shell/raftwire.py` (its messages'
-encoding) and `pd/shell/raftpatch.py` (every patch of pysyncobj, applied by
-:func:`~pd.shell.raftpatch.install` in :meth:`RaftNode.start`, and every private name relied
-on) are the only ones that know pysyncobj; the decisions are in `pd/raftrules.py` (pure).
+drives: ticks, outbox, journal sync, proposals; its bases, the snapshot hooks and file in
+`pd/shell/raftdump.py` and the pre-vote in `pd/shell/raftprevote.py`),
+`pd/shell/raftpoller.py` (pysyncobj on the event loop), `pd/shell/journal.py` (its journal),
+`pd/shell/raftwire.py` (its messages' encoding) and `pd/shell/raftpatch.py` (every patch of
+pysyncobj, applied by :func:`~pd.shell.raftpatch.install` in :meth:`RaftNode.start`, and
+every private name relied on) are the only ones that know pysyncobj; the decisions are in
+`pd/raftrules.py` (pure).
 What they add to pysyncobj 0.3.17:
 
 - **A durable, checksummed log, with group commit.** pysyncobj's own file journal has no

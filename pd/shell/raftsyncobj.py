@@ -1,6 +1,8 @@
 """The SyncObj that replicates catalog commands: pysyncobj ticked on the event loop, its
-outbox flushed around one journal sync per tick, its snapshots the catalog's msgpack
-(:mod:`pd.shell.raftdump`), a pre-vote before it stands for election (:mod:`pd.prevote`).
+outbox flushed around one journal sync per tick (on the loop, or the leader's on a thread
+while the loop serves), proposals appended at once on an idle leader. Its bases carry the
+rest: snapshots of the catalog's msgpack (:class:`pd.shell.raftdump.SnapshotSyncObj`) and
+a pre-vote before it stands for election (:class:`pd.shell.raftprevote.PreVoteSyncObj`).
 
 :mod:`pd.shell.raft` (its docstring tells the design) builds one per PD node and drives
 it; the decisions are :mod:`pd.raftrules`, the private names of pysyncobj it touches go
@@ -15,14 +17,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
-import random
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from pysyncobj import SERIALIZER_STATE, SyncObj, SyncObjConf, replicated
+from pysyncobj import SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as raft_clock  # CLOCK_MONOTONIC_RAW, not time's
 
 from estream.wire.errors import EstreamError
@@ -32,8 +32,9 @@ from pd.commands import Command, decode_command
 from pd.raftrules import EAGER_TYPES, LeaderContact, Outgoing, RaftStatus
 from pd.shell import raftpatch
 from pd.shell.journal import ChecksummedJournal
-from pd.shell.raftdump import read_dump, restore_catalog, write_dump
+from pd.shell.raftdump import SnapshotSyncObj
 from pd.shell.raftpoller import LoopPoller, LoopTransport
+from pd.shell.raftprevote import PreVoteSyncObj
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +46,9 @@ ahead_decoded_commands_max: Final = 1024  # commands decoded before their commit
 # a peer that holds the catalog asks for its vote first (it reconnects within
 # connectionRetryTime, 1 s, and stands at once if its election deadline has passed).
 empty_start_election_s: Final = 2.0
-# What _dump_state tells pysyncobj (its SERIALIZER_STATE, typed).
-DUMP_IDLE: Final[int] = SERIALIZER_STATE.NOT_SERIALIZING
-DUMP_RUNNING: Final[int] = SERIALIZER_STATE.SERIALIZING
-DUMP_DONE: Final[int] = SERIALIZER_STATE.SUCCESS
-DUMP_FAILED: Final[int] = SERIALIZER_STATE.FAILED
 
 
-class CatalogSyncObj(SyncObj):  # type: ignore[misc]
+class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
     """The SyncObj whose one replicated method applies an encoded catalog command."""
 
     def __init__(self, self_address: str, peers: Sequence[str], conf: SyncObjConf,
@@ -361,64 +357,6 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
         if not self._closed and self._sync_running is None:
             self._flush_outbox()
 
-    # Pre-vote (pd/prevote.py): a tick that would stand asks the others first; pysyncobj
-    # stands (its own tick: a new term, request_vote) only once a majority said yes.
-    def _ask_before_standing(self) -> None:
-        if not raftrules.would_stand(bool(self._isLeader()), raftpatch.election_deadline(self),
-                                     raft_clock()):
-            return
-        nodes = list(self.otherNodes)
-        if self._prevoted or not nodes:
-            self._prevoted = False
-            return  # (pysyncobj stands in this tick)
-        self._restart_election_timeout()  # (the next round, if this one fails)
-        last = self.log_end()
-        request = prevote.prevote_request(self._getTerm() + 1, last, self._term_at(last) or 0)
-        self._prevote = prevote.PreVoteRound(request["term"], len(nodes) + 1)
-        send = raftpatch.transport(self).send
-        for node in nodes:
-            send(node, request)
-
-    def _restart_election_timeout(self) -> None:
-        conf = self.conf
-        raftpatch.set_election_deadline(
-            self, raft_clock() + random.uniform(conf.raftMinTimeout, conf.raftMaxTimeout))
-
-    def _answer_prevote(self, node: Any, request: dict[str, Any]) -> None:
-        leader = self._getLeader()
-        alive = prevote.leader_alive(bool(self._isLeader()),
-                                     self._contact.recent(self.loop.time()),
-                                     leader is not None and bool(self.isNodeConnected(leader)))
-        last = self.log_end()
-        last_term = self._term_at(last) or 0
-        granted = prevote.grants_prevote(request, self._getTerm(), last, last_term, alive)
-        raftpatch.transport(self).send(node, prevote.prevote_response(request, granted))
-        asking = self._prevote is not None or self._prevoted
-        if granted and (not asking or prevote.yields(
-                request, raftrules.node_address(node), last, last_term,
-                raftrules.node_address(self.selfNode))):
-            # The asker stands in a moment: this node waits for its vote request.
-            self._prevote, self._prevoted = None, False
-            self._restart_election_timeout()
-
-    def _count_prevote(self, node: Any, answer: dict[str, Any]) -> None:
-        asking = self._prevote
-        if asking is None or self._isLeader():
-            return
-        if asking.answer(raftrules.node_address(node), answer):
-            self._prevote, self._prevoted = None, True
-            raftpatch.set_election_deadline(self, 0.0)
-            self.tick_soon()
-
-    def _on_peer_lost(self, node: Any) -> None:
-        """The connection to ``node`` closed: if it is this follower's leader (a killed
-        leader's kernel closes its sockets), stand soon (prevote.early_deadline); the
-        pre-vote still asks the others, who keep a leader they hear."""
-        if self._closed or self.joining or self._isLeader() or node != self._getLeader():
-            return
-        raftpatch.set_election_deadline(self, prevote.early_deadline(
-            raftpatch.election_deadline(self), raft_clock(), random.random()))
-
     # Every message received (on the loop thread) comes here first (raftpatch.route_messages),
     # then goes to pysyncobj's own handler.
     def _on_message(self, node: Any, message: Any) -> None:
@@ -536,59 +474,6 @@ class CatalogSyncObj(SyncObj):  # type: ignore[misc]
                 return self.catalog.apply(command)
         except EstreamError as exc:
             return exc  # a rejection is a deterministic result, identical on every node
-
-    # Snapshots. pysyncobj asks for one in a tick, between two applied entries: the image is
-    # taken there (O(1): the catalog's maps are persistent) and written on the dumper's
-    # thread, so the loop keeps ticking Raft and serving while a large catalog is encoded
-    # (seconds at 100,000 streams: longer than an election timeout). pysyncobj polls
-    # _dump_state each tick and deletes the journal's entries only once it says SUCCESS.
-    def _write_dump(self, path: str, raft_data: Any) -> None:
-        entry1, entry0, cluster = raft_data
-        with self.lock:
-            image = self.catalog.image()
-        final = path.removesuffix(".tmp")  # pysyncobj names its temporary file so
-        # pysyncobj renames `path` into place once this returns: with no file there the
-        # rename fails (it then asks _dump_state), so a stale one must not be left either.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        addresses = sorted(raftrules.node_address(n) for n in cluster)
-        self._dump = self._dumper.submit(
-            write_dump, final, image, [list(entry1), list(entry0)], addresses)
-
-    def _dump_state(self) -> int:
-        dump = self._dump
-        if dump is None:
-            return DUMP_IDLE
-        if not dump.done():
-            return DUMP_RUNNING
-        self._dump = None
-        error = dump.exception()
-        if error is not None:
-            log.warning("Raft snapshot not written (the journal keeps its entries): %s", error)
-            return DUMP_FAILED
-        return DUMP_DONE
-
-    def _read_dump(self, path: str) -> tuple[Any, ...]:
-        body = read_dump(path)
-        catalog = restore_catalog(body["catalog"])
-        with self.lock:
-            self.catalog = catalog
-        entry1, entry0 = (tuple(e) for e in body["entries"])
-        self._cut_journal_at(entry0, entry1)
-        return entry1, entry0, body["cluster"]
-
-    def _cut_journal_at(self, entry0: tuple[Any, ...], entry1: tuple[Any, ...]) -> None:
-        """Cut the journal where it holds the dump's two last entries. A node stopped or
-        crashed after a dump was renamed into place but before the journal was cut (the
-        dump is written on a thread, so a stop waits for it) starts with a journal from
-        before the dump: pysyncobj, which wants the dump's entries first, would clear it
-        and lose every committed entry after them."""
-        journal = raftpatch.raft_log(self)
-        if len(journal) < 2:
-            return
-        at = entry0[1] - journal[0][1]  # (entries are (command, index, term))
-        if 0 < at < len(journal) - 1 and (journal[at], journal[at + 1]) == (entry0, entry1):
-            journal.deleteEntriesTo(at)
 
     def _refresh_status(self) -> None:
         now = time.monotonic()
