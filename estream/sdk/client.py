@@ -484,6 +484,7 @@ class Client:
         what a reader checks every batch against."""
         return cached_entry_digest(self._streams.values(), stream_id, self._secret)
 
+
 async def connect(
     pd: str | Sequence[str],
     *,
