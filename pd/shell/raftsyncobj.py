@@ -163,12 +163,14 @@ class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
             self._flush_outbox()  # what the socket events since the last tick produced
             if self._sync_running is None:
                 self._checkCommandsToApply()
-        except Exception:
-            log.exception("Raft append failed")
-        finally:
             self._deferring = False
             if self._sync_running is None:
                 self._flush_outbox()
+        except Exception:  # a failed sync on the loop (JournalFailed) included
+            log.exception("Raft append failed")
+            self.tick_soon()  # a failed journal stops in its tick; the proposal times out
+        finally:
+            self._deferring = False
 
     def tick_soon(self) -> None:
         if not self._tick_soon_pending and not self._closed:

@@ -397,8 +397,9 @@ async def test_a_follower_keeps_the_synced_entries_a_leader_resends(
     assert list(_journal(target)) == list(_journal(leader))
 
 
+@pytest.mark.parametrize("pause", [0.0, 0.05], ids=["busy", "idle"])
 async def test_a_leader_whose_sync_fails_stops_and_the_others_go_on(
-        three: list[RaftNode]) -> None:
+        three: list[RaftNode], pause: float) -> None:
     leader = await _leader(three)
     await leader.propose(RegisterServer("rs1", "127.0.0.1:9", "ssd"))
 
@@ -406,6 +407,7 @@ async def test_a_leader_whose_sync_fails_stops_and_the_others_go_on(
         raise OSError(5, "Input/output error")
 
     _journal(leader).fdatasync = failing
+    await asyncio.sleep(pause)  # idle: appended at once, synced on the loop (no tick)
     with pytest.raises((Timeout, Unavailable)):  # never a success
         await leader.propose(_create(1))
     assert leader.failed and leader.leader() is None and not leader.caught_up()
