@@ -30,7 +30,10 @@ the writers listed in them together stay within twice the leases held plus one l
 answered but not kept, ``estream_pd_keepalive_session_writers``).
 Identity stays the lease table's: a lease is bound by stream id and epoch, so a session
 replayed after its writers were fenced, or their stream deleted and created again,
-renews nothing of the newer epoch or incarnation.
+renews nothing of the newer epoch or incarnation. A lease bound away from a session by
+another session's list (a client naming another client's writers) drops the first
+session's record: its next keepalive is asked for its list, never answered "renewed"
+for a lease it no longer renews.
 
 Pure: no I/O (the caller passes the clock, the term and the catalog's map).
 """

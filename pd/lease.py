@@ -306,6 +306,7 @@ class LeaseTable:
         self._sessions: dict[str, int] = {}
         self._bound: dict[str, int] = {}
         self._released: set[str] = set()  # sessions that lost their last lease since asked
+        self._displaced: set[str] = set()  # sessions a lease was bound away from since asked
 
     def _set(self, stream_id: int, lease: Lease, old: Lease | None = None) -> None:
         """``stream_id``'s lease is now ``lease`` (``old``: what it was, when the caller
@@ -318,6 +319,8 @@ class LeaseTable:
             return
         if old is not None and old.session:
             self._release(old.session)
+            if lease.session and old.epoch == lease.epoch:
+                self._displaced.add(old.session)  # (its record would answer "renewed")
         if lease.session:
             self._bound[lease.session] = self._bound.get(lease.session, 0) + 1
 
@@ -331,17 +334,25 @@ class LeaseTable:
             self._released.add(session)
 
     def take_released(self) -> list[str]:
-        """The sessions that hold no lease now and did when last asked (their leases
-        were bound to another session, unbound, taken by a newer epoch, their streams
-        deleted, or the term ended): the caller forgets what it kept for them.
+        """The sessions whose recorded answers no longer hold, since last asked: those
+        that hold no lease now (their leases were bound to another session, unbound,
+        taken by a newer epoch, their streams deleted, or the term ended), and those a
+        lease of the same epoch was bound away from by another session's list (a client
+        naming another's writers: the victim's record would answer "renewed" for a
+        lease it no longer renews; forgotten, its next keepalive sends its list and
+        takes the lease back). The caller forgets what it kept for them.
 
         >>> t = LeaseTable(); t.lead(term=1, now_ms=0); s = StreamMeta(1, "s", epoch=2)
         >>> t.renew(s, 2, now_ms=0, session="a"); t.renew(s, 2, now_ms=1, session="b")
         >>> t.take_released(), t.sessions(), t.take_released()
         (['a'], 1, [])
+        >>> t.renew(StreamMeta(2, "u", epoch=1), 1, now_ms=2, session="b")
+        >>> t.renew(s, 2, now_ms=3, session="c"), t.take_released(), t.holds_session("b")
+        (None, ['b'], True)
         """
-        gone = [s for s in self._released if s not in self._bound]
+        gone = sorted({s for s in self._released if s not in self._bound} | self._displaced)
         self._released.clear()
+        self._displaced.clear()
         return gone
 
     def __len__(self) -> int:
@@ -358,6 +369,7 @@ class LeaseTable:
 
     def _forget_all(self) -> None:
         self._released.update(self._bound)
+        self._displaced.clear()
         for table in (self._leases, self._rechecks, self._names, self._queued, self._sessions,
                       self._bound):
             table.clear()

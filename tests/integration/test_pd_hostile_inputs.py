@@ -269,3 +269,33 @@ async def test_lists_padded_with_writers_that_renew_nothing_are_not_kept(
         assert 1 <= found["estream_pd_keepalive_sessions"] <= 3 and 3 <= leases
         assert found["estream_pd_keepalive_session_writers"] <= (
             2 * leases + limits.keepalive_writers_max)
+
+
+async def test_a_lease_bound_away_by_another_client_is_never_answered_as_renewed(
+        cluster: Cluster) -> None:
+    """Adversarial review (issue 27): a writer-role client listing another client's writer
+    (same stream id and epoch) under its own session binds that lease to itself; the
+    victim's short keepalive (its session still holding its other writers' leases) was
+    still answered "renewed" for it from its record though it no longer renewed that
+    lease (had the thief stopped, the lease would have run out under a writer told all
+    was well). Now the victim's record is dropped at once: its next keepalive is asked
+    for its list, which takes the lease back: every answer true, the lease renewed."""
+    async with PDClient(cluster.pd_addresses, timeout_s=10) as pd:
+        mine = []
+        for name in ("stolen-0", "stolen-1"):
+            with contextlib.suppress(estream.StreamExists):
+                await pd.create_stream(name)
+            meta = await pd.open_writer(name)
+            mine.append((name, meta.id, meta.epoch))
+
+        async def short(session: str) -> list[Any] | None:  # the session alone
+            got = await pd.keepalive_session(session, 0, None, len(mine))
+            return None if got is None else got[0]
+
+        assert await pd.keepalive_session("victim/0", 0, mine, 2) == ([(), ()], True)
+        assert await short("victim/0") == [(), ()]
+        assert await pd.keepalive_session("thief/0", 0, mine[:1], 1) == ([()], True)
+        assert await short("victim/0") is None  # send the list
+        assert await pd.keepalive_session("victim/0", 0, mine, 2) == ([(), ()], True)
+        assert await pd.keepalive_session("thief/0", 0, None, 1) is None
+        assert await short("victim/0") == [(), ()]
