@@ -37,7 +37,8 @@ class ReplicaKeys:
     go by key, not position: a key above every replica answers an empty last page, and a
     replica added or dropped between pages moves no other one (each present throughout is
     listed once). The client (``estream/net/rangerequests.py``) stops after
-    ``list_pages_max`` pages or a page that does not move ``after`` forward."""
+    ``list_pages_max`` pages or a page that does not move ``after`` forward, with
+    ``Unavailable`` (a listing is complete or not given)."""
 
     __slots__ = ("_keys",)
 

@@ -27,6 +27,7 @@ from estream.wire.errors import (
     EstreamError,
     MalformedFrame,
     Timeout,
+    Unavailable,
 )
 from estream.wire.protocol import Opcode, Payload
 from estream.wire.rangeanswers import (
@@ -313,11 +314,16 @@ class RangeClient:
             raw = body.get("ranges")
             items = raw if isinstance(raw, list) else []
             listed_entries(items, keys, ranges)
+            if body.get("more") is not True:  # the last page (or a server that does
+                return ReplicaListing(tuple(keys), tuple(ranges))  # not page: all at once)
             after = keys[-1] if keys else None
-            if body.get("more") is not True or not items or after == request.after:
-                break  # the last page (a server that does not page answers all at once)
+            if not items or after == request.after:
+                raise Unavailable(f"LIST_RANGES of {address}: a page said more follows but "
+                                  "did not move forward: the listing is incomplete",
+                                  address=address)
             request = replace(request, after=after)
-        return ReplicaListing(tuple(keys), tuple(ranges))
+        raise Unavailable(f"LIST_RANGES of {address}: more than {list_pages_max} pages: the "
+                          "listing is incomplete", address=address)
 
     async def drop_range(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,

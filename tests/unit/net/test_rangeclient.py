@@ -31,6 +31,7 @@ from estream.wire.errors import (
     OffsetGap,
     StorageError,
     Timeout,
+    Unavailable,
 )
 from estream.wire.protocol import Opcode, Payload
 from estream.wire.record import Record, decode_header, encode_batch, verify_batch
@@ -365,3 +366,36 @@ async def test_start_append_answers_as_append_does() -> None:
     end, error = await one(timeout_s=0.5)
     assert isinstance(error, Timeout) and pool.calls[-1][-1] == 0.5
     assert pool.discarded == ["a:1"]
+
+
+async def test_a_listing_is_complete_or_refused_never_cut_short(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose page says more follows without moving forward, or a listing past
+    ``list_pages_max`` pages, is ``Unavailable``: the reclaimer takes a listing as the
+    whole of the server's replicas (a cut one would read as replicas missing)."""
+    from estream.net import rangerequests
+
+    page = {"ranges": [{**IDS, **STATE}], "more": True}
+    stuck = RangeClient(FakePool({Opcode.LIST_RANGES: page}))
+    with pytest.raises(Unavailable, match="did not move forward"):
+        await stuck.list_replicas("a:1", server_id="s1")
+    empty = RangeClient(FakePool({Opcode.LIST_RANGES: {"ranges": [], "more": True}}))
+    with pytest.raises(Unavailable, match="did not move forward"):
+        await empty.list_ranges("a:1", server_id="s1")
+
+    class Endless(FakePool):  # each page one key further, always "more"
+        async def call(self, address: str, opcode: int, header: dict[str, Any] | None = None,
+                       payload: Payload = b"", *, timeout_s: float = 5.0,
+                       ) -> tuple[dict[str, Any], bytes | memoryview]:
+            await super().call(address, opcode, header, payload, timeout_s=timeout_s)
+            index = len(self.calls)
+            return {"ranges": [{**STATE, "stream_id": 7, "range_index": index}],
+                    "more": True}, b""
+
+    monkeypatch.setattr(rangerequests, "list_pages_max", 5)
+    endless = Endless()
+    with pytest.raises(Unavailable, match="more than 5 pages"):
+        await RangeClient(endless).list_ranges("a:1", server_id="s1")
+    assert len(endless.calls) == 5
+    done = RangeClient(FakePool({Opcode.LIST_RANGES: {**page, "more": False}}))
+    assert len(await done.list_ranges("a:1", server_id="s1")) == 1
