@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgpack
 
 from estream.core.assign import range_assign
+from estream.net.bounded import gather_bounded
 from estream.sdk.groups import GroupClient
 from estream.wire.errors import EstreamError, StreamNotFound
 from estream.wire.meta import StreamMeta
@@ -183,13 +184,8 @@ class Subscription:
     async def _describe_assigned(self) -> dict[str, StreamMeta]:
         """Each assigned stream's metadata, ``describes_in_flight_max`` requests at a
         time (a member assigned 10,000 streams does not open 10,000 at once)."""
-        gate = asyncio.Semaphore(describes_in_flight_max)
-
-        async def describe(stream: str) -> StreamMeta:
-            async with gate:
-                return await self.client.describe_stream(stream)
-
-        metas = await asyncio.gather(*(describe(s) for s in self.assignment))
+        metas = await gather_bounded(self.client.describe_stream, self.assignment,
+                                     describes_in_flight_max)
         return dict(zip(self.assignment, metas, strict=True))
 
     async def _read(self, generation: int, stream: str, start: int) -> None:

@@ -46,6 +46,7 @@ import asyncio
 import logging
 from typing import Final
 
+from estream.net.bounded import gather_bounded
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.objectindex import read_range_index
 from estream.net.objectstore import ObjectStore
@@ -136,13 +137,11 @@ class Retainer:
         now = self.clock.monotonic_s()
         todo = stats_due(self._stats_work.narrow(view.streams.values()), self._retry_at, now,
                          stats_per_round_max)
-        gate = asyncio.Semaphore(stats_in_flight_max)
 
-        async def one(stream: StreamMeta, rng: RangeMeta) -> bool:
-            async with gate:
-                return await self._record_one(stream, rng)
+        async def one(pair: tuple[StreamMeta, RangeMeta]) -> bool:
+            return await self._record_one(*pair)
 
-        done = await asyncio.gather(*(one(s, r) for s, r in todo))
+        done = await gather_bounded(one, todo, stats_in_flight_max)
         for (stream, rng), ok in zip(todo, done, strict=True):
             if not ok:
                 self._retry_at[(stream.id, rng.index)] = now + stats_retry_s

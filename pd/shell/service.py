@@ -32,6 +32,7 @@ from typing import Any
 from estream.core.quorum import seal_quorum
 from estream.core.stripedread import stripe_of
 from estream.core.striping import fenced_against_writers
+from estream.net.bounded import gather_bounded
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rpc import ConnectionPool, Handler, QuickHandler
 from estream.wire import limits
@@ -151,15 +152,13 @@ class PdService(ServerOps):
         server asked for at most ``list_figures_timeout_s``): the admin API's listing."""
         view = await self.read_view()
         page = stream_page(view.streams, after, limit, _packed_size)
-        gate = asyncio.Semaphore(list_figures_inflight_max)
 
         async def with_figures(shown: dict[str, Any]) -> dict[str, Any]:
-            async with gate:
-                stream = view.streams[shown["name"]]
-                return shown | {"ensemble": stream.ensemble} | await self.figures(
-                    stream, timeout_s=list_figures_timeout_s)
+            stream = view.streams[shown["name"]]
+            return shown | {"ensemble": stream.ensemble} | await self.figures(
+                stream, timeout_s=list_figures_timeout_s)
 
-        streams = await asyncio.gather(*(with_figures(d) for d in page.streams))
+        streams = await gather_bounded(with_figures, page.streams, list_figures_inflight_max)
         return StreamPage(tuple(streams), page.next)
 
     def cluster(self) -> dict[str, Any]:
