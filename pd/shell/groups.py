@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from estream.net.rpc import Header
-from estream.wire.errors import Conflict, EstreamError, StreamNotFound
+from estream.wire.errors import Conflict, EstreamError, OffsetOutOfRange, StreamNotFound
 from estream.wire.groupmessages import (
     AwaitJoinAnswer,
     CommitRequest,
@@ -220,9 +220,10 @@ class GroupRpc:
                 await self.service.commit_cursor(stream, name, offset, stream_id)
             except StreamNotFound:
                 return "unknown_topic_or_partition"
-            except EstreamError as exc:
-                return "offset_out_of_range" if exc.__class__.__name__ == "OffsetOutOfRange" \
-                    else "invalid_commit_offset_size"
+            except OffsetOutOfRange:
+                return "offset_out_of_range"
+            except EstreamError:
+                return "invalid_commit_offset_size"
             return ""
 
         return ErrorsAnswer(tuple(await asyncio.gather(*(one(*e) for e in pairs)))
