@@ -97,3 +97,37 @@ def striped_readable_end(answers: Iterable[ReplicaAnswer], stripe: Stripe, start
         first_unserved = k if first_unserved is None else min(first_unserved, k)
     assert first_unserved is not None
     return max([start, *(end for k, end in known if k < first_unserved)])
+
+
+class SeenEnds:
+    """The highest readable end PD has seen of each stream (by id). A readable end never
+    goes down (what readers could read was acknowledged: a seal keeps it, a trim only
+    raises the start; ids are never reused), though one asking of the replicas can see
+    less (a replica down): so an offset at or below the highest seen needs no new
+    ``DESCRIBE_RANGE``, and a group committing the offsets its members read costs the
+    range servers nothing after the first. At most ``streams_max`` ids, the least
+    recently seen forgotten first.
+
+    >>> seen = SeenEnds(streams_max=2)
+    >>> seen.observe(1, 50); seen.observe(1, 40); seen.reaches(1, 50), seen.reaches(1, 51)
+    (True, False)
+    >>> seen.observe(2, 10); seen.observe(3, 10); seen.reaches(1, 1), seen.reaches(3, 10)
+    (False, True)
+    """
+
+    __slots__ = ("_ends", "streams_max")
+
+    def __init__(self, streams_max: int = 100_000) -> None:
+        self.streams_max = streams_max
+        self._ends: dict[int, int] = {}
+
+    def reaches(self, stream_id: int, offset: int) -> bool:
+        """Whether readers could read up to ``offset`` of ``stream_id`` when last asked."""
+        return self._ends.get(stream_id, -1) >= offset
+
+    def observe(self, stream_id: int, end: int) -> None:
+        """``end`` was read of ``stream_id``'s replicas (or its sealed end) just now."""
+        before = self._ends.pop(stream_id, -1)
+        if before < 0 and len(self._ends) >= self.streams_max:
+            del self._ends[next(iter(self._ends))]
+        self._ends[stream_id] = max(before, end)

@@ -18,12 +18,12 @@ Side effects: none of its own (it drives :class:`~pd.shell.service.PdService`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
+from estream.net.bounded import gather_bounded
 from estream.net.rpc import Header
 from estream.wire.errors import Conflict, EstreamError, OffsetOutOfRange, StreamNotFound
 from estream.wire.groupmessages import (
@@ -69,6 +69,10 @@ from pd.groups import (
 
 if TYPE_CHECKING:
     from pd.shell.service import PdService
+
+# A group's commits and lags, each asking about one stream (a cursor commit may ask its
+# open range's replicas): at most this many streams at once, whatever the group holds.
+streams_in_flight_max: Final = 64
 
 
 class GroupRpc:
@@ -215,7 +219,8 @@ class GroupRpc:
         if error:
             return ErrorsAnswer((error,) * len(pairs)).to_header()
 
-        async def one(stream: str, offset: int, stream_id: int) -> str:
+        async def one(entry: tuple[str, int, int]) -> str:
+            stream, offset, stream_id = entry
             try:
                 await self.service.commit_cursor(stream, name, offset, stream_id)
             except StreamNotFound:
@@ -226,7 +231,7 @@ class GroupRpc:
                 return "invalid_commit_offset_size"
             return ""
 
-        return ErrorsAnswer(tuple(await asyncio.gather(*(one(*e) for e in pairs)))
+        return ErrorsAnswer(tuple(await gather_bounded(one, pairs, streams_in_flight_max))
                             ).to_header()
 
     async def _rpc_offsets(self, h: Header) -> Header:
@@ -248,11 +253,12 @@ class GroupRpc:
         return {"group": out}
 
     async def _lags(self, view: CatalogView, offsets: dict[str, int]) -> list[dict[str, Any]]:
-        async def one(stream: str, offset: int) -> dict[str, Any]:
+        async def one(item: tuple[str, int]) -> dict[str, Any]:
+            stream, offset = item
             end = await self.service.readable_end(view.streams[stream])
             return {"stream": stream, "offset": offset, "end": end, "lag": max(0, end - offset)}
 
-        return list(await asyncio.gather(*(one(s, o) for s, o in sorted(offsets.items()))))
+        return await gather_bounded(one, sorted(offsets.items()), streams_in_flight_max)
 
     async def _rpc_list(self, h: Header) -> Header:
         view = await self.service.read_view()

@@ -122,6 +122,7 @@ class PdService(ServerOps):
         self._sessions_swept_ms = 0  # when idle sessions were last forgotten
         # the catalog's streams by id, kept from its changes: keepalives and the reclaimer
         self.streams_by_id = StreamsById()
+        self.seen_ends = readable.SeenEnds()  # (cursor commits below it ask no replica)
         self.pool = ConnectionPool()  # to range servers (the node sets its member pool)
         # The object-storage tier's store, published in the cluster answer so that range
         # servers and clients learn it from PD: {"url", "endpoint"}, or None (no tier).
@@ -489,7 +490,9 @@ class PdService(ServerOps):
             return stream.start_offset
         answers = {} if last.sealed else await rangeops.describe(
             self.pool, stream, last, timeout_s=timeout_s)
-        return max(stream.start_offset, readable.readable_end(last, answers, stripe_of(stream)))
+        end = max(stream.start_offset, readable.readable_end(last, answers, stripe_of(stream)))
+        self.seen_ends.observe(stream.id, end)
+        return end
 
     async def commit_cursor(self, name: str, cursor: str, offset: int, stream_id: int = 0
                             ) -> int:
@@ -497,11 +500,13 @@ class PdService(ServerOps):
         reads), through Raft: it survives the loss of the leader. ``InvalidArgument`` for a
         bad name or a negative offset, ``StreamNotFound`` (also when ``stream_id`` names
         another incarnation), ``OffsetOutOfRange`` past what readers can read (nobody can
-        have consumed records not readable yet). The command names the incarnation whose
-        end was checked: one made again meanwhile gets no cursor of the old one."""
+        have consumed records not readable yet; an offset at or below the highest readable
+        end seen of it is not asked again: ``pd.readable.SeenEnds``). The command names the
+        incarnation whose end was checked: one made again meanwhile gets no cursor of the
+        old one."""
         check_cursor(cursor, offset)
         stream = (await self.decision_view()).stream(name, stream_id)
-        if offset > stream.start_offset:
+        if offset > stream.start_offset and not self.seen_ends.reaches(stream.id, offset):
             end = await self.readable_end(stream)
             if offset > end:
                 raise OffsetOutOfRange(

@@ -433,3 +433,33 @@ async def test_changing_retention_on_a_live_stream_and_deleting_a_cursor(
     assert cli(cluster, "cursor", "delete", "live", "etl").returncode == 0
     gone = cli(cluster, "cursor", "delete", "live", "etl")
     assert gone.returncode == 1 and "no cursor" in gone.stderr, gone.stderr
+
+
+async def test_a_commit_at_or_below_the_end_seen_asks_no_replica(cluster: Cluster) -> None:
+    """A consumer commits offsets it has read, again and again: PD checks each against
+    what readers can read by asking the open range's replicas, but a readable end never
+    goes down, so once PD has seen one it asks no more for offsets at or below it. Seen
+    while every range server hangs (SIGSTOP): such commits are taken at once (before:
+    PD asked the hung replicas for 1 s, heard nothing, took the range's start as the end
+    and refused them as past it); one past the end seen still asks and is refused."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("seen-end")
+        writer = await client.open_writer("seen-end")  # (open: the range stays open)
+        try:
+            for i in range(5):
+                await writer.append(b"%d" % i)
+            await client.commit_cursor("seen-end", "g", 5)  # asks: readers can read 5
+            hung = [server.address for server in cluster.servers]
+            for address in hung:
+                cluster.pause(address)
+            try:
+                await client.commit_cursor("seen-end", "g", 3)
+                await client.commit_cursor("seen-end", "g", 5)
+                with pytest.raises(OffsetOutOfRange):
+                    await client.commit_cursor("seen-end", "g", 6)
+            finally:
+                for address in hung:
+                    cluster.resume(address)
+            assert await client.cursor_offset("seen-end", "g") == 5
+        finally:
+            await writer.close()
