@@ -6,15 +6,20 @@ Side effects: the SDK's reads.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
+from functools import partial
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from estream.kafka import protocol as kp
 from estream.kafka.topics import stream_name
+from estream.net.bounded import gather_bounded
 from estream.sdk.client import Client
 from estream.wire.errors import EstreamError
+
+# A ListOffsets names any number of partitions (a frame holds millions): at most this many
+# are looked up at once.
+partitions_in_flight_max: Final = 64
 
 
 class Reads:
@@ -47,15 +52,17 @@ class Reads:
         except (EstreamError, TimeoutError) as exc:
             return kp.error_code(exc), -1, -1
 
+    async def _list_asked(self, topic: str, asked: Any) -> tuple[ErrorCode, int, int]:
+        return await self._list_offset(topic, asked.partition_index, asked.timestamp)
+
     async def _list_offsets(self, request: Any, version: int) -> Any:
         schema = kp.response_schema(kp.LIST_OFFSETS, version)
         topic_cls = kp.nested(schema, "ListOffsetsTopicResponse")
         part_cls = kp.nested(schema, "ListOffsetsPartitionResponse")
         topics = []
         for topic in request.topics:
-            found = await asyncio.gather(*(self._list_offset(topic.name, p.partition_index,
-                                                             p.timestamp)
-                                           for p in topic.partitions))
+            found = await gather_bounded(partial(self._list_asked, str(topic.name)),
+                                         topic.partitions, partitions_in_flight_max)
             topics.append(kp.build(topic_cls, name=topic.name, partitions=tuple(
                 kp.build(part_cls, partition_index=p.partition_index, error_code=error,
                          timestamp=ts, offset=offset, leader_epoch=0)
