@@ -18,10 +18,10 @@ all of them and the phases start once each lists all N as brokers), then with 1 
 4. ``partitions``: one producer over a topic of ``--partitions`` partitions (round
    robin, each record to the next partition) against one producer to a topic of one
    partition, ``--partitions-rounds`` times alternating (the first of each pair
-   alternating too), the same ``--records`` and producer settings each: the medians'
-   ratio (target >= 1) and each round's. Both are measured here, in the same minutes
-   and on the same cluster, rather than against phase 1's figure (taken first, on an
-   empty cluster, once).
+   alternating too: an even count has each order as often), the same ``--records`` and
+   producer settings each: the medians' ratio (target >= 1) and each round's. Both are
+   measured here, in the same minutes and on the same cluster, rather than against phase
+   1's figure (taken first, on an empty cluster, once).
 
 Each producer phase first sends one record to every partition (not timed), so the
 gateway's partition writers are open, as in a system already running. Each Kafka side
@@ -32,7 +32,7 @@ this process (librdkafka's threads and the Python calling them; the SDK is idle 
 Every phase is bounded in count and time (``PHASE_TIMEOUT_S``). Usage::
 
     .venv/bin/python -m benchmarks.bench_kafka [--records 20000] [--latency-samples 300]
-        [--partitions 100] [--partitions-rounds 3] [--consume-rounds 3]
+        [--partitions 100] [--partitions-rounds 4] [--consume-rounds 3]
         [--phases produce,consume,one,partitions]
         [--gateways 1] [--json out.json]
 """
@@ -316,7 +316,7 @@ def main() -> int:
     parser.add_argument("--consume-rounds", type=int, default=3,
                         help="consume phase: Kafka and SDK reads alternated, medians")
     parser.add_argument("--partitions", type=int, default=100)
-    parser.add_argument("--partitions-rounds", type=int, default=3,
+    parser.add_argument("--partitions-rounds", type=int, default=4,
                         help="partitions phase: many and one partition alternated, medians")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated, of: {', '.join(PHASES)}")
