@@ -105,7 +105,7 @@ def tune_gc() -> None:
     start-up built is frozen and young collections come every 100,000 allocations, not
     700. A Produce's records are alive until they are durable; with CPython's default
     every young collection walked the records of every request in flight again, more of
-    them the more partitions a producer spreads over (100 partitions: 0.3-0.5 s of the
+    them the more partitions a producer spreads over (100 partitions: 0.2-0.5 s of the
     gateway's CPU in 60,000 records against 0.1-0.2 s for one, benchmarks/RESULTS.md).
     Records are refcounted bytes and tuples, freed without the cyclic GC."""
     gctuning.tune_gc()
