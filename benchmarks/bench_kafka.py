@@ -16,8 +16,12 @@ all of them and the phases start once each lists all N as brokers), then with 1 
 3. ``one``: one produce in flight (produce, then flush, ``--latency-samples`` times)
    against one ``writer.append`` awaited at a time: p50 and p99, ratio target <= 2.
 4. ``partitions``: one producer over a topic of ``--partitions`` partitions (round
-   robin, each record to the next partition) against the single-partition figure of 1.
-   Target >= 1.
+   robin, each record to the next partition) against one producer to a topic of one
+   partition, ``--partitions-rounds`` times alternating (the first of each pair
+   alternating too: an even count has each order as often), the same ``--records`` and
+   producer settings each: the medians' ratio (target >= 1) and each round's. Both are
+   measured here, in the same minutes and on the same cluster, rather than against phase
+   1's figure (taken first, on an empty cluster, once).
 
 Each producer phase first sends one record to every partition (not timed), so the
 gateway's partition writers are open, as in a system already running. Each Kafka side
@@ -28,7 +32,8 @@ this process (librdkafka's threads and the Python calling them; the SDK is idle 
 Every phase is bounded in count and time (``PHASE_TIMEOUT_S``). Usage::
 
     .venv/bin/python -m benchmarks.bench_kafka [--records 20000] [--latency-samples 300]
-        [--partitions 100] [--consume-rounds 3] [--phases produce,consume,one,partitions]
+        [--partitions 100] [--partitions-rounds 4] [--consume-rounds 3]
+        [--phases produce,consume,one,partitions]
         [--gateways 1] [--json out.json]
 """
 
@@ -231,6 +236,31 @@ def _quantile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def partitions_phase(args: argparse.Namespace, bootstrap: str, cpu: Cpu,
+                           cpus: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """``--partitions`` partitions against one, ``--partitions-rounds`` rounds alternating
+    (which goes first alternates too): the medians, their ratio and each round's; each
+    side's CPU (``cpus``: ``partitions`` and ``single``, the medians of its rounds)."""
+    await asyncio.to_thread(_create_topic, bootstrap, "bench-single", 1)
+    await asyncio.to_thread(_create_topic, bootstrap, "bench-many", args.partitions)
+    rates: dict[str, list[float]] = {"single": [], "partitions": []}
+    used: dict[str, list[dict[str, float]]] = {"single": [], "partitions": []}
+    sides = (("single", "bench-single", 1), ("partitions", "bench-many", args.partitions))
+    for round_ in range(args.partitions_rounds):
+        for side, topic, partitions in sides if round_ % 2 == 0 else sides[::-1]:
+            before = cpu.now()
+            rates[side].append(await asyncio.to_thread(kafka_produce, bootstrap, topic,
+                                                       args.records, partitions))
+            used[side].append(cpu.since(before))
+    for side, each in used.items():
+        cpus[side] = {name: statistics.median(u[name] for u in each) for name in each[0]}
+    many, single = statistics.median(rates["partitions"]), statistics.median(rates["single"])
+    return {"partitions": args.partitions, "kafka_records_s": many,
+            "single_partition_records_s": single, "ratio": many / single,
+            "ratios": " ".join(f"{m / o:.2f}" for m, o in
+                               zip(rates["partitions"], rates["single"], strict=True))}
+
+
 async def run(args: argparse.Namespace, pd: str, bootstrap: str, cpu: Cpu
               ) -> dict[str, Any]:
     phases = set(args.phases.split(","))
@@ -272,16 +302,8 @@ async def run(args: argparse.Namespace, pd: str, bootstrap: str, cpu: Cpu
                           "sdk_p99_ms": 1000 * _quantile(sdk_s, 0.99),
                           "ratio": statistics.median(kafka_s) / statistics.median(sdk_s)}
         if "partitions" in phases:
-            await asyncio.to_thread(_create_topic, bootstrap, "bench-many", args.partitions)
-            before = cpu.now()
-            many = await asyncio.to_thread(kafka_produce, bootstrap, "bench-many",
-                                           args.records, args.partitions)
-            cpus["partitions"] = cpu.since(before)
-            single = out.get("produce", {}).get("kafka_records_s")
-            out["partitions"] = {"partitions": args.partitions, "kafka_records_s": many,
-                                 "single_partition_records_s": single,
-                                 "ratio": many / single if single else None}
-    for phase, used in cpus.items():  # (the consume phase's: the medians of its rounds)
+            out["partitions"] = await partitions_phase(args, bootstrap, cpu, cpus)
+    for phase, used in cpus.items():  # (consume, partitions, single: the median rounds')
         out[f"cpu_{phase}"] = {f"{name}_pct": value for name, value in used.items()}
     return out
 
@@ -294,6 +316,8 @@ def main() -> int:
     parser.add_argument("--consume-rounds", type=int, default=3,
                         help="consume phase: Kafka and SDK reads alternated, medians")
     parser.add_argument("--partitions", type=int, default=100)
+    parser.add_argument("--partitions-rounds", type=int, default=4,
+                        help="partitions phase: many and one partition alternated, medians")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated, of: {', '.join(PHASES)}")
     parser.add_argument("--gateways", type=int, default=1,

@@ -162,8 +162,9 @@ class Produce:
         if request.acks == 0:
             self._spawn(self._append_all(parts))
             return None
-        if self._missing(parts):  # (a partition's first produce here: its writer opens)
-            await asyncio.wait([asyncio.ensure_future(self._append_all(parts))],
+        missing = self._missing(parts)
+        if missing:  # (a partition's first produce here: its writer opens)
+            await asyncio.wait([asyncio.ensure_future(self._append_all(parts, missing))],
                                timeout=timeout_s)
         else:  # every writer open: submitted now, no task of its own, one timer
             done = self._submit_all(parts)
@@ -188,13 +189,15 @@ class Produce:
         await self._append_all([part])
         return part.error, part.base
 
-    async def _append_all(self, parts: list[_Partition]) -> None:
-        """Open the writers missing, submit every partition's records in one pass (no
-        await: one APPEND_MANY per range server, and an idempotent producer's batches
-        decided in the order they came), then wait until every partition is answered. A
-        partition another gateway leads is answered NOT_LEADER_OR_FOLLOWER, nothing stored
-        (clients refresh Metadata)."""
-        missing = self._missing(parts)
+    async def _append_all(self, parts: list[_Partition],
+                          missing: list[_Partition] | None = None) -> None:
+        """Open the writers missing (``missing``: :meth:`_missing`'s answer already
+        taken), submit every partition's records in one pass (no await: one APPEND_MANY per
+        range server, and an idempotent producer's batches decided in the order they came),
+        then wait until every partition is answered. A partition another gateway leads is
+        answered NOT_LEADER_OR_FOLLOWER, nothing stored (clients refresh Metadata)."""
+        if missing is None:
+            missing = self._missing(parts)
         if missing:
             await asyncio.gather(*(self._open(p) for p in missing))
         done = self._submit_all(parts)
