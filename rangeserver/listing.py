@@ -57,6 +57,16 @@ class ReplicaKeys:
         if at < len(self._keys) and self._keys[at] == key:
             del self._keys[at]
 
+    def of_stream(self, stream_id: int) -> list[RangeKey]:
+        """The keys of stream ``stream_id``'s replicas (two bisects: DROP_STREAM's).
+
+        >>> ReplicaKeys([(2, 0), (1, 1), (2, 7), (3, 5)]).of_stream(2)
+        [(2, 0), (2, 7)]
+        """
+        lo = bisect_left(self._keys, (stream_id, -1))
+        hi = bisect_left(self._keys, (stream_id + 1, -1))
+        return self._keys[lo:hi]
+
     def page(self, after: RangeKey | None, limit: int) -> tuple[list[RangeKey], bool]:
         """The first ``limit`` keys above ``after`` (None: from the first), and whether
         any are left after them.

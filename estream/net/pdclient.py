@@ -543,12 +543,14 @@ class PDClient:
                                                         request.to_header())).server
 
     async def heartbeat(
-        self, server_id: str, address: str, load: dict[str, Any], *, timeout_s: float = 1.0
+        self, server_id: str, address: str, load: dict[str, Any], *, timeout_s: float = 1.0,
+        deleted: set[int] | None = None,
     ) -> tuple[int, int]:
         """Send one heartbeat to EVERY PD node (each keeps its own liveness view).
 
         Returns ``(answered, registered)``: how many nodes answered, and how many of them
-        know the server as registered. Never raises for unreachable nodes.
+        know the server as registered. Never raises for unreachable nodes. ``deleted``
+        gets the ids of the deleted streams the answers name (``HeartbeatAnswer``).
         """
         header = HeartbeatRequest(server_id=server_id, address=address, load=load).to_header()
 
@@ -560,7 +562,10 @@ class PDClient:
                 if isinstance(exc, Unavailable):
                     self._pool.discard(node)
                 return None
-            return HeartbeatAnswer.from_header(body).registered
+            answer = HeartbeatAnswer.from_header(body)
+            if deleted is not None:
+                deleted.update(answer.deleted)
+            return answer.registered
 
         answers = await asyncio.gather(*(one(a) for a in self.addresses))
         answered = [a for a in answers if a is not None]

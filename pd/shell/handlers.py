@@ -171,7 +171,9 @@ class PdHandlers:
     async def heartbeat(self, h: Header) -> Header:
         request = HeartbeatRequest.from_header(h)
         registered = self.service.heartbeat(request.server_id, request.address, request.load)
-        return HeartbeatAnswer(registered=registered).to_header()
+        # the latest deletions this node applied: a server the delete's DROP_STREAM missed
+        return HeartbeatAnswer(registered=registered,
+                               deleted=self.service.view().deleted).to_header()
 
     # -- streams ---------------------------------------------------------------------------
     async def create(self, h: Header) -> Header:

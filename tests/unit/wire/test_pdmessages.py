@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from estream.wire.errors import InvalidArgument
+from estream.wire import limits
+from estream.wire.errors import EstreamError, InvalidArgument
 from estream.wire.groupmessages import WIRE_FIELDS as GROUP_WIRE_FIELDS
 from estream.wire.meta import (
     ACK_COUNT_DEFAULT,
@@ -237,6 +238,12 @@ def test_answers_round_trip() -> None:
                    CursorAnswer(cursor="c"), DamageAnswer(outcome="queued")):
         assert type(answer).from_header(answer.to_header()) == answer
     assert HeartbeatAnswer.from_header({}).registered  # an older PD's answer
+    named = HeartbeatAnswer(registered=True, deleted=(7, 9))
+    assert HeartbeatAnswer.from_header(named.to_header()) == named
+    assert HeartbeatAnswer(registered=True).to_header() == {"registered": True}  # as before
+    for bad in ([0], ["7"], [2**63], [1] * (limits.deleted_streams_max + 1), 7):
+        with pytest.raises(EstreamError, match="deleted"):
+            HeartbeatAnswer.from_header({"registered": True, "deleted": bad})
     assert CursorAnswer(cursor="c").to_header() == {"deleted": "c"}
     row = {"id": "rs1", "state": "draining"}
     for op, answer in ((Opcode.PD_DRAIN_SERVER, ServerDetailsAnswer(servers=(row,))),
