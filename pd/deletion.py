@@ -44,4 +44,21 @@ def replica_holders(stream: StreamMeta,
     return tuple(holders.values())
 
 
-__all__ = ["replica_holders"]
+def deleted_after(deleted: tuple[int, ...], after: int) -> tuple[int, ...]:
+    """What a heartbeat answer names of ``deleted`` (a node's latest deletions, oldest
+    first): those after ``after``, the last one this node named to the server before; all
+    of them when it is not among them (0: the server's first beat since it started; or
+    this node restarted, or forgot it as more were deleted).
+
+    >>> deleted_after((4, 9, 7), 9), deleted_after((4, 9, 7), 7), deleted_after((4, 9, 7), 0)
+    ((7,), (), (4, 9, 7))
+    """
+    if after:
+        try:
+            return deleted[deleted.index(after) + 1:]
+        except ValueError:
+            pass
+    return deleted
+
+
+__all__ = ["deleted_after", "replica_holders"]

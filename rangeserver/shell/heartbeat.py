@@ -73,6 +73,7 @@ async def heartbeat_loop(
         if on_registered is not None:
             on_registered()
         first = True
+        named: dict[str, int] = {}  # by PD node: the last deleted stream id it named to us
         while True:
             if not first:  # beat at once after registering: every node learns we are alive
                 await asyncio.sleep(interval_s)
@@ -84,18 +85,21 @@ async def heartbeat_loop(
                 current = {}
             current.setdefault("storage_class", storage_class)
             current["striped_replicas"] = True  # PD places striped ranges only here
-            deleted: set[int] = set()
+            deleted: dict[str, tuple[int, ...]] = {}
             try:
                 answered, registered = await client.heartbeat(
-                    server_id, address, current, timeout_s=interval_s, deleted=deleted)
+                    server_id, address, current, timeout_s=interval_s, deleted_after=named,
+                    deleted=deleted)
             except Exception:  # never let one bad beat stop the loop
                 log.exception("heartbeat failed")
                 continue
             if answered and on_deleted is not None:
                 try:
-                    await on_deleted(sorted(deleted))
-                except EstreamError as exc:  # (the log stopped): the next beat tries again
+                    await on_deleted(sorted({i for ids in deleted.values() for i in ids}))
+                except EstreamError as exc:  # (the log stopped): named again next beat
                     log.error("dropping deleted streams' replicas failed: %s", exc.message)
+                else:  # each node names only later deletions from now on
+                    named.update({node: ids[-1] for node, ids in deleted.items() if ids})
             if answered and not registered:
                 await register(client, server_id, address, storage_class)
     finally:

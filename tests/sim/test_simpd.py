@@ -199,24 +199,26 @@ def test_a_delete_committed_without_its_drop_stream_reaches_the_servers_by_heart
     the command alone, as that leader left it): every PD node's heartbeat answer names the
     deleted id, so each range server drops its replicas and refuses the id within a beat
     or two, before the reclaimer's round (every 5 s) would have dropped them."""
-    async def body(c: Cluster) -> tuple[int, list[int], list[bool]]:
-        await c.client.create_stream("orders", 3, 2)
-        opened = await c.client.open_writer("orders")
-        await write_unconfirmed(c, opened, 5)
+    async def body(c: Cluster) -> list[tuple[int, list[int], list[bool]]]:
+        out = []
+        for name in ("orders", "orders"):  # the second: named after the first (deleted_after)
+            await c.client.create_stream(name, 3, 2)
+            opened = await c.client.open_writer(name)
+            await write_unconfirmed(c, opened, 5)
 
-        def held() -> list[int]:
-            return [key[0] for s in c.servers if s.store is not None
-                    for key in s.store.replicas if key[0] == opened.id]
+            def held(stream_id: int = opened.id) -> list[int]:
+                return [key[0] for s in c.servers if s.store is not None
+                        for key in s.store.replicas if key[0] == stream_id]
 
-        before = len(held())
-        await c.raft.propose(DeleteStream("orders", opened.epoch, opened.id))
-        await until(lambda: not held(), within_s=2.5)  # (virtual: before a reclaim round)
-        refused = [s.store.tombstones.holds(opened.id, s.clock.monotonic_ms())
-                   for s in c.servers if s.store is not None]
-        return before, held(), refused
+            before = len(held())
+            await c.raft.propose(DeleteStream(name, opened.epoch, opened.id))
+            await until(lambda: not held(), within_s=2.5)  # (virtual: before a reclaim round)
+            refused = [s.store.tombstones.holds(opened.id, s.clock.monotonic_ms())
+                       for s in c.servers if s.store is not None]
+            out.append((before, held(), refused))
+        return out
 
-    before, after, refused = on_cluster(tmp_path, 3, body)
-    assert before == 3 and after == [] and refused == [True, True, True]
+    assert on_cluster(tmp_path, 3, body) == [(3, [], [True, True, True])] * 2
 
 
 def test_a_leader_lost_mid_proposal_and_the_client_retrying_creates_the_stream_once(

@@ -102,6 +102,8 @@ GOLDEN: list[tuple[Any, dict[str, Any]]] = [
      {"server_id": "rs1", "address": "h:1", "storage_class": "ssd"}),
     (HeartbeatRequest(server_id="rs1", address="h:1", load={"ranges": 2}),
      {"server_id": "rs1", "address": "h:1", "load": {"ranges": 2}}),
+    (HeartbeatRequest(server_id="rs1", address="h:1", load={}, deleted_after=9),
+     {"server_id": "rs1", "address": "h:1", "load": {}, "deleted_after": 9}),
     (ReportDamageRequest(stream_id=1, range_index=2, object_key="k", reason="missing"),
      {"stream_id": 1, "range_index": 2, "object_key": "k", "reason": "missing"}),
 ]
@@ -195,6 +197,8 @@ def test_a_bad_create_body_is_named_as_the_admin_api_did(
     (SetRetentionRequest.from_header, {"name": "s", "retention_bytes": 0}, "retention_bytes"),
     (RegisterServerRequest.from_header, {"server_id": "rs1"}, "address"),
     (HeartbeatRequest.from_header, {"server_id": "rs1", "load": []}, "load"),
+    (HeartbeatRequest.from_header, {"server_id": "rs1", "deleted_after": -1}, "deleted_after"),
+    (HeartbeatRequest.from_header, {"server_id": "rs1", "deleted_after": "9"}, "deleted_after"),
     (ReportDamageRequest.from_header,
      {"stream_id": 1, "range_index": 0, "object_key": "k"}, "reason"),
 ])
