@@ -41,6 +41,10 @@ class StoreDrops:
     clock: Clock
     _reclaimer: asyncio.Task[None] | None
     _reclaim_again: bool
+    _relog: list[wf.Control]
+
+    def _forget(self, key: RangeKey, segment: int) -> None:
+        raise NotImplementedError  # the store's
 
     def _log_control(
         self, control: wf.Control, before: ReplicaState | None = None
@@ -77,12 +81,20 @@ class StoreDrops:
         keys: list[RangeKey] = []
         for stream_id in stream_ids:
             self.tombstones.add(stream_id, now_ms)
-            keys.extend(self.keys.of_stream(stream_id))
+            keys.extend(self.keys.of_stream(stream_id, discard=True))  # (all at once)
         if not keys:
             if barrier:
                 await self.wal.barrier()
             return 0
-        await asyncio.gather(*(self._log_control(wf.Dropped(*key)) for key in keys))
+        # One log write of every DROP entry, back to back (begin_confirms' way); each
+        # replica is forgotten now, before this awaits: none is served from here on.
+        drops = [wf.Dropped(*key) for key in keys]
+        data = b"".join(wf.encode_control(drop) for drop in drops)
+        location, done = self.wal.append(  # a cut back logs them again (Store._resumed)
+            (data,), len(data), on_failed=lambda: self._relog.extend(drops), control=True)
+        for key in keys:
+            self._forget(key, location.segment)
+        await done
         self._schedule_reclaim()
         log.info("dropped %d replicas of deleted streams", len(keys))
         return len(keys)
