@@ -16,7 +16,10 @@ Rules it keeps:
   ``ensemble`` distinct registered servers (``replicas`` unless striped);
 - the epoch only grows (``open_writer``); a seal must carry the current epoch
   (an older one is :class:`Fenced`); ``open_writer`` and ``delete_stream`` may name the
-  epoch they expect (compare-and-set: :class:`Conflict` if it moved);
+  epoch they expect (compare-and-set: :class:`Conflict` if it moved); ``delete_stream``
+  answers the stream it deleted, and the view names the ids of the latest deleted
+  streams (``CatalogView.deleted``, at most ``limits.deleted_streams_max``; not in
+  snapshots), which every heartbeat answer carries to the range servers;
 - only the last range is open; range ``i+1`` is created by sealing range ``i`` and starts
   at its end; a sealed range's end never changes (:class:`RangeSealed`);
 - the start offset only grows (trim);
@@ -63,6 +66,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Final, TypeVar, cast
 
+from estream.wire import limits
 from estream.wire.errors import (
     Conflict,
     Fenced,
@@ -171,6 +175,7 @@ class Catalog(ObjectTierCommands):
         self._unreferenced_keys: tuple[str, ...] = ()  # the same, as views share it
         self._ranges_total = 0  # ranges of every stream (derived, kept by _put)
         self._groups: PMap[Group] = PMap()  # consumer groups (pd/groups.py)
+        self._deleted: tuple[int, ...] = ()  # the latest deleted streams' ids (not snapshotted)
         self.version = 0  # number of commands accepted (a rejection changes nothing)
 
     # -- reading -------------------------------------------------------------------
@@ -190,6 +195,7 @@ class Catalog(ObjectTierCommands):
             unreferenced=self._unreferenced_keys,
             ranges_total=self._ranges_total,
             groups=self._groups,
+            deleted=self._deleted,
         )
 
     def _put(self, name: str, stream: StreamMeta | None, *, keys_same: bool = False) -> None:
@@ -295,12 +301,15 @@ class Catalog(ObjectTierCommands):
             self._request_ids[cmd.name] = cmd.request_id
         return stream
 
-    def _delete_stream(self, cmd: DeleteStream) -> None:
-        check_epoch(self.stream(cmd.name, cmd.stream_id), cmd.expected_epoch)
+    def _delete_stream(self, cmd: DeleteStream) -> StreamMeta:
+        deleted = self.stream(cmd.name, cmd.stream_id)
+        check_epoch(deleted, cmd.expected_epoch)
         self._put(cmd.name, None)
+        self._deleted = (*self._deleted, deleted.id)[-limits.deleted_streams_max:]
         self._request_ids.pop(cmd.name, None)
         self._request_ids.pop(open_request_key(cmd.name), None)
         self._cursors = self._cursors.delete(cmd.name)
+        return deleted  # (its servers are told: pd/deletion.py)
 
     def _open_writer(self, cmd: OpenWriter) -> StreamMeta:
         current = self.stream(cmd.name, cmd.stream_id)

@@ -113,6 +113,10 @@ class CatalogView:
     ranges_total: int = field(default=-1, kw_only=True)  # ranges of every stream (-1: count)
     groups: Mapping[str, Group] = field(  # consumer groups by name (pd/groups.py)
         default_factory=lambda: MappingProxyType({}), kw_only=True)
+    # The ids of the latest streams this node applied a delete of, oldest first (at most
+    # limits.deleted_streams_max; not in snapshots: a node restored from one knows those
+    # applied since): every heartbeat answer names them (pd/shell/handlers.py).
+    deleted: tuple[int, ...] = field(default=(), kw_only=True)
 
     def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
         """The stream named ``name`` (with ``stream_id`` > 0: only that incarnation of

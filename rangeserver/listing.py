@@ -58,6 +58,21 @@ class ReplicaKeys:
         if at < len(self._keys) and self._keys[at] == key:
             del self._keys[at]
 
+    def of_stream(self, stream_id: int, *, discard: bool = False) -> list[RangeKey]:
+        """The keys of stream ``stream_id``'s replicas (two bisects: DROP_STREAM's), and
+        with ``discard`` taken out (one move, not one per key).
+
+        >>> keys = ReplicaKeys([(2, 0), (1, 1), (2, 7), (3, 5)])
+        >>> keys.of_stream(2), keys.of_stream(2, discard=True), keys.of_stream(2), len(keys)
+        ([(2, 0), (2, 7)], [(2, 0), (2, 7)], [], 2)
+        """
+        lo = bisect_left(self._keys, (stream_id, -1))
+        hi = bisect_left(self._keys, (stream_id + 1, -1))
+        taken = self._keys[lo:hi]
+        if discard:
+            del self._keys[lo:hi]
+        return taken
+
     def page(self, after: RangeKey | None, limit: int) -> tuple[list[RangeKey], bool]:
         """The first ``limit`` keys above ``after`` (None: from the first), and whether
         any are left after them.

@@ -104,6 +104,7 @@ from estream.wire.errors import (
     MalformedObject,
     OffsetOutOfRange,
     RangeNotFound,
+    StreamNotFound,
     Timeout,
     Unavailable,
 )
@@ -516,7 +517,7 @@ class ReadCursor:
         last: EstreamError | None = None
         not_created = 0
         empty: Answer | None = None
-        empties, timed_out = 0, False
+        empties, timed_out, deleted = 0, False, None
         timeout_ms = (self.config.tail_answer_ms_max if self.follow
                       else None if self.patient else self.config.read_answer_ms_max)
         self.unanswered = False
@@ -544,7 +545,8 @@ class ReadCursor:
             except EstreamError as exc:
                 # An error, a damaged replica, another server at the address, a replica
                 # sealed below the offset, a checksum mismatch: another may have them.
-                last = exc
+                # StreamNotFound: PD told the server of the delete (never the object then).
+                last, deleted = exc, exc if isinstance(exc, StreamNotFound) else deleted
                 continue
             self.hung.pop(ref.id, None)
             self.unanswered = last is not None
@@ -575,7 +577,7 @@ class ReadCursor:
             if empty is not None:
                 last = Unavailable(f"only {said[0]} of {said[1]} replicas of open range "
                                    f"{rng.index} answered at {offset}: the end is unknown")
-        if in_object_tier(rng) and end is not None:
+        if in_object_tier(rng) and end is not None and deleted is None:
             try:
                 found: Answer = yield ReadObject(stream_id, rng, offset, end)
             except EstreamError as exc:
@@ -585,7 +587,7 @@ class ReadCursor:
                     return found
                 last = Unavailable(f"the object of range {rng.index} has nothing at {offset}")
         self.hurried = timed_out and timeout_ms is not None and not self.follow  # (patient next)
-        raise last or Unavailable(f"range {rng.index} has no replica")
+        raise deleted or last or Unavailable(f"range {rng.index} has no replica")
 
 
 __all__ = ["Answer", "CursorConfig", "Deliver", "Describe", "ReadCursor", "ReadObject",

@@ -543,16 +543,20 @@ class PDClient:
                                                         request.to_header())).server
 
     async def heartbeat(
-        self, server_id: str, address: str, load: dict[str, Any], *, timeout_s: float = 1.0
+        self, server_id: str, address: str, load: dict[str, Any], *, timeout_s: float = 1.0,
+        deleted_after: Mapping[str, int] | None = None,
+        deleted: dict[str, tuple[int, ...]] | None = None,
     ) -> tuple[int, int]:
         """Send one heartbeat to EVERY PD node (each keeps its own liveness view).
-
-        Returns ``(answered, registered)``: how many nodes answered, and how many of them
-        know the server as registered. Never raises for unreachable nodes.
-        """
-        header = HeartbeatRequest(server_id=server_id, address=address, load=load).to_header()
+        Returns ``(answered, registered)``: how many nodes answered, how many of them know
+        the server as registered; never raises for unreachable nodes. ``deleted_after``:
+        by node, the last deleted stream id it named (absent: none); ``deleted`` gets, by
+        node that answered, the deleted streams' ids its answer names."""
 
         async def one(node: str) -> bool | None:
+            after = (deleted_after or {}).get(node, 0)
+            header = HeartbeatRequest(server_id=server_id, address=address, load=load,
+                                      deleted_after=after).to_header()
             try:
                 body, _ = await self._pool.call(node, Opcode.PD_HEARTBEAT, header,
                                                 timeout_s=timeout_s)
@@ -560,11 +564,12 @@ class PDClient:
                 if isinstance(exc, Unavailable):
                     self._pool.discard(node)
                 return None
-            return HeartbeatAnswer.from_header(body).registered
+            answer = HeartbeatAnswer.from_header(body)
+            (deleted if deleted is not None else {})[node] = answer.deleted
+            return answer.registered
 
         answers = await asyncio.gather(*(one(a) for a in self.addresses))
-        answered = [a for a in answers if a is not None]
-        return len(answered), sum(1 for a in answered if a)
+        return sum(a is not None for a in answers), sum(a is True for a in answers)
 
     async def close(self) -> None:
         self._closed = True

@@ -1,7 +1,7 @@
 """The typed range-server requests: :class:`RangeClient`, one method per opcode.
 
 One ``async`` method per range-server opcode (PING, CREATE_RANGE, APPEND, SEAL, READ,
-DESCRIBE_RANGE, FORCE, CONFIRM, LIST_RANGES, DROP_RANGE, TIME_INDEX), with keyword
+DESCRIBE_RANGE, FORCE, CONFIRM, LIST_RANGES, DROP_RANGE, DROP_STREAM, TIME_INDEX), with keyword
 arguments; each sends its typed request (``estream/wire/rangemessages.py``) and returns
 its typed answer (``estream/wire/rangeanswers.py``: :class:`Created`, :class:`SealAnswer`,
 :class:`ReadAnswer`, :class:`RangeState`, :class:`ListedRange`, :class:`ReplicaListing`,
@@ -46,6 +46,7 @@ from estream.wire.rangeanswers import (
 from estream.wire.rangemessages import (
     ConfirmRequest,
     CreateRangeRequest,
+    DropStreamRequest,
     ListRangesRequest,
     RangeKeyRequest,
     ReadRequest,
@@ -335,6 +336,17 @@ class RangeClient:
         body, _ = await self._call(address, Opcode.DROP_RANGE, request.to_header(),
                                    server_id, timeout_s)
         return bool(body.get("dropped"))
+
+    async def drop_stream(
+        self, address: str, *, server_id: str | None, stream_id: int,
+        timeout_s: float | None = None,
+    ) -> int:
+        """DROP_STREAM (PD's delete): how many replicas of the stream the server dropped,
+        durable once this returns; the id is refused (``StreamNotFound``) from then on."""
+        request = DropStreamRequest(stream_id=stream_id)
+        body, _ = await self._call(address, Opcode.DROP_STREAM, request.to_header(),
+                                   server_id, timeout_s)
+        return int(body.get("dropped", 0))
 
     async def time_index(
         self, address: str, *, server_id: str | None, stream_id: int, range_index: int,

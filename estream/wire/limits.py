@@ -102,6 +102,10 @@ repair_after_ms: Final = 10_000  # a replica dead (or reported short) this long 
 repair_interval_ms: Final = 2_000  # how often the PD leader plans a repair round
 repair_tasks_per_round_max: Final = 4  # ranges copied at once by one round
 heartbeat_problem_replicas_max: Final = 256  # damaged/short/open replicas in one heartbeat
+# The latest stream deletions each PD node remembers and every heartbeat answer names, so
+# a range server that missed a delete's DROP_STREAM drops the stream's replicas at its next
+# beat (pd/catalog.py keeps them, estream/wire/pdanswers.py bounds the answer's).
+deleted_streams_max: Final = 1_024
 
 # Reclaim (pd/reclaim.py, pd/shell/reclaimer.py): replicas of deleted streams and trimmed ranges
 # are dropped on their range servers, which then delete the log segments only they used.

@@ -13,10 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from estream.wire import limits
 from estream.wire.errors import EstreamError, from_wire
 from estream.wire.fields import Header
 from estream.wire.meta import RangeMeta, ServerInfo, StreamMeta
 from estream.wire.protocol import Opcode
+from estream.wire.rangemessages import INT64_MAX
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,16 +132,31 @@ class ServersAnswer:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeartbeatAnswer:
     """``PD_HEARTBEAT``'s answer: whether this node knows the server (false: register
-    again; absent, from an older PD: registered)."""
+    again; absent, from an older PD: registered), and ``deleted``: the ids of the latest
+    streams this node applied a delete of (at most ``limits.deleted_streams_max``; absent,
+    from an older PD: none), whose replicas the server drops and whose ids it refuses
+    from then on (``DROP_STREAM``'s effect, for a server the delete's own did not reach).
+
+    >>> HeartbeatAnswer.from_header({"registered": True, "deleted": [7, 9]}).deleted
+    (7, 9)
+    """
 
     registered: bool
+    deleted: tuple[int, ...] = ()
 
     @classmethod
     def from_header(cls, body: Mapping[str, Any]) -> HeartbeatAnswer:
-        return cls(registered=bool(body.get("registered", True)))
+        deleted = body.get("deleted") or ()
+        if (not isinstance(deleted, (list, tuple)) or len(deleted) > limits.deleted_streams_max
+                or not all(type(i) is int and 0 < i <= INT64_MAX for i in deleted)):
+            raise EstreamError("malformed heartbeat answer: bad 'deleted'")
+        return cls(registered=bool(body.get("registered", True)), deleted=tuple(deleted))
 
     def to_header(self) -> Header:
-        return {"registered": self.registered}
+        header: Header = {"registered": self.registered}
+        if self.deleted:
+            header["deleted"] = list(self.deleted)
+        return header
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

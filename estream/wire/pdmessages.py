@@ -451,21 +451,31 @@ class RegisterServerRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeartbeatRequest:
-    """``PD_HEARTBEAT``: a range server is alive, with its ``load`` (a map)."""
+    """``PD_HEARTBEAT``: a range server is alive, with its ``load`` (a map);
+    ``deleted_after``: the last deleted stream id this node named to it (0: none), so the
+    answer names only the deletions after it (``pd/deletion.py``; sent only when set)."""
 
     OPCODE: ClassVar[Opcode] = Opcode.PD_HEARTBEAT
     server_id: str
     address: str = ""
     load: dict[str, Any] = field(default_factory=dict)
+    deleted_after: int = 0
 
     @classmethod
     def from_header(cls, h: Mapping[str, Any]) -> HeartbeatRequest:
         load = optional(h, "load", dict, {})
+        after = optional(h, "deleted_after", int, 0)
+        if not 0 <= after < 2**63:
+            raise InvalidArgument(f"bad deleted_after {after}", argument="deleted_after")
         return cls(server_id=require(h, "server_id", str),
-                   address=optional(h, "address", str, ""), load=load)
+                   address=optional(h, "address", str, ""), load=load, deleted_after=after)
 
     def to_header(self) -> Header:
-        return {"server_id": self.server_id, "address": self.address, "load": self.load}
+        header: Header = {"server_id": self.server_id, "address": self.address,
+                          "load": self.load}
+        if self.deleted_after:
+            header["deleted_after"] = self.deleted_after
+        return header
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

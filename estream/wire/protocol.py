@@ -50,6 +50,8 @@ class Opcode(IntEnum):
     TIME_INDEX = 19  # first offset at or after a timestamp; a replica's time statistics
     APPEND_MANY = 20  # many batches (of any ranges) in one request, one result each:
     #   estream/wire/appendmany.py
+    DROP_STREAM = 21  # {"stream_id"} -> {"dropped"}: PD, as it deletes a stream: every
+    #   replica of it dropped, the id refused from then on (rangeserver/tombstones.py)
     # Placement driver.
     PD_REGISTER_SERVER = 40
     PD_HEARTBEAT = 41

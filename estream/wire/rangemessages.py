@@ -95,6 +95,22 @@ class RangeKeyRequest:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DropStreamRequest:
+    """``DROP_STREAM``: every replica of stream ``stream_id`` dropped, and the id refused
+    from then on (``StreamNotFound``): PD deleted that stream."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.DROP_STREAM
+    stream_id: int
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> DropStreamRequest:
+        return cls(stream_id=bounded(h, "stream_id"))
+
+    def to_header(self) -> Header:
+        return {"stream_id": self.stream_id}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CreateRangeRequest:
     """``CREATE_RANGE``: a replica of range ``range_index`` from ``start`` at ``epoch``;
     ``digest``: the stream's digest name (:data:`~estream.wire.record.DIGESTS`), recorded
@@ -376,5 +392,6 @@ WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
     Opcode.CONFIRM: field_names(ConfirmRequest),
     Opcode.LIST_RANGES: field_names(ListRangesRequest),
     Opcode.DROP_RANGE: field_names(RangeKeyRequest),
+    Opcode.DROP_STREAM: field_names(DropStreamRequest),
     Opcode.TIME_INDEX: field_names(TimeIndexRequest),
 }

@@ -103,6 +103,7 @@ RANGE_SERVER_OPCODE_ACTIONS: Final[Mapping[int, Action]] = {
     Opcode.FORCE: Action.WRITE,
     Opcode.CONFIRM: Action.WRITE,
     Opcode.DROP_RANGE: Action.MEMBER,  # PD's reclaimer, offloader and repair only
+    Opcode.DROP_STREAM: Action.MEMBER,  # PD's delete only
     Opcode.LIST_RANGES: Action.MEMBER,
 }
 

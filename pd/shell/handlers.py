@@ -52,6 +52,7 @@ from estream.wire.pdmessages import (
     WriterKeepaliveRequest,
 )
 from estream.wire.protocol import Opcode
+from pd.deletion import deleted_after
 from pd.keepalives import keepalive_answer, parse_keepalives, parse_session
 from pd.objectdamage import REASONS, DamageReport
 from pd.paging import ranges_window, stream_answer, stream_tail
@@ -171,7 +172,9 @@ class PdHandlers:
     async def heartbeat(self, h: Header) -> Header:
         request = HeartbeatRequest.from_header(h)
         registered = self.service.heartbeat(request.server_id, request.address, request.load)
-        return HeartbeatAnswer(registered=registered).to_header()
+        # the latest deletions this node applied: a server the delete's DROP_STREAM missed
+        deleted = deleted_after(self.service.view().deleted, request.deleted_after)
+        return HeartbeatAnswer(registered=registered, deleted=deleted).to_header()
 
     # -- streams ---------------------------------------------------------------------------
     async def create(self, h: Header) -> Header:

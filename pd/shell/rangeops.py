@@ -1,6 +1,8 @@
-"""PD's own requests to the replicas of one range: describe them, fence them.
+"""PD's own requests to the replicas of one range: describe them, fence them; and to the
+servers of a deleted stream (:func:`drop_stream`).
 
-Used by ``delete_stream`` (fence the open range before the stream is forgotten), ``trim``
+Used by ``delete_stream`` (fence the open range before the stream is forgotten, then tell
+its servers, ``pd/deletion.py``), ``trim``
 and a cursor's lag (the replicas' answers, judged by :func:`pd.readable.readable_end`) and
 the writer-lease recoverer (:mod:`pd.shell.recoverer`: which replicas hide records). Every
 request names the server it is meant for (``"server_id"``, the replica's id in the catalog):
@@ -15,6 +17,7 @@ Side effects: network (range servers through a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Final
 
 from estream.net.rangeclient import RangeClient
@@ -25,6 +28,7 @@ from pd.lease import ReplicaAnswer
 from pd.streamfigures import OpenStats
 
 fence_timeout_s: Final = 2.0  # one fence request: a hung replica must not hold a delete long
+drop_stream_timeout_s: Final = 2.0  # one DROP_STREAM, all at once: so is the delete's wait
 
 
 async def describe(
@@ -97,3 +101,24 @@ async def fence(
 
     results = await asyncio.gather(*(one(ref) for ref in rng.replicas))
     return {ref.id: r for ref, r in zip(rng.replicas, results, strict=True)}
+
+
+async def drop_stream(
+    pool: ConnectionPool, stream_id: int, holders: Sequence[ReplicaRef], *,
+    timeout_s: float = drop_stream_timeout_s,
+) -> dict[str, EstreamError | None]:
+    """DROP_STREAM of ``stream_id`` to every one of ``holders`` (``pd/deletion.py``) at
+    once, each within ``timeout_s``. Returns each server's error, or None for one that
+    dropped the stream's replicas (durable) and refuses its id from then on."""
+    client = RangeClient(pool)
+
+    async def one(ref: ReplicaRef) -> EstreamError | None:
+        try:
+            await client.drop_stream(ref.address, server_id=ref.id, stream_id=stream_id,
+                                     timeout_s=timeout_s)
+        except EstreamError as exc:
+            return exc
+        return None
+
+    results = await asyncio.gather(*(one(ref) for ref in holders))
+    return {ref.id: r for ref, r in zip(holders, results, strict=True)}

@@ -14,7 +14,9 @@ replicated either: the leader keeps them in its :class:`~pd.lease.LeaseTable`
 
 Two operations also talk to range servers (:mod:`pd.shell.rangeops`): ``delete_stream`` takes a
 new epoch and fences the open range's replicas at it before the stream is forgotten (so
-no append of an earlier writer can be acknowledged once the delete returned), and
+no append of an earlier writer can be acknowledged once the delete returned), then tells
+every server of its replicas (``DROP_STREAM``, :mod:`pd.deletion`: none serves it from
+then on), and
 ``trim_stream`` refuses a start past what readers can read.
 
 Side effects: network to range servers (delete, trim), through :attr:`PdService.pool`;
@@ -25,6 +27,7 @@ otherwise none of its own (it drives its :class:`~pd.shell.consensus.Consensus` 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -63,6 +66,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
+from pd.deletion import replica_holders
 from pd.drain import ReplicaTotals, leave_servers
 from pd.keepalives import (
     Keepalive,
@@ -87,6 +91,8 @@ from pd.shell.handlers import PdHandlers
 from pd.shell.servers import ServerOps
 from pd.streamfigures import asked_range, stream_figures
 from pd.streammemo import StreamsById, catalog_map
+
+log = logging.getLogger(__name__)
 
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
 list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
@@ -242,7 +248,8 @@ class PdService(ServerOps):
         epoch (a writer that opened meanwhile was not fenced: start over). A stream no
         writer ever opened (epoch 0) has nothing to fence. Raises FenceIncomplete, deleting
         nothing, when too few replicas answer the fence: the stream stays with its writers
-        fenced (a new open writes again), and a delete again is safe."""
+        fenced (a new open writes again), and a delete again is safe. Once deleted, the
+        servers of its replicas are told before this returns (:meth:`_drop_replicas`)."""
         for _ in range(delete_attempts_max):
             stream = (await self.decision_view()).stream(name)
             try:
@@ -250,11 +257,27 @@ class PdService(ServerOps):
                     stream = await self.open_writer(name, expected_epoch=stream.epoch,
                                                     stream_id=stream.id)
                     await self._fence_open_range(stream)
-                await self.raft.propose(DeleteStream(name, stream.epoch, stream.id))
+                deleted = _stream(await self.raft.propose(
+                    DeleteStream(name, stream.epoch, stream.id)))
+                await self._drop_replicas(deleted)
                 return
             except Conflict:
                 continue  # a writer opened meanwhile: fence it too
         raise Unavailable(f"stream {name!r} not deleted: writers kept opening it")
+
+    async def _drop_replicas(self, deleted: StreamMeta) -> None:
+        """Tell every server holding a replica of the stream just deleted, at once and
+        each within ``rangeops.drop_stream_timeout_s`` (``pd/deletion.py``): from their
+        answer on, they serve nothing of it. One that does not answer in time learns it
+        from its next heartbeat's answer (``CatalogView.deleted``)."""
+        holders = replica_holders(deleted, self.view().servers)
+        results = await rangeops.drop_stream(self.pool, deleted.id, holders)
+        silent = {sid: error for sid, error in results.items() if error is not None}
+        if silent:
+            log.warning("deleted stream %r (id %d): %s did not take DROP_STREAM (%s); they "
+                        "learn it from their next heartbeat's answer", deleted.name,
+                        deleted.id, ", ".join(silent),
+                        "; ".join(f"{e.code.name}: {e.message}" for e in silent.values()))
 
     async def _fence_open_range(self, stream: StreamMeta) -> None:
         last = stream.last_range

@@ -245,6 +245,8 @@ async def serve(args: argparse.Namespace) -> int:
     tune_thread_switching()
     server = RangeServer(store, identity, storage_class=args.storage_class,
                          secret=args.cluster_secret)
+    if args.pd:
+        server.expect_deletions()  # no reads until a PD node named the deleted streams
     security: SecurityConfig = args.security
     server.rpc.ssl = server_context(security)  # read by start(): TLS only when set
     server.rpc.tokens = security.token_roles
@@ -282,7 +284,7 @@ async def serve(args: argparse.Namespace) -> int:
     if not args.cluster_secret:  # a warning beyond loopback, as PD's
         log.log(logging.INFO if is_loopback(bound) else logging.WARNING,
                 "no cluster secret (--secret-file): member opcodes (DROP_RANGE, "
-                "LIST_RANGES) are open to every client that reaches %s", bound)
+                "DROP_STREAM, LIST_RANGES) are open to every client that reaches %s", bound)
     unproven = member_certificate_warning(security, bool(args.cluster_secret))
     if unproven is not None:
         log.warning("%s", unproven)
@@ -308,6 +310,7 @@ async def serve(args: argparse.Namespace) -> int:
                     ssl=member_client_context(security), token=security.token,
                     member_secret=args.cluster_secret,
                     on_registered=None if metrics is None else metrics.set_registered,
+                    on_deleted=server.learn_deletions,
                 )
             )
         )

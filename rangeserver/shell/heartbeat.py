@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from ssl import SSLContext
 from typing import Any, Final
 
@@ -54,13 +54,17 @@ async def heartbeat_loop(
     member_secret: bytes | None = None,
     on_registered: Callable[[], None] | None = None,
     network: Network = TCP,
+    on_deleted: Callable[[list[int]], Awaitable[object]] | None = None,
 ) -> None:
     """Register, then heartbeat forever (until cancelled). ``ssl``/``token``: how this
     member connects to PD (its certificate for mutual TLS, the cluster token);
     ``member_secret``: the cluster secret it proves on each connection, without which PD
     nodes holding it refuse registration and heartbeats.
     ``on_registered`` runs once the first registration is committed (readiness).
-    ``network``: the transport port (the simulator's, in tests/sim)."""
+    ``network``: the transport port (the simulator's, in tests/sim). ``on_deleted``
+    gets the ids of the deleted streams a beat's answers name (maybe none: the server
+    drops their replicas, ``RangeServer.learn_deletions``), after every beat some PD node
+    answered."""
     interval_s = limits.heartbeat_interval_ms / 1000
     pool = ConnectionPool(ssl=ssl, token=token, member_secret=member_secret, network=network)
     client = PDClient(pd_addresses, timeout_s=5.0, ssl=ssl, pool=pool)
@@ -69,6 +73,7 @@ async def heartbeat_loop(
         if on_registered is not None:
             on_registered()
         first = True
+        named: dict[str, int] = {}  # by PD node: the last deleted stream id it named to us
         while True:
             if not first:  # beat at once after registering: every node learns we are alive
                 await asyncio.sleep(interval_s)
@@ -80,12 +85,21 @@ async def heartbeat_loop(
                 current = {}
             current.setdefault("storage_class", storage_class)
             current["striped_replicas"] = True  # PD places striped ranges only here
+            deleted: dict[str, tuple[int, ...]] = {}
             try:
                 answered, registered = await client.heartbeat(
-                    server_id, address, current, timeout_s=interval_s)
+                    server_id, address, current, timeout_s=interval_s, deleted_after=named,
+                    deleted=deleted)
             except Exception:  # never let one bad beat stop the loop
                 log.exception("heartbeat failed")
                 continue
+            if answered and on_deleted is not None:
+                try:
+                    await on_deleted(sorted({i for ids in deleted.values() for i in ids}))
+                except EstreamError as exc:  # (the log stopped): named again next beat
+                    log.error("dropping deleted streams' replicas failed: %s", exc.message)
+                else:  # each node names only later deletions from now on
+                    named.update({node: ids[-1] for node, ids in deleted.items() if ids})
             if answered and not registered:
                 await register(client, server_id, address, storage_class)
     finally:

@@ -35,7 +35,7 @@ from estream.net.rpc import (
 from estream.net.transport import TCP, Network
 from estream.wire import appendmany, limits
 from estream.wire import rangemessages as rm
-from estream.wire.errors import EstreamError, StorageError, WrongServer
+from estream.wire.errors import EstreamError, StorageError, Unavailable, WrongServer
 from estream.wire.protocol import Opcode
 from estream.wire.rangeanswers import Created, PingAnswer, ReadAnswer, SealAnswer
 from estream.wire.record import stream_key
@@ -48,6 +48,7 @@ from rangeserver.shell.storeappends import Appended
 log = logging.getLogger(__name__)
 
 stream_keys_max: Final = 65_536  # MAC keys kept (one per stream; derived again when dropped)
+deletions_wait_s: Final = 1.0  # a read at start waits this long for PD to name the deleted streams
 
 
 def _empty_answer() -> tuple[Header, bytes]:
@@ -135,6 +136,13 @@ class RangeServer:
         self._keys: dict[int, bytes] = {}
         self.address = ""
         self._rotation = 0  # where the heartbeat's window of sealed replicas is
+        # Set once the deleted streams are known (a PD node answered a heartbeat since
+        # start: its ``deleted``, Store.drop_streams); until then READ and TIME_INDEX wait
+        # (at most ``deletions_wait_s``, then Unavailable), so a server back from a stop
+        # never serves a stream deleted while it was down. Set from the start for a
+        # server without PD (nothing to wait for): :meth:`expect_deletions` clears it.
+        self.deletions_known = asyncio.Event()
+        self.deletions_known.set()
         self.rpc = RpcServer(
             self.handlers(), name="rangeserver",
             quick_handlers={Opcode.APPEND: self.append_now,
@@ -156,6 +164,7 @@ class RangeServer:
             Opcode.CONFIRM: self.confirm,
             Opcode.LIST_RANGES: self.list_ranges,
             Opcode.DROP_RANGE: self.drop_range,
+            Opcode.DROP_STREAM: self.drop_stream,
             Opcode.TIME_INDEX: self.time_index,
         }
         return {
@@ -346,7 +355,29 @@ class RangeServer:
         return SealAnswer(sealed_end, sealed, state.chain_durable,  # the fence's ChainEnd
                           state.sealed_batches if sealed else None).to_header(), b""
 
+    def expect_deletions(self) -> None:
+        """Serve no read until :meth:`learn_deletions` (a server heartbeating to PD)."""
+        self.deletions_known.clear()
+
+    async def learn_deletions(self, stream_ids: list[int]) -> None:
+        """A heartbeat was answered, naming the latest deleted streams: their replicas
+        are dropped and their ids refused (``Store.drop_streams``); reads are served from
+        then on (:attr:`deletions_known`)."""
+        await self.store.drop_streams(stream_ids)
+        self.deletions_known.set()
+
+    async def _deletions_known(self) -> None:
+        if self.deletions_known.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.deletions_known.wait(), deletions_wait_s)
+        except TimeoutError:
+            raise Unavailable(
+                f"range server {self.server_id} has not heard from the placement driver since "
+                "it started (which streams were deleted): no reads yet") from None
+
     async def read(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        await self._deletions_known()
         asked = rm.ReadRequest.from_header(header)
         if self.store.striped(asked.stream_id, asked.range_index, asked.batch):
             answer = await self.store.read_striped(
@@ -408,10 +439,16 @@ class RangeServer:
         asked = rm.RangeKeyRequest.from_header(header)
         return {"dropped": await self.store.drop(asked.stream_id, asked.range_index)}, b""
 
+    async def drop_stream(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        """DROP_STREAM: PD deleted the stream (``Store.drop_stream``)."""
+        asked = rm.DropStreamRequest.from_header(header)
+        return {"dropped": await self.store.drop_stream(asked.stream_id)}, b""
+
     async def time_index(self, header: Header, payload: bytes) -> tuple[Header, bytes]:
         """TIME_INDEX: the replica's time statistics and, with ``"timestamp"``, the first
         offset at or after it below ``"end"`` (unconfirmed, a sealed range's catalog end)
         or else the confirm offset (``Store.offset_for_time``)."""
+        await self._deletions_known()
         asked = rm.TimeIndexRequest.from_header(header)
         stats = self.store.time_stats(asked.stream_id, asked.range_index)
         if asked.timestamp is None:

@@ -28,6 +28,7 @@ from estream.wire import limits
 from estream.wire.errors import (
     EstreamError,
     RangeNotFound,
+    StreamNotFound,
 )
 from estream.wire.rangeanswers import RangeKey
 from estream.wire.record import (
@@ -45,18 +46,19 @@ from rangeserver.retention import Span, extend_span
 from rangeserver.shell import checkpoint as ckpt
 from rangeserver.shell.logport import LogPort
 from rangeserver.shell.storeappends import StoreAppends
+from rangeserver.shell.storedrops import StoreDrops
 from rangeserver.shell.storereads import StoreReads
 from rangeserver.shell.wal import Wal
 from rangeserver.stripedreplica import decide_indexed_seal
 from rangeserver.timeindex import TimeIndex
+from rangeserver.tombstones import Tombstones, deleted_stream
 
 log = logging.getLogger(__name__)
 
-reclaim_delay_s: Final = 0.2  # after a drop, before the checkpoint that deletes its segments
 disk_watermark_percent_default: Final = 90  # disk use above this: new replicas go elsewhere first
 
 
-class Store(StoreReads, StoreAppends):
+class Store(StoreReads, StoreAppends, StoreDrops):
     def __init__(
         self,
         data_dir: Path,
@@ -82,6 +84,7 @@ class Store(StoreReads, StoreAppends):
         self.cache = BatchCache(cache_bytes_max)
         self.replicas: dict[RangeKey, ReplicaState] = {}
         self.keys = ReplicaKeys()  # the replicas' keys in order (LIST_RANGES pages)
+        self.tombstones = Tombstones()  # deleted streams' ids: refused (DROP_STREAM)
         self.indexes: dict[RangeKey, RangeIndex] = {}
         self.time_indexes: dict[RangeKey, TimeIndex] = {}  # rangeserver/timeindex.py
         self.spans: dict[RangeKey, Span] = {}  # the log segments holding each replica's entries
@@ -206,8 +209,11 @@ class Store(StoreReads, StoreAppends):
             raise self._missing((stream_id, range_index))
         return state
 
-    @staticmethod
-    def _missing(key: RangeKey) -> RangeNotFound:
+    def _missing(self, key: RangeKey) -> RangeNotFound | StreamNotFound:
+        """What a request for a replica not held is answered: ``StreamNotFound`` when its
+        stream was deleted (``rangeserver/tombstones.py``), else ``RangeNotFound``."""
+        if self.tombstones.holds(key[0], self.clock.monotonic_ms()):
+            return deleted_stream(key[0])
         return RangeNotFound(f"no replica of range {key[1]} of stream {key[0]}",
                              stream_id=key[0], range_index=key[1])
 
@@ -321,6 +327,8 @@ class Store(StoreReads, StoreAppends):
         digest only); None records none (any digest accepted, as before digests were).
         ``stripe``: a striped replica's (ensemble, replicas, position), recorded likewise."""
         key = (stream_id, range_index)
+        if self.tombstones.holds(stream_id, self.clock.monotonic_ms()):
+            raise deleted_stream(stream_id)  # (a repair's or a fence's, late): never again
         outcome = rp.decide_create(
             self.replicas.get(key), stream_id, range_index, start, epoch, digest, stripe)
         before = self.replicas.get(key)
@@ -406,35 +414,6 @@ class Store(StoreReads, StoreAppends):
             else:  # if cut back again, logged again at the next resume (its undo)
                 done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._schedule_reclaim()
-
-    async def drop(self, stream_id: int, range_index: int) -> bool:
-        """Forget a replica for good (its stream was deleted or trimmed past it): a DROP
-        entry, durable before this returns; its log segments are deleted once nothing
-        else needs them. False when there is no such replica (dropped already)."""
-        key = (stream_id, range_index)
-        if key not in self.replicas:
-            await self.wal.barrier()  # its DROP entry may still be in flight
-            return False
-        await self._log_control(wf.Dropped(stream_id, range_index))
-        self._schedule_reclaim()
-        return True
-
-    def _schedule_reclaim(self) -> None:
-        """Checkpoint and reclaim soon, in the background (one task for many drops)."""
-        if self._reclaimer is not None and not self._reclaimer.done():
-            self._reclaim_again = True
-            return
-        self._reclaimer = asyncio.ensure_future(self._reclaim_soon())
-
-    async def _reclaim_soon(self) -> None:
-        self._reclaim_again = True
-        while self._reclaim_again:
-            self._reclaim_again = False
-            await asyncio.sleep(reclaim_delay_s)  # drops come in bunches: one pass for all
-            try:
-                await self.checkpoint()
-            except EstreamError as exc:
-                log.error("checkpoint after dropping replicas failed: %s", exc.message)
 
     async def seal(
         self, stream_id: int, range_index: int, epoch: int, end: int | None,

@@ -105,9 +105,10 @@ class RangeServerNode:
         host, port = self.address.rsplit(":", 1)
         await server.start(host, int(port))
         if self.pd:
+            server.expect_deletions()  # as the CLI's: reads once PD answered a beat
             self.beats = asyncio.ensure_future(heartbeat_loop(
                 list(self.pd), self.server_id, server.address, "ssd", server.load,
-                network=network))
+                network=network, on_deleted=server.learn_deletions))
         self.running = True
         return store
 

@@ -27,6 +27,7 @@ from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
+from pd.commands import DeleteStream
 from pd.shell.service import PdService
 from tests.sim.servernode import RangeServerNode
 from tests.sim.simloop import SimClock, SimLoop, run
@@ -191,6 +192,34 @@ def test_a_dead_writers_lease_runs_out_and_the_recoverer_seals_its_range(
 
 
 # -- leader loss, unknown outcomes, a new term ----------------------------------------------
+
+def test_a_delete_committed_without_its_drop_stream_reaches_the_servers_by_heartbeat(
+        tmp_path: Path) -> None:
+    """The leader commits a stream's delete and is lost before it sends DROP_STREAM (here:
+    the command alone, as that leader left it): every PD node's heartbeat answer names the
+    deleted id, so each range server drops its replicas and refuses the id within a beat
+    or two, before the reclaimer's round (every 5 s) would have dropped them."""
+    async def body(c: Cluster) -> list[tuple[int, list[int], list[bool]]]:
+        out = []
+        for name in ("orders", "orders"):  # the second: named after the first (deleted_after)
+            await c.client.create_stream(name, 3, 2)
+            opened = await c.client.open_writer(name)
+            await write_unconfirmed(c, opened, 5)
+
+            def held(stream_id: int = opened.id) -> list[int]:
+                return [key[0] for s in c.servers if s.store is not None
+                        for key in s.store.replicas if key[0] == stream_id]
+
+            before = len(held())
+            await c.raft.propose(DeleteStream(name, opened.epoch, opened.id))
+            await until(lambda: not held(), within_s=2.5)  # (virtual: before a reclaim round)
+            refused = [s.store.tombstones.holds(opened.id, s.clock.monotonic_ms())
+                       for s in c.servers if s.store is not None]
+            out.append((before, held(), refused))
+        return out
+
+    assert on_cluster(tmp_path, 3, body) == [(3, [], [True, True, True])] * 2
+
 
 def test_a_leader_lost_mid_proposal_and_the_client_retrying_creates_the_stream_once(
         tmp_path: Path) -> None:

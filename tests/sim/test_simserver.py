@@ -26,6 +26,7 @@ from estream.wire.errors import (
     RangeNotFound,
     RangeSealed,
     ReplicaDamaged,
+    StreamNotFound,
     Unavailable,
     WrongServer,
 )
@@ -296,6 +297,46 @@ def test_a_drop_deletes_its_segments_durably_and_a_restart_serves_what_is_left(
     assert len(before) >= 3 and after_drop == after_crash == before[-1:]
     assert not gone_back
     assert values == [value(kept, o) for o in range(3)]
+
+
+def test_a_deleted_streams_replicas_are_dropped_durably_and_its_id_refused(
+        tmp_path: Path) -> None:
+    """DROP_STREAM (PD's delete): every replica of the stream is dropped at once and a
+    request naming it is answered StreamNotFound (a late CREATE_RANGE too: no replica of
+    it is made again); after a power loss none comes back, the other stream's is whole."""
+    deleted, other = [(5, 0), (5, 1), (5, 7)], (6, 0)
+
+    async def main() -> tuple[int, list[str], bool, list[bytes]]:
+        net = SimNetwork(asyncio.get_running_loop(), random.Random(8))
+        node = server_node(net, tmp_path)
+        store = await node.boot()
+        client = await connect(net)
+        for key in [*deleted, other]:
+            await call(client, Opcode.CREATE_RANGE, key, start=0, epoch=1)
+            await append_values(client, key, 0, 3)
+        header, _ = await client.call(Opcode.DROP_STREAM, {"stream_id": 5})
+        refused = []
+        for opcode, fields in ((Opcode.READ, {"offset": 0}), (Opcode.DESCRIBE_RANGE, {}),
+                               (Opcode.CREATE_RANGE, {"start": 0, "epoch": 2})):
+            try:
+                await call(client, opcode, deleted[0], **fields)
+            except StreamNotFound:
+                refused.append(opcode.name)
+        await client.close()
+        node.power_loss()
+        store = await node.boot()
+        client = await connect(net)
+        values = await read_all(client, other)
+        await client.close()
+        await node.stop()
+        back = any(key in store.replicas for key in deleted)
+        return header["dropped"], refused, back, values
+
+    dropped, refused, back, values = run(main(), seed=8)
+    assert dropped == len(deleted)
+    assert refused == ["READ", "DESCRIBE_RANGE", "CREATE_RANGE"]
+    assert not back
+    assert values == [value(other, o) for o in range(3)]
 
 
 # -- the ports' faults: a hang, a lost answer, a wiped disk ------------------------------------

@@ -39,6 +39,7 @@ from estream.wire.errors import (
     OffsetOutOfRange,
     RangeNotFound,
     ReplicaDamaged,
+    StreamNotFound,
     Timeout,
     Unavailable,
     WrongServer,
@@ -693,6 +694,18 @@ def test_replicas_kept_after_the_upload_serve_the_range() -> None:
     trace, failed = drive(ReadCursor("s", end=10, preferred="b"), world)
     assert failed is None
     assert reads(trace) == ["b"]
+    assert not any(isinstance(s, ReadObject) for s in trace)
+
+
+def test_replicas_refusing_a_deleted_stream_keep_the_read_from_its_object() -> None:
+    """A cached view of a deleted stream: its servers answer StreamNotFound (PD told
+    them, DROP_STREAM), so the round never reads the range's object (packs outlive a
+    delete): it fails, and the refresh finds the name gone or another stream's."""
+    world = World([meta(TIERED0)], objects={0: 10},
+                  errors={"a": [StreamNotFound("deleted")] * 9, "b": [Timeout("t")] * 9,
+                          "c": [StreamNotFound("deleted")] * 9})
+    trace, failed = drive(ReadCursor("s", end=10), world)
+    assert isinstance(failed, StreamNotFound)
     assert not any(isinstance(s, ReadObject) for s in trace)
 
 

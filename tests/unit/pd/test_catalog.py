@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from estream.wire import limits
 from estream.wire.errors import (
     Conflict,
     EstreamError,
@@ -142,10 +143,21 @@ def test_system_may_use_reserved_types(catalog: Catalog) -> None:
 
 
 def test_delete_stream(catalog: Catalog) -> None:
-    catalog.apply(create())
-    assert catalog.apply(DeleteStream("orders")) is None
+    created = stream(catalog.apply(create()))
+    assert stream(catalog.apply(DeleteStream("orders"))) == created  # (its servers: told)
     assert "orders" not in catalog.view().streams
     rejects(catalog, DeleteStream("orders"), StreamNotFound)
+
+
+def test_the_view_names_the_latest_deleted_streams_ids_bounded(catalog: Catalog) -> None:
+    """Every heartbeat answer names them (a server that missed a delete's DROP_STREAM);
+    a name deleted and created again many times keeps the list bounded, newest kept."""
+    ids = []
+    for _ in range(limits.deleted_streams_max + 5):
+        ids.append(stream(catalog.apply(create())).id)
+        rejects(catalog, DeleteStream("orders", stream_id=ids[-1] + 1), StreamNotFound)
+        catalog.apply(DeleteStream("orders", stream_id=ids[-1]))
+    assert catalog.view().deleted == tuple(ids[-limits.deleted_streams_max:])
 
 
 def test_open_writer_grows_epoch(catalog: Catalog) -> None:
@@ -163,7 +175,7 @@ def test_open_writer_and_delete_compare_and_set_the_epoch(catalog: Catalog) -> N
     rejects(catalog, OpenWriter("orders", expected_epoch=0), Conflict)
     rejects(catalog, DeleteStream("orders", expected_epoch=0), Conflict)
     assert stream(catalog.apply(OpenWriter("orders", expected_epoch=1))).epoch == 2
-    assert catalog.apply(DeleteStream("orders", expected_epoch=2)) is None
+    assert stream(catalog.apply(DeleteStream("orders", expected_epoch=2))).epoch == 2
     assert "orders" not in catalog.view().streams
 
 

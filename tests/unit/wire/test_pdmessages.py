@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from estream.wire.errors import InvalidArgument
+from estream.wire import limits
+from estream.wire.errors import EstreamError, InvalidArgument
 from estream.wire.groupmessages import WIRE_FIELDS as GROUP_WIRE_FIELDS
 from estream.wire.meta import (
     ACK_COUNT_DEFAULT,
@@ -101,6 +102,8 @@ GOLDEN: list[tuple[Any, dict[str, Any]]] = [
      {"server_id": "rs1", "address": "h:1", "storage_class": "ssd"}),
     (HeartbeatRequest(server_id="rs1", address="h:1", load={"ranges": 2}),
      {"server_id": "rs1", "address": "h:1", "load": {"ranges": 2}}),
+    (HeartbeatRequest(server_id="rs1", address="h:1", load={}, deleted_after=9),
+     {"server_id": "rs1", "address": "h:1", "load": {}, "deleted_after": 9}),
     (ReportDamageRequest(stream_id=1, range_index=2, object_key="k", reason="missing"),
      {"stream_id": 1, "range_index": 2, "object_key": "k", "reason": "missing"}),
 ]
@@ -194,6 +197,8 @@ def test_a_bad_create_body_is_named_as_the_admin_api_did(
     (SetRetentionRequest.from_header, {"name": "s", "retention_bytes": 0}, "retention_bytes"),
     (RegisterServerRequest.from_header, {"server_id": "rs1"}, "address"),
     (HeartbeatRequest.from_header, {"server_id": "rs1", "load": []}, "load"),
+    (HeartbeatRequest.from_header, {"server_id": "rs1", "deleted_after": -1}, "deleted_after"),
+    (HeartbeatRequest.from_header, {"server_id": "rs1", "deleted_after": "9"}, "deleted_after"),
     (ReportDamageRequest.from_header,
      {"stream_id": 1, "range_index": 0, "object_key": "k"}, "reason"),
 ])
@@ -237,6 +242,12 @@ def test_answers_round_trip() -> None:
                    CursorAnswer(cursor="c"), DamageAnswer(outcome="queued")):
         assert type(answer).from_header(answer.to_header()) == answer
     assert HeartbeatAnswer.from_header({}).registered  # an older PD's answer
+    named = HeartbeatAnswer(registered=True, deleted=(7, 9))
+    assert HeartbeatAnswer.from_header(named.to_header()) == named
+    assert HeartbeatAnswer(registered=True).to_header() == {"registered": True}  # as before
+    for bad in ([0], ["7"], [2**63], [1] * (limits.deleted_streams_max + 1), 7):
+        with pytest.raises(EstreamError, match="deleted"):
+            HeartbeatAnswer.from_header({"registered": True, "deleted": bad})
     assert CursorAnswer(cursor="c").to_header() == {"deleted": "c"}
     row = {"id": "rs1", "state": "draining"}
     for op, answer in ((Opcode.PD_DRAIN_SERVER, ServerDetailsAnswer(servers=(row,))),

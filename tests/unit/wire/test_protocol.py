@@ -72,7 +72,7 @@ def test_opcode_numbers_are_the_documented_ones() -> None:
     assert {op.name: int(op) for op in Opcode} == {
         "PING": 1, "AUTH": 2, "CREATE_RANGE": 10, "APPEND": 11, "SEAL": 12, "READ": 13,
         "DESCRIBE_RANGE": 14, "FORCE": 15, "CONFIRM": 16, "LIST_RANGES": 17, "DROP_RANGE": 18,
-        "TIME_INDEX": 19, "APPEND_MANY": 20,
+        "TIME_INDEX": 19, "APPEND_MANY": 20, "DROP_STREAM": 21,
         "PD_REGISTER_SERVER": 40, "PD_HEARTBEAT": 41, "PD_CREATE_STREAM": 42,
         "PD_DESCRIBE_STREAM": 43, "PD_LIST_STREAMS": 44, "PD_DELETE_STREAM": 45,
         "PD_OPEN_WRITER": 46, "PD_SEAL_RANGE": 47, "PD_TRIM_STREAM": 48,

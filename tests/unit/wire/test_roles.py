@@ -43,8 +43,8 @@ def test_delete_trim_drain_and_forget_need_admin_and_member_opcodes_a_member() -
                      Opcode.PD_FORGET_SERVER}
     assert member_opcodes(PD_OPCODE_ACTIONS) == {
         Opcode.PD_REGISTER_SERVER, Opcode.PD_HEARTBEAT, Opcode.PD_UPDATE_REPLICAS}
-    assert member_opcodes(RANGE_SERVER_OPCODE_ACTIONS) == {Opcode.DROP_RANGE,
-                                                           Opcode.LIST_RANGES}
+    assert member_opcodes(RANGE_SERVER_OPCODE_ACTIONS) == {
+        Opcode.DROP_RANGE, Opcode.DROP_STREAM, Opcode.LIST_RANGES}
     assert action_of(RANGE_SERVER_OPCODE_ACTIONS, Opcode.READ) is Action.READ
     assert action_of(PD_OPCODE_ACTIONS, Opcode.PD_CREATE_STREAM) is Action.WRITE
     assert action_of(PD_OPCODE_ACTIONS, 250) is Action.ADMIN  # unknown: the strictest
