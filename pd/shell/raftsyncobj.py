@@ -142,6 +142,11 @@ class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
         and its tick (a whole pysyncobj tick) no longer delays the answer."""
         if self._tick_soon_pending:
             return  # a tick is due in this loop iteration anyway
+        self._tick_after_answers()
+
+    def _tick_after_answers(self) -> None:
+        """Tick now, or, while answers to proposals wait in the loop's callbacks, right
+        after them (a whole pysyncobj tick between a commit and its answer delays it)."""
         if self._answering:
             self.tick_soon()
             return
@@ -229,7 +234,9 @@ class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
         now = self.loop.time()
         self._contact.periodic(now, self._leads_with_majority())
         self._timer = self.loop.call_later(self.conf.autoTickPeriod, self._periodic_tick)
-        self._run_tick()
+        # (On a loaded host the timer is often due between a commit and its answers: the
+        # loop runs due timers before the callbacks queued in the iteration before.)
+        self._tick_after_answers()
 
     def _leads_with_majority(self) -> bool:
         """Whether this node leads and a majority answered it within ``leader_contact_s``

@@ -408,7 +408,11 @@ async def test_an_answer_leaves_before_the_tick_of_a_later_acknowledgement(
     """One at a time, both followers' acknowledgements are read in one loop iteration: the
     first commits and answers; the second's tick (a whole pysyncobj tick that commits
     nothing more) runs after the answer's callbacks (CatalogSyncObj._after_socket_event),
-    no longer between the commit and the answer."""
+    no longer between the commit and the answer. Nor does the periodic tick, which a
+    loaded host often has due there (uvloop runs due timers before the callbacks queued
+    in the iteration before): no tick at all runs between a commit and its answer, however
+    slow the machine (it allowed 3 of 30 and failed under load; 1-2 came on a loaded host
+    with the periodic tick not deferred)."""
     seen = {"leader": None, "future": None, "answered": False, "before": 0}
     tick = raftsyncobj.CatalogSyncObj._onTick
 
@@ -432,7 +436,7 @@ async def test_an_answer_leaves_before_the_tick_of_a_later_acknowledgement(
             future.add_done_callback(lambda _: seen.__setitem__("answered", True))
             assert isinstance(await future, StreamMeta)
         # Before: 60 and 59 such ticks for the 30 proposals in two runs.
-        assert seen["before"] <= proposals // 10, seen["before"]
+        assert seen["before"] == 0, seen["before"]
 
 
 async def test_an_idle_leader_appends_a_lone_proposal_without_a_tick(
