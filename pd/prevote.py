@@ -84,11 +84,14 @@ def prevote_response(request: dict[str, Any], granted: bool) -> dict[str, Any]:
 class PreVoteRound:
     """A node's pre-vote for standing at ``term`` in a group of ``voters`` nodes (itself
     included). Example, 3 voters: a yes from one peer is a majority (2 of 3); in 5 voters
-    two are needed; a no, a repeated yes or an answer for another term changes nothing."""
+    two are needed; a no, a repeated yes or an answer for another term changes nothing.
+    ``needed``: the yeses it takes, itself included (None: a majority; every voter while
+    an empty node bootstraps a new cluster, :func:`pd.raftrules.bootstrap_voters`)."""
 
     term: int
     voters: int
     granted: set[str] = field(default_factory=set)
+    needed: int | None = None
 
     def answer(self, peer: str, message: dict[str, Any]) -> bool:
         """Count ``peer``'s answer; True once a majority said yes (each time after)."""
@@ -97,6 +100,8 @@ class PreVoteRound:
         return self.won()
 
     def won(self) -> bool:
+        if self.needed is not None:
+            return 1 + len(self.granted) >= self.needed
         return 1 + len(self.granted) > self.voters / 2
 
 

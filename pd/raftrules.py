@@ -4,7 +4,8 @@
 which after (:func:`plan_flush`), what a follower keeps of a resend (:func:`trim_append`,
 :func:`cap_ack`), which commit indexes wait for the next append (:func:`hold_commit_indexes`),
 whether a leader still has its majority (:func:`majority_answered`), whether a tick
-would stand for election (:func:`would_stand`: the sockets are read first), how long a node has
+would stand for election (:func:`would_stand`: the sockets are read first), how an empty node
+takes part in elections (:func:`empty_start`, :func:`bootstrap_voters`), how long a node has
 heard no leader (:class:`LeaderContact`), and what its status says (:func:`status_of`).
 Messages are pysyncobj's dicts; times are seconds of the caller's clock.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 Outgoing = tuple[Any, dict[str, Any]]  # (pysyncobj node, message)
 
@@ -40,20 +41,53 @@ QUIET: Final = "quiet"
 ROLES: Final = {0: "follower", 1: "candidate", 2: "leader"}  # pysyncobj's raft states
 
 
-def holds_empty_start(empty: bool, has_peers: bool, new_cluster: bool) -> bool:
-    """Whether a node started on an empty data dir holds its first election off (for
-    ``empty_start_election_s``): a wiped node of a running cluster waits for the peer
-    that holds the catalog to ask for its vote, so two wiped nodes never elect each other
-    on an empty catalog. Not a node with data, a one-node cluster, or the first start of
-    a new cluster (``--new-cluster``: every node starts empty together, so there is no
-    catalog to wait for; Raft's own randomized timeout applies).
+EmptyStart = Literal["as_usual", "wait_for_leader", "bootstrap"]
 
-    >>> holds_empty_start(True, True, False), holds_empty_start(True, True, True)
-    (True, False)
-    >>> holds_empty_start(False, True, False), holds_empty_start(True, False, False)
-    (False, False)
+
+def empty_start(empty: bool, has_peers: bool, new_cluster: bool) -> EmptyStart:
+    """How a node takes part in elections at its start. ``empty``: its log holds no entry
+    of a catalog (no journal entry past pysyncobj's initial one, no snapshot): a new disk,
+    a wiped one, or a first start killed before any entry came.
+
+    - ``"as_usual"``: a node with data, or a one-node cluster (no peer could hold a
+      catalog it lacks); Raft's own randomized timeout applies.
+    - ``"wait_for_leader"``: empty, with peers, no ``--new-cluster``: it never stands for
+      election before a leader gave it entries (:func:`joined`), so nodes that lost their
+      disks never elect each other on an empty catalog, however long the node that holds
+      it takes to reach them. If every node lost its data, none stands: an operator
+      bootstraps again explicitly (``--new-cluster``).
+    - ``"bootstrap"``: empty, with peers, ``--new-cluster`` (the first start of a new
+      cluster): it stands only with a pre-vote yes from every peer while its log is empty
+      (:func:`bootstrap_voters`); a peer that holds a catalog refuses (its log is longer),
+      so a wiped node started with ``--new-cluster`` by mistake follows that catalog's
+      leader instead of founding a second one.
+
+    >>> empty_start(True, True, False), empty_start(True, True, True)
+    ('wait_for_leader', 'bootstrap')
+    >>> empty_start(False, True, True), empty_start(True, False, False)
+    ('as_usual', 'as_usual')
     """
-    return empty and has_peers and not new_cluster
+    if not empty or not has_peers:
+        return "as_usual"
+    return "bootstrap" if new_cluster else "wait_for_leader"
+
+
+def joined(log_end: int, last_applied: int) -> bool:
+    """Whether a node that started empty has been given the catalog: an entry past
+    pysyncobj's initial one (index 1), or a snapshot applied. Examples: (1, 1) -> False;
+    (2, 1) -> True (an entry from the leader); (1, 40) -> True (a snapshot at 40)."""
+    return log_end > 1 or last_applied > 1
+
+
+def bootstrap_voters(bootstrapping: bool, log_end: int, voters: int) -> int:
+    """How many pre-vote yeses (itself included) a node needs before it stands: every
+    voter while it bootstraps a new cluster (``--new-cluster``) and its log is still empty
+    (one absent or refusing peer, possibly the one holding a catalog, holds it back), else
+    a majority. Examples with 3 voters: (True, 1) -> 3; (True, 2) -> 2 (it has entries:
+    Raft as usual); (False, 1) -> 2; 5 voters, (False, 9) -> 3."""
+    if bootstrapping and not joined(log_end, 0):
+        return voters
+    return voters // 2 + 1
 
 
 def would_stand(leads: bool, deadline: float, now: float) -> bool:

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Final
 
 ESTREAM: Final = (sys.executable, "-m", "estream.cli.main")
-# ``estream pd``'s flag for the first start of a new cluster, every node empty: no 2 s wait
-# before the first election. Never on a restart (a wiped node must wait for its peers).
+# ``estream pd``'s flag for the first start of a new cluster, every node empty: without it
+# an empty node never stands for election. Never on a restart (a wiped node must wait for
+# its peers' catalog).
 NEW_CLUSTER: Final = "--new-cluster"
 
 

@@ -46,8 +46,9 @@ class PdNodeProcess:
 
     def start(self, new_cluster: bool = False) -> None:
         """Start (or restart) the node. ``new_cluster``: the first start of a new cluster,
-        every node empty (``estream pd --new-cluster``: no 2 s wait before the first
-        election); only :meth:`PdCluster.launch` passes it, never a restart."""
+        every node empty (``estream pd --new-cluster``: without it an empty node never
+        stands for election, it waits for a leader); only :meth:`PdCluster.launch` passes
+        it, never a restart (a wiped node restarted waits for the others' catalog)."""
         self.process = ManagedProcess(self.args(new_cluster), self.log_path, self.env,
                                       name=f"pd{self.id}").start()
 

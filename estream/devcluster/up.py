@@ -5,8 +5,10 @@ foreground.
 ``DATA_DIR``, ``--tls`` and the cluster secret) and :func:`restart_delay_s` decide;
 :class:`Supervisor` starts every child through the one launcher, restarts a child that
 dies (backoff), prints readiness and, on SIGINT/SIGTERM, stops them all. A new cluster's
-PD nodes start the first time with ``--new-cluster`` (restarted without it); restarting on
-the same data dir keeps all data (PD nodes then ``--join``). The cluster secret
+PD nodes start the first time with ``--new-cluster`` (restarted without it); once it was
+ready, ``DATA_DIR/pd-bootstrapped`` says so and every later ``estream up`` on that data dir
+keeps all data (PD nodes then ``--join``: a PD data dir that is gone waits for the others'
+catalog). The cluster secret
 (:func:`ensure_cluster_secret`, ``DATA_DIR/cluster-secret``) is the member credential and
 the key of ``hmac-sha256`` streams. Ports, TLS and the secret for users: README.md.
 
@@ -62,6 +64,8 @@ STOP_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.2
 READY_REPORT_S = 5.0
+# Written once the cluster was first ready: its PD catalog exists (later starts --join).
+BOOTSTRAPPED_NAME = "pd-bootstrapped"
 
 
 # --- the plan (pure) ------------------------------------------------------------------------
@@ -124,8 +128,9 @@ def plan_cluster(
     PD node and range server gets ``--secret-file`` with it; ``join``: the cluster was
     bootstrapped before, so every PD node starts with ``--join``: one whose data dir is
     gone copies the catalog from the others instead of electing on an empty one; without
-    it, several PD nodes start the first time with ``--new-cluster``, no 2 s wait before
-    their first election, in :attr:`ChildSpec.first_args`: a restart waits). Pure.
+    it, several PD nodes start the first time with ``--new-cluster``, in
+    :attr:`ChildSpec.first_args`: a restart runs without, and an empty node then waits for
+    a leader). Pure.
 
     >>> p = plan_cluster(Path("d"), 3, 3, "127.0.0.1", 7100)
     >>> p.pd_addresses
@@ -462,6 +467,7 @@ class _Readiness:
     def __init__(self, plan: ClusterPlan, timeout_s: float,
                  pids: Callable[[], dict[str, int]]) -> None:
         self.plan = plan
+        self.bootstrapped = plan.data_dir / BOOTSTRAPPED_NAME
         self.pids = pids
         self.started = time.monotonic()
         self.timeout_s = timeout_s
@@ -490,6 +496,9 @@ class _Readiness:
                 _say(f"ready again in {now - self.started:.1f}s: {new}")
             else:
                 self.announced = True
+                if not self.bootstrapped.exists():
+                    self.bootstrapped.write_text("a PD catalog exists: PD nodes start --join\n")
+                    fsync_dir(self.plan.data_dir)
                 _say(banner(self.plan, now - self.started))
             self.ready, self.ready_pids = True, pids
         elif not self.warned and now - self.started > self.timeout_s:
@@ -512,10 +521,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _lock_data_dir(plan.data_dir):
             tls = ensure_cluster_tls(plan.data_dir / "tls", [plan.host]) if ns.tls else None
             secret_file = ensure_cluster_secret(plan.data_dir)
-            # Bootstrapped once: a PD data dir from an earlier start means the cluster
-            # exists, and a node without one joins it (estream pd --join).
-            bootstrapped = any((plan.data_dir / f"pd-{i}").exists()
-                               for i in range(ns.pd_nodes))
+            # Ready once (pd-bootstrapped): the catalog exists, and an empty PD node waits
+            # for it (estream pd --join); else a new cluster (a first start, or one
+            # stopped before it was ready) bootstraps: nodes with data ignore the flag.
+            bootstrapped = (plan.data_dir / BOOTSTRAPPED_NAME).exists()
             plan = plan_cluster(ns.data_dir, ns.pd_nodes, ns.range_servers, ns.host,
                                 ns.base_port, tls=tls, secret_file=secret_file,
                                 join=bootstrapped, kafka_gateways=len(plan.kafka))

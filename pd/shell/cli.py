@@ -81,17 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_options(p, admin=True)
     add_secret_options(p, member=True)
     p.add_argument("--join", action="store_true", default=False,
-                   help="join an existing cluster: started on an empty --data-dir, this node "
-                        "never stands for election before a leader gave it the catalog "
-                        "(etcd's initial-cluster-state=existing); leave it off only for the "
-                        "first start of a new cluster")
+                   help="join an existing cluster (etcd's initial-cluster-state=existing): "
+                        "the default, said explicitly. Started on an empty --data-dir "
+                        "without --new-cluster, a node of several never stands for election "
+                        "before a leader gave it the catalog")
     p.add_argument("--new-cluster", action="store_true", default=False,
-                   help="the first start of a new cluster whose nodes all start empty "
-                        "together (etcd's initial-cluster-state=new): an empty node stands "
-                        "for election after Raft's own timeout instead of waiting 2 s for a "
-                        "peer that holds the catalog; never on a restart (a wiped node must "
-                        "wait for that peer). The test launcher and `estream up` pass it at "
-                        "a cluster's first start")
+                   help="bootstrap a new cluster (etcd's initial-cluster-state=new): an "
+                        "empty node may stand for election, once every peer answered that "
+                        "it is empty too (every node up; a peer holding a catalog refuses "
+                        "and this node follows its leader). Ignored by a node with data. "
+                        "Only for a new cluster's first start, or to start again after "
+                        "every PD node lost its data (the catalog is gone)")
     p.add_argument("--admin-hosts", default="", metavar="NAME,NAME",
                    help="names the admin API may be reached by besides IP addresses, "
                         "localhost and the --http and --listen hosts (a request naming "

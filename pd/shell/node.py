@@ -76,8 +76,8 @@ class PdConfig:
     # The cluster secret: member opcodes need its proof (None: they are open to anyone).
     member_secret: bytes | None = field(default=None, repr=False)
     admin_hosts: tuple[str, ...] = ()  # names Host may give the admin API (pd/crosssite.py)
-    join: bool = False  # an empty node joins an existing cluster (pd/shell/raft.py)
-    new_cluster: bool = False  # the first start of a new cluster: no empty-start wait
+    join: bool = False  # join an existing cluster: the default, said explicitly
+    new_cluster: bool = False  # bootstrap: an empty node may stand (pd.raftrules.empty_start)
 
 
 def admin_host_names(config: PdConfig) -> tuple[str, ...]:

@@ -87,10 +87,14 @@ What they add to pysyncobj 0.3.17:
   :class:`~pd.catalog.CatalogView`, made under a lock only when the catalog changed; it
   shares the catalog's persistent maps (:mod:`pd.pmap`): nothing is copied per command.
 - **Reads that see every acknowledged write**, on any node and across leader changes
-  (:meth:`RaftNode.read_barrier`; pysyncobj reads whatever a node applied). A node on an
-  empty data dir stands for election only after ``empty_start_election_s``, so that two
-  wiped nodes do not elect each other on an empty catalog (not at the first start of a
-  new cluster, ``--new-cluster``: every node is empty then).
+  (:meth:`RaftNode.read_barrier`; pysyncobj reads whatever a node applied).
+- **An empty node never founds a catalog by accident** (:func:`~pd.raftrules.empty_start`).
+  Started on an empty data dir without ``--new-cluster``, a node of several never stands
+  for election before a leader gave it entries: two wiped nodes cannot elect each other
+  on an empty catalog, however long the node holding it takes to reach them (a time hold
+  would run out on a loaded host). With ``--new-cluster`` (a new cluster's first start)
+  it stands only once every peer said yes to its pre-vote while its log is empty: a peer
+  holding a catalog refuses, so a wiped node started so by mistake follows that leader.
 
 Side effects: a journal-sync thread per node, files in ``data_dir``, TCP sockets served
 by the running event loop (:meth:`RaftNode.start` and every call but :meth:`RaftNode.close`
@@ -109,18 +113,18 @@ from pathlib import Path
 from typing import Any, Final
 
 from pysyncobj import FAIL_REASON, SyncObjConf
-from pysyncobj.monotonic import monotonic as raft_clock  # CLOCK_MONOTONIC_RAW, not time's
 
 from estream.net.eagerfuture import EagerFuture
 from estream.wire.errors import EstreamError, Overloaded, Timeout, Unavailable
+from pd import raftrules
 from pd.catalog import CatalogView, Result
 from pd.commands import Command
 from pd.metrics import Histogram
-from pd.raftrules import RaftStatus, holds_empty_start, leaderless_reads_s
+from pd.raftrules import RaftStatus, leaderless_reads_s
 from pd.shell import raftpatch
 from pd.shell.journal import ChecksummedJournal
 from pd.shell.raftdump import read_dump
-from pd.shell.raftsyncobj import CatalogSyncObj, empty_start_election_s
+from pd.shell.raftsyncobj import WAITING_FOR_LEADER, CatalogSyncObj
 from pd.validate import check_command
 
 __all__ = ["RaftNode", "RaftStatus", "proposal_result", "read_dump"]
@@ -156,11 +160,11 @@ class RaftNode:
         join: bool = False,
         new_cluster: bool = False,
     ) -> None:
-        """``join``: join an existing cluster (etcd's ``initial-cluster-state=existing``):
-        started on an empty data dir, this node never stands for election before a
-        leader has given it the catalog. ``new_cluster``: the first start of a new
-        cluster (every node empty): no wait before the first election
-        (:func:`~pd.raftrules.holds_empty_start`)."""
+        """``new_cluster``: the first start of a new cluster (etcd's
+        ``initial-cluster-state=new``): an empty node may stand for election, with a yes
+        from every peer. Without it an empty node of several waits for a leader to give it
+        the catalog (:func:`~pd.raftrules.empty_start`). ``join`` (etcd's
+        ``initial-cluster-state=existing``) is that default, said explicitly."""
         self.join = join
         self.new_cluster = new_cluster
         self.self_address = self_address
@@ -191,8 +195,6 @@ class RaftNode:
         dump = self.data_dir / "raft.dump"
         if dump.exists():
             read_dump(dump)  # pysyncobj would log a damaged snapshot and start without it
-        empty = not any((self.data_dir / name).exists()
-                        for name in ("raft.journal", "raft.journal.meta", "raft.dump"))
         conf = SyncObjConf(
             journalFile=str(self.data_dir / "raft.journal"),
             fullDumpFile=str(self.data_dir / "raft.dump"),
@@ -213,18 +215,19 @@ class RaftNode:
             dynamicMembershipChange=False,
         )
         self._obj = CatalogSyncObj(self.self_address, self.peers, conf, loop)
-        if holds_empty_start(empty, bool(self.peers), self.new_cluster):
-            # A new disk (a wiped node) or a new cluster. Two wiped nodes would elect each
-            # other at once and commit on an empty catalog (later overwritten by the peer
-            # holding the real one, with everything acknowledged meanwhile); the peer's
-            # vote request comes first (see empty_start_election_s), and a new cluster
-            # waits a moment.
-            raftpatch.set_election_deadline(self._obj, raft_clock() + empty_start_election_s)
-            if self.join:
-                self._obj.joining = True
-                log.warning("--join: an empty node; waiting for a leader of the existing "
-                            "cluster to give it the catalog (it never stands for election "
-                            "before)")
+        obj = self._obj
+        empty = not raftrules.joined(obj.log_end(), int(obj.raftLastApplied))
+        start = raftrules.empty_start(empty, bool(self.peers), self.new_cluster)
+        if start == "wait_for_leader":
+            obj.joining = True
+            log.warning("%s", WAITING_FOR_LEADER)
+        elif start == "bootstrap":
+            obj.bootstrapping = True
+            log.info("--new-cluster: bootstrapping a new cluster; this node stands for "
+                     "election only once every peer answered that its log is empty too (a "
+                     "peer that holds a catalog refuses, and this node follows its leader)")
+        elif self.new_cluster and not empty:
+            log.info("--new-cluster: this node already has a catalog; it starts as usual")
         elif self.join:
             log.info("--join: this node already has a catalog; it starts as usual")
         journal = raftpatch.raft_log(self._obj)

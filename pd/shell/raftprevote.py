@@ -23,11 +23,13 @@ from pd.shell import raftpatch
 
 class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
     """Pre-vote (pd/prevote.py): a tick that would stand asks the others first; pysyncobj
-    stands (its own tick: a new term, request_vote) only once a majority said yes."""
+    stands (its own tick: a new term, request_vote) only once a majority said yes (every
+    peer, while an empty node bootstraps a new cluster: raftrules.bootstrap_voters)."""
 
     # Set by CatalogSyncObj.__init__.
     loop: asyncio.AbstractEventLoop
     joining: bool
+    bootstrapping: bool
     _closed: bool
     _contact: LeaderContact
     _prevote: prevote.PreVoteRound | None
@@ -44,7 +46,10 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
         self._restart_election_timeout()  # (the next round, if this one fails)
         last = self.log_end()
         request = prevote.prevote_request(self._getTerm() + 1, last, self._term_at(last) or 0)
-        self._prevote = prevote.PreVoteRound(request["term"], len(nodes) + 1)
+        voters = len(nodes) + 1
+        self._prevote = prevote.PreVoteRound(
+            request["term"], voters,
+            needed=raftrules.bootstrap_voters(self.bootstrapping, last, voters))
         send = raftpatch.transport(self).send
         for node in nodes:
             send(node, request)

@@ -38,14 +38,21 @@ from pd.shell.raftprevote import PreVoteSyncObj
 
 log = logging.getLogger(__name__)
 
+WAITING_FOR_LEADER: Final = (
+    "empty data dir and no --new-cluster: waiting for a leader of the existing cluster to "
+    "give this node the catalog (it never stands for election before). If every PD node "
+    "lost its data, the catalog is gone: start them all with --new-cluster to bootstrap a "
+    "new, empty cluster (README.md, \"PD nodes: a new cluster, a lost disk\")")
+
 proposal_batch_s: Final = 0.001  # proposals closer than this wait for one tick together
 commit_hold_s: Final = 0.002  # a commit index alone waits this long for the next append
 status_refresh_s: Final = 0.05
 ahead_decoded_commands_max: Final = 1024  # commands decoded before their commit (decode_ahead)
-# A node started on an empty data dir stands for election only this long after its start:
-# a peer that holds the catalog asks for its vote first (it reconnects within
-# connectionRetryTime, 1 s, and stands at once if its election deadline has passed).
-empty_start_election_s: Final = 2.0
+# A node that joined (a leader gave it the catalog after an empty start) stands for
+# election no sooner than this after: it has just heard that leader.
+joined_election_s: Final = 2.0
+# While an empty node waits for a leader, it says so in its log this often.
+join_reminder_s: Final = 30.0
 
 
 class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
@@ -82,7 +89,12 @@ class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
         # or resumed from a pause (see RaftNode.read_barrier).
         self._contact = LeaderContact.started(loop.time())
         self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self.joining = False  # --join on an empty data dir: never a candidate (see _onTick)
+        # Started empty without --new-cluster: never a candidate before a leader gave it
+        # entries (see _onTick); --new-cluster on an empty data dir: bootstrapping (its
+        # pre-vote needs every peer's yes while its log is empty).
+        self.joining = False
+        self.bootstrapping = False
+        self._join_reminded_at = 0.0  # (raft clock) see _hold_election_while_joining
         self._prevote: prevote.PreVoteRound | None = None  # asking before standing
         self._prevoted = False  # a majority said yes: the next tick stands
         # The leader's journal sync runs on this thread (the loop serves PD requests
@@ -130,6 +142,11 @@ class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
         and its tick (a whole pysyncobj tick) no longer delays the answer."""
         if self._tick_soon_pending:
             return  # a tick is due in this loop iteration anyway
+        self._tick_after_answers()
+
+    def _tick_after_answers(self) -> None:
+        """Tick now, or, while answers to proposals wait in the loop's callbacks, right
+        after them (a whole pysyncobj tick between a commit and its answer delays it)."""
         if self._answering:
             self.tick_soon()
             return
@@ -195,15 +212,21 @@ class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
             log.exception("Raft tick failed")
 
     def _hold_election_while_joining(self) -> None:
-        """A joining node (``--join``, empty) holds its election deadline off until a
-        leader gave it entries: it never stands for election on an empty catalog, so
-        nodes that lost their disks cannot elect each other."""
-        if self.log_end() > 1 or int(self.raftLastApplied) > 1:
+        """A node that started empty without ``--new-cluster`` holds its election deadline
+        off until a leader gave it entries (:func:`pd.raftrules.joined`): it never stands
+        for election on an empty catalog, so nodes that lost their disks cannot elect each
+        other. It says so in its log every ``join_reminder_s`` while it waits."""
+        now = raft_clock()
+        if raftrules.joined(self.log_end(), int(self.raftLastApplied)):
             self.joining = False
-            raftpatch.set_election_deadline(self, raft_clock() + empty_start_election_s)
+            raftpatch.set_election_deadline(self, now + joined_election_s)
             log.warning("joined the cluster: the catalog came from its leader")
-        else:
-            raftpatch.set_election_deadline(self, float("inf"))
+            return
+        raftpatch.set_election_deadline(self, float("inf"))
+        if now - self._join_reminded_at >= join_reminder_s:
+            if self._join_reminded_at:
+                log.warning(WAITING_FOR_LEADER)
+            self._join_reminded_at = now
 
     def _periodic_tick(self) -> None:
         if self._closed:
@@ -211,7 +234,9 @@ class CatalogSyncObj(PreVoteSyncObj, SnapshotSyncObj):
         now = self.loop.time()
         self._contact.periodic(now, self._leads_with_majority())
         self._timer = self.loop.call_later(self.conf.autoTickPeriod, self._periodic_tick)
-        self._run_tick()
+        # (On a loaded host the timer is often due between a commit and its answers: the
+        # loop runs due timers before the callbacks queued in the iteration before.)
+        self._tick_after_answers()
 
     def _leads_with_majority(self) -> bool:
         """Whether this node leads and a majority answered it within ``leader_contact_s``

@@ -16,10 +16,10 @@ from pd.shell.raft import RaftNode
 @contextlib.asynccontextmanager
 async def raft_group(tmp_path: Path, wait_s: float = 10.0) -> AsyncIterator[list[RaftNode]]:
     """Three started nodes on this loop with one leader they all know (within ``wait_s``),
-    closed afterwards."""
+    closed afterwards (a new cluster: ``new_cluster``)."""
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    nodes = [RaftNode(a, [p for p in addresses if p != a], tmp_path / str(i), password=None)
-             for i, a in enumerate(addresses)]
+    nodes = [RaftNode(a, [p for p in addresses if p != a], tmp_path / str(i), password=None,
+                      new_cluster=True) for i, a in enumerate(addresses)]
     for node in nodes:
         node.start()
     try:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from estream.devcluster.cmdline import estream_argv, pd_args, rangeserver_args
+from estream.devcluster.cmdline import NEW_CLUSTER, estream_argv, pd_args, rangeserver_args
 from estream.devcluster.process import ManagedProcess
 
 pytestmark = pytest.mark.integration
@@ -81,7 +81,8 @@ class Hosts:
         for i, host in enumerate(PD_HOSTS):
             peers = [f"{h}:{p + 10}" for h in PD_HOSTS if h != host]
             args = estream_argv("pd", pd_args(str(i), f"{host}:{p}", f"{host}:{p + 10}", peers,
-                                              f"{host}:{p + 20}", self.tmp / host / "pd"))
+                                              f"{host}:{p + 20}", self.tmp / host / "pd",
+                                              (NEW_CLUSTER,)))  # (started once)
             self.pd[host] = ManagedProcess(args, self.tmp / host / "pd.log").start()
         for host in RS_HOSTS:
             args = estream_argv("rangeserver", rangeserver_args(

@@ -21,6 +21,10 @@ from rangeserver.shell.heartbeat import heartbeat_loop
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_only=True, fresh=True)]
 
+# Longer than an empty node's election wait before (2 s) plus the longest election timeout
+# (1.2 s) and a pre-vote: enough for two wiped nodes to have elected each other then.
+WIPED_WATCH_S = 4.0
+
 SERVERS = [("rs-a", "127.0.0.1:7301"), ("rs-b", "127.0.0.1:7302"), ("rs-c", "127.0.0.1:7303"),
            ("rs-d", "127.0.0.1:7304")]
 
@@ -165,24 +169,41 @@ async def test_restart_all_three_keeps_the_catalog(cluster: PdCluster) -> None:
 
 async def test_two_nodes_wiped_at_once_the_third_keeps_the_catalog(cluster: PdCluster) -> None:
     """Two faults: the leader and a follower lose their disks together (kill -9, the data
-    dir replaced by an empty one, started again at the same addresses). The two empty
-    nodes must not elect each other and commit on an empty catalog: the third node, whose
-    log is longer, wins, and they copy the catalog from it. No read on any node answers
-    without a stream created before, and creates go on."""
+    dir replaced by an empty one, started again at the same addresses, without
+    --new-cluster). The two empty nodes must not elect each other and commit on an empty
+    catalog, however late the third node reaches them (here: stopped, SIGSTOP, until they
+    had time to elect; a time hold before their first election used to run out under
+    load): they never stand (pd.raftrules.empty_start), the third node leads, and they
+    copy the catalog from it. No read on any node answers without a stream created
+    before, and creates go on."""
     async with range_servers(cluster.rpc_addresses):
         async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
             for i in range(20):
                 await client.create_stream(f"kept-{i}")
         leader = cluster.leader()
         wiped = [leader, cluster.followers()[0]]
-        for i in wiped:
-            cluster.kill9(i)
-            shutil.rmtree(cluster.nodes[i].data_dir)
-            cluster.nodes[i].data_dir.mkdir()
-        for i in wiped:
-            cluster.nodes[i].start()
-        for i in wiped:
-            await asyncio.to_thread(cluster.nodes[i].wait_serving)
+        keeper = next(i for i in range(3) if i not in wiped)
+        keeper_process = cluster.nodes[keeper].process
+        assert keeper_process is not None
+        keeper_process.signal(signal.SIGSTOP)
+        try:
+            for i in wiped:
+                cluster.kill9(i)
+                shutil.rmtree(cluster.nodes[i].data_dir)
+                cluster.nodes[i].data_dir.mkdir()
+            for i in wiped:
+                cluster.nodes[i].start()
+            for i in wiped:
+                await asyncio.to_thread(cluster.nodes[i].wait_serving)
+            # Nothing the two do may depend on how soon the third answers: they elect
+            # nobody while it cannot (before: within 2 s + an election timeout of 1.2 s).
+            watch_end = time.monotonic() + WIPED_WATCH_S
+            while time.monotonic() < watch_end:
+                roles = {i: cluster.role(i) for i in wiped}
+                assert "leader" not in roles.values(), roles
+                await asyncio.sleep(0.1)
+        finally:
+            keeper_process.signal(signal.SIGCONT)
         kept = {f"kept-{i}" for i in range(20)}
         deadline = time.monotonic() + 20
         answered = set()

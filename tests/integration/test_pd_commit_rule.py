@@ -37,10 +37,12 @@ def _journal(node: RaftNode) -> ChecksummedJournal:
 
 
 def _start(addresses: list[str], root: Path, password: str | None = None) -> list[RaftNode]:
+    """Start a node per address: a new cluster's first start (``new_cluster``; ignored by
+    a node whose data dir holds a catalog)."""
     nodes = []
     for i, address in enumerate(addresses):
         node = RaftNode(address, [a for a in addresses if a != address], root / f"n{i}",
-                        password=password, propose_timeout_s=3.0)
+                        password=password, propose_timeout_s=3.0, new_cluster=True)
         node.start()
         nodes.append(node)
     return nodes

@@ -371,14 +371,19 @@ async def test_a_follower_reads_its_sockets_before_it_stands_for_election(
     sockets: the leader's append_entries waiting there must reach pysyncobj first, or a
     follower stands for election and unseats a live leader (a higher term)."""
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    nodes = [RaftNode(a, [p for p in addresses if p != a], tmp_path / str(i), password=None)
-             for i, a in enumerate(addresses[:2])]  # (the third never starts)
+    nodes = [RaftNode(a, [p for p in addresses if p != a], tmp_path / str(i), password=None,
+                      new_cluster=True) for i, a in enumerate(addresses)]
     for node in nodes:
         node.start()
     try:
         for node in nodes:
             await _wait_leader(node)
+        # One follower goes (a new cluster bootstraps with every node: see
+        # raftrules.bootstrap_voters): the leader and the other follower stay.
         leader = next(n for n in nodes if n.leader() == n.self_address)
+        gone = next(n for n in nodes if n is not leader)
+        await asyncio.to_thread(gone.close)
+        nodes.remove(gone)
         follower = next(n for n in nodes if n is not leader)
         obj = follower._obj
         assert obj is not None
@@ -403,7 +408,11 @@ async def test_an_answer_leaves_before_the_tick_of_a_later_acknowledgement(
     """One at a time, both followers' acknowledgements are read in one loop iteration: the
     first commits and answers; the second's tick (a whole pysyncobj tick that commits
     nothing more) runs after the answer's callbacks (CatalogSyncObj._after_socket_event),
-    no longer between the commit and the answer."""
+    no longer between the commit and the answer. Nor does the periodic tick, which a
+    loaded host often has due there (uvloop runs due timers before the callbacks queued
+    in the iteration before): no tick at all runs between a commit and its answer, however
+    slow the machine (it allowed 3 of 30 and failed under load; 1-2 came on a loaded host
+    with the periodic tick not deferred)."""
     seen = {"leader": None, "future": None, "answered": False, "before": 0}
     tick = raftsyncobj.CatalogSyncObj._onTick
 
@@ -427,7 +436,7 @@ async def test_an_answer_leaves_before_the_tick_of_a_later_acknowledgement(
             future.add_done_callback(lambda _: seen.__setitem__("answered", True))
             assert isinstance(await future, StreamMeta)
         # Before: 60 and 59 such ticks for the 30 proposals in two runs.
-        assert seen["before"] <= proposals // 10, seen["before"]
+        assert seen["before"] == 0, seen["before"]
 
 
 async def test_an_idle_leader_appends_a_lone_proposal_without_a_tick(

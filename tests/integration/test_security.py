@@ -372,7 +372,7 @@ def test_cli_uses_env_ca_and_token(cluster: SecureCluster) -> None:
 def _raft_pair(tmp_path: Path, passwords: tuple[str, str]) -> list[RaftNode]:
     addresses = [f"{HOST}:{free_port(HOST)}" for _ in range(2)]
     return [RaftNode(addresses[i], [addresses[1 - i]], tmp_path / f"raft{i}",
-                     password=passwords[i]) for i in range(2)]
+                     password=passwords[i], new_cluster=True) for i in range(2)]
 
 
 async def _leader_within(nodes: list[RaftNode], timeout_s: float) -> str | None:

@@ -1,4 +1,4 @@
-"""The PD launcher's command lines: ``--new-cluster`` (no 2 s wait before the first
+"""The PD launcher's command lines: ``--new-cluster`` (an empty node may stand for
 election) only when asked for, i.e. at a new cluster's first start, never on a restart."""
 
 from __future__ import annotations

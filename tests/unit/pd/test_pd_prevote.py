@@ -62,6 +62,17 @@ def test_a_round_is_won_with_a_majority_counting_the_asker() -> None:
     assert five.answer("c", prevote_response(request, True))
 
 
+def test_a_bootstrapping_round_needs_every_voter() -> None:
+    """An empty node with --new-cluster (pd.raftrules.bootstrap_voters): a yes from one
+    peer of two is not enough; a peer holding a catalog says no (its log is longer)."""
+    request = prevote_request(1, 1, 0)
+    three = PreVoteRound(1, 3, needed=3)
+    assert not three.answer("b", prevote_response(request, True))
+    assert not three.answer("c", prevote_response(
+        request, grants_prevote(request, 4, 30, 4, alive=False)))
+    assert three.answer("c", prevote_response(request, True))
+
+
 @pytest.mark.parametrize(("asker", "last_index", "yielded"), [
     ("a", 9, True), ("c", 9, False), ("c", 10, True), ("a", 8, False)])
 def test_of_two_rounds_at_once_one_gives_way(asker: str, last_index: int,

@@ -13,9 +13,11 @@ from pd.raftrules import (
     QUIET,
     LeaderContact,
     RaftStatus,
+    bootstrap_voters,
     cap_ack,
+    empty_start,
     hold_commit_indexes,
-    holds_empty_start,
+    joined,
     majority_answered,
     may_hold_commit_indexes,
     plan_flush,
@@ -159,12 +161,38 @@ def test_the_leader_syncs_on_the_loop_only_one_entry_at_a_time(
     assert sync_on_loop(unsynced, in_flight) is on_loop
 
 
-@pytest.mark.parametrize(("empty", "has_peers", "new_cluster", "holds"), [
-    (True, True, False, True),    # a wiped node: waits for the peer holding the catalog
-    (True, True, True, False),    # the first start of a new cluster: nothing to wait for
-    (False, True, False, False),  # a node with data
-    (True, False, False, False),  # a one-node cluster
+@pytest.mark.parametrize(("empty", "has_peers", "new_cluster", "start"), [
+    (True, True, False, "wait_for_leader"),  # a wiped node: never stands before a leader
+    (True, True, True, "bootstrap"),         # a new cluster's first start: every peer's yes
+    (False, True, False, "as_usual"),        # a node with data
+    (False, True, True, "as_usual"),         # --new-cluster left on a restart: ignored
+    (True, False, False, "as_usual"),        # a one-node cluster: no peer to wait for
+    (True, False, True, "as_usual"),
 ])
-def test_an_empty_node_holds_its_first_election_unless_the_cluster_is_new(
-        empty: bool, has_peers: bool, new_cluster: bool, holds: bool) -> None:
-    assert holds_empty_start(empty, has_peers, new_cluster) is holds
+def test_an_empty_node_stands_only_when_bootstrapping_a_new_cluster(
+        empty: bool, has_peers: bool, new_cluster: bool, start: str) -> None:
+    assert empty_start(empty, has_peers, new_cluster) == start
+
+
+@pytest.mark.parametrize(("log_end", "last_applied", "has_catalog"), [
+    (1, 1, False),   # pysyncobj's initial entry only
+    (2, 1, True),    # an entry from a leader
+    (1, 40, True),   # a snapshot applied
+    (0, 0, False),
+])
+def test_a_node_has_joined_once_it_holds_an_entry_or_a_snapshot(
+        log_end: int, last_applied: int, has_catalog: bool) -> None:
+    assert joined(log_end, last_applied) is has_catalog
+
+
+@pytest.mark.parametrize(("bootstrapping", "log_end", "voters", "needed"), [
+    (True, 1, 3, 3),    # a new cluster: every voter, so a peer holding a catalog stops it
+    (True, 2, 3, 2),    # it has entries: a majority, as Raft
+    (False, 1, 3, 2),
+    (True, 1, 5, 5),
+    (False, 9, 5, 3),
+    (True, 1, 1, 1),
+])
+def test_a_bootstrapping_node_needs_every_peer_while_its_log_is_empty(
+        bootstrapping: bool, log_end: int, voters: int, needed: int) -> None:
+    assert bootstrap_voters(bootstrapping, log_end, voters) == needed
