@@ -365,7 +365,8 @@ class Gateway(Reads, Fetch, Produce):
         if asked is None or (version == 0 and not asked):
             names = list(counts)
         else:
-            names = [t.name for t in asked]
+            names = list(dict.fromkeys(t.name for t in asked))  # (each answered once,
+            #   as Kafka's: a topic of n partitions named k times is not k * n answers)
         topics = []
         for name in names:
             count = counts.get(name or "", 0)
