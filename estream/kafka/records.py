@@ -294,6 +294,7 @@ def _bounded(into: Callable[[bytes, bytearray], int], data: bytes, limit: int
             if size > limit:
                 raise InvalidArgument(f"records decompress past {limit} bytes",
                                       argument="records") from None
+            del buffer  # (before the next is made: at most one held)
             size = min(limit + 1, 2 * size)
 
 
