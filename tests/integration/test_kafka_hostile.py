@@ -1,7 +1,8 @@
 """The Kafka gateway against the worst numbers a Kafka client may send (issues 27 and 31),
 as raw frames through kio: every request gets Kafka error codes (a frame that does not
 decode closes only its connection), the gateway keeps serving, and what it holds stays
-bounded (its resident memory, read from /proc). One cluster and gateway for the module."""
+bounded (its peak resident memory, read from /proc); before SASL a connection may not send
+a large frame. One cluster for the module, a gateway without SASL and one with."""
 
 from __future__ import annotations
 
@@ -263,3 +264,38 @@ def test_a_produce_to_thousands_of_missing_partitions_is_answered(gateway: Gatew
                   + [("missing", 0, good)] * 3_000)
     assert len(got) == 3_000
     assert set(got.values()) == {ErrorCode.unknown_topic_or_partition}
+
+
+@pytest.fixture(scope="module")
+def sasl_gateway(module_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[Gateway]:
+    log_dir = tmp_path_factory.mktemp("kafka-hostile-sasl")
+    tokens = log_dir / "tokens"
+    tokens.write_text("client:c-token\n")
+    process, address, _ = start_kafka(log_dir, module_cluster.pd_addresses, name="kafka-sasl",
+                                      extra=("--token-file", str(tokens)))
+    try:
+        yield Gateway(address, process.pid)
+    finally:
+        process.stop()
+
+
+def test_a_client_not_authenticated_may_not_send_a_large_frame(sasl_gateway: Gateway
+                                                                ) -> None:
+    """Before SASL, a frame past 512 KiB (Kafka's sasl.server.max.receive.size) is
+    answered MESSAGE_TOO_LARGE and its connection closed at once: the gateway does not
+    buffer up to 100 MiB for each of 1,024 connections that proved nothing."""
+    from kio.schema.errors import ErrorCode
+
+    host, port = sasl_gateway.address.rsplit(":", 1)
+    head = struct.pack(">hhih", 18, 0, 5, 1) + b"t"  # ApiVersions v0, correlation 5
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        sock.sendall(struct.pack(">i", 1024 * 1024) + head)  # (the rest never sent)
+        size = struct.unpack(">i", read_exactly(sock, 4))[0]
+        answer = read_exactly(sock, size)
+        assert struct.unpack(">ih", answer[:6]) == (5, ErrorCode.message_too_large)
+        assert sock.recv(1) == b""  # closed
+    # Another connection is served as before.
+    from kio.schema.api_versions.v0.request import ApiVersionsRequest
+
+    assert call(sasl_gateway, 18, 0, ApiVersionsRequest()).error_code == ErrorCode.none

@@ -191,6 +191,9 @@ class Gateway(Reads, Fetch, Produce):
                     peer_gone = True
                     break
                 self.bytes_in += len(data)
+                decoder.limit = (kp.unauthenticated_frame_bytes_max
+                                 if session.required and not session.roles
+                                 else kp.frame_bytes_max)
                 for frame in decoder.feed(data):
                     produce = kp.peek_header(frame)[0] == kp.PRODUCE
                     while not load.room(produce) and not sender.done():
