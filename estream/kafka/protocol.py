@@ -126,6 +126,8 @@ API_NAMES: Final = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffse
                     **{key: name for key, (name, _) in GROUP_APIS.items()}}
 
 frame_bytes_max: Final = 100 * 1024 * 1024  # one request (Kafka's socket.request.max.bytes)
+unauthenticated_frame_bytes_max: Final = 512 * 1024  # one request before the connection
+#   proved a credential, where SASL is required (Kafka's sasl.server.max.receive.size)
 frame_bytes_min: Final = 8  # api key, version, correlation id
 client_id_bytes_max: Final = 32 * 1024
 _SIZE: Final = struct.Struct(">i")
@@ -149,7 +151,7 @@ class FrameDecoder:
 
     def __init__(self, frame_bytes_max_: int = frame_bytes_max) -> None:
         self._buffer = bytearray()
-        self._max = frame_bytes_max_
+        self.limit = frame_bytes_max_  # (the connection's: it may change between feeds)
         self.failed: EstreamError | None = None
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -165,8 +167,8 @@ class FrameDecoder:
         pos = 0
         while len(buf) - pos >= 4:
             (size,) = _SIZE.unpack_from(buf, pos)
-            if size > self._max:
-                self.failed = FrameTooLarge(f"Kafka request of {size} bytes exceeds {self._max}")
+            if size > self.limit:
+                self.failed = FrameTooLarge(f"Kafka request of {size} bytes exceeds {self.limit}")
                 break
             if size < frame_bytes_min:
                 self.failed = MalformedFrame(

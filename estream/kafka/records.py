@@ -258,13 +258,13 @@ def _decompress(kind: int, data: memoryview) -> bytes | memoryview:
     try:
         if kind == COMPRESSION_GZIP:
             inflater = zlib.decompressobj(wbits=47)  # gzip or zlib header
-            out = inflater.decompress(data, records_bytes_max + 1)
+            out: bytes | memoryview = inflater.decompress(data, records_bytes_max + 1)
         elif kind == COMPRESSION_SNAPPY:
             out = _snappy(bytes(data))
         elif kind == COMPRESSION_LZ4:
-            out = bytes(cramjam.lz4.decompress(bytes(data)))
+            out = _bounded(cramjam.lz4.decompress_into, bytes(data), records_bytes_max)
         elif kind == COMPRESSION_ZSTD:
-            out = bytes(cramjam.zstd.decompress(bytes(data)))
+            out = _bounded(cramjam.zstd.decompress_into, bytes(data), records_bytes_max)
         else:
             raise InvalidArgument(f"unknown compression {kind}", argument="compression")
     except (zlib.error, cramjam.DecompressionError, ValueError) as exc:
@@ -276,20 +276,42 @@ def _decompress(kind: int, data: memoryview) -> bytes | memoryview:
     return out
 
 
-def _snappy(data: bytes) -> bytes:
-    """Raw snappy, or the xerial framing Java and kafka-python producers write."""
+def _bounded(into: Callable[[bytes, bytearray], int], data: bytes, limit: int
+             ) -> memoryview:
+    """``data`` decompressed by ``into`` (cramjam's ``decompress_into``) into a buffer
+    that starts at 8 times its size and doubles up to ``limit`` + 1 bytes: never more
+    than that held, whatever the data claims or expands to (a zstd frame of 64 KiB
+    expands to 2 GiB), and the work at most about twice the output's. Past ``limit``:
+    :class:`InvalidArgument`."""
+    size = min(limit + 1, max(64 * 1024, 8 * len(data)))
+    while True:
+        buffer = bytearray(size)
+        try:
+            return memoryview(buffer)[: into(data, buffer)]
+        except cramjam.DecompressionError as exc:
+            if "buffer" not in str(exc):  # (corrupt, not too small)
+                raise
+            if size > limit:
+                raise InvalidArgument(f"records decompress past {limit} bytes",
+                                      argument="records") from None
+            del buffer  # (before the next is made: at most one held)
+            size = min(limit + 1, 2 * size)
+
+
+def _snappy(data: bytes) -> bytes | memoryview:
+    """Raw snappy, or the xerial framing Java and kafka-python producers write (each
+    block within what is left of :data:`records_bytes_max`)."""
+    into = cramjam.snappy.decompress_raw_into
     if not data.startswith(_XERIAL):
-        return bytes(cramjam.snappy.decompress_raw(data))
+        return _bounded(into, data, records_bytes_max)
     pos, parts, total = 16, [], 0
     while pos < len(data):
         if pos + 4 > len(data):
             raise MalformedBatch("xerial snappy block cut short")
         size = int.from_bytes(data[pos : pos + 4], "big")
         pos += 4
-        part = bytes(cramjam.snappy.decompress_raw(data[pos : pos + size]))
+        part = _bounded(into, data[pos : pos + size], records_bytes_max - total)
         total += len(part)
-        if total > records_bytes_max:
-            raise InvalidArgument("records decompress too large", argument="records")
         parts.append(part)
         pos += size
     return b"".join(parts)

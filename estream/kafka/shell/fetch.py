@@ -32,6 +32,7 @@ from estream.kafka.convert import fetch_batch
 from estream.kafka.readahead import chunk_stop, plan_chunks
 from estream.kafka.tailcache import TailCache
 from estream.kafka.topics import stream_name
+from estream.net.bounded import gather_bounded
 from estream.sdk.client import Client
 from estream.wire.errors import EstreamError
 
@@ -41,6 +42,15 @@ end_refresh_ms: Final = 1_000  # behind the end, the end known is looked up agai
 #   background) once it is this old
 fetch_partitions_max: Final = 4096  # partitions whose state is kept; past it the least
 #   recently fetched is forgotten (its next fetch looks its end up again)
+# A Fetch names any number of partitions (a frame holds millions, the same one many times):
+fetch_partitions_in_flight_max: Final = 64  # partitions read at once
+fetch_answer_bytes_max: Final = 64 * 1024 * 1024  # an answer's records, whatever max_bytes
+#   says (as a broker's fetch.max.bytes); past it (and past the request's max_bytes) a
+#   partition is answered with its offsets and no records, unread
+fetch_partition_bytes_max: Final = 8 * 1024 * 1024  # one partition's read, whatever
+#   partition_max_bytes says (so a round holds at most the answer's bound plus this much
+#   per partition in flight)
+fetch_waits_max: Final = 1024  # partitions a long poll waits on (distinct, in order)
 
 _Chunk = tuple[bytes, int]  # Kafka batches, records in them
 _Ahead = tuple[int, int, int, "asyncio.Task[_Chunk]"]  # offset, planned stop, max bytes, read
@@ -100,7 +110,7 @@ class Fetch:
             if offset < start or offset > end:
                 self._drop_ahead(state)
                 return ErrorCode.offset_out_of_range, end, start, b""
-            if offset == end:
+            if offset == end or max_bytes <= 0:  # (<= 0: the answer's budget is spent)
                 return ErrorCode.none, end, start, b""
             cached = self.tail.take(name, state.stream_id, offset, end, max_bytes)
             if cached is not None:
@@ -195,29 +205,47 @@ class Fetch:
         more, until ``min_bytes`` or ``max_wait``: one deadline for the whole long poll
         (not a wait of what remains, re-armed each round, which a round's reads could
         outlast); when it passes while a round reads again, the last round's results
-        answer (the same offsets: what was read then is still there)."""
+        answer (the same offsets: what was read then is still there). A round waits for
+        records past each partition's end known (distinct partitions, the first
+        :data:`fetch_waits_max`), not at the offset asked: records already there would
+        wake it at once, round after round until the deadline."""
         loop = asyncio.get_running_loop()
         wait_s = min(max(request.max_wait.total_seconds(), 0.0), fetch_wait_ms_max / 1000)
         deadline = loop.time() + wait_s
         asked = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
                  for t in request.topics for p in t.partitions]
-        results = await self._fetch_round(asked)
+        budget = min(max(1, request.max_bytes), fetch_answer_bytes_max)
+        results = await self._fetch_round(asked, budget)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):
                 while sum(len(r[3]) for r in results) < max(1, request.min_bytes):
-                    waits = [(topic, index, offset) for (topic, index, offset, _), r in
-                             zip(asked, results, strict=True) if r[0] == ErrorCode.none]
+                    waits = list(dict.fromkeys(
+                        (topic, index, r[1]) for (topic, index, _, _), r in
+                        zip(asked, results, strict=True) if r[0] == ErrorCode.none))
                     if not waits:
                         break
-                    await self._wait_for_records(waits)
-                    results = await self._fetch_round(asked)
-        return self._fetch_response(version, asked, results, request.max_bytes)
+                    await self._wait_for_records(waits[:fetch_waits_max])
+                    results = await self._fetch_round(asked, budget)
+        return self._fetch_response(version, asked, results, budget)
 
-    async def _fetch_round(self, asked: list[tuple[str, int, int, int]]
+    async def _fetch_round(self, asked: list[tuple[str, int, int, int]], budget: int
                            ) -> list[tuple[ErrorCode, int, int, bytes]]:
-        return list(await asyncio.gather(*(
-            self._fetch_partition(topic, index, offset, max(1, limit))
-            for topic, index, offset, limit in asked)))
+        """Every partition asked, :data:`fetch_partitions_in_flight_max` at once, each reading at
+        most its ``partition_max_bytes``, ``budget`` (the answer's bytes) and
+        :data:`fetch_partition_bytes_max`; once the records read reach ``budget`` the
+        partitions not started are answered unread (the first always reads), so a round
+        holds at most ``budget`` plus one read per partition in flight. (Each partition
+        reads the same size from one fetch to the next: the read-ahead's chunks match.)"""
+        left = [budget]
+
+        async def one(item: tuple[str, int, int, int]) -> tuple[ErrorCode, int, int, bytes]:
+            topic, index, offset, limit = item
+            size = min(max(1, limit), budget, fetch_partition_bytes_max) if left[0] > 0 else 0
+            result = await self._fetch_partition(topic, index, offset, size)
+            left[0] -= len(result[3])
+            return result
+
+        return await gather_bounded(one, asked, fetch_partitions_in_flight_max)
 
     def _fetch_response(self, version: int, asked: list[tuple[str, int, int, int]],
                         results: list[tuple[ErrorCode, int, int, bytes]],

@@ -191,6 +191,9 @@ class Gateway(Reads, Fetch, Produce):
                     peer_gone = True
                     break
                 self.bytes_in += len(data)
+                decoder.limit = (kp.unauthenticated_frame_bytes_max
+                                 if session.required and not session.roles
+                                 else kp.frame_bytes_max)
                 for frame in decoder.feed(data):
                     produce = kp.peek_header(frame)[0] == kp.PRODUCE
                     while not load.room(produce) and not sender.done():
@@ -365,7 +368,8 @@ class Gateway(Reads, Fetch, Produce):
         if asked is None or (version == 0 and not asked):
             names = list(counts)
         else:
-            names = [t.name for t in asked]
+            names = list(dict.fromkeys(t.name for t in asked))  # (each answered once,
+            #   as Kafka's: a topic of n partitions named k times is not k * n answers)
         topics = []
         for name in names:
             count = counts.get(name or "", 0)

@@ -38,6 +38,7 @@ from estream.kafka.producers import ProducerTable, restored_records_max
 from estream.kafka.records import KafkaBatch, decode_batches, plain_batch_at
 from estream.kafka.tailcache import TailCache
 from estream.kafka.topics import stream_name
+from estream.net.bounded import gather_bounded
 from estream.sdk.client import Client
 from estream.sdk.writer import Waiter, Writer
 from estream.wire.errors import EstreamError, InvalidArgument, MalformedFrame, StreamExists
@@ -47,6 +48,8 @@ from estream.wire.record import decode_system
 writers_max: Final = 4096  # partition writers held open; past it the least recently used
 #   one is closed (it reopens, fencing nothing of its own, on its next produce)
 produce_timeout_ms_max: Final = 120_000
+opens_in_flight_max: Final = 64  # writers a Produce opens at once (a frame may name
+#   millions of partitions, of topics that do not exist: each open asks PD)
 # InitProducerId: each producer id is a new epoch of this stream (Raft-committed in PD,
 # strictly increasing), so ids are unique across gateways and restarts.
 PRODUCER_IDS_STREAM: Final = "__kafka_producer_ids"
@@ -199,7 +202,15 @@ class Produce:
         if missing is None:
             missing = self._missing(parts)
         if missing:
-            await asyncio.gather(*(self._open(p) for p in missing))
+            names = list(dict.fromkeys(p.name for p in missing))  # (each opened once)
+            opened = dict(zip(names, await gather_bounded(self._open, names,
+                                                          opens_in_flight_max), strict=True))
+            for part in missing:
+                got = opened[part.name]
+                if isinstance(got, ErrorCode):
+                    part.answer(got)
+                else:
+                    part.writer = got
         done = self._submit_all(parts)
         if done is not None:
             await done
@@ -250,11 +261,12 @@ class Produce:
         part.writer = writer
         return True
 
-    async def _open(self, part: _Partition) -> None:
+    async def _open(self, name: str) -> Writer | ErrorCode:
+        """The stream's writer here (opened if need be), or the error that refused it."""
         try:
-            part.writer = await self._writer(part.name)
+            return await self._writer(name)
         except (EstreamError, TimeoutError) as exc:
-            part.answer(kp.error_code(exc))
+            return kp.error_code(exc)
 
     def _submit(self, part: _Partition, now: int) -> None:
         """Every batch of ``part`` to its writer (a duplicate answered, a sequence error
