@@ -402,8 +402,9 @@ async def test_trim_and_lag_stop_where_a_reader_stops(cluster: Cluster) -> None:
     batch 8 on 3 and 4, batch 9 on 4 and 1 with the confirm 90; then 4 stops. Batch 8 is
     on 3 alone, which knows the confirm 80: a reader stops at 80. Before, PD took the
     most any server served, 90 (server 1, whose chain has 9 but not 8): a trim to 90
-    was accepted, a commit at 90 too, and a cursor at 80 showed a lag of 10 that no
-    reader could read. Now 80; with 4 back, 90."""
+    was accepted, and a cursor at 80 showed a lag of 10 that no reader could read. Now
+    80; with 4 back, 90. A cursor commit at 90 is taken meanwhile (PD saw 90 readable
+    before the stop: a reader may have read it), one at 91 is refused naming 80."""
     async with chains(cluster, "sr-ends") as c:
         async def confirm(offset: int, positions: Sequence[int]) -> None:
             for p in positions:
@@ -433,8 +434,11 @@ async def test_trim_and_lag_stop_where_a_reader_stops(cluster: Cluster) -> None:
             assert (end, [x["lag"] for x in cursors]) == (80, [0])
             with pytest.raises(InvalidArgument, match="up to 80"):
                 await pd.trim_stream(name, 90)
+            # A commit at 90 is taken: PD saw 90 readable before the stop (a reader may
+            # have read it; pd.readable.SeenEnds); one past it asks again and meets 80.
+            await pd.commit_cursor(name, "r", 90)
             with pytest.raises(EstreamError, match="up to 80"):
-                await pd.commit_cursor(name, "r", 90)
+                await pd.commit_cursor(name, "r", 91)
             assert (await pd.trim_stream(name, 80)).start_offset == 80
         finally:
             await asyncio.to_thread(cluster.restart, stopped)

@@ -448,7 +448,14 @@ async def test_a_commit_at_or_below_the_end_seen_asks_no_replica(cluster: Cluste
         try:
             for i in range(5):
                 await writer.append(b"%d" % i)
-            await client.commit_cursor("seen-end", "g", 5)  # asks: readers can read 5
+            # Asks: readers can read 5 once the last append's confirm reached a replica
+            # (a consumer commits what it read: here, until it is readable).
+            for _ in range(200):
+                try:
+                    await client.commit_cursor("seen-end", "g", 5)
+                    break
+                except OffsetOutOfRange:
+                    await asyncio.sleep(0.05)
             hung = [server.address for server in cluster.servers]
             for address in hung:
                 cluster.pause(address)
