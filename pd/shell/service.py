@@ -95,6 +95,10 @@ from pd.streammemo import StreamsById, catalog_map
 log = logging.getLogger(__name__)
 
 delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
+# A delete answers within about this (a client asks again after 4 s: StreamNotFound); its
+# DROP_STREAMs wait what a fence of hung replicas left (the rest learn it by heartbeat).
+delete_answer_s = 3.0
+drop_wait_s_min = 0.25
 list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
 list_figures_timeout_s = 0.5  # ... and how long each range server may take
 
@@ -248,8 +252,9 @@ class PdService(ServerOps):
         epoch (a writer that opened meanwhile was not fenced: start over). A stream no
         writer ever opened (epoch 0) has nothing to fence. Raises FenceIncomplete, deleting
         nothing, when too few replicas answer the fence: the stream stays with its writers
-        fenced (a new open writes again), and a delete again is safe. Once deleted, the
-        servers of its replicas are told before this returns (:meth:`_drop_replicas`)."""
+        fenced (a new open writes again), and a delete again is safe. Once deleted, its
+        servers are told within what is left of ``delete_answer_s`` (:meth:`_drop_replicas`)."""
+        started_ms = self.clock_ms()
         for _ in range(delete_attempts_max):
             stream = (await self.decision_view()).stream(name)
             try:
@@ -259,19 +264,22 @@ class PdService(ServerOps):
                     await self._fence_open_range(stream)
                 deleted = _stream(await self.raft.propose(
                     DeleteStream(name, stream.epoch, stream.id)))
-                await self._drop_replicas(deleted)
+                left_s = delete_answer_s - (self.clock_ms() - started_ms) / 1000
+                await self._drop_replicas(deleted, min(rangeops.drop_stream_timeout_s,
+                                                       max(drop_wait_s_min, left_s)))
                 return
             except Conflict:
                 continue  # a writer opened meanwhile: fence it too
         raise Unavailable(f"stream {name!r} not deleted: writers kept opening it")
 
-    async def _drop_replicas(self, deleted: StreamMeta) -> None:
+    async def _drop_replicas(self, deleted: StreamMeta, timeout_s: float) -> None:
         """Tell every server holding a replica of the stream just deleted, at once and
-        each within ``rangeops.drop_stream_timeout_s`` (``pd/deletion.py``): from their
-        answer on, they serve nothing of it. One that does not answer in time learns it
-        from its next heartbeat's answer (``CatalogView.deleted``)."""
+        each within ``timeout_s`` (``pd/deletion.py``): from their answer on, they serve
+        nothing of it. One that does not answer in time learns it from its next
+        heartbeat's answer (``CatalogView.deleted``)."""
         holders = replica_holders(deleted, self.view().servers)
-        results = await rangeops.drop_stream(self.pool, deleted.id, holders)
+        results = await rangeops.drop_stream(self.pool, deleted.id, holders,
+                                             timeout_s=timeout_s)
         silent = {sid: error for sid, error in results.items() if error is not None}
         if silent:
             log.warning("deleted stream %r (id %d): %s did not take DROP_STREAM (%s); they "

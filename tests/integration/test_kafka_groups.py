@@ -10,7 +10,6 @@ deleted and made again under its name. One cluster and gateway for the module.
 from __future__ import annotations
 
 import asyncio
-import io
 import socket
 import struct
 import time
@@ -23,6 +22,7 @@ import pytest
 
 import estream
 from estream.devcluster.kafka import start_kafka
+from tests.integration.kafkaframes import call_on, frame, read_exactly
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.cluster(pd_nodes=3, range_servers=3),
@@ -275,38 +275,6 @@ async def test_aiokafka_group_consumes_and_commits(gateway: Gateway) -> None:
 # -- hostile inputs, raw frames --------------------------------------------------------
 
 
-def _frame(api_key: int, version: int, correlation: int, body: Any) -> bytes:
-    from kio.serial import entity_writer
-
-    out = io.BytesIO()
-    entity_writer(type(body))(out, body)
-    head = struct.pack(">hhih", api_key, version, correlation, 1) + b"t"
-    data = head + out.getvalue()
-    return struct.pack(">i", len(data)) + data
-
-
-def _call(sock: socket.socket, api_key: int, version: int, correlation: int,
-          body: Any) -> Any:
-    from kio.index import load_response_schema
-    from kio.serial import entity_reader
-
-    sock.sendall(_frame(api_key, version, correlation, body))
-    size = struct.unpack(">i", _read(sock, 4))[0]
-    data = _read(sock, size)
-    assert struct.unpack(">i", data[:4])[0] == correlation
-    answer, _ = entity_reader(load_response_schema(api_key, version))(data, 4)
-    return answer
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "the gateway closed the connection"
-        out += chunk
-    return out
-
-
 def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serving(
         gateway: Gateway) -> None:
     import datetime
@@ -336,21 +304,21 @@ def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serv
     host, port = gateway.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
         # v4+: a first join gets MEMBER_ID_REQUIRED with the id to join with.
-        first = _call(sock, 11, 5, 1, join("hostile", "", b"m"))
+        first = call_on(sock, 11, 5, 1, join("hostile", "", b"m"))
         assert first.error_code == ErrorCode.member_id_required and first.member_id
         member = first.member_id
         # Absurd sizes: protocol metadata past the bound, a bad group name, a session
         # timeout out of range.
-        huge = _call(sock, 11, 5, 2, join("hostile", member, b"x" * (1024 * 1024)))
+        huge = call_on(sock, 11, 5, 2, join("hostile", member, b"x" * (1024 * 1024)))
         assert huge.error_code == ErrorCode.invalid_request
-        bad = _call(sock, 11, 5, 3, join("no spaces!", member, b"m"))
+        bad = call_on(sock, 11, 5, 3, join("no spaces!", member, b"m"))
         assert bad.error_code == ErrorCode.invalid_group_id
-        late = _call(sock, 11, 5, 4, join("hostile", member, b"m", session=2**31 - 1))
+        late = call_on(sock, 11, 5, 4, join("hostile", member, b"m", session=2**31 - 1))
         assert late.error_code == ErrorCode.invalid_session_timeout
-        joined = _call(sock, 11, 5, 5, join("hostile", member, b"m"))
+        joined = call_on(sock, 11, 5, 5, join("hostile", member, b"m"))
         assert joined.error_code == ErrorCode.none and joined.leader == member
         generation = int(joined.generation_id)
-        synced = _call(sock, 14, 3, 6, SyncGroupRequest(
+        synced = call_on(sock, 14, 3, 6, SyncGroupRequest(
             group_id=GroupId("hostile"), generation_id=i32(generation), member_id=member,
             group_instance_id=None, assignments=()))
         assert synced.error_code == ErrorCode.none
@@ -359,11 +327,11 @@ def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serv
                 ("nobody", generation, ErrorCode.unknown_member_id),
                 (member, generation + 7, ErrorCode.illegal_generation),
                 (member, generation, ErrorCode.none)], start=10):
-            beat = _call(sock, 12, 3, corr, HeartbeatRequest(
+            beat = call_on(sock, 12, 3, corr, HeartbeatRequest(
                 group_id=GroupId("hostile"), generation_id=i32(gen), member_id=who,
                 group_instance_id=None))
             assert beat.error_code == code, (who, gen)
-        commit = _call(sock, 8, 7, 20, OffsetCommitRequest(
+        commit = call_on(sock, 8, 7, 20, OffsetCommitRequest(
             group_id=GroupId("hostile"), generation_id_or_member_epoch=i32(generation + 1),
             member_id=member,
             group_instance_id=None, topics=(OffsetCommitRequestTopic(
@@ -372,7 +340,7 @@ def test_hostile_group_requests_get_kafka_error_codes_and_the_gateway_keeps_serv
                     committed_leader_epoch=i32(-1), committed_metadata=None),)),)))
         assert commit.topics[0].partitions[0].error_code == ErrorCode.illegal_generation
         # The gateway still serves: the member commits in its generation.
-        commit = _call(sock, 8, 7, 21, OffsetCommitRequest(
+        commit = call_on(sock, 8, 7, 21, OffsetCommitRequest(
             group_id=GroupId("hostile"), generation_id_or_member_epoch=i32(generation),
             member_id=member,
             group_instance_id=None, topics=(OffsetCommitRequestTopic(
@@ -668,32 +636,32 @@ def test_a_join_waits_at_the_barrier_without_blocking_other_connections(
     host, port = gateway.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=WAIT_S) as a, \
             socket.create_connection((host, int(port)), timeout=WAIT_S) as b:
-        first = _call(a, 11, 5, 1, join("")).member_id
-        joined = _call(a, 11, 5, 2, join(first))
+        first = call_on(a, 11, 5, 1, join("")).member_id
+        joined = call_on(a, 11, 5, 2, join(first))
         generation = int(joined.generation_id)
-        assert _call(a, 14, 3, 3, SyncGroupRequest(
+        assert call_on(a, 14, 3, 3, SyncGroupRequest(
             group_id=GroupId("barrier"), generation_id=i32(generation), member_id=first,
             group_instance_id=None, assignments=())).error_code == ErrorCode.none
-        second = _call(b, 11, 5, 4, join("")).member_id
-        b.sendall(_frame(11, 5, 5, join(second)))  # waits at the barrier for the first
+        second = call_on(b, 11, 5, 4, join("")).member_id
+        b.sendall(frame(11, 5, 5, join(second)))  # waits at the barrier for the first
         deadline = time.monotonic() + WAIT_S
         code = ErrorCode.none
         while code == ErrorCode.none and time.monotonic() < deadline:
-            code = _call(a, 12, 3, 6, HeartbeatRequest(
+            code = call_on(a, 12, 3, 6, HeartbeatRequest(
                 group_id=GroupId("barrier"), generation_id=i32(generation), member_id=first,
                 group_instance_id=None)).error_code
         assert code == ErrorCode.rebalance_in_progress
         started = time.monotonic()
-        assert _call(a, 18, 0, 7, ApiVersionsRequest()).error_code == ErrorCode.none
+        assert call_on(a, 18, 0, 7, ApiVersionsRequest()).error_code == ErrorCode.none
         assert time.monotonic() - started < 5  # the other member's wait holds nothing here
-        rejoined = _call(a, 11, 5, 8, join(first))  # the round completes: both joined
+        rejoined = call_on(a, 11, 5, 8, join(first))  # the round completes: both joined
         assert rejoined.error_code == ErrorCode.none
         assert int(rejoined.generation_id) == generation + 1 and len(rejoined.members) == 2
-        size = struct.unpack(">i", _read(b, 4))[0]
+        size = struct.unpack(">i", read_exactly(b, 4))[0]
         from kio.index import load_response_schema
         from kio.serial import entity_reader
 
-        answer, _ = entity_reader(load_response_schema(11, 5))(_read(b, size), 4)
+        answer, _ = entity_reader(load_response_schema(11, 5))(read_exactly(b, size), 4)
         assert answer.error_code == ErrorCode.none and answer.leader == first
         assert int(answer.generation_id) == generation + 1 and answer.members == ()
 
@@ -766,16 +734,16 @@ def test_a_join_waiting_at_the_barrier_ends_when_its_connection_closes(
 
     host, port = gateway.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=WAIT_S) as a:
-        first = _call(a, 11, 5, 1, join("")).member_id
-        joined = _call(a, 11, 5, 2, join(first))
+        first = call_on(a, 11, 5, 1, join("")).member_id
+        joined = call_on(a, 11, 5, 2, join(first))
         generation = int(joined.generation_id)
-        assert _call(a, 14, 3, 3, SyncGroupRequest(
+        assert call_on(a, 14, 3, 3, SyncGroupRequest(
             group_id=GroupId("closed-mid-join"), generation_id=i32(generation),
             member_id=first, group_instance_id=None, assignments=())).error_code == \
             ErrorCode.none
         with socket.create_connection((host, int(port)), timeout=WAIT_S) as b:
-            second = _call(b, 11, 5, 4, join("")).member_id
-            b.sendall(_frame(11, 5, 5, join(second)))  # waits at the barrier for `first`
+            second = call_on(b, 11, 5, 4, join("")).member_id
+            b.sendall(frame(11, 5, 5, join(second)))  # waits at the barrier for `first`
             deadline = time.monotonic() + WAIT_S
             while _in_flight(gateway) < 1 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -785,6 +753,6 @@ def test_a_join_waiting_at_the_barrier_ends_when_its_connection_closes(
             time.sleep(0.05)
         ended_s = time.monotonic() - closed
         assert ended_s < 5, f"the closed connection's join still waited {ended_s:.1f}s"
-        rejoined = _call(a, 11, 5, 6, join(first))  # the round completes without b's answer
+        rejoined = call_on(a, 11, 5, 6, join(first))  # the round completes without b's answer
         assert rejoined.error_code == ErrorCode.none
         assert int(rejoined.generation_id) == generation + 1 and len(rejoined.members) == 2

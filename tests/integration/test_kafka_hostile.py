@@ -7,7 +7,6 @@ a large frame. One cluster for the module, a gateway without SASL and one with."
 from __future__ import annotations
 
 import datetime
-import io
 import socket
 import struct
 import time
@@ -22,6 +21,7 @@ import pytest
 
 from estream.devcluster.kafka import start_kafka
 from estream.kafka import records as kr
+from tests.integration.kafkaframes import call_on, read_exactly
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
 
@@ -59,34 +59,10 @@ def ms(value: int) -> Any:
     return i32Timedelta.parse(datetime.timedelta(milliseconds=value))
 
 
-def frame(api_key: int, version: int, correlation: int, body: Any) -> bytes:
-    from kio.serial import entity_writer
-
-    out = io.BytesIO()
-    entity_writer(type(body))(out, body)
-    data = struct.pack(">hhih", api_key, version, correlation, 1) + b"t" + out.getvalue()
-    return struct.pack(">i", len(data)) + data
-
-
-def read_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "the gateway closed the connection"
-        out += chunk
-    return out
-
-
 def call(gateway: Gateway, api_key: int, version: int, body: Any) -> Any:
-    from kio.index import load_response_schema
-    from kio.serial import entity_reader
-
     host, port = gateway.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
-        sock.sendall(frame(api_key, version, 7, body))
-        data = read_exactly(sock, struct.unpack(">i", read_exactly(sock, 4))[0])
-    assert struct.unpack(">i", data[:4])[0] == 7
-    return entity_reader(load_response_schema(api_key, version))(data, 4)[0]
+        return call_on(sock, api_key, version, 7, body)
 
 
 def create(gateway: Gateway, *topics: tuple[str, int, int]) -> dict[str, int]:

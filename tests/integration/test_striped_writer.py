@@ -435,6 +435,8 @@ async def test_delete_fences_a_striped_range_per_write_set(cluster: Cluster) -> 
         finally:
             with contextlib.suppress(EstreamError):
                 await old.close()
+        # (PD may have seen the hung servers' heartbeats stop: six live ones to place on)
+        await asyncio.to_thread(cluster.wait_servers_alive)
         again = await client.create_stream("sd-del", 3, 2, ensemble=6)
         assert again.id != meta.id
         async with await client.open_writer("sd-del") as writer:
