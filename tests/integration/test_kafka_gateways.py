@@ -187,6 +187,8 @@ def test_a_produce_to_a_gateway_not_leading_is_refused_and_kafka_python_succeeds
     assert stored(module_cluster.pd_addresses, [f"{topic}-0"]) == [b"through the leader"]
 
 
+# In `make chaos` (the suite's 25-minute budget).
+@pytest.mark.slow
 def test_a_gateway_killed_under_load_loses_nothing(
     gateways: list[str], module_cluster: Any, tmp_path: Path,
 ) -> None:

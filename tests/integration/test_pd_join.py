@@ -87,6 +87,8 @@ async def test_two_wiped_nodes_joining_elect_nobody_and_then_copy_the_catalog(
         assert {"kept-server", "after-the-join"} <= {s.id for s in await client.list_servers()}
 
 
+# In `make chaos` (the suite's 25-minute budget).
+@pytest.mark.slow
 async def test_join_is_ignored_on_a_node_that_has_a_catalog(cluster: PdCluster) -> None:
     async with PDClient(cluster.rpc_addresses, timeout_s=10) as client:
         await client.register_server("kept-server", "127.0.0.1:9", "ssd")

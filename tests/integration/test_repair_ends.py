@@ -42,6 +42,8 @@ async def states(replicas: list[tuple[str, str]], stream_id: int) -> list[dict[s
             for sid, address in replicas]
 
 
+# In `make chaos` (the suite's 25-minute budget).
+@pytest.mark.slow
 async def test_replicas_sealed_below_above_or_left_open_end_at_the_catalogs_end(
     cluster: Cluster,
 ) -> None:

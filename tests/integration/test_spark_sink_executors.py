@@ -258,6 +258,8 @@ def spark_workers_connected_to(ports: set[int]) -> list[int]:
     return pids
 
 
+# In `make chaos` (the suite's 25-minute budget).
+@pytest.mark.slow
 def test_spark_python_worker_killed_mid_batch_then_query_restarts_store_each_row_once(
     spark: Any, estream_pd: str, tmp_path: Path
 ) -> None:

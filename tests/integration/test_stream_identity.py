@@ -245,6 +245,8 @@ def pd_requests(cluster: Cluster, op: str) -> int:
     return pd_metric_total(cluster, "estream_pd_requests_total{", f'op="{op}"', 'api="rpc"')
 
 
+# In `make chaos` (the suite's 25-minute budget).
+@pytest.mark.slow
 async def test_a_clients_writers_renew_their_leases_in_one_request_per_interval(
     cluster: Cluster,
 ) -> None:
