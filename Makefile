@@ -31,8 +31,9 @@ spark-deps: system-deps $(SPARK_STAMP)
 run: $(STAMP)
 	$(BIN)/estream up --data-dir ./estream-data
 
+# Two lanes at once (tests/lanes.sh): the real-process tiers, and the pure ones beside them.
 test: $(STAMP) spark-deps
-	$(BIN)/python -m pytest tests --durations=60
+	bash tests/lanes.sh --durations=60
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow and not spark"

@@ -54,6 +54,7 @@ from typing import Any, Final
 
 import pytest
 import uvloop
+from hypothesis import HealthCheck, settings
 
 from estream.devcluster.cluster import Cluster, start_cluster
 from estream.devcluster.pd import start_pd_cluster
@@ -63,6 +64,11 @@ from estream.devcluster.upcluster import UpCluster
 from estream.net.rpc import RpcClient
 from tests.heap import GcClock, freeze_session_heap, keep_frozen, notice_unfreezes
 from tests.integration.conftest_spark import cluster_pd, spark_session
+
+# Property tests time nothing: no per-example deadline, no "too slow" health check (the
+# pure tiers run beside the real-process ones, `tests/lanes.sh`, so a CPU may be shared).
+settings.register_profile("estream", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("estream")
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 UNIT: Final = ROOT / "tests" / "unit"

@@ -356,11 +356,17 @@ class Supervisor:
             self.stop_all()
 
     def stop_all(self) -> None:
-        """SIGTERM every child, wait, SIGKILL those still alive after the timeout; reap."""
+        """SIGTERM every child, wait, SIGKILL those still alive after the timeout; reap.
+        The Kafka gateways go first, on their own: they are PD's and the range servers'
+        clients, and close their writers (sealing each open range through PD) as they stop;
+        stopped together with PD, each waited out its PD timeout (5 s) and left the ranges
+        for PD to seal later. Then the range servers, then PD."""
         def report(process: ManagedProcess) -> None:
             self.out(f"{process.name} did not stop in {self.stop_timeout_s:.0f}s: SIGKILL")
 
-        stop_processes(reversed([c.process for c in self.children]),  # range servers first
+        gateways = [c.process for c in self.children if c.spec.kind == "kafka"]
+        stop_processes(gateways, self.stop_timeout_s, on_kill=report)
+        stop_processes(reversed([c.process for c in self.children if c.spec.kind != "kafka"]),
                        self.stop_timeout_s, on_kill=report)
 
 

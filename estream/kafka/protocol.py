@@ -407,11 +407,15 @@ def nested(schema: Any, name: str) -> Any:
 
 def build(schema: Callable[..., E], _error: ErrorCode = ErrorCode.none, **values: Any) -> E:
     """A kio entity of ``schema`` from plain values: fields it does not have are dropped,
-    fields without a value and without a default get zero (error codes ``_error``)."""
+    error codes without a value are ``_error`` (even those with a default: OffsetFetch's
+    top-level one defaults to none), other fields without a value and without a default
+    get zero."""
     kwargs: dict[str, Any] = {}
     for f in _fields(schema):
         if f.name in values:
             kwargs[f.name] = _coerce(values[f.name], f.type)
+        elif f.type is ErrorCode:
+            kwargs[f.name] = _error
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             kwargs[f.name] = _zero(f.type, _error)
     return schema(**kwargs)
@@ -442,6 +446,11 @@ def _coerce(value: Any, hint: Any) -> Any:
     return value
 
 
+# Ids an error answer leaves unset: -1, as Kafka answers (no coordinator, no producer id).
+_ID_TYPES: Final = frozenset({"BrokerId", "ProducerId"})
+_NO_ID: Final = -1
+
+
 def _zero(hint: Any, error: ErrorCode) -> Any:
     if type(hint) is types.UnionType:
         return None
@@ -454,8 +463,12 @@ def _zero(hint: Any, error: ErrorCode) -> Any:
             return hint.parse(datetime.timedelta(0))  # type: ignore[attr-defined]
         if issubclass(hint, bool):
             return False
-        if issubclass(hint, int | str | bytes):
-            return hint()
+        if issubclass(hint, int):  # (kio's i16, i32, BrokerId... need their value)
+            return hint(_NO_ID if hint.__name__ in _ID_TYPES else 0)
+        if issubclass(hint, str):
+            return hint("")
+        if issubclass(hint, bytes):
+            return hint(b"")
         if hint.__name__ == "UUID":
             maker: Any = hint
             return maker(int=0)

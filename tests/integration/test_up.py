@@ -220,9 +220,21 @@ def test_sigint_stops_every_child_and_a_restart_keeps_the_data(cluster: UpCluste
     pids = up.child_pids()
     assert len(pids) == 7 and all(pid_alive(p) for p in pids.values())  # and kafka-0
     assert NEW_CLUSTER in proc_args(pids["pd-0"])  # empty dirs: no 2 s wait to elect
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": up.plan.kafka_addresses})
+    admin.create_topics([NewTopic("stopping", 1)])["stopping"].result(30)
+    producer = Producer({"bootstrap.servers": up.plan.kafka_addresses, "acks": "all"})
+    reports: list[object] = []
+    producer.produce("stopping", b"v", partition=0, on_delivery=lambda e, m: reports.append(e))
+    assert producer.flush(30) == 0 and reports == [None]  # the gateway holds a writer
     assert up.stop(signal.SIGINT) == 0
     assert "stopped every process" in up.output()
     assert up.leftover == [] and not any(pid_alive(p) for p in pids.values())
+    # The gateway stopped before PD, so it sealed its writer's range as it closed it.
+    gateway_log = (up.data_dir / "logs" / "kafka-0.log").read_text()
+    assert "stopped" in gateway_log and "not sealed at close" not in gateway_log
     up.start()
     assert up.cli("read", "durable").stdout == "".join(f"rec-{i}\n" for i in range(20))
     up.cli("append", "durable", stdin="after\n")
