@@ -55,6 +55,7 @@ PRIVATE_NAMES: Final = (
     ("pysyncobj.tcp_connection", "TcpConnection", "__recvBufferSize"),
     ("pysyncobj.tcp_connection", "TcpConnection", "__processRead"),  # overridden: RaftInbox
     ("pysyncobj.tcp_connection", "TcpConnection", "__processParseMessage"),  # overridden
+    ("pysyncobj.tcp_server", "TcpServer", "__socket"),  # closed when its bind fails
 )
 
 # (module, name): the module-level names install() rebinds.
@@ -65,6 +66,7 @@ PATCHED_NAMES: Final = (
     ("pysyncobj.pickle", "loads"),
     ("pysyncobj.transport", "TcpConnection"),
     ("pysyncobj.tcp_server", "TcpConnection"),
+    ("pysyncobj.transport", "TcpServer"),
 )
 
 _installed = False
@@ -138,7 +140,27 @@ def install() -> None:
     # Every connection it opens or accepts seals messages with AES-GCM, bounded frames.
     pysyncobj.transport.TcpConnection = RaftConnection
     pysyncobj.tcp_server.TcpConnection = RaftConnection
+    # A bind that fails (the port taken; retried every second) left its socket open.
+    pysyncobj.transport.TcpServer = _raft_server_class()
     _installed = True
+
+
+def _raft_server_class() -> type:
+    """pysyncobj's listening server, whose socket is closed when its bind fails (it was
+    left to the garbage collector: a ResourceWarning per retry while the port is taken)."""
+    from pysyncobj.tcp_server import TcpServer
+
+    class RaftServer(TcpServer):  # type: ignore[misc]
+        def bind(self) -> None:
+            try:
+                super().bind()
+            except BaseException:
+                listening = getattr(self, "_TcpServer__socket", None)
+                if listening is not None:
+                    listening.close()
+                raise
+
+    return RaftServer
 
 
 def installed() -> bool:

@@ -116,3 +116,36 @@ async def test_a_trickled_64_mib_frame_does_not_unseat_the_leader(cluster: Clust
     assert max(creates) < CREATE_S_MAX, creates
     assert max(sent) < CONNECTION_BYTES_MAX, sent
     assert cpu_spent < LEADER_CPU_S_MAX, cpu_spent
+
+
+def test_a_bind_that_fails_closes_its_socket() -> None:
+    """pysyncobj retries binding its Raft port every second while it is taken; each failed
+    try left a socket to the garbage collector (a ResourceWarning each, which failed
+    whatever test was running in a process hosting a PD node)."""
+    import gc
+    import socket
+    import warnings
+
+    import pysyncobj.transport
+    from pysyncobj.poller import createPoller
+
+    from pd.shell import raftpatch
+
+    raftpatch.install()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        server = pysyncobj.transport.TcpServer(createPoller("auto"), "127.0.0.1",
+                                               taken.getsockname()[1],
+                                               onNewConnection=lambda conn: None)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                with pytest.raises(OSError):
+                    server.bind()
+            del server
+            gc.collect()
+    finally:
+        taken.close()
+    assert [w for w in seen if issubclass(w.category, ResourceWarning)] == []
