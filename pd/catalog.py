@@ -289,7 +289,7 @@ class Catalog(ObjectTierCommands):
             hints=tuple(dict.fromkeys(cmd.hints)),
             epoch=0,
             start_offset=0,
-            ranges=(RangeMeta(0, 0, None, refs),),
+            ranges=RangeList((RangeMeta(0, 0, None, refs),)),  # (as _put keeps them)
             retention_ms=cmd.retention_ms or None,
             retention_bytes=cmd.retention_bytes or None,
             digest=cmd.digest,
