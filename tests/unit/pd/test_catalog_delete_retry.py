@@ -3,11 +3,15 @@ the catalog remembers the latest deletes' request ids (pd/deleterequests.py)."""
 
 from __future__ import annotations
 
+import doctest
+
+import msgpack
 import pytest
 
 from estream.wire import limits
 from estream.wire.errors import StreamNotFound
 from estream.wire.meta import StreamMeta
+from pd import deleterequests
 from pd.catalog import Catalog
 from pd.commands import DeleteStream, OpenWriter
 from tests.unit.pd.catalogs import registered
@@ -84,3 +88,21 @@ def _same_but_version(catalog: Catalog, before: bytes) -> bool:
     then = Catalog.restore(before)
     now.version = then.version
     return now.snapshot() == then.snapshot()
+
+
+def test_a_snapshot_of_the_previous_version_restores_with_no_delete_requests(
+        catalog: Catalog) -> None:
+    """A snapshot written before ``delete_requests`` existed restores (none remembered):
+    a delete of its request id is a delete, as it was then."""
+    catalog.apply(create())
+    catalog.apply(DeleteStream("orders", request_id="r"))
+    body = msgpack.unpackb(catalog.snapshot(), raw=False)
+    assert body.pop("delete_requests") == [["r", "orders", 1]]
+    older = Catalog.restore(msgpack.packb(body, use_bin_type=True))
+    assert dict(older.view().delete_requests) == {}
+    older.apply(create())
+    assert stream(older.apply(DeleteStream("orders", request_id="r"))).id == 2
+
+
+def test_deleterequests_doctests() -> None:
+    assert doctest.testmod(deleterequests, verbose=False).failed == 0
