@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 delete_attempts_max: Final = 3  # a writer opening during a delete makes the delete start over
-# A delete answers within about this (a client asks again after 4 s: StreamNotFound); its
-# DROP_STREAMs wait what a fence of hung replicas left (the rest learn it by heartbeat).
+# A delete answers within about this (a client asks again after 4 s, a retry answered by
+# the request id); its DROP_STREAMs wait what a fence of hung replicas left (the rest learn
+# it by heartbeat).
 delete_answer_s: Final = 3.0
 drop_wait_s_min: Final = 0.25
 
