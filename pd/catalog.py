@@ -19,7 +19,8 @@ Rules it keeps:
   epoch they expect (compare-and-set: :class:`Conflict` if it moved); ``delete_stream``
   answers the stream it deleted, and the view names the ids of the latest deleted
   streams (``CatalogView.deleted``, at most ``limits.deleted_streams_max``; not in
-  snapshots), which every heartbeat answer carries to the range servers;
+  snapshots), which every heartbeat answer carries to the range servers; a delete's retry
+  (:mod:`pd.deleterequests`) answers the stream it deleted (its id) and deletes nothing;
 - only the last range is open; range ``i+1`` is created by sealing range ``i`` and starts
   at its end; a sealed range's end never changes (:class:`RangeSealed`);
 - the start offset only grows (trim);
@@ -48,9 +49,9 @@ Rules it keeps:
   the named ranges that still name it and still list replicas back to "local", to be
   uploaded again under a new key; released ranges keep the key (nothing to upload from).
 
-Retries after an unknown outcome are absorbed: a ``create_stream`` with the same request
-id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an offset
-already trimmed, and a ``register_*`` with the same data return the current state.
+Retries after an unknown outcome are absorbed: a create, open or delete with the same
+request id, a ``seal_range`` of an already sealed range at the same end, a ``trim`` to an
+offset already trimmed, and a ``register_*`` with the same data return the current state.
 
 The records, the view, the limits and the checks of a command's own fields are in
 :mod:`pd.catalogmodel`; the object tier's commands in :mod:`pd.catalogobjects` (both
@@ -136,6 +137,7 @@ from pd.commands import (
     TrimStream,
     UpdateReplicas,
 )
+from pd.deleterequests import DeleteRequests, deleted_by, remember
 from pd.groups import Group, apply_change
 from pd.pmap import PMap
 from pd.rangelist import RangeList
@@ -161,6 +163,7 @@ class Catalog(ObjectTierCommands):
     def __init__(self) -> None:
         self._streams: PMap[StreamMeta] = PMap()
         self._request_ids: dict[str, str] = {}  # (never in a view)
+        self._delete_requests: DeleteRequests = {}  # (replaced on change: a view shares it)
         self._cursors: PMap[dict[str, int]] = PMap()  # stream -> its cursors (a new dict a change)
         self._servers: dict[str, ServerInfo] = {}
         self._shared_refs: RefMemo = {}  # one ReplicaRef per server for every range naming it
@@ -196,6 +199,7 @@ class Catalog(ObjectTierCommands):
             ranges_total=self._ranges_total,
             groups=self._groups,
             deleted=self._deleted,
+            delete_requests=self._delete_requests,
         )
 
     def _put(self, name: str, stream: StreamMeta | None, *, keys_same: bool = False) -> None:
@@ -302,10 +306,15 @@ class Catalog(ObjectTierCommands):
         return stream
 
     def _delete_stream(self, cmd: DeleteStream) -> StreamMeta:
+        landed = deleted_by(self._delete_requests, cmd.request_id, cmd.name)
+        if landed:  # our own delete landed (answer lost): never the name's next stream
+            return StreamMeta(landed, cmd.name)
         deleted = self.stream(cmd.name, cmd.stream_id)
         check_epoch(deleted, cmd.expected_epoch)
         self._put(cmd.name, None)
         self._deleted = (*self._deleted, deleted.id)[-limits.deleted_streams_max:]
+        self._delete_requests = remember(self._delete_requests, cmd.request_id, cmd.name,
+                                         deleted.id)  # (none without a request id)
         self._request_ids.pop(cmd.name, None)
         self._request_ids.pop(open_request_key(cmd.name), None)
         self._cursors = self._cursors.delete(cmd.name)
@@ -450,11 +459,8 @@ class Catalog(ObjectTierCommands):
         return stream
 
     def _drain_server(self, cmd: DrainServer) -> ServerInfo:
-        server = self._server(cmd.server_id)
-        if cmd.cancel:
-            self._draining = self._draining - {cmd.server_id}
-        else:
-            self._draining = self._draining | {cmd.server_id}
+        server, change = self._server(cmd.server_id), {cmd.server_id}
+        self._draining = self._draining - change if cmd.cancel else self._draining | change
         return server
 
     def _group_change(self, cmd: GroupChange) -> None:
@@ -515,7 +521,7 @@ class Catalog(ObjectTierCommands):
         return CatalogImage(
             self.version, self._next_stream_id, self._streams, dict(self._request_ids),
             self._cursors, self._servers, self._pd_nodes, self._draining, self._prepared,
-            self._unreferenced_keys, self._groups)
+            self._unreferenced_keys, self._groups, self._delete_requests)
 
     def snapshot(self) -> bytes:
         """The whole state as msgpack bytes (what a Raft snapshot stores)."""
@@ -539,6 +545,7 @@ class Catalog(ObjectTierCommands):
         catalog._unreferenced = dict.fromkeys(image.unreferenced)
         catalog._unreferenced_keys = image.unreferenced
         catalog._groups = _persistent(image.groups)
+        catalog._delete_requests = image.delete_requests
         catalog._derive()
         return catalog
 

@@ -15,7 +15,7 @@ The encoding streams one stream at a time: no intermediate copy of the catalog i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgpack
@@ -30,6 +30,7 @@ from estream.wire.meta import (
     StreamMeta,
 )
 from pd.catalogmodel import SNAPSHOT_VERSION, PdNode, PreparedObject
+from pd.deleterequests import DeleteRequests, requests_from_wire, requests_to_wire
 from pd.groups import Group, groups_from_wire, groups_to_wire
 from pd.pmap import PMap
 from pd.rangelist import RangeList
@@ -54,6 +55,7 @@ class CatalogImage:
     prepared: Mapping[str, PreparedObject]
     unreferenced: tuple[str, ...]
     groups: Mapping[str, Group]
+    delete_requests: DeleteRequests = field(default_factory=dict)  # pd/deleterequests.py
 
 
 class _ReplicaSets:
@@ -125,6 +127,7 @@ def image_fields(image: CatalogImage, snapshot_version: int) -> dict[str, Any]:
         "prepared": [p.to_dict() for p in image.prepared.values()],
         "unreferenced": list(image.unreferenced),
         "groups": groups_to_wire(image.groups),
+        "delete_requests": requests_to_wire(image.delete_requests),
     }
 
 
@@ -169,6 +172,7 @@ def decode_image(data: bytes, shared: RefMemo) -> CatalogImage:
             prepared=PMap({r.object_key: r for r in records}),  # (absent: older)
             unreferenced=tuple(dict.fromkeys(str(k) for k in body.get("unreferenced", ()))),
             groups=groups_from_wire(body.get("groups", ())),  # (absent: older)
+            delete_requests=requests_from_wire(body.get("delete_requests", ())),  # (the same)
         )
     except InvalidArgument:
         raise

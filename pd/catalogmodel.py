@@ -117,6 +117,9 @@ class CatalogView:
     # limits.deleted_streams_max; not in snapshots: a node restored from one knows those
     # applied since): every heartbeat answer names them (pd/shell/handlers.py).
     deleted: tuple[int, ...] = field(default=(), kw_only=True)
+    # The latest deletes' request ids -> (name, id of the stream deleted): pd/deleterequests.py.
+    delete_requests: Mapping[str, tuple[str, int]] = field(
+        default_factory=lambda: MappingProxyType({}), kw_only=True)
 
     def stream(self, name: str, stream_id: int = 0) -> StreamMeta:
         """The stream named ``name`` (with ``stream_id`` > 0: only that incarnation of

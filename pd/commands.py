@@ -78,12 +78,15 @@ class CreateStream:
 @dataclass(frozen=True, slots=True)
 class DeleteStream:
     """Forget a stream. With ``expected_epoch`` (>= 0), only if its epoch is still that
-    one (PD fenced the writers of that epoch first; a writer opened since could not be)."""
+    one (PD fenced the writers of that epoch first; a writer opened since could not be).
+    With ``request_id``, a retry of a delete of that id that landed deletes nothing more:
+    it answers the stream that delete deleted (pd/deleterequests.py)."""
 
     kind: ClassVar[str] = "delete_stream"
     name: str
     expected_epoch: int = -1
     stream_id: int = 0  # >0: only this incarnation of ``name`` (else StreamNotFound)
+    request_id: str = ""  # the client's, the same on every retry of one delete
 
 
 @dataclass(frozen=True, slots=True)

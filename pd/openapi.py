@@ -204,10 +204,8 @@ SCHEMAS: Final[dict[str, Any]] = {
 # Writes need a bearer token when the node has tokens (the empty alternative: it has none).
 _WRITE_SECURITY: Final[list[dict[str, list[str]]]] = [{"bearerToken": []}, {}]
 
-_NAME_PARAM: Final = {"name": "name", "in": "path", "required": True,
-                      "schema": {"type": "string"}}
-_SERVER_PARAM: Final = {"name": "id", "in": "path", "required": True,
-                        "schema": {"type": "string"}}
+_NAME_PARAM: Final = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+_SERVER_PARAM: Final = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
 _FORGOTTEN: Final = {"type": "object", "required": ["forgotten"],
                      "properties": {"forgotten": {"type": "string"}}}
 
@@ -241,11 +239,14 @@ OPENAPI: Final[dict[str, Any]] = {
             "get": {"summary": "One stream with its ranges and replicas",
                     "responses": {"200": _json(_ref("Stream"), "The stream"),
                                   **_errors(404)}},
-            "delete": {"summary": "Delete a stream",
+            "delete": {"summary": "Delete a stream (id: only that incarnation, else 404)",
+                       "parameters": [{"name": "id", "in": "query", "required": False,
+                                       "schema": {"type": "integer", "minimum": 1}}],
                        "responses": {"200": _json({
-                           "type": "object", "required": ["deleted"],
-                           "properties": {"deleted": {"type": "string"}}}, "Deleted"),
-                           **_errors(401, 404, 503)},
+                           "type": "object", "required": ["deleted", "id"],
+                           "properties": {"deleted": {"type": "string"},
+                                          "id": {"type": "integer", "minimum": 1}}}, "Deleted"),
+                           **_errors(400, 401, 404, 503)},
                        "security": _WRITE_SECURITY},
         },
         "/v1/rangeservers": {"get": {
@@ -297,9 +298,8 @@ OPENAPI: Final[dict[str, Any]] = {
         "/ui": {"get": {"summary": "The web console (one HTML page over this API)",
                         "responses": {"200": {"description": "HTML", "content": {
                             "text/html": {"schema": {"type": "string"}}}}}}},
-        "/v1/openapi.json": {"get": {"summary": "This document",
-                                     "responses": {"200": _json({"type": "object"},
-                                                                "OpenAPI 3")}}},
+        "/v1/openapi.json": {"get": {"summary": "This document", "responses": {
+            "200": _json({"type": "object"}, "OpenAPI 3")}}},
         "/healthz": {"get": {"summary": "Liveness of this PD node", "responses": {
             "200": _json({"type": "object", "required": ["status"], "properties": {
                 "status": {"type": "string"}, "role": {"type": "string"},

@@ -45,7 +45,10 @@ from pd.retention import cursor_name_chars_max
 int64_min: Final = -(2**63)
 int64_max: Final = 2**63 - 1
 address_chars_max: Final = 256  # host:port, a URL
-text_chars_max: Final = 1024  # any other string (request ids, digests, reasons...)
+text_chars_max: Final = 1024  # any other string (digests, reasons...)
+# A client's request id (the SDK's: 32 hex digits); PD keeps the latest 1,024 deletes' in
+# its catalog and snapshots (pd/deleterequests.py), so each is short.
+request_id_chars_max: Final = 64
 list_items_max: Final = 1024  # any other list
 
 # A string field's length limit, by field name (others: text_chars_max).
@@ -61,6 +64,7 @@ _CHARS: Final[Mapping[str, int]] = {
     "http": address_chars_max,
     "object_key": object_key_chars_max,
     "replaces": object_key_chars_max,
+    "request_id": request_id_chars_max,
 }
 _SERVER_LISTS: Final = ("hints", "placement", "next_replicas", "replicas", "expected", "exclude")
 # A list field's length limit and the field name its items are checked as.

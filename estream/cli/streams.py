@@ -134,11 +134,11 @@ async def describe(client: Any, ns: argparse.Namespace) -> int:
 
 
 async def delete(client: Any, ns: argparse.Namespace) -> int:
-    await client.delete_stream(ns.name)
+    deleted = await client.delete_stream(ns.name, stream_id=ns.id or 0)
     if ns.json:
-        emit_json({"deleted": ns.name})
+        emit_json({"deleted": ns.name, "id": deleted})
     else:
-        print(f"deleted stream {ns.name}")
+        print(f"deleted stream {ns.name} (id {deleted})")
     return 0
 
 
@@ -210,6 +210,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=describe)
     p = ssub.add_parser("delete", parents=[common], help="delete a stream")
     p.add_argument("name", help=_NAME)
+    p.add_argument("--id", type=positive_int, default=None,
+                   help="only the stream of this id (its describe's id): refused if the "
+                        "name was deleted and created again since")
     p.set_defaults(handler=delete)
     p = ssub.add_parser("trim", parents=[common], help="drop records below OFFSET")
     p.add_argument("name", help=_NAME)

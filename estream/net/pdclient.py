@@ -16,9 +16,10 @@ probed for a Raft (peer) port (:mod:`estream.net.portprobe`, at most about twice
 ``limits.raft_port_probe_timeout_s`` more).
 
 A write whose outcome is unknown (a timeout) may be retried: every PD command is
-idempotent or epoch-checked, and ``create_stream`` and ``open_writer`` carry a request id
-so that our own create landing before a retry is not reported as :class:`StreamExists`,
-nor our own open takes a second epoch.
+idempotent or epoch-checked, and ``create_stream``, ``open_writer`` and ``delete_stream``
+carry a request id so that our own create landing before a retry is not reported as
+:class:`StreamExists`, our own open takes no second epoch, and our own delete is neither
+repeated on the stream created under the name since nor reported as StreamNotFound.
 
 Side effects: sockets.
 """
@@ -34,15 +35,7 @@ from ssl import SSLContext
 from typing import Any, Final
 
 from estream.core.backoff import delays
-from estream.net.portprobe import (
-    answers_http,
-    http_port,
-    raft_port,
-    raft_ports,
-    rangeserver_port,
-    tls_port,
-    tls_ports,
-)
+from estream.net.portprobe import answers_http, http_port, probed_wrong_port, rangeserver_port
 from estream.net.rpc import ConnectionPool, Header, parse_addresses
 from estream.net.transport import TCP, Network
 from estream.wire import limits
@@ -84,6 +77,7 @@ from estream.wire.pdanswers import (
 from estream.wire.pdmessages import (
     CreateStreamRequest,
     CursorRequest,
+    DeleteStreamRequest,
     DescribeStreamRequest,
     GatewayHeartbeatRequest,
     HeartbeatRequest,
@@ -230,13 +224,10 @@ class PDClient:
             return  # a node that once answered is down or hung, not a wrong port
         if self._pool.network is not TCP:
             return  # the probes open real sockets: not on another transport (tests/sim)
-        found = await tls_ports(self.addresses, raft_port_probe_timeout_s)
-        if found and (not self._tls or "CERTIFICATE_VERIFY_FAILED" in last.message
-                      or "certificate" in last.message.lower()):
-            raise tls_port(found, with_ca=self._tls, detail=last.message if self._tls else "")
-        found = await raft_ports(self.addresses, raft_port_probe_timeout_s)
-        if found:
-            raise raft_port(found)
+        wrong = await probed_wrong_port(self.addresses, last.message, tls=self._tls,
+                                        timeout_s=raft_port_probe_timeout_s)
+        if wrong is not None:
+            raise wrong
 
     async def _find_leader(self) -> None:
         """Point ``_preferred`` at the leader's RPC address when a node can name it."""
@@ -378,8 +369,14 @@ class PDClient:
         """Every stream (every page of them)."""
         return [s async for s in self.iter_streams()]
 
-    async def delete_stream(self, name: str) -> None:
-        await self.call(Opcode.PD_DELETE_STREAM, NamedStreamRequest(name=name).to_header())
+    async def delete_stream(self, name: str, *, stream_id: int = 0) -> int:
+        """Delete ``name`` (``stream_id`` > 0: only that incarnation, else StreamNotFound);
+        the id of the stream deleted (0: an older PD). One request id for every retry: a
+        retry of a delete that landed answers it (module docstring)."""
+        request = DeleteStreamRequest(name=name, stream_id=stream_id,
+                                      request_id=uuid.uuid4().hex)
+        deleted = (await self.call(request.OPCODE, request.to_header())).get("stream_id")
+        return deleted if isinstance(deleted, int) else 0
 
     async def open_writer(self, name: str) -> StreamMeta:
         """A new epoch for ``name`` (fences every earlier writer). One request id for

@@ -163,3 +163,16 @@ async def raft_ports(addresses: Sequence[str], timeout_s: float) -> list[str]:
     the whole call takes at most about twice ``timeout_s``)."""
     found = await asyncio.gather(*(looks_like_raft_port(a, timeout_s) for a in addresses))
     return [a for a, raft in zip(addresses, found, strict=True) if raft]
+
+
+async def probed_wrong_port(addresses: Sequence[str], last_error: str, *, tls: bool,
+                            timeout_s: float) -> WrongPort | None:
+    """What a client that never had an answer from ``addresses`` (``last_error``: its
+    last attempt's) was pointed at, by probing them: TLS ports (when it spoke plaintext,
+    or its TLS handshake failed on the certificate), then Raft ports; None: neither."""
+    found = await tls_ports(addresses, timeout_s)
+    if found and (not tls or "CERTIFICATE_VERIFY_FAILED" in last_error
+                  or "certificate" in last_error.lower()):
+        return tls_port(found, with_ca=tls, detail=last_error if tls else "")
+    found = await raft_ports(addresses, timeout_s)
+    return raft_port(found) if found else None

@@ -197,9 +197,14 @@ class Client:
         PD's default without) at a time: ``async for meta in client.iter_streams()``."""
         return self.pd.iter_streams(page_size)
 
-    async def delete_stream(self, name: str) -> None:
+    async def delete_stream(self, name: str, *, stream_id: int = 0) -> int:
+        """Delete stream ``name``; with ``stream_id`` (a ``StreamMeta.id``), only that
+        incarnation of the name: ``StreamNotFound`` if the name was deleted and created
+        again since. Answers the id of the stream deleted (0 from an older PD). A retry
+        after an unknown outcome (a timeout, a PD leader lost) never deletes a stream
+        someone created under the name meanwhile, nor fails for a delete that landed."""
         self._streams.pop(name, None)
-        await self.pd.delete_stream(name)
+        return await self.pd.delete_stream(name, stream_id=stream_id)
 
     async def trim(self, name: str, start_offset: int) -> StreamMeta:
         """Drop the records below ``start_offset``: reads start there from now on, and

@@ -106,6 +106,10 @@ heartbeat_problem_replicas_max: Final = 256  # damaged/short/open replicas in on
 # a range server that missed a delete's DROP_STREAM drops the stream's replicas at its next
 # beat (pd/catalog.py keeps them, estream/wire/pdanswers.py bounds the answer's).
 deleted_streams_max: Final = 1_024
+# The latest deletes' request ids PD remembers (in snapshots), so that a client's retry
+# of a delete that landed answers it rather than deleting the name's next stream
+# (pd/deleterequests.py).
+delete_requests_max: Final = 1_024
 
 # Reclaim (pd/reclaim.py, pd/shell/reclaimer.py): replicas of deleted streams and trimmed ranges
 # are dropped on their range servers, which then delete the log segments only they used.

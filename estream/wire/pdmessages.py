@@ -186,8 +186,8 @@ class ListStreamsRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NamedStreamRequest:
-    """A request naming a stream and nothing else: ``PD_DELETE_STREAM``,
-    ``PD_LIST_CURSORS`` (the opcode travels beside it)."""
+    """A request naming a stream and nothing else: ``PD_LIST_CURSORS`` (the opcode
+    travels beside it)."""
 
     name: str
 
@@ -197,6 +197,28 @@ class NamedStreamRequest:
 
     def to_header(self) -> Header:
         return {"name": self.name}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteStreamRequest:
+    """``PD_DELETE_STREAM``: forget stream ``name``; with ``stream_id``, only that
+    incarnation (StreamNotFound for another). ``request_id`` (the client's, the same on
+    every retry of one delete): a retry of that delete that landed answers it, deleting
+    nothing (not the stream someone created under the name since)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.PD_DELETE_STREAM
+    name: str
+    stream_id: int = 0
+    request_id: str = ""
+
+    @classmethod
+    def from_header(cls, h: Mapping[str, Any]) -> DeleteStreamRequest:
+        return cls(name=require(h, "name", str), stream_id=stream_id_field(h),
+                   request_id=optional(h, "request_id", str, ""))
+
+    def to_header(self) -> Header:
+        return _of(self.stream_id, {"name": self.name} | (
+            {"request_id": self.request_id} if self.request_id else {}))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -554,7 +576,7 @@ WIRE_FIELDS: Final[Mapping[Opcode, tuple[str, ...]]] = {
     Opcode.PD_CREATE_STREAM: field_names(CreateStreamRequest),
     Opcode.PD_DESCRIBE_STREAM: field_names(DescribeStreamRequest),
     Opcode.PD_LIST_STREAMS: field_names(ListStreamsRequest),
-    Opcode.PD_DELETE_STREAM: field_names(NamedStreamRequest),
+    Opcode.PD_DELETE_STREAM: field_names(DeleteStreamRequest),
     Opcode.PD_OPEN_WRITER: field_names(OpenWriterRequest),
     Opcode.PD_SEAL_RANGE: field_names(SealRangeRequest),
     Opcode.PD_TRIM_STREAM: field_names(TrimStreamRequest),

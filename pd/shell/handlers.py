@@ -36,6 +36,7 @@ from estream.wire.pdanswers import (
 from estream.wire.pdmessages import (
     CreateStreamRequest,
     CursorRequest,
+    DeleteStreamRequest,
     DescribeStreamRequest,
     HeartbeatRequest,
     ListStreamsRequest,
@@ -195,8 +196,10 @@ class PdHandlers:
         return StreamsPage.header(page.streams, page.next)
 
     async def delete(self, h: Header) -> Header:
-        await self.service.delete_stream(NamedStreamRequest.from_header(h).name)
-        return {}
+        request = DeleteStreamRequest.from_header(h)
+        deleted = await self.service.delete_stream(
+            request.name, stream_id=request.stream_id, request_id=request.request_id)
+        return {"stream_id": deleted}
 
     async def open_writer(self, h: Header) -> Header:
         request = OpenWriterRequest.from_header(h)

@@ -66,6 +66,7 @@ from estream.wire.pdmessages import (
     RETENTION_FIELDS,
     CreateStreamRequest,
     CursorRequest,
+    DeleteStreamRequest,
     DescribeStreamRequest,
     ListStreamsRequest,
     SetRetentionRequest,
@@ -316,10 +317,13 @@ class _Views:
         return web.json_response(stream_answer(stream))
 
     async def delete_stream(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        await self.service.describe_stream(name)  # 404 without a Raft round for unknown names
-        await self.service.delete_stream(name)
-        return web.json_response({"deleted": name})
+        """``?id=``: only that incarnation of the name (another: 404)."""
+        asked = DeleteStreamRequest.from_header({"name": request.match_info["name"]} | (
+            {"stream_id": _query_int(request.query, "id")} if "id" in request.query else {}))
+        # 404 without a Raft round for unknown names (and for another incarnation)
+        (await self.service.read_view()).stream(asked.name, asked.stream_id)
+        deleted = await self.service.delete_stream(asked.name, stream_id=asked.stream_id)
+        return web.json_response({"deleted": asked.name, "id": deleted})
 
     async def rangeservers(self, request: web.Request) -> web.Response:
         servers = await with_drain_outlooks(self.service, await self.service.server_details())

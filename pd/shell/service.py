@@ -12,12 +12,9 @@ replicas they report in :class:`~pd.repair.SealedReports`). Writer leases are no
 replicated either: the leader keeps them in its :class:`~pd.lease.LeaseTable`
 (``PD_WRITER_KEEPALIVE``, ``PD_OPEN_WRITER``).
 
-Two operations also talk to range servers (:mod:`pd.shell.rangeops`): ``delete_stream`` takes a
-new epoch and fences the open range's replicas at it before the stream is forgotten (so
-no append of an earlier writer can be acknowledged once the delete returned), then tells
-every server of its replicas (``DROP_STREAM``, :mod:`pd.deletion`: none serves it from
-then on), and
-``trim_stream`` refuses a start past what readers can read.
+Two operations also talk to range servers (:mod:`pd.shell.rangeops`): ``delete_stream``
+(:mod:`pd.shell.deleter`) fences the stream's writers before it is forgotten and tells
+every server of its replicas, and ``trim_stream`` refuses a start past what readers can read.
 
 Side effects: network to range servers (delete, trim), through :attr:`PdService.pool`;
 otherwise none of its own (it drives its :class:`~pd.shell.consensus.Consensus` port:
@@ -32,21 +29,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from estream.core.quorum import seal_quorum
 from estream.core.stripedread import stripe_of
-from estream.core.striping import fenced_against_writers
 from estream.net.bounded import gather_bounded
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rpc import ConnectionPool, Handler, QuickHandler
 from estream.wire import limits
 from estream.wire.errors import (
-    Conflict,
     EstreamError,
-    FenceIncomplete,
     InvalidArgument,
     OffsetOutOfRange,
     StreamExists,
-    Unavailable,
 )
 from estream.wire.fields import Header, streams_page_default
 from estream.wire.meta import StreamMeta
@@ -59,14 +51,12 @@ from pd.commands import (
     CommitCursor,
     CreateStream,
     DeleteCursor,
-    DeleteStream,
     OpenWriter,
     SealRange,
     SetRetention,
     TrimStream,
     UpdateReplicas,
 )
-from pd.deletion import replica_holders
 from pd.drain import ReplicaTotals, leave_servers
 from pd.keepalives import (
     Keepalive,
@@ -84,7 +74,7 @@ from pd.placement import choose_replicas
 from pd.raftrules import RaftStatus
 from pd.repair import SealedReports, ServerListing
 from pd.retention import check_cursor, check_retention, retention_change
-from pd.shell import rangeops
+from pd.shell import deleter, rangeops
 from pd.shell.consensus import Consensus
 from pd.shell.groups import GroupRpc
 from pd.shell.handlers import PdHandlers
@@ -94,11 +84,6 @@ from pd.streammemo import StreamsById, catalog_map
 
 log = logging.getLogger(__name__)
 
-delete_attempts_max = 3  # a writer opening during a delete makes the delete start over
-# A delete answers within about this (a client asks again after 4 s: StreamNotFound); its
-# DROP_STREAMs wait what a fence of hung replicas left (the rest learn it by heartbeat).
-delete_answer_s = 3.0
-drop_wait_s_min = 0.25
 list_figures_inflight_max = 32  # GET /v1/streams: streams whose open range is asked at once
 list_figures_timeout_s = 0.5  # ... and how long each range server may take
 
@@ -243,81 +228,12 @@ class PdService(ServerOps):
         """A proposal's result, a stream (the catalog's errors raised)."""
         return _stream(result)
 
-    async def delete_stream(self, name: str) -> None:
-        """Forget ``name``, once no writer can have an append acknowledged any more: a
-        new epoch through Raft (PD refuses the older writers' seals and rolls from then
-        on), the open range's replicas fenced at it (a seal quorum; striped, of every write
-        set: :func:`~estream.core.striping.fenced_against_writers`; so that no older append
-        can gather ``ack_count`` acknowledgements), then the delete, compare-and-set on that
-        epoch (a writer that opened meanwhile was not fenced: start over). A stream no
-        writer ever opened (epoch 0) has nothing to fence. Raises FenceIncomplete, deleting
-        nothing, when too few replicas answer the fence: the stream stays with its writers
-        fenced (a new open writes again), and a delete again is safe. Once deleted, its
-        servers are told within what is left of ``delete_answer_s`` (:meth:`_drop_replicas`)."""
-        started_ms = self.clock_ms()
-        for _ in range(delete_attempts_max):
-            stream = (await self.decision_view()).stream(name)
-            try:
-                if stream.epoch > 0:
-                    stream = await self.open_writer(name, expected_epoch=stream.epoch,
-                                                    stream_id=stream.id)
-                    await self._fence_open_range(stream)
-                deleted = _stream(await self.raft.propose(
-                    DeleteStream(name, stream.epoch, stream.id)))
-                left_s = delete_answer_s - (self.clock_ms() - started_ms) / 1000
-                await self._drop_replicas(deleted, min(rangeops.drop_stream_timeout_s,
-                                                       max(drop_wait_s_min, left_s)))
-                return
-            except Conflict:
-                continue  # a writer opened meanwhile: fence it too
-        raise Unavailable(f"stream {name!r} not deleted: writers kept opening it")
-
-    async def _drop_replicas(self, deleted: StreamMeta, timeout_s: float) -> None:
-        """Tell every server holding a replica of the stream just deleted, at once and
-        each within ``timeout_s`` (``pd/deletion.py``): from their answer on, they serve
-        nothing of it. One that does not answer in time learns it from its next
-        heartbeat's answer (``CatalogView.deleted``)."""
-        holders = replica_holders(deleted, self.view().servers)
-        results = await rangeops.drop_stream(self.pool, deleted.id, holders,
-                                             timeout_s=timeout_s)
-        silent = {sid: error for sid, error in results.items() if error is not None}
-        if silent:
-            log.warning("deleted stream %r (id %d): %s did not take DROP_STREAM (%s); they "
-                        "learn it from their next heartbeat's answer", deleted.name,
-                        deleted.id, ", ".join(silent),
-                        "; ".join(f"{e.code.name}: {e.message}" for e in silent.values()))
-
-    async def _fence_open_range(self, stream: StreamMeta) -> None:
-        last = stream.last_range
-        if last is None or last.sealed:
-            return
-        results = await rangeops.fence(self.pool, stream, last, stream.epoch)
-        fenced = [r for r, error in results.items() if error is None]
-        stripe = stripe_of(stream)
-        if stripe is None:
-            needed = seal_quorum(len(last.replicas), stream.ack_count)
-            if len(fenced) >= needed:
-                return
-            short = (f"only {len(fenced)} of {len(last.replicas)} replicas of its open range "
-                     f"{last.index} are fenced, {needed} needed")
-        else:  # a quorum of every write set (BookKeeper's fence), not of the ensemble
-            positions = [p for p, ref in enumerate(last.replicas) if ref.id in fenced]
-            batch = fenced_against_writers(positions, stripe)
-            if batch is None:
-                return
-            members = ", ".join(last.replicas[p].id for p in stripe.write_set(batch))
-            short = (f"the write set of batch {batch} of its open range {last.index} "
-                     f"({members}) has fewer than {stripe.tolerated + 1} of its "
-                     f"{stripe.replicas} servers fenced")
-        silent = [ref for ref in last.replicas if results.get(ref.id) is not None]
-        named = ", ".join(f"{ref.id} at {ref.address} ({type(results[ref.id]).__name__})"
-                          for ref in silent)
-        raise FenceIncomplete(
-            f"stream {stream.name!r} not deleted: range servers {named} did not take the "
-            f"fence; {short}, so that no earlier writer's append can still be acknowledged. "
-            f"The stream stays, its writers fenced at epoch {stream.epoch} (a new writer "
-            f"may open); deleting it again is safe and finishes once they answer",
-            stream=stream.name, servers=[ref.id for ref in silent])
+    async def delete_stream(self, name: str, *, stream_id: int = 0,
+                            request_id: str = "") -> int:
+        """Fence ``name``'s writers, forget it, tell its servers; the id of the stream
+        deleted (:func:`pd.shell.deleter.delete_stream`: ``stream_id``, ``request_id``)."""
+        return await deleter.delete_stream(self, name, stream_id=stream_id,
+                                           request_id=request_id)
 
     async def open_writer(self, name: str, *, expected_epoch: int = -1, stream_id: int = 0,
                           request_id: str = "") -> StreamMeta:

@@ -125,7 +125,7 @@ def test_create_describe_list_delete(url: str, cluster: PdCluster) -> None:
                         spec_path="/v1/streams")
     assert status == 201 and (body["replicas"], body["ack_count"]) == (3, 2)
     status, body = call(url, "/v1/streams/orders", "DELETE", spec_path="/v1/streams/{name}")
-    assert status == 200 and body == {"deleted": "orders"}
+    assert status == 200 and body == {"deleted": "orders", "id": stream["id"]}
     status, body = call(url, "/v1/streams/orders", spec_path="/v1/streams/{name}")
     assert status == 404 and body["error"]["code"] == "STREAM_NOT_FOUND"
     status, body = call(url, "/v1/streams/orders", "DELETE", spec_path="/v1/streams/{name}")

@@ -345,8 +345,9 @@ def test_admin_api_reads_are_open_writes_need_the_token(cluster: SecureCluster) 
     status, body = _https(url + "/v1/streams", pki, "POST",
                           {"name": "admin-made", "replicas": 2}, token=TOKEN)
     assert status == 201 and body["name"] == "admin-made"
+    made = body["id"]
     status, body = _https(url + "/v1/streams/admin-made", pki, "DELETE", token=TOKEN)
-    assert status == 200 and body == {"deleted": "admin-made"}
+    assert status == 200 and body == {"deleted": "admin-made", "id": made}
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: refused
         urllib.request.urlopen(url.replace("https", "http") + "/v1/streams", timeout=5)
 

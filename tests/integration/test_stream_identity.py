@@ -20,7 +20,8 @@ again. Nothing of the old incarnation may fence, hide or serve into the new one:
 
 And (item 1) a client's writers renew their leases in one PD request per interval; an
 idle writer whose keepalives PD does not get keeps its lease (it CONFIRMs again); an
-``open_writer`` whose answer was lost takes one epoch, not two.
+``open_writer`` whose answer was lost takes one epoch, not two; a delete whose answer was
+lost, retried, never deletes the stream created under the name meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.devcluster.pd import http_json
 from estream.net.rangeclient import RangeClient
 from estream.wire import limits
 from estream.wire.errors import EstreamError, Fenced, StreamNotFound
@@ -325,3 +327,65 @@ async def test_an_open_whose_answer_was_lost_takes_one_epoch(cluster: Cluster) -
                 assert await writer.append(b"r") == 0
     finally:
         proxy.close()
+
+
+async def test_a_delete_whose_answer_was_lost_never_deletes_the_stream_created_since(
+        cluster: Cluster) -> None:
+    """Issue 27: client A's delete commits and its answer is lost; client B creates the
+    name again and appends; A's retry (after its attempt's timeout) deleted B's stream,
+    and with it records acknowledged to B. Every attempt of one delete carries one
+    request id: the retry answers the stream A deleted, and B's stream keeps its record.
+    A second delete whose answer is lost (no stream created meanwhile) answers its id
+    rather than ``StreamNotFound``."""
+    leader = cluster.pd.nodes[cluster.pd.leader()]
+    proxy = start_fault_proxy(leader.rpc, "127.0.0.1")
+    name = "delete-retried"
+    try:
+        async with await estream.connect(proxy.address, timeout_s=20.0) as a, \
+                await estream.connect(cluster.pd_addresses) as b:
+            old = await a.create_stream(name, replicas=3, ack_count=2)
+            proxy.drop(Opcode.PD_DELETE_STREAM, "answer", count=1)
+            deleting = asyncio.ensure_future(a.delete_stream(name))
+            deadline = time.monotonic() + 10.0
+            while proxy.dropped(Opcode.PD_DELETE_STREAM, "answer") < 1:
+                assert time.monotonic() < deadline and not deleting.done()
+                await asyncio.sleep(0.01)
+            # The delete is done; A's retries wait until B's stream holds a record.
+            proxy.drop(Opcode.PD_DELETE_STREAM, "request", count=None)
+            new = await b.create_stream(name, replicas=3, ack_count=2)
+            async with await b.open_writer(name) as writer:
+                assert await writer.append(b"b's") == 0
+                await writer.flush()
+            proxy.clear_rules()
+            assert await deleting == old.id  # the retry answers the delete that landed
+            assert (await b.describe_stream(name)).id == new.id != old.id
+            assert [r.value async for r in b.read(name, follow=False)] == [b"b's"]
+
+            proxy.drop(Opcode.PD_DELETE_STREAM, "answer", count=1)
+            assert await a.delete_stream(name, stream_id=new.id) == new.id
+            assert proxy.dropped(Opcode.PD_DELETE_STREAM, "answer") == 2
+            with pytest.raises(StreamNotFound):
+                await b.describe_stream(name)
+    finally:
+        proxy.close()
+
+
+async def test_a_delete_naming_another_incarnation_is_refused(cluster: Cluster) -> None:
+    """``stream_id=`` (SDK, PD client) and ``?id=`` (admin API) delete only the stream
+    of that id: a name created again since is refused with ``StreamNotFound`` (404)."""
+    name = "delete-by-id"
+    async with await estream.connect(cluster.pd_addresses) as client:
+        old = await client.create_stream(name, replicas=3, ack_count=2)
+        await client.delete_stream(name, stream_id=old.id)
+        new = await client.create_stream(name, replicas=3, ack_count=2)
+        with pytest.raises(StreamNotFound):
+            await client.delete_stream(name, stream_id=old.id)
+        url = f"{cluster.pd_url()}/v1/streams/{name}"
+        status, _ = await asyncio.to_thread(http_json, f"{url}?id={old.id}", "DELETE")
+        assert status == 404
+        assert (await client.describe_stream(name)).id == new.id
+        status, body = await asyncio.to_thread(http_json, f"{url}?id={new.id}", "DELETE")
+        assert (status, body) == (200, {"deleted": name, "id": new.id})
+        with pytest.raises(StreamNotFound):
+            await client.describe_stream(name)
+

@@ -66,7 +66,12 @@ def test_streams_through_the_cli(cluster: UpCluster) -> None:
     assert "alive" in cluster.cli("cluster", "status").stdout
     cluster.cli("stream", "trim", "cli-orders", "1")
     assert cluster.cli("read", "cli-orders", "--from", "1").stdout == "b\nc\n"
-    cluster.cli("stream", "delete", "cli-orders")
+    refused = cluster.cli("stream", "delete", "cli-orders", "--id", str(described["id"] + 1000),
+                          check=False)  # another incarnation's id: refused, nothing deleted
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    deleted = json.loads(cluster.cli("stream", "delete", "cli-orders", "--id",
+                                     str(described["id"]), "--json").stdout)
+    assert deleted == {"deleted": "cli-orders", "id": described["id"]}
     assert "cli-orders" not in cluster.cli("stream", "list").stdout
 
 

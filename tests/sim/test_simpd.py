@@ -27,7 +27,7 @@ from estream.wire.meta import StreamMeta
 from estream.wire.pdmessages import CreateStreamRequest
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
-from pd.commands import DeleteStream
+from pd.commands import CreateStream, DeleteStream
 from pd.shell.service import PdService
 from tests.sim.servernode import RangeServerNode
 from tests.sim.simloop import SimClock, SimLoop, run
@@ -248,6 +248,35 @@ def test_a_leader_lost_mid_proposal_and_the_client_retrying_creates_the_stream_o
         assert (term, unknown) == (2, 1)
         assert created.id == 1  # one stream, whichever attempt created it
     assert outcomes == {True, False}, "the seeds never both applied and lost a create"
+
+
+def test_a_delete_retried_after_an_unknown_outcome_never_deletes_the_names_next_stream(
+        tmp_path: Path) -> None:
+    """Issue 27: the leader is lost while a delete is in flight (applied or not, by the
+    seed); where it was applied, another client creates the name again before the
+    client's retry. The retry (the same request id) answers the stream the client
+    deleted: never ``StreamNotFound``, never a delete of the new stream."""
+    outcomes = set()
+    for seed in SEEDS:
+        async def body(c: Cluster) -> tuple[bool, int, int, StreamMeta | None, object]:
+            old = await c.client.create_stream("orders", 3, 2)
+            first = asyncio.ensure_future(c.client.delete_stream("orders"))
+            await until(lambda: c.raft.in_flight() > 0, step_s=0.0001)  # not committed yet
+            c.raft.lose_leader()
+            landed = "orders" not in c.raft.view().streams
+            new = None
+            if landed:  # committed before the client's retry (as a new leader would)
+                new = c.raft.catalog.apply(CreateStream("orders", 3, 2, "", (),
+                                                        tuple(SERVERS)))
+            c.loop.call_later(1.0, c.raft.elect)
+            deleted = await first  # Timeout, then Unavailable until the election: retried
+            return landed, old.id, deleted, c.raft.view().streams.get("orders"), new
+
+        landed, old_id, deleted, now, new = on_cluster(tmp_path, seed, body, servers=False)
+        outcomes.add(landed)
+        assert deleted == old_id
+        assert now == new, "the retry deleted the stream created after the delete landed"
+    assert outcomes == {True, False}, "the seeds never both applied and lost a delete"
 
 
 async def _seals_through_unknown_outcomes(c: Cluster) -> tuple[StreamMeta, int, float]:

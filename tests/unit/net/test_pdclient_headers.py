@@ -65,7 +65,12 @@ CASES: list[tuple[Call, Opcode, dict[str, Any], Any]] = [
      {"name": "s", "offset": 3, "limit": 2}, STREAM),
     (lambda c: c.list_streams_page("a", 5), Opcode.PD_LIST_STREAMS,
      {"after": "a", "limit": 5}, ([STREAM], None)),
-    (lambda c: c.delete_stream("s"), Opcode.PD_DELETE_STREAM, {"name": "s"}, None),
+    # A fresh request id per delete (issue 27: its retries must not delete the name's next
+    # stream); an older PD answers {}: 0, the id unknown.
+    (lambda c: c.delete_stream("s"), Opcode.PD_DELETE_STREAM,
+     {"name": "s", "request_id": "?"}, 0),
+    (lambda c: c.delete_stream("s", stream_id=7), Opcode.PD_DELETE_STREAM,
+     {"name": "s", "request_id": "?", "stream_id": 7}, 0),
     (lambda c: c.open_writer("s"), Opcode.PD_OPEN_WRITER, {"name": "s", "request_id": "?"},
      STREAM),
     (lambda c: c.seal_range("s", 2, 0, 10, ["rs1"]), Opcode.PD_SEAL_RANGE,
@@ -111,7 +116,7 @@ async def test_pdclient_sends_and_reads_what_it_always_did(
     client = _Recording()
     got = await call(client)
     ((sent_op, sent),) = client.sent
-    if "request_id" in sent:  # a fresh id per create or open (its retries: the same)
+    if "request_id" in sent:  # a fresh id per create, open or delete (retries: the same)
         assert len(sent["request_id"]) == 32
         sent["request_id"] = "?"
     assert sent_op == opcode

@@ -33,6 +33,7 @@ ALL: list[Command] = [
     TrimStream("orders", 10),
     UpdateReplicas("orders", 1, ("d",)),
     DeleteStream("orders", 3, stream_id=9),
+    DeleteStream("orders", 3, stream_id=9, request_id="del-1"),
     OpenWriter("orders", 7, stream_id=9),
     SealRange("orders", 4, 2, 1000, ("a", "b", "c"), stream_id=9),
     TrimStream("orders", 10, stream_id=9),
@@ -60,6 +61,15 @@ def test_a_command_journaled_without_a_stream_id_names_the_stream_by_name() -> N
             "end": 5, "next_replicas": ["a"]}
     assert decode_command(msgpack.packb(body)) == SealRange("s", 1, 0, 5, ("a",))
     assert SealRange("s", 1, 0, 5, ("a",)).stream_id == 0
+
+
+def test_a_delete_journaled_without_a_request_id_decodes_as_one_without() -> None:
+    """A delete journaled by the previous version (no ``request_id``) decodes with ""
+    (no retry memory: a delete as before); one with the field keeps it."""
+    body = {"v": 1, "kind": "delete_stream", "name": "s", "expected_epoch": 2, "stream_id": 4}
+    assert decode_command(msgpack.packb(body)) == DeleteStream("s", 2, 4)
+    assert decode_command(msgpack.packb(body | {"request_id": "r"})) == DeleteStream(
+        "s", 2, 4, "r")
 
 
 def _with(**changes: object) -> bytes:

@@ -16,12 +16,19 @@ from estream.wire.meta import ObjectPart
 from pd.commands import (
     COMMAND_TYPES,
     Command,
+    DeleteStream,
     ExpirePrepared,
     PackMember,
     decode_command,
     encode_command,
 )
-from pd.validate import check_command, check_request, command_bytes_max, expire_keys_max
+from pd.validate import (
+    check_command,
+    check_request,
+    command_bytes_max,
+    expire_keys_max,
+    request_id_chars_max,
+)
 
 HUGE_TEXT = "x" * (900 * 1024)
 TOO_BIG = (2**64, -(2**63) - 1, 2**63)
@@ -41,6 +48,19 @@ def sample(cls: type[Any]) -> Command:
 
 FIELDS = [(kind, f.name, str(f.type)) for kind, cls in sorted(COMMAND_TYPES.items())
           for f in dataclasses.fields(cls) if str(f.type) != "bool"]
+
+
+def test_a_request_id_is_short_as_the_catalog_keeps_the_latest_deletes() -> None:
+    """A request id longer than ``request_id_chars_max`` is refused, in a request and in
+    a command: PD remembers 1,024 deletes' ids (pd/deleterequests.py)."""
+    longest = "r" * request_id_chars_max
+    check_request({"name": "s", "request_id": longest})
+    check_command(DeleteStream("s", request_id=longest))
+    with pytest.raises(InvalidArgument) as request:
+        check_request({"name": "s", "request_id": longest + "r"})
+    with pytest.raises(InvalidArgument) as command:
+        check_command(DeleteStream("s", request_id=longest + "r"))
+    assert request.value.argument == command.value.argument == "request_id"
 
 
 def test_doctests() -> None:
