@@ -15,7 +15,16 @@ all of them and the phases start once each lists all N as brokers), then with 1 
    >= 1) and each round's.
 3. ``one``: one produce in flight (produce, then flush, ``--latency-samples`` times)
    against one ``writer.append`` awaited at a time: p50 and p99, ratio target <= 2.
-4. ``partitions``: one producer over a topic of ``--partitions`` partitions (round
+4. ``nats``: NATS JetStream R3 with ``sync_interval: always`` (3 nodes, file storage, on
+   127.0.0.1: the peer ``make bench`` starts, ``benchmarks/peers/nats.py``), started for
+   this phase (run right after ``produce``; the estream cluster idle meanwhile) and stopped
+   by PID after it, publishes ``--records`` 1 KiB records two ways: ``publish_async`` 2,000
+   at a time, each 2,000's acks awaited (the peer's fast fill: as many in flight as the
+   SDK's window, and the nearest to librdkafka, which keeps as many records in flight as
+   its batches hold), and ``publish`` awaited per record by 256 tasks (``make bench``'s
+   "many in flight" row). With ``produce`` in the same run: the Kafka producer's figure ÷
+   each, and ÷ the faster (target >= 3).
+5. ``partitions``: one producer over a topic of ``--partitions`` partitions (round
    robin, each record to the next partition) against one producer to a topic of one
    partition, ``--partitions-rounds`` times alternating (the first of each pair
    alternating too: an even count has each order as often), the same ``--records`` and
@@ -33,7 +42,7 @@ Every phase is bounded in count and time (``PHASE_TIMEOUT_S``). Usage::
 
     .venv/bin/python -m benchmarks.bench_kafka [--records 20000] [--latency-samples 300]
         [--partitions 100] [--partitions-rounds 4] [--consume-rounds 3]
-        [--phases produce,consume,one,partitions]
+        [--phases produce,consume,one,nats,partitions]
         [--gateways 1] [--json out.json]
 """
 
@@ -57,7 +66,8 @@ from estream.devcluster.kafka import start_kafka
 RECORD = b"x" * 1024
 PHASE_TIMEOUT_S = 120.0
 LINGER_MS = 5  # what a user sets for throughput without hurting latency much
-PHASES = ("produce", "consume", "one", "partitions")
+PHASES = ("produce", "consume", "one", "nats", "partitions")
+NATS_TASKS = 256  # ``make bench``'s "many in flight" (benchmarks.scenarios.Scale.inflight)
 
 
 class Cpu:
@@ -231,6 +241,59 @@ async def sdk_one_in_flight(client: estream.Client, stream: str, samples: int) -
         return out
 
 
+async def nats_publish(work: Path, records: int) -> dict[str, Any]:
+    """Records/s of NATS JetStream R3 sync always, ``publish_async`` in chunks of the peer's
+    ``FILL_CHUNK`` and ``publish`` awaited by ``NATS_TASKS`` tasks, on a stream each (after
+    one publish to it); the CPU of the NATS servers and of this process over each."""
+    from benchmarks import drivers
+    from benchmarks.peers import nats as pn
+    from benchmarks.peers.load import run_ops
+    from benchmarks.peers.stats import Measurement
+    from benchmarks.scenarios import KIB
+
+    assert len(RECORD) == KIB
+    out: dict[str, Any] = {}
+    with pn.nats_cluster(work, sync_always=True) as cluster:
+        cpu = Cpu({"nats": [p.pid for p in cluster.processes], "bench": [os.getpid()]})
+        async with pn.connect(cluster) as (_nc, js):
+            subject = await pn.create_stream(js, "benchasync")
+            await js.publish(subject, RECORD)
+            before, started = cpu.now(), time.perf_counter()
+            acked = await pn.fill(js, subject, records, KIB, PHASE_TIMEOUT_S)
+            out["async_records_s"] = acked / (time.perf_counter() - started)
+            out["async_cpu"] = cpu.since(before)
+            if acked < records:
+                raise TimeoutError(f"NATS publish_async: {acked} of {records} acked in time")
+            driver = drivers.NatsDriver("nats", js)
+            subject = await driver.new_log("benchawait")
+            await js.publish(subject, RECORD)
+            op, tasks = driver.append_op(subject, KIB, NATS_TASKS)
+            m = Measurement("nats publish awaited", "nats")
+            before = cpu.now()
+            await run_ops(m, op, count=records, inflight=tasks, time_s=PHASE_TIMEOUT_S)
+            out["awaited_records_s"] = m.rate
+            out["awaited_cpu"] = cpu.since(before)
+            if m.ops < records or m.failed:
+                raise RuntimeError(f"NATS publish: {m.ops} of {records}, {m.failed} failed")
+    return out
+
+
+def nats_row(nats: dict[str, Any], kafka_records_s: float | None) -> dict[str, Any]:
+    """The nats phase's printed row: NATS's two figures, each mode's CPU (% of one core),
+    and with the Kafka producer's figure of the same run, its ratio to each and to the
+    faster (the target's: >= 3)."""
+    modes = ("async", "awaited")
+    row: dict[str, Any] = {f"{mode}_records_s": nats[f"{mode}_records_s"] for mode in modes}
+    for mode in modes:
+        row.update({f"{mode}_{name}_pct": pct for name, pct in nats[f"{mode}_cpu"].items()})
+    if kafka_records_s is not None:
+        row["kafka_records_s"] = kafka_records_s
+        for mode in modes:
+            row[f"ratio_{mode}"] = kafka_records_s / nats[f"{mode}_records_s"]
+        row["ratio"] = kafka_records_s / max(nats[f"{mode}_records_s"] for mode in modes)
+    return row
+
+
 def _quantile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -275,6 +338,10 @@ async def run(args: argparse.Namespace, pd: str, bootstrap: str, cpu: Cpu
             sdk = await sdk_append(client, "bench-sdk", args.records, args.window)
             out["produce"] = {"kafka_records_s": kafka, "sdk_records_s": sdk,
                               "ratio": kafka / sdk}
+        if "nats" in phases:  # its servers run for this phase only, next to produce's
+            produced = out.get("produce", {}).get("kafka_records_s")
+            out["nats"] = nats_row(await nats_publish(args.work / "nats", args.records),
+                                   produced)
         if "consume" in phases:  # alternating, each side's median (a loaded machine)
             kafkas, sdks = [], []
             used: list[dict[str, float]] = []
@@ -346,6 +413,7 @@ def main() -> int:
                        "pd": [n.process.pid for n in cluster.pd.nodes
                               if n.process is not None],
                        "bench": [os.getpid()]})
+            args.work = Path(tmp)
             results = uvloop.run(run(args, cluster.pd_addresses, ",".join(addresses), cpu))
         finally:
             for gateway in gateways:

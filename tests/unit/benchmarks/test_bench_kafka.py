@@ -46,3 +46,15 @@ async def test_the_partitions_phase_alternates_both_sides_and_takes_the_medians(
     assert out["single_partition_records_s"] == 110.0 and out["kafka_records_s"] == 90.0
     assert out["ratio"] == pytest.approx(90 / 110) and out["ratios"] == "0.90 0.50 0.90"
     assert cpus == {"single": {"gateway": 4.0}, "partitions": {"gateway": 3.0}}
+
+
+def test_the_nats_row_divides_the_same_runs_producer_by_each_nats_mode_and_the_faster() -> None:
+    nats = {"async_records_s": 8_000.0, "awaited_records_s": 10_000.0,
+            "async_cpu": {"nats": 80.0, "bench": 50.0}, "awaited_cpu": {"nats": 70.0}}
+    row = bench_kafka.nats_row(nats, 30_000.0)
+    assert row == {"async_records_s": 8_000.0, "awaited_records_s": 10_000.0,
+                   "async_nats_pct": 80.0, "async_bench_pct": 50.0, "awaited_nats_pct": 70.0,
+                   "kafka_records_s": 30_000.0, "ratio_async": pytest.approx(3.75),
+                   "ratio_awaited": pytest.approx(3.0), "ratio": pytest.approx(3.0)}
+    alone = bench_kafka.nats_row(nats, None)  # no produce phase in the run: no ratio
+    assert "ratio" not in alone and alone["async_records_s"] == 8_000.0
