@@ -241,6 +241,20 @@ async def sdk_one_in_flight(client: estream.Client, stream: str, samples: int) -
         return out
 
 
+async def _first_publish(js: Any, subject: str) -> None:
+    """One publish, retried until the new stream answers (its replicas may still be
+    electing a leader after ``add_stream`` returned: "no response from stream")."""
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while True:
+        try:
+            await js.publish(subject, RECORD)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
 async def nats_publish(work: Path, records: int) -> dict[str, Any]:
     """Records/s of NATS JetStream R3 sync always, ``publish_async`` in chunks of the peer's
     ``FILL_CHUNK`` and ``publish`` awaited by ``NATS_TASKS`` tasks, on a stream each (after
@@ -257,7 +271,7 @@ async def nats_publish(work: Path, records: int) -> dict[str, Any]:
         cpu = Cpu({"nats": [p.pid for p in cluster.processes], "bench": [os.getpid()]})
         async with pn.connect(cluster) as (_nc, js):
             subject = await pn.create_stream(js, "benchasync")
-            await js.publish(subject, RECORD)
+            await _first_publish(js, subject)
             before, started = cpu.now(), time.perf_counter()
             acked = await pn.fill(js, subject, records, KIB, PHASE_TIMEOUT_S)
             out["async_records_s"] = acked / (time.perf_counter() - started)
@@ -266,7 +280,7 @@ async def nats_publish(work: Path, records: int) -> dict[str, Any]:
                 raise TimeoutError(f"NATS publish_async: {acked} of {records} acked in time")
             driver = drivers.NatsDriver("nats", js)
             subject = await driver.new_log("benchawait")
-            await js.publish(subject, RECORD)
+            await _first_publish(js, subject)
             op, tasks = driver.append_op(subject, KIB, NATS_TASKS)
             m = Measurement("nats publish awaited", "nats")
             before = cpu.now()
