@@ -15,15 +15,16 @@ all of them and the phases start once each lists all N as brokers), then with 1 
    >= 1) and each round's.
 3. ``one``: one produce in flight (produce, then flush, ``--latency-samples`` times)
    against one ``writer.append`` awaited at a time: p50 and p99, ratio target <= 2.
-4. ``nats``: NATS JetStream R3 with ``sync_interval: always`` (3 nodes, file storage, on
-   127.0.0.1: the peer ``make bench`` starts, ``benchmarks/peers/nats.py``), started for
-   this phase (run right after ``produce``; the estream cluster idle meanwhile) and stopped
-   by PID after it, publishes ``--records`` 1 KiB records two ways: ``publish_async`` 2,000
-   at a time, each 2,000's acks awaited (the peer's fast fill: as many in flight as the
-   SDK's window, and the nearest to librdkafka, which keeps as many records in flight as
-   its batches hold), and ``publish`` awaited per record by 256 tasks (``make bench``'s
-   "many in flight" row). With ``produce`` in the same run: the Kafka producer's figure ÷
-   each, and ÷ the faster (target >= 3).
+4. ``nats``: the Kafka producer (as in ``produce``, to a topic of its own) against NATS
+   JetStream R3 with ``sync_interval: always`` (3 nodes, file storage, on 127.0.0.1: the
+   peer ``make bench`` starts, ``benchmarks/peers/nats.py``; started for this phase and
+   stopped by PID after it; the estream cluster idle while NATS runs), ``--nats-rounds``
+   times alternating, which goes first alternating too. NATS publishes ``--records`` 1 KiB
+   records two ways: ``publish_async`` 2,000 at a time, each 2,000's acks awaited (the
+   peer's fast fill: as many in flight as the SDK's window, and the nearest to librdkafka,
+   which keeps as many records in flight as its ``linger.ms`` batches hold), and
+   ``publish`` awaited per record by 256 tasks (``make bench``'s "many in flight" row).
+   The medians, Kafka ÷ each and ÷ the faster (target >= 3), and each round's ratio.
 5. ``partitions``: one producer over a topic of ``--partitions`` partitions (round
    robin, each record to the next partition) against one producer to a topic of one
    partition, ``--partitions-rounds`` times alternating (the first of each pair
@@ -41,7 +42,7 @@ this process (librdkafka's threads and the Python calling them; the SDK is idle 
 Every phase is bounded in count and time (``PHASE_TIMEOUT_S``). Usage::
 
     .venv/bin/python -m benchmarks.bench_kafka [--records 20000] [--latency-samples 300]
-        [--partitions 100] [--partitions-rounds 4] [--consume-rounds 3]
+        [--partitions 100] [--partitions-rounds 4] [--consume-rounds 3] [--nats-rounds 3]
         [--phases produce,consume,one,nats,partitions]
         [--gateways 1] [--json out.json]
 """
@@ -255,56 +256,76 @@ async def _first_publish(js: Any, subject: str) -> None:
             await asyncio.sleep(0.1)
 
 
-async def nats_publish(work: Path, records: int) -> dict[str, Any]:
-    """Records/s of NATS JetStream R3 sync always, ``publish_async`` in chunks of the peer's
-    ``FILL_CHUNK`` and ``publish`` awaited by ``NATS_TASKS`` tasks, on a stream each (after
-    one publish to it); the CPU of the NATS servers and of this process over each."""
-    from benchmarks import drivers
+async def _nats_async(js: Any, subject: str, records: int) -> float:
+    """Records/s of ``publish_async`` in chunks of the peer's ``FILL_CHUNK``, acks awaited."""
     from benchmarks.peers import nats as pn
+
+    started = time.perf_counter()
+    acked = await pn.fill(js, subject, records, len(RECORD), PHASE_TIMEOUT_S)
+    if acked < records:
+        raise TimeoutError(f"NATS publish_async: {acked} of {records} acked in time")
+    return acked / (time.perf_counter() - started)
+
+
+async def _nats_awaited(js: Any, subject: str, records: int) -> float:
+    """Records/s of ``publish`` awaited per record by ``NATS_TASKS`` tasks (``make bench``'s)."""
+    from benchmarks import drivers
     from benchmarks.peers.load import run_ops
     from benchmarks.peers.stats import Measurement
-    from benchmarks.scenarios import KIB
 
-    assert len(RECORD) == KIB
-    out: dict[str, Any] = {}
+    op, tasks = drivers.NatsDriver("nats", js).append_op(subject, len(RECORD), NATS_TASKS)
+    m = Measurement("nats publish awaited", "nats")
+    await run_ops(m, op, count=records, inflight=tasks, time_s=PHASE_TIMEOUT_S)
+    if m.ops < records or m.failed:
+        raise RuntimeError(f"NATS publish: {m.ops} of {records}, {m.failed} failed")
+    return m.rate
+
+
+async def nats_phase(args: argparse.Namespace, bootstrap: str, work: Path
+                     ) -> dict[str, Any]:
+    """The Kafka producer (as ``produce``'s) against NATS JetStream R3 sync always (both
+    modes, a stream each), ``--nats-rounds`` rounds alternating, which goes first
+    alternating too: :func:`nats_row` of the rates and of each NATS mode's CPU."""
+    from benchmarks.peers import nats as pn
+
+    await asyncio.to_thread(_create_topic, bootstrap, "bench-nats", 1)
+    rates: dict[str, list[float]] = {"kafka": [], "async": [], "awaited": []}
+    used: dict[str, list[dict[str, float]]] = {"async": [], "awaited": []}
     with pn.nats_cluster(work, sync_always=True) as cluster:
         cpu = Cpu({"nats": [p.pid for p in cluster.processes], "bench": [os.getpid()]})
         async with pn.connect(cluster) as (_nc, js):
-            subject = await pn.create_stream(js, "benchasync")
-            await _first_publish(js, subject)
-            before, started = cpu.now(), time.perf_counter()
-            acked = await pn.fill(js, subject, records, KIB, PHASE_TIMEOUT_S)
-            out["async_records_s"] = acked / (time.perf_counter() - started)
-            out["async_cpu"] = cpu.since(before)
-            if acked < records:
-                raise TimeoutError(f"NATS publish_async: {acked} of {records} acked in time")
-            driver = drivers.NatsDriver("nats", js)
-            subject = await driver.new_log("benchawait")
-            await _first_publish(js, subject)
-            op, tasks = driver.append_op(subject, KIB, NATS_TASKS)
-            m = Measurement("nats publish awaited", "nats")
-            before = cpu.now()
-            await run_ops(m, op, count=records, inflight=tasks, time_s=PHASE_TIMEOUT_S)
-            out["awaited_records_s"] = m.rate
-            out["awaited_cpu"] = cpu.since(before)
-            if m.ops < records or m.failed:
-                raise RuntimeError(f"NATS publish: {m.ops} of {records}, {m.failed} failed")
-    return out
+            subjects = {mode: await pn.create_stream(js, f"bench{mode}") for mode in used}
+            for subject in subjects.values():
+                await _first_publish(js, subject)
+            for round_ in range(args.nats_rounds):
+                for side in ("kafka", "nats") if round_ % 2 == 0 else ("nats", "kafka"):
+                    if side == "kafka":
+                        rates["kafka"].append(await asyncio.to_thread(
+                            kafka_produce, bootstrap, "bench-nats", args.records))
+                        continue
+                    for mode, measure in (("async", _nats_async), ("awaited", _nats_awaited)):
+                        before = cpu.now()
+                        rates[mode].append(await measure(js, subjects[mode], args.records))
+                        used[mode].append(cpu.since(before))
+    return nats_row(rates, used)
 
 
-def nats_row(nats: dict[str, Any], kafka_records_s: float | None) -> dict[str, Any]:
-    """The nats phase's printed row: NATS's two figures, each mode's CPU (% of one core),
-    and with the Kafka producer's figure of the same run, its ratio to each and to the
-    faster (the target's: >= 3)."""
+def nats_row(rates: dict[str, list[float]], used: dict[str, list[dict[str, float]]]
+             ) -> dict[str, Any]:
+    """The nats phase's row from its rounds: the medians of the Kafka producer and of each
+    NATS mode, the Kafka median ÷ each NATS median and ÷ the faster (the target's: >= 3),
+    each round's ratio to its faster NATS mode, and each mode's median CPU (% of a core)."""
     modes = ("async", "awaited")
-    row: dict[str, Any] = {f"{mode}_records_s": nats[f"{mode}_records_s"] for mode in modes}
+    median = {side: statistics.median(each) for side, each in rates.items()}
+    row: dict[str, Any] = {f"{side}_records_s": median[side] for side in ("kafka", *modes)}
     for mode in modes:
-        row.update({f"{mode}_{name}_pct": pct for name, pct in nats[f"{mode}_cpu"].items()})
-    if kafka_records_s is not None:
-        row["kafka_records_s"] = kafka_records_s
-        for mode in modes:
-            row[f"ratio_{mode}"] = kafka_records_s / nats[f"{mode}_records_s"]
-        row["ratio"] = kafka_records_s / max(nats[f"{mode}_records_s"] for mode in modes)
+        row[f"ratio_{mode}"] = median["kafka"] / median[mode]
+    row["ratio"] = median["kafka"] / max(median[mode] for mode in modes)
+    row["ratios"] = " ".join(f"{k / max(a, w):.2f}" for k, a, w in
+                             zip(rates["kafka"], rates["async"], rates["awaited"], strict=True))
+    for mode in modes:
+        row.update({f"{mode}_{name}_pct": statistics.median(u[name] for u in used[mode])
+                    for name in used[mode][0]})
     return row
 
 
@@ -352,10 +373,8 @@ async def run(args: argparse.Namespace, pd: str, bootstrap: str, cpu: Cpu
             sdk = await sdk_append(client, "bench-sdk", args.records, args.window)
             out["produce"] = {"kafka_records_s": kafka, "sdk_records_s": sdk,
                               "ratio": kafka / sdk}
-        if "nats" in phases:  # its servers run for this phase only, next to produce's
-            produced = out.get("produce", {}).get("kafka_records_s")
-            out["nats"] = nats_row(await nats_publish(args.work / "nats", args.records),
-                                   produced)
+        if "nats" in phases:  # its servers run for this phase only
+            out["nats"] = await nats_phase(args, bootstrap, args.work / "nats")
         if "consume" in phases:  # alternating, each side's median (a loaded machine)
             kafkas, sdks = [], []
             used: list[dict[str, float]] = []
@@ -396,6 +415,8 @@ def main() -> int:
     parser.add_argument("--latency-samples", type=int, default=300)
     parser.add_argument("--consume-rounds", type=int, default=3,
                         help="consume phase: Kafka and SDK reads alternated, medians")
+    parser.add_argument("--nats-rounds", type=int, default=3,
+                        help="nats phase: the Kafka producer and NATS alternated, medians")
     parser.add_argument("--partitions", type=int, default=100)
     parser.add_argument("--partitions-rounds", type=int, default=4,
                         help="partitions phase: many and one partition alternated, medians")
