@@ -15,7 +15,17 @@ all of them and the phases start once each lists all N as brokers), then with 1 
    >= 1) and each round's.
 3. ``one``: one produce in flight (produce, then flush, ``--latency-samples`` times)
    against one ``writer.append`` awaited at a time: p50 and p99, ratio target <= 2.
-4. ``partitions``: one producer over a topic of ``--partitions`` partitions (round
+4. ``nats``: the Kafka producer (as in ``produce``, to a topic of its own) against NATS
+   JetStream R3 with ``sync_interval: always`` (3 nodes, file storage, on 127.0.0.1: the
+   peer ``make bench`` starts, ``benchmarks/peers/nats.py``; started for this phase and
+   stopped by PID after it; the estream cluster idle while NATS runs), ``--nats-rounds``
+   times alternating, which goes first alternating too. NATS publishes ``--records`` 1 KiB
+   records two ways: ``publish_async`` 2,000 at a time, each 2,000's acks awaited (the
+   peer's fast fill: as many in flight as the SDK's window, and the nearest to librdkafka,
+   which keeps as many records in flight as its ``linger.ms`` batches hold), and
+   ``publish`` awaited per record by 256 tasks (``make bench``'s "many in flight" row).
+   The medians, Kafka ÷ each and ÷ the faster (target >= 3), and each round's ratio.
+5. ``partitions``: one producer over a topic of ``--partitions`` partitions (round
    robin, each record to the next partition) against one producer to a topic of one
    partition, ``--partitions-rounds`` times alternating (the first of each pair
    alternating too: an even count has each order as often), the same ``--records`` and
@@ -32,8 +42,8 @@ this process (librdkafka's threads and the Python calling them; the SDK is idle 
 Every phase is bounded in count and time (``PHASE_TIMEOUT_S``). Usage::
 
     .venv/bin/python -m benchmarks.bench_kafka [--records 20000] [--latency-samples 300]
-        [--partitions 100] [--partitions-rounds 4] [--consume-rounds 3]
-        [--phases produce,consume,one,partitions]
+        [--partitions 100] [--partitions-rounds 4] [--consume-rounds 3] [--nats-rounds 3]
+        [--phases produce,consume,one,nats,partitions]
         [--gateways 1] [--json out.json]
 """
 
@@ -57,7 +67,8 @@ from estream.devcluster.kafka import start_kafka
 RECORD = b"x" * 1024
 PHASE_TIMEOUT_S = 120.0
 LINGER_MS = 5  # what a user sets for throughput without hurting latency much
-PHASES = ("produce", "consume", "one", "partitions")
+PHASES = ("produce", "consume", "one", "nats", "partitions")
+NATS_TASKS = 256  # ``make bench``'s "many in flight" (benchmarks.scenarios.Scale.inflight)
 
 
 class Cpu:
@@ -231,6 +242,93 @@ async def sdk_one_in_flight(client: estream.Client, stream: str, samples: int) -
         return out
 
 
+async def _first_publish(js: Any, subject: str) -> None:
+    """One publish, retried until the new stream answers (its replicas may still be
+    electing a leader after ``add_stream`` returned: "no response from stream")."""
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while True:
+        try:
+            await js.publish(subject, RECORD)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def _nats_async(js: Any, subject: str, records: int) -> float:
+    """Records/s of ``publish_async`` in chunks of the peer's ``FILL_CHUNK``, acks awaited."""
+    from benchmarks.peers import nats as pn
+
+    started = time.perf_counter()
+    acked = await pn.fill(js, subject, records, len(RECORD), PHASE_TIMEOUT_S)
+    if acked < records:
+        raise TimeoutError(f"NATS publish_async: {acked} of {records} acked in time")
+    return acked / (time.perf_counter() - started)
+
+
+async def _nats_awaited(js: Any, subject: str, records: int) -> float:
+    """Records/s of ``publish`` awaited per record by ``NATS_TASKS`` tasks (``make bench``'s)."""
+    from benchmarks import drivers
+    from benchmarks.peers.load import run_ops
+    from benchmarks.peers.stats import Measurement
+
+    op, tasks = drivers.NatsDriver("nats", js).append_op(subject, len(RECORD), NATS_TASKS)
+    m = Measurement("nats publish awaited", "nats")
+    await run_ops(m, op, count=records, inflight=tasks, time_s=PHASE_TIMEOUT_S)
+    if m.ops < records or m.failed:
+        raise RuntimeError(f"NATS publish: {m.ops} of {records}, {m.failed} failed")
+    return m.rate
+
+
+async def nats_phase(args: argparse.Namespace, bootstrap: str, work: Path
+                     ) -> dict[str, Any]:
+    """The Kafka producer (as ``produce``'s) against NATS JetStream R3 sync always (both
+    modes, a stream each), ``--nats-rounds`` rounds alternating, which goes first
+    alternating too: :func:`nats_row` of the rates and of each NATS mode's CPU."""
+    from benchmarks.peers import nats as pn
+
+    await asyncio.to_thread(_create_topic, bootstrap, "bench-nats", 1)
+    rates: dict[str, list[float]] = {"kafka": [], "async": [], "awaited": []}
+    used: dict[str, list[dict[str, float]]] = {"async": [], "awaited": []}
+    with pn.nats_cluster(work, sync_always=True) as cluster:
+        cpu = Cpu({"nats": [p.pid for p in cluster.processes], "bench": [os.getpid()]})
+        async with pn.connect(cluster) as (_nc, js):
+            subjects = {mode: await pn.create_stream(js, f"bench{mode}") for mode in used}
+            for subject in subjects.values():
+                await _first_publish(js, subject)
+            for round_ in range(args.nats_rounds):
+                for side in ("kafka", "nats") if round_ % 2 == 0 else ("nats", "kafka"):
+                    if side == "kafka":
+                        rates["kafka"].append(await asyncio.to_thread(
+                            kafka_produce, bootstrap, "bench-nats", args.records))
+                        continue
+                    for mode, measure in (("async", _nats_async), ("awaited", _nats_awaited)):
+                        before = cpu.now()
+                        rates[mode].append(await measure(js, subjects[mode], args.records))
+                        used[mode].append(cpu.since(before))
+    return nats_row(rates, used)
+
+
+def nats_row(rates: dict[str, list[float]], used: dict[str, list[dict[str, float]]]
+             ) -> dict[str, Any]:
+    """The nats phase's row from its rounds: the medians of the Kafka producer and of each
+    NATS mode, the Kafka median ÷ each NATS median and ÷ the faster (the target's: >= 3),
+    each round's ratio to its faster NATS mode, and each mode's median CPU (% of a core)."""
+    modes = ("async", "awaited")
+    median = {side: statistics.median(each) for side, each in rates.items()}
+    row: dict[str, Any] = {f"{side}_records_s": median[side] for side in ("kafka", *modes)}
+    for mode in modes:
+        row[f"ratio_{mode}"] = median["kafka"] / median[mode]
+    row["ratio"] = median["kafka"] / max(median[mode] for mode in modes)
+    row["ratios"] = " ".join(f"{k / max(a, w):.2f}" for k, a, w in
+                             zip(rates["kafka"], rates["async"], rates["awaited"], strict=True))
+    for mode in modes:
+        row.update({f"{mode}_{name}_pct": statistics.median(u[name] for u in used[mode])
+                    for name in used[mode][0]})
+    return row
+
+
 def _quantile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -275,6 +373,8 @@ async def run(args: argparse.Namespace, pd: str, bootstrap: str, cpu: Cpu
             sdk = await sdk_append(client, "bench-sdk", args.records, args.window)
             out["produce"] = {"kafka_records_s": kafka, "sdk_records_s": sdk,
                               "ratio": kafka / sdk}
+        if "nats" in phases:  # its servers run for this phase only
+            out["nats"] = await nats_phase(args, bootstrap, args.work / "nats")
         if "consume" in phases:  # alternating, each side's median (a loaded machine)
             kafkas, sdks = [], []
             used: list[dict[str, float]] = []
@@ -315,6 +415,8 @@ def main() -> int:
     parser.add_argument("--latency-samples", type=int, default=300)
     parser.add_argument("--consume-rounds", type=int, default=3,
                         help="consume phase: Kafka and SDK reads alternated, medians")
+    parser.add_argument("--nats-rounds", type=int, default=3,
+                        help="nats phase: the Kafka producer and NATS alternated, medians")
     parser.add_argument("--partitions", type=int, default=100)
     parser.add_argument("--partitions-rounds", type=int, default=4,
                         help="partitions phase: many and one partition alternated, medians")
@@ -346,6 +448,7 @@ def main() -> int:
                        "pd": [n.process.pid for n in cluster.pd.nodes
                               if n.process is not None],
                        "bench": [os.getpid()]})
+            args.work = Path(tmp)
             results = uvloop.run(run(args, cluster.pd_addresses, ",".join(addresses), cpu))
         finally:
             for gateway in gateways:
