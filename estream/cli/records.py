@@ -57,34 +57,49 @@ def stdin_lines(stream: Any) -> Iterator[bytes]:
         yield line[:-1] if line.endswith(b"\n") else line
 
 
-def start_reader(stream: IO[bytes], loop: asyncio.AbstractEventLoop
-                 ) -> asyncio.Queue[bytes | None]:
-    """Lines of ``stream`` into a bounded queue, read by a daemon thread (None at EOF)."""
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue(stdin_queue_lines_max)
+class StdinLines:
+    """Lines of a stream read ahead by a daemon thread (at most ``stdin_queue_lines_max``
+    waiting; None at EOF). The thread hands each line to the loop with
+    ``call_soon_threadsafe`` and waits for room on a semaphore: it makes no coroutine, so a
+    command that ends early (its stream not found) leaves none unawaited behind (a
+    ``Queue.put`` coroutine whose scheduling the closing loop dropped printed a
+    RuntimeWarning into the one-line error)."""
 
-    def put(item: bytes | None) -> None:
-        asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+    def __init__(self, stream: IO[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._room = threading.Semaphore(stdin_queue_lines_max)
+        self._loop = loop
+        self.thread = threading.Thread(target=self._run, args=(stream,), name="estream-stdin",
+                                       daemon=True)
+        self.thread.start()
 
-    def run() -> None:
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    async def get(self) -> bytes | None:
+        line = await self._queue.get()
+        self._room.release()
+        return line
+
+    def _put(self, line: bytes | None) -> None:
+        self._room.acquire()
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, line)
+
+    def _run(self, stream: IO[bytes]) -> None:
         try:
-            for line in stdin_lines(stream):
-                put(line)
-        except RuntimeError:
-            return  # the event loop is gone (the command ended early)
-        finally:
             try:
-                put(None)
-            except RuntimeError:
-                pass
-
-    threading.Thread(target=run, name="estream-stdin", daemon=True).start()
-    return queue
+                for line in stdin_lines(stream):
+                    self._put(line)
+            finally:
+                self._put(None)  # EOF, or a read that failed: the command ends there
+        except RuntimeError:
+            return  # the event loop is closed (the command ended early)
 
 
 async def append(client: Any, ns: argparse.Namespace) -> int:
     headers = parse_headers(ns.headers or [])
     offsets: list[int] = []
-    lines = start_reader(sys.stdin.buffer, asyncio.get_running_loop())
+    lines = StdinLines(sys.stdin.buffer, asyncio.get_running_loop())
     async with await client.open_writer(ns.name) as writer:
         pending: list[asyncio.Future[int]] = []
         while True:

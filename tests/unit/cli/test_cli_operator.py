@@ -64,3 +64,45 @@ def test_json_errors_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     assert stop.value.code == 2
     error = json.loads(capsys.readouterr().err)["error"]
     assert error["code"] == "USAGE" and "--from expects" in error["message"]
+
+
+def test_stdin_lines_arrive_in_order_then_none() -> None:
+    import asyncio
+    import io
+
+    async def read_all() -> list[bytes | None]:
+        lines = records.StdinLines(io.BytesIO(b"a\nb\n\nc"), asyncio.get_running_loop())
+        got: list[bytes | None] = []
+        while not got or got[-1] is not None:
+            got.append(await lines.get())
+        return got
+
+    assert asyncio.run(read_all()) == [b"a", b"b", b"", b"c", None]
+
+
+def test_a_command_that_ends_before_stdin_does_leaves_no_coroutine_behind() -> None:
+    # `estream append no-such-stream`: the loop closed while the stdin thread was handing it
+    # a line; a Queue.put coroutine made for it was never awaited (a RuntimeWarning that
+    # turned the one-line error into four lines).
+    import asyncio
+    import gc
+    import threading
+    import warnings
+    from collections.abc import Iterator
+
+    gate = threading.Event()
+
+    def stdin() -> Iterator[bytes]:
+        gate.wait(5)
+        yield from (b"late\n", b"later\n")
+
+    loop = asyncio.new_event_loop()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        lines = records.StdinLines(stdin(), loop)  # type: ignore[arg-type]
+        loop.close()
+        gate.set()
+        lines.thread.join(5)
+        gc.collect()
+    assert not lines.thread.is_alive()
+    assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
