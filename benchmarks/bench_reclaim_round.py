@@ -1,7 +1,8 @@
 """What one reclaim round costs the PD leader in process (issue 27: "10,000 open writers
 from 10 client processes: PD leader CPU at idle <= 10% of a core"): each live server's
-``LIST_RANGES`` answer decoded, parsed into reports, remembered for repair
-(``SealedReports``, ``ServerListing``) and decided on (``droppable``, ``confirmed``), as
+``LIST_RANGES`` answer (compact, as the reclaimer asks it: an open sound replica is its
+key alone) decoded, parsed into reports, remembered for repair (``SealedReports``,
+``ServerListing``) and decided on (``droppable``, ``confirmed``), as
 ``pd/shell/reclaimer.py``'s round does, with no servers.
 
     .venv/bin/python -m benchmarks.bench_reclaim_round [--streams 10000] [--servers 3]
@@ -11,7 +12,9 @@ Builds a catalog through real catalog commands: ``--streams`` streams of one ope
 on the ``--servers`` servers (every server lists one replica of each: 30,000 replicas a
 round with the defaults). Prints the milliseconds of a round, the best of ``--rounds``
 (one stream sealed between rounds, as a writer's roll), split into the wire decode
-(``ListedRange.from_header``) and the rest.
+(msgpack and ``listed_entries``) and the rest; beside it, in the same run, the floor: the
+bare ``msgpack.unpackb`` of the same listings, and the round's share of a core at one round
+every ``reclaim_interval_ms``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from estream.wire.rangeanswers import ListedRange, RangeState
+import msgpack
+
+from estream.wire.limits import reclaim_interval_ms
+from estream.wire.rangeanswers import ListedRange, RangeKey, listed_entries
 from pd.catalog import Catalog
 from pd.commands import CreateStream, OpenWriter, RegisterServer, SealRange
 from pd.reclaim import confirmed, droppable
@@ -44,36 +50,44 @@ def main() -> None:
     sealed = SealedReports()
     streams = StreamsById()
     listings: dict[str, ServerListing] = {}
-    decode = rest = float("inf")
+    decode = rest = floor = float("inf")
     for i in range(args.rounds + 1):
         view = catalog.view()
-        raw = [{"stream_id": s.id, "range_index": s.ranges[-1].index,
-                **RangeState(0, 100, 90, s.epoch, False, None, False, "xxh3", 50).to_header()}
-               for s in view.streams.values()]
-        took_decode = took_rest = 0.0
+        # what each server sends: every open replica as its key (rangeserver/listing.py)
+        packed = msgpack.packb([[s.id, s.ranges[-1].index] for s in view.streams.values()])
+        took_decode = took_rest = took_floor = 0.0
         for sid in servers:
             t = time.perf_counter()
-            listing = [e for e in map(ListedRange.from_header, raw) if e is not None]
+            msgpack.unpackb(packed)
+            took_floor += time.perf_counter() - t
+            t = time.perf_counter()
+            keys: list[RangeKey] = []
+            listing: list[ListedRange] = []
+            listed_entries(msgpack.unpackb(packed), keys, listing)
             took_decode += time.perf_counter() - t
             t = time.perf_counter()
             reports = parse_listing([entry for entry in listing if entry.state.sealed])
             sealed.observe(sid, reports, complete=True)
-            keys = [(entry.stream_id, entry.range_index) for entry in listing]
             listings[sid] = ServerListing(0, frozenset(keys))
             streams.follow(catalog.view().streams.values())
             confirmed(sid, droppable(keys, streams.by_id, view.next_stream_id, sid), {})
             took_rest += time.perf_counter() - t
         if i:  # (the first round builds the index)
             decode, rest = min(decode, took_decode), min(rest, took_rest)
+            floor = min(floor, took_floor)
         stream = catalog.view().streams["s000000"]
         last = stream.ranges[-1]
         catalog.apply(SealRange("s000000", stream.epoch, last.index, last.start + 5 + i,
                                 servers))
     replicas = args.streams * len(servers)
+    round_s = decode + rest
     print(f"reclaim round, {replicas} listed replicas, {args.streams} streams: "
-          f"decode {decode * 1000:.1f} ms, the rest {rest * 1000:.1f} ms "
-          f"({rest / replicas * 1e6:.2f} us a replica)")
-
+          f"{round_s * 1000:.1f} ms (decode {decode * 1000:.1f}, the rest {rest * 1000:.1f}; "
+          f"{round_s / replicas * 1e6:.2f} us a replica)")
+    print(f"floor, msgpack.unpackb of the same listings: {floor * 1000:.1f} ms; "
+          f"round / floor {round_s / floor:.1f}x; "
+          f"share of a core at a round every {reclaim_interval_ms / 1000:g} s: "
+          f"{round_s / (reclaim_interval_ms / 1000) * 100:.1f}%")
 
 if __name__ == "__main__":
     main()
