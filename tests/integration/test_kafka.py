@@ -10,6 +10,7 @@ kafka-python's producer runs with its defaults (idempotent: InitProducerId, sequ
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import socket
 import struct
@@ -25,6 +26,8 @@ import pytest
 
 import estream
 from estream.devcluster.kafka import start_kafka
+from estream.kafka import records as kr
+from tests.integration.kafkaframes import call_on
 from tests.system_tools import require_tool
 
 pytestmark = [
@@ -499,6 +502,24 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return data
 
 
+def _produce_request(topic: str, partitions: tuple[int, ...]) -> Any:
+    """A Produce v8 request (acks=all) of one record to each of ``partitions``."""
+    from kio.schema.produce.v8.request import (
+        PartitionProduceData,
+        ProduceRequest,
+        TopicProduceData,
+    )
+    from kio.schema.types import TopicName
+    from kio.static.primitive import i16, i32, i32Timedelta
+
+    records = kr.encode_producer_batch([kr.KafkaRecord(0, None, b"refused", ())])
+    return ProduceRequest(
+        transactional_id=None, acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=5)),
+        topic_data=(TopicProduceData(name=TopicName(topic), partition_data=tuple(
+            PartitionProduceData(index=i32(p), records=records) for p in partitions)),))
+
+
 def _connect(gateway: Gateway) -> socket.socket:
     host, _, port = gateway.address.rpartition(":")
     sock = socket.create_connection((host, int(port)), timeout=WAIT_S)
@@ -725,6 +746,10 @@ def test_a_client_without_sasl_gets_kafka_errors_never_a_crash(sasl_gateway: Gat
         sock.sendall(_request(3, 1, 2, b"\xff\xff\xff\xff"))  # Metadata: refused
         correlation, body = _answer(sock)
         assert correlation == 2
+        # A Produce: refused on each partition it names (not an answer naming none).
+        answer = call_on(sock, 0, 8, 9, _produce_request("sasl-t", (0, 1)))
+        assert [(t.name, p.index, int(p.error_code), p.base_offset) for t in answer.responses
+                for p in t.partition_responses] == [("sasl-t", 0, 58, -1), ("sasl-t", 1, 58, -1)]
         sock.sendall(_request(18, 0, 3))  # the connection is still served
         assert _answer(sock)[0] == 3
         # ... but not forever: unauthenticated past connection_auth_ms_max, it is closed.

@@ -303,21 +303,25 @@ class Gateway(Reads, Fetch, Produce):
         api = kp.API_NAMES.get(key, str(key))
         header = kp.RequestHeader(key, version, correlation, None, 0)
         refusal = session.refusal(key)
-        if refusal == ErrorCode.sasl_authentication_failed:  # not authenticated yet
-            self.requests[(api, refusal.name.upper())] += 1
-            return kp.error_response(key, version, correlation, refusal)
+        # Not authenticated yet (SASL_AUTHENTICATION_FAILED): refused whatever its version or
+        # body; one that decodes is answered per topic or partition it names, as below.
+        unauthenticated = refusal == ErrorCode.sasl_authentication_failed
         if not header.supported:
-            self.requests[(api, "UNSUPPORTED_VERSION")] += 1
-            return kp.error_response(key, version, correlation, ErrorCode.unsupported_version)
+            error = ErrorCode.sasl_authentication_failed if unauthenticated else (
+                ErrorCode.unsupported_version)
+            self.requests[(api, error.name.upper())] += 1
+            return kp.error_response(key, version, correlation, error)
         try:
             header = kp.parse_header(frame)
             REQUEST_CLIENT_ID.set(header.client_id or "")  # (this request's task only)
             request = kp.decode_request(header, frame)
         except MalformedFrame as exc:
-            self.requests[(api, "INVALID_REQUEST")] += 1
+            error = ErrorCode.sasl_authentication_failed if unauthenticated else (
+                ErrorCode.invalid_request)
+            self.requests[(api, error.name.upper())] += 1
             log.info("invalid %s request: %s", api, exc)
-            return kp.error_response(key, version, correlation, ErrorCode.invalid_request)
-        if refusal is not None:  # authenticated, but its roles do not allow this API
+            return kp.error_response(key, version, correlation, error)
+        if refusal is not None:  # not authenticated, or its roles do not allow this API
             self.requests[(api, refusal.name.upper())] += 1
             refused = auth.refused(key, version, request, refusal)
             if refused is None:
