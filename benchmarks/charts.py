@@ -112,13 +112,14 @@ def kill_timeline(data: dict[str, Any], out: Path, stamp: str) -> Path:
         ax.scatter(ts, lat, s=2)
         kill_s = m["events"].get("kill_s")
         if kill_s is not None:
-            ax.axvline(kill_s, color="firebrick", label="kill -9")
+            fault = "SIGSTOP" if "SIGSTOP" in m["summary"]["system"] else "kill -9"
+            ax.axvline(kill_s, color="firebrick", label=fault)
             ax.axvspan(kill_s - 2.5, kill_s + 2.5, color="firebrick", alpha=0.07)
         s = m["summary"]
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax.set_ylabel("append latency, ms")
-        ax.set_title(f"{s['system']}: failed {s['failed']}, worst around kill "
+        ax.set_title(f"{s['system']}: failed {s['failed']}, worst around the fault "
                      f"{s.get('kill_window_worst_ms') or 0:.1f} ms", fontsize=9)
         ax.legend(fontsize=7)
     axes[-1, 0].set_xlabel("time since start, s")

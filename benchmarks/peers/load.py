@@ -5,7 +5,10 @@
 carries many); it raises on failure, which is counted and does not stop the run. With
 ``rate_per_s`` the ops are paced open-loop: op ``i`` is due at ``i / rate_per_s`` and its
 latency is measured from that due time, so a stall also counts against the ops queued
-behind it (no coordinated omission).
+behind it (no coordinated omission); an op that starts before it is due (the loop's timers
+have millisecond resolution: a sleep may end up to a millisecond early) is measured from its
+start, never from a due time still ahead (that would read as a near-zero or negative
+latency).
 
 Side effect: time (the event loop's clock).
 """
@@ -50,6 +53,7 @@ async def run_ops(
             wait_s = due - time.perf_counter()
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
+            began = min(due, time.perf_counter())  # (see the module: from its start if early)
             records = 0
             try:
                 records = await op(i)
@@ -59,7 +63,7 @@ async def run_ops(
                     errors.append(f"{type(exc).__name__}: {exc}"[:200])
             else:
                 measurement.ops += records
-            latency_ms = (time.perf_counter() - due) * 1000.0
+            latency_ms = (time.perf_counter() - began) * 1000.0
             if records:
                 measurement.latencies_ms.extend([latency_ms] * records)
             if timeline:

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from benchmarks import report
+from benchmarks.peers import load
 from benchmarks.peers.load import round_robin, run_ops
 from benchmarks.peers.stats import Measurement, percentile, window
 
@@ -45,6 +46,23 @@ async def test_run_ops_stops_at_count_and_counts_failures() -> None:
     assert m.failed == 5 and m.ops == 45 * 2
     assert len(m.latencies_ms) == 90 and len(m.timeline) == 50
     assert "RuntimeError: boom" in m.note
+
+
+async def test_an_op_started_before_it_is_due_is_measured_from_its_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop's timers have millisecond resolution: a paced op's sleep may end early (41% of
+    them, by up to 1.3 ms, measured). Here every sleep ends at once, seconds early."""
+    async def at_once(_seconds: float) -> None:
+        return None
+
+    async def op(_i: int) -> int:
+        return 1
+
+    monkeypatch.setattr(load.asyncio, "sleep", at_once)
+    m = await run_ops(Measurement("s", "x"), op, count=20, inflight=1, time_s=30.0,
+                      rate_per_s=10, timeline=True)
+    assert m.ops == 20 and min(m.latencies_ms) >= 0
+    assert [round(due, 6) for due, _ in m.timeline] == [i / 10 for i in range(20)]
 
 
 def _row(scenario: str, system: str, **figures: float) -> dict[str, object]:
