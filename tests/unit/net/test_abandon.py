@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from estream.net import rangeclient
 from estream.net.appendsender import AppendSender
 from estream.net.rangeclient import ReplicaClient
 from estream.net.rpcclient import RpcClient, _ClientProtocol
@@ -125,3 +126,30 @@ async def test_an_entry_abandoned_before_its_turn_ends_is_never_sent() -> None:
     await asyncio.sleep(0)
     assert pool.calls == [("c:1", Opcode.APPEND)] and pool.waiting == []
     assert answers == []  # dropped: no callback
+
+
+async def test_a_large_backlog_is_abandoned_a_slice_a_turn_and_tells_the_writer_nothing(
+) -> None:
+    """2,000 requests owed by a hung replica when the chase bound drops it: abandoned in
+    slices of ``abandoned_requests_per_turn``, so the drop is no stall every append waits out; none
+    calls back, even one the server answers before its slice comes."""
+    pool = HungPool()
+    replicas = ReplicaClient(pool, 1)  # type: ignore[arg-type]
+    replicas.addresses = {"c": "c:1"}
+    answers: list[EstreamError | None] = []
+    for i in range(2_000):
+        replicas.start_append("c", b"b%d" % i, False, lambda _, error: answers.append(error))
+    assert len(pool.waiting) == 2_000
+    late = pool.waiting[-1]  # answered by the server before its slice is abandoned
+    replicas.abandon("c")
+    assert "c" not in replicas.outstanding
+    assert len(pool.waiting) == 2_000 - rangeclient.abandoned_requests_per_turn
+    late.pool.waiting.remove(late)
+    late.done(None, Unavailable("answered late"))
+    turns = 0
+    while pool.waiting:
+        await asyncio.sleep(0)
+        turns += 1
+        assert turns < 2_000 // rangeclient.abandoned_requests_per_turn + 2
+    assert turns >= 2_000 // rangeclient.abandoned_requests_per_turn - 1
+    assert answers == []  # nothing told, neither the abandoned nor the late answer
