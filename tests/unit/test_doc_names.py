@@ -1,9 +1,10 @@
-"""The docs name only what exists: every file path, ``estream_`` metric and admin HTTP route
-that README.md, CONTRIBUTING.md and docs/*.md mention is in the code under that name.
+"""The docs name only what exists: every file path, ``estream_`` metric, admin HTTP route
+and ``estream`` command-line flag that README.md, CONTRIBUTING.md and docs/*.md mention is
+in the code under that name.
 
-Static (reads files, starts nothing): paths are looked up on disk, metric names among the
-string literals of estream, pd and rangeserver (``ast``), routes among the ``add_get``/
-``add_post``/... calls of the HTTP shells.
+Static (reads files, starts nothing): paths are looked up on disk, metric names and flags
+among the string literals of estream, pd and rangeserver (``ast``), routes among the
+``add_get``/``add_post``/... calls of the HTTP shells.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ GENERATED = ("benchmarks/results/",)  # written by the benchmarks, not committed
 METRIC = re.compile(r"\bestream_[a-z0-9_]*[a-z0-9]")
 SERIES_SUFFIXES = ("_bucket", "_sum", "_count", "_total")  # a family's samples add these
 ROUTE = re.compile(r"\b(GET|POST|DELETE|PATCH|PUT)\s+`?(/[\w{}/.-]*[\w}])")
+COMMAND = re.compile(r"\bestream ([a-z][^`\n]*)")  # an ``estream ...`` command line
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 ADD_ROUTE = re.compile(r'add_(get|post|delete|patch|put)\("([^"]+)"')
 
 
@@ -94,11 +97,39 @@ def test_every_route_named_in_the_docs_is_served() -> None:
     assert not missing, missing
 
 
+def test_every_flag_of_an_estream_command_in_the_docs_exists() -> None:
+    """A flag shown on an ``estream ...`` line (a command continued with ``\\`` included) is
+    an option some parser of the code defines (``--help`` aside)."""
+    literals = string_literals()
+    missing = [f"{doc}:{number}: {flag}" for doc, number, line in command_lines()
+               for command in COMMAND.findall(line) for flag in FLAG.findall(command)
+               if flag != "--help" and flag not in literals]
+    assert not missing, missing
+
+
+def command_lines() -> list[tuple[str, int, str]]:
+    """Each doc's lines, a line ending in a backslash joined with the next."""
+    found = []
+    for doc in DOCS:
+        lines = (ROOT / doc).read_text().splitlines()
+        number = 0
+        while number < len(lines):
+            first, line = number, lines[number]
+            while line.endswith("\\") and number + 1 < len(lines):
+                number += 1
+                line = line[:-1] + " " + lines[number].strip()
+            found.append((doc, first + 1, line))
+            number += 1
+    return found
+
+
 def test_the_checks_see_names() -> None:
     """The patterns still find what they check (a broken pattern passes vacuously)."""
     lines = [line for _, _, line in doc_lines()]
     assert sum(len(PATH.findall(line)) for line in lines) > 50
     assert sum(len(METRIC.findall(line)) for line in lines) > 20
     assert sum(len(ROUTE.findall(line)) for line in lines) > 10
+    assert sum(len(FLAG.findall(command)) for _, _, line in command_lines()
+               for command in COMMAND.findall(line)) > 50
     assert not metric_defined("estream_rangeserver_connections_refused")
     assert metric_defined("estream_rangeserver_connections_refused_total")
