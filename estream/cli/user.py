@@ -89,12 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="estream",
         parents=[_common(True)],
         description="estream: replicated stream storage. Server processes: `estream up` "
-        "(a local cluster), `estream pd`, `estream rangeserver`. User commands below.",
+        "(a local cluster), `estream pd`, `estream rangeserver`, `estream kafka`. User "
+        "commands below.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("up", help="run a local cluster in the foreground (see estream up --help)")
     sub.add_parser("pd", help="run one placement-driver node (see estream pd --help)")
     sub.add_parser("rangeserver", help="run one range server (see estream rangeserver --help)")
+    sub.add_parser("kafka", help="run one Kafka protocol gateway (see estream kafka --help)")
     sub.add_parser("certs", help="make a cluster CA, certificates and a token (see estream "
                    "certs --help)")
     leaf = _common(False)

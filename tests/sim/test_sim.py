@@ -60,7 +60,7 @@ or damaged, the writer dying with one server lagging and two down. ``hung-holder
 after its READ bound (``tests/sim/hungread.py``).
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
-``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 60..249 are ``slow`` (``-m slow``); one
+``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 20..249 are ``slow`` (``-m slow``); one
 row: ``pytest
 'tests/sim/test_sim.py::test_double_faults[hung-of-three-5]'``. A failure prints its trace.
 """
