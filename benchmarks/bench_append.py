@@ -18,7 +18,8 @@ measures with 1 KiB records:
    overall and in the second around the kill;
 5. ``--gray-replica hung|slow``: open-loop appends at ``--gray-rate``/s on exactly 3 range
    servers; mid-run one replica of the open range is stopped (SIGSTOP) or slowed (the
-   test fault proxy delays each request to it by 50 ms): worst and p99.9 latency (from
+   test fault proxy, in a process of its own in front of that server only, delays each
+   request to it by 50 ms; ``tests/harness/faultproxyproc.py``): worst and p99.9 latency (from
    each append's due time) within 2.5 s of the fault, failed appends, lost or duplicated
    offsets (issue 32);
 6. ``--exactly-once``: throughput 1 again beside the same with an idempotent producer
@@ -52,6 +53,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -367,7 +369,11 @@ async def gray_replica(
     name = f"bench-{mode}"
     await client.create_stream(name, replicas=3, ack_count=2)
     writer = await client.open_writer(name, **WRITER_OPTIONS)
-    victim = writer.stream.ranges[-1].replicas[0].address
+    replicas = [r.address for r in writer.stream.ranges[-1].replicas]
+    # hung: the open range's first replica; slow: the one server behind a fault proxy (each
+    # of the 3 servers holds a replica of a 3-replica range)
+    victim = replicas[0] if mode == "hung" else _proxied(cluster)
+    assert victim in replicas, (victim, replicas)
     count = int(rate * seconds)
     latencies: list[tuple[float, float]] = []  # (due, latency ms)
     offsets: list[int] = []
@@ -442,6 +448,30 @@ async def gray_replica(
         **({} if stalls is None else {"loop_stalls_in_window": stalls.longest(fault_at, 2.5),
                                       "client_gc_tracked_at_start": tracked}),
     }
+
+
+def _proxied(cluster: Cluster) -> str:
+    """The address of the one range server behind a fault proxy (``--gray-replica slow``)."""
+    (address,) = [s.address for s in cluster.servers if s.proxy is not None]
+    return address
+
+
+def first_server_proxied() -> Callable[[str, str], Any]:
+    """A ``start_cluster(proxy=...)`` factory putting a fault proxy process in front of the
+    first range server only: the slowed replica's bytes are relayed by a process of their
+    own (not by threads under this client's GIL), and the other servers' by none, as in the
+    hung run."""
+    from tests.harness.faultproxyproc import start_fault_proxy_process
+
+    made: list[str] = []
+
+    def factory(target: str, host: str) -> Any:
+        if made:
+            return None
+        made.append(target)
+        return start_fault_proxy_process(target, host)
+
+    return factory
 
 
 PHASES = {  # --phases name: results key, in the order they run
@@ -650,9 +680,7 @@ def main() -> int:
         servers = 6 if args.striped else 4 if args.kill_replica else 3
         # No cluster secret of the launcher's: the servers verify hmac-sha256 MACs only when
         # ESTREAM_SECRET is set (the "with the secret" rows of RESULTS.md), as before.
-        proxy = None
-        if args.gray_replica == "slow":
-            from tests.harness.faultproxy import start_fault_proxy as proxy
+        proxy = first_server_proxied() if args.gray_replica == "slow" else None
         cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=servers, secret=None,
                                 proxy=proxy)
         try:
