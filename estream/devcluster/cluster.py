@@ -5,12 +5,11 @@ they start one.
 range servers (:mod:`.rangeserver`) with a fresh cluster secret (``secret=``; a test sending
 member opcodes uses ``cluster.member_pool()``), each on ``pd_hosts`` / ``rs_hosts`` if given,
 and waits until PD lists every range server alive. ``proxy=`` a factory of
-:class:`RangeServerProxy` puts one in front of each range server it makes one for (None:
-none; the server advertises the proxy's address); the fault proxies are test code
-(``tests/harness/faultproxy.py``; ``faultproxyproc.py``, one in a process of its own).
-Faults, by a server's address or id: ``kill9`` / ``restart``, ``pause`` / ``resume``,
-``wipe`` (a new identity), ``heal``, ``crash_all``, ``kill_pd_leader`` / ``restart_pd``;
-what it holds: ``describe``, ``replica_entries``, ``sealed_replicas``.
+:class:`RangeServerProxy` fronts each range server it makes one for (None: none; the server
+advertises it); fault proxies are test code (``tests/harness/faultproxy*.py``). Faults, by a
+server's address or id: ``kill9`` / ``restart``, ``pause`` / ``resume``, ``wipe`` (a new
+identity), ``heal``, ``crash_all``, ``kill_pd_leader`` / ``restart_pd``; what it holds:
+``describe``, ``replica_entries``, ``sealed_replicas``.
 ``stop()`` (or leaving ``with``) stops every process by PID: call it from a finalizer.
 
 Side effects: processes, files under the test's tmp dir, loopback sockets.
