@@ -398,6 +398,7 @@ async def gray_replica(
     begin = time.perf_counter()
     fault_at = begin + seconds / 2
     faulted = False
+    slowing: asyncio.Future[None] | None = None
     passes = GcPasses().__enter__()
     stalls = LoopStalls() if trace else None
     try:
@@ -407,12 +408,15 @@ async def gray_replica(
                 faulted = True
                 if mode == "hung":
                     cluster.pause(victim)
-                else:
-                    cluster.proxy(victim).delay(None, "request", 50)
+                else:  # a round trip to the proxy's process: on a thread, not stalling the loop
+                    slowing = asyncio.ensure_future(asyncio.to_thread(
+                        cluster.proxy(victim).delay, None, "request", 50))
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             task = asyncio.ensure_future(one(due))
             out.add(task)
             task.add_done_callback(out.discard)
+        if slowing is not None:
+            await slowing
         if out:
             await asyncio.wait_for(asyncio.gather(*out), PHASE_TIMEOUT_S)
     finally:
