@@ -40,8 +40,8 @@ records/s on a shared machine). Every phase is bounded in count and time. Usage:
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
         [--phases ceiling,throughput,one,visible,workers,typical] [--inflight 256] [--trace]
-        [--kill-replica] [--gray-replica hung|slow] [--exactly-once [--repeat 3]] [--striped]
-        [--batch-bytes N] [--json out.json]
+        [--kill-replica] [--gray-replica hung|slow [--gray-delay-ms 50]]
+        [--exactly-once [--repeat 3]] [--striped] [--batch-bytes N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -363,9 +363,10 @@ async def kill_replica(
 
 async def gray_replica(
     client: estream.Client, cluster: Cluster, mode: str, rate: int, seconds: float,
-    trace: bool = False,
+    trace: bool = False, delay_ms: int = 50,
 ) -> dict[str, Any]:
-    """Scenario 5 (module docstring): ``mode`` is ``hung`` or ``slow``."""
+    """Scenario 5 (module docstring): ``mode`` is ``hung`` or ``slow`` (each request to the
+    victim delayed ``delay_ms``; 0: none, a control for what the proxy in front of it costs)."""
     name = f"bench-{mode}"
     await client.create_stream(name, replicas=3, ack_count=2)
     writer = await client.open_writer(name, **WRITER_OPTIONS)
@@ -408,9 +409,9 @@ async def gray_replica(
                 faulted = True
                 if mode == "hung":
                     cluster.pause(victim)
-                else:  # a round trip to the proxy's process: on a thread, not stalling the loop
+                elif delay_ms > 0:  # a round trip to the proxy's process: on a thread
                     slowing = asyncio.ensure_future(asyncio.to_thread(
-                        cluster.proxy(victim).delay, None, "request", 50))
+                        cluster.proxy(victim).delay, None, "request", delay_ms))
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             task = asyncio.ensure_future(one(due))
             out.add(task)
@@ -434,7 +435,8 @@ async def gray_replica(
     after = sorted(lat for due, lat in latencies if 0 <= due - fault_at < 2.5)
     every = sorted(lat for _, lat in latencies)
     return {
-        "mode": mode, "rate_per_s": rate, "appends": count, "failed_appends": failures,
+        "mode": mode, "delay_ms": delay_ms if mode == "slow" else None, "rate_per_s": rate,
+        "appends": count, "failed_appends": failures,
         "read_back_matches": read_back == sorted(offsets) == list(range(len(offsets))),
         "window_ops": len(around),
         "window_worst_ms": round(around[-1], 2) if around else None,
@@ -642,7 +644,8 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
         if args.gray_replica:
             results["gray_replica"] = await asyncio.wait_for(
                 gray_replica(client, cluster, args.gray_replica, args.gray_rate,
-                             args.gray_seconds, args.trace), PHASE_TIMEOUT_S)
+                             args.gray_seconds, args.trace, args.gray_delay_ms),
+                PHASE_TIMEOUT_S)
             print("gray replica", results["gray_replica"], flush=True)
     return results
 
@@ -664,6 +667,9 @@ def main() -> int:
                         help="scenario 5 on exactly 3 range servers: a replica stopped/slowed")
     parser.add_argument("--gray-rate", type=int, default=1_000, help="appends per second")
     parser.add_argument("--gray-seconds", type=float, default=8.0)
+    parser.add_argument("--gray-delay-ms", type=int, default=50,
+                        help="slow: each request to the victim delayed this long (0: the proxy "
+                        "in place, nothing delayed: a control)")
     parser.add_argument("--gc-freeze", action="store_true",
                         help="gc.freeze() once connected (no full GC pass over the start-up heap)")
     parser.add_argument("--tune-gc", action="store_true",
