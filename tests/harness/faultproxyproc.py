@@ -30,6 +30,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -54,6 +55,7 @@ class FaultProxyProcess:
         self.target, self._host, self._port = target, host, port
         self.address = ""
         self.proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()  # one command and its answer at a time, from any thread
 
     @property
     def pid(self) -> int:
@@ -134,9 +136,10 @@ class FaultProxyProcess:
         proc = self.proc
         if proc is None or proc.poll() is not None or proc.stdin is None:
             raise RuntimeError("the fault proxy process is not running")
-        proc.stdin.write(json.dumps({"op": op, **arguments}).encode() + b"\n")
-        proc.stdin.flush()
-        answer = self._read(answer_timeout_s)
+        with self._lock:
+            proc.stdin.write(json.dumps({"op": op, **arguments}).encode() + b"\n")
+            proc.stdin.flush()
+            answer = self._read(answer_timeout_s)
         if "error" in answer:
             raise RuntimeError(f"fault proxy {self.address}: {op}: {answer['error']}")
         return answer["ok"]
@@ -167,8 +170,12 @@ def serve(target: str, host: str, port: int, commands: IO[str], answers: IO[str]
     with FaultProxy(target, host, port) as proxy:
         _answer(answers, {"address": proxy.address})
         for line in commands:
-            command = json.loads(line)
-            op = command.pop("op", None)
+            try:
+                command = json.loads(line)
+                op = command.pop("op", None)
+            except (ValueError, AttributeError, TypeError):
+                _answer(answers, {"error": f"not a command: {line.strip()[:100]!r}"})
+                continue
             if op == "close":
                 break
             if op not in COMMANDS:

@@ -6,6 +6,8 @@ cluster it fronts is stopped (``start_cluster``'s factory may proxy one server o
 
 from __future__ import annotations
 
+import io
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.rpc import RpcClient
 from estream.wire.errors import Timeout
 from estream.wire.protocol import Opcode
-from tests.harness.faultproxyproc import FaultProxyProcess, start_fault_proxy_process
+from tests.harness.faultproxyproc import FaultProxyProcess, serve, start_fault_proxy_process
 
 pytestmark = [pytest.mark.integration]
 
@@ -81,6 +83,17 @@ async def test_rules_sent_over_the_pipe_apply_to_the_servers_frames(
     assert gone(pid)
     with pytest.raises(RuntimeError, match="not running"):
         proxy.clear_rules()
+
+
+def test_the_child_answers_each_line_and_stops_at_close() -> None:
+    commands = io.StringIO('nonsense\n{"op": "nope"}\n{"op": "partitioned"}\n'
+                           '{"op": "close"}\n{"op": "heal"}\n')
+    answers = io.StringIO()
+    serve(f"127.0.0.1:{free_port()}", "127.0.0.1", 0, commands, answers)
+    lines = [json.loads(line) for line in answers.getvalue().splitlines()]
+    assert set(lines[0]) == {"address"}
+    assert "not a command" in lines[1]["error"] and "unknown" in lines[2]["error"]
+    assert lines[3:] == [{"ok": False}]  # nothing after close
 
 
 def test_ends_when_its_parent_closes_the_pipe() -> None:
