@@ -18,9 +18,10 @@ measures with 1 KiB records:
    overall and in the second around the kill;
 5. ``--gray-replica hung|slow``: open-loop appends at ``--gray-rate``/s on exactly 3 range
    servers; mid-run one replica of the open range is stopped (SIGSTOP) or slowed (the
-   test fault proxy delays each request to it by 50 ms): worst and p99.9 latency (from
-   each append's due time) within 2.5 s of the fault, failed appends, lost or duplicated
-   offsets (issue 32);
+   test fault proxy, in a process of its own in front of that server only, delays each
+   request to it by 50 ms; ``tests/harness/faultproxyproc.py``): worst and p99.9 latency (from
+   each append's due time) within 2.5 s of the fault (and within 2.5 s after it), failed
+   appends, lost or duplicated offsets (issue 32);
 6. ``--exactly-once``: throughput 1 again beside the same with an idempotent producer
    (``producer_id`` set, every append with its ``sequence``) and with the ``crc32c`` and
    ``hmac-sha256`` entry digests, alternated ``--repeat`` times (the median of each, and
@@ -39,8 +40,8 @@ records/s on a shared machine). Every phase is bounded in count and time. Usage:
 
     .venv/bin/python -m benchmarks.bench_append [--records 50000] [--latency-samples 2000]
         [--phases ceiling,throughput,one,visible,workers,typical] [--inflight 256] [--trace]
-        [--kill-replica] [--gray-replica hung|slow] [--exactly-once [--repeat 3]] [--striped]
-        [--batch-bytes N] [--json out.json]
+        [--kill-replica] [--gray-replica hung|slow [--gray-delay-ms 50]]
+        [--exactly-once [--repeat 3]] [--striped] [--batch-bytes N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -361,13 +363,18 @@ async def kill_replica(
 
 async def gray_replica(
     client: estream.Client, cluster: Cluster, mode: str, rate: int, seconds: float,
-    trace: bool = False,
+    trace: bool = False, delay_ms: int = 50,
 ) -> dict[str, Any]:
-    """Scenario 5 (module docstring): ``mode`` is ``hung`` or ``slow``."""
+    """Scenario 5 (module docstring): ``mode`` is ``hung`` or ``slow`` (each request to the
+    victim delayed ``delay_ms``; 0: none, a control for what the proxy in front of it costs)."""
     name = f"bench-{mode}"
     await client.create_stream(name, replicas=3, ack_count=2)
     writer = await client.open_writer(name, **WRITER_OPTIONS)
-    victim = writer.stream.ranges[-1].replicas[0].address
+    replicas = [r.address for r in writer.stream.ranges[-1].replicas]
+    # hung: the open range's first replica; slow: the one server behind a fault proxy (each
+    # of the 3 servers holds a replica of a 3-replica range)
+    victim = replicas[0] if mode == "hung" else _proxied(cluster)
+    assert victim in replicas, (victim, replicas)
     count = int(rate * seconds)
     latencies: list[tuple[float, float]] = []  # (due, latency ms)
     offsets: list[int] = []
@@ -392,6 +399,7 @@ async def gray_replica(
     begin = time.perf_counter()
     fault_at = begin + seconds / 2
     faulted = False
+    slowing: asyncio.Future[None] | None = None
     passes = GcPasses().__enter__()
     stalls = LoopStalls() if trace else None
     try:
@@ -401,12 +409,15 @@ async def gray_replica(
                 faulted = True
                 if mode == "hung":
                     cluster.pause(victim)
-                else:
-                    cluster.proxy(victim).delay(None, "request", 50)
+                elif delay_ms > 0:  # a round trip to the proxy's process: on a thread
+                    slowing = asyncio.ensure_future(asyncio.to_thread(
+                        cluster.proxy(victim).delay, None, "request", delay_ms))
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             task = asyncio.ensure_future(one(due))
             out.add(task)
             task.add_done_callback(out.discard)
+        if slowing is not None:
+            await slowing
         if out:
             await asyncio.wait_for(asyncio.gather(*out), PHASE_TIMEOUT_S)
     finally:
@@ -421,14 +432,20 @@ async def gray_replica(
     await writer.close()
     read_back = [r.offset async for r in client.read(name)]  # every offset once, in order
     around = sorted(lat for due, lat in latencies if abs(due - fault_at) < 2.5)
+    after = sorted(lat for due, lat in latencies if 0 <= due - fault_at < 2.5)
     every = sorted(lat for _, lat in latencies)
     return {
-        "mode": mode, "rate_per_s": rate, "appends": count, "failed_appends": failures,
+        "mode": mode, "delay_ms": delay_ms if mode == "slow" else None, "rate_per_s": rate,
+        "appends": count, "failed_appends": failures,
         "read_back_matches": read_back == sorted(offsets) == list(range(len(offsets))),
         "window_ops": len(around),
         "window_worst_ms": round(around[-1], 2) if around else None,
         "window_p999_ms": round(percentile(around, 99.9), 2) if around else None,
         "window_p99_ms": round(percentile(around, 99), 2) if around else None,
+        # the window's second half only (due within 2.5 s after the fault): what the fault
+        # costs, without the noise of the 2.5 s before it
+        "after_fault_worst_ms": round(after[-1], 2) if after else None,
+        "after_fault_p999_ms": round(percentile(after, 99.9), 2) if after else None,
         "p50_ms": round(percentile(every, 50), 3), "worst_ms": round(every[-1], 2),
         # the same machine's noise: the worst before the fault, and the slowest appends
         # after it with when they were due (seconds from the fault)
@@ -442,6 +459,30 @@ async def gray_replica(
         **({} if stalls is None else {"loop_stalls_in_window": stalls.longest(fault_at, 2.5),
                                       "client_gc_tracked_at_start": tracked}),
     }
+
+
+def _proxied(cluster: Cluster) -> str:
+    """The address of the one range server behind a fault proxy (``--gray-replica slow``)."""
+    (address,) = [s.address for s in cluster.servers if s.proxy is not None]
+    return address
+
+
+def first_server_proxied() -> Callable[[str, str], Any]:
+    """A ``start_cluster(proxy=...)`` factory putting a fault proxy process in front of the
+    first range server only: the slowed replica's bytes are relayed by a process of their
+    own (not by threads under this client's GIL), and the other servers' by none, as in the
+    hung run."""
+    from tests.harness.faultproxyproc import start_fault_proxy_process
+
+    made: list[str] = []
+
+    def factory(target: str, host: str) -> Any:
+        if made:
+            return None
+        made.append(target)
+        return start_fault_proxy_process(target, host)
+
+    return factory
 
 
 PHASES = {  # --phases name: results key, in the order they run
@@ -603,7 +644,8 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
         if args.gray_replica:
             results["gray_replica"] = await asyncio.wait_for(
                 gray_replica(client, cluster, args.gray_replica, args.gray_rate,
-                             args.gray_seconds, args.trace), PHASE_TIMEOUT_S)
+                             args.gray_seconds, args.trace, args.gray_delay_ms),
+                PHASE_TIMEOUT_S)
             print("gray replica", results["gray_replica"], flush=True)
     return results
 
@@ -625,6 +667,9 @@ def main() -> int:
                         help="scenario 5 on exactly 3 range servers: a replica stopped/slowed")
     parser.add_argument("--gray-rate", type=int, default=1_000, help="appends per second")
     parser.add_argument("--gray-seconds", type=float, default=8.0)
+    parser.add_argument("--gray-delay-ms", type=int, default=50,
+                        help="slow: each request to the victim delayed this long (0: the proxy "
+                        "in place, nothing delayed: a control)")
     parser.add_argument("--gc-freeze", action="store_true",
                         help="gc.freeze() once connected (no full GC pass over the start-up heap)")
     parser.add_argument("--tune-gc", action="store_true",
@@ -650,9 +695,7 @@ def main() -> int:
         servers = 6 if args.striped else 4 if args.kill_replica else 3
         # No cluster secret of the launcher's: the servers verify hmac-sha256 MACs only when
         # ESTREAM_SECRET is set (the "with the secret" rows of RESULTS.md), as before.
-        proxy = None
-        if args.gray_replica == "slow":
-            from tests.harness.faultproxy import start_fault_proxy as proxy
+        proxy = first_server_proxied() if args.gray_replica == "slow" else None
         cluster = start_cluster(Path(tmp), pd_nodes=3, range_servers=servers, secret=None,
                                 proxy=proxy)
         try:

@@ -5,11 +5,11 @@ they start one.
 range servers (:mod:`.rangeserver`) with a fresh cluster secret (``secret=``; a test sending
 member opcodes uses ``cluster.member_pool()``), each on ``pd_hosts`` / ``rs_hosts`` if given,
 and waits until PD lists every range server alive. ``proxy=`` a factory of
-:class:`RangeServerProxy` puts one in front of every range server (it advertises the
-proxy's address); the fault proxy lives in the test tree (``tests/harness/faultproxy.py``).
-Faults, by any of a server's addresses or its id: ``kill9`` / ``restart``, ``pause`` /
-``resume``, ``wipe`` (a new identity), ``heal``, ``crash_all``, ``kill_pd_leader`` /
-``restart_pd``; what it holds: ``describe``, ``replica_entries``, ``sealed_replicas``.
+:class:`RangeServerProxy` fronts each range server it makes one for (None: none; the server
+advertises it); fault proxies are test code (``tests/harness/faultproxy*.py``). Faults, by a
+server's address or id: ``kill9`` / ``restart``, ``pause`` / ``resume``, ``wipe`` (a new
+identity), ``heal``, ``crash_all``, ``kill_pd_leader`` / ``restart_pd``; what it holds:
+``describe``, ``replica_entries``, ``sealed_replicas``.
 ``stop()`` (or leaving ``with``) stops every process by PID: call it from a finalizer.
 
 Side effects: processes, files under the test's tmp dir, loopback sockets.
@@ -60,8 +60,9 @@ class RangeServerProxy(Protocol):
     def close(self) -> None: ...
 
 
-# (the range server's listen address, the proxy's host) -> a started proxy
-ProxyFactory = Callable[[str, str], RangeServerProxy]
+# (the range server's listen address, the proxy's host) -> a started proxy, or None: that
+# server is reached directly
+ProxyFactory = Callable[[str, str], RangeServerProxy | None]
 
 
 @dataclass
@@ -381,7 +382,8 @@ def start_cluster(
 ) -> Cluster:
     """Start PD nodes (each with ``pd_args``) and range servers (with ``rangeserver_args``;
     PD node ``i`` on ``pd_hosts[i]``, range server ``j`` on ``rs_hosts[j]``, else all on
-    ``host``; with ``proxy``, each range server behind the proxy it makes on its host). Every
+    ``host``; with ``proxy``, each range server behind the proxy it makes on its host, if it
+makes one: it is called once per server, in order). Every
     process runs with ``env`` over this process's environment, which is left alone (it
     restarts with it too). ``secret`` (the cluster secret, the member credential; by
     default a fresh random one, as ``estream up`` makes) is written to
