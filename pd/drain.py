@@ -12,7 +12,8 @@ A server an operator *drains* stays registered and serving, but gets no new repl
   that replica as failed (the range runs on its other replicas, at least ``ack_count``)
   and rolls, placing the next range elsewhere; a stream with no live writer is rolled by
   the PD leader itself (a new epoch, the recovery that a new writer runs, the seal
-  recorded in PD avoiding the server: :func:`open_ranges_leaving`).
+  recorded in PD avoiding the server: :func:`open_ranges_leaving`), once the next range
+  can be placed off the draining servers (:func:`can_roll`).
 
 Its state (:func:`server_state`) is ``"active"``, ``"draining"`` (flagged, still named by
 some range) or ``"drained"`` (flagged, named by none): only the flag is in the catalog
@@ -235,6 +236,24 @@ def open_ranges_leaving(
     """The streams whose open last range has a replica on a draining server, by name."""
     found = [s for s in streams if leave_servers(s, draining)]
     return sorted(found, key=lambda s: s.name)
+
+
+def can_roll(stream: StreamMeta, usable: int) -> bool:
+    """Whether the open last range of ``stream`` can be rolled away from draining servers:
+    the next range needs as many servers as it has replicas among the ``usable`` ones
+    (alive, not draining). When it cannot, PD does not roll it: each try fenced it at a
+    new epoch (a Raft entry, a fence on every replica) and then failed to place the next
+    range, every second for as long as the drain lasted (the drain's outlook already says
+    it cannot finish: :func:`pd.console.drain_outlooks`).
+
+    >>> from estream.wire.meta import ReplicaRef
+    >>> refs = tuple(ReplicaRef(i, "h:1") for i in "abc")
+    >>> s = StreamMeta(1, "s", ranges=(RangeMeta(0, 0, None, refs),))
+    >>> can_roll(s, 2), can_roll(s, 3)
+    (False, True)
+    """
+    last = stream.last_range
+    return last is not None and usable >= len(last.replicas)
 
 
 def forget_refusal(

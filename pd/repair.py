@@ -62,7 +62,7 @@ Pure: no I/O (the caller passes the clock, the catalog and the servers' reports)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Final
@@ -101,8 +101,9 @@ class ServerState:
     bytes: int = 0
     reports: Mapping[RangeKey, ReplicaReport] = field(default_factory=dict)
     # The replicas its last LIST_RANGES named, when one was taken since the ranges
-    # concerned last changed hands (None: no such listing; nothing counts as absent).
-    listed: Collection[RangeKey] | None = None
+    # concerned last changed hands or were placed (None: no such listing; nothing counts
+    # as absent; pd.replicareports.listed_now).
+    listed: Container[RangeKey] | None = None
     draining: bool = False  # an operator drains it: no target, its replicas move away
     striped: bool = False  # takes striped replicas (pd/placement.py): a striped range's target
 

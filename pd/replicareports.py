@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from estream.wire.meta import StreamMeta
 from estream.wire.rangeanswers import ListedRange, RangeKey
 
 
@@ -92,28 +93,66 @@ def parse_listing(listed: Iterable[ListedRange]) -> list[ReplicaReport]:
     return found
 
 
+def placed_ranges(streams: Iterable[StreamMeta]) -> dict[int, int]:
+    """Each stream's next range index in the catalog: every range it placed so far is
+    below it (a range placed later, after a listing was asked for, cannot be in it).
+
+    >>> from estream.wire.meta import RangeMeta
+    >>> meta = StreamMeta(7, "s", ranges=(RangeMeta(0, 0, 5, ()), RangeMeta(1, 5, None, ())))
+    >>> placed_ranges([meta])
+    {7: 2}
+    """
+    return {s.id: s.ranges[-1].index + 1 if s.ranges else 0 for s in streams}
+
+
 @dataclass(frozen=True, slots=True)
 class ServerListing:
-    """The replicas a server's ``LIST_RANGES`` named, and when it was asked."""
+    """The replicas a server's ``LIST_RANGES`` named, and when it was asked; ``placed``:
+    :func:`placed_ranges` before it was asked (None: every range counts as placed before)."""
 
     at_ms: int
     keys: frozenset[RangeKey]
+    placed: Mapping[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """What counts as listed on a server (``key in listed``): the keys its listing named,
+    the ranges repair changed since, and every range the catalog placed after the listing
+    was asked for (the listing cannot know them: a range created and sealed between two
+    listings is no "absent" replica)."""
+
+    keys: frozenset[RangeKey]
+    placed: Mapping[int, int] | None = None
+
+    def __contains__(self, key: object) -> bool:
+        if key in self.keys:
+            return True
+        if self.placed is None or not isinstance(key, tuple) or len(key) != 2:
+            return False
+        stream_id, index = key
+        return bool(index >= self.placed.get(stream_id, 0))
 
 
 def listed_now(
     listing: ServerListing | None, now_ms: int, max_age_ms: int,
     changed_at: Mapping[RangeKey, int],
-) -> frozenset[RangeKey] | None:
+) -> Listed | None:
     """What counts as listed on a server now: None without a listing younger than
     ``max_age_ms`` (nothing is then called absent); a range repair worked on since the
-    listing was asked for (``changed_at``) counts as listed (the listing cannot know).
+    listing was asked for (``changed_at``) counts as listed (the listing cannot know), and
+    so does a range the catalog placed after it (:class:`Listed`).
 
-    >>> seen = ServerListing(1_000, frozenset({(1, 0)}))
-    >>> sorted(listed_now(seen, 2_000, 15_000, {(1, 1): 1_500, (1, 2): 900}))
-    [(1, 0), (1, 1)]
+    >>> seen = ServerListing(1_000, frozenset({(1, 0)}), placed={1: 3})
+    >>> now = listed_now(seen, 2_000, 15_000, {(1, 1): 1_500, (1, 2): 900})
+    >>> [(1, i) in now for i in range(4)]
+    [True, True, False, True]
+    >>> (2, 0) in now  # a stream created since
+    True
     >>> listed_now(seen, 20_000, 15_000, {}) is None
     True
     """
     if listing is None or now_ms - listing.at_ms > max_age_ms:
         return None
-    return listing.keys | {k for k, at in changed_at.items() if at >= listing.at_ms}
+    changed = {k for k, at in changed_at.items() if at >= listing.at_ms}
+    return Listed(listing.keys | changed, listing.placed)

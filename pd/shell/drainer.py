@@ -40,7 +40,7 @@ from estream.wire.errors import EstreamError, Fenced, RangeSealed
 from estream.wire.meta import RangeMeta, StreamMeta
 from estream.wire.rangeanswers import RangeKey
 from pd.catalog import CatalogView
-from pd.drain import RangeHealth, open_ranges_leaving
+from pd.drain import RangeHealth, can_roll, open_ranges_leaving
 from pd.repair import Health, ServerState, ShortKey, replica_health
 from pd.shell.recoverer import Recoverer
 from pd.shell.repairer import Repairer
@@ -71,6 +71,7 @@ class Drainer:
         self.interval_ms = interval_ms
         self.clock_ms = clock_ms
         self.rolled = 0  # open ranges this node rolled away from draining servers
+        self.waiting: set[str] = set()  # streams whose roll cannot be placed (logged once)
 
     async def run(self) -> None:
         """Forever (until cancelled): a round every ``interval_ms`` while leader."""
@@ -83,15 +84,28 @@ class Drainer:
             return 0
         view = service.view()
         if not view.draining:
+            self.waiting = set()
             return 0
         rolled = 0
-        service.leases.lead(service.raft.status().term, self.clock_ms())
+        now = self.clock_ms()
+        service.leases.lead(service.raft.status().term, now)
+        usable = sum(1 for s in view.servers if s not in view.draining
+                     and service.liveness.alive(s, now))
+        waiting: set[str] = set()
         for stream in open_ranges_leaving(view.streams.values(), view.draining):
             if not service.leases.expired(stream, self.clock_ms()):
+                continue
+            if not can_roll(stream, usable):
+                waiting.add(stream.name)
+                if stream.name not in self.waiting:  # once, not every round
+                    log.warning("stream %r: open range on a draining server, not rolled: "
+                                "%d servers alive and not draining, the next range needs "
+                                "more", stream.name, usable)
                 continue
             hidden = await self.recoverer.hidden(stream)  # None: its writer seen at work
             if hidden is not None:
                 rolled += await self._roll(stream, hidden)
+        self.waiting = waiting
         return rolled
 
     async def _roll(self, stream: StreamMeta, hidden: bool) -> int:

@@ -14,7 +14,9 @@ drop is idempotent.
 Each listing also tells repair which replicas are sealed, and where
 (:class:`~pd.repair.SealedReports`): one sealed whole at an end other than the catalog's
 is seen here (and in heartbeats, a window at a time); and which replicas the server does
-not have at all (:class:`~pd.replicareports.ServerListing`: "absent", copied in place).
+not have at all (:class:`~pd.replicareports.ServerListing`: "absent", copied in place),
+among the ranges the catalog had placed a round before it was asked for (a range placed
+since, its replicas perhaps not created yet, is not judged by it).
 Requests name the server they are meant for (``"server_id"``): a server with another
 identity at that address answers WrongServer, and nothing is dropped there.
 
@@ -44,7 +46,7 @@ from estream.wire import limits
 from estream.wire.errors import EstreamError
 from estream.wire.rangeanswers import RangeKey
 from pd.reclaim import Drop, Suspects, confirmed, droppable
-from pd.replicareports import ServerListing, parse_listing
+from pd.replicareports import ServerListing, parse_listing, placed_ranges
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 
@@ -84,6 +86,8 @@ class Reclaimer:
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
         self.suspects_term = -1  # the Raft term they were suspected in
         self.backlog: dict[str, int] = {}  # server id -> droppable replicas left there
+        # pd.replicareports.placed_ranges at the last round's start (none before the first)
+        self.placed_earlier: dict[int, int] = {}
         self.pool = ConnectionPool() if pool is None else pool
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
 
@@ -118,6 +122,11 @@ class Reclaimer:
         if term != self.suspects_term or not self.service.raft.caught_up():
             self.suspects = {}  # another leadership since, or catalog not applied yet
         self.suspects_term = term
+        # What counts as placed before this round's listings: the ranges the catalog had
+        # placed a round earlier (their CREATE_RANGEs had a round to arrive). One placed
+        # since may be in no listing yet, and is never taken for an absent replica.
+        placed, self.placed_earlier = (
+            self.placed_earlier, placed_ranges(self.service.view().streams.values()))
         for server in self.service.view().servers.values():
             if budget <= 0 or not self.service.liveness.alive(server.id, now):
                 continue
@@ -130,7 +139,8 @@ class Reclaimer:
                 sealed = parse_listing([entry for entry in listing.ranges if entry.state.sealed])
                 self.service.sealed_reports.observe(server.id, sealed, complete=True)
                 keys = listing.keys
-                self.service.listings[server.id] = ServerListing(asked_ms, frozenset(keys))
+                self.service.listings[server.id] = ServerListing(asked_ms, frozenset(keys),
+                                                                  placed)
                 view = self.service.view()  # after the listing: what the catalog says now
                 streams = self.service.streams_by_id  # (followed from the catalog's changes)
                 streams.follow(view.streams.values())

@@ -37,11 +37,18 @@ TAIL = [chain(0, 5), chain(1, 6), chain(2, 7, 60), chain(3, 7, 60), chain(4, 7, 
 
 
 class FakeService:
-    def __init__(self, stream: StreamMeta) -> None:
+    """Servers ``servers``, all alive, ``b`` draining."""
+
+    def __init__(self, stream: StreamMeta, servers: str = "abcdef") -> None:
         self.stream = stream
+        self.servers = servers
         self.metrics = Metrics()
         self.leases = LeaseTable(lease_ms=1_000)
         self.raft = self
+        self.liveness = self
+
+    def alive(self, server_id: str, now_ms: int) -> bool:
+        return server_id in self.servers
 
     def caught_up(self) -> bool:
         return True
@@ -52,11 +59,12 @@ class FakeService:
         return Status()
 
     def view(self) -> Any:
-        stream = self.stream
+        stream, ids = self.stream, self.servers
 
         class View:
             draining = frozenset({"b"})
             streams = {stream.name: stream}
+            servers = dict.fromkeys(ids)
         return View()
 
     async def open_writer(self, name: str, **_: Any) -> StreamMeta:
@@ -109,5 +117,44 @@ async def test_a_writer_seen_at_work_is_not_rolled(monkeypatch: pytest.MonkeyPat
     recoverer = Recoverer(service, clock_ms=lambda: 5_000)
     try:
         assert await recoverer.hidden(PLAIN) is None
+    finally:
+        await recoverer.pool.close()
+
+
+async def test_a_roll_that_cannot_be_placed_is_not_tried_every_round(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Seen in the test runs' PD logs (test_cli_ranges.py: a drain that cannot finish):
+    with 3 servers, one draining, the drainer recovered a 3-replica stream's open range
+    every second (a new epoch through Raft, every replica fenced), then failed to place
+    the next range, two warnings a round. Now it waits, said once, until a server is
+    free; and rolls once one is."""
+    recovered: list[int] = []
+
+    async def describe(*_: Any, **__: Any) -> dict[str, ReplicaAnswer]:
+        return dict(zip("abc", [ReplicaAnswer(80, 80)] * 3, strict=True))
+
+    async def recover_range(_client: Any, meta: StreamMeta, _seal: Any) -> RecoveryResult:
+        recovered.append(meta.epoch)
+        return RecoveryResult(meta, False, 80, ("a", "c"))
+
+    monkeypatch.setattr(recoverer_module.rangeops, "describe", describe)
+    monkeypatch.setattr(recoverer_module, "recover_range", recover_range)
+    now = [0]
+    fake = FakeService(PLAIN, servers="abc")
+    service = cast(PdService, fake)
+    recoverer = Recoverer(service, clock_ms=lambda: now[0])
+    drainer = Drainer(service, cast(Repairer, None), recoverer, clock_ms=lambda: now[0])
+    try:
+        assert await drainer.round() == 0  # (its lease starts when first seen)
+        with caplog.at_level(logging.INFO):
+            for second in range(5, 10):
+                now[0] = second * 1_000
+                assert await drainer.round() == 0
+        assert recovered == []
+        said = [r.getMessage() for r in caplog.records if "not rolled" in r.getMessage()]
+        assert len(said) == 1, said
+        fake.servers = "abcd"  # a server joins: the roll can be placed
+        assert await drainer.round() == 1
+        assert len(recovered) == 1
     finally:
         await recoverer.pool.close()

@@ -1,5 +1,6 @@
 """pd/shell/reclaimer.py's backlog gauge: replicas found droppable and not dropped yet,
-per server as of its last listing, 0 once the node stops leading. A fake service and
+per server as of its last listing, 0 once the node stops leading; and which ranges a
+listing judges (those placed a round before it). A fake service and
 range client stand in for PD and the range servers (the drop decisions are
 pd/reclaim.py's, tested in test_reclaim.py)."""
 
@@ -67,4 +68,30 @@ async def test_the_backlog_counts_what_the_budget_left_and_clears_off_the_leader
     assert backlog(service) == 1
     reclaimer._forget_suspects()  # this node stopped leading
     assert backlog(service) == 0
+    await reclaimer.pool.close()
+
+
+async def test_a_listing_judges_only_the_ranges_placed_a_round_before_it() -> None:
+    """A range placed since the last round (its CREATE_RANGEs perhaps not arrived yet)
+    counts as listed on every server; one placed a round before the listing and missing
+    from it is absent (pd.replicareports.Listed)."""
+    from estream.wire.meta import RangeMeta, StreamMeta
+    from pd.replicareports import listed_now
+
+    service = fake_service(["rs-a"])
+    reclaimer = Reclaimer(service, drops_max=100)
+    reclaimer.client = FakeRangeClient(["rs-a"])  # type: ignore[assignment]
+    service.view().streams[7] = StreamMeta(7, "s", ranges=(RangeMeta(0, 0, 4, ()),))
+    service.view().next_stream_id = 10
+
+    def listed_there(key: tuple[int, int]) -> bool:
+        now = listed_now(service.listings["rs-a"], 1_000, 15_000, {})
+        assert now is not None
+        return key in now
+
+    await reclaimer.round()  # the first round: nothing placed a round before it
+    assert listed_there((7, 0))
+    await reclaimer.round()
+    assert not listed_there((7, 0))  # placed a round before, not in the listing: absent
+    assert listed_there((7, 1)) and listed_there((8, 0))  # placed since
     await reclaimer.pool.close()

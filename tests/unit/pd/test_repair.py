@@ -334,3 +334,28 @@ def test_repair_counters_render_as_prometheus_counters() -> None:
     assert "# TYPE estream_repairs_total counter" in text
     assert "estream_repair_bytes_total 123.0" in text
     assert m.counter("estream_repairs_total", outcome="done") == 2
+
+
+def test_a_range_placed_after_the_listings_is_never_absent() -> None:
+    """Seen in the test runs' PD logs: a range created and sealed between two listings
+    (every 5 s) was in none of them, so all its replicas counted as "absent" and repair
+    logged "cannot repair ...: no healthy source" on a healthy cluster (and, when one
+    server was listed after the range was placed and another before, copied it in place
+    onto a server that held it). A range placed before the listing and missing from it is
+    still absent."""
+    later = RangeMeta(1, 100, 140, refs("a", "b", "c"))
+    placed = pd.replicareports.placed_ranges([stream(SEALED)])  # before range 1
+    assert placed == {1: 1}
+
+    def listed(*keys: tuple[int, int]) -> object:
+        listing = pd.replicareports.ServerListing(NOW - 3_000, frozenset(keys), placed)
+        return pd.replicareports.listed_now(listing, NOW, 15_000, {})
+
+    servers = {i: up(i, listed=listed((1, 0))) for i in "abcd"}
+    plan = plan_repairs([stream(SEALED, later)], servers, NOW)
+    assert (plan.tasks, plan.skipped) == ((), ())
+    servers["c"] = up("c", listed=listed())  # range 0 placed before, and not listed
+    plan = plan_repairs([stream(SEALED, later)], servers, NOW)
+    assert [(t.range_index, t.missing, t.reasons) for t in plan.tasks] == [
+        (0, ("c",), ("absent",))]
+    assert plan.skipped == ()
