@@ -118,6 +118,9 @@ def kill_timeline(data: dict[str, Any], out: Path, stamp: str) -> Path:
         s = m["summary"]
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        # (minor ticks at 2 and 5 labelled, as plain numbers: an axis within a decade)
+        ax.yaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _pos: f"{v:g}" if f"{v:g}".lstrip("0.")[:1] in ("2", "5") else ""))
         ax.set_ylabel("append latency, ms")
         ax.set_title(f"{s['system']}: failed {s['failed']}, worst around the fault "
                      f"{s.get('kill_window_worst_ms') or 0:.1f} ms", fontsize=9)
