@@ -101,7 +101,7 @@ class ServerState:
     bytes: int = 0
     reports: Mapping[RangeKey, ReplicaReport] = field(default_factory=dict)
     # The replicas its last LIST_RANGES named, when one was taken since the ranges
-    # concerned last changed hands or were placed (None: no such listing; nothing counts
+    # concerned last changed hands or were sealed (None: no such listing; nothing counts
     # as absent; pd.replicareports.listed_now).
     listed: Container[RangeKey] | None = None
     draining: bool = False  # an operator drains it: no target, its replicas move away
