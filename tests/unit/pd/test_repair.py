@@ -385,3 +385,18 @@ def test_a_range_placed_long_before_it_was_made_is_not_absent_until_listed_seale
     plan = plan_repairs([stream(SEALED, sealed_later)], servers, NOW)
     assert [(t.range_index, t.missing, t.reasons, t.sources) for t in plan.tasks] == [
         (1, ("c",), ("absent",), ("a", "b"))]
+
+
+def test_a_skip_says_how_each_replica_was_judged() -> None:
+    """"No healthy source" names each replica's judgment, so that the log line of one on
+    a healthy cluster explains itself (issue 27: the last one did not)."""
+    servers = cluster(a=dead("a", GRACE), b=dead("b", 1),
+                      c=up("c", reports=report(100, damaged=True)))
+    plan = plan_repairs([stream(SEALED, OPEN)], servers, NOW, repair_after_ms=GRACE)
+    assert [(s.reason, s.replicas) for s in plan.skipped] == [(
+        "no healthy source", ("a: dead", "b: unavailable (silent 1 ms)", "c: damaged"))]
+    servers = cluster(a=up("a", listed=frozenset()), b=up("b", reports=report(50)),
+                      c=dead("c", GRACE))
+    plan = plan_repairs([stream(SEALED, OPEN)], servers, NOW, repair_after_ms=GRACE)
+    assert [(s.reason, s.replicas) for s in plan.skipped] == [(
+        "no healthy source", ("a: absent", "b: unavailable (short)", "c: dead"))]
