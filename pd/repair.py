@@ -101,7 +101,7 @@ class ServerState:
     bytes: int = 0
     reports: Mapping[RangeKey, ReplicaReport] = field(default_factory=dict)
     # The replicas its last LIST_RANGES named, when one was taken since the ranges
-    # concerned last changed hands or were placed (None: no such listing; nothing counts
+    # concerned last changed hands or were sealed (None: no such listing; nothing counts
     # as absent; pd.replicareports.listed_now).
     listed: Container[RangeKey] | None = None
     draining: bool = False  # an operator drains it: no target, its replicas move away
@@ -152,6 +152,9 @@ class Skipped:
     stream_id: int
     range_index: int
     reason: str  # "no healthy source" | "no target"
+    # How each replica was judged ("a: absent", "b: unavailable (short)", "c: healthy"),
+    # so that a skip's log line explains itself
+    replicas: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +272,20 @@ class _Need:
     missing: tuple[str, ...]  # MISSING replicas, and HEALTHY ones to seal in place
     reasons: tuple[str, ...]
     healthy: tuple[str, ...]
+    judged: tuple[str, ...]  # every replica's judgment (:func:`_judged`)
+
+
+def _judged(server_id: str, health: Health, reason: str,
+            servers: Mapping[str, ServerState]) -> str:
+    """One replica's judgment in words: ``"b: unavailable (silent 5000 ms)"``."""
+    if health is Health.UNAVAILABLE:
+        server = servers.get(server_id)
+        silent = server is not None and not server.alive
+        why = f"silent {server.silent_ms} ms" if server is not None and silent else "short"
+        return f"{server_id}: unavailable ({why})"
+    if health is Health.MISSING:
+        return f"{server_id}: {reason}"
+    return f"{server_id}: healthy" + (f" ({reason})" if reason else "")
 
 
 def _needs(
@@ -291,6 +308,7 @@ def _needs(
                 continue  # empty: nothing to lose (but a draining server must let go)
             missing: list[tuple[str, str]] = []
             healthy: list[str] = []
+            judged: list[str] = []
             for ref in rng.replicas:
                 health, reason = replica_health(
                     ref.id, stream.id, rng, servers, short_since, now_ms, repair_after_ms
@@ -299,10 +317,12 @@ def _needs(
                     healthy.append(ref.id)
                 if reason:
                     missing.append((ref.id, reason))
+                judged.append(_judged(ref.id, health, reason, servers))
             if missing:
                 missing.sort(key=lambda m: _REASON_ORDER[m[1]])
                 out.append(_Need(stream, rng, tuple(m[0] for m in missing),
-                                 tuple(m[1] for m in missing), tuple(healthy)))
+                                 tuple(m[1] for m in missing), tuple(healthy),
+                                 tuple(judged)))
     out.sort(key=lambda n: (len(n.healthy), n.stream.name, n.rng.index))
     return out
 
@@ -410,7 +430,8 @@ def plan_repairs(
             continue
         stream, rng = need.stream, need.rng
         if not need.healthy:
-            skipped.append(Skipped(stream.name, stream.id, rng.index, "no healthy source"))
+            skipped.append(Skipped(stream.name, stream.id, rng.index, "no healthy source",
+                                   need.judged))
             continue
         avoided = set(avoid.get((stream.id, rng.index), ()))
         where = _where(need, servers, avoided)
@@ -423,7 +444,8 @@ def plan_repairs(
         count = min(len(wanting), len(eligible))
         dropped = where.droppable[max(0, count - len(where.moved)):]
         if count + len(where.in_place) + len(dropped) == 0:
-            skipped.append(Skipped(stream.name, stream.id, rng.index, "no target"))
+            skipped.append(Skipped(stream.name, stream.id, rng.index, "no target",
+                                   need.judged))
             continue
         targets = choose_replicas(eligible, count, hints=stream.hints) if count else ()
         for t in targets:  # spread this round's copies over the servers

@@ -6,8 +6,8 @@ Every replica a repair sets out to fix is counted by reason
 damaged, sealed elsewhere or short is news: a warning. A repair of replicas that are only
 absent from their servers' last listing, copied in place, is mostly a listing that missed a
 replica made meanwhile (the copy finds it there): a soak made thousands, so they are
-:func:`routine` and logged at debug (a range placed less than a reclaim round before the
-listing is no longer judged by it: :class:`pd.replicareports.ServerListing`).
+:func:`routine` and logged at debug (a range not sealed yet when the listing was asked for
+is no longer judged by it: :class:`pd.replicareports.ServerListing`).
 
 A task fixes each missing replica either on a new server or on its own (its target is
 itself: sealed, healed or copied in place, dropped first when ``drop_first`` names it);

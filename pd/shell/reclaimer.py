@@ -15,8 +15,10 @@ Each listing also tells repair which replicas are sealed, and where
 (:class:`~pd.repair.SealedReports`): one sealed whole at an end other than the catalog's
 is seen here (and in heartbeats, a window at a time); and which replicas the server does
 not have at all (:class:`~pd.replicareports.ServerListing`: "absent", copied in place),
-among the ranges the catalog had placed a round before it was asked for (a range placed
-since, its replicas perhaps not created yet, is not judged by it).
+among the ranges the catalog had sealed when the round began (their replicas were made
+before their seal; a range not sealed yet may be made after the listing, and the one a
+writer's close placed is made only when the next writer opens the stream: it is not
+judged by this listing).
 Requests name the server they are meant for (``"server_id"``): a server with another
 identity at that address answers WrongServer, and nothing is dropped there.
 
@@ -46,7 +48,7 @@ from estream.wire import limits
 from estream.wire.errors import EstreamError
 from estream.wire.rangeanswers import RangeKey
 from pd.reclaim import Drop, Suspects, confirmed, droppable
-from pd.replicareports import ServerListing, parse_listing, placed_ranges
+from pd.replicareports import ServerListing, parse_listing, sealed_ranges
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 
@@ -86,8 +88,6 @@ class Reclaimer:
         self.suspects: Suspects = {}  # the last round's "moved" replicas, not dropped yet
         self.suspects_term = -1  # the Raft term they were suspected in
         self.backlog: dict[str, int] = {}  # server id -> droppable replicas left there
-        # pd.replicareports.placed_ranges at the last round's start (none before the first)
-        self.placed_earlier: dict[int, int] = {}
         self.pool = ConnectionPool() if pool is None else pool
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
 
@@ -122,11 +122,11 @@ class Reclaimer:
         if term != self.suspects_term or not self.service.raft.caught_up():
             self.suspects = {}  # another leadership since, or catalog not applied yet
         self.suspects_term = term
-        # What counts as placed before this round's listings: the ranges the catalog had
-        # placed a round earlier (their CREATE_RANGEs had a round to arrive). One placed
-        # since may be in no listing yet, and is never taken for an absent replica.
-        placed, self.placed_earlier = (
-            self.placed_earlier, placed_ranges(self.service.view().streams.values()))
+        # What this round's listings can judge: the ranges the catalog has sealed before
+        # any of them is asked for (their replicas made before the seal). One not sealed
+        # yet may be made after a listing (a range placed by a writer's close is made by
+        # the next writer, any time later), and is never taken for an absent replica.
+        sealed_before = sealed_ranges(self.service.view().streams.values())
         for server in self.service.view().servers.values():
             if budget <= 0 or not self.service.liveness.alive(server.id, now):
                 continue
@@ -140,7 +140,7 @@ class Reclaimer:
                 self.service.sealed_reports.observe(server.id, sealed, complete=True)
                 keys = listing.keys
                 self.service.listings[server.id] = ServerListing(asked_ms, frozenset(keys),
-                                                                  placed)
+                                                                  sealed_before)
                 view = self.service.view()  # after the listing: what the catalog says now
                 streams = self.service.streams_by_id  # (followed from the catalog's changes)
                 streams.follow(view.streams.values())

@@ -236,9 +236,13 @@ class Repairer:
                                    tasks_max=self.tasks_max, avoid=avoid)
 
     def _log_skips(self, plan: RepairPlan) -> None:
-        skips = frozenset((s.stream, s.range_index, s.reason) for s in plan.skipped)
+        """Each skip once (until it is no longer skipped), with how each replica was
+        judged (``Skipped.replicas``: the next "no healthy source" explains itself)."""
+        judged = {(s.stream, s.range_index, s.reason): s.replicas for s in plan.skipped}
+        skips = frozenset(judged)
         for stream, index, reason in sorted(skips - self._logged_skips):
-            log.warning("cannot repair stream %r range %d: %s", stream, index, reason)
+            log.warning("cannot repair stream %r range %d: %s (%s)", stream, index, reason,
+                        ", ".join(judged[(stream, index, reason)]))
         self._logged_skips = skips
 
     async def _repair_logged(self, task: RepairTask) -> None:

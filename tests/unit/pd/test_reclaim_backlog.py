@@ -71,17 +71,21 @@ async def test_the_backlog_counts_what_the_budget_left_and_clears_off_the_leader
     await reclaimer.pool.close()
 
 
-async def test_a_listing_judges_only_the_ranges_placed_a_round_before_it() -> None:
-    """A range placed since the last round (its CREATE_RANGEs perhaps not arrived yet)
-    counts as listed on every server; one placed a round before the listing and missing
-    from it is absent (pd.replicareports.Listed)."""
+async def test_a_listing_judges_only_the_ranges_sealed_before_it() -> None:
+    """A range the catalog had not sealed when the round began (its replicas perhaps not
+    made yet: the one a writer's close placed is made by the next writer, rounds later)
+    counts as listed on every server, however long ago it was placed; one sealed before
+    the listing and missing from it is absent (pd.replicareports.Listed)."""
+    from dataclasses import replace
+
     from estream.wire.meta import RangeMeta, StreamMeta
     from pd.replicareports import listed_now
 
     service = fake_service(["rs-a"])
     reclaimer = Reclaimer(service, drops_max=100)
     reclaimer.client = FakeRangeClient(["rs-a"])  # type: ignore[assignment]
-    service.view().streams[7] = StreamMeta(7, "s", ranges=(RangeMeta(0, 0, 4, ()),))
+    closed = StreamMeta(7, "s", ranges=(RangeMeta(0, 0, 4, ()), RangeMeta(1, 4, None, ())))
+    service.view().streams[7] = closed  # range 0 sealed by a close, range 1 placed
     service.view().next_stream_id = 10
 
     def listed_there(key: tuple[int, int]) -> bool:
@@ -89,9 +93,14 @@ async def test_a_listing_judges_only_the_ranges_placed_a_round_before_it() -> No
         assert now is not None
         return key in now
 
-    await reclaimer.round()  # the first round: nothing placed a round before it
-    assert listed_there((7, 0))
     await reclaimer.round()
-    assert not listed_there((7, 0))  # placed a round before, not in the listing: absent
-    assert listed_there((7, 1)) and listed_there((8, 0))  # placed since
+    await reclaimer.round()  # range 1 placed two rounds before, not made yet
+    assert not listed_there((7, 0))  # sealed before the listing, not in it: absent
+    assert listed_there((7, 1)) and listed_there((8, 0))  # not sealed: not judged
+    service.view().streams[7] = replace(closed, ranges=(
+        closed.ranges[0], RangeMeta(1, 4, 9, ()), RangeMeta(2, 9, None, ())))
+    assert listed_there((7, 1))  # made and sealed after the listing: it cannot know
+    await reclaimer.round()
+    assert not listed_there((7, 1))  # sealed before this listing, not in it: absent
+    assert listed_there((7, 2))
     await reclaimer.pool.close()

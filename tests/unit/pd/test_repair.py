@@ -7,6 +7,7 @@ memory; update_replicas' compare-and-set (pd/catalog.py); the repair counters in
 from __future__ import annotations
 
 import doctest
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pytest
@@ -336,26 +337,66 @@ def test_repair_counters_render_as_prometheus_counters() -> None:
     assert m.counter("estream_repairs_total", outcome="done") == 2
 
 
+def _listed_with(sealed: dict[int, int]) -> Callable[..., object]:
+    """A server's listing asked for 3 s ago, naming ``keys``, when the catalog had sealed
+    the ranges ``sealed`` says (pd.replicareports.sealed_ranges)."""
+    def listed(*keys: tuple[int, int]) -> object:
+        listing = pd.replicareports.ServerListing(NOW - 3_000, frozenset(keys), sealed)
+        return pd.replicareports.listed_now(listing, NOW, 15_000, {})
+    return listed
+
+
 def test_a_range_placed_after_the_listings_is_never_absent() -> None:
     """Seen in the test runs' PD logs: a range created and sealed between two listings
     (every 5 s) was in none of them, so all its replicas counted as "absent" and repair
     logged "cannot repair ...: no healthy source" on a healthy cluster (and, when one
     server was listed after the range was placed and another before, copied it in place
-    onto a server that held it). A range placed before the listing and missing from it is
+    onto a server that held it). A range sealed before the listing and missing from it is
     still absent."""
     later = RangeMeta(1, 100, 140, refs("a", "b", "c"))
-    placed = pd.replicareports.placed_ranges([stream(SEALED)])  # before range 1
-    assert placed == {1: 1}
-
-    def listed(*keys: tuple[int, int]) -> object:
-        listing = pd.replicareports.ServerListing(NOW - 3_000, frozenset(keys), placed)
-        return pd.replicareports.listed_now(listing, NOW, 15_000, {})
-
+    sealed = pd.replicareports.sealed_ranges([stream(SEALED)])  # before range 1
+    assert sealed == {1: 1}
+    listed = _listed_with(sealed)
     servers = {i: up(i, listed=listed((1, 0))) for i in "abcd"}
     plan = plan_repairs([stream(SEALED, later)], servers, NOW)
     assert (plan.tasks, plan.skipped) == ((), ())
-    servers["c"] = up("c", listed=listed())  # range 0 placed before, and not listed
+    servers["c"] = up("c", listed=listed())  # range 0 sealed before, and not listed
     plan = plan_repairs([stream(SEALED, later)], servers, NOW)
     assert [(t.range_index, t.missing, t.reasons) for t in plan.tasks] == [
         (0, ("c",), ("absent",))]
     assert plan.skipped == ()
+
+
+def test_a_range_placed_long_before_it_was_made_is_not_absent_until_listed_sealed() -> None:
+    """Issue 27's case left: range 1 of the Spark tests' "live" was placed when the first
+    writer closed range 0, made only when the next writer opened the stream (after a
+    listing asked for then), and sealed before the next listing: placed a round before
+    that listing, not in it, every replica counted as absent, "no healthy source" on a
+    healthy cluster. A range the catalog had not sealed when a listing was asked for is
+    not judged by it; once sealed before a listing that misses it, it is absent."""
+    placed_open = RangeMeta(1, 100, None, refs("a", "b", "c"))  # by the close of range 0
+    sealed_later = RangeMeta(1, 100, 140, refs("a", "b", "c"))
+    listed = _listed_with(pd.replicareports.sealed_ranges([stream(SEALED, placed_open)]))
+    servers = {i: up(i, listed=listed((1, 0))) for i in "abcd"}  # range 1 not made yet
+    plan = plan_repairs([stream(SEALED, sealed_later)], servers, NOW)
+    assert (plan.tasks, plan.skipped) == ((), ())
+    listed = _listed_with(pd.replicareports.sealed_ranges([stream(SEALED, sealed_later)]))
+    servers["c"] = up("c", listed=listed((1, 0)))  # a listing after its seal misses it
+    plan = plan_repairs([stream(SEALED, sealed_later)], servers, NOW)
+    assert [(t.range_index, t.missing, t.reasons, t.sources) for t in plan.tasks] == [
+        (1, ("c",), ("absent",), ("a", "b"))]
+
+
+def test_a_skip_says_how_each_replica_was_judged() -> None:
+    """"No healthy source" names each replica's judgment, so that the log line of one on
+    a healthy cluster explains itself (issue 27: the last one did not)."""
+    servers = cluster(a=dead("a", GRACE), b=dead("b", 1),
+                      c=up("c", reports=report(100, damaged=True)))
+    plan = plan_repairs([stream(SEALED, OPEN)], servers, NOW, repair_after_ms=GRACE)
+    assert [(s.reason, s.replicas) for s in plan.skipped] == [(
+        "no healthy source", ("a: dead", "b: unavailable (silent 1 ms)", "c: damaged"))]
+    servers = cluster(a=up("a", listed=frozenset()), b=up("b", reports=report(50)),
+                      c=dead("c", GRACE))
+    plan = plan_repairs([stream(SEALED, OPEN)], servers, NOW, repair_after_ms=GRACE)
+    assert [(s.reason, s.replicas) for s in plan.skipped] == [(
+        "no healthy source", ("a: absent", "b: unavailable (short)", "c: dead"))]

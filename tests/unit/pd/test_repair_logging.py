@@ -57,3 +57,23 @@ async def test_repairs_of_absent_replicas_only_are_logged_at_debug(
     for reason in set(reasons):
         assert service.metrics.counter(REPAIR_REPLICAS_TOTAL, reason=reason) == \
             reasons.count(reason)
+
+
+async def test_a_skip_is_logged_once_with_each_replicas_judgment(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """"cannot repair ...: no healthy source" names how each replica was judged (issue 27:
+    one on a healthy cluster could not be explained from the log), once while it lasts."""
+    from pd.repair import RepairPlan, Skipped
+
+    repairer = Repairer(cast(PdService, FakeService()))
+    skip = Skipped("live", 4, 1, "no healthy source",
+                   ("a: absent", "b: unavailable (short)", "c: absent"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="pd.shell.repairer"):
+            repairer._log_skips(RepairPlan(skipped=(skip,)))
+            repairer._log_skips(RepairPlan(skipped=(skip,)))  # still skipped: said once
+    finally:
+        await repairer.pool.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot repair stream 'live' range 1: no healthy source "
+        "(a: absent, b: unavailable (short), c: absent)"]
