@@ -12,7 +12,7 @@ import pytest
 import pd.repairnotice
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.repair import RepairTask, ServerState, plan_repairs
-from pd.repairnotice import describe
+from pd.repairnotice import describe, routine
 from pd.replicareports import ReplicaReport
 
 
@@ -52,3 +52,12 @@ def test_a_planned_in_place_seal_never_reads_as_a_replacement() -> None:
     (planned,) = plan_repairs([stream], servers, now_ms=50_000).tasks
     assert (planned.missing, planned.targets) == (("c",), ("c",))
     assert describe(planned) == "sealing c in place (unsealed)"
+
+
+def test_a_seal_in_place_of_a_whole_open_replica_is_routine_a_replacement_is_not() -> None:
+    """Seen in a nemesis run's PD log: "sealing ... in place (unsealed)" warned 44 times on
+    healthy servers, each a heartbeat sent between PD's seal and the writer's own SEAL."""
+    assert routine(task(("c",), ("unsealed",), ("c",)))
+    assert routine(task(("c", "b"), ("absent", "unsealed"), ("c", "b")))
+    assert not routine(task(("c", "b"), ("dead", "unsealed"), ("d", "b")))
+    assert not routine(task(("c",), ("short",), ("c",)))
