@@ -308,7 +308,6 @@ def _needs(
                 continue  # empty: nothing to lose (but a draining server must let go)
             missing: list[tuple[str, str]] = []
             healthy: list[str] = []
-            judged: list[str] = []
             for ref in rng.replicas:
                 health, reason = replica_health(
                     ref.id, stream.id, rng, servers, short_since, now_ms, repair_after_ms
@@ -317,12 +316,14 @@ def _needs(
                     healthy.append(ref.id)
                 if reason:
                     missing.append((ref.id, reason))
-                judged.append(_judged(ref.id, health, reason, servers))
             if missing:
                 missing.sort(key=lambda m: _REASON_ORDER[m[1]])
+                # (in words for a need only: judged again, not for every healthy range)
+                judged = tuple(_judged(ref.id, *replica_health(
+                    ref.id, stream.id, rng, servers, short_since, now_ms, repair_after_ms,
+                ), servers) for ref in rng.replicas)
                 out.append(_Need(stream, rng, tuple(m[0] for m in missing),
-                                 tuple(m[1] for m in missing), tuple(healthy),
-                                 tuple(judged)))
+                                 tuple(m[1] for m in missing), tuple(healthy), judged))
     out.sort(key=lambda n: (len(n.healthy), n.stream.name, n.rng.index))
     return out
 
