@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import estream
+from benchmarks.peers.load import measured_from
 from benchmarks.tailprobe import (
     GcPasses,
     LoopStalls,
@@ -382,9 +383,7 @@ async def gray_replica(
 
     async def one(due: float) -> None:
         nonlocal failures
-        # From its due time, or its start if the loop's millisecond timers woke it early
-        # (benchmarks/peers/load.py: never from a due time still ahead).
-        began = min(due, time.perf_counter())
+        began = measured_from(due)  # (never from a due time still ahead)
         try:
             offsets.append(await writer.append(RECORD))
         except estream.EstreamError:

@@ -25,6 +25,12 @@ Op = Callable[[int], Awaitable[int]]
 FAILURES_KEPT = 5
 
 
+def measured_from(due: float) -> float:
+    """Where a paced op's latency starts, called as it starts: its due time, or now if it
+    starts before that (see the module: woken early)."""
+    return min(due, time.perf_counter())
+
+
 async def run_ops(
     measurement: Measurement,
     op: Op,
@@ -53,7 +59,7 @@ async def run_ops(
             wait_s = due - time.perf_counter()
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
-            began = min(due, time.perf_counter())  # (see the module: from its start if early)
+            began = measured_from(due)
             records = 0
             try:
                 records = await op(i)

@@ -36,13 +36,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from estream.devcluster.cluster import RangeServerProxy
+from estream.devcluster.process import ManagedProcess, free_port
+from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.rpc import parse_address
 from tests.harness.faultrules import (
     PASS,
@@ -480,3 +485,26 @@ def start_fault_proxy(target: str, host: str) -> FaultProxy:
     """A started fault proxy in front of ``target``: ``start_cluster(proxy=start_fault_proxy)``
     (and the ``cluster`` marker's ``proxy=``) put one in front of every range server."""
     return FaultProxy(target, host).start()
+
+
+P = TypeVar("P", bound=RangeServerProxy)
+
+
+@contextlib.contextmanager
+def rangeserver_behind(start_proxy: Callable[[str, str], P], data_dir: Path,
+                       host: str = "127.0.0.1") -> Iterator[tuple[P, ManagedProcess, str]]:
+    """One range server on ``data_dir`` behind a proxy ``start_proxy(target, host)`` makes
+    (:func:`start_fault_proxy`, or ``faultproxyproc.start_fault_proxy_process``), the
+    server advertising the proxy's address: ``(proxy, server, its own listen address)``;
+    both stopped at the end."""
+    port = free_port(host)
+    proxy = start_proxy(f"{host}:{port}", host)
+    try:
+        server, listen = start_rangeserver(
+            data_dir, host, port=port, extra_args=["--advertise", proxy.address])
+        try:
+            yield proxy, server, listen
+        finally:
+            server.stop()
+    finally:
+        proxy.close()

@@ -23,13 +23,12 @@ from pathlib import Path
 import pytest
 
 from estream.devcluster.cluster import Cluster
-from estream.devcluster.process import ManagedProcess, free_port
-from estream.devcluster.rangeserver import start_rangeserver
+from estream.devcluster.process import ManagedProcess
 from estream.net.rpc import RpcClient
 from estream.wire.errors import RangeSealed, Timeout, Unavailable
 from estream.wire.protocol import Opcode
 from estream.wire.record import Record, encode_batch
-from tests.harness.faultproxy import FaultProxy, start_fault_proxy
+from tests.harness.faultproxy import FaultProxy, rangeserver_behind, start_fault_proxy
 from tests.harness.walfiles import damage_replica
 
 pytestmark = [pytest.mark.integration,
@@ -48,18 +47,8 @@ class Proxied:
 
 @pytest.fixture
 def proxied(tmp_path: Path) -> Iterator[Proxied]:
-    host = "127.0.0.1"
-    port = free_port(host)
-    proxy = FaultProxy(f"{host}:{port}", host).start()
-    try:
-        server, listen = start_rangeserver(
-            tmp_path / "rs", host, port=port, extra_args=["--advertise", proxy.address])
-        try:
-            yield Proxied(proxy, server, listen)
-        finally:
-            server.stop()
-    finally:
-        proxy.close()
+    with rangeserver_behind(start_fault_proxy, tmp_path / "rs") as (proxy, server, listen):
+        yield Proxied(proxy, server, listen)
 
 
 def batch(base: int, n: int = 1, epoch: int = 1) -> bytes:

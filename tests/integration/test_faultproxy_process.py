@@ -16,10 +16,10 @@ import pytest
 
 from estream.devcluster.cluster import start_cluster
 from estream.devcluster.process import ManagedProcess, free_port
-from estream.devcluster.rangeserver import start_rangeserver
 from estream.net.rpc import RpcClient
 from estream.wire.errors import Timeout
 from estream.wire.protocol import Opcode
+from tests.harness.faultproxy import rangeserver_behind
 from tests.harness.faultproxyproc import FaultProxyProcess, serve, start_fault_proxy_process
 
 pytestmark = [pytest.mark.integration]
@@ -37,18 +37,8 @@ def gone(pid: int) -> bool:
 
 @pytest.fixture
 def proxied(tmp_path: Path) -> Iterator[tuple[FaultProxyProcess, ManagedProcess]]:
-    host = "127.0.0.1"
-    port = free_port(host)
-    proxy = FaultProxyProcess(f"{host}:{port}", host).start()
-    try:
-        server, _ = start_rangeserver(
-            tmp_path / "rs", host, port=port, extra_args=["--advertise", proxy.address])
-        try:
-            yield proxy, server
-        finally:
-            server.stop()
-    finally:
-        proxy.close()
+    with rangeserver_behind(start_fault_proxy_process, tmp_path / "rs") as (proxy, server, _):
+        yield proxy, server
 
 
 async def test_rules_sent_over_the_pipe_apply_to_the_servers_frames(
