@@ -8,7 +8,9 @@ measures with 1 KiB records:
 2. latency with one append in flight: p50 / p99 / p99.9 (``--trace``: the slowest appends,
    each with the client's cyclic GC passes in it); ``--phases ceiling`` first gives the
    machine's own tail in the same run (a 1 KiB ``os.write`` + ``os.fdatasync`` loop on the
-   cluster's filesystem);
+   cluster's filesystem, and the same to three files at once, done when two are durable:
+   what one append waits for with no software in between; ``one_in_flight`` then says how
+   far above that quorum each percentile is);
 3. append-to-visible latency: from the call to ``append`` until a tailing reader
    (``follow=True``) yields the record (``visible``: an append every millisecond or so;
    ``tail``: the next append once the reader holds the last, as ``compare.py``'s
@@ -239,6 +241,12 @@ async def one_in_flight(client: estream.Client, samples: int, trace: bool = Fals
              *passes.within(starts[i], starts[i] + latencies[i] / 1000))
             for i in slowest[:max(5, len(latencies) // 200)]]
     return figures
+
+
+def above_ceiling(one: dict[str, Any], quorum: dict[str, Any]) -> dict[str, float]:
+    """What one append at a time spends above the disk's own quorum write (the ceiling
+    phase's two of three files durable), percentile by percentile: the software's share."""
+    return {key: round(one[key] - quorum[key], 3) for key in ("p50_ms", "p99_ms", "p99_9_ms")}
 
 
 async def append_to_visible(client: estream.Client, samples: int) -> dict[str, Any]:
@@ -636,6 +644,9 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
             else:
                 coro = tail(client, args.visible_samples)
             results[PHASES[phase]] = await asyncio.wait_for(coro, PHASE_TIMEOUT_S)
+            if phase == "one" and "fdatasync_ceiling" in results:
+                results["one_in_flight"]["above_quorum_ceiling_ms"] = above_ceiling(
+                    results["one_in_flight"], results["fdatasync_ceiling"]["quorum"])
             print(PHASES[phase].replace("_", " "), results[PHASES[phase]], flush=True)
         if args.kill_replica:
             results["kill_replica"] = await asyncio.wait_for(

@@ -8,7 +8,8 @@ Scenarios (issue 8), each printing estream's figure, each peer's, and the ratio:
   4. a replica killed mid-run: worst and p99.9 latency in the 5 s around the kill, failures;
   5. placement-driver commits: estream PD beside etcd (reusing ``bench_pd.py``);
   6. scaling: 1, 2, 4 and 8 writers on different streams.
-Plus the machine's ceiling (fdatasync loop, loopback bandwidth).
+Plus the machine's ceiling (fdatasync loops: one file, and two of three files written at once
+as scenario 2 waits for; loopback bandwidth).
 
 Peers: NATS JetStream 3 nodes R3 file storage ``sync_interval: always`` (and its default
 sync as a non-durable row), Redis 7 ``appendfsync always`` (one node), etcd 3.4 x3.
@@ -229,6 +230,10 @@ def machine_block(run: Run, work: Path) -> None:
         m = machine.fdatasync_loop(work, KIB, s.fsync_count * group, s.fsync_s, group=group)
         m.scenario, m.extra = "0 machine ceiling", {"record_bytes": KIB}
         run.add(m)
+    m = machine.fdatasync_quorum_loop(work, KIB, s.fsync_count, s.fsync_s)
+    m.scenario, m.extra = "0 machine ceiling", {"record_bytes": KIB}
+    m.note = "what scenario 2 waits for: 3 files written at once, done when 2 are durable"
+    run.add(m)
     m = machine.loopback_bandwidth(4 << 30, s.fsync_s * 2)
     m.scenario = "0 machine ceiling"
     run.add(m)

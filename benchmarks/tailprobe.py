@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peers.machine import fdatasync_loop
+from benchmarks.peers.machine import fdatasync_loop, fdatasync_quorum_loop
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -40,10 +40,16 @@ def tail_figures(latencies: list[float]) -> dict[str, Any]:
 
 
 def fdatasync_ceiling(work: Path, size: int, samples: int, time_s: float) -> dict[str, Any]:
-    """The machine's own tail beside one in flight: ``samples`` ``os.write`` of ``size``
-    bytes + ``os.fdatasync`` in a loop, on the filesystem the cluster's logs are on
-    (``compare.py``'s ``os.write+fdatasync/1`` row)."""
-    return tail_figures(fdatasync_loop(work, size, samples, time_s).latencies_ms)
+    """The machine's own tail beside one in flight, on the filesystem the cluster's logs are
+    on: ``samples`` ``os.write`` of ``size`` bytes + ``os.fdatasync`` in a loop on one file
+    (``compare.py``'s ``os.write+fdatasync/1`` row), and ``quorum``: the same written to
+    three files at once, each round done when two are durable
+    (:func:`~benchmarks.peers.machine.fdatasync_quorum_loop`: what an append one at a time
+    to replicas 3, ack 2 waits for on this disk with no software in between)."""
+    figures = tail_figures(fdatasync_loop(work, size, samples, time_s).latencies_ms)
+    figures["quorum"] = tail_figures(
+        fdatasync_quorum_loop(work, size, samples, time_s).latencies_ms)
+    return figures
 
 
 class GcPasses:
