@@ -15,6 +15,7 @@ from estream.wire.fields import stream_name_bytes_max, streams_page_default, str
 from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT, STORAGE_CLASSES
 from estream.wire.record import DIGESTS
 from pd.openapikafka import add_groups, add_kafka_field
+from pd.validate import request_id_chars_max
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -239,9 +240,14 @@ OPENAPI: Final[dict[str, Any]] = {
             "get": {"summary": "One stream with its ranges and replicas",
                     "responses": {"200": _json(_ref("Stream"), "The stream"),
                                   **_errors(404)}},
-            "delete": {"summary": "Delete a stream (id: only that incarnation, else 404)",
+            "delete": {"summary": "Delete a stream (id: only that incarnation, else 404; "
+                                  "request_id: the same on every retry of one delete, a "
+                                  "retry of one that landed answers the id it deleted)",
                        "parameters": [{"name": "id", "in": "query", "required": False,
-                                       "schema": {"type": "integer", "minimum": 1}}],
+                                       "schema": {"type": "integer", "minimum": 1}},
+                                      {"name": "request_id", "in": "query", "required": False,
+                                       "schema": {"type": "string",
+                                                  "maxLength": request_id_chars_max}}],
                        "responses": {"200": _json({
                            "type": "object", "required": ["deleted", "id"],
                            "properties": {"deleted": {"type": "string"},

@@ -317,12 +317,21 @@ class _Views:
         return web.json_response(stream_answer(stream))
 
     async def delete_stream(self, request: web.Request) -> web.Response:
-        """``?id=``: only that incarnation of the name (another: 404)."""
-        asked = DeleteStreamRequest.from_header({"name": request.match_info["name"]} | (
-            {"stream_id": _query_int(request.query, "id")} if "id" in request.query else {}))
-        # 404 without a Raft round for unknown names (and for another incarnation)
-        (await self.service.read_view()).stream(asked.name, asked.stream_id)
-        deleted = await self.service.delete_stream(asked.name, stream_id=asked.stream_id)
+        """``?id=``: only that incarnation of the name (another: 404). ``?request_id=``: the
+        client's id of this delete, the same on every retry of it: a retry of one that
+        landed answers the id it deleted and deletes nothing (not a stream created under
+        the name since), as the RPC's ``request_id``."""
+        query = request.query
+        header = {"name": request.match_info["name"]} | (
+            {"stream_id": _query_int(query, "id")} if "id" in query else {}) | (
+            {"request_id": query["request_id"]} if "request_id" in query else {})
+        check_request(header)
+        asked = DeleteStreamRequest.from_header(header)
+        if not asked.request_id:  # (a retry's name may be gone: the deleter answers it)
+            # 404 without a Raft round for unknown names (and for another incarnation)
+            (await self.service.read_view()).stream(asked.name, asked.stream_id)
+        deleted = await self.service.delete_stream(asked.name, stream_id=asked.stream_id,
+                                                   request_id=asked.request_id)
         return web.json_response({"deleted": asked.name, "id": deleted})
 
     async def rangeservers(self, request: web.Request) -> web.Response:

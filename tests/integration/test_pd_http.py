@@ -132,6 +132,34 @@ def test_create_describe_list_delete(url: str, cluster: PdCluster) -> None:
     assert status == 404
 
 
+def test_a_retried_delete_never_deletes_the_next_stream_of_its_name(url: str) -> None:
+    """A DELETE whose answer was lost (a timeout, a proxy, a leader change), retried with
+    the same ``?request_id=`` after someone created the name again, answers the id it
+    deleted and leaves the new stream; without the request id the retry deleted it."""
+    status, first = call(url, "/v1/streams", "POST", {"name": "retried"},
+                         spec_path="/v1/streams")
+    assert status == 201, first
+    path = "/v1/streams/retried?request_id=http-delete-1"
+    status, body = call(url, path, "DELETE", spec_path="/v1/streams/{name}")
+    assert status == 200 and body == {"deleted": "retried", "id": first["id"]}
+    status, second = call(url, "/v1/streams", "POST", {"name": "retried"},
+                          spec_path="/v1/streams")
+    assert status == 201 and second["id"] != first["id"]
+    status, body = call(url, path, "DELETE", spec_path="/v1/streams/{name}")  # the retry
+    assert status == 200 and body == {"deleted": "retried", "id": first["id"]}
+    status, still = call(url, "/v1/streams/retried", spec_path="/v1/streams/{name}")
+    assert status == 200 and still["id"] == second["id"]
+    status, body = call(url, "/v1/streams/retried?request_id=" + "r" * 65, "DELETE",
+                        spec_path="/v1/streams/{name}")
+    assert status == 400 and "request_id" in body["error"]["message"], body
+    status, body = call(url, "/v1/streams/retried?request_id=http-delete-2", "DELETE",
+                        spec_path="/v1/streams/{name}")
+    assert status == 200 and body == {"deleted": "retried", "id": second["id"]}
+    status, body = call(url, "/v1/streams/never-made?request_id=http-delete-3", "DELETE",
+                        spec_path="/v1/streams/{name}")
+    assert status == 404 and body["error"]["code"] == "STREAM_NOT_FOUND"
+
+
 @pytest.mark.parametrize(
     ("raw", "argument"),
     [
