@@ -26,6 +26,11 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+def _query(name: str, kind: str, **schema: Any) -> dict[str, Any]:
+    """An optional query parameter of type ``kind`` with these schema keywords."""
+    return {"name": name, "in": "query", "schema": {"type": kind, **schema}}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "Bad input", 404: "Not found", 409: "Conflict",
             401: "Missing or invalid bearer token (only when the node has tokens)",
@@ -240,14 +245,10 @@ OPENAPI: Final[dict[str, Any]] = {
             "get": {"summary": "One stream with its ranges and replicas",
                     "responses": {"200": _json(_ref("Stream"), "The stream"),
                                   **_errors(404)}},
-            "delete": {"summary": "Delete a stream (id: only that incarnation, else 404; "
-                                  "request_id: the same on every retry of one delete, a "
-                                  "retry of one that landed answers the id it deleted)",
-                       "parameters": [{"name": "id", "in": "query", "required": False,
-                                       "schema": {"type": "integer", "minimum": 1}},
-                                      {"name": "request_id", "in": "query", "required": False,
-                                       "schema": {"type": "string",
-                                                  "maxLength": request_id_chars_max}}],
+            "delete": {"summary": "Delete a stream (id: that incarnation only, else 404; "
+                                  "request_id: one per delete, the same on its retries)",
+                       "parameters": [_query("id", "integer", minimum=1), _query(
+                           "request_id", "string", maxLength=request_id_chars_max)],
                        "responses": {"200": _json({
                            "type": "object", "required": ["deleted", "id"],
                            "properties": {"deleted": {"type": "string"},
@@ -485,11 +486,9 @@ def _add_paging() -> None:
         "summary": "A page of the streams in name order, each with its last ranges; "
                    "next: the name to pass as after for the next page (null: the last)",
         "parameters": [
-            {"name": "limit", "in": "query", "required": False,
-             "schema": {"type": "integer", "minimum": 1, "maximum": streams_page_max,
-                        "default": streams_page_default}},
-            {"name": "after", "in": "query", "required": False,
-             "schema": {"type": "string", "maxLength": stream_name_bytes_max}}],
+            _query("limit", "integer", minimum=1, maximum=streams_page_max,
+                   default=streams_page_default),
+            _query("after", "string", maxLength=stream_name_bytes_max)],
         "responses": {"200": _json({
             "type": "object", "required": ["streams", "next"],
             "properties": {"streams": {"type": "array", "items": _ref("StreamFigures")},
@@ -506,15 +505,12 @@ def _add_paging() -> None:
                             "from that range on; ranges_omitted plus the ranges shown is the "
                             "range count when ranges_more is absent)")
     describe["parameters"] = [
-        {"name": "offset", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}},
+        _query("offset", "integer", minimum=0, maximum=2**64 - 1),
         {"name": "index", "in": "query", "required": False,
          "description": "a range index (not with offset)",
          "schema": {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}},
-        {"name": "limit", "in": "query", "required": False,
-         "schema": {"type": "integer", "minimum": 1,
-                    "default": limits.stream_ranges_per_answer_default,
-                    "maximum": limits.stream_ranges_per_answer_max}}]
+        _query("limit", "integer", minimum=1, default=limits.stream_ranges_per_answer_default,
+               maximum=limits.stream_ranges_per_answer_max)]
     describe["responses"].update(_errors(400))
 
 
@@ -566,8 +562,7 @@ def _add_console() -> None:
                 {"name": "offset", "in": "query", "required": False, "schema": query_int},
                 {"name": "timestamp", "in": "query", "required": False, "schema": query_int,
                  "description": "ms since the epoch (not with offset)"},
-                {"name": "limit", "in": "query", "required": False,
-                 "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}}],
+                _query("limit", "integer", minimum=1, maximum=100, default=20)],
             "responses": {"200": _json({
                 "type": "object", "required": ["stream", "offset", "start_offset", "records",
                                                "next"],
@@ -583,9 +578,7 @@ def _add_console() -> None:
     OPENAPI["paths"]["/v1/samples"] = {"get": {
         "summary": "This PD node's own samples of the last hour (one every interval_s, at "
                    "most max kept in memory), oldest first, for the console's charts",
-        "parameters": [{"name": "minutes", "in": "query", "required": False,
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 60,
-                                   "default": 60}}],
+        "parameters": [_query("minutes", "integer", minimum=1, maximum=60, default=60)],
         "responses": {"200": _json({
             "type": "object", "required": ["interval_s", "max", "samples"],
             "properties": {"interval_s": figure, "max": {"type": "integer"}, "samples": {
