@@ -165,19 +165,21 @@ class PMap(Mapping[str, V], Generic[V]):
 
     def changes(self, old: PMap[V]) -> list[tuple[str, V | None, V | None]]:
         """The keys whose value is not the same object in ``old`` as here, in key order,
-        each with its value there and here (None: absent). O(nodes), never O(entries),
-        plus the entries of the leaves not shared with ``old``: a map made from ``old``
-        by k changes shares all but O(k log n) nodes with it, so this costs about n/48
-        node visits, not a walk of every entry (what a round that keeps figures per
-        entry needs to follow the catalog)."""
+        each with its value there and here (None: absent). The two trees are walked down
+        together a level at a time, and a node both hold is not entered
+        (:func:`_unshared_leaves`): a map made from ``old`` by k changes shares all but
+        O(k log n) nodes with it, so this looks at the kids of O(k log n) nodes (about
+        280 for two changes at 100,000 entries, not the 4,500 nodes of both trees), plus
+        the entries of the leaves not shared: never a walk of every entry (what a round
+        that keeps figures per entry needs to follow the catalog)."""
         if self._root is old._root:
             return []
-        mine, theirs = _node_ids(self._root), _node_ids(old._root)
+        theirs, mine = _unshared_leaves(old._root, self._root)
         before: dict[str, Any] = {}
-        for leaf in _leaves_not_in(old._root, mine):
+        for leaf in theirs:
             before.update(zip(leaf.keys, leaf.values, strict=True))
         out: list[tuple[str, Any, Any]] = []
-        for leaf in _leaves_not_in(self._root, theirs):
+        for leaf in mine:
             for key, value in zip(leaf.keys, leaf.values, strict=True):
                 was = before.pop(key, _Absent.ABSENT)
                 if was is not value:
@@ -251,30 +253,41 @@ def _leaves_under(root: _Node) -> Iterator[_Leaf]:
             stack.extend(reversed(node.kids))  # type: ignore[union-attr]
 
 
-def _node_ids(root: _Node) -> set[int]:
-    """The identities of every node of the tree (leaves and branches, not entries)."""
-    ids: set[int] = set()
-    stack: list[_Node] = [root]
-    while stack:
-        node = stack.pop()
-        ids.add(id(node))
-        if type(node) is _Branch:
-            stack.extend(node.kids)
-    return ids
+def _height(node: _Node) -> int:
+    """Levels of branches above the leaves (every leaf is as deep)."""
+    height = 0
+    while type(node) is _Branch:
+        node = node.kids[0]
+        height += 1
+    return height
 
 
-def _leaves_not_in(root: _Node, shared: set[int]) -> Iterator[_Leaf]:
-    """The leaves of the tree under ``root`` that are not in ``shared`` (node ids of
-    another tree): a subtree found there is the same in both, and is not entered."""
-    stack: list[_Node] = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in shared:
-            continue
-        if type(node) is _Leaf:
-            yield node
-        else:
-            stack.extend(node.kids)  # type: ignore[union-attr]
+def _below(nodes: list[_Node]) -> list[_Node]:
+    return [kid for node in nodes for kid in node.kids]  # type: ignore[union-attr]
+
+
+def _unshared_leaves(old: _Node, new: _Node) -> tuple[list[_Leaf], list[_Leaf]]:
+    """The leaves of each tree that the other does not hold. Both are walked down a
+    level at a time, from the same height; a node found in both at a level is left out
+    with everything under it (a node holds a range of keys: it is in a tree once, so a
+    node both trees hold is in both walks at its height unless a node above it was left
+    out already)."""
+    olds, news = [old], [new]
+    old_height, new_height = _height(old), _height(new)
+    for _ in range(old_height - new_height):  # (a root split or merged since)
+        olds = _below(olds)
+    for _ in range(new_height - old_height):
+        news = _below(news)
+    height = min(old_height, new_height)
+    while True:
+        shared = {id(n) for n in olds} & {id(n) for n in news}
+        if shared:
+            olds = [n for n in olds if id(n) not in shared]
+            news = [n for n in news if id(n) not in shared]
+        if height == 0 or not (olds or news):
+            return olds, news  # type: ignore[return-value]
+        olds, news = _below(olds), _below(news)
+        height -= 1
 
 
 def _replace_path(path: list[tuple[_Branch, int]], parts: list[Any]) -> _Node:

@@ -170,13 +170,24 @@ class Chosen(Generic[T]):
         return list(self._kept.values())
 
 
+def id_key(stream_id: int) -> str:
+    """A stream id as a key of :meth:`StreamsById.names` (a :class:`~pd.pmap.PMap`'s keys
+    are strings).
+
+    >>> id_key(42)
+    '42'
+    """
+    return str(stream_id)
+
+
 class StreamsById:
     """The catalog's streams by id, kept up to date from the catalog's changes: over the
     catalog's map (``view.streams.values()``), a pass after the first costs
     O(changes) (:meth:`~pd.pmap.PMap.changes`), not a dict of every stream (issue 27: a
     round that looks streams up by id, as the reclaimer and :class:`~pd.sealedreports.
     SealedReports` do, each with 10,000 streams or more); over anything else, it is
-    built again.
+    built again. :meth:`names` is the same index as a persistent map, which a caller may
+    keep as a snapshot (:class:`pd.replicareports.SealedBefore`).
 
     >>> index = StreamsById()
     >>> m = PMap({"a": StreamMeta(1, "a"), "b": StreamMeta(2, "b")})
@@ -186,29 +197,50 @@ class StreamsById:
     [1, 3]
     >>> sorted(index.by_id), index.follow(m.delete("a").values())
     ([2, 3], {3})
+    >>> names = index.names()
+    >>> _ = index.follow(m.set("b", StreamMeta(4, "b")).values())  # b deleted, made again
+    >>> dict(names), dict(index.names())  # (the one kept: a snapshot, never changed)
+    ({'2': 'b'}, {'1': 'a', '4': 'b'})
     """
 
-    __slots__ = ("_map", "by_id")
+    __slots__ = ("_map", "by_id", "_names")
 
     def __init__(self) -> None:
         self._map: PMap[StreamMeta] | None = None  # the catalog's map of the last pass
         self.by_id: dict[int, StreamMeta] = {}
+        self._names: PMap[str] | None = None  # id_key(id) -> name, once asked for
 
     def follow(self, streams: Iterable[StreamMeta]) -> set[int] | None:
-        """Bring :attr:`by_id` to ``streams``; the ids of the streams changed since the
-        last pass (gone, new or replaced), or None when it was built afresh."""
+        """Bring :attr:`by_id` (and :meth:`names`, once asked for) to ``streams``; the ids
+        of the streams changed since the last pass (gone, new or replaced), or None when
+        it was built afresh."""
         catalog = catalog_map(streams)
         if catalog is None or self._map is None:
             self._map = catalog
             self.by_id = {s.id: s for s in streams}
+            self._names = None
             return None
         changed: set[int] = set()
+        names = self._names
         for _, was, stream in catalog.changes(self._map):  # (ids are never reused)
             if was is not None:
                 self.by_id.pop(was.id, None)
                 changed.add(was.id)
+                if names is not None and (stream is None or stream.id != was.id):
+                    names = names.delete(id_key(was.id))
             if stream is not None:
                 self.by_id[stream.id] = stream
                 changed.add(stream.id)
-        self._map = catalog
+                if names is not None and (was is None or was.id != stream.id):
+                    names = names.set(id_key(stream.id), stream.name)
+        self._map, self._names = catalog, names
         return changed
+
+    def names(self) -> PMap[str]:
+        """Every stream of the last pass by id (:func:`id_key`) -> its name, as a
+        persistent map: one kept is a snapshot of that pass (a stream's name never
+        changes, an id is never given again). Built at the first ask (O(n log n), once),
+        then kept from the changes: O(log n) a stream created or deleted."""
+        if self._names is None:
+            self._names = PMap((id_key(s.id), s.name) for s in self.by_id.values())
+        return self._names

@@ -48,7 +48,7 @@ from estream.wire import limits
 from estream.wire.errors import EstreamError
 from estream.wire.rangeanswers import RangeKey
 from pd.reclaim import Drop, Suspects, confirmed, droppable
-from pd.replicareports import ServerListing, parse_listing, sealed_ranges
+from pd.replicareports import SealedBefore, ServerListing, parse_listing
 from pd.shell.rounds import leader_rounds
 from pd.shell.service import PdService
 
@@ -126,7 +126,10 @@ class Reclaimer:
         # any of them is asked for (their replicas made before the seal). One not sealed
         # yet may be made after a listing (a range placed by a writer's close is made by
         # the next writer, any time later), and is never taken for an absent replica.
-        sealed_before = sealed_ranges(self.service.view().streams.values())
+        # Found stream by stream when repair asks, in this moment's persistent maps: not
+        # a dict of every stream each round (issue 27: 13-19 ms at 100,000 streams).
+        sealed_before = SealedBefore.at(self.service.view().streams,
+                                        self.service.streams_by_id)
         for server in self.service.view().servers.values():
             if budget <= 0 or not self.service.liveness.alive(server.id, now):
                 continue
