@@ -32,7 +32,11 @@ Recovery (:func:`scan`, pure), as in the range server's log:
 Metadata file (``raft.journal.meta``): msgpack ``{"term", "voted_for", "commit_index"}``
 then its xxh3-64 (8 bytes); written to a temporary file, fsynced, renamed, directory
 fsynced. A missing file is a fresh node; a damaged one raises :class:`ChecksumMismatch`
-(forgetting a vote could let the node vote twice in one term).
+(forgetting a vote could let the node vote twice in one term). The term and vote are
+stored at once on the caller's thread (the event loop); the commit index, which a
+restarted node learns from its leader anyway, about once a second on a thread of its own
+(two fsyncs on the loop put 2-3 ms on a PD request's tail), never renaming an older image
+over a newer one (see :meth:`ChecksummedJournal.onOneSecondTimer`).
 
 Side effects: the two files (:class:`ChecksummedJournal`); :func:`scan` and the codecs
 are pure.
@@ -40,8 +44,11 @@ are pure.
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import os
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +61,8 @@ from pysyncobj.journal import Journal
 from estream.server.durable import fsync_dir, write_atomically
 from estream.wire.errors import ChecksumMismatch, EstreamError
 from estream.wire.packing import packb
+
+log = logging.getLogger(__name__)
 
 MAGIC: Final = b"ESPDJRNL"
 VERSION: Final = 1
@@ -168,6 +177,15 @@ def _claimed_end(view: memoryview, pos: int) -> int:
     return pos + _RECORD.size + length
 
 
+def write_synced(path: Path, data: bytes) -> None:
+    """Write ``path`` whole and fsync it (the first half of
+    :func:`~estream.server.durable.write_atomically`; the rename is the caller's)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def encode_checked(meta: dict[str, Any]) -> bytes:
     """A msgpack map followed by its xxh3-64 (the metadata file, the PD's snapshot)."""
     body = packb(meta)
@@ -238,7 +256,15 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         fsync_dir(self.path.parent)
         self.durable_index = self._entries[-1][1] if self._entries else 0
         self._meta = self._load_meta()
-        self._meta_dirty = False
+        # The metadata file's stores (see onOneSecondTimer): every change of _meta counts
+        # one generation; the generation renamed into place last, under _meta_lock.
+        self.write_synced: Callable[[Path, bytes], None] = write_synced  # tests block here
+        self._meta_gen = 0
+        self._stored_gen = 0
+        self._meta_lock = threading.Lock()
+        self._meta_storer = concurrent.futures.ThreadPoolExecutor(1, "raft-meta-store")
+        self._meta_storing: concurrent.futures.Future[None] | None = None
+        self._meta_closed = False
 
     # -- the log ---------------------------------------------------------------------
     @property
@@ -333,10 +359,12 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
             raise JournalFailed(f"{self.path}: sync failed ({exc})") from exc
 
     def _destroy(self) -> None:
+        self._meta_closed = True
         try:
+            self._meta_storer.shutdown(wait=True)  # a background store ends first
             if self.failed is None:
                 self.sync()
-                self._store_meta()
+                self._store_meta()  # the latest commit index, after any background store
         finally:
             os.close(self._fd)
 
@@ -347,7 +375,37 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         return decode_checked(self.meta_path.read_bytes(), str(self.meta_path))
 
     def _store_meta(self) -> None:
-        write_atomically(self.meta_path, encode_checked(self._meta))
+        """Store the current image now, on the calling thread (the term and vote, close).
+        It waits for no background store's data fsync, only for its rename (the lock)."""
+        with self._meta_lock:
+            tmp = self.meta_path.with_name(self.meta_path.name + ".tmp")
+            self.write_synced(tmp, encode_checked(self._meta))
+            os.replace(tmp, self.meta_path)
+            fsync_dir(self.meta_path.parent)
+            self._stored_gen = self._meta_gen
+
+    def _store_meta_behind(self, data: bytes, gen: int) -> None:
+        """The background store (on ``raft-meta-store``): the image of generation ``gen``
+        is written and fsynced beside the file, then renamed into place only if no newer
+        generation was stored meanwhile (else dropped)."""
+        tmp = self.meta_path.with_name(self.meta_path.name + ".store.tmp")
+        try:
+            self.write_synced(tmp, data)
+            with self._meta_lock:
+                if gen <= self._stored_gen:  # a term change stored a newer image
+                    tmp.unlink(missing_ok=True)
+                    return
+                os.replace(tmp, self.meta_path)
+                fsync_dir(self.meta_path.parent)
+                self._stored_gen = gen
+        except OSError as exc:  # not needed for safety: the next second tries again
+            log.warning("%s: storing the Raft commit index failed (%s)", self.meta_path, exc)
+
+    def wait_meta_stored(self) -> None:
+        """Return once the background store submitted last (if any) has ended."""
+        storing = self._meta_storing
+        if storing is not None:
+            concurrent.futures.wait([storing])
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
         # Not needed for safety (a restarted node learns the commit index from the
@@ -356,7 +414,7 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         # the file dirty, so an idle node writes and fsyncs nothing once a second.
         if self._meta.get("commit_index") != raftCommitIndex:
             self._meta["commit_index"] = raftCommitIndex
-            self._meta_dirty = True
+            self._meta_gen += 1
 
     def getRaftCommitIndex(self) -> int:  # noqa: N802
         return int(self._meta.get("commit_index", 1))
@@ -365,8 +423,8 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
         # Raft: the term and vote are durable before any message that reflects them.
         self._meta["term"] = term
         self._meta["voted_for"] = None if votedForNodeId is None else str(votedForNodeId)
+        self._meta_gen += 1
         self._store_meta()
-        self._meta_dirty = False
 
     def getCurrentTerm(self) -> int:  # noqa: N802
         return int(self._meta.get("term", 0))
@@ -376,7 +434,23 @@ class ChecksummedJournal(Journal):  # type: ignore[misc]
 
     def onOneSecondTimer(self) -> None:  # noqa: N802
         """Store the metadata if it changed since it was last stored (the commit index:
-        the term and vote are stored at once)."""
-        if self._meta_dirty:
-            self._store_meta()
-            self._meta_dirty = False
+        the term and vote are stored at once), on the ``raft-meta-store`` thread.
+
+        Why this way: two fsyncs on the event loop put 2-3 ms on an occasional PD
+        request's tail. Not on the leader's journal-sync thread (its syncs would wait
+        behind them). Not every store on the thread, the term and vote waiting for it:
+        :meth:`setCurrentTerm` stays a plain synchronous write, which waits at most for a
+        background store's rename, never its data fsync. The order on disk comes from a
+        generation per change of the image: the image is encoded here, on the loop, with
+        its generation; the thread writes and fsyncs it beside the file, then, holding
+        ``_meta_lock`` (which every rename holds), renames it only if no newer generation
+        was stored meanwhile. So a term-5 image written before a vote in term 6 was
+        stored is dropped, not renamed over it: a node that forgot its vote could vote
+        twice in one term. One background store at a time; :meth:`_destroy` waits for
+        it, then stores the latest image."""
+        if self._meta_closed or self._meta_gen == self._stored_gen:
+            return
+        if self._meta_storing is not None and not self._meta_storing.done():
+            return  # the next second stores what changed since
+        self._meta_storing = self._meta_storer.submit(
+            self._store_meta_behind, encode_checked(self._meta), self._meta_gen)
