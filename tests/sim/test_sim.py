@@ -174,7 +174,17 @@ class Sim:
                         for n in self.nodes}
         self.settle(*(server.boot() for server in self.servers.values()))
         self.settle(self._registered())
-        self._observe_recoveries()
+        self.recoveries_sealed = 0
+        self._observe_recoveries()  # (a logging handler: detached by end(), or below)
+        try:
+            self._set_up(seed, striped, rng)
+        except BaseException:
+            self.end()  # else the handler outlived this Sim and failed every later one
+            raise
+
+    def _set_up(self, seed: int, striped: bool, rng: random.Random) -> None:
+        """The rest of ``__init__``: the streams and the writers' settings (undone by
+        :meth:`end` when it fails)."""
         self.checked_meta: StreamMeta | None = None
         self.checked_acked: dict[str, int] = {}
         self.full_check = False  # a crash or a lost copy: check every acknowledged offset
@@ -201,7 +211,6 @@ class Sim:
         self.destroyed = False  # at most one lost copy per run (a double fault, not more)
         self.events: list[str] = []  # faults injected, for the trace
         self.facts: dict[str, object] = {}  # what a scripted run saw happen
-        self.recoveries_sealed = 0
         self.fault_count = 0
         # Readers: their own random choices (when, where from, how), so that adding them
         # leaves the faults a seed schedules as they were.
