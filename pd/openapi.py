@@ -15,6 +15,7 @@ from estream.wire.fields import stream_name_bytes_max, streams_page_default, str
 from estream.wire.meta import ACK_COUNT_DEFAULT, DIGEST_DEFAULT, REPLICAS_DEFAULT, STORAGE_CLASSES
 from estream.wire.record import DIGESTS
 from pd.openapikafka import add_groups, add_kafka_field
+from pd.openapiranges import add_range_report
 from pd.validate import request_id_chars_max
 
 
@@ -152,57 +153,6 @@ SCHEMAS: Final[dict[str, Any]] = {
             "state": {"type": "string", "enum": ["active", "draining", "drained"]},
             "replicas": {"type": "integer", "minimum": 0},
             "open_ranges": {"type": "integer", "minimum": 0},
-        },
-    },
-    "RangeHealth": {
-        "type": "object",
-        "required": ["stream", "stream_id", "index", "start", "end", "state", "wanted",
-                     "healthy", "under_replicated", "repairing", "replicas"],
-        "properties": {
-            "stream": {"type": "string"}, "stream_id": {"type": "integer"},
-            "index": {"type": "integer", "minimum": 0},
-            "start": {"type": "integer", "minimum": 0},
-            "end": {"type": ["integer", "null"], "minimum": 0},
-            "state": {"type": "string", "enum": ["open", "sealed"]},
-            "wanted": {"type": "integer", "minimum": 1},
-            "healthy": {"type": "integer", "minimum": 0},
-            "under_replicated": {"type": "boolean"},
-            "moving": {"type": "boolean",
-                       "description": "a replica is on a draining server (the range may be "
-                                      "whole: only to be moved)"},
-            "repairing": {"type": "boolean"},
-            "replicas": {"type": "array", "items": {
-                "type": "object", "required": ["id", "health", "reason"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "health": {"type": "string",
-                               "enum": ["healthy", "unavailable", "missing"]},
-                    "reason": _NULLABLE_STR}}},
-        },
-    },
-    "RangesReport": {
-        "type": "object",
-        "required": ["ranges", "repair"],
-        "properties": {
-            "ranges": {"type": "array", "items": _ref("RangeHealth")},
-            "repair": {
-                "type": "object",
-                "required": ["leader", "under_replicated", "in_progress", "planned",
-                             "deferred", "skipped", "draining"],
-                "properties": {
-                    "leader": {"type": "boolean"},
-                    "under_replicated": {"type": "integer", "minimum": 0},
-                    "moving": {"type": "integer", "minimum": 0,
-                               "description": "ranges with a replica to move off a "
-                                              "draining server"},
-                    "in_progress": {"type": "integer", "minimum": 0},
-                    "planned": {"type": "integer", "minimum": 0},
-                    "deferred": {"type": "integer", "minimum": 0},
-                    "skipped": {"type": "array", "items": {"type": "object"}},
-                    "draining": {"type": "array", "items": {"type": "string"}},
-                    "open_ranges_rolled": {"type": "integer", "minimum": 0},
-                },
-            },
         },
     },
 }
@@ -596,4 +546,5 @@ _add_console()
 
 
 add_kafka_field(SCHEMAS)
+add_range_report(SCHEMAS)
 add_groups(OPENAPI["paths"], _json, _errors)

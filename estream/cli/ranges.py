@@ -82,11 +82,22 @@ async def ranges(client: Any, ns: argparse.Namespace) -> int:
              else f"{len(found_rows)} ranges")
     print_tables(table(title, ["stream", "range", "offsets", "state", "healthy", "replicas",
                                "repair"], found_rows))
-    skipped = (report.get("repair") or {}).get("skipped") or []
-    for item in skipped:
-        print(f"repair skips {item.get('stream')} range {item.get('index')}: "
-              f"{item.get('reason')}")
+    for line in skip_lines(report):
+        print(line)
     return 0
+
+
+def skip_lines(report: Mapping[str, Any]) -> list[str]:
+    """A line per range repair skips, with how it judged each replica, and how many more
+    were skipped than the report lists. Pure."""
+    repair = report.get("repair") or {}
+    lines = [f"repair skips {item.get('stream')} range {item.get('index')}: "
+             f"{item.get('reason')}"
+             + (f" ({', '.join(item['replicas'])})" if item.get("replicas") else "")
+             for item in repair.get("skipped") or []]
+    if repair.get("skipped_omitted"):
+        lines.append(f"repair skips {repair['skipped_omitted']} more ranges")
+    return lines
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:

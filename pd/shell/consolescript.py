@@ -236,9 +236,11 @@ function renderRepair(r) {
       "linked above, shows repair progress)") + "</div>" +
     (rows.length ? table(["stream", "range", "offsets", "state", "healthy", "replicas", ""],
       rows, "under-replicated") : "") +
-    ((repair.skipped || []).length ? table(["stream", "range", "repair skips it because"],
-      repair.skipped.map((x) => [esc(x.stream), esc(x.index), esc(x.reason)]),
-      "repair-skipped") : "");
+    ((repair.skipped || []).length ? table(["stream", "range", "repair skips it because",
+      "replicas as judged"], repair.skipped.map((x) => [esc(x.stream), esc(x.index),
+      esc(x.reason), (x.replicas || []).map(esc).join("<br>")]), "repair-skipped") : "") +
+    (repair.skipped_omitted ? '<div id="repair-skipped-omitted">and ' +
+      esc(repair.skipped_omitted) + " more ranges skipped</div>" : "");
 }
 
 // -- streams -------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """``estream ranges`` against real processes (1 PD node, 3 range servers): every range
 with its replicas' health and the repair progress; ``--under-replicated`` lists a range
 once one of its three replicas is on a dead server (no spare server: it stays so), with
-the dead replica's health, in JSON and as a table."""
+the dead replica's health, in JSON and as a table; once repair gives up on it ("no
+target"), the skip with each replica's judgment in the API, the CLI and the console (real
+headless Chromium)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,16 @@ import pytest
 
 import estream
 from estream.devcluster.cluster import Cluster
+from estream.devcluster.pd import http_json
+from estream.wire import limits
+from tests.cdp import start_browser
+from tests.integration.test_pd_http import validate
+from tests.system_tools import require_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]
 ROOT = Path(__file__).resolve().parents[2]
 under_replicated_within_s = 30.0
+skipped_within_s = limits.repair_after_ms / 1000 + 20  # dead that long, then a round
 
 
 def ranges_cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -36,7 +44,8 @@ def report(cluster: Cluster, *args: str) -> dict[str, Any]:
     return json.loads(result.stdout)  # type: ignore[no-any-return]
 
 
-async def test_ranges_lists_health_and_the_under_replicated_ones(cluster: Cluster) -> None:
+async def test_ranges_lists_health_the_under_replicated_and_the_skipped(
+        cluster: Cluster, tmp_path: Path) -> None:
     async with await estream.connect(cluster.pd_addresses) as client:
         await client.create_stream("ranged", replicas=3, ack_count=2)
         async with await client.open_writer("ranged") as writer:
@@ -73,6 +82,30 @@ async def test_ranges_lists_health_and_the_under_replicated_ones(cluster: Cluste
                                "under-replicated; repairs in progress")
     row = next(line for line in lines if line.lstrip().startswith("ranged"))
     assert f"{victim.address} unavailable" in row and "/3" in row
+
+    # Dead past repair's 10 s, with no spare server: skipped, each replica judged, alike in
+    # the API (its schema), the CLI and the console.
+    deadline = time.monotonic() + skipped_within_s
+    while not (skipped := [s for s in report(cluster)["repair"]["skipped"]
+                           if s["stream"] == "ranged"]):
+        assert time.monotonic() < deadline, report(cluster)["repair"]
+        time.sleep(0.5)
+    status, answer = http_json(cluster.pd_url() + "/v1/ranges?under_replicated=1")
+    assert status == 200 and answer["repair"]["skipped_omitted"] == 0
+    validate("/v1/ranges", "GET", 200, answer)
+    skip = skipped[0]
+    assert skip["reason"] == "no target" and skip["stream_id"] == meta.id, skip
+    assert f"{victim.id}: dead" in skip["replicas"], skip
+    assert len(skip["replicas"]) == 3, skip
+    said = ranges_cli(cluster).stdout
+    assert f"repair skips ranged range {skip['index']}: no target ({victim.id}: " in said, said
+    browser = require_tool("chromium", "chromium-browser", "google-chrome", package="chromium")
+    async with start_browser(browser, tmp_path / "profile") as page:
+        await page.goto(cluster.pd_url() + "/ui")
+        shown = await page.wait(
+            "(document.getElementById('repair-skipped') || {}).innerText", "skipped table")
+    row = next(line for line in shown.splitlines() if line.startswith("ranged\t"))
+    assert "no target" in row and f"{victim.id}: dead" in shown, shown
 
 
 def test_ranges_against_a_stopped_pd_fails_with_one_line(cluster: Cluster) -> None:

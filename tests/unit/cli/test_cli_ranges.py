@@ -4,7 +4,7 @@ table rows, typed errors of the admin API's answers."""
 from __future__ import annotations
 
 from estream.cli.admin import admin_address, http_error
-from estream.cli.ranges import rows, summary
+from estream.cli.ranges import rows, skip_lines, summary
 from estream.wire.errors import InvalidArgument, Unauthenticated, Unavailable
 
 NODES = [{"id": "1", "address": "10.0.0.1:7100", "http": "10.0.0.1:7120"},
@@ -41,6 +41,16 @@ def test_summary_and_rows() -> None:
     assert first == ("s", 0, "0..10", "sealed", "2/3", "a healthy, b unavailable (down)",
                      "repairing")
     assert second[2] == "10.." and second[6] == ""
+
+
+def test_skipped_ranges_with_each_replica_judged_and_the_rest_counted() -> None:
+    assert skip_lines(REPORT) == []
+    repair = {**REPORT["repair"], "skipped_omitted": 7, "skipped": [  # type: ignore[dict-item]
+        {"stream": "s", "stream_id": 4, "index": 0, "reason": "no target",
+         "replicas": ["a: healthy", "b: unavailable (silent 12000 ms)"]}]}
+    assert skip_lines({**REPORT, "repair": repair}) == [
+        "repair skips s range 0: no target (a: healthy, b: unavailable (silent 12000 ms))",
+        "repair skips 7 more ranges"]
 
 
 def test_http_errors_are_typed() -> None:
