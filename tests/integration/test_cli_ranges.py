@@ -22,7 +22,7 @@ from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from estream.wire import limits
 from tests.cdp import start_browser
-from tests.integration.test_pd_http import validate
+from tests.harness.openapi import validate
 from tests.system_tools import require_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_nodes=1, range_servers=3)]

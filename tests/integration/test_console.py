@@ -31,7 +31,7 @@ from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
 from tests.cdp import Page, start_browser
 from tests.harness.objecttier import ObjectTier, all_tiered, wait_for, write_ranges
-from tests.integration.test_pd_http import validate
+from tests.harness.openapi import validate
 from tests.pngcheck import colour_stats, decode
 from tests.system_tools import require_tool
 

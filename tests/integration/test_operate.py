@@ -36,6 +36,7 @@ import pytest
 
 from estream.devcluster.cluster import Cluster
 from estream.devcluster.pd import http_json
+from tests.harness.openapi import validate
 from tests.pngcheck import colour_stats, decode
 from tests.system_tools import require_tool
 
@@ -43,16 +44,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster(range_servers=5)]
 ROOT = Path(__file__).resolve().parents[2]
 drain_timeout_s = 90.0
 load_records_max = 50_000  # the load loop stops at this count or when told
-
-
-def validate(path: str, method: str, status: int, body: Any) -> None:
-    import jsonschema
-
-    from pd.openapi import OPENAPI
-
-    response = OPENAPI["paths"][path][method.lower()]["responses"][str(status)]
-    schema = response["content"]["application/json"]["schema"]
-    jsonschema.validate(body, {**schema, "components": OPENAPI["components"]})
 
 
 def server(cluster: Cluster, server_id: str) -> dict[str, Any]:

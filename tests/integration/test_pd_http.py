@@ -17,6 +17,7 @@ from estream.net.pdclient import PDClient
 from estream.wire.limits import frame_header_bytes_max
 from estream.wire.protocol import Opcode
 from rangeserver.shell.heartbeat import heartbeat_loop
+from tests.harness.openapi import validate
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster(pd_only=True, pd_nodes=3)]
 
@@ -70,24 +71,6 @@ def heartbeats(module_cluster: PdCluster) -> Iterator[None]:
 def url(module_cluster: PdCluster) -> str:
     # a follower: writes are forwarded
     return module_cluster.http_urls[module_cluster.followers()[0]]
-
-
-def validate(path: str, method: str, status: int, body: Any) -> None:
-    """Check ``body`` against the schema the OpenAPI document gives for this response.
-
-    Without the ``jsonschema`` package only the status is checked to be documented
-    (``test_openapi_document`` then reports the skip).
-    """
-    from pd.openapi import OPENAPI
-
-    operation = OPENAPI["paths"][path][method.lower()]
-    response = operation["responses"][str(status)]
-    schema = response["content"]["application/json"]["schema"]
-    try:
-        import jsonschema
-    except ImportError:
-        return
-    jsonschema.validate(body, {**schema, "components": OPENAPI["components"]})
 
 
 def call(url: str, path: str, method: str = "GET", body: Any = None, *,

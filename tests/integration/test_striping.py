@@ -35,20 +35,11 @@ from estream.wire.errors import Conflict, InvalidArgument, NoPlacement, OffsetGa
 from estream.wire.protocol import Opcode
 from estream.wire.rangeanswers import SealAnswer
 from estream.wire.record import Record, encode_batch, iter_batches, verify_batch
+from tests.harness.openapi import validate
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.cluster(pd_nodes=1, range_servers=4, shared=True)]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def validate(path: str, method: str, status: int, body: Any) -> None:
-    import jsonschema
-
-    from pd.openapi import OPENAPI
-
-    response = OPENAPI["paths"][path][method.lower()]["responses"][str(status)]
-    schema = response["content"]["application/json"]["schema"]
-    jsonschema.validate(body, {**schema, "components": OPENAPI["components"]})
 
 
 def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
