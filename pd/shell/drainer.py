@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 drain_interval_ms: Final = 1_000  # how often the leader rolls writer-less open ranges away
 report_ranges_max: Final = 10_000  # ranges listed in one GET /v1/ranges answer
-report_skipped_max: Final = 1_000  # ranges repair skips, listed in one answer (the rest
+report_skipped_ranges_max: Final = 1_000  # ranges repair skips, listed in one answer (the rest
 #   counted: with a server down and no spare, every range it held is skipped)
 
 
@@ -207,8 +207,8 @@ class Drainer:
             "deferred": plan.deferred,
             "skipped": [{"stream": s.stream, "stream_id": s.stream_id, "index": s.range_index,
                          "reason": s.reason, "replicas": list(s.replicas)}
-                        for s in plan.skipped[:report_skipped_max]],
-            "skipped_omitted": max(0, len(plan.skipped) - report_skipped_max),
+                        for s in plan.skipped[:report_skipped_ranges_max]],
+            "skipped_omitted": max(0, len(plan.skipped) - report_skipped_ranges_max),
             "draining": sorted(view.draining),
             "open_ranges_rolled": self.rolled,
         }}
