@@ -161,8 +161,8 @@ class AppendQueue:
         ts = self._wall_ms() if timestamp is None else int(timestamp)
         writer = self._writer
         core = writer._core
-        if core is None or writer._error is not None or writer._closed:
-            core = writer._check_open()
+        if core is None or writer._error is not None or writer._closing:
+            core = writer._check_open() if waited else writer.check_appendable()
         if stamp is not None:
             sequence = core.check_stamp(stamp, sequence)
         elif sequence is not None or core.producer is not None:
@@ -203,8 +203,8 @@ class AppendQueue:
         wrong with them (nothing taken)."""
         writer = self._writer
         core = writer._core
-        if core is None or writer._error is not None or writer._closed:
-            core = writer._check_open()
+        if core is None or writer._error is not None or writer._closing:
+            core = writer._check_open() if waited else writer.check_appendable()
         if sequences is not None or stamp is not None:
             if sequences is None or len(sequences) != len(records):
                 raise InvalidArgument("one sequence per record", argument="sequences")
@@ -261,6 +261,11 @@ class AppendQueue:
         core = writer._core
         if core is not None and not writer._closed and writer._error is None:
             writer._runner.run(core.cut_idle(writer.now_ms()))
+
+    def last_queued(self) -> Waiter[Any] | None:
+        """The future of the last append taken that waits for in-flight budget (no offset
+        yet), if any: done once it is acknowledged or failed."""
+        return self._queued[-1].future if self._queued else None
 
     def make_room(self, core: WriterCore) -> None:
         """Submit queued appends, if the in-flight budget has room now."""

@@ -76,7 +76,9 @@ class Writer:
                                        appends=client.appends, clock=client.clock,
                                        timeouts=self.timings.replica_timeouts())
         self._error: EstreamError | None = None
+        self._closing = False  # close() began: no append is taken any more
         self._closed = False
+        self._close_done: asyncio.Future[None] | None = None  # (a second close waits)
         self._producer_id = ""
         self._ticks = client.writer_ticks  # the client's writers' one timer
         self._queue = AppendQueue(self)
@@ -230,6 +232,10 @@ class Writer:
         ``ack_count`` live replicas answered the CONFIRM that makes it visible to readers
         (range servers log it durably before answering)."""
         core = self._check_open()
+        last = self._queue.last_queued()
+        if last is not None:  # appended, still waiting for budget: done once acknowledged
+            await asyncio.wait([last])  # (or failed: bounded by the delivery timeout)
+            core = self._check_open()
         ranges = core.ranges
         if ranges.completed < ranges.next_offset:
             future = self._queue.wait_for(ranges.next_offset, self.now_ms())
@@ -273,8 +279,14 @@ class Writer:
         """Flush, then stop. Appends after close raise :class:`Closed`. Bounded: pending
         appends are answered within the delivery timeout, the final CONFIRM waits at most
         a request timeout."""
-        if self._closed:
+        if self._close_done is not None:
+            await asyncio.shield(self._close_done)  # (done once closed)
             return
+        self._close_done = self._loop.create_future()
+        # From here on no append is taken: one taken while the seal below waits for PD
+        # would be acknowledged by replicas still open, past the end PD seals the range
+        # at: lost (seen with the Kafka gateway closing a partition writer it evicts).
+        self._closing = True
         try:
             if self._error is None and self._core is not None:
                 await self.flush()
@@ -293,6 +305,7 @@ class Writer:
                 for task in list(tasks):
                     task.cancel()
                 self._fail_all(Closed("the writer is closed"))
+                self._close_done.set_result(None)
 
     async def _seal_on_close(self) -> None:
         """Seal the open range at its end, in PD and then on its replicas: no writer
@@ -306,7 +319,8 @@ class Writer:
             return
         ranges = core.ranges
         if (ranges.sealing or ranges.failed or ranges.completed != ranges.next_offset
-                or ranges.next_offset <= ranges.range_start):
+                or ranges.next_offset <= ranges.range_start
+                or self._queue.last_queued() is not None):  # (flush waited for them)
             return
         end = ranges.next_offset
         try:
@@ -380,6 +394,13 @@ class Writer:
             raise Closed("the writer is closed")
         assert self._core is not None
         return self._core
+
+    def check_appendable(self) -> WriterCore:
+        """:meth:`_check_open`, and no :meth:`close` begun (the append queue's check)."""
+        core = self._check_open()
+        if self._closing:
+            raise Closed("the writer is closing")
+        return core
 
     def fail_writer(self, error: EstreamError) -> None:
         """The writer takes no more appends: every pending and later one fails."""

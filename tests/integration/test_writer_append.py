@@ -67,6 +67,56 @@ async def test_errors_are_raised_where_the_append_is_awaited(cluster: Cluster) -
         assert [r.value async for r in client.read("errors")] == [b"x", b"y"]
 
 
+async def test_close_flushes_appends_waiting_for_budget(cluster: Cluster) -> None:
+    """Appends taken before close but still waiting for in-flight budget are flushed by
+    it, not failed (they failed with Closed before)."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("close-queued", replicas=3, ack_count=2)
+        writer = await client.open_writer("close-queued")
+        assert await writer.append(b"first") == 0
+        core = writer._core
+        assert core is not None
+        core.config = dataclasses.replace(
+            core.config, inflight_bytes_max=4 * 1100, inflight_batches_max=2)
+        pending = [writer.append(b"%04d" % i + b"x" * 1000) for i in range(200)]
+        await writer.close()
+        assert await asyncio.gather(*pending) == list(range(1, 201))
+        values = [r.value async for r in client.read("close-queued")]
+        assert values == [b"first"] + [b"%04d" % i + b"x" * 1000 for i in range(200)]
+
+
+async def test_an_append_while_close_seals_is_refused_never_acknowledged_and_lost(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """close() seals the open range at its end in PD, then on the replicas. An append taken
+    while PD's seal was on its way was acknowledged by replicas still open, past the end
+    the range was sealed at: acknowledged and never readable (the Kafka gateway did it,
+    closing a partition writer it evicted while a Produce request went on with it). Now
+    close() takes no append from its start: the late one raises Closed."""
+    async with await estream.connect(cluster.pd_addresses) as client:
+        await client.create_stream("close-race", replicas=3, ack_count=2)
+        writer = await client.open_writer("close-race")
+        for i in range(10):
+            await writer.append(b"r%d" % i)
+        late: list[asyncio.Future[int]] = []
+        seal_in_pd = writer.seal_in_pd
+
+        async def sealing(*args: object, **kwargs: object) -> StreamMeta:
+            late.append(writer.append(b"late"))  # taken (or not) while the seal waits
+            await asyncio.sleep(0.2)  # long enough for replicas to acknowledge it
+            return await seal_in_pd(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(writer, "seal_in_pd", sealing)
+        await writer.close()
+        assert len(late) == 1, "close did not seal"
+        with pytest.raises(estream.Closed):
+            await late[0]
+        meta = await client.describe_stream("close-race")
+        assert meta.ranges[0].end == 10, meta.ranges
+        assert [r.value async for r in client.read("close-race")] == [
+            b"r%d" % i for i in range(10)]
+
+
 async def test_a_batch_submitted_at_the_call_keeps_call_order_under_backpressure(
         cluster: Cluster) -> None:
     """``submit_batch``: many records with one future, submitted (or queued whole while the
