@@ -307,6 +307,49 @@ async def test_the_gateway_holds_at_most_writers_max_partition_writers(
             await inproc.close()
 
 
+async def test_a_produce_wider_than_writers_max_stores_each_batch_once(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One Produce naming more partitions than ``writers_max``: its own opens evict writers
+    it already took. An idempotent producer retrying it gets each partition's batch stored
+    once, and each answered offset holds it (before: a retry judged against an evicted
+    writer's lost producer state was stored twice, and an append taken while that writer
+    was closing was answered at an offset that was never readable)."""
+    from kio.schema.errors import ErrorCode
+
+    from estream.kafka.records import KafkaRecord, encode_producer_batch
+    from estream.kafka.shell import gateway as shell
+    from estream.kafka.shell import produce
+
+    monkeypatch.setattr(produce, "writers_max", 2)
+    await asyncio.to_thread(create_topic, gateway, "wide", 6)
+    async with await estream.connect(gateway.pd) as client:
+        inproc = shell.Gateway(client, ("127.0.0.1", 0))
+        try:
+            pid = await inproc._new_producer_id()
+            batches = {p: encode_producer_batch(
+                [KafkaRecord(T0, None, b"p%d-%d" % (p, i)) for i in range(3)],
+                producer_id=pid, producer_epoch=0, base_sequence=0) for p in range(6)}
+            answered: dict[int, set[int]] = {}
+            for _ in range(4):  # the client's retries
+                parts = [produce._decoded("wide", p, batches[p]) for p in range(6)]
+                await inproc._append_all(parts)
+                for part in parts:
+                    assert part.error in (ErrorCode.none, ErrorCode.not_leader_or_follower)
+                    if part.error == ErrorCode.none:
+                        answered.setdefault(part.index, set()).add(part.base)
+            assert answered, "no partition was answered"
+            for p in range(6):
+                values = [r.value async for r in client.read(f"wide-{p}")]
+                if p in answered:
+                    assert values == [b"p%d-%d" % (p, i) for i in range(3)], (p, values)
+                    assert answered[p] == {0}, (p, answered[p])
+                else:
+                    assert values in ([], [b"p%d-%d" % (p, i) for i in range(3)]), values
+        finally:
+            await inproc.close()
+
+
 async def test_idempotent_batches_retried_are_stored_once_and_gaps_refused(
     gateway: Gateway,
 ) -> None:

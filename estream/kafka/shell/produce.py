@@ -41,7 +41,13 @@ from estream.kafka.topics import stream_name
 from estream.net.bounded import gather_bounded
 from estream.sdk.client import Client
 from estream.sdk.writer import Waiter, Writer
-from estream.wire.errors import EstreamError, InvalidArgument, MalformedFrame, StreamExists
+from estream.wire.errors import (
+    Closed,
+    EstreamError,
+    InvalidArgument,
+    MalformedFrame,
+    StreamExists,
+)
 from estream.wire.kafkanames import KAFKA_PRODUCER_PREFIX, kafka_producer_id
 from estream.wire.record import decode_system
 
@@ -273,6 +279,12 @@ class Produce:
         ends the partition: its earlier batches stay submitted, as Kafka's)."""
         writer = part.writer
         assert writer is not None
+        if self._writers.get(part.name) is not writer:
+            # Its writer closed since this request took it (evicted by the request's own
+            # opens past writers_max): its producers' state went with it, so a retried
+            # batch would be judged new and stored twice. The client retries.
+            part.answer(kp.error_code(Closed("the partition's writer was closed")))
+            return
         table = self._producers.setdefault(part.name, ProducerTable())
         for batch in part.batches:
             count, records, skip, stored, stamp = len(batch.records), batch.records, 0, -1, None
