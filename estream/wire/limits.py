@@ -100,7 +100,11 @@ wal_idle_sync_ms: Final = 50  # DEFERRED_SYNC writes are fsynced after this much
 # Repair (pd/repair.py, pd/shell/repairer.py): sealed ranges short of replicas are re-replicated.
 repair_after_ms: Final = 10_000  # a replica dead (or reported short) this long is replaced
 repair_interval_ms: Final = 2_000  # how often the PD leader plans a repair round
-repair_tasks_per_round_max: Final = 4  # ranges copied at once by one round
+repair_tasks_per_round_max: Final = 64  # ranges one round plans (a backlog of small ones
+#   after a server is lost: 4 a round every 2 s repaired 2 ranges a second)
+repair_copies_at_once_max: Final = 4  # of a round's ranges, copied at once
+repair_round_starts_ms_max: Final = 10_000  # a round starts no copy later than this after
+#   it began (the rest are planned afresh: a round of large ranges holds no plan for long)
 heartbeat_problem_replicas_max: Final = 256  # damaged/short/open replicas in one heartbeat
 # The latest stream deletions each PD node remembers and every heartbeat answer names, so
 # a range server that missed a delete's DROP_STREAM drops the stream's replicas at its next

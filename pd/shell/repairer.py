@@ -51,6 +51,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Final, TypeVar
 
 from estream.core.stripedsteps import AppendBatch, HeldBatch, ReadBatches, copy_chain
+from estream.net.bounded import gather_bounded
 from estream.net.clock import SYSTEM_CLOCK
 from estream.net.rangeclient import (
     CopyProgress,
@@ -128,6 +129,7 @@ class Repairer:
         self.interval_ms = interval_ms
         self.repair_after_ms = repair_after_ms
         self.tasks_max = tasks_max
+        self.copies_max = limits.repair_copies_at_once_max  # of a round's tasks at once
         self.clock_ms = clock_ms
         self.pool = ConnectionPool() if pool is None else pool
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
@@ -218,7 +220,13 @@ class Repairer:
         for skip in plan.skipped:
             if skip.reason == "no target":  # every target tried: let them be tried again
                 self.avoid.pop((skip.stream_id, skip.range_index), None)
-        await asyncio.gather(*(self._repair_logged(t) for t in plan.tasks))
+        starts_until = now + limits.repair_round_starts_ms_max
+
+        async def run(task: RepairTask) -> None:
+            if self.clock_ms() <= starts_until:  # else planned afresh by the next round
+                await self._repair_logged(task)
+
+        await gather_bounded(run, plan.tasks, self.copies_max)
         return plan
 
     def _plan(self, streams: Iterable[StreamMeta], servers: Mapping[str, ServerState],
