@@ -276,9 +276,9 @@ class Writer:
         await self._runner.confirm_durably(self.timings.confirm_wait_ms / 1000)
 
     async def close(self) -> None:
-        """Flush, then stop. Appends after close raise :class:`Closed`. Bounded: pending
-        appends are answered within the delivery timeout, the final CONFIRM waits at most
-        a request timeout."""
+        """Flush, then stop. Appends made once close began raise :class:`Closed`; a second
+        call waits for the first. Bounded: pending appends are answered within the delivery
+        timeout, the final CONFIRM waits at most a request timeout."""
         if self._close_done is not None:
             await asyncio.shield(self._close_done)  # (done once closed)
             return
