@@ -7,7 +7,7 @@ import asyncio
 import datetime
 import io
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -89,6 +89,16 @@ def gateway(client: Any = None) -> tuple[Gateway, list[str]]:
     return served, polls
 
 
+async def until(check: Callable[[], object], what: str, turns: int = 10_000) -> None:
+    """Loop turns until ``check()`` is truthy: at most ``turns`` (a change that stops what
+    a test waits for fails it, never hangs it)."""
+    for _ in range(turns):
+        if check():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{what}: not after {turns} loop turns")
+
+
 async def test_a_peer_that_left_is_sent_nothing_queued_behind_its_cancelled_long_poll() -> None:
     served, polls = gateway()
     reader, writer = asyncio.StreamReader(), Writer()
@@ -108,8 +118,7 @@ async def test_a_stop_cancels_the_long_poll_and_answers_what_is_queued_behind_it
     reader, writer = asyncio.StreamReader(), Writer()
     reader.feed_data(LONG_POLL + API_VERSIONS)
     serving = asyncio.ensure_future(served.serve(reader, writer))  # type: ignore[arg-type]
-    while not polls:
-        await asyncio.sleep(0)
+    await until(lambda: polls, "the long poll")
     await served.close()
     await serving
     size, correlation = struct.unpack_from(">ii", writer.written)
@@ -190,8 +199,7 @@ async def test_a_produce_to_open_writers_is_submitted_by_its_request_and_answere
     reader, writer = asyncio.StreamReader(), Writer()
     reader.feed_data(produce_frame(7, 30_000, 2))
     serving = asyncio.ensure_future(served.serve(reader, writer))  # type: ignore[arg-type]
-    while not writers[1].submitted:
-        await asyncio.sleep(0)
+    await until(lambda: writers[1].submitted, "partition 1 submitted")
     (first, task), (second, other) = writers[0].submitted[0], writers[1].submitted[0]
     assert task is other and task is not None
     assert task.get_coro().__qualname__ == "Gateway._answer"  # type: ignore[union-attr]
@@ -200,8 +208,7 @@ async def test_a_produce_to_open_writers_is_submitted_by_its_request_and_answere
         await asyncio.sleep(0)
     assert writer.written == b""  # partition 1 not acknowledged yet: no answer
     second.set_result([9])
-    while not writer.written:
-        await asyncio.sleep(0)
+    await until(lambda: writer.written, "the answer written")
     assert writer.written == kp.ProduceAnswer(7, (("t", ((0, 0, 5), (1, 0, 9))),)).frame(7)
     reader.feed_eof()
     await serving
@@ -213,8 +220,7 @@ async def test_a_produce_not_acknowledged_in_its_timeout_is_answered_timed_out()
     reader, writer = asyncio.StreamReader(), Writer()
     reader.feed_data(produce_frame(8, 1, 1))
     serving = asyncio.ensure_future(served.serve(reader, writer))  # type: ignore[arg-type]
-    while not writer.written:
-        await asyncio.sleep(0.001)
+    await until(lambda: writer.written, "the timed-out answer written", turns=1_000_000)
     timed_out = int(ErrorCode.request_timed_out)
     assert writer.written == kp.ProduceAnswer(7, (("t", ((0, timed_out, -1),)),)).frame(8)
     reader.feed_eof()
@@ -236,8 +242,7 @@ async def test_answers_ready_in_order_are_written_in_one_turn() -> None:
                 [KafkaRecord(1_700_000_000_000, None, b"v")])),)),)))
         for c in range(3)))
     serving = asyncio.ensure_future(served.serve(reader, writer))  # type: ignore[arg-type]
-    while not all(w.submitted for w in writers):
-        await asyncio.sleep(0)
+    await until(lambda: all(w.submitted for w in writers), "every partition submitted")
     for p in (2, 1):  # the later requests are done first: the first holds the others
         writers[p].submitted[0][0].set_result([p])
     for _ in range(5):
@@ -255,8 +260,7 @@ async def test_answers_ready_in_order_are_written_in_one_turn() -> None:
 
     writer.write = counting  # type: ignore[method-assign]
     writers[0].submitted[0][0].set_result([0])
-    while not written_in_turn:
-        await asyncio.sleep(0)
+    await until(lambda: written_in_turn, "the answers written")
     assert written_in_turn == [3]
     reader.feed_eof()
     await serving
