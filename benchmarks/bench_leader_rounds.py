@@ -191,7 +191,7 @@ def main() -> None:
     planner = Planner()
 
     def compaction_walk(streams: Iterable[StreamMeta]) -> object:
-        return plan_compactions(streams, {}, size_bytes_max=1 << 26, small_bytes=1 << 24)
+        return plan_compactions(streams, {}, CompactionRule(1 << 26, small_bytes=1 << 24))
 
     def compaction_loop(streams: Iterable[StreamMeta]) -> object:
         return planner.plan(streams, {}, CompactionRule(1 << 26, small_bytes=1 << 24))
