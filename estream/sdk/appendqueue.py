@@ -161,7 +161,7 @@ class AppendQueue:
         ts = self._wall_ms() if timestamp is None else int(timestamp)
         writer = self._writer
         core = writer._core
-        if core is None or writer._error is not None or writer._closing:
+        if core is None or writer._error is not None or writer._close_done is not None:
             core = writer._check_open() if waited else writer.check_appendable()
         if stamp is not None:
             sequence = core.check_stamp(stamp, sequence)
@@ -203,7 +203,7 @@ class AppendQueue:
         wrong with them (nothing taken)."""
         writer = self._writer
         core = writer._core
-        if core is None or writer._error is not None or writer._closing:
+        if core is None or writer._error is not None or writer._close_done is not None:
             core = writer._check_open() if waited else writer.check_appendable()
         if sequences is not None or stamp is not None:
             if sequences is None or len(sequences) != len(records):
@@ -264,8 +264,9 @@ class AppendQueue:
 
     def last_queued(self) -> Waiter[Any] | None:
         """The future of the last append taken that waits for in-flight budget (no offset
-        yet), if any: done once it is acknowledged or failed."""
-        return self._queued[-1].future if self._queued else None
+        yet) and was not cancelled, if any: done once it and every one before it is
+        acknowledged, or failed."""
+        return next((q.future for q in reversed(self._queued) if not q.future.done()), None)
 
     def make_room(self, core: WriterCore) -> None:
         """Submit queued appends, if the in-flight budget has room now."""
