@@ -76,9 +76,9 @@ class Writer:
                                        appends=client.appends, clock=client.clock,
                                        timeouts=self.timings.replica_timeouts())
         self._error: EstreamError | None = None
-        self._closing = False  # close() began: no append is taken any more
         self._closed = False
-        self._close_done: asyncio.Future[None] | None = None  # (a second close waits)
+        # Set once close() began: from then on no append is taken (a second close waits).
+        self._close_done: asyncio.Future[None] | None = None
         self._producer_id = ""
         self._ticks = client.writer_ticks  # the client's writers' one timer
         self._queue = AppendQueue(self)
@@ -286,7 +286,6 @@ class Writer:
         # From here on no append is taken: one taken while the seal below waits for PD
         # would be acknowledged by replicas still open, past the end PD seals the range
         # at: lost (seen with the Kafka gateway closing a partition writer it evicts).
-        self._closing = True
         try:
             if self._error is None and self._core is not None:
                 await self.flush()
@@ -398,7 +397,7 @@ class Writer:
     def check_appendable(self) -> WriterCore:
         """:meth:`_check_open`, and no :meth:`close` begun (the append queue's check)."""
         core = self._check_open()
-        if self._closing:
+        if self._close_done is not None:
             raise Closed("the writer is closing")
         return core
 

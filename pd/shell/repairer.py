@@ -129,7 +129,6 @@ class Repairer:
         self.interval_ms = interval_ms
         self.repair_after_ms = repair_after_ms
         self.tasks_max = tasks_max
-        self.copies_max = limits.repair_copies_at_once_max  # of a round's tasks at once
         self.clock_ms = clock_ms
         self.pool = ConnectionPool() if pool is None else pool
         self.client = RangeClient(self.pool, timeout_s=rpc_timeout_s)
@@ -226,7 +225,7 @@ class Repairer:
             if self.clock_ms() <= starts_until:  # else planned afresh by the next round
                 await self._repair_logged(task)
 
-        await gather_bounded(run, plan.tasks, self.copies_max)
+        await gather_bounded(run, plan.tasks, limits.repair_copies_at_once_max)
         return plan
 
     def _plan(self, streams: Iterable[StreamMeta], servers: Mapping[str, ServerState],
