@@ -283,3 +283,19 @@ def test_out_of_range_header_fields_rejected(field: str) -> None:
 def test_out_of_range_timestamp_rejected() -> None:
     with pytest.raises(MalformedBatch):
         encode_records([Record(b"", {}, 2**63)])
+
+
+def test_a_record_is_an_immutable_value_with_headers_of_its_own() -> None:
+    """A named tuple (cheap to make, once per record read): its fields cannot be set, it
+    pickles (Spark, multiprocessing), compares by value, and a record made without headers
+    does not share its empty dict with another."""
+    import pickle
+
+    record = Record(b"v", timestamp=5, key=b"k")
+    assert (record.value, record.headers, record.timestamp, record.offset, record.key) == (
+        b"v", {}, 5, -1, b"k")
+    with pytest.raises(AttributeError):
+        record.value = b"w"  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(record)) == record == Record(b"v", {}, 5, -1, b"k")
+    assert Record(b"a").headers is not Record(b"b").headers
+    assert repr(record).startswith("Record(value=b'v', headers={}")
