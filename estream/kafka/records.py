@@ -217,39 +217,77 @@ def plain_batch_at(base_offset: int, batch: KafkaBatch) -> bytes | None:
 def _decode_records(body: bytes, base_ts: int, count: int
                     ) -> tuple[tuple[KafkaRecord, ...], int]:
     """``count`` records from the start of ``body`` and the position after them (the
-    gateway's produce path: one function, local variables, one-byte varints inline)."""
+    gateway's produce path, once per record produced: one function, and the common
+    record inline: one- and two-byte varints, no key, no headers; the rest through
+    :func:`_zigzag` and :func:`_nullable`). A field read past the body is
+    :class:`MalformedBatch`; one read past its record's length makes the record not add up
+    to it (its value or headers run past it, or the end is missed): the same."""
     records: list[KafkaRecord] = []
+    append = records.append
     pos, size = 0, len(body)
-    for index in range(count):
-        length, pos = _zigzag(body, pos, size)
-        end = pos + length
-        if length <= 0 or end > size:
-            raise MalformedBatch("a Kafka record's length runs past its batch")
-        pos += 1  # attributes: unused
-        ts_delta, pos = _zigzag(body, pos, end)
-        offset_delta, pos = _zigzag(body, pos, end)
-        if offset_delta != index:
-            raise InvalidArgument(f"record {index} has offset delta {offset_delta}",
-                                  argument="offset_delta")
-        key, pos = _nullable(body, pos, end)
-        value, pos = _nullable(body, pos, end)
-        header_count, pos = _zigzag(body, pos, end)
-        if header_count < 0 or header_count > length:
-            raise MalformedBatch(f"a Kafka record with {header_count} headers")
-        headers: tuple[tuple[str, bytes | None], ...] = ()
-        if header_count:
-            found: list[tuple[str, bytes | None]] = []
-            for _ in range(header_count):
-                name, pos = _nullable(body, pos, end)
-                if name is None:
-                    raise MalformedBatch("a Kafka record header without a key")
-                header_value, pos = _nullable(body, pos, end)
-                found.append((name.decode("utf-8", "surrogateescape"), header_value))
-            headers = tuple(found)
-        if pos != end:
-            raise MalformedBatch("a Kafka record's fields do not add up to its length")
-        records.append(KafkaRecord(base_ts + ts_delta, key, value, headers))
+    try:
+        for index in range(count):
+            byte = body[pos]  # the record's length
+            if byte < 0x80:
+                length = (byte >> 1) ^ -(byte & 1)
+                pos += 1
+            elif (second := body[pos + 1]) < 0x80:
+                raw = (byte & 0x7F) | (second << 7)
+                length = (raw >> 1) ^ -(raw & 1)
+                pos += 2
+            else:
+                length, pos = _zigzag_long(body, pos, size)
+            end = pos + length
+            if length <= 0 or end > size:
+                raise MalformedBatch("a Kafka record's length runs past its batch")
+            byte = body[pos + 1]  # after the attributes (unused): the timestamp delta
+            if byte < 0x80:
+                ts_delta = (byte >> 1) ^ -(byte & 1)
+                pos += 2
+            else:
+                ts_delta, pos = _zigzag(body, pos + 1, end)
+            byte = body[pos]
+            if byte < 0x80:
+                offset_delta = (byte >> 1) ^ -(byte & 1)
+                pos += 1
+            else:
+                offset_delta, pos = _zigzag(body, pos, end)
+            if offset_delta != index:
+                raise InvalidArgument(f"record {index} has offset delta {offset_delta}",
+                                      argument="offset_delta")
+            if body[pos] == 1:  # key length -1: no key
+                key = None
+                pos += 1
+            else:
+                key, pos = _nullable(body, pos, end)
+            value, pos = _nullable(body, pos, end)
+            if pos + 1 == end and body[pos] == 0:  # no headers
+                append(KafkaRecord(base_ts + ts_delta, key, value))
+                pos = end
+                continue
+            headers, pos = _decode_headers(body, pos, end, length)
+            if pos != end:
+                raise MalformedBatch("a Kafka record's fields do not add up to its length")
+            append(KafkaRecord(base_ts + ts_delta, key, value, headers))
+    except IndexError:
+        raise MalformedBatch("a Kafka record runs past its batch") from None
     return tuple(records), pos
+
+
+def _decode_headers(body: bytes, pos: int, end: int, length: int
+                    ) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    """A record's headers (count, then each name and value) and the position after them."""
+    header_count, pos = _zigzag(body, pos, end)
+    if header_count < 0 or header_count > length:
+        raise MalformedBatch(f"a Kafka record with {header_count} headers")
+    found: list[tuple[str, bytes | None]] = []
+    for _ in range(header_count):
+        name, pos = _nullable(body, pos, end)
+        if name is None:
+            raise MalformedBatch("a Kafka record header without a key")
+        header_value, pos = _nullable(body, pos, end)
+        found.append((name.decode("utf-8", "surrogateescape"), header_value))
+    return tuple(found), pos
 
 
 def _decompress(kind: int, data: memoryview) -> bytes | memoryview:
