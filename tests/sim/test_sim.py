@@ -60,8 +60,8 @@ or damaged, the writer dying with one server lagging and two down. ``hung-holder
 after its READ bound (``tests/sim/hungread.py``).
 
 Run one seed: ``ESTREAM_SIM_SEED=123 pytest tests/sim``; more seeds:
-``ESTREAM_SIM_SEEDS=2000 pytest tests/sim``; seeds 20..249 are ``slow`` (``-m slow``); one
-row: ``pytest
+``ESTREAM_SIM_SEEDS=2000 pytest tests/sim`` (or ``=2000:3000``); seeds 20..249 are ``slow``
+(``-m slow``); one row: ``pytest
 'tests/sim/test_sim.py::test_double_faults[hung-of-three-5]'``. A failure prints its trace.
 """
 
@@ -118,7 +118,8 @@ RECOVERED_LOG = "recovered %s range %d: sealed at %d, holders %s"  # estream/net
 
 
 def seeds() -> list[Any]:
-    """The seeds to run: one (``ESTREAM_SIM_SEED``), the first N (``ESTREAM_SIM_SEEDS``), or
+    """The seeds to run: one (``ESTREAM_SIM_SEED``), the first N (``ESTREAM_SIM_SEEDS``;
+    ``A:B`` for seeds A to B-1, past those swept before), or
     by default 250, of which those from ``SEEDS_FAST_MAX`` on are ``slow`` (``make chaos``:
     requests in real frames cost each seed about 40% more than the old Net did, and the
     real range servers on the simulated disk about 1.7 times more again)."""
@@ -127,7 +128,8 @@ def seeds() -> list[Any]:
         return [int(one)]
     count = os.environ.get("ESTREAM_SIM_SEEDS")
     if count is not None:
-        return list(range(int(count)))
+        first, _, last = count.rpartition(":")
+        return list(range(int(first or 0), int(last)))
     return [s if s < SEEDS_FAST_MAX else pytest.param(s, marks=pytest.mark.slow)
             for s in range(SEEDS_DEFAULT)]
 
