@@ -55,6 +55,10 @@ class ConnectionAuth:
         # every role on a server without tokens, until a certificate names its own.
         self.roles: set[str] = {ALL_ROLES} if not server.tokens else set()
         self.member = False  # proved the cluster secret (estream/wire/membership.py)
+        # Opcodes this connection was let send: credentials only ever add roles (a token,
+        # the secret's proof, beside a certificate's), so what was let stays let, and each
+        # request after an opcode's first is one set lookup (`_take`), not a role walk.
+        self.permitted: set[int] = set()
         self.member_nonce: bytes | None = None  # the challenge asked on this connection
         self._auth_deadline: asyncio.TimerHandle | None = None
 
@@ -95,18 +99,22 @@ class ConnectionAuth:
             self._auth_deadline = None
 
     def _refusal(self, opcode: int) -> Unauthenticated | None:
-        """Why this connection may not send ``opcode`` (None: it may): member opcodes
-        need the cluster secret's proof when the server holds it, else a role that may."""
+        """Why this connection may not send ``opcode`` (None: it may, and it is
+        :attr:`permitted` from now on): member opcodes need the cluster secret's proof
+        when the server holds it, else a role that may."""
         table = self.server.opcode_actions
         if table is None:
+            self.permitted.add(opcode)
             return None
         action = action_of(table, opcode)
         if action is Action.MEMBER and self.server.member_key is not None:
             if self.member:
+                self.permitted.add(opcode)
                 return None
             return Unauthenticated("member opcode: needs the cluster secret (--secret-file, "
                                    "ESTREAM_SECRET_FILE)")
         if permits_any(self.roles, action):
+            self.permitted.add(opcode)
             return None
         held = ", ".join(sorted(self.roles)) or "none"
         return Unauthenticated(f"permission denied: opcode {opcode} needs a token or "

@@ -237,10 +237,11 @@ class _ServerProtocol(ConnectionAuth, asyncio.Protocol):
         token)."""
         if frame.opcode == Opcode.AUTH or not self.authenticated:
             return self._authenticate(frame)
-        refusal = self._refusal(frame.opcode)  # a role that may not, a member opcode
-        if refusal is not None:
-            self._reply(encode_error(frame.opcode, frame.request_id, refusal))
-            return True
+        if frame.opcode not in self.permitted:
+            refusal = self._refusal(frame.opcode)  # a role that may not, a member opcode
+            if refusal is not None:
+                self._reply(encode_error(frame.opcode, frame.request_id, refusal))
+                return True
         size = len(frame.header_bytes) + len(frame.payload)
         self.inflight_bytes += size
         self.inflight_requests += 1

@@ -20,6 +20,7 @@ import pytest
 import estream
 from estream.devcluster.cluster import Cluster, start_cluster
 from estream.net.pdclient import PDClient
+from estream.net.rangerequests import RangeClient
 from estream.net.security import load_role_token_file, load_token_file
 from estream.wire.errors import InvalidArgument, Unauthenticated
 
@@ -72,6 +73,15 @@ async def test_a_read_token_reads_and_nothing_else(cluster: Cluster) -> None:
             await reader.commit_cursor("read-only-view", "g", 1)
         with pytest.raises(Unauthenticated, match=DENIED):
             await reader.delete_stream("read-only-view")
+        # On the connection its reads went over (READ let, and remembered as let), a range
+        # server refuses a SEAL every time it is asked, not only the first.
+        meta = await reader.stream_meta("read-only-view")
+        replica = meta.ranges[-1].replicas[0]
+        servers = RangeClient(reader.pool)
+        for _ in range(2):
+            with pytest.raises(Unauthenticated, match=DENIED):
+                await servers.seal(replica.address, server_id=replica.id, stream_id=meta.id,
+                                   range_index=meta.ranges[-1].index, epoch=99, end=None)
         names = [s.name for s in await reader.list_streams()]
     assert "not-by-a-reader" not in names and "read-only-view" in names
 
