@@ -102,24 +102,32 @@ async def _fence_open_range(service: PdService, stream: StreamMeta) -> None:
     last = stream.last_range
     if last is None or last.sealed:
         return
-    results = await rangeops.fence(service.pool, stream, last, stream.epoch)
-    fenced = [r for r, error in results.items() if error is None]
     stripe = stripe_of(stream)
-    if stripe is None:
-        needed = seal_quorum(len(last.replicas), stream.ack_count)
-        if len(fenced) >= needed:
-            return
-        short = (f"only {len(fenced)} of {len(last.replicas)} replicas of its open range "
-                 f"{last.index} are fenced, {needed} needed")
-    else:  # a quorum of every write set (BookKeeper's fence), not of the ensemble
+
+    def short_of(fenced: set[str]) -> str | None:
+        """What the fenced replicas lack, or None once no earlier writer's append can
+        still be acknowledged."""
+        if stripe is None:
+            needed = seal_quorum(len(last.replicas), stream.ack_count)
+            if len(fenced) >= needed:
+                return None
+            return (f"only {len(fenced)} of {len(last.replicas)} replicas of its open range "
+                    f"{last.index} are fenced, {needed} needed")
+        # A quorum of every write set (BookKeeper's fence), not of the ensemble.
         positions = [p for p, ref in enumerate(last.replicas) if ref.id in fenced]
         batch = fenced_against_writers(positions, stripe)
         if batch is None:
-            return
+            return None
         members = ", ".join(last.replicas[p].id for p in stripe.write_set(batch))
-        short = (f"the write set of batch {batch} of its open range {last.index} "
-                 f"({members}) has fewer than {stripe.tolerated + 1} of its "
-                 f"{stripe.replicas} servers fenced")
+        return (f"the write set of batch {batch} of its open range {last.index} "
+                f"({members}) has fewer than {stripe.tolerated + 1} of its "
+                f"{stripe.replicas} servers fenced")
+
+    results = await rangeops.fence(service.pool, stream, last, stream.epoch,
+                                   enough=lambda fenced: short_of(fenced) is None)
+    short = short_of({r for r, error in results.items() if error is None})
+    if short is None:
+        return
     silent = [ref for ref in last.replicas if results.get(ref.id) is not None]
     named = ", ".join(f"{ref.id} at {ref.address} ({type(results[ref.id]).__name__})"
                       for ref in silent)

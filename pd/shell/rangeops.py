@@ -17,12 +17,12 @@ Side effects: network (range servers through a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
-from estream.wire.errors import EstreamError, RangeNotFound
+from estream.wire.errors import EstreamError, RangeNotFound, Timeout
 from estream.wire.meta import RangeMeta, ReplicaRef, StreamMeta
 from pd.lease import ReplicaAnswer
 from pd.streamfigures import OpenStats
@@ -72,13 +72,16 @@ async def open_stats(
 
 async def fence(
     pool: ConnectionPool, stream: StreamMeta, rng: RangeMeta, epoch: int, *,
-    timeout_s: float = fence_timeout_s,
+    timeout_s: float = fence_timeout_s, enough: Callable[[set[str]], bool] | None = None,
 ) -> dict[str, EstreamError | None]:
     """SEAL without an end at ``epoch`` on every replica of ``rng`` (a replica that never
     had the range gets CREATE_RANGE at ``epoch`` instead, which fences it as well: a late
     CREATE_RANGE or APPEND of an older writer is refused from then on; a striped range's
     names the server's stripe position, ``StreamMeta.replica_stripe``). Returns each
-    replica's error, or None for a replica now fenced."""
+    replica's error, or None for a replica now fenced. ``enough``: once the ids fenced so
+    far satisfy it, the replicas still silent are not waited for (their error says so): a
+    hung one of three held a delete for the whole timeout, long enough for a writer to
+    open again and make the delete start over, again and again (nemesis seed 20261202)."""
     client = RangeClient(pool)
 
     async def one(ref: ReplicaRef) -> EstreamError | None:
@@ -99,8 +102,23 @@ async def fence(
             return exc
         return None
 
-    results = await asyncio.gather(*(one(ref) for ref in rng.replicas))
-    return {ref.id: r for ref, r in zip(rng.replicas, results, strict=True)}
+    asked = {asyncio.ensure_future(one(ref)): ref.id for ref in rng.replicas}
+    results: dict[str, EstreamError | None] = {}
+    pending = set(asked)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                results[asked[task]] = task.result()
+            if enough is not None and pending and enough(
+                    {rid for rid, error in results.items() if error is None}):
+                break
+    finally:
+        for task in pending:
+            task.cancel()
+    for task in pending:
+        results[asked[task]] = Timeout("no answer before the others fenced enough")
+    return {ref.id: results[ref.id] for ref in rng.replicas}
 
 
 async def drop_stream(

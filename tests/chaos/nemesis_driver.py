@@ -499,6 +499,7 @@ class Nemesis:
         deadline = time.monotonic() + self.config.recreate_s
         old = self.current[name]
         deleted = False
+        last: Exception | None = None
         while time.monotonic() < deadline:
             try:
                 async with await estream.connect(self.cluster.pd_addresses,
@@ -512,7 +513,8 @@ class Nemesis:
                     meta = await client.create_stream(name, replicas=3, ack_count=2,
                                                       ensemble=self.ensembles[name],
                                                       exist_ok=True)
-            except estream.EstreamError:
+            except estream.EstreamError as exc:
+                last = exc
                 await asyncio.sleep(0.5)
                 continue
             if meta.id == old:  # the delete had not gone through after all
@@ -523,7 +525,7 @@ class Nemesis:
             self.recreated += 1
             return f"{name} id {old} -> {meta.id}"
         self.find(f"recreate {name}: not deleted and created again within "
-                  f"{self.config.recreate_s}s")
+                  f"{self.config.recreate_s}s (deleted: {deleted}; last error: {last!r})")
         return f"{name} not recreated"
 
     async def resolve(self, target: Target) -> str:

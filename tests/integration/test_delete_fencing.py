@@ -93,6 +93,52 @@ async def test_delete_that_cannot_fence_a_quorum_deletes_nothing(cluster: Cluste
                                         meta.ranges[0].replicas[:2])
 
 
+async def test_a_delete_fences_the_answering_replicas_and_wins_over_a_reopening_writer(
+        cluster: Cluster) -> None:
+    """One server of three hung (SIGSTOP) and the stream's writer opening again each time
+    it is fenced, as a retrying producer does: the delete fences the two replicas that
+    answer and goes through. It waited for the hung one's fence to time out first (2 s),
+    long enough for the writer to open again at a newer epoch every time, so the delete
+    started over until it gave up ("writers kept opening it") or the client's deadline
+    passed (nemesis seed 20261202, delete and create again beside a SIGSTOP)."""
+    name = "doomed-reopened"
+    async with await estream.connect(cluster.pd_addresses, timeout_s=10.0) as client:
+        await client.create_stream(name, replicas=3, ack_count=2)
+        stop, appended = asyncio.Event(), asyncio.Event()
+        opens: list[int] = []
+        ended: list[EstreamError] = []
+
+        async def writer_that_opens_again() -> None:
+            while not stop.is_set():
+                try:
+                    async with await client.open_writer(name) as writer:
+                        opens.append(writer.epoch)
+                        while not stop.is_set():
+                            await writer.append(b"r")
+                            appended.set()
+                except StreamNotFound as exc:
+                    ended.append(exc)
+                    return
+                except EstreamError:
+                    await asyncio.sleep(0.005)  # fenced, or a roll away from the hung one
+
+        task = asyncio.ensure_future(writer_that_opens_again())
+        hung = cluster.servers[0]
+        try:
+            await asyncio.wait_for(appended.wait(), 30)
+            cluster.pause(hung.address)
+            await client.delete_stream(name)
+            with pytest.raises(StreamNotFound):
+                await client.describe_stream(name)
+            await asyncio.wait_for(task, 30)  # the writer's next open finds no stream
+        finally:
+            cluster.resume(hung.address)
+            stop.set()
+            await asyncio.gather(task, return_exceptions=True)
+        assert ended and isinstance(ended[0], StreamNotFound), ended
+        assert opens, "the writer never opened"
+
+
 async def test_trim_keeps_the_writer_going_and_stops_at_the_readable_end(
     cluster: Cluster,
 ) -> None:
