@@ -90,10 +90,12 @@ class OpenRange:
         batch.holders = self.holders(k)
         return k
 
-    def forced_by(self, answered: Collection[str], ack_count: int) -> bool:
-        """DEFERRED_SYNC: whether the servers that ``answered`` FORCE hold every confirmed
-        record durably: ``ack_count`` live ones, or, striped, the confirm prefix rule over
-        the acknowledgements of those that answered."""
+    def held_by(self, answered: Collection[str], ack_count: int) -> bool:
+        """Whether the servers that ``answered`` (a FORCE, or a durable CONFIRM) hold every
+        confirmed record: ``ack_count`` live ones, or, striped, the confirm prefix rule over
+        the acknowledgements of those that answered (``ack_count`` of every write set's
+        batches among them: with fewer, a write set none of them is in hides its
+        batches from readers if the others are lost)."""
         if self.stripe is None:
             return sum(1 for r in self.live if r in answered) >= ack_count
         acked = {p: k for p, k in self.acked_index.items() if self.replicas[p] in answered}

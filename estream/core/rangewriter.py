@@ -127,9 +127,10 @@ class RangeWriter:
         """A striped range's confirmed batch count (its SEAL names it); None unstriped."""
         return self._range.confirmed_batches if self.stripe is not None else None
 
-    def forced_by(self, answered: Collection[str]) -> bool:
-        """DEFERRED_SYNC: ``answered`` FORCE hold the confirmed records (OpenRange's)."""
-        return self._range.forced_by(answered, self.ack_count)
+    def held_by(self, answered: Collection[str]) -> bool:
+        """``answered`` (a FORCE, a durable CONFIRM) hold the confirmed records
+        (OpenRange's)."""
+        return self._range.held_by(answered, self.ack_count)
 
     @property
     def sealing(self) -> bool:

@@ -289,7 +289,7 @@ class WriterCore:
                     stream: StreamMeta) -> list[int]:
         """DEFERRED_SYNC: the ranges of ``owed`` (index -> the live replicas FORCE went
         to) that the servers which ``answered`` do not make durable, in order. The open
-        range: the confirm prefix rule (:meth:`RangeWriter.forced_by`). A sealed one:
+        range: the confirm prefix rule (:meth:`RangeWriter.held_by`). A sealed one:
         ``ack_count`` of its live replicas; striped, ``acks`` live ones of each write set
         (:func:`~estream.core.striping.sealed_forced`, in ``stream``'s ensemble order
         and with its batch count), never every live one."""
@@ -297,7 +297,7 @@ class WriterCore:
         short: list[int] = []
         for index, live in sorted(owed.items()):
             if index == ranges.range_index:
-                done = ranges.forced_by(answered)
+                done = ranges.held_by(answered)
             elif ranges.stripe is None:
                 done = len(set(answered).intersection(live)) >= ranges.ack_count
             else:

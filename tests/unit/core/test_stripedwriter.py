@@ -250,9 +250,9 @@ def test_force_covers_the_confirmed_batches_by_the_prefix_rule() -> None:
     for k in range(2):
         for s in sends(w.submit([rec(k)], k)[1]):
             w.on_append_ack(s.replica, 0, s.end, k)  # batch 0: a b c, 1: b c d
-    assert w.forced_by({"b", "c"})
-    assert not w.forced_by({"a", "d"})  # batch 0 on a only, 1 on d only
-    assert not w.forced_by({"a", "b"})  # batch 1 on b only
+    assert w.held_by({"b", "c"})
+    assert not w.held_by({"a", "d"})  # batch 0 on a only, 1 on d only
+    assert not w.held_by({"a", "b"})  # batch 1 on b only
 
 
 def test_a_full_range_seals_with_its_batch_count() -> None:
