@@ -1,19 +1,25 @@
-"""At most N awaits at once over many items: one way to fan out without opening
-thousands of requests together (a subscription's 10,000 assigned streams described, a
-listing page's figures, a retention round's statistics).
+"""Fanning out: at most N awaits at once over many items, or a few at once until enough
+of them answered.
 
 :func:`gather_bounded` runs ``limit`` workers that take the items in turn (not a task per
-item behind a semaphore: memory stays O(limit), whatever the item count) and gives the
-results in the items' order. The first failure cancels the other workers and is raised
-as itself (not wrapped in a group), so callers catch the typed error they expect.
+item behind a semaphore: memory stays O(limit), whatever the item count: a
+subscription's 10,000 assigned streams described, a listing page's figures, a retention
+round's statistics) and gives the results in the items' order. The first failure cancels
+the other workers and is raised as itself (not wrapped in a group), so callers catch the
+typed error they expect.
+
+:func:`gather_until` asks every one of a few (a range's replicas) at once and stops
+waiting once those done suffice (a quorum fenced, a FORCE answered by enough servers): a
+hung one does not hold what the others settled.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar, cast
 
+K = TypeVar("K")
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -49,3 +55,32 @@ async def gather_bounded(fn: Callable[[T], Awaitable[R]], items: Sequence[T],
         await asyncio.gather(*workers, return_exceptions=True)
         raise
     return cast(list[R], results)
+
+
+async def gather_until(
+    calls: Mapping[K, Awaitable[R]],
+    enough: Callable[[Mapping[K, asyncio.Future[R]]], bool] | None = None,
+) -> dict[K, asyncio.Future[R]]:
+    """Every call of ``calls`` at once; the done ones by key (each result or exception
+    left in its future) once all are done, or as soon as ``enough`` says the done ones
+    suffice: the rest are cancelled and left out.
+
+    >>> async def after(s: float) -> float:
+    ...     await asyncio.sleep(s)
+    ...     return s
+    >>> done = asyncio.run(gather_until({"a": after(0), "b": after(0), "c": after(60)},
+    ...                                 lambda got: len(got) >= 2))
+    >>> sorted(done), done["a"].result()
+    (['a', 'b'], 0)
+    """
+    tasks = {asyncio.ensure_future(call): key for key, call in calls.items()}
+    done: dict[K, asyncio.Future[R]] = {}
+    pending = set(tasks)
+    try:
+        while pending and not (enough is not None and enough(done)):
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done.update((tasks[t], t) for t in finished)
+    finally:
+        for task in pending:
+            task.cancel()
+    return done

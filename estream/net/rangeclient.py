@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from estream.core.readcursor import hung_last, hung_last_reads
 from estream.core.seal import CopyRecords
+from estream.net.bounded import gather_until
 from estream.net.clock import SYSTEM_CLOCK, Clock
 from estream.net.rangerequests import (
     AppendSending,
@@ -276,6 +277,11 @@ def _dropped(*answer: object) -> None:
     """The callback of a request to a replica the writer dropped: nothing to tell it."""
 
 
+def _answered(done: Mapping[str, asyncio.Future[None]]) -> set[str]:
+    """The replicas whose request of ``done`` succeeded."""
+    return {r for r, task in done.items() if not task.cancelled() and task.exception() is None}
+
+
 # Requests of a dropped replica abandoned in one loop turn (about 3 us each).
 abandoned_requests_per_turn: Final = 256
 
@@ -435,20 +441,10 @@ class ReplicaClient:
         returns the replicas whose server answered: all of them, or, once ``enough`` says
         the answers so far suffice, those (the rest are abandoned: a hung server does not
         hold a force the others made durable)."""
-        tasks = {asyncio.ensure_future(self.client.force(self.addresses[r], server_id=r)): r
-                 for r in replicas}
-        answered: set[str] = set()
-        pending = set(tasks)
-        try:
-            while pending and not (enough is not None and enough(answered)):
-                done, pending = await asyncio.wait(pending,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                answered.update(tasks[t] for t in done
-                                if not t.cancelled() and t.exception() is None)
-        finally:
-            for task in pending:
-                task.cancel()
-        return answered
+        done = await gather_until(
+            {r: self.client.force(self.addresses[r], server_id=r) for r in replicas},
+            None if enough is None else lambda got: enough(_answered(got)))
+        return _answered(done)
 
     async def create_range(
         self, stream_id: int, rng: RangeMeta, meta: StreamMeta | None = None

@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from estream.net.bounded import gather_until
 from estream.net.rangeclient import RangeClient
 from estream.net.rpc import ConnectionPool
 from estream.wire.errors import EstreamError, RangeNotFound, Timeout
@@ -102,23 +103,12 @@ async def fence(
             return exc
         return None
 
-    asked = {asyncio.ensure_future(one(ref)): ref.id for ref in rng.replicas}
-    results: dict[str, EstreamError | None] = {}
-    pending = set(asked)
-    try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                results[asked[task]] = task.result()
-            if enough is not None and pending and enough(
-                    {rid for rid, error in results.items() if error is None}):
-                break
-    finally:
-        for task in pending:
-            task.cancel()
-    for task in pending:
-        results[asked[task]] = Timeout("no answer before the others fenced enough")
-    return {ref.id: results[ref.id] for ref in rng.replicas}
+    done = await gather_until(
+        {ref.id: one(ref) for ref in rng.replicas},
+        None if enough is None else lambda got: enough(
+            {r for r, task in got.items() if task.result() is None}))
+    return {ref.id: done[ref.id].result() if ref.id in done
+            else Timeout("no answer before the others fenced enough") for ref in rng.replicas}
 
 
 async def drop_stream(
