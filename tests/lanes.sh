@@ -9,29 +9,56 @@
 # starts a process, and nothing in either lane times a CPU (tests/conftest.py: property tests
 # have no deadline).
 #
-# The pure lane's output is printed after the real-process lane's; the exit status is
-# non-zero if either lane failed. Arguments go to the real-process lane's pytest, which runs every
-# test folder but the pure ones.
+# The pure tiers take a few minutes; the second lane then runs the real-process modules listed
+# in `late` below (self-contained ones: each starts its own cluster), which the first lane
+# leaves out. The two lanes' test processes take separate port ranges (ESTREAM_PORT_SLICE,
+# estream/devcluster/process.py), so neither can take a port the other checked free.
+#
+# The second lane's output is printed after the first's; the exit status is non-zero if either
+# lane failed. Arguments go to both lanes' real-process pytest runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
-pure_log=$(mktemp "${TMPDIR:-/tmp}/estream-pure-lane.XXXXXX")
+second_log=$(mktemp "${TMPDIR:-/tmp}/estream-second-lane.XXXXXX")
 
-"$python" -m pytest tests/unit tests/fuzz tests/sim -p no:cacheprovider --durations=15 \
-    >"$pure_log" 2>&1 &
-pure=$!
-# An interrupted run (Ctrl-C, a CI time-out's SIGTERM) stops the pure lane too.
-trap 'kill -TERM "$pure" 2>/dev/null; wait "$pure" 2>/dev/null; rm -f "$pure_log"' EXIT
+late=(
+    tests/integration/test_up.py
+    tests/integration/test_operate.py
+    tests/integration/test_pd_cluster.py
+    tests/integration/test_kafka.py
+    tests/integration/test_rangeserver.py
+    tests/integration/test_writer_faults.py
+    tests/integration/test_console.py
+    tests/integration/test_cli.py
+    tests/integration/test_cli_ranges.py
+)
+ignore_late=()
+for module in "${late[@]}"; do ignore_late+=("--ignore=$module"); done
 
-# Everything but the pure tiers (a new test folder runs here unless added to the pure lane).
-"$python" -m pytest tests --ignore=tests/unit --ignore=tests/fuzz --ignore=tests/sim "$@"
+(
+    ESTREAM_PORT_SLICE=1/2 "$python" -m pytest tests/unit tests/fuzz tests/sim \
+        -p no:cacheprovider --durations=15
+    pure_status=$?
+    ESTREAM_PORT_SLICE=1/2 "$python" -m pytest "${late[@]}" -p no:cacheprovider "$@"
+    late_status=$?
+    echo "second lane: tests/unit + tests/fuzz + tests/sim exit ${pure_status}; ${#late[@]} late modules exit ${late_status}"
+    [ "$pure_status" -eq 0 ] && [ "$late_status" -eq 0 ]
+) >"$second_log" 2>&1 &
+second=$!
+# An interrupted run (Ctrl-C, a CI time-out's SIGTERM) stops the second lane too.
+trap 'kill -TERM "$second" 2>/dev/null; wait "$second" 2>/dev/null; rm -f "$second_log"' EXIT
+
+# Everything but the pure tiers and the late modules (a new test folder runs here unless added
+# to the pure lane).
+ESTREAM_PORT_SLICE=0/2 "$python" -m pytest tests --ignore=tests/unit --ignore=tests/fuzz \
+    --ignore=tests/sim "${ignore_late[@]}" "$@"
 real_status=$?
-wait "$pure"
-pure_status=$?
+wait "$second"
+second_status=$?
 
 echo
-echo "================ the pure lane: tests/unit tests/fuzz tests/sim ================"
-cat "$pure_log"
-echo "lanes: tests/integration + tests/chaos exit ${real_status}; tests/unit + tests/fuzz + tests/sim exit ${pure_status}"
+echo "================ the second lane: tests/unit tests/fuzz tests/sim, then the late modules ================"
+cat "$second_log"
+echo "lanes: first (real processes) exit ${real_status}; second exit ${second_status}"
 if [ "$real_status" -ne 0 ]; then exit "$real_status"; fi
-exit "$pure_status"
+exit "$second_status"

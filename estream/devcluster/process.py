@@ -78,8 +78,22 @@ atexit.register(reap_all)
 # ports collided).
 # Single ports and blocks come from separate halves: hundreds of single ports scattered
 # over one range left no whole free block of 100 late in a session (seen in CI).
-_single_ports: Final = (20000, 26000)
-_port_blocks: Final = (26000, 32000)
+# Two test processes at once (tests/lanes.sh) each take a slice of both ranges,
+# ``ESTREAM_PORT_SLICE=i/n`` (the i-th of n, from 0), so neither can hand out a port the
+# other checked free and has not bound yet.
+
+
+def _port_slice(low: int, high: int) -> tuple[int, int]:
+    spec = os.environ.get("ESTREAM_PORT_SLICE", "0/1")
+    index, _, count = spec.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise ValueError(f"ESTREAM_PORT_SLICE={spec!r}: expected i/n with 0 <= i < n")
+    width = (high - low) // int(count)
+    return low + int(index) * width, low + (int(index) + 1) * width
+
+
+_single_ports: Final = _port_slice(20000, 26000)
+_port_blocks: Final = _port_slice(26000, 32000)
 _handed_out: set[int] = set()
 _port_rng = random.Random(os.getpid() ^ time.monotonic_ns())
 
