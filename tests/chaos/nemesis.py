@@ -8,7 +8,9 @@ or killed with ``kill -9``). Faults are aimed at roles, not addresses ("the 2nd 
 stream 0's open range", "range server 3"), resolved when injected.
 
 Faults (:class:`Fault`): ``kill -9`` of a range server, ``SIGSTOP`` of one, a proxy
-partition (its connections hang both ways, sockets open), a wiped data dir (a new identity
+partition (its connections hang both ways, sockets open), a slow server (``slow``: its proxy
+delays every frame both ways by 50 ms to 2 s, order kept: a replica that answers, late), a
+wiped data dir (a new identity
 at the same address), a byte flipped inside an acknowledged batch of a replica, a PD
 leader ``kill -9``, a whole-cluster ``kill -9`` and restart (under load, or ``idle``: after
 the writers stopped, the case where only durable confirms can show the last records), a
@@ -53,6 +55,7 @@ class Fault(StrEnum):
     CRASH_ALL = "crash-all"
     RECREATE = "recreate"  # target: Target(stream, 0), the stream deleted and created again
     FULL_DISK = "full-disk"
+    SLOW = "slow"  # every frame to and from the server delayed by Injection.delay_ms
 
 
 DESTRUCTIVE = frozenset({Fault.WIPE, Fault.FLIP})
@@ -60,10 +63,13 @@ CLUSTER_WIDE = frozenset({Fault.PD_LEADER, Fault.CRASH_ALL})
 WEIGHTS: dict[Fault, float] = {
     Fault.KILL9: 2.0, Fault.SIGSTOP: 2.0, Fault.PARTITION: 2.0, Fault.WIPE: 1.5,
     Fault.FLIP: 1.5, Fault.PD_LEADER: 1.0, Fault.CRASH_ALL: 1.0, Fault.RECREATE: 1.0,
-    Fault.FULL_DISK: 1.5,
+    Fault.FULL_DISK: 1.5, Fault.SLOW: 1.5,
 }
 SERVER_FAULTS = frozenset({Fault.KILL9, Fault.SIGSTOP, Fault.PARTITION, Fault.WIPE, Fault.FLIP,
-                           Fault.FULL_DISK})
+                           Fault.FULL_DISK, Fault.SLOW})
+# a slow server's delay per frame and direction: a replica just behind, one far enough behind
+# to be dropped by the chase bound or time out, and one in between
+slow_delays_ms = (50, 400, 2000)
 hot_target_share = 0.8  # faults aimed at a replica of an open range rather than any server
 hold_s_min, hold_s_max = 2.0, 4.0
 
@@ -87,10 +93,13 @@ class Injection:
     fault: Fault
     target: Target | None = None  # server faults only
     idle: bool = False  # CRASH_ALL only: injected after the writers stopped
+    delay_ms: int = 0  # SLOW only: each frame's delay, both ways
 
     def __str__(self) -> str:
         if self.fault is Fault.RECREATE and self.target is not None:
             return f"{self.fault}@s{self.target.stream}"
+        if self.fault is Fault.SLOW and self.target is not None:
+            return f"{self.fault}({self.delay_ms}ms)@{self.target}"
         if self.target is not None:
             return f"{self.fault}@{self.target}"
         return f"{self.fault}(idle)" if self.idle else str(self.fault)
@@ -156,6 +165,9 @@ def plan_cycle(rng: random.Random, range_servers: int, streams: int,
             chosen.append(Injection(fault, idle=rng.random() < 0.5))
         elif fault is Fault.PD_LEADER:
             chosen.append(Injection(fault))
+        elif fault is Fault.SLOW:
+            chosen.append(Injection(fault, _target(rng, range_servers, streams),
+                                    delay_ms=rng.choice(slow_delays_ms)))
         else:
             chosen.append(Injection(fault, _target(rng, range_servers, streams)))
     chosen.sort(key=_order)

@@ -168,7 +168,7 @@ class Nemesis:
         self._stop_readers = asyncio.Event()
         self._down: set[str] = set()
         self._paused: set[str] = set()
-        self._partitioned: set[str] = set()
+        self._proxy_faults: set[str] = set()
         self._full: set[str] = set()
         self._pd_down: list[int] = []
         self.pids: dict[str, int] = {}  # process name -> the PID it must still have
@@ -477,7 +477,10 @@ class Nemesis:
             self._paused.add(address)
         elif fault is Fault.PARTITION:
             self.cluster.proxy(address).partition()
-            self._partitioned.add(address)
+            self._proxy_faults.add(address)
+        elif fault is Fault.SLOW:
+            self.cluster.proxy(address).delay(None, None, injection.delay_ms)
+            self._proxy_faults.add(address)
         elif fault is Fault.WIPE:
             new_id = await asyncio.to_thread(self.cluster.wipe, address)
             self.restarted(address)
@@ -596,7 +599,7 @@ class Nemesis:
         notes = []
         for address in sorted(self._paused):
             self.cluster.resume(address)
-        for address in sorted(self._partitioned):
+        for address in sorted(self._proxy_faults):
             proxy = self.cluster.proxy(address)
             proxy.clear_rules()
             proxy.heal()
@@ -611,7 +614,7 @@ class Nemesis:
             await asyncio.to_thread(self.cluster.restart_pd, index)
         self.restarted(*self._down, pd=self._pd_down)
         self._paused.clear()
-        self._partitioned.clear()
+        self._proxy_faults.clear()
         self._down.clear()
         self._pd_down.clear()
         self._full.clear()

@@ -3,10 +3,11 @@
 A proxied cluster (3 PD nodes, 3 or 4 range servers each behind a fault proxy, on
 127.0.0.x, each range server's data dir on a small tmpfs of its own, the cluster secret
 set so member opcodes need it), two streams with a writer process and a tailing reader
-each; per cycle faults from kill -9, SIGSTOP, a proxy partition, a wiped data dir, a flipped
-byte in a replica, a PD leader kill, a whole-cluster crash, a stream deleted and created
-again under its writer, and a range server's disk filled then freed (see
-:mod:`tests.chaos.nemesis` for the plan and :mod:`tests.chaos.nemesis_driver` for the run).
+each; per cycle faults from kill -9, SIGSTOP, a proxy partition, a slow server (its proxy
+delays every frame), a wiped data dir, a flipped byte in a replica, a PD leader kill, a
+whole-cluster crash, a stream deleted and created again under its writer, and a range
+server's disk filled then freed (see :mod:`tests.chaos.nemesis` for the plan and
+:mod:`tests.chaos.nemesis_driver` for the run).
 For the whole run: short writer sessions on two more streams, and a hostile client
 (:mod:`tests.chaos.hostile`: absurd numbers in every opcode, member impersonation without
 the secret, frames trickled at every port). Passes when no acknowledged record is lost,
@@ -17,8 +18,8 @@ range, no server restarted but by a fault, and no server's RSS passed its bound
 (:data:`pd_rss_mib_max`, :data:`rangeserver_rss_mib_max`).
 The seed is printed; ``ESTREAM_CHAOS_SEED=N`` replays it.
 
-``make test`` runs 3 cycles; ``make chaos`` runs 25 (``@pytest.mark.slow``;
-``ESTREAM_NEMESIS_CYCLES=N`` runs N instead), and a striped run (issue 30): 6 range servers,
+Every run here is ``@pytest.mark.slow`` (``make chaos``): 3 cycles, 25 cycles
+(``ESTREAM_NEMESIS_CYCLES=N`` runs N instead), and a striped run (issue 30): 6 range servers,
 a striped stream (ensemble 5, replicas 3, ack 2) beside an unstriped one, each sealed
 striped range judged per batch (``ESTREAM_NEMESIS_STRIPED_CYCLES``, 10 by default), and
 the harness's striped paths on their own (a flipped striped replica, repaired).
